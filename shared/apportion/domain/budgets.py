@@ -1,0 +1,313 @@
+"""The budget tree: org units addressed by slash paths (DESIGN section 1).
+
+A budget node ``lab/prior/robotics`` has a ``share`` in (0, 1] of its
+parent's capacity; siblings' shares sum to at most 1 (the remainder is
+unbudgeted). The absolute share is the product of shares on the path::
+
+    (root "")                     abs
+    └── lab          share 1.0    1.0
+        ├── prior    share 0.6    0.6
+        │   └── robotics 0.5      0.3
+        └── vision   share 0.4    0.4
+
+The tree is immutable: :meth:`BudgetTree.apply` folds a ``BudgetSet`` or
+``BudgetRemoved`` into a new tree, raising :class:`BudgetError` with a
+machine-readable reason when the change is invalid. ``members`` and
+``max_min_runtime_s`` are inherited down the tree: a node that does not set
+them takes its nearest ancestor's (at the root: anyone, no limit).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from apportion.events import BudgetRemoved, BudgetSet, Event
+
+ROOT = ""
+"""The virtual root; its children are the top-level budgets. Absolute share 1."""
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+#: Slack for float sums of sibling shares (0.3 + 0.6 + 0.1 must be <= 1).
+SHARE_EPSILON = 1e-9
+
+
+class BudgetError(ValueError):
+    """An invalid budget change.
+
+    Attributes:
+        reason: machine-readable code: ``bad_path``, ``bad_share``,
+            ``no_parent``, ``over_allocated``, ``unknown_budget``,
+            ``has_children``, ``in_use``.
+        message: explanation for humans.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        self.message = message
+        super().__init__(f"{reason}: {message}")
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """One budget node as set (not inherited).
+
+    Attributes:
+        path: slash path, no leading or trailing slash.
+        share: fraction of the parent, in (0, 1].
+        members: users allowed to charge it, or ``None`` to inherit.
+        max_min_runtime_s: largest allowed minimum runtime in seconds, or ``None`` to inherit.
+    """
+
+    path: str
+    share: float
+    members: frozenset[str] | None = None
+    max_min_runtime_s: float | None = None
+
+
+def validate_path(path: str) -> None:
+    """Check a budget path is well formed.
+
+    Raises:
+        BudgetError: ``bad_path`` when empty, with empty segments, leading or
+            trailing slashes, or characters outside ``[A-Za-z0-9_.-]``.
+    """
+    if not path:
+        raise BudgetError("bad_path", "budget path is empty")
+    for seg in path.split("/"):
+        if not _SEGMENT.match(seg):
+            raise BudgetError(
+                "bad_path",
+                f"bad segment {seg!r} in {path!r}: use 1-64 of [A-Za-z0-9_.-], not starting with . - or _")
+
+
+def parent_of(path: str) -> str:
+    """Parent path of ``path`` (``""`` for a top-level budget)."""
+    cut = path.rfind("/")
+    return path[:cut] if cut >= 0 else ROOT
+
+
+def ancestors_of(path: str) -> tuple[str, ...]:
+    """Paths from the top-level budget down to ``path`` inclusive.
+
+    ``ancestors_of("a/b/c") == ("a", "a/b", "a/b/c")``; pure string work, so
+    it serves callers that have no tree at hand (occupancy aggregation).
+    """
+    if not path:
+        return ()
+    parts = path.split("/")
+    return tuple("/".join(parts[: i + 1]) for i in range(len(parts)))
+
+
+class BudgetTree:
+    """Immutable budget tree with derived absolute shares and inheritance.
+
+    Build with :meth:`empty`, :meth:`from_events` or :meth:`from_mapping`;
+    change with :meth:`apply` (returns a new tree). Lookups are O(1) dict
+    reads; derived values are precomputed at construction.
+    """
+
+    __slots__ = ("_nodes", "_children", "_abs", "_members", "_max_rt", "_leaves", "version")
+
+    def __init__(self, nodes: Mapping[str, Budget] | None = None, version: int = 0) -> None:
+        self._nodes: dict[str, Budget] = dict(sorted((nodes or {}).items()))
+        self.version = version
+        children: dict[str, list[str]] = {ROOT: []}
+        for p in self._nodes:
+            children.setdefault(p, [])
+        for p in self._nodes:
+            children[parent_of(p)].append(p)
+        self._children = {k: tuple(sorted(v)) for k, v in children.items()}
+        abs_share: dict[str, float] = {ROOT: 1.0}
+        members: dict[str, frozenset[str] | None] = {ROOT: None}
+        max_rt: dict[str, float | None] = {ROOT: None}
+        for p in self._nodes:  # sorted: parents come before children
+            b = self._nodes[p]
+            par = parent_of(p)
+            abs_share[p] = abs_share[par] * b.share
+            members[p] = b.members if b.members is not None else members[par]
+            max_rt[p] = b.max_min_runtime_s if b.max_min_runtime_s is not None else max_rt[par]
+        self._abs = abs_share
+        self._members = members
+        self._max_rt = max_rt
+        self._leaves = tuple(p for p in self._nodes if not self._children[p])
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def empty(cls) -> "BudgetTree":
+        """A tree with no budgets."""
+        return cls()
+
+    @classmethod
+    def from_events(cls, events: Iterable[Event]) -> "BudgetTree":
+        """Fold ``BudgetSet``/``BudgetRemoved`` events; other events are ignored.
+
+        Raises:
+            BudgetError: the first invalid change (use :meth:`apply` per event
+                to skip invalid ones instead).
+        """
+        tree = cls.empty()
+        for ev in events:
+            if isinstance(ev, (BudgetSet, BudgetRemoved)):
+                tree = tree.apply(ev)
+        return tree
+
+    @classmethod
+    def from_mapping(cls, spec: Mapping[str, Any]) -> "BudgetTree":
+        """Build from ``{path: share}`` or ``{path: {share, members, max_min_runtime_s}}``.
+
+        Paths may come in any order; parents must be present.
+
+        Raises:
+            BudgetError: an invalid path, share or sibling sum.
+        """
+        tree = cls.empty()
+        for path in sorted(spec, key=lambda p: (p.count("/"), p)):
+            v = spec[path]
+            if isinstance(v, Mapping):
+                b = Budget(path, float(v["share"]),
+                           frozenset(v["members"]) if v.get("members") is not None else None,
+                           v.get("max_min_runtime_s"))
+            else:
+                b = Budget(path, float(v))
+            tree = tree.with_budget(b)
+        return tree
+
+    # ------------------------------------------------------------------ evolve
+
+    def apply(self, event: BudgetSet | BudgetRemoved, in_use: frozenset[str] = frozenset()) -> "BudgetTree":
+        """Fold one budget event into a new tree.
+
+        Args:
+            event: ``BudgetSet`` (create or update) or ``BudgetRemoved``.
+            in_use: budget paths that have queued or running jobs; removing
+                one of them is refused.
+
+        Raises:
+            BudgetError: see :meth:`with_budget` and :meth:`without`.
+        """
+        if isinstance(event, BudgetSet):
+            members = frozenset(event.members) if event.members is not None else None
+            return self.with_budget(Budget(event.path, event.share, members, event.max_min_runtime_s))
+        return self.without(event.path, in_use)
+
+    def with_budget(self, b: Budget) -> "BudgetTree":
+        """New tree with ``b`` created or replaced.
+
+        Raises:
+            BudgetError: ``bad_path``; ``bad_share`` (not in (0, 1]);
+                ``no_parent`` (parent budget missing); ``over_allocated``
+                (siblings would sum above 1).
+        """
+        validate_path(b.path)
+        if not (0.0 < b.share <= 1.0):
+            raise BudgetError("bad_share", f"share of {b.path!r} must be in (0, 1], got {b.share}")
+        par = parent_of(b.path)
+        if par != ROOT and par not in self._nodes:
+            raise BudgetError("no_parent", f"parent budget {par!r} of {b.path!r} does not exist")
+        siblings = sum(self._nodes[s].share for s in self._children.get(par, ()) if s != b.path)
+        if siblings + b.share > 1.0 + SHARE_EPSILON:
+            raise BudgetError(
+                "over_allocated",
+                f"shares under {par or '(root)'!r} would sum to {siblings + b.share:.6g} > 1")
+        nodes = dict(self._nodes)
+        nodes[b.path] = b
+        return BudgetTree(nodes, self.version + 1)
+
+    def without(self, path: str, in_use: frozenset[str] = frozenset()) -> "BudgetTree":
+        """New tree without ``path``.
+
+        Raises:
+            BudgetError: ``unknown_budget``; ``has_children`` (remove them
+                first); ``in_use`` (queued or running jobs charge it).
+        """
+        if path not in self._nodes:
+            raise BudgetError("unknown_budget", f"no budget {path!r}")
+        if self._children[path]:
+            raise BudgetError("has_children", f"{path!r} has children {list(self._children[path])}")
+        if path in in_use:
+            raise BudgetError("in_use", f"{path!r} has queued or running jobs")
+        nodes = dict(self._nodes)
+        del nodes[path]
+        return BudgetTree(nodes, self.version + 1)
+
+    # ------------------------------------------------------------------ queries
+
+    def __contains__(self, path: object) -> bool:
+        return path in self._nodes
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BudgetTree) and self._nodes == other._nodes
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._nodes.items()))
+
+    def __repr__(self) -> str:
+        return f"BudgetTree({len(self._nodes)} budgets, {len(self._leaves)} leaves)"
+
+    def get(self, path: str) -> Budget | None:
+        """The budget as set at ``path``, or ``None``."""
+        return self._nodes.get(path)
+
+    def paths(self) -> tuple[str, ...]:
+        """Every budget path, sorted (parents before children)."""
+        return tuple(self._nodes)
+
+    def leaves(self) -> tuple[str, ...]:
+        """Budgets without children, sorted by path."""
+        return self._leaves
+
+    def is_leaf(self, path: str) -> bool:
+        """True when ``path`` exists and has no children."""
+        return path in self._nodes and not self._children[path]
+
+    def children(self, path: str = ROOT) -> tuple[str, ...]:
+        """Children of ``path`` sorted by path (``""`` gives the top level).
+
+        Raises:
+            KeyError: unknown path.
+        """
+        return self._children[path]
+
+    def parent(self, path: str) -> str:
+        """Parent of ``path`` (``""`` for top level)."""
+        return parent_of(path)
+
+    def ancestors(self, path: str) -> tuple[str, ...]:
+        """Top-level budget down to ``path`` inclusive (see :func:`ancestors_of`)."""
+        return ancestors_of(path)
+
+    def share(self, path: str) -> float:
+        """Share of ``path`` relative to its parent (1.0 for the root)."""
+        return 1.0 if path == ROOT else self._nodes[path].share
+
+    def abs_share(self, path: str) -> float:
+        """Absolute share: product of shares from the root to ``path``; 0.0 if unknown."""
+        return self._abs.get(path, 0.0)
+
+    def members(self, path: str) -> frozenset[str] | None:
+        """Effective members of ``path`` (inherited); ``None`` means anyone."""
+        return self._members.get(path)
+
+    def max_min_runtime_s(self, path: str) -> float | None:
+        """Effective minimum-runtime limit of ``path`` in seconds; ``None`` means no limit."""
+        return self._max_rt.get(path)
+
+    def to_mapping(self) -> dict[str, dict[str, Any]]:
+        """Plain dict form (inverse of :meth:`from_mapping`), for YAML/JSON output."""
+        out: dict[str, dict[str, Any]] = {}
+        for p, b in self._nodes.items():
+            d: dict[str, Any] = {"share": b.share}
+            if b.members is not None:
+                d["members"] = sorted(b.members)
+            if b.max_min_runtime_s is not None:
+                d["max_min_runtime_s"] = b.max_min_runtime_s
+            out[p] = d
+        return out

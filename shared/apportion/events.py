@@ -1,0 +1,824 @@
+"""The event contract: every fact and command apportion puts on Kafka.
+
+Each event is a frozen pydantic v2 model with the envelope fields
+``event_id`` (UUID, for de-duplication), ``type`` (the class name),
+``schema_version``, ``ts`` (event time, timezone-aware, normalised to UTC)
+and ``producer``. Facts are past tense (``JobPlaced``); requests to act are
+commands on their own topic (``StartWorkload``) or requests on the
+submissions topic (``JobCancelRequested``).
+
+Compatibility rules (DESIGN section 4):
+
+* readers ignore unknown fields (``extra='ignore'``), so a newer writer can
+  add optional fields without breaking older readers;
+* readers accept the previous schema version: :func:`decode` upcasts old
+  payloads with the functions in :data:`UPCASTERS` before validation;
+* an unknown future version is rejected with :class:`DecodeError` and goes to
+  the dead-letter topic.
+
+Units: durations are seconds (``*_s`` fields, float), GPU counts are ints,
+occupancy is GPU-seconds (``*_gpu_s``). Ratios may be ``inf``; JSON carries
+it as the string ``"Infinity"``.
+
+Encoding is UTF-8 JSON (one object per Kafka record value). The record key
+is given by :func:`key_of` and the topic by :data:`TOPIC_OF`.
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import json
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal, TypeAlias, Union
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from apportion import topics
+
+#: Namespace for deterministic event ids (uuid5); see :func:`det_id`.
+EVENT_NAMESPACE = uuid.UUID("6f1c2f7e-3b0a-5d7e-9a61-2c4e8b1d0a55")
+
+
+def det_id(*parts: object) -> uuid.UUID:
+    """Deterministic event id from its identifying parts (uuid5).
+
+    Domain code never draws random ids: the same decision on the same
+    history gets the same id, so a decision re-emitted after a crash is
+    de-duplicated by readers and a replay is byte-identical.
+
+    Args:
+        parts: values that identify the event, e.g. ``("JobPlaced", job_id, attempt)``.
+
+    Returns:
+        A UUID version 5 in :data:`EVENT_NAMESPACE`.
+    """
+    return uuid.uuid5(EVENT_NAMESPACE, "\x1f".join(str(p) for p in parts))
+
+
+def utc(dt: datetime) -> datetime:
+    """Return ``dt`` as an aware UTC datetime.
+
+    Raises:
+        ValueError: ``dt`` is naive (no timezone); event time must be explicit.
+    """
+    if dt.tzinfo is None or dt.tzinfo.utcoffset(dt) is None:
+        raise ValueError("timestamp must be timezone-aware (UTC), got a naive datetime")
+    return dt.astimezone(timezone.utc)
+
+
+class DecodeError(ValueError):
+    """Bytes that are not a valid apportion event.
+
+    Attributes:
+        reason: human-readable reason, stable enough to grep in the dead-letter topic.
+        field: dotted path of the offending field, or ``None`` when the whole
+            payload is at fault (not JSON, unknown type, unknown version).
+    """
+
+    def __init__(self, reason: str, field: str | None = None) -> None:
+        self.reason = reason
+        self.field = field
+        super().__init__(f"{field}: {reason}" if field else reason)
+
+
+class _Model(BaseModel):
+    """Frozen value object that ignores unknown fields (forward compatibility)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", ser_json_inf_nan="strings")
+
+
+class Event(_Model):
+    """Envelope shared by every event.
+
+    Attributes:
+        event_id: UUID used by readers to de-duplicate redeliveries.
+        type: the event class name (discriminator).
+        schema_version: version of this event's payload schema.
+        ts: event time, aware UTC. Domain decisions use this, never the wall clock.
+        producer: who wrote it, e.g. ``"dispatcher"``, ``"cli/alice"``.
+    """
+
+    event_id: uuid.UUID = Field(default_factory=uuid.uuid4)
+    type: str
+    schema_version: int = 1
+    ts: datetime
+    producer: str = "unknown"
+
+    @field_validator("ts", "submitted_at", "charged_until", "last_heartbeat", "at",
+                     check_fields=False)
+    @classmethod
+    def _aware_utc(cls, v: datetime) -> datetime:
+        return utc(v)
+
+
+# --------------------------------------------------------------------------- value types
+
+
+class Placement(_Model):
+    """One gang replica's place: ``gpus`` are GPU indices on ``node_id``."""
+
+    node_id: str
+    gpus: tuple[int, ...]
+
+
+class RejectReason(str, enum.Enum):
+    """Machine-readable reasons for :class:`JobRejected` (DESIGN section 2)."""
+
+    UNKNOWN_BUDGET = "unknown_budget"
+    ZERO_SHARE = "zero_share"
+    NOT_A_MEMBER = "not_a_member"
+    MIN_RUNTIME_TOO_LONG = "min_runtime_above_limit"
+    SHAPE_IMPOSSIBLE = "shape_impossible"
+    DUPLICATE_JOB = "duplicate_job"
+    INVALID = "invalid"
+
+
+class Victim(_Model):
+    """A run chosen for preemption, with the facts that allowed it.
+
+    Attributes:
+        job_id, attempt: the run preempted.
+        budget: its budget path.
+        allocated: False for an unallocated (min runtime 0) run.
+        gpus: GPUs it held (all replicas).
+        protected_until: end of its minimum-runtime protection (UTC); ``None``
+            when unallocated.
+        rule: ``"unallocated"`` or ``"expired_behind"`` (DESIGN section 3).
+        victim_ratio, preemptor_ratio: r of the two branches at their lowest
+            common ancestor ``lca`` (``None`` for rule ``unallocated``).
+    """
+
+    job_id: str
+    attempt: int
+    budget: str
+    allocated: bool
+    gpus: int
+    protected_until: datetime | None = None
+    rule: Literal["unallocated", "expired_behind"]
+    lca: str | None = None
+    victim_ratio: float | None = None
+    preemptor_ratio: float | None = None
+
+
+class Decision(_Model):
+    """Why a job was placed: the audit trail of one scheduling decision.
+
+    Attributes:
+        rank: 0-based position of the job in the cycle's fair-share order.
+        budget_rank: 0-based position of its leaf budget in the budget order.
+        ratio: the budget's usage ratio r (with the cycle's provisional charge).
+        victims: runs preempted to make room (empty when placed on free GPUs).
+        reservation: True when the job used nodes reserved for it.
+        policy_version: the scheduler policy that decided, e.g. ``"fairtree-1"``.
+        cycle_at: the event time of the scheduling cycle.
+    """
+
+    rank: int
+    budget_rank: int
+    ratio: float
+    victims: tuple[Victim, ...] = ()
+    reservation: bool = False
+    policy_version: str = "fairtree-1"
+
+
+class GpuInfo(_Model):
+    """One GPU from the NVML inventory (or a simulated one)."""
+
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    memory_mb: int | None = None
+
+
+class GpuStatus(_Model):
+    """Per-GPU health and utilisation in a heartbeat; ``None`` when unknown."""
+
+    index: int
+    healthy: bool = True
+    utilization_pct: float | None = None
+    memory_used_mb: int | None = None
+
+
+class RunningWorkload(_Model):
+    """A workload replica a node agent reports as running."""
+
+    job_id: str
+    attempt: int
+    replica: int
+    gpus: tuple[int, ...]
+
+
+class BudgetUsage(_Model):
+    """Occupancy facts of one budget at a snapshot time (GPU-seconds)."""
+
+    path: str
+    abs_share: float
+    occupancy_gpu_s: float
+    unallocated_gpu_s: float
+    entitlement_gpu_s: float
+    ratio: float
+
+
+class RankedBudget(_Model):
+    """One leaf budget in a fair-share ranking (rank 0 is served first)."""
+
+    path: str
+    rank: int
+    ratio: float
+    abs_share: float
+
+
+# --------------------------------------------------------------------------- submissions
+
+
+class JobSubmitted(Event):
+    """A user asks to run a job (schema version 2).
+
+    Attributes:
+        job_id: unique id chosen by the submitter.
+        budget: leaf or inner budget path charged, e.g. ``"lab/prior/robotics"``.
+        user: submitting user (checked against the budget's members).
+        gpus_per_replica: GPUs per replica, g >= 1.
+        replicas: gang size k >= 1; all replicas start together on k distinct nodes.
+        min_runtime_s: minimum runtime in seconds; 0 means unallocated (free,
+            preemptible at any time).
+        gpu_model: required GPU model, or ``None`` for any.
+        command: argv to run (real workloads), or ``None``.
+        duration_s: simulated run time in seconds (simulated workloads), or ``None``.
+        submitted_at: queue order time (UTC); kept across requeues.
+    """
+
+    type: Literal["JobSubmitted"] = "JobSubmitted"
+    schema_version: Literal[2] = 2
+    job_id: str = Field(min_length=1, max_length=200)
+    budget: str = Field(min_length=1)
+    user: str = Field(min_length=1)
+    gpus_per_replica: int = Field(ge=1, le=1024)
+    replicas: int = Field(default=1, ge=1, le=4096)
+    min_runtime_s: float = Field(ge=0)
+    gpu_model: str | None = None
+    command: tuple[str, ...] | None = None
+    duration_s: float | None = Field(default=None, gt=0)
+    submitted_at: datetime
+
+    @model_validator(mode="after")
+    def _has_work(self) -> "JobSubmitted":
+        if self.command is None and self.duration_s is None:
+            raise ValueError("a job needs a command (real workload) or duration_s (simulated workload)")
+        return self
+
+    @property
+    def allocated(self) -> bool:
+        """True when charged to its budget (``min_runtime_s > 0``)."""
+        return self.min_runtime_s > 0
+
+    @property
+    def gpus(self) -> int:
+        """Total GPUs of the gang, g * k."""
+        return self.gpus_per_replica * self.replicas
+
+
+class JobCancelRequested(Event):
+    """A user asks to cancel a pending or running job."""
+
+    type: Literal["JobCancelRequested"] = "JobCancelRequested"
+    job_id: str
+    user: str
+    reason: str = ""
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+class JobQueued(Event):
+    """The dispatcher accepted a submission (or a requeue) into the queue."""
+
+    type: Literal["JobQueued"] = "JobQueued"
+    job_id: str
+    budget: str
+    user: str
+    allocated: bool
+    gpus_per_replica: int
+    replicas: int
+    min_runtime_s: float
+    gpu_model: str | None = None
+    duration_s: float | None = None
+    command: tuple[str, ...] | None = None
+    submitted_at: datetime
+    attempt: int = 1
+
+
+class JobRejected(Event):
+    """A submission was refused; ``reason`` is machine-readable."""
+
+    type: Literal["JobRejected"] = "JobRejected"
+    job_id: str
+    budget: str
+    user: str
+    reason: RejectReason
+    message: str
+
+
+class JobPlaced(Event):
+    """The dispatcher assigned GPUs to a run (attempt) of a job.
+
+    From this event until the run ends, the GPUs in ``placements`` are held
+    by the run and (when ``allocated``) charged to ``budget``.
+    """
+
+    type: Literal["JobPlaced"] = "JobPlaced"
+    job_id: str
+    attempt: int
+    budget: str
+    user: str = ""
+    allocated: bool
+    gpus_per_replica: int
+    replicas: int
+    min_runtime_s: float
+    placements: tuple[Placement, ...]
+    submitted_at: datetime
+    decision: Decision
+    fencing_token: int | None = None
+
+
+class JobStarted(Event):
+    """A node agent started one replica of a run. Protection runs from here."""
+
+    type: Literal["JobStarted"] = "JobStarted"
+    job_id: str
+    attempt: int
+    replica: int = 0
+    node_id: str
+    gpus: tuple[int, ...] = ()
+    pid: int | None = None
+
+
+class JobPreempted(Event):
+    """A run was chosen for preemption; its GPUs now belong to ``by_job_id``."""
+
+    type: Literal["JobPreempted"] = "JobPreempted"
+    job_id: str
+    attempt: int
+    budget: str
+    allocated: bool
+    by_job_id: str | None = None
+    by_budget: str | None = None
+    victim: Victim | None = None
+    grace_s: float = 30.0
+    reason: str = "preempted"
+
+
+class JobRequeued(Event):
+    """A run ended without finishing; the job waits again as ``attempt``."""
+
+    type: Literal["JobRequeued"] = "JobRequeued"
+    job_id: str
+    attempt: int
+    submitted_at: datetime
+    reason: str
+
+
+class JobCompleted(Event):
+    """A run (or one replica, when ``replica`` is set) finished with exit code 0."""
+
+    type: Literal["JobCompleted"] = "JobCompleted"
+    job_id: str
+    attempt: int
+    replica: int | None = None
+    node_id: str | None = None
+    exit_code: int = 0
+
+
+class JobFailed(Event):
+    """A run (or one replica) exited non-zero or could not start."""
+
+    type: Literal["JobFailed"] = "JobFailed"
+    job_id: str
+    attempt: int
+    replica: int | None = None
+    node_id: str | None = None
+    exit_code: int | None = None
+    reason: str = ""
+
+
+class JobCancelled(Event):
+    """A job was cancelled; ``attempt`` is the run stopped, ``None`` if it was pending."""
+
+    type: Literal["JobCancelled"] = "JobCancelled"
+    job_id: str
+    attempt: int | None = None
+    reason: str = ""
+
+
+class JobLost(Event):
+    """A run's node was lost; the run is charged up to ``charged_until``."""
+
+    type: Literal["JobLost"] = "JobLost"
+    job_id: str
+    attempt: int
+    node_id: str
+    charged_until: datetime
+
+
+class WorkloadRefused(Event):
+    """A node agent refused a command (unknown job, GPUs it does not have...)."""
+
+    type: Literal["WorkloadRefused"] = "WorkloadRefused"
+    node_id: str
+    job_id: str
+    attempt: int
+    reason: str
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+class NodeRegistered(Event):
+    """A node agent announced its GPU inventory (NVML or simulated)."""
+
+    type: Literal["NodeRegistered"] = "NodeRegistered"
+    node_id: str
+    gpu_count: int = Field(ge=0)
+    gpu_model: str | None = None
+    gpus: tuple[GpuInfo, ...] = ()
+    simulated: bool = False
+
+
+class NodeHeartbeat(Event):
+    """Periodic liveness with GPU health, utilisation and running replicas."""
+
+    type: Literal["NodeHeartbeat"] = "NodeHeartbeat"
+    node_id: str
+    gpus: tuple[GpuStatus, ...] = ()
+    running: tuple[RunningWorkload, ...] = ()
+
+
+class NodeCordoned(Event):
+    """No new work may land on the node."""
+
+    type: Literal["NodeCordoned"] = "NodeCordoned"
+    node_id: str
+    reason: str = ""
+    by: str = ""
+
+
+class NodeDrainRequested(Event):
+    """Cordon and move running work off, honouring minimum runtimes."""
+
+    type: Literal["NodeDrainRequested"] = "NodeDrainRequested"
+    node_id: str
+    reason: str = ""
+    by: str = ""
+
+
+class NodeDrained(Event):
+    """A draining node has no running work left."""
+
+    type: Literal["NodeDrained"] = "NodeDrained"
+    node_id: str
+
+
+class NodeUncordoned(Event):
+    """The node is ready for work again."""
+
+    type: Literal["NodeUncordoned"] = "NodeUncordoned"
+    node_id: str
+    by: str = ""
+
+
+class NodeLost(Event):
+    """No heartbeat within the timeout; ``last_heartbeat`` is the last one seen."""
+
+    type: Literal["NodeLost"] = "NodeLost"
+    node_id: str
+    last_heartbeat: datetime
+
+
+# --------------------------------------------------------------------------- commands
+
+
+class StartWorkload(Event):
+    """Command to a node agent: start one replica of a run on ``gpus``."""
+
+    type: Literal["StartWorkload"] = "StartWorkload"
+    node_id: str
+    job_id: str
+    attempt: int
+    replica: int = 0
+    gpus: tuple[int, ...]
+    command: tuple[str, ...] | None = None
+    duration_s: float | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    fencing_token: int | None = None
+
+
+class StopWorkload(Event):
+    """Command to a node agent: SIGTERM the run, SIGKILL after ``grace_s``."""
+
+    type: Literal["StopWorkload"] = "StopWorkload"
+    node_id: str
+    job_id: str
+    attempt: int
+    grace_s: float = 30.0
+    reason: str = ""
+    fencing_token: int | None = None
+
+
+# --------------------------------------------------------------------------- budgets
+
+
+class BudgetSet(Event):
+    """Create or update a budget node.
+
+    Attributes:
+        path: slash path, e.g. ``"lab/prior/robotics"``.
+        share: fraction of the parent's capacity, in (0, 1].
+        members: users allowed to charge it; ``None`` inherits from the parent
+            (at the root: anyone).
+        max_min_runtime_s: largest minimum runtime allowed, seconds; ``None``
+            inherits.
+    """
+
+    type: Literal["BudgetSet"] = "BudgetSet"
+    path: str
+    share: float = Field(gt=0, le=1)
+    members: tuple[str, ...] | None = None
+    max_min_runtime_s: float | None = Field(default=None, ge=0)
+    by: str = ""
+
+
+class BudgetRemoved(Event):
+    """Remove a budget node (and nothing else: children must go first)."""
+
+    type: Literal["BudgetRemoved"] = "BudgetRemoved"
+    path: str
+    by: str = ""
+
+
+class BudgetRejected(Event):
+    """The policy service refused a BudgetSet/BudgetRemoved."""
+
+    type: Literal["BudgetRejected"] = "BudgetRejected"
+    path: str
+    reason: str
+    message: str
+    rejected_event_id: uuid.UUID | None = None
+
+
+# --------------------------------------------------------------------------- usage, ranking
+
+
+class OccupancySnapshot(Event):
+    """Accounting's view of every budget at event time ``at``.
+
+    Attributes:
+        at: the event time the windows were evaluated at.
+        window_s: window length W in seconds.
+        capacity_gpus: C(at), GPUs on ready and draining nodes.
+        capacity_gpu_s: K(at), integral of C over (at - W, at], GPU-seconds.
+        budgets: one row per budget node (leaves and inner nodes).
+    """
+
+    type: Literal["OccupancySnapshot"] = "OccupancySnapshot"
+    at: datetime
+    window_s: float
+    capacity_gpus: int
+    capacity_gpu_s: float
+    budgets: tuple[BudgetUsage, ...]
+
+
+class FairShareRanking(Event):
+    """Leaf budgets in fair-share order at event time ``at``."""
+
+    type: Literal["FairShareRanking"] = "FairShareRanking"
+    at: datetime
+    policy_version: str = "fairtree-1"
+    budgets: tuple[RankedBudget, ...]
+
+
+class DeadLetter(Event):
+    """Input that could not be decoded or handled, kept with the reason.
+
+    ``original`` is the base64 of the raw record value, so nothing is lost.
+    """
+
+    type: Literal["DeadLetter"] = "DeadLetter"
+    source_topic: str
+    source_partition: int | None = None
+    source_offset: int | None = None
+    source_key: str | None = None
+    original: str
+    error: str
+
+    @classmethod
+    def of(cls, raw: bytes, error: str, *, topic: str, partition: int | None = None,
+           offset: int | None = None, key: str | None = None, ts: datetime,
+           producer: str = "unknown") -> "DeadLetter":
+        """Wrap undecodable bytes with where they came from and why they failed."""
+        return cls(source_topic=topic, source_partition=partition, source_offset=offset,
+                   source_key=key, original=base64.b64encode(raw).decode("ascii"),
+                   error=error, ts=ts, producer=producer)
+
+    def original_bytes(self) -> bytes:
+        """The raw record value as it was received."""
+        return base64.b64decode(self.original)
+
+
+# --------------------------------------------------------------------------- registry
+
+AnyEvent: TypeAlias = Annotated[
+    Union[
+        JobSubmitted, JobCancelRequested,
+        JobQueued, JobRejected, JobPlaced, JobStarted, JobPreempted, JobRequeued,
+        JobCompleted, JobFailed, JobCancelled, JobLost, WorkloadRefused,
+        NodeRegistered, NodeHeartbeat, NodeCordoned, NodeDrainRequested, NodeDrained,
+        NodeUncordoned, NodeLost,
+        StartWorkload, StopWorkload,
+        BudgetSet, BudgetRemoved, BudgetRejected,
+        OccupancySnapshot, FairShareRanking, DeadLetter,
+    ],
+    Field(discriminator="type"),
+]
+
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(AnyEvent)
+
+#: Event class by ``type`` name.
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.model_fields["type"].default: cls
+    for cls in AnyEvent.__origin__.__args__  # type: ignore[attr-defined]
+}
+
+
+def _current_version(cls: type[Event]) -> int:
+    return int(cls.model_fields["schema_version"].default)
+
+
+#: Event type -> topic it is written to (DESIGN section 4 table).
+TOPIC_OF: dict[str, topics.Topic] = {}
+for _name in ("JobSubmitted", "JobCancelRequested"):
+    TOPIC_OF[_name] = topics.SUBMISSIONS
+for _name in ("JobQueued", "JobRejected", "JobPlaced", "JobStarted", "JobPreempted",
+              "JobRequeued", "JobCompleted", "JobFailed", "JobCancelled", "JobLost",
+              "WorkloadRefused"):
+    TOPIC_OF[_name] = topics.JOBS
+for _name in ("NodeRegistered", "NodeHeartbeat", "NodeCordoned", "NodeDrainRequested",
+              "NodeDrained", "NodeUncordoned", "NodeLost"):
+    TOPIC_OF[_name] = topics.NODES
+for _name in ("StartWorkload", "StopWorkload"):
+    TOPIC_OF[_name] = topics.COMMANDS
+for _name in ("BudgetSet", "BudgetRemoved", "BudgetRejected"):
+    TOPIC_OF[_name] = topics.BUDGETS
+TOPIC_OF["OccupancySnapshot"] = topics.USAGE
+TOPIC_OF["FairShareRanking"] = topics.RANKING
+TOPIC_OF["DeadLetter"] = topics.DEADLETTER
+assert set(TOPIC_OF) == set(EVENT_TYPES), "every event type must be routed to a topic"
+
+
+def key_of(event: Event) -> str:
+    """The Kafka record key of ``event``: it gives per-entity order.
+
+    Jobs and submissions key by ``job_id``, node events and commands by
+    ``node_id``, budgets by ``path``, usage and ranking by ``"cluster"`` (one
+    snapshot covers the whole tree), dead letters by their source key.
+    """
+    if isinstance(event, (StartWorkload, StopWorkload)):
+        return event.node_id  # an agent reads its own commands in order
+    if isinstance(event, DeadLetter):
+        return event.source_key or event.source_topic
+    for attr in ("job_id", "node_id", "path"):
+        value = getattr(event, attr, None)
+        if value is not None:
+            return str(value)
+    return "cluster"
+
+
+def topic_of(event: Event) -> str:
+    """Topic name ``event`` is written to."""
+    return TOPIC_OF[event.type].name
+
+
+# --------------------------------------------------------------------------- versions
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def upcast_job_submitted_v1_v2(d: dict[str, Any]) -> dict[str, Any]:
+    """JobSubmitted v1 -> v2.
+
+    v1 (pre-release contract) had a single-replica ``gpus`` count and a
+    ``min_runtime`` in seconds; v2 has gangs (``gpus_per_replica`` x
+    ``replicas``) and explicit units (``min_runtime_s``).
+    """
+    out = dict(d)
+    out["gpus_per_replica"] = out.pop("gpus")
+    out.setdefault("replicas", 1)
+    out["min_runtime_s"] = out.pop("min_runtime")
+    out["schema_version"] = 2
+    return out
+
+
+#: (type, from_version) -> function producing the payload of from_version + 1.
+UPCASTERS: dict[tuple[str, int], Upcaster] = {
+    ("JobSubmitted", 1): upcast_job_submitted_v1_v2,
+}
+
+
+def upcast(d: dict[str, Any]) -> dict[str, Any]:
+    """Bring a decoded JSON object to the current schema version of its type.
+
+    Raises:
+        DecodeError: unknown ``type``, a version newer than this reader knows,
+            or an old version with no upcaster.
+    """
+    name = d.get("type")
+    cls = EVENT_TYPES.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise DecodeError(f"unknown event type {name!r}", "type")
+    current = _current_version(cls)
+    version = d.get("schema_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise DecodeError(f"schema_version must be an integer, got {version!r}", "schema_version")
+    if version > current:
+        raise DecodeError(
+            f"{name} schema_version {version} is newer than this reader supports ({current})",
+            "schema_version")
+    while version < current:
+        step = UPCASTERS.get((name, version))
+        if step is None:
+            raise DecodeError(f"{name} schema_version {version} is no longer supported", "schema_version")
+        try:
+            d = step(d)
+        except KeyError as exc:
+            raise DecodeError(f"missing field for v{version} upcast", str(exc.args[0])) from None
+        version += 1
+    return d
+
+
+# --------------------------------------------------------------------------- codec
+
+
+def encode(event: Event) -> bytes:
+    """Serialise ``event`` to UTF-8 JSON bytes (the Kafka record value)."""
+    return event.model_dump_json().encode("utf-8")
+
+
+def _first_error(exc: ValidationError) -> DecodeError:
+    err = exc.errors(include_url=False)[0]
+    loc = [str(p) for p in err.get("loc", ())]
+    # drop the discriminator tag pydantic puts first for tagged unions
+    if loc and loc[0] in EVENT_TYPES:
+        loc = loc[1:]
+    return DecodeError(err.get("msg", "invalid"), ".".join(loc) or None)
+
+
+def decode(raw: bytes | str) -> Event:
+    """Parse a record value into its event model, upcasting old versions.
+
+    Args:
+        raw: UTF-8 JSON bytes (or str) of one event.
+
+    Returns:
+        The event, an instance of one of :data:`EVENT_TYPES`.
+
+    Raises:
+        DecodeError: not JSON, not an object, unknown type or version, or a
+            field that fails validation (``field`` names it).
+    """
+    try:
+        return _ADAPTER.validate_json(raw)
+    except ValidationError as fast_exc:
+        fast_error = fast_exc
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DecodeError(f"not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise DecodeError(f"an event must be a JSON object, got {type(obj).__name__}")
+    obj = upcast(obj)
+    try:
+        return _ADAPTER.validate_python(obj)
+    except ValidationError as exc:
+        raise _first_error(exc) from None
+    finally:
+        del fast_error
+
+
+def to_dict(event: Event) -> dict[str, Any]:
+    """JSON-compatible dict of ``event`` (for tables, exports and ``--json``)."""
+    return event.model_dump(mode="json")
+
+
+def json_schemas() -> dict[str, dict[str, Any]]:
+    """JSON Schema of every event type, by type name (for ``schemas/``)."""
+    return {name: cls.model_json_schema(mode="validation") for name, cls in sorted(EVENT_TYPES.items())}

@@ -1,0 +1,45 @@
+"""Event time in the domain: integer microseconds since the Unix epoch, UTC.
+
+Domain code (occupancy, fair share, placement) works on ``int`` microseconds
+so that sums are exact and the same log always gives bit-identical answers;
+``datetime`` is for the edges (events, CLI). The conversion is lossless
+because ``datetime`` itself has microsecond resolution.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+Micros = int
+"""Event time or duration in integer microseconds (UTC epoch for instants)."""
+
+US_PER_S: int = 1_000_000
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+WEEK_S: int = 7 * 24 * 3600
+
+
+def to_us(dt: datetime) -> Micros:
+    """Aware datetime -> microseconds since the epoch (exact).
+
+    Raises:
+        ValueError: ``dt`` is naive.
+    """
+    if dt.tzinfo is None:
+        raise ValueError("naive datetime: event time must be timezone-aware UTC")
+    delta = dt - EPOCH
+    return (delta.days * 86_400 + delta.seconds) * US_PER_S + delta.microseconds
+
+
+def from_us(us: Micros) -> datetime:
+    """Microseconds since the epoch -> aware UTC datetime (exact)."""
+    return EPOCH + timedelta(microseconds=us)
+
+
+def s_to_us(seconds: float) -> Micros:
+    """Seconds (float) -> microseconds, rounded to the nearest microsecond."""
+    return round(seconds * US_PER_S)
+
+
+def us_to_s(us: Micros) -> float:
+    """Microseconds -> seconds (float)."""
+    return us / US_PER_S

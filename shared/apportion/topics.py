@@ -1,0 +1,71 @@
+"""The single topic registry: names, keys, partitions, retention, compaction.
+
+Every service, the provisioning script and the tests read topic facts from
+here and nowhere else (STYLE rule 11). Event-to-topic routing lives beside
+the event models in :data:`apportion.events.TOPIC_OF`.
+
+Retention ``-1`` means kept forever: event logs are the source of truth and
+occupancy windows are rebuilt from them. Compacted topics hold latest-state
+only (one value per key) and are never used to rebuild occupancy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Topic:
+    """One Kafka topic as apportion declares it.
+
+    Attributes:
+        name: the topic name, e.g. ``"apportion.jobs"``.
+        key: what the record key is (documentation; e.g. ``"job_id"``).
+        partitions: partition count at creation.
+        retention_ms: ``retention.ms``; ``-1`` keeps the log forever.
+        compact: ``cleanup.policy=compact`` when True, else ``delete``.
+        description: one line for ``--help`` and docs.
+    """
+
+    name: str
+    key: str
+    partitions: int
+    retention_ms: int
+    compact: bool = False
+    description: str = ""
+    extra_configs: tuple[tuple[str, str], ...] = field(default=())
+
+    def configs(self) -> dict[str, str]:
+        """Topic-level configs to create with and to verify for drift."""
+        cfg = {
+            "cleanup.policy": "compact" if self.compact else "delete",
+            "retention.ms": str(self.retention_ms),
+        }
+        cfg.update(dict(self.extra_configs))
+        return cfg
+
+
+KEEP_FOREVER = -1
+
+SUBMISSIONS = Topic("apportion.submissions", "job_id", 3, KEEP_FOREVER,
+                    description="JobSubmitted, JobCancelRequested from users, CLI and client")
+JOBS = Topic("apportion.jobs", "job_id", 3, KEEP_FOREVER,
+             description="job lifecycle facts from dispatcher and node agents")
+NODES = Topic("apportion.nodes", "node_id", 3, KEEP_FOREVER,
+              description="node inventory, heartbeats, cordon/drain/lost")
+COMMANDS = Topic("apportion.commands", "node_id", 3, KEEP_FOREVER,
+                 description="StartWorkload, StopWorkload to node agents")
+BUDGETS = Topic("apportion.budgets", "path", 1, KEEP_FOREVER,
+                description="BudgetSet, BudgetRemoved, BudgetRejected")
+USAGE = Topic("apportion.usage", "budget", 3, KEEP_FOREVER,
+              description="OccupancySnapshot from accounting")
+RANKING = Topic("apportion.ranking", "cluster", 1, KEEP_FOREVER,
+                description="FairShareRanking from policy")
+DEADLETTER = Topic("apportion.deadletter", "source key", 1, KEEP_FOREVER,
+                   description="DeadLetter: undecodable or invalid input with the reason")
+
+ALL_TOPICS: tuple[Topic, ...] = (
+    SUBMISSIONS, JOBS, NODES, COMMANDS, BUDGETS, USAGE, RANKING, DEADLETTER,
+)
+
+BY_NAME: dict[str, Topic] = {t.name: t for t in ALL_TOPICS}
