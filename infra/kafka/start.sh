@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Start a single-node KRaft Kafka broker on 127.0.0.1:PORT with its data in DATADIR.
+#
+#   infra/kafka/start.sh PORT DATADIR
+#
+# Formats storage once (idempotent), starts the broker in the background
+# (DATADIR/kafka.pid, log in DATADIR/kafka.log), then polls a Metadata call
+# until the broker answers while checking the process is still alive: no
+# fixed sleeps.  Prints startup time and resident memory, and a last line
+# KAFKA_BOOTSTRAP=127.0.0.1:PORT.  Stop it with infra/kafka/stop.sh DATADIR.
+#
+# Environment: KAFKA_HEAP_OPTS (default -Xms256m -Xmx512m), KAFKA_JVM_OPTS
+# (extra flags), KAFKA_CONTROLLER_PORT (default: a free port),
+# KAFKA_START_TIMEOUT seconds (default 90).
+set -euo pipefail
+
+if [[ $# -ne 2 ]]; then
+    echo "usage: $0 PORT DATADIR" >&2
+    exit 64
+fi
+port="$1"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+mkdir -p "$2"
+datadir="$(cd "$2" && pwd)"
+pidfile="$datadir/kafka.pid"
+logfile="$datadir/kafka.log"
+props="$datadir/server.properties"
+
+command -v java >/dev/null || { echo "start.sh: Java 17+ is required (apt-get install openjdk-17-jre-headless)" >&2; exit 1; }
+command -v python3 >/dev/null || { echo "start.sh: python3 is required for the readiness probe" >&2; exit 1; }
+[[ -f "$here/lib/.complete" ]] || "$here/fetch.sh"
+
+is_our_broker() {  # pid -> true when it is a live kafka.Kafka process
+    [[ -r "/proc/$1/cmdline" ]] && tr '\0' ' ' < "/proc/$1/cmdline" | grep -q 'kafka\.Kafka '
+}
+
+if [[ -f "$pidfile" ]] && is_our_broker "$(cat "$pidfile")"; then
+    running_port="$(cat "$datadir/kafka.port" 2>/dev/null || echo '?')"
+    if [[ "$running_port" != "$port" ]]; then
+        echo "start.sh: a broker already runs on $datadir at port $running_port (pid $(cat "$pidfile"))" >&2
+        exit 1
+    fi
+    echo "kafka already running on 127.0.0.1:$port (pid $(cat "$pidfile"))"
+    echo "KAFKA_BOOTSTRAP=127.0.0.1:$port"
+    exit 0
+fi
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+cport="${KAFKA_CONTROLLER_PORT:-$(free_port)}"
+
+sed -e "s|@PORT@|$port|g" -e "s|@CONTROLLER_PORT@|$cport|g" -e "s|@LOG_DIR@|$datadir/kraft-logs|g" \
+    "$here/server.properties.template" > "$props"
+
+java_log=(-Dlog4j2.configurationFile="$here/log4j2.properties")
+cp="$here/lib/*"
+
+# Format storage once.  The cluster id is kept beside the data so that a
+# re-format after a partial failure uses the same id.
+if [[ ! -f "$datadir/kraft-logs/meta.properties" ]]; then
+    [[ -f "$datadir/cluster.id" ]] || python3 -c \
+        'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))' \
+        > "$datadir/cluster.id"
+    if ! env -u COLUMNS java -Xmx256m "${java_log[@]}" -cp "$cp" kafka.tools.StorageTool format \
+            -t "$(cat "$datadir/cluster.id")" -c "$props" --ignore-formatted \
+            > "$datadir/format.log" 2>&1; then
+        echo "start.sh: formatting storage failed:" >&2
+        tail -n 20 "$datadir/format.log" >&2
+        exit 1
+    fi
+fi
+
+t0="$(date +%s%N)"
+# setsid: the broker outlives the shell (and a Ctrl-C in it) that started it.
+# shellcheck disable=SC2086
+setsid java ${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m} -XX:+UseG1GC -Djava.awt.headless=true \
+    ${KAFKA_JVM_OPTS:-} "${java_log[@]}" -cp "$cp" kafka.Kafka "$props" \
+    > "$logfile" 2>&1 < /dev/null &
+pid=$!
+echo "$pid" > "$pidfile"
+echo "$port" > "$datadir/kafka.port"
+
+if ! python3 "$here/wait_ready.py" 127.0.0.1 "$port" --pid "$pid" --timeout "${KAFKA_START_TIMEOUT:-90}"; then
+    echo "start.sh: broker did not become ready; last log lines ($logfile):" >&2
+    tail -n 30 "$logfile" >&2
+    kill -KILL "$pid" 2>/dev/null || true
+    rm -f "$pidfile"
+    exit 1
+fi
+t1="$(date +%s%N)"
+rss_kb="$(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status")"
+printf 'kafka %s ready on 127.0.0.1:%s (pid %s) in %d.%02ds, RSS %d MiB\n' \
+    "$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here/pom.xml")" \
+    "$port" "$pid" $(( (t1 - t0) / 1000000000 )) $(( (t1 - t0) / 10000000 % 100 )) $(( rss_kb / 1024 ))
+echo "KAFKA_BOOTSTRAP=127.0.0.1:$port"

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Start redis-server on 127.0.0.1:PORT with its files in DATADIR.
+#
+#   infra/redis/start.sh PORT DATADIR
+#
+# Uses Debian's redis-server; installs it with apt-get when it is missing and
+# we are root, otherwise says how.  No persistence by default (tests, demo);
+# REDIS_APPENDONLY=yes turns the append-only file on.  Waits (polling, with a
+# deadline) until PING answers; last line is REDIS_URL=redis://127.0.0.1:PORT/0.
+set -euo pipefail
+if [[ $# -ne 2 ]]; then
+    echo "usage: $0 PORT DATADIR" >&2
+    exit 64
+fi
+port="$1"
+mkdir -p "$2"
+datadir="$(cd "$2" && pwd)"
+pidfile="$datadir/redis.pid"
+
+if ! command -v redis-server >/dev/null; then
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+        echo "redis-server missing: installing the Debian package" >&2
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y -q redis-server >/dev/null \
+            || { apt-get update -q >/dev/null && apt-get install -y -q redis-server >/dev/null; }
+    else
+        echo "start.sh: redis-server is not installed. Install it with" >&2
+        echo "    sudo apt-get install redis-server" >&2
+        echo "(or run this script as root, which installs it), or point REDIS_URL at a running Redis." >&2
+        exit 1
+    fi
+fi
+
+is_our_redis() {
+    [[ -r "/proc/$1/cmdline" ]] && tr '\0' ' ' < "/proc/$1/cmdline" | grep -q 'redis-server'
+}
+if [[ -f "$pidfile" ]] && is_our_redis "$(cat "$pidfile")"; then
+    echo "redis already running (pid $(cat "$pidfile"))"
+    echo "REDIS_URL=redis://127.0.0.1:$port/0"
+    exit 0
+fi
+
+t0="$(date +%s%N)"
+redis-server --port "$port" --bind 127.0.0.1 --protected-mode yes \
+    --dir "$datadir" --save '' --appendonly "${REDIS_APPENDONLY:-no}" \
+    --daemonize yes --pidfile "$pidfile" --logfile "$datadir/redis.log"
+
+ping() {  # PING over bash's /dev/tcp: no redis-cli needed
+    exec 3<>"/dev/tcp/127.0.0.1/$port" || return 1
+    printf 'PING\r\n' >&3
+    local reply=""
+    read -r -t 1 reply <&3 || true
+    exec 3<&- 3>&-
+    [[ "$reply" == "+PONG"* ]]
+}
+deadline=$(( $(date +%s) + ${REDIS_START_TIMEOUT:-20} ))
+until ping 2>/dev/null; do
+    if (( $(date +%s) >= deadline )); then
+        echo "start.sh: redis did not answer PING on port $port; log:" >&2
+        tail -n 20 "$datadir/redis.log" >&2
+        exit 1
+    fi
+    sleep 0.05  # poll interval, bounded by the deadline
+done
+t1="$(date +%s%N)"
+pid="$(cat "$pidfile")"
+rss_kb="$(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status")"
+printf 'redis %s ready on 127.0.0.1:%s (pid %s) in %d ms, RSS %d MiB\n' \
+    "$(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p')" "$port" "$pid" \
+    $(( (t1 - t0) / 1000000 )) $(( rss_kb / 1024 ))
+echo "REDIS_URL=redis://127.0.0.1:$port/0"

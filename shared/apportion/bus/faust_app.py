@@ -1,0 +1,160 @@
+"""faust app factory with apportion's event serialisation.
+
+faust services (accounting, policy) get the same wire format as the
+kafka-python wrappers: record values are :func:`apportion.events.encode`
+JSON, keys are :func:`apportion.events.key_of` strings, topics come from the
+registry. Values that do not decode are not thrown into the agent (which
+would crash it): the codec yields an :class:`Undecodable`, and
+:func:`decoded` turns it into a :class:`~apportion.events.DeadLetter` on
+``apportion.deadletter`` and carries on, as :class:`EventConsumer` does.
+
+Settings follow notes/kafka-local.md: ``store='memory://'`` by default
+(replays the changelog on start), ``consumer_auto_offset_reset='earliest'``,
+agent ``concurrency=1`` (faust 0.15.3 may commit past an in-flight message
+otherwise), ``acks=all``. The faust producer is not idempotent unless
+``processing_guarantee='exactly_once'``; consumers de-duplicate by
+``event_id`` anyway.
+
+Example::
+
+    app = make_app("accounting", bootstrap)
+    jobs = event_topic(app, topics.JOBS)
+
+    @agent(app, jobs)
+    async def on_job(stream):
+        async for event in decoded(app, stream, producer="accounting"):
+            ...   # pure logic, then publish(app, new_event)
+
+Nothing is created at import time: the codec is registered by the factory.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from apportion import events
+from apportion.topics import BY_NAME, DEADLETTER, Topic
+
+CODEC = "apportion"
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """A record value that is not a valid event, with the reason."""
+
+    raw: bytes
+    reason: str
+
+
+def _codec_class() -> type:
+    from faust.serializers.codecs import Codec
+
+    class EventCodec(Codec):
+        """faust codec: Event <-> apportion JSON bytes; bad input -> Undecodable."""
+
+        def _dumps(self, obj: Any) -> bytes:
+            if isinstance(obj, events.Event):
+                return events.encode(obj)
+            if isinstance(obj, (bytes, bytearray)):
+                return bytes(obj)
+            raise TypeError(f"{CODEC} codec serialises apportion events, got {type(obj).__name__}")
+
+        def _loads(self, s: bytes) -> Any:
+            raw = bytes(s) if s is not None else b""
+            try:
+                return events.decode(raw)
+            except events.DecodeError as exc:
+                return Undecodable(raw, f"{exc.field}: {exc.reason}" if exc.field else exc.reason)
+
+    return EventCodec
+
+
+def register_codec() -> None:
+    """Register the ``apportion`` codec with faust (idempotent)."""
+    from faust.serializers import codecs
+
+    if CODEC not in codecs.codecs:
+        codecs.register(CODEC, _codec_class()())
+
+
+def make_app(app_id: str, bootstrap: str, *, store: str = "memory://",
+             datadir: str | Path | None = None, web_port: int | None = None,
+             **settings: Any) -> Any:
+    """Build a :class:`faust.App` wired for apportion.
+
+    Args:
+        app_id: the faust app id (consumer group and changelog prefix).
+        bootstrap: ``host:port`` of Kafka.
+        store: table store URL; ``'rocksdb://'`` resumes from stored offsets.
+        datadir: per-worker data directory (faust's default when ``None``).
+        web_port: enable faust's web server on this port; disabled when ``None``.
+        **settings: any other faust setting, overriding the defaults here.
+    """
+    import faust
+
+    register_codec()
+    conf: dict[str, Any] = {
+        "broker": f"kafka://{bootstrap}",
+        "store": store,
+        "consumer_auto_offset_reset": "earliest",
+        "key_serializer": "raw",
+        "value_serializer": CODEC,
+        "producer_acks": -1,
+        "topic_replication_factor": 1,
+        "topic_allow_declare": True,
+        "web_enabled": web_port is not None,
+    }
+    if web_port is not None:
+        conf["web_port"] = web_port
+    if datadir is not None:
+        conf["datadir"] = str(datadir)
+    conf.update(settings)
+    return faust.App(app_id, **conf)
+
+
+def event_topic(app: Any, topic: Topic | str) -> Any:
+    """The faust topic for a registry topic, with the apportion codec.
+
+    ``topic`` may be a :class:`~apportion.topics.Topic` or a name; names not
+    in the registry (tests) get one partition and no declared configs.
+    """
+    if isinstance(topic, str):
+        topic = BY_NAME.get(topic) or Topic(topic, "key", 1, -1)
+    return app.topic(topic.name, key_type=bytes, key_serializer="raw", value_serializer=CODEC,
+                     partitions=topic.partitions, config=topic.configs())
+
+
+def agent(app: Any, channel: Any, **kwargs: Any) -> Callable[[Any], Any]:
+    """``app.agent`` with ``concurrency=1`` enforced (see module doc)."""
+    if kwargs.setdefault("concurrency", 1) != 1:
+        raise ValueError("apportion agents run with concurrency=1")
+    return app.agent(channel, **kwargs)
+
+
+async def publish(app: Any, event: events.Event) -> Any:
+    """Send ``event`` to its registry topic, keyed by :func:`events.key_of`."""
+    topic = event_topic(app, events.TOPIC_OF[event.type])
+    return await topic.send(key=events.key_of(event).encode("utf-8"), value=event)
+
+
+async def decoded(app: Any, stream: Any, *, producer: str = "faust",
+                  clock: Callable[[], datetime] | None = None) -> AsyncIterator[events.Event]:
+    """Yield the events of a faust stream, dead-lettering undecodable values."""
+    now = clock or (lambda: datetime.now(timezone.utc))
+    async for value in stream:
+        if isinstance(value, Undecodable):
+            msg = stream.current_event.message
+            key = msg.key.decode("utf-8", "replace") if isinstance(msg.key, bytes) else msg.key
+            letter = events.DeadLetter(
+                source_topic=msg.topic, source_partition=msg.partition, source_offset=msg.offset,
+                source_key=key, original=base64.b64encode(value.raw).decode("ascii"),
+                error=value.reason, ts=now(), producer=producer)
+            await event_topic(app, DEADLETTER).send(
+                key=events.key_of(letter).encode("utf-8"), value=letter)
+            continue
+        yield value

@@ -1,0 +1,161 @@
+"""Create apportion's topics from the registry and report config drift.
+
+The registry is :data:`apportion.topics.ALL_TOPICS`. :func:`provision`
+creates every missing topic with its partitions and configs (idempotent: a
+topic that exists is left alone), then compares what the broker has with
+what is declared and reports each difference as a :class:`Drift`. It never
+changes an existing topic unless asked (``fix=True`` sets drifted configs;
+partition counts are only reported, since changing them re-keys entities).
+
+Command line (also ``infra/provision.py``)::
+
+    python -m apportion.bus.provision --bootstrap 127.0.0.1:9092 [--fix] [--strict]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from apportion.topics import ALL_TOPICS, Topic
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    """One way a topic on the broker differs from its declaration."""
+
+    topic: str
+    setting: str  # a config key, or "partitions"
+    declared: str
+    actual: str
+
+    def __str__(self) -> str:
+        return f"{self.topic}: {self.setting} is {self.actual!r}, declared {self.declared!r}"
+
+
+@dataclass(slots=True)
+class ProvisionReport:
+    """What :func:`provision` did and found."""
+
+    created: list[str] = field(default_factory=list)
+    existing: list[str] = field(default_factory=list)
+    drift: list[Drift] = field(default_factory=list)
+    fixed: list[Drift] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"created {t}" for t in self.created]
+        out += [f"exists  {t}" for t in self.existing]
+        out += [f"DRIFT   {d}" for d in self.drift]
+        out += [f"fixed   {d}" for d in self.fixed]
+        return out
+
+
+def admin_client(bootstrap: str) -> Any:
+    """A kafka-python admin client (the caller closes it)."""
+    from kafka.admin import KafkaAdminClient
+
+    return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="apportion-provision")
+
+
+def create_missing(admin: Any, topics: Iterable[Topic], replication_factor: int = 1) -> list[str]:
+    """Create the topics that do not exist yet; return their names."""
+    topics = list(topics)
+    have = set(admin.list_topics())
+    missing = [t for t in topics if t.name not in have]
+    if not missing:
+        return []
+    spec = {t.name: {"num_partitions": t.partitions, "replication_factor": replication_factor,
+                     "configs": t.configs()} for t in missing}
+    resp = admin.create_topics(spec, raise_errors=False, wait_for_metadata=True)
+    created = []
+    for result in resp.get("topics", []):
+        if result["error_code"] == 0:
+            created.append(result["name"])
+        elif result["error_code"] != 36:  # 36 TOPIC_ALREADY_EXISTS: someone raced us, fine
+            raise RuntimeError(f"cannot create {result['name']}: {result.get('error_message')}")
+    return sorted(created)
+
+
+def find_drift(admin: Any, topics: Iterable[Topic]) -> list[Drift]:
+    """Compare partitions and declared configs on the broker with the registry."""
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    topics = list(topics)
+    drift: list[Drift] = []
+    described = {d["name"]: d for d in admin.describe_topics([t.name for t in topics])}
+    resources = [ConfigResource(ConfigResourceType.TOPIC, t.name,
+                                configs={k: None for k in t.configs()}) for t in topics]
+    configs = admin.describe_configs(resources, config_filter="all").get("topic", {})
+    for t in topics:
+        d = described.get(t.name)
+        if d is None or d.get("error_code", 0) != 0:
+            drift.append(Drift(t.name, "exists", "yes", "no"))
+            continue
+        parts = len(d["partitions"])
+        if parts != t.partitions:
+            drift.append(Drift(t.name, "partitions", str(t.partitions), str(parts)))
+        actual = configs.get(t.name, {})
+        for key, want in t.configs().items():
+            got = actual.get(key, {}).get("value")
+            if got != want:
+                drift.append(Drift(t.name, key, want, str(got)))
+    return drift
+
+
+def fix_drift(admin: Any, drift: Iterable[Drift]) -> list[Drift]:
+    """Set drifted topic configs to their declared values (not partitions)."""
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    fixable = [d for d in drift if d.setting not in ("partitions", "exists")]
+    by_topic: dict[str, dict[str, str]] = {}
+    for d in fixable:
+        by_topic.setdefault(d.topic, {})[d.setting] = d.declared
+    if by_topic:
+        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, name, configs=cfg)
+                             for name, cfg in by_topic.items()])
+    return fixable
+
+
+def provision(bootstrap: str, topics: Iterable[Topic] = ALL_TOPICS, *, fix: bool = False,
+              replication_factor: int = 1) -> ProvisionReport:
+    """Create missing topics, then verify every declared topic (see module doc)."""
+    topics = list(topics)
+    admin = admin_client(bootstrap)
+    try:
+        report = ProvisionReport()
+        report.created = create_missing(admin, topics, replication_factor)
+        report.existing = sorted(t.name for t in topics if t.name not in report.created)
+        report.drift = find_drift(admin, topics)
+        if fix and report.drift:
+            report.fixed = fix_drift(admin, report.drift)
+            report.drift = find_drift(admin, topics)
+        return report
+    finally:
+        admin.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    ap = argparse.ArgumentParser(description="Create apportion topics and report config drift.")
+    ap.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
+                    help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP or 127.0.0.1:9092)")
+    ap.add_argument("--replication-factor", type=int, default=1)
+    ap.add_argument("--fix", action="store_true", help="set drifted configs to their declared values")
+    ap.add_argument("--strict", action="store_true", help="exit 1 when drift remains")
+    args = ap.parse_args(argv)
+    report = provision(args.bootstrap, fix=args.fix, replication_factor=args.replication_factor)
+    for line in report.lines():
+        print(line)
+    if report.drift:
+        print(f"{len(report.drift)} drifted setting(s); --fix sets configs back "
+              "(partition counts are changed by hand only)", file=sys.stderr)
+        return 1 if args.strict else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""Start and stop a local Kafka + Redis from ``infra/`` (no Docker).
+
+Used by the test fixtures, by ``make up`` / ``make down`` and by the main
+job. Each stack lives in one data directory::
+
+    DATADIR/kafka/      broker data, server.properties, kafka.log, kafka.pid
+    DATADIR/redis/      redis.log, redis.pid
+    DATADIR/stack.env   KAFKA_BOOTSTRAP=... and REDIS_URL=... (shell-sourceable)
+
+Python::
+
+    with LocalStack(tmp_path).start() as stack:     # free ports, topics provisioned
+        use(stack.bootstrap, stack.redis_url)
+
+Command line (what the Makefile runs)::
+
+    python -m apportion.bus.stack up --dir .run      # prints the addresses
+    python -m apportion.bus.stack down --dir .run
+    python -m apportion.bus.stack status --dir .run
+
+Nothing here starts or connects at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+#: ``infra/`` of the source checkout (the stack is a development tool; it is
+#: not used inside containers). Override with ``APPORTION_INFRA_DIR``.
+DEFAULT_INFRA_DIR = Path(__file__).resolve().parents[3] / "infra"
+
+
+class StackError(RuntimeError):
+    """A start or stop script failed; the message carries its output."""
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports that were free a moment ago."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """Parse a ``KEY=value`` file (blank lines and ``#`` comments ignored)."""
+    out: dict[str, str] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#") and "=" in line:
+                k, v = line.split("=", 1)
+                out[k.strip()] = v.strip()
+    return out
+
+
+def _alive(pidfile: Path) -> bool:
+    try:
+        pid = int(pidfile.read_text().strip())
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+class LocalStack:
+    """A native Kafka broker and redis-server started from ``infra/`` scripts.
+
+    Args:
+        datadir: where both keep their data, logs and pid files.
+        kafka_port, redis_port: ports on 127.0.0.1; ``0`` picks free ones.
+        provision_topics: create the registry topics once Kafka answers.
+        infra_dir: the ``infra/`` folder (default: this checkout's).
+        echo: print the scripts' output (the CLI does; tests do not).
+    """
+
+    def __init__(self, datadir: str | os.PathLike[str], *, kafka_port: int = 0, redis_port: int = 0,
+                 provision_topics: bool = True, infra_dir: str | os.PathLike[str] | None = None,
+                 echo: bool = False) -> None:
+        self.datadir = Path(datadir).resolve()
+        if not kafka_port or not redis_port:
+            picked = free_ports(2)
+            kafka_port = kafka_port or picked[0]
+            redis_port = redis_port or picked[1]
+        self.kafka_port = kafka_port
+        self.redis_port = redis_port
+        self.provision_topics = provision_topics
+        self.infra_dir = Path(infra_dir or os.environ.get("APPORTION_INFRA_DIR") or DEFAULT_INFRA_DIR)
+        self.echo = echo
+        self.startup_report: list[str] = []
+
+    @property
+    def bootstrap(self) -> str:
+        """Kafka bootstrap address, ``127.0.0.1:PORT``."""
+        return f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def redis_url(self) -> str:
+        """Redis URL, ``redis://127.0.0.1:PORT/0``."""
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    @property
+    def env_file(self) -> Path:
+        return self.datadir / "stack.env"
+
+    def _run(self, script: str, *args: str) -> str:
+        cmd = ["bash", str(self.infra_dir / script), *args]
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, check=False)
+        if self.echo and proc.stdout:
+            print(proc.stdout, end="", flush=True)
+        if proc.returncode != 0:
+            raise StackError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout}")
+        return proc.stdout
+
+    def start(self) -> LocalStack:
+        """Start Redis, then Kafka; provision topics; write ``stack.env``.
+
+        On failure whatever was started is stopped again before raising.
+        """
+        self.datadir.mkdir(parents=True, exist_ok=True)
+        try:
+            out = self._run("redis/start.sh", str(self.redis_port), str(self.datadir / "redis"))
+            out += self._run("kafka/start.sh", str(self.kafka_port), str(self.datadir / "kafka"))
+            self.startup_report = [ln for ln in out.splitlines() if " ready on " in ln]
+            if self.provision_topics:
+                from apportion.bus.provision import provision
+
+                report = provision(self.bootstrap)
+                if self.echo:
+                    print(f"topics: {len(report.created)} created, {len(report.existing)} existing, "
+                          f"{len(report.drift)} drifted")
+                    for d in report.drift:
+                        print(f"  DRIFT {d}")
+        except BaseException:
+            self.stop()
+            raise
+        self.env_file.write_text(f"KAFKA_BOOTSTRAP={self.bootstrap}\nREDIS_URL={self.redis_url}\n")
+        return self
+
+    def stop(self) -> None:
+        """Stop Kafka, then Redis (each a no-op when not running)."""
+        errors = []
+        for script, sub in (("kafka/stop.sh", "kafka"), ("redis/stop.sh", "redis")):
+            try:
+                self._run(script, str(self.datadir / sub))
+            except StackError as exc:
+                errors.append(str(exc))
+        self.env_file.unlink(missing_ok=True)
+        if errors:
+            raise StackError("\n".join(errors))
+
+    def running(self) -> bool:
+        """True when both processes of this data dir are alive."""
+        return (_alive(self.datadir / "kafka" / "kafka.pid")
+                and _alive(self.datadir / "redis" / "redis.pid"))
+
+    def __enter__(self) -> LocalStack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def attach(datadir: str | os.PathLike[str], **kwargs: object) -> LocalStack:
+    """A :class:`LocalStack` for ``datadir`` reusing the ports of a running one.
+
+    Without a running stack there, ports are fresh free ones.
+    """
+    datadir = Path(datadir).resolve()
+    env = read_env_file(datadir / "stack.env")
+    ports = {}
+    if env:
+        ports["kafka_port"] = int(env["KAFKA_BOOTSTRAP"].rsplit(":", 1)[1])
+        ports["redis_port"] = int(env["REDIS_URL"].rsplit(":", 1)[1].split("/", 1)[0])
+    return LocalStack(datadir, **ports, **kwargs)  # type: ignore[arg-type]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Local Kafka + Redis for apportion (no Docker).")
+    ap.add_argument("command", choices=["up", "down", "status"])
+    ap.add_argument("--dir", default=".run", help="data directory (default .run)")
+    ap.add_argument("--kafka-port", type=int, default=0, help="0 = reuse the running one or pick a free port")
+    ap.add_argument("--redis-port", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    stack = attach(args.dir, echo=True)
+    if args.kafka_port:
+        stack.kafka_port = args.kafka_port
+    if args.redis_port:
+        stack.redis_port = args.redis_port
+    try:
+        if args.command == "up":
+            stack.start()
+            print(f"\nKafka  {stack.bootstrap}\nRedis  {stack.redis_url}\n"
+                  f"(addresses also in {stack.env_file}; stop with: make down)")
+        elif args.command == "down":
+            stack.stop()
+        else:
+            state = "running" if stack.running() else "not running"
+            print(f"{state}: Kafka {stack.bootstrap}, Redis {stack.redis_url} ({stack.datadir})")
+            return 0 if stack.running() else 1
+    except StackError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""The bus adapters against a real Kafka broker (kafka-python, aiokafka, faust).
+
+Each test uses its own consumer group and, where it writes raw bytes, its
+own topic, so tests do not see each other's records. Waiting is polling
+with a deadline, never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+import pytest
+
+from apportion import events
+from apportion.bus.consumer import Delivery, EventConsumer
+from apportion.bus.producer import EventProducer
+from apportion.bus.provision import admin_client, find_drift, provision
+from apportion.topics import ALL_TOPICS, Topic
+
+pytestmark = pytest.mark.integration
+
+DEADLINE_S = 30.0
+T0 = datetime(2026, 1, 5, 9, 0, tzinfo=timezone.utc)
+
+
+def job_submitted(job_id: str | None = None) -> events.JobSubmitted:
+    return events.JobSubmitted(
+        job_id=job_id or f"job-{uuid.uuid4().hex[:8]}", budget="lab/prior/robotics", user="alice",
+        gpus_per_replica=2, replicas=2, min_runtime_s=3600.0, duration_s=7200.0,
+        submitted_at=T0, ts=T0, producer="test")
+
+
+def group() -> str:
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
+def consume_until(consumer: EventConsumer, done: Callable[[], bool], deadline_s: float = DEADLINE_S) -> None:
+    """Poll ``consumer`` until ``done()`` or fail at the deadline."""
+    deadline = time.monotonic() + deadline_s
+    while not done():
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {deadline_s}s; stats {consumer.stats}")
+        consumer.poll_once(timeout_ms=200)
+
+
+def committed(bootstrap: str, group_id: str) -> dict[tuple[str, int], int]:
+    admin = admin_client(bootstrap)
+    try:
+        offsets = admin.list_group_offsets(group_id)[group_id]
+    finally:
+        admin.close()
+    return {(tp.topic, tp.partition): om.offset for tp, om in offsets.items()}
+
+
+# --------------------------------------------------------------------------- round trips
+
+
+def test_kafka_python_round_trip_through_the_registry_topic(kafka_bootstrap: str) -> None:
+    sent = job_submitted()
+    with EventProducer(kafka_bootstrap, client_id="test") as producer:
+        meta = producer.publish(sent)
+    assert meta.topic == "apportion.submissions"
+
+    got: list[tuple[events.Event, Delivery]] = []
+    with EventConsumer(kafka_bootstrap, ["apportion.submissions"], group(),
+                       lambda e, d: got.append((e, d))) as consumer:
+        consume_until(consumer, lambda: any(e.event_id == sent.event_id for e, _ in got))
+    event, delivery = next((e, d) for e, d in got if e.event_id == sent.event_id)
+    assert event == sent
+    assert isinstance(event, events.JobSubmitted)
+    assert delivery.key == sent.job_id
+    assert (delivery.partition, delivery.offset) == (meta.partition, meta.offset)
+
+
+async def test_aiokafka_reads_kafka_python_and_back(kafka_bootstrap: str,
+                                                    kafka_topic_factory: Callable[..., str]) -> None:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    topic = kafka_topic_factory("aiokafka")
+    first, second = job_submitted(), job_submitted()
+    with EventProducer(kafka_bootstrap) as producer:
+        producer.send_raw(topic, events.encode(first), first.job_id.encode()).get(timeout=DEADLINE_S)
+
+    aproducer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=True)
+    await aproducer.start()
+    try:
+        await aproducer.send_and_wait(topic, events.encode(second), key=second.job_id.encode())
+    finally:
+        await aproducer.stop()
+
+    aconsumer = AIOKafkaConsumer(topic, bootstrap_servers=kafka_bootstrap, group_id=group(),
+                                 auto_offset_reset="earliest", enable_auto_commit=False)
+    await aconsumer.start()
+    try:
+        seen: list[events.Event] = []
+        async with asyncio.timeout(DEADLINE_S):
+            while len(seen) < 2:
+                batch = await aconsumer.getmany(timeout_ms=200)
+                seen += [events.decode(r.value) for recs in batch.values() for r in recs]
+        await aconsumer.commit()
+    finally:
+        await aconsumer.stop()
+    assert seen == [first, second]
+
+    got: list[events.Event] = []  # and kafka-python reads what aiokafka wrote
+    with EventConsumer(kafka_bootstrap, [topic], group(), lambda e, d: got.append(e)) as consumer:
+        consume_until(consumer, lambda: len(got) == 2)
+    assert got == [first, second]
+
+
+async def test_faust_agent_round_trip_and_dead_letter(kafka_bootstrap: str,
+                                                      kafka_topic_factory: Callable[..., str],
+                                                      tmp_path) -> None:
+    from apportion.bus.faust_app import agent, decoded, event_topic, make_app
+
+    topic_name = kafka_topic_factory("faust")
+    app = make_app(f"test-faust-{uuid.uuid4().hex[:8]}", kafka_bootstrap, datadir=tmp_path)
+    source = event_topic(app, topic_name)
+    received: asyncio.Queue[events.Event] = asyncio.Queue()
+
+    @agent(app, source)
+    async def collect(stream):  # noqa: ANN001 - faust stream
+        async for event in decoded(app, stream, producer="faust-test"):
+            await received.put(event)
+
+    sent = [job_submitted(), job_submitted()]
+    with EventProducer(kafka_bootstrap) as producer:  # bytes from another client, one malformed
+        producer.send_raw(topic_name, events.encode(sent[0]), b"k")
+        producer.send_raw(topic_name, b"{not json", b"bad")
+        producer.send_raw(topic_name, events.encode(sent[1]), b"k")
+        producer.flush(DEADLINE_S)
+
+    await app.start()
+    try:
+        async with asyncio.timeout(DEADLINE_S):
+            got = [await received.get(), await received.get()]
+        published = await (await event_topic(app, topic_name).send(
+            key=b"k", value=job_submitted("from-faust")))
+        async with asyncio.timeout(DEADLINE_S):
+            echoed = await received.get()
+    finally:
+        await app.stop()
+    assert got == sent
+    assert echoed.job_id == "from-faust" and published.topic == topic_name
+    letters = dead_letters_for(kafka_bootstrap, topic_name, 1)
+    assert letters[0].original_bytes() == b"{not json"
+    assert letters[0].source_key == "bad" and "JSON" in letters[0].error
+
+
+# --------------------------------------------------------------------------- topics
+
+
+def test_registry_topics_exist_with_declared_partitions_and_configs(kafka_bootstrap: str) -> None:
+    report = provision(kafka_bootstrap)  # second run: idempotent
+    assert report.created == []
+    assert report.existing == sorted(t.name for t in ALL_TOPICS)
+    assert report.drift == []
+    admin = admin_client(kafka_bootstrap)
+    try:
+        parts = {d["name"]: len(d["partitions"]) for d in admin.describe_topics([t.name for t in ALL_TOPICS])}
+    finally:
+        admin.close()
+    assert parts == {t.name: t.partitions for t in ALL_TOPICS}
+
+
+def test_config_drift_is_reported_then_fixed(kafka_bootstrap: str) -> None:
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    declared = Topic(f"test.drift.{uuid.uuid4().hex[:8]}", "key", 2, -1, compact=False)
+    assert provision(kafka_bootstrap, [declared]).created == [declared.name]
+    admin = admin_client(kafka_bootstrap)
+    try:
+        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, declared.name,
+                                            configs={"retention.ms": "60000"})])
+        drift = find_drift(admin, [declared])
+    finally:
+        admin.close()
+    assert [(d.setting, d.declared, d.actual) for d in drift] == [("retention.ms", "-1", "60000")]
+
+    report = provision(kafka_bootstrap, [declared], fix=True)
+    assert [d.setting for d in report.fixed] == ["retention.ms"]
+    assert report.drift == []
+
+
+# --------------------------------------------------------------------------- consumer wrapper
+
+
+def dead_letters_for(bootstrap: str, source_topic: str, n: int) -> list[events.DeadLetter]:
+    """The first ``n`` dead letters whose source is ``source_topic``."""
+    found: list[events.DeadLetter] = []
+
+    def keep(event: events.Event, _: Delivery) -> None:
+        if isinstance(event, events.DeadLetter) and event.source_topic == source_topic:
+            found.append(event)
+
+    with EventConsumer(bootstrap, ["apportion.deadletter"], group(), keep) as consumer:
+        consume_until(consumer, lambda: len(found) >= n)
+    return found
+
+
+def test_malformed_messages_are_dead_lettered_and_consumption_continues(
+        kafka_bootstrap: str, kafka_topic_factory: Callable[..., str]) -> None:
+    topic = kafka_topic_factory("malformed")
+    good = [job_submitted(), job_submitted()]
+    missing_field = events.to_dict(job_submitted())
+    del missing_field["budget"]
+    import json
+
+    bad_values = [b"\x00 not json", json.dumps(missing_field).encode()]
+    with EventProducer(kafka_bootstrap) as producer:
+        producer.send_raw(topic, bad_values[0], b"k0")
+        producer.send_raw(topic, events.encode(good[0]), b"k1")
+        producer.send_raw(topic, bad_values[1], b"k2")
+        producer.send_raw(topic, events.encode(good[1]), b"k3")
+        producer.flush(DEADLINE_S)
+
+    handled: list[events.Event] = []
+    gid = group()
+    with EventConsumer(kafka_bootstrap, [topic], gid, lambda e, d: handled.append(e),
+                       name="test-consumer") as consumer:
+        consume_until(consumer, lambda: len(handled) == 2)
+        assert consumer.stats.dead_lettered == 2
+    assert handled == good
+    assert committed(kafka_bootstrap, gid) == {(topic, 0): 4}
+
+    letters = sorted(dead_letters_for(kafka_bootstrap, topic, 2), key=lambda d: d.source_offset)
+    assert [d.source_offset for d in letters] == [0, 2]
+    assert [d.source_key for d in letters] == ["k0", "k2"]
+    assert [base64.b64decode(d.original) for d in letters] == bad_values
+    assert "JSON" in letters[0].error
+    assert letters[1].error.startswith("budget")  # the field that failed is named
+    assert all(d.producer == "test-consumer" for d in letters)
+
+
+def test_a_duplicate_event_is_handled_once(kafka_bootstrap: str,
+                                           kafka_topic_factory: Callable[..., str]) -> None:
+    topic = kafka_topic_factory("dup")
+    event, other = job_submitted(), job_submitted()
+    with EventProducer(kafka_bootstrap) as producer:
+        for e in (event, event, other, event):  # e.g. a producer retry after a lost ack
+            producer.send_raw(topic, events.encode(e), e.job_id.encode())
+        producer.flush(DEADLINE_S)
+
+    handled: list[uuid.UUID] = []
+    gid = group()
+    with EventConsumer(kafka_bootstrap, [topic], gid, lambda e, d: handled.append(e.event_id)) as consumer:
+        consume_until(consumer, lambda: consumer.stats.handled + consumer.stats.duplicates == 4)
+        assert consumer.stats.duplicates == 2
+    assert handled == [event.event_id, other.event_id]
+    assert committed(kafka_bootstrap, gid) == {(topic, 0): 4}
+
+
+def test_a_failing_handler_commits_only_what_was_handled_and_sees_the_record_again(
+        kafka_bootstrap: str, kafka_topic_factory: Callable[..., str]) -> None:
+    topic = kafka_topic_factory("retry")
+    batch = [job_submitted() for _ in range(3)]
+    with EventProducer(kafka_bootstrap) as producer:
+        for e in batch:
+            producer.send_raw(topic, events.encode(e), b"k")
+        producer.flush(DEADLINE_S)
+
+    handled: list[str] = []
+    fail_once = {batch[1].job_id}
+
+    def handler(event: events.Event, _: Delivery) -> None:
+        if event.job_id in fail_once:
+            fail_once.discard(event.job_id)
+            raise RuntimeError("store unavailable")
+        handled.append(event.job_id)
+
+    gid = group()
+    with EventConsumer(kafka_bootstrap, [topic], gid, handler) as consumer:
+        with pytest.raises(RuntimeError, match="store unavailable"):
+            consume_until(consumer, lambda: False)
+        assert committed(kafka_bootstrap, gid) == {(topic, 0): 1}
+        consume_until(consumer, lambda: len(handled) == 3)
+    assert handled == [e.job_id for e in batch]
+    assert committed(kafka_bootstrap, gid) == {(topic, 0): 3}
