@@ -1,0 +1,449 @@
+"""``apportion``: the command line for researchers and ops.
+
+Human tables by default, ``--json`` for scripts. Every command that talks
+to the cluster resolves Kafka and Redis as :mod:`apportion.settings` says
+(flags, then ``APPORTION_KAFKA_BOOTSTRAP``/``APPORTION_REDIS_URL``, then the
+``.run/stack.env`` written by ``make up``). Errors print one clear line on
+stderr and exit non-zero: 2 for bad input, 3 when Kafka or Redis cannot be
+reached.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from apportion import events
+from apportion.durations import format_duration, parse_duration
+from apportion.settings import Connection
+
+app = typer.Typer(
+    name="apportion",
+    help=(
+        "Budgeted, hierarchical fair-share GPU scheduling.\n\n"
+        "Researchers: `submit`, `cancel`, `queue`, `share`. Ops: `nodes`, `drain`, `undrain`, "
+        "`budget`, `audit`. Everyone: `simulate`, `whatif`.\n\n"
+        "Jobs with --min-runtime > 0 are charged to their budget and protected from preemption "
+        "for that long; --min-runtime 0 runs unallocated: free, on idle GPUs, preempted first."
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+budget_app = typer.Typer(help="Show and change the budget tree (ops).", no_args_is_help=True)
+app.add_typer(budget_app, name="budget")
+
+out = Console()
+err = Console(stderr=True)
+
+Bootstrap = Annotated[Optional[str], typer.Option("--bootstrap", help="Kafka bootstrap (host:port).", envvar="APPORTION_KAFKA_BOOTSTRAP")]
+RedisUrl = Annotated[Optional[str], typer.Option("--redis", help="Redis URL.", envvar="APPORTION_REDIS_URL")]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print ``error: message`` on stderr and exit with ``code``."""
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _publish(evts: list[events.Event], bootstrap: str | None) -> None:
+    from apportion import client
+
+    try:
+        client.publish(*evts, bootstrap=bootstrap)
+    except Exception as exc:  # kafka errors have many types; report them plainly
+        if type(exc).__module__.startswith("kafka"):
+            conn = Connection.resolve(bootstrap=bootstrap)
+            fail(f"cannot publish to Kafka at {conn.bootstrap}: {exc} (is the stack up? `make up`)", 3)
+        raise
+
+
+def _redis(redis_url: str | None) -> Any:
+    import redis
+
+    conn = Connection.resolve(redis_url=redis_url)
+    r = redis.Redis.from_url(conn.redis_url, socket_connect_timeout=3)
+    try:
+        r.ping()
+    except redis.RedisError as exc:
+        fail(f"cannot reach Redis at {conn.redis_url}: {exc} (is the stack up? `make up`)", 3)
+    return r
+
+
+def _print_json(obj: Any) -> None:
+    def default(o: Any) -> Any:
+        if isinstance(o, float) and math.isinf(o):
+            return "Infinity"
+        return str(o)
+
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=default) + "\n")
+
+
+def _ratio(r: Any) -> str:
+    if r is None:
+        return "-"
+    r = float(r)
+    return "inf" if math.isinf(r) else f"{r:.3f}"
+
+
+# --------------------------------------------------------------------------- researchers
+
+
+@app.command()
+def submit(
+    budget: Annotated[str, typer.Option("--budget", "-b", help="Budget path to charge, e.g. lab/prior/robotics.")],
+    gpus: Annotated[int, typer.Option("--gpus", "-g", min=1, help="GPUs per replica.")],
+    min_runtime: Annotated[str, typer.Option("--min-runtime", "-m", help="Minimum runtime (90s, 30m, 2h). 0 = unallocated: free, preemptible any time.")],
+    command: Annotated[Optional[list[str]], typer.Argument(help="Command to run (after --).")] = None,
+    replicas: Annotated[int, typer.Option("--replicas", "-k", min=1, help="Gang size: replicas start together on distinct nodes.")] = 1,
+    duration: Annotated[Optional[str], typer.Option("--duration", help="Simulated run time instead of a command (demo clusters).")] = None,
+    gpu_model: Annotated[Optional[str], typer.Option("--gpu-model", help="Required GPU model.")] = None,
+    user: Annotated[Optional[str], typer.Option("--user", "-u", help="Submitting user (default: $USER).", envvar="USER")] = None,
+    job_id: Annotated[Optional[str], typer.Option("--job-id", help="Job id (default: generated).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and print the event; publish nothing.")] = False,
+    bootstrap: Bootstrap = None,
+    as_json: JsonOut = False,
+) -> None:
+    """Submit a job.
+
+    Examples:
+
+      apportion submit -b lab/vision -g 2 -m 2h -- python train.py --lr 3e-4
+
+      apportion submit -b lab/vision -g 8 -k 4 -m 4h --duration 6h   (simulated gang)
+
+      apportion submit -b lab/vision -g 1 -m 0 -- python sweep.py     (unallocated)
+    """
+    from pydantic import ValidationError
+
+    from apportion import client
+
+    try:
+        ev = client.build_submission(budget=budget, user=user or "unknown", gpus=gpus, replicas=replicas,
+                                     min_runtime=min_runtime, command=command or None, duration=duration,
+                                     gpu_model=gpu_model, job_id=job_id, producer="cli")
+    except ValidationError as exc:
+        e = exc.errors(include_url=False)[0]
+        fail(f"invalid submission: {'.'.join(str(p) for p in e['loc']) or 'job'}: {e['msg']}")
+    except ValueError as exc:
+        fail(str(exc))
+    if not dry_run:
+        _publish([ev], bootstrap)
+    if as_json:
+        _print_json(events.to_dict(ev))
+    else:
+        kind = "allocated" if ev.allocated else "unallocated"
+        out.print(f"{'validated' if dry_run else 'submitted'} [bold]{ev.job_id}[/] "
+                  f"({ev.replicas}x{ev.gpus_per_replica} GPUs, {kind}, budget {ev.budget})")
+
+
+@app.command()
+def cancel(
+    job_id: Annotated[str, typer.Argument(help="Job to cancel.")],
+    reason: Annotated[str, typer.Option(help="Why (kept in the log).")] = "",
+    user: Annotated[Optional[str], typer.Option("--user", "-u", envvar="USER")] = None,
+    bootstrap: Bootstrap = None,
+) -> None:
+    """Cancel a pending or running job."""
+    ev = events.JobCancelRequested(job_id=job_id, user=user or "unknown", reason=reason, ts=_now(), producer="cli")
+    _publish([ev], bootstrap)
+    out.print(f"cancel requested for [bold]{job_id}[/]")
+
+
+@app.command()
+def queue(
+    budget: Annotated[Optional[str], typer.Option("--budget", "-b", help="Only this budget (and below).")] = None,
+    all_states: Annotated[bool, typer.Option("--all", help="Include finished jobs.")] = False,
+    redis_url: RedisUrl = None,
+    as_json: JsonOut = False,
+) -> None:
+    """Jobs in the queue (like squeue): position, budget, GPUs, state, pending reason."""
+    from apportion import readmodel
+
+    rows = list(readmodel.read_hash(_redis(redis_url), readmodel.JOBS).values())
+    live = {"pending", "placed", "running", "preempting"}
+    rows = [r for r in rows if (all_states or r.get("state") in live)
+            and (budget is None or r.get("budget") == budget or str(r.get("budget", "")).startswith(budget + "/"))]
+    rows.sort(key=lambda r: (r.get("state") != "running", r.get("position") if r.get("position") is not None else 1 << 30,
+                             r.get("submitted_at", ""), r.get("job_id", "")))
+    if as_json:
+        _print_json(rows)
+        return
+    t = Table(title=f"queue ({len(rows)} jobs)")
+    for col in ("pos", "job", "budget", "user", "GPUs", "min rt", "state", "attempt", "reason / nodes"):
+        t.add_column(col)
+    for r in rows:
+        gpus = f"{r.get('replicas', 1)}x{r.get('gpus_per_replica', '?')}"
+        detail = r.get("reason") or ",".join(r.get("nodes") or [])
+        t.add_row(str(r.get("position", "")), r.get("job_id", ""), r.get("budget", ""), r.get("user", ""), gpus,
+                  format_duration(float(r.get("min_runtime_s", 0))), r.get("state", ""),
+                  str(r.get("attempt", "")), detail)
+    out.print(t)
+
+
+@app.command()
+def share(
+    redis_url: RedisUrl = None,
+    as_json: JsonOut = False,
+) -> None:
+    """The budget tree with share, occupancy, unallocated use, entitlement, r and rank (like sshare).
+
+    O, U and E are GPU-hours over the trailing window; r = O / E, lower is served first.
+    """
+    from apportion import readmodel
+
+    r = _redis(redis_url)
+    rows = readmodel.read_hash(r, readmodel.BUDGETS)
+    meta = readmodel.read_hash(r, readmodel.USAGE).get("meta", {})
+    if as_json:
+        _print_json({"meta": meta, "budgets": list(rows.values())})
+        return
+    if not rows:
+        out.print("no occupancy snapshot yet (is the accounting service running?)")
+        return
+    t = Table(title=f"fair share at {meta.get('at', '?')} (window {format_duration(float(meta.get('window_s', 0)))}, "
+                    f"capacity {meta.get('capacity_gpus', '?')} GPUs)")
+    for col in ("budget", "share", "abs", "O GPU-h", "U GPU-h", "E GPU-h", "r", "rank"):
+        t.add_column(col, justify="left" if col == "budget" else "right")
+    for path, row in rows.items():
+        depth = path.count("/")
+        t.add_row("  " * depth + path.rsplit("/", 1)[-1], f"{row.get('share', 0):.3f}", f"{row.get('abs_share', 0):.3f}",
+                  f"{row.get('occupancy_gpu_s', 0) / 3600:.1f}", f"{row.get('unallocated_gpu_s', 0) / 3600:.1f}",
+                  f"{row.get('entitlement_gpu_s', 0) / 3600:.1f}", _ratio(row.get("ratio")),
+                  "" if row.get("rank") is None else str(row["rank"]))
+    out.print(t)
+
+
+# --------------------------------------------------------------------------- ops
+
+
+@app.command()
+def nodes(redis_url: RedisUrl = None, as_json: JsonOut = False) -> None:
+    """Nodes with state, GPUs, free GPUs and last heartbeat."""
+    from apportion import readmodel
+
+    rows = list(readmodel.read_hash(_redis(redis_url), readmodel.NODES).values())
+    if as_json:
+        _print_json(rows)
+        return
+    t = Table(title=f"nodes ({len(rows)})")
+    for col in ("node", "state", "model", "GPUs", "free", "running", "last heartbeat"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r.get("node_id", ""), r.get("state", ""), str(r.get("gpu_model") or "-"), str(r.get("gpu_count", "")),
+                  str(r.get("free_gpus", "")), str(len(r.get("running") or [])), str(r.get("last_heartbeat", "")))
+    out.print(t)
+
+
+@app.command()
+def drain(
+    node_id: Annotated[str, typer.Argument(help="Node to drain.")],
+    reason: Annotated[str, typer.Option(help="Why (kept in the log).")] = "maintenance",
+    bootstrap: Bootstrap = None,
+) -> None:
+    """Drain a node: cordon it, preempt unallocated work now, allocated work as its minimum runtime expires."""
+    _publish([events.NodeDrainRequested(node_id=node_id, reason=reason, by="cli", ts=_now(), producer="cli")], bootstrap)
+    out.print(f"drain requested for [bold]{node_id}[/]; it reports NodeDrained when empty")
+
+
+@app.command()
+def cordon(
+    node_id: Annotated[str, typer.Argument(help="Node to cordon.")],
+    reason: Annotated[str, typer.Option(help="Why.")] = "",
+    bootstrap: Bootstrap = None,
+) -> None:
+    """Cordon a node: no new work lands on it; running work stays."""
+    _publish([events.NodeCordoned(node_id=node_id, reason=reason, by="cli", ts=_now(), producer="cli")], bootstrap)
+    out.print(f"cordoned [bold]{node_id}[/]")
+
+
+@app.command()
+def undrain(
+    node_id: Annotated[str, typer.Argument(help="Node to return to service.")],
+    bootstrap: Bootstrap = None,
+) -> None:
+    """Uncordon a cordoned, draining or drained node."""
+    _publish([events.NodeUncordoned(node_id=node_id, by="cli", ts=_now(), producer="cli")], bootstrap)
+    out.print(f"uncordoned [bold]{node_id}[/]")
+
+
+# --------------------------------------------------------------------------- budgets
+
+
+def load_budget_file(path: Path) -> dict[str, Any]:
+    """Read a budget YAML file: ``budgets: {path: share | {share, members, max_min_runtime}}``.
+
+    ``max_min_runtime`` accepts durations (``8h``). A top-level mapping
+    without the ``budgets`` key is read as the budgets themselves.
+
+    Raises:
+        ValueError: the file is not such a mapping.
+    """
+    import yaml
+
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of budget paths")
+    spec = data.get("budgets", data)
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path}: 'budgets' must be a mapping of path -> share")
+    norm: dict[str, Any] = {}
+    for p, v in spec.items():
+        if isinstance(v, dict):
+            v = dict(v)
+            if "max_min_runtime" in v:
+                v["max_min_runtime_s"] = parse_duration(v.pop("max_min_runtime"))
+            norm[str(p)] = v
+        else:
+            norm[str(p)] = {"share": float(v)}
+    return norm
+
+
+@budget_app.command("set")
+def budget_set(
+    path: Annotated[str, typer.Argument(help="Budget path, e.g. lab/prior/robotics.")],
+    share_: Annotated[float, typer.Option("--share", "-s", help="Fraction of the parent's capacity, in (0, 1].")],
+    members: Annotated[Optional[str], typer.Option(help="Comma-separated users allowed to charge it (default: inherit).")] = None,
+    max_min_runtime: Annotated[Optional[str], typer.Option(help="Largest minimum runtime allowed (e.g. 8h; default: inherit).")] = None,
+    bootstrap: Bootstrap = None,
+) -> None:
+    """Create or update one budget. The policy service validates it (BudgetRejected says why not)."""
+    from pydantic import ValidationError
+
+    from apportion.domain.budgets import BudgetError, validate_path
+
+    try:
+        validate_path(path)
+        ev = events.BudgetSet(path=path, share=share_,
+                              members=tuple(m.strip() for m in members.split(",") if m.strip()) if members else None,
+                              max_min_runtime_s=parse_duration(max_min_runtime) if max_min_runtime else None,
+                              by="cli", ts=_now(), producer="cli")
+    except BudgetError as exc:
+        fail(exc.message)
+    except ValidationError as exc:
+        e = exc.errors(include_url=False)[0]
+        fail(f"invalid budget: {'.'.join(str(p) for p in e['loc'])}: {e['msg']}")
+    except ValueError as exc:
+        fail(str(exc))
+    _publish([ev], bootstrap)
+    out.print(f"budget [bold]{path}[/] set to share {share_}")
+
+
+@budget_app.command("apply")
+def budget_apply(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="YAML file of budgets.")],
+    bootstrap: Bootstrap = None,
+) -> None:
+    """Set every budget in a YAML file (parents first). The file is checked as a whole before publishing."""
+    from apportion.domain.budgets import BudgetError, BudgetTree
+
+    try:
+        spec = load_budget_file(file)
+        tree = BudgetTree.from_mapping(spec)
+    except (BudgetError, ValueError, KeyError) as exc:
+        fail(f"{file}: {exc}")
+    now = _now()
+    evts: list[events.Event] = []
+    for p, d in tree.to_mapping().items():
+        evts.append(events.BudgetSet(path=p, share=d["share"], members=tuple(d["members"]) if "members" in d else None,
+                                     max_min_runtime_s=d.get("max_min_runtime_s"), by="cli", ts=now, producer="cli"))
+    _publish(evts, bootstrap)
+    out.print(f"published {len(evts)} budgets from {file}")
+
+
+@budget_app.command("rm")
+def budget_rm(
+    path: Annotated[str, typer.Argument(help="Budget path to remove (children first).")],
+    bootstrap: Bootstrap = None,
+) -> None:
+    """Remove a budget. Refused (BudgetRejected) while it has children or queued/running jobs."""
+    _publish([events.BudgetRemoved(path=path, by="cli", ts=_now(), producer="cli")], bootstrap)
+    out.print(f"removal of [bold]{path}[/] requested")
+
+
+@budget_app.command("show")
+def budget_show(
+    bootstrap: Bootstrap = None,
+    from_file: Annotated[Optional[Path], typer.Option("--from-file", help="Read a YAML budget file instead of the log.")] = None,
+    as_json: JsonOut = False,
+) -> None:
+    """The budget tree as the log defines it (fold of accepted BudgetSet/BudgetRemoved), with absolute shares."""
+    from apportion.domain.budgets import BudgetError, BudgetTree
+
+    if from_file is not None:
+        tree = BudgetTree.from_mapping(load_budget_file(from_file))
+    else:
+        from apportion import topics
+        from apportion.bus.reader import read_log
+
+        conn = Connection.resolve(bootstrap=bootstrap)
+        try:
+            recs = read_log(conn.bootstrap, [topics.BUDGETS.name])
+        except Exception as exc:
+            if type(exc).__module__.startswith("kafka"):
+                fail(f"cannot read Kafka at {conn.bootstrap}: {exc}", 3)
+            raise
+        tree = BudgetTree.empty()
+        for rec in recs:
+            if isinstance(rec.event, (events.BudgetSet, events.BudgetRemoved)):
+                try:
+                    tree = tree.apply(rec.event)
+                except BudgetError:
+                    pass  # rejected by the same rule the policy service applies
+    rows = [{"path": p, "share": tree.share(p), "abs_share": tree.abs_share(p),
+             "members": sorted(tree.members(p)) if tree.members(p) is not None else None,
+             "max_min_runtime_s": tree.max_min_runtime_s(p), "leaf": tree.is_leaf(p)} for p in tree.paths()]
+    if as_json:
+        _print_json(rows)
+        return
+    t = Table(title=f"budget tree ({len(rows)} budgets)")
+    for col in ("budget", "share", "abs", "members", "max min runtime"):
+        t.add_column(col)
+    for row in rows:
+        t.add_row("  " * row["path"].count("/") + row["path"].rsplit("/", 1)[-1], f"{row['share']:.3f}",
+                  f"{row['abs_share']:.4f}", ",".join(row["members"]) if row["members"] else "(any)",
+                  format_duration(row["max_min_runtime_s"]) if row["max_min_runtime_s"] is not None else "-")
+    out.print(t)
+
+
+def _register_optional() -> None:
+    """Attach sub-apps that live in their own modules."""
+    import importlib
+
+    for mod, name in (("apportion.cli.simulate", "simulate"), ("apportion.cli.audit", "audit")):
+        try:
+            m = importlib.import_module(mod)
+        except ModuleNotFoundError as exc:
+            if exc.name != mod:
+                raise
+            continue
+        register = getattr(m, "register", None)
+        if register is not None:
+            register(app)
+        else:
+            app.add_typer(m.app, name=name)
+
+
+_register_optional()
+
+
+def main() -> None:
+    """Console entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Redis read models: what the services keep for the CLI and the audit.
+
+One place names the keys and their JSON shapes, so writers (accounting,
+dispatcher) and readers (CLI ``share``/``queue``/``nodes``, ``audit verify``)
+cannot drift apart. Every value is a JSON object; hashes are keyed by path,
+job id or node id. Writers replace a whole hash in one MULTI/EXEC
+transaction so a reader never sees half a snapshot.
+
+=======================  =====  ========================================================
+key                      type   field -> value
+=======================  =====  ========================================================
+``apportion:rm:usage``   hash   ``meta`` -> {at, window_s, capacity_gpus, capacity_gpu_s,
+                                offsets}
+``apportion:rm:budgets`` hash   path -> {path, share, abs_share, occupancy_gpu_s,
+                                unallocated_gpu_s, entitlement_gpu_s, ratio, rank}
+``apportion:rm:jobs``    hash   job_id -> {job_id, budget, user, state, allocated,
+                                gpus_per_replica, replicas, min_runtime_s, submitted_at,
+                                attempt, reason, nodes, started_at}
+``apportion:rm:nodes``   hash   node_id -> {node_id, state, gpu_count, gpu_model,
+                                free_gpus, last_heartbeat, running}
+=======================  =====  ========================================================
+
+Ratios that are infinite are stored as the string ``"Infinity"`` (JSON has
+no inf). Nothing connects at import time: pass a ``redis.Redis`` client in.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+PREFIX = "apportion:rm:"
+USAGE = PREFIX + "usage"
+BUDGETS = PREFIX + "budgets"
+JOBS = PREFIX + "jobs"
+NODES = PREFIX + "nodes"
+
+
+def _default(o: Any) -> Any:
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    return str(o)
+
+
+def dumps(value: Mapping[str, Any]) -> str:
+    """JSON for a read-model value; +inf becomes ``"Infinity"``."""
+    clean = {k: ("Infinity" if isinstance(v, float) and math.isinf(v) else v) for k, v in value.items()}
+    return json.dumps(clean, sort_keys=True, default=_default)
+
+
+def loads(raw: str | bytes) -> dict[str, Any]:
+    """Inverse of :func:`dumps` (``"Infinity"`` back to float inf for ratio fields)."""
+    d = json.loads(raw)
+    for k in ("ratio",):
+        if d.get(k) == "Infinity":
+            d[k] = math.inf
+    return d
+
+
+def replace_hash(r: Any, key: str, rows: Mapping[str, Mapping[str, Any]]) -> None:
+    """Atomically replace hash ``key`` with ``rows`` (field -> JSON object)."""
+    pipe = r.pipeline(transaction=True)
+    pipe.delete(key)
+    if rows:
+        pipe.hset(key, mapping={f: dumps(v) for f, v in rows.items()})
+    pipe.execute()
+
+
+def update_hash(r: Any, key: str, rows: Mapping[str, Mapping[str, Any] | None]) -> None:
+    """Set or (value ``None``) delete fields of hash ``key`` in one transaction."""
+    pipe = r.pipeline(transaction=True)
+    sets = {f: dumps(v) for f, v in rows.items() if v is not None}
+    dels = [f for f, v in rows.items() if v is None]
+    if sets:
+        pipe.hset(key, mapping=sets)
+    if dels:
+        pipe.hdel(key, *dels)
+    pipe.execute()
+
+
+def read_hash(r: Any, key: str) -> dict[str, dict[str, Any]]:
+    """All fields of hash ``key`` decoded; ``{}`` when missing."""
+    raw = r.hgetall(key)
+    out = {}
+    for f, v in raw.items():
+        name = f.decode() if isinstance(f, bytes) else f
+        out[name] = loads(v)
+    return dict(sorted(out.items()))
