@@ -1,0 +1,105 @@
+"""Budget tree: validation reasons, absolute shares, inheritance, folding events."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from apportion.domain.budgets import BudgetError, BudgetTree, ancestors_of, parent_of
+from apportion.events import BudgetRemoved, BudgetSet
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def bset(path: str, share: float, **kw: object) -> BudgetSet:
+    return BudgetSet(path=path, share=share, ts=T0, **kw)  # type: ignore[arg-type]
+
+
+# lab 1.0
+# ├── prior 0.6 ── robotics 0.5   (abs 0.3)
+# └── vision 0.4                  (abs 0.4)
+LAB = {"lab": 1.0, "lab/prior": 0.6, "lab/prior/robotics": 0.5, "lab/vision": 0.4}
+
+
+def test_abs_share_is_product_along_path() -> None:
+    tree = BudgetTree.from_mapping(LAB)
+    assert tree.abs_share("lab") == 1.0
+    assert tree.abs_share("lab/prior") == pytest.approx(0.6)
+    assert tree.abs_share("lab/prior/robotics") == pytest.approx(0.3)
+    assert tree.abs_share("lab/vision") == pytest.approx(0.4)
+    assert tree.abs_share("nope") == 0.0
+    assert tree.leaves() == ("lab/prior/robotics", "lab/vision")
+    assert tree.children("lab") == ("lab/prior", "lab/vision")
+    assert tree.children() == ("lab",)
+
+
+@pytest.mark.parametrize(
+    "spec,change,reason",
+    [
+        pytest.param(LAB, bset("lab//x", 0.1), "bad_path", id="empty segment"),
+        pytest.param(LAB, bset("/lab", 0.1), "bad_path", id="leading slash"),
+        pytest.param(LAB, bset("lab/a b", 0.1), "bad_path", id="space"),
+        pytest.param(LAB, bset("lab/ghost/x", 0.1), "no_parent", id="missing parent"),
+        pytest.param(LAB, bset("lab/extra", 0.1), "over_allocated", id="siblings over 1"),
+        pytest.param(LAB, BudgetRemoved(path="lab/prior", ts=T0), "has_children", id="remove with children"),
+        pytest.param(LAB, BudgetRemoved(path="lab/none", ts=T0), "unknown_budget", id="remove unknown"),
+    ],
+)
+def test_invalid_changes_name_their_reason(spec: dict[str, float], change: object, reason: str) -> None:
+    tree = BudgetTree.from_mapping(spec)
+    with pytest.raises(BudgetError) as exc:
+        tree.apply(change)  # type: ignore[arg-type]
+    assert exc.value.reason == reason
+
+
+def test_share_bounds_are_enforced_by_the_event_and_the_tree() -> None:
+    with pytest.raises(ValueError):
+        bset("lab", 0.0)
+    with pytest.raises(BudgetError) as exc:
+        BudgetTree.from_mapping({"lab": 1.5})
+    assert exc.value.reason == "bad_share"
+
+
+def test_update_replaces_own_share_in_sibling_sum() -> None:
+    tree = BudgetTree.from_mapping(LAB)
+    # vision 0.4 -> 0.4 again is fine (own old share not double-counted)
+    assert tree.apply(bset("lab/vision", 0.4)).abs_share("lab/vision") == pytest.approx(0.4)
+    with pytest.raises(BudgetError):
+        tree.apply(bset("lab/vision", 0.41))
+
+
+def test_remove_refused_while_in_use() -> None:
+    tree = BudgetTree.from_mapping(LAB)
+    with pytest.raises(BudgetError) as exc:
+        tree.apply(BudgetRemoved(path="lab/vision", ts=T0), in_use=frozenset({"lab/vision"}))
+    assert exc.value.reason == "in_use"
+    assert "lab/vision" not in tree.apply(BudgetRemoved(path="lab/vision", ts=T0))
+
+
+def test_members_and_limit_inherit_down_the_tree() -> None:
+    tree = BudgetTree.from_events([
+        bset("lab", 1.0, members=("alice", "bob"), max_min_runtime_s=8 * 3600),
+        bset("lab/prior", 0.6),
+        bset("lab/prior/robotics", 0.5, members=("carol",)),
+        bset("lab/vision", 0.4, max_min_runtime_s=3600),
+    ])
+    assert tree.members("lab/prior") == frozenset({"alice", "bob"})
+    assert tree.members("lab/prior/robotics") == frozenset({"carol"})
+    assert tree.max_min_runtime_s("lab/prior/robotics") == 8 * 3600
+    assert tree.max_min_runtime_s("lab/vision") == 3600
+    assert BudgetTree.from_mapping({"x": 1.0}).members("x") is None
+
+
+def test_tree_is_immutable_and_roundtrips_through_mapping() -> None:
+    tree = BudgetTree.from_mapping(LAB)
+    changed = tree.apply(bset("lab/vision", 0.2))
+    assert tree.share("lab/vision") == 0.4 and changed.share("lab/vision") == 0.2
+    assert BudgetTree.from_mapping(tree.to_mapping()) == tree
+
+
+def test_path_helpers() -> None:
+    assert parent_of("a/b/c") == "a/b"
+    assert parent_of("a") == ""
+    assert ancestors_of("a/b/c") == ("a", "a/b", "a/b/c")
+    assert ancestors_of("") == ()
