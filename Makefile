@@ -1,0 +1,69 @@
+# apportion developer commands. Python lives in .venv (made by `make venv`).
+#
+#   make run        the main job (starts the local stack first)
+#   make test       everything CI runs: unit + integration tests on real Kafka and Redis
+#   make up / down  local Kafka + Redis in .run/ (addresses printed, also in .run/stack.env)
+#
+# Prerequisites: Python 3.11+, Java 17+, Maven, redis-server (or root, to apt-get it).
+
+PYTHON  ?= python3
+VENV    := .venv
+PY      := $(VENV)/bin/python
+RUN_DIR := .run
+PYTEST_ARGS ?=
+
+.PHONY: help venv kafka-jars up down status test test-unit test-integration bench run clean distclean
+
+help:
+	@sed -n 's/^#   //p' Makefile
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (PYTHON=... make venv)")'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+kafka-jars: infra/kafka/lib/.complete
+
+infra/kafka/lib/.complete: infra/kafka/pom.xml
+	infra/kafka/fetch.sh
+
+up: venv kafka-jars
+	$(PY) -m apportion.bus.stack up --dir $(RUN_DIR)
+
+# No Python needed to stop: the scripts read the pid files.
+down:
+	@bash infra/kafka/stop.sh $(RUN_DIR)/kafka
+	@bash infra/redis/stop.sh $(RUN_DIR)/redis
+	@rm -f $(RUN_DIR)/stack.env
+
+status: venv
+	$(PY) -m apportion.bus.stack status --dir $(RUN_DIR)
+
+# pytest exit 5 means "no tests collected": reported, not a failure.
+test: venv
+	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+
+test-unit: venv
+	@$(PY) -m pytest tests/unit $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+
+test-integration: venv
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+bench: venv
+	$(PY) bench/run_all.py
+
+run: up
+	set -a && . $(RUN_DIR)/stack.env && set +a && $(PY) -m apportion.demo
+
+clean: down
+	rm -rf $(RUN_DIR) .pytest_cache .hypothesis out build dist infra/kafka/lib infra/kafka/target
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) *.egg-info
