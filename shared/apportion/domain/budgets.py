@@ -311,3 +311,37 @@ class BudgetTree:
                 d["max_min_runtime_s"] = b.max_min_runtime_s
             out[p] = d
         return out
+
+
+def fold_budget_log(evts: Iterable[Event], until_us: int | None = None) -> BudgetTree:
+    """The authoritative tree of a budget log: the one rule every reader applies.
+
+    Writers (ops CLI) and the policy service share ``apportion.budgets``. The
+    tree in force is the fold, in log order, of ``BudgetSet`` and
+    ``BudgetRemoved`` events, skipping (a) any change the policy rejected
+    (a ``BudgetRejected`` names it by ``rejected_event_id``; the policy may
+    reject for reasons only it sees, such as a budget in use) and (b) any
+    change that is invalid against the tree folded so far. The accounting
+    and dispatcher services, the CLI and the audit all call this, so they
+    agree on the tree without asking the policy service.
+
+    Args:
+        evts: events in log order (other types are ignored).
+        until_us: only changes with event time <= this (µs since epoch).
+    """
+    from apportion.events import BudgetRejected  # local: avoids widening the module's imports
+    from apportion.timeutil import to_us
+
+    evts = list(evts)
+    rejected = {e.rejected_event_id for e in evts if isinstance(e, BudgetRejected)}
+    tree = BudgetTree.empty()
+    for ev in evts:
+        if not isinstance(ev, (BudgetSet, BudgetRemoved)) or ev.event_id in rejected:
+            continue
+        if until_us is not None and to_us(ev.ts) > until_us:
+            continue
+        try:
+            tree = tree.apply(ev)
+        except BudgetError:
+            continue
+    return tree

@@ -1,0 +1,171 @@
+"""Pure replays over a decoded log: occupancy at T, preemptions, squatting.
+
+Inputs are :class:`~apportion.bus.reader.LogRecord` lists in log order (see
+:mod:`apportion.audit.source`); outputs are plain rows for tables and JSON.
+The same code answers for Kafka and for export files.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from apportion import events
+from apportion.bus.reader import LogRecord
+from apportion.domain.budgets import fold_budget_log
+from apportion.domain.fairshare import budget_order
+from apportion.domain.occupancy import OccupancyLedger
+from apportion.domain.usage import usage_snapshot
+from apportion.timeutil import WEEK_S, Micros, from_us, to_us
+
+
+def decoded(records: Iterable[LogRecord]) -> list[events.Event]:
+    """The events of ``records`` that decoded, in the same order."""
+    return [r.event for r in records if r.event is not None]
+
+
+def occupancy_at(records: Sequence[LogRecord], at: Micros, *, window_s: float = WEEK_S,
+                 progress: Callable[[int], None] | None = None) -> tuple[events.OccupancySnapshot, dict[str, int]]:
+    """Rebuild the windows from the log and evaluate them at event time ``at``.
+
+    Every event with ``ts <= at`` is folded into a fresh
+    :class:`~apportion.domain.occupancy.OccupancyLedger`; the tree is
+    :func:`~apportion.domain.budgets.fold_budget_log` up to ``at``.
+
+    Returns:
+        ``(snapshot, ranks)``: the ``OccupancySnapshot`` the accounting
+        service would publish at ``at``, and each leaf's 0-based fair-share
+        rank.
+    """
+    ledger = OccupancyLedger(window_s)
+    evs = decoded(records)
+    for i, ev in enumerate(evs):
+        if to_us(ev.ts) > at:
+            break
+        ledger.apply(ev)
+        if progress is not None and i % 50_000 == 0:
+            progress(i)
+    tree = fold_budget_log(evs, until_us=at)
+    snap = usage_snapshot(tree, ledger, at, producer="audit")
+    occ = {u.path: u.occupancy_gpu_s for u in snap.budgets}
+    ranks = {p: i for i, p in enumerate(budget_order(tree, occ, snap.capacity_gpu_s))}
+    return snap, ranks
+
+
+@dataclass
+class PreemptionReport:
+    """Preemptions in a time range.
+
+    Attributes:
+        pairs: ``{(victim_budget, preemptor_budget): count}``.
+        rules: ``{rule: count}`` (``unallocated``, ``expired_behind``, ``drain``...).
+        violations: preemptions of a run before its protection ended (must be 0),
+            as dicts with job, attempt, at, protected_until.
+        thrash: jobs preempted more than the threshold, ``{job_id: count}``.
+        total: number of preemptions.
+    """
+
+    pairs: dict[tuple[str, str], int] = field(default_factory=dict)
+    rules: dict[str, int] = field(default_factory=dict)
+    violations: list[dict[str, Any]] = field(default_factory=list)
+    thrash: dict[str, int] = field(default_factory=dict)
+    total: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        return {"total": self.total,
+                "pairs": [{"victim_budget": v, "preemptor_budget": p, "count": n}
+                          for (v, p), n in sorted(self.pairs.items())],
+                "rules": dict(sorted(self.rules.items())), "protection_violations": self.violations,
+                "thrash": dict(sorted(self.thrash.items()))}
+
+
+def preemption_report(records: Sequence[LogRecord], *, since: Micros | None = None, until: Micros | None = None,
+                      thrash_over: int = 3) -> PreemptionReport:
+    """Count preemptions by victim and preemptor budget and check protection.
+
+    A protection violation is a ``JobPreempted`` of an allocated run at an
+    event time earlier than ``started_at + min_runtime``, where
+    ``started_at`` is the first ``JobStarted`` of that run (or its
+    ``JobPlaced`` time when no start was recorded) — except preemptions
+    caused by node loss, which are not decisions. DESIGN section 3: this
+    must never happen.
+    """
+    started: dict[tuple[str, int], Micros] = {}
+    min_rt: dict[tuple[str, int], float] = {}
+    rep = PreemptionReport()
+    per_job: dict[str, int] = defaultdict(int)
+    first_start: set[tuple[str, int]] = set()
+    for ev in decoded(records):
+        if isinstance(ev, events.JobPlaced):
+            key = (ev.job_id, ev.attempt)
+            started.setdefault(key, to_us(ev.ts))
+            min_rt[key] = ev.min_runtime_s
+        elif isinstance(ev, events.JobStarted):
+            key = (ev.job_id, ev.attempt)
+            if key not in first_start:  # protection runs from the first replica's start
+                first_start.add(key)
+                started[key] = to_us(ev.ts)
+        elif isinstance(ev, events.JobPreempted):
+            t = to_us(ev.ts)
+            if (since is not None and t < since) or (until is not None and t > until):
+                continue
+            rep.total += 1
+            per_job[ev.job_id] += 1
+            pre = ev.by_budget or ("(drain)" if ev.by_job_id is None else "?")
+            rep.pairs[(ev.budget, pre)] = rep.pairs.get((ev.budget, pre), 0) + 1
+            rule = ev.victim.rule if ev.victim is not None else ev.reason
+            rep.rules[rule] = rep.rules.get(rule, 0) + 1
+            key = (ev.job_id, ev.attempt)
+            if ev.allocated and key in started:
+                until_t = started[key] + round(min_rt.get(key, 0.0) * 1_000_000)
+                if t < until_t:
+                    rep.violations.append({"job_id": ev.job_id, "attempt": ev.attempt,
+                                           "at": from_us(t).isoformat(),
+                                           "protected_until": from_us(until_t).isoformat()})
+    rep.thrash = {j: n for j, n in per_job.items() if n > thrash_over}
+    return rep
+
+
+
+def squatting_report(records: Sequence[LogRecord], *, threshold_s: float = 1800.0,
+                     util_below_pct: float = 5.0) -> list[dict[str, Any]]:
+    """Runs whose GPUs showed near-zero utilisation for longer than a threshold.
+
+    From ``NodeHeartbeat`` events: for each running replica listed in a
+    heartbeat, a heartbeat where every GPU it holds reports utilisation
+    below ``util_below_pct`` extends its idle stretch; any other heartbeat
+    ends it. Heartbeats without utilisation (simulated nodes) say nothing.
+
+    Returns:
+        Rows ``{job_id, attempt, budget, node_id, idle_s, since}`` for stretches
+        longer than ``threshold_s``, longest first.
+    """
+    budget_of: dict[tuple[str, int], str] = {}
+    idle_since: dict[tuple[str, int, str], Micros] = {}
+    longest: dict[tuple[str, int, str], tuple[float, Micros]] = {}
+    for ev in decoded(records):
+        if isinstance(ev, events.JobPlaced):
+            budget_of[(ev.job_id, ev.attempt)] = ev.budget
+        elif isinstance(ev, events.NodeHeartbeat):
+            t = to_us(ev.ts)
+            util = {g.index: g.utilization_pct for g in ev.gpus}
+            for w in ev.running:
+                key = (w.job_id, w.attempt, ev.node_id)
+                vals = [util.get(i) for i in w.gpus]
+                if not vals or any(v is None for v in vals):
+                    continue
+                if all(v < util_below_pct for v in vals):  # type: ignore[operator]
+                    start = idle_since.setdefault(key, t)
+                    dur = (t - start) / 1e6
+                    if dur > longest.get(key, (0.0, 0))[0]:
+                        longest[key] = (dur, start)
+                else:
+                    idle_since.pop(key, None)
+    rows = [{"job_id": j, "attempt": a, "node_id": n, "budget": budget_of.get((j, a), "?"),
+             "idle_s": d, "since": from_us(s).isoformat()}
+            for (j, a, n), (d, s) in longest.items() if d > threshold_s]
+    rows.sort(key=lambda r: (-r["idle_s"], r["job_id"]))
+    return rows
