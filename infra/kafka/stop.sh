@@ -33,6 +33,8 @@ while is_our_broker "$pid"; do
     fi
     sleep 0.1  # poll interval, bounded by the deadline
 done
-# A zombie (when our caller is the parent) still has a cmdline-less /proc entry.
+# Give init a moment to reap the exited process, so `pgrep` shows nothing.
+reap_deadline=$(( $(date +%s) + 5 ))
+while [[ -e "/proc/$pid" ]] && (( $(date +%s) < reap_deadline )); do sleep 0.05; done
 rm -f "$pidfile"
 echo "kafka: stopped pid $pid"

@@ -32,5 +32,8 @@ while is_our_redis "$pid"; do
     fi
     sleep 0.05  # poll interval, bounded by the deadline
 done
+# Give init a moment to reap the exited process, so `pgrep` shows nothing.
+reap_deadline=$(( $(date +%s) + 5 ))
+while [[ -e "/proc/$pid" ]] && (( $(date +%s) < reap_deadline )); do sleep 0.05; done
 rm -f "$pidfile"
 echo "redis: stopped pid $pid"
