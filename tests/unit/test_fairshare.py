@@ -257,3 +257,15 @@ def test_order_is_a_deterministic_permutation(case: tuple[BudgetTree, dict[str, 
     assert sorted(first) == sorted(tree.leaves())
     assert budget_order(tree, dict(reversed(list(occ.items()))), K) == first
     assert not any(math.isnan(r) for r in ratios(tree, occ, K).values())
+
+
+def test_readme_worked_example() -> None:
+    """The example in README.md, "Fair share in one example"."""
+    tree = BudgetTree.from_mapping({"lab": 1.0, "lab/prior": 0.6, "lab/prior/robotics": 0.5, "lab/vision": 0.4})
+    week = 604_800.0
+    k = 100 * week  # 60,480,000 GPU-s
+    occ = occ_of({"lab/prior/robotics": 15 * week, "lab/vision": 40 * week})
+    r = ratios(tree, occ, k)
+    assert r["lab/prior"] == pytest.approx(0.25)
+    assert r["lab/vision"] == pytest.approx(1.0)
+    assert budget_order(tree, occ, k) == ("lab/prior/robotics", "lab/vision")
