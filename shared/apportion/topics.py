@@ -7,10 +7,17 @@ the event models in :data:`apportion.events.TOPIC_OF`.
 Retention ``-1`` means kept forever: event logs are the source of truth and
 occupancy windows are rebuilt from them. Compacted topics hold latest-state
 only (one value per key) and are never used to rebuild occupancy.
+
+Namespaces: ``APPORTION_TOPIC_PREFIX`` (default empty) is put in front of
+every topic name, so several independent apportion clusters (staging and
+production, or one per integration test) can share one Kafka cluster.
+:attr:`Topic.name` is the physical name with the prefix; :attr:`Topic.base`
+is the registry name without it.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 
@@ -19,7 +26,8 @@ class Topic:
     """One Kafka topic as apportion declares it.
 
     Attributes:
-        name: the topic name, e.g. ``"apportion.jobs"``.
+        base: the registry name, e.g. ``"apportion.jobs"``; :attr:`name`
+            adds the namespace prefix.
         key: what the record key is (documentation; e.g. ``"job_id"``).
         partitions: partition count at creation.
         retention_ms: ``retention.ms``; ``-1`` keeps the log forever.
@@ -27,13 +35,18 @@ class Topic:
         description: one line for ``--help`` and docs.
     """
 
-    name: str
+    base: str
     key: str
     partitions: int
     retention_ms: int
     compact: bool = False
     description: str = ""
     extra_configs: tuple[tuple[str, str], ...] = field(default=())
+
+    @property
+    def name(self) -> str:
+        """Physical topic name: ``APPORTION_TOPIC_PREFIX`` + :attr:`base`."""
+        return prefix() + self.base
 
     def configs(self) -> dict[str, str]:
         """Topic-level configs to create with and to verify for drift."""
@@ -43,6 +56,11 @@ class Topic:
         }
         cfg.update(dict(self.extra_configs))
         return cfg
+
+
+def prefix() -> str:
+    """The topic namespace prefix in force (``APPORTION_TOPIC_PREFIX``, default empty)."""
+    return os.environ.get("APPORTION_TOPIC_PREFIX", "")
 
 
 KEEP_FOREVER = -1
@@ -68,4 +86,12 @@ ALL_TOPICS: tuple[Topic, ...] = (
     SUBMISSIONS, JOBS, NODES, COMMANDS, BUDGETS, USAGE, RANKING, DEADLETTER,
 )
 
-BY_NAME: dict[str, Topic] = {t.name: t for t in ALL_TOPICS}
+BY_BASE: dict[str, Topic] = {t.base: t for t in ALL_TOPICS}
+
+
+def by_name(name: str) -> Topic | None:
+    """Registry topic for a physical name (with the prefix) or a base name."""
+    p = prefix()
+    if p and name.startswith(p):
+        name = name[len(p):]
+    return BY_BASE.get(name)

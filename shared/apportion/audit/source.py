@@ -25,8 +25,9 @@ from apportion.bus.reader import LogRecord, iter_topic_records, log_order
 
 FORMAT_VERSION = 1
 
-#: Topics an audit reads by default (everything but the dead letters).
-AUDIT_TOPICS: tuple[str, ...] = tuple(t.name for t in topics.ALL_TOPICS if t is not topics.DEADLETTER)
+def audit_topics() -> tuple[str, ...]:
+    """Topics an audit reads by default: every registry topic but the dead letters."""
+    return tuple(t.name for t in topics.ALL_TOPICS if t is not topics.DEADLETTER)
 
 
 class ExportFormatError(ValueError):
@@ -80,7 +81,7 @@ def iter_export(path: str | Path) -> Iterator[LogRecord]:
 
 
 def load_log(*, bootstrap: str | None = None, from_file: str | Path | None = None,
-             topic_names: Iterable[str] = AUDIT_TOPICS, since_ms: int | None = None,
+             topic_names: Iterable[str] | None = None, since_ms: int | None = None,
              progress: Callable[[int], None] | None = None) -> list[LogRecord]:
     """The log in :func:`apportion.bus.reader.log_order`, from a file or Kafka.
 
@@ -92,7 +93,7 @@ def load_log(*, bootstrap: str | None = None, from_file: str | Path | None = Non
             for files, records before it are skipped.
         progress: called with the count of records read, every 10,000.
     """
-    wanted = set(topic_names)
+    wanted = set(topic_names if topic_names is not None else audit_topics())
     if from_file is not None:
         recs = [r for r in iter_export(from_file)
                 if r.topic in wanted and (since_ms is None or r.timestamp_ms >= since_ms)]

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from apportion import events
-from apportion.topics import BY_NAME, DEADLETTER, Topic
+from apportion.topics import DEADLETTER, Topic, by_name
 
 CODEC = "apportion"
 
@@ -123,9 +123,10 @@ def event_topic(app: Any, topic: Topic | str) -> Any:
     ``topic`` may be a :class:`~apportion.topics.Topic` or a name; names not
     in the registry (tests) get one partition and no declared configs.
     """
+    name = topic if isinstance(topic, str) else topic.name
     if isinstance(topic, str):
-        topic = BY_NAME.get(topic) or Topic(topic, "key", 1, -1)
-    return app.topic(topic.name, key_type=bytes, key_serializer="raw", value_serializer=CODEC,
+        topic = by_name(topic) or Topic(topic, "key", 1, -1)
+    return app.topic(name, key_type=bytes, key_serializer="raw", value_serializer=CODEC,
                      partitions=topic.partitions, config=topic.configs())
 
 

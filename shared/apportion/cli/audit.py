@@ -89,14 +89,14 @@ def export(
     bootstrap: Bootstrap = None,
 ) -> None:
     """Export every apportion topic (with topic, partition, offset, key) to a compressed file."""
-    from apportion.audit.source import AUDIT_TOPICS, write_export
+    from apportion.audit.source import audit_topics, write_export
 
     since_dt = parse_time(since) if since else None
     recs = _load(bootstrap, None, since_dt)
     if until:
         limit = parse_time(until).timestamp() * 1000
         recs = [r for r in recs if r.timestamp_ms <= limit]
-    n = write_export(recs, output, topic_names=AUDIT_TOPICS, exported_at=datetime.now(timezone.utc).isoformat())
+    n = write_export(recs, output, topic_names=audit_topics(), exported_at=datetime.now(timezone.utc).isoformat())
     _out().print(f"wrote {n:,} records to {output}")
 
 
