@@ -1,0 +1,187 @@
+"""Plumbing every service shares: settings base, JSON logs, metrics, signals, consumer bridge.
+
+Nothing here connects or starts anything at import time; ``app.py`` of each
+service calls these from its ``run(settings, stop_event)``.
+
+* :class:`ServiceSettings` - pydantic-settings base, env prefix ``APPORTION_``:
+  ``APPORTION_KAFKA_BOOTSTRAP``, ``APPORTION_REDIS_URL`` (falling back to
+  ``KAFKA_BOOTSTRAP``/``REDIS_URL`` and the local stack's ``stack.env``, see
+  :mod:`apportion.settings`), ``APPORTION_METRICS_PORT`` (0 = off),
+  ``APPORTION_LOG_LEVEL``, ``APPORTION_LOG_JSON``, and the clock:
+  ``APPORTION_TIME_SCALE``, ``APPORTION_CLOCK_EPOCH_WALL``,
+  ``APPORTION_CLOCK_EPOCH_EVENT`` (ISO-8601 with offset).
+* :func:`setup_logging` - one JSON object per line on stderr.
+* :func:`start_metrics` - a Prometheus endpoint on its own registry (so
+  several services can run in one test process).
+* :func:`install_signal_handlers` - SIGTERM/SIGINT set the stop event.
+* :func:`consume` - drive an :class:`apportion.bus.consumer.EventConsumer`
+  (kafka-python, blocking) from asyncio: polls run in a worker thread, each
+  event is handled *on the event loop* and the poll thread waits for the
+  handler to finish, so the wrapper commits an offset only after its effect
+  is done (STYLE rule 8).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from apportion.clock import Clock, make_clock
+from apportion.settings import Connection
+
+
+class ServiceSettings(BaseSettings):
+    """Settings common to every service (env prefix ``APPORTION_``).
+
+    Attributes:
+        kafka_bootstrap: Kafka ``host:port``; ``None`` resolves as :mod:`apportion.settings`.
+        redis_url: Redis URL; ``None`` resolves likewise.
+        metrics_port: Prometheus endpoint port; 0 disables it.
+        metrics_host: interface the endpoint binds to.
+        log_level: ``DEBUG``, ``INFO``, ...
+        log_json: JSON lines (True) or plain text (False).
+        time_scale: event seconds per wall second (1 = real time).
+        clock_epoch_wall, clock_epoch_event: pin of the scaled clock; give
+            every service the same values so they agree on event time.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="APPORTION_", extra="ignore")
+
+    kafka_bootstrap: str | None = None
+    redis_url: str | None = None
+    metrics_port: int = 0
+    metrics_host: str = "0.0.0.0"
+    log_level: str = "INFO"
+    log_json: bool = True
+    time_scale: float = 1.0
+    clock_epoch_wall: datetime | None = None
+    clock_epoch_event: datetime | None = None
+
+    def connection(self) -> Connection:
+        """Resolved Kafka and Redis addresses."""
+        return Connection.resolve(self.kafka_bootstrap, self.redis_url)
+
+    def make_clock(self) -> Clock:
+        """The clock these settings describe (wall, or scaled with the epochs)."""
+        return make_clock(self.time_scale, self.clock_epoch_wall, self.clock_epoch_event)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: ts, level, logger, msg, service, and any ``extra``."""
+
+    _SKIP = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+            "level": record.levelname, "logger": record.name, "service": self.service,
+            "msg": record.getMessage(),
+        }
+        for k, v in record.__dict__.items():
+            if k not in self._SKIP:
+                out[k] = v
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def setup_logging(service: str, level: str = "INFO", json_lines: bool = True) -> None:
+    """Configure the root logger for a service process (call once, from ``main``)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(service) if json_lines
+                         else logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger("kafka").setLevel(max(logging.WARNING, root.level))
+
+
+def start_metrics(port: int, host: str = "0.0.0.0") -> tuple[Any, Callable[[], None]]:
+    """A fresh Prometheus registry and, when ``port`` > 0, an HTTP endpoint serving it.
+
+    Returns:
+        ``(registry, stop)``: register metrics on ``registry``; call ``stop()``
+        on shutdown (a no-op when the endpoint is off).
+    """
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry()
+    if port <= 0:
+        return registry, lambda: None
+    server, thread = start_http_server(port, addr=host, registry=registry)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+    return registry, stop
+
+
+def install_signal_handlers(stop: asyncio.Event) -> None:
+    """Make SIGTERM and SIGINT set ``stop`` (graceful shutdown). Main thread only."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread (tests)
+            pass
+
+
+AsyncHandler = Callable[[Any, Any], Awaitable[None]]
+
+
+async def consume(make_consumer: Callable[[Callable[[Any, Any], None]], Any], handler: AsyncHandler,
+                  stop: asyncio.Event, poll_ms: int = 200, on_idle: Callable[[], Awaitable[None]] | None = None
+                  ) -> None:
+    """Run a blocking EventConsumer until ``stop`` is set, handling events on the loop.
+
+    Args:
+        make_consumer: builds the consumer given the sync handler to install
+            (called in a worker thread, since constructing it connects).
+        handler: ``async handler(event, delivery)``; runs on this event loop.
+        stop: set to end the loop; the consumer is closed before returning.
+        poll_ms: poll timeout (bounds shutdown latency).
+        on_idle: awaited after each poll (e.g. to publish debounced output).
+
+    Raises:
+        whatever the handler raises (after the consumer committed what it
+        handled before the failure and is closed).
+    """
+    loop = asyncio.get_running_loop()
+    halted = threading.Event()
+
+    def sync_handler(event: Any, delivery: Any) -> None:
+        if halted.is_set():
+            raise _Halted()
+        asyncio.run_coroutine_threadsafe(handler(event, delivery), loop).result()
+
+    consumer = await asyncio.to_thread(make_consumer, sync_handler)
+    try:
+        while not stop.is_set():
+            try:
+                await asyncio.to_thread(consumer.poll_once, poll_ms)
+            except _Halted:
+                break
+            if on_idle is not None:
+                await on_idle()
+    finally:
+        halted.set()
+        await asyncio.to_thread(consumer.close)
+
+
+class _Halted(Exception):
+    """Raised in the poll thread once shutdown began (the record is redelivered later)."""

@@ -1,0 +1,57 @@
+"""``python -m services.node_agent``: run a node agent (one real node or many simulated).
+
+Examples::
+
+    python -m services.node_agent                                  # this host, NVML or declared
+    python -m services.node_agent --sim-nodes 32 --gpus-per-node 8 --node-prefix sim-
+    APPORTION_TIME_SCALE=600 python -m services.node_agent --sim-nodes 4
+
+Every flag has an ``APPORTION_<NAME>`` environment variable; flags win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from services._common import install_signal_handlers, setup_logging
+from services.node_agent.config import NodeAgentSettings
+
+
+def parse_args(argv: list[str] | None = None) -> dict:
+    """Command-line flags -> settings overrides (only the flags given)."""
+    ap = argparse.ArgumentParser(prog="python -m services.node_agent",
+                                 description="apportion node agent: registers nodes, heartbeats, "
+                                             "runs StartWorkload/StopWorkload commands.")
+    ap.add_argument("--node-id", help="id of the real node (default: host name)")
+    ap.add_argument("--sim-nodes", type=int, help="host this many simulated nodes (0: one real node)")
+    ap.add_argument("--sim-node-start", type=int, help="first index of simulated node ids")
+    ap.add_argument("--node-prefix", help="simulated node id prefix (default sim-)")
+    ap.add_argument("--gpus-per-node", type=int, help="GPUs per simulated node / declared fallback")
+    ap.add_argument("--gpu-model", help="model name of simulated GPUs")
+    ap.add_argument("--force-simulated", action="store_true", default=None, help="skip NVML")
+    ap.add_argument("--heartbeat-interval-s", type=float, help="event seconds between heartbeats")
+    ap.add_argument("--state-dir", type=Path, help="journal directory (default: memory only)")
+    ap.add_argument("--bootstrap", dest="kafka_bootstrap", help="Kafka host:port")
+    ap.add_argument("--time-scale", type=float, help="event seconds per wall second")
+    ap.add_argument("--metrics-port", type=int, help="Prometheus port (0: off)")
+    ap.add_argument("--log-level", help="DEBUG, INFO, WARNING")
+    return {k: v for k, v in vars(ap.parse_args(argv)).items() if v is not None}
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = NodeAgentSettings(**parse_args(argv))
+    setup_logging("node-agent", settings.log_level, settings.log_json)
+    from services.node_agent.app import run
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        install_signal_handlers(stop)
+        await run(settings, stop)
+
+    asyncio.run(go())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,388 @@
+"""Node agent wiring: commands in, processes and timers, job and node events out.
+
+Consumes ``apportion.commands`` (every partition, filtering by the node ids
+it hosts, see :mod:`services.node_agent.logic`); produces ``NodeRegistered``
+and ``NodeHeartbeat`` on ``apportion.nodes`` and ``JobStarted``,
+``JobCompleted``, ``JobFailed``, ``WorkloadRefused`` on ``apportion.jobs``.
+
+:class:`NodeAgent` is the runtime (state, journal, workload tasks) behind an
+``emit`` coroutine, so service tests drive it with a list sink, a
+:class:`~apportion.clock.ManualClock` and a :class:`~apportion.gpu.FakeGpuProbe`;
+:func:`run` connects it to Kafka.
+
+Offsets. The commands consumer group is new the first time an agent runs:
+it starts at the *end* of the topic (old commands were for earlier agents),
+and waits for its partition assignment before registering its nodes, so no
+command sent in reply to the registration is missed. Later starts resume
+from the committed offsets; the journal (:mod:`services.node_agent.store`)
+makes redelivered commands harmless.
+
+Stopping. ``StopWorkload`` sends SIGTERM to the workload's process group,
+then SIGKILL after ``grace_s`` event seconds (scaled clock: shorter in wall
+time). A simulated workload is cancelled and reports exit code -15.
+Shutdown of the agent (SIGTERM) stops its workloads the same way with
+``grace_s = 5`` and reports them ``JobFailed(reason="stopped")``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+from apportion import events
+from apportion.clock import Clock
+from apportion.events import Event, JobFailed, StartWorkload, StopWorkload, det_id
+from apportion.gpu import GpuProbe, SimulatedProbe, open_probe, simulated_inventory
+from services.node_agent import logic
+from services.node_agent.config import NodeAgentSettings
+from services.node_agent.logic import AgentState, NodeSpec, RunKey, Workload
+from services.node_agent.store import Journal
+
+log = logging.getLogger("apportion.node_agent")
+
+Emit = Callable[[Event], Awaitable[None]]
+
+SHUTDOWN_GRACE_S = 5.0
+
+
+class NodeAgent:
+    """The agent runtime for one or many nodes.
+
+    Args:
+        nodes: hosted nodes with their GPU probes (``[(spec, probe)]``).
+        emit: coroutine publishing one event (waits for the ack in production).
+        clock: event time source.
+        journal: run journal (default in memory).
+        claim_prefix: node-id prefix this agent answers for (sim mode).
+        heartbeat_interval_s: event seconds between heartbeats.
+        heartbeat_min_wall_s: minimum wall seconds between heartbeats.
+        metrics: optional dict of prometheus metrics (``commands``, ``refused``,
+            ``running``, ``heartbeats``).
+    """
+
+    def __init__(self, nodes: list[tuple[NodeSpec, GpuProbe]], emit: Emit, clock: Clock, *,
+                 journal: Journal | None = None, claim_prefix: str = "",
+                 heartbeat_interval_s: float = 10.0, heartbeat_min_wall_s: float = 0.5,
+                 metrics: dict | None = None) -> None:
+        self.journal = journal or Journal(None)
+        self.state: AgentState = logic.initial_state([n for n, _ in nodes], claim_prefix,
+                                                     ended=self.journal.known())
+        self._probes = {n.node_id: p for n, p in nodes}
+        self._emit = emit
+        self.clock = clock
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.heartbeat_min_wall_s = heartbeat_min_wall_s
+        self._tasks: dict[RunKey, asyncio.Task[None]] = {}
+        self._procs: dict[RunKey, asyncio.subprocess.Process] = {}
+        self._killers: dict[RunKey, asyncio.Task[None]] = {}
+        self._lock = asyncio.Lock()
+        self._metrics = metrics or {}
+        self._hb_task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, heartbeats: bool = True) -> None:
+        """Report orphans from the journal, register the nodes, start heartbeats."""
+        now = self.clock.now()
+        for o in self.journal.orphans():
+            if Journal.still_alive(o):
+                try:
+                    os.killpg(o.pid, signal.SIGKILL)  # type: ignore[arg-type]
+                except ProcessLookupError:
+                    pass
+            node_id, job_id, attempt, replica = o.key
+            await self._emit(JobFailed(event_id=det_id("WorkloadEnded", *o.key), ts=now,
+                                       producer=logic.PRODUCER, job_id=job_id, attempt=attempt,
+                                       replica=replica, node_id=node_id, exit_code=None,
+                                       reason="agent_restarted"))
+            self.journal.ended(o.key)
+            self.state = replace(self.state, ended=self.state.ended | {o.key})
+        for ev in logic.registered_events(self.state, now):
+            await self._emit(ev)
+        log.info("registered %d node(s)", len(self.state.nodes),
+                 extra={"nodes": sorted(self.state.nodes)[:8]})
+        if heartbeats:
+            self._hb_task = asyncio.create_task(self._heartbeat_loop(), name="heartbeats")
+
+    async def heartbeat(self) -> None:
+        """Publish one heartbeat per hosted node."""
+        now = self.clock.now()
+        for node_id in sorted(self.state.nodes):
+            probe = self._probes[node_id]
+            await self._emit(logic.heartbeat_event(self.state, node_id, now, probe.sample()))
+            if "heartbeats" in self._metrics:
+                self._metrics["heartbeats"].inc()
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            if self.clock.wall_seconds(self.heartbeat_interval_s) >= self.heartbeat_min_wall_s:
+                await self.clock.sleep(self.heartbeat_interval_s)
+            else:  # a fast clock: cap the rate in wall time
+                await asyncio.sleep(self.heartbeat_min_wall_s)
+            await self.heartbeat()
+
+    async def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+        """Stop heartbeats and every workload (SIGTERM, SIGKILL after ``grace_s``); wait for them."""
+        if self._hb_task is not None:
+            self._hb_task.cancel()
+            await asyncio.gather(self._hb_task, return_exceptions=True)
+        async with self._lock:
+            keys = [k for k, w in self.state.running.items() if not w.stopping]
+            for k in keys:
+                w = replace(self.state.running[k], stopping=True, grace_s=grace_s)
+                self.state = replace(self.state, running={**self.state.running, k: w})
+                self._signal(w, grace_s)
+        await self.idle()
+
+    async def idle(self) -> None:
+        """Wait until no workload task is left (tests, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
+
+    # ------------------------------------------------------------------ commands
+
+    async def on_event(self, event: Event, _delivery: object = None) -> None:
+        """Handle one decoded event from the commands topic (others are ignored)."""
+        if not isinstance(event, (StartWorkload, StopWorkload)):
+            return
+        async with self._lock:
+            now = self.clock.now()
+            if isinstance(event, StartWorkload):
+                action = logic.decide_start(self.state, event, now)
+            else:
+                action = logic.decide_stop(self.state, event, now)
+            if not isinstance(action, logic.Ignore) and "commands" in self._metrics:
+                self._metrics["commands"].labels(type=event.type).inc()
+            if event.node_id in self.state.nodes and not isinstance(action, logic.Refuse):
+                self.state = logic.with_token(self.state, event.fencing_token)
+            await self._act(action)
+
+    async def _act(self, action: logic.Action) -> None:
+        if isinstance(action, logic.Ignore):
+            log.debug("ignored command: %s", action.why)
+        elif isinstance(action, logic.Refuse):
+            log.warning("refused %s attempt %d on %s: %s", action.event.job_id, action.event.attempt,
+                        action.event.node_id, action.event.reason)
+            if "refused" in self._metrics:
+                self._metrics["refused"].labels(reason=action.event.reason.split(":")[0]).inc()
+            await self._emit(action.event)
+        elif isinstance(action, logic.Launch):
+            await self._launch(action.workload)
+        elif isinstance(action, logic.Defer):
+            log.info("start of %s waits for GPUs held by stopping %s", action.workload.key, action.blocked_by)
+            self.state = logic.with_deferred(self.state, action.workload)
+        elif isinstance(action, logic.Stop):
+            self.state = logic.with_stopping(self.state, action)
+            for ev in action.events:
+                key = (ev.node_id, ev.job_id, ev.attempt, ev.replica)  # type: ignore[attr-defined]
+                self.journal.ended(key)
+                await self._emit(ev)
+            for w in action.workloads:
+                self._signal(w, action.grace_s)
+
+    # ------------------------------------------------------------------ workloads
+
+    async def _launch(self, w: Workload) -> None:
+        """Start ``w`` (process or simulated), journal it, report JobStarted (lock held)."""
+        now = self.clock.now()
+        pid = None
+        if not w.simulated:
+            env = dict(os.environ)
+            env.update(w.process_env())
+            try:
+                proc = await asyncio.create_subprocess_exec(*w.command, env=env,  # type: ignore[misc]
+                                                            start_new_session=True)
+            except OSError as exc:
+                self.journal.ended(w.key)
+                self.state = replace(self.state, ended=self.state.ended | {w.key},
+                                     waiting={k: v for k, v in self.state.waiting.items() if k != w.key})
+                await self._emit(logic.exit_event(w, None, now, reason=f"spawn failed: {exc}"))
+                return
+            pid = proc.pid
+            self._procs[w.key] = proc
+        self.journal.started(w.key, pid)
+        self.state = logic.with_launched(self.state, w)
+        self._tasks[w.key] = asyncio.create_task(self._watch(w), name=f"workload {w.key}")
+        self._gauge()
+        await self._emit(logic.started_event(w, now, pid))
+
+    async def _watch(self, w: Workload) -> None:
+        """Wait for ``w`` to end, then report it and launch what waited for its GPUs."""
+        code: int | None
+        try:
+            if w.simulated:
+                try:
+                    await self.clock.sleep(w.duration_s or 0.0)
+                    code = 0
+                except asyncio.CancelledError:
+                    if self._stopping(w.key):
+                        code = -signal.SIGTERM
+                    else:
+                        raise
+            else:
+                code = await self._procs[w.key].wait()
+        finally:
+            self._procs.pop(w.key, None)
+            k = self._killers.pop(w.key, None)
+            if k is not None:
+                k.cancel()
+        async with self._lock:
+            current = self.state.running.get(w.key, w)
+            self.journal.ended(w.key)
+            self.state = logic.with_exited(self.state, w.key)
+            await self._emit(logic.exit_event(current, code, self.clock.now()))
+            for nxt in logic.ready_to_launch(self.state):
+                await self._launch(nxt)
+            self._gauge()
+        self._tasks.pop(w.key, None)
+
+    def _stopping(self, key: RunKey) -> bool:
+        w = self.state.running.get(key)
+        return w is not None and w.stopping
+
+    def _signal(self, w: Workload, grace_s: float) -> None:
+        """SIGTERM ``w`` now; SIGKILL after ``grace_s`` event seconds."""
+        task = self._tasks.get(w.key)
+        if w.simulated:
+            if task is not None:
+                task.cancel()
+            return
+        proc = self._procs.get(w.key)
+        if proc is None or proc.returncode is not None:
+            return
+        _killpg(proc.pid, signal.SIGTERM)
+
+        async def kill_later() -> None:
+            await self.clock.sleep(grace_s)
+            if proc.returncode is None:
+                log.warning("workload %s ignored SIGTERM for %.1fs: SIGKILL", w.key, grace_s)
+                _killpg(proc.pid, signal.SIGKILL)
+
+        self._killers[w.key] = asyncio.create_task(kill_later())
+
+    def _gauge(self) -> None:
+        if "running" in self._metrics:
+            self._metrics["running"].set(len(self.state.running))
+
+
+def _killpg(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+# --------------------------------------------------------------------------- composition root
+
+
+def build_nodes(settings: NodeAgentSettings) -> tuple[list[tuple[NodeSpec, GpuProbe]], str]:
+    """Hosted nodes with their probes, and the claimed id prefix, from settings."""
+    if settings.sim_nodes > 0:
+        inv = simulated_inventory(settings.gpus_per_node, settings.gpu_model, reason="simulated nodes")
+        probe = SimulatedProbe(inv)
+        ids = logic.node_ids(settings.node_prefix, settings.sim_nodes, settings.sim_node_start)
+        log.info("hosting %d simulated node(s) %s..%s, %d x %s each", len(ids), ids[0], ids[-1],
+                 inv.gpu_count, settings.gpu_model)
+        return [(NodeSpec(i, inv.gpus, inv.model, True), probe) for i in ids], settings.node_prefix
+    p = open_probe(settings.gpus_per_node, settings.gpu_model, force_simulated=settings.force_simulated)
+    inv = p.inventory
+    return [(NodeSpec(settings.real_node_id(), inv.gpus, inv.model, inv.simulated), p)], ""
+
+
+def _metrics(registry: object) -> dict:
+    from prometheus_client import Counter, Gauge
+
+    return {
+        "commands": Counter("apportion_node_agent_commands", "Commands for hosted nodes", ["type"],
+                            registry=registry),
+        "refused": Counter("apportion_node_agent_refused", "Commands refused", ["reason"], registry=registry),
+        "running": Gauge("apportion_node_agent_running", "Workload replicas running", registry=registry),
+        "heartbeats": Counter("apportion_node_agent_heartbeats", "Heartbeats sent", registry=registry),
+    }
+
+
+async def run(settings: NodeAgentSettings, stop: asyncio.Event, *, clock: Clock | None = None,
+              ready: asyncio.Event | None = None) -> None:
+    """Run the node agent until ``stop`` is set.
+
+    Args:
+        settings: configuration (see :mod:`services.node_agent.config`).
+        stop: set it to shut down (SIGTERM does, from ``__main__``).
+        clock: event-time source; default from settings.
+        ready: set once the nodes are registered and commands are being consumed.
+    """
+    from apportion.bus.consumer import EventConsumer
+    from apportion.bus.producer import EventProducer
+    from apportion.topics import COMMANDS
+    from services._common import consume, start_metrics
+
+    clock = clock or settings.make_clock()
+    conn = settings.connection()
+    registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host)
+    nodes, prefix = build_nodes(settings)
+    journal = Journal(settings.state_dir / f"{settings.agent_name()}.journal"
+                      if settings.state_dir else None)
+    producer = await asyncio.to_thread(EventProducer, conn.bootstrap,
+                                       client_id=f"node-agent-{settings.agent_name()}")
+
+    async def emit(ev: Event) -> None:
+        fut = producer.send(ev)
+        await asyncio.to_thread(fut.get, 30)
+
+    agent = NodeAgent(nodes, emit, clock, journal=journal, claim_prefix=prefix,
+                      heartbeat_interval_s=settings.heartbeat_interval_s,
+                      heartbeat_min_wall_s=settings.heartbeat_min_wall_s, metrics=_metrics(registry))
+    assigned = asyncio.Event()
+
+    def make_consumer(handler):  # runs in a worker thread
+        c = EventConsumer(conn.bootstrap, [COMMANDS.name], settings.consumer_group(), handler,
+                          dead_letters=producer, name=settings.producer_name,
+                          clock=clock.now, auto_offset_reset="latest")
+        _wait_assigned(c, deadline_s=60.0)
+        return c
+
+    async def started_after_assignment() -> None:
+        await assigned.wait()
+        await agent.start()
+        if ready is not None:
+            ready.set()
+
+    async def on_idle() -> None:
+        if not assigned.is_set():
+            assigned.set()
+            await started_after_assignment()
+
+    try:
+        await consume(make_consumer, agent.on_event, stop, on_idle=on_idle)
+    finally:
+        await agent.shutdown()
+        await asyncio.to_thread(producer.close)
+        stop_metrics()
+        for _, p in nodes[:1]:
+            p.close()
+
+
+def _wait_assigned(consumer: object, deadline_s: float) -> None:
+    """Poll until the group assigned partitions and their positions are resolved.
+
+    Adapter: :class:`apportion.bus.consumer.EventConsumer` has no public
+    "wait for assignment"; this uses its underlying kafka-python consumer.
+    Records fetched while waiting are not lost: each partition is sought
+    back to the first record returned, so the wrapper's loop gets them.
+    """
+    import time
+
+    kc = consumer._consumer  # type: ignore[attr-defined]
+    end = time.monotonic() + deadline_s
+    while not kc.assignment():
+        if time.monotonic() > end:
+            raise TimeoutError("no partition assignment for the commands consumer")
+        for tp, recs in kc.poll(timeout_ms=100).items():
+            if recs:
+                kc.seek(tp, recs[0].offset)
+    for tp in kc.assignment():
+        kc.position(tp)

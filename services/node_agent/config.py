@@ -1,0 +1,72 @@
+"""Node agent settings (env prefix ``APPORTION_``; CLI flags override them).
+
+Two modes:
+
+* **real node** (``sim_nodes == 0``): one node, id ``node_id`` (default the
+  host name); GPUs from NVML, or ``gpus_per_node`` x ``gpu_model`` declared
+  when no NVIDIA driver answers (logged).
+* **simulated nodes** (``sim_nodes > 0``): ``sim_nodes`` nodes named
+  ``node_prefix`` + index (``sim-00`` ..), each ``gpus_per_node`` x
+  ``gpu_model``; commands for ids with that prefix that are not hosted are
+  refused. Give each agent process its own prefix.
+
+Time: ``heartbeat_interval_s`` and workload durations are event-time
+seconds (scaled by the clock); ``heartbeat_min_wall_s`` caps the heartbeat
+rate in wall time so a fast clock does not flood the bus (so with scale S
+the heartbeat period in event time is at least ``S * heartbeat_min_wall_s``:
+the dispatcher's heartbeat timeout must exceed that).
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from services._common import ServiceSettings
+
+
+class NodeAgentSettings(ServiceSettings):
+    """Settings of one node-agent process.
+
+    Attributes:
+        node_id: id of the real node (default: host name).
+        sim_nodes: number of simulated nodes to host (0 = one real node).
+        sim_node_start: first index of the simulated node ids.
+        node_prefix: prefix of simulated node ids.
+        gpus_per_node: GPUs per simulated node, and the declared fallback inventory.
+        gpu_model: model of simulated / declared GPUs.
+        force_simulated: do not try NVML even for the real node.
+        heartbeat_interval_s: event seconds between heartbeats.
+        heartbeat_min_wall_s: minimum wall seconds between heartbeats.
+        state_dir: where the run journal lives (``None``: in memory only;
+            then a restarted agent cannot recognise redelivered commands).
+        group_id: consumer group for commands (default ``node-agent.<prefix or node id>``).
+        producer_name: written as ``producer`` on events.
+    """
+
+    node_id: str | None = None
+    sim_nodes: int = 0
+    sim_node_start: int = 0
+    node_prefix: str = "sim-"
+    gpus_per_node: int = 8
+    gpu_model: str = "sim-a100-80gb"
+    force_simulated: bool = False
+    heartbeat_interval_s: float = 10.0
+    heartbeat_min_wall_s: float = 0.5
+    state_dir: Path | None = None
+    group_id: str | None = None
+    producer_name: str = "node-agent"
+
+    def agent_name(self) -> str:
+        """Stable name of this agent: the prefix in sim mode, else the node id."""
+        if self.sim_nodes:
+            return self.node_prefix.rstrip("-_.") or "sim"
+        return self.real_node_id()
+
+    def real_node_id(self) -> str:
+        """The real node's id (``node_id`` or the host name)."""
+        return self.node_id or socket.gethostname()
+
+    def consumer_group(self) -> str:
+        """Consumer group of the commands consumer."""
+        return self.group_id or f"node-agent.{self.agent_name()}"

@@ -1,0 +1,437 @@
+"""Node agent decisions: which commands to accept and which events to emit.
+
+Pure: no I/O, no wall clock. Event time (``now``, aware UTC) is passed in.
+``app.py`` turns the :class:`Action` values into processes, timers and
+published events.
+
+Rules for ``StartWorkload`` (checked in this order; the first that applies wins):
+
+1. **not hosted** - the node is not one of this agent's. If the id carries
+   this agent's claimed prefix (``sim-7`` for prefix ``sim-``) it is refused
+   (``unknown_node``): nobody else will answer. Otherwise it belongs to
+   another agent sharing the commands topic and is ignored silently.
+2. **stale fencing token** - a token lower than the highest seen from the
+   dispatcher (a deposed leader) is refused (``stale_fencing_token``).
+3. **duplicate** - the run replica ``(job_id, attempt, replica)`` is running,
+   waiting or already ended here: refused (``duplicate_start``). (A
+   redelivery of the *same* command is caught earlier by event-id
+   de-duplication and never reaches this rule.)
+4. **unknown GPUs** - an index the node does not have, a repeated index, or
+   no GPU at all: refused (``unknown_gpus``).
+5. **no workload** - neither ``command`` nor ``duration_s``: refused (``no_workload``).
+6. **GPUs busy** - a GPU is held by a replica that is being stopped: the
+   start waits (:class:`Defer`) and runs when that replica exits (DESIGN
+   section 3: the victim's GPUs are reserved for the preemptor after its
+   grace period). Held by a replica that is *not* stopping: refused
+   (``gpus_busy``).
+
+Otherwise the replica is launched (:class:`Launch`): as a process with
+``CUDA_VISIBLE_DEVICES`` when it has a ``command`` (and the node is real or
+has no ``duration_s``), else as a simulated workload sleeping ``duration_s``
+of event time.
+
+``StopWorkload`` stops every replica of ``(job_id, attempt)`` on the node:
+running ones get SIGTERM then SIGKILL after ``grace_s`` (:class:`Stop`),
+waiting ones are dropped with ``JobFailed(reason="stopped")``. A stop for a
+run that already ended is ignored (idempotent); for a run never seen it is
+refused (``unknown_run``).
+
+Exit reporting (:func:`exit_event`): exit code 0 without a stop ->
+``JobCompleted``; a stopped replica -> ``JobFailed(reason="stopped")`` with
+its exit code; otherwise ``JobFailed`` with the code (negative = killed by
+that signal, as :mod:`subprocess` reports it).
+
+Event ids are deterministic (:func:`apportion.events.det_id`) so an event
+re-emitted after a crash is de-duplicated by readers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from apportion.events import (
+    Event,
+    GpuInfo,
+    GpuStatus,
+    JobCompleted,
+    JobFailed,
+    JobStarted,
+    NodeHeartbeat,
+    NodeRegistered,
+    RunningWorkload,
+    StartWorkload,
+    StopWorkload,
+    WorkloadRefused,
+    det_id,
+)
+
+PRODUCER = "node-agent"
+
+#: Refusal reasons (the ``reason`` prefix of WorkloadRefused; details follow ": ").
+UNKNOWN_NODE = "unknown_node"
+STALE_TOKEN = "stale_fencing_token"
+DUPLICATE_START = "duplicate_start"
+UNKNOWN_GPUS = "unknown_gpus"
+NO_WORKLOAD = "no_workload"
+GPUS_BUSY = "gpus_busy"
+UNKNOWN_RUN = "unknown_run"
+
+STOPPED = "stopped"
+
+
+# --------------------------------------------------------------------------- state
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """One node hosted by the agent.
+
+    Attributes:
+        node_id: its id on the bus.
+        gpus: its GPU inventory (indices 0..n-1 normally).
+        model: GPU model name, or ``None`` when mixed or unknown.
+        simulated: True for a declared inventory (no NVML).
+    """
+
+    node_id: str
+    gpus: tuple[GpuInfo, ...]
+    model: str | None = None
+    simulated: bool = True
+
+    @property
+    def indices(self) -> frozenset[int]:
+        """GPU indices the node has."""
+        return frozenset(g.index for g in self.gpus)
+
+
+RunKey = tuple[str, str, int, int]
+"""``(node_id, job_id, attempt, replica)``: one replica of one run on one node."""
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A replica this agent runs (or will run).
+
+    Attributes:
+        node_id, job_id, attempt, replica: which replica of which run.
+        gpus: GPU indices it holds.
+        command: argv to run as a process, or ``None`` for a simulated workload.
+        duration_s: event-time seconds a simulated workload runs.
+        env: extra environment for a process.
+        stopping: a StopWorkload was received for it.
+        grace_s: grace period of that stop.
+    """
+
+    node_id: str
+    job_id: str
+    attempt: int
+    replica: int
+    gpus: tuple[int, ...]
+    command: tuple[str, ...] | None
+    duration_s: float | None
+    env: Mapping[str, str] = field(default_factory=dict)
+    stopping: bool = False
+    grace_s: float = 30.0
+
+    @property
+    def key(self) -> RunKey:
+        """Its :data:`RunKey`."""
+        return (self.node_id, self.job_id, self.attempt, self.replica)
+
+    @property
+    def simulated(self) -> bool:
+        """True when no process runs: it sleeps ``duration_s``."""
+        return self.command is None
+
+    def process_env(self) -> dict[str, str]:
+        """Environment additions for the process (``CUDA_VISIBLE_DEVICES`` last, so it wins)."""
+        env = dict(self.env)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
+        env["APPORTION_JOB_ID"] = self.job_id
+        env["APPORTION_ATTEMPT"] = str(self.attempt)
+        env["APPORTION_REPLICA"] = str(self.replica)
+        return env
+
+
+@dataclass(frozen=True, slots=True)
+class AgentState:
+    """What the agent knows; replaced (never mutated) by :func:`evolve`-style helpers.
+
+    Attributes:
+        nodes: hosted nodes by id.
+        claim_prefix: node ids with this prefix belong to this agent (``""``: claim only hosted ids).
+        running: replicas running (or being stopped) by key.
+        waiting: replicas accepted but waiting for GPUs held by stopping replicas.
+        ended: keys of replicas that have ended here (for duplicate detection).
+        fencing_token: highest dispatcher fencing token seen, or ``None``.
+    """
+
+    nodes: Mapping[str, NodeSpec]
+    claim_prefix: str = ""
+    running: Mapping[RunKey, Workload] = field(default_factory=dict)
+    waiting: Mapping[RunKey, Workload] = field(default_factory=dict)
+    ended: frozenset[RunKey] = frozenset()
+    fencing_token: int | None = None
+
+    def claims(self, node_id: str) -> bool:
+        """True when ``node_id`` is this agent's to answer for."""
+        return node_id in self.nodes or bool(self.claim_prefix) and node_id.startswith(self.claim_prefix)
+
+    def held(self, node_id: str) -> dict[int, Workload]:
+        """GPU index -> running replica holding it, on ``node_id``."""
+        out: dict[int, Workload] = {}
+        for w in self.running.values():
+            if w.node_id == node_id:
+                for g in w.gpus:
+                    out[g] = w
+        return out
+
+    def known(self, key: RunKey) -> bool:
+        """The replica is running, waiting or ended here."""
+        return key in self.running or key in self.waiting or key in self.ended
+
+
+def initial_state(nodes: list[NodeSpec] | tuple[NodeSpec, ...], claim_prefix: str = "",
+                  ended: frozenset[RunKey] = frozenset()) -> AgentState:
+    """State of a freshly started agent (``ended``: keys from its journal)."""
+    return AgentState({n.node_id: n for n in nodes}, claim_prefix, ended=ended)
+
+
+# --------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True, slots=True)
+class Ignore:
+    """Nothing to do (another agent's node, or an idempotent repeat)."""
+
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Publish ``event`` (a WorkloadRefused) and change nothing."""
+
+    event: WorkloadRefused
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """Start ``workload`` now; then publish :func:`started_event`."""
+
+    workload: Workload
+
+
+@dataclass(frozen=True, slots=True)
+class Defer:
+    """Keep ``workload`` waiting until the stopping replicas holding its GPUs exit."""
+
+    workload: Workload
+    blocked_by: tuple[RunKey, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """SIGTERM ``workloads`` now and SIGKILL them ``grace_s`` later; drop ``dropped`` (publish ``events``)."""
+
+    workloads: tuple[Workload, ...]
+    grace_s: float
+    events: tuple[Event, ...] = ()
+
+
+Action = Ignore | Refuse | Launch | Defer | Stop
+
+
+def _refuse(cmd: StartWorkload | StopWorkload, now: datetime, reason: str, detail: str = "") -> Refuse:
+    return Refuse(WorkloadRefused(
+        event_id=det_id("WorkloadRefused", cmd.event_id),
+        ts=now, producer=PRODUCER, node_id=cmd.node_id, job_id=cmd.job_id,
+        attempt=cmd.attempt, reason=f"{reason}: {detail}" if detail else reason))
+
+
+def _fenced(state: AgentState, cmd: StartWorkload | StopWorkload, now: datetime) -> Refuse | None:
+    tok = cmd.fencing_token
+    if tok is not None and state.fencing_token is not None and tok < state.fencing_token:
+        return _refuse(cmd, now, STALE_TOKEN, f"token {tok} < {state.fencing_token}")
+    return None
+
+
+def decide_start(state: AgentState, cmd: StartWorkload, now: datetime) -> Action:
+    """What to do with a StartWorkload (rules in the module docstring).
+
+    Args:
+        state: the agent's state before the command.
+        cmd: the command.
+        now: event time for any event emitted.
+
+    Returns:
+        :class:`Ignore`, :class:`Refuse`, :class:`Launch` or :class:`Defer`.
+    """
+    node = state.nodes.get(cmd.node_id)
+    if node is None:
+        if state.claims(cmd.node_id):
+            return _refuse(cmd, now, UNKNOWN_NODE, f"{cmd.node_id!r} is not hosted by this agent")
+        return Ignore("another agent's node")
+    if (r := _fenced(state, cmd, now)) is not None:
+        return r
+    key: RunKey = (cmd.node_id, cmd.job_id, cmd.attempt, cmd.replica)
+    if state.known(key):
+        return _refuse(cmd, now, DUPLICATE_START,
+                       f"{cmd.job_id} attempt {cmd.attempt} replica {cmd.replica} already started here")
+    have = node.indices
+    bad = sorted(set(cmd.gpus) - have)
+    if not cmd.gpus or bad or len(set(cmd.gpus)) != len(cmd.gpus):
+        return _refuse(cmd, now, UNKNOWN_GPUS,
+                       f"asked for {list(cmd.gpus)}, node has {sorted(have)}")
+    if cmd.command is None and cmd.duration_s is None:
+        return _refuse(cmd, now, NO_WORKLOAD, "neither command nor duration_s")
+    simulate = cmd.duration_s is not None and (node.simulated or not cmd.command)
+    w = Workload(cmd.node_id, cmd.job_id, cmd.attempt, cmd.replica, tuple(cmd.gpus),
+                 None if simulate else tuple(cmd.command or ()), cmd.duration_s, dict(cmd.env))
+    held = state.held(cmd.node_id)
+    holders = {held[g].key: held[g] for g in cmd.gpus if g in held}
+    waiting_holders = {
+        o.key: o for o in state.waiting.values()
+        if o.node_id == cmd.node_id and set(o.gpus) & set(cmd.gpus)
+    }
+    if any(not h.stopping for h in holders.values()):
+        busy = sorted(g for g in cmd.gpus if g in held and not held[g].stopping)
+        return _refuse(cmd, now, GPUS_BUSY, f"GPUs {busy} are held by running work")
+    if waiting_holders:
+        return _refuse(cmd, now, GPUS_BUSY, "GPUs are promised to a waiting start")
+    if holders:
+        return Defer(w, tuple(sorted(holders)))
+    return Launch(w)
+
+
+def decide_stop(state: AgentState, cmd: StopWorkload, now: datetime) -> Action:
+    """What to do with a StopWorkload (rules in the module docstring).
+
+    Returns:
+        :class:`Ignore`, :class:`Refuse` or :class:`Stop`.
+    """
+    if cmd.node_id not in state.nodes:
+        if state.claims(cmd.node_id):
+            return _refuse(cmd, now, UNKNOWN_NODE, f"{cmd.node_id!r} is not hosted by this agent")
+        return Ignore("another agent's node")
+    if (r := _fenced(state, cmd, now)) is not None:
+        return r
+
+    def mine(k: RunKey) -> bool:
+        return k[0] == cmd.node_id and k[1] == cmd.job_id and k[2] == cmd.attempt
+
+    run = tuple(w for k, w in sorted(state.running.items()) if mine(k) and not w.stopping)
+    wait = tuple(w for k, w in sorted(state.waiting.items()) if mine(k))
+    if not run and not wait:
+        if any(mine(k) for k in state.running) or any(mine(k) for k in state.ended):
+            return Ignore("already stopping or ended")
+        return _refuse(cmd, now, UNKNOWN_RUN, f"no {cmd.job_id} attempt {cmd.attempt} on this node")
+    dropped = tuple(exit_event(replace(w, stopping=True), None, now, never_started=True) for w in wait)
+    return Stop(tuple(replace(w, stopping=True, grace_s=cmd.grace_s) for w in run), cmd.grace_s, dropped)
+
+
+# --------------------------------------------------------------------------- evolve
+
+
+def with_launched(state: AgentState, w: Workload) -> AgentState:
+    """State after ``w`` started (removed from waiting, added to running)."""
+    waiting = {k: v for k, v in state.waiting.items() if k != w.key}
+    return replace(state, running={**state.running, w.key: w}, waiting=waiting)
+
+
+def with_deferred(state: AgentState, w: Workload) -> AgentState:
+    """State after ``w`` was put to wait for GPUs."""
+    return replace(state, waiting={**state.waiting, w.key: w})
+
+
+def with_stopping(state: AgentState, stop: Stop) -> AgentState:
+    """State after a :class:`Stop`: its replicas marked stopping, waiting ones ended."""
+    running = dict(state.running)
+    for w in stop.workloads:
+        running[w.key] = w
+    dropped = {(e.node_id, e.job_id, e.attempt, e.replica) for e in stop.events  # type: ignore[attr-defined]
+               if isinstance(e, JobFailed)}
+    waiting = {k: v for k, v in state.waiting.items() if k not in dropped}
+    return replace(state, running=running, waiting=waiting, ended=state.ended | dropped)
+
+
+def with_exited(state: AgentState, key: RunKey) -> AgentState:
+    """State after the replica ``key`` exited."""
+    running = {k: v for k, v in state.running.items() if k != key}
+    return replace(state, running=running, ended=state.ended | {key})
+
+
+def with_token(state: AgentState, token: int | None) -> AgentState:
+    """Remember the highest fencing token seen."""
+    if token is None or (state.fencing_token is not None and token <= state.fencing_token):
+        return state
+    return replace(state, fencing_token=token)
+
+
+def ready_to_launch(state: AgentState) -> tuple[Workload, ...]:
+    """Waiting replicas whose GPUs are now all free, in key order."""
+    out = []
+    for k, w in sorted(state.waiting.items()):
+        held = state.held(w.node_id)
+        if not any(g in held for g in w.gpus):
+            out.append(w)
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- events
+
+
+def started_event(w: Workload, now: datetime, pid: int | None = None) -> JobStarted:
+    """``JobStarted`` for a launched replica."""
+    return JobStarted(event_id=det_id("JobStarted", w.node_id, w.job_id, w.attempt, w.replica),
+                      ts=now, producer=PRODUCER, job_id=w.job_id, attempt=w.attempt,
+                      replica=w.replica, node_id=w.node_id, gpus=w.gpus, pid=pid)
+
+
+def exit_event(w: Workload, exit_code: int | None, now: datetime, *, never_started: bool = False,
+               reason: str | None = None) -> JobCompleted | JobFailed:
+    """The event reporting that replica ``w`` ended.
+
+    Args:
+        w: the replica (``stopping`` tells whether a stop was asked for).
+        exit_code: process exit code; negative = killed by that signal;
+            ``None`` when there was no process or it could not start.
+        now: event time.
+        never_started: the replica was dropped before it started.
+        reason: override the reason (e.g. ``"spawn failed: ..."``).
+    """
+    eid = det_id("WorkloadEnded", w.node_id, w.job_id, w.attempt, w.replica)
+    common = dict(event_id=eid, ts=now, producer=PRODUCER, job_id=w.job_id, attempt=w.attempt,
+                  replica=w.replica, node_id=w.node_id)
+    if reason is None and exit_code == 0 and not w.stopping:
+        return JobCompleted(**common, exit_code=0)
+    if reason is None:
+        if w.stopping:
+            reason = STOPPED if not never_started else f"{STOPPED} before start"
+        elif exit_code is not None and exit_code < 0:
+            reason = f"killed by signal {-exit_code}"
+        else:
+            reason = f"exit code {exit_code}"
+    return JobFailed(**common, exit_code=exit_code, reason=reason)
+
+
+def registered_events(state: AgentState, now: datetime) -> list[NodeRegistered]:
+    """One ``NodeRegistered`` per hosted node, in node order."""
+    return [NodeRegistered(ts=now, producer=PRODUCER, node_id=n.node_id, gpu_count=len(n.gpus),
+                           gpu_model=n.model, gpus=n.gpus, simulated=n.simulated)
+            for _, n in sorted(state.nodes.items())]
+
+
+def heartbeat_event(state: AgentState, node_id: str, now: datetime,
+                    gpus: tuple[GpuStatus, ...] = ()) -> NodeHeartbeat:
+    """``NodeHeartbeat`` for ``node_id`` with GPU samples and the replicas running there."""
+    running = tuple(RunningWorkload(job_id=w.job_id, attempt=w.attempt, replica=w.replica, gpus=w.gpus)
+                    for k, w in sorted(state.running.items()) if k[0] == node_id)
+    return NodeHeartbeat(ts=now, producer=PRODUCER, node_id=node_id, gpus=gpus, running=running)
+
+
+def node_ids(prefix: str, count: int, start: int = 0) -> list[str]:
+    """Simulated node ids ``prefix + index``, zero-padded to a common width (``sim-00``..``sim-31``)."""
+    width = len(str(start + count - 1)) if count else 1
+    return [f"{prefix}{i:0{width}d}" for i in range(start, start + count)]

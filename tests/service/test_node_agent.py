@@ -1,0 +1,305 @@
+"""Node agent: pure decisions (table) and the runtime with fakes (no Kafka).
+
+Runtime tests drive :class:`services.node_agent.app.NodeAgent` with a list
+sink for events, a :class:`ManualClock` and :class:`FakeGpuProbe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from datetime import datetime, timezone
+
+import pytest
+
+from apportion.clock import ManualClock
+from apportion.events import (
+    JobCompleted,
+    JobFailed,
+    JobStarted,
+    NodeHeartbeat,
+    NodeRegistered,
+    StartWorkload,
+    StopWorkload,
+    WorkloadRefused,
+)
+from apportion.gpu import FakeGpuProbe
+from services.node_agent import logic
+from services.node_agent.app import NodeAgent
+from services.node_agent.logic import NodeSpec
+from services.node_agent.store import Journal
+
+T0 = datetime(2025, 3, 1, tzinfo=timezone.utc)
+
+
+def spec(node_id: str = "n1", gpus: int = 4, simulated: bool = True) -> NodeSpec:
+    return NodeSpec(node_id, FakeGpuProbe.with_gpus(gpus).inventory.gpus, "sim", simulated)
+
+
+def start(job: str = "j1", node: str = "n1", gpus=(0, 1), attempt: int = 1, replica: int = 0,
+          duration_s: float | None = 60.0, command=None, token=None) -> StartWorkload:
+    return StartWorkload(ts=T0, node_id=node, job_id=job, attempt=attempt, replica=replica,
+                         gpus=gpus, duration_s=duration_s, command=command, fencing_token=token)
+
+
+def stop(job: str = "j1", node: str = "n1", attempt: int = 1, grace_s: float = 30.0) -> StopWorkload:
+    return StopWorkload(ts=T0, node_id=node, job_id=job, attempt=attempt, grace_s=grace_s)
+
+
+def running(*cmds: StartWorkload, stopping: tuple[str, ...] = ()) -> logic.AgentState:
+    st = logic.initial_state([spec()], claim_prefix="n")
+    for c in cmds:
+        a = logic.decide_start(st, c, T0)
+        assert isinstance(a, logic.Launch), a
+        w = a.workload
+        if w.job_id in stopping:
+            w = logic.replace(w, stopping=True)
+        st = logic.with_launched(st, w)
+    return st
+
+
+EMPTY = logic.initial_state([spec()], claim_prefix="n")
+
+START_CASES = [
+    # id, state, command, expected action type, reason prefix
+    ("free GPUs: launch", EMPTY, start(), logic.Launch, None),
+    ("another agent's node: ignore", EMPTY, start(node="other-7"), logic.Ignore, None),
+    ("claimed prefix but not hosted: refuse", EMPTY, start(node="n9"), logic.Refuse, logic.UNKNOWN_NODE),
+    ("GPU index the node lacks", EMPTY, start(gpus=(3, 4)), logic.Refuse, logic.UNKNOWN_GPUS),
+    ("repeated GPU index", EMPTY, start(gpus=(1, 1)), logic.Refuse, logic.UNKNOWN_GPUS),
+    ("no GPUs at all", EMPTY, start(gpus=()), logic.Refuse, logic.UNKNOWN_GPUS),
+    ("neither command nor duration", EMPTY, start(duration_s=None), logic.Refuse, logic.NO_WORKLOAD),
+    ("same replica twice", running(start()), start(), logic.Refuse, logic.DUPLICATE_START),
+    ("GPU held by running work", running(start()), start(job="j2", gpus=(1, 2)), logic.Refuse,
+     logic.GPUS_BUSY),
+    ("GPU held by a stopping victim: wait", running(start(), stopping=("j1",)),
+     start(job="j2", gpus=(1, 2)), logic.Defer, None),
+    ("other GPUs free while one job runs", running(start()), start(job="j2", gpus=(2, 3)),
+     logic.Launch, None),
+    ("next attempt of the same job", running(start()), start(attempt=2, gpus=(2, 3)), logic.Launch, None),
+]
+
+
+@pytest.mark.parametrize("case_id,state,cmd,kind,reason", START_CASES, ids=[c[0] for c in START_CASES])
+def test_decide_start(case_id, state, cmd, kind, reason):
+    action = logic.decide_start(state, cmd, T0)
+    assert isinstance(action, kind)
+    if reason is not None:
+        assert action.event.reason.startswith(reason)
+        assert action.event.job_id == cmd.job_id and action.event.node_id == cmd.node_id
+
+
+def test_refusal_event_id_is_deterministic():
+    cmd = start(gpus=(9,))
+    a, b = logic.decide_start(EMPTY, cmd, T0), logic.decide_start(EMPTY, cmd, T0)
+    assert a.event.event_id == b.event.event_id
+
+
+def test_stale_fencing_token_refused():
+    st = logic.with_token(EMPTY, 5)
+    assert isinstance(logic.decide_start(st, start(token=4), T0), logic.Refuse)
+    assert isinstance(logic.decide_start(st, start(token=5), T0), logic.Launch)
+    assert isinstance(logic.decide_start(st, start(token=None), T0), logic.Launch)
+
+
+def test_real_node_runs_command_simulated_node_prefers_duration():
+    real = logic.initial_state([spec(simulated=False)])
+    sim = EMPTY
+    both = start(command=("true",), duration_s=5.0)
+    assert not logic.decide_start(real, both, T0).workload.simulated
+    assert logic.decide_start(sim, both, T0).workload.simulated
+    assert not logic.decide_start(sim, start(command=("true",), duration_s=None), T0).workload.simulated
+
+
+STOP_CASES = [
+    ("running replica: stop", running(start()), stop(), logic.Stop, None),
+    ("unknown run: refuse", EMPTY, stop(), logic.Refuse, logic.UNKNOWN_RUN),
+    ("already stopping: ignore", running(start(), stopping=("j1",)), stop(), logic.Ignore, None),
+    ("another agent's node: ignore", EMPTY, stop(node="x"), logic.Ignore, None),
+]
+
+
+@pytest.mark.parametrize("case_id,state,cmd,kind,reason", STOP_CASES, ids=[c[0] for c in STOP_CASES])
+def test_decide_stop(case_id, state, cmd, kind, reason):
+    action = logic.decide_stop(state, cmd, T0)
+    assert isinstance(action, kind)
+    if reason:
+        assert action.event.reason.startswith(reason)
+
+
+def test_stop_of_ended_run_is_ignored():
+    st = logic.with_exited(running(start()), ("n1", "j1", 1, 0))
+    assert isinstance(logic.decide_stop(st, stop(), T0), logic.Ignore)
+
+
+def test_exit_events():
+    w = logic.Workload("n1", "j", 2, 1, (0,), None, 5.0)
+    done = logic.exit_event(w, 0, T0)
+    assert isinstance(done, JobCompleted) and done.replica == 1 and done.attempt == 2
+    failed = logic.exit_event(w, 3, T0)
+    assert isinstance(failed, JobFailed) and failed.exit_code == 3 and failed.reason == "exit code 3"
+    killed = logic.exit_event(w, -9, T0)
+    assert killed.reason == "killed by signal 9"
+    stopped = logic.exit_event(logic.replace(w, stopping=True), -15, T0)
+    assert isinstance(stopped, JobFailed) and stopped.reason == logic.STOPPED
+    assert stopped.event_id == failed.event_id  # one end per replica: readers de-duplicate
+
+
+def test_node_ids_are_zero_padded():
+    assert logic.node_ids("sim-", 32)[:2] == ["sim-00", "sim-01"]
+    assert logic.node_ids("sim-", 32)[-1] == "sim-31"
+
+
+# --------------------------------------------------------------------------- runtime
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.events: list = []
+
+    async def __call__(self, ev) -> None:
+        self.events.append(ev)
+
+    def of(self, cls):
+        return [e for e in self.events if isinstance(e, cls)]
+
+
+def make_agent(clock: ManualClock, sink: Sink, *, simulated: bool = True, journal: Journal | None = None,
+               gpus: int = 4) -> NodeAgent:
+    probe = FakeGpuProbe.with_gpus(gpus)
+    probe.utilization[0] = 55.0
+    return NodeAgent([(spec(gpus=gpus, simulated=simulated), probe)], sink, clock, journal=journal,
+                     claim_prefix="n")
+
+
+async def settle(clock: ManualClock, sleepers: int, deadline_s: float = 5.0) -> None:
+    """Let tasks run until ``sleepers`` are waiting on the manual clock (bounded)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while clock.sleepers < sleepers:
+        assert loop.time() < end, "tasks did not reach the clock in time"
+        await asyncio.sleep(0.001)
+
+
+async def test_register_heartbeat_and_simulated_run_to_completion():
+    clock, sink = ManualClock(T0), Sink()
+    agent = make_agent(clock, sink)
+    await agent.start(heartbeats=False)
+    reg = sink.of(NodeRegistered)
+    assert [(r.node_id, r.gpu_count, r.simulated) for r in reg] == [("n1", 4, True)]
+
+    await agent.on_event(start(duration_s=60.0))
+    await agent.on_event(start(duration_s=60.0))  # a second StartWorkload: refused, not run twice
+    (started,) = sink.of(JobStarted)
+    assert started.gpus == (0, 1) and started.replica == 0
+    assert sink.of(WorkloadRefused)[0].reason.startswith(logic.DUPLICATE_START)
+
+    await agent.heartbeat()
+    hb = sink.of(NodeHeartbeat)[-1]
+    assert [r.job_id for r in hb.running] == ["j1"]
+    assert hb.gpus[0].utilization_pct == 55.0
+
+    await settle(clock, 1)
+    clock.advance(59)
+    await asyncio.sleep(0.01)
+    assert not sink.of(JobCompleted)
+    clock.advance(1)
+    await asyncio.wait_for(agent.idle(), 5)
+    (done,) = sink.of(JobCompleted)
+    assert done.ts == datetime(2025, 3, 1, 0, 1, tzinfo=timezone.utc) and done.exit_code == 0
+
+
+async def test_preemption_stop_then_deferred_start_runs_after_victim_exits():
+    clock, sink = ManualClock(T0), Sink()
+    agent = make_agent(clock, sink)
+    await agent.start(heartbeats=False)
+    await agent.on_event(start(job="victim", gpus=(0, 1, 2, 3), duration_s=3600))
+    await settle(clock, 1)
+    await agent.on_event(stop(job="victim", grace_s=30))
+    await agent.on_event(start(job="winner", gpus=(0, 1), duration_s=10))
+    await asyncio.wait_for(_until(lambda: len(sink.of(JobStarted)) == 2), 5)
+    failed = sink.of(JobFailed)
+    assert [(f.job_id, f.reason, f.exit_code) for f in failed] == [("victim", "stopped", -15)]
+    assert [s.job_id for s in sink.of(JobStarted)] == ["victim", "winner"]
+    assert not sink.of(WorkloadRefused)
+    await agent.shutdown()
+
+
+async def test_unknown_node_and_unknown_gpu_refused_without_crash():
+    clock, sink = ManualClock(T0), Sink()
+    agent = make_agent(clock, sink)
+    await agent.on_event(start(node="n2"))
+    await agent.on_event(start(gpus=(7,)))
+    await agent.on_event(stop(job="nope"))
+    await agent.on_event(start(node="elsewhere"))  # another agent's: no event
+    reasons = [e.reason.split(":")[0] for e in sink.of(WorkloadRefused)]
+    assert reasons == [logic.UNKNOWN_NODE, logic.UNKNOWN_GPUS, logic.UNKNOWN_RUN]
+    assert not agent.state.running
+
+
+async def test_real_process_gets_cuda_visible_devices_and_exit_code(tmp_path):
+    clock, sink = ManualClock(T0), Sink()
+    agent = make_agent(clock, sink, simulated=False)
+    out = tmp_path / "env.txt"
+    code = f"import os,sys; open({str(out)!r},'w').write(os.environ['CUDA_VISIBLE_DEVICES']); sys.exit(3)"
+    await agent.on_event(start(gpus=(2, 3), duration_s=None, command=(sys.executable, "-c", code)))
+    await asyncio.wait_for(agent.idle(), 20)
+    assert out.read_text() == "2,3"
+    (started,) = sink.of(JobStarted)
+    assert started.pid is not None
+    (failed,) = sink.of(JobFailed)
+    assert failed.exit_code == 3 and failed.reason == "exit code 3"
+
+
+async def test_real_process_stop_sigterm_then_sigkill_after_grace(tmp_path):
+    clock, sink = ManualClock(T0), Sink()
+    agent = make_agent(clock, sink, simulated=False)
+    ready = tmp_path / "ready"
+    # ignores SIGTERM, then says it is ready
+    code = ("import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            f"open({str(ready)!r},'w').close(); time.sleep(60)")
+    await agent.on_event(start(duration_s=None, command=(sys.executable, "-c", code)))
+    await asyncio.wait_for(_until(ready.exists), 20)
+    await agent.on_event(stop(grace_s=30))
+    await settle(clock, 1)  # the SIGKILL timer waits on the clock
+    assert not sink.of(JobFailed)
+    clock.advance(30)
+    await asyncio.wait_for(agent.idle(), 20)
+    (failed,) = sink.of(JobFailed)
+    assert failed.reason == "stopped" and failed.exit_code == -9
+
+
+async def test_spawn_failure_is_reported_not_raised():
+    clock, sink = ManualClock(T0), Sink()
+    agent = make_agent(clock, sink, simulated=False)
+    await agent.on_event(start(duration_s=None, command=("/nonexistent/binary",)))
+    (failed,) = sink.of(JobFailed)
+    assert failed.reason.startswith("spawn failed")
+    assert not agent.state.running
+
+
+async def test_journal_makes_restart_refuse_redelivered_start_and_report_orphans(tmp_path):
+    clock, sink = ManualClock(T0), Sink()
+    path = tmp_path / "agent.journal"
+    agent = make_agent(clock, sink, journal=Journal(path))
+    await agent.on_event(start(job="done", gpus=(0,), duration_s=1))
+    await agent.on_event(start(job="orphan", gpus=(1,), duration_s=999))
+    await settle(clock, 2)
+    clock.advance(1)
+    await asyncio.wait_for(_until(lambda: len(sink.of(JobCompleted)) == 1), 5)
+    # "crash": drop the agent without shutdown; a new one reads the journal
+    for t in list(agent._tasks.values()):
+        t.cancel()
+    sink2 = Sink()
+    agent2 = make_agent(clock, sink2, journal=Journal(path))
+    await agent2.start(heartbeats=False)
+    (orphan,) = sink2.of(JobFailed)
+    assert (orphan.job_id, orphan.reason) == ("orphan", "agent_restarted")
+    await agent2.on_event(start(job="done", gpus=(0,), duration_s=1))
+    assert sink2.of(WorkloadRefused)[0].reason.startswith(logic.DUPLICATE_START)
+    assert not sink2.of(JobStarted)
+
+
+async def _until(pred, step: float = 0.005) -> None:
+    while not pred():
+        await asyncio.sleep(step)
