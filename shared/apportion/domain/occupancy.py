@@ -1,0 +1,594 @@
+"""Occupancy windows: O_b(t), U_b(t) and the capacity integral K(t) (DESIGN section 2).
+
+Definitions (all over the trailing window (t - W, t], W = ``window_s``):
+
+* O_b(t) = integral of the GPUs held by running **allocated** runs charged
+  to budget b or any descendant of b, in GPU-seconds;
+* U_b(t) = the same for **unallocated** runs (``min_runtime_s == 0``);
+  reported, never charged;
+* K(t)   = integral of the capacity C(tau), the GPUs on ``ready`` and
+  ``draining`` nodes (DESIGN section 1).
+
+Exactness. Time is integer microseconds (:mod:`apportion.timeutil`) and every
+integral is kept as an integer number of GPU-microseconds, so the incremental
+fold (:meth:`OccupancyLedger.apply`) and the bulk :func:`rebuild` agree
+*exactly* (not within a tolerance). Values are reported as GPU-seconds
+(``float``, ``gpu_us / 1e6``) or, exactly, as GPU-microseconds by the
+``*_us`` methods.
+
+The data structure. For each charged budget path (the ``budget`` of the runs,
+normally a leaf) and kind (allocated / unallocated), and once for capacity,
+the ledger keeps the cumulative integral
+
+    A(x) = integral_{-inf}^{x} G(tau) d tau          (GPU-microseconds)
+
+where G is the step function "GPUs held" (or C for capacity). A is piecewise
+linear with a breakpoint wherever G changes, and is stored as three parallel
+lists ``times[i], area[i], rate[i]``: ``area[i] = A(times[i])`` and
+``rate[i]`` is G on ``[times[i], times[i+1])``. Then
+
+    A(x) = area[i] + rate[i] * (x - times[i]),   i = last breakpoint <= x
+    O(t) = A(t) - A(t - W)
+
+A(t) is O(1) (t is at or after the last breakpoint) and A(t - W) is a binary
+search, so a query is O(log n) per series, and a full query over 200 budgets
+plus their ancestors is a few hundred microseconds. Running runs count up to
+t because the last rate extends to the right. Ancestors are not stored: their
+values are sums of their descendants', added up at query time by splitting
+the slash path.
+
+Memory is bounded by the window: :meth:`OccupancyLedger.expire` drops every
+breakpoint except the last one at or before ``clock - W`` (which is all a
+query needs), amortised from :meth:`apply` every W/64 of event time.
+Dropping changes ``area`` only by a constant that cancels in the difference.
+
+Event semantics (the fold contract):
+
+* ``JobPlaced`` starts run ``(job_id, attempt)``: ``replicas`` replicas of
+  ``gpus_per_replica`` GPUs each (one per ``Placement``), charged to
+  ``budget`` when ``allocated``, else counted as unallocated.
+* The run, or one replica, ends at the event's ``ts`` on ``JobCompleted`` /
+  ``JobFailed`` (``replica`` set: that replica only; ``None``: all remaining
+  replicas), ``JobPreempted``, ``JobCancelled`` (with an ``attempt``).
+  ``JobRequeued`` is not an end (the end was an earlier event).
+* ``JobLost`` ends the whole run at ``charged_until`` (the node's last
+  heartbeat, DESIGN section 3), clamped into [run start, clock]. The change
+  is applied retroactively: breakpoints after ``charged_until`` are corrected.
+* Nodes: ``NodeRegistered`` -> ready with ``gpu_count`` (a re-registration
+  updates the count); ``NodeCordoned`` -> cordoned; ``NodeDrainRequested``
+  -> draining; ``NodeDrained`` -> drained; ``NodeUncordoned`` -> ready;
+  ``NodeLost`` -> lost. Ready and draining count toward C. A lost node
+  returns only by registering again (its agent restarts); other node events
+  for a lost or unknown node are ignored. **Decision:** a lost node's
+  capacity ends at ``last_heartbeat`` (clamped into [the time it last became
+  counted, clock]), the same instant its runs stop being charged, so E and O
+  lose the same dead interval.
+* Ends of unknown (or already ended) runs and replicas are ignored.
+  Duplicates are ignored: a ``JobPlaced`` for a run that is open or ended
+  within the last W, and a node event whose ``event_id`` was applied within
+  the last W. (De-duplication memory is one window, like everything else.)
+
+Ordering. Events must be applied in event-time order (per-entity order is
+given by Kafka keys; a merged stream may skew slightly). The ledger's clock
+is the largest ``ts`` applied so far; an event whose ``ts`` is older is
+**clamped up to the clock** (it takes effect "now"): deterministic, never an
+error, and it mis-charges at most the skew. Queries must be at ``t >= clock``
+(:class:`ValueError` otherwise): the answer for an earlier time is whatever a
+rebuild from the events up to that time says.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterable
+from operator import itemgetter
+from typing import Any
+
+from apportion.domain.budgets import ancestors_of
+from apportion.events import (
+    Event,
+    JobCancelled,
+    JobCompleted,
+    JobFailed,
+    JobLost,
+    JobPlaced,
+    JobPreempted,
+    NodeCordoned,
+    NodeDrained,
+    NodeDrainRequested,
+    NodeLost,
+    NodeRegistered,
+    NodeUncordoned,
+)
+from apportion.timeutil import WEEK_S, US_PER_S, Micros, s_to_us, to_us
+
+__all__ = ["OccupancyLedger", "rebuild", "COUNTED_STATES"]
+
+_MIN_T = -(1 << 62)
+"""Time of the sentinel breakpoint that starts every series (G = 0 before any change)."""
+
+#: Node states whose GPUs count toward capacity C(t) (DESIGN section 1).
+COUNTED_STATES = frozenset({"ready", "draining"})
+
+_NODE_STATE_OF: dict[type, str] = {
+    NodeCordoned: "cordoned",
+    NodeDrainRequested: "draining",
+    NodeDrained: "drained",
+    NodeUncordoned: "ready",
+}
+
+
+class _Series:
+    """Cumulative integral A(x) of one step function G, as breakpoints (see module doc).
+
+    ``times`` is strictly increasing from index ``head``; entries before
+    ``head`` are expired and ignored (compacted away now and then). In bulk
+    mode, changes are buffered in ``pending`` and merged by :meth:`flush`.
+    """
+
+    __slots__ = ("times", "area", "rate", "head", "pending")
+
+    def __init__(self) -> None:
+        self.times: list[int] = [_MIN_T]
+        self.area: list[int] = [0]
+        self.rate: list[int] = [0]
+        self.head = 0
+        self.pending: list[tuple[int, int]] = []
+
+    def change(self, x: int, dg: int) -> None:
+        """G += dg from time x on (x in µs, dg in GPUs)."""
+        times = self.times
+        last = times[-1]
+        if x > last:
+            rate = self.rate
+            self.area.append(self.area[-1] + rate[-1] * (x - last))
+            rate.append(rate[-1] + dg)
+            times.append(x)
+        elif x == last:
+            self.rate[-1] += dg
+        else:
+            self._retro(x, dg)
+
+    def _retro(self, x: int, dg: int) -> None:
+        """A change in the past: insert a breakpoint at x and correct every later one.
+
+        For y >= x the corrected integral is A(y) + dg * (y - x) and the rate
+        is G(y) + dg. When x precedes the retained history (before ``head``),
+        every retained breakpoint is corrected, which is exact for all the
+        times a query can still ask about.
+        """
+        times, area, rate = self.times, self.area, self.rate
+        i = bisect_right(times, x, self.head)  # first breakpoint after x
+        if i > self.head:
+            k = i - 1
+            if times[k] == x:
+                rate[k] += dg
+            else:
+                times.insert(i, x)
+                area.insert(i, area[k] + rate[k] * (x - times[k]))
+                rate.insert(i, rate[k] + dg)
+                i += 1
+        for j in range(i, len(times)):
+            area[j] += dg * (times[j] - x)
+            rate[j] += dg
+
+    def flush(self) -> None:
+        """Merge buffered changes (bulk mode): sort by time, then one pass.
+
+        Changes before the last breakpoint (``JobLost``, ``NodeLost``) go
+        through :meth:`_retro`; the rest are appended in a tight loop with
+        equal times merged. Same resulting function as calling :meth:`change`
+        for each change in order.
+        """
+        pending = self.pending
+        if not pending:
+            return
+        self.pending = []
+        pending.sort(key=itemgetter(0))
+        times, area, rate = self.times, self.area, self.rate
+        lt = times[-1]
+        n = len(pending)
+        i = 0
+        while i < n and pending[i][0] < lt:
+            self._retro(*pending[i])
+            i += 1
+        la, lr = area[-1], rate[-1]
+        for j in range(i, n):
+            x, dg = pending[j]
+            if x == lt:
+                lr += dg
+                rate[-1] = lr
+            else:
+                la += lr * (x - lt)
+                lr += dg
+                times.append(x)
+                area.append(la)
+                rate.append(lr)
+                lt = x
+
+    def at(self, x: int) -> int:
+        """A(x) in GPU-µs. ``x`` must not precede the retained history."""
+        times = self.times
+        last = times[-1]
+        if x >= last:
+            return self.area[-1] + self.rate[-1] * (x - last)
+        i = bisect_right(times, x, self.head) - 1
+        if i < self.head:  # pragma: no cover - guarded by OccupancyLedger._check_t
+            raise ValueError("time precedes the retained window history")
+        return self.area[i] + self.rate[i] * (x - times[i])
+
+    def window(self, t: int, w: int) -> int:
+        """Integral of G over (t - w, t] in GPU-µs."""
+        return self.at(t) - self.at(t - w)
+
+    def current(self) -> int:
+        """G after the last breakpoint (GPUs)."""
+        return self.rate[-1]
+
+    def expire(self, lo: int) -> None:
+        """Drop breakpoints no query at window start >= lo needs (keep the last <= lo)."""
+        times = self.times
+        h = bisect_right(times, lo, self.head) - 1
+        if h > self.head:
+            self.head = h
+            if h >= 32 and 2 * h >= len(times):
+                del times[:h], self.area[:h], self.rate[:h]
+                self.head = 0
+
+    def size(self) -> int:
+        """Retained breakpoints."""
+        return len(self.times) - self.head
+
+
+class _Run:
+    """An open run: where it is charged, when it started, which replicas still hold GPUs."""
+
+    __slots__ = ("series", "start", "g", "open", "n_open")
+
+    def __init__(self, series: _Series, start: int, g: int, replicas: int) -> None:
+        self.series = series
+        self.start = start
+        self.g = g
+        self.open = [True] * replicas
+        self.n_open = replicas
+
+
+class _Node:
+    __slots__ = ("state", "gpus", "since")
+
+    def __init__(self, state: str, gpus: int, since: int) -> None:
+        self.state = state
+        self.gpus = gpus
+        self.since = since  # when it last became counted toward C
+
+
+class OccupancyLedger:
+    """Incremental occupancy windows per budget and the capacity integral (DESIGN section 2).
+
+    Fold events with :meth:`apply`; query at event time ``t`` (int µs since
+    the epoch, UTC) with :meth:`occupancy`, :meth:`unallocated`,
+    :meth:`capacity_gpu_s` and :meth:`capacity_gpus`. See the module
+    docstring for the data structure, event semantics and ordering rules.
+
+    Args:
+        window_s: window length W in seconds (default 7 days), > 0.
+
+    Raises:
+        ValueError: ``window_s`` is not positive.
+    """
+
+    __slots__ = ("window_us", "clock", "_alloc", "_unalloc", "_cap", "_runs", "_closed",
+                 "_nodes", "_seen", "_paths", "_next_expire", "_step", "_bulk", "_dirty")
+
+    def __init__(self, window_s: float = WEEK_S) -> None:
+        w = s_to_us(window_s)
+        if w <= 0:
+            raise ValueError(f"window_s must be positive, got {window_s}")
+        #: W in microseconds.
+        self.window_us: int = w
+        #: The largest event time applied (µs), ``None`` before the first event.
+        self.clock: int | None = None
+        self._alloc: dict[str, _Series] = {}
+        self._unalloc: dict[str, _Series] = {}
+        self._cap = _Series()
+        self._runs: dict[tuple[str, int], _Run] = {}
+        self._closed: dict[tuple[str, int], int] = {}  # run -> clock when it ended
+        self._nodes: dict[str, _Node] = {}
+        self._seen: dict[Any, int] = {}  # node event_id -> clock when applied
+        self._paths: tuple[str, ...] | None = ()  # sorted paths + ancestors; None = stale
+        self._step = max(w // 64, 1)
+        self._next_expire: int | None = None
+        self._bulk = False
+        self._dirty = False  # some series has pending changes (bulk mode)
+
+    # ------------------------------------------------------------------ folding
+
+    def apply(self, event: Event) -> None:
+        """Fold one event (other event types are ignored).
+
+        Args:
+            event: any apportion event; the ones listed in the module
+                docstring change the ledger.
+        """
+        cls = type(event)
+        if cls is JobPlaced:
+            self._tick(to_us(event.ts))
+            self._placed(event)  # type: ignore[arg-type]
+        elif cls is JobCompleted or cls is JobFailed:
+            now = self._tick(to_us(event.ts))
+            self._end(event.job_id, event.attempt, event.replica, now)  # type: ignore[attr-defined]
+        elif cls is JobPreempted:
+            now = self._tick(to_us(event.ts))
+            self._end(event.job_id, event.attempt, None, now)  # type: ignore[attr-defined]
+        elif cls is JobCancelled:
+            now = self._tick(to_us(event.ts))
+            if event.attempt is not None:  # type: ignore[attr-defined]
+                self._end(event.job_id, event.attempt, None, now)  # type: ignore[attr-defined]
+        elif cls is JobLost:
+            now = self._tick(to_us(event.ts))
+            run = self._runs.get((event.job_id, event.attempt))  # type: ignore[attr-defined]
+            if run is not None:
+                x = min(max(to_us(event.charged_until), run.start), now)  # type: ignore[attr-defined]
+                self._end(event.job_id, event.attempt, None, x)  # type: ignore[attr-defined]
+        elif cls in _NODE_STATE_OF or cls is NodeRegistered or cls is NodeLost:
+            now = self._tick(to_us(event.ts))
+            self._node_event(event, now)
+
+    def apply_all(self, events: Iterable[Event]) -> "OccupancyLedger":
+        """Fold ``events`` in order; returns ``self`` for chaining."""
+        apply = self.apply
+        for ev in events:
+            apply(ev)
+        return self
+
+    def _tick(self, ts: int) -> int:
+        """Advance the clock to ``ts`` (older ts are clamped to the clock); expire amortised."""
+        clock = self.clock
+        if clock is None:
+            self.clock = ts
+            self._next_expire = ts + self._step
+            return ts
+        if ts <= clock:
+            return clock
+        self.clock = ts
+        if ts >= self._next_expire:  # type: ignore[operator]
+            self.expire(ts)
+            self._next_expire = ts + self._step
+        return ts
+
+    def _change(self, series: _Series, x: int, dg: int) -> None:
+        if self._bulk:
+            series.pending.append((x, dg))
+            self._dirty = True
+        else:
+            series.change(x, dg)
+
+    def _placed(self, ev: JobPlaced) -> None:
+        now: int = self.clock  # type: ignore[assignment]
+        key = (ev.job_id, ev.attempt)
+        if key in self._runs:
+            return
+        ended = self._closed.get(key)
+        if ended is not None:
+            if ended >= now - self.window_us:
+                return  # duplicate of a run that already ended
+            del self._closed[key]
+        book = self._alloc if ev.allocated else self._unalloc
+        series = book.get(ev.budget)
+        if series is None:
+            series = book[ev.budget] = _Series()
+            self._paths = None
+        replicas = ev.replicas
+        g = ev.gpus_per_replica
+        self._runs[key] = _Run(series, now, g, replicas)
+        self._change(series, now, g * replicas)
+
+    def _end(self, job_id: str, attempt: int, replica: int | None, x: int) -> None:
+        """End one replica (or all open replicas) of a run at time x."""
+        key = (job_id, attempt)
+        run = self._runs.get(key)
+        if run is None:
+            return
+        if replica is None:
+            n = run.n_open
+            run.n_open = 0
+        else:
+            if not (0 <= replica < len(run.open)) or not run.open[replica]:
+                return
+            run.open[replica] = False
+            n = 1
+            run.n_open -= 1
+        self._change(run.series, x, -run.g * n)
+        if run.n_open == 0:
+            del self._runs[key]
+            self._closed[key] = self.clock  # type: ignore[assignment]
+
+    def _node_event(self, ev: Event, now: int) -> None:
+        seen = self._seen.get(ev.event_id)
+        if seen is not None and seen >= now - self.window_us:
+            return
+        self._seen[ev.event_id] = now
+        node_id: str = ev.node_id  # type: ignore[attr-defined]
+        node = self._nodes.get(node_id)
+        cap = self._cap
+        if isinstance(ev, NodeRegistered):
+            if node is None:
+                node = self._nodes[node_id] = _Node("lost", 0, now)
+            old = node.gpus if node.state in COUNTED_STATES else 0
+            if ev.gpu_count != old:
+                self._change(cap, now, ev.gpu_count - old)
+            node.since = now  # a registration is a sign of life: NodeLost clamps to it
+            node.state = "ready"
+            node.gpus = ev.gpu_count
+            return
+        if node is None or node.state == "lost":
+            return
+        if isinstance(ev, NodeLost):
+            if node.state in COUNTED_STATES and node.gpus:
+                x = min(max(to_us(ev.last_heartbeat), node.since), now)
+                self._change(cap, x, -node.gpus)
+            node.state = "lost"
+            return
+        new = _NODE_STATE_OF[type(ev)]
+        was, will = node.state in COUNTED_STATES, new in COUNTED_STATES
+        if was != will and node.gpus:
+            self._change(cap, now, node.gpus if will else -node.gpus)
+        if will and not was:
+            node.since = now
+        node.state = new
+
+    # ------------------------------------------------------------------ memory
+
+    def expire(self, t: Micros) -> None:
+        """Drop history no query at or after ``min(t, clock)`` can need.
+
+        Keeps, per series, the last breakpoint at or before ``min(t, clock) - W``;
+        forgets ended runs and seen node event ids older than that. Never
+        changes an answer. Called from :meth:`apply` every W/64 of event time.
+        """
+        if self.clock is None:
+            return
+        self._flush()
+        lo = min(t, self.clock) - self.window_us
+        for book in (self._alloc, self._unalloc):
+            for s in book.values():
+                s.expire(lo)
+        self._cap.expire(lo)
+        for d in (self._closed, self._seen):
+            while d:
+                k = next(iter(d))
+                if d[k] >= lo:
+                    break
+                del d[k]
+
+    def _flush(self) -> None:
+        if not self._dirty:
+            return
+        for book in (self._alloc, self._unalloc):
+            for s in book.values():
+                s.flush()
+        self._cap.flush()
+        self._dirty = False
+
+    def retained(self) -> int:
+        """Breakpoints held across all series (memory measure for tests and benchmarks)."""
+        return (sum(s.size() for s in self._alloc.values())
+                + sum(s.size() for s in self._unalloc.values()) + self._cap.size())
+
+    # ------------------------------------------------------------------ queries
+
+    def _check_t(self, t: Micros | None) -> int | None:
+        if self._bulk:
+            raise RuntimeError("ledger is being rebuilt")
+        if self.clock is None:
+            return None if t is None else t
+        if t is None:
+            return self.clock
+        if t < self.clock:
+            raise ValueError(f"query time {t} precedes the ledger clock {self.clock} (µs)")
+        return t
+
+    def paths(self) -> tuple[str, ...]:
+        """Every charged budget path and all of its ancestors, sorted."""
+        if self._paths is None:
+            out: set[str] = set()
+            for book in (self._alloc, self._unalloc):
+                for p in book:
+                    out.update(ancestors_of(p))
+            self._paths = tuple(sorted(out))
+        return self._paths
+
+    def _totals_us(self, book: dict[str, _Series], t: Micros | None) -> dict[str, int]:
+        t = self._check_t(t)
+        out = dict.fromkeys(self.paths(), 0)
+        if t is None:
+            return out
+        lo = t - self.window_us
+        for path, s in book.items():
+            v = s.at(t) - s.at(lo)
+            if v:
+                for p in ancestors_of(path):
+                    out[p] += v
+        return out
+
+    def occupancy_us(self, t: Micros | None = None) -> dict[str, int]:
+        """O_b(t) for every path (charged paths and their ancestors) in exact GPU-µs."""
+        return self._totals_us(self._alloc, t)
+
+    def unallocated_us(self, t: Micros | None = None) -> dict[str, int]:
+        """U_b(t) for every path in exact GPU-µs."""
+        return self._totals_us(self._unalloc, t)
+
+    def occupancy(self, t: Micros | None = None) -> dict[str, float]:
+        """Allocated occupancy O_b(t) in GPU-seconds (DESIGN section 2).
+
+        Args:
+            t: event time in µs since the epoch (UTC); default the ledger clock.
+
+        Returns:
+            ``{path: GPU-seconds}`` sorted by path, for every budget path any
+            run was charged to and every ancestor of it (``"a/b"`` includes
+            ``"a/b/c"``). Paths with nothing in the window map to 0.0.
+
+        Raises:
+            ValueError: ``t`` precedes the ledger clock.
+        """
+        return {p: v / US_PER_S for p, v in self.occupancy_us(t).items()}
+
+    def unallocated(self, t: Micros | None = None) -> dict[str, float]:
+        """Unallocated occupancy U_b(t) in GPU-seconds; same shape as :meth:`occupancy`."""
+        return {p: v / US_PER_S for p, v in self.unallocated_us(t).items()}
+
+    def capacity_us(self, t: Micros | None = None) -> int:
+        """K(t) = integral of C over (t - W, t] in exact GPU-µs."""
+        t = self._check_t(t)
+        return 0 if t is None else self._cap.window(t, self.window_us)
+
+    def capacity_gpu_s(self, t: Micros | None = None) -> float:
+        """K(t) = integral of C over (t - W, t] in GPU-seconds (DESIGN section 2).
+
+        Entitlement of budget b is ``abs_share(b) * capacity_gpu_s(t)``.
+
+        Raises:
+            ValueError: ``t`` precedes the ledger clock.
+        """
+        return self.capacity_us(t) / US_PER_S
+
+    def capacity_gpus(self, t: Micros | None = None) -> int:
+        """C(t): GPUs on ready and draining nodes at ``t`` (>= clock)."""
+        self._check_t(t)
+        return self._cap.current()
+
+    def running(self) -> int:
+        """Number of open runs."""
+        return len(self._runs)
+
+
+def rebuild(events: Iterable[Event], window_s: float = WEEK_S) -> OccupancyLedger:
+    """Bulk-build a ledger from an event sequence (in event-time order).
+
+    Runs the same event state machine as :meth:`OccupancyLedger.apply`, but
+    buffers the per-series changes and merges them sorted, in batches of
+    W/64 of event time (:meth:`_Series.flush`), instead of updating the
+    breakpoint lists per event. The result agrees exactly with the
+    incremental fold and accepts further :meth:`~OccupancyLedger.apply`.
+
+    Args:
+        events: decoded events, in the order they were logged.
+        window_s: window length W in seconds.
+
+    Returns:
+        A ledger in incremental mode, clock at the last event's ``ts``.
+    """
+    ledger = OccupancyLedger(window_s)
+    ledger._bulk = True
+    try:
+        apply = ledger.apply
+        for ev in events:
+            apply(ev)
+        ledger._flush()
+    finally:
+        ledger._bulk = False
+    if ledger.clock is not None:
+        ledger.expire(ledger.clock)
+    return ledger
