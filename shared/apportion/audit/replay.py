@@ -88,7 +88,7 @@ def preemption_report(records: Sequence[LogRecord], *, since: Micros | None = No
 
     A protection violation is a ``JobPreempted`` of an allocated run at an
     event time earlier than ``started_at + min_runtime``, where
-    ``started_at`` is the first ``JobStarted`` of that run (or its
+    ``started_at`` is the latest ``JobStarted`` of that run (or its
     ``JobPlaced`` time when no start was recorded) — except preemptions
     caused by node loss, which are not decisions. DESIGN section 3: this
     must never happen.
@@ -105,9 +105,11 @@ def preemption_report(records: Sequence[LogRecord], *, since: Micros | None = No
             min_rt[key] = ev.min_runtime_s
         elif isinstance(ev, events.JobStarted):
             key = (ev.job_id, ev.attempt)
-            if key not in first_start:  # protection runs from the first replica's start
+            t = to_us(ev.ts)
+            # protection runs from the latest replica start (as domain/cluster.py folds it)
+            if key not in first_start or t > started[key]:
                 first_start.add(key)
-                started[key] = to_us(ev.ts)
+                started[key] = t
         elif isinstance(ev, events.JobPreempted):
             t = to_us(ev.ts)
             if (since is not None and t < since) or (until is not None and t > until):
