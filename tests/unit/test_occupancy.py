@@ -446,7 +446,7 @@ def test_incremental_equals_rebuild_equals_reference(log, later) -> None:
         ref.apply(e)
         assert _answers(inc, inc.clock) == _answers(ref, ref.clock)
     bulk = rebuild(log, PROP_W)
-    t = inc.clock + later
+    t = (inc.clock if inc.clock is not None else T0) + later
     assert _answers(inc, t) == _answers(bulk, t) == _answers(ref, t)
 
 

@@ -1,0 +1,136 @@
+"""Admission: may a submitted job ever enter the queue? (DESIGN section 2).
+
+:func:`admit` checks a ``JobSubmitted`` against the budget tree and the
+declared node shapes and returns ``None`` (admitted) or a
+:class:`Rejection` carrying a machine-readable :class:`RejectReason` and a
+message for humans; :func:`rejected_event` turns it into the ``JobRejected``
+fact. Pure: no I/O, no clock.
+
+Checks, first failure wins, in this order:
+
+1. ``unknown_budget``: the budget path is not in the tree;
+2. ``not_a_leaf``: the budget has children (jobs charge leaves, so the
+   fair-share order of leaves decides who runs);
+3. ``zero_share`` (allocated jobs only): the absolute share is 0, so the
+   job could only ever be charged against no entitlement;
+4. ``not_a_member`` (allocated jobs only): the budget's effective members
+   (inherited from the nearest ancestor that sets them; ``None`` = anyone)
+   exclude the user;
+5. ``min_runtime_above_limit`` (allocated jobs only): ``min_runtime_s`` is
+   above the effective ``max_min_runtime_s`` (inherited; ``None`` = no limit);
+6. ``shape_impossible``: fewer than ``replicas`` declared nodes have at least
+   ``gpus_per_replica`` GPUs of the requested model (any model when the job
+   names none; a node of unknown model never matches a named model).
+
+Unallocated jobs (``min_runtime_s == 0``) are free and never charged, so
+checks 3-5 do not apply: they may name any existing leaf, even one the user
+is not a member of. Shape applies to every job: a gang that no inventory can
+hold would wait forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import NamedTuple
+
+from apportion.domain.budgets import BudgetTree
+from apportion.events import JobRejected, JobSubmitted, RejectReason, det_id
+
+__all__ = ["NodeShape", "Rejection", "admit", "rejected_event", "shape_possible"]
+
+
+class NodeShape(NamedTuple):
+    """``count`` nodes of ``gpus`` GPUs of ``model`` each (``model=None``: unknown)."""
+
+    gpus: int
+    model: str | None = None
+    count: int = 1
+
+
+class Rejection(NamedTuple):
+    """Why a job is refused: ``reason`` for machines, ``message`` for humans."""
+
+    reason: RejectReason
+    message: str
+
+
+def shape_possible(gpus_per_replica: int, replicas: int, gpu_model: str | None,
+                   node_shapes: Iterable[NodeShape | tuple]) -> tuple[bool, int]:
+    """Can some ``replicas`` distinct nodes each give ``gpus_per_replica`` GPUs of the model?
+
+    Args:
+        gpus_per_replica: g >= 1.
+        replicas: k >= 1.
+        gpu_model: required model, or ``None`` for any.
+        node_shapes: the declared inventory, one :class:`NodeShape` (or a
+            plain ``(gpus, model[, count])`` tuple) per node or group of nodes.
+
+    Returns:
+        ``(possible, fitting)``: whether at least k nodes fit, and how many do.
+    """
+    fitting = 0
+    for shape in node_shapes:
+        ns = shape if isinstance(shape, NodeShape) else NodeShape(*shape)
+        if ns.gpus >= gpus_per_replica and (gpu_model is None or ns.model == gpu_model):
+            fitting += ns.count
+    return fitting >= replicas, fitting
+
+
+def admit(tree: BudgetTree, job: JobSubmitted,
+          node_shapes: Iterable[NodeShape | tuple]) -> Rejection | None:
+    """Check a submission against the tree and node shapes (DESIGN section 2).
+
+    Args:
+        tree: the budget tree in force at the submission's event time.
+        job: the submission.
+        node_shapes: the declared inventory (see :func:`shape_possible`).
+
+    Returns:
+        ``None`` when the job may be queued, else the first failing check as
+        a :class:`Rejection` (order in the module docstring).
+    """
+    path = job.budget
+    if path not in tree:
+        return Rejection(RejectReason.UNKNOWN_BUDGET, f"budget {path!r} does not exist")
+    if not tree.is_leaf(path):
+        kids = ", ".join(tree.children(path))
+        return Rejection(RejectReason.NOT_A_LEAF,
+                         f"budget {path!r} has children ({kids}); submit to a leaf budget")
+    if job.allocated:
+        if tree.abs_share(path) <= 0.0:
+            return Rejection(RejectReason.ZERO_SHARE,
+                             f"budget {path!r} has absolute share 0; an allocated job "
+                             "(min_runtime_s > 0) cannot be charged to it")
+        members = tree.members(path)
+        if members is not None and job.user not in members:
+            return Rejection(RejectReason.NOT_A_MEMBER,
+                             f"user {job.user!r} is not a member of budget {path!r}")
+        limit = tree.max_min_runtime_s(path)
+        if limit is not None and job.min_runtime_s > limit:
+            return Rejection(RejectReason.MIN_RUNTIME_TOO_LONG,
+                             f"min_runtime_s {job.min_runtime_s:g} is above the limit "
+                             f"{limit:g} s of budget {path!r}")
+    ok, fitting = shape_possible(job.gpus_per_replica, job.replicas, job.gpu_model, node_shapes)
+    if not ok:
+        model = f" {job.gpu_model}" if job.gpu_model else ""
+        return Rejection(RejectReason.SHAPE_IMPOSSIBLE,
+                         f"needs {job.replicas} node(s) with >= {job.gpus_per_replica}{model} "
+                         f"GPUs each; the declared nodes have {fitting} such node(s)")
+    return None
+
+
+def rejected_event(job: JobSubmitted, rejection: Rejection, *, ts: datetime,
+                   producer: str = "dispatcher") -> JobRejected:
+    """The ``JobRejected`` fact for ``rejection``; its id is deterministic in the submission.
+
+    Args:
+        job: the refused submission.
+        rejection: what :func:`admit` returned.
+        ts: event time of the decision (aware UTC).
+        producer: writer name.
+    """
+    return JobRejected(event_id=det_id("JobRejected", job.job_id, job.event_id),
+                       job_id=job.job_id, budget=job.budget, user=job.user,
+                       reason=rejection.reason, message=rejection.message, ts=ts,
+                       producer=producer)
