@@ -136,6 +136,7 @@ class RejectReason(str, enum.Enum):
     """Machine-readable reasons for :class:`JobRejected` (DESIGN section 2)."""
 
     UNKNOWN_BUDGET = "unknown_budget"
+    NOT_A_LEAF = "not_a_leaf"
     ZERO_SHARE = "zero_share"
     NOT_A_MEMBER = "not_a_member"
     MIN_RUNTIME_TOO_LONG = "min_runtime_above_limit"
