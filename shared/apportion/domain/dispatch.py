@@ -1,0 +1,648 @@
+"""The dispatcher's core: ``evolve`` folds events into :class:`DispatchState`,
+``decide`` turns one input (an event or a :class:`Tick`) into new events.
+
+The dispatcher service and the simulator both call :func:`step`, which is
+``evolve(input)``, then ``decide``, then ``evolve`` of every output, so the
+two run identical logic. All time comes from events and ticks (int µs UTC),
+all ids from :func:`det_id`; the same inputs give the same outputs, byte
+for byte.
+
+What ``decide`` does per input (DESIGN sections 2 and 3):
+
+* ``JobSubmitted`` -> admission (``admit``): ``JobQueued`` (attempt 1) or
+  ``JobRejected`` with a machine-readable reason; a job id seen before is
+  rejected as ``duplicate_job``.
+* ``JobCancelRequested`` -> ``JobCancelled``; a running job also gets
+  ``StopWorkload`` per replica (its GPUs are free at once).
+* ``JobFailed`` of one replica of a gang still running -> ``StopWorkload``
+  to the other replicas and ``JobFailed`` of the whole run.
+* A report (``JobCompleted``/``JobFailed``) for a preempted run whose
+  replicas have now all stopped -> the stop is finished (below).
+* ``NodeDrainRequested`` -> unallocated runs on the node are preempted at
+  once; ``NodeDrained`` if it is already empty.
+* ``NodeLost`` (from outside) -> ``JobLost`` (charged to the last
+  heartbeat), ``StopWorkload`` to the gang's other replicas, ``JobRequeued``.
+* :class:`Tick` -> maintenance, then the scheduling cycle
+  (:func:`apportion.domain.engine.schedule`) on the state with the
+  maintenance folded in:
+
+  - heartbeat timeout (``heartbeat_timeout_s``, default 30 s; ``None``
+    disables) -> ``NodeLost`` and the node-lost handling above;
+  - a preempted run whose grace period has passed -> the stop is finished;
+  - draining nodes: allocated runs whose protection has expired are
+    preempted; a draining node without runs -> ``NodeDrained``.
+
+Finishing a stop: the victim gets ``JobRequeued`` (attempt + 1, original
+``submitted_at``) unless it was cancelled, and every preemptor that was
+waiting only for it gets its ``StartWorkload`` per replica.
+
+``evolve`` mutates the state in place and returns it (the dispatcher folds
+every event; copying per event would cost O(state)). A cycle never sees
+live state: it runs on :meth:`DispatchState.cycle_snapshot`, made of
+frozen values (copy-on-write lists and dict copies).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from apportion.domain.budgets import BudgetError, BudgetTree
+from apportion.domain.cluster import ClusterState, Run, RunKey
+from apportion.domain.engine import (
+    CycleSnapshot,
+    EngineConfig,
+    PendingJob,
+    preempt_events,
+    schedule,
+    start_events,
+)
+from apportion.domain.occupancy import OccupancyLedger
+from apportion.events import (
+    BudgetRemoved,
+    BudgetSet,
+    Event,
+    JobCancelled,
+    JobCancelRequested,
+    JobCompleted,
+    JobFailed,
+    JobLost,
+    JobPlaced,
+    JobPreempted,
+    JobQueued,
+    JobRejected,
+    JobRequeued,
+    JobSubmitted,
+    NodeDrained,
+    NodeDrainRequested,
+    NodeHeartbeat,
+    NodeLost,
+    RejectReason,
+    StopWorkload,
+    det_id,
+)
+from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us, to_us
+
+__all__ = [
+    "DispatchConfig", "DispatchState", "JobRecord", "Tick", "evolve", "decide", "step",
+    "cycle", "maintenance", "wakeups", "admit_submission",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """A clock input: "it is now ``now_us``" (µs UTC). Runs maintenance and a cycle."""
+
+    now_us: Micros
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchConfig:
+    """Dispatcher knobs.
+
+    Attributes:
+        engine: scheduling policy (delta, reservation_after, grace, window).
+        heartbeat_timeout_s: seconds without a heartbeat before ``NodeLost``;
+            ``None`` disables the check (simulations without heartbeats).
+        producer: ``producer`` of emitted events.
+    """
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    heartbeat_timeout_s: float | None = 30.0
+    producer: str = "dispatcher"
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """A job the dispatcher knows (active: pending, running or stopping).
+
+    Attributes:
+        spec: its latest ``JobQueued`` (budget, user, shape, workload).
+        attempt: current attempt (1-based).
+        status: ``pending``, ``running``, ``stopping`` (preempted, waiting for
+            the stop) or ``cancelling`` (cancelled while stopping).
+        submitted_at_us: original submission time, µs.
+        queued_at_us: when the current attempt was queued, µs.
+    """
+
+    spec: JobQueued
+    attempt: int
+    status: str
+    submitted_at_us: Micros
+    queued_at_us: Micros
+
+
+@dataclass(frozen=True, slots=True)
+class _Stopping:
+    """A preempted run waiting for its processes to stop."""
+
+    deadline_us: Micros
+    replicas_left: frozenset[int]
+    requeue: bool
+
+
+class DispatchState:
+    """Queue, budgets, nodes and runs as the dispatcher sees them (a fold of events).
+
+    Attributes:
+        tree: the budget tree (``BudgetSet``/``BudgetRemoved``; invalid ones skipped).
+        ledger: occupancy windows (:class:`OccupancyLedger`).
+        cluster: nodes and runs (:class:`ClusterState`).
+        jobs: active jobs by id.
+        finished: ids of jobs that ended (completed, failed, cancelled, rejected).
+        pending: leaf budget -> pending jobs in (submitted_at, job_id) order
+            (copy-on-write lists).
+        stopping: preempted runs waiting for their stop.
+        awaiting: preemptor run -> victims it still waits for before starting.
+        draining: ids of draining nodes.
+        seen: event ids already folded (de-duplication).
+    """
+
+    __slots__ = ("tree", "ledger", "cluster", "jobs", "finished", "pending", "stopping",
+                 "awaiting", "draining", "seen", "_ledger_on")
+
+    def __init__(self, tree: BudgetTree | None = None, window_s: float = float(WEEK_S)) -> None:
+        self.tree = tree if tree is not None else BudgetTree.empty()
+        self.ledger = OccupancyLedger(window_s)
+        self.cluster = ClusterState()
+        self.jobs: dict[str, JobRecord] = {}
+        self.finished: set[str] = set()
+        self.pending: dict[str, list[PendingJob]] = {}
+        self.stopping: dict[RunKey, _Stopping] = {}
+        self.awaiting: dict[RunKey, frozenset[RunKey]] = {}
+        self.draining: set[str] = set()
+        self.seen: set[Any] = set()
+        self._ledger_on = True
+
+    def fork(self) -> "DispatchState":
+        """A scratch copy for planning (shares the ledger read-only; never fold into both)."""
+        other = DispatchState.__new__(DispatchState)
+        other.tree = self.tree
+        other.ledger = self.ledger
+        other._ledger_on = False
+        c = ClusterState()
+        c.nodes, c.runs, c.node_runs = dict(self.cluster.nodes), dict(self.cluster.runs), dict(
+            self.cluster.node_runs)
+        c._owner = dict(self.cluster._owner)
+        other.cluster = c
+        other.jobs = dict(self.jobs)
+        other.finished = set(self.finished)
+        other.pending = dict(self.pending)
+        other.stopping = dict(self.stopping)
+        other.awaiting = dict(self.awaiting)
+        other.draining = set(self.draining)
+        other.seen = set()
+        return other
+
+    def cycle_snapshot(self, now_us: Micros) -> CycleSnapshot:
+        """Frozen input of a scheduling cycle at ``now_us`` (occupancy from the ledger)."""
+        t = max(now_us, self.ledger.clock or now_us)
+        return CycleSnapshot(
+            cluster=self.cluster.snapshot(),
+            pending=dict(self.pending),
+            tree=self.tree,
+            occupancy=self.ledger.occupancy(t),
+            capacity_gpu_s=self.ledger.capacity_gpu_s(t),
+        )
+
+    def pending_count(self) -> int:
+        """Jobs waiting in the queue."""
+        return sum(len(v) for v in self.pending.values())
+
+    # -------------------------------------------------------------- queue helpers
+
+    def _enqueue(self, job: PendingJob) -> None:
+        lst = list(self.pending.get(job.budget, ()))
+        insort(lst, job, key=_order)
+        self.pending[job.budget] = lst
+
+    def _dequeue(self, job_id: str) -> None:
+        rec = self.jobs.get(job_id)
+        if rec is None:
+            return
+        lst = self.pending.get(rec.spec.budget)
+        if not lst:
+            return
+        k = (rec.submitted_at_us, job_id)
+        i = bisect_left(lst, k, key=_order)
+        if i < len(lst) and lst[i].job_id == job_id:
+            lst = lst[:i] + lst[i + 1:]
+            if lst:
+                self.pending[rec.spec.budget] = lst
+            else:
+                del self.pending[rec.spec.budget]
+
+
+def _order(j: PendingJob) -> tuple[int, str]:
+    return (j.submitted_at_us, j.job_id)
+
+
+def _pending_job(spec: JobQueued, attempt: int, submitted_at_us: Micros, queued_at_us: Micros) -> PendingJob:
+    return PendingJob(job_id=spec.job_id, attempt=attempt, budget=spec.budget, user=spec.user,
+                      gpus_per_replica=spec.gpus_per_replica, replicas=spec.replicas,
+                      min_runtime_s=spec.min_runtime_s, submitted_at_us=submitted_at_us,
+                      queued_at_us=queued_at_us, gpu_model=spec.gpu_model,
+                      duration_s=spec.duration_s, command=spec.command)
+
+
+# --------------------------------------------------------------------------- evolve
+
+
+def evolve(state: DispatchState, ev: Event) -> DispatchState:
+    """Fold one event into ``state`` (in place) and return it.
+
+    Every event goes to the occupancy ledger and the cluster state; queue
+    and job bookkeeping as follows: ``JobQueued`` and ``JobRequeued`` put the
+    job in the queue; ``JobPlaced`` takes it out (running);
+    ``JobPreempted`` marks the run stopping; reports of a stopping run count
+    its stopped replicas; ``JobCompleted``/``JobFailed`` ending the run,
+    ``JobCancelled`` and ``JobRejected`` finish the job. Budget events
+    update the tree (an invalid change is skipped; the policy service
+    rejects it). Duplicate event ids are ignored.
+    """
+    eid = ev.event_id
+    if eid in state.seen:
+        return state
+    state.seen.add(eid)
+    if state._ledger_on:
+        state.ledger.apply(ev)
+    state.cluster.apply(ev)
+    cls = type(ev)
+    jobs = state.jobs
+    if cls is JobQueued:
+        t = to_us(ev.ts)
+        sub = to_us(ev.submitted_at)  # type: ignore[attr-defined]
+        state.jobs[ev.job_id] = JobRecord(ev, ev.attempt, "pending", sub, t)  # type: ignore[arg-type,attr-defined]
+        state._enqueue(_pending_job(ev, ev.attempt, sub, t))  # type: ignore[arg-type,attr-defined]
+    elif cls is JobPlaced:
+        rec = jobs.get(ev.job_id)  # type: ignore[attr-defined]
+        if rec is not None and rec.status == "pending" and rec.attempt == ev.attempt:  # type: ignore[attr-defined]
+            state._dequeue(rec.spec.job_id)
+            jobs[rec.spec.job_id] = replace(rec, status="running")
+            vics = frozenset((v.job_id, v.attempt) for v in ev.decision.victims  # type: ignore[attr-defined]
+                             if (v.job_id, v.attempt) in state.stopping)
+            if vics:
+                state.awaiting[(rec.spec.job_id, rec.attempt)] = vics
+    elif cls is JobPreempted:
+        key = (ev.job_id, ev.attempt)  # type: ignore[attr-defined]
+        rec = jobs.get(ev.job_id)  # type: ignore[attr-defined]
+        run = state.cluster.runs.get(key)
+        if rec is not None and rec.attempt == ev.attempt and run is not None:  # type: ignore[attr-defined]
+            jobs[ev.job_id] = replace(rec, status="stopping")  # type: ignore[attr-defined]
+            state.stopping[key] = _Stopping(
+                to_us(ev.ts) + s_to_us(ev.grace_s), run.open_replicas, True)  # type: ignore[attr-defined]
+    elif cls is JobRequeued:
+        rec = jobs.get(ev.job_id)  # type: ignore[attr-defined]
+        _stop_done(state, (ev.job_id, ev.attempt - 1))  # type: ignore[attr-defined]
+        if rec is not None:
+            t = to_us(ev.ts)
+            sub = to_us(ev.submitted_at)  # type: ignore[attr-defined]
+            jobs[ev.job_id] = JobRecord(rec.spec, ev.attempt, "pending", sub, t)  # type: ignore[attr-defined]
+            state._enqueue(_pending_job(rec.spec, ev.attempt, sub, t))  # type: ignore[attr-defined]
+    elif cls is JobCompleted or cls is JobFailed:
+        key = (ev.job_id, ev.attempt)  # type: ignore[attr-defined]
+        st = state.stopping.get(key)
+        if st is not None:
+            left = frozenset() if ev.replica is None else st.replicas_left - {ev.replica}  # type: ignore[attr-defined]
+            state.stopping[key] = replace(st, replicas_left=left)
+        else:
+            rec = jobs.get(ev.job_id)  # type: ignore[attr-defined]
+            if (rec is not None and rec.attempt == ev.attempt and rec.status == "running"  # type: ignore[attr-defined]
+                    and key not in state.cluster.runs):
+                del jobs[ev.job_id]  # type: ignore[attr-defined]
+                state.finished.add(ev.job_id)  # type: ignore[attr-defined]
+                state.awaiting.pop(key, None)
+    elif cls is JobCancelled:
+        rec = jobs.get(ev.job_id)  # type: ignore[attr-defined]
+        if rec is not None:
+            if rec.status == "pending":
+                state._dequeue(ev.job_id)  # type: ignore[attr-defined]
+            _stop_done(state, (ev.job_id, rec.attempt))  # type: ignore[attr-defined]
+            state.awaiting.pop((ev.job_id, rec.attempt), None)  # type: ignore[attr-defined]
+            del jobs[ev.job_id]  # type: ignore[attr-defined]
+            state.finished.add(ev.job_id)  # type: ignore[attr-defined]
+    elif cls is JobRejected:
+        state.finished.add(ev.job_id)  # type: ignore[attr-defined]
+    elif cls is JobLost:
+        rec = jobs.get(ev.job_id)  # type: ignore[attr-defined]
+        if rec is not None and rec.attempt == ev.attempt:  # type: ignore[attr-defined]
+            jobs[ev.job_id] = replace(rec, status="lost")  # type: ignore[attr-defined]
+            state.awaiting.pop((ev.job_id, ev.attempt), None)  # type: ignore[attr-defined]
+            _stop_done(state, (ev.job_id, ev.attempt))  # type: ignore[attr-defined]
+    elif cls is NodeDrainRequested:
+        state.draining.add(ev.node_id)  # type: ignore[attr-defined]
+    elif cls is NodeDrained or cls is NodeLost or cls.__name__ == "NodeUncordoned":
+        state.draining.discard(ev.node_id)  # type: ignore[attr-defined]
+    elif cls is BudgetSet or cls is BudgetRemoved:
+        try:
+            state.tree = state.tree.apply(ev)  # type: ignore[arg-type]
+        except BudgetError:
+            pass
+    return state
+
+
+def _stop_done(state: DispatchState, victim: RunKey) -> None:
+    """A stopping run is gone: nobody waits for it any more."""
+    if state.stopping.pop(victim, None) is None:
+        return
+    for p, vs in list(state.awaiting.items()):
+        if victim in vs:
+            rest = vs - {victim}
+            if rest:
+                state.awaiting[p] = rest
+            else:
+                del state.awaiting[p]
+
+
+# --------------------------------------------------------------------------- decide
+
+
+def admit_submission(state: DispatchState, job: JobSubmitted) -> tuple[RejectReason, str] | None:
+    """Admission of a submission (DESIGN section 2): ``None`` to queue it, else ``(reason, message)``.
+
+    Uses :func:`apportion.domain.admission.admit` when available; adds the
+    dispatcher's own checks (duplicate job id).
+    """
+    if job.job_id in state.jobs or job.job_id in state.finished:
+        return (RejectReason.DUPLICATE_JOB, f"job {job.job_id!r} was already submitted")
+    shapes = sorted({(n.gpu_count, n.gpu_model) for n in state.cluster.nodes.values()
+                     if n.state != "lost"}, key=lambda x: (x[0], x[1] or ""))
+    try:
+        from apportion.domain.admission import admit
+    except ImportError:  # pragma: no cover - admission lands separately
+        admit = None
+    if admit is not None:
+        reason = admit(state.tree, job, shapes)
+        if reason is not None:
+            if isinstance(reason, tuple):
+                return reason  # type: ignore[return-value]
+            return (reason, f"{job.job_id}: {reason.value}")
+        return None
+    tree = state.tree  # pragma: no cover - fallback until admission.py lands
+    if job.budget not in tree:
+        return (RejectReason.UNKNOWN_BUDGET, f"no budget {job.budget!r}")
+    if not tree.is_leaf(job.budget):
+        return (RejectReason.INVALID, f"{job.budget!r} is not a leaf budget")
+    if job.allocated and tree.abs_share(job.budget) <= 0:
+        return (RejectReason.ZERO_SHARE, f"{job.budget!r} has no share")
+    members = tree.members(job.budget)
+    if job.allocated and members is not None and job.user not in members:
+        return (RejectReason.NOT_A_MEMBER, f"{job.user!r} may not charge {job.budget!r}")
+    limit = tree.max_min_runtime_s(job.budget)
+    if limit is not None and job.min_runtime_s > limit:
+        return (RejectReason.MIN_RUNTIME_TOO_LONG, f"min_runtime {job.min_runtime_s}s > {limit}s")
+    if shapes and not any(c >= job.gpus_per_replica and (job.gpu_model is None or m == job.gpu_model)
+                          for c, m in shapes):
+        return (RejectReason.SHAPE_IMPOSSIBLE, f"no node has {job.gpus_per_replica} GPUs")
+    return None
+
+
+def decide(state: DispatchState, inp: Event | Tick, now_us: Micros,
+           config: DispatchConfig | None = None) -> list[Event]:
+    """Events that follow from ``inp`` given ``state`` (see the module docstring).
+
+    ``state`` must already have ``inp`` folded in (:func:`step` does this);
+    ``decide`` does not change ``state``.
+
+    Args:
+        state: the folded state.
+        inp: the event just folded, or a :class:`Tick`.
+        now_us: event time of the decision, µs UTC (for a Tick, ``tick.now_us``).
+        config: dispatcher knobs (defaults when ``None``).
+
+    Returns:
+        New events in emission order, ``ts`` = ``now_us``.
+    """
+    cfg = config or DispatchConfig()
+    ts = from_us(now_us)
+    prod = cfg.producer
+    grace = cfg.engine.grace_s
+    cls = type(inp)
+    out: list[Event] = []
+    if cls is Tick:
+        out = maintenance(state, now_us, cfg)
+        if out:
+            scratch = state.fork()
+            for e in out:
+                evolve(scratch, e)
+            out.extend(cycle(scratch, now_us, cfg))
+        else:
+            out = cycle(state, now_us, cfg)
+        return out
+    if cls is JobSubmitted:
+        job: JobSubmitted = inp  # type: ignore[assignment]
+        verdict = admit_submission(state, job)
+        if verdict is not None:
+            reason, msg = verdict
+            return [JobRejected(event_id=det_id("JobRejected", job.job_id, inp.event_id), ts=ts,
+                                producer=prod, job_id=job.job_id, budget=job.budget,
+                                user=job.user, reason=reason, message=msg)]
+        return [JobQueued(event_id=det_id("JobQueued", job.job_id, 1), ts=ts, producer=prod,
+                          job_id=job.job_id, budget=job.budget, user=job.user,
+                          allocated=job.allocated, gpus_per_replica=job.gpus_per_replica,
+                          replicas=job.replicas, min_runtime_s=job.min_runtime_s,
+                          gpu_model=job.gpu_model, duration_s=job.duration_s,
+                          command=job.command, submitted_at=job.submitted_at, attempt=1)]
+    if cls is JobCancelRequested:
+        rec = state.jobs.get(inp.job_id)  # type: ignore[attr-defined]
+        if rec is None:
+            return []
+        cid = det_id("JobCancelled", rec.spec.job_id)
+        if rec.status == "pending":
+            return [JobCancelled(event_id=cid, ts=ts, producer=prod, job_id=rec.spec.job_id,
+                                 attempt=None, reason=inp.reason or "cancelled")]  # type: ignore[attr-defined]
+        run = state.cluster.runs.get((rec.spec.job_id, rec.attempt))
+        if run is not None and rec.status == "running":
+            out = preempt_events(run, ts, grace, prod, reason="cancelled")[1:]  # stops only
+        return out + [JobCancelled(event_id=cid, ts=ts, producer=prod, job_id=rec.spec.job_id,
+                                   attempt=rec.attempt, reason=inp.reason or "cancelled")]  # type: ignore[attr-defined]
+    if cls is JobCompleted or cls is JobFailed:
+        key = (inp.job_id, inp.attempt)  # type: ignore[attr-defined]
+        st = state.stopping.get(key)
+        if st is not None:
+            if not st.replicas_left:
+                return _finish_stop(state, key, ts, prod)
+            return []
+        run = state.cluster.runs.get(key)
+        if cls is JobFailed and run is not None and not run.stopping and inp.replica is not None:  # type: ignore[attr-defined]
+            stops = preempt_events(run, ts, grace, prod, reason="gang replica failed")[1:]
+            return stops + [JobFailed(event_id=det_id("JobFailed", run.job_id, run.attempt, "gang"),
+                                      ts=ts, producer=prod, job_id=run.job_id, attempt=run.attempt,
+                                      replica=None, reason="gang replica failed")]
+        return []
+    if cls is NodeDrainRequested:
+        return _drain(state, inp.node_id, now_us, ts, cfg)  # type: ignore[attr-defined]
+    if cls is NodeLost:
+        return _node_lost(state, inp.node_id, to_us(inp.last_heartbeat), ts, prod, emit_lost=None)  # type: ignore[attr-defined]
+    return out
+
+
+def step(state: DispatchState, inp: Event | Tick, now_us: Micros,
+         config: DispatchConfig | None = None) -> list[Event]:
+    """``evolve(inp)``, ``decide``, then ``evolve`` every output; returns the outputs.
+
+    A duplicate input (its ``event_id`` already folded) gives no output.
+    This is the one entry point of the dispatcher service and the simulator.
+    """
+    if not isinstance(inp, Tick):
+        if inp.event_id in state.seen:
+            return []
+        evolve(state, inp)
+    out = decide(state, inp, now_us, config)
+    for e in out:
+        evolve(state, e)
+    return out
+
+
+def cycle(state: DispatchState, now_us: Micros, config: DispatchConfig | None = None) -> list[Event]:
+    """The scheduling cycle on ``state`` at ``now_us`` (:func:`engine.schedule` on a snapshot)."""
+    cfg = config or DispatchConfig()
+    if not state.pending:
+        return []
+    return schedule(state.cycle_snapshot(now_us), now_us, cfg.engine)
+
+
+def maintenance(state: DispatchState, now_us: Micros, config: DispatchConfig | None = None) -> list[Event]:
+    """Time-driven events at ``now_us``: node loss, grace expiry, drain progress (see module doc)."""
+    cfg = config or DispatchConfig()
+    ts = from_us(now_us)
+    prod = cfg.producer
+    out: list[Event] = []
+    handled: set[RunKey] = set()
+    if cfg.heartbeat_timeout_s is not None:
+        limit = s_to_us(cfg.heartbeat_timeout_s)
+        for nid in sorted(state.cluster.nodes):
+            n = state.cluster.nodes[nid]
+            if n.state in ("lost", "drained") or n.last_heartbeat_us is None:
+                continue
+            if now_us - n.last_heartbeat_us > limit:
+                out.extend(_node_lost(state, nid, n.last_heartbeat_us, ts, prod, emit_lost=handled))
+    for key in sorted(state.stopping):
+        st = state.stopping[key]
+        if now_us >= st.deadline_us and key not in handled:
+            out.extend(_finish_stop(state, key, ts, prod))
+    for nid in sorted(state.draining):
+        out.extend(_drain(state, nid, now_us, ts, cfg, skip=handled))
+    return out
+
+
+def _finish_stop(state: DispatchState, key: RunKey, ts: Any, prod: str) -> list[Event]:
+    """The victim ``key`` has stopped: requeue it and start preemptors waiting only for it."""
+    st = state.stopping.get(key)
+    if st is None:
+        return []
+    job_id, attempt = key
+    out: list[Event] = []
+    rec = state.jobs.get(job_id)
+    if rec is not None and st.requeue:
+        out.append(JobRequeued(event_id=det_id("JobRequeued", job_id, attempt + 1), ts=ts,
+                               producer=prod, job_id=job_id, attempt=attempt + 1,
+                               submitted_at=from_us(rec.submitted_at_us), reason="preempted"))
+    for p in sorted(state.awaiting):
+        if state.awaiting[p] == frozenset({key}):
+            run = state.cluster.runs.get(p)
+            prec = state.jobs.get(p[0])
+            if run is not None and prec is not None and not run.stopping:
+                out.extend(start_events(p[0], p[1], run.placements, ts, prec.spec.duration_s,
+                                        prec.spec.command, prod))
+    return out
+
+
+def _drain(state: DispatchState, nid: str, now_us: Micros, ts: Any, cfg: DispatchConfig,
+           skip: set[RunKey] | None = None) -> list[Event]:
+    """Drain step for node ``nid``: preempt what may go now; ``NodeDrained`` when empty."""
+    node = state.cluster.nodes.get(nid)
+    if node is None or node.state != "draining":
+        return []
+    out: list[Event] = []
+    keys = sorted(state.cluster.node_runs.get(nid, ()))
+    busy = False
+    for key in keys:
+        run = state.cluster.runs[key]
+        if run.stopping or (skip is not None and key in skip):
+            busy = True
+            continue
+        if run.protected(now_us):
+            busy = True
+            continue
+        out.extend(preempt_events(run, ts, cfg.engine.grace_s, cfg.producer, reason="drain"))
+        if skip is not None:
+            skip.add(key)
+        busy = True
+    if not busy:
+        out.append(NodeDrained(event_id=det_id("NodeDrained", nid, now_us), ts=ts,
+                               producer=cfg.producer, node_id=nid))
+    return out
+
+
+def _node_lost(state: DispatchState, nid: str, last_hb_us: Micros, ts: Any, prod: str,
+               emit_lost: set[RunKey] | None) -> list[Event]:
+    """Node ``nid`` is gone: its runs are lost (charged to the last heartbeat) and requeued.
+
+    ``emit_lost`` is not ``None`` when the dispatcher itself detected the loss
+    (then ``NodeLost`` is emitted first, and handled runs are added to it).
+    """
+    out: list[Event] = []
+    if emit_lost is not None:
+        out.append(NodeLost(event_id=det_id("NodeLost", nid, last_hb_us), ts=ts, producer=prod,
+                            node_id=nid, last_heartbeat=from_us(last_hb_us)))
+    for key in sorted(state.cluster.node_runs.get(nid, ())):
+        run = state.cluster.runs.get(key)
+        rec = state.jobs.get(key[0])
+        if run is None:
+            continue
+        if emit_lost is not None:
+            emit_lost.add(key)
+        if not run.stopping:
+            out.append(JobLost(event_id=det_id("JobLost", run.job_id, run.attempt), ts=ts,
+                               producer=prod, job_id=run.job_id, attempt=run.attempt, node_id=nid,
+                               charged_until=from_us(last_hb_us)))
+            for r in sorted(run.open_replicas):
+                p = run.placements[r]
+                if p.node_id != nid:
+                    out.append(StopWorkload(event_id=det_id("StopWorkload", run.job_id, run.attempt, r),
+                                            ts=ts, producer=prod, node_id=p.node_id,
+                                            job_id=run.job_id, attempt=run.attempt, grace_s=0.0,
+                                            reason="gang replica lost"))
+        if rec is not None and rec.attempt == run.attempt:
+            out.append(JobRequeued(event_id=det_id("JobRequeued", run.job_id, run.attempt + 1), ts=ts,
+                                   producer=prod, job_id=run.job_id, attempt=run.attempt + 1,
+                                   submitted_at=from_us(rec.submitted_at_us), reason="node lost"))
+    return out
+
+
+def wakeups(ev: Event, config: DispatchConfig | None = None) -> list[Micros]:
+    """Future times (µs) at which ``ev`` may make a :class:`Tick` decide something new.
+
+    For drivers that tick on demand (the simulator): protection expiry of a
+    placed or started allocated run, end of a preemption grace period,
+    ``reservation_after`` of a queued job, heartbeat deadline of a node.
+    """
+    cfg = config or DispatchConfig()
+    cls = type(ev)
+    t = to_us(ev.ts)
+    if cls is JobPlaced and ev.allocated:  # type: ignore[attr-defined]
+        return [t + s_to_us(ev.min_runtime_s)]  # type: ignore[attr-defined]
+    if cls is JobPreempted:
+        return [t + s_to_us(ev.grace_s)]  # type: ignore[attr-defined]
+    if cls is JobQueued or cls is JobRequeued:
+        return [t + s_to_us(cfg.engine.reservation_after_s)]
+    if cls is NodeHeartbeat and cfg.heartbeat_timeout_s is not None:
+        return [t + s_to_us(cfg.heartbeat_timeout_s) + 1]
+    return []
+
+
+def fold(events: Iterable[Event], tree: BudgetTree | None = None,
+         window_s: float = float(WEEK_S)) -> DispatchState:
+    """A state folded from a log (recovery: replay the topics from offset 0)."""
+    state = DispatchState(tree, window_s)
+    for e in events:
+        evolve(state, e)
+    return state
+
+
+def protection_of(run: Run) -> Micros | None:
+    """Protection expiry of ``run`` (µs), re-exported for reports."""
+    return run.protected_until_us
