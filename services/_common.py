@@ -185,3 +185,116 @@ async def consume(make_consumer: Callable[[Callable[[Any, Any], None]], Any], ha
 
 class _Halted(Exception):
     """Raised in the poll thread once shutdown began (the record is redelivered later)."""
+
+
+class AssignedConsumer:
+    """Read whole topics from a chosen start, outside any group rebalance (kafka-python).
+
+    Used by the services that rebuild their state from the log on every start
+    (accounting, policy). Why not :class:`~apportion.bus.consumer.EventConsumer`
+    or faust: both subscribe through a consumer group and resume from the
+    committed offsets, while these services must read *every* partition of
+    *several* topics from offset 0 (or from the tail) each time, know when
+    they have caught up with the log as it was at start, and merge the
+    topics in a deterministic order. Manual ``assign`` gives all of that
+    directly. Offsets are still committed under ``group_id`` (after the
+    effect is stored) so lag is visible with the usual Kafka tools.
+
+    Args:
+        bootstrap: Kafka ``host:port``.
+        topics: physical topic names (:attr:`apportion.topics.Topic.name`).
+        group_id: group to commit offsets under.
+        tail: topic name -> how many records per partition to start before
+            the end (e.g. ``{usage: 1}`` for the newest snapshot only);
+            topics not listed start at offset 0.
+        deadline_s: how long to wait for the topics' metadata.
+
+    Raises:
+        TimeoutError: a topic has no partitions after ``deadline_s``.
+    """
+
+    def __init__(self, bootstrap: str, topics: list[str], group_id: str, *,
+                 tail: dict[str, int] | None = None, deadline_s: float = 30.0) -> None:
+        import time
+
+        from kafka import KafkaConsumer, TopicPartition
+
+        self._kc = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False,
+                                 auto_offset_reset="earliest", max_partition_fetch_bytes=8 * 1024 * 1024)
+        parts = []
+        end_at = time.monotonic() + deadline_s
+        for t in topics:
+            while not (ps := self._kc.partitions_for_topic(t)):
+                if time.monotonic() > end_at:
+                    self._kc.close()
+                    raise TimeoutError(f"topic {t!r} has no partitions (not provisioned?)")
+                self._kc.poll(timeout_ms=100)  # refreshes metadata
+            parts += [TopicPartition(t, p) for p in sorted(ps)]
+        self.partitions = parts
+        self._kc.assign(parts)
+        self.start_end = self._kc.end_offsets(parts)
+        begin = self._kc.beginning_offsets(parts)
+        tail = tail or {}
+        for tp in parts:
+            back = tail.get(tp.topic)
+            start = begin[tp] if back is None else max(begin[tp], self.start_end[tp] - back)
+            self._kc.seek(tp, start)
+
+    def poll(self, timeout_ms: int = 200, max_records: int = 5000) -> list[Any]:
+        """Next records (kafka-python ``ConsumerRecord``), partition by partition in offset order."""
+        batch = self._kc.poll(timeout_ms=timeout_ms, max_records=max_records)
+        return [r for tp in sorted(batch, key=lambda tp: (tp.topic, tp.partition)) for r in batch[tp]]
+
+    def caught_up(self) -> bool:
+        """True once every partition's position reached its end offset at start."""
+        return all(self._kc.position(tp) >= self.start_end[tp] for tp in self.partitions)
+
+    def positions(self) -> dict[str, int]:
+        """``"topic:partition"`` -> next offset to read."""
+        return {f"{tp.topic}:{tp.partition}": self._kc.position(tp) for tp in self.partitions}
+
+    def commit(self) -> None:
+        """Commit the current positions under the group (observability; starts ignore them)."""
+        from kafka.structs import OffsetAndMetadata
+
+        self._kc.commit({tp: OffsetAndMetadata(self._kc.position(tp), "", -1) for tp in self.partitions})
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._kc.close()
+
+
+def decode_record(rec: Any, service: str, now: datetime) -> tuple[Any, Any]:
+    """Decode a kafka-python record: ``(event, None)`` or ``(None, DeadLetter)``.
+
+    The dead letter's id is derived from (topic, partition, offset), so every
+    service that meets the same bad record (and every restart that meets it
+    again) writes the same id and readers keep one.
+    """
+    from apportion import events
+
+    try:
+        return events.decode(rec.value if rec.value is not None else b""), None
+    except events.DecodeError as exc:
+        import base64
+
+        reason = f"{exc.field}: {exc.reason}" if exc.field else exc.reason
+        letter = events.DeadLetter(
+            event_id=events.det_id("DeadLetter", rec.topic, rec.partition, rec.offset),
+            source_topic=rec.topic, source_partition=rec.partition, source_offset=rec.offset,
+            source_key=rec.key.decode("utf-8", "replace") if rec.key is not None else None,
+            original=base64.b64encode(rec.value or b"").decode("ascii"), error=reason, ts=now,
+            producer=service)
+        return None, letter
+
+
+def record_order(rec: Any, event: Any) -> tuple:
+    """Deterministic merge order of records from several topics.
+
+    Same as :func:`apportion.bus.reader.log_order`: (event time, topic,
+    partition, offset); undecodable records by their Kafka timestamp.
+    """
+    from apportion.timeutil import to_us
+
+    t = to_us(event.ts) if event is not None else rec.timestamp * 1000
+    return (t, rec.topic, rec.partition, rec.offset)

@@ -1,0 +1,30 @@
+"""Accounting settings (env prefix ``APPORTION_``; flags of ``python -m services.accounting`` override).
+
+Attributes are event-time seconds unless they say wall.
+"""
+
+from __future__ import annotations
+
+from services._common import ServiceSettings
+
+
+class AccountingSettings(ServiceSettings):
+    """Settings of the accounting service.
+
+    Attributes:
+        window_s: occupancy window W (default 7 days).
+        snapshot_interval_s: event seconds between periodic snapshots (grid
+            of multiples since the epoch); 0 disables them.
+        snapshot_debounce_wall_s: after a change, wait at most this many wall
+            seconds (and at least this long since the last one) before publishing.
+        rebuild: wipe the Redis read model before rebuilding (``--rebuild``).
+        group_id: consumer group the processed offsets are committed under.
+        producer_name: written as ``producer`` on events.
+    """
+
+    window_s: float = 7 * 24 * 3600.0
+    snapshot_interval_s: float = 300.0
+    snapshot_debounce_wall_s: float = 0.5
+    rebuild: bool = False
+    group_id: str = "accounting"
+    producer_name: str = "accounting"

@@ -1,0 +1,44 @@
+"""The accounting read model in Redis (keys and shapes: :mod:`apportion.readmodel`).
+
+``apportion:rm:budgets`` holds one field per budget path and
+``apportion:rm:usage`` field ``meta`` holds the snapshot time, window,
+capacity and the Kafka offsets processed. Both are replaced in one MULTI/EXEC
+transaction, so the CLI never sees budgets of one snapshot with the meta of
+another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from apportion import readmodel
+
+
+class ReadModelStore:
+    """Write (and wipe) the accounting read model.
+
+    Args:
+        redis: a ``redis.Redis`` client (or a fake with ``pipeline``/``delete``).
+    """
+
+    def __init__(self, redis: Any) -> None:
+        self.redis = redis
+
+    def write(self, meta: Mapping[str, Any], budgets: Mapping[str, Mapping[str, Any]]) -> None:
+        """Replace the budgets hash and the usage meta atomically."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(readmodel.BUDGETS)
+        if budgets:
+            pipe.hset(readmodel.BUDGETS, mapping={p: readmodel.dumps(v) for p, v in budgets.items()})
+        pipe.hset(readmodel.USAGE, mapping={"meta": readmodel.dumps(meta)})
+        pipe.execute()
+
+    def wipe(self) -> None:
+        """Delete the accounting keys (``--rebuild``)."""
+        self.redis.delete(readmodel.BUDGETS, readmodel.USAGE)
+
+    def read(self) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any]]]:
+        """``(meta, budgets)`` as stored (``meta`` None when absent)."""
+        raw = self.redis.hget(readmodel.USAGE, "meta")
+        return (readmodel.loads(raw) if raw else None), readmodel.read_hash(self.redis, readmodel.BUDGETS)

@@ -1,0 +1,228 @@
+"""Accounting and policy services with fakes (no Kafka, no Redis).
+
+Records are fake kafka-python records carrying encoded events; the Redis
+read model is an in-memory fake with the few commands the store uses.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from builders import budget_set, completed, h, node, placed  # noqa: E402
+
+from apportion import events, readmodel  # noqa: E402
+from apportion.clock import ManualClock  # noqa: E402
+from apportion.domain.budgets import fold_budget_log  # noqa: E402
+from apportion.domain.occupancy import rebuild as rebuild_ledger  # noqa: E402
+from apportion.domain.usage import usage_snapshot  # noqa: E402
+from apportion.events import BudgetRejected, DeadLetter, FairShareRanking, OccupancySnapshot  # noqa: E402
+from apportion.timeutil import from_us  # noqa: E402
+from services.accounting import logic as acc_logic  # noqa: E402
+from services.accounting.app import AccountingService  # noqa: E402
+from services.accounting.config import AccountingSettings  # noqa: E402
+from services.accounting.store import ReadModelStore  # noqa: E402
+from services.policy import logic as pol_logic  # noqa: E402
+from services.policy.app import PolicyService  # noqa: E402
+
+WINDOW_S = 24 * 3600.0
+
+
+@dataclass
+class Rec:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    timestamp: int = 0
+
+
+def records(evs, *, partitions: int = 3) -> list[Rec]:
+    """Encode events as records on their topics, partitioned by key, offsets in order."""
+    out, next_off = [], {}
+    for e in evs:
+        topic = events.topic_of(e)
+        key = events.key_of(e)
+        p = sum(key.encode()) % partitions
+        off = next_off.get((topic, p), 0)
+        next_off[(topic, p)] = off + 1
+        out.append(Rec(topic, p, off, key.encode(), events.encode(e)))
+    return out
+
+
+class FakeRedis:
+    def __init__(self) -> None:
+        self.h: dict[str, dict[str, str]] = {}
+
+    def pipeline(self, transaction: bool = True):
+        return self
+
+    def execute(self):
+        return []
+
+    def delete(self, *keys):
+        for k in keys:
+            self.h.pop(k, None)
+
+    def hset(self, key, mapping):
+        self.h.setdefault(key, {}).update(mapping)
+
+    def hget(self, key, field):
+        return self.h.get(key, {}).get(field)
+
+    def hgetall(self, key):
+        return dict(self.h.get(key, {}))
+
+
+# The cluster of these tests:
+#
+#   lab (1.0)
+#   ├── a  0.75      2 nodes x 8 GPUs from T0
+#   └── b  0.25
+LOG = [
+    budget_set("lab", 1.0, at=h(0)), budget_set("lab/a", 0.75, at=h(0)), budget_set("lab/b", 0.25, at=h(0)),
+    node("n0", 8, at=h(0)), node("n1", 8, at=h(0)),
+    placed("j1", budget="lab/a", gpus=8, at=h(1)),
+    placed("j2", budget="lab/b", gpus=4, at=h(2)),
+    placed("u1", budget="lab/b", gpus=4, allocated=False, at=h(2)),
+    completed("j1", at=h(5)),
+    completed("u1", at=h(6)),
+]
+
+
+def bulk(evs, at_us: int) -> OccupancySnapshot:
+    """The reference: a bulk rebuild of ``evs`` in event-time order evaluated at ``at_us``."""
+    evs = sorted(evs, key=lambda e: events.to_dict(e)["ts"])
+    return usage_snapshot(fold_budget_log(evs), rebuild_ledger(evs, WINDOW_S), at_us, producer="accounting")
+
+
+def make_accounting(clock=None):
+    published: list = []
+    redis = FakeRedis()
+    svc = AccountingService(AccountingSettings(window_s=WINDOW_S, snapshot_interval_s=3600),
+                            clock or ManualClock(from_us(h(7))), published.append, ReadModelStore(redis))
+    return svc, published, redis
+
+
+def test_bootstrap_snapshot_and_read_model_equal_bulk_rebuild():
+    svc, published, redis = make_accounting()
+    snap = svc.bootstrap(records(LOG))
+    ref = bulk(LOG, h(6))
+    assert snap == ref
+    assert published == [ref]
+    a = next(u for u in snap.budgets if u.path == "lab/a")
+    assert a.occupancy_gpu_s == 8 * 4 * 3600  # j1: 8 GPUs for 4 h
+    b = next(u for u in snap.budgets if u.path == "lab/b")
+    assert b.occupancy_gpu_s == 4 * 4 * 3600 and b.unallocated_gpu_s == 4 * 4 * 3600
+    meta, rows = ReadModelStore(redis).read()
+    assert meta["capacity_gpu_s"] == snap.capacity_gpu_s and meta["at"] == snap.at.isoformat()
+    assert rows["lab/a"]["occupancy_gpu_s"] == a.occupancy_gpu_s
+    # K = 16 GPUs x 6 h; r_a = 32 GPU-h / (0.75 K) = 0.44 < r_b = 16 GPU-h / (0.25 K) = 0.67
+    assert rows["lab/a"]["rank"] == 0 and rows["lab/b"]["rank"] == 1
+    assert rows["lab"]["rank"] is None
+    assert meta["offsets"]  # processed offsets are stored with the snapshot
+
+
+def test_live_ingest_with_duplicates_and_shuffled_topics_equals_bulk():
+    svc, published, _ = make_accounting()
+    svc.bootstrap([])
+    recs = records(LOG)
+    batch = recs + recs  # every record twice
+    random.Random(7).shuffle(batch)  # batches are sorted into log order by the service
+    svc.ingest(batch)
+    assert svc.dirty
+    snap = svc.snapshot_now()
+    assert snap == bulk(LOG, h(6))
+
+
+def test_undecodable_record_is_dead_lettered_and_processing_goes_on():
+    svc, published, _ = make_accounting()
+    bad = Rec("apportion.jobs", 0, 99, b"j9", b"{not json")
+    svc.bootstrap(records(LOG) + [bad])
+    letters = [e for e in published if isinstance(e, DeadLetter)]
+    assert len(letters) == 1 and letters[0].source_offset == 99
+    assert letters[0].event_id == events.det_id("DeadLetter", "apportion.jobs", 0, 99)
+    assert published[-1] == bulk(LOG, h(6))
+
+
+def test_periodic_snapshot_slides_the_window():
+    clock = ManualClock(from_us(h(6)))
+    svc, published, _ = make_accounting(clock)
+    svc.bootstrap(records(LOG))
+    assert svc.due() is None  # the grid point h(6) was just published
+    clock.set(from_us(h(9) + 5))
+    at = svc.due()
+    assert at == h(9)
+    snap = svc.snapshot_now(at)
+    assert snap == bulk(LOG, h(9))
+
+
+PERIODIC_CASES = [
+    # id, last, now, ledger clock, interval, expected
+    ("nothing folded yet", None, 100, None, 10, None),
+    ("first grid point", None, 105_000_000, 1, 10, 100_000_000),
+    ("already published this point", 100_000_000, 105_000_000, 1, 10, None),
+    ("grid point before the ledger clock", None, 105_000_000, 101_000_000, 10, None),
+    ("disabled", None, 105_000_000, 1, 0, None),
+]
+
+
+@pytest.mark.parametrize("case_id,last,now,clock,interval,expected", PERIODIC_CASES,
+                         ids=[c[0] for c in PERIODIC_CASES])
+def test_periodic_due(case_id, last, now, clock, interval, expected):
+    assert acc_logic.periodic_due(last, now, clock, interval) == expected
+
+
+# --------------------------------------------------------------------------- policy
+
+
+def test_policy_rejects_invalid_change_once_and_tree_matches_fold_budget_log():
+    over = budget_set("lab/c", 0.5, at=h(1))  # 0.75 + 0.25 + 0.5 > 1
+    orphan = budget_set("nope/x", 0.5, at=h(1))
+    log = LOG[:3] + [over, orphan]
+    published: list = []
+    svc = PolicyService(ManualClock(from_us(h(2))), published.append)
+    svc.fold(records(log, partitions=1))
+    out = svc.flush()
+    rej = [e for e in out if isinstance(e, BudgetRejected)]
+    assert [(r.path, r.reason) for r in rej] == [("lab/c", "over_allocated"), ("nope/x", "no_parent")]
+    assert svc.state.tree == fold_budget_log(log)
+    assert [r.path for r in next(e for e in out if isinstance(e, FairShareRanking)).budgets] == ["lab/a", "lab/b"]
+    # nothing new to say: no second publication
+    assert svc.flush() == []
+
+    # restart: the log now holds the rejections after the changes; none is repeated
+    svc2 = PolicyService(ManualClock(from_us(h(3))), published.append)
+    svc2.fold(records(log + rej, partitions=1))
+    again = svc2.flush()
+    assert not [e for e in again if isinstance(e, BudgetRejected)]
+    assert svc2.state.tree == svc.state.tree
+
+
+def test_policy_ranking_follows_newest_snapshot():
+    svc = PolicyService(ManualClock(from_us(h(7))), lambda e: None)
+    svc.fold(records(LOG[:3], partitions=1))
+    svc.flush()
+    old = bulk(LOG[:8], h(3))  # a and b both busy
+    new = bulk(LOG, h(6))
+    svc.fold(records([new, old], partitions=1))  # an older snapshot after the newer: ignored
+    (rank,) = svc.flush()
+    assert rank.at == new.at
+    assert [(b.path, b.rank) for b in rank.budgets] == [("lab/a", 0), ("lab/b", 1)]
+    ratios = {b.path: b.ratio for b in rank.budgets}
+    snap_r = {u.path: u.ratio for u in new.budgets}
+    assert ratios == {p: snap_r[p] for p in ("lab/a", "lab/b")}
+
+
+def test_fold_budget_event_skips_invalid_and_keeps_tree():
+    t0 = fold_budget_log(LOG[:3])
+    t1, rej = pol_logic.fold_budget_event(t0, budget_set("lab/b", 0.5, at=h(1)))
+    assert rej is not None and rej.reason == "over_allocated" and t1 == t0
+    t2, rej2 = pol_logic.fold_budget_event(t0, budget_set("lab/b", 0.2, at=h(1)))
+    assert rej2 is None and t2.share("lab/b") == 0.2
