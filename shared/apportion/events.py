@@ -796,8 +796,13 @@ def decode(raw: bytes | str) -> Event:
         DecodeError: not JSON, not an object, unknown type or version, or a
             field that fails validation (``field`` names it).
     """
+    fast_error: ValidationError | None = None
     try:
-        return _ADAPTER.validate_json(raw)
+        event = _ADAPTER.validate_json(raw)
+        # ``schema_version`` is a plain int on most models: only a payload at
+        # the current version may skip the upcast/version check below.
+        if event.schema_version == _current_version(type(event)):
+            return event
     except ValidationError as fast_exc:
         fast_error = fast_exc
     try:
