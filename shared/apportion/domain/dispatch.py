@@ -45,10 +45,11 @@ frozen values (copy-on-write lists and dict copies).
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from apportion.domain.admission import NodeShape, admit
 from apportion.domain.budgets import BudgetError, BudgetTree
 from apportion.domain.cluster import ClusterState, Run, RunKey
 from apportion.domain.engine import (
@@ -107,11 +108,15 @@ class DispatchConfig:
         heartbeat_timeout_s: seconds without a heartbeat before ``NodeLost``;
             ``None`` disables the check (simulations without heartbeats).
         producer: ``producer`` of emitted events.
+        scheduler: the cycle function ``(snapshot, now_us, engine_config) ->
+            events``; ``None`` is :func:`engine.schedule` (the simulator's
+            baselines swap it).
     """
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     heartbeat_timeout_s: float | None = 30.0
     producer: str = "dispatcher"
+    scheduler: Callable[[CycleSnapshot, Micros, EngineConfig], list[Event]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,40 +367,20 @@ def _stop_done(state: DispatchState, victim: RunKey) -> None:
 def admit_submission(state: DispatchState, job: JobSubmitted) -> tuple[RejectReason, str] | None:
     """Admission of a submission (DESIGN section 2): ``None`` to queue it, else ``(reason, message)``.
 
-    Uses :func:`apportion.domain.admission.admit` when available; adds the
-    dispatcher's own checks (duplicate job id).
+    :func:`apportion.domain.admission.admit` against the shapes of the
+    registered (not lost) nodes, plus the dispatcher's own check: a job id
+    seen before is a ``duplicate_job``.
     """
     if job.job_id in state.jobs or job.job_id in state.finished:
         return (RejectReason.DUPLICATE_JOB, f"job {job.job_id!r} was already submitted")
-    shapes = sorted({(n.gpu_count, n.gpu_model) for n in state.cluster.nodes.values()
-                     if n.state != "lost"}, key=lambda x: (x[0], x[1] or ""))
-    try:
-        from apportion.domain.admission import admit
-    except ImportError:  # pragma: no cover - admission lands separately
-        admit = None
-    if admit is not None:
-        reason = admit(state.tree, job, shapes)
-        if reason is not None:
-            if isinstance(reason, tuple):
-                return reason  # type: ignore[return-value]
-            return (reason, f"{job.job_id}: {reason.value}")
-        return None
-    tree = state.tree  # pragma: no cover - fallback until admission.py lands
-    if job.budget not in tree:
-        return (RejectReason.UNKNOWN_BUDGET, f"no budget {job.budget!r}")
-    if not tree.is_leaf(job.budget):
-        return (RejectReason.INVALID, f"{job.budget!r} is not a leaf budget")
-    if job.allocated and tree.abs_share(job.budget) <= 0:
-        return (RejectReason.ZERO_SHARE, f"{job.budget!r} has no share")
-    members = tree.members(job.budget)
-    if job.allocated and members is not None and job.user not in members:
-        return (RejectReason.NOT_A_MEMBER, f"{job.user!r} may not charge {job.budget!r}")
-    limit = tree.max_min_runtime_s(job.budget)
-    if limit is not None and job.min_runtime_s > limit:
-        return (RejectReason.MIN_RUNTIME_TOO_LONG, f"min_runtime {job.min_runtime_s}s > {limit}s")
-    if shapes and not any(c >= job.gpus_per_replica and (job.gpu_model is None or m == job.gpu_model)
-                          for c, m in shapes):
-        return (RejectReason.SHAPE_IMPOSSIBLE, f"no node has {job.gpus_per_replica} GPUs")
+    counts: dict[tuple[int, str | None], int] = {}
+    for n in state.cluster.nodes.values():
+        if n.state != "lost":
+            counts[(n.gpu_count, n.gpu_model)] = counts.get((n.gpu_count, n.gpu_model), 0) + 1
+    shapes = [NodeShape(c, m, cnt) for (c, m), cnt in sorted(counts.items(), key=lambda x: (x[0][0], x[0][1] or ""))]
+    rejection = admit(state.tree, job, shapes)
+    if rejection is not None:
+        return (rejection.reason, rejection.message)
     return None
 
 
@@ -456,6 +441,8 @@ def decide(state: DispatchState, inp: Event | Tick, now_us: Micros,
         run = state.cluster.runs.get((rec.spec.job_id, rec.attempt))
         if run is not None and rec.status == "running":
             out = preempt_events(run, ts, grace, prod, reason="cancelled")[1:]  # stops only
+        elif rec.status == "stopping":
+            out = _start_waiting(state, (rec.spec.job_id, rec.attempt), ts, prod)
         return out + [JobCancelled(event_id=cid, ts=ts, producer=prod, job_id=rec.spec.job_id,
                                    attempt=rec.attempt, reason=inp.reason or "cancelled")]  # type: ignore[attr-defined]
     if cls is JobCompleted or cls is JobFailed:
@@ -501,7 +488,8 @@ def cycle(state: DispatchState, now_us: Micros, config: DispatchConfig | None = 
     cfg = config or DispatchConfig()
     if not state.pending:
         return []
-    return schedule(state.cycle_snapshot(now_us), now_us, cfg.engine)
+    fn = cfg.scheduler or schedule
+    return fn(state.cycle_snapshot(now_us), now_us, cfg.engine)
 
 
 def maintenance(state: DispatchState, now_us: Micros, config: DispatchConfig | None = None) -> list[Event]:
@@ -540,6 +528,12 @@ def _finish_stop(state: DispatchState, key: RunKey, ts: Any, prod: str) -> list[
         out.append(JobRequeued(event_id=det_id("JobRequeued", job_id, attempt + 1), ts=ts,
                                producer=prod, job_id=job_id, attempt=attempt + 1,
                                submitted_at=from_us(rec.submitted_at_us), reason="preempted"))
+    return out + _start_waiting(state, key, ts, prod)
+
+
+def _start_waiting(state: DispatchState, key: RunKey, ts: Any, prod: str) -> list[Event]:
+    """``StartWorkload`` of every preemptor that waits only for victim ``key``."""
+    out: list[Event] = []
     for p in sorted(state.awaiting):
         if state.awaiting[p] == frozenset({key}):
             run = state.cluster.runs.get(p)

@@ -1,0 +1,424 @@
+"""Deterministic discrete-event simulator around the real dispatcher core (DESIGN section 7).
+
+The simulator owns a clock and a heap of future happenings ordered by
+``(time_us, seq)``; ``seq`` is a counter, so two happenings at the same
+time run in the order they were scheduled. Everything the dispatcher sees
+goes through :func:`apportion.domain.dispatch.step` - the same function the
+dispatcher service calls - so admission, the engine, occupancy windows,
+preemption follow-through, drain and node loss are the production code.
+
+What the simulator plays itself:
+
+* users: ``JobSubmitted`` at each trace job's submit time (and
+  ``JobCancelRequested`` from ``cancels``);
+* node agents: ``NodeRegistered`` at the start; on ``StartWorkload``,
+  ``JobStarted`` at once and ``JobCompleted`` after the job's
+  ``duration_s`` (a requeued job restarts from scratch: no checkpoints);
+  on ``StopWorkload``, ``JobFailed`` (exit -15, "stopped") after a stop
+  delay drawn from the seeded RNG in ``[0, grace]``; optional heartbeats;
+* operators and failures: ``NodeDrainRequested`` from ``drains``, silent
+  node death from ``node_failures`` (its agent stops reporting).
+
+Cycles: after every instant at which something that can change a decision
+happened (a submission, a requeue, GPUs freed, a node change) the
+simulator sends a :class:`~apportion.domain.dispatch.Tick`; it also ticks at
+the wake-up times :func:`~apportion.domain.dispatch.wakeups` names
+(protection expiry, grace end, reservation age, heartbeat deadline).
+
+Determinism: no wall clock, no unseeded randomness, event ids by
+:func:`det_id`; the same inputs and seed give a byte-identical log
+(:meth:`SimResult.decision_log`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from apportion.domain.budgets import BudgetTree
+from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, step, wakeups
+from apportion.domain.occupancy import OccupancyLedger
+from apportion.events import (
+    Event,
+    JobCancelRequested,
+    JobCompleted,
+    JobFailed,
+    JobLost,
+    JobPlaced,
+    JobPreempted,
+    JobQueued,
+    JobRequeued,
+    JobStarted,
+    JobSubmitted,
+    NodeDrainRequested,
+    NodeHeartbeat,
+    NodeRegistered,
+    StartWorkload,
+    StopWorkload,
+    det_id,
+    encode,
+)
+from apportion.timeutil import Micros, from_us, s_to_us, us_to_s
+
+__all__ = ["SimJob", "SimNode", "SimConfig", "SimResult", "Simulator", "simulate"]
+
+_DIRTY = (JobSubmitted, JobCompleted, JobFailed, JobCancelRequested, NodeRegistered,
+          NodeDrainRequested, JobQueued, JobRequeued, JobLost)
+
+
+@dataclass(frozen=True, slots=True)
+class SimJob:
+    """One trace job.
+
+    Attributes:
+        job_id: unique id.
+        budget: leaf budget charged.
+        user: submitting user.
+        submit_us: submit time, µs UTC.
+        gpus_per_replica, replicas: gang shape g x k.
+        min_runtime_s: 0 = unallocated.
+        duration_s: run time once started, seconds.
+        gpu_model: required model or ``None``.
+    """
+
+    job_id: str
+    budget: str
+    user: str
+    submit_us: Micros
+    gpus_per_replica: int
+    replicas: int
+    min_runtime_s: float
+    duration_s: float
+    gpu_model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SimNode:
+    """A simulated node: ``gpus`` GPUs of ``model``."""
+
+    node_id: str
+    gpus: int
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Simulation knobs.
+
+    Attributes:
+        seed: required; drives the stop delays (and is recorded in reports).
+        dispatch: dispatcher config (``heartbeat_timeout_s=None`` unless
+            ``heartbeat_s`` is set).
+        heartbeat_s: node heartbeat period, seconds; ``None`` = no heartbeats.
+        stop_delay_s: fixed time a stopped workload takes to exit; ``None``
+            draws it uniformly from [0, grace] with the seeded RNG.
+        start_us: when nodes register (default: first submit).
+        until_us: stop the clock here (default: run until nothing is left).
+        drains: ``(node_id, at_us)`` drain requests.
+        node_failures: ``(node_id, at_us)`` silent node deaths.
+        cancels: ``(job_id, at_us)`` cancel requests.
+        sample_s: period of the share/queue samples, seconds.
+        keep_log: keep every event (for scenario tests and the decision log).
+    """
+
+    seed: int
+    dispatch: DispatchConfig = field(default_factory=lambda: DispatchConfig(heartbeat_timeout_s=None))
+    heartbeat_s: float | None = None
+    stop_delay_s: float | None = None
+    start_us: Micros | None = None
+    until_us: Micros | None = None
+    drains: tuple[tuple[str, Micros], ...] = ()
+    node_failures: tuple[tuple[str, Micros], ...] = ()
+    cancels: tuple[tuple[str, Micros], ...] = ()
+    sample_s: float = 3600.0
+    keep_log: bool = True
+
+
+@dataclass
+class SimResult:
+    """What a run produced.
+
+    Attributes:
+        log: every event in processing order (inputs and dispatcher outputs),
+            when ``keep_log``.
+        state: the dispatcher state at the end.
+        placed_first: job id -> first placement time (µs).
+        submitted: job id -> submit time (µs).
+        job_budget: job id -> budget.
+        preemptions: victim budget -> count.
+        violations: preemptions of protected runs (must stay empty).
+        samples: ``(t_us, {budget: (O_b/K, running GPUs, pending jobs)})``.
+        total: a ledger over the whole run (window = the run), for utilisation.
+        start_us, end_us: simulated span.
+        cycles: scheduling cycles run; events: events processed.
+        capacity_gpus: GPUs in the cluster.
+    """
+
+    log: list[Event]
+    state: DispatchState
+    placed_first: dict[str, Micros]
+    submitted: dict[str, Micros]
+    job_budget: dict[str, str]
+    preemptions: dict[str, int]
+    violations: list[str]
+    samples: list[tuple[Micros, dict[str, tuple[float, int, int]]]]
+    total: OccupancyLedger
+    start_us: Micros
+    end_us: Micros
+    cycles: int
+    events: int
+    capacity_gpus: int
+
+    def decision_log(self) -> bytes:
+        """The dispatcher's outputs as JSON lines (byte-identical for the same inputs and seed)."""
+        return b"\n".join(encode(e) for e in self.log if e.producer == "dispatcher")
+
+
+class Simulator:
+    """One simulation: a cluster, a budget tree, a trace, a policy.
+
+    Args:
+        tree: the budget tree.
+        nodes: the cluster.
+        jobs: the trace (any order; sorted by (submit, job_id)).
+        config: knobs incl. the required seed.
+        dispatch: dispatcher config override (e.g. a baseline scheduler).
+    """
+
+    def __init__(self, tree: BudgetTree, nodes: Sequence[SimNode], jobs: Sequence[SimJob],
+                 config: SimConfig, window_s: float | None = None) -> None:
+        self.tree = tree
+        self.nodes = list(nodes)
+        self.jobs = sorted(jobs, key=lambda j: (j.submit_us, j.job_id))
+        self.cfg = config
+        dcfg = config.dispatch
+        if config.heartbeat_s is None and dcfg.heartbeat_timeout_s is not None:
+            from dataclasses import replace
+            dcfg = replace(dcfg, heartbeat_timeout_s=None)
+        self.dcfg = dcfg
+        self.rng = random.Random(config.seed)
+        self.state = DispatchState(tree, window_s if window_s is not None else dcfg.engine.window_s)
+        self._heap: list[tuple[int, int, int, Any]] = []
+        self._seq = 0
+        self._alive: dict[tuple[str, int, int], str] = {}  # (job, attempt, replica) -> node
+        self._on_node: dict[tuple[str, str, int], int] = {}  # (node, job, attempt) -> replica
+        self._dead: set[str] = set()
+        self._specs = {j.job_id: j for j in self.jobs}
+        self.log: list[Event] = []
+        self.placed_first: dict[str, Micros] = {}
+        self.preemptions: dict[str, int] = {}
+        self.violations: list[str] = []
+        self.samples: list[tuple[Micros, dict[str, tuple[float, int, int]]]] = []
+        self.cycles = 0
+        self.events = 0
+        self._started: dict[tuple[str, int], Micros] = {}
+
+    # ------------------------------------------------------------------ heap
+
+    _EV, _TICK, _HB, _DIE, _SAMPLE, _DONE = range(6)
+
+    def _push(self, t: Micros, kind: int, payload: Any = None) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, payload))
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> SimResult:
+        """Run to the end (or ``until_us``) and return the result."""
+        cfg = self.cfg
+        start = cfg.start_us if cfg.start_us is not None else (
+            self.jobs[0].submit_us if self.jobs else 0)
+        for n in self.nodes:
+            self._push(start, self._EV, NodeRegistered(
+                event_id=det_id("sim", "NodeRegistered", n.node_id), ts=from_us(start),
+                producer="sim/agent", node_id=n.node_id, gpu_count=n.gpus, gpu_model=n.model,
+                simulated=True))
+            if cfg.heartbeat_s:
+                self._push(start + s_to_us(cfg.heartbeat_s), self._HB, n.node_id)
+        for j in self.jobs:
+            self._push(j.submit_us, self._EV, j)
+        for job_id, at in cfg.cancels:
+            self._push(at, self._EV, JobCancelRequested(
+                event_id=det_id("sim", "JobCancelRequested", job_id), ts=from_us(at),
+                producer="sim/user", job_id=job_id, user="sim"))
+        for nid, at in cfg.drains:
+            self._push(at, self._EV, NodeDrainRequested(
+                event_id=det_id("sim", "NodeDrainRequested", nid, at), ts=from_us(at),
+                producer="sim/ops", node_id=nid))
+        for nid, at in cfg.node_failures:
+            self._push(at, self._DIE, nid)
+        if cfg.sample_s:
+            self._push(start, self._SAMPLE)
+        span_end = cfg.until_us
+        total = OccupancyLedger(window_s=10 * 365 * 86400)
+        self.total = total
+        now = start
+        heap = self._heap
+        while heap:
+            t = heap[0][0]
+            if span_end is not None and t > span_end:
+                break
+            if t > now:
+                now = t
+            dirty = False
+            while heap and heap[0][0] == t:
+                _, _, kind, payload = heapq.heappop(heap)
+                if kind == self._EV:
+                    dirty |= self._feed(self._materialise(payload, t), t)
+                elif kind == self._TICK:
+                    dirty = True
+                elif kind == self._DONE:
+                    if self._alive.pop(payload[:3], None) is not None:
+                        job_id, attempt, replica = payload[:3]
+                        self._push(t, self._EV, JobCompleted(
+                            event_id=det_id("sim", "JobCompleted", job_id, attempt, replica),
+                            ts=from_us(t), producer="sim/agent", job_id=job_id, attempt=attempt,
+                            replica=replica, node_id=payload[3]))
+                elif kind == self._HB:
+                    if payload not in self._dead:
+                        self._push(t, self._EV, NodeHeartbeat(
+                            event_id=det_id("sim", "NodeHeartbeat", payload, t), ts=from_us(t),
+                            producer="sim/agent", node_id=payload))
+                        self._push(t + s_to_us(cfg.heartbeat_s), self._HB, payload)  # type: ignore[arg-type]
+                elif kind == self._DIE:
+                    self._dead.add(payload)
+                    for key, nid in list(self._alive.items()):
+                        if nid == payload:
+                            del self._alive[key]
+                elif kind == self._SAMPLE:
+                    self._sample(t)
+                    if self._more_work():
+                        self._push(t + s_to_us(cfg.sample_s), self._SAMPLE)
+            if dirty and (self.state.pending or self.state.draining or self.state.stopping
+                          or self.dcfg.heartbeat_timeout_s is not None):
+                self.cycles += 1
+                self._outputs(step(self.state, Tick(t), t, self.dcfg), t)
+        return SimResult(
+            log=self.log, state=self.state, placed_first=self.placed_first,
+            submitted={j.job_id: j.submit_us for j in self.jobs},
+            job_budget={j.job_id: j.budget for j in self.jobs}, preemptions=self.preemptions,
+            violations=self.violations, samples=self.samples, total=total, start_us=start,
+            end_us=now, cycles=self.cycles, events=self.events,
+            capacity_gpus=sum(n.gpus for n in self.nodes))
+
+    def _more_work(self) -> bool:
+        return any(k != self._SAMPLE and k != self._HB for _, _, k, _ in self._heap) or bool(
+            self.state.jobs)
+
+    def _materialise(self, payload: Any, t: Micros) -> Event:
+        if isinstance(payload, SimJob):
+            j = payload
+            return JobSubmitted(
+                event_id=det_id("sim", "JobSubmitted", j.job_id), ts=from_us(t), producer="sim/user",
+                job_id=j.job_id, budget=j.budget, user=j.user, gpus_per_replica=j.gpus_per_replica,
+                replicas=j.replicas, min_runtime_s=j.min_runtime_s, gpu_model=j.gpu_model,
+                duration_s=j.duration_s, submitted_at=from_us(j.submit_us))
+        return payload
+
+    def _feed(self, ev: Event, t: Micros) -> bool:
+        """Give one input event to the dispatcher; True when a cycle may now decide something new."""
+        self.events += 1
+        if self.cfg.keep_log:
+            self.log.append(ev)
+        self.total.apply(ev)
+        out = step(self.state, ev, t, self.dcfg)
+        if type(ev) is JobStarted:
+            run = self.state.cluster.runs.get((ev.job_id, ev.attempt))
+            if run is not None and run.allocated:
+                self._push(run.protected_until_us, self._TICK)  # type: ignore[arg-type]
+        for w in wakeups(ev, self.dcfg):
+            self._push(w, self._TICK)
+        self._outputs(out, t)
+        return isinstance(ev, _DIRTY) or any(isinstance(e, _DIRTY) for e in out)
+
+    def _outputs(self, out: list[Event], t: Micros) -> None:
+        """Record dispatcher outputs and act as the node agents on commands."""
+        keep = self.cfg.keep_log
+        for e in out:
+            self.events += 1
+            if keep:
+                self.log.append(e)
+            self.total.apply(e)
+            cls = type(e)
+            for w in wakeups(e, self.dcfg):
+                self._push(w, self._TICK)
+            if cls is StartWorkload:
+                self._start(e, t)  # type: ignore[arg-type]
+            elif cls is StopWorkload:
+                self._stop(e, t)  # type: ignore[arg-type]
+            elif cls is JobPlaced:
+                self.placed_first.setdefault(e.job_id, t)  # type: ignore[attr-defined]
+            elif cls is JobPreempted:
+                self._preempted(e, t)  # type: ignore[arg-type]
+
+    def _preempted(self, e: JobPreempted, t: Micros) -> None:
+        self.preemptions[e.budget] = self.preemptions.get(e.budget, 0) + 1
+        spec = self._specs.get(e.job_id)
+        start = self._started.get((e.job_id, e.attempt))
+        if spec is not None and spec.min_runtime_s > 0 and start is not None:
+            if t < start + s_to_us(spec.min_runtime_s):
+                self.violations.append(
+                    f"{e.job_id}#{e.attempt} preempted at {from_us(t).isoformat()} inside its protection")
+
+    def _start(self, e: StartWorkload, t: Micros) -> None:
+        if e.node_id in self._dead:
+            return
+        key = (e.job_id, e.attempt, e.replica)
+        self._alive[key] = e.node_id
+        self._on_node[(e.node_id, e.job_id, e.attempt)] = e.replica
+        self._started.setdefault((e.job_id, e.attempt), t)
+        self._push(t, self._EV, JobStarted(
+            event_id=det_id("sim", "JobStarted", e.job_id, e.attempt, e.replica), ts=from_us(t),
+            producer="sim/agent", job_id=e.job_id, attempt=e.attempt, replica=e.replica,
+            node_id=e.node_id, gpus=e.gpus))
+        self._push(t + s_to_us(e.duration_s or 0.0), self._DONE, (e.job_id, e.attempt, e.replica, e.node_id))
+
+    def _stop(self, e: StopWorkload, t: Micros) -> None:
+        replica = self._on_node.pop((e.node_id, e.job_id, e.attempt), None)
+        if replica is None or e.node_id in self._dead:
+            return
+        if self._alive.pop((e.job_id, e.attempt, replica), None) is None:
+            return
+        delay = self.cfg.stop_delay_s
+        if delay is None:
+            delay = self.rng.uniform(0.0, e.grace_s)
+        delay = min(delay, e.grace_s)
+        at = t + s_to_us(delay)
+        self._push(at, self._EV, JobFailed(
+            event_id=det_id("sim", "JobFailed", e.job_id, e.attempt, replica), ts=from_us(at),
+            producer="sim/agent", job_id=e.job_id, attempt=e.attempt, replica=replica,
+            node_id=e.node_id, exit_code=-15, reason="stopped"))
+
+    def _sample(self, t: Micros) -> None:
+        st = self.state
+        led = st.ledger
+        if led.clock is None or t < led.clock:
+            return
+        occ = led.occupancy(t)
+        cap = led.capacity_gpu_s(t)
+        running: dict[str, int] = {}
+        for run in st.cluster.runs.values():
+            if not run.stopping:
+                running[run.budget] = running.get(run.budget, 0) + run.gpus_per_replica * len(run.open_replicas)
+        row = {}
+        for leaf in self.tree.leaves():
+            row[leaf] = (occ.get(leaf, 0.0) / cap if cap > 0 else 0.0, running.get(leaf, 0),
+                         len(st.pending.get(leaf, ())))
+        self.samples.append((t, row))
+
+
+def simulate(tree: BudgetTree, nodes: Sequence[SimNode], jobs: Sequence[SimJob], config: SimConfig,
+             scheduler: Callable[..., list[Event]] | None = None) -> SimResult:
+    """Run one simulation; ``scheduler`` swaps the cycle (baselines), default the fair-share engine."""
+    from dataclasses import replace
+    cfg = config
+    if scheduler is not None:
+        cfg = replace(config, dispatch=replace(config.dispatch, scheduler=scheduler))
+    return Simulator(tree, nodes, jobs, cfg).run()
+
+
+def _seconds(us: Micros) -> float:  # pragma: no cover - helper for reports
+    return us_to_s(us)
