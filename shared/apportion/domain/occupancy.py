@@ -110,6 +110,14 @@ _MIN_T = -(1 << 62)
 #: Node states whose GPUs count toward capacity C(t) (DESIGN section 1).
 COUNTED_STATES = frozenset({"ready", "draining"})
 
+_PLACED, _END, _END_ALL, _LOST, _NODE = range(5)
+#: What each folded event type does; every other type is ignored.
+_KIND: dict[type, int] = {
+    JobPlaced: _PLACED, JobCompleted: _END, JobFailed: _END, JobPreempted: _END_ALL,
+    JobCancelled: _END_ALL, JobLost: _LOST, NodeRegistered: _NODE, NodeCordoned: _NODE,
+    NodeDrainRequested: _NODE, NodeDrained: _NODE, NodeUncordoned: _NODE, NodeLost: _NODE,
+}
+
 _NODE_STATE_OF: dict[type, str] = {
     NodeCordoned: "cordoned",
     NodeDrainRequested: "draining",
@@ -310,28 +318,28 @@ class OccupancyLedger:
             event: any apportion event; the ones listed in the module
                 docstring change the ledger.
         """
-        cls = type(event)
-        if cls is JobPlaced:
-            self._tick(to_us(event.ts))
-            self._placed(event)  # type: ignore[arg-type]
-        elif cls is JobCompleted or cls is JobFailed:
-            now = self._tick(to_us(event.ts))
+        kind = _KIND.get(type(event))
+        if kind is None:
+            return  # JobStarted, JobRequeued, heartbeats, ...: not occupancy facts
+        ts = to_us(event.ts)
+        clock = self.clock
+        if clock is not None and ts <= clock:
+            now = clock  # same instant, or out of order: clamped to the clock
+        else:
+            now = self._tick(ts)
+        if kind == _END:
             self._end(event.job_id, event.attempt, event.replica, now)  # type: ignore[attr-defined]
-        elif cls is JobPreempted:
-            now = self._tick(to_us(event.ts))
-            self._end(event.job_id, event.attempt, None, now)  # type: ignore[attr-defined]
-        elif cls is JobCancelled:
-            now = self._tick(to_us(event.ts))
-            if event.attempt is not None:  # type: ignore[attr-defined]
+        elif kind == _PLACED:
+            self._placed(event, now)  # type: ignore[arg-type]
+        elif kind == _END_ALL:
+            if event.attempt is not None:  # type: ignore[attr-defined]  # None: cancelled while pending
                 self._end(event.job_id, event.attempt, None, now)  # type: ignore[attr-defined]
-        elif cls is JobLost:
-            now = self._tick(to_us(event.ts))
+        elif kind == _LOST:
             run = self._runs.get((event.job_id, event.attempt))  # type: ignore[attr-defined]
             if run is not None:
                 x = min(max(to_us(event.charged_until), run.start), now)  # type: ignore[attr-defined]
                 self._end(event.job_id, event.attempt, None, x)  # type: ignore[attr-defined]
-        elif cls in _NODE_STATE_OF or cls is NodeRegistered or cls is NodeLost:
-            now = self._tick(to_us(event.ts))
+        else:
             self._node_event(event, now)
 
     def apply_all(self, events: Iterable[Event]) -> "OccupancyLedger":
@@ -363,8 +371,7 @@ class OccupancyLedger:
         else:
             series.change(x, dg)
 
-    def _placed(self, ev: JobPlaced) -> None:
-        now: int = self.clock  # type: ignore[assignment]
+    def _placed(self, ev: JobPlaced, now: int) -> None:
         key = (ev.job_id, ev.attempt)
         if key in self._runs:
             return
