@@ -225,14 +225,17 @@ def test_node_lost_requeues_and_charges_to_the_last_heartbeat():
 
 
 def test_no_preemption_cascade():
-    # b1 takes a1's GPU at 1 h. When b1's protection ends (2:00:05) and at a2's
-    # submission (2:01) a's branch is not behind b's by delta (r_a 0.999 vs r_b 1.0):
-    # a1#2 never preempts its preemptor back.
+    # b1 takes a1's GPU at 1 h (r_a 2.0 vs r_b 0). a1#2 cannot take it back while b1 is
+    # protected (to 2:00:05) nor while the gap is under delta: with t seconds since T0,
+    # O_a = 3600, O_b = t - 3600, E = t/2, so r_b - r_a = (2t - 14400)/t >= 0.05 needs
+    # t >= 7384.6 s (2:03:04.6). Cycles at 2:00:05 (expiry), 2:01 (a2 submitted) and
+    # every 5 min leave b1 alone; the first cycle past that point (2:05:05, gap 0.081)
+    # is the ordinary fair-share swap, not a cascade.
     r = run(AB, nodes(("n0", 1)), [
         job("a1", "lab/a", duration_s=10 * H),
         job("b1", "lab/b", submit=at(0, 30), duration_s=10 * H),
         job("a2", "lab/a", submit=at(2, 1)),
-    ], until_us=at(2, 30))
+    ], until_us=at(2, 6))
     assert decisions(r) == [
         "00:00:00 JobPlaced a1#1 n0[0]",
         "00:00:00 StartWorkload a1#1 n0",
@@ -241,7 +244,14 @@ def test_no_preemption_cascade():
         "01:00:00 JobPlaced b1#1 n0[0] victims=a1#1",
         "01:00:05 JobRequeued a1#2",
         "01:00:05 StartWorkload b1#1 n0",
+        "02:05:05 JobPreempted b1#1 expired_behind by=a1",
+        "02:05:05 StopWorkload b1#1 n0",
+        "02:05:05 JobPlaced a1#2 n0[0] victims=b1#1 reserved",  # waited > 1 h
+        "02:05:10 JobRequeued b1#2",
+        "02:05:10 StartWorkload a1#2 n0",
     ]
+    v = next(e for e in r.log if isinstance(e, JobPlaced) and e.job_id == "a1" and e.attempt == 2).decision.victims[0]
+    assert v.victim_ratio == pytest.approx(3905 / 3752.5) and v.preemptor_ratio == pytest.approx(3600 / 3752.5)
 
 
 def test_cancel_pending_and_running():

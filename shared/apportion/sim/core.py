@@ -120,6 +120,8 @@ class SimConfig:
         drains: ``(node_id, at_us)`` drain requests.
         node_failures: ``(node_id, at_us)`` silent node deaths.
         cancels: ``(job_id, at_us)`` cancel requests.
+        cycle_s: while jobs wait, also tick every ``cycle_s`` seconds (the
+            dispatcher service's periodic cycle); ``None`` ticks on events only.
         sample_s: period of the share/queue samples, seconds.
         keep_log: keep every event (for scenario tests and the decision log).
     """
@@ -133,6 +135,7 @@ class SimConfig:
     drains: tuple[tuple[str, Micros], ...] = ()
     node_failures: tuple[tuple[str, Micros], ...] = ()
     cancels: tuple[tuple[str, Micros], ...] = ()
+    cycle_s: float | None = 300.0
     sample_s: float = 3600.0
     keep_log: bool = True
 
@@ -215,10 +218,11 @@ class Simulator:
         self.cycles = 0
         self.events = 0
         self._started: dict[tuple[str, int], Micros] = {}
+        self._periodic_at: Micros | None = None
 
     # ------------------------------------------------------------------ heap
 
-    _EV, _TICK, _HB, _DIE, _SAMPLE, _DONE = range(6)
+    _EV, _TICK, _HB, _DIE, _SAMPLE, _DONE, _PERIODIC = range(7)
 
     def _push(self, t: Micros, kind: int, payload: Any = None) -> None:
         self._seq += 1
@@ -270,6 +274,9 @@ class Simulator:
                     dirty |= self._feed(self._materialise(payload, t), t)
                 elif kind == self._TICK:
                     dirty = True
+                elif kind == self._PERIODIC:
+                    self._periodic_at = None
+                    dirty = True
                 elif kind == self._DONE:
                     if self._alive.pop(payload[:3], None) is not None:
                         job_id, attempt, replica = payload[:3]
@@ -296,6 +303,9 @@ class Simulator:
                           or self.dcfg.heartbeat_timeout_s is not None):
                 self.cycles += 1
                 self._outputs(step(self.state, Tick(t), t, self.dcfg), t)
+            if cfg.cycle_s and self.state.pending and self._periodic_at is None:
+                self._periodic_at = t + s_to_us(cfg.cycle_s)
+                self._push(self._periodic_at, self._PERIODIC)
         return SimResult(
             log=self.log, state=self.state, placed_first=self.placed_first,
             submitted={j.job_id: j.submit_us for j in self.jobs},
@@ -305,7 +315,7 @@ class Simulator:
             capacity_gpus=sum(n.gpus for n in self.nodes))
 
     def _more_work(self) -> bool:
-        return any(k != self._SAMPLE and k != self._HB for _, _, k, _ in self._heap) or bool(
+        return any(k not in (self._SAMPLE, self._HB, self._PERIODIC) for _, _, k, _ in self._heap) or bool(
             self.state.jobs)
 
     def _materialise(self, payload: Any, t: Micros) -> Event:
