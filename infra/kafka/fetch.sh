@@ -14,6 +14,6 @@ fi
 command -v mvn >/dev/null || { echo "fetch.sh: Maven (mvn) is required: apt-get install maven" >&2; exit 1; }
 
 rm -rf lib
-mvn -q -B dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=lib
+mvn -q -B -Dstyle.color=never dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=lib
 touch lib/.complete
 echo "kafka ${version}: $(ls lib/*.jar | wc -l) jars in ${here}/lib"

@@ -59,11 +59,16 @@ cp="$here/lib/*"
 # Format storage once.  The cluster id is kept beside the data so that a
 # re-format after a partial failure uses the same id.
 if [[ ! -f "$datadir/kraft-logs/meta.properties" ]]; then
-    [[ -f "$datadir/cluster.id" ]] || python3 -c \
-        'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))' \
-        > "$datadir/cluster.id"
+    # A base64url UUID, never starting with "-" (it would read as an option).
+    [[ -s "$datadir/cluster.id" ]] || python3 -c '
+import base64, uuid
+while True:
+    cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    if not cid.startswith("-"):
+        print(cid)
+        break' > "$datadir/cluster.id"
     if ! env -u COLUMNS java -Xmx256m "${java_log[@]}" -cp "$cp" kafka.tools.StorageTool format \
-            -t "$(cat "$datadir/cluster.id")" -c "$props" --ignore-formatted \
+            --cluster-id="$(cat "$datadir/cluster.id")" --config="$props" --ignore-formatted \
             > "$datadir/format.log" 2>&1; then
         echo "start.sh: formatting storage failed:" >&2
         tail -n 20 "$datadir/format.log" >&2
@@ -82,8 +87,8 @@ echo "$pid" > "$pidfile"
 echo "$port" > "$datadir/kafka.port"
 
 if ! python3 "$here/wait_ready.py" 127.0.0.1 "$port" --pid "$pid" --timeout "${KAFKA_START_TIMEOUT:-90}"; then
-    echo "start.sh: broker did not become ready; last log lines ($logfile):" >&2
-    tail -n 30 "$logfile" >&2
+    echo "start.sh: broker did not become ready; first errors in $logfile:" >&2
+    grep -m 5 -E ' (ERROR|FATAL) |Exception:' "$logfile" >&2 || tail -n 20 "$logfile" >&2
     kill -KILL "$pid" 2>/dev/null || true
     rm -f "$pidfile"
     exit 1

@@ -147,6 +147,9 @@ class EventConsumer:
         if kafka_config.pop("enable_auto_commit", False):
             raise ValueError("EventConsumer commits manually; enable_auto_commit must stay False")
         kafka_config.setdefault("auto_offset_reset", "earliest")
+        # kafka-python's default is 5 minutes: a group that joined while a
+        # topic's metadata was missing would sit unassigned that long.
+        kafka_config.setdefault("metadata_max_age_ms", 10_000)
         self._bootstrap = bootstrap
         self._handler = handler
         self._dedup: Deduplicator = dedup if dedup is not None else MemoryDeduplicator()
@@ -155,8 +158,13 @@ class EventConsumer:
         self._name = name
         self._clock = clock
         self.stats = Stats()
+        topics = list(topics)
         self._consumer = KafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=group_id,
                                        enable_auto_commit=False, **kafka_config)
+        # Load partition metadata before the first poll joins the group, so
+        # the assignment covers topics created moments ago.
+        for topic in topics:
+            self._consumer.partitions_for_topic(topic)
 
     # ------------------------------------------------------------------ loop
 
