@@ -1,0 +1,270 @@
+"""Dispatcher wiring: queue and cluster state from the log, decisions and commands out.
+
+Consumes ``apportion.submissions``, ``apportion.jobs``, ``apportion.nodes``
+and ``apportion.budgets``; produces ``JobQueued``, ``JobRejected``,
+``JobPlaced``, ``JobPreempted``, ``JobRequeued``, ``JobCancelled``,
+``JobLost``, ``NodeLost``, ``NodeDrained`` and the ``StartWorkload`` /
+``StopWorkload`` commands; writes ``apportion:rm:jobs`` and
+``apportion:rm:nodes`` in Redis.
+
+Every decision is :func:`apportion.domain.dispatch.step` - the same code the
+simulator runs - applied to each event in log order, and to a
+:class:`~apportion.domain.dispatch.Tick` after every batch with news and
+every ``tick_wall_s`` (heartbeat timeouts, grace periods, drains, reservations).
+Event time comes from the service clock (wall, or scaled for demos) and is
+written as ``ts`` of every decision, so an audit re-runs a decision at
+exactly the time it was made.
+
+Leadership: one active instance holds a Redis lease (:mod:`.lease`) and
+stamps its fencing token on ``JobPlaced``/``StartWorkload``/``StopWorkload``.
+A standby waits for the lease; on taking over it rebuilds its state from
+offset 0 of the four topics (the previous leader's decisions included, so
+nothing is placed twice) and then decides what was left undecided
+(:func:`services.dispatcher.logic.recover`). A leader that fails to renew
+stops deciding at once (:class:`LeadershipLost`) and goes back to standby.
+
+Offsets: like accounting, every start reads from offset 0 (the log is the
+state); positions are committed under group ``dispatcher`` after the
+decisions are acknowledged, for lag monitoring only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from apportion.clock import Clock
+from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, step
+from apportion.domain.engine import EngineConfig
+from apportion.events import Event, NodeHeartbeat
+from services.dispatcher import logic
+from services.dispatcher.config import DispatcherSettings
+
+log = logging.getLogger("apportion.dispatcher")
+
+#: Wall seconds between read-model writes (a full write of jobs and nodes).
+READ_MODEL_EVERY_S = 0.5
+
+
+class LeadershipLost(RuntimeError):
+    """The lease was lost; this instance must stop deciding."""
+
+
+def dispatch_config(settings: DispatcherSettings) -> DispatchConfig:
+    """The pure-core configuration these settings describe."""
+    return DispatchConfig(
+        engine=EngineConfig(delta=settings.delta, reservation_after_s=settings.reservation_after_s,
+                            window_s=settings.window_s, grace_s=settings.grace_s,
+                            producer=settings.producer_name),
+        heartbeat_timeout_s=settings.heartbeat_timeout_s if settings.heartbeat_timeout_s > 0 else None,
+        producer=settings.producer_name)
+
+
+class DispatcherService:
+    """The dispatcher loop without Kafka: fold records, decide, hand decisions to ``publish``.
+
+    Args:
+        settings: configuration.
+        clock: event-time source.
+        publish: ``publish(events)``: sends and waits for the acks.
+        metrics: optional prometheus metrics dict.
+    """
+
+    def __init__(self, settings: DispatcherSettings, clock: Clock, publish: Callable[[list[Event]], Any],
+                 metrics: dict | None = None) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.publish = publish
+        self.cfg = dispatch_config(settings)
+        self.state = DispatchState(window_s=settings.window_s)
+        self.token = 0
+        self._last_now = 0
+        self._m = metrics or {}
+
+    def now_us(self) -> int:
+        """Event time now (µs), never going backwards."""
+        self._last_now = max(self._last_now, self.clock.now_us())
+        return self._last_now
+
+    def _decoded(self, records: list[Any]) -> list[Event]:
+        from services._common import decode_record, record_order
+
+        pairs = []
+        for rec in records:
+            ev, letter = decode_record(rec, self.settings.producer_name, self.clock.now())
+            if letter is not None:
+                log.warning("dead-lettering %s[%s]@%s: %s", letter.source_topic, letter.source_partition,
+                            letter.source_offset, letter.error)
+                self._emit([letter])
+                continue
+            pairs.append((rec, ev))
+        pairs.sort(key=lambda p: record_order(p[0], p[1]))
+        return [ev for _, ev in pairs]
+
+    def _emit(self, evts: list[Event]) -> None:
+        if evts:
+            self.publish(logic.fence(evts, self.token))
+            if "decisions" in self._m:
+                self._m["decisions"].inc(len(evts))
+
+    def bootstrap(self, records: list[Any]) -> list[Event]:
+        """Rebuild from the log as of the start and decide what was left undecided."""
+        evs = self._decoded(records)
+        out = logic.recover(self.state, evs, self.now_us(), self.cfg)
+        log.info("rebuilt from %d events: %d jobs active, %d pending, %d nodes; %d recovery decisions",
+                 len(evs), len(self.state.jobs), self.state.pending_count(), len(self.state.cluster.nodes), len(out))
+        out += self.tick()
+        return out
+
+    def ingest(self, records: list[Any]) -> tuple[list[Event], bool]:
+        """Fold and decide a live batch; returns (decisions, whether anything but heartbeats arrived)."""
+        out: list[Event] = []
+        news = False
+        for ev in self._decoded(records):
+            if ev.event_id in self.state.seen:
+                continue  # our own decision coming back, or a redelivery
+            news |= type(ev) is not NodeHeartbeat
+            out += step(self.state, ev, self.now_us(), self.cfg)
+            if "events" in self._m:
+                self._m["events"].inc()
+        return out, news
+
+    def tick(self) -> list[Event]:
+        """Maintenance and one scheduling cycle at the current event time."""
+        now = self.now_us()
+        t0 = time.perf_counter()
+        out = step(self.state, Tick(now), now, self.cfg)
+        if "cycle" in self._m:
+            self._m["cycle"].observe(time.perf_counter() - t0)
+            self._m["pending"].set(self.state.pending_count())
+        return out
+
+
+def _metrics(registry: Any) -> dict:
+    from prometheus_client import Counter, Gauge, Histogram
+
+    return {
+        "events": Counter("apportion_dispatcher_events", "Events folded", registry=registry),
+        "decisions": Counter("apportion_dispatcher_decisions", "Events published", registry=registry),
+        "cycle": Histogram("apportion_dispatcher_cycle_seconds", "Scheduling cycle wall time", registry=registry,
+                           buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)),
+        "pending": Gauge("apportion_dispatcher_pending_jobs", "Jobs waiting in the queue", registry=registry),
+        "leader": Gauge("apportion_dispatcher_leader", "1 while this instance holds the lease", registry=registry),
+    }
+
+
+async def run(settings: DispatcherSettings, stop: asyncio.Event, *, clock: Clock | None = None,
+              ready: asyncio.Event | None = None) -> None:
+    """Run the dispatcher until ``stop`` is set: standby until leader, then decide.
+
+    Args:
+        settings: configuration (:mod:`services.dispatcher.config`).
+        stop: set it to shut down (SIGTERM does, from ``__main__``).
+        clock: event-time source; default from settings.
+        ready: set once this instance leads and has rebuilt its state.
+    """
+    import redis as redis_lib
+
+    from services._common import start_metrics
+    from services.dispatcher.lease import Lease
+
+    clock = clock or settings.make_clock()
+    conn = settings.connection()
+    registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host)
+    metrics = _metrics(registry)
+    r = redis_lib.Redis.from_url(conn.redis_url)
+    lease = Lease(r, settings.owner(), settings.lease_ttl_wall_s)
+    try:
+        while not stop.is_set():
+            token = await asyncio.to_thread(lease.try_acquire)
+            if not token:
+                try:  # standby: wait a third of the TTL (or until stopped)
+                    await asyncio.wait_for(stop.wait(), settings.lease_ttl_wall_s / 3)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            log.info("leading with fencing token %d", token)
+            metrics["leader"].set(1)
+            try:
+                await _lead(settings, stop, clock, conn, r, lease, metrics, ready)
+            except LeadershipLost:
+                log.error("lease lost: stopping decisions, back to standby")
+            finally:
+                metrics["leader"].set(0)
+    finally:
+        await asyncio.to_thread(lease.release)
+        stop_metrics()
+        r.close()
+
+
+async def _lead(settings: DispatcherSettings, stop: asyncio.Event, clock: Clock, conn: Any, r: Any,
+                lease: Any, metrics: dict, ready: asyncio.Event | None) -> None:
+    from apportion import readmodel
+    from apportion.bus.producer import EventProducer
+    from apportion.topics import BUDGETS, JOBS, NODES, SUBMISSIONS
+    from services._common import AssignedConsumer
+
+    producer = await asyncio.to_thread(EventProducer, conn.bootstrap, client_id="dispatcher", linger_ms=0)
+
+    def publish(evts: list[Event]) -> None:
+        for e in evts:
+            producer.send(e)
+        producer.flush()
+
+    consumer = await asyncio.to_thread(AssignedConsumer, conn.bootstrap,
+                                       [SUBMISSIONS.name, JOBS.name, NODES.name, BUDGETS.name], "dispatcher")
+    svc = DispatcherService(settings, clock, publish, metrics)
+    svc.token = lease.token
+    loop = asyncio.get_running_loop()
+
+    def write_read_model() -> None:
+        jobs, nodes = logic.read_model(svc.state, svc.now_us(), svc.cfg)
+        readmodel.replace_hash(r, readmodel.JOBS, jobs)
+        readmodel.replace_hash(r, readmodel.NODES, nodes)
+
+    try:
+        backlog: list[Any] = []  # the log as of the start: rebuild
+        late: list[Any] = []  # appended meanwhile: decided live afterwards
+        ends = {(tp.topic, tp.partition): off for tp, off in consumer.start_end.items()}
+        while not await asyncio.to_thread(consumer.caught_up):
+            if stop.is_set():
+                return
+            for rec in await asyncio.to_thread(consumer.poll, 200):
+                (backlog if rec.offset < ends[(rec.topic, rec.partition)] else late).append(rec)
+        out = svc.bootstrap(backlog)
+        if late:
+            more, _ = svc.ingest(late)
+            out += more
+        await asyncio.to_thread(svc._emit, out)
+        await asyncio.to_thread(write_read_model)
+        if ready is not None:
+            ready.set()
+        last_tick = last_renew = last_rm = loop.time()
+        dirty = False
+        while not stop.is_set():
+            batch = await asyncio.to_thread(consumer.poll, 50)
+            out, news = svc.ingest(batch) if batch else ([], False)
+            now = loop.time()
+            if news or now - last_tick >= settings.tick_wall_s:
+                out += svc.tick()
+                last_tick = now
+            if out:
+                if await asyncio.to_thread(lease.try_acquire) != svc.token:
+                    raise LeadershipLost()
+                last_renew = now
+                await asyncio.to_thread(svc._emit, out)
+            dirty |= bool(out) or news
+            if now - last_renew >= settings.lease_ttl_wall_s / 3:
+                if await asyncio.to_thread(lease.try_acquire) != svc.token:
+                    raise LeadershipLost()
+                last_renew = now
+            if dirty and now - last_rm >= READ_MODEL_EVERY_S:
+                await asyncio.to_thread(write_read_model)
+                await asyncio.to_thread(consumer.commit)
+                last_rm, dirty = now, False
+    finally:
+        await asyncio.to_thread(consumer.close)
+        await asyncio.to_thread(producer.close)

@@ -1,0 +1,44 @@
+"""Dispatcher settings (env prefix ``APPORTION_``; flags of ``python -m services.dispatcher`` override).
+
+Durations in event seconds (scaled by the clock) unless they say wall.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from services._common import ServiceSettings
+
+
+class DispatcherSettings(ServiceSettings):
+    """Settings of one dispatcher instance.
+
+    Attributes:
+        instance_id: unique id of this instance in the leadership lease
+            (default: host name and pid).
+        lease_ttl_wall_s: lease time-to-live, wall seconds; a standby takes
+            over at most this long after the leader dies.
+        tick_wall_s: wall seconds between timer ticks (heartbeat timeouts,
+            protection expiry for drains, grace periods, reservations).
+        window_s: occupancy window W (default 7 days).
+        delta: preemption hysteresis in r (DESIGN section 3).
+        grace_s: SIGTERM-to-SIGKILL grace for preempted runs.
+        heartbeat_timeout_s: no heartbeat for this long -> NodeLost.
+        reservation_after_s: a blocked allocated job waiting this long reserves nodes.
+        producer_name: written as ``producer`` on events.
+    """
+
+    instance_id: str = ""
+    lease_ttl_wall_s: float = 3.0
+    tick_wall_s: float = 0.2
+    window_s: float = 7 * 24 * 3600.0
+    delta: float = 0.05
+    grace_s: float = 30.0
+    heartbeat_timeout_s: float = 30.0
+    reservation_after_s: float = 3600.0
+    producer_name: str = "dispatcher"
+
+    def owner(self) -> str:
+        """This instance's lease owner id."""
+        return self.instance_id or f"{socket.gethostname()}-{os.getpid()}"

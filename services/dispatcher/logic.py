@@ -1,0 +1,126 @@
+"""Pure helpers of the dispatcher service around :mod:`apportion.domain.dispatch`.
+
+The decisions themselves are :func:`apportion.domain.dispatch.step`; this
+module only adds what the service needs on top and can be tested without
+Kafka or Redis:
+
+* :func:`recover` - rebuild the state from the log and decide what the
+  previous leader left undecided;
+* :func:`fence` - stamp the leader's fencing token on decisions and commands;
+* :func:`read_model` - the ``apportion:rm:jobs`` / ``apportion:rm:nodes`` rows
+  (:mod:`apportion.readmodel`), with each pending job's position in the
+  fair-share order and a machine-readable pending reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from apportion.domain.dispatch import DispatchConfig, DispatchState, decide, evolve
+from apportion.domain.fairshare import FairShareQueue
+from apportion.events import Event, JobPlaced, JobSubmitted, StartWorkload, StopWorkload
+from apportion.timeutil import Micros, from_us, s_to_us
+
+FENCED = (JobPlaced, StartWorkload, StopWorkload)
+
+
+def recover(state: DispatchState, log: Sequence[Event], now_us: Micros, cfg: DispatchConfig) -> list[Event]:
+    """Fold the log into ``state`` and decide what is still undecided.
+
+    A leader may die between reading a ``JobSubmitted`` and publishing its
+    ``JobQueued``/``JobRejected``; its successor finds such submissions here
+    and admits them now. Decision ids are deterministic, so if the old
+    leader's decision did reach the log after all, readers de-duplicate.
+
+    Args:
+        state: a fresh state.
+        log: the events of the submissions, jobs, nodes and budgets topics in
+            log order (:func:`apportion.bus.reader.log_order`).
+        now_us: event time of the recovery decisions.
+        cfg: dispatcher knobs.
+
+    Returns:
+        The new decisions (already folded into ``state``).
+    """
+    for ev in log:
+        evolve(state, ev)
+    out: list[Event] = []
+    for ev in log:
+        if isinstance(ev, JobSubmitted) and ev.job_id not in state.jobs and ev.job_id not in state.finished:
+            new = decide(state, ev, now_us, cfg)
+            for e in new:
+                evolve(state, e)
+            out.extend(new)
+    return out
+
+
+def fence(evts: Iterable[Event], token: int) -> list[Event]:
+    """Copies of decisions and commands carrying the leader's fencing token."""
+    return [e.model_copy(update={"fencing_token": token}) if isinstance(e, FENCED) else e for e in evts]
+
+
+def _pending_reason(state: DispatchState, job: Any, now_us: Micros, cfg: DispatchConfig) -> str:
+    """A machine-readable reason why ``job`` is still pending (Kueue-style)."""
+    fitting = [n for n in state.cluster.nodes.values()
+               if n.gpu_count >= job.gpus_per_replica and (job.gpu_model is None or n.gpu_model == job.gpu_model)]
+    if len([n for n in fitting if n.state == "ready"]) < job.replicas:
+        if len(fitting) >= job.replicas:
+            return "nodes_unavailable: too few ready nodes of this shape (cordoned, draining, drained or lost)"
+        return "node_shape: no set of nodes can hold this gang"
+    if job.budget not in state.tree:
+        return "budget_unknown: the budget was removed"
+    waited = now_us - job.queued_at_us
+    if job.min_runtime_s > 0 and waited >= s_to_us(cfg.engine.reservation_after_s):
+        return "waiting_for_gpus: eligible for a reservation (waited past reservation_after)"
+    if job.min_runtime_s > 0:
+        return "waiting_for_gpus: no free GPUs and no preemptible victims behind this budget"
+    return "waiting_for_idle_gpus: unallocated jobs run only on idle GPUs"
+
+
+def read_model(state: DispatchState, now_us: Micros, cfg: DispatchConfig
+               ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Rows of ``apportion:rm:jobs`` and ``apportion:rm:nodes`` at ``now_us``.
+
+    Pending jobs get ``position``: their 0-based place in the fair-share
+    order a cycle would walk now (budget order, then submitted_at, job_id).
+
+    Returns:
+        ``(jobs, nodes)`` keyed by job id and node id.
+    """
+    snap = state.cycle_snapshot(now_us)
+    pending = {leaf: jobs for leaf, jobs in snap.pending.items() if snap.tree.is_leaf(leaf)}
+    position: dict[str, int] = {}
+    queue = FairShareQueue(snap.tree, snap.occupancy, snap.capacity_gpu_s, pending)
+    for i, (_, job) in enumerate(queue):
+        position[job.job_id] = i
+    jobs: dict[str, dict[str, Any]] = {}
+    pend_by_id = {j.job_id: j for lst in snap.pending.values() for j in lst}
+    for job_id, rec in state.jobs.items():
+        spec = rec.spec
+        row: dict[str, Any] = {
+            "job_id": job_id, "budget": spec.budget, "user": spec.user, "state": rec.status,
+            "allocated": spec.allocated, "gpus_per_replica": spec.gpus_per_replica, "replicas": spec.replicas,
+            "min_runtime_s": spec.min_runtime_s, "submitted_at": from_us(rec.submitted_at_us).isoformat(),
+            "attempt": rec.attempt, "reason": "", "nodes": [], "started_at": None, "position": None,
+        }
+        run = state.cluster.runs.get((job_id, rec.attempt))
+        if run is not None:
+            row["nodes"] = [p.node_id for p in run.placements]
+            if run.started_at_us is not None:
+                row["started_at"] = from_us(run.started_at_us).isoformat()
+            if run.protected_until_us is not None:
+                row["protected_until"] = from_us(run.protected_until_us).isoformat()
+        if rec.status == "pending":
+            row["position"] = position.get(job_id)
+            pj = pend_by_id.get(job_id)
+            if pj is not None:
+                row["reason"] = _pending_reason(state, pj, now_us, cfg)
+        jobs[job_id] = row
+    nodes: dict[str, dict[str, Any]] = {}
+    for nid, n in state.cluster.nodes.items():
+        running = sorted(f"{k[0]}#{k[1]}" for k in snap.cluster.node_runs.get(nid, ()))
+        nodes[nid] = {"node_id": nid, "state": n.state, "gpu_count": n.gpu_count, "gpu_model": n.gpu_model,
+                      "free_gpus": len(n.free), "running": running,
+                      "last_heartbeat": from_us(n.last_heartbeat_us).isoformat() if n.last_heartbeat_us else None}
+    return jobs, nodes
