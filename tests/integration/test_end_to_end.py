@@ -125,12 +125,13 @@ async def cluster(kafka_bootstrap: str, redis_url: str, monkeypatch: pytest.Monk
         asyncio.create_task(run_policy(PolicySettings(**common), stop, clock=clock, ready=ready[3])),
     ]
     try:
-        waits = [asyncio.create_task(r.wait()) for r in ready]
-        done, _ = await asyncio.wait(waits + tasks, timeout=DEADLINE_S, return_when=asyncio.FIRST_EXCEPTION)
-        for t in tasks:
-            if t.done() and t.exception():
-                raise t.exception()  # type: ignore[misc]
-        assert all(r.is_set() for r in ready), "services did not become ready in time"
+        all_ready = asyncio.create_task(asyncio.wait_for(asyncio.gather(*(r.wait() for r in ready)), DEADLINE_S))
+        done, _ = await asyncio.wait([all_ready, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        if all_ready not in done:  # a service ended before it was ready: show why
+            all_ready.cancel()
+            failed = next(t for t in tasks if t in done)
+            raise AssertionError("a service stopped during start-up") from failed.exception()
+        all_ready.result()
         c = Cluster(kafka_bootstrap, db_url, clock, producer, stop)
         await c.until(lambda evs: sum(isinstance(e, events.NodeRegistered) for e in evs) >= nodes,
                       "node registrations")

@@ -153,7 +153,8 @@ class SimResult:
         job_budget: job id -> budget.
         preemptions: victim budget -> count.
         violations: preemptions of protected runs (must stay empty).
-        samples: ``(t_us, {budget: (O_b/K, running GPUs, pending jobs)})``.
+        samples: ``(t_us, {leaf: (O_b/K in the window, running GPUs, pending
+            jobs, pending allocated jobs)})``.
         total: a ledger over the whole run (window = the run), for utilisation.
         start_us, end_us: simulated span.
         cycles: scheduling cycles run; events: events processed.
@@ -167,7 +168,7 @@ class SimResult:
     job_budget: dict[str, str]
     preemptions: dict[str, int]
     violations: list[str]
-    samples: list[tuple[Micros, dict[str, tuple[float, int, int]]]]
+    samples: list[tuple[Micros, dict[str, tuple[float, int, int, int]]]]
     total: OccupancyLedger
     start_us: Micros
     end_us: Micros
@@ -214,7 +215,7 @@ class Simulator:
         self.placed_first: dict[str, Micros] = {}
         self.preemptions: dict[str, int] = {}
         self.violations: list[str] = []
-        self.samples: list[tuple[Micros, dict[str, tuple[float, int, int]]]] = []
+        self.samples: list[tuple[Micros, dict[str, tuple[float, int, int, int]]]] = []
         self.cycles = 0
         self.events = 0
         self._started: dict[tuple[str, int], Micros] = {}
@@ -415,8 +416,9 @@ class Simulator:
                 running[run.budget] = running.get(run.budget, 0) + run.gpus_per_replica * len(run.open_replicas)
         row = {}
         for leaf in self.tree.leaves():
+            waiting = st.pending.get(leaf, ())
             row[leaf] = (occ.get(leaf, 0.0) / cap if cap > 0 else 0.0, running.get(leaf, 0),
-                         len(st.pending.get(leaf, ())))
+                         len(waiting), sum(1 for j in waiting if j.min_runtime_s > 0))
         self.samples.append((t, row))
 
 
