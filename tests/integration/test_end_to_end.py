@@ -10,6 +10,7 @@ deadline (no sleeps as synchronisation).
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -33,6 +34,21 @@ class Cluster:
     clock: Any
     producer: Any
     stop: asyncio.Event
+    tag: str
+    epoch: datetime
+
+    def spawn(self, module: str, *args: str, env: dict[str, str] | None = None) -> Any:
+        """Start ``python -m module args`` as a process sharing this cluster's namespace and clock."""
+        import os
+        import subprocess
+        import sys
+
+        env = dict(os.environ, **(env or {}), APPORTION_KAFKA_BOOTSTRAP=self.bootstrap, APPORTION_REDIS_URL=self.redis_url,
+                   APPORTION_TIME_SCALE=str(SCALE), APPORTION_CLOCK_EPOCH_WALL=self.epoch.isoformat(),
+                   APPORTION_CLOCK_EPOCH_EVENT=self.epoch.isoformat(), APPORTION_LOG_JSON="false")
+        logf = open(f"{tempfile.gettempdir()}/e2e-{self.tag}-{module.rsplit('.', 1)[-1]}-{len(args)}.log", "ab")
+        return subprocess.Popen([sys.executable, "-m", module, *args], env=env, stdin=subprocess.DEVNULL,
+                                stdout=logf, stderr=logf)
 
     def publish(self, *evts: Any) -> None:
         for e in evts:
@@ -96,7 +112,9 @@ async def cluster(kafka_bootstrap: str, redis_url: str, monkeypatch: pytest.Monk
     from services.policy.app import run as run_policy
     from services.policy.config import PolicySettings
 
-    nodes, gpus = getattr(request, "param", (2, 4))
+    spec = {"nodes": 2, "gpus": 4, "heartbeat_timeout_s": 600.0, "agent": True, "dispatcher": True}
+    spec.update(getattr(request, "param", {}))
+    nodes, gpus = spec["nodes"], spec["gpus"]
     tag = uuid.uuid4().hex[:8]
     monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"e2e{tag}.")
     await asyncio.to_thread(provision, kafka_bootstrap)
@@ -112,18 +130,24 @@ async def cluster(kafka_bootstrap: str, redis_url: str, monkeypatch: pytest.Monk
     t0 = clock.now()
     for path, share in (("lab", 1.0), ("lab/a", 0.5), ("lab/b", 0.5)):
         producer.publish(events.BudgetSet(path=path, share=share, ts=t0, producer="test"))
+    for i, wanted in ((0, spec["agent"]), (1, spec["dispatcher"])):
+        if not wanted:
+            ready[i].set()  # the test runs this one itself (as a process it can kill)
     tasks = [
-        asyncio.create_task(run_agent(NodeAgentSettings(**common, sim_nodes=nodes, gpus_per_node=gpus,
-                                                        node_prefix=f"n{tag}-", group_id=f"agent-{tag}",
-                                                        heartbeat_interval_s=30.0), stop, clock=clock,
-                                      ready=ready[0])),
-        asyncio.create_task(run_dispatcher(DispatcherSettings(**common, instance_id=f"d-{tag}", grace_s=5.0,
-                                                              heartbeat_timeout_s=600.0), stop, clock=clock,
-                                           ready=ready[1])),
         asyncio.create_task(run_accounting(AccountingSettings(**common, snapshot_debounce_wall_s=0.1), stop,
                                            clock=clock, ready=ready[2])),
         asyncio.create_task(run_policy(PolicySettings(**common), stop, clock=clock, ready=ready[3])),
     ]
+    if spec["agent"]:
+        tasks.append(asyncio.create_task(run_agent(
+            NodeAgentSettings(**common, sim_nodes=nodes, gpus_per_node=gpus, node_prefix=f"n{tag}-",
+                              group_id=f"agent-{tag}", heartbeat_interval_s=30.0),
+            stop, clock=clock, ready=ready[0])))
+    if spec["dispatcher"]:
+        tasks.append(asyncio.create_task(run_dispatcher(
+            DispatcherSettings(**common, instance_id=f"d-{tag}", grace_s=5.0,
+                               heartbeat_timeout_s=spec["heartbeat_timeout_s"]),
+            stop, clock=clock, ready=ready[1])))
     try:
         all_ready = asyncio.create_task(asyncio.wait_for(asyncio.gather(*(r.wait() for r in ready)), DEADLINE_S))
         done, _ = await asyncio.wait([all_ready, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -132,9 +156,10 @@ async def cluster(kafka_bootstrap: str, redis_url: str, monkeypatch: pytest.Monk
             failed = next(t for t in tasks if t in done)
             raise AssertionError("a service stopped during start-up") from failed.exception()
         all_ready.result()
-        c = Cluster(kafka_bootstrap, db_url, clock, producer, stop)
-        await c.until(lambda evs: sum(isinstance(e, events.NodeRegistered) for e in evs) >= nodes,
-                      "node registrations")
+        c = Cluster(kafka_bootstrap, db_url, clock, producer, stop, tag, now)
+        if spec["agent"]:
+            await c.until(lambda evs: sum(isinstance(e, events.NodeRegistered) for e in evs) >= nodes,
+                          "node registrations")
         yield c
     finally:
         stop.set()
@@ -177,7 +202,7 @@ async def test_malformed_submission_is_dead_lettered_and_service_keeps_running(c
     assert any("not valid JSON" in r for r in reasons)
 
 
-@pytest.mark.parametrize("cluster", [(1, 4)], indirect=True)
+@pytest.mark.parametrize("cluster", [{"nodes": 1, "gpus": 4}], indirect=True)
 async def test_unallocated_job_is_preempted_for_an_allocated_one(cluster: Cluster) -> None:
     """One node, 4 GPUs: an unallocated job holding all of them yields to an allocated job and is requeued."""
     from apportion import events
@@ -198,3 +223,155 @@ async def test_unallocated_job_is_preempted_for_an_allocated_one(cluster: Cluste
     stop_i = order.index(("StopWorkload", "free"))
     start_i = order.index(("StartWorkload", "paid"))
     assert stop_i < start_i
+
+
+def _first(evs: list[Any], cls_name: str, job_id: str, **match: Any) -> Any:
+    for e in evs:
+        if e.type == cls_name and getattr(e, "job_id", None) == job_id and all(
+                getattr(e, k) == v for k, v in match.items()):
+            return e
+    raise AssertionError(f"no {cls_name} for {job_id} {match or ''}")
+
+
+@pytest.mark.parametrize("cluster", [{"nodes": 1, "gpus": 4}], indirect=True)
+async def test_protected_job_is_preempted_only_after_its_minimum_runtime(cluster: Cluster) -> None:
+    """b1 (lab/b) holds the only node with a 120 s minimum runtime; a1 (lab/a, r = 0) waits.
+
+    After b1's protection expires, lab/b is behind lab/a at their LCA (r_b > 0 = r_a, by more than
+    delta = 0.05), so a1 preempts it (rule expired_behind), never earlier.
+    """
+    from apportion.timeutil import s_to_us, to_us
+
+    cluster.submit("b1", "lab/b", gpus=4, min_runtime_s=120, duration_s=36000)
+    evs = await cluster.until(lambda evs: "JobStarted" in of_job(evs, "b1"), "b1 to start")
+    cluster.submit("a1", "lab/a", gpus=4, min_runtime_s=60, duration_s=30)
+    evs = await cluster.until(lambda evs: "JobStarted" in of_job(evs, "a1"), "a1 to start")
+    started = _first(evs, "JobStarted", "b1")
+    pre = _first(evs, "JobPreempted", "b1")
+    assert to_us(pre.ts) >= to_us(started.ts) + s_to_us(120)
+    assert (pre.victim.rule, pre.by_job_id, pre.victim.lca) == ("expired_behind", "a1", "lab")
+    assert pre.victim.victim_ratio >= pre.victim.preemptor_ratio + 0.05
+    placed = _first(evs, "JobPlaced", "a1")
+    assert to_us(placed.ts) == to_us(pre.ts)  # the freed GPUs go to a1 in the same decision
+    assert _first(evs, "JobRequeued", "b1").attempt == 2
+
+
+@pytest.mark.parametrize("cluster", [{"nodes": 1, "gpus": 4}], indirect=True)
+async def test_drain_waits_for_protection_then_drains(cluster: Cluster) -> None:
+    from apportion import events
+    from apportion.timeutil import s_to_us, to_us
+
+    cluster.submit("p1", "lab/a", gpus=2, min_runtime_s=120, duration_s=36000)
+    evs = await cluster.until(lambda evs: "JobStarted" in of_job(evs, "p1"), "p1 to start")
+    node_id = _first(evs, "JobStarted", "p1").node_id
+    now = cluster.clock.now()
+    cluster.publish(events.NodeDrainRequested(node_id=node_id, reason="test", ts=now, producer="test"))
+    evs = await cluster.until(lambda evs: any(isinstance(e, events.NodeDrained) for e in evs), "the node to drain")
+    started = _first(evs, "JobStarted", "p1")
+    pre = _first(evs, "JobPreempted", "p1")
+    drained = next(e for e in evs if isinstance(e, events.NodeDrained))
+    assert to_us(pre.ts) >= to_us(started.ts) + s_to_us(120), "drain broke the protection window"
+    assert to_us(drained.ts) >= to_us(pre.ts)
+    assert _first(evs, "JobRequeued", "p1").attempt == 2
+
+
+@pytest.mark.parametrize("cluster", [{"agent": False, "heartbeat_timeout_s": 120.0}], indirect=True)
+async def test_killed_node_agent_is_lost_and_its_job_requeued(cluster: Cluster) -> None:
+    """kill -9 the agent process: after the heartbeat timeout its node is lost, the job requeued."""
+    from apportion import events
+
+    agent = cluster.spawn("services.node_agent", "--sim-nodes", "1", "--gpus-per-node", "4",
+                          "--node-prefix", f"k{cluster.tag}-", env={"APPORTION_GROUP_ID": f"agent-{cluster.tag}"})
+    try:
+        await cluster.until(lambda evs: any(isinstance(e, events.NodeRegistered) for e in evs), "registration")
+        cluster.submit("l1", "lab/a", gpus=2, min_runtime_s=60, duration_s=36000)
+        await cluster.until(lambda evs: "JobStarted" in of_job(evs, "l1"), "l1 to start")
+        agent.kill()
+        agent.wait(10)
+        evs = await cluster.until(lambda evs: "JobRequeued" in of_job(evs, "l1"), "l1 to be requeued")
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait(10)
+    lost = next(e for e in evs if isinstance(e, events.NodeLost))
+    jl = _first(evs, "JobLost", "l1")
+    assert jl.charged_until == lost.last_heartbeat
+    assert of_job(evs, "l1")[-3:] == ["JobStarted", "JobLost", "JobRequeued"]
+
+
+@pytest.mark.parametrize("cluster", [{"dispatcher": False}], indirect=True)
+async def test_dispatcher_failover_places_nothing_twice(cluster: Cluster) -> None:
+    """Two dispatcher processes; kill -9 the leader mid-run; the standby takes over with no double placement."""
+    import redis as redis_lib
+
+    from apportion import events
+    from services.dispatcher.lease import LEASE_KEY
+
+    procs = {name: cluster.spawn("services.dispatcher", "--instance-id", name, "--lease-ttl-wall-s", "2",
+                                 "--grace-s", "5") for name in ("da", "db")}
+    r = redis_lib.Redis.from_url(cluster.redis_url)
+    try:
+        for i in range(4):
+            cluster.submit(f"f{i}", "lab/a" if i % 2 else "lab/b", gpus=1, min_runtime_s=60, duration_s=60)
+        await cluster.until(lambda evs: sum("JobPlaced" in of_job(evs, f"f{i}") for i in range(4)) == 4,
+                            "the first jobs to be placed")
+        leader = r.get(LEASE_KEY).decode().rsplit(":", 1)[0]
+        procs[leader].kill()
+        procs[leader].wait(10)
+        for i in range(4, 8):
+            cluster.submit(f"f{i}", "lab/a" if i % 2 else "lab/b", gpus=1, min_runtime_s=60, duration_s=60)
+        evs = await cluster.until(lambda evs: all("JobCompleted" in of_job(evs, f"f{i}") for i in range(8)),
+                                  "all eight jobs to complete")
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.terminate()
+                p.wait(20)
+    placed = [(e.job_id, e.attempt) for e in evs if isinstance(e, events.JobPlaced)]
+    assert sorted(placed) == sorted(set(placed)) == [(f"f{i}", 1) for i in range(8)]
+    tokens = {e.fencing_token for e in evs if isinstance(e, events.JobPlaced)}
+    assert len(tokens) == 2 and min(tokens) < max(tokens)
+    starts = [(e.job_id, e.attempt, e.replica) for e in evs if isinstance(e, events.StartWorkload)]
+    assert sorted(starts) == sorted(set(starts))
+
+
+async def test_cli_shows_each_state(cluster: Cluster) -> None:
+    """queue, nodes and share read the services' Redis read models; cancel goes through Kafka."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from apportion.cli.main import app
+
+    env = {"APPORTION_REDIS_URL": cluster.redis_url, "APPORTION_KAFKA_BOOTSTRAP": cluster.bootstrap}
+    runner = CliRunner()
+
+    def cli(*args: str) -> Any:
+        res = runner.invoke(app, list(args), env=env)
+        assert res.exit_code == 0, res.output
+        return json.loads(res.stdout)
+
+    cluster.submit("c1", "lab/a", gpus=2, min_runtime_s=60, duration_s=36000)
+    await cluster.until(lambda evs: "JobStarted" in of_job(evs, "c1"), "c1 to start")
+
+    async def shows(cmd: tuple[str, ...], pred: Callable[[Any], bool], what: str) -> Any:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + DEADLINE_S
+        while not pred(got := cli(*cmd)):
+            if loop.time() > end:
+                pytest.fail(f"`apportion {' '.join(cmd)}` never showed {what}: {got}")
+            await asyncio.sleep(0.1)
+        return got
+
+    rows = await shows(("queue", "--json"), lambda rows: any(r["job_id"] == "c1" and r["state"] == "running"
+                                                             for r in rows), "c1 running")
+    assert next(r for r in rows if r["job_id"] == "c1")["budget"] == "lab/a"
+    nodes = await shows(("nodes", "--json"), lambda rows: len(rows) == 2, "two nodes")
+    assert sorted(n["free_gpus"] for n in nodes) == [2, 4]
+    share = await shows(("share", "--json"), lambda d: any(b["path"] == "lab/a" and b["occupancy_gpu_s"] > 0
+                                                           for b in d["budgets"]), "lab/a occupancy")
+    assert {b["path"] for b in share["budgets"]} == {"lab", "lab/a", "lab/b"}
+    res = runner.invoke(app, ["cancel", "c1", "--user", "alice"], env=env)
+    assert res.exit_code == 0, res.output
+    await cluster.until(lambda evs: "JobCancelled" in of_job(evs, "c1"), "c1 to be cancelled")
+    await shows(("queue", "--json"), lambda rows: not any(r["job_id"] == "c1" for r in rows), "c1 gone")
