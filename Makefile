@@ -58,8 +58,10 @@ test-integration: venv
 bench: venv
 	$(PY) bench/run_all.py
 
-run: up
-	set -a && . $(RUN_DIR)/stack.env && set +a && $(PY) -m apportion.demo
+# The main job starts (and stops) its own Kafka and Redis unless KAFKA_BOOTSTRAP/REDIS_URL are set.
+# Options: make run ARGS="--slice week44 --time-scale 1440" (see: .venv/bin/python -m apportion.demo --help)
+run: venv kafka-jars
+	$(PY) -m apportion.demo $(ARGS)
 
 clean: down
 	rm -rf $(RUN_DIR) .pytest_cache .hypothesis out build dist infra/kafka/lib infra/kafka/target

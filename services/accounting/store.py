@@ -28,17 +28,17 @@ class ReadModelStore:
     def write(self, meta: Mapping[str, Any], budgets: Mapping[str, Mapping[str, Any]]) -> None:
         """Replace the budgets hash and the usage meta atomically."""
         pipe = self.redis.pipeline(transaction=True)
-        pipe.delete(readmodel.BUDGETS)
+        pipe.delete(readmodel.budgets_key())
         if budgets:
-            pipe.hset(readmodel.BUDGETS, mapping={p: readmodel.dumps(v) for p, v in budgets.items()})
-        pipe.hset(readmodel.USAGE, mapping={"meta": readmodel.dumps(meta)})
+            pipe.hset(readmodel.budgets_key(), mapping={p: readmodel.dumps(v) for p, v in budgets.items()})
+        pipe.hset(readmodel.usage_key(), mapping={"meta": readmodel.dumps(meta)})
         pipe.execute()
 
     def wipe(self) -> None:
         """Delete the accounting keys (``--rebuild``)."""
-        self.redis.delete(readmodel.BUDGETS, readmodel.USAGE)
+        self.redis.delete(readmodel.budgets_key(), readmodel.usage_key())
 
     def read(self) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any]]]:
         """``(meta, budgets)`` as stored (``meta`` None when absent)."""
-        raw = self.redis.hget(readmodel.USAGE, "meta")
-        return (readmodel.loads(raw) if raw else None), readmodel.read_hash(self.redis, readmodel.BUDGETS)
+        raw = self.redis.hget(readmodel.usage_key(), "meta")
+        return (readmodel.loads(raw) if raw else None), readmodel.read_hash(self.redis, readmodel.budgets_key())

@@ -222,8 +222,8 @@ async def _lead(settings: DispatcherSettings, stop: asyncio.Event, clock: Clock,
 
     def write_read_model() -> None:
         jobs, nodes = logic.read_model(svc.state, svc.now_us(), svc.cfg)
-        readmodel.replace_hash(r, readmodel.JOBS, jobs)
-        readmodel.replace_hash(r, readmodel.NODES, nodes)
+        readmodel.replace_hash(r, readmodel.jobs_key(), jobs)
+        readmodel.replace_hash(r, readmodel.nodes_key(), nodes)
 
     try:
         backlog: list[Any] = []  # the log as of the start: rebuild

@@ -17,8 +17,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-LEASE_KEY = "apportion:dispatcher:lease"
-TOKEN_KEY = "apportion:dispatcher:token"
+def lease_key() -> str:
+    """Redis key of the lease (namespaced by ``APPORTION_TOPIC_PREFIX``)."""
+    from apportion.topics import prefix
+
+    return f"{prefix()}apportion:dispatcher:lease"
+
+
+def token_key() -> str:
+    """Redis key of the fencing-token counter (never reset: tokens only grow)."""
+    from apportion.topics import prefix
+
+    return f"{prefix()}apportion:dispatcher:token"
 
 # KEYS[1] lease, KEYS[2] token counter; ARGV[1] owner, ARGV[2] ttl ms.
 # Returns the token when this owner holds the lease after the call, else 0.
@@ -71,13 +81,13 @@ class Lease:
 
     def try_acquire(self) -> int:
         """Acquire or renew; returns the fencing token, or 0 when another instance leads."""
-        self.token = int(self._acquire(keys=[LEASE_KEY, TOKEN_KEY], args=[self.owner, int(self.ttl_s * 1000)]))
+        self.token = int(self._acquire(keys=[lease_key(), token_key()], args=[self.owner, int(self.ttl_s * 1000)]))
         return self.token
 
     def release(self) -> None:
         """Give the lease up (on clean shutdown) so a standby takes over at once."""
         if self.token:
-            self._release(keys=[LEASE_KEY], args=[self.owner, self.token])
+            self._release(keys=[lease_key()], args=[self.owner, self.token])
             self.token = 0
 
     @property

@@ -10,7 +10,7 @@ transaction so a reader never sees half a snapshot.
 key                      type   field -> value
 =======================  =====  ========================================================
 ``apportion:rm:usage``   hash   ``meta`` -> {at, window_s, capacity_gpus, capacity_gpu_s,
-                                offsets}
+                                offsets, snapshot_id}
 ``apportion:rm:budgets`` hash   path -> {path, share, abs_share, occupancy_gpu_s,
                                 unallocated_gpu_s, entitlement_gpu_s, ratio, rank}
 ``apportion:rm:jobs``    hash   job_id -> {job_id, budget, user, state, allocated,
@@ -20,7 +20,8 @@ key                      type   field -> value
                                 free_gpus, last_heartbeat, running}
 =======================  =====  ========================================================
 
-Ratios that are infinite are stored as the string ``"Infinity"`` (JSON has
+Keys carry the topic namespace prefix (``APPORTION_TOPIC_PREFIX``) in
+front, so namespaces sharing one Redis do not mix. Ratios that are infinite are stored as the string ``"Infinity"`` (JSON has
 no inf). Nothing connects at import time: pass a ``redis.Redis`` client in.
 """
 
@@ -31,11 +32,31 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-PREFIX = "apportion:rm:"
-USAGE = PREFIX + "usage"
-BUDGETS = PREFIX + "budgets"
-JOBS = PREFIX + "jobs"
-NODES = PREFIX + "nodes"
+def _key(name: str) -> str:
+    # the topic namespace (APPORTION_TOPIC_PREFIX) also namespaces the read models
+    from apportion.topics import prefix
+
+    return f"{prefix()}apportion:rm:{name}"
+
+
+def usage_key() -> str:
+    """Key of the usage meta hash (with the namespace prefix)."""
+    return _key("usage")
+
+
+def budgets_key() -> str:
+    """Key of the per-budget hash."""
+    return _key("budgets")
+
+
+def jobs_key() -> str:
+    """Key of the per-job hash."""
+    return _key("jobs")
+
+
+def nodes_key() -> str:
+    """Key of the per-node hash."""
+    return _key("nodes")
 
 
 def _default(o: Any) -> Any:

@@ -305,7 +305,7 @@ async def test_dispatcher_failover_places_nothing_twice(cluster: Cluster) -> Non
     import redis as redis_lib
 
     from apportion import events
-    from services.dispatcher.lease import LEASE_KEY
+    from services.dispatcher.lease import lease_key
 
     procs = {name: cluster.spawn("services.dispatcher", "--instance-id", name, "--lease-ttl-wall-s", "2",
                                  "--grace-s", "5") for name in ("da", "db")}
@@ -315,7 +315,7 @@ async def test_dispatcher_failover_places_nothing_twice(cluster: Cluster) -> Non
             cluster.submit(f"f{i}", "lab/a" if i % 2 else "lab/b", gpus=1, min_runtime_s=60, duration_s=60)
         await cluster.until(lambda evs: sum("JobPlaced" in of_job(evs, f"f{i}") for i in range(4)) == 4,
                             "the first jobs to be placed")
-        leader = r.get(LEASE_KEY).decode().rsplit(":", 1)[0]
+        leader = r.get(lease_key()).decode().rsplit(":", 1)[0]
         procs[leader].kill()
         procs[leader].wait(10)
         for i in range(4, 8):

@@ -21,9 +21,15 @@ from apportion.domain.usage import usage_snapshot
 from apportion.timeutil import WEEK_S, Micros, from_us, to_us
 
 
-def decoded(records: Iterable[LogRecord]) -> list[events.Event]:
-    """The events of ``records`` that decoded, in the same order."""
-    return [r.event for r in records if r.event is not None]
+def decoded(records: Iterable[LogRecord | events.Event]) -> list[events.Event]:
+    """The events of ``records`` that decoded, in the same order (events pass through)."""
+    out: list[events.Event] = []
+    for r in records:
+        if isinstance(r, events.Event):
+            out.append(r)
+        elif r.event is not None:
+            out.append(r.event)
+    return out
 
 
 def occupancy_at(records: Sequence[LogRecord], at: Micros, *, window_s: float = WEEK_S,

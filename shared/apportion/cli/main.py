@@ -173,7 +173,7 @@ def queue(
     """Jobs in the queue (like squeue): position, budget, GPUs, state, pending reason."""
     from apportion import readmodel
 
-    rows = list(readmodel.read_hash(_redis(redis_url), readmodel.JOBS).values())
+    rows = list(readmodel.read_hash(_redis(redis_url), readmodel.jobs_key()).values())
     live = {"pending", "placed", "running", "preempting"}
     rows = [r for r in rows if (all_states or r.get("state") in live)
             and (budget is None or r.get("budget") == budget or str(r.get("budget", "")).startswith(budget + "/"))]
@@ -206,8 +206,8 @@ def share(
     from apportion import readmodel
 
     r = _redis(redis_url)
-    rows = readmodel.read_hash(r, readmodel.BUDGETS)
-    meta = readmodel.read_hash(r, readmodel.USAGE).get("meta", {})
+    rows = readmodel.read_hash(r, readmodel.budgets_key())
+    meta = readmodel.read_hash(r, readmodel.usage_key()).get("meta", {})
     if as_json:
         _print_json({"meta": meta, "budgets": list(rows.values())})
         return
@@ -235,7 +235,7 @@ def nodes(redis_url: RedisUrl = None, as_json: JsonOut = False) -> None:
     """Nodes with state, GPUs, free GPUs and last heartbeat."""
     from apportion import readmodel
 
-    rows = list(readmodel.read_hash(_redis(redis_url), readmodel.NODES).values())
+    rows = list(readmodel.read_hash(_redis(redis_url), readmodel.nodes_key()).values())
     if as_json:
         _print_json(rows)
         return

@@ -1,0 +1,310 @@
+"""The main job (``make run``): the whole system on a real GPU trace.
+
+1. Starts a local Kafka and Redis (or uses ``KAFKA_BOOTSTRAP``/``REDIS_URL``
+   when they are set) under a fresh topic namespace, so runs never mix.
+2. Publishes the reference budget tree (``infra/budgets/philly.yaml``: one
+   budget per Philly virtual cluster, share = its nodes / 352 x 0.98).
+3. Starts the four services as processes - policy, accounting, dispatcher
+   and one node agent hosting the 32 simulated 8-GPU nodes of the reference
+   cluster - all on one accelerated clock (``--time-scale`` event seconds per
+   wall second).
+4. Replays the submissions of the Philly trace slice (default: the first 3
+   days of ISO week 44 of 2017) as ``JobSubmitted`` events at their trace
+   times, with a progress bar. Reference rules: a seeded 25% of jobs run
+   unallocated (min runtime 0), the rest min(duration, 2 h); gangs are
+   ceil(n / 8) replicas.
+5. At the end of the slice reads the whole log back and reports per budget
+   share vs occupancy, wait p50/p95, preemptions, utilisation and protection
+   violations (:func:`apportion.audit.report.log_report`), next to the same
+   trace through the deterministic simulator with the same seed, and says
+   whether they agree within ``--tolerance-pp`` percentage points.
+6. Stops everything it started.
+
+Run ``python -m apportion.demo --help`` for the options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def default_data_dir() -> Path:
+    """``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the checkout."""
+    env = os.environ.get("APPORTION_DATA_DIR")
+    return Path(env) if env else REPO.parent / "shared" / "data"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options of the main job."""
+    ap = argparse.ArgumentParser(
+        prog="python -m apportion.demo",
+        description="apportion main job: the live stack (Kafka, Redis, four services, 32 simulated 8-GPU nodes) "
+                    "replays a slice of the real Philly GPU trace on an accelerated clock and compares the outcome "
+                    "with the simulator.")
+    ap.add_argument("--trace", type=Path, default=None, help="trace CSV (default: <data>/philly/philly.csv)")
+    ap.add_argument("--budgets", type=Path, default=REPO / "infra" / "budgets" / "philly.yaml",
+                    help="budget file with tree and cluster (default: infra/budgets/philly.yaml)")
+    ap.add_argument("--slice", default="week44+3d",
+                    help="trace slice: week44, week44+3d, weeks39-45, YYYY-MM-DD..YYYY-MM-DD (default week44+3d)")
+    ap.add_argument("--time-scale", type=float, default=1440.0,
+                    help="event seconds per wall second (default 1440: a day per minute, a week in 7 minutes)")
+    ap.add_argument("--seed", type=int, default=1, help="seed of the unallocated draw (default 1)")
+    ap.add_argument("--dir", type=Path, default=REPO / ".run" / "demo", help="logs, report and stack data")
+    ap.add_argument("--tolerance-pp", type=float, default=5.0,
+                    help="agreement tolerance with the simulator, percentage points (default 5)")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    return ap.parse_args(argv)
+
+
+@dataclass
+class Services:
+    """The service processes of one run."""
+
+    procs: dict[str, subprocess.Popen[bytes]]
+
+    def alive(self) -> list[str]:
+        return [n for n, p in self.procs.items() if p.poll() is None]
+
+    def dead(self) -> list[str]:
+        return [n for n, p in self.procs.items() if p.poll() is not None]
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM every process, then SIGKILL what is left after ``timeout_s``."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        end = time.monotonic() + timeout_s
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+
+
+def start_services(env: dict[str, str], logs: Path, nodes: int, gpus: int, scale: float) -> Services:
+    """Start policy, accounting, dispatcher and one node agent hosting ``nodes`` simulated nodes."""
+    logs.mkdir(parents=True, exist_ok=True)
+    hb_wall = 0.5
+    cmds = {
+        "policy": ["services.policy"],
+        "accounting": ["services.accounting", "--snapshot-interval-s", "3600"],
+        # heartbeats come every max(interval, 0.5 wall s) = 0.5 * scale event s: allow 6 of them
+        "dispatcher": ["services.dispatcher", "--heartbeat-timeout-s", str(6 * hb_wall * scale),
+                       "--tick-wall-s", str(min(0.2, 300.0 / scale))],
+        "node_agent": ["services.node_agent", "--sim-nodes", str(nodes), "--gpus-per-node", str(gpus),
+                       "--node-prefix", "n", "--heartbeat-interval-s", str(hb_wall * scale)],
+    }
+    procs = {}
+    for name, cmd in cmds.items():
+        f = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - kept open for the child
+        procs[name] = subprocess.Popen([sys.executable, "-m", *cmd], env=env, stdin=subprocess.DEVNULL,
+                                       stdout=f, stderr=f, cwd=REPO)
+    return Services(procs)
+
+
+def _wait_for(pred: Any, what: str, deadline_s: float, services: Services | None = None) -> None:
+    end = time.monotonic() + deadline_s
+    while not pred():
+        if services is not None and services.dead():
+            raise RuntimeError(f"service(s) {services.dead()} exited while waiting for {what}; see their logs")
+        if time.monotonic() > end:
+            raise TimeoutError(f"timed out after {deadline_s:.0f} s waiting for {what}")
+        time.sleep(0.2)  # polling an external system from the driver, bounded by the deadline
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the main job; returns the process exit code (0: ran and agreed within tolerance)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.table import Table
+
+    from apportion import events, topics
+    from apportion.audit.report import log_report
+    from apportion.bus.producer import EventProducer
+    from apportion.bus.provision import provision
+    from apportion.bus.reader import read_log
+    from apportion.bus.stack import LocalStack
+    from apportion.clock import ScaledClock
+    from apportion.sim.core import SimConfig, simulate
+    from apportion.sim.traces import load_budget_file, load_trace, parse_slice
+    from apportion.timeutil import from_us, s_to_us, to_us
+
+    args = parse_args(argv)
+    con = Console(stderr=args.json, width=None if sys.stdout.isatty() else 150)
+    trace = args.trace or default_data_dir() / "philly" / "philly.csv"
+    if not trace.is_file():
+        con.print(f"[red]error:[/] trace {trace} not found (set --trace or APPORTION_DATA_DIR)")
+        return 2
+    bf = load_budget_file(args.budgets)
+    jobs = load_trace(trace, bf, args.seed, args.slice)
+    lo, hi = parse_slice(args.slice)
+    if not jobs or lo is None or hi is None:
+        con.print(f"[red]error:[/] slice {args.slice!r} selects no jobs or is unbounded")
+        return 2
+    start_us, end_us = lo, hi
+    gpus_per_node = bf.nodes[0].gpus
+    con.print(f"[bold]apportion main job[/]: {len(jobs):,} jobs of {trace.name} in {args.slice} "
+              f"({from_us(start_us):%Y-%m-%d} .. {from_us(end_us):%Y-%m-%d}), {len(bf.nodes)} nodes x "
+              f"{gpus_per_node} GPUs, {len(bf.tree.leaves())} budgets, time scale {args.time_scale:g}, "
+              f"seed {args.seed}; unallocated fraction {bf.unallocated_fraction:.0%}, "
+              f"min runtime = min(duration, {bf.min_runtime_cap_s / 3600:g} h)")
+
+    run_dir = args.dir
+    shutil.rmtree(run_dir / "logs", ignore_errors=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stack = None
+    bootstrap, redis_url = os.environ.get("KAFKA_BOOTSTRAP"), os.environ.get("REDIS_URL")
+    services: Services | None = None
+    namespace = f"demo{datetime.now(timezone.utc):%Y%m%d%H%M%S}."
+    os.environ["APPORTION_TOPIC_PREFIX"] = namespace
+    try:
+        if not (bootstrap and redis_url):
+            con.print("starting Kafka and Redis ...")
+            stack = LocalStack(run_dir / "stack", provision_topics=False).start()
+            bootstrap, redis_url = stack.bootstrap, stack.redis_url
+        provision(bootstrap)
+        con.print(f"Kafka {bootstrap}, Redis {redis_url}, topic namespace {namespace!r}")
+
+        # one clock for all: event time start_us - lead happens at wall t0 + startup allowance
+        allowance_s = 30.0
+        epoch_wall = datetime.now(timezone.utc) + timedelta(seconds=allowance_s)
+        epoch_event = from_us(start_us)
+        clock = ScaledClock(args.time_scale, epoch_wall, epoch_event)
+        env = dict(os.environ, APPORTION_KAFKA_BOOTSTRAP=bootstrap, APPORTION_REDIS_URL=redis_url,
+                   APPORTION_TOPIC_PREFIX=namespace, APPORTION_TIME_SCALE=str(args.time_scale),
+                   APPORTION_CLOCK_EPOCH_WALL=epoch_wall.isoformat(),
+                   APPORTION_CLOCK_EPOCH_EVENT=epoch_event.isoformat(), APPORTION_LOG_JSON="true",
+                   APPORTION_HEARTBEAT_MIN_WALL_S="0.5")
+        producer = EventProducer(bootstrap, client_id="demo", linger_ms=5)
+        now = clock.now()
+        for path, spec in bf.tree.to_mapping().items():
+            producer.send(events.BudgetSet(path=path, share=spec["share"], by="demo", ts=now, producer="demo"))
+        producer.flush()
+        services = start_services(env, run_dir / "logs", len(bf.nodes), gpus_per_node, args.time_scale)
+        con.print(f"services started (logs in {run_dir / 'logs'}); waiting for {len(bf.nodes)} nodes to register")
+
+        def registered() -> bool:
+            recs = read_log(bootstrap, [topics.NODES.name])
+            return sum(isinstance(r.event, events.NodeRegistered) for r in recs) >= len(bf.nodes)
+
+        _wait_for(registered, "node registration", 90.0, services)
+        if clock.now_us() > start_us:
+            con.print(f"[yellow]start-up took longer than {allowance_s:.0f} s: the first submissions are late[/]")
+        else:
+            time.sleep(clock.wall_seconds((start_us - clock.now_us()) / 1e6))
+
+        # ---- replay the trace at its own event times
+        t_wall0 = time.monotonic()
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("event time {task.fields[at]}"), TimeRemainingColumn(), console=con) as prog:
+            task = prog.add_task("submitting", total=len(jobs), at="")
+            for i, j in enumerate(jobs):
+                wait_us = j.submit_us - clock.now_us()
+                if wait_us > 0:
+                    producer.flush()
+                    time.sleep(clock.wall_seconds(wait_us / 1e6))
+                sub = from_us(j.submit_us)
+                producer.send(events.JobSubmitted(
+                    job_id=j.job_id, budget=j.budget, user=j.user, gpus_per_replica=j.gpus_per_replica,
+                    replicas=j.replicas, min_runtime_s=j.min_runtime_s, duration_s=j.duration_s,
+                    submitted_at=sub, ts=sub, producer="demo/trace"))
+                if i % 50 == 0:
+                    prog.update(task, completed=i + 1, at=f"{clock.now():%Y-%m-%d %H:%M}")
+                    if services.dead():
+                        raise RuntimeError(f"service(s) {services.dead()} exited; see {run_dir / 'logs'}")
+            producer.flush()
+            prog.update(task, completed=len(jobs))
+            task2 = prog.add_task("running to the end of the slice", total=end_us - start_us, at="")
+            while (now_us := clock.now_us()) < end_us + s_to_us(600):
+                prog.update(task2, completed=min(now_us, end_us) - start_us, at=f"{clock.now():%Y-%m-%d %H:%M}")
+                if services.dead():
+                    raise RuntimeError(f"service(s) {services.dead()} exited; see {run_dir / 'logs'}")
+                time.sleep(0.25)
+        wall_replay = time.monotonic() - t_wall0
+        producer.close()
+
+        # ---- report: live log vs simulator, one definition for both
+        con.print("reading the log back ...")
+        recs = read_log(bootstrap, [t.name for t in topics.ALL_TOPICS])
+        live = log_report(recs, bf.tree, start_us, end_us)
+        con.print("simulating the same trace ...")
+        t0 = time.perf_counter()
+        sim = simulate(bf.tree, bf.nodes, jobs, SimConfig(seed=args.seed, start_us=start_us, until_us=end_us))
+        sim_wall = time.perf_counter() - t0
+        simrep = log_report(sim.log, bf.tree, start_us, end_us)
+        dead_letters = sum(1 for r in recs if r.topic == topics.DEADLETTER.name)
+        return _report(con, args, live, simrep, wall_replay, sim_wall, len(recs), dead_letters, Table)
+    except (RuntimeError, TimeoutError) as exc:
+        con.print(f"[red]error:[/] {exc}")
+        return 1
+    finally:
+        if services is not None:
+            con.print("stopping services ...")
+            services.stop()
+        if stack is not None:
+            con.print("stopping Kafka and Redis ...")
+            stack.stop()
+
+
+def _report(con: Any, args: argparse.Namespace, live: Any, sim: Any, wall_replay: float, sim_wall: float,
+            records: int, dead_letters: int, Table: Any) -> int:
+    def pct(x: float) -> str:
+        return f"{100 * x:.1f}%"
+
+    def secs(x: float | None) -> str:
+        return "-" if x is None else (f"{x:.0f}s" if x < 3600 else f"{x / 3600:.1f}h")
+
+    worst = max([abs(a.alloc_share - b.alloc_share) for a, b in zip(live.budgets, sim.budgets)] +
+                [abs(live.utilisation - sim.utilisation)]) * 100
+    agree = worst <= args.tolerance_pp and live.violations == 0 and sim.violations == 0
+    doc = {"slice": args.slice, "seed": args.seed, "time_scale": args.time_scale, "live": live.to_dict(),
+           "simulator": sim.to_dict(), "max_difference_pp": worst, "tolerance_pp": args.tolerance_pp,
+           "agree": agree, "records": records, "dead_letters": dead_letters,
+           "replay_wall_s": wall_replay, "simulator_wall_s": sim_wall}
+    (args.dir / "report.json").write_text(json.dumps(doc, indent=2))
+    if args.json:
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return 0 if agree else 1
+    t = Table(title=f"per budget over {args.slice}: share vs occupancy (allocated / unallocated, of capacity)")
+    for col in ("budget", "share", "live alloc", "sim alloc", "live free", "sim free", "live wait p50/p95",
+                "sim wait p50/p95", "live preempt", "sim preempt"):
+        t.add_column(col, justify="left" if col == "budget" else "right")
+    for a, b in zip(live.budgets, sim.budgets):
+        t.add_row(a.path, pct(a.abs_share), pct(a.alloc_share), pct(b.alloc_share), pct(a.free_share),
+                  pct(b.free_share), f"{secs(a.wait_p50_s)}/{secs(a.wait_p95_s)}",
+                  f"{secs(b.wait_p50_s)}/{secs(b.wait_p95_s)}", str(a.preemptions), str(b.preemptions))
+    con.print(t)
+    s = Table(title="cluster")
+    for col in ("", "live stack", "simulator"):
+        s.add_column(col, justify="right")
+    s.add_row("jobs submitted / placed", f"{live.jobs} / {live.placed}", f"{sim.jobs} / {sim.placed}")
+    s.add_row("GPU utilisation", pct(live.utilisation), pct(sim.utilisation))
+    s.add_row("wait p50 / p95", f"{secs(live.wait_p50_s)} / {secs(live.wait_p95_s)}",
+              f"{secs(sim.wait_p50_s)} / {secs(sim.wait_p95_s)}")
+    s.add_row("preemptions", str(live.preemptions), str(sim.preemptions))
+    s.add_row("protection violations", str(live.violations), str(sim.violations))
+    s.add_row("wall time", f"{wall_replay:.0f} s replay", f"{sim_wall:.1f} s")
+    con.print(s)
+    con.print(f"{records:,} records in the log, {dead_letters} dead letters. Largest difference live vs simulator "
+              f"(per-budget allocated share, utilisation): {worst:.1f} pp; tolerance {args.tolerance_pp:g} pp: "
+              + ("[green]agree[/]" if agree else "[red]DISAGREE[/]"))
+    con.print(f"report written to {args.dir / 'report.json'}")
+    return 0 if agree else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
