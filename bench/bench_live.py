@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""Live stack benchmarks (DESIGN section 9): latency, throughput, accounting ingest.
+
+Starts a local Kafka and Redis (or uses ``KAFKA_BOOTSTRAP``/``REDIS_URL``), a
+fresh topic namespace, and the services as processes on the wall clock:
+
+1. **submit-to-StartWorkload latency** on an idle cluster: one submission at
+   a time (1 GPU, 1 s simulated run), wall time from the producer's ack to
+   the ``StartWorkload`` arriving at a consumer of ``apportion.commands``.
+   Target p50 <= 100 ms.
+2. **sustained throughput**: N submissions published as fast as the producer
+   goes; placements/s = N / (time of the N-th ``JobPlaced`` - time of the
+   first submission). Target >= 1,000 jobs/s on 2 cores.
+3. **accounting ingest**: M job events produced to the jobs topic; the raw
+   kafka-python consume rate of that topic, then the accounting service's
+   start-up rebuild of the same log (read + decode + fold), in one run.
+   Target: accounting >= 50% of the raw rate.
+
+Prints figures; exits 1 when a target is missed. Sizes: ``--jobs``,
+``--events``; ``--quick`` for a smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pct(values: list[float], q: float) -> float:
+    v = sorted(values)
+    return v[max(0, min(len(v) - 1, round(q / 100 * len(v) + 0.5) - 1))]
+
+
+class CommandWatcher(threading.Thread):
+    """Records the wall time each StartWorkload (by job id) and JobPlaced arrives."""
+
+    def __init__(self, bootstrap: str, topics: list[str]) -> None:
+        super().__init__(daemon=True)
+        from kafka import KafkaConsumer, TopicPartition
+
+        self.kc = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+        parts = [TopicPartition(t, p) for t in topics for p in sorted(self.kc.partitions_for_topic(t) or ())]
+        self.kc.assign(parts)
+        self.kc.seek_to_end()
+        for tp in parts:
+            self.kc.position(tp)
+        self.seen: dict[tuple[str, str], float] = {}
+        self.stop = threading.Event()
+        self.cond = threading.Condition()
+
+    def run(self) -> None:
+        import json
+
+        while not self.stop.is_set():
+            batch = self.kc.poll(timeout_ms=20)
+            now = time.perf_counter()
+            with self.cond:
+                for recs in batch.values():
+                    for r in recs:
+                        d = json.loads(r.value)
+                        if d.get("type") in ("StartWorkload", "JobPlaced", "JobRejected"):
+                            self.seen.setdefault((d["type"], d["job_id"]), now)
+                        elif d.get("type") == "NodeRegistered":
+                            self.seen.setdefault((d["type"], d["node_id"]), now)
+                self.cond.notify_all()
+        self.kc.close()
+
+    def wait_for(self, key: tuple[str, str], timeout: float) -> float | None:
+        end = time.perf_counter() + timeout
+        with self.cond:
+            while key not in self.seen:
+                left = end - time.perf_counter()
+                if left <= 0:
+                    return None
+                self.cond.wait(left)
+            return self.seen[key]
+
+    def count(self, kind: str) -> int:
+        with self.cond:
+            return sum(1 for k in self.seen if k[0] == kind)
+
+
+def start_services(env: dict[str, str], logs: Path, nodes: int) -> list[subprocess.Popen[bytes]]:
+    logs.mkdir(parents=True, exist_ok=True)
+    cmds = [
+        ["services.dispatcher", "--heartbeat-timeout-s", "600", "--tick-wall-s", "0.2"],
+        ["services.node_agent", "--sim-nodes", str(nodes), "--gpus-per-node", "8", "--node-prefix", "b",
+         "--heartbeat-interval-s", "60"],
+        ["services.accounting", "--snapshot-debounce-wall-s", "1.0"],
+        ["services.policy"],
+    ]
+    procs = []
+    for cmd in cmds:
+        f = open(logs / f"{cmd[0].split('.')[1]}.log", "ab")  # noqa: SIM115
+        procs.append(subprocess.Popen([sys.executable, "-m", *cmd], env=env, cwd=REPO, stdin=subprocess.DEVNULL,
+                                      stdout=f, stderr=f))
+    return procs
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--latency-jobs", type=int, default=200)
+    ap.add_argument("--jobs", type=int, default=5000, help="submissions for the throughput run")
+    ap.add_argument("--events", type=int, default=200_000, help="job events for the accounting ingest run")
+    ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
+    args = ap.parse_args()
+    if args.quick:
+        args.latency_jobs, args.jobs, args.events = 30, 500, 20_000
+
+    from apportion import events
+    from apportion.bus.producer import EventProducer
+    from apportion.bus.provision import provision
+    from apportion.bus.stack import LocalStack
+    from apportion.topics import COMMANDS, JOBS, NODES
+
+    tmp = Path(tempfile.mkdtemp(prefix="apportion-bench-"))
+    stack = None
+    bootstrap, redis_url = os.environ.get("KAFKA_BOOTSTRAP"), os.environ.get("REDIS_URL")
+    if not (bootstrap and redis_url):
+        stack = LocalStack(tmp / "stack").start()
+        bootstrap, redis_url = stack.bootstrap, stack.redis_url
+    ns = f"bench{uuid.uuid4().hex[:6]}."
+    os.environ["APPORTION_TOPIC_PREFIX"] = ns
+    provision(bootstrap)
+    env = dict(os.environ, APPORTION_KAFKA_BOOTSTRAP=bootstrap, APPORTION_REDIS_URL=redis_url,
+               APPORTION_TOPIC_PREFIX=ns, APPORTION_LOG_LEVEL="WARNING")
+    nodes = max(8, (args.jobs + 7) // 8 + 1)
+    ok = True
+    procs: list[subprocess.Popen[bytes]] = []
+    producer = EventProducer(bootstrap, client_id="bench", linger_ms=0)
+    try:
+        now = datetime.now(timezone.utc)
+        for path, share in (("bench", 1.0), ("bench/a", 0.5), ("bench/b", 0.5)):
+            producer.publish(events.BudgetSet(path=path, share=share, ts=now, producer="bench"))
+        watcher = CommandWatcher(bootstrap, [COMMANDS.name, JOBS.name, NODES.name])
+        watcher.start()
+        procs = start_services(env, tmp / "logs", nodes)
+        print(f"stack {bootstrap}; namespace {ns}; {nodes} simulated nodes x 8 GPUs; logs in {tmp / 'logs'}")
+
+        # wait for the nodes (admission rejects shapes no registered node can hold), then a probe job
+        deadline = time.perf_counter() + 120
+        while watcher.count("NodeRegistered") < nodes:
+            if time.perf_counter() > deadline:
+                print(f"FAIL: only {watcher.count('NodeRegistered')} of {nodes} nodes registered within 120 s")
+                return 1
+            time.sleep(0.05)
+        def submit(job_id: str, budget: str, duration: float, gpus: int = 1) -> None:
+            t = datetime.now(timezone.utc)
+            producer.send(events.JobSubmitted(job_id=job_id, budget=budget, user="bench", gpus_per_replica=gpus,
+                                              min_runtime_s=60, duration_s=duration, submitted_at=t, ts=t,
+                                              producer="bench"))
+
+        submit("probe", "bench/a", 1.0)
+        producer.flush()
+        if watcher.wait_for(("StartWorkload", "probe"), 120) is None:
+            print("FAIL: the stack did not place a probe job within 120 s")
+            return 1
+
+        # ---- 1. latency on an idle cluster
+        lat = []
+        for i in range(args.latency_jobs):
+            jid = f"lat{i}"
+            submit(jid, "bench/a" if i % 2 else "bench/b", 1.0)
+            producer.flush()
+            t0 = time.perf_counter()
+            t1 = watcher.wait_for(("StartWorkload", jid), 30)
+            if t1 is None:
+                print(f"FAIL: no StartWorkload for {jid} within 30 s")
+                return 1
+            lat.append((t1 - t0) * 1000)
+        p50, p99 = statistics.median(lat), pct(lat, 99)
+        print(f"submit-to-StartWorkload latency over {len(lat)} jobs: p50 {p50:.1f} ms, p99 {p99:.1f} ms "
+              f"(target p50 <= 100 ms)")
+        ok &= p50 <= 100
+
+        # ---- 2. sustained throughput
+        base = watcher.count("JobPlaced")
+        t0 = time.perf_counter()
+        for i in range(args.jobs):
+            submit(f"thr{i}", "bench/a" if i % 2 else "bench/b", 3600.0)
+        producer.flush()
+        t_pub = time.perf_counter() - t0
+        last = watcher.wait_for(("JobPlaced", f"thr{args.jobs - 1}"), 600)
+        deadline = time.perf_counter() + 600
+        while watcher.count("JobPlaced") < base + args.jobs and time.perf_counter() < deadline:
+            time.sleep(0.05)
+        placed = watcher.count("JobPlaced") - base
+        t_end = max(v for k, v in watcher.seen.items() if k[0] == "JobPlaced")
+        rate = placed / (t_end - t0) if last else 0.0
+        print(f"sustained: {args.jobs} submissions published in {t_pub:.2f} s ({args.jobs / t_pub:,.0f}/s); "
+              f"{placed} placed in {t_end - t0:.2f} s -> {rate:,.0f} placements/s (target >= 1,000/s)")
+        ok &= rate >= 1000
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        producer.close()
+
+    # ---- 3. accounting ingest vs raw consume, on a fresh namespace
+    ok &= accounting_ingest(bootstrap, redis_url, args.events)
+    if stack is not None:
+        stack.stop()
+    print("all targets met" if ok else "SOME TARGETS MISSED")
+    return 0 if ok else 1
+
+
+def accounting_ingest(bootstrap: str, redis_url: str, n: int) -> bool:
+    """Produce ``n`` job events, then time raw consumption and the accounting rebuild of them."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from apportion import events
+    from apportion.bus.producer import EventProducer
+    from apportion.bus.provision import provision
+    from apportion.clock import WallClock
+    from apportion.topics import JOBS
+    from services.accounting.app import run as run_accounting
+    from services.accounting.config import AccountingSettings
+
+    os.environ["APPORTION_TOPIC_PREFIX"] = f"ingest{uuid.uuid4().hex[:6]}."
+    provision(bootstrap)
+    producer = EventProducer(bootstrap, client_id="bench-ingest", linger_ms=20, batch_size=256 * 1024)
+    t = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    dec = events.Decision(rank=0, budget_rank=0, ratio=0.0)
+    from datetime import timedelta
+
+    i = 0
+    while i < n:  # placed / completed pairs on 100 nodes
+        j = i // 2
+        ts = t + timedelta(seconds=j)
+        node = f"n{j % 100:03d}"
+        if i % 2 == 0:
+            ev: events.Event = events.JobPlaced(
+                job_id=f"j{j}", attempt=1, budget="lab/a" if j % 2 else "lab/b", allocated=True,
+                gpus_per_replica=1, replicas=1, min_runtime_s=60,
+                placements=(events.Placement(node_id=node, gpus=(j % 8,)),), submitted_at=ts, decision=dec,
+                ts=ts, producer="bench")
+        else:
+            ev = events.JobCompleted(job_id=f"j{j}", attempt=1, replica=0, node_id=node, ts=ts + timedelta(seconds=1),
+                                     producer="bench")
+        producer.send(ev)
+        i += 1
+    producer.flush()
+    producer.close()
+
+    kc = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                       max_partition_fetch_bytes=8 * 1024 * 1024)
+    parts = [TopicPartition(JOBS.name, p) for p in sorted(kc.partitions_for_topic(JOBS.name))]
+    kc.assign(parts)
+    kc.seek_to_beginning()
+    end = kc.end_offsets(parts)
+    t0 = time.perf_counter()
+    got = 0
+    while any(kc.position(tp) < end[tp] for tp in parts):
+        for recs in kc.poll(timeout_ms=500, max_records=10_000).values():
+            got += len(recs)
+    raw = time.perf_counter() - t0
+    kc.close()
+
+    settings = AccountingSettings(kafka_bootstrap=bootstrap, redis_url=redis_url, log_json=False,
+                                  snapshot_interval_s=0)
+
+    async def timed() -> float:
+        stop, ready = asyncio.Event(), asyncio.Event()
+        t1 = time.perf_counter()
+        task = asyncio.create_task(run_accounting(settings, stop, clock=WallClock(), ready=ready))
+        await asyncio.wait_for(ready.wait(), 600)
+        dt = time.perf_counter() - t1
+        stop.set()
+        await task
+        return dt
+
+    acc = asyncio.run(timed())
+    raw_rate, acc_rate = got / raw, n / acc
+    print(f"accounting ingest: {n:,} job events; raw kafka-python consume {raw_rate:,.0f} events/s "
+          f"({raw:.2f} s); accounting start-up rebuild (read + decode + fold + first snapshot) "
+          f"{acc_rate:,.0f} events/s ({acc:.2f} s) = {100 * acc_rate / raw_rate:.0f}% of raw (target >= 50%)")
+    return acc_rate >= 0.5 * raw_rate
+
+
+if __name__ == "__main__":
+    sys.exit(main())
