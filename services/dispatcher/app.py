@@ -81,6 +81,7 @@ class DispatcherService:
         self.cfg = dispatch_config(settings)
         self.state = DispatchState(window_s=settings.window_s)
         self.token = 0
+        self.inputs: dict[str, int] = {}  # "topic:partition" -> next offset folded (Decision.inputs)
         self._last_now = 0
         self._m = metrics or {}
 
@@ -94,6 +95,8 @@ class DispatcherService:
 
         pairs = []
         for rec in records:
+            # every record of the batch is folded (or dead-lettered) before the next tick decides
+            self.inputs[f"{rec.topic}:{rec.partition}"] = rec.offset + 1
             ev, letter = decode_record(rec, self.settings.producer_name, self.clock.now())
             if letter is not None:
                 log.warning("dead-lettering %s[%s]@%s: %s", letter.source_topic, letter.source_partition,
@@ -136,7 +139,7 @@ class DispatcherService:
         """Maintenance and one scheduling cycle at the current event time."""
         now = self.now_us()
         t0 = time.perf_counter()
-        out = step(self.state, Tick(now), now, self.cfg)
+        out = logic.with_inputs(step(self.state, Tick(now), now, self.cfg), self.inputs)
         if "cycle" in self._m:
             self._m["cycle"].observe(time.perf_counter() - t0)
             self._m["pending"].set(self.state.pending_count())

@@ -7,6 +7,7 @@ Kafka or Redis:
 * :func:`recover` - rebuild the state from the log and decide what the
   previous leader left undecided;
 * :func:`fence` - stamp the leader's fencing token on decisions and commands;
+* :func:`with_inputs` - stamp the input position on decisions (for the audit);
 * :func:`read_model` - the ``apportion:rm:jobs`` / ``apportion:rm:nodes`` rows
   (:mod:`apportion.readmodel`), with each pending job's position in the
   fair-share order and a machine-readable pending reason.
@@ -53,6 +54,18 @@ def recover(state: DispatchState, log: Sequence[Event], now_us: Micros, cfg: Dis
                 evolve(state, e)
             out.extend(new)
     return out
+
+
+def with_inputs(evts: Iterable[Event], inputs: dict[str, int]) -> list[Event]:
+    """Copies of ``JobPlaced`` decisions carrying the input position they were decided at.
+
+    ``inputs`` is ``"topic:partition"`` -> next offset read (see
+    :attr:`apportion.events.Decision.inputs`); the audit re-runs each decision
+    on exactly that prefix of the log. Other events pass unchanged.
+    """
+    pos = dict(sorted(inputs.items()))
+    return [e.model_copy(update={"decision": e.decision.model_copy(update={"inputs": pos})})
+            if isinstance(e, JobPlaced) else e for e in evts]
 
 
 def fence(evts: Iterable[Event], token: int) -> list[Event]:

@@ -182,7 +182,17 @@ class Decision(_Model):
         victims: runs preempted to make room (empty when placed on free GPUs).
         reservation: True when the job used nodes reserved for it.
         policy_version: the scheduler policy that decided, e.g. ``"fairtree-1"``.
-        cycle_at: the event time of the scheduling cycle.
+        inputs: the dispatcher's input position when it decided:
+            ``"topic:partition"`` -> next offset it had read (every record
+            below it was folded into the state the decision was made on; its
+            own earlier decisions are folded as it emits them). ``None`` on
+            decisions written before this field existed. ``audit verify``
+            re-runs the decision on exactly this prefix of the log.
+
+    Schema rule for this field: it is an *optional additive* field, so the
+    schema version stays 1 — old events decode with ``inputs=None`` and older
+    readers ignore it (``extra='ignore'``). Renaming, removing or changing
+    the meaning of a field needs a version bump and an upcaster instead.
     """
 
     rank: int
@@ -191,6 +201,7 @@ class Decision(_Model):
     victims: tuple[Victim, ...] = ()
     reservation: bool = False
     policy_version: str = "fairtree-1"
+    inputs: dict[str, int] | None = None
 
 
 class GpuInfo(_Model):
