@@ -21,7 +21,7 @@ import pytest
 from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import ClusterState
-from apportion.domain.engine import CycleSnapshot, EngineConfig, PendingJob, run_cycle
+from apportion.domain.engine import CycleSnapshot, EngineConfig, PendingJob, pending_order, run_cycle
 from apportion.timeutil import from_us
 from builders import T0, h
 
@@ -71,7 +71,7 @@ class World:
                         duration_s=60.0)
         lst = self.pending.setdefault(budget, [])
         lst.append(pj)
-        lst.sort(key=lambda j: (j.submitted_at_us, j.job_id))
+        lst.sort(key=pending_order)
         return self
 
     def cycle(self, **cfg):

@@ -56,6 +56,7 @@ from apportion.domain.engine import (
     CycleSnapshot,
     EngineConfig,
     PendingJob,
+    pending_order,
     preempt_events,
     schedule,
     start_events,
@@ -157,8 +158,8 @@ class DispatchState:
         cluster: nodes and runs (:class:`ClusterState`).
         jobs: active jobs by id.
         finished: ids of jobs that ended (completed, failed, cancelled, rejected).
-        pending: leaf budget -> pending jobs in (submitted_at, job_id) order
-            (copy-on-write lists).
+        pending: leaf budget -> pending jobs, allocated first, each class in
+            (submitted_at, job_id) order (copy-on-write lists).
         stopping: preempted runs waiting for their stop.
         awaiting: preemptor run -> victims it still waits for before starting.
         draining: ids of draining nodes.
@@ -230,7 +231,7 @@ class DispatchState:
         lst = self.pending.get(rec.spec.budget)
         if not lst:
             return
-        k = (rec.submitted_at_us, job_id)
+        k = (rec.spec.min_runtime_s <= 0, rec.submitted_at_us, job_id)
         i = bisect_left(lst, k, key=_order)
         if i < len(lst) and lst[i].job_id == job_id:
             lst = lst[:i] + lst[i + 1:]
@@ -240,8 +241,7 @@ class DispatchState:
                 del self.pending[rec.spec.budget]
 
 
-def _order(j: PendingJob) -> tuple[int, str]:
-    return (j.submitted_at_us, j.job_id)
+_order = pending_order
 
 
 def _pending_job(spec: JobQueued, attempt: int, submitted_at_us: Micros, queued_at_us: Micros) -> PendingJob:

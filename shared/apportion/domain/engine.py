@@ -84,7 +84,7 @@ from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us
 
 __all__ = [
     "EngineConfig", "PendingJob", "CycleSnapshot", "CycleResult", "schedule", "run_cycle",
-    "victim_rule", "preempt_events", "start_events", "POLICY_VERSION",
+    "victim_rule", "preempt_events", "start_events", "pending_order", "POLICY_VERSION",
 ]
 
 POLICY_VERSION = "fairtree-1"
@@ -161,8 +161,10 @@ class CycleSnapshot:
 
     Attributes:
         cluster: nodes and runs.
-        pending: leaf budget -> its pending jobs in (submitted_at, job_id)
-            order. Keys that are not leaves of ``tree`` are skipped.
+        pending: leaf budget -> its pending jobs, allocated ones first, each
+            class in (submitted_at, job_id) order (sort key
+            :func:`pending_order`). Keys that are not leaves of ``tree`` are
+            skipped.
         tree: the budget tree.
         occupancy: window occupancy O per budget path incl. descendants, GPU-s.
         capacity_gpu_s: capacity integral K over the window, GPU-s.
@@ -394,8 +396,31 @@ class _Victims:
         return self.lca[key]
 
 
+def _boundary(jobs: Sequence[PendingJob]) -> int:
+    """Index of the first unallocated job (lists hold allocated jobs first)."""
+    return bisect_left(jobs, True, key=_is_unallocated)
+
+
+def _is_unallocated(j: PendingJob) -> bool:
+    return j.min_runtime_s <= 0
+
+
+def pending_order(j: PendingJob) -> tuple[bool, int, str]:
+    """Sort key of a leaf's pending list: allocated jobs first, each class by (submitted_at, job_id)."""
+    return (j.min_runtime_s <= 0, j.submitted_at_us, j.job_id)
+
+
 def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | None = None) -> CycleResult:
-    """:func:`schedule` with the cycle's reservation and counters (for audits, tests, benchmarks)."""
+    """:func:`schedule` with the cycle's reservation and counters (for audits, tests, benchmarks).
+
+    Two passes over the fair-share order: first the allocated jobs (free GPUs,
+    else preemption, provisional charge, reservation), then the unallocated
+    jobs on whatever is still free, in the budget order the first pass left
+    (they are not charged, so that order no longer changes). A GPU that an
+    allocated job can use in this cycle is not idle, so an unallocated job
+    placed there would only be preempted in the next cycle: in the Philly
+    replay this ordering removes that churn (docs/simulation.md).
+    """
     cfg = config or EngineConfig()
     res = CycleResult()
     tree = snapshot.tree
@@ -405,9 +430,10 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
     cluster = snapshot.cluster
     ts = from_us(now_us)
     reservation_after_us = s_to_us(cfg.reservation_after_s)
+    bound = {leaf: _boundary(jobs) for leaf, jobs in pending.items()}
     queue: FairShareQueue[int] = FairShareQueue(
         tree, snapshot.occupancy, snapshot.capacity_gpu_s,
-        {leaf: range(len(jobs)) for leaf, jobs in pending.items()})
+        {leaf: range(b) for leaf, b in bound.items() if b})
     budget_rank = {leaf: i for i, leaf in enumerate(queue.initial_order)}
     free = _Free(cluster)
     victims: _Victims | None = None
@@ -417,10 +443,11 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
     pre_fail: dict[str, tuple[list[tuple[int, int]], int, int]] = {}
     charges = 0
     own_charges: dict[str, int] = {}
-    suffix: dict[str, tuple[list[int], list[int], list[int], list[int]]] = {}
+    suffix: dict[tuple[str, int], tuple[list[int], list[int]]] = {}
     reserved_for: str | None = None
     rank = -1
     ratio = queue.ratio
+    big = 1 << 30
 
     def pre_failed(leaf: str, g: int, k: int) -> bool:
         ent = pre_fail.get(leaf)
@@ -439,19 +466,16 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         else:
             ent[0].append((g, k))
 
-    def leaf_dead(leaf: str, idx: int) -> bool:
-        """Every job of ``leaf`` after position ``idx`` fails by the remembered failures."""
-        suf = suffix.get(leaf)
+    def suffix_min(leaf: str, idx: int, lo: int, hi: int) -> tuple[int, int]:
+        """Smallest g and k among pending[leaf][idx+1:hi] (a lower bound of what is left)."""
+        key = (leaf, lo)
+        suf = suffix.get(key)
         if suf is None:
-            suf = suffix[leaf] = _suffix_mins(pending[leaf])
-        big = 1 << 30
-        ga, ka, gu, ku = suf[0][idx + 1], suf[1][idx + 1], suf[2][idx + 1], suf[3][idx + 1]
-        if gu < big and not _dominated(free_fail.get(None, []), gu, ku):
-            return False
-        if ga < big and not pre_failed(leaf, ga, ka):
-            return False
-        return True
+            suf = suffix[key] = _suffix_mins(pending[leaf][lo:hi])
+        i = idx + 1 - lo
+        return suf[0][i], suf[1][i]
 
+    # ---------------------------------------------------------------- pass 1: allocated jobs
     while True:
         item = queue.pop()
         if item is None:
@@ -461,29 +485,28 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         rank += 1
         res.considered += 1
         g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
-        allocated = job.min_runtime_s > 0
         nodes: list[str] | None = None
         if not (_dominated(free_fail.get(model, ()), g, k)  # type: ignore[arg-type]
                 or (model is not None and _dominated(free_fail.get(None, ()), g, k))):  # type: ignore[arg-type]
             nodes = free.fit(g, k, model)
             if nodes is None:
                 free_fail.setdefault(model, []).append((g, k))
-        holds_reservation = (allocated and reserved_for is None
-                             and now_us - job.queued_at_us >= reservation_after_us)
+        holds_reservation = reserved_for is None and now_us - job.queued_at_us >= reservation_after_us
+        mkey = leaf if model is None else leaf + "\x00" + model
         if nodes is not None:
             placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
             _emit_placed(out, job, placements, (), leaf, rank, budget_rank, ratio(leaf),
                          holds_reservation, ts, cfg)
             out.extend(start_events(job.job_id, job.attempt, placements, ts, job.duration_s,
                                     job.command, cfg.producer))
-        elif allocated and cfg.preemption and not pre_failed(leaf, g, k) and (
-                model is None or not pre_failed(leaf + "\x00" + model, g, k)):
+        elif cfg.preemption and not pre_failed(mkey, g, k) and (
+                model is None or not pre_failed(leaf, g, k)):
             if victims is None:
                 victims = _Victims(cluster, now_us)
             res.searches += 1
             plan = _plan(job, leaf, free, victims, cluster, now_us, ratio, cfg.delta)
             if plan is None:
-                record_pre_fail(leaf if model is None else leaf + "\x00" + model, g, k)
+                record_pre_fail(mkey, g, k)
             else:
                 placements, chosen = plan
                 vics = []
@@ -495,11 +518,12 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                 _emit_placed(out, job, placements, tuple(vics), leaf, rank, budget_rank,
                              ratio(leaf), holds_reservation, ts, cfg)
                 nodes = [p.node_id for p in placements]
+        elif not cfg.preemption:
+            record_pre_fail(mkey, g, k)
         if nodes is not None:
-            if allocated:
-                queue.charge(leaf, float(g * k) * min(job.min_runtime_s, cfg.window_s))
-                charges += 1
-                own_charges[leaf] = own_charges.get(leaf, 0) + 1
+            queue.charge(leaf, float(g * k) * min(job.min_runtime_s, cfg.window_s))
+            charges += 1
+            own_charges[leaf] = own_charges.get(leaf, 0) + 1
             continue
         # blocked
         if holds_reservation:
@@ -509,30 +533,55 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                 free.reserve(n)
             res.reservation = (job.job_id, tuple(chosen_nodes))
             continue  # the reservation changed free capacity: no bulk skip on its account
-        if model is None and leaf_dead(leaf, idx):
-            queue.drop_leaf(leaf)
+        if model is None:
+            mg, mk = suffix_min(leaf, idx, 0, bound[leaf])
+            if mg == big or pre_failed(leaf, mg, mk):
+                queue.drop_leaf(leaf)
+
+    # ---------------------------------------------------------------- pass 2: unallocated jobs
+    rest = {leaf: range(b, len(pending[leaf])) for leaf, b in bound.items() if b < len(pending[leaf])}
+    if not rest:
+        return res
+    occ_after = {p: queue.occupancy(p) for p in tree.paths()}
+    queue2: FairShareQueue[int] = FairShareQueue(tree, occ_after, snapshot.capacity_gpu_s, rest)
+    ratio2 = queue2.ratio
+    while True:
+        item = queue2.pop()
+        if item is None:
+            break
+        leaf, idx = item
+        job = pending[leaf][idx]
+        rank += 1
+        res.considered += 1
+        g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
+        nodes = None
+        if not (_dominated(free_fail.get(model, ()), g, k)  # type: ignore[arg-type]
+                or (model is not None and _dominated(free_fail.get(None, ()), g, k))):  # type: ignore[arg-type]
+            nodes = free.fit(g, k, model)
+            if nodes is None:
+                free_fail.setdefault(model, []).append((g, k))
+        if nodes is not None:
+            placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
+            _emit_placed(out, job, placements, (), leaf, rank, budget_rank, ratio2(leaf), False, ts, cfg)
+            out.extend(start_events(job.job_id, job.attempt, placements, ts, job.duration_s,
+                                    job.command, cfg.producer))
+        elif model is None:
+            mg, mk = suffix_min(leaf, idx, bound[leaf], len(pending[leaf]))
+            if mg == big or _dominated(free_fail.get(None, []), mg, mk):
+                queue2.drop_leaf(leaf)
     return res
 
 
-def _suffix_mins(jobs: Sequence[PendingJob]) -> tuple[list[int], list[int], list[int], list[int]]:
-    """Per position i, min g and min k over jobs[i:], separately for allocated and unallocated."""
+def _suffix_mins(jobs: Sequence[PendingJob]) -> tuple[list[int], list[int]]:
+    """Per position i, min g and min k over jobs[i:]."""
     big = 1 << 30
     n = len(jobs)
-    ga, ka, gu, ku = [big] * (n + 1), [big] * (n + 1), [big] * (n + 1), [big] * (n + 1)
+    gs, ks = [big] * (n + 1), [big] * (n + 1)
     for i in range(n - 1, -1, -1):
         j = jobs[i]
-        ga[i], ka[i], gu[i], ku[i] = ga[i + 1], ka[i + 1], gu[i + 1], ku[i + 1]
-        if j.min_runtime_s > 0:
-            if j.gpus_per_replica < ga[i]:
-                ga[i] = j.gpus_per_replica
-            if j.replicas < ka[i]:
-                ka[i] = j.replicas
-        else:
-            if j.gpus_per_replica < gu[i]:
-                gu[i] = j.gpus_per_replica
-            if j.replicas < ku[i]:
-                ku[i] = j.replicas
-    return ga, ka, gu, ku
+        gs[i] = j.gpus_per_replica if j.gpus_per_replica < gs[i + 1] else gs[i + 1]
+        ks[i] = j.replicas if j.replicas < ks[i + 1] else ks[i + 1]
+    return gs, ks
 
 
 def _emit_placed(out: list[Event], job: PendingJob, placements: tuple[Placement, ...],

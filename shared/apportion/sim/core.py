@@ -220,13 +220,19 @@ class Simulator:
         self.events = 0
         self._started: dict[tuple[str, int], Micros] = {}
         self._periodic_at: Micros | None = None
+        self._real = 0
 
     # ------------------------------------------------------------------ heap
 
     _EV, _TICK, _HB, _DIE, _SAMPLE, _DONE, _PERIODIC = range(7)
+    #: Happenings that are work; heartbeats, samples and periodic cycles only
+    #: keep going while some of these remain (else the run ends).
+    _REAL = frozenset({_EV, _TICK, _DIE, _DONE})
 
     def _push(self, t: Micros, kind: int, payload: Any = None) -> None:
         self._seq += 1
+        if kind in self._REAL:
+            self._real += 1
         heapq.heappush(self._heap, (t, self._seq, kind, payload))
 
     # ------------------------------------------------------------------ run
@@ -271,6 +277,8 @@ class Simulator:
             dirty = False
             while heap and heap[0][0] == t:
                 _, _, kind, payload = heapq.heappop(heap)
+                if kind in self._REAL:
+                    self._real -= 1
                 if kind == self._EV:
                     dirty |= self._feed(self._materialise(payload, t), t)
                 elif kind == self._TICK:
@@ -290,7 +298,8 @@ class Simulator:
                         self._push(t, self._EV, NodeHeartbeat(
                             event_id=det_id("sim", "NodeHeartbeat", payload, t), ts=from_us(t),
                             producer="sim/agent", node_id=payload))
-                        self._push(t + s_to_us(cfg.heartbeat_s), self._HB, payload)  # type: ignore[arg-type]
+                        if self._real:
+                            self._push(t + s_to_us(cfg.heartbeat_s), self._HB, payload)  # type: ignore[arg-type]
                 elif kind == self._DIE:
                     self._dead.add(payload)
                     for key, nid in list(self._alive.items()):
@@ -298,13 +307,13 @@ class Simulator:
                             del self._alive[key]
                 elif kind == self._SAMPLE:
                     self._sample(t)
-                    if self._more_work():
+                    if self._real:
                         self._push(t + s_to_us(cfg.sample_s), self._SAMPLE)
             if dirty and (self.state.pending or self.state.draining or self.state.stopping
                           or self.dcfg.heartbeat_timeout_s is not None):
                 self.cycles += 1
                 self._outputs(step(self.state, Tick(t), t, self.dcfg), t)
-            if cfg.cycle_s and self.state.pending and self._periodic_at is None:
+            if cfg.cycle_s and self.state.pending and self._periodic_at is None and self._real:
                 self._periodic_at = t + s_to_us(cfg.cycle_s)
                 self._push(self._periodic_at, self._PERIODIC)
         return SimResult(
@@ -314,10 +323,6 @@ class Simulator:
             violations=self.violations, samples=self.samples, total=total, start_us=start,
             end_us=now, cycles=self.cycles, events=self.events,
             capacity_gpus=sum(n.gpus for n in self.nodes))
-
-    def _more_work(self) -> bool:
-        return any(k not in (self._SAMPLE, self._HB, self._PERIODIC) for _, _, k, _ in self._heap) or bool(
-            self.state.jobs)
 
     def _materialise(self, payload: Any, t: Micros) -> Event:
         if isinstance(payload, SimJob):
