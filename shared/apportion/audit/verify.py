@@ -1,0 +1,599 @@
+"""``audit verify``: rebuild from the log and compare with what the services recorded.
+
+Three checks, each a pure function of a log in
+:func:`apportion.bus.reader.log_order` (plus, for the first, the rows read
+from Redis):
+
+(a) :func:`check_read_models` - the accounting read model (``usage`` meta and
+    ``budgets`` rows) against the windows rebuilt at the meta's ``at``, and
+    the dispatcher's ``jobs``/``nodes`` rows against the dispatcher state
+    folded from the whole log (compare on a quiescent cluster: the
+    dispatcher rewrites its rows at most every 0.5 s).
+(b) :func:`check_snapshots` - every ``OccupancySnapshot`` against
+    :func:`apportion.domain.usage.usage_snapshot` recomputed at its ``at``
+    from the events with ``ts <= at`` (and the tree folded up to ``at``).
+    GPU-second values must agree within 1e-6 relative *and* 1 GPU-second
+    absolute; ratios within 1e-6 relative.
+(c) :func:`rerun_decisions` - every recorded scheduling decision
+    (``JobPlaced``/``JobPreempted``) re-run with
+    :func:`apportion.domain.dispatch.step` on ``Tick(decision.ts)``.
+
+What the re-run folds (the reconstruction rule). The dispatcher decides
+with the state after folding everything *it* had processed, which is not a
+prefix of the log order: it folds its own decisions the moment it emits
+them, and other producers' records only when it polls them. So for the
+decisions of one tick at event time T (they share ``ts``):
+
+* records of other producers on the dispatcher's input topics
+  (submissions, jobs, nodes, budgets) are folded when their offset is below
+  ``Decision.inputs`` (the dispatcher's input position, stamped on every
+  ``JobPlaced``); decisions written before that field existed, and ticks
+  that only preempted, fall back to event time (below; ``basis`` says which);
+* the dispatcher's own events (``producer``) are folded when their event
+  time is < T, those of the previous decision tick before any record polled
+  after it, and same-time events in the order ``step`` emits them
+  (maintenance, preemptions, then placements and starts); its own
+  non-decision events *at* T (admissions of events decided at the same
+  instant, this tick's maintenance) are folded before the re-run, which is
+  what the cycle sees either way (the simulator ticks at the instant of
+  the event that woke it).
+* without ``inputs``, other producers' records with event time <= T.
+
+Records are folded incrementally in one pass (each decision re-runs on a
+fork), so verifying a whole log costs one fold plus one cycle per decision
+tick. Known limits: decisions made after a dispatcher fail-over were made
+on a state rebuilt in log order, and decision-less ticks between two
+decision ticks are ordered by event time among polled records; both can
+only cause a reported mismatch, never hide one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from apportion import events, topics
+from apportion.bus.reader import LogRecord, log_order
+from apportion.domain.budgets import fold_budget_log
+from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, fold, step
+from apportion.domain.fairshare import budget_order
+from apportion.domain.occupancy import OccupancyLedger
+from apportion.domain.usage import usage_snapshot
+from apportion.timeutil import WEEK_S, Micros, from_us, to_us
+
+__all__ = ["Mismatch", "DecisionCheck", "VerifyReport", "rerun_decisions", "check_snapshots",
+           "check_read_models", "verify", "position", "DECISION_TYPES", "dispatcher_input_topics"]
+
+#: Recorded events that are scheduling decisions (re-run by :func:`rerun_decisions`).
+DECISION_TYPES = (events.JobPlaced, events.JobPreempted)
+
+#: Tolerances of the snapshot check (DESIGN section 2: exact to 1 GPU-second).
+REL_TOL = 1e-6
+ABS_GPU_S = 1.0
+
+# same-time own events in the order step() emits them: maintenance, preemptions, placements, starts
+_EMIT_RANK = {"NodeLost": 0, "JobLost": 1, "JobRequeued": 2, "JobQueued": 2, "JobRejected": 2,
+              "JobCancelled": 2, "JobFailed": 2, "JobPreempted": 3, "StopWorkload": 4, "NodeDrained": 5,
+              "JobPlaced": 6, "StartWorkload": 7}
+
+
+def position(rec: LogRecord) -> str:
+    """``topic:partition@offset`` of a record (how mismatches name where they are)."""
+    return f"{rec.topic}:{rec.partition}@{rec.offset}"
+
+
+def dispatcher_input_topics() -> tuple[str, ...]:
+    """Physical names of the topics the dispatcher consumes (namespace included)."""
+    return (topics.SUBMISSIONS.name, topics.JOBS.name, topics.NODES.name, topics.BUDGETS.name)
+
+
+@dataclass
+class Mismatch:
+    """One divergence between the log's rebuild and what was recorded.
+
+    Attributes:
+        check: ``read_model``, ``snapshot`` or ``decision``.
+        offset: ``topic:partition@offset`` of the first record where it
+            appears (``None`` when no record can be named, e.g. a Redis row
+            for an entity the log never mentions).
+        at: event time (ISO) of that record or decision.
+        subject: what differs (a budget path, job id, node id, Redis key).
+        detail: human description of the difference(s).
+    """
+
+    check: str
+    offset: str | None
+    at: str | None
+    subject: str
+    detail: str
+    order: tuple = field(default=(), repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        return {"check": self.check, "offset": self.offset, "at": self.at, "subject": self.subject,
+                "detail": self.detail}
+
+
+@dataclass
+class DecisionCheck:
+    """One decision tick re-run.
+
+    Attributes:
+        at_us: event time of the tick (µs).
+        basis: ``inputs`` (folded up to ``Decision.inputs``) or ``log-order``
+            (no input position recorded: folded by event time).
+        recorded: the recorded decision records of the tick, in log order.
+        expected: the decisions the re-run produced.
+        diffs: human descriptions of the differences (empty: match).
+    """
+
+    at_us: Micros
+    basis: str
+    recorded: list[LogRecord]
+    expected: list[events.Event]
+    diffs: list[str]
+
+    @property
+    def match(self) -> bool:
+        """True when the re-run gave the same decisions (ids and content)."""
+        return not self.diffs
+
+    @property
+    def offset(self) -> str | None:
+        """Position of the first recorded decision of the tick."""
+        return position(self.recorded[0]) if self.recorded else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        return {"at": from_us(self.at_us).isoformat(), "basis": self.basis, "match": self.match,
+                "offset": self.offset,
+                "recorded": [f"{r.event.type} {getattr(r.event, 'job_id', '')} {r.event.event_id}"
+                             for r in self.recorded if r.event is not None],
+                "expected": [f"{e.type} {getattr(e, 'job_id', '')} {e.event_id}" for e in self.expected],
+                "diffs": self.diffs}
+
+
+# --------------------------------------------------------------------------- comparisons
+
+
+def _close(a: float, b: float, rel: float = REL_TOL, abs_tol: float | None = None) -> bool:
+    if math.isinf(a) or math.isinf(b) or math.isnan(a) or math.isnan(b):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if abs_tol is not None and abs(a - b) > abs_tol:
+        return False
+    return abs(a - b) <= rel * max(abs(a), abs(b)) or a == b
+
+
+def _diff(a: Any, b: Any, path: str, out: list[str], rel: float = 1e-9) -> None:
+    """Differences between two JSON-like values; floats within ``rel``."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            _diff(a.get(k), b.get(k), f"{path}.{k}" if path else k, out, rel)
+    elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            out.append(f"{path}: {len(a)} items recorded, {len(b)} re-run")
+        for i, (x, y) in enumerate(zip(a, b)):
+            _diff(x, y, f"{path}[{i}]", out, rel)
+    elif isinstance(a, float) or isinstance(b, float):
+        fa = float("inf") if a == "Infinity" else a
+        fb = float("inf") if b == "Infinity" else b
+        if not (isinstance(fa, (int, float)) and isinstance(fb, (int, float)) and _close(fa, fb, rel)):
+            out.append(f"{path}: recorded {a!r}, re-run {b!r}")
+    elif a != b:
+        out.append(f"{path}: recorded {a!r}, re-run {b!r}")
+
+
+def _norm(ev: events.Event) -> dict[str, Any]:
+    """A decision's content without what the service adds after deciding."""
+    d = ev.model_dump(mode="json")
+    for k in ("fencing_token", "producer", "schema_version"):
+        d.pop(k, None)
+    if isinstance(d.get("decision"), dict):
+        d["decision"].pop("inputs", None)
+    return d
+
+
+# --------------------------------------------------------------------------- (c) decisions
+
+
+def rerun_decisions(records: Sequence[LogRecord], config: DispatchConfig | None = None, *,
+                    producer: str = "dispatcher", only_at: Iterable[Micros] | None = None,
+                    until_us: Micros | None = None) -> list[DecisionCheck]:
+    """Re-run every recorded decision tick (see the module docstring for what is folded).
+
+    Args:
+        records: the log in log order (all topics; only the dispatcher's
+            input topics and its own events are folded).
+        config: the dispatcher's knobs (delta, grace, reservation,
+            heartbeat timeout, window) - they must match the service's.
+        producer: the dispatcher's ``producer`` name (its own events).
+        only_at: re-run only the ticks at these event times (µs), e.g. for
+            ``explain``; the fold still covers everything before them.
+        until_us: stop after the last tick at or before this event time.
+
+    Returns:
+        One :class:`DecisionCheck` per re-run tick, in time order.
+    """
+    cfg = config or DispatchConfig()
+    wanted = set(only_at) if only_at is not None else None
+    inputs = set(dispatcher_input_topics())
+    own: list[LogRecord] = []
+    ext_by_tp: dict[str, list[LogRecord]] = defaultdict(list)
+    groups: dict[Micros, list[LogRecord]] = defaultdict(list)
+    for r in records:
+        ev = r.event
+        if ev is None:
+            continue
+        if ev.producer == producer:
+            own.append(r)
+            if isinstance(ev, DECISION_TYPES):
+                groups[to_us(ev.ts)].append(r)
+        elif r.topic in inputs:
+            ext_by_tp[f"{r.topic}:{r.partition}"].append(r)
+    for lst in ext_by_tp.values():
+        lst.sort(key=lambda r: r.offset)
+
+    def own_key(r: LogRecord) -> tuple:
+        return (to_us(r.event.ts), _EMIT_RANK.get(r.event.type, 8), r.topic, r.partition, r.offset)  # type: ignore[union-attr]
+
+    def ext_key(r: LogRecord) -> tuple:  # before own events of the same instant (they follow from it)
+        return (to_us(r.event.ts), -1, r.topic, r.partition, r.offset)  # type: ignore[union-attr]
+
+    own.sort(key=own_key)
+    state = DispatchState(window_s=cfg.engine.window_s)
+    ext_ptr: dict[str, int] = {tp: 0 for tp in ext_by_tp}
+    oi = 0
+    out: list[DecisionCheck] = []
+    for t in sorted(groups):
+        if until_us is not None and t > until_us:
+            break
+        recorded = sorted(groups[t], key=log_order)
+        placed = [r.event for r in recorded if isinstance(r.event, events.JobPlaced)]
+        watermark = next((e.decision.inputs for e in placed if e.decision.inputs is not None), None)  # type: ignore[union-attr]
+        # 1. own events of earlier ticks come first (already emitted when later records were polled)
+        # 2. then newly polled records merged with own events up to (not at) t by event time
+        fresh: list[LogRecord] = []
+        for tp, lst in ext_by_tp.items():
+            i = ext_ptr[tp]
+            if watermark is not None:
+                limit = watermark.get(tp, 0)
+                while i < len(lst) and lst[i].offset < limit:
+                    fresh.append(lst[i])
+                    i += 1
+            else:
+                while i < len(lst) and to_us(lst[i].event.ts) <= t:  # type: ignore[union-attr]
+                    fresh.append(lst[i])
+                    i += 1
+            ext_ptr[tp] = i
+        fresh.sort(key=log_order)
+        mine: list[LogRecord] = []
+        while oi < len(own) and to_us(own[oi].event.ts) < t:  # type: ignore[union-attr]
+            mine.append(own[oi])
+            oi += 1
+        merged = sorted([(own_key(r), r) for r in mine] + [(ext_key(r), r) for r in fresh],
+                        key=lambda kr: kr[0])
+        for _, r in merged:
+            evolve(state, r.event)  # type: ignore[arg-type]
+        # 3. own non-decision events at exactly t: outputs of steps on events at the same instant
+        #    (the simulator ticks at the time of the event) or of this tick's maintenance, which the
+        #    cycle sees folded either way
+        j = oi
+        while j < len(own) and to_us(own[j].event.ts) == t:  # type: ignore[union-attr]
+            if not isinstance(own[j].event, DECISION_TYPES + (events.StartWorkload, events.StopWorkload)):
+                evolve(state, own[j].event)  # type: ignore[arg-type]
+            j += 1
+        if wanted is not None and t not in wanted:
+            continue
+        scratch = state.fork()
+        got = [e for e in step(scratch, Tick(t), t, cfg) if isinstance(e, DECISION_TYPES)]
+        diffs: list[str] = []
+        rec_by_id = {r.event.event_id: r.event for r in recorded}  # type: ignore[union-attr]
+        got_by_id = {e.event_id: e for e in got}
+        for eid, ev in rec_by_id.items():
+            mine_ev = got_by_id.get(eid)
+            who = f"{ev.type} {getattr(ev, 'job_id', '')}#{getattr(ev, 'attempt', '')}"
+            if mine_ev is None:
+                diffs.append(f"{who}: recorded, but the re-run does not decide it")
+                continue
+            sub: list[str] = []
+            _diff(_norm(ev), _norm(mine_ev), "", sub)
+            diffs.extend(f"{who}: {d}" for d in sub)
+        for eid, ev in got_by_id.items():
+            if eid not in rec_by_id:
+                diffs.append(f"{ev.type} {getattr(ev, 'job_id', '')}#{getattr(ev, 'attempt', '')}: "
+                             f"the re-run decides it, but it was not recorded")
+        out.append(DecisionCheck(t, "inputs" if watermark is not None else "log-order", recorded, got, diffs))
+    return out
+
+
+# --------------------------------------------------------------------------- (b) snapshots
+
+
+def _compare_snapshot(rec: events.OccupancySnapshot, exp: events.OccupancySnapshot) -> list[str]:
+    diffs: list[str] = []
+    if rec.capacity_gpus != exp.capacity_gpus:
+        diffs.append(f"capacity_gpus: recorded {rec.capacity_gpus}, rebuilt {exp.capacity_gpus}")
+    if not _close(rec.capacity_gpu_s, exp.capacity_gpu_s, abs_tol=ABS_GPU_S):
+        diffs.append(f"capacity_gpu_s: recorded {rec.capacity_gpu_s!r}, rebuilt {exp.capacity_gpu_s!r}")
+    a = {u.path: u for u in rec.budgets}
+    b = {u.path: u for u in exp.budgets}
+    for p in sorted(set(a) | set(b)):
+        if p not in a or p not in b:
+            diffs.append(f"{p}: {'missing from the snapshot' if p not in a else 'not in the rebuilt tree'}")
+            continue
+        for f in ("occupancy_gpu_s", "unallocated_gpu_s", "entitlement_gpu_s"):
+            x, y = getattr(a[p], f), getattr(b[p], f)
+            if not _close(x, y, abs_tol=ABS_GPU_S):
+                diffs.append(f"{p}.{f}: recorded {x!r}, rebuilt {y!r}")
+        for f in ("ratio", "abs_share"):
+            x, y = getattr(a[p], f), getattr(b[p], f)
+            if not _close(x, y):
+                diffs.append(f"{p}.{f}: recorded {x!r}, rebuilt {y!r}")
+    return diffs
+
+
+def check_snapshots(records: Sequence[LogRecord], *, producer: str | None = None) -> list[Mismatch]:
+    """Compare every ``OccupancySnapshot`` with the windows rebuilt at its ``at``.
+
+    One pass: snapshots are taken in ``at`` order and the ledger folds the
+    log (event time ``<= at``) forward between them; the tree is
+    :func:`fold_budget_log` up to ``at``. Tolerances: :data:`REL_TOL` and
+    :data:`ABS_GPU_S`.
+
+    Args:
+        records: the log in log order.
+        producer: only check snapshots of this producer (default: all).
+
+    Returns:
+        Mismatches, one per divergent snapshot, in log order.
+    """
+    snaps = [r for r in records if isinstance(r.event, events.OccupancySnapshot)
+             and (producer is None or r.event.producer == producer)]
+    if not snaps:
+        return []
+    evs = [r.event for r in records if r.event is not None]
+    budget_evs = [e for e in evs if isinstance(e, (events.BudgetSet, events.BudgetRemoved, events.BudgetRejected))]
+    out: list[Mismatch] = []
+    ledgers: dict[float, tuple[OccupancyLedger, list[int]]] = {}
+    for r in sorted(snaps, key=lambda r: (to_us(r.event.at), log_order(r))):  # type: ignore[union-attr]
+        snap: events.OccupancySnapshot = r.event  # type: ignore[assignment]
+        at = to_us(snap.at)
+        ledger, pos = ledgers.setdefault(snap.window_s, (OccupancyLedger(snap.window_s), [0]))
+        i = pos[0]
+        while i < len(evs) and to_us(evs[i].ts) <= at:
+            ledger.apply(evs[i])
+            i += 1
+        pos[0] = i
+        if ledger.clock is not None and at < ledger.clock:
+            out.append(Mismatch("snapshot", position(r), snap.at.isoformat(), "at",
+                                "snapshot time precedes an event already folded", log_order(r)))
+            continue
+        exp = usage_snapshot(fold_budget_log(budget_evs, until_us=at), ledger, at, producer="audit")
+        diffs = _compare_snapshot(snap, exp)
+        if diffs:
+            out.append(Mismatch("snapshot", position(r), snap.at.isoformat(), f"OccupancySnapshot {snap.event_id}",
+                                "; ".join(diffs[:8]) + (f"; ... {len(diffs) - 8} more" if len(diffs) > 8 else ""),
+                                log_order(r)))
+    out.sort(key=lambda m: m.order)
+    return out
+
+
+# --------------------------------------------------------------------------- (a) read models
+
+
+def _last_record_of(records: Sequence[LogRecord], attr: str) -> dict[str, LogRecord]:
+    last: dict[str, LogRecord] = {}
+    for r in records:
+        v = getattr(r.event, attr, None) if r.event is not None else None
+        if isinstance(v, str):
+            last[v] = r
+    return last
+
+
+def check_read_models(records: Sequence[LogRecord], rows: Mapping[str, Mapping[str, Mapping[str, Any]]],
+                      config: DispatchConfig | None = None) -> list[Mismatch]:
+    """Compare the Redis read models with the rebuild.
+
+    Args:
+        records: the log in log order.
+        rows: ``{"usage": ..., "budgets": ..., "jobs": ..., "nodes": ...}``
+            as :func:`apportion.readmodel.read_hash` returns them (a missing
+            entry skips that read model).
+        config: dispatcher knobs (window).
+
+    Checks: the usage meta names a snapshot present in the log and its
+    ``at``; every budget row (O, U, E, r, abs share, rank) equals the
+    windows rebuilt at that ``at``. Every job row (state, attempt, budget,
+    nodes) and node row (state, GPUs, free GPUs, running) equals the
+    dispatcher state folded from the whole log. The offset named is the
+    snapshot the usage rows claim to show, or the latest record of the job
+    or node.
+    """
+    cfg = config or DispatchConfig()
+    out: list[Mismatch] = []
+    usage = rows.get("usage") or {}
+    budgets = rows.get("budgets")
+    meta = usage.get("meta")
+    if meta is not None and budgets is not None:
+        from apportion.audit.replay import occupancy_at
+
+        snap_rec = next((r for r in records if isinstance(r.event, events.OccupancySnapshot)
+                         and str(r.event.event_id) == meta.get("snapshot_id")), None)
+        where = position(snap_rec) if snap_rec else None
+        order = log_order(snap_rec) if snap_rec else ()
+        at = to_us(events.utc(_parse(meta["at"])))
+        if snap_rec is None:
+            out.append(Mismatch("read_model", None, meta["at"], "usage.meta",
+                                f"snapshot {meta.get('snapshot_id')} is not in the log"))
+        snap, ranks = occupancy_at(records, at, window_s=float(meta.get("window_s", WEEK_S)))
+        exp = {u.path: u.model_dump(mode="json") | {"rank": ranks.get(u.path)} for u in snap.budgets}
+        for path in sorted(set(exp) | set(budgets)):
+            got, want = budgets.get(path), exp.get(path)
+            if got is None or want is None:
+                out.append(Mismatch("read_model", where, meta["at"], f"budgets[{path}]",
+                                    "row missing in Redis" if got is None else "row not in the rebuilt tree", order))
+                continue
+            diffs = []
+            for f in ("occupancy_gpu_s", "unallocated_gpu_s", "entitlement_gpu_s"):
+                if not _close(float(got.get(f, math.nan)), float(want[f]), abs_tol=ABS_GPU_S):
+                    diffs.append(f"{f}: Redis {got.get(f)!r}, rebuilt {want[f]!r}")
+            for f in ("ratio", "abs_share"):
+                g = got.get(f)
+                g = math.inf if g == "Infinity" else g
+                w = math.inf if want[f] == "Infinity" else want[f]
+                if not isinstance(g, (int, float)) or not _close(float(g), float(w)):
+                    diffs.append(f"{f}: Redis {got.get(f)!r}, rebuilt {want[f]!r}")
+            if got.get("rank") != want["rank"]:
+                diffs.append(f"rank: Redis {got.get('rank')!r}, rebuilt {want['rank']!r}")
+            if diffs:
+                out.append(Mismatch("read_model", where, meta["at"], f"budgets[{path}]", "; ".join(diffs), order))
+        if not _close(float(meta.get("capacity_gpu_s", math.nan)), snap.capacity_gpu_s, abs_tol=ABS_GPU_S):
+            out.append(Mismatch("read_model", where, meta["at"], "usage.meta",
+                                f"capacity_gpu_s: Redis {meta.get('capacity_gpu_s')!r}, rebuilt {snap.capacity_gpu_s!r}",
+                                order))
+    jobs, nodes = rows.get("jobs"), rows.get("nodes")
+    if jobs is not None or nodes is not None:
+        state = fold((r.event for r in records if r.event is not None), window_s=cfg.engine.window_s)
+        if jobs is not None:
+            last = _last_record_of(records, "job_id")
+            for jid in sorted(set(jobs) | set(state.jobs)):
+                got = jobs.get(jid)
+                rec = state.jobs.get(jid)
+                lr = last.get(jid)
+                where, at_s, order = (position(lr), lr.event.ts.isoformat(), log_order(lr)) if lr else (None, None, ())  # type: ignore[union-attr]
+                if got is None or rec is None:
+                    out.append(Mismatch("read_model", where, at_s, f"jobs[{jid}]",
+                                        "row missing in Redis" if got is None else
+                                        "Redis lists a job the log says is not active", order))
+                    continue
+                run = state.cluster.runs.get((jid, rec.attempt))
+                want = {"state": rec.status, "attempt": rec.attempt, "budget": rec.spec.budget,
+                        "nodes": [p.node_id for p in run.placements] if run is not None else []}
+                diffs = [f"{k}: Redis {got.get(k)!r}, rebuilt {v!r}" for k, v in want.items() if got.get(k) != v]
+                if diffs:
+                    out.append(Mismatch("read_model", where, at_s, f"jobs[{jid}]", "; ".join(diffs), order))
+        if nodes is not None:
+            last = _last_record_of([r for r in records if not isinstance(r.event, events.NodeHeartbeat)], "node_id")
+            for nid in sorted(set(nodes) | set(state.cluster.nodes)):
+                got = nodes.get(nid)
+                n = state.cluster.nodes.get(nid)
+                lr = last.get(nid)
+                where, at_s, order = (position(lr), lr.event.ts.isoformat(), log_order(lr)) if lr else (None, None, ())  # type: ignore[union-attr]
+                if got is None or n is None:
+                    out.append(Mismatch("read_model", where, at_s, f"nodes[{nid}]",
+                                        "row missing in Redis" if got is None else "Redis lists an unknown node", order))
+                    continue
+                running = sorted(f"{k[0]}#{k[1]}" for k in state.cluster.node_runs.get(nid, ()))
+                want = {"state": n.state, "gpu_count": n.gpu_count, "gpu_model": n.gpu_model,
+                        "free_gpus": len(n.free), "running": running}
+                diffs = [f"{k}: Redis {got.get(k)!r}, rebuilt {v!r}" for k, v in want.items() if got.get(k) != v]
+                if diffs:
+                    out.append(Mismatch("read_model", where, at_s, f"nodes[{nid}]", "; ".join(diffs), order))
+    return out
+
+
+def _parse(text: str) -> Any:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def read_models_from_redis(r: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    """The four read-model hashes from a ``redis.Redis`` client (namespace from the environment)."""
+    from apportion import readmodel
+
+    return {"usage": readmodel.read_hash(r, readmodel.usage_key()),
+            "budgets": readmodel.read_hash(r, readmodel.budgets_key()),
+            "jobs": readmodel.read_hash(r, readmodel.jobs_key()),
+            "nodes": readmodel.read_hash(r, readmodel.nodes_key())}
+
+
+# --------------------------------------------------------------------------- all
+
+
+@dataclass
+class VerifyReport:
+    """Outcome of :func:`verify`.
+
+    Attributes:
+        mismatches: every divergence, in log order of the first record
+            where it appears (``first`` is the earliest).
+        snapshots: number of snapshots checked.
+        decisions: decision ticks re-run; ``decision_basis`` counts them by basis.
+        read_models: whether Redis rows were compared.
+        records: log records read.
+    """
+
+    mismatches: list[Mismatch]
+    snapshots: int
+    decisions: int
+    decision_basis: dict[str, int]
+    read_models: bool
+    records: int
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing diverged."""
+        return not self.mismatches
+
+    @property
+    def first(self) -> Mismatch | None:
+        """The earliest mismatch in log order."""
+        return self.mismatches[0] if self.mismatches else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        return {"ok": self.ok, "records": self.records, "snapshots": self.snapshots,
+                "decision_ticks": self.decisions, "decision_basis": self.decision_basis,
+                "read_models": self.read_models,
+                "first_offset": self.first.offset if self.first else None,
+                "mismatches": [m.to_dict() for m in self.mismatches]}
+
+
+def verify(records: Sequence[LogRecord], *, read_models: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+           config: DispatchConfig | None = None, producer: str = "dispatcher") -> VerifyReport:
+    """Run the three checks (read models only when ``read_models`` is given).
+
+    Args:
+        records: the log in log order.
+        read_models: rows from :func:`read_models_from_redis`, or ``None``.
+        config: the dispatcher's knobs.
+        producer: the dispatcher's ``producer`` name.
+    """
+    mism: list[Mismatch] = []
+    if read_models is not None:
+        mism += check_read_models(records, read_models, config)
+    snaps = check_snapshots(records)
+    mism += snaps
+    checks = rerun_decisions(records, config, producer=producer)
+    basis: dict[str, int] = defaultdict(int)
+    for c in checks:
+        basis[c.basis] += 1
+        if not c.match:
+            first = c.recorded[0]
+            mism.append(Mismatch("decision", c.offset, from_us(c.at_us).isoformat(),
+                                 ", ".join(sorted({getattr(r.event, 'job_id', '?') for r in c.recorded})),
+                                 "; ".join(c.diffs[:6]), log_order(first)))
+    mism.sort(key=lambda m: (m.order == (), m.order))
+    n_snaps = sum(1 for r in records if isinstance(r.event, events.OccupancySnapshot))
+    return VerifyReport(mism, n_snaps, len(checks), dict(basis), read_models is not None, len(records))
+
+
+def records_from_events(evs: Iterable[events.Event]) -> list[LogRecord]:
+    """Wrap events (e.g. a simulator log) as records in log order.
+
+    Each event goes to its registry topic (:func:`apportion.events.topic_of`),
+    partition 0, at the next offset of that topic in the given order; the
+    Kafka timestamp is the event time. For tests and offline what-ifs.
+    """
+    nxt: dict[str, int] = defaultdict(int)
+    out = []
+    for e in evs:
+        t = events.topic_of(e)
+        out.append(LogRecord(t, 0, nxt[t], events.key_of(e), to_us(e.ts) // 1000, events.encode(e), e))
+        nxt[t] += 1
+    out.sort(key=log_order)
+    return out
