@@ -1,0 +1,140 @@
+"""audit verify on hand-built logs: a clean simulated log passes; a tampered snapshot,
+decision or read-model row is reported at the offset where it appears.
+
+History (tree drawn below; two 1-GPU nodes, delta 0.01; the scenario of
+tests/sim/test_scenarios.py::test_preemption_after_expiry_when_hysteresis_holds)::
+
+    lab (1.0)
+    ├── a  0.5     a1 at 0:00 (1 h protection, runs 10 h)
+    └── b  0.5     b1 at 0:01, b2 at 0:02 -> at 1:00 b2 preempts a1 (expired_behind)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sim"))
+
+from simkit import T0, at, job, nodes, run  # noqa: E402
+
+from apportion import events  # noqa: E402
+from apportion.audit.replay import occupancy_at  # noqa: E402
+from apportion.audit.verify import (  # noqa: E402
+    check_read_models,
+    check_snapshots,
+    position,
+    records_from_events,
+    rerun_decisions,
+    verify,
+)
+from apportion.domain.dispatch import DispatchConfig  # noqa: E402
+from apportion.domain.engine import EngineConfig  # noqa: E402
+from apportion.timeutil import from_us  # noqa: E402
+
+AB = {"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5}
+CFG = DispatchConfig(engine=EngineConfig(delta=0.01), heartbeat_timeout_s=None)
+
+
+def history(snapshot_times: tuple[int, ...] = ()) -> list[events.Event]:
+    """Budgets, the simulated scenario, and accounting snapshots at the given times."""
+    jobs = [job("a1", "lab/a", min_runtime_s=3600, duration_s=10 * 3600),
+            job("b1", "lab/b", submit=at(0, 1), min_runtime_s=3600, duration_s=10 * 3600),
+            job("b2", "lab/b", submit=at(0, 2), min_runtime_s=3600, duration_s=3600)]
+    r = run(AB, nodes(("n0", 1), ("n1", 1)), jobs, until_us=at(3), delta=0.01)
+    log = [events.BudgetSet(path=p, share=s, ts=from_us(T0 - 1), producer="ops") for p, s in AB.items()]
+    log += r.log
+    base = records_from_events(log)
+    for t in snapshot_times:
+        snap, _ = occupancy_at(base, t)
+        log.append(snap.model_copy(update={"producer": "accounting"}))
+    return log
+
+
+def test_clean_log_every_decision_reruns_identically() -> None:
+    recs = records_from_events(history())
+    checks = rerun_decisions(recs, CFG)
+    assert len(checks) == 5 and all(c.match for c in checks), [c.diffs for c in checks if not c.match]
+    assert {c.basis for c in checks} == {"log-order"}  # the simulator records no input position
+
+
+def test_clean_log_verifies() -> None:
+    rep = verify(records_from_events(history((at(0, 30), at(1, 30), at(2, 30)))), config=CFG)
+    assert rep.ok, rep.to_dict()
+    assert rep.snapshots == 3 and rep.decisions == 5
+
+
+def test_tampered_snapshot_is_named_by_its_offset() -> None:
+    log = history((at(0, 30), at(1, 30), at(2, 30)))
+    snap = log[-2]  # the 1:30 snapshot
+    rows = list(snap.budgets)
+    rows[1] = rows[1].model_copy(update={"occupancy_gpu_s": rows[1].occupancy_gpu_s + 5.0})
+    log[-2] = snap.model_copy(update={"budgets": tuple(rows)})
+    recs = records_from_events(log)
+    bad = next(r for r in recs if r.event is log[-2])
+    (m,) = check_snapshots(recs)
+    assert m.offset == position(bad) == "apportion.usage:0@1"
+    assert f"{rows[1].path}.occupancy_gpu_s" in m.detail
+    rep = verify(recs, config=CFG)
+    assert not rep.ok and rep.first.offset == "apportion.usage:0@1"
+
+
+def test_snapshot_within_a_gpu_second_passes_beyond_fails() -> None:
+    # 1e-6 relative of ~3600 GPU-s is 0.0036: a 0.5 GPU-s error fails the relative bound
+    log = history((at(0, 30),))
+    rows = list(log[-1].budgets)
+    rows[1] = rows[1].model_copy(update={"occupancy_gpu_s": rows[1].occupancy_gpu_s * (1 + 1e-8)})
+    log[-1] = log[-1].model_copy(update={"budgets": tuple(rows)})
+    assert check_snapshots(records_from_events(log)) == []
+
+
+def test_tampered_decision_is_named_by_its_offset() -> None:
+    log = history()
+    i = next(i for i, e in enumerate(log) if isinstance(e, events.JobPlaced) and e.job_id == "b2")
+    placed = log[i]
+    log[i] = placed.model_copy(update={"decision": placed.decision.model_copy(update={"rank": 7})})
+    recs = records_from_events(log)
+    rep = verify(recs, config=CFG)
+    assert not rep.ok
+    m = rep.first
+    assert m.check == "decision" and "decision.rank: recorded 7, re-run 0" in m.detail
+    # the first record of that tick: a1's preemption (same instant, earlier offset)
+    tick = sorted((r for r in recs if r.event is not None and r.event.ts == placed.ts
+                   and isinstance(r.event, (events.JobPlaced, events.JobPreempted))),
+                  key=lambda r: (r.topic, r.partition, r.offset))
+    assert m.offset == position(tick[0])
+
+
+def test_read_model_rows_compared_with_the_rebuild() -> None:
+    log = history((at(2, 30),))
+    recs = records_from_events(log)
+    snap = log[-1]
+    _, ranks = occupancy_at(recs, at(2, 30))
+    budgets = {u.path: u.model_dump(mode="json") | {"rank": ranks.get(u.path)} for u in snap.budgets}
+    meta = {"at": snap.at.isoformat(), "window_s": snap.window_s, "capacity_gpu_s": snap.capacity_gpu_s,
+            "snapshot_id": str(snap.event_id)}
+    rows = {"usage": {"meta": meta}, "budgets": budgets}
+    assert check_read_models(recs, rows, CFG) == []
+    budgets["lab/b"] = budgets["lab/b"] | {"occupancy_gpu_s": 1.0}
+    (m,) = check_read_models(recs, rows, CFG)
+    assert m.subject == "budgets[lab/b]" and m.offset == "apportion.usage:0@0"
+
+
+@pytest.mark.parametrize("field,value", [("state", "pending"), ("nodes", ["n9"])])
+def test_dispatcher_job_row_that_disagrees_is_reported(field: str, value: object) -> None:
+    recs = records_from_events(history())
+    from apportion.domain.dispatch import fold
+
+    state = fold(r.event for r in recs if r.event is not None)
+    jobs = {}
+    for jid, rec in state.jobs.items():
+        run_ = state.cluster.runs.get((jid, rec.attempt))
+        jobs[jid] = {"state": rec.status, "attempt": rec.attempt, "budget": rec.spec.budget,
+                     "nodes": [p.node_id for p in run_.placements] if run_ else []}
+    assert check_read_models(recs, {"jobs": jobs}, CFG) == []
+    jid = sorted(jobs)[0]
+    jobs[jid] = jobs[jid] | {field: value}
+    (m,) = check_read_models(recs, {"jobs": jobs}, CFG)
+    assert m.subject == f"jobs[{jid}]" and m.offset is not None
