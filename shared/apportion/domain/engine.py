@@ -64,11 +64,13 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
+from operator import attrgetter
 from typing import Any
 
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import ClusterSnapshot, Run, RunKey
-from apportion.domain.fairshare import FairShareQueue, branches_at_lca
+from apportion.domain.fairshare import FairShareQueue, branches_at_lca, budget_order
 from apportion.events import (
     Decision,
     Event,
@@ -367,6 +369,15 @@ class _Free:
         self.reserved.add(nid)
 
 
+@lru_cache(maxsize=1 << 16)
+def _branches(v: str, b: str) -> tuple[str, str, str] | None:
+    """:func:`branches_at_lca`, ``None`` when on one line; a pure function of two paths, memoised."""
+    try:
+        return branches_at_lca(v, b)
+    except ValueError:
+        return None
+
+
 class _Victims:
     """Preemption candidates of one cycle, built on first use."""
 
@@ -377,23 +388,20 @@ class _Victims:
         self.expired: dict[str, list[Run]] = {}
         self.taken: set[RunKey] = set()
         self.lca: dict[tuple[str, str], tuple[str, str, str] | None] = {}
-        for key in sorted(cluster.runs):
-            run = cluster.runs[key]
+        runs = cluster.runs
+        for key in sorted(runs):
+            run = runs[key]
             if run.stopping:
                 continue
             if not run.allocated:
                 self.unalloc.append(run)
-            elif not run.protected(now):
+                continue
+            start = run.started_at_us if run.started_at_us is not None else run.placed_at_us
+            if now >= start + run.min_runtime_us:
                 self.expired.setdefault(run.budget, []).append(run)
 
     def branches(self, v: str, b: str) -> tuple[str, str, str] | None:
-        key = (v, b)
-        if key not in self.lca:
-            try:
-                self.lca[key] = branches_at_lca(v, b)
-            except ValueError:
-                self.lca[key] = None
-        return self.lca[key]
+        return _branches(v, b)
 
 
 def _boundary(jobs: Sequence[PendingJob]) -> int:
@@ -443,7 +451,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
     pre_fail: dict[str, tuple[list[tuple[int, int]], int, int]] = {}
     charges = 0
     own_charges: dict[str, int] = {}
-    suffix: dict[tuple[str, int], tuple[list[int], list[int]]] = {}
+    floors: dict[tuple[str, int], tuple[int, int]] = {}
     reserved_for: str | None = None
     rank = -1
     ratio = queue.ratio
@@ -466,14 +474,14 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         else:
             ent[0].append((g, k))
 
-    def suffix_min(leaf: str, idx: int, lo: int, hi: int) -> tuple[int, int]:
-        """Smallest g and k among pending[leaf][idx+1:hi] (a lower bound of what is left)."""
+    def floor_shape(leaf: str, lo: int, hi: int) -> tuple[int, int]:
+        """Smallest g and smallest k in pending[leaf][lo:hi]: a lower bound of any job left there."""
         key = (leaf, lo)
-        suf = suffix.get(key)
-        if suf is None:
-            suf = suffix[key] = _suffix_mins(pending[leaf][lo:hi])
-        i = idx + 1 - lo
-        return suf[0][i], suf[1][i]
+        f = floors.get(key)
+        if f is None:
+            seg = pending[leaf][lo:hi]
+            f = floors[key] = (min(map(_G, seg)), min(map(_K, seg))) if seg else (big, big)
+        return f
 
     # ---------------------------------------------------------------- pass 1: allocated jobs
     while True:
@@ -534,54 +542,49 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
             res.reservation = (job.job_id, tuple(chosen_nodes))
             continue  # the reservation changed free capacity: no bulk skip on its account
         if model is None:
-            mg, mk = suffix_min(leaf, idx, 0, bound[leaf])
-            if mg == big or pre_failed(leaf, mg, mk):
+            mg, mk = floor_shape(leaf, 0, bound[leaf])
+            if pre_failed(leaf, mg, mk):
                 queue.drop_leaf(leaf)
 
     # ---------------------------------------------------------------- pass 2: unallocated jobs
-    rest = {leaf: range(b, len(pending[leaf])) for leaf, b in bound.items() if b < len(pending[leaf])}
+    rest = [leaf for leaf, b in bound.items() if b < len(pending[leaf])]
     if not rest:
         return res
     occ_after = {p: queue.occupancy(p) for p in tree.paths()}
-    queue2: FairShareQueue[int] = FairShareQueue(tree, occ_after, snapshot.capacity_gpu_s, rest)
-    ratio2 = queue2.ratio
-    while True:
-        item = queue2.pop()
-        if item is None:
-            break
-        leaf, idx = item
-        job = pending[leaf][idx]
-        rank += 1
-        res.considered += 1
-        g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
-        nodes = None
-        if not (_dominated(free_fail.get(model, ()), g, k)  # type: ignore[arg-type]
-                or (model is not None and _dominated(free_fail.get(None, ()), g, k))):  # type: ignore[arg-type]
+    order = budget_order(tree, occ_after, snapshot.capacity_gpu_s)
+    any_free = free_fail.get(None, [])
+    for leaf in order:
+        jobs = pending.get(leaf)
+        if not jobs or bound[leaf] >= len(jobs):
+            continue
+        r_leaf = queue.ratio(leaf)
+        mg, mk = floor_shape(leaf, bound[leaf], len(jobs))
+        if _dominated(any_free, mg, mk):
+            continue  # nothing of this leaf fits on what is free
+        for idx in range(bound[leaf], len(jobs)):
+            job = jobs[idx]
+            rank += 1
+            res.considered += 1
+            g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
+            if _dominated(free_fail.get(model, ()), g, k) or (  # type: ignore[arg-type]
+                    model is not None and _dominated(any_free, g, k)):
+                continue
             nodes = free.fit(g, k, model)
             if nodes is None:
                 free_fail.setdefault(model, []).append((g, k))
-        if nodes is not None:
+                any_free = free_fail.get(None, [])
+                if model is None and _dominated(any_free, mg, mk):
+                    break
+                continue
             placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
-            _emit_placed(out, job, placements, (), leaf, rank, budget_rank, ratio2(leaf), False, ts, cfg)
+            _emit_placed(out, job, placements, (), leaf, rank, budget_rank, r_leaf, False, ts, cfg)
             out.extend(start_events(job.job_id, job.attempt, placements, ts, job.duration_s,
                                     job.command, cfg.producer))
-        elif model is None:
-            mg, mk = suffix_min(leaf, idx, bound[leaf], len(pending[leaf]))
-            if mg == big or _dominated(free_fail.get(None, []), mg, mk):
-                queue2.drop_leaf(leaf)
     return res
 
 
-def _suffix_mins(jobs: Sequence[PendingJob]) -> tuple[list[int], list[int]]:
-    """Per position i, min g and min k over jobs[i:]."""
-    big = 1 << 30
-    n = len(jobs)
-    gs, ks = [big] * (n + 1), [big] * (n + 1)
-    for i in range(n - 1, -1, -1):
-        j = jobs[i]
-        gs[i] = j.gpus_per_replica if j.gpus_per_replica < gs[i + 1] else gs[i + 1]
-        ks[i] = j.replicas if j.replicas < ks[i + 1] else ks[i + 1]
-    return gs, ks
+_G = attrgetter("gpus_per_replica")
+_K = attrgetter("replicas")
 
 
 def _emit_placed(out: list[Event], job: PendingJob, placements: tuple[Placement, ...],
@@ -625,7 +628,7 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, cluster: C
     for v, runs in victims.expired.items():
         if v == leaf:
             continue
-        br = victims.branches(v, leaf)
+        br = _branches(v, leaf)
         if br is None:
             continue
         lca, vb, bb = br
