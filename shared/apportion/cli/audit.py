@@ -200,7 +200,179 @@ def squatting(
     _out().print(table)
 
 
+# ------------------------------------------------------------------ explain / verify / whatif
+
+def _dispatch_config(delta: float, grace: float, reservation_after: str, heartbeat_timeout: str,
+                     window: str) -> Any:
+    """The dispatcher knobs the re-run uses (they must match the live dispatcher's settings)."""
+    from apportion.domain.dispatch import DispatchConfig
+    from apportion.domain.engine import EngineConfig
+    from apportion.durations import parse_duration
+
+    hb = parse_duration(heartbeat_timeout)
+    return DispatchConfig(engine=EngineConfig(delta=delta, reservation_after_s=parse_duration(reservation_after),
+                                              window_s=parse_duration(window), grace_s=grace),
+                          heartbeat_timeout_s=hb if hb > 0 else None)
+
+
+Delta = Annotated[float, typer.Option(help="Dispatcher preemption hysteresis (as configured live).")]
+Grace = Annotated[float, typer.Option(help="Dispatcher grace seconds for preempted runs (as configured live).")]
+Reservation = Annotated[str, typer.Option("--reservation-after", help="Dispatcher reservation_after (as live).")]
+HbTimeout = Annotated[str, typer.Option("--heartbeat-timeout", help="Dispatcher heartbeat timeout; 0 disables (as live).")]
+Window = Annotated[str, typer.Option(help="Occupancy window (7d default).")]
+Producer = Annotated[str, typer.Option("--dispatcher-producer", help="The dispatcher's producer name.")]
+
+
+@audit_app.command("explain")
+def explain_cmd(
+    job_id: Annotated[str, typer.Argument(help="The job to explain.")],
+    delta: Delta = 0.05, grace: Grace = 30.0, reservation_after: Reservation = "1h",
+    heartbeat_timeout: HbTimeout = "30s", window: Window = "7d", producer: Producer = "dispatcher",
+    bootstrap: Bootstrap = None,
+    from_file: FromFile = None,
+    as_json: JsonOut = False,
+) -> None:
+    """A job's whole timeline from the log, each placement and preemption re-run on the rebuilt state.
+
+    Exit code 1 when the job is not in the log or a re-run decision differs from the recorded one.
+    """
+    from apportion.audit.explain import explain
+    from apportion.cli.main import _print_json, fail
+
+    cfg = _dispatch_config(delta, grace, reservation_after, heartbeat_timeout, window)
+    ex = explain(_load(bootstrap, from_file), job_id, cfg, producer=producer)
+    if not ex.found:
+        fail(f"job {job_id!r} is not in the log", 1)
+    if as_json:
+        _print_json(ex.to_dict())
+    else:
+        table = Table(title=f"job {job_id}")
+        for col in ("event time", "offset", "event", "what happened", "re-run"):
+            table.add_column(col, overflow="fold")
+        for e in ex.timeline:
+            check = "" if e.check is None else ("[green]same[/]" if e.check["match"] else "[red]DIFFERS[/]")
+            table.add_row(e.at, e.offset, e.kind, e.summary, check)
+        _out().print(table)
+        for e in ex.timeline:
+            if e.check is not None and not e.check["match"]:
+                _out().print(f"[red]{e.kind} at {e.offset}:[/] " + "; ".join(e.check["diffs"]))
+        n = sum(1 for e in ex.timeline if e.check is not None)
+        _out().print(f"{n} decisions re-run: " + ("all identical" if ex.decisions_match else "[red]mismatch[/]"))
+    if not ex.decisions_match:
+        raise typer.Exit(1)
+
+
+@audit_app.command("verify")
+def verify_cmd(
+    redis_url: Annotated[Optional[str], typer.Option("--redis", help="Redis URL of the live read models.",
+                                                     envvar="APPORTION_REDIS_URL")] = None,
+    no_redis: Annotated[bool, typer.Option("--no-redis", help="Skip the read-model check (offline).")] = False,
+    delta: Delta = 0.05, grace: Grace = 30.0, reservation_after: Reservation = "1h",
+    heartbeat_timeout: HbTimeout = "30s", window: Window = "7d", producer: Producer = "dispatcher",
+    bootstrap: Bootstrap = None,
+    from_file: FromFile = None,
+    as_json: JsonOut = False,
+) -> None:
+    """Rebuild from the log; compare with Redis read models, every snapshot and every decision.
+
+    Exit code 1 on any mismatch; each is reported with the first offset where it appears.
+    The read-model check is skipped with --no-redis (default with --from-file).
+    """
+    from apportion.audit.verify import read_models_from_redis, verify
+    from apportion.cli.main import _print_json
+
+    cfg = _dispatch_config(delta, grace, reservation_after, heartbeat_timeout, window)
+    recs = _load(bootstrap, from_file)
+    rows = None
+    if not no_redis and (from_file is None or redis_url is not None):
+        import redis as redis_lib
+
+        r = redis_lib.Redis.from_url(Connection.resolve(redis_url=redis_url).redis_url)
+        try:
+            rows = read_models_from_redis(r)
+        finally:
+            r.close()
+    t0 = time.perf_counter()
+    rep = verify(recs, read_models=rows, config=cfg, producer=producer)
+    dt = time.perf_counter() - t0
+    if as_json:
+        _print_json(rep.to_dict())
+    else:
+        _err().print(f"verified {len(recs):,} records in {dt:.2f} s ({len(recs) / dt if dt else 0:,.0f} events/s)")
+        _out().print(f"snapshots checked: {rep.snapshots}; decision ticks re-run: {rep.decisions} "
+                     f"{rep.decision_basis}; read models: {'checked' if rep.read_models else 'skipped'}")
+        if rep.ok:
+            _out().print("[green]OK[/]: the live state is what the log says")
+        else:
+            table = Table(title=f"{len(rep.mismatches)} mismatches (first at {rep.first.offset})")
+            for col in ("check", "first offset", "event time", "subject", "difference"):
+                table.add_column(col, overflow="fold")
+            for m in rep.mismatches:
+                table.add_row(m.check, m.offset or "-", m.at or "-", m.subject, m.detail)
+            _out().print(table)
+    if not rep.ok:
+        raise typer.Exit(1)
+
+
+def whatif_cmd(
+    budgets: Annotated[Path, typer.Option("--budgets", exists=True, dir_okay=False,
+                                          help="New budget tree (YAML: a budget file or path: share).")],
+    seed: Annotated[int, typer.Option(help="Simulator seed (stop delays).")] = 0,
+    cycle_s: Annotated[float, typer.Option("--cycle-s", help="Periodic cycle while jobs wait, seconds.")] = 300.0,
+    delta: Delta = 0.05, grace: Grace = 30.0, reservation_after: Reservation = "1h", window: Window = "7d",
+    bootstrap: Bootstrap = None,
+    from_file: FromFile = None,
+    as_json: JsonOut = False,
+) -> None:
+    """Re-run the log's submissions under another budget tree and the recorded one, side by side."""
+    from apportion.audit.whatif import load_tree, whatif
+    from apportion.cli.main import _print_json, fail
+
+    cfg = _dispatch_config(delta, grace, reservation_after, "0", window)
+    try:
+        w = whatif(_load(bootstrap, from_file), load_tree(budgets), seed=seed, config=cfg, cycle_s=cycle_s)
+    except ValueError as exc:
+        fail(str(exc), 1)
+    if as_json:
+        _print_json(w.to_dict())
+        return
+
+    def f(v: Any, kind: str) -> str:
+        if v is None:
+            return "-"
+        if kind == "share":
+            return f"{v:+.3f}" if kind == "dshare" else f"{v:.3f}"
+        if kind == "s":
+            return f"{v:,.0f}"
+        return str(v)
+
+    def d(v: Any, kind: str) -> str:
+        if v is None:
+            return "-"
+        return f"{v:+.3f}" if kind == "share" else f"{v:+,.0f}"
+
+    _out().print(f"{w.jobs} jobs on {w.nodes} nodes ({w.gpus} GPUs)"
+                 + (f"; skipped {len(w.skipped)} without a known duration" if w.skipped else ""))
+    table = Table(title="per budget: recorded tree -> new tree (diff)")
+    for col in ("budget", "share", "alloc share", "wait p50 s", "wait p95 s", "preemptions", "never placed"):
+        table.add_column(col, justify="left" if col == "budget" else "right")
+    for row in w.rows:
+        a, b, df = row["recorded"] or {}, row["new"] or {}, row["diff"] or {}
+
+        def cell(k: str, kind: str) -> str:
+            return f"{f(a.get(k), kind)} -> {f(b.get(k), kind)} ({d(df.get(k), kind)})"
+
+        table.add_row(row["path"], f"{f(row['share_recorded'], 'share')} -> {f(row['share_new'], 'share')}",
+                      cell("alloc_share", "share"), cell("wait_p50_s", "s"), cell("wait_p95_s", "s"),
+                      cell("preemptions", "n"), cell("never", "n"))
+    _out().print(table)
+    for name, rep in (("recorded", w.recorded), ("new", w.new)):
+        _out().print(f"{name}: utilisation {rep.utilisation:.3f}, wait p50 {f(rep.wait_p50_s, 's')} s, "
+                     f"preemptions {rep.preemptions}, never placed {rep.never}, protection violations {rep.violations}")
+
+
 def register(app: typer.Typer) -> None:
     """Attach ``audit`` and ``log`` to the main CLI."""
     app.add_typer(audit_app, name="audit")
     app.add_typer(log_app, name="log")
+    app.command("whatif")(whatif_cmd)
