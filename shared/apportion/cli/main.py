@@ -227,6 +227,59 @@ def share(
     out.print(t)
 
 
+@app.command()
+def top(
+    interval: Annotated[float, typer.Option(help="Refresh period, wall seconds.")] = 1.0,
+    iterations: Annotated[int, typer.Option(help="Stop after N refreshes (0 = until Ctrl-C).")] = 0,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Live view: budgets (share, occupancy, r), queue by state, and nodes, refreshed until Ctrl-C."""
+    import time as _time
+    from collections import Counter
+
+    from rich.console import Group
+    from rich.live import Live
+
+    from apportion import readmodel
+
+    r = _redis(redis_url)
+
+    def frame() -> Group:
+        budgets = readmodel.read_hash(r, readmodel.budgets_key())
+        meta = readmodel.read_hash(r, readmodel.usage_key()).get("meta", {})
+        jobs = readmodel.read_hash(r, readmodel.jobs_key())
+        nodes = readmodel.read_hash(r, readmodel.nodes_key())
+        bt = Table(title=f"budgets at {meta.get('at', '?')}  capacity {meta.get('capacity_gpus', '?')} GPUs")
+        for col in ("budget", "share", "O GPU-h", "U GPU-h", "r", "pending", "running"):
+            bt.add_column(col, justify="left" if col == "budget" else "right")
+        by_budget: dict[str, Counter[str]] = {}
+        for j in jobs.values():
+            by_budget.setdefault(j.get("budget", "?"), Counter())[j.get("state", "?")] += 1
+        for path, row in budgets.items():
+            c = by_budget.get(path, Counter())
+            bt.add_row("  " * path.count("/") + path.rsplit("/", 1)[-1], f"{row.get('abs_share', 0):.3f}",
+                       f"{row.get('occupancy_gpu_s', 0) / 3600:.1f}", f"{row.get('unallocated_gpu_s', 0) / 3600:.1f}",
+                       _ratio(row.get("ratio")), str(c.get("pending", 0) or ""), str(c.get("running", 0) or ""))
+        states = Counter(n.get("state", "?") for n in nodes.values())
+        free = sum(int(n.get("free_gpus", 0)) for n in nodes.values())
+        total = sum(int(n.get("gpu_count", 0)) for n in nodes.values())
+        jstates = Counter(j.get("state", "?") for j in jobs.values())
+        summary = (f"nodes {dict(sorted(states.items()))}  GPUs free {free}/{total}  "
+                   f"jobs {dict(sorted(jstates.items()))}")
+        return Group(bt, summary)
+
+    n = 0
+    with Live(frame(), console=out, refresh_per_second=4, transient=False) as live:
+        try:
+            while iterations <= 0 or n < iterations:
+                n += 1
+                live.update(frame())
+                if iterations <= 0 or n < iterations:
+                    _time.sleep(interval)
+        except KeyboardInterrupt:
+            pass
+
+
 # --------------------------------------------------------------------------- ops
 
 
