@@ -167,7 +167,7 @@ class DispatchState:
     """
 
     __slots__ = ("tree", "ledger", "cluster", "jobs", "finished", "pending", "stopping",
-                 "awaiting", "draining", "seen", "_ledger_on")
+                 "awaiting", "draining", "seen", "_ledger_on", "_shapes")
 
     def __init__(self, tree: BudgetTree | None = None, window_s: float = float(WEEK_S)) -> None:
         self.tree = tree if tree is not None else BudgetTree.empty()
@@ -181,6 +181,7 @@ class DispatchState:
         self.draining: set[str] = set()
         self.seen: set[Any] = set()
         self._ledger_on = True
+        self._shapes: list[NodeShape] | None = None
 
     def fork(self) -> "DispatchState":
         """A scratch copy for planning (shares the ledger read-only; never fold into both)."""
@@ -200,6 +201,7 @@ class DispatchState:
         other.awaiting = dict(self.awaiting)
         other.draining = set(self.draining)
         other.seen = set()
+        other._shapes = None
         return other
 
     def cycle_snapshot(self, now_us: Micros) -> CycleSnapshot:
@@ -212,6 +214,17 @@ class DispatchState:
             occupancy=self.ledger.occupancy(t),
             capacity_gpu_s=self.ledger.capacity_gpu_s(t),
         )
+
+    def node_shapes(self) -> list[NodeShape]:
+        """Declared inventory for admission: (GPUs, model, count) of nodes not lost (cached)."""
+        if self._shapes is None:
+            counts: dict[tuple[int, str | None], int] = {}
+            for n in self.cluster.nodes.values():
+                if n.state != "lost":
+                    counts[(n.gpu_count, n.gpu_model)] = counts.get((n.gpu_count, n.gpu_model), 0) + 1
+            self._shapes = [NodeShape(c, m, cnt) for (c, m), cnt in
+                            sorted(counts.items(), key=lambda x: (x[0][0], x[0][1] or ""))]
+        return self._shapes
 
     def pending_count(self) -> int:
         """Jobs waiting in the queue."""
@@ -275,6 +288,8 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         state.ledger.apply(ev)
     state.cluster.apply(ev)
     cls = type(ev)
+    if cls.__name__.startswith("Node") and cls is not NodeHeartbeat:
+        state._shapes = None
     jobs = state.jobs
     if cls is JobQueued:
         t = to_us(ev.ts)
@@ -373,11 +388,7 @@ def admit_submission(state: DispatchState, job: JobSubmitted) -> tuple[RejectRea
     """
     if job.job_id in state.jobs or job.job_id in state.finished:
         return (RejectReason.DUPLICATE_JOB, f"job {job.job_id!r} was already submitted")
-    counts: dict[tuple[int, str | None], int] = {}
-    for n in state.cluster.nodes.values():
-        if n.state != "lost":
-            counts[(n.gpu_count, n.gpu_model)] = counts.get((n.gpu_count, n.gpu_model), 0) + 1
-    shapes = [NodeShape(c, m, cnt) for (c, m), cnt in sorted(counts.items(), key=lambda x: (x[0][0], x[0][1] or ""))]
+    shapes = state.node_shapes()
     rejection = admit(state.tree, job, shapes)
     if rejection is not None:
         return (rejection.reason, rejection.message)

@@ -379,29 +379,68 @@ def _branches(v: str, b: str) -> tuple[str, str, str] | None:
 
 
 class _Victims:
-    """Preemption candidates of one cycle, built on first use."""
+    """Preemption candidates of one cycle, indexed by node, built on first use.
 
-    __slots__ = ("unalloc", "expired", "taken", "lca")
+    ``unalloc[node]`` and ``expired[leaf][node]`` hold ``(cost, run, gpus on
+    that node)`` with cost ``(allocated GPUs, unallocated GPUs, GPU-s of work
+    lost, job_id, attempt)`` of the whole run, sorted cheapest first.
+    """
+
+    __slots__ = ("unalloc", "expired", "taken", "behind")
 
     def __init__(self, cluster: ClusterSnapshot, now: Micros) -> None:
-        self.unalloc: list[Run] = []
-        self.expired: dict[str, list[Run]] = {}
+        self.unalloc: dict[str, list[tuple[tuple[int, int, float, str, int], Run, tuple[int, ...]]]] = {}
+        self.expired: dict[str, dict[str, list[tuple[tuple[int, int, float, str, int], Run, tuple[int, ...]]]]] = {}
         self.taken: set[RunKey] = set()
-        self.lca: dict[tuple[str, str], tuple[str, str, str] | None] = {}
+        self.behind: dict[str, tuple[int, dict[str, tuple[str, float, float]]]] = {}
         runs = cluster.runs
         for key in sorted(runs):
             run = runs[key]
             if run.stopping:
                 continue
-            if not run.allocated:
-                self.unalloc.append(run)
-                continue
             start = run.started_at_us if run.started_at_us is not None else run.placed_at_us
-            if now >= start + run.min_runtime_us:
-                self.expired.setdefault(run.budget, []).append(run)
+            if run.allocated:
+                if now < start + run.min_runtime_us:
+                    continue
+                book = self.expired.setdefault(run.budget, {})
+            else:
+                book = self.unalloc
+            gpus = run.gpus_per_replica * run.replicas
+            cost = ((gpus, 0) if run.allocated else (0, gpus)) + (gpus * (now - start) / 1e6, run.job_id, run.attempt)
+            for r in run.open_replicas:
+                p = run.placements[r]
+                book.setdefault(p.node_id, []).append((cost, run, p.gpus))  # type: ignore[arg-type]
+        for lst in self.unalloc.values():
+            lst.sort(key=_first)
+        for by_node in self.expired.values():
+            for lst in by_node.values():
+                lst.sort(key=_first)
 
-    def branches(self, v: str, b: str) -> tuple[str, str, str] | None:
-        return _branches(v, b)
+    def behind_of(self, leaf: str, ratio: Any, delta: float, epoch: int) -> dict[str, tuple[str, float, float]]:
+        """Leaves whose expired runs ``leaf`` may preempt: V -> (lca, r_V branch, r_B branch).
+
+        Recomputed when ``epoch`` (the cycle's charge count) has moved on.
+        """
+        hit = self.behind.get(leaf)
+        if hit is not None and hit[0] == epoch:
+            return hit[1]
+        out: dict[str, tuple[str, float, float]] = {}
+        for v in self.expired:
+            if v == leaf:
+                continue
+            br = _branches(v, leaf)
+            if br is None:
+                continue
+            lca, vb, bb = br
+            rv, rb = ratio(vb), ratio(bb)
+            if rv >= rb + delta:
+                out[v] = (lca, rv, rb)
+        self.behind[leaf] = (epoch, out)
+        return out
+
+
+def _first(x: tuple) -> Any:
+    return x[0]
 
 
 def _boundary(jobs: Sequence[PendingJob]) -> int:
@@ -512,7 +551,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
             if victims is None:
                 victims = _Victims(cluster, now_us)
             res.searches += 1
-            plan = _plan(job, leaf, free, victims, cluster, now_us, ratio, cfg.delta)
+            plan = _plan(job, leaf, free, victims, now_us, ratio, cfg.delta, charges)
             if plan is None:
                 record_pre_fail(mkey, g, k)
             else:
@@ -609,10 +648,21 @@ def _reservation_nodes(free: _Free, g: int, k: int, model: str | None) -> list[s
     return elig[:k]
 
 
-def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, cluster: ClusterSnapshot,
-          now: Micros, ratio: Any, delta: float
+_UNALLOC_RULE = ("unallocated", None, None, None)
+
+
+def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micros, ratio: Any,
+          delta: float, epoch: int = 0
           ) -> tuple[tuple[Placement, ...], list[tuple[Run, Victim]]] | None:
     """Least-cost preemption plan for allocated ``job`` of ``leaf``, or ``None`` (DESIGN section 3).
+
+    Cost of a set: (allocated GPUs, unallocated GPUs, GPU-s of work lost),
+    lexicographic. Any node that needs no allocated victim is cheaper than
+    one that does, so nodes reachable with unallocated victims alone are
+    tried first and the expired-behind runs are looked at only when fewer
+    than k such nodes exist. Per node the cheapest victims are taken first,
+    then unnecessary ones dropped (most expensive first); the k cheapest
+    nodes (ties by node id) form the plan.
 
     Returns the placements of J (free GPUs first, then victims' GPUs) and the
     victims with their :class:`Victim` audit records; the free index is
@@ -620,81 +670,96 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, cluster: C
     """
     g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
     taken = victims.taken
-    # candidate runs with their rule
-    cands: list[tuple[Run, tuple[str, str | None, float | None, float | None]]] = []
-    for run in victims.unalloc:
-        if run.key not in taken:
-            cands.append((run, ("unallocated", None, None, None)))
-    for v, runs in victims.expired.items():
-        if v == leaf:
-            continue
-        br = _branches(v, leaf)
-        if br is None:
-            continue
-        lca, vb, bb = br
-        rv, rb = ratio(vb), ratio(bb)
-        if rv < rb + delta:
-            continue
-        for run in runs:
-            if run.key not in taken:
-                cands.append((run, ("expired_behind", lca, rv, rb)))
-    if not cands:
-        return None
-    # per eligible node: the candidates with a replica there
     fmodel, fcount, reserved, ffree = free.model, free.count, free.reserved, free.free
-    per_node: dict[str, list[tuple[tuple[int, int, float, str, int], Run, Victim, tuple[int, ...]]]] = {}
-    for run, vic in cands:
-        lost = run.gpus * (now - (run.started_at_us if run.started_at_us is not None
-                                  else run.placed_at_us)) / 1e6
-        cost = (run.gpus if run.allocated else 0, 0 if run.allocated else run.gpus, lost,
-                run.job_id, run.attempt)
-        for r in run.open_replicas:
-            p = run.placements[r]
-            nid = p.node_id
-            if nid not in fmodel or nid in reserved or fcount[nid] < g:
-                continue
-            if model is not None and fmodel[nid] != model:
-                continue
-            per_node.setdefault(nid, []).append((cost, run, vic, p.gpus))  # type: ignore[arg-type]
-    options: list[tuple[tuple[int, int, float], str, list[tuple[Any, Run, Victim, tuple[int, ...]]]]] = []
-    for nid, lst in per_node.items():
+
+    def eligible(nid: str) -> bool:
+        return (nid in fmodel and nid not in reserved and fcount[nid] >= g
+                and (model is None or fmodel[nid] == model))
+
+    def evaluate(nid: str, lst: list) -> tuple | None:
         have = len(ffree[nid])
-        if have + sum(len(x[3]) for x in lst) < g:
-            continue
-        lst.sort(key=lambda x: x[0])
+        if have + sum(len(x[2]) for x in lst) < g:
+            return None
         chosen = []
         got = have
         for x in lst:
             if got >= g:
                 break
             chosen.append(x)
-            got += len(x[3])
-        # drop victims that turned out unnecessary, most expensive first
-        for x in sorted(chosen, key=lambda x: x[0], reverse=True):
-            if got - len(x[3]) >= g:
+            got += len(x[2])
+        for x in sorted(chosen, key=_first, reverse=True):
+            if got - len(x[2]) >= g:
                 chosen.remove(x)
-                got -= len(x[3])
-        options.append(((sum(x[0][0] for x in chosen), sum(x[0][1] for x in chosen),
-                         sum(x[0][2] for x in chosen)), nid, chosen))
-    # nodes that already have room (fewer than k of them, or the free fit would have worked)
-    for nid, f in ffree.items():
-        if len(f) >= g and nid not in per_node and nid not in reserved and fcount[nid] >= g and (
-                model is None or fmodel[nid] == model):
-            options.append(((0, 0, 0.0), nid, []))
+                got -= len(x[2])
+        a = u = 0
+        lost = 0.0
+        for x in chosen:
+            c = x[0]
+            a += c[0]
+            u += c[1]
+            lost += c[2]
+        return ((a, u, lost), nid, chosen)
+
+    options: list[tuple] = []
+    u_nodes = victims.unalloc
+    for nid, lst in u_nodes.items():
+        if not eligible(nid):
+            continue
+        cands = [(c, run, gp, _UNALLOC_RULE) for c, run, gp in lst if run.key not in taken]
+        if cands:
+            opt = evaluate(nid, cands)
+            if opt is not None:
+                options.append(opt)
+    for c in range(g, free.maxc + 1):
+        for m, b in free.buckets.items():
+            if model is not None and m != model:
+                continue
+            for nid in b[c]:
+                if nid not in u_nodes or not any(x[1].key not in taken for x in u_nodes[nid]):
+                    if fcount[nid] >= g:
+                        options.append(((0, 0, 0.0), nid, []))
     if len(options) < k:
-        return None
+        behind = victims.behind_of(leaf, ratio, delta, epoch)
+        if not behind:
+            return None
+        per_node: dict[str, list] = {}
+        for v, (lca, rv, rb) in behind.items():
+            rule = ("expired_behind", lca, rv, rb)
+            for nid, lst in victims.expired[v].items():
+                if not eligible(nid):
+                    continue
+                bucket = per_node.get(nid)
+                if bucket is None:
+                    bucket = per_node[nid] = []
+                bucket.extend((c, run, gp, rule) for c, run, gp in lst if run.key not in taken)
+        if not per_node:
+            return None
+        seen = {o[1] for o in options}
+        for nid, lst in per_node.items():
+            if not lst:
+                continue
+            if nid in u_nodes:
+                lst.extend((c, run, gp, _UNALLOC_RULE) for c, run, gp in u_nodes[nid] if run.key not in taken)
+            lst.sort(key=_first)
+            opt = evaluate(nid, lst)
+            if opt is not None:
+                if nid in seen:
+                    options = [o for o in options if o[1] != nid]
+                options.append(opt)
+        if len(options) < k:
+            return None
     options.sort(key=lambda o: (o[0], o[1]))
     best = options[:k]
     placements = []
     picked: dict[RunKey, tuple[Run, Victim]] = {}
     for _, nid, chosen in best:
         gpus = list(free.take(nid, min(g, len(ffree[nid]))))
-        extra = sorted(gg for x in chosen for gg in x[3])
+        extra = sorted(gg for x in chosen for gg in x[2])
         gpus.extend(extra[: g - len(gpus)])
         placements.append(Placement(node_id=nid, gpus=tuple(sorted(gpus))))
         for x in chosen:
             if x[1].key not in picked:
-                picked[x[1].key] = (x[1], _victim(x[1], *x[2]))
+                picked[x[1].key] = (x[1], _victim(x[1], *x[3]))
     return tuple(placements), [picked[key] for key in sorted(picked)]
 
 

@@ -74,7 +74,7 @@ def _greedy(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig, jobs:
             if victims is None:
                 victims = _Victims(snapshot.cluster, now_us)
                 victims.expired = {}  # priority classes: only the low class is preemptible
-            plan = _plan(job, job.budget, free, victims, snapshot.cluster, now_us, lambda p: 0.0, 0.0)
+            plan = _plan(job, job.budget, free, victims, now_us, lambda p: 0.0, 0.0)
             if plan is None:
                 continue
             pl, chosen = plan

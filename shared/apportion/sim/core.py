@@ -122,6 +122,8 @@ class SimConfig:
         cancels: ``(job_id, at_us)`` cancel requests.
         cycle_s: while jobs wait, also tick every ``cycle_s`` seconds (the
             dispatcher service's periodic cycle); ``None`` ticks on events only.
+        min_gap_s: debounce: a cycle wanted at t runs at ``max(t, last cycle +
+            min_gap_s)`` (a dispatcher batching its input); 0 = at once.
         sample_s: period of the share/queue samples, seconds.
         keep_log: keep every event (for scenario tests and the decision log).
     """
@@ -136,6 +138,7 @@ class SimConfig:
     node_failures: tuple[tuple[str, Micros], ...] = ()
     cancels: tuple[tuple[str, Micros], ...] = ()
     cycle_s: float | None = 300.0
+    min_gap_s: float = 0.0
     sample_s: float = 3600.0
     keep_log: bool = True
 
@@ -156,6 +159,8 @@ class SimResult:
         samples: ``(t_us, {leaf: (O_b/K in the window, running GPUs, pending
             jobs, pending allocated jobs)})``.
         total: a ledger over the whole run (window = the run), for utilisation.
+        measured: ``(O_b, U_b, K)`` of ``total`` at the last submission
+            (GPU-s): the span with sustained demand, before the drain-out tail.
         start_us, end_us: simulated span.
         cycles: scheduling cycles run; events: events processed.
         capacity_gpus: GPUs in the cluster.
@@ -175,6 +180,8 @@ class SimResult:
     cycles: int
     events: int
     capacity_gpus: int
+    measured: tuple[dict[str, float], dict[str, float], float] | None = None
+    measured_until_us: Micros | None = None
 
     def decision_log(self) -> bytes:
         """The dispatcher's outputs as JSON lines (byte-identical for the same inputs and seed)."""
@@ -221,6 +228,8 @@ class Simulator:
         self._started: dict[tuple[str, int], Micros] = {}
         self._periodic_at: Micros | None = None
         self._real = 0
+        self._last_cycle: Micros = -(1 << 62)
+        self._deferred_at: Micros | None = None
 
     # ------------------------------------------------------------------ heap
 
@@ -268,8 +277,13 @@ class Simulator:
         self.total = total
         now = start
         heap = self._heap
+        gap = s_to_us(cfg.min_gap_s)
+        measure = self.jobs[-1].submit_us if self.jobs else start
+        self.measured: tuple[dict[str, float], dict[str, float], float] | None = None
         while heap:
             t = heap[0][0]
+            if self.measured is None and t > measure:
+                self._measure(measure)
             if span_end is not None and t > span_end:
                 break
             if t > now:
@@ -311,12 +325,24 @@ class Simulator:
                         self._push(t + s_to_us(cfg.sample_s), self._SAMPLE)
             if dirty and (self.state.pending or self.state.draining or self.state.stopping
                           or self.dcfg.heartbeat_timeout_s is not None):
-                self.cycles += 1
-                self._outputs(step(self.state, Tick(t), t, self.dcfg), t)
+                if gap and t < self._last_cycle + gap:
+                    if self._deferred_at is None:
+                        self._deferred_at = self._last_cycle + gap
+                        self._push(self._deferred_at, self._TICK)
+                else:
+                    if self._deferred_at is not None and self._deferred_at <= t:
+                        self._deferred_at = None
+                    self._last_cycle = t
+                    self.cycles += 1
+                    self._outputs(step(self.state, Tick(t), t, self.dcfg), t)
             if cfg.cycle_s and self.state.pending and self._periodic_at is None and self._real:
                 self._periodic_at = t + s_to_us(cfg.cycle_s)
                 self._push(self._periodic_at, self._PERIODIC)
+        if self.measured is None:
+            self._measure(max(measure, total.clock or measure))
         return SimResult(
+            measured=self.measured,  # type: ignore[arg-type]
+            measured_until_us=measure,
             log=self.log, state=self.state, placed_first=self.placed_first,
             submitted={j.job_id: j.submit_us for j in self.jobs},
             job_budget={j.job_id: j.budget for j in self.jobs}, preemptions=self.preemptions,
@@ -369,6 +395,12 @@ class Simulator:
                 self.placed_first.setdefault(e.job_id, t)  # type: ignore[attr-defined]
             elif cls is JobPreempted:
                 self._preempted(e, t)  # type: ignore[arg-type]
+
+    def _measure(self, t: Micros) -> None:
+        """Totals over [start, t] (t = last submission): the span with sustained demand."""
+        tot = self.total
+        t = max(t, tot.clock or t)
+        self.measured = (tot.occupancy(t), tot.unallocated(t), tot.capacity_gpu_s(t))
 
     def _preempted(self, e: JobPreempted, t: Micros) -> None:
         self.preemptions[e.budget] = self.preemptions.get(e.budget, 0) + 1

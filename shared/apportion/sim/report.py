@@ -3,13 +3,13 @@
 Definitions (all over the simulated span ``[start, end]``):
 
 * **utilisation**: GPU-seconds held by running runs (allocated and
-  unallocated) / capacity GPU-seconds, from a ledger whose window covers the
-  whole run.
+  unallocated) / capacity GPU-seconds, from the first to the last
+  submission (the drain-out tail after the last submission is left out).
 * **occupancy share** of a budget: its allocated GPU-seconds / capacity
-  GPU-seconds over the whole run (``alloc``), and its unallocated ones
+  GPU-seconds over the same span (``alloc``), and its unallocated ones
   (``free``).
 * **share deficit** (the promise budgets make): at every sample time
-  (hourly) after the first window W, for every budget with allocated work
+  (hourly, until the queue is empty), for every budget with allocated work
   waiting, ``max(0, share - O_b/K)`` over the trailing window. Reported as
   the mean over those (sample, budget) pairs and the max, in percentage
   points. 0 means no budget that wanted its share was held below it.
@@ -72,6 +72,7 @@ class PolicyReport:
     cycles: int
     events: int
     wall_s: float | None = None
+    measured_until: str | None = None
     budgets: list[BudgetStats] = field(default_factory=list)
     series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
@@ -89,10 +90,7 @@ def summarise(result: SimResult, tree: BudgetTree, policy: str, seed: int,
               wall_s: float | None = None) -> PolicyReport:
     """Figures of one run (definitions in the module docstring)."""
     end = result.end_us
-    total = result.total
-    occ = total.occupancy(end) if total.clock is not None and end >= total.clock else total.occupancy()
-    una = total.unallocated(end) if total.clock is not None and end >= total.clock else total.unallocated()
-    cap = total.capacity_gpu_s(end) if total.clock is not None and end >= total.clock else total.capacity_gpu_s()
+    occ, una, cap = result.measured if result.measured is not None else ({}, {}, 0.0)
     leaves = tree.leaves()
     used = sum(occ.get(p, 0.0) + una.get(p, 0.0) for p in leaves)
     waits: dict[str, list[float]] = {leaf: [] for leaf in leaves}
@@ -106,7 +104,7 @@ def summarise(result: SimResult, tree: BudgetTree, policy: str, seed: int,
             never[b] = never.get(b, 0) + 1
         else:
             waits.setdefault(b, []).append((t - sub) / US_PER_S)
-    warm = result.start_us + round(result.state.ledger.window_us)
+    warm = result.start_us
     deficits: dict[str, list[float]] = {leaf: [] for leaf in leaves}
     backlogged: dict[str, int] = {leaf: 0 for leaf in leaves}
     n_samples = 0
@@ -136,6 +134,7 @@ def summarise(result: SimResult, tree: BudgetTree, policy: str, seed: int,
     return PolicyReport(
         policy=policy, seed=seed, start=from_us(result.start_us).isoformat(),
         end=from_us(end).isoformat(), jobs=len(result.submitted),
+        measured_until=from_us(result.measured_until_us).isoformat() if result.measured_until_us else None,
         utilisation=used / cap if cap else 0.0,
         mean_deficit_pp=sum(all_def) / len(all_def) if all_def else 0.0,
         max_deficit_pp=max(all_def) if all_def else 0.0,
