@@ -1,0 +1,91 @@
+"""Cluster state fold (DESIGN sections 1 and 3): free GPUs, runs, stopping victims, protection."""
+
+from __future__ import annotations
+
+from apportion import events as ev
+from apportion.domain.cluster import ClusterState
+from apportion.timeutil import from_us
+from builders import T0, completed, h, placed, preempted, requeued, started
+
+
+def reg(nid: str, gpus: int = 4, at: int = T0) -> ev.NodeRegistered:
+    return ev.NodeRegistered(node_id=nid, gpu_count=gpus, ts=from_us(at))
+
+
+def fold(*events) -> ClusterState:
+    cs = ClusterState()
+    for e in events:
+        cs.apply(e)
+    return cs
+
+
+def test_placement_takes_free_gpus_and_completion_returns_them():
+    cs = fold(reg("n0"), placed("j", gpus=2, nodes=["n0"], at=h(1)))
+    assert cs.nodes["n0"].free == {2, 3}
+    assert cs.node_runs["n0"] == {("j", 1)}
+    cs.apply(completed("j", at=h(2)))
+    assert cs.nodes["n0"].free == {0, 1, 2, 3} and cs.runs == {} and cs.node_runs["n0"] == frozenset()
+
+
+def test_gang_replicas_end_one_by_one():
+    cs = fold(reg("n0"), reg("n1"), placed("g", gpus=4, replicas=2, nodes=["n0", "n1"], at=h(1)))
+    cs.apply(completed("g", replica=1, at=h(2)))
+    assert cs.nodes["n1"].free == {0, 1, 2, 3} and cs.nodes["n0"].free == frozenset()
+    assert cs.runs[("g", 1)].open_replicas == {0}
+    cs.apply(completed("g", replica=0, at=h(2)))
+    assert ("g", 1) not in cs.runs
+
+
+def test_stopping_victim_keeps_its_gpus_until_requeued_and_preemptor_takes_them_over():
+    cs = fold(reg("n0"), placed("v", gpus=4, nodes=["n0"], allocated=False, at=h(1)),
+              preempted("v", allocated=False, at=h(2)))
+    assert cs.runs[("v", 1)].stopping and cs.nodes["n0"].free == frozenset()
+    # the preemptor takes GPUs 0-1 of the stopping victim
+    p = placed("j", gpus=2, nodes=["n0"], at=h(2))
+    cs.apply(p)
+    cs.apply(completed("v", at=h(2)))  # a stopping run's exit report does not free anything
+    assert cs.nodes["n0"].free == frozenset()
+    cs.apply(requeued("v", attempt=2, at=h(2)))
+    assert cs.nodes["n0"].free == {2, 3}  # only the GPUs the preemptor did not take
+    assert set(cs.runs) == {("j", 1)}
+
+
+def test_protection_runs_from_the_latest_start():
+    cs = fold(reg("n0"), reg("n1"), placed("g", gpus=1, replicas=2, nodes=["n0", "n1"], at=h(1)))
+    run = cs.runs[("g", 1)]
+    assert run.protected_until_us == h(2)  # placed, not started: from placement
+    cs.apply(started("g", replica=0, node="n0", at=h(1.5)))
+    cs.apply(started("g", replica=1, node="n1", at=h(1.75)))
+    run = cs.runs[("g", 1)]
+    assert run.protected_until_us == h(2.75)
+    assert run.protected(h(2.74)) and not run.protected(h(2.75))
+
+
+def test_unallocated_runs_are_never_protected():
+    cs = fold(reg("n0"), placed("u", allocated=False, nodes=["n0"], at=h(1)))
+    assert cs.runs[("u", 1)].protected_until_us is None and not cs.runs[("u", 1)].protected(h(1))
+
+
+def test_node_states_and_reregistration_keep_held_gpus():
+    cs = fold(reg("n0"), placed("j", gpus=3, nodes=["n0"], at=h(1)))
+    cs.apply(ev.NodeDrainRequested(node_id="n0", ts=from_us(h(2))))
+    assert cs.nodes["n0"].state == "draining" and not cs.nodes["n0"].schedulable
+    cs.apply(ev.NodeUncordoned(node_id="n0", ts=from_us(h(3))))
+    cs.apply(reg("n0", at=h(3)))
+    assert cs.nodes["n0"].state == "ready" and cs.nodes["n0"].free == {3}
+
+
+def test_lost_run_frees_and_duplicates_are_harmless():
+    p = placed("j", gpus=2, nodes=["n0"], at=h(1))
+    cs = fold(reg("n0"), p, p)
+    lost = ev.JobLost(job_id="j", attempt=1, node_id="n0", charged_until=from_us(h(1.5)), ts=from_us(h(2)))
+    cs.apply(lost)
+    cs.apply(lost)
+    assert cs.nodes["n0"].free == {0, 1, 2, 3} and cs.runs == {}
+
+
+def test_snapshot_is_not_changed_by_later_events():
+    cs = fold(reg("n0"), placed("j", gpus=2, nodes=["n0"], at=h(1)))
+    snap = cs.snapshot()
+    cs.apply(completed("j", at=h(2)))
+    assert snap.nodes["n0"].free == {2, 3} and ("j", 1) in snap.runs

@@ -1,0 +1,130 @@
+"""Dispatcher decide/evolve, stated as given (history) / when (input) / then (events).
+
+Tree::
+
+    lab (1.0)
+    ├── a  0.5   members: alice
+    └── b  0.5
+"""
+
+from __future__ import annotations
+
+import random
+
+from apportion import events as ev
+from apportion.domain.budgets import BudgetTree
+from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, fold, step
+from apportion.timeutil import from_us
+from builders import T0, h, m, submitted
+
+TREE = BudgetTree.from_mapping({"lab": 1.0, "lab/a": {"share": 0.5, "members": ["alice"]}, "lab/b": 0.5})
+CFG = DispatchConfig(heartbeat_timeout_s=None)
+
+
+def reg(nid: str, gpus: int = 4) -> ev.NodeRegistered:
+    return ev.NodeRegistered(node_id=nid, gpu_count=gpus, ts=from_us(T0), event_id=ev.det_id("reg", nid))
+
+
+def given(*events) -> DispatchState:
+    state = DispatchState(TREE)
+    for e in events:
+        step(state, e, e.ts and int(e.ts.timestamp() * 1e6), CFG)
+    return state
+
+
+def types(out) -> list[str]:
+    return [f"{e.type}:{getattr(e, 'job_id', getattr(e, 'node_id', ''))}" for e in out]
+
+
+def test_submission_is_queued_with_attempt_1():
+    state = given(reg("n0"))
+    out = step(state, submitted("j1", budget="lab/a", user="alice", gpus=2), T0, CFG)
+    assert types(out) == ["JobQueued:j1"]
+    assert out[0].attempt == 1 and out[0].event_id == ev.det_id("JobQueued", "j1", 1)
+    assert [j.job_id for j in state.pending["lab/a"]] == ["j1"]
+
+
+def test_rejections_carry_machine_readable_reasons():
+    state = given(reg("n0"))
+    cases = {
+        "unknown": submitted("x1", budget="lab/zzz", user="alice"),
+        "member": submitted("x2", budget="lab/a", user="mallory"),
+        "shape": submitted("x3", budget="lab/b", gpus=8),
+        "inner": submitted("x4", budget="lab", user="alice"),
+    }
+    got = {name: step(state, e, T0, CFG)[0].reason.value for name, e in cases.items()}
+    assert got == {"unknown": "unknown_budget", "member": "not_a_member", "shape": "shape_impossible",
+                   "inner": "not_a_leaf"}
+    dup = step(state, submitted("x1", budget="lab/b", at=m(1)), m(1), CFG)
+    assert dup[0].reason.value == "duplicate_job"
+
+
+def test_tick_places_and_starts():
+    state = given(reg("n0"), submitted("j1", budget="lab/b", gpus=2))
+    out = step(state, Tick(m(1)), m(1), CFG)
+    assert types(out) == ["JobPlaced:j1", "StartWorkload:j1"]
+    assert state.jobs["j1"].status == "running" and not state.pending
+
+
+def test_cancel_pending_job():
+    state = given(reg("n0"), submitted("j1", budget="lab/b", gpus=8 // 2))
+    out = step(state, ev.JobCancelRequested(job_id="j1", user="bob", ts=from_us(m(1))), m(1), CFG)
+    assert types(out) == ["JobCancelled:j1"] and out[0].attempt is None
+    assert "j1" in state.finished and not state.pending
+
+
+def test_preempted_victim_is_requeued_with_original_submitted_at_and_preemptor_starts():
+    state = given(reg("n0"), submitted("u", budget="lab/b", gpus=4, min_runtime_s=0))
+    step(state, Tick(T0), T0, CFG)
+    step(state, submitted("j", budget="lab/a", user="alice", gpus=4, at=h(1)), h(1), CFG)
+    out = step(state, Tick(h(1)), h(1), CFG)
+    assert types(out) == ["JobPreempted:u", "StopWorkload:u", "JobPlaced:j"]
+    # the victim reports its exit 3 s later
+    report = ev.JobFailed(job_id="u", attempt=1, replica=0, exit_code=-15, ts=from_us(h(1) + 3_000_000))
+    out = step(state, report, h(1) + 3_000_000, CFG)
+    assert types(out) == ["JobRequeued:u", "StartWorkload:j"]
+    assert out[0].attempt == 2 and out[0].submitted_at == from_us(T0)
+    assert state.jobs["u"].status == "pending" and state.pending["lab/b"][0].attempt == 2
+
+
+def test_grace_expiry_finishes_the_stop_without_a_report():
+    state = given(reg("n0"), submitted("u", budget="lab/b", gpus=4, min_runtime_s=0))
+    step(state, Tick(T0), T0, CFG)
+    step(state, submitted("j", budget="lab/a", user="alice", gpus=4, at=h(1)), h(1), CFG)
+    step(state, Tick(h(1)), h(1), CFG)
+    assert step(state, Tick(h(1) + 29_000_000), h(1) + 29_000_000, CFG) == []
+    out = step(state, Tick(h(1) + 30_000_000), h(1) + 30_000_000, CFG)
+    assert types(out) == ["JobRequeued:u", "StartWorkload:j"]
+
+
+def test_heartbeat_timeout_loses_the_node_and_requeues():
+    cfg = DispatchConfig(heartbeat_timeout_s=30)
+    state = DispatchState(TREE)
+    for e in (reg("n0"), submitted("j", budget="lab/b", gpus=4)):
+        step(state, e, T0, cfg)
+    step(state, Tick(T0), T0, cfg)
+    assert step(state, Tick(T0 + 30_000_000), T0 + 30_000_000, cfg) == []
+    out = step(state, Tick(T0 + 30_000_001), T0 + 30_000_001, cfg)
+    assert types(out) == ["NodeLost:n0", "JobLost:j", "JobRequeued:j"]
+    assert out[1].charged_until == from_us(T0)
+
+
+def test_redelivered_and_replayed_events_give_the_same_state():
+    rng = random.Random(5)
+    state = given(reg("n0", 8))
+    log: list[ev.Event] = [reg("n0", 8)]
+    for i in range(12):
+        e = submitted(f"j{i}", budget=rng.choice(["lab/a", "lab/b"]), user="alice", gpus=rng.choice([1, 2, 4]),
+                      min_runtime_s=rng.choice([0.0, 600.0]), at=m(i))
+        log.append(e)
+        log.extend(step(state, e, m(i), CFG))
+        log.extend(step(state, Tick(m(i)), m(i), CFG))
+    # duplicates change nothing and produce nothing
+    before = (dict(state.jobs), {k: list(v) for k, v in state.pending.items()}, dict(state.cluster.runs))
+    for e in log:
+        assert step(state, e, m(20), CFG) == [] or e.type == "NodeRegistered"
+    assert (dict(state.jobs), {k: list(v) for k, v in state.pending.items()}, dict(state.cluster.runs)) == before
+    # a fold of the log (recovery) is the same state
+    again = fold(log, TREE)
+    assert again.jobs == state.jobs and again.cluster.runs == state.cluster.runs
+    assert {k: list(v) for k, v in again.pending.items()} == {k: list(v) for k, v in state.pending.items()}
