@@ -182,11 +182,14 @@ class ClusterSnapshot:
         nodes: node id -> :class:`Node`.
         runs: run key -> :class:`Run` (stopping runs included; check ``stopping``).
         node_runs: node id -> keys of runs with a replica there.
+        order: every node id, sorted (cached by the live state).
     """
 
     nodes: Mapping[str, Node]
     runs: Mapping[RunKey, Run]
     node_runs: Mapping[str, frozenset[RunKey]]
+    order: tuple[str, ...] | None = None
+    """Node ids sorted (``None``: sort ``nodes`` yourself)."""
 
 
 class ClusterState:
@@ -196,7 +199,7 @@ class ClusterState:
     are frozen and replaced, so :meth:`snapshot` is cheap and safe.
     """
 
-    __slots__ = ("nodes", "runs", "node_runs", "_owner")
+    __slots__ = ("nodes", "runs", "node_runs", "_owner", "_order")
 
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
@@ -204,12 +207,15 @@ class ClusterState:
         self.node_runs: dict[str, frozenset[RunKey]] = {}
         # (node, gpu) -> run holding it; a preemptor takes over a stopping victim's GPUs
         self._owner: dict[tuple[str, int], RunKey] = {}
+        self._order: tuple[str, ...] | None = None
 
     # ------------------------------------------------------------------ queries
 
     def snapshot(self) -> ClusterSnapshot:
         """Immutable view for a scheduling cycle (shallow copies of frozen values)."""
-        return ClusterSnapshot(dict(self.nodes), dict(self.runs), dict(self.node_runs))
+        if self._order is None or len(self._order) != len(self.nodes):
+            self._order = tuple(sorted(self.nodes))
+        return ClusterSnapshot(dict(self.nodes), dict(self.runs), dict(self.node_runs), self._order)
 
     def runs_on(self, node_id: str) -> list[Run]:
         """Runs with a replica on ``node_id``, sorted by key."""

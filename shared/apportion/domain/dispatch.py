@@ -193,6 +193,7 @@ class DispatchState:
         c.nodes, c.runs, c.node_runs = dict(self.cluster.nodes), dict(self.cluster.runs), dict(
             self.cluster.node_runs)
         c._owner = dict(self.cluster._owner)
+        c._order = None
         other.cluster = c
         other.jobs = dict(self.jobs)
         other.finished = set(self.finished)

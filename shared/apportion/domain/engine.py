@@ -299,23 +299,27 @@ class _Free:
         self.buckets: dict[str | None, list[list[str]]] = {}
         self.maxc = 0
         self.reserved: set[str] = set()
-        for nid in sorted(cluster.nodes):
-            n = cluster.nodes[nid]
+        nodes = cluster.nodes
+        ids = cluster.order if cluster.order is not None else sorted(nodes)
+        fr, mo, co, bk = self.free, self.model, self.count, self.buckets
+        for nid in ids:
+            n = nodes[nid]
             if n.state != "ready":
                 continue
-            self.model[nid] = n.gpu_model
-            self.count[nid] = n.gpu_count
-            if n.gpu_count > self.maxc:
-                self.maxc = n.gpu_count
-            f = sorted(n.free)
-            self.free[nid] = f
-            b = self.buckets.get(n.gpu_model)
+            mo[nid] = n.gpu_model
+            c = co[nid] = n.gpu_count
+            if c > self.maxc:
+                self.maxc = c
+            b = bk.get(n.gpu_model)
             if b is None:
-                b = self.buckets[n.gpu_model] = []
-            while len(b) <= n.gpu_count:
+                b = bk[n.gpu_model] = []
+            while len(b) <= c:
                 b.append([])
-            if f:
+            if n.free:
+                f = fr[nid] = sorted(n.free)
                 b[len(f)].append(nid)  # nid ascending: lists stay sorted
+            else:
+                fr[nid] = []
         for b in self.buckets.values():
             while len(b) <= self.maxc:
                 b.append([])
@@ -393,9 +397,7 @@ class _Victims:
         self.expired: dict[str, dict[str, list[tuple[tuple[int, int, float, str, int], Run, tuple[int, ...]]]]] = {}
         self.taken: set[RunKey] = set()
         self.behind: dict[str, tuple[int, dict[str, tuple[str, float, float]]]] = {}
-        runs = cluster.runs
-        for key in sorted(runs):
-            run = runs[key]
+        for run in cluster.runs.values():  # order is irrelevant: lists are sorted by cost (ids included)
             if run.stopping:
                 continue
             start = run.started_at_us if run.started_at_us is not None else run.placed_at_us
