@@ -182,6 +182,7 @@ class SimResult:
     capacity_gpus: int
     measured: tuple[dict[str, float], dict[str, float], float] | None = None
     measured_until_us: Micros | None = None
+    job_allocated: dict[str, bool] = field(default_factory=dict)
 
     def decision_log(self) -> bytes:
         """The dispatcher's outputs as JSON lines (byte-identical for the same inputs and seed)."""
@@ -289,6 +290,7 @@ class Simulator:
             if t > now:
                 now = t
             dirty = False
+            sample_now = False
             while heap and heap[0][0] == t:
                 _, _, kind, payload = heapq.heappop(heap)
                 if kind in self._REAL:
@@ -320,7 +322,7 @@ class Simulator:
                         if nid == payload:
                             del self._alive[key]
                 elif kind == self._SAMPLE:
-                    self._sample(t)
+                    sample_now = True  # after this instant's cycle
                     if self._real:
                         self._push(t + s_to_us(cfg.sample_s), self._SAMPLE)
             if dirty and (self.state.pending or self.state.draining or self.state.stopping
@@ -335,6 +337,8 @@ class Simulator:
                     self._last_cycle = t
                     self.cycles += 1
                     self._outputs(step(self.state, Tick(t), t, self.dcfg), t)
+            if sample_now:
+                self._sample(t)
             if cfg.cycle_s and self.state.pending and self._periodic_at is None and self._real:
                 self._periodic_at = t + s_to_us(cfg.cycle_s)
                 self._push(self._periodic_at, self._PERIODIC)
@@ -345,7 +349,8 @@ class Simulator:
             measured_until_us=measure,
             log=self.log, state=self.state, placed_first=self.placed_first,
             submitted={j.job_id: j.submit_us for j in self.jobs},
-            job_budget={j.job_id: j.budget for j in self.jobs}, preemptions=self.preemptions,
+            job_budget={j.job_id: j.budget for j in self.jobs},
+            job_allocated={j.job_id: j.min_runtime_s > 0 for j in self.jobs}, preemptions=self.preemptions,
             violations=self.violations, samples=self.samples, total=total, start_us=start,
             end_us=now, cycles=self.cycles, events=self.events,
             capacity_gpus=sum(n.gpus for n in self.nodes))

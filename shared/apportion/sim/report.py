@@ -14,7 +14,9 @@ Definitions (all over the simulated span ``[start, end]``):
   the mean over those (sample, budget) pairs and the max, in percentage
   points. 0 means no budget that wanted its share was held below it.
 * **wait**: first placement minus submission, per job, p50 and p95 in
-  seconds over placed jobs; ``never`` counts jobs still unplaced at the end.
+  seconds over placed jobs, for allocated jobs (the ones budgets promise
+  to serve) and unallocated ones (free, idle GPUs only) separately;
+  ``never`` counts jobs still unplaced at the end.
 * **preemptions**: ``JobPreempted`` events (victims, incl. drains).
 * **protection violations**: preemptions of a run inside its minimum runtime
   (must be 0).
@@ -66,6 +68,8 @@ class PolicyReport:
     max_deficit_pp: float
     wait_p50_s: float | None
     wait_p95_s: float | None
+    unalloc_wait_p50_s: float | None
+    unalloc_wait_p95_s: float | None
     never: int
     preemptions: int
     violations: int
@@ -94,6 +98,8 @@ def summarise(result: SimResult, tree: BudgetTree, policy: str, seed: int,
     leaves = tree.leaves()
     used = sum(occ.get(p, 0.0) + una.get(p, 0.0) for p in leaves)
     waits: dict[str, list[float]] = {leaf: [] for leaf in leaves}
+    alloc_w: list[float] = []
+    unalloc_w: list[float] = []
     jobs_of: dict[str, int] = {leaf: 0 for leaf in leaves}
     never: dict[str, int] = {leaf: 0 for leaf in leaves}
     for job_id, sub in result.submitted.items():
@@ -103,7 +109,9 @@ def summarise(result: SimResult, tree: BudgetTree, policy: str, seed: int,
         if t is None:
             never[b] = never.get(b, 0) + 1
         else:
-            waits.setdefault(b, []).append((t - sub) / US_PER_S)
+            w = (t - sub) / US_PER_S
+            waits.setdefault(b, []).append(w)
+            (alloc_w if result.job_allocated.get(job_id, True) else unalloc_w).append(w)
     warm = result.start_us
     deficits: dict[str, list[float]] = {leaf: [] for leaf in leaves}
     backlogged: dict[str, int] = {leaf: 0 for leaf in leaves}
@@ -128,7 +136,6 @@ def summarise(result: SimResult, tree: BudgetTree, policy: str, seed: int,
             preemptions=result.preemptions.get(leaf, 0),
             mean_deficit_pp=sum(deficits[leaf]) / len(deficits[leaf]) if deficits[leaf] else 0.0,
             backlogged_frac=backlogged[leaf] / n_samples if n_samples else 0.0))
-    all_w = [x for v in waits.values() for x in v]
     series = {leaf: [(us_to_s(t - result.start_us) / 86400, row[leaf][0]) for t, row in result.samples]
               for leaf in leaves}
     return PolicyReport(
@@ -138,7 +145,9 @@ def summarise(result: SimResult, tree: BudgetTree, policy: str, seed: int,
         utilisation=used / cap if cap else 0.0,
         mean_deficit_pp=sum(all_def) / len(all_def) if all_def else 0.0,
         max_deficit_pp=max(all_def) if all_def else 0.0,
-        wait_p50_s=_pct(all_w, 50), wait_p95_s=_pct(all_w, 95), never=sum(never.values()),
+        wait_p50_s=_pct(alloc_w, 50), wait_p95_s=_pct(alloc_w, 95),
+        unalloc_wait_p50_s=_pct(unalloc_w, 50), unalloc_wait_p95_s=_pct(unalloc_w, 95),
+        never=sum(never.values()),
         preemptions=sum(result.preemptions.values()), violations=len(result.violations),
         cycles=result.cycles, events=result.events, wall_s=wall_s, budgets=stats, series=series)
 
@@ -171,13 +180,14 @@ def render_table(reports: list[PolicyReport], console: Any = None, budgets: bool
 
     console = console or Console()
     t = Table(title="policies side by side")
-    for col in ("policy", "util", "mean deficit pp", "max deficit pp", "wait p50", "wait p95",
-                "never placed", "preemptions", "protection violations"):
+    for col in ("policy", "util", "mean deficit pp", "max deficit pp", "alloc wait p50",
+                "alloc wait p95", "unalloc wait p50", "unalloc wait p95", "never placed",
+                "preemptions", "protection violations"):
         t.add_column(col, justify="right" if col != "policy" else "left")
     for r in reports:
         t.add_row(r.policy, f"{r.utilisation:.1%}", f"{r.mean_deficit_pp:.2f}", f"{r.max_deficit_pp:.1f}",
-                  _fmt_s(r.wait_p50_s), _fmt_s(r.wait_p95_s), str(r.never), str(r.preemptions),
-                  str(r.violations))
+                  _fmt_s(r.wait_p50_s), _fmt_s(r.wait_p95_s), _fmt_s(r.unalloc_wait_p50_s),
+                  _fmt_s(r.unalloc_wait_p95_s), str(r.never), str(r.preemptions), str(r.violations))
     console.print(t)
     if not budgets:
         return
@@ -195,11 +205,15 @@ def render_table(reports: list[PolicyReport], console: Any = None, budgets: bool
 
 def markdown_table(reports: list[PolicyReport]) -> str:
     """The policy comparison as a Markdown table (for docs)."""
-    lines = ["| policy | GPU utilisation | mean share deficit (pp) | max share deficit (pp) | wait p50 | wait p95 | never placed | preemptions | protection violations |",
+    lines = ["| policy | GPU utilisation | mean share deficit (pp) | max share deficit (pp) | "
+             "allocated wait p50 / p95 | unallocated wait p50 / p95 | never placed | preemptions | "
+             "protection violations |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in reports:
         lines.append(f"| {r.policy} | {r.utilisation:.1%} | {r.mean_deficit_pp:.2f} | {r.max_deficit_pp:.1f} | "
-                     f"{_fmt_s(r.wait_p50_s)} | {_fmt_s(r.wait_p95_s)} | {r.never} | {r.preemptions} | {r.violations} |")
+                     f"{_fmt_s(r.wait_p50_s)} / {_fmt_s(r.wait_p95_s)} | "
+                     f"{_fmt_s(r.unalloc_wait_p50_s)} / {_fmt_s(r.unalloc_wait_p95_s)} | {r.never} | "
+                     f"{r.preemptions} | {r.violations} |")
     return "\n".join(lines)
 
 
