@@ -268,3 +268,40 @@ def test_skipped_leaf_after_smallest_shape_fails():
         w.job(f"b{i}", "lab/b", 1, submitted=h(1) + i)
     res = w.cycle()
     assert res.events == [] and res.considered == 2
+
+
+def test_behind_set_by_tree_walk_equals_the_lca_rule():
+    # The engine groups candidate leaves by their branch at the LCA; it must give exactly
+    # the pairwise rule r(V branch) >= r(B branch) + delta of DESIGN section 3.
+    import random
+
+    from apportion.domain.engine import _Victims
+    from apportion.domain.fairshare import ratios
+
+    rng = random.Random(11)
+    spec = {"o": 1.0}
+    for i in range(3):
+        spec[f"o/g{i}"] = 0.3
+        for j in range(3):
+            spec[f"o/g{i}/l{j}"] = 0.3
+            if j == 0:
+                for q in range(2):
+                    spec[f"o/g{i}/l{j}/x{q}"] = 0.5
+    tree = BudgetTree.from_mapping(spec)
+    leaves = tree.leaves()
+    for trial in range(50):
+        occ = {}
+        for leaf in leaves:
+            v = rng.uniform(0, 300)
+            for a in tree.ancestors(leaf):
+                occ[a] = occ.get(a, 0.0) + v
+        r = ratios(tree, occ, 1000.0)
+        vic = _Victims.__new__(_Victims)
+        vic.expired = {leaf: {} for leaf in rng.sample(leaves, 8)}
+        vic.behind, vic.under = {}, None
+        for b in leaves:
+            by_lca = vic.behind_of(b, r.__getitem__, 0.05, trial, None)
+            vic.behind.clear()
+            by_walk = vic.behind_of(b, r.__getitem__, 0.05, trial, tree)
+            vic.behind.clear()
+            assert by_walk == by_lca

@@ -68,7 +68,7 @@ from functools import lru_cache
 from operator import attrgetter
 from typing import Any
 
-from apportion.domain.budgets import BudgetTree
+from apportion.domain.budgets import BudgetTree, ancestors_of, parent_of
 from apportion.domain.cluster import ClusterSnapshot, Run, RunKey
 from apportion.domain.fairshare import FairShareQueue, branches_at_lca, budget_order
 from apportion.events import (
@@ -390,13 +390,14 @@ class _Victims:
     lost, job_id, attempt)`` of the whole run, sorted cheapest first.
     """
 
-    __slots__ = ("unalloc", "expired", "taken", "behind")
+    __slots__ = ("unalloc", "expired", "taken", "behind", "under")
 
     def __init__(self, cluster: ClusterSnapshot, now: Micros) -> None:
         self.unalloc: dict[str, list[tuple[tuple[int, int, float, str, int], Run, tuple[int, ...]]]] = {}
         self.expired: dict[str, dict[str, list[tuple[tuple[int, int, float, str, int], Run, tuple[int, ...]]]]] = {}
         self.taken: set[RunKey] = set()
         self.behind: dict[str, tuple[int, dict[str, tuple[str, float, float]]]] = {}
+        self.under: dict[str, list[str]] | None = None
         for run in cluster.runs.values():  # order is irrelevant: lists are sorted by cost (ids included)
             if run.stopping:
                 continue
@@ -418,27 +419,59 @@ class _Victims:
             for lst in by_node.values():
                 lst.sort(key=_first)
 
-    def behind_of(self, leaf: str, ratio: Any, delta: float, epoch: int) -> dict[str, tuple[str, float, float]]:
+    def behind_of(self, leaf: str, ratio: Any, delta: float, epoch: int,
+                  tree: BudgetTree | None = None) -> dict[str, tuple[str, float, float]]:
         """Leaves whose expired runs ``leaf`` may preempt: V -> (lca, r_V branch, r_B branch).
 
-        Recomputed when ``epoch`` (the cycle's charge count) has moved on.
+        Walks up from ``leaf``: at each ancestor A (parent P), every sibling
+        S of A with expired runs beneath is compared once, ``r(S) >= r(A) +
+        delta``, and decides for all leaves under S (their LCA with ``leaf``
+        is P). Recomputed when ``epoch`` (the cycle's charge count) moved on.
         """
         hit = self.behind.get(leaf)
         if hit is not None and hit[0] == epoch:
             return hit[1]
         out: dict[str, tuple[str, float, float]] = {}
-        for v in self.expired:
-            if v == leaf:
-                continue
-            br = _branches(v, leaf)
-            if br is None:
-                continue
-            lca, vb, bb = br
-            rv, rb = ratio(vb), ratio(bb)
-            if rv >= rb + delta:
-                out[v] = (lca, rv, rb)
+        if tree is None:
+            for v in self.expired:
+                if v == leaf:
+                    continue
+                br = _branches(v, leaf)
+                if br is None:
+                    continue
+                lca, vb, bb = br
+                rv, rb = ratio(vb), ratio(bb)
+                if rv >= rb + delta:
+                    out[v] = (lca, rv, rb)
+        else:
+            under = self._under()
+            for a in ancestors_of(leaf):
+                par = parent_of(a)
+                ra = None
+                for sib in tree.children(par):
+                    if sib == a:
+                        continue
+                    vs = under.get(sib)
+                    if not vs:
+                        continue
+                    if ra is None:
+                        ra = ratio(a)
+                    rs = ratio(sib)
+                    if rs >= ra + delta:
+                        for v in vs:
+                            out[v] = (par, rs, ra)
         self.behind[leaf] = (epoch, out)
         return out
+
+    def _under(self) -> dict[str, list[str]]:
+        """Budget path -> leaves below it (itself included) that hold expired runs."""
+        if self.under is None:
+            under: dict[str, list[str]] = {}
+            for v in sorted(self.expired):
+                for a in ancestors_of(v):
+                    under.setdefault(a, []).append(v)
+            self.under = under
+        return self.under
 
 
 def _first(x: tuple) -> Any:
@@ -553,7 +586,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
             if victims is None:
                 victims = _Victims(cluster, now_us)
             res.searches += 1
-            plan = _plan(job, leaf, free, victims, now_us, ratio, cfg.delta, charges)
+            plan = _plan(job, leaf, free, victims, now_us, ratio, cfg.delta, charges, tree)
             if plan is None:
                 record_pre_fail(mkey, g, k)
             else:
@@ -654,7 +687,7 @@ _UNALLOC_RULE = ("unallocated", None, None, None)
 
 
 def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micros, ratio: Any,
-          delta: float, epoch: int = 0
+          delta: float, epoch: int = 0, tree: BudgetTree | None = None
           ) -> tuple[tuple[Placement, ...], list[tuple[Run, Victim]]] | None:
     """Least-cost preemption plan for allocated ``job`` of ``leaf``, or ``None`` (DESIGN section 3).
 
@@ -721,7 +754,7 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micro
                     if fcount[nid] >= g:
                         options.append(((0, 0, 0.0), nid, []))
     if len(options) < k:
-        behind = victims.behind_of(leaf, ratio, delta, epoch)
+        behind = victims.behind_of(leaf, ratio, delta, epoch, tree)
         if not behind:
             return None
         per_node: dict[str, list] = {}
