@@ -112,7 +112,8 @@ async def cluster(kafka_bootstrap: str, redis_url: str, monkeypatch: pytest.Monk
     from services.policy.app import run as run_policy
     from services.policy.config import PolicySettings
 
-    spec = {"nodes": 2, "gpus": 4, "heartbeat_timeout_s": 600.0, "agent": True, "dispatcher": True}
+    spec = {"nodes": 2, "gpus": 4, "heartbeat_timeout_s": 600.0, "agent": True, "dispatcher": True,
+            "accounting": True}
     spec.update(getattr(request, "param", {}))
     nodes, gpus = spec["nodes"], spec["gpus"]
     tag = uuid.uuid4().hex[:8]
@@ -130,14 +131,13 @@ async def cluster(kafka_bootstrap: str, redis_url: str, monkeypatch: pytest.Monk
     t0 = clock.now()
     for path, share in (("lab", 1.0), ("lab/a", 0.5), ("lab/b", 0.5)):
         producer.publish(events.BudgetSet(path=path, share=share, ts=t0, producer="test"))
-    for i, wanted in ((0, spec["agent"]), (1, spec["dispatcher"])):
+    for i, wanted in ((0, spec["agent"]), (1, spec["dispatcher"]), (2, spec["accounting"])):
         if not wanted:
             ready[i].set()  # the test runs this one itself (as a process it can kill)
-    tasks = [
-        asyncio.create_task(run_accounting(AccountingSettings(**common, snapshot_debounce_wall_s=0.1), stop,
-                                           clock=clock, ready=ready[2])),
-        asyncio.create_task(run_policy(PolicySettings(**common), stop, clock=clock, ready=ready[3])),
-    ]
+    tasks = [asyncio.create_task(run_policy(PolicySettings(**common), stop, clock=clock, ready=ready[3]))]
+    if spec["accounting"]:
+        tasks.append(asyncio.create_task(run_accounting(
+            AccountingSettings(**common, snapshot_debounce_wall_s=0.1), stop, clock=clock, ready=ready[2])))
     if spec["agent"]:
         tasks.append(asyncio.create_task(run_agent(
             NodeAgentSettings(**common, sim_nodes=nodes, gpus_per_node=gpus, node_prefix=f"n{tag}-",
@@ -375,3 +375,53 @@ async def test_cli_shows_each_state(cluster: Cluster) -> None:
     assert res.exit_code == 0, res.output
     await cluster.until(lambda evs: "JobCancelled" in of_job(evs, "c1"), "c1 to be cancelled")
     await shows(("queue", "--json"), lambda rows: not any(r["job_id"] == "c1" for r in rows), "c1 gone")
+
+
+@pytest.mark.parametrize("cluster", [{"accounting": False}], indirect=True)
+async def test_killed_accounting_restarts_to_the_bulk_rebuild(cluster: Cluster) -> None:
+    """kill -9 accounting mid-run, restart it: its read model equals a bulk rebuild of the whole log."""
+    import redis as redis_lib
+
+    from apportion import events
+    from apportion.domain.budgets import fold_budget_log
+    from apportion.domain.occupancy import rebuild
+    from apportion.domain.usage import usage_snapshot
+    from apportion.timeutil import to_us
+    from services.accounting import logic as acc_logic
+    from services.accounting.store import ReadModelStore
+
+    def snapshots(evs: list[Any]) -> list[Any]:
+        return [e for e in evs if isinstance(e, events.OccupancySnapshot)]
+
+    acc = cluster.spawn("services.accounting", "--snapshot-debounce-wall-s", "0.1")
+    try:
+        cluster.submit("k1", "lab/a", gpus=2, min_runtime_s=60, duration_s=30)
+        cluster.submit("k2", "lab/b", gpus=1, min_runtime_s=0, duration_s=20)
+        await cluster.until(lambda evs: "JobCompleted" in of_job(evs, "k1") and snapshots(evs), "k1 and a snapshot")
+        acc.kill()
+        acc.wait(10)
+        cluster.submit("k3", "lab/b", gpus=4, min_runtime_s=60, duration_s=30)
+        await cluster.until(lambda evs: "JobCompleted" in of_job(evs, "k3"), "k3 to complete while accounting is down")
+        n_before = len(snapshots(cluster.log()))
+        acc = cluster.spawn("services.accounting", "--snapshot-debounce-wall-s", "0.1")
+        evs = await cluster.until(lambda evs: len(snapshots(evs)) > n_before, "a snapshot after the restart")
+    finally:
+        if acc.poll() is None:
+            acc.terminate()
+            acc.wait(20)
+    # the read model names the snapshot it shows; the log (read after it) must hold that snapshot
+    meta, rows = ReadModelStore(redis_lib.Redis.from_url(cluster.redis_url)).read()
+    evs = await asyncio.to_thread(cluster.log)
+    snap = next(e for e in snapshots(evs) if str(e.event_id) == meta["snapshot_id"])
+    at = to_us(snap.at)
+    upto = [e for e in evs if to_us(e.ts) <= at and not isinstance(e, events.OccupancySnapshot)]
+    ref = usage_snapshot(fold_budget_log(upto), rebuild(upto), at)
+    assert [(u.path, u.occupancy_gpu_s, u.unallocated_gpu_s, u.entitlement_gpu_s) for u in snap.budgets] == \
+        [(u.path, u.occupancy_gpu_s, u.unallocated_gpu_s, u.entitlement_gpu_s) for u in ref.budgets]
+    assert snap.capacity_gpu_s == ref.capacity_gpu_s
+    _, expect_rows = acc_logic.read_model(ref, fold_budget_log(upto), {})
+    assert rows == expect_rows
+    # lab/a's only job k1 held 2 GPUs from JobPlaced to JobCompleted (30 s run + start-up latency)
+    held = to_us(_first(evs, "JobCompleted", "k1").ts) - to_us(_first(evs, "JobPlaced", "k1").ts)
+    a = next(u for u in snap.budgets if u.path == "lab/a")
+    assert a.occupancy_gpu_s == pytest.approx(2 * held / 1e6, abs=1e-6) and held >= 30_000_000
