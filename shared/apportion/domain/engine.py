@@ -290,7 +290,7 @@ def _dominated(shapes: list[tuple[int, int]], g: int, k: int) -> bool:
 class _Free:
     """Free-capacity index of one cycle: (model, free count) -> sorted node ids."""
 
-    __slots__ = ("free", "model", "count", "buckets", "maxc", "reserved")
+    __slots__ = ("free", "model", "count", "buckets", "maxc", "reserved", "ver")
 
     def __init__(self, cluster: ClusterSnapshot) -> None:
         self.free: dict[str, list[int]] = {}
@@ -299,6 +299,7 @@ class _Free:
         self.buckets: dict[str | None, list[list[str]]] = {}
         self.maxc = 0
         self.reserved: set[str] = set()
+        self.ver: dict[str, int] = {}  # node -> changes this cycle (free taken, victims taken)
         nodes = cluster.nodes
         ids = cluster.order if cluster.order is not None else sorted(nodes)
         fr, mo, co, bk = self.free, self.model, self.count, self.buckets
@@ -353,6 +354,7 @@ class _Free:
 
     def take(self, nid: str, n: int) -> tuple[int, ...]:
         """Take the n lowest free GPUs of ``nid``."""
+        self.ver[nid] = self.ver.get(nid, 0) + 1
         f = self.free[nid]
         got, rest = f[:n], f[n:]
         self._move(nid, len(f), len(rest))
@@ -367,6 +369,7 @@ class _Free:
         return f
 
     def reserve(self, nid: str) -> None:
+        self.ver[nid] = self.ver.get(nid, 0) + 1
         f = self.free[nid]
         if f:
             self._move(nid, len(f), 0)
@@ -390,7 +393,7 @@ class _Victims:
     lost, job_id, attempt)`` of the whole run, sorted cheapest first.
     """
 
-    __slots__ = ("unalloc", "expired", "taken", "behind", "under")
+    __slots__ = ("unalloc", "expired", "taken", "behind", "under", "u_opts", "u_seen")
 
     def __init__(self, cluster: ClusterSnapshot, now: Micros) -> None:
         self.unalloc: dict[str, list[tuple[tuple[int, int, float, str, int], Run, tuple[int, ...]]]] = {}
@@ -398,6 +401,8 @@ class _Victims:
         self.taken: set[RunKey] = set()
         self.behind: dict[str, tuple[int, dict[str, tuple[str, float, float]]]] = {}
         self.under: dict[str, list[str]] | None = None
+        self.u_opts: dict[tuple[int, str | None], list[tuple]] = {}
+        self.u_seen: dict[tuple[int, str | None], dict[str, int]] = {}
         for run in cluster.runs.values():  # order is irrelevant: lists are sorted by cost (ids included)
             if run.stopping:
                 continue
@@ -615,10 +620,8 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                 free.reserve(n)
             res.reservation = (job.job_id, tuple(chosen_nodes))
             continue  # the reservation changed free capacity: no bulk skip on its account
-        if model is None:
-            mg, mk = floor_shape(leaf, 0, bound[leaf])
-            if pre_failed(leaf, mg, mk):
-                queue.drop_leaf(leaf)
+        if model is None and (pre_failed(leaf, 1, 1) or pre_failed(leaf, *floor_shape(leaf, 0, bound[leaf]))):
+            queue.drop_leaf(leaf)
 
     # ---------------------------------------------------------------- pass 2: unallocated jobs
     rest = [leaf for leaf, b in bound.items() if b < len(pending[leaf])]
@@ -627,6 +630,8 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
     occ_after = {p: queue.occupancy(p) for p in tree.paths()}
     order = budget_order(tree, occ_after, snapshot.capacity_gpu_s)
     any_free = free_fail.get(None, [])
+    if _dominated(any_free, 1, 1):
+        return res  # not even one GPU was free for a 1-GPU job: no unallocated job fits
     for leaf in order:
         jobs = pending.get(leaf)
         if not jobs or bound[leaf] >= len(jobs):
@@ -735,16 +740,31 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micro
             lost += c[2]
         return ((a, u, lost), nid, chosen)
 
-    options: list[tuple] = []
     u_nodes = victims.unalloc
-    for nid, lst in u_nodes.items():
+    ver = free.ver
+    ckey = (g, model)
+    cached = victims.u_opts.get(ckey)
+    seen = victims.u_seen.setdefault(ckey, {})
+    if cached is None:
+        todo: Any = u_nodes
+        options: list[tuple] = []
+    else:
+        # options depend on g, the model and each node's state, not on the preemptor:
+        # re-evaluate only the nodes touched since they were last looked at
+        options = [o for o in cached if o[3] == ver.get(o[1], 0)]
+        todo = [nid for nid in u_nodes if seen.get(nid) != ver.get(nid, 0)]
+    for nid in todo:
+        seen[nid] = ver.get(nid, 0)
         if not eligible(nid):
             continue
+        lst = u_nodes[nid]
         cands = [(c, run, gp, _UNALLOC_RULE) for c, run, gp in lst if run.key not in taken]
         if cands:
             opt = evaluate(nid, cands)
             if opt is not None:
-                options.append(opt)
+                options.append(opt + (ver.get(nid, 0),))
+    victims.u_opts[ckey] = options
+    options = [o[:3] for o in options if eligible(o[1])]
     for c in range(g, free.maxc + 1):
         for m, b in free.buckets.items():
             if model is not None and m != model:
@@ -788,6 +808,10 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micro
     placements = []
     picked: dict[RunKey, tuple[Run, Victim]] = {}
     for _, nid, chosen in best:
+        for x in chosen:
+            for p in x[1].placements:
+                ver[p.node_id] = ver.get(p.node_id, 0) + 1
+        ver[nid] = ver.get(nid, 0) + 1
         gpus = list(free.take(nid, min(g, len(ffree[nid]))))
         extra = sorted(gg for x in chosen for gg in x[2])
         gpus.extend(extra[: g - len(gpus)])
