@@ -393,7 +393,7 @@ class _Victims:
     lost, job_id, attempt)`` of the whole run, sorted cheapest first.
     """
 
-    __slots__ = ("unalloc", "expired", "taken", "behind", "under", "u_opts", "u_seen")
+    __slots__ = ("unalloc", "expired", "taken", "behind", "under", "u_opts", "u_seen", "_now", "_exp_runs")
 
     def __init__(self, cluster: ClusterSnapshot, now: Micros) -> None:
         self.unalloc: dict[str, list[tuple[tuple[int, int, float, str, int], Run, tuple[int, ...]]]] = {}
@@ -403,26 +403,44 @@ class _Victims:
         self.under: dict[str, list[str]] | None = None
         self.u_opts: dict[tuple[int, str | None], list[tuple]] = {}
         self.u_seen: dict[tuple[int, str | None], dict[str, int]] = {}
+        self._now = now
+        exp: dict[str, list[Run]] = {}
+        unalloc = self.unalloc
         for run in cluster.runs.values():  # order is irrelevant: lists are sorted by cost (ids included)
             if run.stopping:
                 continue
             start = run.started_at_us if run.started_at_us is not None else run.placed_at_us
             if run.allocated:
-                if now < start + run.min_runtime_us:
-                    continue
-                book = self.expired.setdefault(run.budget, {})
-            else:
-                book = self.unalloc
+                if now >= start + run.min_runtime_us:
+                    exp.setdefault(run.budget, []).append(run)
+                continue
             gpus = run.gpus_per_replica * run.replicas
-            cost = ((gpus, 0) if run.allocated else (0, gpus)) + (gpus * (now - start) / 1e6, run.job_id, run.attempt)
+            cost = (0, gpus, gpus * (now - start) / 1e6, run.job_id, run.attempt)
             for r in run.open_replicas:
                 p = run.placements[r]
-                book.setdefault(p.node_id, []).append((cost, run, p.gpus))  # type: ignore[arg-type]
-        for lst in self.unalloc.values():
+                unalloc.setdefault(p.node_id, []).append((cost, run, p.gpus))  # type: ignore[arg-type]
+        for lst in unalloc.values():
             lst.sort(key=_first)
-        for by_node in self.expired.values():
+        self._exp_runs = exp
+        self.expired = {v: {} for v in exp}  # per-node lists built on first use (expired_on)
+
+    def expired_on(self, leaf: str) -> dict[str, list[tuple[tuple[int, int, float, str, int], Run, tuple[int, ...]]]]:
+        """Node -> expired runs of ``leaf`` there, cheapest first (built on first use)."""
+        by_node = self.expired[leaf]
+        runs = self._exp_runs.get(leaf)
+        if runs:
+            now = self._now
+            for run in runs:
+                start = run.started_at_us if run.started_at_us is not None else run.placed_at_us
+                gpus = run.gpus_per_replica * run.replicas
+                cost = (gpus, 0, gpus * (now - start) / 1e6, run.job_id, run.attempt)
+                for r in run.open_replicas:
+                    p = run.placements[r]
+                    by_node.setdefault(p.node_id, []).append((cost, run, p.gpus))
             for lst in by_node.values():
                 lst.sort(key=_first)
+            self._exp_runs[leaf] = []
+        return by_node
 
     def behind_of(self, leaf: str, ratio: Any, delta: float, epoch: int,
                   tree: BudgetTree | None = None) -> dict[str, tuple[str, float, float]]:
@@ -780,7 +798,7 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micro
         per_node: dict[str, list] = {}
         for v, (lca, rv, rb) in behind.items():
             rule = ("expired_behind", lca, rv, rb)
-            for nid, lst in victims.expired[v].items():
+            for nid, lst in victims.expired_on(v).items():
                 if not eligible(nid):
                     continue
                 bucket = per_node.get(nid)
