@@ -486,6 +486,8 @@ def _register_optional() -> None:
         register = getattr(m, "register", None)
         if register is not None:
             register(app)
+        elif name == "simulate":  # one command, not a group: `apportion simulate --trace ...`
+            app.command(name, help=m.app.info.help)(m.simulate)
         else:
             app.add_typer(m.app, name=name)
 
