@@ -298,3 +298,35 @@ def record_order(rec: Any, event: Any) -> tuple:
 
     t = to_us(event.ts) if event is not None else rec.timestamp * 1000
     return (t, rec.topic, rec.partition, rec.offset)
+
+
+def add_common_flags(ap: Any) -> None:
+    """Add the flags every service takes (connection, clock, metrics, logs) to an argparse parser.
+
+    Each maps to a :class:`ServiceSettings` field; flags left out keep the
+    environment's (``APPORTION_<NAME>``) or the default value.
+    """
+    g = ap.add_argument_group("connection and runtime (also APPORTION_* environment variables)")
+    g.add_argument("--bootstrap", dest="kafka_bootstrap", help="Kafka host:port")
+    g.add_argument("--redis", dest="redis_url", help="Redis URL")
+    g.add_argument("--time-scale", type=float, help="event seconds per wall second (1 = real time)")
+    g.add_argument("--metrics-port", type=int, help="Prometheus port (0: off)")
+    g.add_argument("--log-level", help="DEBUG, INFO, WARNING")
+
+
+def flag_overrides(ap: Any, argv: list[str] | None) -> dict[str, Any]:
+    """Parse ``argv`` and keep only the flags given (settings overrides)."""
+    return {k: v for k, v in vars(ap.parse_args(argv)).items() if v is not None}
+
+
+def serve(service: str, settings: ServiceSettings,
+          run: Callable[[Any, asyncio.Event], Awaitable[None]]) -> None:
+    """Entry-point body of every service: JSON logs, SIGTERM/SIGINT -> graceful stop, run until stopped."""
+    setup_logging(service, settings.log_level, settings.log_json)
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        install_signal_handlers(stop)
+        await run(settings, stop)
+
+    asyncio.run(go())

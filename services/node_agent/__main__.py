@@ -12,10 +12,9 @@ Every flag has an ``APPORTION_<NAME>`` environment variable; flags win.
 from __future__ import annotations
 
 import argparse
-import asyncio
 from pathlib import Path
 
-from services._common import install_signal_handlers, setup_logging
+from services._common import add_common_flags, flag_overrides, serve
 from services.node_agent.config import NodeAgentSettings
 
 
@@ -33,24 +32,15 @@ def parse_args(argv: list[str] | None = None) -> dict:
     ap.add_argument("--force-simulated", action="store_true", default=None, help="skip NVML")
     ap.add_argument("--heartbeat-interval-s", type=float, help="event seconds between heartbeats")
     ap.add_argument("--state-dir", type=Path, help="journal directory (default: memory only)")
-    ap.add_argument("--bootstrap", dest="kafka_bootstrap", help="Kafka host:port")
-    ap.add_argument("--time-scale", type=float, help="event seconds per wall second")
-    ap.add_argument("--metrics-port", type=int, help="Prometheus port (0: off)")
-    ap.add_argument("--log-level", help="DEBUG, INFO, WARNING")
-    return {k: v for k, v in vars(ap.parse_args(argv)).items() if v is not None}
+    add_common_flags(ap)
+    return flag_overrides(ap, argv)
 
 
 def main(argv: list[str] | None = None) -> None:
-    settings = NodeAgentSettings(**parse_args(argv))
-    setup_logging("node-agent", settings.log_level, settings.log_json)
+    """Entry point: settings from flags and environment, then run until SIGTERM."""
     from services.node_agent.app import run
 
-    async def go() -> None:
-        stop = asyncio.Event()
-        install_signal_handlers(stop)
-        await run(settings, stop)
-
-    asyncio.run(go())
+    serve("node-agent", NodeAgentSettings(**parse_args(argv)), run)
 
 
 if __name__ == "__main__":

@@ -307,8 +307,9 @@ async def test_dispatcher_failover_places_nothing_twice(cluster: Cluster) -> Non
     from apportion import events
     from services.dispatcher.lease import lease_key
 
+    # heartbeats come every 30 event-s (0.5 wall-s at scale 60): a 600 s timeout never fires by accident
     procs = {name: cluster.spawn("services.dispatcher", "--instance-id", name, "--lease-ttl-wall-s", "2",
-                                 "--grace-s", "5") for name in ("da", "db")}
+                                 "--grace-s", "5", "--heartbeat-timeout-s", "600") for name in ("da", "db")}
     r = redis_lib.Redis.from_url(cluster.redis_url)
     try:
         for i in range(4):
