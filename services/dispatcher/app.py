@@ -246,6 +246,7 @@ async def _lead(settings: DispatcherSettings, stop: asyncio.Event, clock: Clock,
         if ready is not None:
             ready.set()
         last_tick = last_renew = last_rm = loop.time()
+        rm_gap = READ_MODEL_EVERY_S
         dirty = False
         while not stop.is_set():
             batch = await asyncio.to_thread(consumer.poll, 50)
@@ -254,20 +255,22 @@ async def _lead(settings: DispatcherSettings, stop: asyncio.Event, clock: Clock,
             if news or now - last_tick >= settings.tick_wall_s:
                 out += svc.tick()
                 last_tick = now
-            if out:
-                if await asyncio.to_thread(lease.try_acquire) != svc.token:
-                    raise LeadershipLost()
-                last_renew = now
-                await asyncio.to_thread(svc._emit, out)
-            dirty |= bool(out) or news
+            # Safety does not rest on this renewal: every decision carries the fencing token and
+            # agents refuse stale tokens. Renewing at a third of the TTL keeps Redis off the hot path.
             if now - last_renew >= settings.lease_ttl_wall_s / 3:
                 if await asyncio.to_thread(lease.try_acquire) != svc.token:
                     raise LeadershipLost()
                 last_renew = now
-            if dirty and now - last_rm >= READ_MODEL_EVERY_S:
+            if out:
+                await asyncio.to_thread(svc._emit, out)
+            dirty |= bool(out) or news
+            if dirty and now - last_rm >= rm_gap:
+                t0 = loop.time()
                 await asyncio.to_thread(write_read_model)
                 await asyncio.to_thread(consumer.commit)
-                last_rm, dirty = now, False
+                # at most ~10% of the loop on read models, however large the queue grows
+                rm_gap = max(READ_MODEL_EVERY_S, 10 * (loop.time() - t0))
+                last_rm, dirty = loop.time(), False
     finally:
         await asyncio.to_thread(consumer.close)
         await asyncio.to_thread(producer.close)
