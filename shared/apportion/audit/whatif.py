@@ -160,7 +160,13 @@ def whatif(records: Sequence[LogRecord], new_tree: BudgetTree, *, seed: int = 0,
     reports = []
     for tree in (old_tree, new_tree):
         cfg = SimConfig(seed=seed, dispatch=dcfg, cycle_s=cycle_s, keep_log=False, sample_s=0)
-        reports.append(summarise(simulate(tree, nodes, jobs, cfg), tree, "fairshare", seed))
+        res = simulate(tree, nodes, jobs, cfg)
+        # measure to the last simulated event (the simulator's default stops at the last submission,
+        # which is an empty span when every submission shares one instant)
+        end, total = res.end_us, res.total
+        res.measured = (total.occupancy(end), total.unallocated(end), total.capacity_gpu_s(end))
+        res.measured_until_us = end
+        reports.append(summarise(res, tree, "fairshare", seed))
     old, new = (_stats(r) for r in reports)
     rows = []
     for path in sorted(set(old) | set(new)):
