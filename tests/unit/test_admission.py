@@ -120,9 +120,12 @@ def test_zero_share_is_rejected_for_allocated_only() -> None:
     assert admit(ZeroTree(), submitted("j1", budget="x", min_runtime_s=0), SHAPES) is None  # type: ignore[arg-type]
 
 
-def test_no_nodes_declared_rejects_every_shape() -> None:
-    got = admit(TREE, submitted("j1", budget="open"), [])
-    assert got is not None and got.reason is RejectReason.SHAPE_IMPOSSIBLE
+def test_no_nodes_registered_yet_queues_instead_of_rejecting() -> None:
+    """Cold start: before any node registers, the shape check cannot judge; the job waits."""
+    assert admit(TREE, submitted("j1", budget="open", gpus=64, replicas=9), []) is None
+    # the other checks still apply
+    got = admit(TREE, submitted("j2", budget="nope"), [])
+    assert got is not None and got.reason is RejectReason.UNKNOWN_BUDGET
 
 
 def test_shape_possible_counts_fitting_nodes() -> None:

@@ -21,6 +21,8 @@ Checks, first failure wins, in this order:
 6. ``shape_impossible``: fewer than ``replicas`` declared nodes have at least
    ``gpus_per_replica`` GPUs of the requested model (any model when the job
    names none; a node of unknown model never matches a named model).
+   Skipped while no node has registered at all (cold start): an empty
+   inventory cannot judge a shape, so the job is queued and waits.
 
 Unallocated jobs (``min_runtime_s == 0``) are free and never charged, so
 checks 3-5 do not apply: they may name any existing leaf, even one the user
@@ -111,8 +113,11 @@ def admit(tree: BudgetTree, job: JobSubmitted,
             return Rejection(RejectReason.MIN_RUNTIME_TOO_LONG,
                              f"min_runtime_s {job.min_runtime_s:g} is above the limit "
                              f"{limit:g} s of budget {path!r}")
-    ok, fitting = shape_possible(job.gpus_per_replica, job.replicas, job.gpu_model, node_shapes)
-    if not ok:
+    shapes = list(node_shapes)
+    # An empty inventory (cold start: no node has registered yet) says nothing about what fits;
+    # the job is queued and waits for nodes rather than being refused for good.
+    ok, fitting = shape_possible(job.gpus_per_replica, job.replicas, job.gpu_model, shapes)
+    if shapes and not ok:
         model = f" {job.gpu_model}" if job.gpu_model else ""
         return Rejection(RejectReason.SHAPE_IMPOSSIBLE,
                          f"needs {job.replicas} node(s) with >= {job.gpus_per_replica}{model} "
