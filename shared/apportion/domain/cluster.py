@@ -217,6 +217,16 @@ class ClusterState:
             self._order = tuple(sorted(self.nodes))
         return ClusterSnapshot(dict(self.nodes), dict(self.runs), dict(self.node_runs), self._order)
 
+    def view(self) -> ClusterSnapshot:
+        """:meth:`snapshot` without the copies: the live dicts, valid only until the next ``apply``.
+
+        For a caller that reads it synchronously and keeps nothing (the
+        dispatcher's own cycle runs the engine on it; the engine never writes).
+        """
+        if self._order is None or len(self._order) != len(self.nodes):
+            self._order = tuple(sorted(self.nodes))
+        return ClusterSnapshot(self.nodes, self.runs, self.node_runs, self._order)
+
     def runs_on(self, node_id: str) -> list[Run]:
         """Runs with a replica on ``node_id``, sorted by key."""
         return [self.runs[k] for k in sorted(self.node_runs.get(node_id, ()))]

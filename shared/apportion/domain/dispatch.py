@@ -167,7 +167,7 @@ class DispatchState:
     """
 
     __slots__ = ("tree", "ledger", "cluster", "jobs", "finished", "pending", "stopping",
-                 "awaiting", "draining", "seen", "_ledger_on", "_shapes")
+                 "awaiting", "draining", "seen", "_ledger_on", "_shapes", "_memo")
 
     def __init__(self, tree: BudgetTree | None = None, window_s: float = float(WEEK_S)) -> None:
         self.tree = tree if tree is not None else BudgetTree.empty()
@@ -182,6 +182,8 @@ class DispatchState:
         self.seen: set[Any] = set()
         self._ledger_on = True
         self._shapes: list[NodeShape] | None = None
+        # engine memo across cycles, keyed by pending-list identity (lists are copy-on-write)
+        self._memo: dict[Any, Any] = {}
 
     def fork(self) -> "DispatchState":
         """A scratch copy for planning (shares the ledger read-only; never fold into both)."""
@@ -203,17 +205,29 @@ class DispatchState:
         other.draining = set(self.draining)
         other.seen = set()
         other._shapes = None
+        other._memo = self._memo  # entries are keyed by list identity: safe to share
         return other
 
-    def cycle_snapshot(self, now_us: Micros) -> CycleSnapshot:
-        """Frozen input of a scheduling cycle at ``now_us`` (occupancy from the ledger)."""
+    def cycle_snapshot(self, now_us: Micros, *, copy: bool = True) -> CycleSnapshot:
+        """Frozen input of a scheduling cycle at ``now_us`` (occupancy from the ledger).
+
+        ``copy=False`` shares the live cluster dicts (:meth:`ClusterState.view`):
+        only for a cycle that runs before the next event is folded and keeps
+        nothing (the engine's own ``schedule`` in :func:`cycle`).
+        """
         t = max(now_us, self.ledger.clock or now_us)
+        pending = dict(self.pending)
+        memo = self._memo
+        if len(memo) > 4 * len(pending) + 16:  # keep only entries of the current lists
+            cur = {id(lst) for lst in pending.values()}
+            memo = self._memo = {k: v for k, v in memo.items() if k[0] in cur}
         return CycleSnapshot(
-            cluster=self.cluster.snapshot(),
-            pending=dict(self.pending),
+            cluster=self.cluster.snapshot() if copy else self.cluster.view(),
+            pending=pending,
             tree=self.tree,
             occupancy=self.ledger.occupancy(t),
             capacity_gpu_s=self.ledger.capacity_gpu_s(t),
+            memo=memo,
         )
 
     def node_shapes(self) -> list[NodeShape]:
@@ -501,7 +515,8 @@ def cycle(state: DispatchState, now_us: Micros, config: DispatchConfig | None = 
     if not state.pending:
         return []
     fn = cfg.scheduler or schedule
-    return fn(state.cycle_snapshot(now_us), now_us, cfg.engine)
+    # the engine reads the snapshot during the call only and never writes: no copies needed
+    return fn(state.cycle_snapshot(now_us, copy=fn is not schedule), now_us, cfg.engine)
 
 
 def maintenance(state: DispatchState, now_us: Micros, config: DispatchConfig | None = None) -> list[Event]:

@@ -177,6 +177,10 @@ class CycleSnapshot:
     tree: BudgetTree
     occupancy: Mapping[str, float]
     capacity_gpu_s: float
+    memo: dict[Any, Any] | None = field(default=None, compare=False, repr=False)
+    """Optional cache the caller keeps across cycles (per-segment floors of
+    ``pending``, keyed by list identity): only for callers whose pending
+    sequences are never changed in place (``DispatchState``: copy-on-write)."""
 
 
 @dataclass(slots=True)
@@ -376,6 +380,10 @@ class _Free:
         self.reserved.add(nid)
 
 
+#: :func:`ancestors_of` memoised (a pure function of one path returning a tuple).
+_ancestors = lru_cache(maxsize=1 << 14)(ancestors_of)
+
+
 @lru_cache(maxsize=1 << 16)
 def _branches(v: str, b: str) -> tuple[str, str, str] | None:
     """:func:`branches_at_lca`, ``None`` when on one line; a pure function of two paths, memoised."""
@@ -409,18 +417,31 @@ class _Victims:
         for run in cluster.runs.values():  # order is irrelevant: lists are sorted by cost (ids included)
             if run.stopping:
                 continue
-            start = run.started_at_us if run.started_at_us is not None else run.placed_at_us
+            start = run.started_at_us
+            if start is None:
+                start = run.placed_at_us
             if run.allocated:
                 if now >= start + run.min_runtime_us:
-                    exp.setdefault(run.budget, []).append(run)
+                    lst = exp.get(run.budget)
+                    if lst is None:
+                        exp[run.budget] = [run]
+                    else:
+                        lst.append(run)
                 continue
             gpus = run.gpus_per_replica * run.replicas
             cost = (0, gpus, gpus * (now - start) / 1e6, run.job_id, run.attempt)
+            placements = run.placements
             for r in run.open_replicas:
-                p = run.placements[r]
-                unalloc.setdefault(p.node_id, []).append((cost, run, p.gpus))  # type: ignore[arg-type]
+                p = placements[r]
+                nid = p.node_id
+                lst = unalloc.get(nid)
+                if lst is None:
+                    unalloc[nid] = [(cost, run, p.gpus)]  # type: ignore[list-item]
+                else:
+                    lst.append((cost, run, p.gpus))  # type: ignore[arg-type]
         for lst in unalloc.values():
-            lst.sort(key=_first)
+            if len(lst) > 1:
+                lst.sort(key=_first)
         self._exp_runs = exp
         self.expired = {v: {} for v in exp}  # per-node lists built on first use (expired_on)
 
@@ -468,7 +489,7 @@ class _Victims:
                     out[v] = (lca, rv, rb)
         else:
             under = self._under()
-            for a in ancestors_of(leaf):
+            for a in _ancestors(leaf):
                 par = parent_of(a)
                 ra = None
                 for sib in tree.children(par):
@@ -491,7 +512,7 @@ class _Victims:
         if self.under is None:
             under: dict[str, list[str]] = {}
             for v in sorted(self.expired):
-                for a in ancestors_of(v):
+                for a in _ancestors(v):
                     under.setdefault(a, []).append(v)
             self.under = under
         return self.under
@@ -550,9 +571,9 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
     own_charges: dict[str, int] = {}
     floors: dict[tuple[str, int], tuple[int, int]] = {}
     reserved_for: str | None = None
+    memo = snapshot.memo
     rank = -1
     ratio = queue.ratio
-    big = 1 << 30
 
     def pre_failed(leaf: str, g: int, k: int) -> bool:
         ent = pre_fail.get(leaf)
@@ -576,8 +597,18 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         key = (leaf, lo)
         f = floors.get(key)
         if f is None:
-            seg = pending[leaf][lo:hi]
-            f = floors[key] = (min(map(_G, seg)), min(map(_K, seg))) if seg else (big, big)
+            jobs = pending[leaf]
+            if memo is None:
+                f = _floor(jobs, lo, hi)
+            else:
+                mkey = (id(jobs), lo, hi)
+                hit = memo.get(mkey)
+                if hit is not None and hit[0] is jobs:
+                    f = hit[1]
+                else:
+                    f = _floor(jobs, lo, hi)
+                    memo[mkey] = (jobs, f)
+            floors[key] = f
         return f
 
     # ---------------------------------------------------------------- pass 1: allocated jobs
@@ -591,11 +622,15 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         res.considered += 1
         g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
         nodes: list[str] | None = None
-        if not (_dominated(free_fail.get(model, ()), g, k)  # type: ignore[arg-type]
+        ff = free_fail.get(model)
+        if not ((ff and _dominated(ff, g, k))
                 or (model is not None and _dominated(free_fail.get(None, ()), g, k))):  # type: ignore[arg-type]
             nodes = free.fit(g, k, model)
             if nodes is None:
-                free_fail.setdefault(model, []).append((g, k))
+                if ff is None:
+                    free_fail[model] = [(g, k)]
+                else:
+                    ff.append((g, k))
         holds_reservation = reserved_for is None and now_us - job.queued_at_us >= reservation_after_us
         mkey = leaf if model is None else leaf + "\x00" + model
         if nodes is not None:
@@ -604,8 +639,8 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                          holds_reservation, ts, cfg)
             out.extend(start_events(job.job_id, job.attempt, placements, ts, job.duration_s,
                                     job.command, cfg.producer))
-        elif cfg.preemption and not pre_failed(mkey, g, k) and (
-                model is None or not pre_failed(leaf, g, k)):
+        elif cfg.preemption and not (mkey in pre_fail and pre_failed(mkey, g, k)) and (
+                model is None or not (leaf in pre_fail and pre_failed(leaf, g, k))):
             if victims is None:
                 victims = _Victims(cluster, now_us)
             res.searches += 1
@@ -638,7 +673,8 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                 free.reserve(n)
             res.reservation = (job.job_id, tuple(chosen_nodes))
             continue  # the reservation changed free capacity: no bulk skip on its account
-        if model is None and (pre_failed(leaf, 1, 1) or pre_failed(leaf, *floor_shape(leaf, 0, bound[leaf]))):
+        if model is None and leaf in pre_fail and (
+                pre_failed(leaf, 1, 1) or pre_failed(leaf, *floor_shape(leaf, 0, bound[leaf]))):
             queue.drop_leaf(leaf)
 
     # ---------------------------------------------------------------- pass 2: unallocated jobs
@@ -682,6 +718,31 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
 
 _G = attrgetter("gpus_per_replica")
 _K = attrgetter("replicas")
+_BIG = 1 << 30
+
+
+def _floor(jobs: Sequence[PendingJob], lo: int, hi: int) -> tuple[int, int]:
+    """``(min g, min k)`` over ``jobs[lo:hi]`` (``(2**30, 2**30)`` when empty).
+
+    Scans a short prefix first and stops at a 1 x 1 job (g, k >= 1: the
+    event schema validates it), else takes the minima over the whole slice.
+    """
+    if lo >= hi:
+        return (_BIG, _BIG)
+    mg = mk = _BIG
+    for i in range(lo, min(hi, lo + 32)):
+        j = jobs[i]
+        g, k = j.gpus_per_replica, j.replicas
+        if g < mg:
+            mg = g
+        if k < mk:
+            mk = k
+        if mg == 1 and mk == 1:
+            return (1, 1)
+    if hi > lo + 32:
+        seg = jobs[lo:hi]
+        return (min(map(_G, seg)), min(map(_K, seg)))
+    return (mg, mk)
 
 
 def _emit_placed(out: list[Event], job: PendingJob, placements: tuple[Placement, ...],
@@ -702,8 +763,9 @@ def _reservation_nodes(free: _Free, g: int, k: int, model: str | None) -> list[s
     """k eligible nodes for a blocked job: most free GPUs first, ties by id."""
     elig = [n for n, m in free.model.items()
             if n not in free.reserved and (model is None or m == model) and free.count[n] >= g]
-    elig.sort(key=lambda n: (-len(free.free[n]), n))
-    return elig[:k]
+    ffree = free.free
+    keyed = sorted([(-len(ffree[n]), n) for n in elig])  # node ids are unique: same order as by key
+    return [n for _, n in keyed[:k]]
 
 
 _UNALLOC_RULE = ("unallocated", None, None, None)
@@ -736,8 +798,14 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micro
 
     def evaluate(nid: str, lst: list) -> tuple | None:
         have = len(ffree[nid])
-        if have + sum(len(x[2]) for x in lst) < g:
-            return None
+        reach = have
+        for x in lst:
+            reach += len(x[2])
+            if reach >= g:
+                break
+        else:
+            if reach < g:
+                return None
         chosen = []
         got = have
         for x in lst:
@@ -776,7 +844,11 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micro
         if not eligible(nid):
             continue
         lst = u_nodes[nid]
-        cands = [(c, run, gp, _UNALLOC_RULE) for c, run, gp in lst if run.key not in taken]
+        if taken:
+            cands = [(c, run, gp, _UNALLOC_RULE) for c, run, gp in lst
+                     if (run.job_id, run.attempt) not in taken]
+        else:
+            cands = [(c, run, gp, _UNALLOC_RULE) for c, run, gp in lst]
         if cands:
             opt = evaluate(nid, cands)
             if opt is not None:
@@ -788,7 +860,8 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micro
             if model is not None and m != model:
                 continue
             for nid in b[c]:
-                if nid not in u_nodes or not any(x[1].key not in taken for x in u_nodes[nid]):
+                # (u_nodes lists are never empty: with nothing taken, only nodes without them qualify)
+                if nid not in u_nodes or (taken and not any(x[1].key not in taken for x in u_nodes[nid])):
                     if fcount[nid] >= g:
                         options.append(((0, 0, 0.0), nid, []))
     if len(options) < k:
