@@ -68,7 +68,8 @@ def publish(*evts: events.Event, bootstrap: str | None = None) -> None:
     from apportion.bus.producer import EventProducer
 
     conn = Connection.resolve(bootstrap=bootstrap)
-    producer = EventProducer(conn.bootstrap, client_id="apportion-client")
+    producer = EventProducer(conn.bootstrap, client_id="apportion-client", max_block_ms=8000,
+                             bootstrap_timeout_ms=5_000)
     try:
         for ev in evts:
             producer.send(ev)
@@ -93,3 +94,55 @@ def cancel(job_id: str, *, user: str, reason: str = "", bootstrap: str | None = 
     ev = events.JobCancelRequested(job_id=job_id, user=user, reason=reason, ts=now, producer=f"client/{user}")
     publish(ev, bootstrap=bootstrap)
     return ev
+
+
+class VerdictWatcher:
+    """Waits for the dispatcher's answer to a submission: ``JobQueued`` or ``JobRejected``.
+
+    Open it *before* publishing (it starts at the current end of
+    ``apportion.jobs``), then call :meth:`wait`. Reads only, joins no
+    consumer group, commits nothing.
+
+    Args:
+        job_id: the submission's job id (the record key on ``apportion.jobs``).
+        bootstrap: Kafka bootstrap (resolved as :mod:`apportion.settings`).
+    """
+
+    def __init__(self, job_id: str, *, bootstrap: str | None = None) -> None:
+        from kafka import KafkaConsumer, TopicPartition
+
+        from apportion.topics import JOBS
+
+        self.job_id = job_id
+        self._key = job_id.encode("utf-8")
+        conn = Connection.resolve(bootstrap=bootstrap)
+        self._kc = KafkaConsumer(bootstrap_servers=conn.bootstrap, group_id=None, enable_auto_commit=False, request_timeout_ms=10_000,
+                                 bootstrap_timeout_ms=5_000)
+        self._kc.topics()  # loads the cluster metadata, so the partitions below are known
+        parts = [TopicPartition(JOBS.name, p) for p in sorted(self._kc.partitions_for_topic(JOBS.name) or ())]
+        self._kc.assign(parts)
+        self._kc.seek_to_end()
+        for tp in parts:
+            self._kc.position(tp)  # pin the end now, before the submission is published
+
+    def wait(self, timeout_s: float) -> events.Event | None:
+        """The verdict, or ``None`` when none arrived within ``timeout_s`` wall seconds."""
+        import time
+
+        end = time.monotonic() + timeout_s
+        try:
+            while (left := end - time.monotonic()) > 0:
+                batch = self._kc.poll(timeout_ms=int(min(left, 0.5) * 1000))
+                for recs in batch.values():
+                    for rec in recs:
+                        if rec.key != self._key:
+                            continue
+                        try:
+                            ev = events.decode(rec.value)
+                        except events.DecodeError:
+                            continue
+                        if isinstance(ev, (events.JobQueued, events.JobRejected)) and ev.job_id == self.job_id:
+                            return ev
+            return None
+        finally:
+            self._kc.close()

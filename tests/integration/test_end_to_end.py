@@ -426,3 +426,21 @@ async def test_killed_accounting_restarts_to_the_bulk_rebuild(cluster: Cluster) 
     held = to_us(_first(evs, "JobCompleted", "k1").ts) - to_us(_first(evs, "JobPlaced", "k1").ts)
     a = next(u for u in snap.budgets if u.path == "lab/a")
     assert a.occupancy_gpu_s == pytest.approx(2 * held / 1e6, abs=1e-6) and held >= 30_000_000
+
+
+async def test_cli_submit_reports_the_dispatchers_verdict(cluster: Cluster) -> None:
+    """`apportion submit` waits for JobQueued/JobRejected: a rejection is one clear line and exit 1."""
+    from typer.testing import CliRunner
+
+    from apportion.cli.main import app
+
+    env = {"APPORTION_KAFKA_BOOTSTRAP": cluster.bootstrap}
+    runner = CliRunner()
+    bad = await asyncio.to_thread(runner.invoke, app, ["submit", "-b", "lab/nosuch", "-g", "1", "-m", "1h",
+                                                       "--duration", "60", "--user", "alice"], env=env)
+    assert bad.exit_code == 1, bad.output
+    assert "rejected: unknown_budget" in bad.output
+    good = await asyncio.to_thread(runner.invoke, app, ["submit", "-b", "lab/a", "-g", "1", "-m", "1h",
+                                                        "--duration", "60", "--user", "alice"], env=env)
+    assert good.exit_code == 0, good.output
+    assert "queued by the dispatcher" in good.output

@@ -58,7 +58,7 @@ def iter_topic_records(bootstrap: str, topics: Iterable[str], *, since_ms: int |
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                              group_id=None, consumer_timeout_ms=2000,
-                             max_partition_fetch_bytes=8 * 1024 * 1024)
+                             max_partition_fetch_bytes=8 * 1024 * 1024, bootstrap_timeout_ms=10_000)
     try:
         existing = consumer.topics()
         parts = []

@@ -59,6 +59,18 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def _whoami(user: str | None) -> str:
+    """``--user``, else ``$USER``, else the login name of the process."""
+    import getpass
+
+    if user:
+        return user
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
 def _publish(evts: list[events.Event], bootstrap: str | None) -> None:
     from apportion import client
 
@@ -114,6 +126,7 @@ def submit(
     user: Annotated[Optional[str], typer.Option("--user", "-u", help="Submitting user (default: $USER).", envvar="USER")] = None,
     job_id: Annotated[Optional[str], typer.Option("--job-id", help="Job id (default: generated).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and print the event; publish nothing.")] = False,
+    wait: Annotated[float, typer.Option("--wait", help="Seconds to wait for the dispatcher's verdict (queued or rejected with the reason); 0 = do not wait.")] = 10.0,
     bootstrap: Bootstrap = None,
     as_json: JsonOut = False,
 ) -> None:
@@ -132,7 +145,7 @@ def submit(
     from apportion import client
 
     try:
-        ev = client.build_submission(budget=budget, user=user or "unknown", gpus=gpus, replicas=replicas,
+        ev = client.build_submission(budget=budget, user=_whoami(user), gpus=gpus, replicas=replicas,
                                      min_runtime=min_runtime, command=command or None, duration=duration,
                                      gpu_model=gpu_model, job_id=job_id, producer="cli")
     except ValidationError as exc:
@@ -140,25 +153,45 @@ def submit(
         fail(f"invalid submission: {'.'.join(str(p) for p in e['loc']) or 'job'}: {e['msg']}")
     except ValueError as exc:
         fail(str(exc))
+    verdict = None
     if not dry_run:
+        watcher = None
+        if wait > 0:
+            try:
+                watcher = client.VerdictWatcher(ev.job_id, bootstrap=bootstrap)
+            except Exception as exc:  # cannot read: publishing will say why
+                if not type(exc).__module__.startswith("kafka"):
+                    raise
         _publish([ev], bootstrap)
+        if watcher is not None:
+            verdict = watcher.wait(wait)
     if as_json:
-        _print_json(events.to_dict(ev))
+        doc = events.to_dict(ev)
+        if verdict is not None:
+            doc = {"submission": doc, "verdict": events.to_dict(verdict)}
+        _print_json(doc)
     else:
         kind = "allocated" if ev.allocated else "unallocated"
         out.print(f"{'validated' if dry_run else 'submitted'} [bold]{ev.job_id}[/] "
                   f"({ev.replicas}x{ev.gpus_per_replica} GPUs, {kind}, budget {ev.budget})")
+        if isinstance(verdict, events.JobQueued):
+            out.print("queued by the dispatcher (see `apportion queue`)")
+        elif verdict is None and not dry_run and wait > 0:
+            out.print(f"no verdict within {wait:g} s (is the dispatcher running?); the submission is in the log")
+    if isinstance(verdict, events.JobRejected):
+        err.print(f"[bold red]rejected:[/] {verdict.reason.value}: {verdict.message}", highlight=False)
+        raise typer.Exit(1)
 
 
 @app.command()
 def cancel(
     job_id: Annotated[str, typer.Argument(help="Job to cancel.")],
     reason: Annotated[str, typer.Option(help="Why (kept in the log).")] = "",
-    user: Annotated[Optional[str], typer.Option("--user", "-u", envvar="USER")] = None,
+    user: Annotated[Optional[str], typer.Option("--user", "-u", help="Requesting user (default: $USER).", envvar="USER")] = None,
     bootstrap: Bootstrap = None,
 ) -> None:
     """Cancel a pending or running job."""
-    ev = events.JobCancelRequested(job_id=job_id, user=user or "unknown", reason=reason, ts=_now(), producer="cli")
+    ev = events.JobCancelRequested(job_id=job_id, user=_whoami(user), reason=reason, ts=_now(), producer="cli")
     _publish([ev], bootstrap)
     out.print(f"cancel requested for [bold]{job_id}[/]")
 
