@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from apportion.domain.cluster import UNTIL_STARTED
 from apportion.domain.dispatch import DispatchConfig, DispatchState, decide, evolve
 from apportion.domain.fairshare import FairShareQueue
 from apportion.events import Event, JobPlaced, JobSubmitted, StartWorkload, StopWorkload
@@ -123,7 +124,8 @@ def read_model(state: DispatchState, now_us: Micros, cfg: DispatchConfig
             if run.started_at_us is not None:
                 row["started_at"] = from_us(run.started_at_us).isoformat()
             if run.protected_until_us is not None:
-                row["protected_until"] = from_us(run.protected_until_us).isoformat()
+                row["protected_until"] = (from_us(run.protected_until_us).isoformat()
+                                          if run.protected_until_us < UNTIL_STARTED else "until started")
         if rec.status == "pending":
             row["position"] = position.get(job_id)
             pj = pend_by_id.get(job_id)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from apportion import events as ev
-from apportion.domain.cluster import ClusterState
+from apportion.domain.cluster import UNTIL_STARTED, ClusterState
 from apportion.timeutil import from_us
 from builders import T0, completed, h, placed, preempted, requeued, started
 
@@ -53,8 +53,9 @@ def test_stopping_victim_keeps_its_gpus_until_requeued_and_preemptor_takes_them_
 def test_protection_runs_from_the_latest_start():
     cs = fold(reg("n0"), reg("n1"), placed("g", gpus=1, replicas=2, nodes=["n0", "n1"], at=h(1)))
     run = cs.runs[("g", 1)]
-    assert run.protected_until_us == h(2)  # placed, not started: from placement
+    assert run.protected_until_us == UNTIL_STARTED  # placed, not started: protected until it starts
     cs.apply(started("g", replica=0, node="n0", at=h(1.5)))
+    assert cs.runs[("g", 1)].protected(h(99))  # one replica of two started: still protected
     cs.apply(started("g", replica=1, node="n1", at=h(1.75)))
     run = cs.runs[("g", 1)]
     assert run.protected_until_us == h(2.75)

@@ -239,8 +239,11 @@ def rerun_decisions(records: Sequence[LogRecord], config: DispatchConfig | None 
     def own_key(r: LogRecord) -> tuple:
         return (to_us(r.event.ts), _EMIT_RANK.get(r.event.type, 8), r.topic, r.partition, r.offset)  # type: ignore[union-attr]
 
-    def ext_key(r: LogRecord) -> tuple:  # before own events of the same instant (they follow from it)
-        return (to_us(r.event.ts), -1, r.topic, r.partition, r.offset)  # type: ignore[union-attr]
+    def ext_key(r: LogRecord) -> tuple:
+        # before own events of the same instant (they follow from it), except a JobStarted: it answers
+        # this dispatcher's StartWorkload, so it can only follow the JobPlaced of its run
+        rank = 9 if type(r.event) is events.JobStarted else -1
+        return (to_us(r.event.ts), rank, r.topic, r.partition, r.offset)  # type: ignore[union-attr]
 
     own.sort(key=own_key)
     state = DispatchState(window_s=cfg.engine.window_s)
@@ -263,8 +266,9 @@ def rerun_decisions(records: Sequence[LogRecord], config: DispatchConfig | None 
                 while i < len(lst) and lst[i].offset < limit:
                     fresh.append(lst[i])
                     i += 1
-            else:
-                while i < len(lst) and to_us(lst[i].event.ts) <= t:  # type: ignore[union-attr]
+            else:  # a JobStarted at t answers a decision of t: it is folded after this tick
+                while i < len(lst) and (to_us(lst[i].event.ts) < t or (  # type: ignore[union-attr]
+                        to_us(lst[i].event.ts) == t and type(lst[i].event) is not events.JobStarted)):  # type: ignore[union-attr]
                     fresh.append(lst[i])
                     i += 1
             ext_ptr[tp] = i

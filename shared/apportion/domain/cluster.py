@@ -72,6 +72,10 @@ __all__ = ["Node", "Run", "RunKey", "ClusterState", "ClusterSnapshot", "NODE_STA
 #: Node states (DESIGN section 1). Only ``ready`` nodes take new work.
 NODE_STATES = ("ready", "cordoned", "draining", "drained", "lost")
 
+#: ``protected_until_us`` of an allocated run not every replica of which has started:
+#: protected until it has (far beyond any real event time).
+UNTIL_STARTED: Micros = 2**62
+
 RunKey = tuple[str, int]
 """A run is one attempt of a job: ``(job_id, attempt)``."""
 
@@ -123,6 +127,7 @@ class Run:
         placements: one per replica, in replica order.
         placed_at_us: when ``JobPlaced`` was logged, µs UTC.
         started_at_us: latest ``JobStarted`` of a replica, or ``None``.
+        started_replicas: replicas that reported ``JobStarted``.
         submitted_at_us: original submission time (kept across requeues).
         open_replicas: replicas still holding GPUs.
         stopping: preempted, waiting for its processes to stop.
@@ -142,6 +147,7 @@ class Run:
     placed_at_us: Micros
     submitted_at_us: Micros
     started_at_us: Micros | None = None
+    started_replicas: frozenset[int] = frozenset()
     open_replicas: frozenset[int] = frozenset()
     stopping: bool = False
 
@@ -159,14 +165,19 @@ class Run:
     def protected_until_us(self) -> Micros | None:
         """End of minimum-runtime protection, µs UTC; ``None`` when unallocated.
 
-        Protection runs for ``min_runtime`` from the (latest) start; a run
-        placed but not yet started counts from its placement, so it is
-        protected at least until ``placed_at + min_runtime`` (DESIGN section 3).
+        Protection runs for ``min_runtime`` from the latest replica start
+        (DESIGN section 3: "protected from preemption for min_runtime after
+        each start"). Until every replica has reported ``JobStarted`` the run
+        is protected outright (:data:`UNTIL_STARTED`): a start that the
+        dispatcher has not yet read must not shorten the promise. (Counting
+        from the placement instead let the live stack preempt a job whose
+        ``JobStarted`` was still in flight, which the audit rightly flags.)
         """
         if not self.allocated:
             return None
-        start = self.started_at_us if self.started_at_us is not None else self.placed_at_us
-        return start + self.min_runtime_us
+        if len(self.started_replicas) < self.replicas:
+            return UNTIL_STARTED
+        return (self.started_at_us or self.placed_at_us) + self.min_runtime_us
 
     def protected(self, now_us: Micros) -> bool:
         """True when the run may not be preempted at ``now_us`` (allocated and inside its window)."""
@@ -242,8 +253,10 @@ class ClusterState:
             run = self.runs.get((ev.job_id, ev.attempt))  # type: ignore[attr-defined]
             if run is not None:
                 t = to_us(ev.ts)
-                if run.started_at_us is None or t > run.started_at_us:
-                    self.runs[run.key] = replace(run, started_at_us=t)
+                started = run.started_replicas | {ev.replica}  # type: ignore[attr-defined]
+                if run.started_at_us is None or t > run.started_at_us or started != run.started_replicas:
+                    self.runs[run.key] = replace(run, started_at_us=max(t, run.started_at_us or t),
+                                                 started_replicas=started)
         elif cls is JobCompleted or cls is JobFailed:
             run = self.runs.get((ev.job_id, ev.attempt))  # type: ignore[attr-defined]
             if run is not None and not run.stopping:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apportion.domain.budgets import BudgetTree
+from apportion.domain.cluster import UNTIL_STARTED
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, step, wakeups
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.events import (
@@ -374,7 +375,7 @@ class Simulator:
         out = step(self.state, ev, t, self.dcfg)
         if type(ev) is JobStarted:
             run = self.state.cluster.runs.get((ev.job_id, ev.attempt))
-            if run is not None and run.allocated:
+            if run is not None and run.allocated and run.protected_until_us < UNTIL_STARTED:  # type: ignore[operator]
                 self._push(run.protected_until_us, self._TICK)  # type: ignore[arg-type]
         for w in wakeups(ev, self.dcfg):
             self._push(w, self._TICK)
