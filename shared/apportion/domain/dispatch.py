@@ -54,6 +54,7 @@ from apportion.domain.budgets import BudgetError, BudgetTree
 from apportion.domain.cluster import ClusterState, Run, RunKey
 from apportion.domain.engine import (
     CycleSnapshot,
+    _boundary,
     EngineConfig,
     PendingJob,
     pending_order,
@@ -218,9 +219,9 @@ class DispatchState:
         t = max(now_us, self.ledger.clock or now_us)
         pending = dict(self.pending)
         memo = self._memo
-        if len(memo) > 4 * len(pending) + 16:  # keep only entries of the current lists
+        if len(memo) > 2 * len(pending) + 16:  # keep only entries of the current lists
             cur = {id(lst) for lst in pending.values()}
-            memo = self._memo = {k: v for k, v in memo.items() if k[0] in cur}
+            memo = self._memo = {k: v for k, v in memo.items() if k in cur}
         return CycleSnapshot(
             cluster=self.cluster.snapshot() if copy else self.cluster.view(),
             pending=pending,
@@ -248,9 +249,46 @@ class DispatchState:
     # -------------------------------------------------------------- queue helpers
 
     def _enqueue(self, job: PendingJob) -> None:
-        lst = list(self.pending.get(job.budget, ()))
+        old = self.pending.get(job.budget)
+        lst = list(old or ())
         insort(lst, job, key=_order)
         self.pending[job.budget] = lst
+        if old:
+            self._memo_carry(old, lst, job, 1)
+
+    def _memo_carry(self, old: list[PendingJob], new: list[PendingJob], job: PendingJob, sign: int) -> None:
+        """Carry the engine's segment floors of ``old`` over to ``new`` (``job`` added or removed).
+
+        Segments are the allocated jobs ``[0, b)`` and the unallocated ones
+        ``[b, n)``; a floor is ``(min g, min k)``. Adding a job lowers its
+        segment's floor to the job's shape at most; removing one keeps the
+        floor when the job attains neither minimum, else the entry is dropped
+        (the engine recomputes it).
+        """
+        ent = self._memo.get(id(old))
+        if ent is None or ent[0] is not old or not ent[1]:
+            return
+        b_old = _boundary(old)
+        alloc = job.min_runtime_s > 0
+        g, k = job.gpus_per_replica, job.replicas
+        b_new = b_old + sign if alloc else b_old
+        n_new = len(old) + sign
+        segs: dict[tuple[int, int], tuple[int, int]] = {}
+        for (lo, hi), f in ent[1].items():
+            if (lo, hi) == (0, b_old):
+                nk, mine = (0, b_new), alloc
+            elif (lo, hi) == (b_old, len(old)):
+                nk, mine = (b_new, n_new), not alloc
+            else:
+                continue
+            if not mine:
+                segs[nk] = f
+            elif sign > 0:
+                segs[nk] = (min(f[0], g), min(f[1], k))
+            elif g > f[0] and k > f[1]:
+                segs[nk] = f
+        if segs:
+            self._memo[id(new)] = (new, segs)
 
     def _dequeue(self, job_id: str) -> None:
         rec = self.jobs.get(job_id)
@@ -262,9 +300,10 @@ class DispatchState:
         k = (rec.spec.min_runtime_s <= 0, rec.submitted_at_us, job_id)
         i = bisect_left(lst, k, key=_order)
         if i < len(lst) and lst[i].job_id == job_id:
-            lst = lst[:i] + lst[i + 1:]
+            old, lst = lst, lst[:i] + lst[i + 1:]
             if lst:
                 self.pending[rec.spec.budget] = lst
+                self._memo_carry(old, lst, old[i], -1)
             else:
                 del self.pending[rec.spec.budget]
 

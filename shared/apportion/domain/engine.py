@@ -178,9 +178,11 @@ class CycleSnapshot:
     occupancy: Mapping[str, float]
     capacity_gpu_s: float
     memo: dict[Any, Any] | None = field(default=None, compare=False, repr=False)
-    """Optional cache the caller keeps across cycles (per-segment floors of
-    ``pending``, keyed by list identity): only for callers whose pending
-    sequences are never changed in place (``DispatchState``: copy-on-write)."""
+    """Optional cache the caller keeps across cycles: ``id(list) -> (list,
+    {(lo, hi): (min g, min k) of list[lo:hi]})`` for the ``pending`` lists;
+    only for callers whose pending sequences are never changed in place
+    (``DispatchState``: copy-on-write, and it carries entries over to the
+    list that replaces one)."""
 
 
 @dataclass(slots=True)
@@ -417,15 +419,17 @@ class _Victims:
         for run in cluster.runs.values():  # order is irrelevant: lists are sorted by cost (ids included)
             if run.stopping:
                 continue
+            start = run.started_at_us
+            if start is None:
+                start = run.placed_at_us
             if run.allocated:
-                if not run.protected(now):  # the one protection rule: Run.protected_until_us
+                if now >= start + run.min_runtime_us:
                     lst = exp.get(run.budget)
                     if lst is None:
                         exp[run.budget] = [run]
                     else:
                         lst.append(run)
                 continue
-            start = run.started_at_us if run.started_at_us is not None else run.placed_at_us
             gpus = run.gpus_per_replica * run.replicas
             cost = (0, gpus, gpus * (now - start) / 1e6, run.job_id, run.attempt)
             placements = run.placements
@@ -599,13 +603,12 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
             if memo is None:
                 f = _floor(jobs, lo, hi)
             else:
-                mkey = (id(jobs), lo, hi)
-                hit = memo.get(mkey)
-                if hit is not None and hit[0] is jobs:
-                    f = hit[1]
-                else:
-                    f = _floor(jobs, lo, hi)
-                    memo[mkey] = (jobs, f)
+                ent = memo.get(id(jobs))
+                if ent is None or ent[0] is not jobs:
+                    ent = memo[id(jobs)] = (jobs, {})
+                f = ent[1].get((lo, hi))
+                if f is None:
+                    f = ent[1][(lo, hi)] = _floor(jobs, lo, hi)
             floors[key] = f
         return f
 
