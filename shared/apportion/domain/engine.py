@@ -419,17 +419,15 @@ class _Victims:
         for run in cluster.runs.values():  # order is irrelevant: lists are sorted by cost (ids included)
             if run.stopping:
                 continue
-            start = run.started_at_us
-            if start is None:
-                start = run.placed_at_us
             if run.allocated:
-                if now >= start + run.min_runtime_us:
+                if not run.protected(now):  # the one protection rule: Run.protected_until_us
                     lst = exp.get(run.budget)
                     if lst is None:
                         exp[run.budget] = [run]
                     else:
                         lst.append(run)
                 continue
+            start = run.started_at_us if run.started_at_us is not None else run.placed_at_us
             gpus = run.gpus_per_replica * run.replicas
             cost = (0, gpus, gpus * (now - start) / 1e6, run.job_id, run.attempt)
             placements = run.placements
