@@ -69,6 +69,7 @@ class LogReport:
     preemptions: int
     violations: int
     budgets: list[BudgetRow] = field(default_factory=list)
+    violation_detail: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
@@ -126,4 +127,4 @@ def log_report(log: Iterable[Any], tree: BudgetTree, start_us: Micros, end_us: M
                      utilisation=used / cap if cap else 0.0, jobs=len(submitted), placed=len(all_w),
                      never=len(submitted) - len(all_w), wait_p50_s=percentile(all_w, 50),
                      wait_p95_s=percentile(all_w, 95), preemptions=sum(pre_by_budget.values()),
-                     violations=len(viol.violations), budgets=rows)
+                     violations=len(viol.violations), budgets=rows, violation_detail=viol.violations)

@@ -42,6 +42,19 @@ def parse_time(text: str) -> datetime:
     return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
 
 
+def _dur(text: str, option: str) -> float:
+    """A duration option in seconds; a bad or negative one is a usage error (exit 2), not a traceback."""
+    from apportion.durations import parse_duration
+
+    try:
+        value = parse_duration(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from None
+    if value < 0:
+        raise typer.BadParameter("must not be negative", param_hint=option)
+    return value
+
+
 def _load(bootstrap: str | None, from_file: Path | None, since: datetime | None = None) -> list[Any]:
     from apportion.audit.source import load_log
     from apportion.cli.main import fail
@@ -62,6 +75,8 @@ def _load(bootstrap: str | None, from_file: Path | None, since: datetime | None 
         except Exception as exc:
             if type(exc).__module__.startswith("kafka"):
                 fail(f"cannot read Kafka at {conn.bootstrap}: {exc}", 3)
+            if from_file is not None and isinstance(exc, (OSError, ValueError, EOFError)):
+                fail(f"{from_file}: not a readable apportion export ({exc})")
             raise
     dt = time.perf_counter() - t0
     _err().print(f"read {len(recs):,} records in {dt:.2f} s ({len(recs) / dt if dt else 0:,.0f} records/s) "
@@ -96,7 +111,13 @@ def export(
     if until:
         limit = parse_time(until).timestamp() * 1000
         recs = [r for r in recs if r.timestamp_ms <= limit]
-    n = write_export(recs, output, topic_names=audit_topics(), exported_at=datetime.now(timezone.utc).isoformat())
+    from apportion.cli.main import fail
+
+    try:
+        n = write_export(recs, output, topic_names=audit_topics(),
+                         exported_at=datetime.now(timezone.utc).isoformat())
+    except OSError as exc:
+        fail(f"cannot write {output}: {exc.strerror or exc}")
     _out().print(f"wrote {n:,} records to {output}")
 
 
@@ -118,7 +139,7 @@ def occupancy(
     t = parse_time(at)
     recs = _load(bootstrap, from_file)
     t0 = time.perf_counter()
-    snap, ranks = occupancy_at(recs, to_us(t), window_s=parse_duration(window))
+    snap, ranks = occupancy_at(recs, to_us(t), window_s=_dur(window, '--window'))
     dt = time.perf_counter() - t0
     rows = [u.model_dump(mode="json") | {"rank": ranks.get(u.path)} for u in snap.budgets
             if budget is None or u.path == budget or u.path.startswith(budget + "/")]
@@ -187,7 +208,7 @@ def squatting(
     from apportion.cli.main import _print_json
     from apportion.durations import format_duration, parse_duration
 
-    rows = squatting_report(_load(bootstrap, from_file), threshold_s=parse_duration(threshold),
+    rows = squatting_report(_load(bootstrap, from_file), threshold_s=_dur(threshold, '--threshold'),
                             util_below_pct=util_below)
     if as_json:
         _print_json(rows)
@@ -209,9 +230,9 @@ def _dispatch_config(delta: float, grace: float, reservation_after: str, heartbe
     from apportion.domain.engine import EngineConfig
     from apportion.durations import parse_duration
 
-    hb = parse_duration(heartbeat_timeout)
-    return DispatchConfig(engine=EngineConfig(delta=delta, reservation_after_s=parse_duration(reservation_after),
-                                              window_s=parse_duration(window), grace_s=grace),
+    hb = _dur(heartbeat_timeout, '--heartbeat-timeout')
+    return DispatchConfig(engine=EngineConfig(delta=delta, reservation_after_s=_dur(reservation_after, '--reservation-after'),
+                                              window_s=_dur(window, '--window'), grace_s=grace),
                           heartbeat_timeout_s=hb if hb > 0 else None)
 
 

@@ -263,7 +263,7 @@ def share(
 @app.command()
 def top(
     interval: Annotated[float, typer.Option(help="Refresh period, wall seconds.")] = 1.0,
-    iterations: Annotated[int, typer.Option(help="Stop after N refreshes (0 = until Ctrl-C).")] = 0,
+    iterations: Annotated[int, typer.Option(min=0, help="Stop after N refreshes (0 = until Ctrl-C).")] = 0,
     redis_url: RedisUrl = None,
 ) -> None:
     """Live view: budgets (share, occupancy, r), queue by state, and nodes, refreshed until Ctrl-C."""
@@ -436,10 +436,12 @@ def budget_apply(
     """Set every budget in a YAML file (parents first). The file is checked as a whole before publishing."""
     from apportion.domain.budgets import BudgetError, BudgetTree
 
+    import yaml
+
     try:
         spec = load_budget_file(file)
         tree = BudgetTree.from_mapping(spec)
-    except (BudgetError, ValueError, KeyError) as exc:
+    except (BudgetError, ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
         fail(f"{file}: {exc}")
     now = _now()
     evts: list[events.Event] = []

@@ -52,8 +52,14 @@ def simulate(
     unknown = [n for n in names if n not in POLICIES]
     if unknown:
         raise typer.BadParameter(f"unknown policy {unknown}; choose from {', '.join(POLICY_NAMES)} or all")
-    bf = load_budget_file(budgets)
-    jobs = load_trace(trace, bf, seed, slice_)
+    from apportion.cli.main import fail
+    from apportion.domain.budgets import BudgetError
+
+    try:
+        bf = load_budget_file(budgets)
+        jobs = load_trace(trace, bf, seed, slice_)
+    except (ValueError, KeyError, BudgetError) as exc:  # bad file, header, slice or tree: one clear line
+        fail(str(exc))
     if not jobs:
         raise typer.BadParameter(f"no jobs in slice {slice_!r}")
     reports = []
