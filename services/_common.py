@@ -245,6 +245,24 @@ class AssignedConsumer:
         batch = self._kc.poll(timeout_ms=timeout_ms, max_records=max_records)
         return [r for tp in sorted(batch, key=lambda tp: (tp.topic, tp.partition)) for r in batch[tp]]
 
+    async def catch_up(self, stop: asyncio.Event) -> tuple[list[Any], list[Any]] | None:
+        """Read up to the end offsets taken at start (in worker threads).
+
+        Returns:
+            ``(backlog, late)``: the records below the start's end offsets (the
+            log as of the start, for a rebuild) and those appended meanwhile
+            (to handle live afterwards); ``None`` when ``stop`` was set first.
+        """
+        ends = {(tp.topic, tp.partition): off for tp, off in self.start_end.items()}
+        backlog: list[Any] = []
+        late: list[Any] = []
+        while not await asyncio.to_thread(self.caught_up):
+            if stop.is_set():
+                return None
+            for rec in await asyncio.to_thread(self.poll, 200):
+                (backlog if rec.offset < ends[(rec.topic, rec.partition)] else late).append(rec)
+        return backlog, late
+
     def caught_up(self) -> bool:
         """True once every partition's position reached its end offset at start."""
         return all(self._kc.position(tp) >= self.start_end[tp] for tp in self.partitions)

@@ -175,13 +175,10 @@ async def run(settings: AccountingSettings, stop: asyncio.Event, *, clock: Clock
     svc = AccountingService(settings, clock, producer.publish, store, _metrics(registry))
     loop = asyncio.get_running_loop()
     try:
-        backlog: list[Any] = []  # the log as of the start: bulk rebuild
-        late: list[Any] = []  # records appended meanwhile: folded live afterwards
-        while not await asyncio.to_thread(consumer.caught_up):
-            if stop.is_set():
-                return
-            for rec in await asyncio.to_thread(consumer.poll, 200):
-                (backlog if rec.offset < consumer.start_end[_tp(rec)] else late).append(rec)
+        caught = await consumer.catch_up(stop)
+        if caught is None:
+            return
+        backlog, late = caught  # the log as of the start: bulk rebuild; appended meanwhile: folded live
         await asyncio.to_thread(svc.bootstrap, backlog)
         if late:
             svc.ingest(late)
@@ -208,8 +205,3 @@ async def run(settings: AccountingSettings, stop: asyncio.Event, *, clock: Clock
         r.close()
         stop_metrics()
 
-
-def _tp(rec: Any) -> Any:
-    from kafka import TopicPartition
-
-    return TopicPartition(rec.topic, rec.partition)

@@ -229,14 +229,10 @@ async def _lead(settings: DispatcherSettings, stop: asyncio.Event, clock: Clock,
         readmodel.replace_hash(r, readmodel.nodes_key(), nodes)
 
     try:
-        backlog: list[Any] = []  # the log as of the start: rebuild
-        late: list[Any] = []  # appended meanwhile: decided live afterwards
-        ends = {(tp.topic, tp.partition): off for tp, off in consumer.start_end.items()}
-        while not await asyncio.to_thread(consumer.caught_up):
-            if stop.is_set():
-                return
-            for rec in await asyncio.to_thread(consumer.poll, 200):
-                (backlog if rec.offset < ends[(rec.topic, rec.partition)] else late).append(rec)
+        caught = await consumer.catch_up(stop)
+        if caught is None:
+            return
+        backlog, late = caught  # the log as of the start: rebuild; appended meanwhile: decided live
         out = svc.bootstrap(backlog)
         if late:
             more, _ = svc.ingest(late)
