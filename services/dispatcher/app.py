@@ -48,6 +48,9 @@ log = logging.getLogger("apportion.dispatcher")
 #: Wall seconds between read-model writes (a full write of jobs and nodes).
 READ_MODEL_EVERY_S = 0.5
 
+#: Wall seconds between producer flushes (waits for the acks of decisions sent since the last one).
+FLUSH_EVERY_S = 0.02
+
 
 class LeadershipLost(RuntimeError):
     """The lease was lost; this instance must stop deciding."""
@@ -213,9 +216,11 @@ async def _lead(settings: DispatcherSettings, stop: asyncio.Event, clock: Clock,
     producer = await asyncio.to_thread(EventProducer, conn.bootstrap, client_id="dispatcher", linger_ms=0)
 
     def publish(evts: list[Event]) -> None:
+        # Sent without waiting: the loop flushes every FLUSH_EVERY_S. Decisions are derived state (a new leader
+        # re-derives anything unacknowledged from the log, with the same deterministic ids), so the wait for
+        # acks need not sit on every small batch.
         for e in evts:
             producer.send(e)
-        producer.flush()
 
     consumer = await asyncio.to_thread(AssignedConsumer, conn.bootstrap,
                                        [SUBMISSIONS.name, JOBS.name, NODES.name, BUDGETS.name], "dispatcher")
@@ -238,11 +243,13 @@ async def _lead(settings: DispatcherSettings, stop: asyncio.Event, clock: Clock,
             more, _ = svc.ingest(late)
             out += more
         await asyncio.to_thread(svc._emit, out)
+        await asyncio.to_thread(producer.flush)
         await asyncio.to_thread(write_read_model)
         if ready is not None:
             ready.set()
         last_tick = last_renew = last_rm = loop.time()
         rm_gap = READ_MODEL_EVERY_S
+        last_flush, unflushed = last_tick, False
         dirty = False
         while not stop.is_set():
             batch = await asyncio.to_thread(consumer.poll, 50)
@@ -259,6 +266,10 @@ async def _lead(settings: DispatcherSettings, stop: asyncio.Event, clock: Clock,
                 last_renew = now
             if out:
                 await asyncio.to_thread(svc._emit, out)
+                unflushed = True
+            if unflushed and (now - last_flush >= FLUSH_EVERY_S or not batch):
+                await asyncio.to_thread(producer.flush)
+                unflushed, last_flush = False, now
             dirty |= bool(out) or news
             if dirty and now - last_rm >= rm_gap:
                 t0 = loop.time()
