@@ -38,11 +38,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def pct(values: list[float], q: float) -> float:
-    v = sorted(values)
-    return v[max(0, min(len(v) - 1, round(q / 100 * len(v) + 0.5) - 1))]
-
-
 class CommandWatcher(threading.Thread):
     """Records the wall time each StartWorkload (by job id) and JobPlaced arrives."""
 
@@ -123,6 +118,7 @@ def main() -> int:
     from apportion.bus.producer import EventProducer
     from apportion.bus.provision import provision
     from apportion.bus.stack import LocalStack
+    from apportion.sim.report import percentile
     from apportion.topics import COMMANDS, JOBS, NODES
 
     tmp = Path(tempfile.mkdtemp(prefix="apportion-bench-"))
@@ -180,7 +176,7 @@ def main() -> int:
                 print(f"FAIL: no StartWorkload for {jid} within 30 s")
                 return 1
             lat.append((t1 - t0) * 1000)
-        p50, p99 = statistics.median(lat), pct(lat, 99)
+        p50, p99 = statistics.median(lat), percentile(lat, 99)
         print(f"submit-to-StartWorkload latency over {len(lat)} jobs: p50 {p50:.1f} ms, p99 {p99:.1f} ms "
               f"(target p50 <= 100 ms)")
         ok &= p50 <= 100

@@ -18,7 +18,6 @@ behaviour, not in bookkeeping:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -27,15 +26,8 @@ from apportion import events
 from apportion.audit.replay import decoded, preemption_report
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.occupancy import OccupancyLedger
+from apportion.sim.report import percentile
 from apportion.timeutil import Micros, to_us, us_to_s
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile, q in [0, 100]; ``None`` for no values."""
-    if not values:
-        return None
-    v = sorted(values)
-    return v[max(1, math.ceil(q / 100 * len(v))) - 1]
 
 
 @dataclass

@@ -33,7 +33,7 @@ from apportion.domain.budgets import BudgetTree
 from apportion.sim.core import SimResult
 from apportion.timeutil import US_PER_S, from_us, us_to_s
 
-__all__ = ["BudgetStats", "PolicyReport", "summarise", "to_json", "render_table", "plot"]
+__all__ = ["BudgetStats", "PolicyReport", "percentile", "summarise", "to_json", "render_table", "plot"]
 
 
 @dataclass
@@ -81,7 +81,7 @@ class PolicyReport:
     series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
 
-def _pct(values: list[float], q: float) -> float | None:
+def percentile(values: list[float], q: float) -> float | None:
     """Nearest-rank percentile (q in [0, 100]); ``None`` for no values."""
     if not values:
         return None
@@ -132,7 +132,7 @@ def summarise(result: SimResult, tree: BudgetTree, policy: str, seed: int,
             alloc_share=occ.get(leaf, 0.0) / cap if cap else 0.0,
             free_share=una.get(leaf, 0.0) / cap if cap else 0.0,
             jobs=jobs_of.get(leaf, 0), placed=len(w), never=never.get(leaf, 0),
-            wait_p50_s=_pct(w, 50), wait_p95_s=_pct(w, 95),
+            wait_p50_s=percentile(w, 50), wait_p95_s=percentile(w, 95),
             preemptions=result.preemptions.get(leaf, 0),
             mean_deficit_pp=sum(deficits[leaf]) / len(deficits[leaf]) if deficits[leaf] else 0.0,
             backlogged_frac=backlogged[leaf] / n_samples if n_samples else 0.0))
@@ -145,8 +145,8 @@ def summarise(result: SimResult, tree: BudgetTree, policy: str, seed: int,
         utilisation=used / cap if cap else 0.0,
         mean_deficit_pp=sum(all_def) / len(all_def) if all_def else 0.0,
         max_deficit_pp=max(all_def) if all_def else 0.0,
-        wait_p50_s=_pct(alloc_w, 50), wait_p95_s=_pct(alloc_w, 95),
-        unalloc_wait_p50_s=_pct(unalloc_w, 50), unalloc_wait_p95_s=_pct(unalloc_w, 95),
+        wait_p50_s=percentile(alloc_w, 50), wait_p95_s=percentile(alloc_w, 95),
+        unalloc_wait_p50_s=percentile(unalloc_w, 50), unalloc_wait_p95_s=percentile(unalloc_w, 95),
         never=sum(never.values()),
         preemptions=sum(result.preemptions.values()), violations=len(result.violations),
         cycles=result.cycles, events=result.events, wall_s=wall_s, budgets=stats, series=series)
