@@ -102,8 +102,12 @@ def export(
     since: Annotated[Optional[str], typer.Option(help="Only records with Kafka timestamp >= this ISO time.")] = None,
     until: Annotated[Optional[str], typer.Option(help="Only records with Kafka timestamp <= this ISO time.")] = None,
     bootstrap: Bootstrap = None,
+    as_json: JsonOut = False,
 ) -> None:
-    """Export every apportion topic (with topic, partition, offset, key) to a compressed file."""
+    """Export every apportion topic (with topic, partition, offset, key) to a compressed file.
+
+    Example: apportion log export -o week44.jsonl.gz --since 2026-11-01T00:00:00Z
+    """
     from apportion.audit.source import audit_topics, write_export
 
     since_dt = parse_time(since) if since else None
@@ -118,7 +122,12 @@ def export(
                          exported_at=datetime.now(timezone.utc).isoformat())
     except OSError as exc:
         fail(f"cannot write {output}: {exc.strerror or exc}")
-    _out().print(f"wrote {n:,} records to {output}")
+    if as_json:
+        from apportion.cli.main import _print_json
+
+        _print_json({"records": n, "output": str(output)})
+    else:
+        _out().print(f"wrote {n:,} records to {output}")
 
 
 @audit_app.command("occupancy")

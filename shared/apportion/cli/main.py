@@ -83,6 +83,14 @@ def _publish(evts: list[events.Event], bootstrap: str | None) -> None:
         raise
 
 
+def _published(evts: list[events.Event], as_json: bool, message: str) -> None:
+    """Report published events: ``message`` for people, or ``{"published": [event, ...]}`` with ``--json``."""
+    if as_json:
+        _print_json({"published": [events.to_dict(e) for e in evts]})
+    else:
+        out.print(message)
+
+
 def _redis(redis_url: str | None) -> Any:
     import redis
 
@@ -189,11 +197,12 @@ def cancel(
     reason: Annotated[str, typer.Option(help="Why (kept in the log).")] = "",
     user: Annotated[Optional[str], typer.Option("--user", "-u", help="Requesting user (default: $USER).", envvar="USER")] = None,
     bootstrap: Bootstrap = None,
+    as_json: JsonOut = False,
 ) -> None:
-    """Cancel a pending or running job."""
+    """Cancel a pending or running job (the dispatcher answers with JobCancelled)."""
     ev = events.JobCancelRequested(job_id=job_id, user=_whoami(user), reason=reason, ts=_now(), producer="cli")
     _publish([ev], bootstrap)
-    out.print(f"cancel requested for [bold]{job_id}[/]")
+    _published([ev], as_json, f"cancel requested for [bold]{job_id}[/]")
 
 
 @app.command()
@@ -339,10 +348,12 @@ def drain(
     node_id: Annotated[str, typer.Argument(help="Node to drain.")],
     reason: Annotated[str, typer.Option(help="Why (kept in the log).")] = "maintenance",
     bootstrap: Bootstrap = None,
+    as_json: JsonOut = False,
 ) -> None:
     """Drain a node: cordon it, preempt unallocated work now, allocated work as its minimum runtime expires."""
-    _publish([events.NodeDrainRequested(node_id=node_id, reason=reason, by="cli", ts=_now(), producer="cli")], bootstrap)
-    out.print(f"drain requested for [bold]{node_id}[/]; it reports NodeDrained when empty")
+    ev = events.NodeDrainRequested(node_id=node_id, reason=reason, by="cli", ts=_now(), producer="cli")
+    _publish([ev], bootstrap)
+    _published([ev], as_json, f"drain requested for [bold]{node_id}[/]; it reports NodeDrained when empty")
 
 
 @app.command()
@@ -350,20 +361,24 @@ def cordon(
     node_id: Annotated[str, typer.Argument(help="Node to cordon.")],
     reason: Annotated[str, typer.Option(help="Why.")] = "",
     bootstrap: Bootstrap = None,
+    as_json: JsonOut = False,
 ) -> None:
     """Cordon a node: no new work lands on it; running work stays."""
-    _publish([events.NodeCordoned(node_id=node_id, reason=reason, by="cli", ts=_now(), producer="cli")], bootstrap)
-    out.print(f"cordoned [bold]{node_id}[/]")
+    ev = events.NodeCordoned(node_id=node_id, reason=reason, by="cli", ts=_now(), producer="cli")
+    _publish([ev], bootstrap)
+    _published([ev], as_json, f"cordoned [bold]{node_id}[/]")
 
 
 @app.command()
 def undrain(
     node_id: Annotated[str, typer.Argument(help="Node to return to service.")],
     bootstrap: Bootstrap = None,
+    as_json: JsonOut = False,
 ) -> None:
     """Uncordon a cordoned, draining or drained node."""
-    _publish([events.NodeUncordoned(node_id=node_id, by="cli", ts=_now(), producer="cli")], bootstrap)
-    out.print(f"uncordoned [bold]{node_id}[/]")
+    ev = events.NodeUncordoned(node_id=node_id, by="cli", ts=_now(), producer="cli")
+    _publish([ev], bootstrap)
+    _published([ev], as_json, f"uncordoned [bold]{node_id}[/]")
 
 
 # --------------------------------------------------------------------------- budgets
@@ -405,6 +420,7 @@ def budget_set(
     members: Annotated[Optional[str], typer.Option(help="Comma-separated users allowed to charge it (default: inherit).")] = None,
     max_min_runtime: Annotated[Optional[str], typer.Option(help="Largest minimum runtime allowed (e.g. 8h; default: inherit).")] = None,
     bootstrap: Bootstrap = None,
+    as_json: JsonOut = False,
 ) -> None:
     """Create or update one budget. The policy service validates it (BudgetRejected says why not)."""
     from pydantic import ValidationError
@@ -425,13 +441,14 @@ def budget_set(
     except ValueError as exc:
         fail(str(exc))
     _publish([ev], bootstrap)
-    out.print(f"budget [bold]{path}[/] set to share {share_}")
+    _published([ev], as_json, f"budget [bold]{path}[/] set to share {share_}")
 
 
 @budget_app.command("apply")
 def budget_apply(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="YAML file of budgets.")],
     bootstrap: Bootstrap = None,
+    as_json: JsonOut = False,
 ) -> None:
     """Set every budget in a YAML file (parents first). The file is checked as a whole before publishing."""
     from apportion.domain.budgets import BudgetError, BudgetTree
@@ -449,17 +466,19 @@ def budget_apply(
         evts.append(events.BudgetSet(path=p, share=d["share"], members=tuple(d["members"]) if "members" in d else None,
                                      max_min_runtime_s=d.get("max_min_runtime_s"), by="cli", ts=now, producer="cli"))
     _publish(evts, bootstrap)
-    out.print(f"published {len(evts)} budgets from {file}")
+    _published(evts, as_json, f"published {len(evts)} budgets from {file}")
 
 
 @budget_app.command("rm")
 def budget_rm(
     path: Annotated[str, typer.Argument(help="Budget path to remove (children first).")],
     bootstrap: Bootstrap = None,
+    as_json: JsonOut = False,
 ) -> None:
     """Remove a budget. Refused (BudgetRejected) while it has children or queued/running jobs."""
-    _publish([events.BudgetRemoved(path=path, by="cli", ts=_now(), producer="cli")], bootstrap)
-    out.print(f"removal of [bold]{path}[/] requested")
+    ev = events.BudgetRemoved(path=path, by="cli", ts=_now(), producer="cli")
+    _publish([ev], bootstrap)
+    _published([ev], as_json, f"removal of [bold]{path}[/] requested")
 
 
 @budget_app.command("show")
