@@ -1,7 +1,9 @@
 """Node agent wiring: commands in, processes and timers, job and node events out.
 
 Consumes ``apportion.commands`` (every partition, filtering by the node ids
-it hosts, see :mod:`services.node_agent.logic`); produces ``NodeRegistered``
+it hosts, see :mod:`services.node_agent.logic`) and ``NodeLost`` from
+``apportion.nodes`` (a hosted node declared lost is fenced and rejoins:
+its replicas are stopped, then it registers again); produces ``NodeRegistered``
 and ``NodeHeartbeat`` on ``apportion.nodes`` and ``JobStarted``,
 ``JobCompleted``, ``JobFailed``, ``WorkloadRefused`` on ``apportion.jobs``.
 
@@ -35,7 +37,7 @@ from dataclasses import replace
 
 from apportion import events
 from apportion.clock import Clock
-from apportion.events import Event, JobFailed, StartWorkload, StopWorkload, det_id
+from apportion.events import Event, JobFailed, NodeLost, StartWorkload, StopWorkload, det_id
 from apportion.gpu import GpuProbe, SimulatedProbe, open_probe, simulated_inventory
 from services.node_agent import logic
 from services.node_agent.config import NodeAgentSettings
@@ -101,8 +103,10 @@ class NodeAgent:
                                        reason="agent_restarted"))
             self.journal.ended(o.key)
             self.state = replace(self.state, ended=self.state.ended | {o.key})
-        for ev in logic.registered_events(self.state, now):
+        regs = logic.registered_events(self.state, now)
+        for ev in regs:
             await self._emit(ev)
+        self.state = logic.with_registered(self.state, regs)
         log.info("registered %d node(s)", len(self.state.nodes),
                  extra={"nodes": sorted(self.state.nodes)[:8]})
         if heartbeats:
@@ -146,7 +150,10 @@ class NodeAgent:
     # ------------------------------------------------------------------ commands
 
     async def on_event(self, event: Event, _delivery: object = None) -> None:
-        """Handle one decoded event from the commands topic (others are ignored)."""
+        """Handle one decoded event: a command, or ``NodeLost`` of a hosted node (others are ignored)."""
+        if isinstance(event, NodeLost):
+            await self.on_lost(event)
+            return
         if not isinstance(event, (StartWorkload, StopWorkload)):
             return
         async with self._lock:
@@ -183,6 +190,34 @@ class NodeAgent:
                 await self._emit(ev)
             for w in action.workloads:
                 self._signal(w, action.grace_s)
+
+    async def on_lost(self, event: NodeLost) -> None:
+        """Fence a hosted node declared lost: stop its replicas, register it again once they exited."""
+        async with self._lock:
+            action = logic.decide_lost(self.state, event, self.clock.now(), SHUTDOWN_GRACE_S)
+            if isinstance(action, logic.Ignore):
+                log.debug("ignored NodeLost of %s: %s", event.node_id, action.why)
+                return
+            log.warning("node %s was declared lost (last heartbeat %s): stopping %d replica(s), then rejoining",
+                        event.node_id, event.last_heartbeat.isoformat(), len(action.stop.workloads))
+            self.state = logic.with_rejoining(self.state, action)
+            for ev in action.stop.events:
+                self.journal.ended((ev.node_id, ev.job_id, ev.attempt, ev.replica))  # type: ignore[attr-defined]
+                await self._emit(ev)
+            for w in action.stop.workloads:
+                self._signal(w, action.stop.grace_s)
+            await self._rejoin_ready()
+
+    async def _rejoin_ready(self) -> None:
+        """Register again every rejoining node with nothing left on it (lock held)."""
+        ready = logic.ready_to_rejoin(self.state)
+        if not ready:
+            return
+        regs = logic.registered_events(self.state, self.clock.now(), only=ready)
+        for ev in regs:
+            await self._emit(ev)
+        self.state = logic.with_registered(self.state, regs)
+        log.info("node(s) %s registered again after being lost", ", ".join(ready))
 
     # ------------------------------------------------------------------ workloads
 
@@ -237,6 +272,7 @@ class NodeAgent:
             await self._emit(logic.exit_event(current, code, self.clock.now()))
             for nxt in logic.ready_to_launch(self.state):
                 await self._launch(nxt)
+            await self._rejoin_ready()
             self._gauge()
         self._tasks.pop(w.key, None)
 
@@ -317,7 +353,7 @@ async def run(settings: NodeAgentSettings, stop: asyncio.Event, *, clock: Clock 
     """
     from apportion.bus.consumer import EventConsumer
     from apportion.bus.producer import EventProducer
-    from apportion.topics import COMMANDS
+    from apportion.topics import COMMANDS, NODES
     from services._common import consume, start_metrics
 
     clock = clock or settings.make_clock()
@@ -339,7 +375,7 @@ async def run(settings: NodeAgentSettings, stop: asyncio.Event, *, clock: Clock 
     assigned = asyncio.Event()
 
     def make_consumer(handler):  # runs in a worker thread
-        c = EventConsumer(conn.bootstrap, [COMMANDS.name], settings.consumer_group(), handler,
+        c = EventConsumer(conn.bootstrap, [COMMANDS.name, NODES.name], settings.consumer_group(), handler,
                           dead_letters=producer, name=settings.producer_name,
                           clock=clock.now, auto_offset_reset="latest")
         _wait_assigned(c, deadline_s=60.0)

@@ -36,6 +36,17 @@ waiting ones are dropped with ``JobFailed(reason="stopped")``. A stop for a
 run that already ended is ignored (idempotent); for a run never seen it is
 refused (``unknown_run``).
 
+``NodeLost`` for a hosted node (the dispatcher missed its heartbeats, e.g.
+a network partition or a stalled host, and has already requeued its runs
+elsewhere and charged them to the last heartbeat): the node is **fenced and
+rejoins** (:func:`decide_lost`). Every replica on it is stopped (SIGTERM,
+SIGKILL after the grace period; waiting ones dropped), because the same run
+now has a newer attempt and two copies must not both write results; once
+the last one has exited, the node registers again (``NodeRegistered``), which
+every reader folds to ``ready`` with all GPUs free. A loss declared before
+the node's latest registration (a redelivered, stale ``NodeLost``) is
+ignored, and so is another agent's node.
+
 Exit reporting (:func:`exit_event`): exit code 0 without a stop ->
 ``JobCompleted``; a stopped replica -> ``JobFailed(reason="stopped")`` with
 its exit code; otherwise ``JobFailed`` with the code (negative = killed by
@@ -59,6 +70,7 @@ from apportion.events import (
     JobFailed,
     JobStarted,
     NodeHeartbeat,
+    NodeLost,
     NodeRegistered,
     RunningWorkload,
     StartWorkload,
@@ -166,6 +178,9 @@ class AgentState:
         waiting: replicas accepted but waiting for GPUs held by stopping replicas.
         ended: keys of replicas that have ended here (for duplicate detection).
         fencing_token: highest dispatcher fencing token seen, or ``None``.
+        registered_at: node id -> event time (UTC) of its latest ``NodeRegistered``.
+        rejoining: nodes declared lost whose replicas are being stopped; each
+            registers again when its last replica has exited.
     """
 
     nodes: Mapping[str, NodeSpec]
@@ -174,6 +189,8 @@ class AgentState:
     waiting: Mapping[RunKey, Workload] = field(default_factory=dict)
     ended: frozenset[RunKey] = frozenset()
     fencing_token: int | None = None
+    registered_at: Mapping[str, datetime] = field(default_factory=dict)
+    rejoining: frozenset[str] = frozenset()
 
     def claims(self, node_id: str) -> bool:
         """True when ``node_id`` is this agent's to answer for."""
@@ -331,6 +348,52 @@ def decide_stop(state: AgentState, cmd: StopWorkload, now: datetime) -> Action:
     return Stop(tuple(replace(w, stopping=True, grace_s=cmd.grace_s) for w in run), cmd.grace_s, dropped)
 
 
+@dataclass(frozen=True, slots=True)
+class Rejoin:
+    """Fence a node declared lost: stop everything on it, then register it again.
+
+    Attributes:
+        node_id: the hosted node.
+        stop: its replicas to stop and the ``JobFailed`` of waiting ones dropped.
+    """
+
+    node_id: str
+    stop: Stop
+
+
+def decide_lost(state: AgentState, ev: NodeLost, now: datetime, grace_s: float) -> Ignore | Rejoin:
+    """What to do with a ``NodeLost`` (rules in the module docstring).
+
+    Args:
+        state: the agent state.
+        ev: the loss, as the dispatcher (or an operator) published it.
+        now: event time (UTC).
+        grace_s: event seconds between SIGTERM and SIGKILL for its replicas.
+
+    Returns:
+        :class:`Ignore` (not hosted here, or declared before the node's latest
+        registration), else :class:`Rejoin`.
+    """
+    if ev.node_id not in state.nodes:
+        return Ignore("another agent's node")
+    reg = state.registered_at.get(ev.node_id)
+    if reg is not None and ev.ts < reg:
+        return Ignore("loss declared before the node's latest registration")
+    if ev.node_id in state.rejoining:
+        return Ignore("already rejoining")
+    run = tuple(replace(w, stopping=True, grace_s=grace_s) for _, w in sorted(state.running.items())
+                if w.node_id == ev.node_id and not w.stopping)
+    dropped = tuple(exit_event(replace(w, stopping=True), None, now, never_started=True)
+                    for _, w in sorted(state.waiting.items()) if w.node_id == ev.node_id)
+    return Rejoin(ev.node_id, Stop(run, grace_s, dropped))
+
+
+def ready_to_rejoin(state: AgentState) -> tuple[str, ...]:
+    """Rejoining nodes with no replica left running or waiting, in id order."""
+    busy = {w.node_id for w in state.running.values()} | {w.node_id for w in state.waiting.values()}
+    return tuple(sorted(n for n in state.rejoining if n not in busy))
+
+
 # --------------------------------------------------------------------------- evolve
 
 
@@ -354,6 +417,19 @@ def with_stopping(state: AgentState, stop: Stop) -> AgentState:
                if isinstance(e, JobFailed)}
     waiting = {k: v for k, v in state.waiting.items() if k not in dropped}
     return replace(state, running=running, waiting=waiting, ended=state.ended | dropped)
+
+
+def with_rejoining(state: AgentState, rejoin: Rejoin) -> AgentState:
+    """State after a :class:`Rejoin`: its replicas stopping, the node waiting to register again."""
+    state = with_stopping(state, rejoin.stop)
+    return replace(state, rejoining=state.rejoining | {rejoin.node_id})
+
+
+def with_registered(state: AgentState, regs: list[NodeRegistered]) -> AgentState:
+    """State after publishing ``regs``: registration times recorded, those nodes no longer rejoining."""
+    done = {r.node_id for r in regs}
+    return replace(state, registered_at={**state.registered_at, **{r.node_id: r.ts for r in regs}},
+                   rejoining=state.rejoining - done)
 
 
 def with_exited(state: AgentState, key: RunKey) -> AgentState:
@@ -416,11 +492,12 @@ def exit_event(w: Workload, exit_code: int | None, now: datetime, *, never_start
     return JobFailed(**common, exit_code=exit_code, reason=reason)
 
 
-def registered_events(state: AgentState, now: datetime) -> list[NodeRegistered]:
-    """One ``NodeRegistered`` per hosted node, in node order."""
+def registered_events(state: AgentState, now: datetime,
+                      only: tuple[str, ...] | None = None) -> list[NodeRegistered]:
+    """One ``NodeRegistered`` per hosted node (or per node of ``only``), in node order."""
     return [NodeRegistered(ts=now, producer=PRODUCER, node_id=n.node_id, gpu_count=len(n.gpus),
                            gpu_model=n.model, gpus=n.gpus, simulated=n.simulated)
-            for _, n in sorted(state.nodes.items())]
+            for _, n in sorted(state.nodes.items()) if only is None or n.node_id in only]
 
 
 def heartbeat_event(state: AgentState, node_id: str, now: datetime,

@@ -299,6 +299,50 @@ async def test_killed_node_agent_is_lost_and_its_job_requeued(cluster: Cluster) 
     assert of_job(evs, "l1")[-3:] == ["JobStarted", "JobLost", "JobRequeued"]
 
 
+@pytest.mark.parametrize("cluster", [{"agent": False, "heartbeat_timeout_s": 240.0}], indirect=True)
+async def test_stalled_node_is_lost_fenced_and_rejoins(cluster: Cluster) -> None:
+    """SIGSTOP the agent past the heartbeat timeout, SIGCONT it: its stale run is stopped, then the node rejoins.
+
+    The dispatcher declares the node lost and requeues its job; the woken
+    agent sees the NodeLost, stops the old attempt (a second copy must not
+    keep running) and only then registers again, so the requeued attempt 2
+    lands on a node whose GPUs are really free.
+    """
+    import signal
+
+    from apportion import events
+
+    node = f"s{cluster.tag}-0"
+    agent = cluster.spawn("services.node_agent", "--sim-nodes", "1", "--gpus-per-node", "4",
+                          "--node-prefix", f"s{cluster.tag}-", env={"APPORTION_GROUP_ID": f"agent-{cluster.tag}"})
+
+    def registrations(evs: list[Any]) -> list[Any]:
+        return [e for e in evs if isinstance(e, events.NodeRegistered) and e.node_id == node]
+
+    try:
+        await cluster.until(lambda evs: registrations(evs), "registration")
+        cluster.submit("p1", "lab/a", gpus=2, min_runtime_s=60, duration_s=36000)
+        await cluster.until(lambda evs: "JobStarted" in of_job(evs, "p1"), "p1 to start")
+        agent.send_signal(signal.SIGSTOP)
+        try:
+            await cluster.until(lambda evs: "JobRequeued" in of_job(evs, "p1"), "p1 to be requeued")
+        finally:
+            agent.send_signal(signal.SIGCONT)
+        evs = await cluster.until(
+            lambda evs: any(isinstance(e, events.JobStarted) and e.job_id == "p1" and e.attempt == 2 for e in evs),
+            "attempt 2 of p1 to start on the rejoined node")
+    finally:
+        agent.terminate()
+        agent.wait(20)
+    lost = next(e for e in evs if isinstance(e, events.NodeLost) and e.node_id == node)
+    stale = next(e for e in evs if isinstance(e, events.JobFailed) and e.job_id == "p1" and e.attempt == 1)
+    first, again = registrations(evs)[0], registrations(evs)[-1]
+    placed2 = next(e for e in evs if isinstance(e, events.JobPlaced) and e.job_id == "p1" and e.attempt == 2)
+    assert (stale.node_id, stale.reason, stale.exit_code) == (node, "stopped", -15)
+    assert first.ts < lost.ts <= stale.ts <= again.ts <= placed2.ts
+    assert [p.node_id for p in placed2.placements] == [node]
+
+
 @pytest.mark.parametrize("cluster", [{"dispatcher": False}], indirect=True)
 async def test_dispatcher_failover_places_nothing_twice(cluster: Cluster) -> None:
     """Two dispatcher processes; kill -9 the leader mid-run; the standby takes over with no double placement."""
@@ -372,10 +416,22 @@ async def test_cli_shows_each_state(cluster: Cluster) -> None:
     share = await shows(("share", "--json"), lambda d: any(b["path"] == "lab/a" and b["occupancy_gpu_s"] > 0
                                                            for b in d["budgets"]), "lab/a occupancy")
     assert {b["path"] for b in share["budgets"]} == {"lab", "lab/a", "lab/b"}
-    res = runner.invoke(app, ["cancel", "c1", "--user", "alice"], env=env)
+    res = runner.invoke(app, ["cancel", "c1", "--user", "alice", "--reason", "done early", "--json"], env=env)
     assert res.exit_code == 0, res.output
+    [sent] = json.loads(res.stdout)["published"]
+    assert (sent["type"], sent["job_id"], sent["user"], sent["reason"]) == \
+        ("JobCancelRequested", "c1", "alice", "done early")
     await cluster.until(lambda evs: "JobCancelled" in of_job(evs, "c1"), "c1 to be cancelled")
     await shows(("queue", "--json"), lambda rows: not any(r["job_id"] == "c1" for r in rows), "c1 gone")
+    node = sorted(n["node_id"] for n in nodes)[0]
+    [sent] = cli("cordon", node, "--reason", "fan swap", "--json")["published"]
+    assert (sent["type"], sent["node_id"], sent["reason"], sent["by"]) == ("NodeCordoned", node, "fan swap", "cli")
+    await shows(("nodes", "--json"), lambda rows: {n["node_id"]: n["state"] for n in rows}[node] == "cordoned",
+                f"{node} cordoned")
+    [sent] = cli("undrain", node, "--json")["published"]
+    assert (sent["type"], sent["node_id"]) == ("NodeUncordoned", node)
+    await shows(("nodes", "--json"), lambda rows: {n["node_id"]: n["state"] for n in rows}[node] == "ready",
+                f"{node} back up")
 
 
 @pytest.mark.parametrize("cluster", [{"accounting": False}], indirect=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -18,6 +18,7 @@ from apportion.events import (
     JobFailed,
     JobStarted,
     NodeHeartbeat,
+    NodeLost,
     NodeRegistered,
     StartWorkload,
     StopWorkload,
@@ -298,6 +299,56 @@ async def test_journal_makes_restart_refuse_redelivered_start_and_report_orphans
     await agent2.on_event(start(job="done", gpus=(0,), duration_s=1))
     assert sink2.of(WorkloadRefused)[0].reason.startswith(logic.DUPLICATE_START)
     assert not sink2.of(JobStarted)
+
+
+def lost(node: str = "n1", at_s: float = 100.0, last_hb_s: float = 10.0) -> NodeLost:
+    return NodeLost(ts=T0 + timedelta(seconds=at_s), producer="dispatcher", node_id=node,
+                    last_heartbeat=T0 + timedelta(seconds=last_hb_s))
+
+
+def test_decide_lost_fences_the_hosted_node_only():
+    st = logic.with_registered(running(start(), start(job="j2", gpus=(2,))),
+                               logic.registered_events(EMPTY, T0))
+    st = logic.with_deferred(st, logic.replace(st.running[("n1", "j1", 1, 0)], job_id="j3"))
+    a = logic.decide_lost(st, lost(), T0 + timedelta(seconds=100), grace_s=5.0)
+    assert isinstance(a, logic.Rejoin) and a.node_id == "n1"
+    assert [(w.job_id, w.stopping, w.grace_s) for w in a.stop.workloads] == [("j1", True, 5.0), ("j2", True, 5.0)]
+    assert [(e.job_id, e.reason) for e in a.stop.events] == [("j3", "stopped before start")]
+    after = logic.with_rejoining(st, a)
+    assert after.rejoining == {"n1"} and not after.waiting and logic.ready_to_rejoin(after) == ()
+    assert logic.ready_to_rejoin(logic.with_exited(logic.with_exited(after, ("n1", "j1", 1, 0)),
+                                                   ("n1", "j2", 1, 0))) == ("n1",)
+    # another agent's node, a loss older than the latest registration, a second loss while rejoining
+    assert isinstance(logic.decide_lost(st, lost(node="other-1"), T0, 5.0), logic.Ignore)
+    assert logic.decide_lost(st, lost(at_s=-1, last_hb_s=-20), T0, 5.0).why == \
+        "loss declared before the node's latest registration"
+    assert logic.decide_lost(after, lost(at_s=200), T0, 5.0).why == "already rejoining"
+
+
+async def test_lost_node_stops_its_replicas_then_registers_again():
+    """NodeLost of a hosted node: its replica is stopped (-15), then NodeRegistered follows; a stale loss does nothing."""
+    clock, sink = ManualClock(T0), Sink()
+    agent = make_agent(clock, sink)
+    await agent.start(heartbeats=False)
+    await agent.on_event(start(duration_s=3600.0))
+    await settle(clock, 1)
+    clock.advance(100)
+    await agent.on_event(lost())
+    await asyncio.wait_for(agent.idle(), 5)
+    kinds = [(type(e).__name__, getattr(e, "job_id", None)) for e in sink.events]
+    assert kinds == [("NodeRegistered", None), ("JobStarted", "j1"), ("JobFailed", "j1"), ("NodeRegistered", None)]
+    failed = sink.of(JobFailed)[0]
+    assert (failed.attempt, failed.reason, failed.exit_code) == (1, "stopped", -15)
+    again = sink.of(NodeRegistered)[1]
+    assert again.ts == T0 + timedelta(seconds=100) and again.gpu_count == 4
+    assert agent.state.registered_at["n1"] == again.ts and not agent.state.rejoining
+    # a loss declared before the latest registration (T0+100 s) is stale: ignored
+    await agent.on_event(lost(at_s=50))
+    assert len(sink.events) == 4
+    # an idle node rejoins at once
+    clock.advance(10)
+    await agent.on_event(lost(at_s=110, last_hb_s=100))
+    assert [type(e).__name__ for e in sink.events[4:]] == ["NodeRegistered"]
 
 
 async def _until(pred, step: float = 0.005) -> None:
