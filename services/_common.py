@@ -318,18 +318,42 @@ def record_order(rec: Any, event: Any) -> tuple:
     return (t, rec.topic, rec.partition, rec.offset)
 
 
-def add_common_flags(ap: Any) -> None:
+def add_common_flags(ap: Any, settings_cls: type[ServiceSettings] | None = None) -> None:
     """Add the flags every service takes (connection, clock, metrics, logs) to an argparse parser.
 
     Each maps to a :class:`ServiceSettings` field; flags left out keep the
-    environment's (``APPORTION_<NAME>``) or the default value.
+    environment's (``APPORTION_<NAME>``) or the default value. Call it last:
+    with ``settings_cls``, every flag of the parser that names a field of it
+    gets ``[default: ...; env APPORTION_<NAME>]`` appended to its help, taken
+    from the model itself so ``--help`` cannot drift from the code.
     """
     g = ap.add_argument_group("connection and runtime (also APPORTION_* environment variables)")
-    g.add_argument("--bootstrap", dest="kafka_bootstrap", help="Kafka host:port")
-    g.add_argument("--redis", dest="redis_url", help="Redis URL")
+    g.add_argument("--bootstrap", dest="kafka_bootstrap", help="Kafka host:port (default: the local stack's)")
+    g.add_argument("--redis", dest="redis_url", help="Redis URL (default: the local stack's)")
     g.add_argument("--time-scale", type=float, help="event seconds per wall second (1 = real time)")
     g.add_argument("--metrics-port", type=int, help="Prometheus port (0: off)")
     g.add_argument("--log-level", help="DEBUG, INFO, WARNING")
+    if settings_cls is not None:
+        _document_defaults(ap, settings_cls)
+
+
+def _document_defaults(ap: Any, settings_cls: type[ServiceSettings]) -> None:
+    """Append each field's default and environment variable to the help of the flag that sets it."""
+    from pydantic_core import PydanticUndefined
+
+    prefix = settings_cls.model_config.get("env_prefix", "")
+    for action in ap._actions:  # argparse has no public iterator over its actions
+        field = settings_cls.model_fields.get(action.dest)
+        if field is None or not action.help:
+            continue
+        default = field.default
+        if default is PydanticUndefined or default is None or "(default" in action.help:
+            shown = ""
+        elif isinstance(default, bool):
+            shown = f"default: {'on' if default else 'off'}; "
+        else:
+            shown = f"default: {default}; "
+        action.help = f"{action.help} [{shown}env {prefix}{action.dest.upper()}]".replace("%", "%%")
 
 
 def flag_overrides(ap: Any, argv: list[str] | None) -> dict[str, Any]:

@@ -28,7 +28,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
     ap.add_argument("--window-s", type=float, help="occupancy window W in seconds (default 7 days)")
     ap.add_argument("--snapshot-interval-s", type=float, help="event seconds between periodic snapshots")
     ap.add_argument("--snapshot-debounce-wall-s", type=float, help="wall seconds of debounce after changes")
-    add_common_flags(ap)
+    add_common_flags(ap, AccountingSettings)
     return flag_overrides(ap, argv)
 
 

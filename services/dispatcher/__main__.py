@@ -32,7 +32,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
     ap.add_argument("--window-s", type=float, help="occupancy window W in seconds (default 7 days)")
     ap.add_argument("--tick-wall-s", type=float, help="wall seconds between timer ticks")
     ap.add_argument("--lease-ttl-wall-s", type=float, help="leadership lease TTL, wall seconds")
-    add_common_flags(ap)
+    add_common_flags(ap, DispatcherSettings)
     return flag_overrides(ap, argv)
 
 

@@ -32,7 +32,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
     ap.add_argument("--force-simulated", action="store_true", default=None, help="skip NVML")
     ap.add_argument("--heartbeat-interval-s", type=float, help="event seconds between heartbeats")
     ap.add_argument("--state-dir", type=Path, help="journal directory (default: memory only)")
-    add_common_flags(ap)
+    add_common_flags(ap, NodeAgentSettings)
     return flag_overrides(ap, argv)
 
 

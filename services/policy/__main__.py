@@ -21,7 +21,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m services.policy",
                                  description="apportion policy: validates budget changes (BudgetRejected) "
                                              "and publishes FairShareRanking on snapshot or budget changes.")
-    add_common_flags(ap)
+    add_common_flags(ap, PolicySettings)
     return flag_overrides(ap, argv)
 
 
