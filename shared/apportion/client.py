@@ -16,6 +16,7 @@ landing in the dead-letter topic.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -23,6 +24,28 @@ from datetime import datetime, timezone
 from apportion import events
 from apportion.durations import parse_duration
 from apportion.settings import Connection
+
+
+#: Job ids the client accepts: they appear in shell commands, log lines, file names and metric labels.
+#: (Any JobSubmitted from another producer is still accepted by the schema: 1-200 characters.)
+JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,199}")
+
+
+def check_job_id(job_id: str) -> str:
+    """Return ``job_id`` if it is a client-acceptable id (:data:`JOB_ID_RE`).
+
+    Raises:
+        ValueError: the id is empty, too long, or has a space, slash or other character outside
+            letters, digits and ``. _ : @ + -`` (saying which).
+    """
+    if JOB_ID_RE.fullmatch(job_id):
+        return job_id
+    bad = sorted({c for c in job_id if not (c.isascii() and (c.isalnum() or c in "._:@+-"))})
+    why = (f"characters {''.join(bad)!r} are not allowed" if bad else
+           "it must start with a letter or digit" if job_id else "it is empty")
+    if len(job_id) > 200:
+        why = "it is longer than 200 characters"
+    raise ValueError(f"invalid job id {job_id!r}: {why} (use letters, digits and . _ : @ + -)")
 
 
 def new_job_id(user: str) -> str:
@@ -52,11 +75,11 @@ def build_submission(*, budget: str, user: str, gpus: int, replicas: int = 1,
 
     Raises:
         pydantic.ValidationError: the submission breaks the schema.
-        ValueError: a duration string cannot be parsed.
+        ValueError: a duration string cannot be parsed, or ``job_id`` fails :func:`check_job_id`.
     """
     ts = now or datetime.now(timezone.utc)
     return events.JobSubmitted(
-        job_id=job_id or new_job_id(user), budget=budget, user=user,
+        job_id=check_job_id(job_id) if job_id is not None else new_job_id(user), budget=budget, user=user,
         gpus_per_replica=gpus, replicas=replicas, min_runtime_s=parse_duration(min_runtime),
         command=tuple(command) if command else None,
         duration_s=parse_duration(duration) if duration is not None else None,
