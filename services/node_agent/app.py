@@ -56,7 +56,8 @@ class NodeAgent:
 
     Args:
         nodes: hosted nodes with their GPU probes (``[(spec, probe)]``).
-        emit: coroutine publishing one event (waits for the ack in production).
+        emit: coroutine publishing one event (in production it queues the event on the idempotent
+            producer without waiting for the ack; see :func:`run`).
         clock: event time source.
         journal: run journal (default in memory).
         claim_prefix: node-id prefix this agent answers for (sim mode).
@@ -329,6 +330,12 @@ def build_nodes(settings: NodeAgentSettings) -> tuple[list[tuple[NodeSpec, GpuPr
     return [(NodeSpec(settings.real_node_id(), inv.gpus, inv.model, inv.simulated), p)], ""
 
 
+def _send_failed(exc: BaseException, ev: Event, metrics: dict) -> None:
+    """Producer errback: a queued event could not be delivered (after the producer's own retries)."""
+    log.error("could not publish %s %s: %s", ev.type, getattr(ev, "job_id", getattr(ev, "node_id", "")), exc)
+    metrics["send_errors"].inc()
+
+
 def _metrics(registry: object) -> dict:
     from prometheus_client import Counter, Gauge
 
@@ -338,6 +345,8 @@ def _metrics(registry: object) -> dict:
         "refused": Counter("apportion_node_agent_refused", "Commands refused", ["reason"], registry=registry),
         "running": Gauge("apportion_node_agent_running", "Workload replicas running", registry=registry),
         "heartbeats": Counter("apportion_node_agent_heartbeats", "Heartbeats sent", registry=registry),
+        "send_errors": Counter("apportion_node_agent_send_errors", "Events the producer failed to deliver",
+                               registry=registry),
     }
 
 
@@ -365,17 +374,30 @@ async def run(settings: NodeAgentSettings, stop: asyncio.Event, *, clock: Clock 
     producer = await asyncio.to_thread(EventProducer, conn.bootstrap,
                                        client_id=f"node-agent-{settings.agent_name()}")
 
+    metrics = _metrics(registry)
+
     async def emit(ev: Event) -> None:
+        # Queued, not awaited: the idempotent acks=all producer keeps per-key order and retries for
+        # delivery_timeout_ms; waiting for each ack here serialised the agent (one broker round trip per
+        # JobStarted and per heartbeat of each hosted node), which at 1440x delayed starts by ~2,000 event
+        # seconds in the main job. A send that still fails is logged and counted; the journal reports the
+        # run on the next start (agent_restarted), so a lost JobStarted cannot hide a run for ever.
         fut = producer.send(ev)
-        await asyncio.to_thread(fut.get, 30)
+        fut.add_errback(_send_failed, ev, metrics)
 
     agent = NodeAgent(nodes, emit, clock, journal=journal, claim_prefix=prefix,
                       heartbeat_interval_s=settings.heartbeat_interval_s,
-                      heartbeat_min_wall_s=settings.heartbeat_min_wall_s, metrics=_metrics(registry))
+                      heartbeat_min_wall_s=settings.heartbeat_min_wall_s, metrics=metrics)
     assigned = asyncio.Event()
 
+    wanted = (StartWorkload, StopWorkload, NodeLost)
+
     def make_consumer(handler):  # runs in a worker thread
-        c = EventConsumer(conn.bootstrap, [COMMANDS.name, NODES.name], settings.consumer_group(), handler,
+        def relevant(event: Event, delivery: object) -> None:  # heartbeats etc. never reach the loop
+            if isinstance(event, wanted):
+                handler(event, delivery)
+
+        c = EventConsumer(conn.bootstrap, [COMMANDS.name, NODES.name], settings.consumer_group(), relevant,
                           dead_letters=producer, name=settings.producer_name,
                           clock=clock.now, auto_offset_reset="latest")
         _wait_assigned(c, deadline_s=60.0)
