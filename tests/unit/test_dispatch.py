@@ -97,6 +97,25 @@ def test_grace_expiry_finishes_the_stop_without_a_report():
     assert types(out) == ["JobRequeued:u", "StartWorkload:j"]
 
 
+def test_two_victims_expiring_in_the_same_tick_start_the_preemptor():
+    """Found live (main job at 1440x, 18 of 2,317 placements): the 30 s grace ends before either victim
+    reports its exit. Both stops finish in one maintenance pass; the preemptor must start once."""
+    state = given(reg("n0"), submitted("u1", budget="lab/b", gpus=2, min_runtime_s=0),
+                  submitted("u2", budget="lab/b", gpus=2, min_runtime_s=0))
+    step(state, Tick(T0), T0, CFG)
+    step(state, submitted("j", budget="lab/a", user="alice", gpus=4, at=h(1)), h(1), CFG)
+    out = step(state, Tick(h(1)), h(1), CFG)
+    assert types(out) == ["JobPreempted:u1", "StopWorkload:u1", "JobPreempted:u2", "StopWorkload:u2", "JobPlaced:j"]
+    out = step(state, Tick(h(1) + 30_000_000), h(1) + 30_000_000, CFG)
+    assert types(out) == ["JobRequeued:u1", "JobRequeued:u2", "StartWorkload:j"]
+    assert out[2].gpus == (0, 1, 2, 3) and out[2].attempt == 1
+    # the late exit reports change nothing
+    for u in ("u1", "u2"):
+        late = ev.JobFailed(job_id=u, attempt=1, replica=0, exit_code=-15, ts=from_us(h(1) + 40_000_000))
+        assert step(state, late, h(1) + 40_000_000, CFG) == []
+    assert not state.awaiting
+
+
 def test_heartbeat_timeout_loses_the_node_and_requeues():
     cfg = DispatchConfig(heartbeat_timeout_s=30)
     state = DispatchState(TREE)

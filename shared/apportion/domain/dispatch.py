@@ -573,17 +573,24 @@ def maintenance(state: DispatchState, now_us: Micros, config: DispatchConfig | N
                 continue
             if now_us - n.last_heartbeat_us > limit:
                 out.extend(_node_lost(state, nid, n.last_heartbeat_us, ts, prod, emit_lost=handled))
+    finished: set[RunKey] = set()  # stops finished in this pass (their JobRequeued is not folded yet)
     for key in sorted(state.stopping):
         st = state.stopping[key]
         if now_us >= st.deadline_us and key not in handled:
-            out.extend(_finish_stop(state, key, ts, prod))
+            out.extend(_finish_stop(state, key, ts, prod, finished))
+            finished.add(key)
     for nid in sorted(state.draining):
         out.extend(_drain(state, nid, now_us, ts, cfg, skip=handled))
     return out
 
 
-def _finish_stop(state: DispatchState, key: RunKey, ts: Any, prod: str) -> list[Event]:
-    """The victim ``key`` has stopped: requeue it and start preemptors waiting only for it."""
+def _finish_stop(state: DispatchState, key: RunKey, ts: Any, prod: str,
+                 finished: set[RunKey] | None = None) -> list[Event]:
+    """The victim ``key`` has stopped: requeue it and start preemptors waiting only for it.
+
+    ``finished``: other victims whose stop was finished earlier in the same
+    :func:`decide` call (see :func:`_start_waiting`).
+    """
     st = state.stopping.get(key)
     if st is None:
         return []
@@ -594,14 +601,26 @@ def _finish_stop(state: DispatchState, key: RunKey, ts: Any, prod: str) -> list[
         out.append(JobRequeued(event_id=det_id("JobRequeued", job_id, attempt + 1), ts=ts,
                                producer=prod, job_id=job_id, attempt=attempt + 1,
                                submitted_at=from_us(rec.submitted_at_us), reason="preempted"))
-    return out + _start_waiting(state, key, ts, prod)
+    return out + _start_waiting(state, key, ts, prod, finished)
 
 
-def _start_waiting(state: DispatchState, key: RunKey, ts: Any, prod: str) -> list[Event]:
-    """``StartWorkload`` of every preemptor that waits only for victim ``key``."""
+def _start_waiting(state: DispatchState, key: RunKey, ts: Any, prod: str,
+                   finished: set[RunKey] | None = None) -> list[Event]:
+    """``StartWorkload`` of every preemptor that waits for victim ``key`` and nothing else.
+
+    ``finished`` counts as already gone: victims whose stop this same
+    :func:`decide` call finished before ``key``. Their ``JobRequeued`` is only
+    folded after :func:`decide` returns, so without it two victims whose grace
+    ends in one maintenance pass would each see the other still awaited, and
+    the preemptor would never start (seen live: the main job at 1440x, where
+    the 30 s grace is 21 ms of wall time, shorter than the victims' exit
+    reports took).
+    """
     out: list[Event] = []
+    gone = {key} | (finished or set())
     for p in sorted(state.awaiting):
-        if state.awaiting[p] == frozenset({key}):
+        vs = state.awaiting[p]
+        if key in vs and vs <= gone:
             run = state.cluster.runs.get(p)
             prec = state.jobs.get(p[0])
             if run is not None and prec is not None and not run.stopping:
