@@ -126,6 +126,11 @@ def _wait_for(pred: Any, what: str, deadline_s: float, services: Services | None
         time.sleep(0.2)  # polling an external system from the driver, bounded by the deadline
 
 
+def _terminate_as_interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM handler: raise KeyboardInterrupt so the ``finally`` blocks stop the services and the stack."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the main job; returns the process exit code (0: ran and agreed within tolerance)."""
     from rich.console import Console
@@ -144,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     from apportion.timeutil import from_us, s_to_us, to_us
 
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)  # `kill` stops what we started, as Ctrl-C does
     con = Console(stderr=args.json, width=None if sys.stdout.isatty() else 150)
     trace = args.trace or default_data_dir() / "philly" / "philly.csv"
     if not trace.is_file():
@@ -258,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, TimeoutError) as exc:
         con.print(f"[red]error:[/] {exc}")
         return 1
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (see _terminate_as_interrupt)
+        con.print("[yellow]interrupted[/]")
+        return 130
     finally:
         if services is not None:
             con.print("stopping services ...")
