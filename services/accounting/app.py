@@ -61,10 +61,11 @@ class StartReport:
             :class:`~services.accounting.checkpoint.CheckpointError`); ``""`` on resume.
         offsets: ``"topic:partition"`` -> the offset reading began at.
         records: records read to catch up with the log as it was at start.
-        late_across_cut: on resume, state-changing records older (in merge
-            order) than the checkpoint's newest folded one; each was clamped
-            to the ledger clock where a rebuild from 0 would have placed it
-            at its event time.
+        late_across_cut: on resume, state-changing records with an event
+            time older than the newest one folded before them (the
+            checkpoint's, or the catch-up's own); each was clamped to the
+            ledger clock where a rebuild from 0 would have placed it at its
+            event time. 0 means the resumed state equals a rebuild from 0.
         seconds: wall seconds from the consumer's assignment to caught up.
     """
 
@@ -203,12 +204,15 @@ class AccountingService:
             self.dirty |= self.acc.apply(ev)
             if isinstance(ev, logic.STATE_TYPES):
                 key = record_order(rec, ev)
-                if self.last_key is not None and key < self.last_key:
-                    self.late += 1  # folded at the ledger clock; a rebuild would fold it earlier
+                if self.last_key is None or key > self.last_key:
+                    self.last_key = key
+                elif key[0] < self.last_key[0]:
+                    # older than an event already folded: the ledger clamps it to its clock,
+                    # where a rebuild from 0 would fold it at its own time (same-instant events
+                    # of different entities commute, so only older ones count)
+                    self.late += 1
                     if "late" in self._m:
                         self._m["late"].inc()
-                else:
-                    self.last_key = key
             if "events" in self._m:
                 self._m["events"].inc()
 
@@ -243,16 +247,18 @@ class AccountingService:
     def checkpoint_due(self) -> bool:
         """True when the state changed since the stored checkpoint and the interval passed.
 
-        The interval is ``checkpoint_interval_wall_s``, stretched to 20 times
-        the last encode time so checkpointing a large state costs at most
-        about 5% of the loop.
+        The interval is ``checkpoint_interval_wall_s`` (0: every write),
+        stretched to 20 times the last encode time so checkpointing a large
+        state costs at most about 5% of the loop.
         """
         if not self._unsaved:
             return False
         if self._ckpt_wall is None:
             return True
-        gap = max(self.settings.checkpoint_interval_wall_s, 20 * self._ckpt_cost)
-        return self._wall() - self._ckpt_wall >= gap
+        interval = self.settings.checkpoint_interval_wall_s
+        if interval <= 0:
+            return True
+        return self._wall() - self._ckpt_wall >= max(interval, 20 * self._ckpt_cost)
 
     def checkpoint_now(self) -> bool:
         """Store the read model of the last snapshot with a checkpoint of the current state.

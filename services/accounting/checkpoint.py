@@ -36,9 +36,9 @@ Format (``FORMAT`` = 1)::
   also rewrite the read model).
 * ``last_key`` is the merge key (event µs, topic, partition, offset) of the
   newest state-changing record folded and ``late_events`` how many such
-  records were folded after a newer one (clamped to the ledger clock, see
-  :mod:`apportion.domain.occupancy`): while it is 0 the state equals a
-  bulk rebuild of the records below ``offsets``.
+  records had an event time older than one folded before them (clamped to
+  the ledger clock, see :mod:`apportion.domain.occupancy`): while it is 0
+  the state equals a bulk rebuild of the records below ``offsets``.
 
 Size: the state is bounded by the window W (the ledger expires older
 breakpoints, ended runs and seen ids). Measured: a week of 100,000 job
