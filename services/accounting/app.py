@@ -2,26 +2,54 @@
 
 Consumes ``apportion.jobs``, ``apportion.nodes`` and ``apportion.budgets``;
 produces ``OccupancySnapshot`` on ``apportion.usage`` (and ``DeadLetter`` for
-records that do not decode); writes ``apportion:rm:budgets`` and
-``apportion:rm:usage`` in Redis.
+records that do not decode); writes ``apportion:rm:budgets``,
+``apportion:rm:usage`` and its checkpoint ``apportion:ckpt:accounting`` in
+Redis.
 
-State and restarts: **every start rebuilds from offset 0.** The three topics
-are read up to their end offsets as of the start, merged in the documented
-log order ((event time, topic, partition, offset), as the audit does) and
-bulk-folded (:func:`services.accounting.logic.rebuild`); then the service
-follows new records live, sorting each polled batch the same way. The
-committed offsets (group ``accounting``) are written after the read model
-and also stored in it, for lag monitoring; a start does not resume from
-them because an exact window needs the log, not a checkpoint, and the
-rebuild of a busy week is seconds (DESIGN section 9). ``--rebuild`` also
-wipes the Redis read model first, so a reader never sees rows of budgets
-that no longer exist.
+State and restarts: **a start resumes from the checkpoint.** Each time the
+read model is written with a checkpoint due (at most every
+``checkpoint_interval_wall_s``, and at a graceful stop), the same Redis
+MULTI/EXEC also stores the whole folded state (:class:`logic.Accounting`:
+ledger, budget log, tree), the last published snapshot and, per partition,
+the next offset to read (:mod:`services.accounting.checkpoint`). The Kafka
+group offsets (group ``accounting``) are committed right after, for lag
+tools. The offsets stored *with* the state are the source of truth: the
+committed group offsets equal them except after a crash between the two
+writes, and a start never reads them. On start the service loads the
+checkpoint, checks its format version and class layout, window, topic
+namespace and that every partition's offset is still in the log, seeks
+there, catches up to the end offsets as of the start (one batch in the
+merge order below), then follows live. A kill -9 loses at most the work
+since the last checkpoint, which is read again: nothing is lost, nothing is
+counted twice (the offsets and the state were written together).
+
+If there is no checkpoint, or it is unusable (other format or layout,
+window or namespace, corrupt, a partition missing, offsets before the log
+start or after its end), the start logs why and **rebuilds from offset 0**:
+the three topics are read up to their end offsets as of the start, merged
+in the documented log order ((event time, topic, partition, offset), as the
+audit does) and bulk-folded (:func:`services.accounting.logic.rebuild`).
+``--rebuild`` ignores and wipes the checkpoint and the read model and does
+the same.
+
+Resume equals rebuild: a resumed state caught up with the log equals a
+rebuild from offset 0 of the same log exactly (tests prove it at every cut,
+with duplicates and shuffled arrival), as long as no state-changing record
+has an event time older than one folded before it. Such a *late* record
+(cross-partition skew between polls, or across the checkpoint) is clamped
+to the ledger clock, as the live service always did, where the rebuild
+sorts it into place; the difference is at most its lateness times its GPUs
+and leaves the window after W. The service counts them
+(``apportion_accounting_late_events``, ``late_events`` in the checkpoint
+header, ``late_across_cut`` in the start log line); ``--rebuild`` restores
+the sorted fold.
 
 Why not faust here: faust (like the group-based
-:class:`~apportion.bus.consumer.EventConsumer`) resumes from committed
-offsets and cannot say "read these three topics from 0, tell me when you
-reached today's end, in a deterministic merged order" without fighting its
-assignor; :class:`services._common.AssignedConsumer` does that in a few
+:class:`~apportion.bus.consumer.EventConsumer`) resumes from the group's
+committed offsets, which cannot be written in one transaction with the
+state in Redis, and cannot say "read these three topics from 0 (or from
+these offsets), tell me when you reached today's end, in a deterministic
+merged order" without fighting its assignor; :class:`services._common.AssignedConsumer` does that in a few
 lines with kafka-python.
 
 Snapshots: after changes, debounced by ``snapshot_debounce_wall_s`` wall
@@ -38,6 +66,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from apportion.clock import Clock
@@ -152,10 +181,10 @@ class AccountingService:
     def bootstrap(self, records: list[Any]) -> OccupancySnapshot | None:
         """Bulk-build from every record up to the start's end offsets; publish the first snapshot."""
         decoded = self._decoded(records)
-        evs = [ev for _, ev in decoded]
+        evs = [ev for _, _, ev in decoded]
         self.acc = logic.rebuild(evs, self.settings.window_s)
-        keys = [record_order(rec, ev) for rec, ev in decoded if isinstance(ev, logic.STATE_TYPES)]
-        self.last_key = keys[-1] if keys else None  # decoded is sorted by this key
+        # decoded is in merge order: the newest state-changing record is the last one
+        self.last_key = next((k for k, _, ev in reversed(decoded) if isinstance(ev, logic.STATE_TYPES)), None)
         if "events" in self._m:
             self._m["events"].inc(len(evs))
         log.info("rebuilt from %d events (ledger clock %s, %d budgets)", len(evs),
@@ -177,7 +206,8 @@ class AccountingService:
 
     # ------------------------------------------------------------------ folding
 
-    def _decoded(self, records: list[Any]) -> list[tuple[Any, Event]]:
+    def _decoded(self, records: list[Any]) -> list[tuple[checkpoint.RecordKey, Any, Event]]:
+        """Decode (dead-lettering what does not), advance the offsets; ``(merge key, record, event)`` sorted."""
         out = []
         for rec in records:
             ev, letter = decode_record(rec, self.settings.producer_name, self.clock.now())
@@ -185,10 +215,10 @@ class AccountingService:
             if letter is not None:
                 self._dead_letter(letter)
                 continue
-            out.append((rec, ev))
+            out.append((record_order(rec, ev), rec, ev))
         if records:
             self._unsaved = True
-        out.sort(key=lambda re: record_order(re[0], re[1]))
+        out.sort(key=itemgetter(0))
         return out
 
     def _dead_letter(self, letter: DeadLetter) -> None:
@@ -200,10 +230,9 @@ class AccountingService:
 
     def ingest(self, records: list[Any]) -> None:
         """Fold a live batch (sorted into log order first)."""
-        for rec, ev in self._decoded(records):
+        for key, _, ev in self._decoded(records):
             self.dirty |= self.acc.apply(ev)
             if isinstance(ev, logic.STATE_TYPES):
-                key = record_order(rec, ev)
                 if self.last_key is None or key > self.last_key:
                     self.last_key = key
                 elif key[0] < self.last_key[0]:
