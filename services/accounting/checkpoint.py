@@ -29,9 +29,11 @@ Format (``FORMAT`` = 1)::
   without a layout change (e.g. a new clamping rule): an old state would
   load but no longer equal a rebuild.
 * ``state_blake2b`` (128-bit) and ``state_bytes`` are checked before
-  unpickling; the unpickler only resolves classes of ``apportion.*``,
-  ``services.accounting.*`` and a few standard types (sets, datetimes,
-  UUIDs), so a tampered blob cannot name ``os.system``. The checksum guards
+  unpickling; the unpickler only resolves *classes* of the state's modules
+  (``apportion.domain.budgets``, ``apportion.domain.occupancy``,
+  ``apportion.events``, ``services.accounting.logic``) and a few standard
+  types (sets, datetimes, UUIDs), so a tampered blob cannot name
+  ``os.system`` or any function. The checksum guards
   against corruption, not against someone who can write Redis (who could
   also rewrite the read model).
 * ``last_key`` is the merge key (event µs, topic, partition, offset) of the
@@ -50,6 +52,7 @@ every ``checkpoint_interval_wall_s`` rather than on every read-model write.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -124,6 +127,7 @@ def _class_layout(cls: type) -> tuple[str, ...]:
     return tuple(sorted(slots))
 
 
+@functools.cache
 def layout() -> str:
     """Digest (16 hex digits) of the attribute layout of every class a checkpoint pickles."""
     from apportion import events
@@ -144,13 +148,20 @@ _SAFE_GLOBALS = frozenset({("datetime", "datetime"), ("datetime", "timezone"), (
                            ("copyreg", "_reconstructor"), ("collections", "OrderedDict")})
 
 
+_STATE_MODULES = frozenset({"apportion.domain.budgets", "apportion.domain.occupancy", "apportion.events",
+                            "services.accounting.logic"})
+
+
 class _Unpickler(pickle.Unpickler):
-    """Resolve only apportion's own classes and a few plain standard types."""
+    """Resolve only the state's own classes (never functions) and a few plain standard types."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if (module.startswith(("apportion.", "services.accounting."))
-                or (module == "builtins" and name in _SAFE_BUILTINS) or (module, name) in _SAFE_GLOBALS):
+        if (module == "builtins" and name in _SAFE_BUILTINS) or (module, name) in _SAFE_GLOBALS:
             return super().find_class(module, name)
+        if module in _STATE_MODULES:
+            found = super().find_class(module, name)
+            if isinstance(found, type):
+                return found
         raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a checkpoint")
 
 

@@ -263,8 +263,15 @@ class _Evil:
         return (os.getpid, ())
 
 
-def _forged_state(fields: dict) -> dict:
-    state = pickle.dumps({"acc": _Evil(), "last": None, "dirty": False})
+class _EvilFunction:
+    def __reduce__(self):
+        from apportion.domain.occupancy import rebuild
+
+        return (rebuild, ([],))
+
+
+def _forged_state(fields: dict, payload: object = None) -> dict:
+    state = pickle.dumps({"acc": payload if payload is not None else _Evil(), "last": None, "dirty": False})
     return _with_header({**fields, checkpoint.STATE: state}, state_bytes=len(state),
                         state_blake2b=hashlib.blake2b(state, digest_size=16).hexdigest())
 
@@ -289,6 +296,8 @@ BROKEN = [
      "corrupt: state checksum mismatch"),
     ("state names a foreign global", _forged_state, None, WINDOW_S,
      "corrupt: state does not unpickle (UnpicklingError: global posix.getpid is not allowed"),
+    ("state calls a function of a state module", lambda f: _forged_state(f, _EvilFunction()), None, WINDOW_S,
+     "corrupt: state does not unpickle (UnpicklingError: global apportion.domain.occupancy.rebuild is not allowed"),
     ("a partition was added", lambda f: f, ({**BEGIN, "apportion.jobs:3": 0}, {**END, "apportion.jobs:3": 0}),
      WINDOW_S, "partitions: missing ['apportion.jobs:3'], unknown []"),
     ("records after it were deleted", lambda f: f, ({**BEGIN, "apportion.jobs:0": 10**6}, {**END, "apportion.jobs:0": 10**6}),
