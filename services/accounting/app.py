@@ -94,7 +94,8 @@ class StartReport:
             time older than the newest one folded before them (the
             checkpoint's, or the catch-up's own); each was clamped to the
             ledger clock where a rebuild from 0 would have placed it at its
-            event time. 0 means the resumed state equals a rebuild from 0.
+            event time. When it is 0 and the checkpoint's ``late_events`` was
+            0, the resumed state equals a rebuild from offset 0 exactly.
         seconds: wall seconds from the consumer's assignment to caught up.
     """
 
@@ -132,7 +133,7 @@ class AccountingService:
         self.dirty = False
         #: ``"topic:partition"`` -> next offset to fold (every partition read).
         self.offsets: dict[str, int] = {}
-        #: merge key of the newest state-changing record folded, and how many came after a newer one.
+        #: merge key of the newest state-changing record folded; records older than one folded before them.
         self.last_key: checkpoint.RecordKey | None = None
         self.late = 0
         self.topic_prefix = prefix()
