@@ -201,6 +201,8 @@ class AccountingService:
         """
         before = self.late
         self.ingest(records)
+        if records:
+            self._ckpt_wall = None  # the catch-up may have been long: checkpoint with the next write
         if self.dirty:
             self.snapshot_now()
         return self.late - before

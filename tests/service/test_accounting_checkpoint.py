@@ -167,6 +167,18 @@ def test_checkpoints_are_spaced_by_the_wall_interval():
     assert ck.offsets == partition_offsets(FULL_RECS[:12], TOPICS) and ck.dirty is True
 
 
+def test_a_resume_that_read_records_checkpoints_with_its_first_write():
+    redis, _ = checkpointed(FULL_RECS[:9])
+    wall = [500.0]
+    svc = service(redis, interval_s=10.0, wall=lambda: wall[0])
+    assert svc.prepare(BEGIN, END, rebuild=False) == ("resume", "")
+    n = len(redis.transactions)
+    svc.resume(FULL_RECS[9:])  # no wall time passed, but the catch-up is not thrown away on a crash
+    assert [readmodel.checkpoint_key() in {k for _, k in tx} for tx in redis.transactions[n:]] == [True]
+    ck = checkpoint.decode(ReadModelStore(redis).read_checkpoint(), window_s=WINDOW_S, topic_prefix="")
+    assert ck.offsets == END
+
+
 # --------------------------------------------------------------------------- resume == rebuild from 0
 
 
