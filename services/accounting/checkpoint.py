@@ -23,7 +23,8 @@ Format (``FORMAT`` = 1)::
   right after the Redis transaction and equal them, except after a crash
   between the two writes; a start never reads the group offsets.
 * ``layout`` is a digest of the attribute layout of every class the pickle
-  holds (the ledger's ``__slots__``, the event models' fields, ...), so a
+  holds (the ledger's ``__slots__``, the event models' fields, ..., and the
+  pydantic version, whose pickled form the event models use), so a
   code change that would unpickle into a broken object reads as a version
   mismatch, not as a crash. Bump ``FORMAT`` when the fold *rules* change
   without a layout change (e.g. a new clamping rule): an old state would
@@ -104,7 +105,8 @@ class Checkpoint:
         offsets: ``"topic:partition"`` -> next offset to read, for every
             partition the service reads.
         last_key: merge key of the newest state-changing record folded.
-        late_events: state-changing records folded after a newer one.
+        late_events: state-changing records folded with an event time older
+            than one folded before them (clamped to the ledger clock).
     """
 
     acc: logic.Accounting
@@ -136,8 +138,11 @@ def layout() -> str:
     classes: list[type] = [occupancy.OccupancyLedger, occupancy._Series, occupancy._Run, occupancy._Node,
                            budgets.BudgetTree, budgets.Budget, events.BudgetSet, events.BudgetRemoved,
                            events.BudgetRejected, events.OccupancySnapshot, events.BudgetUsage]
+    import pydantic
+
     acc_attrs = tuple(sorted(vars(logic.Accounting(1.0))))
-    desc = repr([(c.__module__, c.__qualname__, _class_layout(c)) for c in classes] + [acc_attrs])
+    # the event models' pickled form is pydantic's: an upgrade of it reads as a layout change
+    desc = repr([(c.__module__, c.__qualname__, _class_layout(c)) for c in classes] + [acc_attrs, pydantic.VERSION])
     return hashlib.blake2b(desc.encode(), digest_size=8).hexdigest()
 
 
@@ -254,9 +259,9 @@ def decode(fields: Mapping[Any, Any], *, window_s: float, topic_prefix: str) -> 
     if acc.window_s != window_s or acc.clock_us != h.get("clock_us"):
         raise CheckpointError("corrupt", "state disagrees with its header (window or clock)")
     key = h.get("last_key")
+    last_key: Any = tuple(key) if isinstance(key, list) and len(key) == 4 else None
     late = h.get("late_events", 0)
-    return Checkpoint(acc=acc, last=last, dirty=dirty, offsets=dict(offsets),
-                      last_key=tuple(key) if isinstance(key, list) and len(key) == 4 else None,  # type: ignore[arg-type]
+    return Checkpoint(acc=acc, last=last, dirty=dirty, offsets=dict(offsets), last_key=last_key,
                       late_events=late if isinstance(late, int) else 0)
 
 

@@ -312,7 +312,8 @@ BROKEN = [
      "corrupt: state does not unpickle (UnpicklingError: global apportion.domain.occupancy.rebuild is not allowed"),
     ("a partition was added", lambda f: f, ({**BEGIN, "apportion.jobs:3": 0}, {**END, "apportion.jobs:3": 0}),
      WINDOW_S, "partitions: missing ['apportion.jobs:3'], unknown []"),
-    ("records after it were deleted", lambda f: f, ({**BEGIN, "apportion.jobs:0": 10**6}, {**END, "apportion.jobs:0": 10**6}),
+    ("records after it were deleted", lambda f: f,
+     ({**BEGIN, "apportion.jobs:0": 10**6}, {**END, "apportion.jobs:0": 10**6}),
      WINDOW_S, "offsets_before_log_start: apportion.jobs:0"),
     ("topic recreated, log shorter", lambda f: f, (BEGIN, {p: 0 for p in END}), WINDOW_S, "offsets_after_log_end: "),
 ]
