@@ -190,8 +190,9 @@ class _Halted(Exception):
 class AssignedConsumer:
     """Read whole topics from a chosen start, outside any group rebalance (kafka-python).
 
-    Used by the services that rebuild their state from the log on every start
-    (accounting, policy). Why not :class:`~apportion.bus.consumer.EventConsumer`
+    Used by the services that rebuild their state from the log on start
+    (policy; accounting when it has no usable checkpoint, else it seeks to
+    the checkpoint's offsets with :meth:`seek`). Why not :class:`~apportion.bus.consumer.EventConsumer`
     or faust: both subscribe through a consumer group and resume from the
     committed offsets, while these services must read *every* partition of
     *several* topics from offset 0 (or from the tail) each time, know when
@@ -234,11 +235,24 @@ class AssignedConsumer:
         self._kc.assign(parts)
         self.start_end = self._kc.end_offsets(parts)
         begin = self._kc.beginning_offsets(parts)
+        #: log start offsets at start (records below them were deleted).
+        self.start_begin = begin
         tail = tail or {}
         for tp in parts:
             back = tail.get(tp.topic)
             start = begin[tp] if back is None else max(begin[tp], self.start_end[tp] - back)
             self._kc.seek(tp, start)
+
+    def seek(self, offsets: dict[str, int]) -> None:
+        """Move each partition to the next offset given as ``"topic:partition" -> offset``.
+
+        Partitions not named keep their start position. Call before
+        :meth:`catch_up` (e.g. to resume from a checkpoint's offsets).
+        """
+        for tp in self.partitions:
+            off = offsets.get(f"{tp.topic}:{tp.partition}")
+            if off is not None:
+                self._kc.seek(tp, off)
 
     def poll(self, timeout_ms: int = 200, max_records: int = 5000) -> list[Any]:
         """Next records (kafka-python ``ConsumerRecord``), partition by partition in offset order."""
@@ -271,11 +285,20 @@ class AssignedConsumer:
         """``"topic:partition"`` -> next offset to read."""
         return {f"{tp.topic}:{tp.partition}": self._kc.position(tp) for tp in self.partitions}
 
-    def commit(self) -> None:
-        """Commit the current positions under the group (observability; starts ignore them)."""
+    def commit(self, offsets: dict[str, int] | None = None) -> None:
+        """Commit offsets under the group (observability; starts do not read them).
+
+        Args:
+            offsets: ``"topic:partition"`` -> next offset to commit; default
+                the current positions of every partition.
+        """
         from kafka.structs import OffsetAndMetadata
 
-        self._kc.commit({tp: OffsetAndMetadata(self._kc.position(tp), "", -1) for tp in self.partitions})
+        if offsets is None:
+            pos = {tp: self._kc.position(tp) for tp in self.partitions}
+        else:
+            pos = {tp: offsets[k] for tp in self.partitions if (k := f"{tp.topic}:{tp.partition}") in offsets}
+        self._kc.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in pos.items()})
 
     def close(self) -> None:
         """Close the connection."""

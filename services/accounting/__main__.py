@@ -1,5 +1,12 @@
 """``python -m services.accounting``: occupancy windows, snapshots and the Redis read model.
 
+A start resumes from the checkpoint stored in Redis with the read model
+(the state and the offsets it covers) and reads only the records logged
+since; with no usable checkpoint (none, another format or window, corrupt,
+offsets no longer in the log) it says why and rebuilds from offset 0.
+``--rebuild`` ignores and wipes the checkpoint and the read model and
+rebuilds from offset 0.
+
 Examples::
 
     python -m services.accounting
@@ -22,12 +29,16 @@ def parse_args(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m services.accounting",
                                  description="apportion accounting: folds jobs, nodes and budgets into "
                                              "occupancy windows; publishes OccupancySnapshot; keeps the "
-                                             "Redis read model. Rebuilds from offset 0 on every start.")
+                                             "Redis read model. A start resumes from the checkpoint kept "
+                                             "with the read model; without a usable one it rebuilds from "
+                                             "offset 0 (the log says why).")
     ap.add_argument("--rebuild", action="store_true", default=None,
-                    help="also wipe the Redis read model before rebuilding")
+                    help="ignore and wipe the checkpoint and the read model; rebuild from offset 0")
     ap.add_argument("--window-s", type=float, help="occupancy window W in seconds (default 7 days)")
     ap.add_argument("--snapshot-interval-s", type=float, help="event seconds between periodic snapshots")
     ap.add_argument("--snapshot-debounce-wall-s", type=float, help="wall seconds of debounce after changes")
+    ap.add_argument("--checkpoint-interval-wall-s", type=float,
+                    help="least wall seconds between checkpoints (default 10; 0: with every read-model write)")
     add_common_flags(ap, AccountingSettings)
     return flag_overrides(ap, argv)
 

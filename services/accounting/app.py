@@ -2,26 +2,54 @@
 
 Consumes ``apportion.jobs``, ``apportion.nodes`` and ``apportion.budgets``;
 produces ``OccupancySnapshot`` on ``apportion.usage`` (and ``DeadLetter`` for
-records that do not decode); writes ``apportion:rm:budgets`` and
-``apportion:rm:usage`` in Redis.
+records that do not decode); writes ``apportion:rm:budgets``,
+``apportion:rm:usage`` and its checkpoint ``apportion:ckpt:accounting`` in
+Redis.
 
-State and restarts: **every start rebuilds from offset 0.** The three topics
-are read up to their end offsets as of the start, merged in the documented
-log order ((event time, topic, partition, offset), as the audit does) and
-bulk-folded (:func:`services.accounting.logic.rebuild`); then the service
-follows new records live, sorting each polled batch the same way. The
-committed offsets (group ``accounting``) are written after the read model
-and also stored in it, for lag monitoring; a start does not resume from
-them because an exact window needs the log, not a checkpoint, and the
-rebuild of a busy week is seconds (DESIGN section 9). ``--rebuild`` also
-wipes the Redis read model first, so a reader never sees rows of budgets
-that no longer exist.
+State and restarts: **a start resumes from the checkpoint.** Each time the
+read model is written with a checkpoint due (at most every
+``checkpoint_interval_wall_s``, and at a graceful stop), the same Redis
+MULTI/EXEC also stores the whole folded state (:class:`logic.Accounting`:
+ledger, budget log, tree), the last published snapshot and, per partition,
+the next offset to read (:mod:`services.accounting.checkpoint`). The Kafka
+group offsets (group ``accounting``) are committed right after, for lag
+tools. The offsets stored *with* the state are the source of truth: the
+committed group offsets equal them except after a crash between the two
+writes, and a start never reads them. On start the service loads the
+checkpoint, checks its format version and class layout, window, topic
+namespace and that every partition's offset is still in the log, seeks
+there, catches up to the end offsets as of the start (one batch in the
+merge order below), then follows live. A kill -9 loses at most the work
+since the last checkpoint, which is read again: nothing is lost, nothing is
+counted twice (the offsets and the state were written together).
+
+If there is no checkpoint, or it is unusable (other format or layout,
+window or namespace, corrupt, a partition missing, offsets before the log
+start or after its end), the start logs why and **rebuilds from offset 0**:
+the three topics are read up to their end offsets as of the start, merged
+in the documented log order ((event time, topic, partition, offset), as the
+audit does) and bulk-folded (:func:`services.accounting.logic.rebuild`).
+``--rebuild`` ignores and wipes the checkpoint and the read model and does
+the same.
+
+Resume equals rebuild: a resumed state caught up with the log equals a
+rebuild from offset 0 of the same log exactly (tests prove it at every cut,
+with duplicates and shuffled arrival), as long as no state-changing record
+has an event time older than one folded before it. Such a *late* record
+(cross-partition skew between polls, or across the checkpoint) is clamped
+to the ledger clock, as the live service always did, where the rebuild
+sorts it into place; the difference is at most its lateness times its GPUs
+and leaves the window after W. The service counts them
+(``apportion_accounting_late_events``, ``late_events`` in the checkpoint
+header, ``late_across_cut`` in the start log line); ``--rebuild`` restores
+the sorted fold.
 
 Why not faust here: faust (like the group-based
-:class:`~apportion.bus.consumer.EventConsumer`) resumes from committed
-offsets and cannot say "read these three topics from 0, tell me when you
-reached today's end, in a deterministic merged order" without fighting its
-assignor; :class:`services._common.AssignedConsumer` does that in a few
+:class:`~apportion.bus.consumer.EventConsumer`) resumes from the group's
+committed offsets, which cannot be written in one transaction with the
+state in Redis, and cannot say "read these three topics from 0 (or from
+these offsets), tell me when you reached today's end, in a deterministic
+merged order" without fighting its assignor; :class:`services._common.AssignedConsumer` does that in a few
 lines with kafka-python.
 
 Snapshots: after changes, debounced by ``snapshot_debounce_wall_s`` wall
@@ -35,17 +63,48 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from apportion.clock import Clock
 from apportion.events import DeadLetter, Event, OccupancySnapshot
 from apportion.timeutil import to_us
-from services.accounting import logic
+from services._common import decode_record, record_order
+from services.accounting import checkpoint, logic
 from services.accounting.config import AccountingSettings
 from services.accounting.store import ReadModelStore
 
 log = logging.getLogger("apportion.accounting")
+
+
+@dataclass(frozen=True)
+class StartReport:
+    """How a start obtained its state (logged, and passed to ``run``'s ``on_start``).
+
+    Attributes:
+        mode: ``"resume"`` (from the Redis checkpoint) or ``"rebuild"`` (from offset 0).
+        reason: why it rebuilt (``"--rebuild"``, or the checkpoint's
+            :class:`~services.accounting.checkpoint.CheckpointError`); ``""`` on resume.
+        offsets: ``"topic:partition"`` -> the offset reading began at.
+        records: records read to catch up with the log as it was at start.
+        late_across_cut: on resume, state-changing records with an event
+            time older than the newest one folded before them (the
+            checkpoint's, or the catch-up's own); each was clamped to the
+            ledger clock where a rebuild from 0 would have placed it at its
+            event time. When it is 0 and the checkpoint's ``late_events`` was
+            0, the resumed state equals a rebuild from offset 0 exactly.
+        seconds: wall seconds from the consumer's assignment to caught up.
+    """
+
+    mode: str
+    reason: str
+    offsets: dict[str, int]
+    records: int
+    late_across_cut: int
+    seconds: float
 
 
 class AccountingService:
@@ -55,12 +114,16 @@ class AccountingService:
         settings: configuration.
         clock: event-time source (periodic snapshots).
         publish: ``publish(event)``, blocking until acked.
-        store: the read-model store.
+        store: the read-model store (it also holds the checkpoint).
         metrics: optional prometheus metrics dict.
+        wall: monotonic wall seconds, for the checkpoint interval (default ``time.monotonic``).
     """
 
     def __init__(self, settings: AccountingSettings, clock: Clock, publish: Callable[[Event], Any],
-                 store: ReadModelStore, metrics: dict | None = None) -> None:
+                 store: ReadModelStore, metrics: dict | None = None,
+                 wall: Callable[[], float] = time.monotonic) -> None:
+        from apportion.topics import prefix
+
         self.settings = settings
         self.clock = clock
         self.publish = publish
@@ -68,12 +131,86 @@ class AccountingService:
         self.acc = logic.Accounting(settings.window_s)
         self.last: OccupancySnapshot | None = None
         self.dirty = False
+        #: ``"topic:partition"`` -> next offset to fold (every partition read).
         self.offsets: dict[str, int] = {}
+        #: merge key of the newest state-changing record folded; records older than one folded before them.
+        self.last_key: checkpoint.RecordKey | None = None
+        self.late = 0
+        self.topic_prefix = prefix()
         self._m = metrics or {}
+        self._wall = wall
+        self._unsaved = True  # state or offsets changed since the stored checkpoint
+        self._ckpt_wall: float | None = None
+        self._ckpt_cost = 0.0
 
-    def _decoded(self, records: list[Any]) -> list[tuple[Any, Event]]:
-        from services._common import decode_record, record_order
+    # ------------------------------------------------------------------ start
 
+    def prepare(self, begin: dict[str, int], end: dict[str, int], rebuild: bool) -> tuple[str, str]:
+        """Choose how to start: restore the stored checkpoint, or rebuild from the log start.
+
+        Args:
+            begin: every partition read -> its log start offset now.
+            end: every partition read -> its end offset now.
+            rebuild: ``--rebuild`` was given (the checkpoint is ignored).
+
+        Returns:
+            ``(mode, reason)``: ``("resume", "")`` with the state and
+            :attr:`offsets` restored (seek the consumer to them), or
+            ``("rebuild", reason)`` with :attr:`offsets` = ``begin``. Never
+            raises for a bad checkpoint: the reason says what was wrong.
+        """
+        self.offsets = dict(begin)
+        if rebuild:
+            return "rebuild", "--rebuild"
+        try:
+            ck = checkpoint.decode(self.store.read_checkpoint(), window_s=self.settings.window_s,
+                                   topic_prefix=self.topic_prefix)
+            checkpoint.check_offsets(ck.offsets, begin, end)
+        except checkpoint.CheckpointError as exc:
+            return "rebuild", str(exc)
+        self.restore(ck)
+        return "resume", ""
+
+    def restore(self, ck: checkpoint.Checkpoint) -> None:
+        """Take over a checkpoint's state, offsets and counters."""
+        self.acc, self.last, self.dirty = ck.acc, ck.last, ck.dirty
+        self.offsets = dict(ck.offsets)
+        self.last_key, self.late = ck.last_key, ck.late_events
+        self._unsaved = False
+        self._ckpt_wall = self._wall()
+
+    def bootstrap(self, records: list[Any]) -> OccupancySnapshot | None:
+        """Bulk-build from every record up to the start's end offsets; publish the first snapshot."""
+        decoded = self._decoded(records)
+        evs = [ev for _, _, ev in decoded]
+        self.acc = logic.rebuild(evs, self.settings.window_s)
+        # decoded is in merge order: the newest state-changing record is the last one
+        self.last_key = next((k for k, _, ev in reversed(decoded) if isinstance(ev, logic.STATE_TYPES)), None)
+        if "events" in self._m:
+            self._m["events"].inc(len(evs))
+        log.info("rebuilt from %d events (ledger clock %s, %d budgets)", len(evs),
+                 self.acc.clock_us, len(self.acc.tree))
+        return self.snapshot_now() if self.acc.clock_us is not None or len(self.acc.tree) else None
+
+    def resume(self, records: list[Any]) -> int:
+        """Fold the records after the checkpoint (one batch, in merge order); publish if anything changed.
+
+        Returns:
+            How many folded records were older than the checkpoint's newest
+            state-changing record (clamped; see :class:`StartReport`).
+        """
+        before = self.late
+        self.ingest(records)
+        if records:
+            self._ckpt_wall = None  # the catch-up may have been long: checkpoint with the next write
+        if self.dirty:
+            self.snapshot_now()
+        return self.late - before
+
+    # ------------------------------------------------------------------ folding
+
+    def _decoded(self, records: list[Any]) -> list[tuple[checkpoint.RecordKey, Any, Event]]:
+        """Decode (dead-lettering what does not), advance the offsets; ``(merge key, record, event)`` sorted."""
         out = []
         for rec in records:
             ev, letter = decode_record(rec, self.settings.producer_name, self.clock.now())
@@ -81,8 +218,10 @@ class AccountingService:
             if letter is not None:
                 self._dead_letter(letter)
                 continue
-            out.append((rec, ev))
-        out.sort(key=lambda re: record_order(re[0], re[1]))
+            out.append((record_order(rec, ev), rec, ev))
+        if records:
+            self._unsaved = True
+        out.sort(key=itemgetter(0))
         return out
 
     def _dead_letter(self, letter: DeadLetter) -> None:
@@ -92,22 +231,24 @@ class AccountingService:
         if "dead" in self._m:
             self._m["dead"].inc()
 
-    def bootstrap(self, records: list[Any]) -> OccupancySnapshot | None:
-        """Bulk-build from every record up to the start's end offsets; publish the first snapshot."""
-        evs = [ev for _, ev in self._decoded(records)]
-        self.acc = logic.rebuild(evs, self.settings.window_s)
-        if "events" in self._m:
-            self._m["events"].inc(len(evs))
-        log.info("rebuilt from %d events (ledger clock %s, %d budgets)", len(evs),
-                 self.acc.clock_us, len(self.acc.tree))
-        return self.snapshot_now() if self.acc.clock_us is not None or len(self.acc.tree) else None
-
     def ingest(self, records: list[Any]) -> None:
         """Fold a live batch (sorted into log order first)."""
-        for _, ev in self._decoded(records):
+        for key, _, ev in self._decoded(records):
             self.dirty |= self.acc.apply(ev)
+            if isinstance(ev, logic.STATE_TYPES):
+                if self.last_key is None or key > self.last_key:
+                    self.last_key = key
+                elif key[0] < self.last_key[0]:
+                    # older than an event already folded: the ledger clamps it to its clock,
+                    # where a rebuild from 0 would fold it at its own time (same-instant events
+                    # of different entities commute, so only older ones count)
+                    self.late += 1
+                    if "late" in self._m:
+                        self._m["late"].inc()
             if "events" in self._m:
                 self._m["events"].inc()
+
+    # ------------------------------------------------------------------ output
 
     def due(self) -> int | None:
         """Event time (µs) of the periodic snapshot due now, or ``None``."""
@@ -116,7 +257,11 @@ class AccountingService:
                                   self.settings.snapshot_interval_s)
 
     def snapshot_now(self, at_us: int | None = None) -> OccupancySnapshot | None:
-        """Publish the snapshot at ``at_us`` (default: max(ledger clock, last at)) and store it."""
+        """Publish the snapshot at ``at_us`` (default: max(ledger clock, last at)) and store it.
+
+        The read model is written with a checkpoint when one is due
+        (:meth:`checkpoint_due`), in the same Redis transaction.
+        """
         if at_us is None:
             cands = [t for t in (self.acc.clock_us, to_us(self.last.at) if self.last else None) if t is not None]
             at_us = max(cands) if cands else self.clock.now_us()
@@ -124,13 +269,56 @@ class AccountingService:
         if snap is None:
             return None
         self.publish(snap)
-        meta, rows = logic.read_model(snap, self.acc.tree, self.offsets)
-        self.store.write(meta, rows)
-        self.last, self.dirty = snap, False
+        self.last, self.dirty, self._unsaved = snap, False, True
+        self._store(snap, self.checkpoint_due())
         if "snapshots" in self._m:
             self._m["snapshots"].inc()
             self._m["at"].set(to_us(snap.at) / 1e6)
         return snap
+
+    def checkpoint_due(self) -> bool:
+        """True when the state changed since the stored checkpoint and the interval passed.
+
+        The interval is ``checkpoint_interval_wall_s`` (0: every write),
+        stretched to 20 times the last encode time so checkpointing a large
+        state costs at most about 5% of the loop.
+        """
+        if not self._unsaved:
+            return False
+        if self._ckpt_wall is None:
+            return True
+        interval = self.settings.checkpoint_interval_wall_s
+        if interval <= 0:
+            return True
+        return self._wall() - self._ckpt_wall >= max(interval, 20 * self._ckpt_cost)
+
+    def checkpoint_now(self) -> bool:
+        """Store the read model of the last snapshot with a checkpoint of the current state.
+
+        Returns:
+            False when there is nothing to store (no snapshot yet, or nothing
+            changed since the stored checkpoint).
+        """
+        if self.last is None or not self._unsaved:
+            return False
+        self._store(self.last, True)
+        return True
+
+    def _store(self, snap: OccupancySnapshot, with_checkpoint: bool) -> None:
+        meta, rows = logic.read_model(snap, self.acc.tree, self.offsets)
+        fields = None
+        if with_checkpoint:
+            t = self._wall()
+            fields = checkpoint.encode(
+                checkpoint.Checkpoint(self.acc, self.last, self.dirty, dict(self.offsets), self.last_key, self.late),
+                topic_prefix=self.topic_prefix)
+            self._ckpt_cost = self._wall() - t
+        self.store.write(meta, rows, fields)
+        if fields is not None:
+            self._unsaved, self._ckpt_wall = False, self._wall()
+            if "checkpoints" in self._m:
+                self._m["checkpoints"].inc()
+                self._m["checkpoint_bytes"].set(len(fields[checkpoint.STATE]))
 
 
 def _metrics(registry: Any) -> dict:
@@ -142,18 +330,32 @@ def _metrics(registry: Any) -> dict:
         "snapshots": Counter("apportion_accounting_snapshots", "Snapshots published", registry=registry),
         "at": Gauge("apportion_accounting_snapshot_at_seconds", "Event time of the last snapshot",
                     registry=registry),
+        "late": Counter("apportion_accounting_late_events",
+                        "State-changing records folded after a newer one (clamped to the ledger clock)",
+                        registry=registry),
+        "checkpoints": Counter("apportion_accounting_checkpoints", "Checkpoints written", registry=registry),
+        "checkpoint_bytes": Gauge("apportion_accounting_checkpoint_bytes", "Size of the last checkpoint state",
+                                  registry=registry),
+        "start_records": Gauge("apportion_accounting_start_records",
+                               "Records read at the last start to catch up (resume or rebuild)",
+                               registry=registry),
+        "resumed": Gauge("apportion_accounting_resumed", "1 when the last start resumed from the checkpoint",
+                         registry=registry),
     }
 
 
 async def run(settings: AccountingSettings, stop: asyncio.Event, *, clock: Clock | None = None,
-              ready: asyncio.Event | None = None) -> None:
+              ready: asyncio.Event | None = None,
+              on_start: Callable[[StartReport], None] | None = None) -> None:
     """Run accounting until ``stop`` is set.
 
     Args:
         settings: configuration (:mod:`services.accounting.config`).
         stop: set it to shut down (SIGTERM does, from ``__main__``).
         clock: event-time source; default from settings.
-        ready: set once the rebuild is done and the first snapshot (if any) is stored.
+        ready: set once the start-up state is caught up with the log as of
+            the start and its snapshot (if any) is stored.
+        on_start: called with the :class:`StartReport` just before ``ready`` is set.
     """
     import redis as redis_lib
 
@@ -164,25 +366,53 @@ async def run(settings: AccountingSettings, stop: asyncio.Event, *, clock: Clock
     clock = clock or settings.make_clock()
     conn = settings.connection()
     registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host)
+    metrics = _metrics(registry)
     r = redis_lib.Redis.from_url(conn.redis_url)
     store = ReadModelStore(r)
     if settings.rebuild:
         store.wipe()
-        log.info("--rebuild: read model wiped")
+        log.info("--rebuild: read model and checkpoint wiped")
     producer = await asyncio.to_thread(EventProducer, conn.bootstrap, client_id="accounting")
     consumer = await asyncio.to_thread(AssignedConsumer, conn.bootstrap,
                                        [JOBS.name, NODES.name, BUDGETS.name], settings.group_id)
-    svc = AccountingService(settings, clock, producer.publish, store, _metrics(registry))
+    svc = AccountingService(settings, clock, producer.publish, store, metrics)
     loop = asyncio.get_running_loop()
+    started = False
     try:
+        t0 = loop.time()
+        begin = {f"{tp.topic}:{tp.partition}": off for tp, off in consumer.start_begin.items()}
+        end = {f"{tp.topic}:{tp.partition}": off for tp, off in consumer.start_end.items()}
+        mode, reason = await asyncio.to_thread(svc.prepare, begin, end, settings.rebuild)
+        from_offsets = dict(svc.offsets)
+        if mode == "resume":
+            consumer.seek(svc.offsets)
+            log.info("resuming from the checkpoint (ledger clock %s, %d records behind the log end)",
+                     svc.acc.clock_us, sum(end[p] - svc.offsets[p] for p in end))
+        elif reason != "--rebuild":
+            (log.info if reason.startswith("missing") else log.warning)(
+                "no usable checkpoint (%s): rebuilding from offset 0", reason)
         caught = await consumer.catch_up(stop)
         if caught is None:
             return
-        backlog, late = caught  # the log as of the start: bulk rebuild; appended meanwhile: folded live
-        await asyncio.to_thread(svc.bootstrap, backlog)
+        backlog, late = caught  # the log as of the start; appended meanwhile: folded live
+        if mode == "resume":
+            crossed = await asyncio.to_thread(svc.resume, backlog)
+        else:
+            await asyncio.to_thread(svc.bootstrap, backlog)
+            crossed = 0
         if late:
             svc.ingest(late)
-        await asyncio.to_thread(consumer.commit)
+        report = StartReport(mode, reason, from_offsets, len(backlog) + len(late), crossed, loop.time() - t0)
+        log.info("started by %s from %s: %d records read in %.2f s%s", mode,
+                 "the checkpoint" if mode == "resume" else "offset 0", report.records, report.seconds,
+                 f"; {crossed} of them older than the checkpoint's newest event (clamped)" if crossed else "",
+                 extra={"start_mode": mode, "start_records": report.records, "late_across_cut": crossed})
+        metrics["start_records"].set(report.records)
+        metrics["resumed"].set(1 if mode == "resume" else 0)
+        await asyncio.to_thread(consumer.commit, dict(svc.offsets))
+        started = True
+        if on_start is not None:
+            on_start(report)
         if ready is not None:
             ready.set()
         last_pub = loop.time()
@@ -191,17 +421,25 @@ async def run(settings: AccountingSettings, stop: asyncio.Event, *, clock: Clock
             if batch:
                 svc.ingest(batch)
             now = loop.time()
-            published = False
+            stored = False
             if svc.dirty and now - last_pub >= settings.snapshot_debounce_wall_s:
-                published = await asyncio.to_thread(svc.snapshot_now) is not None
+                stored = await asyncio.to_thread(svc.snapshot_now) is not None
+                last_pub = now if stored else last_pub
             elif (at := svc.due()) is not None:
-                published = await asyncio.to_thread(svc.snapshot_now, at) is not None
-            if published:
-                last_pub = now
-                await asyncio.to_thread(consumer.commit)
+                stored = await asyncio.to_thread(svc.snapshot_now, at) is not None
+                last_pub = now if stored else last_pub
+            elif not svc.dirty and svc.checkpoint_due():  # e.g. only heartbeats since: keep the resume point fresh
+                stored = await asyncio.to_thread(svc.checkpoint_now)
+            if stored:
+                await asyncio.to_thread(consumer.commit, dict(svc.offsets))
     finally:
+        if started:
+            try:  # graceful stop: the next start resumes exactly here
+                if await asyncio.to_thread(svc.checkpoint_now):
+                    await asyncio.to_thread(consumer.commit, dict(svc.offsets))
+            except Exception:  # noqa: BLE001 - a failed final checkpoint only costs a longer catch-up
+                log.exception("final checkpoint failed; the next start resumes from the previous one")
         await asyncio.to_thread(consumer.close)
         await asyncio.to_thread(producer.close)
         r.close()
         stop_metrics()
-

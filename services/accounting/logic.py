@@ -54,6 +54,8 @@ PRODUCER = "accounting"
 LEDGER_TYPES = (JobPlaced, JobCompleted, JobFailed, JobPreempted, JobCancelled, JobLost,
                 NodeRegistered, NodeCordoned, NodeDrainRequested, NodeDrained, NodeUncordoned, NodeLost)
 BUDGET_TYPES = (BudgetSet, BudgetRemoved, BudgetRejected)
+#: Every event type that can change the state (the rest are read and skipped).
+STATE_TYPES = LEDGER_TYPES + BUDGET_TYPES
 
 
 class Accounting:

@@ -4,7 +4,11 @@
 ``apportion:rm:usage`` field ``meta`` holds the snapshot time, window,
 capacity and the Kafka offsets processed. Both are replaced in one MULTI/EXEC
 transaction, so the CLI never sees budgets of one snapshot with the meta of
-another.
+another. When given, the service's checkpoint
+(:mod:`services.accounting.checkpoint`, key
+:func:`apportion.readmodel.checkpoint_key`) is replaced in the same
+transaction, so the state a restart resumes from and the offsets it covers
+are written together or not at all.
 """
 
 from __future__ import annotations
@@ -25,18 +29,33 @@ class ReadModelStore:
     def __init__(self, redis: Any) -> None:
         self.redis = redis
 
-    def write(self, meta: Mapping[str, Any], budgets: Mapping[str, Mapping[str, Any]]) -> None:
-        """Replace the budgets hash and the usage meta atomically."""
+    def write(self, meta: Mapping[str, Any], budgets: Mapping[str, Mapping[str, Any]],
+              checkpoint: Mapping[str, bytes] | None = None) -> None:
+        """Replace the budgets hash, the usage meta and (if given) the checkpoint atomically.
+
+        Args:
+            meta, budgets: the read model (:func:`services.accounting.logic.read_model`).
+            checkpoint: the checkpoint hash fields
+                (:func:`services.accounting.checkpoint.encode`); ``None``
+                leaves the stored checkpoint as it is.
+        """
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(readmodel.budgets_key())
         if budgets:
             pipe.hset(readmodel.budgets_key(), mapping={p: readmodel.dumps(v) for p, v in budgets.items()})
         pipe.hset(readmodel.usage_key(), mapping={"meta": readmodel.dumps(meta)})
+        if checkpoint is not None:
+            pipe.delete(readmodel.checkpoint_key())
+            pipe.hset(readmodel.checkpoint_key(), mapping=dict(checkpoint))
         pipe.execute()
 
     def wipe(self) -> None:
-        """Delete the accounting keys (``--rebuild``)."""
-        self.redis.delete(readmodel.budgets_key(), readmodel.usage_key())
+        """Delete the accounting keys, checkpoint included (``--rebuild``)."""
+        self.redis.delete(readmodel.budgets_key(), readmodel.usage_key(), readmodel.checkpoint_key())
+
+    def read_checkpoint(self) -> dict[Any, Any]:
+        """The stored checkpoint hash fields (``{}`` when there is none)."""
+        return self.redis.hgetall(readmodel.checkpoint_key())
 
     def read(self) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any]]]:
         """``(meta, budgets)`` as stored (``meta`` None when absent)."""

@@ -20,6 +20,12 @@ key                      type   field -> value
                                 free_gpus, last_heartbeat, running}
 =======================  =====  ========================================================
 
+Not a read model but kept beside it: ``apportion:ckpt:accounting``
+(:func:`checkpoint_key`), a hash ``header`` -> JSON, ``state`` -> bytes
+holding the accounting service's checkpoint (format in
+:mod:`services.accounting.checkpoint`). The accounting service writes it in
+the same MULTI/EXEC as ``apportion:rm:usage``/``apportion:rm:budgets``.
+
 Keys carry the topic namespace prefix (``APPORTION_TOPIC_PREFIX``) in
 front, so namespaces sharing one Redis do not mix. Ratios that are infinite are stored as the string ``"Infinity"`` (JSON has
 no inf). Nothing connects at import time: pass a ``redis.Redis`` client in.
@@ -42,6 +48,13 @@ def _key(name: str) -> str:
 def usage_key() -> str:
     """Key of the usage meta hash (with the namespace prefix)."""
     return _key("usage")
+
+
+def checkpoint_key() -> str:
+    """Key of the accounting checkpoint hash (``header``, ``state``; with the namespace prefix)."""
+    from apportion.topics import prefix
+
+    return f"{prefix()}apportion:ckpt:accounting"
 
 
 def budgets_key() -> str:

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import random
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from accounting_fakes import FakeRedis, Rec, records  # noqa: E402
 from builders import budget_set, completed, h, node, placed  # noqa: E402
 
-from apportion import events, readmodel  # noqa: E402
+from apportion import events  # noqa: E402
 from apportion.clock import ManualClock  # noqa: E402
 from apportion.domain.budgets import fold_budget_log  # noqa: E402
 from apportion.domain.occupancy import rebuild as rebuild_ledger  # noqa: E402
@@ -31,53 +32,6 @@ from services.policy import logic as pol_logic  # noqa: E402
 from services.policy.app import PolicyService  # noqa: E402
 
 WINDOW_S = 24 * 3600.0
-
-
-@dataclass
-class Rec:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes
-    timestamp: int = 0
-
-
-def records(evs, *, partitions: int = 3) -> list[Rec]:
-    """Encode events as records on their topics, partitioned by key, offsets in order."""
-    out, next_off = [], {}
-    for e in evs:
-        topic = events.topic_of(e)
-        key = events.key_of(e)
-        p = sum(key.encode()) % partitions
-        off = next_off.get((topic, p), 0)
-        next_off[(topic, p)] = off + 1
-        out.append(Rec(topic, p, off, key.encode(), events.encode(e)))
-    return out
-
-
-class FakeRedis:
-    def __init__(self) -> None:
-        self.h: dict[str, dict[str, str]] = {}
-
-    def pipeline(self, transaction: bool = True):
-        return self
-
-    def execute(self):
-        return []
-
-    def delete(self, *keys):
-        for k in keys:
-            self.h.pop(k, None)
-
-    def hset(self, key, mapping):
-        self.h.setdefault(key, {}).update(mapping)
-
-    def hget(self, key, field):
-        return self.h.get(key, {}).get(field)
-
-    def hgetall(self, key):
-        return dict(self.h.get(key, {}))
 
 
 # The cluster of these tests:

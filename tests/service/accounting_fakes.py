@@ -1,0 +1,97 @@
+"""Fakes for the accounting service tests: kafka-python-like records and a transactional Redis.
+
+``records`` encodes events onto their topics (partition by key, offsets in
+order) the way the broker would; ``FakeRedis`` keeps hashes in memory and
+applies a pipeline's commands only at ``execute`` (MULTI/EXEC), counting
+transactions so tests can check what was written together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from apportion import events
+
+
+@dataclass
+class Rec:
+    """A kafka-python ``ConsumerRecord`` with the fields the services read."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    timestamp: int = 0
+
+
+def records(evs, *, partitions: int = 3, start: dict[tuple[str, int], int] | None = None) -> list[Rec]:
+    """Encode events as records on their topics, partitioned by key, offsets in order.
+
+    Args:
+        evs: events in production order.
+        partitions: partitions per topic.
+        start: (topic, partition) -> first offset (default 0), to append to an earlier call's log.
+    """
+    out, next_off = [], dict(start or {})
+    for e in evs:
+        topic = events.topic_of(e)
+        key = events.key_of(e)
+        p = sum(key.encode()) % partitions
+        off = next_off.get((topic, p), 0)
+        next_off[(topic, p)] = off + 1
+        out.append(Rec(topic, p, off, key.encode(), events.encode(e)))
+    return out
+
+
+def partition_offsets(recs: list[Rec], topics: list[str], partitions: int = 3) -> dict[str, int]:
+    """``"topic:partition"`` -> end offset of ``recs`` (0 for empty partitions), for every partition."""
+    out = {f"{t}:{p}": 0 for t in topics for p in range(partitions)}
+    for r in recs:
+        out[f"{r.topic}:{r.partition}"] = max(out[f"{r.topic}:{r.partition}"], r.offset + 1)
+    return out
+
+
+class _Pipe:
+    def __init__(self, redis: "FakeRedis") -> None:
+        self.redis = redis
+        self.ops: list[tuple[str, tuple]] = []
+
+    def delete(self, *keys):
+        self.ops.append(("delete", keys))
+
+    def hset(self, key, mapping):
+        self.ops.append(("hset", (key, mapping)))
+
+    def execute(self):
+        self.redis.transactions.append([(op, args[0]) for op, args in self.ops])
+        for op, args in self.ops:
+            getattr(self.redis, op)(*args) if op == "delete" else self.redis.hset(*args)
+        self.ops = []
+        return []
+
+
+class FakeRedis:
+    """In-memory hashes; ``pipeline()`` buffers commands until ``execute`` (one transaction)."""
+
+    def __init__(self) -> None:
+        self.h: dict[str, dict[Any, Any]] = {}
+        #: one entry per executed pipeline: [(command, key), ...]
+        self.transactions: list[list[tuple[str, Any]]] = []
+
+    def pipeline(self, transaction: bool = True) -> _Pipe:
+        return _Pipe(self)
+
+    def delete(self, *keys):
+        for k in keys:
+            self.h.pop(k, None)
+
+    def hset(self, key, mapping):
+        self.h.setdefault(key, {}).update(mapping)
+
+    def hget(self, key, field):
+        return self.h.get(key, {}).get(field)
+
+    def hgetall(self, key):
+        return dict(self.h.get(key, {}))
