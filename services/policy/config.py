@@ -11,7 +11,16 @@ class PolicySettings(ServiceSettings):
     Attributes:
         group_id: consumer group the processed offsets are committed under.
         producer_name: written as ``producer`` on events.
+        instance_id: Kafka static group membership id (``group.instance.id``):
+            a restart with the same id takes the place of the previous
+            member at once, even after ``kill -9``, instead of waiting for
+            its session to time out (60 s). Each running instance needs its own.
+        data_dir: parent of the per-instance faust data directory (a fresh
+            ``apportion-policy-*`` folder is made in it at start and removed
+            at stop); ``None`` uses the system temp directory.
     """
 
     group_id: str = "policy"
     producer_name: str = "policy"
+    data_dir: str | None = None
+    instance_id: str = "policy-0"

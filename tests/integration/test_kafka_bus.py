@@ -150,6 +150,7 @@ async def test_faust_agent_round_trip_and_dead_letter(kafka_bootstrap: str,
     letters = dead_letters_for(kafka_bootstrap, topic_name, 1)
     assert letters[0].original_bytes() == b"{not json"
     assert letters[0].source_key == "bad" and "JSON" in letters[0].error
+    assert letters[0].event_id == events.det_id("DeadLetter", topic_name, 0, 1)  # the same id on every meeting
 
 
 # --------------------------------------------------------------------------- topics

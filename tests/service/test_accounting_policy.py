@@ -180,3 +180,13 @@ def test_fold_budget_event_skips_invalid_and_keeps_tree():
     assert rej is not None and rej.reason == "over_allocated" and t1 == t0
     t2, rej2 = pol_logic.fold_budget_event(t0, budget_set("lab/b", 0.2, at=h(1)))
     assert rej2 is None and t2.share("lab/b") == 0.2
+
+
+def test_policy_flags_for_membership_and_data_dir():
+    from services.policy.__main__ import parse_args
+    from services.policy.config import PolicySettings
+
+    assert parse_args(["--instance-id", "policy-b", "--data-dir", "/var/lib/x"]) == \
+        {"instance_id": "policy-b", "data_dir": "/var/lib/x"}
+    defaults = PolicySettings(kafka_bootstrap="k:1")
+    assert (defaults.group_id, defaults.instance_id, defaults.data_dir) == ("policy", "policy-0", None)

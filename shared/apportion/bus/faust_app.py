@@ -1,6 +1,6 @@
 """faust app factory with apportion's event serialisation.
 
-faust services (accounting, policy) get the same wire format as the
+faust services (policy) get the same wire format as the
 kafka-python wrappers: record values are :func:`apportion.events.encode`
 JSON, keys are :func:`apportion.events.key_of` strings, topics come from the
 registry. Values that do not decode are not thrown into the agent (which
@@ -26,6 +26,14 @@ Example::
             ...   # pure logic, then publish(app, new_event)
 
 Nothing is created at import time: the codec is registered by the factory.
+
+Running in-process: a :class:`faust.App` is a mode service, so ``await
+app.start()`` / ``await app.stop()`` run it inside the caller's event loop
+(no worker, no signal handlers, nothing else taken over); ``start`` returns
+once the group assigned the partitions. faust's table manager sleeps a fixed
+1 s during start (``TableManager.on_start``), so a start takes about 1.2 s
+on an idle local broker. The policy service runs this way (see
+:mod:`services.policy.app`).
 """
 
 from __future__ import annotations
@@ -117,6 +125,19 @@ def make_app(app_id: str, bootstrap: str, *, store: str = "memory://",
     return faust.App(app_id, **conf)
 
 
+def quiet_client_logs() -> None:
+    """Keep faust, mode and aiokafka at WARNING unless the root logger is at DEBUG.
+
+    At INFO they log every service start/stop step and group join (about 60
+    lines per start); services keep their own INFO lines. Idempotent.
+    """
+    import logging
+
+    level = logging.getLogger().getEffectiveLevel()
+    for name in ("faust", "mode", "aiokafka"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, level) if level > logging.DEBUG else level)
+
+
 def event_topic(app: Any, topic: Topic | str) -> Any:
     """The faust topic for a registry topic, with the apportion codec.
 
@@ -138,24 +159,53 @@ def agent(app: Any, channel: Any, **kwargs: Any) -> Callable[[Any], Any]:
 
 
 async def publish(app: Any, event: events.Event) -> Any:
-    """Send ``event`` to its registry topic, keyed by :func:`events.key_of`."""
+    """Send ``event`` to its registry topic, keyed by :func:`events.key_of`.
+
+    Returns faust's delivery future (``await`` it for the broker's ack and
+    the ``RecordMetadata``); the send itself only queues the record.
+    """
     topic = event_topic(app, events.TOPIC_OF[event.type])
     return await topic.send(key=events.key_of(event).encode("utf-8"), value=event)
 
 
+async def publish_acked(app: Any, event: events.Event) -> Any:
+    """Send ``event`` like :func:`publish` and wait until the broker acked it.
+
+    Returns:
+        The ``RecordMetadata`` (topic, partition, offset) of the written record.
+
+    Raises:
+        the producer's error when the write failed (e.g. ``KafkaError``).
+    """
+    return await (await publish(app, event))
+
+
 async def decoded(app: Any, stream: Any, *, producer: str = "faust",
                   clock: Callable[[], datetime] | None = None) -> AsyncIterator[events.Event]:
-    """Yield the events of a faust stream, dead-lettering undecodable values."""
+    """Yield the events of a faust stream, dead-lettering undecodable values.
+
+    A dead letter's ``event_id`` is derived from (topic, partition, offset),
+    as :func:`services._common.decode_record` does, so meeting the same bad
+    record again (a restart, another service) writes the same id. The dead
+    letter is acked by the broker before the stream moves on.
+
+    Args:
+        app: the faust app (its producer writes the dead letters).
+        stream: the agent's stream of decoded values.
+        producer: ``producer`` field of the dead letters.
+        clock: event time of the dead letters (wall clock UTC when ``None``).
+    """
     now = clock or (lambda: datetime.now(timezone.utc))
     async for value in stream:
         if isinstance(value, Undecodable):
             msg = stream.current_event.message
             key = msg.key.decode("utf-8", "replace") if isinstance(msg.key, bytes) else msg.key
             letter = events.DeadLetter(
+                event_id=events.det_id("DeadLetter", msg.topic, msg.partition, msg.offset),
                 source_topic=msg.topic, source_partition=msg.partition, source_offset=msg.offset,
                 source_key=key, original=base64.b64encode(value.raw).decode("ascii"),
                 error=value.reason, ts=now(), producer=producer)
-            await event_topic(app, DEADLETTER).send(
-                key=events.key_of(letter).encode("utf-8"), value=letter)
+            await (await event_topic(app, DEADLETTER).send(
+                key=events.key_of(letter).encode("utf-8"), value=letter))
             continue
         yield value

@@ -1,0 +1,269 @@
+"""The policy service (faust) on real Kafka, run in-process in this event loop.
+
+Checks the start-up catch-up, live rejections, rankings and dead letters,
+that a stop commits the group's offsets and a restart resumes from them
+with the full tree and repeats nothing but de-duplicable events, and that
+a failing agent ends ``run`` with its exception. Topics live under a fresh
+``APPORTION_TOPIC_PREFIX``; every wait is bounded (no sleeps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from builders import budget_set, h, node, placed  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+DEADLINE_S = 60.0
+VALID = [budget_set("lab", 1.0, at=h(0)), budget_set("lab/a", 0.75, at=h(0)), budget_set("lab/b", 0.25, at=h(0))]
+OVER = budget_set("lab/c", 0.5, at=h(1))  # 0.75 + 0.25 + 0.5 > 1
+ORPHAN = budget_set("nope/x", 0.5, at=h(2))
+
+
+async def _until(pred, what: str):
+    """Await ``pred()`` (sync, in a thread) returning a truthy value, or fail after the deadline."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + DEADLINE_S
+    while True:
+        got = await asyncio.to_thread(pred)
+        if got:
+            return got
+        if loop.time() > end:
+            pytest.fail(f"timed out after {DEADLINE_S}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def _of(bootstrap: str, topic, kind) -> list:
+    """Events of type ``kind`` on ``topic`` in log (partition, offset) order, not event-time order."""
+    from apportion.bus.reader import read_log
+
+    recs = sorted(read_log(bootstrap, [topic.name]), key=lambda r: (r.partition, r.offset))
+    return [r.event for r in recs if isinstance(r.event, kind)]
+
+
+async def _start(settings, clock):
+    from services.policy.app import run
+
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(run(settings, stop, clock=clock, ready=ready))
+    done, _ = await asyncio.wait([task, asyncio.create_task(ready.wait())], timeout=DEADLINE_S,
+                                 return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        task.result()
+        pytest.fail("policy stopped during start-up")
+    assert ready.is_set(), "policy not ready in time"
+    return stop, task
+
+
+async def _stop(stop: asyncio.Event, task: asyncio.Task) -> None:
+    stop.set()
+    await asyncio.wait_for(task, DEADLINE_S)
+
+
+def _committed(bootstrap: str, group: str, topics: list) -> dict[str, int | None]:
+    """``"topic:partition"`` -> offset committed by ``group`` (``None`` when none)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    kc = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    try:
+        tps = [TopicPartition(t.name, p) for t in topics for p in sorted(kc.partitions_for_topic(t.name))]
+        return {f"{tp.topic}:{tp.partition}": kc.committed(tp) for tp in tps}
+    finally:
+        kc.close()
+
+
+def _ends(bootstrap: str, topics: list) -> dict[str, int]:
+    from kafka import KafkaConsumer, TopicPartition
+
+    kc = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        tps = [TopicPartition(t.name, p) for t in topics for p in sorted(kc.partitions_for_topic(t.name))]
+        return {f"{tp.topic}:{tp.partition}": off for tp, off in kc.end_offsets(tps).items()}
+    finally:
+        kc.close()
+
+
+async def test_policy_rejects_ranks_dead_letters_and_resumes_after_restart(kafka_bootstrap, monkeypatch,
+                                                                           tmp_path):
+    from kafka import KafkaProducer
+
+    from apportion import events
+    from apportion.bus.producer import EventProducer
+    from apportion.bus.provision import provision
+    from apportion.clock import ManualClock
+    from apportion.domain.budgets import fold_budget_log
+    from apportion.domain.occupancy import rebuild
+    from apportion.domain.usage import ranking_of, usage_snapshot
+    from apportion.timeutil import from_us
+    from apportion.topics import BUDGETS, DEADLETTER, RANKING, USAGE, prefix
+    from services.policy import logic
+    from services.policy.config import PolicySettings
+
+    monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"pol{uuid.uuid4().hex[:8]}.")
+    await asyncio.to_thread(provision, kafka_bootstrap)
+    producer = EventProducer(kafka_bootstrap, client_id="test")
+    for e in VALID + [OVER]:
+        producer.publish(e)
+    clock = ManualClock(from_us(h(3)))
+    settings = PolicySettings(kafka_bootstrap=kafka_bootstrap, data_dir=str(tmp_path), log_json=False)
+    tree = fold_budget_log(VALID)
+    try:
+        # ---- start: the change already in the log is rejected once, the tree ranked without a snapshot
+        stop, task = await _start(settings, clock)
+        assert len(list(tmp_path.glob("apportion-policy-*"))) == 1  # this instance's faust data dir
+        assert _of(kafka_bootstrap, BUDGETS, events.BudgetRejected) == [
+            logic.rejected_event(logic.Rejection(OVER, "over_allocated", _message(tree, OVER)), clock.now())]
+        first_rank = logic.ranking(tree, None, clock.now())
+        assert _of(kafka_bootstrap, RANKING, events.FairShareRanking) == [first_rank]
+
+        # ---- live: an orphan change, a malformed record and a snapshot
+        producer.publish(ORPHAN)
+        raw = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+        bad = raw.send(BUDGETS.name, key=b"bad", value=b"not json").get(timeout=DEADLINE_S)
+        raw.close()
+        snap = usage_snapshot(tree, rebuild(VALID + [node("n0", 8, at=h(0)), placed("j1", budget="lab/a",
+                                                                                       gpus=8, at=h(1))],
+                                            24 * 3600.0), h(2), producer="accounting")
+        producer.publish(snap)
+        expected_rank = ranking_of(tree, snap, producer="policy", policy_version=logic.POLICY_VERSION)
+
+        def live_done():
+            rej = _of(kafka_bootstrap, BUDGETS, events.BudgetRejected)
+            ranks = _of(kafka_bootstrap, RANKING, events.FairShareRanking)
+            letters = _of(kafka_bootstrap, DEADLETTER, events.DeadLetter)
+            return (rej, ranks, letters) if len(rej) == 2 and ranks[-1] == expected_rank and letters else None
+
+        rej, ranks, letters = await _until(live_done, "the orphan's rejection, the dead letter and the ranking")
+        assert [(r.path, r.reason, r.rejected_event_id) for r in rej] == [
+            ("lab/c", "over_allocated", OVER.event_id), ("nope/x", "no_parent", ORPHAN.event_id)]
+        assert ranks == [first_rank, expected_rank]
+        assert [(d.event_id, d.source_topic, d.source_offset, d.source_key, d.original_bytes(), d.producer)
+                for d in letters] == [(events.det_id("DeadLetter", BUDGETS.name, 0, bad.offset), BUDGETS.name,
+                                       bad.offset, "bad", b"not json", "policy")]
+        await _stop(stop, task)
+        assert list(tmp_path.glob("apportion-policy-*")) == []
+
+        # ---- the stop committed the group's offsets up to the end of every partition holding records
+        ends = _ends(kafka_bootstrap, [BUDGETS, USAGE])
+        committed = _committed(kafka_bootstrap, prefix() + "policy", [BUDGETS, USAGE])
+        assert {tp: off for tp, off in committed.items() if off is not None} == \
+            {tp: off for tp, off in ends.items() if off > 0}
+        # budgets: 3 valid, OVER, ORPHAN, the bad record, 2 rejections; usage: one snapshot
+        assert ends[f"{BUDGETS.name}:0"] == 8
+        assert sorted(v for k, v in ends.items() if k.startswith(USAGE.name)) == [0, 0, 1]
+
+        # ---- restart: full tree again, nothing new but the same ranking (same id: readers drop it)
+        clock.advance(3600.0)
+        stop, task = await _start(settings, clock)
+        await _stop(stop, task)
+        rej2 = _of(kafka_bootstrap, BUDGETS, events.BudgetRejected)
+        ranks2 = _of(kafka_bootstrap, RANKING, events.FairShareRanking)
+        assert rej2 == rej
+        assert ranks2 == [first_rank, expected_rank, expected_rank]
+        # the catch-up meets the bad record again and writes the same dead letter id (readers keep one)
+        assert [d.event_id for d in _of(kafka_bootstrap, DEADLETTER, events.DeadLetter)] == \
+            [letters[0].event_id] * 2
+    finally:
+        producer.close()
+
+
+def _message(tree, change) -> str:
+    """The message ``BudgetTree.apply`` gives when it refuses ``change``."""
+    from apportion.domain.budgets import BudgetError
+
+    try:
+        tree.apply(change)
+    except BudgetError as exc:
+        return exc.message
+    raise AssertionError("change was accepted")
+
+
+async def test_a_failing_agent_ends_run_with_its_exception(kafka_bootstrap, monkeypatch, tmp_path):
+    from apportion.bus.producer import EventProducer
+    from apportion.bus.provision import provision
+    from apportion.clock import ManualClock
+    from apportion.timeutil import from_us
+    from services.policy import app as policy_app
+    from services.policy.config import PolicySettings
+
+    monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"polf{uuid.uuid4().hex[:8]}.")
+    await asyncio.to_thread(provision, kafka_bootstrap)
+    real_evolve = policy_app.logic.evolve
+
+    def evolve(state, event):
+        if getattr(event, "path", None) == "boom":
+            raise RuntimeError("evolve failed on boom")
+        return real_evolve(state, event)
+
+    monkeypatch.setattr(policy_app.logic, "evolve", evolve)
+    settings = PolicySettings(kafka_bootstrap=kafka_bootstrap, data_dir=str(tmp_path), log_json=False)
+    stop, task = await _start(settings, ManualClock(from_us(h(1))))
+    with EventProducer(kafka_bootstrap, client_id="test") as producer:
+        producer.publish(budget_set("boom", 1.0, at=h(0)))
+    try:
+        with pytest.raises(RuntimeError, match="evolve failed on boom"):
+            await asyncio.wait_for(task, DEADLINE_S)
+    finally:
+        stop.set()
+    assert list(tmp_path.glob("apportion-policy-*")) == []
+
+
+async def test_policy_killed_with_sigkill_restarts_without_waiting_for_its_old_session(kafka_bootstrap, monkeypatch,
+                                                                                       tmp_path):
+    """kill -9 the policy process; the restart (same static member id) answers a change within 30 s.
+
+    faust's group session timeout is 60 s: without static membership the
+    restarted member would wait for the dead one's session to expire before
+    it is assigned partitions, and only then publish.
+    """
+    import os
+    import subprocess
+
+    from apportion import events
+    from apportion.bus.producer import EventProducer
+    from apportion.bus.provision import provision
+    from apportion.topics import BUDGETS, RANKING
+
+    monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"polk{uuid.uuid4().hex[:8]}.")
+    await asyncio.to_thread(provision, kafka_bootstrap)
+    env = dict(os.environ, APPORTION_KAFKA_BOOTSTRAP=kafka_bootstrap, APPORTION_LOG_JSON="false",
+               APPORTION_DATA_DIR=str(tmp_path))
+
+    def spawn(n: int) -> subprocess.Popen:
+        logf = open(tmp_path / f"policy-{n}.log", "wb")  # noqa: SIM115 - kept open by the child
+        return subprocess.Popen([sys.executable, "-m", "services.policy"], env=env, stdin=subprocess.DEVNULL,
+                                stdout=logf, stderr=logf)
+
+    producer = EventProducer(kafka_bootstrap, client_id="test")
+    proc = spawn(1)
+    try:
+        for e in VALID:
+            producer.publish(e)
+        await _until(lambda: [r for r in _of(kafka_bootstrap, RANKING, events.FairShareRanking)
+                              if [b.path for b in r.budgets] == ["lab/a", "lab/b"]], "the first ranking")
+        proc.kill()
+        proc.wait(timeout=DEADLINE_S)
+        left = list(tmp_path.glob("apportion-policy-*"))  # kill -9 leaves its (empty) data dir behind
+        assert len(left) == 1
+        producer.publish(OVER)
+        proc = spawn(2)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 30.0
+        while not (rej := _of(kafka_bootstrap, BUDGETS, events.BudgetRejected)):
+            assert proc.poll() is None, (tmp_path / "policy-2.log").read_text()
+            assert loop.time() < end, "no rejection 30 s after the restart"
+            await asyncio.sleep(0.1)
+        assert [(r.path, r.reason, r.rejected_event_id) for r in rej] == [("lab/c", "over_allocated", OVER.event_id)]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=DEADLINE_S)
+        producer.close()
+    assert proc.returncode == 0, (tmp_path / "policy-2.log").read_text()
+    assert list(tmp_path.glob("apportion-policy-*")) == left  # a SIGTERM stop removes its own data dir
