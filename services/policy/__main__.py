@@ -4,7 +4,7 @@ Examples::
 
     python -m services.policy
     python -m services.policy --metrics-port 9103
-    python -m services.policy --data-dir /var/lib/apportion
+    python -m services.policy --faust-dir /var/lib/apportion
 
 Every flag has an ``APPORTION_<NAME>`` environment variable; flags win.
 """
@@ -23,7 +23,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
                                  description="apportion policy: validates budget changes (BudgetRejected) "
                                              "and publishes FairShareRanking on snapshot or budget changes.")
     ap.add_argument("--instance-id", help="static group member id; one per running instance")
-    ap.add_argument("--data-dir", help="parent folder of the per-instance faust data dir (default: system temp)")
+    ap.add_argument("--faust-dir", help="parent folder of the per-instance faust data dir (default: system temp)")
     add_common_flags(ap, PolicySettings)
     return flag_overrides(ap, argv)
 

@@ -41,7 +41,7 @@ Start-up, in this order:
 An undecodable record is dead-lettered when met, by the catch-up or an
 agent, with an id derived from (topic, partition, offset): the catch-up of
 a restart writes the same dead letter again, and readers keep one. Each
-instance gets a fresh ``apportion-policy-*`` data dir under ``data_dir``
+instance gets a fresh ``apportion-policy-*`` data dir under ``faust_dir``
 (the system temp dir by default), removed at stop; a ``kill -9`` leaves an
 empty one behind (the memory store keeps nothing on disk).
 
@@ -250,7 +250,7 @@ async def run(settings: PolicySettings, stop: asyncio.Event, *, clock: Clock | N
                                     registry=registry)}
     outbox: list[Any] = []
     svc = PolicyService(clock, outbox.append, settings.producer_name, metrics)
-    datadir = tempfile.mkdtemp(prefix="apportion-policy-", dir=settings.data_dir)
+    datadir = tempfile.mkdtemp(prefix="apportion-policy-", dir=settings.faust_dir)
     app = None
     try:
         if not await catch_up(svc, conn.bootstrap, settings.group_id, stop):

@@ -15,12 +15,12 @@ class PolicySettings(ServiceSettings):
             a restart with the same id takes the place of the previous
             member at once, even after ``kill -9``, instead of waiting for
             its session to time out (60 s). Each running instance needs its own.
-        data_dir: parent of the per-instance faust data directory (a fresh
+        faust_dir: parent of the per-instance faust data directory (a fresh
             ``apportion-policy-*`` folder is made in it at start and removed
             at stop); ``None`` uses the system temp directory.
     """
 
     group_id: str = "policy"
     producer_name: str = "policy"
-    data_dir: str | None = None
+    faust_dir: str | None = None
     instance_id: str = "policy-0"

@@ -112,7 +112,7 @@ async def test_policy_rejects_ranks_dead_letters_and_resumes_after_restart(kafka
     for e in VALID + [OVER]:
         producer.publish(e)
     clock = ManualClock(from_us(h(3)))
-    settings = PolicySettings(kafka_bootstrap=kafka_bootstrap, data_dir=str(tmp_path), log_json=False)
+    settings = PolicySettings(kafka_bootstrap=kafka_bootstrap, faust_dir=str(tmp_path), log_json=False)
     tree = fold_budget_log(VALID)
     try:
         # ---- start: the change already in the log is rejected once, the tree ranked without a snapshot
@@ -203,7 +203,7 @@ async def test_a_failing_agent_ends_run_with_its_exception(kafka_bootstrap, monk
         return real_evolve(state, event)
 
     monkeypatch.setattr(policy_app.logic, "evolve", evolve)
-    settings = PolicySettings(kafka_bootstrap=kafka_bootstrap, data_dir=str(tmp_path), log_json=False)
+    settings = PolicySettings(kafka_bootstrap=kafka_bootstrap, faust_dir=str(tmp_path), log_json=False)
     stop, task = await _start(settings, ManualClock(from_us(h(1))))
     with EventProducer(kafka_bootstrap, client_id="test") as producer:
         producer.publish(budget_set("boom", 1.0, at=h(0)))
@@ -234,7 +234,7 @@ async def test_policy_killed_with_sigkill_restarts_without_waiting_for_its_old_s
     monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"polk{uuid.uuid4().hex[:8]}.")
     await asyncio.to_thread(provision, kafka_bootstrap)
     env = dict(os.environ, APPORTION_KAFKA_BOOTSTRAP=kafka_bootstrap, APPORTION_LOG_JSON="false",
-               APPORTION_DATA_DIR=str(tmp_path))
+               APPORTION_FAUST_DIR=str(tmp_path))
 
     def spawn(n: int) -> subprocess.Popen:
         logf = open(tmp_path / f"policy-{n}.log", "wb")  # noqa: SIM115 - kept open by the child
