@@ -182,11 +182,11 @@ def test_fold_budget_event_skips_invalid_and_keeps_tree():
     assert rej2 is None and t2.share("lab/b") == 0.2
 
 
-def test_policy_flags_for_membership_and_data_dir():
+def test_policy_flags_for_membership_and_faust_dir():
     from services.policy.__main__ import parse_args
     from services.policy.config import PolicySettings
 
-    assert parse_args(["--instance-id", "policy-b", "--data-dir", "/var/lib/x"]) == \
-        {"instance_id": "policy-b", "data_dir": "/var/lib/x"}
+    assert parse_args(["--instance-id", "policy-b", "--faust-dir", "/var/lib/x"]) == \
+        {"instance_id": "policy-b", "faust_dir": "/var/lib/x"}
     defaults = PolicySettings(kafka_bootstrap="k:1")
-    assert (defaults.group_id, defaults.instance_id, defaults.data_dir) == ("policy", "policy-0", None)
+    assert (defaults.group_id, defaults.instance_id, defaults.faust_dir) == ("policy", "policy-0", None)
