@@ -209,10 +209,12 @@ async def run(settings: DispatcherSettings, stop: asyncio.Event, *, clock: Clock
 async def _lead(settings: DispatcherSettings, stop: asyncio.Event, clock: Clock, conn: Any, r: Any,
                 lease: Any, metrics: dict, ready: asyncio.Event | None) -> None:
     from apportion import readmodel
+    from apportion.bus.crc import use_compiled_crc32c
     from apportion.bus.producer import EventProducer
     from apportion.topics import BUDGETS, JOBS, NODES, SUBMISSIONS
     from services._common import AssignedConsumer
 
+    log.info("record-batch CRC-32C: %s", use_compiled_crc32c())
     producer = await asyncio.to_thread(EventProducer, conn.bootstrap, client_id="dispatcher", linger_ms=0)
 
     def publish(evts: list[Event]) -> None:
