@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from apportion.clock import Clock
@@ -66,18 +66,34 @@ def dispatch_config(settings: DispatcherSettings) -> DispatchConfig:
         producer=settings.producer_name)
 
 
+#: How every value this dispatcher encodes begins (``event_id`` is the first field of every event's JSON).
+ECHO_HEAD = b'{"event_id":"'
+
+#: Bytes of a value that name its event: the head, the 36-character UUID and its closing quote.
+ECHO_LEN = len(ECHO_HEAD) + 37
+
+#: At most this many echoes are remembered (about 100 bytes each); past it, the oldest half is forgotten.
+ECHO_CAP = 1_000_000
+
+
 class DispatcherService:
     """The dispatcher loop without Kafka: fold records, decide, hand decisions to ``publish``.
 
     Args:
         settings: configuration.
         clock: event-time source.
-        publish: ``publish(events)``: sends and waits for the acks.
+        publish: ``publish([(event, value), ...])`` sends each event with
+            ``value`` = :func:`apportion.events.encode` of it (encoded here,
+            once); need not wait for the acks.
         metrics: optional prometheus metrics dict.
+        consumed: physical names of the topics this instance reads; its own
+            events on them come back as echoes (see :meth:`ingest`).
+            Default: none (every record is decoded).
     """
 
-    def __init__(self, settings: DispatcherSettings, clock: Clock, publish: Callable[[list[Event]], Any],
-                 metrics: dict | None = None) -> None:
+    def __init__(self, settings: DispatcherSettings, clock: Clock,
+                 publish: Callable[[list[tuple[Event, bytes]]], Any], metrics: dict | None = None,
+                 consumed: Iterable[str] = ()) -> None:
         self.settings = settings
         self.clock = clock
         self.publish = publish
@@ -87,6 +103,10 @@ class DispatcherService:
         self.inputs: dict[str, int] = {}  # "topic:partition" -> next offset folded (Decision.inputs)
         self._last_now = 0
         self._m = metrics or {}
+        self._consumed = frozenset(consumed)
+        # value heads (ECHO_LEN bytes) of events we published to a topic we read, not read back yet
+        self._echoes: dict[bytes, None] = {}
+        self.echoes_skipped = 0
 
     def now_us(self) -> int:
         """Event time now (µs), never going backwards."""
@@ -94,12 +114,33 @@ class DispatcherService:
         return self._last_now
 
     def _decoded(self, records: list[Any]) -> list[Event]:
+        """Decode ``records`` into events in :func:`record_order`, minus our own echoes.
+
+        An echo is a record whose value starts with the head of a value this
+        instance published (:meth:`_emit`): the same bytes, so the same
+        ``event_id``, and that event was folded into the state before it was
+        published. Decoding it only for :meth:`ingest` to skip it as already
+        seen is the cost this avoids: the fold and the decisions are exactly
+        those of decoding every record. Its offset still counts as read.
+        """
         from services._common import decode_record, record_order
 
         pairs = []
+        echoes = self._echoes
+        names: dict[tuple[str, int], str] = {}
         for rec in records:
             # every record of the batch is folded (or dead-lettered) before the next tick decides
-            self.inputs[f"{rec.topic}:{rec.partition}"] = rec.offset + 1
+            tp = (rec.topic, rec.partition)
+            name = names.get(tp)
+            if name is None:
+                name = names[tp] = f"{rec.topic}:{rec.partition}"
+            self.inputs[name] = rec.offset + 1
+            if echoes and rec.value is not None:
+                head = rec.value[:ECHO_LEN]
+                if head in echoes:
+                    del echoes[head]
+                    self.echoes_skipped += 1
+                    continue
             ev, letter = decode_record(rec, self.settings.producer_name, self.clock.now())
             if letter is not None:
                 log.warning("dead-lettering %s[%s]@%s: %s", letter.source_topic, letter.source_partition,
@@ -111,10 +152,24 @@ class DispatcherService:
         return [ev for _, ev in pairs]
 
     def _emit(self, evts: list[Event]) -> None:
-        if evts:
-            self.publish(logic.fence(evts, self.token))
-            if "decisions" in self._m:
-                self._m["decisions"].inc(len(evts))
+        """Fence, encode once, remember the echoes to come, and hand the lot to ``publish``."""
+        from apportion.events import TOPIC_OF, encode
+
+        if not evts:
+            return
+        sent = []
+        echoes, consumed = self._echoes, self._consumed
+        for e in logic.fence(evts, self.token):
+            value = encode(e)
+            if consumed and TOPIC_OF[e.type].name in consumed and value.startswith(ECHO_HEAD):
+                echoes[value[:ECHO_LEN]] = None
+            sent.append((e, value))
+        if len(echoes) > ECHO_CAP:  # echoes that never came back (a lost send): forget the oldest half
+            for k in list(echoes)[:len(echoes) // 2]:
+                del echoes[k]
+        self.publish(sent)
+        if "decisions" in self._m:
+            self._m["decisions"].inc(len(sent))
 
     def bootstrap(self, records: list[Any]) -> list[Event]:
         """Rebuild from the log as of the start and decide what was left undecided."""
@@ -131,7 +186,7 @@ class DispatcherService:
         news = False
         for ev in self._decoded(records):
             if ev.event_id in self.state.seen:
-                continue  # our own decision coming back, or a redelivery
+                continue  # our own decision coming back (not recognised as an echo), or a redelivery
             news |= type(ev) is not NodeHeartbeat
             out += step(self.state, ev, self.now_us(), self.cfg)
             if "events" in self._m:
@@ -139,10 +194,10 @@ class DispatcherService:
         return out, news
 
     def tick(self) -> list[Event]:
-        """Maintenance and one scheduling cycle at the current event time."""
+        """Maintenance and one scheduling cycle at the current event time (placements fenced and stamped)."""
         now = self.now_us()
         t0 = time.perf_counter()
-        out = logic.with_inputs(step(self.state, Tick(now), now, self.cfg), self.inputs)
+        out = logic.fence(step(self.state, Tick(now), now, self.cfg), self.token, self.inputs)
         if "cycle" in self._m:
             self._m["cycle"].observe(time.perf_counter() - t0)
             self._m["pending"].set(self.state.pending_count())
@@ -217,16 +272,16 @@ async def _lead(settings: DispatcherSettings, stop: asyncio.Event, clock: Clock,
     log.info("record-batch CRC-32C: %s", use_compiled_crc32c())
     producer = await asyncio.to_thread(EventProducer, conn.bootstrap, client_id="dispatcher", linger_ms=0)
 
-    def publish(evts: list[Event]) -> None:
+    def publish(sent: list[tuple[Event, bytes]]) -> None:
         # Sent without waiting: the loop flushes every FLUSH_EVERY_S. Decisions are derived state (a new leader
         # re-derives anything unacknowledged from the log, with the same deterministic ids), so the wait for
         # acks need not sit on every small batch.
-        for e in evts:
-            producer.send(e)
+        for e, value in sent:
+            producer.send(e, value)
 
-    consumer = await asyncio.to_thread(AssignedConsumer, conn.bootstrap,
-                                       [SUBMISSIONS.name, JOBS.name, NODES.name, BUDGETS.name], "dispatcher")
-    svc = DispatcherService(settings, clock, publish, metrics)
+    inputs = [SUBMISSIONS.name, JOBS.name, NODES.name, BUDGETS.name]
+    consumer = await asyncio.to_thread(AssignedConsumer, conn.bootstrap, inputs, "dispatcher")
+    svc = DispatcherService(settings, clock, publish, metrics, consumed=inputs)
     svc.token = lease.token
     loop = asyncio.get_running_loop()
 
