@@ -27,7 +27,7 @@ from apportion.events import (
 )
 from apportion.topics import BUDGETS, JOBS, NODES, SUBMISSIONS
 from services.dispatcher import logic
-from services.dispatcher.app import ECHO_LEN, DispatcherService
+from services.dispatcher.app import ECHO_LEN, DispatcherService, TickPacer
 from services.dispatcher.config import DispatcherSettings
 
 T0 = datetime(2025, 3, 1, tzinfo=timezone.utc)
@@ -188,3 +188,25 @@ def test_fence_copies_only_when_something_changes(token: int, inputs: dict[str, 
     assert out[0].fencing_token == token
     assert out[0].decision.inputs == inputs
     assert out[0].event_id == placed.event_id
+
+
+def test_tick_pacer_spaces_news_driven_ticks_to_a_share_of_the_time() -> None:
+    pacer = TickPacer(every_s=0.2, share=0.2, gap_max_s=0.1, start=10.0)
+    assert pacer.poll_ms(10.0) == 50                      # nothing waiting: the idle poll
+    assert pacer.due(10.001, news=True) is True           # first news: no gap yet
+    pacer.ticked(10.001, 10.006)                          # a 5 ms cycle -> 20 ms gap (cycles <= 20% of time)
+    assert pacer.gap == pytest.approx(0.020)
+    assert pacer.due(10.010, news=True) is False          # news 4 ms later waits for the gap
+    assert pacer.poll_ms(10.010) == 16                    # and the poll only until then
+    assert pacer.due(10.020, news=False) is False         # still waiting, still inside the gap
+    assert pacer.due(10.027, news=False) is True          # gap over: the waiting news gets its tick
+    pacer.ticked(10.027, 10.127)                          # a 100 ms cycle: gap capped at gap_max_s
+    assert pacer.gap == 0.1
+    assert pacer.due(10.200, news=False) is False         # no news: only the timer
+    assert pacer.due(10.328, news=False) is True          # every_s after the last tick
+
+
+def test_tick_pacer_idle_news_is_ticked_at_once_after_a_cheap_cycle() -> None:
+    pacer = TickPacer(every_s=0.2, share=0.2, gap_max_s=0.1, start=0.0)
+    pacer.ticked(0.2, 0.2005)                             # a timer tick of 0.5 ms -> 2 ms gap
+    assert pacer.due(0.25, news=True) is True
