@@ -22,8 +22,11 @@ stamps its fencing token on ``JobPlaced``/``StartWorkload``/``StopWorkload``.
 A standby waits for the lease; on taking over it rebuilds its state from
 offset 0 of the four topics (the previous leader's decisions included, so
 nothing is placed twice) and then decides what was left undecided
-(:func:`services.dispatcher.logic.recover`). A leader that fails to renew
-stops deciding at once (:class:`LeadershipLost`) and goes back to standby.
+(:func:`services.dispatcher.logic.recover`). The lease is renewed by a thread
+(:class:`~services.dispatcher.lease.LeaseKeeper`) while the event loop is
+alive, so a long synchronous step does not let it expire. A leader that fails
+to renew stops deciding at once (:class:`LeadershipLost`) and goes back to
+standby.
 
 Offsets: like accounting, every start reads from offset 0 (the log is the
 state); positions are committed under group ``dispatcher`` after the
@@ -328,6 +331,7 @@ async def _lead(settings: DispatcherSettings, stop: asyncio.Event, clock: Clock,
     from apportion.bus.producer import EventProducer
     from apportion.topics import BUDGETS, JOBS, NODES, SUBMISSIONS
     from services._common import AssignedConsumer
+    from services.dispatcher.lease import LeaseKeeper
 
     log.info("record-batch CRC-32C: %s", use_compiled_crc32c())
     producer = await asyncio.to_thread(EventProducer, conn.bootstrap, client_id="dispatcher", linger_ms=LINGER_MS,
@@ -351,6 +355,15 @@ async def _lead(settings: DispatcherSettings, stop: asyncio.Event, clock: Clock,
         readmodel.replace_hash(r, readmodel.jobs_key(), jobs)
         readmodel.replace_hash(r, readmodel.nodes_key(), nodes)
 
+    every = settings.lease_ttl_wall_s / 3
+    keeper = LeaseKeeper(lease, every, stall_s=max(30.0, 10 * settings.lease_ttl_wall_s)).start()
+
+    async def beats() -> None:  # the event loop's sign of life for the keeper
+        while True:
+            keeper.beat()
+            await asyncio.sleep(every)
+
+    beating = asyncio.create_task(beats(), name="lease-beats")
     try:
         caught = await consumer.catch_up(stop)
         if caught is None:
@@ -365,7 +378,7 @@ async def _lead(settings: DispatcherSettings, stop: asyncio.Event, clock: Clock,
         await asyncio.to_thread(write_read_model)
         if ready is not None:
             ready.set()
-        last_tick = last_renew = last_rm = loop.time()
+        last_tick = last_rm = loop.time()
         rm_gap = READ_MODEL_EVERY_S
         unflushed = dirty = False
         pacer = TickPacer(settings.tick_wall_s, start=last_tick)
@@ -376,12 +389,10 @@ async def _lead(settings: DispatcherSettings, stop: asyncio.Event, clock: Clock,
             if pacer.due(now, news):
                 out += svc.tick()
                 pacer.ticked(now, loop.time())
-            # Safety does not rest on this renewal: every decision carries the fencing token and
-            # agents refuse stale tokens. Renewing at a third of the TTL keeps Redis off the hot path.
-            if now - last_renew >= settings.lease_ttl_wall_s / 3:
-                if await asyncio.to_thread(lease.try_acquire) != svc.token:
-                    raise LeadershipLost()
-                last_renew = now
+            # The keeper thread renews the lease (LeaseKeeper). Safety does not rest on it: every decision
+            # carries the fencing token and agents refuse stale tokens.
+            if keeper.lost.is_set():
+                raise LeadershipLost()
             if out:
                 await asyncio.to_thread(svc._emit, out)
                 unflushed = True
@@ -397,6 +408,8 @@ async def _lead(settings: DispatcherSettings, stop: asyncio.Event, clock: Clock,
                 rm_gap = max(READ_MODEL_EVERY_S, 10 * (loop.time() - t0))
                 last_rm, dirty = loop.time(), False
     finally:
+        beating.cancel()
+        await asyncio.to_thread(keeper.stop)
         log.info("stopped leading: %d own decisions read back without decoding", svc.echoes_skipped)
         await asyncio.to_thread(consumer.close)
         await asyncio.to_thread(producer.close)

@@ -210,3 +210,48 @@ def test_tick_pacer_idle_news_is_ticked_at_once_after_a_cheap_cycle() -> None:
     pacer = TickPacer(every_s=0.2, share=0.2, gap_max_s=0.1, start=0.0)
     pacer.ticked(0.2, 0.2005)                             # a timer tick of 0.5 ms -> 2 ms gap
     assert pacer.due(0.25, news=True) is True
+
+
+class FakeLease:
+    """Stands for :class:`services.dispatcher.lease.Lease`: answers renewals from a script."""
+
+    def __init__(self, token: int, answers: list[Any]) -> None:
+        self.token = token
+        self.answers = answers
+        self.calls = 0
+
+    def try_acquire(self) -> int:
+        self.calls += 1
+        a = self.answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+
+@pytest.mark.parametrize("answers, stalled, keeps, calls", [
+    pytest.param([5], False, True, 1, id="renewed with the same token: still leading"),
+    pytest.param([6], False, False, 1, id="lease had expired, new token drawn: lost"),
+    pytest.param([0], False, False, 1, id="another instance holds it: lost"),
+    pytest.param([ConnectionError("redis down")], False, False, 1, id="renewal failed: lost"),
+    pytest.param([], True, True, 0, id="event loop stalled: no renewal, lease runs out"),
+])
+def test_lease_keeper_round(answers: list[Any], stalled: bool, keeps: bool, calls: int) -> None:
+    from services.dispatcher.lease import LeaseKeeper
+
+    lease = FakeLease(5, answers)
+    keeper = LeaseKeeper(lease, every_s=1.0, stall_s=30.0)  # type: ignore[arg-type]
+    if stalled:
+        keeper._beat -= 31.0
+    assert keeper.renew_once() is keeps
+    assert keeper.lost.is_set() is not keeps
+    assert lease.calls == calls
+
+
+def test_lease_keeper_thread_reports_a_loss() -> None:
+    from services.dispatcher.lease import LeaseKeeper
+
+    lease = FakeLease(5, [5, 5, 9])
+    keeper = LeaseKeeper(lease, every_s=0.001, stall_s=30.0).start()  # type: ignore[arg-type]
+    assert keeper.lost.wait(10.0) is True
+    keeper.stop()
+    assert lease.calls == 3
