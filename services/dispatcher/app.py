@@ -9,8 +9,10 @@ and ``apportion.budgets``; produces ``JobQueued``, ``JobRejected``,
 
 Every decision is :func:`apportion.domain.dispatch.step` - the same code the
 simulator runs - applied to each event in log order, and to a
-:class:`~apportion.domain.dispatch.Tick` after every batch with news and
-every ``tick_wall_s`` (heartbeat timeouts, grace periods, drains, reservations).
+:class:`~apportion.domain.dispatch.Tick` after news (paced by
+:class:`TickPacer` so that on a busy log one cycle decides on many events)
+and every ``tick_wall_s`` (heartbeat timeouts, grace periods, drains,
+reservations).
 Event time comes from the service clock (wall, or scaled for demos) and is
 written as ``ts`` of every decision, so an audit re-runs a decision at
 exactly the time it was made.
@@ -20,8 +22,11 @@ stamps its fencing token on ``JobPlaced``/``StartWorkload``/``StopWorkload``.
 A standby waits for the lease; on taking over it rebuilds its state from
 offset 0 of the four topics (the previous leader's decisions included, so
 nothing is placed twice) and then decides what was left undecided
-(:func:`services.dispatcher.logic.recover`). A leader that fails to renew
-stops deciding at once (:class:`LeadershipLost`) and goes back to standby.
+(:func:`services.dispatcher.logic.recover`). The lease is renewed by a thread
+(:class:`~services.dispatcher.lease.LeaseKeeper`) while the event loop is
+alive, so a long synchronous step does not let it expire. A leader that fails
+to renew stops deciding at once (:class:`LeadershipLost`) and goes back to
+standby.
 
 Offsets: like accounting, every start reads from offset 0 (the log is the
 state); positions are committed under group ``dispatcher`` after the
@@ -33,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from apportion.clock import Clock
@@ -48,8 +53,66 @@ log = logging.getLogger("apportion.dispatcher")
 #: Wall seconds between read-model writes (a full write of jobs and nodes).
 READ_MODEL_EVERY_S = 0.5
 
-#: Wall seconds between producer flushes (waits for the acks of decisions sent since the last one).
-FLUSH_EVERY_S = 0.02
+#: Producer linger, ms: decisions sent within this window leave together (one request per partition).
+LINGER_MS = 5
+
+#: Producer batch size, bytes per partition batch (a JobPlaced is about 700 bytes).
+BATCH_BYTES = 256 * 1024
+
+#: News-driven ticks take at most about this share of the loop's wall time (see TICK_GAP_MAX_S).
+TICK_SHARE = 0.2
+
+#: Longest wait, wall seconds, between news and the tick that decides on it.
+TICK_GAP_MAX_S = 0.1
+
+
+class TickPacer:
+    """When the leader loop runs a tick: on news, but cycles spaced to a share of the wall time.
+
+    A scheduling cycle costs mostly per cycle (snapshot, maintenance over
+    every node), little per job: on a busy log, one cycle per poll batch
+    spends most of the loop on cycles that each decide a handful of jobs.
+    After a tick that took ``d`` seconds, the next news-driven tick waits
+    until ``d * (1 - share) / share`` has passed (capped at ``gap_max_s``),
+    so cycles take at most about ``share`` of the time and each decides on
+    everything that arrived meanwhile. Idle, a cycle takes about a
+    millisecond, so the gap is a few milliseconds and latency barely moves.
+    Without news, a tick still runs every ``every_s`` (timeouts, grace
+    periods, drains, reservations).
+
+    Args:
+        every_s: timer tick period, wall seconds.
+        share: target share of wall time in news-driven ticks, in (0, 1].
+        gap_max_s: longest wait between news and its tick, wall seconds.
+        start: wall time (``loop.time()``) the loop starts at.
+    """
+
+    def __init__(self, every_s: float, share: float = TICK_SHARE, gap_max_s: float = TICK_GAP_MAX_S,
+                 start: float = 0.0) -> None:
+        self.every_s = every_s
+        self.share = share
+        self.gap_max_s = gap_max_s
+        self.last = start
+        self.gap = 0.0
+        self.waiting = False
+
+    def poll_ms(self, now: float, idle_ms: int = 50) -> int:
+        """How long the next poll may wait (ms, >= 1): ``idle_ms``, or until news is due its tick."""
+        if not self.waiting:
+            return idle_ms
+        return max(1, min(idle_ms, int(1000 * (self.last + self.gap - now))))
+
+    def due(self, now: float, news: bool) -> bool:
+        """Note ``news`` (anything but heartbeats arrived); True when a tick should run now."""
+        self.waiting |= news
+        since = now - self.last
+        return (self.waiting and since >= self.gap) or since >= self.every_s
+
+    def ticked(self, start: float, end: float) -> None:
+        """Record a tick that ran from ``start`` to ``end`` (wall seconds)."""
+        self.last = end
+        self.gap = min(self.gap_max_s, (end - start) * (1 - self.share) / self.share)
+        self.waiting = False
 
 
 class LeadershipLost(RuntimeError):
@@ -66,18 +129,34 @@ def dispatch_config(settings: DispatcherSettings) -> DispatchConfig:
         producer=settings.producer_name)
 
 
+#: How every value this dispatcher encodes begins (``event_id`` is the first field of every event's JSON).
+ECHO_HEAD = b'{"event_id":"'
+
+#: Bytes of a value that name its event: the head, the 36-character UUID and its closing quote.
+ECHO_LEN = len(ECHO_HEAD) + 37
+
+#: At most this many echoes are remembered (about 100 bytes each); past it, the oldest half is forgotten.
+ECHO_CAP = 1_000_000
+
+
 class DispatcherService:
     """The dispatcher loop without Kafka: fold records, decide, hand decisions to ``publish``.
 
     Args:
         settings: configuration.
         clock: event-time source.
-        publish: ``publish(events)``: sends and waits for the acks.
+        publish: ``publish([(event, value), ...])`` sends each event with
+            ``value`` = :func:`apportion.events.encode` of it (encoded here,
+            once); need not wait for the acks.
         metrics: optional prometheus metrics dict.
+        consumed: physical names of the topics this instance reads; its own
+            events on them come back as echoes (see :meth:`ingest`).
+            Default: none (every record is decoded).
     """
 
-    def __init__(self, settings: DispatcherSettings, clock: Clock, publish: Callable[[list[Event]], Any],
-                 metrics: dict | None = None) -> None:
+    def __init__(self, settings: DispatcherSettings, clock: Clock,
+                 publish: Callable[[list[tuple[Event, bytes]]], Any], metrics: dict | None = None,
+                 consumed: Iterable[str] = ()) -> None:
         self.settings = settings
         self.clock = clock
         self.publish = publish
@@ -87,6 +166,10 @@ class DispatcherService:
         self.inputs: dict[str, int] = {}  # "topic:partition" -> next offset folded (Decision.inputs)
         self._last_now = 0
         self._m = metrics or {}
+        self._consumed = frozenset(consumed)
+        # value heads (ECHO_LEN bytes) of events we published to a topic we read, not read back yet
+        self._echoes: dict[bytes, None] = {}
+        self.echoes_skipped = 0
 
     def now_us(self) -> int:
         """Event time now (µs), never going backwards."""
@@ -94,12 +177,33 @@ class DispatcherService:
         return self._last_now
 
     def _decoded(self, records: list[Any]) -> list[Event]:
+        """Decode ``records`` into events in :func:`record_order`, minus our own echoes.
+
+        An echo is a record whose value starts with the head of a value this
+        instance published (:meth:`_emit`): the same bytes, so the same
+        ``event_id``, and that event was folded into the state before it was
+        published. Decoding it only for :meth:`ingest` to skip it as already
+        seen is the cost this avoids: the fold and the decisions are exactly
+        those of decoding every record. Its offset still counts as read.
+        """
         from services._common import decode_record, record_order
 
         pairs = []
+        echoes = self._echoes
+        names: dict[tuple[str, int], str] = {}
         for rec in records:
             # every record of the batch is folded (or dead-lettered) before the next tick decides
-            self.inputs[f"{rec.topic}:{rec.partition}"] = rec.offset + 1
+            tp = (rec.topic, rec.partition)
+            name = names.get(tp)
+            if name is None:
+                name = names[tp] = f"{rec.topic}:{rec.partition}"
+            self.inputs[name] = rec.offset + 1
+            if echoes and rec.value is not None:
+                head = rec.value[:ECHO_LEN]
+                if head in echoes:
+                    del echoes[head]
+                    self.echoes_skipped += 1
+                    continue
             ev, letter = decode_record(rec, self.settings.producer_name, self.clock.now())
             if letter is not None:
                 log.warning("dead-lettering %s[%s]@%s: %s", letter.source_topic, letter.source_partition,
@@ -111,10 +215,24 @@ class DispatcherService:
         return [ev for _, ev in pairs]
 
     def _emit(self, evts: list[Event]) -> None:
-        if evts:
-            self.publish(logic.fence(evts, self.token))
-            if "decisions" in self._m:
-                self._m["decisions"].inc(len(evts))
+        """Fence, encode once, remember the echoes to come, and hand the lot to ``publish``."""
+        from apportion.events import TOPIC_OF, encode
+
+        if not evts:
+            return
+        sent = []
+        echoes, consumed = self._echoes, self._consumed
+        for e in logic.fence(evts, self.token):
+            value = encode(e)
+            if consumed and TOPIC_OF[e.type].name in consumed and value.startswith(ECHO_HEAD):
+                echoes[value[:ECHO_LEN]] = None
+            sent.append((e, value))
+        if len(echoes) > ECHO_CAP:  # echoes that never came back (a lost send): forget the oldest half
+            for k in list(echoes)[:len(echoes) // 2]:
+                del echoes[k]
+        self.publish(sent)
+        if "decisions" in self._m:
+            self._m["decisions"].inc(len(sent))
 
     def bootstrap(self, records: list[Any]) -> list[Event]:
         """Rebuild from the log as of the start and decide what was left undecided."""
@@ -131,7 +249,7 @@ class DispatcherService:
         news = False
         for ev in self._decoded(records):
             if ev.event_id in self.state.seen:
-                continue  # our own decision coming back, or a redelivery
+                continue  # our own decision coming back (not recognised as an echo), or a redelivery
             news |= type(ev) is not NodeHeartbeat
             out += step(self.state, ev, self.now_us(), self.cfg)
             if "events" in self._m:
@@ -139,10 +257,10 @@ class DispatcherService:
         return out, news
 
     def tick(self) -> list[Event]:
-        """Maintenance and one scheduling cycle at the current event time."""
+        """Maintenance and one scheduling cycle at the current event time (placements fenced and stamped)."""
         now = self.now_us()
         t0 = time.perf_counter()
-        out = logic.with_inputs(step(self.state, Tick(now), now, self.cfg), self.inputs)
+        out = logic.fence(step(self.state, Tick(now), now, self.cfg), self.token, self.inputs)
         if "cycle" in self._m:
             self._m["cycle"].observe(time.perf_counter() - t0)
             self._m["pending"].set(self.state.pending_count())
@@ -209,22 +327,26 @@ async def run(settings: DispatcherSettings, stop: asyncio.Event, *, clock: Clock
 async def _lead(settings: DispatcherSettings, stop: asyncio.Event, clock: Clock, conn: Any, r: Any,
                 lease: Any, metrics: dict, ready: asyncio.Event | None) -> None:
     from apportion import readmodel
+    from apportion.bus.crc import use_compiled_crc32c
     from apportion.bus.producer import EventProducer
     from apportion.topics import BUDGETS, JOBS, NODES, SUBMISSIONS
     from services._common import AssignedConsumer
+    from services.dispatcher.lease import LeaseKeeper
 
-    producer = await asyncio.to_thread(EventProducer, conn.bootstrap, client_id="dispatcher", linger_ms=0)
+    log.info("record-batch CRC-32C: %s", use_compiled_crc32c())
+    producer = await asyncio.to_thread(EventProducer, conn.bootstrap, client_id="dispatcher", linger_ms=LINGER_MS,
+                                       batch_size=BATCH_BYTES)
 
-    def publish(evts: list[Event]) -> None:
-        # Sent without waiting: the loop flushes every FLUSH_EVERY_S. Decisions are derived state (a new leader
-        # re-derives anything unacknowledged from the log, with the same deterministic ids), so the wait for
-        # acks need not sit on every small batch.
-        for e in evts:
-            producer.send(e)
+    def publish(sent: list[tuple[Event, bytes]]) -> None:
+        # Sent without waiting: the producer sends within LINGER_MS and the loop flushes when idle. Decisions are
+        # derived state (a new leader re-derives anything unacknowledged from the log, with the same deterministic
+        # ids), so the wait for acks need not sit on the loop while it has work.
+        for e, value in sent:
+            producer.send(e, value)
 
-    consumer = await asyncio.to_thread(AssignedConsumer, conn.bootstrap,
-                                       [SUBMISSIONS.name, JOBS.name, NODES.name, BUDGETS.name], "dispatcher")
-    svc = DispatcherService(settings, clock, publish, metrics)
+    inputs = [SUBMISSIONS.name, JOBS.name, NODES.name, BUDGETS.name]
+    consumer = await asyncio.to_thread(AssignedConsumer, conn.bootstrap, inputs, "dispatcher")
+    svc = DispatcherService(settings, clock, publish, metrics, consumed=inputs)
     svc.token = lease.token
     loop = asyncio.get_running_loop()
 
@@ -233,6 +355,15 @@ async def _lead(settings: DispatcherSettings, stop: asyncio.Event, clock: Clock,
         readmodel.replace_hash(r, readmodel.jobs_key(), jobs)
         readmodel.replace_hash(r, readmodel.nodes_key(), nodes)
 
+    every = settings.lease_ttl_wall_s / 3
+    keeper = LeaseKeeper(lease, every, stall_s=max(30.0, 10 * settings.lease_ttl_wall_s)).start()
+
+    async def beats() -> None:  # the event loop's sign of life for the keeper
+        while True:
+            keeper.beat()
+            await asyncio.sleep(every)
+
+    beating = asyncio.create_task(beats(), name="lease-beats")
     try:
         caught = await consumer.catch_up(stop)
         if caught is None:
@@ -247,29 +378,27 @@ async def _lead(settings: DispatcherSettings, stop: asyncio.Event, clock: Clock,
         await asyncio.to_thread(write_read_model)
         if ready is not None:
             ready.set()
-        last_tick = last_renew = last_rm = loop.time()
+        last_tick = last_rm = loop.time()
         rm_gap = READ_MODEL_EVERY_S
-        last_flush, unflushed = last_tick, False
-        dirty = False
+        unflushed = dirty = False
+        pacer = TickPacer(settings.tick_wall_s, start=last_tick)
         while not stop.is_set():
-            batch = await asyncio.to_thread(consumer.poll, 50)
+            batch = await asyncio.to_thread(consumer.poll, pacer.poll_ms(loop.time()))
             out, news = svc.ingest(batch) if batch else ([], False)
             now = loop.time()
-            if news or now - last_tick >= settings.tick_wall_s:
+            if pacer.due(now, news):
                 out += svc.tick()
-                last_tick = now
-            # Safety does not rest on this renewal: every decision carries the fencing token and
-            # agents refuse stale tokens. Renewing at a third of the TTL keeps Redis off the hot path.
-            if now - last_renew >= settings.lease_ttl_wall_s / 3:
-                if await asyncio.to_thread(lease.try_acquire) != svc.token:
-                    raise LeadershipLost()
-                last_renew = now
+                pacer.ticked(now, loop.time())
+            # The keeper thread renews the lease (LeaseKeeper). Safety does not rest on it: every decision
+            # carries the fencing token and agents refuse stale tokens.
+            if keeper.lost.is_set():
+                raise LeadershipLost()
             if out:
                 await asyncio.to_thread(svc._emit, out)
                 unflushed = True
-            if unflushed and (now - last_flush >= FLUSH_EVERY_S or not batch):
+            if unflushed and not batch:  # idle: nothing to decide, so waiting for the acks costs nothing
                 await asyncio.to_thread(producer.flush)
-                unflushed, last_flush = False, now
+                unflushed = False
             dirty |= bool(out) or news
             if dirty and now - last_rm >= rm_gap:
                 t0 = loop.time()
@@ -279,5 +408,8 @@ async def _lead(settings: DispatcherSettings, stop: asyncio.Event, clock: Clock,
                 rm_gap = max(READ_MODEL_EVERY_S, 10 * (loop.time() - t0))
                 last_rm, dirty = loop.time(), False
     finally:
+        beating.cancel()
+        await asyncio.to_thread(keeper.stop)
+        log.info("stopped leading: %d own decisions read back without decoding", svc.echoes_skipped)
         await asyncio.to_thread(consumer.close)
         await asyncio.to_thread(producer.close)

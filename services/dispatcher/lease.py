@@ -94,3 +94,84 @@ class Lease:
     def is_leader(self) -> bool:
         """True after a successful :meth:`try_acquire` (until it fails or is released)."""
         return self.token > 0
+
+
+class LeaseKeeper:
+    """Renews a held lease from its own thread, as long as the event loop shows signs of life.
+
+    Why a thread: the leader loop runs the fold and the scheduling cycle
+    synchronously on the event loop. On a busy 2-core machine one such step
+    (a rebuild from the log, a read-model write of thousands of jobs) can take
+    longer than the lease TTL; renewed only between steps, the lease then
+    expired under a leader that was working, the next renewal drew a new
+    token, and the leader dropped everything and rebuilt from offset 0
+    (seen in bench_live runs: one or two lease losses in the middle of the
+    sustained phase).
+
+    Liveness is kept: the thread renews only while :meth:`beat` was called
+    within ``stall_s`` (the dispatcher beats from an asyncio task, so a hung
+    event loop stops the beats and the lease runs out). Safety does not
+    change: every decision still carries the token, and agents refuse older
+    ones.
+
+    Args:
+        lease: a lease this process holds (``lease.token`` > 0).
+        every_s: renewal period, wall seconds (a third of the TTL).
+        stall_s: no beat for this long -> stop renewing.
+
+    Attributes:
+        lost: set once a renewal returned another token (or failed): stop deciding.
+    """
+
+    def __init__(self, lease: Lease, every_s: float, stall_s: float) -> None:
+        import threading
+        import time
+
+        self.lease = lease
+        self.token = lease.token
+        self.every_s = every_s
+        self.stall_s = stall_s
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._monotonic = time.monotonic
+        self._beat = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
+
+    def beat(self) -> None:
+        """The event loop is alive (called from it every ``every_s`` or so)."""
+        self._beat = self._monotonic()
+
+    def start(self) -> LeaseKeeper:
+        """Start renewing; returns self."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop renewing (the lease itself is released by its owner)."""
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def renew_once(self) -> bool:
+        """One renewal round (the thread calls it every ``every_s``); False once the lease is lost.
+
+        No beat within ``stall_s``: skip the renewal (the lease runs out, a
+        standby takes over). Renewal answered with another token, or failed
+        (Redis unreachable: we cannot know we still lead): set :attr:`lost`.
+        """
+        import logging
+
+        if self._monotonic() - self._beat > self.stall_s:
+            return True
+        try:
+            token = self.lease.try_acquire()
+        except Exception as exc:
+            logging.getLogger("apportion.dispatcher").error("lease renewal failed: %s", exc)
+            token = 0
+        if token != self.token:
+            self.lost.set()
+            return False
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s) and self.renew_once():
+            pass

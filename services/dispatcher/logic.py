@@ -6,8 +6,8 @@ Kafka or Redis:
 
 * :func:`recover` - rebuild the state from the log and decide what the
   previous leader left undecided;
-* :func:`fence` - stamp the leader's fencing token on decisions and commands;
-* :func:`with_inputs` - stamp the input position on decisions (for the audit);
+* :func:`fence` - stamp the leader's fencing token on decisions and commands,
+  and the input position on placements (for the audit);
 * :func:`read_model` - the ``apportion:rm:jobs`` / ``apportion:rm:nodes`` rows
   (:mod:`apportion.readmodel`), with each pending job's position in the
   fair-share order and a machine-readable pending reason.
@@ -57,21 +57,33 @@ def recover(state: DispatchState, log: Sequence[Event], now_us: Micros, cfg: Dis
     return out
 
 
-def with_inputs(evts: Iterable[Event], inputs: dict[str, int]) -> list[Event]:
-    """Copies of ``JobPlaced`` decisions carrying the input position they were decided at.
+def fence(evts: Iterable[Event], token: int, inputs: dict[str, int] | None = None) -> list[Event]:
+    """Decisions and commands carrying the leader's fencing token, ``JobPlaced`` also the input position.
 
-    ``inputs`` is ``"topic:partition"`` -> next offset read (see
-    :attr:`apportion.events.Decision.inputs`); the audit re-runs each decision
-    on exactly that prefix of the log. Other events pass unchanged.
+    ``JobPlaced``, ``StartWorkload`` and ``StopWorkload`` get
+    ``fencing_token=token`` (agents refuse commands of an older token). With
+    ``inputs`` (``"topic:partition"`` -> next offset read, see
+    :attr:`apportion.events.Decision.inputs`), each ``JobPlaced`` also gets
+    that position in its decision, so the audit re-runs it on exactly that
+    prefix of the log. Other events pass unchanged.
+
+    At most one copy per event (``model_copy``: no re-validation), and none
+    for an event that already carries ``token`` when no ``inputs`` are
+    given: fencing twice is harmless and cheap.
     """
-    pos = dict(sorted(inputs.items()))
-    return [e.model_copy(update={"decision": e.decision.model_copy(update={"inputs": pos})})
-            if isinstance(e, JobPlaced) else e for e in evts]
-
-
-def fence(evts: Iterable[Event], token: int) -> list[Event]:
-    """Copies of decisions and commands carrying the leader's fencing token."""
-    return [e.model_copy(update={"fencing_token": token}) if isinstance(e, FENCED) else e for e in evts]
+    pos = dict(sorted(inputs.items())) if inputs is not None else None
+    out: list[Event] = []
+    for e in evts:
+        if not isinstance(e, FENCED):
+            out.append(e)
+            continue
+        update: dict[str, Any] = {}
+        if e.fencing_token != token:
+            update["fencing_token"] = token
+        if pos is not None and isinstance(e, JobPlaced):
+            update["decision"] = e.decision.model_copy(update={"inputs": pos})
+        out.append(e.model_copy(update=update) if update else e)
+    return out
 
 
 def _pending_reason(state: DispatchState, job: Any, now_us: Micros, cfg: DispatchConfig) -> str:

@@ -361,12 +361,14 @@ async def run(settings: NodeAgentSettings, stop: asyncio.Event, *, clock: Clock 
         ready: set once the nodes are registered and commands are being consumed.
     """
     from apportion.bus.consumer import EventConsumer
+    from apportion.bus.crc import use_compiled_crc32c
     from apportion.bus.producer import EventProducer
     from apportion.topics import COMMANDS, NODES
     from services._common import consume, start_metrics
 
     clock = clock or settings.make_clock()
     conn = settings.connection()
+    log.info("record-batch CRC-32C: %s", use_compiled_crc32c())
     registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host)
     nodes, prefix = build_nodes(settings)
     journal = Journal(settings.state_dir / f"{settings.agent_name()}.journal"

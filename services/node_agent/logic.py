@@ -181,6 +181,11 @@ class AgentState:
         registered_at: node id -> event time (UTC) of its latest ``NodeRegistered``.
         rejoining: nodes declared lost whose replicas are being stopped; each
             registers again when its last replica has exited.
+        by_node: node id -> keys of its replicas in ``running``, in the order
+            they were added: an index kept by :func:`with_launched` and
+            :func:`with_exited` (the helpers that add or remove running keys),
+            so :meth:`held` and heartbeats cost the node's replicas, not all
+            of the agent's (one agent hosts hundreds of simulated nodes).
     """
 
     nodes: Mapping[str, NodeSpec]
@@ -191,6 +196,7 @@ class AgentState:
     fencing_token: int | None = None
     registered_at: Mapping[str, datetime] = field(default_factory=dict)
     rejoining: frozenset[str] = frozenset()
+    by_node: Mapping[str, tuple[RunKey, ...]] = field(default_factory=dict)
 
     def claims(self, node_id: str) -> bool:
         """True when ``node_id`` is this agent's to answer for."""
@@ -199,10 +205,10 @@ class AgentState:
     def held(self, node_id: str) -> dict[int, Workload]:
         """GPU index -> running replica holding it, on ``node_id``."""
         out: dict[int, Workload] = {}
-        for w in self.running.values():
-            if w.node_id == node_id:
-                for g in w.gpus:
-                    out[g] = w
+        for k in self.by_node.get(node_id, ()):
+            w = self.running[k]
+            for g in w.gpus:
+                out[g] = w
         return out
 
     def known(self, key: RunKey) -> bool:
@@ -399,8 +405,10 @@ def ready_to_rejoin(state: AgentState) -> tuple[str, ...]:
 
 def with_launched(state: AgentState, w: Workload) -> AgentState:
     """State after ``w`` started (removed from waiting, added to running)."""
-    waiting = {k: v for k, v in state.waiting.items() if k != w.key}
-    return replace(state, running={**state.running, w.key: w}, waiting=waiting)
+    waiting = {k: v for k, v in state.waiting.items() if k != w.key} if w.key in state.waiting else state.waiting
+    keys = state.by_node.get(w.node_id, ())
+    by_node = state.by_node if w.key in state.running else {**state.by_node, w.node_id: (*keys, w.key)}
+    return replace(state, running={**state.running, w.key: w}, waiting=waiting, by_node=by_node)
 
 
 def with_deferred(state: AgentState, w: Workload) -> AgentState:
@@ -435,7 +443,13 @@ def with_registered(state: AgentState, regs: list[NodeRegistered]) -> AgentState
 def with_exited(state: AgentState, key: RunKey) -> AgentState:
     """State after the replica ``key`` exited."""
     running = {k: v for k, v in state.running.items() if k != key}
-    return replace(state, running=running, ended=state.ended | {key})
+    by_node = dict(state.by_node)
+    left = tuple(k for k in by_node.get(key[0], ()) if k != key)
+    if left:
+        by_node[key[0]] = left
+    else:
+        by_node.pop(key[0], None)
+    return replace(state, running=running, ended=state.ended | {key}, by_node=by_node)
 
 
 def with_token(state: AgentState, token: int | None) -> AgentState:
@@ -504,7 +518,7 @@ def heartbeat_event(state: AgentState, node_id: str, now: datetime,
                     gpus: tuple[GpuStatus, ...] = ()) -> NodeHeartbeat:
     """``NodeHeartbeat`` for ``node_id`` with GPU samples and the replicas running there."""
     running = tuple(RunningWorkload(job_id=w.job_id, attempt=w.attempt, replica=w.replica, gpus=w.gpus)
-                    for k, w in sorted(state.running.items()) if k[0] == node_id)
+                    for w in (state.running[k] for k in sorted(state.by_node.get(node_id, ()))))
     return NodeHeartbeat(ts=now, producer=PRODUCER, node_id=node_id, gpus=gpus, running=running)
 
 

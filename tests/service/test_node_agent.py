@@ -146,6 +146,31 @@ def test_exit_events():
     assert stopped.event_id == failed.event_id  # one end per replica: readers de-duplicate
 
 
+def test_by_node_index_follows_launches_stops_and_exits():
+    """held() and heartbeats read the per-node index; it must list exactly the node's running keys, in order."""
+    n2 = NodeSpec("n2", FakeGpuProbe.with_gpus(4).inventory.gpus, "sim", True)
+    st = logic.initial_state([spec(), n2], claim_prefix="n")
+    for cmd in (start("a", gpus=(0,)), start("b", node="n2", gpus=(1,)), start("c", gpus=(2, 3))):
+        action = logic.decide_start(st, cmd, T0)
+        assert isinstance(action, logic.Launch)
+        st = logic.with_launched(st, action.workload)
+    assert st.by_node == {"n1": (("n1", "a", 1, 0), ("n1", "c", 1, 0)), "n2": (("n2", "b", 1, 0),)}
+    assert {g: w.job_id for g, w in st.held("n1").items()} == {0: "a", 2: "c", 3: "c"}
+    stop_a = logic.decide_stop(st, stop("a"), T0)
+    assert isinstance(stop_a, logic.Stop)
+    st = logic.with_stopping(st, stop_a)
+    assert st.by_node["n1"] == (("n1", "a", 1, 0), ("n1", "c", 1, 0))
+    assert st.held("n1")[0].stopping is True
+    st = logic.with_exited(st, ("n1", "a", 1, 0))
+    st = logic.with_exited(st, ("n2", "b", 1, 0))
+    assert st.by_node == {"n1": (("n1", "c", 1, 0),)}
+    assert {g: w.job_id for g, w in st.held("n1").items()} == {2: "c", 3: "c"}
+    assert st.held("n2") == {}
+    hb = logic.heartbeat_event(st, "n1", T0)
+    assert [(r.job_id, r.gpus) for r in hb.running] == [("c", (2, 3))]
+    assert logic.heartbeat_event(st, "n2", T0).running == ()
+
+
 def test_node_ids_are_zero_padded():
     assert logic.node_ids("sim-", 32)[:2] == ["sim-00", "sim-01"]
     assert logic.node_ids("sim-", 32)[-1] == "sim-31"

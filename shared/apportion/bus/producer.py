@@ -52,10 +52,17 @@ class EventProducer:
         self._producer = KafkaProducer(bootstrap_servers=bootstrap, client_id=client_id,
                                        **RELIABLE, **kafka_config)
 
-    def send(self, event: events.Event) -> FutureRecordMetadata:
-        """Queue ``event`` for its topic; the future resolves on the broker's ack."""
+    def send(self, event: events.Event, value: bytes | None = None) -> FutureRecordMetadata:
+        """Queue ``event`` for its topic; the future resolves on the broker's ack.
+
+        Args:
+            event: the event; it gives the topic and the key.
+            value: ``events.encode(event)`` when the caller already has it
+                (the dispatcher encodes once and remembers the bytes); encoded
+                here when ``None``. Passing anything else is a caller bug.
+        """
         topic = events.TOPIC_OF[event.type].name
-        return self._producer.send(topic, value=events.encode(event),
+        return self._producer.send(topic, value=events.encode(event) if value is None else value,
                                    key=events.key_of(event).encode("utf-8"))
 
     def publish(self, event: events.Event, timeout_s: float = 30.0) -> RecordMetadata:
