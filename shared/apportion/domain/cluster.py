@@ -210,7 +210,7 @@ class ClusterState:
     are frozen and replaced, so :meth:`snapshot` is cheap and safe.
     """
 
-    __slots__ = ("nodes", "runs", "node_runs", "_owner", "_order")
+    __slots__ = ("nodes", "runs", "node_runs", "_owner", "_order", "changed")
 
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
@@ -219,6 +219,10 @@ class ClusterState:
         # (node, gpu) -> run holding it; a preemptor takes over a stopping victim's GPUs
         self._owner: dict[tuple[str, int], RunKey] = {}
         self._order: tuple[str, ...] | None = None
+        #: Keys of runs added, replaced or removed since the last reader cleared it, or
+        #: ``None`` (the default: not tracked). An incremental index over ``runs``
+        #: (:class:`apportion.domain.engine.VictimIndex`) switches it on and drains it.
+        self.changed: set[RunKey] | None = None
 
     # ------------------------------------------------------------------ queries
 
@@ -257,6 +261,8 @@ class ClusterState:
                 if run.started_at_us is None or t > run.started_at_us or started != run.started_replicas:
                     self.runs[run.key] = replace(run, started_at_us=max(t, run.started_at_us or t),
                                                  started_replicas=started)
+                    if self.changed is not None:
+                        self.changed.add(run.key)
         elif cls is JobCompleted or cls is JobFailed:
             run = self.runs.get((ev.job_id, ev.attempt))  # type: ignore[attr-defined]
             if run is not None and not run.stopping:
@@ -265,6 +271,8 @@ class ClusterState:
             run = self.runs.get((ev.job_id, ev.attempt))  # type: ignore[attr-defined]
             if run is not None and not run.stopping:
                 self.runs[run.key] = replace(run, stopping=True)
+                if self.changed is not None:
+                    self.changed.add(run.key)
         elif cls is JobRequeued:
             run = self.runs.get((ev.job_id, ev.attempt - 1))  # type: ignore[attr-defined]
             if run is not None:
@@ -305,6 +313,8 @@ class ClusterState:
             min_runtime_us=s_to_us(ev.min_runtime_s), placements=ev.placements,
             placed_at_us=to_us(ev.ts), submitted_at_us=to_us(ev.submitted_at),
             open_replicas=frozenset(range(len(ev.placements))))
+        if self.changed is not None:
+            self.changed.add(key)
         owner = self._owner
         for p in ev.placements:
             node = self.nodes.get(p.node_id)
@@ -334,6 +344,8 @@ class ClusterState:
             rest = self.node_runs.get(p.node_id, frozenset()) - {key}
             self.node_runs[p.node_id] = rest
         left = run.open_replicas - which
+        if self.changed is not None:
+            self.changed.add(key)
         if left:
             self.runs[key] = replace(run, open_replicas=left)
         else:

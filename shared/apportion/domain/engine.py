@@ -61,11 +61,11 @@ and time always give the same events, byte for byte.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from apportion.domain.budgets import BudgetTree, ancestors_of, parent_of
@@ -86,7 +86,7 @@ from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us
 
 __all__ = [
     "EngineConfig", "PendingJob", "CycleSnapshot", "CycleResult", "schedule", "run_cycle",
-    "victim_rule", "preempt_events", "start_events", "pending_order", "POLICY_VERSION",
+    "victim_rule", "preempt_events", "start_events", "pending_order", "POLICY_VERSION", "VictimIndex",
 ]
 
 POLICY_VERSION = "fairtree-1"
@@ -183,6 +183,10 @@ class CycleSnapshot:
     only for callers whose pending sequences are never changed in place
     (``DispatchState``: copy-on-write, and it carries entries over to the
     list that replaces one)."""
+    victims: "VictimIndex | None" = field(default=None, compare=False, repr=False)
+    """Optional :class:`VictimIndex` of ``cluster.runs``, kept up to date across
+    cycles by the caller (``DispatchState``); ``None``: the cycle indexes the
+    runs itself. Either way the decisions are the same."""
 
 
 @dataclass(slots=True)
@@ -395,69 +399,202 @@ def _branches(v: str, b: str) -> tuple[str, str, str] | None:
         return None
 
 
-class _Victims:
-    """Preemption candidates of one cycle, indexed by node, built on first use.
+#: A victim candidate on one node: ``(order, run, gpus of the run on that node)``.
+#: ``order = (allocated GPUs, unallocated GPUs, -start_us, job_id, attempt)`` of the
+#: whole run (start = ``started_at_us`` or ``placed_at_us``). It sorts exactly as the
+#: cost (allocated GPUs, unallocated GPUs, GPU-s of work lost at ``now``, job_id,
+#: attempt): for equal GPU counts the work lost ``gpus * (now - start) / 1e6`` is
+#: strictly decreasing in start (integer µs products below 2**53 divided by 1e6 stay
+#: distinct as floats while they are below ~4.5e9 GPU-s), and it does not depend on
+#: ``now``, so an index of candidates can live across cycles. The work lost is
+#: computed from it where a plan is costed (:func:`_lost`).
+Cand = tuple[tuple[int, int, int, str, int], Run, tuple[int, ...]]
 
-    ``unalloc[node]`` and ``expired[leaf][node]`` hold ``(cost, run, gpus on
-    that node)`` with cost ``(allocated GPUs, unallocated GPUs, GPU-s of work
-    lost, job_id, attempt)`` of the whole run, sorted cheapest first.
+
+def _order_key(run: Run) -> tuple[int, int, int, str, int]:
+    start = run.started_at_us if run.started_at_us is not None else run.placed_at_us
+    gpus = run.gpus_per_replica * run.replicas
+    if run.allocated:
+        return (gpus, 0, -start, run.job_id, run.attempt)
+    return (0, gpus, -start, run.job_id, run.attempt)
+
+
+def _lost(order: tuple[int, int, int, str, int], now: Micros) -> float:
+    """GPU-seconds of work lost at ``now`` by preempting the run with this order key."""
+    return (order[0] + order[1]) * (now + order[2]) / 1e6
+
+
+_UNTIL = itemgetter(0)
+
+
+class VictimIndex:
+    """Preemption candidates kept across cycles, updated from the runs that changed.
+
+    A pure function of ``cluster.runs`` (non-stopping runs only), independent of
+    the cycle time:
+
+    * ``unalloc[node]``: the unallocated runs with an open replica there, as
+      :data:`Cand` sorted by order key (cheapest first); nodes without any
+      are absent (lists are never empty);
+    * ``alloc[leaf]``: the allocated runs of the leaf as ``(protected_until_us,
+      run key, run)`` sorted ascending, so the runs whose protection has expired
+      at ``now`` (``now >= protected_until_us``) are a prefix.
+
+    :meth:`sync` brings it up to date with a :class:`ClusterState`: the first
+    time (or for another cluster) it rebuilds from scratch and switches on the
+    cluster's change tracking (``ClusterState.changed``); afterwards it
+    re-indexes only the changed run keys (in sorted order) and clears the set.
+    The result equals :meth:`build` of the same runs (property-tested), so a
+    cycle decides the same with or without it.
+    """
+
+    __slots__ = ("unalloc", "alloc", "_indexed", "_cluster")
+
+    def __init__(self) -> None:
+        self.unalloc: dict[str, list[Cand]] = {}
+        self.alloc: dict[str, list[tuple[Micros, RunKey, Run]]] = {}
+        self._indexed: dict[RunKey, Run] = {}
+        self._cluster: Any = None
+
+    @classmethod
+    def build(cls, runs: Mapping[RunKey, Run]) -> "VictimIndex":
+        """A fresh index of ``runs`` (any order: lists are sorted by unique keys)."""
+        idx = cls()
+        unalloc, alloc = idx.unalloc, idx.alloc
+        for run in runs.values():
+            if run.stopping:
+                continue
+            idx._indexed[run.key] = run
+            if run.allocated:
+                lst = alloc.get(run.budget)
+                ent = (run.protected_until_us, run.key, run)
+                if lst is None:
+                    alloc[run.budget] = [ent]  # type: ignore[list-item]
+                else:
+                    lst.append(ent)  # type: ignore[arg-type]
+                continue
+            order = _order_key(run)
+            placements = run.placements
+            for r in run.open_replicas:
+                p = placements[r]
+                lst2 = unalloc.get(p.node_id)
+                if lst2 is None:
+                    unalloc[p.node_id] = [(order, run, p.gpus)]
+                else:
+                    lst2.append((order, run, p.gpus))
+        for lst2 in unalloc.values():
+            lst2.sort(key=_first)
+        for lst in alloc.values():
+            lst.sort(key=_until_key)
+        return idx
+
+    def sync(self, cluster: Any) -> "VictimIndex":
+        """Update from ``cluster`` (a :class:`ClusterState`) and return self (see the class doc)."""
+        changed = cluster.changed
+        if cluster is not self._cluster or changed is None:
+            fresh = VictimIndex.build(cluster.runs)
+            self.unalloc, self.alloc, self._indexed = fresh.unalloc, fresh.alloc, fresh._indexed
+            self._cluster = cluster
+            cluster.changed = set()
+            return self
+        if changed:
+            runs = cluster.runs
+            for key in sorted(changed):
+                old = self._indexed.pop(key, None)
+                if old is not None:
+                    self._remove(old)
+                run = runs.get(key)
+                if run is not None and not run.stopping:
+                    self._indexed[key] = run
+                    self._add(run)
+            changed.clear()
+        return self
+
+    def _add(self, run: Run) -> None:
+        if run.allocated:
+            lst = self.alloc.get(run.budget)
+            ent = (run.protected_until_us, run.key, run)
+            if lst is None:
+                self.alloc[run.budget] = [ent]  # type: ignore[list-item]
+            else:
+                insort(lst, ent, key=_until_key)  # type: ignore[arg-type]
+            return
+        order = _order_key(run)
+        for r in run.open_replicas:
+            p = run.placements[r]
+            lst2 = self.unalloc.get(p.node_id)
+            if lst2 is None:
+                self.unalloc[p.node_id] = [(order, run, p.gpus)]
+            else:
+                insort(lst2, (order, run, p.gpus), key=_first)
+
+    def _remove(self, run: Run) -> None:
+        if run.allocated:
+            lst = self.alloc[run.budget]
+            key = (run.protected_until_us, run.key)
+            i = bisect_left(lst, key, key=_until_key)
+            del lst[i]
+            if not lst:
+                del self.alloc[run.budget]
+            return
+        order = _order_key(run)
+        for r in run.open_replicas:
+            nid = run.placements[r].node_id
+            lst2 = self.unalloc[nid]
+            i = bisect_left(lst2, order, key=_first)
+            del lst2[i]
+            if not lst2:
+                del self.unalloc[nid]
+
+    def as_lists(self) -> tuple[dict[str, list[tuple]], dict[str, list[tuple]]]:
+        """``(unalloc, alloc)`` with runs as keys, sorted by node / leaf (for tests)."""
+        u = {n: [(c, r.key, g) for c, r, g in lst] for n, lst in sorted(self.unalloc.items())}
+        a = {b: [(t, k) for t, k, _ in lst] for b, lst in sorted(self.alloc.items())}
+        return u, a
+
+
+def _until_key(x: tuple) -> Any:
+    return (x[0], x[1])
+
+
+class _Victims:
+    """Preemption candidates of one cycle, indexed by node.
+
+    ``unalloc[node]`` and ``expired_on(leaf)[node]`` hold :data:`Cand` entries
+    sorted cheapest first. Built from a :class:`VictimIndex` (kept across
+    cycles by the caller, ``CycleSnapshot.victims``) or, without one, from
+    the snapshot's runs.
     """
 
     __slots__ = ("unalloc", "expired", "taken", "behind", "under", "u_opts", "u_seen", "_now", "_exp_runs")
 
-    def __init__(self, cluster: ClusterSnapshot, now: Micros) -> None:
-        self.unalloc: dict[str, list[tuple[tuple[int, int, float, str, int], Run, tuple[int, ...]]]] = {}
-        self.expired: dict[str, dict[str, list[tuple[tuple[int, int, float, str, int], Run, tuple[int, ...]]]]] = {}
+    def __init__(self, cluster: ClusterSnapshot, now: Micros, index: VictimIndex | None = None) -> None:
+        if index is None:
+            index = VictimIndex.build(cluster.runs)
+        self.unalloc: dict[str, list[Cand]] = index.unalloc  # read only
         self.taken: set[RunKey] = set()
         self.behind: dict[str, tuple[int, dict[str, tuple[str, float, float]]]] = {}
         self.under: dict[str, list[str]] | None = None
         self.u_opts: dict[tuple[int, str | None], list[tuple]] = {}
         self.u_seen: dict[tuple[int, str | None], dict[str, int]] = {}
         self._now = now
-        exp: dict[str, list[Run]] = {}
-        unalloc = self.unalloc
-        for run in cluster.runs.values():  # order is irrelevant: lists are sorted by cost (ids included)
-            if run.stopping:
-                continue
-            if run.allocated:
-                if not run.protected(now):  # the one protection rule: Run.protected_until_us
-                    lst = exp.get(run.budget)
-                    if lst is None:
-                        exp[run.budget] = [run]
-                    else:
-                        lst.append(run)
-                continue
-            start = run.started_at_us if run.started_at_us is not None else run.placed_at_us
-            gpus = run.gpus_per_replica * run.replicas
-            cost = (0, gpus, gpus * (now - start) / 1e6, run.job_id, run.attempt)
-            placements = run.placements
-            for r in run.open_replicas:
-                p = placements[r]
-                nid = p.node_id
-                lst = unalloc.get(nid)
-                if lst is None:
-                    unalloc[nid] = [(cost, run, p.gpus)]  # type: ignore[list-item]
-                else:
-                    lst.append((cost, run, p.gpus))  # type: ignore[arg-type]
-        for lst in unalloc.values():
-            if len(lst) > 1:
-                lst.sort(key=_first)
+        exp: dict[str, list[tuple[Micros, RunKey, Run]]] = {}
+        for leaf, lst in index.alloc.items():
+            if lst[0][0] <= now:  # protection expired: now >= protected_until_us
+                exp[leaf] = lst[:bisect_right(lst, now, key=_UNTIL)]
         self._exp_runs = exp
-        self.expired = {v: {} for v in exp}  # per-node lists built on first use (expired_on)
+        self.expired: dict[str, dict[str, list[Cand]]] = {v: {} for v in exp}  # filled by expired_on
 
-    def expired_on(self, leaf: str) -> dict[str, list[tuple[tuple[int, int, float, str, int], Run, tuple[int, ...]]]]:
+    def expired_on(self, leaf: str) -> dict[str, list[Cand]]:
         """Node -> expired runs of ``leaf`` there, cheapest first (built on first use)."""
         by_node = self.expired[leaf]
-        runs = self._exp_runs.get(leaf)
-        if runs:
-            now = self._now
-            for run in runs:
-                start = run.started_at_us if run.started_at_us is not None else run.placed_at_us
-                gpus = run.gpus_per_replica * run.replicas
-                cost = (gpus, 0, gpus * (now - start) / 1e6, run.job_id, run.attempt)
+        ents = self._exp_runs.get(leaf)
+        if ents:
+            for _, _, run in ents:
+                order = _order_key(run)
                 for r in run.open_replicas:
                     p = run.placements[r]
-                    by_node.setdefault(p.node_id, []).append((cost, run, p.gpus))
+                    by_node.setdefault(p.node_id, []).append((order, run, p.gpus))
             for lst in by_node.values():
                 lst.sort(key=_first)
             self._exp_runs[leaf] = []
@@ -641,7 +778,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         elif cfg.preemption and not (mkey in pre_fail and pre_failed(mkey, g, k)) and (
                 model is None or not (leaf in pre_fail and pre_failed(leaf, g, k))):
             if victims is None:
-                victims = _Victims(cluster, now_us)
+                victims = _Victims(cluster, now_us, snapshot.victims)
             res.searches += 1
             plan = _plan(job, leaf, free, victims, now_us, ratio, cfg.delta, charges, tree)
             if plan is None:
@@ -822,7 +959,7 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micro
             c = x[0]
             a += c[0]
             u += c[1]
-            lost += c[2]
+            lost += (c[0] + c[1]) * (now + c[2]) / 1e6  # _lost(c, now), inlined
         return ((a, u, lost), nid, chosen)
 
     u_nodes = victims.unalloc
