@@ -300,7 +300,7 @@ def _dominated(shapes: list[tuple[int, int]], g: int, k: int) -> bool:
 class _Free:
     """Free-capacity index of one cycle: (model, free count) -> sorted node ids."""
 
-    __slots__ = ("free", "model", "count", "buckets", "maxc", "reserved", "ver")
+    __slots__ = ("free", "model", "count", "buckets", "maxc", "reserved", "log")
 
     def __init__(self, cluster: ClusterSnapshot) -> None:
         self.free: dict[str, list[int]] = {}
@@ -309,7 +309,7 @@ class _Free:
         self.buckets: dict[str | None, list[list[str]]] = {}
         self.maxc = 0
         self.reserved: set[str] = set()
-        self.ver: dict[str, int] = {}  # node -> changes this cycle (free taken, victims taken)
+        self.log: list[str] = []  # nodes changed this cycle (free taken, victims taken, reserved), in order
         nodes = cluster.nodes
         ids = cluster.order if cluster.order is not None else sorted(nodes)
         fr, mo, co, bk = self.free, self.model, self.count, self.buckets
@@ -364,7 +364,7 @@ class _Free:
 
     def take(self, nid: str, n: int) -> tuple[int, ...]:
         """Take the n lowest free GPUs of ``nid``."""
-        self.ver[nid] = self.ver.get(nid, 0) + 1
+        self.log.append(nid)
         f = self.free[nid]
         got, rest = f[:n], f[n:]
         self._move(nid, len(f), len(rest))
@@ -379,7 +379,7 @@ class _Free:
         return f
 
     def reserve(self, nid: str) -> None:
-        self.ver[nid] = self.ver.get(nid, 0) + 1
+        self.log.append(nid)
         f = self.free[nid]
         if f:
             self._move(nid, len(f), 0)
@@ -575,8 +575,8 @@ class _Victims:
         self.taken: set[RunKey] = set()
         self.behind: dict[str, tuple[int, dict[str, tuple[str, float, float]]]] = {}
         self.under: dict[str, list[str]] | None = None
-        self.u_opts: dict[tuple[int, str | None], list[tuple]] = {}
-        self.u_seen: dict[tuple[int, str | None], dict[str, int]] = {}
+        self.u_opts: dict[tuple[int, str | None], dict[str, tuple]] = {}
+        self.u_seen: dict[tuple[int, str | None], int] = {}  # position in the free index's log
         self._now = now
         exp: dict[str, list[tuple[Micros, RunKey, Run]]] = {}
         for leaf, lst in index.alloc.items():
@@ -963,21 +963,27 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micro
         return ((a, u, lost), nid, chosen)
 
     u_nodes = victims.unalloc
-    ver = free.ver
+    log = free.log
     ckey = (g, model)
     cached = victims.u_opts.get(ckey)
-    seen = victims.u_seen.setdefault(ckey, {})
+    todo: Any
     if cached is None:
-        todo: Any = u_nodes
-        options: list[tuple] = []
+        todo = u_nodes
+        cached = victims.u_opts[ckey] = {}
     else:
         # options depend on g, the model and each node's state, not on the preemptor:
-        # re-evaluate only the nodes touched since they were last looked at
-        options = [o for o in cached if o[3] == ver.get(o[1], 0)]
-        todo = [nid for nid in u_nodes if seen.get(nid) != ver.get(nid, 0)]
+        # re-evaluate only the nodes touched (free.log) since they were last looked at
+        pos = victims.u_seen[ckey]
+        if pos == len(log):
+            todo = ()
+        else:
+            touched = set(log[pos:])
+            for nid in touched:
+                cached.pop(nid, None)
+            todo = [nid for nid in touched if nid in u_nodes]
+    victims.u_seen[ckey] = len(log)
     for nid in todo:
-        seen[nid] = ver.get(nid, 0)
-        if not eligible(nid):
+        if not eligible(nid):  # (static in a cycle but for reservations, which are logged)
             continue
         lst = u_nodes[nid]
         if taken:
@@ -988,9 +994,8 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micro
         if cands:
             opt = evaluate(nid, cands)
             if opt is not None:
-                options.append(opt + (ver.get(nid, 0),))
-    victims.u_opts[ckey] = options
-    options = [o[:3] for o in options if eligible(o[1])]
+                cached[nid] = opt
+    options = list(cached.values())
     for c in range(g, free.maxc + 1):
         for m, b in free.buckets.items():
             if model is not None and m != model:
@@ -1037,8 +1042,8 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micro
     for _, nid, chosen in best:
         for x in chosen:
             for p in x[1].placements:
-                ver[p.node_id] = ver.get(p.node_id, 0) + 1
-        ver[nid] = ver.get(nid, 0) + 1
+                log.append(p.node_id)
+        log.append(nid)
         gpus = list(free.take(nid, min(g, len(ffree[nid]))))
         extra = sorted(gg for x in chosen for gg in x[2])
         gpus.extend(extra[: g - len(gpus)])
