@@ -89,6 +89,8 @@ def utc(dt: datetime) -> datetime:
     Raises:
         ValueError: ``dt`` is naive (no timezone); event time must be explicit.
     """
+    if dt.tzinfo is timezone.utc:
+        return dt  # what astimezone(timezone.utc) returns for it (the same object)
     if dt.tzinfo is None or dt.tzinfo.utcoffset(dt) is None:
         raise ValueError("timestamp must be timezone-aware (UTC), got a naive datetime")
     return dt.astimezone(timezone.utc)

@@ -1,8 +1,8 @@
-"""The engine's incremental preemption-candidate index (``engine.VictimIndex``).
+"""The engine's incremental indices kept across cycles (``engine.VictimIndex``, ``engine.FreeIndex``).
 
 * after any sequence of placements, starts, completions, preemptions,
-  requeues and cancels, an index kept up to date with ``sync`` equals one
-  built from scratch from the same runs;
+  requeues, cancels and node state changes, indices kept up to date with
+  ``sync`` equal ones built from scratch from the same runs and nodes;
 * its order key sorts candidates exactly as the cost of DESIGN section 3
   (allocated GPUs, unallocated GPUs, GPU-seconds of work lost at ``now``,
   job id, attempt) for any ``now`` after the starts.
@@ -14,20 +14,32 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apportion.domain.cluster import ClusterState, Run
-from apportion.domain.engine import VictimIndex, _lost, _order_key
-from builders import T0, cancelled, completed, node, placed, preempted, requeued, s, started
+from apportion.domain.engine import FreeIndex, VictimIndex, _lost, _order_key
+from builders import (
+    T0, cancelled, completed, cordoned, drain, node, placed, preempted, requeued, s, started, uncordoned,
+)
 
 NODES = ["n0", "n1", "n2", "n3"]
 BUDGETS = ["lab/a", "lab/b", "lab/c"]
 
 ops = st.lists(st.tuples(
     st.sampled_from(["place", "place", "start", "complete", "complete_replica", "preempt",
-                     "requeue", "cancel", "sync", "sync"]),
+                     "requeue", "cancel", "cordon", "uncordon", "drain", "register", "sync", "sync"]),
     st.integers(0, 10_000), st.integers(0, 10_000)), min_size=1, max_size=60)
 
 
 def _fresh(cs: ClusterState) -> tuple:
     return VictimIndex.build(cs.runs).as_lists()
+
+
+def _fresh_free(cs: ClusterState) -> tuple:
+    return FreeIndex().sync(cs).as_tuple()  # a new index always rebuilds
+
+
+def _copy(cs: ClusterState) -> ClusterState:
+    c = ClusterState()
+    c.nodes, c.runs, c.node_runs, c._owner = dict(cs.nodes), dict(cs.runs), dict(cs.node_runs), dict(cs._owner)
+    return c
 
 
 @settings(max_examples=200, deadline=None)
@@ -39,6 +51,9 @@ def test_incremental_index_equals_a_rebuild(script):
     idx = VictimIndex()
     assert idx.sync(cs).as_lists() == _fresh(cs) == ({}, {})
     assert cs.changed == set()
+    fidx = FreeIndex()
+    assert fidx.sync(cs).as_tuple() == _fresh_free(_copy(cs))
+    assert fidx.maxc == 8 and fidx.buckets[None][8] == NODES
     t = 0
     seq = 0
     for op, a, b in script:
@@ -52,6 +67,10 @@ def test_incremental_index_equals_a_rebuild(script):
             cs.apply(placed(f"j{seq:03d}", budget=BUDGETS[b % 3], gpus=1 + a % 4, replicas=k,
                             allocated=b % 4 != 0, min_runtime_s=None if b % 4 == 0 else float(60 * (1 + b % 7)),
                             nodes=[NODES[(first + i) % len(NODES)] for i in range(k)], at=s(t)))
+        elif op in ("cordon", "uncordon", "drain", "register"):
+            nid = NODES[a % len(NODES)]
+            cs.apply({"cordon": cordoned, "uncordon": uncordoned, "drain": drain}[op](nid, at=s(t))
+                     if op != "register" else node(nid, gpus=4 + 4 * (b % 2), at=s(t)))
         elif pick is None:
             continue
         elif op == "start":
@@ -72,7 +91,10 @@ def test_incremental_index_equals_a_rebuild(script):
         if op == "sync":
             assert idx.sync(cs).as_lists() == _fresh(cs)
             assert cs.changed == set()
+            assert fidx.sync(cs).as_tuple() == _fresh_free(_copy(cs))
+            assert cs.changed_nodes == set()
     assert idx.sync(cs).as_lists() == _fresh(cs)
+    assert fidx.sync(cs).as_tuple() == _fresh_free(_copy(cs))
 
 
 def test_index_of_a_small_cluster_by_hand():

@@ -210,7 +210,7 @@ class ClusterState:
     are frozen and replaced, so :meth:`snapshot` is cheap and safe.
     """
 
-    __slots__ = ("nodes", "runs", "node_runs", "_owner", "_order", "changed")
+    __slots__ = ("nodes", "runs", "node_runs", "_owner", "_order", "changed", "changed_nodes")
 
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
@@ -223,6 +223,9 @@ class ClusterState:
         #: ``None`` (the default: not tracked). An incremental index over ``runs``
         #: (:class:`apportion.domain.engine.VictimIndex`) switches it on and drains it.
         self.changed: set[RunKey] | None = None
+        #: The same for node ids whose :class:`Node` was replaced (read by
+        #: :class:`apportion.domain.engine.FreeIndex`).
+        self.changed_nodes: set[str] | None = None
 
     # ------------------------------------------------------------------ queries
 
@@ -286,21 +289,29 @@ class ClusterState:
             node = self.nodes.get(ev.node_id)  # type: ignore[attr-defined]
             if node is not None and node.state != "lost":
                 self.nodes[node.node_id] = replace(node, last_heartbeat_us=to_us(ev.ts))
+                if self.changed_nodes is not None:
+                    self.changed_nodes.add(node.node_id)
         elif cls is NodeRegistered:
             self._registered(ev)  # type: ignore[arg-type]
         elif cls in _STATE_OF:
             node = self.nodes.get(ev.node_id)  # type: ignore[attr-defined]
             if node is not None and node.state != "lost":
                 self.nodes[node.node_id] = replace(node, state=_STATE_OF[cls])
+                if self.changed_nodes is not None:
+                    self.changed_nodes.add(node.node_id)
         elif cls is NodeLost:
             node = self.nodes.get(ev.node_id)  # type: ignore[attr-defined]
             if node is not None:
                 self.nodes[node.node_id] = replace(node, state="lost")
+                if self.changed_nodes is not None:
+                    self.changed_nodes.add(node.node_id)
 
     def _registered(self, ev: NodeRegistered) -> None:
         held = {g for (n, g) in self._owner if n == ev.node_id} if ev.node_id in self.node_runs else set()
         free = frozenset(i for i in range(ev.gpu_count) if i not in held)
         self.nodes[ev.node_id] = Node(ev.node_id, ev.gpu_count, ev.gpu_model, "ready", free, to_us(ev.ts))
+        if self.changed_nodes is not None:
+            self.changed_nodes.add(ev.node_id)
         self.node_runs.setdefault(ev.node_id, frozenset())
 
     def _placed(self, ev: JobPlaced) -> None:
@@ -322,6 +333,8 @@ class ClusterState:
                 owner[(p.node_id, g)] = key
             if node is not None:
                 self.nodes[p.node_id] = replace(node, free=node.free.difference(p.gpus))
+                if self.changed_nodes is not None:
+                    self.changed_nodes.add(p.node_id)
             self.node_runs[p.node_id] = self.node_runs.get(p.node_id, frozenset()) | {key}
 
     def _release(self, run: Run, replica: int | None) -> None:
@@ -341,6 +354,8 @@ class ClusterState:
             if node is not None and mine:
                 self.nodes[p.node_id] = replace(node, free=node.free.union(
                     g for g in mine if g < node.gpu_count))
+                if self.changed_nodes is not None:
+                    self.changed_nodes.add(p.node_id)
             rest = self.node_runs.get(p.node_id, frozenset()) - {key}
             self.node_runs[p.node_id] = rest
         left = run.open_replicas - which

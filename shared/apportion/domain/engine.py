@@ -69,7 +69,7 @@ from operator import attrgetter, itemgetter
 from typing import Any
 
 from apportion.domain.budgets import BudgetTree, ancestors_of, parent_of
-from apportion.domain.cluster import ClusterSnapshot, Run, RunKey
+from apportion.domain.cluster import ClusterSnapshot, Node, Run, RunKey
 from apportion.domain.fairshare import FairShareQueue, branches_at_lca, budget_order
 from apportion.events import (
     Decision,
@@ -86,7 +86,7 @@ from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us
 
 __all__ = [
     "EngineConfig", "PendingJob", "CycleSnapshot", "CycleResult", "schedule", "run_cycle",
-    "victim_rule", "preempt_events", "start_events", "pending_order", "POLICY_VERSION", "VictimIndex",
+    "victim_rule", "preempt_events", "start_events", "pending_order", "POLICY_VERSION", "VictimIndex", "FreeIndex",
 ]
 
 POLICY_VERSION = "fairtree-1"
@@ -187,6 +187,8 @@ class CycleSnapshot:
     """Optional :class:`VictimIndex` of ``cluster.runs``, kept up to date across
     cycles by the caller (``DispatchState``); ``None``: the cycle indexes the
     runs itself. Either way the decisions are the same."""
+    free: "FreeIndex | None" = field(default=None, compare=False, repr=False)
+    """Optional :class:`FreeIndex` of ``cluster.nodes``, kept up to date the same way."""
 
 
 @dataclass(slots=True)
@@ -297,43 +299,120 @@ def _dominated(shapes: list[tuple[int, int]], g: int, k: int) -> bool:
     return False
 
 
+def _build_free(nodes: Mapping[str, Node], ids: Sequence[str]) -> tuple[
+        dict[str, list[int]], dict[str, str | None], dict[str, int], dict[str | None, list[list[str]]], int]:
+    """``(free, model, count, buckets, maxc)`` of the ``ready`` nodes among ``ids`` (sorted)."""
+    fr: dict[str, list[int]] = {}
+    mo: dict[str, str | None] = {}
+    co: dict[str, int] = {}
+    bk: dict[str | None, list[list[str]]] = {}
+    maxc = 0
+    for nid in ids:
+        n = nodes[nid]
+        if n.state != "ready":
+            continue
+        mo[nid] = n.gpu_model
+        c = co[nid] = n.gpu_count
+        if c > maxc:
+            maxc = c
+        b = bk.get(n.gpu_model)
+        if b is None:
+            b = bk[n.gpu_model] = []
+        while len(b) <= c:
+            b.append([])
+        if n.free:
+            f = fr[nid] = sorted(n.free)
+            b[len(f)].append(nid)  # nid ascending: lists stay sorted
+        else:
+            fr[nid] = []
+    for b in bk.values():
+        while len(b) <= maxc:
+            b.append([])
+    return fr, mo, co, bk, maxc
+
+
+class FreeIndex:
+    """Free capacity of the ``ready`` nodes, kept across cycles (the base a cycle copies).
+
+    ``free[node]`` (sorted free GPU indices), ``model``, ``count`` (GPUs) and
+    ``buckets[model][c]`` (sorted ids of nodes with exactly c free GPUs, c >= 1),
+    ``maxc`` (most GPUs of a node): exactly what :func:`_build_free` gives for
+    the cluster's nodes. :meth:`sync` re-reads only the nodes in
+    ``ClusterState.changed_nodes``; a change of a node's state, model or GPU
+    count rebuilds from scratch (rare), a change of its free set moves it
+    between buckets.
+    """
+
+    __slots__ = ("free", "model", "count", "buckets", "maxc", "_cluster")
+
+    def __init__(self) -> None:
+        self.free: dict[str, list[int]] = {}
+        self.model: dict[str, str | None] = {}
+        self.count: dict[str, int] = {}
+        self.buckets: dict[str | None, list[list[str]]] = {}
+        self.maxc = 0
+        self._cluster: Any = None
+
+    def _rebuild(self, cluster: Any) -> None:
+        self.free, self.model, self.count, self.buckets, self.maxc = _build_free(
+            cluster.nodes, sorted(cluster.nodes))
+        self._cluster = cluster
+        cluster.changed_nodes = set()
+
+    def sync(self, cluster: Any) -> "FreeIndex":
+        """Update from ``cluster`` (a :class:`ClusterState`) and return self."""
+        changed = cluster.changed_nodes
+        if cluster is not self._cluster or changed is None:
+            self._rebuild(cluster)
+            return self
+        if changed:
+            nodes = cluster.nodes
+            for nid in sorted(changed):
+                n = nodes.get(nid)
+                was = nid in self.model
+                if (n is not None and n.state == "ready") != was or (
+                        was and (self.model[nid] != n.gpu_model or self.count[nid] != n.gpu_count)):  # type: ignore[union-attr]
+                    self._rebuild(cluster)
+                    return self
+                if not was:
+                    continue
+                old = self.free[nid]
+                new = sorted(n.free)  # type: ignore[union-attr]
+                if old != new:
+                    b = self.buckets[n.gpu_model]  # type: ignore[union-attr]
+                    if old:
+                        lst = b[len(old)]
+                        del lst[bisect_left(lst, nid)]
+                    if new:
+                        insort(b[len(new)], nid)
+                    self.free[nid] = new
+            changed.clear()
+        return self
+
+    def as_tuple(self) -> tuple:
+        """Contents for comparison with a rebuild (tests)."""
+        return (self.free, self.model, self.count, self.buckets, self.maxc)
+
+
 class _Free:
-    """Free-capacity index of one cycle: (model, free count) -> sorted node ids."""
+    """Free-capacity index of one cycle: (model, free count) -> sorted node ids.
+
+    A copy of a :class:`FreeIndex` (``base``, the caller's, kept across cycles)
+    or built from the snapshot's nodes; the cycle changes its copy only.
+    """
 
     __slots__ = ("free", "model", "count", "buckets", "maxc", "reserved", "log")
 
-    def __init__(self, cluster: ClusterSnapshot) -> None:
-        self.free: dict[str, list[int]] = {}
-        self.model: dict[str, str | None] = {}
-        self.count: dict[str, int] = {}  # node -> gpu_count (ready nodes)
-        self.buckets: dict[str | None, list[list[str]]] = {}
-        self.maxc = 0
+    def __init__(self, cluster: ClusterSnapshot, base: FreeIndex | None = None) -> None:
         self.reserved: set[str] = set()
         self.log: list[str] = []  # nodes changed this cycle (free taken, victims taken, reserved), in order
-        nodes = cluster.nodes
-        ids = cluster.order if cluster.order is not None else sorted(nodes)
-        fr, mo, co, bk = self.free, self.model, self.count, self.buckets
-        for nid in ids:
-            n = nodes[nid]
-            if n.state != "ready":
-                continue
-            mo[nid] = n.gpu_model
-            c = co[nid] = n.gpu_count
-            if c > self.maxc:
-                self.maxc = c
-            b = bk.get(n.gpu_model)
-            if b is None:
-                b = bk[n.gpu_model] = []
-            while len(b) <= c:
-                b.append([])
-            if n.free:
-                f = fr[nid] = sorted(n.free)
-                b[len(f)].append(nid)  # nid ascending: lists stay sorted
-            else:
-                fr[nid] = []
-        for b in self.buckets.values():
-            while len(b) <= self.maxc:
-                b.append([])
+        if base is None:
+            ids = cluster.order if cluster.order is not None else sorted(cluster.nodes)
+            self.free, self.model, self.count, self.buckets, self.maxc = _build_free(cluster.nodes, ids)
+        else:
+            self.free = dict(base.free)  # the lists are replaced, never changed in place
+            self.model, self.count, self.maxc = base.model, base.count, base.maxc  # read only
+            self.buckets = {m: [list(x) for x in b] for m, b in base.buckets.items()}
 
     def fit(self, g: int, k: int, model: str | None) -> list[str] | None:
         """k distinct nodes with >= g free GPUs, best fit (fewest free, then id)."""
@@ -698,7 +777,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         tree, snapshot.occupancy, snapshot.capacity_gpu_s,
         {leaf: range(b) for leaf, b in bound.items() if b})
     budget_rank = {leaf: i for i, leaf in enumerate(queue.initial_order)}
-    free = _Free(cluster)
+    free = _Free(cluster, snapshot.free)
     victims: _Victims | None = None
     out = res.events
     free_fail: dict[str | None, list[tuple[int, int]]] = {}
@@ -987,10 +1066,9 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micro
             continue
         lst = u_nodes[nid]
         if taken:
-            cands = [(c, run, gp, _UNALLOC_RULE) for c, run, gp in lst
-                     if (run.job_id, run.attempt) not in taken]
+            cands = [x for x in lst if (x[1].job_id, x[1].attempt) not in taken]
         else:
-            cands = [(c, run, gp, _UNALLOC_RULE) for c, run, gp in lst]
+            cands = lst  # evaluate() only reads it
         if cands:
             opt = evaluate(nid, cands)
             if opt is not None:
@@ -1005,20 +1083,20 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micro
                 if nid not in u_nodes or (taken and not any(x[1].key not in taken for x in u_nodes[nid])):
                     if fcount[nid] >= g:
                         options.append(((0, 0, 0.0), nid, []))
+    behind = None
     if len(options) < k:
         behind = victims.behind_of(leaf, ratio, delta, epoch, tree)
         if not behind:
             return None
         per_node: dict[str, list] = {}
-        for v, (lca, rv, rb) in behind.items():
-            rule = ("expired_behind", lca, rv, rb)
+        for v in behind:
             for nid, lst in victims.expired_on(v).items():
                 if not eligible(nid):
                     continue
                 bucket = per_node.get(nid)
                 if bucket is None:
                     bucket = per_node[nid] = []
-                bucket.extend((c, run, gp, rule) for c, run, gp in lst if run.key not in taken)
+                bucket.extend(x for x in lst if x[1].key not in taken)
         if not per_node:
             return None
         seen = {o[1] for o in options}
@@ -1026,7 +1104,7 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micro
             if not lst:
                 continue
             if nid in u_nodes:
-                lst.extend((c, run, gp, _UNALLOC_RULE) for c, run, gp in u_nodes[nid] if run.key not in taken)
+                lst.extend(x for x in u_nodes[nid] if x[1].key not in taken)
             lst.sort(key=_first)
             opt = evaluate(nid, lst)
             if opt is not None:
@@ -1049,8 +1127,11 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micro
         gpus.extend(extra[: g - len(gpus)])
         placements.append(Placement(node_id=nid, gpus=tuple(sorted(gpus))))
         for x in chosen:
-            if x[1].key not in picked:
-                picked[x[1].key] = (x[1], _victim(x[1], *x[3]))
+            run = x[1]
+            if run.key not in picked:
+                # the rule that allowed it: unallocated, or behind at the LCA (behind_of's facts)
+                rule = ("expired_behind", *behind[run.budget]) if run.allocated else _UNALLOC_RULE  # type: ignore[index]
+                picked[run.key] = (run, _victim(run, *rule))
     return tuple(placements), [picked[key] for key in sorted(picked)]
 
 
