@@ -143,3 +143,36 @@ def test_order_key_sorts_as_the_cost_at_any_later_now(rs, after_us):
     assert sorted(rs, key=_order_key) == sorted(rs, key=cost)
     for r in rs:
         assert _lost(_order_key(r), now) == cost(r)[2]
+
+
+def test_reservation_nodes_walk_the_buckets_as_the_sort_rule():
+    # DESIGN section 3 reservation: eligible nodes (not reserved, model, >= g GPUs) by most free
+    # GPUs, ties by id. The engine walks its free buckets; check it against the plain sort.
+    import random
+
+    from apportion.domain.cluster import ClusterSnapshot, Node
+    from apportion.domain.engine import _Free, _reservation_nodes
+
+    def by_sort(free, g, k, model):
+        elig = [n for n, m in free.model.items()
+                if n not in free.reserved and (model is None or m == model) and free.count[n] >= g]
+        return [n for _, n in sorted((-len(free.free[n]), n) for n in elig)[:k]]
+
+    rng = random.Random(5)
+    for _ in range(1500):
+        nodes = {}
+        for _ in range(rng.randint(1, 12)):
+            c, nid = rng.choice([2, 4, 8]), f"n{rng.randint(0, 99):02d}"
+            nodes[nid] = Node(nid, c, "a" if rng.random() < 0.3 else None,
+                              rng.choice(["ready"] * 4 + ["cordoned"]),
+                              frozenset(x for x in range(c) if rng.random() < 0.4))
+        free = _Free(ClusterSnapshot(nodes, {}, {}, tuple(sorted(nodes))))
+        for n in list(free.model):
+            r = rng.random()
+            if r < 0.2:
+                free.reserve(n)
+            elif r < 0.4 and free.free[n]:
+                free.take(n, rng.randint(1, len(free.free[n])))
+        for _ in range(5):
+            g, k, model = rng.randint(1, 8), rng.randint(1, 4), rng.choice([None, None, "a"])
+            assert _reservation_nodes(free, g, k, model) == by_sort(free, g, k, model)

@@ -975,12 +975,33 @@ def _emit_placed(out: list[Event], job: PendingJob, placements: tuple[Placement,
 
 
 def _reservation_nodes(free: _Free, g: int, k: int, model: str | None) -> list[str]:
-    """k eligible nodes for a blocked job: most free GPUs first, ties by id."""
-    elig = [n for n, m in free.model.items()
-            if n not in free.reserved and (model is None or m == model) and free.count[n] >= g]
-    ffree = free.free
-    keyed = sorted([(-len(ffree[n]), n) for n in elig])  # node ids are unique: same order as by key
-    return [n for _, n in keyed[:k]]
+    """k eligible nodes for a blocked job: most free GPUs first, ties by id.
+
+    Eligible: not reserved, the model matches, at least g GPUs. Nodes with
+    c >= 1 free GPUs that are not reserved are exactly ``buckets[model][c]``,
+    so they are walked from the most free down; nodes with no free GPU are
+    looked for only when fewer than k were found.
+    """
+    out: list[str] = []
+    count = free.count
+    several = model is None and len(free.buckets) > 1
+    for c in range(free.maxc, 0, -1):
+        cand: list[str] = []
+        for m, b in free.buckets.items():
+            if model is not None and m != model:
+                continue
+            cand.extend(n for n in b[c] if count[n] >= g)
+        if cand:
+            if several:
+                cand.sort()
+            out.extend(cand[: k - len(out)])
+            if len(out) == k:
+                return out
+    ffree, reserved = free.free, free.reserved
+    zero = sorted(n for n, m in free.model.items()
+                  if not ffree[n] and n not in reserved and (model is None or m == model) and count[n] >= g)
+    out.extend(zero[: k - len(out)])
+    return out
 
 
 _UNALLOC_RULE = ("unallocated", None, None, None)
