@@ -70,7 +70,7 @@ from typing import Any
 
 from apportion.domain.budgets import BudgetTree, ancestors_of, parent_of
 from apportion.domain.cluster import ClusterSnapshot, Node, Run, RunKey
-from apportion.domain.fairshare import FairShareQueue, branches_at_lca, budget_order
+from apportion.domain.fairshare import FairShareQueue, branches_at_lca
 from apportion.events import (
     Decision,
     Event,
@@ -896,8 +896,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
     rest = [leaf for leaf, b in bound.items() if b < len(pending[leaf])]
     if not rest:
         return res
-    occ_after = {p: queue.occupancy(p) for p in tree.paths()}
-    order = budget_order(tree, occ_after, snapshot.capacity_gpu_s)
+    order = queue.order()  # = budget_order of the occupancy after the provisional charges
     any_free = free_fail.get(None, [])
     if _dominated(any_free, 1, 1):
         return res  # not even one GPU was free for a 1-GPU job: no unallocated job fits
