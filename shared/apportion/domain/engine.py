@@ -888,9 +888,13 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                 free.reserve(n)
             res.reservation = (job.job_id, tuple(chosen_nodes))
             continue  # the reservation changed free capacity: no bulk skip on its account
-        if model is None and leaf in pre_fail and (
-                pre_failed(leaf, 1, 1) or pre_failed(leaf, *floor_shape(leaf, 0, bound[leaf]))):
-            queue.drop_leaf(leaf)
+        if model is None:
+            ent = pre_fail.get(leaf)  # pre_failed(leaf, 1, 1) or pre_failed(leaf, *floor), inlined
+            if ent is not None:
+                if charges - ent[1] != own_charges.get(leaf, 0) - ent[2]:
+                    del pre_fail[leaf]  # another leaf was charged since: stale
+                elif (1, 1) in ent[0] or _dominated(ent[0], *floor_shape(leaf, 0, bound[leaf])):
+                    queue.drop_leaf(leaf)
 
     # ---------------------------------------------------------------- pass 2: unallocated jobs
     rest = [leaf for leaf, b in bound.items() if b < len(pending[leaf])]
