@@ -37,3 +37,18 @@ def test_seed_is_required(tmp_path):
     (tmp_path / "b.yaml").write_text(BUDGETS)
     res = CliRunner().invoke(app, ["--trace", str(tmp_path / "t.csv"), "--budgets", str(tmp_path / "b.yaml")])
     assert res.exit_code != 0
+
+
+def test_tail_h_stops_the_clock_after_the_last_submission(tmp_path):
+    # 8 GPUs: a1 and a2 (4 GPUs each) start at once; b1 (4 GPUs, 00:02) and u1 (00:03) find the
+    # node full and both runs protected for an hour. With --tail-h 0 the clock stops at 00:03,
+    # so they are never placed and the waits cover a1 and a2 only (0 s); without it, all run.
+    (tmp_path / "t.csv").write_text(TRACE)
+    (tmp_path / "b.yaml").write_text(BUDGETS)
+    args = ["--trace", str(tmp_path / "t.csv"), "--budgets", str(tmp_path / "b.yaml"), "--seed", "1",
+            "--policy", "fairshare,fifo", "--json"]
+    cut = json.loads(CliRunner().invoke(app, args + ["--tail-h", "0"]).output)
+    assert cut["tail_h"] == 0.0
+    assert [(p["never"], p["wait_p50_s"], p["wait_p95_s"]) for p in cut["policies"]] == [(2, 0.0, 0.0)] * 2
+    full = json.loads(CliRunner().invoke(app, args).output)
+    assert full["tail_h"] is None and [p["never"] for p in full["policies"]] == [0, 0]

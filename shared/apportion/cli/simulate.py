@@ -37,6 +37,10 @@ def simulate(
     plot_path: Path | None = typer.Option(None, "--plot", help="Write a PNG of occupancy share over time."),
     cycle_s: float = typer.Option(300.0, "--cycle-s", help="Periodic cycle while jobs wait, seconds."),
     per_budget: bool = typer.Option(True, "--per-budget/--no-per-budget", help="Per-budget tables."),
+    tail_h: float | None = typer.Option(
+        None, "--tail-h", min=0.0,
+        help="Stop the clock this many hours after the last submission (default: run until every "
+             "job is done). Jobs not placed by then count as never placed; waits cover placed jobs."),
 ) -> None:
     """Run the simulation(s) and report utilisation, share deficit, waits, preemptions."""
     from dataclasses import replace
@@ -66,7 +70,8 @@ def simulate(
     for name in names:
         dcfg = DispatchConfig(engine=EngineConfig(window_s=bf.window_s), heartbeat_timeout_s=None,
                               scheduler=None if name == "fairshare" else POLICIES[name])
-        cfg = SimConfig(seed=seed, dispatch=dcfg, cycle_s=cycle_s, keep_log=False)
+        until = None if tail_h is None else max(j.submit_us for j in jobs) + round(tail_h * 3600e6)
+        cfg = SimConfig(seed=seed, dispatch=dcfg, cycle_s=cycle_s, keep_log=False, until_us=until)
         t0 = time.perf_counter()
         result = Simulator(bf.tree, bf.nodes, jobs, replace(cfg), window_s=bf.window_s).run()
         wall = time.perf_counter() - t0
@@ -74,7 +79,7 @@ def simulate(
     if plot_path is not None:
         plot(reports, bf.tree, str(plot_path))
     if as_json:
-        typer.echo(to_json(reports, trace=str(trace), budgets=str(budgets), slice=slice_, seed=seed,
+        typer.echo(to_json(reports, trace=str(trace), budgets=str(budgets), slice=slice_, seed=seed, tail_h=tail_h,
                            rule=f"unallocated_fraction={bf.unallocated_fraction}, "
                                 f"min_runtime=min(duration, {bf.min_runtime_cap_s:g}s)"))
     else:

@@ -210,7 +210,7 @@ class ClusterState:
     are frozen and replaced, so :meth:`snapshot` is cheap and safe.
     """
 
-    __slots__ = ("nodes", "runs", "node_runs", "_owner", "_order")
+    __slots__ = ("nodes", "runs", "node_runs", "_owner", "_order", "changed", "changed_nodes")
 
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
@@ -219,6 +219,13 @@ class ClusterState:
         # (node, gpu) -> run holding it; a preemptor takes over a stopping victim's GPUs
         self._owner: dict[tuple[str, int], RunKey] = {}
         self._order: tuple[str, ...] | None = None
+        #: Keys of runs added, replaced or removed since the last reader cleared it, or
+        #: ``None`` (the default: not tracked). An incremental index over ``runs``
+        #: (:class:`apportion.domain.engine.VictimIndex`) switches it on and drains it.
+        self.changed: set[RunKey] | None = None
+        #: The same for node ids whose :class:`Node` was replaced (read by
+        #: :class:`apportion.domain.engine.FreeIndex`).
+        self.changed_nodes: set[str] | None = None
 
     # ------------------------------------------------------------------ queries
 
@@ -257,6 +264,8 @@ class ClusterState:
                 if run.started_at_us is None or t > run.started_at_us or started != run.started_replicas:
                     self.runs[run.key] = replace(run, started_at_us=max(t, run.started_at_us or t),
                                                  started_replicas=started)
+                    if self.changed is not None:
+                        self.changed.add(run.key)
         elif cls is JobCompleted or cls is JobFailed:
             run = self.runs.get((ev.job_id, ev.attempt))  # type: ignore[attr-defined]
             if run is not None and not run.stopping:
@@ -265,6 +274,8 @@ class ClusterState:
             run = self.runs.get((ev.job_id, ev.attempt))  # type: ignore[attr-defined]
             if run is not None and not run.stopping:
                 self.runs[run.key] = replace(run, stopping=True)
+                if self.changed is not None:
+                    self.changed.add(run.key)
         elif cls is JobRequeued:
             run = self.runs.get((ev.job_id, ev.attempt - 1))  # type: ignore[attr-defined]
             if run is not None:
@@ -278,21 +289,29 @@ class ClusterState:
             node = self.nodes.get(ev.node_id)  # type: ignore[attr-defined]
             if node is not None and node.state != "lost":
                 self.nodes[node.node_id] = replace(node, last_heartbeat_us=to_us(ev.ts))
+                if self.changed_nodes is not None:
+                    self.changed_nodes.add(node.node_id)
         elif cls is NodeRegistered:
             self._registered(ev)  # type: ignore[arg-type]
         elif cls in _STATE_OF:
             node = self.nodes.get(ev.node_id)  # type: ignore[attr-defined]
             if node is not None and node.state != "lost":
                 self.nodes[node.node_id] = replace(node, state=_STATE_OF[cls])
+                if self.changed_nodes is not None:
+                    self.changed_nodes.add(node.node_id)
         elif cls is NodeLost:
             node = self.nodes.get(ev.node_id)  # type: ignore[attr-defined]
             if node is not None:
                 self.nodes[node.node_id] = replace(node, state="lost")
+                if self.changed_nodes is not None:
+                    self.changed_nodes.add(node.node_id)
 
     def _registered(self, ev: NodeRegistered) -> None:
         held = {g for (n, g) in self._owner if n == ev.node_id} if ev.node_id in self.node_runs else set()
         free = frozenset(i for i in range(ev.gpu_count) if i not in held)
         self.nodes[ev.node_id] = Node(ev.node_id, ev.gpu_count, ev.gpu_model, "ready", free, to_us(ev.ts))
+        if self.changed_nodes is not None:
+            self.changed_nodes.add(ev.node_id)
         self.node_runs.setdefault(ev.node_id, frozenset())
 
     def _placed(self, ev: JobPlaced) -> None:
@@ -305,6 +324,8 @@ class ClusterState:
             min_runtime_us=s_to_us(ev.min_runtime_s), placements=ev.placements,
             placed_at_us=to_us(ev.ts), submitted_at_us=to_us(ev.submitted_at),
             open_replicas=frozenset(range(len(ev.placements))))
+        if self.changed is not None:
+            self.changed.add(key)
         owner = self._owner
         for p in ev.placements:
             node = self.nodes.get(p.node_id)
@@ -312,6 +333,8 @@ class ClusterState:
                 owner[(p.node_id, g)] = key
             if node is not None:
                 self.nodes[p.node_id] = replace(node, free=node.free.difference(p.gpus))
+                if self.changed_nodes is not None:
+                    self.changed_nodes.add(p.node_id)
             self.node_runs[p.node_id] = self.node_runs.get(p.node_id, frozenset()) | {key}
 
     def _release(self, run: Run, replica: int | None) -> None:
@@ -331,9 +354,13 @@ class ClusterState:
             if node is not None and mine:
                 self.nodes[p.node_id] = replace(node, free=node.free.union(
                     g for g in mine if g < node.gpu_count))
+                if self.changed_nodes is not None:
+                    self.changed_nodes.add(p.node_id)
             rest = self.node_runs.get(p.node_id, frozenset()) - {key}
             self.node_runs[p.node_id] = rest
         left = run.open_replicas - which
+        if self.changed is not None:
+            self.changed.add(key)
         if left:
             self.runs[key] = replace(run, open_replicas=left)
         else:

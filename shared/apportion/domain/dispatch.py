@@ -57,6 +57,8 @@ from apportion.domain.engine import (
     _boundary,
     EngineConfig,
     PendingJob,
+    FreeIndex,
+    VictimIndex,
     pending_order,
     preempt_events,
     schedule,
@@ -168,7 +170,7 @@ class DispatchState:
     """
 
     __slots__ = ("tree", "ledger", "cluster", "jobs", "finished", "pending", "stopping",
-                 "awaiting", "draining", "seen", "_ledger_on", "_shapes", "_memo")
+                 "awaiting", "draining", "seen", "_ledger_on", "_shapes", "_memo", "_victims", "_free")
 
     def __init__(self, tree: BudgetTree | None = None, window_s: float = float(WEEK_S)) -> None:
         self.tree = tree if tree is not None else BudgetTree.empty()
@@ -185,6 +187,9 @@ class DispatchState:
         self._shapes: list[NodeShape] | None = None
         # engine memo across cycles, keyed by pending-list identity (lists are copy-on-write)
         self._memo: dict[Any, Any] = {}
+        # preemption candidates of self.cluster, kept across cycles (built on the first cycle)
+        self._victims: VictimIndex | None = None
+        self._free: FreeIndex | None = None
 
     def fork(self) -> "DispatchState":
         """A scratch copy for planning (shares the ledger read-only; never fold into both)."""
@@ -207,6 +212,8 @@ class DispatchState:
         other.seen = set()
         other._shapes = None
         other._memo = self._memo  # entries are keyed by list identity: safe to share
+        other._victims = None  # a scratch cycle indexes its own runs and nodes
+        other._free = None
         return other
 
     def cycle_snapshot(self, now_us: Micros, *, copy: bool = True) -> CycleSnapshot:
@@ -214,7 +221,10 @@ class DispatchState:
 
         ``copy=False`` shares the live cluster dicts (:meth:`ClusterState.view`):
         only for a cycle that runs before the next event is folded and keeps
-        nothing (the engine's own ``schedule`` in :func:`cycle`).
+        nothing (the engine's own ``schedule`` in :func:`cycle`). It also
+        passes the state's :class:`VictimIndex` and :class:`FreeIndex`, brought
+        up to date with the runs and nodes that changed since the previous
+        cycle (built on first use).
         """
         t = max(now_us, self.ledger.clock or now_us)
         pending = dict(self.pending)
@@ -222,6 +232,12 @@ class DispatchState:
         if len(memo) > 2 * len(pending) + 16:  # keep only entries of the current lists
             cur = {id(lst) for lst in pending.values()}
             memo = self._memo = {k: v for k, v in memo.items() if k in cur}
+        victims = free = None
+        if not copy:
+            if self._victims is None:
+                self._victims, self._free = VictimIndex(), FreeIndex()
+            victims = self._victims.sync(self.cluster)
+            free = self._free.sync(self.cluster)  # type: ignore[union-attr]
         return CycleSnapshot(
             cluster=self.cluster.snapshot() if copy else self.cluster.view(),
             pending=pending,
@@ -229,6 +245,8 @@ class DispatchState:
             occupancy=self.ledger.occupancy(t),
             capacity_gpu_s=self.ledger.capacity_gpu_s(t),
             memo=memo,
+            victims=victims,
+            free=free,
         )
 
     def node_shapes(self) -> list[NodeShape]:

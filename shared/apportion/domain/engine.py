@@ -61,16 +61,16 @@ and time always give the same events, byte for byte.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from apportion.domain.budgets import BudgetTree, ancestors_of, parent_of
-from apportion.domain.cluster import ClusterSnapshot, Run, RunKey
-from apportion.domain.fairshare import FairShareQueue, branches_at_lca, budget_order
+from apportion.domain.cluster import ClusterSnapshot, Node, Run, RunKey
+from apportion.domain.fairshare import FairShareQueue, branches_at_lca
 from apportion.events import (
     Decision,
     Event,
@@ -86,7 +86,7 @@ from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us
 
 __all__ = [
     "EngineConfig", "PendingJob", "CycleSnapshot", "CycleResult", "schedule", "run_cycle",
-    "victim_rule", "preempt_events", "start_events", "pending_order", "POLICY_VERSION",
+    "victim_rule", "preempt_events", "start_events", "pending_order", "POLICY_VERSION", "VictimIndex", "FreeIndex",
 ]
 
 POLICY_VERSION = "fairtree-1"
@@ -183,6 +183,12 @@ class CycleSnapshot:
     only for callers whose pending sequences are never changed in place
     (``DispatchState``: copy-on-write, and it carries entries over to the
     list that replaces one)."""
+    victims: "VictimIndex | None" = field(default=None, compare=False, repr=False)
+    """Optional :class:`VictimIndex` of ``cluster.runs``, kept up to date across
+    cycles by the caller (``DispatchState``); ``None``: the cycle indexes the
+    runs itself. Either way the decisions are the same."""
+    free: "FreeIndex | None" = field(default=None, compare=False, repr=False)
+    """Optional :class:`FreeIndex` of ``cluster.nodes``, kept up to date the same way."""
 
 
 @dataclass(slots=True)
@@ -293,43 +299,120 @@ def _dominated(shapes: list[tuple[int, int]], g: int, k: int) -> bool:
     return False
 
 
-class _Free:
-    """Free-capacity index of one cycle: (model, free count) -> sorted node ids."""
+def _build_free(nodes: Mapping[str, Node], ids: Sequence[str]) -> tuple[
+        dict[str, list[int]], dict[str, str | None], dict[str, int], dict[str | None, list[list[str]]], int]:
+    """``(free, model, count, buckets, maxc)`` of the ``ready`` nodes among ``ids`` (sorted)."""
+    fr: dict[str, list[int]] = {}
+    mo: dict[str, str | None] = {}
+    co: dict[str, int] = {}
+    bk: dict[str | None, list[list[str]]] = {}
+    maxc = 0
+    for nid in ids:
+        n = nodes[nid]
+        if n.state != "ready":
+            continue
+        mo[nid] = n.gpu_model
+        c = co[nid] = n.gpu_count
+        if c > maxc:
+            maxc = c
+        b = bk.get(n.gpu_model)
+        if b is None:
+            b = bk[n.gpu_model] = []
+        while len(b) <= c:
+            b.append([])
+        if n.free:
+            f = fr[nid] = sorted(n.free)
+            b[len(f)].append(nid)  # nid ascending: lists stay sorted
+        else:
+            fr[nid] = []
+    for b in bk.values():
+        while len(b) <= maxc:
+            b.append([])
+    return fr, mo, co, bk, maxc
 
-    __slots__ = ("free", "model", "count", "buckets", "maxc", "reserved", "ver")
 
-    def __init__(self, cluster: ClusterSnapshot) -> None:
+class FreeIndex:
+    """Free capacity of the ``ready`` nodes, kept across cycles (the base a cycle copies).
+
+    ``free[node]`` (sorted free GPU indices), ``model``, ``count`` (GPUs) and
+    ``buckets[model][c]`` (sorted ids of nodes with exactly c free GPUs, c >= 1),
+    ``maxc`` (most GPUs of a node): exactly what :func:`_build_free` gives for
+    the cluster's nodes. :meth:`sync` re-reads only the nodes in
+    ``ClusterState.changed_nodes``; a change of a node's state, model or GPU
+    count rebuilds from scratch (rare), a change of its free set moves it
+    between buckets.
+    """
+
+    __slots__ = ("free", "model", "count", "buckets", "maxc", "_cluster")
+
+    def __init__(self) -> None:
         self.free: dict[str, list[int]] = {}
         self.model: dict[str, str | None] = {}
-        self.count: dict[str, int] = {}  # node -> gpu_count (ready nodes)
+        self.count: dict[str, int] = {}
         self.buckets: dict[str | None, list[list[str]]] = {}
         self.maxc = 0
+        self._cluster: Any = None
+
+    def _rebuild(self, cluster: Any) -> None:
+        self.free, self.model, self.count, self.buckets, self.maxc = _build_free(
+            cluster.nodes, sorted(cluster.nodes))
+        self._cluster = cluster
+        cluster.changed_nodes = set()
+
+    def sync(self, cluster: Any) -> "FreeIndex":
+        """Update from ``cluster`` (a :class:`ClusterState`) and return self."""
+        changed = cluster.changed_nodes
+        if cluster is not self._cluster or changed is None:
+            self._rebuild(cluster)
+            return self
+        if changed:
+            nodes = cluster.nodes
+            for nid in sorted(changed):
+                n = nodes.get(nid)
+                was = nid in self.model
+                if (n is not None and n.state == "ready") != was or (
+                        was and (self.model[nid] != n.gpu_model or self.count[nid] != n.gpu_count)):  # type: ignore[union-attr]
+                    self._rebuild(cluster)
+                    return self
+                if not was:
+                    continue
+                old = self.free[nid]
+                new = sorted(n.free)  # type: ignore[union-attr]
+                if old != new:
+                    b = self.buckets[n.gpu_model]  # type: ignore[union-attr]
+                    if old:
+                        lst = b[len(old)]
+                        del lst[bisect_left(lst, nid)]
+                    if new:
+                        insort(b[len(new)], nid)
+                    self.free[nid] = new
+            changed.clear()
+        return self
+
+    def as_tuple(self) -> tuple:
+        """Contents for comparison with a rebuild (tests)."""
+        return (self.free, self.model, self.count, self.buckets, self.maxc)
+
+
+class _Free:
+    """Free-capacity index of one cycle: (model, free count) -> sorted node ids.
+
+    A copy of a :class:`FreeIndex` (``base``, the caller's, kept across cycles)
+    or built from the snapshot's nodes; the cycle changes its copy only.
+    """
+
+    __slots__ = ("free", "model", "count", "buckets", "maxc", "reserved", "log")
+
+    def __init__(self, cluster: ClusterSnapshot, base: FreeIndex | None = None) -> None:
         self.reserved: set[str] = set()
-        self.ver: dict[str, int] = {}  # node -> changes this cycle (free taken, victims taken)
-        nodes = cluster.nodes
-        ids = cluster.order if cluster.order is not None else sorted(nodes)
-        fr, mo, co, bk = self.free, self.model, self.count, self.buckets
-        for nid in ids:
-            n = nodes[nid]
-            if n.state != "ready":
-                continue
-            mo[nid] = n.gpu_model
-            c = co[nid] = n.gpu_count
-            if c > self.maxc:
-                self.maxc = c
-            b = bk.get(n.gpu_model)
-            if b is None:
-                b = bk[n.gpu_model] = []
-            while len(b) <= c:
-                b.append([])
-            if n.free:
-                f = fr[nid] = sorted(n.free)
-                b[len(f)].append(nid)  # nid ascending: lists stay sorted
-            else:
-                fr[nid] = []
-        for b in self.buckets.values():
-            while len(b) <= self.maxc:
-                b.append([])
+        self.log: list[str] = []  # nodes changed this cycle (free taken, victims taken, reserved), in order
+        if base is None:
+            ids = cluster.order if cluster.order is not None else sorted(cluster.nodes)
+            self.free, self.model, self.count, self.buckets, self.maxc = _build_free(cluster.nodes, ids)
+        else:
+            self.free = dict(base.free)  # the lists are replaced, never changed in place
+            self.model, self.count, self.maxc = base.model, base.count, base.maxc  # read only
+            self.buckets = {m: [list(x) for x in b] for m, b in base.buckets.items()}
 
     def fit(self, g: int, k: int, model: str | None) -> list[str] | None:
         """k distinct nodes with >= g free GPUs, best fit (fewest free, then id)."""
@@ -360,7 +443,7 @@ class _Free:
 
     def take(self, nid: str, n: int) -> tuple[int, ...]:
         """Take the n lowest free GPUs of ``nid``."""
-        self.ver[nid] = self.ver.get(nid, 0) + 1
+        self.log.append(nid)
         f = self.free[nid]
         got, rest = f[:n], f[n:]
         self._move(nid, len(f), len(rest))
@@ -375,7 +458,7 @@ class _Free:
         return f
 
     def reserve(self, nid: str) -> None:
-        self.ver[nid] = self.ver.get(nid, 0) + 1
+        self.log.append(nid)
         f = self.free[nid]
         if f:
             self._move(nid, len(f), 0)
@@ -395,69 +478,202 @@ def _branches(v: str, b: str) -> tuple[str, str, str] | None:
         return None
 
 
-class _Victims:
-    """Preemption candidates of one cycle, indexed by node, built on first use.
+#: A victim candidate on one node: ``(order, run, gpus of the run on that node)``.
+#: ``order = (allocated GPUs, unallocated GPUs, -start_us, job_id, attempt)`` of the
+#: whole run (start = ``started_at_us`` or ``placed_at_us``). It sorts exactly as the
+#: cost (allocated GPUs, unallocated GPUs, GPU-s of work lost at ``now``, job_id,
+#: attempt): for equal GPU counts the work lost ``gpus * (now - start) / 1e6`` is
+#: strictly decreasing in start (integer µs products below 2**53 divided by 1e6 stay
+#: distinct as floats while they are below ~4.5e9 GPU-s), and it does not depend on
+#: ``now``, so an index of candidates can live across cycles. The work lost is
+#: computed from it where a plan is costed (:func:`_lost`).
+Cand = tuple[tuple[int, int, int, str, int], Run, tuple[int, ...]]
 
-    ``unalloc[node]`` and ``expired[leaf][node]`` hold ``(cost, run, gpus on
-    that node)`` with cost ``(allocated GPUs, unallocated GPUs, GPU-s of work
-    lost, job_id, attempt)`` of the whole run, sorted cheapest first.
+
+def _order_key(run: Run) -> tuple[int, int, int, str, int]:
+    start = run.started_at_us if run.started_at_us is not None else run.placed_at_us
+    gpus = run.gpus_per_replica * run.replicas
+    if run.allocated:
+        return (gpus, 0, -start, run.job_id, run.attempt)
+    return (0, gpus, -start, run.job_id, run.attempt)
+
+
+def _lost(order: tuple[int, int, int, str, int], now: Micros) -> float:
+    """GPU-seconds of work lost at ``now`` by preempting the run with this order key."""
+    return (order[0] + order[1]) * (now + order[2]) / 1e6
+
+
+_UNTIL = itemgetter(0)
+
+
+class VictimIndex:
+    """Preemption candidates kept across cycles, updated from the runs that changed.
+
+    A pure function of ``cluster.runs`` (non-stopping runs only), independent of
+    the cycle time:
+
+    * ``unalloc[node]``: the unallocated runs with an open replica there, as
+      :data:`Cand` sorted by order key (cheapest first); nodes without any
+      are absent (lists are never empty);
+    * ``alloc[leaf]``: the allocated runs of the leaf as ``(protected_until_us,
+      run key, run)`` sorted ascending, so the runs whose protection has expired
+      at ``now`` (``now >= protected_until_us``) are a prefix.
+
+    :meth:`sync` brings it up to date with a :class:`ClusterState`: the first
+    time (or for another cluster) it rebuilds from scratch and switches on the
+    cluster's change tracking (``ClusterState.changed``); afterwards it
+    re-indexes only the changed run keys (in sorted order) and clears the set.
+    The result equals :meth:`build` of the same runs (property-tested), so a
+    cycle decides the same with or without it.
+    """
+
+    __slots__ = ("unalloc", "alloc", "_indexed", "_cluster")
+
+    def __init__(self) -> None:
+        self.unalloc: dict[str, list[Cand]] = {}
+        self.alloc: dict[str, list[tuple[Micros, RunKey, Run]]] = {}
+        self._indexed: dict[RunKey, Run] = {}
+        self._cluster: Any = None
+
+    @classmethod
+    def build(cls, runs: Mapping[RunKey, Run]) -> "VictimIndex":
+        """A fresh index of ``runs`` (any order: lists are sorted by unique keys)."""
+        idx = cls()
+        unalloc, alloc = idx.unalloc, idx.alloc
+        for run in runs.values():
+            if run.stopping:
+                continue
+            idx._indexed[run.key] = run
+            if run.allocated:
+                lst = alloc.get(run.budget)
+                ent = (run.protected_until_us, run.key, run)
+                if lst is None:
+                    alloc[run.budget] = [ent]  # type: ignore[list-item]
+                else:
+                    lst.append(ent)  # type: ignore[arg-type]
+                continue
+            order = _order_key(run)
+            placements = run.placements
+            for r in run.open_replicas:
+                p = placements[r]
+                lst2 = unalloc.get(p.node_id)
+                if lst2 is None:
+                    unalloc[p.node_id] = [(order, run, p.gpus)]
+                else:
+                    lst2.append((order, run, p.gpus))
+        for lst2 in unalloc.values():
+            lst2.sort(key=_first)
+        for lst in alloc.values():
+            lst.sort(key=_until_key)
+        return idx
+
+    def sync(self, cluster: Any) -> "VictimIndex":
+        """Update from ``cluster`` (a :class:`ClusterState`) and return self (see the class doc)."""
+        changed = cluster.changed
+        if cluster is not self._cluster or changed is None:
+            fresh = VictimIndex.build(cluster.runs)
+            self.unalloc, self.alloc, self._indexed = fresh.unalloc, fresh.alloc, fresh._indexed
+            self._cluster = cluster
+            cluster.changed = set()
+            return self
+        if changed:
+            runs = cluster.runs
+            for key in sorted(changed):
+                old = self._indexed.pop(key, None)
+                if old is not None:
+                    self._remove(old)
+                run = runs.get(key)
+                if run is not None and not run.stopping:
+                    self._indexed[key] = run
+                    self._add(run)
+            changed.clear()
+        return self
+
+    def _add(self, run: Run) -> None:
+        if run.allocated:
+            lst = self.alloc.get(run.budget)
+            ent = (run.protected_until_us, run.key, run)
+            if lst is None:
+                self.alloc[run.budget] = [ent]  # type: ignore[list-item]
+            else:
+                insort(lst, ent, key=_until_key)  # type: ignore[arg-type]
+            return
+        order = _order_key(run)
+        for r in run.open_replicas:
+            p = run.placements[r]
+            lst2 = self.unalloc.get(p.node_id)
+            if lst2 is None:
+                self.unalloc[p.node_id] = [(order, run, p.gpus)]
+            else:
+                insort(lst2, (order, run, p.gpus), key=_first)
+
+    def _remove(self, run: Run) -> None:
+        if run.allocated:
+            lst = self.alloc[run.budget]
+            key = (run.protected_until_us, run.key)
+            i = bisect_left(lst, key, key=_until_key)
+            del lst[i]
+            if not lst:
+                del self.alloc[run.budget]
+            return
+        order = _order_key(run)
+        for r in run.open_replicas:
+            nid = run.placements[r].node_id
+            lst2 = self.unalloc[nid]
+            i = bisect_left(lst2, order, key=_first)
+            del lst2[i]
+            if not lst2:
+                del self.unalloc[nid]
+
+    def as_lists(self) -> tuple[dict[str, list[tuple]], dict[str, list[tuple]]]:
+        """``(unalloc, alloc)`` with runs as keys, sorted by node / leaf (for tests)."""
+        u = {n: [(c, r.key, g) for c, r, g in lst] for n, lst in sorted(self.unalloc.items())}
+        a = {b: [(t, k) for t, k, _ in lst] for b, lst in sorted(self.alloc.items())}
+        return u, a
+
+
+def _until_key(x: tuple) -> Any:
+    return (x[0], x[1])
+
+
+class _Victims:
+    """Preemption candidates of one cycle, indexed by node.
+
+    ``unalloc[node]`` and ``expired_on(leaf)[node]`` hold :data:`Cand` entries
+    sorted cheapest first. Built from a :class:`VictimIndex` (kept across
+    cycles by the caller, ``CycleSnapshot.victims``) or, without one, from
+    the snapshot's runs.
     """
 
     __slots__ = ("unalloc", "expired", "taken", "behind", "under", "u_opts", "u_seen", "_now", "_exp_runs")
 
-    def __init__(self, cluster: ClusterSnapshot, now: Micros) -> None:
-        self.unalloc: dict[str, list[tuple[tuple[int, int, float, str, int], Run, tuple[int, ...]]]] = {}
-        self.expired: dict[str, dict[str, list[tuple[tuple[int, int, float, str, int], Run, tuple[int, ...]]]]] = {}
+    def __init__(self, cluster: ClusterSnapshot, now: Micros, index: VictimIndex | None = None) -> None:
+        if index is None:
+            index = VictimIndex.build(cluster.runs)
+        self.unalloc: dict[str, list[Cand]] = index.unalloc  # read only
         self.taken: set[RunKey] = set()
         self.behind: dict[str, tuple[int, dict[str, tuple[str, float, float]]]] = {}
         self.under: dict[str, list[str]] | None = None
-        self.u_opts: dict[tuple[int, str | None], list[tuple]] = {}
-        self.u_seen: dict[tuple[int, str | None], dict[str, int]] = {}
+        self.u_opts: dict[tuple[int, str | None], dict[str, tuple]] = {}
+        self.u_seen: dict[tuple[int, str | None], int] = {}  # position in the free index's log
         self._now = now
-        exp: dict[str, list[Run]] = {}
-        unalloc = self.unalloc
-        for run in cluster.runs.values():  # order is irrelevant: lists are sorted by cost (ids included)
-            if run.stopping:
-                continue
-            if run.allocated:
-                if not run.protected(now):  # the one protection rule: Run.protected_until_us
-                    lst = exp.get(run.budget)
-                    if lst is None:
-                        exp[run.budget] = [run]
-                    else:
-                        lst.append(run)
-                continue
-            start = run.started_at_us if run.started_at_us is not None else run.placed_at_us
-            gpus = run.gpus_per_replica * run.replicas
-            cost = (0, gpus, gpus * (now - start) / 1e6, run.job_id, run.attempt)
-            placements = run.placements
-            for r in run.open_replicas:
-                p = placements[r]
-                nid = p.node_id
-                lst = unalloc.get(nid)
-                if lst is None:
-                    unalloc[nid] = [(cost, run, p.gpus)]  # type: ignore[list-item]
-                else:
-                    lst.append((cost, run, p.gpus))  # type: ignore[arg-type]
-        for lst in unalloc.values():
-            if len(lst) > 1:
-                lst.sort(key=_first)
+        exp: dict[str, list[tuple[Micros, RunKey, Run]]] = {}
+        for leaf, lst in index.alloc.items():
+            if lst[0][0] <= now:  # protection expired: now >= protected_until_us
+                exp[leaf] = lst[:bisect_right(lst, now, key=_UNTIL)]
         self._exp_runs = exp
-        self.expired = {v: {} for v in exp}  # per-node lists built on first use (expired_on)
+        self.expired: dict[str, dict[str, list[Cand]]] = {v: {} for v in exp}  # filled by expired_on
 
-    def expired_on(self, leaf: str) -> dict[str, list[tuple[tuple[int, int, float, str, int], Run, tuple[int, ...]]]]:
+    def expired_on(self, leaf: str) -> dict[str, list[Cand]]:
         """Node -> expired runs of ``leaf`` there, cheapest first (built on first use)."""
         by_node = self.expired[leaf]
-        runs = self._exp_runs.get(leaf)
-        if runs:
-            now = self._now
-            for run in runs:
-                start = run.started_at_us if run.started_at_us is not None else run.placed_at_us
-                gpus = run.gpus_per_replica * run.replicas
-                cost = (gpus, 0, gpus * (now - start) / 1e6, run.job_id, run.attempt)
+        ents = self._exp_runs.get(leaf)
+        if ents:
+            for _, _, run in ents:
+                order = _order_key(run)
                 for r in run.open_replicas:
                     p = run.placements[r]
-                    by_node.setdefault(p.node_id, []).append((cost, run, p.gpus))
+                    by_node.setdefault(p.node_id, []).append((order, run, p.gpus))
             for lst in by_node.values():
                 lst.sort(key=_first)
             self._exp_runs[leaf] = []
@@ -561,7 +777,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         tree, snapshot.occupancy, snapshot.capacity_gpu_s,
         {leaf: range(b) for leaf, b in bound.items() if b})
     budget_rank = {leaf: i for i, leaf in enumerate(queue.initial_order)}
-    free = _Free(cluster)
+    free = _Free(cluster, snapshot.free)
     victims: _Victims | None = None
     out = res.events
     free_fail: dict[str | None, list[tuple[int, int]]] = {}
@@ -641,7 +857,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         elif cfg.preemption and not (mkey in pre_fail and pre_failed(mkey, g, k)) and (
                 model is None or not (leaf in pre_fail and pre_failed(leaf, g, k))):
             if victims is None:
-                victims = _Victims(cluster, now_us)
+                victims = _Victims(cluster, now_us, snapshot.victims)
             res.searches += 1
             plan = _plan(job, leaf, free, victims, now_us, ratio, cfg.delta, charges, tree)
             if plan is None:
@@ -672,16 +888,19 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                 free.reserve(n)
             res.reservation = (job.job_id, tuple(chosen_nodes))
             continue  # the reservation changed free capacity: no bulk skip on its account
-        if model is None and leaf in pre_fail and (
-                pre_failed(leaf, 1, 1) or pre_failed(leaf, *floor_shape(leaf, 0, bound[leaf]))):
-            queue.drop_leaf(leaf)
+        if model is None:
+            ent = pre_fail.get(leaf)  # pre_failed(leaf, 1, 1) or pre_failed(leaf, *floor), inlined
+            if ent is not None:
+                if charges - ent[1] != own_charges.get(leaf, 0) - ent[2]:
+                    del pre_fail[leaf]  # another leaf was charged since: stale
+                elif (1, 1) in ent[0] or _dominated(ent[0], *floor_shape(leaf, 0, bound[leaf])):
+                    queue.drop_leaf(leaf)
 
     # ---------------------------------------------------------------- pass 2: unallocated jobs
     rest = [leaf for leaf, b in bound.items() if b < len(pending[leaf])]
     if not rest:
         return res
-    occ_after = {p: queue.occupancy(p) for p in tree.paths()}
-    order = budget_order(tree, occ_after, snapshot.capacity_gpu_s)
+    order = queue.order()  # = budget_order of the occupancy after the provisional charges
     any_free = free_fail.get(None, [])
     if _dominated(any_free, 1, 1):
         return res  # not even one GPU was free for a 1-GPU job: no unallocated job fits
@@ -759,12 +978,33 @@ def _emit_placed(out: list[Event], job: PendingJob, placements: tuple[Placement,
 
 
 def _reservation_nodes(free: _Free, g: int, k: int, model: str | None) -> list[str]:
-    """k eligible nodes for a blocked job: most free GPUs first, ties by id."""
-    elig = [n for n, m in free.model.items()
-            if n not in free.reserved and (model is None or m == model) and free.count[n] >= g]
-    ffree = free.free
-    keyed = sorted([(-len(ffree[n]), n) for n in elig])  # node ids are unique: same order as by key
-    return [n for _, n in keyed[:k]]
+    """k eligible nodes for a blocked job: most free GPUs first, ties by id.
+
+    Eligible: not reserved, the model matches, at least g GPUs. Nodes with
+    c >= 1 free GPUs that are not reserved are exactly ``buckets[model][c]``,
+    so they are walked from the most free down; nodes with no free GPU are
+    looked for only when fewer than k were found.
+    """
+    out: list[str] = []
+    count = free.count
+    several = model is None and len(free.buckets) > 1
+    for c in range(free.maxc, 0, -1):
+        cand: list[str] = []
+        for m, b in free.buckets.items():
+            if model is not None and m != model:
+                continue
+            cand.extend(n for n in b[c] if count[n] >= g)
+        if cand:
+            if several:
+                cand.sort()
+            out.extend(cand[: k - len(out)])
+            if len(out) == k:
+                return out
+    ffree, reserved = free.free, free.reserved
+    zero = sorted(n for n, m in free.model.items()
+                  if not ffree[n] and n not in reserved and (model is None or m == model) and count[n] >= g)
+    out.extend(zero[: k - len(out)])
+    return out
 
 
 _UNALLOC_RULE = ("unallocated", None, None, None)
@@ -822,38 +1062,42 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micro
             c = x[0]
             a += c[0]
             u += c[1]
-            lost += c[2]
+            lost += (c[0] + c[1]) * (now + c[2]) / 1e6  # _lost(c, now), inlined
         return ((a, u, lost), nid, chosen)
 
     u_nodes = victims.unalloc
-    ver = free.ver
+    log = free.log
     ckey = (g, model)
     cached = victims.u_opts.get(ckey)
-    seen = victims.u_seen.setdefault(ckey, {})
+    todo: Any
     if cached is None:
-        todo: Any = u_nodes
-        options: list[tuple] = []
+        todo = u_nodes
+        cached = victims.u_opts[ckey] = {}
     else:
         # options depend on g, the model and each node's state, not on the preemptor:
-        # re-evaluate only the nodes touched since they were last looked at
-        options = [o for o in cached if o[3] == ver.get(o[1], 0)]
-        todo = [nid for nid in u_nodes if seen.get(nid) != ver.get(nid, 0)]
+        # re-evaluate only the nodes touched (free.log) since they were last looked at
+        pos = victims.u_seen[ckey]
+        if pos == len(log):
+            todo = ()
+        else:
+            touched = set(log[pos:])
+            for nid in touched:
+                cached.pop(nid, None)
+            todo = [nid for nid in touched if nid in u_nodes]
+    victims.u_seen[ckey] = len(log)
     for nid in todo:
-        seen[nid] = ver.get(nid, 0)
-        if not eligible(nid):
+        if not eligible(nid):  # (static in a cycle but for reservations, which are logged)
             continue
         lst = u_nodes[nid]
         if taken:
-            cands = [(c, run, gp, _UNALLOC_RULE) for c, run, gp in lst
-                     if (run.job_id, run.attempt) not in taken]
+            cands = [x for x in lst if (x[1].job_id, x[1].attempt) not in taken]
         else:
-            cands = [(c, run, gp, _UNALLOC_RULE) for c, run, gp in lst]
+            cands = lst  # evaluate() only reads it
         if cands:
             opt = evaluate(nid, cands)
             if opt is not None:
-                options.append(opt + (ver.get(nid, 0),))
-    victims.u_opts[ckey] = options
-    options = [o[:3] for o in options if eligible(o[1])]
+                cached[nid] = opt
+    options = list(cached.values())
     for c in range(g, free.maxc + 1):
         for m, b in free.buckets.items():
             if model is not None and m != model:
@@ -863,20 +1107,20 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micro
                 if nid not in u_nodes or (taken and not any(x[1].key not in taken for x in u_nodes[nid])):
                     if fcount[nid] >= g:
                         options.append(((0, 0, 0.0), nid, []))
+    behind = None
     if len(options) < k:
         behind = victims.behind_of(leaf, ratio, delta, epoch, tree)
         if not behind:
             return None
         per_node: dict[str, list] = {}
-        for v, (lca, rv, rb) in behind.items():
-            rule = ("expired_behind", lca, rv, rb)
+        for v in behind:
             for nid, lst in victims.expired_on(v).items():
                 if not eligible(nid):
                     continue
                 bucket = per_node.get(nid)
                 if bucket is None:
                     bucket = per_node[nid] = []
-                bucket.extend((c, run, gp, rule) for c, run, gp in lst if run.key not in taken)
+                bucket.extend(x for x in lst if x[1].key not in taken)
         if not per_node:
             return None
         seen = {o[1] for o in options}
@@ -884,7 +1128,7 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micro
             if not lst:
                 continue
             if nid in u_nodes:
-                lst.extend((c, run, gp, _UNALLOC_RULE) for c, run, gp in u_nodes[nid] if run.key not in taken)
+                lst.extend(x for x in u_nodes[nid] if x[1].key not in taken)
             lst.sort(key=_first)
             opt = evaluate(nid, lst)
             if opt is not None:
@@ -900,15 +1144,18 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micro
     for _, nid, chosen in best:
         for x in chosen:
             for p in x[1].placements:
-                ver[p.node_id] = ver.get(p.node_id, 0) + 1
-        ver[nid] = ver.get(nid, 0) + 1
+                log.append(p.node_id)
+        log.append(nid)
         gpus = list(free.take(nid, min(g, len(ffree[nid]))))
         extra = sorted(gg for x in chosen for gg in x[2])
         gpus.extend(extra[: g - len(gpus)])
         placements.append(Placement(node_id=nid, gpus=tuple(sorted(gpus))))
         for x in chosen:
-            if x[1].key not in picked:
-                picked[x[1].key] = (x[1], _victim(x[1], *x[3]))
+            run = x[1]
+            if run.key not in picked:
+                # the rule that allowed it: unallocated, or behind at the LCA (behind_of's facts)
+                rule = ("expired_behind", *behind[run.budget]) if run.allocated else _UNALLOC_RULE  # type: ignore[index]
+                picked[run.key] = (run, _victim(run, *rule))
     return tuple(placements), [picked[key] for key in sorted(picked)]
 
 

@@ -96,7 +96,11 @@ def budget_order(tree: BudgetTree, occupancy: Mapping[str, float], capacity_gpu_
     Returns:
         Every leaf path of ``tree``, most under-used first.
     """
-    r = ratios(tree, occupancy, capacity_gpu_s)
+    return order_by_ratios(tree, ratios(tree, occupancy, capacity_gpu_s))
+
+
+def order_by_ratios(tree: BudgetTree, r: Mapping[str, float]) -> tuple[str, ...]:
+    """:func:`budget_order` from ratios already computed (``{path: r}`` for every path of ``tree``)."""
     out: list[str] = []
 
     def visit(node: str) -> None:
@@ -196,7 +200,8 @@ class FairShareQueue(Generic[T]):
             heapq.heappush(self._heaps.setdefault(parent_of(node), []),
                            (self._ratio[node], node, 0))
         self._current: str | None = None
-        self.initial_order: tuple[str, ...] = budget_order(tree, self._occ, capacity_gpu_s)
+        # the same ratios budget_order(tree, self._occ, capacity_gpu_s) would compute
+        self.initial_order: tuple[str, ...] = order_by_ratios(tree, self._ratio)
         """Leaf order at the start of the cycle (for ``Decision.budget_rank``)."""
 
     # ------------------------------------------------------------------ queries
@@ -204,6 +209,11 @@ class FairShareQueue(Generic[T]):
     def ratio(self, path: str) -> float:
         """Current r of ``path`` including provisional charges (0.0 for the root)."""
         return self._ratio.get(path, ZERO_USAGE)
+
+    def order(self) -> tuple[str, ...]:
+        """Leaf order by the current ratios (with provisional charges): ``budget_order`` of
+        the current occupancy (every ratio is recomputed whenever its occupancy changes)."""
+        return order_by_ratios(self._tree, self._ratio)
 
     def occupancy(self, path: str) -> float:
         """Current O of ``path`` including provisional charges, GPU-seconds."""

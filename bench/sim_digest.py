@@ -1,0 +1,98 @@
+"""sha256 of simulator decision logs: the "decisions did not change" check for engine speed-ups.
+
+The digest is ``sha256(SimResult.decision_log())`` (the dispatcher's outputs
+as JSON lines joined by ``\\n``), computed incrementally while the run goes
+so that a 100,000-job run does not keep its ~1M events in memory.
+
+Run::
+
+    .venv/bin/python bench/sim_digest.py philly --slice week44 [--policy all]
+    .venv/bin/python bench/sim_digest.py bench --jobs 20000 [--gap 10]
+
+``philly`` is the reference setup of docs/simulation.md (Philly trace,
+``infra/budgets/philly.yaml``, seed 1, CLI defaults); ``bench`` is the
+synthetic trace of ``bench/bench_sim.py``. Prints one line per policy:
+``<policy> <sha256> <decision events> <wall s>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import time
+from pathlib import Path
+
+from apportion.events import Event, encode
+from apportion.sim.core import SimConfig, Simulator
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class DigestSimulator(Simulator):
+    """A :class:`Simulator` that hashes its decision log as it goes (``keep_log`` may be off)."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.digest = hashlib.sha256()
+        self.decisions = 0
+
+    def _outputs(self, out: list[Event], t: int) -> None:
+        h = self.digest
+        for e in out:
+            if e.producer == "dispatcher":
+                if self.decisions:
+                    h.update(b"\n")
+                h.update(encode(e))
+                self.decisions += 1
+        super()._outputs(out, t)
+
+
+def _philly(a: argparse.Namespace) -> None:
+    from apportion.domain.dispatch import DispatchConfig
+    from apportion.domain.engine import EngineConfig
+    from apportion.sim.baselines import POLICIES
+    from apportion.sim.traces import load_budget_file, load_trace
+
+    bf = load_budget_file(ROOT / "infra/budgets/philly.yaml")
+    jobs = load_trace(a.trace, bf, a.seed, a.slice)
+    names = list(POLICIES) if a.policy == "all" else a.policy.split(",")
+    for name in names:
+        dcfg = DispatchConfig(engine=EngineConfig(window_s=bf.window_s), heartbeat_timeout_s=None,
+                              scheduler=None if name == "fairshare" else POLICIES[name])
+        cfg = SimConfig(seed=a.seed, dispatch=dcfg, cycle_s=300.0, keep_log=False)
+        t = time.perf_counter()
+        sim = DigestSimulator(bf.tree, bf.nodes, jobs, cfg, window_s=bf.window_s)
+        sim.run()
+        print(f"{name} {sim.digest.hexdigest()} {sim.decisions} {time.perf_counter() - t:.1f}s", flush=True)
+
+
+def _bench(a: argparse.Namespace) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_sim import config, nodes, trace  # type: ignore[import-not-found]
+
+    tree, jobs = trace(a.jobs, a.seed, 1000)
+    t = time.perf_counter()
+    sim = DigestSimulator(tree, nodes(), jobs, config(a.seed, a.gap))
+    sim.run()
+    print(f"bench {sim.digest.hexdigest()} {sim.decisions} {time.perf_counter() - t:.1f}s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("philly")
+    p.add_argument("--trace", default="/work/shared/data/philly/philly.csv")
+    p.add_argument("--slice", default="week44")
+    p.add_argument("--policy", default="all")
+    p.add_argument("--seed", type=int, default=1)
+    b = sub.add_parser("bench")
+    b.add_argument("--jobs", type=int, default=20_000)
+    b.add_argument("--seed", type=int, default=1)
+    b.add_argument("--gap", type=float, default=10.0)
+    a = ap.parse_args()
+    (_philly if a.what == "philly" else _bench)(a)
+
+
+if __name__ == "__main__":
+    main()
