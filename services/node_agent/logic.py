@@ -395,9 +395,15 @@ def decide_lost(state: AgentState, ev: NodeLost, now: datetime, grace_s: float) 
 
 
 def ready_to_rejoin(state: AgentState) -> tuple[str, ...]:
-    """Rejoining nodes with no replica left running or waiting, in id order."""
-    busy = {w.node_id for w in state.running.values()} | {w.node_id for w in state.waiting.values()}
-    return tuple(sorted(n for n in state.rejoining if n not in busy))
+    """Rejoining nodes with no replica left running or waiting, in id order.
+
+    Called after every replica exit, so it costs nothing while no node is
+    rejoining and reads running replicas through the ``by_node`` index.
+    """
+    if not state.rejoining:
+        return ()
+    waiting = {w.node_id for w in state.waiting.values()}
+    return tuple(sorted(n for n in state.rejoining if not state.by_node.get(n) and n not in waiting))
 
 
 # --------------------------------------------------------------------------- evolve
