@@ -270,6 +270,44 @@ def test_skipped_leaf_after_smallest_shape_fails():
     assert res.events == [] and res.considered == 2
 
 
+def test_blocked_run_of_one_shape_is_passed_over_with_exact_ranks():
+    # n0 (8 GPUs) is full with a protected run p; n1 (2 GPUs): unallocated u on GPU 0, protected x on 1.
+    # lab/a: r (8 x 2, waiting 10 h) is blocked and takes the reservation (n0: the only node with 8 GPUs);
+    # b0 (4 GPUs) is blocked (free: none; preemption: only u's 1 GPU on n1) -> shape (4, 1) known blocked;
+    # b1..b9 have that shape and come next: passed over (9), each still counted in rank;
+    # s (1 GPU) preempts u on n1 at rank 1 + 10 = 11.
+    w = (World().node("n0", 8).node("n1", 2)
+         .run("p", "lab/c", {"n0": tuple(range(8))}, min_runtime_s=1e6)
+         .run("u", "lab/b", {"n1": (0,)}, allocated=False)
+         .run("x", "lab/c", {"n1": (1,)}, min_runtime_s=1e6)
+         .job("r", "lab/a", 8, 2, submitted=h(0), queued=h(0)))
+    for i in range(10):
+        w.job(f"b{i}", "lab/a", 4, submitted=h(1) + i)
+    w.job("s", "lab/a", 1, submitted=h(2))
+    res = w.cycle()
+    assert res.reservation == ("r", ("n0",))
+    assert placed(res) == ["s@n1[0]"] and preempted(res) == ["u<-s"]
+    pl = [e for e in res.events if isinstance(e, ev.JobPlaced)][0]
+    assert pl.decision.rank == 11
+    assert (res.considered, res.passed_over, res.searches) == (12, 9, 3)
+
+
+def test_unallocated_jobs_that_cannot_fit_are_passed_over_with_exact_ranks():
+    # n0 has 3 free GPUs. lab/a's unallocated jobs: w0..w5 need 4 GPUs each. w0 fails the fit;
+    # w1 is known not to fit, and w2..w5 (same shape, next in line) are passed over with it (4);
+    # t (2 GPUs) fits at rank 6; v (4 GPUs) is known not to fit and is the last.
+    w = World().node("n0", 3)
+    for i in range(6):
+        w.job(f"w{i}", "lab/a", 4, min_runtime_s=0, submitted=h(1) + i)
+    w.job("t", "lab/a", 2, min_runtime_s=0, submitted=h(2))
+    w.job("v", "lab/a", 4, min_runtime_s=0, submitted=h(3))
+    res = w.cycle()
+    assert placed(res) == ["t@n0[0, 1]"]
+    pl = [e for e in res.events if isinstance(e, ev.JobPlaced)][0]
+    assert pl.decision.rank == 6
+    assert (res.considered, res.passed_over) == (8, 4)
+
+
 def test_behind_set_by_tree_walk_equals_the_lca_rule():
     # The engine groups candidate leaves by their branch at the LCA; it must give exactly
     # the pairwise rule r(V branch) >= r(B branch) + delta of DESIGN section 3.

@@ -212,6 +212,20 @@ def test_drop_leaf_returns_rest() -> None:
     assert list(q) == [("b", "b1")]
 
 
+def test_skip_passes_over_items_as_pops_would() -> None:
+    tree = BudgetTree.from_mapping({"a": 0.5, "b": 0.5})
+    q = FairShareQueue(tree, {"b": 100.0}, K, {"a": ["a1", "a2", "a3", "a4"], "b": ["b1"]})
+    assert q.pop() == ("a", "a1")
+    q.skip("a", 2)  # a2, a3
+    assert q.pop() == ("a", "a4")
+    assert list(q) == [("b", "b1")]
+    q2 = FairShareQueue(tree, {}, K, {"a": ["a1", "a2"], "b": ["b1"]})
+    q2.skip("a", 5)  # more than are left: a is done
+    assert list(q2) == [("b", "b1")]
+    with pytest.raises(KeyError):
+        q2.skip("a", 1)
+
+
 @st.composite
 def trees_and_loads(draw: st.DrawFn) -> tuple[BudgetTree, dict[str, float], dict[str, list[str]], int]:
     spec: dict[str, float] = {}

@@ -62,9 +62,10 @@ and time always give the same events, byte for byte.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import islice
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -200,12 +201,16 @@ class CycleResult:
         reservation: ``(job_id, node_ids)`` of this cycle's reservation, or ``None``.
         considered: jobs taken from the queue (the rest were skipped in bulk).
         searches: preemption searches run.
+        passed_over: of ``considered``, jobs passed over in a run without
+            being looked at one by one: their shape was already known to be
+            blocked in this cycle (see :func:`_blocked_run`).
     """
 
     events: list[Event] = field(default_factory=list)
     reservation: tuple[str, tuple[str, ...]] | None = None
     considered: int = 0
     searches: int = 0
+    passed_over: int = 0
 
 
 def schedule(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | None = None) -> list[Event]:
@@ -826,6 +831,30 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
             floors[key] = f
         return f
 
+    def blocked_shape(leaf: str) -> Callable[[int, int, str | None], bool]:
+        """Whether a job of ``leaf`` with shape (g, k, model), taken now, would be blocked with no effect.
+
+        Pass 1 for such a job: the free GPUs are known not to fit it
+        (``free_fail``), its preemption search is known to fail
+        (``pre_failed``, not stale), no reservation is left to take, and it
+        does not end the leaf (``drop``). It then changes nothing but
+        ``rank``. A stale entry is dropped, as the job itself would drop it.
+        """
+        ent = pre_fail.get(leaf)
+        drop = ent is not None and charges - ent[1] == own_charges.get(leaf, 0) - ent[2] and (
+            (1, 1) in ent[0] or _dominated(ent[0], *floor_shape(leaf, 0, bound[leaf])))
+
+        def blocked(g: int, k: int, model: str | None) -> bool:
+            ff = free_fail.get(model)
+            if not ((ff and _dominated(ff, g, k))
+                    or (model is not None and _dominated(free_fail.get(None, ()), g, k))):  # type: ignore[arg-type]
+                return False
+            if model is None:
+                return not drop and leaf in pre_fail and pre_failed(leaf, g, k)
+            mkey = leaf + "\x00" + model
+            return (mkey in pre_fail and pre_failed(mkey, g, k)) or (leaf in pre_fail and pre_failed(leaf, g, k))
+        return blocked
+
     # ---------------------------------------------------------------- pass 1: allocated jobs
     while True:
         item = queue.pop()
@@ -895,6 +924,16 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                     del pre_fail[leaf]  # another leaf was charged since: stale
                 elif (1, 1) in ent[0] or _dominated(ent[0], *floor_shape(leaf, 0, bound[leaf])):
                     queue.drop_leaf(leaf)
+                    continue
+        if reserved_for is not None and cfg.preemption and idx + 1 < bound[leaf]:
+            # The leaf's next jobs come next (nothing was charged). Pass over those that
+            # would be blocked exactly like this one, with no effect but their rank.
+            n = _blocked_run(pending[leaf], idx + 1, bound[leaf], blocked_shape(leaf))
+            if n:
+                queue.skip(leaf, n)
+                rank += n
+                res.considered += n
+                res.passed_over += n
 
     # ---------------------------------------------------------------- pass 2: unallocated jobs
     rest = [leaf for leaf, b in bound.items() if b < len(pending[leaf])]
@@ -912,13 +951,24 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         mg, mk = floor_shape(leaf, bound[leaf], len(jobs))
         if _dominated(any_free, mg, mk):
             continue  # nothing of this leaf fits on what is free
-        for idx in range(bound[leaf], len(jobs)):
+        end = len(jobs)
+        idx = bound[leaf] - 1
+        while idx + 1 < end:
+            idx += 1
             job = jobs[idx]
             rank += 1
             res.considered += 1
             g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
             if _dominated(free_fail.get(model, ()), g, k) or (  # type: ignore[arg-type]
                     model is not None and _dominated(any_free, g, k)):
+                # known not to fit, and so are the next jobs of a shape that does not fit: pass over them
+                ff_now, af_now = free_fail, any_free
+                n = _blocked_run(jobs, idx + 1, end, lambda g2, k2, m2: _dominated(
+                    ff_now.get(m2, ()), g2, k2) or (m2 is not None and _dominated(af_now, g2, k2)))  # type: ignore[arg-type]
+                idx += n
+                rank += n
+                res.considered += n
+                res.passed_over += n
                 continue
             nodes = free.fit(g, k, model)
             if nodes is None:
@@ -932,6 +982,28 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
             out.extend(start_events(job.job_id, job.attempt, placements, ts, job.duration_s,
                                     job.command, cfg.producer))
     return res
+
+
+_SHAPE = attrgetter("gpus_per_replica", "replicas", "gpu_model")
+
+
+def _blocked_run(jobs: Sequence[PendingJob], lo: int, hi: int,
+                 blocked: Callable[[int, int, str | None], bool]) -> int:
+    """How many of ``jobs[lo:hi]``, from ``lo`` on, have a shape ``(g, k, model)`` for which ``blocked`` holds.
+
+    ``blocked`` is asked once per distinct shape (a handful per leaf), so a
+    long run of jobs that cannot be placed costs one tuple lookup each.
+    """
+    seen: dict[tuple[int, int, str | None], bool] = {}
+    n = 0
+    for shape in map(_SHAPE, islice(jobs, lo, hi)):
+        b = seen.get(shape)
+        if b is None:
+            b = seen[shape] = blocked(*shape)
+        if not b:
+            return n
+        n += 1
+    return n
 
 
 _G = attrgetter("gpus_per_replica")

@@ -27,10 +27,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from apportion.domain.budgets import ROOT, BudgetTree, ancestors_of, parent_of
 
@@ -182,12 +181,13 @@ class FairShareQueue(Generic[T]):
         self._occ: dict[str, float] = {p: float(occupancy.get(p, 0.0)) for p in tree.paths()}
         self._ratio: dict[str, float] = {
             p: usage_ratio(self._occ[p], tree.abs_share(p) * capacity_gpu_s) for p in tree.paths()}
-        self._queues: dict[str, deque[T]] = {}
+        # leaf -> [items, next position]: a cursor, so that a cycle does not copy its queues
+        self._queues: dict[str, list[Any]] = {}
         for leaf, items in items_by_leaf.items():
             if not tree.is_leaf(leaf):
                 raise KeyError(f"{leaf!r} is not a leaf budget")
             if items:
-                self._queues[leaf] = deque(items)
+                self._queues[leaf] = [items, 0]
         self._ver: dict[str, int] = {}
         self._heaps: dict[str, list[tuple[float, str, int]]] = {}
         # activate nodes with pending work, bottom-up
@@ -255,10 +255,34 @@ class FairShareQueue(Generic[T]):
         if leaf is None:
             return None
         q = self._queues[leaf]
-        item = q.popleft()
-        if not q:
+        items, pos = q
+        item = items[pos]
+        pos += 1
+        if pos == len(items):
             self._deactivate(leaf)
+        else:
+            q[1] = pos
         return leaf, item
+
+    def skip(self, leaf: str, n: int) -> None:
+        """Pass over the next ``n`` items of ``leaf`` (fewer when it has fewer left).
+
+        Equivalent to ``n`` calls of :meth:`pop` that all return ``leaf``
+        (the caller knows they would: no :meth:`charge` in between, and
+        ``leaf`` is the one :meth:`peek_leaf` returns), without visiting the
+        items. O(1) (O(depth) when ``leaf`` runs out).
+
+        Raises:
+            KeyError: ``leaf`` has no items left.
+        """
+        if n <= 0:
+            return
+        q = self._queues[leaf]
+        pos = q[1] + n
+        if pos >= len(q[0]):
+            self._deactivate(leaf)
+        else:
+            q[1] = pos
 
     def __iter__(self) -> Iterator[tuple[str, T]]:
         while (nxt := self.pop()) is not None:
@@ -269,8 +293,7 @@ class FairShareQueue(Generic[T]):
         q = self._queues.get(leaf)
         if q is None:
             return []
-        rest = list(q)
-        q.clear()
+        rest = list(q[0][q[1]:])
         self._deactivate(leaf)
         return rest
 
