@@ -147,3 +147,41 @@ def test_redelivered_and_replayed_events_give_the_same_state():
     again = fold(log, TREE)
     assert again.jobs == state.jobs and again.cluster.runs == state.cluster.runs
     assert {k: list(v) for k, v in again.pending.items()} == {k: list(v) for k, v in state.pending.items()}
+
+
+def test_memo_of_pending_lists_is_carried_exactly_through_enqueue_and_dequeue():
+    """The engine's memo of a pending list ([list, floors, shape codes]) follows every change.
+
+    After each submission or cancellation, every carried entry must equal what
+    the engine would compute afresh for the new list (random shapes, both
+    allocated and unallocated jobs, seeded).
+    """
+    from apportion.domain.engine import _boundary, _floor, shape_codes
+
+    rng = random.Random(7)
+    state = given(reg("n0", 8), reg("n1", 8))
+    live: list[str] = []
+    for i in range(300):
+        if live and rng.random() < 0.35:
+            job_id = live.pop(rng.randrange(len(live)))
+            step(state, ev.JobCancelRequested(job_id=job_id, user="alice", ts=from_us(T0 + i)), T0 + i, CFG)
+        else:
+            job_id = f"j{i}"
+            live.append(job_id)
+            step(state, submitted(job_id, budget="lab/a", gpus=rng.choice([1, 2, 4, 8]),
+                                  replicas=rng.choice([1, 2]), min_runtime_s=rng.choice([0.0, 60.0]),
+                                  at=T0 + i, submitted_at=T0 + rng.randrange(1000)), T0 + i, CFG)
+        lst = state.pending.get("lab/a")
+        if not lst:
+            continue
+        ent = state._memo.get(id(lst))
+        if ent is not None:
+            b = _boundary(lst)
+            assert ent[0] is lst
+            assert ent[2] == shape_codes(lst)
+            for (lo, hi), f in ent[1].items():
+                assert (lo, hi) in ((0, b), (b, len(lst))) and f == _floor(lst, lo, hi)
+        # seed the memo as the engine would, so that the next change is carried
+        b = _boundary(lst)
+        state._memo[id(lst)] = [lst, {(0, b): _floor(lst, 0, b), (b, len(lst)): _floor(lst, b, len(lst))},
+                                shape_codes(lst)]

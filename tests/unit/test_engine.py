@@ -17,11 +17,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import ClusterState
-from apportion.domain.engine import CycleSnapshot, EngineConfig, PendingJob, pending_order, run_cycle
+from apportion.domain.engine import (
+    CycleSnapshot,
+    EngineConfig,
+    PendingJob,
+    _blocked_run,
+    pending_order,
+    run_cycle,
+    shape_codes,
+)
 from apportion.timeutil import from_us
 from builders import T0, h
 
@@ -306,6 +316,32 @@ def test_unallocated_jobs_that_cannot_fit_are_passed_over_with_exact_ranks():
     pl = [e for e in res.events if isinstance(e, ev.JobPlaced)][0]
     assert pl.decision.rank == 6
     assert (res.considered, res.passed_over) == (8, 4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2]),
+                          st.sampled_from([None, "a100"])), max_size=60),
+       st.sets(st.tuples(st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2]),
+                         st.sampled_from([None, "a100"]))),
+       st.integers(0, 60))
+def test_blocked_run_by_byte_search_equals_the_scan(shapes, blocked, lo):
+    """The run length is the index of the first job at or after lo whose shape is not blocked."""
+    jobs = [PendingJob(job_id=f"j{i}", attempt=1, budget="lab/a", user="u", gpus_per_replica=g,
+                       replicas=k, min_runtime_s=1.0, submitted_at_us=i, queued_at_us=i, gpu_model=m)
+            for i, (g, k, m) in enumerate(shapes)]
+    asked = []
+
+    def is_blocked(g, k, m):
+        asked.append((g, k, m))
+        return (g, k, m) in blocked
+
+    lo = min(lo, len(jobs))
+    expected = next((i for i in range(lo, len(jobs)) if shapes[i] not in blocked), len(jobs)) - lo
+    assert _blocked_run(jobs, lo, len(jobs), is_blocked) == expected
+    assert len(asked) == len(set(asked))  # once per distinct shape
+    asked.clear()
+    assert _blocked_run(jobs, lo, len(jobs), is_blocked, shape_codes(jobs)) == expected
+    assert len(asked) == len(set(asked))
 
 
 def test_behind_set_by_tree_walk_equals_the_lca_rule():

@@ -44,7 +44,7 @@ frozen values (copy-on-write lists and dict copies).
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -62,6 +62,7 @@ from apportion.domain.engine import (
     pending_order,
     preempt_events,
     schedule,
+    shape_code,
     start_events,
 )
 from apportion.domain.occupancy import OccupancyLedger
@@ -269,22 +270,39 @@ class DispatchState:
     def _enqueue(self, job: PendingJob) -> None:
         old = self.pending.get(job.budget)
         lst = list(old or ())
-        insort(lst, job, key=_order)
+        i = bisect_right(lst, _order(job), key=_order)
+        lst.insert(i, job)  # = insort(lst, job, key=_order)
         self.pending[job.budget] = lst
         if old:
-            self._memo_carry(old, lst, job, 1)
+            self._memo_carry(old, lst, job, 1, i)
 
-    def _memo_carry(self, old: list[PendingJob], new: list[PendingJob], job: PendingJob, sign: int) -> None:
-        """Carry the engine's segment floors of ``old`` over to ``new`` (``job`` added or removed).
+    def _memo_carry(self, old: list[PendingJob], new: list[PendingJob], job: PendingJob, sign: int,
+                    i: int) -> None:
+        """Carry the engine's memo of ``old`` over to ``new`` (``job`` added at / removed from index ``i``).
 
-        Segments are the allocated jobs ``[0, b)`` and the unallocated ones
-        ``[b, n)``; a floor is ``(min g, min k)``. Adding a job lowers its
-        segment's floor to the job's shape at most; removing one keeps the
-        floor when the job attains neither minimum, else the entry is dropped
-        (the engine recomputes it).
+        The memo entry is ``[list, floors, codes]``. Floors: segments are the
+        allocated jobs ``[0, b)`` and the unallocated ones ``[b, n)``; a floor
+        is ``(min g, min k)``. Adding a job lowers its segment's floor to the
+        job's shape at most; removing one keeps the floor when the job attains
+        neither minimum, else the entry is dropped (the engine recomputes it).
+        Codes (:func:`shape_codes`, or ``b""`` when unavailable): one byte is
+        inserted or deleted at ``i``.
         """
         ent = self._memo.get(id(old))
-        if ent is None or ent[0] is not old or not ent[1]:
+        if ent is None or ent[0] is not old:
+            return
+        codes = ent[2]
+        if codes:
+            if sign > 0:
+                c = shape_code(job.gpus_per_replica, job.replicas, job.gpu_model)
+                codes = None if c is None else codes[:i] + bytes((c,)) + codes[i:]
+            else:
+                codes = codes[:i] + codes[i + 1:]
+        else:
+            codes = None
+        if not ent[1]:
+            if codes is not None:
+                self._memo[id(new)] = [new, {}, codes]
             return
         b_old = _boundary(old)
         alloc = job.min_runtime_s > 0
@@ -305,8 +323,8 @@ class DispatchState:
                 segs[nk] = (min(f[0], g), min(f[1], k))
             elif g > f[0] and k > f[1]:
                 segs[nk] = f
-        if segs:
-            self._memo[id(new)] = (new, segs)
+        if segs or codes is not None:
+            self._memo[id(new)] = [new, segs, codes]
 
     def _dequeue(self, job_id: str) -> None:
         rec = self.jobs.get(job_id)
@@ -321,7 +339,7 @@ class DispatchState:
             old, lst = lst, lst[:i] + lst[i + 1:]
             if lst:
                 self.pending[rec.spec.budget] = lst
-                self._memo_carry(old, lst, old[i], -1)
+                self._memo_carry(old, lst, old[i], -1, i)
             else:
                 del self.pending[rec.spec.budget]
 

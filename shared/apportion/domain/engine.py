@@ -61,6 +61,7 @@ and time always give the same events, byte for byte.
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -824,12 +825,24 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
             else:
                 ent = memo.get(id(jobs))
                 if ent is None or ent[0] is not jobs:
-                    ent = memo[id(jobs)] = (jobs, {})
+                    ent = memo[id(jobs)] = [jobs, {}, None]
                 f = ent[1].get((lo, hi))
                 if f is None:
                     f = ent[1][(lo, hi)] = _floor(jobs, lo, hi)
             floors[key] = f
         return f
+
+    def codes_of(jobs: Sequence[PendingJob]) -> bytes | None:
+        """:func:`shape_codes` of ``jobs``, kept in ``memo`` (``None`` without one: plain scans)."""
+        if memo is None:
+            return None
+        ent = memo.get(id(jobs))
+        if ent is None or ent[0] is not jobs:
+            ent = memo[id(jobs)] = [jobs, {}, None]
+        c = ent[2]
+        if c is None:
+            c = ent[2] = shape_codes(jobs) or b""
+        return c or None
 
     def blocked_shape(leaf: str) -> Callable[[int, int, str | None], bool]:
         """Whether a job of ``leaf`` with shape (g, k, model), taken now, would be blocked with no effect.
@@ -928,7 +941,8 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         if reserved_for is not None and cfg.preemption and idx + 1 < bound[leaf]:
             # The leaf's next jobs come next (nothing was charged). Pass over those that
             # would be blocked exactly like this one, with no effect but their rank.
-            n = _blocked_run(pending[leaf], idx + 1, bound[leaf], blocked_shape(leaf))
+            jobs = pending[leaf]
+            n = _blocked_run(jobs, idx + 1, bound[leaf], blocked_shape(leaf), codes_of(jobs))
             if n:
                 queue.skip(leaf, n)
                 rank += n
@@ -964,7 +978,8 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                 # known not to fit, and so are the next jobs of a shape that does not fit: pass over them
                 ff_now, af_now = free_fail, any_free
                 n = _blocked_run(jobs, idx + 1, end, lambda g2, k2, m2: _dominated(
-                    ff_now.get(m2, ()), g2, k2) or (m2 is not None and _dominated(af_now, g2, k2)))  # type: ignore[arg-type]
+                    ff_now.get(m2, ()), g2, k2) or (m2 is not None and _dominated(af_now, g2, k2)),  # type: ignore[arg-type]
+                    codes_of(jobs))
                 idx += n
                 rank += n
                 res.considered += n
@@ -985,15 +1000,72 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
 
 
 _SHAPE = attrgetter("gpus_per_replica", "replicas", "gpu_model")
+Shape = tuple[int, int, "str | None"]
+
+#: Process-wide interning of job shapes (g, k, model) to one-byte codes for
+#: :func:`shape_codes`. Codes only encode; no decision depends on their values.
+_CODE: dict[Shape, int] = {}
+_SHAPE_OF: list[Shape] = []
+
+
+def shape_code(g: int, k: int, model: str | None) -> int | None:
+    """The one-byte code of shape ``(g, k, model)``, ``None`` once 256 shapes are interned."""
+    shape = (g, k, model)
+    c = _CODE.get(shape)
+    if c is None:
+        if len(_SHAPE_OF) >= 256:
+            return None
+        c = _CODE[shape] = len(_SHAPE_OF)
+        _SHAPE_OF.append(shape)
+    return c
+
+
+def shape_codes(jobs: Sequence[PendingJob]) -> bytes | None:
+    """``bytes`` with the :func:`shape_code` of each job in order, ``None`` past 256 shapes.
+
+    Lets :func:`_blocked_run` find the next job of another shape with a
+    regular-expression search in C instead of a Python loop over the jobs.
+    """
+    shapes = list(map(_SHAPE, jobs))
+    codes = list(map(_CODE.get, shapes))
+    if None in codes:
+        for i, c in enumerate(codes):
+            if c is None:
+                c = shape_code(*shapes[i])
+                if c is None:
+                    return None
+                codes[i] = c
+    return bytes(codes)  # type: ignore[arg-type]
+
+
+@lru_cache(maxsize=4096)
+def _other_than(codes: frozenset[int]) -> "re.Pattern[bytes]":
+    """A pattern matching one byte that is none of ``codes``."""
+    return re.compile(b"[^" + b"".join(b"\\x%02x" % c for c in sorted(codes)) + b"]")
 
 
 def _blocked_run(jobs: Sequence[PendingJob], lo: int, hi: int,
-                 blocked: Callable[[int, int, str | None], bool]) -> int:
+                 blocked: Callable[[int, int, str | None], bool], codes: bytes | None = None) -> int:
     """How many of ``jobs[lo:hi]``, from ``lo`` on, have a shape ``(g, k, model)`` for which ``blocked`` holds.
 
-    ``blocked`` is asked once per distinct shape (a handful per leaf), so a
-    long run of jobs that cannot be placed costs one tuple lookup each.
+    ``blocked`` is asked once per distinct shape met (a handful per leaf).
+    With ``codes`` (:func:`shape_codes` of ``jobs``) the next job of a shape
+    not yet known blocked is found by a byte search (O(run) in C); without,
+    by a scan that costs one tuple lookup per job.
     """
+    if codes is not None:
+        known: set[int] = set()
+        pos = lo
+        while pos < hi:
+            c = codes[pos]
+            if not blocked(*_SHAPE_OF[c]):
+                return pos - lo
+            known.add(c)
+            m = _other_than(frozenset(known)).search(codes, pos + 1, hi)
+            if m is None:
+                return hi - lo
+            pos = m.start()
+        return hi - lo
     seen: dict[tuple[int, int, str | None], bool] = {}
     n = 0
     for shape in map(_SHAPE, islice(jobs, lo, hi)):
