@@ -28,6 +28,8 @@ from apportion.domain.engine import (
     EngineConfig,
     PendingJob,
     _blocked_run,
+    _floor,
+    _floor_of_codes,
     pending_order,
     run_cycle,
     shape_codes,
@@ -379,3 +381,17 @@ def test_behind_set_by_tree_walk_equals_the_lca_rule():
             by_walk = vic.behind_of(b, r.__getitem__, 0.05, trial, tree)
             vic.behind.clear()
             assert by_walk == by_lca
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 8), st.integers(1, 4), st.sampled_from([None, "a100"])), max_size=80),
+       st.integers(0, 80), st.integers(0, 80))
+def test_floor_from_shape_codes_equals_the_floor_of_the_jobs(shapes, lo, hi):
+    jobs = [PendingJob(job_id=f"j{i}", attempt=1, budget="lab/a", user="u", gpus_per_replica=g,
+                       replicas=k, min_runtime_s=1.0, submitted_at_us=i, queued_at_us=i, gpu_model=m)
+            for i, (g, k, m) in enumerate(shapes)]
+    lo, hi = min(lo, len(jobs)), min(hi, len(jobs))
+    expected = (min((g for g, _, _ in shapes[lo:hi]), default=2 ** 30),
+                min((k for _, k, _ in shapes[lo:hi]), default=2 ** 30))
+    assert _floor(jobs, lo, hi) == expected
+    assert _floor_of_codes(shape_codes(jobs), lo, hi) == expected

@@ -828,7 +828,8 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                     ent = memo[id(jobs)] = [jobs, {}, None]
                 f = ent[1].get((lo, hi))
                 if f is None:
-                    f = ent[1][(lo, hi)] = _floor(jobs, lo, hi)
+                    codes = codes_of(jobs)
+                    f = ent[1][(lo, hi)] = _floor(jobs, lo, hi) if codes is None else _floor_of_codes(codes, lo, hi)
             floors[key] = f
         return f
 
@@ -1105,6 +1106,14 @@ def _floor(jobs: Sequence[PendingJob], lo: int, hi: int) -> tuple[int, int]:
         seg = jobs[lo:hi]
         return (min(map(_G, seg)), min(map(_K, seg)))
     return (mg, mk)
+
+
+def _floor_of_codes(codes: bytes, lo: int, hi: int) -> tuple[int, int]:
+    """:func:`_floor` of the jobs whose :func:`shape_codes` are ``codes``: from the distinct shapes in the slice."""
+    if lo >= hi:
+        return (_BIG, _BIG)
+    shapes = [_SHAPE_OF[c] for c in set(codes[lo:hi])]
+    return (min(s[0] for s in shapes), min(s[1] for s in shapes))
 
 
 def _emit_placed(out: list[Event], job: PendingJob, placements: tuple[Placement, ...],
