@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from apportion.events import BudgetRemoved, BudgetSet, Event
@@ -84,17 +85,20 @@ def validate_path(path: str) -> None:
                 f"bad segment {seg!r} in {path!r}: use 1-64 of [A-Za-z0-9_.-], not starting with . - or _")
 
 
+@lru_cache(maxsize=1 << 16)
 def parent_of(path: str) -> str:
-    """Parent path of ``path`` (``""`` for a top-level budget)."""
+    """Parent path of ``path`` (``""`` for a top-level budget); memoised (pure string work)."""
     cut = path.rfind("/")
     return path[:cut] if cut >= 0 else ROOT
 
 
+@lru_cache(maxsize=1 << 16)
 def ancestors_of(path: str) -> tuple[str, ...]:
     """Paths from the top-level budget down to ``path`` inclusive.
 
     ``ancestors_of("a/b/c") == ("a", "a/b", "a/b/c")``; pure string work, so
-    it serves callers that have no tree at hand (occupancy aggregation).
+    it serves callers that have no tree at hand (occupancy aggregation), and
+    memoised (the result is an immutable tuple).
     """
     if not path:
         return ()

@@ -332,7 +332,8 @@ class ClusterState:
             for g in p.gpus:
                 owner[(p.node_id, g)] = key
             if node is not None:
-                self.nodes[p.node_id] = replace(node, free=node.free.difference(p.gpus))
+                self.nodes[p.node_id] = Node(node.node_id, node.gpu_count, node.gpu_model, node.state,
+                                             node.free.difference(p.gpus), node.last_heartbeat_us)
                 if self.changed_nodes is not None:
                     self.changed_nodes.add(p.node_id)
             self.node_runs[p.node_id] = self.node_runs.get(p.node_id, frozenset()) | {key}
@@ -352,8 +353,9 @@ class ClusterState:
                 del owner[(p.node_id, g)]
             node = self.nodes.get(p.node_id)
             if node is not None and mine:
-                self.nodes[p.node_id] = replace(node, free=node.free.union(
-                    g for g in mine if g < node.gpu_count))
+                self.nodes[p.node_id] = Node(node.node_id, node.gpu_count, node.gpu_model, node.state,
+                                             node.free.union(g for g in mine if g < node.gpu_count),
+                                             node.last_heartbeat_us)
                 if self.changed_nodes is not None:
                     self.changed_nodes.add(p.node_id)
             rest = self.node_runs.get(p.node_id, frozenset()) - {key}

@@ -390,7 +390,7 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         rec = jobs.get(ev.job_id)  # type: ignore[attr-defined]
         if rec is not None and rec.status == "pending" and rec.attempt == ev.attempt:  # type: ignore[attr-defined]
             state._dequeue(rec.spec.job_id)
-            jobs[rec.spec.job_id] = replace(rec, status="running")
+            jobs[rec.spec.job_id] = JobRecord(rec.spec, rec.attempt, "running", rec.submitted_at_us, rec.queued_at_us)
             vics = frozenset((v.job_id, v.attempt) for v in ev.decision.victims  # type: ignore[attr-defined]
                              if (v.job_id, v.attempt) in state.stopping)
             if vics:
@@ -400,7 +400,8 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         rec = jobs.get(ev.job_id)  # type: ignore[attr-defined]
         run = state.cluster.runs.get(key)
         if rec is not None and rec.attempt == ev.attempt and run is not None:  # type: ignore[attr-defined]
-            jobs[ev.job_id] = replace(rec, status="stopping")  # type: ignore[attr-defined]
+            jobs[ev.job_id] = JobRecord(rec.spec, rec.attempt, "stopping", rec.submitted_at_us,  # type: ignore[attr-defined]
+                                        rec.queued_at_us)
             state.stopping[key] = _Stopping(
                 to_us(ev.ts) + s_to_us(ev.grace_s), run.open_replicas, True)  # type: ignore[attr-defined]
     elif cls is JobRequeued:
@@ -416,7 +417,7 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         st = state.stopping.get(key)
         if st is not None:
             left = frozenset() if ev.replica is None else st.replicas_left - {ev.replica}  # type: ignore[attr-defined]
-            state.stopping[key] = replace(st, replicas_left=left)
+            state.stopping[key] = _Stopping(st.deadline_us, left, st.requeue)
         else:
             rec = jobs.get(ev.job_id)  # type: ignore[attr-defined]
             if (rec is not None and rec.attempt == ev.attempt and rec.status == "running"  # type: ignore[attr-defined]
