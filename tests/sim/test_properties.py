@@ -140,8 +140,9 @@ def test_schedule_is_the_default_cycle():
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(worlds())
 def test_cycles_decide_the_same_with_and_without_the_kept_indices(world):
-    # The dispatcher passes its VictimIndex and FreeIndex (kept across cycles) to the
-    # engine; every cycle must give the same events as one that indexes the snapshot itself.
+    # The dispatcher passes its VictimIndex and FreeIndex (kept across cycles) and its memo
+    # (segment floors, shape codes) to the engine; every cycle must give the same events as
+    # one that indexes the snapshot itself and scans the pending lists.
     from apportion.domain import dispatch
 
     nodes, jobs, drains, seed = world
@@ -151,7 +152,7 @@ def test_cycles_decide_the_same_with_and_without_the_kept_indices(world):
     def both(snapshot, now_us, cfg):
         with_index = real(snapshot, now_us, cfg)
         assert snapshot.victims is not None and snapshot.free is not None
-        without = real(replace(snapshot, victims=None, free=None), now_us, cfg)
+        without = real(replace(snapshot, victims=None, free=None, memo=None), now_us, cfg)
         assert [e.model_dump_json() for e in with_index] == [e.model_dump_json() for e in without]
         cycles.append(len(with_index))
         return with_index
