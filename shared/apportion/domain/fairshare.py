@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -100,19 +100,25 @@ def budget_order(tree: BudgetTree, occupancy: Mapping[str, float], capacity_gpu_
 
 def order_by_ratios(tree: BudgetTree, r: Mapping[str, float]) -> tuple[str, ...]:
     """:func:`budget_order` from ratios already computed (``{path: r}`` for every path of ``tree``)."""
+    # Depth-first with an explicit stack (children pushed in reverse order), so that a call
+    # leaves no reference cycle behind (a recursive closure would: the cyclic GC's work).
     out: list[str] = []
-
-    def visit(node: str) -> None:
-        kids = tree.children(node)
-        if not kids:
+    key = _ratio_key(r)
+    stack = sorted(tree.children(ROOT), key=key, reverse=True)
+    children = tree.children
+    while stack:
+        node = stack.pop()
+        kids = children(node)
+        if kids:
+            stack.extend(sorted(kids, key=key, reverse=True))
+        else:
             out.append(node)
-            return
-        for child in sorted(kids, key=lambda c: (r[c], c)):
-            visit(child)
-
-    for top in sorted(tree.children(ROOT), key=lambda c: (r[c], c)):
-        visit(top)
     return tuple(out)
+
+
+def _ratio_key(r: Mapping[str, float]) -> Callable[[str], tuple[float, str]]:
+    """Sort key ``(r, path)`` of the children at one node (ties by path)."""
+    return lambda c: (r[c], c)
 
 
 def lowest_common_ancestor(a: str, b: str) -> str:

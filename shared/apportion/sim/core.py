@@ -32,6 +32,7 @@ Determinism: no wall clock, no unseeded randomness, event ids by
 
 from __future__ import annotations
 
+import gc
 import heapq
 import random
 from collections.abc import Callable, Sequence
@@ -127,6 +128,11 @@ class SimConfig:
             min_gap_s)`` (a dispatcher batching its input); 0 = at once.
         sample_s: period of the share/queue samples, seconds.
         keep_log: keep every event (for scenario tests and the decision log).
+        pause_gc: pause Python's cyclic garbage collector during :meth:`Simulator.run`
+            (restored after, also on errors). A run creates no reference cycles
+            (tested: ``tests/sim/test_properties.py``), so memory is still freed by
+            reference counting; the collector's scans of the young objects cost
+            about 8% of the 100,000-job benchmark. No decision depends on it.
     """
 
     seed: int
@@ -142,6 +148,7 @@ class SimConfig:
     min_gap_s: float = 0.0
     sample_s: float = 3600.0
     keep_log: bool = True
+    pause_gc: bool = True
 
 
 @dataclass
@@ -250,6 +257,16 @@ class Simulator:
 
     def run(self) -> SimResult:
         """Run to the end (or ``until_us``) and return the result."""
+        paused = self.cfg.pause_gc and gc.isenabled()
+        if paused:
+            gc.disable()
+        try:
+            return self._run()
+        finally:
+            if paused:
+                gc.enable()
+
+    def _run(self) -> SimResult:
         cfg = self.cfg
         start = cfg.start_us if cfg.start_us is not None else (
             self.jobs[0].submit_us if self.jobs else 0)
