@@ -171,7 +171,8 @@ class FairShareQueue(Generic[T]):
         capacity_gpu_s: capacity integral K, GPU-seconds.
         items_by_leaf: pending items per leaf path, each sequence already in
             the leaf's order (``submitted_at``, ``job_id``). Keys that are not
-            leaves of ``tree`` are an error.
+            leaves of ``tree`` are an error. The sequences are read in place,
+            not copied: they must not change while the queue is in use.
 
     Raises:
         KeyError: an ``items_by_leaf`` key is not a leaf of ``tree``.
