@@ -6,7 +6,7 @@ so that a 100,000-job run does not keep its ~1M events in memory.
 
 Run::
 
-    .venv/bin/python bench/sim_digest.py philly --slice week44 [--policy all]
+    .venv/bin/python bench/sim_digest.py philly --slice week44 [--policy all] [--tail-h H]
     .venv/bin/python bench/sim_digest.py bench --jobs 20000 [--gap 10]
 
 ``philly`` is the reference setup of docs/simulation.md (Philly trace,
@@ -60,7 +60,8 @@ def _philly(a: argparse.Namespace) -> None:
     for name in names:
         dcfg = DispatchConfig(engine=EngineConfig(window_s=bf.window_s), heartbeat_timeout_s=None,
                               scheduler=None if name == "fairshare" else POLICIES[name])
-        cfg = SimConfig(seed=a.seed, dispatch=dcfg, cycle_s=300.0, keep_log=False)
+        until = None if a.tail_h is None else max(j.submit_us for j in jobs) + round(a.tail_h * 3600e6)
+        cfg = SimConfig(seed=a.seed, dispatch=dcfg, cycle_s=300.0, keep_log=False, until_us=until)
         t = time.perf_counter()
         sim = DigestSimulator(bf.tree, bf.nodes, jobs, cfg, window_s=bf.window_s)
         sim.run()
@@ -86,6 +87,9 @@ def main() -> None:
     p.add_argument("--slice", default="week44")
     p.add_argument("--policy", default="all")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--tail-h", type=float, default=None,
+                   help="stop the clock this many hours after the last submission (as `simulate --tail-h`); "
+                        "default: run until nothing is left")
     b = sub.add_parser("bench")
     b.add_argument("--jobs", type=int, default=20_000)
     b.add_argument("--seed", type=int, default=1)

@@ -115,7 +115,13 @@ class DispatchConfig:
         producer: ``producer`` of emitted events.
         scheduler: the cycle function ``(snapshot, now_us, engine_config) ->
             events``; ``None`` is :func:`engine.schedule` (the simulator's
-            baselines swap it).
+            baselines swap it). A function with the attribute
+            ``reads_snapshot_only = True`` promises what the engine does: it
+            reads the snapshot during the call only, never writes it and keeps
+            nothing; it then gets the live view with the state's kept
+            :class:`VictimIndex` and :class:`FreeIndex`, as the engine does
+            (:meth:`DispatchState.cycle_snapshot` with ``copy=False``), instead
+            of copies without them.
     """
 
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -592,7 +598,8 @@ def cycle(state: DispatchState, now_us: Micros, config: DispatchConfig | None = 
         return []
     fn = cfg.scheduler or schedule
     # the engine reads the snapshot during the call only and never writes: no copies needed
-    return fn(state.cycle_snapshot(now_us, copy=fn is not schedule), now_us, cfg.engine)
+    view = fn is schedule or getattr(fn, "reads_snapshot_only", False) is True
+    return fn(state.cycle_snapshot(now_us, copy=not view), now_us, cfg.engine)
 
 
 def maintenance(state: DispatchState, now_us: Micros, config: DispatchConfig | None = None) -> list[Event]:
