@@ -24,7 +24,7 @@ from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import (
     CycleSnapshot, EngineConfig, PendingJob, _emit_placed, _Free, _plan, _Victims, preempt_events,
-    start_events,
+    shape_codes, start_events,
 )
 from apportion.events import Event, Placement
 from apportion.sim import baselines as bl
@@ -95,13 +95,14 @@ def test_floor_of_reads_and_fills_the_engine_memo() -> None:
     assert bl._floor_of(None, ("org/a", lst, 0, 2)) == (2, 2)
     memo: dict = {}
     assert bl._floor_of(memo, ("org/a", lst, 2, 4)) == (3, 1)
-    assert memo == {id(lst): [lst, {(2, 4): (3, 1)}, None]}
+    # the shape codes of the list are kept with it (the floor came from its distinct shapes)
+    assert memo == {id(lst): [lst, {(2, 4): (3, 1)}, shape_codes(lst)]}
     memo[id(lst)][1][(0, 2)] = (1, 1)  # a kept entry is used as it is
     assert bl._floor_of(memo, ("org/a", lst, 0, 2)) == (1, 1)
     other = list(lst)
     memo[id(other)] = [lst, {(0, 2): (7, 7)}, None]  # an entry of another list under a reused id
     assert bl._floor_of(memo, ("org/a", other, 0, 2)) == (2, 2)
-    assert memo[id(other)] == [other, {(0, 2): (2, 2)}, None]
+    assert memo[id(other)] == [other, {(0, 2): (2, 2)}, shape_codes(other)]
 
 
 def test_merge_orders_by_submit_then_id_and_drops_dead_segments() -> None:

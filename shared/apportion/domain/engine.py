@@ -819,31 +819,11 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         key = (leaf, lo)
         f = floors.get(key)
         if f is None:
-            jobs = pending[leaf]
-            if memo is None:
-                f = _floor(jobs, lo, hi)
-            else:
-                ent = memo.get(id(jobs))
-                if ent is None or ent[0] is not jobs:
-                    ent = memo[id(jobs)] = [jobs, {}, None]
-                f = ent[1].get((lo, hi))
-                if f is None:
-                    codes = codes_of(jobs)
-                    f = ent[1][(lo, hi)] = _floor(jobs, lo, hi) if codes is None else _floor_of_codes(codes, lo, hi)
-            floors[key] = f
+            f = floors[key] = segment_floor(memo, pending[leaf], lo, hi)
         return f
 
     def codes_of(jobs: Sequence[PendingJob]) -> bytes | None:
-        """:func:`shape_codes` of ``jobs``, kept in ``memo`` (``None`` without one: plain scans)."""
-        if memo is None:
-            return None
-        ent = memo.get(id(jobs))
-        if ent is None or ent[0] is not jobs:
-            ent = memo[id(jobs)] = [jobs, {}, None]
-        c = ent[2]
-        if c is None:
-            c = ent[2] = shape_codes(jobs) or b""
-        return c or None
+        return memo_codes(memo, jobs)
 
     def blocked_shape(leaf: str) -> Callable[[int, int, str | None], bool]:
         """Whether a job of ``leaf`` with shape (g, k, model), taken now, would be blocked with no effect.
@@ -1106,6 +1086,48 @@ def _floor(jobs: Sequence[PendingJob], lo: int, hi: int) -> tuple[int, int]:
         seg = jobs[lo:hi]
         return (min(map(_G, seg)), min(map(_K, seg)))
     return (mg, mk)
+
+
+def _memo_entry(memo: dict[Any, Any], jobs: Sequence[PendingJob]) -> list[Any]:
+    """The memo entry ``[jobs, {(lo, hi): floor}, codes or None]`` of a pending list (created empty)."""
+    ent = memo.get(id(jobs))
+    if ent is None or ent[0] is not jobs:
+        ent = memo[id(jobs)] = [jobs, {}, None]
+    return ent  # type: ignore[no-any-return]
+
+
+def memo_codes(memo: dict[Any, Any] | None, jobs: Sequence[PendingJob]) -> bytes | None:
+    """:func:`shape_codes` of ``jobs``, kept in ``memo`` (see ``CycleSnapshot.memo``).
+
+    ``None`` without a memo (callers then scan the jobs) or past 256 shapes
+    (kept as ``b""`` so that it is not rebuilt for the same list).
+    """
+    if memo is None:
+        return None
+    ent = _memo_entry(memo, jobs)
+    c = ent[2]
+    if c is None:
+        c = ent[2] = shape_codes(jobs) or b""
+    return c or None
+
+
+def segment_floor(memo: dict[Any, Any] | None, jobs: Sequence[PendingJob], lo: int, hi: int
+                  ) -> tuple[int, int]:
+    """``(min g, min k)`` over ``jobs[lo:hi]`` (a lower bound of every job's shape there).
+
+    Kept in ``memo`` when there is one (``CycleSnapshot.memo``: the dispatcher
+    carries it over to the list that replaces one), from the distinct shapes
+    of the list's shape codes; computed by a scan otherwise. ``(2**30,
+    2**30)`` for an empty slice.
+    """
+    if memo is None:
+        return _floor(jobs, lo, hi)
+    ent = _memo_entry(memo, jobs)
+    f = ent[1].get((lo, hi))
+    if f is None:
+        codes = memo_codes(memo, jobs)
+        f = ent[1][(lo, hi)] = _floor(jobs, lo, hi) if codes is None else _floor_of_codes(codes, lo, hi)
+    return f  # type: ignore[no-any-return]
 
 
 def _floor_of_codes(codes: bytes, lo: int, hi: int) -> tuple[int, int]:

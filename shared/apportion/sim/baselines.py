@@ -30,7 +30,7 @@ from apportion.domain.engine import (
     EngineConfig,
     PendingJob,
     _boundary,
-    _floor,
+    segment_floor,
     _Free,
     _plan,
     _Victims,
@@ -75,22 +75,13 @@ def _segments(snapshot: CycleSnapshot) -> tuple[list[Segment], list[Segment]]:
 def _floor_of(memo: dict | None, seg: Segment) -> tuple[int, int]:
     """``(min g, min k)`` over the jobs of ``seg`` (a lower bound of each job's shape).
 
-    Read from / written to the dispatcher's memo in the engine's format
-    (``id(list) -> [list, {(lo, hi): floor}, codes]``, carried over to the
-    list that replaces one on enqueue and dequeue, see
-    ``DispatchState._memo_carry``), so a long queue is scanned once, not per
-    cycle; ``memo=None``: computed.
+    :func:`~apportion.domain.engine.segment_floor`: kept in the dispatcher's
+    memo (carried over to the list that replaces one on enqueue and dequeue,
+    see ``DispatchState._memo_carry``), so a long queue is scanned once, not
+    per cycle; ``memo=None``: computed.
     """
     _, lst, lo, hi = seg
-    if memo is None:
-        return _floor(lst, lo, hi)
-    ent = memo.get(id(lst))
-    if ent is None or ent[0] is not lst:
-        ent = memo[id(lst)] = [lst, {}, None]
-    f = ent[1].get((lo, hi))
-    if f is None:
-        f = ent[1][(lo, hi)] = _floor(lst, lo, hi)
-    return f
+    return segment_floor(memo, lst, lo, hi)
 
 
 def _merge(segs: list[Segment], live: list[bool]) -> Iterator[tuple[int, PendingJob]]:
