@@ -10,7 +10,8 @@ All use the engine's gang best fit on free GPUs and backfill.
   no preemption; a job that does not fit is skipped (backfill), so FIFO
   here is "first come first served with backfill".
 * ``static``: each leaf budget owns a fixed slice of the GPUs,
-  ``round(abs_share * C)`` of the capacity of ``ready`` nodes; a job runs only
+  ``round(abs_share * C)`` of the capacity C of the ``ready`` and ``draining``
+  nodes (a drain does not shrink the slices until the node is drained); a job runs only
   if its budget's running GPUs plus its own fit in the slice (no borrowing,
   idle slices stay idle); FIFO within that. No preemption.
 * ``priority``: two priority classes, no budgets: allocated jobs (minimum
