@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from apportion.sim.traces import load_budget_file, load_trace, parse_slice
+from apportion.sim.traces import TraceError, load_budget_file, load_trace, parse_slice
 from apportion.timeutil import to_us
 
 PHILLY = """timestamp,duration,num_gpus,gpu_time,cluster
@@ -87,3 +87,38 @@ def _write(tmp_path):
     p = tmp_path / "lab.yaml"
     p.write_text("cluster: [{count: 1, gpus: 8}]\nbudgets: {lab: 1.0, lab/a: 1.0}\n")
     return p
+
+
+def test_reference_budget_file_loads():
+    from pathlib import Path
+
+    bf = load_budget_file(Path(__file__).resolve().parents[2] / "infra/budgets/philly.yaml")
+    assert len(bf.nodes) == 32 and {n.gpus for n in bf.nodes} == {8}
+    assert bf.groups["103959"] == "philly/103959" and bf.default_budget == "philly/other"
+    assert (bf.unallocated_fraction, bf.min_runtime_cap_s, bf.window_s) == (0.25, 7200.0, 604800.0)
+
+
+def test_unquoted_numeric_group_keys_are_vc_ids(tmp_path):
+    p = tmp_path / "b.yaml"
+    p.write_text(BUDGETS.replace("groups: {aaa: p/aaa, bbb: p/bbb}", "groups: {103959: p/aaa, bbb: p/bbb}"))
+    assert load_budget_file(p).groups == {"103959": "p/aaa", "bbb": "p/bbb"}
+
+
+def test_slice_errors_name_the_option():
+    with pytest.raises(TraceError, match=r"^--slice 'weeks45-39': end before start"):
+        parse_slice("weeks45-39")
+    with pytest.raises(TraceError, match=r"^--slice 'week60': Invalid week: 60"):
+        parse_slice("week60")
+    assert parse_slice("Week44") == parse_slice("week44")
+
+
+def test_blank_lines_keep_philly_row_ids(files):
+    (files / "gaps.csv").write_text(PHILLY.replace("\n2017-10-30", "\n\n2017-10-30"))
+    bf = load_budget_file(files / "b.yaml")
+    assert load_trace(files / "gaps.csv", bf, seed=1) == load_trace(files / "philly.csv", bf, seed=1)
+
+
+def test_trace_errors_are_value_errors(files):
+    (files / "bad.csv").write_text(PHILLY.replace("100.0,12", "100.0,twelve"))
+    with pytest.raises(ValueError, match=r"bad.csv:2: num_gpus: 'twelve' is not a whole number$"):
+        load_trace(files / "bad.csv", load_budget_file(files / "b.yaml"), seed=1)

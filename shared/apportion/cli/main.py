@@ -51,7 +51,7 @@ JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON for scripts in
 
 def fail(message: str, code: int = 2) -> None:
     """Print ``error: message`` on stderr and exit with ``code``."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -2,94 +2,191 @@
 
 Example (the reference Philly setup, see docs/simulation.md)::
 
-    apportion simulate --trace /work/shared/data/philly/philly.csv \\
+    .venv/bin/apportion simulate --trace /work/shared/data/philly/philly.csv \\
         --budgets infra/budgets/philly.yaml --policy all --seed 1 --slice week44 \\
         --plot week44.png
 
 Human tables by default, ``--json`` for scripts. The seed is required: it
 draws which jobs run unallocated (trace rule) and the simulated stop delays.
+Bad input (a trace row, the budget file, an option) is one ``error:`` line
+on stderr naming the file, line and field, and exit code 2.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 
-app = typer.Typer(help="Simulate a trace under our policy and the baselines, side by side.")
+app = typer.Typer(help=(
+    "Simulate a trace under our policy and the baselines, side by side.\n\n"
+    "Example (ISO week 44 of the Philly trace, docs/simulation.md):\n\n"
+    ".venv/bin/apportion simulate --trace /work/shared/data/philly/philly.csv "
+    "--budgets infra/budgets/philly.yaml --policy all --seed 1 --slice week44\n\n"
+    "Formats: the budget file (YAML), the Philly CSV and the apportion CSV are documented in "
+    "docs/simulation.md, section \"Input formats\". Bad input exits 2 with one error line."))
 
 POLICY_NAMES = ("fairshare", "fifo", "static", "priority")
+MAX_TAIL_H = 1e6
+
+
+def parse_policies(spec: str) -> list[str]:
+    """Policy names of ``--policy`` (case-insensitive, comma list or ``all``), de-duplicated in order.
+
+    Raises:
+        ValueError: an empty or unknown name.
+    """
+    names: list[str] = []
+    for part in spec.split(","):
+        name = part.strip().lower()
+        if not name:
+            raise ValueError(f"--policy {spec!r}: empty name; use {', '.join(POLICY_NAMES)}, a comma list or all")
+        for n in POLICY_NAMES if name == "all" else (name,):
+            if n not in POLICY_NAMES:
+                raise ValueError(f"--policy {spec!r}: unknown policy {name!r}; use {', '.join(POLICY_NAMES)}, "
+                                 "a comma list or all")
+            if n not in names:
+                names.append(n)
+    return names
+
+
+def check_options(cycle_s: float, tail_h: float | None, plot_path: Path | None) -> None:
+    """Check the numeric options and the plot path before anything runs.
+
+    Raises:
+        ValueError: ``--cycle-s`` not finite or in (0, 1) or negative;
+            ``--tail-h`` not finite, negative or absurd; ``--plot`` not a
+            ``.png`` in an existing writable directory.
+    """
+    if not math.isfinite(cycle_s) or cycle_s < 0 or 0 < cycle_s < 1:
+        raise ValueError(f"--cycle-s {cycle_s:g}: use 0 (no periodic cycles) or at least 1 second")
+    if tail_h is not None and (not math.isfinite(tail_h) or not 0 <= tail_h <= MAX_TAIL_H):
+        raise ValueError(f"--tail-h {tail_h:g}: use a finite number of hours from 0 to {MAX_TAIL_H:g}")
+    if plot_path is not None:
+        parent = plot_path.parent
+        if plot_path.suffix.lower() != ".png":
+            raise ValueError(f"--plot {plot_path}: the plot is a PNG; name it *.png")
+        if not parent.is_dir():
+            raise ValueError(f"--plot {plot_path}: directory {parent} does not exist")
+        if plot_path.is_dir() or not os.access(plot_path if plot_path.exists() else parent, os.W_OK):
+            raise ValueError(f"--plot {plot_path}: not writable")
 
 
 @app.callback(invoke_without_command=True)
 def simulate(
     trace: Path = typer.Option(..., "--trace", exists=True, dir_okay=False,
-                               help="Philly CSV or apportion CSV trace."),
+                               help="Philly CSV or apportion CSV trace (formats: docs/simulation.md)."),
     budgets: Path = typer.Option(..., "--budgets", exists=True, dir_okay=False,
-                                 help="Budget file (YAML): tree, cluster, groups, min_runtime rule."),
+                                 help="Budget file (YAML): tree, cluster, groups, min_runtime rule "
+                                      "(format: docs/simulation.md)."),
     policy: str = typer.Option("all", "--policy",
                                help="fairshare, fifo, static, priority, a comma list, or all."),
     seed: int = typer.Option(..., "--seed", help="Required: trace draws and stop delays."),
     slice_: str = typer.Option("all", "--slice",
-                               help="all, week44, weeks39-45, week44+3d, YYYY-MM-DD..YYYY-MM-DD."),
+                               help="all, week44, weeks39-45, week44+3d, YYYY-MM-DD..YYYY-MM-DD (end exclusive)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
-    plot_path: Path | None = typer.Option(None, "--plot", help="Write a PNG of occupancy share over time."),
-    cycle_s: float = typer.Option(300.0, "--cycle-s", help="Periodic cycle while jobs wait, seconds."),
+    plot_path: Path | None = typer.Option(None, "--plot",
+                                          help="Write a PNG (*.png) of occupancy share over time."),
+    cycle_s: float = typer.Option(300.0, "--cycle-s",
+                                  help="Periodic cycle while jobs wait, seconds: at least 1, or 0 for none "
+                                       "(cycles then run only on events and wake-ups)."),
     per_budget: bool = typer.Option(True, "--per-budget/--no-per-budget", help="Per-budget tables."),
     tail_h: float | None = typer.Option(
-        None, "--tail-h", min=0.0,
-        help="Stop the clock this many hours after the last submission (default: run until every "
+        None, "--tail-h",
+        help="Stop the clock this many hours (>= 0) after the last submission (default: run until every "
              "job is done). Jobs not placed by then count as never placed; waits cover placed jobs."),
 ) -> None:
     """Run the simulation(s) and report utilisation, share deficit, waits, preemptions."""
-    from dataclasses import replace
-
-    from apportion.domain.dispatch import DispatchConfig
-    from apportion.domain.engine import EngineConfig
-    from apportion.sim.baselines import POLICIES
-    from apportion.sim.core import SimConfig, Simulator
-    from apportion.sim.report import plot, render_table, summarise, to_json
-    from apportion.sim.traces import load_budget_file, load_trace
-
-    names = list(POLICY_NAMES) if policy == "all" else [p.strip() for p in policy.split(",")]
-    unknown = [n for n in names if n not in POLICIES]
-    if unknown:
-        raise typer.BadParameter(f"unknown policy {unknown}; choose from {', '.join(POLICY_NAMES)} or all")
-    from apportion.cli.main import fail
-    from apportion.domain.budgets import BudgetError
+    from apportion.cli.main import err, fail
+    from apportion.sim.traces import TraceError, load_budget_file, load_trace, trace_format
 
     try:
+        names = parse_policies(policy)
+        check_options(cycle_s, tail_h, plot_path)
         bf = load_budget_file(budgets)
+        fmt = trace_format(trace)
         jobs = load_trace(trace, bf, seed, slice_)
-    except (ValueError, KeyError, BudgetError) as exc:  # bad file, header, slice or tree: one clear line
+    except (TraceError, ValueError) as exc:  # bad option, file, row or slice: one clear line
         fail(str(exc))
     if not jobs:
-        raise typer.BadParameter(f"no jobs in slice {slice_!r}")
-    reports = []
-    for name in names:
-        dcfg = DispatchConfig(engine=EngineConfig(window_s=bf.window_s), heartbeat_timeout_s=None,
-                              scheduler=None if name == "fairshare" else POLICIES[name])
-        until = None if tail_h is None else max(j.submit_us for j in jobs) + round(tail_h * 3600e6)
-        cfg = SimConfig(seed=seed, dispatch=dcfg, cycle_s=cycle_s, keep_log=False, until_us=until)
-        t0 = time.perf_counter()
-        result = Simulator(bf.tree, bf.nodes, jobs, replace(cfg), window_s=bf.window_s).run()
-        wall = time.perf_counter() - t0
-        reports.append(summarise(result, bf.tree, name, seed, wall_s=wall))
+        fail(f"{trace}: no jobs" if slice_.strip().lower() == "all" else f"--slice {slice_!r}: no jobs of {trace} "
+             "in the slice")
+    if fmt == "philly" and not bf.groups and not bf.default_budget:
+        err.print(f"[yellow]warning:[/] {budgets} has no 'groups' and no 'default_budget': every Philly job is "
+                  "charged to its VC id as a budget path, and admission rejects those that are not leaf budgets",
+                  highlight=False, soft_wrap=True)
+    reports = [_run(name, bf, jobs, seed, cycle_s, tail_h) for name in names]
+    rejected = {r.policy: sum(r.rejected.values()) for r in reports if r.rejected}
+    if rejected:
+        first = next(r for r in reports if r.rejected)
+        err.print(f"[yellow]warning:[/] {max(rejected.values())} of {len(jobs)} jobs rejected at admission "
+                  f"({', '.join(f'{n} {k}' for k, n in first.rejected.items())}); see 'rejected' / never placed",
+                  highlight=False, soft_wrap=True)
+    rule = (f"unallocated_fraction={bf.unallocated_fraction}, min_runtime=min(duration, {bf.min_runtime_cap_s:g}s)"
+            if fmt == "philly" else None)
+    human = (f"{bf.unallocated_fraction:.0%} unallocated, min_runtime = min(duration, {bf.min_runtime_cap_s:g} s)"
+             if fmt == "philly" else None)
+    _emit(reports, as_json=as_json, per_budget=per_budget, trace=trace, budgets=budgets, slice_=slice_,
+          seed=seed, tail_h=tail_h, rule=rule, human_rule=human, fmt=fmt, jobs=len(jobs), nodes=bf.nodes)
     if plot_path is not None:
-        plot(reports, bf.tree, str(plot_path))
-    if as_json:
-        typer.echo(to_json(reports, trace=str(trace), budgets=str(budgets), slice=slice_, seed=seed, tail_h=tail_h,
-                           rule=f"unallocated_fraction={bf.unallocated_fraction}, "
-                                f"min_runtime=min(duration, {bf.min_runtime_cap_s:g}s)"))
-    else:
-        from rich.console import Console
+        from apportion.sim.report import plot
 
-        console = Console()
-        console.print(f"trace {trace} slice {slice_}: {len(jobs)} jobs on {len(bf.nodes)} nodes "
-                      f"({sum(n.gpus for n in bf.nodes)} GPUs), seed {seed}; "
-                      f"{bf.unallocated_fraction:.0%} unallocated, min_runtime = min(duration, "
-                      f"{bf.min_runtime_cap_s:g} s)")
-        render_table(reports, console, budgets=per_budget)
-        for r in reports:
-            console.print(f"{r.policy}: {r.cycles} cycles, {r.events} events, {r.wall_s:.1f} s wall")
+        try:
+            plot(reports, bf.tree, str(plot_path))
+        except (OSError, ValueError) as exc:
+            fail(f"--plot {plot_path}: {exc} (the results above are complete)", code=1)
+
+
+def _run(name: str, bf: Any, jobs: list[Any], seed: int, cycle_s: float, tail_h: float | None) -> Any:
+    """One policy's run and report; admission rejections are counted by reason."""
+    from apportion.domain.dispatch import DispatchConfig
+    from apportion.domain.engine import EngineConfig
+    from apportion.events import JobRejected
+    from apportion.sim.baselines import POLICIES
+    from apportion.sim.core import SimConfig, Simulator
+    from apportion.sim.report import summarise
+
+    rejected: dict[str, int] = {}
+
+    class _Counting(Simulator):
+        def _outputs(self, out: list[Any], t: int) -> None:
+            for e in out:
+                if type(e) is JobRejected:
+                    rejected[e.reason.value] = rejected.get(e.reason.value, 0) + 1
+            super()._outputs(out, t)
+
+    dcfg = DispatchConfig(engine=EngineConfig(window_s=bf.window_s), heartbeat_timeout_s=None,
+                          scheduler=None if name == "fairshare" else POLICIES[name])
+    until = None if tail_h is None else max(j.submit_us for j in jobs) + round(tail_h * 3600e6)
+    cfg = SimConfig(seed=seed, dispatch=dcfg, cycle_s=cycle_s, keep_log=False, until_us=until)
+    t0 = time.perf_counter()
+    result = _Counting(bf.tree, bf.nodes, jobs, cfg, window_s=bf.window_s).run()
+    wall = time.perf_counter() - t0
+    return summarise(result, bf.tree, name, seed, wall_s=wall, rejected=rejected)
+
+
+def _emit(reports: list[Any], *, as_json: bool, per_budget: bool, trace: Path, budgets: Path, slice_: str,
+          seed: int, tail_h: float | None, rule: str | None, human_rule: str | None, fmt: str, jobs: int,
+          nodes: Any) -> None:
+    """Print the reports: JSON, or a header line and tables (wide, uncut, when stdout is not a terminal)."""
+    from apportion.sim.report import render_table, to_json
+
+    if as_json:
+        typer.echo(to_json(reports, trace=str(trace), budgets=str(budgets), format=fmt, slice=slice_, seed=seed,
+                           tail_h=tail_h, rule=rule))
+        return
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)
+    console.print(f"trace {trace} ({'Philly' if fmt == 'philly' else 'apportion CSV'}) slice {slice_}: {jobs} jobs "
+                  f"on {len(nodes)} nodes ({sum(n.gpus for n in nodes)} GPUs), seed {seed}"
+                  + (f"; {human_rule}" if human_rule else "; min_runtime as given in the trace"), highlight=False)
+    render_table(reports, console, budgets=per_budget)
+    for r in reports:
+        console.print(f"{r.policy}: {r.cycles} cycles, {r.events} events, {r.wall_s:.1f} s wall")

@@ -16,7 +16,9 @@ Definitions (all over the simulated span ``[start, end]``):
 * **wait**: first placement minus submission, per job, p50 and p95 in
   seconds over placed jobs, for allocated jobs (the ones budgets promise
   to serve) and unallocated ones (free, idle GPUs only) separately;
-  ``never`` counts jobs still unplaced at the end.
+  ``never`` counts jobs still unplaced at the end, including the ones
+  admission rejected (``rejected``: reason -> count, e.g. ``unknown_budget``,
+  ``not_a_leaf``, ``shape_impossible``; such a job is never queued).
 * **preemptions**: ``JobPreempted`` events (victims, incl. drains).
 * **protection violations**: preemptions of a run inside its minimum runtime
   (must be 0).
@@ -77,6 +79,7 @@ class PolicyReport:
     events: int
     wall_s: float | None = None
     measured_until: str | None = None
+    rejected: dict[str, int] = field(default_factory=dict)
     budgets: list[BudgetStats] = field(default_factory=list)
     series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
@@ -91,8 +94,8 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def summarise(result: SimResult, tree: BudgetTree, policy: str, seed: int,
-              wall_s: float | None = None) -> PolicyReport:
-    """Figures of one run (definitions in the module docstring)."""
+              wall_s: float | None = None, rejected: dict[str, int] | None = None) -> PolicyReport:
+    """Figures of one run (definitions in the module docstring); ``rejected``: reason -> jobs refused at admission."""
     end = result.end_us
     occ, una, cap = result.measured if result.measured is not None else ({}, {}, 0.0)
     leaves = tree.leaves()
@@ -149,7 +152,8 @@ def summarise(result: SimResult, tree: BudgetTree, policy: str, seed: int,
         unalloc_wait_p50_s=percentile(unalloc_w, 50), unalloc_wait_p95_s=percentile(unalloc_w, 95),
         never=sum(never.values()),
         preemptions=sum(result.preemptions.values()), violations=len(result.violations),
-        cycles=result.cycles, events=result.events, wall_s=wall_s, budgets=stats, series=series)
+        cycles=result.cycles, events=result.events, wall_s=wall_s, rejected=dict(sorted((rejected or {}).items())),
+        budgets=stats, series=series)
 
 
 def to_json(reports: list[PolicyReport], *, series: bool = False, **meta: Any) -> str:
@@ -183,19 +187,30 @@ def render_table(reports: list[PolicyReport], console: Any = None, budgets: bool
     for col in ("policy", "util", "mean deficit pp", "max deficit pp", "alloc wait p50",
                 "alloc wait p95", "unalloc wait p50", "unalloc wait p95", "never placed",
                 "preemptions", "protection violations"):
-        t.add_column(col, justify="right" if col != "policy" else "left")
+        if col == "policy":  # names are never cut ("fai…")
+            t.add_column(col, no_wrap=True, min_width=max(len(r.policy) for r in reports) if reports else None)
+        else:
+            t.add_column(col, justify="right")
     for r in reports:
         t.add_row(r.policy, f"{r.utilisation:.1%}", f"{r.mean_deficit_pp:.2f}", f"{r.max_deficit_pp:.1f}",
                   _fmt_s(r.wait_p50_s), _fmt_s(r.wait_p95_s), _fmt_s(r.unalloc_wait_p50_s),
                   _fmt_s(r.unalloc_wait_p95_s), str(r.never), str(r.preemptions), str(r.violations))
     console.print(t)
+    for r in reports:
+        if r.rejected:
+            why = ", ".join(f"{n} {reason}" for reason, n in r.rejected.items())
+            console.print(f"{r.policy}: {sum(r.rejected.values())} jobs rejected at admission ({why}); "
+                          "counted in never placed")
     if not budgets:
         return
     for r in reports:
         bt = Table(title=f"{r.policy}: per budget")
         for col in ("budget", "share", "alloc", "free", "jobs", "never", "wait p50", "wait p95",
                     "preempted", "backlogged", "mean deficit pp"):
-            bt.add_column(col, justify="right" if col != "budget" else "left")
+            if col == "budget":  # paths are never cut
+                bt.add_column(col, no_wrap=True, min_width=max((len(b.path) for b in r.budgets), default=6))
+            else:
+                bt.add_column(col, justify="right")
         for b in r.budgets:
             bt.add_row(b.path, f"{b.share:.3f}", f"{b.alloc_share:.3f}", f"{b.free_share:.3f}",
                        str(b.jobs), str(b.never), _fmt_s(b.wait_p50_s), _fmt_s(b.wait_p95_s),

@@ -1,6 +1,9 @@
 """Trace loaders and the budget file of the simulator.
 
-Two trace formats (picked by the CSV header, see :func:`load_trace`):
+Two trace formats (picked by the CSV header, see :func:`load_trace`), both
+UTF-8 (a byte-order mark is accepted), one job per row; every row is checked
+and the first bad one is reported as ``<file>:<line>: <column>: <what>``
+(:class:`TraceError`). The formats are documented in docs/simulation.md.
 
 * **Philly** (``timestamp,duration,num_gpus,gpu_time,cluster``; the Pollux
   extract of Microsoft's Philly trace, ``/work/shared/data/README.md``).
@@ -10,9 +13,12 @@ Two trace formats (picked by the CSV header, see :func:`load_trace`):
     number in the file, 0-based, so ids do not depend on the slice);
   - ``timestamp`` is cluster local time without zone, read as UTC;
   - gangs: ``replicas = ceil(n / 8)`` on distinct nodes, ``n / replicas``
-    GPUs each;
+    GPUs each; a ``num_gpus`` that does not split evenly (9, 17, ...) is an
+    error (the reference rule has no remainder: every row of the real trace
+    splits evenly);
   - budget: the VC (``cluster`` column) mapped through the budget file's
-    ``groups``, else its ``default_budget``; user = the VC id;
+    ``groups``, else its ``default_budget``, else the VC id itself (which
+    admission rejects unless the tree has such a leaf); user = the VC id;
   - minimum runtime: with ``random.Random(seed)``, one draw per job in
     sorted order *of the whole file* (so a slice gets the same draws as the
     full run): a draw below ``unallocated_fraction`` (0.25) makes the job
@@ -20,17 +26,19 @@ Two trace formats (picked by the CSV header, see :func:`load_trace`):
     cap_s)`` (cap 2 h).
 
 * **apportion CSV** (``submit,job_id,budget,user,gpus_per_replica,replicas,
-  min_runtime_s,duration_s[,gpu_model]``): ``submit`` is ISO 8601 (naive =
-  UTC) or seconds since the epoch; used as given.
+  min_runtime_s,duration_s[,gpu_model]``; ``user``, ``replicas`` and
+  ``gpu_model`` may be left out): ``submit`` is ISO 8601 (naive = UTC) or
+  seconds since the epoch; used as given (no minimum-runtime rule). Job ids
+  must be unique.
 
 Slices: ``all``, ``weekNN`` (ISO week of the trace's year), ``weeksNN-MM``,
 or ``YYYY-MM-DD..YYYY-MM-DD`` (end exclusive); the first N days of a slice
 with ``+Nd``, e.g. ``week44+3d``.
 
-Budget file (YAML)::
+Budget file (YAML; schema :class:`BudgetFileSpec`, unknown keys are errors)::
 
     window_s: 604800              # optional, default 7 days
-    cluster:                      # node groups
+    cluster:                      # node groups; node ids <prefix><index>
       - {prefix: n, count: 32, gpus: 8, model: null}
     budgets:                      # BudgetTree.from_mapping format
       philly: 1.0
@@ -43,25 +51,124 @@ Budget file (YAML)::
 from __future__ import annotations
 
 import csv
+import io
 import math
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from apportion.domain.budgets import BudgetTree
+from apportion.domain.budgets import BudgetError, BudgetTree
 from apportion.sim.core import SimJob, SimNode
-from apportion.timeutil import WEEK_S, Micros, s_to_us, to_us
+from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us, to_us
 
-__all__ = ["BudgetFile", "load_budget_file", "load_trace", "load_philly", "load_csv",
-           "parse_slice", "philly_budget_spec"]
+__all__ = ["BudgetFile", "BudgetFileSpec", "TraceError", "load_budget_file", "load_trace", "load_philly",
+           "load_csv", "parse_slice", "philly_budget_spec", "trace_format", "PHILLY_COLUMNS", "CSV_COLUMNS"]
 
 GPUS_PER_NODE = 8
+MAX_NODES = 100_000
+PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
+CSV_COLUMNS = ("submit", "job_id", "budget", "user", "gpus_per_replica", "replicas", "min_runtime_s",
+               "duration_s", "gpu_model")
+CSV_OPTIONAL = ("user", "replicas", "gpu_model")
+# limits of a JobSubmitted (apportion.events)
+MAX_GPUS_PER_REPLICA = 1024
+MAX_REPLICAS = 4096
+MAX_JOB_ID = 200
+MAX_SECONDS = 1e9  # durations and minimum runtimes (~31 years; the longest Philly job ran 53 days)
+_MIN_US = to_us(datetime(1, 1, 2, tzinfo=timezone.utc))
+_MAX_US = to_us(datetime(9000, 1, 1, tzinfo=timezone.utc))
+
+
+class TraceError(ValueError):
+    """Bad input (trace, budget file or slice); ``str()`` is one line naming the file, line and field."""
+
+
+# ------------------------------------------------------------------ budget file
+
+
+class _Schema(BaseModel):
+    """Strict YAML schema: unknown keys are errors that name the allowed ones."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+    @classmethod
+    def _coerce(cls, data: Any) -> Any:
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        data = cls._coerce(data)
+        if isinstance(data, Mapping):
+            unknown = [str(k) for k in data if k not in cls.model_fields]
+            if unknown:
+                raise ValueError(f"unknown key {', '.join(map(repr, unknown))}; allowed keys: "
+                                 f"{', '.join(cls.model_fields)}")
+        return data
+
+
+Real = Annotated[float, Field(strict=True)]
+
+
+class ClusterGroup(_Schema):
+    """``count`` nodes of ``gpus`` GPUs (of ``model``), ids ``<prefix><index>`` (index zero-padded to 3+ digits)."""
+
+    prefix: Annotated[str, Field(strict=True)] = "n"
+    count: Annotated[int, Field(strict=True, ge=1, le=MAX_NODES)] = 1
+    gpus: Annotated[int, Field(strict=True, ge=1, le=MAX_GPUS_PER_REPLICA)]
+    model: Annotated[str, Field(strict=True, min_length=1)] | None = None
+
+
+class MinRuntimeRule(_Schema):
+    """Philly minimum-runtime rule: a seeded ``unallocated_fraction`` of jobs unallocated, else min(duration, cap_s)."""
+
+    unallocated_fraction: Annotated[Real, Field(ge=0.0, le=1.0)] = 0.25
+    cap_s: Annotated[Real, Field(ge=0.0)] = 7200.0
+
+
+class BudgetEntry(_Schema):
+    """One budget: a bare number is its share; else ``share``, ``members``, ``max_min_runtime_s``."""
+
+    share: Real
+    members: list[Annotated[str, Field(strict=True)]] | None = None
+    max_min_runtime_s: Annotated[Real, Field(ge=0.0)] | None = None
+
+    @classmethod
+    def _coerce(cls, data: Any) -> Any:
+        if isinstance(data, (int, float)) and not isinstance(data, bool):
+            return {"share": data}
+        return data
+
+
+class BudgetFileSpec(_Schema):
+    """The budget file as written (YAML); :func:`load_budget_file` builds a :class:`BudgetFile` from it."""
+
+    window_s: Annotated[Real, Field(ge=1.0)] = float(WEEK_S)
+    cluster: list[ClusterGroup] = Field(min_length=1)
+    budgets: dict[Annotated[str, Field(strict=True)], BudgetEntry] = Field(min_length=1)
+    groups: dict[str, Annotated[str, Field(strict=True)]] = Field(default_factory=dict)
+    default_budget: Annotated[str, Field(strict=True)] | None = None
+    min_runtime: MinRuntimeRule = Field(default_factory=MinRuntimeRule)
+
+    @field_validator("groups", "min_runtime", mode="before")
+    @classmethod
+    def _null_is_empty(cls, v: Any) -> Any:
+        if v is None:
+            return {}
+        if isinstance(v, Mapping):  # YAML reads an unquoted VC id such as 103959 as a number
+            return {str(k) if isinstance(k, int) and not isinstance(k, bool) else k: x for k, x in v.items()}
+        return v
+
+
+_MODELS: dict[str, type[_Schema]] = {m.__name__: m for m in (ClusterGroup, MinRuntimeRule, BudgetEntry,
+                                                              BudgetFileSpec)}
 
 
 @dataclass(frozen=True)
@@ -77,35 +184,99 @@ class BudgetFile:
     window_s: float = float(WEEK_S)
 
 
+def _key_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _schema_error(path: str | Path, exc: ValidationError) -> TraceError:
+    errs = exc.errors(include_url=False)
+    e = errs[0]
+    where = _key_path(e["loc"])
+    kind = e["type"]
+    got = e.get("input")
+    if kind == "value_error":
+        what = e["msg"].removeprefix("Value error, ")
+    elif kind == "missing":
+        what = "missing (required)"
+    elif kind == "model_type":
+        model = _MODELS.get(e.get("ctx", {}).get("class_name", ""))
+        keys = f" ({', '.join(model.model_fields)})" if model else ""
+        what = f"expected a mapping{keys}, got {got!r}"
+    elif kind == "dict_type":
+        what = f"expected a mapping (key: value), got {got!r}"
+    elif kind == "list_type":
+        what = f"expected a list, got {got!r}"
+    else:
+        what = f"{e['msg'][0].lower()}{e['msg'][1:]}, got {got!r}"
+    more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+    return TraceError(f"{path}: {where}: {what}{more}")
+
+
 def load_budget_file(path: str | Path) -> BudgetFile:
-    """Parse a budget YAML file.
+    """Parse and check a budget YAML file (format: module docstring and docs/simulation.md).
 
     Raises:
-        ValueError: missing ``budgets`` or ``cluster``; a ``groups`` target or
+        TraceError: unreadable or not UTF-8, a YAML syntax error, a key or
+            value that does not fit :class:`BudgetFileSpec` (named by its
+            key path), more than 100,000 nodes, a node id given twice, an
+            invalid budget tree, or a ``groups`` target or
             ``default_budget`` that is not a leaf budget.
-        apportion.domain.budgets.BudgetError: an invalid tree.
     """
-    spec = yaml.safe_load(Path(path).read_text())
-    if not isinstance(spec, dict) or "budgets" not in spec or "cluster" not in spec:
-        raise ValueError(f"{path}: a budget file needs 'budgets' and 'cluster'")
-    tree = BudgetTree.from_mapping(spec["budgets"])
+    try:
+        text = Path(path).read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise TraceError(f"{path}{at}: YAML syntax error: {problem}") from None
+    if not isinstance(raw, Mapping):
+        raise TraceError(f"{path}: a budget file is a YAML mapping with at least 'cluster' and 'budgets' "
+                         "(see docs/simulation.md)")
+    try:
+        spec = BudgetFileSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise _schema_error(path, exc) from None
+    total = sum(g.count for g in spec.cluster)
+    if total > MAX_NODES:
+        raise TraceError(f"{path}: cluster: {total:,} nodes in all; at most {MAX_NODES:,}")
     nodes: list[SimNode] = []
-    for grp in spec["cluster"]:
-        prefix = grp.get("prefix", "n")
-        count = int(grp.get("count", 1))
-        width = max(3, len(str(count - 1)))
-        for i in range(count):
-            nodes.append(SimNode(f"{prefix}{i:0{width}d}", int(grp["gpus"]), grp.get("model")))
-    groups = {str(k): str(v) for k, v in (spec.get("groups") or {}).items()}
-    default = spec.get("default_budget")
-    for target in [*groups.values(), *([default] if default else [])]:
+    seen: dict[str, int] = {}
+    for gi, grp in enumerate(spec.cluster):
+        width = max(3, len(str(grp.count - 1)))
+        for i in range(grp.count):
+            node_id = f"{grp.prefix}{i:0{width}d}"
+            if node_id in seen:
+                raise TraceError(f"{path}: cluster[{gi}]: node id {node_id!r} is also in cluster[{seen[node_id]}] "
+                                 "(give each group its own prefix)")
+            seen[node_id] = gi
+            nodes.append(SimNode(node_id, grp.gpus, grp.model))
+    try:
+        tree = BudgetTree.from_mapping({p: e.model_dump() for p, e in spec.budgets.items()})
+    except BudgetError as exc:
+        raise TraceError(f"{path}: budgets: {exc.message}") from None
+    targets = [(f"groups.{k}", v) for k, v in spec.groups.items()]
+    if spec.default_budget is not None:
+        targets.append(("default_budget", spec.default_budget))
+    for where, target in targets:
         if not tree.is_leaf(target):
-            raise ValueError(f"{path}: {target!r} is not a leaf budget")
-    mr = spec.get("min_runtime") or {}
-    return BudgetFile(tree=tree, nodes=tuple(nodes), groups=groups, default_budget=default,
-                      unallocated_fraction=float(mr.get("unallocated_fraction", 0.25)),
-                      min_runtime_cap_s=float(mr.get("cap_s", 7200.0)),
-                      window_s=float(spec.get("window_s", WEEK_S)))
+            what = "is not a budget" if tree.get(target) is None else "has children"
+            raise TraceError(f"{path}: {where}: {target!r} {what}; it must name a leaf budget")
+    mr = spec.min_runtime
+    return BudgetFile(tree=tree, nodes=tuple(nodes), groups=dict(spec.groups), default_budget=spec.default_budget,
+                      unallocated_fraction=mr.unallocated_fraction, min_runtime_cap_s=mr.cap_s,
+                      window_s=spec.window_s)
 
 
 def philly_budget_spec(vc_csv: str | Path, nodes: int = 32, gpus: int = 8) -> dict[str, Any]:
@@ -123,57 +294,198 @@ def philly_budget_spec(vc_csv: str | Path, nodes: int = 32, gpus: int = 8) -> di
             "min_runtime": {"unallocated_fraction": 0.25, "cap_s": 7200}}
 
 
-def _parse_time(text: str) -> Micros:
-    text = text.strip()
-    if re.fullmatch(r"-?\d+(\.\d+)?", text):
-        return s_to_us(float(text))
-    dt = datetime.fromisoformat(text)
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return to_us(dt)
+# ------------------------------------------------------------------ slices
 
 
 def parse_slice(spec: str | None, year: int = 2017) -> tuple[Micros | None, Micros | None]:
     """``(start_us, end_us)`` of a slice spec (``None`` bounds = open); see module docstring.
 
     Raises:
-        ValueError: an unknown spec.
+        TraceError: an unknown spec, a week or date that does not exist, or
+            an end that is not after the start; the message names ``--slice``.
     """
-    if spec is None or spec == "all":
+    if spec is None or spec.strip().lower() == "all":
         return None, None
+    text = spec.strip().lower()
     days = None
-    m = re.fullmatch(r"(.+)\+(\d+)d", spec)
+    m = re.fullmatch(r"(.+)\+(\d+)d", text)
     if m:
-        spec, days = m.group(1), int(m.group(2))
-    m = re.fullmatch(r"weeks?(\d+)(?:-(\d+))?", spec)
-    if m:
-        a = int(m.group(1))
-        b = int(m.group(2) or a)
-        start = datetime.combine(date.fromisocalendar(year, a, 1), datetime.min.time(), timezone.utc)
-        end = datetime.combine(date.fromisocalendar(year, b, 1), datetime.min.time(), timezone.utc) + timedelta(days=7)
-    else:
-        m = re.fullmatch(r"(\d{4}-\d\d-\d\d)\.\.(\d{4}-\d\d-\d\d)", spec)
-        if not m:
-            raise ValueError(f"unknown slice {spec!r}: use all, week44, weeks39-45, week44+3d or "
-                             "YYYY-MM-DD..YYYY-MM-DD")
-        start = datetime.fromisoformat(m.group(1)).replace(tzinfo=timezone.utc)
-        end = datetime.fromisoformat(m.group(2)).replace(tzinfo=timezone.utc)
-    if days is not None:
-        end = min(end, start + timedelta(days=days))
+        text, days = m.group(1), int(m.group(2))
+    m = re.fullmatch(r"weeks?(\d+)(?:-(\d+))?", text)
+    try:
+        if m:
+            a = int(m.group(1))
+            b = int(m.group(2) or a)
+            start = datetime.combine(date.fromisocalendar(year, a, 1), datetime.min.time(), timezone.utc)
+            end = datetime.combine(date.fromisocalendar(year, b, 1), datetime.min.time(),
+                                   timezone.utc) + timedelta(days=7)
+        else:
+            m = re.fullmatch(r"(\d{4}-\d\d-\d\d)\.\.(\d{4}-\d\d-\d\d)", text)
+            if not m:
+                raise TraceError(f"--slice {spec!r}: unknown slice; use all, week44, weeks39-45, week44+3d "
+                                 "or YYYY-MM-DD..YYYY-MM-DD")
+            start = datetime.fromisoformat(m.group(1)).replace(tzinfo=timezone.utc)
+            end = datetime.fromisoformat(m.group(2)).replace(tzinfo=timezone.utc)
+        if days is not None:
+            end = min(end, start + timedelta(days=days))
+    except (ValueError, OverflowError) as exc:
+        if isinstance(exc, TraceError):
+            raise
+        raise TraceError(f"--slice {spec!r}: {exc} (ISO weeks of {year})") from None
+    if end <= start:
+        raise TraceError(f"--slice {spec!r}: end before start ({start:%Y-%m-%d} .. {end:%Y-%m-%d}, end "
+                         "exclusive): the slice is empty")
     return to_us(start), to_us(end)
+
+
+# ------------------------------------------------------------------ CSV rows
+
+
+def _csv_rows(path: str | Path) -> Iterator[tuple[int, list[str]]]:
+    """``(line, cells)`` of every non-blank row, header included; UTF-8 with an optional BOM."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise TraceError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as UTF-8"
+                         ) from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        for row in reader:
+            if row:  # csv.DictReader skips blank lines too: row numbers (Philly job ids) stay the same
+                yield reader.line_num, row
+    except csv.Error as exc:
+        raise TraceError(f"{path}:{reader.line_num}: bad CSV: {exc}") from None
+
+
+def _header(path: str | Path, rows: Iterator[tuple[int, list[str]]]) -> list[str]:
+    first = next(rows, None)
+    if first is None:
+        raise TraceError(f"{path}: empty file (no header)")
+    return [h.strip() for h in first[1]]
+
+
+_EXPECTED = (f"expected a Philly trace ({','.join(PHILLY_COLUMNS)}) or an apportion CSV "
+             f"({','.join(CSV_COLUMNS[:-1])}[,gpu_model]; user, replicas, gpu_model optional), "
+             "see docs/simulation.md")
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One data row: cell access by column name, errors as ``<file>:<line>: <column>: <what>``."""
+
+    path: str
+    line: int
+    index: Mapping[str, int]
+    cells: list[str]
+
+    def error(self, col: str, what: str) -> TraceError:
+        return TraceError(f"{self.path}:{self.line}: {col}: {what}")
+
+    def text(self, col: str, required: bool = True) -> str:
+        i = self.index.get(col)
+        v = self.cells[i].strip() if i is not None else ""
+        if required and not v:
+            raise self.error(col, "empty")
+        return v
+
+    def integer(self, col: str, lo: int, hi: int, default: int | None = None) -> int:
+        v = self.text(col, required=default is None)
+        if not v and default is not None:
+            return default
+        try:
+            n = int(v)
+        except ValueError:
+            raise self.error(col, f"{v!r} is not a whole number") from None
+        if not lo <= n <= hi:
+            raise self.error(col, f"{n} is out of range ({lo}..{hi})")
+        return n
+
+    def seconds(self, col: str, positive: bool) -> float:
+        v = self.text(col)
+        try:
+            x = float(v)
+        except ValueError:
+            raise self.error(col, f"{v!r} is not a number of seconds") from None
+        if not math.isfinite(x) or x < 0 or (positive and x == 0) or x > MAX_SECONDS:
+            need = "> 0" if positive else ">= 0"
+            raise self.error(col, f"{v!r} must be a finite number of seconds {need} and <= {MAX_SECONDS:.0e}")
+        return x
+
+    def instant(self, col: str, epoch_ok: bool) -> Micros:
+        v = self.text(col)
+        try:
+            if epoch_ok and re.fullmatch(r"-?\d+(\.\d+)?", v):
+                us = s_to_us(float(v))
+            else:
+                dt = datetime.fromisoformat(v)
+                us = to_us(dt if dt.tzinfo is not None and epoch_ok else dt.replace(tzinfo=timezone.utc))
+        except (ValueError, OverflowError):
+            form = "ISO 8601 or seconds since the epoch" if epoch_ok else "a date-time YYYY-MM-DD HH:MM:SS"
+            raise self.error(col, f"{v!r} is not {form}") from None
+        if not _MIN_US <= us <= _MAX_US:
+            raise self.error(col, f"{v!r} is out of range (years 1..8999)")
+        return us
+
+
+def _rows_of(path: str | Path, header: list[str], rows: Iterator[tuple[int, list[str]]]) -> Iterator[_Row]:
+    index = {c: i for i, c in enumerate(header)}
+    for line, cells in rows:
+        if len(cells) != len(header):
+            raise TraceError(f"{path}:{line}: expected {len(header)} fields ({','.join(header)}), "
+                             f"got {len(cells)}")
+        yield _Row(str(path), line, index, cells)
+
+
+# ------------------------------------------------------------------ traces
+
+
+def trace_format(path: str | Path) -> str:
+    """``"philly"`` or ``"csv"`` (apportion CSV), from the header.
+
+    Raises:
+        TraceError: unreadable, not UTF-8, or an unknown header (the message
+            lists the expected columns).
+    """
+    return _format(path, _header(path, _csv_rows(path)))
+
+
+def _format(path: str | Path, header: list[str]) -> str:
+    if tuple(header[:5]) == PHILLY_COLUMNS:
+        return "philly"
+    if "submit" in header and "job_id" in header:
+        return "csv"
+    raise TraceError(f"{path}:1: unknown trace header {','.join(header)!r}; {_EXPECTED}")
 
 
 def load_philly(path: str | Path, budgets: BudgetFile, seed: int, slice_spec: str | None = None
                 ) -> list[SimJob]:
-    """Philly CSV -> trace jobs under the reference rules (module docstring)."""
+    """Philly CSV -> trace jobs under the reference rules (module docstring).
+
+    Raises:
+        TraceError: a bad header, row or slice (``<file>:<line>: <column>: <what>``).
+    """
+    lo, hi = parse_slice(slice_spec)
+    rows_in = _csv_rows(path)
+    header = _header(path, rows_in)
+    if tuple(header[:5]) != PHILLY_COLUMNS:
+        raise TraceError(f"{path}:1: not a Philly header {','.join(header)!r}; expected {','.join(PHILLY_COLUMNS)}")
     rows = []
-    with Path(path).open(newline="") as f:
-        for i, r in enumerate(csv.DictReader(f)):
-            t = to_us(datetime.fromisoformat(r["timestamp"]).replace(tzinfo=timezone.utc))
-            rows.append((t, i, float(r["duration"]), int(r["num_gpus"]), r["cluster"]))
+    for i, r in enumerate(_rows_of(path, header, rows_in)):
+        t = r.instant("timestamp", epoch_ok=False)
+        duration = r.seconds("duration", positive=True)
+        n = r.integer("num_gpus", 1, GPUS_PER_NODE * MAX_REPLICAS)
+        replicas = math.ceil(n / GPUS_PER_NODE)
+        if n % replicas:
+            raise r.error("num_gpus", f"{n} GPUs do not split into ceil({n}/{GPUS_PER_NODE}) = {replicas} equal "
+                                      "replicas (reference gang rule: docs/simulation.md)")
+        rows.append((t, i, duration, n, r.text("cluster")))
     rows.sort()
     rng = random.Random(seed)
-    lo, hi = parse_slice(slice_spec)
     jobs = []
     for t, i, duration, n, vc in rows:
         draw = rng.random()
@@ -191,20 +503,39 @@ def load_philly(path: str | Path, budgets: BudgetFile, seed: int, slice_spec: st
 
 
 def load_csv(path: str | Path, slice_spec: str | None = None) -> list[SimJob]:
-    """apportion CSV -> trace jobs (module docstring); week slices use the year of the first job."""
+    """apportion CSV -> trace jobs (module docstring); week slices use the year of the first job.
+
+    Raises:
+        TraceError: a missing or unknown column, a bad row, a job id given
+            twice (both lines named) or a bad slice.
+    """
+    rows_in = _csv_rows(path)
+    header = _header(path, rows_in)
+    unknown = [c for c in header if c not in CSV_COLUMNS]
+    missing = [c for c in CSV_COLUMNS if c not in header and c not in CSV_OPTIONAL]
+    twice = sorted({c for c in header if header.count(c) > 1})
+    for what, cols in (("unknown", unknown), ("missing", missing), ("repeated", twice)):
+        if cols:
+            raise TraceError(f"{path}:1: {what} column{'s' if len(cols) > 1 else ''} {', '.join(cols)}; "
+                             f"expected {','.join(CSV_COLUMNS[:-1])}[,gpu_model] (user, replicas, gpu_model "
+                             "optional)")
     jobs = []
-    with Path(path).open(newline="") as f:
-        for r in csv.DictReader(f):
-            jobs.append(SimJob(job_id=r["job_id"], budget=r["budget"], user=r.get("user") or "user",
-                               submit_us=_parse_time(r["submit"]),
-                               gpus_per_replica=int(r["gpus_per_replica"]),
-                               replicas=int(r.get("replicas") or 1),
-                               min_runtime_s=float(r["min_runtime_s"]),
-                               duration_s=float(r["duration_s"]), gpu_model=r.get("gpu_model") or None))
-    if not jobs or not slice_spec or slice_spec == "all":
-        return jobs
-    year = (datetime(1970, 1, 1, tzinfo=timezone.utc)
-            + timedelta(microseconds=min(j.submit_us for j in jobs))).year
+    seen: dict[str, int] = {}
+    for r in _rows_of(path, header, rows_in):
+        job_id = r.text("job_id")
+        if len(job_id) > MAX_JOB_ID:
+            raise r.error("job_id", f"longer than {MAX_JOB_ID} characters")
+        if job_id in seen:
+            raise r.error("job_id", f"{job_id!r} is also on line {seen[job_id]}; job ids must be unique")
+        seen[job_id] = r.line
+        jobs.append(SimJob(job_id=job_id, budget=r.text("budget"), user=r.text("user", required=False) or "user",
+                           submit_us=r.instant("submit", epoch_ok=True),
+                           gpus_per_replica=r.integer("gpus_per_replica", 1, MAX_GPUS_PER_REPLICA),
+                           replicas=r.integer("replicas", 1, MAX_REPLICAS, default=1),
+                           min_runtime_s=r.seconds("min_runtime_s", positive=False),
+                           duration_s=r.seconds("duration_s", positive=True),
+                           gpu_model=r.text("gpu_model", required=False) or None))
+    year = from_us(min(j.submit_us for j in jobs)).year if jobs else 2017
     lo, hi = parse_slice(slice_spec, year)
     return [j for j in jobs if (lo is None or j.submit_us >= lo) and (hi is None or j.submit_us < hi)]
 
@@ -214,12 +545,9 @@ def load_trace(path: str | Path, budgets: BudgetFile, seed: int, slice_spec: str
     """Load a trace, picking the format from the header (Philly or apportion CSV).
 
     Raises:
-        ValueError: an unknown header.
+        TraceError: an unknown header (the expected columns are listed), or
+            any error of :func:`load_philly` / :func:`load_csv`.
     """
-    with Path(path).open(newline="") as f:
-        header = next(csv.reader(f), [])
-    if header[:5] == ["timestamp", "duration", "num_gpus", "gpu_time", "cluster"]:
+    if trace_format(path) == "philly":
         return load_philly(path, budgets, seed, slice_spec)
-    if "submit" in header and "job_id" in header:
-        return load_csv(path, slice_spec)
-    raise ValueError(f"{path}: unknown trace header {header!r}")
+    return load_csv(path, slice_spec)
