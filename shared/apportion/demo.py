@@ -156,9 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     if not trace.is_file():
         con.print(f"[red]error:[/] trace {trace} not found (set --trace or APPORTION_DATA_DIR)")
         return 2
-    bf = load_budget_file(args.budgets)
-    jobs = load_trace(trace, bf, args.seed, args.slice)
-    lo, hi = parse_slice(args.slice)
+    try:
+        bf = load_budget_file(args.budgets)
+        jobs = load_trace(trace, bf, args.seed, args.slice)
+        lo, hi = parse_slice(args.slice)
+    except ValueError as exc:  # TraceError and slice errors name the file, line and field
+        con.print(f"[red]error:[/] {exc}", soft_wrap=True)
+        return 2
     if not jobs or lo is None or hi is None:
         con.print(f"[red]error:[/] slice {args.slice!r} selects no jobs or is unbounded")
         return 2
