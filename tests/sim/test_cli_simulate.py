@@ -195,6 +195,9 @@ def test_encoding_and_headers(tmp_path):
     (B2.replace("lab/a: 0.6", "lab/a: {share: 0.6, bogus: 1}"),
      "b.yaml: budgets.lab/a: unknown key 'bogus'; allowed keys: share, members, max_min_runtime_s"),
     (B2 + "default_budget: lab\n", "b.yaml: default_budget: 'lab' has children; it must name a leaf budget"),
+    # the second lab/a starts at column 33 of line 2 ("budgets: {" 10 + "lab: 1.0, " 10 + "lab/a: 0.6, " 12, 1-based)
+    (B2.replace("lab/a: 0.6", "lab/a: 0.6, lab/a: 0.4"),
+     "b.yaml:2:33: YAML syntax error: found duplicate key 'lab/a'"),
 ])
 def test_bad_budget_files(tmp_path, yaml_text, message):
     assert _error(_run(tmp_path, budgets=yaml_text)) == f"error: {tmp_path / message}"

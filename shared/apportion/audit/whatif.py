@@ -39,6 +39,7 @@ from apportion.domain.engine import EngineConfig
 from apportion.sim.core import SimConfig, SimJob, SimNode, simulate
 from apportion.sim.report import PolicyReport, summarise
 from apportion.timeutil import WEEK_S, to_us
+from apportion.yamlio import load_yaml, problem, where
 
 __all__ = ["WhatIf", "jobs_from_log", "nodes_from_log", "load_tree", "whatif"]
 
@@ -49,10 +50,13 @@ def load_tree(path: str | Path) -> BudgetTree:
     """A budget tree from YAML: a budget file (``budgets:`` key) or a bare ``path: share`` mapping.
 
     Raises:
-        ValueError: not a mapping.
-        apportion.domain.budgets.BudgetError: an invalid tree.
+        ValueError: not YAML (syntax error, duplicate key) or not a mapping.
+        apportion.domain.budgets.BudgetError: an invalid tree (a ``ValueError`` too).
     """
-    spec = yaml.safe_load(Path(path).read_text())
+    try:
+        spec = load_yaml(Path(path).read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}{where(exc)}: {problem(exc)}") from None
     if not isinstance(spec, dict):
         raise ValueError(f"{path}: expected a mapping of budget path -> share (or a 'budgets' key)")
     return BudgetTree.from_mapping(spec.get("budgets", spec))

@@ -384,6 +384,22 @@ def undrain(
 # --------------------------------------------------------------------------- budgets
 
 
+def _tree_from_file(path: Path) -> Any:
+    """The :class:`BudgetTree` of budget file ``path``; a bad file is one error line and exit 2."""
+    import yaml
+
+    from apportion.domain.budgets import BudgetError, BudgetTree
+
+    from apportion.yamlio import problem, where
+
+    try:
+        return BudgetTree.from_mapping(load_budget_file(path))
+    except yaml.YAMLError as exc:
+        fail(f"{path}{where(exc)}: {problem(exc)}")
+    except (BudgetError, ValueError, KeyError, TypeError, OSError) as exc:
+        fail(f"{path}: {exc}")
+
+
 def load_budget_file(path: Path) -> dict[str, Any]:
     """Read a budget YAML file: ``budgets: {path: share | {share, members, max_min_runtime}}``.
 
@@ -393,9 +409,9 @@ def load_budget_file(path: Path) -> dict[str, Any]:
     Raises:
         ValueError: the file is not such a mapping.
     """
-    import yaml
+    from apportion.yamlio import load_yaml
 
-    data = yaml.safe_load(path.read_text())
+    data = load_yaml(path.read_text())
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of budget paths")
     spec = data.get("budgets", data)
@@ -451,15 +467,7 @@ def budget_apply(
     as_json: JsonOut = False,
 ) -> None:
     """Set every budget in a YAML file (parents first). The file is checked as a whole before publishing."""
-    from apportion.domain.budgets import BudgetError, BudgetTree
-
-    import yaml
-
-    try:
-        spec = load_budget_file(file)
-        tree = BudgetTree.from_mapping(spec)
-    except (BudgetError, ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
-        fail(f"{file}: {exc}")
+    tree = _tree_from_file(file)
     now = _now()
     evts: list[events.Event] = []
     for p, d in tree.to_mapping().items():
@@ -491,7 +499,7 @@ def budget_show(
     from apportion.domain.budgets import BudgetError, BudgetTree
 
     if from_file is not None:
-        tree = BudgetTree.from_mapping(load_budget_file(from_file))
+        tree = _tree_from_file(from_file)
     else:
         from apportion import topics
         from apportion.bus.reader import read_log

@@ -67,6 +67,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from apportion.domain.budgets import BudgetError, BudgetTree
 from apportion.sim.core import SimJob, SimNode
 from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us, to_us
+from apportion.yamlio import load_yaml
+from apportion.yamlio import problem as yaml_problem
+from apportion.yamlio import where as yaml_where
 
 __all__ = ["BudgetFile", "BudgetFileSpec", "TraceError", "load_budget_file", "load_trace", "load_philly",
            "load_csv", "parse_slice", "philly_budget_spec", "trace_format", "PHILLY_COLUMNS", "CSV_COLUMNS"]
@@ -235,12 +238,9 @@ def load_budget_file(path: str | Path) -> BudgetFile:
     except OSError as exc:
         raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = load_yaml(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise TraceError(f"{path}{at}: YAML syntax error: {problem}") from None
+        raise TraceError(f"{path}{yaml_where(exc)}: YAML syntax error: {yaml_problem(exc)}") from None
     if not isinstance(raw, Mapping):
         raise TraceError(f"{path}: a budget file is a YAML mapping with at least 'cluster' and 'budgets' "
                          "(see docs/simulation.md)")
