@@ -70,6 +70,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--gap", type=float, default=10.0, help="cycle debounce, seconds")
     a = ap.parse_args()
+    if a.jobs < 1 or a.gap < 0:
+        ap.error("--jobs must be at least 1 and --gap at least 0")
     tree, jobs = trace(a.jobs, a.seed, 1000)
     cfg = config(a.seed, a.gap)
     t, c = time.perf_counter(), time.process_time()
@@ -80,7 +82,8 @@ def main() -> None:
     print(f"bench_sim: {a.jobs} jobs on 1000 GPUs (seed {a.seed}, cycle debounce {a.gap:g} s): "
           f"{placed} placed, {sum(r.preemptions.values())} preemptions, {len(r.violations)} violations")
     print(f"  {r.cycles} cycles, {r.events} events, simulated {sim_s / 3600:.1f} h")
-    print(f"  wall {wall:.1f} s (target <= 60), {a.jobs / wall:.0f} jobs/s, "
+    target = " (target <= 60)" if a.jobs == 100_000 else " (the 60 s target is for 100,000 jobs)"
+    print(f"  wall {wall:.1f} s{target}, {a.jobs / wall:.0f} jobs/s, "
           f"{sim_s / wall:.0f} simulated-seconds per wall-second; process CPU {cpu:.1f} s "
           f"(wall above CPU = other load on the machine)")
     if a.jobs >= 100_000 and wall > 60:
