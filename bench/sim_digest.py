@@ -52,11 +52,18 @@ def _philly(a: argparse.Namespace) -> None:
     from apportion.domain.dispatch import DispatchConfig
     from apportion.domain.engine import EngineConfig
     from apportion.sim.baselines import POLICIES
+    from apportion.demo import default_data_dir
     from apportion.sim.traces import load_budget_file, load_trace
 
     bf = load_budget_file(ROOT / "infra/budgets/philly.yaml")
-    jobs = load_trace(a.trace, bf, a.seed, a.slice)
     names = list(POLICIES) if a.policy == "all" else a.policy.split(",")
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        raise SystemExit(f"sim_digest: unknown policy {', '.join(unknown)}; use {', '.join(POLICIES)} or all")
+    try:
+        jobs = load_trace(a.trace or default_data_dir() / "philly" / "philly.csv", bf, a.seed, a.slice)
+    except ValueError as exc:  # trace or --slice errors name the file/line or the flag
+        raise SystemExit(f"sim_digest: {exc}") from None
     for name in names:
         dcfg = DispatchConfig(engine=EngineConfig(window_s=bf.window_s), heartbeat_timeout_s=None,
                               scheduler=None if name == "fairshare" else POLICIES[name])
@@ -83,7 +90,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="what", required=True)
     p = sub.add_parser("philly")
-    p.add_argument("--trace", default="/work/shared/data/philly/philly.csv")
+    p.add_argument("--trace", default=None, help="default: <data dir>/philly/philly.csv (APPORTION_DATA_DIR)")
     p.add_argument("--slice", default="week44")
     p.add_argument("--policy", default="all")
     p.add_argument("--seed", type=int, default=1)
