@@ -471,10 +471,6 @@ class _Free:
         self.reserved.add(nid)
 
 
-#: :func:`ancestors_of` memoised (a pure function of one path returning a tuple).
-_ancestors = lru_cache(maxsize=1 << 14)(ancestors_of)
-
-
 @lru_cache(maxsize=1 << 16)
 def _branches(v: str, b: str) -> tuple[str, str, str] | None:
     """:func:`branches_at_lca`, ``None`` when on one line; a pure function of two paths, memoised."""
@@ -711,7 +707,7 @@ class _Victims:
                     out[v] = (lca, rv, rb)
         else:
             under = self._under()
-            for a in _ancestors(leaf):
+            for a in ancestors_of(leaf):
                 par = parent_of(a)
                 ra = None
                 for sib in tree.children(par):
@@ -734,7 +730,7 @@ class _Victims:
         if self.under is None:
             under: dict[str, list[str]] = {}
             for v in sorted(self.expired):
-                for a in _ancestors(v):
+                for a in ancestors_of(v):
                     under.setdefault(a, []).append(v)
             self.under = under
         return self.under
@@ -821,9 +817,6 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         if f is None:
             f = floors[key] = segment_floor(memo, pending[leaf], lo, hi)
         return f
-
-    def codes_of(jobs: Sequence[PendingJob]) -> bytes | None:
-        return memo_codes(memo, jobs)
 
     def blocked_shape(leaf: str) -> Callable[[int, int, str | None], bool]:
         """Whether a job of ``leaf`` with shape (g, k, model), taken now, would be blocked with no effect.
@@ -923,7 +916,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
             # The leaf's next jobs come next (nothing was charged). Pass over those that
             # would be blocked exactly like this one, with no effect but their rank.
             jobs = pending[leaf]
-            n = _blocked_run(jobs, idx + 1, bound[leaf], blocked_shape(leaf), codes_of(jobs))
+            n = _blocked_run(jobs, idx + 1, bound[leaf], blocked_shape(leaf), memo_codes(memo, jobs))
             if n:
                 queue.skip(leaf, n)
                 rank += n
@@ -960,7 +953,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                 ff_now, af_now = free_fail, any_free
                 n = _blocked_run(jobs, idx + 1, end, lambda g2, k2, m2: _dominated(
                     ff_now.get(m2, ()), g2, k2) or (m2 is not None and _dominated(af_now, g2, k2)),  # type: ignore[arg-type]
-                    codes_of(jobs))
+                    memo_codes(memo, jobs))
                 idx += n
                 rank += n
                 res.considered += n
