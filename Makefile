@@ -12,7 +12,7 @@ PY      := $(VENV)/bin/python
 RUN_DIR := .run
 PYTEST_ARGS ?=
 
-.PHONY: help venv kafka-jars up down status test test-unit test-integration bench run clean distclean
+.PHONY: help venv kafka-jars up down status lint test test-unit test-integration bench run clean distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -43,8 +43,14 @@ down:
 status: venv
 	$(PY) -m apportion.bus.stack status --dir $(RUN_DIR)
 
+# Static checks: lint and format (ruff). `make test` runs them first.
+LINT_PATHS := shared services tests bench infra
+lint: venv
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+
 # pytest exit 5 means "no tests collected": reported, not a failure.
-test: venv
+test: venv lint
 	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 

@@ -52,11 +52,18 @@ def make_log(jobs: int, seed: int) -> list:
         t += int(rng.expovariate(1 / 60.0) * 1e6)
         g = rng.choice((1, 1, 2, 4, 8))
         mr = 0.0 if rng.random() < 0.25 else rng.choice((600.0, 1800.0, 3600.0))
-        trace.append(SimJob(f"j{i}", rng.choice(("lab/a", "lab/b", "lab/c", "lab/d")), "u", t, g, 1, mr,
-                            rng.uniform(300, 4 * 3600)))
+        trace.append(
+            SimJob(
+                f"j{i}", rng.choice(("lab/a", "lab/b", "lab/c", "lab/d")), "u", t, g, 1, mr, rng.uniform(300, 4 * 3600)
+            )
+        )
     nodes = [SimNode(f"n{i:02d}", 8) for i in range(32)]
-    res = simulate(BudgetTree.from_mapping(tree), nodes, trace,
-                   SimConfig(seed=seed, dispatch=DispatchConfig(heartbeat_timeout_s=None), sample_s=0))
+    res = simulate(
+        BudgetTree.from_mapping(tree),
+        nodes,
+        trace,
+        SimConfig(seed=seed, dispatch=DispatchConfig(heartbeat_timeout_s=None), sample_s=0),
+    )
     budget = [events.BudgetSet(path=p, share=s, ts=from_us(t0 - 1), producer="ops") for p, s in tree.items()]
     return records_from_events(budget + res.log)
 
@@ -103,8 +110,9 @@ def kafka_part(recs: list) -> None:
     prod.close()
     wanted = sorted(audit_topics())
     t = time.perf_counter()
-    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
-                      max_partition_fetch_bytes=8 * 1024 * 1024)
+    c = KafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, max_partition_fetch_bytes=8 * 1024 * 1024
+    )
     parts = [TopicPartition(tn, p) for tn in wanted for p in sorted(c.partitions_for_topic(tn) or ())]
     c.assign(parts)
     c.seek_to_beginning()
@@ -123,8 +131,10 @@ def kafka_part(recs: list) -> None:
     fold_all(got)
     dt = time.perf_counter() - t
     print(f"kafka, raw consume (kafka-python) : {n:>9,} records {raw_dt:6.2f} s {n / raw_dt:>10,.0f} records/s")
-    print(f"kafka, full rebuild               : {len(got):>9,} events  {dt:6.2f} s {len(got) / dt:>10,.0f} events/s"
-          f"  ({(len(got) / dt) / (n / raw_dt):.0%} of raw)")
+    print(
+        f"kafka, full rebuild               : {len(got):>9,} events  {dt:6.2f} s {len(got) / dt:>10,.0f} events/s"
+        f"  ({(len(got) / dt) / (n / raw_dt):.0%} of raw)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,8 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     recs = make_log(args.jobs, args.seed)
     path = Path(tempfile.gettempdir()) / f"bench-audit-{args.jobs}-{args.seed}.jsonl.gz"
     write_export(recs, path, topic_names=audit_topics(), exported_at="bench")
-    print(f"log: {len(recs):,} records from {args.jobs:,} simulated jobs ({time.perf_counter() - t:.1f} s to make), "
-          f"{path.stat().st_size / 1e6:.1f} MB export")
+    print(
+        f"log: {len(recs):,} records from {args.jobs:,} simulated jobs ({time.perf_counter() - t:.1f} s to make), "
+        f"{path.stat().st_size / 1e6:.1f} MB export"
+    )
     t = time.perf_counter()
     n_raw = raw_file(path)
     raw_dt = time.perf_counter() - t
@@ -149,8 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     n = fold_all(got)
     dt = time.perf_counter() - t
     print(f"file, raw read (gzip + json)      : {n_raw:>9,} records {raw_dt:6.2f} s {n_raw / raw_dt:>10,.0f} records/s")
-    print(f"file, full rebuild                : {n:>9,} events  {dt:6.2f} s {n / dt:>10,.0f} events/s"
-          f"  (decode+sort {load_dt:.2f} s, fold {dt - load_dt:.2f} s; {(n / dt) / (n_raw / raw_dt):.0%} of raw)")
+    print(
+        f"file, full rebuild                : {n:>9,} events  {dt:6.2f} s {n / dt:>10,.0f} events/s"
+        f"  (decode+sort {load_dt:.2f} s, fold {dt - load_dt:.2f} s; {(n / dt) / (n_raw / raw_dt):.0%} of raw)"
+    )
     if os.environ.get("KAFKA_BOOTSTRAP"):
         kafka_part(recs)
     else:

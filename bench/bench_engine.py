@@ -40,8 +40,15 @@ from apportion.timeutil import from_us, s_to_us
 NOW = s_to_us(1_700_000_000)
 
 
-def build(seed: int, scenario: str = "steady", nodes: int = 1250, gpn: int = 8, groups: int = 10,
-          leaves_per: int = 20, pending: int = 20_000) -> CycleSnapshot:
+def build(
+    seed: int,
+    scenario: str = "steady",
+    nodes: int = 1250,
+    gpn: int = 8,
+    groups: int = 10,
+    leaves_per: int = 20,
+    pending: int = 20_000,
+) -> CycleSnapshot:
     rng = random.Random(seed)
     spec = {f"g{i:02d}": 1.0 / groups for i in range(groups)}
     for i in range(groups):
@@ -74,9 +81,21 @@ def build(seed: int, scenario: str = "steady", nodes: int = 1250, gpn: int = 8, 
         started = NOW - s_to_us(rng.uniform(60, 4 * 3600))
         mr = rng.choice([1800.0, 3600.0, 7200.0]) if allocated else 0.0
         jid += 1
-        cs.apply(ev.JobPlaced(job_id=f"r{jid}", attempt=1, budget=rng.choice(leaves), allocated=allocated,
-                              gpus_per_replica=g, replicas=k, min_runtime_s=mr, placements=tuple(places),
-                              submitted_at=from_us(started), decision=dec, ts=from_us(started)))
+        cs.apply(
+            ev.JobPlaced(
+                job_id=f"r{jid}",
+                attempt=1,
+                budget=rng.choice(leaves),
+                allocated=allocated,
+                gpus_per_replica=g,
+                replicas=k,
+                min_runtime_s=mr,
+                placements=tuple(places),
+                submitted_at=from_us(started),
+                decision=dec,
+                ts=from_us(started),
+            )
+        )
         cs.apply(ev.JobStarted(job_id=f"r{jid}", attempt=1, node_id=picks[0], ts=from_us(started)))
         busy += g * k
     cap = nodes * gpn * 7 * 86400.0
@@ -98,9 +117,20 @@ def build(seed: int, scenario: str = "steady", nodes: int = 1250, gpn: int = 8, 
         g, k = rng.choices([(1, 1), (2, 1), (4, 1), (8, 1), (8, 2), (8, 4)], [45, 20, 15, 12, 6, 2])[0]
         mr = 0.0 if rng.random() < 0.25 else rng.choice([1800.0, 3600.0, 7200.0])
         sub = NOW - s_to_us(rng.uniform(0, 3 * 3600))
-        pend.setdefault(leaf, []).append(PendingJob(
-            job_id=f"p{i}", attempt=1, budget=leaf, user="u", gpus_per_replica=g, replicas=k,
-            min_runtime_s=mr, submitted_at_us=sub, queued_at_us=sub, duration_s=3600.0))
+        pend.setdefault(leaf, []).append(
+            PendingJob(
+                job_id=f"p{i}",
+                attempt=1,
+                budget=leaf,
+                user="u",
+                gpus_per_replica=g,
+                replicas=k,
+                min_runtime_s=mr,
+                submitted_at_us=sub,
+                queued_at_us=sub,
+                duration_s=3600.0,
+            )
+        )
     for lst in pend.values():
         lst.sort(key=pending_order)
     return CycleSnapshot(cs.snapshot(), pend, tree, occ, cap)
@@ -113,7 +143,7 @@ def main() -> None:
     ap.add_argument("--scenario", choices=["steady", "rebalance", "burst", "all"], default="all")
     a = ap.parse_args()
     ok = True
-    for scenario in (["steady", "rebalance", "burst"] if a.scenario == "all" else [a.scenario]):
+    for scenario in ["steady", "rebalance", "burst"] if a.scenario == "all" else [a.scenario]:
         p99 = bench(scenario, a.seed, a.reps if scenario == "steady" else max(3, a.reps // 10))
         if scenario == "steady" and p99 > 50:
             ok = False
@@ -126,9 +156,11 @@ def bench(scenario: str, seed: int, reps: int) -> float:
     runs = snap.cluster.runs.values()
     gpus = sum(n.gpu_count for n in snap.cluster.nodes.values())
     busy = sum(r.gpus for r in runs)
-    print(f"cluster: {len(snap.cluster.nodes)} nodes, {gpus} GPUs, {busy} busy, {len(runs)} runs "
-          f"({sum(1 for r in runs if not r.allocated)} unallocated, "
-          f"{sum(1 for r in runs if r.allocated and not r.protected(NOW))} allocated past protection)")
+    print(
+        f"cluster: {len(snap.cluster.nodes)} nodes, {gpus} GPUs, {busy} busy, {len(runs)} runs "
+        f"({sum(1 for r in runs if not r.allocated)} unallocated, "
+        f"{sum(1 for r in runs if r.allocated and not r.protected(NOW))} allocated past protection)"
+    )
     print(f"queue: {sum(len(v) for v in snap.pending.values())} pending jobs in {len(snap.pending)} leaf budgets")
     cfg = EngineConfig()
     res = run_cycle(snap, NOW, cfg)  # warm-up
@@ -146,8 +178,10 @@ def bench(scenario: str, seed: int, reps: int) -> float:
     for e in res.events:
         kinds[e.type] = kinds.get(e.type, 0) + 1
     print(f"cycle: considered {res.considered} jobs, {res.searches} preemption searches, events {kinds}")
-    print(f"engine cycle ms ({scenario}) over {reps} reps: p50 {statistics.median(times):.1f}  p99 {p99:.1f}  "
-          f"max {times[-1]:.1f}" + ("  (target p99 <= 50)" if scenario == "steady" else ""))
+    print(
+        f"engine cycle ms ({scenario}) over {reps} reps: p50 {statistics.median(times):.1f}  p99 {p99:.1f}  "
+        f"max {times[-1]:.1f}" + ("  (target p99 <= 50)" if scenario == "steady" else "")
+    )
     gc.unfreeze()
     return p99
 

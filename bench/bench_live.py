@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,16 +91,28 @@ def start_services(env: dict[str, str], logs: Path, nodes: int) -> list[subproce
     logs.mkdir(parents=True, exist_ok=True)
     cmds = [
         ["services.dispatcher", "--heartbeat-timeout-s", "600", "--tick-wall-s", "0.2"],
-        ["services.node_agent", "--sim-nodes", str(nodes), "--gpus-per-node", "8", "--node-prefix", "b",
-         "--heartbeat-interval-s", "60"],
+        [
+            "services.node_agent",
+            "--sim-nodes",
+            str(nodes),
+            "--gpus-per-node",
+            "8",
+            "--node-prefix",
+            "b",
+            "--heartbeat-interval-s",
+            "60",
+        ],
         ["services.accounting", "--snapshot-debounce-wall-s", "1.0"],
         ["services.policy"],
     ]
     procs = []
     for cmd in cmds:
         f = open(logs / f"{cmd[0].split('.')[1]}.log", "ab")  # noqa: SIM115
-        procs.append(subprocess.Popen([sys.executable, "-m", *cmd], env=env, cwd=REPO, stdin=subprocess.DEVNULL,
-                                      stdout=f, stderr=f))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", *cmd], env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=f, stderr=f
+            )
+        )
     return procs
 
 
@@ -130,14 +142,19 @@ def main() -> int:
     ns = f"bench{uuid.uuid4().hex[:6]}."
     os.environ["APPORTION_TOPIC_PREFIX"] = ns
     provision(bootstrap)
-    env = dict(os.environ, APPORTION_KAFKA_BOOTSTRAP=bootstrap, APPORTION_REDIS_URL=redis_url,
-               APPORTION_TOPIC_PREFIX=ns, APPORTION_LOG_LEVEL="WARNING")
+    env = dict(
+        os.environ,
+        APPORTION_KAFKA_BOOTSTRAP=bootstrap,
+        APPORTION_REDIS_URL=redis_url,
+        APPORTION_TOPIC_PREFIX=ns,
+        APPORTION_LOG_LEVEL="WARNING",
+    )
     nodes = max(8, (args.jobs + 7) // 8 + 1)
     ok = True
     procs: list[subprocess.Popen[bytes]] = []
     producer = EventProducer(bootstrap, client_id="bench", linger_ms=0)
     try:
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         for path, share in (("bench", 1.0), ("bench/a", 0.5), ("bench/b", 0.5)):
             producer.publish(events.BudgetSet(path=path, share=share, ts=now, producer="bench"))
         watcher = CommandWatcher(bootstrap, [COMMANDS.name, JOBS.name, NODES.name])
@@ -152,11 +169,22 @@ def main() -> int:
                 print(f"FAIL: only {watcher.count('NodeRegistered')} of {nodes} nodes registered within 120 s")
                 return 1
             time.sleep(0.05)
+
         def submit(job_id: str, budget: str, duration: float, gpus: int = 1) -> None:
-            t = datetime.now(timezone.utc)
-            producer.send(events.JobSubmitted(job_id=job_id, budget=budget, user="bench", gpus_per_replica=gpus,
-                                              min_runtime_s=60, duration_s=duration, submitted_at=t, ts=t,
-                                              producer="bench"))
+            t = datetime.now(UTC)
+            producer.send(
+                events.JobSubmitted(
+                    job_id=job_id,
+                    budget=budget,
+                    user="bench",
+                    gpus_per_replica=gpus,
+                    min_runtime_s=60,
+                    duration_s=duration,
+                    submitted_at=t,
+                    ts=t,
+                    producer="bench",
+                )
+            )
 
         submit("probe", "bench/a", 1.0)
         producer.flush()
@@ -177,8 +205,10 @@ def main() -> int:
                 return 1
             lat.append((t1 - t0) * 1000)
         p50, p99 = statistics.median(lat), percentile(lat, 99)
-        print(f"submit-to-StartWorkload latency over {len(lat)} jobs: p50 {p50:.1f} ms, p99 {p99:.1f} ms "
-              f"(target p50 <= 100 ms)")
+        print(
+            f"submit-to-StartWorkload latency over {len(lat)} jobs: p50 {p50:.1f} ms, p99 {p99:.1f} ms "
+            f"(target p50 <= 100 ms)"
+        )
         ok &= p50 <= 100
 
         # ---- 2. sustained throughput
@@ -195,8 +225,10 @@ def main() -> int:
         placed = watcher.count("JobPlaced") - base
         t_end = max(v for k, v in watcher.seen.items() if k[0] == "JobPlaced")
         rate = placed / (t_end - t0) if last else 0.0
-        print(f"sustained: {args.jobs} submissions published in {t_pub:.2f} s ({args.jobs / t_pub:,.0f}/s); "
-              f"{placed} placed in {t_end - t0:.2f} s -> {rate:,.0f} placements/s (target >= 1,000/s)")
+        print(
+            f"sustained: {args.jobs} submissions published in {t_pub:.2f} s ({args.jobs / t_pub:,.0f}/s); "
+            f"{placed} placed in {t_end - t0:.2f} s -> {rate:,.0f} placements/s (target >= 1,000/s)"
+        )
         ok &= rate >= 1000
     finally:
         for p in procs:
@@ -231,7 +263,7 @@ def accounting_ingest(bootstrap: str, redis_url: str, n: int) -> bool:
     os.environ["APPORTION_TOPIC_PREFIX"] = f"ingest{uuid.uuid4().hex[:6]}."
     provision(bootstrap)
     producer = EventProducer(bootstrap, client_id="bench-ingest", linger_ms=20, batch_size=256 * 1024)
-    t = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    t = datetime(2026, 1, 1, tzinfo=UTC)
     dec = events.Decision(rank=0, budget_rank=0, ratio=0.0)
     from datetime import timedelta
 
@@ -242,20 +274,31 @@ def accounting_ingest(bootstrap: str, redis_url: str, n: int) -> bool:
         node = f"n{j % 100:03d}"
         if i % 2 == 0:
             ev: events.Event = events.JobPlaced(
-                job_id=f"j{j}", attempt=1, budget="lab/a" if j % 2 else "lab/b", allocated=True,
-                gpus_per_replica=1, replicas=1, min_runtime_s=60,
-                placements=(events.Placement(node_id=node, gpus=(j % 8,)),), submitted_at=ts, decision=dec,
-                ts=ts, producer="bench")
+                job_id=f"j{j}",
+                attempt=1,
+                budget="lab/a" if j % 2 else "lab/b",
+                allocated=True,
+                gpus_per_replica=1,
+                replicas=1,
+                min_runtime_s=60,
+                placements=(events.Placement(node_id=node, gpus=(j % 8,)),),
+                submitted_at=ts,
+                decision=dec,
+                ts=ts,
+                producer="bench",
+            )
         else:
-            ev = events.JobCompleted(job_id=f"j{j}", attempt=1, replica=0, node_id=node, ts=ts + timedelta(seconds=1),
-                                     producer="bench")
+            ev = events.JobCompleted(
+                job_id=f"j{j}", attempt=1, replica=0, node_id=node, ts=ts + timedelta(seconds=1), producer="bench"
+            )
         producer.send(ev)
         i += 1
     producer.flush()
     producer.close()
 
-    kc = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                       max_partition_fetch_bytes=8 * 1024 * 1024)
+    kc = KafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, max_partition_fetch_bytes=8 * 1024 * 1024
+    )
     parts = [TopicPartition(JOBS.name, p) for p in sorted(kc.partitions_for_topic(JOBS.name))]
     kc.assign(parts)
     kc.seek_to_beginning()
@@ -268,8 +311,7 @@ def accounting_ingest(bootstrap: str, redis_url: str, n: int) -> bool:
     raw = time.perf_counter() - t0
     kc.close()
 
-    settings = AccountingSettings(kafka_bootstrap=bootstrap, redis_url=redis_url, log_json=False,
-                                  snapshot_interval_s=0)
+    settings = AccountingSettings(kafka_bootstrap=bootstrap, redis_url=redis_url, log_json=False, snapshot_interval_s=0)
 
     async def timed() -> float:
         stop, ready = asyncio.Event(), asyncio.Event()
@@ -283,9 +325,11 @@ def accounting_ingest(bootstrap: str, redis_url: str, n: int) -> bool:
 
     acc = asyncio.run(timed())
     raw_rate, acc_rate = got / raw, n / acc
-    print(f"accounting ingest: {n:,} job events; raw kafka-python consume {raw_rate:,.0f} events/s "
-          f"({raw:.2f} s); accounting start-up rebuild (read + decode + fold + first snapshot) "
-          f"{acc_rate:,.0f} events/s ({acc:.2f} s) = {100 * acc_rate / raw_rate:.0f}% of raw (target >= 50%)")
+    print(
+        f"accounting ingest: {n:,} job events; raw kafka-python consume {raw_rate:,.0f} events/s "
+        f"({raw:.2f} s); accounting start-up rebuild (read + decode + fold + first snapshot) "
+        f"{acc_rate:,.0f} events/s ({acc:.2f} s) = {100 * acc_rate / raw_rate:.0f}% of raw (target >= 50%)"
+    )
     return acc_rate >= 0.5 * raw_rate
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import heapq
 import random
 import resource
 import statistics
@@ -29,40 +28,54 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 from apportion.domain.occupancy import OccupancyLedger, rebuild
 from apportion.events import decode
 from apportion.timeutil import US_PER_S, WEEK_S, from_us, to_us
-from datetime import datetime, timezone
 
-T0 = to_us(datetime(2024, 1, 1, tzinfo=timezone.utc))
+T0 = to_us(datetime(2024, 1, 1, tzinfo=UTC))
 NODES = 1250
 LANE_PATTERNS = ([8], [4, 4], [4, 2, 1, 1], [2, 2, 2, 2], [2, 2, 4], [1] * 8)
 TARGET_S = 10.0
 
-PLACED = ('{"event_id":"%s","type":"JobPlaced","schema_version":1,"ts":"%s","producer":"dispatcher",'
-          '"job_id":"%s","attempt":%d,"budget":"%s","user":"%s","allocated":%s,'
-          '"gpus_per_replica":%d,"replicas":1,"min_runtime_s":%s,'
-          '"placements":[{"node_id":"%s","gpus":[%s]}],"submitted_at":"%s",'
-          '"decision":{"rank":%d,"budget_rank":%d,"ratio":%s,"victims":[],"reservation":false,'
-          '"policy_version":"fairtree-1"},"fencing_token":7}')
-STARTED = ('{"event_id":"%s","type":"JobStarted","schema_version":1,"ts":"%s","producer":"node-agent",'
-           '"job_id":"%s","attempt":%d,"replica":0,"node_id":"%s","gpus":[%s],"pid":%d}')
-COMPLETED = ('{"event_id":"%s","type":"JobCompleted","schema_version":1,"ts":"%s",'
-             '"producer":"node-agent","job_id":"%s","attempt":%d,"replica":0,"node_id":"%s",'
-             '"exit_code":0}')
-FAILED = ('{"event_id":"%s","type":"JobFailed","schema_version":1,"ts":"%s","producer":"node-agent",'
-          '"job_id":"%s","attempt":%d,"replica":null,"node_id":"%s","exit_code":1,"reason":"oom"}')
-PREEMPTED = ('{"event_id":"%s","type":"JobPreempted","schema_version":1,"ts":"%s",'
-             '"producer":"dispatcher","job_id":"%s","attempt":%d,"budget":"%s","allocated":%s,'
-             '"by_job_id":null,"grace_s":30.0,"reason":"preempted"}')
-REQUEUED = ('{"event_id":"%s","type":"JobRequeued","schema_version":1,"ts":"%s",'
-            '"producer":"dispatcher","job_id":"%s","attempt":%d,"submitted_at":"%s",'
-            '"reason":"preempted"}')
-REGISTERED = ('{"event_id":"%s","type":"NodeRegistered","schema_version":1,"ts":"%s",'
-              '"producer":"node-agent","node_id":"%s","gpu_count":8,"gpu_model":"A100",'
-              '"simulated":true}')
+PLACED = (
+    '{"event_id":"%s","type":"JobPlaced","schema_version":1,"ts":"%s","producer":"dispatcher",'
+    '"job_id":"%s","attempt":%d,"budget":"%s","user":"%s","allocated":%s,'
+    '"gpus_per_replica":%d,"replicas":1,"min_runtime_s":%s,'
+    '"placements":[{"node_id":"%s","gpus":[%s]}],"submitted_at":"%s",'
+    '"decision":{"rank":%d,"budget_rank":%d,"ratio":%s,"victims":[],"reservation":false,'
+    '"policy_version":"fairtree-1"},"fencing_token":7}'
+)
+STARTED = (
+    '{"event_id":"%s","type":"JobStarted","schema_version":1,"ts":"%s","producer":"node-agent",'
+    '"job_id":"%s","attempt":%d,"replica":0,"node_id":"%s","gpus":[%s],"pid":%d}'
+)
+COMPLETED = (
+    '{"event_id":"%s","type":"JobCompleted","schema_version":1,"ts":"%s",'
+    '"producer":"node-agent","job_id":"%s","attempt":%d,"replica":0,"node_id":"%s",'
+    '"exit_code":0}'
+)
+FAILED = (
+    '{"event_id":"%s","type":"JobFailed","schema_version":1,"ts":"%s","producer":"node-agent",'
+    '"job_id":"%s","attempt":%d,"replica":null,"node_id":"%s","exit_code":1,"reason":"oom"}'
+)
+PREEMPTED = (
+    '{"event_id":"%s","type":"JobPreempted","schema_version":1,"ts":"%s",'
+    '"producer":"dispatcher","job_id":"%s","attempt":%d,"budget":"%s","allocated":%s,'
+    '"by_job_id":null,"grace_s":30.0,"reason":"preempted"}'
+)
+REQUEUED = (
+    '{"event_id":"%s","type":"JobRequeued","schema_version":1,"ts":"%s",'
+    '"producer":"dispatcher","job_id":"%s","attempt":%d,"submitted_at":"%s",'
+    '"reason":"preempted"}'
+)
+REGISTERED = (
+    '{"event_id":"%s","type":"NodeRegistered","schema_version":1,"ts":"%s",'
+    '"producer":"node-agent","node_id":"%s","gpu_count":8,"gpu_model":"A100",'
+    '"simulated":true}'
+)
 
 
 def leaves() -> list[str]:
@@ -109,21 +122,42 @@ def generate(path: Path, n_events: int, seed: int) -> None:
             allocated = rng.random() >= 0.2
             dur = int(rng.expovariate(1.0 / (mean_us * 0.97))) + US_PER_S
             sub = t - rng.randrange(600 * US_PER_S)
-            heap.append((t, seq, PLACED % (
-                eid(), iso(t), jid, 1, budget, f"user{rng.randrange(400)}",
-                "true" if allocated else "false", len(gpus),
-                "3600.0" if allocated else "0.0", node, gpu_list, iso(sub),
-                rng.randrange(20000), rng.randrange(200), repr(rng.random()))))
+            heap.append(
+                (
+                    t,
+                    seq,
+                    PLACED
+                    % (
+                        eid(),
+                        iso(t),
+                        jid,
+                        1,
+                        budget,
+                        f"user{rng.randrange(400)}",
+                        "true" if allocated else "false",
+                        len(gpus),
+                        "3600.0" if allocated else "0.0",
+                        node,
+                        gpu_list,
+                        iso(sub),
+                        rng.randrange(20000),
+                        rng.randrange(200),
+                        repr(rng.random()),
+                    ),
+                )
+            )
             start = t + rng.randrange(2 * US_PER_S)
-            heap.append((start, seq + 1, STARTED % (eid(), iso(start), jid, 1, node, gpu_list,
-                                                    rng.randrange(1, 99999))))
+            heap.append(
+                (start, seq + 1, STARTED % (eid(), iso(start), jid, 1, node, gpu_list, rng.randrange(1, 99999)))
+            )
             end = t + dur
             roll = rng.random()
             if roll < 0.05:
                 heap.append((end, seq + 2, FAILED % (eid(), iso(end), jid, 1, node)))
             elif roll < 0.12:
-                heap.append((end, seq + 2, PREEMPTED % (eid(), iso(end), jid, 1, budget,
-                                                        "true" if allocated else "false")))
+                heap.append(
+                    (end, seq + 2, PREEMPTED % (eid(), iso(end), jid, 1, budget, "true" if allocated else "false"))
+                )
                 heap.append((end, seq + 3, REQUEUED % (eid(), iso(end), jid, 2, iso(sub))))
             else:
                 heap.append((end, seq + 2, COMPLETED % (eid(), iso(end), jid, 1, node)))
@@ -164,8 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     if not path.exists():
         # in a child process, so this process's peak RSS measures the replay only
         t = time.perf_counter()
-        subprocess.run([sys.executable, __file__, "--generate-only", "--events", str(args.events),
-                        "--seed", str(args.seed)], check=True)
+        subprocess.run(
+            [sys.executable, __file__, "--generate-only", "--events", str(args.events), "--seed", str(args.seed)],
+            check=True,
+        )
         print(f"generated {path} in {time.perf_counter() - t:.1f} s")
     # A long-running consumer freezes its start-up objects once, so the cyclic
     # GC does not rescan them while millions of short-lived events go by.
@@ -173,8 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()
     with path.open("rb") as f:
         n = sum(1 for _ in f)
-    print(f"log: {n:,} events ({n - NODES:,} job events + {NODES:,} registrations), "
-          f"{path.stat().st_size / 1e6:.0f} MB, 200 leaf budgets, {NODES * 8:,} GPUs, 1 week")
+    print(
+        f"log: {n:,} events ({n - NODES:,} job events + {NODES:,} registrations), "
+        f"{path.stat().st_size / 1e6:.0f} MB, 200 leaf budgets, {NODES * 8:,} GPUs, 1 week"
+    )
     rss0 = peak_rss_mb()
 
     gc.collect()
@@ -189,10 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     bulk = rebuild(events_from(path))
     bulk_s = time.perf_counter() - t
     rss_bulk = peak_rss_mb()
-    print(f"bulk rebuild:       {bulk_s:6.2f} s  {n / bulk_s:>10,.0f} events/s "
-          f"(fold {max(bulk_s - decode_s, 0):.2f} s beyond decode)  target <= {TARGET_S:.0f} s")
-    print(f"  peak RSS {rss_bulk:.0f} MB (process; {rss0:.0f} MB before the replay); "
-          f"retained breakpoints {bulk.retained():,}, open runs {bulk.running():,}")
+    print(
+        f"bulk rebuild:       {bulk_s:6.2f} s  {n / bulk_s:>10,.0f} events/s "
+        f"(fold {max(bulk_s - decode_s, 0):.2f} s beyond decode)  target <= {TARGET_S:.0f} s"
+    )
+    print(
+        f"  peak RSS {rss_bulk:.0f} MB (process; {rss0:.0f} MB before the replay); "
+        f"retained breakpoints {bulk.retained():,}, open runs {bulk.running():,}"
+    )
 
     at = bulk.clock
     bulk_answers = (bulk.occupancy_us(at), bulk.unallocated_us(at), bulk.capacity_us(at))
@@ -204,12 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     for e in events_from(path):
         apply(e)
     inc_s = time.perf_counter() - t
-    print(f"incremental apply:  {inc_s:6.2f} s  {n / inc_s:>10,.0f} events/s "
-          f"(fold {max(inc_s - decode_s, 0):.2f} s beyond decode)  peak RSS {peak_rss_mb():.0f} MB, "
-          f"retained breakpoints {inc.retained():,}")
+    print(
+        f"incremental apply:  {inc_s:6.2f} s  {n / inc_s:>10,.0f} events/s "
+        f"(fold {max(inc_s - decode_s, 0):.2f} s beyond decode)  peak RSS {peak_rss_mb():.0f} MB, "
+        f"retained breakpoints {inc.retained():,}"
+    )
 
-    same = inc.clock == at and (
-        (inc.occupancy_us(at), inc.unallocated_us(at), inc.capacity_us(at)) == bulk_answers)
+    same = inc.clock == at and ((inc.occupancy_us(at), inc.unallocated_us(at), inc.capacity_us(at)) == bulk_answers)
     print(f"incremental == bulk (exact GPU-µs): {same}")
 
     times = []
@@ -223,13 +266,17 @@ def main(argv: list[str] | None = None) -> int:
         times.append(time.perf_counter() - t)
     times.sort()
     p99 = times[min(len(times) - 1, int(len(times) * 0.99))]
-    print(f"full query ({len(occ)} paths: 200 leaves + ancestors; occupancy, unallocated, "
-          f"capacity): p50 {statistics.median(times) * 1e3:.3f} ms  p99 {p99 * 1e3:.3f} ms")
+    print(
+        f"full query ({len(occ)} paths: 200 leaves + ancestors; occupancy, unallocated, "
+        f"capacity): p50 {statistics.median(times) * 1e3:.3f} ms  p99 {p99 * 1e3:.3f} ms"
+    )
     total = sum(occ[p] for p in occ if "/" not in p)
     cap = inc.capacity_gpu_s(at)
-    print(f"sanity: allocated {total / cap:.1%} + unallocated "
-          f"{sum(v for p, v in inc.unallocated(at).items() if '/' not in p) / cap:.1%} "
-          f"of capacity {cap / 3600:,.0f} GPU-h in the window")
+    print(
+        f"sanity: allocated {total / cap:.1%} + unallocated "
+        f"{sum(v for p, v in inc.unallocated(at).items() if '/' not in p) / cap:.1%} "
+        f"of capacity {cap / 3600:,.0f} GPU-h in the window"
+    )
 
     ok = same and bulk_s <= TARGET_S
     if not ok:

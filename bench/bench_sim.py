@@ -60,8 +60,9 @@ def nodes() -> list[SimNode]:
 
 def config(seed: int, gap: float) -> SimConfig:
     """Simulator knobs of the benchmark (``gap``: cycle debounce, seconds)."""
-    return SimConfig(seed=seed, dispatch=DispatchConfig(heartbeat_timeout_s=None), keep_log=False,
-                     sample_s=3600.0, min_gap_s=gap)
+    return SimConfig(
+        seed=seed, dispatch=DispatchConfig(heartbeat_timeout_s=None), keep_log=False, sample_s=3600.0, min_gap_s=gap
+    )
 
 
 def main() -> None:
@@ -79,13 +80,17 @@ def main() -> None:
     wall, cpu = time.perf_counter() - t, time.process_time() - c
     sim_s = (r.end_us - r.start_us) / 1e6
     placed = len(r.placed_first)
-    print(f"bench_sim: {a.jobs} jobs on 1000 GPUs (seed {a.seed}, cycle debounce {a.gap:g} s): "
-          f"{placed} placed, {sum(r.preemptions.values())} preemptions, {len(r.violations)} violations")
+    print(
+        f"bench_sim: {a.jobs} jobs on 1000 GPUs (seed {a.seed}, cycle debounce {a.gap:g} s): "
+        f"{placed} placed, {sum(r.preemptions.values())} preemptions, {len(r.violations)} violations"
+    )
     print(f"  {r.cycles} cycles, {r.events} events, simulated {sim_s / 3600:.1f} h")
     target = " (target <= 60)" if a.jobs == 100_000 else " (the 60 s target is for 100,000 jobs)"
-    print(f"  wall {wall:.1f} s{target}, {a.jobs / wall:.0f} jobs/s, "
-          f"{sim_s / wall:.0f} simulated-seconds per wall-second; process CPU {cpu:.1f} s "
-          f"(wall above CPU = other load on the machine)")
+    print(
+        f"  wall {wall:.1f} s{target}, {a.jobs / wall:.0f} jobs/s, "
+        f"{sim_s / wall:.0f} simulated-seconds per wall-second; process CPU {cpu:.1f} s "
+        f"(wall above CPU = other load on the machine)"
+    )
     if a.jobs >= 100_000 and wall > 60:
         raise SystemExit(1)
 

@@ -49,10 +49,10 @@ class DigestSimulator(Simulator):
 
 
 def _philly(a: argparse.Namespace) -> None:
+    from apportion.demo import default_data_dir
     from apportion.domain.dispatch import DispatchConfig
     from apportion.domain.engine import EngineConfig
     from apportion.sim.baselines import POLICIES
-    from apportion.demo import default_data_dir
     from apportion.sim.traces import load_budget_file, load_trace
 
     bf = load_budget_file(ROOT / "infra/budgets/philly.yaml")
@@ -65,8 +65,11 @@ def _philly(a: argparse.Namespace) -> None:
     except ValueError as exc:  # trace or --slice errors name the file/line or the flag
         raise SystemExit(f"sim_digest: {exc}") from None
     for name in names:
-        dcfg = DispatchConfig(engine=EngineConfig(window_s=bf.window_s), heartbeat_timeout_s=None,
-                              scheduler=None if name == "fairshare" else POLICIES[name])
+        dcfg = DispatchConfig(
+            engine=EngineConfig(window_s=bf.window_s),
+            heartbeat_timeout_s=None,
+            scheduler=None if name == "fairshare" else POLICIES[name],
+        )
         until = None if a.tail_h is None else max(j.submit_us for j in jobs) + round(a.tail_h * 3600e6)
         cfg = SimConfig(seed=a.seed, dispatch=dcfg, cycle_s=300.0, keep_log=False, until_us=until)
         t = time.perf_counter()
@@ -94,9 +97,13 @@ def main() -> None:
     p.add_argument("--slice", default="week44")
     p.add_argument("--policy", default="all")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--tail-h", type=float, default=None,
-                   help="stop the clock this many hours after the last submission (as `simulate --tail-h`); "
-                        "default: run until nothing is left")
+    p.add_argument(
+        "--tail-h",
+        type=float,
+        default=None,
+        help="stop the clock this many hours after the last submission (as `simulate --tail-h`); "
+        "default: run until nothing is left",
+    )
     b = sub.add_parser("bench")
     b.add_argument("--jobs", type=int, default=20_000)
     b.add_argument("--seed", type=int, default=1)

@@ -87,7 +87,9 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
             "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
-            "level": record.levelname, "logger": record.name, "service": self.service,
+            "level": record.levelname,
+            "logger": record.name,
+            "service": self.service,
             "msg": record.getMessage(),
         }
         for k, v in record.__dict__.items():
@@ -101,8 +103,9 @@ class JsonFormatter(logging.Formatter):
 def setup_logging(service: str, level: str = "INFO", json_lines: bool = True) -> None:
     """Configure the root logger for a service process (call once, from ``main``)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter(service) if json_lines
-                         else logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    handler.setFormatter(
+        JsonFormatter(service) if json_lines else logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+    )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
@@ -144,9 +147,13 @@ def install_signal_handlers(stop: asyncio.Event) -> None:
 AsyncHandler = Callable[[Any, Any], Awaitable[None]]
 
 
-async def consume(make_consumer: Callable[[Callable[[Any, Any], None]], Any], handler: AsyncHandler,
-                  stop: asyncio.Event, poll_ms: int = 200, on_idle: Callable[[], Awaitable[None]] | None = None
-                  ) -> None:
+async def consume(
+    make_consumer: Callable[[Callable[[Any, Any], None]], Any],
+    handler: AsyncHandler,
+    stop: asyncio.Event,
+    poll_ms: int = 200,
+    on_idle: Callable[[], Awaitable[None]] | None = None,
+) -> None:
     """Run a blocking EventConsumer until ``stop`` is set, handling events on the loop.
 
     Args:
@@ -214,14 +221,26 @@ class AssignedConsumer:
         TimeoutError: a topic has no partitions after ``deadline_s``.
     """
 
-    def __init__(self, bootstrap: str, topics: list[str], group_id: str, *,
-                 tail: dict[str, int] | None = None, deadline_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: list[str],
+        group_id: str,
+        *,
+        tail: dict[str, int] | None = None,
+        deadline_s: float = 30.0,
+    ) -> None:
         import time
 
         from kafka import KafkaConsumer, TopicPartition
 
-        self._kc = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False,
-                                 auto_offset_reset="earliest", max_partition_fetch_bytes=8 * 1024 * 1024)
+        self._kc = KafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=8 * 1024 * 1024,
+        )
         parts = []
         end_at = time.monotonic() + deadline_s
         for t in topics:
@@ -322,10 +341,15 @@ def decode_record(rec: Any, service: str, now: datetime) -> tuple[Any, Any]:
         reason = f"{exc.field}: {exc.reason}" if exc.field else exc.reason
         letter = events.DeadLetter(
             event_id=events.det_id("DeadLetter", rec.topic, rec.partition, rec.offset),
-            source_topic=rec.topic, source_partition=rec.partition, source_offset=rec.offset,
+            source_topic=rec.topic,
+            source_partition=rec.partition,
+            source_offset=rec.offset,
             source_key=rec.key.decode("utf-8", "replace") if rec.key is not None else None,
-            original=base64.b64encode(rec.value or b"").decode("ascii"), error=reason, ts=now,
-            producer=service)
+            original=base64.b64encode(rec.value or b"").decode("ascii"),
+            error=reason,
+            ts=now,
+            producer=service,
+        )
         return None, letter
 
 
@@ -384,8 +408,7 @@ def flag_overrides(ap: Any, argv: list[str] | None) -> dict[str, Any]:
     return {k: v for k, v in vars(ap.parse_args(argv)).items() if v is not None}
 
 
-def serve(service: str, settings: ServiceSettings,
-          run: Callable[[Any, asyncio.Event], Awaitable[None]]) -> None:
+def serve(service: str, settings: ServiceSettings, run: Callable[[Any, asyncio.Event], Awaitable[None]]) -> None:
     """Entry-point body of every service: JSON logs, SIGTERM/SIGINT -> graceful stop, run until stopped."""
     setup_logging(service, settings.log_level, settings.log_json)
 

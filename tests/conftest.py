@@ -80,8 +80,7 @@ def kafka_topic_factory(kafka_bootstrap: str) -> Callable[..., str]:
     from apportion.bus.provision import admin_client, create_missing
     from apportion.topics import Topic
 
-    def make(prefix: str = "test", partitions: int = 1, retention_ms: int = -1,
-             compact: bool = False) -> str:
+    def make(prefix: str = "test", partitions: int = 1, retention_ms: int = -1, compact: bool = False) -> str:
         name = f"{prefix}.{uuid.uuid4().hex[:12]}"
         admin = admin_client(kafka_bootstrap)
         try:

@@ -12,7 +12,6 @@ controller.  Exits 0 when ready, 1 when the process died, 2 on timeout.
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import struct
 import sys
@@ -76,8 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     last_error = "no attempt yet"
     while time.monotonic() < deadline:
         if not _alive(args.pid):
-            print(f"wait_ready: process {args.pid} exited before the broker answered",
-                  file=sys.stderr)
+            print(f"wait_ready: process {args.pid} exited before the broker answered", file=sys.stderr)
             return 1
         try:
             brokers, controller = metadata_brokers(args.host, args.port)
@@ -87,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, struct.error, ConnectionError) as exc:
             last_error = f"{type(exc).__name__}: {exc}"
         time.sleep(0.1)  # poll interval, bounded by the deadline above
-    print(f"wait_ready: no answer from {args.host}:{args.port} within "
-          f"{args.timeout:.0f}s ({last_error})", file=sys.stderr)
+    print(
+        f"wait_ready: no answer from {args.host}:{args.port} within {args.timeout:.0f}s ({last_error})", file=sys.stderr
+    )
     return 2
 
 

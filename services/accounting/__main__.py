@@ -26,19 +26,28 @@ from services.accounting.config import AccountingSettings
 
 def parse_args(argv: list[str] | None = None) -> dict:
     """Command-line flags -> settings overrides (only the flags given)."""
-    ap = argparse.ArgumentParser(prog="python -m services.accounting",
-                                 description="apportion accounting: folds jobs, nodes and budgets into "
-                                             "occupancy windows; publishes OccupancySnapshot; keeps the "
-                                             "Redis read model. A start resumes from the checkpoint kept "
-                                             "with the read model; without a usable one it rebuilds from "
-                                             "offset 0 (the log says why).")
-    ap.add_argument("--rebuild", action="store_true", default=None,
-                    help="ignore and wipe the checkpoint and the read model; rebuild from offset 0")
+    ap = argparse.ArgumentParser(
+        prog="python -m services.accounting",
+        description="apportion accounting: folds jobs, nodes and budgets into "
+        "occupancy windows; publishes OccupancySnapshot; keeps the "
+        "Redis read model. A start resumes from the checkpoint kept "
+        "with the read model; without a usable one it rebuilds from "
+        "offset 0 (the log says why).",
+    )
+    ap.add_argument(
+        "--rebuild",
+        action="store_true",
+        default=None,
+        help="ignore and wipe the checkpoint and the read model; rebuild from offset 0",
+    )
     ap.add_argument("--window-s", type=float, help="occupancy window W in seconds (default 7 days)")
     ap.add_argument("--snapshot-interval-s", type=float, help="event seconds between periodic snapshots")
     ap.add_argument("--snapshot-debounce-wall-s", type=float, help="wall seconds of debounce after changes")
-    ap.add_argument("--checkpoint-interval-wall-s", type=float,
-                    help="least wall seconds between checkpoints (default 10; 0: with every read-model write)")
+    ap.add_argument(
+        "--checkpoint-interval-wall-s",
+        type=float,
+        help="least wall seconds between checkpoints (default 10; 0: with every read-model write)",
+    )
     add_common_flags(ap, AccountingSettings)
     return flag_overrides(ap, argv)
 

@@ -119,9 +119,15 @@ class AccountingService:
         wall: monotonic wall seconds, for the checkpoint interval (default ``time.monotonic``).
     """
 
-    def __init__(self, settings: AccountingSettings, clock: Clock, publish: Callable[[Event], Any],
-                 store: ReadModelStore, metrics: dict | None = None,
-                 wall: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        settings: AccountingSettings,
+        clock: Clock,
+        publish: Callable[[Event], Any],
+        store: ReadModelStore,
+        metrics: dict | None = None,
+        wall: Callable[[], float] = time.monotonic,
+    ) -> None:
         from apportion.topics import prefix
 
         self.settings = settings
@@ -163,8 +169,9 @@ class AccountingService:
         if rebuild:
             return "rebuild", "--rebuild"
         try:
-            ck = checkpoint.decode(self.store.read_checkpoint(), window_s=self.settings.window_s,
-                                   topic_prefix=self.topic_prefix)
+            ck = checkpoint.decode(
+                self.store.read_checkpoint(), window_s=self.settings.window_s, topic_prefix=self.topic_prefix
+            )
             checkpoint.check_offsets(ck.offsets, begin, end)
         except checkpoint.CheckpointError as exc:
             return "rebuild", str(exc)
@@ -188,8 +195,9 @@ class AccountingService:
         self.last_key = next((k for k, _, ev in reversed(decoded) if isinstance(ev, logic.STATE_TYPES)), None)
         if "events" in self._m:
             self._m["events"].inc(len(evs))
-        log.info("rebuilt from %d events (ledger clock %s, %d budgets)", len(evs),
-                 self.acc.clock_us, len(self.acc.tree))
+        log.info(
+            "rebuilt from %d events (ledger clock %s, %d budgets)", len(evs), self.acc.clock_us, len(self.acc.tree)
+        )
         return self.snapshot_now() if self.acc.clock_us is not None or len(self.acc.tree) else None
 
     def resume(self, records: list[Any]) -> int:
@@ -225,8 +233,13 @@ class AccountingService:
         return out
 
     def _dead_letter(self, letter: DeadLetter) -> None:
-        log.warning("dead-lettering %s[%s]@%s: %s", letter.source_topic, letter.source_partition,
-                    letter.source_offset, letter.error)
+        log.warning(
+            "dead-lettering %s[%s]@%s: %s",
+            letter.source_topic,
+            letter.source_partition,
+            letter.source_offset,
+            letter.error,
+        )
         self.publish(letter)
         if "dead" in self._m:
             self._m["dead"].inc()
@@ -253,8 +266,7 @@ class AccountingService:
     def due(self) -> int | None:
         """Event time (µs) of the periodic snapshot due now, or ``None``."""
         last = to_us(self.last.at) if self.last else None
-        return logic.periodic_due(last, self.clock.now_us(), self.acc.clock_us,
-                                  self.settings.snapshot_interval_s)
+        return logic.periodic_due(last, self.clock.now_us(), self.acc.clock_us, self.settings.snapshot_interval_s)
 
     def snapshot_now(self, at_us: int | None = None) -> OccupancySnapshot | None:
         """Publish the snapshot at ``at_us`` (default: max(ledger clock, last at)) and store it.
@@ -311,7 +323,8 @@ class AccountingService:
             t = self._wall()
             fields = checkpoint.encode(
                 checkpoint.Checkpoint(self.acc, self.last, self.dirty, dict(self.offsets), self.last_key, self.late),
-                topic_prefix=self.topic_prefix)
+                topic_prefix=self.topic_prefix,
+            )
             self._ckpt_cost = self._wall() - t
         self.store.write(meta, rows, fields)
         if fields is not None:
@@ -328,25 +341,35 @@ def _metrics(registry: Any) -> dict:
         "events": Counter("apportion_accounting_events", "Events folded", registry=registry),
         "dead": Counter("apportion_accounting_dead_letters", "Records dead-lettered", registry=registry),
         "snapshots": Counter("apportion_accounting_snapshots", "Snapshots published", registry=registry),
-        "at": Gauge("apportion_accounting_snapshot_at_seconds", "Event time of the last snapshot",
-                    registry=registry),
-        "late": Counter("apportion_accounting_late_events",
-                        "State-changing records folded after a newer one (clamped to the ledger clock)",
-                        registry=registry),
+        "at": Gauge("apportion_accounting_snapshot_at_seconds", "Event time of the last snapshot", registry=registry),
+        "late": Counter(
+            "apportion_accounting_late_events",
+            "State-changing records folded after a newer one (clamped to the ledger clock)",
+            registry=registry,
+        ),
         "checkpoints": Counter("apportion_accounting_checkpoints", "Checkpoints written", registry=registry),
-        "checkpoint_bytes": Gauge("apportion_accounting_checkpoint_bytes", "Size of the last checkpoint state",
-                                  registry=registry),
-        "start_records": Gauge("apportion_accounting_start_records",
-                               "Records read at the last start to catch up (resume or rebuild)",
-                               registry=registry),
-        "resumed": Gauge("apportion_accounting_resumed", "1 when the last start resumed from the checkpoint",
-                         registry=registry),
+        "checkpoint_bytes": Gauge(
+            "apportion_accounting_checkpoint_bytes", "Size of the last checkpoint state", registry=registry
+        ),
+        "start_records": Gauge(
+            "apportion_accounting_start_records",
+            "Records read at the last start to catch up (resume or rebuild)",
+            registry=registry,
+        ),
+        "resumed": Gauge(
+            "apportion_accounting_resumed", "1 when the last start resumed from the checkpoint", registry=registry
+        ),
     }
 
 
-async def run(settings: AccountingSettings, stop: asyncio.Event, *, clock: Clock | None = None,
-              ready: asyncio.Event | None = None,
-              on_start: Callable[[StartReport], None] | None = None) -> None:
+async def run(
+    settings: AccountingSettings,
+    stop: asyncio.Event,
+    *,
+    clock: Clock | None = None,
+    ready: asyncio.Event | None = None,
+    on_start: Callable[[StartReport], None] | None = None,
+) -> None:
     """Run accounting until ``stop`` is set.
 
     Args:
@@ -373,8 +396,9 @@ async def run(settings: AccountingSettings, stop: asyncio.Event, *, clock: Clock
         store.wipe()
         log.info("--rebuild: read model and checkpoint wiped")
     producer = await asyncio.to_thread(EventProducer, conn.bootstrap, client_id="accounting")
-    consumer = await asyncio.to_thread(AssignedConsumer, conn.bootstrap,
-                                       [JOBS.name, NODES.name, BUDGETS.name], settings.group_id)
+    consumer = await asyncio.to_thread(
+        AssignedConsumer, conn.bootstrap, [JOBS.name, NODES.name, BUDGETS.name], settings.group_id
+    )
     svc = AccountingService(settings, clock, producer.publish, store, metrics)
     loop = asyncio.get_running_loop()
     started = False
@@ -386,11 +410,15 @@ async def run(settings: AccountingSettings, stop: asyncio.Event, *, clock: Clock
         from_offsets = dict(svc.offsets)
         if mode == "resume":
             consumer.seek(svc.offsets)
-            log.info("resuming from the checkpoint (ledger clock %s, %d records behind the log end)",
-                     svc.acc.clock_us, sum(end[p] - svc.offsets[p] for p in end))
+            log.info(
+                "resuming from the checkpoint (ledger clock %s, %d records behind the log end)",
+                svc.acc.clock_us,
+                sum(end[p] - svc.offsets[p] for p in end),
+            )
         elif reason != "--rebuild":
             (log.info if reason.startswith("missing") else log.warning)(
-                "no usable checkpoint (%s): rebuilding from offset 0", reason)
+                "no usable checkpoint (%s): rebuilding from offset 0", reason
+            )
         caught = await consumer.catch_up(stop)
         if caught is None:
             return
@@ -403,10 +431,15 @@ async def run(settings: AccountingSettings, stop: asyncio.Event, *, clock: Clock
         if late:
             svc.ingest(late)
         report = StartReport(mode, reason, from_offsets, len(backlog) + len(late), crossed, loop.time() - t0)
-        log.info("started by %s from %s: %d records read in %.2f s%s", mode,
-                 "the checkpoint" if mode == "resume" else "offset 0", report.records, report.seconds,
-                 f"; {crossed} of them older than the checkpoint's newest event (clamped)" if crossed else "",
-                 extra={"start_mode": mode, "start_records": report.records, "late_across_cut": crossed})
+        log.info(
+            "started by %s from %s: %d records read in %.2f s%s",
+            mode,
+            "the checkpoint" if mode == "resume" else "offset 0",
+            report.records,
+            report.seconds,
+            f"; {crossed} of them older than the checkpoint's newest event (clamped)" if crossed else "",
+            extra={"start_mode": mode, "start_records": report.records, "late_across_cut": crossed},
+        )
         metrics["start_records"].set(report.records)
         metrics["resumed"].set(1 if mode == "resume" else 0)
         await asyncio.to_thread(consumer.commit, dict(svc.offsets))

@@ -135,9 +135,19 @@ def layout() -> str:
     from apportion import events
     from apportion.domain import budgets, occupancy
 
-    classes: list[type] = [occupancy.OccupancyLedger, occupancy._Series, occupancy._Run, occupancy._Node,
-                           budgets.BudgetTree, budgets.Budget, events.BudgetSet, events.BudgetRemoved,
-                           events.BudgetRejected, events.OccupancySnapshot, events.BudgetUsage]
+    classes: list[type] = [
+        occupancy.OccupancyLedger,
+        occupancy._Series,
+        occupancy._Run,
+        occupancy._Node,
+        budgets.BudgetTree,
+        budgets.Budget,
+        events.BudgetSet,
+        events.BudgetRemoved,
+        events.BudgetRejected,
+        events.OccupancySnapshot,
+        events.BudgetUsage,
+    ]
     import pydantic
 
     acc_attrs = tuple(sorted(vars(logic.Accounting(1.0))))
@@ -146,15 +156,42 @@ def layout() -> str:
     return hashlib.blake2b(desc.encode(), digest_size=8).hexdigest()
 
 
-_SAFE_BUILTINS = frozenset({"set", "frozenset", "dict", "list", "tuple", "int", "float", "str", "bytes",
-                            "bool", "complex", "object", "slice", "range", "bytearray"})
-_SAFE_GLOBALS = frozenset({("datetime", "datetime"), ("datetime", "timezone"), ("datetime", "timedelta"),
-                           ("datetime", "date"), ("uuid", "UUID"), ("uuid", "SafeUUID"),
-                           ("copyreg", "_reconstructor"), ("collections", "OrderedDict")})
+_SAFE_BUILTINS = frozenset(
+    {
+        "set",
+        "frozenset",
+        "dict",
+        "list",
+        "tuple",
+        "int",
+        "float",
+        "str",
+        "bytes",
+        "bool",
+        "complex",
+        "object",
+        "slice",
+        "range",
+        "bytearray",
+    }
+)
+_SAFE_GLOBALS = frozenset(
+    {
+        ("datetime", "datetime"),
+        ("datetime", "timezone"),
+        ("datetime", "timedelta"),
+        ("datetime", "date"),
+        ("uuid", "UUID"),
+        ("uuid", "SafeUUID"),
+        ("copyreg", "_reconstructor"),
+        ("collections", "OrderedDict"),
+    }
+)
 
 
-_STATE_MODULES = frozenset({"apportion.domain.budgets", "apportion.domain.occupancy", "apportion.events",
-                            "services.accounting.logic"})
+_STATE_MODULES = frozenset(
+    {"apportion.domain.budgets", "apportion.domain.occupancy", "apportion.events", "services.accounting.logic"}
+)
 
 
 class _Unpickler(pickle.Unpickler):
@@ -180,14 +217,18 @@ def encode(ckpt: Checkpoint, *, topic_prefix: str) -> dict[str, bytes]:
     Returns:
         ``{"header": JSON bytes, "state": pickle bytes}``.
     """
-    state = pickle.dumps({"acc": ckpt.acc, "last": ckpt.last, "dirty": ckpt.dirty},
-                         protocol=5)
+    state = pickle.dumps({"acc": ckpt.acc, "last": ckpt.last, "dirty": ckpt.dirty}, protocol=5)
     header = {
-        "format": FORMAT, "layout": layout(), "window_s": ckpt.acc.window_s, "topic_prefix": topic_prefix,
-        "offsets": dict(sorted(ckpt.offsets.items())), "clock_us": ckpt.acc.clock_us,
+        "format": FORMAT,
+        "layout": layout(),
+        "window_s": ckpt.acc.window_s,
+        "topic_prefix": topic_prefix,
+        "offsets": dict(sorted(ckpt.offsets.items())),
+        "clock_us": ckpt.acc.clock_us,
         "snapshot_at": ckpt.last.at.isoformat() if ckpt.last is not None else None,
         "last_key": list(ckpt.last_key) if ckpt.last_key is not None else None,
-        "late_events": ckpt.late_events, "state_bytes": len(state),
+        "late_events": ckpt.late_events,
+        "state_bytes": len(state),
         "state_blake2b": hashlib.blake2b(state, digest_size=16).hexdigest(),
     }
     return {HEADER: json.dumps(header, sort_keys=True).encode(), STATE: state}
@@ -238,31 +279,42 @@ def decode(fields: Mapping[Any, Any], *, window_s: float, topic_prefix: str) -> 
     if h.get("topic_prefix") != topic_prefix:
         raise CheckpointError("topic_prefix", f"stored for {h.get('topic_prefix')!r}, reading {topic_prefix!r}")
     offsets = h.get("offsets")
-    if not isinstance(offsets, dict) or not all(isinstance(k, str) and isinstance(v, int) and v >= 0
-                                                for k, v in offsets.items()):
+    if not isinstance(offsets, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in offsets.items()
+    ):
         raise CheckpointError("corrupt", "offsets are not a map of partition -> offset")
     state = _field(fields, STATE)
     if state is None:
         raise CheckpointError("corrupt", "header without state")
     state = bytes(state) if not isinstance(state, bytes) else state
-    if len(state) != h.get("state_bytes") or \
-            hashlib.blake2b(state, digest_size=16).hexdigest() != h.get("state_blake2b"):
+    if len(state) != h.get("state_bytes") or hashlib.blake2b(state, digest_size=16).hexdigest() != h.get(
+        "state_blake2b"
+    ):
         raise CheckpointError("corrupt", f"state checksum mismatch ({len(state)} bytes)")
     try:
         body = _Unpickler(io.BytesIO(state)).load()
     except Exception as exc:  # any unpickling failure is a corrupt checkpoint, never a crash
         raise CheckpointError("corrupt", f"state does not unpickle ({type(exc).__name__}: {exc})") from None
     acc, last, dirty = (body.get(k) for k in ("acc", "last", "dirty")) if isinstance(body, dict) else (None,) * 3
-    if not isinstance(acc, logic.Accounting) or not (last is None or isinstance(last, OccupancySnapshot)) \
-            or not isinstance(dirty, bool):
+    if (
+        not isinstance(acc, logic.Accounting)
+        or not (last is None or isinstance(last, OccupancySnapshot))
+        or not isinstance(dirty, bool)
+    ):
         raise CheckpointError("corrupt", "state has unexpected types")
     if acc.window_s != window_s or acc.clock_us != h.get("clock_us"):
         raise CheckpointError("corrupt", "state disagrees with its header (window or clock)")
     key = h.get("last_key")
     last_key: Any = tuple(key) if isinstance(key, list) and len(key) == 4 else None
     late = h.get("late_events", 0)
-    return Checkpoint(acc=acc, last=last, dirty=dirty, offsets=dict(offsets), last_key=last_key,
-                      late_events=late if isinstance(late, int) else 0)
+    return Checkpoint(
+        acc=acc,
+        last=last,
+        dirty=dirty,
+        offsets=dict(offsets),
+        last_key=last_key,
+        late_events=late if isinstance(late, int) else 0,
+    )
 
 
 def check_offsets(offsets: Mapping[str, int], begin: Mapping[str, int], end: Mapping[str, int]) -> None:

@@ -25,7 +25,8 @@ from typing import Any
 
 from apportion.domain.budgets import BudgetTree, fold_budget_log
 from apportion.domain.fairshare import budget_order
-from apportion.domain.occupancy import OccupancyLedger, rebuild as rebuild_ledger
+from apportion.domain.occupancy import OccupancyLedger
+from apportion.domain.occupancy import rebuild as rebuild_ledger
 from apportion.domain.usage import usage_snapshot
 from apportion.events import (
     BudgetRejected,
@@ -51,8 +52,20 @@ from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us, to_us
 PRODUCER = "accounting"
 
 #: Event types that can change the windows (others on the topics are ignored).
-LEDGER_TYPES = (JobPlaced, JobCompleted, JobFailed, JobPreempted, JobCancelled, JobLost,
-                NodeRegistered, NodeCordoned, NodeDrainRequested, NodeDrained, NodeUncordoned, NodeLost)
+LEDGER_TYPES = (
+    JobPlaced,
+    JobCompleted,
+    JobFailed,
+    JobPreempted,
+    JobCancelled,
+    JobLost,
+    NodeRegistered,
+    NodeCordoned,
+    NodeDrainRequested,
+    NodeDrained,
+    NodeUncordoned,
+    NodeLost,
+)
 BUDGET_TYPES = (BudgetSet, BudgetRemoved, BudgetRejected)
 #: Every event type that can change the state (the rest are read and skipped).
 STATE_TYPES = LEDGER_TYPES + BUDGET_TYPES
@@ -128,8 +141,9 @@ def rebuild(events: Iterable[Event], window_s: float = WEEK_S) -> Accounting:
     return acc
 
 
-def periodic_due(last_at_us: Micros | None, now_us: Micros, clock_us: Micros | None,
-                 interval_s: float) -> Micros | None:
+def periodic_due(
+    last_at_us: Micros | None, now_us: Micros, clock_us: Micros | None, interval_s: float
+) -> Micros | None:
     """Event time of the periodic snapshot due now, or ``None``.
 
     The periodic grid is the multiples of ``interval_s`` since the epoch.
@@ -146,8 +160,9 @@ def periodic_due(last_at_us: Micros | None, now_us: Micros, clock_us: Micros | N
     return at
 
 
-def read_model(snapshot: OccupancySnapshot, tree: BudgetTree,
-               offsets: Mapping[str, int]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+def read_model(
+    snapshot: OccupancySnapshot, tree: BudgetTree, offsets: Mapping[str, int]
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """Rows for the Redis read model (:mod:`apportion.readmodel`) from a snapshot.
 
     Returns:
@@ -161,14 +176,26 @@ def read_model(snapshot: OccupancySnapshot, tree: BudgetTree,
     occ = {u.path: u.occupancy_gpu_s for u in snapshot.budgets}
     ranks = {p: i for i, p in enumerate(budget_order(tree, occ, snapshot.capacity_gpu_s))}
     rows = {
-        u.path: {"path": u.path, "share": tree.share(u.path) if u.path in tree else 0.0,
-                 "abs_share": u.abs_share, "occupancy_gpu_s": u.occupancy_gpu_s,
-                 "unallocated_gpu_s": u.unallocated_gpu_s, "entitlement_gpu_s": u.entitlement_gpu_s,
-                 "ratio": u.ratio, "rank": ranks.get(u.path)}
-        for u in snapshot.budgets}
-    meta = {"at": snapshot.at.isoformat(), "window_s": snapshot.window_s,
-            "capacity_gpus": snapshot.capacity_gpus, "capacity_gpu_s": snapshot.capacity_gpu_s,
-            "offsets": dict(sorted(offsets.items())), "snapshot_id": str(snapshot.event_id)}
+        u.path: {
+            "path": u.path,
+            "share": tree.share(u.path) if u.path in tree else 0.0,
+            "abs_share": u.abs_share,
+            "occupancy_gpu_s": u.occupancy_gpu_s,
+            "unallocated_gpu_s": u.unallocated_gpu_s,
+            "entitlement_gpu_s": u.entitlement_gpu_s,
+            "ratio": u.ratio,
+            "rank": ranks.get(u.path),
+        }
+        for u in snapshot.budgets
+    }
+    meta = {
+        "at": snapshot.at.isoformat(),
+        "window_s": snapshot.window_s,
+        "capacity_gpus": snapshot.capacity_gpus,
+        "capacity_gpu_s": snapshot.capacity_gpu_s,
+        "offsets": dict(sorted(offsets.items())),
+        "snapshot_id": str(snapshot.event_id),
+    }
     return meta, rows
 
 

@@ -29,8 +29,12 @@ class ReadModelStore:
     def __init__(self, redis: Any) -> None:
         self.redis = redis
 
-    def write(self, meta: Mapping[str, Any], budgets: Mapping[str, Mapping[str, Any]],
-              checkpoint: Mapping[str, bytes] | None = None) -> None:
+    def write(
+        self,
+        meta: Mapping[str, Any],
+        budgets: Mapping[str, Mapping[str, Any]],
+        checkpoint: Mapping[str, bytes] | None = None,
+    ) -> None:
         """Replace the budgets hash, the usage meta and (if given) the checkpoint atomically.
 
         Args:

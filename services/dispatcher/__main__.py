@@ -22,12 +22,15 @@ def parse_args(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(
         prog="python -m services.dispatcher",
         description="apportion dispatcher: folds submissions, jobs, nodes and budgets; runs the fair-share "
-                    "scheduling cycle; publishes decisions and StartWorkload/StopWorkload. One instance leads "
-                    "(Redis lease with fencing token); others wait as standbys.")
+        "scheduling cycle; publishes decisions and StartWorkload/StopWorkload. One instance leads "
+        "(Redis lease with fencing token); others wait as standbys.",
+    )
     ap.add_argument("--instance-id", help="lease owner id (default host-pid)")
     ap.add_argument("--delta", type=float, help="preemption hysteresis in r (default 0.05)")
     ap.add_argument("--grace-s", type=float, help="SIGTERM-to-SIGKILL grace for preempted runs, event seconds")
-    ap.add_argument("--heartbeat-timeout-s", type=float, help="event seconds without heartbeat before NodeLost (0: off)")
+    ap.add_argument(
+        "--heartbeat-timeout-s", type=float, help="event seconds without heartbeat before NodeLost (0: off)"
+    )
     ap.add_argument("--reservation-after-s", type=float, help="blocked allocated job waiting this long reserves nodes")
     ap.add_argument("--window-s", type=float, help="occupancy window W in seconds (default 7 days)")
     ap.add_argument("--tick-wall-s", type=float, help="wall seconds between timer ticks")

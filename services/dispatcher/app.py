@@ -87,8 +87,9 @@ class TickPacer:
         start: wall time (``loop.time()``) the loop starts at.
     """
 
-    def __init__(self, every_s: float, share: float = TICK_SHARE, gap_max_s: float = TICK_GAP_MAX_S,
-                 start: float = 0.0) -> None:
+    def __init__(
+        self, every_s: float, share: float = TICK_SHARE, gap_max_s: float = TICK_GAP_MAX_S, start: float = 0.0
+    ) -> None:
         self.every_s = every_s
         self.share = share
         self.gap_max_s = gap_max_s
@@ -122,11 +123,16 @@ class LeadershipLost(RuntimeError):
 def dispatch_config(settings: DispatcherSettings) -> DispatchConfig:
     """The pure-core configuration these settings describe."""
     return DispatchConfig(
-        engine=EngineConfig(delta=settings.delta, reservation_after_s=settings.reservation_after_s,
-                            window_s=settings.window_s, grace_s=settings.grace_s,
-                            producer=settings.producer_name),
+        engine=EngineConfig(
+            delta=settings.delta,
+            reservation_after_s=settings.reservation_after_s,
+            window_s=settings.window_s,
+            grace_s=settings.grace_s,
+            producer=settings.producer_name,
+        ),
         heartbeat_timeout_s=settings.heartbeat_timeout_s if settings.heartbeat_timeout_s > 0 else None,
-        producer=settings.producer_name)
+        producer=settings.producer_name,
+    )
 
 
 #: How every value this dispatcher encodes begins (``event_id`` is the first field of every event's JSON).
@@ -154,9 +160,14 @@ class DispatcherService:
             Default: none (every record is decoded).
     """
 
-    def __init__(self, settings: DispatcherSettings, clock: Clock,
-                 publish: Callable[[list[tuple[Event, bytes]]], Any], metrics: dict | None = None,
-                 consumed: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        settings: DispatcherSettings,
+        clock: Clock,
+        publish: Callable[[list[tuple[Event, bytes]]], Any],
+        metrics: dict | None = None,
+        consumed: Iterable[str] = (),
+    ) -> None:
         self.settings = settings
         self.clock = clock
         self.publish = publish
@@ -206,8 +217,13 @@ class DispatcherService:
                     continue
             ev, letter = decode_record(rec, self.settings.producer_name, self.clock.now())
             if letter is not None:
-                log.warning("dead-lettering %s[%s]@%s: %s", letter.source_topic, letter.source_partition,
-                            letter.source_offset, letter.error)
+                log.warning(
+                    "dead-lettering %s[%s]@%s: %s",
+                    letter.source_topic,
+                    letter.source_partition,
+                    letter.source_offset,
+                    letter.error,
+                )
                 self._emit([letter])
                 continue
             pairs.append((rec, ev))
@@ -228,7 +244,7 @@ class DispatcherService:
                 echoes[value[:ECHO_LEN]] = None
             sent.append((e, value))
         if len(echoes) > ECHO_CAP:  # echoes that never came back (a lost send): forget the oldest half
-            for k in list(echoes)[:len(echoes) // 2]:
+            for k in list(echoes)[: len(echoes) // 2]:
                 del echoes[k]
         self.publish(sent)
         if "decisions" in self._m:
@@ -238,8 +254,14 @@ class DispatcherService:
         """Rebuild from the log as of the start and decide what was left undecided."""
         evs = self._decoded(records)
         out = logic.recover(self.state, evs, self.now_us(), self.cfg)
-        log.info("rebuilt from %d events: %d jobs active, %d pending, %d nodes; %d recovery decisions",
-                 len(evs), len(self.state.jobs), self.state.pending_count(), len(self.state.cluster.nodes), len(out))
+        log.info(
+            "rebuilt from %d events: %d jobs active, %d pending, %d nodes; %d recovery decisions",
+            len(evs),
+            len(self.state.jobs),
+            self.state.pending_count(),
+            len(self.state.cluster.nodes),
+            len(out),
+        )
         out += self.tick()
         return out
 
@@ -273,15 +295,20 @@ def _metrics(registry: Any) -> dict:
     return {
         "events": Counter("apportion_dispatcher_events", "Events folded", registry=registry),
         "decisions": Counter("apportion_dispatcher_decisions", "Events published", registry=registry),
-        "cycle": Histogram("apportion_dispatcher_cycle_seconds", "Scheduling cycle wall time", registry=registry,
-                           buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)),
+        "cycle": Histogram(
+            "apportion_dispatcher_cycle_seconds",
+            "Scheduling cycle wall time",
+            registry=registry,
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
+        ),
         "pending": Gauge("apportion_dispatcher_pending_jobs", "Jobs waiting in the queue", registry=registry),
         "leader": Gauge("apportion_dispatcher_leader", "1 while this instance holds the lease", registry=registry),
     }
 
 
-async def run(settings: DispatcherSettings, stop: asyncio.Event, *, clock: Clock | None = None,
-              ready: asyncio.Event | None = None) -> None:
+async def run(
+    settings: DispatcherSettings, stop: asyncio.Event, *, clock: Clock | None = None, ready: asyncio.Event | None = None
+) -> None:
     """Run the dispatcher until ``stop`` is set: standby until leader, then decide.
 
     Args:
@@ -307,7 +334,7 @@ async def run(settings: DispatcherSettings, stop: asyncio.Event, *, clock: Clock
             if not token:
                 try:  # standby: wait a third of the TTL (or until stopped)
                     await asyncio.wait_for(stop.wait(), settings.lease_ttl_wall_s / 3)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 continue
             log.info("leading with fencing token %d", token)
@@ -324,8 +351,16 @@ async def run(settings: DispatcherSettings, stop: asyncio.Event, *, clock: Clock
         r.close()
 
 
-async def _lead(settings: DispatcherSettings, stop: asyncio.Event, clock: Clock, conn: Any, r: Any,
-                lease: Any, metrics: dict, ready: asyncio.Event | None) -> None:
+async def _lead(
+    settings: DispatcherSettings,
+    stop: asyncio.Event,
+    clock: Clock,
+    conn: Any,
+    r: Any,
+    lease: Any,
+    metrics: dict,
+    ready: asyncio.Event | None,
+) -> None:
     from apportion import readmodel
     from apportion.bus.crc import use_compiled_crc32c
     from apportion.bus.producer import EventProducer
@@ -334,8 +369,9 @@ async def _lead(settings: DispatcherSettings, stop: asyncio.Event, clock: Clock,
     from services.dispatcher.lease import LeaseKeeper
 
     log.info("record-batch CRC-32C: %s", use_compiled_crc32c())
-    producer = await asyncio.to_thread(EventProducer, conn.bootstrap, client_id="dispatcher", linger_ms=LINGER_MS,
-                                       batch_size=BATCH_BYTES)
+    producer = await asyncio.to_thread(
+        EventProducer, conn.bootstrap, client_id="dispatcher", linger_ms=LINGER_MS, batch_size=BATCH_BYTES
+    )
 
     def publish(sent: list[tuple[Event, bytes]]) -> None:
         # Sent without waiting: the producer sends within LINGER_MS and the loop flushes when idle. Decisions are

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+
 def lease_key() -> str:
     """Redis key of the lease (namespaced by ``APPORTION_TOPIC_PREFIX``)."""
     from apportion.topics import prefix
@@ -29,6 +30,7 @@ def token_key() -> str:
     from apportion.topics import prefix
 
     return f"{prefix()}apportion:dispatcher:token"
+
 
 # KEYS[1] lease, KEYS[2] token counter; ARGV[1] owner, ARGV[2] ttl ms.
 # Returns the token when this owner holds the lease after the call, else 0.

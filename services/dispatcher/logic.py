@@ -88,8 +88,11 @@ def fence(evts: Iterable[Event], token: int, inputs: dict[str, int] | None = Non
 
 def _pending_reason(state: DispatchState, job: Any, now_us: Micros, cfg: DispatchConfig) -> str:
     """A machine-readable reason why ``job`` is still pending (Kueue-style)."""
-    fitting = [n for n in state.cluster.nodes.values()
-               if n.gpu_count >= job.gpus_per_replica and (job.gpu_model is None or n.gpu_model == job.gpu_model)]
+    fitting = [
+        n
+        for n in state.cluster.nodes.values()
+        if n.gpu_count >= job.gpus_per_replica and (job.gpu_model is None or n.gpu_model == job.gpu_model)
+    ]
     if len([n for n in fitting if n.state == "ready"]) < job.replicas:
         if len(fitting) >= job.replicas:
             return "nodes_unavailable: too few ready nodes of this shape (cordoned, draining, drained or lost)"
@@ -104,8 +107,9 @@ def _pending_reason(state: DispatchState, job: Any, now_us: Micros, cfg: Dispatc
     return "waiting_for_idle_gpus: unallocated jobs run only on idle GPUs"
 
 
-def read_model(state: DispatchState, now_us: Micros, cfg: DispatchConfig
-               ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+def read_model(
+    state: DispatchState, now_us: Micros, cfg: DispatchConfig
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """Rows of ``apportion:rm:jobs`` and ``apportion:rm:nodes`` at ``now_us``.
 
     Pending jobs get ``position``: their 0-based place in the fair-share
@@ -125,10 +129,20 @@ def read_model(state: DispatchState, now_us: Micros, cfg: DispatchConfig
     for job_id, rec in state.jobs.items():
         spec = rec.spec
         row: dict[str, Any] = {
-            "job_id": job_id, "budget": spec.budget, "user": spec.user, "state": rec.status,
-            "allocated": spec.allocated, "gpus_per_replica": spec.gpus_per_replica, "replicas": spec.replicas,
-            "min_runtime_s": spec.min_runtime_s, "submitted_at": from_us(rec.submitted_at_us).isoformat(),
-            "attempt": rec.attempt, "reason": "", "nodes": [], "started_at": None, "position": None,
+            "job_id": job_id,
+            "budget": spec.budget,
+            "user": spec.user,
+            "state": rec.status,
+            "allocated": spec.allocated,
+            "gpus_per_replica": spec.gpus_per_replica,
+            "replicas": spec.replicas,
+            "min_runtime_s": spec.min_runtime_s,
+            "submitted_at": from_us(rec.submitted_at_us).isoformat(),
+            "attempt": rec.attempt,
+            "reason": "",
+            "nodes": [],
+            "started_at": None,
+            "position": None,
         }
         run = state.cluster.runs.get((job_id, rec.attempt))
         if run is not None:
@@ -136,8 +150,11 @@ def read_model(state: DispatchState, now_us: Micros, cfg: DispatchConfig
             if run.started_at_us is not None:
                 row["started_at"] = from_us(run.started_at_us).isoformat()
             if run.protected_until_us is not None:
-                row["protected_until"] = (from_us(run.protected_until_us).isoformat()
-                                          if run.protected_until_us < UNTIL_STARTED else "until started")
+                row["protected_until"] = (
+                    from_us(run.protected_until_us).isoformat()
+                    if run.protected_until_us < UNTIL_STARTED
+                    else "until started"
+                )
         if rec.status == "pending":
             row["position"] = position.get(job_id)
             pj = pend_by_id.get(job_id)
@@ -147,7 +164,13 @@ def read_model(state: DispatchState, now_us: Micros, cfg: DispatchConfig
     nodes: dict[str, dict[str, Any]] = {}
     for nid, n in state.cluster.nodes.items():
         running = sorted(f"{k[0]}#{k[1]}" for k in snap.cluster.node_runs.get(nid, ()))
-        nodes[nid] = {"node_id": nid, "state": n.state, "gpu_count": n.gpu_count, "gpu_model": n.gpu_model,
-                      "free_gpus": len(n.free), "running": running,
-                      "last_heartbeat": from_us(n.last_heartbeat_us).isoformat() if n.last_heartbeat_us else None}
+        nodes[nid] = {
+            "node_id": nid,
+            "state": n.state,
+            "gpu_count": n.gpu_count,
+            "gpu_model": n.gpu_model,
+            "free_gpus": len(n.free),
+            "running": running,
+            "last_heartbeat": from_us(n.last_heartbeat_us).isoformat() if n.last_heartbeat_us else None,
+        }
     return jobs, nodes

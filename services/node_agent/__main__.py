@@ -20,9 +20,10 @@ from services.node_agent.config import NodeAgentSettings
 
 def parse_args(argv: list[str] | None = None) -> dict:
     """Command-line flags -> settings overrides (only the flags given)."""
-    ap = argparse.ArgumentParser(prog="python -m services.node_agent",
-                                 description="apportion node agent: registers nodes, heartbeats, "
-                                             "runs StartWorkload/StopWorkload commands.")
+    ap = argparse.ArgumentParser(
+        prog="python -m services.node_agent",
+        description="apportion node agent: registers nodes, heartbeats, runs StartWorkload/StopWorkload commands.",
+    )
     ap.add_argument("--node-id", help="id of the real node (default: host name)")
     ap.add_argument("--sim-nodes", type=int, help="host this many simulated nodes (0: one real node)")
     ap.add_argument("--sim-node-start", type=int, help="first index of simulated node ids")

@@ -35,7 +35,6 @@ import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
-from apportion import events
 from apportion.clock import Clock
 from apportion.events import Event, JobFailed, NodeLost, StartWorkload, StopWorkload, det_id
 from apportion.gpu import GpuProbe, SimulatedProbe, open_probe, simulated_inventory
@@ -67,13 +66,20 @@ class NodeAgent:
             ``running``, ``heartbeats``).
     """
 
-    def __init__(self, nodes: list[tuple[NodeSpec, GpuProbe]], emit: Emit, clock: Clock, *,
-                 journal: Journal | None = None, claim_prefix: str = "",
-                 heartbeat_interval_s: float = 10.0, heartbeat_min_wall_s: float = 0.5,
-                 metrics: dict | None = None) -> None:
+    def __init__(
+        self,
+        nodes: list[tuple[NodeSpec, GpuProbe]],
+        emit: Emit,
+        clock: Clock,
+        *,
+        journal: Journal | None = None,
+        claim_prefix: str = "",
+        heartbeat_interval_s: float = 10.0,
+        heartbeat_min_wall_s: float = 0.5,
+        metrics: dict | None = None,
+    ) -> None:
         self.journal = journal or Journal(None)
-        self.state: AgentState = logic.initial_state([n for n, _ in nodes], claim_prefix,
-                                                     ended=self.journal.known())
+        self.state: AgentState = logic.initial_state([n for n, _ in nodes], claim_prefix, ended=self.journal.known())
         self._probes = {n.node_id: p for n, p in nodes}
         self._emit = emit
         self.clock = clock
@@ -98,18 +104,26 @@ class NodeAgent:
                 except ProcessLookupError:
                     pass
             node_id, job_id, attempt, replica = o.key
-            await self._emit(JobFailed(event_id=det_id("WorkloadEnded", *o.key), ts=now,
-                                       producer=logic.PRODUCER, job_id=job_id, attempt=attempt,
-                                       replica=replica, node_id=node_id, exit_code=None,
-                                       reason="agent_restarted"))
+            await self._emit(
+                JobFailed(
+                    event_id=det_id("WorkloadEnded", *o.key),
+                    ts=now,
+                    producer=logic.PRODUCER,
+                    job_id=job_id,
+                    attempt=attempt,
+                    replica=replica,
+                    node_id=node_id,
+                    exit_code=None,
+                    reason="agent_restarted",
+                )
+            )
             self.journal.ended(o.key)
             self.state = replace(self.state, ended=self.state.ended | {o.key})
         regs = logic.registered_events(self.state, now)
         for ev in regs:
             await self._emit(ev)
         self.state = logic.with_registered(self.state, regs)
-        log.info("registered %d node(s)", len(self.state.nodes),
-                 extra={"nodes": sorted(self.state.nodes)[:8]})
+        log.info("registered %d node(s)", len(self.state.nodes), extra={"nodes": sorted(self.state.nodes)[:8]})
         if heartbeats:
             self._hb_task = asyncio.create_task(self._heartbeat_loop(), name="heartbeats")
 
@@ -173,8 +187,13 @@ class NodeAgent:
         if isinstance(action, logic.Ignore):
             log.debug("ignored command: %s", action.why)
         elif isinstance(action, logic.Refuse):
-            log.warning("refused %s attempt %d on %s: %s", action.event.job_id, action.event.attempt,
-                        action.event.node_id, action.event.reason)
+            log.warning(
+                "refused %s attempt %d on %s: %s",
+                action.event.job_id,
+                action.event.attempt,
+                action.event.node_id,
+                action.event.reason,
+            )
             if "refused" in self._metrics:
                 self._metrics["refused"].labels(reason=action.event.reason.split(":")[0]).inc()
             await self._emit(action.event)
@@ -199,8 +218,12 @@ class NodeAgent:
             if isinstance(action, logic.Ignore):
                 log.debug("ignored NodeLost of %s: %s", event.node_id, action.why)
                 return
-            log.warning("node %s was declared lost (last heartbeat %s): stopping %d replica(s), then rejoining",
-                        event.node_id, event.last_heartbeat.isoformat(), len(action.stop.workloads))
+            log.warning(
+                "node %s was declared lost (last heartbeat %s): stopping %d replica(s), then rejoining",
+                event.node_id,
+                event.last_heartbeat.isoformat(),
+                len(action.stop.workloads),
+            )
             self.state = logic.with_rejoining(self.state, action)
             for ev in action.stop.events:
                 self.journal.ended((ev.node_id, ev.job_id, ev.attempt, ev.replica))  # type: ignore[attr-defined]
@@ -230,12 +253,18 @@ class NodeAgent:
             env = dict(os.environ)
             env.update(w.process_env())
             try:
-                proc = await asyncio.create_subprocess_exec(*w.command, env=env,  # type: ignore[misc]
-                                                            start_new_session=True)
+                proc = await asyncio.create_subprocess_exec(
+                    *w.command,
+                    env=env,  # type: ignore[misc]
+                    start_new_session=True,
+                )
             except OSError as exc:
                 self.journal.ended(w.key)
-                self.state = replace(self.state, ended=self.state.ended | {w.key},
-                                     waiting={k: v for k, v in self.state.waiting.items() if k != w.key})
+                self.state = replace(
+                    self.state,
+                    ended=self.state.ended | {w.key},
+                    waiting={k: v for k, v in self.state.waiting.items() if k != w.key},
+                )
                 await self._emit(logic.exit_event(w, None, now, reason=f"spawn failed: {exc}"))
                 return
             pid = proc.pid
@@ -322,8 +351,14 @@ def build_nodes(settings: NodeAgentSettings) -> tuple[list[tuple[NodeSpec, GpuPr
         inv = simulated_inventory(settings.gpus_per_node, settings.gpu_model, reason="simulated nodes")
         probe = SimulatedProbe(inv)
         ids = logic.node_ids(settings.node_prefix, settings.sim_nodes, settings.sim_node_start)
-        log.info("hosting %d simulated node(s) %s..%s, %d x %s each", len(ids), ids[0], ids[-1],
-                 inv.gpu_count, settings.gpu_model)
+        log.info(
+            "hosting %d simulated node(s) %s..%s, %d x %s each",
+            len(ids),
+            ids[0],
+            ids[-1],
+            inv.gpu_count,
+            settings.gpu_model,
+        )
         return [(NodeSpec(i, inv.gpus, inv.model, True), probe) for i in ids], settings.node_prefix
     p = open_probe(settings.gpus_per_node, settings.gpu_model, force_simulated=settings.force_simulated)
     inv = p.inventory
@@ -340,18 +375,19 @@ def _metrics(registry: object) -> dict:
     from prometheus_client import Counter, Gauge
 
     return {
-        "commands": Counter("apportion_node_agent_commands", "Commands for hosted nodes", ["type"],
-                            registry=registry),
+        "commands": Counter("apportion_node_agent_commands", "Commands for hosted nodes", ["type"], registry=registry),
         "refused": Counter("apportion_node_agent_refused", "Commands refused", ["reason"], registry=registry),
         "running": Gauge("apportion_node_agent_running", "Workload replicas running", registry=registry),
         "heartbeats": Counter("apportion_node_agent_heartbeats", "Heartbeats sent", registry=registry),
-        "send_errors": Counter("apportion_node_agent_send_errors", "Events the producer failed to deliver",
-                               registry=registry),
+        "send_errors": Counter(
+            "apportion_node_agent_send_errors", "Events the producer failed to deliver", registry=registry
+        ),
     }
 
 
-async def run(settings: NodeAgentSettings, stop: asyncio.Event, *, clock: Clock | None = None,
-              ready: asyncio.Event | None = None) -> None:
+async def run(
+    settings: NodeAgentSettings, stop: asyncio.Event, *, clock: Clock | None = None, ready: asyncio.Event | None = None
+) -> None:
     """Run the node agent until ``stop`` is set.
 
     Args:
@@ -371,10 +407,8 @@ async def run(settings: NodeAgentSettings, stop: asyncio.Event, *, clock: Clock 
     log.info("record-batch CRC-32C: %s", use_compiled_crc32c())
     registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host)
     nodes, prefix = build_nodes(settings)
-    journal = Journal(settings.state_dir / f"{settings.agent_name()}.journal"
-                      if settings.state_dir else None)
-    producer = await asyncio.to_thread(EventProducer, conn.bootstrap,
-                                       client_id=f"node-agent-{settings.agent_name()}")
+    journal = Journal(settings.state_dir / f"{settings.agent_name()}.journal" if settings.state_dir else None)
+    producer = await asyncio.to_thread(EventProducer, conn.bootstrap, client_id=f"node-agent-{settings.agent_name()}")
 
     metrics = _metrics(registry)
 
@@ -387,9 +421,16 @@ async def run(settings: NodeAgentSettings, stop: asyncio.Event, *, clock: Clock 
         fut = producer.send(ev)
         fut.add_errback(_send_failed, ev, metrics)
 
-    agent = NodeAgent(nodes, emit, clock, journal=journal, claim_prefix=prefix,
-                      heartbeat_interval_s=settings.heartbeat_interval_s,
-                      heartbeat_min_wall_s=settings.heartbeat_min_wall_s, metrics=metrics)
+    agent = NodeAgent(
+        nodes,
+        emit,
+        clock,
+        journal=journal,
+        claim_prefix=prefix,
+        heartbeat_interval_s=settings.heartbeat_interval_s,
+        heartbeat_min_wall_s=settings.heartbeat_min_wall_s,
+        metrics=metrics,
+    )
     assigned = asyncio.Event()
 
     wanted = (StartWorkload, StopWorkload, NodeLost)
@@ -399,9 +440,16 @@ async def run(settings: NodeAgentSettings, stop: asyncio.Event, *, clock: Clock 
             if isinstance(event, wanted):
                 handler(event, delivery)
 
-        c = EventConsumer(conn.bootstrap, [COMMANDS.name, NODES.name], settings.consumer_group(), relevant,
-                          dead_letters=producer, name=settings.producer_name,
-                          clock=clock.now, auto_offset_reset="latest")
+        c = EventConsumer(
+            conn.bootstrap,
+            [COMMANDS.name, NODES.name],
+            settings.consumer_group(),
+            relevant,
+            dead_letters=producer,
+            name=settings.producer_name,
+            clock=clock.now,
+            auto_offset_reset="latest",
+        )
         _wait_assigned(c, deadline_s=60.0)
         return c
 

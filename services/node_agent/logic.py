@@ -216,8 +216,9 @@ class AgentState:
         return key in self.running or key in self.waiting or key in self.ended
 
 
-def initial_state(nodes: list[NodeSpec] | tuple[NodeSpec, ...], claim_prefix: str = "",
-                  ended: frozenset[RunKey] = frozenset()) -> AgentState:
+def initial_state(
+    nodes: list[NodeSpec] | tuple[NodeSpec, ...], claim_prefix: str = "", ended: frozenset[RunKey] = frozenset()
+) -> AgentState:
     """State of a freshly started agent (``ended``: keys from its journal)."""
     return AgentState({n.node_id: n for n in nodes}, claim_prefix, ended=ended)
 
@@ -267,10 +268,17 @@ Action = Ignore | Refuse | Launch | Defer | Stop
 
 
 def _refuse(cmd: StartWorkload | StopWorkload, now: datetime, reason: str, detail: str = "") -> Refuse:
-    return Refuse(WorkloadRefused(
-        event_id=det_id("WorkloadRefused", cmd.event_id),
-        ts=now, producer=PRODUCER, node_id=cmd.node_id, job_id=cmd.job_id,
-        attempt=cmd.attempt, reason=f"{reason}: {detail}" if detail else reason))
+    return Refuse(
+        WorkloadRefused(
+            event_id=det_id("WorkloadRefused", cmd.event_id),
+            ts=now,
+            producer=PRODUCER,
+            node_id=cmd.node_id,
+            job_id=cmd.job_id,
+            attempt=cmd.attempt,
+            reason=f"{reason}: {detail}" if detail else reason,
+        )
+    )
 
 
 def _fenced(state: AgentState, cmd: StartWorkload | StopWorkload, now: datetime) -> Refuse | None:
@@ -300,23 +308,30 @@ def decide_start(state: AgentState, cmd: StartWorkload, now: datetime) -> Action
         return r
     key: RunKey = (cmd.node_id, cmd.job_id, cmd.attempt, cmd.replica)
     if state.known(key):
-        return _refuse(cmd, now, DUPLICATE_START,
-                       f"{cmd.job_id} attempt {cmd.attempt} replica {cmd.replica} already started here")
+        return _refuse(
+            cmd, now, DUPLICATE_START, f"{cmd.job_id} attempt {cmd.attempt} replica {cmd.replica} already started here"
+        )
     have = node.indices
     bad = sorted(set(cmd.gpus) - have)
     if not cmd.gpus or bad or len(set(cmd.gpus)) != len(cmd.gpus):
-        return _refuse(cmd, now, UNKNOWN_GPUS,
-                       f"asked for {list(cmd.gpus)}, node has {sorted(have)}")
+        return _refuse(cmd, now, UNKNOWN_GPUS, f"asked for {list(cmd.gpus)}, node has {sorted(have)}")
     if cmd.command is None and cmd.duration_s is None:
         return _refuse(cmd, now, NO_WORKLOAD, "neither command nor duration_s")
     simulate = cmd.duration_s is not None and (node.simulated or not cmd.command)
-    w = Workload(cmd.node_id, cmd.job_id, cmd.attempt, cmd.replica, tuple(cmd.gpus),
-                 None if simulate else tuple(cmd.command or ()), cmd.duration_s, dict(cmd.env))
+    w = Workload(
+        cmd.node_id,
+        cmd.job_id,
+        cmd.attempt,
+        cmd.replica,
+        tuple(cmd.gpus),
+        None if simulate else tuple(cmd.command or ()),
+        cmd.duration_s,
+        dict(cmd.env),
+    )
     held = state.held(cmd.node_id)
     holders = {held[g].key: held[g] for g in cmd.gpus if g in held}
     waiting_holders = {
-        o.key: o for o in state.waiting.values()
-        if o.node_id == cmd.node_id and set(o.gpus) & set(cmd.gpus)
+        o.key: o for o in state.waiting.values() if o.node_id == cmd.node_id and set(o.gpus) & set(cmd.gpus)
     }
     if any(not h.stopping for h in holders.values()):
         busy = sorted(g for g in cmd.gpus if g in held and not held[g].stopping)
@@ -387,10 +402,16 @@ def decide_lost(state: AgentState, ev: NodeLost, now: datetime, grace_s: float) 
         return Ignore("loss declared before the node's latest registration")
     if ev.node_id in state.rejoining:
         return Ignore("already rejoining")
-    run = tuple(replace(w, stopping=True, grace_s=grace_s) for _, w in sorted(state.running.items())
-                if w.node_id == ev.node_id and not w.stopping)
-    dropped = tuple(exit_event(replace(w, stopping=True), None, now, never_started=True)
-                    for _, w in sorted(state.waiting.items()) if w.node_id == ev.node_id)
+    run = tuple(
+        replace(w, stopping=True, grace_s=grace_s)
+        for _, w in sorted(state.running.items())
+        if w.node_id == ev.node_id and not w.stopping
+    )
+    dropped = tuple(
+        exit_event(replace(w, stopping=True), None, now, never_started=True)
+        for _, w in sorted(state.waiting.items())
+        if w.node_id == ev.node_id
+    )
     return Rejoin(ev.node_id, Stop(run, grace_s, dropped))
 
 
@@ -427,8 +448,11 @@ def with_stopping(state: AgentState, stop: Stop) -> AgentState:
     running = dict(state.running)
     for w in stop.workloads:
         running[w.key] = w
-    dropped = {(e.node_id, e.job_id, e.attempt, e.replica) for e in stop.events  # type: ignore[attr-defined]
-               if isinstance(e, JobFailed)}
+    dropped = {
+        (e.node_id, e.job_id, e.attempt, e.replica)
+        for e in stop.events  # type: ignore[attr-defined]
+        if isinstance(e, JobFailed)
+    }
     waiting = {k: v for k, v in state.waiting.items() if k not in dropped}
     return replace(state, running=running, waiting=waiting, ended=state.ended | dropped)
 
@@ -442,8 +466,11 @@ def with_rejoining(state: AgentState, rejoin: Rejoin) -> AgentState:
 def with_registered(state: AgentState, regs: list[NodeRegistered]) -> AgentState:
     """State after publishing ``regs``: registration times recorded, those nodes no longer rejoining."""
     done = {r.node_id for r in regs}
-    return replace(state, registered_at={**state.registered_at, **{r.node_id: r.ts for r in regs}},
-                   rejoining=state.rejoining - done)
+    return replace(
+        state,
+        registered_at={**state.registered_at, **{r.node_id: r.ts for r in regs}},
+        rejoining=state.rejoining - done,
+    )
 
 
 def with_exited(state: AgentState, key: RunKey) -> AgentState:
@@ -468,7 +495,7 @@ def with_token(state: AgentState, token: int | None) -> AgentState:
 def ready_to_launch(state: AgentState) -> tuple[Workload, ...]:
     """Waiting replicas whose GPUs are now all free, in key order."""
     out = []
-    for k, w in sorted(state.waiting.items()):
+    for _key, w in sorted(state.waiting.items()):
         held = state.held(w.node_id)
         if not any(g in held for g in w.gpus):
             out.append(w)
@@ -480,13 +507,22 @@ def ready_to_launch(state: AgentState) -> tuple[Workload, ...]:
 
 def started_event(w: Workload, now: datetime, pid: int | None = None) -> JobStarted:
     """``JobStarted`` for a launched replica."""
-    return JobStarted(event_id=det_id("JobStarted", w.node_id, w.job_id, w.attempt, w.replica),
-                      ts=now, producer=PRODUCER, job_id=w.job_id, attempt=w.attempt,
-                      replica=w.replica, node_id=w.node_id, gpus=w.gpus, pid=pid)
+    return JobStarted(
+        event_id=det_id("JobStarted", w.node_id, w.job_id, w.attempt, w.replica),
+        ts=now,
+        producer=PRODUCER,
+        job_id=w.job_id,
+        attempt=w.attempt,
+        replica=w.replica,
+        node_id=w.node_id,
+        gpus=w.gpus,
+        pid=pid,
+    )
 
 
-def exit_event(w: Workload, exit_code: int | None, now: datetime, *, never_started: bool = False,
-               reason: str | None = None) -> JobCompleted | JobFailed:
+def exit_event(
+    w: Workload, exit_code: int | None, now: datetime, *, never_started: bool = False, reason: str | None = None
+) -> JobCompleted | JobFailed:
     """The event reporting that replica ``w`` ended.
 
     Args:
@@ -498,8 +534,15 @@ def exit_event(w: Workload, exit_code: int | None, now: datetime, *, never_start
         reason: override the reason (e.g. ``"spawn failed: ..."``).
     """
     eid = det_id("WorkloadEnded", w.node_id, w.job_id, w.attempt, w.replica)
-    common = dict(event_id=eid, ts=now, producer=PRODUCER, job_id=w.job_id, attempt=w.attempt,
-                  replica=w.replica, node_id=w.node_id)
+    common = dict(
+        event_id=eid,
+        ts=now,
+        producer=PRODUCER,
+        job_id=w.job_id,
+        attempt=w.attempt,
+        replica=w.replica,
+        node_id=w.node_id,
+    )
     if reason is None and exit_code == 0 and not w.stopping:
         return JobCompleted(**common, exit_code=0)
     if reason is None:
@@ -512,19 +555,29 @@ def exit_event(w: Workload, exit_code: int | None, now: datetime, *, never_start
     return JobFailed(**common, exit_code=exit_code, reason=reason)
 
 
-def registered_events(state: AgentState, now: datetime,
-                      only: tuple[str, ...] | None = None) -> list[NodeRegistered]:
+def registered_events(state: AgentState, now: datetime, only: tuple[str, ...] | None = None) -> list[NodeRegistered]:
     """One ``NodeRegistered`` per hosted node (or per node of ``only``), in node order."""
-    return [NodeRegistered(ts=now, producer=PRODUCER, node_id=n.node_id, gpu_count=len(n.gpus),
-                           gpu_model=n.model, gpus=n.gpus, simulated=n.simulated)
-            for _, n in sorted(state.nodes.items()) if only is None or n.node_id in only]
+    return [
+        NodeRegistered(
+            ts=now,
+            producer=PRODUCER,
+            node_id=n.node_id,
+            gpu_count=len(n.gpus),
+            gpu_model=n.model,
+            gpus=n.gpus,
+            simulated=n.simulated,
+        )
+        for _, n in sorted(state.nodes.items())
+        if only is None or n.node_id in only
+    ]
 
 
-def heartbeat_event(state: AgentState, node_id: str, now: datetime,
-                    gpus: tuple[GpuStatus, ...] = ()) -> NodeHeartbeat:
+def heartbeat_event(state: AgentState, node_id: str, now: datetime, gpus: tuple[GpuStatus, ...] = ()) -> NodeHeartbeat:
     """``NodeHeartbeat`` for ``node_id`` with GPU samples and the replicas running there."""
-    running = tuple(RunningWorkload(job_id=w.job_id, attempt=w.attempt, replica=w.replica, gpus=w.gpus)
-                    for w in (state.running[k] for k in sorted(state.by_node.get(node_id, ()))))
+    running = tuple(
+        RunningWorkload(job_id=w.job_id, attempt=w.attempt, replica=w.replica, gpus=w.gpus)
+        for w in (state.running[k] for k in sorted(state.by_node.get(node_id, ())))
+    )
     return NodeHeartbeat(ts=now, producer=PRODUCER, node_id=node_id, gpus=gpus, running=running)
 
 

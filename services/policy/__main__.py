@@ -19,9 +19,11 @@ from services.policy.config import PolicySettings
 
 def parse_args(argv: list[str] | None = None) -> dict:
     """Command-line flags -> settings overrides (only the flags given)."""
-    ap = argparse.ArgumentParser(prog="python -m services.policy",
-                                 description="apportion policy: validates budget changes (BudgetRejected) "
-                                             "and publishes FairShareRanking on snapshot or budget changes.")
+    ap = argparse.ArgumentParser(
+        prog="python -m services.policy",
+        description="apportion policy: validates budget changes (BudgetRejected) "
+        "and publishes FairShareRanking on snapshot or budget changes.",
+    )
     ap.add_argument("--instance-id", help="static group member id; one per running instance")
     ap.add_argument("--faust-dir", help="parent folder of the per-instance faust data dir (default: system temp)")
     add_common_flags(ap, PolicySettings)

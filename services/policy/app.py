@@ -146,8 +146,9 @@ async def catch_up(svc: PolicyService, bootstrap: str, group_id: str, stop: asyn
     from apportion.topics import BUDGETS, USAGE
     from services._common import AssignedConsumer
 
-    consumer = await asyncio.to_thread(AssignedConsumer, bootstrap, [BUDGETS.name, USAGE.name], group_id,
-                                       tail={USAGE.name: 1})
+    consumer = await asyncio.to_thread(
+        AssignedConsumer, bootstrap, [BUDGETS.name, USAGE.name], group_id, tail={USAGE.name: 1}
+    )
     try:
         while not await asyncio.to_thread(consumer.caught_up):
             if stop.is_set():
@@ -174,8 +175,9 @@ class PolicyApp:
             stops instead of running on without it.
     """
 
-    def __init__(self, settings: PolicySettings, bootstrap: str, datadir: str, svc: PolicyService,
-                 outbox: list[Any]) -> None:
+    def __init__(
+        self, settings: PolicySettings, bootstrap: str, datadir: str, svc: PolicyService, outbox: list[Any]
+    ) -> None:
         from apportion.bus.faust_app import agent, event_topic, make_app
         from apportion.topics import BUDGETS, USAGE, prefix
 
@@ -184,8 +186,13 @@ class PolicyApp:
         self.producer_name = settings.producer_name
         self.lock = asyncio.Lock()
         self.failed: asyncio.Future = asyncio.get_running_loop().create_future()
-        self.app = make_app(prefix() + settings.group_id, bootstrap, datadir=datadir, web_port=None,
-                            consumer_group_instance_id=settings.instance_id)
+        self.app = make_app(
+            prefix() + settings.group_id,
+            bootstrap,
+            datadir=datadir,
+            web_port=None,
+            consumer_group_instance_id=settings.instance_id,
+        )
         agent(self.app, event_topic(self.app, BUDGETS), name="policy-budgets")(self._follow)
         agent(self.app, event_topic(self.app, USAGE), name="policy-usage")(self._follow)
 
@@ -225,8 +232,9 @@ class PolicyApp:
             raise
 
 
-async def run(settings: PolicySettings, stop: asyncio.Event, *, clock: Clock | None = None,
-              ready: asyncio.Event | None = None) -> None:
+async def run(
+    settings: PolicySettings, stop: asyncio.Event, *, clock: Clock | None = None, ready: asyncio.Event | None = None
+) -> None:
     """Run the policy service in this event loop until ``stop`` is set.
 
     ``ready`` is set once the catch-up is folded, the faust app has joined
@@ -238,16 +246,14 @@ async def run(settings: PolicySettings, stop: asyncio.Event, *, clock: Clock | N
     """
     from prometheus_client import Counter
 
-    from services._common import start_metrics
-
     from apportion.bus.faust_app import quiet_client_logs
+    from services._common import start_metrics
 
     quiet_client_logs()
     clock = clock or settings.make_clock()
     conn = settings.connection()
     registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host)
-    metrics = {"published": Counter("apportion_policy_published", "Events published", ["type"],
-                                    registry=registry)}
+    metrics = {"published": Counter("apportion_policy_published", "Events published", ["type"], registry=registry)}
     outbox: list[Any] = []
     svc = PolicyService(clock, outbox.append, settings.producer_name, metrics)
     datadir = tempfile.mkdtemp(prefix="apportion-policy-", dir=settings.faust_dir)

@@ -105,9 +105,15 @@ def fold_budgets(events: Iterable[Event]) -> tuple[BudgetTree, list[Rejection]]:
 
 def rejected_event(rej: Rejection, now: datetime) -> BudgetRejected:
     """The ``BudgetRejected`` for a skipped change (id derived from the change's id)."""
-    return BudgetRejected(event_id=det_id("BudgetRejected", rej.event.event_id), ts=now, producer=PRODUCER,
-                          path=rej.event.path, reason=rej.reason, message=rej.message,
-                          rejected_event_id=rej.event.event_id)
+    return BudgetRejected(
+        event_id=det_id("BudgetRejected", rej.event.event_id),
+        ts=now,
+        producer=PRODUCER,
+        path=rej.event.path,
+        reason=rej.reason,
+        message=rej.message,
+        rejected_event_id=rej.event.event_id,
+    )
 
 
 # --------------------------------------------------------------------------- ranking
@@ -132,10 +138,15 @@ def ranking(tree: BudgetTree, snapshot: OccupancySnapshot | None, now: datetime)
     order = budget_order(tree, {}, 0.0)
     r = ratios(tree, {}, 0.0)
     return FairShareRanking(
-        event_id=det_id("FairShareRanking", "-", tree_fingerprint(tree)), ts=now, producer=PRODUCER,
-        at=now, policy_version=POLICY_VERSION,
-        budgets=tuple(RankedBudget(path=p, rank=i, ratio=r[p], abs_share=tree.abs_share(p))
-                      for i, p in enumerate(order)))
+        event_id=det_id("FairShareRanking", "-", tree_fingerprint(tree)),
+        ts=now,
+        producer=PRODUCER,
+        at=now,
+        policy_version=POLICY_VERSION,
+        budgets=tuple(
+            RankedBudget(path=p, rank=i, ratio=r[p], abs_share=tree.abs_share(p)) for i, p in enumerate(order)
+        ),
+    )
 
 
 # --------------------------------------------------------------------------- decide / evolve
@@ -175,8 +186,12 @@ def evolve(state: PolicyState, event: Event) -> PolicyState:
         if event.rejected_event_id is None:
             return state
         pend = tuple(p for p in state.pending_rejections if p.event.event_id != event.rejected_event_id)
-        return replace(state, rejected_ids=state.rejected_ids | {event.rejected_event_id},
-                       pending_rejections=pend, tree=fold_budget_log(state.log))
+        return replace(
+            state,
+            rejected_ids=state.rejected_ids | {event.rejected_event_id},
+            pending_rejections=pend,
+            tree=fold_budget_log(state.log),
+        )
     if isinstance(event, (BudgetSet, BudgetRemoved)):
         _, rej = fold_budget_event(state.tree, event)
         pend = state.pending_rejections

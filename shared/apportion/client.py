@@ -19,12 +19,11 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from apportion import events
 from apportion.durations import parse_duration
 from apportion.settings import Connection
-
 
 #: Job ids the client accepts: they appear in shell commands, log lines, file names and metric labels.
 #: (Any JobSubmitted from another producer is still accepted by the schema: 1-200 characters.)
@@ -41,8 +40,13 @@ def check_job_id(job_id: str) -> str:
     if JOB_ID_RE.fullmatch(job_id):
         return job_id
     bad = sorted({c for c in job_id if not (c.isascii() and (c.isalnum() or c in "._:@+-"))})
-    why = (f"characters {''.join(bad)!r} are not allowed" if bad else
-           "it must start with a letter or digit" if job_id else "it is empty")
+    why = (
+        f"characters {''.join(bad)!r} are not allowed"
+        if bad
+        else "it must start with a letter or digit"
+        if job_id
+        else "it is empty"
+    )
     if len(job_id) > 200:
         why = "it is longer than 200 characters"
     raise ValueError(f"invalid job id {job_id!r}: {why} (use letters, digits and . _ : @ + -)")
@@ -53,11 +57,20 @@ def new_job_id(user: str) -> str:
     return f"{user}-{uuid.uuid4().hex[:12]}"
 
 
-def build_submission(*, budget: str, user: str, gpus: int, replicas: int = 1,
-                     min_runtime: str | float = 0, command: Sequence[str] | None = None,
-                     duration: str | float | None = None, gpu_model: str | None = None,
-                     job_id: str | None = None, now: datetime | None = None,
-                     producer: str | None = None) -> events.JobSubmitted:
+def build_submission(
+    *,
+    budget: str,
+    user: str,
+    gpus: int,
+    replicas: int = 1,
+    min_runtime: str | float = 0,
+    command: Sequence[str] | None = None,
+    duration: str | float | None = None,
+    gpu_model: str | None = None,
+    job_id: str | None = None,
+    now: datetime | None = None,
+    producer: str | None = None,
+) -> events.JobSubmitted:
     """Build and validate a ``JobSubmitted`` without publishing it.
 
     Args:
@@ -77,13 +90,21 @@ def build_submission(*, budget: str, user: str, gpus: int, replicas: int = 1,
         pydantic.ValidationError: the submission breaks the schema.
         ValueError: a duration string cannot be parsed, or ``job_id`` fails :func:`check_job_id`.
     """
-    ts = now or datetime.now(timezone.utc)
+    ts = now or datetime.now(UTC)
     return events.JobSubmitted(
-        job_id=check_job_id(job_id) if job_id is not None else new_job_id(user), budget=budget, user=user,
-        gpus_per_replica=gpus, replicas=replicas, min_runtime_s=parse_duration(min_runtime),
+        job_id=check_job_id(job_id) if job_id is not None else new_job_id(user),
+        budget=budget,
+        user=user,
+        gpus_per_replica=gpus,
+        replicas=replicas,
+        min_runtime_s=parse_duration(min_runtime),
         command=tuple(command) if command else None,
         duration_s=parse_duration(duration) if duration is not None else None,
-        gpu_model=gpu_model, submitted_at=ts, ts=ts, producer=producer or f"client/{user}")
+        gpu_model=gpu_model,
+        submitted_at=ts,
+        ts=ts,
+        producer=producer or f"client/{user}",
+    )
 
 
 def publish(*evts: events.Event, bootstrap: str | None = None) -> None:
@@ -91,8 +112,9 @@ def publish(*evts: events.Event, bootstrap: str | None = None) -> None:
     from apportion.bus.producer import EventProducer
 
     conn = Connection.resolve(bootstrap=bootstrap)
-    producer = EventProducer(conn.bootstrap, client_id="apportion-client", max_block_ms=8000,
-                             bootstrap_timeout_ms=5_000)
+    producer = EventProducer(
+        conn.bootstrap, client_id="apportion-client", max_block_ms=8000, bootstrap_timeout_ms=5_000
+    )
     try:
         for ev in evts:
             producer.send(ev)
@@ -113,7 +135,7 @@ def submit(*, bootstrap: str | None = None, **kwargs: object) -> events.JobSubmi
 
 def cancel(job_id: str, *, user: str, reason: str = "", bootstrap: str | None = None) -> events.JobCancelRequested:
     """Ask to cancel ``job_id``; returns the published request."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     ev = events.JobCancelRequested(job_id=job_id, user=user, reason=reason, ts=now, producer=f"client/{user}")
     publish(ev, bootstrap=bootstrap)
     return ev
@@ -139,8 +161,13 @@ class VerdictWatcher:
         self.job_id = job_id
         self._key = job_id.encode("utf-8")
         conn = Connection.resolve(bootstrap=bootstrap)
-        self._kc = KafkaConsumer(bootstrap_servers=conn.bootstrap, group_id=None, enable_auto_commit=False, request_timeout_ms=10_000,
-                                 bootstrap_timeout_ms=5_000)
+        self._kc = KafkaConsumer(
+            bootstrap_servers=conn.bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            request_timeout_ms=10_000,
+            bootstrap_timeout_ms=5_000,
+        )
         self._kc.topics()  # loads the cluster metadata, so the partitions below are known
         parts = [TopicPartition(JOBS.name, p) for p in sorted(self._kc.partitions_for_topic(JOBS.name) or ())]
         self._kc.assign(parts)

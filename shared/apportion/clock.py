@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
 from apportion.timeutil import from_us, s_to_us, to_us
@@ -106,8 +106,9 @@ class ScaledClock:
         ValueError: ``scale <= 0`` or a naive epoch.
     """
 
-    def __init__(self, scale: float, epoch_wall: datetime, epoch_event: datetime,
-                 wall: "WallClock | ManualClock | None" = None) -> None:
+    def __init__(
+        self, scale: float, epoch_wall: datetime, epoch_event: datetime, wall: WallClock | ManualClock | None = None
+    ) -> None:
         if not scale > 0:
             raise ValueError(f"time scale must be > 0, got {scale}")
         self.scale = float(scale)
@@ -132,8 +133,10 @@ class ScaledClock:
         self._wall.sleep_sync(self.wall_seconds(seconds))
 
     def __repr__(self) -> str:
-        return (f"ScaledClock(scale={self.scale}, epoch_wall={from_us(self.epoch_wall_us).isoformat()}, "
-                f"epoch_event={from_us(self.epoch_event_us).isoformat()})")
+        return (
+            f"ScaledClock(scale={self.scale}, epoch_wall={from_us(self.epoch_wall_us).isoformat()}, "
+            f"epoch_event={from_us(self.epoch_event_us).isoformat()})"
+        )
 
 
 class ManualClock:
@@ -148,7 +151,7 @@ class ManualClock:
     """
 
     def __init__(self, start: datetime | None = None) -> None:
-        self._us = to_us(start or datetime(2025, 1, 1, tzinfo=timezone.utc))
+        self._us = to_us(start or datetime(2025, 1, 1, tzinfo=UTC))
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     def now_us(self) -> int:
@@ -215,8 +218,9 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-def make_clock(time_scale: float = 1.0, epoch_wall: datetime | None = None,
-               epoch_event: datetime | None = None) -> WallClock | ScaledClock:
+def make_clock(
+    time_scale: float = 1.0, epoch_wall: datetime | None = None, epoch_event: datetime | None = None
+) -> WallClock | ScaledClock:
     """Build the clock a service configuration asks for.
 
     Args:

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -52,20 +52,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m apportion.demo",
         description="apportion main job: the live stack (Kafka, Redis, four services, 32 simulated 8-GPU nodes) "
-                    "replays a slice of the real Philly GPU trace on an accelerated clock and compares the outcome "
-                    "with the simulator.")
+        "replays a slice of the real Philly GPU trace on an accelerated clock and compares the outcome "
+        "with the simulator.",
+    )
     ap.add_argument("--trace", type=Path, default=None, help="trace CSV (default: <data>/philly/philly.csv)")
-    ap.add_argument("--budgets", type=Path, default=REPO / "infra" / "budgets" / "philly.yaml",
-                    help="budget file with tree and cluster (default: infra/budgets/philly.yaml)")
-    ap.add_argument("--slice", default="week44+3d",
-                    help="trace slice: week44, week44+3d, weeks39-45, YYYY-MM-DD..YYYY-MM-DD (default week44+3d)")
-    ap.add_argument("--time-scale", type=float, default=1440.0,
-                    help="event seconds per wall second (default 1440: a day per minute, a week in 7 minutes)")
+    ap.add_argument(
+        "--budgets",
+        type=Path,
+        default=REPO / "infra" / "budgets" / "philly.yaml",
+        help="budget file with tree and cluster (default: infra/budgets/philly.yaml)",
+    )
+    ap.add_argument(
+        "--slice",
+        default="week44+3d",
+        help="trace slice: week44, week44+3d, weeks39-45, YYYY-MM-DD..YYYY-MM-DD (default week44+3d)",
+    )
+    ap.add_argument(
+        "--time-scale",
+        type=float,
+        default=1440.0,
+        help="event seconds per wall second (default 1440: a day per minute, a week in 7 minutes)",
+    )
     ap.add_argument("--seed", type=int, default=1, help="seed of the unallocated draw (default 1)")
     ap.add_argument("--dir", type=Path, default=REPO / ".run" / "demo", help="logs, report and stack data")
-    ap.add_argument("--tolerance-pp", type=float, default=2.0,
-                    help="agreement tolerance with the simulator, percentage points (default 2: about three "
-                         "times the simulator's own spread between seeds; measured live difference 0.26)")
+    ap.add_argument(
+        "--tolerance-pp",
+        type=float,
+        default=2.0,
+        help="agreement tolerance with the simulator, percentage points (default 2: about three "
+        "times the simulator's own spread between seeds; measured live difference 0.26)",
+    )
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     return ap.parse_args(argv)
 
@@ -104,16 +120,31 @@ def start_services(env: dict[str, str], logs: Path, nodes: int, gpus: int, scale
         "policy": ["services.policy"],
         "accounting": ["services.accounting", "--snapshot-interval-s", "3600"],
         # heartbeats come every max(interval, 0.5 wall s) = 0.5 * scale event s: allow 6 of them
-        "dispatcher": ["services.dispatcher", "--heartbeat-timeout-s", str(6 * hb_wall * scale),
-                       "--tick-wall-s", str(min(0.2, 300.0 / scale))],
-        "node_agent": ["services.node_agent", "--sim-nodes", str(nodes), "--gpus-per-node", str(gpus),
-                       "--node-prefix", "n", "--heartbeat-interval-s", str(hb_wall * scale)],
+        "dispatcher": [
+            "services.dispatcher",
+            "--heartbeat-timeout-s",
+            str(6 * hb_wall * scale),
+            "--tick-wall-s",
+            str(min(0.2, 300.0 / scale)),
+        ],
+        "node_agent": [
+            "services.node_agent",
+            "--sim-nodes",
+            str(nodes),
+            "--gpus-per-node",
+            str(gpus),
+            "--node-prefix",
+            "n",
+            "--heartbeat-interval-s",
+            str(hb_wall * scale),
+        ],
     }
     procs = {}
     for name, cmd in cmds.items():
         f = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - kept open for the child
-        procs[name] = subprocess.Popen([sys.executable, "-m", *cmd], env=env, stdin=subprocess.DEVNULL,
-                                       stdout=f, stderr=f, cwd=REPO)
+        procs[name] = subprocess.Popen(
+            [sys.executable, "-m", *cmd], env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=f, cwd=REPO
+        )
     return Services(procs)
 
 
@@ -168,11 +199,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     start_us, end_us = lo, hi
     gpus_per_node = bf.nodes[0].gpus
-    con.print(f"[bold]apportion main job[/]: {len(jobs):,} jobs of {trace.name} in {args.slice} "
-              f"({from_us(start_us):%Y-%m-%d} .. {from_us(end_us):%Y-%m-%d}), {len(bf.nodes)} nodes x "
-              f"{gpus_per_node} GPUs, {len(bf.tree.leaves())} budgets, time scale {args.time_scale:g}, "
-              f"seed {args.seed}; unallocated fraction {bf.unallocated_fraction:.0%}, "
-              f"min runtime = min(duration, {bf.min_runtime_cap_s / 3600:g} h)")
+    con.print(
+        f"[bold]apportion main job[/]: {len(jobs):,} jobs of {trace.name} in {args.slice} "
+        f"({from_us(start_us):%Y-%m-%d} .. {from_us(end_us):%Y-%m-%d}), {len(bf.nodes)} nodes x "
+        f"{gpus_per_node} GPUs, {len(bf.tree.leaves())} budgets, time scale {args.time_scale:g}, "
+        f"seed {args.seed}; unallocated fraction {bf.unallocated_fraction:.0%}, "
+        f"min runtime = min(duration, {bf.min_runtime_cap_s / 3600:g} h)"
+    )
 
     run_dir = args.dir
     shutil.rmtree(run_dir / "logs", ignore_errors=True)
@@ -180,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     stack = None
     bootstrap, redis_url = os.environ.get("KAFKA_BOOTSTRAP"), os.environ.get("REDIS_URL")
     services: Services | None = None
-    namespace = f"demo{datetime.now(timezone.utc):%Y%m%d%H%M%S}."
+    namespace = f"demo{datetime.now(UTC):%Y%m%d%H%M%S}."
     os.environ["APPORTION_TOPIC_PREFIX"] = namespace
     try:
         if not (bootstrap and redis_url):
@@ -192,14 +225,20 @@ def main(argv: list[str] | None = None) -> int:
 
         # one clock for all: event time start_us - lead happens at wall t0 + startup allowance
         allowance_s = 30.0
-        epoch_wall = datetime.now(timezone.utc) + timedelta(seconds=allowance_s)
+        epoch_wall = datetime.now(UTC) + timedelta(seconds=allowance_s)
         epoch_event = from_us(start_us)
         clock = ScaledClock(args.time_scale, epoch_wall, epoch_event)
-        env = dict(os.environ, APPORTION_KAFKA_BOOTSTRAP=bootstrap, APPORTION_REDIS_URL=redis_url,
-                   APPORTION_TOPIC_PREFIX=namespace, APPORTION_TIME_SCALE=str(args.time_scale),
-                   APPORTION_CLOCK_EPOCH_WALL=epoch_wall.isoformat(),
-                   APPORTION_CLOCK_EPOCH_EVENT=epoch_event.isoformat(), APPORTION_LOG_JSON="true",
-                   APPORTION_HEARTBEAT_MIN_WALL_S="0.5")
+        env = dict(
+            os.environ,
+            APPORTION_KAFKA_BOOTSTRAP=bootstrap,
+            APPORTION_REDIS_URL=redis_url,
+            APPORTION_TOPIC_PREFIX=namespace,
+            APPORTION_TIME_SCALE=str(args.time_scale),
+            APPORTION_CLOCK_EPOCH_WALL=epoch_wall.isoformat(),
+            APPORTION_CLOCK_EPOCH_EVENT=epoch_event.isoformat(),
+            APPORTION_LOG_JSON="true",
+            APPORTION_HEARTBEAT_MIN_WALL_S="0.5",
+        )
         producer = EventProducer(bootstrap, client_id="demo", linger_ms=5)
         now = clock.now()
         for path, spec in bf.tree.to_mapping().items():
@@ -220,8 +259,14 @@ def main(argv: list[str] | None = None) -> int:
 
         # ---- replay the trace at its own event times
         t_wall0 = time.monotonic()
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("event time {task.fields[at]}"), TimeRemainingColumn(), console=con) as prog:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("event time {task.fields[at]}"),
+            TimeRemainingColumn(),
+            console=con,
+        ) as prog:
             task = prog.add_task("submitting", total=len(jobs), at="")
             for i, j in enumerate(jobs):
                 wait_us = j.submit_us - clock.now_us()
@@ -229,10 +274,20 @@ def main(argv: list[str] | None = None) -> int:
                     producer.flush()
                     time.sleep(clock.wall_seconds(wait_us / 1e6))
                 sub = from_us(j.submit_us)
-                producer.send(events.JobSubmitted(
-                    job_id=j.job_id, budget=j.budget, user=j.user, gpus_per_replica=j.gpus_per_replica,
-                    replicas=j.replicas, min_runtime_s=j.min_runtime_s, duration_s=j.duration_s,
-                    submitted_at=sub, ts=sub, producer="demo/trace"))
+                producer.send(
+                    events.JobSubmitted(
+                        job_id=j.job_id,
+                        budget=j.budget,
+                        user=j.user,
+                        gpus_per_replica=j.gpus_per_replica,
+                        replicas=j.replicas,
+                        min_runtime_s=j.min_runtime_s,
+                        duration_s=j.duration_s,
+                        submitted_at=sub,
+                        ts=sub,
+                        producer="demo/trace",
+                    )
+                )
                 if i % 50 == 0:
                     prog.update(task, completed=i + 1, at=f"{clock.now():%Y-%m-%d %H:%M}")
                     if services.dead():
@@ -242,8 +297,11 @@ def main(argv: list[str] | None = None) -> int:
             hours = (end_us - start_us) // 3_600_000_000
             task2 = prog.add_task("event hours to the end of the slice", total=hours, at="")
             while (now_us := clock.now_us()) < end_us + s_to_us(600):
-                prog.update(task2, completed=max(0, min(now_us, end_us) - start_us) // 3_600_000_000,
-                            at=f"{clock.now():%Y-%m-%d %H:%M}")
+                prog.update(
+                    task2,
+                    completed=max(0, min(now_us, end_us) - start_us) // 3_600_000_000,
+                    at=f"{clock.now():%Y-%m-%d %H:%M}",
+                )
                 if services.dead():
                     raise RuntimeError(f"service(s) {services.dead()} exited; see {run_dir / 'logs'}")
                 time.sleep(0.25)
@@ -258,10 +316,12 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         # the simulated nodes register when the live ones did (before the slice: the start-up allowance), so
         # both runs have the same capacity integral K in their windows and so the same ratios r
-        registered_at = min((to_us(r.event.ts) for r in recs if isinstance(r.event, events.NodeRegistered)),
-                            default=start_us)
-        sim = simulate(bf.tree, bf.nodes, jobs, SimConfig(seed=args.seed, start_us=min(registered_at, start_us),
-                                                          until_us=end_us))
+        registered_at = min(
+            (to_us(r.event.ts) for r in recs if isinstance(r.event, events.NodeRegistered)), default=start_us
+        )
+        sim = simulate(
+            bf.tree, bf.nodes, jobs, SimConfig(seed=args.seed, start_us=min(registered_at, start_us), until_us=end_us)
+        )
         sim_wall = time.perf_counter() - t0
         simrep = log_report(sim.log, bf.tree, start_us, end_us)
         dead_letters = sum(1 for r in recs if r.topic == topics.DEADLETTER.name)
@@ -281,8 +341,17 @@ def main(argv: list[str] | None = None) -> int:
             stack.stop()
 
 
-def _report(con: Any, args: argparse.Namespace, live: Any, sim: Any, wall_replay: float, sim_wall: float,
-            records: int, dead_letters: int, Table: Any) -> int:
+def _report(
+    con: Any,
+    args: argparse.Namespace,
+    live: Any,
+    sim: Any,
+    wall_replay: float,
+    sim_wall: float,
+    records: int,
+    dead_letters: int,
+    Table: Any,
+) -> int:
     def pct(x: float) -> str:
         return f"{100 * x:.1f}%"
 
@@ -293,39 +362,73 @@ def _report(con: Any, args: argparse.Namespace, live: Any, sim: Any, wall_replay
     diffs.append((abs(live.utilisation - sim.utilisation) * 100, "utilisation"))
     worst, worst_what = max(diffs)
     agree = worst <= args.tolerance_pp and live.violations == 0 and sim.violations == 0
-    doc = {"slice": args.slice, "seed": args.seed, "time_scale": args.time_scale, "live": live.to_dict(),
-           "simulator": sim.to_dict(), "max_difference_pp": worst, "max_difference_of": worst_what,
-           "tolerance_pp": args.tolerance_pp,
-           "agree": agree, "records": records, "dead_letters": dead_letters,
-           "replay_wall_s": wall_replay, "simulator_wall_s": sim_wall}
+    doc = {
+        "slice": args.slice,
+        "seed": args.seed,
+        "time_scale": args.time_scale,
+        "live": live.to_dict(),
+        "simulator": sim.to_dict(),
+        "max_difference_pp": worst,
+        "max_difference_of": worst_what,
+        "tolerance_pp": args.tolerance_pp,
+        "agree": agree,
+        "records": records,
+        "dead_letters": dead_letters,
+        "replay_wall_s": wall_replay,
+        "simulator_wall_s": sim_wall,
+    }
     (args.dir / "report.json").write_text(json.dumps(doc, indent=2))
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return 0 if agree else 1
     t = Table(title=f"per budget over {args.slice}: share vs occupancy (allocated / unallocated, of capacity)")
-    for col in ("budget", "share", "live alloc", "sim alloc", "live free", "sim free", "live wait p50/p95",
-                "sim wait p50/p95", "live preempt", "sim preempt"):
+    for col in (
+        "budget",
+        "share",
+        "live alloc",
+        "sim alloc",
+        "live free",
+        "sim free",
+        "live wait p50/p95",
+        "sim wait p50/p95",
+        "live preempt",
+        "sim preempt",
+    ):
         t.add_column(col, justify="left" if col == "budget" else "right")
     for a, b in zip(live.budgets, sim.budgets):
-        t.add_row(a.path, pct(a.abs_share), pct(a.alloc_share), pct(b.alloc_share), pct(a.free_share),
-                  pct(b.free_share), f"{secs(a.wait_p50_s)}/{secs(a.wait_p95_s)}",
-                  f"{secs(b.wait_p50_s)}/{secs(b.wait_p95_s)}", str(a.preemptions), str(b.preemptions))
+        t.add_row(
+            a.path,
+            pct(a.abs_share),
+            pct(a.alloc_share),
+            pct(b.alloc_share),
+            pct(a.free_share),
+            pct(b.free_share),
+            f"{secs(a.wait_p50_s)}/{secs(a.wait_p95_s)}",
+            f"{secs(b.wait_p50_s)}/{secs(b.wait_p95_s)}",
+            str(a.preemptions),
+            str(b.preemptions),
+        )
     con.print(t)
     s = Table(title="cluster")
     for col in ("", "live stack", "simulator"):
         s.add_column(col, justify="right")
     s.add_row("jobs submitted / placed", f"{live.jobs} / {live.placed}", f"{sim.jobs} / {sim.placed}")
     s.add_row("GPU utilisation", pct(live.utilisation), pct(sim.utilisation))
-    s.add_row("wait p50 / p95", f"{secs(live.wait_p50_s)} / {secs(live.wait_p95_s)}",
-              f"{secs(sim.wait_p50_s)} / {secs(sim.wait_p95_s)}")
+    s.add_row(
+        "wait p50 / p95",
+        f"{secs(live.wait_p50_s)} / {secs(live.wait_p95_s)}",
+        f"{secs(sim.wait_p50_s)} / {secs(sim.wait_p95_s)}",
+    )
     s.add_row("preemptions", str(live.preemptions), str(sim.preemptions))
     s.add_row("protection violations", str(live.violations), str(sim.violations))
     s.add_row("wall time", f"{wall_replay:.0f} s replay", f"{sim_wall:.1f} s")
     con.print(s)
-    con.print(f"{records:,} records in the log, {dead_letters} dead letters. Largest difference live vs simulator "
-              f"(per-budget allocated share, utilisation): {worst:.2f} pp ({worst_what}); tolerance "
-              f"{args.tolerance_pp:g} pp; protection violations {live.violations} live, {sim.violations} simulated: "
-              + ("[green]agree[/]" if agree else "[red]DISAGREE[/]"))
+    con.print(
+        f"{records:,} records in the log, {dead_letters} dead letters. Largest difference live vs simulator "
+        f"(per-budget allocated share, utilisation): {worst:.2f} pp ({worst_what}); tolerance "
+        f"{args.tolerance_pp:g} pp; protection violations {live.violations} live, {sim.violations} simulated: "
+        + ("[green]agree[/]" if agree else "[red]DISAGREE[/]")
+    )
     for v in live.violation_detail + sim.violation_detail:
         con.print(f"[red]protection violation:[/] {v}")
     con.print("Live waits include the stack's real latency times the time scale (20 ms is about 30 event-s at 1440x).")

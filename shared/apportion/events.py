@@ -32,8 +32,8 @@ import hashlib
 import json
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timezone
-from typing import Annotated, Any, Literal, TypeAlias, Union
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
     BaseModel,
@@ -89,11 +89,11 @@ def utc(dt: datetime) -> datetime:
     Raises:
         ValueError: ``dt`` is naive (no timezone); event time must be explicit.
     """
-    if dt.tzinfo is timezone.utc:
+    if dt.tzinfo is UTC:
         return dt  # what astimezone(timezone.utc) returns for it (the same object)
     if dt.tzinfo is None or dt.tzinfo.utcoffset(dt) is None:
         raise ValueError("timestamp must be timezone-aware (UTC), got a naive datetime")
-    return dt.astimezone(timezone.utc)
+    return dt.astimezone(UTC)
 
 
 class DecodeError(ValueError):
@@ -134,8 +134,7 @@ class Event(_Model):
     ts: datetime
     producer: str = "unknown"
 
-    @field_validator("ts", "submitted_at", "charged_until", "last_heartbeat", "at",
-                     check_fields=False)
+    @field_validator("ts", "submitted_at", "charged_until", "last_heartbeat", "at", check_fields=False)
     @classmethod
     def _aware_utc(cls, v: datetime) -> datetime:
         return utc(v)
@@ -304,7 +303,7 @@ class JobSubmitted(Event):
     submitted_at: datetime
 
     @model_validator(mode="after")
-    def _has_work(self) -> "JobSubmitted":
+    def _has_work(self) -> JobSubmitted:
         if self.command is None and self.duration_s is None:
             raise ValueError("a job needs a command (real workload) or duration_s (simulated workload)")
         return self
@@ -653,13 +652,29 @@ class DeadLetter(Event):
     error: str
 
     @classmethod
-    def of(cls, raw: bytes, error: str, *, topic: str, partition: int | None = None,
-           offset: int | None = None, key: str | None = None, ts: datetime,
-           producer: str = "unknown") -> "DeadLetter":
+    def of(
+        cls,
+        raw: bytes,
+        error: str,
+        *,
+        topic: str,
+        partition: int | None = None,
+        offset: int | None = None,
+        key: str | None = None,
+        ts: datetime,
+        producer: str = "unknown",
+    ) -> DeadLetter:
         """Wrap undecodable bytes with where they came from and why they failed."""
-        return cls(source_topic=topic, source_partition=partition, source_offset=offset,
-                   source_key=key, original=base64.b64encode(raw).decode("ascii"),
-                   error=error, ts=ts, producer=producer)
+        return cls(
+            source_topic=topic,
+            source_partition=partition,
+            source_offset=offset,
+            source_key=key,
+            original=base64.b64encode(raw).decode("ascii"),
+            error=error,
+            ts=ts,
+            producer=producer,
+        )
 
     def original_bytes(self) -> bytes:
         """The raw record value as it was received."""
@@ -669,16 +684,34 @@ class DeadLetter(Event):
 # --------------------------------------------------------------------------- registry
 
 AnyEvent: TypeAlias = Annotated[
-    Union[
-        JobSubmitted, JobCancelRequested,
-        JobQueued, JobRejected, JobPlaced, JobStarted, JobPreempted, JobRequeued,
-        JobCompleted, JobFailed, JobCancelled, JobLost, WorkloadRefused,
-        NodeRegistered, NodeHeartbeat, NodeCordoned, NodeDrainRequested, NodeDrained,
-        NodeUncordoned, NodeLost,
-        StartWorkload, StopWorkload,
-        BudgetSet, BudgetRemoved, BudgetRejected,
-        OccupancySnapshot, FairShareRanking, DeadLetter,
-    ],
+    JobSubmitted
+    | JobCancelRequested
+    | JobQueued
+    | JobRejected
+    | JobPlaced
+    | JobStarted
+    | JobPreempted
+    | JobRequeued
+    | JobCompleted
+    | JobFailed
+    | JobCancelled
+    | JobLost
+    | WorkloadRefused
+    | NodeRegistered
+    | NodeHeartbeat
+    | NodeCordoned
+    | NodeDrainRequested
+    | NodeDrained
+    | NodeUncordoned
+    | NodeLost
+    | StartWorkload
+    | StopWorkload
+    | BudgetSet
+    | BudgetRemoved
+    | BudgetRejected
+    | OccupancySnapshot
+    | FairShareRanking
+    | DeadLetter,
     Field(discriminator="type"),
 ]
 
@@ -699,12 +732,29 @@ def _current_version(cls: type[Event]) -> int:
 TOPIC_OF: dict[str, topics.Topic] = {}
 for _name in ("JobSubmitted", "JobCancelRequested"):
     TOPIC_OF[_name] = topics.SUBMISSIONS
-for _name in ("JobQueued", "JobRejected", "JobPlaced", "JobStarted", "JobPreempted",
-              "JobRequeued", "JobCompleted", "JobFailed", "JobCancelled", "JobLost",
-              "WorkloadRefused"):
+for _name in (
+    "JobQueued",
+    "JobRejected",
+    "JobPlaced",
+    "JobStarted",
+    "JobPreempted",
+    "JobRequeued",
+    "JobCompleted",
+    "JobFailed",
+    "JobCancelled",
+    "JobLost",
+    "WorkloadRefused",
+):
     TOPIC_OF[_name] = topics.JOBS
-for _name in ("NodeRegistered", "NodeHeartbeat", "NodeCordoned", "NodeDrainRequested",
-              "NodeDrained", "NodeUncordoned", "NodeLost"):
+for _name in (
+    "NodeRegistered",
+    "NodeHeartbeat",
+    "NodeCordoned",
+    "NodeDrainRequested",
+    "NodeDrained",
+    "NodeUncordoned",
+    "NodeLost",
+):
     TOPIC_OF[_name] = topics.NODES
 for _name in ("StartWorkload", "StopWorkload"):
     TOPIC_OF[_name] = topics.COMMANDS
@@ -782,8 +832,8 @@ def upcast(d: dict[str, Any]) -> dict[str, Any]:
         raise DecodeError(f"schema_version must be an integer, got {version!r}", "schema_version")
     if version > current:
         raise DecodeError(
-            f"{name} schema_version {version} is newer than this reader supports ({current})",
-            "schema_version")
+            f"{name} schema_version {version} is newer than this reader supports ({current})", "schema_version"
+        )
     while version < current:
         step = UPCASTERS.get((name, version))
         if step is None:

@@ -59,8 +59,9 @@ class Inventory:
         return frozenset(g.index for g in self.gpus)
 
 
-def simulated_inventory(gpu_count: int, model: str = DEFAULT_SIM_MODEL,
-                        memory_mb: int | None = 81920, reason: str = "declared") -> Inventory:
+def simulated_inventory(
+    gpu_count: int, model: str = DEFAULT_SIM_MODEL, memory_mb: int | None = 81920, reason: str = "declared"
+) -> Inventory:
     """A declared inventory of ``gpu_count`` identical GPUs (indices 0..n-1).
 
     Raises:
@@ -121,7 +122,7 @@ class NvmlProbe:
         self._open = True
 
     @classmethod
-    def open(cls, nvml: Any | None = None) -> "NvmlProbe":
+    def open(cls, nvml: Any | None = None) -> NvmlProbe:
         """Initialise NVML and read the inventory.
 
         Raises:
@@ -160,8 +161,14 @@ class NvmlProbe:
             try:
                 util = self._nvml.nvmlDeviceGetUtilizationRates(h)
                 mem = self._nvml.nvmlDeviceGetMemoryInfo(h)
-                out.append(GpuStatus(index=g.index, healthy=True, utilization_pct=float(util.gpu),
-                                     memory_used_mb=int(mem.used // (1 << 20))))
+                out.append(
+                    GpuStatus(
+                        index=g.index,
+                        healthy=True,
+                        utilization_pct=float(util.gpu),
+                        memory_used_mb=int(mem.used // (1 << 20)),
+                    )
+                )
             except self._nvml.NVMLError as exc:  # e.g. GPU fell off the bus
                 log.warning("NVML query of GPU %d failed: %s", g.index, exc)
                 out.append(GpuStatus(index=g.index, healthy=False))
@@ -196,22 +203,32 @@ class FakeGpuProbe:
     closed: bool = False
 
     @classmethod
-    def with_gpus(cls, n: int, model: str = DEFAULT_SIM_MODEL) -> "FakeGpuProbe":
+    def with_gpus(cls, n: int, model: str = DEFAULT_SIM_MODEL) -> FakeGpuProbe:
         """A fake with ``n`` GPUs of ``model``."""
         return cls(simulated_inventory(n, model, reason="fake"))
 
     def sample(self) -> tuple[GpuStatus, ...]:
-        return tuple(GpuStatus(index=g.index, healthy=g.index not in self.unhealthy,
-                               utilization_pct=self.utilization.get(g.index),
-                               memory_used_mb=self.memory_used_mb.get(g.index))
-                     for g in self.inventory.gpus)
+        return tuple(
+            GpuStatus(
+                index=g.index,
+                healthy=g.index not in self.unhealthy,
+                utilization_pct=self.utilization.get(g.index),
+                memory_used_mb=self.memory_used_mb.get(g.index),
+            )
+            for g in self.inventory.gpus
+        )
 
     def close(self) -> None:
         self.closed = True
 
 
-def open_probe(fallback_gpus: int = 8, fallback_model: str = DEFAULT_SIM_MODEL, *,
-               force_simulated: bool = False, nvml: Any | None = None) -> GpuProbe:
+def open_probe(
+    fallback_gpus: int = 8,
+    fallback_model: str = DEFAULT_SIM_MODEL,
+    *,
+    force_simulated: bool = False,
+    nvml: Any | None = None,
+) -> GpuProbe:
     """The real GPUs when an NVIDIA driver answers, else the declared inventory.
 
     Args:
@@ -242,8 +259,9 @@ def open_probe(fallback_gpus: int = 8, fallback_model: str = DEFAULT_SIM_MODEL, 
     return SimulatedProbe(inv)
 
 
-def probe(fallback_gpus: int = 8, fallback_model: str = DEFAULT_SIM_MODEL, *,
-          force_simulated: bool = False) -> Inventory:
+def probe(
+    fallback_gpus: int = 8, fallback_model: str = DEFAULT_SIM_MODEL, *, force_simulated: bool = False
+) -> Inventory:
     """The node's :class:`Inventory` (NVML, or the declared fallback); see :func:`open_probe`."""
     p = open_probe(fallback_gpus, fallback_model, force_simulated=force_simulated)
     try:

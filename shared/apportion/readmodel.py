@@ -38,6 +38,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+
 def _key(name: str) -> str:
     # the topic namespace (APPORTION_TOPIC_PREFIX) also namespaces the read models
     from apportion.topics import prefix

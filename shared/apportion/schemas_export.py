@@ -68,12 +68,11 @@ def write(directory: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the process exit code."""
-    parser = argparse.ArgumentParser(prog="python -m apportion.schemas_export",
-                                     description="Export JSON Schemas of apportion events.")
-    parser.add_argument("--out", type=Path, default=Path("schemas"),
-                        help="output directory (default: ./schemas)")
-    parser.add_argument("--check", action="store_true",
-                        help="do not write; exit 1 when the directory is stale")
+    parser = argparse.ArgumentParser(
+        prog="python -m apportion.schemas_export", description="Export JSON Schemas of apportion events."
+    )
+    parser.add_argument("--out", type=Path, default=Path("schemas"), help="output directory (default: ./schemas)")
+    parser.add_argument("--check", action="store_true", help="do not write; exit 1 when the directory is stale")
     args = parser.parse_args(argv)
     if args.check:
         problems = stale(args.out)

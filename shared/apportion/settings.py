@@ -58,12 +58,22 @@ class Connection:
     redis_url: str
 
     @classmethod
-    def resolve(cls, bootstrap: str | None = None, redis_url: str | None = None) -> "Connection":
+    def resolve(cls, bootstrap: str | None = None, redis_url: str | None = None) -> Connection:
         """Resolve both addresses by the order in the module docstring."""
         env = os.environ
         stack = _stack_env()
-        b = (bootstrap or env.get("APPORTION_KAFKA_BOOTSTRAP") or env.get("KAFKA_BOOTSTRAP")
-             or stack.get("KAFKA_BOOTSTRAP") or DEFAULT_BOOTSTRAP)
-        r = (redis_url or env.get("APPORTION_REDIS_URL") or env.get("REDIS_URL")
-             or stack.get("REDIS_URL") or DEFAULT_REDIS_URL)
+        b = (
+            bootstrap
+            or env.get("APPORTION_KAFKA_BOOTSTRAP")
+            or env.get("KAFKA_BOOTSTRAP")
+            or stack.get("KAFKA_BOOTSTRAP")
+            or DEFAULT_BOOTSTRAP
+        )
+        r = (
+            redis_url
+            or env.get("APPORTION_REDIS_URL")
+            or env.get("REDIS_URL")
+            or stack.get("REDIS_URL")
+            or DEFAULT_REDIS_URL
+        )
         return cls(b, r)

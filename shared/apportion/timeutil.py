@@ -8,13 +8,13 @@ because ``datetime`` itself has microsecond resolution.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 Micros = int
 """Event time or duration in integer microseconds (UTC epoch for instants)."""
 
 US_PER_S: int = 1_000_000
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 WEEK_S: int = 7 * 24 * 3600
 
 

@@ -65,25 +65,42 @@ def prefix() -> str:
 
 KEEP_FOREVER = -1
 
-SUBMISSIONS = Topic("apportion.submissions", "job_id", 3, KEEP_FOREVER,
-                    description="JobSubmitted, JobCancelRequested from users, CLI and client")
-JOBS = Topic("apportion.jobs", "job_id", 3, KEEP_FOREVER,
-             description="job lifecycle facts from dispatcher and node agents")
-NODES = Topic("apportion.nodes", "node_id", 3, KEEP_FOREVER,
-              description="node inventory, heartbeats, cordon/drain/lost")
-COMMANDS = Topic("apportion.commands", "node_id", 3, KEEP_FOREVER,
-                 description="StartWorkload, StopWorkload to node agents")
-BUDGETS = Topic("apportion.budgets", "path", 1, KEEP_FOREVER,
-                description="BudgetSet, BudgetRemoved, BudgetRejected")
-USAGE = Topic("apportion.usage", "budget", 3, KEEP_FOREVER,
-              description="OccupancySnapshot from accounting")
-RANKING = Topic("apportion.ranking", "cluster", 1, KEEP_FOREVER,
-                description="FairShareRanking from policy")
-DEADLETTER = Topic("apportion.deadletter", "source key", 1, KEEP_FOREVER,
-                   description="DeadLetter: undecodable or invalid input with the reason")
+SUBMISSIONS = Topic(
+    "apportion.submissions",
+    "job_id",
+    3,
+    KEEP_FOREVER,
+    description="JobSubmitted, JobCancelRequested from users, CLI and client",
+)
+JOBS = Topic(
+    "apportion.jobs", "job_id", 3, KEEP_FOREVER, description="job lifecycle facts from dispatcher and node agents"
+)
+NODES = Topic(
+    "apportion.nodes", "node_id", 3, KEEP_FOREVER, description="node inventory, heartbeats, cordon/drain/lost"
+)
+COMMANDS = Topic(
+    "apportion.commands", "node_id", 3, KEEP_FOREVER, description="StartWorkload, StopWorkload to node agents"
+)
+BUDGETS = Topic("apportion.budgets", "path", 1, KEEP_FOREVER, description="BudgetSet, BudgetRemoved, BudgetRejected")
+USAGE = Topic("apportion.usage", "budget", 3, KEEP_FOREVER, description="OccupancySnapshot from accounting")
+RANKING = Topic("apportion.ranking", "cluster", 1, KEEP_FOREVER, description="FairShareRanking from policy")
+DEADLETTER = Topic(
+    "apportion.deadletter",
+    "source key",
+    1,
+    KEEP_FOREVER,
+    description="DeadLetter: undecodable or invalid input with the reason",
+)
 
 ALL_TOPICS: tuple[Topic, ...] = (
-    SUBMISSIONS, JOBS, NODES, COMMANDS, BUDGETS, USAGE, RANKING, DEADLETTER,
+    SUBMISSIONS,
+    JOBS,
+    NODES,
+    COMMANDS,
+    BUDGETS,
+    USAGE,
+    RANKING,
+    DEADLETTER,
 )
 
 BY_BASE: dict[str, Topic] = {t.base: t for t in ALL_TOPICS}
@@ -93,5 +110,5 @@ def by_name(name: str) -> Topic | None:
     """Registry topic for a physical name (with the prefix) or a base name."""
     p = prefix()
     if p and name.startswith(p):
-        name = name[len(p):]
+        name = name[len(p) :]
     return BY_BASE.get(name)

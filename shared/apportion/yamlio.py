@@ -30,8 +30,8 @@ class UniqueKeyLoader(yaml.SafeLoader):
                 dup = False
             if dup:
                 raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping", node.start_mark,
-                    f"found duplicate key {key!r}", key_node.start_mark)
+                    "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}", key_node.start_mark
+                )
         return super().construct_mapping(node, deep=deep)  # type: ignore[no-untyped-call,no-any-return]
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from test_end_to_end import Cluster, cluster, of_job  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
@@ -36,8 +35,10 @@ async def _scenario(cluster: Cluster) -> None:
     cluster.submit("free", "lab/b", gpus=4, min_runtime_s=0, duration_s=36000)
     await cluster.until(lambda evs: "JobStarted" in of_job(evs, "free"), "the unallocated job to start")
     cluster.submit("paid", "lab/a", gpus=4, min_runtime_s=60, duration_s=30)
-    await cluster.until(lambda evs: "JobCompleted" in of_job(evs, "paid")
-                        and of_job(evs, "free").count("JobStarted") >= 2, "paid to complete and free to restart")
+    await cluster.until(
+        lambda evs: "JobCompleted" in of_job(evs, "paid") and of_job(evs, "free").count("JobStarted") >= 2,
+        "paid to complete and free to restart",
+    )
 
 
 async def _settled(cluster: Cluster) -> tuple[dict, list]:
@@ -57,12 +58,21 @@ async def _settled(cluster: Cluster) -> tuple[dict, list]:
         while True:
             rows = await asyncio.to_thread(read_models_from_redis, r)
             recs = await asyncio.to_thread(load_log, bootstrap=cluster.bootstrap)
-            ledger_last = max((r_.event.ts for r_ in recs if r_.event is not None
-                               and r_.event.type in ("JobPlaced", "JobCompleted", "JobFailed", "JobPreempted")))
+            ledger_last = max(
+                r_.event.ts
+                for r_ in recs
+                if r_.event is not None and r_.event.type in ("JobPlaced", "JobCompleted", "JobFailed", "JobPreempted")
+            )
             meta = rows["usage"].get("meta")
             free = rows["jobs"].get("free")
-            if (meta is not None and meta["at"] >= ledger_last.isoformat() and free is not None
-                    and free["state"] == "running" and free["attempt"] == 2 and "paid" not in rows["jobs"]):
+            if (
+                meta is not None
+                and meta["at"] >= ledger_last.isoformat()
+                and free is not None
+                and free["state"] == "running"
+                and free["attempt"] == 2
+                and "paid" not in rows["jobs"]
+            ):
                 return rows, recs
             if loop.time() > end:
                 pytest.fail(f"read models did not settle: meta {meta}, jobs {rows['jobs']}")
@@ -98,7 +108,10 @@ async def test_audit_on_a_live_log(cluster: Cluster, tmp_path: Path) -> None:
     for s in snaps:
         mine, _ = occupancy_at(recs, to_us(s.event.at))
         assert (mine.capacity_gpus, mine.capacity_gpu_s, mine.budgets) == (
-            s.event.capacity_gpus, s.event.capacity_gpu_s, s.event.budgets), position(s)
+            s.event.capacity_gpus,
+            s.event.capacity_gpu_s,
+            s.event.budgets,
+        ), position(s)
 
     # 3. explain names the preemptor and the rule; its decisions re-run identically
     ex = explain(recs, "free", cfg)
@@ -112,7 +125,8 @@ async def test_audit_on_a_live_log(cluster: Cluster, tmp_path: Path) -> None:
     write_export(recs, f, topic_names=audit_topics(), exported_at="test")
     from_file = load_log(from_file=f)
     assert [(r.topic, r.partition, r.offset, r.raw) for r in from_file] == [
-        (r.topic, r.partition, r.offset, r.raw) for r in recs]
+        (r.topic, r.partition, r.offset, r.raw) for r in recs
+    ]
     assert explain(from_file, "free", cfg).to_dict() == ex.to_dict()
     assert verify(from_file, config=cfg).to_dict() == verify(recs, config=cfg).to_dict()
     last = snaps[-1].event
@@ -138,8 +152,9 @@ async def test_audit_on_a_live_log(cluster: Cluster, tmp_path: Path) -> None:
 
     from apportion.cli.main import app
 
-    res = CliRunner().invoke(app, ["audit", "verify", "--from-file", str(bad), "--grace", "5",
-                                   "--heartbeat-timeout", "600s", "--json"])
+    res = CliRunner().invoke(
+        app, ["audit", "verify", "--from-file", str(bad), "--grace", "5", "--heartbeat-timeout", "600s", "--json"]
+    )
     assert res.exit_code == 1, res.output
     assert json.loads(res.stdout)["first_offset"] == position(victim)
 
@@ -156,4 +171,5 @@ async def test_audit_on_a_live_log(cluster: Cluster, tmp_path: Path) -> None:
     shown = next(s for s in snaps if str(s.event.event_id) == rows["usage"]["meta"]["snapshot_id"])
     assert not rep.ok
     assert [(m.check, m.subject, m.offset) for m in rep.mismatches] == [
-        ("read_model", "budgets[lab/a]", position(shown))]
+        ("read_model", "budgets[lab/a]", position(shown))
+    ]

@@ -14,7 +14,7 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -43,12 +43,20 @@ class Cluster:
         import subprocess
         import sys
 
-        env = dict(os.environ, **(env or {}), APPORTION_KAFKA_BOOTSTRAP=self.bootstrap, APPORTION_REDIS_URL=self.redis_url,
-                   APPORTION_TIME_SCALE=str(SCALE), APPORTION_CLOCK_EPOCH_WALL=self.epoch.isoformat(),
-                   APPORTION_CLOCK_EPOCH_EVENT=self.epoch.isoformat(), APPORTION_LOG_JSON="false")
+        env = dict(
+            os.environ,
+            **(env or {}),
+            APPORTION_KAFKA_BOOTSTRAP=self.bootstrap,
+            APPORTION_REDIS_URL=self.redis_url,
+            APPORTION_TIME_SCALE=str(SCALE),
+            APPORTION_CLOCK_EPOCH_WALL=self.epoch.isoformat(),
+            APPORTION_CLOCK_EPOCH_EVENT=self.epoch.isoformat(),
+            APPORTION_LOG_JSON="false",
+        )
         logf = open(f"{tempfile.gettempdir()}/e2e-{self.tag}-{module.rsplit('.', 1)[-1]}-{len(args)}.log", "ab")
-        return subprocess.Popen([sys.executable, "-m", module, *args], env=env, stdin=subprocess.DEVNULL,
-                                stdout=logf, stderr=logf)
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *args], env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf
+        )
 
     def publish(self, *evts: Any) -> None:
         for e in evts:
@@ -61,14 +69,23 @@ class Cluster:
         names = [t.name for t in topics.ALL_TOPICS]
         return [r.event for r in read_log(self.bootstrap, names) if r.event is not None]
 
-    def submit(self, job_id: str, budget: str, gpus: int, min_runtime_s: float, duration_s: float,
-               user: str = "alice") -> Any:
+    def submit(
+        self, job_id: str, budget: str, gpus: int, min_runtime_s: float, duration_s: float, user: str = "alice"
+    ) -> Any:
         from apportion import events
 
         now = self.clock.now()
-        ev = events.JobSubmitted(job_id=job_id, budget=budget, user=user, gpus_per_replica=gpus,
-                                 min_runtime_s=min_runtime_s, duration_s=duration_s, submitted_at=now,
-                                 ts=now, producer="test")
+        ev = events.JobSubmitted(
+            job_id=job_id,
+            budget=budget,
+            user=user,
+            gpus_per_replica=gpus,
+            min_runtime_s=min_runtime_s,
+            duration_s=duration_s,
+            submitted_at=now,
+            ts=now,
+            producer="test",
+        )
         self.publish(ev)
         return ev
 
@@ -90,13 +107,18 @@ def of_job(evs: list[Any], job_id: str) -> list[str]:
     """Type names of the job-topic and submission events of ``job_id``, in log order."""
     from apportion import events
 
-    return [e.type for e in evs if getattr(e, "job_id", None) == job_id
-            and events.TOPIC_OF[e.type].base in ("apportion.jobs", "apportion.submissions")]
+    return [
+        e.type
+        for e in evs
+        if getattr(e, "job_id", None) == job_id
+        and events.TOPIC_OF[e.type].base in ("apportion.jobs", "apportion.submissions")
+    ]
 
 
 @pytest.fixture
-async def cluster(kafka_bootstrap: str, redis_url: str, monkeypatch: pytest.MonkeyPatch,
-                  request: pytest.FixtureRequest) -> AsyncIterator[Cluster]:
+async def cluster(
+    kafka_bootstrap: str, redis_url: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> AsyncIterator[Cluster]:
     import redis as redis_lib
 
     from apportion import events
@@ -112,8 +134,7 @@ async def cluster(kafka_bootstrap: str, redis_url: str, monkeypatch: pytest.Monk
     from services.policy.app import run as run_policy
     from services.policy.config import PolicySettings
 
-    spec = {"nodes": 2, "gpus": 4, "heartbeat_timeout_s": 600.0, "agent": True, "dispatcher": True,
-            "accounting": True}
+    spec = {"nodes": 2, "gpus": 4, "heartbeat_timeout_s": 600.0, "agent": True, "dispatcher": True, "accounting": True}
     spec.update(getattr(request, "param", {}))
     nodes, gpus = spec["nodes"], spec["gpus"]
     tag = uuid.uuid4().hex[:8]
@@ -122,7 +143,7 @@ async def cluster(kafka_bootstrap: str, redis_url: str, monkeypatch: pytest.Monk
     db_url = redis_url.rsplit("/", 1)[0] + "/12"
     redis_lib.Redis.from_url(db_url).flushdb()
 
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     clock = ScaledClock(SCALE, now, now)
     common = {"kafka_bootstrap": kafka_bootstrap, "redis_url": db_url, "log_json": False}
     stop = asyncio.Event()
@@ -136,18 +157,44 @@ async def cluster(kafka_bootstrap: str, redis_url: str, monkeypatch: pytest.Monk
             ready[i].set()  # the test runs this one itself (as a process it can kill)
     tasks = [asyncio.create_task(run_policy(PolicySettings(**common), stop, clock=clock, ready=ready[3]))]
     if spec["accounting"]:
-        tasks.append(asyncio.create_task(run_accounting(
-            AccountingSettings(**common, snapshot_debounce_wall_s=0.1), stop, clock=clock, ready=ready[2])))
+        tasks.append(
+            asyncio.create_task(
+                run_accounting(
+                    AccountingSettings(**common, snapshot_debounce_wall_s=0.1), stop, clock=clock, ready=ready[2]
+                )
+            )
+        )
     if spec["agent"]:
-        tasks.append(asyncio.create_task(run_agent(
-            NodeAgentSettings(**common, sim_nodes=nodes, gpus_per_node=gpus, node_prefix=f"n{tag}-",
-                              group_id=f"agent-{tag}", heartbeat_interval_s=30.0),
-            stop, clock=clock, ready=ready[0])))
+        tasks.append(
+            asyncio.create_task(
+                run_agent(
+                    NodeAgentSettings(
+                        **common,
+                        sim_nodes=nodes,
+                        gpus_per_node=gpus,
+                        node_prefix=f"n{tag}-",
+                        group_id=f"agent-{tag}",
+                        heartbeat_interval_s=30.0,
+                    ),
+                    stop,
+                    clock=clock,
+                    ready=ready[0],
+                )
+            )
+        )
     if spec["dispatcher"]:
-        tasks.append(asyncio.create_task(run_dispatcher(
-            DispatcherSettings(**common, instance_id=f"d-{tag}", grace_s=5.0,
-                               heartbeat_timeout_s=spec["heartbeat_timeout_s"]),
-            stop, clock=clock, ready=ready[1])))
+        tasks.append(
+            asyncio.create_task(
+                run_dispatcher(
+                    DispatcherSettings(
+                        **common, instance_id=f"d-{tag}", grace_s=5.0, heartbeat_timeout_s=spec["heartbeat_timeout_s"]
+                    ),
+                    stop,
+                    clock=clock,
+                    ready=ready[1],
+                )
+            )
+        )
     try:
         all_ready = asyncio.create_task(asyncio.wait_for(asyncio.gather(*(r.wait() for r in ready)), DEADLINE_S))
         done, _ = await asyncio.wait([all_ready, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -158,8 +205,9 @@ async def cluster(kafka_bootstrap: str, redis_url: str, monkeypatch: pytest.Monk
         all_ready.result()
         c = Cluster(kafka_bootstrap, db_url, clock, producer, stop, tag, now)
         if spec["agent"]:
-            await c.until(lambda evs: sum(isinstance(e, events.NodeRegistered) for e in evs) >= nodes,
-                          "node registrations")
+            await c.until(
+                lambda evs: sum(isinstance(e, events.NodeRegistered) for e in evs) >= nodes, "node registrations"
+            )
         yield c
     finally:
         stop.set()
@@ -227,8 +275,11 @@ async def test_unallocated_job_is_preempted_for_an_allocated_one(cluster: Cluste
 
 def _first(evs: list[Any], cls_name: str, job_id: str, **match: Any) -> Any:
     for e in evs:
-        if e.type == cls_name and getattr(e, "job_id", None) == job_id and all(
-                getattr(e, k) == v for k, v in match.items()):
+        if (
+            e.type == cls_name
+            and getattr(e, "job_id", None) == job_id
+            and all(getattr(e, k) == v for k, v in match.items())
+        ):
             return e
     raise AssertionError(f"no {cls_name} for {job_id} {match or ''}")
 
@@ -280,8 +331,16 @@ async def test_killed_node_agent_is_lost_and_its_job_requeued(cluster: Cluster) 
     """kill -9 the agent process: after the heartbeat timeout its node is lost, the job requeued."""
     from apportion import events
 
-    agent = cluster.spawn("services.node_agent", "--sim-nodes", "1", "--gpus-per-node", "4",
-                          "--node-prefix", f"k{cluster.tag}-", env={"APPORTION_GROUP_ID": f"agent-{cluster.tag}"})
+    agent = cluster.spawn(
+        "services.node_agent",
+        "--sim-nodes",
+        "1",
+        "--gpus-per-node",
+        "4",
+        "--node-prefix",
+        f"k{cluster.tag}-",
+        env={"APPORTION_GROUP_ID": f"agent-{cluster.tag}"},
+    )
     try:
         await cluster.until(lambda evs: any(isinstance(e, events.NodeRegistered) for e in evs), "registration")
         cluster.submit("l1", "lab/a", gpus=2, min_runtime_s=60, duration_s=36000)
@@ -313,8 +372,16 @@ async def test_stalled_node_is_lost_fenced_and_rejoins(cluster: Cluster) -> None
     from apportion import events
 
     node = f"s{cluster.tag}-0"
-    agent = cluster.spawn("services.node_agent", "--sim-nodes", "1", "--gpus-per-node", "4",
-                          "--node-prefix", f"s{cluster.tag}-", env={"APPORTION_GROUP_ID": f"agent-{cluster.tag}"})
+    agent = cluster.spawn(
+        "services.node_agent",
+        "--sim-nodes",
+        "1",
+        "--gpus-per-node",
+        "4",
+        "--node-prefix",
+        f"s{cluster.tag}-",
+        env={"APPORTION_GROUP_ID": f"agent-{cluster.tag}"},
+    )
 
     def registrations(evs: list[Any]) -> list[Any]:
         return [e for e in evs if isinstance(e, events.NodeRegistered) and e.node_id == node]
@@ -330,7 +397,8 @@ async def test_stalled_node_is_lost_fenced_and_rejoins(cluster: Cluster) -> None
             agent.send_signal(signal.SIGCONT)
         evs = await cluster.until(
             lambda evs: any(isinstance(e, events.JobStarted) and e.job_id == "p1" and e.attempt == 2 for e in evs),
-            "attempt 2 of p1 to start on the rejoined node")
+            "attempt 2 of p1 to start on the rejoined node",
+        )
     finally:
         agent.terminate()
         agent.wait(20)
@@ -352,21 +420,35 @@ async def test_dispatcher_failover_places_nothing_twice(cluster: Cluster) -> Non
     from services.dispatcher.lease import lease_key
 
     # heartbeats come every 30 event-s (0.5 wall-s at scale 60): a 600 s timeout never fires by accident
-    procs = {name: cluster.spawn("services.dispatcher", "--instance-id", name, "--lease-ttl-wall-s", "2",
-                                 "--grace-s", "5", "--heartbeat-timeout-s", "600") for name in ("da", "db")}
+    procs = {
+        name: cluster.spawn(
+            "services.dispatcher",
+            "--instance-id",
+            name,
+            "--lease-ttl-wall-s",
+            "2",
+            "--grace-s",
+            "5",
+            "--heartbeat-timeout-s",
+            "600",
+        )
+        for name in ("da", "db")
+    }
     r = redis_lib.Redis.from_url(cluster.redis_url)
     try:
         for i in range(4):
             cluster.submit(f"f{i}", "lab/a" if i % 2 else "lab/b", gpus=1, min_runtime_s=60, duration_s=60)
-        await cluster.until(lambda evs: sum("JobPlaced" in of_job(evs, f"f{i}") for i in range(4)) == 4,
-                            "the first jobs to be placed")
+        await cluster.until(
+            lambda evs: sum("JobPlaced" in of_job(evs, f"f{i}") for i in range(4)) == 4, "the first jobs to be placed"
+        )
         leader = r.get(lease_key()).decode().rsplit(":", 1)[0]
         procs[leader].kill()
         procs[leader].wait(10)
         for i in range(4, 8):
             cluster.submit(f"f{i}", "lab/a" if i % 2 else "lab/b", gpus=1, min_runtime_s=60, duration_s=60)
-        evs = await cluster.until(lambda evs: all("JobCompleted" in of_job(evs, f"f{i}") for i in range(8)),
-                                  "all eight jobs to complete")
+        evs = await cluster.until(
+            lambda evs: all("JobCompleted" in of_job(evs, f"f{i}") for i in range(8)), "all eight jobs to complete"
+        )
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -408,30 +490,44 @@ async def test_cli_shows_each_state(cluster: Cluster) -> None:
             await asyncio.sleep(0.1)
         return got
 
-    rows = await shows(("queue", "--json"), lambda rows: any(r["job_id"] == "c1" and r["state"] == "running"
-                                                             for r in rows), "c1 running")
+    rows = await shows(
+        ("queue", "--json"),
+        lambda rows: any(r["job_id"] == "c1" and r["state"] == "running" for r in rows),
+        "c1 running",
+    )
     assert next(r for r in rows if r["job_id"] == "c1")["budget"] == "lab/a"
     nodes = await shows(("nodes", "--json"), lambda rows: len(rows) == 2, "two nodes")
     assert sorted(n["free_gpus"] for n in nodes) == [2, 4]
-    share = await shows(("share", "--json"), lambda d: any(b["path"] == "lab/a" and b["occupancy_gpu_s"] > 0
-                                                           for b in d["budgets"]), "lab/a occupancy")
+    share = await shows(
+        ("share", "--json"),
+        lambda d: any(b["path"] == "lab/a" and b["occupancy_gpu_s"] > 0 for b in d["budgets"]),
+        "lab/a occupancy",
+    )
     assert {b["path"] for b in share["budgets"]} == {"lab", "lab/a", "lab/b"}
     res = runner.invoke(app, ["cancel", "c1", "--user", "alice", "--reason", "done early", "--json"], env=env)
     assert res.exit_code == 0, res.output
     [sent] = json.loads(res.stdout)["published"]
-    assert (sent["type"], sent["job_id"], sent["user"], sent["reason"]) == \
-        ("JobCancelRequested", "c1", "alice", "done early")
+    assert (sent["type"], sent["job_id"], sent["user"], sent["reason"]) == (
+        "JobCancelRequested",
+        "c1",
+        "alice",
+        "done early",
+    )
     await cluster.until(lambda evs: "JobCancelled" in of_job(evs, "c1"), "c1 to be cancelled")
     await shows(("queue", "--json"), lambda rows: not any(r["job_id"] == "c1" for r in rows), "c1 gone")
     node = sorted(n["node_id"] for n in nodes)[0]
     [sent] = cli("cordon", node, "--reason", "fan swap", "--json")["published"]
     assert (sent["type"], sent["node_id"], sent["reason"], sent["by"]) == ("NodeCordoned", node, "fan swap", "cli")
-    await shows(("nodes", "--json"), lambda rows: {n["node_id"]: n["state"] for n in rows}[node] == "cordoned",
-                f"{node} cordoned")
+    await shows(
+        ("nodes", "--json"),
+        lambda rows: {n["node_id"]: n["state"] for n in rows}[node] == "cordoned",
+        f"{node} cordoned",
+    )
     [sent] = cli("undrain", node, "--json")["published"]
     assert (sent["type"], sent["node_id"]) == ("NodeUncordoned", node)
-    await shows(("nodes", "--json"), lambda rows: {n["node_id"]: n["state"] for n in rows}[node] == "ready",
-                f"{node} back up")
+    await shows(
+        ("nodes", "--json"), lambda rows: {n["node_id"]: n["state"] for n in rows}[node] == "ready", f"{node} back up"
+    )
 
 
 @pytest.mark.parametrize("cluster", [{"accounting": False}], indirect=True)
@@ -476,8 +572,9 @@ async def test_killed_accounting_resumes_to_the_bulk_rebuild(cluster: Cluster) -
         first = await header_until(lambda hd: True, "the start-up checkpoint")
         cluster.submit("k1", "lab/a", gpus=2, min_runtime_s=60, duration_s=30)
         cluster.submit("k2", "lab/b", gpus=1, min_runtime_s=0, duration_s=20)
-        evs = await cluster.until(lambda evs: "JobCompleted" in of_job(evs, "k1") and snapshots(evs),
-                                  "k1 and a snapshot")
+        evs = await cluster.until(
+            lambda evs: "JobCompleted" in of_job(evs, "k1") and snapshots(evs), "k1 and a snapshot"
+        )
         k1_done = to_us(_first(evs, "JobCompleted", "k1").ts)
         # a checkpoint of the state folded live (k1 and k2 came after the start-up rebuild)
         cut = await header_until(lambda hd: (hd["clock_us"] or 0) >= k1_done, "a checkpoint holding k1's completion")
@@ -510,8 +607,9 @@ async def test_killed_accounting_resumes_to_the_bulk_rebuild(cluster: Cluster) -
     at = to_us(snap.at)
     upto = [e for e in evs if to_us(e.ts) <= at and not isinstance(e, events.OccupancySnapshot)]
     ref = usage_snapshot(fold_budget_log(upto), rebuild(upto), at)
-    assert [(u.path, u.occupancy_gpu_s, u.unallocated_gpu_s, u.entitlement_gpu_s) for u in snap.budgets] == \
-        [(u.path, u.occupancy_gpu_s, u.unallocated_gpu_s, u.entitlement_gpu_s) for u in ref.budgets]
+    assert [(u.path, u.occupancy_gpu_s, u.unallocated_gpu_s, u.entitlement_gpu_s) for u in snap.budgets] == [
+        (u.path, u.occupancy_gpu_s, u.unallocated_gpu_s, u.entitlement_gpu_s) for u in ref.budgets
+    ]
     assert snap.capacity_gpu_s == ref.capacity_gpu_s
     _, expect_rows = acc_logic.read_model(ref, fold_budget_log(upto), {})
     assert rows == expect_rows
@@ -529,11 +627,19 @@ async def test_cli_submit_reports_the_dispatchers_verdict(cluster: Cluster) -> N
 
     env = {"APPORTION_KAFKA_BOOTSTRAP": cluster.bootstrap}
     runner = CliRunner()
-    bad = await asyncio.to_thread(runner.invoke, app, ["submit", "-b", "lab/nosuch", "-g", "1", "-m", "1h",
-                                                       "--duration", "60", "--user", "alice"], env=env)
+    bad = await asyncio.to_thread(
+        runner.invoke,
+        app,
+        ["submit", "-b", "lab/nosuch", "-g", "1", "-m", "1h", "--duration", "60", "--user", "alice"],
+        env=env,
+    )
     assert bad.exit_code == 1, bad.output
     assert "rejected: unknown_budget" in bad.output
-    good = await asyncio.to_thread(runner.invoke, app, ["submit", "-b", "lab/a", "-g", "1", "-m", "1h",
-                                                        "--duration", "60", "--user", "alice"], env=env)
+    good = await asyncio.to_thread(
+        runner.invoke,
+        app,
+        ["submit", "-b", "lab/a", "-g", "1", "-m", "1h", "--duration", "60", "--user", "alice"],
+        env=env,
+    )
     assert good.exit_code == 0, good.output
     assert "queued by the dispatcher" in good.output

@@ -12,7 +12,7 @@ import base64
 import time
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -25,14 +25,22 @@ from apportion.topics import ALL_TOPICS, Topic
 pytestmark = pytest.mark.integration
 
 DEADLINE_S = 30.0
-T0 = datetime(2026, 1, 5, 9, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 
 
 def job_submitted(job_id: str | None = None) -> events.JobSubmitted:
     return events.JobSubmitted(
-        job_id=job_id or f"job-{uuid.uuid4().hex[:8]}", budget="lab/prior/robotics", user="alice",
-        gpus_per_replica=2, replicas=2, min_runtime_s=3600.0, duration_s=7200.0,
-        submitted_at=T0, ts=T0, producer="test")
+        job_id=job_id or f"job-{uuid.uuid4().hex[:8]}",
+        budget="lab/prior/robotics",
+        user="alice",
+        gpus_per_replica=2,
+        replicas=2,
+        min_runtime_s=3600.0,
+        duration_s=7200.0,
+        submitted_at=T0,
+        ts=T0,
+        producer="test",
+    )
 
 
 def group() -> str:
@@ -67,8 +75,9 @@ def test_kafka_python_round_trip_through_the_registry_topic(kafka_bootstrap: str
     assert meta.topic == "apportion.submissions"
 
     got: list[tuple[events.Event, Delivery]] = []
-    with EventConsumer(kafka_bootstrap, ["apportion.submissions"], group(),
-                       lambda e, d: got.append((e, d))) as consumer:
+    with EventConsumer(
+        kafka_bootstrap, ["apportion.submissions"], group(), lambda e, d: got.append((e, d))
+    ) as consumer:
         consume_until(consumer, lambda: any(e.event_id == sent.event_id for e, _ in got))
     event, delivery = next((e, d) for e, d in got if e.event_id == sent.event_id)
     assert event == sent
@@ -77,8 +86,9 @@ def test_kafka_python_round_trip_through_the_registry_topic(kafka_bootstrap: str
     assert (delivery.partition, delivery.offset) == (meta.partition, meta.offset)
 
 
-async def test_aiokafka_reads_kafka_python_and_back(kafka_bootstrap: str,
-                                                    kafka_topic_factory: Callable[..., str]) -> None:
+async def test_aiokafka_reads_kafka_python_and_back(
+    kafka_bootstrap: str, kafka_topic_factory: Callable[..., str]
+) -> None:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
     topic = kafka_topic_factory("aiokafka")
@@ -93,8 +103,13 @@ async def test_aiokafka_reads_kafka_python_and_back(kafka_bootstrap: str,
     finally:
         await aproducer.stop()
 
-    aconsumer = AIOKafkaConsumer(topic, bootstrap_servers=kafka_bootstrap, group_id=group(),
-                                 auto_offset_reset="earliest", enable_auto_commit=False)
+    aconsumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=kafka_bootstrap,
+        group_id=group(),
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
     await aconsumer.start()
     try:
         seen: list[events.Event] = []
@@ -113,9 +128,9 @@ async def test_aiokafka_reads_kafka_python_and_back(kafka_bootstrap: str,
     assert got == [first, second]
 
 
-async def test_faust_agent_round_trip_and_dead_letter(kafka_bootstrap: str,
-                                                      kafka_topic_factory: Callable[..., str],
-                                                      tmp_path) -> None:
+async def test_faust_agent_round_trip_and_dead_letter(
+    kafka_bootstrap: str, kafka_topic_factory: Callable[..., str], tmp_path
+) -> None:
     from apportion.bus.faust_app import agent, decoded, event_topic, make_app
 
     topic_name = kafka_topic_factory("faust")
@@ -139,8 +154,7 @@ async def test_faust_agent_round_trip_and_dead_letter(kafka_bootstrap: str,
     try:
         async with asyncio.timeout(DEADLINE_S):
             got = [await received.get(), await received.get()]
-        published = await (await event_topic(app, topic_name).send(
-            key=b"k", value=job_submitted("from-faust")))
+        published = await (await event_topic(app, topic_name).send(key=b"k", value=job_submitted("from-faust")))
         async with asyncio.timeout(DEADLINE_S):
             echoed = await received.get()
     finally:
@@ -176,8 +190,9 @@ def test_config_drift_is_reported_then_fixed(kafka_bootstrap: str) -> None:
     assert provision(kafka_bootstrap, [declared]).created == [declared.name]
     admin = admin_client(kafka_bootstrap)
     try:
-        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, declared.name,
-                                            configs={"retention.ms": "60000"})])
+        admin.alter_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, declared.name, configs={"retention.ms": "60000"})]
+        )
         drift = find_drift(admin, [declared])
     finally:
         admin.close()
@@ -205,7 +220,8 @@ def dead_letters_for(bootstrap: str, source_topic: str, n: int) -> list[events.D
 
 
 def test_malformed_messages_are_dead_lettered_and_consumption_continues(
-        kafka_bootstrap: str, kafka_topic_factory: Callable[..., str]) -> None:
+    kafka_bootstrap: str, kafka_topic_factory: Callable[..., str]
+) -> None:
     topic = kafka_topic_factory("malformed")
     good = [job_submitted(), job_submitted()]
     missing_field = events.to_dict(job_submitted())
@@ -222,8 +238,7 @@ def test_malformed_messages_are_dead_lettered_and_consumption_continues(
 
     handled: list[events.Event] = []
     gid = group()
-    with EventConsumer(kafka_bootstrap, [topic], gid, lambda e, d: handled.append(e),
-                       name="test-consumer") as consumer:
+    with EventConsumer(kafka_bootstrap, [topic], gid, lambda e, d: handled.append(e), name="test-consumer") as consumer:
         consume_until(consumer, lambda: len(handled) == 2)
         assert consumer.stats.dead_lettered == 2
     assert handled == good
@@ -238,8 +253,7 @@ def test_malformed_messages_are_dead_lettered_and_consumption_continues(
     assert all(d.producer == "test-consumer" for d in letters)
 
 
-def test_a_duplicate_event_is_handled_once(kafka_bootstrap: str,
-                                           kafka_topic_factory: Callable[..., str]) -> None:
+def test_a_duplicate_event_is_handled_once(kafka_bootstrap: str, kafka_topic_factory: Callable[..., str]) -> None:
     topic = kafka_topic_factory("dup")
     event, other = job_submitted(), job_submitted()
     with EventProducer(kafka_bootstrap) as producer:
@@ -257,7 +271,8 @@ def test_a_duplicate_event_is_handled_once(kafka_bootstrap: str,
 
 
 def test_a_failing_handler_commits_only_what_was_handled_and_sees_the_record_again(
-        kafka_bootstrap: str, kafka_topic_factory: Callable[..., str]) -> None:
+    kafka_bootstrap: str, kafka_topic_factory: Callable[..., str]
+) -> None:
     topic = kafka_topic_factory("retry")
     batch = [job_submitted() for _ in range(3)]
     with EventProducer(kafka_bootstrap) as producer:

@@ -45,7 +45,7 @@ def test_lua_lease_gives_growing_fencing_tokens(client) -> None:
     first = acquire(keys=[lease, token], args=["dispatcher-a", 60_000])
     assert first == 1
     assert acquire(keys=[lease, token], args=["dispatcher-b", 60_000]) == -1  # held by a
-    assert acquire(keys=[lease, token], args=["dispatcher-a", 60_000]) == 1   # renewal keeps token
-    client.delete(lease)                                                      # a's lease lapses
-    assert acquire(keys=[lease, token], args=["dispatcher-b", 60_000]) == 2   # b fences a out
+    assert acquire(keys=[lease, token], args=["dispatcher-a", 60_000]) == 1  # renewal keeps token
+    client.delete(lease)  # a's lease lapses
+    assert acquire(keys=[lease, token], args=["dispatcher-b", 60_000]) == 2  # b fences a out
     assert client.eval("return redis.call('GET', KEYS[1])", 1, lease) == "dispatcher-b"

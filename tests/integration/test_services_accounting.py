@@ -29,8 +29,11 @@ WINDOW_S = 24 * 3600.0
 DEADLINE_S = 60.0
 
 PHASE1 = [
-    budget_set("lab", 1.0, at=h(0)), budget_set("lab/a", 0.75, at=h(0)), budget_set("lab/b", 0.25, at=h(0)),
-    node("n0", 8, at=h(0)), node("n1", 8, at=h(0)),
+    budget_set("lab", 1.0, at=h(0)),
+    budget_set("lab/a", 0.75, at=h(0)),
+    budget_set("lab/b", 0.25, at=h(0)),
+    node("n0", 8, at=h(0)),
+    node("n1", 8, at=h(0)),
     placed("j1", budget="lab/a", gpus=8, at=h(1)),
     placed("j2", budget="lab/b", gpus=4, at=h(2)),
     placed("u1", budget="lab/b", gpus=4, allocated=False, at=h(2)),
@@ -97,18 +100,28 @@ async def test_accounting_and_policy_equal_bulk_rebuild(kafka_bootstrap, redis_u
         producer.publish(e)
 
     clock = ManualClock(from_us(h(5)))
-    acc_settings = AccountingSettings(kafka_bootstrap=kafka_bootstrap, redis_url=db_url, window_s=WINDOW_S,
-                                      snapshot_interval_s=0, snapshot_debounce_wall_s=0, rebuild=True)
+    acc_settings = AccountingSettings(
+        kafka_bootstrap=kafka_bootstrap,
+        redis_url=db_url,
+        window_s=WINDOW_S,
+        snapshot_interval_s=0,
+        snapshot_debounce_wall_s=0,
+        rebuild=True,
+    )
     pol_settings = PolicySettings(kafka_bootstrap=kafka_bootstrap)
     stop = asyncio.Event()
     acc_ready, pol_ready = asyncio.Event(), asyncio.Event()
-    tasks = [asyncio.create_task(run_accounting(acc_settings, stop, clock=clock, ready=acc_ready)),
-             asyncio.create_task(run_policy(pol_settings, stop, clock=clock, ready=pol_ready))]
+    tasks = [
+        asyncio.create_task(run_accounting(acc_settings, stop, clock=clock, ready=acc_ready)),
+        asyncio.create_task(run_policy(pol_settings, stop, clock=clock, ready=pol_ready)),
+    ]
 
     def usage_and_ranking():
         recs = read_log(kafka_bootstrap, [USAGE.name, RANKING.name])
-        return ([x.event for x in recs if isinstance(x.event, events.OccupancySnapshot)],
-                [x.event for x in recs if isinstance(x.event, events.FairShareRanking)])
+        return (
+            [x.event for x in recs if isinstance(x.event, events.OccupancySnapshot)],
+            [x.event for x in recs if isinstance(x.event, events.FairShareRanking)],
+        )
 
     try:
         await asyncio.wait_for(asyncio.gather(acc_ready.wait(), pol_ready.wait()), DEADLINE_S)
@@ -120,6 +133,7 @@ async def test_accounting_and_policy_equal_bulk_rebuild(kafka_bootstrap, redis_u
         assert meta["snapshot_id"] == str(ref1.event_id)
         assert rows == exp_rows
         assert (meta["at"], meta["capacity_gpu_s"]) == (exp_meta["at"], exp_meta["capacity_gpu_s"])
+
         def first_published():
             s, rk = usage_and_ranking()
             return (s, rk) if s else None
@@ -148,8 +162,9 @@ async def test_accounting_and_policy_equal_bulk_rebuild(kafka_bootstrap, redis_u
         snaps, ranks = await _until(published_final, "the live snapshot and its ranking")
         assert snaps[-1] == ref2
         expected_rank = ranking_of(fold_budget_log(everything), ref2)
-        assert [(b.path, b.rank, b.ratio) for b in ranks[-1].budgets] == \
-            [(b.path, b.rank, b.ratio) for b in expected_rank.budgets]
+        assert [(b.path, b.rank, b.ratio) for b in ranks[-1].budgets] == [
+            (b.path, b.rank, b.ratio) for b in expected_rank.budgets
+        ]
         # occupancy by hand: a = j1 8x4h + j3 8x1h = 40 GPU-h; lab/b = j2 4x6h = 24 GPU-h
         occ = {u.path: u.occupancy_gpu_s for u in ref2.budgets}
         assert occ["lab/a"] == 40 * 3600 and occ["lab/b"] == 24 * 3600
@@ -180,8 +195,9 @@ def _group_offsets(bootstrap: str, group: str, offsets: dict[str, int], write: b
         kc.close()
 
 
-async def test_accounting_resumes_from_its_checkpoint_and_equals_a_fresh_rebuild(kafka_bootstrap, redis_url,
-                                                                                monkeypatch):
+async def test_accounting_resumes_from_its_checkpoint_and_equals_a_fresh_rebuild(
+    kafka_bootstrap, redis_url, monkeypatch
+):
     """Start (no checkpoint: rebuild), stop, more events, start again (resume), then ``--rebuild``.
 
     The second start reads only the records logged after the first one's
@@ -215,8 +231,14 @@ async def test_accounting_resumes_from_its_checkpoint_and_equals_a_fresh_rebuild
 
     async def start_and_stop(rebuild: bool):
         """Run accounting until it is caught up and has stored its state, then stop it gracefully."""
-        settings = AccountingSettings(kafka_bootstrap=kafka_bootstrap, redis_url=db_url, window_s=WINDOW_S,
-                                      snapshot_interval_s=0, snapshot_debounce_wall_s=0, rebuild=rebuild)
+        settings = AccountingSettings(
+            kafka_bootstrap=kafka_bootstrap,
+            redis_url=db_url,
+            window_s=WINDOW_S,
+            snapshot_interval_s=0,
+            snapshot_debounce_wall_s=0,
+            rebuild=rebuild,
+        )
         stop, ready, reports = asyncio.Event(), asyncio.Event(), []
         task = asyncio.create_task(run_accounting(settings, stop, clock=clock, ready=ready, on_start=reports.append))
         waiter = asyncio.create_task(ready.wait())
@@ -245,8 +267,10 @@ async def test_accounting_resumes_from_its_checkpoint_and_equals_a_fresh_rebuild
 
         # as after a crash between the Redis transaction and the Kafka commit, but worse: the group's
         # committed offsets say nothing was processed. The start must not care.
-        assert await asyncio.to_thread(_group_offsets, kafka_bootstrap, "accounting", header1["offsets"],
-                                       False) == header1["offsets"]  # committed right after the checkpoint
+        assert (
+            await asyncio.to_thread(_group_offsets, kafka_bootstrap, "accounting", header1["offsets"], False)
+            == header1["offsets"]
+        )  # committed right after the checkpoint
         zeros = {p: 0 for p in header1["offsets"]}
         assert await asyncio.to_thread(_group_offsets, kafka_bootstrap, "accounting", zeros, True) == zeros
         for e in PHASE2:

@@ -28,20 +28,29 @@ async def test_node_agent_runs_commands_from_kafka(kafka_bootstrap, monkeypatch)
     monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"t{uuid.uuid4().hex[:8]}.")
     await asyncio.to_thread(provision, kafka_bootstrap)
     clock = make_clock(1000.0)  # 1000 event seconds per wall second
-    settings = NodeAgentSettings(kafka_bootstrap=kafka_bootstrap, sim_nodes=2, gpus_per_node=4,
-                                 node_prefix="itest-", heartbeat_interval_s=60, heartbeat_min_wall_s=0.2)
+    settings = NodeAgentSettings(
+        kafka_bootstrap=kafka_bootstrap,
+        sim_nodes=2,
+        gpus_per_node=4,
+        node_prefix="itest-",
+        heartbeat_interval_s=60,
+        heartbeat_min_wall_s=0.2,
+    )
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(run(settings, stop, clock=clock, ready=ready))
     producer = EventProducer(kafka_bootstrap, client_id="test")
     try:
         await asyncio.wait_for(ready.wait(), DEADLINE_S)
         now = clock.now()
-        producer.publish(events.StartWorkload(ts=now, node_id="itest-1", job_id="j1", attempt=1,
-                                              gpus=(0, 1), duration_s=500.0))  # 0.5 s wall
-        producer.publish(events.StartWorkload(ts=now, node_id="itest-7", job_id="j2", attempt=1,
-                                              gpus=(0,), duration_s=5.0))  # unknown node
-        producer.publish(events.StartWorkload(ts=now, node_id="itest-0", job_id="j3", attempt=1,
-                                              gpus=(4,), duration_s=5.0))  # no GPU 4
+        producer.publish(
+            events.StartWorkload(ts=now, node_id="itest-1", job_id="j1", attempt=1, gpus=(0, 1), duration_s=500.0)
+        )  # 0.5 s wall
+        producer.publish(
+            events.StartWorkload(ts=now, node_id="itest-7", job_id="j2", attempt=1, gpus=(0,), duration_s=5.0)
+        )  # unknown node
+        producer.publish(
+            events.StartWorkload(ts=now, node_id="itest-0", job_id="j3", attempt=1, gpus=(4,), duration_s=5.0)
+        )  # no GPU 4
 
         def job_events():
             return [r.event for r in read_log(kafka_bootstrap, [JOBS.name]) if r.event is not None]

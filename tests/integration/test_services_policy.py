@@ -53,8 +53,9 @@ async def _start(settings, clock):
 
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(run(settings, stop, clock=clock, ready=ready))
-    done, _ = await asyncio.wait([task, asyncio.create_task(ready.wait())], timeout=DEADLINE_S,
-                                 return_when=asyncio.FIRST_COMPLETED)
+    done, _ = await asyncio.wait(
+        [task, asyncio.create_task(ready.wait())], timeout=DEADLINE_S, return_when=asyncio.FIRST_COMPLETED
+    )
     if task in done:
         task.result()
         pytest.fail("policy stopped during start-up")
@@ -90,8 +91,7 @@ def _ends(bootstrap: str, topics: list) -> dict[str, int]:
         kc.close()
 
 
-async def test_policy_rejects_ranks_dead_letters_and_resumes_after_restart(kafka_bootstrap, monkeypatch,
-                                                                           tmp_path):
+async def test_policy_rejects_ranks_dead_letters_and_resumes_after_restart(kafka_bootstrap, monkeypatch, tmp_path):
     from kafka import KafkaProducer
 
     from apportion import events
@@ -119,7 +119,8 @@ async def test_policy_rejects_ranks_dead_letters_and_resumes_after_restart(kafka
         stop, task = await _start(settings, clock)
         assert len(list(tmp_path.glob("apportion-policy-*"))) == 1  # this instance's faust data dir
         assert _of(kafka_bootstrap, BUDGETS, events.BudgetRejected) == [
-            logic.rejected_event(logic.Rejection(OVER, "over_allocated", _message(tree, OVER)), clock.now())]
+            logic.rejected_event(logic.Rejection(OVER, "over_allocated", _message(tree, OVER)), clock.now())
+        ]
         first_rank = logic.ranking(tree, None, clock.now())
         assert _of(kafka_bootstrap, RANKING, events.FairShareRanking) == [first_rank]
 
@@ -128,9 +129,12 @@ async def test_policy_rejects_ranks_dead_letters_and_resumes_after_restart(kafka
         raw = KafkaProducer(bootstrap_servers=kafka_bootstrap)
         bad = raw.send(BUDGETS.name, key=b"bad", value=b"not json").get(timeout=DEADLINE_S)
         raw.close()
-        snap = usage_snapshot(tree, rebuild(VALID + [node("n0", 8, at=h(0)), placed("j1", budget="lab/a",
-                                                                                       gpus=8, at=h(1))],
-                                            24 * 3600.0), h(2), producer="accounting")
+        snap = usage_snapshot(
+            tree,
+            rebuild(VALID + [node("n0", 8, at=h(0)), placed("j1", budget="lab/a", gpus=8, at=h(1))], 24 * 3600.0),
+            h(2),
+            producer="accounting",
+        )
         producer.publish(snap)
         expected_rank = ranking_of(tree, snap, producer="policy", policy_version=logic.POLICY_VERSION)
 
@@ -142,19 +146,31 @@ async def test_policy_rejects_ranks_dead_letters_and_resumes_after_restart(kafka
 
         rej, ranks, letters = await _until(live_done, "the orphan's rejection, the dead letter and the ranking")
         assert [(r.path, r.reason, r.rejected_event_id) for r in rej] == [
-            ("lab/c", "over_allocated", OVER.event_id), ("nope/x", "no_parent", ORPHAN.event_id)]
+            ("lab/c", "over_allocated", OVER.event_id),
+            ("nope/x", "no_parent", ORPHAN.event_id),
+        ]
         assert ranks == [first_rank, expected_rank]
-        assert [(d.event_id, d.source_topic, d.source_offset, d.source_key, d.original_bytes(), d.producer)
-                for d in letters] == [(events.det_id("DeadLetter", BUDGETS.name, 0, bad.offset), BUDGETS.name,
-                                       bad.offset, "bad", b"not json", "policy")]
+        assert [
+            (d.event_id, d.source_topic, d.source_offset, d.source_key, d.original_bytes(), d.producer) for d in letters
+        ] == [
+            (
+                events.det_id("DeadLetter", BUDGETS.name, 0, bad.offset),
+                BUDGETS.name,
+                bad.offset,
+                "bad",
+                b"not json",
+                "policy",
+            )
+        ]
         await _stop(stop, task)
         assert list(tmp_path.glob("apportion-policy-*")) == []
 
         # ---- the stop committed the group's offsets up to the end of every partition holding records
         ends = _ends(kafka_bootstrap, [BUDGETS, USAGE])
         committed = _committed(kafka_bootstrap, prefix() + "policy", [BUDGETS, USAGE])
-        assert {tp: off for tp, off in committed.items() if off is not None} == \
-            {tp: off for tp, off in ends.items() if off > 0}
+        assert {tp: off for tp, off in committed.items() if off is not None} == {
+            tp: off for tp, off in ends.items() if off > 0
+        }
         # budgets: 3 valid, OVER, ORPHAN, the bad record, 2 rejections; usage: one snapshot
         assert ends[f"{BUDGETS.name}:0"] == 8
         assert sorted(v for k, v in ends.items() if k.startswith(USAGE.name)) == [0, 0, 1]
@@ -168,8 +184,7 @@ async def test_policy_rejects_ranks_dead_letters_and_resumes_after_restart(kafka
         assert rej2 == rej
         assert ranks2 == [first_rank, expected_rank, expected_rank]
         # the catch-up meets the bad record again and writes the same dead letter id (readers keep one)
-        assert [d.event_id for d in _of(kafka_bootstrap, DEADLETTER, events.DeadLetter)] == \
-            [letters[0].event_id] * 2
+        assert [d.event_id for d in _of(kafka_bootstrap, DEADLETTER, events.DeadLetter)] == [letters[0].event_id] * 2
     finally:
         producer.close()
 
@@ -215,8 +230,9 @@ async def test_a_failing_agent_ends_run_with_its_exception(kafka_bootstrap, monk
     assert list(tmp_path.glob("apportion-policy-*")) == []
 
 
-async def test_policy_killed_with_sigkill_restarts_without_waiting_for_its_old_session(kafka_bootstrap, monkeypatch,
-                                                                                       tmp_path):
+async def test_policy_killed_with_sigkill_restarts_without_waiting_for_its_old_session(
+    kafka_bootstrap, monkeypatch, tmp_path
+):
     """kill -9 the policy process; the restart (same static member id) answers a change within 30 s.
 
     faust's group session timeout is 60 s: without static membership the
@@ -233,21 +249,32 @@ async def test_policy_killed_with_sigkill_restarts_without_waiting_for_its_old_s
 
     monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"polk{uuid.uuid4().hex[:8]}.")
     await asyncio.to_thread(provision, kafka_bootstrap)
-    env = dict(os.environ, APPORTION_KAFKA_BOOTSTRAP=kafka_bootstrap, APPORTION_LOG_JSON="false",
-               APPORTION_FAUST_DIR=str(tmp_path))
+    env = dict(
+        os.environ,
+        APPORTION_KAFKA_BOOTSTRAP=kafka_bootstrap,
+        APPORTION_LOG_JSON="false",
+        APPORTION_FAUST_DIR=str(tmp_path),
+    )
 
     def spawn(n: int) -> subprocess.Popen:
         logf = open(tmp_path / f"policy-{n}.log", "wb")  # noqa: SIM115 - kept open by the child
-        return subprocess.Popen([sys.executable, "-m", "services.policy"], env=env, stdin=subprocess.DEVNULL,
-                                stdout=logf, stderr=logf)
+        return subprocess.Popen(
+            [sys.executable, "-m", "services.policy"], env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf
+        )
 
     producer = EventProducer(kafka_bootstrap, client_id="test")
     proc = spawn(1)
     try:
         for e in VALID:
             producer.publish(e)
-        await _until(lambda: [r for r in _of(kafka_bootstrap, RANKING, events.FairShareRanking)
-                              if [b.path for b in r.budgets] == ["lab/a", "lab/b"]], "the first ranking")
+        await _until(
+            lambda: [
+                r
+                for r in _of(kafka_bootstrap, RANKING, events.FairShareRanking)
+                if [b.path for b in r.budgets] == ["lab/a", "lab/b"]
+            ],
+            "the first ranking",
+        )
         proc.kill()
         proc.wait(timeout=DEADLINE_S)
         left = list(tmp_path.glob("apportion-policy-*"))  # kill -9 leaves its (empty) data dir behind

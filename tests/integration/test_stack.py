@@ -20,8 +20,13 @@ def test_kafka_start_fails_fast_and_cleans_up_when_its_port_is_taken(tmp_path: P
         squatter.listen()
         port = squatter.getsockname()[1]
         t0 = time.monotonic()
-        proc = subprocess.run(["bash", str(INFRA / "kafka/start.sh"), str(port), str(tmp_path)],
-                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            ["bash", str(INFRA / "kafka/start.sh"), str(port), str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
         elapsed = time.monotonic() - t0
     assert proc.returncode == 1
     assert "exited before the broker answered" in proc.stderr

@@ -54,7 +54,7 @@ def partition_offsets(recs: list[Rec], topics: list[str], partitions: int = 3) -
 
 
 class _Pipe:
-    def __init__(self, redis: "FakeRedis") -> None:
+    def __init__(self, redis: FakeRedis) -> None:
         self.redis = redis
         self.ops: list[tuple[str, tuple]] = []
 

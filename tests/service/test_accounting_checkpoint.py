@@ -55,8 +55,11 @@ TOPICS = [JOBS.name, NODES.name, BUDGETS.name]
 GPU_H = 3600.0  # GPU-seconds per GPU-hour
 
 FULL = [
-    budget_set("lab", 1.0, at=h(0)), budget_set("lab/a", 0.75, at=h(0)), budget_set("lab/b", 0.25, at=h(0)),
-    node("n0", 8, at=h(0)), node("n1", 8, at=h(0)),
+    budget_set("lab", 1.0, at=h(0)),
+    budget_set("lab/a", 0.75, at=h(0)),
+    budget_set("lab/b", 0.25, at=h(0)),
+    node("n0", 8, at=h(0)),
+    node("n1", 8, at=h(0)),
     placed("j1", budget="lab/a", gpus=8, at=h(1)),
     placed("j2", budget="lab/b", gpus=4, at=h(2)),
     placed("u1", budget="lab/b", gpus=4, allocated=False, at=h(2)),
@@ -79,10 +82,10 @@ def bulk(evs, at_us: int) -> OccupancySnapshot:
     return usage_snapshot(fold_budget_log(evs), rebuild_ledger(evs, WINDOW_S), at_us, producer="accounting")
 
 
-def service(redis: FakeRedis, *, window_s: float = WINDOW_S, interval_s: float = 0.0, wall=None,
-            now_us: int = h(10)) -> AccountingService:
-    settings = AccountingSettings(window_s=window_s, snapshot_interval_s=3600,
-                                  checkpoint_interval_wall_s=interval_s)
+def service(
+    redis: FakeRedis, *, window_s: float = WINDOW_S, interval_s: float = 0.0, wall=None, now_us: int = h(10)
+) -> AccountingService:
+    settings = AccountingSettings(window_s=window_s, snapshot_interval_s=3600, checkpoint_interval_wall_s=interval_s)
     kw = {"wall": wall} if wall is not None else {}
     return AccountingService(settings, ManualClock(from_us(now_us)), lambda e: None, ReadModelStore(redis), **kw)
 
@@ -90,8 +93,14 @@ def service(redis: FakeRedis, *, window_s: float = WINDOW_S, interval_s: float =
 def answers(svc: AccountingService, t: int) -> tuple:
     """Everything a query can see at ``t``: O, U (GPU-µs per path), K (GPU-µs), C, open runs, tree."""
     led = svc.acc.ledger
-    return (led.occupancy_us(t), led.unallocated_us(t), led.capacity_us(t), led.capacity_gpus(t), led.running(),
-            svc.acc.tree)
+    return (
+        led.occupancy_us(t),
+        led.unallocated_us(t),
+        led.capacity_us(t),
+        led.capacity_gpus(t),
+        led.running(),
+        svc.acc.tree,
+    )
 
 
 def checkpointed(recs, *, live_from: int | None = None) -> tuple[FakeRedis, AccountingService]:
@@ -284,37 +293,79 @@ class _EvilFunction:
 
 def _forged_state(fields: dict, payload: object = None) -> dict:
     state = pickle.dumps({"acc": payload if payload is not None else _Evil(), "last": None, "dirty": False})
-    return _with_header({**fields, checkpoint.STATE: state}, state_bytes=len(state),
-                        state_blake2b=hashlib.blake2b(state, digest_size=16).hexdigest())
+    return _with_header(
+        {**fields, checkpoint.STATE: state},
+        state_bytes=len(state),
+        state_blake2b=hashlib.blake2b(state, digest_size=16).hexdigest(),
+    )
 
 
 def _flip(b: bytes, i: int) -> bytes:
-    return b[:i] + bytes([b[i] ^ 0xFF]) + b[i + 1:]
+    return b[:i] + bytes([b[i] ^ 0xFF]) + b[i + 1 :]
 
 
 BROKEN = [
     # id, how to spoil the stored fields, (begin, end) the log has now, window, expected reason prefix
     ("no checkpoint", lambda f: {}, None, WINDOW_S, "missing: no checkpoint stored"),
-    ("older format version", lambda f: _with_header(f, format=0), None, WINDOW_S,
-     "format: stored format 0, this code reads 1"),
+    (
+        "older format version",
+        lambda f: _with_header(f, format=0),
+        None,
+        WINDOW_S,
+        "format: stored format 0, this code reads 1",
+    ),
     ("class layout changed", lambda f: _with_header(f, layout="0" * 16), None, WINDOW_S, "layout: "),
     ("other window", lambda f: f, None, 3600.0, "window: stored for W=86400.0 s, running with W=3600.0 s"),
-    ("other topic namespace", lambda f: _with_header(f, topic_prefix="other."), None, WINDOW_S,
-     "topic_prefix: stored for 'other.', reading ''"),
+    (
+        "other topic namespace",
+        lambda f: _with_header(f, topic_prefix="other."),
+        None,
+        WINDOW_S,
+        "topic_prefix: stored for 'other.', reading ''",
+    ),
     ("header not JSON", lambda f: {**f, checkpoint.HEADER: b"{trunc"}, None, WINDOW_S, "corrupt: header is not JSON"),
-    ("state byte flipped", lambda f: {**f, checkpoint.STATE: _flip(f[checkpoint.STATE], 100)}, None, WINDOW_S,
-     "corrupt: state checksum mismatch"),
-    ("state truncated", lambda f: {**f, checkpoint.STATE: f[checkpoint.STATE][:-1]}, None, WINDOW_S,
-     "corrupt: state checksum mismatch"),
-    ("state names a foreign global", _forged_state, None, WINDOW_S,
-     "corrupt: state does not unpickle (UnpicklingError: global posix.getpid is not allowed"),
-    ("state calls a function of a state module", lambda f: _forged_state(f, _EvilFunction()), None, WINDOW_S,
-     "corrupt: state does not unpickle (UnpicklingError: global apportion.domain.occupancy.rebuild is not allowed"),
-    ("a partition was added", lambda f: f, ({**BEGIN, "apportion.jobs:3": 0}, {**END, "apportion.jobs:3": 0}),
-     WINDOW_S, "partitions: missing ['apportion.jobs:3'], unknown []"),
-    ("records after it were deleted", lambda f: f,
-     ({**BEGIN, "apportion.jobs:0": 10**6}, {**END, "apportion.jobs:0": 10**6}),
-     WINDOW_S, "offsets_before_log_start: apportion.jobs:0"),
+    (
+        "state byte flipped",
+        lambda f: {**f, checkpoint.STATE: _flip(f[checkpoint.STATE], 100)},
+        None,
+        WINDOW_S,
+        "corrupt: state checksum mismatch",
+    ),
+    (
+        "state truncated",
+        lambda f: {**f, checkpoint.STATE: f[checkpoint.STATE][:-1]},
+        None,
+        WINDOW_S,
+        "corrupt: state checksum mismatch",
+    ),
+    (
+        "state names a foreign global",
+        _forged_state,
+        None,
+        WINDOW_S,
+        "corrupt: state does not unpickle (UnpicklingError: global posix.getpid is not allowed",
+    ),
+    (
+        "state calls a function of a state module",
+        lambda f: _forged_state(f, _EvilFunction()),
+        None,
+        WINDOW_S,
+        "corrupt: state does not unpickle (UnpicklingError: global apportion.domain.occupancy.rebuild is not allowed",
+    ),
+    (
+        "a partition was added",
+        lambda f: f,
+        ({**BEGIN, "apportion.jobs:3": 0}, {**END, "apportion.jobs:3": 0}),
+        WINDOW_S,
+        "partitions: missing ['apportion.jobs:3'], unknown []",
+    ),
+    (
+        "records after it were deleted",
+        lambda f: f,
+        ({**BEGIN, "apportion.jobs:0": 10**6}, {**END, "apportion.jobs:0": 10**6}),
+        WINDOW_S,
+        "offsets_before_log_start: apportion.jobs:0",
+    ),
     ("topic recreated, log shorter", lambda f: f, (BEGIN, {p: 0 for p in END}), WINDOW_S, "offsets_after_log_end: "),
 ]
 
@@ -327,7 +378,7 @@ def test_unusable_checkpoint_falls_back_to_rebuild_from_offset_0(case_id, spoil,
     begin, end = log_now or (BEGIN, END)
     svc = service(redis, window_s=window_s)
     mode, why = svc.prepare(begin, end, rebuild=False)
-    assert (mode, why[:len(reason)]) == ("rebuild", reason)
+    assert (mode, why[: len(reason)]) == ("rebuild", reason)
     assert svc.offsets == begin and svc.acc.clock_us is None and svc.last is None  # nothing half-restored
     svc.bootstrap(FULL_RECS)
     ledger = rebuild_ledger(sorted(FULL, key=lambda e: to_us(e.ts)), window_s)
@@ -377,9 +428,12 @@ def _prop_answers(svc: AccountingService, t: int) -> tuple:
 
 
 def _prop_service(redis: FakeRedis, window_s: float) -> AccountingService:
-    return AccountingService(AccountingSettings(window_s=window_s, snapshot_interval_s=0,
-                                                checkpoint_interval_wall_s=0),
-                             ManualClock(from_us(h(0))), lambda e: None, ReadModelStore(redis))
+    return AccountingService(
+        AccountingSettings(window_s=window_s, snapshot_interval_s=0, checkpoint_interval_wall_s=0),
+        ManualClock(from_us(h(0))),
+        lambda e: None,
+        ReadModelStore(redis),
+    )
 
 
 def _prop_case(log, cut: int, batch: int, later: int) -> None:
@@ -393,9 +447,9 @@ def _prop_case(log, cut: int, batch: int, later: int) -> None:
     redis = FakeRedis()
     live = _prop_service(redis, PROP_W)
     live.prepare(begin, end, rebuild=False)
-    live.bootstrap(recs[:cut // 2])
+    live.bootstrap(recs[: cut // 2])
     for i in range(cut // 2, cut, batch):
-        live.ingest(recs[i:min(i + batch, cut)])
+        live.ingest(recs[i : min(i + batch, cut)])
     if not live.checkpoint_now():
         live.snapshot_now()
     # the second life resumes and catches up with the rest in one batch; the first one, had it not
@@ -427,8 +481,12 @@ def test_property_resume_equals_the_uninterrupted_service_and_in_order_the_rebui
     from test_occupancy import event_logs
 
     @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(log=event_logs(), cut=st.integers(0, 60), batch=st.integers(1, 8),
-           later=st.sampled_from([0, 5_000_000, 300_000_000]))
+    @given(
+        log=event_logs(),
+        cut=st.integers(0, 60),
+        batch=st.integers(1, 8),
+        later=st.sampled_from([0, 5_000_000, 300_000_000]),
+    )
     def prop(log, cut, batch, later):
         _prop_case(log, cut, batch, later)
 

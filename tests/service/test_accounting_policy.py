@@ -40,8 +40,11 @@ WINDOW_S = 24 * 3600.0
 #   ├── a  0.75      2 nodes x 8 GPUs from T0
 #   └── b  0.25
 LOG = [
-    budget_set("lab", 1.0, at=h(0)), budget_set("lab/a", 0.75, at=h(0)), budget_set("lab/b", 0.25, at=h(0)),
-    node("n0", 8, at=h(0)), node("n1", 8, at=h(0)),
+    budget_set("lab", 1.0, at=h(0)),
+    budget_set("lab/a", 0.75, at=h(0)),
+    budget_set("lab/b", 0.25, at=h(0)),
+    node("n0", 8, at=h(0)),
+    node("n1", 8, at=h(0)),
     placed("j1", budget="lab/a", gpus=8, at=h(1)),
     placed("j2", budget="lab/b", gpus=4, at=h(2)),
     placed("u1", budget="lab/b", gpus=4, allocated=False, at=h(2)),
@@ -59,8 +62,12 @@ def bulk(evs, at_us: int) -> OccupancySnapshot:
 def make_accounting(clock=None):
     published: list = []
     redis = FakeRedis()
-    svc = AccountingService(AccountingSettings(window_s=WINDOW_S, snapshot_interval_s=3600),
-                            clock or ManualClock(from_us(h(7))), published.append, ReadModelStore(redis))
+    svc = AccountingService(
+        AccountingSettings(window_s=WINDOW_S, snapshot_interval_s=3600),
+        clock or ManualClock(from_us(h(7))),
+        published.append,
+        ReadModelStore(redis),
+    )
     return svc, published, redis
 
 
@@ -127,8 +134,7 @@ PERIODIC_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case_id,last,now,clock,interval,expected", PERIODIC_CASES,
-                         ids=[c[0] for c in PERIODIC_CASES])
+@pytest.mark.parametrize("case_id,last,now,clock,interval,expected", PERIODIC_CASES, ids=[c[0] for c in PERIODIC_CASES])
 def test_periodic_due(case_id, last, now, clock, interval, expected):
     assert acc_logic.periodic_due(last, now, clock, interval) == expected
 
@@ -186,7 +192,9 @@ def test_policy_flags_for_membership_and_faust_dir():
     from services.policy.__main__ import parse_args
     from services.policy.config import PolicySettings
 
-    assert parse_args(["--instance-id", "policy-b", "--faust-dir", "/var/lib/x"]) == \
-        {"instance_id": "policy-b", "faust_dir": "/var/lib/x"}
+    assert parse_args(["--instance-id", "policy-b", "--faust-dir", "/var/lib/x"]) == {
+        "instance_id": "policy-b",
+        "faust_dir": "/var/lib/x",
+    }
     defaults = PolicySettings(kafka_bootstrap="k:1")
     assert (defaults.group_id, defaults.instance_id, defaults.faust_dir) == ("policy", "policy-0", None)

@@ -9,7 +9,7 @@ own decisions come back as echoes exactly as on Kafka.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -30,7 +30,7 @@ from services.dispatcher import logic
 from services.dispatcher.app import ECHO_LEN, DispatcherService, TickPacer
 from services.dispatcher.config import DispatcherSettings
 
-T0 = datetime(2025, 3, 1, tzinfo=timezone.utc)
+T0 = datetime(2025, 3, 1, tzinfo=UTC)
 INPUTS = [SUBMISSIONS.name, JOBS.name, NODES.name, BUDGETS.name]
 
 
@@ -72,7 +72,7 @@ class ListLog:
             self.append(topic, value)
 
     def read(self) -> list[Rec]:
-        batch = [r for r in self.records[self.read_upto:] if r.topic in INPUTS]
+        batch = [r for r in self.records[self.read_upto :] if r.topic in INPUTS]
         self.read_upto = len(self.records)
         return batch
 
@@ -94,22 +94,44 @@ def drive(svc: DispatcherService, log: ListLog) -> None:
 
 
 def submit(job_id: str, budget: str, gpus: int, min_runtime_s: float = 60.0) -> JobSubmitted:
-    return JobSubmitted(event_id=events.det_id("test", job_id), job_id=job_id, budget=budget, user="u",
-                        gpus_per_replica=gpus, min_runtime_s=min_runtime_s, duration_s=600.0, submitted_at=T0,
-                        ts=T0, producer="test")
+    return JobSubmitted(
+        event_id=events.det_id("test", job_id),
+        job_id=job_id,
+        budget=budget,
+        user="u",
+        gpus_per_replica=gpus,
+        min_runtime_s=min_runtime_s,
+        duration_s=600.0,
+        submitted_at=T0,
+        ts=T0,
+        producer="test",
+    )
 
 
 def history() -> list[list[Event]]:
     """Rounds of outside input: budgets and two 4-GPU nodes, then submissions, then a start report."""
     return [
-        [BudgetSet(event_id=events.det_id("test", p), path=p, share=s, ts=T0, producer="test")
-         for p, s in (("lab", 1.0), ("lab/a", 0.5), ("lab/b", 0.5))]
-        + [NodeRegistered(event_id=events.det_id("test", n), node_id=n, gpu_count=4, ts=T0, producer="test")
-           for n in ("n1", "n2")],
+        [
+            BudgetSet(event_id=events.det_id("test", p), path=p, share=s, ts=T0, producer="test")
+            for p, s in (("lab", 1.0), ("lab/a", 0.5), ("lab/b", 0.5))
+        ]
+        + [
+            NodeRegistered(event_id=events.det_id("test", n), node_id=n, gpu_count=4, ts=T0, producer="test")
+            for n in ("n1", "n2")
+        ],
         [submit("j1", "lab/a", 2), submit("j2", "lab/b", 4), submit("j3", "lab/a", 4)],
-        [JobStarted(event_id=events.det_id("test", "started"), job_id="j1", attempt=1, node_id="n1", gpus=(0, 1),
-                    ts=T0, producer="agent"),
-         submit("j4", "lab/b", 2, min_runtime_s=0)],
+        [
+            JobStarted(
+                event_id=events.det_id("test", "started"),
+                job_id="j1",
+                attempt=1,
+                node_id="n1",
+                gpus=(0, 1),
+                ts=T0,
+                producer="agent",
+            ),
+            submit("j4", "lab/b", 2, min_runtime_s=0),
+        ],
     ]
 
 
@@ -127,8 +149,12 @@ def test_echo_fast_path_gives_the_same_decisions_bytes_and_state() -> None:
     slow, slow_log = run_history(echoes=False)
     assert fast_log.published == slow_log.published
     assert fast.state.seen == slow.state.seen
-    assert {j: r.status for j, r in fast.state.jobs.items()} == {"j1": "running", "j2": "running",
-                                                                 "j3": "pending", "j4": "running"}
+    assert {j: r.status for j, r in fast.state.jobs.items()} == {
+        "j1": "running",
+        "j2": "running",
+        "j3": "pending",
+        "j4": "running",
+    }
     assert {j: r.status for j, r in fast.state.jobs.items()} == {j: r.status for j, r in slow.state.jobs.items()}
     assert fast.inputs == slow.inputs
     # every decision on a topic the dispatcher reads came back and was recognised without decoding
@@ -142,8 +168,17 @@ def test_decisions_are_fenced_and_placements_carry_their_input_position() -> Non
     svc, log = run_history(echoes=True)
     sent = [events.decode(v) for _, v in log.published]
     assert [e.type for e in sent] == [
-        "JobQueued", "JobQueued", "JobQueued", "JobPlaced", "StartWorkload", "JobPlaced", "StartWorkload",
-        "JobQueued", "JobPlaced", "StartWorkload"]
+        "JobQueued",
+        "JobQueued",
+        "JobQueued",
+        "JobPlaced",
+        "StartWorkload",
+        "JobPlaced",
+        "StartWorkload",
+        "JobQueued",
+        "JobPlaced",
+        "StartWorkload",
+    ]
     placed = [e for e in sent if isinstance(e, JobPlaced)]
     assert [(p.job_id, p.fencing_token) for p in placed] == [("j1", 7), ("j2", 7), ("j4", 7)]
     assert [e.fencing_token for e in sent if isinstance(e, StartWorkload)] == [7, 7, 7]
@@ -170,17 +205,29 @@ def test_only_heads_this_instance_published_are_skipped() -> None:
     assert list(svc._echoes) == [lost]
 
 
-@pytest.mark.parametrize("token, inputs, expect_copy", [
-    pytest.param(7, None, False, id="already fenced with the same token: unchanged object"),
-    pytest.param(8, None, True, id="new token: copied"),
-    pytest.param(7, {"t:0": 5}, True, id="inputs asked: copied"),
-])
-def test_fence_copies_only_when_something_changes(token: int, inputs: dict[str, int] | None,
-                                                  expect_copy: bool) -> None:
-    placed = JobPlaced(job_id="j", attempt=1, budget="lab/a", allocated=True, gpus_per_replica=1, replicas=1,
-                       min_runtime_s=60, placements=(events.Placement(node_id="n1", gpus=(0,)),),
-                       submitted_at=T0, decision=events.Decision(rank=0, budget_rank=0, ratio=0.0),
-                       ts=T0, fencing_token=7)
+@pytest.mark.parametrize(
+    "token, inputs, expect_copy",
+    [
+        pytest.param(7, None, False, id="already fenced with the same token: unchanged object"),
+        pytest.param(8, None, True, id="new token: copied"),
+        pytest.param(7, {"t:0": 5}, True, id="inputs asked: copied"),
+    ],
+)
+def test_fence_copies_only_when_something_changes(token: int, inputs: dict[str, int] | None, expect_copy: bool) -> None:
+    placed = JobPlaced(
+        job_id="j",
+        attempt=1,
+        budget="lab/a",
+        allocated=True,
+        gpus_per_replica=1,
+        replicas=1,
+        min_runtime_s=60,
+        placements=(events.Placement(node_id="n1", gpus=(0,)),),
+        submitted_at=T0,
+        decision=events.Decision(rank=0, budget_rank=0, ratio=0.0),
+        ts=T0,
+        fencing_token=7,
+    )
     queued_like: Any = submit("k", "lab/a", 1)
     out = logic.fence([placed, queued_like], token, inputs)
     assert (out[0] is not placed) == expect_copy
@@ -192,23 +239,23 @@ def test_fence_copies_only_when_something_changes(token: int, inputs: dict[str, 
 
 def test_tick_pacer_spaces_news_driven_ticks_to_a_share_of_the_time() -> None:
     pacer = TickPacer(every_s=0.2, share=0.2, gap_max_s=0.1, start=10.0)
-    assert pacer.poll_ms(10.0) == 50                      # nothing waiting: the idle poll
-    assert pacer.due(10.001, news=True) is True           # first news: no gap yet
-    pacer.ticked(10.001, 10.006)                          # a 5 ms cycle -> 20 ms gap (cycles <= 20% of time)
+    assert pacer.poll_ms(10.0) == 50  # nothing waiting: the idle poll
+    assert pacer.due(10.001, news=True) is True  # first news: no gap yet
+    pacer.ticked(10.001, 10.006)  # a 5 ms cycle -> 20 ms gap (cycles <= 20% of time)
     assert pacer.gap == pytest.approx(0.020)
-    assert pacer.due(10.010, news=True) is False          # news 4 ms later waits for the gap
-    assert pacer.poll_ms(10.010) == 16                    # and the poll only until then
-    assert pacer.due(10.020, news=False) is False         # still waiting, still inside the gap
-    assert pacer.due(10.027, news=False) is True          # gap over: the waiting news gets its tick
-    pacer.ticked(10.027, 10.127)                          # a 100 ms cycle: gap capped at gap_max_s
+    assert pacer.due(10.010, news=True) is False  # news 4 ms later waits for the gap
+    assert pacer.poll_ms(10.010) == 16  # and the poll only until then
+    assert pacer.due(10.020, news=False) is False  # still waiting, still inside the gap
+    assert pacer.due(10.027, news=False) is True  # gap over: the waiting news gets its tick
+    pacer.ticked(10.027, 10.127)  # a 100 ms cycle: gap capped at gap_max_s
     assert pacer.gap == 0.1
-    assert pacer.due(10.200, news=False) is False         # no news: only the timer
-    assert pacer.due(10.328, news=False) is True          # every_s after the last tick
+    assert pacer.due(10.200, news=False) is False  # no news: only the timer
+    assert pacer.due(10.328, news=False) is True  # every_s after the last tick
 
 
 def test_tick_pacer_idle_news_is_ticked_at_once_after_a_cheap_cycle() -> None:
     pacer = TickPacer(every_s=0.2, share=0.2, gap_max_s=0.1, start=0.0)
-    pacer.ticked(0.2, 0.2005)                             # a timer tick of 0.5 ms -> 2 ms gap
+    pacer.ticked(0.2, 0.2005)  # a timer tick of 0.5 ms -> 2 ms gap
     assert pacer.due(0.25, news=True) is True
 
 
@@ -228,13 +275,16 @@ class FakeLease:
         return a
 
 
-@pytest.mark.parametrize("answers, stalled, keeps, calls", [
-    pytest.param([5], False, True, 1, id="renewed with the same token: still leading"),
-    pytest.param([6], False, False, 1, id="lease had expired, new token drawn: lost"),
-    pytest.param([0], False, False, 1, id="another instance holds it: lost"),
-    pytest.param([ConnectionError("redis down")], False, False, 1, id="renewal failed: lost"),
-    pytest.param([], True, True, 0, id="event loop stalled: no renewal, lease runs out"),
-])
+@pytest.mark.parametrize(
+    "answers, stalled, keeps, calls",
+    [
+        pytest.param([5], False, True, 1, id="renewed with the same token: still leading"),
+        pytest.param([6], False, False, 1, id="lease had expired, new token drawn: lost"),
+        pytest.param([0], False, False, 1, id="another instance holds it: lost"),
+        pytest.param([ConnectionError("redis down")], False, False, 1, id="renewal failed: lost"),
+        pytest.param([], True, True, 0, id="event loop stalled: no renewal, lease runs out"),
+    ],
+)
 def test_lease_keeper_round(answers: list[Any], stalled: bool, keeps: bool, calls: int) -> None:
     from services.dispatcher.lease import LeaseKeeper
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -30,17 +30,34 @@ from services.node_agent.app import NodeAgent
 from services.node_agent.logic import NodeSpec
 from services.node_agent.store import Journal
 
-T0 = datetime(2025, 3, 1, tzinfo=timezone.utc)
+T0 = datetime(2025, 3, 1, tzinfo=UTC)
 
 
 def spec(node_id: str = "n1", gpus: int = 4, simulated: bool = True) -> NodeSpec:
     return NodeSpec(node_id, FakeGpuProbe.with_gpus(gpus).inventory.gpus, "sim", simulated)
 
 
-def start(job: str = "j1", node: str = "n1", gpus=(0, 1), attempt: int = 1, replica: int = 0,
-          duration_s: float | None = 60.0, command=None, token=None) -> StartWorkload:
-    return StartWorkload(ts=T0, node_id=node, job_id=job, attempt=attempt, replica=replica,
-                         gpus=gpus, duration_s=duration_s, command=command, fencing_token=token)
+def start(
+    job: str = "j1",
+    node: str = "n1",
+    gpus=(0, 1),
+    attempt: int = 1,
+    replica: int = 0,
+    duration_s: float | None = 60.0,
+    command=None,
+    token=None,
+) -> StartWorkload:
+    return StartWorkload(
+        ts=T0,
+        node_id=node,
+        job_id=job,
+        attempt=attempt,
+        replica=replica,
+        gpus=gpus,
+        duration_s=duration_s,
+        command=command,
+        fencing_token=token,
+    )
 
 
 def stop(job: str = "j1", node: str = "n1", attempt: int = 1, grace_s: float = 30.0) -> StopWorkload:
@@ -71,12 +88,15 @@ START_CASES = [
     ("no GPUs at all", EMPTY, start(gpus=()), logic.Refuse, logic.UNKNOWN_GPUS),
     ("neither command nor duration", EMPTY, start(duration_s=None), logic.Refuse, logic.NO_WORKLOAD),
     ("same replica twice", running(start()), start(), logic.Refuse, logic.DUPLICATE_START),
-    ("GPU held by running work", running(start()), start(job="j2", gpus=(1, 2)), logic.Refuse,
-     logic.GPUS_BUSY),
-    ("GPU held by a stopping victim: wait", running(start(), stopping=("j1",)),
-     start(job="j2", gpus=(1, 2)), logic.Defer, None),
-    ("other GPUs free while one job runs", running(start()), start(job="j2", gpus=(2, 3)),
-     logic.Launch, None),
+    ("GPU held by running work", running(start()), start(job="j2", gpus=(1, 2)), logic.Refuse, logic.GPUS_BUSY),
+    (
+        "GPU held by a stopping victim: wait",
+        running(start(), stopping=("j1",)),
+        start(job="j2", gpus=(1, 2)),
+        logic.Defer,
+        None,
+    ),
+    ("other GPUs free while one job runs", running(start()), start(job="j2", gpus=(2, 3)), logic.Launch, None),
     ("next attempt of the same job", running(start()), start(attempt=2, gpus=(2, 3)), logic.Launch, None),
 ]
 
@@ -190,12 +210,12 @@ class Sink:
         return [e for e in self.events if isinstance(e, cls)]
 
 
-def make_agent(clock: ManualClock, sink: Sink, *, simulated: bool = True, journal: Journal | None = None,
-               gpus: int = 4) -> NodeAgent:
+def make_agent(
+    clock: ManualClock, sink: Sink, *, simulated: bool = True, journal: Journal | None = None, gpus: int = 4
+) -> NodeAgent:
     probe = FakeGpuProbe.with_gpus(gpus)
     probe.utilization[0] = 55.0
-    return NodeAgent([(spec(gpus=gpus, simulated=simulated), probe)], sink, clock, journal=journal,
-                     claim_prefix="n")
+    return NodeAgent([(spec(gpus=gpus, simulated=simulated), probe)], sink, clock, journal=journal, claim_prefix="n")
 
 
 async def settle(clock: ManualClock, sleepers: int, deadline_s: float = 5.0) -> None:
@@ -232,7 +252,7 @@ async def test_register_heartbeat_and_simulated_run_to_completion():
     clock.advance(1)
     await asyncio.wait_for(agent.idle(), 5)
     (done,) = sink.of(JobCompleted)
-    assert done.ts == datetime(2025, 3, 1, 0, 1, tzinfo=timezone.utc) and done.exit_code == 0
+    assert done.ts == datetime(2025, 3, 1, 0, 1, tzinfo=UTC) and done.exit_code == 0
 
 
 async def test_preemption_stop_then_deferred_start_runs_after_victim_exits():
@@ -282,8 +302,10 @@ async def test_real_process_stop_sigterm_then_sigkill_after_grace(tmp_path):
     agent = make_agent(clock, sink, simulated=False)
     ready = tmp_path / "ready"
     # ignores SIGTERM, then says it is ready
-    code = ("import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            f"open({str(ready)!r},'w').close(); time.sleep(60)")
+    code = (
+        "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        f"open({str(ready)!r},'w').close(); time.sleep(60)"
+    )
     await agent.on_event(start(duration_s=None, command=(sys.executable, "-c", code)))
     await asyncio.wait_for(_until(ready.exists), 20)
     await agent.on_event(stop(grace_s=30))
@@ -327,13 +349,16 @@ async def test_journal_makes_restart_refuse_redelivered_start_and_report_orphans
 
 
 def lost(node: str = "n1", at_s: float = 100.0, last_hb_s: float = 10.0) -> NodeLost:
-    return NodeLost(ts=T0 + timedelta(seconds=at_s), producer="dispatcher", node_id=node,
-                    last_heartbeat=T0 + timedelta(seconds=last_hb_s))
+    return NodeLost(
+        ts=T0 + timedelta(seconds=at_s),
+        producer="dispatcher",
+        node_id=node,
+        last_heartbeat=T0 + timedelta(seconds=last_hb_s),
+    )
 
 
 def test_decide_lost_fences_the_hosted_node_only():
-    st = logic.with_registered(running(start(), start(job="j2", gpus=(2,))),
-                               logic.registered_events(EMPTY, T0))
+    st = logic.with_registered(running(start(), start(job="j2", gpus=(2,))), logic.registered_events(EMPTY, T0))
     st = logic.with_deferred(st, logic.replace(st.running[("n1", "j1", 1, 0)], job_id="j3"))
     a = logic.decide_lost(st, lost(), T0 + timedelta(seconds=100), grace_s=5.0)
     assert isinstance(a, logic.Rejoin) and a.node_id == "n1"
@@ -341,12 +366,15 @@ def test_decide_lost_fences_the_hosted_node_only():
     assert [(e.job_id, e.reason) for e in a.stop.events] == [("j3", "stopped before start")]
     after = logic.with_rejoining(st, a)
     assert after.rejoining == {"n1"} and not after.waiting and logic.ready_to_rejoin(after) == ()
-    assert logic.ready_to_rejoin(logic.with_exited(logic.with_exited(after, ("n1", "j1", 1, 0)),
-                                                   ("n1", "j2", 1, 0))) == ("n1",)
+    assert logic.ready_to_rejoin(
+        logic.with_exited(logic.with_exited(after, ("n1", "j1", 1, 0)), ("n1", "j2", 1, 0))
+    ) == ("n1",)
     # another agent's node, a loss older than the latest registration, a second loss while rejoining
     assert isinstance(logic.decide_lost(st, lost(node="other-1"), T0, 5.0), logic.Ignore)
-    assert logic.decide_lost(st, lost(at_s=-1, last_hb_s=-20), T0, 5.0).why == \
-        "loss declared before the node's latest registration"
+    assert (
+        logic.decide_lost(st, lost(at_s=-1, last_hb_s=-20), T0, 5.0).why
+        == "loss declared before the node's latest registration"
+    )
     assert logic.decide_lost(after, lost(at_s=200), T0, 5.0).why == "already rejoining"
 
 

@@ -10,7 +10,7 @@ Times are offsets from ``T0`` (2024-01-01T00:00:00Z).
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import DispatchConfig
@@ -19,7 +19,7 @@ from apportion.events import Event
 from apportion.sim.core import SimConfig, SimJob, SimNode, SimResult, simulate
 from apportion.timeutil import US_PER_S, to_us
 
-T0: int = to_us(datetime(2024, 1, 1, tzinfo=timezone.utc))
+T0: int = to_us(datetime(2024, 1, 1, tzinfo=UTC))
 
 
 def at(hh: float = 0, mm: float = 0, ss: float = 0) -> int:
@@ -27,8 +27,17 @@ def at(hh: float = 0, mm: float = 0, ss: float = 0) -> int:
     return T0 + round((hh * 3600 + mm * 60 + ss) * US_PER_S)
 
 
-def job(job_id: str, budget: str, *, gpus: int = 1, replicas: int = 1, submit: int = T0,
-        min_runtime_s: float = 3600.0, duration_s: float = 3600.0, user: str = "u") -> SimJob:
+def job(
+    job_id: str,
+    budget: str,
+    *,
+    gpus: int = 1,
+    replicas: int = 1,
+    submit: int = T0,
+    min_runtime_s: float = 3600.0,
+    duration_s: float = 3600.0,
+    user: str = "u",
+) -> SimJob:
     """A trace job (``min_runtime_s=0`` is unallocated)."""
     return SimJob(job_id, budget, user, submit, gpus, replicas, min_runtime_s, duration_s)
 
@@ -38,15 +47,22 @@ def nodes(*spec: tuple[str, int]) -> list[SimNode]:
     return [SimNode(n, g) for n, g in spec]
 
 
-def run(tree: dict, cluster: list[SimNode], jobs: list[SimJob], *, seed: int = 1,
-        delta: float = 0.05, reservation_after_s: float = 3600.0, stop_delay_s: float | None = 5.0,
-        **kw) -> SimResult:
+def run(
+    tree: dict,
+    cluster: list[SimNode],
+    jobs: list[SimJob],
+    *,
+    seed: int = 1,
+    delta: float = 0.05,
+    reservation_after_s: float = 3600.0,
+    stop_delay_s: float | None = 5.0,
+    **kw,
+) -> SimResult:
     """Simulate with the fair-share engine (fixed stop delay unless ``None``)."""
     eng = EngineConfig(delta=delta, reservation_after_s=reservation_after_s)
     hb = kw.pop("heartbeat_s", None)
     dcfg = DispatchConfig(engine=eng, heartbeat_timeout_s=30.0 if hb else None)
-    cfg = SimConfig(seed=seed, dispatch=dcfg, stop_delay_s=stop_delay_s, heartbeat_s=hb,
-                    sample_s=0, **kw)
+    cfg = SimConfig(seed=seed, dispatch=dcfg, stop_delay_s=stop_delay_s, heartbeat_s=hb, sample_s=0, **kw)
     return simulate(BudgetTree.from_mapping(tree), cluster, jobs, cfg)
 
 

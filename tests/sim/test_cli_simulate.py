@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from typer.testing import CliRunner
 
 from apportion.cli.simulate import app
@@ -22,8 +21,19 @@ BUDGETS = "cluster: [{count: 1, gpus: 8}]\nbudgets: {lab: 1.0, lab/a: 0.5, lab/b
 def test_simulate_all_policies_json_and_plot(tmp_path):
     (tmp_path / "t.csv").write_text(TRACE)
     (tmp_path / "b.yaml").write_text(BUDGETS)
-    args = ["--trace", str(tmp_path / "t.csv"), "--budgets", str(tmp_path / "b.yaml"), "--seed", "1",
-            "--policy", "all", "--json", "--plot", str(tmp_path / "p.png")]
+    args = [
+        "--trace",
+        str(tmp_path / "t.csv"),
+        "--budgets",
+        str(tmp_path / "b.yaml"),
+        "--seed",
+        "1",
+        "--policy",
+        "all",
+        "--json",
+        "--plot",
+        str(tmp_path / "p.png"),
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
@@ -47,8 +57,17 @@ def test_tail_h_stops_the_clock_after_the_last_submission(tmp_path):
     # so they are never placed and the waits cover a1 and a2 only (0 s); without it, all run.
     (tmp_path / "t.csv").write_text(TRACE)
     (tmp_path / "b.yaml").write_text(BUDGETS)
-    args = ["--trace", str(tmp_path / "t.csv"), "--budgets", str(tmp_path / "b.yaml"), "--seed", "1",
-            "--policy", "fairshare,fifo", "--json"]
+    args = [
+        "--trace",
+        str(tmp_path / "t.csv"),
+        "--budgets",
+        str(tmp_path / "b.yaml"),
+        "--seed",
+        "1",
+        "--policy",
+        "fairshare,fifo",
+        "--json",
+    ]
     cut = json.loads(CliRunner().invoke(app, args + ["--tail-h", "0"]).output)
     assert cut["tail_h"] == 0.0
     assert [(p["never"], p["wait_p50_s"], p["wait_p95_s"]) for p in cut["policies"]] == [(2, 0.0, 0.0)] * 2
@@ -83,22 +102,39 @@ def _error(res) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("opts, message", [
-    (["--cycle-s", "-5"], "error: --cycle-s -5: use 0 (no periodic cycles) or at least 1 second"),
-    (["--cycle-s", "0.000001"], "error: --cycle-s 1e-06: use 0 (no periodic cycles) or at least 1 second"),
-    (["--cycle-s", "nan"], "error: --cycle-s nan: use 0 (no periodic cycles) or at least 1 second"),
-    (["--tail-h", "inf"], "error: --tail-h inf: use a finite number of hours from 0 to 1e+06"),
-    (["--plot", "/nonexistent-dir/p.png"], "error: --plot /nonexistent-dir/p.png: directory /nonexistent-dir "
-                                           "does not exist"),
-    (["--policy", "fifo,bogus"], "error: --policy 'fifo,bogus': unknown policy 'bogus'; use fairshare, fifo, "
-                                 "static, priority, a comma list or all"),
-    (["--slice", "weeks45-39"], "error: --slice 'weeks45-39': end before start (2024-11-04 .. 2024-09-30, end "
-                                "exclusive): the slice is empty"),
-    (["--slice", "2017-11-01..2017-10-01"], "error: --slice '2017-11-01..2017-10-01': end before start "
-                                            "(2017-11-01 .. 2017-10-01, end exclusive): the slice is empty"),
-    (["--slice", "week44+0d"], "error: --slice 'week44+0d': end before start (2024-10-28 .. 2024-10-28, end "
-                               "exclusive): the slice is empty"),
-])
+@pytest.mark.parametrize(
+    "opts, message",
+    [
+        (["--cycle-s", "-5"], "error: --cycle-s -5: use 0 (no periodic cycles) or at least 1 second"),
+        (["--cycle-s", "0.000001"], "error: --cycle-s 1e-06: use 0 (no periodic cycles) or at least 1 second"),
+        (["--cycle-s", "nan"], "error: --cycle-s nan: use 0 (no periodic cycles) or at least 1 second"),
+        (["--tail-h", "inf"], "error: --tail-h inf: use a finite number of hours from 0 to 1e+06"),
+        (
+            ["--plot", "/nonexistent-dir/p.png"],
+            "error: --plot /nonexistent-dir/p.png: directory /nonexistent-dir does not exist",
+        ),
+        (
+            ["--policy", "fifo,bogus"],
+            "error: --policy 'fifo,bogus': unknown policy 'bogus'; use fairshare, fifo, "
+            "static, priority, a comma list or all",
+        ),
+        (
+            ["--slice", "weeks45-39"],
+            "error: --slice 'weeks45-39': end before start (2024-11-04 .. 2024-09-30, end "
+            "exclusive): the slice is empty",
+        ),
+        (
+            ["--slice", "2017-11-01..2017-10-01"],
+            "error: --slice '2017-11-01..2017-10-01': end before start "
+            "(2017-11-01 .. 2017-10-01, end exclusive): the slice is empty",
+        ),
+        (
+            ["--slice", "week44+0d"],
+            "error: --slice 'week44+0d': end before start (2024-10-28 .. 2024-10-28, end "
+            "exclusive): the slice is empty",
+        ),
+    ],
+)
 def test_bad_options_are_one_line_exit_2(tmp_path, opts, message):
     assert _error(_run(tmp_path, *opts)) == message
 
@@ -109,111 +145,179 @@ def test_plot_extension_checked_before_the_run(tmp_path):
     assert res.stdout == ""  # nothing simulated
 
 
-@pytest.mark.parametrize("row, message", [
-    ("2024-01-01T00:00:00,a1,lab/a,u,0,1,3600,7200", "t.csv:2: gpus_per_replica: 0 is out of range (1..1024)"),
-    ("2024-01-01T00:00:00,a1,lab/a,u,-4,1,3600,7200", "t.csv:2: gpus_per_replica: -4 is out of range (1..1024)"),
-    ("2024-01-01T00:00:00,a1,lab/a,u,4,0,3600,7200", "t.csv:2: replicas: 0 is out of range (1..4096)"),
-    ("2024-01-01T00:00:00,a1,lab/a,u,4,1,3600,-1",
-     "t.csv:2: duration_s: '-1' must be a finite number of seconds > 0 and <= 1e+09"),
-    ("2024-01-01T00:00:00,a1,lab/a,u,4,1,nan,7200",
-     "t.csv:2: min_runtime_s: 'nan' must be a finite number of seconds >= 0 and <= 1e+09"),
-    ("2024-01-01T00:00:00,a1,lab/a,u,4,1,3600,inf",
-     "t.csv:2: duration_s: 'inf' must be a finite number of seconds > 0 and <= 1e+09"),
-    ("2024-01-01T00:00:00,,lab/a,u,4,1,3600,7200", "t.csv:2: job_id: empty"),
-    ("2024-01-01T00:00:00,a1,lab/a", "t.csv:2: expected 8 fields (submit,job_id,budget,user,gpus_per_replica,"
-                                     "replicas,min_runtime_s,duration_s), got 3"),
-    ("-99999999999999,a1,lab/a,u,4,1,3600,7200", "t.csv:2: submit: '-99999999999999' is out of range (years "
-                                                 "1..8999)"),
-    ("2024-01-01T00:00:00,a1,lab/a,u,four,1,3600,7200", "t.csv:2: gpus_per_replica: 'four' is not a whole number"),
-    ("yesterday,a1,lab/a,u,4,1,3600,7200", "t.csv:2: submit: 'yesterday' is not ISO 8601 or seconds since the "
-                                           "epoch"),
-    (OK_ROW + OK_ROW.strip(), "t.csv:3: job_id: 'a1' is also on line 2; job ids must be unique"),
-])
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ("2024-01-01T00:00:00,a1,lab/a,u,0,1,3600,7200", "t.csv:2: gpus_per_replica: 0 is out of range (1..1024)"),
+        ("2024-01-01T00:00:00,a1,lab/a,u,-4,1,3600,7200", "t.csv:2: gpus_per_replica: -4 is out of range (1..1024)"),
+        ("2024-01-01T00:00:00,a1,lab/a,u,4,0,3600,7200", "t.csv:2: replicas: 0 is out of range (1..4096)"),
+        (
+            "2024-01-01T00:00:00,a1,lab/a,u,4,1,3600,-1",
+            "t.csv:2: duration_s: '-1' must be a finite number of seconds > 0 and <= 1e+09",
+        ),
+        (
+            "2024-01-01T00:00:00,a1,lab/a,u,4,1,nan,7200",
+            "t.csv:2: min_runtime_s: 'nan' must be a finite number of seconds >= 0 and <= 1e+09",
+        ),
+        (
+            "2024-01-01T00:00:00,a1,lab/a,u,4,1,3600,inf",
+            "t.csv:2: duration_s: 'inf' must be a finite number of seconds > 0 and <= 1e+09",
+        ),
+        ("2024-01-01T00:00:00,,lab/a,u,4,1,3600,7200", "t.csv:2: job_id: empty"),
+        (
+            "2024-01-01T00:00:00,a1,lab/a",
+            "t.csv:2: expected 8 fields (submit,job_id,budget,user,gpus_per_replica,"
+            "replicas,min_runtime_s,duration_s), got 3",
+        ),
+        (
+            "-99999999999999,a1,lab/a,u,4,1,3600,7200",
+            "t.csv:2: submit: '-99999999999999' is out of range (years 1..8999)",
+        ),
+        ("2024-01-01T00:00:00,a1,lab/a,u,four,1,3600,7200", "t.csv:2: gpus_per_replica: 'four' is not a whole number"),
+        (
+            "yesterday,a1,lab/a,u,4,1,3600,7200",
+            "t.csv:2: submit: 'yesterday' is not ISO 8601 or seconds since the epoch",
+        ),
+        (OK_ROW + OK_ROW.strip(), "t.csv:3: job_id: 'a1' is also on line 2; job ids must be unique"),
+    ],
+)
 def test_bad_trace_rows_name_file_line_and_column(tmp_path, row, message):
     line = _error(_run(tmp_path, trace=HEADER + row + "\n"))
     assert line == f"error: {tmp_path / message}"
 
 
-@pytest.mark.parametrize("row, message", [
-    ("2017-10-31 10:00:00,100.0,-8,1200.0,aaa", "p.csv:2: num_gpus: -8 is out of range (1..32768)"),
-    ("2017-10-31 10:00:00,100.0,0,0,aaa", "p.csv:2: num_gpus: 0 is out of range (1..32768)"),
-    ("2017-10-31 10:00:00,-100.0,8,1200.0,aaa",
-     "p.csv:2: duration: '-100.0' must be a finite number of seconds > 0 and <= 1e+09"),
-    ("2017-10-31 10:00:00,100.0,8,800.0,", "p.csv:2: cluster: empty"),
-    ("2017-10-31 10:00:00,100.0,8", "p.csv:2: expected 5 fields (timestamp,duration,num_gpus,gpu_time,cluster), "
-                                    "got 3"),
-    ("2017-10-31 10:00:00,100.0,9,900.0,aaa", "p.csv:2: num_gpus: 9 GPUs do not split into ceil(9/8) = 2 equal "
-                                              "replicas (reference gang rule: docs/simulation.md)"),
-    ("yesterday,100.0,8,800.0,aaa", "p.csv:2: timestamp: 'yesterday' is not a date-time YYYY-MM-DD HH:MM:SS"),
-])
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ("2017-10-31 10:00:00,100.0,-8,1200.0,aaa", "p.csv:2: num_gpus: -8 is out of range (1..32768)"),
+        ("2017-10-31 10:00:00,100.0,0,0,aaa", "p.csv:2: num_gpus: 0 is out of range (1..32768)"),
+        (
+            "2017-10-31 10:00:00,-100.0,8,1200.0,aaa",
+            "p.csv:2: duration: '-100.0' must be a finite number of seconds > 0 and <= 1e+09",
+        ),
+        ("2017-10-31 10:00:00,100.0,8,800.0,", "p.csv:2: cluster: empty"),
+        (
+            "2017-10-31 10:00:00,100.0,8",
+            "p.csv:2: expected 5 fields (timestamp,duration,num_gpus,gpu_time,cluster), got 3",
+        ),
+        (
+            "2017-10-31 10:00:00,100.0,9,900.0,aaa",
+            "p.csv:2: num_gpus: 9 GPUs do not split into ceil(9/8) = 2 equal "
+            "replicas (reference gang rule: docs/simulation.md)",
+        ),
+        ("yesterday,100.0,8,800.0,aaa", "p.csv:2: timestamp: 'yesterday' is not a date-time YYYY-MM-DD HH:MM:SS"),
+    ],
+)
 def test_bad_philly_rows(tmp_path, row, message):
     (tmp_path / "p.csv").write_text("timestamp,duration,num_gpus,gpu_time,cluster\n" + row + "\n")
     (tmp_path / "b.yaml").write_text(B2)
-    res = CliRunner().invoke(app, ["--trace", str(tmp_path / "p.csv"), "--budgets", str(tmp_path / "b.yaml"),
-                                   "--seed", "1"])
+    res = CliRunner().invoke(
+        app, ["--trace", str(tmp_path / "p.csv"), "--budgets", str(tmp_path / "b.yaml"), "--seed", "1"]
+    )
     assert _error(res) == f"error: {tmp_path / message}"
 
 
 def test_encoding_and_headers(tmp_path):
     assert _error(_run(tmp_path, raw_trace=HEADER.encode() + b"2024,\xff,x\n")) == (
-        f"error: {tmp_path / 't.csv'}:2: not UTF-8 text (byte 0xff); save the file as UTF-8")
+        f"error: {tmp_path / 't.csv'}:2: not UTF-8 text (byte 0xff); save the file as UTF-8"
+    )
     assert _error(_run(tmp_path, trace="foo,bar\n1,2\n")).startswith(
         f"error: {tmp_path / 't.csv'}:1: unknown trace header 'foo,bar'; expected a Philly trace "
-        "(timestamp,duration,num_gpus,gpu_time,cluster) or an apportion CSV (submit,job_id,budget,user,")
+        "(timestamp,duration,num_gpus,gpu_time,cluster) or an apportion CSV (submit,job_id,budget,user,"
+    )
     assert _error(_run(tmp_path, trace=HEADER.replace(",duration_s", "") + "x\n")) == (
         f"error: {tmp_path / 't.csv'}:1: missing column duration_s; expected submit,job_id,budget,user,"
-        "gpus_per_replica,replicas,min_runtime_s,duration_s[,gpu_model] (user, replicas, gpu_model optional)")
+        "gpus_per_replica,replicas,min_runtime_s,duration_s[,gpu_model] (user, replicas, gpu_model optional)"
+    )
     bom = _run(tmp_path, "--json", raw_trace=b"\xef\xbb\xbf" + TRACE.encode())  # a BOM is fine
     assert bom.exit_code == 0 and json.loads(bom.stdout)["policies"][0]["jobs"] == 4
 
 
-@pytest.mark.parametrize("yaml_text, message", [
-    ("cluster: [{count: 2, gpus: 8}\n", "b.yaml:2:1: YAML syntax error: expected ',' or ']', but got '<stream end>'"),
-    ("cluster: 32\nbudgets: {lab: 1.0}\n", "b.yaml: cluster: expected a list, got 32"),
-    ("cluster: [n]\nbudgets: {lab: 1.0}\n",
-     "b.yaml: cluster[0]: expected a mapping (prefix, count, gpus, model), got 'n'"),
-    (B2 + "min_runtime: 2h\n", "b.yaml: min_runtime: expected a mapping (unallocated_fraction, cap_s), got '2h'"),
-    ("cluster: [{count: 2, gpus: 8}]\nbudgets: [lab, lab/a]\n",
-     "b.yaml: budgets: expected a mapping (key: value), got ['lab', 'lab/a']"),
-    (B2 + "window_s: 0\n", "b.yaml: window_s: input should be greater than or equal to 1, got 0"),
-    (B2.replace("gpus: 8", "gpus: -8"), "b.yaml: cluster[0].gpus: input should be greater than or equal to 1, got -8"),
-    (B2.replace("count: 2", "count: -2"),
-     "b.yaml: cluster[0].count: input should be greater than or equal to 1, got -2"),
-    (B2.replace("[{count: 2, gpus: 8}]", "[{count: 2, gpus: 8}, {count: 1, gpus: 4}]"),
-     "b.yaml: cluster[1]: node id 'n000' is also in cluster[0] (give each group its own prefix)"),
-    (B2 + "min_runtime: {cap_s: -7200}\n",
-     "b.yaml: min_runtime.cap_s: input should be greater than or equal to 0, got -7200"),
-    (B2 + "min_runtime: {unallocated_fraction: 1.5}\n",
-     "b.yaml: min_runtime.unallocated_fraction: input should be less than or equal to 1, got 1.5"),
-    (B2.replace("[{count: 2, gpus: 8}]", "[{count: 60000, gpus: 8}, {prefix: m, count: 60000, gpus: 8}]"),
-     "b.yaml: cluster: 120,000 nodes in all; at most 100,000"),
-    (B2 + "windw_s: 5\n", "b.yaml: (top level): unknown key 'windw_s'; allowed keys: window_s, cluster, budgets, "
-                          "groups, default_budget, min_runtime"),
-    (B2 + "min_runtime: {cap: 5}\n", "b.yaml: min_runtime: unknown key 'cap'; allowed keys: "
-                                     "unallocated_fraction, cap_s"),
-    (B2.replace("gpus", "gpu"), "b.yaml: cluster[0]: unknown key 'gpu'; allowed keys: prefix, count, gpus, model"),
-    (B2.replace("lab/a: 0.6", "lab/a: {share: 0.6, bogus: 1}"),
-     "b.yaml: budgets.lab/a: unknown key 'bogus'; allowed keys: share, members, max_min_runtime_s"),
-    (B2 + "default_budget: lab\n", "b.yaml: default_budget: 'lab' has children; it must name a leaf budget"),
-    # the second lab/a starts at column 33 of line 2 ("budgets: {" 10 + "lab: 1.0, " 10 + "lab/a: 0.6, " 12, 1-based)
-    (B2.replace("lab/a: 0.6", "lab/a: 0.6, lab/a: 0.4"),
-     "b.yaml:2:33: YAML syntax error: found duplicate key 'lab/a'"),
-])
+@pytest.mark.parametrize(
+    "yaml_text, message",
+    [
+        (
+            "cluster: [{count: 2, gpus: 8}\n",
+            "b.yaml:2:1: YAML syntax error: expected ',' or ']', but got '<stream end>'",
+        ),
+        ("cluster: 32\nbudgets: {lab: 1.0}\n", "b.yaml: cluster: expected a list, got 32"),
+        (
+            "cluster: [n]\nbudgets: {lab: 1.0}\n",
+            "b.yaml: cluster[0]: expected a mapping (prefix, count, gpus, model), got 'n'",
+        ),
+        (B2 + "min_runtime: 2h\n", "b.yaml: min_runtime: expected a mapping (unallocated_fraction, cap_s), got '2h'"),
+        (
+            "cluster: [{count: 2, gpus: 8}]\nbudgets: [lab, lab/a]\n",
+            "b.yaml: budgets: expected a mapping (key: value), got ['lab', 'lab/a']",
+        ),
+        (B2 + "window_s: 0\n", "b.yaml: window_s: input should be greater than or equal to 1, got 0"),
+        (
+            B2.replace("gpus: 8", "gpus: -8"),
+            "b.yaml: cluster[0].gpus: input should be greater than or equal to 1, got -8",
+        ),
+        (
+            B2.replace("count: 2", "count: -2"),
+            "b.yaml: cluster[0].count: input should be greater than or equal to 1, got -2",
+        ),
+        (
+            B2.replace("[{count: 2, gpus: 8}]", "[{count: 2, gpus: 8}, {count: 1, gpus: 4}]"),
+            "b.yaml: cluster[1]: node id 'n000' is also in cluster[0] (give each group its own prefix)",
+        ),
+        (
+            B2 + "min_runtime: {cap_s: -7200}\n",
+            "b.yaml: min_runtime.cap_s: input should be greater than or equal to 0, got -7200",
+        ),
+        (
+            B2 + "min_runtime: {unallocated_fraction: 1.5}\n",
+            "b.yaml: min_runtime.unallocated_fraction: input should be less than or equal to 1, got 1.5",
+        ),
+        (
+            B2.replace("[{count: 2, gpus: 8}]", "[{count: 60000, gpus: 8}, {prefix: m, count: 60000, gpus: 8}]"),
+            "b.yaml: cluster: 120,000 nodes in all; at most 100,000",
+        ),
+        (
+            B2 + "windw_s: 5\n",
+            "b.yaml: (top level): unknown key 'windw_s'; allowed keys: window_s, cluster, budgets, "
+            "groups, default_budget, min_runtime",
+        ),
+        (
+            B2 + "min_runtime: {cap: 5}\n",
+            "b.yaml: min_runtime: unknown key 'cap'; allowed keys: unallocated_fraction, cap_s",
+        ),
+        (B2.replace("gpus", "gpu"), "b.yaml: cluster[0]: unknown key 'gpu'; allowed keys: prefix, count, gpus, model"),
+        (
+            B2.replace("lab/a: 0.6", "lab/a: {share: 0.6, bogus: 1}"),
+            "b.yaml: budgets.lab/a: unknown key 'bogus'; allowed keys: share, members, max_min_runtime_s",
+        ),
+        (B2 + "default_budget: lab\n", "b.yaml: default_budget: 'lab' has children; it must name a leaf budget"),
+        # the second lab/a starts at column 33 of line 2 ("budgets: {" 10 + "lab: 1.0, " 10 + "lab/a: 0.6, " 12, 1-based)
+        (
+            B2.replace("lab/a: 0.6", "lab/a: 0.6, lab/a: 0.4"),
+            "b.yaml:2:33: YAML syntax error: found duplicate key 'lab/a'",
+        ),
+    ],
+)
 def test_bad_budget_files(tmp_path, yaml_text, message):
     assert _error(_run(tmp_path, budgets=yaml_text)) == f"error: {tmp_path / message}"
 
 
 def test_rejected_jobs_are_reported(tmp_path):
-    trace = HEADER + OK_ROW + "2024-01-01T00:01:00,x1,lab/zzz,u,4,1,3600,60\n" + \
-        "2024-01-01T00:02:00,x2,lab,u,4,1,3600,60\n2024-01-01T00:03:00,x3,lab/b,u,16,1,0,60\n"
+    trace = (
+        HEADER
+        + OK_ROW
+        + "2024-01-01T00:01:00,x1,lab/zzz,u,4,1,3600,60\n"
+        + "2024-01-01T00:02:00,x2,lab,u,4,1,3600,60\n2024-01-01T00:03:00,x3,lab/b,u,16,1,0,60\n"
+    )
     res = _run(tmp_path, "--policy", "fifo", "--json", trace=trace)
     assert res.exit_code == 0, res.output
     (doc,) = json.loads(res.stdout)["policies"]
     assert doc["rejected"] == {"not_a_leaf": 1, "shape_impossible": 1, "unknown_budget": 1} and doc["never"] == 3
     assert "3 of 4 jobs rejected at admission" in res.stderr
     table = _run(tmp_path, "--policy", "fifo", trace=trace)
-    assert ("fifo: 3 jobs rejected at admission (1 not_a_leaf, 1 shape_impossible, 1 unknown_budget); "
-            "counted in never placed") in table.stdout
+    assert (
+        "fifo: 3 jobs rejected at admission (1 not_a_leaf, 1 shape_impossible, 1 unknown_budget); "
+        "counted in never placed"
+    ) in table.stdout
 
 
 def test_policies_deduplicated_case_insensitive_and_rule_only_for_philly(tmp_path):
@@ -227,11 +331,13 @@ def test_policies_deduplicated_case_insensitive_and_rule_only_for_philly(tmp_pat
 
 
 def test_philly_without_groups_warns(tmp_path):
-    (tmp_path / "p.csv").write_text("timestamp,duration,num_gpus,gpu_time,cluster\n"
-                                    "2017-10-31 10:00:00,100.0,8,800.0,aaa\n")
+    (tmp_path / "p.csv").write_text(
+        "timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-31 10:00:00,100.0,8,800.0,aaa\n"
+    )
     (tmp_path / "b.yaml").write_text(B2)
-    res = CliRunner().invoke(app, ["--trace", str(tmp_path / "p.csv"), "--budgets", str(tmp_path / "b.yaml"),
-                                   "--seed", "1", "--json"])
+    res = CliRunner().invoke(
+        app, ["--trace", str(tmp_path / "p.csv"), "--budgets", str(tmp_path / "b.yaml"), "--seed", "1", "--json"]
+    )
     assert res.exit_code == 0
     assert "has no 'groups' and no 'default_budget'" in res.stderr
     doc = json.loads(res.stdout)

@@ -17,10 +17,10 @@ points of its share of the capacity integral.
 from __future__ import annotations
 
 import pytest
+from simkit import at
 
 from apportion.domain.budgets import BudgetTree
 from apportion.sim.core import SimConfig, SimJob, SimNode, simulate
-from simkit import T0, at
 
 pytestmark = pytest.mark.sim
 
@@ -36,8 +36,18 @@ def test_three_saturating_budgets_converge_to_their_shares():
     for p in range(21 * 24 // period_h):
         for leaf in SHARES:
             for i in range(per_period):
-                jobs.append(SimJob(f"{leaf[-1]}{p:03d}-{i:02d}", leaf, "u", at(p * period_h, i), 1, 1,
-                                   2 * 3600.0, period_h * 3600.0))
+                jobs.append(
+                    SimJob(
+                        f"{leaf[-1]}{p:03d}-{i:02d}",
+                        leaf,
+                        "u",
+                        at(p * period_h, i),
+                        1,
+                        1,
+                        2 * 3600.0,
+                        period_h * 3600.0,
+                    )
+                )
     end = at(21 * 24)
     r = simulate(tree, nodes, jobs, SimConfig(seed=3, until_us=end, sample_s=0, keep_log=False))
     occ = r.state.ledger.occupancy(end)

@@ -14,21 +14,25 @@ import random
 from dataclasses import replace
 
 import pytest
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from simkit import at
 
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import ClusterState
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import CycleSnapshot, EngineConfig, run_cycle, schedule
 from apportion.events import (
-    JobCompleted, JobFailed, JobPlaced, JobPreempted, JobStarted, StartWorkload,
+    JobCompleted,
+    JobFailed,
+    JobPlaced,
+    JobPreempted,
+    JobStarted,
+    StartWorkload,
 )
 from apportion.sim.baselines import POLICIES
 from apportion.sim.core import SimConfig, SimJob, SimNode, simulate
 from apportion.timeutil import s_to_us, to_us
-from simkit import T0, at
 
 TREE = {"org": 1.0, "org/x": 0.6, "org/x/p": 0.5, "org/x/q": 0.5, "org/y": 0.4}
 LEAVES = ["org/x/p", "org/x/q", "org/y"]
@@ -44,13 +48,23 @@ def worlds(draw):
         g = draw(st.integers(1, biggest))
         fitting = sum(1 for n in nodes if n.gpus >= g)
         k = draw(st.integers(1, fitting))
-        jobs.append(SimJob(
-            job_id=f"j{i:02d}", budget=draw(st.sampled_from(LEAVES)), user="u",
-            submit_us=at(0, draw(st.integers(0, 180))), gpus_per_replica=g, replicas=k,
-            min_runtime_s=draw(st.sampled_from([0.0, 0.0, 600.0, 1800.0, 3600.0])),
-            duration_s=float(draw(st.integers(60, 3 * 3600)))))
-    drains = tuple((f"n{i}", at(0, draw(st.integers(0, 240))))
-                   for i in range(n_nodes) if draw(st.booleans()) and draw(st.booleans()))
+        jobs.append(
+            SimJob(
+                job_id=f"j{i:02d}",
+                budget=draw(st.sampled_from(LEAVES)),
+                user="u",
+                submit_us=at(0, draw(st.integers(0, 180))),
+                gpus_per_replica=g,
+                replicas=k,
+                min_runtime_s=draw(st.sampled_from([0.0, 0.0, 600.0, 1800.0, 3600.0])),
+                duration_s=float(draw(st.integers(60, 3 * 3600))),
+            )
+        )
+    drains = tuple(
+        (f"n{i}", at(0, draw(st.integers(0, 240))))
+        for i in range(n_nodes)
+        if draw(st.booleans()) and draw(st.booleans())
+    )
     seed = draw(st.integers(0, 2**16))
     return nodes, jobs, drains, seed
 
@@ -68,8 +82,7 @@ def _work_conserving(snapshot: CycleSnapshot, now_us: int, cfg: EngineConfig):
         if isinstance(e, JobPlaced):
             placed.add(e.job_id)
     pending = {leaf: [j for j in jobs if j.job_id not in placed] for leaf, jobs in snapshot.pending.items()}
-    again = run_cycle(replace(snapshot, cluster=cs.snapshot(), pending=pending), now_us,
-                      replace(cfg, preemption=False))
+    again = run_cycle(replace(snapshot, cluster=cs.snapshot(), pending=pending), now_us, replace(cfg, preemption=False))
     if first.reservation is None:
         assert not [e for e in again.events if isinstance(e, JobPlaced)], "a placeable job was left waiting"
     return first.events
@@ -94,7 +107,8 @@ def _check_log(log, specs):
                 for g in p.gpus:
                     holder = held.get((p.node_id, g))
                     assert holder is None or (holder in victims and holder in stopping), (
-                        f"{key} placed on {p.node_id}:{g} held by {holder}")
+                        f"{key} placed on {p.node_id}:{g} held by {holder}"
+                    )
                     held[(p.node_id, g)] = key
         elif isinstance(e, StartWorkload):
             for g in e.gpus:
@@ -181,19 +195,42 @@ def test_a_run_leaves_no_reference_cycles(policy):
     """
     rng = random.Random(5)
     nodes = [SimNode(f"n{i}", 8 if i % 2 else 4) for i in range(6)]
-    jobs = sorted((SimJob(
-        job_id=f"j{i:03d}", budget=rng.choice(LEAVES), user="u", submit_us=at(0, rng.randrange(600)),
-        gpus_per_replica=rng.choice([1, 2, 4]), replicas=rng.choice([1, 1, 2]),
-        min_runtime_s=rng.choice([0.0, 600.0, 1800.0]), duration_s=float(rng.randrange(60, 7200)))
-        for i in range(150)), key=lambda j: (j.submit_us, j.job_id))
-    cfg = SimConfig(seed=3, heartbeat_s=30.0, dispatch=DispatchConfig(heartbeat_timeout_s=90.0),
-                    drains=(("n1", at(1)),), node_failures=(("n2", at(2)),), cancels=(("j005", at(0, 30)),),
-                    until_us=at(12), pause_gc=False)
+    jobs = sorted(
+        (
+            SimJob(
+                job_id=f"j{i:03d}",
+                budget=rng.choice(LEAVES),
+                user="u",
+                submit_us=at(0, rng.randrange(600)),
+                gpus_per_replica=rng.choice([1, 2, 4]),
+                replicas=rng.choice([1, 1, 2]),
+                min_runtime_s=rng.choice([0.0, 600.0, 1800.0]),
+                duration_s=float(rng.randrange(60, 7200)),
+            )
+            for i in range(150)
+        ),
+        key=lambda j: (j.submit_us, j.job_id),
+    )
+    cfg = SimConfig(
+        seed=3,
+        heartbeat_s=30.0,
+        dispatch=DispatchConfig(heartbeat_timeout_s=90.0),
+        drains=(("n1", at(1)),),
+        node_failures=(("n2", at(2)),),
+        cancels=(("j005", at(0, 30)),),
+        until_us=at(12),
+        pause_gc=False,
+    )
     gc.collect()
     gc.set_debug(gc.DEBUG_SAVEALL)
     try:
-        r = simulate(BudgetTree.from_mapping(TREE), nodes, jobs, cfg,
-                     scheduler=None if policy == "fairshare" else POLICIES[policy])
+        r = simulate(
+            BudgetTree.from_mapping(TREE),
+            nodes,
+            jobs,
+            cfg,
+            scheduler=None if policy == "fairshare" else POLICIES[policy],
+        )
         gc.collect()
         cyclic = sorted({type(o).__name__ for o in gc.garbage})
     finally:

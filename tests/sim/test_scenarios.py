@@ -13,9 +13,9 @@ Node agents start workloads at once and take 5 s to stop one (SIGTERM).
 from __future__ import annotations
 
 import pytest
+from simkit import at, decisions, job, nodes, run
 
 from apportion.events import JobPlaced
-from simkit import at, decisions, job, nodes, run
 
 pytestmark = pytest.mark.sim
 
@@ -26,11 +26,15 @@ H = 3600.0
 def test_two_budgets_contend_and_the_under_used_one_wins():
     # a0 holds the node 0-2 h; a1 (submitted 1 h) is older than b1 (1.5 h),
     # but at 2 h lab/a has r = 2 and lab/b r = 0, so b1 goes first.
-    r = run(AB, nodes(("n0", 4)), [
-        job("a0", "lab/a", gpus=4, duration_s=2 * H, min_runtime_s=2 * H),
-        job("a1", "lab/a", gpus=4, submit=at(1)),
-        job("b1", "lab/b", gpus=4, submit=at(1, 30)),
-    ])
+    r = run(
+        AB,
+        nodes(("n0", 4)),
+        [
+            job("a0", "lab/a", gpus=4, duration_s=2 * H, min_runtime_s=2 * H),
+            job("a1", "lab/a", gpus=4, submit=at(1)),
+            job("b1", "lab/b", gpus=4, submit=at(1, 30)),
+        ],
+    )
     assert decisions(r) == [
         "00:00:00 JobPlaced a0#1 n0[0, 1, 2, 3]",
         "00:00:00 StartWorkload a0#1 n0",
@@ -44,10 +48,14 @@ def test_two_budgets_contend_and_the_under_used_one_wins():
 
 
 def test_unallocated_job_is_preempted_when_an_allocated_job_arrives():
-    r = run(AB, nodes(("n0", 4)), [
-        job("u1", "lab/a", gpus=4, min_runtime_s=0, duration_s=2 * H),
-        job("b1", "lab/b", gpus=2, submit=at(0, 10)),
-    ])
+    r = run(
+        AB,
+        nodes(("n0", 4)),
+        [
+            job("u1", "lab/a", gpus=4, min_runtime_s=0, duration_s=2 * H),
+            job("b1", "lab/b", gpus=2, submit=at(0, 10)),
+        ],
+    )
     assert decisions(r) == [
         "00:00:00 JobPlaced u1#1 n0[0, 1, 2, 3]",
         "00:00:00 StartWorkload u1#1 n0",
@@ -69,10 +77,14 @@ def test_unallocated_job_is_preempted_when_an_allocated_job_arrives():
 
 def test_protected_job_is_never_preempted_even_far_over_share():
     # a1 holds every GPU (r_a far above r_b = 0) with 4 h protection; b1 waits exactly until then.
-    r = run(AB, nodes(("n0", 4)), [
-        job("a1", "lab/a", gpus=4, min_runtime_s=4 * H, duration_s=5 * H),
-        job("b1", "lab/b", gpus=4, submit=at(1)),
-    ])
+    r = run(
+        AB,
+        nodes(("n0", 4)),
+        [
+            job("a1", "lab/a", gpus=4, min_runtime_s=4 * H, duration_s=5 * H),
+            job("b1", "lab/b", gpus=4, submit=at(1)),
+        ],
+    )
     assert decisions(r) == [
         "00:00:00 JobPlaced a1#1 n0[0, 1, 2, 3]",
         "00:00:00 StartWorkload a1#1 n0",
@@ -91,9 +103,11 @@ TWO = [("n0", 1), ("n1", 1)]
 
 
 def _hysteresis_jobs(b1_submit):
-    return [job("a1", "lab/a", duration_s=10 * H),
-            job("b1", "lab/b", submit=b1_submit, duration_s=10 * H),
-            job("b2", "lab/b", submit=at(0, 30))]
+    return [
+        job("a1", "lab/a", duration_s=10 * H),
+        job("b1", "lab/b", submit=b1_submit, duration_s=10 * H),
+        job("b2", "lab/b", submit=at(0, 30)),
+    ]
 
 
 def test_no_preemption_after_expiry_when_inside_hysteresis():
@@ -181,10 +195,16 @@ def test_without_reservation_backfill_delays_the_gang():
 
 
 def test_drain_waits_for_protection_then_drains():
-    r = run(AB, nodes(("n0", 4), ("n1", 4)), [
-        job("a1", "lab/a", gpus=2, min_runtime_s=2 * H, duration_s=10 * H),
-        job("u1", "lab/b", gpus=2, min_runtime_s=0, duration_s=10 * H),
-    ], drains=(("n0", at(1)),), until_us=at(4))
+    r = run(
+        AB,
+        nodes(("n0", 4), ("n1", 4)),
+        [
+            job("a1", "lab/a", gpus=2, min_runtime_s=2 * H, duration_s=10 * H),
+            job("u1", "lab/b", gpus=2, min_runtime_s=0, duration_s=10 * H),
+        ],
+        drains=(("n0", at(1)),),
+        until_us=at(4),
+    )
     assert decisions(r) == [
         "00:00:00 JobPlaced a1#1 n0[0, 1]",
         "00:00:00 StartWorkload a1#1 n0",
@@ -208,9 +228,16 @@ def test_drain_waits_for_protection_then_drains():
 def test_node_lost_requeues_and_charges_to_the_last_heartbeat():
     # Heartbeats every 10 s; n0 dies at 1:00:05, its last heartbeat was 1:00:00.
     # Lost when 30 s have passed since it (first tick after 1:00:30).
-    r = run(AB, nodes(("n0", 4), ("n1", 4)), [
-        job("a1", "lab/a", gpus=4, min_runtime_s=2 * H, duration_s=10 * H),
-    ], heartbeat_s=10, node_failures=(("n0", at(1, 0, 5)),), until_us=at(1, 5))
+    r = run(
+        AB,
+        nodes(("n0", 4), ("n1", 4)),
+        [
+            job("a1", "lab/a", gpus=4, min_runtime_s=2 * H, duration_s=10 * H),
+        ],
+        heartbeat_s=10,
+        node_failures=(("n0", at(1, 0, 5)),),
+        until_us=at(1, 5),
+    )
     assert decisions(r) == [
         "00:00:00 JobPlaced a1#1 n0[0, 1, 2, 3]",
         "00:00:00 StartWorkload a1#1 n0",
@@ -231,11 +258,16 @@ def test_no_preemption_cascade():
     # t >= 7384.6 s (2:03:04.6). Cycles at 2:00:05 (expiry), 2:01 (a2 submitted) and
     # every 5 min leave b1 alone; the first cycle past that point (2:05:05, gap 0.081)
     # is the ordinary fair-share swap, not a cascade.
-    r = run(AB, nodes(("n0", 1)), [
-        job("a1", "lab/a", duration_s=10 * H),
-        job("b1", "lab/b", submit=at(0, 30), duration_s=10 * H),
-        job("a2", "lab/a", submit=at(2, 1)),
-    ], until_us=at(2, 6))
+    r = run(
+        AB,
+        nodes(("n0", 1)),
+        [
+            job("a1", "lab/a", duration_s=10 * H),
+            job("b1", "lab/b", submit=at(0, 30), duration_s=10 * H),
+            job("a2", "lab/a", submit=at(2, 1)),
+        ],
+        until_us=at(2, 6),
+    )
     assert decisions(r) == [
         "00:00:00 JobPlaced a1#1 n0[0]",
         "00:00:00 StartWorkload a1#1 n0",
@@ -255,11 +287,17 @@ def test_no_preemption_cascade():
 
 
 def test_cancel_pending_and_running():
-    r = run(AB, nodes(("n0", 2)), [
-        job("a1", "lab/a", gpus=2, duration_s=10 * H),
-        job("a2", "lab/a", gpus=2, submit=at(0, 1)),
-        job("a3", "lab/a", gpus=2, submit=at(0, 2)),
-    ], cancels=(("a2", at(0, 5)), ("a1", at(1))), until_us=at(3))
+    r = run(
+        AB,
+        nodes(("n0", 2)),
+        [
+            job("a1", "lab/a", gpus=2, duration_s=10 * H),
+            job("a2", "lab/a", gpus=2, submit=at(0, 1)),
+            job("a3", "lab/a", gpus=2, submit=at(0, 2)),
+        ],
+        cancels=(("a2", at(0, 5)), ("a1", at(1))),
+        until_us=at(3),
+    )
     assert decisions(r) == [
         "00:00:00 JobPlaced a1#1 n0[0, 1]",
         "00:00:00 StartWorkload a1#1 n0",
@@ -272,8 +310,17 @@ def test_cancel_pending_and_running():
 
 
 def test_same_seed_gives_a_byte_identical_decision_log():
-    jobs = [job(f"j{i}", "lab/a" if i % 3 else "lab/b", gpus=1 + i % 4, submit=at(0, i),
-                min_runtime_s=0 if i % 4 == 0 else 1800, duration_s=600 + 97 * i) for i in range(40)]
+    jobs = [
+        job(
+            f"j{i}",
+            "lab/a" if i % 3 else "lab/b",
+            gpus=1 + i % 4,
+            submit=at(0, i),
+            min_runtime_s=0 if i % 4 == 0 else 1800,
+            duration_s=600 + 97 * i,
+        )
+        for i in range(40)
+    ]
     one = run(AB, nodes(("n0", 4), ("n1", 8)), jobs, seed=7, stop_delay_s=None)
     two = run(AB, nodes(("n0", 4), ("n1", 8)), jobs, seed=7, stop_delay_s=None)
     assert one.decision_log() == two.decision_log()

@@ -18,19 +18,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+from builders import dt, h, submitted, tree
 
 from apportion.domain.admission import NodeShape, admit, rejected_event, shape_possible
 from apportion.events import RejectReason
-from builders import dt, h, submitted, tree
 
-TREE = tree({
-    "lab": {"share": 0.5, "members": ["alice", "bob"], "max_min_runtime_s": 86400},
-    "lab/prior": 0.6,
-    "lab/prior/robotics": {"share": 0.5, "members": ["carol"], "max_min_runtime_s": 3600},
-    "lab/prior/nlp": 0.5,
-    "lab/vision": 0.4,
-    "open": 0.5,
-})
+TREE = tree(
+    {
+        "lab": {"share": 0.5, "members": ["alice", "bob"], "max_min_runtime_s": 86400},
+        "lab/prior": 0.6,
+        "lab/prior/robotics": {"share": 0.5, "members": ["carol"], "max_min_runtime_s": 3600},
+        "lab/prior/nlp": 0.5,
+        "lab/vision": 0.4,
+        "open": 0.5,
+    }
+)
 SHAPES = [NodeShape(8, "A100", 4), NodeShape(4, "H100", 2), (2, None)]
 
 
@@ -42,46 +44,75 @@ class Case:
 
 
 CASES = [
-    Case("allocated job on a member's leaf is admitted",
-         dict(budget="lab/prior/nlp", user="alice", gpus=8, replicas=4), None),
+    Case(
+        "allocated job on a member's leaf is admitted",
+        dict(budget="lab/prior/nlp", user="alice", gpus=8, replicas=4),
+        None,
+    ),
     Case("unknown budget", dict(budget="lab/nope"), RejectReason.UNKNOWN_BUDGET),
     Case("inner budget is not a leaf", dict(budget="lab/prior"), RejectReason.NOT_A_LEAF),
-    Case("unknown budget wins over everything else",
-         dict(budget="ghost", user="mallory", gpus=99), RejectReason.UNKNOWN_BUDGET),
-    Case("user outside the inherited members",
-         dict(budget="lab/vision", user="mallory"), RejectReason.NOT_A_MEMBER),
-    Case("members set on a leaf replace the inherited ones",
-         dict(budget="lab/prior/robotics", user="alice", min_runtime_s=60),
-         RejectReason.NOT_A_MEMBER),
-    Case("member of the leaf's own list is admitted",
-         dict(budget="lab/prior/robotics", user="carol", min_runtime_s=3600), None),
-    Case("min runtime above the leaf's own limit",
-         dict(budget="lab/prior/robotics", user="carol", min_runtime_s=3601),
-         RejectReason.MIN_RUNTIME_TOO_LONG),
-    Case("min runtime above the inherited limit",
-         dict(budget="lab/prior/nlp", user="bob", min_runtime_s=86401),
-         RejectReason.MIN_RUNTIME_TOO_LONG),
-    Case("no limit anywhere on the path: a week of protection is fine",
-         dict(budget="open", user="anyone", min_runtime_s=7 * 86400), None),
-    Case("unallocated job skips membership and limits",
-         dict(budget="lab/prior/robotics", user="mallory", min_runtime_s=0), None),
-    Case("unallocated job still needs a leaf",
-         dict(budget="lab", user="alice", min_runtime_s=0), RejectReason.NOT_A_LEAF),
-    Case("more GPUs per replica than any node has",
-         dict(budget="open", gpus=9), RejectReason.SHAPE_IMPOSSIBLE),
-    Case("gang wider than the nodes that fit (5 x 8 GPUs, 4 such nodes)",
-         dict(budget="open", gpus=8, replicas=5), RejectReason.SHAPE_IMPOSSIBLE),
-    Case("gang of 6 x 4 GPUs fits across A100 and H100 nodes (4 + 2)",
-         dict(budget="open", gpus=4, replicas=6), None),
-    Case("named model restricts the fitting nodes (3 x 4 H100, only 2 nodes)",
-         dict(budget="open", gpus=4, replicas=3, gpu_model="H100"),
-         RejectReason.SHAPE_IMPOSSIBLE),
-    Case("named model that no node has",
-         dict(budget="open", gpus=1, gpu_model="V100"), RejectReason.SHAPE_IMPOSSIBLE),
-    Case("unknown-model node serves a job with no model (7 x 2 GPUs: 4+2+1)",
-         dict(budget="open", gpus=2, replicas=7), None),
-    Case("unallocated job with an impossible shape is still rejected",
-         dict(budget="open", gpus=16, min_runtime_s=0), RejectReason.SHAPE_IMPOSSIBLE),
+    Case(
+        "unknown budget wins over everything else",
+        dict(budget="ghost", user="mallory", gpus=99),
+        RejectReason.UNKNOWN_BUDGET,
+    ),
+    Case("user outside the inherited members", dict(budget="lab/vision", user="mallory"), RejectReason.NOT_A_MEMBER),
+    Case(
+        "members set on a leaf replace the inherited ones",
+        dict(budget="lab/prior/robotics", user="alice", min_runtime_s=60),
+        RejectReason.NOT_A_MEMBER,
+    ),
+    Case(
+        "member of the leaf's own list is admitted",
+        dict(budget="lab/prior/robotics", user="carol", min_runtime_s=3600),
+        None,
+    ),
+    Case(
+        "min runtime above the leaf's own limit",
+        dict(budget="lab/prior/robotics", user="carol", min_runtime_s=3601),
+        RejectReason.MIN_RUNTIME_TOO_LONG,
+    ),
+    Case(
+        "min runtime above the inherited limit",
+        dict(budget="lab/prior/nlp", user="bob", min_runtime_s=86401),
+        RejectReason.MIN_RUNTIME_TOO_LONG,
+    ),
+    Case(
+        "no limit anywhere on the path: a week of protection is fine",
+        dict(budget="open", user="anyone", min_runtime_s=7 * 86400),
+        None,
+    ),
+    Case(
+        "unallocated job skips membership and limits",
+        dict(budget="lab/prior/robotics", user="mallory", min_runtime_s=0),
+        None,
+    ),
+    Case(
+        "unallocated job still needs a leaf", dict(budget="lab", user="alice", min_runtime_s=0), RejectReason.NOT_A_LEAF
+    ),
+    Case("more GPUs per replica than any node has", dict(budget="open", gpus=9), RejectReason.SHAPE_IMPOSSIBLE),
+    Case(
+        "gang wider than the nodes that fit (5 x 8 GPUs, 4 such nodes)",
+        dict(budget="open", gpus=8, replicas=5),
+        RejectReason.SHAPE_IMPOSSIBLE,
+    ),
+    Case("gang of 6 x 4 GPUs fits across A100 and H100 nodes (4 + 2)", dict(budget="open", gpus=4, replicas=6), None),
+    Case(
+        "named model restricts the fitting nodes (3 x 4 H100, only 2 nodes)",
+        dict(budget="open", gpus=4, replicas=3, gpu_model="H100"),
+        RejectReason.SHAPE_IMPOSSIBLE,
+    ),
+    Case("named model that no node has", dict(budget="open", gpus=1, gpu_model="V100"), RejectReason.SHAPE_IMPOSSIBLE),
+    Case(
+        "unknown-model node serves a job with no model (7 x 2 GPUs: 4+2+1)",
+        dict(budget="open", gpus=2, replicas=7),
+        None,
+    ),
+    Case(
+        "unallocated job with an impossible shape is still rejected",
+        dict(budget="open", gpus=16, min_runtime_s=0),
+        RejectReason.SHAPE_IMPOSSIBLE,
+    ),
 ]
 
 

@@ -13,10 +13,11 @@ r_a = 1.0 >= r_b = 0.9833 + 0.01, so b2 preempts a1 (rule expired_behind, LCA la
 
 from __future__ import annotations
 
+from test_audit_verify import CFG, history
+
 from apportion import events
 from apportion.audit.explain import explain
 from apportion.audit.verify import records_from_events
-from test_audit_verify import CFG, history
 
 
 def test_preempted_job_names_preemptor_rule_and_ratios() -> None:
@@ -30,8 +31,13 @@ def test_preempted_job_names_preemptor_rule_and_ratios() -> None:
     assert (v["rule"], v["lca"], v["victim_ratio"]) == ("expired_behind", "lab", 1.0)
     assert abs(v["preemptor_ratio"] - 3540 / 3600) < 1e-12
     assert "preempted by b2 (lab/b): rule expired_behind at LCA lab" in pre.summary
-    assert pre.check == {"match": True, "basis": "log-order", "diffs": [], "tick_match": True,
-                         "tick_offset": pre.check["tick_offset"]}
+    assert pre.check == {
+        "match": True,
+        "basis": "log-order",
+        "diffs": [],
+        "tick_match": True,
+        "tick_offset": pre.check["tick_offset"],
+    }
     assert kinds.index("JobPreempted") < kinds.index("JobRequeued")
     # then a1 (attempt 2) itself preempts b1 at 1:01
     mine = next(e for e in ex.timeline if e.kind == "Preempts")

@@ -40,9 +40,11 @@ CFG = DispatchConfig(engine=EngineConfig(delta=0.01), heartbeat_timeout_s=None)
 
 def history(snapshot_times: tuple[int, ...] = ()) -> list[events.Event]:
     """Budgets, the simulated scenario, and accounting snapshots at the given times."""
-    jobs = [job("a1", "lab/a", min_runtime_s=3600, duration_s=10 * 3600),
-            job("b1", "lab/b", submit=at(0, 1), min_runtime_s=3600, duration_s=10 * 3600),
-            job("b2", "lab/b", submit=at(0, 2), min_runtime_s=3600, duration_s=3600)]
+    jobs = [
+        job("a1", "lab/a", min_runtime_s=3600, duration_s=10 * 3600),
+        job("b1", "lab/b", submit=at(0, 1), min_runtime_s=3600, duration_s=10 * 3600),
+        job("b2", "lab/b", submit=at(0, 2), min_runtime_s=3600, duration_s=3600),
+    ]
     r = run(AB, nodes(("n0", 1), ("n1", 1)), jobs, until_us=at(3), delta=0.01)
     log = [events.BudgetSet(path=p, share=s, ts=from_us(T0 - 1), producer="ops") for p, s in AB.items()]
     log += r.log
@@ -101,9 +103,16 @@ def test_tampered_decision_is_named_by_its_offset() -> None:
     m = rep.first
     assert m.check == "decision" and "decision.rank: recorded 7, re-run 0" in m.detail
     # the first record of that tick: a1's preemption (same instant, earlier offset)
-    tick = sorted((r for r in recs if r.event is not None and r.event.ts == placed.ts
-                   and isinstance(r.event, (events.JobPlaced, events.JobPreempted))),
-                  key=lambda r: (r.topic, r.partition, r.offset))
+    tick = sorted(
+        (
+            r
+            for r in recs
+            if r.event is not None
+            and r.event.ts == placed.ts
+            and isinstance(r.event, (events.JobPlaced, events.JobPreempted))
+        ),
+        key=lambda r: (r.topic, r.partition, r.offset),
+    )
     assert m.offset == position(tick[0])
 
 
@@ -113,8 +122,12 @@ def test_read_model_rows_compared_with_the_rebuild() -> None:
     snap = log[-1]
     _, ranks = occupancy_at(recs, at(2, 30))
     budgets = {u.path: u.model_dump(mode="json") | {"rank": ranks.get(u.path)} for u in snap.budgets}
-    meta = {"at": snap.at.isoformat(), "window_s": snap.window_s, "capacity_gpu_s": snap.capacity_gpu_s,
-            "snapshot_id": str(snap.event_id)}
+    meta = {
+        "at": snap.at.isoformat(),
+        "window_s": snap.window_s,
+        "capacity_gpu_s": snap.capacity_gpu_s,
+        "snapshot_id": str(snap.event_id),
+    }
     rows = {"usage": {"meta": meta}, "budgets": budgets}
     assert check_read_models(recs, rows, CFG) == []
     budgets["lab/b"] = budgets["lab/b"] | {"occupancy_gpu_s": 1.0}
@@ -131,8 +144,12 @@ def test_dispatcher_job_row_that_disagrees_is_reported(field: str, value: object
     jobs = {}
     for jid, rec in state.jobs.items():
         run_ = state.cluster.runs.get((jid, rec.attempt))
-        jobs[jid] = {"state": rec.status, "attempt": rec.attempt, "budget": rec.spec.budget,
-                     "nodes": [p.node_id for p in run_.placements] if run_ else []}
+        jobs[jid] = {
+            "state": rec.status,
+            "attempt": rec.attempt,
+            "budget": rec.spec.budget,
+            "nodes": [p.node_id for p in run_.placements] if run_ else [],
+        }
     assert check_read_models(recs, {"jobs": jobs}, CFG) == []
     jid = sorted(jobs)[0]
     jobs[jid] = jobs[jid] | {field: value}

@@ -31,12 +31,25 @@ T0 = 1_700_000_000_000_000
 
 def tiny_log() -> list:
     t = from_us(T0)
-    evs: list = [events.BudgetSet(path=p, share=s, ts=t, producer="ops")
-                 for p, s in (("lab", 1.0), ("lab/a", 0.5), ("lab/b", 0.5))]
+    evs: list = [
+        events.BudgetSet(path=p, share=s, ts=t, producer="ops")
+        for p, s in (("lab", 1.0), ("lab/a", 0.5), ("lab/b", 0.5))
+    ]
     evs.append(events.NodeRegistered(node_id="n0", gpu_count=2, ts=t, producer="agent"))
     for jid, b in (("a1", "lab/a"), ("b1", "lab/b")):
-        evs.append(events.JobSubmitted(job_id=jid, budget=b, user="u", gpus_per_replica=2, min_runtime_s=3600,
-                                       duration_s=3600, submitted_at=t, ts=t, producer="test"))
+        evs.append(
+            events.JobSubmitted(
+                job_id=jid,
+                budget=b,
+                user="u",
+                gpus_per_replica=2,
+                min_runtime_s=3600,
+                duration_s=3600,
+                submitted_at=t,
+                ts=t,
+                producer="test",
+            )
+        )
     return records_from_events(evs)
 
 
@@ -44,7 +57,9 @@ def test_inputs_from_the_log() -> None:
     recs = tiny_log()
     jobs, skipped = jobs_from_log(recs)
     assert [(j.job_id, j.budget, j.gpus_per_replica, j.duration_s, j.submit_us) for j in jobs] == [
-        ("a1", "lab/a", 2, 3600.0, T0), ("b1", "lab/b", 2, 3600.0, T0)]
+        ("a1", "lab/a", 2, 3600.0, T0),
+        ("b1", "lab/b", 2, 3600.0, T0),
+    ]
     assert skipped == []
     assert [(n.node_id, n.gpus) for n in nodes_from_log(recs)] == [("n0", 2)]
 

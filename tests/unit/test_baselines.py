@@ -23,8 +23,16 @@ from hypothesis import strategies as st
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import (
-    CycleSnapshot, EngineConfig, PendingJob, _emit_placed, _Free, _plan, _Victims, preempt_events,
-    shape_codes, start_events,
+    CycleSnapshot,
+    EngineConfig,
+    PendingJob,
+    _emit_placed,
+    _Free,
+    _plan,
+    _Victims,
+    preempt_events,
+    shape_codes,
+    start_events,
 )
 from apportion.events import Event, Placement
 from apportion.sim import baselines as bl
@@ -34,11 +42,28 @@ from apportion.timeutil import from_us
 T0 = 1_704_067_200_000_000  # 2024-01-01T00:00:00Z in µs
 
 
-def pj(job_id: str, g: int = 1, k: int = 1, *, sub: int = 0, alloc: bool = True, budget: str = "org/a",
-       model: str | None = None) -> PendingJob:
-    return PendingJob(job_id=job_id, attempt=1, budget=budget, user="u", gpus_per_replica=g, replicas=k,
-                      min_runtime_s=3600.0 if alloc else 0.0, submitted_at_us=T0 + sub, queued_at_us=T0 + sub,
-                      gpu_model=model)
+def pj(
+    job_id: str,
+    g: int = 1,
+    k: int = 1,
+    *,
+    sub: int = 0,
+    alloc: bool = True,
+    budget: str = "org/a",
+    model: str | None = None,
+) -> PendingJob:
+    return PendingJob(
+        job_id=job_id,
+        attempt=1,
+        budget=budget,
+        user="u",
+        gpus_per_replica=g,
+        replicas=k,
+        min_runtime_s=3600.0 if alloc else 0.0,
+        submitted_at_us=T0 + sub,
+        queued_at_us=T0 + sub,
+        gpu_model=model,
+    )
 
 
 # --------------------------------------------------------------------------- helpers
@@ -83,8 +108,13 @@ def test_add_blocked_keeps_an_antichain() -> None:
 def test_segments_split_each_list_at_the_first_unallocated_job() -> None:
     a = [pj("a1", sub=5), pj("a2", sub=9), pj("a3", sub=1, alloc=False)]
     b = [pj("b1", sub=3, alloc=False, budget="org/b")]
-    snap = CycleSnapshot(cluster=None, pending={"org/a": a, "org/b": b},  # type: ignore[arg-type]
-                         tree=None, occupancy={}, capacity_gpu_s=0.0)  # type: ignore[arg-type]
+    snap = CycleSnapshot(
+        cluster=None,
+        pending={"org/a": a, "org/b": b},  # type: ignore[arg-type]
+        tree=None,
+        occupancy={},
+        capacity_gpu_s=0.0,
+    )  # type: ignore[arg-type]
     alloc, unalloc = bl._segments(snap)
     assert alloc == [("org/a", a, 0, 2)]
     assert unalloc == [("org/a", a, 2, 3), ("org/b", b, 0, 1)]
@@ -115,7 +145,7 @@ def test_merge_orders_by_submit_then_id_and_drops_dead_segments() -> None:
     assert [j.job_id for _, j in bl._merge(segs, [True, False, True])] == ["a1", "c1", "a2", "a3"]
     live = [True, True, True]
     out = []
-    for i, j in bl._merge(segs, live):
+    for _i, j in bl._merge(segs, live):
         out.append(j.job_id)
         if j.job_id == "b2":
             live[0] = False  # a's next job is already in the heap: taken, then no more of a
@@ -155,15 +185,28 @@ def _ref_segments(snapshot: CycleSnapshot) -> tuple[list, list]:
     return alloc, unalloc
 
 
-def _ref_greedy(snapshot: CycleSnapshot, now_us: int, config: EngineConfig, jobs: Iterable[PendingJob],
-                policy: str, admit: Callable | None = None, on_place: Callable | None = None,
-                preempt: bool = False) -> list[Event]:
+def _ref_greedy(
+    snapshot: CycleSnapshot,
+    now_us: int,
+    config: EngineConfig,
+    jobs: Iterable[PendingJob],
+    policy: str,
+    admit: Callable | None = None,
+    on_place: Callable | None = None,
+    preempt: bool = False,
+) -> list[Event]:
     free = _Free(snapshot.cluster)
     out: list[Event] = []
     ts = from_us(now_us)
-    cfg = EngineConfig(delta=config.delta, reservation_after_s=config.reservation_after_s,
-                       window_s=config.window_s, grace_s=config.grace_s, preemption=preempt,
-                       policy_version=policy, producer=config.producer)
+    cfg = EngineConfig(
+        delta=config.delta,
+        reservation_after_s=config.reservation_after_s,
+        window_s=config.window_s,
+        grace_s=config.grace_s,
+        preemption=preempt,
+        policy_version=policy,
+        producer=config.producer,
+    )
     victims = None
     for rank, job in enumerate(jobs):
         if admit is not None and not admit(job):
@@ -173,8 +216,7 @@ def _ref_greedy(snapshot: CycleSnapshot, now_us: int, config: EngineConfig, jobs
         if nodes is not None:
             pl = tuple(Placement(node_id=n, gpus=free.take(n, job.gpus_per_replica)) for n in nodes)
             _emit_placed(out, job, pl, (), job.budget, rank, {}, 0.0, False, ts, cfg)
-            out.extend(start_events(job.job_id, job.attempt, pl, ts, job.duration_s, job.command,
-                                    cfg.producer))
+            out.extend(start_events(job.job_id, job.attempt, pl, ts, job.duration_s, job.command, cfg.producer))
         elif preempt and job.min_runtime_s > 0:
             if victims is None:
                 victims = _Victims(snapshot.cluster, now_us)
@@ -185,10 +227,12 @@ def _ref_greedy(snapshot: CycleSnapshot, now_us: int, config: EngineConfig, jobs
             pl, chosen = plan
             for run, vic in chosen:
                 victims.taken.add(run.key)
-                out.extend(preempt_events(run, ts, cfg.grace_s, cfg.producer, victim=vic,
-                                          by_job_id=job.job_id, by_budget=job.budget))
-            _emit_placed(out, job, pl, tuple(v for _, v in chosen), job.budget, rank, {}, 0.0,
-                         False, ts, cfg)
+                out.extend(
+                    preempt_events(
+                        run, ts, cfg.grace_s, cfg.producer, victim=vic, by_job_id=job.job_id, by_budget=job.budget
+                    )
+                )
+            _emit_placed(out, job, pl, tuple(v for _, v in chosen), job.budget, rank, {}, 0.0, False, ts, cfg)
         else:
             continue
         if on_place is not None:
@@ -198,8 +242,7 @@ def _ref_greedy(snapshot: CycleSnapshot, now_us: int, config: EngineConfig, jobs
 
 def _ref_fifo(snapshot: CycleSnapshot, now_us: int, config: EngineConfig) -> list[Event]:
     alloc, unalloc = _ref_segments(snapshot)
-    return _ref_greedy(snapshot, now_us, config, sorted(itertools.chain(*alloc, *unalloc), key=_ref_key),
-                       "fifo-1")
+    return _ref_greedy(snapshot, now_us, config, sorted(itertools.chain(*alloc, *unalloc), key=_ref_key), "fifo-1")
 
 
 def _ref_static(snapshot: CycleSnapshot, now_us: int, config: EngineConfig) -> list[Event]:
@@ -216,8 +259,9 @@ def _ref_static(snapshot: CycleSnapshot, now_us: int, config: EngineConfig) -> l
         used[job.budget] = used.get(job.budget, 0) + job.gpus
 
     alloc, unalloc = _ref_segments(snapshot)
-    return _ref_greedy(snapshot, now_us, config, sorted(itertools.chain(*alloc, *unalloc), key=_ref_key),
-                       "static-1", admit, on_place)
+    return _ref_greedy(
+        snapshot, now_us, config, sorted(itertools.chain(*alloc, *unalloc), key=_ref_key), "static-1", admit, on_place
+    )
 
 
 def _ref_priority(snapshot: CycleSnapshot, now_us: int, config: EngineConfig) -> list[Event]:
@@ -229,41 +273,55 @@ def _ref_priority(snapshot: CycleSnapshot, now_us: int, config: EngineConfig) ->
 TREE = {"org": 1.0, "org/x": 0.6, "org/x/p": 0.5, "org/x/q": 0.5, "org/y": 0.4}
 LEAVES = ["org/x/p", "org/x/q", "org/y"]
 
-trace = st.lists(st.tuples(
-    st.integers(0, 7_200),  # submit offset, s
-    st.sampled_from(LEAVES),
-    st.sampled_from([1, 1, 2, 3, 4, 8]),  # g
-    st.sampled_from([1, 1, 1, 2, 3]),  # k
-    st.booleans(),  # allocated
-    st.integers(60, 7_200),  # duration, s
-    st.sampled_from([None, None, None, "A100", "V100"]),
-), min_size=1, max_size=40)
-clusters = st.lists(st.tuples(st.sampled_from([2, 4, 8]), st.sampled_from([None, "A100", "V100"])),
-                    min_size=1, max_size=5)
+trace = st.lists(
+    st.tuples(
+        st.integers(0, 7_200),  # submit offset, s
+        st.sampled_from(LEAVES),
+        st.sampled_from([1, 1, 2, 3, 4, 8]),  # g
+        st.sampled_from([1, 1, 1, 2, 3]),  # k
+        st.booleans(),  # allocated
+        st.integers(60, 7_200),  # duration, s
+        st.sampled_from([None, None, None, "A100", "V100"]),
+    ),
+    min_size=1,
+    max_size=40,
+)
+clusters = st.lists(
+    st.tuples(st.sampled_from([2, 4, 8]), st.sampled_from([None, "A100", "V100"])), min_size=1, max_size=5
+)
 
 
 def _run(policy: Callable, spec: list, cl: list, seed: int) -> bytes:
     nodes = [SimNode(f"n{i}", g, m) for i, (g, m) in enumerate(cl)]
-    jobs = [SimJob(f"j{i:02d}", leaf, "u", T0 + s * 1_000_000, g, k, 1800.0 if alloc else 0.0, float(d), m)
-            for i, (s, leaf, g, k, alloc, d, m) in enumerate(spec)]
-    cfg = SimConfig(seed=seed, dispatch=DispatchConfig(engine=EngineConfig(), heartbeat_timeout_s=None),
-                    stop_delay_s=None, sample_s=0, until_us=T0 + 30 * 3600 * 1_000_000)
+    jobs = [
+        SimJob(f"j{i:02d}", leaf, "u", T0 + s * 1_000_000, g, k, 1800.0 if alloc else 0.0, float(d), m)
+        for i, (s, leaf, g, k, alloc, d, m) in enumerate(spec)
+    ]
+    cfg = SimConfig(
+        seed=seed,
+        dispatch=DispatchConfig(engine=EngineConfig(), heartbeat_timeout_s=None),
+        stop_delay_s=None,
+        sample_s=0,
+        until_us=T0 + 30 * 3600 * 1_000_000,
+    )
     return simulate(BudgetTree.from_mapping(TREE), nodes, jobs, cfg, scheduler=policy).decision_log()
 
 
 @settings(max_examples=150, deadline=None)
 @given(trace, clusters, st.integers(0, 3))
 def test_baselines_decide_as_the_replaced_loop(spec: list, cl: list, seed: int) -> None:
-    for new, ref in ((bl.fifo, _ref_fifo), (bl.static_partitions, _ref_static),
-                     (bl.strict_priority, _ref_priority)):
+    for new, ref in ((bl.fifo, _ref_fifo), (bl.static_partitions, _ref_static), (bl.strict_priority, _ref_priority)):
         assert _run(new, spec, cl, seed) == _run(ref, spec, cl, seed)
 
 
 def test_strict_priority_preempts_once_per_cycle_for_a_blocked_shape() -> None:
     """Two 8-GPU allocated jobs behind one 4-GPU unallocated run on one 8-GPU node: the first
     preempts it (rank 0); the second cannot be placed in that cycle nor later while the first runs."""
-    spec = [(0, "org/y", 4, 1, False, 7200, None), (10, "org/x/p", 8, 1, True, 600, None),
-            (10, "org/x/q", 8, 1, True, 600, None)]
+    spec = [
+        (0, "org/y", 4, 1, False, 7200, None),
+        (10, "org/x/p", 8, 1, True, 600, None),
+        (10, "org/x/q", 8, 1, True, 600, None),
+    ]
     log = _run(bl.strict_priority, spec, [(8, None)], 0)
     assert log == _run(_ref_priority, spec, [(8, None)], 0)
     assert log.count(b'"type":"JobPreempted"') == 1
@@ -276,12 +334,18 @@ def test_strict_priority_a_failed_plan_blocks_only_what_it_covers() -> None:
     q's first 8x1 job preempts an unallocated run, p's 8x3 job then has no plan (two preemptible
     nodes left), and q's next two 8x1 jobs, which the fit failure of 8x1 alone does not stop, each
     preempt one of the other two (the last is looked at after the failed plan dropped nothing)."""
-    spec = [(0, "org/y", 8, 1, False, 7200, None), (0, "org/y", 8, 1, False, 7200, None),
-            (0, "org/y", 8, 1, False, 7200, None), (0, "org/y", 8, 1, True, 7200, None),
-            (100, "org/x/q", 8, 1, True, 600, None), (100, "org/x/p", 8, 3, True, 600, None),
-            (100, "org/x/q", 8, 1, True, 600, None), (100, "org/x/q", 8, 1, True, 600, None)]
+    spec = [
+        (0, "org/y", 8, 1, False, 7200, None),
+        (0, "org/y", 8, 1, False, 7200, None),
+        (0, "org/y", 8, 1, False, 7200, None),
+        (0, "org/y", 8, 1, True, 7200, None),
+        (100, "org/x/q", 8, 1, True, 600, None),
+        (100, "org/x/p", 8, 3, True, 600, None),
+        (100, "org/x/q", 8, 1, True, 600, None),
+        (100, "org/x/q", 8, 1, True, 600, None),
+    ]
     cl = [(8, None)] * 4
     log = _run(bl.strict_priority, spec, cl, 0)
     assert log == _run(_ref_priority, spec, cl, 0)
-    head = log[:log.index(b'"ts":"2024-01-01T00:02')]  # the cycle at 00:01:40 (and before)
+    head = log[: log.index(b'"ts":"2024-01-01T00:02')]  # the cycle at 00:01:40 (and before)
     assert [head.count(b'"by_job_id":"j0%d"' % i) for i in (4, 5, 6, 7)] == [1, 0, 1, 1]

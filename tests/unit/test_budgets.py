@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
 from apportion.domain.budgets import BudgetError, BudgetTree, ancestors_of, parent_of
 from apportion.events import BudgetRemoved, BudgetSet
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def bset(path: str, share: float, **kw: object) -> BudgetSet:
@@ -78,12 +78,14 @@ def test_remove_refused_while_in_use() -> None:
 
 
 def test_members_and_limit_inherit_down_the_tree() -> None:
-    tree = BudgetTree.from_events([
-        bset("lab", 1.0, members=("alice", "bob"), max_min_runtime_s=8 * 3600),
-        bset("lab/prior", 0.6),
-        bset("lab/prior/robotics", 0.5, members=("carol",)),
-        bset("lab/vision", 0.4, max_min_runtime_s=3600),
-    ])
+    tree = BudgetTree.from_events(
+        [
+            bset("lab", 1.0, members=("alice", "bob"), max_min_runtime_s=8 * 3600),
+            bset("lab/prior", 0.6),
+            bset("lab/prior/robotics", 0.5, members=("carol",)),
+            bset("lab/vision", 0.4, max_min_runtime_s=3600),
+        ]
+    )
     assert tree.members("lab/prior") == frozenset({"alice", "bob"})
     assert tree.members("lab/prior/robotics") == frozenset({"carol"})
     assert tree.max_min_runtime_s("lab/prior/robotics") == 8 * 3600

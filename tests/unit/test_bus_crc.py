@@ -8,8 +8,15 @@ import pytest
 def _batch() -> bytes:
     from kafka.record.default_records import DefaultRecordBatchBuilder
 
-    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
-                                  producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+    b = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
+    )
     for i in range(50):
         b.append(i, timestamp=1_700_000_000_000 + i, key=b"k%d" % i, value=b'{"event_id":"x"}' * i, headers=[])
     return bytes(b.build())

@@ -9,20 +9,22 @@ from apportion.cli.main import app
 from apportion.client import build_submission, check_job_id
 
 
-@pytest.mark.parametrize("job_id", ["alice-0123abcd", "application_1506638472019_10238", "exp.v2:seed@3+a",
-                                    "x" * 200])
+@pytest.mark.parametrize("job_id", ["alice-0123abcd", "application_1506638472019_10238", "exp.v2:seed@3+a", "x" * 200])
 def test_accepted_job_ids(job_id: str) -> None:
     assert check_job_id(job_id) == job_id
     assert build_submission(budget="lab/a", user="alice", gpus=1, duration=60, job_id=job_id).job_id == job_id
 
 
-@pytest.mark.parametrize("job_id, why", [
-    ("my job", "characters ' ' are not allowed"),
-    ("a/b\\c", "characters '/\\\\' are not allowed"),
-    ("", "it is empty"),
-    ("-x", "it must start with a letter or digit"),
-    ("x" * 201, "it is longer than 200 characters"),
-])
+@pytest.mark.parametrize(
+    "job_id, why",
+    [
+        ("my job", "characters ' ' are not allowed"),
+        ("a/b\\c", "characters '/\\\\' are not allowed"),
+        ("", "it is empty"),
+        ("-x", "it must start with a letter or digit"),
+        ("x" * 201, "it is longer than 200 characters"),
+    ],
+)
 def test_rejected_job_ids_say_why(job_id: str, why: str) -> None:
     with pytest.raises(ValueError) as exc:
         check_job_id(job_id)
@@ -30,8 +32,25 @@ def test_rejected_job_ids_say_why(job_id: str, why: str) -> None:
 
 
 def test_cli_submit_refuses_a_bad_job_id_before_publishing() -> None:
-    res = CliRunner().invoke(app, ["submit", "-b", "lab/a", "-g", "1", "-m", "1h", "--duration", "60",
-                                   "--user", "alice", "--job-id", "my job", "--dry-run"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "submit",
+            "-b",
+            "lab/a",
+            "-g",
+            "1",
+            "-m",
+            "1h",
+            "--duration",
+            "60",
+            "--user",
+            "alice",
+            "--job-id",
+            "my job",
+            "--dry-run",
+        ],
+    )
     assert res.exit_code == 2  # usage errors exit 2 (cli.main.fail)
     assert "error: invalid job id 'my job': characters ' ' are not allowed" in " ".join(res.output.split())
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from builders import T0, completed, h, placed, preempted, requeued, started
+
 from apportion import events as ev
 from apportion.domain.cluster import UNTIL_STARTED, ClusterState
 from apportion.timeutil import from_us
-from builders import T0, completed, h, placed, preempted, requeued, started
 
 
 def reg(nid: str, gpus: int = 4, at: int = T0) -> ev.NodeRegistered:
@@ -37,8 +38,9 @@ def test_gang_replicas_end_one_by_one():
 
 
 def test_stopping_victim_keeps_its_gpus_until_requeued_and_preemptor_takes_them_over():
-    cs = fold(reg("n0"), placed("v", gpus=4, nodes=["n0"], allocated=False, at=h(1)),
-              preempted("v", allocated=False, at=h(2)))
+    cs = fold(
+        reg("n0"), placed("v", gpus=4, nodes=["n0"], allocated=False, at=h(1)), preempted("v", allocated=False, at=h(2))
+    )
     assert cs.runs[("v", 1)].stopping and cs.nodes["n0"].free == frozenset()
     # the preemptor takes GPUs 0-1 of the stopping victim
     p = placed("j", gpus=2, nodes=["n0"], at=h(2))

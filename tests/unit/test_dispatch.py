@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import random
 
+from builders import T0, h, m, submitted
+
 from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
-from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, fold, step
+from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, fold, step
 from apportion.timeutil import from_us
-from builders import T0, h, m, submitted
 
 TREE = BudgetTree.from_mapping({"lab": 1.0, "lab/a": {"share": 0.5, "members": ["alice"]}, "lab/b": 0.5})
 CFG = DispatchConfig(heartbeat_timeout_s=None)
@@ -53,8 +54,12 @@ def test_rejections_carry_machine_readable_reasons():
         "inner": submitted("x4", budget="lab", user="alice"),
     }
     got = {name: step(state, e, T0, CFG)[0].reason.value for name, e in cases.items()}
-    assert got == {"unknown": "unknown_budget", "member": "not_a_member", "shape": "shape_impossible",
-                   "inner": "not_a_leaf"}
+    assert got == {
+        "unknown": "unknown_budget",
+        "member": "not_a_member",
+        "shape": "shape_impossible",
+        "inner": "not_a_leaf",
+    }
     dup = step(state, submitted("x1", budget="lab/b", at=m(1)), m(1), CFG)
     assert dup[0].reason.value == "duplicate_job"
 
@@ -100,8 +105,11 @@ def test_grace_expiry_finishes_the_stop_without_a_report():
 def test_two_victims_expiring_in_the_same_tick_start_the_preemptor():
     """Found live (main job at 1440x, 18 of 2,317 placements): the 30 s grace ends before either victim
     reports its exit. Both stops finish in one maintenance pass; the preemptor must start once."""
-    state = given(reg("n0"), submitted("u1", budget="lab/b", gpus=2, min_runtime_s=0),
-                  submitted("u2", budget="lab/b", gpus=2, min_runtime_s=0))
+    state = given(
+        reg("n0"),
+        submitted("u1", budget="lab/b", gpus=2, min_runtime_s=0),
+        submitted("u2", budget="lab/b", gpus=2, min_runtime_s=0),
+    )
     step(state, Tick(T0), T0, CFG)
     step(state, submitted("j", budget="lab/a", user="alice", gpus=4, at=h(1)), h(1), CFG)
     out = step(state, Tick(h(1)), h(1), CFG)
@@ -133,8 +141,14 @@ def test_redelivered_and_replayed_events_give_the_same_state():
     state = given(reg("n0", 8))
     log: list[ev.Event] = [reg("n0", 8)]
     for i in range(12):
-        e = submitted(f"j{i}", budget=rng.choice(["lab/a", "lab/b"]), user="alice", gpus=rng.choice([1, 2, 4]),
-                      min_runtime_s=rng.choice([0.0, 600.0]), at=m(i))
+        e = submitted(
+            f"j{i}",
+            budget=rng.choice(["lab/a", "lab/b"]),
+            user="alice",
+            gpus=rng.choice([1, 2, 4]),
+            min_runtime_s=rng.choice([0.0, 600.0]),
+            at=m(i),
+        )
         log.append(e)
         log.extend(step(state, e, m(i), CFG))
         log.extend(step(state, Tick(m(i)), m(i), CFG))
@@ -168,9 +182,20 @@ def test_memo_of_pending_lists_is_carried_exactly_through_enqueue_and_dequeue():
         else:
             job_id = f"j{i}"
             live.append(job_id)
-            step(state, submitted(job_id, budget="lab/a", gpus=rng.choice([1, 2, 4, 8]),
-                                  replicas=rng.choice([1, 2]), min_runtime_s=rng.choice([0.0, 60.0]),
-                                  at=T0 + i, submitted_at=T0 + rng.randrange(1000)), T0 + i, CFG)
+            step(
+                state,
+                submitted(
+                    job_id,
+                    budget="lab/a",
+                    gpus=rng.choice([1, 2, 4, 8]),
+                    replicas=rng.choice([1, 2]),
+                    min_runtime_s=rng.choice([0.0, 60.0]),
+                    at=T0 + i,
+                    submitted_at=T0 + rng.randrange(1000),
+                ),
+                T0 + i,
+                CFG,
+            )
         lst = state.pending.get("lab/a")
         if not lst:
             continue
@@ -183,5 +208,8 @@ def test_memo_of_pending_lists_is_carried_exactly_through_enqueue_and_dequeue():
                 assert (lo, hi) in ((0, b), (b, len(lst))) and f == _floor(lst, lo, hi)
         # seed the memo as the engine would, so that the next change is carried
         b = _boundary(lst)
-        state._memo[id(lst)] = [lst, {(0, b): _floor(lst, 0, b), (b, len(lst)): _floor(lst, b, len(lst))},
-                                shape_codes(lst)]
+        state._memo[id(lst)] = [
+            lst,
+            {(0, b): _floor(lst, 0, b), (b, len(lst)): _floor(lst, b, len(lst))},
+            shape_codes(lst),
+        ]

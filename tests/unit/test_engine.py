@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from builders import T0, h
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,7 +36,6 @@ from apportion.domain.engine import (
     shape_codes,
 )
 from apportion.timeutil import from_us
-from builders import T0, h
 
 NOW = h(10)
 TREE = BudgetTree.from_mapping({"lab": 1.0, "lab/a": 0.5, "lab/b": 0.25, "lab/c": 0.25})
@@ -50,7 +50,7 @@ class World:
     occupancy: dict[str, float] = field(default_factory=dict)
     capacity: float = 1000.0
 
-    def node(self, nid: str, gpus: int = 8, model: str | None = None, state: str = "ready") -> "World":
+    def node(self, nid: str, gpus: int = 8, model: str | None = None, state: str = "ready") -> World:
         self.cluster.apply(ev.NodeRegistered(node_id=nid, gpu_count=gpus, gpu_model=model, ts=from_us(T0)))
         if state == "draining":
             self.cluster.apply(ev.NodeDrainRequested(node_id=nid, ts=from_us(T0)))
@@ -58,29 +58,66 @@ class World:
             self.cluster.apply(ev.NodeCordoned(node_id=nid, ts=from_us(T0)))
         return self
 
-    def run(self, job_id: str, budget: str, where: dict[str, tuple[int, ...]], *, allocated: bool = True,
-            min_runtime_s: float = 3600.0, started: int = h(0), stopping: bool = False) -> "World":
+    def run(
+        self,
+        job_id: str,
+        budget: str,
+        where: dict[str, tuple[int, ...]],
+        *,
+        allocated: bool = True,
+        min_runtime_s: float = 3600.0,
+        started: int = h(0),
+        stopping: bool = False,
+    ) -> World:
         places = tuple(ev.Placement(node_id=n, gpus=g) for n, g in where.items())
         g = len(places[0].gpus)
-        self.cluster.apply(ev.JobPlaced(
-            job_id=job_id, attempt=1, budget=budget, allocated=allocated, gpus_per_replica=g,
-            replicas=len(places), min_runtime_s=min_runtime_s if allocated else 0.0, placements=places,
-            submitted_at=from_us(T0), decision=ev.Decision(rank=0, budget_rank=0, ratio=0.0),
-            ts=from_us(started)))
-        self.cluster.apply(ev.JobStarted(job_id=job_id, attempt=1, node_id=places[0].node_id,
-                                         ts=from_us(started)))
+        self.cluster.apply(
+            ev.JobPlaced(
+                job_id=job_id,
+                attempt=1,
+                budget=budget,
+                allocated=allocated,
+                gpus_per_replica=g,
+                replicas=len(places),
+                min_runtime_s=min_runtime_s if allocated else 0.0,
+                placements=places,
+                submitted_at=from_us(T0),
+                decision=ev.Decision(rank=0, budget_rank=0, ratio=0.0),
+                ts=from_us(started),
+            )
+        )
+        self.cluster.apply(ev.JobStarted(job_id=job_id, attempt=1, node_id=places[0].node_id, ts=from_us(started)))
         if stopping:
-            self.cluster.apply(ev.JobPreempted(job_id=job_id, attempt=1, budget=budget,
-                                               allocated=allocated, ts=from_us(started)))
+            self.cluster.apply(
+                ev.JobPreempted(job_id=job_id, attempt=1, budget=budget, allocated=allocated, ts=from_us(started))
+            )
         return self
 
-    def job(self, job_id: str, budget: str, gpus: int = 1, replicas: int = 1, *,
-            min_runtime_s: float = 3600.0, submitted: int = h(1), queued: int | None = None,
-            model: str | None = None) -> "World":
-        pj = PendingJob(job_id=job_id, attempt=1, budget=budget, user="u", gpus_per_replica=gpus,
-                        replicas=replicas, min_runtime_s=min_runtime_s, submitted_at_us=submitted,
-                        queued_at_us=queued if queued is not None else NOW, gpu_model=model,
-                        duration_s=60.0)
+    def job(
+        self,
+        job_id: str,
+        budget: str,
+        gpus: int = 1,
+        replicas: int = 1,
+        *,
+        min_runtime_s: float = 3600.0,
+        submitted: int = h(1),
+        queued: int | None = None,
+        model: str | None = None,
+    ) -> World:
+        pj = PendingJob(
+            job_id=job_id,
+            attempt=1,
+            budget=budget,
+            user="u",
+            gpus_per_replica=gpus,
+            replicas=replicas,
+            min_runtime_s=min_runtime_s,
+            submitted_at_us=submitted,
+            queued_at_us=queued if queued is not None else NOW,
+            gpu_model=model,
+            duration_s=60.0,
+        )
         lst = self.pending.setdefault(budget, [])
         lst.append(pj)
         lst.sort(key=pending_order)
@@ -93,8 +130,11 @@ class World:
 
 def placed(res) -> list[str]:
     """``job@node[gpus]+node[gpus]`` per JobPlaced, in order."""
-    return ["{}@{}".format(e.job_id, "+".join(f"{p.node_id}{list(p.gpus)}" for p in e.placements))
-            for e in res.events if isinstance(e, ev.JobPlaced)]
+    return [
+        "{}@{}".format(e.job_id, "+".join(f"{p.node_id}{list(p.gpus)}" for p in e.placements))
+        for e in res.events
+        if isinstance(e, ev.JobPlaced)
+    ]
 
 
 def preempted(res) -> list[str]:
@@ -105,35 +145,65 @@ def preempted(res) -> list[str]:
 
 PLACEMENT_CASES = [
     pytest.param(
-        World().node("n0", 8).node("n1", 8).node("n2", 8)
-        .run("x", "lab/b", {"n1": (0, 1, 2, 3, 4, 5)}).run("y", "lab/b", {"n2": (0, 1, 2, 3)})
+        World()
+        .node("n0", 8)
+        .node("n1", 8)
+        .node("n2", 8)
+        .run("x", "lab/b", {"n1": (0, 1, 2, 3, 4, 5)})
+        .run("y", "lab/b", {"n2": (0, 1, 2, 3)})
         .job("j", "lab/a", 2),
-        ["j@n1[6, 7]"], id="best fit: fewest free GPUs that fit (n1 has 2, n2 4, n0 8)"),
+        ["j@n1[6, 7]"],
+        id="best fit: fewest free GPUs that fit (n1 has 2, n2 4, n0 8)",
+    ),
     pytest.param(
         World().node("n1", 8).node("n0", 8).job("j", "lab/a", 3),
-        ["j@n0[0, 1, 2]"], id="ties by node id, lowest GPU indices"),
+        ["j@n0[0, 1, 2]"],
+        id="ties by node id, lowest GPU indices",
+    ),
     pytest.param(
-        World().node("n0", 8).node("n1", 8).node("n2", 8).run("x", "lab/b", {"n0": (0, 1, 2, 3, 4, 5)})
+        World()
+        .node("n0", 8)
+        .node("n1", 8)
+        .node("n2", 8)
+        .run("x", "lab/b", {"n0": (0, 1, 2, 3, 4, 5)})
         .job("g", "lab/a", 4, 2),
-        ["g@n1[0, 1, 2, 3]+n2[0, 1, 2, 3]"], id="gang: k distinct nodes with g free each"),
+        ["g@n1[0, 1, 2, 3]+n2[0, 1, 2, 3]"],
+        id="gang: k distinct nodes with g free each",
+    ),
     pytest.param(
-        World().node("n0", 8).node("n1", 8).run("x", "lab/b", {"n0": (0, 1, 2, 3, 4, 5)})
+        World()
+        .node("n0", 8)
+        .node("n1", 8)
+        .run("x", "lab/b", {"n0": (0, 1, 2, 3, 4, 5)})
         .job("g", "lab/a", 4, 2, min_runtime_s=0),
-        [], id="gang: nothing when fewer than k nodes fit (no partial placement)"),
+        [],
+        id="gang: nothing when fewer than k nodes fit (no partial placement)",
+    ),
     pytest.param(
         World().node("n0", 8, model="a100").node("n1", 8, model="h100").job("j", "lab/a", 8, model="h100"),
-        ["j@n1[0, 1, 2, 3, 4, 5, 6, 7]"], id="model must match"),
+        ["j@n1[0, 1, 2, 3, 4, 5, 6, 7]"],
+        id="model must match",
+    ),
     pytest.param(
-        World().node("n0", 8, state="draining").node("n1", 8, state="cordoned").node("n2", 2)
-        .job("j", "lab/a", 2).job("k", "lab/a", 1, submitted=h(2)),
-        ["j@n2[0, 1]"], id="draining and cordoned nodes take no new work"),
+        World()
+        .node("n0", 8, state="draining")
+        .node("n1", 8, state="cordoned")
+        .node("n2", 2)
+        .job("j", "lab/a", 2)
+        .job("k", "lab/a", 1, submitted=h(2)),
+        ["j@n2[0, 1]"],
+        id="draining and cordoned nodes take no new work",
+    ),
     pytest.param(
-        World().node("n0", 4).run("v", "lab/b", {"n0": (0, 1)}, allocated=False, stopping=True)
-        .job("j", "lab/a", 3),
-        [], id="a stopping victim's GPUs are not free"),
+        World().node("n0", 4).run("v", "lab/b", {"n0": (0, 1)}, allocated=False, stopping=True).job("j", "lab/a", 3),
+        [],
+        id="a stopping victim's GPUs are not free",
+    ),
     pytest.param(
         World().node("n0", 2).job("big", "lab/a", 4, min_runtime_s=0).job("small", "lab/a", 1, submitted=h(2)),
-        ["small@n0[0]"], id="backfill: a blocked job does not block smaller ones behind it"),
+        ["small@n0[0]"],
+        id="backfill: a blocked job does not block smaller ones behind it",
+    ),
 ]
 
 
@@ -146,55 +216,106 @@ def test_placement(world, expected):
 
 PREEMPTION_CASES = [
     pytest.param(
-        World().node("n0", 4).node("n1", 4)
+        World()
+        .node("n0", 4)
+        .node("n1", 4)
         .run("u", "lab/c", {"n0": (0, 1, 2, 3)}, allocated=False)
         .run("e", "lab/b", {"n1": (0, 1, 2, 3)}, min_runtime_s=60)
         .job("j", "lab/a", 4),
-        {"b": 1.0, "lab/b": 1000.0}, ["u<-j"], ["j@n0[0, 1, 2, 3]"],
-        id="unallocated victims before expired allocated ones"),
+        {"b": 1.0, "lab/b": 1000.0},
+        ["u<-j"],
+        ["j@n0[0, 1, 2, 3]"],
+        id="unallocated victims before expired allocated ones",
+    ),
     pytest.param(
-        World().node("n0", 4).node("n1", 4)
+        World()
+        .node("n0", 4)
+        .node("n1", 4)
         .run("u4", "lab/c", {"n0": (0, 1, 2, 3)}, allocated=False)
-        .run("u1", "lab/c", {"n1": (0,)}, allocated=False).run("p", "lab/c", {"n1": (1, 2, 3)}, min_runtime_s=1e6)
+        .run("u1", "lab/c", {"n1": (0,)}, allocated=False)
+        .run("p", "lab/c", {"n1": (1, 2, 3)}, min_runtime_s=1e6)
         .job("j", "lab/a", 1),
-        {}, ["u1<-j"], ["j@n1[0]"], id="least cost: fewest unallocated GPUs lost"),
+        {},
+        ["u1<-j"],
+        ["j@n1[0]"],
+        id="least cost: fewest unallocated GPUs lost",
+    ),
     pytest.param(
-        World().node("n0", 1).node("n1", 1)
+        World()
+        .node("n0", 1)
+        .node("n1", 1)
         .run("old", "lab/c", {"n0": (0,)}, allocated=False, started=h(1))
         .run("new", "lab/c", {"n1": (0,)}, allocated=False, started=h(9))
         .job("j", "lab/a", 1),
-        {}, ["new<-j"], ["j@n1[0]"], id="then least work lost (latest start)"),
+        {},
+        ["new<-j"],
+        ["j@n1[0]"],
+        id="then least work lost (latest start)",
+    ),
     pytest.param(
         World().node("n0", 4).run("e", "lab/a", {"n0": (0, 1, 2, 3)}, min_runtime_s=60).job("j", "lab/a", 4),
-        {"lab/a": 1000.0, "lab": 1000.0}, [], [], id="never a run of the same leaf budget"),
+        {"lab/a": 1000.0, "lab": 1000.0},
+        [],
+        [],
+        id="never a run of the same leaf budget",
+    ),
     pytest.param(
         World().node("n0", 4).run("p", "lab/b", {"n0": (0, 1, 2, 3)}, min_runtime_s=20 * 3600).job("j", "lab/a", 4),
-        {"lab/b": 1e6, "lab": 1e6}, [], [], id="never a protected run, however far over share"),
+        {"lab/b": 1e6, "lab": 1e6},
+        [],
+        [],
+        id="never a protected run, however far over share",
+    ),
     pytest.param(
         # K = 1000: E_a = 500, E_b = 250. O_b = 262.5 -> r_b = 1.05, r_a = 1.0: gap 0.05 exactly.
         World().node("n0", 4).run("e", "lab/b", {"n0": (0, 1, 2, 3)}, min_runtime_s=60).job("j", "lab/a", 4),
-        {"lab/a": 500.0, "lab/b": 262.5, "lab": 762.5}, ["e<-j"], ["j@n0[0, 1, 2, 3]"],
-        id="expired allocated run behind by exactly delta"),
+        {"lab/a": 500.0, "lab/b": 262.5, "lab": 762.5},
+        ["e<-j"],
+        ["j@n0[0, 1, 2, 3]"],
+        id="expired allocated run behind by exactly delta",
+    ),
     pytest.param(
         # O_b = 262.0 -> r_b = 1.048 < 1.0 + 0.05.
         World().node("n0", 4).run("e", "lab/b", {"n0": (0, 1, 2, 3)}, min_runtime_s=60).job("j", "lab/a", 4),
-        {"lab/a": 500.0, "lab/b": 262.0, "lab": 762.0}, [], [], id="expired but inside the hysteresis"),
+        {"lab/a": 500.0, "lab/b": 262.0, "lab": 762.0},
+        [],
+        [],
+        id="expired but inside the hysteresis",
+    ),
     pytest.param(
-        World().node("n0", 4).node("n1", 4)
+        World()
+        .node("n0", 4)
+        .node("n1", 4)
         .run("u", "lab/c", {"n0": (0, 1, 2, 3)}, allocated=False)
         .run("p", "lab/c", {"n1": (0, 1, 2, 3)}, min_runtime_s=1e6)
         .job("g", "lab/a", 4, 2),
-        {}, [], [], id="preempt only if the job can then be placed (gang needs 2 nodes)"),
+        {},
+        [],
+        [],
+        id="preempt only if the job can then be placed (gang needs 2 nodes)",
+    ),
     pytest.param(
-        World().node("n0", 4).run("u", "lab/c", {"n0": (0, 1, 2, 3)}, allocated=False)
+        World()
+        .node("n0", 4)
+        .run("u", "lab/c", {"n0": (0, 1, 2, 3)}, allocated=False)
         .job("j", "lab/a", 4, min_runtime_s=0),
-        {}, [], [], id="an unallocated job never preempts"),
+        {},
+        [],
+        [],
+        id="an unallocated job never preempts",
+    ),
     pytest.param(
-        World().node("n0", 8).node("n1", 8)
+        World()
+        .node("n0", 8)
+        .node("n1", 8)
         .run("ug", "lab/c", {"n0": (0, 1, 2, 3), "n1": (0, 1, 2, 3)}, allocated=False)
         .run("x", "lab/c", {"n0": (4, 5, 6, 7), "n1": (4, 5, 6, 7)}, min_runtime_s=1e6)
         .job("g", "lab/a", 4, 2),
-        {}, ["ug<-g"], ["g@n0[0, 1, 2, 3]+n1[0, 1, 2, 3]"], id="one gang victim frees both nodes"),
+        {},
+        ["ug<-g"],
+        ["g@n0[0, 1, 2, 3]+n1[0, 1, 2, 3]"],
+        id="one gang victim frees both nodes",
+    ),
 ]
 
 
@@ -211,7 +332,13 @@ def test_preemption_emits_stop_then_placement_and_no_start():
     res = w.cycle()
     assert [e.type for e in res.events] == ["JobPreempted", "StopWorkload", "JobPlaced"]
     pre, stop, pl = res.events
-    assert (pre.by_job_id, pre.by_budget, pre.victim.rule, stop.node_id, stop.grace_s) == ("j", "lab/a", "unallocated", "n0", 30.0)
+    assert (pre.by_job_id, pre.by_budget, pre.victim.rule, stop.node_id, stop.grace_s) == (
+        "j",
+        "lab/a",
+        "unallocated",
+        "n0",
+        30.0,
+    )
     assert pl.decision.victims[0].job_id == "u"
 
 
@@ -228,10 +355,12 @@ def test_provisional_charge_alternates_budgets_within_a_cycle():
         w.job(f"b{i}", "lab/b", min_runtime_s=100, submitted=h(i))
     res = w.cycle()
     assert [p.split("@")[0] for p in placed(res)] == ["a1", "b1", "a2", "a3", "b2"]
-    ranks = [(e.job_id, e.decision.rank, e.decision.budget_rank, e.decision.ratio)
-             for e in res.events if isinstance(e, ev.JobPlaced)]
-    assert ranks == [("a1", 0, 0, 0.0), ("b1", 1, 1, 0.0), ("a2", 2, 0, 0.2), ("a3", 3, 0, 0.4),
-                     ("b2", 4, 1, 0.4)]
+    ranks = [
+        (e.job_id, e.decision.rank, e.decision.budget_rank, e.decision.ratio)
+        for e in res.events
+        if isinstance(e, ev.JobPlaced)
+    ]
+    assert ranks == [("a1", 0, 0, 0.0), ("b1", 1, 1, 0.0), ("a2", 2, 0, 0.2), ("a3", 3, 0, 0.4), ("b2", 4, 1, 0.4)]
 
 
 def test_unallocated_jobs_are_not_charged():
@@ -246,17 +375,29 @@ def test_unallocated_jobs_are_not_charged():
 def test_reservation_keeps_lower_ranked_work_off_the_reserved_nodes():
     # g waits since 8 h (>= 1 h), needs 2 x 4: n0 has 4 free, n1 2 free (x holds 2, protected).
     # It reserves n0 and n1 (most free first); k (ranked after g) cannot use them; n2 is not reserved.
-    w = (World().node("n0", 4).node("n1", 4).node("n2", 1)
-         .run("x", "lab/b", {"n1": (0, 1)}, min_runtime_s=1e6)
-         .job("g", "lab/a", 4, 2, queued=h(8)).job("k", "lab/a", 1, submitted=h(2)))
+    w = (
+        World()
+        .node("n0", 4)
+        .node("n1", 4)
+        .node("n2", 1)
+        .run("x", "lab/b", {"n1": (0, 1)}, min_runtime_s=1e6)
+        .job("g", "lab/a", 4, 2, queued=h(8))
+        .job("k", "lab/a", 1, submitted=h(2))
+    )
     res = w.cycle()
     assert res.reservation == ("g", ("n0", "n1"))
     assert placed(res) == ["k@n2[0]"]
 
 
 def test_no_reservation_before_reservation_after():
-    w = (World().node("n0", 4).node("n1", 4).run("x", "lab/b", {"n1": (0, 1)}, min_runtime_s=1e6)
-         .job("g", "lab/a", 4, 2, queued=h(9.5)).job("k", "lab/a", 1, submitted=h(2)))
+    w = (
+        World()
+        .node("n0", 4)
+        .node("n1", 4)
+        .run("x", "lab/b", {"n1": (0, 1)}, min_runtime_s=1e6)
+        .job("g", "lab/a", 4, 2, queued=h(9.5))
+        .job("k", "lab/a", 1, submitted=h(2))
+    )
     res = w.cycle()
     assert res.reservation is None
     assert placed(res) == ["k@n1[2]"]
@@ -268,6 +409,7 @@ def test_same_snapshot_same_events():
         for i in range(6):
             w.job(f"j{i}", ("lab/a", "lab/b")[i % 2], 1 + i % 3, submitted=h(i))
         return w.cycle().events
+
     one, two = build(), build()
     assert [ev.encode(e) for e in one] == [ev.encode(e) for e in two]
 
@@ -288,11 +430,15 @@ def test_blocked_run_of_one_shape_is_passed_over_with_exact_ranks():
     # b0 (4 GPUs) is blocked (free: none; preemption: only u's 1 GPU on n1) -> shape (4, 1) known blocked;
     # b1..b9 have that shape and come next: passed over (9), each still counted in rank;
     # s (1 GPU) preempts u on n1 at rank 1 + 10 = 11.
-    w = (World().node("n0", 8).node("n1", 2)
-         .run("p", "lab/c", {"n0": tuple(range(8))}, min_runtime_s=1e6)
-         .run("u", "lab/b", {"n1": (0,)}, allocated=False)
-         .run("x", "lab/c", {"n1": (1,)}, min_runtime_s=1e6)
-         .job("r", "lab/a", 8, 2, submitted=h(0), queued=h(0)))
+    w = (
+        World()
+        .node("n0", 8)
+        .node("n1", 2)
+        .run("p", "lab/c", {"n0": tuple(range(8))}, min_runtime_s=1e6)
+        .run("u", "lab/b", {"n1": (0,)}, allocated=False)
+        .run("x", "lab/c", {"n1": (1,)}, min_runtime_s=1e6)
+        .job("r", "lab/a", 8, 2, submitted=h(0), queued=h(0))
+    )
     for i in range(10):
         w.job(f"b{i}", "lab/a", 4, submitted=h(1) + i)
     w.job("s", "lab/a", 1, submitted=h(2))
@@ -321,16 +467,30 @@ def test_unallocated_jobs_that_cannot_fit_are_passed_over_with_exact_ranks():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2]),
-                          st.sampled_from([None, "a100"])), max_size=60),
-       st.sets(st.tuples(st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2]),
-                         st.sampled_from([None, "a100"]))),
-       st.integers(0, 60))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2]), st.sampled_from([None, "a100"])), max_size=60
+    ),
+    st.sets(st.tuples(st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2]), st.sampled_from([None, "a100"]))),
+    st.integers(0, 60),
+)
 def test_blocked_run_by_byte_search_equals_the_scan(shapes, blocked, lo):
     """The run length is the index of the first job at or after lo whose shape is not blocked."""
-    jobs = [PendingJob(job_id=f"j{i}", attempt=1, budget="lab/a", user="u", gpus_per_replica=g,
-                       replicas=k, min_runtime_s=1.0, submitted_at_us=i, queued_at_us=i, gpu_model=m)
-            for i, (g, k, m) in enumerate(shapes)]
+    jobs = [
+        PendingJob(
+            job_id=f"j{i}",
+            attempt=1,
+            budget="lab/a",
+            user="u",
+            gpus_per_replica=g,
+            replicas=k,
+            min_runtime_s=1.0,
+            submitted_at_us=i,
+            queued_at_us=i,
+            gpu_model=m,
+        )
+        for i, (g, k, m) in enumerate(shapes)
+    ]
     asked = []
 
     def is_blocked(g, k, m):
@@ -384,14 +544,31 @@ def test_behind_set_by_tree_walk_equals_the_lca_rule():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 8), st.integers(1, 4), st.sampled_from([None, "a100"])), max_size=80),
-       st.integers(0, 80), st.integers(0, 80))
+@given(
+    st.lists(st.tuples(st.integers(1, 8), st.integers(1, 4), st.sampled_from([None, "a100"])), max_size=80),
+    st.integers(0, 80),
+    st.integers(0, 80),
+)
 def test_floor_from_shape_codes_equals_the_floor_of_the_jobs(shapes, lo, hi):
-    jobs = [PendingJob(job_id=f"j{i}", attempt=1, budget="lab/a", user="u", gpus_per_replica=g,
-                       replicas=k, min_runtime_s=1.0, submitted_at_us=i, queued_at_us=i, gpu_model=m)
-            for i, (g, k, m) in enumerate(shapes)]
+    jobs = [
+        PendingJob(
+            job_id=f"j{i}",
+            attempt=1,
+            budget="lab/a",
+            user="u",
+            gpus_per_replica=g,
+            replicas=k,
+            min_runtime_s=1.0,
+            submitted_at_us=i,
+            queued_at_us=i,
+            gpu_model=m,
+        )
+        for i, (g, k, m) in enumerate(shapes)
+    ]
     lo, hi = min(lo, len(jobs)), min(hi, len(jobs))
-    expected = (min((g for g, _, _ in shapes[lo:hi]), default=2 ** 30),
-                min((k for _, k, _ in shapes[lo:hi]), default=2 ** 30))
+    expected = (
+        min((g for g, _, _ in shapes[lo:hi]), default=2**30),
+        min((k for _, k, _ in shapes[lo:hi]), default=2**30),
+    )
     assert _floor(jobs, lo, hi) == expected
     assert _floor_of_codes(shape_codes(jobs), lo, hi) == expected

@@ -16,7 +16,7 @@ import json
 import types
 import typing
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -119,16 +119,20 @@ def test_non_utc_offset_is_normalised_to_utc() -> None:
     obj = _golden("JobCompleted")
     obj["ts"] = "2024-01-01T14:00:00+02:00"
     event = ev.decode(json.dumps(obj))
-    assert event.ts == datetime(2024, 1, 1, 12, tzinfo=timezone.utc)
+    assert event.ts == datetime(2024, 1, 1, 12, tzinfo=UTC)
     assert event.ts.utcoffset() == timedelta(0)
 
 
-@pytest.mark.parametrize("mutate, field", [
-    (lambda o: o.update(gpus_per_replica=0), "gpus_per_replica"),
-    (lambda o: o.pop("job_id"), "job_id"),
-    (lambda o: o.update(replicas="many"), "replicas"),
-    (lambda o: o.update(min_runtime_s=-1), "min_runtime_s"),
-], ids=["gpus below 1", "missing job_id", "replicas not an int", "negative min runtime"])
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda o: o.update(gpus_per_replica=0), "gpus_per_replica"),
+        (lambda o: o.pop("job_id"), "job_id"),
+        (lambda o: o.update(replicas="many"), "replicas"),
+        (lambda o: o.update(min_runtime_s=-1), "min_runtime_s"),
+    ],
+    ids=["gpus below 1", "missing job_id", "replicas not an int", "negative min runtime"],
+)
 def test_decode_error_names_the_field(mutate, field) -> None:
     obj = _golden("JobSubmitted")
     mutate(obj)
@@ -146,11 +150,15 @@ def test_decode_error_names_a_nested_field() -> None:
     assert err.value.field == "placements.1.node_id"
 
 
-@pytest.mark.parametrize("raw, reason", [
-    (b"\xff\xfe", "not valid JSON"),
-    (b"[1, 2]", "JSON object"),
-    (b'{"type": "NoSuchEvent", "ts": "2024-01-01T00:00:00Z"}', "unknown event type"),
-], ids=["not json", "not an object", "unknown type"])
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        (b"\xff\xfe", "not valid JSON"),
+        (b"[1, 2]", "JSON object"),
+        (b'{"type": "NoSuchEvent", "ts": "2024-01-01T00:00:00Z"}', "unknown event type"),
+    ],
+    ids=["not json", "not an object", "unknown type"],
+)
 def test_decode_error_for_whole_payload(raw: bytes, reason: str) -> None:
     with pytest.raises(ev.DecodeError) as err:
         ev.decode(raw)
@@ -181,8 +189,11 @@ def _bounds(metadata: list[Any]) -> dict[str, Any]:
 
 
 _TEXT = st.characters(blacklist_categories=("Cs",))
-_UTC_DATES = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1),
-                          timezones=st.sampled_from([timezone.utc, timezone(timedelta(hours=5))]))
+_UTC_DATES = st.datetimes(
+    min_value=datetime(2000, 1, 1),
+    max_value=datetime(2100, 1, 1),
+    timezones=st.sampled_from([UTC, timezone(timedelta(hours=5))]),
+)
 
 
 def strategy_for(annotation: Any, metadata: list[Any] | None = None) -> st.SearchStrategy:
@@ -207,12 +218,14 @@ def strategy_for(annotation: Any, metadata: list[Any] | None = None) -> st.Searc
     if annotation is bool:
         return st.booleans()
     if annotation is int:
-        return st.integers(min_value=b.get("min_value", -(2**40)),
-                           max_value=b.get("max_value", 2**40))
+        return st.integers(min_value=b.get("min_value", -(2**40)), max_value=b.get("max_value", 2**40))
     if annotation is float:
         if b:
-            return st.floats(allow_nan=False, allow_infinity=False,
-                             **{k: v for k, v in b.items() if k != "min_size" and k != "max_size"})
+            return st.floats(
+                allow_nan=False,
+                allow_infinity=False,
+                **{k: v for k, v in b.items() if k != "min_size" and k != "max_size"},
+            )
         return st.floats(allow_nan=False)  # +-inf travel as strings
     if annotation is str:
         return st.text(_TEXT, min_size=b.get("min_size", 0), max_size=min(b.get("max_size", 20), 20))
@@ -228,8 +241,7 @@ def strategy_for(annotation: Any, metadata: list[Any] | None = None) -> st.Searc
 
 
 def model_strategy(cls: type[BaseModel]) -> st.SearchStrategy:
-    fields = {name: strategy_for(f.annotation, list(f.metadata))
-              for name, f in cls.model_fields.items()}
+    fields = {name: strategy_for(f.annotation, list(f.metadata)) for name, f in cls.model_fields.items()}
     if "schema_version" in fields:  # writers always write their current version
         fields["schema_version"] = st.just(cls.model_fields["schema_version"].default)
 
@@ -248,8 +260,7 @@ def model_strategy(cls: type[BaseModel]) -> st.SearchStrategy:
 def test_every_event_round_trips_through_json(type_name: str) -> None:
     cls = ev.EVENT_TYPES[type_name]
 
-    @settings(max_examples=25, deadline=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     @given(event=model_strategy(cls))
     def round_trip(event: ev.Event) -> None:
         raw = ev.encode(event)

@@ -66,19 +66,21 @@ K = 1000.0  # capacity integral, GPU-s
 ORDER_CASES = [
     pytest.param(
         # lab ── a 0.5, b 0.5
-        {"a": 0.5, "b": 0.5}, {"a": 100.0, "b": 300.0},
+        {"a": 0.5, "b": 0.5},
+        {"a": 100.0, "b": 300.0},
         # r_a = 100/500 = 0.2, r_b = 300/500 = 0.6
-        ("a", "b"), id="flat: less used first"),
+        ("a", "b"),
+        id="flat: less used first",
+    ),
+    pytest.param({"a": 0.5, "b": 0.5}, {"a": 250.0, "b": 250.0}, ("a", "b"), id="flat: equal r, tie by path"),
     pytest.param(
-        {"a": 0.5, "b": 0.5}, {"a": 250.0, "b": 250.0},
-        ("a", "b"), id="flat: equal r, tie by path"),
-    pytest.param(
-        {"a": 0.2, "b": 0.8}, {"a": 100.0, "b": 300.0},
+        {"a": 0.2, "b": 0.8},
+        {"a": 100.0, "b": 300.0},
         # r_a = 100/200 = 0.5, r_b = 300/800 = 0.375: the bigger user is behind its share
-        ("b", "a"), id="flat: ratio, not raw usage, decides"),
-    pytest.param(
-        {"a": 0.5, "b": 0.5}, {},
-        ("a", "b"), id="no usage anywhere: path order"),
+        ("b", "a"),
+        id="flat: ratio, not raw usage, decides",
+    ),
+    pytest.param({"a": 0.5, "b": 0.5}, {}, ("a", "b"), id="no usage anywhere: path order"),
     pytest.param(
         # lab
         # ├── x 0.5 ── x/p 0.5, x/q 0.5
@@ -87,39 +89,59 @@ ORDER_CASES = [
         {"x/p": 0.0, "x/q": 400.0, "y/r": 100.0},
         # r_x = 400/500 = 0.8, r_y = 100/500 = 0.2 -> y first;
         # in x: r_p = 0, r_q = 400/250 = 1.6 -> p, q
-        ("y/r", "x/p", "x/q"), id="two levels: parent ratio decides before leaf ratio"),
+        ("y/r", "x/p", "x/q"),
+        id="two levels: parent ratio decides before leaf ratio",
+    ),
     pytest.param(
         {"x": 0.5, "x/p": 0.5, "x/q": 0.5, "y": 0.5, "y/r": 1.0},
         {"x/q": 100.0, "y/r": 400.0},
         # r_x = 0.2 < r_y = 0.8: an idle x/p still comes after nothing in y
-        ("x/p", "x/q", "y/r"), id="two levels: idle leaf of under-used branch first"),
+        ("x/p", "x/q", "y/r"),
+        id="two levels: idle leaf of under-used branch first",
+    ),
     pytest.param(
         # deep:  a ── a/b ── a/b/c ; d
         {"a": 0.5, "a/b": 1.0, "a/b/c": 1.0, "d": 0.5},
         {"a/b/c": 500.0, "d": 499.0},
         # r_a = 500/500 = 1.0, r_d = 499/500 = 0.998
-        ("d", "a/b/c"), id="three levels: chain compared at the top"),
+        ("d", "a/b/c"),
+        id="three levels: chain compared at the top",
+    ),
     pytest.param(
-        {"a": 0.3, "b": 0.3, "c": 0.4}, {"a": 300.0, "b": 0.0, "c": 0.0},
+        {"a": 0.3, "b": 0.3, "c": 0.4},
+        {"a": 300.0, "b": 0.0, "c": 0.0},
         # r_a = 1.0, r_b = r_c = 0 -> b, c by path, then a
-        ("b", "c", "a"), id="empty budgets tie at zero, by path"),
+        ("b", "c", "a"),
+        id="empty budgets tie at zero, by path",
+    ),
     pytest.param(
-        {"a": 0.5, "b": 0.25}, {"a": 250.0, "b": 125.0},
+        {"a": 0.5, "b": 0.25},
+        {"a": 250.0, "b": 125.0},
         # unbudgeted remainder 0.25: r_a = 250/500 = 0.5, r_b = 125/250 = 0.5 -> tie by path
-        ("a", "b"), id="unbudgeted remainder does not change ratios"),
+        ("a", "b"),
+        id="unbudgeted remainder does not change ratios",
+    ),
     pytest.param(
         # x ── x/p 0.001 (abs 0.0005 of K=1000 -> E = 0.5)
         {"x": 0.5, "x/p": 0.001, "x/q": 0.999, "y": 0.5},
         {"x/p": 1.0, "x/q": 0.0, "y": 250.0},
         # r_x = 1/500 = 0.002, r_y = 0.5 -> x first; r_p = 1/0.5 = 2.0 > r_q = 0 -> q, p
-        ("x/q", "x/p", "y"), id="tiny share overused goes after its idle sibling"),
+        ("x/q", "x/p", "y"),
+        id="tiny share overused goes after its idle sibling",
+    ),
     pytest.param(
-        {"a": 1.0, "a/m": 0.5, "a/n": 0.5}, {"a/m": 10.0, "a/n": 10.0},
-        ("a/m", "a/n"), id="single top-level budget: order decided below"),
+        {"a": 1.0, "a/m": 0.5, "a/n": 0.5},
+        {"a/m": 10.0, "a/n": 10.0},
+        ("a/m", "a/n"),
+        id="single top-level budget: order decided below",
+    ),
     pytest.param(
-        {"a": 0.5, "b": 0.5, "b/c": 1.0}, {"a": 600.0, "b/c": 0.0},
+        {"a": 0.5, "b": 0.5, "b/c": 1.0},
+        {"a": 600.0, "b/c": 0.0},
         # a over share (r = 1.2), b's only leaf idle
-        ("b/c", "a"), id="mixed depth leaves"),
+        ("b/c", "a"),
+        id="mixed depth leaves",
+    ),
 ]
 
 
@@ -265,7 +287,9 @@ def test_queue_matches_naive_reranking(case: tuple[BudgetTree, dict[str, float],
 
 @settings(max_examples=100, deadline=None)
 @given(trees_and_loads())
-def test_order_is_a_deterministic_permutation(case: tuple[BudgetTree, dict[str, float], dict[str, list[str]], int]) -> None:
+def test_order_is_a_deterministic_permutation(
+    case: tuple[BudgetTree, dict[str, float], dict[str, list[str]], int],
+) -> None:
     tree, occ, _, _ = case
     first = budget_order(tree, occ, K)
     assert sorted(first) == sorted(tree.leaves())

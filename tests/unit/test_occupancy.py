@@ -14,16 +14,31 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from builders import (
+    T0,
+    cancelled,
+    completed,
+    cordoned,
+    drain,
+    drained,
+    failed,
+    h,
+    job_lost,
+    node,
+    node_lost,
+    placed,
+    preempted,
+    requeued,
+    s,
+    started,
+    uncordoned,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apportion import events as ev
 from apportion.domain.occupancy import OccupancyLedger, rebuild
 from apportion.timeutil import US_PER_S, to_us
-from builders import (
-    T0, cancelled, completed, cordoned, drain, drained, failed, h, job_lost, node, node_lost,
-    placed, preempted, requeued, s, started, uncordoned,
-)
 
 W10H = 10 * 3600
 GPU_H = 3600.0  # GPU-seconds in one GPU-hour
@@ -43,143 +58,220 @@ class Case:
 
 
 CASES = [
-    Case("job still running at t counts up to t",
-         [placed("j1", budget="lab/a", gpus=2, at=h(1))], t=h(4),
-         # 2 GPUs x (4h - 1h) = 6 GPU-h
-         occupancy={"lab/a": 6 * GPU_H, "lab": 6 * GPU_H}, paths=("lab", "lab/a")),
-    Case("completed job inside the window",
-         [placed("j1", gpus=4, at=h(1)), completed("j1", at=h(3))], t=h(5),
-         # 4 GPUs x 2h = 8 GPU-h
-         occupancy={"lab/a": 8 * GPU_H}),
-    Case("job spanning the window edge counts only its part inside",
-         [placed("j1", gpus=1, at=h(0)), completed("j1", at=h(12))], t=h(15),
-         # window (5h, 15h]; run [0h, 12h) overlaps [5h, 12h) = 7h x 1 GPU
-         occupancy={"lab/a": 7 * GPU_H}),
-    Case("job that ended before the window counts zero",
-         [placed("j1", gpus=3, at=h(0)), completed("j1", at=h(2))], t=h(13),
-         # window (3h, 13h], run ended at 2h
-         occupancy={"lab/a": 0.0, "lab": 0.0}),
-    Case("running job longer than the window counts exactly W",
-         [placed("j1", gpus=3, at=h(0))], t=h(25),
-         # 3 GPUs x W = 3 x 10h = 30 GPU-h
-         occupancy={"lab/a": 30 * GPU_H}),
-    Case("several budgets and levels aggregate to every ancestor",
-         #   lab
-         #   ├── prior
-         #   │   ├── robotics   j1: 2 GPUs [0h, 2h)         = 4 GPU-h
-         #   │   └── nlp        j2: 1 GPU  [1h, running@4h) = 3 GPU-h
-         #   └── vision         j3: 4 GPUs [2h, 3h)         = 4 GPU-h
-         #   other              j4: 1 GPU  [0h, 1h)         = 1 GPU-h
-         [placed("j1", budget="lab/prior/robotics", gpus=2, at=h(0)),
-          placed("j4", budget="other", gpus=1, at=h(0)),
-          placed("j2", budget="lab/prior/nlp", gpus=1, at=h(1)),
-          completed("j4", at=h(1)),
-          completed("j1", at=h(2)),
-          placed("j3", budget="lab/vision", gpus=4, at=h(2)),
-          completed("j3", at=h(3))],
-         t=h(4),
-         occupancy={"lab/prior/robotics": 4 * GPU_H, "lab/prior/nlp": 3 * GPU_H,
-                    "lab/prior": 7 * GPU_H,            # 4 + 3
-                    "lab/vision": 4 * GPU_H,
-                    "lab": 11 * GPU_H,                 # 7 + 4
-                    "other": 1 * GPU_H},
-         paths=("lab", "lab/prior", "lab/prior/nlp", "lab/prior/robotics", "lab/vision",
-                "other")),
-    Case("unallocated runs are tracked separately and never charged",
-         [placed("j1", budget="lab/a", gpus=2, at=h(0)),
-          placed("j2", budget="lab/a", gpus=4, allocated=False, at=h(0)),
-          placed("j3", budget="lab/b", gpus=1, allocated=False, at=h(0)),
-          completed("j1", at=h(1)), completed("j2", at=h(2)), completed("j3", at=h(3))],
-         t=h(3),
-         # allocated: j1 2 GPUs x 1h = 2 GPU-h; unallocated: j2 4 x 2h = 8, j3 1 x 3h = 3
-         occupancy={"lab/a": 2 * GPU_H, "lab/b": 0.0, "lab": 2 * GPU_H},
-         unallocated={"lab/a": 8 * GPU_H, "lab/b": 3 * GPU_H, "lab": 11 * GPU_H}),
-    Case("gang replica ending early releases only its GPUs",
-         [placed("j1", gpus=2, replicas=3, at=h(0)),
-          completed("j1", replica=1, at=h(1)),
-          failed("j1", replica=None, at=h(2))],
-         t=h(3),
-         # 3 replicas x 2 GPUs on [0h, 1h) = 6 GPU-h; 2 replicas x 2 on [1h, 2h) = 4 GPU-h
-         occupancy={"lab/a": 10 * GPU_H}),
-    Case("replica ended twice or out of range is ignored",
-         [placed("j1", gpus=1, replicas=2, at=h(0)),
-          completed("j1", replica=0, at=h(1)),
-          completed("j1", replica=0, at=h(1.5), event_id=ev.det_id("other")),
-          completed("j1", replica=7, at=h(1.5))],
-         t=h(2),
-         # replica 0: [0h, 1h) = 1; replica 1: [0h, 2h) running = 2  -> 3 GPU-h
-         occupancy={"lab/a": 3 * GPU_H}),
-    Case("preempted run ends at the preemption; requeue is not an end",
-         [placed("j1", gpus=2, at=h(0)),
-          preempted("j1", at=h(1.5)),
-          requeued("j1", attempt=2, at=h(1.5)),
-          placed("j1", attempt=2, gpus=2, at=h(3)),
-          started("j1", attempt=2, at=h(3))],
-         t=h(4),
-         # attempt 1: 2 x 1.5h = 3 GPU-h; attempt 2: 2 x 1h = 2 GPU-h
-         occupancy={"lab/a": 5 * GPU_H}),
-    Case("cancel of a running attempt ends it; cancel while pending does nothing",
-         [placed("j1", gpus=1, at=h(0)),
-          cancelled("j1", attempt=None, at=h(0.5)),
-          cancelled("j1", attempt=1, at=h(1))],
-         t=h(2),
-         occupancy={"lab/a": 1 * GPU_H}),
-    Case("duplicate events are ignored",
-         [placed("j1", gpus=1, at=h(0)),
-          placed("j1", gpus=1, at=h(0)),          # same event_id, redelivered
-          completed("j1", at=h(2)),
-          completed("j1", at=h(2)),
-          placed("j1", gpus=1, at=h(0))],         # redelivered after the run ended
-         t=h(4),
-         # one run of 1 GPU on [0h, 2h)
-         occupancy={"lab/a": 2 * GPU_H}),
-    Case("end of an unknown run is ignored",
-         [placed("j1", gpus=1, at=h(0)), completed("ghost", at=h(1)),
-          preempted("j1", attempt=9, at=h(1))],
-         t=h(2),
-         occupancy={"lab/a": 2 * GPU_H}),
-    Case("node lost: run and capacity charged up to the last heartbeat",
-         [node("n0", 8, at=h(0)),
-          placed("j1", gpus=8, nodes=["n0"], at=h(0)),
-          node_lost("n0", last_heartbeat=h(1.5), at=h(2)),
-          job_lost("j1", charged_until=h(1.5), node="n0", at=h(2))],
-         t=h(3),
-         # run: 8 GPUs x 1.5h = 12 GPU-h; capacity: 8 GPUs x 1.5h = 12 GPU-h
-         occupancy={"lab/a": 12 * GPU_H}, capacity_gpu_s=12 * GPU_H, capacity_gpus=0),
-    Case("lost run charged before its start is charged nothing",
-         [placed("j1", gpus=2, at=h(2)), job_lost("j1", charged_until=h(1), at=h(3))],
-         t=h(3),
-         occupancy={"lab/a": 0.0}),
-    Case("capacity integral with cordon, drain, drained, uncordon and loss",
-         # C(t): [0,2) n1+n2 = 12; [2,3) n1 cordoned -> 4; [3,5) 12 (n2 draining counts);
-         #       [5,6.5) n2 drained -> 8; [6.5,8) n1 lost at its last heartbeat -> 0
-         [node("n1", 8, at=h(0)), node("n2", 4, at=h(0)),
-          cordoned("n1", at=h(2)), uncordoned("n1", at=h(3)),
-          drain("n2", at=h(4)), drained("n2", at=h(5)),
-          node_lost("n1", last_heartbeat=h(6.5), at=h(7))],
-         t=h(8),
-         # K = 12x2 + 4x1 + 12x2 + 8x1.5 + 0 = 24 + 4 + 24 + 12 = 64 GPU-h
-         capacity_gpu_s=64 * GPU_H, capacity_gpus=0),
-    Case("re-registering a node changes its GPU count; events of unknown nodes ignored",
-         [node("n1", 8, at=h(0)), node("n1", 4, at=h(1)), cordoned("ghost", at=h(1))],
-         t=h(2),
-         # 8 GPUs x 1h + 4 GPUs x 1h = 12 GPU-h
-         capacity_gpu_s=12 * GPU_H, capacity_gpus=4),
-    Case("window rollover: old runs leave the window, capacity too",
-         [node("n1", 4, at=h(0)),
-          placed("j1", gpus=1, at=h(0)), completed("j1", at=h(1)),
-          placed("j2", gpus=2, at=h(20))],
-         t=h(25),
-         # window (15h, 25h]: j1 gone; j2 2 GPUs x 5h = 10 GPU-h; capacity 4 x 10h = 40 GPU-h
-         occupancy={"lab/a": 10 * GPU_H}, capacity_gpu_s=40 * GPU_H, capacity_gpus=4),
-    Case("out-of-order timestamp is clamped up to the clock",
-         [placed("j1", gpus=1, at=h(2)), placed("j2", gpus=1, at=h(1))],
-         t=h(3),
-         # j2 takes effect at the clock (2h): 1 x 1h + 1 x 1h = 2 GPU-h
-         occupancy={"lab/a": 2 * GPU_H}),
-    Case("week window by default: 1 GPU for 8 days counts 7 days",
-         [placed("j1", gpus=1, at=h(0))], t=h(8 * 24),
-         occupancy={"lab/a": 7 * 24 * GPU_H}, window_s=7 * 86400),
+    Case(
+        "job still running at t counts up to t",
+        [placed("j1", budget="lab/a", gpus=2, at=h(1))],
+        t=h(4),
+        # 2 GPUs x (4h - 1h) = 6 GPU-h
+        occupancy={"lab/a": 6 * GPU_H, "lab": 6 * GPU_H},
+        paths=("lab", "lab/a"),
+    ),
+    Case(
+        "completed job inside the window",
+        [placed("j1", gpus=4, at=h(1)), completed("j1", at=h(3))],
+        t=h(5),
+        # 4 GPUs x 2h = 8 GPU-h
+        occupancy={"lab/a": 8 * GPU_H},
+    ),
+    Case(
+        "job spanning the window edge counts only its part inside",
+        [placed("j1", gpus=1, at=h(0)), completed("j1", at=h(12))],
+        t=h(15),
+        # window (5h, 15h]; run [0h, 12h) overlaps [5h, 12h) = 7h x 1 GPU
+        occupancy={"lab/a": 7 * GPU_H},
+    ),
+    Case(
+        "job that ended before the window counts zero",
+        [placed("j1", gpus=3, at=h(0)), completed("j1", at=h(2))],
+        t=h(13),
+        # window (3h, 13h], run ended at 2h
+        occupancy={"lab/a": 0.0, "lab": 0.0},
+    ),
+    Case(
+        "running job longer than the window counts exactly W",
+        [placed("j1", gpus=3, at=h(0))],
+        t=h(25),
+        # 3 GPUs x W = 3 x 10h = 30 GPU-h
+        occupancy={"lab/a": 30 * GPU_H},
+    ),
+    Case(
+        "several budgets and levels aggregate to every ancestor",
+        #   lab
+        #   ├── prior
+        #   │   ├── robotics   j1: 2 GPUs [0h, 2h)         = 4 GPU-h
+        #   │   └── nlp        j2: 1 GPU  [1h, running@4h) = 3 GPU-h
+        #   └── vision         j3: 4 GPUs [2h, 3h)         = 4 GPU-h
+        #   other              j4: 1 GPU  [0h, 1h)         = 1 GPU-h
+        [
+            placed("j1", budget="lab/prior/robotics", gpus=2, at=h(0)),
+            placed("j4", budget="other", gpus=1, at=h(0)),
+            placed("j2", budget="lab/prior/nlp", gpus=1, at=h(1)),
+            completed("j4", at=h(1)),
+            completed("j1", at=h(2)),
+            placed("j3", budget="lab/vision", gpus=4, at=h(2)),
+            completed("j3", at=h(3)),
+        ],
+        t=h(4),
+        occupancy={
+            "lab/prior/robotics": 4 * GPU_H,
+            "lab/prior/nlp": 3 * GPU_H,
+            "lab/prior": 7 * GPU_H,  # 4 + 3
+            "lab/vision": 4 * GPU_H,
+            "lab": 11 * GPU_H,  # 7 + 4
+            "other": 1 * GPU_H,
+        },
+        paths=("lab", "lab/prior", "lab/prior/nlp", "lab/prior/robotics", "lab/vision", "other"),
+    ),
+    Case(
+        "unallocated runs are tracked separately and never charged",
+        [
+            placed("j1", budget="lab/a", gpus=2, at=h(0)),
+            placed("j2", budget="lab/a", gpus=4, allocated=False, at=h(0)),
+            placed("j3", budget="lab/b", gpus=1, allocated=False, at=h(0)),
+            completed("j1", at=h(1)),
+            completed("j2", at=h(2)),
+            completed("j3", at=h(3)),
+        ],
+        t=h(3),
+        # allocated: j1 2 GPUs x 1h = 2 GPU-h; unallocated: j2 4 x 2h = 8, j3 1 x 3h = 3
+        occupancy={"lab/a": 2 * GPU_H, "lab/b": 0.0, "lab": 2 * GPU_H},
+        unallocated={"lab/a": 8 * GPU_H, "lab/b": 3 * GPU_H, "lab": 11 * GPU_H},
+    ),
+    Case(
+        "gang replica ending early releases only its GPUs",
+        [
+            placed("j1", gpus=2, replicas=3, at=h(0)),
+            completed("j1", replica=1, at=h(1)),
+            failed("j1", replica=None, at=h(2)),
+        ],
+        t=h(3),
+        # 3 replicas x 2 GPUs on [0h, 1h) = 6 GPU-h; 2 replicas x 2 on [1h, 2h) = 4 GPU-h
+        occupancy={"lab/a": 10 * GPU_H},
+    ),
+    Case(
+        "replica ended twice or out of range is ignored",
+        [
+            placed("j1", gpus=1, replicas=2, at=h(0)),
+            completed("j1", replica=0, at=h(1)),
+            completed("j1", replica=0, at=h(1.5), event_id=ev.det_id("other")),
+            completed("j1", replica=7, at=h(1.5)),
+        ],
+        t=h(2),
+        # replica 0: [0h, 1h) = 1; replica 1: [0h, 2h) running = 2  -> 3 GPU-h
+        occupancy={"lab/a": 3 * GPU_H},
+    ),
+    Case(
+        "preempted run ends at the preemption; requeue is not an end",
+        [
+            placed("j1", gpus=2, at=h(0)),
+            preempted("j1", at=h(1.5)),
+            requeued("j1", attempt=2, at=h(1.5)),
+            placed("j1", attempt=2, gpus=2, at=h(3)),
+            started("j1", attempt=2, at=h(3)),
+        ],
+        t=h(4),
+        # attempt 1: 2 x 1.5h = 3 GPU-h; attempt 2: 2 x 1h = 2 GPU-h
+        occupancy={"lab/a": 5 * GPU_H},
+    ),
+    Case(
+        "cancel of a running attempt ends it; cancel while pending does nothing",
+        [placed("j1", gpus=1, at=h(0)), cancelled("j1", attempt=None, at=h(0.5)), cancelled("j1", attempt=1, at=h(1))],
+        t=h(2),
+        occupancy={"lab/a": 1 * GPU_H},
+    ),
+    Case(
+        "duplicate events are ignored",
+        [
+            placed("j1", gpus=1, at=h(0)),
+            placed("j1", gpus=1, at=h(0)),  # same event_id, redelivered
+            completed("j1", at=h(2)),
+            completed("j1", at=h(2)),
+            placed("j1", gpus=1, at=h(0)),
+        ],  # redelivered after the run ended
+        t=h(4),
+        # one run of 1 GPU on [0h, 2h)
+        occupancy={"lab/a": 2 * GPU_H},
+    ),
+    Case(
+        "end of an unknown run is ignored",
+        [placed("j1", gpus=1, at=h(0)), completed("ghost", at=h(1)), preempted("j1", attempt=9, at=h(1))],
+        t=h(2),
+        occupancy={"lab/a": 2 * GPU_H},
+    ),
+    Case(
+        "node lost: run and capacity charged up to the last heartbeat",
+        [
+            node("n0", 8, at=h(0)),
+            placed("j1", gpus=8, nodes=["n0"], at=h(0)),
+            node_lost("n0", last_heartbeat=h(1.5), at=h(2)),
+            job_lost("j1", charged_until=h(1.5), node="n0", at=h(2)),
+        ],
+        t=h(3),
+        # run: 8 GPUs x 1.5h = 12 GPU-h; capacity: 8 GPUs x 1.5h = 12 GPU-h
+        occupancy={"lab/a": 12 * GPU_H},
+        capacity_gpu_s=12 * GPU_H,
+        capacity_gpus=0,
+    ),
+    Case(
+        "lost run charged before its start is charged nothing",
+        [placed("j1", gpus=2, at=h(2)), job_lost("j1", charged_until=h(1), at=h(3))],
+        t=h(3),
+        occupancy={"lab/a": 0.0},
+    ),
+    Case(
+        "capacity integral with cordon, drain, drained, uncordon and loss",
+        # C(t): [0,2) n1+n2 = 12; [2,3) n1 cordoned -> 4; [3,5) 12 (n2 draining counts);
+        #       [5,6.5) n2 drained -> 8; [6.5,8) n1 lost at its last heartbeat -> 0
+        [
+            node("n1", 8, at=h(0)),
+            node("n2", 4, at=h(0)),
+            cordoned("n1", at=h(2)),
+            uncordoned("n1", at=h(3)),
+            drain("n2", at=h(4)),
+            drained("n2", at=h(5)),
+            node_lost("n1", last_heartbeat=h(6.5), at=h(7)),
+        ],
+        t=h(8),
+        # K = 12x2 + 4x1 + 12x2 + 8x1.5 + 0 = 24 + 4 + 24 + 12 = 64 GPU-h
+        capacity_gpu_s=64 * GPU_H,
+        capacity_gpus=0,
+    ),
+    Case(
+        "re-registering a node changes its GPU count; events of unknown nodes ignored",
+        [node("n1", 8, at=h(0)), node("n1", 4, at=h(1)), cordoned("ghost", at=h(1))],
+        t=h(2),
+        # 8 GPUs x 1h + 4 GPUs x 1h = 12 GPU-h
+        capacity_gpu_s=12 * GPU_H,
+        capacity_gpus=4,
+    ),
+    Case(
+        "window rollover: old runs leave the window, capacity too",
+        [
+            node("n1", 4, at=h(0)),
+            placed("j1", gpus=1, at=h(0)),
+            completed("j1", at=h(1)),
+            placed("j2", gpus=2, at=h(20)),
+        ],
+        t=h(25),
+        # window (15h, 25h]: j1 gone; j2 2 GPUs x 5h = 10 GPU-h; capacity 4 x 10h = 40 GPU-h
+        occupancy={"lab/a": 10 * GPU_H},
+        capacity_gpu_s=40 * GPU_H,
+        capacity_gpus=4,
+    ),
+    Case(
+        "out-of-order timestamp is clamped up to the clock",
+        [placed("j1", gpus=1, at=h(2)), placed("j2", gpus=1, at=h(1))],
+        t=h(3),
+        # j2 takes effect at the clock (2h): 1 x 1h + 1 x 1h = 2 GPU-h
+        occupancy={"lab/a": 2 * GPU_H},
+    ),
+    Case(
+        "week window by default: 1 GPU for 8 days counts 7 days",
+        [placed("j1", gpus=1, at=h(0))],
+        t=h(8 * 24),
+        occupancy={"lab/a": 7 * 24 * GPU_H},
+        window_s=7 * 86400,
+    ),
 ]
 
 
@@ -271,17 +363,28 @@ class Reference:
     def __init__(self, window_s: float) -> None:
         self.w = round(window_s * US_PER_S)
         self.clock: int | None = None
-        self.runs: dict = {}          # key -> [budget, allocated, g, start, open replicas]
-        self.closed: dict = {}        # key -> close clock
-        self.intervals: list = []     # (budget, allocated, gpus, start, end)
-        self.nodes: dict = {}         # node -> [state, gpus, since]
-        self.cap: list = []           # (gpus, start, end)
+        self.runs: dict = {}  # key -> [budget, allocated, g, start, open replicas]
+        self.closed: dict = {}  # key -> close clock
+        self.intervals: list = []  # (budget, allocated, gpus, start, end)
+        self.nodes: dict = {}  # node -> [state, gpus, since]
+        self.cap: list = []  # (gpus, start, end)
         self.seen: dict = {}
 
     def apply(self, e: ev.Event) -> None:
-        kinds = (ev.JobPlaced, ev.JobCompleted, ev.JobFailed, ev.JobPreempted, ev.JobCancelled,
-                 ev.JobLost, ev.NodeRegistered, ev.NodeCordoned, ev.NodeDrainRequested,
-                 ev.NodeDrained, ev.NodeUncordoned, ev.NodeLost)
+        kinds = (
+            ev.JobPlaced,
+            ev.JobCompleted,
+            ev.JobFailed,
+            ev.JobPreempted,
+            ev.JobCancelled,
+            ev.JobLost,
+            ev.NodeRegistered,
+            ev.NodeCordoned,
+            ev.NodeDrainRequested,
+            ev.NodeDrained,
+            ev.NodeUncordoned,
+            ev.NodeLost,
+        )
         if not isinstance(e, kinds):
             return
         ts = to_us(e.ts)
@@ -292,8 +395,7 @@ class Reference:
             if key in self.runs or (key in self.closed and self.closed[key] >= now - self.w):
                 return
             self.closed.pop(key, None)
-            self.runs[key] = [e.budget, e.allocated, e.gpus_per_replica, now,
-                              set(range(e.replicas))]
+            self.runs[key] = [e.budget, e.allocated, e.gpus_per_replica, now, set(range(e.replicas))]
         elif isinstance(e, (ev.JobCompleted, ev.JobFailed)):
             self._end((e.job_id, e.attempt), e.replica, now)
         elif isinstance(e, ev.JobPreempted):
@@ -304,8 +406,7 @@ class Reference:
         elif isinstance(e, ev.JobLost):
             run = self.runs.get((e.job_id, e.attempt))
             if run:
-                self._end((e.job_id, e.attempt), None,
-                          min(max(to_us(e.charged_until), run[3]), now))
+                self._end((e.job_id, e.attempt), None, min(max(to_us(e.charged_until), run[3]), now))
         else:
             if e.event_id in self.seen and self.seen[e.event_id] >= now - self.w:
                 return
@@ -324,8 +425,12 @@ class Reference:
                     self.cap.append((n[1], n[2], min(max(to_us(e.last_heartbeat), n[2]), now)))
                 n[0] = "lost"
                 return
-            new = {ev.NodeCordoned: "cordoned", ev.NodeDrainRequested: "draining",
-                   ev.NodeDrained: "drained", ev.NodeUncordoned: "ready"}[type(e)]
+            new = {
+                ev.NodeCordoned: "cordoned",
+                ev.NodeDrainRequested: "draining",
+                ev.NodeDrained: "drained",
+                ev.NodeUncordoned: "ready",
+            }[type(e)]
             if n[0] in counted and new not in counted:
                 self.cap.append((n[1], n[2], now))
             if n[0] not in counted and new in counted:
@@ -351,8 +456,7 @@ class Reference:
 
     def totals(self, t: int, allocated: bool) -> dict[str, int]:
         out: dict[str, int] = {}
-        items = list(self.intervals) + [
-            (r[0], r[1], r[2], r[3], t) for r in self.runs.values() for _ in r[4]]
+        items = list(self.intervals) + [(r[0], r[1], r[2], r[3], t) for r in self.runs.values() for _ in r[4]]
         every = {r[0] for r in self.intervals} | {r[0] for r in self.runs.values()}
         for b in every:
             parts = b.split("/")
@@ -368,8 +472,7 @@ class Reference:
         return dict(sorted(out.items()))
 
     def capacity(self, t: int) -> tuple[int, int]:
-        items = list(self.cap) + [(n[1], n[2], t) for n in self.nodes.values()
-                                  if n[0] in ("ready", "draining")]
+        items = list(self.cap) + [(n[1], n[2], t) for n in self.nodes.values() if n[0] in ("ready", "draining")]
         k = sum(g * self._overlap(a, b, t - self.w, t) for g, a, b in items)
         c = sum(n[1] for n in self.nodes.values() if n[0] in ("ready", "draining"))
         return k, c
@@ -388,35 +491,61 @@ def event_logs(draw):
     now = T0
     out: list[ev.Event] = []
     from builders import node as b_node
+
     for i in range(n):
         step = draw(st.sampled_from([0, 1, 7, 13_000, 500_000, 3_000_000, 40_000_000]))
         now += step
         at = now - draw(st.sampled_from([0, 0, 0, 0, 2_000_000]))  # occasional skew
-        kind = draw(st.sampled_from(
-            ["place", "place", "place", "end", "end", "replica", "preempt", "cancel", "lost",
-             "node", "cordon", "drain", "drained", "uncordon", "nodelost", "dup"]))
+        kind = draw(
+            st.sampled_from(
+                [
+                    "place",
+                    "place",
+                    "place",
+                    "end",
+                    "end",
+                    "replica",
+                    "preempt",
+                    "cancel",
+                    "lost",
+                    "node",
+                    "cordon",
+                    "drain",
+                    "drained",
+                    "uncordon",
+                    "nodelost",
+                    "dup",
+                ]
+            )
+        )
         job = f"j{draw(st.integers(0, 5))}"
         attempt = draw(st.integers(1, 2))
         eid = ev.det_id("prop", i)
         if kind == "place":
-            out.append(placed(job, attempt=attempt, budget=draw(st.sampled_from(BUDGETS)),
-                              gpus=draw(st.integers(1, 4)), replicas=draw(st.integers(1, 3)),
-                              allocated=draw(st.booleans()), at=at, event_id=eid))
+            out.append(
+                placed(
+                    job,
+                    attempt=attempt,
+                    budget=draw(st.sampled_from(BUDGETS)),
+                    gpus=draw(st.integers(1, 4)),
+                    replicas=draw(st.integers(1, 3)),
+                    allocated=draw(st.booleans()),
+                    at=at,
+                    event_id=eid,
+                )
+            )
         elif kind == "end":
             maker = draw(st.sampled_from([completed, failed]))
             out.append(maker(job, attempt=attempt, at=at, event_id=eid))
         elif kind == "replica":
-            out.append(completed(job, attempt=attempt, replica=draw(st.integers(0, 3)), at=at,
-                                 event_id=eid))
+            out.append(completed(job, attempt=attempt, replica=draw(st.integers(0, 3)), at=at, event_id=eid))
         elif kind == "preempt":
             out.append(preempted(job, attempt=attempt, at=at, event_id=eid))
         elif kind == "cancel":
-            out.append(cancelled(job, attempt=draw(st.sampled_from([None, attempt])), at=at,
-                                 event_id=eid))
+            out.append(cancelled(job, attempt=draw(st.sampled_from([None, attempt])), at=at, event_id=eid))
         elif kind == "lost":
             back = draw(st.sampled_from([0, 1_000_000, 30_000_000, 10**9]))
-            out.append(job_lost(job, attempt=attempt, charged_until=at - back, at=at,
-                                event_id=eid))
+            out.append(job_lost(job, attempt=attempt, charged_until=at - back, at=at, event_id=eid))
         elif kind == "dup" and out:
             out.append(out[draw(st.integers(0, len(out) - 1))])
         else:
@@ -427,8 +556,7 @@ def event_logs(draw):
                 back = draw(st.sampled_from([0, 1_000_000, 30_000_000, 10**9]))
                 out.append(node_lost(nid, last_heartbeat=at - back, at=at, event_id=eid))
             elif kind != "dup":
-                maker = {"cordon": cordoned, "drain": drain, "drained": drained,
-                         "uncordon": uncordoned}[kind]
+                maker = {"cordon": cordoned, "drain": drain, "drained": drained, "uncordon": uncordoned}[kind]
                 out.append(maker(nid, at=at, event_id=eid))
     return out
 

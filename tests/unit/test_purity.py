@@ -14,15 +14,33 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "shared" / "apportion"
-PURE = sorted((PKG / "domain").rglob("*.py")) + [PKG / "events.py", PKG / "timeutil.py",
-                                                 PKG / "topics.py"]
+PURE = sorted((PKG / "domain").rglob("*.py")) + [PKG / "events.py", PKG / "timeutil.py", PKG / "topics.py"]
 
-FORBIDDEN_MODULES = {"kafka", "aiokafka", "faust", "redis", "pynvml", "socket", "mode",
-                     "requests", "httpx", "subprocess", "threading", "asyncio"}
+FORBIDDEN_MODULES = {
+    "kafka",
+    "aiokafka",
+    "faust",
+    "redis",
+    "pynvml",
+    "socket",
+    "mode",
+    "requests",
+    "httpx",
+    "subprocess",
+    "threading",
+    "asyncio",
+}
 # (object, attribute) calls that read the clock
-CLOCK_CALLS = {("time", "time"), ("time", "time_ns"), ("time", "monotonic"),
-               ("time", "perf_counter"), ("datetime", "now"), ("datetime", "utcnow"),
-               ("datetime", "today"), ("date", "today")}
+CLOCK_CALLS = {
+    ("time", "time"),
+    ("time", "time_ns"),
+    ("time", "monotonic"),
+    ("time", "perf_counter"),
+    ("datetime", "now"),
+    ("datetime", "utcnow"),
+    ("datetime", "today"),
+    ("date", "today"),
+}
 CLOCK_NAMES = {"time", "time_ns", "monotonic", "perf_counter", "now", "utcnow", "today"}
 
 
@@ -67,25 +85,41 @@ def test_module_is_pure(path: Path) -> None:
     assert violations(path.read_text(encoding="utf-8")) == []
 
 
-@pytest.mark.parametrize("snippet", [
-    "import kafka",
-    "from aiokafka import AIOKafkaConsumer",
-    "import redis.asyncio",
-    "def f():\n    import pynvml",
-    "import socket",
-    "import faust",
-    "import time\nx = time.time()",
-    "from datetime import datetime\nx = datetime.now()",
-    "import datetime\nx = datetime.datetime.utcnow()",
-    "from time import time as clock\nx = clock()",
-], ids=["kafka", "aiokafka", "redis", "lazy pynvml", "socket", "faust", "time.time",
-        "datetime.now", "datetime.datetime.utcnow", "aliased time"])
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        "import kafka",
+        "from aiokafka import AIOKafkaConsumer",
+        "import redis.asyncio",
+        "def f():\n    import pynvml",
+        "import socket",
+        "import faust",
+        "import time\nx = time.time()",
+        "from datetime import datetime\nx = datetime.now()",
+        "import datetime\nx = datetime.datetime.utcnow()",
+        "from time import time as clock\nx = clock()",
+    ],
+    ids=[
+        "kafka",
+        "aiokafka",
+        "redis",
+        "lazy pynvml",
+        "socket",
+        "faust",
+        "time.time",
+        "datetime.now",
+        "datetime.datetime.utcnow",
+        "aliased time",
+    ],
+)
 def test_checker_catches(snippet: str) -> None:
     assert violations(snippet), snippet
 
 
 def test_checker_allows_pure_code() -> None:
-    ok = ("from datetime import datetime, timezone\n"
-          "from apportion.timeutil import to_us\n"
-          "x = datetime(2024, 1, 1, tzinfo=timezone.utc)\n")
+    ok = (
+        "from datetime import datetime, timezone\n"
+        "from apportion.timeutil import to_us\n"
+        "x = datetime(2024, 1, 1, tzinfo=timezone.utc)\n"
+    )
     assert violations(ok) == []

@@ -18,8 +18,7 @@ SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
 def test_schema_files_are_current() -> None:
     problems = stale(SCHEMAS)
-    assert not problems, (
-        f"stale JSON Schemas {problems}: run `python -m apportion.schemas_export` and commit")
+    assert not problems, f"stale JSON Schemas {problems}: run `python -m apportion.schemas_export` and commit"
 
 
 def test_one_schema_per_event_type() -> None:

@@ -17,8 +17,9 @@ def checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for v in VARS:
         monkeypatch.delenv(v, raising=False)
     (tmp_path / ".run").mkdir()
-    (tmp_path / ".run" / "stack.env").write_text("# made by make up\nKAFKA_BOOTSTRAP=127.0.0.1:40001\n"
-                                                 "REDIS_URL=redis://127.0.0.1:40002/0\n")
+    (tmp_path / ".run" / "stack.env").write_text(
+        "# made by make up\nKAFKA_BOOTSTRAP=127.0.0.1:40001\nREDIS_URL=redis://127.0.0.1:40002/0\n"
+    )
     deep = tmp_path / "docs" / "img"
     deep.mkdir(parents=True)
     monkeypatch.chdir(deep)
@@ -36,8 +37,9 @@ def test_flags_then_environment_win_over_stack_env(checkout: Path, monkeypatch: 
     assert Connection.resolve(bootstrap="h:1", redis_url="redis://h:2/3") == Connection("h:1", "redis://h:2/3")
 
 
-def test_stack_dir_names_the_file_and_defaults_apply_without_one(checkout: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stack_dir_names_the_file_and_defaults_apply_without_one(
+    checkout: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("APPORTION_STACK_DIR", str(checkout / "nowhere"))
     assert stack_env_path() is None
     assert Connection.resolve() == Connection(DEFAULT_BOOTSTRAP, DEFAULT_REDIS_URL)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -44,15 +44,18 @@ def test_philly_rules(files):
     jobs = load_trace(files / "philly.csv", bf, seed=1)
     # sorted by time; ids are the file row; gangs ceil(n/8) x n/replicas; VC -> budget
     assert [(j.job_id, j.replicas, j.gpus_per_replica, j.budget) for j in jobs] == [
-        ("p000002", 16, 8, "p/aaa"), ("p000001", 1, 1, "p/bbb"), ("p000000", 2, 6, "p/aaa"),
-        ("p000003", 1, 8, "p/other")]
+        ("p000002", 16, 8, "p/aaa"),
+        ("p000001", 1, 1, "p/bbb"),
+        ("p000000", 2, 6, "p/aaa"),
+        ("p000003", 1, 8, "p/other"),
+    ]
     rng = random.Random(1)  # one draw per job of the whole file, in sorted order
     expect = []
     for j in jobs:
         u = rng.random() < 0.25
         expect.append(0.0 if u else min(j.duration_s, 7200.0))
     assert [j.min_runtime_s for j in jobs] == expect
-    assert jobs[0].submit_us == to_us(datetime(2017, 10, 29, 23, 59, 59, tzinfo=timezone.utc))
+    assert jobs[0].submit_us == to_us(datetime(2017, 10, 29, 23, 59, 59, tzinfo=UTC))
 
 
 def test_slice_keeps_whole_file_draws(files):
@@ -65,11 +68,10 @@ def test_slice_keeps_whole_file_draws(files):
 
 def test_slices():
     lo, hi = parse_slice("week44")
-    assert (lo, hi) == (to_us(datetime(2017, 10, 30, tzinfo=timezone.utc)),
-                        to_us(datetime(2017, 11, 6, tzinfo=timezone.utc)))
+    assert (lo, hi) == (to_us(datetime(2017, 10, 30, tzinfo=UTC)), to_us(datetime(2017, 11, 6, tzinfo=UTC)))
     lo3, hi3 = parse_slice("week44+3d")
-    assert lo3 == lo and hi3 == to_us(datetime(2017, 11, 2, tzinfo=timezone.utc))
-    assert parse_slice("weeks39-45")[1] == to_us(datetime(2017, 11, 13, tzinfo=timezone.utc))
+    assert lo3 == lo and hi3 == to_us(datetime(2017, 11, 2, tzinfo=UTC))
+    assert parse_slice("weeks39-45")[1] == to_us(datetime(2017, 11, 13, tzinfo=UTC))
     with pytest.raises(ValueError):
         parse_slice("yesterday")
 
@@ -77,7 +79,8 @@ def test_slices():
 def test_own_csv(tmp_path):
     (tmp_path / "t.csv").write_text(
         "submit,job_id,budget,user,gpus_per_replica,replicas,min_runtime_s,duration_s\n"
-        "2024-01-01T00:00:00,j1,lab/a,alice,2,1,600,3600\n")
+        "2024-01-01T00:00:00,j1,lab/a,alice,2,1,600,3600\n"
+    )
     bf = load_budget_file(_write(tmp_path))
     (j,) = load_trace(tmp_path / "t.csv", bf, seed=1)
     assert (j.job_id, j.gpus_per_replica, j.min_runtime_s, j.duration_s) == ("j1", 2, 600.0, 3600.0)

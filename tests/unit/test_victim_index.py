@@ -10,22 +10,55 @@
 
 from __future__ import annotations
 
+from builders import (
+    T0,
+    cancelled,
+    completed,
+    cordoned,
+    drain,
+    node,
+    placed,
+    preempted,
+    requeued,
+    s,
+    started,
+    uncordoned,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apportion.domain.cluster import ClusterState, Run
 from apportion.domain.engine import FreeIndex, VictimIndex, _lost, _order_key
-from builders import (
-    T0, cancelled, completed, cordoned, drain, node, placed, preempted, requeued, s, started, uncordoned,
-)
 
 NODES = ["n0", "n1", "n2", "n3"]
 BUDGETS = ["lab/a", "lab/b", "lab/c"]
 
-ops = st.lists(st.tuples(
-    st.sampled_from(["place", "place", "start", "complete", "complete_replica", "preempt",
-                     "requeue", "cancel", "cordon", "uncordon", "drain", "register", "sync", "sync"]),
-    st.integers(0, 10_000), st.integers(0, 10_000)), min_size=1, max_size=60)
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(
+            [
+                "place",
+                "place",
+                "start",
+                "complete",
+                "complete_replica",
+                "preempt",
+                "requeue",
+                "cancel",
+                "cordon",
+                "uncordon",
+                "drain",
+                "register",
+                "sync",
+                "sync",
+            ]
+        ),
+        st.integers(0, 10_000),
+        st.integers(0, 10_000),
+    ),
+    min_size=1,
+    max_size=60,
+)
 
 
 def _fresh(cs: ClusterState) -> tuple:
@@ -64,13 +97,25 @@ def test_incremental_index_equals_a_rebuild(script):
             seq += 1
             k = 1 + b % 3
             first = a % len(NODES)
-            cs.apply(placed(f"j{seq:03d}", budget=BUDGETS[b % 3], gpus=1 + a % 4, replicas=k,
-                            allocated=b % 4 != 0, min_runtime_s=None if b % 4 == 0 else float(60 * (1 + b % 7)),
-                            nodes=[NODES[(first + i) % len(NODES)] for i in range(k)], at=s(t)))
+            cs.apply(
+                placed(
+                    f"j{seq:03d}",
+                    budget=BUDGETS[b % 3],
+                    gpus=1 + a % 4,
+                    replicas=k,
+                    allocated=b % 4 != 0,
+                    min_runtime_s=None if b % 4 == 0 else float(60 * (1 + b % 7)),
+                    nodes=[NODES[(first + i) % len(NODES)] for i in range(k)],
+                    at=s(t),
+                )
+            )
         elif op in ("cordon", "uncordon", "drain", "register"):
             nid = NODES[a % len(NODES)]
-            cs.apply({"cordon": cordoned, "uncordon": uncordoned, "drain": drain}[op](nid, at=s(t))
-                     if op != "register" else node(nid, gpus=4 + 4 * (b % 2), at=s(t)))
+            cs.apply(
+                {"cordon": cordoned, "uncordon": uncordoned, "drain": drain}[op](nid, at=s(t))
+                if op != "register"
+                else node(nid, gpus=4 + 4 * (b % 2), at=s(t))
+            )
         elif pick is None:
             continue
         elif op == "start":
@@ -109,9 +154,10 @@ def test_index_of_a_small_cluster_by_hand():
     cs.apply(started("a1", node="n1", at=s(40)))
     u, a = idx.sync(cs).as_lists()
     # unallocated u2 (4 GPUs in all) costs more than u1 (2 GPUs); key (0, gpus, -start, id, attempt)
-    assert u == {"n0": [((0, 2, -s(10), "u1", 1), ("u1", 1), (0, 1)),
-                        ((0, 4, -s(20), "u2", 1), ("u2", 1), (0, 1))],
-                 "n1": [((0, 4, -s(20), "u2", 1), ("u2", 1), (0, 1))]}
+    assert u == {
+        "n0": [((0, 2, -s(10), "u1", 1), ("u1", 1), (0, 1)), ((0, 4, -s(20), "u2", 1), ("u2", 1), (0, 1))],
+        "n1": [((0, 4, -s(20), "u2", 1), ("u2", 1), (0, 1))],
+    }
     # allocated a1 protected until its start + 600 s
     assert a == {"lab/a": [(s(40) + 600_000_000, ("a1", 1))]}
     cs.apply(preempted("u2", at=s(50)))  # stopping runs are no candidates
@@ -122,16 +168,30 @@ def test_index_of_a_small_cluster_by_hand():
 
 runs = st.builds(
     lambda alloc, g, k, start, i, att: Run(
-        job_id=f"j{i}", attempt=att, budget="lab/a", user="u", allocated=alloc, gpus_per_replica=g,
-        replicas=k, min_runtime_us=1 if alloc else 0, placements=(), placed_at_us=T0 + start,
-        submitted_at_us=T0, started_at_us=T0 + start),
-    st.booleans(), st.integers(1, 8), st.integers(1, 16), st.integers(0, 60 * 86400 * 10**6),
-    st.integers(0, 50), st.integers(1, 3))
+        job_id=f"j{i}",
+        attempt=att,
+        budget="lab/a",
+        user="u",
+        allocated=alloc,
+        gpus_per_replica=g,
+        replicas=k,
+        min_runtime_us=1 if alloc else 0,
+        placements=(),
+        placed_at_us=T0 + start,
+        submitted_at_us=T0,
+        started_at_us=T0 + start,
+    ),
+    st.booleans(),
+    st.integers(1, 8),
+    st.integers(1, 16),
+    st.integers(0, 60 * 86400 * 10**6),
+    st.integers(0, 50),
+    st.integers(1, 3),
+)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(runs, min_size=2, max_size=30, unique_by=lambda r: (r.job_id, r.attempt)),
-       st.integers(0, 10**6))
+@given(st.lists(runs, min_size=2, max_size=30, unique_by=lambda r: (r.job_id, r.attempt)), st.integers(0, 10**6))
 def test_order_key_sorts_as_the_cost_at_any_later_now(rs, after_us):
     now = T0 + 60 * 86400 * 10**6 + after_us
 
@@ -154,8 +214,11 @@ def test_reservation_nodes_walk_the_buckets_as_the_sort_rule():
     from apportion.domain.engine import _Free, _reservation_nodes
 
     def by_sort(free, g, k, model):
-        elig = [n for n, m in free.model.items()
-                if n not in free.reserved and (model is None or m == model) and free.count[n] >= g]
+        elig = [
+            n
+            for n, m in free.model.items()
+            if n not in free.reserved and (model is None or m == model) and free.count[n] >= g
+        ]
         return [n for _, n in sorted((-len(free.free[n]), n) for n in elig)[:k]]
 
     rng = random.Random(5)
@@ -163,9 +226,13 @@ def test_reservation_nodes_walk_the_buckets_as_the_sort_rule():
         nodes = {}
         for _ in range(rng.randint(1, 12)):
             c, nid = rng.choice([2, 4, 8]), f"n{rng.randint(0, 99):02d}"
-            nodes[nid] = Node(nid, c, "a" if rng.random() < 0.3 else None,
-                              rng.choice(["ready"] * 4 + ["cordoned"]),
-                              frozenset(x for x in range(c) if rng.random() < 0.4))
+            nodes[nid] = Node(
+                nid,
+                c,
+                "a" if rng.random() < 0.3 else None,
+                rng.choice(["ready"] * 4 + ["cordoned"]),
+                frozenset(x for x in range(c) if rng.random() < 0.4),
+            )
         free = _Free(ClusterSnapshot(nodes, {}, {}, tuple(sorted(nodes))))
         for n in list(free.model):
             r = rng.random()

@@ -55,8 +55,15 @@ class TimelineEntry:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
-        return {"at": self.at, "offset": self.offset, "kind": self.kind, "attempt": self.attempt,
-                "summary": self.summary, "details": self.details, "check": self.check}
+        return {
+            "at": self.at,
+            "offset": self.offset,
+            "kind": self.kind,
+            "attempt": self.attempt,
+            "summary": self.summary,
+            "details": self.details,
+            "check": self.check,
+        }
 
 
 @dataclass
@@ -80,12 +87,26 @@ class Explanation:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
-        return {"job_id": self.job_id, "found": self.found, "decisions_match": self.decisions_match,
-                "timeline": [e.to_dict() for e in self.timeline]}
+        return {
+            "job_id": self.job_id,
+            "found": self.found,
+            "decisions_match": self.decisions_match,
+            "timeline": [e.to_dict() for e in self.timeline],
+        }
 
 
-_STORY = {"JobSubmitted": 0, "JobQueued": 1, "JobRejected": 1, "JobRequeued": 1, "Preempts": 2, "JobPreempted": 2,
-          "StopWorkload": 3, "JobPlaced": 4, "StartWorkload": 6, "JobStarted": 7}
+_STORY = {
+    "JobSubmitted": 0,
+    "JobQueued": 1,
+    "JobRejected": 1,
+    "JobRequeued": 1,
+    "Preempts": 2,
+    "JobPreempted": 2,
+    "StopWorkload": 3,
+    "JobPlaced": 4,
+    "StartWorkload": 6,
+    "JobStarted": 7,
+}
 
 
 def _r(x: float | None) -> str:
@@ -93,18 +114,28 @@ def _r(x: float | None) -> str:
 
 
 def _victim_facts(v: events.Victim) -> dict[str, Any]:
-    return {"job_id": v.job_id, "attempt": v.attempt, "budget": v.budget, "allocated": v.allocated,
-            "gpus": v.gpus, "rule": v.rule, "lca": v.lca, "victim_ratio": v.victim_ratio,
-            "preemptor_ratio": v.preemptor_ratio,
-            "protected_until": v.protected_until.isoformat() if v.protected_until else None}
+    return {
+        "job_id": v.job_id,
+        "attempt": v.attempt,
+        "budget": v.budget,
+        "allocated": v.allocated,
+        "gpus": v.gpus,
+        "rule": v.rule,
+        "lca": v.lca,
+        "victim_ratio": v.victim_ratio,
+        "preemptor_ratio": v.preemptor_ratio,
+        "protected_until": v.protected_until.isoformat() if v.protected_until else None,
+    }
 
 
 def _why(v: events.Victim) -> str:
     if v.rule == "unallocated":
         return "rule unallocated (min runtime 0: preemptible at any time)"
     prot = f", protection ended {v.protected_until.isoformat()}" if v.protected_until else ""
-    return (f"rule expired_behind at LCA {v.lca or '?'}: r(victim branch) {_r(v.victim_ratio)} >= "
-            f"r(preemptor branch) {_r(v.preemptor_ratio)} + delta{prot}")
+    return (
+        f"rule expired_behind at LCA {v.lca or '?'}: r(victim branch) {_r(v.victim_ratio)} >= "
+        f"r(preemptor branch) {_r(v.preemptor_ratio)} + delta{prot}"
+    )
 
 
 def _entry(rec: LogRecord, job_id: str) -> TimelineEntry | None:
@@ -117,49 +148,110 @@ def _entry(rec: LogRecord, job_id: str) -> TimelineEntry | None:
     if getattr(ev, "job_id", None) != job_id:
         if isinstance(ev, events.JobPreempted) and ev.by_job_id == job_id:
             why = _why(ev.victim) if ev.victim else ev.reason
-            return TimelineEntry(at, where, "Preempts", attempt,
-                                 f"preempted {ev.job_id}#{ev.attempt} ({ev.budget}): {why}",
-                                 {"victim": _victim_facts(ev.victim) if ev.victim else None,
-                                  "victim_job": ev.job_id, "victim_budget": ev.budget})
+            return TimelineEntry(
+                at,
+                where,
+                "Preempts",
+                attempt,
+                f"preempted {ev.job_id}#{ev.attempt} ({ev.budget}): {why}",
+                {
+                    "victim": _victim_facts(ev.victim) if ev.victim else None,
+                    "victim_job": ev.job_id,
+                    "victim_budget": ev.budget,
+                },
+            )
         return None
     if isinstance(ev, events.JobSubmitted):
-        s = (f"submitted to {ev.budget} by {ev.user}: {ev.replicas} x {ev.gpus_per_replica} GPU, "
-             f"min runtime {ev.min_runtime_s:g} s ({'allocated' if ev.min_runtime_s > 0 else 'unallocated'})")
-        return TimelineEntry(at, where, t, None, s, {"budget": ev.budget, "user": ev.user,
-                                                     "gpus_per_replica": ev.gpus_per_replica,
-                                                     "replicas": ev.replicas, "min_runtime_s": ev.min_runtime_s,
-                                                     "duration_s": ev.duration_s,
-                                                     "submitted_at": ev.submitted_at.isoformat()})
+        s = (
+            f"submitted to {ev.budget} by {ev.user}: {ev.replicas} x {ev.gpus_per_replica} GPU, "
+            f"min runtime {ev.min_runtime_s:g} s ({'allocated' if ev.min_runtime_s > 0 else 'unallocated'})"
+        )
+        return TimelineEntry(
+            at,
+            where,
+            t,
+            None,
+            s,
+            {
+                "budget": ev.budget,
+                "user": ev.user,
+                "gpus_per_replica": ev.gpus_per_replica,
+                "replicas": ev.replicas,
+                "min_runtime_s": ev.min_runtime_s,
+                "duration_s": ev.duration_s,
+                "submitted_at": ev.submitted_at.isoformat(),
+            },
+        )
     if isinstance(ev, events.JobQueued):
         return TimelineEntry(at, where, t, attempt, f"queued (attempt {ev.attempt}) in {ev.budget}")
     if isinstance(ev, events.JobRejected):
-        return TimelineEntry(at, where, t, None, f"rejected: {ev.reason.value}: {ev.message}",
-                             {"reason": ev.reason.value, "message": ev.message})
+        return TimelineEntry(
+            at,
+            where,
+            t,
+            None,
+            f"rejected: {ev.reason.value}: {ev.message}",
+            {"reason": ev.reason.value, "message": ev.message},
+        )
     if isinstance(ev, events.JobPlaced):
         d = ev.decision
         where_s = ", ".join(f"{p.node_id}{list(p.gpus)}" for p in ev.placements)
-        s = (f"placed (attempt {ev.attempt}) on {where_s} at rank {d.rank}, budget rank {d.budget_rank}, "
-             f"r {_r(d.ratio)}" + (f", preempting {', '.join(v.job_id for v in d.victims)}" if d.victims else "")
-             + (" using its reservation" if d.reservation else ""))
-        return TimelineEntry(at, where, t, attempt, s, {
-            "placements": [p.model_dump(mode="json") for p in ev.placements], "rank": d.rank,
-            "budget_rank": d.budget_rank, "ratio": d.ratio, "reservation": d.reservation,
-            "policy_version": d.policy_version, "victims": [_victim_facts(v) for v in d.victims],
-            "fencing_token": ev.fencing_token, "inputs": d.inputs})
+        s = (
+            f"placed (attempt {ev.attempt}) on {where_s} at rank {d.rank}, budget rank {d.budget_rank}, "
+            f"r {_r(d.ratio)}"
+            + (f", preempting {', '.join(v.job_id for v in d.victims)}" if d.victims else "")
+            + (" using its reservation" if d.reservation else "")
+        )
+        return TimelineEntry(
+            at,
+            where,
+            t,
+            attempt,
+            s,
+            {
+                "placements": [p.model_dump(mode="json") for p in ev.placements],
+                "rank": d.rank,
+                "budget_rank": d.budget_rank,
+                "ratio": d.ratio,
+                "reservation": d.reservation,
+                "policy_version": d.policy_version,
+                "victims": [_victim_facts(v) for v in d.victims],
+                "fencing_token": ev.fencing_token,
+                "inputs": d.inputs,
+            },
+        )
     if isinstance(ev, events.JobPreempted):
         if ev.by_job_id:
             why = _why(ev.victim) if ev.victim else ev.reason
             s = f"preempted by {ev.by_job_id} ({ev.by_budget}): {why}; grace {ev.grace_s:g} s"
         else:
             s = f"preempted ({ev.reason}); grace {ev.grace_s:g} s"
-        return TimelineEntry(at, where, t, attempt, s, {
-            "by_job_id": ev.by_job_id, "by_budget": ev.by_budget, "reason": ev.reason,
-            "victim": _victim_facts(ev.victim) if ev.victim else None, "grace_s": ev.grace_s})
+        return TimelineEntry(
+            at,
+            where,
+            t,
+            attempt,
+            s,
+            {
+                "by_job_id": ev.by_job_id,
+                "by_budget": ev.by_budget,
+                "reason": ev.reason,
+                "victim": _victim_facts(ev.victim) if ev.victim else None,
+                "grace_s": ev.grace_s,
+            },
+        )
     if isinstance(ev, events.JobRequeued):
-        return TimelineEntry(at, where, t, attempt, f"requeued as attempt {ev.attempt} ({ev.reason}), "
-                                                    f"keeping submitted_at {ev.submitted_at.isoformat()}")
+        return TimelineEntry(
+            at,
+            where,
+            t,
+            attempt,
+            f"requeued as attempt {ev.attempt} ({ev.reason}), keeping submitted_at {ev.submitted_at.isoformat()}",
+        )
     if isinstance(ev, events.JobStarted):
-        return TimelineEntry(at, where, t, attempt, f"replica {ev.replica} started on {ev.node_id} GPUs {list(ev.gpus)}")
+        return TimelineEntry(
+            at, where, t, attempt, f"replica {ev.replica} started on {ev.node_id} GPUs {list(ev.gpus)}"
+        )
     if isinstance(ev, (events.JobCompleted, events.JobFailed)):
         rep = "" if ev.replica is None else f"replica {ev.replica} "
         extra = f": {ev.reason}" if isinstance(ev, events.JobFailed) and getattr(ev, "reason", None) else ""
@@ -170,8 +262,14 @@ def _entry(rec: LogRecord, job_id: str) -> TimelineEntry | None:
     return TimelineEntry(at, where, t, attempt, t)
 
 
-def explain(records: Sequence[LogRecord], job_id: str, config: DispatchConfig | None = None, *,
-            producer: str = "dispatcher", check: bool = True) -> Explanation:
+def explain(
+    records: Sequence[LogRecord],
+    job_id: str,
+    config: DispatchConfig | None = None,
+    *,
+    producer: str = "dispatcher",
+    check: bool = True,
+) -> Explanation:
     """The timeline of ``job_id`` with each of its decisions re-run.
 
     Args:
@@ -194,8 +292,9 @@ def explain(records: Sequence[LogRecord], job_id: str, config: DispatchConfig | 
     # same-instant records sort by topic in log order; show them in causal order instead
     timeline.sort(key=lambda e: (e.at, _STORY.get(e.kind, 5)))
     if check and decision_at:
-        checks: list[DecisionCheck] = rerun_decisions(records, config, producer=producer,
-                                                      only_at=decision_at, until_us=max(decision_at))
+        checks: list[DecisionCheck] = rerun_decisions(
+            records, config, producer=producer, only_at=decision_at, until_us=max(decision_at)
+        )
         by_t = {c.at_us: c for c in checks}
         for t, entries in decision_at.items():
             c = by_t.get(t)
@@ -203,10 +302,18 @@ def explain(records: Sequence[LogRecord], job_id: str, config: DispatchConfig | 
                 if c is None:
                     e.check = {"match": False, "basis": None, "diffs": ["no decision of the dispatcher at this time"]}
                     continue
-                mine = [d for d in c.diffs if f" {_subject(e, job_id)}#" in f" {d}"] if e.kind != "Preempts" else \
-                    [d for d in c.diffs if f" {e.details.get('victim_job')}#" in f" {d}"]
-                e.check = {"match": not mine, "basis": c.basis, "diffs": mine,
-                           "tick_match": c.match, "tick_offset": c.offset}
+                mine = (
+                    [d for d in c.diffs if f" {_subject(e, job_id)}#" in f" {d}"]
+                    if e.kind != "Preempts"
+                    else [d for d in c.diffs if f" {e.details.get('victim_job')}#" in f" {d}"]
+                )
+                e.check = {
+                    "match": not mine,
+                    "basis": c.basis,
+                    "diffs": mine,
+                    "tick_match": c.match,
+                    "tick_offset": c.offset,
+                }
     return Explanation(job_id, bool(timeline), timeline)
 
 

@@ -32,8 +32,9 @@ def decoded(records: Iterable[LogRecord | events.Event]) -> list[events.Event]:
     return out
 
 
-def occupancy_at(records: Sequence[LogRecord], at: Micros, *, window_s: float = WEEK_S,
-                 progress: Callable[[int], None] | None = None) -> tuple[events.OccupancySnapshot, dict[str, int]]:
+def occupancy_at(
+    records: Sequence[LogRecord], at: Micros, *, window_s: float = WEEK_S, progress: Callable[[int], None] | None = None
+) -> tuple[events.OccupancySnapshot, dict[str, int]]:
     """Rebuild the windows from the log and evaluate them at event time ``at``.
 
     Every event with ``ts <= at`` is folded into a fresh
@@ -81,15 +82,20 @@ class PreemptionReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
-        return {"total": self.total,
-                "pairs": [{"victim_budget": v, "preemptor_budget": p, "count": n}
-                          for (v, p), n in sorted(self.pairs.items())],
-                "rules": dict(sorted(self.rules.items())), "protection_violations": self.violations,
-                "thrash": dict(sorted(self.thrash.items()))}
+        return {
+            "total": self.total,
+            "pairs": [
+                {"victim_budget": v, "preemptor_budget": p, "count": n} for (v, p), n in sorted(self.pairs.items())
+            ],
+            "rules": dict(sorted(self.rules.items())),
+            "protection_violations": self.violations,
+            "thrash": dict(sorted(self.thrash.items())),
+        }
 
 
-def preemption_report(records: Sequence[LogRecord], *, since: Micros | None = None, until: Micros | None = None,
-                      thrash_over: int = 3) -> PreemptionReport:
+def preemption_report(
+    records: Sequence[LogRecord], *, since: Micros | None = None, until: Micros | None = None, thrash_over: int = 3
+) -> PreemptionReport:
     """Count preemptions by victim and preemptor budget and check protection.
 
     A protection violation is a ``JobPreempted`` of an allocated run at an
@@ -130,16 +136,21 @@ def preemption_report(records: Sequence[LogRecord], *, since: Micros | None = No
             if ev.allocated and key in started:
                 until_t = started[key] + round(min_rt.get(key, 0.0) * 1_000_000)
                 if t < until_t:
-                    rep.violations.append({"job_id": ev.job_id, "attempt": ev.attempt,
-                                           "at": from_us(t).isoformat(),
-                                           "protected_until": from_us(until_t).isoformat()})
+                    rep.violations.append(
+                        {
+                            "job_id": ev.job_id,
+                            "attempt": ev.attempt,
+                            "at": from_us(t).isoformat(),
+                            "protected_until": from_us(until_t).isoformat(),
+                        }
+                    )
     rep.thrash = {j: n for j, n in per_job.items() if n > thrash_over}
     return rep
 
 
-
-def squatting_report(records: Sequence[LogRecord], *, threshold_s: float = 1800.0,
-                     util_below_pct: float = 5.0) -> list[dict[str, Any]]:
+def squatting_report(
+    records: Sequence[LogRecord], *, threshold_s: float = 1800.0, util_below_pct: float = 5.0
+) -> list[dict[str, Any]]:
     """Runs whose GPUs showed near-zero utilisation for longer than a threshold.
 
     From ``NodeHeartbeat`` events: for each running replica listed in a
@@ -172,8 +183,17 @@ def squatting_report(records: Sequence[LogRecord], *, threshold_s: float = 1800.
                         longest[key] = (dur, start)
                 else:
                     idle_since.pop(key, None)
-    rows = [{"job_id": j, "attempt": a, "node_id": n, "budget": budget_of.get((j, a), "?"),
-             "idle_s": d, "since": from_us(s).isoformat()}
-            for (j, a, n), (d, s) in longest.items() if d > threshold_s]
+    rows = [
+        {
+            "job_id": j,
+            "attempt": a,
+            "node_id": n,
+            "budget": budget_of.get((j, a), "?"),
+            "idle_s": d,
+            "since": from_us(s).isoformat(),
+        }
+        for (j, a, n), (d, s) in longest.items()
+        if d > threshold_s
+    ]
     rows.sort(key=lambda r: (-r["idle_s"], r["job_id"]))
     return rows

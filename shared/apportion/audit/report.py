@@ -106,17 +106,34 @@ def log_report(log: Iterable[Any], tree: BudgetTree, start_us: Micros, end_us: M
     rows = []
     for leaf in tree.leaves():
         w = waits.get(leaf, [])
-        rows.append(BudgetRow(path=leaf, abs_share=tree.abs_share(leaf),
-                              alloc_share=occ.get(leaf, 0.0) / cap if cap else 0.0,
-                              free_share=una.get(leaf, 0.0) / cap if cap else 0.0,
-                              jobs=jobs_of.get(leaf, 0), placed=len(w),
-                              wait_p50_s=percentile(w, 50), wait_p95_s=percentile(w, 95),
-                              preemptions=pre_by_budget.get(leaf, 0)))
+        rows.append(
+            BudgetRow(
+                path=leaf,
+                abs_share=tree.abs_share(leaf),
+                alloc_share=occ.get(leaf, 0.0) / cap if cap else 0.0,
+                free_share=una.get(leaf, 0.0) / cap if cap else 0.0,
+                jobs=jobs_of.get(leaf, 0),
+                placed=len(w),
+                wait_p50_s=percentile(w, 50),
+                wait_p95_s=percentile(w, 95),
+                preemptions=pre_by_budget.get(leaf, 0),
+            )
+        )
     all_w = [x for w in waits.values() for x in w]
     used = sum(occ.get(p, 0.0) + una.get(p, 0.0) for p in tree.leaves())
     viol = preemption_report(evs, since=start_us, until=end_us)
-    return LogReport(start_us=start_us, end_us=end_us, capacity_gpu_s=cap,
-                     utilisation=used / cap if cap else 0.0, jobs=len(submitted), placed=len(all_w),
-                     never=len(submitted) - len(all_w), wait_p50_s=percentile(all_w, 50),
-                     wait_p95_s=percentile(all_w, 95), preemptions=sum(pre_by_budget.values()),
-                     violations=len(viol.violations), budgets=rows, violation_detail=viol.violations)
+    return LogReport(
+        start_us=start_us,
+        end_us=end_us,
+        capacity_gpu_s=cap,
+        utilisation=used / cap if cap else 0.0,
+        jobs=len(submitted),
+        placed=len(all_w),
+        never=len(submitted) - len(all_w),
+        wait_p50_s=percentile(all_w, 50),
+        wait_p95_s=percentile(all_w, 95),
+        preemptions=sum(pre_by_budget.values()),
+        violations=len(viol.violations),
+        budgets=rows,
+        violation_detail=viol.violations,
+    )

@@ -25,6 +25,7 @@ from apportion.bus.reader import LogRecord, iter_topic_records, log_order
 
 FORMAT_VERSION = 1
 
+
 def audit_topics() -> tuple[str, ...]:
     """Topics an audit reads by default: every registry topic but the dead letters."""
     return tuple(t.name for t in topics.ALL_TOPICS if t is not topics.DEADLETTER)
@@ -41,16 +42,24 @@ def _decode(raw: bytes) -> tuple[events.Event | None, str | None]:
         return None, str(exc)
 
 
-def write_export(records: Iterable[LogRecord], path: str | Path, *, topic_names: Iterable[str],
-                 exported_at: str) -> int:
+def write_export(
+    records: Iterable[LogRecord], path: str | Path, *, topic_names: Iterable[str], exported_at: str
+) -> int:
     """Write records to a gzip JSON Lines export; returns how many were written."""
     n = 0
     with gzip.open(path, "wt", encoding="utf-8", compresslevel=6) as f:
-        f.write(json.dumps({"apportion_export": FORMAT_VERSION, "topics": sorted(topic_names),
-                            "exported_at": exported_at}) + "\n")
+        f.write(
+            json.dumps({"apportion_export": FORMAT_VERSION, "topics": sorted(topic_names), "exported_at": exported_at})
+            + "\n"
+        )
         for rec in records:
-            line: dict[str, object] = {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset,
-                                       "key": rec.key, "timestamp_ms": rec.timestamp_ms}
+            line: dict[str, object] = {
+                "topic": rec.topic,
+                "partition": rec.partition,
+                "offset": rec.offset,
+                "key": rec.key,
+                "timestamp_ms": rec.timestamp_ms,
+            }
             try:
                 line["value"] = rec.raw.decode("utf-8")
             except UnicodeDecodeError:
@@ -80,9 +89,14 @@ def iter_export(path: str | Path) -> Iterator[LogRecord]:
             yield LogRecord(d["topic"], d["partition"], d["offset"], d.get("key"), d["timestamp_ms"], raw, ev, err)
 
 
-def load_log(*, bootstrap: str | None = None, from_file: str | Path | None = None,
-             topic_names: Iterable[str] | None = None, since_ms: int | None = None,
-             progress: Callable[[int], None] | None = None) -> list[LogRecord]:
+def load_log(
+    *,
+    bootstrap: str | None = None,
+    from_file: str | Path | None = None,
+    topic_names: Iterable[str] | None = None,
+    since_ms: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[LogRecord]:
     """The log in :func:`apportion.bus.reader.log_order`, from a file or Kafka.
 
     Args:
@@ -95,8 +109,9 @@ def load_log(*, bootstrap: str | None = None, from_file: str | Path | None = Non
     """
     wanted = set(topic_names if topic_names is not None else audit_topics())
     if from_file is not None:
-        recs = [r for r in iter_export(from_file)
-                if r.topic in wanted and (since_ms is None or r.timestamp_ms >= since_ms)]
+        recs = [
+            r for r in iter_export(from_file) if r.topic in wanted and (since_ms is None or r.timestamp_ms >= since_ms)
+        ]
         if progress is not None:
             progress(len(recs))
     else:

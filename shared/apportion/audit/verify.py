@@ -59,13 +59,22 @@ from apportion import events, topics
 from apportion.bus.reader import LogRecord, log_order
 from apportion.domain.budgets import fold_budget_log
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, fold, step
-from apportion.domain.fairshare import budget_order
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.usage import usage_snapshot
 from apportion.timeutil import WEEK_S, Micros, from_us, to_us
 
-__all__ = ["Mismatch", "DecisionCheck", "VerifyReport", "rerun_decisions", "check_snapshots",
-           "check_read_models", "verify", "position", "DECISION_TYPES", "dispatcher_input_topics"]
+__all__ = [
+    "Mismatch",
+    "DecisionCheck",
+    "VerifyReport",
+    "rerun_decisions",
+    "check_snapshots",
+    "check_read_models",
+    "verify",
+    "position",
+    "DECISION_TYPES",
+    "dispatcher_input_topics",
+]
 
 #: Recorded events that are scheduling decisions (re-run by :func:`rerun_decisions`).
 DECISION_TYPES = (events.JobPlaced, events.JobPreempted)
@@ -75,9 +84,20 @@ REL_TOL = 1e-6
 ABS_GPU_S = 1.0
 
 # same-time own events in the order step() emits them: maintenance, preemptions, placements, starts
-_EMIT_RANK = {"NodeLost": 0, "JobLost": 1, "JobRequeued": 2, "JobQueued": 2, "JobRejected": 2,
-              "JobCancelled": 2, "JobFailed": 2, "JobPreempted": 3, "StopWorkload": 4, "NodeDrained": 5,
-              "JobPlaced": 6, "StartWorkload": 7}
+_EMIT_RANK = {
+    "NodeLost": 0,
+    "JobLost": 1,
+    "JobRequeued": 2,
+    "JobQueued": 2,
+    "JobRejected": 2,
+    "JobCancelled": 2,
+    "JobFailed": 2,
+    "JobPreempted": 3,
+    "StopWorkload": 4,
+    "NodeDrained": 5,
+    "JobPlaced": 6,
+    "StartWorkload": 7,
+}
 
 
 def position(rec: LogRecord) -> str:
@@ -113,8 +133,13 @@ class Mismatch:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
-        return {"check": self.check, "offset": self.offset, "at": self.at, "subject": self.subject,
-                "detail": self.detail}
+        return {
+            "check": self.check,
+            "offset": self.offset,
+            "at": self.at,
+            "subject": self.subject,
+            "detail": self.detail,
+        }
 
 
 @dataclass
@@ -148,12 +173,19 @@ class DecisionCheck:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
-        return {"at": from_us(self.at_us).isoformat(), "basis": self.basis, "match": self.match,
-                "offset": self.offset,
-                "recorded": [f"{r.event.type} {getattr(r.event, 'job_id', '')} {r.event.event_id}"
-                             for r in self.recorded if r.event is not None],
-                "expected": [f"{e.type} {getattr(e, 'job_id', '')} {e.event_id}" for e in self.expected],
-                "diffs": self.diffs}
+        return {
+            "at": from_us(self.at_us).isoformat(),
+            "basis": self.basis,
+            "match": self.match,
+            "offset": self.offset,
+            "recorded": [
+                f"{r.event.type} {getattr(r.event, 'job_id', '')} {r.event.event_id}"
+                for r in self.recorded
+                if r.event is not None
+            ],
+            "expected": [f"{e.type} {getattr(e, 'job_id', '')} {e.event_id}" for e in self.expected],
+            "diffs": self.diffs,
+        }
 
 
 # --------------------------------------------------------------------------- comparisons
@@ -199,9 +231,14 @@ def _norm(ev: events.Event) -> dict[str, Any]:
 # --------------------------------------------------------------------------- (c) decisions
 
 
-def rerun_decisions(records: Sequence[LogRecord], config: DispatchConfig | None = None, *,
-                    producer: str = "dispatcher", only_at: Iterable[Micros] | None = None,
-                    until_us: Micros | None = None) -> list[DecisionCheck]:
+def rerun_decisions(
+    records: Sequence[LogRecord],
+    config: DispatchConfig | None = None,
+    *,
+    producer: str = "dispatcher",
+    only_at: Iterable[Micros] | None = None,
+    until_us: Micros | None = None,
+) -> list[DecisionCheck]:
     """Re-run every recorded decision tick (see the module docstring for what is folded).
 
     Args:
@@ -267,8 +304,12 @@ def rerun_decisions(records: Sequence[LogRecord], config: DispatchConfig | None 
                     fresh.append(lst[i])
                     i += 1
             else:  # a JobStarted at t answers a decision of t: it is folded after this tick
-                while i < len(lst) and (to_us(lst[i].event.ts) < t or (  # type: ignore[union-attr]
-                        to_us(lst[i].event.ts) == t and type(lst[i].event) is not events.JobStarted)):  # type: ignore[union-attr]
+                while i < len(lst) and (
+                    to_us(lst[i].event.ts) < t
+                    or (  # type: ignore[union-attr]
+                        to_us(lst[i].event.ts) == t and type(lst[i].event) is not events.JobStarted
+                    )
+                ):  # type: ignore[union-attr]
                     fresh.append(lst[i])
                     i += 1
             ext_ptr[tp] = i
@@ -277,8 +318,7 @@ def rerun_decisions(records: Sequence[LogRecord], config: DispatchConfig | None 
         while oi < len(own) and to_us(own[oi].event.ts) < t:  # type: ignore[union-attr]
             mine.append(own[oi])
             oi += 1
-        merged = sorted([(own_key(r), r) for r in mine] + [(ext_key(r), r) for r in fresh],
-                        key=lambda kr: kr[0])
+        merged = sorted([(own_key(r), r) for r in mine] + [(ext_key(r), r) for r in fresh], key=lambda kr: kr[0])
         for _, r in merged:
             evolve(state, r.event)  # type: ignore[arg-type]
         # 3. own non-decision events at exactly t: outputs of steps on events at the same instant
@@ -307,8 +347,10 @@ def rerun_decisions(records: Sequence[LogRecord], config: DispatchConfig | None 
             diffs.extend(f"{who}: {d}" for d in sub)
         for eid, ev in got_by_id.items():
             if eid not in rec_by_id:
-                diffs.append(f"{ev.type} {getattr(ev, 'job_id', '')}#{getattr(ev, 'attempt', '')}: "
-                             f"the re-run decides it, but it was not recorded")
+                diffs.append(
+                    f"{ev.type} {getattr(ev, 'job_id', '')}#{getattr(ev, 'attempt', '')}: "
+                    f"the re-run decides it, but it was not recorded"
+                )
         out.append(DecisionCheck(t, "inputs" if watermark is not None else "log-order", recorded, got, diffs))
     return out
 
@@ -354,8 +396,11 @@ def check_snapshots(records: Sequence[LogRecord], *, producer: str | None = None
     Returns:
         Mismatches, one per divergent snapshot, in log order.
     """
-    snaps = [r for r in records if isinstance(r.event, events.OccupancySnapshot)
-             and (producer is None or r.event.producer == producer)]
+    snaps = [
+        r
+        for r in records
+        if isinstance(r.event, events.OccupancySnapshot) and (producer is None or r.event.producer == producer)
+    ]
     if not snaps:
         return []
     evs = [r.event for r in records if r.event is not None]
@@ -372,15 +417,30 @@ def check_snapshots(records: Sequence[LogRecord], *, producer: str | None = None
             i += 1
         pos[0] = i
         if ledger.clock is not None and at < ledger.clock:
-            out.append(Mismatch("snapshot", position(r), snap.at.isoformat(), "at",
-                                "snapshot time precedes an event already folded", log_order(r)))
+            out.append(
+                Mismatch(
+                    "snapshot",
+                    position(r),
+                    snap.at.isoformat(),
+                    "at",
+                    "snapshot time precedes an event already folded",
+                    log_order(r),
+                )
+            )
             continue
         exp = usage_snapshot(fold_budget_log(budget_evs, until_us=at), ledger, at, producer="audit")
         diffs = _compare_snapshot(snap, exp)
         if diffs:
-            out.append(Mismatch("snapshot", position(r), snap.at.isoformat(), f"OccupancySnapshot {snap.event_id}",
-                                "; ".join(diffs[:8]) + (f"; ... {len(diffs) - 8} more" if len(diffs) > 8 else ""),
-                                log_order(r)))
+            out.append(
+                Mismatch(
+                    "snapshot",
+                    position(r),
+                    snap.at.isoformat(),
+                    f"OccupancySnapshot {snap.event_id}",
+                    "; ".join(diffs[:8]) + (f"; ... {len(diffs) - 8} more" if len(diffs) > 8 else ""),
+                    log_order(r),
+                )
+            )
     out.sort(key=lambda m: m.order)
     return out
 
@@ -397,8 +457,11 @@ def _last_record_of(records: Sequence[LogRecord], attr: str) -> dict[str, LogRec
     return last
 
 
-def check_read_models(records: Sequence[LogRecord], rows: Mapping[str, Mapping[str, Mapping[str, Any]]],
-                      config: DispatchConfig | None = None) -> list[Mismatch]:
+def check_read_models(
+    records: Sequence[LogRecord],
+    rows: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    config: DispatchConfig | None = None,
+) -> list[Mismatch]:
     """Compare the Redis read models with the rebuild.
 
     Args:
@@ -424,21 +487,42 @@ def check_read_models(records: Sequence[LogRecord], rows: Mapping[str, Mapping[s
     if meta is not None and budgets is not None:
         from apportion.audit.replay import occupancy_at
 
-        snap_rec = next((r for r in records if isinstance(r.event, events.OccupancySnapshot)
-                         and str(r.event.event_id) == meta.get("snapshot_id")), None)
+        snap_rec = next(
+            (
+                r
+                for r in records
+                if isinstance(r.event, events.OccupancySnapshot) and str(r.event.event_id) == meta.get("snapshot_id")
+            ),
+            None,
+        )
         where = position(snap_rec) if snap_rec else None
         order = log_order(snap_rec) if snap_rec else ()
         at = to_us(events.utc(_parse(meta["at"])))
         if snap_rec is None:
-            out.append(Mismatch("read_model", None, meta["at"], "usage.meta",
-                                f"snapshot {meta.get('snapshot_id')} is not in the log"))
+            out.append(
+                Mismatch(
+                    "read_model",
+                    None,
+                    meta["at"],
+                    "usage.meta",
+                    f"snapshot {meta.get('snapshot_id')} is not in the log",
+                )
+            )
         snap, ranks = occupancy_at(records, at, window_s=float(meta.get("window_s", WEEK_S)))
         exp = {u.path: u.model_dump(mode="json") | {"rank": ranks.get(u.path)} for u in snap.budgets}
         for path in sorted(set(exp) | set(budgets)):
             got, want = budgets.get(path), exp.get(path)
             if got is None or want is None:
-                out.append(Mismatch("read_model", where, meta["at"], f"budgets[{path}]",
-                                    "row missing in Redis" if got is None else "row not in the rebuilt tree", order))
+                out.append(
+                    Mismatch(
+                        "read_model",
+                        where,
+                        meta["at"],
+                        f"budgets[{path}]",
+                        "row missing in Redis" if got is None else "row not in the rebuilt tree",
+                        order,
+                    )
+                )
                 continue
             diffs = []
             for f in ("occupancy_gpu_s", "unallocated_gpu_s", "entitlement_gpu_s"):
@@ -455,9 +539,16 @@ def check_read_models(records: Sequence[LogRecord], rows: Mapping[str, Mapping[s
             if diffs:
                 out.append(Mismatch("read_model", where, meta["at"], f"budgets[{path}]", "; ".join(diffs), order))
         if not _close(float(meta.get("capacity_gpu_s", math.nan)), snap.capacity_gpu_s, abs_tol=ABS_GPU_S):
-            out.append(Mismatch("read_model", where, meta["at"], "usage.meta",
-                                f"capacity_gpu_s: Redis {meta.get('capacity_gpu_s')!r}, rebuilt {snap.capacity_gpu_s!r}",
-                                order))
+            out.append(
+                Mismatch(
+                    "read_model",
+                    where,
+                    meta["at"],
+                    "usage.meta",
+                    f"capacity_gpu_s: Redis {meta.get('capacity_gpu_s')!r}, rebuilt {snap.capacity_gpu_s!r}",
+                    order,
+                )
+            )
     jobs, nodes = rows.get("jobs"), rows.get("nodes")
     if jobs is not None or nodes is not None:
         state = fold((r.event for r in records if r.event is not None), window_s=cfg.engine.window_s)
@@ -469,13 +560,24 @@ def check_read_models(records: Sequence[LogRecord], rows: Mapping[str, Mapping[s
                 lr = last.get(jid)
                 where, at_s, order = (position(lr), lr.event.ts.isoformat(), log_order(lr)) if lr else (None, None, ())  # type: ignore[union-attr]
                 if got is None or rec is None:
-                    out.append(Mismatch("read_model", where, at_s, f"jobs[{jid}]",
-                                        "row missing in Redis" if got is None else
-                                        "Redis lists a job the log says is not active", order))
+                    out.append(
+                        Mismatch(
+                            "read_model",
+                            where,
+                            at_s,
+                            f"jobs[{jid}]",
+                            "row missing in Redis" if got is None else "Redis lists a job the log says is not active",
+                            order,
+                        )
+                    )
                     continue
                 run = state.cluster.runs.get((jid, rec.attempt))
-                want = {"state": rec.status, "attempt": rec.attempt, "budget": rec.spec.budget,
-                        "nodes": [p.node_id for p in run.placements] if run is not None else []}
+                want = {
+                    "state": rec.status,
+                    "attempt": rec.attempt,
+                    "budget": rec.spec.budget,
+                    "nodes": [p.node_id for p in run.placements] if run is not None else [],
+                }
                 diffs = [f"{k}: Redis {got.get(k)!r}, rebuilt {v!r}" for k, v in want.items() if got.get(k) != v]
                 if diffs:
                     out.append(Mismatch("read_model", where, at_s, f"jobs[{jid}]", "; ".join(diffs), order))
@@ -487,12 +589,25 @@ def check_read_models(records: Sequence[LogRecord], rows: Mapping[str, Mapping[s
                 lr = last.get(nid)
                 where, at_s, order = (position(lr), lr.event.ts.isoformat(), log_order(lr)) if lr else (None, None, ())  # type: ignore[union-attr]
                 if got is None or n is None:
-                    out.append(Mismatch("read_model", where, at_s, f"nodes[{nid}]",
-                                        "row missing in Redis" if got is None else "Redis lists an unknown node", order))
+                    out.append(
+                        Mismatch(
+                            "read_model",
+                            where,
+                            at_s,
+                            f"nodes[{nid}]",
+                            "row missing in Redis" if got is None else "Redis lists an unknown node",
+                            order,
+                        )
+                    )
                     continue
                 running = sorted(f"{k[0]}#{k[1]}" for k in state.cluster.node_runs.get(nid, ()))
-                want = {"state": n.state, "gpu_count": n.gpu_count, "gpu_model": n.gpu_model,
-                        "free_gpus": len(n.free), "running": running}
+                want = {
+                    "state": n.state,
+                    "gpu_count": n.gpu_count,
+                    "gpu_model": n.gpu_model,
+                    "free_gpus": len(n.free),
+                    "running": running,
+                }
                 diffs = [f"{k}: Redis {got.get(k)!r}, rebuilt {v!r}" for k, v in want.items() if got.get(k) != v]
                 if diffs:
                     out.append(Mismatch("read_model", where, at_s, f"nodes[{nid}]", "; ".join(diffs), order))
@@ -509,10 +624,12 @@ def read_models_from_redis(r: Any) -> dict[str, dict[str, dict[str, Any]]]:
     """The four read-model hashes from a ``redis.Redis`` client (namespace from the environment)."""
     from apportion import readmodel
 
-    return {"usage": readmodel.read_hash(r, readmodel.usage_key()),
-            "budgets": readmodel.read_hash(r, readmodel.budgets_key()),
-            "jobs": readmodel.read_hash(r, readmodel.jobs_key()),
-            "nodes": readmodel.read_hash(r, readmodel.nodes_key())}
+    return {
+        "usage": readmodel.read_hash(r, readmodel.usage_key()),
+        "budgets": readmodel.read_hash(r, readmodel.budgets_key()),
+        "jobs": readmodel.read_hash(r, readmodel.jobs_key()),
+        "nodes": readmodel.read_hash(r, readmodel.nodes_key()),
+    }
 
 
 # --------------------------------------------------------------------------- all
@@ -550,15 +667,25 @@ class VerifyReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
-        return {"ok": self.ok, "records": self.records, "snapshots": self.snapshots,
-                "decision_ticks": self.decisions, "decision_basis": self.decision_basis,
-                "read_models": self.read_models,
-                "first_offset": self.first.offset if self.first else None,
-                "mismatches": [m.to_dict() for m in self.mismatches]}
+        return {
+            "ok": self.ok,
+            "records": self.records,
+            "snapshots": self.snapshots,
+            "decision_ticks": self.decisions,
+            "decision_basis": self.decision_basis,
+            "read_models": self.read_models,
+            "first_offset": self.first.offset if self.first else None,
+            "mismatches": [m.to_dict() for m in self.mismatches],
+        }
 
 
-def verify(records: Sequence[LogRecord], *, read_models: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
-           config: DispatchConfig | None = None, producer: str = "dispatcher") -> VerifyReport:
+def verify(
+    records: Sequence[LogRecord],
+    *,
+    read_models: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+    config: DispatchConfig | None = None,
+    producer: str = "dispatcher",
+) -> VerifyReport:
     """Run the three checks (read models only when ``read_models`` is given).
 
     Args:
@@ -578,9 +705,16 @@ def verify(records: Sequence[LogRecord], *, read_models: Mapping[str, Mapping[st
         basis[c.basis] += 1
         if not c.match:
             first = c.recorded[0]
-            mism.append(Mismatch("decision", c.offset, from_us(c.at_us).isoformat(),
-                                 ", ".join(sorted({getattr(r.event, 'job_id', '?') for r in c.recorded})),
-                                 "; ".join(c.diffs[:6]), log_order(first)))
+            mism.append(
+                Mismatch(
+                    "decision",
+                    c.offset,
+                    from_us(c.at_us).isoformat(),
+                    ", ".join(sorted({getattr(r.event, "job_id", "?") for r in c.recorded})),
+                    "; ".join(c.diffs[:6]),
+                    log_order(first),
+                )
+            )
     mism.sort(key=lambda m: (m.order == (), m.order))
     n_snaps = sum(1 for r in records if isinstance(r.event, events.OccupancySnapshot))
     return VerifyReport(mism, n_snaps, len(checks), dict(basis), read_models is not None, len(records))

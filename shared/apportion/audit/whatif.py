@@ -88,8 +88,19 @@ def jobs_from_log(records: Sequence[LogRecord]) -> tuple[list[SimJob], list[str]
                 skipped.append(jid)
                 continue
             dur = max(runs)[1] / 1e6
-        jobs.append(SimJob(jid, s.budget, s.user, to_us(s.submitted_at), s.gpus_per_replica, s.replicas,
-                           s.min_runtime_s, float(dur), s.gpu_model))
+        jobs.append(
+            SimJob(
+                jid,
+                s.budget,
+                s.user,
+                to_us(s.submitted_at),
+                s.gpus_per_replica,
+                s.replicas,
+                s.min_runtime_s,
+                float(dur),
+                s.gpu_model,
+            )
+        )
     jobs.sort(key=lambda j: (j.submit_us, j.job_id))
     return jobs, sorted(skipped)
 
@@ -127,19 +138,33 @@ class WhatIf:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
-        summary = {k: {"recorded": getattr(self.recorded, k), "new": getattr(self.new, k)}
-                   for k in ("utilisation", "wait_p50_s", "wait_p95_s", "preemptions", "never", "violations")}
-        return {"jobs": self.jobs, "nodes": self.nodes, "gpus": self.gpus, "skipped": self.skipped,
-                "summary": summary, "budgets": self.rows}
+        summary = {
+            k: {"recorded": getattr(self.recorded, k), "new": getattr(self.new, k)}
+            for k in ("utilisation", "wait_p50_s", "wait_p95_s", "preemptions", "never", "violations")
+        }
+        return {
+            "jobs": self.jobs,
+            "nodes": self.nodes,
+            "gpus": self.gpus,
+            "skipped": self.skipped,
+            "summary": summary,
+            "budgets": self.rows,
+        }
 
 
 def _stats(rep: PolicyReport) -> dict[str, dict[str, Any]]:
     return {b.path: {f: getattr(b, f) for f in FIELDS} for b in rep.budgets}
 
 
-def whatif(records: Sequence[LogRecord], new_tree: BudgetTree, *, seed: int = 0,
-           config: DispatchConfig | None = None, cycle_s: float | None = 300.0,
-           window_s: float = float(WEEK_S)) -> WhatIf:
+def whatif(
+    records: Sequence[LogRecord],
+    new_tree: BudgetTree,
+    *,
+    seed: int = 0,
+    config: DispatchConfig | None = None,
+    cycle_s: float | None = 300.0,
+    window_s: float = float(WEEK_S),
+) -> WhatIf:
     """Re-run the log's submissions under ``new_tree`` and the recorded tree.
 
     Args:
@@ -177,9 +202,18 @@ def whatif(records: Sequence[LogRecord], new_tree: BudgetTree, *, seed: int = 0,
         a, b = old.get(path), new.get(path)
         diff = None
         if a is not None and b is not None:
-            diff = {f: (b[f] - a[f] if isinstance(a[f], (int, float)) and isinstance(b[f], (int, float)) else None)
-                    for f in FIELDS}
-        rows.append({"path": path, "share_recorded": old_tree.abs_share(path) if path in old_tree else None,
-                     "share_new": new_tree.abs_share(path) if path in new_tree else None,
-                     "recorded": a, "new": b, "diff": diff})
+            diff = {
+                f: (b[f] - a[f] if isinstance(a[f], (int, float)) and isinstance(b[f], (int, float)) else None)
+                for f in FIELDS
+            }
+        rows.append(
+            {
+                "path": path,
+                "share_recorded": old_tree.abs_share(path) if path in old_tree else None,
+                "share_new": new_tree.abs_share(path) if path in new_tree else None,
+                "recorded": a,
+                "new": b,
+                "diff": diff,
+            }
+        )
     return WhatIf(reports[0], reports[1], rows, len(jobs), len(nodes), sum(n.gpus for n in nodes), skipped)

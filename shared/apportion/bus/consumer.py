@@ -25,7 +25,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -93,7 +93,7 @@ class NoDeduplication:
 
 
 def _utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 @dataclass(slots=True)
@@ -159,8 +159,9 @@ class EventConsumer:
         self._clock = clock
         self.stats = Stats()
         topics = list(topics)
-        self._consumer = KafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=group_id,
-                                       enable_auto_commit=False, **kafka_config)
+        self._consumer = KafkaConsumer(
+            *topics, bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False, **kafka_config
+        )
         # Load partition metadata before the first poll joins the group, so
         # the assignment covers topics created moments ago.
         for topic in topics:
@@ -185,7 +186,7 @@ class EventConsumer:
                         # poll() moved every position past its batch: rewind the
                         # failing record and the batches not reached yet.
                         self._consumer.seek(tp, rec.offset)
-                        for later_tp, later in pending[i + 1:]:
+                        for later_tp, later in pending[i + 1 :]:
                             self._consumer.seek(later_tp, later[0].offset)
                         raise
                     done[tp] = OffsetAndMetadata(rec.offset + 1, "", -1)
@@ -220,8 +221,14 @@ class EventConsumer:
         reason = f"{exc.field}: {exc.reason}" if exc.field else exc.reason
         log.warning("dead-lettering %s[%d]@%d: %s", rec.topic, rec.partition, rec.offset, reason)
         letter = events.DeadLetter(
-            source_topic=rec.topic, source_partition=rec.partition, source_offset=rec.offset,
-            source_key=key, original=_b64(raw), error=reason, ts=self._clock(), producer=self._name,
+            source_topic=rec.topic,
+            source_partition=rec.partition,
+            source_offset=rec.offset,
+            source_key=key,
+            original=_b64(raw),
+            error=reason,
+            ts=self._clock(),
+            producer=self._name,
         )
         if self._dead_letters is None:
             self._dead_letters = EventProducer(self._bootstrap, client_id=f"{self._name}-deadletter")

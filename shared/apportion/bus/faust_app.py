@@ -41,7 +41,7 @@ from __future__ import annotations
 import base64
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -90,9 +90,15 @@ def register_codec() -> None:
         codecs.register(CODEC, _codec_class()())
 
 
-def make_app(app_id: str, bootstrap: str, *, store: str = "memory://",
-             datadir: str | Path | None = None, web_port: int | None = None,
-             **settings: Any) -> Any:
+def make_app(
+    app_id: str,
+    bootstrap: str,
+    *,
+    store: str = "memory://",
+    datadir: str | Path | None = None,
+    web_port: int | None = None,
+    **settings: Any,
+) -> Any:
     """Build a :class:`faust.App` wired for apportion.
 
     Args:
@@ -147,8 +153,14 @@ def event_topic(app: Any, topic: Topic | str) -> Any:
     name = topic if isinstance(topic, str) else topic.name
     if isinstance(topic, str):
         topic = by_name(topic) or Topic(topic, "key", 1, -1)
-    return app.topic(name, key_type=bytes, key_serializer="raw", value_serializer=CODEC,
-                     partitions=topic.partitions, config=topic.configs())
+    return app.topic(
+        name,
+        key_type=bytes,
+        key_serializer="raw",
+        value_serializer=CODEC,
+        partitions=topic.partitions,
+        config=topic.configs(),
+    )
 
 
 def agent(app: Any, channel: Any, **kwargs: Any) -> Callable[[Any], Any]:
@@ -180,8 +192,9 @@ async def publish_acked(app: Any, event: events.Event) -> Any:
     return await (await publish(app, event))
 
 
-async def decoded(app: Any, stream: Any, *, producer: str = "faust",
-                  clock: Callable[[], datetime] | None = None) -> AsyncIterator[events.Event]:
+async def decoded(
+    app: Any, stream: Any, *, producer: str = "faust", clock: Callable[[], datetime] | None = None
+) -> AsyncIterator[events.Event]:
     """Yield the events of a faust stream, dead-lettering undecodable values.
 
     A dead letter's ``event_id`` is derived from (topic, partition, offset),
@@ -195,17 +208,22 @@ async def decoded(app: Any, stream: Any, *, producer: str = "faust",
         producer: ``producer`` field of the dead letters.
         clock: event time of the dead letters (wall clock UTC when ``None``).
     """
-    now = clock or (lambda: datetime.now(timezone.utc))
+    now = clock or (lambda: datetime.now(UTC))
     async for value in stream:
         if isinstance(value, Undecodable):
             msg = stream.current_event.message
             key = msg.key.decode("utf-8", "replace") if isinstance(msg.key, bytes) else msg.key
             letter = events.DeadLetter(
                 event_id=events.det_id("DeadLetter", msg.topic, msg.partition, msg.offset),
-                source_topic=msg.topic, source_partition=msg.partition, source_offset=msg.offset,
-                source_key=key, original=base64.b64encode(value.raw).decode("ascii"),
-                error=value.reason, ts=now(), producer=producer)
-            await (await event_topic(app, DEADLETTER).send(
-                key=events.key_of(letter).encode("utf-8"), value=letter))
+                source_topic=msg.topic,
+                source_partition=msg.partition,
+                source_offset=msg.offset,
+                source_key=key,
+                original=base64.b64encode(value.raw).decode("ascii"),
+                error=value.reason,
+                ts=now(),
+                producer=producer,
+            )
+            await (await event_topic(app, DEADLETTER).send(key=events.key_of(letter).encode("utf-8"), value=letter))
             continue
         yield value

@@ -49,8 +49,7 @@ class EventProducer:
         if clash:
             raise ValueError(f"EventProducer fixes {clash}; do not override them")
         kafka_config.setdefault("linger_ms", 2)
-        self._producer = KafkaProducer(bootstrap_servers=bootstrap, client_id=client_id,
-                                       **RELIABLE, **kafka_config)
+        self._producer = KafkaProducer(bootstrap_servers=bootstrap, client_id=client_id, **RELIABLE, **kafka_config)
 
     def send(self, event: events.Event, value: bytes | None = None) -> FutureRecordMetadata:
         """Queue ``event`` for its topic; the future resolves on the broker's ack.
@@ -62,8 +61,9 @@ class EventProducer:
                 here when ``None``. Passing anything else is a caller bug.
         """
         topic = events.TOPIC_OF[event.type].name
-        return self._producer.send(topic, value=events.encode(event) if value is None else value,
-                                   key=events.key_of(event).encode("utf-8"))
+        return self._producer.send(
+            topic, value=events.encode(event) if value is None else value, key=events.key_of(event).encode("utf-8")
+        )
 
     def publish(self, event: events.Event, timeout_s: float = 30.0) -> RecordMetadata:
         """Send ``event`` and wait for the ack; raises the Kafka error on failure."""

@@ -67,8 +67,10 @@ def create_missing(admin: Any, topics: Iterable[Topic], replication_factor: int 
     missing = [t for t in topics if t.name not in have]
     if not missing:
         return []
-    spec = {t.name: {"num_partitions": t.partitions, "replication_factor": replication_factor,
-                     "configs": t.configs()} for t in missing}
+    spec = {
+        t.name: {"num_partitions": t.partitions, "replication_factor": replication_factor, "configs": t.configs()}
+        for t in missing
+    }
     resp = admin.create_topics(spec, raise_errors=False, wait_for_metadata=True)
     created = []
     for result in resp.get("topics", []):
@@ -86,8 +88,9 @@ def find_drift(admin: Any, topics: Iterable[Topic]) -> list[Drift]:
     topics = list(topics)
     drift: list[Drift] = []
     described = {d["name"]: d for d in admin.describe_topics([t.name for t in topics])}
-    resources = [ConfigResource(ConfigResourceType.TOPIC, t.name,
-                                configs={k: None for k in t.configs()}) for t in topics]
+    resources = [
+        ConfigResource(ConfigResourceType.TOPIC, t.name, configs={k: None for k in t.configs()}) for t in topics
+    ]
     configs = admin.describe_configs(resources, config_filter="all").get("topic", {})
     for t in topics:
         d = described.get(t.name)
@@ -114,13 +117,15 @@ def fix_drift(admin: Any, drift: Iterable[Drift]) -> list[Drift]:
     for d in fixable:
         by_topic.setdefault(d.topic, {})[d.setting] = d.declared
     if by_topic:
-        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, name, configs=cfg)
-                             for name, cfg in by_topic.items()])
+        admin.alter_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, name, configs=cfg) for name, cfg in by_topic.items()]
+        )
     return fixable
 
 
-def provision(bootstrap: str, topics: Iterable[Topic] = ALL_TOPICS, *, fix: bool = False,
-              replication_factor: int = 1) -> ProvisionReport:
+def provision(
+    bootstrap: str, topics: Iterable[Topic] = ALL_TOPICS, *, fix: bool = False, replication_factor: int = 1
+) -> ProvisionReport:
     """Create missing topics, then verify every declared topic (see module doc)."""
     topics = list(topics)
     admin = admin_client(bootstrap)
@@ -141,8 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     ap = argparse.ArgumentParser(description="Create apportion topics and report config drift.")
-    ap.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
-                    help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP or 127.0.0.1:9092)")
+    ap.add_argument(
+        "--bootstrap",
+        default=os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
+        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP or 127.0.0.1:9092)",
+    )
     ap.add_argument("--replication-factor", type=int, default=1)
     ap.add_argument("--fix", action="store_true", help="set drifted configs to their declared values")
     ap.add_argument("--strict", action="store_true", help="exit 1 when drift remains")
@@ -151,8 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     for line in report.lines():
         print(line)
     if report.drift:
-        print(f"{len(report.drift)} drifted setting(s); --fix sets configs back "
-              "(partition counts are changed by hand only)", file=sys.stderr)
+        print(
+            f"{len(report.drift)} drifted setting(s); --fix sets configs back "
+            "(partition counts are changed by hand only)",
+            file=sys.stderr,
+        )
         return 1 if args.strict else 0
     return 0
 

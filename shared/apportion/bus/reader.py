@@ -38,9 +38,14 @@ class LogRecord:
     error: str | None = None
 
 
-def iter_topic_records(bootstrap: str, topics: Iterable[str], *, since_ms: int | None = None,
-                       progress: Callable[[int], None] | None = None,
-                       decode: bool = True) -> Iterator[LogRecord]:
+def iter_topic_records(
+    bootstrap: str,
+    topics: Iterable[str],
+    *,
+    since_ms: int | None = None,
+    progress: Callable[[int], None] | None = None,
+    decode: bool = True,
+) -> Iterator[LogRecord]:
     """Yield every record of ``topics`` present when the call starts.
 
     Records come partition by partition (each in offset order); use
@@ -56,9 +61,14 @@ def iter_topic_records(bootstrap: str, topics: Iterable[str], *, since_ms: int |
     """
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                             group_id=None, consumer_timeout_ms=2000,
-                             max_partition_fetch_bytes=8 * 1024 * 1024, bootstrap_timeout_ms=10_000)
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        group_id=None,
+        consumer_timeout_ms=2000,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+        bootstrap_timeout_ms=10_000,
+    )
     try:
         existing = consumer.topics()
         parts = []
@@ -98,8 +108,7 @@ def iter_topic_records(bootstrap: str, topics: Iterable[str], *, since_ms: int |
                         except events.DecodeError as exc:
                             err = str(exc)
                     key = rec.key.decode("utf-8", "replace") if rec.key is not None else None
-                    yield LogRecord(tp.topic, tp.partition, rec.offset, key, rec.timestamp,
-                                    rec.value, ev, err)
+                    yield LogRecord(tp.topic, tp.partition, rec.offset, key, rec.timestamp, rec.value, ev, err)
                     n += 1
                     if progress is not None and n % 10_000 == 0:
                         progress(n)

@@ -85,9 +85,16 @@ class LocalStack:
         echo: print the scripts' output (the CLI does; tests do not).
     """
 
-    def __init__(self, datadir: str | os.PathLike[str], *, kafka_port: int = 0, redis_port: int = 0,
-                 provision_topics: bool = True, infra_dir: str | os.PathLike[str] | None = None,
-                 echo: bool = False) -> None:
+    def __init__(
+        self,
+        datadir: str | os.PathLike[str],
+        *,
+        kafka_port: int = 0,
+        redis_port: int = 0,
+        provision_topics: bool = True,
+        infra_dir: str | os.PathLike[str] | None = None,
+        echo: bool = False,
+    ) -> None:
         self.datadir = Path(datadir).resolve()
         if not kafka_port or not redis_port:
             picked = free_ports(2)
@@ -116,8 +123,9 @@ class LocalStack:
 
     def _run(self, script: str, *args: str) -> str:
         cmd = ["bash", str(self.infra_dir / script), *args]
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, check=False)
+        proc = subprocess.run(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False
+        )
         if self.echo and proc.stdout:
             print(proc.stdout, end="", flush=True)
         if proc.returncode != 0:
@@ -139,8 +147,10 @@ class LocalStack:
 
                 report = provision(self.bootstrap)
                 if self.echo:
-                    print(f"topics: {len(report.created)} created, {len(report.existing)} existing, "
-                          f"{len(report.drift)} drifted")
+                    print(
+                        f"topics: {len(report.created)} created, {len(report.existing)} existing, "
+                        f"{len(report.drift)} drifted"
+                    )
                     for d in report.drift:
                         print(f"  DRIFT {d}")
         except BaseException:
@@ -163,8 +173,7 @@ class LocalStack:
 
     def running(self) -> bool:
         """True when both processes of this data dir are alive."""
-        return (_alive(self.datadir / "kafka" / "kafka.pid")
-                and _alive(self.datadir / "redis" / "redis.pid"))
+        return _alive(self.datadir / "kafka" / "kafka.pid") and _alive(self.datadir / "redis" / "redis.pid")
 
     def __enter__(self) -> LocalStack:
         return self
@@ -203,8 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "up":
             stack.start()
-            print(f"\nKafka  {stack.bootstrap}\nRedis  {stack.redis_url}\n"
-                  f"(addresses also in {stack.env_file}; stop with: make down)")
+            print(
+                f"\nKafka  {stack.bootstrap}\nRedis  {stack.redis_url}\n"
+                f"(addresses also in {stack.env_file}; stop with: make down)"
+            )
         elif args.command == "down":
             stack.stop()
         else:

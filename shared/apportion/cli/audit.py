@@ -8,9 +8,9 @@ export``; both give the same answers. Nothing here writes to live topics.
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -18,12 +18,17 @@ from rich.table import Table
 
 from apportion.settings import Connection
 
-audit_app = typer.Typer(help="Replay the event log: occupancy at T, explain a job, verify live state, preemptions.",
-                        no_args_is_help=True)
+audit_app = typer.Typer(
+    help="Replay the event log: occupancy at T, explain a job, verify live state, preemptions.", no_args_is_help=True
+)
 log_app = typer.Typer(help="Export the event log for offline audits.", no_args_is_help=True)
 
-Bootstrap = Annotated[Optional[str], typer.Option("--bootstrap", help="Kafka bootstrap (host:port).", envvar="APPORTION_KAFKA_BOOTSTRAP")]
-FromFile = Annotated[Optional[Path], typer.Option("--from-file", help="Read an export file instead of Kafka.", exists=True, dir_okay=False)]
+Bootstrap = Annotated[
+    str | None, typer.Option("--bootstrap", help="Kafka bootstrap (host:port).", envvar="APPORTION_KAFKA_BOOTSTRAP")
+]
+FromFile = Annotated[
+    Path | None, typer.Option("--from-file", help="Read an export file instead of Kafka.", exists=True, dir_okay=False)
+]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
 
@@ -34,12 +39,12 @@ def parse_time(text: str) -> datetime:
         typer.BadParameter: not a time.
     """
     if text == "now":
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
     try:
         dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise typer.BadParameter(f"{text!r} is not an ISO time such as 2017-11-01T12:00:00Z") from None
-    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
 def _dur(text: str, option: str) -> float:
@@ -62,16 +67,21 @@ def _load(bootstrap: str | None, from_file: Path | None, since: datetime | None 
     conn = Connection.resolve(bootstrap=bootstrap)
     since_ms = int(since.timestamp() * 1000) if since else None
     t0 = time.perf_counter()
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  transient=True, console=_err()) as prog:
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True, console=_err()
+    ) as prog:
         task = prog.add_task("reading log", total=None)
 
         def progress(n: int) -> None:
             prog.update(task, description=f"reading log: {n:,} records")
 
         try:
-            recs = load_log(bootstrap=None if from_file else conn.bootstrap, from_file=from_file,
-                            since_ms=since_ms, progress=progress)
+            recs = load_log(
+                bootstrap=None if from_file else conn.bootstrap,
+                from_file=from_file,
+                since_ms=since_ms,
+                progress=progress,
+            )
         except Exception as exc:
             if type(exc).__module__.startswith("kafka"):
                 fail(f"cannot read Kafka at {conn.bootstrap}: {exc}", 3)
@@ -79,8 +89,11 @@ def _load(bootstrap: str | None, from_file: Path | None, since: datetime | None 
                 fail(f"{from_file}: not a readable apportion export ({exc})")
             raise
     dt = time.perf_counter() - t0
-    _err().print(f"read {len(recs):,} records in {dt:.2f} s ({len(recs) / dt if dt else 0:,.0f} records/s) "
-                 f"from {from_file or conn.bootstrap}", highlight=False)
+    _err().print(
+        f"read {len(recs):,} records in {dt:.2f} s ({len(recs) / dt if dt else 0:,.0f} records/s) "
+        f"from {from_file or conn.bootstrap}",
+        highlight=False,
+    )
     return recs
 
 
@@ -99,8 +112,8 @@ def _out() -> Any:
 @log_app.command("export")
 def export(
     output: Annotated[Path, typer.Option("-o", "--output", help="File to write (gzip JSON Lines).")],
-    since: Annotated[Optional[str], typer.Option(help="Only records with Kafka timestamp >= this ISO time.")] = None,
-    until: Annotated[Optional[str], typer.Option(help="Only records with Kafka timestamp <= this ISO time.")] = None,
+    since: Annotated[str | None, typer.Option(help="Only records with Kafka timestamp >= this ISO time.")] = None,
+    until: Annotated[str | None, typer.Option(help="Only records with Kafka timestamp <= this ISO time.")] = None,
     bootstrap: Bootstrap = None,
     as_json: JsonOut = False,
 ) -> None:
@@ -118,8 +131,7 @@ def export(
     from apportion.cli.main import fail
 
     try:
-        n = write_export(recs, output, topic_names=audit_topics(),
-                         exported_at=datetime.now(timezone.utc).isoformat())
+        n = write_export(recs, output, topic_names=audit_topics(), exported_at=datetime.now(UTC).isoformat())
     except OSError as exc:
         fail(f"cannot write {output}: {exc.strerror or exc}")
     if as_json:
@@ -133,7 +145,7 @@ def export(
 @audit_app.command("occupancy")
 def occupancy(
     at: Annotated[str, typer.Option("--at", help="Event time to evaluate at (ISO, UTC), or 'now'.")] = "now",
-    budget: Annotated[Optional[str], typer.Option("--budget", "-b", help="Only this budget and below.")] = None,
+    budget: Annotated[str | None, typer.Option("--budget", "-b", help="Only this budget and below.")] = None,
     window: Annotated[str, typer.Option(help="Window length (7d default).")] = "7d",
     bootstrap: Bootstrap = None,
     from_file: FromFile = None,
@@ -142,36 +154,53 @@ def occupancy(
     """Rebuilt occupancy windows at event time T: share, O, U, E, r and rank per budget."""
     from apportion.audit.replay import occupancy_at
     from apportion.cli.main import _print_json, _ratio
-    from apportion.durations import parse_duration
     from apportion.timeutil import to_us
 
     t = parse_time(at)
     recs = _load(bootstrap, from_file)
     t0 = time.perf_counter()
-    snap, ranks = occupancy_at(recs, to_us(t), window_s=_dur(window, '--window'))
+    snap, ranks = occupancy_at(recs, to_us(t), window_s=_dur(window, "--window"))
     dt = time.perf_counter() - t0
-    rows = [u.model_dump(mode="json") | {"rank": ranks.get(u.path)} for u in snap.budgets
-            if budget is None or u.path == budget or u.path.startswith(budget + "/")]
+    rows = [
+        u.model_dump(mode="json") | {"rank": ranks.get(u.path)}
+        for u in snap.budgets
+        if budget is None or u.path == budget or u.path.startswith(budget + "/")
+    ]
     if as_json:
-        _print_json({"at": snap.at.isoformat(), "window_s": snap.window_s, "capacity_gpus": snap.capacity_gpus,
-                     "capacity_gpu_s": snap.capacity_gpu_s, "budgets": rows})
+        _print_json(
+            {
+                "at": snap.at.isoformat(),
+                "window_s": snap.window_s,
+                "capacity_gpus": snap.capacity_gpus,
+                "capacity_gpu_s": snap.capacity_gpu_s,
+                "budgets": rows,
+            }
+        )
         return
     _err().print(f"replayed {len(recs):,} records in {dt:.2f} s ({len(recs) / dt if dt else 0:,.0f} events/s)")
-    table = Table(title=f"occupancy at {snap.at.isoformat()} (capacity {snap.capacity_gpus} GPUs, "
-                        f"K = {snap.capacity_gpu_s / 3600:.1f} GPU-h)")
+    table = Table(
+        title=f"occupancy at {snap.at.isoformat()} (capacity {snap.capacity_gpus} GPUs, "
+        f"K = {snap.capacity_gpu_s / 3600:.1f} GPU-h)"
+    )
     for col in ("budget", "abs share", "O GPU-h", "U GPU-h", "E GPU-h", "r", "rank"):
         table.add_column(col, justify="left" if col == "budget" else "right")
     for row in rows:
-        table.add_row(row["path"], f"{row['abs_share']:.4f}", f"{row['occupancy_gpu_s'] / 3600:.2f}",
-                      f"{row['unallocated_gpu_s'] / 3600:.2f}", f"{row['entitlement_gpu_s'] / 3600:.2f}",
-                      _ratio(row["ratio"]), "" if row["rank"] is None else str(row["rank"]))
+        table.add_row(
+            row["path"],
+            f"{row['abs_share']:.4f}",
+            f"{row['occupancy_gpu_s'] / 3600:.2f}",
+            f"{row['unallocated_gpu_s'] / 3600:.2f}",
+            f"{row['entitlement_gpu_s'] / 3600:.2f}",
+            _ratio(row["ratio"]),
+            "" if row["rank"] is None else str(row["rank"]),
+        )
     _out().print(table)
 
 
 @audit_app.command("preemptions")
 def preemptions(
-    since: Annotated[Optional[str], typer.Option(help="From this event time (ISO).")] = None,
-    until: Annotated[Optional[str], typer.Option(help="Up to this event time (ISO).")] = None,
+    since: Annotated[str | None, typer.Option(help="From this event time (ISO).")] = None,
+    until: Annotated[str | None, typer.Option(help="Up to this event time (ISO).")] = None,
     thrash_over: Annotated[int, typer.Option(help="Flag jobs preempted more than N times.")] = 3,
     bootstrap: Bootstrap = None,
     from_file: FromFile = None,
@@ -186,8 +215,12 @@ def preemptions(
     from apportion.timeutil import to_us
 
     recs = _load(bootstrap, from_file)
-    rep = preemption_report(recs, since=to_us(parse_time(since)) if since else None,
-                            until=to_us(parse_time(until)) if until else None, thrash_over=thrash_over)
+    rep = preemption_report(
+        recs,
+        since=to_us(parse_time(since)) if since else None,
+        until=to_us(parse_time(until)) if until else None,
+        thrash_over=thrash_over,
+    )
     if as_json:
         _print_json(rep.to_dict())
     else:
@@ -215,10 +248,11 @@ def squatting(
     """Jobs whose GPUs showed near-zero utilisation in heartbeats for longer than a threshold."""
     from apportion.audit.replay import squatting_report
     from apportion.cli.main import _print_json
-    from apportion.durations import format_duration, parse_duration
+    from apportion.durations import format_duration
 
-    rows = squatting_report(_load(bootstrap, from_file), threshold_s=_dur(threshold, '--threshold'),
-                            util_below_pct=util_below)
+    rows = squatting_report(
+        _load(bootstrap, from_file), threshold_s=_dur(threshold, "--threshold"), util_below_pct=util_below
+    )
     if as_json:
         _print_json(rows)
         return
@@ -226,29 +260,38 @@ def squatting(
     for col in ("job", "attempt", "budget", "node", "idle", "since"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["job_id"], str(r["attempt"]), r["budget"], r["node_id"], format_duration(r["idle_s"]), r["since"])
+        table.add_row(
+            r["job_id"], str(r["attempt"]), r["budget"], r["node_id"], format_duration(r["idle_s"]), r["since"]
+        )
     _out().print(table)
 
 
 # ------------------------------------------------------------------ explain / verify / whatif
 
-def _dispatch_config(delta: float, grace: float, reservation_after: str, heartbeat_timeout: str,
-                     window: str) -> Any:
+
+def _dispatch_config(delta: float, grace: float, reservation_after: str, heartbeat_timeout: str, window: str) -> Any:
     """The dispatcher knobs the re-run uses (they must match the live dispatcher's settings)."""
     from apportion.domain.dispatch import DispatchConfig
     from apportion.domain.engine import EngineConfig
-    from apportion.durations import parse_duration
 
-    hb = _dur(heartbeat_timeout, '--heartbeat-timeout')
-    return DispatchConfig(engine=EngineConfig(delta=delta, reservation_after_s=_dur(reservation_after, '--reservation-after'),
-                                              window_s=_dur(window, '--window'), grace_s=grace),
-                          heartbeat_timeout_s=hb if hb > 0 else None)
+    hb = _dur(heartbeat_timeout, "--heartbeat-timeout")
+    return DispatchConfig(
+        engine=EngineConfig(
+            delta=delta,
+            reservation_after_s=_dur(reservation_after, "--reservation-after"),
+            window_s=_dur(window, "--window"),
+            grace_s=grace,
+        ),
+        heartbeat_timeout_s=hb if hb > 0 else None,
+    )
 
 
 Delta = Annotated[float, typer.Option(help="Dispatcher preemption hysteresis (as configured live).")]
 Grace = Annotated[float, typer.Option(help="Dispatcher grace seconds for preempted runs (as configured live).")]
 Reservation = Annotated[str, typer.Option("--reservation-after", help="Dispatcher reservation_after (as live).")]
-HbTimeout = Annotated[str, typer.Option("--heartbeat-timeout", help="Dispatcher heartbeat timeout; 0 disables (as live).")]
+HbTimeout = Annotated[
+    str, typer.Option("--heartbeat-timeout", help="Dispatcher heartbeat timeout; 0 disables (as live).")
+]
 Window = Annotated[str, typer.Option(help="Occupancy window (7d default).")]
 Producer = Annotated[str, typer.Option("--dispatcher-producer", help="The dispatcher's producer name.")]
 
@@ -256,8 +299,12 @@ Producer = Annotated[str, typer.Option("--dispatcher-producer", help="The dispat
 @audit_app.command("explain")
 def explain_cmd(
     job_id: Annotated[str, typer.Argument(help="The job to explain.")],
-    delta: Delta = 0.05, grace: Grace = 30.0, reservation_after: Reservation = "1h",
-    heartbeat_timeout: HbTimeout = "30s", window: Window = "7d", producer: Producer = "dispatcher",
+    delta: Delta = 0.05,
+    grace: Grace = 30.0,
+    reservation_after: Reservation = "1h",
+    heartbeat_timeout: HbTimeout = "30s",
+    window: Window = "7d",
+    producer: Producer = "dispatcher",
     bootstrap: Bootstrap = None,
     from_file: FromFile = None,
     as_json: JsonOut = False,
@@ -294,11 +341,16 @@ def explain_cmd(
 
 @audit_app.command("verify")
 def verify_cmd(
-    redis_url: Annotated[Optional[str], typer.Option("--redis", help="Redis URL of the live read models.",
-                                                     envvar="APPORTION_REDIS_URL")] = None,
+    redis_url: Annotated[
+        str | None, typer.Option("--redis", help="Redis URL of the live read models.", envvar="APPORTION_REDIS_URL")
+    ] = None,
     no_redis: Annotated[bool, typer.Option("--no-redis", help="Skip the read-model check (offline).")] = False,
-    delta: Delta = 0.05, grace: Grace = 30.0, reservation_after: Reservation = "1h",
-    heartbeat_timeout: HbTimeout = "30s", window: Window = "7d", producer: Producer = "dispatcher",
+    delta: Delta = 0.05,
+    grace: Grace = 30.0,
+    reservation_after: Reservation = "1h",
+    heartbeat_timeout: HbTimeout = "30s",
+    window: Window = "7d",
+    producer: Producer = "dispatcher",
     bootstrap: Bootstrap = None,
     from_file: FromFile = None,
     as_json: JsonOut = False,
@@ -329,8 +381,10 @@ def verify_cmd(
         _print_json(rep.to_dict())
     else:
         _err().print(f"verified {len(recs):,} records in {dt:.2f} s ({len(recs) / dt if dt else 0:,.0f} events/s)")
-        _out().print(f"snapshots checked: {rep.snapshots}; decision ticks re-run: {rep.decisions} "
-                     f"{rep.decision_basis}; read models: {'checked' if rep.read_models else 'skipped'}")
+        _out().print(
+            f"snapshots checked: {rep.snapshots}; decision ticks re-run: {rep.decisions} "
+            f"{rep.decision_basis}; read models: {'checked' if rep.read_models else 'skipped'}"
+        )
         if rep.ok:
             _out().print("[green]OK[/]: the live state is what the log says")
         else:
@@ -345,11 +399,18 @@ def verify_cmd(
 
 
 def whatif_cmd(
-    budgets: Annotated[Path, typer.Option("--budgets", exists=True, dir_okay=False,
-                                          help="New budget tree (YAML: a budget file or path: share).")],
+    budgets: Annotated[
+        Path,
+        typer.Option(
+            "--budgets", exists=True, dir_okay=False, help="New budget tree (YAML: a budget file or path: share)."
+        ),
+    ],
     seed: Annotated[int, typer.Option(help="Simulator seed (stop delays).")] = 0,
     cycle_s: Annotated[float, typer.Option("--cycle-s", help="Periodic cycle while jobs wait, seconds.")] = 300.0,
-    delta: Delta = 0.05, grace: Grace = 30.0, reservation_after: Reservation = "1h", window: Window = "7d",
+    delta: Delta = 0.05,
+    grace: Grace = 30.0,
+    reservation_after: Reservation = "1h",
+    window: Window = "7d",
     bootstrap: Bootstrap = None,
     from_file: FromFile = None,
     as_json: JsonOut = False,
@@ -381,8 +442,10 @@ def whatif_cmd(
             return "-"
         return f"{v:+.3f}" if kind == "share" else f"{v:+,.0f}"
 
-    _out().print(f"{w.jobs} jobs on {w.nodes} nodes ({w.gpus} GPUs)"
-                 + (f"; skipped {len(w.skipped)} without a known duration" if w.skipped else ""))
+    _out().print(
+        f"{w.jobs} jobs on {w.nodes} nodes ({w.gpus} GPUs)"
+        + (f"; skipped {len(w.skipped)} without a known duration" if w.skipped else "")
+    )
     table = Table(title="per budget: recorded tree -> new tree (diff)")
     for col in ("budget", "share", "alloc share", "wait p50 s", "wait p95 s", "preemptions", "never placed"):
         table.add_column(col, justify="left" if col == "budget" else "right")
@@ -390,15 +453,23 @@ def whatif_cmd(
         a, b, df = row["recorded"] or {}, row["new"] or {}, row["diff"] or {}
 
         def cell(k: str, kind: str) -> str:
-            return f"{f(a.get(k), kind)} -> {f(b.get(k), kind)} ({d(df.get(k), kind)})"
+            return f"{f(a.get(k), kind)} -> {f(b.get(k), kind)} ({d(df.get(k), kind)})"  # noqa: B023 (called in this iteration)
 
-        table.add_row(row["path"], f"{f(row['share_recorded'], 'share')} -> {f(row['share_new'], 'share')}",
-                      cell("alloc_share", "share"), cell("wait_p50_s", "s"), cell("wait_p95_s", "s"),
-                      cell("preemptions", "n"), cell("never", "n"))
+        table.add_row(
+            row["path"],
+            f"{f(row['share_recorded'], 'share')} -> {f(row['share_new'], 'share')}",
+            cell("alloc_share", "share"),
+            cell("wait_p50_s", "s"),
+            cell("wait_p95_s", "s"),
+            cell("preemptions", "n"),
+            cell("never", "n"),
+        )
     _out().print(table)
     for name, rep in (("recorded", w.recorded), ("new", w.new)):
-        _out().print(f"{name}: utilisation {rep.utilisation:.3f}, wait p50 {f(rep.wait_p50_s, 's')} s, "
-                     f"preemptions {rep.preemptions}, never placed {rep.never}, protection violations {rep.violations}")
+        _out().print(
+            f"{name}: utilisation {rep.utilisation:.3f}, wait p50 {f(rep.wait_p50_s, 's')} s, "
+            f"preemptions {rep.preemptions}, never placed {rep.never}, protection violations {rep.violations}"
+        )
 
 
 def register(app: typer.Typer) -> None:

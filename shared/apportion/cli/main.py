@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import math
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -44,8 +44,10 @@ app.add_typer(budget_app, name="budget")
 out = Console()
 err = Console(stderr=True)
 
-Bootstrap = Annotated[Optional[str], typer.Option("--bootstrap", help="Kafka bootstrap (host:port).", envvar="APPORTION_KAFKA_BOOTSTRAP")]
-RedisUrl = Annotated[Optional[str], typer.Option("--redis", help="Redis URL.", envvar="APPORTION_REDIS_URL")]
+Bootstrap = Annotated[
+    str | None, typer.Option("--bootstrap", help="Kafka bootstrap (host:port).", envvar="APPORTION_KAFKA_BOOTSTRAP")
+]
+RedisUrl = Annotated[str | None, typer.Option("--redis", help="Redis URL.", envvar="APPORTION_REDIS_URL")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
 
 
@@ -56,7 +58,7 @@ def fail(message: str, code: int = 2) -> None:
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _whoami(user: str | None) -> str:
@@ -126,15 +128,32 @@ def _ratio(r: Any) -> str:
 def submit(
     budget: Annotated[str, typer.Option("--budget", "-b", help="Budget path to charge, e.g. lab/prior/robotics.")],
     gpus: Annotated[int, typer.Option("--gpus", "-g", min=1, help="GPUs per replica.")],
-    min_runtime: Annotated[str, typer.Option("--min-runtime", "-m", help="Minimum runtime (90s, 30m, 2h). 0 = unallocated: free, preemptible any time.")],
-    command: Annotated[Optional[list[str]], typer.Argument(help="Command to run (after --).")] = None,
-    replicas: Annotated[int, typer.Option("--replicas", "-k", min=1, help="Gang size: replicas start together on distinct nodes.")] = 1,
-    duration: Annotated[Optional[str], typer.Option("--duration", help="Simulated run time instead of a command (demo clusters).")] = None,
-    gpu_model: Annotated[Optional[str], typer.Option("--gpu-model", help="Required GPU model.")] = None,
-    user: Annotated[Optional[str], typer.Option("--user", "-u", help="Submitting user (default: $USER).", envvar="USER")] = None,
-    job_id: Annotated[Optional[str], typer.Option("--job-id", help="Job id (default: generated).")] = None,
+    min_runtime: Annotated[
+        str,
+        typer.Option(
+            "--min-runtime", "-m", help="Minimum runtime (90s, 30m, 2h). 0 = unallocated: free, preemptible any time."
+        ),
+    ],
+    command: Annotated[list[str] | None, typer.Argument(help="Command to run (after --).")] = None,
+    replicas: Annotated[
+        int, typer.Option("--replicas", "-k", min=1, help="Gang size: replicas start together on distinct nodes.")
+    ] = 1,
+    duration: Annotated[
+        str | None, typer.Option("--duration", help="Simulated run time instead of a command (demo clusters).")
+    ] = None,
+    gpu_model: Annotated[str | None, typer.Option("--gpu-model", help="Required GPU model.")] = None,
+    user: Annotated[
+        str | None, typer.Option("--user", "-u", help="Submitting user (default: $USER).", envvar="USER")
+    ] = None,
+    job_id: Annotated[str | None, typer.Option("--job-id", help="Job id (default: generated).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and print the event; publish nothing.")] = False,
-    wait: Annotated[float, typer.Option("--wait", help="Seconds to wait for the dispatcher's verdict (queued or rejected with the reason); 0 = do not wait.")] = 10.0,
+    wait: Annotated[
+        float,
+        typer.Option(
+            "--wait",
+            help="Seconds to wait for the dispatcher's verdict (queued or rejected with the reason); 0 = do not wait.",
+        ),
+    ] = 10.0,
     bootstrap: Bootstrap = None,
     as_json: JsonOut = False,
 ) -> None:
@@ -153,9 +172,18 @@ def submit(
     from apportion import client
 
     try:
-        ev = client.build_submission(budget=budget, user=_whoami(user), gpus=gpus, replicas=replicas,
-                                     min_runtime=min_runtime, command=command or None, duration=duration,
-                                     gpu_model=gpu_model, job_id=job_id, producer="cli")
+        ev = client.build_submission(
+            budget=budget,
+            user=_whoami(user),
+            gpus=gpus,
+            replicas=replicas,
+            min_runtime=min_runtime,
+            command=command or None,
+            duration=duration,
+            gpu_model=gpu_model,
+            job_id=job_id,
+            producer="cli",
+        )
     except ValidationError as exc:
         e = exc.errors(include_url=False)[0]
         fail(f"invalid submission: {'.'.join(str(p) for p in e['loc']) or 'job'}: {e['msg']}")
@@ -180,8 +208,10 @@ def submit(
         _print_json(doc)
     else:
         kind = "allocated" if ev.allocated else "unallocated"
-        out.print(f"{'validated' if dry_run else 'submitted'} [bold]{ev.job_id}[/] "
-                  f"({ev.replicas}x{ev.gpus_per_replica} GPUs, {kind}, budget {ev.budget})")
+        out.print(
+            f"{'validated' if dry_run else 'submitted'} [bold]{ev.job_id}[/] "
+            f"({ev.replicas}x{ev.gpus_per_replica} GPUs, {kind}, budget {ev.budget})"
+        )
         if isinstance(verdict, events.JobQueued):
             out.print("queued by the dispatcher (see `apportion queue`)")
         elif verdict is None and not dry_run and wait > 0:
@@ -195,7 +225,9 @@ def submit(
 def cancel(
     job_id: Annotated[str, typer.Argument(help="Job to cancel.")],
     reason: Annotated[str, typer.Option(help="Why (kept in the log).")] = "",
-    user: Annotated[Optional[str], typer.Option("--user", "-u", help="Requesting user (default: $USER).", envvar="USER")] = None,
+    user: Annotated[
+        str | None, typer.Option("--user", "-u", help="Requesting user (default: $USER).", envvar="USER")
+    ] = None,
     bootstrap: Bootstrap = None,
     as_json: JsonOut = False,
 ) -> None:
@@ -207,7 +239,7 @@ def cancel(
 
 @app.command()
 def queue(
-    budget: Annotated[Optional[str], typer.Option("--budget", "-b", help="Only this budget (and below).")] = None,
+    budget: Annotated[str | None, typer.Option("--budget", "-b", help="Only this budget (and below).")] = None,
     all_states: Annotated[bool, typer.Option("--all", help="Include finished jobs.")] = False,
     redis_url: RedisUrl = None,
     as_json: JsonOut = False,
@@ -217,10 +249,20 @@ def queue(
 
     rows = list(readmodel.read_hash(_redis(redis_url), readmodel.jobs_key()).values())
     live = {"pending", "placed", "running", "preempting"}
-    rows = [r for r in rows if (all_states or r.get("state") in live)
-            and (budget is None or r.get("budget") == budget or str(r.get("budget", "")).startswith(budget + "/"))]
-    rows.sort(key=lambda r: (r.get("state") != "running", r.get("position") if r.get("position") is not None else 1 << 30,
-                             r.get("submitted_at", ""), r.get("job_id", "")))
+    rows = [
+        r
+        for r in rows
+        if (all_states or r.get("state") in live)
+        and (budget is None or r.get("budget") == budget or str(r.get("budget", "")).startswith(budget + "/"))
+    ]
+    rows.sort(
+        key=lambda r: (
+            r.get("state") != "running",
+            r.get("position") if r.get("position") is not None else 1 << 30,
+            r.get("submitted_at", ""),
+            r.get("job_id", ""),
+        )
+    )
     if as_json:
         _print_json(rows)
         return
@@ -230,9 +272,17 @@ def queue(
     for r in rows:
         gpus = f"{r.get('replicas', 1)}x{r.get('gpus_per_replica', '?')}"
         detail = r.get("reason") or ",".join(r.get("nodes") or [])
-        t.add_row(str(r.get("position", "")), r.get("job_id", ""), r.get("budget", ""), r.get("user", ""), gpus,
-                  format_duration(float(r.get("min_runtime_s", 0))), r.get("state", ""),
-                  str(r.get("attempt", "")), detail)
+        t.add_row(
+            str(r.get("position", "")),
+            r.get("job_id", ""),
+            r.get("budget", ""),
+            r.get("user", ""),
+            gpus,
+            format_duration(float(r.get("min_runtime_s", 0))),
+            r.get("state", ""),
+            str(r.get("attempt", "")),
+            detail,
+        )
     out.print(t)
 
 
@@ -256,16 +306,24 @@ def share(
     if not rows:
         out.print("no occupancy snapshot yet (is the accounting service running?)")
         return
-    t = Table(title=f"fair share at {meta.get('at', '?')} (window {format_duration(float(meta.get('window_s', 0)))}, "
-                    f"capacity {meta.get('capacity_gpus', '?')} GPUs)")
+    t = Table(
+        title=f"fair share at {meta.get('at', '?')} (window {format_duration(float(meta.get('window_s', 0)))}, "
+        f"capacity {meta.get('capacity_gpus', '?')} GPUs)"
+    )
     for col in ("budget", "share", "abs", "O GPU-h", "U GPU-h", "E GPU-h", "r", "rank"):
         t.add_column(col, justify="left" if col == "budget" else "right")
     for path, row in rows.items():
         depth = path.count("/")
-        t.add_row("  " * depth + path.rsplit("/", 1)[-1], f"{row.get('share', 0):.3f}", f"{row.get('abs_share', 0):.3f}",
-                  f"{row.get('occupancy_gpu_s', 0) / 3600:.1f}", f"{row.get('unallocated_gpu_s', 0) / 3600:.1f}",
-                  f"{row.get('entitlement_gpu_s', 0) / 3600:.1f}", _ratio(row.get("ratio")),
-                  "" if row.get("rank") is None else str(row["rank"]))
+        t.add_row(
+            "  " * depth + path.rsplit("/", 1)[-1],
+            f"{row.get('share', 0):.3f}",
+            f"{row.get('abs_share', 0):.3f}",
+            f"{row.get('occupancy_gpu_s', 0) / 3600:.1f}",
+            f"{row.get('unallocated_gpu_s', 0) / 3600:.1f}",
+            f"{row.get('entitlement_gpu_s', 0) / 3600:.1f}",
+            _ratio(row.get("ratio")),
+            "" if row.get("rank") is None else str(row["rank"]),
+        )
     out.print(t)
 
 
@@ -299,15 +357,22 @@ def top(
             by_budget.setdefault(j.get("budget", "?"), Counter())[j.get("state", "?")] += 1
         for path, row in budgets.items():
             c = by_budget.get(path, Counter())
-            bt.add_row("  " * path.count("/") + path.rsplit("/", 1)[-1], f"{row.get('abs_share', 0):.3f}",
-                       f"{row.get('occupancy_gpu_s', 0) / 3600:.1f}", f"{row.get('unallocated_gpu_s', 0) / 3600:.1f}",
-                       _ratio(row.get("ratio")), str(c.get("pending", 0) or ""), str(c.get("running", 0) or ""))
+            bt.add_row(
+                "  " * path.count("/") + path.rsplit("/", 1)[-1],
+                f"{row.get('abs_share', 0):.3f}",
+                f"{row.get('occupancy_gpu_s', 0) / 3600:.1f}",
+                f"{row.get('unallocated_gpu_s', 0) / 3600:.1f}",
+                _ratio(row.get("ratio")),
+                str(c.get("pending", 0) or ""),
+                str(c.get("running", 0) or ""),
+            )
         states = Counter(n.get("state", "?") for n in nodes.values())
         free = sum(int(n.get("free_gpus", 0)) for n in nodes.values())
         total = sum(int(n.get("gpu_count", 0)) for n in nodes.values())
         jstates = Counter(j.get("state", "?") for j in jobs.values())
-        summary = (f"nodes {dict(sorted(states.items()))}  GPUs free {free}/{total}  "
-                   f"jobs {dict(sorted(jstates.items()))}")
+        summary = (
+            f"nodes {dict(sorted(states.items()))}  GPUs free {free}/{total}  jobs {dict(sorted(jstates.items()))}"
+        )
         return Group(bt, summary)
 
     n = 0
@@ -338,8 +403,15 @@ def nodes(redis_url: RedisUrl = None, as_json: JsonOut = False) -> None:
     for col in ("node", "state", "model", "GPUs", "free", "running", "last heartbeat"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r.get("node_id", ""), r.get("state", ""), str(r.get("gpu_model") or "-"), str(r.get("gpu_count", "")),
-                  str(r.get("free_gpus", "")), str(len(r.get("running") or [])), str(r.get("last_heartbeat", "")))
+        t.add_row(
+            r.get("node_id", ""),
+            r.get("state", ""),
+            str(r.get("gpu_model") or "-"),
+            str(r.get("gpu_count", "")),
+            str(r.get("free_gpus", "")),
+            str(len(r.get("running") or [])),
+            str(r.get("last_heartbeat", "")),
+        )
     out.print(t)
 
 
@@ -389,7 +461,6 @@ def _tree_from_file(path: Path) -> Any:
     import yaml
 
     from apportion.domain.budgets import BudgetError, BudgetTree
-
     from apportion.yamlio import problem, where
 
     try:
@@ -433,8 +504,12 @@ def load_budget_file(path: Path) -> dict[str, Any]:
 def budget_set(
     path: Annotated[str, typer.Argument(help="Budget path, e.g. lab/prior/robotics.")],
     share_: Annotated[float, typer.Option("--share", "-s", help="Fraction of the parent's capacity, in (0, 1].")],
-    members: Annotated[Optional[str], typer.Option(help="Comma-separated users allowed to charge it (default: inherit).")] = None,
-    max_min_runtime: Annotated[Optional[str], typer.Option(help="Largest minimum runtime allowed (e.g. 8h; default: inherit).")] = None,
+    members: Annotated[
+        str | None, typer.Option(help="Comma-separated users allowed to charge it (default: inherit).")
+    ] = None,
+    max_min_runtime: Annotated[
+        str | None, typer.Option(help="Largest minimum runtime allowed (e.g. 8h; default: inherit).")
+    ] = None,
     bootstrap: Bootstrap = None,
     as_json: JsonOut = False,
 ) -> None:
@@ -445,10 +520,15 @@ def budget_set(
 
     try:
         validate_path(path)
-        ev = events.BudgetSet(path=path, share=share_,
-                              members=tuple(m.strip() for m in members.split(",") if m.strip()) if members else None,
-                              max_min_runtime_s=parse_duration(max_min_runtime) if max_min_runtime else None,
-                              by="cli", ts=_now(), producer="cli")
+        ev = events.BudgetSet(
+            path=path,
+            share=share_,
+            members=tuple(m.strip() for m in members.split(",") if m.strip()) if members else None,
+            max_min_runtime_s=parse_duration(max_min_runtime) if max_min_runtime else None,
+            by="cli",
+            ts=_now(),
+            producer="cli",
+        )
     except BudgetError as exc:
         fail(exc.message)
     except ValidationError as exc:
@@ -471,8 +551,17 @@ def budget_apply(
     now = _now()
     evts: list[events.Event] = []
     for p, d in tree.to_mapping().items():
-        evts.append(events.BudgetSet(path=p, share=d["share"], members=tuple(d["members"]) if "members" in d else None,
-                                     max_min_runtime_s=d.get("max_min_runtime_s"), by="cli", ts=now, producer="cli"))
+        evts.append(
+            events.BudgetSet(
+                path=p,
+                share=d["share"],
+                members=tuple(d["members"]) if "members" in d else None,
+                max_min_runtime_s=d.get("max_min_runtime_s"),
+                by="cli",
+                ts=now,
+                producer="cli",
+            )
+        )
     _publish(evts, bootstrap)
     _published(evts, as_json, f"published {len(evts)} budgets from {file}")
 
@@ -492,7 +581,9 @@ def budget_rm(
 @budget_app.command("show")
 def budget_show(
     bootstrap: Bootstrap = None,
-    from_file: Annotated[Optional[Path], typer.Option("--from-file", help="Read a YAML budget file instead of the log.")] = None,
+    from_file: Annotated[
+        Path | None, typer.Option("--from-file", help="Read a YAML budget file instead of the log.")
+    ] = None,
     as_json: JsonOut = False,
 ) -> None:
     """The budget tree as the log defines it (fold of accepted BudgetSet/BudgetRemoved), with absolute shares."""
@@ -518,9 +609,17 @@ def budget_show(
                     tree = tree.apply(rec.event)
                 except BudgetError:
                     pass  # rejected by the same rule the policy service applies
-    rows = [{"path": p, "share": tree.share(p), "abs_share": tree.abs_share(p),
-             "members": sorted(tree.members(p)) if tree.members(p) is not None else None,
-             "max_min_runtime_s": tree.max_min_runtime_s(p), "leaf": tree.is_leaf(p)} for p in tree.paths()]
+    rows = [
+        {
+            "path": p,
+            "share": tree.share(p),
+            "abs_share": tree.abs_share(p),
+            "members": sorted(tree.members(p)) if tree.members(p) is not None else None,
+            "max_min_runtime_s": tree.max_min_runtime_s(p),
+            "leaf": tree.is_leaf(p),
+        }
+        for p in tree.paths()
+    ]
     if as_json:
         _print_json(rows)
         return
@@ -528,9 +627,13 @@ def budget_show(
     for col in ("budget", "share", "abs", "members", "max min runtime"):
         t.add_column(col)
     for row in rows:
-        t.add_row("  " * row["path"].count("/") + row["path"].rsplit("/", 1)[-1], f"{row['share']:.3f}",
-                  f"{row['abs_share']:.4f}", ",".join(row["members"]) if row["members"] else "(any)",
-                  format_duration(row["max_min_runtime_s"]) if row["max_min_runtime_s"] is not None else "-")
+        t.add_row(
+            "  " * row["path"].count("/") + row["path"].rsplit("/", 1)[-1],
+            f"{row['share']:.3f}",
+            f"{row['abs_share']:.4f}",
+            ",".join(row["members"]) if row["members"] else "(any)",
+            format_duration(row["max_min_runtime_s"]) if row["max_min_runtime_s"] is not None else "-",
+        )
     out.print(t)
 
 

@@ -22,13 +22,16 @@ from typing import Any
 
 import typer
 
-app = typer.Typer(help=(
-    "Simulate a trace under our policy and the baselines, side by side.\n\n"
-    "Example (ISO week 44 of the Philly trace, docs/simulation.md):\n\n"
-    ".venv/bin/apportion simulate --trace /work/shared/data/philly/philly.csv "
-    "--budgets infra/budgets/philly.yaml --policy all --seed 1 --slice week44\n\n"
-    "Formats: the budget file (YAML), the Philly CSV and the apportion CSV are documented in "
-    "docs/simulation.md, section \"Input formats\". Bad input exits 2 with one error line."))
+app = typer.Typer(
+    help=(
+        "Simulate a trace under our policy and the baselines, side by side.\n\n"
+        "Example (ISO week 44 of the Philly trace, docs/simulation.md):\n\n"
+        ".venv/bin/apportion simulate --trace /work/shared/data/philly/philly.csv "
+        "--budgets infra/budgets/philly.yaml --policy all --seed 1 --slice week44\n\n"
+        "Formats: the budget file (YAML), the Philly CSV and the apportion CSV are documented in "
+        'docs/simulation.md, section "Input formats". Bad input exits 2 with one error line.'
+    )
+)
 
 POLICY_NAMES = ("fairshare", "fifo", "static", "priority")
 MAX_TAIL_H = 1e6
@@ -47,8 +50,9 @@ def parse_policies(spec: str) -> list[str]:
             raise ValueError(f"--policy {spec!r}: empty name; use {', '.join(POLICY_NAMES)}, a comma list or all")
         for n in POLICY_NAMES if name == "all" else (name,):
             if n not in POLICY_NAMES:
-                raise ValueError(f"--policy {spec!r}: unknown policy {name!r}; use {', '.join(POLICY_NAMES)}, "
-                                 "a comma list or all")
+                raise ValueError(
+                    f"--policy {spec!r}: unknown policy {name!r}; use {', '.join(POLICY_NAMES)}, a comma list or all"
+                )
             if n not in names:
                 names.append(n)
     return names
@@ -78,27 +82,40 @@ def check_options(cycle_s: float, tail_h: float | None, plot_path: Path | None) 
 
 @app.callback(invoke_without_command=True)
 def simulate(
-    trace: Path = typer.Option(..., "--trace", exists=True, dir_okay=False,
-                               help="Philly CSV or apportion CSV trace (formats: docs/simulation.md)."),
-    budgets: Path = typer.Option(..., "--budgets", exists=True, dir_okay=False,
-                                 help="Budget file (YAML): tree, cluster, groups, min_runtime rule "
-                                      "(format: docs/simulation.md)."),
-    policy: str = typer.Option("all", "--policy",
-                               help="fairshare, fifo, static, priority, a comma list, or all."),
+    trace: Path = typer.Option(
+        ...,
+        "--trace",
+        exists=True,
+        dir_okay=False,
+        help="Philly CSV or apportion CSV trace (formats: docs/simulation.md).",
+    ),
+    budgets: Path = typer.Option(
+        ...,
+        "--budgets",
+        exists=True,
+        dir_okay=False,
+        help="Budget file (YAML): tree, cluster, groups, min_runtime rule (format: docs/simulation.md).",
+    ),
+    policy: str = typer.Option("all", "--policy", help="fairshare, fifo, static, priority, a comma list, or all."),
     seed: int = typer.Option(..., "--seed", help="Required: trace draws and stop delays."),
-    slice_: str = typer.Option("all", "--slice",
-                               help="all, week44, weeks39-45, week44+3d, YYYY-MM-DD..YYYY-MM-DD (end exclusive)."),
+    slice_: str = typer.Option(
+        "all", "--slice", help="all, week44, weeks39-45, week44+3d, YYYY-MM-DD..YYYY-MM-DD (end exclusive)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
-    plot_path: Path | None = typer.Option(None, "--plot",
-                                          help="Write a PNG (*.png) of occupancy share over time."),
-    cycle_s: float = typer.Option(300.0, "--cycle-s",
-                                  help="Periodic cycle while jobs wait, seconds: at least 1, or 0 for none "
-                                       "(cycles then run only on events and wake-ups)."),
+    plot_path: Path | None = typer.Option(None, "--plot", help="Write a PNG (*.png) of occupancy share over time."),
+    cycle_s: float = typer.Option(
+        300.0,
+        "--cycle-s",
+        help="Periodic cycle while jobs wait, seconds: at least 1, or 0 for none "
+        "(cycles then run only on events and wake-ups).",
+    ),
     per_budget: bool = typer.Option(True, "--per-budget/--no-per-budget", help="Per-budget tables."),
     tail_h: float | None = typer.Option(
-        None, "--tail-h",
+        None,
+        "--tail-h",
         help="Stop the clock this many hours (>= 0) after the last submission (default: run until every "
-             "job is done). Jobs not placed by then count as never placed; waits cover placed jobs."),
+        "job is done). Jobs not placed by then count as never placed; waits cover placed jobs.",
+    ),
 ) -> None:
     """Run the simulation(s) and report utilisation, share deficit, waits, preemptions."""
     from apportion.cli.main import err, fail
@@ -113,25 +130,53 @@ def simulate(
     except (TraceError, ValueError) as exc:  # bad option, file, row or slice: one clear line
         fail(str(exc))
     if not jobs:
-        fail(f"{trace}: no jobs" if slice_.strip().lower() == "all" else f"--slice {slice_!r}: no jobs of {trace} "
-             "in the slice")
+        fail(
+            f"{trace}: no jobs"
+            if slice_.strip().lower() == "all"
+            else f"--slice {slice_!r}: no jobs of {trace} in the slice"
+        )
     if fmt == "philly" and not bf.groups and not bf.default_budget:
-        err.print(f"[yellow]warning:[/] {budgets} has no 'groups' and no 'default_budget': every Philly job is "
-                  "charged to its VC id as a budget path, and admission rejects those that are not leaf budgets",
-                  highlight=False, soft_wrap=True)
+        err.print(
+            f"[yellow]warning:[/] {budgets} has no 'groups' and no 'default_budget': every Philly job is "
+            "charged to its VC id as a budget path, and admission rejects those that are not leaf budgets",
+            highlight=False,
+            soft_wrap=True,
+        )
     reports = [_run(name, bf, jobs, seed, cycle_s, tail_h) for name in names]
     rejected = {r.policy: sum(r.rejected.values()) for r in reports if r.rejected}
     if rejected:
         first = next(r for r in reports if r.rejected)
-        err.print(f"[yellow]warning:[/] {max(rejected.values())} of {len(jobs)} jobs rejected at admission "
-                  f"({', '.join(f'{n} {k}' for k, n in first.rejected.items())}); see 'rejected' / never placed",
-                  highlight=False, soft_wrap=True)
-    rule = (f"unallocated_fraction={bf.unallocated_fraction}, min_runtime=min(duration, {bf.min_runtime_cap_s:g}s)"
-            if fmt == "philly" else None)
-    human = (f"{bf.unallocated_fraction:.0%} unallocated, min_runtime = min(duration, {bf.min_runtime_cap_s:g} s)"
-             if fmt == "philly" else None)
-    _emit(reports, as_json=as_json, per_budget=per_budget, trace=trace, budgets=budgets, slice_=slice_,
-          seed=seed, tail_h=tail_h, rule=rule, human_rule=human, fmt=fmt, jobs=len(jobs), nodes=bf.nodes)
+        err.print(
+            f"[yellow]warning:[/] {max(rejected.values())} of {len(jobs)} jobs rejected at admission "
+            f"({', '.join(f'{n} {k}' for k, n in first.rejected.items())}); see 'rejected' / never placed",
+            highlight=False,
+            soft_wrap=True,
+        )
+    rule = (
+        f"unallocated_fraction={bf.unallocated_fraction}, min_runtime=min(duration, {bf.min_runtime_cap_s:g}s)"
+        if fmt == "philly"
+        else None
+    )
+    human = (
+        f"{bf.unallocated_fraction:.0%} unallocated, min_runtime = min(duration, {bf.min_runtime_cap_s:g} s)"
+        if fmt == "philly"
+        else None
+    )
+    _emit(
+        reports,
+        as_json=as_json,
+        per_budget=per_budget,
+        trace=trace,
+        budgets=budgets,
+        slice_=slice_,
+        seed=seed,
+        tail_h=tail_h,
+        rule=rule,
+        human_rule=human,
+        fmt=fmt,
+        jobs=len(jobs),
+        nodes=bf.nodes,
+    )
     if plot_path is not None:
         from apportion.sim.report import plot
 
@@ -159,8 +204,11 @@ def _run(name: str, bf: Any, jobs: list[Any], seed: int, cycle_s: float, tail_h:
                     rejected[e.reason.value] = rejected.get(e.reason.value, 0) + 1
             super()._outputs(out, t)
 
-    dcfg = DispatchConfig(engine=EngineConfig(window_s=bf.window_s), heartbeat_timeout_s=None,
-                          scheduler=None if name == "fairshare" else POLICIES[name])
+    dcfg = DispatchConfig(
+        engine=EngineConfig(window_s=bf.window_s),
+        heartbeat_timeout_s=None,
+        scheduler=None if name == "fairshare" else POLICIES[name],
+    )
     until = None if tail_h is None else max(j.submit_us for j in jobs) + round(tail_h * 3600e6)
     cfg = SimConfig(seed=seed, dispatch=dcfg, cycle_s=cycle_s, keep_log=False, until_us=until)
     t0 = time.perf_counter()
@@ -169,24 +217,50 @@ def _run(name: str, bf: Any, jobs: list[Any], seed: int, cycle_s: float, tail_h:
     return summarise(result, bf.tree, name, seed, wall_s=wall, rejected=rejected)
 
 
-def _emit(reports: list[Any], *, as_json: bool, per_budget: bool, trace: Path, budgets: Path, slice_: str,
-          seed: int, tail_h: float | None, rule: str | None, human_rule: str | None, fmt: str, jobs: int,
-          nodes: Any) -> None:
+def _emit(
+    reports: list[Any],
+    *,
+    as_json: bool,
+    per_budget: bool,
+    trace: Path,
+    budgets: Path,
+    slice_: str,
+    seed: int,
+    tail_h: float | None,
+    rule: str | None,
+    human_rule: str | None,
+    fmt: str,
+    jobs: int,
+    nodes: Any,
+) -> None:
     """Print the reports: JSON, or a header line and tables (wide, uncut, when stdout is not a terminal)."""
     from apportion.sim.report import render_table, to_json
 
     if as_json:
-        typer.echo(to_json(reports, trace=str(trace), budgets=str(budgets), format=fmt, slice=slice_, seed=seed,
-                           tail_h=tail_h, rule=rule))
+        typer.echo(
+            to_json(
+                reports,
+                trace=str(trace),
+                budgets=str(budgets),
+                format=fmt,
+                slice=slice_,
+                seed=seed,
+                tail_h=tail_h,
+                rule=rule,
+            )
+        )
         return
     from rich.console import Console
 
     console = Console()
     if not console.is_terminal:
         console = Console(width=200)
-    console.print(f"trace {trace} ({'Philly' if fmt == 'philly' else 'apportion CSV'}) slice {slice_}: {jobs} jobs "
-                  f"on {len(nodes)} nodes ({sum(n.gpus for n in nodes)} GPUs), seed {seed}"
-                  + (f"; {human_rule}" if human_rule else "; min_runtime as given in the trace"), highlight=False)
+    console.print(
+        f"trace {trace} ({'Philly' if fmt == 'philly' else 'apportion CSV'}) slice {slice_}: {jobs} jobs "
+        f"on {len(nodes)} nodes ({sum(n.gpus for n in nodes)} GPUs), seed {seed}"
+        + (f"; {human_rule}" if human_rule else "; min_runtime as given in the trace"),
+        highlight=False,
+    )
     render_table(reports, console, budgets=per_budget)
     for r in reports:
         console.print(f"{r.policy}: {r.cycles} cycles, {r.events} events, {r.wall_s:.1f} s wall")

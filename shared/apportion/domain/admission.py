@@ -57,8 +57,9 @@ class Rejection(NamedTuple):
     message: str
 
 
-def shape_possible(gpus_per_replica: int, replicas: int, gpu_model: str | None,
-                   node_shapes: Iterable[NodeShape | tuple]) -> tuple[bool, int]:
+def shape_possible(
+    gpus_per_replica: int, replicas: int, gpu_model: str | None, node_shapes: Iterable[NodeShape | tuple]
+) -> tuple[bool, int]:
     """Can some ``replicas`` distinct nodes each give ``gpus_per_replica`` GPUs of the model?
 
     Args:
@@ -79,8 +80,7 @@ def shape_possible(gpus_per_replica: int, replicas: int, gpu_model: str | None,
     return fitting >= replicas, fitting
 
 
-def admit(tree: BudgetTree, job: JobSubmitted,
-          node_shapes: Iterable[NodeShape | tuple]) -> Rejection | None:
+def admit(tree: BudgetTree, job: JobSubmitted, node_shapes: Iterable[NodeShape | tuple]) -> Rejection | None:
     """Check a submission against the tree and node shapes (DESIGN section 2).
 
     Args:
@@ -97,36 +97,39 @@ def admit(tree: BudgetTree, job: JobSubmitted,
         return Rejection(RejectReason.UNKNOWN_BUDGET, f"budget {path!r} does not exist")
     if not tree.is_leaf(path):
         kids = ", ".join(tree.children(path))
-        return Rejection(RejectReason.NOT_A_LEAF,
-                         f"budget {path!r} has children ({kids}); submit to a leaf budget")
+        return Rejection(RejectReason.NOT_A_LEAF, f"budget {path!r} has children ({kids}); submit to a leaf budget")
     if job.allocated:
         if tree.abs_share(path) <= 0.0:
-            return Rejection(RejectReason.ZERO_SHARE,
-                             f"budget {path!r} has absolute share 0; an allocated job "
-                             "(min_runtime_s > 0) cannot be charged to it")
+            return Rejection(
+                RejectReason.ZERO_SHARE,
+                f"budget {path!r} has absolute share 0; an allocated job (min_runtime_s > 0) cannot be charged to it",
+            )
         members = tree.members(path)
         if members is not None and job.user not in members:
-            return Rejection(RejectReason.NOT_A_MEMBER,
-                             f"user {job.user!r} is not a member of budget {path!r}")
+            return Rejection(RejectReason.NOT_A_MEMBER, f"user {job.user!r} is not a member of budget {path!r}")
         limit = tree.max_min_runtime_s(path)
         if limit is not None and job.min_runtime_s > limit:
-            return Rejection(RejectReason.MIN_RUNTIME_TOO_LONG,
-                             f"min_runtime_s {job.min_runtime_s:g} is above the limit "
-                             f"{limit:g} s of budget {path!r}")
+            return Rejection(
+                RejectReason.MIN_RUNTIME_TOO_LONG,
+                f"min_runtime_s {job.min_runtime_s:g} is above the limit {limit:g} s of budget {path!r}",
+            )
     shapes = list(node_shapes)
     # An empty inventory (cold start: no node has registered yet) says nothing about what fits;
     # the job is queued and waits for nodes rather than being refused for good.
     ok, fitting = shape_possible(job.gpus_per_replica, job.replicas, job.gpu_model, shapes)
     if shapes and not ok:
         model = f" {job.gpu_model}" if job.gpu_model else ""
-        return Rejection(RejectReason.SHAPE_IMPOSSIBLE,
-                         f"needs {job.replicas} node(s) with >= {job.gpus_per_replica}{model} "
-                         f"GPUs each; the declared nodes have {fitting} such node(s)")
+        return Rejection(
+            RejectReason.SHAPE_IMPOSSIBLE,
+            f"needs {job.replicas} node(s) with >= {job.gpus_per_replica}{model} "
+            f"GPUs each; the declared nodes have {fitting} such node(s)",
+        )
     return None
 
 
-def rejected_event(job: JobSubmitted, rejection: Rejection, *, ts: datetime,
-                   producer: str = "dispatcher") -> JobRejected:
+def rejected_event(
+    job: JobSubmitted, rejection: Rejection, *, ts: datetime, producer: str = "dispatcher"
+) -> JobRejected:
     """The ``JobRejected`` fact for ``rejection``; its id is deterministic in the submission.
 
     Args:
@@ -135,7 +138,13 @@ def rejected_event(job: JobSubmitted, rejection: Rejection, *, ts: datetime,
         ts: event time of the decision (aware UTC).
         producer: writer name.
     """
-    return JobRejected(event_id=det_id("JobRejected", job.job_id, job.event_id),
-                       job_id=job.job_id, budget=job.budget, user=job.user,
-                       reason=rejection.reason, message=rejection.message, ts=ts,
-                       producer=producer)
+    return JobRejected(
+        event_id=det_id("JobRejected", job.job_id, job.event_id),
+        job_id=job.job_id,
+        budget=job.budget,
+        user=job.user,
+        reason=rejection.reason,
+        message=rejection.message,
+        ts=ts,
+        producer=producer,
+    )

@@ -81,8 +81,8 @@ def validate_path(path: str) -> None:
     for seg in path.split("/"):
         if not _SEGMENT.match(seg):
             raise BudgetError(
-                "bad_path",
-                f"bad segment {seg!r} in {path!r}: use 1-64 of [A-Za-z0-9_.-], not starting with . - or _")
+                "bad_path", f"bad segment {seg!r} in {path!r}: use 1-64 of [A-Za-z0-9_.-], not starting with . - or _"
+            )
 
 
 @lru_cache(maxsize=1 << 16)
@@ -142,12 +142,12 @@ class BudgetTree:
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def empty(cls) -> "BudgetTree":
+    def empty(cls) -> BudgetTree:
         """A tree with no budgets."""
         return cls()
 
     @classmethod
-    def from_events(cls, events: Iterable[Event]) -> "BudgetTree":
+    def from_events(cls, events: Iterable[Event]) -> BudgetTree:
         """Fold ``BudgetSet``/``BudgetRemoved`` events; other events are ignored.
 
         Raises:
@@ -161,7 +161,7 @@ class BudgetTree:
         return tree
 
     @classmethod
-    def from_mapping(cls, spec: Mapping[str, Any]) -> "BudgetTree":
+    def from_mapping(cls, spec: Mapping[str, Any]) -> BudgetTree:
         """Build from ``{path: share}`` or ``{path: {share, members, max_min_runtime_s}}``.
 
         Paths may come in any order; parents must be present.
@@ -173,9 +173,12 @@ class BudgetTree:
         for path in sorted(spec, key=lambda p: (p.count("/"), p)):
             v = spec[path]
             if isinstance(v, Mapping):
-                b = Budget(path, float(v["share"]),
-                           frozenset(v["members"]) if v.get("members") is not None else None,
-                           v.get("max_min_runtime_s"))
+                b = Budget(
+                    path,
+                    float(v["share"]),
+                    frozenset(v["members"]) if v.get("members") is not None else None,
+                    v.get("max_min_runtime_s"),
+                )
             else:
                 b = Budget(path, float(v))
             tree = tree.with_budget(b)
@@ -183,7 +186,7 @@ class BudgetTree:
 
     # ------------------------------------------------------------------ evolve
 
-    def apply(self, event: BudgetSet | BudgetRemoved, in_use: frozenset[str] = frozenset()) -> "BudgetTree":
+    def apply(self, event: BudgetSet | BudgetRemoved, in_use: frozenset[str] = frozenset()) -> BudgetTree:
         """Fold one budget event into a new tree.
 
         Args:
@@ -199,7 +202,7 @@ class BudgetTree:
             return self.with_budget(Budget(event.path, event.share, members, event.max_min_runtime_s))
         return self.without(event.path, in_use)
 
-    def with_budget(self, b: Budget) -> "BudgetTree":
+    def with_budget(self, b: Budget) -> BudgetTree:
         """New tree with ``b`` created or replaced.
 
         Raises:
@@ -216,13 +219,13 @@ class BudgetTree:
         siblings = sum(self._nodes[s].share for s in self._children.get(par, ()) if s != b.path)
         if siblings + b.share > 1.0 + SHARE_EPSILON:
             raise BudgetError(
-                "over_allocated",
-                f"shares under {par or '(root)'!r} would sum to {siblings + b.share:.6g} > 1")
+                "over_allocated", f"shares under {par or '(root)'!r} would sum to {siblings + b.share:.6g} > 1"
+            )
         nodes = dict(self._nodes)
         nodes[b.path] = b
         return BudgetTree(nodes, self.version + 1)
 
-    def without(self, path: str, in_use: frozenset[str] = frozenset()) -> "BudgetTree":
+    def without(self, path: str, in_use: frozenset[str] = frozenset()) -> BudgetTree:
         """New tree without ``path``.
 
         Raises:

@@ -262,8 +262,9 @@ class ClusterState:
                 t = to_us(ev.ts)
                 started = run.started_replicas | {ev.replica}  # type: ignore[attr-defined]
                 if run.started_at_us is None or t > run.started_at_us or started != run.started_replicas:
-                    self.runs[run.key] = replace(run, started_at_us=max(t, run.started_at_us or t),
-                                                 started_replicas=started)
+                    self.runs[run.key] = replace(
+                        run, started_at_us=max(t, run.started_at_us or t), started_replicas=started
+                    )
                     if self.changed is not None:
                         self.changed.add(run.key)
         elif cls is JobCompleted or cls is JobFailed:
@@ -319,11 +320,19 @@ class ClusterState:
         if key in self.runs:
             return
         self.runs[key] = Run(
-            job_id=ev.job_id, attempt=ev.attempt, budget=ev.budget, user=ev.user,
-            allocated=ev.allocated, gpus_per_replica=ev.gpus_per_replica, replicas=ev.replicas,
-            min_runtime_us=s_to_us(ev.min_runtime_s), placements=ev.placements,
-            placed_at_us=to_us(ev.ts), submitted_at_us=to_us(ev.submitted_at),
-            open_replicas=frozenset(range(len(ev.placements))))
+            job_id=ev.job_id,
+            attempt=ev.attempt,
+            budget=ev.budget,
+            user=ev.user,
+            allocated=ev.allocated,
+            gpus_per_replica=ev.gpus_per_replica,
+            replicas=ev.replicas,
+            min_runtime_us=s_to_us(ev.min_runtime_s),
+            placements=ev.placements,
+            placed_at_us=to_us(ev.ts),
+            submitted_at_us=to_us(ev.submitted_at),
+            open_replicas=frozenset(range(len(ev.placements))),
+        )
         if self.changed is not None:
             self.changed.add(key)
         owner = self._owner
@@ -332,8 +341,14 @@ class ClusterState:
             for g in p.gpus:
                 owner[(p.node_id, g)] = key
             if node is not None:
-                self.nodes[p.node_id] = Node(node.node_id, node.gpu_count, node.gpu_model, node.state,
-                                             node.free.difference(p.gpus), node.last_heartbeat_us)
+                self.nodes[p.node_id] = Node(
+                    node.node_id,
+                    node.gpu_count,
+                    node.gpu_model,
+                    node.state,
+                    node.free.difference(p.gpus),
+                    node.last_heartbeat_us,
+                )
                 if self.changed_nodes is not None:
                     self.changed_nodes.add(p.node_id)
             self.node_runs[p.node_id] = self.node_runs.get(p.node_id, frozenset()) | {key}
@@ -341,8 +356,7 @@ class ClusterState:
     def _release(self, run: Run, replica: int | None) -> None:
         """Free the GPUs of one replica (or all open ones) that ``run`` still owns."""
         key = run.key
-        which = run.open_replicas if replica is None else (
-            {replica} & run.open_replicas)
+        which = run.open_replicas if replica is None else ({replica} & run.open_replicas)
         if not which:
             return
         owner = self._owner
@@ -353,9 +367,14 @@ class ClusterState:
                 del owner[(p.node_id, g)]
             node = self.nodes.get(p.node_id)
             if node is not None and mine:
-                self.nodes[p.node_id] = Node(node.node_id, node.gpu_count, node.gpu_model, node.state,
-                                             node.free.union(g for g in mine if g < node.gpu_count),
-                                             node.last_heartbeat_us)
+                self.nodes[p.node_id] = Node(
+                    node.node_id,
+                    node.gpu_count,
+                    node.gpu_model,
+                    node.state,
+                    node.free.union(g for g in mine if g < node.gpu_count),
+                    node.last_heartbeat_us,
+                )
                 if self.changed_nodes is not None:
                     self.changed_nodes.add(p.node_id)
             rest = self.node_runs.get(p.node_id, frozenset()) - {key}

@@ -54,11 +54,11 @@ from apportion.domain.budgets import BudgetError, BudgetTree
 from apportion.domain.cluster import ClusterState, Run, RunKey
 from apportion.domain.engine import (
     CycleSnapshot,
-    _boundary,
     EngineConfig,
-    PendingJob,
     FreeIndex,
+    PendingJob,
     VictimIndex,
+    _boundary,
     pending_order,
     preempt_events,
     schedule,
@@ -92,8 +92,17 @@ from apportion.events import (
 from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us, to_us
 
 __all__ = [
-    "DispatchConfig", "DispatchState", "JobRecord", "Tick", "evolve", "decide", "step",
-    "cycle", "maintenance", "wakeups", "admit_submission",
+    "DispatchConfig",
+    "DispatchState",
+    "JobRecord",
+    "Tick",
+    "evolve",
+    "decide",
+    "step",
+    "cycle",
+    "maintenance",
+    "wakeups",
+    "admit_submission",
 ]
 
 
@@ -176,8 +185,23 @@ class DispatchState:
         seen: event ids already folded (de-duplication).
     """
 
-    __slots__ = ("tree", "ledger", "cluster", "jobs", "finished", "pending", "stopping",
-                 "awaiting", "draining", "seen", "_ledger_on", "_shapes", "_memo", "_victims", "_free")
+    __slots__ = (
+        "tree",
+        "ledger",
+        "cluster",
+        "jobs",
+        "finished",
+        "pending",
+        "stopping",
+        "awaiting",
+        "draining",
+        "seen",
+        "_ledger_on",
+        "_shapes",
+        "_memo",
+        "_victims",
+        "_free",
+    )
 
     def __init__(self, tree: BudgetTree | None = None, window_s: float = float(WEEK_S)) -> None:
         self.tree = tree if tree is not None else BudgetTree.empty()
@@ -198,15 +222,14 @@ class DispatchState:
         self._victims: VictimIndex | None = None
         self._free: FreeIndex | None = None
 
-    def fork(self) -> "DispatchState":
+    def fork(self) -> DispatchState:
         """A scratch copy for planning (shares the ledger read-only; never fold into both)."""
         other = DispatchState.__new__(DispatchState)
         other.tree = self.tree
         other.ledger = self.ledger
         other._ledger_on = False
         c = ClusterState()
-        c.nodes, c.runs, c.node_runs = dict(self.cluster.nodes), dict(self.cluster.runs), dict(
-            self.cluster.node_runs)
+        c.nodes, c.runs, c.node_runs = dict(self.cluster.nodes), dict(self.cluster.runs), dict(self.cluster.node_runs)
         c._owner = dict(self.cluster._owner)
         c._order = None
         other.cluster = c
@@ -263,8 +286,9 @@ class DispatchState:
             for n in self.cluster.nodes.values():
                 if n.state != "lost":
                     counts[(n.gpu_count, n.gpu_model)] = counts.get((n.gpu_count, n.gpu_model), 0) + 1
-            self._shapes = [NodeShape(c, m, cnt) for (c, m), cnt in
-                            sorted(counts.items(), key=lambda x: (x[0][0], x[0][1] or ""))]
+            self._shapes = [
+                NodeShape(c, m, cnt) for (c, m), cnt in sorted(counts.items(), key=lambda x: (x[0][0], x[0][1] or ""))
+            ]
         return self._shapes
 
     def pending_count(self) -> int:
@@ -282,8 +306,7 @@ class DispatchState:
         if old:
             self._memo_carry(old, lst, job, 1, i)
 
-    def _memo_carry(self, old: list[PendingJob], new: list[PendingJob], job: PendingJob, sign: int,
-                    i: int) -> None:
+    def _memo_carry(self, old: list[PendingJob], new: list[PendingJob], job: PendingJob, sign: int, i: int) -> None:
         """Carry the engine's memo of ``old`` over to ``new`` (``job`` added at / removed from index ``i``).
 
         The memo entry is ``[list, floors, codes]``. Floors: segments are the
@@ -303,7 +326,7 @@ class DispatchState:
                 c = shape_code(job.gpus_per_replica, job.replicas, job.gpu_model)
                 codes = None if c is None else codes[:i] + bytes((c,)) + codes[i:]
             else:
-                codes = codes[:i] + codes[i + 1:]
+                codes = codes[:i] + codes[i + 1 :]
         else:
             codes = None
         if not ent[1]:
@@ -342,7 +365,7 @@ class DispatchState:
         k = (rec.spec.min_runtime_s <= 0, rec.submitted_at_us, job_id)
         i = bisect_left(lst, k, key=_order)
         if i < len(lst) and lst[i].job_id == job_id:
-            old, lst = lst, lst[:i] + lst[i + 1:]
+            old, lst = lst, lst[:i] + lst[i + 1 :]
             if lst:
                 self.pending[rec.spec.budget] = lst
                 self._memo_carry(old, lst, old[i], -1, i)
@@ -354,11 +377,20 @@ _order = pending_order
 
 
 def _pending_job(spec: JobQueued, attempt: int, submitted_at_us: Micros, queued_at_us: Micros) -> PendingJob:
-    return PendingJob(job_id=spec.job_id, attempt=attempt, budget=spec.budget, user=spec.user,
-                      gpus_per_replica=spec.gpus_per_replica, replicas=spec.replicas,
-                      min_runtime_s=spec.min_runtime_s, submitted_at_us=submitted_at_us,
-                      queued_at_us=queued_at_us, gpu_model=spec.gpu_model,
-                      duration_s=spec.duration_s, command=spec.command)
+    return PendingJob(
+        job_id=spec.job_id,
+        attempt=attempt,
+        budget=spec.budget,
+        user=spec.user,
+        gpus_per_replica=spec.gpus_per_replica,
+        replicas=spec.replicas,
+        min_runtime_s=spec.min_runtime_s,
+        submitted_at_us=submitted_at_us,
+        queued_at_us=queued_at_us,
+        gpu_model=spec.gpu_model,
+        duration_s=spec.duration_s,
+        command=spec.command,
+    )
 
 
 # --------------------------------------------------------------------------- evolve
@@ -397,8 +429,11 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         if rec is not None and rec.status == "pending" and rec.attempt == ev.attempt:  # type: ignore[attr-defined]
             state._dequeue(rec.spec.job_id)
             jobs[rec.spec.job_id] = JobRecord(rec.spec, rec.attempt, "running", rec.submitted_at_us, rec.queued_at_us)
-            vics = frozenset((v.job_id, v.attempt) for v in ev.decision.victims  # type: ignore[attr-defined]
-                             if (v.job_id, v.attempt) in state.stopping)
+            vics = frozenset(
+                (v.job_id, v.attempt)
+                for v in ev.decision.victims  # type: ignore[attr-defined]
+                if (v.job_id, v.attempt) in state.stopping
+            )
             if vics:
                 state.awaiting[(rec.spec.job_id, rec.attempt)] = vics
     elif cls is JobPreempted:
@@ -406,10 +441,14 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         rec = jobs.get(ev.job_id)  # type: ignore[attr-defined]
         run = state.cluster.runs.get(key)
         if rec is not None and rec.attempt == ev.attempt and run is not None:  # type: ignore[attr-defined]
-            jobs[ev.job_id] = JobRecord(rec.spec, rec.attempt, "stopping", rec.submitted_at_us,  # type: ignore[attr-defined]
-                                        rec.queued_at_us)
-            state.stopping[key] = _Stopping(
-                to_us(ev.ts) + s_to_us(ev.grace_s), run.open_replicas, True)  # type: ignore[attr-defined]
+            jobs[ev.job_id] = JobRecord(
+                rec.spec,
+                rec.attempt,
+                "stopping",
+                rec.submitted_at_us,  # type: ignore[attr-defined]
+                rec.queued_at_us,
+            )
+            state.stopping[key] = _Stopping(to_us(ev.ts) + s_to_us(ev.grace_s), run.open_replicas, True)  # type: ignore[attr-defined]
     elif cls is JobRequeued:
         rec = jobs.get(ev.job_id)  # type: ignore[attr-defined]
         _stop_done(state, (ev.job_id, ev.attempt - 1))  # type: ignore[attr-defined]
@@ -426,8 +465,12 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
             state.stopping[key] = _Stopping(st.deadline_us, left, st.requeue)
         else:
             rec = jobs.get(ev.job_id)  # type: ignore[attr-defined]
-            if (rec is not None and rec.attempt == ev.attempt and rec.status == "running"  # type: ignore[attr-defined]
-                    and key not in state.cluster.runs):
+            if (
+                rec is not None
+                and rec.attempt == ev.attempt
+                and rec.status == "running"  # type: ignore[attr-defined]
+                and key not in state.cluster.runs
+            ):
                 del jobs[ev.job_id]  # type: ignore[attr-defined]
                 state.finished.add(ev.job_id)  # type: ignore[attr-defined]
                 state.awaiting.pop(key, None)
@@ -492,8 +535,9 @@ def admit_submission(state: DispatchState, job: JobSubmitted) -> tuple[RejectRea
     return None
 
 
-def decide(state: DispatchState, inp: Event | Tick, now_us: Micros,
-           config: DispatchConfig | None = None) -> list[Event]:
+def decide(
+    state: DispatchState, inp: Event | Tick, now_us: Micros, config: DispatchConfig | None = None
+) -> list[Event]:
     """Events that follow from ``inp`` given ``state`` (see the module docstring).
 
     ``state`` must already have ``inp`` folded in (:func:`step` does this);
@@ -529,30 +573,68 @@ def decide(state: DispatchState, inp: Event | Tick, now_us: Micros,
         verdict = admit_submission(state, job)
         if verdict is not None:
             reason, msg = verdict
-            return [JobRejected(event_id=det_id("JobRejected", job.job_id, inp.event_id), ts=ts,
-                                producer=prod, job_id=job.job_id, budget=job.budget,
-                                user=job.user, reason=reason, message=msg)]
-        return [JobQueued(event_id=det_id("JobQueued", job.job_id, 1), ts=ts, producer=prod,
-                          job_id=job.job_id, budget=job.budget, user=job.user,
-                          allocated=job.allocated, gpus_per_replica=job.gpus_per_replica,
-                          replicas=job.replicas, min_runtime_s=job.min_runtime_s,
-                          gpu_model=job.gpu_model, duration_s=job.duration_s,
-                          command=job.command, submitted_at=job.submitted_at, attempt=1)]
+            return [
+                JobRejected(
+                    event_id=det_id("JobRejected", job.job_id, inp.event_id),
+                    ts=ts,
+                    producer=prod,
+                    job_id=job.job_id,
+                    budget=job.budget,
+                    user=job.user,
+                    reason=reason,
+                    message=msg,
+                )
+            ]
+        return [
+            JobQueued(
+                event_id=det_id("JobQueued", job.job_id, 1),
+                ts=ts,
+                producer=prod,
+                job_id=job.job_id,
+                budget=job.budget,
+                user=job.user,
+                allocated=job.allocated,
+                gpus_per_replica=job.gpus_per_replica,
+                replicas=job.replicas,
+                min_runtime_s=job.min_runtime_s,
+                gpu_model=job.gpu_model,
+                duration_s=job.duration_s,
+                command=job.command,
+                submitted_at=job.submitted_at,
+                attempt=1,
+            )
+        ]
     if cls is JobCancelRequested:
         rec = state.jobs.get(inp.job_id)  # type: ignore[attr-defined]
         if rec is None:
             return []
         cid = det_id("JobCancelled", rec.spec.job_id)
         if rec.status == "pending":
-            return [JobCancelled(event_id=cid, ts=ts, producer=prod, job_id=rec.spec.job_id,
-                                 attempt=None, reason=inp.reason or "cancelled")]  # type: ignore[attr-defined]
+            return [
+                JobCancelled(
+                    event_id=cid,
+                    ts=ts,
+                    producer=prod,
+                    job_id=rec.spec.job_id,
+                    attempt=None,
+                    reason=inp.reason or "cancelled",
+                )
+            ]  # type: ignore[attr-defined]
         run = state.cluster.runs.get((rec.spec.job_id, rec.attempt))
         if run is not None and rec.status == "running":
             out = preempt_events(run, ts, grace, prod, reason="cancelled")[1:]  # stops only
         elif rec.status == "stopping":
             out = _start_waiting(state, (rec.spec.job_id, rec.attempt), ts, prod)
-        return out + [JobCancelled(event_id=cid, ts=ts, producer=prod, job_id=rec.spec.job_id,
-                                   attempt=rec.attempt, reason=inp.reason or "cancelled")]  # type: ignore[attr-defined]
+        return out + [
+            JobCancelled(
+                event_id=cid,
+                ts=ts,
+                producer=prod,
+                job_id=rec.spec.job_id,
+                attempt=rec.attempt,
+                reason=inp.reason or "cancelled",
+            )
+        ]  # type: ignore[attr-defined]
     if cls is JobCompleted or cls is JobFailed:
         key = (inp.job_id, inp.attempt)  # type: ignore[attr-defined]
         st = state.stopping.get(key)
@@ -563,9 +645,17 @@ def decide(state: DispatchState, inp: Event | Tick, now_us: Micros,
         run = state.cluster.runs.get(key)
         if cls is JobFailed and run is not None and not run.stopping and inp.replica is not None:  # type: ignore[attr-defined]
             stops = preempt_events(run, ts, grace, prod, reason="gang replica failed")[1:]
-            return stops + [JobFailed(event_id=det_id("JobFailed", run.job_id, run.attempt, "gang"),
-                                      ts=ts, producer=prod, job_id=run.job_id, attempt=run.attempt,
-                                      replica=None, reason="gang replica failed")]
+            return stops + [
+                JobFailed(
+                    event_id=det_id("JobFailed", run.job_id, run.attempt, "gang"),
+                    ts=ts,
+                    producer=prod,
+                    job_id=run.job_id,
+                    attempt=run.attempt,
+                    replica=None,
+                    reason="gang replica failed",
+                )
+            ]
         return []
     if cls is NodeDrainRequested:
         return _drain(state, inp.node_id, now_us, ts, cfg)  # type: ignore[attr-defined]
@@ -574,8 +664,7 @@ def decide(state: DispatchState, inp: Event | Tick, now_us: Micros,
     return out
 
 
-def step(state: DispatchState, inp: Event | Tick, now_us: Micros,
-         config: DispatchConfig | None = None) -> list[Event]:
+def step(state: DispatchState, inp: Event | Tick, now_us: Micros, config: DispatchConfig | None = None) -> list[Event]:
     """``evolve(inp)``, ``decide``, then ``evolve`` every output; returns the outputs.
 
     A duplicate input (its ``event_id`` already folded) gives no output.
@@ -628,8 +717,9 @@ def maintenance(state: DispatchState, now_us: Micros, config: DispatchConfig | N
     return out
 
 
-def _finish_stop(state: DispatchState, key: RunKey, ts: Any, prod: str,
-                 finished: set[RunKey] | None = None) -> list[Event]:
+def _finish_stop(
+    state: DispatchState, key: RunKey, ts: Any, prod: str, finished: set[RunKey] | None = None
+) -> list[Event]:
     """The victim ``key`` has stopped: requeue it and start preemptors waiting only for it.
 
     ``finished``: other victims whose stop was finished earlier in the same
@@ -642,14 +732,23 @@ def _finish_stop(state: DispatchState, key: RunKey, ts: Any, prod: str,
     out: list[Event] = []
     rec = state.jobs.get(job_id)
     if rec is not None and st.requeue:
-        out.append(JobRequeued(event_id=det_id("JobRequeued", job_id, attempt + 1), ts=ts,
-                               producer=prod, job_id=job_id, attempt=attempt + 1,
-                               submitted_at=from_us(rec.submitted_at_us), reason="preempted"))
+        out.append(
+            JobRequeued(
+                event_id=det_id("JobRequeued", job_id, attempt + 1),
+                ts=ts,
+                producer=prod,
+                job_id=job_id,
+                attempt=attempt + 1,
+                submitted_at=from_us(rec.submitted_at_us),
+                reason="preempted",
+            )
+        )
     return out + _start_waiting(state, key, ts, prod, finished)
 
 
-def _start_waiting(state: DispatchState, key: RunKey, ts: Any, prod: str,
-                   finished: set[RunKey] | None = None) -> list[Event]:
+def _start_waiting(
+    state: DispatchState, key: RunKey, ts: Any, prod: str, finished: set[RunKey] | None = None
+) -> list[Event]:
     """``StartWorkload`` of every preemptor that waits for victim ``key`` and nothing else.
 
     ``finished`` counts as already gone: victims whose stop this same
@@ -668,13 +767,13 @@ def _start_waiting(state: DispatchState, key: RunKey, ts: Any, prod: str,
             run = state.cluster.runs.get(p)
             prec = state.jobs.get(p[0])
             if run is not None and prec is not None and not run.stopping:
-                out.extend(start_events(p[0], p[1], run.placements, ts, prec.spec.duration_s,
-                                        prec.spec.command, prod))
+                out.extend(start_events(p[0], p[1], run.placements, ts, prec.spec.duration_s, prec.spec.command, prod))
     return out
 
 
-def _drain(state: DispatchState, nid: str, now_us: Micros, ts: Any, cfg: DispatchConfig,
-           skip: set[RunKey] | None = None) -> list[Event]:
+def _drain(
+    state: DispatchState, nid: str, now_us: Micros, ts: Any, cfg: DispatchConfig, skip: set[RunKey] | None = None
+) -> list[Event]:
     """Drain step for node ``nid``: preempt what may go now; ``NodeDrained`` when empty."""
     node = state.cluster.nodes.get(nid)
     if node is None or node.state != "draining":
@@ -695,13 +794,13 @@ def _drain(state: DispatchState, nid: str, now_us: Micros, ts: Any, cfg: Dispatc
             skip.add(key)
         busy = True
     if not busy:
-        out.append(NodeDrained(event_id=det_id("NodeDrained", nid, now_us), ts=ts,
-                               producer=cfg.producer, node_id=nid))
+        out.append(NodeDrained(event_id=det_id("NodeDrained", nid, now_us), ts=ts, producer=cfg.producer, node_id=nid))
     return out
 
 
-def _node_lost(state: DispatchState, nid: str, last_hb_us: Micros, ts: Any, prod: str,
-               emit_lost: set[RunKey] | None) -> list[Event]:
+def _node_lost(
+    state: DispatchState, nid: str, last_hb_us: Micros, ts: Any, prod: str, emit_lost: set[RunKey] | None
+) -> list[Event]:
     """Node ``nid`` is gone: its runs are lost (charged to the last heartbeat) and requeued.
 
     ``emit_lost`` is not ``None`` when the dispatcher itself detected the loss
@@ -709,8 +808,15 @@ def _node_lost(state: DispatchState, nid: str, last_hb_us: Micros, ts: Any, prod
     """
     out: list[Event] = []
     if emit_lost is not None:
-        out.append(NodeLost(event_id=det_id("NodeLost", nid, last_hb_us), ts=ts, producer=prod,
-                            node_id=nid, last_heartbeat=from_us(last_hb_us)))
+        out.append(
+            NodeLost(
+                event_id=det_id("NodeLost", nid, last_hb_us),
+                ts=ts,
+                producer=prod,
+                node_id=nid,
+                last_heartbeat=from_us(last_hb_us),
+            )
+        )
     for key in sorted(state.cluster.node_runs.get(nid, ())):
         run = state.cluster.runs.get(key)
         rec = state.jobs.get(key[0])
@@ -719,20 +825,44 @@ def _node_lost(state: DispatchState, nid: str, last_hb_us: Micros, ts: Any, prod
         if emit_lost is not None:
             emit_lost.add(key)
         if not run.stopping:
-            out.append(JobLost(event_id=det_id("JobLost", run.job_id, run.attempt), ts=ts,
-                               producer=prod, job_id=run.job_id, attempt=run.attempt, node_id=nid,
-                               charged_until=from_us(last_hb_us)))
+            out.append(
+                JobLost(
+                    event_id=det_id("JobLost", run.job_id, run.attempt),
+                    ts=ts,
+                    producer=prod,
+                    job_id=run.job_id,
+                    attempt=run.attempt,
+                    node_id=nid,
+                    charged_until=from_us(last_hb_us),
+                )
+            )
             for r in sorted(run.open_replicas):
                 p = run.placements[r]
                 if p.node_id != nid:
-                    out.append(StopWorkload(event_id=det_id("StopWorkload", run.job_id, run.attempt, r),
-                                            ts=ts, producer=prod, node_id=p.node_id,
-                                            job_id=run.job_id, attempt=run.attempt, grace_s=0.0,
-                                            reason="gang replica lost"))
+                    out.append(
+                        StopWorkload(
+                            event_id=det_id("StopWorkload", run.job_id, run.attempt, r),
+                            ts=ts,
+                            producer=prod,
+                            node_id=p.node_id,
+                            job_id=run.job_id,
+                            attempt=run.attempt,
+                            grace_s=0.0,
+                            reason="gang replica lost",
+                        )
+                    )
         if rec is not None and rec.attempt == run.attempt:
-            out.append(JobRequeued(event_id=det_id("JobRequeued", run.job_id, run.attempt + 1), ts=ts,
-                                   producer=prod, job_id=run.job_id, attempt=run.attempt + 1,
-                                   submitted_at=from_us(rec.submitted_at_us), reason="node lost"))
+            out.append(
+                JobRequeued(
+                    event_id=det_id("JobRequeued", run.job_id, run.attempt + 1),
+                    ts=ts,
+                    producer=prod,
+                    job_id=run.job_id,
+                    attempt=run.attempt + 1,
+                    submitted_at=from_us(rec.submitted_at_us),
+                    reason="node lost",
+                )
+            )
     return out
 
 
@@ -757,8 +887,7 @@ def wakeups(ev: Event, config: DispatchConfig | None = None) -> list[Micros]:
     return []
 
 
-def fold(events: Iterable[Event], tree: BudgetTree | None = None,
-         window_s: float = float(WEEK_S)) -> DispatchState:
+def fold(events: Iterable[Event], tree: BudgetTree | None = None, window_s: float = float(WEEK_S)) -> DispatchState:
     """A state folded from a log (recovery: replay the topics from offset 0)."""
     state = DispatchState(tree, window_s)
     for e in events:

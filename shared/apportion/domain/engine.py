@@ -87,8 +87,19 @@ from apportion.events import (
 from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us
 
 __all__ = [
-    "EngineConfig", "PendingJob", "CycleSnapshot", "CycleResult", "schedule", "run_cycle",
-    "victim_rule", "preempt_events", "start_events", "pending_order", "POLICY_VERSION", "VictimIndex", "FreeIndex",
+    "EngineConfig",
+    "PendingJob",
+    "CycleSnapshot",
+    "CycleResult",
+    "schedule",
+    "run_cycle",
+    "victim_rule",
+    "preempt_events",
+    "start_events",
+    "pending_order",
+    "POLICY_VERSION",
+    "VictimIndex",
+    "FreeIndex",
 ]
 
 POLICY_VERSION = "fairtree-1"
@@ -185,11 +196,11 @@ class CycleSnapshot:
     only for callers whose pending sequences are never changed in place
     (``DispatchState``: copy-on-write, and it carries entries over to the
     list that replaces one)."""
-    victims: "VictimIndex | None" = field(default=None, compare=False, repr=False)
+    victims: VictimIndex | None = field(default=None, compare=False, repr=False)
     """Optional :class:`VictimIndex` of ``cluster.runs``, kept up to date across
     cycles by the caller (``DispatchState``); ``None``: the cycle indexes the
     runs itself. Either way the decisions are the same."""
-    free: "FreeIndex | None" = field(default=None, compare=False, repr=False)
+    free: FreeIndex | None = field(default=None, compare=False, repr=False)
     """Optional :class:`FreeIndex` of ``cluster.nodes``, kept up to date the same way."""
 
 
@@ -233,8 +244,9 @@ def schedule(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | Non
 # --------------------------------------------------------------------------- rules
 
 
-def victim_rule(run: Run, preemptor_leaf: str, now_us: Micros, ratio: Any, delta: float
-                ) -> tuple[str, str | None, float | None, float | None] | None:
+def victim_rule(
+    run: Run, preemptor_leaf: str, now_us: Micros, ratio: Any, delta: float
+) -> tuple[str, str | None, float | None, float | None] | None:
     """Whether ``run`` may be preempted for a job of ``preemptor_leaf`` (DESIGN section 3).
 
     Args:
@@ -268,30 +280,75 @@ def victim_rule(run: Run, preemptor_leaf: str, now_us: Micros, ratio: Any, delta
     return None
 
 
-def start_events(job_id: str, attempt: int, placements: Sequence[Placement], ts: Any,
-                 duration_s: float | None, command: tuple[str, ...] | None,
-                 producer: str) -> list[Event]:
+def start_events(
+    job_id: str,
+    attempt: int,
+    placements: Sequence[Placement],
+    ts: Any,
+    duration_s: float | None,
+    command: tuple[str, ...] | None,
+    producer: str,
+) -> list[Event]:
     """``StartWorkload`` for every replica of a run (ids by :func:`det_id`)."""
-    return [StartWorkload(event_id=det_id("StartWorkload", job_id, attempt, i), ts=ts,
-                          producer=producer, node_id=p.node_id, job_id=job_id, attempt=attempt,
-                          replica=i, gpus=p.gpus, command=command, duration_s=duration_s)
-            for i, p in enumerate(placements)]
+    return [
+        StartWorkload(
+            event_id=det_id("StartWorkload", job_id, attempt, i),
+            ts=ts,
+            producer=producer,
+            node_id=p.node_id,
+            job_id=job_id,
+            attempt=attempt,
+            replica=i,
+            gpus=p.gpus,
+            command=command,
+            duration_s=duration_s,
+        )
+        for i, p in enumerate(placements)
+    ]
 
 
-def preempt_events(run: Run, ts: Any, grace_s: float, producer: str, *, victim: Victim | None = None,
-                   by_job_id: str | None = None, by_budget: str | None = None,
-                   reason: str = "preempted") -> list[Event]:
+def preempt_events(
+    run: Run,
+    ts: Any,
+    grace_s: float,
+    producer: str,
+    *,
+    victim: Victim | None = None,
+    by_job_id: str | None = None,
+    by_budget: str | None = None,
+    reason: str = "preempted",
+) -> list[Event]:
     """``JobPreempted`` for ``run`` then ``StopWorkload`` to each open replica's node."""
-    out: list[Event] = [JobPreempted(
-        event_id=det_id("JobPreempted", run.job_id, run.attempt), ts=ts, producer=producer,
-        job_id=run.job_id, attempt=run.attempt, budget=run.budget, allocated=run.allocated,
-        by_job_id=by_job_id, by_budget=by_budget, victim=victim, grace_s=grace_s, reason=reason)]
+    out: list[Event] = [
+        JobPreempted(
+            event_id=det_id("JobPreempted", run.job_id, run.attempt),
+            ts=ts,
+            producer=producer,
+            job_id=run.job_id,
+            attempt=run.attempt,
+            budget=run.budget,
+            allocated=run.allocated,
+            by_job_id=by_job_id,
+            by_budget=by_budget,
+            victim=victim,
+            grace_s=grace_s,
+            reason=reason,
+        )
+    ]
     for r in sorted(run.open_replicas):
         p = run.placements[r]
-        out.append(StopWorkload(
-            event_id=det_id("StopWorkload", run.job_id, run.attempt, r), ts=ts, producer=producer,
-            node_id=p.node_id, job_id=run.job_id, attempt=run.attempt, grace_s=grace_s,
-            reason=reason))
+        out.append(
+            StopWorkload(
+                event_id=det_id("StopWorkload", run.job_id, run.attempt, r),
+                ts=ts,
+                producer=producer,
+                node_id=p.node_id,
+                job_id=run.job_id,
+                attempt=run.attempt,
+                grace_s=grace_s,
+                reason=reason,
+            )
+        )
     return out
 
 
@@ -305,8 +362,9 @@ def _dominated(shapes: list[tuple[int, int]], g: int, k: int) -> bool:
     return False
 
 
-def _build_free(nodes: Mapping[str, Node], ids: Sequence[str]) -> tuple[
-        dict[str, list[int]], dict[str, str | None], dict[str, int], dict[str | None, list[list[str]]], int]:
+def _build_free(
+    nodes: Mapping[str, Node], ids: Sequence[str]
+) -> tuple[dict[str, list[int]], dict[str, str | None], dict[str, int], dict[str | None, list[list[str]]], int]:
     """``(free, model, count, buckets, maxc)`` of the ``ready`` nodes among ``ids`` (sorted)."""
     fr: dict[str, list[int]] = {}
     mo: dict[str, str | None] = {}
@@ -360,12 +418,11 @@ class FreeIndex:
         self._cluster: Any = None
 
     def _rebuild(self, cluster: Any) -> None:
-        self.free, self.model, self.count, self.buckets, self.maxc = _build_free(
-            cluster.nodes, sorted(cluster.nodes))
+        self.free, self.model, self.count, self.buckets, self.maxc = _build_free(cluster.nodes, sorted(cluster.nodes))
         self._cluster = cluster
         cluster.changed_nodes = set()
 
-    def sync(self, cluster: Any) -> "FreeIndex":
+    def sync(self, cluster: Any) -> FreeIndex:
         """Update from ``cluster`` (a :class:`ClusterState`) and return self."""
         changed = cluster.changed_nodes
         if cluster is not self._cluster or changed is None:
@@ -377,7 +434,8 @@ class FreeIndex:
                 n = nodes.get(nid)
                 was = nid in self.model
                 if (n is not None and n.state == "ready") != was or (
-                        was and (self.model[nid] != n.gpu_model or self.count[nid] != n.gpu_count)):  # type: ignore[union-attr]
+                    was and (self.model[nid] != n.gpu_model or self.count[nid] != n.gpu_count)
+                ):  # type: ignore[union-attr]
                     self._rebuild(cluster)
                     return self
                 if not was:
@@ -538,7 +596,7 @@ class VictimIndex:
         self._cluster: Any = None
 
     @classmethod
-    def build(cls, runs: Mapping[RunKey, Run]) -> "VictimIndex":
+    def build(cls, runs: Mapping[RunKey, Run]) -> VictimIndex:
         """A fresh index of ``runs`` (any order: lists are sorted by unique keys)."""
         idx = cls()
         unalloc, alloc = idx.unalloc, idx.alloc
@@ -569,7 +627,7 @@ class VictimIndex:
             lst.sort(key=_until_key)
         return idx
 
-    def sync(self, cluster: Any) -> "VictimIndex":
+    def sync(self, cluster: Any) -> VictimIndex:
         """Update from ``cluster`` (a :class:`ClusterState`) and return self (see the class doc)."""
         changed = cluster.changed
         if cluster is not self._cluster or changed is None:
@@ -662,7 +720,7 @@ class _Victims:
         exp: dict[str, list[tuple[Micros, RunKey, Run]]] = {}
         for leaf, lst in index.alloc.items():
             if lst[0][0] <= now:  # protection expired: now >= protected_until_us
-                exp[leaf] = lst[:bisect_right(lst, now, key=_UNTIL)]
+                exp[leaf] = lst[: bisect_right(lst, now, key=_UNTIL)]
         self._exp_runs = exp
         self.expired: dict[str, dict[str, list[Cand]]] = {v: {} for v in exp}  # filled by expired_on
 
@@ -681,8 +739,9 @@ class _Victims:
             self._exp_runs[leaf] = []
         return by_node
 
-    def behind_of(self, leaf: str, ratio: Any, delta: float, epoch: int,
-                  tree: BudgetTree | None = None) -> dict[str, tuple[str, float, float]]:
+    def behind_of(
+        self, leaf: str, ratio: Any, delta: float, epoch: int, tree: BudgetTree | None = None
+    ) -> dict[str, tuple[str, float, float]]:
         """Leaves whose expired runs ``leaf`` may preempt: V -> (lca, r_V branch, r_B branch).
 
         Walks up from ``leaf``: at each ancestor A (parent P), every sibling
@@ -776,8 +835,8 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
     reservation_after_us = s_to_us(cfg.reservation_after_s)
     bound = {leaf: _boundary(jobs) for leaf, jobs in pending.items()}
     queue: FairShareQueue[int] = FairShareQueue(
-        tree, snapshot.occupancy, snapshot.capacity_gpu_s,
-        {leaf: range(b) for leaf, b in bound.items() if b})
+        tree, snapshot.occupancy, snapshot.capacity_gpu_s, {leaf: range(b) for leaf, b in bound.items() if b}
+    )
     budget_rank = {leaf: i for i, leaf in enumerate(queue.initial_order)}
     free = _Free(cluster, snapshot.free)
     victims: _Victims | None = None
@@ -828,18 +887,21 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         ``rank``. A stale entry is dropped, as the job itself would drop it.
         """
         ent = pre_fail.get(leaf)
-        drop = ent is not None and charges - ent[1] == own_charges.get(leaf, 0) - ent[2] and (
-            (1, 1) in ent[0] or _dominated(ent[0], *floor_shape(leaf, 0, bound[leaf])))
+        drop = (
+            ent is not None
+            and charges - ent[1] == own_charges.get(leaf, 0) - ent[2]
+            and ((1, 1) in ent[0] or _dominated(ent[0], *floor_shape(leaf, 0, bound[leaf])))
+        )
 
         def blocked(g: int, k: int, model: str | None) -> bool:
             ff = free_fail.get(model)
-            if not ((ff and _dominated(ff, g, k))
-                    or (model is not None and _dominated(free_fail.get(None, ()), g, k))):  # type: ignore[arg-type]
+            if not ((ff and _dominated(ff, g, k)) or (model is not None and _dominated(free_fail.get(None, ()), g, k))):  # type: ignore[arg-type]
                 return False
             if model is None:
                 return not drop and leaf in pre_fail and pre_failed(leaf, g, k)
             mkey = leaf + "\x00" + model
             return (mkey in pre_fail and pre_failed(mkey, g, k)) or (leaf in pre_fail and pre_failed(leaf, g, k))
+
         return blocked
 
     # ---------------------------------------------------------------- pass 1: allocated jobs
@@ -854,8 +916,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
         nodes: list[str] | None = None
         ff = free_fail.get(model)
-        if not ((ff and _dominated(ff, g, k))
-                or (model is not None and _dominated(free_fail.get(None, ()), g, k))):  # type: ignore[arg-type]
+        if not ((ff and _dominated(ff, g, k)) or (model is not None and _dominated(free_fail.get(None, ()), g, k))):  # type: ignore[arg-type]
             nodes = free.fit(g, k, model)
             if nodes is None:
                 if ff is None:
@@ -866,12 +927,13 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         mkey = leaf if model is None else leaf + "\x00" + model
         if nodes is not None:
             placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
-            _emit_placed(out, job, placements, (), leaf, rank, budget_rank, ratio(leaf),
-                         holds_reservation, ts, cfg)
-            out.extend(start_events(job.job_id, job.attempt, placements, ts, job.duration_s,
-                                    job.command, cfg.producer))
-        elif cfg.preemption and not (mkey in pre_fail and pre_failed(mkey, g, k)) and (
-                model is None or not (leaf in pre_fail and pre_failed(leaf, g, k))):
+            _emit_placed(out, job, placements, (), leaf, rank, budget_rank, ratio(leaf), holds_reservation, ts, cfg)
+            out.extend(start_events(job.job_id, job.attempt, placements, ts, job.duration_s, job.command, cfg.producer))
+        elif (
+            cfg.preemption
+            and not (mkey in pre_fail and pre_failed(mkey, g, k))
+            and (model is None or not (leaf in pre_fail and pre_failed(leaf, g, k)))
+        ):
             if victims is None:
                 victims = _Victims(cluster, now_us, snapshot.victims)
             res.searches += 1
@@ -883,11 +945,15 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                 vics = []
                 for run, vic in chosen:
                     victims.taken.add(run.key)
-                    out.extend(preempt_events(run, ts, cfg.grace_s, cfg.producer, victim=vic,
-                                              by_job_id=job.job_id, by_budget=leaf))
+                    out.extend(
+                        preempt_events(
+                            run, ts, cfg.grace_s, cfg.producer, victim=vic, by_job_id=job.job_id, by_budget=leaf
+                        )
+                    )
                     vics.append(vic)
-                _emit_placed(out, job, placements, tuple(vics), leaf, rank, budget_rank,
-                             ratio(leaf), holds_reservation, ts, cfg)
+                _emit_placed(
+                    out, job, placements, tuple(vics), leaf, rank, budget_rank, ratio(leaf), holds_reservation, ts, cfg
+                )
                 nodes = [p.node_id for p in placements]
         elif not cfg.preemption:
             record_pre_fail(mkey, g, k)
@@ -948,12 +1014,15 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
             res.considered += 1
             g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
             if _dominated(free_fail.get(model, ()), g, k) or (  # type: ignore[arg-type]
-                    model is not None and _dominated(any_free, g, k)):
+                model is not None and _dominated(any_free, g, k)
+            ):
                 # known not to fit, and so are the next jobs of a shape that does not fit: pass over them
-                ff_now, af_now = free_fail, any_free
-                n = _blocked_run(jobs, idx + 1, end, lambda g2, k2, m2: _dominated(
-                    ff_now.get(m2, ()), g2, k2) or (m2 is not None and _dominated(af_now, g2, k2)),  # type: ignore[arg-type]
-                    memo_codes(memo, jobs))
+                def still_blocked(
+                    g2: int, k2: int, m2: str | None, ff_now: Any = free_fail, af_now: Any = any_free
+                ) -> bool:
+                    return _dominated(ff_now.get(m2, ()), g2, k2) or (m2 is not None and _dominated(af_now, g2, k2))
+
+                n = _blocked_run(jobs, idx + 1, end, still_blocked, memo_codes(memo, jobs))
                 idx += n
                 rank += n
                 res.considered += n
@@ -968,8 +1037,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                 continue
             placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
             _emit_placed(out, job, placements, (), leaf, rank, budget_rank, r_leaf, False, ts, cfg)
-            out.extend(start_events(job.job_id, job.attempt, placements, ts, job.duration_s,
-                                    job.command, cfg.producer))
+            out.extend(start_events(job.job_id, job.attempt, placements, ts, job.duration_s, job.command, cfg.producer))
     return res
 
 
@@ -1013,13 +1081,18 @@ def shape_codes(jobs: Sequence[PendingJob]) -> bytes | None:
 
 
 @lru_cache(maxsize=4096)
-def _other_than(codes: frozenset[int]) -> "re.Pattern[bytes]":
+def _other_than(codes: frozenset[int]) -> re.Pattern[bytes]:
     """A pattern matching one byte that is none of ``codes``."""
     return re.compile(b"[^" + b"".join(b"\\x%02x" % c for c in sorted(codes)) + b"]")
 
 
-def _blocked_run(jobs: Sequence[PendingJob], lo: int, hi: int,
-                 blocked: Callable[[int, int, str | None], bool], codes: bytes | None = None) -> int:
+def _blocked_run(
+    jobs: Sequence[PendingJob],
+    lo: int,
+    hi: int,
+    blocked: Callable[[int, int, str | None], bool],
+    codes: bytes | None = None,
+) -> int:
     """How many of ``jobs[lo:hi]``, from ``lo`` on, have a shape ``(g, k, model)`` for which ``blocked`` holds.
 
     ``blocked`` is asked once per distinct shape met (a handful per leaf).
@@ -1104,8 +1177,7 @@ def memo_codes(memo: dict[Any, Any] | None, jobs: Sequence[PendingJob]) -> bytes
     return c or None
 
 
-def segment_floor(memo: dict[Any, Any] | None, jobs: Sequence[PendingJob], lo: int, hi: int
-                  ) -> tuple[int, int]:
+def segment_floor(memo: dict[Any, Any] | None, jobs: Sequence[PendingJob], lo: int, hi: int) -> tuple[int, int]:
     """``(min g, min k)`` over ``jobs[lo:hi]`` (a lower bound of every job's shape there).
 
     Kept in ``memo`` when there is one (``CycleSnapshot.memo``: the dispatcher
@@ -1131,18 +1203,44 @@ def _floor_of_codes(codes: bytes, lo: int, hi: int) -> tuple[int, int]:
     return (min(s[0] for s in shapes), min(s[1] for s in shapes))
 
 
-def _emit_placed(out: list[Event], job: PendingJob, placements: tuple[Placement, ...],
-                 victims: tuple[Victim, ...], leaf: str, rank: int, budget_rank: Mapping[str, int],
-                 r: float, reservation: bool, ts: Any, cfg: EngineConfig) -> None:
-    out.append(JobPlaced(
-        event_id=det_id("JobPlaced", job.job_id, job.attempt), ts=ts, producer=cfg.producer,
-        job_id=job.job_id, attempt=job.attempt, budget=job.budget, user=job.user,
-        allocated=job.min_runtime_s > 0, gpus_per_replica=job.gpus_per_replica,
-        replicas=job.replicas, min_runtime_s=job.min_runtime_s, placements=placements,
-        submitted_at=from_us(job.submitted_at_us),
-        decision=Decision(rank=rank, budget_rank=budget_rank.get(leaf, -1), ratio=r,
-                          victims=victims, reservation=reservation,
-                          policy_version=cfg.policy_version)))
+def _emit_placed(
+    out: list[Event],
+    job: PendingJob,
+    placements: tuple[Placement, ...],
+    victims: tuple[Victim, ...],
+    leaf: str,
+    rank: int,
+    budget_rank: Mapping[str, int],
+    r: float,
+    reservation: bool,
+    ts: Any,
+    cfg: EngineConfig,
+) -> None:
+    out.append(
+        JobPlaced(
+            event_id=det_id("JobPlaced", job.job_id, job.attempt),
+            ts=ts,
+            producer=cfg.producer,
+            job_id=job.job_id,
+            attempt=job.attempt,
+            budget=job.budget,
+            user=job.user,
+            allocated=job.min_runtime_s > 0,
+            gpus_per_replica=job.gpus_per_replica,
+            replicas=job.replicas,
+            min_runtime_s=job.min_runtime_s,
+            placements=placements,
+            submitted_at=from_us(job.submitted_at_us),
+            decision=Decision(
+                rank=rank,
+                budget_rank=budget_rank.get(leaf, -1),
+                ratio=r,
+                victims=victims,
+                reservation=reservation,
+                policy_version=cfg.policy_version,
+            ),
+        )
+    )
 
 
 def _reservation_nodes(free: _Free, g: int, k: int, model: str | None) -> list[str]:
@@ -1169,8 +1267,11 @@ def _reservation_nodes(free: _Free, g: int, k: int, model: str | None) -> list[s
             if len(out) == k:
                 return out
     ffree, reserved = free.free, free.reserved
-    zero = sorted(n for n, m in free.model.items()
-                  if not ffree[n] and n not in reserved and (model is None or m == model) and count[n] >= g)
+    zero = sorted(
+        n
+        for n, m in free.model.items()
+        if not ffree[n] and n not in reserved and (model is None or m == model) and count[n] >= g
+    )
     out.extend(zero[: k - len(out)])
     return out
 
@@ -1178,9 +1279,17 @@ def _reservation_nodes(free: _Free, g: int, k: int, model: str | None) -> list[s
 _UNALLOC_RULE = ("unallocated", None, None, None)
 
 
-def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micros, ratio: Any,
-          delta: float, epoch: int = 0, tree: BudgetTree | None = None
-          ) -> tuple[tuple[Placement, ...], list[tuple[Run, Victim]]] | None:
+def _plan(
+    job: PendingJob,
+    leaf: str,
+    free: _Free,
+    victims: _Victims,
+    now: Micros,
+    ratio: Any,
+    delta: float,
+    epoch: int = 0,
+    tree: BudgetTree | None = None,
+) -> tuple[tuple[Placement, ...], list[tuple[Run, Victim]]] | None:
     """Least-cost preemption plan for allocated ``job`` of ``leaf``, or ``None`` (DESIGN section 3).
 
     Cost of a set: (allocated GPUs, unallocated GPUs, GPU-s of work lost),
@@ -1200,8 +1309,7 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micro
     fmodel, fcount, reserved, ffree = free.model, free.count, free.reserved, free.free
 
     def eligible(nid: str) -> bool:
-        return (nid in fmodel and nid not in reserved and fcount[nid] >= g
-                and (model is None or fmodel[nid] == model))
+        return nid in fmodel and nid not in reserved and fcount[nid] >= g and (model is None or fmodel[nid] == model)
 
     def evaluate(nid: str, lst: list) -> tuple | None:
         have = len(ffree[nid])
@@ -1329,7 +1437,15 @@ def _plan(job: PendingJob, leaf: str, free: _Free, victims: _Victims, now: Micro
 
 def _victim(run: Run, rule: str, lca: str | None, rv: float | None, rb: float | None) -> Victim:
     until = run.protected_until_us
-    return Victim(job_id=run.job_id, attempt=run.attempt, budget=run.budget,
-                  allocated=run.allocated, gpus=run.gpus,
-                  protected_until=from_us(until) if until is not None else None,
-                  rule=rule, lca=lca, victim_ratio=rv, preemptor_ratio=rb)  # type: ignore[arg-type]
+    return Victim(
+        job_id=run.job_id,
+        attempt=run.attempt,
+        budget=run.budget,
+        allocated=run.allocated,
+        gpus=run.gpus,
+        protected_until=from_us(until) if until is not None else None,
+        rule=rule,
+        lca=lca,
+        victim_ratio=rv,
+        preemptor_ratio=rb,
+    )  # type: ignore[arg-type]

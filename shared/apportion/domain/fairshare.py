@@ -83,8 +83,7 @@ def ratios(tree: BudgetTree, occupancy: Mapping[str, float], capacity_gpu_s: flo
     Returns:
         ``{path: r}`` for every path in ``tree``.
     """
-    return {p: usage_ratio(occupancy.get(p, 0.0), tree.abs_share(p) * capacity_gpu_s)
-            for p in tree.paths()}
+    return {p: usage_ratio(occupancy.get(p, 0.0), tree.abs_share(p) * capacity_gpu_s) for p in tree.paths()}
 
 
 def budget_order(tree: BudgetTree, occupancy: Mapping[str, float], capacity_gpu_s: float) -> tuple[str, ...]:
@@ -178,16 +177,21 @@ class FairShareQueue(Generic[T]):
         KeyError: an ``items_by_leaf`` key is not a leaf of ``tree``.
     """
 
-    __slots__ = ("_tree", "_occ", "_cap", "_ratio", "_queues", "_heaps", "_ver", "_active",
-                 "_current", "initial_order")
+    __slots__ = ("_tree", "_occ", "_cap", "_ratio", "_queues", "_heaps", "_ver", "_active", "_current", "initial_order")
 
-    def __init__(self, tree: BudgetTree, occupancy: Mapping[str, float], capacity_gpu_s: float,
-                 items_by_leaf: Mapping[str, Sequence[T]]) -> None:
+    def __init__(
+        self,
+        tree: BudgetTree,
+        occupancy: Mapping[str, float],
+        capacity_gpu_s: float,
+        items_by_leaf: Mapping[str, Sequence[T]],
+    ) -> None:
         self._tree = tree
         self._cap = capacity_gpu_s
         self._occ: dict[str, float] = {p: float(occupancy.get(p, 0.0)) for p in tree.paths()}
         self._ratio: dict[str, float] = {
-            p: usage_ratio(self._occ[p], tree.abs_share(p) * capacity_gpu_s) for p in tree.paths()}
+            p: usage_ratio(self._occ[p], tree.abs_share(p) * capacity_gpu_s) for p in tree.paths()
+        }
         # leaf -> [items, next position]: a cursor, so that a cycle does not copy its queues
         self._queues: dict[str, list[Any]] = {}
         for leaf, items in items_by_leaf.items():
@@ -204,8 +208,7 @@ class FairShareQueue(Generic[T]):
                 self._active.add(anc)
         for node in sorted(self._active):
             self._ver[node] = 0
-            heapq.heappush(self._heaps.setdefault(parent_of(node), []),
-                           (self._ratio[node], node, 0))
+            heapq.heappush(self._heaps.setdefault(parent_of(node), []), (self._ratio[node], node, 0))
         self._current: str | None = None
         # the same ratios budget_order(tree, self._occ, capacity_gpu_s) would compute
         self.initial_order: tuple[str, ...] = order_by_ratios(tree, self._ratio)
@@ -300,7 +303,7 @@ class FairShareQueue(Generic[T]):
         q = self._queues.get(leaf)
         if q is None:
             return []
-        rest = list(q[0][q[1]:])
+        rest = list(q[0][q[1] :])
         self._deactivate(leaf)
         return rest
 

@@ -100,7 +100,7 @@ from apportion.events import (
     NodeRegistered,
     NodeUncordoned,
 )
-from apportion.timeutil import WEEK_S, US_PER_S, Micros, s_to_us, to_us
+from apportion.timeutil import US_PER_S, WEEK_S, Micros, s_to_us, to_us
 
 __all__ = ["OccupancyLedger", "rebuild", "COUNTED_STATES"]
 
@@ -113,9 +113,18 @@ COUNTED_STATES = frozenset({"ready", "draining"})
 _PLACED, _END, _END_ALL, _LOST, _NODE = range(5)
 #: What each folded event type does; every other type is ignored.
 _KIND: dict[type, int] = {
-    JobPlaced: _PLACED, JobCompleted: _END, JobFailed: _END, JobPreempted: _END_ALL,
-    JobCancelled: _END_ALL, JobLost: _LOST, NodeRegistered: _NODE, NodeCordoned: _NODE,
-    NodeDrainRequested: _NODE, NodeDrained: _NODE, NodeUncordoned: _NODE, NodeLost: _NODE,
+    JobPlaced: _PLACED,
+    JobCompleted: _END,
+    JobFailed: _END,
+    JobPreempted: _END_ALL,
+    JobCancelled: _END_ALL,
+    JobLost: _LOST,
+    NodeRegistered: _NODE,
+    NodeCordoned: _NODE,
+    NodeDrainRequested: _NODE,
+    NodeDrained: _NODE,
+    NodeUncordoned: _NODE,
+    NodeLost: _NODE,
 }
 
 _NODE_STATE_OF: dict[type, str] = {
@@ -285,8 +294,22 @@ class OccupancyLedger:
         ValueError: ``window_s`` is not positive.
     """
 
-    __slots__ = ("window_us", "clock", "_alloc", "_unalloc", "_cap", "_runs", "_closed",
-                 "_nodes", "_seen", "_paths", "_next_expire", "_step", "_bulk", "_dirty")
+    __slots__ = (
+        "window_us",
+        "clock",
+        "_alloc",
+        "_unalloc",
+        "_cap",
+        "_runs",
+        "_closed",
+        "_nodes",
+        "_seen",
+        "_paths",
+        "_next_expire",
+        "_step",
+        "_bulk",
+        "_dirty",
+    )
 
     def __init__(self, window_s: float = WEEK_S) -> None:
         w = s_to_us(window_s)
@@ -342,7 +365,7 @@ class OccupancyLedger:
         else:
             self._node_event(event, now)
 
-    def apply_all(self, events: Iterable[Event]) -> "OccupancyLedger":
+    def apply_all(self, events: Iterable[Event]) -> OccupancyLedger:
         """Fold ``events`` in order; returns ``self`` for chaining."""
         apply = self.apply
         for ev in events:
@@ -479,8 +502,11 @@ class OccupancyLedger:
 
     def retained(self) -> int:
         """Breakpoints held across all series (memory measure for tests and benchmarks)."""
-        return (sum(s.size() for s in self._alloc.values())
-                + sum(s.size() for s in self._unalloc.values()) + self._cap.size())
+        return (
+            sum(s.size() for s in self._alloc.values())
+            + sum(s.size() for s in self._unalloc.values())
+            + self._cap.size()
+        )
 
     # ------------------------------------------------------------------ queries
 

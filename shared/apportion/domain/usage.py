@@ -18,8 +18,9 @@ from apportion.events import BudgetUsage, FairShareRanking, OccupancySnapshot, R
 from apportion.timeutil import Micros, from_us, us_to_s
 
 
-def usage_snapshot(tree: BudgetTree, ledger: OccupancyLedger, at: Micros, *,
-                   producer: str = "accounting") -> OccupancySnapshot:
+def usage_snapshot(
+    tree: BudgetTree, ledger: OccupancyLedger, at: Micros, *, producer: str = "accounting"
+) -> OccupancySnapshot:
     """The ``OccupancySnapshot`` of every budget node at event time ``at``.
 
     Per budget b (DESIGN section 2): O_b and U_b from the ledger (GPU-s,
@@ -42,22 +43,36 @@ def usage_snapshot(tree: BudgetTree, ledger: OccupancyLedger, at: Micros, *,
     cap_s = ledger.capacity_gpu_s(at)
     r = ratios(tree, occ, cap_s)
     rows = tuple(
-        BudgetUsage(path=p, abs_share=tree.abs_share(p), occupancy_gpu_s=occ.get(p, 0.0),
-                    unallocated_gpu_s=unalloc.get(p, 0.0),
-                    entitlement_gpu_s=tree.abs_share(p) * cap_s, ratio=r[p])
-        for p in tree.paths())
+        BudgetUsage(
+            path=p,
+            abs_share=tree.abs_share(p),
+            occupancy_gpu_s=occ.get(p, 0.0),
+            unallocated_gpu_s=unalloc.get(p, 0.0),
+            entitlement_gpu_s=tree.abs_share(p) * cap_s,
+            ratio=r[p],
+        )
+        for p in tree.paths()
+    )
     ts: datetime = from_us(at)
     # a stable digest (not hash(): str hashing is salted per process)
-    digest = hashlib.sha256(repr((cap_s, [(u.path, u.occupancy_gpu_s, u.unallocated_gpu_s)
-                                          for u in rows])).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(
+        repr((cap_s, [(u.path, u.occupancy_gpu_s, u.unallocated_gpu_s) for u in rows])).encode()
+    ).hexdigest()[:16]
     return OccupancySnapshot(
-        event_id=det_id("OccupancySnapshot", at, digest), ts=ts, at=ts, producer=producer,
-        window_s=us_to_s(ledger.window_us), capacity_gpus=ledger.capacity_gpus(at), capacity_gpu_s=cap_s,
-        budgets=rows)
+        event_id=det_id("OccupancySnapshot", at, digest),
+        ts=ts,
+        at=ts,
+        producer=producer,
+        window_s=us_to_s(ledger.window_us),
+        capacity_gpus=ledger.capacity_gpus(at),
+        capacity_gpu_s=cap_s,
+        budgets=rows,
+    )
 
 
-def ranking_of(tree: BudgetTree, snapshot: OccupancySnapshot, *, producer: str = "policy",
-               policy_version: str = "fairtree-1") -> FairShareRanking:
+def ranking_of(
+    tree: BudgetTree, snapshot: OccupancySnapshot, *, producer: str = "policy", policy_version: str = "fairtree-1"
+) -> FairShareRanking:
     """Leaf budgets of ``tree`` in fair-share order from a snapshot's occupancy.
 
     The order is :func:`apportion.domain.fairshare.budget_order` over the
@@ -66,8 +81,12 @@ def ranking_of(tree: BudgetTree, snapshot: OccupancySnapshot, *, producer: str =
     occ = {u.path: u.occupancy_gpu_s for u in snapshot.budgets}
     order = budget_order(tree, occ, snapshot.capacity_gpu_s)
     r = ratios(tree, occ, snapshot.capacity_gpu_s)
-    ranked = tuple(RankedBudget(path=p, rank=i, ratio=r[p], abs_share=tree.abs_share(p))
-                   for i, p in enumerate(order))
-    return FairShareRanking(event_id=det_id("FairShareRanking", snapshot.event_id, tree.version),
-                            ts=snapshot.at, at=snapshot.at, policy_version=policy_version,
-                            budgets=ranked, producer=producer)
+    ranked = tuple(RankedBudget(path=p, rank=i, ratio=r[p], abs_share=tree.abs_share(p)) for i, p in enumerate(order))
+    return FairShareRanking(
+        event_id=det_id("FairShareRanking", snapshot.event_id, tree.version),
+        ts=snapshot.at,
+        at=snapshot.at,
+        policy_version=policy_version,
+        budgets=ranked,
+        producer=producer,
+    )

@@ -31,13 +31,13 @@ from apportion.domain.engine import (
     EngineConfig,
     PendingJob,
     _boundary,
-    segment_floor,
+    _emit_placed,
     _Free,
     _plan,
     _Victims,
-    _emit_placed,
     preempt_events,
     schedule,
+    segment_floor,
     start_events,
 )
 from apportion.events import Event, Placement
@@ -163,9 +163,15 @@ def _add_blocked(shapes: list[Shape], shape: Shape) -> None:
     shapes.append(shape)
 
 
-def _greedy(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig, segs: list[Segment],
-            policy: str, room: dict[str, int] | None = None,
-            preemptors: list[Segment] | None = None) -> list[Event]:
+def _greedy(
+    snapshot: CycleSnapshot,
+    now_us: Micros,
+    config: EngineConfig,
+    segs: list[Segment],
+    policy: str,
+    room: dict[str, int] | None = None,
+    preemptors: list[Segment] | None = None,
+) -> list[Event]:
     """One cycle of a baseline: try the jobs of ``preemptors`` then of ``segs``, each in FIFO order, greedily.
 
     Args:
@@ -209,17 +215,22 @@ def _greedy(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig, segs:
     free = _Free(snapshot.cluster, snapshot.free)
     out: list[Event] = []
     ts = from_us(now_us)
-    cfg = EngineConfig(delta=config.delta, reservation_after_s=config.reservation_after_s,
-                       window_s=config.window_s, grace_s=config.grace_s, preemption=preemptors is not None,
-                       policy_version=policy, producer=config.producer)
+    cfg = EngineConfig(
+        delta=config.delta,
+        reservation_after_s=config.reservation_after_s,
+        window_s=config.window_s,
+        grace_s=config.grace_s,
+        preemption=preemptors is not None,
+        policy_version=policy,
+        producer=config.producer,
+    )
     memo = snapshot.memo
     no_fit: list[Shape] = []  # shapes known not to fit on free GPUs (for the rest of the cycle)
 
     def place_free(job: PendingJob, nodes: list[str], rank: int) -> None:
         pl = tuple(Placement(node_id=n, gpus=free.take(n, job.gpus_per_replica)) for n in nodes)
         _emit_placed(out, job, pl, (), job.budget, rank, {}, 0.0, False, ts, cfg)
-        out.extend(start_events(job.job_id, job.attempt, pl, ts, job.duration_s, job.command,
-                                cfg.producer))
+        out.extend(start_events(job.job_id, job.attempt, pl, ts, job.duration_s, job.command, cfg.producer))
 
     start = 0
     if preemptors is not None:
@@ -250,10 +261,14 @@ def _greedy(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig, segs:
             pl, chosen = plan
             for run, vic in chosen:
                 victims.taken.add(run.key)
-                out.extend(preempt_events(run, ts, cfg.grace_s, cfg.producer, victim=vic,
-                                          by_job_id=job.job_id, by_budget=job.budget))
-            _emit_placed(out, job, pl, tuple(v for _, v in chosen), job.budget, _rank(preemptors, job),
-                         {}, 0.0, False, ts, cfg)
+                out.extend(
+                    preempt_events(
+                        run, ts, cfg.grace_s, cfg.producer, victim=vic, by_job_id=job.job_id, by_budget=job.budget
+                    )
+                )
+            _emit_placed(
+                out, job, pl, tuple(v for _, v in chosen), job.budget, _rank(preemptors, job), {}, 0.0, False, ts, cfg
+            )
     largest = _largest_free(free)
     if largest == 0:  # every job wants >= 1 GPU per replica: nothing more can be placed
         return out
@@ -261,8 +276,9 @@ def _greedy(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig, segs:
 
     def dead(i: int) -> bool:
         fg, fk = floors[i]
-        return (fg > largest or (room is not None and fg * fk > room.get(segs[i][0], 0))
-                or _blocked(no_fit, fg, fk, None))
+        return (
+            fg > largest or (room is not None and fg * fk > room.get(segs[i][0], 0)) or _blocked(no_fit, fg, fk, None)
+        )
 
     live = [not dead(i) for i in range(len(segs))]
     for _, job in _merge(segs, live):

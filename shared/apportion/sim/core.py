@@ -67,8 +67,17 @@ from apportion.timeutil import Micros, from_us, s_to_us, us_to_s
 
 __all__ = ["SimJob", "SimNode", "SimConfig", "SimResult", "Simulator", "simulate"]
 
-_DIRTY = (JobSubmitted, JobCompleted, JobFailed, JobCancelRequested, NodeRegistered,
-          NodeDrainRequested, JobQueued, JobRequeued, JobLost)
+_DIRTY = (
+    JobSubmitted,
+    JobCompleted,
+    JobFailed,
+    JobCancelRequested,
+    NodeRegistered,
+    NodeDrainRequested,
+    JobQueued,
+    JobRequeued,
+    JobLost,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,8 +217,14 @@ class Simulator:
         dispatch: dispatcher config override (e.g. a baseline scheduler).
     """
 
-    def __init__(self, tree: BudgetTree, nodes: Sequence[SimNode], jobs: Sequence[SimJob],
-                 config: SimConfig, window_s: float | None = None) -> None:
+    def __init__(
+        self,
+        tree: BudgetTree,
+        nodes: Sequence[SimNode],
+        jobs: Sequence[SimJob],
+        config: SimConfig,
+        window_s: float | None = None,
+    ) -> None:
         self.tree = tree
         self.nodes = list(nodes)
         self.jobs = sorted(jobs, key=lambda j: (j.submit_us, j.job_id))
@@ -217,6 +232,7 @@ class Simulator:
         dcfg = config.dispatch
         if config.heartbeat_s is None and dcfg.heartbeat_timeout_s is not None:
             from dataclasses import replace
+
             dcfg = replace(dcfg, heartbeat_timeout_s=None)
         self.dcfg = dcfg
         self.rng = random.Random(config.seed)
@@ -268,25 +284,48 @@ class Simulator:
 
     def _run(self) -> SimResult:
         cfg = self.cfg
-        start = cfg.start_us if cfg.start_us is not None else (
-            self.jobs[0].submit_us if self.jobs else 0)
+        start = cfg.start_us if cfg.start_us is not None else (self.jobs[0].submit_us if self.jobs else 0)
         for n in self.nodes:
-            self._push(start, self._EV, NodeRegistered(
-                event_id=det_id("sim", "NodeRegistered", n.node_id), ts=from_us(start),
-                producer="sim/agent", node_id=n.node_id, gpu_count=n.gpus, gpu_model=n.model,
-                simulated=True))
+            self._push(
+                start,
+                self._EV,
+                NodeRegistered(
+                    event_id=det_id("sim", "NodeRegistered", n.node_id),
+                    ts=from_us(start),
+                    producer="sim/agent",
+                    node_id=n.node_id,
+                    gpu_count=n.gpus,
+                    gpu_model=n.model,
+                    simulated=True,
+                ),
+            )
             if cfg.heartbeat_s:
                 self._push(start + s_to_us(cfg.heartbeat_s), self._HB, n.node_id)
         for j in self.jobs:
             self._push(j.submit_us, self._EV, j)
         for job_id, at in cfg.cancels:
-            self._push(at, self._EV, JobCancelRequested(
-                event_id=det_id("sim", "JobCancelRequested", job_id), ts=from_us(at),
-                producer="sim/user", job_id=job_id, user="sim"))
+            self._push(
+                at,
+                self._EV,
+                JobCancelRequested(
+                    event_id=det_id("sim", "JobCancelRequested", job_id),
+                    ts=from_us(at),
+                    producer="sim/user",
+                    job_id=job_id,
+                    user="sim",
+                ),
+            )
         for nid, at in cfg.drains:
-            self._push(at, self._EV, NodeDrainRequested(
-                event_id=det_id("sim", "NodeDrainRequested", nid, at), ts=from_us(at),
-                producer="sim/ops", node_id=nid))
+            self._push(
+                at,
+                self._EV,
+                NodeDrainRequested(
+                    event_id=det_id("sim", "NodeDrainRequested", nid, at),
+                    ts=from_us(at),
+                    producer="sim/ops",
+                    node_id=nid,
+                ),
+            )
         for nid, at in cfg.node_failures:
             self._push(at, self._DIE, nid)
         if cfg.sample_s:
@@ -323,15 +362,31 @@ class Simulator:
                 elif kind == self._DONE:
                     if self._alive.pop(payload[:3], None) is not None:
                         job_id, attempt, replica = payload[:3]
-                        self._push(t, self._EV, JobCompleted(
-                            event_id=det_id("sim", "JobCompleted", job_id, attempt, replica),
-                            ts=from_us(t), producer="sim/agent", job_id=job_id, attempt=attempt,
-                            replica=replica, node_id=payload[3]))
+                        self._push(
+                            t,
+                            self._EV,
+                            JobCompleted(
+                                event_id=det_id("sim", "JobCompleted", job_id, attempt, replica),
+                                ts=from_us(t),
+                                producer="sim/agent",
+                                job_id=job_id,
+                                attempt=attempt,
+                                replica=replica,
+                                node_id=payload[3],
+                            ),
+                        )
                 elif kind == self._HB:
                     if payload not in self._dead:
-                        self._push(t, self._EV, NodeHeartbeat(
-                            event_id=det_id("sim", "NodeHeartbeat", payload, t), ts=from_us(t),
-                            producer="sim/agent", node_id=payload))
+                        self._push(
+                            t,
+                            self._EV,
+                            NodeHeartbeat(
+                                event_id=det_id("sim", "NodeHeartbeat", payload, t),
+                                ts=from_us(t),
+                                producer="sim/agent",
+                                node_id=payload,
+                            ),
+                        )
                         if self._real:
                             self._push(t + s_to_us(cfg.heartbeat_s), self._HB, payload)  # type: ignore[arg-type]
                 elif kind == self._DIE:
@@ -343,8 +398,12 @@ class Simulator:
                     sample_now = True  # after this instant's cycle
                     if self._real:
                         self._push(t + s_to_us(cfg.sample_s), self._SAMPLE)
-            if dirty and (self.state.pending or self.state.draining or self.state.stopping
-                          or self.dcfg.heartbeat_timeout_s is not None):
+            if dirty and (
+                self.state.pending
+                or self.state.draining
+                or self.state.stopping
+                or self.dcfg.heartbeat_timeout_s is not None
+            ):
                 if gap and t < self._last_cycle + gap:
                     if self._deferred_at is None:
                         self._deferred_at = self._last_cycle + gap
@@ -365,22 +424,40 @@ class Simulator:
         return SimResult(
             measured=self.measured,  # type: ignore[arg-type]
             measured_until_us=measure,
-            log=self.log, state=self.state, placed_first=self.placed_first,
+            log=self.log,
+            state=self.state,
+            placed_first=self.placed_first,
             submitted={j.job_id: j.submit_us for j in self.jobs},
             job_budget={j.job_id: j.budget for j in self.jobs},
-            job_allocated={j.job_id: j.min_runtime_s > 0 for j in self.jobs}, preemptions=self.preemptions,
-            violations=self.violations, samples=self.samples, total=total, start_us=start,
-            end_us=now, cycles=self.cycles, events=self.events,
-            capacity_gpus=sum(n.gpus for n in self.nodes))
+            job_allocated={j.job_id: j.min_runtime_s > 0 for j in self.jobs},
+            preemptions=self.preemptions,
+            violations=self.violations,
+            samples=self.samples,
+            total=total,
+            start_us=start,
+            end_us=now,
+            cycles=self.cycles,
+            events=self.events,
+            capacity_gpus=sum(n.gpus for n in self.nodes),
+        )
 
     def _materialise(self, payload: Any, t: Micros) -> Event:
         if isinstance(payload, SimJob):
             j = payload
             return JobSubmitted(
-                event_id=det_id("sim", "JobSubmitted", j.job_id), ts=from_us(t), producer="sim/user",
-                job_id=j.job_id, budget=j.budget, user=j.user, gpus_per_replica=j.gpus_per_replica,
-                replicas=j.replicas, min_runtime_s=j.min_runtime_s, gpu_model=j.gpu_model,
-                duration_s=j.duration_s, submitted_at=from_us(j.submit_us))
+                event_id=det_id("sim", "JobSubmitted", j.job_id),
+                ts=from_us(t),
+                producer="sim/user",
+                job_id=j.job_id,
+                budget=j.budget,
+                user=j.user,
+                gpus_per_replica=j.gpus_per_replica,
+                replicas=j.replicas,
+                min_runtime_s=j.min_runtime_s,
+                gpu_model=j.gpu_model,
+                duration_s=j.duration_s,
+                submitted_at=from_us(j.submit_us),
+            )
         return payload
 
     def _feed(self, ev: Event, t: Micros) -> bool:
@@ -432,7 +509,8 @@ class Simulator:
         if spec is not None and spec.min_runtime_s > 0 and start is not None:
             if t < start + s_to_us(spec.min_runtime_s):
                 self.violations.append(
-                    f"{e.job_id}#{e.attempt} preempted at {from_us(t).isoformat()} inside its protection")
+                    f"{e.job_id}#{e.attempt} preempted at {from_us(t).isoformat()} inside its protection"
+                )
 
     def _start(self, e: StartWorkload, t: Micros) -> None:
         if e.node_id in self._dead:
@@ -441,10 +519,20 @@ class Simulator:
         self._alive[key] = e.node_id
         self._on_node[(e.node_id, e.job_id, e.attempt)] = e.replica
         self._started.setdefault((e.job_id, e.attempt), t)
-        self._push(t, self._EV, JobStarted(
-            event_id=det_id("sim", "JobStarted", e.job_id, e.attempt, e.replica), ts=from_us(t),
-            producer="sim/agent", job_id=e.job_id, attempt=e.attempt, replica=e.replica,
-            node_id=e.node_id, gpus=e.gpus))
+        self._push(
+            t,
+            self._EV,
+            JobStarted(
+                event_id=det_id("sim", "JobStarted", e.job_id, e.attempt, e.replica),
+                ts=from_us(t),
+                producer="sim/agent",
+                job_id=e.job_id,
+                attempt=e.attempt,
+                replica=e.replica,
+                node_id=e.node_id,
+                gpus=e.gpus,
+            ),
+        )
         self._push(t + s_to_us(e.duration_s or 0.0), self._DONE, (e.job_id, e.attempt, e.replica, e.node_id))
 
     def _stop(self, e: StopWorkload, t: Micros) -> None:
@@ -458,10 +546,21 @@ class Simulator:
             delay = self.rng.uniform(0.0, e.grace_s)
         delay = min(delay, e.grace_s)
         at = t + s_to_us(delay)
-        self._push(at, self._EV, JobFailed(
-            event_id=det_id("sim", "JobFailed", e.job_id, e.attempt, replica), ts=from_us(at),
-            producer="sim/agent", job_id=e.job_id, attempt=e.attempt, replica=replica,
-            node_id=e.node_id, exit_code=-15, reason="stopped"))
+        self._push(
+            at,
+            self._EV,
+            JobFailed(
+                event_id=det_id("sim", "JobFailed", e.job_id, e.attempt, replica),
+                ts=from_us(at),
+                producer="sim/agent",
+                job_id=e.job_id,
+                attempt=e.attempt,
+                replica=replica,
+                node_id=e.node_id,
+                exit_code=-15,
+                reason="stopped",
+            ),
+        )
 
     def _sample(self, t: Micros) -> None:
         st = self.state
@@ -477,15 +576,25 @@ class Simulator:
         row = {}
         for leaf in self.tree.leaves():
             waiting = st.pending.get(leaf, ())
-            row[leaf] = (occ.get(leaf, 0.0) / cap if cap > 0 else 0.0, running.get(leaf, 0),
-                         len(waiting), sum(1 for j in waiting if j.min_runtime_s > 0))
+            row[leaf] = (
+                occ.get(leaf, 0.0) / cap if cap > 0 else 0.0,
+                running.get(leaf, 0),
+                len(waiting),
+                sum(1 for j in waiting if j.min_runtime_s > 0),
+            )
         self.samples.append((t, row))
 
 
-def simulate(tree: BudgetTree, nodes: Sequence[SimNode], jobs: Sequence[SimJob], config: SimConfig,
-             scheduler: Callable[..., list[Event]] | None = None) -> SimResult:
+def simulate(
+    tree: BudgetTree,
+    nodes: Sequence[SimNode],
+    jobs: Sequence[SimJob],
+    config: SimConfig,
+    scheduler: Callable[..., list[Event]] | None = None,
+) -> SimResult:
     """Run one simulation; ``scheduler`` swaps the cycle (baselines), default the fair-share engine."""
     from dataclasses import replace
+
     cfg = config
     if scheduler is not None:
         cfg = replace(config, dispatch=replace(config.dispatch, scheduler=scheduler))

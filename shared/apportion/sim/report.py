@@ -93,8 +93,14 @@ def percentile(values: list[float], q: float) -> float | None:
     return v[k - 1]
 
 
-def summarise(result: SimResult, tree: BudgetTree, policy: str, seed: int,
-              wall_s: float | None = None, rejected: dict[str, int] | None = None) -> PolicyReport:
+def summarise(
+    result: SimResult,
+    tree: BudgetTree,
+    policy: str,
+    seed: int,
+    wall_s: float | None = None,
+    rejected: dict[str, int] | None = None,
+) -> PolicyReport:
     """Figures of one run (definitions in the module docstring); ``rejected``: reason -> jobs refused at admission."""
     end = result.end_us
     occ, una, cap = result.measured if result.measured is not None else ({}, {}, 0.0)
@@ -130,30 +136,49 @@ def summarise(result: SimResult, tree: BudgetTree, policy: str, seed: int,
     stats = []
     for leaf in leaves:
         w = waits.get(leaf, [])
-        stats.append(BudgetStats(
-            path=leaf, share=tree.abs_share(leaf),
-            alloc_share=occ.get(leaf, 0.0) / cap if cap else 0.0,
-            free_share=una.get(leaf, 0.0) / cap if cap else 0.0,
-            jobs=jobs_of.get(leaf, 0), placed=len(w), never=never.get(leaf, 0),
-            wait_p50_s=percentile(w, 50), wait_p95_s=percentile(w, 95),
-            preemptions=result.preemptions.get(leaf, 0),
-            mean_deficit_pp=sum(deficits[leaf]) / len(deficits[leaf]) if deficits[leaf] else 0.0,
-            backlogged_frac=backlogged[leaf] / n_samples if n_samples else 0.0))
-    series = {leaf: [(us_to_s(t - result.start_us) / 86400, row[leaf][0]) for t, row in result.samples]
-              for leaf in leaves}
+        stats.append(
+            BudgetStats(
+                path=leaf,
+                share=tree.abs_share(leaf),
+                alloc_share=occ.get(leaf, 0.0) / cap if cap else 0.0,
+                free_share=una.get(leaf, 0.0) / cap if cap else 0.0,
+                jobs=jobs_of.get(leaf, 0),
+                placed=len(w),
+                never=never.get(leaf, 0),
+                wait_p50_s=percentile(w, 50),
+                wait_p95_s=percentile(w, 95),
+                preemptions=result.preemptions.get(leaf, 0),
+                mean_deficit_pp=sum(deficits[leaf]) / len(deficits[leaf]) if deficits[leaf] else 0.0,
+                backlogged_frac=backlogged[leaf] / n_samples if n_samples else 0.0,
+            )
+        )
+    series = {
+        leaf: [(us_to_s(t - result.start_us) / 86400, row[leaf][0]) for t, row in result.samples] for leaf in leaves
+    }
     return PolicyReport(
-        policy=policy, seed=seed, start=from_us(result.start_us).isoformat(),
-        end=from_us(end).isoformat(), jobs=len(result.submitted),
+        policy=policy,
+        seed=seed,
+        start=from_us(result.start_us).isoformat(),
+        end=from_us(end).isoformat(),
+        jobs=len(result.submitted),
         measured_until=from_us(result.measured_until_us).isoformat() if result.measured_until_us else None,
         utilisation=used / cap if cap else 0.0,
         mean_deficit_pp=sum(all_def) / len(all_def) if all_def else 0.0,
         max_deficit_pp=max(all_def) if all_def else 0.0,
-        wait_p50_s=percentile(alloc_w, 50), wait_p95_s=percentile(alloc_w, 95),
-        unalloc_wait_p50_s=percentile(unalloc_w, 50), unalloc_wait_p95_s=percentile(unalloc_w, 95),
+        wait_p50_s=percentile(alloc_w, 50),
+        wait_p95_s=percentile(alloc_w, 95),
+        unalloc_wait_p50_s=percentile(unalloc_w, 50),
+        unalloc_wait_p95_s=percentile(unalloc_w, 95),
         never=sum(never.values()),
-        preemptions=sum(result.preemptions.values()), violations=len(result.violations),
-        cycles=result.cycles, events=result.events, wall_s=wall_s, rejected=dict(sorted((rejected or {}).items())),
-        budgets=stats, series=series)
+        preemptions=sum(result.preemptions.values()),
+        violations=len(result.violations),
+        cycles=result.cycles,
+        events=result.events,
+        wall_s=wall_s,
+        rejected=dict(sorted((rejected or {}).items())),
+        budgets=stats,
+        series=series,
+    )
 
 
 def to_json(reports: list[PolicyReport], *, series: bool = False, **meta: Any) -> str:
@@ -184,51 +209,97 @@ def render_table(reports: list[PolicyReport], console: Any = None, budgets: bool
 
     console = console or Console()
     t = Table(title="policies side by side")
-    for col in ("policy", "util", "mean deficit pp", "max deficit pp", "alloc wait p50",
-                "alloc wait p95", "unalloc wait p50", "unalloc wait p95", "never placed",
-                "preemptions", "protection violations"):
+    for col in (
+        "policy",
+        "util",
+        "mean deficit pp",
+        "max deficit pp",
+        "alloc wait p50",
+        "alloc wait p95",
+        "unalloc wait p50",
+        "unalloc wait p95",
+        "never placed",
+        "preemptions",
+        "protection violations",
+    ):
         if col == "policy":  # names are never cut ("fai…")
             t.add_column(col, no_wrap=True, min_width=max(len(r.policy) for r in reports) if reports else None)
         else:
             t.add_column(col, justify="right")
     for r in reports:
-        t.add_row(r.policy, f"{r.utilisation:.1%}", f"{r.mean_deficit_pp:.2f}", f"{r.max_deficit_pp:.1f}",
-                  _fmt_s(r.wait_p50_s), _fmt_s(r.wait_p95_s), _fmt_s(r.unalloc_wait_p50_s),
-                  _fmt_s(r.unalloc_wait_p95_s), str(r.never), str(r.preemptions), str(r.violations))
+        t.add_row(
+            r.policy,
+            f"{r.utilisation:.1%}",
+            f"{r.mean_deficit_pp:.2f}",
+            f"{r.max_deficit_pp:.1f}",
+            _fmt_s(r.wait_p50_s),
+            _fmt_s(r.wait_p95_s),
+            _fmt_s(r.unalloc_wait_p50_s),
+            _fmt_s(r.unalloc_wait_p95_s),
+            str(r.never),
+            str(r.preemptions),
+            str(r.violations),
+        )
     console.print(t)
     for r in reports:
         if r.rejected:
             why = ", ".join(f"{n} {reason}" for reason, n in r.rejected.items())
-            console.print(f"{r.policy}: {sum(r.rejected.values())} jobs rejected at admission ({why}); "
-                          "counted in never placed")
+            console.print(
+                f"{r.policy}: {sum(r.rejected.values())} jobs rejected at admission ({why}); counted in never placed"
+            )
     if not budgets:
         return
     for r in reports:
         bt = Table(title=f"{r.policy}: per budget")
-        for col in ("budget", "share", "alloc", "free", "jobs", "never", "wait p50", "wait p95",
-                    "preempted", "backlogged", "mean deficit pp"):
+        for col in (
+            "budget",
+            "share",
+            "alloc",
+            "free",
+            "jobs",
+            "never",
+            "wait p50",
+            "wait p95",
+            "preempted",
+            "backlogged",
+            "mean deficit pp",
+        ):
             if col == "budget":  # paths are never cut
                 bt.add_column(col, no_wrap=True, min_width=max((len(b.path) for b in r.budgets), default=6))
             else:
                 bt.add_column(col, justify="right")
         for b in r.budgets:
-            bt.add_row(b.path, f"{b.share:.3f}", f"{b.alloc_share:.3f}", f"{b.free_share:.3f}",
-                       str(b.jobs), str(b.never), _fmt_s(b.wait_p50_s), _fmt_s(b.wait_p95_s),
-                       str(b.preemptions), f"{b.backlogged_frac:.0%}", f"{b.mean_deficit_pp:.2f}")
+            bt.add_row(
+                b.path,
+                f"{b.share:.3f}",
+                f"{b.alloc_share:.3f}",
+                f"{b.free_share:.3f}",
+                str(b.jobs),
+                str(b.never),
+                _fmt_s(b.wait_p50_s),
+                _fmt_s(b.wait_p95_s),
+                str(b.preemptions),
+                f"{b.backlogged_frac:.0%}",
+                f"{b.mean_deficit_pp:.2f}",
+            )
         console.print(bt)
 
 
 def markdown_table(reports: list[PolicyReport]) -> str:
     """The policy comparison as a Markdown table (for docs)."""
-    lines = ["| policy | GPU utilisation | mean share deficit (pp) | max share deficit (pp) | "
-             "allocated wait p50 / p95 | unallocated wait p50 / p95 | never placed | preemptions | "
-             "protection violations |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| policy | GPU utilisation | mean share deficit (pp) | max share deficit (pp) | "
+        "allocated wait p50 / p95 | unallocated wait p50 / p95 | never placed | preemptions | "
+        "protection violations |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in reports:
-        lines.append(f"| {r.policy} | {r.utilisation:.1%} | {r.mean_deficit_pp:.2f} | {r.max_deficit_pp:.1f} | "
-                     f"{_fmt_s(r.wait_p50_s)} / {_fmt_s(r.wait_p95_s)} | "
-                     f"{_fmt_s(r.unalloc_wait_p50_s)} / {_fmt_s(r.unalloc_wait_p95_s)} | {r.never} | "
-                     f"{r.preemptions} | {r.violations} |")
+        lines.append(
+            f"| {r.policy} | {r.utilisation:.1%} | {r.mean_deficit_pp:.2f} | {r.max_deficit_pp:.1f} | "
+            f"{_fmt_s(r.wait_p50_s)} / {_fmt_s(r.wait_p95_s)} | "
+            f"{_fmt_s(r.unalloc_wait_p50_s)} / {_fmt_s(r.unalloc_wait_p95_s)} | {r.never} | "
+            f"{r.preemptions} | {r.violations} |"
+        )
     return "\n".join(lines)
 
 
@@ -248,8 +319,7 @@ def plot(reports: list[PolicyReport], tree: BudgetTree, path: str) -> None:
             if not pts:
                 continue
             color = cmap(i % 20)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, lw=1.1,
-                    label=leaf.rsplit("/", 1)[-1])
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, lw=1.1, label=leaf.rsplit("/", 1)[-1])
             ax.axhline(tree.abs_share(leaf), color=color, lw=0.7, ls="--")
         ax.set_title(f"{r.policy}: allocated occupancy share over the trailing window (dashed: share)")
         ax.set_ylabel("O_b / K")

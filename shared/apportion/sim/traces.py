@@ -57,9 +57,9 @@ import random
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -71,22 +71,43 @@ from apportion.yamlio import load_yaml
 from apportion.yamlio import problem as yaml_problem
 from apportion.yamlio import where as yaml_where
 
-__all__ = ["BudgetFile", "BudgetFileSpec", "TraceError", "load_budget_file", "load_trace", "load_philly",
-           "load_csv", "parse_slice", "philly_budget_spec", "trace_format", "PHILLY_COLUMNS", "CSV_COLUMNS"]
+__all__ = [
+    "BudgetFile",
+    "BudgetFileSpec",
+    "TraceError",
+    "load_budget_file",
+    "load_trace",
+    "load_philly",
+    "load_csv",
+    "parse_slice",
+    "philly_budget_spec",
+    "trace_format",
+    "PHILLY_COLUMNS",
+    "CSV_COLUMNS",
+]
 
 GPUS_PER_NODE = 8
 MAX_NODES = 100_000
 PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
-CSV_COLUMNS = ("submit", "job_id", "budget", "user", "gpus_per_replica", "replicas", "min_runtime_s",
-               "duration_s", "gpu_model")
+CSV_COLUMNS = (
+    "submit",
+    "job_id",
+    "budget",
+    "user",
+    "gpus_per_replica",
+    "replicas",
+    "min_runtime_s",
+    "duration_s",
+    "gpu_model",
+)
 CSV_OPTIONAL = ("user", "replicas", "gpu_model")
 # limits of a JobSubmitted (apportion.events)
 MAX_GPUS_PER_REPLICA = 1024
 MAX_REPLICAS = 4096
 MAX_JOB_ID = 200
 MAX_SECONDS = 1e9  # durations and minimum runtimes (~31 years; the longest Philly job ran 53 days)
-_MIN_US = to_us(datetime(1, 1, 2, tzinfo=timezone.utc))
-_MAX_US = to_us(datetime(9000, 1, 1, tzinfo=timezone.utc))
+_MIN_US = to_us(datetime(1, 1, 2, tzinfo=UTC))
+_MAX_US = to_us(datetime(9000, 1, 1, tzinfo=UTC))
 
 
 class TraceError(ValueError):
@@ -112,8 +133,9 @@ class _Schema(BaseModel):
         if isinstance(data, Mapping):
             unknown = [str(k) for k in data if k not in cls.model_fields]
             if unknown:
-                raise ValueError(f"unknown key {', '.join(map(repr, unknown))}; allowed keys: "
-                                 f"{', '.join(cls.model_fields)}")
+                raise ValueError(
+                    f"unknown key {', '.join(map(repr, unknown))}; allowed keys: {', '.join(cls.model_fields)}"
+                )
         return data
 
 
@@ -170,8 +192,7 @@ class BudgetFileSpec(_Schema):
         return v
 
 
-_MODELS: dict[str, type[_Schema]] = {m.__name__: m for m in (ClusterGroup, MinRuntimeRule, BudgetEntry,
-                                                              BudgetFileSpec)}
+_MODELS: dict[str, type[_Schema]] = {m.__name__: m for m in (ClusterGroup, MinRuntimeRule, BudgetEntry, BudgetFileSpec)}
 
 
 @dataclass(frozen=True)
@@ -242,8 +263,9 @@ def load_budget_file(path: str | Path) -> BudgetFile:
     except yaml.YAMLError as exc:
         raise TraceError(f"{path}{yaml_where(exc)}: YAML syntax error: {yaml_problem(exc)}") from None
     if not isinstance(raw, Mapping):
-        raise TraceError(f"{path}: a budget file is a YAML mapping with at least 'cluster' and 'budgets' "
-                         "(see docs/simulation.md)")
+        raise TraceError(
+            f"{path}: a budget file is a YAML mapping with at least 'cluster' and 'budgets' (see docs/simulation.md)"
+        )
     try:
         spec = BudgetFileSpec.model_validate(raw)
     except ValidationError as exc:
@@ -258,8 +280,10 @@ def load_budget_file(path: str | Path) -> BudgetFile:
         for i in range(grp.count):
             node_id = f"{grp.prefix}{i:0{width}d}"
             if node_id in seen:
-                raise TraceError(f"{path}: cluster[{gi}]: node id {node_id!r} is also in cluster[{seen[node_id]}] "
-                                 "(give each group its own prefix)")
+                raise TraceError(
+                    f"{path}: cluster[{gi}]: node id {node_id!r} is also in cluster[{seen[node_id]}] "
+                    "(give each group its own prefix)"
+                )
             seen[node_id] = gi
             nodes.append(SimNode(node_id, grp.gpus, grp.model))
     try:
@@ -274,9 +298,15 @@ def load_budget_file(path: str | Path) -> BudgetFile:
             what = "is not a budget" if tree.get(target) is None else "has children"
             raise TraceError(f"{path}: {where}: {target!r} {what}; it must name a leaf budget")
     mr = spec.min_runtime
-    return BudgetFile(tree=tree, nodes=tuple(nodes), groups=dict(spec.groups), default_budget=spec.default_budget,
-                      unallocated_fraction=mr.unallocated_fraction, min_runtime_cap_s=mr.cap_s,
-                      window_s=spec.window_s)
+    return BudgetFile(
+        tree=tree,
+        nodes=tuple(nodes),
+        groups=dict(spec.groups),
+        default_budget=spec.default_budget,
+        unallocated_fraction=mr.unallocated_fraction,
+        min_runtime_cap_s=mr.cap_s,
+        window_s=spec.window_s,
+    )
 
 
 def philly_budget_spec(vc_csv: str | Path, nodes: int = 32, gpus: int = 8) -> dict[str, Any]:
@@ -289,9 +319,14 @@ def philly_budget_spec(vc_csv: str | Path, nodes: int = 32, gpus: int = 8) -> di
         budgets[f"philly/{r['vc']}"] = round(int(r["node num"]) / total * 0.98, 12)
         groups[r["vc"]] = f"philly/{r['vc']}"
     budgets["philly/other"] = 0.02
-    return {"window_s": WEEK_S, "cluster": [{"prefix": "n", "count": nodes, "gpus": gpus}],
-            "budgets": budgets, "groups": groups, "default_budget": "philly/other",
-            "min_runtime": {"unallocated_fraction": 0.25, "cap_s": 7200}}
+    return {
+        "window_s": WEEK_S,
+        "cluster": [{"prefix": "n", "count": nodes, "gpus": gpus}],
+        "budgets": budgets,
+        "groups": groups,
+        "default_budget": "philly/other",
+        "min_runtime": {"unallocated_fraction": 0.25, "cap_s": 7200},
+    }
 
 
 # ------------------------------------------------------------------ slices
@@ -316,16 +351,16 @@ def parse_slice(spec: str | None, year: int = 2017) -> tuple[Micros | None, Micr
         if m:
             a = int(m.group(1))
             b = int(m.group(2) or a)
-            start = datetime.combine(date.fromisocalendar(year, a, 1), datetime.min.time(), timezone.utc)
-            end = datetime.combine(date.fromisocalendar(year, b, 1), datetime.min.time(),
-                                   timezone.utc) + timedelta(days=7)
+            start = datetime.combine(date.fromisocalendar(year, a, 1), datetime.min.time(), UTC)
+            end = datetime.combine(date.fromisocalendar(year, b, 1), datetime.min.time(), UTC) + timedelta(days=7)
         else:
             m = re.fullmatch(r"(\d{4}-\d\d-\d\d)\.\.(\d{4}-\d\d-\d\d)", text)
             if not m:
-                raise TraceError(f"--slice {spec!r}: unknown slice; use all, week44, weeks39-45, week44+3d "
-                                 "or YYYY-MM-DD..YYYY-MM-DD")
-            start = datetime.fromisoformat(m.group(1)).replace(tzinfo=timezone.utc)
-            end = datetime.fromisoformat(m.group(2)).replace(tzinfo=timezone.utc)
+                raise TraceError(
+                    f"--slice {spec!r}: unknown slice; use all, week44, weeks39-45, week44+3d or YYYY-MM-DD..YYYY-MM-DD"
+                )
+            start = datetime.fromisoformat(m.group(1)).replace(tzinfo=UTC)
+            end = datetime.fromisoformat(m.group(2)).replace(tzinfo=UTC)
         if days is not None:
             end = min(end, start + timedelta(days=days))
     except (ValueError, OverflowError) as exc:
@@ -333,8 +368,10 @@ def parse_slice(spec: str | None, year: int = 2017) -> tuple[Micros | None, Micr
             raise
         raise TraceError(f"--slice {spec!r}: {exc} (ISO weeks of {year})") from None
     if end <= start:
-        raise TraceError(f"--slice {spec!r}: end before start ({start:%Y-%m-%d} .. {end:%Y-%m-%d}, end "
-                         "exclusive): the slice is empty")
+        raise TraceError(
+            f"--slice {spec!r}: end before start ({start:%Y-%m-%d} .. {end:%Y-%m-%d}, end "
+            "exclusive): the slice is empty"
+        )
     return to_us(start), to_us(end)
 
 
@@ -350,9 +387,10 @@ def _csv_rows(path: str | Path) -> Iterator[tuple[int, list[str]]]:
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise TraceError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as UTF-8"
-                         ) from None
+        line = raw[: exc.start].count(b"\n") + 1
+        raise TraceError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file as UTF-8"
+        ) from None
     reader = csv.reader(io.StringIO(text, newline=""))
     try:
         for row in reader:
@@ -369,9 +407,11 @@ def _header(path: str | Path, rows: Iterator[tuple[int, list[str]]]) -> list[str
     return [h.strip() for h in first[1]]
 
 
-_EXPECTED = (f"expected a Philly trace ({','.join(PHILLY_COLUMNS)}) or an apportion CSV "
-             f"({','.join(CSV_COLUMNS[:-1])}[,gpu_model]; user, replicas, gpu_model optional), "
-             "see docs/simulation.md")
+_EXPECTED = (
+    f"expected a Philly trace ({','.join(PHILLY_COLUMNS)}) or an apportion CSV "
+    f"({','.join(CSV_COLUMNS[:-1])}[,gpu_model]; user, replicas, gpu_model optional), "
+    "see docs/simulation.md"
+)
 
 
 @dataclass(frozen=True)
@@ -423,7 +463,7 @@ class _Row:
                 us = s_to_us(float(v))
             else:
                 dt = datetime.fromisoformat(v)
-                us = to_us(dt if dt.tzinfo is not None and epoch_ok else dt.replace(tzinfo=timezone.utc))
+                us = to_us(dt if dt.tzinfo is not None and epoch_ok else dt.replace(tzinfo=UTC))
         except (ValueError, OverflowError):
             form = "ISO 8601 or seconds since the epoch" if epoch_ok else "a date-time YYYY-MM-DD HH:MM:SS"
             raise self.error(col, f"{v!r} is not {form}") from None
@@ -436,8 +476,7 @@ def _rows_of(path: str | Path, header: list[str], rows: Iterator[tuple[int, list
     index = {c: i for i, c in enumerate(header)}
     for line, cells in rows:
         if len(cells) != len(header):
-            raise TraceError(f"{path}:{line}: expected {len(header)} fields ({','.join(header)}), "
-                             f"got {len(cells)}")
+            raise TraceError(f"{path}:{line}: expected {len(header)} fields ({','.join(header)}), got {len(cells)}")
         yield _Row(str(path), line, index, cells)
 
 
@@ -462,8 +501,7 @@ def _format(path: str | Path, header: list[str]) -> str:
     raise TraceError(f"{path}:1: unknown trace header {','.join(header)!r}; {_EXPECTED}")
 
 
-def load_philly(path: str | Path, budgets: BudgetFile, seed: int, slice_spec: str | None = None
-                ) -> list[SimJob]:
+def load_philly(path: str | Path, budgets: BudgetFile, seed: int, slice_spec: str | None = None) -> list[SimJob]:
     """Philly CSV -> trace jobs under the reference rules (module docstring).
 
     Raises:
@@ -481,8 +519,11 @@ def load_philly(path: str | Path, budgets: BudgetFile, seed: int, slice_spec: st
         n = r.integer("num_gpus", 1, GPUS_PER_NODE * MAX_REPLICAS)
         replicas = math.ceil(n / GPUS_PER_NODE)
         if n % replicas:
-            raise r.error("num_gpus", f"{n} GPUs do not split into ceil({n}/{GPUS_PER_NODE}) = {replicas} equal "
-                                      "replicas (reference gang rule: docs/simulation.md)")
+            raise r.error(
+                "num_gpus",
+                f"{n} GPUs do not split into ceil({n}/{GPUS_PER_NODE}) = {replicas} equal "
+                "replicas (reference gang rule: docs/simulation.md)",
+            )
         rows.append((t, i, duration, n, r.text("cluster")))
     rows.sort()
     rng = random.Random(seed)
@@ -495,10 +536,18 @@ def load_philly(path: str | Path, budgets: BudgetFile, seed: int, slice_spec: st
         g = n // replicas
         unalloc = draw < budgets.unallocated_fraction
         budget = budgets.groups.get(vc, budgets.default_budget or vc)
-        jobs.append(SimJob(job_id=f"p{i:06d}", budget=budget, user=vc, submit_us=t,
-                           gpus_per_replica=g, replicas=replicas,
-                           min_runtime_s=0.0 if unalloc else min(duration, budgets.min_runtime_cap_s),
-                           duration_s=duration))
+        jobs.append(
+            SimJob(
+                job_id=f"p{i:06d}",
+                budget=budget,
+                user=vc,
+                submit_us=t,
+                gpus_per_replica=g,
+                replicas=replicas,
+                min_runtime_s=0.0 if unalloc else min(duration, budgets.min_runtime_cap_s),
+                duration_s=duration,
+            )
+        )
     return jobs
 
 
@@ -516,9 +565,11 @@ def load_csv(path: str | Path, slice_spec: str | None = None) -> list[SimJob]:
     twice = sorted({c for c in header if header.count(c) > 1})
     for what, cols in (("unknown", unknown), ("missing", missing), ("repeated", twice)):
         if cols:
-            raise TraceError(f"{path}:1: {what} column{'s' if len(cols) > 1 else ''} {', '.join(cols)}; "
-                             f"expected {','.join(CSV_COLUMNS[:-1])}[,gpu_model] (user, replicas, gpu_model "
-                             "optional)")
+            raise TraceError(
+                f"{path}:1: {what} column{'s' if len(cols) > 1 else ''} {', '.join(cols)}; "
+                f"expected {','.join(CSV_COLUMNS[:-1])}[,gpu_model] (user, replicas, gpu_model "
+                "optional)"
+            )
     jobs = []
     seen: dict[str, int] = {}
     for r in _rows_of(path, header, rows_in):
@@ -528,20 +579,25 @@ def load_csv(path: str | Path, slice_spec: str | None = None) -> list[SimJob]:
         if job_id in seen:
             raise r.error("job_id", f"{job_id!r} is also on line {seen[job_id]}; job ids must be unique")
         seen[job_id] = r.line
-        jobs.append(SimJob(job_id=job_id, budget=r.text("budget"), user=r.text("user", required=False) or "user",
-                           submit_us=r.instant("submit", epoch_ok=True),
-                           gpus_per_replica=r.integer("gpus_per_replica", 1, MAX_GPUS_PER_REPLICA),
-                           replicas=r.integer("replicas", 1, MAX_REPLICAS, default=1),
-                           min_runtime_s=r.seconds("min_runtime_s", positive=False),
-                           duration_s=r.seconds("duration_s", positive=True),
-                           gpu_model=r.text("gpu_model", required=False) or None))
+        jobs.append(
+            SimJob(
+                job_id=job_id,
+                budget=r.text("budget"),
+                user=r.text("user", required=False) or "user",
+                submit_us=r.instant("submit", epoch_ok=True),
+                gpus_per_replica=r.integer("gpus_per_replica", 1, MAX_GPUS_PER_REPLICA),
+                replicas=r.integer("replicas", 1, MAX_REPLICAS, default=1),
+                min_runtime_s=r.seconds("min_runtime_s", positive=False),
+                duration_s=r.seconds("duration_s", positive=True),
+                gpu_model=r.text("gpu_model", required=False) or None,
+            )
+        )
     year = from_us(min(j.submit_us for j in jobs)).year if jobs else 2017
     lo, hi = parse_slice(slice_spec, year)
     return [j for j in jobs if (lo is None or j.submit_us >= lo) and (hi is None or j.submit_us < hi)]
 
 
-def load_trace(path: str | Path, budgets: BudgetFile, seed: int, slice_spec: str | None = None
-               ) -> list[SimJob]:
+def load_trace(path: str | Path, budgets: BudgetFile, seed: int, slice_spec: str | None = None) -> list[SimJob]:
     """Load a trace, picking the format from the header (Philly or apportion CSV).
 
     Raises:
