@@ -188,6 +188,8 @@ class Victim(_Model):
     lca: str | None = None
     victim_ratio: float | None = None
     preemptor_ratio: float | None = None
+    lost_gpu_s: float | None = None
+    """Work the victim loses (GPU-seconds since its last checkpoint): a cost term of DESIGN section 3."""
 
 
 class Decision(_Model):
@@ -273,7 +275,7 @@ class RankedBudget(_Model):
 
 
 class JobSubmitted(Event):
-    """A user asks to run a job (schema version 2).
+    """A user asks to run a job (schema version 3).
 
     Attributes:
         job_id: unique id chosen by the submitter.
@@ -287,10 +289,14 @@ class JobSubmitted(Event):
         command: argv to run (real workloads), or ``None``.
         duration_s: simulated run time in seconds (simulated workloads), or ``None``.
         submitted_at: queue order time (UTC); kept across requeues.
+        checkpoint_interval_s: how often the workload saves a checkpoint that a
+            later attempt resumes from, seconds (v3). ``None``: the contract's
+            default, once per minimum runtime (DESIGN section 1); see
+            :attr:`checkpoint_every_s`.
     """
 
     type: Literal["JobSubmitted"] = "JobSubmitted"
-    schema_version: Literal[2] = 2
+    schema_version: Literal[3] = 3
     job_id: str = Field(min_length=1, max_length=200)
     budget: str = Field(min_length=1)
     user: str = Field(min_length=1)
@@ -301,6 +307,7 @@ class JobSubmitted(Event):
     command: tuple[str, ...] | None = None
     duration_s: float | None = Field(default=None, gt=0)
     submitted_at: datetime
+    checkpoint_interval_s: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _has_work(self) -> JobSubmitted:
@@ -317,6 +324,29 @@ class JobSubmitted(Event):
     def gpus(self) -> int:
         """Total GPUs of the gang, g * k."""
         return self.gpus_per_replica * self.replicas
+
+    @property
+    def checkpoint_every_s(self) -> float | None:
+        """Checkpoint interval in force, seconds (:func:`checkpoint_interval_of`)."""
+        return checkpoint_interval_of(self.checkpoint_interval_s, self.min_runtime_s)
+
+
+def checkpoint_interval_of(declared_s: float | None, min_runtime_s: float) -> float | None:
+    """The checkpoint interval of a job, seconds: the one home of DESIGN section 1's default.
+
+    Args:
+        declared_s: ``JobSubmitted.checkpoint_interval_s`` (``None`` when not declared).
+        min_runtime_s: the job's minimum runtime, seconds.
+
+    Returns:
+        ``declared_s`` when given; else ``min_runtime_s`` when it is > 0 (the
+        minimum runtime is the progress worth keeping, so a job is taken to
+        checkpoint once per minimum runtime); else ``None`` (no checkpoints: an
+        unallocated job that declares none restarts from scratch).
+    """
+    if declared_s is not None:
+        return declared_s
+    return min_runtime_s if min_runtime_s > 0 else None
 
 
 class JobCancelRequested(Event):
@@ -394,8 +424,35 @@ class JobStarted(Event):
     pid: int | None = None
 
 
+class JobCheckpointed(Event):
+    """A run saved a checkpoint: a later attempt resumes from ``progress_s``.
+
+    Published by the node agent when the workload reports one (see
+    ``docs/checkpoints.md``); the simulator emits it at the declared interval.
+
+    Attributes:
+        job_id, attempt: the run.
+        progress_s: seconds of the job's work saved, counted from the job's
+            first attempt (a resumed attempt starts at the previous value).
+        replica, node_id: the replica that reported it (a gang's checkpoint is
+            the smallest of its replicas' latest ones).
+    """
+
+    type: Literal["JobCheckpointed"] = "JobCheckpointed"
+    job_id: str
+    attempt: int
+    progress_s: float = Field(ge=0)
+    replica: int | None = None
+    node_id: str | None = None
+
+
 class JobPreempted(Event):
-    """A run was chosen for preemption; its GPUs now belong to ``by_job_id``."""
+    """A run was chosen for preemption; its GPUs now belong to ``by_job_id``.
+
+    ``lost_gpu_s`` is the work lost (DESIGN section 1): GPU-seconds of the run
+    since its last checkpoint (or its start) at this event's time; ``None`` in
+    records written before it was recorded.
+    """
 
     type: Literal["JobPreempted"] = "JobPreempted"
     job_id: str
@@ -407,6 +464,7 @@ class JobPreempted(Event):
     victim: Victim | None = None
     grace_s: float = 30.0
     reason: str = "preempted"
+    lost_gpu_s: float | None = Field(default=None, ge=0)
 
 
 class JobRequeued(Event):
@@ -459,6 +517,8 @@ class JobLost(Event):
     attempt: int
     node_id: str
     charged_until: datetime
+    lost_gpu_s: float | None = Field(default=None, ge=0)
+    """Work lost: GPU-seconds since the run's last checkpoint, up to ``charged_until``."""
 
 
 class WorkloadRefused(Event):
@@ -690,6 +750,7 @@ AnyEvent: TypeAlias = Annotated[
     | JobRejected
     | JobPlaced
     | JobStarted
+    | JobCheckpointed
     | JobPreempted
     | JobRequeued
     | JobCompleted
@@ -737,6 +798,7 @@ for _name in (
     "JobRejected",
     "JobPlaced",
     "JobStarted",
+    "JobCheckpointed",
     "JobPreempted",
     "JobRequeued",
     "JobCompleted",
@@ -809,9 +871,18 @@ def upcast_job_submitted_v1_v2(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def upcast_job_submitted_v2_v3(d: dict[str, Any]) -> dict[str, Any]:
+    """JobSubmitted v2 -> v3: v3 adds ``checkpoint_interval_s`` (``None``: once per minimum runtime)."""
+    out = dict(d)
+    out.setdefault("checkpoint_interval_s", None)
+    out["schema_version"] = 3
+    return out
+
+
 #: (type, from_version) -> function producing the payload of from_version + 1.
 UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("JobSubmitted", 1): upcast_job_submitted_v1_v2,
+    ("JobSubmitted", 2): upcast_job_submitted_v2_v3,
 }
 
 
