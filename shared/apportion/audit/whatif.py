@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from apportion import events
+from apportion.budgetfile import load_budget_tree
 from apportion.bus.reader import LogRecord
 from apportion.domain.budgets import BudgetTree, fold_budget_log
 from apportion.domain.dispatch import DispatchConfig
@@ -39,7 +38,6 @@ from apportion.domain.engine import EngineConfig
 from apportion.sim.core import SimConfig, SimJob, SimNode, simulate
 from apportion.sim.report import PolicyReport, summarise
 from apportion.timeutil import WEEK_S, to_us
-from apportion.yamlio import load_yaml, problem, where
 
 __all__ = ["WhatIf", "jobs_from_log", "nodes_from_log", "load_tree", "whatif"]
 
@@ -47,19 +45,12 @@ FIELDS = ("alloc_share", "free_share", "jobs", "placed", "never", "wait_p50_s", 
 
 
 def load_tree(path: str | Path) -> BudgetTree:
-    """A budget tree from YAML: a budget file (``budgets:`` key) or a bare ``path: share`` mapping.
+    """A budget tree from a budget file (:func:`apportion.budgetfile.load_budget_tree`, the one reader).
 
     Raises:
-        ValueError: not YAML (syntax error, duplicate key) or not a mapping.
-        apportion.domain.budgets.BudgetError: an invalid tree (a ``ValueError`` too).
+        apportion.budgetfile.BudgetFileError: a bad file or tree (a ``ValueError``), as one line.
     """
-    try:
-        spec = load_yaml(Path(path).read_text())
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}{where(exc)}: {problem(exc)}") from None
-    if not isinstance(spec, dict):
-        raise ValueError(f"{path}: expected a mapping of budget path -> share (or a 'budgets' key)")
-    return BudgetTree.from_mapping(spec.get("budgets", spec))
+    return load_budget_tree(path)
 
 
 def jobs_from_log(records: Sequence[LogRecord]) -> tuple[list[SimJob], list[str]]:

@@ -457,87 +457,107 @@ def undrain(
 
 
 def _tree_from_file(path: Path) -> Any:
-    """The :class:`BudgetTree` of budget file ``path``; a bad file is one error line and exit 2."""
-    import yaml
-
-    from apportion.domain.budgets import BudgetError, BudgetTree
-    from apportion.yamlio import problem, where
+    """The :class:`BudgetTree` of budget file ``path`` (:mod:`apportion.budgetfile`); a bad file is one line, exit 2."""
+    from apportion.budgetfile import BudgetFileError, load_budget_tree
 
     try:
-        return BudgetTree.from_mapping(load_budget_file(path))
-    except yaml.YAMLError as exc:
-        fail(f"{path}{where(exc)}: {problem(exc)}")
-    except (BudgetError, ValueError, KeyError, TypeError, OSError) as exc:
-        fail(f"{path}: {exc}")
+        return load_budget_tree(path)
+    except BudgetFileError as exc:
+        fail(str(exc))
 
 
-def load_budget_file(path: Path) -> dict[str, Any]:
-    """Read a budget YAML file: ``budgets: {path: share | {share, members, max_min_runtime}}``.
+def _tree_in_force(bootstrap: str | None) -> Any:
+    """The budget tree the log defines (:func:`apportion.domain.budgets.fold_budget_log`, the rule every reader
+    applies: accepted changes in log order, skipping those the policy rejected); exit 3 when Kafka is unreachable."""
+    from apportion import topics
+    from apportion.bus.reader import read_log
+    from apportion.domain.budgets import fold_budget_log
 
-    ``max_min_runtime`` accepts durations (``8h``). A top-level mapping
-    without the ``budgets`` key is read as the budgets themselves.
-
-    Raises:
-        ValueError: the file is not such a mapping.
-    """
-    from apportion.yamlio import load_yaml
-
-    data = load_yaml(path.read_text())
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of budget paths")
-    spec = data.get("budgets", data)
-    if not isinstance(spec, dict):
-        raise ValueError(f"{path}: 'budgets' must be a mapping of path -> share")
-    norm: dict[str, Any] = {}
-    for p, v in spec.items():
-        if isinstance(v, dict):
-            v = dict(v)
-            if "max_min_runtime" in v:
-                v["max_min_runtime_s"] = parse_duration(v.pop("max_min_runtime"))
-            norm[str(p)] = v
-        else:
-            norm[str(p)] = {"share": float(v)}
-    return norm
+    conn = Connection.resolve(bootstrap=bootstrap)
+    try:
+        recs = read_log(conn.bootstrap, [topics.BUDGETS.name])
+    except Exception as exc:
+        if type(exc).__module__.startswith("kafka"):
+            fail(f"cannot read Kafka at {conn.bootstrap}: {exc}", 3)
+        raise
+    return fold_budget_log(rec.event for rec in recs)
 
 
 @budget_app.command("set")
 def budget_set(
     path: Annotated[str, typer.Argument(help="Budget path, e.g. lab/prior/robotics.")],
-    share_: Annotated[float, typer.Option("--share", "-s", help="Fraction of the parent's capacity, in (0, 1].")],
+    share_: Annotated[
+        float | None,
+        typer.Option("--share", "-s", help="Fraction of the parent's capacity, in (0, 1]. Required for a new budget."),
+    ] = None,
     members: Annotated[
-        str | None, typer.Option(help="Comma-separated users allowed to charge it (default: inherit).")
+        str | None,
+        typer.Option(help="Comma-separated users allowed to charge it (default: keep the current list)."),
     ] = None,
     max_min_runtime: Annotated[
-        str | None, typer.Option(help="Largest minimum runtime allowed (e.g. 8h; default: inherit).")
+        str | None, typer.Option(help="Largest minimum runtime allowed, e.g. 8h (default: keep the current limit).")
     ] = None,
+    inherit_members: Annotated[
+        bool, typer.Option("--inherit-members", help="Drop this budget's own members list (inherit the parent's).")
+    ] = False,
+    inherit_max_min_runtime: Annotated[
+        bool,
+        typer.Option("--inherit-max-min-runtime", help="Drop this budget's own limit (inherit the parent's)."),
+    ] = False,
     bootstrap: Bootstrap = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Create or update one budget. The policy service validates it (BudgetRejected says why not)."""
+    """Create a budget, or change only the fields given of an existing one.
+
+    The policy service validates the change (``BudgetRejected`` says why not).
+    Fields not given keep their values in the tree in force; use
+    ``--inherit-members`` / ``--inherit-max-min-runtime`` to drop a budget's own
+    setting.
+    """
     from pydantic import ValidationError
 
     from apportion.domain.budgets import BudgetError, validate_path
 
+    if members is not None and inherit_members:
+        fail("give --members or --inherit-members, not both")
+    if max_min_runtime is not None and inherit_max_min_runtime:
+        fail("give --max-min-runtime or --inherit-max-min-runtime, not both")
     try:
         validate_path(path)
+    except BudgetError as exc:
+        fail(exc.message)
+    current = _tree_in_force(bootstrap).get(path)
+    if current is None and share_ is None:
+        fail(f"budget {path} does not exist: give --share to create it")
+    try:
         ev = events.BudgetSet(
             path=path,
-            share=share_,
-            members=tuple(m.strip() for m in members.split(",") if m.strip()) if members else None,
-            max_min_runtime_s=parse_duration(max_min_runtime) if max_min_runtime else None,
+            share=share_ if share_ is not None else current.share,
+            members=(
+                None
+                if inherit_members
+                else tuple(m.strip() for m in members.split(",") if m.strip())
+                if members is not None
+                else (tuple(sorted(current.members)) if current is not None and current.members is not None else None)
+            ),
+            max_min_runtime_s=(
+                None
+                if inherit_max_min_runtime
+                else parse_duration(max_min_runtime)
+                if max_min_runtime is not None
+                else (current.max_min_runtime_s if current is not None else None)
+            ),
             by="cli",
             ts=_now(),
             producer="cli",
         )
-    except BudgetError as exc:
-        fail(exc.message)
     except ValidationError as exc:
         e = exc.errors(include_url=False)[0]
         fail(f"invalid budget: {'.'.join(str(p) for p in e['loc'])}: {e['msg']}")
     except ValueError as exc:
         fail(str(exc))
     _publish([ev], bootstrap)
-    _published([ev], as_json, f"budget [bold]{path}[/] set to share {share_}")
+    _published([ev], as_json, f"budget [bold]{path}[/] set to share {ev.share}")
 
 
 @budget_app.command("apply")
@@ -587,28 +607,7 @@ def budget_show(
     as_json: JsonOut = False,
 ) -> None:
     """The budget tree as the log defines it (fold of accepted BudgetSet/BudgetRemoved), with absolute shares."""
-    from apportion.domain.budgets import BudgetError, BudgetTree
-
-    if from_file is not None:
-        tree = _tree_from_file(from_file)
-    else:
-        from apportion import topics
-        from apportion.bus.reader import read_log
-
-        conn = Connection.resolve(bootstrap=bootstrap)
-        try:
-            recs = read_log(conn.bootstrap, [topics.BUDGETS.name])
-        except Exception as exc:
-            if type(exc).__module__.startswith("kafka"):
-                fail(f"cannot read Kafka at {conn.bootstrap}: {exc}", 3)
-            raise
-        tree = BudgetTree.empty()
-        for rec in recs:
-            if isinstance(rec.event, (events.BudgetSet, events.BudgetRemoved)):
-                try:
-                    tree = tree.apply(rec.event)
-                except BudgetError:
-                    pass  # rejected by the same rule the policy service applies
+    tree = _tree_from_file(from_file) if from_file is not None else _tree_in_force(bootstrap)
     rows = [
         {
             "path": p,

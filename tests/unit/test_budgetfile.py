@@ -1,0 +1,68 @@
+"""The one budget-file reader (apportion.budgetfile): one file gives one tree wherever it is read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from apportion.audit.whatif import load_tree
+from apportion.budgetfile import BudgetFileError, load_budget_tree
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "b.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_example_file_keeps_its_limits_in_every_reader() -> None:
+    # lab (1.0, max 12h) -> prior (0.6) -> robotics (0.5, members alice, bob); vision (0.4, max 8h)
+    tree = load_budget_tree(ROOT / "infra/budgets/example.yaml")
+    assert tree.get("lab").max_min_runtime_s == 12 * 3600.0
+    assert tree.get("lab/vision").max_min_runtime_s == 8 * 3600.0
+    assert tree.get("lab/prior/robotics").members == frozenset({"alice", "bob"})
+    assert tree.abs_share("lab/prior/robotics") == pytest.approx(0.3)
+    # whatif reads the same tree (it used to drop max_min_runtime: "no limit")
+    assert load_tree(ROOT / "infra/budgets/example.yaml") == tree
+
+
+def test_simulator_file_reads_as_its_budget_tree() -> None:
+    tree = load_budget_tree(ROOT / "infra/budgets/philly.yaml")
+    assert tree.is_leaf("philly/other")
+    assert tree.share("philly/other") == 0.02
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param("a: 0.5\na: 0.6\n", "b.yaml:2:1: YAML syntax error: found duplicate key 'a'", id="key twice"),
+        pytest.param("budgets:\n  a: {share: 0.5, owner: x}\n", "budgets.a: unknown key 'owner'", id="unknown key"),
+        pytest.param(
+            "budgets:\n  a: {share: 0.5, max_min_runtime: soon}\n", "budgets.a: bad duration 'soon'", id="bad duration"
+        ),
+        pytest.param(
+            "budgets:\n  a: {share: 0.5, max_min_runtime: 1h, max_min_runtime_s: 60}\n",
+            "not both",
+            id="limit given twice",
+        ),
+        pytest.param("budgets:\n  a: 0.7\n  b: 0.7\n", "budgets:", id="siblings above 1"),
+        pytest.param("budgets: {a: 1.0}\nextra: 1\n", "unknown key 'extra'", id="unknown top-level key"),
+        pytest.param("- a\n- b\n", "a budget file is a YAML mapping", id="not a mapping"),
+        pytest.param("budgets:\n  a: .nan\n", "budgets.a.share", id="nan share"),
+    ],
+)
+def test_bad_files_are_one_line_naming_the_place(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(BudgetFileError) as err:
+        load_budget_tree(_write(tmp_path, text))
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_both_spellings_of_the_limit_agree(tmp_path: Path) -> None:
+    a = load_budget_tree(_write(tmp_path, "lab: {share: 1.0, max_min_runtime: 1h30m}\n"))
+    b = load_budget_tree(_write(tmp_path, "lab: {share: 1.0, max_min_runtime_s: 5400}\n"))
+    assert a == b
+    assert a.get("lab").max_min_runtime_s == 5400.0
