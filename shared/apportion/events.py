@@ -895,7 +895,7 @@ def upcast(d: dict[str, Any]) -> dict[str, Any]:
     """
     name = d.get("type")
     cls = EVENT_TYPES.get(name) if isinstance(name, str) else None
-    if cls is None:
+    if cls is None or not isinstance(name, str):
         raise DecodeError(f"unknown event type {name!r}", "type")
     current = _current_version(cls)
     version = d.get("schema_version", 1)

@@ -131,7 +131,10 @@ class NvmlProbe:
                 not loaded, or another NVML failure.
         """
         if nvml is None:
-            import pynvml as nvml  # noqa: PLC0415 - deliberately lazy
+            import importlib
+
+            nvml = importlib.import_module("pynvml")  # deliberately lazy: NVML is optional
+        assert nvml is not None
         nvml.nvmlInit()
         try:
             n = nvml.nvmlDeviceGetCount()

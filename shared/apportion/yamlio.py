@@ -22,7 +22,7 @@ class UniqueKeyLoader(yaml.SafeLoader):
         """The mapping of ``node``; raises ``yaml.constructor.ConstructorError`` at the second copy of a key."""
         seen: set[Any] = set()
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            key = self.construct_object(key_node, deep=deep)
             try:
                 dup = key in seen
                 seen.add(key)
@@ -32,7 +32,7 @@ class UniqueKeyLoader(yaml.SafeLoader):
                 raise yaml.constructor.ConstructorError(
                     "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}", key_node.start_mark
                 )
-        return super().construct_mapping(node, deep=deep)  # type: ignore[no-untyped-call,no-any-return]
+        return super().construct_mapping(node, deep=deep)
 
 
 UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, UniqueKeyLoader.construct_mapping)

@@ -288,7 +288,7 @@ def explain(
         timeline.append(e)
         ev = rec.event
         if isinstance(ev, events.JobPlaced) or (isinstance(ev, events.JobPreempted) and ev.producer == producer):
-            decision_at.setdefault(to_us(ev.ts), []).append(e)  # type: ignore[union-attr]
+            decision_at.setdefault(to_us(ev.ts), []).append(e)
     # same-instant records sort by topic in log order; show them in causal order instead
     timeline.sort(key=lambda e: (e.at, _STORY.get(e.kind, 5)))
     if check and decision_at:

@@ -158,7 +158,7 @@ class DecisionCheck:
     at_us: Micros
     basis: str
     recorded: list[LogRecord]
-    expected: list[events.Event]
+    expected: Sequence[events.Event]
     diffs: list[str]
 
     @property
@@ -189,6 +189,12 @@ class DecisionCheck:
 
 
 # --------------------------------------------------------------------------- comparisons
+
+
+def _ev(rec: LogRecord) -> events.Event:
+    """The decoded event of ``rec``; the re-run is only given records that decode."""
+    assert rec.event is not None, f"undecodable record at {position(rec)}"
+    return rec.event
 
 
 def _close(a: float, b: float, rel: float = REL_TOL, abs_tol: float | None = None) -> bool:
@@ -292,7 +298,7 @@ def rerun_decisions(
             break
         recorded = sorted(groups[t], key=log_order)
         placed = [r.event for r in recorded if isinstance(r.event, events.JobPlaced)]
-        watermark = next((e.decision.inputs for e in placed if e.decision.inputs is not None), None)  # type: ignore[union-attr]
+        watermark = next((e.decision.inputs for e in placed if e.decision.inputs is not None), None)
         # 1. own events of earlier ticks come first (already emitted when later records were polled)
         # 2. then newly polled records merged with own events up to (not at) t by event time
         fresh: list[LogRecord] = []
@@ -305,36 +311,34 @@ def rerun_decisions(
                     i += 1
             else:  # a JobStarted at t answers a decision of t: it is folded after this tick
                 while i < len(lst) and (
-                    to_us(lst[i].event.ts) < t
-                    or (  # type: ignore[union-attr]
-                        to_us(lst[i].event.ts) == t and type(lst[i].event) is not events.JobStarted
-                    )
-                ):  # type: ignore[union-attr]
+                    to_us(_ev(lst[i]).ts) < t
+                    or (to_us(_ev(lst[i]).ts) == t and type(lst[i].event) is not events.JobStarted)
+                ):
                     fresh.append(lst[i])
                     i += 1
             ext_ptr[tp] = i
         fresh.sort(key=log_order)
         mine: list[LogRecord] = []
-        while oi < len(own) and to_us(own[oi].event.ts) < t:  # type: ignore[union-attr]
+        while oi < len(own) and to_us(_ev(own[oi]).ts) < t:
             mine.append(own[oi])
             oi += 1
         merged = sorted([(own_key(r), r) for r in mine] + [(ext_key(r), r) for r in fresh], key=lambda kr: kr[0])
         for _, r in merged:
-            evolve(state, r.event)  # type: ignore[arg-type]
+            evolve(state, _ev(r))
         # 3. own non-decision events at exactly t: outputs of steps on events at the same instant
         #    (the simulator ticks at the time of the event) or of this tick's maintenance, which the
         #    cycle sees folded either way
         j = oi
-        while j < len(own) and to_us(own[j].event.ts) == t:  # type: ignore[union-attr]
+        while j < len(own) and to_us(_ev(own[j]).ts) == t:
             if not isinstance(own[j].event, DECISION_TYPES + (events.StartWorkload, events.StopWorkload)):
-                evolve(state, own[j].event)  # type: ignore[arg-type]
+                evolve(state, _ev(own[j]))
             j += 1
         if wanted is not None and t not in wanted:
             continue
         scratch = state.fork()
         got = [e for e in step(scratch, Tick(t), t, cfg) if isinstance(e, DECISION_TYPES)]
         diffs: list[str] = []
-        rec_by_id = {r.event.event_id: r.event for r in recorded}  # type: ignore[union-attr]
+        rec_by_id = {_ev(r).event_id: _ev(r) for r in recorded}
         got_by_id = {e.event_id: e for e in got}
         for eid, ev in rec_by_id.items():
             mine_ev = got_by_id.get(eid)

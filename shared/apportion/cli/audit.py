@@ -388,7 +388,7 @@ def verify_cmd(
         if rep.ok:
             _out().print("[green]OK[/]: the live state is what the log says")
         else:
-            table = Table(title=f"{len(rep.mismatches)} mismatches (first at {rep.first.offset})")
+            table = Table(title=f"{len(rep.mismatches)} mismatches (first at {rep.first.offset if rep.first else '-'})")
             for col in ("check", "first offset", "event time", "subject", "difference"):
                 table.add_column(col, overflow="fold")
             for m in rep.mismatches:

@@ -480,7 +480,7 @@ def _tree_in_force(bootstrap: str | None) -> Any:
         if type(exc).__module__.startswith("kafka"):
             fail(f"cannot read Kafka at {conn.bootstrap}: {exc}", 3)
         raise
-    return fold_budget_log(rec.event for rec in recs)
+    return fold_budget_log(rec.event for rec in recs if rec.event is not None)
 
 
 @budget_app.command("set")
