@@ -688,6 +688,36 @@ class OccupancySnapshot(Event):
     budgets: tuple[BudgetUsage, ...]
 
 
+class DispatcherConfigured(Event):
+    """The configuration a dispatcher decides with, recorded when it starts leading (DESIGN section 4).
+
+    The audit (``audit verify``, ``audit explain``) re-runs each decision with
+    the latest record at or before it, so it needs no flags.
+
+    Attributes:
+        instance: the leading instance's lease owner id.
+        fencing_token: its lease token (``None`` without a lease).
+        policy_version: the engine's ``POLICY_VERSION``.
+        window_s: occupancy window W, seconds.
+        delta: preemption hysteresis in r.
+        grace_s: SIGTERM-to-SIGKILL grace of preempted runs, seconds.
+        heartbeat_timeout_s: seconds without a heartbeat before ``NodeLost`` (``None``: off).
+        reservation_after_s: wait after which a blocked allocated job reserves nodes, seconds.
+        dispatcher_producer: the ``producer`` of its decisions.
+    """
+
+    type: Literal["DispatcherConfigured"] = "DispatcherConfigured"
+    instance: str
+    fencing_token: int | None = None
+    policy_version: str
+    window_s: float = Field(gt=0)
+    delta: float = Field(ge=0)
+    grace_s: float = Field(ge=0)
+    heartbeat_timeout_s: float | None = Field(default=None, gt=0)
+    reservation_after_s: float = Field(ge=0)
+    dispatcher_producer: str = "dispatcher"
+
+
 class FairShareRanking(Event):
     """Leaf budgets in fair-share order at event time ``at``."""
 
@@ -772,6 +802,7 @@ AnyEvent: TypeAlias = Annotated[
     | BudgetRejected
     | OccupancySnapshot
     | FairShareRanking
+    | DispatcherConfigured
     | DeadLetter,
     Field(discriminator="type"),
 ]
@@ -806,6 +837,7 @@ for _name in (
     "JobCancelled",
     "JobLost",
     "WorkloadRefused",
+    "DispatcherConfigured",
 ):
     TOPIC_OF[_name] = topics.JOBS
 for _name in (

@@ -269,42 +269,62 @@ def squatting(
 # ------------------------------------------------------------------ explain / verify / whatif
 
 
-def _dispatch_config(delta: float, grace: float, reservation_after: str, heartbeat_timeout: str, window: str) -> Any:
-    """The dispatcher knobs the re-run uses (they must match the live dispatcher's settings)."""
-    from apportion.domain.dispatch import DispatchConfig
-    from apportion.domain.engine import EngineConfig
+def _dispatch_config(
+    records: Any,
+    delta: float | None,
+    grace: float | None,
+    reservation_after: str | None,
+    heartbeat_timeout: str | None,
+    window: str | None,
+) -> Any:
+    """The dispatcher knobs the re-run uses: the log's ``DispatcherConfigured`` record, flags overriding fields.
 
-    hb = _dur(heartbeat_timeout, "--heartbeat-timeout")
-    return DispatchConfig(
-        engine=EngineConfig(
-            delta=delta,
-            reservation_after_s=_dur(reservation_after, "--reservation-after"),
-            window_s=_dur(window, "--window"),
-            grace_s=grace,
-        ),
-        heartbeat_timeout_s=hb if hb > 0 else None,
+    Without a record (a log older than it) the built-in defaults are used, and a note says so.
+    """
+    from apportion.audit.config import config_from_log, with_overrides
+    from apportion.cli.main import fail
+    from apportion.domain.dispatch import DispatchConfig
+
+    try:
+        logged = config_from_log(records)
+    except ValueError as exc:
+        fail(str(exc), 1)
+    if logged is None:
+        _err().print("note: the log records no DispatcherConfigured; re-running with the default dispatcher settings")
+    return with_overrides(
+        logged or DispatchConfig(),
+        delta=delta,
+        grace_s=grace,
+        reservation_after_s=_dur(reservation_after, "--reservation-after") if reservation_after else None,
+        window_s=_dur(window, "--window") if window else None,
+        heartbeat_timeout_s=_dur(heartbeat_timeout, "--heartbeat-timeout") if heartbeat_timeout else None,
     )
 
 
-Delta = Annotated[float, typer.Option(help="Dispatcher preemption hysteresis (as configured live).")]
-Grace = Annotated[float, typer.Option(help="Dispatcher grace seconds for preempted runs (as configured live).")]
-Reservation = Annotated[str, typer.Option("--reservation-after", help="Dispatcher reservation_after (as live).")]
-HbTimeout = Annotated[
-    str, typer.Option("--heartbeat-timeout", help="Dispatcher heartbeat timeout; 0 disables (as live).")
+_FROM_LOG = "Default: as the log's DispatcherConfigured record says."
+Delta = Annotated[float | None, typer.Option(help=f"Override the preemption hysteresis. {_FROM_LOG}")]
+Grace = Annotated[float | None, typer.Option(help=f"Override the grace seconds of preempted runs. {_FROM_LOG}")]
+Reservation = Annotated[
+    str | None, typer.Option("--reservation-after", help=f"Override reservation_after (e.g. 1h). {_FROM_LOG}")
 ]
-Window = Annotated[str, typer.Option(help="Occupancy window (7d default).")]
-Producer = Annotated[str, typer.Option("--dispatcher-producer", help="The dispatcher's producer name.")]
+HbTimeout = Annotated[
+    str | None, typer.Option("--heartbeat-timeout", help=f"Override the heartbeat timeout; 0 disables. {_FROM_LOG}")
+]
+Window = Annotated[str | None, typer.Option(help=f"Override the occupancy window (e.g. 7d). {_FROM_LOG}")]
+Producer = Annotated[
+    str | None, typer.Option("--dispatcher-producer", help=f"Override the dispatcher's producer name. {_FROM_LOG}")
+]
 
 
 @audit_app.command("explain")
 def explain_cmd(
     job_id: Annotated[str, typer.Argument(help="The job to explain.")],
-    delta: Delta = 0.05,
-    grace: Grace = 30.0,
-    reservation_after: Reservation = "1h",
-    heartbeat_timeout: HbTimeout = "30s",
-    window: Window = "7d",
-    producer: Producer = "dispatcher",
+    delta: Delta = None,
+    grace: Grace = None,
+    reservation_after: Reservation = None,
+    heartbeat_timeout: HbTimeout = None,
+    window: Window = None,
+    producer: Producer = None,
     bootstrap: Bootstrap = None,
     from_file: FromFile = None,
     as_json: JsonOut = False,
@@ -316,8 +336,9 @@ def explain_cmd(
     from apportion.audit.explain import explain
     from apportion.cli.main import _print_json, fail
 
-    cfg = _dispatch_config(delta, grace, reservation_after, heartbeat_timeout, window)
-    ex = explain(_load(bootstrap, from_file), job_id, cfg, producer=producer)
+    recs = _load(bootstrap, from_file)
+    cfg = _dispatch_config(recs, delta, grace, reservation_after, heartbeat_timeout, window)
+    ex = explain(recs, job_id, cfg, producer=producer or cfg.producer)
     if not ex.found:
         fail(f"job {job_id!r} is not in the log", 1)
     if as_json:
@@ -345,12 +366,12 @@ def verify_cmd(
         str | None, typer.Option("--redis", help="Redis URL of the live read models.", envvar="APPORTION_REDIS_URL")
     ] = None,
     no_redis: Annotated[bool, typer.Option("--no-redis", help="Skip the read-model check (offline).")] = False,
-    delta: Delta = 0.05,
-    grace: Grace = 30.0,
-    reservation_after: Reservation = "1h",
-    heartbeat_timeout: HbTimeout = "30s",
-    window: Window = "7d",
-    producer: Producer = "dispatcher",
+    delta: Delta = None,
+    grace: Grace = None,
+    reservation_after: Reservation = None,
+    heartbeat_timeout: HbTimeout = None,
+    window: Window = None,
+    producer: Producer = None,
     bootstrap: Bootstrap = None,
     from_file: FromFile = None,
     as_json: JsonOut = False,
@@ -363,8 +384,8 @@ def verify_cmd(
     from apportion.audit.verify import read_models_from_redis, verify
     from apportion.cli.main import _print_json
 
-    cfg = _dispatch_config(delta, grace, reservation_after, heartbeat_timeout, window)
     recs = _load(bootstrap, from_file)
+    cfg = _dispatch_config(recs, delta, grace, reservation_after, heartbeat_timeout, window)
     rows = None
     if not no_redis and (from_file is None or redis_url is not None):
         import redis as redis_lib
@@ -375,7 +396,7 @@ def verify_cmd(
         finally:
             r.close()
     t0 = time.perf_counter()
-    rep = verify(recs, read_models=rows, config=cfg, producer=producer)
+    rep = verify(recs, read_models=rows, config=cfg, producer=producer or cfg.producer)
     dt = time.perf_counter() - t0
     if as_json:
         _print_json(rep.to_dict())
@@ -407,10 +428,10 @@ def whatif_cmd(
     ],
     seed: Annotated[int, typer.Option(help="Simulator seed (stop delays).")] = 0,
     cycle_s: Annotated[float, typer.Option("--cycle-s", help="Periodic cycle while jobs wait, seconds.")] = 300.0,
-    delta: Delta = 0.05,
-    grace: Grace = 30.0,
-    reservation_after: Reservation = "1h",
-    window: Window = "7d",
+    delta: Delta = None,
+    grace: Grace = None,
+    reservation_after: Reservation = None,
+    window: Window = None,
     bootstrap: Bootstrap = None,
     from_file: FromFile = None,
     as_json: JsonOut = False,
@@ -419,9 +440,10 @@ def whatif_cmd(
     from apportion.audit.whatif import load_tree, whatif
     from apportion.cli.main import _print_json, fail
 
-    cfg = _dispatch_config(delta, grace, reservation_after, "0", window)
+    recs = _load(bootstrap, from_file)
+    cfg = _dispatch_config(recs, delta, grace, reservation_after, "0", window)
     try:
-        w = whatif(_load(bootstrap, from_file), load_tree(budgets), seed=seed, config=cfg, cycle_s=cycle_s)
+        w = whatif(recs, load_tree(budgets), seed=seed, config=cfg, cycle_s=cycle_s)
     except ValueError as exc:
         fail(str(exc), 1)
     if as_json:

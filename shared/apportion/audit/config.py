@@ -1,0 +1,102 @@
+"""The dispatcher's configuration as its log records it (DESIGN section 4): the audit needs no flags.
+
+A leading dispatcher publishes :class:`~apportion.events.DispatcherConfigured`
+(:func:`configured_event`) before its first decision. :func:`config_from_log`
+gives the configuration in force at an event time, so ``audit verify`` and
+``audit explain`` re-run each decision with the knobs it was made with.
+Flags given on the command line override single fields (for what-if audits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+from datetime import datetime
+
+from apportion import events
+from apportion.bus.reader import LogRecord
+from apportion.domain.dispatch import DispatchConfig
+from apportion.domain.engine import POLICY_VERSION, EngineConfig
+from apportion.timeutil import Micros, to_us
+
+__all__ = ["configured_event", "config_from_event", "config_from_log", "with_overrides"]
+
+
+def configured_event(
+    cfg: DispatchConfig, *, instance: str, fencing_token: int | None, ts: datetime, producer: str
+) -> events.DispatcherConfigured:
+    """The record of ``cfg`` a dispatcher publishes when it starts leading (id: one per instance and token)."""
+    e = cfg.engine
+    return events.DispatcherConfigured(
+        event_id=events.det_id("DispatcherConfigured", instance, fencing_token),
+        ts=ts,
+        producer=producer,
+        instance=instance,
+        fencing_token=fencing_token,
+        policy_version=e.policy_version,
+        window_s=e.window_s,
+        delta=e.delta,
+        grace_s=e.grace_s,
+        heartbeat_timeout_s=cfg.heartbeat_timeout_s,
+        reservation_after_s=e.reservation_after_s,
+        dispatcher_producer=cfg.producer,
+    )
+
+
+def config_from_event(ev: events.DispatcherConfigured) -> DispatchConfig:
+    """The :class:`DispatchConfig` a :class:`~apportion.events.DispatcherConfigured` records."""
+    return DispatchConfig(
+        engine=EngineConfig(
+            delta=ev.delta,
+            reservation_after_s=ev.reservation_after_s,
+            window_s=ev.window_s,
+            grace_s=ev.grace_s,
+            policy_version=ev.policy_version,
+            producer=ev.dispatcher_producer,
+        ),
+        heartbeat_timeout_s=ev.heartbeat_timeout_s,
+        producer=ev.dispatcher_producer,
+    )
+
+
+def config_from_log(records: Iterable[LogRecord | events.Event], at_us: Micros | None = None) -> DispatchConfig | None:
+    """The configuration in force at ``at_us`` (the latest record at or before it; the last one when ``None``).
+
+    Returns:
+        ``None`` when the log records none (a log written before the record
+        existed: the caller falls back to flags or the defaults).
+    """
+    best: events.DispatcherConfigured | None = None
+    for r in records:
+        ev = r if isinstance(r, events.Event) else r.event
+        if isinstance(ev, events.DispatcherConfigured) and (at_us is None or to_us(ev.ts) <= at_us):
+            if best is None or (to_us(ev.ts), ev.fencing_token or 0) >= (to_us(best.ts), best.fencing_token or 0):
+                best = ev
+    if best is None:
+        return None
+    if best.policy_version != POLICY_VERSION:
+        # decisions of another policy version cannot be re-run by this code; say so rather than differ silently
+        raise ValueError(f"the log's dispatcher ran policy {best.policy_version!r}; this audit runs {POLICY_VERSION!r}")
+    return config_from_event(best)
+
+
+def with_overrides(
+    cfg: DispatchConfig,
+    *,
+    delta: float | None = None,
+    grace_s: float | None = None,
+    reservation_after_s: float | None = None,
+    window_s: float | None = None,
+    heartbeat_timeout_s: float | None = None,
+) -> DispatchConfig:
+    """``cfg`` with the fields given replaced (``heartbeat_timeout_s`` 0 turns the timeout off)."""
+    eng = cfg.engine
+    eng = replace(
+        eng,
+        delta=eng.delta if delta is None else delta,
+        grace_s=eng.grace_s if grace_s is None else grace_s,
+        reservation_after_s=eng.reservation_after_s if reservation_after_s is None else reservation_after_s,
+        window_s=eng.window_s if window_s is None else window_s,
+    )
+    hb = cfg.heartbeat_timeout_s if heartbeat_timeout_s is None else (heartbeat_timeout_s or None)
+    return replace(cfg, engine=eng, heartbeat_timeout_s=hb)

@@ -1,0 +1,51 @@
+"""The dispatcher's recorded configuration is what the audit re-runs with (DESIGN section 4)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from builders import dt, h  # noqa: E402
+
+from apportion.audit.config import config_from_log, configured_event, with_overrides  # noqa: E402
+from apportion.domain.dispatch import DispatchConfig  # noqa: E402
+from apportion.domain.engine import EngineConfig  # noqa: E402
+
+LIVE = DispatchConfig(engine=EngineConfig(delta=0.1, grace_s=5.0, reservation_after_s=600.0), heartbeat_timeout_s=600.0)
+
+
+def _rec(cfg: DispatchConfig, token: int, at: int):  # noqa: ANN202
+    return configured_event(cfg, instance=f"d{token}", fencing_token=token, ts=dt(at), producer="dispatcher")
+
+
+def test_the_record_round_trips_to_the_same_config() -> None:
+    assert config_from_log([_rec(LIVE, 1, h(0))]) == LIVE
+
+
+def test_the_config_in_force_is_the_latest_at_or_before_the_time() -> None:
+    other = with_overrides(LIVE, delta=0.2)
+    log = [_rec(LIVE, 1, h(0)), _rec(other, 2, h(5))]
+    assert config_from_log(log, at_us=h(4)) == LIVE
+    assert config_from_log(log, at_us=h(5)) == other
+    assert config_from_log(log) == other
+    assert config_from_log(log, at_us=h(0) - 1) is None
+
+
+def test_a_log_without_a_record_gives_none() -> None:
+    assert config_from_log([]) is None
+
+
+def test_overrides_replace_only_the_fields_given() -> None:
+    got = with_overrides(LIVE, grace_s=30.0, heartbeat_timeout_s=0.0)
+    assert (got.engine.delta, got.engine.grace_s, got.engine.reservation_after_s) == (0.1, 30.0, 600.0)
+    assert got.heartbeat_timeout_s is None  # 0 turns the timeout off
+
+
+def test_another_policy_version_is_refused() -> None:
+    rec = _rec(LIVE, 1, h(0)).model_copy(update={"policy_version": "fairtree-0"})
+    with pytest.raises(ValueError, match="ran policy 'fairtree-0'"):
+        config_from_log([rec])
