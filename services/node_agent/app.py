@@ -472,9 +472,9 @@ def _open_outputs(files: logic.JobFiles | None) -> tuple[BinaryIO | None, Binary
     if files is None or files.stdout is None or files.stderr is None:
         return None, None
     os.makedirs(os.path.dirname(files.stdout), mode=0o700, exist_ok=True)
-    out = open(files.stdout, "ab")  # noqa: SIM115 - closed by the caller once the process has its copy
+    out = open(files.stdout, "ab")  # closed by the caller once the process has its copy
     try:
-        return out, open(files.stderr, "ab")  # noqa: SIM115
+        return out, open(files.stderr, "ab")
     except OSError:
         out.close()
         raise
