@@ -53,7 +53,7 @@ from apportion.gpu import GpuProbe, SimulatedProbe, open_probe, simulated_invent
 from services.node_agent import logic
 from services.node_agent.config import NodeAgentSettings
 from services.node_agent.logic import AgentState, NodeSpec, ProgressWatch, RunKey, Workload
-from services.node_agent.store import Journal
+from services.node_agent.store import Journal, Orphan
 
 log = logging.getLogger("apportion.node_agent")
 
@@ -132,6 +132,8 @@ class NodeAgent:
                 except ProcessLookupError:
                     pass
             node_id, job_id, attempt, replica = o.key
+            if o.progress_file is not None:  # its last checkpoint first (an id already published is a duplicate)
+                await self._look_at_orphan(o)
             await self._emit(
                 JobFailed(
                     event_id=det_id("WorkloadEnded", *o.key),
@@ -215,6 +217,20 @@ class NodeAgent:
             except Exception:  # a surprise in one look must not end polling for every workload
                 log.exception("progress poll failed")
 
+    async def _look_at_orphan(self, o: Orphan) -> None:
+        """Publish the checkpoint an orphan's progress file holds, if it changed since the orphan started."""
+        path = o.progress_file or ""
+        stamp = _stamp(path)
+        raw = (
+            _read_head(path, logic.MAX_PROGRESS_BYTES + 1) if stamp is not None and stamp != o.progress_stamp else None
+        )
+        seen = logic.observe_progress(ProgressWatch(stamp=o.progress_stamp), o.key, stamp, raw, self.clock.now())
+        if seen.problem is not None:
+            log.warning("ignored progress report of orphan %s (%s): %s", o.key, path, seen.problem)
+        if seen.event is not None:
+            log.info("checkpoint of orphan %s at %.3f s", o.key, seen.event.progress_s)
+            await self._emit(seen.event)
+
     async def _look_at_progress(self, w: Workload) -> None:
         """Stat (and, if it changed, read) ``w``'s progress file; publish or log the outcome (lock held)."""
         watch = self._progress.get(w.key)
@@ -223,7 +239,7 @@ class NodeAgent:
         path = w.files.progress_file
         stamp = _stamp(path)
         raw = _read_head(path, logic.MAX_PROGRESS_BYTES + 1) if stamp is not None and stamp != watch.stamp else None
-        seen = logic.observe_progress(watch, w, stamp, raw, self.clock.now())
+        seen = logic.observe_progress(watch, w.key, stamp, raw, self.clock.now())
         self._progress[w.key] = seen.watch
         if seen.problem is not None:
             log.warning(
@@ -378,7 +394,13 @@ class NodeAgent:
                 return
             pid = proc.pid
             self._procs[w.key] = proc
-        self.journal.started(w.key, pid)
+        watch = self._progress.get(w.key)
+        self.journal.started(
+            w.key,
+            pid,
+            w.files.progress_file if w.files is not None and watch is not None else None,
+            watch.stamp if watch is not None else None,
+        )
         self.state = logic.with_launched(self.state, w)
         self._tasks[w.key] = asyncio.create_task(self._watch(w), name=f"workload {w.key}")
         self._gauge()

@@ -247,17 +247,23 @@ class ProgressWatch:
     published: float | None = None
 
 
-def checkpointed_event(w: Workload, progress_s: float, now: datetime) -> JobCheckpointed:
-    """``JobCheckpointed`` of replica ``w`` at ``progress_s`` seconds (event id from the run and the value)."""
+def checkpointed_event(key: RunKey, progress_s: float, now: datetime) -> JobCheckpointed:
+    """``JobCheckpointed`` of replica ``key`` at ``progress_s`` seconds, stamped ``now`` (UTC).
+
+    The event id is :func:`~apportion.events.det_id` of the replica and the
+    value (not the time), so the same checkpoint published again, by this
+    agent or by it after a restart, is de-duplicated by readers.
+    """
+    node_id, job_id, attempt, replica = key
     return JobCheckpointed(
-        event_id=det_id("JobCheckpointed", w.node_id, w.job_id, w.attempt, w.replica, repr(progress_s)),
+        event_id=det_id("JobCheckpointed", node_id, job_id, attempt, replica, repr(progress_s)),
         ts=now,
         producer=PRODUCER,
-        job_id=w.job_id,
-        attempt=w.attempt,
+        job_id=job_id,
+        attempt=attempt,
         progress_s=progress_s,
-        replica=w.replica,
-        node_id=w.node_id,
+        replica=replica,
+        node_id=node_id,
     )
 
 
@@ -277,13 +283,13 @@ class ProgressSeen:
 
 
 def observe_progress(
-    watch: ProgressWatch, w: Workload, stamp: FileStamp | None, raw: bytes | None, now: datetime
+    watch: ProgressWatch, key: RunKey, stamp: FileStamp | None, raw: bytes | None, now: datetime
 ) -> ProgressSeen:
-    """Fold one look at the progress file of ``w`` into its watch.
+    """Fold one look at the progress file of replica ``key`` into its watch.
 
     Args:
         watch: the state before this look.
-        w: the replica.
+        key: the replica.
         stamp: the file's stamp now, ``None`` when it does not exist.
         raw: its content (read only when ``stamp`` differs from ``watch.stamp``;
             ``None`` otherwise, or when it could not be read).
@@ -310,7 +316,7 @@ def observe_progress(
         if value == watch.published:
             return ProgressSeen(seen)
         return ProgressSeen(seen, problem=f"went backwards: {value:g} after {watch.published:g}")
-    return ProgressSeen(replace(seen, published=value), checkpointed_event(w, value, now))
+    return ProgressSeen(replace(seen, published=value), checkpointed_event(key, value, now))
 
 
 # --------------------------------------------------------------------------- state

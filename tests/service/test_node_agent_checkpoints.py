@@ -24,6 +24,7 @@ from apportion.gpu import FakeGpuProbe
 from services.node_agent import logic
 from services.node_agent.app import NodeAgent
 from services.node_agent.logic import NodeSpec, ProgressWatch, Workload
+from services.node_agent.store import Journal
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
 WAIT_S = 20.0
@@ -147,7 +148,7 @@ def test_observe_progress_publishes_once_per_new_value():
     watch = ProgressWatch()
     published, problems = [], []
     for stamp, raw, want_value, want_problem in looks:
-        seen = logic.observe_progress(watch, W, stamp, raw, T0)
+        seen = logic.observe_progress(watch, W.key, stamp, raw, T0)
         assert (seen.event.progress_s if seen.event else None, seen.problem) == (want_value, want_problem), stamp
         assert seen.watch.stamp == stamp
         watch = seen.watch
@@ -165,13 +166,13 @@ def test_observe_progress_publishes_once_per_new_value():
 
 
 def test_checkpoint_event_id_is_deterministic_per_run_and_value():
-    a = logic.checkpointed_event(W, 10.0, T0)
-    assert a.event_id == logic.checkpointed_event(W, 10.0, datetime(2030, 1, 1, tzinfo=UTC)).event_id
+    a = logic.checkpointed_event(W.key, 10.0, T0)
+    assert a.event_id == logic.checkpointed_event(W.key, 10.0, datetime(2030, 1, 1, tzinfo=UTC)).event_id
     assert a.event_id == det_id("JobCheckpointed", "n1", "j1", 2, 0, "10.0")
     others = {
-        logic.checkpointed_event(W, 11.0, T0).event_id,
-        logic.checkpointed_event(logic.replace(W, attempt=3), 10.0, T0).event_id,
-        logic.checkpointed_event(logic.replace(W, replica=1), 10.0, T0).event_id,
+        logic.checkpointed_event(W.key, 11.0, T0).event_id,
+        logic.checkpointed_event(logic.replace(W, attempt=3).key, 10.0, T0).event_id,
+        logic.checkpointed_event(logic.replace(W, replica=1).key, 10.0, T0).event_id,
     }
     assert a.event_id not in others and len(others) == 3
 
@@ -179,8 +180,8 @@ def test_checkpoint_event_id_is_deterministic_per_run_and_value():
 def test_baseline_stamp_hides_the_previous_attempts_report():
     """Launch takes the stamp of the file left by attempt 1: unchanged, it is not attempt 2's checkpoint."""
     baseline = ProgressWatch(stamp=(9, 2, 900))
-    assert logic.observe_progress(baseline, W, (9, 2, 900), None, T0).event is None
-    again = logic.observe_progress(baseline, W, (10, 2, 950), b"25", T0)  # attempt 2 rewrote 25: its checkpoint now
+    assert logic.observe_progress(baseline, W.key, (9, 2, 900), None, T0).event is None
+    again = logic.observe_progress(baseline, W.key, (10, 2, 950), b"25", T0)  # attempt 2 rewrote 25: its checkpoint now
     assert again.event is not None and again.event.progress_s == 25.0 and again.event.attempt == 2
 
 
@@ -405,3 +406,87 @@ async def test_unwritable_checkpoint_root_is_a_spawn_failure(tmp_path):
     await agent.on_event(start((sys.executable, "-c", "pass")))
     (failed,) = sink.of(JobFailed)
     assert failed.reason.startswith("spawn failed") and not agent.state.running and not agent._progress
+
+
+def journaled_agent(tmp_path: Path, sink: Sink, clock: ManualClock) -> NodeAgent:
+    """An agent on real node n1 with its journal and checkpoint root in ``tmp_path`` (the same for a restart)."""
+    probe = FakeGpuProbe.with_gpus(4)
+    node = NodeSpec("n1", probe.inventory.gpus, "sim", False)
+    return NodeAgent(
+        [(node, probe)],
+        sink,
+        clock,
+        journal=Journal(tmp_path / "agent.journal"),
+        claim_prefix="n",
+        checkpoint_root=tmp_path / "ckpt",
+    )
+
+
+async def crash(agent: NodeAgent) -> None:
+    """Drop the agent without shutdown: its processes keep running, nothing more is reported."""
+    for t in list(agent._tasks.values()):
+        t.cancel()
+    await asyncio.gather(*agent._tasks.values(), return_exceptions=True)
+
+
+async def test_restarted_agent_publishes_the_orphans_last_checkpoint_before_its_failure(tmp_path):
+    """Agent 1 publishes 40, the workload then writes 55, agent 1 dies; agent 2 kills the orphan, publishes 55."""
+    clock, sink = ManualClock(T0), Sink()
+    agent = journaled_agent(tmp_path, sink, clock)
+    await agent.on_event(start((sys.executable, "-c", SLEEPER)))
+    progress = tmp_path / "ckpt" / "j1" / "progress"
+    write_atomically(progress, "40")
+    await agent.poll_progress()
+    assert [e.progress_s for e in sink.of(JobCheckpointed)] == [40.0]
+    write_atomically(progress, "55")
+    pid = agent._procs[("n1", "j1", 1, 0)].pid
+    await crash(agent)
+
+    sink2 = Sink()
+    await journaled_agent(tmp_path, sink2, clock).start(heartbeats=False, poll_progress=False)
+    kinds = [(type(e).__name__, getattr(e, "progress_s", None), getattr(e, "reason", None)) for e in sink2.events]
+    assert kinds == [
+        ("JobCheckpointed", 55.0, None),
+        ("JobFailed", None, "agent_restarted"),
+        ("NodeRegistered", None, None),
+    ]
+    assert sink2.events[0].event_id == logic.checkpointed_event(("n1", "j1", 1, 0), 55.0, T0).event_id
+    await until(lambda: not _alive(pid), "the orphan to be killed")
+
+
+async def test_restarted_agent_republishes_an_already_published_checkpoint_with_the_same_id(tmp_path):
+    clock, sink = ManualClock(T0), Sink()
+    agent = journaled_agent(tmp_path, sink, clock)
+    await agent.on_event(start((sys.executable, "-c", SLEEPER)))
+    pid = agent._procs[("n1", "j1", 1, 0)].pid
+    write_atomically(tmp_path / "ckpt" / "j1" / "progress", "40")
+    await agent.poll_progress()
+    await crash(agent)
+    sink2 = Sink()
+    await journaled_agent(tmp_path, sink2, clock).start(heartbeats=False, poll_progress=False)
+    (again,) = sink2.of(JobCheckpointed)
+    assert again.event_id == sink.of(JobCheckpointed)[0].event_id  # readers de-duplicate it
+    await until(lambda: not _alive(pid), "the orphan to be killed")
+
+
+async def test_restarted_agent_publishes_nothing_when_the_orphan_never_reported(tmp_path):
+    """The file still holds the previous attempt's report (the stamp journalled at start): not this attempt's."""
+    clock, sink = ManualClock(T0), Sink()
+    (tmp_path / "ckpt" / "j1").mkdir(parents=True)
+    write_atomically(tmp_path / "ckpt" / "j1" / "progress", "25")
+    agent = journaled_agent(tmp_path, sink, clock)
+    await agent.on_event(start((sys.executable, "-c", SLEEPER), attempt=2))
+    pid = agent._procs[("n1", "j1", 2, 0)].pid
+    await crash(agent)
+    sink2 = Sink()
+    await journaled_agent(tmp_path, sink2, clock).start(heartbeats=False, poll_progress=False)
+    assert [type(e).__name__ for e in sink2.events] == ["JobFailed", "NodeRegistered"]
+    await until(lambda: not _alive(pid), "the orphan to be killed")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
