@@ -220,10 +220,7 @@ class NodeAgent:
     async def _look_at_orphan(self, o: Orphan) -> None:
         """Publish the checkpoint an orphan's progress file holds, if it changed since the orphan started."""
         path = o.progress_file or ""
-        stamp = _stamp(path)
-        raw = (
-            _read_head(path, logic.MAX_PROGRESS_BYTES + 1) if stamp is not None and stamp != o.progress_stamp else None
-        )
+        stamp, raw = _look(path, o.progress_stamp)
         seen = logic.observe_progress(ProgressWatch(stamp=o.progress_stamp), o.key, stamp, raw, self.clock.now())
         if seen.problem is not None:
             log.warning("ignored progress report of orphan %s (%s): %s", o.key, path, seen.problem)
@@ -237,8 +234,7 @@ class NodeAgent:
         if watch is None or w.files is None:
             return
         path = w.files.progress_file
-        stamp = _stamp(path)
-        raw = _read_head(path, logic.MAX_PROGRESS_BYTES + 1) if stamp is not None and stamp != watch.stamp else None
+        stamp, raw = _look(path, watch.stamp)
         seen = logic.observe_progress(watch, w.key, stamp, raw, self.clock.now())
         self._progress[w.key] = seen.watch
         if seen.problem is not None:
@@ -470,9 +466,13 @@ class NodeAgent:
 
 
 def _stamp(path: str) -> logic.FileStamp | None:
-    """``(inode, size, mtime_ns)`` of ``path``, or ``None`` when it is missing or not a regular file."""
+    """``(inode, size, mtime_ns)`` of ``path``, or ``None`` when it is missing or not a regular file.
+
+    ``lstat``: a symbolic link is not followed (a workload must not make the
+    agent read, and log a piece of, a file of its choosing); it counts as absent.
+    """
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except OSError:
         return None
     if not stat.S_ISREG(st.st_mode):
@@ -480,13 +480,29 @@ def _stamp(path: str) -> logic.FileStamp | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _read_head(path: str, limit: int) -> bytes | None:
-    """The first ``limit`` bytes of ``path``, or ``None`` when it cannot be read (vanished, permissions)."""
+def _look(path: str, known: logic.FileStamp | None) -> tuple[logic.FileStamp | None, bytes | None]:
+    """The progress file's stamp now, and its first ``MAX_PROGRESS_BYTES + 1`` bytes when the stamp is not ``known``.
+
+    The content is ``None`` when unchanged, or when it cannot be read as a
+    regular file: it vanished, permissions, or it was swapped for a link or
+    FIFO after the stat (opened without following links and non-blocking,
+    then checked again).
+    """
+    stamp = _stamp(path)
+    if stamp is None or stamp == known:
+        return stamp, None
     try:
-        with open(path, "rb") as f:
-            return f.read(limit)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        return None
+        return stamp, None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return stamp, None
+        return stamp, os.read(fd, logic.MAX_PROGRESS_BYTES + 1)
+    except OSError:
+        return stamp, None
+    finally:
+        os.close(fd)
 
 
 def _open_outputs(files: logic.JobFiles | None) -> tuple[BinaryIO | None, BinaryIO | None]:
