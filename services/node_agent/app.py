@@ -605,7 +605,9 @@ async def run(
         extra={"checkpoint_root": str(checkpoint_root), "job_log_dir": str(job_log_dir)},
     )
     if settings.checkpoint_root is None and settings.state_dir is None:
-        log.warning(
+        # a real node runs processes; simulated nodes run them only for commands without a duration
+        log.log(
+            logging.INFO if settings.sim_nodes else logging.WARNING,
             "checkpoint root %s is a temporary directory: set APPORTION_CHECKPOINT_ROOT (or --state-dir) "
             "to persistent storage, shared by the nodes if jobs are to resume on another node",
             checkpoint_root,
