@@ -512,3 +512,20 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_settings_default_roots(tmp_path, monkeypatch):
+    from services.node_agent.config import NodeAgentSettings
+
+    monkeypatch.delenv("APPORTION_CHECKPOINT_ROOT", raising=False)
+    monkeypatch.delenv("APPORTION_JOB_LOG_DIR", raising=False)
+    with_state = NodeAgentSettings(node_id="gpu-7", state_dir=tmp_path / "state")
+    assert with_state.checkpoint_root_path() == tmp_path / "state" / "checkpoints"
+    assert with_state.job_log_path() == tmp_path / "state" / "job-logs"
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path / "tmp"))
+    bare = NodeAgentSettings(sim_nodes=4, node_prefix="rack1-")
+    assert bare.checkpoint_root_path() == tmp_path / "tmp" / "apportion-node-agent-rack1" / "checkpoints"
+    monkeypatch.setenv("APPORTION_CHECKPOINT_ROOT", str(tmp_path / "nfs"))
+    monkeypatch.setenv("APPORTION_JOB_LOG_DIR", str(tmp_path / "out"))
+    assert NodeAgentSettings().checkpoint_root_path() == tmp_path / "nfs"
+    assert NodeAgentSettings().job_log_path() == tmp_path / "out"
