@@ -4,7 +4,8 @@ Each target module is mutated by mutmut (2.x: the 3.x line needs a click that
 faust-streaming refuses) in a scratch copy of the checkout, so the work tree is
 never touched, and judged by the table tests that name its rules. Bytecode
 caching is off in the runner: a mutant of the same length written within one
-second of the original would otherwise run the stale ``.pyc`` and "survive".
+second of the original would otherwise run the stale ``.pyc`` and "survive";
+and any failing exit (a mutant that breaks the import exits 2) counts as a kill.
 Hypothesis runs its ``mutate`` profile (fewer, fixed examples; tests/conftest.py).
 
 Prints one line per module (killed, survived, timeout, score) and the ids of
@@ -78,9 +79,11 @@ def run(name: str, module: str, tests: tuple[str, ...], base: Path) -> tuple[int
         ignore=shutil.ignore_patterns(".venv*", ".run", ".git", "__pycache__", "infra/kafka/lib", ".mutmut-cache"),
     )
     env = dict(os.environ, HYPOTHESIS_PROFILE="mutate", PYTHONDONTWRITEBYTECODE="1")
+    # mutmut 2 counts only exit code 1 as a kill; a mutant that breaks the import makes pytest exit 2
+    # ("interrupted"), which it would count as a survivor: any failure is mapped to 1
     runner = (
-        f"env PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=shared:. HYPOTHESIS_PROFILE=mutate {VENV / 'python'} "
-        f"-m pytest -x -q -p no:cacheprovider {' '.join(tests)}"
+        f"sh -c 'env PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=shared:. HYPOTHESIS_PROFILE=mutate {VENV / 'python'} "
+        f"-m pytest -x -q -p no:cacheprovider {' '.join(tests)} || exit 1'"
     )
     subprocess.run(
         [str(VENV / "mutmut"), "run", "--paths-to-mutate", module, "--runner", runner, "--no-progress"],
