@@ -141,6 +141,7 @@ class NodeAgent:
         self.ended_cap = ended_cap
         self._adopted: dict[RunKey, Orphan] = {}
         self._shutdown_keys: set[RunKey] = set()
+        self._sleeping: set[RunKey] = set()
         self._probes = {n.node_id: p for n, p in nodes}
         self._emit = emit
         self.clock = clock
@@ -545,7 +546,10 @@ class NodeAgent:
         code: int | None
         try:
             if w.simulated:
+                self._sleeping.add(w.key)
                 try:
+                    if self._stopping(w.key):  # stopped before this task first ran: a cancel would skip the report
+                        raise asyncio.CancelledError
                     await self.clock.sleep(w.duration_s or 0.0)
                     code = 0
                 except asyncio.CancelledError:
@@ -561,6 +565,7 @@ class NodeAgent:
             else:
                 code = await self._procs[w.key].wait()
         finally:
+            self._sleeping.discard(w.key)
             self._procs.pop(w.key, None)
             self._adopted.pop(w.key, None)
             k = self._killers.pop(w.key, None)
@@ -601,7 +606,7 @@ class NodeAgent:
         """SIGTERM ``w`` now; SIGKILL after ``grace_s`` event seconds."""
         task = self._tasks.get(w.key)
         if w.simulated:
-            if task is not None:
+            if task is not None and w.key in self._sleeping:  # not yet started: it sees the stop when it starts
                 task.cancel()
             return
         orphan = self._adopted.get(w.key)
