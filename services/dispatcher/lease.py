@@ -37,6 +37,7 @@ Both scripts are single Lua calls, so they are atomic in Redis.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -183,6 +184,20 @@ class Lease:
         self._acquire = self.redis.register_script(_ACQUIRE)
         self._release = self.redis.register_script(_RELEASE)
         self._logged = ""
+        self._held_since: float | None = None
+
+    def expires_in(self) -> float:
+        """Wall seconds the lease is still certainly ours (<= 0: it may have expired; not leader: 0).
+
+        Local and cheap (no Redis round trip): counted from the moment the last
+        successful acquisition or renewal was *sent*, on the monotonic clock,
+        which keeps counting while the process is stopped (SIGSTOP). A leader
+        checks it before it publishes each batch: a leader that was paused past
+        its TTL sees <= 0 and must not publish (it steps down and re-acquires).
+        """
+        if not self.token or self._held_since is None:
+            return 0.0
+        return self.ttl_s - (time.monotonic() - self._held_since)
 
     def observe(self, token: int | None) -> None:
         """Raise the floor to ``token`` (one seen in the log); out-of-range values are ignored."""
@@ -201,6 +216,7 @@ class Lease:
         :attr:`reason` (logged once per change) says why.
         """
         self.observe(floor)
+        asked = time.monotonic()  # before the request: the lease runs from no later than this
         try:
             got = int(
                 self._acquire(
@@ -217,6 +233,7 @@ class Lease:
         self.token = got
         self.floor = max(self.floor, got)
         self.reason = ""
+        self._held_since = asked
         if self._logged:
             log.info("lease acquired again (token %d) after: %s", got, self._logged)
             self._logged = ""
@@ -224,6 +241,7 @@ class Lease:
 
     def _not_leader(self, reason: str) -> int:
         self.token = 0
+        self._held_since = None
         self.reason = reason
         if reason != self._logged:
             level = logging.INFO if reason == "another instance holds the lease" else logging.WARNING
@@ -293,8 +311,6 @@ def highest_token_in_log(
             else:
                 c.pause(tp)
         best = 0
-        import time
-
         deadline = time.monotonic() + timeout_s
         while todo and time.monotonic() < deadline:
             for tp, recs in c.poll(timeout_ms=200).items():

@@ -114,3 +114,35 @@ def test_lease_floor_only_grows_and_ignores_invalid_values():
     assert lease.floor == 7
     with pytest.raises(TokenRangeError):
         Lease(DownRedis(OSError()), "d", floor=2**62)
+
+
+class ScriptedRedis:
+    """A ``redis.Redis`` stand-in whose acquire script answers from a list."""
+
+    def __init__(self, answers: list[int]) -> None:
+        self.answers = answers
+
+    def register_script(self, _src: str):
+        return lambda **_kw: self.answers.pop(0)
+
+
+def test_expires_in_counts_from_the_request_and_is_zero_when_not_leader(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr("services.dispatcher.lease.time.monotonic", lambda: clock[0])
+    lease = Lease(ScriptedRedis([3, 3, 0]), "a", ttl_s=3.0)
+    assert lease.expires_in() == 0.0
+    assert lease.try_acquire() == 3
+    clock[0] = 102.0
+    assert lease.expires_in() == pytest.approx(1.0)
+    clock[0] = 104.0  # paused past the TTL (SIGSTOP): must not publish
+    assert lease.expires_in() < 0
+    assert lease.try_acquire() == 3  # renewed
+    assert lease.expires_in() == pytest.approx(3.0)
+    assert lease.try_acquire() == 0  # another holds it
+    assert lease.expires_in() == 0.0 and lease.reason == "another instance holds the lease"
+
+
+def test_script_errors_are_not_leader_with_their_reason():
+    lease = Lease(ScriptedRedis([-1, -2]), "a")
+    assert lease.try_acquire() == 0 and lease.reason.startswith("the token counter in Redis is not an integer")
+    assert lease.try_acquire() == 0 and lease.reason == "the next fencing token would exceed 2**53"
