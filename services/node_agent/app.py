@@ -799,8 +799,9 @@ async def run(
         # Queued, not awaited: the idempotent acks=all producer keeps per-key order and retries for
         # delivery_timeout_ms; waiting for each ack here serialised the agent (one broker round trip per
         # JobStarted and per heartbeat of each hosted node), which at 1440x delayed starts by ~2,000 event
-        # seconds in the main job. A send that still fails is logged and counted; the journal reports the
-        # run on the next start (agent_restarted), so a lost JobStarted cannot hide a run for ever.
+        # seconds in the main job. A send that still fails is logged and counted; after a restart the journal
+        # re-publishes an adopted replica's JobStarted (or reports it JobLost), so a lost JobStarted cannot
+        # hide a run for ever. The restart reports themselves are flushed before the journal marks them done.
         fut = producer.send(ev)
         fut.add_errback(_send_failed, ev, metrics)
 

@@ -402,3 +402,20 @@ async def test_simulated_orphan_whose_time_ran_out_completes(tmp_path):
     await agent.start(heartbeats=False)
     assert [type(e).__name__ for e in sink.events] == ["JobCompleted", "NodeRegistered"]
     assert not agent.state.running
+
+
+def test_settings_journal_kept_by_default_and_static_membership(tmp_path, monkeypatch):
+    from services.node_agent.config import NodeAgentSettings
+
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
+    monkeypatch.setenv("APPORTION_TOPIC_PREFIX", "e2e1.")
+    sim = NodeAgentSettings(sim_nodes=4, node_prefix="rack1-")
+    assert sim.journal_path() == tmp_path / "apportion-node-agent-e2e1.rack1" / "rack1.journal"
+    assert sim.instance_id() == "e2e1.node-agent.rack1"
+    real = NodeAgentSettings(node_id="gpu-7", state_dir=tmp_path / "state")
+    assert real.journal_path() == tmp_path / "state" / "gpu-7.journal"
+    assert NodeAgentSettings(node_id="gpu-7", memory_journal=True).journal_path() is None
+    assert NodeAgentSettings(node_id="gpu-7", group_instance_id="").instance_id() is None  # dynamic membership
+    assert NodeAgentSettings(node_id="gpu-7", group_instance_id="x").instance_id() == "x"
+    monkeypatch.delenv("APPORTION_TOPIC_PREFIX")
+    assert NodeAgentSettings(node_id="gpu-7").instance_id() == "node-agent.gpu-7"
