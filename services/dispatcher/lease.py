@@ -140,6 +140,14 @@ redis.call('SET', KEYS[1], ARGV[1] .. ':' .. string.format('%d', token), 'PX', A
 return token
 """
 
+# KEYS[1] lease; ARGV[1] owner, ARGV[2] token, ARGV[3] ttl ms. Extends only our own lease with this token.
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] .. ':' .. ARGV[2] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[3])
+end
+return 0
+"""
+
 # KEYS[1] lease; ARGV[1] owner, ARGV[2] token. Deletes only our own lease.
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] .. ':' .. ARGV[2] then
@@ -183,6 +191,7 @@ class Lease:
             raise TokenRangeError(f"floor {self.floor!r} outside [0, 2**53]")
         self._acquire = self.redis.register_script(_ACQUIRE)
         self._release = self.redis.register_script(_RELEASE)
+        self._renew = self.redis.register_script(_RENEW)
         self._logged = ""
         self._held_since: float | None = None
 
@@ -238,6 +247,26 @@ class Lease:
             log.info("lease acquired again (token %d) after: %s", got, self._logged)
             self._logged = ""
         return got
+
+    def renew(self) -> bool:
+        """Extend the lease we hold, never drawing a new token; False ("not leader") when it is gone or Redis failed.
+
+        Unlike :meth:`try_acquire`, a lease that expired is not taken again
+        here: the caller must stop deciding, then acquire (and rebuild) anew.
+        """
+        if not self.token:
+            return False
+        asked = time.monotonic()
+        try:
+            ok = int(self._renew(keys=[lease_key()], args=[self.owner, self.token, max(1, int(self.ttl_s * 1000))]))
+        except Exception as exc:  # redis.RedisError, OSError: we cannot know we still lead
+            self._not_leader(f"Redis unavailable: {type(exc).__name__}: {exc}")
+            return False
+        if not ok:
+            self._not_leader(f"lease with token {self.token} expired or taken over")
+            return False
+        self._held_since = asked
+        return True
 
     def _not_leader(self, reason: str) -> int:
         self.token = 0

@@ -114,3 +114,17 @@ def test_unreachable_redis_is_not_leader():
     lease = Lease(r, "a", ttl_s=3)
     assert lease.try_acquire(floor=4) == 0
     assert lease.reason.startswith("Redis unavailable: ConnectionError")
+
+
+def test_renew_extends_only_our_own_lease_and_never_draws_a_token(client):
+    from services.dispatcher.lease import lease_key
+
+    lease = Lease(client, "a", ttl_s=60)
+    assert lease.renew() is False  # not leading
+    assert lease.try_acquire() == 1
+    client.pexpire(lease_key(), 500)
+    assert lease.renew() is True and client.pttl(lease_key()) > 50_000
+    client.flushdb()  # Redis restarted: the lease is gone
+    assert lease.renew() is False
+    assert lease.token == 0 and lease.reason == "lease with token 1 expired or taken over"
+    assert client.get(token_key()) is None  # renew drew nothing

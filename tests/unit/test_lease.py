@@ -146,3 +146,10 @@ def test_script_errors_are_not_leader_with_their_reason():
     lease = Lease(ScriptedRedis([-1, -2]), "a")
     assert lease.try_acquire() == 0 and lease.reason.startswith("the token counter in Redis is not an integer")
     assert lease.try_acquire() == 0 and lease.reason == "the next fencing token would exceed 2**53"
+
+
+def test_renew_with_redis_down_is_not_leader():
+    lease = Lease(ScriptedRedis([4]), "a", ttl_s=3.0)
+    assert lease.try_acquire() == 4
+    lease._renew = DownRedis(OSError("unreachable")).register_script("")
+    assert lease.renew() is False and lease.reason.startswith("Redis unavailable: OSError")
