@@ -219,8 +219,6 @@ class NodeAgent:
             self.state = replace(self.state, ended=self.state.ended | {k for k, _ in reported})
             self.state = logic.with_lost_runs(self.state, {(k[1], k[2]) for k, lost in reported if lost})
         self._prune(now)
-        if self.journal.needs_compaction():
-            self.journal.compact()
         regs = logic.registered_events(self.state, now)
         for ev in regs:
             await self._emit(ev)
@@ -261,10 +259,16 @@ class NodeAgent:
             await self._emit(logic.started_event(w, o.started_at, o.pid))
 
     def _prune(self, now) -> None:
-        """Forget ended replicas beyond the retention window (journal and state)."""
+        """Forget ended replicas beyond the retention window (journal and state); compact a grown journal.
+
+        Compaction rewrites about as many lines as are live, and happens once the
+        file holds twice that plus 1,000: amortised, a constant per line written.
+        """
         gone = self.journal.prune(now, self.state.retention_s, self.ended_cap)
         if gone:
             self.state = logic.forgotten(self.state, gone)
+        if self.journal.needs_compaction():
+            self.journal.compact()
 
     async def heartbeat(self) -> None:
         """Publish one heartbeat per hosted node."""

@@ -419,3 +419,17 @@ def test_settings_journal_kept_by_default_and_static_membership(tmp_path, monkey
     assert NodeAgentSettings(node_id="gpu-7", group_instance_id="x").instance_id() == "x"
     monkeypatch.delenv("APPORTION_TOPIC_PREFIX")
     assert NodeAgentSettings(node_id="gpu-7").instance_id() == "node-agent.gpu-7"
+
+
+async def test_a_long_running_agent_keeps_its_journal_bounded(tmp_path, monkeypatch):
+    """800 short runs write 1,600 lines; with a cap of 50 the file is compacted while the agent runs."""
+    monkeypatch.setattr("services.node_agent.store.os.fsync", lambda fd: None)
+    clock, sink = ManualClock(T0), Sink()
+    agent = agent_at(tmp_path, clock, sink, ended_cap=50)
+    for i in range(800):
+        await agent.on_event(start(job=f"j{i}", ts=clock.now(), duration_s=0.0))
+        await asyncio.wait_for(agent.idle(), WAIT_S)
+    lines = (tmp_path / "agent.journal").read_text().splitlines()
+    assert len(lines) < 1200 and len(agent.state.ended) == 50
+    assert Journal(tmp_path / "agent.journal").fencing_token == 5
+    assert len(sink.of(JobStarted)) == 800
