@@ -32,7 +32,14 @@ def parse_args(argv: list[str] | None = None) -> dict:
     ap.add_argument("--gpu-model", help="model name of simulated GPUs")
     ap.add_argument("--force-simulated", action="store_true", default=None, help="skip NVML")
     ap.add_argument("--heartbeat-interval-s", type=float, help="event seconds between heartbeats")
-    ap.add_argument("--state-dir", type=Path, help="journal directory (default: memory only)")
+    ap.add_argument("--state-dir", type=Path, help="journal directory (default: a per-agent temporary directory)")
+    ap.add_argument(
+        "--memory-journal", action="store_true", default=None, help="keep the journal in memory only (demos)"
+    )
+    ap.add_argument("--group-instance-id", help='static consumer-group member id ("" for dynamic membership)')
+    ap.add_argument(
+        "--require-fenced-lost", action="store_true", default=None, help="ignore NodeLost without a fencing token"
+    )
     ap.add_argument("--checkpoint-root", type=Path, help="jobs' persistent checkpoint directories")
     ap.add_argument("--job-log-dir", type=Path, help="per-job stdout/stderr files")
     ap.add_argument("--progress-poll-wall-s", type=float, help="wall seconds between looks at progress files")

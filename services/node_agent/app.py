@@ -24,15 +24,28 @@ value (:func:`services.node_agent.logic.observe_progress`).
 Offsets. The commands consumer group is new the first time an agent runs:
 it starts at the *end* of the topic (old commands were for earlier agents),
 and waits for its partition assignment before registering its nodes, so no
-command sent in reply to the registration is missed. Later starts resume
-from the committed offsets; the journal (:mod:`services.node_agent.store`)
-makes redelivered commands harmless.
+command sent in reply to the registration is missed; it registers before it
+handles the first record, so a command queued before this registration is
+refused (``before_registration``), never executed late. Later starts resume
+from the committed offsets; the journal (:mod:`services.node_agent.store`,
+kept by default under the agent's state directory) makes redelivered
+commands harmless and keeps the newest fencing token across restarts.
+
+Membership. The consumer is a *static* group member (``group.instance.id``
+= ``<topic prefix>node-agent.<agent>``, KIP-345): after a crash the restarted
+agent takes its old member's place at once, where a dynamic member waited
+out the old one's session timeout (45 s) before it got its partitions back.
+
+Restarts. Replicas running when the agent died are adopted if still alive,
+or reported ``JobLost`` (:meth:`NodeAgent.start`); the agent never reports
+its own failure as a workload's ``JobFailed``.
 
 Stopping. ``StopWorkload`` sends SIGTERM to the workload's process group,
 then SIGKILL after ``grace_s`` event seconds (scaled clock: shorter in wall
 time). A simulated workload is cancelled and reports exit code -15.
 Shutdown of the agent (SIGTERM) stops its workloads the same way with
-``grace_s = 5`` and reports them ``JobFailed(reason="stopped")``.
+``grace_s = 5`` and reports them ``JobLost`` (the dispatcher requeues them:
+the agent's stop is not the workload's failure).
 """
 
 from __future__ import annotations
@@ -44,11 +57,12 @@ import signal
 import stat
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import BinaryIO
 
 from apportion.clock import Clock
-from apportion.events import Event, JobFailed, NodeLost, StartWorkload, StopWorkload, det_id
+from apportion.events import Event, NodeLost, StartWorkload, StopWorkload
 from apportion.gpu import GpuProbe, SimulatedProbe, open_probe, simulated_inventory
 from services.node_agent import logic
 from services.node_agent.config import NodeAgentSettings
@@ -83,7 +97,15 @@ class NodeAgent:
         job_log_dir: directory of the per-job stdout/stderr files; ``None``:
             processes inherit the agent's output.
         progress_poll_wall_s: wall seconds between looks at the progress files
-            of running processes (when started with ``poll_progress``).
+            of running processes (when started with ``poll_progress``), and
+            at whether adopted processes still live.
+        flush: coroutine waiting until every emitted event is acknowledged;
+            awaited after the restart reports, before the journal marks them
+            done (default: nothing to wait for).
+        retention_s: event seconds ended replicas are remembered (duplicate
+            starts refused) and a command stays executable.
+        ended_cap: most ended replicas remembered, whatever their age.
+        require_fenced_lost: ignore a ``NodeLost`` without a fencing token.
     """
 
     def __init__(
@@ -100,9 +122,26 @@ class NodeAgent:
         checkpoint_root: Path | None = None,
         job_log_dir: Path | None = None,
         progress_poll_wall_s: float = 1.0,
+        flush: Callable[[], Awaitable[None]] | None = None,
+        retention_s: float = logic.RETENTION_S,
+        ended_cap: int = 100_000,
+        require_fenced_lost: bool = False,
     ) -> None:
         self.journal = journal or Journal(None)
-        self.state: AgentState = logic.initial_state([n for n, _ in nodes], claim_prefix, ended=self.journal.known())
+        self.state: AgentState = logic.initial_state(
+            [n for n, _ in nodes],
+            claim_prefix,
+            ended=self.journal.known(),
+            fencing_token=self.journal.fencing_token,
+            lost_runs=self.journal.lost_runs(),
+            retention_s=retention_s,
+            require_fenced_lost=require_fenced_lost,
+        )
+        self._flush = flush
+        self.ended_cap = ended_cap
+        self._adopted: dict[RunKey, Orphan] = {}
+        self._shutdown_keys: set[RunKey] = set()
+        self._sleeping: set[RunKey] = set()
         self._probes = {n.node_id: p for n, p in nodes}
         self._emit = emit
         self.clock = clock
@@ -123,32 +162,63 @@ class NodeAgent:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, heartbeats: bool = True, poll_progress: bool = True) -> None:
-        """Report orphans from the journal, register the nodes, start heartbeats and progress polling."""
+        """Settle the journal's orphans, register the nodes, start heartbeats and progress polling.
+
+        Orphans (replicas running when the previous agent process died), each
+        after its last checkpoint is published:
+
+        * a process still alive (same pid and start time) is **adopted**: it
+          keeps running, its ``JobStarted`` is published again as journalled
+          (same id and content), it is watched until it exits and can be
+          stopped; its exit code is not ours to read, so an exit without a stop
+          is reported ``JobLost`` (requeued, resuming from its checkpoint);
+        * a simulated workload with time left is adopted for the rest of its
+          duration; one whose duration ran out completes (``JobCompleted``);
+        * anything else (the process is gone, cannot be verified, or its node
+          is no longer hosted: killed) is reported ``JobLost``: the failure
+          is the agent's, never ``JobFailed``.
+
+        The reports are flushed before the journal marks them done, so a crash
+        in between reports them again (same ids). Then the journal is pruned
+        (and compacted when it grew), and only then are the nodes registered:
+        every command is judged against this registration.
+        """
         now = self.clock.now()
+        reported: list[tuple[RunKey, bool]] = []
         for o in self.journal.orphans():
-            if Journal.still_alive(o):
-                try:
-                    os.killpg(o.pid, signal.SIGKILL)  # type: ignore[arg-type]
-                except ProcessLookupError:
-                    pass
             node_id, job_id, attempt, replica = o.key
+            hosted = node_id in self.state.nodes
             if o.progress_file is not None:  # its last checkpoint first (an id already published is a duplicate)
                 await self._look_at_orphan(o)
-            await self._emit(
-                JobFailed(
-                    event_id=det_id("WorkloadEnded", *o.key),
-                    ts=now,
-                    producer=logic.PRODUCER,
-                    job_id=job_id,
-                    attempt=attempt,
-                    replica=replica,
-                    node_id=node_id,
-                    exit_code=None,
-                    reason="agent_restarted",
-                )
-            )
-            self.journal.ended(o.key)
-            self.state = replace(self.state, ended=self.state.ended | {o.key})
+            if hosted and o.pid and Journal.still_alive(o):
+                await self._adopt(o, None)
+                continue
+            if hosted and o.pid is None and o.sim_until is not None:
+                if o.sim_until > now:
+                    await self._adopt(o, (o.sim_until - now).total_seconds())
+                    continue
+                w = self._orphan_workload(o, None)
+                await self._emit(logic.exit_event(w, 0, now))
+                reported.append((o.key, False))
+                continue
+            if o.pid and Journal.still_alive(o):  # alive but its node is no longer ours
+                _killpg(o.pid, signal.SIGKILL)
+            log.warning("replica %s was running when the agent stopped and is gone: reported lost", o.key)
+            if (node_id, job_id, attempt) not in {(k[0], k[1], k[2]) for k, lost in reported if lost}:
+                await self._emit(logic.lost_event(node_id, job_id, attempt, now))
+            reported.append((o.key, True))
+        if reported:
+            try:
+                if self._flush is not None:
+                    await self._flush()
+            except Exception as exc:  # reported again on the next start (same ids)
+                log.error("could not flush the restart reports (%s): they are sent again on the next start", exc)
+            else:
+                for key, lost in reported:
+                    self.journal.ended(key, now, lost=lost)
+            self.state = replace(self.state, ended=self.state.ended | {k for k, _ in reported})
+            self.state = logic.with_lost_runs(self.state, {(k[1], k[2]) for k, lost in reported if lost})
+        self._prune(now)
         regs = logic.registered_events(self.state, now)
         for ev in regs:
             await self._emit(ev)
@@ -158,6 +228,47 @@ class NodeAgent:
             self._hb_task = asyncio.create_task(self._heartbeat_loop(), name="heartbeats")
         if poll_progress and self.checkpoint_root is not None:
             self._poll_task = asyncio.create_task(self._progress_loop(), name="progress")
+
+    def _orphan_workload(self, o: Orphan, sim_s: float | None) -> Workload:
+        """The :class:`Workload` an orphan stands for (its command is not journalled: an empty argv)."""
+        files = None
+        if o.progress_file is not None:
+            files = logic.JobFiles(os.path.dirname(o.progress_file), o.progress_file)
+        return Workload(
+            *o.key,
+            gpus=o.gpus,
+            command=None if o.pid is None else (),
+            duration_s=sim_s,
+            files=files,
+            started_at=o.started_at,
+            adopted=o.pid is not None,
+        )
+
+    async def _adopt(self, o: Orphan, sim_s: float | None) -> None:
+        """Run orphan ``o`` on (a live process, or a simulated workload for ``sim_s`` more seconds)."""
+        w = self._orphan_workload(o, sim_s)
+        log.info("adopted %s after a restart (%s)", o.key, f"pid {o.pid}" if o.pid else f"{sim_s:.1f} s left")
+        if o.pid:
+            self._adopted[o.key] = o
+            if w.files is not None:
+                self._progress[o.key] = ProgressWatch(stamp=_stamp(w.files.progress_file))
+        self.state = logic.with_launched(self.state, w)
+        self._tasks[o.key] = asyncio.create_task(self._watch(w), name=f"workload {o.key}")
+        self._gauge()
+        if o.started_at is not None:  # the same event as before the restart: readers de-duplicate it
+            await self._emit(logic.started_event(w, o.started_at, o.pid))
+
+    def _prune(self, now) -> None:
+        """Forget ended replicas beyond the retention window (journal and state); compact a grown journal.
+
+        Compaction rewrites about as many lines as are live, and happens once the
+        file holds twice that plus 1,000: amortised, a constant per line written.
+        """
+        gone = self.journal.prune(now, self.state.retention_s, self.ended_cap)
+        if gone:
+            self.state = logic.forgotten(self.state, gone)
+        if self.journal.needs_compaction():
+            self.journal.compact()
 
     async def heartbeat(self) -> None:
         """Publish one heartbeat per hosted node."""
@@ -188,6 +299,7 @@ class NodeAgent:
                 await asyncio.gather(t, return_exceptions=True)
         async with self._lock:
             keys = [k for k, w in self.state.running.items() if not w.stopping]
+            self._shutdown_keys.update(keys)  # the agent's failure, not theirs: reported lost
             for k in keys:
                 w = replace(self.state.running[k], stopping=True, grace_s=grace_s)
                 self.state = replace(self.state, running={**self.state.running, k: w})
@@ -277,13 +389,26 @@ class NodeAgent:
                 action = logic.decide_stop(self.state, event, now)
             if not isinstance(action, logic.Ignore) and "commands" in self._metrics:
                 self._metrics["commands"].labels(type=event.type).inc()
-            if event.node_id in self.state.nodes and not isinstance(action, logic.Refuse):
-                self.state = logic.with_token(self.state, event.fencing_token)
+            if event.node_id in self.state.nodes:
+                self._saw_token(event.fencing_token)
             await self._act(action)
+
+    def _saw_token(self, token: int | None) -> None:
+        """Remember a newer valid token, in the journal first (fsynced), so a restart keeps refusing older ones."""
+        before = self.state.fencing_token
+        self.state = logic.with_token(self.state, token)
+        if self.state.fencing_token != before and self.state.fencing_token is not None:
+            self.journal.token(self.state.fencing_token)
+            log.info("fencing token %d (was %s)", self.state.fencing_token, before)
 
     async def _act(self, action: logic.Action) -> None:
         if isinstance(action, logic.Ignore):
-            log.debug("ignored command: %s", action.why)
+            if action.reason is None:
+                log.debug("ignored command: %s", action.why)
+                return
+            log.warning("disregarded %s", action.why)
+            if "refused" in self._metrics:
+                self._metrics["refused"].labels(reason=action.reason).inc()
         elif isinstance(action, logic.Refuse):
             log.warning(
                 "refused %s attempt %d on %s: %s",
@@ -304,7 +429,7 @@ class NodeAgent:
             self.state = logic.with_stopping(self.state, action)
             for ev in action.events:
                 key = (ev.node_id, ev.job_id, ev.attempt, ev.replica)  # type: ignore[attr-defined]
-                self.journal.ended(key)
+                self.journal.ended(key, ev.ts)
                 await self._emit(ev)
             for w in action.workloads:
                 self._signal(w, action.grace_s)
@@ -313,18 +438,32 @@ class NodeAgent:
         """Fence a hosted node declared lost: stop its replicas, register it again once they exited."""
         async with self._lock:
             action = logic.decide_lost(self.state, event, self.clock.now(), SHUTDOWN_GRACE_S)
+            if event.node_id in self.state.nodes:
+                self._saw_token(event.fencing_token)
             if isinstance(action, logic.Ignore):
-                log.debug("ignored NodeLost of %s: %s", event.node_id, action.why)
+                if action.reason is not None:
+                    log.warning("disregarded NodeLost: %s", action.why)
+                    if "refused" in self._metrics:
+                        self._metrics["refused"].labels(reason=action.reason).inc()
+                else:
+                    log.debug("ignored NodeLost of %s: %s", event.node_id, action.why)
                 return
+            if event.fencing_token is None:
+                log.warning(
+                    "obeying NodeLost of %s without a fencing token (a dispatcher that does not stamp it)",
+                    event.node_id,
+                )
             log.warning(
-                "node %s was declared lost (last heartbeat %s): stopping %d replica(s), then rejoining",
+                "node %s was declared lost (last heartbeat %s, token %s): stopping %d replica(s)%s",
                 event.node_id,
                 event.last_heartbeat.isoformat(),
+                event.fencing_token,
                 len(action.stop.workloads),
+                ", then rejoining" if action.register else "",
             )
             self.state = logic.with_rejoining(self.state, action)
             for ev in action.stop.events:
-                self.journal.ended((ev.node_id, ev.job_id, ev.attempt, ev.replica))  # type: ignore[attr-defined]
+                self.journal.ended((ev.node_id, ev.job_id, ev.attempt, ev.replica), ev.ts)  # type: ignore[attr-defined]
                 await self._emit(ev)
             for w in action.stop.workloads:
                 self._signal(w, action.stop.grace_s)
@@ -354,6 +493,7 @@ class NodeAgent:
         """
         now = self.clock.now()
         pid = None
+        w = replace(w, started_at=now)
         if not w.simulated:
             if self.checkpoint_root is not None:
                 log_dir = str(self.job_log_dir) if self.job_log_dir is not None else None
@@ -380,7 +520,7 @@ class NodeAgent:
                             f.close()
             except OSError as exc:
                 self._progress.pop(w.key, None)
-                self.journal.ended(w.key)
+                self.journal.ended(w.key, now)
                 self.state = replace(
                     self.state,
                     ended=self.state.ended | {w.key},
@@ -396,6 +536,9 @@ class NodeAgent:
             pid,
             w.files.progress_file if w.files is not None and watch is not None else None,
             watch.stamp if watch is not None else None,
+            ts=now,
+            gpus=w.gpus,
+            sim_until=now + timedelta(seconds=w.duration_s or 0.0) if w.simulated else None,
         )
         self.state = logic.with_launched(self.state, w)
         self._tasks[w.key] = asyncio.create_task(self._watch(w), name=f"workload {w.key}")
@@ -407,7 +550,10 @@ class NodeAgent:
         code: int | None
         try:
             if w.simulated:
+                self._sleeping.add(w.key)
                 try:
+                    if self._stopping(w.key):  # stopped before this task first ran: a cancel would skip the report
+                        raise asyncio.CancelledError
                     await self.clock.sleep(w.duration_s or 0.0)
                     code = 0
                 except asyncio.CancelledError:
@@ -415,10 +561,17 @@ class NodeAgent:
                         code = -signal.SIGTERM
                     else:
                         raise
+            elif w.adopted:
+                code = None
+                orphan = self._adopted[w.key]
+                while Journal.still_alive(orphan):
+                    await asyncio.sleep(self.progress_poll_wall_s)
             else:
                 code = await self._procs[w.key].wait()
         finally:
+            self._sleeping.discard(w.key)
             self._procs.pop(w.key, None)
+            self._adopted.pop(w.key, None)
             k = self._killers.pop(w.key, None)
             if k is not None:
                 k.cancel()
@@ -427,9 +580,22 @@ class NodeAgent:
             if w.key in self._progress:  # a last look: the checkpoint written on SIGTERM goes before the exit
                 await self._look_at_progress(current)
                 del self._progress[w.key]
-            self.journal.ended(w.key)
+            now = self.clock.now()
+            shut = w.key in self._shutdown_keys
+            lost = shut or (current.adopted and not current.stopping)
+            if lost:  # stopped by the agent's own shutdown, or an adopted process (exit code unknown)
+                log.warning(
+                    "replica %s %s: reported lost",
+                    w.key,
+                    "stopped by the agent's shutdown" if shut else "adopted after a restart exited (outcome unknown)",
+                )
+                await self._emit(logic.lost_event(w.node_id, w.job_id, w.attempt, now))
+                self.state = logic.with_lost_runs(self.state, {(w.job_id, w.attempt)})
+            else:
+                await self._emit(logic.exit_event(current, code, now))
+            self.journal.ended(w.key, now, lost=lost)
             self.state = logic.with_exited(self.state, w.key)
-            await self._emit(logic.exit_event(current, code, self.clock.now()))
+            self._prune(now)
             for nxt in logic.ready_to_launch(self.state):
                 await self._launch(nxt)
             await self._rejoin_ready()
@@ -444,19 +610,32 @@ class NodeAgent:
         """SIGTERM ``w`` now; SIGKILL after ``grace_s`` event seconds."""
         task = self._tasks.get(w.key)
         if w.simulated:
-            if task is not None:
+            if task is not None and w.key in self._sleeping:  # not yet started: it sees the stop when it starts
                 task.cancel()
             return
+        orphan = self._adopted.get(w.key)
         proc = self._procs.get(w.key)
-        if proc is None or proc.returncode is not None:
+        if orphan is not None:
+            pid = orphan.pid or 0
+
+            def alive() -> bool:
+                return Journal.still_alive(orphan)
+        elif proc is not None:
+            pid = proc.pid
+
+            def alive() -> bool:
+                return proc.returncode is None
+        else:
             return
-        _killpg(proc.pid, signal.SIGTERM)
+        if not alive():
+            return
+        _killpg(pid, signal.SIGTERM)
 
         async def kill_later() -> None:
             await self.clock.sleep(grace_s)
-            if proc.returncode is None:
+            if alive():
                 log.warning("workload %s ignored SIGTERM for %.1fs: SIGKILL", w.key, grace_s)
-                _killpg(proc.pid, signal.SIGKILL)
+                _killpg(pid, signal.SIGKILL)
 
         self._killers[w.key] = asyncio.create_task(kill_later())
 
@@ -596,7 +775,8 @@ async def run(
     log.info("record-batch CRC-32C: %s", use_compiled_crc32c())
     registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host)
     nodes, prefix = build_nodes(settings)
-    journal = Journal(settings.state_dir / f"{settings.agent_name()}.journal" if settings.state_dir else None)
+    journal = Journal(settings.journal_path())
+    log.info("journal %s", journal.path or "in memory only (a restart cannot adopt runs)")
     checkpoint_root, job_log_dir = settings.checkpoint_root_path(), settings.job_log_path()
     log.info(
         "job checkpoint directories under %s, job output under %s",
@@ -616,12 +796,16 @@ async def run(
 
     metrics = _metrics(registry)
 
+    async def flush() -> None:
+        await asyncio.to_thread(producer.flush, 30.0)
+
     async def emit(ev: Event) -> None:
         # Queued, not awaited: the idempotent acks=all producer keeps per-key order and retries for
         # delivery_timeout_ms; waiting for each ack here serialised the agent (one broker round trip per
         # JobStarted and per heartbeat of each hosted node), which at 1440x delayed starts by ~2,000 event
-        # seconds in the main job. A send that still fails is logged and counted; the journal reports the
-        # run on the next start (agent_restarted), so a lost JobStarted cannot hide a run for ever.
+        # seconds in the main job. A send that still fails is logged and counted; after a restart the journal
+        # re-publishes an adopted replica's JobStarted (or reports it JobLost), so a lost JobStarted cannot
+        # hide a run for ever. The restart reports themselves are flushed before the journal marks them done.
         fut = producer.send(ev)
         fut.add_errback(_send_failed, ev, metrics)
 
@@ -637,8 +821,12 @@ async def run(
         checkpoint_root=checkpoint_root,
         job_log_dir=job_log_dir,
         progress_poll_wall_s=settings.progress_poll_wall_s,
+        flush=flush,
+        retention_s=settings.retention_s,
+        ended_cap=settings.ended_cap,
+        require_fenced_lost=settings.require_fenced_lost,
     )
-    assigned = asyncio.Event()
+    loop = asyncio.get_running_loop()
 
     wanted = (StartWorkload, StopWorkload, NodeLost)
 
@@ -647,6 +835,7 @@ async def run(
             if isinstance(event, wanted):
                 handler(event, delivery)
 
+        static = settings.instance_id()
         c = EventConsumer(
             conn.bootstrap,
             [COMMANDS.name, NODES.name],
@@ -656,23 +845,22 @@ async def run(
             name=settings.producer_name,
             clock=clock.now,
             auto_offset_reset="latest",
+            **({"group_instance_id": static} if static else {}),
         )
         _wait_assigned(c, deadline_s=60.0)
+        # Register (and settle the journal's orphans) now: after the assignment, so no command sent in reply
+        # is missed, and before the first record is handled, so every command is judged against this
+        # registration (a command queued before it is never executed late).
+        asyncio.run_coroutine_threadsafe(started(), loop).result()
         return c
 
-    async def started_after_assignment() -> None:
-        await assigned.wait()
+    async def started() -> None:
         await agent.start()
         if ready is not None:
             ready.set()
 
-    async def on_idle() -> None:
-        if not assigned.is_set():
-            assigned.set()
-            await started_after_assignment()
-
     try:
-        await consume(make_consumer, agent.on_event, stop, on_idle=on_idle)
+        await consume(make_consumer, agent.on_event, stop)
     finally:
         await agent.shutdown()
         await asyncio.to_thread(producer.close)

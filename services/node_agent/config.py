@@ -19,6 +19,7 @@ the dispatcher's heartbeat timeout must exceed that).
 
 from __future__ import annotations
 
+import re
 import socket
 import tempfile
 from pathlib import Path
@@ -41,8 +42,13 @@ class NodeAgentSettings(ServiceSettings):
         force_simulated: do not try NVML even for the real node.
         heartbeat_interval_s: event seconds between heartbeats.
         heartbeat_min_wall_s: minimum wall seconds between heartbeats.
-        state_dir: where the run journal lives (``None``: in memory only;
-            then a restarted agent cannot recognise redelivered commands).
+        state_dir: where the run journal lives; default a per-agent
+            temporary directory (:meth:`data_dir`), so a restarted agent keeps
+            its runs, its newest fencing token and its ended replicas. Point it
+            at persistent storage (``/var/lib/apportion``) on a real node.
+        memory_journal: keep the journal in memory only (tests, throwaway
+            demos): a restarted agent then cannot adopt its runs or recognise
+            redelivered commands.
         checkpoint_root: directory of the jobs' persistent checkpoint
             directories, also their working directories (``docs/checkpoints.md``);
             default ``<state_dir>/checkpoints``, or
@@ -53,6 +59,15 @@ class NodeAgentSettings(ServiceSettings):
         progress_poll_wall_s: wall seconds between looks at the progress files
             of running processes (each look is one ``stat`` per process).
         group_id: consumer group for commands (default ``node-agent.<prefix or node id>``).
+        group_instance_id: static group membership id (Kafka KIP-345; default
+            :meth:`instance_id`): a restarted agent takes its place in the group
+            at once instead of waiting out the session timeout; ``""`` for
+            dynamic membership.
+        retention_s: event seconds an ended replica is remembered (a second
+            start is refused) and a command stays executable.
+        ended_cap: most ended replicas remembered, whatever their age.
+        require_fenced_lost: ignore a ``NodeLost`` without a fencing token
+            (set once every dispatcher stamps its token on ``NodeLost``).
         producer_name: written as ``producer`` on events.
     """
 
@@ -66,10 +81,15 @@ class NodeAgentSettings(ServiceSettings):
     heartbeat_interval_s: float = 10.0
     heartbeat_min_wall_s: float = 0.5
     state_dir: Path | None = None
+    memory_journal: bool = False
     checkpoint_root: Path | None = None
     job_log_dir: Path | None = None
     progress_poll_wall_s: float = Field(default=1.0, gt=0)
     group_id: str | None = None
+    group_instance_id: str | None = None
+    retention_s: float = Field(default=24 * 3600.0, gt=0)
+    ended_cap: int = Field(default=100_000, gt=0)
+    require_fenced_lost: bool = False
     producer_name: str = "node-agent"
 
     def agent_name(self) -> str:
@@ -79,10 +99,32 @@ class NodeAgentSettings(ServiceSettings):
         return self.real_node_id()
 
     def data_dir(self) -> Path:
-        """Base of the default job directories: ``state_dir``, else a per-agent temporary directory."""
+        """Base of the journal and the default job directories: ``state_dir``, else a per-agent temporary directory.
+
+        The temporary one is named after the agent and the topic namespace
+        (``APPORTION_TOPIC_PREFIX``), so agents of different namespaces on one
+        host never share a journal.
+        """
         if self.state_dir is not None:
             return self.state_dir
-        return Path(tempfile.gettempdir()) / f"apportion-node-agent-{self.agent_name()}"
+        from apportion.topics import prefix
+
+        ns = re.sub(r"[^A-Za-z0-9._-]", "_", prefix())
+        return Path(tempfile.gettempdir()) / f"apportion-node-agent-{ns}{self.agent_name()}"
+
+    def journal_path(self) -> Path | None:
+        """The journal file (``<data dir>/<agent>.journal``), ``None`` with ``memory_journal``."""
+        if self.memory_journal:
+            return None
+        return self.data_dir() / f"{self.agent_name()}.journal"
+
+    def instance_id(self) -> str | None:
+        """Static membership id of the commands consumer: ``<topic prefix>node-agent.<agent>``, or ``None``."""
+        if self.group_instance_id is not None:
+            return self.group_instance_id or None
+        from apportion.topics import prefix
+
+        return f"{prefix()}node-agent.{self.agent_name()}"
 
     def checkpoint_root_path(self) -> Path:
         """The checkpoint root in force (absolute)."""

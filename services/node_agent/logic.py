@@ -4,26 +4,42 @@ Pure: no I/O, no wall clock. Event time (``now``, aware UTC) is passed in.
 ``app.py`` turns the :class:`Action` values into processes, timers and
 published events.
 
-Rules for ``StartWorkload`` (checked in this order; the first that applies wins):
+Rules for ``StartWorkload`` (checked in this order; the first that applies wins).
+Fencing rules 2-4 and the event-time rules 6-8 are in ``docs/leadership.md``:
 
 1. **not hosted** - the node is not one of this agent's. If the id carries
    this agent's claimed prefix (``sim-7`` for prefix ``sim-``) it is refused
    (``unknown_node``): nobody else will answer. Otherwise it belongs to
    another agent sharing the commands topic and is ignored silently.
-2. **stale fencing token** - a token lower than the highest seen from the
+2. **no fencing token** - only a leading dispatcher may start work, and it
+   always stamps its token: refused (``missing_fencing_token``).
+3. **token out of range** - not in ``[1, 2**53]`` (:data:`TOKEN_MIN`,
+   :data:`TOKEN_MAX`): refused (``fencing_token_out_of_range``), and never
+   remembered, so a forged ``2**62`` cannot lock later leaders out.
+4. **stale fencing token** - a token lower than the highest seen from the
    dispatcher (a deposed leader) is refused (``stale_fencing_token``).
-3. **duplicate** - the run replica ``(job_id, attempt, replica)`` is running,
-   waiting or already ended here: refused (``duplicate_start``). (A
-   redelivery of the *same* command is caught earlier by event-id
-   de-duplication and never reaches this rule.)
-4. **unknown GPUs** - an index the node does not have, a repeated index, or
+5. **duplicate** - the run replica ``(job_id, attempt, replica)`` is running,
+   waiting or ended here (within the retention window): refused
+   (``duplicate_start``). A redelivery after a restart lands here: the
+   replica's own events (adopted, lost or ended) tell its fate, so the
+   dispatcher must not undo a placement for this reason.
+6. **run lost** - the run ``(job_id, attempt)`` was declared lost here (its
+   node was fenced by ``NodeLost``, or the agent reported ``JobLost`` after a
+   restart): refused (``run_lost``); the dispatcher has a newer attempt.
+7. **before registration** - the command's event time is before the node's
+   latest registration (a command for the node's previous incarnation,
+   queued while it was lost or while the agent was down): refused
+   (``before_registration``), never executed late.
+8. **expired** - older than the retention window ``retention_s`` (the time
+   ended replicas are remembered for rule 5): refused (``expired_command``).
+9. **unknown GPUs** - an index the node does not have, a repeated index, or
    no GPU at all: refused (``unknown_gpus``).
-5. **no workload** - neither ``command`` nor ``duration_s``: refused (``no_workload``).
-6. **GPUs busy** - a GPU is held by a replica that is being stopped: the
-   start waits (:class:`Defer`) and runs when that replica exits (DESIGN
-   section 3: the victim's GPUs are reserved for the preemptor after its
-   grace period). Held by a replica that is *not* stopping: refused
-   (``gpus_busy``).
+10. **no workload** - neither ``command`` nor ``duration_s``: refused (``no_workload``).
+11. **GPUs busy** - a GPU is held by a replica that is being stopped: the
+    start waits (:class:`Defer`) and runs when that replica exits (DESIGN
+    section 3: the victim's GPUs are reserved for the preemptor after its
+    grace period). Held by a replica that is *not* stopping: refused
+    (``gpus_busy``).
 
 Otherwise the replica is launched (:class:`Launch`): as a process with
 ``CUDA_VISIBLE_DEVICES`` when it has a ``command`` (and the node is real or
@@ -32,7 +48,11 @@ of event time.
 
 ``StopWorkload`` stops every replica of ``(job_id, attempt)`` on the node:
 running ones get SIGTERM then SIGKILL after ``grace_s`` (:class:`Stop`),
-waiting ones are dropped with ``JobFailed(reason="stopped")``. A stop for a
+waiting ones are dropped with ``JobFailed(reason="stopped")``. A stop with
+a token out of range or older than the newest seen is **ignored** (logged
+and counted, nothing published: a stale leader's stop must not kill the
+current leader's work, and a ``WorkloadRefused`` would read as a refused
+start). A stop without a token is obeyed (operators' tools). A stop for a
 run that already ended is ignored (idempotent); for a run never seen it is
 refused (``unknown_run``).
 
@@ -43,9 +63,13 @@ rejoins** (:func:`decide_lost`). Every replica on it is stopped (SIGTERM,
 SIGKILL after the grace period; waiting ones dropped), because the same run
 now has a newer attempt and two copies must not both write results; once
 the last one has exited, the node registers again (``NodeRegistered``), which
-every reader folds to ``ready`` with all GPUs free. A loss declared before
-the node's latest registration (a redelivered, stale ``NodeLost``) is
-ignored, and so is another agent's node.
+every reader folds to ``ready`` with all GPUs free. Ignored: another agent's
+node; a loss whose ``fencing_token`` is out of range or older than the
+newest token seen (a resumed ex-leader's stale loss); a loss without a token
+when ``require_fenced_lost`` is set; and a loss declared before the node's
+latest registration, unless replicas started before the loss still run
+(adopted after an agent restart while the loss was declared): those are
+stopped, the node does not register again.
 
 Exit reporting (:func:`exit_event`): exit code 0 without a stop ->
 ``JobCompleted``; a stopped replica -> ``JobFailed(reason="stopped")`` with
@@ -83,6 +107,7 @@ from apportion.events import (
     JobCheckpointed,
     JobCompleted,
     JobFailed,
+    JobLost,
     JobStarted,
     NodeHeartbeat,
     NodeLost,
@@ -104,6 +129,19 @@ UNKNOWN_GPUS = "unknown_gpus"
 NO_WORKLOAD = "no_workload"
 GPUS_BUSY = "gpus_busy"
 UNKNOWN_RUN = "unknown_run"
+MISSING_TOKEN = "missing_fencing_token"
+TOKEN_OUT_OF_RANGE = "fencing_token_out_of_range"
+RUN_LOST = "run_lost"
+BEFORE_REGISTRATION = "before_registration"
+EXPIRED = "expired_command"
+
+#: Valid fencing tokens are integers in [TOKEN_MIN, TOKEN_MAX] (the dispatcher lease's range,
+#: ``services.dispatcher.lease``; repeated here because services do not import each other).
+TOKEN_MIN = 1
+TOKEN_MAX = 2**53
+
+#: Default event seconds an ended replica is remembered (duplicate starts) and a command stays executable.
+RETENTION_S = 24 * 3600.0
 
 STOPPED = "stopped"
 
@@ -363,6 +401,9 @@ class Workload:
         files: its checkpoint directory, progress file and output files
             (:func:`job_files`), set when a process is launched with a
             checkpoint root configured; ``None`` for simulated workloads.
+        started_at: event time it started (``None`` while waiting).
+        adopted: a process found alive after an agent restart (not the
+            agent's child: its exit code cannot be known).
     """
 
     node_id: str
@@ -376,6 +417,8 @@ class Workload:
     stopping: bool = False
     grace_s: float = 30.0
     files: JobFiles | None = None
+    started_at: datetime | None = None
+    adopted: bool = False
 
     @property
     def key(self) -> RunKey:
@@ -418,6 +461,10 @@ class AgentState:
         registered_at: node id -> event time (UTC) of its latest ``NodeRegistered``.
         rejoining: nodes declared lost whose replicas are being stopped; each
             registers again when its last replica has exited.
+        lost_runs: ``(job_id, attempt)`` of runs declared lost here (rule 6).
+        retention_s: event seconds ended replicas are remembered and commands
+            stay executable (rules 5 and 8).
+        require_fenced_lost: ignore a ``NodeLost`` without a fencing token.
         by_node: node id -> keys of its replicas in ``running``, in the order
             they were added: an index kept by :func:`with_launched` and
             :func:`with_exited` (the helpers that add or remove running keys),
@@ -434,6 +481,9 @@ class AgentState:
     registered_at: Mapping[str, datetime] = field(default_factory=dict)
     rejoining: frozenset[str] = frozenset()
     by_node: Mapping[str, tuple[RunKey, ...]] = field(default_factory=dict)
+    lost_runs: frozenset[tuple[str, int]] = frozenset()
+    retention_s: float = RETENTION_S
+    require_fenced_lost: bool = False
 
     def claims(self, node_id: str) -> bool:
         """True when ``node_id`` is this agent's to answer for."""
@@ -453,11 +503,31 @@ class AgentState:
         return key in self.running or key in self.waiting or key in self.ended
 
 
+def valid_token(token: object) -> bool:
+    """True for an ``int`` (not ``bool``) in ``[TOKEN_MIN, TOKEN_MAX]``."""
+    return isinstance(token, int) and not isinstance(token, bool) and TOKEN_MIN <= token <= TOKEN_MAX
+
+
 def initial_state(
-    nodes: list[NodeSpec] | tuple[NodeSpec, ...], claim_prefix: str = "", ended: frozenset[RunKey] = frozenset()
+    nodes: list[NodeSpec] | tuple[NodeSpec, ...],
+    claim_prefix: str = "",
+    ended: frozenset[RunKey] = frozenset(),
+    *,
+    fencing_token: int | None = None,
+    lost_runs: frozenset[tuple[str, int]] = frozenset(),
+    retention_s: float = RETENTION_S,
+    require_fenced_lost: bool = False,
 ) -> AgentState:
-    """State of a freshly started agent (``ended``: keys from its journal)."""
-    return AgentState({n.node_id: n for n in nodes}, claim_prefix, ended=ended)
+    """State of a freshly started agent (``ended``, ``fencing_token``, ``lost_runs``: from its journal)."""
+    return AgentState(
+        {n.node_id: n for n in nodes},
+        claim_prefix,
+        ended=ended,
+        fencing_token=fencing_token if valid_token(fencing_token) else None,
+        lost_runs=lost_runs,
+        retention_s=retention_s,
+        require_fenced_lost=require_fenced_lost,
+    )
 
 
 # --------------------------------------------------------------------------- actions
@@ -465,9 +535,16 @@ def initial_state(
 
 @dataclass(frozen=True, slots=True)
 class Ignore:
-    """Nothing to do (another agent's node, or an idempotent repeat)."""
+    """Nothing to do (another agent's node, an idempotent repeat, or a fenced-off command).
+
+    Attributes:
+        why: for the log.
+        reason: set for a command disregarded for a rule (logged as a warning
+            and counted with this reason), ``None`` for a harmless repeat.
+    """
 
     why: str
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -518,10 +595,19 @@ def _refuse(cmd: StartWorkload | StopWorkload, now: datetime, reason: str, detai
     )
 
 
-def _fenced(state: AgentState, cmd: StartWorkload | StopWorkload, now: datetime) -> Refuse | None:
-    tok = cmd.fencing_token
-    if tok is not None and state.fencing_token is not None and tok < state.fencing_token:
-        return _refuse(cmd, now, STALE_TOKEN, f"token {tok} < {state.fencing_token}")
+def token_problem(state: AgentState, token: int | None) -> tuple[str, str] | None:
+    """Why ``token`` may not command this agent, as ``(reason, detail)``; ``None`` when it may.
+
+    No token (``missing_fencing_token``), out of ``[1, 2**53]``
+    (``fencing_token_out_of_range``), or below the newest seen
+    (``stale_fencing_token``).
+    """
+    if token is None:
+        return MISSING_TOKEN, "a command without a leader's token"
+    if not valid_token(token):
+        return TOKEN_OUT_OF_RANGE, f"token {token} not in [{TOKEN_MIN}, 2**53]"
+    if state.fencing_token is not None and token < state.fencing_token:
+        return STALE_TOKEN, f"token {token} < {state.fencing_token}"
     return None
 
 
@@ -541,13 +627,20 @@ def decide_start(state: AgentState, cmd: StartWorkload, now: datetime) -> Action
         if state.claims(cmd.node_id):
             return _refuse(cmd, now, UNKNOWN_NODE, f"{cmd.node_id!r} is not hosted by this agent")
         return Ignore("another agent's node")
-    if (r := _fenced(state, cmd, now)) is not None:
-        return r
+    if (p := token_problem(state, cmd.fencing_token)) is not None:
+        return _refuse(cmd, now, *p)
     key: RunKey = (cmd.node_id, cmd.job_id, cmd.attempt, cmd.replica)
     if state.known(key):
         return _refuse(
             cmd, now, DUPLICATE_START, f"{cmd.job_id} attempt {cmd.attempt} replica {cmd.replica} already started here"
         )
+    if (cmd.job_id, cmd.attempt) in state.lost_runs:
+        return _refuse(cmd, now, RUN_LOST, f"{cmd.job_id} attempt {cmd.attempt} was declared lost on this agent")
+    reg = state.registered_at.get(cmd.node_id)
+    if reg is not None and cmd.ts < reg:
+        return _refuse(cmd, now, BEFORE_REGISTRATION, f"sent {cmd.ts.isoformat()}, node registered {reg.isoformat()}")
+    if (now - cmd.ts).total_seconds() > state.retention_s:
+        return _refuse(cmd, now, EXPIRED, f"sent {cmd.ts.isoformat()}, older than {state.retention_s:g} s")
     have = node.indices
     bad = sorted(set(cmd.gpus) - have)
     if not cmd.gpus or bad or len(set(cmd.gpus)) != len(cmd.gpus):
@@ -590,8 +683,9 @@ def decide_stop(state: AgentState, cmd: StopWorkload, now: datetime) -> Action:
         if state.claims(cmd.node_id):
             return _refuse(cmd, now, UNKNOWN_NODE, f"{cmd.node_id!r} is not hosted by this agent")
         return Ignore("another agent's node")
-    if (r := _fenced(state, cmd, now)) is not None:
-        return r
+    tok = cmd.fencing_token
+    if tok is not None and (p := token_problem(state, tok)) is not None:
+        return Ignore(f"stop of {cmd.job_id} attempt {cmd.attempt}: {p[1]}", p[0])
 
     def mine(k: RunKey) -> bool:
         return k[0] == cmd.node_id and k[1] == cmd.job_id and k[2] == cmd.attempt
@@ -613,10 +707,14 @@ class Rejoin:
     Attributes:
         node_id: the hosted node.
         stop: its replicas to stop and the ``JobFailed`` of waiting ones dropped.
+        register: register the node again once they exited (``False`` for a
+            loss declared before the latest registration: only the replicas it
+            covers are stopped).
     """
 
     node_id: str
     stop: Stop
+    register: bool = True
 
 
 def decide_lost(state: AgentState, ev: NodeLost, now: datetime, grace_s: float) -> Ignore | Rejoin:
@@ -629,27 +727,37 @@ def decide_lost(state: AgentState, ev: NodeLost, now: datetime, grace_s: float) 
         grace_s: event seconds between SIGTERM and SIGKILL for its replicas.
 
     Returns:
-        :class:`Ignore` (not hosted here, or declared before the node's latest
-        registration), else :class:`Rejoin`.
+        :class:`Ignore` (not hosted here, fenced off, or declared before the
+        node's latest registration with nothing it covers), else :class:`Rejoin`.
     """
     if ev.node_id not in state.nodes:
         return Ignore("another agent's node")
+    tok = ev.fencing_token
+    if tok is None and state.require_fenced_lost:
+        return Ignore(f"loss of {ev.node_id} without a fencing token", MISSING_TOKEN)
+    if tok is not None and (p := token_problem(state, tok)) is not None:
+        return Ignore(f"loss of {ev.node_id}: {p[1]}", p[0])
     reg = state.registered_at.get(ev.node_id)
-    if reg is not None and ev.ts < reg:
-        return Ignore("loss declared before the node's latest registration")
-    if ev.node_id in state.rejoining:
-        return Ignore("already rejoining")
+    before_reg = reg is not None and ev.ts < reg
+
+    def covered(w: Workload) -> bool:  # a loss before the registration covers only replicas started before it
+        return not before_reg or (w.started_at is not None and w.started_at < ev.ts)
+
     run = tuple(
         replace(w, stopping=True, grace_s=grace_s)
         for _, w in sorted(state.running.items())
-        if w.node_id == ev.node_id and not w.stopping
+        if w.node_id == ev.node_id and not w.stopping and covered(w)
     )
+    if before_reg and not run:
+        return Ignore("loss declared before the node's latest registration")
+    if ev.node_id in state.rejoining:
+        return Ignore("already rejoining")
     dropped = tuple(
         exit_event(replace(w, stopping=True), None, now, never_started=True)
         for _, w in sorted(state.waiting.items())
-        if w.node_id == ev.node_id
+        if w.node_id == ev.node_id and not before_reg
     )
-    return Rejoin(ev.node_id, Stop(run, grace_s, dropped))
+    return Rejoin(ev.node_id, Stop(run, grace_s, dropped), register=not before_reg)
 
 
 def ready_to_rejoin(state: AgentState) -> tuple[str, ...]:
@@ -695,9 +803,29 @@ def with_stopping(state: AgentState, stop: Stop) -> AgentState:
 
 
 def with_rejoining(state: AgentState, rejoin: Rejoin) -> AgentState:
-    """State after a :class:`Rejoin`: its replicas stopping, the node waiting to register again."""
+    """State after a :class:`Rejoin`: its replicas stopping and their runs lost, the node waiting to register again."""
+    lost = {(w.job_id, w.attempt) for w in rejoin.stop.workloads} | {
+        (e.job_id, e.attempt)  # type: ignore[attr-defined]
+        for e in rejoin.stop.events
+    }
     state = with_stopping(state, rejoin.stop)
-    return replace(state, rejoining=state.rejoining | {rejoin.node_id})
+    rejoining = state.rejoining | {rejoin.node_id} if rejoin.register else state.rejoining
+    return replace(state, rejoining=rejoining, lost_runs=state.lost_runs | lost)
+
+
+def with_lost_runs(state: AgentState, runs: set[tuple[str, int]] | frozenset[tuple[str, int]]) -> AgentState:
+    """State after the agent reported ``runs`` lost (``JobLost``): later starts for them are refused."""
+    return replace(state, lost_runs=state.lost_runs | frozenset(runs)) if runs else state
+
+
+def forgotten(state: AgentState, keys: list[RunKey] | tuple[RunKey, ...]) -> AgentState:
+    """State without ``keys`` in ``ended`` (pruned after the retention window), nor their lost runs."""
+    if not keys:
+        return state
+    gone = frozenset(keys)
+    runs = {(k[1], k[2]) for k in gone}
+    still = {(k[1], k[2]) for k in state.running} | {(k[1], k[2]) for k in state.waiting}
+    return replace(state, ended=state.ended - gone, lost_runs=state.lost_runs - (runs - still))
 
 
 def with_registered(state: AgentState, regs: list[NodeRegistered]) -> AgentState:
@@ -723,8 +851,8 @@ def with_exited(state: AgentState, key: RunKey) -> AgentState:
 
 
 def with_token(state: AgentState, token: int | None) -> AgentState:
-    """Remember the highest fencing token seen."""
-    if token is None or (state.fencing_token is not None and token <= state.fencing_token):
+    """Remember the highest fencing token seen (tokens out of range are never remembered)."""
+    if not valid_token(token) or (state.fencing_token is not None and token <= state.fencing_token):  # type: ignore[operator]
         return state
     return replace(state, fencing_token=token)
 
@@ -790,6 +918,29 @@ def exit_event(
         else:
             reason = f"exit code {exit_code}"
     return JobFailed(**common, exit_code=exit_code, reason=reason)
+
+
+def lost_event(node_id: str, job_id: str, attempt: int, now: datetime) -> JobLost:
+    """``JobLost`` of run ``(job_id, attempt)`` on ``node_id``, reported by the agent itself.
+
+    For a replica whose fate the agent cannot know: it was running when the
+    agent died and is gone (or cannot be verified) after the restart, or it
+    was adopted and its exit code is not the agent's to read. The dispatcher
+    requeues the run; the failure is the agent's, not the workload's, so it is
+    never a ``JobFailed``. Charged up to ``now`` (the agent cannot know when
+    the process died; the last heartbeat it sent was at most a heartbeat
+    interval before it died). One per ``(node, job, attempt)``: the id is
+    deterministic and distinct from the dispatcher's own ``JobLost``.
+    """
+    return JobLost(
+        event_id=det_id("JobLost", PRODUCER, node_id, job_id, attempt),
+        ts=now,
+        producer=PRODUCER,
+        job_id=job_id,
+        attempt=attempt,
+        node_id=node_id,
+        charged_until=now,
+    )
 
 
 def registered_events(state: AgentState, now: datetime, only: tuple[str, ...] | None = None) -> list[NodeRegistered]:

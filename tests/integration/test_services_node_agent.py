@@ -43,13 +43,19 @@ async def test_node_agent_runs_commands_from_kafka(kafka_bootstrap, monkeypatch)
         await asyncio.wait_for(ready.wait(), DEADLINE_S)
         now = clock.now()
         producer.publish(
-            events.StartWorkload(ts=now, node_id="itest-1", job_id="j1", attempt=1, gpus=(0, 1), duration_s=500.0)
+            events.StartWorkload(
+                ts=now, node_id="itest-1", job_id="j1", attempt=1, gpus=(0, 1), duration_s=500.0, fencing_token=1
+            )
         )  # 0.5 s wall
         producer.publish(
-            events.StartWorkload(ts=now, node_id="itest-7", job_id="j2", attempt=1, gpus=(0,), duration_s=5.0)
+            events.StartWorkload(
+                ts=now, node_id="itest-7", job_id="j2", attempt=1, gpus=(0,), duration_s=5.0, fencing_token=1
+            )
         )  # unknown node
         producer.publish(
-            events.StartWorkload(ts=now, node_id="itest-0", job_id="j3", attempt=1, gpus=(4,), duration_s=5.0)
+            events.StartWorkload(
+                ts=now, node_id="itest-0", job_id="j3", attempt=1, gpus=(4,), duration_s=5.0, fencing_token=1
+            )
         )  # no GPU 4
 
         def job_events():
@@ -183,6 +189,7 @@ async def test_live_checkpoint_preempt_and_resume(kafka_bootstrap, monkeypatch, 
             attempt=attempt,
             gpus=(0, 1),
             command=(sys.executable, str(script)),
+            fencing_token=1,
         )
 
     try:

@@ -45,10 +45,11 @@ def start(
     replica: int = 0,
     duration_s: float | None = 60.0,
     command=None,
-    token=None,
+    token=1,
+    ts=T0,
 ) -> StartWorkload:
     return StartWorkload(
-        ts=T0,
+        ts=ts,
         node_id=node,
         job_id=job,
         attempt=attempt,
@@ -120,7 +121,7 @@ def test_stale_fencing_token_refused():
     st = logic.with_token(EMPTY, 5)
     assert isinstance(logic.decide_start(st, start(token=4), T0), logic.Refuse)
     assert isinstance(logic.decide_start(st, start(token=5), T0), logic.Launch)
-    assert isinstance(logic.decide_start(st, start(token=None), T0), logic.Launch)
+    assert logic.decide_start(st, start(token=None), T0).event.reason.startswith(logic.MISSING_TOKEN)
 
 
 def test_real_node_runs_command_simulated_node_prefers_duration():
@@ -326,7 +327,8 @@ async def test_spawn_failure_is_reported_not_raised():
     assert not agent.state.running
 
 
-async def test_journal_makes_restart_refuse_redelivered_start_and_report_orphans(tmp_path):
+async def test_journal_makes_restart_refuse_redelivered_start_and_adopt_orphans(tmp_path):
+    """A simulated orphan with time left is adopted for the rest of its duration; a redelivered start is refused."""
     clock, sink = ManualClock(T0), Sink()
     path = tmp_path / "agent.journal"
     agent = make_agent(clock, sink, journal=Journal(path))
@@ -341,11 +343,19 @@ async def test_journal_makes_restart_refuse_redelivered_start_and_report_orphans
     sink2 = Sink()
     agent2 = make_agent(clock, sink2, journal=Journal(path))
     await agent2.start(heartbeats=False)
-    (orphan,) = sink2.of(JobFailed)
-    assert (orphan.job_id, orphan.reason) == ("orphan", "agent_restarted")
+    assert [type(e).__name__ for e in sink2.events] == ["JobStarted", "NodeRegistered"]
+    assert sink2.events[0] == sink.of(JobStarted)[1]  # the same event again: readers de-duplicate it
+    assert not sink2.of(JobFailed)
     await agent2.on_event(start(job="done", gpus=(0,), duration_s=1))
     assert sink2.of(WorkloadRefused)[0].reason.startswith(logic.DUPLICATE_START)
-    assert not sink2.of(JobStarted)
+    assert [e.job_id for e in sink2.of(JobStarted)] == ["orphan"]
+    await agent2.heartbeat()
+    assert [r.job_id for r in sink2.of(NodeHeartbeat)[0].running] == ["orphan"]
+    await settle(clock, 1)
+    clock.advance(998)  # the rest of its 999 s
+    await asyncio.wait_for(agent2.idle(), 5)
+    (done,) = sink2.of(JobCompleted)
+    assert (done.job_id, done.ts) == ("orphan", T0 + timedelta(seconds=999))
 
 
 def lost(node: str = "n1", at_s: float = 100.0, last_hb_s: float = 10.0) -> NodeLost:

@@ -213,7 +213,7 @@ def make_agent(clock: ManualClock, sink: Sink, root: Path) -> NodeAgent:
 
 
 def start(command: tuple[str, ...], attempt: int = 1, job: str = "j1") -> StartWorkload:
-    return StartWorkload(ts=T0, node_id="n1", job_id=job, attempt=attempt, gpus=(0,), command=command)
+    return StartWorkload(ts=T0, node_id="n1", job_id=job, attempt=attempt, gpus=(0,), command=command, fencing_token=1)
 
 
 def stop(attempt: int = 1, job: str = "j1") -> StopWorkload:
@@ -408,7 +408,9 @@ async def test_simulated_workloads_get_no_files(tmp_path):
         checkpoint_root=tmp_path / "ckpt",
         job_log_dir=tmp_path / "logs",
     )
-    await agent.on_event(StartWorkload(ts=T0, node_id="n1", job_id="s1", attempt=1, gpus=(0,), duration_s=5.0))
+    await agent.on_event(
+        StartWorkload(ts=T0, node_id="n1", job_id="s1", attempt=1, gpus=(0,), duration_s=5.0, fencing_token=1)
+    )
     assert agent.state.running[("n1", "s1", 1, 0)].files is None
     await until(lambda: clock.sleepers >= 1, "the simulated workload to sleep")
     clock.advance(5)
@@ -451,8 +453,12 @@ async def crash(agent: NodeAgent) -> None:
     await asyncio.gather(*agent._tasks.values(), return_exceptions=True)
 
 
-async def test_restarted_agent_publishes_the_orphans_last_checkpoint_before_its_failure(tmp_path):
-    """Agent 1 publishes 40, the workload then writes 55, agent 1 dies; agent 2 kills the orphan, publishes 55."""
+async def test_restarted_agent_publishes_the_orphans_last_checkpoint_and_adopts_it(tmp_path):
+    """Agent 1 publishes 40, the workload then writes 55, agent 1 dies; agent 2 publishes 55 and adopts the process.
+
+    The adopted process can still be stopped (JobFailed "stopped", exit code unknown) and its JobStarted is
+    published again exactly as before (same id and content: readers de-duplicate it).
+    """
     clock, sink = ManualClock(T0), Sink()
     agent = journaled_agent(tmp_path, sink, clock)
     await agent.on_event(start((sys.executable, "-c", SLEEPER)))
@@ -465,15 +471,18 @@ async def test_restarted_agent_publishes_the_orphans_last_checkpoint_before_its_
     await crash(agent)
 
     sink2 = Sink()
-    await journaled_agent(tmp_path, sink2, clock).start(heartbeats=False, poll_progress=False)
-    kinds = [(type(e).__name__, getattr(e, "progress_s", None), getattr(e, "reason", None)) for e in sink2.events]
-    assert kinds == [
-        ("JobCheckpointed", 55.0, None),
-        ("JobFailed", None, "agent_restarted"),
-        ("NodeRegistered", None, None),
-    ]
+    agent2 = journaled_agent(tmp_path, sink2, clock)
+    await agent2.start(heartbeats=False, poll_progress=False)
+    kinds = [(type(e).__name__, getattr(e, "progress_s", None), getattr(e, "pid", None)) for e in sink2.events]
+    assert kinds == [("JobCheckpointed", 55.0, None), ("JobStarted", None, pid), ("NodeRegistered", None, None)]
     assert sink2.events[0].event_id == logic.checkpointed_event(("n1", "j1", 1, 0), 55.0, T0).event_id
-    await until(lambda: not _alive(pid), "the orphan to be killed")
+    assert sink2.events[1] == sink.of(JobStarted)[0]
+    assert _alive(pid) and agent2.state.running[("n1", "j1", 1, 0)].adopted
+    await agent2.on_event(stop())
+    await asyncio.wait_for(agent2.idle(), WAIT_S)
+    (failed,) = sink2.of(JobFailed)
+    assert (failed.reason, failed.exit_code) == ("stopped", None)
+    await until(lambda: not _alive(pid), "the adopted process to be stopped")
 
 
 async def test_restarted_agent_republishes_an_already_published_checkpoint_with_the_same_id(tmp_path):
@@ -485,10 +494,12 @@ async def test_restarted_agent_republishes_an_already_published_checkpoint_with_
     await agent.poll_progress()
     await crash(agent)
     sink2 = Sink()
-    await journaled_agent(tmp_path, sink2, clock).start(heartbeats=False, poll_progress=False)
+    agent2 = journaled_agent(tmp_path, sink2, clock)
+    await agent2.start(heartbeats=False, poll_progress=False)
     (again,) = sink2.of(JobCheckpointed)
     assert again.event_id == sink.of(JobCheckpointed)[0].event_id  # readers de-duplicate it
-    await until(lambda: not _alive(pid), "the orphan to be killed")
+    await agent2.shutdown(grace_s=0)
+    await until(lambda: not _alive(pid), "the adopted process to be stopped")
 
 
 async def test_restarted_agent_publishes_nothing_when_the_orphan_never_reported(tmp_path):
@@ -501,9 +512,55 @@ async def test_restarted_agent_publishes_nothing_when_the_orphan_never_reported(
     pid = agent._procs[("n1", "j1", 2, 0)].pid
     await crash(agent)
     sink2 = Sink()
-    await journaled_agent(tmp_path, sink2, clock).start(heartbeats=False, poll_progress=False)
-    assert [type(e).__name__ for e in sink2.events] == ["JobFailed", "NodeRegistered"]
-    await until(lambda: not _alive(pid), "the orphan to be killed")
+    agent2 = journaled_agent(tmp_path, sink2, clock)
+    await agent2.start(heartbeats=False, poll_progress=False)
+    assert [type(e).__name__ for e in sink2.events] == ["JobStarted", "NodeRegistered"]
+    await agent2.shutdown(grace_s=0)
+    await until(lambda: not _alive(pid), "the adopted process to be stopped")
+
+
+async def test_orphan_whose_process_died_is_reported_lost_with_its_last_checkpoint(tmp_path):
+    """The process dies while the agent is down: JobCheckpointed 30, then JobLost (requeued), never JobFailed."""
+    clock, sink = ManualClock(T0), Sink()
+    agent = journaled_agent(tmp_path, sink, clock)
+    await agent.on_event(start((sys.executable, "-c", SLEEPER)))
+    proc = agent._procs[("n1", "j1", 1, 0)]
+    write_atomically(tmp_path / "ckpt" / "j1" / "progress", "30")
+    await crash(agent)
+    proc.kill()
+    await proc.wait()
+    sink2 = Sink()
+    agent2 = journaled_agent(tmp_path, sink2, clock)
+    await agent2.start(heartbeats=False, poll_progress=False)
+    kinds = [(type(e).__name__, getattr(e, "progress_s", None)) for e in sink2.events]
+    assert kinds == [("JobCheckpointed", 30.0), ("JobLost", None), ("NodeRegistered", None)]
+    lost = sink2.events[1]
+    assert (lost.job_id, lost.attempt, lost.node_id, lost.charged_until) == ("j1", 1, "n1", T0)
+    assert not agent2.state.running and ("j1", 1) in agent2.state.lost_runs
+    # a third start reads the journal: nothing is reported twice, the lost run stays lost
+    sink3 = Sink()
+    agent3 = journaled_agent(tmp_path, sink3, clock)
+    await agent3.start(heartbeats=False, poll_progress=False)
+    assert [type(e).__name__ for e in sink3.events] == ["NodeRegistered"]
+    assert ("j1", 1) in agent3.state.lost_runs
+
+
+async def test_adopted_process_that_exits_on_its_own_is_reported_lost(tmp_path):
+    """Its exit code belongs to init after the restart: the outcome is unknown, so the run is lost (requeued)."""
+    clock, sink = ManualClock(T0), Sink()
+    agent = journaled_agent(tmp_path, sink, clock)
+    go = tmp_path / "go"
+    code = f"import os,time\nwhile not os.path.exists({str(go)!r}):\n    time.sleep(0.01)\n"
+    await agent.on_event(start((sys.executable, "-c", code)))
+    await crash(agent)
+    sink2 = Sink()
+    agent2 = journaled_agent(tmp_path, sink2, clock)
+    agent2.progress_poll_wall_s = 0.02
+    await agent2.start(heartbeats=False, poll_progress=False)
+    go.touch()
+    await asyncio.wait_for(agent2.idle(), WAIT_S)
+    assert [type(e).__name__ for e in sink2.events] == ["JobStarted", "NodeRegistered", "JobLost"]
+    assert not sink2.of(JobFailed)
 
 
 def _alive(pid: int) -> bool:
