@@ -107,8 +107,8 @@ def build_submission(
     )
 
 
-def publish(*evts: events.Event, bootstrap: str | None = None) -> None:
-    """Publish events and wait for the broker's acknowledgement."""
+def publish(*evts: events.Event, bootstrap: str | None = None) -> list[int]:
+    """Publish events in order and wait for the broker's acknowledgement; returns each record's offset."""
     from apportion.bus.producer import EventProducer
 
     conn = Connection.resolve(bootstrap=bootstrap)
@@ -116,9 +116,9 @@ def publish(*evts: events.Event, bootstrap: str | None = None) -> None:
         conn.bootstrap, client_id="apportion-client", max_block_ms=8000, bootstrap_timeout_ms=5_000
     )
     try:
-        for ev in evts:
-            producer.send(ev)
+        futures = [producer.send(ev) for ev in evts]
         producer.flush()
+        return [int(f.get(timeout=10).offset) for f in futures]
     finally:
         producer.close()
 

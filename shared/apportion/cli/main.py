@@ -49,6 +49,11 @@ Bootstrap = Annotated[
 ]
 RedisUrl = Annotated[str | None, typer.Option("--redis", help="Redis URL.", envvar="APPORTION_REDIS_URL")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
+NoWait = Annotated[bool, typer.Option("--no-wait", help="Publish and exit 0 without waiting for the verdict.")]
+Timeout = Annotated[
+    float, typer.Option("--timeout", min=0.1, help="Wall seconds to wait for the owning service's verdict.")
+]
+DEFAULT_WAIT_S = 15.0
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -103,6 +108,37 @@ def _redis(redis_url: str | None) -> Any:
     except redis.RedisError as exc:
         fail(f"cannot reach Redis at {conn.redis_url}: {exc} (is the stack up? `make up`)", 3)
     return r
+
+
+def _checked(fn: Any) -> Any:
+    """Run ``fn()``; an unreachable Kafka (:class:`verdicts.Unreachable` or a kafka error) exits 3 with one line."""
+    from apportion.cli import verdicts
+
+    try:
+        return fn()
+    except verdicts.Unreachable as exc:
+        fail(f"{exc} (is the stack up? `apportion stack up`)", 3)
+    except Exception as exc:
+        if verdicts.is_kafka_error(exc):
+            fail(f"cannot reach Kafka at {Connection.resolve().bootstrap}: {exc} (is the stack up?)", 3)
+        raise
+
+
+def _require_topics(bootstrap: str | None, *names: str) -> Connection:
+    """The connection, after checking Kafka answers and the namespace has ``names`` (else one line, exit 3)."""
+    from apportion.cli import verdicts
+    from apportion.topics import prefix
+
+    conn = Connection.resolve(bootstrap=bootstrap)
+    for name in names:
+        if _checked(lambda n=name: verdicts.partitions_of(conn.bootstrap, n)) == 0:
+            ns = f"namespace {prefix()!r}" if prefix() else "the default namespace"
+            fail(
+                f"topic {name} does not exist at {conn.bootstrap}: {ns} is not provisioned "
+                f"(`python -m apportion.bus.provision --bootstrap {conn.bootstrap}`, or `apportion stack up`)",
+                3,
+            )
+    return conn
 
 
 def _print_json(obj: Any) -> None:
@@ -191,6 +227,9 @@ def submit(
         fail(str(exc))
     verdict = None
     if not dry_run:
+        from apportion.topics import JOBS, SUBMISSIONS
+
+        _require_topics(bootstrap, SUBMISSIONS.name, JOBS.name)
         watcher = None
         if wait > 0:
             try:
@@ -228,13 +267,45 @@ def cancel(
     user: Annotated[
         str | None, typer.Option("--user", "-u", help="Requesting user (default: $USER).", envvar="USER")
     ] = None,
+    no_wait: NoWait = False,
+    timeout: Timeout = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Cancel a pending or running job (the dispatcher answers with JobCancelled)."""
+    """Cancel a pending or running job and wait for the dispatcher's JobCancelled.
+
+    Exit 1 when the log has no such job or it already finished; 3 when Kafka
+    cannot be reached or the dispatcher gives no verdict within --timeout.
+    """
+    from apportion.cli import verdicts
+    from apportion.topics import JOBS, SUBMISSIONS
+
+    conn = _require_topics(bootstrap, SUBMISSIONS.name, JOBS.name)
+    status = _checked(lambda: verdicts.job_status(conn.bootstrap, job_id))
+    if status.state == "unknown":
+        fail(f"no job {job_id} in the log", 1)
+    if status.state != "live":
+        done = status.state.removeprefix("Job").lower()
+        fail(f"job {job_id} already {done}{f' ({status.detail})' if status.detail else ''}: nothing to cancel", 1)
     ev = events.JobCancelRequested(job_id=job_id, user=_whoami(user), reason=reason, ts=_now(), producer="cli")
+    watcher = None if no_wait else _checked(lambda: verdicts.JobWatcher(conn.bootstrap, job_id, ["JobCancelled"]))
     _publish([ev], bootstrap)
-    _published([ev], as_json, f"cancel requested for [bold]{job_id}[/]")
+    if watcher is None:
+        _published([ev], as_json, f"cancel requested for [bold]{job_id}[/] (not waiting for the dispatcher)")
+        return
+    verdict = watcher.wait(timeout)
+    if as_json:
+        _print_json(
+            {
+                "published": [events.to_dict(ev)],
+                "verdict": "cancelled" if verdict is not None else "no_verdict",
+                "event": events.to_dict(verdict) if verdict is not None else None,
+            }
+        )
+    if verdict is None:
+        fail(f"no verdict from the dispatcher within {timeout:g} s (is it running?); the request is in the log", 3)
+    if not as_json:
+        out.print(f"cancelled [bold]{job_id}[/]")
 
 
 @app.command()
@@ -415,42 +486,161 @@ def nodes(redis_url: RedisUrl = None, as_json: JsonOut = False) -> None:
     out.print(t)
 
 
+def _node_row(r: Any, node_id: str, bootstrap: str | None) -> dict[str, Any] | None:
+    """The dispatcher's read-model row of ``node_id``; a node only the log knows yet gives a bare row."""
+    from apportion import readmodel
+    from apportion.cli import verdicts
+    from apportion.topics import NODES
+
+    row = readmodel.read_hash(r, readmodel.nodes_key()).get(node_id)
+    if row is not None:
+        return row
+    conn = _require_topics(bootstrap, NODES.name)
+    evs = _checked(lambda: verdicts.key_events(conn.bootstrap, NODES.name, node_id))
+    if any(isinstance(e, events.NodeRegistered) for e in evs):
+        return {"node_id": node_id, "state": "unknown"}
+    return None
+
+
+def _node_change(
+    ev: events.Event,
+    node_id: str,
+    want: set[str],
+    done: str,
+    *,
+    refuse: dict[str, str],
+    already: set[str],
+    no_wait: bool,
+    timeout: float,
+    bootstrap: str | None,
+    redis_url: str | None,
+    as_json: bool,
+) -> None:
+    """Check the node exists and is in a state the change applies to, publish, wait for the dispatcher's view."""
+    from apportion import readmodel
+    from apportion.cli import verdicts
+    from apportion.topics import NODES
+
+    r = _redis(redis_url)
+    _require_topics(bootstrap, NODES.name)
+    row = _node_row(r, node_id, bootstrap)
+    if row is None:
+        known = sorted(readmodel.read_hash(r, readmodel.nodes_key()))
+        hint = f" (known: {', '.join(known[:8])}{', ...' if len(known) > 8 else ''})" if known else " (none known)"
+        fail(f"no node {node_id}{hint}", 1)
+    state = str(row.get("state"))
+    if state in refuse:
+        fail(f"node {node_id} is {state}: {refuse[state]}", 1)
+    if state in already:
+        if as_json:
+            _print_json({"published": [], "verdict": "unchanged", "state": state})
+        else:
+            out.print(f"node [bold]{node_id}[/] is already {state}: nothing to do")
+        return
+    _publish([ev], bootstrap)
+    if no_wait:
+        _published([ev], as_json, f"{type(ev).__name__} published for [bold]{node_id}[/] (not waiting)")
+        return
+
+    def shows() -> str | None:
+        got = readmodel.read_hash(r, readmodel.nodes_key()).get(node_id, {}).get("state")
+        return got if got in want else None
+
+    seen = verdicts.wait_for(shows, timeout)
+    if as_json:
+        _print_json({"published": [events.to_dict(ev)], "verdict": seen or "no_verdict", "state": seen})
+    if seen is None:
+        fail(
+            f"the dispatcher did not show {node_id} as {'/'.join(sorted(want))} within {timeout:g} s "
+            "(is it running?); the request is in the log",
+            3,
+        )
+    if not as_json:
+        out.print(done.format(node=node_id, state=seen))
+
+
 @app.command()
 def drain(
     node_id: Annotated[str, typer.Argument(help="Node to drain.")],
-    reason: Annotated[str, typer.Option(help="Why (kept in the log).")] = "maintenance",
+    reason: Annotated[str, typer.Option(help="Why (kept in the log, shown by `nodes`).")] = "maintenance",
+    no_wait: NoWait = False,
+    timeout: Timeout = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
+    redis_url: RedisUrl = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Drain a node: cordon it, preempt unallocated work now, allocated work as its minimum runtime expires."""
+    """Drain a node: cordon it, preempt unallocated work now, allocated work as its minimum runtime expires.
+
+    Waits until the dispatcher shows the node draining (or drained). Exit 1 for
+    a node nobody registered or a lost node.
+    """
     ev = events.NodeDrainRequested(node_id=node_id, reason=reason, by="cli", ts=_now(), producer="cli")
-    _publish([ev], bootstrap)
-    _published([ev], as_json, f"drain requested for [bold]{node_id}[/]; it reports NodeDrained when empty")
+    _node_change(
+        ev,
+        node_id,
+        {"draining", "drained"},
+        "[bold]{node}[/] is {state}; it reports NodeDrained when empty (`apportion nodes`)",
+        refuse={"lost": "no heartbeat, nothing to drain"},
+        already={"draining", "drained"},
+        no_wait=no_wait,
+        timeout=timeout,
+        bootstrap=bootstrap,
+        redis_url=redis_url,
+        as_json=as_json,
+    )
 
 
 @app.command()
 def cordon(
     node_id: Annotated[str, typer.Argument(help="Node to cordon.")],
-    reason: Annotated[str, typer.Option(help="Why.")] = "",
+    reason: Annotated[str, typer.Option(help="Why (kept in the log, shown by `nodes`).")] = "",
+    no_wait: NoWait = False,
+    timeout: Timeout = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
+    redis_url: RedisUrl = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Cordon a node: no new work lands on it; running work stays."""
+    """Cordon a node: no new work lands on it; running work stays. Exit 1 for an unknown or lost node."""
     ev = events.NodeCordoned(node_id=node_id, reason=reason, by="cli", ts=_now(), producer="cli")
-    _publish([ev], bootstrap)
-    _published([ev], as_json, f"cordoned [bold]{node_id}[/]")
+    _node_change(
+        ev,
+        node_id,
+        {"cordoned"},
+        "cordoned [bold]{node}[/]",
+        refuse={"lost": "no heartbeat, nothing to cordon"},
+        already={"cordoned"},
+        no_wait=no_wait,
+        timeout=timeout,
+        bootstrap=bootstrap,
+        redis_url=redis_url,
+        as_json=as_json,
+    )
 
 
 @app.command()
 def undrain(
     node_id: Annotated[str, typer.Argument(help="Node to return to service.")],
+    no_wait: NoWait = False,
+    timeout: Timeout = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
+    redis_url: RedisUrl = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Uncordon a cordoned, draining or drained node."""
+    """Uncordon a cordoned, draining or drained node. Exit 1 for an unknown or lost node; 0 if already ready."""
     ev = events.NodeUncordoned(node_id=node_id, by="cli", ts=_now(), producer="cli")
-    _publish([ev], bootstrap)
-    _published([ev], as_json, f"uncordoned [bold]{node_id}[/]")
+    _node_change(
+        ev,
+        node_id,
+        {"ready"},
+        "[bold]{node}[/] is ready",
+        refuse={"lost": "no heartbeat; it returns when its agent registers again"},
+        already={"ready"},
+        no_wait=no_wait,
+        timeout=timeout,
+        bootstrap=bootstrap,
+        redis_url=redis_url,
+        as_json=as_json,
+    )
 
 
 # --------------------------------------------------------------------------- budgets
@@ -473,7 +663,7 @@ def _tree_in_force(bootstrap: str | None) -> Any:
     from apportion.bus.reader import read_log
     from apportion.domain.budgets import fold_budget_log
 
-    conn = Connection.resolve(bootstrap=bootstrap)
+    conn = _require_topics(bootstrap, topics.BUDGETS.name)
     try:
         recs = read_log(conn.bootstrap, [topics.BUDGETS.name])
     except Exception as exc:
@@ -504,15 +694,18 @@ def budget_set(
         bool,
         typer.Option("--inherit-max-min-runtime", help="Drop this budget's own limit (inherit the parent's)."),
     ] = False,
+    no_wait: NoWait = False,
+    timeout: Timeout = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
     as_json: JsonOut = False,
 ) -> None:
     """Create a budget, or change only the fields given of an existing one.
 
-    The policy service validates the change (``BudgetRejected`` says why not).
     Fields not given keep their values in the tree in force; use
     ``--inherit-members`` / ``--inherit-max-min-runtime`` to drop a budget's own
-    setting.
+    setting. The change is checked against the tree in force first (exit 1,
+    e.g. siblings summing above 1), then published, then the policy's verdict
+    is awaited (exit 1 when it rejects, 3 when it does not answer).
     """
     from pydantic import ValidationError
 
@@ -526,7 +719,8 @@ def budget_set(
         validate_path(path)
     except BudgetError as exc:
         fail(exc.message)
-    current = _tree_in_force(bootstrap).get(path)
+    tree = _tree_in_force(bootstrap)
+    current = tree.get(path)
     if current is None and share_ is None:
         fail(f"budget {path} does not exist: give --share to create it")
     try:
@@ -556,46 +750,165 @@ def budget_set(
         fail(f"invalid budget: {'.'.join(str(p) for p in e['loc'])}: {e['msg']}")
     except ValueError as exc:
         fail(str(exc))
-    _publish([ev], bootstrap)
-    _published([ev], as_json, f"budget [bold]{path}[/] set to share {ev.share}")
+    try:
+        tree.apply(ev)
+    except BudgetError as exc:
+        fail(f"refused: {exc.reason}: {exc.message}", 1)
+    _budget_changes([ev], tree, no_wait, timeout, bootstrap, as_json, f"budget [bold]{path}[/] set to share {ev.share}")
+
+
+def _budget_changes(
+    evts: list[Any],
+    current: Any,
+    no_wait: bool,
+    timeout: float,
+    bootstrap: str | None,
+    as_json: bool,
+    message: str,
+    *,
+    rollback: bool = False,
+) -> None:
+    """Publish budget changes (in order) and report the policy's verdict on each; exit 1 if any was rejected.
+
+    With ``rollback``, changes accepted before a rejection are undone (their values in ``current`` restored),
+    so a file is applied whole or not at all as far as the tree in force goes.
+    """
+    from apportion import client
+    from apportion.cli import verdicts
+    from apportion.topics import BUDGETS
+
+    conn = _require_topics(bootstrap, BUDGETS.name)
+    try:
+        offsets = client.publish(*evts, bootstrap=conn.bootstrap)
+    except Exception as exc:
+        if verdicts.is_kafka_error(exc):
+            fail(f"cannot publish to Kafka at {conn.bootstrap}: {exc} (is the stack up?)", 3)
+        raise
+    if no_wait:
+        _published(evts, as_json, message + " (not waiting for the policy's verdict)")
+        return
+    got = _checked(lambda: verdicts.budget_verdicts(conn.bootstrap, list(zip(evts, offsets, strict=True)), timeout))
+    rejected = [v for v in got if v.state == "rejected"]
+    undone: list[Any] = []
+    if rejected and rollback:
+        accepted = [v.event for v in got if v.state == "accepted"]
+        undone = verdicts.restore_events(current, accepted, _now())
+        if undone:
+            _checked(lambda: client.publish(*undone, bootstrap=conn.bootstrap))
+    if as_json:
+        _print_json(
+            {
+                "published": [events.to_dict(e) for e in evts],
+                "verdicts": [v.to_dict() for v in got],
+                "rolled_back": [events.to_dict(e) for e in undone],
+            }
+        )
+    if rejected:
+        v = rejected[0]
+        more = f" (and {len(rejected) - 1} more)" if len(rejected) > 1 else ""
+        back = f"; rolled back {len(undone)} accepted change(s)" if undone else ""
+        fail(f"refused by the policy: {v.event.path}: {v.reason}: {v.message}{more}{back}", 1)
+    if any(v.state == "no_verdict" for v in got):
+        fail(f"no verdict from the policy within {timeout:g} s (is it running?); the change is in the log", 3)
+    if not as_json:
+        out.print(message)
 
 
 @budget_app.command("apply")
 def budget_apply(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="YAML file of budgets.")],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the diff against the tree in force; publish nothing.")
+    ] = False,
+    no_wait: NoWait = False,
+    timeout: Timeout = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Set every budget in a YAML file (parents first). The file is checked as a whole before publishing."""
-    tree = _tree_from_file(file)
-    now = _now()
-    evts: list[events.Event] = []
-    for p, d in tree.to_mapping().items():
-        evts.append(
-            events.BudgetSet(
-                path=p,
-                share=d["share"],
-                members=tuple(d["members"]) if "members" in d else None,
-                max_min_runtime_s=d.get("max_min_runtime_s"),
-                by="cli",
-                ts=now,
-                producer="cli",
-            )
-        )
-    _publish(evts, bootstrap)
-    _published(evts, as_json, f"published {len(evts)} budgets from {file}")
+    """Set every budget in a YAML file, all or nothing.
+
+    The file is checked as a whole against the tree in force (budgets in force
+    but not in the file are kept and count towards their siblings' sums); the
+    changes are published in an order where each step is valid (shrinking
+    shares first); if the policy still rejects one (a concurrent change), the
+    ones it accepted are rolled back and the command exits 1.
+    """
+    from apportion.cli import verdicts
+    from apportion.domain.budgets import BudgetError
+
+    target = _tree_from_file(file)
+    current = _tree_in_force(bootstrap)
+    diff = verdicts.budget_diff(current, target)
+    try:
+        evts = verdicts.safe_order(current, target, _now())
+    except BudgetError as exc:
+        fail(f"refused: {file} against the tree in force: {exc.reason}: {exc.message}", 1)
+    if dry_run or not evts:
+        if as_json:
+            _print_json({"diff": [c.to_dict() for c in diff], "changes": len(evts), "published": []})
+            return
+        _print_diff(diff)
+        out.print(f"{len(evts)} budget change(s){' (dry run: nothing published)' if dry_run else ': nothing to do'}")
+        return
+    _budget_changes(
+        evts,
+        current,
+        no_wait,
+        timeout,
+        bootstrap,
+        as_json,
+        f"applied {file}: {len(evts)} budget change(s)",
+        rollback=True,
+    )
+
+
+def _print_diff(diff: list[Any]) -> None:
+    def show(v: Any) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, list):
+            return ",".join(v) or "(none)"
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    if not [c for c in diff if c.kind != "kept"]:
+        out.print("no differences from the tree in force")
+    for c in diff:
+        if c.kind == "kept":
+            out.print(f"  = {c.path}: in force, not in the file (kept)", highlight=False)
+        else:
+            sign = {"added": "+", "changed": "~", "removed": "-"}[c.kind]
+            out.print(f"  {sign} {c.path} {c.field}: {show(c.old)} -> {show(c.new)}", highlight=False)
 
 
 @budget_app.command("rm")
 def budget_rm(
     path: Annotated[str, typer.Argument(help="Budget path to remove (children first).")],
+    no_wait: NoWait = False,
+    timeout: Timeout = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
+    redis_url: RedisUrl = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Remove a budget. Refused (BudgetRejected) while it has children or queued/running jobs."""
+    """Remove a budget. Refused (exit 1) when it is not in the tree in force, has children, or has queued or
+    running jobs (the dispatcher's jobs read model)."""
+    from apportion import readmodel
+    from apportion.domain.budgets import BudgetError
+
+    tree = _tree_in_force(bootstrap)
+    jobs = readmodel.read_hash(_redis(redis_url), readmodel.jobs_key()).values()
+    in_use = [j for j in jobs if j.get("budget") == path]
     ev = events.BudgetRemoved(path=path, by="cli", ts=_now(), producer="cli")
-    _publish([ev], bootstrap)
-    _published([ev], as_json, f"removal of [bold]{path}[/] requested")
+    try:
+        tree.apply(ev, in_use=frozenset({path}) if in_use else frozenset())
+    except BudgetError as exc:
+        msg = exc.message
+        if exc.reason == "in_use":
+            states: dict[str, int] = {}
+            for j in in_use:
+                states[str(j.get("state"))] = states.get(str(j.get("state")), 0) + 1
+            msg = f"{path!r} has {', '.join(f'{n} {s}' for s, n in sorted(states.items()))} job(s)"
+        fail(f"refused: {exc.reason}: {msg}", 1)
+    _budget_changes([ev], tree, no_wait, timeout, bootstrap, as_json, f"removed budget [bold]{path}[/]")
 
 
 @budget_app.command("show")
