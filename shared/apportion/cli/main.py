@@ -953,7 +953,12 @@ def _register_optional() -> None:
     """Attach sub-apps that live in their own modules."""
     import importlib
 
-    for mod, name in (("apportion.cli.simulate", "simulate"), ("apportion.cli.audit", "audit")):
+    for mod, name in (
+        ("apportion.cli.simulate", "simulate"),
+        ("apportion.cli.audit", "audit"),
+        ("apportion.cli.stack", "stack"),
+        ("apportion.cli.history", "history"),
+    ):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as exc:
@@ -970,6 +975,14 @@ def _register_optional() -> None:
 
 
 _register_optional()
+
+
+@app.callback()
+def _root() -> None:
+    """Budgeted, hierarchical fair-share GPU scheduling."""
+    from apportion.settings import apply_stack_prefix
+
+    apply_stack_prefix()
 
 
 def main() -> None:

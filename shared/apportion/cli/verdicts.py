@@ -64,9 +64,9 @@ def _consumer(bootstrap: str) -> Any:
 
 def partition_of(key: str, partitions: int) -> int:
     """The partition the Kafka default partitioner (murmur2, as our producers use) gives ``key``."""
-    from kafka.partitioner.default import DefaultPartitioner
+    from kafka.partitioner.default import murmur2
 
-    return int(DefaultPartitioner()(key.encode("utf-8"), list(range(partitions)), list(range(partitions))))
+    return (murmur2(key.encode("utf-8")) & 0x7FFFFFFF) % partitions
 
 
 def read_partition(
@@ -241,7 +241,7 @@ def committed_offset(bootstrap: str, group: str, topic: str, partition: int) -> 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
     try:
         tp = TopicPartition(topic, partition)
-        got = admin.list_consumer_group_offsets(group, partitions=[tp])
+        got = admin.list_group_offsets({group: [tp]}).get(group, {})
         meta = got.get(tp)
         return None if meta is None or meta.offset is None or meta.offset < 0 else int(meta.offset)
     finally:
