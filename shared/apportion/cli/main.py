@@ -308,22 +308,54 @@ def cancel(
         out.print(f"cancelled [bold]{job_id}[/]")
 
 
+LIVE_STATES = ("pending", "placed", "running", "stopping", "preempting")
+
+
 @app.command()
 def queue(
     budget: Annotated[str | None, typer.Option("--budget", "-b", help="Only this budget (and below).")] = None,
-    all_states: Annotated[bool, typer.Option("--all", help="Include finished jobs.")] = False,
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's jobs.")] = None,
+    state: Annotated[
+        str | None,
+        typer.Option(
+            "--state", help="Only these states, comma-separated (pending, running, ...; completed etc. with --all)."
+        ),
+    ] = None,
+    all_states: Annotated[
+        bool, typer.Option("--all", help="Include finished jobs (from the log, as `apportion history`).")
+    ] = False,
     redis_url: RedisUrl = None,
+    bootstrap: Bootstrap = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Jobs in the queue (like squeue): position, budget, GPUs, state, pending reason."""
+    """Jobs in the queue (like squeue): position, budget, user, GPUs, state, start time, nodes or pending reason.
+
+    The position is the place in the fair-share order a scheduling cycle walks now (pending jobs only;
+    `-` for running ones).
+    """
     from apportion import readmodel
 
     rows = list(readmodel.read_hash(_redis(redis_url), readmodel.jobs_key()).values())
-    live = {"pending", "placed", "running", "preempting"}
+    if all_states:
+        from apportion import topics
+        from apportion.bus.reader import read_log
+        from apportion.cli.history import FINISHED, fold_jobs
+
+        conn = _require_topics(bootstrap, topics.SUBMISSIONS.name, topics.JOBS.name)
+        recs = _checked(lambda: read_log(conn.bootstrap, [topics.SUBMISSIONS.name, topics.JOBS.name]))
+        live = {r.get("job_id") for r in rows}
+        for j in fold_jobs(rec.event for rec in recs if rec.event is not None).values():
+            if j.state in FINISHED and j.job_id not in live:
+                d = j.to_dict()
+                d.update(position=None, nodes=[], started_at=d["first_start"], attempt=j.attempts)
+                rows.append(d)
+    wanted = {x.strip() for x in state.split(",") if x.strip()} if state else None
     rows = [
         r
         for r in rows
-        if (all_states or r.get("state") in live)
+        if (wanted is not None or all_states or r.get("state") in LIVE_STATES)
+        and (wanted is None or r.get("state") in wanted)
+        and (user is None or r.get("user") == user)
         and (budget is None or r.get("budget") == budget or str(r.get("budget", "")).startswith(budget + "/"))
     ]
     rows.sort(
@@ -338,13 +370,14 @@ def queue(
         _print_json(rows)
         return
     t = Table(title=f"queue ({len(rows)} jobs)")
-    for col in ("pos", "job", "budget", "user", "GPUs", "min rt", "state", "attempt", "reason / nodes"):
+    for col in ("pos", "job", "budget", "user", "GPUs", "min rt", "state", "att", "started", "nodes / reason"):
         t.add_column(col)
     for r in rows:
         gpus = f"{r.get('replicas', 1)}x{r.get('gpus_per_replica', '?')}"
-        detail = r.get("reason") or ",".join(r.get("nodes") or [])
+        detail = r.get("reason") if r.get("state") == "pending" else ",".join(r.get("nodes") or []) or r.get("reason")
+        started = r.get("started_at")
         t.add_row(
-            str(r.get("position", "")),
+            "-" if r.get("position") is None else str(r["position"]),
             r.get("job_id", ""),
             r.get("budget", ""),
             r.get("user", ""),
@@ -352,7 +385,8 @@ def queue(
             format_duration(float(r.get("min_runtime_s", 0))),
             r.get("state", ""),
             str(r.get("attempt", "")),
-            detail,
+            started[:19].replace("T", " ") if started else "-",
+            detail or "",
         )
     out.print(t)
 
@@ -461,27 +495,88 @@ def top(
 # --------------------------------------------------------------------------- ops
 
 
+def _node_notes(bootstrap: str) -> dict[str, dict[str, Any]]:
+    """Per node, from ``apportion.nodes``: the last heartbeat's time and the reason of the last
+    cordon/drain request (``reason``, ``by``); one pass, decoding only the events that are not heartbeats."""
+    from apportion import topics
+    from apportion.bus.reader import iter_topic_records
+
+    notes: dict[str, dict[str, Any]] = {}
+    last_beat: dict[str, bytes] = {}
+    for rec in iter_topic_records(bootstrap, [topics.NODES.name], decode=False):
+        if rec.key is None:
+            continue
+        if b'"NodeHeartbeat"' in rec.raw:
+            last_beat[rec.key] = rec.raw
+            continue
+        try:
+            ev = events.decode(rec.raw)
+        except events.DecodeError:
+            continue
+        n = notes.setdefault(rec.key, {})
+        if isinstance(ev, (events.NodeCordoned, events.NodeDrainRequested)):
+            n.update(reason=ev.reason, reason_by=ev.by, reason_at=ev.ts.isoformat())
+        elif isinstance(ev, events.NodeUncordoned):
+            n.update(reason="", reason_by=ev.by, reason_at=ev.ts.isoformat())
+        elif isinstance(ev, events.NodeLost):
+            n.update(reason=f"no heartbeat since {ev.last_heartbeat.isoformat()}")
+    for node, raw in last_beat.items():
+        try:
+            notes.setdefault(node, {})["heartbeat_at"] = events.decode(raw).ts
+        except events.DecodeError:
+            continue
+    return notes
+
+
 @app.command()
-def nodes(redis_url: RedisUrl = None, as_json: JsonOut = False) -> None:
-    """Nodes with state, GPUs, free GPUs and last heartbeat."""
+def nodes(
+    redis_url: RedisUrl = None,
+    bootstrap: Bootstrap = None,
+    as_json: JsonOut = False,
+) -> None:
+    """Nodes with state, cordon/drain reason, GPUs free/total, model, running jobs and heartbeat age.
+
+    State and free GPUs are the dispatcher's; the reason and the last heartbeat come from the log
+    (apportion.nodes); the age is measured on the stack's event clock (APPORTION_TIME_SCALE and epochs).
+    """
     from apportion import readmodel
+    from apportion.settings import event_clock
+    from apportion.timeutil import to_us
 
     rows = list(readmodel.read_hash(_redis(redis_url), readmodel.nodes_key()).values())
+    from apportion import topics
+
+    conn = _require_topics(bootstrap, topics.NODES.name)
+    notes = _checked(lambda: _node_notes(conn.bootstrap))
+    now_us = event_clock().now_us()  # type: ignore[attr-defined]
+    for r in rows:
+        n = notes.get(r.get("node_id", ""), {})
+        beat = n.get("heartbeat_at")
+        if beat is not None:
+            r["last_heartbeat"] = beat.isoformat()
+        r["heartbeat_age_s"] = (
+            round((now_us - to_us(datetime.fromisoformat(r["last_heartbeat"]))) / 1e6, 1)
+            if r.get("last_heartbeat")
+            else None
+        )
+        r["reason"] = n.get("reason", "") if r.get("state") != "ready" else ""
+        r["reason_by"] = n.get("reason_by", "") if r.get("state") != "ready" else ""
     if as_json:
         _print_json(rows)
         return
     t = Table(title=f"nodes ({len(rows)})")
-    for col in ("node", "state", "model", "GPUs", "free", "running", "last heartbeat"):
+    for col in ("node", "state", "reason", "model", "free/GPUs", "running", "heartbeat"):
         t.add_column(col)
     for r in rows:
+        age = r.get("heartbeat_age_s")
         t.add_row(
             r.get("node_id", ""),
             r.get("state", ""),
+            r.get("reason") or "",
             str(r.get("gpu_model") or "-"),
-            str(r.get("gpu_count", "")),
-            str(r.get("free_gpus", "")),
+            f"{r.get('free_gpus', '?')}/{r.get('gpu_count', '?')}",
             str(len(r.get("running") or [])),
-            str(r.get("last_heartbeat", "")),
+            "-" if age is None else f"{format_duration(max(0.0, round(age)))} ago",
         )
     out.print(t)
 
