@@ -1,6 +1,6 @@
 """Operations tell the truth (DESIGN section 11, issue 13), on a live stack started by `apportion stack up`.
 
-One stack for the module: the four services as processes (2 simulated 4-GPU nodes) on the session's Kafka and
+One stack for the module: the four services as processes (8 simulated 8-GPU nodes, as the README's) on the session's Kafka and
 Redis when ``KAFKA_BOOTSTRAP``/``REDIS_URL`` are set, else on a Kafka and Redis that ``stack up`` starts itself.
 Every command is run through typer's CliRunner and its exit code and message are asserted exactly; waits poll
 with bounded deadlines. The last test runs the CLI from an unrelated folder with nothing but the per-user state
@@ -212,7 +212,7 @@ def test_cancel_waits_for_the_dispatcher_and_refuses_what_is_not_there(budgets: 
 def test_node_commands_refuse_unknown_nodes_and_show_the_reason(budgets: Stack) -> None:
     nodes = budgets.json("nodes")
     ids = sorted(n["node_id"] for n in nodes)
-    assert len(ids) == 2
+    assert ids == [f"sim-{i}" for i in range(8)]
     res = budgets.run("cordon", "nosuch", code=1)
     assert _error(res) == f"error: no node nosuch (known: {', '.join(ids)})"
     for cmd in ("drain", "undrain"):
@@ -255,6 +255,34 @@ def test_unreachable_or_unprovisioned_stack_is_one_line_and_exit_3(stack: Stack)
     assert _error(res).startswith("error: cannot reach Kafka at 127.0.0.1:1")
 
 
+def test_readme_using_it_block_runs_as_written(budgets: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every `apportion` line of the README's "Using it" block exits 0 on the stack `make up` starts."""
+    import re
+    import shlex
+    import subprocess
+
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"## Using it\n\n```sh\n(.*?)```", text, re.S)
+    assert block is not None
+    lines = [ln for ln in block.group(1).splitlines() if ln.strip()]
+    assert lines[0].split("#")[0].split() == ["make", "up", "SIM_NODES=8"]
+    assert lines[-1].split("#")[0].split() == ["make", "down"]
+    made = subprocess.run(["make", "-n", "up", "SIM_NODES=8"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "apportion stack up --dir .run --sim-nodes 8" in made.stdout
+    monkeypatch.chdir(ROOT)  # the block runs from the checkout (infra/budgets/example.yaml)
+    ran = 0
+    for ln in lines[1:-1]:
+        argv = shlex.split(ln, comments=True)
+        assert argv[0] == ".venv/bin/apportion", ln
+        budgets.run(*argv[1:])
+        ran += 1
+    assert ran == 11
+    gang = [r for r in budgets.json("queue", "--user", "carol") if r["replicas"] == 4]
+    assert len(gang) == 1 and gang[0]["state"] in ("pending", "placed", "running")
+    for r in budgets.json("queue", "--user", "carol"):
+        budgets.run("cancel", r["job_id"])
+
+
 def test_zz_stack_serves_any_folder_and_stops_leaving_no_process(
     stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -272,7 +300,7 @@ def test_zz_stack_serves_any_folder_and_stops_leaving_no_process(
         "APPORTION_STACK_DIR": None,
         "XDG_STATE_HOME": stack.env["XDG_STATE_HOME"],
     }
-    assert len(json.loads(stack.run("nodes", "--json", env=bare).stdout)) == 2
+    assert len(json.loads(stack.run("nodes", "--json", env=bare).stdout)) == 8
     assert isinstance(json.loads(stack.run("queue", "--json", env=bare).stdout), list)
     share = stack.until(lambda: json.loads(stack.run("share", "--json", env=bare).stdout)["budgets"], "a snapshot")
     assert {b["path"] for b in share} >= {"lab", "lab/vision"}

@@ -179,6 +179,8 @@ def up(
 ) -> StackInfo:
     """Start the stack (see the module docstring); on failure stop what was started and raise.
 
+    A stack already running from ``run_dir`` is returned as it is (``up`` twice is harmless).
+
     Raises:
         StackUpError: a part did not start or become ready within :data:`READY_TIMEOUT_S`.
     """
@@ -190,8 +192,11 @@ def up(
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     existing = StackInfo.read(run_dir)
+    if existing is not None and existing.pids and all(alive(p) for p in existing.pids.values()):
+        say(f"already running from {run_dir}")  # type: ignore[operator]
+        return existing
     if existing is not None and any(alive(p) for p in existing.pids.values()):
-        raise StackUpError(f"a stack is already running from {run_dir} (`apportion stack status`, `stack down`)")
+        raise StackUpError(f"part of a stack is running from {run_dir}: `apportion stack down` first")
     external = bootstrap is not None or redis_url is not None
     if external and (bootstrap is None or redis_url is None):
         raise StackUpError("give both --bootstrap and --redis to use an external Kafka and Redis")
