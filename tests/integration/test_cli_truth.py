@@ -80,8 +80,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             redis_lib.Redis.from_url(redis_url).flushdb()
         info = stack_mod.up(
             run_dir,
-            sim_nodes=2,
-            gpus_per_node=4,
+            sim_nodes=8,
+            gpus_per_node=8,
             bootstrap=external[0],
             redis_url=redis_url,
             prefix=prefix,
@@ -276,7 +276,7 @@ def test_readme_using_it_block_runs_as_written(budgets: Stack, monkeypatch: pyte
         assert argv[0] == ".venv/bin/apportion", ln
         budgets.run(*argv[1:])
         ran += 1
-    assert ran == 11
+    assert ran == 10
     gang = [r for r in budgets.json("queue", "--user", "carol") if r["replicas"] == 4]
     assert len(gang) == 1 and gang[0]["state"] in ("pending", "placed", "running")
     for r in budgets.json("queue", "--user", "carol"):
