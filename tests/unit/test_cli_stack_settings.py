@@ -22,10 +22,16 @@ VARS = (
 )
 
 
+def _clear(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset VARS so that monkeypatch restores them afterwards even when code under test sets them."""
+    for v in VARS:
+        monkeypatch.setenv(v, "")
+        monkeypatch.delenv(v)
+
+
 @pytest.fixture
 def user_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for v in VARS:
-        monkeypatch.delenv(v, raising=False)
+    _clear(monkeypatch)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     f = tmp_path / "state" / "apportion" / "stack.env"
     f.parent.mkdir(parents=True)
@@ -73,8 +79,7 @@ def test_heartbeat_ages_use_the_stacks_scaled_clock(user_state: Path) -> None:
 
 
 def test_without_a_stack_the_clock_is_the_wall(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for v in VARS:
-        monkeypatch.delenv(v, raising=False)
+    _clear(monkeypatch)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "none"))
     monkeypatch.chdir(tmp_path)
     assert settings.stack_env_path() is None

@@ -3,9 +3,12 @@
 Human tables by default, ``--json`` for scripts. Every command that talks
 to the cluster resolves Kafka and Redis as :mod:`apportion.settings` says
 (flags, then ``APPORTION_KAFKA_BOOTSTRAP``/``APPORTION_REDIS_URL``, then the
-``.run/stack.env`` written by ``make up``). Errors print one clear line on
-stderr and exit non-zero: 2 for bad input, 3 when Kafka or Redis cannot be
-reached.
+``stack.env`` written by ``make up`` / ``apportion stack up``). Errors print one
+clear line on stderr and exit non-zero: 1 when a change is refused or names
+nothing that exists, 2 for bad input, 3 when Kafka or Redis cannot be reached,
+the namespace is not provisioned, or the owning service gives no verdict in
+time. Change commands check, publish, then wait for the verdict
+(:mod:`apportion.cli.verdicts`; ``docs/operations.md``).
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ app = typer.Typer(
     name="apportion",
     help=(
         "Budgeted, hierarchical fair-share GPU scheduling.\n\n"
-        "Researchers: `submit`, `cancel`, `queue`, `share`. Ops: `nodes`, `drain`, `undrain`, "
-        "`budget`, `audit`. Everyone: `simulate`, `whatif`.\n\n"
+        "Researchers: `submit`, `cancel`, `queue`, `history`, `share`. Ops: `nodes`, `drain`, `cordon`, "
+        "`undrain`, `budget`, `audit`. Everyone: `simulate`, `whatif`, `stack` (a local stack in one command).\n\n"
+        "Change commands wait for the owning service's verdict. Exit codes: 0 done, 1 refused or not found, "
+        "2 bad input, 3 stack unreachable or no verdict in time (docs/operations.md).\n\n"
         "Jobs with --min-runtime > 0 are charged to their budget and protected from preemption "
         "for that long; --min-runtime 0 runs unallocated: free, on idle GPUs, preempted first."
     ),
@@ -86,7 +91,7 @@ def _publish(evts: list[events.Event], bootstrap: str | None) -> None:
     except Exception as exc:  # kafka errors have many types; report them plainly
         if type(exc).__module__.startswith("kafka"):
             conn = Connection.resolve(bootstrap=bootstrap)
-            fail(f"cannot publish to Kafka at {conn.bootstrap}: {exc} (is the stack up? `make up`)", 3)
+            fail(f"cannot publish to Kafka at {conn.bootstrap}: {exc} (is the stack up? `apportion stack up`)", 3)
         raise
 
 
@@ -106,7 +111,7 @@ def _redis(redis_url: str | None) -> Any:
     try:
         r.ping()
     except redis.RedisError as exc:
-        fail(f"cannot reach Redis at {conn.redis_url}: {exc} (is the stack up? `make up`)", 3)
+        fail(f"cannot reach Redis at {conn.redis_url}: {exc} (is the stack up? `apportion stack up`)", 3)
     return r
 
 
@@ -1073,11 +1078,14 @@ _register_optional()
 
 
 @app.callback()
-def _root() -> None:
+def _root(ctx: typer.Context) -> None:
     """Budgeted, hierarchical fair-share GPU scheduling."""
+    import os
+
     from apportion.settings import apply_stack_prefix
 
-    apply_stack_prefix()
+    if apply_stack_prefix() is not None:  # the namespace of the stack found: for this command only
+        ctx.call_on_close(lambda: os.environ.pop("APPORTION_TOPIC_PREFIX", None))
 
 
 def main() -> None:
