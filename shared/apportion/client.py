@@ -151,6 +151,9 @@ class VerdictWatcher:
     Args:
         job_id: the submission's job id (the record key on ``apportion.jobs``).
         bootstrap: Kafka bootstrap (resolved as :mod:`apportion.settings`).
+
+    Raises:
+        LookupError: ``apportion.jobs`` does not exist (the namespace was never provisioned).
     """
 
     def __init__(self, job_id: str, *, bootstrap: str | None = None) -> None:
@@ -170,6 +173,12 @@ class VerdictWatcher:
         )
         self._kc.topics()  # loads the cluster metadata, so the partitions below are known
         parts = [TopicPartition(JOBS.name, p) for p in sorted(self._kc.partitions_for_topic(JOBS.name) or ())]
+        if not parts:
+            self._kc.close()
+            raise LookupError(
+                f"topic {JOBS.name} does not exist at {conn.bootstrap}: the namespace is not provisioned "
+                "(python -m apportion.bus.provision, or apportion stack up)"
+            )
         self._kc.assign(parts)
         self._kc.seek_to_end()
         for tp in parts:

@@ -255,6 +255,27 @@ def test_unreachable_or_unprovisioned_stack_is_one_line_and_exit_3(stack: Stack)
     assert _error(res).startswith("error: cannot reach Kafka at 127.0.0.1:1")
 
 
+def test_deadletter_lists_what_a_service_could_not_decode(budgets: Stack) -> None:
+    from apportion.bus.producer import EventProducer
+
+    topic = f"{budgets.env['APPORTION_TOPIC_PREFIX']}apportion.submissions"
+    with EventProducer(budgets.info.bootstrap, client_id="truth-test") as p:
+        meta = p.send_raw(topic, b"not json at all", key=b"garbage-1").get(timeout=10)
+    rows = budgets.until(
+        lambda: [r for r in budgets.json("deadletter") if r["key"] == "garbage-1"], "the dead letter of garbage-1"
+    )
+    assert (rows[0]["topic"], rows[0]["partition"], rows[0]["offset"]) == (topic, meta.partition, meta.offset)
+    assert rows[0]["error"]
+    assert [r for r in budgets.json("deadletter", "--topic", "apportion.jobs") if r["key"] == "garbage-1"] == []
+
+
+def test_top_json_is_one_frame_of_budgets_queue_head_and_nodes(budgets: Stack) -> None:
+    frame = budgets.json("top", "--head", "3")
+    assert {b["path"] for b in frame["budgets"]} >= {"lab", "lab/vision"}
+    assert len(frame["nodes"]) == 8 and isinstance(frame["queue_head"], list)
+    assert all({"pending", "running"} <= set(b) for b in frame["budgets"])
+
+
 def test_readme_using_it_block_runs_as_written(budgets: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every `apportion` line of the README's "Using it" block exits 0 on the stack `make up` starts."""
     import re
@@ -276,7 +297,7 @@ def test_readme_using_it_block_runs_as_written(budgets: Stack, monkeypatch: pyte
         assert argv[0] == ".venv/bin/apportion", ln
         budgets.run(*argv[1:])
         ran += 1
-    assert ran == 10
+    assert ran == 11
     gang = [r for r in budgets.json("queue", "--user", "carol") if r["replicas"] == 4]
     assert len(gang) == 1 and gang[0]["state"] in ("pending", "placed", "running")
     for r in budgets.json("queue", "--user", "carol"):

@@ -437,53 +437,103 @@ def share(
     out.print(t)
 
 
+def _top_data(r: Any, head: int) -> dict[str, Any]:
+    """One frame of `top`: usage meta, budget rows with job counts, the queue head, nodes."""
+    from collections import Counter
+
+    from apportion import readmodel
+
+    budgets = readmodel.read_hash(r, readmodel.budgets_key())
+    meta = readmodel.read_hash(r, readmodel.usage_key()).get("meta", {})
+    jobs = list(readmodel.read_hash(r, readmodel.jobs_key()).values())
+    nodes = list(readmodel.read_hash(r, readmodel.nodes_key()).values())
+    counts: dict[str, Counter[str]] = {}
+    for j in jobs:
+        for p in _ancestors(str(j.get("budget", "?"))):
+            counts.setdefault(p, Counter())[str(j.get("state", "?"))] += 1
+    for path, row in budgets.items():
+        c = counts.get(path, Counter())
+        row["pending"], row["running"] = c.get("pending", 0), c.get("running", 0)
+    pending = sorted(
+        (j for j in jobs if j.get("state") == "pending"),
+        key=lambda j: (j.get("position") if j.get("position") is not None else 1 << 30, j.get("job_id", "")),
+    )
+    return {"meta": meta, "budgets": list(budgets.values()), "queue_head": pending[:head], "nodes": nodes}
+
+
+def _ancestors(path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
 @app.command()
 def top(
     interval: Annotated[float, typer.Option(help="Refresh period, wall seconds.")] = 1.0,
     iterations: Annotated[int, typer.Option(min=0, help="Stop after N refreshes (0 = until Ctrl-C).")] = 0,
+    head: Annotated[int, typer.Option("--head", min=0, help="Pending jobs shown at the head of the queue.")] = 10,
     redis_url: RedisUrl = None,
+    as_json: JsonOut = False,
 ) -> None:
-    """Live view: budgets (share, occupancy, r), queue by state, and nodes, refreshed until Ctrl-C."""
+    """Live view: the budget tree (share, occupancy, r, rank, jobs), the head of the queue with its pending
+    reasons, and the nodes (those not ready with their state), refreshed until Ctrl-C. `--json`: one frame."""
     import time as _time
     from collections import Counter
 
     from rich.console import Group
     from rich.live import Live
 
-    from apportion import readmodel
-
     r = _redis(redis_url)
+    if as_json:
+        _print_json(_top_data(r, head))
+        return
 
     def frame() -> Group:
-        budgets = readmodel.read_hash(r, readmodel.budgets_key())
-        meta = readmodel.read_hash(r, readmodel.usage_key()).get("meta", {})
-        jobs = readmodel.read_hash(r, readmodel.jobs_key())
-        nodes = readmodel.read_hash(r, readmodel.nodes_key())
+        d = _top_data(r, head)
+        meta = d["meta"]
         bt = Table(title=f"budgets at {meta.get('at', '?')}  capacity {meta.get('capacity_gpus', '?')} GPUs")
-        for col in ("budget", "share", "O GPU-h", "U GPU-h", "r", "pending", "running"):
+        for col in ("budget", "share", "abs", "O GPU-h", "U GPU-h", "r", "rank", "pending", "running"):
             bt.add_column(col, justify="left" if col == "budget" else "right")
-        by_budget: dict[str, Counter[str]] = {}
-        for j in jobs.values():
-            by_budget.setdefault(j.get("budget", "?"), Counter())[j.get("state", "?")] += 1
-        for path, row in budgets.items():
-            c = by_budget.get(path, Counter())
+        for row in d["budgets"]:
+            path = str(row.get("path", ""))
             bt.add_row(
                 "  " * path.count("/") + path.rsplit("/", 1)[-1],
+                f"{row.get('share', 0):.3f}",
                 f"{row.get('abs_share', 0):.3f}",
                 f"{row.get('occupancy_gpu_s', 0) / 3600:.1f}",
                 f"{row.get('unallocated_gpu_s', 0) / 3600:.1f}",
                 _ratio(row.get("ratio")),
-                str(c.get("pending", 0) or ""),
-                str(c.get("running", 0) or ""),
+                "" if row.get("rank") is None else str(row["rank"]),
+                str(row["pending"] or ""),
+                str(row["running"] or ""),
             )
-        states = Counter(n.get("state", "?") for n in nodes.values())
-        free = sum(int(n.get("free_gpus", 0)) for n in nodes.values())
-        total = sum(int(n.get("gpu_count", 0)) for n in nodes.values())
-        jstates = Counter(j.get("state", "?") for j in jobs.values())
-        summary = (
-            f"nodes {dict(sorted(states.items()))}  GPUs free {free}/{total}  jobs {dict(sorted(jstates.items()))}"
-        )
-        return Group(bt, summary)
+        qt = Table(title=f"queue head ({len(d['queue_head'])} shown)")
+        for col in ("pos", "job", "budget", "user", "GPUs", "reason"):
+            qt.add_column(col)
+        for j in d["queue_head"]:
+            qt.add_row(
+                "-" if j.get("position") is None else str(j["position"]),
+                j.get("job_id", ""),
+                j.get("budget", ""),
+                j.get("user", ""),
+                f"{j.get('replicas', 1)}x{j.get('gpus_per_replica', '?')}",
+                j.get("reason", ""),
+            )
+        ns = d["nodes"]
+        states = Counter(str(n.get("state", "?")) for n in ns)
+        free = sum(int(n.get("free_gpus", 0)) for n in ns)
+        total = sum(int(n.get("gpu_count", 0)) for n in ns)
+        nt = Table(title=f"nodes: {', '.join(f'{k} {v}' for k, v in sorted(states.items()))}; GPUs free {free}/{total}")
+        for col in ("node", "state", "free/GPUs", "running"):
+            nt.add_column(col)
+        for n in ns:
+            if n.get("state") != "ready":
+                nt.add_row(
+                    n.get("node_id", ""),
+                    n.get("state", ""),
+                    f"{n.get('free_gpus', '?')}/{n.get('gpu_count', '?')}",
+                    str(len(n.get("running") or [])),
+                )
+        return Group(bt, qt, nt)
 
     n = 0
     with Live(frame(), console=out, refresh_per_second=4, transient=False) as live:
@@ -495,6 +545,53 @@ def top(
                     _time.sleep(interval)
         except KeyboardInterrupt:
             pass
+
+
+@app.command()
+def deadletter(
+    topic: Annotated[str | None, typer.Option("--topic", help="Only letters from this source topic.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=0, help="Show the newest N (0 = all).")] = 50,
+    bootstrap: Bootstrap = None,
+    as_json: JsonOut = False,
+) -> None:
+    """Dead letters: input a service could not decode or handle, with its topic, offset, key and reason."""
+    from apportion import topics
+    from apportion.bus.reader import read_log
+
+    conn = _require_topics(bootstrap, topics.DEADLETTER.name)
+    recs = _checked(lambda: read_log(conn.bootstrap, [topics.DEADLETTER.name]))
+    seen: set[Any] = set()
+    rows = []
+    for rec in recs:
+        ev = rec.event
+        if not isinstance(ev, events.DeadLetter) or ev.event_id in seen:
+            continue
+        seen.add(ev.event_id)
+        if topic is not None and ev.source_topic not in (topic, topics.prefix() + topic):
+            continue
+        rows.append(
+            {
+                "ts": ev.ts.isoformat(),
+                "producer": ev.producer,
+                "topic": ev.source_topic,
+                "partition": ev.source_partition,
+                "offset": ev.source_offset,
+                "key": ev.source_key,
+                "error": ev.error,
+            }
+        )
+    if limit:
+        rows = rows[-limit:]
+    if as_json:
+        _print_json(rows)
+        return
+    t = Table(title=f"dead letters ({len(rows)})")
+    for col in ("time", "by", "topic[partition]@offset", "key", "reason"):
+        t.add_column(col)
+    for r in rows:
+        where = f"{r['topic']}[{r['partition'] if r['partition'] is not None else '?'}]@{r['offset']}"
+        t.add_row(r["ts"][:19].replace("T", " "), r["producer"], where, str(r["key"] or "-"), r["error"])
+    out.print(t)
 
 
 # --------------------------------------------------------------------------- ops
