@@ -1,7 +1,7 @@
 """Operations tell the truth (DESIGN section 11, issue 13), on a live stack started by `apportion stack up`.
 
-One stack for the module: the four services as processes (8 simulated 8-GPU nodes, as the README's) on the session's Kafka and
-Redis when ``KAFKA_BOOTSTRAP``/``REDIS_URL`` are set, else on a Kafka and Redis that ``stack up`` starts itself.
+One stack for the module: the four services as processes (8 simulated 8-GPU nodes, as the README's) started by
+``stack up`` on the session's Kafka and Redis; the last test starts a stack of its own, Kafka and Redis included.
 Every command is run through typer's CliRunner and its exit code and message are asserted exactly; waits poll
 with bounded deadlines. The last test runs the CLI from an unrelated folder with nothing but the per-user state
 file, then `stack down`, and checks that no process it started is left.
@@ -10,7 +10,6 @@ file, then `stack down`, and checks that no process it started is left.
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -62,28 +61,27 @@ def _error(res: Any) -> str:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(kafka_bootstrap: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`stack up` of the services on the session's Kafka and Redis (a fresh namespace and Redis db)."""
+    import redis as redis_lib
+
     from apportion.cli import stack as stack_mod
 
     run_dir = tmp_path_factory.mktemp("stack-run")
     state = tmp_path_factory.mktemp("xdg-state")
     prefix = f"truth{uuid.uuid4().hex[:8]}."
-    external = os.environ.get("KAFKA_BOOTSTRAP"), os.environ.get("REDIS_URL")
+    db_url = redis_url.rsplit("/", 1)[0] + "/11"
+    redis_lib.Redis.from_url(db_url).flushdb()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_STATE_HOME", str(state))
         for v in ("APPORTION_KAFKA_BOOTSTRAP", "APPORTION_REDIS_URL", "APPORTION_TOPIC_PREFIX", "APPORTION_STACK_DIR"):
             mp.delenv(v, raising=False)
-        redis_url = external[1].rsplit("/", 1)[0] + "/11" if external[1] else None
-        if redis_url:
-            import redis as redis_lib
-
-            redis_lib.Redis.from_url(redis_url).flushdb()
         info = stack_mod.up(
             run_dir,
             sim_nodes=8,
             gpus_per_node=8,
-            bootstrap=external[0],
-            redis_url=redis_url,
+            bootstrap=kafka_bootstrap,
+            redis_url=db_url,
             prefix=prefix,
             say=lambda *_: None,
         )
@@ -341,3 +339,56 @@ def test_zz_stack_serves_any_folder_and_stops_leaving_no_process(
     assert not (Path(stack.env["XDG_STATE_HOME"] or "") / "apportion" / "stack.env").exists()
     res = stack.run("stack", "status", env=bare, code=3)
     assert _error(res).startswith("error: no stack started from")
+
+
+def test_zzz_stack_up_alone_starts_and_stops_its_own_kafka_and_redis(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`apportion stack up` with no addresses: Kafka and Redis from infra/ too; `stack down` leaves no process."""
+    from typer.testing import CliRunner
+
+    from apportion.cli import stack as stack_mod
+    from apportion.cli.main import app
+
+    run_dir = tmp_path / "run"
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    env: dict[str, str | None] = {
+        v: None
+        for v in (
+            "APPORTION_KAFKA_BOOTSTRAP",
+            "APPORTION_REDIS_URL",
+            "KAFKA_BOOTSTRAP",
+            "REDIS_URL",
+            "APPORTION_TOPIC_PREFIX",
+            "APPORTION_STACK_DIR",
+        )
+    }
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    runner = CliRunner()
+    res = runner.invoke(app, ["stack", "up", "--dir", str(run_dir), "--sim-nodes", "1"], env=env)
+    try:
+        assert res.exit_code == 0, res.output
+        assert "Kafka    127.0.0.1:" in res.stdout and "logs     " in res.stdout
+        info = stack_mod.StackInfo.read(run_dir)
+        assert info is not None and info.infra == "local"
+        infra_pids = [int((run_dir / d / f"{d}.pid").read_text()) for d in ("kafka", "redis")]
+
+        def nodes() -> list[str]:
+            res = runner.invoke(app, ["nodes", "--json"], env=env)
+            assert res.exit_code == 0, res.output
+            return [n["node_id"] for n in json.loads(res.stdout)]
+
+        end = time.monotonic() + DEADLINE_S
+        while nodes() != ["sim-0"]:
+            assert time.monotonic() < end, "sim-0 never showed in `nodes`"
+            time.sleep(0.2)
+        again = runner.invoke(app, ["stack", "up", "--dir", str(run_dir)], env=env)
+        assert again.exit_code == 0 and f"already running from {run_dir}" in again.stdout
+    finally:
+        res = runner.invoke(app, ["stack", "down"], env=env)
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines()[-1].startswith("stopped Kafka 127.0.0.1:")
+    left = [p for p in [*info.pids.values(), *infra_pids] if stack_mod.alive(p)]
+    assert left == []
