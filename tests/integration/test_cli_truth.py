@@ -189,6 +189,15 @@ def test_budget_rm_of_nothing_or_of_a_budget_in_use_is_refused(budgets: Stack) -
     budgets.run("cancel", "rm1")
 
 
+def test_submit_reports_the_dispatchers_rejection(budgets: Stack) -> None:
+    res = budgets.run(
+        "submit", "-b", "lab/prior/robotics", "-g", "1", "-m", "1h", "--duration", "1h", "-u", "mallory", code=1
+    )
+    assert _error(res).startswith("rejected: not_a_member: ")
+    res = budgets.run("submit", "-b", "lab/prior", "-g", "1", "-m", "1h", "--duration", "1h", "-u", "bob", code=1)
+    assert _error(res).startswith("rejected: not_a_leaf: ")
+
+
 def test_cancel_waits_for_the_dispatcher_and_refuses_what_is_not_there(budgets: Stack) -> None:
     res = budgets.run("cancel", "no-such-job", code=1)
     assert _error(res) == "error: no job no-such-job in the log"

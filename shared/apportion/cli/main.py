@@ -258,11 +258,11 @@ def submit(
         )
         if isinstance(verdict, events.JobQueued):
             out.print("queued by the dispatcher (see `apportion queue`)")
-        elif verdict is None and not dry_run and wait > 0:
-            out.print(f"no verdict within {wait:g} s (is the dispatcher running?); the submission is in the log")
     if isinstance(verdict, events.JobRejected):
-        err.print(f"[bold red]rejected:[/] {verdict.reason.value}: {verdict.message}", highlight=False)
+        err.print(f"[bold red]rejected:[/] {verdict.reason.value}: {verdict.message}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
+    if verdict is None and not dry_run and wait > 0:
+        fail(f"no verdict from the dispatcher within {wait:g} s (is it running?); the submission is in the log", 3)
 
 
 @app.command()
