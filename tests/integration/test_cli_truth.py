@@ -159,6 +159,27 @@ def test_apply_of_a_file_valid_only_as_a_whole_applies_all_of_it(budgets: Stack,
     assert _tree(budgets)["lab/prior"] == 0.6
 
 
+def test_apply_rolls_back_what_the_policy_accepted_when_it_rejects_a_later_change(
+    budgets: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As if someone changed the tree between the check and the publish: the policy rejects the growing share
+    (published first here), accepts the shrinking one, and the CLI restores it: the tree in force is unchanged."""
+    from apportion.cli import verdicts
+
+    right_order = verdicts.safe_order
+    monkeypatch.setattr(verdicts, "safe_order", lambda cur, tgt, now: list(reversed(right_order(cur, tgt, now))))
+    moved = tmp_path / "moved.yaml"
+    text = (ROOT / "infra/budgets/example.yaml").read_text()
+    moved.write_text(text.replace("lab/prior: 0.6", "lab/prior: 0.7").replace("share: 0.4", "share: 0.3"))
+    res = budgets.run("budget", "apply", str(moved), code=1)
+    assert _error(res) == (
+        "error: refused by the policy: lab/prior: over_allocated: shares under 'lab' would sum to 1.1 > 1; "
+        "rolled back 1 accepted change(s)"
+    )
+    tree = _tree(budgets)
+    assert (tree["lab/prior"], tree["lab/vision"]) == (0.6, 0.4)
+
+
 def test_apply_that_cannot_fit_beside_budgets_kept_in_force_is_refused(budgets: Stack, tmp_path: Path) -> None:
     budgets.run("budget", "set", "lab/vision/extra", "--share", "0.5")
     f = tmp_path / "f.yaml"
