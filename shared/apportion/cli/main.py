@@ -18,7 +18,7 @@ import math
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -61,7 +61,7 @@ Timeout = Annotated[
 DEFAULT_WAIT_S = 15.0
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``error: message`` on stderr and exit with ``code``."""
     err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
@@ -561,7 +561,7 @@ def deadletter(
     conn = _require_topics(bootstrap, topics.DEADLETTER.name)
     recs = _checked(lambda: read_log(conn.bootstrap, [topics.DEADLETTER.name]))
     seen: set[Any] = set()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for rec in recs:
         ev = rec.event
         if not isinstance(ev, events.DeadLetter) or ev.event_id in seen:

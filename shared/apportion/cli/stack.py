@@ -28,7 +28,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -366,7 +366,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(stack_app, name="stack")
 
 
-def _err(msg: str, code: int) -> None:
+def _err(msg: str, code: int) -> NoReturn:
     typer.echo(f"error: {msg}", err=True)
     raise typer.Exit(code)
 
