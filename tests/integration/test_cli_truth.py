@@ -333,8 +333,9 @@ def test_readme_using_it_block_runs_as_written(budgets: Stack, monkeypatch: pyte
 
 
 def test_zz_stack_serves_any_folder_and_stops_leaving_no_process(
-    stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    budgets: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    stack = budgets
     from apportion.cli import stack as stack_mod
 
     elsewhere = tmp_path / "somewhere" / "else"
@@ -355,6 +356,14 @@ def test_zz_stack_serves_any_folder_and_stops_leaving_no_process(
     assert {b["path"] for b in share} >= {"lab", "lab/vision"}
     status = stack.run("stack", "status", env=bare).stdout
     assert f"Kafka    {stack.info.bootstrap}" in status and "metrics http://127.0.0.1:" in status
+    doc = json.loads(stack.run("stack", "status", "--json", env=bare).stdout)
+    assert (doc["kafka_bootstrap"], doc["infra"]) == (stack.info.bootstrap, "external")
+    assert sorted(doc["services"]) == ["accounting", "dispatcher", "node_agent", "policy"]
+    assert all(s["running"] and s["metrics"].startswith("http://127.0.0.1:") for s in doc["services"].values())
+    import urllib.request
+
+    with urllib.request.urlopen(doc["services"]["dispatcher"]["metrics"], timeout=10) as resp:
+        assert "apportion_dispatcher_pending_jobs" in resp.read().decode()
     pids = dict(stack.info.pids)
     assert sorted(pids) == sorted(stack_mod.SERVICES) and all(stack_mod.alive(p) for p in pids.values())
     down = stack.run("stack", "down", env=bare).stdout

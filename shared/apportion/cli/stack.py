@@ -419,15 +419,34 @@ def down_cmd(run_dir: RunDir = None) -> None:
 
 
 @stack_app.command("status")
-def status_cmd(run_dir: RunDir = None) -> None:
+def status_cmd(
+    run_dir: RunDir = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+) -> None:
     """Where the stack is and whether each part runs; exit 1 when something is down, 3 when none is up."""
+    import json
+
     d = run_dir or _found_run_dir() or default_run_dir()
     info = StackInfo.read(Path(d).resolve())
     if info is None:
         _err(f"no stack started from {d} (`apportion stack up`)", 3)
-    assert info is not None
-    for ln in info.describe():
-        typer.echo(ln)
+    if as_json:
+        doc = {
+            "run_dir": str(info.run_dir),
+            "kafka_bootstrap": info.bootstrap,
+            "redis_url": info.redis_url,
+            "prefix": info.prefix,
+            "infra": info.infra,
+            "log_dir": str(info.log_dir),
+            "services": {
+                n: {"pid": p, "running": alive(p), "metrics": f"http://127.0.0.1:{info.metrics[n]}/metrics"}
+                for n, p in sorted(info.pids.items())
+            },
+        }
+        typer.echo(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        for ln in info.describe():
+            typer.echo(ln)
     if not all(alive(p) for p in info.pids.values()):
         raise typer.Exit(1)
 
