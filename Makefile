@@ -4,6 +4,7 @@
 #   make test       everything CI runs: unit + integration tests on real Kafka and Redis
 #   make up / down  interactive stack in .run/: Kafka, Redis, the four services, SIM_NODES simulated nodes
 #   make infra-up   only Kafka + Redis in .run/ (addresses printed, also in .run/stack.env)
+#   make mutate     mutation testing of the rule modules (score and survivors printed)
 #
 # Prerequisites: Python 3.11+, Java 17+, Maven, redis-server (or root, to apt-get it).
 
@@ -14,7 +15,7 @@ RUN_DIR := .run
 PYTEST_ARGS ?=
 SIM_NODES ?= 8
 
-.PHONY: help venv kafka-jars up down status infra-up lint test test-unit test-integration bench run clean distclean
+.PHONY: help venv kafka-jars up down status infra-up lint test test-unit test-integration bench mutate run clean distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -68,6 +69,12 @@ test-integration: venv
 
 bench: venv
 	$(PY) bench/run_all.py
+
+# Mutation testing of the rule modules (fair share, occupancy, preemption rule); scratch copies, not the tree.
+# Options: make mutate ARGS="--only fairshare --keep /tmp/mut"
+mutate: venv
+	$(PY) -m pip install -q -e '.[mutate]'
+	$(PY) bench/mutate.py $(ARGS)
 
 # The main job starts (and stops) its own Kafka and Redis unless KAFKA_BOOTSTRAP/REDIS_URL are set.
 # Options: make run ARGS="--slice week44 --time-scale 1440" (see: .venv/bin/python -m apportion.demo --help)

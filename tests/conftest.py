@@ -22,6 +22,16 @@ import pytest
 
 INFRA_FIXTURES = {"kafka_bootstrap", "redis_url", "kafka_topic_factory"}
 
+# Hypothesis profiles: "mutate" (make mutate) runs each property on fewer, fixed examples, so one mutant is
+# judged in seconds; the default profile is hypothesis' own. Chosen with HYPOTHESIS_PROFILE.
+try:
+    from hypothesis import settings as _hyp_settings
+
+    _hyp_settings.register_profile("mutate", max_examples=15, derandomize=True, deadline=None)
+    _hyp_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+except ImportError:  # pragma: no cover - hypothesis is a test dependency
+    pass
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:

@@ -33,6 +33,9 @@ def parse_args(argv: list[str] | None = None) -> dict:
     ap.add_argument("--force-simulated", action="store_true", default=None, help="skip NVML")
     ap.add_argument("--heartbeat-interval-s", type=float, help="event seconds between heartbeats")
     ap.add_argument("--state-dir", type=Path, help="journal directory (default: memory only)")
+    ap.add_argument("--checkpoint-root", type=Path, help="jobs' persistent checkpoint directories")
+    ap.add_argument("--job-log-dir", type=Path, help="per-job stdout/stderr files")
+    ap.add_argument("--progress-poll-wall-s", type=float, help="wall seconds between looks at progress files")
     add_common_flags(ap, NodeAgentSettings)
     return flag_overrides(ap, argv)
 

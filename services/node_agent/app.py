@@ -5,7 +5,16 @@ it hosts, see :mod:`services.node_agent.logic`) and ``NodeLost`` from
 ``apportion.nodes`` (a hosted node declared lost is fenced and rejoins:
 its replicas are stopped, then it registers again); produces ``NodeRegistered``
 and ``NodeHeartbeat`` on ``apportion.nodes`` and ``JobStarted``,
-``JobCompleted``, ``JobFailed``, ``WorkloadRefused`` on ``apportion.jobs``.
+``JobCheckpointed``, ``JobCompleted``, ``JobFailed``, ``WorkloadRefused`` on
+``apportion.jobs``.
+
+Checkpoints (``docs/checkpoints.md``). Each process runs in its job's
+persistent checkpoint directory (the same for every attempt), learns it and
+its attempt number from the environment, and reports a checkpoint by
+atomically rewriting its progress file. The agent stats those files every
+``progress_poll_wall_s`` wall seconds and once more after the process exits
+(before reporting the exit), and publishes ``JobCheckpointed`` once per new
+value (:func:`services.node_agent.logic.observe_progress`).
 
 :class:`NodeAgent` is the runtime (state, journal, workload tasks) behind an
 ``emit`` coroutine, so service tests drive it with a list sink, a
@@ -32,16 +41,19 @@ import asyncio
 import logging
 import os
 import signal
+import stat
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from pathlib import Path
+from typing import BinaryIO
 
 from apportion.clock import Clock
 from apportion.events import Event, JobFailed, NodeLost, StartWorkload, StopWorkload, det_id
 from apportion.gpu import GpuProbe, SimulatedProbe, open_probe, simulated_inventory
 from services.node_agent import logic
 from services.node_agent.config import NodeAgentSettings
-from services.node_agent.logic import AgentState, NodeSpec, RunKey, Workload
-from services.node_agent.store import Journal
+from services.node_agent.logic import AgentState, NodeSpec, ProgressWatch, RunKey, Workload
+from services.node_agent.store import Journal, Orphan
 
 log = logging.getLogger("apportion.node_agent")
 
@@ -63,7 +75,15 @@ class NodeAgent:
         heartbeat_interval_s: event seconds between heartbeats.
         heartbeat_min_wall_s: minimum wall seconds between heartbeats.
         metrics: optional dict of prometheus metrics (``commands``, ``refused``,
-            ``running``, ``heartbeats``).
+            ``running``, ``heartbeats``, ``checkpoints``, ``checkpoint_problems``).
+        checkpoint_root: directory holding each job's persistent checkpoint
+            directory (``docs/checkpoints.md``); ``None``: processes get no
+            checkpoint directory, run in the agent's working directory and
+            report no checkpoints.
+        job_log_dir: directory of the per-job stdout/stderr files; ``None``:
+            processes inherit the agent's output.
+        progress_poll_wall_s: wall seconds between looks at the progress files
+            of running processes (when started with ``poll_progress``).
     """
 
     def __init__(
@@ -77,6 +97,9 @@ class NodeAgent:
         heartbeat_interval_s: float = 10.0,
         heartbeat_min_wall_s: float = 0.5,
         metrics: dict | None = None,
+        checkpoint_root: Path | None = None,
+        job_log_dir: Path | None = None,
+        progress_poll_wall_s: float = 1.0,
     ) -> None:
         self.journal = journal or Journal(None)
         self.state: AgentState = logic.initial_state([n for n, _ in nodes], claim_prefix, ended=self.journal.known())
@@ -91,11 +114,16 @@ class NodeAgent:
         self._lock = asyncio.Lock()
         self._metrics = metrics or {}
         self._hb_task: asyncio.Task[None] | None = None
+        self.checkpoint_root = checkpoint_root
+        self.job_log_dir = job_log_dir
+        self.progress_poll_wall_s = progress_poll_wall_s
+        self._progress: dict[RunKey, ProgressWatch] = {}
+        self._poll_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self, heartbeats: bool = True) -> None:
-        """Report orphans from the journal, register the nodes, start heartbeats."""
+    async def start(self, heartbeats: bool = True, poll_progress: bool = True) -> None:
+        """Report orphans from the journal, register the nodes, start heartbeats and progress polling."""
         now = self.clock.now()
         for o in self.journal.orphans():
             if Journal.still_alive(o):
@@ -104,6 +132,8 @@ class NodeAgent:
                 except ProcessLookupError:
                     pass
             node_id, job_id, attempt, replica = o.key
+            if o.progress_file is not None:  # its last checkpoint first (an id already published is a duplicate)
+                await self._look_at_orphan(o)
             await self._emit(
                 JobFailed(
                     event_id=det_id("WorkloadEnded", *o.key),
@@ -126,6 +156,8 @@ class NodeAgent:
         log.info("registered %d node(s)", len(self.state.nodes), extra={"nodes": sorted(self.state.nodes)[:8]})
         if heartbeats:
             self._hb_task = asyncio.create_task(self._heartbeat_loop(), name="heartbeats")
+        if poll_progress and self.checkpoint_root is not None:
+            self._poll_task = asyncio.create_task(self._progress_loop(), name="progress")
 
     async def heartbeat(self) -> None:
         """Publish one heartbeat per hosted node."""
@@ -145,10 +177,15 @@ class NodeAgent:
             await self.heartbeat()
 
     async def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
-        """Stop heartbeats and every workload (SIGTERM, SIGKILL after ``grace_s``); wait for them."""
-        if self._hb_task is not None:
-            self._hb_task.cancel()
-            await asyncio.gather(self._hb_task, return_exceptions=True)
+        """Stop heartbeats and every workload (SIGTERM, SIGKILL after ``grace_s``); wait for them.
+
+        Progress polling stops too; each workload's progress file is still read
+        once after it exits, so a checkpoint written on SIGTERM is published.
+        """
+        for t in (self._hb_task, self._poll_task):
+            if t is not None:
+                t.cancel()
+                await asyncio.gather(t, return_exceptions=True)
         async with self._lock:
             keys = [k for k, w in self.state.running.items() if not w.stopping]
             for k in keys:
@@ -161,6 +198,67 @@ class NodeAgent:
         """Wait until no workload task is left (tests, shutdown)."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    async def poll_progress(self) -> None:
+        """Look once at the progress file of every running process; publish new checkpoints."""
+        async with self._lock:
+            for key in sorted(self._progress):
+                w = self.state.running.get(key)
+                if w is not None:
+                    await self._look_at_progress(w)
+
+    async def _progress_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.progress_poll_wall_s)
+            try:
+                await self.poll_progress()
+            except Exception:  # a surprise in one look must not end polling for every workload
+                log.exception("progress poll failed")
+
+    async def _look_at_orphan(self, o: Orphan) -> None:
+        """Publish the checkpoint an orphan's progress file holds, if it changed since the orphan started."""
+        path = o.progress_file or ""
+        stamp, raw = _look(path, o.progress_stamp)
+        seen = logic.observe_progress(ProgressWatch(stamp=o.progress_stamp), o.key, stamp, raw, self.clock.now())
+        if seen.problem is not None:
+            log.warning("ignored progress report of orphan %s (%s): %s", o.key, path, seen.problem)
+        if seen.event is not None:
+            log.info("checkpoint of orphan %s at %.3f s", o.key, seen.event.progress_s)
+            await self._emit(seen.event)
+
+    async def _look_at_progress(self, w: Workload) -> None:
+        """Stat (and, if it changed, read) ``w``'s progress file; publish or log the outcome (lock held)."""
+        watch = self._progress.get(w.key)
+        if watch is None or w.files is None:
+            return
+        path = w.files.progress_file
+        stamp, raw = _look(path, watch.stamp)
+        seen = logic.observe_progress(watch, w.key, stamp, raw, self.clock.now())
+        self._progress[w.key] = seen.watch
+        if seen.problem is not None:
+            log.warning(
+                "ignored progress report of %s attempt %d replica %d (%s): %s",
+                w.job_id,
+                w.attempt,
+                w.replica,
+                path,
+                seen.problem,
+            )
+            if "checkpoint_problems" in self._metrics:
+                self._metrics["checkpoint_problems"].inc()
+        if seen.event is not None:
+            log.info(
+                "checkpoint of %s attempt %d replica %d at %.3f s",
+                w.job_id,
+                w.attempt,
+                w.replica,
+                seen.event.progress_s,
+            )
+            if "checkpoints" in self._metrics:
+                self._metrics["checkpoints"].inc()
+            await self._emit(seen.event)
 
     # ------------------------------------------------------------------ commands
 
@@ -246,19 +344,42 @@ class NodeAgent:
     # ------------------------------------------------------------------ workloads
 
     async def _launch(self, w: Workload) -> None:
-        """Start ``w`` (process or simulated), journal it, report JobStarted (lock held)."""
+        """Start ``w`` (process or simulated), journal it, report JobStarted (lock held).
+
+        A process gets its job's checkpoint directory (created if missing) as
+        working directory and in its environment, and its output goes to its
+        per-job files, when the agent has those roots configured. The progress
+        file's stamp is taken before the process starts, so a report left by an
+        earlier attempt is not published again for this one.
+        """
         now = self.clock.now()
         pid = None
         if not w.simulated:
+            if self.checkpoint_root is not None:
+                log_dir = str(self.job_log_dir) if self.job_log_dir is not None else None
+                w = replace(w, files=logic.job_files(str(self.checkpoint_root), log_dir, w))
             env = dict(os.environ)
             env.update(w.process_env())
             try:
-                proc = await asyncio.create_subprocess_exec(
-                    *w.command,
-                    env=env,  # type: ignore[misc]
-                    start_new_session=True,
-                )
+                outputs = _open_outputs(w.files)
+                try:
+                    if w.files is not None:
+                        os.makedirs(w.files.checkpoint_dir, mode=0o700, exist_ok=True)
+                        self._progress[w.key] = logic.ProgressWatch(stamp=_stamp(w.files.progress_file))
+                    proc = await asyncio.create_subprocess_exec(
+                        *w.command,
+                        env=env,  # type: ignore[misc]
+                        start_new_session=True,
+                        cwd=w.files.checkpoint_dir if w.files is not None else None,
+                        stdout=outputs[0],
+                        stderr=outputs[1],
+                    )
+                finally:
+                    for f in outputs:
+                        if f is not None:
+                            f.close()
             except OSError as exc:
+                self._progress.pop(w.key, None)
                 self.journal.ended(w.key)
                 self.state = replace(
                     self.state,
@@ -269,7 +390,13 @@ class NodeAgent:
                 return
             pid = proc.pid
             self._procs[w.key] = proc
-        self.journal.started(w.key, pid)
+        watch = self._progress.get(w.key)
+        self.journal.started(
+            w.key,
+            pid,
+            w.files.progress_file if w.files is not None and watch is not None else None,
+            watch.stamp if watch is not None else None,
+        )
         self.state = logic.with_launched(self.state, w)
         self._tasks[w.key] = asyncio.create_task(self._watch(w), name=f"workload {w.key}")
         self._gauge()
@@ -297,6 +424,9 @@ class NodeAgent:
                 k.cancel()
         async with self._lock:
             current = self.state.running.get(w.key, w)
+            if w.key in self._progress:  # a last look: the checkpoint written on SIGTERM goes before the exit
+                await self._look_at_progress(current)
+                del self._progress[w.key]
             self.journal.ended(w.key)
             self.state = logic.with_exited(self.state, w.key)
             await self._emit(logic.exit_event(current, code, self.clock.now()))
@@ -333,6 +463,59 @@ class NodeAgent:
     def _gauge(self) -> None:
         if "running" in self._metrics:
             self._metrics["running"].set(len(self.state.running))
+
+
+def _stamp(path: str) -> logic.FileStamp | None:
+    """``(inode, size, mtime_ns)`` of ``path``, or ``None`` when it is missing or not a regular file.
+
+    ``lstat``: a symbolic link is not followed (a workload must not make the
+    agent read, and log a piece of, a file of its choosing); it counts as absent.
+    """
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _look(path: str, known: logic.FileStamp | None) -> tuple[logic.FileStamp | None, bytes | None]:
+    """The progress file's stamp now, and its first ``MAX_PROGRESS_BYTES + 1`` bytes when the stamp is not ``known``.
+
+    The content is ``None`` when unchanged, or when it cannot be read as a
+    regular file: it vanished, permissions, or it was swapped for a link or
+    FIFO after the stat (opened without following links and non-blocking,
+    then checked again).
+    """
+    stamp = _stamp(path)
+    if stamp is None or stamp == known:
+        return stamp, None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return stamp, None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return stamp, None
+        return stamp, os.read(fd, logic.MAX_PROGRESS_BYTES + 1)
+    except OSError:
+        return stamp, None
+    finally:
+        os.close(fd)
+
+
+def _open_outputs(files: logic.JobFiles | None) -> tuple[BinaryIO | None, BinaryIO | None]:
+    """Open (append) the stdout and stderr files of a process, creating their directory; ``None`` = inherit."""
+    if files is None or files.stdout is None or files.stderr is None:
+        return None, None
+    os.makedirs(os.path.dirname(files.stdout), mode=0o700, exist_ok=True)
+    out = open(files.stdout, "ab")  # closed by the caller once the process has its copy
+    try:
+        return out, open(files.stderr, "ab")
+    except OSError:
+        out.close()
+        raise
 
 
 def _killpg(pid: int, sig: int) -> None:
@@ -379,6 +562,12 @@ def _metrics(registry: object) -> dict:
         "refused": Counter("apportion_node_agent_refused", "Commands refused", ["reason"], registry=registry),
         "running": Gauge("apportion_node_agent_running", "Workload replicas running", registry=registry),
         "heartbeats": Counter("apportion_node_agent_heartbeats", "Heartbeats sent", registry=registry),
+        "checkpoints": Counter(
+            "apportion_node_agent_checkpoints", "JobCheckpointed events published", registry=registry
+        ),
+        "checkpoint_problems": Counter(
+            "apportion_node_agent_checkpoint_problems", "Progress reports ignored (invalid content)", registry=registry
+        ),
         "send_errors": Counter(
             "apportion_node_agent_send_errors", "Events the producer failed to deliver", registry=registry
         ),
@@ -408,6 +597,21 @@ async def run(
     registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host)
     nodes, prefix = build_nodes(settings)
     journal = Journal(settings.state_dir / f"{settings.agent_name()}.journal" if settings.state_dir else None)
+    checkpoint_root, job_log_dir = settings.checkpoint_root_path(), settings.job_log_path()
+    log.info(
+        "job checkpoint directories under %s, job output under %s",
+        checkpoint_root,
+        job_log_dir,
+        extra={"checkpoint_root": str(checkpoint_root), "job_log_dir": str(job_log_dir)},
+    )
+    if settings.checkpoint_root is None and settings.state_dir is None:
+        # a real node runs processes; simulated nodes run them only for commands without a duration
+        log.log(
+            logging.INFO if settings.sim_nodes else logging.WARNING,
+            "checkpoint root %s is a temporary directory: set APPORTION_CHECKPOINT_ROOT (or --state-dir) "
+            "to persistent storage, shared by the nodes if jobs are to resume on another node",
+            checkpoint_root,
+        )
     producer = await asyncio.to_thread(EventProducer, conn.bootstrap, client_id=f"node-agent-{settings.agent_name()}")
 
     metrics = _metrics(registry)
@@ -430,6 +634,9 @@ async def run(
         heartbeat_interval_s=settings.heartbeat_interval_s,
         heartbeat_min_wall_s=settings.heartbeat_min_wall_s,
         metrics=metrics,
+        checkpoint_root=checkpoint_root,
+        job_log_dir=job_log_dir,
+        progress_poll_wall_s=settings.progress_poll_wall_s,
     )
     assigned = asyncio.Event()
 

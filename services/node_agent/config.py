@@ -20,7 +20,10 @@ the dispatcher's heartbeat timeout must exceed that).
 from __future__ import annotations
 
 import socket
+import tempfile
 from pathlib import Path
+
+from pydantic import Field
 
 from services._common import ServiceSettings
 
@@ -40,6 +43,15 @@ class NodeAgentSettings(ServiceSettings):
         heartbeat_min_wall_s: minimum wall seconds between heartbeats.
         state_dir: where the run journal lives (``None``: in memory only;
             then a restarted agent cannot recognise redelivered commands).
+        checkpoint_root: directory of the jobs' persistent checkpoint
+            directories, also their working directories (``docs/checkpoints.md``);
+            default ``<state_dir>/checkpoints``, or
+            ``<tmp>/apportion-node-agent-<agent>/checkpoints`` without a state dir.
+            Point it at storage the nodes share for jobs to resume on another node.
+        job_log_dir: directory of the per-job stdout/stderr files; default
+            ``job-logs`` beside the default checkpoint root.
+        progress_poll_wall_s: wall seconds between looks at the progress files
+            of running processes (each look is one ``stat`` per process).
         group_id: consumer group for commands (default ``node-agent.<prefix or node id>``).
         producer_name: written as ``producer`` on events.
     """
@@ -54,6 +66,9 @@ class NodeAgentSettings(ServiceSettings):
     heartbeat_interval_s: float = 10.0
     heartbeat_min_wall_s: float = 0.5
     state_dir: Path | None = None
+    checkpoint_root: Path | None = None
+    job_log_dir: Path | None = None
+    progress_poll_wall_s: float = Field(default=1.0, gt=0)
     group_id: str | None = None
     producer_name: str = "node-agent"
 
@@ -62,6 +77,20 @@ class NodeAgentSettings(ServiceSettings):
         if self.sim_nodes:
             return self.node_prefix.rstrip("-_.") or "sim"
         return self.real_node_id()
+
+    def data_dir(self) -> Path:
+        """Base of the default job directories: ``state_dir``, else a per-agent temporary directory."""
+        if self.state_dir is not None:
+            return self.state_dir
+        return Path(tempfile.gettempdir()) / f"apportion-node-agent-{self.agent_name()}"
+
+    def checkpoint_root_path(self) -> Path:
+        """The checkpoint root in force (absolute)."""
+        return (self.checkpoint_root or self.data_dir() / "checkpoints").absolute()
+
+    def job_log_path(self) -> Path:
+        """The job output directory in force (absolute)."""
+        return (self.job_log_dir or self.data_dir() / "job-logs").absolute()
 
     def real_node_id(self) -> str:
         """The real node's id (``node_id`` or the host name)."""

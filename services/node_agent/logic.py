@@ -52,12 +52,26 @@ Exit reporting (:func:`exit_event`): exit code 0 without a stop ->
 its exit code; otherwise ``JobFailed`` with the code (negative = killed by
 that signal, as :mod:`subprocess` reports it).
 
+Checkpoints (:func:`observe_progress`, protocol in ``docs/checkpoints.md``):
+a process reports its progress seconds in its progress file
+(:func:`job_files`); each look at the file whose stamp (inode, size, mtime)
+changed is parsed (:func:`parse_progress`), and a value larger than the last
+one published for that replica and attempt becomes one ``JobCheckpointed``.
+Invalid content, and a value smaller than one already published, are
+problems to log, never exceptions. The stamp at launch is the baseline, so an
+earlier attempt's report is not published again for the new attempt.
+
 Event ids are deterministic (:func:`apportion.events.det_id`) so an event
 re-emitted after a crash is de-duplicated by readers.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
+import posixpath
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -66,6 +80,7 @@ from apportion.events import (
     Event,
     GpuInfo,
     GpuStatus,
+    JobCheckpointed,
     JobCompleted,
     JobFailed,
     JobStarted,
@@ -91,6 +106,217 @@ GPUS_BUSY = "gpus_busy"
 UNKNOWN_RUN = "unknown_run"
 
 STOPPED = "stopped"
+
+
+# --------------------------------------------------------------------------- job files and checkpoints
+
+
+@dataclass(frozen=True, slots=True)
+class JobFiles:
+    """Where one replica's files live (absolute paths; layout in ``docs/checkpoints.md``).
+
+    Attributes:
+        checkpoint_dir: the job's persistent directory, the same for every
+            attempt and replica of the job on this root; also the process's
+            working directory.
+        progress_file: the file the replica writes its progress seconds to.
+        stdout, stderr: files the process's output is appended to, or ``None``
+            to inherit the agent's.
+    """
+
+    checkpoint_dir: str
+    progress_file: str
+    stdout: str | None = None
+    stderr: str | None = None
+
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def job_dir_name(job_id: str) -> str:
+    """A directory name for ``job_id``: the id itself when it is a safe file name, else a sanitised form.
+
+    Safe: 1-100 characters of ``[A-Za-z0-9._-]`` not starting with ``.`` or
+    ``-``. Anything else (slashes, ``..``, spaces, non-ASCII, empty, long) maps
+    to its safe characters (``_`` for the others, at most 60) plus ``-`` and 16
+    hex digits of the id's SHA-256, so distinct ids never share a directory and
+    the same id always gets the same one.
+    """
+    if _SAFE_NAME.fullmatch(job_id):
+        return job_id
+    digest = hashlib.sha256(job_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", job_id)[:60].lstrip(".-")
+    return f"{stem}-{digest}" if stem else f"job-{digest}"
+
+
+def progress_file_name(replica: int) -> str:
+    """``progress`` for replica 0, ``progress.<replica>`` for the others (one writer per file)."""
+    return "progress" if replica == 0 else f"progress.{replica}"
+
+
+def job_files(checkpoint_root: str, log_dir: str | None, w: Workload) -> JobFiles:
+    """The files of replica ``w`` under ``checkpoint_root`` (and ``log_dir`` for its output).
+
+    Layout::
+
+        <checkpoint_root>/<job>/                          checkpoint dir and working directory
+        <checkpoint_root>/<job>/progress[.<replica>]      progress report
+        <log_dir>/<job>/attempt-<a>.replica-<r>.out|.err  stdout, stderr
+
+    ``<job>`` is :func:`job_dir_name` of the job id.
+    """
+    name = job_dir_name(w.job_id)
+    ckpt = posixpath.join(checkpoint_root, name)
+    out = err = None
+    if log_dir is not None:
+        stem = posixpath.join(log_dir, name, f"attempt-{w.attempt}.replica-{w.replica}")
+        out, err = f"{stem}.out", f"{stem}.err"
+    return JobFiles(ckpt, posixpath.join(ckpt, progress_file_name(w.replica)), out, err)
+
+
+#: Largest progress file read, bytes; a bigger one is rejected unread beyond this.
+MAX_PROGRESS_BYTES = 4096
+
+_NUMBER = re.compile(r"\+?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+class ProgressError(ValueError):
+    """The progress file's content is not a valid report; ``str(exc)`` is the reason."""
+
+
+def parse_progress(raw: bytes) -> float:
+    """Progress seconds from the content of a progress file.
+
+    Accepted (surrounding white space ignored): a non-negative decimal number
+    (``120``, ``120.5``, ``1.2e3``), or a JSON object with a numeric
+    ``progress_s`` (``{"progress_s": 120.5}``; other keys are ignored).
+
+    Raises:
+        ProgressError: empty, larger than :data:`MAX_PROGRESS_BYTES`, not
+            UTF-8, not a number or such an object, negative, or not finite.
+    """
+    if len(raw) > MAX_PROGRESS_BYTES:
+        raise ProgressError(f"larger than {MAX_PROGRESS_BYTES} bytes")
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ProgressError("not UTF-8") from None
+    if not text:
+        raise ProgressError("empty")
+    if text.startswith("{"):
+        try:
+            obj = json.loads(text)
+        except ValueError as exc:
+            raise ProgressError(f"invalid JSON: {exc}") from None
+        if not isinstance(obj, dict) or "progress_s" not in obj:
+            raise ProgressError('JSON object without "progress_s"')
+        value = obj["progress_s"]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ProgressError(f'"progress_s" is not a number: {value!r:.40}')
+        value = float(value)
+    elif _NUMBER.fullmatch(text):
+        value = float(text)
+    elif text.startswith("-") and _NUMBER.fullmatch(text[1:]):
+        raise ProgressError(f"negative: {text}")
+    else:
+        raise ProgressError(f"not a number: {text!r:.40}")
+    if not math.isfinite(value):
+        raise ProgressError(f"not finite: {value}")
+    if value < 0:
+        raise ProgressError(f"negative: {value}")
+    return value
+
+
+FileStamp = tuple[int, int, int]
+"""``(inode, size, mtime_ns)`` of a file: a new value means it may have new content."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressWatch:
+    """What the agent knows of one replica's progress file.
+
+    Attributes:
+        stamp: :data:`FileStamp` of the content last read (or present at launch:
+            a previous attempt's report is not this attempt's), ``None`` when
+            there was no file.
+        published: the largest ``progress_s`` published for this replica of
+            this attempt, ``None`` before the first.
+    """
+
+    stamp: FileStamp | None = None
+    published: float | None = None
+
+
+def checkpointed_event(key: RunKey, progress_s: float, now: datetime) -> JobCheckpointed:
+    """``JobCheckpointed`` of replica ``key`` at ``progress_s`` seconds, stamped ``now`` (UTC).
+
+    The event id is :func:`~apportion.events.det_id` of the replica and the
+    value (not the time), so the same checkpoint published again, by this
+    agent or by it after a restart, is de-duplicated by readers.
+    """
+    node_id, job_id, attempt, replica = key
+    return JobCheckpointed(
+        event_id=det_id("JobCheckpointed", node_id, job_id, attempt, replica, repr(progress_s)),
+        ts=now,
+        producer=PRODUCER,
+        job_id=job_id,
+        attempt=attempt,
+        progress_s=progress_s,
+        replica=replica,
+        node_id=node_id,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressSeen:
+    """Outcome of :func:`observe_progress`.
+
+    Attributes:
+        watch: the new watch state.
+        event: the ``JobCheckpointed`` to publish, or ``None``.
+        problem: why the content was ignored (for the log), or ``None``.
+    """
+
+    watch: ProgressWatch
+    event: JobCheckpointed | None = None
+    problem: str | None = None
+
+
+def observe_progress(
+    watch: ProgressWatch, key: RunKey, stamp: FileStamp | None, raw: bytes | None, now: datetime
+) -> ProgressSeen:
+    """Fold one look at the progress file of replica ``key`` into its watch.
+
+    Args:
+        watch: the state before this look.
+        key: the replica.
+        stamp: the file's stamp now, ``None`` when it does not exist.
+        raw: its content (read only when ``stamp`` differs from ``watch.stamp``;
+            ``None`` otherwise, or when it could not be read).
+        now: event time (UTC) stamped on the event.
+
+    Returns:
+        A :class:`ProgressSeen`. An event is produced once per new value: when
+        the stamp changed, the content parses, and the value is larger than the
+        last one published for this replica and attempt. A value not larger is
+        ignored (equal: silently; smaller: as a problem, since a checkpoint
+        already reported cannot be taken back). Invalid content is a problem,
+        never an exception.
+    """
+    if stamp is None or stamp == watch.stamp:
+        return ProgressSeen(replace(watch, stamp=stamp))
+    seen = replace(watch, stamp=stamp)
+    if raw is None:
+        return ProgressSeen(seen, problem="could not be read")
+    try:
+        value = parse_progress(raw)
+    except ProgressError as exc:
+        return ProgressSeen(seen, problem=str(exc))
+    if watch.published is not None and value <= watch.published:
+        if value == watch.published:
+            return ProgressSeen(seen)
+        return ProgressSeen(seen, problem=f"went backwards: {value:g} after {watch.published:g}")
+    return ProgressSeen(replace(seen, published=value), checkpointed_event(key, value, now))
 
 
 # --------------------------------------------------------------------------- state
@@ -134,6 +360,9 @@ class Workload:
         env: extra environment for a process.
         stopping: a StopWorkload was received for it.
         grace_s: grace period of that stop.
+        files: its checkpoint directory, progress file and output files
+            (:func:`job_files`), set when a process is launched with a
+            checkpoint root configured; ``None`` for simulated workloads.
     """
 
     node_id: str
@@ -146,6 +375,7 @@ class Workload:
     env: Mapping[str, str] = field(default_factory=dict)
     stopping: bool = False
     grace_s: float = 30.0
+    files: JobFiles | None = None
 
     @property
     def key(self) -> RunKey:
@@ -158,12 +388,19 @@ class Workload:
         return self.command is None
 
     def process_env(self) -> dict[str, str]:
-        """Environment additions for the process (``CUDA_VISIBLE_DEVICES`` last, so it wins)."""
+        """Environment additions for the process (the job's ``env`` first, so the agent's variables win).
+
+        The variables are documented in ``docs/checkpoints.md``.
+        """
         env = dict(self.env)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
         env["APPORTION_JOB_ID"] = self.job_id
         env["APPORTION_ATTEMPT"] = str(self.attempt)
         env["APPORTION_REPLICA"] = str(self.replica)
+        env["APPORTION_NODE_ID"] = self.node_id
+        if self.files is not None:
+            env["APPORTION_CHECKPOINT_DIR"] = self.files.checkpoint_dir
+            env["APPORTION_PROGRESS_FILE"] = self.files.progress_file
         return env
 
 

@@ -9,10 +9,13 @@ the agent reads the journal back:
 * replicas started but not ended were running when the agent died: their
   processes are killed if still alive (matched by pid *and* process start
   time, so a reused pid is never hit) and ``JobFailed(reason="agent_restarted")``
-  is reported for them.
+  is reported for them, after the last checkpoint their progress file holds
+  (when it changed since the start: ``progress_file`` and ``progress_stamp``).
 
 Format: JSON lines ``{"op": "start"|"end", "key": [node, job, attempt, replica],
-"pid": int|null, "pstart": int|null}``, appended and fsynced. With
+"pid": int|null, "pstart": int|null, "progress_file": str|null,
+"progress_stamp": [inode, size, mtime_ns]|null}`` (the last two absent in
+journals written before checkpoints; read as null), appended and fsynced. With
 ``path=None`` the journal lives in memory only (tests, throwaway demos).
 """
 
@@ -23,16 +26,32 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.node_agent.logic import RunKey
+from services.node_agent.logic import FileStamp, RunKey
+
+
+def _stamp_of(value: object) -> FileStamp | None:
+    """A journal's ``progress_stamp`` as a :data:`FileStamp`, ``None`` when absent or malformed."""
+    if isinstance(value, list) and len(value) == 3 and all(isinstance(v, int) for v in value):
+        return (value[0], value[1], value[2])
+    return None
 
 
 @dataclass(frozen=True, slots=True)
 class Orphan:
-    """A replica the journal says was running when the agent stopped."""
+    """A replica the journal says was running when the agent stopped.
+
+    Attributes:
+        key: the replica.
+        pid, pstart: its process id and start time (clock ticks since boot).
+        progress_file: its progress file, ``None`` without one.
+        progress_stamp: that file's stamp when the replica started (``None``: no file then).
+    """
 
     key: RunKey
     pid: int | None
     pstart: int | None
+    progress_file: str | None = None
+    progress_stamp: FileStamp | None = None
 
 
 def process_start_time(pid: int) -> int | None:
@@ -70,7 +89,13 @@ class Journal:
                     except (ValueError, KeyError, TypeError):
                         continue  # a torn last line from a crash mid-write
                     if rec.get("op") == "start":
-                        self._open[key] = Orphan(key, rec.get("pid"), rec.get("pstart"))  # type: ignore[arg-type]
+                        self._open[key] = Orphan(  # type: ignore[index]
+                            key,  # type: ignore[arg-type]
+                            rec.get("pid"),
+                            rec.get("pstart"),
+                            rec.get("progress_file"),
+                            _stamp_of(rec.get("progress_stamp")),
+                        )
                     elif rec.get("op") == "end":
                         self._open.pop(key, None)  # type: ignore[arg-type]
                         self._ended.add(key)  # type: ignore[arg-type]
@@ -83,11 +108,28 @@ class Journal:
             f.flush()
             os.fsync(f.fileno())
 
-    def started(self, key: RunKey, pid: int | None) -> None:
-        """Record that replica ``key`` started (as process ``pid``, or simulated)."""
+    def started(
+        self,
+        key: RunKey,
+        pid: int | None,
+        progress_file: str | None = None,
+        progress_stamp: FileStamp | None = None,
+    ) -> None:
+        """Record that replica ``key`` started (as process ``pid``, or simulated).
+
+        Args:
+            key: the replica.
+            pid: its process, ``None`` for a simulated workload.
+            progress_file: its progress file, if it has one.
+            progress_stamp: that file's stamp before the process started.
+        """
         pstart = process_start_time(pid) if pid else None
-        self._open[key] = Orphan(key, pid, pstart)
-        self._write({"op": "start", "key": list(key), "pid": pid, "pstart": pstart})
+        self._open[key] = Orphan(key, pid, pstart, progress_file, progress_stamp)
+        rec: dict = {"op": "start", "key": list(key), "pid": pid, "pstart": pstart}
+        if progress_file is not None:
+            rec["progress_file"] = progress_file
+            rec["progress_stamp"] = list(progress_stamp) if progress_stamp is not None else None
+        self._write(rec)
 
     def ended(self, key: RunKey) -> None:
         """Record that replica ``key`` ended (or will never start)."""

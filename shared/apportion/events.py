@@ -593,6 +593,8 @@ class NodeLost(Event):
     type: Literal["NodeLost"] = "NodeLost"
     node_id: str
     last_heartbeat: datetime
+    fencing_token: int | None = Field(default=None, ge=0, le=2**53)
+    """The declaring leader's lease token; agents ignore a loss with a token older than the newest they saw."""
 
 
 # --------------------------------------------------------------------------- commands

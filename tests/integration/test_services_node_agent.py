@@ -73,3 +73,153 @@ async def test_node_agent_runs_commands_from_kafka(kafka_bootstrap, monkeypatch)
         stop.set()
         await asyncio.wait_for(task, DEADLINE_S)
         producer.close()
+
+
+#: The workload of the live checkpoint test, written to a file by the test. It resumes from its progress
+#: file; attempt 1 writes resumed+10, waits for ``go`` in its checkpoint directory, writes resumed+20 and
+#: runs until SIGTERM, on which it writes resumed+25 and exits 0; attempt 2 writes resumed+10 as JSON and
+#: exits 0. Each attempt records its attempt number and what it resumed from in ``seen-<attempt>.json``.
+CHECKPOINT_WORKLOAD = r"""
+import json, os, signal, sys, time
+ckpt, pf = os.environ["APPORTION_CHECKPOINT_DIR"], os.environ["APPORTION_PROGRESS_FILE"]
+attempt = int(os.environ["APPORTION_ATTEMPT"])
+
+def write(text):
+    with open(pf + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(pf + ".tmp", pf)
+
+try:
+    with open(pf) as f:
+        raw = f.read()
+    resumed = json.loads(raw)["progress_s"] if raw.lstrip().startswith("{") else float(raw)
+except FileNotFoundError:
+    resumed = 0.0
+with open(os.path.join(ckpt, "seen-%d.json" % attempt), "w") as f:
+    json.dump({"attempt": attempt, "resumed_s": resumed, "cwd": os.getcwd()}, f)
+print("attempt %d resumed from %s" % (attempt, resumed), flush=True)
+progress = resumed
+
+def on_term(signum, frame):
+    write(repr(progress + 5))
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, on_term)
+if attempt == 1:
+    progress = resumed + 10
+    write(repr(progress))
+    while not os.path.exists(os.path.join(ckpt, "go")):
+        time.sleep(0.01)
+    progress = resumed + 20
+    write(repr(progress))
+    while True:
+        time.sleep(1)
+else:
+    write(json.dumps({"progress_s": resumed + 10}))
+"""
+
+
+async def test_live_checkpoint_preempt_and_resume(kafka_bootstrap, monkeypatch, tmp_path):
+    """A real process checkpoints, is stopped, checkpoints on SIGTERM, and attempt 2 resumes from it.
+
+    Every step waits for the events it needs in the log (bounded); the
+    expected progress values are exactly what the script writes.
+    """
+    import json
+    import sys
+
+    from apportion import events
+    from apportion.bus.producer import EventProducer
+    from apportion.bus.provision import provision
+    from apportion.bus.reader import read_log
+    from apportion.clock import make_clock
+    from apportion.topics import JOBS
+    from services.node_agent.app import run
+    from services.node_agent.config import NodeAgentSettings
+
+    monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"t{uuid.uuid4().hex[:8]}.")
+    await asyncio.to_thread(provision, kafka_bootstrap)
+    script = tmp_path / "workload.py"
+    script.write_text(CHECKPOINT_WORKLOAD)
+    settings = NodeAgentSettings(
+        kafka_bootstrap=kafka_bootstrap,
+        sim_nodes=1,
+        gpus_per_node=2,
+        node_prefix="ckpt-",
+        heartbeat_interval_s=60,
+        checkpoint_root=tmp_path / "ckpt",
+        job_log_dir=tmp_path / "logs",
+        progress_poll_wall_s=0.05,
+    )
+    clock = make_clock(1.0)
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(run(settings, stop, clock=clock, ready=ready))
+    producer = EventProducer(kafka_bootstrap, client_id="test")
+    job, node = "ckpt-job", "ckpt-0"
+    ckpt = tmp_path / "ckpt" / job
+    loop = asyncio.get_running_loop()
+
+    def job_log() -> list:
+        recs = [r for r in read_log(kafka_bootstrap, [JOBS.name]) if r.event is not None and r.key == job]
+        return [r.event for r in sorted(recs, key=lambda r: (r.partition, r.offset))]
+
+    async def wait_for(pred, what: str) -> list:
+        end = loop.time() + DEADLINE_S
+        while True:
+            evs = await asyncio.to_thread(job_log)
+            if pred(evs):
+                return evs
+            assert loop.time() < end, f"timed out waiting for {what}; saw {[(e.type, e.attempt) for e in evs]}"
+            await asyncio.sleep(0.05)
+
+    def checkpoints(evs: list, attempt: int) -> list[float]:
+        return [e.progress_s for e in evs if isinstance(e, events.JobCheckpointed) and e.attempt == attempt]
+
+    def start(attempt: int) -> events.StartWorkload:
+        return events.StartWorkload(
+            ts=clock.now(),
+            node_id=node,
+            job_id=job,
+            attempt=attempt,
+            gpus=(0, 1),
+            command=(sys.executable, str(script)),
+        )
+
+    try:
+        await asyncio.wait_for(ready.wait(), DEADLINE_S)
+        producer.publish(start(1))
+        await wait_for(lambda evs: checkpoints(evs, 1) == [10.0], "attempt 1's first checkpoint")
+        (ckpt / "go").touch()
+        await wait_for(lambda evs: checkpoints(evs, 1) == [10.0, 20.0], "attempt 1's second checkpoint")
+        producer.publish(
+            events.StopWorkload(ts=clock.now(), node_id=node, job_id=job, attempt=1, grace_s=30.0, reason="preempted")
+        )
+        await wait_for(lambda evs: any(isinstance(e, events.JobFailed) for e in evs), "attempt 1 to exit")
+        producer.publish(start(2))
+        evs = await wait_for(lambda evs: any(isinstance(e, events.JobCompleted) for e in evs), "attempt 2 to end")
+
+        kinds = [(e.type, e.attempt, getattr(e, "progress_s", None)) for e in evs]
+        assert kinds == [
+            ("JobStarted", 1, None),
+            ("JobCheckpointed", 1, 10.0),
+            ("JobCheckpointed", 1, 20.0),
+            ("JobCheckpointed", 1, 25.0),  # written on SIGTERM; in the log before the exit
+            ("JobFailed", 1, None),
+            ("JobStarted", 2, None),
+            ("JobCheckpointed", 2, 35.0),  # 25 resumed + 10
+            ("JobCompleted", 2, None),
+        ]
+        assert all((e.node_id, e.replica) == (node, 0) for e in evs if isinstance(e, events.JobCheckpointed))
+        assert len({e.event_id for e in evs}) == len(evs)
+        assert evs[4].reason == "stopped"
+        seen = [json.loads((ckpt / f"seen-{a}.json").read_text()) for a in (1, 2)]
+        assert seen == [
+            {"attempt": 1, "resumed_s": 0.0, "cwd": str(ckpt)},
+            {"attempt": 2, "resumed_s": 25.0, "cwd": str(ckpt)},
+        ]
+        out = tmp_path / "logs" / job / "attempt-2.replica-0.out"
+        assert out.read_text() == "attempt 2 resumed from 25.0\n"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, DEADLINE_S)
+        producer.close()
