@@ -273,6 +273,20 @@ def test_history_lists_finished_jobs_like_sacct(budgets: Stack) -> None:
     assert _error(res) == "error: --state must be one of completed, failed, cancelled, rejected, got 'lost'"
 
 
+def test_logs_shows_a_jobs_output(budgets: Stack) -> None:
+    budgets.run(
+        "submit", "-b", "lab/vision", "-g", "1", "-m", "0", "-u", "lx", "--job-id", "lx1",
+        "--", "sh", "-c", "echo hello from lx1; echo oops >&2",
+    )  # fmt: skip
+    budgets.until(lambda: budgets.json("history", "--user", "lx"), "lx1 finished")
+    assert budgets.run("logs", "lx1").stdout == "hello from lx1\n"
+    assert budgets.run("logs", "lx1", "--stderr").stdout == "oops\n"
+    res = budgets.run("logs", "lx1", "--attempt", "2", code=1)
+    assert _error(res) == "error: job lx1 has no attempt 2 here (attempts: 1)"
+    res = budgets.run("logs", "nobody-ran-this", code=1)
+    assert _error(res).startswith("error: no output of job nobody-ran-this (replica 0) under ")
+
+
 def test_unreachable_or_unprovisioned_stack_is_one_line_and_exit_3(stack: Stack) -> None:
     env = dict(stack.env, APPORTION_TOPIC_PREFIX=f"never{uuid.uuid4().hex[:6]}.")
     res = stack.run("submit", "-b", "lab/vision", "-g", "1", "-m", "0", "--duration", "1s", code=3, env=env)

@@ -1,4 +1,4 @@
-"""``apportion history``: finished jobs, like Slurm's ``sacct``, folded from the log.
+"""``apportion history``: finished jobs, like Slurm's ``sacct``, folded from the log; ``apportion logs``: a job's output.
 
 :func:`fold_jobs` is pure: the events of ``apportion.submissions`` and
 ``apportion.jobs`` in log order in, one :class:`JobHistory` per job out. A
@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -244,6 +245,57 @@ def _when(text: str | None, flag: str) -> datetime | None:
     return None
 
 
+#: Job ids the node agent uses as directory names unchanged (``services.node_agent.logic.job_dir_name``).
+SAFE_JOB_DIR = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
+
+
+def logs(
+    job_id: Annotated[str, typer.Argument(help="The job.")],
+    attempt: Annotated[int | None, typer.Option("--attempt", "-a", help="Attempt (default: the latest).")] = None,
+    replica: Annotated[int, typer.Option("--replica", "-r", min=0, help="Replica of a gang.")] = 0,
+    stderr: Annotated[bool, typer.Option("--stderr", help="Show stderr instead of stdout.")] = False,
+    log_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--dir", help="The node agent's job log directory (default: APPORTION_JOB_LOG_DIR or the stack's)."
+        ),
+    ] = None,
+) -> None:
+    """A job's output: the stdout (or stderr) file the node agent writes per attempt and replica.
+
+    Exit 1 when the job has no output there (never ran on this machine's agent, or another directory).
+    """
+    import os
+    import re
+    import sys
+
+    from apportion.cli.main import fail
+    from apportion.settings import stack_env
+
+    base = log_dir or (
+        Path(os.environ["APPORTION_JOB_LOG_DIR"])
+        if os.environ.get("APPORTION_JOB_LOG_DIR")
+        else Path(stack_env()["JOB_LOG_DIR"])
+        if stack_env().get("JOB_LOG_DIR")
+        else None
+    )
+    if base is None:
+        fail("no job log directory known: give --dir, set APPORTION_JOB_LOG_DIR, or start the stack with `stack up`")
+    if not re.fullmatch(SAFE_JOB_DIR, job_id):
+        fail(f"job id {job_id!r} is not a plain file name: look for its directory under {base}")
+    folder = base / job_id
+    stream = "err" if stderr else "out"
+    files = sorted(folder.glob(f"attempt-*.replica-{replica}.{stream}")) if folder.is_dir() else []
+    if not files:
+        fail(f"no output of job {job_id} (replica {replica}) under {base}", 1)
+    by_attempt = {int(f.name.split(".", 1)[0].removeprefix("attempt-")): f for f in files}
+    pick = max(by_attempt) if attempt is None else attempt
+    if pick not in by_attempt:
+        fail(f"job {job_id} has no attempt {pick} here (attempts: {', '.join(map(str, sorted(by_attempt)))})", 1)
+    sys.stdout.write(by_attempt[pick].read_text(errors="replace"))
+
+
 def register(app: typer.Typer) -> None:
-    """Attach ``apportion history``."""
+    """Attach ``apportion history`` and ``apportion logs``."""
     app.command("history")(history)
+    app.command("logs")(logs)

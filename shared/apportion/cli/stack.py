@@ -11,6 +11,7 @@ any folder::
     RUN_DIR/stack.env          KAFKA_BOOTSTRAP, REDIS_URL, APPORTION_TOPIC_PREFIX, LOG_DIR, metrics ports
     RUN_DIR/services/NAME.pid  one per service
     RUN_DIR/logs/NAME.log      each service's log (plain text)
+    RUN_DIR/node_agent/        the node agent's journal, the jobs' checkpoints/ and job-logs/
     RUN_DIR/kafka, RUN_DIR/redis   broker and Redis data, logs and pid files (when started here)
 
 ``down`` stops every process ``up`` started (SIGTERM, then SIGKILL after a
@@ -82,6 +83,11 @@ class StackInfo:
     def log_dir(self) -> Path:
         return self.run_dir / "logs"
 
+    @property
+    def agent_dir(self) -> Path:
+        """The node agent's state dir: journal, ``checkpoints/`` and ``job-logs/`` (``docs/checkpoints.md``)."""
+        return self.run_dir / "node_agent"
+
     def env_lines(self) -> list[str]:
         lines = [
             "# written by `apportion stack up`; read by the apportion CLI",
@@ -90,6 +96,7 @@ class StackInfo:
             f"APPORTION_TOPIC_PREFIX={self.prefix}",
             f"RUN_DIR={self.run_dir}",
             f"LOG_DIR={self.log_dir}",
+            f"JOB_LOG_DIR={self.agent_dir / 'job-logs'}",
             f"INFRA={self.infra}",
         ]
         lines += [f"{k}={v}" for k, v in sorted(self.clock.items())]
@@ -125,7 +132,7 @@ class StackInfo:
             f"Kafka    {self.bootstrap}" + ("" if self.infra == "local" else " (external)"),
             f"Redis    {self.redis_url}" + ("" if self.infra == "local" else " (external)"),
             f"prefix   {self.prefix or '(none: the default namespace)'}",
-            f"logs     {self.log_dir}",
+            f"logs     {self.log_dir} (services), {self.agent_dir / 'job-logs'} (jobs: `apportion logs JOB`)",
         ]
         for name in SERVICES:
             if name in self.pids:
@@ -254,6 +261,8 @@ def up(
             if name == "dispatcher" and heartbeat_timeout_s is not None:
                 args += ["--heartbeat-timeout-s", str(heartbeat_timeout_s)]
             env = dict(base, APPORTION_METRICS_PORT=str(port))
+            if name == "node_agent":  # its journal, the jobs' checkpoint directories and output files
+                env["APPORTION_STATE_DIR"] = str(info.agent_dir)
             logf = open(info.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
             try:
                 proc = subprocess.Popen(
