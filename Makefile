@@ -2,7 +2,8 @@
 #
 #   make run        the main job (starts the local stack first)
 #   make test       everything CI runs: unit + integration tests on real Kafka and Redis
-#   make up / down  local Kafka + Redis in .run/ (addresses printed, also in .run/stack.env)
+#   make up / down  interactive stack in .run/: Kafka, Redis, the four services, SIM_NODES simulated nodes
+#   make infra-up   only Kafka + Redis in .run/ (addresses printed, also in .run/stack.env)
 #   make mutate     mutation testing of the rule modules (score and survivors printed)
 #
 # Prerequisites: Python 3.11+, Java 17+, Maven, redis-server (or root, to apt-get it).
@@ -12,8 +13,9 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 RUN_DIR := .run
 PYTEST_ARGS ?=
+SIM_NODES ?= 8
 
-.PHONY: help venv kafka-jars up down status lint test test-unit test-integration bench mutate run clean distclean
+.PHONY: help venv kafka-jars up down status infra-up lint test test-unit test-integration bench mutate run clean distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -33,16 +35,19 @@ infra/kafka/lib/.complete: infra/kafka/pom.xml
 	infra/kafka/fetch.sh
 
 up: venv kafka-jars
+	$(VENV)/bin/apportion stack up --dir $(RUN_DIR) --sim-nodes $(SIM_NODES)
+
+infra-up: venv kafka-jars
 	$(PY) -m apportion.bus.stack up --dir $(RUN_DIR)
 
-# No Python needed to stop: the scripts read the pid files.
+# Stops what `make up` or `make infra-up` started; without the venv, the scripts read the pid files.
 down:
-	@bash infra/kafka/stop.sh $(RUN_DIR)/kafka
-	@bash infra/redis/stop.sh $(RUN_DIR)/redis
-	@rm -f $(RUN_DIR)/stack.env
+	@if [ -x $(VENV)/bin/apportion ]; then $(VENV)/bin/apportion stack down --dir $(RUN_DIR); else \
+	  for f in $(RUN_DIR)/services/*.pid; do [ -f "$$f" ] && kill "$$(cat $$f)" 2>/dev/null; rm -f "$$f"; done; \
+	  bash infra/kafka/stop.sh $(RUN_DIR)/kafka; bash infra/redis/stop.sh $(RUN_DIR)/redis; rm -f $(RUN_DIR)/stack.env; fi
 
 status: venv
-	$(PY) -m apportion.bus.stack status --dir $(RUN_DIR)
+	$(VENV)/bin/apportion stack status --dir $(RUN_DIR)
 
 # Static checks: lint and format (ruff). `make test` runs them first.
 LINT_PATHS := shared services tests bench infra

@@ -87,24 +87,54 @@ def fence(evts: Iterable[Event], token: int, inputs: dict[str, int] | None = Non
 
 
 def _pending_reason(state: DispatchState, job: Any, now_us: Micros, cfg: DispatchConfig) -> str:
-    """A machine-readable reason why ``job`` is still pending (Kueue-style)."""
-    fitting = [
-        n
-        for n in state.cluster.nodes.values()
-        if n.gpu_count >= job.gpus_per_replica and (job.gpu_model is None or n.gpu_model == job.gpu_model)
-    ]
-    if len([n for n in fitting if n.state == "ready"]) < job.replicas:
-        if len(fitting) >= job.replicas:
-            return "nodes_unavailable: too few ready nodes of this shape (cordoned, draining, drained or lost)"
-        return "node_shape: no set of nodes can hold this gang"
+    """A machine-readable reason why ``job`` is still pending (Kueue-style), naming what blocks it.
+
+    The code before the colon is stable for scripts; the text after it gives the facts the read model can
+    see: how many nodes of the job's shape exist, are ready and have the GPUs free now, and when the earliest
+    protection among the allocated runs on those nodes ends. (Which job holds a reservation is decided inside
+    the cycle and not kept in the state; see the report of issue 13.)
+    """
+    g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
+    what = f"{k} node(s) with {g} {'free ' + model if model else 'free'} GPU(s)"
+    fitting = [n for n in state.cluster.nodes.values() if n.gpu_count >= g and (model is None or n.gpu_model == model)]
+    ready = [n for n in fitting if n.state == "ready"]
+    if len(ready) < k:
+        if len(fitting) >= k:
+            return (
+                f"nodes_unavailable: needs {what}; {len(fitting)} node(s) of this shape, {len(ready)} ready "
+                "(the rest cordoned, draining, drained or lost)"
+            )
+        return f"node_shape: needs {what}; the cluster has {len(fitting)} node(s) of this shape"
     if job.budget not in state.tree:
         return "budget_unknown: the budget was removed"
+    free_now = [n for n in ready if len(n.free) >= g]
+    if len(free_now) >= k:
+        return (
+            f"placeable: {len(free_now)} ready node(s) have {g} GPU(s) free; held for another job's reservation "
+            "or not yet seen by a cycle"
+        )
+    ready_ids = {n.node_id for n in ready}
+    expiries = [
+        run.protected_until_us
+        for run in state.cluster.runs.values()
+        if run.allocated
+        and not run.stopping
+        and run.protected_until_us is not None
+        and run.protected_until_us > now_us
+        and any(p.node_id in ready_ids for p in run.placements)
+    ]
+    soonest = (
+        f"; the earliest protection on those nodes ends {from_us(min(expiries)).isoformat()}"
+        if expiries and min(expiries) < UNTIL_STARTED
+        else ""
+    )
+    have = f"needs {what}, {len(free_now)} of {len(ready)} ready node(s) have them now"
+    if job.min_runtime_s <= 0:
+        return f"waiting_for_idle_gpus: {have} (unallocated jobs run only on idle GPUs)"
     waited = now_us - job.queued_at_us
-    if job.min_runtime_s > 0 and waited >= s_to_us(cfg.engine.reservation_after_s):
-        return "waiting_for_gpus: eligible for a reservation (waited past reservation_after)"
-    if job.min_runtime_s > 0:
-        return "waiting_for_gpus: no free GPUs and no preemptible victims behind this budget"
-    return "waiting_for_idle_gpus: unallocated jobs run only on idle GPUs"
+    if waited >= s_to_us(cfg.engine.reservation_after_s):
+        return f"waiting_for_gpus: {have}; eligible for a reservation (waited past reservation_after){soonest}"
+    return f"waiting_for_gpus: {have}; no preemptible victim behind this budget{soonest}"
 
 
 def read_model(

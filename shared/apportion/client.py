@@ -107,8 +107,8 @@ def build_submission(
     )
 
 
-def publish(*evts: events.Event, bootstrap: str | None = None) -> None:
-    """Publish events and wait for the broker's acknowledgement."""
+def publish(*evts: events.Event, bootstrap: str | None = None) -> list[int]:
+    """Publish events in order and wait for the broker's acknowledgement; returns each record's offset."""
     from apportion.bus.producer import EventProducer
 
     conn = Connection.resolve(bootstrap=bootstrap)
@@ -116,9 +116,9 @@ def publish(*evts: events.Event, bootstrap: str | None = None) -> None:
         conn.bootstrap, client_id="apportion-client", max_block_ms=8000, bootstrap_timeout_ms=5_000
     )
     try:
-        for ev in evts:
-            producer.send(ev)
+        futures = [producer.send(ev) for ev in evts]
         producer.flush()
+        return [int(f.get(timeout=10).offset) for f in futures]
     finally:
         producer.close()
 
@@ -151,6 +151,9 @@ class VerdictWatcher:
     Args:
         job_id: the submission's job id (the record key on ``apportion.jobs``).
         bootstrap: Kafka bootstrap (resolved as :mod:`apportion.settings`).
+
+    Raises:
+        LookupError: ``apportion.jobs`` does not exist (the namespace was never provisioned).
     """
 
     def __init__(self, job_id: str, *, bootstrap: str | None = None) -> None:
@@ -170,6 +173,12 @@ class VerdictWatcher:
         )
         self._kc.topics()  # loads the cluster metadata, so the partitions below are known
         parts = [TopicPartition(JOBS.name, p) for p in sorted(self._kc.partitions_for_topic(JOBS.name) or ())]
+        if not parts:
+            self._kc.close()
+            raise LookupError(
+                f"topic {JOBS.name} does not exist at {conn.bootstrap}: the namespace is not provisioned "
+                "(python -m apportion.bus.provision, or apportion stack up)"
+            )
         self._kc.assign(parts)
         self._kc.seek_to_end()
         for tp in parts:

@@ -5,11 +5,17 @@ Resolution order for each address (first wins):
 1. an explicit argument (``--bootstrap``, ``--redis``);
 2. the environment: ``APPORTION_KAFKA_BOOTSTRAP`` / ``APPORTION_REDIS_URL``,
    or the plain ``KAFKA_BOOTSTRAP`` / ``REDIS_URL`` that the test fixtures use;
-3. ``stack.env`` of the local stack started by ``make up``: in
-   ``APPORTION_STACK_DIR`` when set, else the nearest ``.run/`` in the current
-   directory or one of its parents (as git finds ``.git``), so the CLI works
-   from any folder of a checkout;
+3. ``stack.env`` of the local stack started by ``make up`` / ``apportion stack up``:
+   in ``APPORTION_STACK_DIR`` when set, else the nearest ``.run/`` in the current
+   directory or one of its parents (as git finds ``.git``), else the per-user
+   state file ``$XDG_STATE_HOME/apportion/stack.env`` (default
+   ``~/.local/state/apportion/stack.env``) that ``apportion stack up`` writes,
+   so the CLI finds the stack from any folder;
 4. the defaults ``127.0.0.1:9092`` and ``redis://127.0.0.1:6379/0``.
+
+The stack's topic namespace (``APPORTION_TOPIC_PREFIX`` in its ``stack.env``)
+applies when the environment sets none (:func:`apply_stack_prefix`), and so
+does its clock (:func:`event_clock`).
 """
 
 from __future__ import annotations
@@ -22,16 +28,71 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
+def user_state_dir() -> Path:
+    """``$XDG_STATE_HOME/apportion``, default ``~/.local/state/apportion``."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "apportion"
+
+
+def user_stack_env() -> Path:
+    """The per-user ``stack.env`` that ``apportion stack up`` writes (rule 3)."""
+    return user_state_dir() / "stack.env"
+
+
 def stack_env_path() -> Path | None:
     """The ``stack.env`` to read (rule 3 of the module docstring), or ``None`` when there is none."""
     if "APPORTION_STACK_DIR" in os.environ:
         path = Path(os.environ["APPORTION_STACK_DIR"]) / "stack.env"
         return path if path.is_file() else None
-    here = Path.cwd()
-    for d in (here, *here.parents):
+    try:
+        here = Path.cwd()
+    except OSError:  # the working directory was removed
+        here = None
+    for d in (here, *here.parents) if here is not None else ():
         if (d / ".run" / "stack.env").is_file():
             return d / ".run" / "stack.env"
+    user = user_stack_env()
+    return user if user.is_file() else None
+
+
+def stack_env() -> dict[str, str]:
+    """The ``KEY=value`` pairs of the stack.env in force (``{}`` without one)."""
+    return _stack_env()
+
+
+def apply_stack_prefix() -> str | None:
+    """Set ``APPORTION_TOPIC_PREFIX`` from the stack.env when neither it nor a Kafka address is in the
+    environment (a stack found by rule 3 brings its namespace); returns the prefix applied, if any."""
+    env = os.environ
+    if "APPORTION_TOPIC_PREFIX" in env or env.get("APPORTION_KAFKA_BOOTSTRAP") or env.get("KAFKA_BOOTSTRAP"):
+        return None
+    pre = _stack_env().get("APPORTION_TOPIC_PREFIX")
+    if pre:
+        env["APPORTION_TOPIC_PREFIX"] = pre
+        return pre
     return None
+
+
+def event_clock() -> object:
+    """The event-time clock the services of this stack use (:func:`apportion.clock.make_clock` of
+    ``APPORTION_TIME_SCALE`` and ``APPORTION_CLOCK_EPOCH_WALL``/``_EVENT`` from the environment, else
+    from the stack.env): heartbeat ages are computed against it."""
+    from datetime import datetime
+
+    from apportion.clock import make_clock
+
+    stack = _stack_env()
+
+    def get(name: str) -> str | None:
+        return os.environ.get(name) or stack.get(name) or None
+
+    scale = float(get("APPORTION_TIME_SCALE") or 1.0)
+    ew, ee = get("APPORTION_CLOCK_EPOCH_WALL"), get("APPORTION_CLOCK_EPOCH_EVENT")
+    return make_clock(
+        scale,
+        datetime.fromisoformat(ew) if ew else None,
+        datetime.fromisoformat(ee) if ee else None,
+    )
 
 
 def _stack_env() -> dict[str, str]:

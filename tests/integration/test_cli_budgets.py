@@ -1,4 +1,6 @@
-"""`apportion budget` on a real broker: one file reader, and `budget set` changes only the fields given."""
+"""`apportion budget` on a real broker: one file reader, and `budget set` changes only the fields given.
+
+No policy runs here, so changes are published with `--no-wait` (verdicts: test_cli_truth.py)."""
 
 from __future__ import annotations
 
@@ -38,14 +40,14 @@ def _show(cli: Any) -> dict[str, dict[str, Any]]:
 
 
 def test_budget_set_changes_only_the_fields_given(cli: Any) -> None:
-    cli("budget", "apply", str(ROOT / "infra/budgets/example.yaml"), "--json")
+    cli("budget", "apply", str(ROOT / "infra/budgets/example.yaml"), "--no-wait", "--json")
     before = _show(cli)
     # the file's limits survive `budget apply` (the one reader, apportion.budgetfile)
     assert before["lab/vision"]["max_min_runtime_s"] == 8 * 3600.0
     assert before["lab/prior/robotics"]["members"] == ["alice", "bob"]
 
-    cli("budget", "set", "lab/prior/robotics", "--share", "0.4", "--json")
-    cli("budget", "set", "lab/vision", "--members", "carol", "--json")
+    cli("budget", "set", "lab/prior/robotics", "--share", "0.4", "--no-wait", "--json")
+    cli("budget", "set", "lab/vision", "--members", "carol", "--no-wait", "--json")
     after = _show(cli)
     assert after["lab/prior/robotics"]["share"] == 0.4
     assert after["lab/prior/robotics"]["members"] == ["alice", "bob"]  # kept, not reset to inherit
@@ -53,7 +55,7 @@ def test_budget_set_changes_only_the_fields_given(cli: Any) -> None:
     assert after["lab/vision"]["members"] == ["carol"]
     assert after["lab/vision"]["share"] == 0.4
 
-    cli("budget", "set", "lab/prior/robotics", "--inherit-members", "--json")
+    cli("budget", "set", "lab/prior/robotics", "--inherit-members", "--no-wait", "--json")
     assert _show(cli)["lab/prior/robotics"]["members"] is None
 
 

@@ -504,7 +504,9 @@ async def test_cli_shows_each_state(cluster: Cluster) -> None:
         "lab/a occupancy",
     )
     assert {b["path"] for b in share["budgets"]} == {"lab", "lab/a", "lab/b"}
-    res = runner.invoke(app, ["cancel", "c1", "--user", "alice", "--reason", "done early", "--json"], env=env)
+    res = runner.invoke(
+        app, ["cancel", "c1", "--user", "alice", "--reason", "done early", "--no-wait", "--json"], env=env
+    )
     assert res.exit_code == 0, res.output
     [sent] = json.loads(res.stdout)["published"]
     assert (sent["type"], sent["job_id"], sent["user"], sent["reason"]) == (
@@ -516,14 +518,14 @@ async def test_cli_shows_each_state(cluster: Cluster) -> None:
     await cluster.until(lambda evs: "JobCancelled" in of_job(evs, "c1"), "c1 to be cancelled")
     await shows(("queue", "--json"), lambda rows: not any(r["job_id"] == "c1" for r in rows), "c1 gone")
     node = sorted(n["node_id"] for n in nodes)[0]
-    [sent] = cli("cordon", node, "--reason", "fan swap", "--json")["published"]
+    [sent] = cli("cordon", node, "--reason", "fan swap", "--no-wait", "--json")["published"]
     assert (sent["type"], sent["node_id"], sent["reason"], sent["by"]) == ("NodeCordoned", node, "fan swap", "cli")
     await shows(
         ("nodes", "--json"),
         lambda rows: {n["node_id"]: n["state"] for n in rows}[node] == "cordoned",
         f"{node} cordoned",
     )
-    [sent] = cli("undrain", node, "--json")["published"]
+    [sent] = cli("undrain", node, "--no-wait", "--json")["published"]
     assert (sent["type"], sent["node_id"]) == ("NodeUncordoned", node)
     await shows(
         ("nodes", "--json"), lambda rows: {n["node_id"]: n["state"] for n in rows}[node] == "ready", f"{node} back up"

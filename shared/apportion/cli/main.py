@@ -3,9 +3,12 @@
 Human tables by default, ``--json`` for scripts. Every command that talks
 to the cluster resolves Kafka and Redis as :mod:`apportion.settings` says
 (flags, then ``APPORTION_KAFKA_BOOTSTRAP``/``APPORTION_REDIS_URL``, then the
-``.run/stack.env`` written by ``make up``). Errors print one clear line on
-stderr and exit non-zero: 2 for bad input, 3 when Kafka or Redis cannot be
-reached.
+``stack.env`` written by ``make up`` / ``apportion stack up``). Errors print one
+clear line on stderr and exit non-zero: 1 when a change is refused or names
+nothing that exists, 2 for bad input, 3 when Kafka or Redis cannot be reached,
+the namespace is not provisioned, or the owning service gives no verdict in
+time. Change commands check, publish, then wait for the verdict
+(:mod:`apportion.cli.verdicts`; ``docs/operations.md``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import math
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -29,8 +32,10 @@ app = typer.Typer(
     name="apportion",
     help=(
         "Budgeted, hierarchical fair-share GPU scheduling.\n\n"
-        "Researchers: `submit`, `cancel`, `queue`, `share`. Ops: `nodes`, `drain`, `undrain`, "
-        "`budget`, `audit`. Everyone: `simulate`, `whatif`.\n\n"
+        "Researchers: `submit`, `cancel`, `queue`, `history`, `share`. Ops: `nodes`, `drain`, `cordon`, "
+        "`undrain`, `budget`, `audit`. Everyone: `simulate`, `whatif`, `stack` (a local stack in one command).\n\n"
+        "Change commands wait for the owning service's verdict. Exit codes: 0 done, 1 refused or not found, "
+        "2 bad input, 3 stack unreachable or no verdict in time (docs/operations.md).\n\n"
         "Jobs with --min-runtime > 0 are charged to their budget and protected from preemption "
         "for that long; --min-runtime 0 runs unallocated: free, on idle GPUs, preempted first."
     ),
@@ -49,9 +54,14 @@ Bootstrap = Annotated[
 ]
 RedisUrl = Annotated[str | None, typer.Option("--redis", help="Redis URL.", envvar="APPORTION_REDIS_URL")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
+NoWait = Annotated[bool, typer.Option("--no-wait", help="Publish and exit 0 without waiting for the verdict.")]
+Timeout = Annotated[
+    float, typer.Option("--timeout", min=0.1, help="Wall seconds to wait for the owning service's verdict.")
+]
+DEFAULT_WAIT_S = 15.0
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``error: message`` on stderr and exit with ``code``."""
     err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
@@ -81,7 +91,7 @@ def _publish(evts: list[events.Event], bootstrap: str | None) -> None:
     except Exception as exc:  # kafka errors have many types; report them plainly
         if type(exc).__module__.startswith("kafka"):
             conn = Connection.resolve(bootstrap=bootstrap)
-            fail(f"cannot publish to Kafka at {conn.bootstrap}: {exc} (is the stack up? `make up`)", 3)
+            fail(f"cannot publish to Kafka at {conn.bootstrap}: {exc} (is the stack up? `apportion stack up`)", 3)
         raise
 
 
@@ -101,8 +111,39 @@ def _redis(redis_url: str | None) -> Any:
     try:
         r.ping()
     except redis.RedisError as exc:
-        fail(f"cannot reach Redis at {conn.redis_url}: {exc} (is the stack up? `make up`)", 3)
+        fail(f"cannot reach Redis at {conn.redis_url}: {exc} (is the stack up? `apportion stack up`)", 3)
     return r
+
+
+def _checked(fn: Any) -> Any:
+    """Run ``fn()``; an unreachable Kafka (:class:`verdicts.Unreachable` or a kafka error) exits 3 with one line."""
+    from apportion.cli import verdicts
+
+    try:
+        return fn()
+    except verdicts.Unreachable as exc:
+        fail(f"{exc} (is the stack up? `apportion stack up`)", 3)
+    except Exception as exc:
+        if verdicts.is_kafka_error(exc):
+            fail(f"cannot reach Kafka at {Connection.resolve().bootstrap}: {exc} (is the stack up?)", 3)
+        raise
+
+
+def _require_topics(bootstrap: str | None, *names: str) -> Connection:
+    """The connection, after checking Kafka answers and the namespace has ``names`` (else one line, exit 3)."""
+    from apportion.cli import verdicts
+    from apportion.topics import prefix
+
+    conn = Connection.resolve(bootstrap=bootstrap)
+    for name in names:
+        if _checked(lambda n=name: verdicts.partitions_of(conn.bootstrap, n)) == 0:
+            ns = f"namespace {prefix()!r}" if prefix() else "the default namespace"
+            fail(
+                f"topic {name} does not exist at {conn.bootstrap}: {ns} is not provisioned "
+                f"(`python -m apportion.bus.provision --bootstrap {conn.bootstrap}`, or `apportion stack up`)",
+                3,
+            )
+    return conn
 
 
 def _print_json(obj: Any) -> None:
@@ -191,6 +232,9 @@ def submit(
         fail(str(exc))
     verdict = None
     if not dry_run:
+        from apportion.topics import JOBS, SUBMISSIONS
+
+        _require_topics(bootstrap, SUBMISSIONS.name, JOBS.name)
         watcher = None
         if wait > 0:
             try:
@@ -214,11 +258,11 @@ def submit(
         )
         if isinstance(verdict, events.JobQueued):
             out.print("queued by the dispatcher (see `apportion queue`)")
-        elif verdict is None and not dry_run and wait > 0:
-            out.print(f"no verdict within {wait:g} s (is the dispatcher running?); the submission is in the log")
     if isinstance(verdict, events.JobRejected):
-        err.print(f"[bold red]rejected:[/] {verdict.reason.value}: {verdict.message}", highlight=False)
+        err.print(f"[bold red]rejected:[/] {verdict.reason.value}: {verdict.message}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
+    if verdict is None and not dry_run and wait > 0:
+        fail(f"no verdict from the dispatcher within {wait:g} s (is it running?); the submission is in the log", 3)
 
 
 @app.command()
@@ -228,31 +272,95 @@ def cancel(
     user: Annotated[
         str | None, typer.Option("--user", "-u", help="Requesting user (default: $USER).", envvar="USER")
     ] = None,
+    no_wait: NoWait = False,
+    timeout: Timeout = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Cancel a pending or running job (the dispatcher answers with JobCancelled)."""
+    """Cancel a pending or running job and wait for the dispatcher's JobCancelled.
+
+    Exit 1 when the log has no such job or it already finished; 3 when Kafka
+    cannot be reached or the dispatcher gives no verdict within --timeout.
+    """
+    from apportion.cli import verdicts
+    from apportion.topics import JOBS, SUBMISSIONS
+
+    conn = _require_topics(bootstrap, SUBMISSIONS.name, JOBS.name)
+    status = _checked(lambda: verdicts.job_status(conn.bootstrap, job_id))
+    if status.state == "unknown":
+        fail(f"no job {job_id} in the log", 1)
+    if status.state != "live":
+        done = status.state.removeprefix("Job").lower()
+        fail(f"job {job_id} already {done}{f' ({status.detail})' if status.detail else ''}: nothing to cancel", 1)
     ev = events.JobCancelRequested(job_id=job_id, user=_whoami(user), reason=reason, ts=_now(), producer="cli")
+    watcher = None if no_wait else _checked(lambda: verdicts.JobWatcher(conn.bootstrap, job_id, ["JobCancelled"]))
     _publish([ev], bootstrap)
-    _published([ev], as_json, f"cancel requested for [bold]{job_id}[/]")
+    if watcher is None:
+        _published([ev], as_json, f"cancel requested for [bold]{job_id}[/] (not waiting for the dispatcher)")
+        return
+    verdict = watcher.wait(timeout)
+    if as_json:
+        _print_json(
+            {
+                "published": [events.to_dict(ev)],
+                "verdict": "cancelled" if verdict is not None else "no_verdict",
+                "event": events.to_dict(verdict) if verdict is not None else None,
+            }
+        )
+    if verdict is None:
+        fail(f"no verdict from the dispatcher within {timeout:g} s (is it running?); the request is in the log", 3)
+    if not as_json:
+        out.print(f"cancelled [bold]{job_id}[/]")
+
+
+LIVE_STATES = ("pending", "placed", "running", "stopping", "preempting")
 
 
 @app.command()
 def queue(
     budget: Annotated[str | None, typer.Option("--budget", "-b", help="Only this budget (and below).")] = None,
-    all_states: Annotated[bool, typer.Option("--all", help="Include finished jobs.")] = False,
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's jobs.")] = None,
+    state: Annotated[
+        str | None,
+        typer.Option(
+            "--state", help="Only these states, comma-separated (pending, running, ...; completed etc. with --all)."
+        ),
+    ] = None,
+    all_states: Annotated[
+        bool, typer.Option("--all", help="Include finished jobs (from the log, as `apportion history`).")
+    ] = False,
     redis_url: RedisUrl = None,
+    bootstrap: Bootstrap = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Jobs in the queue (like squeue): position, budget, GPUs, state, pending reason."""
+    """Jobs in the queue (like squeue): position, budget, user, GPUs, state, start time, nodes or pending reason.
+
+    The position is the place in the fair-share order a scheduling cycle walks now (pending jobs only;
+    `-` for running ones).
+    """
     from apportion import readmodel
 
     rows = list(readmodel.read_hash(_redis(redis_url), readmodel.jobs_key()).values())
-    live = {"pending", "placed", "running", "preempting"}
+    if all_states:
+        from apportion import topics
+        from apportion.bus.reader import read_log
+        from apportion.cli.history import FINISHED, fold_jobs
+
+        conn = _require_topics(bootstrap, topics.SUBMISSIONS.name, topics.JOBS.name)
+        recs = _checked(lambda: read_log(conn.bootstrap, [topics.SUBMISSIONS.name, topics.JOBS.name]))
+        live = {r.get("job_id") for r in rows}
+        for j in fold_jobs(rec.event for rec in recs if rec.event is not None).values():
+            if j.state in FINISHED and j.job_id not in live:
+                d = j.to_dict()
+                d.update(position=None, nodes=[], started_at=d["first_start"], attempt=j.attempts)
+                rows.append(d)
+    wanted = {x.strip() for x in state.split(",") if x.strip()} if state else None
     rows = [
         r
         for r in rows
-        if (all_states or r.get("state") in live)
+        if (wanted is not None or all_states or r.get("state") in LIVE_STATES)
+        and (wanted is None or r.get("state") in wanted)
+        and (user is None or r.get("user") == user)
         and (budget is None or r.get("budget") == budget or str(r.get("budget", "")).startswith(budget + "/"))
     ]
     rows.sort(
@@ -267,13 +375,14 @@ def queue(
         _print_json(rows)
         return
     t = Table(title=f"queue ({len(rows)} jobs)")
-    for col in ("pos", "job", "budget", "user", "GPUs", "min rt", "state", "attempt", "reason / nodes"):
+    for col in ("pos", "job", "budget", "user", "GPUs", "min rt", "state", "att", "started", "nodes / reason"):
         t.add_column(col)
     for r in rows:
         gpus = f"{r.get('replicas', 1)}x{r.get('gpus_per_replica', '?')}"
-        detail = r.get("reason") or ",".join(r.get("nodes") or [])
+        detail = r.get("reason") if r.get("state") == "pending" else ",".join(r.get("nodes") or []) or r.get("reason")
+        started = r.get("started_at")
         t.add_row(
-            str(r.get("position", "")),
+            "-" if r.get("position") is None else str(r["position"]),
             r.get("job_id", ""),
             r.get("budget", ""),
             r.get("user", ""),
@@ -281,7 +390,8 @@ def queue(
             format_duration(float(r.get("min_runtime_s", 0))),
             r.get("state", ""),
             str(r.get("attempt", "")),
-            detail,
+            started[:19].replace("T", " ") if started else "-",
+            detail or "",
         )
     out.print(t)
 
@@ -327,53 +437,103 @@ def share(
     out.print(t)
 
 
+def _top_data(r: Any, head: int) -> dict[str, Any]:
+    """One frame of `top`: usage meta, budget rows with job counts, the queue head, nodes."""
+    from collections import Counter
+
+    from apportion import readmodel
+
+    budgets = readmodel.read_hash(r, readmodel.budgets_key())
+    meta = readmodel.read_hash(r, readmodel.usage_key()).get("meta", {})
+    jobs = list(readmodel.read_hash(r, readmodel.jobs_key()).values())
+    nodes = list(readmodel.read_hash(r, readmodel.nodes_key()).values())
+    counts: dict[str, Counter[str]] = {}
+    for j in jobs:
+        for p in _ancestors(str(j.get("budget", "?"))):
+            counts.setdefault(p, Counter())[str(j.get("state", "?"))] += 1
+    for path, row in budgets.items():
+        c = counts.get(path, Counter())
+        row["pending"], row["running"] = c.get("pending", 0), c.get("running", 0)
+    pending = sorted(
+        (j for j in jobs if j.get("state") == "pending"),
+        key=lambda j: (j.get("position") if j.get("position") is not None else 1 << 30, j.get("job_id", "")),
+    )
+    return {"meta": meta, "budgets": list(budgets.values()), "queue_head": pending[:head], "nodes": nodes}
+
+
+def _ancestors(path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
 @app.command()
 def top(
     interval: Annotated[float, typer.Option(help="Refresh period, wall seconds.")] = 1.0,
     iterations: Annotated[int, typer.Option(min=0, help="Stop after N refreshes (0 = until Ctrl-C).")] = 0,
+    head: Annotated[int, typer.Option("--head", min=0, help="Pending jobs shown at the head of the queue.")] = 10,
     redis_url: RedisUrl = None,
+    as_json: JsonOut = False,
 ) -> None:
-    """Live view: budgets (share, occupancy, r), queue by state, and nodes, refreshed until Ctrl-C."""
+    """Live view: the budget tree (share, occupancy, r, rank, jobs), the head of the queue with its pending
+    reasons, and the nodes (those not ready with their state), refreshed until Ctrl-C. `--json`: one frame."""
     import time as _time
     from collections import Counter
 
     from rich.console import Group
     from rich.live import Live
 
-    from apportion import readmodel
-
     r = _redis(redis_url)
+    if as_json:
+        _print_json(_top_data(r, head))
+        return
 
     def frame() -> Group:
-        budgets = readmodel.read_hash(r, readmodel.budgets_key())
-        meta = readmodel.read_hash(r, readmodel.usage_key()).get("meta", {})
-        jobs = readmodel.read_hash(r, readmodel.jobs_key())
-        nodes = readmodel.read_hash(r, readmodel.nodes_key())
+        d = _top_data(r, head)
+        meta = d["meta"]
         bt = Table(title=f"budgets at {meta.get('at', '?')}  capacity {meta.get('capacity_gpus', '?')} GPUs")
-        for col in ("budget", "share", "O GPU-h", "U GPU-h", "r", "pending", "running"):
+        for col in ("budget", "share", "abs", "O GPU-h", "U GPU-h", "r", "rank", "pending", "running"):
             bt.add_column(col, justify="left" if col == "budget" else "right")
-        by_budget: dict[str, Counter[str]] = {}
-        for j in jobs.values():
-            by_budget.setdefault(j.get("budget", "?"), Counter())[j.get("state", "?")] += 1
-        for path, row in budgets.items():
-            c = by_budget.get(path, Counter())
+        for row in d["budgets"]:
+            path = str(row.get("path", ""))
             bt.add_row(
                 "  " * path.count("/") + path.rsplit("/", 1)[-1],
+                f"{row.get('share', 0):.3f}",
                 f"{row.get('abs_share', 0):.3f}",
                 f"{row.get('occupancy_gpu_s', 0) / 3600:.1f}",
                 f"{row.get('unallocated_gpu_s', 0) / 3600:.1f}",
                 _ratio(row.get("ratio")),
-                str(c.get("pending", 0) or ""),
-                str(c.get("running", 0) or ""),
+                "" if row.get("rank") is None else str(row["rank"]),
+                str(row["pending"] or ""),
+                str(row["running"] or ""),
             )
-        states = Counter(n.get("state", "?") for n in nodes.values())
-        free = sum(int(n.get("free_gpus", 0)) for n in nodes.values())
-        total = sum(int(n.get("gpu_count", 0)) for n in nodes.values())
-        jstates = Counter(j.get("state", "?") for j in jobs.values())
-        summary = (
-            f"nodes {dict(sorted(states.items()))}  GPUs free {free}/{total}  jobs {dict(sorted(jstates.items()))}"
-        )
-        return Group(bt, summary)
+        qt = Table(title=f"queue head ({len(d['queue_head'])} shown)")
+        for col in ("pos", "job", "budget", "user", "GPUs", "reason"):
+            qt.add_column(col)
+        for j in d["queue_head"]:
+            qt.add_row(
+                "-" if j.get("position") is None else str(j["position"]),
+                j.get("job_id", ""),
+                j.get("budget", ""),
+                j.get("user", ""),
+                f"{j.get('replicas', 1)}x{j.get('gpus_per_replica', '?')}",
+                j.get("reason", ""),
+            )
+        ns = d["nodes"]
+        states = Counter(str(n.get("state", "?")) for n in ns)
+        free = sum(int(n.get("free_gpus", 0)) for n in ns)
+        total = sum(int(n.get("gpu_count", 0)) for n in ns)
+        nt = Table(title=f"nodes: {', '.join(f'{k} {v}' for k, v in sorted(states.items()))}; GPUs free {free}/{total}")
+        for col in ("node", "state", "free/GPUs", "running"):
+            nt.add_column(col)
+        for n in ns:
+            if n.get("state") != "ready":
+                nt.add_row(
+                    n.get("node_id", ""),
+                    n.get("state", ""),
+                    f"{n.get('free_gpus', '?')}/{n.get('gpu_count', '?')}",
+                    str(len(n.get("running") or [])),
+                )
+        return Group(bt, qt, nt)
 
     n = 0
     with Live(frame(), console=out, refresh_per_second=4, transient=False) as live:
@@ -387,70 +547,297 @@ def top(
             pass
 
 
+@app.command()
+def deadletter(
+    topic: Annotated[str | None, typer.Option("--topic", help="Only letters from this source topic.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=0, help="Show the newest N (0 = all).")] = 50,
+    bootstrap: Bootstrap = None,
+    as_json: JsonOut = False,
+) -> None:
+    """Dead letters: input a service could not decode or handle, with its topic, offset, key and reason."""
+    from apportion import topics
+    from apportion.bus.reader import read_log
+
+    conn = _require_topics(bootstrap, topics.DEADLETTER.name)
+    recs = _checked(lambda: read_log(conn.bootstrap, [topics.DEADLETTER.name]))
+    seen: set[Any] = set()
+    rows: list[dict[str, Any]] = []
+    for rec in recs:
+        ev = rec.event
+        if not isinstance(ev, events.DeadLetter) or ev.event_id in seen:
+            continue
+        seen.add(ev.event_id)
+        if topic is not None and ev.source_topic not in (topic, topics.prefix() + topic):
+            continue
+        rows.append(
+            {
+                "ts": ev.ts.isoformat(),
+                "producer": ev.producer,
+                "topic": ev.source_topic,
+                "partition": ev.source_partition,
+                "offset": ev.source_offset,
+                "key": ev.source_key,
+                "error": ev.error,
+            }
+        )
+    if limit:
+        rows = rows[-limit:]
+    if as_json:
+        _print_json(rows)
+        return
+    t = Table(title=f"dead letters ({len(rows)})")
+    for col in ("time", "by", "topic[partition]@offset", "key", "reason"):
+        t.add_column(col)
+    for r in rows:
+        where = f"{r['topic']}[{r['partition'] if r['partition'] is not None else '?'}]@{r['offset']}"
+        t.add_row(r["ts"][:19].replace("T", " "), r["producer"], where, str(r["key"] or "-"), r["error"])
+    out.print(t)
+
+
 # --------------------------------------------------------------------------- ops
 
 
+def _node_notes(bootstrap: str) -> dict[str, dict[str, Any]]:
+    """Per node, from ``apportion.nodes``: the last heartbeat's time and the reason of the last
+    cordon/drain request (``reason``, ``by``); one pass, decoding only the events that are not heartbeats."""
+    from apportion import topics
+    from apportion.bus.reader import iter_topic_records
+
+    notes: dict[str, dict[str, Any]] = {}
+    last_beat: dict[str, bytes] = {}
+    for rec in iter_topic_records(bootstrap, [topics.NODES.name], decode=False):
+        if rec.key is None:
+            continue
+        if b'"NodeHeartbeat"' in rec.raw:
+            last_beat[rec.key] = rec.raw
+            continue
+        try:
+            ev = events.decode(rec.raw)
+        except events.DecodeError:
+            continue
+        n = notes.setdefault(rec.key, {})
+        if isinstance(ev, (events.NodeCordoned, events.NodeDrainRequested)):
+            n.update(reason=ev.reason, reason_by=ev.by, reason_at=ev.ts.isoformat())
+        elif isinstance(ev, events.NodeUncordoned):
+            n.update(reason="", reason_by=ev.by, reason_at=ev.ts.isoformat())
+        elif isinstance(ev, events.NodeLost):
+            n.update(reason=f"no heartbeat since {ev.last_heartbeat.isoformat()}")
+    for node, raw in last_beat.items():
+        try:
+            notes.setdefault(node, {})["heartbeat_at"] = events.decode(raw).ts
+        except events.DecodeError:
+            continue
+    return notes
+
+
 @app.command()
-def nodes(redis_url: RedisUrl = None, as_json: JsonOut = False) -> None:
-    """Nodes with state, GPUs, free GPUs and last heartbeat."""
+def nodes(
+    redis_url: RedisUrl = None,
+    bootstrap: Bootstrap = None,
+    as_json: JsonOut = False,
+) -> None:
+    """Nodes with state, cordon/drain reason, GPUs free/total, model, running jobs and heartbeat age.
+
+    State and free GPUs are the dispatcher's; the reason and the last heartbeat come from the log
+    (apportion.nodes); the age is measured on the stack's event clock (APPORTION_TIME_SCALE and epochs).
+    """
     from apportion import readmodel
+    from apportion.settings import event_clock
+    from apportion.timeutil import to_us
 
     rows = list(readmodel.read_hash(_redis(redis_url), readmodel.nodes_key()).values())
+    from apportion import topics
+
+    conn = _require_topics(bootstrap, topics.NODES.name)
+    notes = _checked(lambda: _node_notes(conn.bootstrap))
+    now_us = event_clock().now_us()  # type: ignore[attr-defined]
+    for r in rows:
+        n = notes.get(r.get("node_id", ""), {})
+        beat = n.get("heartbeat_at")
+        if beat is not None:
+            r["last_heartbeat"] = beat.isoformat()
+        r["heartbeat_age_s"] = (
+            round((now_us - to_us(datetime.fromisoformat(r["last_heartbeat"]))) / 1e6, 1)
+            if r.get("last_heartbeat")
+            else None
+        )
+        r["reason"] = n.get("reason", "") if r.get("state") != "ready" else ""
+        r["reason_by"] = n.get("reason_by", "") if r.get("state") != "ready" else ""
     if as_json:
         _print_json(rows)
         return
     t = Table(title=f"nodes ({len(rows)})")
-    for col in ("node", "state", "model", "GPUs", "free", "running", "last heartbeat"):
+    for col in ("node", "state", "reason", "model", "free/GPUs", "running", "heartbeat"):
         t.add_column(col)
     for r in rows:
+        age = r.get("heartbeat_age_s")
         t.add_row(
             r.get("node_id", ""),
             r.get("state", ""),
+            r.get("reason") or "",
             str(r.get("gpu_model") or "-"),
-            str(r.get("gpu_count", "")),
-            str(r.get("free_gpus", "")),
+            f"{r.get('free_gpus', '?')}/{r.get('gpu_count', '?')}",
             str(len(r.get("running") or [])),
-            str(r.get("last_heartbeat", "")),
+            "-" if age is None else f"{format_duration(max(0.0, round(age)))} ago",
         )
     out.print(t)
+
+
+def _node_row(r: Any, node_id: str, bootstrap: str | None) -> dict[str, Any] | None:
+    """The dispatcher's read-model row of ``node_id``; a node only the log knows yet gives a bare row."""
+    from apportion import readmodel
+    from apportion.cli import verdicts
+    from apportion.topics import NODES
+
+    row = readmodel.read_hash(r, readmodel.nodes_key()).get(node_id)
+    if row is not None:
+        return row
+    conn = _require_topics(bootstrap, NODES.name)
+    evs = _checked(lambda: verdicts.key_events(conn.bootstrap, NODES.name, node_id))
+    if any(isinstance(e, events.NodeRegistered) for e in evs):
+        return {"node_id": node_id, "state": "unknown"}
+    return None
+
+
+def _node_change(
+    ev: events.Event,
+    node_id: str,
+    want: set[str],
+    done: str,
+    *,
+    refuse: dict[str, str],
+    already: set[str],
+    no_wait: bool,
+    timeout: float,
+    bootstrap: str | None,
+    redis_url: str | None,
+    as_json: bool,
+) -> None:
+    """Check the node exists and is in a state the change applies to, publish, wait for the dispatcher's view."""
+    from apportion import readmodel
+    from apportion.cli import verdicts
+    from apportion.topics import NODES
+
+    r = _redis(redis_url)
+    _require_topics(bootstrap, NODES.name)
+    row = _node_row(r, node_id, bootstrap)
+    if row is None:
+        known = sorted(readmodel.read_hash(r, readmodel.nodes_key()))
+        hint = f" (known: {', '.join(known[:8])}{', ...' if len(known) > 8 else ''})" if known else " (none known)"
+        fail(f"no node {node_id}{hint}", 1)
+    state = str(row.get("state"))
+    if state in refuse:
+        fail(f"node {node_id} is {state}: {refuse[state]}", 1)
+    if state in already:
+        if as_json:
+            _print_json({"published": [], "verdict": "unchanged", "state": state})
+        else:
+            out.print(f"node [bold]{node_id}[/] is already {state}: nothing to do")
+        return
+    _publish([ev], bootstrap)
+    if no_wait:
+        _published([ev], as_json, f"{type(ev).__name__} published for [bold]{node_id}[/] (not waiting)")
+        return
+
+    def shows() -> str | None:
+        got = readmodel.read_hash(r, readmodel.nodes_key()).get(node_id, {}).get("state")
+        return got if got in want else None
+
+    seen = verdicts.wait_for(shows, timeout)
+    if as_json:
+        _print_json({"published": [events.to_dict(ev)], "verdict": seen or "no_verdict", "state": seen})
+    if seen is None:
+        fail(
+            f"the dispatcher did not show {node_id} as {'/'.join(sorted(want))} within {timeout:g} s "
+            "(is it running?); the request is in the log",
+            3,
+        )
+    if not as_json:
+        out.print(done.format(node=node_id, state=seen))
 
 
 @app.command()
 def drain(
     node_id: Annotated[str, typer.Argument(help="Node to drain.")],
-    reason: Annotated[str, typer.Option(help="Why (kept in the log).")] = "maintenance",
+    reason: Annotated[str, typer.Option(help="Why (kept in the log, shown by `nodes`).")] = "maintenance",
+    no_wait: NoWait = False,
+    timeout: Timeout = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
+    redis_url: RedisUrl = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Drain a node: cordon it, preempt unallocated work now, allocated work as its minimum runtime expires."""
+    """Drain a node: cordon it, preempt unallocated work now, allocated work as its minimum runtime expires.
+
+    Waits until the dispatcher shows the node draining (or drained). Exit 1 for
+    a node nobody registered or a lost node.
+    """
     ev = events.NodeDrainRequested(node_id=node_id, reason=reason, by="cli", ts=_now(), producer="cli")
-    _publish([ev], bootstrap)
-    _published([ev], as_json, f"drain requested for [bold]{node_id}[/]; it reports NodeDrained when empty")
+    _node_change(
+        ev,
+        node_id,
+        {"draining", "drained"},
+        "[bold]{node}[/] is {state}; it reports NodeDrained when empty (`apportion nodes`)",
+        refuse={"lost": "no heartbeat, nothing to drain"},
+        already={"draining", "drained"},
+        no_wait=no_wait,
+        timeout=timeout,
+        bootstrap=bootstrap,
+        redis_url=redis_url,
+        as_json=as_json,
+    )
 
 
 @app.command()
 def cordon(
     node_id: Annotated[str, typer.Argument(help="Node to cordon.")],
-    reason: Annotated[str, typer.Option(help="Why.")] = "",
+    reason: Annotated[str, typer.Option(help="Why (kept in the log, shown by `nodes`).")] = "",
+    no_wait: NoWait = False,
+    timeout: Timeout = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
+    redis_url: RedisUrl = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Cordon a node: no new work lands on it; running work stays."""
+    """Cordon a node: no new work lands on it; running work stays. Exit 1 for an unknown or lost node."""
     ev = events.NodeCordoned(node_id=node_id, reason=reason, by="cli", ts=_now(), producer="cli")
-    _publish([ev], bootstrap)
-    _published([ev], as_json, f"cordoned [bold]{node_id}[/]")
+    _node_change(
+        ev,
+        node_id,
+        {"cordoned"},
+        "cordoned [bold]{node}[/]",
+        refuse={"lost": "no heartbeat, nothing to cordon"},
+        already={"cordoned"},
+        no_wait=no_wait,
+        timeout=timeout,
+        bootstrap=bootstrap,
+        redis_url=redis_url,
+        as_json=as_json,
+    )
 
 
 @app.command()
 def undrain(
     node_id: Annotated[str, typer.Argument(help="Node to return to service.")],
+    no_wait: NoWait = False,
+    timeout: Timeout = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
+    redis_url: RedisUrl = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Uncordon a cordoned, draining or drained node."""
+    """Uncordon a cordoned, draining or drained node. Exit 1 for an unknown or lost node; 0 if already ready."""
     ev = events.NodeUncordoned(node_id=node_id, by="cli", ts=_now(), producer="cli")
-    _publish([ev], bootstrap)
-    _published([ev], as_json, f"uncordoned [bold]{node_id}[/]")
+    _node_change(
+        ev,
+        node_id,
+        {"ready"},
+        "[bold]{node}[/] is ready",
+        refuse={"lost": "no heartbeat; it returns when its agent registers again"},
+        already={"ready"},
+        no_wait=no_wait,
+        timeout=timeout,
+        bootstrap=bootstrap,
+        redis_url=redis_url,
+        as_json=as_json,
+    )
 
 
 # --------------------------------------------------------------------------- budgets
@@ -473,7 +860,7 @@ def _tree_in_force(bootstrap: str | None) -> Any:
     from apportion.bus.reader import read_log
     from apportion.domain.budgets import fold_budget_log
 
-    conn = Connection.resolve(bootstrap=bootstrap)
+    conn = _require_topics(bootstrap, topics.BUDGETS.name)
     try:
         recs = read_log(conn.bootstrap, [topics.BUDGETS.name])
     except Exception as exc:
@@ -504,15 +891,18 @@ def budget_set(
         bool,
         typer.Option("--inherit-max-min-runtime", help="Drop this budget's own limit (inherit the parent's)."),
     ] = False,
+    no_wait: NoWait = False,
+    timeout: Timeout = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
     as_json: JsonOut = False,
 ) -> None:
     """Create a budget, or change only the fields given of an existing one.
 
-    The policy service validates the change (``BudgetRejected`` says why not).
     Fields not given keep their values in the tree in force; use
     ``--inherit-members`` / ``--inherit-max-min-runtime`` to drop a budget's own
-    setting.
+    setting. The change is checked against the tree in force first (exit 1,
+    e.g. siblings summing above 1), then published, then the policy's verdict
+    is awaited (exit 1 when it rejects, 3 when it does not answer).
     """
     from pydantic import ValidationError
 
@@ -526,7 +916,8 @@ def budget_set(
         validate_path(path)
     except BudgetError as exc:
         fail(exc.message)
-    current = _tree_in_force(bootstrap).get(path)
+    tree = _tree_in_force(bootstrap)
+    current = tree.get(path)
     if current is None and share_ is None:
         fail(f"budget {path} does not exist: give --share to create it")
     try:
@@ -556,46 +947,165 @@ def budget_set(
         fail(f"invalid budget: {'.'.join(str(p) for p in e['loc'])}: {e['msg']}")
     except ValueError as exc:
         fail(str(exc))
-    _publish([ev], bootstrap)
-    _published([ev], as_json, f"budget [bold]{path}[/] set to share {ev.share}")
+    try:
+        tree.apply(ev)
+    except BudgetError as exc:
+        fail(f"refused: {exc.reason}: {exc.message}", 1)
+    _budget_changes([ev], tree, no_wait, timeout, bootstrap, as_json, f"budget [bold]{path}[/] set to share {ev.share}")
+
+
+def _budget_changes(
+    evts: list[Any],
+    current: Any,
+    no_wait: bool,
+    timeout: float,
+    bootstrap: str | None,
+    as_json: bool,
+    message: str,
+    *,
+    rollback: bool = False,
+) -> None:
+    """Publish budget changes (in order) and report the policy's verdict on each; exit 1 if any was rejected.
+
+    With ``rollback``, changes accepted before a rejection are undone (their values in ``current`` restored),
+    so a file is applied whole or not at all as far as the tree in force goes.
+    """
+    from apportion import client
+    from apportion.cli import verdicts
+    from apportion.topics import BUDGETS
+
+    conn = _require_topics(bootstrap, BUDGETS.name)
+    try:
+        offsets = client.publish(*evts, bootstrap=conn.bootstrap)
+    except Exception as exc:
+        if verdicts.is_kafka_error(exc):
+            fail(f"cannot publish to Kafka at {conn.bootstrap}: {exc} (is the stack up?)", 3)
+        raise
+    if no_wait:
+        _published(evts, as_json, message + " (not waiting for the policy's verdict)")
+        return
+    got = _checked(lambda: verdicts.budget_verdicts(conn.bootstrap, list(zip(evts, offsets, strict=True)), timeout))
+    rejected = [v for v in got if v.state == "rejected"]
+    undone: list[Any] = []
+    if rejected and rollback:
+        accepted = [v.event for v in got if v.state == "accepted"]
+        undone = verdicts.restore_events(current, accepted, _now())
+        if undone:
+            _checked(lambda: client.publish(*undone, bootstrap=conn.bootstrap))
+    if as_json:
+        _print_json(
+            {
+                "published": [events.to_dict(e) for e in evts],
+                "verdicts": [v.to_dict() for v in got],
+                "rolled_back": [events.to_dict(e) for e in undone],
+            }
+        )
+    if rejected:
+        v = rejected[0]
+        more = f" (and {len(rejected) - 1} more)" if len(rejected) > 1 else ""
+        back = f"; rolled back {len(undone)} accepted change(s)" if undone else ""
+        fail(f"refused by the policy: {v.event.path}: {v.reason}: {v.message}{more}{back}", 1)
+    if any(v.state == "no_verdict" for v in got):
+        fail(f"no verdict from the policy within {timeout:g} s (is it running?); the change is in the log", 3)
+    if not as_json:
+        out.print(message)
 
 
 @budget_app.command("apply")
 def budget_apply(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="YAML file of budgets.")],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the diff against the tree in force; publish nothing.")
+    ] = False,
+    no_wait: NoWait = False,
+    timeout: Timeout = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Set every budget in a YAML file (parents first). The file is checked as a whole before publishing."""
-    tree = _tree_from_file(file)
-    now = _now()
-    evts: list[events.Event] = []
-    for p, d in tree.to_mapping().items():
-        evts.append(
-            events.BudgetSet(
-                path=p,
-                share=d["share"],
-                members=tuple(d["members"]) if "members" in d else None,
-                max_min_runtime_s=d.get("max_min_runtime_s"),
-                by="cli",
-                ts=now,
-                producer="cli",
-            )
-        )
-    _publish(evts, bootstrap)
-    _published(evts, as_json, f"published {len(evts)} budgets from {file}")
+    """Set every budget in a YAML file, all or nothing.
+
+    The file is checked as a whole against the tree in force (budgets in force
+    but not in the file are kept and count towards their siblings' sums); the
+    changes are published in an order where each step is valid (shrinking
+    shares first); if the policy still rejects one (a concurrent change), the
+    ones it accepted are rolled back and the command exits 1.
+    """
+    from apportion.cli import verdicts
+    from apportion.domain.budgets import BudgetError
+
+    target = _tree_from_file(file)
+    current = _tree_in_force(bootstrap)
+    diff = verdicts.budget_diff(current, target)
+    try:
+        evts = verdicts.safe_order(current, target, _now())
+    except BudgetError as exc:
+        fail(f"refused: {file} against the tree in force: {exc.reason}: {exc.message}", 1)
+    if dry_run or not evts:
+        if as_json:
+            _print_json({"diff": [c.to_dict() for c in diff], "changes": len(evts), "published": []})
+            return
+        _print_diff(diff)
+        out.print(f"{len(evts)} budget change(s){' (dry run: nothing published)' if dry_run else ': nothing to do'}")
+        return
+    _budget_changes(
+        evts,
+        current,
+        no_wait,
+        timeout,
+        bootstrap,
+        as_json,
+        f"applied {file}: {len(evts)} budget change(s)",
+        rollback=True,
+    )
+
+
+def _print_diff(diff: list[Any]) -> None:
+    def show(v: Any) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, list):
+            return ",".join(v) or "(none)"
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    if not [c for c in diff if c.kind != "kept"]:
+        out.print("no differences from the tree in force")
+    for c in diff:
+        if c.kind == "kept":
+            out.print(f"  = {c.path}: in force, not in the file (kept)", highlight=False)
+        else:
+            sign = {"added": "+", "changed": "~", "removed": "-"}[c.kind]
+            out.print(f"  {sign} {c.path} {c.field}: {show(c.old)} -> {show(c.new)}", highlight=False)
 
 
 @budget_app.command("rm")
 def budget_rm(
     path: Annotated[str, typer.Argument(help="Budget path to remove (children first).")],
+    no_wait: NoWait = False,
+    timeout: Timeout = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
+    redis_url: RedisUrl = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Remove a budget. Refused (BudgetRejected) while it has children or queued/running jobs."""
+    """Remove a budget. Refused (exit 1) when it is not in the tree in force, has children, or has queued or
+    running jobs (the dispatcher's jobs read model)."""
+    from apportion import readmodel
+    from apportion.domain.budgets import BudgetError
+
+    tree = _tree_in_force(bootstrap)
+    jobs = readmodel.read_hash(_redis(redis_url), readmodel.jobs_key()).values()
+    in_use = [j for j in jobs if j.get("budget") == path]
     ev = events.BudgetRemoved(path=path, by="cli", ts=_now(), producer="cli")
-    _publish([ev], bootstrap)
-    _published([ev], as_json, f"removal of [bold]{path}[/] requested")
+    try:
+        tree.apply(ev, in_use=frozenset({path}) if in_use else frozenset())
+    except BudgetError as exc:
+        msg = exc.message
+        if exc.reason == "in_use":
+            states: dict[str, int] = {}
+            for j in in_use:
+                states[str(j.get("state"))] = states.get(str(j.get("state")), 0) + 1
+            msg = f"{path!r} has {', '.join(f'{n} {s}' for s, n in sorted(states.items()))} job(s)"
+        fail(f"refused: {exc.reason}: {msg}", 1)
+    _budget_changes([ev], tree, no_wait, timeout, bootstrap, as_json, f"removed budget [bold]{path}[/]")
 
 
 @budget_app.command("show")
@@ -640,7 +1150,12 @@ def _register_optional() -> None:
     """Attach sub-apps that live in their own modules."""
     import importlib
 
-    for mod, name in (("apportion.cli.simulate", "simulate"), ("apportion.cli.audit", "audit")):
+    for mod, name in (
+        ("apportion.cli.simulate", "simulate"),
+        ("apportion.cli.audit", "audit"),
+        ("apportion.cli.stack", "stack"),
+        ("apportion.cli.history", "history"),
+    ):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as exc:
@@ -657,6 +1172,17 @@ def _register_optional() -> None:
 
 
 _register_optional()
+
+
+@app.callback()
+def _root(ctx: typer.Context) -> None:
+    """Budgeted, hierarchical fair-share GPU scheduling."""
+    import os
+
+    from apportion.settings import apply_stack_prefix
+
+    if apply_stack_prefix() is not None:  # the namespace of the stack found: for this command only
+        ctx.call_on_close(lambda: os.environ.pop("APPORTION_TOPIC_PREFIX", None))
 
 
 def main() -> None:

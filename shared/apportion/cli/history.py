@@ -1,0 +1,301 @@
+"""``apportion history``: finished jobs, like Slurm's ``sacct``, folded from the log; ``apportion logs``: a job's output.
+
+:func:`fold_jobs` is pure: the events of ``apportion.submissions`` and
+``apportion.jobs`` in log order in, one :class:`JobHistory` per job out. A
+job's state is ``pending``/``running`` while it lives, then ``completed``
+(every replica of its last attempt exited 0), ``failed``, ``cancelled`` or
+``rejected``. Per job it counts attempts and preemptions, the wait (first
+start minus submission), the run time (event seconds its attempts held GPUs,
+from the first replica's start to the run's end: the last replica's exit, the
+preemption, the loss or the cancel), GPU-hours (run time x GPUs) and the work
+lost (``lost_gpu_s`` of its preemptions and losses; ``None`` when the log
+never recorded it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from apportion import events
+
+FINISHED = ("completed", "failed", "cancelled", "rejected")
+
+
+@dataclass
+class JobHistory:
+    """One job as the log tells it (see the module docstring for the fields' meaning)."""
+
+    job_id: str
+    user: str
+    budget: str
+    gpus_per_replica: int
+    replicas: int
+    min_runtime_s: float
+    submitted_at: datetime
+    state: str = "pending"
+    attempts: int = 0
+    preemptions: int = 0
+    first_start: datetime | None = None
+    ended_at: datetime | None = None
+    run_s: float = 0.0
+    lost_gpu_s: float | None = None
+    reason: str = ""
+    _started: datetime | None = None
+    _done: set[int] = field(default_factory=set)
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_replica * self.replicas
+
+    @property
+    def wait_s(self) -> float | None:
+        if self.first_start is None:
+            return None
+        return max(0.0, (self.first_start - self.submitted_at).total_seconds())
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.run_s * self.gpus / 3600.0
+
+    def _end_run(self, ts: datetime) -> None:
+        if self._started is not None:
+            self.run_s += max(0.0, (ts - self._started).total_seconds())
+            self._started = None
+
+    def _lose(self, gpu_s: float | None) -> None:
+        if gpu_s is not None:
+            self.lost_gpu_s = (self.lost_gpu_s or 0.0) + gpu_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "user": self.user,
+            "budget": self.budget,
+            "state": self.state,
+            "gpus_per_replica": self.gpus_per_replica,
+            "replicas": self.replicas,
+            "min_runtime_s": self.min_runtime_s,
+            "submitted_at": self.submitted_at.isoformat(),
+            "first_start": self.first_start.isoformat() if self.first_start else None,
+            "ended_at": self.ended_at.isoformat() if self.ended_at else None,
+            "attempts": self.attempts,
+            "preemptions": self.preemptions,
+            "wait_s": self.wait_s,
+            "run_s": self.run_s,
+            "gpu_hours": self.gpu_hours,
+            "lost_gpu_s": self.lost_gpu_s,
+            "reason": self.reason,
+        }
+
+
+def fold_jobs(evts: Iterable[events.Event]) -> dict[str, JobHistory]:
+    """Fold submissions and job events (log order) into one :class:`JobHistory` per job id."""
+    jobs: dict[str, JobHistory] = {}
+    seen: set[Any] = set()
+    for ev in evts:
+        if ev.event_id in seen:
+            continue
+        seen.add(ev.event_id)
+        if isinstance(ev, events.JobSubmitted):
+            if ev.job_id not in jobs:
+                jobs[ev.job_id] = JobHistory(
+                    ev.job_id, ev.user, ev.budget, ev.gpus_per_replica, ev.replicas, ev.min_runtime_s, ev.submitted_at
+                )
+            continue
+        job = jobs.get(getattr(ev, "job_id", ""))
+        if job is None:
+            continue
+        if isinstance(ev, events.JobRejected):
+            job.state, job.ended_at = "rejected", ev.ts
+            job.reason = f"{ev.reason.value}: {ev.message}"
+        elif isinstance(ev, events.JobQueued):
+            job.attempts = max(job.attempts, ev.attempt)
+        elif isinstance(ev, events.JobPlaced):
+            job.attempts = max(job.attempts, ev.attempt)
+            job._done = set()
+        elif isinstance(ev, events.JobStarted):
+            if job._started is None and ev.attempt == job.attempts:
+                job._started = ev.ts
+                job.state = "running"
+            if job.first_start is None:
+                job.first_start = ev.ts
+        elif isinstance(ev, events.JobPreempted):
+            job.preemptions += 1
+            job._lose(ev.lost_gpu_s)
+            job._end_run(ev.ts)
+        elif isinstance(ev, events.JobLost):
+            job._lose(ev.lost_gpu_s)
+            job._end_run(ev.charged_until)
+        elif isinstance(ev, events.JobRequeued):
+            job.state = "pending"
+            job.attempts = max(job.attempts, ev.attempt)
+        elif isinstance(ev, events.JobCancelled):
+            job._end_run(ev.ts)
+            job.state, job.ended_at, job.reason = "cancelled", ev.ts, ev.reason
+        elif isinstance(ev, events.JobCompleted) and ev.attempt == job.attempts and job.state == "running":
+            job._done.add(ev.replica if ev.replica is not None else -1)
+            if ev.replica is None or len(job._done) >= job.replicas:
+                job._end_run(ev.ts)
+                job.state, job.ended_at = "completed", ev.ts
+        elif isinstance(ev, events.JobFailed) and ev.attempt == job.attempts and job.state == "running":
+            if ev.replica is None or job.replicas == 1:
+                job._end_run(ev.ts)
+                job.state, job.ended_at, job.reason = "failed", ev.ts, ev.reason
+    return jobs
+
+
+def _hours(s: float | None) -> str:
+    from apportion.durations import format_duration
+
+    return "-" if s is None else format_duration(round(s))
+
+
+def history(
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's jobs.")] = None,
+    budget: Annotated[str | None, typer.Option("--budget", "-b", help="Only this budget (and below).")] = None,
+    state: Annotated[
+        str | None, typer.Option("--state", help="Only jobs in this state: completed, failed, cancelled, rejected.")
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="Finished at or after (ISO time, e.g. 2026-12-01T09:00Z, or 2h ago).")
+    ] = None,
+    until: Annotated[str | None, typer.Option("--until", help="Finished before (ISO time, or a duration ago).")] = None,
+    bootstrap: Annotated[
+        str | None, typer.Option("--bootstrap", help="Kafka bootstrap (host:port).", envvar="APPORTION_KAFKA_BOOTSTRAP")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")] = False,
+) -> None:
+    """Finished jobs, like sacct: user, budget, state, attempts, preemptions, wait, run time, GPU-hours, work lost.
+
+    Built from the log (apportion.submissions and apportion.jobs); times are event times.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from apportion import topics
+    from apportion.bus.reader import read_log
+    from apportion.cli.main import _checked, _print_json, _require_topics, fail
+
+    if state is not None and state not in FINISHED:
+        fail(f"--state must be one of {', '.join(FINISHED)}, got {state!r}")
+    lo, hi = _when(since, "--since"), _when(until, "--until")
+    conn = _require_topics(bootstrap, topics.SUBMISSIONS.name, topics.JOBS.name)
+    recs = _checked(lambda: read_log(conn.bootstrap, [topics.SUBMISSIONS.name, topics.JOBS.name]))
+    rows = [
+        j
+        for j in fold_jobs(r.event for r in recs if r.event is not None).values()
+        if j.state in FINISHED
+        and (user is None or j.user == user)
+        and (budget is None or j.budget == budget or j.budget.startswith(budget + "/"))
+        and (state is None or j.state == state)
+        and (lo is None or (j.ended_at is not None and j.ended_at >= lo))
+        and (hi is None or (j.ended_at is not None and j.ended_at < hi))
+    ]
+    rows.sort(key=lambda j: (j.ended_at or j.submitted_at, j.job_id))
+    if as_json:
+        _print_json([j.to_dict() for j in rows])
+        return
+    t = Table(title=f"history ({len(rows)} finished jobs)")
+    for col in ("job", "user", "budget", "state", "GPUs", "att", "pre", "wait", "run", "GPU-h", "lost GPU-h", "end"):
+        t.add_column(col, justify="right" if col in ("att", "pre", "GPU-h", "lost GPU-h") else "left")
+    for j in rows:
+        t.add_row(
+            j.job_id,
+            j.user,
+            j.budget,
+            j.state,
+            f"{j.replicas}x{j.gpus_per_replica}",
+            str(j.attempts),
+            str(j.preemptions),
+            _hours(j.wait_s),
+            _hours(j.run_s),
+            f"{j.gpu_hours:.2f}",
+            "-" if j.lost_gpu_s is None else f"{j.lost_gpu_s / 3600:.2f}",
+            j.ended_at.strftime("%Y-%m-%d %H:%M:%S") if j.ended_at else "-",
+        )
+    Console().print(t)
+
+
+def _when(text: str | None, flag: str) -> datetime | None:
+    """An ISO time, or a duration meaning that long before now (``2h`` = two hours ago)."""
+    from datetime import UTC, timedelta
+
+    from apportion.cli.main import fail
+    from apportion.durations import parse_duration
+    from apportion.settings import event_clock
+
+    if text is None:
+        return None
+    t = text.strip().removesuffix(" ago")
+    try:
+        d = datetime.fromisoformat(t.replace("Z", "+00:00"))
+        return d if d.tzinfo else d.replace(tzinfo=UTC)
+    except ValueError:
+        pass
+    try:
+        return event_clock().now() - timedelta(seconds=parse_duration(t))  # type: ignore[attr-defined]
+    except ValueError:
+        fail(f"{flag}: not an ISO time or a duration: {text!r}")
+    return None
+
+
+#: Job ids the node agent uses as directory names unchanged (``services.node_agent.logic.job_dir_name``).
+SAFE_JOB_DIR = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
+
+
+def logs(
+    job_id: Annotated[str, typer.Argument(help="The job.")],
+    attempt: Annotated[int | None, typer.Option("--attempt", "-a", help="Attempt (default: the latest).")] = None,
+    replica: Annotated[int, typer.Option("--replica", "-r", min=0, help="Replica of a gang.")] = 0,
+    stderr: Annotated[bool, typer.Option("--stderr", help="Show stderr instead of stdout.")] = False,
+    log_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--dir", help="The node agent's job log directory (default: APPORTION_JOB_LOG_DIR or the stack's)."
+        ),
+    ] = None,
+) -> None:
+    """A job's output: the stdout (or stderr) file the node agent writes per attempt and replica.
+
+    Exit 1 when the job has no output there (never ran on this machine's agent, or another directory).
+    """
+    import os
+    import re
+    import sys
+
+    from apportion.cli.main import fail
+    from apportion.settings import stack_env
+
+    base = log_dir or (
+        Path(os.environ["APPORTION_JOB_LOG_DIR"])
+        if os.environ.get("APPORTION_JOB_LOG_DIR")
+        else Path(stack_env()["JOB_LOG_DIR"])
+        if stack_env().get("JOB_LOG_DIR")
+        else None
+    )
+    if base is None:
+        fail("no job log directory known: give --dir, set APPORTION_JOB_LOG_DIR, or start the stack with `stack up`")
+    if not re.fullmatch(SAFE_JOB_DIR, job_id):
+        fail(f"job id {job_id!r} is not a plain file name: look for its directory under {base}")
+    folder = base / job_id
+    stream = "err" if stderr else "out"
+    files = sorted(folder.glob(f"attempt-*.replica-{replica}.{stream}")) if folder.is_dir() else []
+    if not files:
+        fail(f"no output of job {job_id} (replica {replica}) under {base}", 1)
+    by_attempt = {int(f.name.split(".", 1)[0].removeprefix("attempt-")): f for f in files}
+    pick = max(by_attempt) if attempt is None else attempt
+    if pick not in by_attempt:
+        fail(f"job {job_id} has no attempt {pick} here (attempts: {', '.join(map(str, sorted(by_attempt)))})", 1)
+    sys.stdout.write(by_attempt[pick].read_text(errors="replace"))
+
+
+def register(app: typer.Typer) -> None:
+    """Attach ``apportion history`` and ``apportion logs``."""
+    app.command("history")(history)
+    app.command("logs")(logs)

@@ -1,0 +1,468 @@
+"""``apportion stack up|down|status``: an interactive local stack in one command.
+
+``up`` starts (or reuses) a native Kafka and Redis from ``infra/``
+(:mod:`apportion.bus.stack`), provisions the topics of the namespace, starts
+the four services as processes (``python -m services.<name>``, the node agent
+with ``--sim-nodes``), waits until each says it is ready, and writes where
+everything is to ``RUN_DIR/stack.env`` and to the per-user state file
+(:func:`apportion.settings.user_stack_env`), so the CLI finds the stack from
+any folder::
+
+    RUN_DIR/stack.env          KAFKA_BOOTSTRAP, REDIS_URL, APPORTION_TOPIC_PREFIX, LOG_DIR, metrics ports
+    RUN_DIR/services/NAME.pid  one per service
+    RUN_DIR/logs/NAME.log      each service's log (plain text)
+    RUN_DIR/node_agent/        the node agent's journal, the jobs' checkpoints/ and job-logs/
+    RUN_DIR/kafka, RUN_DIR/redis   broker and Redis data, logs and pid files (when started here)
+
+``down`` stops every process ``up`` started (SIGTERM, then SIGKILL after a
+grace period), then Kafka and Redis if ``up`` started them, and removes both
+state files. Metrics endpoints bind 127.0.0.1 on free ports, printed by ``up``
+and ``status``. Nothing here runs at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+#: The services in start order (the policy first: the others read the tree it validates).
+SERVICES = ("policy", "accounting", "dispatcher", "node_agent")
+
+#: A line each service logs once it is ready.
+READY_LINE = {
+    "policy": "caught up:",
+    "accounting": "started by",
+    "dispatcher": "leading with fencing token",
+    "node_agent": "registered ",
+}
+
+#: Wall seconds ``up`` waits for every service to be ready.
+READY_TIMEOUT_S = 120.0
+
+#: Wall seconds ``down`` waits after SIGTERM before SIGKILL.
+STOP_GRACE_S = 15.0
+
+
+class StackUpError(RuntimeError):
+    """The stack could not be started (the message says which part and where its log is)."""
+
+
+def default_run_dir() -> Path:
+    """``.run`` of the source checkout this package runs from, else ``$XDG_STATE_HOME/apportion/run``."""
+    from apportion.bus.stack import DEFAULT_INFRA_DIR
+    from apportion.settings import user_state_dir
+
+    checkout = DEFAULT_INFRA_DIR.parent
+    if (checkout / "infra").is_dir() and os.access(checkout, os.W_OK):
+        return checkout / ".run"
+    return user_state_dir() / "run"
+
+
+@dataclass
+class StackInfo:
+    """Where a stack's parts are (the content of its ``stack.env``)."""
+
+    run_dir: Path
+    bootstrap: str
+    redis_url: str
+    prefix: str = ""
+    infra: str = "local"  # local: started here (down stops it); external: given with --bootstrap/--redis
+    pids: dict[str, int] = field(default_factory=dict)
+    metrics: dict[str, int] = field(default_factory=dict)
+    clock: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def log_dir(self) -> Path:
+        return self.run_dir / "logs"
+
+    @property
+    def agent_dir(self) -> Path:
+        """The node agent's state dir: journal, ``checkpoints/`` and ``job-logs/`` (``docs/checkpoints.md``)."""
+        return self.run_dir / "node_agent"
+
+    def env_lines(self) -> list[str]:
+        lines = [
+            "# written by `apportion stack up`; read by the apportion CLI",
+            f"KAFKA_BOOTSTRAP={self.bootstrap}",
+            f"REDIS_URL={self.redis_url}",
+            f"APPORTION_TOPIC_PREFIX={self.prefix}",
+            f"RUN_DIR={self.run_dir}",
+            f"LOG_DIR={self.log_dir}",
+            f"JOB_LOG_DIR={self.agent_dir / 'job-logs'}",
+            f"INFRA={self.infra}",
+        ]
+        lines += [f"{k}={v}" for k, v in sorted(self.clock.items())]
+        lines += [f"PID_{n.upper()}={p}" for n, p in sorted(self.pids.items())]
+        lines += [f"METRICS_{n.upper()}=127.0.0.1:{p}" for n, p in sorted(self.metrics.items())]
+        return lines
+
+    @classmethod
+    def read(cls, run_dir: Path) -> StackInfo | None:
+        from apportion.bus.stack import read_env_file
+
+        env = read_env_file(run_dir / "stack.env")
+        if "KAFKA_BOOTSTRAP" not in env:
+            return None
+        info = cls(
+            run_dir,
+            env["KAFKA_BOOTSTRAP"],
+            env.get("REDIS_URL", ""),
+            env.get("APPORTION_TOPIC_PREFIX", ""),
+            env.get("INFRA", "local"),
+        )
+        for k, v in env.items():
+            if k.startswith("PID_"):
+                info.pids[k[4:].lower()] = int(v)
+            elif k.startswith("METRICS_"):
+                info.metrics[k[8:].lower()] = int(v.rsplit(":", 1)[1])
+            elif k.startswith(("APPORTION_TIME_SCALE", "APPORTION_CLOCK_")):
+                info.clock[k] = v
+        return info
+
+    def describe(self) -> list[str]:
+        lines = [
+            f"Kafka    {self.bootstrap}" + ("" if self.infra == "local" else " (external)"),
+            f"Redis    {self.redis_url}" + ("" if self.infra == "local" else " (external)"),
+            f"prefix   {self.prefix or '(none: the default namespace)'}",
+            f"logs     {self.log_dir} (services), {self.agent_dir / 'job-logs'} (jobs: `apportion logs JOB`)",
+        ]
+        for name in SERVICES:
+            if name in self.pids:
+                m = self.metrics.get(name)
+                state = "running" if alive(self.pids[name]) else "NOT RUNNING"
+                lines.append(
+                    f"{name:<11} pid {self.pids[name]:<7} {state:<11}"
+                    + (f" metrics http://127.0.0.1:{m}/metrics" if m else "")
+                )
+        return lines
+
+
+def alive(pid: int) -> bool:
+    """True while process ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _write_state(info: StackInfo) -> None:
+    from apportion.settings import user_stack_env
+
+    text = "\n".join(info.env_lines()) + "\n"
+    (info.run_dir / "stack.env").write_text(text)
+    user = user_stack_env()
+    user.parent.mkdir(parents=True, exist_ok=True)
+    user.write_text(text)
+
+
+def _ready(info: StackInfo, name: str) -> bool:
+    log = info.log_dir / f"{name}.log"
+    try:
+        return READY_LINE[name] in log.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def up(
+    run_dir: Path,
+    *,
+    sim_nodes: int = 8,
+    gpus_per_node: int = 8,
+    bootstrap: str | None = None,
+    redis_url: str | None = None,
+    prefix: str = "",
+    time_scale: float = 1.0,
+    heartbeat_timeout_s: float | None = None,
+    say: object = print,
+) -> StackInfo:
+    """Start the stack (see the module docstring); on failure stop what was started and raise.
+
+    A stack already running from ``run_dir`` is returned as it is (``up`` twice is harmless).
+
+    Raises:
+        StackUpError: a part did not start or become ready within :data:`READY_TIMEOUT_S`.
+    """
+    from datetime import UTC, datetime
+
+    from apportion.bus.provision import provision
+    from apportion.bus.stack import LocalStack, StackError, attach, free_ports
+
+    run_dir = Path(run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    existing = StackInfo.read(run_dir)
+    if existing is not None and existing.pids and all(alive(p) for p in existing.pids.values()):
+        say(f"already running from {run_dir}")  # type: ignore[operator]
+        return existing
+    if existing is not None and any(alive(p) for p in existing.pids.values()):
+        raise StackUpError(f"part of a stack is running from {run_dir}: `apportion stack down` first")
+    external = bootstrap is not None or redis_url is not None
+    if external and (bootstrap is None or redis_url is None):
+        raise StackUpError("give both --bootstrap and --redis to use an external Kafka and Redis")
+    local: LocalStack | None = None
+    if not external:
+        local = attach(run_dir, provision_topics=False)
+        say(f"starting Kafka and Redis in {run_dir} ...")  # type: ignore[operator]
+        try:
+            local.start()
+        except StackError as exc:
+            raise StackUpError(str(exc)) from exc
+        bootstrap, redis_url = local.bootstrap, local.redis_url
+    assert bootstrap is not None and redis_url is not None
+    info = StackInfo(run_dir, bootstrap, redis_url, prefix, "external" if external else "local")
+    info.log_dir.mkdir(exist_ok=True)
+    (run_dir / "services").mkdir(exist_ok=True)
+    saved = os.environ.get("APPORTION_TOPIC_PREFIX")
+    os.environ["APPORTION_TOPIC_PREFIX"] = prefix
+    try:
+        provision(bootstrap)
+    except Exception as exc:
+        if local is not None:
+            local.stop()
+        raise StackUpError(f"cannot provision topics at {bootstrap}: {exc}") from exc
+    finally:
+        if saved is None:
+            os.environ.pop("APPORTION_TOPIC_PREFIX", None)
+        else:
+            os.environ["APPORTION_TOPIC_PREFIX"] = saved
+    ports = free_ports(len(SERVICES))
+    epoch = datetime.now(UTC).isoformat()
+    base = {
+        k: v for k, v in os.environ.items() if not (k.startswith("APPORTION_") or k in ("KAFKA_BOOTSTRAP", "REDIS_URL"))
+    }
+    base.update(
+        APPORTION_KAFKA_BOOTSTRAP=bootstrap,
+        APPORTION_REDIS_URL=redis_url,
+        APPORTION_TOPIC_PREFIX=prefix,
+        APPORTION_METRICS_HOST="127.0.0.1",
+        APPORTION_LOG_JSON="false",
+        PYTHONUNBUFFERED="1",
+    )
+    if time_scale != 1.0:
+        info.clock = {
+            "APPORTION_TIME_SCALE": str(time_scale),
+            "APPORTION_CLOCK_EPOCH_WALL": epoch,
+            "APPORTION_CLOCK_EPOCH_EVENT": epoch,
+        }
+        base.update(info.clock)
+    try:
+        for name, port in zip(SERVICES, ports, strict=True):
+            args = [sys.executable, "-m", f"services.{name}"]
+            if name == "node_agent":
+                args += ["--sim-nodes", str(sim_nodes), "--gpus-per-node", str(gpus_per_node)]
+            if name == "dispatcher" and heartbeat_timeout_s is not None:
+                args += ["--heartbeat-timeout-s", str(heartbeat_timeout_s)]
+            env = dict(base, APPORTION_METRICS_PORT=str(port))
+            if name == "node_agent":  # its journal, the jobs' checkpoint directories and output files
+                env["APPORTION_STATE_DIR"] = str(info.agent_dir)
+            logf = open(info.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
+            try:
+                proc = subprocess.Popen(
+                    args, env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True
+                )
+            finally:
+                logf.close()
+            info.pids[name] = proc.pid
+            info.metrics[name] = port
+            (run_dir / "services" / f"{name}.pid").write_text(f"{proc.pid}\n")
+        _write_state(info)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        waiting = list(SERVICES)
+        while waiting:
+            for name in list(waiting):
+                if _ready(info, name):
+                    waiting.remove(name)
+                elif not alive(info.pids[name]):
+                    raise StackUpError(f"{name} exited at start; see {info.log_dir / (name + '.log')}")
+            if waiting and time.monotonic() > deadline:
+                raise StackUpError(
+                    f"{', '.join(waiting)} not ready within {READY_TIMEOUT_S:g} s; see the logs in {info.log_dir}"
+                )
+            if waiting:
+                time.sleep(0.2)
+    except BaseException:
+        down(run_dir, say=lambda *_: None)
+        raise
+    return info
+
+
+def _stop_pid(pid: int, grace_s: float) -> bool:
+    """SIGTERM ``pid``'s process group, SIGKILL after ``grace_s``; True when it had to be killed."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            os.kill(pid, sig)
+        end = time.monotonic() + (grace_s if sig == signal.SIGTERM else 5.0)
+        while time.monotonic() < end:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)  # our child: reap it
+            except ChildProcessError:
+                done = 0 if alive(pid) else pid
+            if done or not alive(pid):
+                return sig == signal.SIGKILL
+            time.sleep(0.1)
+    return True
+
+
+def down(run_dir: Path, *, say: object = print) -> list[str]:
+    """Stop what ``up`` started from ``run_dir``; returns one line per part stopped."""
+    from apportion.bus.stack import LocalStack, StackError, attach
+    from apportion.settings import user_stack_env
+
+    run_dir = Path(run_dir).resolve()
+    info = StackInfo.read(run_dir)
+    lines: list[str] = []
+    pids: dict[str, int] = dict(info.pids) if info is not None else {}
+    for f in sorted((run_dir / "services").glob("*.pid")) if (run_dir / "services").is_dir() else []:
+        try:
+            pids.setdefault(f.stem, int(f.read_text().strip()))
+        except ValueError:
+            pass
+    for name in reversed(SERVICES):  # agents first: nothing is left placed on a node nobody hosts
+        pid = pids.get(name)
+        if pid is None:
+            continue
+        if alive(pid):
+            killed = _stop_pid(pid, STOP_GRACE_S)
+            lines.append(f"stopped {name} (pid {pid}{', killed after the grace period' if killed else ''})")
+        (run_dir / "services" / f"{name}.pid").unlink(missing_ok=True)
+    if info is None or info.infra == "local":
+        stack: LocalStack = attach(run_dir, provision_topics=False)
+        if stack.running() or (run_dir / "kafka" / "kafka.pid").exists() or (run_dir / "redis" / "redis.pid").exists():
+            try:
+                stack.stop()
+                lines.append(f"stopped Kafka {stack.bootstrap} and Redis {stack.redis_url}")
+            except StackError as exc:
+                lines.append(f"stopping Kafka/Redis: {exc}")
+    (run_dir / "stack.env").unlink(missing_ok=True)
+    user = user_stack_env()
+    if info is not None and user.is_file():
+        from apportion.bus.stack import read_env_file
+
+        if read_env_file(user).get("RUN_DIR") == str(run_dir):
+            user.unlink()
+    for ln in lines:
+        say(ln)  # type: ignore[operator]
+    return lines
+
+
+# --------------------------------------------------------------------------- the `apportion stack` commands
+
+
+stack_app = typer.Typer(
+    help="An interactive local stack: Kafka, Redis, the four services, N simulated nodes.",
+    no_args_is_help=True,
+)
+
+RunDir = Annotated[
+    Path | None, typer.Option("--dir", help="Run directory (default: the checkout's .run/).", file_okay=False)
+]
+
+
+def register(app: typer.Typer) -> None:
+    """Attach ``apportion stack up|down|status`` to the CLI."""
+    app.add_typer(stack_app, name="stack")
+
+
+def _err(msg: str, code: int) -> NoReturn:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(code)
+
+
+@stack_app.command("up")
+def up_cmd(
+    sim_nodes: Annotated[int, typer.Option("--sim-nodes", min=1, help="Simulated nodes to host.")] = 8,
+    gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", min=1, help="GPUs per simulated node.")] = 8,
+    run_dir: RunDir = None,
+    prefix: Annotated[str, typer.Option("--prefix", help="Topic namespace (APPORTION_TOPIC_PREFIX).")] = "",
+    time_scale: Annotated[
+        float, typer.Option("--time-scale", min=0.001, help="Event seconds per wall second (1 = real time).")
+    ] = 1.0,
+    bootstrap: Annotated[
+        str | None, typer.Option("--bootstrap", help="Use this Kafka instead of starting one.")
+    ] = None,
+    redis_url: Annotated[str | None, typer.Option("--redis", help="Use this Redis instead of starting one.")] = None,
+) -> None:
+    """Start Kafka + Redis (unless given), the four services and N simulated nodes; print where they are."""
+    d = run_dir or default_run_dir()
+    try:
+        info = up(
+            d,
+            sim_nodes=sim_nodes,
+            gpus_per_node=gpus_per_node,
+            bootstrap=bootstrap,
+            redis_url=redis_url,
+            prefix=prefix,
+            time_scale=time_scale,
+            heartbeat_timeout_s=max(30.0, 3 * time_scale) if time_scale != 1.0 else None,
+            say=typer.echo,
+        )
+    except StackUpError as exc:
+        _err(str(exc), 3)
+    from apportion.settings import user_stack_env
+
+    for ln in info.describe():
+        typer.echo(ln)
+    typer.echo(f"state    {d / 'stack.env'} and {user_stack_env()} (the CLI finds the stack from any folder)")
+    typer.echo("stop with: apportion stack down   (or: make down)")
+
+
+@stack_app.command("down")
+def down_cmd(run_dir: RunDir = None) -> None:
+    """Stop every process `stack up` started from the run directory (services, then Kafka and Redis)."""
+    d = run_dir or _found_run_dir() or default_run_dir()
+    lines = down(d, say=typer.echo)
+    if not lines:
+        typer.echo(f"nothing running from {d}")
+
+
+@stack_app.command("status")
+def status_cmd(
+    run_dir: RunDir = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+) -> None:
+    """Where the stack is and whether each part runs; exit 1 when something is down, 3 when none is up."""
+    import json
+
+    d = run_dir or _found_run_dir() or default_run_dir()
+    info = StackInfo.read(Path(d).resolve())
+    if info is None:
+        _err(f"no stack started from {d} (`apportion stack up`)", 3)
+    if as_json:
+        doc = {
+            "run_dir": str(info.run_dir),
+            "kafka_bootstrap": info.bootstrap,
+            "redis_url": info.redis_url,
+            "prefix": info.prefix,
+            "infra": info.infra,
+            "log_dir": str(info.log_dir),
+            "services": {
+                n: {"pid": p, "running": alive(p), "metrics": f"http://127.0.0.1:{info.metrics[n]}/metrics"}
+                for n, p in sorted(info.pids.items())
+            },
+        }
+        typer.echo(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        for ln in info.describe():
+            typer.echo(ln)
+    if not all(alive(p) for p in info.pids.values()):
+        raise typer.Exit(1)
+
+
+def _found_run_dir() -> Path | None:
+    """The run directory of the stack the CLI would talk to (its stack.env's RUN_DIR), if any."""
+    from apportion.settings import stack_env
+
+    run = stack_env().get("RUN_DIR")
+    return Path(run) if run else None

@@ -1,0 +1,446 @@
+"""What the CLI's change commands check before publishing, and how they learn the owning service's verdict.
+
+DESIGN section 11: a change command exits 0 only when the change happened.
+This module is the CLI side of that rule; the commands in
+:mod:`apportion.cli.main` call it. Everything reads the log or a read model
+and never joins a consumer group, so checking disturbs no service.
+
+Verdicts, per owner:
+
+* **budgets** (policy): a ``BudgetRejected`` whose ``rejected_event_id`` is the
+  change's id means refused. Accepted is the policy having consumed past the
+  change's record without rejecting it: the policy's consumer group has a
+  committed offset beyond the record on ``apportion.budgets`` (the policy
+  publishes, and waits for the ack of, its rejection before the record is
+  acked, so a committed offset past the record with no rejection in the log
+  means there is none). :func:`budget_verdicts`.
+* **cancel** (dispatcher): ``JobCancelled`` of the job on ``apportion.jobs``
+  (:func:`wait_job_event`).
+* **nodes** (dispatcher): the dispatcher's node read model shows the state the
+  request asks for (:func:`wait_node_state`).
+
+Exit codes used by the callers: 0 done, 1 refused or names nothing that
+exists, 2 bad input, 3 stack unreachable or the owner gave no verdict in time.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from apportion import events
+
+#: Wall seconds a change command waits for its verdict by default.
+DEFAULT_WAIT_S = 15.0
+
+#: Events after which a job is finished (nothing left to cancel).
+TERMINAL = ("JobCompleted", "JobFailed", "JobCancelled", "JobRejected")
+
+
+class Unreachable(RuntimeError):
+    """Kafka or Redis did not answer (exit 3)."""
+
+
+def is_kafka_error(exc: BaseException) -> bool:
+    """True for the exceptions kafka-python raises (they have many types)."""
+    return type(exc).__module__.startswith("kafka")
+
+
+def _consumer(bootstrap: str) -> Any:
+    from kafka import KafkaConsumer
+
+    return KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        request_timeout_ms=10_000,
+        bootstrap_timeout_ms=5_000,
+        consumer_timeout_ms=1000,
+    )
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """The partition the Kafka default partitioner (murmur2, as our producers use) gives ``key``."""
+    from kafka.partitioner.default import murmur2
+
+    return (murmur2(key.encode("utf-8")) & 0x7FFFFFFF) % partitions
+
+
+def read_partition(
+    bootstrap: str, topic: str, partition: int, start: int = 0, key: str | None = None
+) -> list[tuple[int, events.Event]]:
+    """``(offset, event)`` of one partition from ``start`` to its end offset now (only ``key``'s when given).
+
+    Raises:
+        Unreachable: Kafka did not answer.
+    """
+    from kafka import TopicPartition
+
+    want = key.encode("utf-8") if key is not None else None
+    try:
+        kc = _consumer(bootstrap)
+    except Exception as exc:
+        if is_kafka_error(exc):
+            raise Unreachable(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+        raise
+    out: list[tuple[int, events.Event]] = []
+    try:
+        tp = TopicPartition(topic, partition)
+        kc.assign([tp])
+        end = kc.end_offsets([tp])[tp]
+        if start >= end:
+            return out
+        kc.seek(tp, start)
+        deadline = time.monotonic() + 30
+        while kc.position(tp) < end and time.monotonic() < deadline:
+            for recs in kc.poll(timeout_ms=500, max_records=5000).values():
+                for rec in recs:
+                    if rec.offset >= end or (want is not None and rec.key != want):
+                        continue
+                    try:
+                        out.append((rec.offset, events.decode(rec.value)))
+                    except events.DecodeError:
+                        continue
+    finally:
+        kc.close()
+    return out
+
+
+def partitions_of(bootstrap: str, topic: str) -> int:
+    """Number of partitions of ``topic``; 0 when it does not exist (an unprovisioned namespace).
+
+    Raises:
+        Unreachable: Kafka did not answer.
+    """
+    try:
+        kc = _consumer(bootstrap)
+        try:
+            if topic not in kc.topics():
+                return 0
+            return len(kc.partitions_for_topic(topic) or ())
+        finally:
+            kc.close()
+    except Exception as exc:
+        if is_kafka_error(exc):
+            raise Unreachable(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+        raise
+
+
+def key_events(bootstrap: str, topic: str, key: str) -> list[events.Event]:
+    """Every event with record key ``key`` on ``topic`` (only its partition is read), in offset order."""
+    n = partitions_of(bootstrap, topic)
+    if n == 0:
+        return []
+    return [ev for _, ev in read_partition(bootstrap, topic, partition_of(key, n), key=key)]
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """What the log says about one job: ``unknown``, ``live`` or finished (the terminal event's type)."""
+
+    job_id: str
+    state: str
+    user: str | None = None
+    detail: str = ""
+
+
+def job_status(bootstrap: str, job_id: str) -> JobStatus:
+    """The job's status from its records on ``apportion.submissions`` and ``apportion.jobs``."""
+    from apportion.topics import JOBS, SUBMISSIONS
+
+    subs = key_events(bootstrap, SUBMISSIONS.name, job_id)
+    submitted = [e for e in subs if isinstance(e, events.JobSubmitted) and e.job_id == job_id]
+    if not submitted:
+        return JobStatus(job_id, "unknown")
+    user = submitted[0].user
+    final: events.Event | None = None
+    for ev in key_events(bootstrap, JOBS.name, job_id):
+        if getattr(ev, "job_id", None) != job_id:
+            continue
+        if ev.type in TERMINAL and getattr(ev, "replica", None) is None:
+            final = ev
+        elif ev.type in ("JobQueued", "JobRequeued"):
+            final = None
+    if final is None:
+        return JobStatus(job_id, "live", user)
+    detail = getattr(final, "reason", "") or getattr(final, "message", "")
+    return JobStatus(job_id, final.type, user, str(getattr(detail, "value", detail)))
+
+
+class JobWatcher:
+    """Waits for an event of one job on ``apportion.jobs``; open it before publishing the request.
+
+    Args:
+        bootstrap: Kafka bootstrap.
+        job_id: the job (the record key).
+        types: event type names that answer.
+    """
+
+    def __init__(self, bootstrap: str, job_id: str, types: Sequence[str]) -> None:
+        from kafka import TopicPartition
+
+        from apportion.topics import JOBS
+
+        self.job_id = job_id
+        self.types = tuple(types)
+        self._key = job_id.encode("utf-8")
+        n = partitions_of(bootstrap, JOBS.name)
+        try:
+            self._kc = _consumer(bootstrap)
+            self._tp = TopicPartition(JOBS.name, partition_of(job_id, max(n, 1)))
+            self._kc.assign([self._tp])
+            self._kc.seek_to_end(self._tp)
+            self._kc.position(self._tp)  # pin the end now, before the request is published
+        except Exception as exc:
+            if is_kafka_error(exc):
+                raise Unreachable(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+            raise
+
+    def wait(self, timeout_s: float) -> events.Event | None:
+        """The first answering event, or ``None`` after ``timeout_s`` wall seconds."""
+        end = time.monotonic() + timeout_s
+        try:
+            while (left := end - time.monotonic()) > 0:
+                for recs in self._kc.poll(timeout_ms=int(min(left, 0.5) * 1000)).values():
+                    for rec in recs:
+                        if rec.key != self._key:
+                            continue
+                        try:
+                            ev = events.decode(rec.value)
+                        except events.DecodeError:
+                            continue
+                        if ev.type in self.types and getattr(ev, "job_id", None) == self.job_id:
+                            return ev
+            return None
+        finally:
+            self._kc.close()
+
+
+# --------------------------------------------------------------------------- budgets
+
+
+def policy_group() -> str:
+    """The policy's consumer group: ``APPORTION_TOPIC_PREFIX`` + ``APPORTION_POLICY_GROUP_ID`` (default ``policy``)."""
+    import os
+
+    from apportion.topics import prefix
+
+    return prefix() + os.environ.get("APPORTION_POLICY_GROUP_ID", "policy")
+
+
+def committed_offset(bootstrap: str, group: str, topic: str, partition: int) -> int | None:
+    """The offset ``group`` has committed on ``topic[partition]`` (``None`` when it has none)."""
+    from kafka import KafkaAdminClient, TopicPartition
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    try:
+        tp = TopicPartition(topic, partition)
+        got = admin.list_group_offsets({group: [tp]}).get(group, {})
+        meta = got.get(tp)
+        return None if meta is None or meta.offset is None or meta.offset < 0 else int(meta.offset)
+    finally:
+        admin.close()
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetVerdict:
+    """The policy's answer to one published budget change.
+
+    Attributes:
+        event: the change.
+        offset: its record's offset on ``apportion.budgets`` partition 0.
+        state: ``accepted``, ``rejected`` or ``no_verdict``.
+        reason, message: from the ``BudgetRejected`` when rejected.
+    """
+
+    event: events.BudgetSet | events.BudgetRemoved
+    offset: int
+    state: str
+    reason: str = ""
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.event.path,
+            "type": self.event.type,
+            "event_id": str(self.event.event_id),
+            "offset": self.offset,
+            "verdict": self.state,
+            "reason": self.reason,
+            "message": self.message,
+        }
+
+
+def budget_verdicts(
+    bootstrap: str,
+    sent: Sequence[tuple[events.BudgetSet | events.BudgetRemoved, int]],
+    timeout_s: float,
+    *,
+    group: str | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[BudgetVerdict]:
+    """Wait (at most ``timeout_s`` wall seconds) for the policy's verdict on each ``(change, offset)``.
+
+    Polls with a bounded deadline: the committed offset of the policy's group
+    first, then the budgets log from the first change to its end, so a
+    rejection acked before that commit is always seen.
+    """
+    from apportion.topics import BUDGETS
+
+    if not sent:
+        return []
+    group = group or policy_group()
+    first = min(off for _, off in sent)
+    last = max(off for _, off in sent)
+    ids = {ev.event_id: (ev, off) for ev, off in sent}
+    rejected: dict[uuid.UUID, events.BudgetRejected] = {}
+    end = time.monotonic() + timeout_s
+    committed: int | None = None
+    while True:
+        try:
+            committed = committed_offset(bootstrap, group, BUDGETS.name, 0)
+            for _, ev in read_partition(bootstrap, BUDGETS.name, 0, start=first):
+                if isinstance(ev, events.BudgetRejected) and ev.rejected_event_id in ids:
+                    rejected[ev.rejected_event_id] = ev
+        except Exception as exc:
+            if is_kafka_error(exc):
+                raise Unreachable(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+            raise
+        if (committed is not None and committed > last) or time.monotonic() >= end:
+            break
+        sleep(0.2)
+    out = []
+    for ev, off in sent:
+        rej = rejected.get(ev.event_id)
+        if rej is not None:
+            out.append(BudgetVerdict(ev, off, "rejected", rej.reason, rej.message))
+        elif committed is not None and committed > off:
+            out.append(BudgetVerdict(ev, off, "accepted"))
+        else:
+            out.append(BudgetVerdict(ev, off, "no_verdict"))
+    return out
+
+
+# --------------------------------------------------------------------------- budget diffs and safe order
+
+
+@dataclass(frozen=True, slots=True)
+class FieldChange:
+    """One field of one budget that a file changes: ``old`` is ``None`` for a new budget."""
+
+    path: str
+    kind: str  # added, changed, removed (a budget in force but not in the file: kept, shown as such)
+    field: str
+    old: Any
+    new: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "kind": self.kind, "field": self.field, "old": self.old, "new": self.new}
+
+
+def _fields(b: Any) -> dict[str, Any]:
+    return {
+        "share": b.share,
+        "members": sorted(b.members) if b.members is not None else None,
+        "max_min_runtime_s": b.max_min_runtime_s,
+    }
+
+
+def budget_diff(current: Any, target: Any) -> list[FieldChange]:
+    """Field changes taking the budgets of ``target`` (a file's tree) from ``current`` (the tree in force).
+
+    Budgets in ``current`` but not in ``target`` are reported with kind ``kept``
+    (``budget apply`` sets what the file names and removes nothing).
+    """
+    out: list[FieldChange] = []
+    for p in target.paths():
+        new = _fields(target.get(p))
+        old_b = current.get(p)
+        if old_b is None:
+            out += [FieldChange(p, "added", f, None, v) for f, v in new.items() if v is not None or f == "share"]
+            continue
+        old = _fields(old_b)
+        for f in new:
+            if old[f] != new[f]:
+                kind = "removed" if new[f] is None else "added" if old[f] is None else "changed"
+                out.append(FieldChange(p, kind, f, old[f], new[f]))
+    for p in current.paths():
+        if p not in target:
+            out.append(FieldChange(p, "kept", "budget", _fields(current.get(p)), None))
+    return out
+
+
+def safe_order(current: Any, target: Any, now: Any) -> list[events.BudgetSet]:
+    """The ``BudgetSet`` events that take ``current`` to ``current`` + ``target``'s budgets, in an order in
+    which every step is valid on its own: shrinking shares first, then new budgets (parents first) and growing
+    ones. A file valid as a whole is then never refused half-way for a sibling sum (issue 13).
+
+    Raises:
+        apportion.domain.budgets.BudgetError: the result is invalid (a sibling outside the file makes a sum
+            exceed 1, ...): the first step that fails, nothing published.
+    """
+    shrink: list[events.BudgetSet] = []
+    grow: list[events.BudgetSet] = []
+    for p in sorted(target.paths(), key=lambda q: (q.count("/"), q)):
+        b = target.get(p)
+        old = current.get(p)
+        if old is not None and _fields(old) == _fields(b):
+            continue
+        ev = events.BudgetSet(
+            path=p,
+            share=b.share,
+            members=tuple(sorted(b.members)) if b.members is not None else None,
+            max_min_runtime_s=b.max_min_runtime_s,
+            by="cli",
+            ts=now,
+            producer="cli",
+        )
+        (shrink if old is not None and b.share <= old.share else grow).append(ev)
+    order = shrink + grow
+    tree = current
+    for ev in order:
+        tree = tree.apply(ev)
+    return order
+
+
+def restore_events(current: Any, applied: Iterable[events.BudgetSet], now: Any) -> list[events.Event]:
+    """Events that undo ``applied`` (changes accepted before one was refused), in reverse order."""
+    out: list[events.Event] = []
+    for ev in reversed(list(applied)):
+        old = current.get(ev.path)
+        if old is None:
+            out.append(events.BudgetRemoved(path=ev.path, by="cli", ts=now, producer="cli"))
+        else:
+            out.append(
+                events.BudgetSet(
+                    path=ev.path,
+                    share=old.share,
+                    members=tuple(sorted(old.members)) if old.members is not None else None,
+                    max_min_runtime_s=old.max_min_runtime_s,
+                    by="cli",
+                    ts=now,
+                    producer="cli",
+                )
+            )
+    return out
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+def wait_for(pred: Callable[[], Any], timeout_s: float, every_s: float = 0.2) -> Any:
+    """Poll ``pred`` until it returns something truthy (returned) or ``timeout_s`` passes (``None``)."""
+    end = time.monotonic() + timeout_s
+    while True:
+        got = pred()
+        if got:
+            return got
+        if time.monotonic() >= end:
+            return None
+        time.sleep(every_s)

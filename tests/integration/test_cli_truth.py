@@ -1,0 +1,447 @@
+"""Operations tell the truth (DESIGN section 11, issue 13), on a live stack started by `apportion stack up`.
+
+One stack for the module: the four services as processes (8 simulated 8-GPU nodes, as the README's) started by
+``stack up`` on the session's Kafka and Redis; the last test starts a stack of its own, Kafka and Redis included.
+Every command is run through typer's CliRunner and its exit code and message are asserted exactly; waits poll
+with bounded deadlines. The last test runs the CLI from an unrelated folder with nothing but the per-user state
+file, then `stack down`, and checks that no process it started is left.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+DEADLINE_S = 60.0
+
+
+class Stack:
+    """The module's stack and a CLI runner bound to it."""
+
+    def __init__(self, info: Any, env: dict[str, str | None]) -> None:
+        from typer.testing import CliRunner
+
+        self.info = info
+        self.env = env
+        self.runner = CliRunner()
+
+    def run(self, *args: str, code: int = 0, env: dict[str, str | None] | None = None) -> Any:
+        from apportion.cli.main import app
+
+        res = self.runner.invoke(app, list(args), env=env if env is not None else self.env)
+        assert res.exit_code == code, f"exit {res.exit_code} != {code}: {res.output}"
+        return res
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.run(*args, "--json").stdout)
+
+    def until(self, fn: Callable[[], Any], what: str) -> Any:
+        end = time.monotonic() + DEADLINE_S
+        while not (got := fn()):
+            if time.monotonic() > end:
+                pytest.fail(f"timed out after {DEADLINE_S}s waiting for {what}")
+            time.sleep(0.2)
+        return got
+
+
+def _error(res: Any) -> str:
+    """The one stderr line of a refused command."""
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def stack(kafka_bootstrap: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`stack up` of the services on the session's Kafka and Redis (a fresh namespace and Redis db)."""
+    import redis as redis_lib
+
+    from apportion.cli import stack as stack_mod
+
+    run_dir = tmp_path_factory.mktemp("stack-run")
+    state = tmp_path_factory.mktemp("xdg-state")
+    prefix = f"truth{uuid.uuid4().hex[:8]}."
+    db_url = redis_url.rsplit("/", 1)[0] + "/11"
+    redis_lib.Redis.from_url(db_url).flushdb()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_STATE_HOME", str(state))
+        for v in ("APPORTION_KAFKA_BOOTSTRAP", "APPORTION_REDIS_URL", "APPORTION_TOPIC_PREFIX", "APPORTION_STACK_DIR"):
+            mp.delenv(v, raising=False)
+        info = stack_mod.up(
+            run_dir,
+            sim_nodes=8,
+            gpus_per_node=8,
+            bootstrap=kafka_bootstrap,
+            redis_url=db_url,
+            prefix=prefix,
+            say=lambda *_: None,
+        )
+        env: dict[str, str | None] = {
+            "APPORTION_KAFKA_BOOTSTRAP": info.bootstrap,
+            "APPORTION_REDIS_URL": info.redis_url,
+            "APPORTION_TOPIC_PREFIX": prefix,
+            "XDG_STATE_HOME": str(state),
+        }
+        try:
+            yield Stack(info, env)
+        finally:
+            stack_mod.down(run_dir, say=lambda *_: None)
+
+
+@pytest.fixture(scope="module")
+def budgets(stack: Stack) -> Stack:
+    stack.run("budget", "apply", str(ROOT / "infra/budgets/example.yaml"))
+    return stack
+
+
+def _tree(stack: Stack) -> dict[str, float]:
+    return {r["path"]: r["share"] for r in stack.json("budget", "show")}
+
+
+def test_budget_set_that_overfills_the_siblings_is_refused_before_publishing(budgets: Stack) -> None:
+    res = budgets.run("budget", "set", "lab/vision", "--share", "0.7", code=1)
+    assert _error(res) == "error: refused: over_allocated: shares under 'lab' would sum to 1.3 > 1"
+    assert _tree(budgets)["lab/vision"] == 0.4
+
+
+def test_budget_set_waits_for_the_policy_and_reports_accepted(budgets: Stack) -> None:
+    doc = budgets.json("budget", "set", "lab/prior/language", "--share", "0.4")
+    [v] = doc["verdicts"]
+    assert (v["path"], v["verdict"]) == ("lab/prior/language", "accepted")
+    assert _tree(budgets)["lab/prior/language"] == 0.4
+    budgets.run("budget", "set", "lab/prior/language", "--share", "0.5")
+
+
+def test_a_change_the_policy_rejects_is_reported_as_rejected(budgets: Stack) -> None:
+    """The verdict reader on the real policy: a change published behind the CLI's back is rejected by id."""
+    from datetime import UTC, datetime
+
+    from apportion import client, events
+    from apportion.cli.verdicts import budget_verdicts
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("APPORTION_TOPIC_PREFIX", budgets.env["APPORTION_TOPIC_PREFIX"] or "")
+        ev = events.BudgetSet(path="lab/vision", share=0.9, ts=datetime.now(UTC), producer="test")
+        [offset] = client.publish(ev, bootstrap=budgets.info.bootstrap)
+        [v] = budget_verdicts(budgets.info.bootstrap, [(ev, offset)], timeout_s=DEADLINE_S)
+    assert (v.state, v.reason) == ("rejected", "over_allocated")
+    assert _tree(budgets)["lab/vision"] == 0.4
+
+
+def test_apply_of_a_file_valid_only_as_a_whole_applies_all_of_it(budgets: Stack, tmp_path: Path) -> None:
+    moved = tmp_path / "moved.yaml"
+    text = (ROOT / "infra/budgets/example.yaml").read_text()
+    moved.write_text(text.replace("lab/prior: 0.6", "lab/prior: 0.7").replace("share: 0.4", "share: 0.3"))
+    dry = budgets.run("budget", "apply", str(moved), "--dry-run")
+    assert dry.stdout.splitlines() == [
+        "  ~ lab/prior share: 0.6 -> 0.7",
+        "  ~ lab/vision share: 0.4 -> 0.3",
+        "2 budget change(s) (dry run: nothing published)",
+    ]
+    assert _tree(budgets)["lab/prior"] == 0.6  # the dry run published nothing
+    doc = budgets.json("budget", "apply", str(moved))
+    assert [(v["path"], v["verdict"]) for v in doc["verdicts"]] == [
+        ("lab/vision", "accepted"),  # shrinking first: every step is valid on its own
+        ("lab/prior", "accepted"),
+    ]
+    tree = _tree(budgets)
+    assert (tree["lab/prior"], tree["lab/vision"]) == (0.7, 0.3)
+    budgets.run("budget", "apply", str(ROOT / "infra/budgets/example.yaml"))
+    assert _tree(budgets)["lab/prior"] == 0.6
+
+
+def test_apply_rolls_back_what_the_policy_accepted_when_it_rejects_a_later_change(
+    budgets: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As if someone changed the tree between the check and the publish: the policy rejects the growing share
+    (published first here), accepts the shrinking one, and the CLI restores it: the tree in force is unchanged."""
+    from apportion.cli import verdicts
+
+    right_order = verdicts.safe_order
+    monkeypatch.setattr(verdicts, "safe_order", lambda cur, tgt, now: list(reversed(right_order(cur, tgt, now))))
+    moved = tmp_path / "moved.yaml"
+    text = (ROOT / "infra/budgets/example.yaml").read_text()
+    moved.write_text(text.replace("lab/prior: 0.6", "lab/prior: 0.7").replace("share: 0.4", "share: 0.3"))
+    res = budgets.run("budget", "apply", str(moved), code=1)
+    assert _error(res) == (
+        "error: refused by the policy: lab/prior: over_allocated: shares under 'lab' would sum to 1.1 > 1; "
+        "rolled back 1 accepted change(s)"
+    )
+    tree = _tree(budgets)
+    assert (tree["lab/prior"], tree["lab/vision"]) == (0.6, 0.4)
+
+
+def test_apply_that_cannot_fit_beside_budgets_kept_in_force_is_refused(budgets: Stack, tmp_path: Path) -> None:
+    budgets.run("budget", "set", "lab/vision/extra", "--share", "0.5")
+    f = tmp_path / "f.yaml"
+    f.write_text("budgets:\n  lab: 1.0\n  lab/vision: 0.4\n  lab/vision/a: 0.6\n")
+    res = budgets.run("budget", "apply", str(f), code=1)
+    assert _error(res) == (
+        f"error: refused: {f} against the tree in force: over_allocated: shares under 'lab/vision' would sum to 1.1 > 1"
+    )
+    assert "lab/vision/a" not in _tree(budgets)
+    budgets.run("budget", "rm", "lab/vision/extra")
+    assert "lab/vision/extra" not in _tree(budgets)
+
+
+def test_budget_rm_of_nothing_or_of_a_budget_in_use_is_refused(budgets: Stack) -> None:
+    res = budgets.run("budget", "rm", "lab/nothing", code=1)
+    assert _error(res) == "error: refused: unknown_budget: no budget 'lab/nothing'"
+    res = budgets.run("budget", "rm", "lab/prior", code=1)
+    assert _error(res).startswith("error: refused: has_children: 'lab/prior' has children")
+    budgets.run("submit", "-b", "lab/vision", "-g", "1", "-m", "1h", "--duration", "1h", "-u", "rm", "--job-id", "rm1")
+    budgets.until(lambda: budgets.json("queue", "--user", "rm"), "rm1 in the queue")
+    res = budgets.run("budget", "rm", "lab/vision", code=1)
+    assert _error(res) in (
+        "error: refused: in_use: 'lab/vision' has 1 running job(s)",
+        "error: refused: in_use: 'lab/vision' has 1 pending job(s)",
+        "error: refused: in_use: 'lab/vision' has 1 placed job(s)",
+    )
+    assert "lab/vision" in _tree(budgets)
+    budgets.run("cancel", "rm1")
+
+
+def test_submit_reports_the_dispatchers_rejection(budgets: Stack) -> None:
+    res = budgets.run(
+        "submit", "-b", "lab/prior/robotics", "-g", "1", "-m", "1h", "--duration", "1h", "-u", "mallory", code=1
+    )
+    assert _error(res).startswith("rejected: not_a_member: ")
+    res = budgets.run("submit", "-b", "lab/prior", "-g", "1", "-m", "1h", "--duration", "1h", "-u", "bob", code=1)
+    assert _error(res).startswith("rejected: not_a_leaf: ")
+
+
+def test_cancel_waits_for_the_dispatcher_and_refuses_what_is_not_there(budgets: Stack) -> None:
+    res = budgets.run("cancel", "no-such-job", code=1)
+    assert _error(res) == "error: no job no-such-job in the log"
+    budgets.run("submit", "-b", "lab/vision", "-g", "2", "-m", "1h", "--duration", "2h", "-u", "cx", "--job-id", "cx1")
+    rows = budgets.until(
+        lambda: [r for r in budgets.json("queue", "--user", "cx") if r["state"] == "running" and r["started_at"]],
+        "cx1 started",
+    )
+    assert rows[0]["position"] is None and rows[0]["started_at"] and len(rows[0]["nodes"]) == 1
+    table = budgets.run("queue", "--user", "cx").stdout
+    assert "None" not in table
+    res = budgets.run("cancel", "cx1", "--reason", "wrong data")
+    assert res.stdout.strip() == "cancelled cx1"
+    res = budgets.run("cancel", "cx1", code=1)
+    assert _error(res) == "error: job cx1 already cancelled (wrong data): nothing to cancel"
+    assert budgets.json("queue", "--user", "cx") == []
+
+
+def test_node_commands_refuse_unknown_nodes_and_show_the_reason(budgets: Stack) -> None:
+    nodes = budgets.json("nodes")
+    ids = sorted(n["node_id"] for n in nodes)
+    assert ids == [f"sim-{i}" for i in range(8)]
+    res = budgets.run("cordon", "nosuch", code=1)
+    assert _error(res) == f"error: no node nosuch (known: {', '.join(ids)})"
+    for cmd in ("drain", "undrain"):
+        assert _error(budgets.run(cmd, "nosuch", code=1)).startswith("error: no node nosuch")
+    node = ids[0]
+    res = budgets.run("drain", node, "--reason", "fan swap")
+    assert res.stdout.startswith(f"{node} is drain")
+    row = {n["node_id"]: n for n in budgets.json("nodes")}[node]
+    assert row["state"] in ("draining", "drained") and row["reason"] == "fan swap"
+    assert row["heartbeat_age_s"] is not None and row["heartbeat_age_s"] < 30
+    assert budgets.run("undrain", node).stdout.strip() == f"{node} is ready"
+    assert budgets.run("undrain", node).stdout.strip() == f"node {node} is already ready: nothing to do"
+    assert budgets.run("cordon", node, "--reason", "bios").stdout.strip() == f"cordoned {node}"
+    assert {n["node_id"]: n for n in budgets.json("nodes")}[node]["reason"] == "bios"
+    budgets.run("undrain", node)
+
+
+def test_history_lists_finished_jobs_like_sacct(budgets: Stack) -> None:
+    budgets.run("submit", "-b", "lab/vision", "-g", "2", "-m", "0", "--duration", "2s", "-u", "hx", "--job-id", "hx1")
+    rows = budgets.until(lambda: budgets.json("history", "--user", "hx"), "hx1 finished")
+    [row] = rows
+    assert (row["job_id"], row["state"], row["attempts"], row["preemptions"]) == ("hx1", "completed", 1, 0)
+    assert 1.5 <= row["run_s"] <= 10 and row["gpu_hours"] == pytest.approx(row["run_s"] * 2 / 3600)
+    assert row["wait_s"] is not None and row["wait_s"] >= 0
+    assert budgets.json("history", "--user", "hx", "--budget", "lab/prior") == []
+    assert budgets.json("history", "--user", "hx", "--since", "2999-01-01T00:00:00Z") == []
+    assert [r["job_id"] for r in budgets.json("history", "--user", "hx", "--until", "2999-01-01T00:00:00Z")] == ["hx1"]
+    assert [r["job_id"] for r in budgets.json("queue", "--all", "--user", "hx")] == ["hx1"]
+    res = budgets.run("history", "--state", "lost", code=2)
+    assert _error(res) == "error: --state must be one of completed, failed, cancelled, rejected, got 'lost'"
+
+
+def test_logs_shows_a_jobs_output(budgets: Stack) -> None:
+    budgets.run(
+        "submit", "-b", "lab/vision", "-g", "1", "-m", "0", "-u", "lx", "--job-id", "lx1",
+        "--", "sh", "-c", "echo hello from lx1; echo oops >&2",
+    )  # fmt: skip
+    budgets.until(lambda: budgets.json("history", "--user", "lx"), "lx1 finished")
+    assert budgets.run("logs", "lx1").stdout == "hello from lx1\n"
+    assert budgets.run("logs", "lx1", "--stderr").stdout == "oops\n"
+    res = budgets.run("logs", "lx1", "--attempt", "2", code=1)
+    assert _error(res) == "error: job lx1 has no attempt 2 here (attempts: 1)"
+    res = budgets.run("logs", "nobody-ran-this", code=1)
+    assert _error(res).startswith("error: no output of job nobody-ran-this (replica 0) under ")
+
+
+def test_unreachable_or_unprovisioned_stack_is_one_line_and_exit_3(stack: Stack) -> None:
+    env = dict(stack.env, APPORTION_TOPIC_PREFIX=f"never{uuid.uuid4().hex[:6]}.")
+    res = stack.run("submit", "-b", "lab/vision", "-g", "1", "-m", "0", "--duration", "1s", code=3, env=env)
+    assert "is not provisioned" in _error(res) and _error(res).startswith("error: topic ")
+    res = stack.run("queue", "--redis", "redis://127.0.0.1:1/0", code=3)
+    assert _error(res).startswith("error: cannot reach Redis at redis://127.0.0.1:1/0")
+    res = stack.run("budget", "show", "--bootstrap", "127.0.0.1:1", code=3)
+    assert _error(res).startswith("error: cannot reach Kafka at 127.0.0.1:1")
+
+
+def test_deadletter_lists_what_a_service_could_not_decode(budgets: Stack) -> None:
+    from apportion.bus.producer import EventProducer
+
+    topic = f"{budgets.env['APPORTION_TOPIC_PREFIX']}apportion.submissions"
+    with EventProducer(budgets.info.bootstrap, client_id="truth-test") as p:
+        meta = p.send_raw(topic, b"not json at all", key=b"garbage-1").get(timeout=10)
+    rows = budgets.until(
+        lambda: [r for r in budgets.json("deadletter") if r["key"] == "garbage-1"], "the dead letter of garbage-1"
+    )
+    assert (rows[0]["topic"], rows[0]["partition"], rows[0]["offset"]) == (topic, meta.partition, meta.offset)
+    assert rows[0]["error"]
+    assert [r for r in budgets.json("deadletter", "--topic", "apportion.jobs") if r["key"] == "garbage-1"] == []
+
+
+def test_top_json_is_one_frame_of_budgets_queue_head_and_nodes(budgets: Stack) -> None:
+    frame = budgets.json("top", "--head", "3")
+    assert {b["path"] for b in frame["budgets"]} >= {"lab", "lab/vision"}
+    assert len(frame["nodes"]) == 8 and isinstance(frame["queue_head"], list)
+    assert all({"pending", "running"} <= set(b) for b in frame["budgets"])
+
+
+def test_readme_using_it_block_runs_as_written(budgets: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every `apportion` line of the README's "Using it" block exits 0 on the stack `make up` starts."""
+    import re
+    import shlex
+    import subprocess
+
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"## Using it\n\n```sh\n(.*?)```", text, re.S)
+    assert block is not None
+    lines = [ln for ln in block.group(1).splitlines() if ln.strip()]
+    assert lines[0].split("#")[0].split() == ["make", "up", "SIM_NODES=8"]
+    assert lines[-1].split("#")[0].split() == ["make", "down"]
+    made = subprocess.run(["make", "-n", "up", "SIM_NODES=8"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "apportion stack up --dir .run --sim-nodes 8" in made.stdout
+    monkeypatch.chdir(ROOT)  # the block runs from the checkout (infra/budgets/example.yaml)
+    ran = 0
+    for ln in lines[1:-1]:
+        argv = shlex.split(ln, comments=True)
+        assert argv[0] == ".venv/bin/apportion", ln
+        budgets.run(*argv[1:])
+        ran += 1
+    assert ran == 11
+    gang = [r for r in budgets.json("queue", "--user", "carol") if r["replicas"] == 4]
+    assert len(gang) == 1 and gang[0]["state"] in ("pending", "placed", "running")
+    for r in budgets.json("queue", "--user", "carol"):
+        budgets.run("cancel", r["job_id"])
+
+
+def test_zz_stack_serves_any_folder_and_stops_leaving_no_process(
+    budgets: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stack = budgets
+    from apportion.cli import stack as stack_mod
+
+    elsewhere = tmp_path / "somewhere" / "else"
+    elsewhere.mkdir(parents=True)
+    monkeypatch.chdir(elsewhere)
+    bare: dict[str, str | None] = {
+        "APPORTION_KAFKA_BOOTSTRAP": None,
+        "APPORTION_REDIS_URL": None,
+        "KAFKA_BOOTSTRAP": None,
+        "REDIS_URL": None,
+        "APPORTION_TOPIC_PREFIX": None,
+        "APPORTION_STACK_DIR": None,
+        "XDG_STATE_HOME": stack.env["XDG_STATE_HOME"],
+    }
+    assert len(json.loads(stack.run("nodes", "--json", env=bare).stdout)) == 8
+    assert isinstance(json.loads(stack.run("queue", "--json", env=bare).stdout), list)
+    share = stack.until(lambda: json.loads(stack.run("share", "--json", env=bare).stdout)["budgets"], "a snapshot")
+    assert {b["path"] for b in share} >= {"lab", "lab/vision"}
+    status = stack.run("stack", "status", env=bare).stdout
+    assert f"Kafka    {stack.info.bootstrap}" in status and "metrics http://127.0.0.1:" in status
+    doc = json.loads(stack.run("stack", "status", "--json", env=bare).stdout)
+    assert (doc["kafka_bootstrap"], doc["infra"]) == (stack.info.bootstrap, "external")
+    assert sorted(doc["services"]) == ["accounting", "dispatcher", "node_agent", "policy"]
+    assert all(s["running"] and s["metrics"].startswith("http://127.0.0.1:") for s in doc["services"].values())
+    import urllib.request
+
+    with urllib.request.urlopen(doc["services"]["dispatcher"]["metrics"], timeout=10) as resp:
+        assert "apportion_dispatcher_pending_jobs" in resp.read().decode()
+    pids = dict(stack.info.pids)
+    assert sorted(pids) == sorted(stack_mod.SERVICES) and all(stack_mod.alive(p) for p in pids.values())
+    down = stack.run("stack", "down", env=bare).stdout
+    assert [ln.split(" (pid")[0] for ln in down.splitlines()][:4] == [
+        "stopped node_agent",
+        "stopped dispatcher",
+        "stopped accounting",
+        "stopped policy",
+    ]
+    assert [n for n, p in pids.items() if stack_mod.alive(p)] == []
+    assert not (stack.info.run_dir / "stack.env").exists()
+    assert not (Path(stack.env["XDG_STATE_HOME"] or "") / "apportion" / "stack.env").exists()
+    res = stack.run("stack", "status", env=bare, code=3)
+    assert _error(res).startswith("error: no stack started from")
+
+
+def test_zzz_stack_up_alone_starts_and_stops_its_own_kafka_and_redis(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`apportion stack up` with no addresses: Kafka and Redis from infra/ too; `stack down` leaves no process."""
+    from typer.testing import CliRunner
+
+    from apportion.cli import stack as stack_mod
+    from apportion.cli.main import app
+
+    run_dir = tmp_path / "run"
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    env: dict[str, str | None] = {
+        v: None
+        for v in (
+            "APPORTION_KAFKA_BOOTSTRAP",
+            "APPORTION_REDIS_URL",
+            "KAFKA_BOOTSTRAP",
+            "REDIS_URL",
+            "APPORTION_TOPIC_PREFIX",
+            "APPORTION_STACK_DIR",
+        )
+    }
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    runner = CliRunner()
+    res = runner.invoke(app, ["stack", "up", "--dir", str(run_dir), "--sim-nodes", "1"], env=env)
+    try:
+        assert res.exit_code == 0, res.output
+        assert "Kafka    127.0.0.1:" in res.stdout and "logs     " in res.stdout
+        info = stack_mod.StackInfo.read(run_dir)
+        assert info is not None and info.infra == "local"
+        infra_pids = [int((run_dir / d / f"{d}.pid").read_text()) for d in ("kafka", "redis")]
+
+        def nodes() -> list[str]:
+            res = runner.invoke(app, ["nodes", "--json"], env=env)
+            assert res.exit_code == 0, res.output
+            return [n["node_id"] for n in json.loads(res.stdout)]
+
+        end = time.monotonic() + DEADLINE_S
+        while nodes() != ["sim-0"]:
+            assert time.monotonic() < end, "sim-0 never showed in `nodes`"
+            time.sleep(0.2)
+        again = runner.invoke(app, ["stack", "up", "--dir", str(run_dir)], env=env)
+        assert again.exit_code == 0 and f"already running from {run_dir}" in again.stdout
+    finally:
+        res = runner.invoke(app, ["stack", "down"], env=env)
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines()[-1].startswith("stopped Kafka 127.0.0.1:")
+    left = [p for p in [*info.pids.values(), *infra_pids] if stack_mod.alive(p)]
+    assert left == []
