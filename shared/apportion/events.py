@@ -222,6 +222,12 @@ class Decision(_Model):
     reservation: bool = False
     policy_version: str = "fairtree-1"
     inputs: dict[str, int] | None = None
+    protection_s: float | None = None
+    """Protection the placed run gets, seconds (``cluster.protection_s``: the minimum
+    runtime grown with ``preemptions``, capped); ``None`` for unallocated jobs and
+    on decisions written before protection grew (it was then ``min_runtime_s``)."""
+    preemptions: int | None = None
+    """Times the job had been preempted before this attempt (the input of ``protection_s``)."""
 
 
 class GpuInfo(_Model):

@@ -71,7 +71,15 @@ from operator import attrgetter, itemgetter
 from typing import Any
 
 from apportion.domain.budgets import BudgetTree, ancestors_of, parent_of
-from apportion.domain.cluster import ClusterSnapshot, Node, Run, RunKey
+from apportion.domain.cluster import (
+    ClusterSnapshot,
+    Node,
+    Run,
+    RunKey,
+    protection_s,
+    work_lost_gpu_s,
+    work_ref_us,
+)
 from apportion.domain.fairshare import FairShareQueue, branches_at_lca
 from apportion.events import (
     Decision,
@@ -84,7 +92,7 @@ from apportion.events import (
     Victim,
     det_id,
 )
-from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us
+from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us, to_us
 
 __all__ = [
     "EngineConfig",
@@ -94,6 +102,7 @@ __all__ = [
     "schedule",
     "run_cycle",
     "victim_rule",
+    "order_key",
     "preempt_events",
     "start_events",
     "pending_order",
@@ -144,6 +153,9 @@ class PendingJob:
         submitted_at_us: original submission (queue order), µs UTC.
         queued_at_us: when this attempt entered the queue (reservation wait), µs UTC.
         duration_s, command: the workload, passed on to ``StartWorkload``.
+        preemptions: times the job was preempted before (``ClusterState.preemptions``),
+            the input of :func:`~apportion.domain.cluster.protection_s`.
+        progress_s: progress its last checkpoint saved, seconds (where this attempt resumes).
     """
 
     job_id: str
@@ -158,6 +170,8 @@ class PendingJob:
     gpu_model: str | None = None
     duration_s: float | None = None
     command: tuple[str, ...] | None = None
+    preemptions: int = 0
+    progress_s: float = 0.0
 
     @property
     def allocated(self) -> bool:
@@ -318,7 +332,11 @@ def preempt_events(
     by_budget: str | None = None,
     reason: str = "preempted",
 ) -> list[Event]:
-    """``JobPreempted`` for ``run`` then ``StopWorkload`` to each open replica's node."""
+    """``JobPreempted`` for ``run`` then ``StopWorkload`` to each open replica's node.
+
+    ``JobPreempted.lost_gpu_s`` is :func:`~apportion.domain.cluster.work_lost_gpu_s`
+    of the run at ``ts`` (DESIGN section 1).
+    """
     out: list[Event] = [
         JobPreempted(
             event_id=det_id("JobPreempted", run.job_id, run.attempt),
@@ -333,6 +351,7 @@ def preempt_events(
             victim=victim,
             grace_s=grace_s,
             reason=reason,
+            lost_gpu_s=work_lost_gpu_s(run, to_us(ts)),
         )
     ]
     for r in sorted(run.open_replicas):
@@ -539,27 +558,39 @@ def _branches(v: str, b: str) -> tuple[str, str, str] | None:
 
 
 #: A victim candidate on one node: ``(order, run, gpus of the run on that node)``.
-#: ``order = (allocated GPUs, unallocated GPUs, -start_us, job_id, attempt)`` of the
-#: whole run (start = ``started_at_us`` or ``placed_at_us``). It sorts exactly as the
+#: ``order = (allocated GPUs, unallocated GPUs, -ref_us, job_id, attempt)`` of the
+#: whole run (:func:`order_key`; ref = the later of start and last checkpoint). It sorts exactly as the
 #: cost (allocated GPUs, unallocated GPUs, GPU-s of work lost at ``now``, job_id,
-#: attempt): for equal GPU counts the work lost ``gpus * (now - start) / 1e6`` is
-#: strictly decreasing in start (integer µs products below 2**53 divided by 1e6 stay
+#: attempt): for equal GPU counts the work lost ``gpus * (now - ref) / 1e6`` is
+#: strictly decreasing in ref (integer µs products below 2**53 divided by 1e6 stay
 #: distinct as floats while they are below ~4.5e9 GPU-s), and it does not depend on
 #: ``now``, so an index of candidates can live across cycles. The work lost is
 #: computed from it where a plan is costed (:func:`_lost`).
 Cand = tuple[tuple[int, int, int, str, int], Run, tuple[int, ...]]
 
 
-def _order_key(run: Run) -> tuple[int, int, int, str, int]:
-    start = run.started_at_us if run.started_at_us is not None else run.placed_at_us
+def order_key(run: Run) -> tuple[int, int, int, str, int]:
+    """Victim cost order of one run (DESIGN section 3), independent of the time of asking.
+
+    ``(allocated GPUs, unallocated GPUs, -ref, job_id, attempt)`` of the whole
+    run (g * k GPUs, not only those on one node, so a gang counts as large as
+    it is), with ``ref`` = :func:`~apportion.domain.cluster.work_ref_us`, the
+    later of its start and its last checkpoint: for equal GPUs, a later ref
+    is less work lost, at any ``now >= ref``.
+    """
+    ref = work_ref_us(run)
     gpus = run.gpus_per_replica * run.replicas
     if run.allocated:
-        return (gpus, 0, -start, run.job_id, run.attempt)
-    return (0, gpus, -start, run.job_id, run.attempt)
+        return (gpus, 0, -ref, run.job_id, run.attempt)
+    return (0, gpus, -ref, run.job_id, run.attempt)
+
+
+_order_key = order_key  # (the old private name, used by tests)
 
 
 def _lost(order: tuple[int, int, int, str, int], now: Micros) -> float:
-    """GPU-seconds of work lost at ``now`` by preempting the run with this order key."""
+    """GPU-seconds of work lost at ``now`` by preempting the run with this order key
+    (= :func:`~apportion.domain.cluster.work_lost_gpu_s` of the run, for ``now >= ref``)."""
     return (order[0] + order[1]) * (now + order[2]) / 1e6
 
 
@@ -927,7 +958,9 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         mkey = leaf if model is None else leaf + "\x00" + model
         if nodes is not None:
             placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
-            _emit_placed(out, job, placements, (), leaf, rank, budget_rank, ratio(leaf), holds_reservation, ts, cfg)
+            _emit_placed(
+                out, job, placements, (), leaf, rank, budget_rank, ratio(leaf), holds_reservation, ts, cfg, tree
+            )
             out.extend(start_events(job.job_id, job.attempt, placements, ts, job.duration_s, job.command, cfg.producer))
         elif (
             cfg.preemption
@@ -952,7 +985,18 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                     )
                     vics.append(vic)
                 _emit_placed(
-                    out, job, placements, tuple(vics), leaf, rank, budget_rank, ratio(leaf), holds_reservation, ts, cfg
+                    out,
+                    job,
+                    placements,
+                    tuple(vics),
+                    leaf,
+                    rank,
+                    budget_rank,
+                    ratio(leaf),
+                    holds_reservation,
+                    ts,
+                    cfg,
+                    tree,
                 )
                 nodes = [p.node_id for p in placements]
         elif not cfg.preemption:
@@ -1036,7 +1080,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                     break
                 continue
             placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
-            _emit_placed(out, job, placements, (), leaf, rank, budget_rank, r_leaf, False, ts, cfg)
+            _emit_placed(out, job, placements, (), leaf, rank, budget_rank, r_leaf, False, ts, cfg, tree)
             out.extend(start_events(job.job_id, job.attempt, placements, ts, job.duration_s, job.command, cfg.producer))
     return res
 
@@ -1215,7 +1259,15 @@ def _emit_placed(
     reservation: bool,
     ts: Any,
     cfg: EngineConfig,
+    tree: BudgetTree | None = None,
 ) -> None:
+    """Append the ``JobPlaced`` of ``job``. With ``tree`` its decision records the
+    protection (:func:`protection_s` of the job's preemptions, capped by the budget's
+    ``max_min_runtime`` and ``W / 4``); without (baseline policies), none: the
+    protection is then the minimum runtime."""
+    protection = None
+    if job.min_runtime_s > 0 and tree is not None:
+        protection = protection_s(job.min_runtime_s, job.preemptions, tree.max_min_runtime_s(job.budget), cfg.window_s)
     out.append(
         JobPlaced(
             event_id=det_id("JobPlaced", job.job_id, job.attempt),
@@ -1238,6 +1290,8 @@ def _emit_placed(
                 victims=victims,
                 reservation=reservation,
                 policy_version=cfg.policy_version,
+                protection_s=protection,
+                preemptions=job.preemptions if protection is not None else None,
             ),
         )
     )
@@ -1431,11 +1485,11 @@ def _plan(
             if run.key not in picked:
                 # the rule that allowed it: unallocated, or behind at the LCA (behind_of's facts)
                 rule = ("expired_behind", *behind[run.budget]) if run.allocated else _UNALLOC_RULE  # type: ignore[index]
-                picked[run.key] = (run, _victim(run, *rule))
+                picked[run.key] = (run, _victim(run, now, *rule))
     return tuple(placements), [picked[key] for key in sorted(picked)]
 
 
-def _victim(run: Run, rule: str, lca: str | None, rv: float | None, rb: float | None) -> Victim:
+def _victim(run: Run, now: Micros, rule: str, lca: str | None, rv: float | None, rb: float | None) -> Victim:
     until = run.protected_until_us
     return Victim(
         job_id=run.job_id,
@@ -1448,4 +1502,5 @@ def _victim(run: Run, rule: str, lca: str | None, rv: float | None, rb: float | 
         lca=lca,
         victim_ratio=rv,
         preemptor_ratio=rb,
+        lost_gpu_s=work_lost_gpu_s(run, now),
     )  # type: ignore[arg-type]
