@@ -190,6 +190,9 @@ class Victim(_Model):
     preemptor_ratio: float | None = None
     lost_gpu_s: float | None = None
     """Work the victim loses (GPU-seconds since its last checkpoint): a cost term of DESIGN section 3."""
+    preemptor_ratio_after: float | None = None
+    """r of the preemptor's branch with the job's provisional charge: the after-move test of
+    DESIGN section 3 requires it to be <= ``victim_ratio`` (``None`` for rule ``unallocated``)."""
 
 
 class Decision(_Model):

@@ -159,3 +159,89 @@ def test_cold_start_splits_by_unequal_shares():
         w.job(f"a{i}", "lab/a", submitted=h(1) + i).job(f"b{i}", "lab/b", submitted=h(1) + i)
     got = placed_jobs(w.cycle())
     assert Counter(j[0] for j in got) == {"a": 6, "b": 2}
+
+
+# ---------------------------------------------------------------- loop-free preemption (DESIGN section 3)
+
+
+def test_same_cycle_reversal_is_refused():
+    """K = 1e5: E_a = E_b = 5e4. r_a = 0.5 (O 25,000), r_b = 1.0 (O 50,000). delta 0.05.
+
+    n0 (4 GPUs): bx, b's expired 4-GPU run; n1 (4): ax, a's expired 4-GPU run; n2: 2 free GPUs.
+    a's queue: a1 (4 GPUs, 60 s: charge 240), a2 (2 GPUs, 20 h: charge 144,000). b's: b1 (4, 60 s).
+
+    1. a1 (r_a 0.5 first): no 4 free GPUs; bx is behind (1.0 >= 0.55) and after the move
+       r_a = 25,240 / 5e4 = 0.5048 <= 1.0: a1 preempts bx. r_a = 0.5048.
+    2. a2 (r_a still lowest) fits n2: r_a = 169,240 / 5e4 = 3.3848.
+    3. b1 (r_b 1.0 now lowest): ax is behind by 2.38 and r_b after = 1.0048 <= 3.3848, but the
+       cycle already preempted b's work for a: b1 must not take a's work back. It waits.
+    """
+    w = (
+        World(capacity=1e5)
+        .node("n0", 4)
+        .node("n1", 4)
+        .node("n2", 2)
+        .run("bx", "lab/b", {"n0": (0, 1, 2, 3)}, min_runtime_s=60)
+        .run("ax", "lab/a", {"n1": (0, 1, 2, 3)}, min_runtime_s=60)
+        .job("a1", "lab/a", 4, min_runtime_s=60, submitted=h(1))
+        .job("a2", "lab/a", 2, min_runtime_s=20 * 3600, submitted=h(2))
+        .job("b1", "lab/b", 4, min_runtime_s=60, submitted=h(1))
+    )
+    w.occupancy = {"lab/a": 25_000.0, "lab/b": 50_000.0, "lab": 75_000.0}
+    res = w.cycle()
+    assert preempted(res) == ["bx<-a1"]
+    assert placements(res) == ["a1@n0[0, 1, 2, 3]", "a2@n2[0, 1]"]
+    (vic,) = next(e for e in res.events if isinstance(e, ev.JobPlaced) and e.job_id == "a1").decision.victims
+    assert (vic.victim_ratio, vic.preemptor_ratio) == (1.0, 0.5)
+    assert abs(vic.preemptor_ratio_after - 0.5048) < 1e-12
+
+
+def test_a_move_that_would_put_the_preemptor_ahead_is_refused():
+    """The issue's two-job swap, one cycle: one 8-GPU node, a and b at 0.5, K = 8 GPUs x 1 h.
+
+    b's 8-GPU job has run the whole hour (O_b = 28,800, r_b = 2.0); a has nothing (r_a = 0).
+    a's 8-GPU job with min_runtime 60 s charges 480: r_a after = 480 / 14,400 = 0.0333 <= 2.0,
+    so it may take the node. With min_runtime 2 h it would charge 57,600: r_a after = 4.0 >
+    2.0 - a's job would put a further ahead than b is now: refused.
+    """
+    for min_rt, expected in ((60.0, ["bx<-j"]), (7200.0, [])):
+        w = World(capacity=28_800.0).node("n0", 8).run("bx", "lab/b", {"n0": tuple(range(8))}, min_runtime_s=60)
+        w.job("j", "lab/a", 8, min_runtime_s=min_rt)
+        w.occupancy = {"lab/b": 28_800.0, "lab": 28_800.0}
+        assert preempted(w.cycle()) == expected, min_rt
+
+
+def test_a_gang_is_not_preempted_whole_for_a_small_job_when_another_victim_exists():
+    """a (r 0) needs 1 GPU; b is far ahead (r 10) and has two expired runs:
+
+    * G, a 2 x 8 gang on n0 + n1, started at 5 h;
+    * s, a single 8-GPU run on n2, started at 0 h (more work lost per GPU than G's replica).
+
+    The cost counts a victim's whole run: G costs 16 allocated GPUs, s 8, so s goes. (Counting
+    only a victim's GPUs on the node, both would cost 8 and G, which lost less per node, would go.)
+    Without s, G is the only victim and is preempted.
+    """
+    for with_s, expected in ((True, ["s<-j"]), (False, ["G<-j"])):
+        w = World(capacity=10_000.0).node("n0", 8).node("n1", 8).node("n2", 8)
+        w.run("G", "lab/b", {"n0": tuple(range(8)), "n1": tuple(range(8))}, min_runtime_s=60, started=h(5))
+        if with_s:
+            w.run("s", "lab/b", {"n2": tuple(range(8))}, min_runtime_s=60, started=h(0))
+        else:
+            w.run("t", "lab/a", {"n2": tuple(range(8))}, min_runtime_s=1e9)  # n2 busy and protected
+        w.job("j", "lab/a", 1, min_runtime_s=60)
+        w.occupancy = {"lab/b": 50_000.0, "lab": 50_000.0}
+        assert preempted(w.cycle()) == expected, with_s
+
+
+def test_the_victim_with_the_least_work_lost_since_its_checkpoint_goes_first():
+    """Two expired 4-GPU runs of b, both started at 0 h; only y checkpointed (at 9 h 50 min).
+    Work lost at 10 h: x 4 * 36,000 = 144,000 GPU-s, y 4 * 600 = 2,400: y goes."""
+    w = World(capacity=10_000.0).node("n0", 4).node("n1", 4)
+    w.run("x", "lab/b", {"n0": (0, 1, 2, 3)}, min_runtime_s=60)
+    w.run("y", "lab/b", {"n1": (0, 1, 2, 3)}, min_runtime_s=60, checkpoint=h(10) - 600_000_000)
+    w.job("j", "lab/a", 4, min_runtime_s=60)
+    w.occupancy = {"lab/b": 50_000.0, "lab": 50_000.0}
+    res = w.cycle()
+    assert preempted(res) == ["y<-j"]
+    pre = next(e for e in res.events if isinstance(e, ev.JobPreempted))
+    assert pre.lost_gpu_s == 2400.0 and pre.victim.lost_gpu_s == 2400.0

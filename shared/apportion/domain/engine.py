@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import islice
 from operator import attrgetter, itemgetter
-from typing import Any
+from typing import Any, Protocol
 
 from apportion.domain.budgets import BudgetTree, ancestors_of, parent_of
 from apportion.domain.cluster import (
@@ -102,6 +102,12 @@ __all__ = [
     "schedule",
     "run_cycle",
     "victim_rule",
+    "branch_rule",
+    "VictimVerdict",
+    "ShareView",
+    "charge_of",
+    "RULE_UNALLOCATED",
+    "RULE_EXPIRED_BEHIND",
     "order_key",
     "preempt_events",
     "start_events",
@@ -258,40 +264,170 @@ def schedule(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | Non
 # --------------------------------------------------------------------------- rules
 
 
-def victim_rule(
-    run: Run, preemptor_leaf: str, now_us: Micros, ratio: Any, delta: float
-) -> tuple[str, str | None, float | None, float | None] | None:
-    """Whether ``run`` may be preempted for a job of ``preemptor_leaf`` (DESIGN section 3).
+#: Rule ids of :func:`victim_rule` (DESIGN section 3). The two that allow a preemption:
+RULE_UNALLOCATED = "unallocated"
+"""Candidate class 1: an unallocated run (any budget), preemptible at any time."""
+RULE_EXPIRED_BEHIND = "expired_behind"
+"""Candidate class 2: an allocated run past its protection whose branch is behind by delta."""
+#: ... and the refusals, first that applies in this order:
+REFUSED_STOPPING = "stopping"
+REFUSED_PROTECTED = "protected"
+REFUSED_SAME_LEAF = "same_leaf"
+REFUSED_ONE_LINE = "one_line"
+REFUSED_REVERSAL = "same_cycle_reversal"
+REFUSED_NOT_BEHIND = "not_behind"
+REFUSED_AFTER_MOVE = "after_move_inversion"
+ALLOWING_RULES = frozenset({RULE_UNALLOCATED, RULE_EXPIRED_BEHIND})
+
+Move = tuple[str, str, str]
+"""A preemption of work of one branch for another, ``(lca, victim_branch, preemptor_branch)``."""
+
+
+class ShareView(Protocol):
+    """The one view of r a cycle decides on (:class:`~apportion.domain.fairshare.FairShareQueue`).
+
+    Both methods include every provisional charge of the cycle so far, for
+    every budget (DESIGN section 3: "the r of both branches includes the
+    same in-cycle provisional charges").
+    """
+
+    def ratio(self, path: str) -> float:
+        """r of ``path`` now."""
+        ...
+
+    def ratio_after(self, path: str, gpu_s: float) -> float:
+        """r of ``path`` with ``gpu_s`` more GPU-seconds of occupancy."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class VictimVerdict:
+    """What :func:`victim_rule` says about one run.
+
+    Attributes:
+        rule: a rule id: :data:`RULE_UNALLOCATED` or :data:`RULE_EXPIRED_BEHIND`
+            when allowed, else the refusal (``REFUSED_*``).
+        lca: lowest common ancestor of the two leaves (allocated runs of
+            another line of the tree only).
+        victim_ratio, preemptor_ratio: r of the victim's and the preemptor's
+            branch at the LCA, with the cycle's provisional charges.
+        preemptor_ratio_after: the preemptor's branch r with the job charged.
+    """
+
+    rule: str
+    lca: str | None = None
+    victim_ratio: float | None = None
+    preemptor_ratio: float | None = None
+    preemptor_ratio_after: float | None = None
+
+    @property
+    def allowed(self) -> bool:
+        """True for :data:`RULE_UNALLOCATED` and :data:`RULE_EXPIRED_BEHIND`."""
+        return self.rule in ALLOWING_RULES
+
+
+def branch_rule(
+    lca: str,
+    victim_branch: str,
+    preemptor_branch: str,
+    view: ShareView,
+    delta: float,
+    charge_gpu_s: float,
+    moves: frozenset[Move] | set[Move] = frozenset(),
+) -> tuple[str, float, float, float]:
+    """The branch comparison of DESIGN section 3's rule 2, at the LCA: ``(rule id, r_V, r_B, r_B_after)``.
+
+    Allowed (:data:`RULE_EXPIRED_BEHIND`) when all hold, in this order of
+    refusal:
+
+    1. no same-cycle reversal: the cycle has not already preempted work of
+       the preemptor's branch for the victim's (``(lca, preemptor_branch,
+       victim_branch)`` not in ``moves``) -> else :data:`REFUSED_REVERSAL`;
+    2. hysteresis: ``r_V >= r_B + delta`` -> else :data:`REFUSED_NOT_BEHIND`;
+    3. after the move the preemptor's branch is not ahead of the victim's:
+       ``r_B_after <= r_V``, with ``r_B_after`` the preemptor's branch r with
+       the job's provisional charge ``charge_gpu_s`` added (Kueue's
+       LessThanOrEqualToFinalShare; the victim's past occupancy stays in the
+       window, so "V without the victim" is ``r_V``) -> else
+       :data:`REFUSED_AFTER_MOVE`.
+
+    Every r comes from ``view``: the same provisional charges on both sides.
+    With 2 and 3 the pair cannot swap back in the cycle on its own (B, once
+    charged, is at most at V's r, and charges only grow); 1 forbids it when
+    B's later placements on free GPUs would otherwise push it past V + delta.
 
     Args:
-        run: the candidate run.
-        preemptor_leaf: leaf budget B of the job to place.
-        now_us: cycle time, µs.
-        ratio: callable path -> current r (with provisional charges).
-        delta: hysteresis.
+        lca: the lowest common ancestor.
+        victim_branch, preemptor_branch: the children of ``lca`` on each path.
+        view: the cycle's ratios.
+        delta: hysteresis (``EngineConfig.delta``).
+        charge_gpu_s: the job's provisional charge ``g * k * min(min_runtime, W)``, GPU-s.
+        moves: this cycle's preemptions of allocated work so far.
+    """
+    rv = view.ratio(victim_branch)
+    rb = view.ratio(preemptor_branch)
+    if (lca, preemptor_branch, victim_branch) in moves:
+        return (REFUSED_REVERSAL, rv, rb, rb)
+    if not rv >= rb + delta:
+        return (REFUSED_NOT_BEHIND, rv, rb, rb)
+    after = view.ratio_after(preemptor_branch, charge_gpu_s)
+    if after > rv:
+        return (REFUSED_AFTER_MOVE, rv, rb, after)
+    return (RULE_EXPIRED_BEHIND, rv, rb, after)
 
-    Returns:
-        ``(rule, lca, victim_ratio, preemptor_ratio)`` when allowed:
-        ``("unallocated", None, None, None)`` for an unallocated run;
-        ``("expired_behind", lca, r_v, r_b)`` for an allocated run whose
-        protection has expired and whose branch at the LCA has
-        ``r_v >= r_b + delta``. ``None`` when not allowed: stopping,
-        protected, same leaf, on one line of the tree, or not behind.
+
+def victim_rule(
+    run: Run,
+    preemptor_leaf: str,
+    now_us: Micros,
+    view: ShareView,
+    delta: float,
+    charge_gpu_s: float = 0.0,
+    moves: frozenset[Move] | set[Move] = frozenset(),
+) -> VictimVerdict:
+    """May ``run`` be preempted for a job of ``preemptor_leaf``? DESIGN section 3, candidates 1 and 2.
+
+    The one home of the candidate rule: the engine's search takes its
+    expired-behind leaves from :func:`branch_rule` (which this calls) and
+    every victim it picks is checked by this function, whose verdict is the
+    audit record (:class:`~apportion.events.Victim`).
+
+    In order: a stopping run never (:data:`REFUSED_STOPPING`); an
+    unallocated run always (:data:`RULE_UNALLOCATED`); an allocated run
+    not while protected, ``now_us < started_at + protection``
+    (:data:`REFUSED_PROTECTED`: at exactly the end it may go), never of the
+    same leaf (:data:`REFUSED_SAME_LEAF`) or of an ancestor or descendant
+    path (:data:`REFUSED_ONE_LINE`), else as :func:`branch_rule` says at the
+    LCA.
+
+    Args:
+        run: the candidate.
+        preemptor_leaf: leaf budget B of the job J to place.
+        now_us: cycle event time, µs UTC.
+        view: the cycle's ratios (with provisional charges).
+        delta: hysteresis.
+        charge_gpu_s: J's provisional charge, GPU-seconds.
+        moves: this cycle's preemptions so far (:data:`Move`).
     """
     if run.stopping:
-        return None
+        return VictimVerdict(REFUSED_STOPPING)
     if not run.allocated:
-        return ("unallocated", None, None, None)
-    if run.protected(now_us) or run.budget == preemptor_leaf:
-        return None
-    try:
-        lca, vb, bb = branches_at_lca(run.budget, preemptor_leaf)
-    except ValueError:
-        return None
-    rv, rb = ratio(vb), ratio(bb)
-    if rv >= rb + delta:
-        return ("expired_behind", lca, rv, rb)
-    return None
+        return VictimVerdict(RULE_UNALLOCATED)
+    if run.protected(now_us):
+        return VictimVerdict(REFUSED_PROTECTED)
+    if run.budget == preemptor_leaf:
+        return VictimVerdict(REFUSED_SAME_LEAF)
+    br = _branches(run.budget, preemptor_leaf)
+    if br is None:
+        return VictimVerdict(REFUSED_ONE_LINE)
+    lca, vb, bb = br
+    rule, rv, rb, after = branch_rule(lca, vb, bb, view, delta, charge_gpu_s, moves)
+    return VictimVerdict(rule, lca, rv, rb, after)
+
+
+def charge_of(g: int, k: int, min_runtime_s: float, window_s: float) -> float:
+    """Provisional charge of a placed allocated job, GPU-seconds: ``g * k * min(min_runtime, W)`` (DESIGN section 2)."""
+    return float(g * k) * min(min_runtime_s, window_s)
 
 
 def start_events(
@@ -736,17 +872,29 @@ class _Victims:
     the snapshot's runs.
     """
 
-    __slots__ = ("unalloc", "expired", "taken", "behind", "under", "u_opts", "u_seen", "_now", "_exp_runs")
+    __slots__ = (
+        "unalloc",
+        "expired",
+        "taken",
+        "behind",
+        "under",
+        "u_opts",
+        "u_seen",
+        "narrowed",
+        "_now",
+        "_exp_runs",
+    )
 
     def __init__(self, cluster: ClusterSnapshot, now: Micros, index: VictimIndex | None = None) -> None:
         if index is None:
             index = VictimIndex.build(cluster.runs)
         self.unalloc: dict[str, list[Cand]] = index.unalloc  # read only
         self.taken: set[RunKey] = set()
-        self.behind: dict[str, tuple[int, dict[str, tuple[str, float, float]]]] = {}
+        self.behind: dict[str, tuple[int, float, dict[str, tuple[str, float, float, float]], bool]] = {}
         self.under: dict[str, list[str]] | None = None
         self.u_opts: dict[tuple[int, str | None], dict[str, tuple]] = {}
         self.u_seen: dict[tuple[int, str | None], int] = {}  # position in the free index's log
+        self.narrowed = False  # set by _plan: its last search depended on the job's charge
         self._now = now
         exp: dict[str, list[tuple[Micros, RunKey, Run]]] = {}
         for leaf, lst in index.alloc.items():
@@ -771,19 +919,35 @@ class _Victims:
         return by_node
 
     def behind_of(
-        self, leaf: str, ratio: Any, delta: float, epoch: int, tree: BudgetTree | None = None
-    ) -> dict[str, tuple[str, float, float]]:
-        """Leaves whose expired runs ``leaf`` may preempt: V -> (lca, r_V branch, r_B branch).
+        self,
+        leaf: str,
+        view: ShareView,
+        delta: float,
+        epoch: int,
+        tree: BudgetTree | None = None,
+        charge_gpu_s: float = 0.0,
+        moves: frozenset[Move] | set[Move] = frozenset(),
+    ) -> tuple[dict[str, tuple[str, float, float, float]], bool]:
+        """Leaves whose expired runs ``leaf`` may preempt, by :func:`branch_rule`.
+
+        Returns ``({V: (lca, r_V branch, r_B branch, r_B branch after)},
+        narrowed)``; ``narrowed`` is True when the after-move test
+        (:data:`REFUSED_AFTER_MOVE`) left out a leaf that is behind by
+        delta, i.e. when the answer depends on ``charge_gpu_s``.
 
         Walks up from ``leaf``: at each ancestor A (parent P), every sibling
-        S of A with expired runs beneath is compared once, ``r(S) >= r(A) +
-        delta``, and decides for all leaves under S (their LCA with ``leaf``
-        is P). Recomputed when ``epoch`` (the cycle's charge count) moved on.
+        S of A with expired runs beneath is judged once by
+        ``branch_rule(P, S, A, ...)``, which decides for all leaves under S
+        (their LCA with ``leaf`` is P). Without ``tree``, each leaf with
+        expired runs is judged on its own (the same answer; tested).
+        Recomputed when ``epoch`` (the cycle's charge count; ``moves`` only
+        grow with a charge) or the charge moved on.
         """
         hit = self.behind.get(leaf)
-        if hit is not None and hit[0] == epoch:
-            return hit[1]
-        out: dict[str, tuple[str, float, float]] = {}
+        if hit is not None and hit[0] == epoch and hit[1] == charge_gpu_s:
+            return hit[2], hit[3]
+        out: dict[str, tuple[str, float, float, float]] = {}
+        narrowed = False
         if tree is None:
             for v in self.expired:
                 if v == leaf:
@@ -792,28 +956,29 @@ class _Victims:
                 if br is None:
                     continue
                 lca, vb, bb = br
-                rv, rb = ratio(vb), ratio(bb)
-                if rv >= rb + delta:
-                    out[v] = (lca, rv, rb)
+                rule, rv, rb, after = branch_rule(lca, vb, bb, view, delta, charge_gpu_s, moves)
+                if rule == RULE_EXPIRED_BEHIND:
+                    out[v] = (lca, rv, rb, after)
+                elif rule == REFUSED_AFTER_MOVE:
+                    narrowed = True
         else:
             under = self._under()
             for a in ancestors_of(leaf):
                 par = parent_of(a)
-                ra = None
                 for sib in tree.children(par):
                     if sib == a:
                         continue
                     vs = under.get(sib)
                     if not vs:
                         continue
-                    if ra is None:
-                        ra = ratio(a)
-                    rs = ratio(sib)
-                    if rs >= ra + delta:
+                    rule, rs, ra, after = branch_rule(par, sib, a, view, delta, charge_gpu_s, moves)
+                    if rule == RULE_EXPIRED_BEHIND:
                         for v in vs:
-                            out[v] = (par, rs, ra)
-        self.behind[leaf] = (epoch, out)
-        return out
+                            out[v] = (par, rs, ra, after)
+                    elif rule == REFUSED_AFTER_MOVE:
+                        narrowed = True
+        self.behind[leaf] = (epoch, charge_gpu_s, out, narrowed)
+        return out, narrowed
 
     def _under(self) -> dict[str, list[str]]:
         """Budget path -> leaves below it (itself included) that hold expired runs."""
@@ -873,8 +1038,10 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
     victims: _Victims | None = None
     out = res.events
     free_fail: dict[str | None, list[tuple[int, int]]] = {}
-    # leaf -> (failed shapes, charges at record time, own charges at record time)
-    pre_fail: dict[str, tuple[list[tuple[int, int]], int, int]] = {}
+    # leaf -> (shapes failed for any charge, charges at record time, own charges at record time,
+    #          (g, k, charge) failed for charges of at least that much)
+    pre_fail: dict[str, tuple[list[tuple[int, int]], int, int, list[tuple[int, int, float]]]] = {}
+    moves: set[Move] = set()  # this cycle's preemptions of allocated work (no same-cycle reversal)
     charges = 0
     own_charges: dict[str, int] = {}
     floors: dict[tuple[str, int], tuple[int, int]] = {}
@@ -883,22 +1050,34 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
     rank = -1
     ratio = queue.ratio
 
-    def pre_failed(leaf: str, g: int, k: int) -> bool:
+    def pre_failed(leaf: str, g: int, k: int, charge: float | None = None) -> bool:
+        """Known to fail: a search of a shape <= (g, k) failed for any charge, or (with ``charge``)
+        for a charge <= this one (the after-move test only gets stricter as the charge grows)."""
         ent = pre_fail.get(leaf)
         if ent is None:
             return False
-        shapes, c0, o0 = ent
+        shapes, c0, o0, charged = ent
         if charges - c0 != own_charges.get(leaf, 0) - o0:
             del pre_fail[leaf]  # another leaf was charged since: stale
             return False
-        return _dominated(shapes, g, k)
+        if _dominated(shapes, g, k):
+            return True
+        if charge is None or not charged:
+            return False
+        for fg, fk, fc in charged:
+            if fg <= g and fk <= k and fc <= charge:
+                return True
+        return False
 
-    def record_pre_fail(leaf: str, g: int, k: int) -> None:
+    def record_pre_fail(leaf: str, g: int, k: int, charge: float | None = None) -> None:
+        """Remember a failed search; ``charge``: it failed only for charges of at least this much."""
         ent = pre_fail.get(leaf)
         if ent is None or charges - ent[1] != own_charges.get(leaf, 0) - ent[2]:
-            pre_fail[leaf] = ([(g, k)], charges, own_charges.get(leaf, 0))
-        else:
+            ent = pre_fail[leaf] = ([], charges, own_charges.get(leaf, 0), [])
+        if charge is None:
             ent[0].append((g, k))
+        else:
+            ent[3].append((g, k, charge))
 
     def floor_shape(leaf: str, lo: int, hi: int) -> tuple[int, int]:
         """Smallest g and smallest k in pending[leaf][lo:hi]: a lower bound of any job left there."""
@@ -964,20 +1143,28 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
             out.extend(start_events(job.job_id, job.attempt, placements, ts, job.duration_s, job.command, cfg.producer))
         elif (
             cfg.preemption
-            and not (mkey in pre_fail and pre_failed(mkey, g, k))
-            and (model is None or not (leaf in pre_fail and pre_failed(leaf, g, k)))
+            and not (mkey in pre_fail and pre_failed(mkey, g, k, charge_of(g, k, job.min_runtime_s, cfg.window_s)))
+            and (
+                model is None
+                or not (leaf in pre_fail and pre_failed(leaf, g, k, charge_of(g, k, job.min_runtime_s, cfg.window_s)))
+            )
         ):
             if victims is None:
                 victims = _Victims(cluster, now_us, snapshot.victims)
             res.searches += 1
-            plan = _plan(job, leaf, free, victims, now_us, ratio, cfg.delta, charges, tree)
+            charge = charge_of(g, k, job.min_runtime_s, cfg.window_s)
+            plan = _plan(job, leaf, free, victims, now_us, queue, cfg.delta, charges, tree, charge, moves)
             if plan is None:
-                record_pre_fail(mkey, g, k)
+                record_pre_fail(mkey, g, k, charge if victims.narrowed else None)
             else:
                 placements, chosen = plan
                 vics = []
                 for run, vic in chosen:
                     victims.taken.add(run.key)
+                    if vic.rule == RULE_EXPIRED_BEHIND:
+                        br = _branches(run.budget, leaf)
+                        if br is not None:
+                            moves.add(br)
                     out.extend(
                         preempt_events(
                             run, ts, cfg.grace_s, cfg.producer, victim=vic, by_job_id=job.job_id, by_budget=leaf
@@ -1002,7 +1189,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         elif not cfg.preemption:
             record_pre_fail(mkey, g, k)
         if nodes is not None:
-            queue.charge(leaf, float(g * k) * min(job.min_runtime_s, cfg.window_s))
+            queue.charge(leaf, charge_of(g, k, job.min_runtime_s, cfg.window_s))
             charges += 1
             own_charges[leaf] = own_charges.get(leaf, 0) + 1
             continue
@@ -1330,21 +1517,26 @@ def _reservation_nodes(free: _Free, g: int, k: int, model: str | None) -> list[s
     return out
 
 
-_UNALLOC_RULE = ("unallocated", None, None, None)
-
-
 def _plan(
     job: PendingJob,
     leaf: str,
     free: _Free,
     victims: _Victims,
     now: Micros,
-    ratio: Any,
+    ratio: ShareView | Callable[[str], float],
     delta: float,
     epoch: int = 0,
     tree: BudgetTree | None = None,
+    charge_gpu_s: float = 0.0,
+    moves: frozenset[Move] | set[Move] = frozenset(),
 ) -> tuple[tuple[Placement, ...], list[tuple[Run, Victim]]] | None:
     """Least-cost preemption plan for allocated ``job`` of ``leaf``, or ``None`` (DESIGN section 3).
+
+    ``ratio`` is the cycle's :class:`ShareView` (or a plain ``path -> r``
+    callable, for which a charge changes no r: the baselines). After the
+    call, ``victims.narrowed`` tells whether the expired-behind candidates
+    depended on the job's charge (see :meth:`_Victims.behind_of`): a failure
+    then says nothing about a job with a smaller charge.
 
     Cost of a set: (allocated GPUs, unallocated GPUs, GPU-s of work lost),
     lexicographic. Any node that needs no allocated victim is cheaper than
@@ -1358,6 +1550,8 @@ def _plan(
     victims with their :class:`Victim` audit records; the free index is
     updated (J's GPUs taken) when a plan is returned.
     """
+    view: ShareView = ratio if hasattr(ratio, "ratio_after") else _CallableView(ratio)  # type: ignore[arg-type,assignment]
+    victims.narrowed = False
     g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
     taken = victims.taken
     fmodel, fcount, reserved, ffree = free.model, free.count, free.reserved, free.free
@@ -1439,7 +1633,7 @@ def _plan(
                         options.append(((0, 0, 0.0), nid, []))
     behind = None
     if len(options) < k:
-        behind = victims.behind_of(leaf, ratio, delta, epoch, tree)
+        behind, victims.narrowed = victims.behind_of(leaf, view, delta, epoch, tree, charge_gpu_s, moves)
         if not behind:
             return None
         per_node: dict[str, list] = {}
@@ -1483,13 +1677,26 @@ def _plan(
         for x in chosen:
             run = x[1]
             if run.key not in picked:
-                # the rule that allowed it: unallocated, or behind at the LCA (behind_of's facts)
-                rule = ("expired_behind", *behind[run.budget]) if run.allocated else _UNALLOC_RULE  # type: ignore[index]
-                picked[run.key] = (run, _victim(run, now, *rule))
+                verdict = victim_rule(run, leaf, now, view, delta, charge_gpu_s, moves)
+                if not verdict.allowed:  # the search and the rule disagree: a bug, never a decision
+                    raise AssertionError(f"victim {run.key} of {leaf}'s plan refused by victim_rule: {verdict}")
+                picked[run.key] = (run, _victim(run, now, verdict))
     return tuple(placements), [picked[key] for key in sorted(picked)]
 
 
-def _victim(run: Run, now: Micros, rule: str, lca: str | None, rv: float | None, rb: float | None) -> Victim:
+class _CallableView:
+    """A :class:`ShareView` of a plain ``path -> r`` function (a charge changes nothing)."""
+
+    __slots__ = ("ratio",)
+
+    def __init__(self, fn: Callable[[str], float]) -> None:
+        self.ratio = fn
+
+    def ratio_after(self, path: str, gpu_s: float) -> float:
+        return self.ratio(path)
+
+
+def _victim(run: Run, now: Micros, verdict: VictimVerdict) -> Victim:
     until = run.protected_until_us
     return Victim(
         job_id=run.job_id,
@@ -1498,9 +1705,10 @@ def _victim(run: Run, now: Micros, rule: str, lca: str | None, rv: float | None,
         allocated=run.allocated,
         gpus=run.gpus,
         protected_until=from_us(until) if until is not None else None,
-        rule=rule,
-        lca=lca,
-        victim_ratio=rv,
-        preemptor_ratio=rb,
+        rule=verdict.rule,
+        lca=verdict.lca,
+        victim_ratio=verdict.victim_ratio,
+        preemptor_ratio=verdict.preemptor_ratio,
+        preemptor_ratio_after=verdict.preemptor_ratio_after,
         lost_gpu_s=work_lost_gpu_s(run, now),
     )  # type: ignore[arg-type]

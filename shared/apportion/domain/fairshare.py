@@ -251,6 +251,16 @@ class FairShareQueue(Generic[T]):
         """Current r of ``path`` including provisional charges (0.0 for the root)."""
         return self._ratio.get(path, ZERO_USAGE)
 
+    def ratio_after(self, path: str, gpu_s: float) -> float:
+        """r of ``path`` with ``gpu_s`` more GPU-seconds of occupancy than now (charges included).
+
+        What a provisional charge of ``gpu_s`` to a leaf at or below ``path``
+        would make it: the preemption rule's after-move test (DESIGN section 3).
+        """
+        if path not in self._occ:
+            return ZERO_USAGE
+        return usage_ratio(self._occ[path] + gpu_s, self._tree.abs_share(path) * self._cap)
+
     def order(self) -> tuple[str, ...]:
         """Leaf order by the current ratios (with provisional charges): ``budget_order`` of
         the current occupancy (every ratio is recomputed whenever its occupancy changes)."""
