@@ -890,7 +890,8 @@ class _Victims:
             index = VictimIndex.build(cluster.runs)
         self.unalloc: dict[str, list[Cand]] = index.unalloc  # read only
         self.taken: set[RunKey] = set()
-        self.behind: dict[str, tuple[int, float, dict[str, tuple[str, float, float, float]], bool]] = {}
+        # leaf -> (epoch, pairs allowed at charge 0, {charge: (behind_of's answer)})
+        self.behind: dict[str, tuple[int, list[tuple[str, str, str, list[str]]], dict[float, Any]]] = {}
         self.under: dict[str, list[str]] | None = None
         self.u_opts: dict[tuple[int, str | None], dict[str, tuple]] = {}
         self.u_seen: dict[tuple[int, str | None], int] = {}  # position in the free index's log
@@ -944,41 +945,61 @@ class _Victims:
         grow with a charge) or the charge moved on.
         """
         hit = self.behind.get(leaf)
-        if hit is not None and hit[0] == epoch and hit[1] == charge_gpu_s:
-            return hit[2], hit[3]
+        if hit is None or hit[0] != epoch:
+            hit = self.behind[leaf] = (epoch, self._behind_at_zero(leaf, view, delta, tree, moves), {})
+        per_charge = hit[2]
+        got = per_charge.get(charge_gpu_s)
+        if got is not None:
+            return got
+        # The after-move test only refuses more as the charge grows, so the pairs allowed at
+        # charge 0 are the only ones to judge again with this charge (by the same rule).
         out: dict[str, tuple[str, float, float, float]] = {}
         narrowed = False
+        for lca, vb, bb, vs in hit[1]:
+            rule, rv, rb, after = branch_rule(lca, vb, bb, view, delta, charge_gpu_s, moves)
+            if rule == RULE_EXPIRED_BEHIND:
+                for v in vs:
+                    out[v] = (lca, rv, rb, after)
+            elif rule == REFUSED_AFTER_MOVE:
+                narrowed = True
+        got = per_charge[charge_gpu_s] = (out, narrowed)
+        return got
+
+    def _behind_at_zero(
+        self, leaf: str, view: ShareView, delta: float, tree: BudgetTree | None, moves: frozenset[Move] | set[Move]
+    ) -> list[tuple[str, str, str, list[str]]]:
+        """``(lca, victim branch, preemptor branch, leaves with expired runs under the victim branch)``
+        that :func:`branch_rule` allows with no charge (see :meth:`behind_of`)."""
+        out: list[tuple[str, str, str, list[str]]] = []
         if tree is None:
-            for v in self.expired:
+            for v in sorted(self.expired):
                 if v == leaf:
                     continue
                 br = _branches(v, leaf)
                 if br is None:
                     continue
                 lca, vb, bb = br
-                rule, rv, rb, after = branch_rule(lca, vb, bb, view, delta, charge_gpu_s, moves)
-                if rule == RULE_EXPIRED_BEHIND:
-                    out[v] = (lca, rv, rb, after)
-                elif rule == REFUSED_AFTER_MOVE:
-                    narrowed = True
-        else:
-            under = self._under()
-            for a in ancestors_of(leaf):
-                par = parent_of(a)
-                for sib in tree.children(par):
-                    if sib == a:
-                        continue
-                    vs = under.get(sib)
-                    if not vs:
-                        continue
-                    rule, rs, ra, after = branch_rule(par, sib, a, view, delta, charge_gpu_s, moves)
-                    if rule == RULE_EXPIRED_BEHIND:
-                        for v in vs:
-                            out[v] = (par, rs, ra, after)
-                    elif rule == REFUSED_AFTER_MOVE:
-                        narrowed = True
-        self.behind[leaf] = (epoch, charge_gpu_s, out, narrowed)
-        return out, narrowed
+                if branch_rule(lca, vb, bb, view, delta, 0.0, moves)[0] == RULE_EXPIRED_BEHIND:
+                    out.append((lca, vb, bb, [v]))
+            return out
+        under = self._under()
+        ratio = view.ratio
+        for a in ancestors_of(leaf):
+            par = parent_of(a)
+            bar = None
+            for sib in tree.children(par):
+                if sib == a:
+                    continue
+                vs = under.get(sib)
+                if not vs:
+                    continue
+                if bar is None:
+                    bar = ratio(a) + delta
+                if ratio(sib) < bar:
+                    continue  # not behind by delta: branch_rule would refuse (a filter, not the rule)
+                if branch_rule(par, sib, a, view, delta, 0.0, moves)[0] == RULE_EXPIRED_BEHIND:
+                    out.append((par, sib, a, vs))
+        return out
 
     def _under(self) -> dict[str, list[str]]:
         """Budget path -> leaves below it (itself included) that hold expired runs."""
