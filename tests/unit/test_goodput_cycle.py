@@ -245,3 +245,63 @@ def test_the_victim_with_the_least_work_lost_since_its_checkpoint_goes_first():
     assert preempted(res) == ["y<-j"]
     pre = next(e for e in res.events if isinstance(e, ev.JobPreempted))
     assert pre.lost_gpu_s == 2400.0 and pre.victim.lost_gpu_s == 2400.0
+
+
+# ---------------------------------------------------------------- reservations that do not idle GPUs
+
+
+def reserved_world(*jobs: tuple[str, str, float]) -> World:
+    """One scarce-model node n0 (8 x h100): x (lab/b) holds 2 GPUs, protected until 15 h (started
+    at 0 h with min_runtime 15 h); 6 GPUs free. H (lab/a, 8 h100 GPUs) has waited since 8 h: it
+    reserves n0. It can fit no earlier than 15 h (earliest_fit_us). Then the given 1-GPU h100 jobs
+    (job id, budget, min_runtime_s) of lab/b, ranked below H."""
+    w = World(capacity=1e6).node("n0", 8, model="h100")
+    w.run("x", "lab/b", {"n0": (0, 1)}, min_runtime_s=15 * 3600)
+    w.job("H", "lab/a", 8, model="h100", queued=h(8), submitted=h(1))
+    for i, (jid, budget, min_rt) in enumerate(jobs):
+        w.job(jid, budget, 1, model="h100", min_runtime_s=min_rt, submitted=h(2) + i)
+    w.occupancy = {"lab/b": 600_000.0, "lab": 600_000.0}  # r_b = 1.2 > r_a = 0: H ranks first
+    return w
+
+
+def test_a_reservation_lends_its_free_gpus_to_unallocated_work():
+    res = reserved_world(("u1", "lab/b", 0.0), ("u2", "lab/b", 0.0)).cycle()
+    assert res.reservation == ("H", ("n0",))
+    assert placements(res) == ["u1@n0[2]", "u2@n0[3]"]
+
+
+def test_a_reservation_lends_its_free_gpus_to_allocated_work_whose_protection_ends_before_the_holder_fits():
+    # H fits at 15 h. s1's protection (1 h) ends at 11 h <= 15 h: it may run there. s5 (5 h) ends
+    # at exactly 15 h: allowed. s6 (6 h) would end at 16 h, after H could start: it waits.
+    res = reserved_world(("s1", "lab/b", 3600.0), ("s5", "lab/b", 5 * 3600.0), ("s6", "lab/b", 6 * 3600.0)).cycle()
+    assert res.reservation == ("H", ("n0",))
+    assert placements(res) == ["s1@n0[2]", "s5@n0[3]"]
+
+
+def test_the_holder_evicts_the_unallocated_backfill_the_moment_it_can_start():
+    # x has finished; u1, u2 (unallocated) run on n0's GPUs 2 and 3: H preempts them at once.
+    w = World(capacity=1e6).node("n0", 8, model="h100")
+    w.run("u1", "lab/b", {"n0": (2,)}, allocated=False, started=h(9))
+    w.run("u2", "lab/b", {"n0": (3,)}, allocated=False, started=h(9))
+    w.job("H", "lab/a", 8, model="h100", queued=h(8), submitted=h(1))
+    res = w.cycle()
+    assert preempted(res) == ["u1<-H", "u2<-H"]
+    assert placements(res) == ["H@n0[0, 1, 2, 3, 4, 5, 6, 7]"]
+
+
+def test_earliest_fit_is_the_protection_end_of_the_runs_the_holder_needs():
+    from apportion.domain.engine import earliest_fit_us
+
+    w = World().node("n0", 8).node("n1", 8)
+    w.run("x", "lab/b", {"n0": (0, 1)}, min_runtime_s=15 * 3600)  # protected to 15 h
+    w.run("y", "lab/b", {"n1": (0, 1, 2, 3)}, min_runtime_s=12 * 3600)  # to 12 h
+    w.run("z", "lab/b", {"n1": (4, 5)}, min_runtime_s=14 * 3600)  # to 14 h
+    w.run("u", "lab/b", {"n1": (6, 7)}, allocated=False)  # evictable now
+    snap = w.cluster.snapshot()
+    assert earliest_fit_us(snap, ["n0"], 6, NOW, set()) == NOW  # 6 free
+    assert earliest_fit_us(snap, ["n0"], 8, NOW, set()) == h(15)
+    # n1 for 4 GPUs: u's 2 now, then y's 4 at 12 h -> 6 >= 4 at 12 h
+    assert earliest_fit_us(snap, ["n1"], 4, NOW, set()) == h(12)
+    assert earliest_fit_us(snap, ["n1"], 8, NOW, set()) == h(14)
+    assert earliest_fit_us(snap, ["n0", "n1"], 8, NOW, set()) == h(15)  # the gang needs both
+    assert earliest_fit_us(snap, ["n1"], 8, NOW, {("y", 1), ("z", 1)}) == NOW  # preempted this cycle

@@ -72,6 +72,7 @@ from typing import Any, Protocol
 
 from apportion.domain.budgets import BudgetTree, ancestors_of, parent_of
 from apportion.domain.cluster import (
+    UNTIL_STARTED,
     ClusterSnapshot,
     Node,
     Run,
@@ -106,6 +107,8 @@ __all__ = [
     "VictimVerdict",
     "ShareView",
     "charge_of",
+    "earliest_fit_us",
+    "backfill_rule",
     "RULE_UNALLOCATED",
     "RULE_EXPIRED_BEHIND",
     "order_key",
@@ -425,6 +428,73 @@ def victim_rule(
     return VictimVerdict(rule, lca, rv, rb, after)
 
 
+def earliest_fit_us(
+    cluster: ClusterSnapshot, nodes: Sequence[str], g: int, now_us: Micros, taken: set[RunKey] | frozenset[RunKey]
+) -> Micros:
+    """A lower bound of when a reservation's holder can start on its ``nodes``, µs UTC (DESIGN section 3).
+
+    Per node: the GPUs not held by running allocated runs are available now
+    (free, unallocated work - evicted the moment the holder can start -,
+    stopping runs, runs preempted in this cycle (``taken``) and GPUs taken
+    earlier in this cycle, all counted as now: a lower bound); an allocated
+    run's GPUs become available no earlier than its protection ends
+    (:attr:`Run.protected_until_us`; for a run not yet started, its
+    placement time plus its protection, which is earlier). The node fits
+    the holder (``g`` GPUs) at the first time enough are available; the
+    holder needs all of its nodes, so the answer is the latest of them.
+
+    Returns ``now_us`` when every node fits now, and ``2**62`` when a node
+    never can (fewer than ``g`` GPUs).
+    """
+    latest = now_us
+    runs = cluster.runs
+    for nid in nodes:
+        node = cluster.nodes[nid]
+        held: list[tuple[Micros, int]] = []
+        busy = 0
+        for key in cluster.node_runs.get(nid, ()):
+            run = runs.get(key)
+            if run is None or run.stopping or not run.allocated or key in taken:
+                continue
+            n = sum(len(run.placements[r].gpus) for r in run.open_replicas if run.placements[r].node_id == nid)
+            until = run.protected_until_us
+            if until is None or until >= UNTIL_STARTED:
+                length = run.min_runtime_us if run.protection_us is None else run.protection_us
+                until = run.placed_at_us + length
+            held.append((until, n))
+            busy += n
+        avail = node.gpu_count - busy
+        if avail >= g:
+            continue
+        t = UNTIL_STARTED
+        for until, n in sorted(held):
+            avail += n
+            if avail >= g:
+                t = until
+                break
+        if t > latest:
+            latest = t
+    return max(latest, now_us)
+
+
+def backfill_rule(allocated: bool, protection_us: Micros, now_us: Micros, holder_fit_us: Micros) -> bool:
+    """May a lower-ranked job use the free GPUs of a waiting reservation? DESIGN section 3.
+
+    "A reservation never idles GPUs": unallocated work always may (it is
+    preempted the moment the holder can start); allocated work only when its
+    protection ends no later than the holder can fit (``now + protection <=
+    holder_fit_us``, :func:`earliest_fit_us`), so it never delays the holder
+    by its protection.
+
+    Args:
+        allocated: the candidate job is allocated (min_runtime > 0).
+        protection_us: its protection, µs (:func:`~apportion.domain.cluster.protection_s`).
+        now_us: cycle time, µs UTC.
+        holder_fit_us: :func:`earliest_fit_us` of the reservation, µs UTC.
+    """
+    return not allocated or now_us + protection_us <= holder_fit_us
+
+
 def charge_of(g: int, k: int, min_runtime_s: float, window_s: float) -> float:
     """Provisional charge of a placed allocated job, GPU-seconds: ``g * k * min(min_runtime, W)`` (DESIGN section 2)."""
     return float(g * k) * min(min_runtime_s, window_s)
@@ -682,6 +752,37 @@ class _Free:
         if f:
             self._move(nid, len(f), 0)
         self.reserved.add(nid)
+
+    def unreserve_all(self) -> None:
+        """Give the reserved nodes' free GPUs back to the buckets (for unallocated work, pass 2)."""
+        for nid in sorted(self.reserved):
+            self.log.append(nid)
+            self.reserved.discard(nid)
+            f = self.free[nid]
+            if f:
+                insort(self.buckets[self.model[nid]][len(f)], nid)
+
+    def reserved_free(self) -> int:
+        """Free GPUs on the reserved nodes."""
+        return sum(len(self.free[n]) for n in self.reserved)
+
+    def fit_with_reserved(self, g: int, k: int, model: str | None) -> list[str] | None:
+        """:meth:`fit` over the unreserved nodes and the reserved ones together (best fit, then id)."""
+        cand: list[tuple[int, str]] = []
+        models = [model] if model is not None else list(self.buckets)
+        for c in range(g, self.maxc + 1):
+            for m in models:
+                b = self.buckets.get(m)
+                if b is not None:
+                    cand.extend((c, n) for n in b[c])
+        for n in self.reserved:
+            c = len(self.free[n])
+            if c >= g and (model is None or self.model[n] == model):
+                cand.append((c, n))
+        if len(cand) < k:
+            return None
+        cand.sort()
+        return [n for _, n in cand[:k]]
 
 
 @lru_cache(maxsize=1 << 16)
@@ -1063,6 +1164,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
     #          (g, k, charge) failed for charges of at least that much)
     pre_fail: dict[str, tuple[list[tuple[int, int]], int, int, list[tuple[int, int, float]]]] = {}
     moves: set[Move] = set()  # this cycle's preemptions of allocated work (no same-cycle reversal)
+    hold_fit: Micros = 0  # earliest_fit_us of this cycle's reservation when its nodes have free GPUs
     charges = 0
     own_charges: dict[str, int] = {}
     floors: dict[tuple[str, int], tuple[int, int]] = {}
@@ -1125,6 +1227,8 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         )
 
         def blocked(g: int, k: int, model: str | None) -> bool:
+            if hold_fit and free.fit_with_reserved(g, k, model) is not None:
+                return False  # it may backfill the reservation's free GPUs (depending on its protection)
             ff = free_fail.get(model)
             if not ((ff and _dominated(ff, g, k)) or (model is not None and _dominated(free_fail.get(None, ()), g, k))):  # type: ignore[arg-type]
                 return False
@@ -1154,6 +1258,11 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                     free_fail[model] = [(g, k)]
                 else:
                     ff.append((g, k))
+        if nodes is None and hold_fit:
+            # backfill the waiting reservation's free GPUs (DESIGN section 3: a reservation never idles GPUs)
+            prot = protection_s(job.min_runtime_s, job.preemptions, tree.max_min_runtime_s(job.budget), cfg.window_s)
+            if backfill_rule(True, s_to_us(prot), now_us, hold_fit):
+                nodes = free.fit_with_reserved(g, k, model)
         holds_reservation = reserved_for is None and now_us - job.queued_at_us >= reservation_after_us
         mkey = leaf if model is None else leaf + "\x00" + model
         if nodes is not None:
@@ -1221,13 +1330,17 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
             for n in chosen_nodes:
                 free.reserve(n)
             res.reservation = (job.job_id, tuple(chosen_nodes))
+            if free.reserved_free():
+                hold_fit = earliest_fit_us(cluster, chosen_nodes, g, now_us, victims.taken if victims else set())
             continue  # the reservation changed free capacity: no bulk skip on its account
         if model is None:
             ent = pre_fail.get(leaf)  # pre_failed(leaf, 1, 1) or pre_failed(leaf, *floor), inlined
             if ent is not None:
                 if charges - ent[1] != own_charges.get(leaf, 0) - ent[2]:
                     del pre_fail[leaf]  # another leaf was charged since: stale
-                elif (1, 1) in ent[0] or _dominated(ent[0], *floor_shape(leaf, 0, bound[leaf])):
+                elif not (hold_fit and free.reserved_free()) and (
+                    (1, 1) in ent[0] or _dominated(ent[0], *floor_shape(leaf, 0, bound[leaf]))
+                ):
                     queue.drop_leaf(leaf)
                     continue
         if reserved_for is not None and cfg.preemption and idx + 1 < bound[leaf]:
@@ -1246,6 +1359,11 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
     if not rest:
         return res
     order = queue.order()  # = budget_order of the occupancy after the provisional charges
+    if free.reserved and free.reserved_free():
+        # unallocated work may use a waiting reservation's free GPUs: the holder's preemption
+        # search evicts it the moment it can start (DESIGN section 3)
+        free.unreserve_all()
+        free_fail.clear()
     any_free = free_fail.get(None, [])
     if _dominated(any_free, 1, 1):
         return res  # not even one GPU was free for a 1-GPU job: no unallocated job fits
