@@ -766,8 +766,17 @@ class _Free:
         """Free GPUs on the reserved nodes."""
         return sum(len(self.free[n]) for n in self.reserved)
 
+    def reserved_fits(self, g: int, model: str | None) -> bool:
+        """Some reserved node of ``model`` (any when ``None``) has at least ``g`` free GPUs."""
+        for n in self.reserved:
+            if len(self.free[n]) >= g and (model is None or self.model[n] == model):
+                return True
+        return False
+
     def fit_with_reserved(self, g: int, k: int, model: str | None) -> list[str] | None:
         """:meth:`fit` over the unreserved nodes and the reserved ones together (best fit, then id)."""
+        if not self.reserved_fits(g, model):
+            return self.fit(g, k, model)
         cand: list[tuple[int, str]] = []
         models = [model] if model is not None else list(self.buckets)
         for c in range(g, self.maxc + 1):
@@ -1165,6 +1174,19 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
     pre_fail: dict[str, tuple[list[tuple[int, int]], int, int, list[tuple[int, int, float]]]] = {}
     moves: set[Move] = set()  # this cycle's preemptions of allocated work (no same-cycle reversal)
     hold_fit: Micros = 0  # earliest_fit_us of this cycle's reservation when its nodes have free GPUs
+    min_rt: dict[str, float] = {}  # leaf -> smallest min_runtime_s of its allocated jobs (while hold_fit)
+
+    def may_backfill(leaf: str, g: int, model: str | None) -> bool:
+        """Some job of ``leaf`` of at least ``g`` GPUs might still backfill the reservation: a reserved
+        node fits ``g`` and the leaf's shortest minimum runtime (a lower bound of any protection)
+        ends by the holder's fit time."""
+        if not hold_fit or not free.reserved_fits(g, model):
+            return False
+        m = min_rt.get(leaf)
+        if m is None:
+            m = min_rt[leaf] = min(map(_MIN_RT, islice(pending[leaf], 0, bound[leaf])), default=0.0)
+        return backfill_rule(True, s_to_us(m), now_us, hold_fit)
+
     charges = 0
     own_charges: dict[str, int] = {}
     floors: dict[tuple[str, int], tuple[int, int]] = {}
@@ -1227,7 +1249,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         )
 
         def blocked(g: int, k: int, model: str | None) -> bool:
-            if hold_fit and free.fit_with_reserved(g, k, model) is not None:
+            if may_backfill(leaf, g, model):
                 return False  # it may backfill the reservation's free GPUs (depending on its protection)
             ff = free_fail.get(model)
             if not ((ff and _dominated(ff, g, k)) or (model is not None and _dominated(free_fail.get(None, ()), g, k))):  # type: ignore[arg-type]
@@ -1258,13 +1280,21 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                     free_fail[model] = [(g, k)]
                 else:
                     ff.append((g, k))
-        if nodes is None and hold_fit:
+        if (
+            nodes is None
+            and hold_fit
+            and now_us + s_to_us(job.min_runtime_s) <= hold_fit  # protection >= min_runtime: else no chance
+            and free.reserved_fits(g, model)
+        ):
             # backfill the waiting reservation's free GPUs (DESIGN section 3: a reservation never idles GPUs)
             prot = protection_s(job.min_runtime_s, job.preemptions, tree.max_min_runtime_s(job.budget), cfg.window_s)
             if backfill_rule(True, s_to_us(prot), now_us, hold_fit):
                 nodes = free.fit_with_reserved(g, k, model)
+                if nodes is not None and not free.reserved_free():
+                    hold_fit = 0  # the reservation's GPUs are all lent: nothing more to backfill
         holds_reservation = reserved_for is None and now_us - job.queued_at_us >= reservation_after_us
         mkey = leaf if model is None else leaf + "\x00" + model
+        charge = float(g * k) * (job.min_runtime_s if job.min_runtime_s < cfg.window_s else cfg.window_s)
         if nodes is not None:
             placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
             _emit_placed(
@@ -1273,16 +1303,12 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
             out.extend(start_events(job.job_id, job.attempt, placements, ts, job.duration_s, job.command, cfg.producer))
         elif (
             cfg.preemption
-            and not (mkey in pre_fail and pre_failed(mkey, g, k, charge_of(g, k, job.min_runtime_s, cfg.window_s)))
-            and (
-                model is None
-                or not (leaf in pre_fail and pre_failed(leaf, g, k, charge_of(g, k, job.min_runtime_s, cfg.window_s)))
-            )
+            and not (mkey in pre_fail and pre_failed(mkey, g, k, charge))
+            and (model is None or not (leaf in pre_fail and pre_failed(leaf, g, k, charge)))
         ):
             if victims is None:
                 victims = _Victims(cluster, now_us, snapshot.victims)
             res.searches += 1
-            charge = charge_of(g, k, job.min_runtime_s, cfg.window_s)
             plan = _plan(job, leaf, free, victims, now_us, queue, cfg.delta, charges, tree, charge, moves)
             if plan is None:
                 record_pre_fail(mkey, g, k, charge if victims.narrowed else None)
@@ -1319,7 +1345,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         elif not cfg.preemption:
             record_pre_fail(mkey, g, k)
         if nodes is not None:
-            queue.charge(leaf, charge_of(g, k, job.min_runtime_s, cfg.window_s))
+            queue.charge(leaf, charge)  # = charge_of(g, k, min_runtime, W)
             charges += 1
             own_charges[leaf] = own_charges.get(leaf, 0) + 1
             continue
@@ -1338,8 +1364,8 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
             if ent is not None:
                 if charges - ent[1] != own_charges.get(leaf, 0) - ent[2]:
                     del pre_fail[leaf]  # another leaf was charged since: stale
-                elif not (hold_fit and free.reserved_free()) and (
-                    (1, 1) in ent[0] or _dominated(ent[0], *floor_shape(leaf, 0, bound[leaf]))
+                elif ((1, 1) in ent[0] or _dominated(ent[0], *floor_shape(leaf, 0, bound[leaf]))) and not may_backfill(
+                    leaf, 1, None
                 ):
                     queue.drop_leaf(leaf)
                     continue
@@ -1371,6 +1397,8 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         jobs = pending.get(leaf)
         if not jobs or bound[leaf] >= len(jobs):
             continue
+        if _dominated(any_free, 1, 1):
+            break  # not one GPU is left for a 1-GPU job
         r_leaf = queue.ratio(leaf)
         mg, mk = floor_shape(leaf, bound[leaf], len(jobs))
         if _dominated(any_free, mg, mk):
@@ -1496,6 +1524,7 @@ def _blocked_run(
 
 
 _G = attrgetter("gpus_per_replica")
+_MIN_RT = attrgetter("min_runtime_s")
 _K = attrgetter("replicas")
 _BIG = 1 << 30
 
