@@ -305,3 +305,39 @@ def test_earliest_fit_is_the_protection_end_of_the_runs_the_holder_needs():
     assert earliest_fit_us(snap, ["n1"], 8, NOW, set()) == h(14)
     assert earliest_fit_us(snap, ["n0", "n1"], 8, NOW, set()) == h(15)  # the gang needs both
     assert earliest_fit_us(snap, ["n1"], 8, NOW, {("y", 1), ("z", 1)}) == NOW  # preempted this cycle
+
+
+# ---------------------------------------------------------------- scarce models stay free
+
+
+def test_jobs_without_a_model_prefer_nodes_of_models_no_waiting_job_asks_for():
+    """n0 (h100, 2 free) and n1 (a100, 8 free). A waiting job asks for h100 (8 GPUs: it cannot
+    fit now). The 1-GPU job j without a model would go to n0 by best fit (fewer free GPUs); it
+    goes to the a100 node, which no waiting job asks for."""
+    w = World().node("n0", 8, model="h100").node("n1", 8, model="a100")
+    w.run("x", "lab/b", {"n0": (0, 1, 2, 3, 4, 5)}, min_runtime_s=1e9)
+    w.job("h", "lab/b", 8, model="h100", min_runtime_s=0).job("j", "lab/a", 1)
+    assert placements(w.cycle()) == ["j@n1[0]"]
+
+
+def test_without_room_on_spare_models_the_scarce_one_is_used():
+    w = World().node("n0", 8, model="h100").node("n1", 8, model="a100")
+    w.run("x", "lab/b", {"n0": (0, 1, 2, 3, 4, 5)}, min_runtime_s=1e9)
+    w.run("y", "lab/b", {"n1": tuple(range(8))}, min_runtime_s=1e9)
+    w.job("h", "lab/b", 8, model="h100", min_runtime_s=0).job("j", "lab/a", 1)
+    assert placements(w.cycle()) == ["j@n0[6]"]
+
+
+def test_with_no_model_asked_for_best_fit_is_unchanged():
+    w = World().node("n0", 8, model="h100").node("n1", 8, model="a100")
+    w.run("x", "lab/b", {"n0": (0, 1, 2, 3, 4, 5)}, min_runtime_s=1e9)
+    w.job("j", "lab/a", 1)
+    assert placements(w.cycle()) == ["j@n0[6]"]
+
+
+def test_allocated_work_the_holder_could_not_take_back_does_not_backfill():
+    # a1 is of the holder's own leaf (never preemptible by it): its 1 h protection would end in
+    # time, but it could then keep the GPU until it finished. It waits; u (unallocated) may go.
+    res = reserved_world(("a1", "lab/a", 3600.0), ("u", "lab/b", 0.0)).cycle()
+    assert res.reservation == ("H", ("n0",))
+    assert placements(res) == ["u@n0[2]"]

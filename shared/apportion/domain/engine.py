@@ -108,6 +108,7 @@ __all__ = [
     "ShareView",
     "charge_of",
     "earliest_fit_us",
+    "spare_models",
     "backfill_rule",
     "RULE_UNALLOCATED",
     "RULE_EXPIRED_BEHIND",
@@ -477,22 +478,56 @@ def earliest_fit_us(
     return max(latest, now_us)
 
 
-def backfill_rule(allocated: bool, protection_us: Micros, now_us: Micros, holder_fit_us: Micros) -> bool:
+def backfill_rule(
+    allocated: bool,
+    protection_us: Micros,
+    now_us: Micros,
+    holder_fit_us: Micros,
+    holder_may_preempt: bool = True,
+) -> bool:
     """May a lower-ranked job use the free GPUs of a waiting reservation? DESIGN section 3.
 
     "A reservation never idles GPUs": unallocated work always may (it is
     preempted the moment the holder can start); allocated work only when its
     protection ends no later than the holder can fit (``now + protection <=
-    holder_fit_us``, :func:`earliest_fit_us`), so it never delays the holder
-    by its protection.
+    holder_fit_us``, :func:`earliest_fit_us`), so its protection never delays
+    the holder, and only when the holder could then take its GPUs back under
+    the ordinary rule (``holder_may_preempt``: :func:`branch_rule` allows the
+    holder's branch to preempt the job's as the cycle stands; never the
+    holder's own leaf). Without the last condition a job of the holder's own
+    leaf, never preemptible by it, would hold the reservation's GPUs until
+    it finished.
 
     Args:
         allocated: the candidate job is allocated (min_runtime > 0).
         protection_us: its protection, µs (:func:`~apportion.domain.cluster.protection_s`).
         now_us: cycle time, µs UTC.
         holder_fit_us: :func:`earliest_fit_us` of the reservation, µs UTC.
+        holder_may_preempt: the holder could preempt the job once its protection ended.
     """
-    return not allocated or now_us + protection_us <= holder_fit_us
+    return not allocated or (holder_may_preempt and now_us + protection_us <= holder_fit_us)
+
+
+def spare_models(models: Sequence[str | None], pending: Mapping[str, Sequence[PendingJob]]) -> list[str | None] | None:
+    """Models a job without a model constraint should try first (DESIGN section 3), or ``None``.
+
+    "Jobs without a model constraint prefer nodes of models that no waiting
+    job asks for, so scarce models stay free for the jobs that need them":
+    the models of ``models`` that no job of ``pending`` names, sorted (an
+    unknown model, ``None``, is never asked for). ``None`` (no preference)
+    when no job names a model of ``models`` or every model is asked for.
+    """
+    present = {m for m in models if m is not None}
+    if not present:
+        return None
+    asked: set[str] = set()
+    for jobs in pending.values():
+        asked.update(m for m in map(_MODEL, jobs) if m is not None)
+        if present <= asked:
+            return None
+    if not (present & asked):
+        return None
+    return sorted((m for m in models if m not in asked), key=lambda m: (m is not None, m or ""))
 
 
 def charge_of(g: int, k: int, min_runtime_s: float, window_s: float) -> float:
@@ -690,10 +725,12 @@ class _Free:
     or built from the snapshot's nodes; the cycle changes its copy only.
     """
 
-    __slots__ = ("free", "model", "count", "buckets", "maxc", "reserved", "log")
+    __slots__ = ("free", "model", "count", "buckets", "maxc", "reserved", "log", "prefer")
 
     def __init__(self, cluster: ClusterSnapshot, base: FreeIndex | None = None) -> None:
         self.reserved: set[str] = set()
+        #: models a job without a model constraint tries first (:func:`spare_models`), or None
+        self.prefer: list[str | None] | None = None
         self.log: list[str] = []  # nodes changed this cycle (free taken, victims taken, reserved), in order
         if base is None:
             ids = cluster.order if cluster.order is not None else sorted(cluster.nodes)
@@ -704,8 +741,18 @@ class _Free:
             self.buckets = {m: [list(x) for x in b] for m, b in base.buckets.items()}
 
     def fit(self, g: int, k: int, model: str | None) -> list[str] | None:
-        """k distinct nodes with >= g free GPUs, best fit (fewest free, then id)."""
-        models = [model] if model is not None else list(self.buckets)
+        """k distinct nodes with >= g free GPUs, best fit (fewest free, then id).
+
+        Without a model constraint, nodes of :attr:`prefer` (models no waiting
+        job asks for) first; only when they cannot hold the job, all models.
+        """
+        if model is None and self.prefer is not None:
+            got = self._fit(g, k, self.prefer)
+            if got is not None:
+                return got
+        return self._fit(g, k, [model] if model is not None else list(self.buckets))
+
+    def _fit(self, g: int, k: int, models: list[str | None]) -> list[str] | None:
         picked: list[str] = []
         for c in range(g, self.maxc + 1):
             if len(models) == 1:
@@ -1166,6 +1213,8 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
     )
     budget_rank = {leaf: i for i, leaf in enumerate(queue.initial_order)}
     free = _Free(cluster, snapshot.free)
+    if len(free.buckets) > 1:
+        free.prefer = spare_models(list(free.buckets), pending)
     victims: _Victims | None = None
     out = res.events
     free_fail: dict[str | None, list[tuple[int, int]]] = {}
@@ -1174,6 +1223,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
     pre_fail: dict[str, tuple[list[tuple[int, int]], int, int, list[tuple[int, int, float]]]] = {}
     moves: set[Move] = set()  # this cycle's preemptions of allocated work (no same-cycle reversal)
     hold_fit: Micros = 0  # earliest_fit_us of this cycle's reservation when its nodes have free GPUs
+    hold_leaf, hold_charge = "", 0.0  # the reservation holder's leaf and provisional charge
     min_rt: dict[str, float] = {}  # leaf -> smallest min_runtime_s of its allocated jobs (while hold_fit)
 
     def may_backfill(leaf: str, g: int, model: str | None) -> bool:
@@ -1288,7 +1338,11 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         ):
             # backfill the waiting reservation's free GPUs (DESIGN section 3: a reservation never idles GPUs)
             prot = protection_s(job.min_runtime_s, job.preemptions, tree.max_min_runtime_s(job.budget), cfg.window_s)
-            if backfill_rule(True, s_to_us(prot), now_us, hold_fit):
+            br = _branches(leaf, hold_leaf)
+            may = br is not None and (
+                branch_rule(br[0], br[1], br[2], queue, cfg.delta, hold_charge, moves)[0] == RULE_EXPIRED_BEHIND
+            )
+            if backfill_rule(True, s_to_us(prot), now_us, hold_fit, may):
                 nodes = free.fit_with_reserved(g, k, model)
                 if nodes is not None and not free.reserved_free():
                     hold_fit = 0  # the reservation's GPUs are all lent: nothing more to backfill
@@ -1358,6 +1412,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
             res.reservation = (job.job_id, tuple(chosen_nodes))
             if free.reserved_free():
                 hold_fit = earliest_fit_us(cluster, chosen_nodes, g, now_us, victims.taken if victims else set())
+                hold_leaf, hold_charge = leaf, charge
             continue  # the reservation changed free capacity: no bulk skip on its account
         if model is None:
             ent = pre_fail.get(leaf)  # pre_failed(leaf, 1, 1) or pre_failed(leaf, *floor), inlined
@@ -1525,6 +1580,7 @@ def _blocked_run(
 
 _G = attrgetter("gpus_per_replica")
 _MIN_RT = attrgetter("min_runtime_s")
+_MODEL = attrgetter("gpu_model")
 _K = attrgetter("replicas")
 _BIG = 1 << 30
 
