@@ -15,32 +15,46 @@ The cycle, exactly as DESIGN section 3 says:
 2. Place a job on free GPUs if it fits: gang of k replicas on k *distinct*
    ``ready`` nodes of the right model with g free GPUs each. Best fit: nodes
    with the fewest free GPUs that fit, ties by node id; within a node the
-   lowest free GPU indices.
+   lowest free GPU indices. A job without a model constraint tries nodes of
+   models no waiting job asks for first (:func:`spare_models`).
 3. Else, for an **allocated** job J of leaf B, plan a preemption. Candidate
-   victims (:func:`victim_rule`): (1) unallocated runs of any budget;
-   (2) allocated runs whose protection has expired (``now >= started_at +
-   min_runtime``) whose leaf V is *behind* B: at the lowest common ancestor,
-   ``r(V's branch) >= r(B's branch) + delta``; never V == B, never a
+   victims (:func:`victim_rule`, the one home of the rule, with rule ids):
+   (1) unallocated runs of any budget; (2) allocated runs whose protection
+   has expired (``now >= started_at + protection``, :func:`protection_s`:
+   the minimum runtime doubled per earlier preemption of the job, capped)
+   whose leaf V is *behind* B (:func:`branch_rule`): at the lowest common
+   ancestor, ``r(V's branch) >= r(B's branch) + delta``, and after the move
+   B's branch with J's provisional charge is still at or below V's
+   (``r_B_after <= r_V``), and the cycle has not already preempted B's
+   branch's work for V's (no same-cycle reversal); every r from the one view
+   of the cycle (all provisional charges so far). Never V == B, never a
    protected run, never a run already stopping. Cost of a victim set is
-   (allocated GPUs, unallocated GPUs, GPU-seconds of work lost), compared
-   lexicographically. Per node we take the cheapest victims first and then
-   drop any that turned out unnecessary (a minimal set per node); the k
-   cheapest nodes (ties by node id) form the plan. Preempt only if J is then
-   placed; J is placed at once on the freed GPUs (``JobPlaced`` with the
-   victims in its :class:`Decision`), so they are reserved for it; its
-   ``StartWorkload`` follows when the victims have stopped (dispatch).
+   (allocated GPUs, unallocated GPUs, GPU-seconds of work lost since each
+   victim's last checkpoint), compared lexicographically, with each
+   victim's *whole-run* GPUs (so a gang counts as large as it is;
+   :func:`order_key`, :func:`~apportion.domain.cluster.work_lost_gpu_s`).
+   Per node we take the cheapest victims first and then drop any that
+   turned out unnecessary (a minimal set per node); the k cheapest nodes
+   (ties by node id) form the plan. Preempt only if J is then placed; J is
+   placed at once on the freed GPUs (``JobPlaced`` with the victims in its
+   :class:`Decision`), so they are reserved for it; its ``StartWorkload``
+   follows when the victims have stopped (dispatch).
 4. Unallocated jobs only go on free GPUs.
 5. A job that cannot be placed does not block the ones behind it
    (backfill), except: the highest-ranked blocked allocated job that has
    waited (since it was queued) at least ``reservation_after`` reserves k
    nodes (those with the most free GPUs, ties by id); no job ranked below it
-   lands there in this cycle. Reservations are recomputed every cycle from
-   the snapshot, so they need no events and replay identically.
+   lands there in this cycle, except as :func:`backfill_rule` allows (a
+   reservation never idles GPUs): unallocated work, and allocated work the
+   holder could take back whose protection ends by the holder's earliest
+   fit (:func:`earliest_fit_us`). Reservations are recomputed every cycle
+   from the snapshot, so they need no events and replay identically.
 
-No cascade: a victim must be behind the preemptor by ``delta`` at their LCA
-and the preemptor's new run is protected, so B cannot preempt A back until
-A's run has served its minimum runtime *and* the ratios have crossed by
-``delta`` the other way.
+No loop: within a cycle the after-move test and the reversal rule forbid
+V->B and B->V; across cycles the preemptor's new run is protected (longer
+each time the job was preempted), and B cannot preempt A back until A's run
+has served its protection *and* the ratios have crossed by ``delta`` the
+other way, with the move still not inverting the pair.
 
 Speed (the benchmark is 10,000 GPUs, 20,000 pending jobs, 200 leaves):
 
@@ -121,7 +135,9 @@ __all__ = [
     "FreeIndex",
 ]
 
-POLICY_VERSION = "fairtree-1"
+POLICY_VERSION = "fairtree-2"
+"""fairtree-2: after-move test, no same-cycle reversal, protection grown per preemption,
+cold-start capacity floor, reservation backfill, spare models first (issue 12)."""
 
 
 @dataclass(frozen=True, slots=True)
