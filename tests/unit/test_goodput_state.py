@@ -240,3 +240,34 @@ def test_node_loss_of_a_single_node_run_requeues_at_once():
     step(state, Tick(T0), T0, CFG)
     out = step(state, ev.NodeLost(node_id="n0", last_heartbeat=from_us(m(1)), ts=from_us(m(2))), m(2), CFG)
     assert types(out) == ["JobLost:j", "JobRequeued:j"]
+
+
+def test_a_checkpoint_moves_a_run_in_the_kept_victim_index_as_a_rebuild_would():
+    from apportion.domain.engine import VictimIndex
+
+    cs = fold(
+        ev.NodeRegistered(node_id="n0", gpu_count=8, ts=from_us(T0)),
+        placed("u1", allocated=False, at=h(0)),
+        started("u1", at=h(0)),
+        placed("u2", allocated=False, at=h(1)),
+        started("u2", at=h(1)),
+    )
+    idx = VictimIndex().sync(cs)
+    order = [r.job_id for _, r, _ in idx.unalloc["n0"]]
+    assert order == ["u2", "u1"]  # u2 started later: less work lost
+    cs.apply(ckpt("u1", h(2), 7200.0))  # u1 saved its work at 2 h: now it loses less
+    idx.sync(cs)
+    assert [r.job_id for _, r, _ in idx.unalloc["n0"]] == ["u1", "u2"]
+    assert idx.as_lists() == VictimIndex.build(cs.runs).as_lists()
+
+
+def test_drain_records_the_work_lost():
+    state = DispatchState(TREE)
+    for e in (reg("n0"), submitted("u", budget="lab/b", gpus=4, min_runtime_s=0)):
+        step(state, e, T0, CFG)
+    step(state, Tick(T0), T0, CFG)
+    step(state, started("u", at=T0), T0, CFG)
+    step(state, ckpt("u", m(20), 1200.0), m(20), CFG)
+    out = step(state, ev.NodeDrainRequested(node_id="n0", ts=from_us(m(30))), m(30), CFG)
+    assert types(out)[:1] == ["JobPreempted:u"] and out[0].reason == "drain"
+    assert out[0].lost_gpu_s == 4 * 600.0  # 10 min on 4 GPUs since the checkpoint
