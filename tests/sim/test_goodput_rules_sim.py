@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from simkit import T0, at, job, nodes, run
 
 from apportion import events as ev
+from apportion.audit.replay import preemption_report
 from apportion.timeutil import to_us
 
 H = 3600
@@ -47,6 +48,10 @@ def test_the_two_job_swap_ends_and_protection_doubles_per_preemption():
         # 60 s * 2**11 = 34 h > the 24 h the job needs: an attempt protected that long finishes,
         # so no job is preempted more than 11 times (bounded churn, whatever the ratios do)
         assert len(placed) <= 12
+    # the audit recomputes every grown protection from the log with the same function: it agrees
+    rep = preemption_report(r.log)
+    assert rep.total == sum(isinstance(e, ev.JobPreempted) for e in r.log) > 0
+    assert rep.violations == [] and rep.mismatches == []
 
 
 def test_cold_start_splits_by_share_and_holds_for_a_day():
