@@ -341,3 +341,17 @@ def test_allocated_work_the_holder_could_not_take_back_does_not_backfill():
     res = reserved_world(("a1", "lab/a", 3600.0), ("u", "lab/b", 0.0)).cycle()
     assert res.reservation == ("H", ("n0",))
     assert placements(res) == ["u@n0[2]"]
+
+
+def test_the_reservation_stays_on_the_node_whose_free_gpus_it_lent_to_unallocated_work():
+    """H (8 GPUs) waits. n0 has 2 free and 4 GPUs of unallocated backfill (u), 2 held by x
+    (protected); n1 has 3 free, 5 held by y (protected). Available to H now: n0 2 + 4 = 6, n1 3:
+    H keeps n0 (counting only free GPUs it would move to n1)."""
+    w = World(capacity=1e6).node("n0", 8).node("n1", 8)
+    w.run("x", "lab/b", {"n0": (0, 1)}, min_runtime_s=15 * 3600)
+    w.run("u", "lab/b", {"n0": (2, 3, 4, 5)}, allocated=False, started=h(9))
+    w.run("y", "lab/b", {"n1": (0, 1, 2, 3, 4)}, min_runtime_s=15 * 3600)
+    w.job("H", "lab/a", 8, queued=h(8), submitted=h(1))
+    res = w.cycle()
+    assert res.reservation == ("H", ("n0",))
+    assert not preempted(res)

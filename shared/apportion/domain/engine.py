@@ -1422,7 +1422,13 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         # blocked
         if holds_reservation:
             reserved_for = job.job_id
-            chosen_nodes = _reservation_nodes(free, g, k, model)
+            unalloc_gpus: dict[str, int] | None = None
+            if victims is not None:
+                taken = victims.taken
+                unalloc_gpus = {
+                    n: sum(len(x[2]) for x in lst if x[1].key not in taken) for n, lst in victims.unalloc.items()
+                }
+            chosen_nodes = _reservation_nodes(free, g, k, model, unalloc_gpus)
             for n in chosen_nodes:
                 free.reserve(n)
             res.reservation = (job.job_id, tuple(chosen_nodes))
@@ -1724,16 +1730,46 @@ def _emit_placed(
     )
 
 
-def _reservation_nodes(free: _Free, g: int, k: int, model: str | None) -> list[str]:
-    """k eligible nodes for a blocked job: most free GPUs first, ties by id.
+def _reservation_nodes(
+    free: _Free, g: int, k: int, model: str | None, unalloc: Mapping[str, int] | None = None
+) -> list[str]:
+    """k eligible nodes for a blocked job: most GPUs available to it now first, ties by id.
 
-    Eligible: not reserved, the model matches, at least g GPUs. Nodes with
-    c >= 1 free GPUs that are not reserved are exactly ``buckets[model][c]``,
-    so they are walked from the most free down; nodes with no free GPU are
+    Available: free, plus (``unalloc``: node -> GPUs) those of unallocated
+    runs, which the holder evicts as soon as it can start; so a node whose
+    free GPUs the reservation lent to unallocated work in the last cycle
+    ranks as it did and the reservation stays put. Eligible: not reserved,
+    the model matches, at least g GPUs. Nodes with c >= 1 free GPUs that are
+    not reserved are exactly ``buckets[model][c]``, so without unallocated
+    runs they are walked from the most free down; nodes with no free GPU are
     looked for only when fewer than k were found.
     """
     out: list[str] = []
     count = free.count
+    if unalloc:
+        ffree, reserved, fmodel = free.free, free.reserved, free.model
+        avail: dict[str, int] = {}
+        for m, b in free.buckets.items():
+            if model is not None and m != model:
+                continue
+            for c in range(1, len(b)):
+                for n in b[c]:
+                    if count[n] >= g:
+                        avail[n] = c
+        for n, u in unalloc.items():
+            if n in fmodel and n not in reserved and count[n] >= g and (model is None or fmodel[n] == model):
+                avail[n] = len(ffree[n]) + u
+        out = [n for _, n in sorted((-a, n) for n, a in avail.items())[:k]]
+        if len(out) == k:
+            return out
+        have = set(out)
+        zero = sorted(
+            n
+            for n, m in fmodel.items()
+            if n not in have and not ffree[n] and n not in reserved and (model is None or m == model) and count[n] >= g
+        )
+        out.extend(zero[: k - len(out)])
+        return out
     several = model is None and len(free.buckets) > 1
     for c in range(free.maxc, 0, -1):
         cand: list[str] = []
