@@ -1364,7 +1364,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                     hold_fit = 0  # the reservation's GPUs are all lent: nothing more to backfill
         holds_reservation = reserved_for is None and now_us - job.queued_at_us >= reservation_after_us
         mkey = leaf if model is None else leaf + "\x00" + model
-        charge = float(g * k) * (job.min_runtime_s if job.min_runtime_s < cfg.window_s else cfg.window_s)
+        charge = charge_of(g, k, job.min_runtime_s, cfg.window_s)
         if nodes is not None:
             placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
             _emit_placed(
@@ -1415,7 +1415,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         elif not cfg.preemption:
             record_pre_fail(mkey, g, k)
         if nodes is not None:
-            queue.charge(leaf, charge)  # = charge_of(g, k, min_runtime, W)
+            queue.charge(leaf, charge)
             charges += 1
             own_charges[leaf] = own_charges.get(leaf, 0) + 1
             continue
