@@ -9,6 +9,7 @@ cycle of a random simulation reverses or inverts a preemption.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from hypothesis import given, settings
@@ -113,3 +114,37 @@ def test_no_simulated_cycle_reverses_or_inverts_a_preemption(trace):
         assert (e.by_budget, e.budget) not in pairs, "V->B and B->V in one cycle"
         pairs.add((e.budget, e.by_budget))
     assert r.violations == []
+
+
+churn_st = st.lists(
+    st.tuples(
+        st.sampled_from("ab"),
+        st.sampled_from([2, 4, 8]),
+        st.sampled_from([300, 1800]),  # min runtime, s
+        st.sampled_from([5400, 18000, 30000]),  # duration, s (never min_runtime * 2**n exactly)
+        st.integers(0, 6),  # submit, in 10-minute steps
+    ),
+    min_size=2,
+    max_size=8,
+)
+
+
+@settings(max_examples=15, deadline=None)
+@given(churn_st)
+def test_bounded_churn_an_allocated_job_is_preempted_at_most_log2_duration_over_min_runtime_times(trace):
+    """Protection after n preemptions is min_runtime * 2**n (uncapped here: W/4 = 42 h), and an
+    attempt protected at least as long as the job's duration finishes before it can be preempted,
+    so a job is preempted at most ceil(log2(duration / min_runtime)) times, whatever the ratios."""
+    jobs = [
+        job(f"j{i}", f"lab/{b}", gpus=g, min_runtime_s=mr, duration_s=d, submit=T0 + s * 600 * 10**6)
+        for i, (b, g, mr, d, s) in enumerate(trace)
+    ]
+    r = run(AB, nodes(("n0", 8)), jobs, until_us=at(300))
+    count: dict[str, int] = defaultdict(int)
+    for e in r.log:
+        if isinstance(e, ev.JobPreempted):
+            count[e.job_id] += 1
+    for j in jobs:
+        bound = math.ceil(math.log2(j.duration_s / j.min_runtime_s))
+        assert count[j.job_id] <= bound, (j.job_id, count[j.job_id], bound)
+    assert {e.job_id for e in r.log if isinstance(e, ev.JobCompleted)} == {j.job_id for j in jobs}
