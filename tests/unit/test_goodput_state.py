@@ -18,7 +18,7 @@ from apportion.domain.cluster import (
     work_lost_gpu_s,
     work_ref_us,
 )
-from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, step
+from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, step
 from apportion.domain.engine import order_key
 from apportion.timeutil import from_us
 
@@ -271,3 +271,22 @@ def test_drain_records_the_work_lost():
     out = step(state, ev.NodeDrainRequested(node_id="n0", ts=from_us(m(30))), m(30), CFG)
     assert types(out)[:1] == ["JobPreempted:u"] and out[0].reason == "drain"
     assert out[0].lost_gpu_s == 4 * 600.0  # 10 min on 4 GPUs since the checkpoint
+
+
+def test_a_lost_gangs_grace_replays_from_the_jobs_topic_alone():
+    """The dispatcher does not read the commands topic back: a state recovered from the other
+    topics (no StopWorkload) must still wait the grace period before requeueing."""
+    state = DispatchState(TREE)
+    log = []
+    for e in (reg("n0"), reg("n1"), submitted("g", budget="lab/b", gpus=4, replicas=2, min_runtime_s=60)):
+        log += [e, *step(state, e, T0, CFG)]
+    log += step(state, Tick(T0), T0, CFG)
+    lost = ev.NodeLost(node_id="n0", last_heartbeat=from_us(m(10)), ts=from_us(m(11)))
+    log += [lost, *step(state, lost, m(11), CFG)]
+    recovered = DispatchState(TREE)
+    for e in log:
+        if not isinstance(e, (ev.StartWorkload, ev.StopWorkload)):
+            recovered = evolve(recovered, e)
+    assert step(recovered, Tick(m(11) + 29_000_000), m(11) + 29_000_000, CFG) == []
+    out = step(recovered, Tick(m(11) + 30_000_000), m(11) + 30_000_000, CFG)
+    assert types(out)[0] == "JobRequeued:g"

@@ -161,11 +161,18 @@ class JobRecord:
 
 @dataclass(frozen=True, slots=True)
 class _Stopping:
-    """A preempted run waiting for its processes to stop."""
+    """A preempted run waiting for its processes to stop.
+
+    ``plus_grace``: the deadline is ``deadline_us`` plus the configured grace
+    period (a lost gang's surviving replicas: ``JobLost`` carries no grace,
+    so the deadline is derived from the config, which the dispatcher records,
+    and replays identically from the jobs topic).
+    """
 
     deadline_us: Micros
     replicas_left: frozenset[int]
     requeue: bool
+    plus_grace: bool = False
 
 
 class DispatchState:
@@ -482,7 +489,7 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         st = state.stopping.get(key)
         if st is not None:
             left = frozenset() if ev.replica is None else st.replicas_left - {ev.replica}  # type: ignore[attr-defined]
-            state.stopping[key] = _Stopping(st.deadline_us, left, st.requeue)
+            state.stopping[key] = _Stopping(st.deadline_us, left, st.requeue, st.plus_grace)
         else:
             rec = jobs.get(ev.job_id)  # type: ignore[attr-defined]
             if (
@@ -513,19 +520,11 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
             _stop_done(state, key)
             run = state.cluster.runs.get(key)
             if run is not None:
-                # a gang's replicas on other nodes are stopping: their StopWorkload (folded next)
-                # sets the deadline to its grace period; until then the stop may finish at once
+                # a gang's replicas on other nodes are stopping, with the configured grace period
                 jobs[ev.job_id] = replace(rec, status="stopping")  # type: ignore[attr-defined]
-                state.stopping[key] = _Stopping(to_us(ev.ts), run.open_replicas, True)
+                state.stopping[key] = _Stopping(to_us(ev.ts), run.open_replicas, True, plus_grace=True)
             else:
                 jobs[ev.job_id] = replace(rec, status="lost")  # type: ignore[attr-defined]
-    elif cls is StopWorkload:
-        key = (ev.job_id, ev.attempt)  # type: ignore[attr-defined]
-        st = state.stopping.get(key)
-        if st is not None:  # the grace of a stop decided after the run began stopping (lost gang replicas)
-            end = to_us(ev.ts) + s_to_us(ev.grace_s)  # type: ignore[attr-defined]
-            if end > st.deadline_us:
-                state.stopping[key] = _Stopping(end, st.replicas_left, st.requeue)
     elif cls is NodeDrainRequested:
         state.draining.add(ev.node_id)  # type: ignore[attr-defined]
     elif cls is NodeDrained or cls is NodeLost or cls.__name__ == "NodeUncordoned":
@@ -746,7 +745,8 @@ def maintenance(state: DispatchState, now_us: Micros, config: DispatchConfig | N
     finished: set[RunKey] = set()  # stops finished in this pass (their JobRequeued is not folded yet)
     for key in sorted(state.stopping):
         st = state.stopping[key]
-        if now_us >= st.deadline_us and key not in handled:
+        deadline = st.deadline_us + (s_to_us(cfg.engine.grace_s) if st.plus_grace else 0)
+        if now_us >= deadline and key not in handled:
             out.extend(_finish_stop(state, key, ts, prod, finished))
             finished.add(key)
     for nid in sorted(state.draining):
@@ -927,7 +927,8 @@ def wakeups(ev: Event, config: DispatchConfig | None = None) -> list[Micros]:
     """Future times (µs) at which ``ev`` may make a :class:`Tick` decide something new.
 
     For drivers that tick on demand (the simulator): protection expiry of a
-    placed or started allocated run, end of a preemption grace period,
+    placed allocated run (its recorded protection, :func:`placed_protection_us`),
+    end of the grace period of a preemption or of a lost gang's survivors,
     ``reservation_after`` of a queued job, heartbeat deadline of a node.
     """
     cfg = config or DispatchConfig()
@@ -937,6 +938,8 @@ def wakeups(ev: Event, config: DispatchConfig | None = None) -> list[Micros]:
         return [t + placed_protection_us(ev)]  # type: ignore[arg-type]
     if cls is JobPreempted:
         return [t + s_to_us(ev.grace_s)]  # type: ignore[attr-defined]
+    if cls is JobLost:  # a gang's surviving replicas stop within the grace period
+        return [t + s_to_us(cfg.engine.grace_s)]
     if cls is JobQueued or cls is JobRequeued:
         return [t + s_to_us(cfg.engine.reservation_after_s)]
     if cls is NodeHeartbeat and cfg.heartbeat_timeout_s is not None:
