@@ -147,13 +147,15 @@ def protection_s(
     """
     if min_runtime_s <= 0.0:
         return 0.0
-    grown = min_runtime_s * 2.0 ** min(max(preemptions, 0), _MAX_DOUBLINGS)
-    cap = math.inf
-    if max_min_runtime_s is not None:
-        cap = max_min_runtime_s
+    if preemptions <= 0:
+        return min_runtime_s  # the common case: every cap is >= min_runtime's promise
+    grown = min_runtime_s * 2.0 ** (preemptions if preemptions < _MAX_DOUBLINGS else _MAX_DOUBLINGS)
+    cap = math.inf if max_min_runtime_s is None else max_min_runtime_s
     if window_s is not None and window_s / 4.0 < cap:
         cap = window_s / 4.0
-    return max(min_runtime_s, min(grown, cap))
+    if grown > cap:
+        grown = cap
+    return grown if grown > min_runtime_s else min_runtime_s
 
 
 def placed_protection_us(ev: JobPlaced) -> Micros:

@@ -1826,7 +1826,11 @@ def _plan(
     victims with their :class:`Victim` audit records; the free index is
     updated (J's GPUs taken) when a plan is returned.
     """
-    view: ShareView = ratio if hasattr(ratio, "ratio_after") else _CallableView(ratio)  # type: ignore[arg-type,assignment]
+    view: ShareView = (
+        ratio  # type: ignore[assignment]
+        if type(ratio) is FairShareQueue or hasattr(ratio, "ratio_after")
+        else _CallableView(ratio)  # type: ignore[arg-type]
+    )
     victims.narrowed = False
     g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
     taken = victims.taken
