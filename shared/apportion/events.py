@@ -190,6 +190,9 @@ class Victim(_Model):
     preemptor_ratio: float | None = None
     lost_gpu_s: float | None = None
     """Work the victim loses (GPU-seconds since its last checkpoint): a cost term of DESIGN section 3."""
+    preemptor_ratio_after: float | None = None
+    """r of the preemptor's branch with the job's provisional charge: the after-move test of
+    DESIGN section 3 requires it to be <= ``victim_ratio`` (``None`` for rule ``unallocated``)."""
 
 
 class Decision(_Model):
@@ -222,6 +225,12 @@ class Decision(_Model):
     reservation: bool = False
     policy_version: str = "fairtree-1"
     inputs: dict[str, int] | None = None
+    protection_s: float | None = None
+    """Protection the placed run gets, seconds (``cluster.protection_s``: the minimum
+    runtime grown with ``preemptions``, capped); ``None`` for unallocated jobs and
+    on decisions written before protection grew (it was then ``min_runtime_s``)."""
+    preemptions: int | None = None
+    """Times the job had been preempted before this attempt (the input of ``protection_s``)."""
 
 
 class GpuInfo(_Model):

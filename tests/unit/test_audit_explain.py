@@ -4,11 +4,14 @@ the rule, the LCA and both r values, and every decision re-runs identically.
 Same history as test_audit_verify.py (delta 0.01, two 1-GPU nodes)::
 
     lab (1.0)
-    ├── a  0.5     a1 at 0:00 (1 h protection)
-    └── b  0.5     b1 at 0:01, b2 at 0:02
+    ├── a  0.5     a1, a2 at 0:00 (1 h protection)
+    └── b  0.5     b1 at 0:01, b2 at 2:00
 
-At 1:00 a1's protection has ended: O_a = 3600, O_b = 3540, K = 7200 ->
-r_a = 1.0 >= r_b = 0.9833 + 0.01, so b2 preempts a1 (rule expired_behind, LCA lab).
+At 1:00 a1's protection has ended: O_a = 7200, O_b = 0, K = 7200 -> r_a = 2.0 >=
+r_b = 0 + 0.01, and after the move r_b = 3600 / 3600 = 1.0 <= 2.0, so b1 preempts a1
+(rule expired_behind, LCA lab). a1's second attempt never takes the GPU back (a stays
+ahead of b); before the after-move test of DESIGN section 3 the history ended in that
+swap.
 """
 
 from __future__ import annotations
@@ -26,11 +29,10 @@ def test_preempted_job_names_preemptor_rule_and_ratios() -> None:
     kinds = [e.kind for e in ex.timeline]
     assert kinds[:2] == ["JobSubmitted", "JobQueued"]
     pre = next(e for e in ex.timeline if e.kind == "JobPreempted")
-    assert pre.details["by_job_id"] == "b2" and pre.details["by_budget"] == "lab/b"
+    assert pre.details["by_job_id"] == "b1" and pre.details["by_budget"] == "lab/b"
     v = pre.details["victim"]
-    assert (v["rule"], v["lca"], v["victim_ratio"]) == ("expired_behind", "lab", 1.0)
-    assert abs(v["preemptor_ratio"] - 3540 / 3600) < 1e-12
-    assert "preempted by b2 (lab/b): rule expired_behind at LCA lab" in pre.summary
+    assert (v["rule"], v["lca"], v["victim_ratio"], v["preemptor_ratio"]) == ("expired_behind", "lab", 2.0, 0.0)
+    assert "preempted by b1 (lab/b): rule expired_behind at LCA lab" in pre.summary
     assert pre.check == {
         "match": True,
         "basis": "log-order",
@@ -39,11 +41,16 @@ def test_preempted_job_names_preemptor_rule_and_ratios() -> None:
         "tick_offset": pre.check["tick_offset"],
     }
     assert kinds.index("JobPreempted") < kinds.index("JobRequeued")
-    # then a1 (attempt 2) itself preempts b1 at 1:01
-    mine = next(e for e in ex.timeline if e.kind == "Preempts")
-    assert mine.details["victim_job"] == "b1" and mine.check["match"]
+    assert "Preempts" not in kinds  # a1 (attempt 2) does not take its GPU back: no swap
     placed = [e for e in ex.timeline if e.kind == "JobPlaced"]
-    assert [p.attempt for p in placed] == [1, 2] and all(p.check["match"] for p in placed)
+    assert [p.attempt for p in placed] == [1] and all(p.check["match"] for p in placed)
+
+
+def test_the_preemptor_names_its_victim() -> None:
+    ex = explain(records_from_events(history()), "b1", CFG)
+    assert ex.found and ex.decisions_match
+    mine = next(e for e in ex.timeline if e.kind == "Preempts")
+    assert mine.details["victim_job"] == "a1" and mine.check["match"]
 
 
 def test_a_tampered_placement_is_a_mismatch_in_the_explanation() -> None:

@@ -1,12 +1,17 @@
 """audit verify on hand-built logs: a clean simulated log passes; a tampered snapshot,
 decision or read-model row is reported at the offset where it appears.
 
-History (tree drawn below; two 1-GPU nodes, delta 0.01; the scenario of
-tests/sim/test_scenarios.py::test_preemption_after_expiry_when_hysteresis_holds)::
+History (tree drawn below; two 1-GPU nodes, delta 0.01)::
 
     lab (1.0)
-    ├── a  0.5     a1 at 0:00 (1 h protection, runs 10 h)
-    └── b  0.5     b1 at 0:01, b2 at 0:02 -> at 1:00 b2 preempts a1 (expired_behind)
+    ├── a  0.5     a1, a2 at 0:00 (1 h protection, run 10 h): a holds both GPUs
+    └── b  0.5     b1 at 0:01 -> at 1:00 b1 preempts a1 (r_a 2.0 vs r_b 0; after the
+                   move r_b = 3600 / 3600 = 1.0 <= 2.0); b2 at 2:00 -> preempts a2
+                   (r_a = 2 * 10800 / 7200 = 3.0, r_b = 1.0, after 2.0)
+
+(Before the after-move test of DESIGN section 3 this history was a1 alone on one GPU,
+b1 on the other and b2 preempting a1 at 1:00: b taking both GPUs from an even split,
+the swap the rule now refuses.)
 """
 
 from __future__ import annotations
@@ -42,8 +47,9 @@ def history(snapshot_times: tuple[int, ...] = ()) -> list[events.Event]:
     """Budgets, the simulated scenario, and accounting snapshots at the given times."""
     jobs = [
         job("a1", "lab/a", min_runtime_s=3600, duration_s=10 * 3600),
+        job("a2", "lab/a", min_runtime_s=3600, duration_s=10 * 3600),
         job("b1", "lab/b", submit=at(0, 1), min_runtime_s=3600, duration_s=10 * 3600),
-        job("b2", "lab/b", submit=at(0, 2), min_runtime_s=3600, duration_s=3600),
+        job("b2", "lab/b", submit=at(2), min_runtime_s=3600, duration_s=3600),
     ]
     r = run(AB, nodes(("n0", 1), ("n1", 1)), jobs, until_us=at(3), delta=0.01)
     log = [events.BudgetSet(path=p, share=s, ts=from_us(T0 - 1), producer="ops") for p, s in AB.items()]
@@ -58,14 +64,14 @@ def history(snapshot_times: tuple[int, ...] = ()) -> list[events.Event]:
 def test_clean_log_every_decision_reruns_identically() -> None:
     recs = records_from_events(history())
     checks = rerun_decisions(recs, CFG)
-    assert len(checks) == 5 and all(c.match for c in checks), [c.diffs for c in checks if not c.match]
+    assert len(checks) == 3 and all(c.match for c in checks), [c.diffs for c in checks if not c.match]
     assert {c.basis for c in checks} == {"log-order"}  # the simulator records no input position
 
 
 def test_clean_log_verifies() -> None:
     rep = verify(records_from_events(history((at(0, 30), at(1, 30), at(2, 30)))), config=CFG)
     assert rep.ok, rep.to_dict()
-    assert rep.snapshots == 3 and rep.decisions == 5
+    assert rep.snapshots == 3 and rep.decisions == 3
 
 
 def test_tampered_snapshot_is_named_by_its_offset() -> None:
@@ -102,7 +108,7 @@ def test_tampered_decision_is_named_by_its_offset() -> None:
     assert not rep.ok
     m = rep.first
     assert m.check == "decision" and "decision.rank: recorded 7, re-run 0" in m.detail
-    # the first record of that tick: a1's preemption (same instant, earlier offset)
+    # the first record of that tick: a2's preemption (same instant, earlier offset)
     tick = sorted(
         (
             r
@@ -151,7 +157,7 @@ def test_dispatcher_job_row_that_disagrees_is_reported(field: str, value: object
             "nodes": [p.node_id for p in run_.placements] if run_ else [],
         }
     assert check_read_models(recs, {"jobs": jobs}, CFG) == []
-    jid = sorted(jobs)[0]
+    jid = next(j for j in sorted(jobs) if jobs[j]["state"] == "running")  # b1
     jobs[jid] = jobs[jid] | {field: value}
     (m,) = check_read_models(recs, {"jobs": jobs}, CFG)
     assert m.subject == f"jobs[{jid}]" and m.offset is not None

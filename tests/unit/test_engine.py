@@ -267,17 +267,25 @@ PREEMPTION_CASES = [
         id="never a protected run, however far over share",
     ),
     pytest.param(
-        # K = 1000: E_a = 500, E_b = 250. O_b = 262.5 -> r_b = 1.05, r_a = 1.0: gap 0.05 exactly.
-        World().node("n0", 4).run("e", "lab/b", {"n0": (0, 1, 2, 3)}, min_runtime_s=60).job("j", "lab/a", 4),
-        {"lab/a": 500.0, "lab/b": 262.5, "lab": 762.5},
+        # K = 1e6: E_a = 5e5, E_b = 2.5e5. O_b = 262500 -> r_b = 1.05, r_a = 1.0: gap 0.05 exactly.
+        # (K was 1000 before the after-move test: j's charge 4 * 3600 GPU-s then put r_a at 29.8.)
+        # After the move r_a = (5e5 + 14400) / 5e5 = 1.0288 <= r_b: allowed.
+        World(capacity=1e6)
+        .node("n0", 4)
+        .run("e", "lab/b", {"n0": (0, 1, 2, 3)}, min_runtime_s=60)
+        .job("j", "lab/a", 4),
+        {"lab/a": 5e5, "lab/b": 262500.0, "lab": 762500.0},
         ["e<-j"],
         ["j@n0[0, 1, 2, 3]"],
         id="expired allocated run behind by exactly delta",
     ),
     pytest.param(
-        # O_b = 262.0 -> r_b = 1.048 < 1.0 + 0.05.
-        World().node("n0", 4).run("e", "lab/b", {"n0": (0, 1, 2, 3)}, min_runtime_s=60).job("j", "lab/a", 4),
-        {"lab/a": 500.0, "lab/b": 262.0, "lab": 762.0},
+        # O_b = 262000 -> r_b = 1.048 < 1.0 + 0.05.
+        World(capacity=1e6)
+        .node("n0", 4)
+        .run("e", "lab/b", {"n0": (0, 1, 2, 3)}, min_runtime_s=60)
+        .job("j", "lab/a", 4),
+        {"lab/a": 5e5, "lab/b": 262000.0, "lab": 762000.0},
         [],
         [],
         id="expired but inside the hysteresis",
@@ -511,8 +519,8 @@ def test_behind_set_by_tree_walk_equals_the_lca_rule():
     # the pairwise rule r(V branch) >= r(B branch) + delta of DESIGN section 3.
     import random
 
-    from apportion.domain.engine import _Victims
-    from apportion.domain.fairshare import ratios
+    from apportion.domain.engine import _branches, _Victims
+    from apportion.domain.fairshare import FairShareQueue
 
     rng = random.Random(11)
     spec = {"o": 1.0}
@@ -531,14 +539,17 @@ def test_behind_set_by_tree_walk_equals_the_lca_rule():
             v = rng.uniform(0, 300)
             for a in tree.ancestors(leaf):
                 occ[a] = occ.get(a, 0.0) + v
-        r = ratios(tree, occ, 1000.0)
+        view = FairShareQueue(tree, occ, 1000.0, {})
         vic = _Victims.__new__(_Victims)
         vic.expired = {leaf: {} for leaf in rng.sample(leaves, 8)}
         vic.behind, vic.under = {}, None
+        # with the after-move test (a random charge) and some moves already made this cycle
+        moves = {_branches(*rng.sample(leaves, 2)) for _ in range(3)} - {None}
         for b in leaves:
-            by_lca = vic.behind_of(b, r.__getitem__, 0.05, trial, None)
+            charge = rng.choice([0.0, 10.0, 100.0])
+            by_lca = vic.behind_of(b, view, 0.05, trial, None, charge, moves)
             vic.behind.clear()
-            by_walk = vic.behind_of(b, r.__getitem__, 0.05, trial, tree)
+            by_walk = vic.behind_of(b, view, 0.05, trial, tree, charge, moves)
             vic.behind.clear()
             assert by_walk == by_lca
 

@@ -151,12 +151,18 @@ def test_budget_order(spec: dict[str, float], leaf_occ: dict[str, float], expect
     assert budget_order(tree, occ_of(leaf_occ), K) == expected
 
 
-def test_zero_capacity_makes_any_usage_infinite() -> None:
-    """K = 0 (no capacity in the window): E = 0, so r is 0 for idle and inf for used budgets."""
-    tree = BudgetTree.from_mapping({"a": 0.5, "b": 0.5})
-    r = ratios(tree, {"a": 5.0}, 0.0)
-    assert r == {"a": INF, "b": 0.0}
-    assert budget_order(tree, {"a": 5.0}, 0.0) == ("b", "a")
+def test_zero_capacity_ranks_by_occupancy_per_share_not_by_path() -> None:
+    """K = 0 (an empty window, cold start): K is floored at 1 GPU-s, so r = O / abs(b) and both
+    used budgets stay comparable instead of both being +inf (which would order them by path).
+
+    a: 5 GPU-s at share 0.5 -> r = 10; b: 2 GPU-s at 0.25 -> 8; c idle -> 0.
+    """
+    tree = BudgetTree.from_mapping({"a": 0.5, "b": 0.25, "c": 0.25})
+    r = ratios(tree, {"a": 5.0, "b": 2.0}, 0.0)
+    assert r == {"a": 10.0, "b": 8.0, "c": 0.0}
+    assert budget_order(tree, {"a": 5.0, "b": 2.0}, 0.0) == ("c", "b", "a")
+    assert ratios(tree, {"a": 5.0}, 0.5) == ratios(tree, {"a": 5.0}, 0.0)  # below the floor: the same
+    assert ratios(tree, {"a": 5.0}, 10.0)["a"] == 1.0  # above it: unchanged, 5 / (0.5 * 10)
 
 
 def test_ratios_of_inner_nodes_include_descendants() -> None:

@@ -14,11 +14,12 @@ from typing import Any
 
 from apportion import events
 from apportion.bus.reader import LogRecord
-from apportion.domain.budgets import fold_budget_log
+from apportion.domain.budgets import BudgetError, BudgetTree, fold_budget_log
+from apportion.domain.cluster import protection_s
 from apportion.domain.fairshare import budget_order
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.usage import usage_snapshot
-from apportion.timeutil import WEEK_S, Micros, from_us, to_us
+from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us, to_us
 
 
 def decoded(records: Iterable[LogRecord | events.Event]) -> list[events.Event]:
@@ -72,6 +73,8 @@ class PreemptionReport:
             as dicts with job, attempt, at, protected_until.
         thrash: jobs preempted more than the threshold, ``{job_id: count}``.
         total: number of preemptions.
+        mismatches: placements whose recorded ``Decision.protection_s`` is not what
+            :func:`~apportion.domain.cluster.protection_s` gives from the log (must be empty).
     """
 
     pairs: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -79,6 +82,7 @@ class PreemptionReport:
     violations: list[dict[str, Any]] = field(default_factory=list)
     thrash: dict[str, int] = field(default_factory=dict)
     total: int = 0
+    mismatches: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
@@ -89,32 +93,71 @@ class PreemptionReport:
             ],
             "rules": dict(sorted(self.rules.items())),
             "protection_violations": self.violations,
+            "protection_mismatches": self.mismatches,
             "thrash": dict(sorted(self.thrash.items())),
         }
 
 
 def preemption_report(
-    records: Sequence[LogRecord], *, since: Micros | None = None, until: Micros | None = None, thrash_over: int = 3
+    records: Sequence[LogRecord],
+    *,
+    since: Micros | None = None,
+    until: Micros | None = None,
+    thrash_over: int = 3,
+    window_s: float = WEEK_S,
 ) -> PreemptionReport:
     """Count preemptions by victim and preemptor budget and check protection.
 
     A protection violation is a ``JobPreempted`` of an allocated run at an
-    event time earlier than ``started_at + min_runtime``, where
+    event time earlier than ``started_at + protection``, where
     ``started_at`` is the latest ``JobStarted`` of that run (or its
-    ``JobPlaced`` time when no start was recorded) — except preemptions
-    caused by node loss, which are not decisions. DESIGN section 3: this
-    must never happen.
+    ``JobPlaced`` time when no start was recorded), and ``protection`` is
+    :func:`apportion.domain.cluster.protection_s` - the function the
+    scheduler uses - of the facts in the log: the job's minimum runtime,
+    how many times it had been preempted before (its ``JobPreempted``
+    events, one per attempt), the budget's ``max_min_runtime`` in the
+    budget tree folded up to the placement, and the window ``window_s``. A
+    placement whose decision records no ``protection_s`` was decided before
+    protection grew with preemptions: its protection is the minimum
+    runtime. A placement whose recorded ``protection_s`` differs from the
+    recomputed one is listed in ``mismatches``. DESIGN section 3: neither
+    may happen.
     """
     started: dict[tuple[str, int], Micros] = {}
-    min_rt: dict[tuple[str, int], float] = {}
+    protection: dict[tuple[str, int], Micros] = {}
     rep = PreemptionReport()
     per_job: dict[str, int] = defaultdict(int)
     first_start: set[tuple[str, int]] = set()
-    for ev in decoded(records):
-        if isinstance(ev, events.JobPlaced):
+    evs = decoded(records)
+    rejected = {e.rejected_event_id for e in evs if isinstance(e, events.BudgetRejected)}
+    tree = BudgetTree.empty()
+    preempted: dict[str, set[int]] = defaultdict(set)  # job -> attempts preempted (duplicates count once)
+    for ev in evs:
+        if isinstance(ev, (events.BudgetSet, events.BudgetRemoved)):
+            if ev.event_id not in rejected:
+                try:
+                    tree = tree.apply(ev)
+                except BudgetError:
+                    pass
+        elif isinstance(ev, events.JobPlaced):
             key = (ev.job_id, ev.attempt)
             started.setdefault(key, to_us(ev.ts))
-            min_rt[key] = ev.min_runtime_s
+            if ev.allocated and ev.decision.protection_s is not None:
+                n = sum(1 for a in preempted.get(ev.job_id, ()) if a < ev.attempt)
+                want = protection_s(ev.min_runtime_s, n, tree.max_min_runtime_s(ev.budget), window_s)
+                if abs(want - ev.decision.protection_s) > 1e-6:
+                    rep.mismatches.append(
+                        {
+                            "job_id": ev.job_id,
+                            "attempt": ev.attempt,
+                            "recorded_protection_s": ev.decision.protection_s,
+                            "protection_s": want,
+                            "preemptions": n,
+                        }
+                    )
+                protection[key] = s_to_us(want)
+            else:
+                protection[key] = s_to_us(ev.min_runtime_s if ev.allocated else 0.0)
         elif isinstance(ev, events.JobStarted):
             key = (ev.job_id, ev.attempt)
             t = to_us(ev.ts)
@@ -123,6 +166,7 @@ def preemption_report(
                 first_start.add(key)
                 started[key] = t
         elif isinstance(ev, events.JobPreempted):
+            preempted[ev.job_id].add(ev.attempt)
             t = to_us(ev.ts)
             if (since is not None and t < since) or (until is not None and t > until):
                 continue
@@ -134,7 +178,7 @@ def preemption_report(
             rep.rules[rule] = rep.rules.get(rule, 0) + 1
             key = (ev.job_id, ev.attempt)
             if ev.allocated and key in started:
-                until_t = started[key] + round(min_rt.get(key, 0.0) * 1_000_000)
+                until_t = started[key] + protection.get(key, 0)
                 if t < until_t:
                     rep.violations.append(
                         {

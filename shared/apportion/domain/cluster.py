@@ -24,8 +24,14 @@ Fold rules:
 * ``JobPlaced`` -> a run holding the GPUs in its placements (they leave the
   node's free set; GPUs of a *stopping* victim are taken over).
 * ``JobStarted`` -> ``started_at`` (the latest replica start; protection
-  runs from there).
-* ``JobPreempted`` -> the run is *stopping*: it no longer counts as running
+  runs from there, for :func:`protection_s` recorded by the decision).
+* ``JobCheckpointed`` -> the replica's latest checkpoint (time, progress);
+  a gang's checkpoint is the smallest over its replicas' latest ones
+  (:attr:`Run.checkpoint_us`, :attr:`Run.checkpoint_progress_s`), and the
+  job's resume point (:attr:`ClusterState.progress`) follows it across
+  attempts. Work lost is :func:`work_lost_gpu_s`.
+* ``JobPreempted`` -> the job's preemption count
+  (:attr:`ClusterState.preemptions`) grows by one and the run is *stopping*: it no longer counts as running
   work (it is not a candidate for anything), but its GPUs that the
   preemptor did not take stay held until the job is requeued, so nothing
   else lands on a GPU whose process is still shutting down (SIGTERM grace).
@@ -34,8 +40,12 @@ Fold rules:
 * ``JobCompleted``/``JobFailed`` with ``replica`` -> that replica's GPUs are
   free (the run ends when all replicas have); without ``replica`` -> the
   whole run. A report for a stopping run is ignored (the requeue frees it).
-* ``JobCancelled`` (with attempt) and ``JobLost`` -> the whole run is gone,
-  its GPUs free.
+* ``JobCancelled`` (with attempt) -> the whole run is gone, its GPUs free.
+* ``JobLost`` -> the replicas on the lost node are gone (their GPUs free);
+  a gang's replicas on other nodes are being stopped with the normal grace
+  period, so the run is *stopping* and they keep their GPUs until the job
+  is requeued (as for a preemption). A job that ended (completed, cancelled, or failed as a
+  whole run) leaves the per-job tables.
 
 Events for unknown nodes or runs are ignored, so duplicates are harmless.
 Times are int microseconds since the epoch, UTC.
@@ -43,12 +53,14 @@ Times are int microseconds since the epoch, UTC.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from apportion.events import (
     Event,
     JobCancelled,
+    JobCheckpointed,
     JobCompleted,
     JobFailed,
     JobLost,
@@ -67,7 +79,18 @@ from apportion.events import (
 )
 from apportion.timeutil import Micros, s_to_us, to_us
 
-__all__ = ["Node", "Run", "RunKey", "ClusterState", "ClusterSnapshot", "NODE_STATES"]
+__all__ = [
+    "Node",
+    "Run",
+    "RunKey",
+    "ClusterState",
+    "ClusterSnapshot",
+    "NODE_STATES",
+    "protection_s",
+    "work_ref_us",
+    "work_lost_gpu_s",
+    "placed_protection_us",
+]
 
 #: Node states (DESIGN section 1). Only ``ready`` nodes take new work.
 NODE_STATES = ("ready", "cordoned", "draining", "drained", "lost")
@@ -78,6 +101,75 @@ UNTIL_STARTED: Micros = 2**62
 
 RunKey = tuple[str, int]
 """A run is one attempt of a job: ``(job_id, attempt)``."""
+
+
+#: Most doublings :func:`protection_s` applies (2**60 x any minimum runtime is past every cap).
+_MAX_DOUBLINGS = 60
+
+
+def protection_s(
+    min_runtime_s: float,
+    preemptions: int,
+    max_min_runtime_s: float | None = None,
+    window_s: float | None = None,
+) -> float:
+    """Length of a run's preemption protection, seconds: the one home of DESIGN section 3's
+    "bounded churn" rule.
+
+    ``min_runtime * 2**preemptions``, capped by the budget's ``max_min_runtime``
+    and by ``W / 4``, and never below ``min_runtime`` (the caps bound the
+    growth, not the promise of the contract: "protected for min_runtime
+    after each start"). ``preemptions`` counts how many times the job was
+    preempted before this attempt (its ``JobPreempted`` events in the log),
+    so a job that keeps being preempted is protected for longer each time
+    and finishes. Unallocated jobs (``min_runtime_s <= 0``) get 0.
+
+    The engine calls it when it places a job and records the value in
+    ``Decision.protection_s``; :class:`ClusterState` folds that value into
+    :attr:`Run.protection_us`; the audit
+    (:func:`apportion.audit.replay.preemption_report`) recomputes it from
+    the log with this same function.
+
+    Args:
+        min_runtime_s: the job's minimum runtime, seconds.
+        preemptions: times the job was preempted before (>= 0).
+        max_min_runtime_s: the budget's (inherited) ``max_min_runtime``,
+            seconds, or ``None`` (no cap).
+        window_s: occupancy window W, seconds, or ``None`` (no cap).
+
+    Returns:
+        Protection in seconds (``min_runtime_s <= result``).
+
+    >>> protection_s(60.0, 0), protection_s(60.0, 3), protection_s(60.0, 3, max_min_runtime_s=300.0)
+    (60.0, 480.0, 300.0)
+    >>> protection_s(3600.0, 10, window_s=4 * 7200.0), protection_s(3600.0, 1, max_min_runtime_s=60.0)
+    (7200.0, 3600.0)
+    """
+    if min_runtime_s <= 0.0:
+        return 0.0
+    if preemptions <= 0:
+        return min_runtime_s  # the common case: every cap is >= min_runtime's promise
+    grown = min_runtime_s * 2.0 ** (preemptions if preemptions < _MAX_DOUBLINGS else _MAX_DOUBLINGS)
+    cap = math.inf if max_min_runtime_s is None else max_min_runtime_s
+    if window_s is not None and window_s / 4.0 < cap:
+        cap = window_s / 4.0
+    if grown > cap:
+        grown = cap
+    return grown if grown > min_runtime_s else min_runtime_s
+
+
+def placed_protection_us(ev: JobPlaced) -> Micros:
+    """Protection length of the run ``ev`` placed, µs (0 for unallocated).
+
+    ``Decision.protection_s`` (what :func:`protection_s` gave the engine)
+    when recorded; a record without it was decided before protection grew
+    with preemptions, when it was ``min_runtime``.
+    """
+    if not ev.allocated:
+        return 0
+    p = ev.decision.protection_s
+    return s_to_us(ev.min_runtime_s if p is None else p)
+
 
 _STATE_OF: dict[type, str] = {
     NodeCordoned: "cordoned",
@@ -131,8 +223,12 @@ class Run:
         submitted_at_us: original submission time (kept across requeues).
         open_replicas: replicas still holding GPUs.
         stopping: preempted, waiting for its processes to stop.
-        duration_s, command: the workload (re-sent on requeue).
-        gpu_model: requested model, or ``None``.
+        protection_us: protection length, µs (:func:`protection_s`, recorded
+            in the placement's decision); ``None``: ``min_runtime_us``.
+        preemptions: times the job had been preempted before this attempt.
+        resumed_from_s: job progress (seconds of work) this attempt resumed from.
+        checkpoints: per replica, its latest checkpoint ``(replica, at µs UTC,
+            progress s)``, sorted by replica.
     """
 
     job_id: str
@@ -150,6 +246,10 @@ class Run:
     started_replicas: frozenset[int] = frozenset()
     open_replicas: frozenset[int] = frozenset()
     stopping: bool = False
+    protection_us: Micros | None = None
+    preemptions: int = 0
+    resumed_from_s: float = 0.0
+    checkpoints: tuple[tuple[int, Micros, float], ...] = ()
 
     @property
     def key(self) -> RunKey:
@@ -165,9 +265,10 @@ class Run:
     def protected_until_us(self) -> Micros | None:
         """End of minimum-runtime protection, µs UTC; ``None`` when unallocated.
 
-        Protection runs for ``min_runtime`` from the latest replica start
-        (DESIGN section 3: "protected from preemption for min_runtime after
-        each start"). Until every replica has reported ``JobStarted`` the run
+        Protection runs for :attr:`protection_us` (:func:`protection_s`: the
+        minimum runtime, grown with the job's preemptions) from the latest
+        replica start (DESIGN section 3: "protected from preemption for
+        min_runtime after each start"). Until every replica has reported ``JobStarted`` the run
         is protected outright (:data:`UNTIL_STARTED`): a start that the
         dispatcher has not yet read must not shorten the promise. (Counting
         from the placement instead let the live stack preempt a job whose
@@ -177,12 +278,60 @@ class Run:
             return None
         if len(self.started_replicas) < self.replicas:
             return UNTIL_STARTED
-        return (self.started_at_us or self.placed_at_us) + self.min_runtime_us
+        length = self.min_runtime_us if self.protection_us is None else self.protection_us
+        return (self.started_at_us or self.placed_at_us) + length
+
+    @property
+    def checkpoint_us(self) -> Micros | None:
+        """Time of the run's last checkpoint, µs UTC, or ``None``.
+
+        A gang has a checkpoint only when every replica reported one; it is
+        then the earliest of the replicas' latest (DESIGN section 1: work
+        after it is not saved by every replica).
+        """
+        cps = self.checkpoints
+        if not cps or len(cps) < self.replicas:
+            return None
+        return min(c[1] for c in cps)
+
+    @property
+    def checkpoint_progress_s(self) -> float | None:
+        """Job progress saved by the run's last checkpoint (gang: the smallest over replicas), seconds."""
+        cps = self.checkpoints
+        if not cps or len(cps) < self.replicas:
+            return None
+        return min(c[2] for c in cps)
 
     def protected(self, now_us: Micros) -> bool:
         """True when the run may not be preempted at ``now_us`` (allocated and inside its window)."""
         until = self.protected_until_us
         return until is not None and now_us < until
+
+
+def work_ref_us(run: Run) -> Micros:
+    """Since when a run's work is unsaved, µs UTC: the later of its start and its last checkpoint.
+
+    Start is the latest replica's ``JobStarted`` (the placement time while
+    none is recorded). Independent of the time of asking, so the victim
+    order built on it (:func:`apportion.domain.engine.order_key`) can be
+    indexed across cycles.
+    """
+    start = run.started_at_us if run.started_at_us is not None else run.placed_at_us
+    cp = run.checkpoint_us
+    return start if cp is None or cp < start else cp
+
+
+def work_lost_gpu_s(run: Run, at_us: Micros) -> float:
+    """Work lost if ``run`` stops at event time ``at_us`` (DESIGN section 1), GPU-seconds.
+
+    ``g * k * (at - ref) / 1e6`` with ``ref`` = :func:`work_ref_us` (the
+    later of its start and last checkpoint); 0 when ``at_us <= ref``. The
+    one home of the quantity: ``JobPreempted.lost_gpu_s``,
+    ``Victim.lost_gpu_s``, ``JobLost.lost_gpu_s`` (with ``at`` = the last
+    heartbeat) and the victim cost order all come from it.
+    """
+    d = at_us - work_ref_us(run)
+    return run.gpus_per_replica * run.replicas * d / 1e6 if d > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +359,17 @@ class ClusterState:
     are frozen and replaced, so :meth:`snapshot` is cheap and safe.
     """
 
-    __slots__ = ("nodes", "runs", "node_runs", "_owner", "_order", "changed", "changed_nodes")
+    __slots__ = (
+        "nodes",
+        "runs",
+        "node_runs",
+        "_owner",
+        "_order",
+        "changed",
+        "changed_nodes",
+        "preemptions",
+        "progress",
+    )
 
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
@@ -226,6 +385,12 @@ class ClusterState:
         #: The same for node ids whose :class:`Node` was replaced (read by
         #: :class:`apportion.domain.engine.FreeIndex`).
         self.changed_nodes: set[str] | None = None
+        #: job id -> times it was preempted (``JobPreempted`` of a running attempt), kept
+        #: across attempts until the job ends: the input of :func:`protection_s`.
+        self.preemptions: dict[str, int] = {}
+        #: job id -> progress (seconds of work) of its last checkpoint, across attempts
+        #: (the gang minimum of the last attempt that checkpointed): where a requeued job resumes.
+        self.progress: dict[str, float] = {}
 
     # ------------------------------------------------------------------ queries
 
@@ -271,21 +436,31 @@ class ClusterState:
             run = self.runs.get((ev.job_id, ev.attempt))  # type: ignore[attr-defined]
             if run is not None and not run.stopping:
                 self._release(run, ev.replica)  # type: ignore[attr-defined]
+                if run.key not in self.runs:  # the whole run ended: the job is done
+                    self._job_ended(run.job_id)
         elif cls is JobPreempted:
             run = self.runs.get((ev.job_id, ev.attempt))  # type: ignore[attr-defined]
             if run is not None and not run.stopping:
                 self.runs[run.key] = replace(run, stopping=True)
+                self.preemptions[run.job_id] = self.preemptions.get(run.job_id, 0) + 1
                 if self.changed is not None:
                     self.changed.add(run.key)
+        elif cls is JobCheckpointed:
+            self._checkpointed(ev)  # type: ignore[arg-type]
         elif cls is JobRequeued:
             run = self.runs.get((ev.job_id, ev.attempt - 1))  # type: ignore[attr-defined]
             if run is not None:
                 self._release(run, None)
-        elif cls is JobCancelled or cls is JobLost:
+        elif cls is JobCancelled:
             attempt = ev.attempt  # type: ignore[attr-defined]
             run = self.runs.get((ev.job_id, attempt)) if attempt is not None else None  # type: ignore[attr-defined]
             if run is not None:
                 self._release(run, None)
+            self._job_ended(ev.job_id)  # type: ignore[attr-defined]
+        elif cls is JobLost:
+            run = self.runs.get((ev.job_id, ev.attempt))  # type: ignore[attr-defined]
+            if run is not None:
+                self._lost(run, ev.node_id)  # type: ignore[attr-defined]
         elif cls is NodeHeartbeat:
             node = self.nodes.get(ev.node_id)  # type: ignore[attr-defined]
             if node is not None and node.state != "lost":
@@ -306,6 +481,48 @@ class ClusterState:
                 self.nodes[node.node_id] = replace(node, state="lost")
                 if self.changed_nodes is not None:
                     self.changed_nodes.add(node.node_id)
+
+    def _lost(self, run: Run, node_id: str) -> None:
+        """Node ``node_id`` was lost: free ``run``'s replicas there; the others are stopping."""
+        here = [r for r in sorted(run.open_replicas) if run.placements[r].node_id == node_id]
+        if len(here) == len(run.open_replicas) or not here:
+            self._release(run, None)
+            return
+        for r in here:
+            self._release(run, r)
+            run = self.runs[run.key]
+        if not run.stopping:
+            self.runs[run.key] = replace(run, stopping=True)
+
+    def _job_ended(self, job_id: str) -> None:
+        self.preemptions.pop(job_id, None)
+        self.progress.pop(job_id, None)
+
+    def _checkpointed(self, ev: JobCheckpointed) -> None:
+        """A replica (``replica=None``: every replica) saved a checkpoint; stopping runs too (SIGTERM's last one)."""
+        run = self.runs.get((ev.job_id, ev.attempt))
+        if run is None:
+            return
+        t = to_us(ev.ts)
+        which = range(run.replicas) if ev.replica is None else (ev.replica,)
+        cps = {c[0]: c for c in run.checkpoints}
+        moved = False
+        for r in which:
+            if not 0 <= r < run.replicas:
+                continue
+            old = cps.get(r)
+            if old is None or t > old[1] or (t == old[1] and ev.progress_s > old[2]):
+                cps[r] = (r, t, ev.progress_s)
+                moved = True
+        if not moved:
+            return  # a duplicate or an older report
+        run = replace(run, checkpoints=tuple(cps[r] for r in sorted(cps)))
+        self.runs[run.key] = run
+        if self.changed is not None:
+            self.changed.add(run.key)
+        p = run.checkpoint_progress_s
+        if p is not None and p > self.progress.get(run.job_id, -1.0):
+            self.progress[run.job_id] = p
 
     def _registered(self, ev: NodeRegistered) -> None:
         held = {g for (n, g) in self._owner if n == ev.node_id} if ev.node_id in self.node_runs else set()
@@ -332,6 +549,9 @@ class ClusterState:
             placed_at_us=to_us(ev.ts),
             submitted_at_us=to_us(ev.submitted_at),
             open_replicas=frozenset(range(len(ev.placements))),
+            protection_us=placed_protection_us(ev) if ev.allocated else None,
+            preemptions=self.preemptions.get(ev.job_id, 0),
+            resumed_from_s=self.progress.get(ev.job_id, 0.0),
         )
         if self.changed is not None:
             self.changed.add(key)

@@ -51,7 +51,7 @@ from typing import Any
 
 from apportion.domain.admission import NodeShape, admit
 from apportion.domain.budgets import BudgetError, BudgetTree
-from apportion.domain.cluster import ClusterState, Run, RunKey
+from apportion.domain.cluster import ClusterState, Run, RunKey, placed_protection_us, work_lost_gpu_s
 from apportion.domain.engine import (
     CycleSnapshot,
     EngineConfig,
@@ -161,11 +161,18 @@ class JobRecord:
 
 @dataclass(frozen=True, slots=True)
 class _Stopping:
-    """A preempted run waiting for its processes to stop."""
+    """A preempted run waiting for its processes to stop.
+
+    ``plus_grace``: the deadline is ``deadline_us`` plus the configured grace
+    period (a lost gang's surviving replicas: ``JobLost`` carries no grace,
+    so the deadline is derived from the config, which the dispatcher records,
+    and replays identically from the jobs topic).
+    """
 
     deadline_us: Micros
     replicas_left: frozenset[int]
     requeue: bool
+    plus_grace: bool = False
 
 
 class DispatchState:
@@ -231,6 +238,7 @@ class DispatchState:
         c = ClusterState()
         c.nodes, c.runs, c.node_runs = dict(self.cluster.nodes), dict(self.cluster.runs), dict(self.cluster.node_runs)
         c._owner = dict(self.cluster._owner)
+        c.preemptions, c.progress = dict(self.cluster.preemptions), dict(self.cluster.progress)
         c._order = None
         other.cluster = c
         other.jobs = dict(self.jobs)
@@ -376,7 +384,14 @@ class DispatchState:
 _order = pending_order
 
 
-def _pending_job(spec: JobQueued, attempt: int, submitted_at_us: Micros, queued_at_us: Micros) -> PendingJob:
+def _pending_job(
+    spec: JobQueued,
+    attempt: int,
+    submitted_at_us: Micros,
+    queued_at_us: Micros,
+    preemptions: int = 0,
+    progress_s: float = 0.0,
+) -> PendingJob:
     return PendingJob(
         job_id=spec.job_id,
         attempt=attempt,
@@ -390,6 +405,8 @@ def _pending_job(spec: JobQueued, attempt: int, submitted_at_us: Micros, queued_
         gpu_model=spec.gpu_model,
         duration_s=spec.duration_s,
         command=spec.command,
+        preemptions=preemptions,
+        progress_s=progress_s,
     )
 
 
@@ -456,13 +473,23 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
             t = to_us(ev.ts)
             sub = to_us(ev.submitted_at)  # type: ignore[attr-defined]
             jobs[ev.job_id] = JobRecord(rec.spec, ev.attempt, "pending", sub, t)  # type: ignore[attr-defined]
-            state._enqueue(_pending_job(rec.spec, ev.attempt, sub, t))  # type: ignore[attr-defined]
+            c = state.cluster  # its fold of this event already ran: counts and progress are current
+            state._enqueue(
+                _pending_job(
+                    rec.spec,
+                    ev.attempt,  # type: ignore[attr-defined]
+                    sub,
+                    t,
+                    c.preemptions.get(ev.job_id, 0),  # type: ignore[attr-defined]
+                    c.progress.get(ev.job_id, 0.0),  # type: ignore[attr-defined]
+                )
+            )
     elif cls is JobCompleted or cls is JobFailed:
         key = (ev.job_id, ev.attempt)  # type: ignore[attr-defined]
         st = state.stopping.get(key)
         if st is not None:
             left = frozenset() if ev.replica is None else st.replicas_left - {ev.replica}  # type: ignore[attr-defined]
-            state.stopping[key] = _Stopping(st.deadline_us, left, st.requeue)
+            state.stopping[key] = _Stopping(st.deadline_us, left, st.requeue, st.plus_grace)
         else:
             rec = jobs.get(ev.job_id)  # type: ignore[attr-defined]
             if (
@@ -488,9 +515,16 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
     elif cls is JobLost:
         rec = jobs.get(ev.job_id)  # type: ignore[attr-defined]
         if rec is not None and rec.attempt == ev.attempt:  # type: ignore[attr-defined]
-            jobs[ev.job_id] = replace(rec, status="lost")  # type: ignore[attr-defined]
-            state.awaiting.pop((ev.job_id, ev.attempt), None)  # type: ignore[attr-defined]
-            _stop_done(state, (ev.job_id, ev.attempt))  # type: ignore[attr-defined]
+            key = (ev.job_id, ev.attempt)  # type: ignore[attr-defined]
+            state.awaiting.pop(key, None)
+            _stop_done(state, key)
+            run = state.cluster.runs.get(key)
+            if run is not None:
+                # a gang's replicas on other nodes are stopping, with the configured grace period
+                jobs[ev.job_id] = replace(rec, status="stopping")  # type: ignore[attr-defined]
+                state.stopping[key] = _Stopping(to_us(ev.ts), run.open_replicas, True, plus_grace=True)
+            else:
+                jobs[ev.job_id] = replace(rec, status="lost")  # type: ignore[attr-defined]
     elif cls is NodeDrainRequested:
         state.draining.add(ev.node_id)  # type: ignore[attr-defined]
     elif cls is NodeDrained or cls is NodeLost or cls.__name__ == "NodeUncordoned":
@@ -660,7 +694,7 @@ def decide(
     if cls is NodeDrainRequested:
         return _drain(state, inp.node_id, now_us, ts, cfg)  # type: ignore[attr-defined]
     if cls is NodeLost:
-        return _node_lost(state, inp.node_id, to_us(inp.last_heartbeat), ts, prod, emit_lost=None)  # type: ignore[attr-defined]
+        return _node_lost(state, inp.node_id, to_us(inp.last_heartbeat), ts, prod, emit_lost=None, grace_s=grace)  # type: ignore[attr-defined]
     return out
 
 
@@ -705,11 +739,14 @@ def maintenance(state: DispatchState, now_us: Micros, config: DispatchConfig | N
             if n.state in ("lost", "drained") or n.last_heartbeat_us is None:
                 continue
             if now_us - n.last_heartbeat_us > limit:
-                out.extend(_node_lost(state, nid, n.last_heartbeat_us, ts, prod, emit_lost=handled))
+                out.extend(
+                    _node_lost(state, nid, n.last_heartbeat_us, ts, prod, emit_lost=handled, grace_s=cfg.engine.grace_s)
+                )
     finished: set[RunKey] = set()  # stops finished in this pass (their JobRequeued is not folded yet)
     for key in sorted(state.stopping):
         st = state.stopping[key]
-        if now_us >= st.deadline_us and key not in handled:
+        deadline = st.deadline_us + (s_to_us(cfg.engine.grace_s) if st.plus_grace else 0)
+        if now_us >= deadline and key not in handled:
             out.extend(_finish_stop(state, key, ts, prod, finished))
             finished.add(key)
     for nid in sorted(state.draining):
@@ -799,9 +836,22 @@ def _drain(
 
 
 def _node_lost(
-    state: DispatchState, nid: str, last_hb_us: Micros, ts: Any, prod: str, emit_lost: set[RunKey] | None
+    state: DispatchState,
+    nid: str,
+    last_hb_us: Micros,
+    ts: Any,
+    prod: str,
+    emit_lost: set[RunKey] | None,
+    grace_s: float = 30.0,
 ) -> list[Event]:
     """Node ``nid`` is gone: its runs are lost (charged to the last heartbeat) and requeued.
+
+    ``JobLost.lost_gpu_s`` is the work lost up to the last heartbeat
+    (:func:`~apportion.domain.cluster.work_lost_gpu_s`). A gang's replicas on
+    other nodes get ``StopWorkload`` with the normal grace period
+    (``grace_s``, DESIGN section 3: so they can checkpoint); the job is then
+    requeued when they have stopped or the grace has passed, as after a
+    preemption. A run with no replica elsewhere is requeued at once.
 
     ``emit_lost`` is not ``None`` when the dispatcher itself detected the loss
     (then ``NodeLost`` is emitted first, and handled runs are added to it).
@@ -823,7 +873,10 @@ def _node_lost(
         if run is None:
             continue
         if emit_lost is not None:
+            if key in emit_lost:
+                continue  # a gang on two nodes lost in one pass: handled with the first
             emit_lost.add(key)
+        survivors = False
         if not run.stopping:
             out.append(
                 JobLost(
@@ -834,11 +887,15 @@ def _node_lost(
                     attempt=run.attempt,
                     node_id=nid,
                     charged_until=from_us(last_hb_us),
+                    lost_gpu_s=work_lost_gpu_s(run, last_hb_us),
                 )
             )
             for r in sorted(run.open_replicas):
                 p = run.placements[r]
                 if p.node_id != nid:
+                    other = state.cluster.nodes.get(p.node_id)
+                    lost_too = other is None or other.state == "lost"
+                    survivors = survivors or not lost_too
                     out.append(
                         StopWorkload(
                             event_id=det_id("StopWorkload", run.job_id, run.attempt, r),
@@ -847,11 +904,11 @@ def _node_lost(
                             node_id=p.node_id,
                             job_id=run.job_id,
                             attempt=run.attempt,
-                            grace_s=0.0,
+                            grace_s=0.0 if lost_too else grace_s,
                             reason="gang replica lost",
                         )
                     )
-        if rec is not None and rec.attempt == run.attempt:
+        if rec is not None and rec.attempt == run.attempt and not survivors:
             out.append(
                 JobRequeued(
                     event_id=det_id("JobRequeued", run.job_id, run.attempt + 1),
@@ -870,16 +927,19 @@ def wakeups(ev: Event, config: DispatchConfig | None = None) -> list[Micros]:
     """Future times (µs) at which ``ev`` may make a :class:`Tick` decide something new.
 
     For drivers that tick on demand (the simulator): protection expiry of a
-    placed or started allocated run, end of a preemption grace period,
+    placed allocated run (its recorded protection, :func:`placed_protection_us`),
+    end of the grace period of a preemption or of a lost gang's survivors,
     ``reservation_after`` of a queued job, heartbeat deadline of a node.
     """
     cfg = config or DispatchConfig()
     cls = type(ev)
     t = to_us(ev.ts)
     if cls is JobPlaced and ev.allocated:  # type: ignore[attr-defined]
-        return [t + s_to_us(ev.min_runtime_s)]  # type: ignore[attr-defined]
+        return [t + placed_protection_us(ev)]  # type: ignore[arg-type]
     if cls is JobPreempted:
         return [t + s_to_us(ev.grace_s)]  # type: ignore[attr-defined]
+    if cls is JobLost:  # a gang's surviving replicas stop within the grace period
+        return [t + s_to_us(cfg.engine.grace_s)]
     if cls is JobQueued or cls is JobRequeued:
         return [t + s_to_us(cfg.engine.reservation_after_s)]
     if cls is NodeHeartbeat and cfg.heartbeat_timeout_s is not None:

@@ -15,32 +15,46 @@ The cycle, exactly as DESIGN section 3 says:
 2. Place a job on free GPUs if it fits: gang of k replicas on k *distinct*
    ``ready`` nodes of the right model with g free GPUs each. Best fit: nodes
    with the fewest free GPUs that fit, ties by node id; within a node the
-   lowest free GPU indices.
+   lowest free GPU indices. A job without a model constraint tries nodes of
+   models no waiting job asks for first (:func:`spare_models`).
 3. Else, for an **allocated** job J of leaf B, plan a preemption. Candidate
-   victims (:func:`victim_rule`): (1) unallocated runs of any budget;
-   (2) allocated runs whose protection has expired (``now >= started_at +
-   min_runtime``) whose leaf V is *behind* B: at the lowest common ancestor,
-   ``r(V's branch) >= r(B's branch) + delta``; never V == B, never a
+   victims (:func:`victim_rule`, the one home of the rule, with rule ids):
+   (1) unallocated runs of any budget; (2) allocated runs whose protection
+   has expired (``now >= started_at + protection``, :func:`protection_s`:
+   the minimum runtime doubled per earlier preemption of the job, capped)
+   whose leaf V is *behind* B (:func:`branch_rule`): at the lowest common
+   ancestor, ``r(V's branch) >= r(B's branch) + delta``, and after the move
+   B's branch with J's provisional charge is still at or below V's
+   (``r_B_after <= r_V``), and the cycle has not already preempted B's
+   branch's work for V's (no same-cycle reversal); every r from the one view
+   of the cycle (all provisional charges so far). Never V == B, never a
    protected run, never a run already stopping. Cost of a victim set is
-   (allocated GPUs, unallocated GPUs, GPU-seconds of work lost), compared
-   lexicographically. Per node we take the cheapest victims first and then
-   drop any that turned out unnecessary (a minimal set per node); the k
-   cheapest nodes (ties by node id) form the plan. Preempt only if J is then
-   placed; J is placed at once on the freed GPUs (``JobPlaced`` with the
-   victims in its :class:`Decision`), so they are reserved for it; its
-   ``StartWorkload`` follows when the victims have stopped (dispatch).
+   (allocated GPUs, unallocated GPUs, GPU-seconds of work lost since each
+   victim's last checkpoint), compared lexicographically, with each
+   victim's *whole-run* GPUs (so a gang counts as large as it is;
+   :func:`order_key`, :func:`~apportion.domain.cluster.work_lost_gpu_s`).
+   Per node we take the cheapest victims first and then drop any that
+   turned out unnecessary (a minimal set per node); the k cheapest nodes
+   (ties by node id) form the plan. Preempt only if J is then placed; J is
+   placed at once on the freed GPUs (``JobPlaced`` with the victims in its
+   :class:`Decision`), so they are reserved for it; its ``StartWorkload``
+   follows when the victims have stopped (dispatch).
 4. Unallocated jobs only go on free GPUs.
 5. A job that cannot be placed does not block the ones behind it
    (backfill), except: the highest-ranked blocked allocated job that has
    waited (since it was queued) at least ``reservation_after`` reserves k
    nodes (those with the most free GPUs, ties by id); no job ranked below it
-   lands there in this cycle. Reservations are recomputed every cycle from
-   the snapshot, so they need no events and replay identically.
+   lands there in this cycle, except as :func:`backfill_rule` allows (a
+   reservation never idles GPUs): unallocated work, and allocated work the
+   holder could take back whose protection ends by the holder's earliest
+   fit (:func:`earliest_fit_us`). Reservations are recomputed every cycle
+   from the snapshot, so they need no events and replay identically.
 
-No cascade: a victim must be behind the preemptor by ``delta`` at their LCA
-and the preemptor's new run is protected, so B cannot preempt A back until
-A's run has served its minimum runtime *and* the ratios have crossed by
-``delta`` the other way.
+No loop: within a cycle the after-move test and the reversal rule forbid
+V->B and B->V; across cycles the preemptor's new run is protected (longer
+each time the job was preempted), and B cannot preempt A back until A's run
+has served its protection *and* the ratios have crossed by ``delta`` the
+other way, with the move still not inverting the pair.
 
 Speed (the benchmark is 10,000 GPUs, 20,000 pending jobs, 200 leaves):
 
@@ -68,10 +82,19 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import islice
 from operator import attrgetter, itemgetter
-from typing import Any
+from typing import Any, Protocol
 
 from apportion.domain.budgets import BudgetTree, ancestors_of, parent_of
-from apportion.domain.cluster import ClusterSnapshot, Node, Run, RunKey
+from apportion.domain.cluster import (
+    UNTIL_STARTED,
+    ClusterSnapshot,
+    Node,
+    Run,
+    RunKey,
+    protection_s,
+    work_lost_gpu_s,
+    work_ref_us,
+)
 from apportion.domain.fairshare import FairShareQueue, branches_at_lca
 from apportion.events import (
     Decision,
@@ -84,7 +107,7 @@ from apportion.events import (
     Victim,
     det_id,
 )
-from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us
+from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us, to_us
 
 __all__ = [
     "EngineConfig",
@@ -94,6 +117,16 @@ __all__ = [
     "schedule",
     "run_cycle",
     "victim_rule",
+    "branch_rule",
+    "VictimVerdict",
+    "ShareView",
+    "charge_of",
+    "earliest_fit_us",
+    "spare_models",
+    "backfill_rule",
+    "RULE_UNALLOCATED",
+    "RULE_EXPIRED_BEHIND",
+    "order_key",
     "preempt_events",
     "start_events",
     "pending_order",
@@ -102,7 +135,9 @@ __all__ = [
     "FreeIndex",
 ]
 
-POLICY_VERSION = "fairtree-1"
+POLICY_VERSION = "fairtree-2"
+"""fairtree-2: after-move test, no same-cycle reversal, protection grown per preemption,
+cold-start capacity floor, reservation backfill, spare models first (issue 12)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +179,9 @@ class PendingJob:
         submitted_at_us: original submission (queue order), µs UTC.
         queued_at_us: when this attempt entered the queue (reservation wait), µs UTC.
         duration_s, command: the workload, passed on to ``StartWorkload``.
+        preemptions: times the job was preempted before (``ClusterState.preemptions``),
+            the input of :func:`~apportion.domain.cluster.protection_s`.
+        progress_s: progress its last checkpoint saved, seconds (where this attempt resumes).
     """
 
     job_id: str
@@ -158,6 +196,8 @@ class PendingJob:
     gpu_model: str | None = None
     duration_s: float | None = None
     command: tuple[str, ...] | None = None
+    preemptions: int = 0
+    progress_s: float = 0.0
 
     @property
     def allocated(self) -> bool:
@@ -244,40 +284,271 @@ def schedule(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | Non
 # --------------------------------------------------------------------------- rules
 
 
-def victim_rule(
-    run: Run, preemptor_leaf: str, now_us: Micros, ratio: Any, delta: float
-) -> tuple[str, str | None, float | None, float | None] | None:
-    """Whether ``run`` may be preempted for a job of ``preemptor_leaf`` (DESIGN section 3).
+#: Rule ids of :func:`victim_rule` (DESIGN section 3). The two that allow a preemption:
+RULE_UNALLOCATED = "unallocated"
+"""Candidate class 1: an unallocated run (any budget), preemptible at any time."""
+RULE_EXPIRED_BEHIND = "expired_behind"
+"""Candidate class 2: an allocated run past its protection whose branch is behind by delta."""
+#: ... and the refusals, first that applies in this order:
+REFUSED_STOPPING = "stopping"
+REFUSED_PROTECTED = "protected"
+REFUSED_SAME_LEAF = "same_leaf"
+REFUSED_ONE_LINE = "one_line"
+REFUSED_REVERSAL = "same_cycle_reversal"
+REFUSED_NOT_BEHIND = "not_behind"
+REFUSED_AFTER_MOVE = "after_move_inversion"
+ALLOWING_RULES = frozenset({RULE_UNALLOCATED, RULE_EXPIRED_BEHIND})
+
+Move = tuple[str, str, str]
+"""A preemption of work of one branch for another, ``(lca, victim_branch, preemptor_branch)``."""
+
+
+class ShareView(Protocol):
+    """The one view of r a cycle decides on (:class:`~apportion.domain.fairshare.FairShareQueue`).
+
+    Both methods include every provisional charge of the cycle so far, for
+    every budget (DESIGN section 3: "the r of both branches includes the
+    same in-cycle provisional charges").
+    """
+
+    def ratio(self, path: str) -> float:
+        """r of ``path`` now."""
+        ...
+
+    def ratio_after(self, path: str, gpu_s: float) -> float:
+        """r of ``path`` with ``gpu_s`` more GPU-seconds of occupancy."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class VictimVerdict:
+    """What :func:`victim_rule` says about one run.
+
+    Attributes:
+        rule: a rule id: :data:`RULE_UNALLOCATED` or :data:`RULE_EXPIRED_BEHIND`
+            when allowed, else the refusal (``REFUSED_*``).
+        lca: lowest common ancestor of the two leaves (allocated runs of
+            another line of the tree only).
+        victim_ratio, preemptor_ratio: r of the victim's and the preemptor's
+            branch at the LCA, with the cycle's provisional charges.
+        preemptor_ratio_after: the preemptor's branch r with the job charged.
+    """
+
+    rule: str
+    lca: str | None = None
+    victim_ratio: float | None = None
+    preemptor_ratio: float | None = None
+    preemptor_ratio_after: float | None = None
+
+    @property
+    def allowed(self) -> bool:
+        """True for :data:`RULE_UNALLOCATED` and :data:`RULE_EXPIRED_BEHIND`."""
+        return self.rule in ALLOWING_RULES
+
+
+def branch_rule(
+    lca: str,
+    victim_branch: str,
+    preemptor_branch: str,
+    view: ShareView,
+    delta: float,
+    charge_gpu_s: float,
+    moves: frozenset[Move] | set[Move] = frozenset(),
+) -> tuple[str, float, float, float]:
+    """The branch comparison of DESIGN section 3's rule 2, at the LCA: ``(rule id, r_V, r_B, r_B_after)``.
+
+    Allowed (:data:`RULE_EXPIRED_BEHIND`) when all hold, in this order of
+    refusal:
+
+    1. no same-cycle reversal: the cycle has not already preempted work of
+       the preemptor's branch for the victim's (``(lca, preemptor_branch,
+       victim_branch)`` not in ``moves``) -> else :data:`REFUSED_REVERSAL`;
+    2. hysteresis: ``r_V >= r_B + delta`` -> else :data:`REFUSED_NOT_BEHIND`;
+    3. after the move the preemptor's branch is not ahead of the victim's:
+       ``r_B_after <= r_V``, with ``r_B_after`` the preemptor's branch r with
+       the job's provisional charge ``charge_gpu_s`` added (Kueue's
+       LessThanOrEqualToFinalShare; the victim's past occupancy stays in the
+       window, so "V without the victim" is ``r_V``) -> else
+       :data:`REFUSED_AFTER_MOVE`.
+
+    Every r comes from ``view``: the same provisional charges on both sides.
+    With 2 and 3 the pair cannot swap back in the cycle on its own (B, once
+    charged, is at most at V's r, and charges only grow); 1 forbids it when
+    B's later placements on free GPUs would otherwise push it past V + delta.
 
     Args:
-        run: the candidate run.
-        preemptor_leaf: leaf budget B of the job to place.
-        now_us: cycle time, µs.
-        ratio: callable path -> current r (with provisional charges).
-        delta: hysteresis.
+        lca: the lowest common ancestor.
+        victim_branch, preemptor_branch: the children of ``lca`` on each path.
+        view: the cycle's ratios.
+        delta: hysteresis (``EngineConfig.delta``).
+        charge_gpu_s: the job's provisional charge ``g * k * min(min_runtime, W)``, GPU-s.
+        moves: this cycle's preemptions of allocated work so far.
+    """
+    rv = view.ratio(victim_branch)
+    rb = view.ratio(preemptor_branch)
+    if (lca, preemptor_branch, victim_branch) in moves:
+        return (REFUSED_REVERSAL, rv, rb, rb)
+    if not rv >= rb + delta:
+        return (REFUSED_NOT_BEHIND, rv, rb, rb)
+    after = view.ratio_after(preemptor_branch, charge_gpu_s)
+    if after > rv:
+        return (REFUSED_AFTER_MOVE, rv, rb, after)
+    return (RULE_EXPIRED_BEHIND, rv, rb, after)
 
-    Returns:
-        ``(rule, lca, victim_ratio, preemptor_ratio)`` when allowed:
-        ``("unallocated", None, None, None)`` for an unallocated run;
-        ``("expired_behind", lca, r_v, r_b)`` for an allocated run whose
-        protection has expired and whose branch at the LCA has
-        ``r_v >= r_b + delta``. ``None`` when not allowed: stopping,
-        protected, same leaf, on one line of the tree, or not behind.
+
+def victim_rule(
+    run: Run,
+    preemptor_leaf: str,
+    now_us: Micros,
+    view: ShareView,
+    delta: float,
+    charge_gpu_s: float = 0.0,
+    moves: frozenset[Move] | set[Move] = frozenset(),
+) -> VictimVerdict:
+    """May ``run`` be preempted for a job of ``preemptor_leaf``? DESIGN section 3, candidates 1 and 2.
+
+    The one home of the candidate rule: the engine's search takes its
+    expired-behind leaves from :func:`branch_rule` (which this calls) and
+    every victim it picks is checked by this function, whose verdict is the
+    audit record (:class:`~apportion.events.Victim`).
+
+    In order: a stopping run never (:data:`REFUSED_STOPPING`); an
+    unallocated run always (:data:`RULE_UNALLOCATED`); an allocated run
+    not while protected, ``now_us < started_at + protection``
+    (:data:`REFUSED_PROTECTED`: at exactly the end it may go), never of the
+    same leaf (:data:`REFUSED_SAME_LEAF`) or of an ancestor or descendant
+    path (:data:`REFUSED_ONE_LINE`), else as :func:`branch_rule` says at the
+    LCA.
+
+    Args:
+        run: the candidate.
+        preemptor_leaf: leaf budget B of the job J to place.
+        now_us: cycle event time, µs UTC.
+        view: the cycle's ratios (with provisional charges).
+        delta: hysteresis.
+        charge_gpu_s: J's provisional charge, GPU-seconds.
+        moves: this cycle's preemptions so far (:data:`Move`).
     """
     if run.stopping:
-        return None
+        return VictimVerdict(REFUSED_STOPPING)
     if not run.allocated:
-        return ("unallocated", None, None, None)
-    if run.protected(now_us) or run.budget == preemptor_leaf:
+        return VictimVerdict(RULE_UNALLOCATED)
+    if run.protected(now_us):
+        return VictimVerdict(REFUSED_PROTECTED)
+    if run.budget == preemptor_leaf:
+        return VictimVerdict(REFUSED_SAME_LEAF)
+    br = _branches(run.budget, preemptor_leaf)
+    if br is None:
+        return VictimVerdict(REFUSED_ONE_LINE)
+    lca, vb, bb = br
+    rule, rv, rb, after = branch_rule(lca, vb, bb, view, delta, charge_gpu_s, moves)
+    return VictimVerdict(rule, lca, rv, rb, after)
+
+
+def earliest_fit_us(
+    cluster: ClusterSnapshot, nodes: Sequence[str], g: int, now_us: Micros, taken: set[RunKey] | frozenset[RunKey]
+) -> Micros:
+    """A lower bound of when a reservation's holder can start on its ``nodes``, µs UTC (DESIGN section 3).
+
+    Per node: the GPUs not held by running allocated runs are available now
+    (free, unallocated work - evicted the moment the holder can start -,
+    stopping runs, runs preempted in this cycle (``taken``) and GPUs taken
+    earlier in this cycle, all counted as now: a lower bound); an allocated
+    run's GPUs become available no earlier than its protection ends
+    (:attr:`Run.protected_until_us`; for a run not yet started, its
+    placement time plus its protection, which is earlier). The node fits
+    the holder (``g`` GPUs) at the first time enough are available; the
+    holder needs all of its nodes, so the answer is the latest of them.
+
+    Returns ``now_us`` when every node fits now, and ``2**62`` when a node
+    never can (fewer than ``g`` GPUs).
+    """
+    latest = now_us
+    runs = cluster.runs
+    for nid in nodes:
+        node = cluster.nodes[nid]
+        held: list[tuple[Micros, int]] = []
+        busy = 0
+        for key in cluster.node_runs.get(nid, ()):
+            run = runs.get(key)
+            if run is None or run.stopping or not run.allocated or key in taken:
+                continue
+            n = sum(len(run.placements[r].gpus) for r in run.open_replicas if run.placements[r].node_id == nid)
+            until = run.protected_until_us
+            if until is None or until >= UNTIL_STARTED:
+                length = run.min_runtime_us if run.protection_us is None else run.protection_us
+                until = run.placed_at_us + length
+            held.append((until, n))
+            busy += n
+        avail = node.gpu_count - busy
+        if avail >= g:
+            continue
+        t = UNTIL_STARTED
+        for until, n in sorted(held):
+            avail += n
+            if avail >= g:
+                t = until
+                break
+        if t > latest:
+            latest = t
+    return max(latest, now_us)
+
+
+def backfill_rule(
+    allocated: bool,
+    protection_us: Micros,
+    now_us: Micros,
+    holder_fit_us: Micros,
+    holder_may_preempt: bool = True,
+) -> bool:
+    """May a lower-ranked job use the free GPUs of a waiting reservation? DESIGN section 3.
+
+    "A reservation never idles GPUs": unallocated work always may (it is
+    preempted the moment the holder can start); allocated work only when its
+    protection ends no later than the holder can fit (``now + protection <=
+    holder_fit_us``, :func:`earliest_fit_us`), so its protection never delays
+    the holder, and only when the holder could then take its GPUs back under
+    the ordinary rule (``holder_may_preempt``: :func:`branch_rule` allows the
+    holder's branch to preempt the job's as the cycle stands; never the
+    holder's own leaf). Without the last condition a job of the holder's own
+    leaf, never preemptible by it, would hold the reservation's GPUs until
+    it finished.
+
+    Args:
+        allocated: the candidate job is allocated (min_runtime > 0).
+        protection_us: its protection, µs (:func:`~apportion.domain.cluster.protection_s`).
+        now_us: cycle time, µs UTC.
+        holder_fit_us: :func:`earliest_fit_us` of the reservation, µs UTC.
+        holder_may_preempt: the holder could preempt the job once its protection ended.
+    """
+    return not allocated or (holder_may_preempt and now_us + protection_us <= holder_fit_us)
+
+
+def spare_models(models: Sequence[str | None], pending: Mapping[str, Sequence[PendingJob]]) -> list[str | None] | None:
+    """Models a job without a model constraint should try first (DESIGN section 3), or ``None``.
+
+    "Jobs without a model constraint prefer nodes of models that no waiting
+    job asks for, so scarce models stay free for the jobs that need them":
+    the models of ``models`` that no job of ``pending`` names, sorted (an
+    unknown model, ``None``, is never asked for). ``None`` (no preference)
+    when no job names a model of ``models`` or every model is asked for.
+    """
+    present = {m for m in models if m is not None}
+    if not present:
         return None
-    try:
-        lca, vb, bb = branches_at_lca(run.budget, preemptor_leaf)
-    except ValueError:
+    asked: set[str] = set()
+    for jobs in pending.values():
+        asked.update(m for m in map(_MODEL, jobs) if m is not None)
+        if present <= asked:
+            return None
+    if not (present & asked):
         return None
-    rv, rb = ratio(vb), ratio(bb)
-    if rv >= rb + delta:
-        return ("expired_behind", lca, rv, rb)
-    return None
+    return sorted((m for m in models if m not in asked), key=lambda m: (m is not None, m or ""))
+
+
+def charge_of(g: int, k: int, min_runtime_s: float, window_s: float) -> float:
+    """Provisional charge of a placed allocated job, GPU-seconds: ``g * k * min(min_runtime, W)`` (DESIGN section 2)."""
+    return float(g * k) * min(min_runtime_s, window_s)
 
 
 def start_events(
@@ -318,7 +589,11 @@ def preempt_events(
     by_budget: str | None = None,
     reason: str = "preempted",
 ) -> list[Event]:
-    """``JobPreempted`` for ``run`` then ``StopWorkload`` to each open replica's node."""
+    """``JobPreempted`` for ``run`` then ``StopWorkload`` to each open replica's node.
+
+    ``JobPreempted.lost_gpu_s`` is :func:`~apportion.domain.cluster.work_lost_gpu_s`
+    of the run at ``ts`` (DESIGN section 1).
+    """
     out: list[Event] = [
         JobPreempted(
             event_id=det_id("JobPreempted", run.job_id, run.attempt),
@@ -333,6 +608,7 @@ def preempt_events(
             victim=victim,
             grace_s=grace_s,
             reason=reason,
+            lost_gpu_s=work_lost_gpu_s(run, to_us(ts)),
         )
     ]
     for r in sorted(run.open_replicas):
@@ -465,10 +741,12 @@ class _Free:
     or built from the snapshot's nodes; the cycle changes its copy only.
     """
 
-    __slots__ = ("free", "model", "count", "buckets", "maxc", "reserved", "log")
+    __slots__ = ("free", "model", "count", "buckets", "maxc", "reserved", "log", "prefer")
 
     def __init__(self, cluster: ClusterSnapshot, base: FreeIndex | None = None) -> None:
         self.reserved: set[str] = set()
+        #: models a job without a model constraint tries first (:func:`spare_models`), or None
+        self.prefer: list[str | None] | None = None
         self.log: list[str] = []  # nodes changed this cycle (free taken, victims taken, reserved), in order
         if base is None:
             ids = cluster.order if cluster.order is not None else sorted(cluster.nodes)
@@ -479,8 +757,18 @@ class _Free:
             self.buckets = {m: [list(x) for x in b] for m, b in base.buckets.items()}
 
     def fit(self, g: int, k: int, model: str | None) -> list[str] | None:
-        """k distinct nodes with >= g free GPUs, best fit (fewest free, then id)."""
-        models = [model] if model is not None else list(self.buckets)
+        """k distinct nodes with >= g free GPUs, best fit (fewest free, then id).
+
+        Without a model constraint, nodes of :attr:`prefer` (models no waiting
+        job asks for) first; only when they cannot hold the job, all models.
+        """
+        if model is None and self.prefer is not None:
+            got = self._fit(g, k, self.prefer)
+            if got is not None:
+                return got
+        return self._fit(g, k, [model] if model is not None else list(self.buckets))
+
+    def _fit(self, g: int, k: int, models: list[str | None]) -> list[str] | None:
         picked: list[str] = []
         for c in range(g, self.maxc + 1):
             if len(models) == 1:
@@ -528,6 +816,46 @@ class _Free:
             self._move(nid, len(f), 0)
         self.reserved.add(nid)
 
+    def unreserve_all(self) -> None:
+        """Give the reserved nodes' free GPUs back to the buckets (for unallocated work, pass 2)."""
+        for nid in sorted(self.reserved):
+            self.log.append(nid)
+            self.reserved.discard(nid)
+            f = self.free[nid]
+            if f:
+                insort(self.buckets[self.model[nid]][len(f)], nid)
+
+    def reserved_free(self) -> int:
+        """Free GPUs on the reserved nodes."""
+        return sum(len(self.free[n]) for n in self.reserved)
+
+    def reserved_fits(self, g: int, model: str | None) -> bool:
+        """Some reserved node of ``model`` (any when ``None``) has at least ``g`` free GPUs."""
+        for n in self.reserved:
+            if len(self.free[n]) >= g and (model is None or self.model[n] == model):
+                return True
+        return False
+
+    def fit_with_reserved(self, g: int, k: int, model: str | None) -> list[str] | None:
+        """:meth:`fit` over the unreserved nodes and the reserved ones together (best fit, then id)."""
+        if not self.reserved_fits(g, model):
+            return self.fit(g, k, model)
+        cand: list[tuple[int, str]] = []
+        models = [model] if model is not None else list(self.buckets)
+        for c in range(g, self.maxc + 1):
+            for m in models:
+                b = self.buckets.get(m)
+                if b is not None:
+                    cand.extend((c, n) for n in b[c])
+        for n in self.reserved:
+            c = len(self.free[n])
+            if c >= g and (model is None or self.model[n] == model):
+                cand.append((c, n))
+        if len(cand) < k:
+            return None
+        cand.sort()
+        return [n for _, n in cand[:k]]
+
 
 @lru_cache(maxsize=1 << 16)
 def _branches(v: str, b: str) -> tuple[str, str, str] | None:
@@ -539,27 +867,39 @@ def _branches(v: str, b: str) -> tuple[str, str, str] | None:
 
 
 #: A victim candidate on one node: ``(order, run, gpus of the run on that node)``.
-#: ``order = (allocated GPUs, unallocated GPUs, -start_us, job_id, attempt)`` of the
-#: whole run (start = ``started_at_us`` or ``placed_at_us``). It sorts exactly as the
+#: ``order = (allocated GPUs, unallocated GPUs, -ref_us, job_id, attempt)`` of the
+#: whole run (:func:`order_key`; ref = the later of start and last checkpoint). It sorts exactly as the
 #: cost (allocated GPUs, unallocated GPUs, GPU-s of work lost at ``now``, job_id,
-#: attempt): for equal GPU counts the work lost ``gpus * (now - start) / 1e6`` is
-#: strictly decreasing in start (integer µs products below 2**53 divided by 1e6 stay
+#: attempt): for equal GPU counts the work lost ``gpus * (now - ref) / 1e6`` is
+#: strictly decreasing in ref (integer µs products below 2**53 divided by 1e6 stay
 #: distinct as floats while they are below ~4.5e9 GPU-s), and it does not depend on
 #: ``now``, so an index of candidates can live across cycles. The work lost is
 #: computed from it where a plan is costed (:func:`_lost`).
 Cand = tuple[tuple[int, int, int, str, int], Run, tuple[int, ...]]
 
 
-def _order_key(run: Run) -> tuple[int, int, int, str, int]:
-    start = run.started_at_us if run.started_at_us is not None else run.placed_at_us
+def order_key(run: Run) -> tuple[int, int, int, str, int]:
+    """Victim cost order of one run (DESIGN section 3), independent of the time of asking.
+
+    ``(allocated GPUs, unallocated GPUs, -ref, job_id, attempt)`` of the whole
+    run (g * k GPUs, not only those on one node, so a gang counts as large as
+    it is), with ``ref`` = :func:`~apportion.domain.cluster.work_ref_us`, the
+    later of its start and its last checkpoint: for equal GPUs, a later ref
+    is less work lost, at any ``now >= ref``.
+    """
+    ref = work_ref_us(run)
     gpus = run.gpus_per_replica * run.replicas
     if run.allocated:
-        return (gpus, 0, -start, run.job_id, run.attempt)
-    return (0, gpus, -start, run.job_id, run.attempt)
+        return (gpus, 0, -ref, run.job_id, run.attempt)
+    return (0, gpus, -ref, run.job_id, run.attempt)
+
+
+_order_key = order_key  # (the old private name, used by tests)
 
 
 def _lost(order: tuple[int, int, int, str, int], now: Micros) -> float:
-    """GPU-seconds of work lost at ``now`` by preempting the run with this order key."""
+    """GPU-seconds of work lost at ``now`` by preempting the run with this order key
+    (= :func:`~apportion.domain.cluster.work_lost_gpu_s` of the run, for ``now >= ref``)."""
     return (order[0] + order[1]) * (now + order[2]) / 1e6
 
 
@@ -705,17 +1045,30 @@ class _Victims:
     the snapshot's runs.
     """
 
-    __slots__ = ("unalloc", "expired", "taken", "behind", "under", "u_opts", "u_seen", "_now", "_exp_runs")
+    __slots__ = (
+        "unalloc",
+        "expired",
+        "taken",
+        "behind",
+        "under",
+        "u_opts",
+        "u_seen",
+        "narrowed",
+        "_now",
+        "_exp_runs",
+    )
 
     def __init__(self, cluster: ClusterSnapshot, now: Micros, index: VictimIndex | None = None) -> None:
         if index is None:
             index = VictimIndex.build(cluster.runs)
         self.unalloc: dict[str, list[Cand]] = index.unalloc  # read only
         self.taken: set[RunKey] = set()
-        self.behind: dict[str, tuple[int, dict[str, tuple[str, float, float]]]] = {}
+        # leaf -> (epoch, pairs allowed at charge 0, {charge: (behind_of's answer)})
+        self.behind: dict[str, tuple[int, list[tuple[str, str, str, list[str]]], dict[float, Any]]] = {}
         self.under: dict[str, list[str]] | None = None
         self.u_opts: dict[tuple[int, str | None], dict[str, tuple]] = {}
         self.u_seen: dict[tuple[int, str | None], int] = {}  # position in the free index's log
+        self.narrowed = False  # set by _plan: its last search depended on the job's charge
         self._now = now
         exp: dict[str, list[tuple[Micros, RunKey, Run]]] = {}
         for leaf, lst in index.alloc.items():
@@ -740,48 +1093,85 @@ class _Victims:
         return by_node
 
     def behind_of(
-        self, leaf: str, ratio: Any, delta: float, epoch: int, tree: BudgetTree | None = None
-    ) -> dict[str, tuple[str, float, float]]:
-        """Leaves whose expired runs ``leaf`` may preempt: V -> (lca, r_V branch, r_B branch).
+        self,
+        leaf: str,
+        view: ShareView,
+        delta: float,
+        epoch: int,
+        tree: BudgetTree | None = None,
+        charge_gpu_s: float = 0.0,
+        moves: frozenset[Move] | set[Move] = frozenset(),
+    ) -> tuple[dict[str, tuple[str, float, float, float]], bool]:
+        """Leaves whose expired runs ``leaf`` may preempt, by :func:`branch_rule`.
+
+        Returns ``({V: (lca, r_V branch, r_B branch, r_B branch after)},
+        narrowed)``; ``narrowed`` is True when the after-move test
+        (:data:`REFUSED_AFTER_MOVE`) left out a leaf that is behind by
+        delta, i.e. when the answer depends on ``charge_gpu_s``.
 
         Walks up from ``leaf``: at each ancestor A (parent P), every sibling
-        S of A with expired runs beneath is compared once, ``r(S) >= r(A) +
-        delta``, and decides for all leaves under S (their LCA with ``leaf``
-        is P). Recomputed when ``epoch`` (the cycle's charge count) moved on.
+        S of A with expired runs beneath is judged once by
+        ``branch_rule(P, S, A, ...)``, which decides for all leaves under S
+        (their LCA with ``leaf`` is P). Without ``tree``, each leaf with
+        expired runs is judged on its own (the same answer; tested).
+        Recomputed when ``epoch`` (the cycle's charge count; ``moves`` only
+        grow with a charge) or the charge moved on.
         """
         hit = self.behind.get(leaf)
-        if hit is not None and hit[0] == epoch:
-            return hit[1]
-        out: dict[str, tuple[str, float, float]] = {}
+        if hit is None or hit[0] != epoch:
+            hit = self.behind[leaf] = (epoch, self._behind_at_zero(leaf, view, delta, tree, moves), {})
+        per_charge = hit[2]
+        got = per_charge.get(charge_gpu_s)
+        if got is not None:
+            return got
+        # The after-move test only refuses more as the charge grows, so the pairs allowed at
+        # charge 0 are the only ones to judge again with this charge (by the same rule).
+        out: dict[str, tuple[str, float, float, float]] = {}
+        narrowed = False
+        for lca, vb, bb, vs in hit[1]:
+            rule, rv, rb, after = branch_rule(lca, vb, bb, view, delta, charge_gpu_s, moves)
+            if rule == RULE_EXPIRED_BEHIND:
+                for v in vs:
+                    out[v] = (lca, rv, rb, after)
+            elif rule == REFUSED_AFTER_MOVE:
+                narrowed = True
+        got = per_charge[charge_gpu_s] = (out, narrowed)
+        return got
+
+    def _behind_at_zero(
+        self, leaf: str, view: ShareView, delta: float, tree: BudgetTree | None, moves: frozenset[Move] | set[Move]
+    ) -> list[tuple[str, str, str, list[str]]]:
+        """``(lca, victim branch, preemptor branch, leaves with expired runs under the victim branch)``
+        that :func:`branch_rule` allows with no charge (see :meth:`behind_of`)."""
+        out: list[tuple[str, str, str, list[str]]] = []
         if tree is None:
-            for v in self.expired:
+            for v in sorted(self.expired):
                 if v == leaf:
                     continue
                 br = _branches(v, leaf)
                 if br is None:
                     continue
                 lca, vb, bb = br
-                rv, rb = ratio(vb), ratio(bb)
-                if rv >= rb + delta:
-                    out[v] = (lca, rv, rb)
-        else:
-            under = self._under()
-            for a in ancestors_of(leaf):
-                par = parent_of(a)
-                ra = None
-                for sib in tree.children(par):
-                    if sib == a:
-                        continue
-                    vs = under.get(sib)
-                    if not vs:
-                        continue
-                    if ra is None:
-                        ra = ratio(a)
-                    rs = ratio(sib)
-                    if rs >= ra + delta:
-                        for v in vs:
-                            out[v] = (par, rs, ra)
-        self.behind[leaf] = (epoch, out)
+                if branch_rule(lca, vb, bb, view, delta, 0.0, moves)[0] == RULE_EXPIRED_BEHIND:
+                    out.append((lca, vb, bb, [v]))
+            return out
+        under = self._under()
+        ratio = view.ratio
+        for a in ancestors_of(leaf):
+            par = parent_of(a)
+            bar = None
+            for sib in tree.children(par):
+                if sib == a:
+                    continue
+                vs = under.get(sib)
+                if not vs:
+                    continue
+                if bar is None:
+                    bar = ratio(a) + delta
+                if ratio(sib) < bar:
+                    continue  # not behind by delta: branch_rule would refuse (a filter, not the rule)
+                if branch_rule(par, sib, a, view, delta, 0.0, moves)[0] == RULE_EXPIRED_BEHIND:
+                    out.append((par, sib, a, vs))
         return out
 
     def _under(self) -> dict[str, list[str]]:
@@ -839,11 +1229,30 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
     )
     budget_rank = {leaf: i for i, leaf in enumerate(queue.initial_order)}
     free = _Free(cluster, snapshot.free)
+    if len(free.buckets) > 1:
+        free.prefer = spare_models(list(free.buckets), pending)
     victims: _Victims | None = None
     out = res.events
     free_fail: dict[str | None, list[tuple[int, int]]] = {}
-    # leaf -> (failed shapes, charges at record time, own charges at record time)
-    pre_fail: dict[str, tuple[list[tuple[int, int]], int, int]] = {}
+    # leaf -> (shapes failed for any charge, charges at record time, own charges at record time,
+    #          (g, k, charge) failed for charges of at least that much)
+    pre_fail: dict[str, tuple[list[tuple[int, int]], int, int, list[tuple[int, int, float]]]] = {}
+    moves: set[Move] = set()  # this cycle's preemptions of allocated work (no same-cycle reversal)
+    hold_fit: Micros = 0  # earliest_fit_us of this cycle's reservation when its nodes have free GPUs
+    hold_leaf, hold_charge = "", 0.0  # the reservation holder's leaf and provisional charge
+    min_rt: dict[str, float] = {}  # leaf -> smallest min_runtime_s of its allocated jobs (while hold_fit)
+
+    def may_backfill(leaf: str, g: int, model: str | None) -> bool:
+        """Some job of ``leaf`` of at least ``g`` GPUs might still backfill the reservation: a reserved
+        node fits ``g`` and the leaf's shortest minimum runtime (a lower bound of any protection)
+        ends by the holder's fit time."""
+        if not hold_fit or not free.reserved_fits(g, model):
+            return False
+        m = min_rt.get(leaf)
+        if m is None:
+            m = min_rt[leaf] = min(map(_MIN_RT, islice(pending[leaf], 0, bound[leaf])), default=0.0)
+        return backfill_rule(True, s_to_us(m), now_us, hold_fit)
+
     charges = 0
     own_charges: dict[str, int] = {}
     floors: dict[tuple[str, int], tuple[int, int]] = {}
@@ -852,22 +1261,34 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
     rank = -1
     ratio = queue.ratio
 
-    def pre_failed(leaf: str, g: int, k: int) -> bool:
+    def pre_failed(leaf: str, g: int, k: int, charge: float | None = None) -> bool:
+        """Known to fail: a search of a shape <= (g, k) failed for any charge, or (with ``charge``)
+        for a charge <= this one (the after-move test only gets stricter as the charge grows)."""
         ent = pre_fail.get(leaf)
         if ent is None:
             return False
-        shapes, c0, o0 = ent
+        shapes, c0, o0, charged = ent
         if charges - c0 != own_charges.get(leaf, 0) - o0:
             del pre_fail[leaf]  # another leaf was charged since: stale
             return False
-        return _dominated(shapes, g, k)
+        if _dominated(shapes, g, k):
+            return True
+        if charge is None or not charged:
+            return False
+        for fg, fk, fc in charged:
+            if fg <= g and fk <= k and fc <= charge:
+                return True
+        return False
 
-    def record_pre_fail(leaf: str, g: int, k: int) -> None:
+    def record_pre_fail(leaf: str, g: int, k: int, charge: float | None = None) -> None:
+        """Remember a failed search; ``charge``: it failed only for charges of at least this much."""
         ent = pre_fail.get(leaf)
         if ent is None or charges - ent[1] != own_charges.get(leaf, 0) - ent[2]:
-            pre_fail[leaf] = ([(g, k)], charges, own_charges.get(leaf, 0))
-        else:
+            ent = pre_fail[leaf] = ([], charges, own_charges.get(leaf, 0), [])
+        if charge is None:
             ent[0].append((g, k))
+        else:
+            ent[3].append((g, k, charge))
 
     def floor_shape(leaf: str, lo: int, hi: int) -> tuple[int, int]:
         """Smallest g and smallest k in pending[leaf][lo:hi]: a lower bound of any job left there."""
@@ -894,6 +1315,8 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         )
 
         def blocked(g: int, k: int, model: str | None) -> bool:
+            if may_backfill(leaf, g, model):
+                return False  # it may backfill the reservation's free GPUs (depending on its protection)
             ff = free_fail.get(model)
             if not ((ff and _dominated(ff, g, k)) or (model is not None and _dominated(free_fail.get(None, ()), g, k))):  # type: ignore[arg-type]
                 return False
@@ -923,28 +1346,51 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                     free_fail[model] = [(g, k)]
                 else:
                     ff.append((g, k))
+        if (
+            nodes is None
+            and hold_fit
+            and now_us + s_to_us(job.min_runtime_s) <= hold_fit  # protection >= min_runtime: else no chance
+            and free.reserved_fits(g, model)
+        ):
+            # backfill the waiting reservation's free GPUs (DESIGN section 3: a reservation never idles GPUs)
+            prot = protection_s(job.min_runtime_s, job.preemptions, tree.max_min_runtime_s(job.budget), cfg.window_s)
+            br = _branches(leaf, hold_leaf)
+            may = br is not None and (
+                branch_rule(br[0], br[1], br[2], queue, cfg.delta, hold_charge, moves)[0] == RULE_EXPIRED_BEHIND
+            )
+            if backfill_rule(True, s_to_us(prot), now_us, hold_fit, may):
+                nodes = free.fit_with_reserved(g, k, model)
+                if nodes is not None and not free.reserved_free():
+                    hold_fit = 0  # the reservation's GPUs are all lent: nothing more to backfill
         holds_reservation = reserved_for is None and now_us - job.queued_at_us >= reservation_after_us
         mkey = leaf if model is None else leaf + "\x00" + model
+        charge = charge_of(g, k, job.min_runtime_s, cfg.window_s)
         if nodes is not None:
             placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
-            _emit_placed(out, job, placements, (), leaf, rank, budget_rank, ratio(leaf), holds_reservation, ts, cfg)
+            _emit_placed(
+                out, job, placements, (), leaf, rank, budget_rank, ratio(leaf), holds_reservation, ts, cfg, tree
+            )
             out.extend(start_events(job.job_id, job.attempt, placements, ts, job.duration_s, job.command, cfg.producer))
         elif (
             cfg.preemption
-            and not (mkey in pre_fail and pre_failed(mkey, g, k))
-            and (model is None or not (leaf in pre_fail and pre_failed(leaf, g, k)))
+            and not (mkey in pre_fail and pre_failed(mkey, g, k, charge))
+            and (model is None or not (leaf in pre_fail and pre_failed(leaf, g, k, charge)))
         ):
             if victims is None:
                 victims = _Victims(cluster, now_us, snapshot.victims)
             res.searches += 1
-            plan = _plan(job, leaf, free, victims, now_us, ratio, cfg.delta, charges, tree)
+            plan = _plan(job, leaf, free, victims, now_us, queue, cfg.delta, charges, tree, charge, moves)
             if plan is None:
-                record_pre_fail(mkey, g, k)
+                record_pre_fail(mkey, g, k, charge if victims.narrowed else None)
             else:
                 placements, chosen = plan
                 vics = []
                 for run, vic in chosen:
                     victims.taken.add(run.key)
+                    if vic.rule == RULE_EXPIRED_BEHIND:
+                        br = _branches(run.budget, leaf)
+                        if br is not None:
+                            moves.add(br)
                     out.extend(
                         preempt_events(
                             run, ts, cfg.grace_s, cfg.producer, victim=vic, by_job_id=job.job_id, by_budget=leaf
@@ -952,30 +1398,52 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                     )
                     vics.append(vic)
                 _emit_placed(
-                    out, job, placements, tuple(vics), leaf, rank, budget_rank, ratio(leaf), holds_reservation, ts, cfg
+                    out,
+                    job,
+                    placements,
+                    tuple(vics),
+                    leaf,
+                    rank,
+                    budget_rank,
+                    ratio(leaf),
+                    holds_reservation,
+                    ts,
+                    cfg,
+                    tree,
                 )
                 nodes = [p.node_id for p in placements]
         elif not cfg.preemption:
             record_pre_fail(mkey, g, k)
         if nodes is not None:
-            queue.charge(leaf, float(g * k) * min(job.min_runtime_s, cfg.window_s))
+            queue.charge(leaf, charge)
             charges += 1
             own_charges[leaf] = own_charges.get(leaf, 0) + 1
             continue
         # blocked
         if holds_reservation:
             reserved_for = job.job_id
-            chosen_nodes = _reservation_nodes(free, g, k, model)
+            unalloc_gpus: dict[str, int] | None = None
+            if victims is not None:
+                taken = victims.taken
+                unalloc_gpus = {
+                    n: sum(len(x[2]) for x in lst if x[1].key not in taken) for n, lst in victims.unalloc.items()
+                }
+            chosen_nodes = _reservation_nodes(free, g, k, model, unalloc_gpus)
             for n in chosen_nodes:
                 free.reserve(n)
             res.reservation = (job.job_id, tuple(chosen_nodes))
+            if free.reserved_free():
+                hold_fit = earliest_fit_us(cluster, chosen_nodes, g, now_us, victims.taken if victims else set())
+                hold_leaf, hold_charge = leaf, charge
             continue  # the reservation changed free capacity: no bulk skip on its account
         if model is None:
             ent = pre_fail.get(leaf)  # pre_failed(leaf, 1, 1) or pre_failed(leaf, *floor), inlined
             if ent is not None:
                 if charges - ent[1] != own_charges.get(leaf, 0) - ent[2]:
                     del pre_fail[leaf]  # another leaf was charged since: stale
-                elif (1, 1) in ent[0] or _dominated(ent[0], *floor_shape(leaf, 0, bound[leaf])):
+                elif ((1, 1) in ent[0] or _dominated(ent[0], *floor_shape(leaf, 0, bound[leaf]))) and not may_backfill(
+                    leaf, 1, None
+                ):
                     queue.drop_leaf(leaf)
                     continue
         if reserved_for is not None and cfg.preemption and idx + 1 < bound[leaf]:
@@ -994,6 +1462,11 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
     if not rest:
         return res
     order = queue.order()  # = budget_order of the occupancy after the provisional charges
+    if free.reserved and free.reserved_free():
+        # unallocated work may use a waiting reservation's free GPUs: the holder's preemption
+        # search evicts it the moment it can start (DESIGN section 3)
+        free.unreserve_all()
+        free_fail.clear()
     any_free = free_fail.get(None, [])
     if _dominated(any_free, 1, 1):
         return res  # not even one GPU was free for a 1-GPU job: no unallocated job fits
@@ -1001,6 +1474,8 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         jobs = pending.get(leaf)
         if not jobs or bound[leaf] >= len(jobs):
             continue
+        if _dominated(any_free, 1, 1):
+            break  # not one GPU is left for a 1-GPU job
         r_leaf = queue.ratio(leaf)
         mg, mk = floor_shape(leaf, bound[leaf], len(jobs))
         if _dominated(any_free, mg, mk):
@@ -1036,7 +1511,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                     break
                 continue
             placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
-            _emit_placed(out, job, placements, (), leaf, rank, budget_rank, r_leaf, False, ts, cfg)
+            _emit_placed(out, job, placements, (), leaf, rank, budget_rank, r_leaf, False, ts, cfg, tree)
             out.extend(start_events(job.job_id, job.attempt, placements, ts, job.duration_s, job.command, cfg.producer))
     return res
 
@@ -1126,6 +1601,8 @@ def _blocked_run(
 
 
 _G = attrgetter("gpus_per_replica")
+_MIN_RT = attrgetter("min_runtime_s")
+_MODEL = attrgetter("gpu_model")
 _K = attrgetter("replicas")
 _BIG = 1 << 30
 
@@ -1215,7 +1692,15 @@ def _emit_placed(
     reservation: bool,
     ts: Any,
     cfg: EngineConfig,
+    tree: BudgetTree | None = None,
 ) -> None:
+    """Append the ``JobPlaced`` of ``job``. With ``tree`` its decision records the
+    protection (:func:`protection_s` of the job's preemptions, capped by the budget's
+    ``max_min_runtime`` and ``W / 4``); without (baseline policies), none: the
+    protection is then the minimum runtime."""
+    protection = None
+    if job.min_runtime_s > 0 and tree is not None:
+        protection = protection_s(job.min_runtime_s, job.preemptions, tree.max_min_runtime_s(job.budget), cfg.window_s)
     out.append(
         JobPlaced(
             event_id=det_id("JobPlaced", job.job_id, job.attempt),
@@ -1238,21 +1723,53 @@ def _emit_placed(
                 victims=victims,
                 reservation=reservation,
                 policy_version=cfg.policy_version,
+                protection_s=protection,
+                preemptions=job.preemptions if protection is not None else None,
             ),
         )
     )
 
 
-def _reservation_nodes(free: _Free, g: int, k: int, model: str | None) -> list[str]:
-    """k eligible nodes for a blocked job: most free GPUs first, ties by id.
+def _reservation_nodes(
+    free: _Free, g: int, k: int, model: str | None, unalloc: Mapping[str, int] | None = None
+) -> list[str]:
+    """k eligible nodes for a blocked job: most GPUs available to it now first, ties by id.
 
-    Eligible: not reserved, the model matches, at least g GPUs. Nodes with
-    c >= 1 free GPUs that are not reserved are exactly ``buckets[model][c]``,
-    so they are walked from the most free down; nodes with no free GPU are
+    Available: free, plus (``unalloc``: node -> GPUs) those of unallocated
+    runs, which the holder evicts as soon as it can start; so a node whose
+    free GPUs the reservation lent to unallocated work in the last cycle
+    ranks as it did and the reservation stays put. Eligible: not reserved,
+    the model matches, at least g GPUs. Nodes with c >= 1 free GPUs that are
+    not reserved are exactly ``buckets[model][c]``, so without unallocated
+    runs they are walked from the most free down; nodes with no free GPU are
     looked for only when fewer than k were found.
     """
     out: list[str] = []
     count = free.count
+    if unalloc:
+        ffree, reserved, fmodel = free.free, free.reserved, free.model
+        avail: dict[str, int] = {}
+        for m, b in free.buckets.items():
+            if model is not None and m != model:
+                continue
+            for c in range(1, len(b)):
+                for n in b[c]:
+                    if count[n] >= g:
+                        avail[n] = c
+        for n, u in unalloc.items():
+            if n in fmodel and n not in reserved and count[n] >= g and (model is None or fmodel[n] == model):
+                avail[n] = len(ffree[n]) + u
+        out = [n for _, n in sorted((-a, n) for n, a in avail.items())[:k]]
+        if len(out) == k:
+            return out
+        have = set(out)
+        zero = sorted(
+            n
+            for n, m in fmodel.items()
+            if n not in have and not ffree[n] and n not in reserved and (model is None or m == model) and count[n] >= g
+        )
+        out.extend(zero[: k - len(out)])
+        return out
     several = model is None and len(free.buckets) > 1
     for c in range(free.maxc, 0, -1):
         cand: list[str] = []
@@ -1276,21 +1793,26 @@ def _reservation_nodes(free: _Free, g: int, k: int, model: str | None) -> list[s
     return out
 
 
-_UNALLOC_RULE = ("unallocated", None, None, None)
-
-
 def _plan(
     job: PendingJob,
     leaf: str,
     free: _Free,
     victims: _Victims,
     now: Micros,
-    ratio: Any,
+    ratio: ShareView | Callable[[str], float],
     delta: float,
     epoch: int = 0,
     tree: BudgetTree | None = None,
+    charge_gpu_s: float = 0.0,
+    moves: frozenset[Move] | set[Move] = frozenset(),
 ) -> tuple[tuple[Placement, ...], list[tuple[Run, Victim]]] | None:
     """Least-cost preemption plan for allocated ``job`` of ``leaf``, or ``None`` (DESIGN section 3).
+
+    ``ratio`` is the cycle's :class:`ShareView` (or a plain ``path -> r``
+    callable, for which a charge changes no r: the baselines). After the
+    call, ``victims.narrowed`` tells whether the expired-behind candidates
+    depended on the job's charge (see :meth:`_Victims.behind_of`): a failure
+    then says nothing about a job with a smaller charge.
 
     Cost of a set: (allocated GPUs, unallocated GPUs, GPU-s of work lost),
     lexicographic. Any node that needs no allocated victim is cheaper than
@@ -1304,6 +1826,12 @@ def _plan(
     victims with their :class:`Victim` audit records; the free index is
     updated (J's GPUs taken) when a plan is returned.
     """
+    view: ShareView = (
+        ratio  # type: ignore[assignment]
+        if type(ratio) is FairShareQueue or hasattr(ratio, "ratio_after")
+        else _CallableView(ratio)  # type: ignore[arg-type]
+    )
+    victims.narrowed = False
     g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
     taken = victims.taken
     fmodel, fcount, reserved, ffree = free.model, free.count, free.reserved, free.free
@@ -1385,7 +1913,7 @@ def _plan(
                         options.append(((0, 0, 0.0), nid, []))
     behind = None
     if len(options) < k:
-        behind = victims.behind_of(leaf, ratio, delta, epoch, tree)
+        behind, victims.narrowed = victims.behind_of(leaf, view, delta, epoch, tree, charge_gpu_s, moves)
         if not behind:
             return None
         per_node: dict[str, list] = {}
@@ -1429,13 +1957,26 @@ def _plan(
         for x in chosen:
             run = x[1]
             if run.key not in picked:
-                # the rule that allowed it: unallocated, or behind at the LCA (behind_of's facts)
-                rule = ("expired_behind", *behind[run.budget]) if run.allocated else _UNALLOC_RULE  # type: ignore[index]
-                picked[run.key] = (run, _victim(run, *rule))
+                verdict = victim_rule(run, leaf, now, view, delta, charge_gpu_s, moves)
+                if not verdict.allowed:  # the search and the rule disagree: a bug, never a decision
+                    raise AssertionError(f"victim {run.key} of {leaf}'s plan refused by victim_rule: {verdict}")
+                picked[run.key] = (run, _victim(run, now, verdict))
     return tuple(placements), [picked[key] for key in sorted(picked)]
 
 
-def _victim(run: Run, rule: str, lca: str | None, rv: float | None, rb: float | None) -> Victim:
+class _CallableView:
+    """A :class:`ShareView` of a plain ``path -> r`` function (a charge changes nothing)."""
+
+    __slots__ = ("ratio",)
+
+    def __init__(self, fn: Callable[[str], float]) -> None:
+        self.ratio = fn
+
+    def ratio_after(self, path: str, gpu_s: float) -> float:
+        return self.ratio(path)
+
+
+def _victim(run: Run, now: Micros, verdict: VictimVerdict) -> Victim:
     until = run.protected_until_us
     return Victim(
         job_id=run.job_id,
@@ -1444,8 +1985,10 @@ def _victim(run: Run, rule: str, lca: str | None, rv: float | None, rb: float | 
         allocated=run.allocated,
         gpus=run.gpus,
         protected_until=from_us(until) if until is not None else None,
-        rule=rule,
-        lca=lca,
-        victim_ratio=rv,
-        preemptor_ratio=rb,
+        rule=verdict.rule,
+        lca=verdict.lca,
+        victim_ratio=verdict.victim_ratio,
+        preemptor_ratio=verdict.preemptor_ratio,
+        preemptor_ratio_after=verdict.preemptor_ratio_after,
+        lost_gpu_s=work_lost_gpu_s(run, now),
     )  # type: ignore[arg-type]

@@ -7,6 +7,14 @@ Formulas (DESIGN section 2):
 * usage ratio ``r_b = O_b / E_b``, with the named edge cases
   ``r = 0`` when ``O_b = E_b = 0`` (:data:`ZERO_USAGE`) and ``r = +inf``
   when ``E_b = 0 < O_b`` (:data:`OVER_NOTHING`);
+* cold start (DESIGN section 2): the capacity integral is floored at
+  :data:`MIN_CAPACITY_GPU_S` (1 GPU-second), ``E_b = abs(b) * max(K, 1)``
+  (:func:`effective_capacity`). Every budget shares the factor K, so the
+  order by r is the order by ``O_b / abs(b)`` (occupancy per unit of
+  share) at any K; the floor changes no ratio once one GPU has been up for
+  one second, and below that it keeps an empty window's order exact: no
+  ``+inf`` after the first provisional charge, no 0/0, so equal demand is
+  split by share from the first cycle instead of by path.
 * lower r is more under-used and is served first. This is Slurm Fair Tree's
   level fair share ``S / U`` turned upside down (``U / S``), so that equal
   usage against share compares equal across levels.
@@ -39,7 +47,28 @@ ZERO_USAGE = 0.0
 OVER_NOTHING = INF
 """r when a budget has occupancy but no entitlement (zero share or zero capacity)."""
 
+MIN_CAPACITY_GPU_S = 1.0
+"""Floor of the capacity integral K in every ratio, GPU-seconds (cold start, DESIGN section 2)."""
+
 T = TypeVar("T")
+
+
+def effective_capacity(capacity_gpu_s: float) -> float:
+    """The K every entitlement is computed from: ``max(K, MIN_CAPACITY_GPU_S)`` GPU-seconds.
+
+    Cold start (DESIGN section 2). With an empty or short window K is 0 or
+    tiny; ``r = O / (abs * K)`` would then be ``+inf`` for every budget that
+    has occupancy (or a provisional charge) and 0/0 for the others, and the
+    order would fall back to the path tie-break. All budgets share K, so
+    ranking by ``r`` is ranking by ``O_b / abs(b)`` at any K > 0; flooring K
+    at 1 GPU-second keeps that exact order when K is below it, and changes
+    no ratio once it is above. Two budgets at 0.5 asking for 8 single-GPU
+    jobs on 8 free GPUs then alternate: 4 and 4.
+
+    >>> effective_capacity(0.0), effective_capacity(0.25), effective_capacity(480.0)
+    (1.0, 1.0, 480.0)
+    """
+    return capacity_gpu_s if capacity_gpu_s > MIN_CAPACITY_GPU_S else MIN_CAPACITY_GPU_S
 
 
 def usage_ratio(occupancy_gpu_s: float, entitlement_gpu_s: float) -> float:
@@ -78,12 +107,14 @@ def ratios(tree: BudgetTree, occupancy: Mapping[str, float], capacity_gpu_s: flo
         tree: the budget tree.
         occupancy: allocated occupancy per budget path in GPU-seconds,
             already including descendants (missing paths count as 0).
-        capacity_gpu_s: capacity integral K over the window, GPU-seconds.
+        capacity_gpu_s: capacity integral K over the window, GPU-seconds
+            (floored by :func:`effective_capacity`).
 
     Returns:
         ``{path: r}`` for every path in ``tree``.
     """
-    return {p: usage_ratio(occupancy.get(p, 0.0), tree.abs_share(p) * capacity_gpu_s) for p in tree.paths()}
+    k = effective_capacity(capacity_gpu_s)
+    return {p: usage_ratio(occupancy.get(p, 0.0), tree.abs_share(p) * k) for p in tree.paths()}
 
 
 def budget_order(tree: BudgetTree, occupancy: Mapping[str, float], capacity_gpu_s: float) -> tuple[str, ...]:
@@ -187,7 +218,7 @@ class FairShareQueue(Generic[T]):
         items_by_leaf: Mapping[str, Sequence[T]],
     ) -> None:
         self._tree = tree
-        self._cap = capacity_gpu_s
+        self._cap = capacity_gpu_s = effective_capacity(capacity_gpu_s)
         self._occ: dict[str, float] = {p: float(occupancy.get(p, 0.0)) for p in tree.paths()}
         self._ratio: dict[str, float] = {
             p: usage_ratio(self._occ[p], tree.abs_share(p) * capacity_gpu_s) for p in tree.paths()
@@ -219,6 +250,16 @@ class FairShareQueue(Generic[T]):
     def ratio(self, path: str) -> float:
         """Current r of ``path`` including provisional charges (0.0 for the root)."""
         return self._ratio.get(path, ZERO_USAGE)
+
+    def ratio_after(self, path: str, gpu_s: float) -> float:
+        """r of ``path`` with ``gpu_s`` more GPU-seconds of occupancy than now (charges included).
+
+        What a provisional charge of ``gpu_s`` to a leaf at or below ``path``
+        would make it: the preemption rule's after-move test (DESIGN section 3).
+        """
+        if path not in self._occ:
+            return ZERO_USAGE
+        return usage_ratio(self._occ[path] + gpu_s, self._tree.abs_share(path) * self._cap)
 
     def order(self) -> tuple[str, ...]:
         """Leaf order by the current ratios (with provisional charges): ``budget_order`` of

@@ -1,0 +1,292 @@
+"""Checkpoints, work lost, preemption counts and node loss as folded state (DESIGN sections 1 and 3).
+
+Hand-computed cases for :func:`work_lost_gpu_s`, :func:`protection_s`, the
+checkpoint fold of :class:`ClusterState` and the dispatcher's node-loss
+handling. Times are µs from the builders' ``T0``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from builders import T0, h, m, placed, preempted, requeued, s, started, submitted
+
+from apportion import events as ev
+from apportion.domain.budgets import BudgetTree
+from apportion.domain.cluster import (
+    ClusterState,
+    protection_s,
+    work_lost_gpu_s,
+    work_ref_us,
+)
+from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, step
+from apportion.domain.engine import order_key
+from apportion.timeutil import from_us
+
+
+def ckpt(job_id: str, at: int, progress_s: float, *, attempt: int = 1, replica: int | None = 0) -> ev.JobCheckpointed:
+    return ev.JobCheckpointed(
+        job_id=job_id,
+        attempt=attempt,
+        progress_s=progress_s,
+        replica=replica,
+        ts=from_us(at),
+        event_id=ev.det_id("test-ckpt", job_id, attempt, replica, at),
+    )
+
+
+def fold(*events) -> ClusterState:
+    cs = ClusterState()
+    for e in events:
+        cs.apply(e)
+    return cs
+
+
+# ---------------------------------------------------------------- work lost
+
+
+def test_work_lost_counts_from_the_start_without_a_checkpoint():
+    # 4 GPUs started at 1 h, stopped at 1.5 h: 4 * 1800 s = 7200 GPU-s
+    cs = fold(placed("j", gpus=4, at=h(1)), started("j", at=h(1)))
+    assert work_lost_gpu_s(cs.runs[("j", 1)], h(1.5)) == 7200.0
+
+
+def test_work_lost_counts_from_the_last_checkpoint():
+    # checkpoints at 1 h 10 min and 1 h 20 min: lost = 4 * 600 s at 1 h 30 min
+    cs = fold(placed("j", gpus=4, at=h(1)), started("j", at=h(1)), ckpt("j", m(70), 600.0), ckpt("j", m(80), 1200.0))
+    run = cs.runs[("j", 1)]
+    assert run.checkpoint_us == m(80) and run.checkpoint_progress_s == 1200.0
+    assert work_lost_gpu_s(run, m(90)) == 2400.0
+    assert work_lost_gpu_s(run, m(80)) == 0.0 and work_lost_gpu_s(run, m(79)) == 0.0  # never negative
+
+
+def test_a_gang_checkpoint_is_the_earliest_of_its_replicas_latest():
+    # 2 x 2 GPUs; replica 0 checkpoints at 20 and 40 min, replica 1 only at 30 min
+    evs = [placed("g", gpus=2, replicas=2, at=h(0)), started("g", at=h(0)), started("g", replica=1, node="n1", at=h(0))]
+    cs = fold(*evs, ckpt("g", m(20), 1200.0), ckpt("g", m(40), 2400.0))
+    assert cs.runs[("g", 1)].checkpoint_us is None  # replica 1 has none yet: counts from the start
+    assert work_lost_gpu_s(cs.runs[("g", 1)], m(50)) == 4 * 3000.0
+    cs.apply(ckpt("g", m(30), 1800.0, replica=1))
+    run = cs.runs[("g", 1)]
+    assert run.checkpoint_us == m(30) and run.checkpoint_progress_s == 1800.0
+    assert work_lost_gpu_s(run, m(50)) == 4 * 1200.0  # since 30 min on all 4 GPUs
+    assert cs.progress["g"] == 1800.0
+
+
+def test_a_duplicate_or_older_checkpoint_changes_nothing():
+    cs = fold(placed("j", at=h(0)), started("j", at=h(0)), ckpt("j", m(20), 1200.0))
+    run = cs.runs[("j", 1)]
+    cs.apply(ckpt("j", m(20), 1200.0))
+    cs.apply(ckpt("j", m(10), 600.0))
+    assert cs.runs[("j", 1)] is run
+
+
+def test_progress_carries_over_to_the_next_attempt():
+    cs = fold(
+        placed("j", at=h(0)),
+        started("j", at=h(0)),
+        ckpt("j", m(30), 1800.0),
+        preempted("j", at=h(1)),
+        ckpt("j", h(1) + 10_000_000, 3590.0),  # SIGTERM's last checkpoint, while stopping
+        requeued("j", at=h(1) + 30_000_000),
+        placed("j", attempt=2, at=h(2)),
+    )
+    run = cs.runs[("j", 2)]
+    assert run.resumed_from_s == 3590.0 and run.preemptions == 1
+    assert cs.preemptions["j"] == 1
+
+
+def test_the_job_leaves_the_per_job_tables_when_it_completes():
+    cs = fold(placed("j", at=h(0)), started("j", at=h(0)), ckpt("j", m(30), 1800.0), preempted("j", at=h(1)))
+    cs.apply(requeued("j", at=h(1)))
+    cs.apply(placed("j", attempt=2, at=h(2)))
+    cs.apply(ev.JobCompleted(job_id="j", attempt=2, ts=from_us(h(3))))
+    assert "j" not in cs.preemptions and "j" not in cs.progress
+
+
+def test_order_key_refers_to_the_later_of_start_and_checkpoint():
+    # equal GPUs: the run checkpointed 5 min ago loses less than the one started 10 min ago
+    cs = fold(
+        placed("old", at=h(0)),
+        started("old", at=h(0)),
+        ckpt("old", m(55), 3300.0),
+        placed("new", at=m(50)),
+        started("new", at=m(50)),
+    )
+    old, new = cs.runs[("old", 1)], cs.runs[("new", 1)]
+    assert work_ref_us(old) == m(55) and work_ref_us(new) == m(50)
+    assert sorted([old, new], key=order_key) == [old, new]
+    assert work_lost_gpu_s(old, h(1)) < work_lost_gpu_s(new, h(1))
+
+
+# ---------------------------------------------------------------- protection
+
+
+PROTECTION_CASES = [
+    pytest.param(60.0, 0, None, None, 60.0, id="first attempt: the minimum runtime"),
+    pytest.param(60.0, 1, None, None, 120.0, id="once preempted: doubled"),
+    pytest.param(60.0, 5, None, None, 1920.0, id="five times: 60 * 32"),
+    pytest.param(60.0, 5, 600.0, None, 600.0, id="capped by the budget's max_min_runtime"),
+    pytest.param(3600.0, 8, None, 7 * 86400.0, 151200.0, id="capped by W/4 (42 h of a 7-day window)"),
+    pytest.param(3600.0, 3, 1800.0, None, 3600.0, id="a cap below min_runtime never shortens the promise"),
+    pytest.param(0.0, 4, None, None, 0.0, id="unallocated: no protection"),
+    pytest.param(60.0, 10_000, None, 86400.0, 21600.0, id="huge counts do not overflow"),
+]
+
+
+@pytest.mark.parametrize("min_rt, n, max_rt, window, expected", PROTECTION_CASES)
+def test_protection_s(min_rt, n, max_rt, window, expected):
+    assert protection_s(min_rt, n, max_rt, window) == expected
+
+
+def placed_with(job_id, protection_s_, **kw) -> ev.JobPlaced:
+    e = placed(job_id, **kw)
+    return e.model_copy(update={"decision": e.decision.model_copy(update={"protection_s": protection_s_})})
+
+
+GANG_BOUNDARY = [
+    # 2-replica gang, min_runtime 3600 s, protection 7200 s recorded; replicas start at 0 and 10 min:
+    # protection runs from the LATEST start, 10 min, to 2 h 10 min.
+    pytest.param(m(130) - 1, True, id="one µs before the end (from the latest start): protected"),
+    pytest.param(m(130), False, id="exactly at the end: not protected"),
+    pytest.param(m(120), True, id="the end counted from the first start: still protected"),
+]
+
+
+@pytest.mark.parametrize("at, protected", GANG_BOUNDARY)
+def test_gang_protection_runs_from_the_latest_replica_start(at, protected):
+    cs = fold(
+        placed_with("g", 7200.0, gpus=2, replicas=2, at=h(0)),
+        started("g", at=h(0)),
+        started("g", replica=1, node="n1", at=m(10)),
+    )
+    run = cs.runs[("g", 1)]
+    assert run.protected_until_us == m(130)
+    assert run.protected(at) is protected
+
+
+def test_a_record_without_protection_s_is_protected_for_min_runtime():
+    cs = fold(placed("j", min_runtime_s=600.0, at=h(0)), started("j", at=h(0)))
+    assert cs.runs[("j", 1)].protected_until_us == m(10)
+
+
+# ---------------------------------------------------------------- dispatcher: counts, lost work, node loss
+
+TREE = BudgetTree.from_mapping({"lab": 1.0, "lab/a": {"share": 0.5, "members": ["alice"]}, "lab/b": 0.5})
+CFG = DispatchConfig(heartbeat_timeout_s=None)
+
+
+def reg(nid: str, gpus: int = 4) -> ev.NodeRegistered:
+    return ev.NodeRegistered(node_id=nid, gpu_count=gpus, ts=from_us(T0), event_id=ev.det_id("reg", nid))
+
+
+def types(out) -> list[str]:
+    return [f"{e.type}:{getattr(e, 'job_id', getattr(e, 'node_id', ''))}" for e in out]
+
+
+def test_requeued_job_carries_its_preemptions_and_progress_and_gets_a_longer_protection():
+    # u (lab/b, allocated 60 s) runs from T0; checkpoint at 30 s; j (lab/a) preempts it at 1 h.
+    state = DispatchState(TREE)
+    for e in (reg("n0"), submitted("u", budget="lab/b", gpus=4, min_runtime_s=60)):
+        step(state, e, T0, CFG)
+    step(state, Tick(T0), T0, CFG)
+    step(state, started("u", at=T0), T0, CFG)
+    step(state, ckpt("u", s(30), 30.0), s(30), CFG)
+    step(state, submitted("j", budget="lab/a", user="alice", gpus=4, min_runtime_s=60, at=h(1)), h(1), CFG)
+    out = step(state, Tick(h(1)), h(1), CFG)
+    assert types(out)[:3] == ["JobPreempted:u", "StopWorkload:u", "JobPlaced:j"]
+    # work lost: 4 GPUs * (3600 - 30) s
+    assert out[0].lost_gpu_s == 4 * 3570.0 and out[2].decision.victims[0].lost_gpu_s == 4 * 3570.0
+    step(state, Tick(h(1) + 30_000_000), h(1) + 30_000_000, CFG)  # grace over: requeued
+    pj = state.pending["lab/b"][0]
+    assert (pj.attempt, pj.preemptions, pj.progress_s) == (2, 1, 30.0)
+
+
+def test_node_loss_gives_surviving_gang_replicas_the_normal_grace_then_requeues():
+    cfg = DispatchConfig(heartbeat_timeout_s=None)
+    state = DispatchState(TREE)
+    for e in (reg("n0"), reg("n1"), submitted("g", budget="lab/b", gpus=4, replicas=2, min_runtime_s=60)):
+        step(state, e, T0, cfg)
+    step(state, Tick(T0), T0, cfg)
+    for r, n in ((0, "n0"), (1, "n1")):
+        step(state, started("g", replica=r, node=n, at=T0), T0, cfg)
+    lost = ev.NodeLost(node_id="n0", last_heartbeat=from_us(m(10)), ts=from_us(m(11)))
+    out = step(state, lost, m(11), cfg)
+    assert types(out) == ["JobLost:g", "StopWorkload:g"]  # no requeue yet: the survivor is stopping
+    assert out[0].lost_gpu_s == 8 * 600.0  # 8 GPUs, 10 min to the last heartbeat
+    assert out[1].node_id == "n1" and out[1].grace_s == 30.0
+    # the survivor's GPUs stay held while it stops; n0's are free
+    assert state.cluster.nodes["n1"].free == frozenset() and state.jobs["g"].status == "stopping"
+    assert step(state, Tick(m(11) + 29_000_000), m(11) + 29_000_000, cfg) == []
+    out = step(state, Tick(m(11) + 30_000_000), m(11) + 30_000_000, cfg)
+    assert types(out)[0] == "JobRequeued:g" and out[0].attempt == 2
+
+
+def test_node_loss_requeue_follows_the_survivors_exit_report():
+    state = DispatchState(TREE)
+    for e in (reg("n0"), reg("n1"), submitted("g", budget="lab/b", gpus=4, replicas=2, min_runtime_s=60)):
+        step(state, e, T0, CFG)
+    step(state, Tick(T0), T0, CFG)
+    step(state, ev.NodeLost(node_id="n0", last_heartbeat=from_us(m(10)), ts=from_us(m(11))), m(11), CFG)
+    report = ev.JobFailed(job_id="g", attempt=1, replica=1, exit_code=-15, ts=from_us(m(11) + 5_000_000))
+    out = step(state, report, m(11) + 5_000_000, CFG)
+    assert types(out) == ["JobRequeued:g"]
+    assert state.cluster.nodes["n1"].free == frozenset(range(4))
+
+
+def test_node_loss_of_a_single_node_run_requeues_at_once():
+    state = DispatchState(TREE)
+    for e in (reg("n0"), submitted("j", budget="lab/b", gpus=4, min_runtime_s=60)):
+        step(state, e, T0, CFG)
+    step(state, Tick(T0), T0, CFG)
+    out = step(state, ev.NodeLost(node_id="n0", last_heartbeat=from_us(m(1)), ts=from_us(m(2))), m(2), CFG)
+    assert types(out) == ["JobLost:j", "JobRequeued:j"]
+
+
+def test_a_checkpoint_moves_a_run_in_the_kept_victim_index_as_a_rebuild_would():
+    from apportion.domain.engine import VictimIndex
+
+    cs = fold(
+        ev.NodeRegistered(node_id="n0", gpu_count=8, ts=from_us(T0)),
+        placed("u1", allocated=False, at=h(0)),
+        started("u1", at=h(0)),
+        placed("u2", allocated=False, at=h(1)),
+        started("u2", at=h(1)),
+    )
+    idx = VictimIndex().sync(cs)
+    order = [r.job_id for _, r, _ in idx.unalloc["n0"]]
+    assert order == ["u2", "u1"]  # u2 started later: less work lost
+    cs.apply(ckpt("u1", h(2), 7200.0))  # u1 saved its work at 2 h: now it loses less
+    idx.sync(cs)
+    assert [r.job_id for _, r, _ in idx.unalloc["n0"]] == ["u1", "u2"]
+    assert idx.as_lists() == VictimIndex.build(cs.runs).as_lists()
+
+
+def test_drain_records_the_work_lost():
+    state = DispatchState(TREE)
+    for e in (reg("n0"), submitted("u", budget="lab/b", gpus=4, min_runtime_s=0)):
+        step(state, e, T0, CFG)
+    step(state, Tick(T0), T0, CFG)
+    step(state, started("u", at=T0), T0, CFG)
+    step(state, ckpt("u", m(20), 1200.0), m(20), CFG)
+    out = step(state, ev.NodeDrainRequested(node_id="n0", ts=from_us(m(30))), m(30), CFG)
+    assert types(out)[:1] == ["JobPreempted:u"] and out[0].reason == "drain"
+    assert out[0].lost_gpu_s == 4 * 600.0  # 10 min on 4 GPUs since the checkpoint
+
+
+def test_a_lost_gangs_grace_replays_from_the_jobs_topic_alone():
+    """The dispatcher does not read the commands topic back: a state recovered from the other
+    topics (no StopWorkload) must still wait the grace period before requeueing."""
+    state = DispatchState(TREE)
+    log = []
+    for e in (reg("n0"), reg("n1"), submitted("g", budget="lab/b", gpus=4, replicas=2, min_runtime_s=60)):
+        log += [e, *step(state, e, T0, CFG)]
+    log += step(state, Tick(T0), T0, CFG)
+    lost = ev.NodeLost(node_id="n0", last_heartbeat=from_us(m(10)), ts=from_us(m(11)))
+    log += [lost, *step(state, lost, m(11), CFG)]
+    recovered = DispatchState(TREE)
+    for e in log:
+        if not isinstance(e, (ev.StartWorkload, ev.StopWorkload)):
+            recovered = evolve(recovered, e)
+    assert step(recovered, Tick(m(11) + 29_000_000), m(11) + 29_000_000, CFG) == []
+    out = step(recovered, Tick(m(11) + 30_000_000), m(11) + 30_000_000, CFG)
+    assert types(out)[0] == "JobRequeued:g"

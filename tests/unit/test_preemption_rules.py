@@ -1,0 +1,212 @@
+"""The preemption candidate rule, :func:`victim_rule` (DESIGN section 3), as a table.
+
+Tree for every case::
+
+    lab (1.0)
+    ├── a  0.5      <- the preemptor B (leaf lab/a) unless stated
+    ├── b  0.25     <- victims V
+    └── c  0.25
+        └── (c/x 1.0, c/y ... only in the one-line case)
+
+The view is a real :class:`FairShareQueue` over window occupancy with K =
+1,000,000 GPU-s, so E_a = 500,000 and E_b = E_c = 250,000 GPU-s. Ratios are
+chosen to be exact in binary floating point (multiples of 1/8), so "exactly
+delta" is exact: delta = 0.125 in these cases.
+"""
+
+from __future__ import annotations
+
+import pytest
+from builders import T0, h
+
+from apportion import events as ev
+from apportion.domain.budgets import BudgetTree
+from apportion.domain.cluster import ClusterState
+from apportion.domain.engine import (
+    REFUSED_AFTER_MOVE,
+    REFUSED_NOT_BEHIND,
+    REFUSED_ONE_LINE,
+    REFUSED_PROTECTED,
+    REFUSED_REVERSAL,
+    REFUSED_SAME_LEAF,
+    REFUSED_STOPPING,
+    RULE_EXPIRED_BEHIND,
+    RULE_UNALLOCATED,
+    victim_rule,
+)
+from apportion.domain.fairshare import FairShareQueue
+from apportion.timeutil import from_us
+
+K = 1_000_000.0
+DELTA = 0.125
+TREE = BudgetTree.from_mapping({"lab": 1.0, "lab/a": 0.5, "lab/b": 0.25, "lab/c": 0.25})
+ONE_LINE = BudgetTree.from_mapping({"lab": 1.0, "lab/a": 1.0, "lab/a/x": 1.0})
+
+
+def view(r_a: float, r_b: float, tree: BudgetTree = TREE, **more: float) -> FairShareQueue:
+    """A view with r(lab/a) = r_a and r(lab/b) = r_b (and other paths' O as given)."""
+    occ = {"lab/a": r_a * 0.5 * K, "lab/b": r_b * 0.25 * K, **more}
+    occ["lab"] = sum(v for p, v in occ.items() if p.count("/") == 1)
+    return FairShareQueue(tree, occ, K, {})
+
+
+def run_of(
+    budget: str = "lab/b",
+    *,
+    allocated: bool = True,
+    min_runtime_s: float = 3600.0,
+    started: int = h(0),
+    stopping: bool = False,
+):
+    """One run of ``budget``, 4 GPUs on n0, started at ``started`` (protection = min_runtime)."""
+    cs = ClusterState()
+    cs.apply(ev.NodeRegistered(node_id="n0", gpu_count=8, ts=from_us(T0)))
+    cs.apply(
+        ev.JobPlaced(
+            job_id="v",
+            attempt=1,
+            budget=budget,
+            allocated=allocated,
+            gpus_per_replica=4,
+            replicas=1,
+            min_runtime_s=min_runtime_s if allocated else 0.0,
+            placements=(ev.Placement(node_id="n0", gpus=(0, 1, 2, 3)),),
+            submitted_at=from_us(T0),
+            decision=ev.Decision(rank=0, budget_rank=0, ratio=0.0),
+            ts=from_us(started),
+        )
+    )
+    cs.apply(ev.JobStarted(job_id="v", attempt=1, node_id="n0", ts=from_us(started)))
+    if stopping:
+        cs.apply(ev.JobPreempted(job_id="v", attempt=1, budget=budget, allocated=allocated, ts=from_us(started)))
+    return cs.runs[("v", 1)]
+
+
+NOW = h(2)  # the default run's protection ended at 1 h
+
+# (case id, run, preemptor leaf, now, view, charge GPU-s, moves, expected rule)
+CASES = [
+    pytest.param(run_of(), "lab/a", NOW, view(1.0, 1.125), 0.0, (), RULE_EXPIRED_BEHIND, id="exactly delta behind"),
+    pytest.param(
+        run_of(),
+        "lab/a",
+        NOW,
+        view(1.0, 1.125 - 1 / 1024),
+        0.0,
+        (),
+        REFUSED_NOT_BEHIND,
+        id="just under delta behind (r_V = 1.125 - 2**-10)",
+    ),
+    pytest.param(
+        run_of(), "lab/a", h(1), view(1.0, 2.0), 0.0, (), RULE_EXPIRED_BEHIND, id="exactly at the protection end"
+    ),
+    pytest.param(
+        run_of(), "lab/a", h(1) - 1, view(1.0, 2.0), 0.0, (), REFUSED_PROTECTED, id="one µs before the protection end"
+    ),
+    pytest.param(
+        run_of(min_runtime_s=1e9), "lab/a", NOW, view(0.0, 100.0), 0.0, (), REFUSED_PROTECTED, id="protected, far ahead"
+    ),
+    pytest.param(
+        run_of("lab/a"),
+        "lab/a",
+        NOW,
+        view(0.0, 0.0, **{"lab/a": 1e9}),
+        0.0,
+        (),
+        REFUSED_SAME_LEAF,
+        id="same leaf never",
+    ),
+    pytest.param(
+        run_of("lab/a"),
+        "lab/a/x",
+        NOW,
+        FairShareQueue(ONE_LINE, {"lab/a": 1e9, "lab": 1e9}, K, {}),
+        0.0,
+        (),
+        REFUSED_ONE_LINE,
+        id="an ancestor's run: no branches to compare",
+    ),
+    pytest.param(
+        # r_a = 1.0, r_b = 1.5: behind by 0.5. J's charge 100,000 GPU-s: r_a after = 600000/500000 = 1.2 <= 1.5.
+        run_of(),
+        "lab/a",
+        NOW,
+        view(1.0, 1.5),
+        100_000.0,
+        (),
+        RULE_EXPIRED_BEHIND,
+        id="after the move B is still at or below V: allowed",
+    ),
+    pytest.param(
+        # the same charge + 150,000: r_a after = 750000/500000 = 1.5 = r_V exactly: allowed (<=)
+        run_of(),
+        "lab/a",
+        NOW,
+        view(1.0, 1.5),
+        250_000.0,
+        (),
+        RULE_EXPIRED_BEHIND,
+        id="after the move B exactly at V: allowed",
+    ),
+    pytest.param(
+        # one GPU-s more: r_a after = 750001/500000 > 1.5: the move would invert the pair
+        run_of(),
+        "lab/a",
+        NOW,
+        view(1.0, 1.5),
+        250_001.0,
+        (),
+        REFUSED_AFTER_MOVE,
+        id="the after-move inversion is refused",
+    ),
+    pytest.param(
+        run_of(),
+        "lab/a",
+        NOW,
+        view(1.0, 2.0),
+        0.0,
+        (("lab", "lab/a", "lab/b"),),
+        REFUSED_REVERSAL,
+        id="this cycle already preempted a's work for b: no reversal",
+    ),
+    pytest.param(
+        run_of(),
+        "lab/a",
+        NOW,
+        view(1.0, 2.0),
+        0.0,
+        (("lab", "lab/b", "lab/a"),),
+        RULE_EXPIRED_BEHIND,
+        id="the same direction again is no reversal",
+    ),
+    pytest.param(
+        run_of(allocated=False, started=NOW), "lab/a", NOW, view(5.0, 0.0), 1e9, (), RULE_UNALLOCATED, id="unallocated"
+    ),
+    pytest.param(run_of(stopping=True), "lab/a", NOW, view(0.0, 5.0), 0.0, (), REFUSED_STOPPING, id="stopping: never"),
+]
+
+
+@pytest.mark.parametrize("run, leaf, now, v, charge, moves, expected", CASES)
+def test_victim_rule(run, leaf, now, v, charge, moves, expected):
+    verdict = victim_rule(run, leaf, now, v, DELTA, charge, frozenset(moves))
+    assert verdict.rule == expected
+    assert verdict.allowed is (expected in (RULE_EXPIRED_BEHIND, RULE_UNALLOCATED))
+
+
+def test_the_verdict_carries_the_compared_ratios():
+    verdict = victim_rule(run_of(), "lab/a", NOW, view(1.0, 1.5), DELTA, 100_000.0)
+    assert (verdict.lca, verdict.victim_ratio, verdict.preemptor_ratio) == ("lab", 1.5, 1.0)
+    assert verdict.preemptor_ratio_after == 1.2
+
+
+def test_the_ratios_include_the_cycles_provisional_charges_on_both_sides():
+    # B = lab/a at r 1.0, V = lab/b at r 1.0: not behind. A provisional charge of 62,500 GPU-s to
+    # lab/b in this cycle (r_b = 1.25) makes it behind by 0.25 >= delta: the view is the live one.
+    q = view(1.0, 1.0)
+    assert victim_rule(run_of(), "lab/a", NOW, q, DELTA).rule == REFUSED_NOT_BEHIND
+    q.charge("lab/b", 62_500.0)
+    assert victim_rule(run_of(), "lab/a", NOW, q, DELTA).rule == RULE_EXPIRED_BEHIND
+    q.charge("lab/a", 62_500.0)  # and a's own charges count for a: r_a = 1.125, gap 0.125
+    assert victim_rule(run_of(), "lab/a", NOW, q, DELTA).rule == RULE_EXPIRED_BEHIND
+    q.charge("lab/a", 1.0)
+    assert victim_rule(run_of(), "lab/a", NOW, q, DELTA).rule == REFUSED_NOT_BEHIND

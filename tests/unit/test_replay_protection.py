@@ -1,0 +1,50 @@
+"""The audit's protection check uses the scheduler's protection function (DESIGN section 3).
+
+Log: job ``j`` (min_runtime 60 s) is preempted once, requeued, placed again
+with the protection the engine recorded (2 x 60 = 120 s), started at 1 h,
+then preempted at 1 h + ``x``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from builders import budget_set, h, placed, preempted, requeued, started
+
+from apportion.audit.replay import preemption_report
+
+
+def placed_with(job_id, protection, **kw):
+    e = placed(job_id, **kw)
+    return e.model_copy(update={"decision": e.decision.model_copy(update={"protection_s": protection})})
+
+
+def log(second_preemption_after_s: float, recorded: float | None = 120.0, max_rt: float | None = None):
+    us = round(second_preemption_after_s * 1e6)
+    return [
+        budget_set("lab", 1.0),
+        budget_set("lab/a", 1.0, max_min_runtime_s=max_rt),
+        placed_with("j", 60.0, min_runtime_s=60.0, at=h(0)),
+        started("j", at=h(0)),
+        preempted("j", at=h(0.5)),
+        requeued("j", attempt=2, at=h(0.5)),
+        placed_with("j", recorded, attempt=2, min_runtime_s=60.0, at=h(1)),
+        started("j", attempt=2, at=h(1)),
+        preempted("j", attempt=2, at=h(1) + us),
+    ]
+
+
+CASES = [
+    pytest.param(119.999999, 120.0, None, 1, [], id="one µs before the grown protection ends: a violation"),
+    pytest.param(120.0, 120.0, None, 0, [], id="exactly at its end: allowed"),
+    pytest.param(90.0, 90.0, 90.0, 0, [], id="max_min_runtime caps it: 90 s"),
+    pytest.param(90.0, None, None, 0, [], id="a record without protection_s: the minimum runtime (60 s)"),
+    pytest.param(100.0, 60.0, None, 1, [(60.0, 120.0)], id="a wrong recorded protection is a mismatch"),
+]
+
+
+@pytest.mark.parametrize("after, recorded, max_rt, violations, mismatches", CASES)
+def test_protection_violations_and_mismatches(after, recorded, max_rt, violations, mismatches):
+    rep = preemption_report(log(after, recorded, max_rt))
+    assert len(rep.violations) == violations
+    assert [(m["recorded_protection_s"], m["protection_s"]) for m in rep.mismatches] == mismatches
+    assert rep.total == 2
