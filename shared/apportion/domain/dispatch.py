@@ -87,9 +87,28 @@ from apportion.events import (
     NodeLost,
     RejectReason,
     StopWorkload,
+    WorkloadRefused,
     det_id,
 )
 from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us, to_us
+
+#: ``WorkloadRefused`` reasons (the code before ": ") after which the start will never happen, so the
+#: placement is undone and the job requeued (:func:`undo_refused_start`). Not ``duplicate_start``
+#: (the replica runs), ``unknown_run`` (a stop for a run the node does not have) nor
+#: ``stale_fencing_token`` (a deposed leader's copy of a command the current leader also sent).
+UNDO_ON_REFUSAL = frozenset(
+    {
+        "missing_fencing_token",
+        "fencing_token_out_of_range",
+        "before_registration",
+        "run_lost",
+        "expired_command",
+        "unknown_node",
+        "unknown_gpus",
+        "no_workload",
+        "gpus_busy",
+    }
+)
 
 __all__ = [
     "DispatchConfig",
@@ -693,6 +712,10 @@ def decide(
         return []
     if cls is NodeDrainRequested:
         return _drain(state, inp.node_id, now_us, ts, cfg)  # type: ignore[attr-defined]
+    if cls is JobLost and inp.producer != prod:
+        return requeue_lost_run(state, inp, ts, prod, grace)  # type: ignore[arg-type]
+    if cls is WorkloadRefused:
+        return undo_refused_start(state, inp, ts, prod)  # type: ignore[arg-type]
     if cls is NodeLost:
         return _node_lost(state, inp.node_id, to_us(inp.last_heartbeat), ts, prod, emit_lost=None, grace_s=grace)  # type: ignore[attr-defined]
     return out
@@ -920,6 +943,94 @@ def _node_lost(
                     reason="node lost",
                 )
             )
+    return out
+
+
+def requeue_lost_run(state: DispatchState, ev: JobLost, ts: Any, prod: str, grace_s: float) -> list[Event]:
+    """A node agent reports a run of its node lost (its own restart or shutdown): requeue the job.
+
+    The dispatcher's own losses (``NodeLost``) are handled by :func:`_node_lost`; this is the
+    same for one run reported by the agent (DESIGN section 3, node lost): replicas of a gang on
+    other nodes get ``StopWorkload`` with the normal grace period, and the job is requeued when
+    they have stopped (the stopping machinery); a run with no replica elsewhere is requeued at
+    once. A report for another attempt than the job's current one changes nothing.
+    """
+    key = (ev.job_id, ev.attempt)
+    rec = state.jobs.get(ev.job_id)
+    if rec is None or rec.attempt != ev.attempt:
+        return []
+    run = state.cluster.runs.get(key)
+    if run is None:  # its only node: requeue now
+        return [
+            JobRequeued(
+                event_id=det_id("JobRequeued", ev.job_id, ev.attempt + 1),
+                ts=ts,
+                producer=prod,
+                job_id=ev.job_id,
+                attempt=ev.attempt + 1,
+                submitted_at=from_us(rec.submitted_at_us),
+                reason="lost on its node",
+            )
+        ]
+    return [
+        StopWorkload(
+            event_id=det_id("StopWorkload", run.job_id, run.attempt, r),
+            ts=ts,
+            producer=prod,
+            node_id=run.placements[r].node_id,
+            job_id=run.job_id,
+            attempt=run.attempt,
+            grace_s=grace_s,
+            reason="gang replica lost",
+        )
+        for r in sorted(run.open_replicas)
+        if run.placements[r].node_id != ev.node_id
+    ]
+
+
+def undo_refused_start(state: DispatchState, ev: WorkloadRefused, ts: Any, prod: str) -> list[Event]:
+    """A node agent refused to start a replica of a placed run: undo the placement and requeue.
+
+    Only for refusals after which the start will never happen (:data:`UNDO_ON_REFUSAL`), and
+    only while the refused attempt is the job's current, running one (a refusal of an old
+    attempt, or of a run already stopping, changes nothing). The other replicas are stopped at
+    once (grace 0: they never ran as a gang) and ``JobRequeued`` (keeping ``submitted_at``)
+    frees the run's GPUs.
+    """
+    code = ev.reason.split(":", 1)[0].strip()
+    rec = state.jobs.get(ev.job_id)
+    run = state.cluster.runs.get((ev.job_id, ev.attempt))
+    if code not in UNDO_ON_REFUSAL or rec is None or rec.attempt != ev.attempt or rec.status != "running":
+        return []
+    if run is None or run.stopping:
+        return []
+    if any(run.placements[r].node_id == ev.node_id for r in run.started_replicas):
+        return []  # that node started the replica after all (the refusal was of another copy)
+    out: list[Event] = [
+        StopWorkload(
+            event_id=det_id("StopWorkload", run.job_id, run.attempt, r),
+            ts=ts,
+            producer=prod,
+            node_id=run.placements[r].node_id,
+            job_id=run.job_id,
+            attempt=run.attempt,
+            grace_s=0.0,
+            reason=f"start refused on {ev.node_id}: {code}",
+        )
+        for r in sorted(run.open_replicas)
+        if run.placements[r].node_id != ev.node_id
+    ]
+    out.append(
+        JobRequeued(
+            event_id=det_id("JobRequeued", ev.job_id, ev.attempt + 1),
+            ts=ts,
+            producer=prod,
+            job_id=ev.job_id,
+            attempt=ev.attempt + 1,
+            submitted_at=from_us(rec.submitted_at_us),
+            reason=f"start refused: {code}",
+        )
+    )
     return out
 
 
