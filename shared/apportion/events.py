@@ -1235,21 +1235,32 @@ def decode_checked(raw: bytes | bytearray | str | None, key: bytes | str | None,
     return event
 
 
-def payload_digest(event: Event) -> bytes:
-    """Digest of what ``event`` says, for "same id, same payload?" (de-duplication).
+def payload_digest(event: Event) -> int:
+    """Digest of what ``event`` says, for "same id, same payload?" (de-duplication at the reader edge).
 
     Covers every field but the envelope's ``event_id``, ``ts`` and
     ``producer`` and the leader's annotations ``fencing_token`` and
     ``decision``: a decision re-derived by another leader, or a fact a
     writer re-emits later, keeps its deterministic id and says the same
-    thing with another time stamp, token or rank, and is a duplicate; the
+    thing with another time stamp, token or rank, so it is a duplicate; the
     same id on a different job, node, placement or outcome is not.
+
+    A 64-bit hash of the field values (the process's hash seed: compare
+    digests within one process only), falling back to the JSON of the same
+    fields for an event holding a dict.
     """
-    body = event.__pydantic_serializer__.to_json(event, exclude=_DIGEST_EXCLUDE, round_trip=True)
-    return hashlib.blake2b(body, digest_size=16).digest()
+    cls = type(event)
+    d = event.__dict__
+    try:
+        return hash((cls, *[d[n] for n in _DIGEST_FIELDS[cls]]))
+    except TypeError:  # a dict field (StartWorkload.env)
+        return hash(event.__pydantic_serializer__.to_json(event, exclude=_DIGEST_EXCLUDE))
 
 
 _DIGEST_EXCLUDE = {"event_id", "ts", "producer", "fencing_token", "decision"}
+_DIGEST_FIELDS: dict[type[Event], tuple[str, ...]] = {
+    cls: tuple(n for n in cls.model_fields if n not in _DIGEST_EXCLUDE) for cls in EVENT_TYPES.values()
+}
 
 
 def to_dict(event: Event) -> dict[str, Any]:
