@@ -971,7 +971,7 @@ _ISO_TZ = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]+)?)?(?:[Zz]|[+-][0-9]{2}:?[0-9]{2})"
 )
 
-#: More time values than any event holds: a time key that fails the look sets its count to this.
+#: More time values than any event holds: a fast-path check that fails sets the count to this.
 _NEVER = 1 << 40
 
 #: Time fields of events that ``Event._aware_utc`` already proves timezone-aware.
@@ -1043,8 +1043,13 @@ def _check_model(obj: BaseModel, spec: Spec) -> int:
     return times
 
 
-def _check_json_times(d: dict[str, Any], spec: Spec) -> None:
-    """Raise :class:`DecodeError` for a time field of parsed JSON that is not an ISO string with an offset."""
+def _check_json_fields(d: dict[str, Any], spec: Spec) -> None:
+    """Raise :class:`DecodeError` for a field of parsed JSON the codec refuses before validation.
+
+    A time that is not an ISO string with an offset, and a float field given
+    as a string that reads as non-finite (``"NaN"``, ``"inf"``; a ratio may
+    be ``"Infinity"``), so the reason is the codec's, not a range check's.
+    """
     for name, kind, sub in spec:
         v = d.get(name)
         if v is None:
@@ -1052,12 +1057,20 @@ def _check_json_times(d: dict[str, Any], spec: Spec) -> None:
         if kind is _TIME:
             if not (isinstance(v, str) and _ISO_TZ.fullmatch(v)):
                 raise DecodeError(f"{NOT_ISO_TIME}, got {json.dumps(v)}", name)
+        elif kind is _FLOAT or kind is _RATIO:
+            if isinstance(v, str):
+                try:
+                    f = float(v)
+                except ValueError:
+                    continue  # not a number at all: validation says so
+                if f - f != 0 and not (kind is _RATIO and f == _INF):
+                    raise DecodeError(f"{NON_FINITE} {_spell(f)}", name)
         elif kind is _MODEL or kind is _MODELS:
             items = [v] if kind is _MODEL else v if isinstance(v, list) else []
             for i, x in enumerate(items):
                 if isinstance(x, dict):
                     try:
-                        _check_json_times(x, sub)
+                        _check_json_fields(x, sub)
                     except DecodeError as exc:
                         where = name if kind is _MODEL else f"{name}.{i}"
                         raise DecodeError(exc.reason, f"{where}.{exc.field}") from None
@@ -1164,7 +1177,10 @@ def decode(raw: bytes | bytearray | str | None) -> Event:
             # ``schema_version`` is a plain int on most models: only a payload at
             # the current version may skip the upcast/version check below.
             if event.schema_version == plan.version:
-                need = plan.times + _check_model(event, plan.model) if plan.model else plan.times
+                try:
+                    need = plan.times + _check_model(event, plan.model) if plan.model else plan.times
+                except DecodeError:
+                    need = _NEVER  # refused: the slow path says why, in the same words for every payload
                 # every time value must come from a string that starts like an ISO date; a
                 # time key written otherwise (a number, blanks, an escape) sends it the slow way
                 for pat, n in plan.time_keys:
@@ -1183,11 +1199,16 @@ def decode(raw: bytes | bytearray | str | None) -> Event:
         obj = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise DecodeError("not valid JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise DecodeError(f"an event must be a JSON object, got {type(obj).__name__}")
-    _check_json_numbers(obj)
+    try:
+        _check_json_numbers(obj)
+    except RecursionError:
+        raise DecodeError("not valid JSON: nested too deeply") from None
     obj = upcast(obj)
-    _check_json_times(obj, _PLANS[EVENT_TYPES[obj["type"]]].spec)
+    _check_json_fields(obj, _PLANS[EVENT_TYPES[obj["type"]]].spec)
     try:
         event = _ADAPTER.validate_python(obj)
     except ValidationError as exc:

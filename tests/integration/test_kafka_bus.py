@@ -145,16 +145,18 @@ async def test_faust_agent_round_trip_and_dead_letter(
 
     sent = [job_submitted(), job_submitted()]
     with EventProducer(kafka_bootstrap) as producer:  # bytes from another client, one malformed
-        producer.send_raw(topic_name, events.encode(sent[0]), b"k")
+        producer.send_raw(topic_name, events.encode(sent[0]), sent[0].job_id.encode())
         producer.send_raw(topic_name, b"{not json", b"bad")
-        producer.send_raw(topic_name, events.encode(sent[1]), b"k")
+        producer.send_raw(topic_name, events.encode(sent[1]), sent[1].job_id.encode())
         producer.flush(DEADLINE_S)
 
     await app.start()
     try:
         async with asyncio.timeout(DEADLINE_S):
             got = [await received.get(), await received.get()]
-        published = await (await event_topic(app, topic_name).send(key=b"k", value=job_submitted("from-faust")))
+        published = await (
+            await event_topic(app, topic_name).send(key=b"from-faust", value=job_submitted("from-faust"))
+        )
         async with asyncio.timeout(DEADLINE_S):
             echoed = await received.get()
     finally:
@@ -231,9 +233,9 @@ def test_malformed_messages_are_dead_lettered_and_consumption_continues(
     bad_values = [b"\x00 not json", json.dumps(missing_field).encode()]
     with EventProducer(kafka_bootstrap) as producer:
         producer.send_raw(topic, bad_values[0], b"k0")
-        producer.send_raw(topic, events.encode(good[0]), b"k1")
+        producer.send_raw(topic, events.encode(good[0]), good[0].job_id.encode())
         producer.send_raw(topic, bad_values[1], b"k2")
-        producer.send_raw(topic, events.encode(good[1]), b"k3")
+        producer.send_raw(topic, events.encode(good[1]), good[1].job_id.encode())
         producer.flush(DEADLINE_S)
 
     handled: list[events.Event] = []
@@ -277,7 +279,7 @@ def test_a_failing_handler_commits_only_what_was_handled_and_sees_the_record_aga
     batch = [job_submitted() for _ in range(3)]
     with EventProducer(kafka_bootstrap) as producer:
         for e in batch:
-            producer.send_raw(topic, events.encode(e), b"k")
+            producer.send_raw(topic, events.encode(e), e.job_id.encode())
         producer.flush(DEADLINE_S)
 
     handled: list[str] = []

@@ -56,6 +56,9 @@ log = logging.getLogger(__name__)
 #: Reason prefix of an event id read before with a different payload.
 EVENT_ID_REUSED = "event_id reused"
 
+#: Reason prefix of a value the codec failed on with something other than a DecodeError.
+UNDECODABLE = "undecodable"
+
 #: Reason prefix of a record whose event the service's fold raised on.
 APPLY_FAILED = "apply failed"
 
@@ -104,9 +107,17 @@ def screen(value: bytes | None, key: bytes | str | None, topic: str | None = Non
     """The event in a record, or :class:`~apportion.events.DecodeError` with the reason (stateless).
 
     :func:`apportion.events.decode` of the value, then
-    :func:`apportion.events.check_record` of its key and topic.
+    :func:`apportion.events.check_record` of its key and topic. Any other
+    error the codec raises (a bug: it should not) is refused as well, with
+    the reason ``undecodable: <type>: <message>``, so no value can stop a
+    reader.
     """
-    return events.decode_checked(value, key, topic)
+    try:
+        return events.decode_checked(value, key, topic)
+    except events.DecodeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the codec's own bug must not stop a reader either
+        raise events.DecodeError(f"{UNDECODABLE}: {type(exc).__name__}: {exc}") from None
 
 
 def apply_failure(exc: BaseException) -> str:
