@@ -247,6 +247,10 @@ async def decoded(
     now = clock or (lambda: datetime.now(UTC))
     async for value in stream:
         msg = stream.current_event.message
+        if value is None:  # faust does not call the codec for a null value (a tombstone)
+            value = Undecodable(None, events.NULL_VALUE)
+        elif not isinstance(value, (events.Event, Undecodable)):
+            value = Undecodable(msg.value, f"not an apportion event: {type(value).__name__}")
         if isinstance(value, Undecodable):
             await refuse(app, msg, value.raw, value.reason, producer=producer, now=now)
             continue
