@@ -927,9 +927,10 @@ def upcast(d: dict[str, Any]) -> dict[str, Any]:
 #
 # * a value: a null value (a tombstone) is no event (NULL_VALUE);
 # * JSON: UTF-8 JSON text of one object; NaN, Infinity and -Infinity are not
-#   JSON and are refused anywhere in the payload, known field or not, as is
-#   a number literal too large for a float (NON_FINITE);
-# * floats: every float field of the event is finite, except that a ratio
+#   JSON and are refused anywhere in the payload, known field or not
+#   (NON_FINITE);
+# * floats: every float field of the event is finite (not a non-finite
+#   string, not a literal that overflows such as 1e999), except that a ratio
 #   field (RATIO_FIELDS) may be +inf, which the encoder writes as the string
 #   "Infinity" (DESIGN section 2: r = +inf when E_b = 0 < O_b);
 # * times: every datetime field is a JSON string in ISO-8601 with a date, a
@@ -1063,8 +1064,12 @@ def _check_json_fields(d: dict[str, Any], spec: Spec) -> None:
                     f = float(v)
                 except ValueError:
                     continue  # not a number at all: validation says so
-                if f - f != 0 and not (kind is _RATIO and f == _INF):
-                    raise DecodeError(f"{NON_FINITE} {_spell(f)}", name)
+            elif type(v) is float:  # a literal that overflowed (1e999)
+                f = v
+            else:
+                continue
+            if f - f != 0 and not (kind is _RATIO and f == _INF):
+                raise DecodeError(f"{NON_FINITE} {_spell(f)}", name)
         elif kind is _MODEL or kind is _MODELS:
             items = [v] if kind is _MODEL else v if isinstance(v, list) else []
             for i, x in enumerate(items):
@@ -1076,18 +1081,26 @@ def _check_json_fields(d: dict[str, Any], spec: Spec) -> None:
                         raise DecodeError(exc.reason, f"{where}.{exc.field}") from None
 
 
-def _check_json_numbers(v: Any, path: str = "") -> None:
-    """Raise :class:`DecodeError` for a non-finite number anywhere in parsed JSON (bare tokens, overflow)."""
+class _Bare:
+    """A bare ``NaN``/``Infinity``/``-Infinity`` token as the slow path's JSON parser met it."""
+
+    __slots__ = ("token",)
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+
+def _check_bare(v: Any, path: str = "") -> None:
+    """Raise :class:`DecodeError` for a bare NaN/Infinity token anywhere in parsed JSON (known field or not)."""
     t = type(v)
-    if t is float:
-        if v - v != 0:
-            raise DecodeError(f"{NON_FINITE} {_spell(v)}", path or None)
-    elif t is dict:
+    if t is _Bare:
+        raise DecodeError(f"{NON_FINITE} {v.token}", path or None)
+    if t is dict:
         for k, x in v.items():
-            _check_json_numbers(x, f"{path}.{k}" if path else str(k))
+            _check_bare(x, f"{path}.{k}" if path else str(k))
     elif t is list:
         for i, x in enumerate(v):
-            _check_json_numbers(x, f"{path}.{i}" if path else str(i))
+            _check_bare(x, f"{path}.{i}" if path else str(i))
 
 
 def _time_names(spec: Spec) -> set[str]:
@@ -1195,18 +1208,20 @@ def decode(raw: bytes | bytearray | str | None) -> Event:
                         i = raw.find(pat, i)
                 if need <= 0:
                     return event
+    bare: list[str] = []
     try:
-        obj = json.loads(raw)
+        obj = json.loads(raw, parse_constant=lambda c: bare.append(c) or _Bare(c))
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(f"not valid JSON: {exc}") from None
     except RecursionError:
         raise DecodeError("not valid JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise DecodeError(f"an event must be a JSON object, got {type(obj).__name__}")
-    try:
-        _check_json_numbers(obj)
-    except RecursionError:
-        raise DecodeError("not valid JSON: nested too deeply") from None
+    if bare:  # NaN and Infinity are not JSON: refused wherever they are
+        try:
+            _check_bare(obj)
+        except RecursionError:
+            raise DecodeError("not valid JSON: nested too deeply") from None
     obj = upcast(obj)
     _check_json_fields(obj, _PLANS[EVENT_TYPES[obj["type"]]].spec)
     try:

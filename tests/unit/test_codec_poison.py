@@ -177,6 +177,8 @@ def test_the_slow_path_gives_the_same_reason(value: bytes, reason: str) -> None:
         pytest.param(raw_of(submitted(job_id="12345")), id="numeric string that is not a time"),
         pytest.param(raw_of(submitted(user="NaN-Infinity-\\u")), id="the words in strings"),
         pytest.param(raw_of(submitted(), replace={}).replace(b",", b", "), id="blanks between fields"),
+        pytest.param(raw_of(submitted(extra="@"), replace={"@": "1e999"}), id="overflow in a field nobody reads"),
+        pytest.param(raw_of(submitted(extra="@", user="NaN"), replace={"@": "1e999"}), id="the same on the slow path"),
     ],
 )
 def test_what_is_not_poison_still_decodes(value: bytes) -> None:
