@@ -231,7 +231,9 @@ async def decoded(
     The same screen as every reader (:func:`apportion.bus.intake.screen`):
     a value that does not decode (the codec gave an :class:`Undecodable`), a
     key that is not the event's, an event type on another registry topic;
-    with ``ledger``, also duplicates (dropped) and reused ids (dead letter).
+    with ``ledger``, also a reused id (the same id read before with another
+    payload). A duplicate (same id, same payload) is yielded: the agent's
+    fold is idempotent and may decide only after the last event it has.
     A dead letter's ``event_id`` is derived from (topic, partition, offset)
     (:func:`apportion.bus.intake.dead_letter`), so meeting the same bad
     record again (a restart, another service) writes the same id. The dead
@@ -242,7 +244,7 @@ async def decoded(
         stream: the agent's stream of decoded values.
         producer: ``producer`` field of the dead letters.
         clock: event time of the dead letters (wall clock UTC when ``None``).
-        ledger: id -> payload ledger (None: no de-duplication here).
+        ledger: id -> payload ledger (None: no reuse check here).
     """
     now = clock or (lambda: datetime.now(UTC))
     async for value in stream:
@@ -256,8 +258,8 @@ async def decoded(
             continue
         try:
             events.check_record(value, msg.key, msg.topic)
-            if ledger is not None and ledger.check(value):
-                continue
+            if ledger is not None:
+                ledger.check(value)  # a duplicate still goes on: an agent may decide after each event
         except events.DecodeError as exc:
             raw = msg.value if isinstance(msg.value, (bytes, bytearray)) else events.encode(value)
             await refuse(app, msg, raw, str(exc), producer=producer, now=now)
