@@ -960,16 +960,16 @@ RATIO_FIELDS = frozenset({"ratio", "victim_ratio", "preemptor_ratio"})
 _INF = float("inf")
 _FLOAT, _RATIO, _TIME, _MODEL, _MODELS = range(5)
 
-# The fast path is one pydantic validation of the bytes and a check of the model
-# (floats finite, nested times aware). What the model cannot show is ruled out by
-# a look at the bytes: a bare NaN/Infinity token or a \u escape (it could spell
-# anything) anywhere (_suspect), and every time key's value must be a string that
-# starts like an ISO date (_iso_times; pydantic would read 12345 or "12345" as a
-# unix time). A value that fails the look takes the slow path, which parses the
-# JSON and checks it itself, so both paths refuse the same values for the same
-# reasons.
+# The fast path (decode) is one pydantic validation of the bytes and a check of
+# the model (floats finite, nested times aware). What the model cannot show is
+# ruled out by a look at the bytes: no bare NaN/Infinity and no \u escape (it
+# could spell anything) anywhere, and every value of a time key (_Plan.time_keys,
+# every occurrence: a later duplicate key wins) a string that starts like an ISO
+# date; pydantic alone would read 12345 or "12345" as a unix time. A value that
+# fails the look takes the slow path, which parses the JSON and checks it itself,
+# so both paths refuse the same values for the same reasons.
 _ISO_TZ = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]+)?)?(?:[Zz]|[+-][0-9]{2}:?[0-9]{2})"
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:[.,][0-9]+)?)?(?:[Zz]|[+-][0-9]{2}:?[0-9]{2})"
 )
 
 #: More time values than any event holds: a fast-path check that fails sets the count to this.
