@@ -19,6 +19,12 @@ service calls these from its ``run(settings, stop_event)``.
   event is handled *on the event loop* and the poll thread waits for the
   handler to finish, so the wrapper commits an offset only after its effect
   is done (STYLE rule 8).
+* :class:`AssignedConsumer` - whole topics from a chosen start (the
+  services that rebuild from the log); each record then goes through the
+  reader edge every service shares, :class:`apportion.bus.intake.Intake`
+  (screen, de-duplicate by id and payload, dead-letter with the reason,
+  apply without letting an error stop the service).
+* :func:`record_order` - the deterministic merge order of those records.
 """
 
 from __future__ import annotations
@@ -322,35 +328,6 @@ class AssignedConsumer:
     def close(self) -> None:
         """Close the connection."""
         self._kc.close()
-
-
-def decode_record(rec: Any, service: str, now: datetime) -> tuple[Any, Any]:
-    """Decode a kafka-python record: ``(event, None)`` or ``(None, DeadLetter)``.
-
-    The dead letter's id is derived from (topic, partition, offset), so every
-    service that meets the same bad record (and every restart that meets it
-    again) writes the same id and readers keep one.
-    """
-    from apportion import events
-
-    try:
-        return events.decode(rec.value if rec.value is not None else b""), None
-    except events.DecodeError as exc:
-        import base64
-
-        reason = f"{exc.field}: {exc.reason}" if exc.field else exc.reason
-        letter = events.DeadLetter(
-            event_id=events.det_id("DeadLetter", rec.topic, rec.partition, rec.offset),
-            source_topic=rec.topic,
-            source_partition=rec.partition,
-            source_offset=rec.offset,
-            source_key=rec.key.decode("utf-8", "replace") if rec.key is not None else None,
-            original=base64.b64encode(rec.value or b"").decode("ascii"),
-            error=reason,
-            ts=now,
-            producer=service,
-        )
-        return None, letter
 
 
 def record_order(rec: Any, event: Any) -> tuple:

@@ -69,10 +69,11 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
+from apportion.bus.intake import Intake
 from apportion.clock import Clock
 from apportion.events import DeadLetter, Event, OccupancySnapshot
 from apportion.timeutil import to_us
-from services._common import decode_record, record_order
+from services._common import record_order
 from services.accounting import checkpoint, logic
 from services.accounting.config import AccountingSettings
 from services.accounting.store import ReadModelStore
@@ -148,6 +149,9 @@ class AccountingService:
         self._unsaved = True  # state or offsets changed since the stored checkpoint
         self._ckpt_wall: float | None = None
         self._ckpt_cost = 0.0
+        #: the reader edge: screen, de-duplicate by id and payload, dead-letter (published at once)
+        # duplicates go on to the fold (idempotent), so a resumed service counts late records as this one
+        self.intake = Intake(settings.producer_name, clock.now, on_dead=self._dead_letter, drop_duplicates=False)
 
     # ------------------------------------------------------------------ start
 
@@ -190,7 +194,13 @@ class AccountingService:
         """Bulk-build from every record up to the start's end offsets; publish the first snapshot."""
         decoded = self._decoded(records)
         evs = [ev for _, _, ev in decoded]
-        self.acc = logic.rebuild(evs, self.settings.window_s)
+        try:
+            self.acc = logic.rebuild(evs, self.settings.window_s)
+        except Exception:  # noqa: BLE001 - find the record at fault: fold one by one, dead-lettering it
+            log.exception("bulk rebuild failed: folding event by event")
+            self.acc = logic.Accounting(self.settings.window_s)
+            for _, rec, ev in decoded:
+                self.intake.apply(rec, self.acc.apply, ev)
         # decoded is in merge order: the newest state-changing record is the last one
         self.last_key = next((k for k, _, ev in reversed(decoded) if isinstance(ev, logic.STATE_TYPES)), None)
         if "events" in self._m:
@@ -218,36 +228,33 @@ class AccountingService:
     # ------------------------------------------------------------------ folding
 
     def _decoded(self, records: list[Any]) -> list[tuple[checkpoint.RecordKey, Any, Event]]:
-        """Decode (dead-lettering what does not), advance the offsets; ``(merge key, record, event)`` sorted."""
+        """Screen (dead-lettering what a reader refuses), advance the offsets; ``(merge key, record, event)`` sorted.
+
+        The reader edge (:class:`~apportion.bus.intake.Intake`) also drops
+        duplicates (same id, same payload) and dead-letters a reused id.
+        """
         out = []
+        admit = self.intake.admit
         for rec in records:
-            ev, letter = decode_record(rec, self.settings.producer_name, self.clock.now())
+            ev = admit(rec)
             self.offsets[f"{rec.topic}:{rec.partition}"] = rec.offset + 1
-            if letter is not None:
-                self._dead_letter(letter)
-                continue
-            out.append((record_order(rec, ev), rec, ev))
+            if ev is not None:
+                out.append((record_order(rec, ev), rec, ev))
         if records:
             self._unsaved = True
         out.sort(key=itemgetter(0))
         return out
 
     def _dead_letter(self, letter: DeadLetter) -> None:
-        log.warning(
-            "dead-lettering %s[%s]@%s: %s",
-            letter.source_topic,
-            letter.source_partition,
-            letter.source_offset,
-            letter.error,
-        )
         self.publish(letter)
         if "dead" in self._m:
             self._m["dead"].inc()
 
     def ingest(self, records: list[Any]) -> None:
-        """Fold a live batch (sorted into log order first)."""
-        for key, _, ev in self._decoded(records):
-            self.dirty |= self.acc.apply(ev)
+        """Fold a live batch (sorted into log order first); an event the fold raises on is dead-lettered."""
+        apply = self.intake.apply
+        for key, rec, ev in self._decoded(records):
+            self.dirty |= bool(apply(rec, self.acc.apply, ev))
             if isinstance(ev, logic.STATE_TYPES):
                 if self.last_key is None or key > self.last_key:
                     self.last_key = key

@@ -41,10 +41,11 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from apportion.bus.intake import Intake
 from apportion.clock import Clock
-from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, step
+from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, step
 from apportion.domain.engine import EngineConfig
-from apportion.events import Event, NodeHeartbeat
+from apportion.events import Event, JobSubmitted, NodeHeartbeat
 from services.dispatcher import logic
 from services.dispatcher.config import DispatcherSettings
 
@@ -181,14 +182,21 @@ class DispatcherService:
         # value heads (ECHO_LEN bytes) of events we published to a topic we read, not read back yet
         self._echoes: dict[bytes, None] = {}
         self.echoes_skipped = 0
+        #: the reader edge: screen, de-duplicate by id and payload, dead-letter (published at once)
+        self.intake = Intake(settings.producer_name, clock.now, on_dead=self._dead_letter)
+        self.tick_errors = 0
 
     def now_us(self) -> int:
         """Event time now (µs), never going backwards."""
         self._last_now = max(self._last_now, self.clock.now_us())
         return self._last_now
 
-    def _decoded(self, records: list[Any]) -> list[Event]:
-        """Decode ``records`` into events in :func:`record_order`, minus our own echoes.
+    def _decoded(self, records: list[Any]) -> list[tuple[Any, Event]]:
+        """``(record, event)`` of ``records`` in :func:`record_order`, minus our own echoes and the refused.
+
+        Every record goes through the reader edge (:class:`~apportion.bus.intake.Intake`):
+        one it refuses is dead-lettered with the reason (and its offset still
+        counts as read), a duplicate (same id, same payload) is dropped.
 
         An echo is a record whose value starts with the head of a value this
         instance published (:meth:`_emit`): the same bytes, so the same
@@ -197,10 +205,11 @@ class DispatcherService:
         seen is the cost this avoids: the fold and the decisions are exactly
         those of decoding every record. Its offset still counts as read.
         """
-        from services._common import decode_record, record_order
+        from services._common import record_order
 
         pairs = []
         echoes = self._echoes
+        admit = self.intake.admit
         names: dict[tuple[str, int], str] = {}
         for rec in records:
             # every record of the batch is folded (or dead-lettered) before the next tick decides
@@ -215,20 +224,16 @@ class DispatcherService:
                     del echoes[head]
                     self.echoes_skipped += 1
                     continue
-            ev, letter = decode_record(rec, self.settings.producer_name, self.clock.now())
-            if letter is not None:
-                log.warning(
-                    "dead-lettering %s[%s]@%s: %s",
-                    letter.source_topic,
-                    letter.source_partition,
-                    letter.source_offset,
-                    letter.error,
-                )
-                self._emit([letter])
-                continue
-            pairs.append((rec, ev))
+            ev = admit(rec)
+            if ev is not None:
+                pairs.append((rec, ev))
         pairs.sort(key=lambda p: record_order(p[0], p[1]))
-        return [ev for _, ev in pairs]
+        return pairs
+
+    def _dead_letter(self, letter: Event) -> None:
+        self._emit([letter])
+        if "dead" in self._m:
+            self._m["dead"].inc()
 
     def _emit(self, evts: list[Event]) -> None:
         """Fence, encode once, remember the echoes to come, and hand the lot to ``publish``."""
@@ -238,10 +243,14 @@ class DispatcherService:
             return
         sent = []
         echoes, consumed = self._echoes, self._consumed
+        remember = self.intake.ledger.remember if self.intake.ledger is not None else None
         for e in logic.fence(evts, self.token):
             value = encode(e)
-            if consumed and TOPIC_OF[e.type].name in consumed and value.startswith(ECHO_HEAD):
-                echoes[value[:ECHO_LEN]] = None
+            if consumed and TOPIC_OF[e.type].name in consumed:
+                if value.startswith(ECHO_HEAD):
+                    echoes[value[:ECHO_LEN]] = None
+                if remember is not None:
+                    remember(e)  # our ids: another payload under one of them is a reused id
             sent.append((e, value))
         if len(echoes) > ECHO_CAP:  # echoes that never came back (a lost send): forget the oldest half
             for k in list(echoes)[: len(echoes) // 2]:
@@ -251,12 +260,23 @@ class DispatcherService:
             self._m["decisions"].inc(len(sent))
 
     def bootstrap(self, records: list[Any]) -> list[Event]:
-        """Rebuild from the log as of the start and decide what was left undecided."""
-        evs = self._decoded(records)
-        out = logic.recover(self.state, evs, self.now_us(), self.cfg)
+        """Rebuild from the log as of the start and decide what was left undecided.
+
+        :func:`logic.recover`, one event at a time through the reader edge:
+        an event the fold raises on is dead-lettered (``apply failed: ...``)
+        and the rebuild goes on.
+        """
+        pairs = self._decoded(records)
+        state, now, cfg, apply = self.state, self.now_us(), self.cfg, self.intake.apply
+        for rec, ev in pairs:
+            apply(rec, lambda e: evolve(state, e), ev)
+        out: list[Event] = []
+        for rec, ev in pairs:  # what recover() decides, submission by submission, in log order
+            if isinstance(ev, JobSubmitted):
+                out += apply(rec, lambda e: logic.recover(state, [e], now, cfg), ev) or []
         log.info(
             "rebuilt from %d events: %d jobs active, %d pending, %d nodes; %d recovery decisions",
-            len(evs),
+            len(pairs),
             len(self.state.jobs),
             self.state.pending_count(),
             len(self.state.cluster.nodes),
@@ -266,23 +286,44 @@ class DispatcherService:
         return out
 
     def ingest(self, records: list[Any]) -> tuple[list[Event], bool]:
-        """Fold and decide a live batch; returns (decisions, whether anything but heartbeats arrived)."""
+        """Fold and decide a live batch; returns (decisions, whether anything but heartbeats arrived).
+
+        Each event is :func:`step` through the reader edge: one the fold
+        raises on is dead-lettered (``apply failed: <type>: <message>``) and
+        the batch goes on.
+        """
         out: list[Event] = []
         news = False
-        for ev in self._decoded(records):
-            if ev.event_id in self.state.seen:
+        state, cfg, apply = self.state, self.cfg, self.intake.apply
+        for rec, ev in self._decoded(records):
+            if ev.event_id in state.seen:
                 continue  # our own decision coming back (not recognised as an echo), or a redelivery
             news |= type(ev) is not NodeHeartbeat
-            out += step(self.state, ev, self.now_us(), self.cfg)
+            out += apply(rec, lambda e: step(state, e, self.now_us(), cfg), ev) or []
             if "events" in self._m:
                 self._m["events"].inc()
         return out, news
 
     def tick(self) -> list[Event]:
-        """Maintenance and one scheduling cycle at the current event time (placements fenced and stamped)."""
+        """Maintenance and one scheduling cycle at the current event time (placements fenced and stamped).
+
+        A cycle that raises is logged and counted (``tick_errors``, metric
+        ``apportion_dispatcher_tick_errors``) and decides nothing; the
+        service stays up. No record is to blame, so nothing is
+        dead-lettered: what got into the state that the cycle cannot handle
+        is a bug of the screen or the domain (docs/reliability.md).
+        """
         now = self.now_us()
         t0 = time.perf_counter()
-        out = logic.fence(step(self.state, Tick(now), now, self.cfg), self.token, self.inputs)
+        try:
+            decided = step(self.state, Tick(now), now, self.cfg)
+        except Exception:  # noqa: BLE001 - never stop the service (issue 17); loud instead
+            self.tick_errors += 1
+            log.exception("scheduling cycle failed at event time %d µs; nothing decided", now)
+            if "tick_errors" in self._m:
+                self._m["tick_errors"].inc()
+            return []
+        out = logic.fence(decided, self.token, self.inputs)
         if "cycle" in self._m:
             self._m["cycle"].observe(time.perf_counter() - t0)
             self._m["pending"].set(self.state.pending_count())
@@ -303,6 +344,10 @@ def _metrics(registry: Any) -> dict:
         ),
         "pending": Gauge("apportion_dispatcher_pending_jobs", "Jobs waiting in the queue", registry=registry),
         "leader": Gauge("apportion_dispatcher_leader", "1 while this instance holds the lease", registry=registry),
+        "dead": Counter("apportion_dispatcher_dead_letters", "Records dead-lettered", registry=registry),
+        "tick_errors": Counter(
+            "apportion_dispatcher_tick_errors", "Scheduling cycles that raised (nothing decided)", registry=registry
+        ),
     }
 
 

@@ -97,23 +97,27 @@ class PolicyService:
     """
 
     def __init__(self, clock: Clock, publish: Any, name: str = "policy", metrics: dict | None = None) -> None:
+        from apportion.bus.intake import Intake
+
         self.clock = clock
         self.publish = publish
         self.name = name
         self.state = logic.PolicyState()
         self._m = metrics or {}
+        #: the reader edge shared by the catch-up and the agents (one id -> payload ledger)
+        self.intake = Intake(name, clock.now, on_dead=publish)
 
     def fold(self, records: list[Any]) -> None:
-        """Fold kafka-python records (in their topic-partition offset order); dead-letter undecodable ones."""
-        from services._common import decode_record
+        """Fold kafka-python records (in their topic-partition offset order); dead-letter what a reader refuses.
 
+        A record the reader edge refuses, or whose event the fold raises on
+        (``apply failed: ...``), is dead-lettered and the fold goes on.
+        """
+        intake = self.intake
         for rec in records:
-            ev, letter = decode_record(rec, self.name, self.clock.now())
-            if letter is not None:
-                log.warning("dead-lettering %s@%s: %s", rec.topic, rec.offset, letter.error)
-                self.publish(letter)
-                continue
-            self.apply(ev)
+            ev = intake.admit(rec)
+            if ev is not None:
+                intake.apply(rec, self.apply, ev)
 
     def apply(self, event: Any) -> None:
         """Fold one decoded event (:func:`logic.evolve`); publishes nothing."""
@@ -212,13 +216,30 @@ class PolicyApp:
         return out
 
     async def _follow(self, stream: Any) -> None:
-        """Agent body: fold each event; decide and publish once the stream's buffer is empty."""
-        from apportion.bus.faust_app import decoded
+        """Agent body: fold each event; decide and publish once the stream's buffer is empty.
 
+        Events come through the same screen and id ledger as the catch-up
+        (:func:`apportion.bus.faust_app.decoded`); an event the fold raises on
+        is dead-lettered (``apply failed: ...``) and the agent goes on.
+        """
+        from apportion.bus.faust_app import decoded, refuse
+        from apportion.bus.intake import apply_failure
+
+        clock = self.svc.clock.now
         try:
-            async for event in decoded(self.app, stream, producer=self.producer_name, clock=self.svc.clock.now):
+            async for event in decoded(
+                self.app, stream, producer=self.producer_name, clock=clock, ledger=self.svc.intake.ledger
+            ):
                 async with self.lock:
-                    self.svc.apply(event)
+                    try:
+                        self.svc.apply(event)
+                    except Exception as exc:  # noqa: BLE001 - a pure fold's error is this record's poison
+                        log.error("applying %s failed", event.type, exc_info=exc)
+                        msg = stream.current_event.message
+                        await refuse(
+                            self.app, msg, msg.value, apply_failure(exc), producer=self.producer_name, now=clock
+                        )
+                        continue
                     queue = getattr(stream.channel, "queue", None)
                     if queue is None or queue.empty():
                         self.svc.flush()

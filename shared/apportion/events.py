@@ -30,8 +30,10 @@ import base64
 import enum
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, TypeAlias
 
@@ -961,6 +963,225 @@ def upcast(d: dict[str, Any]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- codec
+#
+# What a reader accepts (docs/reliability.md). A record value that breaks any
+# of these rules raises DecodeError, and every reader turns that into a dead
+# letter carrying ``str(exc)`` as its reason (apportion.bus.intake):
+#
+# * a value: a null value (a tombstone) is no event (NULL_VALUE);
+# * JSON: UTF-8 JSON text of one object; NaN, Infinity and -Infinity are not
+#   JSON and are refused anywhere in the payload, known field or not
+#   (NON_FINITE);
+# * floats: every float field of the event is finite (not a non-finite
+#   string, not a literal that overflows such as 1e999), except that a ratio
+#   field (RATIO_FIELDS) may be +inf, which the encoder writes as the string
+#   "Infinity" (DESIGN section 2: r = +inf when E_b = 0 < O_b);
+# * times: every datetime field is a JSON string in ISO-8601 with a date, a
+#   time and a timezone offset ("Z" or "+hh:mm"); not a number, not a
+#   numeric string, not a naive time (NOT_ISO_TIME);
+# * keys (check_record): the record key is key_of(event), and an event on a
+#   registry topic is of a type routed to it (KEY_MISMATCH, WRONG_TOPIC).
+
+#: Reason of a record whose value is null (a tombstone): there is no event in it.
+NULL_VALUE = "null record value (tombstone)"
+
+#: Reason of a number that is not finite: ``"<field>: non-finite number Infinity"``.
+NON_FINITE = "non-finite number"
+
+#: Reason of a time that is not an ISO-8601 string with an offset: ``"<field>: <this>, got 12345"``.
+NOT_ISO_TIME = "time must be an ISO-8601 string with a timezone offset"
+
+#: Reason of a record key that is not :func:`key_of` of its event: ``"key: record key 'x' is not ..."``.
+KEY_MISMATCH = "record key"
+
+#: Reason of an event whose type is not routed to the registry topic it was read from.
+WRONG_TOPIC = "does not belong on"
+
+#: Float fields that may hold +inf (usage ratios); every other float field must be finite.
+RATIO_FIELDS = frozenset({"ratio", "victim_ratio", "preemptor_ratio"})
+
+_INF = float("inf")
+_FLOAT, _RATIO, _TIME, _MODEL, _MODELS = range(5)
+
+# The fast path (decode) is one pydantic validation of the bytes and a check of
+# the model (floats finite, nested times aware). What the model cannot show is
+# ruled out by a look at the bytes: no bare NaN/Infinity and no \u escape (it
+# could spell anything) anywhere, and every value of a time key (_Plan.time_keys,
+# every occurrence: a later duplicate key wins) a string that starts like an ISO
+# date; pydantic alone would read 12345 or "12345" as a unix time. A value that
+# fails the look takes the slow path, which parses the JSON and checks it itself,
+# so both paths refuse the same values for the same reasons.
+_ISO_TZ = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:[.,][0-9]+)?)?(?:[Zz]|[+-][0-9]{2}:?[0-9]{2})"
+)
+
+#: More time values than any event holds: a fast-path check that fails sets the count to this.
+_NEVER = 1 << 40
+
+#: Time fields of events that ``Event._aware_utc`` already proves timezone-aware.
+_AWARE_BY_MODEL = frozenset({"ts", "submitted_at", "charged_until", "last_heartbeat", "at"})
+
+
+def _spell(v: float) -> str:
+    """A non-finite float as JSON's extensions spell it (``Infinity``, ``-Infinity``, ``NaN``)."""
+    return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
+
+
+Spec: TypeAlias = tuple[tuple[str, int, Any], ...]
+
+
+def _field_spec(cls: type[BaseModel]) -> Spec:
+    """The fields of ``cls`` the codec checks: ``(name, kind, nested spec)``; others are left out."""
+    import typing
+
+    out: list[tuple[str, int, Any]] = []
+    for name, field in cls.model_fields.items():
+        ann = field.annotation
+        if typing.get_origin(ann) is tuple:
+            models = [a for a in typing.get_args(ann) if isinstance(a, type) and issubclass(a, BaseModel)]
+            if models and (sub := _field_spec(models[0])):
+                out.append((name, _MODELS, sub))
+            continue
+        args = [a for a in (typing.get_args(ann) or (ann,)) if a is not type(None)]
+        if datetime in args:
+            out.append((name, _TIME, None))
+        elif float in args:
+            out.append((name, _RATIO if name in RATIO_FIELDS else _FLOAT, None))
+        else:
+            models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+            if models and (sub := _field_spec(models[0])):
+                out.append((name, _MODEL, sub))
+    return tuple(out)
+
+
+def _check_model(obj: BaseModel, spec: Spec) -> int:
+    """Raise :class:`DecodeError` for a non-finite float or a naive time in a validated event.
+
+    Returns:
+        How many time values (not ``None``) of ``spec`` it holds, nested ones included.
+    """
+    d = obj.__dict__
+    times = 0
+    for name, kind, sub in spec:
+        v = d[name]
+        if v is None:
+            continue
+        if kind is _FLOAT:
+            if v - v != 0:  # inf - inf and nan - nan are nan
+                raise DecodeError(f"{NON_FINITE} {_spell(v)}", name)
+        elif kind is _RATIO:
+            if v != v or v == -_INF:
+                raise DecodeError(f"{NON_FINITE} {_spell(v)}", name)
+        elif kind is _TIME:
+            if v.tzinfo is None or v.utcoffset() is None:
+                raise DecodeError(f"{NOT_ISO_TIME}, got a naive time {v.isoformat()!r}", name)
+            times += 1
+        else:
+            items = (v,) if kind is _MODEL else v
+            for i, x in enumerate(items):
+                try:
+                    times += _check_model(x, sub)
+                except DecodeError as exc:
+                    where = name if kind is _MODEL else f"{name}.{i}"
+                    raise DecodeError(exc.reason, f"{where}.{exc.field}") from None
+    return times
+
+
+def _check_json_fields(d: dict[str, Any], spec: Spec) -> None:
+    """Raise :class:`DecodeError` for a field of parsed JSON the codec refuses before validation.
+
+    A time that is not an ISO string with an offset, and a float field given
+    as a string that reads as non-finite (``"NaN"``, ``"inf"``; a ratio may
+    be ``"Infinity"``), so the reason is the codec's, not a range check's.
+    """
+    for name, kind, sub in spec:
+        v = d.get(name)
+        if v is None:
+            continue
+        if kind is _TIME:
+            if not (isinstance(v, str) and _ISO_TZ.fullmatch(v)):
+                raise DecodeError(f"{NOT_ISO_TIME}, got {json.dumps(v)}", name)
+        elif kind is _FLOAT or kind is _RATIO:
+            if isinstance(v, str):
+                try:
+                    f = float(v)
+                except ValueError:
+                    continue  # not a number at all: validation says so
+            elif type(v) is float:  # a literal that overflowed (1e999)
+                f = v
+            else:
+                continue
+            if f - f != 0 and not (kind is _RATIO and f == _INF):
+                raise DecodeError(f"{NON_FINITE} {_spell(f)}", name)
+        elif kind is _MODEL or kind is _MODELS:
+            items = [v] if kind is _MODEL else v if isinstance(v, list) else []
+            for i, x in enumerate(items):
+                if isinstance(x, dict):
+                    try:
+                        _check_json_fields(x, sub)
+                    except DecodeError as exc:
+                        where = name if kind is _MODEL else f"{name}.{i}"
+                        raise DecodeError(exc.reason, f"{where}.{exc.field}") from None
+
+
+class _Bare:
+    """A bare ``NaN``/``Infinity``/``-Infinity`` token as the slow path's JSON parser met it."""
+
+    __slots__ = ("token",)
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+
+def _check_bare(v: Any, path: str = "") -> None:
+    """Raise :class:`DecodeError` for a bare NaN/Infinity token anywhere in parsed JSON (known field or not)."""
+    t = type(v)
+    if t is _Bare:
+        raise DecodeError(f"{NON_FINITE} {v.token}", path or None)
+    if t is dict:
+        for k, x in v.items():
+            _check_bare(x, f"{path}.{k}" if path else str(k))
+    elif t is list:
+        for i, x in enumerate(v):
+            _check_bare(x, f"{path}.{i}" if path else str(i))
+
+
+def _time_names(spec: Spec) -> set[str]:
+    return {name for name, kind, sub in spec if kind is _TIME} | {
+        n for _, kind, sub in spec if kind in (_MODEL, _MODELS) for n in _time_names(sub)
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What the codec checks for one event type.
+
+    Attributes:
+        spec: every checked field (the slow path's JSON checks).
+        model: the fields the model check reads: floats, and the times the
+            model does not already prove aware (the fast path, on the event).
+        time_keys: ``(b'"<name>":', its length)`` of every time field, nested ones included.
+        times: how many time values the event itself always has (required
+            top-level times); the model check adds the nested ones.
+    """
+
+    spec: Spec
+    model: Spec
+    time_keys: tuple[tuple[bytes, int], ...]
+    times: int
+    version: int
+
+
+def _plan(cls: type[Event]) -> _Plan:
+    spec = _field_spec(cls)
+    model = tuple(f for f in spec if not (f[1] is _TIME and f[0] in _AWARE_BY_MODEL))
+    top = sum(1 for name, kind, _ in spec if kind is _TIME and name in _AWARE_BY_MODEL)
+    keys = tuple((k, len(k)) for k in sorted(f'"{n}":'.encode() for n in _time_names(spec)))
+    return _Plan(spec, model, keys, top, _current_version(cls))
+
+
+#: The codec's checks of every event type (built once from the models).
+_PLANS: dict[type[Event], _Plan] = {cls: _plan(cls) for cls in EVENT_TYPES.values()}
 
 
 def encode(event: Event) -> bytes:
@@ -977,41 +1198,148 @@ def _first_error(exc: ValidationError) -> DecodeError:
     return DecodeError(err.get("msg", "invalid"), ".".join(loc) or None)
 
 
-def decode(raw: bytes | str) -> Event:
+def decode(raw: bytes | bytearray | str | None) -> Event:
     """Parse a record value into its event model, upcasting old versions.
 
     Args:
-        raw: UTF-8 JSON bytes (or str) of one event.
+        raw: UTF-8 JSON bytes (or str) of one event; ``None`` is a tombstone.
 
     Returns:
         The event, an instance of one of :data:`EVENT_TYPES`.
 
     Raises:
-        DecodeError: not JSON, not an object, unknown type or version, or a
-            field that fails validation (``field`` names it).
+        DecodeError: a null value, not JSON, not an object, unknown type or
+            version, a field that fails validation (``field`` names it), a
+            non-finite number anywhere, or a time that is not an ISO-8601
+            string with an offset (the rules at the top of this section).
     """
-    fast_error: ValidationError | None = None
+    if raw is None:
+        raise DecodeError(NULL_VALUE)
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogatepass")
+    elif not isinstance(raw, (bytes, bytearray)):
+        raise DecodeError(f"a record value must be bytes, got {type(raw).__name__}")
+    if (
+        (b"N" not in raw or b"NaN" not in raw)  # one-byte scans first: far cheaper than the patterns'
+        and (b"I" not in raw or b"Infinity" not in raw)
+        and (b"\\" not in raw or b"\\u" not in raw)
+    ):
+        try:
+            event = _ADAPTER.validate_json(raw)
+        except ValidationError:
+            pass
+        else:
+            plan = _PLANS[type(event)]
+            # ``schema_version`` is a plain int on most models: only a payload at
+            # the current version may skip the upcast/version check below.
+            if event.schema_version == plan.version:
+                try:
+                    need = plan.times + _check_model(event, plan.model) if plan.model else plan.times
+                except DecodeError:
+                    need = _NEVER  # refused: the slow path says why, in the same words for every payload
+                # every time value must come from a string that starts like an ISO date; a
+                # time key written otherwise (a number, blanks, an escape) sends it the slow way
+                for pat, n in plan.time_keys:
+                    i = raw.find(pat)
+                    while i >= 0:
+                        i += n
+                        if raw[i + 5 : i + 6] == b"-" and raw[i : i + 1] == b'"' and raw[i + 1 : i + 5].isdigit():
+                            need -= 1
+                        elif not raw.startswith(b"null", i):
+                            need = _NEVER
+                            break
+                        i = raw.find(pat, i)
+                if need <= 0:
+                    return event
+    bare: list[str] = []
     try:
-        event = _ADAPTER.validate_json(raw)
-        # ``schema_version`` is a plain int on most models: only a payload at
-        # the current version may skip the upcast/version check below.
-        if event.schema_version == _current_version(type(event)):
-            return event
-    except ValidationError as fast_exc:
-        fast_error = fast_exc
-    try:
-        obj = json.loads(raw)
+        obj = json.loads(raw, parse_constant=lambda c: bare.append(c) or _Bare(c))
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise DecodeError("not valid JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise DecodeError(f"an event must be a JSON object, got {type(obj).__name__}")
+    if bare:  # NaN and Infinity are not JSON: refused wherever they are
+        try:
+            _check_bare(obj)
+        except RecursionError:
+            raise DecodeError("not valid JSON: nested too deeply") from None
     obj = upcast(obj)
+    _check_json_fields(obj, _PLANS[EVENT_TYPES[obj["type"]]].spec)
     try:
-        return _ADAPTER.validate_python(obj)
+        event = _ADAPTER.validate_python(obj)
     except ValidationError as exc:
         raise _first_error(exc) from None
-    finally:
-        del fast_error
+    _check_model(event, _PLANS[type(event)].model)
+    return event
+
+
+def check_record(event: Event, key: bytes | str | None, topic: str | None = None) -> None:
+    """Check that a record's key (and topic) agree with the event it holds.
+
+    Per-entity order rests on the key (DESIGN section 4): a record keyed
+    otherwise may sit on another partition than its entity's other events.
+    A record read from a registry topic must hold an event type routed to
+    that topic (:data:`TOPIC_OF`); a topic outside the registry (tests,
+    tools) is not checked.
+
+    Raises:
+        DecodeError: ``key: record key 'x' is not the event's key 'j1'`` (or
+            ``record key missing``), or ``type: JobPlaced does not belong on
+            apportion.submissions``.
+    """
+    want = key_of(event)
+    if isinstance(key, (bytes, bytearray)):
+        key = bytes(key).decode("utf-8", "replace")
+    if key != want:
+        got = "missing" if key is None else repr(key)
+        raise DecodeError(
+            f"{KEY_MISMATCH} missing, the event's key is {want!r}"
+            if key is None
+            else f"{KEY_MISMATCH} {got} is not the event's key {want!r}",
+            "key",
+        )
+    if topic is not None:
+        home = TOPIC_OF[event.type]
+        reg = topics.by_name(topic)
+        if reg is not None and reg.base != home.base:
+            raise DecodeError(f"{event.type} {WRONG_TOPIC} {reg.base} (it is written to {home.base})", "type")
+
+
+def decode_checked(raw: bytes | bytearray | str | None, key: bytes | str | None, topic: str | None = None) -> Event:
+    """:func:`decode` a record value, then :func:`check_record` it: what every reader of the log accepts."""
+    event = decode(raw)
+    check_record(event, key, topic)
+    return event
+
+
+def payload_digest(event: Event) -> int:
+    """Digest of what ``event`` says, for "same id, same payload?" (de-duplication at the reader edge).
+
+    Covers every field but the envelope's ``event_id``, ``ts`` and
+    ``producer`` and the leader's annotations ``fencing_token`` and
+    ``decision``: a decision re-derived by another leader, or a fact a
+    writer re-emits later, keeps its deterministic id and says the same
+    thing with another time stamp, token or rank, so it is a duplicate; the
+    same id on a different job, node, placement or outcome is not.
+
+    A 64-bit hash of the field values (the process's hash seed: compare
+    digests within one process only), falling back to the JSON of the same
+    fields for an event holding a dict.
+    """
+    cls = type(event)
+    d = event.__dict__
+    try:
+        return hash((cls, *[d[n] for n in _DIGEST_FIELDS[cls]]))
+    except TypeError:  # a dict field (StartWorkload.env)
+        return hash(event.__pydantic_serializer__.to_json(event, exclude=_DIGEST_EXCLUDE))
+
+
+_DIGEST_EXCLUDE = {"event_id", "ts", "producer", "fencing_token", "decision"}
+_DIGEST_FIELDS: dict[type[Event], tuple[str, ...]] = {
+    cls: tuple(n for n in cls.model_fields if n not in _DIGEST_EXCLUDE) for cls in EVENT_TYPES.values()
+}
 
 
 def to_dict(event: Event) -> dict[str, Any]:

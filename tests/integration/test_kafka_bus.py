@@ -145,16 +145,18 @@ async def test_faust_agent_round_trip_and_dead_letter(
 
     sent = [job_submitted(), job_submitted()]
     with EventProducer(kafka_bootstrap) as producer:  # bytes from another client, one malformed
-        producer.send_raw(topic_name, events.encode(sent[0]), b"k")
+        producer.send_raw(topic_name, events.encode(sent[0]), sent[0].job_id.encode())
         producer.send_raw(topic_name, b"{not json", b"bad")
-        producer.send_raw(topic_name, events.encode(sent[1]), b"k")
+        producer.send_raw(topic_name, events.encode(sent[1]), sent[1].job_id.encode())
         producer.flush(DEADLINE_S)
 
     await app.start()
     try:
         async with asyncio.timeout(DEADLINE_S):
             got = [await received.get(), await received.get()]
-        published = await (await event_topic(app, topic_name).send(key=b"k", value=job_submitted("from-faust")))
+        published = await (
+            await event_topic(app, topic_name).send(key=b"from-faust", value=job_submitted("from-faust"))
+        )
         async with asyncio.timeout(DEADLINE_S):
             echoed = await received.get()
     finally:
@@ -231,9 +233,9 @@ def test_malformed_messages_are_dead_lettered_and_consumption_continues(
     bad_values = [b"\x00 not json", json.dumps(missing_field).encode()]
     with EventProducer(kafka_bootstrap) as producer:
         producer.send_raw(topic, bad_values[0], b"k0")
-        producer.send_raw(topic, events.encode(good[0]), b"k1")
+        producer.send_raw(topic, events.encode(good[0]), good[0].job_id.encode())
         producer.send_raw(topic, bad_values[1], b"k2")
-        producer.send_raw(topic, events.encode(good[1]), b"k3")
+        producer.send_raw(topic, events.encode(good[1]), good[1].job_id.encode())
         producer.flush(DEADLINE_S)
 
     handled: list[events.Event] = []
@@ -277,7 +279,7 @@ def test_a_failing_handler_commits_only_what_was_handled_and_sees_the_record_aga
     batch = [job_submitted() for _ in range(3)]
     with EventProducer(kafka_bootstrap) as producer:
         for e in batch:
-            producer.send_raw(topic, events.encode(e), b"k")
+            producer.send_raw(topic, events.encode(e), e.job_id.encode())
         producer.flush(DEADLINE_S)
 
     handled: list[str] = []
@@ -297,3 +299,35 @@ def test_a_failing_handler_commits_only_what_was_handled_and_sees_the_record_aga
         consume_until(consumer, lambda: len(handled) == 3)
     assert handled == [e.job_id for e in batch]
     assert committed(kafka_bootstrap, gid) == {(topic, 0): 3}
+
+
+def test_poison_records_are_dead_lettered_with_their_reason_and_a_reused_id_is_not_a_duplicate(
+    kafka_bootstrap: str, kafka_topic_factory: Callable[..., str]
+) -> None:
+    topic = kafka_topic_factory("poison")
+    first = job_submitted()
+    reused = first.model_copy(update={"job_id": "another-job"})  # the same event_id, another payload
+    with EventProducer(kafka_bootstrap) as producer:
+        producer.send_raw(topic, None, b"tomb")  # offset 0: a tombstone
+        producer.send_raw(topic, events.encode(first), b"not-the-job-id")  # 1: wrong key
+        producer.send_raw(topic, events.encode(first), first.job_id.encode())  # 2: handled
+        producer.send_raw(topic, events.encode(reused), reused.job_id.encode())  # 3: reused id
+        producer.send_raw(topic, events.encode(first), first.job_id.encode())  # 4: a duplicate
+        producer.flush(DEADLINE_S)
+
+    handled: list[events.Event] = []
+    gid = group()
+    with EventConsumer(kafka_bootstrap, [topic], gid, lambda e, d: handled.append(e), name="poison-test") as consumer:
+        consume_until(
+            consumer, lambda: consumer.stats.handled + consumer.stats.duplicates + consumer.stats.dead_lettered == 5
+        )
+        assert (consumer.stats.handled, consumer.stats.duplicates, consumer.stats.dead_lettered) == (1, 1, 3)
+    assert handled == [first]
+    assert committed(kafka_bootstrap, gid) == {(topic, 0): 5}
+    letters = sorted(dead_letters_for(kafka_bootstrap, topic, 3), key=lambda d: d.source_offset)
+    assert [(d.source_offset, d.error) for d in letters] == [
+        (0, "null record value (tombstone)"),
+        (1, f"key: record key 'not-the-job-id' is not the event's key '{first.job_id}'"),
+        (3, f"event_id reused: {first.event_id} was read before with a different payload"),
+    ]
+    assert [d.event_id for d in letters] == [events.det_id("DeadLetter", topic, 0, o) for o in (0, 1, 3)]

@@ -3,7 +3,7 @@
 Checks the start-up catch-up, live rejections, rankings and dead letters,
 that a stop commits the group's offsets and a restart resumes from them
 with the full tree and repeats nothing but de-duplicable events, and that
-a failing agent ends ``run`` with its exception. Topics live under a fresh
+an event the fold raises on is dead-lettered while the agent goes on. Topics live under a fresh
 ``APPORTION_TOPIC_PREFIX``; every wait is bounded (no sleeps).
 """
 
@@ -200,11 +200,16 @@ def _message(tree, change) -> str:
     raise AssertionError("change was accepted")
 
 
-async def test_a_failing_agent_ends_run_with_its_exception(kafka_bootstrap, monkeypatch, tmp_path):
+async def test_an_event_the_fold_raises_on_is_dead_lettered_and_the_policy_goes_on(
+    kafka_bootstrap, monkeypatch, tmp_path
+):
+    """A decode or apply error can never stop a service (issue 17): the agent dead-letters and carries on."""
+    from apportion import events
     from apportion.bus.producer import EventProducer
     from apportion.bus.provision import provision
     from apportion.clock import ManualClock
     from apportion.timeutil import from_us
+    from apportion.topics import BUDGETS, DEADLETTER
     from services.policy import app as policy_app
     from services.policy.config import PolicySettings
 
@@ -222,11 +227,16 @@ async def test_a_failing_agent_ends_run_with_its_exception(kafka_bootstrap, monk
     stop, task = await _start(settings, ManualClock(from_us(h(1))))
     with EventProducer(kafka_bootstrap, client_id="test") as producer:
         producer.publish(budget_set("boom", 1.0, at=h(0)))
+        producer.publish(OVER)  # folded after the failure: the agent still decides
     try:
-        with pytest.raises(RuntimeError, match="evolve failed on boom"):
-            await asyncio.wait_for(task, DEADLINE_S)
+        letters = await _until(lambda: _of(kafka_bootstrap, DEADLETTER, events.DeadLetter), "the dead letter")
+        assert [(d.source_topic, d.source_key, d.error, d.producer) for d in letters] == [
+            (BUDGETS.name, "boom", "apply failed: RuntimeError: evolve failed on boom", "policy")
+        ]
+        await _until(lambda: _of(kafka_bootstrap, BUDGETS, events.BudgetRejected), "the next change to be decided")
+        assert not task.done()
     finally:
-        stop.set()
+        await _stop(stop, task)
     assert list(tmp_path.glob("apportion-policy-*")) == []
 
 

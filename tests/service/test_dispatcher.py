@@ -55,21 +55,21 @@ class ListLog:
         self.read_upto = 0
         self.published: list[tuple[str, bytes]] = []
 
-    def append(self, topic: str, value: bytes) -> None:
+    def append(self, topic: str, value: bytes | None, key: bytes | None = None) -> None:
         off = self.next_offset.get(topic, 0)
         self.next_offset[topic] = off + 1
-        self.records.append(Rec(topic, 0, off, None, value, 0))
+        self.records.append(Rec(topic, 0, off, key, value, 0))
 
     def put(self, *evts: Event) -> None:
         for e in evts:
-            self.append(events.TOPIC_OF[e.type].name, events.encode(e))
+            self.append(events.TOPIC_OF[e.type].name, events.encode(e), events.key_of(e).encode())
 
     def publish(self, sent: list[tuple[Event, bytes]]) -> None:
         for e, value in sent:
             assert value == events.encode(e)
             topic = events.TOPIC_OF[e.type].name
             self.published.append((topic, value))
-            self.append(topic, value)
+            self.append(topic, value, events.key_of(e).encode())
 
     def read(self) -> list[Rec]:
         batch = [r for r in self.records[self.read_upto :] if r.topic in INPUTS]

@@ -226,7 +226,7 @@ def strategy_for(annotation: Any, metadata: list[Any] | None = None) -> st.Searc
                 allow_infinity=False,
                 **{k: v for k, v in b.items() if k != "min_size" and k != "max_size"},
             )
-        return st.floats(allow_nan=False)  # +-inf travel as strings
+        return st.floats(allow_nan=False, allow_infinity=False)  # non-finite is refused (docs/reliability.md)
     if annotation is str:
         return st.text(_TEXT, min_size=b.get("min_size", 0), max_size=min(b.get("max_size", 20), 20))
     if annotation is datetime:
@@ -242,6 +242,8 @@ def strategy_for(annotation: Any, metadata: list[Any] | None = None) -> st.Searc
 
 def model_strategy(cls: type[BaseModel]) -> st.SearchStrategy:
     fields = {name: strategy_for(f.annotation, list(f.metadata)) for name, f in cls.model_fields.items()}
+    for name in ev.RATIO_FIELDS & set(fields):  # a ratio may be +inf (travels as the string "Infinity")
+        fields[name] = st.one_of(fields[name], st.just(float("inf")))
     if "schema_version" in fields:  # writers always write their current version
         fields["schema_version"] = st.just(cls.model_fields["schema_version"].default)
 

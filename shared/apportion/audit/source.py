@@ -6,9 +6,13 @@ one Kafka record per line::
     {"topic": "apportion.jobs", "partition": 0, "offset": 41, "key": "j1",
      "timestamp_ms": 1700000000000, "value": "<the record value as text>"}
 
-``value`` is the record value verbatim (UTF-8 text), or, for bytes that are
-not UTF-8, ``"value_b64"`` carries them in base64: nothing is lost, and the
-file decodes to exactly the records Kafka holds. The first line is a header
+``value`` is the record value verbatim (UTF-8 text), ``null`` for a null
+value (a tombstone), or, for bytes that are not UTF-8, ``"value_b64"``
+carries them in base64: nothing is lost, and the file decodes to exactly the
+records Kafka holds. Reading a file screens each record as every reader of
+Kafka does (:func:`apportion.bus.intake.screen`): a record refused keeps its
+bytes and gets the reason in ``error``, so an audit of the file sees what
+the services saw. The first line is a header
 ``{"apportion_export": 1, "topics": [...], "exported_at": ...}``.
 """
 
@@ -21,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from apportion import events, topics
+from apportion.bus.intake import screen
 from apportion.bus.reader import LogRecord, iter_topic_records, log_order
 
 FORMAT_VERSION = 1
@@ -35,9 +40,9 @@ class ExportFormatError(ValueError):
     """The file is not an apportion export (or a newer format)."""
 
 
-def _decode(raw: bytes) -> tuple[events.Event | None, str | None]:
+def _decode(raw: bytes | None, key: str | None, topic: str) -> tuple[events.Event | None, str | None]:
     try:
-        return events.decode(raw), None
+        return screen(raw, key, topic), None
     except events.DecodeError as exc:
         return None, str(exc)
 
@@ -60,10 +65,13 @@ def write_export(
                 "key": rec.key,
                 "timestamp_ms": rec.timestamp_ms,
             }
-            try:
-                line["value"] = rec.raw.decode("utf-8")
-            except UnicodeDecodeError:
-                line["value_b64"] = base64.b64encode(rec.raw).decode("ascii")
+            if rec.raw is None:
+                line["value"] = None  # a tombstone: kept as such
+            else:
+                try:
+                    line["value"] = rec.raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    line["value_b64"] = base64.b64encode(rec.raw).decode("ascii")
             f.write(json.dumps(line, separators=(",", ":")) + "\n")
             n += 1
     return n
@@ -84,8 +92,11 @@ def iter_export(path: str | Path) -> Iterator[LogRecord]:
             raise ExportFormatError(f"{path}: export format {version} is newer than this tool ({FORMAT_VERSION})")
         for line in f:
             d = json.loads(line)
-            raw = d["value"].encode("utf-8") if "value" in d else base64.b64decode(d["value_b64"])
-            ev, err = _decode(raw)
+            if "value" in d:
+                raw = d["value"].encode("utf-8") if d["value"] is not None else None
+            else:
+                raw = base64.b64decode(d["value_b64"])
+            ev, err = _decode(raw, d.get("key"), d["topic"])
             yield LogRecord(d["topic"], d["partition"], d["offset"], d.get("key"), d["timestamp_ms"], raw, ev, err)
 
 

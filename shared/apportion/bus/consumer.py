@@ -1,19 +1,26 @@
-"""Kafka consumer wrapper: decode, de-duplicate, handle, then commit.
+"""Kafka consumer wrapper: screen, de-duplicate, handle, then commit.
 
 The loop every kafka-python based service runs (STYLE rule 8):
 
 1. poll a batch;
-2. for each record: decode with :func:`apportion.events.decode`; bytes that do
-   not decode become a :class:`~apportion.events.DeadLetter` on
-   ``apportion.deadletter`` carrying the reason, and consumption goes on;
-3. skip events whose ``event_id`` the de-duplication hook has seen;
-4. call the handler; once it returns, mark the id as seen;
+2. for each record: :func:`apportion.bus.intake.screen` it (decode, key and
+   topic checks); a record refused becomes a
+   :class:`~apportion.events.DeadLetter` on ``apportion.deadletter``
+   carrying the reason (:func:`apportion.bus.intake.dead_letter`: the one
+   construction, deterministic id), and consumption goes on;
+3. skip events the :class:`~apportion.bus.intake.IdLedger` has seen with
+   the same payload (duplicates); the same id with another payload is a
+   dead letter ``event_id reused``;
+4. call the handler; once it returns, remember the id;
 5. commit the offsets of everything handled (auto-commit is off).
 
 A handler that raises stops the loop: the offsets of the records handled
 before it are committed, the partition is rewound to the failing record so
 it is delivered again, and the exception propagates (the service restarts
-and retries; handlers must be idempotent anyway).
+and retries; handlers must be idempotent anyway). That is for handlers that
+do I/O (the node agent's); a pure fold should not raise, and the services
+whose folds are pure dead-letter an apply error instead
+(:meth:`apportion.bus.intake.Intake.apply`).
 
 Nothing connects at import time.
 """
@@ -22,14 +29,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
-from uuid import UUID
+from typing import Any
 
 from apportion import events
+from apportion.bus.intake import IdLedger, dead_letter, screen
 from apportion.bus.producer import EventProducer
 
 log = logging.getLogger(__name__)
@@ -47,49 +53,6 @@ class Delivery:
 
 
 Handler = Callable[[events.Event, Delivery], None]
-
-
-class Deduplicator(Protocol):
-    """Remembers handled event ids. Swap in a durable one (Redis, the read
-    model's own store) where redelivery after a restart must be caught."""
-
-    def seen(self, event_id: UUID) -> bool:
-        """True when ``event_id`` was already handled."""
-        ...
-
-    def mark(self, event_id: UUID) -> None:
-        """Record that ``event_id`` has been handled."""
-        ...
-
-
-class MemoryDeduplicator:
-    """Bounded in-memory set of recent event ids (oldest forgotten first).
-
-    Catches duplicates a producer retry or a rebalance redelivers within one
-    process lifetime. ``capacity`` bounds memory (about 100 bytes per id).
-    """
-
-    def __init__(self, capacity: int = 200_000) -> None:
-        self.capacity = capacity
-        self._ids: OrderedDict[UUID, None] = OrderedDict()
-
-    def seen(self, event_id: UUID) -> bool:
-        return event_id in self._ids
-
-    def mark(self, event_id: UUID) -> None:
-        self._ids[event_id] = None
-        if len(self._ids) > self.capacity:
-            self._ids.popitem(last=False)
-
-
-class NoDeduplication:
-    """Hook that never reports a duplicate (for handlers idempotent by construction)."""
-
-    def seen(self, event_id: UUID) -> bool:
-        return False
-
-    def mark(self, event_id: UUID) -> None:
-        return None
 
 
 def _utcnow() -> datetime:
@@ -113,7 +76,9 @@ class EventConsumer:
         topics: topic names to subscribe to.
         group_id: consumer group; offsets are committed under it.
         handler: ``handler(event, delivery)``; called once per new event id.
-        dedup: de-duplication hook; default a :class:`MemoryDeduplicator`.
+        dedup: the id -> payload ledger to use; True (default): a fresh
+            :class:`~apportion.bus.intake.IdLedger`; False: no de-duplication
+            (handlers idempotent by construction).
         dead_letters: producer for dead letters; default one built lazily on
             the first undecodable record.
         name: written as ``producer`` on the dead letters this consumer emits.
@@ -136,7 +101,7 @@ class EventConsumer:
         group_id: str,
         handler: Handler,
         *,
-        dedup: Deduplicator | None = None,
+        dedup: IdLedger | bool = True,
         dead_letters: EventProducer | None = None,
         name: str = "consumer",
         clock: Callable[[], datetime] = _utcnow,
@@ -152,7 +117,7 @@ class EventConsumer:
         kafka_config.setdefault("metadata_max_age_ms", 10_000)
         self._bootstrap = bootstrap
         self._handler = handler
-        self._dedup: Deduplicator = dedup if dedup is not None else MemoryDeduplicator()
+        self._ledger: IdLedger | None = (IdLedger() if dedup else None) if isinstance(dedup, bool) else dedup
         self._dead_letters = dead_letters
         self._owns_dead_letters = dead_letters is None
         self._name = name
@@ -202,31 +167,30 @@ class EventConsumer:
             self.poll_once(timeout_ms=timeout_ms)
 
     def _process(self, rec: Any) -> None:
-        raw: bytes = rec.value if rec.value is not None else b""
         key = rec.key.decode("utf-8", "replace") if rec.key is not None else None
         try:
-            event = events.decode(raw)
+            event = screen(rec.value, rec.key, rec.topic)
+            if self._ledger is not None and self._ledger.check(event, remember=False):
+                self.stats.duplicates += 1
+                log.debug("duplicate %s %s skipped", event.type, event.event_id)
+                return
         except events.DecodeError as exc:
-            self._dead_letter(rec, raw, key, exc)
-            return
-        if self._dedup.seen(event.event_id):
-            self.stats.duplicates += 1
-            log.debug("duplicate %s %s skipped", event.type, event.event_id)
+            self._dead_letter(rec, str(exc))
             return
         self._handler(event, Delivery(rec.topic, rec.partition, rec.offset, key, rec.timestamp))
-        self._dedup.mark(event.event_id)
+        if self._ledger is not None:
+            self._ledger.remember(event)  # only once handled: a failed record is handled again
         self.stats.handled += 1
 
-    def _dead_letter(self, rec: Any, raw: bytes, key: str | None, exc: events.DecodeError) -> None:
-        reason = f"{exc.field}: {exc.reason}" if exc.field else exc.reason
+    def _dead_letter(self, rec: Any, reason: str) -> None:
         log.warning("dead-lettering %s[%d]@%d: %s", rec.topic, rec.partition, rec.offset, reason)
-        letter = events.DeadLetter(
-            source_topic=rec.topic,
-            source_partition=rec.partition,
-            source_offset=rec.offset,
-            source_key=key,
-            original=_b64(raw),
-            error=reason,
+        letter = dead_letter(
+            topic=rec.topic,
+            partition=rec.partition,
+            offset=rec.offset,
+            key=rec.key,
+            value=rec.value,
+            reason=reason,
             ts=self._clock(),
             producer=self._name,
         )
@@ -248,9 +212,3 @@ class EventConsumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _b64(raw: bytes) -> str:
-    import base64
-
-    return base64.b64encode(raw).decode("ascii")

@@ -38,7 +38,7 @@ on an idle local broker. The policy service runs this way (see
 
 from __future__ import annotations
 
-import base64
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -46,7 +46,10 @@ from pathlib import Path
 from typing import Any
 
 from apportion import events
+from apportion.bus.intake import IdLedger, dead_letter
 from apportion.topics import DEADLETTER, Topic, by_name
+
+log = logging.getLogger(__name__)
 
 CODEC = "apportion"
 
@@ -55,7 +58,7 @@ CODEC = "apportion"
 class Undecodable:
     """A record value that is not a valid event, with the reason."""
 
-    raw: bytes
+    raw: bytes | None
     reason: str
 
 
@@ -72,12 +75,12 @@ def _codec_class() -> type:
                 return bytes(obj)
             raise TypeError(f"{CODEC} codec serialises apportion events, got {type(obj).__name__}")
 
-        def _loads(self, s: bytes) -> Any:
-            raw = bytes(s) if s is not None else b""
+        def _loads(self, s: bytes | None) -> Any:
+            raw = bytes(s) if s is not None else None
             try:
                 return events.decode(raw)
             except events.DecodeError as exc:
-                return Undecodable(raw, f"{exc.field}: {exc.reason}" if exc.field else exc.reason)
+                return Undecodable(raw, str(exc))
 
     return EventCodec
 
@@ -192,13 +195,47 @@ async def publish_acked(app: Any, event: events.Event) -> Any:
     return await (await publish(app, event))
 
 
-async def decoded(
-    app: Any, stream: Any, *, producer: str = "faust", clock: Callable[[], datetime] | None = None
-) -> AsyncIterator[events.Event]:
-    """Yield the events of a faust stream, dead-lettering undecodable values.
+async def refuse(
+    app: Any, message: Any, value: bytes | None, reason: str, *, producer: str, now: Callable[[], datetime]
+) -> events.DeadLetter:
+    """Publish the dead letter of a faust ``message`` (acked) and return it.
 
-    A dead letter's ``event_id`` is derived from (topic, partition, offset),
-    as :func:`services._common.decode_record` does, so meeting the same bad
+    Built by :func:`apportion.bus.intake.dead_letter` (id from the record's
+    position), like every reader's.
+    """
+    letter = dead_letter(
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+        key=message.key,
+        value=value,
+        reason=reason,
+        ts=now(),
+        producer=producer,
+    )
+    log.warning("dead-lettering %s[%s]@%s: %s", message.topic, message.partition, message.offset, reason)
+    await (await event_topic(app, DEADLETTER).send(key=events.key_of(letter).encode("utf-8"), value=letter))
+    return letter
+
+
+async def decoded(
+    app: Any,
+    stream: Any,
+    *,
+    producer: str = "faust",
+    clock: Callable[[], datetime] | None = None,
+    ledger: IdLedger | None = None,
+) -> AsyncIterator[events.Event]:
+    """Yield the events of a faust stream, dead-lettering what a reader refuses.
+
+    The same screen as every reader (:func:`apportion.bus.intake.screen`):
+    a value that does not decode (the codec gave an :class:`Undecodable`), a
+    key that is not the event's, an event type on another registry topic;
+    with ``ledger``, also a reused id (the same id read before with another
+    payload). A duplicate (same id, same payload) is yielded: the agent's
+    fold is idempotent and may decide only after the last event it has.
+    A dead letter's ``event_id`` is derived from (topic, partition, offset)
+    (:func:`apportion.bus.intake.dead_letter`), so meeting the same bad
     record again (a restart, another service) writes the same id. The dead
     letter is acked by the broker before the stream moves on.
 
@@ -207,23 +244,24 @@ async def decoded(
         stream: the agent's stream of decoded values.
         producer: ``producer`` field of the dead letters.
         clock: event time of the dead letters (wall clock UTC when ``None``).
+        ledger: id -> payload ledger (None: no reuse check here).
     """
     now = clock or (lambda: datetime.now(UTC))
     async for value in stream:
+        msg = stream.current_event.message
+        if value is None:  # faust does not call the codec for a null value (a tombstone)
+            value = Undecodable(None, events.NULL_VALUE)
+        elif not isinstance(value, (events.Event, Undecodable)):
+            value = Undecodable(msg.value, f"not an apportion event: {type(value).__name__}")
         if isinstance(value, Undecodable):
-            msg = stream.current_event.message
-            key = msg.key.decode("utf-8", "replace") if isinstance(msg.key, bytes) else msg.key
-            letter = events.DeadLetter(
-                event_id=events.det_id("DeadLetter", msg.topic, msg.partition, msg.offset),
-                source_topic=msg.topic,
-                source_partition=msg.partition,
-                source_offset=msg.offset,
-                source_key=key,
-                original=base64.b64encode(value.raw).decode("ascii"),
-                error=value.reason,
-                ts=now(),
-                producer=producer,
-            )
-            await (await event_topic(app, DEADLETTER).send(key=events.key_of(letter).encode("utf-8"), value=letter))
+            await refuse(app, msg, value.raw, value.reason, producer=producer, now=now)
+            continue
+        try:
+            events.check_record(value, msg.key, msg.topic)
+            if ledger is not None:
+                ledger.check(value)  # a duplicate still goes on: an agent may decide after each event
+        except events.DecodeError as exc:
+            raw = msg.value if isinstance(msg.value, (bytes, bytearray)) else events.encode(value)
+            await refuse(app, msg, raw, str(exc), producer=producer, now=now)
             continue
         yield value

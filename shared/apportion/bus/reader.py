@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from apportion import events
+from apportion.bus.intake import screen
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,9 +24,11 @@ class LogRecord:
         topic, partition, offset: where it is.
         key: record key (str) or None.
         timestamp_ms: Kafka record timestamp (ms since epoch).
-        raw: the value bytes as stored.
-        event: the decoded event, or None when it does not decode.
-        error: the decode error text when ``event`` is None.
+        raw: the value bytes as stored (None for a null value, a tombstone).
+        event: the decoded event, or None when a reader refuses the record
+            (:func:`apportion.bus.intake.screen`: it does not decode, or its
+            key or topic disagrees with the event).
+        error: the reason (``str(DecodeError)``) when ``event`` is None.
     """
 
     topic: str
@@ -33,7 +36,7 @@ class LogRecord:
     offset: int
     key: str | None
     timestamp_ms: int
-    raw: bytes
+    raw: bytes | None
     event: events.Event | None
     error: str | None = None
 
@@ -57,7 +60,8 @@ def iter_topic_records(
         since_ms: start at the first offset whose timestamp is >= this
             (offsets-for-times); None reads from offset 0.
         progress: called with the number of records read so far, every 10,000.
-        decode: decode values into events (False leaves ``event`` None).
+        decode: screen values into events (False leaves ``event`` None); a
+            record refused gets ``error``, the reason its dead letter carries.
     """
     from kafka import KafkaConsumer, TopicPartition
 
@@ -104,7 +108,7 @@ def iter_topic_records(
                     ev, err = None, None
                     if decode:
                         try:
-                            ev = events.decode(rec.value)
+                            ev = screen(rec.value, rec.key, tp.topic)
                         except events.DecodeError as exc:
                             err = str(exc)
                     key = rec.key.decode("utf-8", "replace") if rec.key is not None else None

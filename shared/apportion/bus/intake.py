@@ -1,0 +1,275 @@
+"""The reader edge: every record becomes an event or a dead letter with its reason.
+
+One home for what every reader of the log does with a record before any
+domain code sees it (issue 17, "poison-proof readers"; issue 11, "one
+home for dead-letter construction"). The services (dispatcher, accounting,
+policy, through :class:`Intake`), :class:`~apportion.bus.consumer.EventConsumer`,
+the faust agents (:func:`apportion.bus.faust_app.decoded`), the audit's log
+reader (:func:`apportion.bus.reader.iter_topic_records`) and the export
+(:mod:`apportion.audit.source`) all accept exactly what
+:func:`screen` accepts, so the audit folds the same events the services
+folded.
+
+A record is refused, with ``str(DecodeError)`` as the reason, when
+(:mod:`apportion.events`, codec section; ``docs/reliability.md``):
+
+* its value is null (a tombstone) or not an event (not UTF-8 JSON of one
+  object, unknown type or version, a field that fails validation);
+* it holds a non-finite number anywhere (bare ``NaN``/``Infinity``, a
+  literal that overflows, a non-finite float field; a ratio may be +inf);
+* a time is not an ISO-8601 string with an offset (``12345``, ``"12345"``,
+  a naive time);
+* its key is not :func:`~apportion.events.key_of` of the event, or the
+  event's type is not routed to the registry topic it was read from.
+
+A service's :class:`Intake` also remembers the payload of the ids it has
+read (:class:`IdLedger`): the same id with the same payload is a duplicate
+(dropped, counted), the same id with another payload is a dead letter
+``event_id reused``. And a record whose event the service could not apply
+(the fold raised) is a dead letter ``apply failed: <type>: <message>``
+(:meth:`Intake.failed`), so no record can stop a service.
+
+:func:`dead_letter` is the one construction of a
+:class:`~apportion.events.DeadLetter`: its id is
+``det_id("DeadLetter", topic, partition, offset)``, so every reader that
+meets the same bad record (and every restart that meets it again) writes the
+same id and readers of the dead letters keep one.
+
+Pure: nothing here connects; the caller publishes the dead letters.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from apportion import events
+
+log = logging.getLogger(__name__)
+
+#: Reason prefix of an event id read before with a different payload.
+EVENT_ID_REUSED = "event_id reused"
+
+#: Reason prefix of a value the codec failed on with something other than a DecodeError.
+UNDECODABLE = "undecodable"
+
+#: Reason prefix of a record whose event the service's fold raised on.
+APPLY_FAILED = "apply failed"
+
+
+def dead_letter(
+    *,
+    topic: str,
+    partition: int | None,
+    offset: int | None,
+    key: bytes | str | None,
+    value: bytes | None,
+    reason: str,
+    ts: datetime,
+    producer: str,
+) -> events.DeadLetter:
+    """The dead letter of one record: where it was, its bytes, and why it was refused.
+
+    The id is ``det_id("DeadLetter", topic, partition, offset)`` (the record's
+    position): the same record gives the same dead-letter id, whoever meets
+    it and however often.
+
+    Args:
+        topic, partition, offset: the record's position.
+        key: its key (bytes are decoded as UTF-8, bad bytes replaced).
+        value: its value; a null value (tombstone) is kept as empty bytes.
+        reason: why it was refused (``str(DecodeError)``, or an apply failure).
+        ts: event time of the dead letter (the reader's clock).
+        producer: who writes it (the reader's name).
+    """
+    if isinstance(key, (bytes, bytearray)):
+        key = bytes(key).decode("utf-8", "replace")
+    return events.DeadLetter(
+        event_id=events.det_id("DeadLetter", topic, partition, offset),
+        source_topic=topic,
+        source_partition=partition,
+        source_offset=offset,
+        source_key=key,
+        original=base64.b64encode(value or b"").decode("ascii"),
+        error=reason,
+        ts=ts,
+        producer=producer,
+    )
+
+
+def screen(value: bytes | None, key: bytes | str | None, topic: str | None = None) -> events.Event:
+    """The event in a record, or :class:`~apportion.events.DecodeError` with the reason (stateless).
+
+    :func:`apportion.events.decode` of the value, then
+    :func:`apportion.events.check_record` of its key and topic. Any other
+    error the codec raises (a bug: it should not) is refused as well, with
+    the reason ``undecodable: <type>: <message>``, so no value can stop a
+    reader.
+    """
+    try:
+        return events.decode_checked(value, key, topic)
+    except events.DecodeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the codec's own bug must not stop a reader either
+        raise events.DecodeError(f"{UNDECODABLE}: {type(exc).__name__}: {exc}") from None
+
+
+def apply_failure(exc: BaseException) -> str:
+    """The dead-letter reason of an event the fold raised on: ``apply failed: OverflowError: ...``."""
+    return f"{APPLY_FAILED}: {type(exc).__name__}: {exc}"
+
+
+class IdLedger:
+    """Bounded map event id -> payload digest (:func:`apportion.events.payload_digest`).
+
+    :meth:`check` tells a new id, a duplicate (same id, same payload) and a
+    reused id (same id, another payload). The oldest ids are forgotten past
+    ``capacity`` (about 150 bytes each): a reuse further apart than that is
+    not caught here (the domain's own de-duplication still drops it).
+    """
+
+    def __init__(self, capacity: int = 200_000) -> None:
+        self.capacity = capacity
+        self._ids: OrderedDict[UUID, int] = OrderedDict()
+
+    def check(self, event: events.Event, *, remember: bool = True) -> bool:
+        """True for a duplicate; False for a new id (remembered now unless ``remember`` is False).
+
+        Raises:
+            DecodeError: ``event_id reused: ...`` when the id was read with another payload.
+        """
+        digest = events.payload_digest(event)
+        eid = event.event_id
+        known = self._ids.get(eid)
+        if known is None:
+            if remember:
+                self._ids[eid] = digest
+                if len(self._ids) > self.capacity:
+                    self._ids.popitem(last=False)
+            return False
+        if known == digest:
+            return True
+        raise events.DecodeError(f"{EVENT_ID_REUSED}: {eid} was read before with a different payload")
+
+    def remember(self, event: events.Event) -> None:
+        """Record ``event`` as read (a service's own output, so a reuse of its ids is caught)."""
+        if event.event_id not in self._ids:
+            self._ids[event.event_id] = events.payload_digest(event)
+            if len(self._ids) > self.capacity:
+                self._ids.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
+@dataclass(slots=True)
+class IntakeStats:
+    """Counters of one reader edge (logs, metrics, tests)."""
+
+    events: int = 0
+    duplicates: int = 0
+    dead_lettered: int = 0
+    apply_failed: int = 0
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Intake:
+    """A service's reader edge: screen each record, drop duplicates, dead-letter the rest with the reason.
+
+    Args:
+        producer: written as ``producer`` on the dead letters.
+        clock: event time of the dead letters.
+        ledger: the id -> payload map; ``None`` turns the id check off (a
+            reader that de-duplicates itself and cannot be fed reused ids).
+        on_dead: called with each dead letter made (the caller publishes it).
+        drop_duplicates: False passes a duplicate (same id, same payload) on,
+            counted, for a fold that is idempotent itself and must see it as a
+            restarted reader would (accounting: its late-record count); a
+            reused id is dead-lettered either way.
+
+    Example::
+
+        intake = Intake("dispatcher", clock.now, on_dead=publish)
+        for rec in batch:
+            event = intake.admit(rec)      # None: dead-lettered or a duplicate
+            if event is not None:
+                intake.apply(rec, fold, event)
+    """
+
+    def __init__(
+        self,
+        producer: str,
+        clock: Callable[[], datetime] = _utcnow,
+        *,
+        ledger: IdLedger | None = None,
+        on_dead: Callable[[events.DeadLetter], Any] | None = None,
+        drop_duplicates: bool = True,
+    ) -> None:
+        self.producer = producer
+        self.drop_duplicates = drop_duplicates
+        self.clock = clock
+        self.ledger = ledger if ledger is not None else IdLedger()
+        self.on_dead = on_dead
+        self.stats = IntakeStats()
+
+    def admit(self, rec: Any) -> events.Event | None:
+        """The event of a kafka-python record, or None (dead-lettered, or a duplicate dropped).
+
+        ``rec`` needs ``topic``, ``partition``, ``offset``, ``key`` and ``value``.
+        """
+        try:
+            event = screen(rec.value, rec.key, rec.topic)
+            if self.ledger is not None and self.ledger.check(event):
+                self.stats.duplicates += 1
+                if self.drop_duplicates:
+                    return None
+        except events.DecodeError as exc:
+            self.refuse(rec, str(exc))
+            return None
+        self.stats.events += 1
+        return event
+
+    def refuse(self, rec: Any, reason: str) -> events.DeadLetter:
+        """Dead-letter ``rec`` with ``reason`` (logged, counted, handed to ``on_dead``)."""
+        letter = dead_letter(
+            topic=rec.topic,
+            partition=rec.partition,
+            offset=rec.offset,
+            key=rec.key,
+            value=rec.value,
+            reason=reason,
+            ts=self.clock(),
+            producer=self.producer,
+        )
+        log.warning("dead-lettering %s[%s]@%s: %s", rec.topic, rec.partition, rec.offset, reason)
+        self.stats.dead_lettered += 1
+        if self.on_dead is not None:
+            self.on_dead(letter)
+        return letter
+
+    def failed(self, rec: Any, exc: BaseException) -> events.DeadLetter:
+        """Dead-letter ``rec`` whose event the fold raised ``exc`` on (``apply failed: <type>: <message>``)."""
+        log.error("applying %s[%s]@%s failed", rec.topic, rec.partition, rec.offset, exc_info=exc)
+        self.stats.apply_failed += 1
+        return self.refuse(rec, apply_failure(exc))
+
+    def apply(self, rec: Any, fold: Callable[[events.Event], Any], event: events.Event) -> Any:
+        """``fold(event)``; if it raises an ``Exception``, dead-letter ``rec`` and return None.
+
+        Only for pure folds (domain code): an I/O error must propagate, so the
+        record is retried rather than dead-lettered.
+        """
+        try:
+            return fold(event)
+        except Exception as exc:  # noqa: BLE001 - any error of a pure fold is this record's poison
+            self.failed(rec, exc)
+            return None
