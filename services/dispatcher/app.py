@@ -364,8 +364,9 @@ async def run(
     """
     import redis as redis_lib
 
+    from apportion.topics import COMMANDS, JOBS, NODES
     from services._common import start_metrics
-    from services.dispatcher.lease import Lease
+    from services.dispatcher.lease import Lease, highest_token_in_log
 
     clock = clock or settings.make_clock()
     conn = settings.connection()
@@ -375,7 +376,14 @@ async def run(
     lease = Lease(r, settings.owner(), settings.lease_ttl_wall_s)
     try:
         while not stop.is_set():
-            token = await asyncio.to_thread(lease.try_acquire)
+            try:  # the newest token in the log is the floor: a Redis that lost its counter cannot go back
+                floor = await asyncio.to_thread(
+                    highest_token_in_log, conn.bootstrap, [COMMANDS.name, JOBS.name, NODES.name]
+                )
+            except Exception as exc:  # Kafka unreachable: never lead without a floor
+                log.warning("cannot read the newest fencing token from the log (%s): standing by", exc)
+                floor = None
+            token = await asyncio.to_thread(lease.try_acquire, floor) if floor is not None else 0
             if not token:
                 try:  # standby: wait a third of the TTL (or until stopped)
                     await asyncio.wait_for(stop.wait(), settings.lease_ttl_wall_s / 3)
@@ -407,11 +415,13 @@ async def _lead(
     ready: asyncio.Event | None,
 ) -> None:
     from apportion import readmodel
+    from apportion.audit.config import configured_event
     from apportion.bus.crc import use_compiled_crc32c
     from apportion.bus.producer import EventProducer
+    from apportion.timeutil import from_us
     from apportion.topics import BUDGETS, JOBS, NODES, SUBMISSIONS
     from services._common import AssignedConsumer
-    from services.dispatcher.lease import LeaseKeeper
+    from services.dispatcher.lease import LeaseKeeper, highest_token
 
     log.info("record-batch CRC-32C: %s", use_compiled_crc32c())
     producer = await asyncio.to_thread(
@@ -439,6 +449,12 @@ async def _lead(
     every = settings.lease_ttl_wall_s / 3
     keeper = LeaseKeeper(lease, every, stall_s=max(30.0, 10 * settings.lease_ttl_wall_s)).start()
 
+    def check_lease() -> None:
+        """Before each publish: still leading, by the keeper and by the local lease clock (which keeps counting
+        through a SIGSTOP, so a paused leader that resumes stops here instead of publishing stale decisions)."""
+        if keeper.lost.is_set() or lease.expires_in() <= settings.lease_ttl_wall_s / 3:
+            raise LeadershipLost()
+
     async def beats() -> None:  # the event loop's sign of life for the keeper
         while True:
             keeper.beat()
@@ -454,6 +470,22 @@ async def _lead(
         if late:
             more, _ = svc.ingest(late)
             out += more
+        newest = highest_token(rec.event for rec in backlog if getattr(rec, "event", None) is not None)
+        lease.observe(newest)
+        if newest > lease.token:  # a newer leader wrote after we took the lease: we are deposed
+            raise LeadershipLost()
+        # the knobs it decides with, first, so the audit needs no flags (DESIGN section 4)
+        out.insert(
+            0,
+            configured_event(
+                svc.cfg,
+                instance=settings.owner(),
+                fencing_token=lease.token,
+                ts=from_us(svc.now_us()),
+                producer=settings.producer_name,
+            ),
+        )
+        check_lease()
         await asyncio.to_thread(svc._emit, out)
         await asyncio.to_thread(producer.flush)
         await asyncio.to_thread(write_read_model)
@@ -472,10 +504,11 @@ async def _lead(
                 pacer.ticked(now, loop.time())
             # The keeper thread renews the lease (LeaseKeeper). Safety does not rest on it: every decision
             # carries the fencing token and agents refuse stale tokens.
-            if keeper.lost.is_set():
-                raise LeadershipLost()
             if out:
+                check_lease()
                 await asyncio.to_thread(svc._emit, out)
+            elif keeper.lost.is_set():
+                raise LeadershipLost()
                 unflushed = True
             if unflushed and not batch:  # idle: nothing to decide, so waiting for the acks costs nothing
                 await asyncio.to_thread(producer.flush)

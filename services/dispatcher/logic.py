@@ -21,10 +21,10 @@ from typing import Any
 from apportion.domain.cluster import UNTIL_STARTED
 from apportion.domain.dispatch import DispatchConfig, DispatchState, decide, evolve
 from apportion.domain.fairshare import FairShareQueue
-from apportion.events import Event, JobPlaced, JobSubmitted, StartWorkload, StopWorkload
+from apportion.events import Event, JobPlaced, JobSubmitted, NodeLost, StartWorkload, StopWorkload
 from apportion.timeutil import Micros, from_us, s_to_us
 
-FENCED = (JobPlaced, StartWorkload, StopWorkload)
+FENCED = (JobPlaced, StartWorkload, StopWorkload, NodeLost)
 
 
 def recover(state: DispatchState, log: Sequence[Event], now_us: Micros, cfg: DispatchConfig) -> list[Event]:
@@ -60,7 +60,7 @@ def recover(state: DispatchState, log: Sequence[Event], now_us: Micros, cfg: Dis
 def fence(evts: Iterable[Event], token: int, inputs: dict[str, int] | None = None) -> list[Event]:
     """Decisions and commands carrying the leader's fencing token, ``JobPlaced`` also the input position.
 
-    ``JobPlaced``, ``StartWorkload`` and ``StopWorkload`` get
+    ``JobPlaced``, ``StartWorkload``, ``StopWorkload`` and ``NodeLost`` get
     ``fencing_token=token`` (agents refuse commands of an older token). With
     ``inputs`` (``"topic:partition"`` -> next offset read, see
     :attr:`apportion.events.Decision.inputs`), each ``JobPlaced`` also gets
