@@ -227,7 +227,8 @@ def test_encoding_and_headers(tmp_path):
     )
     assert _error(_run(tmp_path, trace=HEADER.replace(",duration_s", "") + "x\n")) == (
         f"error: {tmp_path / 't.csv'}:1: missing column duration_s; expected submit,job_id,budget,user,"
-        "gpus_per_replica,replicas,min_runtime_s,duration_s[,gpu_model] (user, replicas, gpu_model optional)"
+        "gpus_per_replica,replicas,min_runtime_s,duration_s[,gpu_model][,checkpoint_interval_s] (user, replicas, "
+        "gpu_model, checkpoint_interval_s optional)"
     )
     bom = _run(tmp_path, "--json", raw_trace=b"\xef\xbb\xbf" + TRACE.encode())  # a BOM is fine
     assert bom.exit_code == 0 and json.loads(bom.stdout)["policies"][0]["jobs"] == 4
@@ -398,3 +399,24 @@ def test_table_shows_goodput_and_says_why_jobs_are_unfinished(tmp_path):
     assert "nothing left could run them" in res.output
     res = CliRunner().invoke(app, args + ["--policy", "fifo", "--tail-h", "1", "--no-per-budget"])
     assert "fifo: 2 admitted jobs not completed" in res.output and "(--tail-h)" in res.output
+
+
+def test_apportion_csv_declares_a_checkpoint_interval(tmp_path):
+    # u1 is unallocated: with no interval it never checkpoints; declared 600 s, it checkpoints at 600 s of
+    # progress (its 1,200 s of work end before the second)
+    trace = (
+        "submit,job_id,budget,user,gpus_per_replica,replicas,min_runtime_s,duration_s,checkpoint_interval_s\n"
+        "2024-01-01T00:00:00,u1,lab/a,u,2,1,0,1200,600\n"
+        "2024-01-01T00:00:00,u2,lab/b,u,2,1,0,1200,\n"
+    )
+    (tmp_path / "t.csv").write_text(trace)
+    (tmp_path / "b.yaml").write_text(BUDGETS)
+    args = ["--trace", str(tmp_path / "t.csv"), "--budgets", str(tmp_path / "b.yaml"), "--seed", "1", "--json"]
+    res = CliRunner().invoke(app, args + ["--policy", "fifo"])
+    assert res.exit_code == 0, res.output
+    (p,) = json.loads(res.output)["policies"]
+    assert (p["checkpoints"], p["completed"]) == (1, 2)
+    bad = trace.replace(",600\n", ",-5\n")
+    (tmp_path / "t.csv").write_text(bad)
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and "checkpoint_interval_s" in res.output
