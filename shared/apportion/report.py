@@ -28,7 +28,8 @@ Definitions (DESIGN section 1):
   else the oldest of its replicas' latest ones once every replica reported.
   A checkpoint of the same attempt that arrives after the stop (written on
   SIGTERM, within the grace period) saves the run up to the stop: its work
-  lost becomes 0. Cancels and failures are not work lost (nobody took the
+  lost becomes 0 (unless the job's next attempt was placed before it came:
+  that attempt could not resume from it). Cancels and failures are not work lost (nobody took the
   GPUs away).
 * **Completed**: every replica of an attempt reported ``JobCompleted``;
   **job completion time** (JCT) = that time - ``submitted_at``.
@@ -60,7 +61,7 @@ from apportion.events import (
 )
 from apportion.timeutil import US_PER_S, Micros, to_us
 
-__all__ = ["BudgetRow", "JobLedger", "Stop", "budget_rows", "percentile"]
+__all__ = ["BudgetRow", "JobLedger", "Stop", "Totals", "budget_rows", "percentile"]
 
 #: A recorded ``lost_gpu_s`` and the log's own figure agree when within this many GPU-seconds.
 AGREE_GPU_S = 1.0
@@ -193,9 +194,13 @@ class JobLedger:
 
     def _placed(self, ev: JobPlaced, t: Micros) -> None:
         key = (ev.job_id, ev.attempt)
-        if key not in self._runs:
-            self._runs[key] = _Run(ev, t)
+        runs = self._runs
+        if key not in runs:
+            runs[key] = _Run(ev, t)
             self.first_placed.setdefault(ev.job_id, t)
+            old = runs.get((ev.job_id, ev.attempt - 1))
+            if old is not None and old.stop is not None:  # a later checkpoint of it can no longer be resumed from
+                del runs[(ev.job_id, ev.attempt - 1)]
 
     def _started(self, ev: JobStarted, t: Micros) -> None:
         run = self._runs.get((ev.job_id, ev.attempt))
