@@ -14,9 +14,9 @@ from scratch, the simulator before checkpoints).
 Prints wall time, jobs/s, simulated seconds per wall second and the
 process CPU time (on a shared machine wall time minus CPU time is other
 load; compare before/after on CPU time too), then the run's report
-(:func:`apportion.sim.report.summarise`, outside the timed part): utilisation,
-goodput, share deficit, work lost, completions, job completion time and
-preemptions per job-hour / per job. Exit 1 when 100,000 jobs take more than
+(:func:`apportion.sim.report.summarise`, outside the timed part), for the
+cluster and per budget: utilisation, goodput, share deficit, work lost,
+completions, job completion time and preemptions per job-hour / per job. Exit 1 when 100,000 jobs take more than
 60 s of wall time.
 Run: ``.venv/bin/python bench/bench_sim.py [--jobs 100000] [--gap 10] [--no-checkpoints]``.
 Decisions must not change with speed-ups: ``bench/sim_digest.py bench --jobs
@@ -120,6 +120,16 @@ def main() -> None:
         f"{h(rep.jct_p95_s)}; {rep.preemptions_per_job_hour:.3f} preemptions per job-hour, at most "
         f"{rep.max_preemptions_per_job} for one job"
     )
+    print(
+        "  per budget: share, allocated share, mean deficit pp, goodput, work lost GPU-h (% of held), completed, "
+        "JCT p50 / p95, preemptions per job-hour, max per job"
+    )
+    for b in rep.budgets:
+        print(
+            f"    {b.path:8s} {b.share:.2f} {b.alloc_share:.3f} {b.mean_deficit_pp or 0.0:5.2f} {b.goodput:.3f} "
+            f"{b.lost_gpu_h:8,.0f} ({b.lost_pct:4.1f}%) {b.completed:6d} {h(b.jct_p50_s)} / {h(b.jct_p95_s)} "
+            f"{b.preemptions_per_job_hour:.3f} {b.max_preemptions_per_job}"
+        )
     if a.jobs >= 100_000 and wall > 60:
         raise SystemExit(1)
 
