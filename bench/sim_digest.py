@@ -28,6 +28,7 @@ import hashlib
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from apportion.events import Event, encode
 from apportion.sim.core import SimConfig, Simulator, default_horizon_us
@@ -38,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 class DigestSimulator(Simulator):
     """A :class:`Simulator` that hashes its decision log as it goes (``keep_log`` may be off)."""
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.digest = hashlib.sha256()
         self.decisions = 0

@@ -444,13 +444,13 @@ def budget_rows(
     jct: dict[str, list[float]] = {}
     max_pre: dict[str, int] = {}
     for job_id, t in ledger.completed.items():
-        sub = ledger.submitted.get(job_id)
-        if sub is not None and inside(sub[0]) and (until is None or t < until):
-            jct.setdefault(sub[1], []).append((t - sub[0]) / US_PER_S)
+        rec = ledger.submitted.get(job_id)
+        if rec is not None and inside(rec[0]) and (until is None or t < until):
+            jct.setdefault(rec[1], []).append((t - rec[0]) / US_PER_S)
     for job_id, n in ledger.preempted.items():
-        sub = ledger.submitted.get(job_id)
-        if sub is not None:
-            max_pre[sub[1]] = max(max_pre.get(sub[1], 0), n)
+        rec = ledger.submitted.get(job_id)
+        if rec is not None and inside(rec[0]):
+            max_pre[rec[1]] = max(max_pre.get(rec[1], 0), n)
     pre: dict[str, int] = {}
     for t, b in ledger.preempted_at:
         if inside(t):

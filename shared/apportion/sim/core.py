@@ -488,7 +488,7 @@ class Simulator:
         if self.measured is None:
             self._measure(max(measure, total.clock or measure))
         return SimResult(
-            measured=self.measured,  # type: ignore[arg-type]
+            measured=self.measured,
             measured_until_us=measure,
             log=self.log,
             state=self.state,
