@@ -7,12 +7,18 @@ so that a 100,000-job run does not keep its ~1M events in memory.
 Run::
 
     .venv/bin/python bench/sim_digest.py philly --slice week44 [--policy all] [--tail-h H]
-    .venv/bin/python bench/sim_digest.py bench --jobs 20000 [--gap 10]
+        [--no-checkpoints] [--checkpoint-on-stop]
+    .venv/bin/python bench/sim_digest.py bench --jobs 20000 [--gap 10] [--no-checkpoints]
 
 ``philly`` is the reference setup of docs/simulation.md (Philly trace,
 ``infra/budgets/philly.yaml``, seed 1, CLI defaults); ``bench`` is the
-synthetic trace of ``bench/bench_sim.py``. Prints one line per policy:
-``<policy> <sha256> <decision events> <wall s>``.
+synthetic trace of ``bench/bench_sim.py``. Without ``--tail-h`` the
+``philly`` runs stop at ``simulate``'s default horizon
+(:func:`apportion.sim.core.default_horizon_us`; the reference slices drain
+well before it, so the digest is the run's to the end). ``--no-checkpoints``
+is the simulator before checkpoints (every attempt restarts from scratch):
+its digests are the ones published before checkpoints were modelled.
+Prints one line per policy: ``<policy> <sha256> <decision events> <wall s>``.
 """
 
 from __future__ import annotations
@@ -22,9 +28,10 @@ import hashlib
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from apportion.events import Event, encode
-from apportion.sim.core import SimConfig, Simulator
+from apportion.sim.core import SimConfig, Simulator, default_horizon_us
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 class DigestSimulator(Simulator):
     """A :class:`Simulator` that hashes its decision log as it goes (``keep_log`` may be off)."""
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.digest = hashlib.sha256()
         self.decisions = 0
@@ -70,8 +77,19 @@ def _philly(a: argparse.Namespace) -> None:
             heartbeat_timeout_s=None,
             scheduler=None if name == "fairshare" else POLICIES[name],
         )
-        until = None if a.tail_h is None else max(j.submit_us for j in jobs) + round(a.tail_h * 3600e6)
-        cfg = SimConfig(seed=a.seed, dispatch=dcfg, cycle_s=300.0, keep_log=False, until_us=until)
+        if a.tail_h is None:
+            until = default_horizon_us(jobs, bf.nodes)
+        else:
+            until = max(j.submit_us for j in jobs) + round(a.tail_h * 3600e6)
+        cfg = SimConfig(
+            seed=a.seed,
+            dispatch=dcfg,
+            cycle_s=300.0,
+            keep_log=False,
+            until_us=until,
+            checkpoints=a.checkpoints,
+            checkpoint_on_stop=a.checkpoint_on_stop,
+        )
         t = time.perf_counter()
         sim = DigestSimulator(bf.tree, bf.nodes, jobs, cfg, window_s=bf.window_s)
         sim.run()
@@ -84,7 +102,7 @@ def _bench(a: argparse.Namespace) -> None:
 
     tree, jobs = trace(a.jobs, a.seed, 1000)
     t = time.perf_counter()
-    sim = DigestSimulator(tree, nodes(), jobs, config(a.seed, a.gap))
+    sim = DigestSimulator(tree, nodes(), jobs, config(a.seed, a.gap, checkpoints=a.checkpoints))
     sim.run()
     print(f"bench {sim.digest.hexdigest()} {sim.decisions} {time.perf_counter() - t:.1f}s")
 
@@ -104,10 +122,18 @@ def main() -> None:
         help="stop the clock this many hours after the last submission (as `simulate --tail-h`); "
         "default: run until nothing is left",
     )
+    p.add_argument("--checkpoint-on-stop", action="store_true", help="workloads also checkpoint on SIGTERM")
     b = sub.add_parser("bench")
     b.add_argument("--jobs", type=int, default=20_000)
     b.add_argument("--seed", type=int, default=1)
     b.add_argument("--gap", type=float, default=10.0)
+    for q in (p, b):
+        q.add_argument(
+            "--no-checkpoints",
+            dest="checkpoints",
+            action="store_false",
+            help="every attempt restarts from scratch (the simulator before checkpoints)",
+        )
     a = ap.parse_args()
     (_philly if a.what == "philly" else _bench)(a)
 

@@ -227,7 +227,8 @@ def test_encoding_and_headers(tmp_path):
     )
     assert _error(_run(tmp_path, trace=HEADER.replace(",duration_s", "") + "x\n")) == (
         f"error: {tmp_path / 't.csv'}:1: missing column duration_s; expected submit,job_id,budget,user,"
-        "gpus_per_replica,replicas,min_runtime_s,duration_s[,gpu_model] (user, replicas, gpu_model optional)"
+        "gpus_per_replica,replicas,min_runtime_s,duration_s[,gpu_model][,checkpoint_interval_s] (user, replicas, "
+        "gpu_model, checkpoint_interval_s optional)"
     )
     bom = _run(tmp_path, "--json", raw_trace=b"\xef\xbb\xbf" + TRACE.encode())  # a BOM is fine
     assert bom.exit_code == 0 and json.loads(bom.stdout)["policies"][0]["jobs"] == 4
@@ -343,3 +344,79 @@ def test_philly_without_groups_warns(tmp_path):
     doc = json.loads(res.stdout)
     assert doc["rule"] == "unallocated_fraction=0.25, min_runtime=min(duration, 7200s)"
     assert doc["policies"][0]["rejected"] == {"unknown_budget": 1}
+
+
+TWO_JOBS = """submit,job_id,budget,user,gpus_per_replica,replicas,min_runtime_s,duration_s
+2024-01-01T00:00:00,a1,lab/a,u,8,1,60,86400
+2024-01-01T00:00:00,b1,lab/b,u,8,1,60,86400
+"""
+GOODPUT_KEYS = (
+    "utilisation",
+    "mean_deficit_pp",
+    "goodput",
+    "lost_gpu_h",
+    "lost_pct",
+    "completed",
+    "jct_p50_s",
+    "jct_p95_s",
+    "preemptions_per_job_hour",
+    "max_preemptions_per_job",
+)
+
+
+@pytest.mark.parametrize("flags", [[], ["--no-checkpoints"], ["--checkpoint-on-stop"]])
+def test_two_job_swap_case_returns_by_the_default_horizon(tmp_path, flags):
+    # one node of 8 GPUs, lab/a and lab/b at 0.5, one 8-GPU 24 h job each, minimum runtime 60 s (issue 12):
+    # without --tail-h the run ends when both are done or at the default horizon, the last submission +
+    # 2 x (2 x 8 x 24 GPU-h / 8 GPUs + 24 h) = 144 h, whichever comes first
+    (tmp_path / "t.csv").write_text(TWO_JOBS)
+    (tmp_path / "b.yaml").write_text(BUDGETS)
+    args = ["--trace", str(tmp_path / "t.csv"), "--budgets", str(tmp_path / "b.yaml"), "--seed", "1", "--json"]
+    res = CliRunner().invoke(app, args + flags)
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    for p in doc["policies"]:
+        assert p["horizon"] == "2024-01-07T00:00:00+00:00"
+        assert p["end"] <= p["horizon"]
+        assert p["completed"] + p["unfinished"] == 2
+        assert all(k in p for k in GOODPUT_KEYS)
+        assert all(all(k in b for k in GOODPUT_KEYS[2:]) for b in p["budgets"])
+        assert p["violations"] == 0
+    fifo = next(p for p in doc["policies"] if p["policy"] == "fifo")
+    # FIFO runs a1 then b1: completion times 24 h and 48 h, nothing lost
+    assert (fifo["completed"], fifo["jct_p50_s"], fifo["jct_p95_s"], fifo["lost_gpu_h"]) == (2, 86400.0, 172800.0, 0.0)
+
+
+def test_table_shows_goodput_and_says_why_jobs_are_unfinished(tmp_path):
+    (tmp_path / "t.csv").write_text(TWO_JOBS)
+    (tmp_path / "b.yaml").write_text(BUDGETS)
+    args = ["--trace", str(tmp_path / "t.csv"), "--budgets", str(tmp_path / "b.yaml"), "--seed", "1"]
+    res = CliRunner().invoke(app, args + ["--policy", "static", "--no-per-budget"])
+    assert res.exit_code == 0, res.output
+    assert "goodput" in res.output and "lost GPU-h" in res.output
+    # static slices of 4 GPUs never fit an 8-GPU job: the run ends early, not at the horizon
+    assert "static: 2 admitted jobs not completed at the end" in res.output
+    assert "nothing left could run them" in res.output
+    res = CliRunner().invoke(app, args + ["--policy", "fifo", "--tail-h", "1", "--no-per-budget"])
+    assert "fifo: 2 admitted jobs not completed" in res.output and "(--tail-h)" in res.output
+
+
+def test_apportion_csv_declares_a_checkpoint_interval(tmp_path):
+    # u1 is unallocated: with no interval it never checkpoints; declared 600 s, it checkpoints at 600 s of
+    # progress (its 1,200 s of work end before the second)
+    trace = (
+        "submit,job_id,budget,user,gpus_per_replica,replicas,min_runtime_s,duration_s,checkpoint_interval_s\n"
+        "2024-01-01T00:00:00,u1,lab/a,u,2,1,0,1200,600\n"
+        "2024-01-01T00:00:00,u2,lab/b,u,2,1,0,1200,\n"
+    )
+    (tmp_path / "t.csv").write_text(trace)
+    (tmp_path / "b.yaml").write_text(BUDGETS)
+    args = ["--trace", str(tmp_path / "t.csv"), "--budgets", str(tmp_path / "b.yaml"), "--seed", "1", "--json"]
+    res = CliRunner().invoke(app, args + ["--policy", "fifo"])
+    assert res.exit_code == 0, res.output
+    (p,) = json.loads(res.output)["policies"]
+    assert (p["checkpoints"], p["completed"]) == (1, 2)
+    bad = trace.replace(",600\n", ",-5\n")
+    (tmp_path / "t.csv").write_text(bad)
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and "checkpoint_interval_s" in res.output

@@ -238,3 +238,39 @@ def test_a_run_leaves_no_reference_cycles(policy):
         gc.garbage.clear()
     assert r.placed_first and r.violations == []
     assert cyclic == []
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(worlds(), st.booleans())
+def test_checkpoints_and_work_lost_on_random_clusters_and_streams(world, on_stop):
+    """Checkpoint progress only grows and stays below the job's work; a completed attempt ran exactly what was
+    left after its job's last checkpoint; work lost is within [0, GPUs x time held]; the log fold agrees
+    with the simulator's live fold."""
+    from apportion.events import JobCheckpointed
+    from apportion.report import JobLedger
+
+    nodes, jobs, drains, seed = world
+    cfg = SimConfig(seed=seed, drains=drains, sample_s=0, until_us=at(12), checkpoint_on_stop=on_stop)
+    r = simulate(BudgetTree.from_mapping(TREE), nodes, jobs, cfg)
+    specs = {j.job_id: j for j in jobs}
+    saved: dict[str, float] = {}
+    base: dict[tuple[str, int], float] = {}
+    start: dict[tuple[str, int], int] = {}
+    for e in r.log:
+        key = (getattr(e, "job_id", None), getattr(e, "attempt", None))
+        if isinstance(e, JobCheckpointed):
+            assert saved.get(e.job_id, 0.0) <= e.progress_s <= specs[e.job_id].duration_s
+            saved[e.job_id] = e.progress_s
+        elif isinstance(e, StartWorkload) and key not in start:
+            start[key], base[key] = to_us(e.ts), saved.get(e.job_id, 0.0)
+        elif isinstance(e, JobCompleted) and e.producer.startswith("sim"):
+            ran = (to_us(e.ts) - start[key]) / 1e6
+            assert ran == pytest.approx(specs[e.job_id].duration_s - base[key], abs=1e-5)
+    placed = {(e.job_id, e.attempt): to_us(e.ts) for e in r.log if isinstance(e, JobPlaced)}
+    for s in r.jobs_ledger.stops:
+        assert 0 <= s.lost_gpu_s <= s.gpus * (s.at_us - placed[(s.job_id, s.attempt)]) / 1e6
+    again = JobLedger().apply_all(r.log)
+    assert [(s.job_id, s.attempt, s.lost_gpu_s) for s in again.stops] == [
+        (s.job_id, s.attempt, s.lost_gpu_s) for s in r.jobs_ledger.stops
+    ]
+    assert again.completed == r.jobs_ledger.completed

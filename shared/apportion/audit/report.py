@@ -13,7 +13,13 @@ behaviour, not in bookkeeping:
   the span and placed before ``end`` (p50/p95, nearest rank); ``never`` counts
   the others;
 * preemptions by victim budget (``JobPreempted`` in the span) and protection
-  violations (:func:`apportion.audit.replay.preemption_report`, must be 0).
+  violations (:func:`apportion.audit.replay.preemption_report`, must be 0);
+* goodput, work lost, completions, job completion time and preemptions per
+  job-hour / per job as the simulator reports them (definitions:
+  :mod:`apportion.report`), over the span.
+
+The per-budget rows are :func:`apportion.report.budget_rows`, the function
+the simulator's report (:func:`apportion.sim.report.summarise`) uses too.
 """
 
 from __future__ import annotations
@@ -22,27 +28,13 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from apportion import events
 from apportion.audit.replay import decoded, preemption_report
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.occupancy import OccupancyLedger
-from apportion.sim.report import percentile
+from apportion.report import BudgetRow, JobLedger, budget_rows, percentile
 from apportion.timeutil import Micros, to_us, us_to_s
 
-
-@dataclass
-class BudgetRow:
-    """Figures of one leaf budget over the span (shares are fractions of K)."""
-
-    path: str
-    abs_share: float
-    alloc_share: float
-    free_share: float
-    jobs: int
-    placed: int
-    wait_p50_s: float | None
-    wait_p95_s: float | None
-    preemptions: int
+__all__ = ["BudgetRow", "LogReport", "log_report"]
 
 
 @dataclass
@@ -62,6 +54,15 @@ class LogReport:
     violations: int
     budgets: list[BudgetRow] = field(default_factory=list)
     violation_detail: list[dict[str, Any]] = field(default_factory=list)
+    goodput: float = 0.0
+    completed: int = 0
+    jct_p50_s: float | None = None
+    jct_p95_s: float | None = None
+    held_gpu_h: float = 0.0
+    lost_gpu_h: float = 0.0
+    lost_pct: float = 0.0
+    preemptions_per_job_hour: float = 0.0
+    max_preemptions_per_job: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
@@ -78,62 +79,56 @@ def log_report(log: Iterable[Any], tree: BudgetTree, start_us: Micros, end_us: M
         raise ValueError("the span must not be empty")
     evs = decoded(log)
     ledger = OccupancyLedger(us_to_s(end_us - start_us))
-    submitted: dict[str, tuple[Micros, str]] = {}
-    first_placed: dict[str, Micros] = {}
-    pre_by_budget: dict[str, int] = {}
+    jobs = JobLedger()
     for ev in evs:
-        t = to_us(ev.ts)
-        if t > end_us:
+        if to_us(ev.ts) > end_us:
             continue
         ledger.apply(ev)
-        if isinstance(ev, events.JobSubmitted):
-            sub = to_us(ev.submitted_at)
-            if start_us <= sub < end_us:
-                submitted.setdefault(ev.job_id, (sub, ev.budget))
-        elif isinstance(ev, events.JobPlaced):
-            first_placed.setdefault(ev.job_id, t)
-        elif isinstance(ev, events.JobPreempted) and t >= start_us and ev.reason != "cancelled":
-            pre_by_budget[ev.budget] = pre_by_budget.get(ev.budget, 0) + 1
+        jobs.apply(ev)
     at = max(end_us, ledger.clock or end_us)
     occ, una, cap = ledger.occupancy(at), ledger.unallocated(at), ledger.capacity_gpu_s(at)
-    waits: dict[str, list[float]] = {}
-    jobs_of: dict[str, int] = {}
-    for job_id, (sub, budget) in submitted.items():
-        jobs_of[budget] = jobs_of.get(budget, 0) + 1
-        p = first_placed.get(job_id)
-        if p is not None and p < end_us:
-            waits.setdefault(budget, []).append(us_to_s(p - sub))
-    rows = []
-    for leaf in tree.leaves():
-        w = waits.get(leaf, [])
-        rows.append(
-            BudgetRow(
-                path=leaf,
-                abs_share=tree.abs_share(leaf),
-                alloc_share=occ.get(leaf, 0.0) / cap if cap else 0.0,
-                free_share=una.get(leaf, 0.0) / cap if cap else 0.0,
-                jobs=jobs_of.get(leaf, 0),
-                placed=len(w),
-                wait_p50_s=percentile(w, 50),
-                wait_p95_s=percentile(w, 95),
-                preemptions=pre_by_budget.get(leaf, 0),
-            )
-        )
-    all_w = [x for w in waits.values() for x in w]
-    used = sum(occ.get(p, 0.0) + una.get(p, 0.0) for p in tree.leaves())
+    leaves = tree.leaves()
+    held = {p: occ.get(p, 0.0) + una.get(p, 0.0) for p in leaves}
+    tot = budget_rows(
+        tree,
+        jobs,
+        occ=occ,
+        una=una,
+        cap=cap,
+        held=held,
+        span=(start_us, end_us),
+        measured_until_us=end_us,
+        end_us=end_us,
+    )
+    rows = tot.rows
+    submitted = [j for j, (sub, _b, _a) in jobs.submitted.items() if start_us <= sub < end_us]
+    all_w = [
+        us_to_s(jobs.first_placed[j] - jobs.submitted[j][0])
+        for j in submitted
+        if j in jobs.first_placed and jobs.first_placed[j] < end_us
+    ]
     viol = preemption_report(evs, since=start_us, until=end_us)
     return LogReport(
         start_us=start_us,
         end_us=end_us,
         capacity_gpu_s=cap,
-        utilisation=used / cap if cap else 0.0,
+        utilisation=sum(held.values()) / cap if cap else 0.0,
         jobs=len(submitted),
         placed=len(all_w),
         never=len(submitted) - len(all_w),
         wait_p50_s=percentile(all_w, 50),
         wait_p95_s=percentile(all_w, 95),
-        preemptions=sum(pre_by_budget.values()),
+        preemptions=sum(b.preemptions for b in rows),
         violations=len(viol.violations),
         budgets=rows,
         violation_detail=viol.violations,
+        goodput=tot.goodput,
+        completed=tot.completed,
+        jct_p50_s=tot.jct_p50_s,
+        jct_p95_s=tot.jct_p95_s,
+        held_gpu_h=tot.held_gpu_h,
+        lost_gpu_h=tot.lost_gpu_h,
+        lost_pct=tot.lost_pct,
+        preemptions_per_job_hour=tot.preemptions_per_job_hour,
+        max_preemptions_per_job=tot.max_preemptions_per_job,
     )

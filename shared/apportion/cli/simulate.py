@@ -8,6 +8,12 @@ Example (the reference Philly setup, see docs/simulation.md)::
 
 Human tables by default, ``--json`` for scripts. The seed is required: it
 draws which jobs run unallocated (trace rule) and the simulated stop delays.
+Workloads checkpoint once per checkpoint interval (default: the minimum
+runtime) and a requeued job resumes from its last checkpoint
+(``--no-checkpoints``: restart from scratch; ``--checkpoint-on-stop``: also
+checkpoint on SIGTERM). The run always ends: without ``--tail-h`` it stops
+when every job is done or at the default horizon
+(:func:`apportion.sim.core.default_horizon_us`), whichever comes first.
 Bad input (a trace row, the budget file, an option) is one ``error:`` line
 on stderr naming the file, line and field, and exit code 2.
 """
@@ -29,7 +35,11 @@ app = typer.Typer(
         ".venv/bin/apportion simulate --trace /work/shared/data/philly/philly.csv "
         "--budgets infra/budgets/philly.yaml --policy all --seed 1 --slice week44\n\n"
         "Formats: the budget file (YAML), the Philly CSV and the apportion CSV are documented in "
-        'docs/simulation.md, section "Input formats". Bad input exits 2 with one error line.'
+        'docs/simulation.md, section "Input formats". Bad input exits 2 with one error line.\n\n'
+        "Checkpoints: a workload checkpoints once per checkpoint interval (default: its minimum runtime; "
+        "unallocated jobs that declare none never do) and a requeued job resumes from its last checkpoint.\n\n"
+        "The run always ends: when every job is done, at --tail-h, or at the default horizon: the last "
+        "submission + 2 x (the trace's GPU-hours / the cluster's GPUs + the longest job's duration)."
     )
 )
 
@@ -114,10 +124,23 @@ def simulate(
         None,
         "--tail-h",
         help="Stop the clock this many hours (>= 0) after the last submission (default: run until every "
-        "job is done). Jobs not placed by then count as never placed; waits cover placed jobs.",
+        "job is done, at most to the default horizon: the last submission + 2 x (the trace's GPU-hours / "
+        "the cluster's GPUs + the longest job's duration)). Jobs not placed by then count as never placed, "
+        "jobs not completed as unfinished; waits cover placed jobs.",
+    ),
+    checkpoints: bool = typer.Option(
+        True,
+        "--checkpoints/--no-checkpoints",
+        help="Workloads checkpoint once per interval (declared, else the minimum runtime) and requeued jobs "
+        "resume from the last one; --no-checkpoints: every attempt restarts from scratch.",
+    ),
+    checkpoint_on_stop: bool = typer.Option(
+        False,
+        "--checkpoint-on-stop/--no-checkpoint-on-stop",
+        help="Workloads also checkpoint on SIGTERM, within the grace period (not when the grace is 0).",
     ),
 ) -> None:
-    """Run the simulation(s) and report utilisation, share deficit, waits, preemptions."""
+    """Run the simulation(s) and report utilisation, goodput, work lost, share deficit, waits, completions."""
     from apportion.cli.main import err, fail
     from apportion.sim.traces import TraceError, load_budget_file, load_trace, trace_format
 
@@ -142,7 +165,7 @@ def simulate(
             highlight=False,
             soft_wrap=True,
         )
-    reports = [_run(name, bf, jobs, seed, cycle_s, tail_h) for name in names]
+    reports = [_run(name, bf, jobs, seed, cycle_s, tail_h, checkpoints, checkpoint_on_stop) for name in names]
     rejected = {r.policy: sum(r.rejected.values()) for r in reports if r.rejected}
     if rejected:
         first = next(r for r in reports if r.rejected)
@@ -173,6 +196,7 @@ def simulate(
         tail_h=tail_h,
         rule=rule,
         human_rule=human,
+        checkpoints="off" if not checkpoints else ("interval and on stop" if checkpoint_on_stop else "interval"),
         fmt=fmt,
         jobs=len(jobs),
         nodes=bf.nodes,
@@ -186,14 +210,24 @@ def simulate(
             fail(f"--plot {plot_path}: {exc} (the results above are complete)", code=1)
 
 
-def _run(name: str, bf: Any, jobs: list[Any], seed: int, cycle_s: float, tail_h: float | None) -> Any:
+def _run(
+    name: str,
+    bf: Any,
+    jobs: list[Any],
+    seed: int,
+    cycle_s: float,
+    tail_h: float | None,
+    checkpoints: bool = True,
+    checkpoint_on_stop: bool = False,
+) -> Any:
     """One policy's run and report; admission rejections are counted by reason."""
     from apportion.domain.dispatch import DispatchConfig
     from apportion.domain.engine import EngineConfig
     from apportion.events import JobRejected
     from apportion.sim.baselines import POLICIES
-    from apportion.sim.core import SimConfig, Simulator
+    from apportion.sim.core import SimConfig, Simulator, default_horizon_us
     from apportion.sim.report import summarise
+    from apportion.timeutil import from_us
 
     rejected: dict[str, int] = {}
 
@@ -209,12 +243,25 @@ def _run(name: str, bf: Any, jobs: list[Any], seed: int, cycle_s: float, tail_h:
         heartbeat_timeout_s=None,
         scheduler=None if name == "fairshare" else POLICIES[name],
     )
-    until = None if tail_h is None else max(j.submit_us for j in jobs) + round(tail_h * 3600e6)
-    cfg = SimConfig(seed=seed, dispatch=dcfg, cycle_s=cycle_s, keep_log=False, until_us=until)
+    if tail_h is None:
+        until = default_horizon_us(jobs, bf.nodes)
+    else:
+        until = max(j.submit_us for j in jobs) + round(tail_h * 3600e6)
+    cfg = SimConfig(
+        seed=seed,
+        dispatch=dcfg,
+        cycle_s=cycle_s,
+        keep_log=False,
+        until_us=until,
+        checkpoints=checkpoints,
+        checkpoint_on_stop=checkpoint_on_stop,
+    )
     t0 = time.perf_counter()
     result = _Counting(bf.tree, bf.nodes, jobs, cfg, window_s=bf.window_s).run()
     wall = time.perf_counter() - t0
-    return summarise(result, bf.tree, name, seed, wall_s=wall, rejected=rejected)
+    rep = summarise(result, bf.tree, name, seed, wall_s=wall, rejected=rejected)
+    rep.horizon = from_us(until).isoformat()
+    return rep
 
 
 def _emit(
@@ -229,6 +276,7 @@ def _emit(
     tail_h: float | None,
     rule: str | None,
     human_rule: str | None,
+    checkpoints: str,
     fmt: str,
     jobs: int,
     nodes: Any,
@@ -247,6 +295,7 @@ def _emit(
                 seed=seed,
                 tail_h=tail_h,
                 rule=rule,
+                checkpoints=checkpoints,
             )
         )
         return
@@ -258,9 +307,22 @@ def _emit(
     console.print(
         f"trace {trace} ({'Philly' if fmt == 'philly' else 'apportion CSV'}) slice {slice_}: {jobs} jobs "
         f"on {len(nodes)} nodes ({sum(n.gpus for n in nodes)} GPUs), seed {seed}"
-        + (f"; {human_rule}" if human_rule else "; min_runtime as given in the trace"),
+        + (f"; {human_rule}" if human_rule else "; min_runtime as given in the trace")
+        + f"; checkpoints: {checkpoints}",
         highlight=False,
     )
     render_table(reports, console, budgets=per_budget)
     for r in reports:
         console.print(f"{r.policy}: {r.cycles} cycles, {r.events} events, {r.wall_s:.1f} s wall")
+        if r.unfinished:
+            why = (
+                "the clock stopped there ("
+                + ("--tail-h" if tail_h is not None else "default horizon, see --help")
+                + ")"
+                if r.horizon is not None and r.end >= r.horizon
+                else "nothing left could run them"
+            )
+            console.print(
+                f"{r.policy}: {r.unfinished} admitted jobs not completed at the end, {r.end}: {why}",
+                highlight=False,
+            )

@@ -12,10 +12,24 @@ What the simulator plays itself:
 * users: ``JobSubmitted`` at each trace job's submit time (and
   ``JobCancelRequested`` from ``cancels``);
 * node agents: ``NodeRegistered`` at the start; on ``StartWorkload``,
-  ``JobStarted`` at once and ``JobCompleted`` after the job's
-  ``duration_s`` (a requeued job restarts from scratch: no checkpoints);
+  ``JobStarted`` at once and ``JobCompleted`` when the job's work is done;
   on ``StopWorkload``, ``JobFailed`` (exit -15, "stopped") after a stop
   delay drawn from the seeded RNG in ``[0, grace]``; optional heartbeats;
+* workloads that checkpoint (DESIGN sections 1 and 3): a run makes one
+  second of progress per second; it saves a checkpoint, ``JobCheckpointed``
+  (``progress_s`` = seconds of the job's work, counted across attempts,
+  ``replica=None``: the whole gang), each time its progress reaches a
+  multiple of the job's interval,
+  :func:`apportion.events.checkpoint_interval_of` (declared, else the
+  minimum runtime; an unallocated job that declares none never
+  checkpoints), except at the very end (the job completes instead). An
+  attempt starts from the job's last saved progress, so it runs
+  ``duration - progress`` more seconds. A run whose gang lost a node makes
+  no more progress. With ``SimConfig.checkpoint_on_stop`` a stopped run
+  also saves its progress at the stop (SIGTERM), reported when it exits
+  within the grace period; not when the grace is 0 (SIGKILL at once).
+  ``SimConfig.checkpoints=False`` is the old model: every attempt restarts
+  from scratch and no ``JobCheckpointed`` is emitted;
 * operators and failures: ``NodeDrainRequested`` from ``drains``, silent
   node death from ``node_failures`` (its agent stops reporting).
 
@@ -46,6 +60,7 @@ from apportion.domain.occupancy import OccupancyLedger
 from apportion.events import (
     Event,
     JobCancelRequested,
+    JobCheckpointed,
     JobCompleted,
     JobFailed,
     JobLost,
@@ -60,12 +75,14 @@ from apportion.events import (
     NodeRegistered,
     StartWorkload,
     StopWorkload,
+    checkpoint_interval_of,
     det_id,
     encode,
 )
+from apportion.report import JobLedger
 from apportion.timeutil import Micros, from_us, s_to_us, us_to_s
 
-__all__ = ["SimJob", "SimNode", "SimConfig", "SimResult", "Simulator", "simulate"]
+__all__ = ["SimJob", "SimNode", "SimConfig", "SimResult", "Simulator", "simulate", "default_horizon_us"]
 
 _DIRTY = (
     JobSubmitted,
@@ -91,8 +108,11 @@ class SimJob:
         submit_us: submit time, µs UTC.
         gpus_per_replica, replicas: gang shape g x k.
         min_runtime_s: 0 = unallocated.
-        duration_s: run time once started, seconds.
+        duration_s: the job's work, seconds of run time (an attempt that resumes
+            from a checkpoint runs the rest).
         gpu_model: required model or ``None``.
+        checkpoint_interval_s: declared checkpoint interval (``None``: the
+            default of :func:`apportion.events.checkpoint_interval_of`).
     """
 
     job_id: str
@@ -104,6 +124,26 @@ class SimJob:
     min_runtime_s: float
     duration_s: float
     gpu_model: str | None = None
+    checkpoint_interval_s: float | None = None
+
+
+def default_horizon_us(jobs: Sequence[SimJob], nodes: Sequence[SimNode]) -> Micros:
+    """The clock's default stop for a trace that might never drain (``apportion simulate`` without ``--tail-h``).
+
+    The last submission plus twice (the trace's GPU-seconds of work / the
+    cluster's GPUs + the longest job's duration): the time a scheduler that
+    kept every GPU busy and never threw work away would need to run
+    everything submitted, plus room for the last long job, doubled. A trace
+    that drains ends earlier (the run stops when nothing is left); one that
+    cannot (jobs preempting each other for ever, say) stops there, its
+    unfinished jobs reported as such. 0 jobs: 0.
+    """
+    if not jobs:
+        return 0
+    gpus = sum(n.gpus for n in nodes) or 1
+    work = sum(j.gpus_per_replica * j.replicas * j.duration_s for j in jobs)
+    longest = max(j.duration_s for j in jobs)
+    return max(j.submit_us for j in jobs) + s_to_us(2 * (work / gpus + longest))
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +182,10 @@ class SimConfig:
             (tested: ``tests/sim/test_properties.py``), so memory is still freed by
             reference counting; the collector's scans of the young objects cost
             about 8% of the 100,000-job benchmark. No decision depends on it.
+        checkpoints: workloads checkpoint at their interval and resume from the
+            last checkpoint (module docstring); ``False``: restart from scratch.
+        checkpoint_on_stop: a stopped workload also saves its progress on
+            SIGTERM, reported within the grace period (needs ``checkpoints``).
     """
 
     seed: int
@@ -158,6 +202,8 @@ class SimConfig:
     sample_s: float = 3600.0
     keep_log: bool = True
     pause_gc: bool = True
+    checkpoints: bool = True
+    checkpoint_on_stop: bool = False
 
 
 @dataclass
@@ -181,6 +227,9 @@ class SimResult:
         start_us, end_us: simulated span.
         cycles: scheduling cycles run; events: events processed.
         capacity_gpus: GPUs in the cluster.
+        jobs_ledger: the job events folded as they happened
+            (:class:`apportion.report.JobLedger`: completions, work lost,
+            preemptions), also when ``keep_log`` is off.
     """
 
     log: list[Event]
@@ -200,6 +249,7 @@ class SimResult:
     measured: tuple[dict[str, float], dict[str, float], float] | None = None
     measured_until_us: Micros | None = None
     job_allocated: dict[str, bool] = field(default_factory=dict)
+    jobs_ledger: JobLedger = field(default_factory=JobLedger)
 
     def decision_log(self) -> bytes:
         """The dispatcher's outputs as JSON lines (byte-identical for the same inputs and seed)."""
@@ -255,10 +305,14 @@ class Simulator:
         self._real = 0
         self._last_cycle: Micros = -(1 << 62)
         self._deferred_at: Micros | None = None
+        self.jobs_ledger = JobLedger()
+        self._saved: dict[str, float] = {}  # job -> progress saved by its last checkpoint, s
+        # running run -> [start µs, progress at start s, interval s or None, gang broken at µs or None, duration s]
+        self._live: dict[tuple[str, int], list[Any]] = {}
 
     # ------------------------------------------------------------------ heap
 
-    _EV, _TICK, _HB, _DIE, _SAMPLE, _DONE, _PERIODIC = range(7)
+    _EV, _TICK, _HB, _DIE, _SAMPLE, _DONE, _PERIODIC, _CKPT = range(8)
     #: Happenings that are work; heartbeats, samples and periodic cycles only
     #: keep going while some of these remain (else the run ends).
     _REAL = frozenset({_EV, _TICK, _DIE, _DONE})
@@ -338,8 +392,14 @@ class Simulator:
         gap = s_to_us(cfg.min_gap_s)
         measure = self.jobs[-1].submit_us if self.jobs else start
         self.measured: tuple[dict[str, float], dict[str, float], float] | None = None
+        live = self._live
+        ckpt = self._CKPT
         while heap:
-            t = heap[0][0]
+            top = heap[0]
+            if top[2] == ckpt and top[3][:2] not in live:  # its run has ended: not a happening
+                heapq.heappop(heap)
+                continue
+            t = top[0]
             if self.measured is None and t > measure:
                 self._measure(measure)
             if span_end is not None and t > span_end:
@@ -359,9 +419,12 @@ class Simulator:
                 elif kind == self._PERIODIC:
                     self._periodic_at = None
                     dirty = True
+                elif kind == ckpt:
+                    dirty |= self._checkpoint(payload, t)
                 elif kind == self._DONE:
                     if self._alive.pop(payload[:3], None) is not None:
                         job_id, attempt, replica = payload[:3]
+                        live.pop((job_id, attempt), None)
                         self._push(
                             t,
                             self._EV,
@@ -394,6 +457,9 @@ class Simulator:
                     for key, nid in list(self._alive.items()):
                         if nid == payload:
                             del self._alive[key]
+                            run = live.get(key[:2])
+                            if run is not None and run[3] is None:
+                                run[3] = t  # the gang makes no more progress
                 elif kind == self._SAMPLE:
                     sample_now = True  # after this instant's cycle
                     if self._real:
@@ -422,7 +488,7 @@ class Simulator:
         if self.measured is None:
             self._measure(max(measure, total.clock or measure))
         return SimResult(
-            measured=self.measured,  # type: ignore[arg-type]
+            measured=self.measured,
             measured_until_us=measure,
             log=self.log,
             state=self.state,
@@ -430,6 +496,7 @@ class Simulator:
             submitted={j.job_id: j.submit_us for j in self.jobs},
             job_budget={j.job_id: j.budget for j in self.jobs},
             job_allocated={j.job_id: j.min_runtime_s > 0 for j in self.jobs},
+            jobs_ledger=self.jobs_ledger,
             preemptions=self.preemptions,
             violations=self.violations,
             samples=self.samples,
@@ -457,6 +524,7 @@ class Simulator:
                 gpu_model=j.gpu_model,
                 duration_s=j.duration_s,
                 submitted_at=from_us(j.submit_us),
+                checkpoint_interval_s=j.checkpoint_interval_s,
             )
         return payload
 
@@ -466,6 +534,11 @@ class Simulator:
         if self.cfg.keep_log:
             self.log.append(ev)
         self.total.apply(ev)
+        self.jobs_ledger.apply(ev)
+        if type(ev) is JobCheckpointed:
+            saved = self._saved
+            if ev.progress_s > saved.get(ev.job_id, 0.0):
+                saved[ev.job_id] = ev.progress_s
         out = step(self.state, ev, t, self.dcfg)
         if type(ev) is JobStarted:
             run = self.state.cluster.runs.get((ev.job_id, ev.attempt))
@@ -479,11 +552,13 @@ class Simulator:
     def _outputs(self, out: list[Event], t: Micros) -> None:
         """Record dispatcher outputs and act as the node agents on commands."""
         keep = self.cfg.keep_log
+        jobs = self.jobs_ledger
         for e in out:
             self.events += 1
             if keep:
                 self.log.append(e)
             self.total.apply(e)
+            jobs.apply(e)
             cls = type(e)
             for w in wakeups(e, self.dcfg):
                 self._push(w, self._TICK)
@@ -513,12 +588,28 @@ class Simulator:
                 )
 
     def _start(self, e: StartWorkload, t: Micros) -> None:
+        rk = (e.job_id, e.attempt)
+        duration = e.duration_s or 0.0
+        run = self._live.get(rk)
+        if run is None:  # the run's first replica: it resumes from the job's last checkpoint
+            spec = self._specs.get(e.job_id)
+            every = None
+            base = 0.0
+            if self.cfg.checkpoints and spec is not None:
+                every = checkpoint_interval_of(spec.checkpoint_interval_s, spec.min_runtime_s)
+                base = min(self._saved.get(e.job_id, 0.0), duration)
+            run = self._live[rk] = [t, base, every, None, duration]
+            if every:
+                self._next_checkpoint(e.job_id, e.attempt, int(base // every) + 1, run)
         if e.node_id in self._dead:
+            if run[3] is None:
+                run[3] = t  # a replica never started: the gang makes no progress
             return
         key = (e.job_id, e.attempt, e.replica)
         self._alive[key] = e.node_id
         self._on_node[(e.node_id, e.job_id, e.attempt)] = e.replica
-        self._started.setdefault((e.job_id, e.attempt), t)
+        self._started.setdefault(rk, t)
+        remaining = duration - run[1]
         self._push(
             t,
             self._EV,
@@ -533,7 +624,38 @@ class Simulator:
                 gpus=e.gpus,
             ),
         )
-        self._push(t + s_to_us(e.duration_s or 0.0), self._DONE, (e.job_id, e.attempt, e.replica, e.node_id))
+        self._push(t + s_to_us(remaining), self._DONE, (e.job_id, e.attempt, e.replica, e.node_id))
+
+    def _next_checkpoint(self, job_id: str, attempt: int, k: int, run: list[Any]) -> None:
+        """Schedule the run's ``k``-th checkpoint (progress ``k * every``) unless the job is done by then.
+
+        ``run`` is the simulator's record of a running run: ``[start µs, progress at
+        start s, interval s, time its gang stopped progressing (µs) or None, duration s]``.
+        """
+        start, base, every, _dead, duration = run
+        progress = k * every
+        if progress < duration:
+            self._push(start + s_to_us(progress - base), self._CKPT, (job_id, attempt, k))
+
+    def _checkpoint(self, payload: tuple[str, int, int], t: Micros) -> bool:
+        """A running workload reached its next checkpoint: ``JobCheckpointed``, and schedule the one after."""
+        job_id, attempt, k = payload
+        run = self._live.get((job_id, attempt))
+        if run is None or run[3] is not None:
+            return False
+        dirty = self._feed(self._checkpointed(job_id, attempt, k * run[2], t, k), t)
+        self._next_checkpoint(job_id, attempt, k + 1, run)
+        return dirty
+
+    def _checkpointed(self, job_id: str, attempt: int, progress: float, t: Micros, tag: Any) -> JobCheckpointed:
+        return JobCheckpointed(
+            event_id=det_id("sim", "JobCheckpointed", job_id, attempt, tag),
+            ts=from_us(t),
+            producer="sim/agent",
+            job_id=job_id,
+            attempt=attempt,
+            progress_s=progress,
+        )
 
     def _stop(self, e: StopWorkload, t: Micros) -> None:
         replica = self._on_node.pop((e.node_id, e.job_id, e.attempt), None)
@@ -546,6 +668,13 @@ class Simulator:
             delay = self.rng.uniform(0.0, e.grace_s)
         delay = min(delay, e.grace_s)
         at = t + s_to_us(delay)
+        run = self._live.pop((e.job_id, e.attempt), None)
+        if run is not None and self.cfg.checkpoint_on_stop and run[2] is not None and e.grace_s > 0:
+            # SIGTERM: the workload saves the progress it had when it stopped working, then exits
+            start, base, _every, dead, _duration = run
+            upto = t if dead is None else min(t, dead)
+            progress = base + us_to_s(max(0, upto - start))
+            self._push(at, self._EV, self._checkpointed(e.job_id, e.attempt, progress, at, "stop"))
         self._push(
             at,
             self._EV,

@@ -22,38 +22,36 @@ Definitions (all over the simulated span ``[start, end]``):
 * **preemptions**: ``JobPreempted`` events (victims, incl. drains).
 * **protection violations**: preemptions of a run inside its minimum runtime
   (must be 0).
+* **goodput**: (GPU-seconds held - work lost) / capacity GPU-seconds over the
+  span of utilisation (first to last submission; work lost by stops in that
+  span), so ``utilisation - goodput`` is the share of capacity thrown away.
+* **work lost** (``lost_gpu_h``) and ``lost_pct`` (of the GPU-hours held,
+  ``held_gpu_h``), **completed**, **job completion time** (``jct_p50_s`` /
+  ``jct_p95_s``, completion - submission of completed jobs),
+  ``preemptions_per_job_hour`` and ``max_preemptions_per_job``: over the whole
+  run (until every job is done, or the clock's stop), from the log's events
+  (:mod:`apportion.report`, which defines them); ``unfinished`` counts the
+  admitted jobs not completed by the end.
+
+Per-budget rows come from :func:`apportion.report.budget_rows`, the function
+the log report (:func:`apportion.audit.report.log_report`) uses too.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from apportion.domain.budgets import BudgetTree
+from apportion.report import BudgetRow, JobLedger, budget_rows, percentile
 from apportion.sim.core import SimResult
-from apportion.timeutil import US_PER_S, from_us, us_to_s
+from apportion.timeutil import from_us, us_to_s
 
 __all__ = ["BudgetStats", "PolicyReport", "percentile", "summarise", "to_json", "render_table", "plot"]
 
-
-@dataclass
-class BudgetStats:
-    """Figures of one leaf budget (see module docstring)."""
-
-    path: str
-    share: float
-    alloc_share: float
-    free_share: float
-    jobs: int
-    placed: int
-    never: int
-    wait_p50_s: float | None
-    wait_p95_s: float | None
-    preemptions: int
-    mean_deficit_pp: float
-    backlogged_frac: float
+#: Per-budget figures (one definition with the log report: :class:`apportion.report.BudgetRow`).
+BudgetStats = BudgetRow
 
 
 @dataclass
@@ -77,20 +75,23 @@ class PolicyReport:
     violations: int
     cycles: int
     events: int
+    goodput: float = 0.0
+    completed: int = 0
+    unfinished: int = 0
+    jct_p50_s: float | None = None
+    jct_p95_s: float | None = None
+    held_gpu_h: float = 0.0
+    lost_gpu_h: float = 0.0
+    lost_pct: float = 0.0
+    preemptions_per_job_hour: float = 0.0
+    max_preemptions_per_job: int = 0
+    checkpoints: int = 0
+    horizon: str | None = None
     wall_s: float | None = None
     measured_until: str | None = None
     rejected: dict[str, int] = field(default_factory=dict)
     budgets: list[BudgetStats] = field(default_factory=list)
     series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in [0, 100]); ``None`` for no values."""
-    if not values:
-        return None
-    v = sorted(values)
-    k = max(1, math.ceil(q / 100 * len(v)))
-    return v[k - 1]
 
 
 def summarise(
@@ -104,23 +105,23 @@ def summarise(
     """Figures of one run (definitions in the module docstring); ``rejected``: reason -> jobs refused at admission."""
     end = result.end_us
     occ, una, cap = result.measured if result.measured is not None else ({}, {}, 0.0)
+    measured_until = result.measured_until_us
+    total = result.total
+    at = max(end, total.clock or end)
+    if not cap and total.clock is not None and total.capacity_gpu_s(at) > 0:
+        # every submission at one instant: the span to the last submission is empty, so measure the whole run
+        occ, una, cap, measured_until = total.occupancy(at), total.unallocated(at), total.capacity_gpu_s(at), at
     leaves = tree.leaves()
     used = sum(occ.get(p, 0.0) + una.get(p, 0.0) for p in leaves)
-    waits: dict[str, list[float]] = {leaf: [] for leaf in leaves}
+    jobs = result.jobs_ledger
+    if not jobs.submitted and result.log:  # a result built without the live fold: fold its log
+        jobs = JobLedger().apply_all(result.log)
     alloc_w: list[float] = []
     unalloc_w: list[float] = []
-    jobs_of: dict[str, int] = {leaf: 0 for leaf in leaves}
-    never: dict[str, int] = {leaf: 0 for leaf in leaves}
     for job_id, sub in result.submitted.items():
-        b = result.job_budget[job_id]
-        jobs_of[b] = jobs_of.get(b, 0) + 1
         t = result.placed_first.get(job_id)
-        if t is None:
-            never[b] = never.get(b, 0) + 1
-        else:
-            w = (t - sub) / US_PER_S
-            waits.setdefault(b, []).append(w)
-            (alloc_w if result.job_allocated.get(job_id, True) else unalloc_w).append(w)
+        if t is not None:
+            (alloc_w if result.job_allocated.get(job_id, True) else unalloc_w).append(us_to_s(t - sub))
     warm = result.start_us
     deficits: dict[str, list[float]] = {leaf: [] for leaf in leaves}
     backlogged: dict[str, int] = {leaf: 0 for leaf in leaves}
@@ -133,35 +134,32 @@ def summarise(
                 if t >= warm:
                     deficits[leaf].append(max(0.0, tree.abs_share(leaf) - share_now) * 100)
     all_def = [d for v in deficits.values() for d in v]
-    stats = []
-    for leaf in leaves:
-        w = waits.get(leaf, [])
-        stats.append(
-            BudgetStats(
-                path=leaf,
-                share=tree.abs_share(leaf),
-                alloc_share=occ.get(leaf, 0.0) / cap if cap else 0.0,
-                free_share=una.get(leaf, 0.0) / cap if cap else 0.0,
-                jobs=jobs_of.get(leaf, 0),
-                placed=len(w),
-                never=never.get(leaf, 0),
-                wait_p50_s=percentile(w, 50),
-                wait_p95_s=percentile(w, 95),
-                preemptions=result.preemptions.get(leaf, 0),
-                mean_deficit_pp=sum(deficits[leaf]) / len(deficits[leaf]) if deficits[leaf] else 0.0,
-                backlogged_frac=backlogged[leaf] / n_samples if n_samples else 0.0,
-            )
-        )
+    held_a, held_u = total.occupancy(at), total.unallocated(at)
+    held = {p: held_a.get(p, 0.0) + held_u.get(p, 0.0) for p in leaves}
+    tot = budget_rows(
+        tree,
+        jobs,
+        occ=occ,
+        una=una,
+        cap=cap,
+        held=held,
+        measured_until_us=measured_until,
+        end_us=end,
+        deficits=deficits,
+        backlogged={leaf: backlogged[leaf] / n_samples if n_samples else 0.0 for leaf in leaves},
+    )
     series = {
         leaf: [(us_to_s(t - result.start_us) / 86400, row[leaf][0]) for t, row in result.samples] for leaf in leaves
     }
+    never = sum(1 for job_id in result.submitted if job_id not in result.placed_first)  # unknown budgets too
+    n_rejected = sum((rejected or {}).values())
     return PolicyReport(
         policy=policy,
         seed=seed,
         start=from_us(result.start_us).isoformat(),
         end=from_us(end).isoformat(),
         jobs=len(result.submitted),
-        measured_until=from_us(result.measured_until_us).isoformat() if result.measured_until_us else None,
+        measured_until=from_us(measured_until).isoformat() if measured_until else None,
         utilisation=used / cap if cap else 0.0,
         mean_deficit_pp=sum(all_def) / len(all_def) if all_def else 0.0,
         max_deficit_pp=max(all_def) if all_def else 0.0,
@@ -169,14 +167,25 @@ def summarise(
         wait_p95_s=percentile(alloc_w, 95),
         unalloc_wait_p50_s=percentile(unalloc_w, 50),
         unalloc_wait_p95_s=percentile(unalloc_w, 95),
-        never=sum(never.values()),
+        never=never,
         preemptions=sum(result.preemptions.values()),
         violations=len(result.violations),
         cycles=result.cycles,
         events=result.events,
+        goodput=tot.goodput,
+        completed=tot.completed,
+        unfinished=len(result.submitted) - n_rejected - tot.completed,
+        jct_p50_s=tot.jct_p50_s,
+        jct_p95_s=tot.jct_p95_s,
+        held_gpu_h=tot.held_gpu_h,
+        lost_gpu_h=tot.lost_gpu_h,
+        lost_pct=tot.lost_pct,
+        preemptions_per_job_hour=tot.preemptions_per_job_hour,
+        max_preemptions_per_job=tot.max_preemptions_per_job,
+        checkpoints=jobs.checkpoints,
         wall_s=wall_s,
         rejected=dict(sorted((rejected or {}).items())),
-        budgets=stats,
+        budgets=tot.rows,
         series=series,
     )
 
@@ -241,6 +250,43 @@ def render_table(reports: list[PolicyReport], console: Any = None, budgets: bool
             str(r.violations),
         )
     console.print(t)
+    g = Table(title="goodput and work lost (whole run; goodput over utilisation's span)")
+    for col in (
+        "policy",
+        "util",
+        "goodput",
+        "held GPU-h",
+        "lost GPU-h",
+        "lost %",
+        "checkpoints",
+        "completed",
+        "unfinished",
+        "JCT p50",
+        "JCT p95",
+        "preempt / job-h",
+        "max preempt / job",
+    ):
+        if col == "policy":
+            g.add_column(col, no_wrap=True, min_width=max(len(r.policy) for r in reports) if reports else None)
+        else:
+            g.add_column(col, justify="right")
+    for r in reports:
+        g.add_row(
+            r.policy,
+            f"{r.utilisation:.1%}",
+            f"{r.goodput:.1%}",
+            f"{r.held_gpu_h:,.0f}",
+            f"{r.lost_gpu_h:,.0f}",
+            f"{r.lost_pct:.1f}%",
+            str(r.checkpoints),
+            str(r.completed),
+            str(r.unfinished),
+            _fmt_s(r.jct_p50_s),
+            _fmt_s(r.jct_p95_s),
+            f"{r.preemptions_per_job_hour:.3f}",
+            str(r.max_preemptions_per_job),
+        )
+    console.print(g)
     for r in reports:
         if r.rejected:
             why = ", ".join(f"{n} {reason}" for reason, n in r.rejected.items())
@@ -263,6 +309,14 @@ def render_table(reports: list[PolicyReport], console: Any = None, budgets: bool
             "preempted",
             "backlogged",
             "mean deficit pp",
+            "goodput",
+            "lost GPU-h",
+            "lost %",
+            "completed",
+            "JCT p50",
+            "JCT p95",
+            "preempt / job-h",
+            "max preempt / job",
         ):
             if col == "budget":  # paths are never cut
                 bt.add_column(col, no_wrap=True, min_width=max((len(b.path) for b in r.budgets), default=6))
@@ -279,8 +333,16 @@ def render_table(reports: list[PolicyReport], console: Any = None, budgets: bool
                 _fmt_s(b.wait_p50_s),
                 _fmt_s(b.wait_p95_s),
                 str(b.preemptions),
-                f"{b.backlogged_frac:.0%}",
-                f"{b.mean_deficit_pp:.2f}",
+                f"{b.backlogged_frac or 0.0:.0%}",
+                f"{b.mean_deficit_pp or 0.0:.2f}",
+                f"{b.goodput:.3f}",
+                f"{b.lost_gpu_h:,.0f}",
+                f"{b.lost_pct:.1f}%",
+                str(b.completed),
+                _fmt_s(b.jct_p50_s),
+                _fmt_s(b.jct_p95_s),
+                f"{b.preemptions_per_job_hour:.3f}",
+                str(b.max_preemptions_per_job),
             )
         console.print(bt)
 
@@ -299,6 +361,24 @@ def markdown_table(reports: list[PolicyReport]) -> str:
             f"{_fmt_s(r.wait_p50_s)} / {_fmt_s(r.wait_p95_s)} | "
             f"{_fmt_s(r.unalloc_wait_p50_s)} / {_fmt_s(r.unalloc_wait_p95_s)} | {r.never} | "
             f"{r.preemptions} | {r.violations} |"
+        )
+    return "\n".join(lines)
+
+
+def markdown_goodput_table(reports: list[PolicyReport]) -> str:
+    """The goodput columns of the policy comparison as a Markdown table (for docs)."""
+    lines = [
+        "| policy | utilisation | goodput | mean share deficit (pp) | GPU-h held | work lost GPU-h (`lost_gpu_h`) | "
+        "`lost_pct` | checkpoints | completed | unfinished | JCT p50 / p95 | preemptions per job-hour | "
+        "max preemptions per job |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in reports:
+        lines.append(
+            f"| {r.policy} | {r.utilisation:.1%} | {r.goodput:.1%} | {r.mean_deficit_pp:.2f} | {r.held_gpu_h:,.0f} | "
+            f"{r.lost_gpu_h:,.0f} | {r.lost_pct:.1f}% | {r.checkpoints:,} | {r.completed:,} | {r.unfinished:,} | "
+            f"{_fmt_s(r.jct_p50_s)} / {_fmt_s(r.jct_p95_s)} | {r.preemptions_per_job_hour:.3f} | "
+            f"{r.max_preemptions_per_job} |"
         )
     return "\n".join(lines)
 

@@ -25,10 +25,16 @@ and the first bad one is reported as ``<file>:<line>: <column>: <what>``
     unallocated (``min_runtime 0``), else ``min_runtime = min(duration,
     cap_s)`` (cap 2 h).
 
+  - checkpoint interval: not declared, so the default of
+    :func:`apportion.events.checkpoint_interval_of` (the minimum runtime;
+    unallocated jobs never checkpoint).
+
 * **apportion CSV** (``submit,job_id,budget,user,gpus_per_replica,replicas,
-  min_runtime_s,duration_s[,gpu_model]``; ``user``, ``replicas`` and
-  ``gpu_model`` may be left out): ``submit`` is ISO 8601 (naive = UTC) or
-  seconds since the epoch; used as given (no minimum-runtime rule). Job ids
+  min_runtime_s,duration_s[,gpu_model][,checkpoint_interval_s]``; ``user``,
+  ``replicas``, ``gpu_model`` and ``checkpoint_interval_s`` may be left out
+  or empty): ``submit`` is ISO 8601 (naive = UTC) or seconds since the epoch;
+  used as given (no minimum-runtime rule); an empty or missing
+  ``checkpoint_interval_s`` is the default (the minimum runtime). Job ids
   must be unique.
 
 Slices: ``all``, ``weekNN`` (ISO week of the trace's year), ``weeksNN-MM``,
@@ -99,8 +105,9 @@ CSV_COLUMNS = (
     "min_runtime_s",
     "duration_s",
     "gpu_model",
+    "checkpoint_interval_s",
 )
-CSV_OPTIONAL = ("user", "replicas", "gpu_model")
+CSV_OPTIONAL = ("user", "replicas", "gpu_model", "checkpoint_interval_s")
 # limits of a JobSubmitted (apportion.events)
 MAX_GPUS_PER_REPLICA = 1024
 MAX_REPLICAS = 4096
@@ -409,7 +416,8 @@ def _header(path: str | Path, rows: Iterator[tuple[int, list[str]]]) -> list[str
 
 _EXPECTED = (
     f"expected a Philly trace ({','.join(PHILLY_COLUMNS)}) or an apportion CSV "
-    f"({','.join(CSV_COLUMNS[:-1])}[,gpu_model]; user, replicas, gpu_model optional), "
+    f"({','.join(CSV_COLUMNS[:-2])}[,gpu_model][,checkpoint_interval_s]; user, replicas, gpu_model, "
+    "checkpoint_interval_s optional), "
     "see docs/simulation.md"
 )
 
@@ -567,8 +575,8 @@ def load_csv(path: str | Path, slice_spec: str | None = None) -> list[SimJob]:
         if cols:
             raise TraceError(
                 f"{path}:1: {what} column{'s' if len(cols) > 1 else ''} {', '.join(cols)}; "
-                f"expected {','.join(CSV_COLUMNS[:-1])}[,gpu_model] (user, replicas, gpu_model "
-                "optional)"
+                f"expected {','.join(CSV_COLUMNS[:-2])}[,gpu_model][,checkpoint_interval_s] (user, replicas, "
+                "gpu_model, checkpoint_interval_s optional)"
             )
     jobs = []
     seen: dict[str, int] = {}
@@ -590,6 +598,9 @@ def load_csv(path: str | Path, slice_spec: str | None = None) -> list[SimJob]:
                 min_runtime_s=r.seconds("min_runtime_s", positive=False),
                 duration_s=r.seconds("duration_s", positive=True),
                 gpu_model=r.text("gpu_model", required=False) or None,
+                checkpoint_interval_s=r.seconds("checkpoint_interval_s", positive=True)
+                if r.text("checkpoint_interval_s", required=False)
+                else None,
             )
         )
     year = from_us(min(j.submit_us for j in jobs)).year if jobs else 2017
