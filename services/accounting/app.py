@@ -287,6 +287,7 @@ class AccountingService:
         snap = self.acc.snapshot(at_us)
         if snap is None:
             return None
+        snap = snap.model_copy(update={"inputs": dict(sorted(self.offsets.items()))})
         self.publish(snap)
         self.last, self.dirty, self._unsaved = snap, False, True
         self._store(snap, self.checkpoint_due())

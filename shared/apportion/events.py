@@ -699,6 +699,9 @@ class OccupancySnapshot(Event):
     capacity_gpus: int
     capacity_gpu_s: float
     budgets: tuple[BudgetUsage, ...]
+    inputs: dict[str, int] | None = None
+    """Accounting's input position when it took the snapshot (``"topic:partition"`` -> next offset read),
+    so ``audit verify`` rebuilds it from exactly the records it had folded (like ``Decision.inputs``)."""
 
 
 class DispatcherConfigured(Event):
@@ -1336,7 +1339,7 @@ def payload_digest(event: Event) -> int:
         return hash(event.__pydantic_serializer__.to_json(event, exclude=_DIGEST_EXCLUDE))
 
 
-_DIGEST_EXCLUDE = {"event_id", "ts", "producer", "fencing_token", "decision"}
+_DIGEST_EXCLUDE = {"event_id", "ts", "producer", "fencing_token", "decision", "inputs"}
 _DIGEST_FIELDS: dict[type[Event], tuple[str, ...]] = {
     cls: tuple(n for n in cls.model_fields if n not in _DIGEST_EXCLUDE) for cls in EVENT_TYPES.values()
 }

@@ -388,10 +388,15 @@ def _compare_snapshot(rec: events.OccupancySnapshot, exp: events.OccupancySnapsh
 def check_snapshots(records: Sequence[LogRecord], *, producer: str | None = None) -> list[Mismatch]:
     """Compare every ``OccupancySnapshot`` with the windows rebuilt at its ``at``.
 
-    One pass: snapshots are taken in ``at`` order and the ledger folds the
-    log (event time ``<= at``) forward between them; the tree is
-    :func:`fold_budget_log` up to ``at``. Tolerances: :data:`REL_TOL` and
-    :data:`ABS_GPU_S`.
+    A snapshot that records its input position (``inputs``: accounting's next
+    offset per ``"topic:partition"``) is rebuilt from exactly the records it had
+    folded: snapshots are taken in the order accounting published them, and the
+    ledger folds each newly covered stretch of every partition in event-time
+    order, as accounting's own fold did (a record older than the ledger clock is
+    clamped by the ledger, as it was live); the tree is :func:`fold_budget_log`
+    of the budget records covered. Without ``inputs`` (older logs), the ledger
+    folds the log by event time ``<= at`` and the tree is the fold up to ``at``.
+    Tolerances: :data:`REL_TOL` and :data:`ABS_GPU_S`.
 
     Args:
         records: the log in log order.
@@ -407,12 +412,100 @@ def check_snapshots(records: Sequence[LogRecord], *, producer: str | None = None
     ]
     if not snaps:
         return []
+    out: list[Mismatch] = []
+    positioned = [r for r in snaps if _snap(r).inputs is not None]
+    if positioned:
+        out.extend(_check_positioned(records, positioned))
+    rest = [r for r in snaps if _snap(r).inputs is None]
+    if rest:
+        out.extend(_check_by_time(records, rest))
+    out.sort(key=lambda m: m.order)
+    return out
+
+
+def _snap(rec: LogRecord) -> events.OccupancySnapshot:
+    ev = rec.event
+    assert isinstance(ev, events.OccupancySnapshot)
+    return ev
+
+
+def _snapshot_mismatch(r: LogRecord, snap: events.OccupancySnapshot, exp: events.OccupancySnapshot) -> Mismatch | None:
+    diffs = _compare_snapshot(snap, exp)
+    if not diffs:
+        return None
+    return Mismatch(
+        "snapshot",
+        position(r),
+        snap.at.isoformat(),
+        f"OccupancySnapshot {snap.event_id}",
+        "; ".join(diffs[:8]) + (f"; ... {len(diffs) - 8} more" if len(diffs) > 8 else ""),
+        log_order(r),
+    )
+
+
+_BUDGET_TYPES = (events.BudgetSet, events.BudgetRemoved, events.BudgetRejected)
+
+
+def _check_positioned(records: Sequence[LogRecord], snaps: list[LogRecord]) -> list[Mismatch]:
+    """Snapshots with ``inputs``: each rebuilt from the records its accounting had read (see check_snapshots)."""
+    by_tp: dict[str, list[LogRecord]] = defaultdict(list)
+    for r in records:
+        if r.event is not None and not isinstance(r.event, events.OccupancySnapshot):
+            by_tp[f"{r.topic}:{r.partition}"].append(r)
+    for lst in by_tp.values():
+        lst.sort(key=lambda r: r.offset)
+    out: list[Mismatch] = []
+    # one replay per window length and accounting instance (a restart from 0 shows as a position that goes back)
+    state: dict[float, tuple[OccupancyLedger, dict[str, int], list[events.Event]]] = {}
+    for r in sorted(snaps, key=lambda r: (r.topic, r.partition, r.offset)):
+        snap = _snap(r)
+        inputs = snap.inputs or {}
+        ledger, done, budget_log = state.get(snap.window_s, (None, {}, []))  # type: ignore[arg-type]
+        if ledger is None or any(inputs.get(tp, 0) < n for tp, n in done.items()):
+            ledger, done, budget_log = OccupancyLedger(snap.window_s), {}, []
+        fresh: list[LogRecord] = []
+        for tp, upto in inputs.items():
+            lst = by_tp.get(tp, [])
+            start = done.get(tp, 0)
+            fresh.extend(x for x in lst if start <= x.offset < upto)
+            done[tp] = upto
+        fresh.sort(key=log_order)
+        for x in fresh:
+            ev = x.event
+            assert ev is not None
+            if isinstance(ev, _BUDGET_TYPES):
+                budget_log.append(ev)
+            else:
+                ledger.apply(ev)
+        state[snap.window_s] = (ledger, done, budget_log)
+        at = to_us(snap.at)
+        if ledger.clock is not None and at < ledger.clock:
+            out.append(
+                Mismatch(
+                    "snapshot",
+                    position(r),
+                    snap.at.isoformat(),
+                    "at",
+                    "snapshot time precedes an event it had folded",
+                    log_order(r),
+                )
+            )
+            continue
+        exp = usage_snapshot(fold_budget_log(budget_log), ledger, at, producer="audit")
+        m = _snapshot_mismatch(r, snap, exp)
+        if m is not None:
+            out.append(m)
+    return out
+
+
+def _check_by_time(records: Sequence[LogRecord], snaps: list[LogRecord]) -> list[Mismatch]:
+    """Snapshots without ``inputs``: the log folded by event time up to each snapshot's ``at``."""
     evs = [r.event for r in records if r.event is not None]
-    budget_evs = [e for e in evs if isinstance(e, (events.BudgetSet, events.BudgetRemoved, events.BudgetRejected))]
+    budget_evs = [e for e in evs if isinstance(e, _BUDGET_TYPES)]
     out: list[Mismatch] = []
     ledgers: dict[float, tuple[OccupancyLedger, list[int]]] = {}
-    for r in sorted(snaps, key=lambda r: (to_us(r.event.at), log_order(r))):  # type: ignore[union-attr]
-        snap: events.OccupancySnapshot = r.event  # type: ignore[assignment]
+    for r in sorted(snaps, key=lambda r: (to_us(_snap(r).at), log_order(r))):
+        snap = _snap(r)
         at = to_us(snap.at)
         ledger, pos = ledgers.setdefault(snap.window_s, (OccupancyLedger(snap.window_s), [0]))
         i = pos[0]
@@ -433,19 +526,9 @@ def check_snapshots(records: Sequence[LogRecord], *, producer: str | None = None
             )
             continue
         exp = usage_snapshot(fold_budget_log(budget_evs, until_us=at), ledger, at, producer="audit")
-        diffs = _compare_snapshot(snap, exp)
-        if diffs:
-            out.append(
-                Mismatch(
-                    "snapshot",
-                    position(r),
-                    snap.at.isoformat(),
-                    f"OccupancySnapshot {snap.event_id}",
-                    "; ".join(diffs[:8]) + (f"; ... {len(diffs) - 8} more" if len(diffs) > 8 else ""),
-                    log_order(r),
-                )
-            )
-    out.sort(key=lambda m: m.order)
+        m = _snapshot_mismatch(r, snap, exp)
+        if m is not None:
+            out.append(m)
     return out
 
 
