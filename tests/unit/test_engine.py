@@ -519,7 +519,8 @@ def test_behind_set_by_tree_walk_equals_the_lca_rule():
     # the pairwise rule r(V branch) >= r(B branch) + delta of DESIGN section 3.
     import random
 
-    from apportion.domain.engine import _branches, _Victims
+    from apportion.domain.engine import _Victims
+    from apportion.domain.preemption import branches_of as _branches
     from apportion.domain.fairshare import FairShareQueue
 
     rng = random.Random(11)

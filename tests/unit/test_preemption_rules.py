@@ -22,7 +22,7 @@ from builders import T0, h
 from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import ClusterState
-from apportion.domain.engine import (
+from apportion.domain.preemption import (
     REFUSED_AFTER_MOVE,
     REFUSED_NOT_BEHIND,
     REFUSED_ONE_LINE,

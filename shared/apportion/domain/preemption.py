@@ -1,0 +1,243 @@
+"""The preemption rules of DESIGN section 3, as small typed functions (the engine's search calls them).
+
+* :func:`victim_rule`: may a run be preempted for a job of leaf B? Candidates
+  1 (unallocated runs) and 2 (allocated runs past their protection whose
+  branch is behind by delta at the lowest common ancestor, with the
+  after-move test and no same-cycle reversal, :func:`branch_rule`).
+* :func:`backfill_rule`: may a lower-ranked job use a waiting reservation's
+  free GPUs ("a reservation never idles GPUs")?
+* :func:`charge_of`: the provisional in-cycle charge of a placed allocated
+  job (DESIGN section 2).
+
+Pure: functions of the run, the cycle's :class:`ShareView` and event time.
+The table tests in ``tests/unit/test_preemption_rules.py`` name each rule id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Protocol
+
+from apportion.domain.cluster import Run
+from apportion.domain.fairshare import branches_at_lca
+from apportion.timeutil import Micros
+
+__all__ = [
+    "ALLOWING_RULES",
+    "Move",
+    "RULE_EXPIRED_BEHIND",
+    "RULE_UNALLOCATED",
+    "ShareView",
+    "VictimVerdict",
+    "backfill_rule",
+    "branch_rule",
+    "branches_of",
+    "charge_of",
+    "victim_rule",
+]
+
+
+#: Rule ids of :func:`victim_rule` (DESIGN section 3). The two that allow a preemption:
+RULE_UNALLOCATED = "unallocated"
+"""Candidate class 1: an unallocated run (any budget), preemptible at any time."""
+RULE_EXPIRED_BEHIND = "expired_behind"
+"""Candidate class 2: an allocated run past its protection whose branch is behind by delta."""
+#: ... and the refusals, first that applies in this order:
+REFUSED_STOPPING = "stopping"
+REFUSED_PROTECTED = "protected"
+REFUSED_SAME_LEAF = "same_leaf"
+REFUSED_ONE_LINE = "one_line"
+REFUSED_REVERSAL = "same_cycle_reversal"
+REFUSED_NOT_BEHIND = "not_behind"
+REFUSED_AFTER_MOVE = "after_move_inversion"
+ALLOWING_RULES = frozenset({RULE_UNALLOCATED, RULE_EXPIRED_BEHIND})
+
+Move = tuple[str, str, str]
+"""A preemption of work of one branch for another, ``(lca, victim_branch, preemptor_branch)``."""
+
+
+class ShareView(Protocol):
+    """The one view of r a cycle decides on (:class:`~apportion.domain.fairshare.FairShareQueue`).
+
+    Both methods include every provisional charge of the cycle so far, for
+    every budget (DESIGN section 3: "the r of both branches includes the
+    same in-cycle provisional charges").
+    """
+
+    def ratio(self, path: str) -> float:
+        """r of ``path`` now."""
+        ...
+
+    def ratio_after(self, path: str, gpu_s: float) -> float:
+        """r of ``path`` with ``gpu_s`` more GPU-seconds of occupancy."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class VictimVerdict:
+    """What :func:`victim_rule` says about one run.
+
+    Attributes:
+        rule: a rule id: :data:`RULE_UNALLOCATED` or :data:`RULE_EXPIRED_BEHIND`
+            when allowed, else the refusal (``REFUSED_*``).
+        lca: lowest common ancestor of the two leaves (allocated runs of
+            another line of the tree only).
+        victim_ratio, preemptor_ratio: r of the victim's and the preemptor's
+            branch at the LCA, with the cycle's provisional charges.
+        preemptor_ratio_after: the preemptor's branch r with the job charged.
+    """
+
+    rule: str
+    lca: str | None = None
+    victim_ratio: float | None = None
+    preemptor_ratio: float | None = None
+    preemptor_ratio_after: float | None = None
+
+    @property
+    def allowed(self) -> bool:
+        """True for :data:`RULE_UNALLOCATED` and :data:`RULE_EXPIRED_BEHIND`."""
+        return self.rule in ALLOWING_RULES
+
+
+def branch_rule(
+    lca: str,
+    victim_branch: str,
+    preemptor_branch: str,
+    view: ShareView,
+    delta: float,
+    charge_gpu_s: float,
+    moves: frozenset[Move] | set[Move] = frozenset(),
+) -> tuple[str, float, float, float]:
+    """The branch comparison of DESIGN section 3's rule 2, at the LCA: ``(rule id, r_V, r_B, r_B_after)``.
+
+    Allowed (:data:`RULE_EXPIRED_BEHIND`) when all hold, in this order of
+    refusal:
+
+    1. no same-cycle reversal: the cycle has not already preempted work of
+       the preemptor's branch for the victim's (``(lca, preemptor_branch,
+       victim_branch)`` not in ``moves``) -> else :data:`REFUSED_REVERSAL`;
+    2. hysteresis: ``r_V >= r_B + delta`` -> else :data:`REFUSED_NOT_BEHIND`;
+    3. after the move the preemptor's branch is not ahead of the victim's:
+       ``r_B_after <= r_V``, with ``r_B_after`` the preemptor's branch r with
+       the job's provisional charge ``charge_gpu_s`` added (Kueue's
+       LessThanOrEqualToFinalShare; the victim's past occupancy stays in the
+       window, so "V without the victim" is ``r_V``) -> else
+       :data:`REFUSED_AFTER_MOVE`.
+
+    Every r comes from ``view``: the same provisional charges on both sides.
+    With 2 and 3 the pair cannot swap back in the cycle on its own (B, once
+    charged, is at most at V's r, and charges only grow); 1 forbids it when
+    B's later placements on free GPUs would otherwise push it past V + delta.
+
+    Args:
+        lca: the lowest common ancestor.
+        victim_branch, preemptor_branch: the children of ``lca`` on each path.
+        view: the cycle's ratios.
+        delta: hysteresis (``EngineConfig.delta``).
+        charge_gpu_s: the job's provisional charge ``g * k * min(min_runtime, W)``, GPU-s.
+        moves: this cycle's preemptions of allocated work so far.
+    """
+    rv = view.ratio(victim_branch)
+    rb = view.ratio(preemptor_branch)
+    if (lca, preemptor_branch, victim_branch) in moves:
+        return (REFUSED_REVERSAL, rv, rb, rb)
+    if not rv >= rb + delta:
+        return (REFUSED_NOT_BEHIND, rv, rb, rb)
+    after = view.ratio_after(preemptor_branch, charge_gpu_s)
+    if after > rv:
+        return (REFUSED_AFTER_MOVE, rv, rb, after)
+    return (RULE_EXPIRED_BEHIND, rv, rb, after)
+
+
+def victim_rule(
+    run: Run,
+    preemptor_leaf: str,
+    now_us: Micros,
+    view: ShareView,
+    delta: float,
+    charge_gpu_s: float = 0.0,
+    moves: frozenset[Move] | set[Move] = frozenset(),
+) -> VictimVerdict:
+    """May ``run`` be preempted for a job of ``preemptor_leaf``? DESIGN section 3, candidates 1 and 2.
+
+    The one home of the candidate rule: the engine's search takes its
+    expired-behind leaves from :func:`branch_rule` (which this calls) and
+    every victim it picks is checked by this function, whose verdict is the
+    audit record (:class:`~apportion.events.Victim`).
+
+    In order: a stopping run never (:data:`REFUSED_STOPPING`); an
+    unallocated run always (:data:`RULE_UNALLOCATED`); an allocated run
+    not while protected, ``now_us < started_at + protection``
+    (:data:`REFUSED_PROTECTED`: at exactly the end it may go), never of the
+    same leaf (:data:`REFUSED_SAME_LEAF`) or of an ancestor or descendant
+    path (:data:`REFUSED_ONE_LINE`), else as :func:`branch_rule` says at the
+    LCA.
+
+    Args:
+        run: the candidate.
+        preemptor_leaf: leaf budget B of the job J to place.
+        now_us: cycle event time, µs UTC.
+        view: the cycle's ratios (with provisional charges).
+        delta: hysteresis.
+        charge_gpu_s: J's provisional charge, GPU-seconds.
+        moves: this cycle's preemptions so far (:data:`Move`).
+    """
+    if run.stopping:
+        return VictimVerdict(REFUSED_STOPPING)
+    if not run.allocated:
+        return VictimVerdict(RULE_UNALLOCATED)
+    if run.protected(now_us):
+        return VictimVerdict(REFUSED_PROTECTED)
+    if run.budget == preemptor_leaf:
+        return VictimVerdict(REFUSED_SAME_LEAF)
+    br = branches_of(run.budget, preemptor_leaf)
+    if br is None:
+        return VictimVerdict(REFUSED_ONE_LINE)
+    lca, vb, bb = br
+    rule, rv, rb, after = branch_rule(lca, vb, bb, view, delta, charge_gpu_s, moves)
+    return VictimVerdict(rule, lca, rv, rb, after)
+
+
+@lru_cache(maxsize=1 << 16)
+def branches_of(v: str, b: str) -> tuple[str, str, str] | None:
+    """:func:`branches_at_lca`, ``None`` when on one line; a pure function of two paths, memoised."""
+    try:
+        return branches_at_lca(v, b)
+    except ValueError:
+        return None
+
+
+def backfill_rule(
+    allocated: bool,
+    protection_us: Micros,
+    now_us: Micros,
+    holder_fit_us: Micros,
+    holder_may_preempt: bool = True,
+) -> bool:
+    """May a lower-ranked job use the free GPUs of a waiting reservation? DESIGN section 3.
+
+    "A reservation never idles GPUs": unallocated work always may (it is
+    preempted the moment the holder can start); allocated work only when its
+    protection ends no later than the holder can fit (``now + protection <=
+    holder_fit_us``, :func:`earliest_fit_us`), so its protection never delays
+    the holder, and only when the holder could then take its GPUs back under
+    the ordinary rule (``holder_may_preempt``: :func:`branch_rule` allows the
+    holder's branch to preempt the job's as the cycle stands; never the
+    holder's own leaf). Without the last condition a job of the holder's own
+    leaf, never preemptible by it, would hold the reservation's GPUs until
+    it finished.
+
+    Args:
+        allocated: the candidate job is allocated (min_runtime > 0).
+        protection_us: its protection, µs (:func:`~apportion.domain.cluster.protection_s`).
+        now_us: cycle time, µs UTC.
+        holder_fit_us: :func:`earliest_fit_us` of the reservation, µs UTC.
+        holder_may_preempt: the holder could preempt the job once its protection ended.
+    """
+    return not allocated or (holder_may_preempt and now_us + protection_us <= holder_fit_us)
+
+
+def charge_of(g: int, k: int, min_runtime_s: float, window_s: float) -> float:
+    """Provisional charge of a placed allocated job, GPU-seconds: ``g * k * min(min_runtime, W)`` (DESIGN section 2)."""
+    return float(g * k) * min(min_runtime_s, window_s)
