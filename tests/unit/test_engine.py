@@ -520,8 +520,8 @@ def test_behind_set_by_tree_walk_equals_the_lca_rule():
     import random
 
     from apportion.domain.engine import _Victims
-    from apportion.domain.preemption import branches_of as _branches
     from apportion.domain.fairshare import FairShareQueue
+    from apportion.domain.preemption import branches_of as _branches
 
     rng = random.Random(11)
     spec = {"o": 1.0}

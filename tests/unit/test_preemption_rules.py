@@ -22,6 +22,7 @@ from builders import T0, h
 from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import ClusterState
+from apportion.domain.fairshare import FairShareQueue
 from apportion.domain.preemption import (
     REFUSED_AFTER_MOVE,
     REFUSED_NOT_BEHIND,
@@ -34,7 +35,6 @@ from apportion.domain.preemption import (
     RULE_UNALLOCATED,
     victim_rule,
 )
-from apportion.domain.fairshare import FairShareQueue
 from apportion.timeutil import from_us
 
 K = 1_000_000.0
