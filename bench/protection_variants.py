@@ -1,0 +1,100 @@
+"""Fair share on a Philly slice under protection-growth variants (evidence for DESIGN section 3's bounded churn).
+
+Usage: ``.venv/bin/python bench/protection_variants.py week44 double flat linear double_cap4 double_cap8``
+
+Variants of ``cluster.protection_s`` (swapped in for the run; everything else as on main): ``double`` (in
+force: min_runtime x 2**p, capped by max_min_runtime and W/4), ``flat`` (min_runtime), ``linear``
+(min_runtime x (1 + p)), ``double_capN`` / ``linear_capN`` (also capped at N x min_runtime). Prints goodput,
+share deficit, work lost, completions, preemptions, and the most preemptions of one allocated and one
+unallocated job. Week 44 runs until every job is done; other slices stop at the last submission. Not part of
+``make bench`` (a study, not a target).
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "philly" / "philly.csv"
+
+
+def variant(kind: str, orig: Callable[..., float]) -> Callable[..., float]:
+    """The protection function named ``kind`` (see the module docstring)."""
+
+    def protection(
+        min_runtime_s: float, preemptions: int, max_min_runtime_s: float | None = None, window_s: float | None = None
+    ) -> float:
+        if min_runtime_s <= 0:
+            return 0.0
+        if kind == "double":
+            return orig(min_runtime_s, preemptions, max_min_runtime_s, window_s)
+        if kind == "flat":
+            return min_runtime_s
+        if kind == "linear":
+            grown = min_runtime_s * (1 + preemptions)
+        elif kind.startswith("double_cap"):
+            grown = min(min_runtime_s * 2**preemptions, min_runtime_s * int(kind[len("double_cap") :]))
+        elif kind.startswith("linear_cap"):
+            grown = min(min_runtime_s * (1 + preemptions), min_runtime_s * int(kind[len("linear_cap") :]))
+        else:
+            raise SystemExit(f"unknown variant {kind!r}")
+        caps = [c for c in (max_min_runtime_s, window_s / 4 if window_s else None) if c is not None]
+        return max(min_runtime_s, min([grown, *caps]))
+
+    return protection
+
+
+def main(argv: list[str]) -> int:
+    import apportion.domain.cluster as cluster
+    import apportion.domain.engine as engine
+    import apportion.sim.core as core
+    from apportion.cli.simulate import _run
+    from apportion.events import JobPreempted
+    from apportion.sim.traces import load_budget_file, load_trace
+
+    if len(argv) < 2:
+        print(__doc__)
+        return 2
+    slice_, kinds = argv[0], argv[1:]
+    bf = load_budget_file(ROOT / "infra/budgets/philly.yaml")
+    jobs = load_trace(DATA, bf, 1, slice_)
+    tail = None if slice_ == "week44" else 0.0
+    orig_protection, orig_outputs = cluster.protection_s, core.Simulator._outputs
+    for kind in kinds:
+        fn = variant(kind, orig_protection)
+        cluster.protection_s = engine.protection_s = fn  # type: ignore[assignment]
+        counts: collections.Counter[str] = collections.Counter()
+        allocated: dict[str, bool] = {}
+
+        def spy(self: Any, out: list[Any], t: int, c: Any = counts, a: Any = allocated) -> None:
+            for e in out:
+                if type(e) is JobPreempted:
+                    c[e.job_id] += 1
+                    a[e.job_id] = e.allocated
+            orig_outputs(self, out, t)
+
+        core.Simulator._outputs = spy  # type: ignore[method-assign]
+        t0 = time.perf_counter()
+        rep = _run("fairshare", bf, jobs, 1, 300.0, tail)
+        core.Simulator._outputs = orig_outputs  # type: ignore[method-assign]
+        d = rep.__dict__
+        most_alloc = max((n for j, n in counts.items() if allocated[j]), default=0)
+        most_free = max((n for j, n in counts.items() if not allocated[j]), default=0)
+        over5 = sum(1 for j, n in counts.items() if allocated[j] and n > 5)
+        print(
+            f"{kind}: goodput {d['goodput']:.4f}, deficit {d['mean_deficit_pp']:.2f} pp, lost {d['lost_pct']:.2f}%, "
+            f"completed {d['completed']}, preemptions {d['preemptions']}, most of one allocated job {most_alloc} "
+            f"({over5} above 5), of one unallocated job {most_free}, {time.perf_counter() - t0:.0f} s",
+            flush=True,
+        )
+    cluster.protection_s = engine.protection_s = orig_protection  # type: ignore[assignment]
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
