@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -40,34 +39,19 @@ TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-def _counts(scratch: Path) -> dict[str, list[str]]:
-    out = subprocess.run(
-        [str(VENV / "mutmut"), "results"], cwd=scratch, capture_output=True, text=True, check=False
-    ).stdout
-    got: dict[str, list[str]] = {}
-    section = None
-    for line in out.splitlines():
-        m = re.match(r"^(Killed|Survived|Timed out|Suspicious|Untested/skipped)", line)
-        if m:
-            section = m.group(1)
-            got.setdefault(section, [])
-            continue
-        if section and re.match(r"^[0-9][0-9, -]*$", line.strip()):
-            got[section].append(line.strip())
-    return got
+def _statuses(scratch: Path) -> dict[str, list[int]]:
+    """Mutant ids by mutmut status (``ok_killed``, ``bad_survived``, ``bad_timeout``, ``ok_suspicious``,
+    ``untested``, ``skipped``), read from mutmut's cache (its ``results`` command lists no killed mutants)."""
+    import sqlite3
 
-
-def _expand(ranges: list[str]) -> list[int]:
-    ids: list[int] = []
-    for chunk in ranges:
-        for part in chunk.split(","):
-            part = part.strip()
-            if "-" in part:
-                a, b = part.split("-")
-                ids.extend(range(int(a), int(b) + 1))
-            elif part:
-                ids.append(int(part))
-    return ids
+    db = sqlite3.connect(scratch / ".mutmut-cache")
+    try:
+        out: dict[str, list[int]] = {}
+        for mid, status in db.execute("select id, status from Mutant order by id"):
+            out.setdefault(status, []).append(mid)
+        return out
+    finally:
+        db.close()
 
 
 def run(name: str, module: str, tests: tuple[str, ...], base: Path) -> tuple[int, int, int, list[int]]:
@@ -92,10 +76,10 @@ def run(name: str, module: str, tests: tuple[str, ...], base: Path) -> tuple[int
         check=False,
         stdout=subprocess.DEVNULL,
     )
-    got = _counts(scratch)
-    survived = _expand(got.get("Survived", [])) + _expand(got.get("Suspicious", []))
-    timeout = len(_expand(got.get("Timed out", [])))
-    total = sum(len(_expand(v)) for v in got.values()) - len(_expand(got.get("Untested/skipped", [])))
+    got = _statuses(scratch)
+    survived = sorted(got.get("bad_survived", []) + got.get("ok_suspicious", []))  # suspicious: slow but passed
+    timeout = len(got.get("bad_timeout", []))  # a mutant that makes the tests hang is caught: a kill
+    total = sum(len(v) for k, v in got.items() if k not in ("untested", "skipped"))
     return total, len(survived), timeout, survived
 
 

@@ -210,3 +210,41 @@ def test_the_ratios_include_the_cycles_provisional_charges_on_both_sides():
     assert victim_rule(run_of(), "lab/a", NOW, q, DELTA).rule == RULE_EXPIRED_BEHIND
     q.charge("lab/a", 1.0)
     assert victim_rule(run_of(), "lab/a", NOW, q, DELTA).rule == REFUSED_NOT_BEHIND
+
+
+# ---------------------------------------------------------------- charge_of, backfill_rule, the default charge
+
+
+@pytest.mark.parametrize(
+    ("g", "k", "min_runtime_s", "window_s", "expected"),
+    [
+        pytest.param(2, 3, 100.0, 1000.0, 600.0, id="g x k x min_runtime"),
+        pytest.param(2, 3, 5000.0, 1000.0, 6000.0, id="a minimum runtime past W charges W"),
+        pytest.param(8, 1, 0.0, 1000.0, 0.0, id="unallocated: nothing"),
+    ],
+)
+def test_charge_of_is_g_k_min_runtime_capped_by_the_window(g, k, min_runtime_s, window_s, expected) -> None:
+    from apportion.domain.preemption import charge_of
+
+    assert charge_of(g, k, min_runtime_s, window_s) == expected
+
+
+@pytest.mark.parametrize(
+    ("allocated", "protection_us", "holder_fit_us", "holder_may_preempt", "expected"),
+    [
+        pytest.param(False, 10**9, 0, False, True, id="unallocated work always backfills"),
+        pytest.param(True, 50, 150, True, True, id="protection ends exactly when the holder fits"),
+        pytest.param(True, 50, 149, True, False, id="protection ends 1 µs after the holder fits"),
+        pytest.param(True, 10, 150, False, False, id="the holder could not take it back"),
+    ],
+)
+def test_backfill_rule_table(allocated, protection_us, holder_fit_us, holder_may_preempt, expected) -> None:
+    from apportion.domain.preemption import backfill_rule
+
+    assert backfill_rule(allocated, protection_us, 100, holder_fit_us, holder_may_preempt) is expected
+
+
+def test_without_a_charge_the_after_move_test_compares_the_ratios_as_they_are() -> None:
+    # delta 0 and equal ratios: allowed with no charge (r_B_after = r_B = r_V), refused with 1 GPU-s more
+    assert victim_rule(run_of(), "lab/a", NOW, view(1.0, 1.0), 0.0).rule == RULE_EXPIRED_BEHIND
+    assert victim_rule(run_of(), "lab/a", NOW, view(1.0, 1.0), 0.0, 1.0).rule == REFUSED_AFTER_MOVE
