@@ -507,9 +507,9 @@ async def _lead(
             if out:
                 check_lease()
                 await asyncio.to_thread(svc._emit, out)
+                unflushed = True
             elif keeper.lost.is_set():
                 raise LeadershipLost()
-                unflushed = True
             if unflushed and not batch:  # idle: nothing to decide, so waiting for the acks costs nothing
                 await asyncio.to_thread(producer.flush)
                 unflushed = False
