@@ -52,10 +52,17 @@ status: venv
 # Static checks: lint and format (ruff), types (mypy; modules still to fix are listed in pyproject.toml).
 # `make test` runs them first.
 LINT_PATHS := shared services tests bench infra
+# dead code (vulture): tests count as users, their own pytest-style names are not reported; names used only by
+# decorators, pydantic or the event contract are not dead
+VULTURE_ARGS := --ignore-decorators "@*.command,@app.callback,@model_validator,@field_validator,@property,@*.agent" \
+	--ignore-names "model_config,_*_" --exclude "shared/apportion/events.py"
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy shared services
+	@out="$$($(VENV)/bin/vulture $(LINT_PATHS) tests/vulture_whitelist.py $(VULTURE_ARGS) | grep -v '^tests/')"; \
+	if [ -n "$$out" ]; then echo "$$out"; echo "dead code (vulture): remove it, or name it in tests/vulture_whitelist.py"; exit 1; fi; \
+	echo "vulture: no dead code outside tests/"
 
 # pytest exit 5 means "no tests collected": reported, not a failure.
 test: venv lint

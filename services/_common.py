@@ -306,10 +306,6 @@ class AssignedConsumer:
         """True once every partition's position reached its end offset at start."""
         return all(self._kc.position(tp) >= self.start_end[tp] for tp in self.partitions)
 
-    def positions(self) -> dict[str, int]:
-        """``"topic:partition"`` -> next offset to read."""
-        return {f"{tp.topic}:{tp.partition}": self._kc.position(tp) for tp in self.partitions}
-
     def commit(self, offsets: dict[str, int] | None = None) -> None:
         """Commit offsets under the group (observability; starts do not read them).
 

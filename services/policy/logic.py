@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -82,25 +81,6 @@ def fold_budget_event(tree: BudgetTree, event: Event) -> tuple[BudgetTree, Rejec
         return tree.apply(event), None
     except BudgetError as exc:
         return tree, Rejection(event, exc.reason, exc.message)
-
-
-def fold_budgets(events: Iterable[Event]) -> tuple[BudgetTree, list[Rejection]]:
-    """Fold a budgets log (offset order) under the skip rule, skipping repeated event ids.
-
-    Returns:
-        The authoritative tree and the skipped changes in log order.
-    """
-    tree = BudgetTree.empty()
-    seen: set[uuid.UUID] = set()
-    rejected: list[Rejection] = []
-    for ev in events:
-        if ev.event_id in seen:
-            continue
-        seen.add(ev.event_id)
-        tree, rej = fold_budget_event(tree, ev)
-        if rej is not None:
-            rejected.append(rej)
-    return tree, rejected
 
 
 def rejected_event(rej: Rejection, now: datetime) -> BudgetRejected:

@@ -158,7 +158,7 @@ def _wait_for(pred: Any, what: str, deadline_s: float, services: Services | None
         time.sleep(0.2)  # polling an external system from the driver, bounded by the deadline
 
 
-def _terminate_as_interrupt(signum: int, frame: Any) -> None:
+def _terminate_as_interrupt(_signum: int, frame: Any) -> None:
     """SIGTERM handler: raise KeyboardInterrupt so the ``finally`` blocks stop the services and the stack."""
     raise KeyboardInterrupt
 

@@ -103,18 +103,6 @@ def replace_hash(r: Any, key: str, rows: Mapping[str, Mapping[str, Any]]) -> Non
     pipe.execute()
 
 
-def update_hash(r: Any, key: str, rows: Mapping[str, Mapping[str, Any] | None]) -> None:
-    """Set or (value ``None``) delete fields of hash ``key`` in one transaction."""
-    pipe = r.pipeline(transaction=True)
-    sets = {f: dumps(v) for f, v in rows.items() if v is not None}
-    dels = [f for f, v in rows.items() if v is None]
-    if sets:
-        pipe.hset(key, mapping=sets)
-    if dels:
-        pipe.hdel(key, *dels)
-    pipe.execute()
-
-
 def read_hash(r: Any, key: str) -> dict[str, dict[str, Any]]:
     """All fields of hash ``key`` decoded; ``{}`` when missing."""
     raw = r.hgetall(key)

@@ -410,10 +410,6 @@ class ClusterState:
             self._order = tuple(sorted(self.nodes))
         return ClusterSnapshot(self.nodes, self.runs, self.node_runs, self._order)
 
-    def runs_on(self, node_id: str) -> list[Run]:
-        """Runs with a replica on ``node_id``, sorted by key."""
-        return [self.runs[k] for k in sorted(self.node_runs.get(node_id, ()))]
-
     # ------------------------------------------------------------------ folding
 
     def apply(self, ev: Event) -> None:

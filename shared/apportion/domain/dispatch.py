@@ -51,7 +51,7 @@ from typing import Any
 
 from apportion.domain.admission import NodeShape, admit
 from apportion.domain.budgets import BudgetError, BudgetTree
-from apportion.domain.cluster import ClusterState, Run, RunKey, placed_protection_us, work_lost_gpu_s
+from apportion.domain.cluster import ClusterState, RunKey, placed_protection_us, work_lost_gpu_s
 from apportion.domain.engine import (
     CycleSnapshot,
     EngineConfig,
@@ -1064,8 +1064,3 @@ def fold(events: Iterable[Event], tree: BudgetTree | None = None, window_s: floa
     for e in events:
         evolve(state, e)
     return state
-
-
-def protection_of(run: Run) -> Micros | None:
-    """Protection expiry of ``run`` (µs), re-exported for reports."""
-    return run.protected_until_us

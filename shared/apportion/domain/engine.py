@@ -621,13 +621,6 @@ class _Free:
         self.free[nid] = rest
         return tuple(got)
 
-    def take_all(self, nid: str) -> list[int]:
-        f = self.free.get(nid, [])
-        if f:
-            self._move(nid, len(f), 0)
-            self.free[nid] = []
-        return f
-
     def reserve(self, nid: str) -> None:
         self.log.append(nid)
         f = self.free[nid]

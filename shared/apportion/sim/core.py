@@ -728,7 +728,3 @@ def simulate(
     if scheduler is not None:
         cfg = replace(config, dispatch=replace(config.dispatch, scheduler=scheduler))
     return Simulator(tree, nodes, jobs, cfg).run()
-
-
-def _seconds(us: Micros) -> float:  # pragma: no cover - helper for reports
-    return us_to_s(us)

@@ -347,42 +347,6 @@ def render_table(reports: list[PolicyReport], console: Any = None, budgets: bool
         console.print(bt)
 
 
-def markdown_table(reports: list[PolicyReport]) -> str:
-    """The policy comparison as a Markdown table (for docs)."""
-    lines = [
-        "| policy | GPU utilisation | mean share deficit (pp) | max share deficit (pp) | "
-        "allocated wait p50 / p95 | unallocated wait p50 / p95 | never placed | preemptions | "
-        "protection violations |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in reports:
-        lines.append(
-            f"| {r.policy} | {r.utilisation:.1%} | {r.mean_deficit_pp:.2f} | {r.max_deficit_pp:.1f} | "
-            f"{_fmt_s(r.wait_p50_s)} / {_fmt_s(r.wait_p95_s)} | "
-            f"{_fmt_s(r.unalloc_wait_p50_s)} / {_fmt_s(r.unalloc_wait_p95_s)} | {r.never} | "
-            f"{r.preemptions} | {r.violations} |"
-        )
-    return "\n".join(lines)
-
-
-def markdown_goodput_table(reports: list[PolicyReport]) -> str:
-    """The goodput columns of the policy comparison as a Markdown table (for docs)."""
-    lines = [
-        "| policy | utilisation | goodput | mean share deficit (pp) | GPU-h held | work lost GPU-h (`lost_gpu_h`) | "
-        "`lost_pct` | checkpoints | completed | unfinished | JCT p50 / p95 | preemptions per job-hour | "
-        "max preemptions per job |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in reports:
-        lines.append(
-            f"| {r.policy} | {r.utilisation:.1%} | {r.goodput:.1%} | {r.mean_deficit_pp:.2f} | {r.held_gpu_h:,.0f} | "
-            f"{r.lost_gpu_h:,.0f} | {r.lost_pct:.1f}% | {r.checkpoints:,} | {r.completed:,} | {r.unfinished:,} | "
-            f"{_fmt_s(r.jct_p50_s)} / {_fmt_s(r.jct_p95_s)} | {r.preemptions_per_job_hour:.3f} | "
-            f"{r.max_preemptions_per_job} |"
-        )
-    return "\n".join(lines)
-
-
 def plot(reports: list[PolicyReport], tree: BudgetTree, path: str) -> None:
     """PNG: occupancy share (trailing window) per budget over time, one panel per policy."""
     import matplotlib
