@@ -45,7 +45,7 @@ from apportion.bus.intake import Intake
 from apportion.clock import Clock
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, step
 from apportion.domain.engine import EngineConfig
-from apportion.events import Event, JobSubmitted, NodeHeartbeat
+from apportion.events import Event, JobLost, JobSubmitted, NodeHeartbeat, WorkloadRefused
 from services.dispatcher import logic
 from services.dispatcher.config import DispatcherSettings
 
@@ -271,8 +271,8 @@ class DispatcherService:
         for rec, ev in pairs:
             apply(rec, lambda e: evolve(state, e), ev)
         out: list[Event] = []
-        for rec, ev in pairs:  # what recover() decides, submission by submission, in log order
-            if isinstance(ev, JobSubmitted):
+        for rec, ev in pairs:  # what recover() decides (submissions, agents' refusals and losses), in log order
+            if isinstance(ev, (JobSubmitted, WorkloadRefused, JobLost)):
                 out += apply(rec, lambda e: logic.recover(state, [e], now, cfg), ev) or []
         log.info(
             "rebuilt from %d events: %d jobs active, %d pending, %d nodes; %d recovery decisions",

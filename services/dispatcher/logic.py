@@ -21,7 +21,16 @@ from typing import Any
 from apportion.domain.cluster import UNTIL_STARTED
 from apportion.domain.dispatch import DispatchConfig, DispatchState, decide, evolve
 from apportion.domain.fairshare import FairShareQueue
-from apportion.events import Event, JobPlaced, JobSubmitted, NodeLost, StartWorkload, StopWorkload
+from apportion.events import (
+    Event,
+    JobLost,
+    JobPlaced,
+    JobSubmitted,
+    NodeLost,
+    StartWorkload,
+    StopWorkload,
+    WorkloadRefused,
+)
 from apportion.timeutil import Micros, from_us, s_to_us
 
 FENCED = (JobPlaced, StartWorkload, StopWorkload, NodeLost)
@@ -32,7 +41,9 @@ def recover(state: DispatchState, log: Sequence[Event], now_us: Micros, cfg: Dis
 
     A leader may die between reading a ``JobSubmitted`` and publishing its
     ``JobQueued``/``JobRejected``; its successor finds such submissions here
-    and admits them now. Decision ids are deterministic, so if the old
+    and admits them now. The same for the node agents' ``WorkloadRefused``
+    and ``JobLost`` (a start refused by an agent that restarted while no
+    leader ran is undone and the job requeued). Decision ids are deterministic, so if the old
     leader's decision did reach the log after all, readers de-duplicate.
 
     Args:
@@ -50,11 +61,20 @@ def recover(state: DispatchState, log: Sequence[Event], now_us: Micros, cfg: Dis
     out: list[Event] = []
     for ev in log:
         if isinstance(ev, JobSubmitted) and ev.job_id not in state.jobs and ev.job_id not in state.finished:
-            new = decide(state, ev, now_us, cfg)
-            for e in new:
-                evolve(state, e)
-            out.extend(new)
+            out.extend(_decide_folded(state, ev, now_us, cfg))
+        elif isinstance(ev, WorkloadRefused) or (isinstance(ev, JobLost) and ev.producer != cfg.producer):
+            # an agent's report the old leader may not have answered (it arrived while nobody led, or
+            # during this rebuild): the domain acts only if the run it names is still the job's current one
+            out.extend(_decide_folded(state, ev, now_us, cfg))
     return out
+
+
+def _decide_folded(state: DispatchState, ev: Event, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
+    """``decide`` on an event already folded, then fold what it decided."""
+    new = decide(state, ev, now_us, cfg)
+    for e in new:
+        evolve(state, e)
+    return new
 
 
 def fence(evts: Iterable[Event], token: int, inputs: dict[str, int] | None = None) -> list[Event]:

@@ -91,3 +91,21 @@ def test_lost_run_is_charged_to_its_last_heartbeat_and_duplicates_fold_once() ->
 
 def test_events_of_unknown_jobs_are_ignored() -> None:
     assert fold_jobs([started("ghost", at=s(1)), completed("ghost", at=s(2))]) == {}
+
+
+def test_a_refused_resubmission_of_the_id_leaves_the_running_job_as_it_was() -> None:
+    from apportion import events as ev
+
+    dup = ev.JobRejected(
+        job_id="j",
+        budget="lab/a",
+        user="eve",
+        reason=ev.RejectReason.DUPLICATE_JOB,
+        message="job j exists",
+        ts=dt(s(60)),
+        producer="dispatcher",
+    )
+    [job] = fold_jobs(
+        [submitted("j", gpus=2, at=s(0)), placed("j", gpus=2, at=s(29)), started("j", at=s(30)), dup]
+    ).values()
+    assert job.state == "running"

@@ -7,7 +7,7 @@ Tree: lab (1.0) -> a 0.5 (members: alice), b 0.5; nodes n0, n1 with 4 GPUs each.
 from __future__ import annotations
 
 from builders import T0, m, submitted
-from test_dispatch import CFG, given, reg, types
+from test_dispatch import CFG, TREE, given, reg, types
 
 from apportion import events as ev
 from apportion.domain.dispatch import UNDO_ON_REFUSAL, Tick, step
@@ -99,3 +99,25 @@ def test_undo_codes_are_the_node_agents_refusal_codes():
 
     codes = {v for k, v in vars(agent).items() if k.isupper() and isinstance(v, str) and "_" in v}
     assert UNDO_ON_REFUSAL <= codes
+
+
+def test_a_refusal_read_during_a_rebuild_is_undone_by_the_new_leader():
+    # the agent refused the start while no leader ran: the successor's recovery undoes it
+    from apportion.domain.dispatch import DispatchState
+    from services.dispatcher.logic import recover
+
+    log: list = [reg("n0"), reg("n1"), submitted("j1", budget="lab/a", user="alice", gpus=2)]
+    state = DispatchState(TREE)
+    for e in log[:2]:
+        step(state, e, T0, CFG)
+    log += step(state, log[2], T0, CFG)  # JobQueued
+    log += step(state, Tick(T0), T0, CFG)  # JobPlaced, StartWorkload
+    placed = next(e for e in log if isinstance(e, ev.JobPlaced))
+    log.append(_refused(placed.placements[0].node_id, "before_registration: sent 1, node registered 2"))
+    fresh = DispatchState(TREE)
+    out = recover(fresh, log, m(2), CFG)
+    assert types(out) == ["JobRequeued:j1"]
+    assert (fresh.jobs["j1"].status, fresh.jobs["j1"].attempt) == ("pending", 2)
+    # a second recovery of the same log plus that decision decides nothing more
+    again = DispatchState(TREE)
+    assert recover(again, [*log, *out], m(3), CFG) == []

@@ -589,3 +589,17 @@ def test_rebuild_prefix_then_apply_rest_equals_rebuild_all(log, cut) -> None:
     t = whole.clock
     assert _answers(resumed, t) == _answers(whole, t)
     assert resumed.occupancy(t) == whole.occupancy(t)
+
+
+def test_a_share_change_at_the_same_instant_is_another_snapshot_id() -> None:
+    # same ledger, same event time, the tree's shares changed: a different payload must not reuse the id
+    from apportion.domain.budgets import BudgetTree
+    from apportion.domain.occupancy import OccupancyLedger
+    from apportion.domain.usage import usage_snapshot
+
+    ledger = OccupancyLedger(3600.0)
+    a = usage_snapshot(BudgetTree.from_mapping({"lab": 1.0, "lab/a": 0.6, "lab/b": 0.4}), ledger, 10**15)
+    b = usage_snapshot(BudgetTree.from_mapping({"lab": 1.0, "lab/a": 0.7, "lab/b": 0.3}), ledger, 10**15)
+    assert a.budgets != b.budgets and a.event_id != b.event_id
+    same = usage_snapshot(BudgetTree.from_mapping({"lab": 1.0, "lab/a": 0.6, "lab/b": 0.4}), ledger, 10**15)
+    assert same.event_id == a.event_id  # deterministic

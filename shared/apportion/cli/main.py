@@ -853,6 +853,20 @@ def _tree_from_file(path: Path) -> Any:
         fail(str(exc))
 
 
+def parse_members(text: str) -> tuple[str, ...]:
+    """``--members alice,bob`` as a tuple of user names; exit 2 for an empty list or a name with spaces.
+
+    An empty list would let nobody charge the budget (``--inherit-members`` drops the budget's own list).
+    """
+    names = tuple(m.strip() for m in text.split(","))
+    if not any(names):
+        fail("--members: give at least one user (comma-separated), or --inherit-members to inherit the parent's")
+    bad = [m for m in names if not m or any(c.isspace() for c in m)]
+    if bad:
+        fail(f"--members: {', '.join(repr(m) for m in bad)} is not a user name (comma-separated names, no spaces)")
+    return names
+
+
 def _tree_in_force(bootstrap: str | None) -> Any:
     """The budget tree the log defines (:func:`apportion.domain.budgets.fold_budget_log`, the rule every reader
     applies: accepted changes in log order, skipping those the policy rejected); exit 3 when Kafka is unreachable."""
@@ -912,6 +926,7 @@ def budget_set(
         fail("give --members or --inherit-members, not both")
     if max_min_runtime is not None and inherit_max_min_runtime:
         fail("give --max-min-runtime or --inherit-max-min-runtime, not both")
+    member_list = parse_members(members) if members is not None else None
     try:
         validate_path(path)
     except BudgetError as exc:
@@ -927,8 +942,8 @@ def budget_set(
             members=(
                 None
                 if inherit_members
-                else tuple(m.strip() for m in members.split(",") if m.strip())
-                if members is not None
+                else member_list
+                if member_list is not None
                 else (tuple(sorted(current.members)) if current is not None and current.members is not None else None)
             ),
             max_min_runtime_s=(

@@ -150,6 +150,12 @@ class JobStatus:
     detail: str = ""
 
 
+def is_duplicate_rejection(ev: events.Event, queued: bool) -> bool:
+    """True for the ``JobRejected(duplicate_job)`` of a later submission reusing the id of a job that was
+    queued: it refuses that submission, and says nothing about the job (which may be running)."""
+    return queued and isinstance(ev, events.JobRejected) and ev.reason is events.RejectReason.DUPLICATE_JOB
+
+
 def job_status(bootstrap: str, job_id: str) -> JobStatus:
     """The job's status from its records on ``apportion.submissions`` and ``apportion.jobs``."""
     from apportion.topics import JOBS, SUBMISSIONS
@@ -160,13 +166,16 @@ def job_status(bootstrap: str, job_id: str) -> JobStatus:
         return JobStatus(job_id, "unknown")
     user = submitted[0].user
     final: events.Event | None = None
+    queued = False
     for ev in key_events(bootstrap, JOBS.name, job_id):
         if getattr(ev, "job_id", None) != job_id:
             continue
+        if is_duplicate_rejection(ev, queued):
+            continue  # a second submission under the id was refused: the job itself is unchanged
         if ev.type in TERMINAL and getattr(ev, "replica", None) is None:
             final = ev
         elif ev.type in ("JobQueued", "JobRequeued"):
-            final = None
+            final, queued = None, True
     if final is None:
         return JobStatus(job_id, "live", user)
     detail = getattr(final, "reason", "") or getattr(final, "message", "")

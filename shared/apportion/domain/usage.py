@@ -54,9 +54,10 @@ def usage_snapshot(
         for p in tree.paths()
     )
     ts: datetime = from_us(at)
-    # a stable digest (not hash(): str hashing is salted per process)
+    # a stable digest (not hash(): str hashing is salted per process) of everything the rows say, shares
+    # included: a budget change at the same event time is another snapshot, not the same id reused
     digest = hashlib.sha256(
-        repr((cap_s, [(u.path, u.occupancy_gpu_s, u.unallocated_gpu_s) for u in rows])).encode()
+        repr((cap_s, [(u.path, u.abs_share, u.occupancy_gpu_s, u.unallocated_gpu_s) for u in rows])).encode()
     ).hexdigest()[:16]
     return OccupancySnapshot(
         event_id=det_id("OccupancySnapshot", at, digest),
