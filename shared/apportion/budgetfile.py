@@ -41,6 +41,7 @@ from apportion.yamlio import load_yaml, problem, where
 __all__ = [
     "BudgetEntry",
     "BudgetFileError",
+    "Real",
     "SIM_KEYS",
     "StrictSchema",
     "budgets_section",

@@ -68,8 +68,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator
 
+from apportion.budgetfile import BudgetEntry, Real, schema_error
+from apportion.budgetfile import StrictSchema as _Schema
 from apportion.domain.budgets import BudgetError, BudgetTree
 from apportion.sim.core import SimJob, SimNode
 from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us, to_us
@@ -124,31 +126,6 @@ class TraceError(ValueError):
 # ------------------------------------------------------------------ budget file
 
 
-class _Schema(BaseModel):
-    """Strict YAML schema: unknown keys are errors that name the allowed ones."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
-
-    @classmethod
-    def _coerce(cls, data: Any) -> Any:
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_keys(cls, data: Any) -> Any:
-        data = cls._coerce(data)
-        if isinstance(data, Mapping):
-            unknown = [str(k) for k in data if k not in cls.model_fields]
-            if unknown:
-                raise ValueError(
-                    f"unknown key {', '.join(map(repr, unknown))}; allowed keys: {', '.join(cls.model_fields)}"
-                )
-        return data
-
-
-Real = Annotated[float, Field(strict=True)]
-
-
 class ClusterGroup(_Schema):
     """``count`` nodes of ``gpus`` GPUs (of ``model``), ids ``<prefix><index>`` (index zero-padded to 3+ digits)."""
 
@@ -163,20 +140,6 @@ class MinRuntimeRule(_Schema):
 
     unallocated_fraction: Annotated[Real, Field(ge=0.0, le=1.0)] = 0.25
     cap_s: Annotated[Real, Field(ge=0.0)] = 7200.0
-
-
-class BudgetEntry(_Schema):
-    """One budget: a bare number is its share; else ``share``, ``members``, ``max_min_runtime_s``."""
-
-    share: Real
-    members: list[Annotated[str, Field(strict=True)]] | None = None
-    max_min_runtime_s: Annotated[Real, Field(ge=0.0)] | None = None
-
-    @classmethod
-    def _coerce(cls, data: Any) -> Any:
-        if isinstance(data, (int, float)) and not isinstance(data, bool):
-            return {"share": data}
-        return data
 
 
 class BudgetFileSpec(_Schema):
@@ -215,38 +178,8 @@ class BudgetFile:
     window_s: float = float(WEEK_S)
 
 
-def _key_path(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out or "(top level)"
-
-
 def _schema_error(path: str | Path, exc: ValidationError) -> TraceError:
-    errs = exc.errors(include_url=False)
-    e = errs[0]
-    where = _key_path(e["loc"])
-    kind = e["type"]
-    got = e.get("input")
-    if kind == "value_error":
-        what = e["msg"].removeprefix("Value error, ")
-    elif kind == "missing":
-        what = "missing (required)"
-    elif kind == "model_type":
-        model = _MODELS.get(e.get("ctx", {}).get("class_name", ""))
-        keys = f" ({', '.join(model.model_fields)})" if model else ""
-        what = f"expected a mapping{keys}, got {got!r}"
-    elif kind == "dict_type":
-        what = f"expected a mapping (key: value), got {got!r}"
-    elif kind == "list_type":
-        what = f"expected a list, got {got!r}"
-    else:
-        what = f"{e['msg'][0].lower()}{e['msg'][1:]}, got {got!r}"
-    more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
-    return TraceError(f"{path}: {where}: {what}{more}")
+    return TraceError(schema_error(path, exc, _MODELS))
 
 
 def load_budget_file(path: str | Path) -> BudgetFile:
@@ -294,7 +227,7 @@ def load_budget_file(path: str | Path) -> BudgetFile:
             seen[node_id] = gi
             nodes.append(SimNode(node_id, grp.gpus, grp.model))
     try:
-        tree = BudgetTree.from_mapping({p: e.model_dump() for p, e in spec.budgets.items()})
+        tree = BudgetTree.from_mapping({p: e.as_mapping() for p, e in spec.budgets.items()})
     except BudgetError as exc:
         raise TraceError(f"{path}: budgets: {exc.message}") from None
     targets = [(f"groups.{k}", v) for k, v in spec.groups.items()]
