@@ -285,6 +285,11 @@ class RankedBudget(_Model):
 # --------------------------------------------------------------------------- submissions
 
 
+#: Longest duration, minimum runtime or checkpoint interval a submission may give, seconds (about 31 years;
+#: the longest Philly job ran 53 days): larger values are typing errors that would stall a simulation.
+MAX_SECONDS = 1e9
+
+
 class JobSubmitted(Event):
     """A user asks to run a job (schema version 3).
 
@@ -313,12 +318,12 @@ class JobSubmitted(Event):
     user: str = Field(min_length=1)
     gpus_per_replica: int = Field(ge=1, le=1024)
     replicas: int = Field(default=1, ge=1, le=4096)
-    min_runtime_s: float = Field(ge=0)
+    min_runtime_s: float = Field(ge=0, le=MAX_SECONDS)
     gpu_model: str | None = None
     command: tuple[str, ...] | None = None
-    duration_s: float | None = Field(default=None, gt=0)
+    duration_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     submitted_at: datetime
-    checkpoint_interval_s: float | None = Field(default=None, gt=0)
+    checkpoint_interval_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
 
     @model_validator(mode="after")
     def _has_work(self) -> JobSubmitted:

@@ -272,3 +272,19 @@ def test_every_event_round_trips_through_json(type_name: str) -> None:
         assert ev.key_of(back) == ev.key_of(event)
 
     round_trip()
+
+
+def test_submissions_past_the_longest_duration_are_refused() -> None:
+    import pydantic
+    import pytest as _pytest
+
+    from apportion.events import MAX_SECONDS, JobSubmitted
+    from apportion.timeutil import from_us
+
+    ok = {"job_id": "j", "budget": "lab/a", "user": "u", "gpus_per_replica": 1, "min_runtime_s": 60.0}
+    ts = from_us(0)
+    JobSubmitted(**ok, duration_s=MAX_SECONDS, submitted_at=ts, ts=ts, producer="t")
+    for field in ("duration_s", "min_runtime_s", "checkpoint_interval_s"):
+        args = {**ok, "duration_s": 10.0, field: MAX_SECONDS * 10}
+        with _pytest.raises(pydantic.ValidationError, match=field):
+            JobSubmitted(**args, submitted_at=ts, ts=ts, producer="t")

@@ -73,6 +73,7 @@ from pydantic import Field, ValidationError, field_validator
 from apportion.budgetfile import BudgetEntry, Real, schema_error
 from apportion.budgetfile import StrictSchema as _Schema
 from apportion.domain.budgets import BudgetError, BudgetTree
+from apportion.events import MAX_SECONDS  # durations and minimum runtimes: the event contract's limit
 from apportion.sim.core import SimJob, SimNode
 from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us, to_us
 from apportion.yamlio import load_yaml
@@ -114,7 +115,7 @@ CSV_OPTIONAL = ("user", "replicas", "gpu_model", "checkpoint_interval_s")
 MAX_GPUS_PER_REPLICA = 1024
 MAX_REPLICAS = 4096
 MAX_JOB_ID = 200
-MAX_SECONDS = 1e9  # durations and minimum runtimes (~31 years; the longest Philly job ran 53 days)
+
 _MIN_US = to_us(datetime(1, 1, 2, tzinfo=UTC))
 _MAX_US = to_us(datetime(9000, 1, 1, tzinfo=UTC))
 
