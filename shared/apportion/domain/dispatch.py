@@ -64,6 +64,7 @@ from apportion.domain.engine import (
     schedule,
     shape_code,
     start_events,
+    stop_event,
 )
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.events import (
@@ -86,7 +87,6 @@ from apportion.events import (
     NodeHeartbeat,
     NodeLost,
     RejectReason,
-    StopWorkload,
     WorkloadRefused,
     det_id,
 )
@@ -792,17 +792,7 @@ def _finish_stop(
     out: list[Event] = []
     rec = state.jobs.get(job_id)
     if rec is not None and st.requeue:
-        out.append(
-            JobRequeued(
-                event_id=det_id("JobRequeued", job_id, attempt + 1),
-                ts=ts,
-                producer=prod,
-                job_id=job_id,
-                attempt=attempt + 1,
-                submitted_at=from_us(rec.submitted_at_us),
-                reason="preempted",
-            )
-        )
+        out.append(requeue_event(rec, attempt, ts, prod, "preempted"))
     return out + _start_waiting(state, key, ts, prod, finished)
 
 
@@ -919,31 +909,24 @@ def _node_lost(
                     other = state.cluster.nodes.get(p.node_id)
                     lost_too = other is None or other.state == "lost"
                     survivors = survivors or not lost_too
-                    out.append(
-                        StopWorkload(
-                            event_id=det_id("StopWorkload", run.job_id, run.attempt, r),
-                            ts=ts,
-                            producer=prod,
-                            node_id=p.node_id,
-                            job_id=run.job_id,
-                            attempt=run.attempt,
-                            grace_s=0.0 if lost_too else grace_s,
-                            reason="gang replica lost",
-                        )
-                    )
+                    out.append(stop_event(run, r, ts, 0.0 if lost_too else grace_s, prod, "gang replica lost"))
         if rec is not None and rec.attempt == run.attempt and not survivors:
-            out.append(
-                JobRequeued(
-                    event_id=det_id("JobRequeued", run.job_id, run.attempt + 1),
-                    ts=ts,
-                    producer=prod,
-                    job_id=run.job_id,
-                    attempt=run.attempt + 1,
-                    submitted_at=from_us(rec.submitted_at_us),
-                    reason="node lost",
-                )
-            )
+            out.append(requeue_event(rec, run.attempt, ts, prod, "node lost"))
     return out
+
+
+def requeue_event(rec: JobRecord, attempt: int, ts: Any, prod: str, reason: str) -> JobRequeued:
+    """``JobRequeued`` of ``rec``'s job after attempt ``attempt`` ended: attempt + 1, keeping ``submitted_at``."""
+    job_id = rec.spec.job_id
+    return JobRequeued(
+        event_id=det_id("JobRequeued", job_id, attempt + 1),
+        ts=ts,
+        producer=prod,
+        job_id=job_id,
+        attempt=attempt + 1,
+        submitted_at=from_us(rec.submitted_at_us),
+        reason=reason,
+    )
 
 
 def requeue_lost_run(state: DispatchState, ev: JobLost, ts: Any, prod: str, grace_s: float) -> list[Event]:
@@ -961,28 +944,9 @@ def requeue_lost_run(state: DispatchState, ev: JobLost, ts: Any, prod: str, grac
         return []
     run = state.cluster.runs.get(key)
     if run is None:  # its only node: requeue now
-        return [
-            JobRequeued(
-                event_id=det_id("JobRequeued", ev.job_id, ev.attempt + 1),
-                ts=ts,
-                producer=prod,
-                job_id=ev.job_id,
-                attempt=ev.attempt + 1,
-                submitted_at=from_us(rec.submitted_at_us),
-                reason="lost on its node",
-            )
-        ]
+        return [requeue_event(rec, ev.attempt, ts, prod, "lost on its node")]
     return [
-        StopWorkload(
-            event_id=det_id("StopWorkload", run.job_id, run.attempt, r),
-            ts=ts,
-            producer=prod,
-            node_id=run.placements[r].node_id,
-            job_id=run.job_id,
-            attempt=run.attempt,
-            grace_s=grace_s,
-            reason="gang replica lost",
-        )
+        stop_event(run, r, ts, grace_s, prod, "gang replica lost")
         for r in sorted(run.open_replicas)
         if run.placements[r].node_id != ev.node_id
     ]
@@ -1007,30 +971,11 @@ def undo_refused_start(state: DispatchState, ev: WorkloadRefused, ts: Any, prod:
     if any(run.placements[r].node_id == ev.node_id for r in run.started_replicas):
         return []  # that node started the replica after all (the refusal was of another copy)
     out: list[Event] = [
-        StopWorkload(
-            event_id=det_id("StopWorkload", run.job_id, run.attempt, r),
-            ts=ts,
-            producer=prod,
-            node_id=run.placements[r].node_id,
-            job_id=run.job_id,
-            attempt=run.attempt,
-            grace_s=0.0,
-            reason=f"start refused on {ev.node_id}: {code}",
-        )
+        stop_event(run, r, ts, 0.0, prod, f"start refused on {ev.node_id}: {code}")
         for r in sorted(run.open_replicas)
         if run.placements[r].node_id != ev.node_id
     ]
-    out.append(
-        JobRequeued(
-            event_id=det_id("JobRequeued", ev.job_id, ev.attempt + 1),
-            ts=ts,
-            producer=prod,
-            job_id=ev.job_id,
-            attempt=ev.attempt + 1,
-            submitted_at=from_us(rec.submitted_at_us),
-            reason=f"start refused: {code}",
-        )
-    )
+    out.append(requeue_event(rec, ev.attempt, ts, prod, f"start refused: {code}"))
     return out
 
 

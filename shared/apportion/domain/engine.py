@@ -143,6 +143,7 @@ __all__ = [
     "RULE_EXPIRED_BEHIND",
     "order_key",
     "preempt_events",
+    "stop_event",
     "start_events",
     "pending_order",
     "POLICY_VERSION",
@@ -430,21 +431,26 @@ def preempt_events(
             lost_gpu_s=work_lost_gpu_s(run, to_us(ts)),
         )
     ]
-    for r in sorted(run.open_replicas):
-        p = run.placements[r]
-        out.append(
-            StopWorkload(
-                event_id=det_id("StopWorkload", run.job_id, run.attempt, r),
-                ts=ts,
-                producer=producer,
-                node_id=p.node_id,
-                job_id=run.job_id,
-                attempt=run.attempt,
-                grace_s=grace_s,
-                reason=reason,
-            )
-        )
+    out.extend(stop_event(run, r, ts, grace_s, producer, reason) for r in sorted(run.open_replicas))
     return out
+
+
+def stop_event(run: Run, replica: int, ts: Any, grace_s: float, producer: str, reason: str) -> StopWorkload:
+    """``StopWorkload`` of one replica of ``run`` to its node (id by :func:`det_id`: one per replica and attempt).
+
+    Args:
+        grace_s: SIGTERM-to-SIGKILL grace, seconds.
+    """
+    return StopWorkload(
+        event_id=det_id("StopWorkload", run.job_id, run.attempt, replica),
+        ts=ts,
+        producer=producer,
+        node_id=run.placements[replica].node_id,
+        job_id=run.job_id,
+        attempt=run.attempt,
+        grace_s=grace_s,
+        reason=reason,
+    )
 
 
 # --------------------------------------------------------------------------- the cycle
