@@ -10,6 +10,8 @@ import uuid
 
 import pytest
 
+from tests.checkpoint_workload import WORKLOAD
+
 pytestmark = pytest.mark.integration
 
 DEADLINE_S = 60.0
@@ -81,50 +83,6 @@ async def test_node_agent_runs_commands_from_kafka(kafka_bootstrap, monkeypatch)
         producer.close()
 
 
-#: The workload of the live checkpoint test, written to a file by the test. It resumes from its progress
-#: file; attempt 1 writes resumed+10, waits for ``go`` in its checkpoint directory, writes resumed+20 and
-#: runs until SIGTERM, on which it writes resumed+25 and exits 0; attempt 2 writes resumed+10 as JSON and
-#: exits 0. Each attempt records its attempt number and what it resumed from in ``seen-<attempt>.json``.
-CHECKPOINT_WORKLOAD = r"""
-import json, os, signal, sys, time
-ckpt, pf = os.environ["APPORTION_CHECKPOINT_DIR"], os.environ["APPORTION_PROGRESS_FILE"]
-attempt = int(os.environ["APPORTION_ATTEMPT"])
-
-def write(text):
-    with open(pf + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(pf + ".tmp", pf)
-
-try:
-    with open(pf) as f:
-        raw = f.read()
-    resumed = json.loads(raw)["progress_s"] if raw.lstrip().startswith("{") else float(raw)
-except FileNotFoundError:
-    resumed = 0.0
-with open(os.path.join(ckpt, "seen-%d.json" % attempt), "w") as f:
-    json.dump({"attempt": attempt, "resumed_s": resumed, "cwd": os.getcwd()}, f)
-print("attempt %d resumed from %s" % (attempt, resumed), flush=True)
-progress = resumed
-
-def on_term(signum, frame):
-    write(repr(progress + 5))
-    sys.exit(0)
-
-signal.signal(signal.SIGTERM, on_term)
-if attempt == 1:
-    progress = resumed + 10
-    write(repr(progress))
-    while not os.path.exists(os.path.join(ckpt, "go")):
-        time.sleep(0.01)
-    progress = resumed + 20
-    write(repr(progress))
-    while True:
-        time.sleep(1)
-else:
-    write(json.dumps({"progress_s": resumed + 10}))
-"""
-
-
 async def test_live_checkpoint_preempt_and_resume(kafka_bootstrap, monkeypatch, tmp_path):
     """A real process checkpoints, is stopped, checkpoints on SIGTERM, and attempt 2 resumes from it.
 
@@ -146,7 +104,7 @@ async def test_live_checkpoint_preempt_and_resume(kafka_bootstrap, monkeypatch, 
     monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"t{uuid.uuid4().hex[:8]}.")
     await asyncio.to_thread(provision, kafka_bootstrap)
     script = tmp_path / "workload.py"
-    script.write_text(CHECKPOINT_WORKLOAD)
+    script.write_text(WORKLOAD)
     settings = NodeAgentSettings(
         kafka_bootstrap=kafka_bootstrap,
         sim_nodes=1,
@@ -221,8 +179,8 @@ async def test_live_checkpoint_preempt_and_resume(kafka_bootstrap, monkeypatch, 
         assert evs[4].reason == "stopped"
         seen = [json.loads((ckpt / f"seen-{a}.json").read_text()) for a in (1, 2)]
         assert seen == [
-            {"attempt": 1, "resumed_s": 0.0, "cwd": str(ckpt)},
-            {"attempt": 2, "resumed_s": 25.0, "cwd": str(ckpt)},
+            {"attempt": 1, "resumed_s": 0.0, "cwd": str(ckpt), "job": job},
+            {"attempt": 2, "resumed_s": 25.0, "cwd": str(ckpt), "job": job},
         ]
         out = tmp_path / "logs" / job / "attempt-2.replica-0.out"
         assert out.read_text() == "attempt 2 resumed from 25.0\n"

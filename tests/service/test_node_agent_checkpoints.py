@@ -25,6 +25,7 @@ from services.node_agent import logic
 from services.node_agent.app import NodeAgent
 from services.node_agent.logic import NodeSpec, ProgressWatch, Workload
 from services.node_agent.store import Journal
+from tests.checkpoint_workload import WORKLOAD
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
 WAIT_S = 20.0
@@ -242,50 +243,6 @@ def write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
-
-
-#: A workload that resumes from its progress file: attempt 1 writes resumed+10, waits for ``go``, writes
-#: resumed+20 and runs until SIGTERM, on which it writes one more (+5) and exits 0; later attempts write
-#: resumed+10 as JSON and exit 0. Each attempt records what it found in ``seen-<attempt>.json``.
-WORKLOAD = r"""
-import json, os, signal, sys, time
-ckpt, pf = os.environ["APPORTION_CHECKPOINT_DIR"], os.environ["APPORTION_PROGRESS_FILE"]
-attempt = int(os.environ["APPORTION_ATTEMPT"])
-
-def write(text):
-    with open(pf + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(pf + ".tmp", pf)
-
-try:
-    with open(pf) as f:
-        raw = f.read()
-    resumed = json.loads(raw)["progress_s"] if raw.lstrip().startswith("{") else float(raw)
-except FileNotFoundError:
-    resumed = 0.0
-with open(os.path.join(ckpt, "seen-%d.json" % attempt), "w") as f:
-    json.dump({"attempt": attempt, "resumed_s": resumed, "cwd": os.getcwd(), "job": os.environ["APPORTION_JOB_ID"]}, f)
-print("attempt %d resumed from %s" % (attempt, resumed), flush=True)
-progress = resumed
-
-def on_term(signum, frame):
-    write(repr(progress + 5))
-    print("final checkpoint at %s" % (progress + 5), flush=True)
-    sys.exit(0)
-
-signal.signal(signal.SIGTERM, on_term)
-if attempt == 1:
-    progress = resumed + 10
-    write(repr(progress))
-    while not os.path.exists(os.path.join(ckpt, "go")):
-        time.sleep(0.01)
-    progress = resumed + 20
-    write(repr(progress))
-    while True:
-        time.sleep(1)
-else:
-    write(json.dumps({"progress_s": resumed + 10}))
-"""
 
 
 async def test_checkpoints_final_checkpoint_on_sigterm_and_resume(tmp_path):
