@@ -376,13 +376,14 @@ async def run(
     lease = Lease(r, settings.owner(), settings.lease_ttl_wall_s)
     try:
         while not stop.is_set():
-            try:  # the newest token in the log is the floor: a Redis that lost its counter cannot go back
-                floor = await asyncio.to_thread(
-                    highest_token_in_log, conn.bootstrap, [COMMANDS.name, JOBS.name, NODES.name]
-                )
-            except Exception as exc:  # Kafka unreachable: never lead without a floor
-                log.warning("cannot read the newest fencing token from the log (%s): standing by", exc)
-                floor = None
+            floor: int | None = None
+            if not await asyncio.to_thread(lease.held_by_another):  # a take-over is possible: pay for the floor
+                try:  # the newest token in the log is the floor: a Redis that lost its counter cannot go back
+                    floor = await asyncio.to_thread(
+                        highest_token_in_log, conn.bootstrap, [COMMANDS.name, JOBS.name, NODES.name]
+                    )
+                except Exception as exc:  # Kafka unreachable: never lead without a floor
+                    log.warning("cannot read the newest fencing token from the log (%s): standing by", exc)
             token = await asyncio.to_thread(lease.try_acquire, floor) if floor is not None else 0
             if not token:
                 try:  # standby: wait a third of the TTL (or until stopped)

@@ -287,6 +287,19 @@ class Lease:
                 log.warning("could not release the lease (it expires in %.1fs): %s", self.ttl_s, exc)
             self.token = 0
 
+    def held_by_another(self) -> bool:
+        """True when another owner's lease is in force now (one Redis GET; False when Redis fails, so the
+        caller goes on to :meth:`try_acquire`, which reports the failure). A standby asks this before it pays
+        for the floor of a take-over (reading the log's newest token)."""
+        try:
+            cur = self.redis.get(lease_key())
+        except Exception:  # redis.RedisError, OSError: try_acquire says why
+            return False
+        if cur is None:
+            return False
+        owner = (cur.decode() if isinstance(cur, bytes) else str(cur)).rsplit(":", 1)[0]
+        return owner != self.owner
+
     @property
     def is_leader(self) -> bool:
         """True after a successful :meth:`try_acquire` (until it fails or is released)."""

@@ -128,3 +128,13 @@ def test_renew_extends_only_our_own_lease_and_never_draws_a_token(client):
     assert lease.renew() is False
     assert lease.token == 0 and lease.reason == "lease with token 1 expired or taken over"
     assert client.get(token_key()) is None  # renew drew nothing
+
+
+def test_held_by_another_tells_a_standby_whether_a_take_over_is_possible(client):
+    a, b = Lease(client, "dispatcher-a", ttl_s=60), Lease(client, "dispatcher:b", ttl_s=60)
+    assert not b.held_by_another()  # nobody leads
+    assert a.try_acquire() == 1
+    assert b.held_by_another() and not a.held_by_another()  # ours is not another's
+    a.release()
+    assert not b.held_by_another()
+    assert b.try_acquire() == 2 and not b.held_by_another()  # an owner id with ':' in it is parsed whole
