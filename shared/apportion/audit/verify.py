@@ -50,6 +50,7 @@ only cause a reported mismatch, never hide one.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -467,7 +468,9 @@ def _check_positioned(records: Sequence[LogRecord], snaps: list[LogRecord]) -> l
         for tp, upto in inputs.items():
             lst = by_tp.get(tp, [])
             start = done.get(tp, 0)
-            fresh.extend(x for x in lst if start <= x.offset < upto)
+            # offsets sorted: the newly covered stretch is a slice (a scan of the partition per snapshot
+            # would make the check quadratic in the log)
+            fresh.extend(lst[bisect_left(lst, start, key=_offset) : bisect_left(lst, upto, key=_offset)])
             done[tp] = upto
         fresh.sort(key=log_order)
         for x in fresh:
@@ -496,6 +499,10 @@ def _check_positioned(records: Sequence[LogRecord], snaps: list[LogRecord]) -> l
         if m is not None:
             out.append(m)
     return out
+
+
+def _offset(rec: LogRecord) -> int:
+    return rec.offset
 
 
 def _check_by_time(records: Sequence[LogRecord], snaps: list[LogRecord]) -> list[Mismatch]:
