@@ -51,7 +51,8 @@ def variant(kind: str, orig: Callable[..., float]) -> Callable[..., float]:
 
 def main(argv: list[str]) -> int:
     import apportion.domain.cluster as cluster
-    import apportion.domain.engine as engine
+    import apportion.domain.engine.cycle as cycle
+    import apportion.domain.engine.emit as emit
     import apportion.sim.core as core
     from apportion.cli.simulate import _run
     from apportion.events import JobPreempted
@@ -67,7 +68,7 @@ def main(argv: list[str]) -> int:
     orig_protection, orig_outputs = cluster.protection_s, core.Simulator._outputs
     for kind in kinds:
         fn = variant(kind, orig_protection)
-        cluster.protection_s = engine.protection_s = fn  # type: ignore[assignment]
+        cluster.protection_s = cycle.protection_s = emit.protection_s = fn  # type: ignore[assignment]
         counts: collections.Counter[str] = collections.Counter()
         allocated: dict[str, bool] = {}
 
@@ -92,7 +93,7 @@ def main(argv: list[str]) -> int:
             f"({over5} above 5), of one unallocated job {most_free}, {time.perf_counter() - t0:.0f} s",
             flush=True,
         )
-    cluster.protection_s = engine.protection_s = orig_protection  # type: ignore[assignment]
+    cluster.protection_s = cycle.protection_s = emit.protection_s = orig_protection  # type: ignore[assignment]
     return 0
 
 

@@ -23,13 +23,13 @@ from hypothesis import strategies as st
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import (
+    CycleFree,
     CycleSnapshot,
+    CycleVictims,
     EngineConfig,
     PendingJob,
-    _emit_placed,
-    _Free,
-    _plan,
-    _Victims,
+    emit_placed,
+    plan_preemption,
     preempt_events,
     shape_codes,
     start_events,
@@ -195,7 +195,7 @@ def _ref_greedy(
     on_place: Callable | None = None,
     preempt: bool = False,
 ) -> list[Event]:
-    free = _Free(snapshot.cluster)
+    free = CycleFree(snapshot.cluster)
     out: list[Event] = []
     ts = from_us(now_us)
     cfg = EngineConfig(
@@ -215,13 +215,13 @@ def _ref_greedy(
         nodes = free.fit(*shape)
         if nodes is not None:
             pl = tuple(Placement(node_id=n, gpus=free.take(n, job.gpus_per_replica)) for n in nodes)
-            _emit_placed(out, job, pl, (), job.budget, rank, {}, 0.0, False, ts, cfg)
+            emit_placed(out, job, pl, (), job.budget, rank, {}, 0.0, False, ts, cfg)
             out.extend(start_events(job.job_id, job.attempt, pl, ts, job.duration_s, job.command, cfg.producer))
         elif preempt and job.min_runtime_s > 0:
             if victims is None:
-                victims = _Victims(snapshot.cluster, now_us)
+                victims = CycleVictims(snapshot.cluster, now_us)
                 victims.expired = {}
-            plan = _plan(job, job.budget, free, victims, now_us, lambda p: 0.0, 0.0)
+            plan = plan_preemption(job, job.budget, free, victims, now_us, lambda p: 0.0, 0.0)
             if plan is None:
                 continue
             pl, chosen = plan
@@ -232,7 +232,7 @@ def _ref_greedy(
                         run, ts, cfg.grace_s, cfg.producer, victim=vic, by_job_id=job.job_id, by_budget=job.budget
                     )
                 )
-            _emit_placed(out, job, pl, tuple(v for _, v in chosen), job.budget, rank, {}, 0.0, False, ts, cfg)
+            emit_placed(out, job, pl, tuple(v for _, v in chosen), job.budget, rank, {}, 0.0, False, ts, cfg)
         else:
             continue
         if on_place is not None:

@@ -28,12 +28,12 @@ from apportion.domain.engine import (
     CycleSnapshot,
     EngineConfig,
     PendingJob,
-    _blocked_run,
-    _floor,
-    _floor_of_codes,
+    blocked_run,
+    floor_of_codes,
     pending_order,
     run_cycle,
     shape_codes,
+    shape_floor,
 )
 from apportion.timeutil import from_us
 
@@ -507,10 +507,10 @@ def test_blocked_run_by_byte_search_equals_the_scan(shapes, blocked, lo):
 
     lo = min(lo, len(jobs))
     expected = next((i for i in range(lo, len(jobs)) if shapes[i] not in blocked), len(jobs)) - lo
-    assert _blocked_run(jobs, lo, len(jobs), is_blocked) == expected
+    assert blocked_run(jobs, lo, len(jobs), is_blocked) == expected
     assert len(asked) == len(set(asked))  # once per distinct shape
     asked.clear()
-    assert _blocked_run(jobs, lo, len(jobs), is_blocked, shape_codes(jobs)) == expected
+    assert blocked_run(jobs, lo, len(jobs), is_blocked, shape_codes(jobs)) == expected
     assert len(asked) == len(set(asked))
 
 
@@ -519,7 +519,7 @@ def test_behind_set_by_tree_walk_equals_the_lca_rule():
     # the pairwise rule r(V branch) >= r(B branch) + delta of DESIGN section 3.
     import random
 
-    from apportion.domain.engine import _Victims
+    from apportion.domain.engine import CycleVictims
     from apportion.domain.fairshare import FairShareQueue
     from apportion.domain.preemption import branches_of as _branches
 
@@ -541,7 +541,7 @@ def test_behind_set_by_tree_walk_equals_the_lca_rule():
             for a in tree.ancestors(leaf):
                 occ[a] = occ.get(a, 0.0) + v
         view = FairShareQueue(tree, occ, 1000.0, {})
-        vic = _Victims.__new__(_Victims)
+        vic = CycleVictims.__new__(CycleVictims)
         vic.expired = {leaf: {} for leaf in rng.sample(leaves, 8)}
         vic.behind, vic.under = {}, None
         # with the after-move test (a random charge) and some moves already made this cycle
@@ -582,5 +582,5 @@ def test_floor_from_shape_codes_equals_the_floor_of_the_jobs(shapes, lo, hi):
         min((g for g, _, _ in shapes[lo:hi]), default=2**30),
         min((k for _, k, _ in shapes[lo:hi]), default=2**30),
     )
-    assert _floor(jobs, lo, hi) == expected
-    assert _floor_of_codes(shape_codes(jobs), lo, hi) == expected
+    assert shape_floor(jobs, lo, hi) == expected
+    assert floor_of_codes(shape_codes(jobs), lo, hi) == expected

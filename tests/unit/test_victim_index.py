@@ -28,7 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apportion.domain.cluster import ClusterState, Run
-from apportion.domain.engine import FreeIndex, VictimIndex, _lost, _order_key
+from apportion.domain.engine import FreeIndex, VictimIndex, order_key, order_lost_gpu_s
 
 NODES = ["n0", "n1", "n2", "n3"]
 BUDGETS = ["lab/a", "lab/b", "lab/c"]
@@ -200,9 +200,9 @@ def test_order_key_sorts_as_the_cost_at_any_later_now(rs, after_us):
         lost = gpus * (now - r.started_at_us) / 1e6  # the DESIGN section 3 cost, computed at now
         return (gpus, 0, lost, r.job_id, r.attempt) if r.allocated else (0, gpus, lost, r.job_id, r.attempt)
 
-    assert sorted(rs, key=_order_key) == sorted(rs, key=cost)
+    assert sorted(rs, key=order_key) == sorted(rs, key=cost)
     for r in rs:
-        assert _lost(_order_key(r), now) == cost(r)[2]
+        assert order_lost_gpu_s(order_key(r), now) == cost(r)[2]
 
 
 def test_reservation_nodes_walk_the_buckets_as_the_sort_rule():
@@ -211,7 +211,7 @@ def test_reservation_nodes_walk_the_buckets_as_the_sort_rule():
     import random
 
     from apportion.domain.cluster import ClusterSnapshot, Node
-    from apportion.domain.engine import _Free, _reservation_nodes
+    from apportion.domain.engine import CycleFree, reservation_nodes
 
     def by_sort(free, g, k, model):
         elig = [
@@ -233,7 +233,7 @@ def test_reservation_nodes_walk_the_buckets_as_the_sort_rule():
                 rng.choice(["ready"] * 4 + ["cordoned"]),
                 frozenset(x for x in range(c) if rng.random() < 0.4),
             )
-        free = _Free(ClusterSnapshot(nodes, {}, {}, tuple(sorted(nodes))))
+        free = CycleFree(ClusterSnapshot(nodes, {}, {}, tuple(sorted(nodes))))
         for n in list(free.model):
             r = rng.random()
             if r < 0.2:
@@ -242,4 +242,4 @@ def test_reservation_nodes_walk_the_buckets_as_the_sort_rule():
                 free.take(n, rng.randint(1, len(free.free[n])))
         for _ in range(5):
             g, k, model = rng.randint(1, 8), rng.randint(1, 4), rng.choice([None, None, "a"])
-            assert _reservation_nodes(free, g, k, model) == by_sort(free, g, k, model)
+            assert reservation_nodes(free, g, k, model) == by_sort(free, g, k, model)

@@ -58,7 +58,7 @@ from apportion.domain.engine import (
     FreeIndex,
     PendingJob,
     VictimIndex,
-    _boundary,
+    allocated_count,
     pending_order,
     preempt_events,
     schedule,
@@ -360,7 +360,7 @@ class DispatchState:
             if codes is not None:
                 self._memo[id(new)] = [new, {}, codes]
             return
-        b_old = _boundary(old)
+        b_old = allocated_count(old)
         alloc = job.min_runtime_s > 0
         g, k = job.gpus_per_replica, job.replicas
         b_new = b_old + sign if alloc else b_old

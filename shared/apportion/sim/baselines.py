@@ -27,14 +27,14 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 
 from apportion.domain.engine import (
+    CycleFree,
     CycleSnapshot,
+    CycleVictims,
     EngineConfig,
     PendingJob,
-    _boundary,
-    _emit_placed,
-    _Free,
-    _plan,
-    _Victims,
+    allocated_count,
+    emit_placed,
+    plan_preemption,
     preempt_events,
     schedule,
     segment_floor,
@@ -65,7 +65,7 @@ def _segments(snapshot: CycleSnapshot) -> tuple[list[Segment], list[Segment]]:
     alloc: list[Segment] = []
     unalloc: list[Segment] = []
     for leaf, lst in snapshot.pending.items():
-        b = _boundary(lst)
+        b = allocated_count(lst)
         if b:
             alloc.append((leaf, lst, 0, b))
         if b < len(lst):
@@ -115,7 +115,7 @@ def _rank(segs: list[Segment], job: PendingJob) -> int:
     return sum(bisect_left(lst, k, lo, hi, key=_fifo_key) - lo for _, lst, lo, hi in segs)
 
 
-def _largest_free(free: _Free) -> int:
+def _largest_free(free: CycleFree) -> int:
     """The most free GPUs any node has in this cycle (over all models), 0 when none is free."""
     best = 0
     for b in free.buckets.values():
@@ -189,7 +189,7 @@ def _greedy(
         preemptors: allocated jobs tried before ``segs`` (merged in FIFO
             order), without ``room``: each is placed on free GPUs, or else by
             preempting unallocated runs (least-cost set,
-            :func:`apportion.domain.engine._plan`). ``None``: no preemption.
+            :func:`apportion.domain.engine.plan_preemption`). ``None``: no preemption.
 
     Returns:
         Events in order, as :func:`apportion.domain.engine.schedule`. A
@@ -212,7 +212,7 @@ def _greedy(
     week 44, strict priority ran ~3.1M preemption searches in 15k cycles and
     static partitions ~4.9M quota checks without this.
     """
-    free = _Free(snapshot.cluster, snapshot.free)
+    free = CycleFree(snapshot.cluster, snapshot.free)
     out: list[Event] = []
     ts = from_us(now_us)
     cfg = EngineConfig(
@@ -229,14 +229,14 @@ def _greedy(
 
     def place_free(job: PendingJob, nodes: list[str], rank: int) -> None:
         pl = tuple(Placement(node_id=n, gpus=free.take(n, job.gpus_per_replica)) for n in nodes)
-        _emit_placed(out, job, pl, (), job.budget, rank, {}, 0.0, False, ts, cfg)
+        emit_placed(out, job, pl, (), job.budget, rank, {}, 0.0, False, ts, cfg)
         out.extend(start_events(job.job_id, job.attempt, pl, ts, job.duration_s, job.command, cfg.producer))
 
     start = 0
     if preemptors is not None:
         start = sum(hi - lo for _, _, lo, hi in preemptors)
         no_plan: list[Shape] = []  # shapes known to have no preemption plan either
-        victims: _Victims | None = None
+        victims: CycleVictims | None = None
         pfloors = [_floor_of(memo, sg) for sg in preemptors]
         plive = [True] * len(preemptors)
         for _, job in _merge(preemptors, plive):
@@ -249,9 +249,9 @@ def _greedy(
                 continue
             _add_blocked(no_fit, (g, k, m))
             if victims is None:
-                victims = _Victims(snapshot.cluster, now_us, snapshot.victims)
+                victims = CycleVictims(snapshot.cluster, now_us, snapshot.victims)
                 victims.expired = {}  # priority classes: only the low class is preemptible
-            plan = _plan(job, job.budget, free, victims, now_us, lambda p: 0.0, 0.0)
+            plan = plan_preemption(job, job.budget, free, victims, now_us, lambda p: 0.0, 0.0)
             if plan is None:
                 _add_blocked(no_plan, (g, k, m))
                 for i, (fg, fk) in enumerate(pfloors):
@@ -266,7 +266,7 @@ def _greedy(
                         run, ts, cfg.grace_s, cfg.producer, victim=vic, by_job_id=job.job_id, by_budget=job.budget
                     )
                 )
-            _emit_placed(
+            emit_placed(
                 out, job, pl, tuple(v for _, v in chosen), job.budget, _rank(preemptors, job), {}, 0.0, False, ts, cfg
             )
     largest = _largest_free(free)

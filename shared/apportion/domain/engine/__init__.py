@@ -1,0 +1,90 @@
+"""The scheduling engine (DESIGN section 3), one module per role; the entry point is :func:`run_cycle`.
+
+=====================  ==========================================================================
+module                 role
+=====================  ==========================================================================
+``cycle``              :func:`run_cycle` / :func:`schedule`: one cycle on a :class:`CycleSnapshot`
+``inputs``             :class:`EngineConfig`, :class:`PendingJob`, :func:`pending_order`
+``placement``          free capacity, best fit, spare models (:class:`FreeIndex`, :class:`CycleFree`)
+``victims``            victim cost order and candidate indices (:func:`order_key`, :class:`VictimIndex`)
+``search``             the least-cost preemption search (:func:`plan_preemption`)
+``reservation``        reservation nodes and the holder's earliest fit (:func:`earliest_fit_us`)
+``emit``               the events a cycle emits (:func:`preempt_events`, :func:`start_events`, ...)
+``shapes``             shape codes and bulk skips (speed only)
+=====================  ==========================================================================
+
+The rules the engine applies live in :mod:`apportion.domain.preemption`
+(candidate rule, backfill rule, provisional charge) and
+:mod:`apportion.domain.cluster` (protection window, work lost); they are
+re-exported here for the callers that import them from the engine.
+"""
+
+from __future__ import annotations
+
+from apportion.domain.engine.cycle import CycleResult, CycleSnapshot, run_cycle, schedule
+from apportion.domain.engine.emit import emit_placed, preempt_events, start_events, stop_event
+from apportion.domain.engine.inputs import POLICY_VERSION, EngineConfig, PendingJob, allocated_count, pending_order
+from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
+from apportion.domain.engine.reservation import earliest_fit_us, reservation_nodes
+from apportion.domain.engine.search import plan_preemption
+from apportion.domain.engine.shapes import (
+    blocked_run,
+    floor_of_codes,
+    memo_codes,
+    segment_floor,
+    shape_code,
+    shape_codes,
+    shape_floor,
+)
+from apportion.domain.engine.victims import CycleVictims, VictimIndex, order_key, order_lost_gpu_s
+from apportion.domain.preemption import (
+    RULE_EXPIRED_BEHIND,
+    RULE_UNALLOCATED,
+    ShareView,
+    VictimVerdict,
+    backfill_rule,
+    branch_rule,
+    charge_of,
+    victim_rule,
+)
+
+__all__ = [
+    "POLICY_VERSION",
+    "RULE_EXPIRED_BEHIND",
+    "RULE_UNALLOCATED",
+    "CycleFree",
+    "CycleResult",
+    "CycleSnapshot",
+    "CycleVictims",
+    "EngineConfig",
+    "FreeIndex",
+    "PendingJob",
+    "ShareView",
+    "VictimIndex",
+    "VictimVerdict",
+    "allocated_count",
+    "backfill_rule",
+    "blocked_run",
+    "branch_rule",
+    "charge_of",
+    "earliest_fit_us",
+    "emit_placed",
+    "floor_of_codes",
+    "memo_codes",
+    "order_key",
+    "order_lost_gpu_s",
+    "pending_order",
+    "plan_preemption",
+    "preempt_events",
+    "reservation_nodes",
+    "run_cycle",
+    "schedule",
+    "segment_floor",
+    "shape_code",
+    "shape_codes",
+    "shape_floor",
+    "spare_models",
+    "start_events",
+    "stop_event",
+    "victim_rule",
+]

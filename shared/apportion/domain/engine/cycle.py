@@ -1,0 +1,500 @@
+"""One scheduling cycle, the one entry point: :func:`run_cycle` (DESIGN section 3).
+
+:func:`schedule` takes an immutable :class:`CycleSnapshot` (cluster, pending
+jobs per leaf budget, budget tree, window occupancy) and the cycle's event
+time, and returns decision events. It never mutates its input: a cycle
+works on its own scratch indices built from the snapshot.
+
+The cycle, exactly as DESIGN section 3 says:
+
+1. Walk pending jobs in fair-share order (:class:`FairShareQueue`: leaf
+   budgets by Fair-Tree order of r, jobs of one leaf by (submitted_at,
+   job_id)). After each placement of an **allocated** job its budget gets the
+   provisional charge ``g * k * min(min_runtime, W)`` before the rest are
+   ranked (unallocated jobs are free and never charged).
+2. Place a job on free GPUs if it fits: gang of k replicas on k *distinct*
+   ``ready`` nodes of the right model with g free GPUs each. Best fit: nodes
+   with the fewest free GPUs that fit, ties by node id; within a node the
+   lowest free GPU indices. A job without a model constraint tries nodes of
+   models no waiting job asks for first (:func:`spare_models`).
+3. Else, for an **allocated** job J of leaf B, plan a preemption. Candidate
+   victims (:func:`victim_rule`, the one home of the rule, with rule ids):
+   (1) unallocated runs of any budget; (2) allocated runs whose protection
+   has expired (``now >= started_at + protection``, :func:`protection_s`:
+   the minimum runtime doubled per earlier preemption of the job, capped)
+   whose leaf V is *behind* B (:func:`branch_rule`): at the lowest common
+   ancestor, ``r(V's branch) >= r(B's branch) + delta``, and after the move
+   B's branch with J's provisional charge is still at or below V's
+   (``r_B_after <= r_V``), and the cycle has not already preempted B's
+   branch's work for V's (no same-cycle reversal); every r from the one view
+   of the cycle (all provisional charges so far). Never V == B, never a
+   protected run, never a run already stopping. Cost of a victim set is
+   (allocated GPUs, unallocated GPUs, GPU-seconds of work lost since each
+   victim's last checkpoint), compared lexicographically, with each
+   victim's *whole-run* GPUs (so a gang counts as large as it is;
+   :func:`order_key`, :func:`~apportion.domain.cluster.work_lost_gpu_s`).
+   Per node we take the cheapest victims first and then drop any that
+   turned out unnecessary (a minimal set per node); the k cheapest nodes
+   (ties by node id) form the plan. Preempt only if J is then placed; J is
+   placed at once on the freed GPUs (``JobPlaced`` with the victims in its
+   :class:`Decision`), so they are reserved for it; its ``StartWorkload``
+   follows when the victims have stopped (dispatch).
+4. Unallocated jobs only go on free GPUs.
+5. A job that cannot be placed does not block the ones behind it
+   (backfill), except: the highest-ranked blocked allocated job that has
+   waited (since it was queued) at least ``reservation_after`` reserves k
+   nodes (those with the most free GPUs, ties by id); no job ranked below it
+   lands there in this cycle, except as :func:`backfill_rule` allows (a
+   reservation never idles GPUs): unallocated work, and allocated work the
+   holder could take back whose protection ends by the holder's earliest
+   fit (:func:`earliest_fit_us`). Reservations are recomputed every cycle
+   from the snapshot, so they need no events and replay identically.
+
+No loop: within a cycle the after-move test and the reversal rule forbid
+V->B and B->V; across cycles the preemptor's new run is protected (longer
+each time the job was preempted), and B cannot preempt A back until A's run
+has served its protection *and* the ratios have crossed by ``delta`` the
+other way, with the move still not inverting the pair.
+
+Speed (the benchmark is 10,000 GPUs, 20,000 pending jobs, 200 leaves):
+
+* free capacity is indexed by (GPU model, free GPU count) -> sorted node
+  ids, so a fit is a walk over at most 9 buckets, not all nodes;
+* a failed shape (g, k, model) is remembered: a later job of at least that
+  shape fails on free GPUs without looking (free capacity only shrinks
+  within a cycle); preemption failures are remembered per leaf until
+  another leaf is charged (a charge elsewhere can put more runs behind);
+* when every remaining job of a leaf is at least as large as a remembered
+  failure, the whole leaf is skipped for the rest of the cycle
+  (:meth:`FairShareQueue.drop_leaf`); the next cycle looks again;
+* the preemption search looks only at nodes holding candidate victims.
+
+Event ids come from :func:`det_id`, times from ``now_us``: the same snapshot
+and time always give the same events, byte for byte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import islice
+from operator import attrgetter
+from typing import Any
+
+from apportion.domain.budgets import BudgetTree
+from apportion.domain.cluster import ClusterSnapshot, protection_s
+from apportion.domain.engine.emit import emit_placed, preempt_events, start_events
+from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
+from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
+from apportion.domain.engine.reservation import earliest_fit_us, reservation_nodes
+from apportion.domain.engine.search import plan_preemption
+from apportion.domain.engine.shapes import blocked_run, memo_codes, segment_floor
+from apportion.domain.engine.victims import CycleVictims, VictimIndex
+from apportion.domain.fairshare import FairShareQueue
+from apportion.domain.preemption import (
+    RULE_EXPIRED_BEHIND,
+    Move,
+    backfill_rule,
+    branch_rule,
+    charge_of,
+)
+from apportion.domain.preemption import (
+    branches_of as _branches,
+)
+from apportion.events import Event, Placement
+from apportion.timeutil import Micros, from_us, s_to_us
+
+__all__ = ["CycleResult", "CycleSnapshot", "run_cycle", "schedule"]
+
+_MIN_RT = attrgetter("min_runtime_s")
+
+
+@dataclass(frozen=True, slots=True)
+class CycleSnapshot:
+    """Everything one cycle reads, frozen.
+
+    Attributes:
+        cluster: nodes and runs.
+        pending: leaf budget -> its pending jobs, allocated ones first, each
+            class in (submitted_at, job_id) order (sort key
+            :func:`pending_order`). Keys that are not leaves of ``tree`` are
+            skipped.
+        tree: the budget tree.
+        occupancy: window occupancy O per budget path incl. descendants, GPU-s.
+        capacity_gpu_s: capacity integral K over the window, GPU-s.
+    """
+
+    cluster: ClusterSnapshot
+    pending: Mapping[str, Sequence[PendingJob]]
+    tree: BudgetTree
+    occupancy: Mapping[str, float]
+    capacity_gpu_s: float
+    memo: dict[Any, Any] | None = field(default=None, compare=False, repr=False)
+    """Optional cache the caller keeps across cycles: ``id(list) -> (list,
+    {(lo, hi): (min g, min k) of list[lo:hi]})`` for the ``pending`` lists;
+    only for callers whose pending sequences are never changed in place
+    (``DispatchState``: copy-on-write, and it carries entries over to the
+    list that replaces one)."""
+    victims: VictimIndex | None = field(default=None, compare=False, repr=False)
+    """Optional :class:`VictimIndex` of ``cluster.runs``, kept up to date across
+    cycles by the caller (``DispatchState``); ``None``: the cycle indexes the
+    runs itself. Either way the decisions are the same."""
+    free: FreeIndex | None = field(default=None, compare=False, repr=False)
+    """Optional :class:`FreeIndex` of ``cluster.nodes``, kept up to date the same way."""
+
+
+@dataclass(slots=True)
+class CycleResult:
+    """What a cycle decided.
+
+    Attributes:
+        events: decisions and commands in emission order.
+        reservation: ``(job_id, node_ids)`` of this cycle's reservation, or ``None``.
+        considered: jobs taken from the queue (the rest were skipped in bulk).
+        searches: preemption searches run.
+        passed_over: of ``considered``, jobs passed over in a run without
+            being looked at one by one: their shape was already known to be
+            blocked in this cycle (see :func:`~apportion.domain.engine.shapes.blocked_run`).
+    """
+
+    events: list[Event] = field(default_factory=list)
+    reservation: tuple[str, tuple[str, ...]] | None = None
+    considered: int = 0
+    searches: int = 0
+    passed_over: int = 0
+
+
+def schedule(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | None = None) -> list[Event]:
+    """Run one scheduling cycle (DESIGN section 3); see the module docstring.
+
+    Args:
+        snapshot: the frozen inputs.
+        now_us: cycle event time, µs since the epoch UTC.
+        config: policy knobs (defaults when ``None``).
+
+    Returns:
+        Events in order: for each placement, ``JobPreempted`` + ``StopWorkload``
+        per victim replica, then ``JobPlaced``, then (placements on free GPUs
+        only) ``StartWorkload`` per replica.
+    """
+    return run_cycle(snapshot, now_us, config).events
+
+
+def _dominated(shapes: list[tuple[int, int]], g: int, k: int) -> bool:
+    for fg, fk in shapes:
+        if fg <= g and fk <= k:
+            return True
+    return False
+
+
+def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | None = None) -> CycleResult:
+    """:func:`schedule` with the cycle's reservation and counters (for audits, tests, benchmarks).
+
+    Two passes over the fair-share order: first the allocated jobs (free GPUs,
+    else preemption, provisional charge, reservation), then the unallocated
+    jobs on whatever is still free, in the budget order the first pass left
+    (they are not charged, so that order no longer changes). A GPU that an
+    allocated job can use in this cycle is not idle, so an unallocated job
+    placed there would only be preempted in the next cycle: in the Philly
+    replay this ordering removes that churn (docs/simulation.md).
+    """
+    cfg = config or EngineConfig()
+    res = CycleResult()
+    tree = snapshot.tree
+    pending = {leaf: jobs for leaf, jobs in snapshot.pending.items() if jobs and tree.is_leaf(leaf)}
+    if not pending:
+        return res
+    cluster = snapshot.cluster
+    ts = from_us(now_us)
+    reservation_after_us = s_to_us(cfg.reservation_after_s)
+    bound = {leaf: allocated_count(jobs) for leaf, jobs in pending.items()}
+    queue: FairShareQueue[int] = FairShareQueue(
+        tree, snapshot.occupancy, snapshot.capacity_gpu_s, {leaf: range(b) for leaf, b in bound.items() if b}
+    )
+    budget_rank = {leaf: i for i, leaf in enumerate(queue.initial_order)}
+    free = CycleFree(cluster, snapshot.free)
+    if len(free.buckets) > 1:
+        free.prefer = spare_models(list(free.buckets), pending)
+    victims: CycleVictims | None = None
+    out = res.events
+    free_fail: dict[str | None, list[tuple[int, int]]] = {}
+    # leaf -> (shapes failed for any charge, charges at record time, own charges at record time,
+    #          (g, k, charge) failed for charges of at least that much)
+    pre_fail: dict[str, tuple[list[tuple[int, int]], int, int, list[tuple[int, int, float]]]] = {}
+    moves: set[Move] = set()  # this cycle's preemptions of allocated work (no same-cycle reversal)
+    hold_fit: Micros = 0  # earliest_fit_us of this cycle's reservation when its nodes have free GPUs
+    hold_leaf, hold_charge = "", 0.0  # the reservation holder's leaf and provisional charge
+    min_rt: dict[str, float] = {}  # leaf -> smallest min_runtime_s of its allocated jobs (while hold_fit)
+
+    def may_backfill(leaf: str, g: int, model: str | None) -> bool:
+        """Some job of ``leaf`` of at least ``g`` GPUs might still backfill the reservation: a reserved
+        node fits ``g`` and the leaf's shortest minimum runtime (a lower bound of any protection)
+        ends by the holder's fit time."""
+        if not hold_fit or not free.reserved_fits(g, model):
+            return False
+        m = min_rt.get(leaf)
+        if m is None:
+            m = min_rt[leaf] = min(map(_MIN_RT, islice(pending[leaf], 0, bound[leaf])), default=0.0)
+        return backfill_rule(True, s_to_us(m), now_us, hold_fit)
+
+    charges = 0
+    own_charges: dict[str, int] = {}
+    floors: dict[tuple[str, int], tuple[int, int]] = {}
+    reserved_for: str | None = None
+    memo = snapshot.memo
+    rank = -1
+    ratio = queue.ratio
+
+    def pre_failed(leaf: str, g: int, k: int, charge: float | None = None) -> bool:
+        """Known to fail: a search of a shape <= (g, k) failed for any charge, or (with ``charge``)
+        for a charge <= this one (the after-move test only gets stricter as the charge grows)."""
+        ent = pre_fail.get(leaf)
+        if ent is None:
+            return False
+        shapes, c0, o0, charged = ent
+        if charges - c0 != own_charges.get(leaf, 0) - o0:
+            del pre_fail[leaf]  # another leaf was charged since: stale
+            return False
+        if _dominated(shapes, g, k):
+            return True
+        if charge is None or not charged:
+            return False
+        for fg, fk, fc in charged:
+            if fg <= g and fk <= k and fc <= charge:
+                return True
+        return False
+
+    def record_pre_fail(leaf: str, g: int, k: int, charge: float | None = None) -> None:
+        """Remember a failed search; ``charge``: it failed only for charges of at least this much."""
+        ent = pre_fail.get(leaf)
+        if ent is None or charges - ent[1] != own_charges.get(leaf, 0) - ent[2]:
+            ent = pre_fail[leaf] = ([], charges, own_charges.get(leaf, 0), [])
+        if charge is None:
+            ent[0].append((g, k))
+        else:
+            ent[3].append((g, k, charge))
+
+    def floor_shape(leaf: str, lo: int, hi: int) -> tuple[int, int]:
+        """Smallest g and smallest k in pending[leaf][lo:hi]: a lower bound of any job left there."""
+        key = (leaf, lo)
+        f = floors.get(key)
+        if f is None:
+            f = floors[key] = segment_floor(memo, pending[leaf], lo, hi)
+        return f
+
+    def blocked_shape(leaf: str) -> Callable[[int, int, str | None], bool]:
+        """Whether a job of ``leaf`` with shape (g, k, model), taken now, would be blocked with no effect.
+
+        Pass 1 for such a job: the free GPUs are known not to fit it
+        (``free_fail``), its preemption search is known to fail
+        (``pre_failed``, not stale), no reservation is left to take, and it
+        does not end the leaf (``drop``). It then changes nothing but
+        ``rank``. A stale entry is dropped, as the job itself would drop it.
+        """
+        ent = pre_fail.get(leaf)
+        drop = (
+            ent is not None
+            and charges - ent[1] == own_charges.get(leaf, 0) - ent[2]
+            and ((1, 1) in ent[0] or _dominated(ent[0], *floor_shape(leaf, 0, bound[leaf])))
+        )
+
+        def blocked(g: int, k: int, model: str | None) -> bool:
+            if may_backfill(leaf, g, model):
+                return False  # it may backfill the reservation's free GPUs (depending on its protection)
+            ff = free_fail.get(model)
+            if not ((ff and _dominated(ff, g, k)) or (model is not None and _dominated(free_fail.get(None, ()), g, k))):  # type: ignore[arg-type]
+                return False
+            if model is None:
+                return not drop and leaf in pre_fail and pre_failed(leaf, g, k)
+            mkey = leaf + "\x00" + model
+            return (mkey in pre_fail and pre_failed(mkey, g, k)) or (leaf in pre_fail and pre_failed(leaf, g, k))
+
+        return blocked
+
+    # ---------------------------------------------------------------- pass 1: allocated jobs
+    while True:
+        item = queue.pop()
+        if item is None:
+            break
+        leaf, idx = item
+        job = pending[leaf][idx]
+        rank += 1
+        res.considered += 1
+        g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
+        nodes: list[str] | None = None
+        ff = free_fail.get(model)
+        if not ((ff and _dominated(ff, g, k)) or (model is not None and _dominated(free_fail.get(None, ()), g, k))):  # type: ignore[arg-type]
+            nodes = free.fit(g, k, model)
+            if nodes is None:
+                if ff is None:
+                    free_fail[model] = [(g, k)]
+                else:
+                    ff.append((g, k))
+        if (
+            nodes is None
+            and hold_fit
+            and now_us + s_to_us(job.min_runtime_s) <= hold_fit  # protection >= min_runtime: else no chance
+            and free.reserved_fits(g, model)
+        ):
+            # backfill the waiting reservation's free GPUs (DESIGN section 3: a reservation never idles GPUs)
+            prot = protection_s(job.min_runtime_s, job.preemptions, tree.max_min_runtime_s(job.budget), cfg.window_s)
+            br = _branches(leaf, hold_leaf)
+            may = br is not None and (
+                branch_rule(br[0], br[1], br[2], queue, cfg.delta, hold_charge, moves)[0] == RULE_EXPIRED_BEHIND
+            )
+            if backfill_rule(True, s_to_us(prot), now_us, hold_fit, may):
+                nodes = free.fit_with_reserved(g, k, model)
+                if nodes is not None and not free.reserved_free():
+                    hold_fit = 0  # the reservation's GPUs are all lent: nothing more to backfill
+        holds_reservation = reserved_for is None and now_us - job.queued_at_us >= reservation_after_us
+        mkey = leaf if model is None else leaf + "\x00" + model
+        charge = charge_of(g, k, job.min_runtime_s, cfg.window_s)
+        if nodes is not None:
+            placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
+            emit_placed(
+                out, job, placements, (), leaf, rank, budget_rank, ratio(leaf), holds_reservation, ts, cfg, tree
+            )
+            out.extend(start_events(job.job_id, job.attempt, placements, ts, job.duration_s, job.command, cfg.producer))
+        elif (
+            cfg.preemption
+            and not (mkey in pre_fail and pre_failed(mkey, g, k, charge))
+            and (model is None or not (leaf in pre_fail and pre_failed(leaf, g, k, charge)))
+        ):
+            if victims is None:
+                victims = CycleVictims(cluster, now_us, snapshot.victims)
+            res.searches += 1
+            plan = plan_preemption(job, leaf, free, victims, now_us, queue, cfg.delta, charges, tree, charge, moves)
+            if plan is None:
+                record_pre_fail(mkey, g, k, charge if victims.narrowed else None)
+            else:
+                placements, chosen = plan
+                vics = []
+                for run, vic in chosen:
+                    victims.taken.add(run.key)
+                    if vic.rule == RULE_EXPIRED_BEHIND:
+                        br = _branches(run.budget, leaf)
+                        if br is not None:
+                            moves.add(br)
+                    out.extend(
+                        preempt_events(
+                            run, ts, cfg.grace_s, cfg.producer, victim=vic, by_job_id=job.job_id, by_budget=leaf
+                        )
+                    )
+                    vics.append(vic)
+                emit_placed(
+                    out,
+                    job,
+                    placements,
+                    tuple(vics),
+                    leaf,
+                    rank,
+                    budget_rank,
+                    ratio(leaf),
+                    holds_reservation,
+                    ts,
+                    cfg,
+                    tree,
+                )
+                nodes = [p.node_id for p in placements]
+        elif not cfg.preemption:
+            record_pre_fail(mkey, g, k)
+        if nodes is not None:
+            queue.charge(leaf, charge)
+            charges += 1
+            own_charges[leaf] = own_charges.get(leaf, 0) + 1
+            continue
+        # blocked
+        if holds_reservation:
+            reserved_for = job.job_id
+            unalloc_gpus: dict[str, int] | None = None
+            if victims is not None:
+                taken = victims.taken
+                unalloc_gpus = {
+                    n: sum(len(x[2]) for x in lst if x[1].key not in taken) for n, lst in victims.unalloc.items()
+                }
+            chosen_nodes = reservation_nodes(free, g, k, model, unalloc_gpus)
+            for n in chosen_nodes:
+                free.reserve(n)
+            res.reservation = (job.job_id, tuple(chosen_nodes))
+            if free.reserved_free():
+                hold_fit = earliest_fit_us(cluster, chosen_nodes, g, now_us, victims.taken if victims else set())
+                hold_leaf, hold_charge = leaf, charge
+            continue  # the reservation changed free capacity: no bulk skip on its account
+        if model is None:
+            ent = pre_fail.get(leaf)  # pre_failed(leaf, 1, 1) or pre_failed(leaf, *floor), inlined
+            if ent is not None:
+                if charges - ent[1] != own_charges.get(leaf, 0) - ent[2]:
+                    del pre_fail[leaf]  # another leaf was charged since: stale
+                elif ((1, 1) in ent[0] or _dominated(ent[0], *floor_shape(leaf, 0, bound[leaf]))) and not may_backfill(
+                    leaf, 1, None
+                ):
+                    queue.drop_leaf(leaf)
+                    continue
+        if reserved_for is not None and cfg.preemption and idx + 1 < bound[leaf]:
+            # The leaf's next jobs come next (nothing was charged). Pass over those that
+            # would be blocked exactly like this one, with no effect but their rank.
+            jobs = pending[leaf]
+            n = blocked_run(jobs, idx + 1, bound[leaf], blocked_shape(leaf), memo_codes(memo, jobs))
+            if n:
+                queue.skip(leaf, n)
+                rank += n
+                res.considered += n
+                res.passed_over += n
+
+    # ---------------------------------------------------------------- pass 2: unallocated jobs
+    rest = [leaf for leaf, b in bound.items() if b < len(pending[leaf])]
+    if not rest:
+        return res
+    order = queue.order()  # = budget_order of the occupancy after the provisional charges
+    if free.reserved and free.reserved_free():
+        # unallocated work may use a waiting reservation's free GPUs: the holder's preemption
+        # search evicts it the moment it can start (DESIGN section 3)
+        free.unreserve_all()
+        free_fail.clear()
+    any_free = free_fail.get(None, [])
+    if _dominated(any_free, 1, 1):
+        return res  # not even one GPU was free for a 1-GPU job: no unallocated job fits
+    for leaf in order:
+        jobs = pending.get(leaf)
+        if not jobs or bound[leaf] >= len(jobs):
+            continue
+        if _dominated(any_free, 1, 1):
+            break  # not one GPU is left for a 1-GPU job
+        r_leaf = queue.ratio(leaf)
+        mg, mk = floor_shape(leaf, bound[leaf], len(jobs))
+        if _dominated(any_free, mg, mk):
+            continue  # nothing of this leaf fits on what is free
+        end = len(jobs)
+        idx = bound[leaf] - 1
+        while idx + 1 < end:
+            idx += 1
+            job = jobs[idx]
+            rank += 1
+            res.considered += 1
+            g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
+            if _dominated(free_fail.get(model, ()), g, k) or (  # type: ignore[arg-type]
+                model is not None and _dominated(any_free, g, k)
+            ):
+                # known not to fit, and so are the next jobs of a shape that does not fit: pass over them
+                def still_blocked(
+                    g2: int, k2: int, m2: str | None, ff_now: Any = free_fail, af_now: Any = any_free
+                ) -> bool:
+                    return _dominated(ff_now.get(m2, ()), g2, k2) or (m2 is not None and _dominated(af_now, g2, k2))
+
+                n = blocked_run(jobs, idx + 1, end, still_blocked, memo_codes(memo, jobs))
+                idx += n
+                rank += n
+                res.considered += n
+                res.passed_over += n
+                continue
+            nodes = free.fit(g, k, model)
+            if nodes is None:
+                free_fail.setdefault(model, []).append((g, k))
+                any_free = free_fail.get(None, [])
+                if model is None and _dominated(any_free, mg, mk):
+                    break
+                continue
+            placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
+            emit_placed(out, job, placements, (), leaf, rank, budget_rank, r_leaf, False, ts, cfg, tree)
+            out.extend(start_events(job.job_id, job.attempt, placements, ts, job.duration_s, job.command, cfg.producer))
+    return res

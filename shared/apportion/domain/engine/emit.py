@@ -1,0 +1,163 @@
+"""The events a cycle emits: ``JobPlaced`` (with its :class:`~apportion.events.Decision`), ``StartWorkload``
+per replica, ``JobPreempted`` + ``StopWorkload`` per victim.
+
+Event ids come from :func:`~apportion.events.det_id` and times from the
+cycle's event time, so the same snapshot and time always give the same
+events, byte for byte. The dispatcher's own stops (drain, node lost,
+cancel) use the same constructors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from apportion.domain.budgets import BudgetTree
+from apportion.domain.cluster import Run, protection_s, work_lost_gpu_s
+from apportion.domain.engine.inputs import EngineConfig, PendingJob
+from apportion.events import (
+    Decision,
+    Event,
+    JobPlaced,
+    JobPreempted,
+    Placement,
+    StartWorkload,
+    StopWorkload,
+    Victim,
+    det_id,
+)
+from apportion.timeutil import from_us, to_us
+
+__all__ = ["emit_placed", "preempt_events", "start_events", "stop_event"]
+
+
+def start_events(
+    job_id: str,
+    attempt: int,
+    placements: Sequence[Placement],
+    ts: Any,
+    duration_s: float | None,
+    command: tuple[str, ...] | None,
+    producer: str,
+) -> list[Event]:
+    """``StartWorkload`` for every replica of a run (ids by :func:`det_id`)."""
+    return [
+        StartWorkload(
+            event_id=det_id("StartWorkload", job_id, attempt, i),
+            ts=ts,
+            producer=producer,
+            node_id=p.node_id,
+            job_id=job_id,
+            attempt=attempt,
+            replica=i,
+            gpus=p.gpus,
+            command=command,
+            duration_s=duration_s,
+        )
+        for i, p in enumerate(placements)
+    ]
+
+
+def preempt_events(
+    run: Run,
+    ts: Any,
+    grace_s: float,
+    producer: str,
+    *,
+    victim: Victim | None = None,
+    by_job_id: str | None = None,
+    by_budget: str | None = None,
+    reason: str = "preempted",
+) -> list[Event]:
+    """``JobPreempted`` for ``run`` then ``StopWorkload`` to each open replica's node.
+
+    ``JobPreempted.lost_gpu_s`` is :func:`~apportion.domain.cluster.work_lost_gpu_s`
+    of the run at ``ts`` (DESIGN section 1).
+    """
+    out: list[Event] = [
+        JobPreempted(
+            event_id=det_id("JobPreempted", run.job_id, run.attempt),
+            ts=ts,
+            producer=producer,
+            job_id=run.job_id,
+            attempt=run.attempt,
+            budget=run.budget,
+            allocated=run.allocated,
+            by_job_id=by_job_id,
+            by_budget=by_budget,
+            victim=victim,
+            grace_s=grace_s,
+            reason=reason,
+            lost_gpu_s=work_lost_gpu_s(run, to_us(ts)),
+        )
+    ]
+    out.extend(stop_event(run, r, ts, grace_s, producer, reason) for r in sorted(run.open_replicas))
+    return out
+
+
+def stop_event(run: Run, replica: int, ts: Any, grace_s: float, producer: str, reason: str) -> StopWorkload:
+    """``StopWorkload`` of one replica of ``run`` to its node (id by :func:`det_id`: one per replica and attempt).
+
+    Args:
+        grace_s: SIGTERM-to-SIGKILL grace, seconds.
+    """
+    return StopWorkload(
+        event_id=det_id("StopWorkload", run.job_id, run.attempt, replica),
+        ts=ts,
+        producer=producer,
+        node_id=run.placements[replica].node_id,
+        job_id=run.job_id,
+        attempt=run.attempt,
+        grace_s=grace_s,
+        reason=reason,
+    )
+
+
+def emit_placed(
+    out: list[Event],
+    job: PendingJob,
+    placements: tuple[Placement, ...],
+    victims: tuple[Victim, ...],
+    leaf: str,
+    rank: int,
+    budget_rank: Mapping[str, int],
+    r: float,
+    reservation: bool,
+    ts: Any,
+    cfg: EngineConfig,
+    tree: BudgetTree | None = None,
+) -> None:
+    """Append the ``JobPlaced`` of ``job``. With ``tree`` its decision records the
+    protection (:func:`protection_s` of the job's preemptions, capped by the budget's
+    ``max_min_runtime`` and ``W / 4``); without (baseline policies), none: the
+    protection is then the minimum runtime."""
+    protection = None
+    if job.min_runtime_s > 0 and tree is not None:
+        protection = protection_s(job.min_runtime_s, job.preemptions, tree.max_min_runtime_s(job.budget), cfg.window_s)
+    out.append(
+        JobPlaced(
+            event_id=det_id("JobPlaced", job.job_id, job.attempt),
+            ts=ts,
+            producer=cfg.producer,
+            job_id=job.job_id,
+            attempt=job.attempt,
+            budget=job.budget,
+            user=job.user,
+            allocated=job.min_runtime_s > 0,
+            gpus_per_replica=job.gpus_per_replica,
+            replicas=job.replicas,
+            min_runtime_s=job.min_runtime_s,
+            placements=placements,
+            submitted_at=from_us(job.submitted_at_us),
+            decision=Decision(
+                rank=rank,
+                budget_rank=budget_rank.get(leaf, -1),
+                ratio=r,
+                victims=victims,
+                reservation=reservation,
+                policy_version=cfg.policy_version,
+                protection_s=protection,
+                preemptions=job.preemptions if protection is not None else None,
+            ),
+        )
+    )

@@ -1,0 +1,108 @@
+"""The engine's inputs: the policy knobs (:class:`EngineConfig`) and one pending job (:class:`PendingJob`).
+
+Also the order of a leaf's pending list (:func:`pending_order`: allocated jobs
+first, each class by (submitted_at, job_id)) and where its unallocated jobs
+begin (:func:`allocated_count`), which the cycle, the baselines and
+``DispatchState`` share.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from apportion.timeutil import WEEK_S, Micros
+
+__all__ = ["POLICY_VERSION", "EngineConfig", "PendingJob", "allocated_count", "pending_order"]
+
+POLICY_VERSION = "fairtree-2"
+"""fairtree-2: after-move test, no same-cycle reversal, protection grown per preemption,
+cold-start capacity floor, reservation backfill, spare models first (issue 12)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Scheduler policy knobs.
+
+    Attributes:
+        delta: hysteresis for preempting an expired allocated run: its branch
+            r must exceed the preemptor's by at least this (default 0.05).
+        reservation_after_s: a blocked allocated job waiting at least this
+            long (seconds since queued) reserves nodes (default 1 h).
+        window_s: occupancy window W in seconds (for the provisional charge).
+        grace_s: SIGTERM-to-SIGKILL grace of ``StopWorkload``, seconds.
+        preemption: False disables preemption (baselines).
+        policy_version: recorded in every :class:`Decision`.
+        producer: ``producer`` of emitted events.
+    """
+
+    delta: float = 0.05
+    reservation_after_s: float = 3600.0
+    window_s: float = float(WEEK_S)
+    grace_s: float = 30.0
+    preemption: bool = True
+    policy_version: str = POLICY_VERSION
+    producer: str = "dispatcher"
+
+
+@dataclass(frozen=True, slots=True)
+class PendingJob:
+    """A job waiting in the queue (one attempt).
+
+    Attributes:
+        job_id, attempt: identity of the run it would become.
+        budget: leaf budget path charged.
+        user: submitting user.
+        gpus_per_replica, replicas: gang shape g x k.
+        min_runtime_s: protection in seconds; 0 = unallocated.
+        gpu_model: required model or ``None``.
+        submitted_at_us: original submission (queue order), µs UTC.
+        queued_at_us: when this attempt entered the queue (reservation wait), µs UTC.
+        duration_s, command: the workload, passed on to ``StartWorkload``.
+        preemptions: times the job was preempted before (``ClusterState.preemptions``),
+            the input of :func:`~apportion.domain.cluster.protection_s`.
+        progress_s: progress its last checkpoint saved, seconds (where this attempt resumes).
+    """
+
+    job_id: str
+    attempt: int
+    budget: str
+    user: str
+    gpus_per_replica: int
+    replicas: int
+    min_runtime_s: float
+    submitted_at_us: Micros
+    queued_at_us: Micros
+    gpu_model: str | None = None
+    duration_s: float | None = None
+    command: tuple[str, ...] | None = None
+    preemptions: int = 0
+    progress_s: float = 0.0
+
+    @property
+    def allocated(self) -> bool:
+        """True when charged (``min_runtime_s > 0``)."""
+        return self.min_runtime_s > 0
+
+    @property
+    def gpus(self) -> int:
+        """g * k."""
+        return self.gpus_per_replica * self.replicas
+
+
+def allocated_count(jobs: Sequence[PendingJob]) -> int:
+    """Index of the first unallocated job of a leaf's pending list (= how many allocated jobs lead it).
+
+    The list must be in :func:`pending_order` (allocated jobs first).
+    """
+    return bisect_left(jobs, True, key=_is_unallocated)
+
+
+def _is_unallocated(j: PendingJob) -> bool:
+    return j.min_runtime_s <= 0
+
+
+def pending_order(j: PendingJob) -> tuple[bool, int, str]:
+    """Sort key of a leaf's pending list: allocated jobs first, each class by (submitted_at, job_id)."""
+    return (j.min_runtime_s <= 0, j.submitted_at_us, j.job_id)

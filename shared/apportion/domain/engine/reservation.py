@@ -1,0 +1,132 @@
+"""Reservations (DESIGN section 3, step 5): where a long-blocked job reserves, and when it could start there.
+
+The highest-ranked blocked allocated job that has waited at least
+``reservation_after`` reserves k nodes (:func:`reservation_nodes`); jobs
+ranked below it may still use the reserved free GPUs as
+:func:`~apportion.domain.preemption.backfill_rule` allows, judged against
+the holder's earliest possible start (:func:`earliest_fit_us`): a
+reservation never idles GPUs. Reservations are recomputed every cycle from
+the snapshot, so they need no events and replay identically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from apportion.domain.cluster import UNTIL_STARTED, ClusterSnapshot, RunKey
+from apportion.domain.engine.placement import CycleFree
+from apportion.timeutil import Micros
+
+__all__ = ["earliest_fit_us", "reservation_nodes"]
+
+
+def earliest_fit_us(
+    cluster: ClusterSnapshot, nodes: Sequence[str], g: int, now_us: Micros, taken: set[RunKey] | frozenset[RunKey]
+) -> Micros:
+    """A lower bound of when a reservation's holder can start on its ``nodes``, µs UTC (DESIGN section 3).
+
+    Per node: the GPUs not held by running allocated runs are available now
+    (free, unallocated work - evicted the moment the holder can start -,
+    stopping runs, runs preempted in this cycle (``taken``) and GPUs taken
+    earlier in this cycle, all counted as now: a lower bound); an allocated
+    run's GPUs become available no earlier than its protection ends
+    (:attr:`Run.protected_until_us`; for a run not yet started, its
+    placement time plus its protection, which is earlier). The node fits
+    the holder (``g`` GPUs) at the first time enough are available; the
+    holder needs all of its nodes, so the answer is the latest of them.
+
+    Returns ``now_us`` when every node fits now, and ``2**62`` when a node
+    never can (fewer than ``g`` GPUs).
+    """
+    latest = now_us
+    runs = cluster.runs
+    for nid in nodes:
+        node = cluster.nodes[nid]
+        held: list[tuple[Micros, int]] = []
+        busy = 0
+        for key in cluster.node_runs.get(nid, ()):
+            run = runs.get(key)
+            if run is None or run.stopping or not run.allocated or key in taken:
+                continue
+            n = sum(len(run.placements[r].gpus) for r in run.open_replicas if run.placements[r].node_id == nid)
+            until = run.protected_until_us
+            if until is None or until >= UNTIL_STARTED:
+                length = run.min_runtime_us if run.protection_us is None else run.protection_us
+                until = run.placed_at_us + length
+            held.append((until, n))
+            busy += n
+        avail = node.gpu_count - busy
+        if avail >= g:
+            continue
+        t = UNTIL_STARTED
+        for until, n in sorted(held):
+            avail += n
+            if avail >= g:
+                t = until
+                break
+        if t > latest:
+            latest = t
+    return max(latest, now_us)
+
+
+def reservation_nodes(
+    free: CycleFree, g: int, k: int, model: str | None, unalloc: Mapping[str, int] | None = None
+) -> list[str]:
+    """k eligible nodes for a blocked job: most GPUs available to it now first, ties by id.
+
+    Available: free, plus (``unalloc``: node -> GPUs) those of unallocated
+    runs, which the holder evicts as soon as it can start; so a node whose
+    free GPUs the reservation lent to unallocated work in the last cycle
+    ranks as it did and the reservation stays put. Eligible: not reserved,
+    the model matches, at least g GPUs. Nodes with c >= 1 free GPUs that are
+    not reserved are exactly ``buckets[model][c]``, so without unallocated
+    runs they are walked from the most free down; nodes with no free GPU are
+    looked for only when fewer than k were found.
+    """
+    out: list[str] = []
+    count = free.count
+    if unalloc:
+        ffree, reserved, fmodel = free.free, free.reserved, free.model
+        avail: dict[str, int] = {}
+        for m, b in free.buckets.items():
+            if model is not None and m != model:
+                continue
+            for c in range(1, len(b)):
+                for n in b[c]:
+                    if count[n] >= g:
+                        avail[n] = c
+        for n, u in unalloc.items():
+            if n in fmodel and n not in reserved and count[n] >= g and (model is None or fmodel[n] == model):
+                avail[n] = len(ffree[n]) + u
+        out = [n for _, n in sorted((-a, n) for n, a in avail.items())[:k]]
+        if len(out) == k:
+            return out
+        have = set(out)
+        zero = sorted(
+            n
+            for n, m in fmodel.items()
+            if n not in have and not ffree[n] and n not in reserved and (model is None or m == model) and count[n] >= g
+        )
+        out.extend(zero[: k - len(out)])
+        return out
+    several = model is None and len(free.buckets) > 1
+    for c in range(free.maxc, 0, -1):
+        cand: list[str] = []
+        for m, b in free.buckets.items():
+            if model is not None and m != model:
+                continue
+            cand.extend(n for n in b[c] if count[n] >= g)
+        if cand:
+            if several:
+                cand.sort()
+            out.extend(cand[: k - len(out)])
+            if len(out) == k:
+                return out
+    ffree, reserved = free.free, free.reserved
+    zero = sorted(
+        n
+        for n, m in free.model.items()
+        if not ffree[n] and n not in reserved and (model is None or m == model) and count[n] >= g
+    )
+    out.extend(zero[: k - len(out)])
+    return out

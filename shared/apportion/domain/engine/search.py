@@ -1,0 +1,228 @@
+"""The least-cost preemption search (DESIGN section 3, step 3): :func:`plan_preemption`.
+
+Candidates come from :class:`~apportion.domain.engine.victims.CycleVictims`
+(unallocated runs per node; expired allocated runs of the leaves behind the
+preemptor by :func:`~apportion.domain.preemption.branch_rule`); every victim
+of a returned plan is checked again by
+:func:`~apportion.domain.preemption.victim_rule`, the one home of the rule,
+whose verdict (rule id, LCA, the two r) goes into the audit record
+(:class:`~apportion.events.Victim`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from apportion.domain.budgets import BudgetTree
+from apportion.domain.cluster import Run, RunKey, work_lost_gpu_s
+from apportion.domain.engine.inputs import PendingJob
+from apportion.domain.engine.placement import CycleFree
+from apportion.domain.engine.victims import CycleVictims, cand_order
+from apportion.domain.fairshare import FairShareQueue
+from apportion.domain.preemption import Move, ShareView, VictimVerdict, victim_rule
+from apportion.events import Placement, Victim
+from apportion.timeutil import Micros, from_us
+
+__all__ = ["plan_preemption"]
+
+
+def plan_preemption(
+    job: PendingJob,
+    leaf: str,
+    free: CycleFree,
+    victims: CycleVictims,
+    now: Micros,
+    ratio: ShareView | Callable[[str], float],
+    delta: float,
+    epoch: int = 0,
+    tree: BudgetTree | None = None,
+    charge_gpu_s: float = 0.0,
+    moves: frozenset[Move] | set[Move] = frozenset(),
+) -> tuple[tuple[Placement, ...], list[tuple[Run, Victim]]] | None:
+    """Least-cost preemption plan for allocated ``job`` of ``leaf``, or ``None`` (DESIGN section 3).
+
+    ``ratio`` is the cycle's :class:`ShareView` (or a plain ``path -> r``
+    callable, for which a charge changes no r: the baselines). After the
+    call, ``victims.narrowed`` tells whether the expired-behind candidates
+    depended on the job's charge (see :meth:`CycleVictims.behind_of`): a failure
+    then says nothing about a job with a smaller charge.
+
+    Cost of a set: (allocated GPUs, unallocated GPUs, GPU-s of work lost),
+    lexicographic. Any node that needs no allocated victim is cheaper than
+    one that does, so nodes reachable with unallocated victims alone are
+    tried first and the expired-behind runs are looked at only when fewer
+    than k such nodes exist. Per node the cheapest victims are taken first,
+    then unnecessary ones dropped (most expensive first); the k cheapest
+    nodes (ties by node id) form the plan.
+
+    Returns the placements of J (free GPUs first, then victims' GPUs) and the
+    victims with their :class:`Victim` audit records; the free index is
+    updated (J's GPUs taken) when a plan is returned.
+    """
+    view: ShareView = (
+        ratio  # type: ignore[assignment]
+        if type(ratio) is FairShareQueue or hasattr(ratio, "ratio_after")
+        else _CallableView(ratio)  # type: ignore[arg-type]
+    )
+    victims.narrowed = False
+    g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
+    taken = victims.taken
+    fmodel, fcount, reserved, ffree = free.model, free.count, free.reserved, free.free
+
+    def eligible(nid: str) -> bool:
+        return nid in fmodel and nid not in reserved and fcount[nid] >= g and (model is None or fmodel[nid] == model)
+
+    def evaluate(nid: str, lst: list) -> tuple | None:
+        have = len(ffree[nid])
+        reach = have
+        for x in lst:
+            reach += len(x[2])
+            if reach >= g:
+                break
+        else:
+            if reach < g:
+                return None
+        chosen = []
+        got = have
+        for x in lst:
+            if got >= g:
+                break
+            chosen.append(x)
+            got += len(x[2])
+        for x in sorted(chosen, key=cand_order, reverse=True):
+            if got - len(x[2]) >= g:
+                chosen.remove(x)
+                got -= len(x[2])
+        a = u = 0
+        lost = 0.0
+        for x in chosen:
+            c = x[0]
+            a += c[0]
+            u += c[1]
+            lost += (c[0] + c[1]) * (now + c[2]) / 1e6  # order_lost_gpu_s(c, now), inlined
+        return ((a, u, lost), nid, chosen)
+
+    u_nodes = victims.unalloc
+    log = free.log
+    ckey = (g, model)
+    cached = victims.u_opts.get(ckey)
+    todo: Any
+    if cached is None:
+        todo = u_nodes
+        cached = victims.u_opts[ckey] = {}
+    else:
+        # options depend on g, the model and each node's state, not on the preemptor:
+        # re-evaluate only the nodes touched (free.log) since they were last looked at
+        pos = victims.u_seen[ckey]
+        if pos == len(log):
+            todo = ()
+        else:
+            touched = set(log[pos:])
+            for nid in touched:
+                cached.pop(nid, None)
+            todo = [nid for nid in touched if nid in u_nodes]
+    victims.u_seen[ckey] = len(log)
+    for nid in todo:
+        if not eligible(nid):  # (static in a cycle but for reservations, which are logged)
+            continue
+        lst = u_nodes[nid]
+        if taken:
+            cands = [x for x in lst if (x[1].job_id, x[1].attempt) not in taken]
+        else:
+            cands = lst  # evaluate() only reads it
+        if cands:
+            opt = evaluate(nid, cands)
+            if opt is not None:
+                cached[nid] = opt
+    options = list(cached.values())
+    for c in range(g, free.maxc + 1):
+        for m, b in free.buckets.items():
+            if model is not None and m != model:
+                continue
+            for nid in b[c]:
+                # (u_nodes lists are never empty: with nothing taken, only nodes without them qualify)
+                if nid not in u_nodes or (taken and not any(x[1].key not in taken for x in u_nodes[nid])):
+                    if fcount[nid] >= g:
+                        options.append(((0, 0, 0.0), nid, []))
+    behind = None
+    if len(options) < k:
+        behind, victims.narrowed = victims.behind_of(leaf, view, delta, epoch, tree, charge_gpu_s, moves)
+        if not behind:
+            return None
+        per_node: dict[str, list] = {}
+        for v in behind:
+            for nid, lst in victims.expired_on(v).items():
+                if not eligible(nid):
+                    continue
+                bucket = per_node.get(nid)
+                if bucket is None:
+                    bucket = per_node[nid] = []
+                bucket.extend(x for x in lst if x[1].key not in taken)
+        if not per_node:
+            return None
+        seen = {o[1] for o in options}
+        for nid, lst in per_node.items():
+            if not lst:
+                continue
+            if nid in u_nodes:
+                lst.extend(x for x in u_nodes[nid] if x[1].key not in taken)
+            lst.sort(key=cand_order)
+            opt = evaluate(nid, lst)
+            if opt is not None:
+                if nid in seen:
+                    options = [o for o in options if o[1] != nid]
+                options.append(opt)
+        if len(options) < k:
+            return None
+    options.sort(key=lambda o: (o[0], o[1]))
+    best = options[:k]
+    placements = []
+    picked: dict[RunKey, tuple[Run, Victim]] = {}
+    for _, nid, chosen in best:
+        for x in chosen:
+            for p in x[1].placements:
+                log.append(p.node_id)
+        log.append(nid)
+        gpus = list(free.take(nid, min(g, len(ffree[nid]))))
+        extra = sorted(gg for x in chosen for gg in x[2])
+        gpus.extend(extra[: g - len(gpus)])
+        placements.append(Placement(node_id=nid, gpus=tuple(sorted(gpus))))
+        for x in chosen:
+            run = x[1]
+            if run.key not in picked:
+                verdict = victim_rule(run, leaf, now, view, delta, charge_gpu_s, moves)
+                if not verdict.allowed:  # the search and the rule disagree: a bug, never a decision
+                    raise AssertionError(f"victim {run.key} of {leaf}'s plan refused by victim_rule: {verdict}")
+                picked[run.key] = (run, _victim(run, now, verdict))
+    return tuple(placements), [picked[key] for key in sorted(picked)]
+
+
+class _CallableView:
+    """A :class:`ShareView` of a plain ``path -> r`` function (a charge changes nothing)."""
+
+    __slots__ = ("ratio",)
+
+    def __init__(self, fn: Callable[[str], float]) -> None:
+        self.ratio = fn
+
+    def ratio_after(self, path: str, gpu_s: float) -> float:
+        return self.ratio(path)
+
+
+def _victim(run: Run, now: Micros, verdict: VictimVerdict) -> Victim:
+    until = run.protected_until_us
+    return Victim(
+        job_id=run.job_id,
+        attempt=run.attempt,
+        budget=run.budget,
+        allocated=run.allocated,
+        gpus=run.gpus,
+        protected_until=from_us(until) if until is not None else None,
+        rule=verdict.rule,
+        lca=verdict.lca,
+        victim_ratio=verdict.victim_ratio,
+        preemptor_ratio=verdict.preemptor_ratio,
+        preemptor_ratio_after=verdict.preemptor_ratio_after,
+        lost_gpu_s=work_lost_gpu_s(run, now),
+    )  # type: ignore[arg-type]
