@@ -10,7 +10,8 @@ Kafka or Redis:
   and the input position on placements (for the audit);
 * :func:`read_model` - the ``apportion:rm:jobs`` / ``apportion:rm:nodes`` rows
   (:mod:`apportion.readmodel`), with each pending job's position in the
-  fair-share order and a machine-readable pending reason.
+  fair-share order and its pending reason, from the engine's own cycle
+  (:mod:`apportion.domain.engine.reasons`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from apportion.domain.cluster import UNTIL_STARTED
 from apportion.domain.dispatch import DispatchConfig, DispatchState, decide, evolve
+from apportion.domain.engine import PendingReason, reason_dict, run_cycle
 from apportion.domain.fairshare import FairShareQueue
 from apportion.events import (
     Event,
@@ -31,7 +33,7 @@ from apportion.events import (
     StopWorkload,
     WorkloadRefused,
 )
-from apportion.timeutil import Micros, from_us, s_to_us
+from apportion.timeutil import Micros, from_us
 
 FENCED = (JobPlaced, StartWorkload, StopWorkload, NodeLost)
 
@@ -106,64 +108,22 @@ def fence(evts: Iterable[Event], token: int, inputs: dict[str, int] | None = Non
     return out
 
 
-def _pending_reason(state: DispatchState, job: Any, now_us: Micros, cfg: DispatchConfig) -> str:
-    """A machine-readable reason why ``job`` is still pending (Kueue-style), naming what blocks it.
-
-    The code before the colon is stable for scripts; the text after it gives the facts the read model can
-    see: how many nodes of the job's shape exist, are ready and have the GPUs free now, and when the earliest
-    protection among the allocated runs on those nodes ends. (Which job holds a reservation is decided inside
-    the cycle and not kept in the state; see the report of issue 13.)
-    """
-    g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
-    what = f"{k} node(s) with {g} {'free ' + model if model else 'free'} GPU(s)"
-    fitting = [n for n in state.cluster.nodes.values() if n.gpu_count >= g and (model is None or n.gpu_model == model)]
-    ready = [n for n in fitting if n.state == "ready"]
-    if len(ready) < k:
-        if len(fitting) >= k:
-            return (
-                f"nodes_unavailable: needs {what}; {len(fitting)} node(s) of this shape, {len(ready)} ready "
-                "(the rest cordoned, draining, drained or lost)"
-            )
-        return f"node_shape: needs {what}; the cluster has {len(fitting)} node(s) of this shape"
-    if job.budget not in state.tree:
-        return "budget_unknown: the budget was removed"
-    free_now = [n for n in ready if len(n.free) >= g]
-    if len(free_now) >= k:
-        return (
-            f"placeable: {len(free_now)} ready node(s) have {g} GPU(s) free; held for another job's reservation "
-            "or not yet seen by a cycle"
-        )
-    ready_ids = {n.node_id for n in ready}
-    expiries = [
-        run.protected_until_us
-        for run in state.cluster.runs.values()
-        if run.allocated
-        and not run.stopping
-        and run.protected_until_us is not None
-        and run.protected_until_us > now_us
-        and any(p.node_id in ready_ids for p in run.placements)
-    ]
-    soonest = (
-        f"; the earliest protection on those nodes ends {from_us(min(expiries)).isoformat()}"
-        if expiries and min(expiries) < UNTIL_STARTED
-        else ""
-    )
-    have = f"needs {what}, {len(free_now)} of {len(ready)} ready node(s) have them now"
-    if job.min_runtime_s <= 0:
-        return f"waiting_for_idle_gpus: {have} (unallocated jobs run only on idle GPUs)"
-    waited = now_us - job.queued_at_us
-    if waited >= s_to_us(cfg.engine.reservation_after_s):
-        return f"waiting_for_gpus: {have}; eligible for a reservation (waited past reservation_after){soonest}"
-    return f"waiting_for_gpus: {have}; no preemptible victim behind this budget{soonest}"
-
-
 def read_model(
     state: DispatchState, now_us: Micros, cfg: DispatchConfig
 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """Rows of ``apportion:rm:jobs`` and ``apportion:rm:nodes`` at ``now_us``.
 
     Pending jobs get ``position``: their 0-based place in the fair-share
-    order a cycle would walk now (budget order, then submitted_at, job_id).
+    order a cycle would walk now (budget order, then submitted_at, job_id),
+    and why they wait: the engine's cycle at ``now_us`` on the same snapshot,
+    asked to explain (``run_cycle(..., explain=True)``), gives each job it
+    leaves pending a typed reason; ``reason`` is its one-line text
+    (``kind: facts``, the kind stable for scripts) and ``reason_detail`` its
+    fields (:func:`~apportion.domain.engine.reasons.reason_dict`). A job
+    that cycle would place gets ``placeable: ...`` (the dispatcher's next
+    cycle places it). With another scheduler than the engine
+    (``cfg.scheduler``, the simulator's baselines) reasons are left empty:
+    only the engine explains its own decisions.
 
     Returns:
         ``(jobs, nodes)`` keyed by job id and node id.
@@ -175,7 +135,12 @@ def read_model(
     for i, (_, job) in enumerate(queue):
         position[job.job_id] = i
     jobs: dict[str, dict[str, Any]] = {}
-    pend_by_id = {j.job_id: j for lst in snap.pending.values() for j in lst}
+    reasons: dict[str, PendingReason] = {}
+    placeable: set[str] = set()
+    if cfg.scheduler is None:
+        res = run_cycle(snap, now_us, cfg.engine, explain=True)
+        reasons = res.reasons
+        placeable = {e.job_id for e in res.events if isinstance(e, JobPlaced)}
     for job_id, rec in state.jobs.items():
         spec = rec.spec
         row: dict[str, Any] = {
@@ -207,9 +172,12 @@ def read_model(
                 )
         if rec.status == "pending":
             row["position"] = position.get(job_id)
-            pj = pend_by_id.get(job_id)
-            if pj is not None:
-                row["reason"] = _pending_reason(state, pj, now_us, cfg)
+            why = reasons.get(job_id)
+            if why is not None:
+                row["reason"] = why.text()
+                row["reason_detail"] = reason_dict(why)
+            elif job_id in placeable:
+                row["reason"] = "placeable: a cycle now places it (the dispatcher's next one)"
         jobs[job_id] = row
     nodes: dict[str, dict[str, Any]] = {}
     for nid, n in state.cluster.nodes.items():

@@ -336,7 +336,9 @@ def queue(
     """Jobs in the queue (like squeue): position, budget, user, GPUs, state, start time, nodes or pending reason.
 
     The position is the place in the fair-share order a scheduling cycle walks now (pending jobs only;
-    `-` for running ones).
+    `-` for running ones). The pending reason comes from the engine's own cycle (`kind: facts`; kinds
+    budget_ahead, reserved_by, protected_until, no_node_shape, no_free_gpus, budget_unknown, placeable);
+    `--json` rows also carry `reason_detail`, the reason's fields.
     """
     from apportion import readmodel
 

@@ -10,6 +10,7 @@ module                 role
 ``search``             the least-cost preemption search (:func:`plan_preemption`)
 ``reservation``        reservation nodes and the holder's earliest fit (:func:`earliest_fit_us`)
 ``emit``               the events a cycle emits (:func:`preempt_events`, :func:`start_events`, ...)
+``reasons``            why a job is still pending after a cycle (:func:`explain_pending`, on request)
 ``shapes``             shape codes and bulk skips (speed only)
 =====================  ==========================================================================
 
@@ -25,6 +26,17 @@ from apportion.domain.engine.cycle import CycleResult, CycleSnapshot, run_cycle,
 from apportion.domain.engine.emit import emit_placed, preempt_events, start_events, stop_event
 from apportion.domain.engine.inputs import POLICY_VERSION, EngineConfig, PendingJob, allocated_count, pending_order
 from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
+from apportion.domain.engine.reasons import (
+    BudgetAhead,
+    BudgetUnknown,
+    NoFreeGpus,
+    NoNodeShape,
+    PendingReason,
+    ProtectedUntil,
+    ReservedBy,
+    explain_pending,
+    reason_dict,
+)
 from apportion.domain.engine.reservation import earliest_fit_us, reservation_nodes
 from apportion.domain.engine.search import plan_preemption
 from apportion.domain.engine.shapes import (
@@ -49,6 +61,15 @@ from apportion.domain.preemption import (
 )
 
 __all__ = [
+    "BudgetAhead",
+    "BudgetUnknown",
+    "NoFreeGpus",
+    "NoNodeShape",
+    "PendingReason",
+    "ProtectedUntil",
+    "ReservedBy",
+    "explain_pending",
+    "reason_dict",
     "POLICY_VERSION",
     "RULE_EXPIRED_BEHIND",
     "RULE_UNALLOCATED",

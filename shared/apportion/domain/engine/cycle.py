@@ -77,6 +77,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from itertools import islice
 from operator import attrgetter
 from typing import Any
@@ -86,6 +87,7 @@ from apportion.domain.cluster import ClusterSnapshot, protection_s
 from apportion.domain.engine.emit import emit_placed, preempt_events, start_events
 from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
 from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
+from apportion.domain.engine.reasons import PendingReason, explain_pending
 from apportion.domain.engine.reservation import earliest_fit_us, reservation_nodes
 from apportion.domain.engine.search import plan_preemption
 from apportion.domain.engine.shapes import blocked_run, memo_codes, segment_floor
@@ -101,7 +103,7 @@ from apportion.domain.preemption import (
 from apportion.domain.preemption import (
     branches_of as _branches,
 )
-from apportion.events import Event, Placement
+from apportion.events import Event, JobPlaced, Placement
 from apportion.timeutil import Micros, from_us, s_to_us
 
 __all__ = ["CycleResult", "CycleSnapshot", "run_cycle", "schedule"]
@@ -155,6 +157,8 @@ class CycleResult:
         passed_over: of ``considered``, jobs passed over in a run without
             being looked at one by one: their shape was already known to be
             blocked in this cycle (see :func:`~apportion.domain.engine.shapes.blocked_run`).
+        reasons: with ``explain=True`` only: job id -> why each job the cycle did
+            not place is still pending (:mod:`apportion.domain.engine.reasons`).
     """
 
     events: list[Event] = field(default_factory=list)
@@ -162,6 +166,7 @@ class CycleResult:
     considered: int = 0
     searches: int = 0
     passed_over: int = 0
+    reasons: dict[str, PendingReason] = field(default_factory=dict)
 
 
 def schedule(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | None = None) -> list[Event]:
@@ -187,8 +192,15 @@ def _dominated(shapes: list[tuple[int, int]], g: int, k: int) -> bool:
     return False
 
 
-def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | None = None) -> CycleResult:
+def run_cycle(
+    snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | None = None, *, explain: bool = False
+) -> CycleResult:
     """:func:`schedule` with the cycle's reservation and counters (for audits, tests, benchmarks).
+
+    With ``explain``, the result also says why each job it did not place is
+    still pending (:attr:`CycleResult.reasons`, judged on the indices the
+    cycle leaves: :func:`~apportion.domain.engine.reasons.explain_pending`);
+    the decisions are the same either way.
 
     Two passes over the fair-share order: first the allocated jobs (free GPUs,
     else preemption, provisional charge, reservation), then the unallocated
@@ -203,6 +215,10 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
     tree = snapshot.tree
     pending = {leaf: jobs for leaf, jobs in snapshot.pending.items() if jobs and tree.is_leaf(leaf)}
     if not pending:
+        if explain:
+            res.reasons = explain_pending(
+                snapshot.pending, tree, snapshot.cluster, now_us, cfg, None, set(), None, {}, None, set(), set()
+            )
         return res
     cluster = snapshot.cluster
     ts = from_us(now_us)
@@ -442,9 +458,37 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
                 res.passed_over += n
 
     # ---------------------------------------------------------------- pass 2: unallocated jobs
-    rest = [leaf for leaf, b in bound.items() if b < len(pending[leaf])]
-    if not rest:
-        return res
+    if any(b < len(pending[leaf]) for leaf, b in bound.items()):
+        _place_unallocated(
+            res, pending, bound, queue, free, free_fail, floor_shape, memo, rank, budget_rank, ts, cfg, tree
+        )
+    if explain:
+        res.reasons = _explain(snapshot, now_us, cfg, res, free, victims, queue, budget_rank, moves)
+    return res
+
+
+def _place_unallocated(
+    res: CycleResult,
+    pending: Mapping[str, Sequence[PendingJob]],
+    bound: Mapping[str, int],
+    queue: FairShareQueue[int],
+    free: CycleFree,
+    free_fail: dict[str | None, list[tuple[int, int]]],
+    floor_shape: Callable[[str, int, int], tuple[int, int]],
+    memo: dict[Any, Any] | None,
+    rank: int,
+    budget_rank: Mapping[str, int],
+    ts: datetime,
+    cfg: EngineConfig,
+    tree: BudgetTree,
+) -> None:
+    """Pass 2 of :func:`run_cycle`: the unallocated jobs on whatever is still free (DESIGN section 3, step 4).
+
+    In the budget order pass 1 left (unallocated jobs are not charged, so it
+    no longer changes); ``rank`` continues from pass 1. Jobs of a shape known
+    not to fit are passed over in bulk.
+    """
+    out = res.events
     order = queue.order()  # = budget_order of the occupancy after the provisional charges
     if free.reserved and free.reserved_free():
         # unallocated work may use a waiting reservation's free GPUs: the holder's preemption
@@ -453,7 +497,7 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
         free_fail.clear()
     any_free = free_fail.get(None, [])
     if _dominated(any_free, 1, 1):
-        return res  # not even one GPU was free for a 1-GPU job: no unallocated job fits
+        return  # not even one GPU was free for a 1-GPU job: no unallocated job fits
     for leaf in order:
         jobs = pending.get(leaf)
         if not jobs or bound[leaf] >= len(jobs):
@@ -497,4 +541,33 @@ def run_cycle(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | No
             placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
             emit_placed(out, job, placements, (), leaf, rank, budget_rank, r_leaf, False, ts, cfg, tree)
             out.extend(start_events(job.job_id, job.attempt, placements, ts, job.duration_s, job.command, cfg.producer))
-    return res
+
+
+def _explain(
+    snapshot: CycleSnapshot,
+    now_us: Micros,
+    cfg: EngineConfig,
+    res: CycleResult,
+    free: CycleFree,
+    victims: CycleVictims | None,
+    queue: FairShareQueue[int],
+    budget_rank: Mapping[str, int],
+    moves: set[Move],
+) -> dict[str, PendingReason]:
+    """:func:`explain_pending` on what the cycle left (its free index, preempted runs, view of r, reservation)."""
+    placed = {e.job_id for e in res.events if type(e) is JobPlaced}
+    taken = victims.taken if victims is not None else set()
+    return explain_pending(
+        snapshot.pending,
+        snapshot.tree,
+        snapshot.cluster,
+        now_us,
+        cfg,
+        free,
+        taken,
+        queue,
+        budget_rank,
+        res.reservation,
+        moves,
+        placed,
+    )

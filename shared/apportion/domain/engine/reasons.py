@@ -1,0 +1,367 @@
+"""Why a job is still pending after a cycle (DESIGN section 3), from the cycle's own indices.
+
+:func:`~apportion.domain.engine.cycle.run_cycle` with ``explain=True`` ends
+with :func:`explain_pending`: for every job of the snapshot that the cycle
+did not place, one typed reason, judged on the indices the cycle left
+(free GPUs after its placements, its reservation, the runs it preempted,
+its view of r with every provisional charge, its moves). Only when asked:
+a cycle that decides (the dispatcher's, the simulator's) never pays for it.
+
+The first of these that applies is the reason (``kind``, stable for scripts):
+
+1. :class:`BudgetUnknown` (``budget_unknown``): the job's budget is not a
+   leaf of the tree, so no cycle looks at it.
+2. :class:`NoNodeShape` (``no_node_shape``): fewer than k ``ready`` nodes of
+   the job's model have g GPUs at all.
+3. :class:`ReservedBy` (``reserved_by``): the job would fit on free GPUs
+   if the nodes of another job's reservation were not held for that job.
+4. :class:`NoFreeGpus` (``no_free_gpus``): for an unallocated job (they run
+   on idle GPUs only) or with preemption off: fewer than k nodes have g
+   free GPUs.
+5. :class:`BudgetAhead` (``budget_ahead``): an allocated job, and runs past
+   their protection on the nodes it could use belong to leaves that
+   :func:`~apportion.domain.preemption.branch_rule` refuses (not behind the
+   job's branch by delta at the LCA, the after-move test, or a same-cycle
+   reversal); the one closest to being behind is named.
+6. :class:`ProtectedUntil` (``protected_until``): an allocated job, and the
+   allocated runs of other leaves on those nodes are all protected; the
+   earliest protection end is named.
+7. :class:`NoFreeGpus` otherwise (the GPUs are held by its own leaf, or too
+   few preemptible runs free enough of them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+from apportion.domain.budgets import BudgetTree
+from apportion.domain.cluster import UNTIL_STARTED, ClusterSnapshot, RunKey
+from apportion.domain.engine.inputs import EngineConfig, PendingJob
+from apportion.domain.engine.placement import CycleFree
+from apportion.domain.preemption import RULE_EXPIRED_BEHIND, Move, ShareView, branch_rule, branches_of, charge_of
+from apportion.timeutil import Micros, from_us
+
+__all__ = [
+    "BudgetAhead",
+    "BudgetUnknown",
+    "NoFreeGpus",
+    "NoNodeShape",
+    "PendingReason",
+    "ProtectedUntil",
+    "ReservedBy",
+    "explain_pending",
+    "reason_dict",
+]
+
+
+def _shape(g: int, k: int, model: str | None) -> str:
+    return f"{k} node(s) with {g} GPU(s)" + (f" of model {model}" if model else "")
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetUnknown:
+    """The job's budget is not a leaf of the budget tree (removed, or given children): no cycle looks at it."""
+
+    kind: ClassVar[str] = "budget_unknown"
+    budget: str
+
+    def text(self) -> str:
+        """One line for people, ``kind: facts``."""
+        return f"{self.kind}: {self.budget} is not a leaf budget of the tree (removed, or given children)"
+
+
+@dataclass(frozen=True, slots=True)
+class NoNodeShape:
+    """Fewer than ``replicas`` ready nodes of the model have ``gpus_per_replica`` GPUs at all.
+
+    Attributes:
+        ready: ready nodes of that shape (model, at least g GPUs).
+        total: nodes of that shape in any state (the rest are cordoned, draining, drained or lost).
+    """
+
+    kind: ClassVar[str] = "no_node_shape"
+    gpus_per_replica: int
+    replicas: int
+    gpu_model: str | None
+    ready: int
+    total: int
+
+    def text(self) -> str:
+        """One line for people, ``kind: facts``."""
+        rest = (
+            f" ({self.total} in all, the rest cordoned, draining, drained or lost)" if self.total > self.ready else ""
+        )
+        return (
+            f"{self.kind}: needs {_shape(self.gpus_per_replica, self.replicas, self.gpu_model)}; "
+            f"the cluster has {self.ready} ready node(s) of this shape{rest}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReservedBy:
+    """The job would fit on free GPUs but for the nodes reserved for ``holder`` (its ``nodes``)."""
+
+    kind: ClassVar[str] = "reserved_by"
+    holder: str
+    nodes: tuple[str, ...]
+
+    def text(self) -> str:
+        """One line for people, ``kind: facts``."""
+        return (
+            f"{self.kind}: the free GPUs it fits are reserved for {self.holder} on {', '.join(self.nodes)} "
+            "(the highest-ranked allocated job waiting past reservation_after)"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NoFreeGpus:
+    """Fewer than ``replicas`` usable nodes have ``gpus_per_replica`` free GPUs, and nothing else applies.
+
+    Attributes:
+        free_nodes: usable nodes (ready, the model, not reserved for another job) with g free GPUs now.
+        allocated: the job is allocated (``min_runtime > 0``); unallocated jobs never preempt.
+        preemption: the engine's preemption is on.
+    """
+
+    kind: ClassVar[str] = "no_free_gpus"
+    gpus_per_replica: int
+    replicas: int
+    gpu_model: str | None
+    free_nodes: int
+    allocated: bool
+    preemption: bool
+
+    def text(self) -> str:
+        """One line for people, ``kind: facts``."""
+        if not self.allocated:
+            why = "unallocated jobs run only on idle GPUs"
+        elif not self.preemption:
+            why = "preemption is off"
+        else:
+            why = "no run there may be preempted for it (its own budget's, or too few GPUs)"
+        return (
+            f"{self.kind}: needs {_shape(self.gpus_per_replica, self.replicas, self.gpu_model)} free, "
+            f"{self.free_nodes} node(s) have them now; {why}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetAhead:
+    """Runs past their protection could make room, but their leaves are not behind the job's by the rule.
+
+    Attributes:
+        budget: the job's leaf; ``budget_rank`` its place in the cycle's budget order (0 first),
+            ``ratio`` its r after the cycle's provisional charges.
+        holder: the leaf with expired runs there that comes closest to being behind (largest
+            ``holder_ratio - preemptor_ratio``, ties by path).
+        lca: their lowest common ancestor; ``holder_ratio``, ``preemptor_ratio``: r of the two
+            branches there; ``delta``: the hysteresis the rule asks for.
+        rule: the refusal of :func:`~apportion.domain.preemption.branch_rule` (``not_behind``,
+            ``after_move_inversion`` or ``same_cycle_reversal``).
+    """
+
+    kind: ClassVar[str] = "budget_ahead"
+    budget: str
+    budget_rank: int
+    ratio: float
+    holder: str
+    lca: str
+    holder_ratio: float
+    preemptor_ratio: float
+    delta: float
+    rule: str
+
+    def text(self) -> str:
+        """One line for people, ``kind: facts``."""
+        return (
+            f"{self.kind}: {self.budget} (budget rank {self.budget_rank}, r {self.ratio:.3f}) may not preempt "
+            f"the expired runs there ({self.rule}): the closest, {self.holder}, has r {self.holder_ratio:.3f} "
+            f"at {self.lca or '/'} against {self.preemptor_ratio:.3f} + delta {self.delta:g}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ProtectedUntil:
+    """The allocated runs of other leaves on the nodes the job could use are all protected.
+
+    Attributes:
+        until_us: the earliest protection end among them, µs UTC (``None``: none has started yet).
+        job_id, budget: the run whose protection ends first.
+    """
+
+    kind: ClassVar[str] = "protected_until"
+    until_us: Micros | None
+    job_id: str
+    budget: str
+
+    def text(self) -> str:
+        """One line for people, ``kind: facts``."""
+        if self.until_us is None:
+            return f"{self.kind}: the runs it could preempt are protected until they have started ({self.job_id})"
+        return (
+            f"{self.kind}: the runs it could preempt are protected; the first protection ends "
+            f"{from_us(self.until_us).isoformat()} ({self.job_id} of {self.budget})"
+        )
+
+
+PendingReason = BudgetUnknown | NoNodeShape | ReservedBy | NoFreeGpus | BudgetAhead | ProtectedUntil
+"""One reason a job is pending (the ``kind`` of each class is stable for scripts)."""
+
+
+def reason_dict(reason: PendingReason) -> dict[str, object]:
+    """``{"kind": ..., "text": ..., <fields>}`` of a reason, for JSON (times as ISO 8601 UTC)."""
+    out: dict[str, object] = {"kind": reason.kind, "text": reason.text()}
+    for f in fields(reason):
+        v = getattr(reason, f.name)
+        if f.name == "until_us":
+            out["until"] = from_us(v).isoformat() if v is not None else None
+        else:
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def explain_pending(
+    pending: Mapping[str, Sequence[PendingJob]],
+    tree: BudgetTree,
+    cluster: ClusterSnapshot,
+    now_us: Micros,
+    cfg: EngineConfig,
+    free: CycleFree | None,
+    taken: Set[RunKey],
+    view: ShareView | None,
+    budget_rank: Mapping[str, int],
+    reservation: tuple[str, tuple[str, ...]] | None,
+    moves: Set[Move],
+    placed: Set[str],
+) -> dict[str, PendingReason]:
+    """Job id -> :data:`PendingReason` for each job of ``pending`` not in ``placed`` (see the module doc).
+
+    Args:
+        pending: the snapshot's pending lists (leaf -> jobs; keys that are not leaves too).
+        free: the cycle's free index as the cycle left it (``None``: the cycle had no leaf to look at).
+        taken: runs the cycle preempted. ``view``: its r (``None`` with ``free``).
+        budget_rank: leaf -> place in the cycle's first budget order.
+        reservation: ``(holder job id, node ids)`` of the cycle's reservation.
+        moves: the cycle's preemptions of allocated work, ``(lca, victim branch, preemptor branch)``.
+        placed: job ids the cycle placed.
+
+    Cost: one pass over the usable nodes' runs per distinct (g, model), one
+    :func:`branch_rule` per leaf with expired runs there per distinct (leaf,
+    shape, minimum runtime): only for the caller that asks.
+    """
+    out: dict[str, PendingReason] = {}
+    holder, res_nodes = reservation if reservation is not None else (None, ())
+    # pass 2 gives a waiting reservation's free GPUs to unallocated work: then they are not held from it
+    lent = free is not None and not free.reserved
+    cache: dict[tuple[str, int, int, str | None, float, bool], PendingReason] = {}
+    scans: dict[tuple[int, str | None, bool], _Scan] = {}
+    for leaf, jobs in pending.items():
+        for job in jobs:
+            if job.job_id in placed:
+                continue
+            if free is None or view is None or not tree.is_leaf(leaf):
+                out[job.job_id] = BudgetUnknown(leaf)
+                continue
+            own = job.job_id == holder
+            key = (leaf, job.gpus_per_replica, job.replicas, job.gpu_model, job.min_runtime_s, own)
+            got = cache.get(key)
+            if got is None:
+                skip = () if own or (lent and not job.allocated) else res_nodes
+                sk = (job.gpus_per_replica, job.gpu_model, bool(skip))
+                scan = scans.get(sk)
+                if scan is None:
+                    scan = scans[sk] = _Scan(cluster, free, job.gpus_per_replica, job.gpu_model, skip, taken, now_us)
+                got = cache[key] = _classify(job, leaf, scan, cfg, view, budget_rank, holder, res_nodes, moves)
+            out[job.job_id] = got
+    return out
+
+
+class _Scan:
+    """What the usable nodes of one (g, model) hold, for :func:`_classify` (leaf-independent).
+
+    ``shape``: ready nodes of the model with at least g GPUs; ``usable``: those
+    not in ``skip`` (another job's reservation); ``fitting``: usable ones with
+    g free GPUs; ``in_reserved``: nodes of ``skip`` of the shape with g free
+    GPUs; ``expired``: leaf -> allocated runs past protection on usable nodes
+    (not taken, not stopping); ``protected``: ``(until, job id, leaf)`` of the
+    protected allocated runs there, sorted.
+    """
+
+    __slots__ = ("shape", "usable", "fitting", "in_reserved", "expired", "protected", "_cluster")
+
+    def __init__(
+        self,
+        cluster: ClusterSnapshot,
+        free: CycleFree,
+        g: int,
+        model: str | None,
+        skip: tuple[str, ...],
+        taken: Set[RunKey],
+        now_us: Micros,
+    ) -> None:
+        self.shape = [n for n, m in free.model.items() if free.count[n] >= g and (model is None or m == model)]
+        held = set(skip)
+        self.usable = [n for n in self.shape if n not in held]
+        self.fitting = sum(1 for n in self.usable if len(free.free[n]) >= g)
+        self.in_reserved = sum(1 for n in skip if n in free.free and n in self.shape and len(free.free[n]) >= g)
+        self.expired: dict[str, int] = {}
+        protected: set[tuple[Micros, str, str]] = set()
+        runs = cluster.runs
+        for nid in self.usable:
+            for key in cluster.node_runs.get(nid, ()):
+                run = runs.get(key)
+                if run is None or run.stopping or not run.allocated or key in taken:
+                    continue
+                until = run.protected_until_us
+                if until is not None and now_us < until:
+                    protected.add((until, run.job_id, run.budget))
+                else:
+                    self.expired[run.budget] = self.expired.get(run.budget, 0) + 1
+        self.protected = sorted(protected)
+        self._cluster = cluster
+
+    def total(self, g: int, model: str | None) -> int:
+        """Nodes of the shape in any state (ready or not)."""
+        return sum(
+            1 for n in self._cluster.nodes.values() if n.gpu_count >= g and (model is None or n.gpu_model == model)
+        )
+
+
+def _classify(
+    job: PendingJob,
+    leaf: str,
+    scan: _Scan,
+    cfg: EngineConfig,
+    view: ShareView,
+    budget_rank: Mapping[str, int],
+    holder: str | None,
+    res_nodes: tuple[str, ...],
+    moves: Set[Move],
+) -> PendingReason:
+    g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
+    if len(scan.shape) < k:
+        return NoNodeShape(g, k, model, len(scan.shape), scan.total(g, model))
+    if holder is not None and scan.fitting < k <= scan.fitting + scan.in_reserved:
+        return ReservedBy(holder, res_nodes)
+    if not job.allocated or not cfg.preemption:
+        return NoFreeGpus(g, k, model, scan.fitting, job.allocated, cfg.preemption)
+    charge = charge_of(g, k, job.min_runtime_s, cfg.window_s)
+    best: tuple[float, str, str, float, float, str] | None = None
+    for v in sorted(scan.expired):
+        br = branches_of(v, leaf) if v != leaf else None
+        if br is None:
+            continue
+        rule, rv, rb, _ = branch_rule(br[0], br[1], br[2], view, cfg.delta, charge, moves)
+        if rule == RULE_EXPIRED_BEHIND:
+            continue
+        if best is None or rv - rb > best[0]:
+            best = (rv - rb, v, br[0], rv, rb, rule)
+    if best is not None:
+        _, v, lca, rv, rb, rule = best
+        return BudgetAhead(leaf, budget_rank.get(leaf, -1), view.ratio(leaf), v, lca, rv, rb, cfg.delta, rule)
+    for until, job_id, budget in scan.protected:
+        if budget != leaf:
+            return ProtectedUntil(until if until < UNTIL_STARTED else None, job_id, budget)
+    return NoFreeGpus(g, k, model, scan.fitting, True, True)
