@@ -39,15 +39,19 @@ from typing import NamedTuple
 from apportion.domain.budgets import BudgetTree
 from apportion.events import JobRejected, JobSubmitted, RejectReason, det_id
 
-__all__ = ["NodeShape", "Rejection", "admit", "rejected_event", "shape_possible"]
+__all__ = ["NodeShape", "Rejection", "ShapeLike", "admit", "rejected_event", "shape_possible"]
 
 
 class NodeShape(NamedTuple):
-    """``count`` nodes of ``gpus`` GPUs of ``model`` each (``model=None``: unknown)."""
+    """``nodes`` nodes of ``gpus`` GPUs of ``model`` each (``model=None``: unknown)."""
 
     gpus: int
     model: str | None = None
-    count: int = 1
+    nodes: int = 1
+
+
+ShapeLike = NodeShape | tuple[int, str | None] | tuple[int, str | None, int]
+"""A :class:`NodeShape` or a plain ``(gpus, model[, nodes])`` tuple."""
 
 
 class Rejection(NamedTuple):
@@ -58,7 +62,7 @@ class Rejection(NamedTuple):
 
 
 def shape_possible(
-    gpus_per_replica: int, replicas: int, gpu_model: str | None, node_shapes: Iterable[NodeShape | tuple]
+    gpus_per_replica: int, replicas: int, gpu_model: str | None, node_shapes: Iterable[ShapeLike]
 ) -> tuple[bool, int]:
     """Can some ``replicas`` distinct nodes each give ``gpus_per_replica`` GPUs of the model?
 
@@ -76,11 +80,11 @@ def shape_possible(
     for shape in node_shapes:
         ns = shape if isinstance(shape, NodeShape) else NodeShape(*shape)
         if ns.gpus >= gpus_per_replica and (gpu_model is None or ns.model == gpu_model):
-            fitting += ns.count
+            fitting += ns.nodes
     return fitting >= replicas, fitting
 
 
-def admit(tree: BudgetTree, job: JobSubmitted, node_shapes: Iterable[NodeShape | tuple]) -> Rejection | None:
+def admit(tree: BudgetTree, job: JobSubmitted, node_shapes: Iterable[ShapeLike]) -> Rejection | None:
     """Check a submission against the tree and node shapes (DESIGN section 2).
 
     Args:

@@ -86,6 +86,7 @@ from apportion.events import (
     NodeDrainRequested,
     NodeHeartbeat,
     NodeLost,
+    NodeUncordoned,
     RejectReason,
     WorkloadRefused,
     det_id,
@@ -291,10 +292,10 @@ class DispatchState:
             memo = self._memo = {k: v for k, v in memo.items() if k in cur}
         victims = free = None
         if not copy:
-            if self._victims is None:
+            if self._victims is None or self._free is None:
                 self._victims, self._free = VictimIndex(), FreeIndex()
             victims = self._victims.sync(self.cluster)
-            free = self._free.sync(self.cluster)  # type: ignore[union-attr]
+            free = self._free.sync(self.cluster)
         return CycleSnapshot(
             cluster=self.cluster.snapshot() if copy else self.cluster.view(),
             pending=pending,
@@ -455,102 +456,100 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
     if cls.__name__.startswith("Node") and cls is not NodeHeartbeat:
         state._shapes = None
     jobs = state.jobs
-    if cls is JobQueued:
+    if isinstance(ev, JobQueued):
         t = to_us(ev.ts)
-        sub = to_us(ev.submitted_at)  # type: ignore[attr-defined]
-        state.jobs[ev.job_id] = JobRecord(ev, ev.attempt, "pending", sub, t)  # type: ignore[arg-type,attr-defined]
-        state._enqueue(_pending_job(ev, ev.attempt, sub, t))  # type: ignore[arg-type,attr-defined]
-    elif cls is JobPlaced:
-        rec = jobs.get(ev.job_id)  # type: ignore[attr-defined]
-        if rec is not None and rec.status == "pending" and rec.attempt == ev.attempt:  # type: ignore[attr-defined]
+        sub = to_us(ev.submitted_at)
+        state.jobs[ev.job_id] = JobRecord(ev, ev.attempt, "pending", sub, t)
+        state._enqueue(_pending_job(ev, ev.attempt, sub, t))
+    elif isinstance(ev, JobPlaced):
+        rec = jobs.get(ev.job_id)
+        if rec is not None and rec.status == "pending" and rec.attempt == ev.attempt:
             state._dequeue(rec.spec.job_id)
             jobs[rec.spec.job_id] = JobRecord(rec.spec, rec.attempt, "running", rec.submitted_at_us, rec.queued_at_us)
             vics = frozenset(
-                (v.job_id, v.attempt)
-                for v in ev.decision.victims  # type: ignore[attr-defined]
-                if (v.job_id, v.attempt) in state.stopping
+                (v.job_id, v.attempt) for v in ev.decision.victims if (v.job_id, v.attempt) in state.stopping
             )
             if vics:
                 state.awaiting[(rec.spec.job_id, rec.attempt)] = vics
-    elif cls is JobPreempted:
-        key = (ev.job_id, ev.attempt)  # type: ignore[attr-defined]
-        rec = jobs.get(ev.job_id)  # type: ignore[attr-defined]
+    elif isinstance(ev, JobPreempted):
+        key = (ev.job_id, ev.attempt)
+        rec = jobs.get(ev.job_id)
         run = state.cluster.runs.get(key)
-        if rec is not None and rec.attempt == ev.attempt and run is not None:  # type: ignore[attr-defined]
+        if rec is not None and rec.attempt == ev.attempt and run is not None:
             jobs[ev.job_id] = JobRecord(
                 rec.spec,
                 rec.attempt,
                 "stopping",
-                rec.submitted_at_us,  # type: ignore[attr-defined]
+                rec.submitted_at_us,
                 rec.queued_at_us,
             )
-            state.stopping[key] = _Stopping(to_us(ev.ts) + s_to_us(ev.grace_s), run.open_replicas, True)  # type: ignore[attr-defined]
-    elif cls is JobRequeued:
-        rec = jobs.get(ev.job_id)  # type: ignore[attr-defined]
-        _stop_done(state, (ev.job_id, ev.attempt - 1))  # type: ignore[attr-defined]
+            state.stopping[key] = _Stopping(to_us(ev.ts) + s_to_us(ev.grace_s), run.open_replicas, True)
+    elif isinstance(ev, JobRequeued):
+        rec = jobs.get(ev.job_id)
+        _stop_done(state, (ev.job_id, ev.attempt - 1))
         if rec is not None:
             t = to_us(ev.ts)
-            sub = to_us(ev.submitted_at)  # type: ignore[attr-defined]
-            jobs[ev.job_id] = JobRecord(rec.spec, ev.attempt, "pending", sub, t)  # type: ignore[attr-defined]
+            sub = to_us(ev.submitted_at)
+            jobs[ev.job_id] = JobRecord(rec.spec, ev.attempt, "pending", sub, t)
             c = state.cluster  # its fold of this event already ran: counts and progress are current
             state._enqueue(
                 _pending_job(
                     rec.spec,
-                    ev.attempt,  # type: ignore[attr-defined]
+                    ev.attempt,
                     sub,
                     t,
-                    c.preemptions.get(ev.job_id, 0),  # type: ignore[attr-defined]
-                    c.progress.get(ev.job_id, 0.0),  # type: ignore[attr-defined]
+                    c.preemptions.get(ev.job_id, 0),
+                    c.progress.get(ev.job_id, 0.0),
                 )
             )
-    elif cls is JobCompleted or cls is JobFailed:
-        key = (ev.job_id, ev.attempt)  # type: ignore[attr-defined]
+    elif isinstance(ev, (JobCompleted, JobFailed)):
+        key = (ev.job_id, ev.attempt)
         st = state.stopping.get(key)
         if st is not None:
-            left = frozenset() if ev.replica is None else st.replicas_left - {ev.replica}  # type: ignore[attr-defined]
+            left = frozenset() if ev.replica is None else st.replicas_left - {ev.replica}
             state.stopping[key] = _Stopping(st.deadline_us, left, st.requeue, st.plus_grace)
         else:
-            rec = jobs.get(ev.job_id)  # type: ignore[attr-defined]
+            rec = jobs.get(ev.job_id)
             if (
                 rec is not None
                 and rec.attempt == ev.attempt
-                and rec.status == "running"  # type: ignore[attr-defined]
+                and rec.status == "running"
                 and key not in state.cluster.runs
             ):
-                del jobs[ev.job_id]  # type: ignore[attr-defined]
-                state.finished.add(ev.job_id)  # type: ignore[attr-defined]
+                del jobs[ev.job_id]
+                state.finished.add(ev.job_id)
                 state.awaiting.pop(key, None)
-    elif cls is JobCancelled:
-        rec = jobs.get(ev.job_id)  # type: ignore[attr-defined]
+    elif isinstance(ev, JobCancelled):
+        rec = jobs.get(ev.job_id)
         if rec is not None:
             if rec.status == "pending":
-                state._dequeue(ev.job_id)  # type: ignore[attr-defined]
-            _stop_done(state, (ev.job_id, rec.attempt))  # type: ignore[attr-defined]
-            state.awaiting.pop((ev.job_id, rec.attempt), None)  # type: ignore[attr-defined]
-            del jobs[ev.job_id]  # type: ignore[attr-defined]
-            state.finished.add(ev.job_id)  # type: ignore[attr-defined]
-    elif cls is JobRejected:
-        state.finished.add(ev.job_id)  # type: ignore[attr-defined]
-    elif cls is JobLost:
-        rec = jobs.get(ev.job_id)  # type: ignore[attr-defined]
-        if rec is not None and rec.attempt == ev.attempt:  # type: ignore[attr-defined]
-            key = (ev.job_id, ev.attempt)  # type: ignore[attr-defined]
+                state._dequeue(ev.job_id)
+            _stop_done(state, (ev.job_id, rec.attempt))
+            state.awaiting.pop((ev.job_id, rec.attempt), None)
+            del jobs[ev.job_id]
+            state.finished.add(ev.job_id)
+    elif isinstance(ev, JobRejected):
+        state.finished.add(ev.job_id)
+    elif isinstance(ev, JobLost):
+        rec = jobs.get(ev.job_id)
+        if rec is not None and rec.attempt == ev.attempt:
+            key = (ev.job_id, ev.attempt)
             state.awaiting.pop(key, None)
             _stop_done(state, key)
             run = state.cluster.runs.get(key)
             if run is not None:
                 # a gang's replicas on other nodes are stopping, with the configured grace period
-                jobs[ev.job_id] = replace(rec, status="stopping")  # type: ignore[attr-defined]
+                jobs[ev.job_id] = replace(rec, status="stopping")
                 state.stopping[key] = _Stopping(to_us(ev.ts), run.open_replicas, True, plus_grace=True)
             else:
-                jobs[ev.job_id] = replace(rec, status="lost")  # type: ignore[attr-defined]
-    elif cls is NodeDrainRequested:
-        state.draining.add(ev.node_id)  # type: ignore[attr-defined]
-    elif cls is NodeDrained or cls is NodeLost or cls.__name__ == "NodeUncordoned":
-        state.draining.discard(ev.node_id)  # type: ignore[attr-defined]
-    elif cls is BudgetSet or cls is BudgetRemoved:
+                jobs[ev.job_id] = replace(rec, status="lost")
+    elif isinstance(ev, NodeDrainRequested):
+        state.draining.add(ev.node_id)
+    elif isinstance(ev, (NodeDrained, NodeLost, NodeUncordoned)):
+        state.draining.discard(ev.node_id)
+    elif isinstance(ev, (BudgetSet, BudgetRemoved)):
         try:
-            state.tree = state.tree.apply(ev)  # type: ignore[arg-type]
+            state.tree = state.tree.apply(ev)
         except BudgetError:
             pass
     return state
@@ -609,9 +608,8 @@ def decide(
     ts = from_us(now_us)
     prod = cfg.producer
     grace = cfg.engine.grace_s
-    cls = type(inp)
     out: list[Event] = []
-    if cls is Tick:
+    if isinstance(inp, Tick):
         out = maintenance(state, now_us, cfg)
         if out:
             scratch = state.fork()
@@ -621,8 +619,8 @@ def decide(
         else:
             out = cycle(state, now_us, cfg)
         return out
-    if cls is JobSubmitted:
-        job: JobSubmitted = inp  # type: ignore[assignment]
+    if isinstance(inp, JobSubmitted):
+        job: JobSubmitted = inp
         verdict = admit_submission(state, job)
         if verdict is not None:
             reason, msg = verdict
@@ -657,8 +655,8 @@ def decide(
                 attempt=1,
             )
         ]
-    if cls is JobCancelRequested:
-        rec = state.jobs.get(inp.job_id)  # type: ignore[attr-defined]
+    if isinstance(inp, JobCancelRequested):
+        rec = state.jobs.get(inp.job_id)
         if rec is None:
             return []
         cid = det_id("JobCancelled", rec.spec.job_id)
@@ -672,7 +670,7 @@ def decide(
                     attempt=None,
                     reason=inp.reason or "cancelled",
                 )
-            ]  # type: ignore[attr-defined]
+            ]
         run = state.cluster.runs.get((rec.spec.job_id, rec.attempt))
         if run is not None and rec.status == "running":
             out = preempt_events(run, ts, grace, prod, reason="cancelled")[1:]  # stops only
@@ -687,16 +685,16 @@ def decide(
                 attempt=rec.attempt,
                 reason=inp.reason or "cancelled",
             )
-        ]  # type: ignore[attr-defined]
-    if cls is JobCompleted or cls is JobFailed:
-        key = (inp.job_id, inp.attempt)  # type: ignore[attr-defined]
+        ]
+    if isinstance(inp, (JobCompleted, JobFailed)):
+        key = (inp.job_id, inp.attempt)
         st = state.stopping.get(key)
         if st is not None:
             if not st.replicas_left:
                 return _finish_stop(state, key, ts, prod)
             return []
         run = state.cluster.runs.get(key)
-        if cls is JobFailed and run is not None and not run.stopping and inp.replica is not None:  # type: ignore[attr-defined]
+        if isinstance(inp, JobFailed) and run is not None and not run.stopping and inp.replica is not None:
             stops = preempt_events(run, ts, grace, prod, reason="gang replica failed")[1:]
             return stops + [
                 JobFailed(
@@ -710,14 +708,14 @@ def decide(
                 )
             ]
         return []
-    if cls is NodeDrainRequested:
-        return _drain(state, inp.node_id, now_us, ts, cfg)  # type: ignore[attr-defined]
-    if cls is JobLost and inp.producer != prod:
-        return requeue_lost_run(state, inp, ts, prod, grace)  # type: ignore[arg-type]
-    if cls is WorkloadRefused:
-        return undo_refused_start(state, inp, ts, prod)  # type: ignore[arg-type]
-    if cls is NodeLost:
-        return _node_lost(state, inp.node_id, to_us(inp.last_heartbeat), ts, prod, emit_lost=None, grace_s=grace)  # type: ignore[attr-defined]
+    if isinstance(inp, NodeDrainRequested):
+        return _drain(state, inp.node_id, now_us, ts, cfg)
+    if isinstance(inp, JobLost) and inp.producer != prod:
+        return requeue_lost_run(state, inp, ts, prod, grace)
+    if isinstance(inp, WorkloadRefused):
+        return undo_refused_start(state, inp, ts, prod)
+    if isinstance(inp, NodeLost):
+        return _node_lost(state, inp.node_id, to_us(inp.last_heartbeat), ts, prod, emit_lost=None, grace_s=grace)
     return out
 
 
@@ -988,17 +986,16 @@ def wakeups(ev: Event, config: DispatchConfig | None = None) -> list[Micros]:
     ``reservation_after`` of a queued job, heartbeat deadline of a node.
     """
     cfg = config or DispatchConfig()
-    cls = type(ev)
     t = to_us(ev.ts)
-    if cls is JobPlaced and ev.allocated:  # type: ignore[attr-defined]
-        return [t + placed_protection_us(ev)]  # type: ignore[arg-type]
-    if cls is JobPreempted:
-        return [t + s_to_us(ev.grace_s)]  # type: ignore[attr-defined]
-    if cls is JobLost:  # a gang's surviving replicas stop within the grace period
+    if isinstance(ev, JobPlaced) and ev.allocated:
+        return [t + placed_protection_us(ev)]
+    if isinstance(ev, JobPreempted):
+        return [t + s_to_us(ev.grace_s)]
+    if isinstance(ev, JobLost):  # a gang's surviving replicas stop within the grace period
         return [t + s_to_us(cfg.engine.grace_s)]
-    if cls is JobQueued or cls is JobRequeued:
+    if isinstance(ev, (JobQueued, JobRequeued)):
         return [t + s_to_us(cfg.engine.reservation_after_s)]
-    if cls is NodeHeartbeat and cfg.heartbeat_timeout_s is not None:
+    if isinstance(ev, NodeHeartbeat) and cfg.heartbeat_timeout_s is not None:
         return [t + s_to_us(cfg.heartbeat_timeout_s) + 1]
     return []
 

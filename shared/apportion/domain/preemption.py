@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Protocol
+from typing import Final, Protocol
 
 from apportion.domain.cluster import Run
 from apportion.domain.fairshare import branches_at_lca
@@ -39,9 +39,9 @@ __all__ = [
 
 
 #: Rule ids of :func:`victim_rule` (DESIGN section 3). The two that allow a preemption:
-RULE_UNALLOCATED = "unallocated"
+RULE_UNALLOCATED: Final = "unallocated"
 """Candidate class 1: an unallocated run (any budget), preemptible at any time."""
-RULE_EXPIRED_BEHIND = "expired_behind"
+RULE_EXPIRED_BEHIND: Final = "expired_behind"
 """Candidate class 2: an allocated run past its protection whose branch is behind by delta."""
 #: ... and the refusals, first that applies in this order:
 REFUSED_STOPPING = "stopping"

@@ -185,7 +185,7 @@ def schedule(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | Non
     return run_cycle(snapshot, now_us, config).events
 
 
-def _dominated(shapes: list[tuple[int, int]], g: int, k: int) -> bool:
+def _dominated(shapes: Sequence[tuple[int, int]], g: int, k: int) -> bool:
     for fg, fk in shapes:
         if fg <= g and fk <= k:
             return True
@@ -318,7 +318,7 @@ def run_cycle(
             if may_backfill(leaf, g, model):
                 return False  # it may backfill the reservation's free GPUs (depending on its protection)
             ff = free_fail.get(model)
-            if not ((ff and _dominated(ff, g, k)) or (model is not None and _dominated(free_fail.get(None, ()), g, k))):  # type: ignore[arg-type]
+            if not ((ff and _dominated(ff, g, k)) or (model is not None and _dominated(free_fail.get(None, ()), g, k))):
                 return False
             if model is None:
                 return not drop and leaf in pre_fail and pre_failed(leaf, g, k)
@@ -339,7 +339,7 @@ def run_cycle(
         g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
         nodes: list[str] | None = None
         ff = free_fail.get(model)
-        if not ((ff and _dominated(ff, g, k)) or (model is not None and _dominated(free_fail.get(None, ()), g, k))):  # type: ignore[arg-type]
+        if not ((ff and _dominated(ff, g, k)) or (model is not None and _dominated(free_fail.get(None, ()), g, k))):
             nodes = free.fit(g, k, model)
             if nodes is None:
                 if ff is None:
@@ -450,12 +450,12 @@ def run_cycle(
             # The leaf's next jobs come next (nothing was charged). Pass over those that
             # would be blocked exactly like this one, with no effect but their rank.
             jobs = pending[leaf]
-            n = blocked_run(jobs, idx + 1, bound[leaf], blocked_shape(leaf), memo_codes(memo, jobs))
-            if n:
-                queue.skip(leaf, n)
-                rank += n
-                res.considered += n
-                res.passed_over += n
+            skipped = blocked_run(jobs, idx + 1, bound[leaf], blocked_shape(leaf), memo_codes(memo, jobs))
+            if skipped:
+                queue.skip(leaf, skipped)
+                rank += skipped
+                res.considered += skipped
+                res.passed_over += skipped
 
     # ---------------------------------------------------------------- pass 2: unallocated jobs
     if any(b < len(pending[leaf]) for leaf, b in bound.items()):
@@ -516,9 +516,7 @@ def _place_unallocated(
             rank += 1
             res.considered += 1
             g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
-            if _dominated(free_fail.get(model, ()), g, k) or (  # type: ignore[arg-type]
-                model is not None and _dominated(any_free, g, k)
-            ):
+            if _dominated(free_fail.get(model, ()), g, k) or (model is not None and _dominated(any_free, g, k)):
                 # known not to fit, and so are the next jobs of a shape that does not fit: pass over them
                 def still_blocked(
                     g2: int, k2: int, m2: str | None, ff_now: Any = free_fail, af_now: Any = any_free

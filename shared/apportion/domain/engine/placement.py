@@ -15,9 +15,8 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Mapping, Sequence
 from operator import attrgetter
-from typing import Any
 
-from apportion.domain.cluster import ClusterSnapshot, Node
+from apportion.domain.cluster import ClusterSnapshot, ClusterState, Node
 from apportion.domain.engine.inputs import PendingJob
 
 __all__ = ["CycleFree", "FreeIndex", "spare_models"]
@@ -100,14 +99,14 @@ class FreeIndex:
         self.count: dict[str, int] = {}
         self.buckets: dict[str | None, list[list[str]]] = {}
         self.maxc = 0
-        self._cluster: Any = None
+        self._cluster: ClusterState | None = None
 
-    def _rebuild(self, cluster: Any) -> None:
+    def _rebuild(self, cluster: ClusterState) -> None:
         self.free, self.model, self.count, self.buckets, self.maxc = _build_free(cluster.nodes, sorted(cluster.nodes))
         self._cluster = cluster
         cluster.changed_nodes = set()
 
-    def sync(self, cluster: Any) -> FreeIndex:
+    def sync(self, cluster: ClusterState) -> FreeIndex:
         """Update from ``cluster`` (a :class:`ClusterState`) and return self."""
         changed = cluster.changed_nodes
         if cluster is not self._cluster or changed is None:
@@ -118,17 +117,18 @@ class FreeIndex:
             for nid in sorted(changed):
                 n = nodes.get(nid)
                 was = nid in self.model
-                if (n is not None and n.state == "ready") != was or (
-                    was and (self.model[nid] != n.gpu_model or self.count[nid] != n.gpu_count)
-                ):  # type: ignore[union-attr]
+                if (n is not None and n.state == "ready") != was:
                     self._rebuild(cluster)
                     return self
-                if not was:
+                if n is None or not was:
                     continue
+                if self.model[nid] != n.gpu_model or self.count[nid] != n.gpu_count:
+                    self._rebuild(cluster)
+                    return self
                 old = self.free[nid]
-                new = sorted(n.free)  # type: ignore[union-attr]
+                new = sorted(n.free)
                 if old != new:
-                    b = self.buckets[n.gpu_model]  # type: ignore[union-attr]
+                    b = self.buckets[n.gpu_model]
                     if old:
                         lst = b[len(old)]
                         del lst[bisect_left(lst, nid)]
@@ -138,7 +138,9 @@ class FreeIndex:
             changed.clear()
         return self
 
-    def as_tuple(self) -> tuple:
+    def as_tuple(
+        self,
+    ) -> tuple[dict[str, list[int]], dict[str, str | None], dict[str, int], dict[str | None, list[list[str]]], int]:
         """Contents for comparison with a rebuild (tests)."""
         return (self.free, self.model, self.count, self.buckets, self.maxc)
 

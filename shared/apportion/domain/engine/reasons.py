@@ -233,7 +233,7 @@ def explain_pending(
     view: ShareView | None,
     budget_rank: Mapping[str, int],
     reservation: tuple[str, tuple[str, ...]] | None,
-    moves: Set[Move],
+    moves: frozenset[Move] | set[Move],
     placed: Set[str],
 ) -> dict[str, PendingReason]:
     """Job id -> :data:`PendingReason` for each job of ``pending`` not in ``placed`` (see the module doc).
@@ -338,7 +338,7 @@ def _classify(
     budget_rank: Mapping[str, int],
     holder: str | None,
     res_nodes: tuple[str, ...],
-    moves: Set[Move],
+    moves: frozenset[Move] | set[Move],
 ) -> PendingReason:
     g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
     if len(scan.shape) < k:

@@ -12,15 +12,21 @@ whose verdict (rule id, LCA, the two r) goes into the audit record
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import Run, RunKey, work_lost_gpu_s
 from apportion.domain.engine.inputs import PendingJob
 from apportion.domain.engine.placement import CycleFree
-from apportion.domain.engine.victims import CycleVictims, cand_order
-from apportion.domain.fairshare import FairShareQueue
-from apportion.domain.preemption import Move, ShareView, VictimVerdict, victim_rule
+from apportion.domain.engine.victims import Cand, CycleVictims, Option, cand_order
+from apportion.domain.preemption import (
+    RULE_EXPIRED_BEHIND,
+    RULE_UNALLOCATED,
+    Move,
+    ShareView,
+    VictimVerdict,
+    victim_rule,
+)
 from apportion.events import Placement, Victim
 from apportion.timeutil import Micros, from_us
 
@@ -60,11 +66,7 @@ def plan_preemption(
     victims with their :class:`Victim` audit records; the free index is
     updated (J's GPUs taken) when a plan is returned.
     """
-    view: ShareView = (
-        ratio  # type: ignore[assignment]
-        if type(ratio) is FairShareQueue or hasattr(ratio, "ratio_after")
-        else _CallableView(ratio)  # type: ignore[arg-type]
-    )
+    view = _CallableView(ratio) if callable(ratio) else ratio
     victims.narrowed = False
     g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
     taken = victims.taken
@@ -73,7 +75,7 @@ def plan_preemption(
     def eligible(nid: str) -> bool:
         return nid in fmodel and nid not in reserved and fcount[nid] >= g and (model is None or fmodel[nid] == model)
 
-    def evaluate(nid: str, lst: list) -> tuple | None:
+    def evaluate(nid: str, lst: list[Cand]) -> Option | None:
         have = len(ffree[nid])
         reach = have
         for x in lst:
@@ -150,7 +152,7 @@ def plan_preemption(
         behind, victims.narrowed = victims.behind_of(leaf, view, delta, epoch, tree, charge_gpu_s, moves)
         if not behind:
             return None
-        per_node: dict[str, list] = {}
+        per_node: dict[str, list[Cand]] = {}
         for v in behind:
             for nid, lst in victims.expired_on(v).items():
                 if not eligible(nid):
@@ -211,7 +213,11 @@ class _CallableView:
 
 
 def _victim(run: Run, now: Micros, verdict: VictimVerdict) -> Victim:
+    """The audit record of a victim the rule allowed (``verdict.allowed``: one of the two allowing rule ids)."""
     until = run.protected_until_us
+    rule: Literal["unallocated", "expired_behind"] = (
+        RULE_UNALLOCATED if verdict.rule == RULE_UNALLOCATED else RULE_EXPIRED_BEHIND
+    )
     return Victim(
         job_id=run.job_id,
         attempt=run.attempt,
@@ -219,10 +225,10 @@ def _victim(run: Run, now: Micros, verdict: VictimVerdict) -> Victim:
         allocated=run.allocated,
         gpus=run.gpus,
         protected_until=from_us(until) if until is not None else None,
-        rule=verdict.rule,
+        rule=rule,
         lca=verdict.lca,
         victim_ratio=verdict.victim_ratio,
         preemptor_ratio=verdict.preemptor_ratio,
         preemptor_ratio_after=verdict.preemptor_ratio_after,
         lost_gpu_s=work_lost_gpu_s(run, now),
-    )  # type: ignore[arg-type]
+    )

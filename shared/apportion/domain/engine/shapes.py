@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 from itertools import islice
 from operator import attrgetter
-from typing import Any
+from typing import Any, cast
 
 from apportion.domain.engine.inputs import PendingJob
 
@@ -66,7 +66,7 @@ def shape_codes(jobs: Sequence[PendingJob]) -> bytes | None:
                 if c is None:
                     return None
                 codes[i] = c
-    return bytes(codes)  # type: ignore[arg-type]
+    return bytes(cast(list[int], codes))  # (every None was replaced above)
 
 
 @lru_cache(maxsize=4096)
@@ -150,7 +150,7 @@ def _memo_entry(memo: dict[Any, Any], jobs: Sequence[PendingJob]) -> list[Any]:
     ent = memo.get(id(jobs))
     if ent is None or ent[0] is not jobs:
         ent = memo[id(jobs)] = [jobs, {}, None]
-    return ent  # type: ignore[no-any-return]
+    return ent
 
 
 def memo_codes(memo: dict[Any, Any] | None, jobs: Sequence[PendingJob]) -> bytes | None:
@@ -179,11 +179,11 @@ def segment_floor(memo: dict[Any, Any] | None, jobs: Sequence[PendingJob], lo: i
     if memo is None:
         return shape_floor(jobs, lo, hi)
     ent = _memo_entry(memo, jobs)
-    f = ent[1].get((lo, hi))
+    f: tuple[int, int] | None = ent[1].get((lo, hi))
     if f is None:
         codes = memo_codes(memo, jobs)
         f = ent[1][(lo, hi)] = shape_floor(jobs, lo, hi) if codes is None else floor_of_codes(codes, lo, hi)
-    return f  # type: ignore[no-any-return]
+    return f
 
 
 def floor_of_codes(codes: bytes, lo: int, hi: int) -> tuple[int, int]:

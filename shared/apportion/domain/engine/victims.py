@@ -17,10 +17,9 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Mapping
 from operator import itemgetter
-from typing import Any
 
 from apportion.domain.budgets import BudgetTree, ancestors_of, parent_of
-from apportion.domain.cluster import ClusterSnapshot, Run, RunKey, work_ref_us
+from apportion.domain.cluster import ClusterSnapshot, ClusterState, Run, RunKey, work_ref_us
 from apportion.domain.preemption import (
     REFUSED_AFTER_MOVE,
     RULE_EXPIRED_BEHIND,
@@ -33,7 +32,17 @@ from apportion.domain.preemption import (
 )
 from apportion.timeutil import Micros
 
-__all__ = ["Cand", "CycleVictims", "VictimIndex", "cand_order", "order_key", "order_lost_gpu_s"]
+__all__ = [
+    "AllocEntry",
+    "Behind",
+    "Cand",
+    "CycleVictims",
+    "Option",
+    "VictimIndex",
+    "cand_order",
+    "order_key",
+    "order_lost_gpu_s",
+]
 
 #: A victim candidate on one node: ``(order, run, gpus of the run on that node)``.
 #: ``order = (allocated GPUs, unallocated GPUs, -ref_us, job_id, attempt)`` of the
@@ -45,6 +54,16 @@ __all__ = ["Cand", "CycleVictims", "VictimIndex", "cand_order", "order_key", "or
 #: ``now``, so an index of candidates can live across cycles. The work lost is
 #: computed from it where a plan is costed (:func:`order_lost_gpu_s`).
 Cand = tuple[tuple[int, int, int, str, int], Run, tuple[int, ...]]
+
+
+AllocEntry = tuple[Micros, RunKey, Run]
+"""An allocated run in :attr:`VictimIndex.alloc`: ``(protected_until_us, key, run)``."""
+
+Option = tuple[tuple[int, int, float], str, list[Cand]]
+"""A way to free a node for a preemptor: ``((allocated GPUs, unallocated GPUs, GPU-s lost), node, victims)``."""
+
+Behind = tuple[dict[str, tuple[str, float, float, float]], bool]
+""":meth:`CycleVictims.behind_of`'s answer: ``({V: (lca, r_V branch, r_B branch, r_B after)}, narrowed)``."""
 
 
 def order_key(run: Run) -> tuple[int, int, int, str, int]:
@@ -100,9 +119,9 @@ class VictimIndex:
 
     def __init__(self) -> None:
         self.unalloc: dict[str, list[Cand]] = {}
-        self.alloc: dict[str, list[tuple[Micros, RunKey, Run]]] = {}
+        self.alloc: dict[str, list[AllocEntry]] = {}
         self._indexed: dict[RunKey, Run] = {}
-        self._cluster: Any = None
+        self._cluster: ClusterState | None = None
 
     @classmethod
     def build(cls, runs: Mapping[RunKey, Run]) -> VictimIndex:
@@ -115,11 +134,13 @@ class VictimIndex:
             idx._indexed[run.key] = run
             if run.allocated:
                 lst = alloc.get(run.budget)
-                ent = (run.protected_until_us, run.key, run)
+                until = run.protected_until_us
+                assert until is not None  # allocated: its protection end is known (for mypy; no cost to speak of)
+                ent = (until, run.key, run)
                 if lst is None:
-                    alloc[run.budget] = [ent]  # type: ignore[list-item]
+                    alloc[run.budget] = [ent]
                 else:
-                    lst.append(ent)  # type: ignore[arg-type]
+                    lst.append(ent)
                 continue
             order = order_key(run)
             placements = run.placements
@@ -136,7 +157,7 @@ class VictimIndex:
             lst.sort(key=_until_key)
         return idx
 
-    def sync(self, cluster: Any) -> VictimIndex:
+    def sync(self, cluster: ClusterState) -> VictimIndex:
         """Update from ``cluster`` (a :class:`ClusterState`) and return self (see the class doc)."""
         changed = cluster.changed
         if cluster is not self._cluster or changed is None:
@@ -161,11 +182,13 @@ class VictimIndex:
     def _add(self, run: Run) -> None:
         if run.allocated:
             lst = self.alloc.get(run.budget)
-            ent = (run.protected_until_us, run.key, run)
+            until = run.protected_until_us
+            assert until is not None  # allocated: its protection end is known
+            ent = (until, run.key, run)
             if lst is None:
-                self.alloc[run.budget] = [ent]  # type: ignore[list-item]
+                self.alloc[run.budget] = [ent]
             else:
-                insort(lst, ent, key=_until_key)  # type: ignore[arg-type]
+                insort(lst, ent, key=_until_key)
             return
         order = order_key(run)
         for r in run.open_replicas:
@@ -194,14 +217,19 @@ class VictimIndex:
             if not lst2:
                 del self.unalloc[nid]
 
-    def as_lists(self) -> tuple[dict[str, list[tuple]], dict[str, list[tuple]]]:
+    def as_lists(
+        self,
+    ) -> tuple[
+        dict[str, list[tuple[tuple[int, int, int, str, int], RunKey, tuple[int, ...]]]],
+        dict[str, list[tuple[Micros, RunKey]]],
+    ]:
         """``(unalloc, alloc)`` with runs as keys, sorted by node / leaf (for tests)."""
         u = {n: [(c, r.key, g) for c, r, g in lst] for n, lst in sorted(self.unalloc.items())}
         a = {b: [(t, k) for t, k, _ in lst] for b, lst in sorted(self.alloc.items())}
         return u, a
 
 
-def _until_key(x: tuple) -> Any:
+def _until_key(x: AllocEntry) -> tuple[Micros, RunKey]:
     return (x[0], x[1])
 
 
@@ -233,13 +261,13 @@ class CycleVictims:
         self.unalloc: dict[str, list[Cand]] = index.unalloc  # read only
         self.taken: set[RunKey] = set()
         # leaf -> (epoch, pairs allowed at charge 0, {charge: (behind_of's answer)})
-        self.behind: dict[str, tuple[int, list[tuple[str, str, str, list[str]]], dict[float, Any]]] = {}
+        self.behind: dict[str, tuple[int, list[tuple[str, str, str, list[str]]], dict[float, Behind]]] = {}
         self.under: dict[str, list[str]] | None = None
-        self.u_opts: dict[tuple[int, str | None], dict[str, tuple]] = {}
+        self.u_opts: dict[tuple[int, str | None], dict[str, Option]] = {}
         self.u_seen: dict[tuple[int, str | None], int] = {}  # position in the free index's log
         self.narrowed = False  # set by plan_preemption: its last search depended on the job's charge
         self._now = now
-        exp: dict[str, list[tuple[Micros, RunKey, Run]]] = {}
+        exp: dict[str, list[AllocEntry]] = {}
         for leaf, lst in index.alloc.items():
             if lst[0][0] <= now:  # protection expired: now >= protected_until_us
                 exp[leaf] = lst[: bisect_right(lst, now, key=_UNTIL)]
@@ -270,7 +298,7 @@ class CycleVictims:
         tree: BudgetTree | None = None,
         charge_gpu_s: float = 0.0,
         moves: frozenset[Move] | set[Move] = frozenset(),
-    ) -> tuple[dict[str, tuple[str, float, float, float]], bool]:
+    ) -> Behind:
         """Leaves whose expired runs ``leaf`` may preempt, by :func:`branch_rule`.
 
         Returns ``({V: (lca, r_V branch, r_B branch, r_B branch after)},
