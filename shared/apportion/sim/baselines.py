@@ -26,20 +26,13 @@ import heapq
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 
-from apportion.domain.engine import (
-    CycleFree,
-    CycleSnapshot,
-    CycleVictims,
-    EngineConfig,
-    PendingJob,
-    allocated_count,
-    emit_placed,
-    plan_preemption,
-    preempt_events,
-    schedule,
-    segment_floor,
-    start_events,
-)
+from apportion.domain.engine.cycle import CycleSnapshot, schedule
+from apportion.domain.engine.emit import emit_placed, preempt_events, start_events
+from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
+from apportion.domain.engine.placement import CycleFree
+from apportion.domain.engine.search import plan_preemption
+from apportion.domain.engine.shapes import segment_floor
+from apportion.domain.engine.victims import CycleVictims
 from apportion.events import Event, Placement
 from apportion.timeutil import Micros, from_us
 
