@@ -257,6 +257,7 @@ def explain_pending(
     lent = free is not None and not free.reserved
     cache: dict[tuple[str, int, int, str | None, float, bool], PendingReason] = {}
     scans: dict[tuple[int, str | None, bool], _Scan] = {}
+    pairs: dict[tuple[frozenset[str], str], list[tuple[float, str, str, str, str]]] = {}  # shared by the scans
     for leaf, jobs in pending.items():
         for job in jobs:
             if job.job_id in placed:
@@ -272,7 +273,9 @@ def explain_pending(
                 sk = (job.gpus_per_replica, job.gpu_model, bool(skip))
                 scan = scans.get(sk)
                 if scan is None:
-                    scan = scans[sk] = _Scan(cluster, free, job.gpus_per_replica, job.gpu_model, skip, taken, now_us)
+                    scan = scans[sk] = _Scan(
+                        cluster, free, job.gpus_per_replica, job.gpu_model, skip, taken, now_us, pairs
+                    )
                 got = cache[key] = _classify(job, leaf, scan, cfg, view, budget_rank, holder, res_nodes, moves)
             out[job.job_id] = got
     return out
@@ -286,10 +289,12 @@ class _Scan:
     g free GPUs; ``in_reserved``: nodes of ``skip`` of the shape with g free
     GPUs; ``expired``: leaf -> allocated runs past protection on usable nodes
     (not taken, not stopping); ``protected``: ``(until, job id, leaf)`` of the
-    protected allocated runs there, sorted.
+    protected allocated runs there, sorted. ``pairs``: the cache of
+    :meth:`pairs_of`, shared by the scans (keyed by the set of leaves with
+    expired runs, which scans of other shapes often share).
     """
 
-    __slots__ = ("shape", "usable", "fitting", "in_reserved", "expired", "protected", "_cluster")
+    __slots__ = ("shape", "usable", "fitting", "in_reserved", "expired", "protected", "_cluster", "_pairs", "_holders")
 
     def __init__(
         self,
@@ -300,6 +305,7 @@ class _Scan:
         skip: tuple[str, ...],
         taken: Set[RunKey],
         now_us: Micros,
+        pairs: dict[tuple[frozenset[str], str], list[tuple[float, str, str, str, str]]],
     ) -> None:
         self.shape = [n for n, m in free.model.items() if free.count[n] >= g and (model is None or m == model)]
         held = set(skip)
@@ -321,6 +327,26 @@ class _Scan:
                     self.expired[run.budget] = self.expired.get(run.budget, 0) + 1
         self.protected = sorted(protected)
         self._cluster = cluster
+        self._pairs: dict[tuple[frozenset[str], str], list[tuple[float, str, str, str, str]]] = pairs
+        self._holders = frozenset(self.expired)
+
+    def pairs_of(self, leaf: str, view: ShareView) -> list[tuple[float, str, str, str, str]]:
+        """``(-(r_V - r_B), V, lca, V's branch, leaf's branch)`` per branch pair at the LCA of ``leaf`` and
+        the other leaves with expired runs here, sorted (largest gap first, then V's path; V: the first
+        leaf of the pair). Every leaf of one pair gets the same :func:`branch_rule` answer."""
+        key = (self._holders, leaf)
+        got = self._pairs.get(key)
+        if got is None:
+            seen: dict[tuple[str, str, str], str] = {}
+            for v in sorted(self.expired):
+                br = branches_of(v, leaf) if v != leaf else None
+                if br is not None and br not in seen:
+                    seen[br] = v
+            ratio = view.ratio
+            got = self._pairs[key] = sorted(
+                (ratio(bb) - ratio(vb), v, *br) for br, v in seen.items() for _, vb, bb in [br]
+            )
+        return got
 
     def total(self, g: int, model: str | None) -> int:
         """Nodes of the shape in any state (ready or not)."""
@@ -348,19 +374,11 @@ def _classify(
     if not job.allocated or not cfg.preemption:
         return NoFreeGpus(g, k, model, scan.fitting, job.allocated, cfg.preemption)
     charge = charge_of(g, k, job.min_runtime_s, cfg.window_s)
-    best: tuple[float, str, str, float, float, str] | None = None
-    for v in sorted(scan.expired):
-        br = branches_of(v, leaf) if v != leaf else None
-        if br is None:
-            continue
-        rule, rv, rb, _ = branch_rule(br[0], br[1], br[2], view, cfg.delta, charge, moves)
-        if rule == RULE_EXPIRED_BEHIND:
-            continue
-        if best is None or rv - rb > best[0]:
-            best = (rv - rb, v, br[0], rv, rb, rule)
-    if best is not None:
-        _, v, lca, rv, rb, rule = best
-        return BudgetAhead(leaf, budget_rank.get(leaf, -1), view.ratio(leaf), v, lca, rv, rb, cfg.delta, rule)
+    # the refused branch pair closest to being behind (largest r_V - r_B, ties by the leaf's path)
+    for _, v, lca, vb, bb in scan.pairs_of(leaf, view):
+        rule, rv, rb, _ = branch_rule(lca, vb, bb, view, cfg.delta, charge, moves)
+        if rule != RULE_EXPIRED_BEHIND:
+            return BudgetAhead(leaf, budget_rank.get(leaf, -1), view.ratio(leaf), v, lca, rv, rb, cfg.delta, rule)
     for until, job_id, budget in scan.protected:
         if budget != leaf:
             return ProtectedUntil(until if until < UNTIL_STARTED else None, job_id, budget)
