@@ -8,6 +8,8 @@ window capacity 1,000 GPU-s (so r = O / 500 for a leaf), ``NOW`` = T0 + 10 h.
 from __future__ import annotations
 
 from builders import T0, h
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_goodput_cycle import NOW, World
 
 from apportion import events as ev
@@ -172,3 +174,47 @@ def test_the_reasons_of_one_cycle_name_only_the_jobs_it_left_pending() -> None:
     res = cycle(w)
     assert [e.job_id for e in res.events if isinstance(e, ev.JobPlaced)] == ["fits"]
     assert res.reasons == {"waits": NoFreeGpus(2, 1, None, 0, True, True)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    nodes=st.lists(st.sampled_from([2, 4, 8]), min_size=1, max_size=4),
+    runs=st.lists(
+        st.tuples(st.sampled_from(["lab/a", "lab/b"]), st.booleans(), st.floats(0, 9.9), st.integers(1, 4)),
+        max_size=6,
+    ),
+    jobs=st.lists(
+        st.tuples(st.sampled_from(["lab/a", "lab/b", "lab"]), st.integers(1, 8), st.integers(1, 2), st.booleans()),
+        min_size=1,
+        max_size=8,
+    ),
+    queued=st.floats(7.0, 10.0),
+    occ=st.tuples(st.floats(0, 900), st.floats(0, 900)),
+)
+def test_every_job_a_cycle_leaves_pending_gets_one_reason_and_asking_changes_no_decision(
+    nodes: list[int],
+    runs: list[tuple[str, bool, float, int]],
+    jobs: list[tuple[str, int, int, bool]],
+    queued: float,
+    occ: tuple[float, float],
+) -> None:
+    w = World()
+    free = {}
+    for i, gpus in enumerate(nodes):
+        w.node(f"n{i}", gpus)
+        free[f"n{i}"] = list(range(gpus))
+    for r, (budget, allocated, started, gpus) in enumerate(runs):
+        nid = next((n for n, f in free.items() if len(f) >= gpus), None)
+        if nid is not None:
+            got, free[nid] = tuple(free[nid][:gpus]), free[nid][gpus:]
+            w.run(f"r{r}", budget, {nid: got}, allocated=allocated, started=h(started))
+    for j, (budget, gpus, replicas, allocated) in enumerate(jobs):
+        w.job(f"j{j}", budget, gpus, replicas, min_runtime_s=3600.0 if allocated else 0.0, queued=h(queued))
+    w.occupancy = {"lab": occ[0] + occ[1], "lab/a": occ[0], "lab/b": occ[1]}
+    res = cycle(w)
+    assert cycle(w, explain=False).events == res.events
+    placed = {e.job_id for e in res.events if isinstance(e, ev.JobPlaced)}
+    assert set(res.reasons) == {f"j{j}" for j in range(len(jobs))} - placed
+    for reason in res.reasons.values():
+        assert reason.text().startswith(reason.kind + ": ")
+        assert reason_dict(reason)["kind"] == reason.kind
