@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from apportion.domain.admission import NodeShape, admit
-from apportion.domain.budgets import BudgetError, BudgetTree
+from apportion.domain.budgets import BudgetTree, fold_budget_event
 from apportion.domain.cluster import ClusterState, RunKey, placed_protection_us, work_lost_gpu_s
 from apportion.domain.engine import (
     CycleSnapshot,
@@ -68,6 +68,7 @@ from apportion.domain.engine import (
 )
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.events import (
+    BudgetBatch,
     BudgetRemoved,
     BudgetSet,
     Event,
@@ -548,11 +549,8 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         state.draining.add(ev.node_id)  # type: ignore[attr-defined]
     elif cls is NodeDrained or cls is NodeLost or cls.__name__ == "NodeUncordoned":
         state.draining.discard(ev.node_id)  # type: ignore[attr-defined]
-    elif cls is BudgetSet or cls is BudgetRemoved:
-        try:
-            state.tree = state.tree.apply(ev)  # type: ignore[arg-type]
-        except BudgetError:
-            pass
+    elif cls is BudgetSet or cls is BudgetRemoved or cls is BudgetBatch:
+        state.tree = fold_budget_event(state.tree, ev)
     return state
 
 
