@@ -137,10 +137,25 @@ def test_a_change_the_policy_rejects_is_reported_as_rejected(budgets: Stack) -> 
     assert _tree(budgets)["lab/vision"] == 0.4
 
 
-def test_apply_of_a_file_valid_only_as_a_whole_applies_all_of_it(budgets: Stack, tmp_path: Path) -> None:
+def _moved(tmp_path: Path) -> Path:
+    """example.yaml with lab/prior 0.6 -> 0.7 and lab/vision 0.4 -> 0.3: valid only as a whole."""
     moved = tmp_path / "moved.yaml"
     text = (ROOT / "infra/budgets/example.yaml").read_text()
     moved.write_text(text.replace("lab/prior: 0.6", "lab/prior: 0.7").replace("share: 0.4", "share: 0.3"))
+    return moved
+
+
+def _budget_records(stack: Stack) -> list[Any]:
+    from apportion import topics
+    from apportion.bus.reader import read_log
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("APPORTION_TOPIC_PREFIX", stack.env["APPORTION_TOPIC_PREFIX"] or "")
+        return [r.event for r in read_log(stack.info.bootstrap, [topics.BUDGETS.name]) if r.event is not None]
+
+
+def test_apply_of_a_file_valid_only_as_a_whole_is_one_batch_applied_whole(budgets: Stack, tmp_path: Path) -> None:
+    moved = _moved(tmp_path)
     dry = budgets.run("budget", "apply", str(moved), "--dry-run")
     assert dry.stdout.splitlines() == [
         "  ~ lab/prior share: 0.6 -> 0.7",
@@ -148,49 +163,96 @@ def test_apply_of_a_file_valid_only_as_a_whole_applies_all_of_it(budgets: Stack,
         "2 budget change(s) (dry run: nothing published)",
     ]
     assert _tree(budgets)["lab/prior"] == 0.6  # the dry run published nothing
+    before = len(_budget_records(budgets))
     doc = budgets.json("budget", "apply", str(moved))
-    assert [(v["path"], v["verdict"]) for v in doc["verdicts"]] == [
-        ("lab/vision", "accepted"),  # shrinking first: every step is valid on its own
-        ("lab/prior", "accepted"),
+    [v] = doc["verdicts"]
+    assert (v["type"], v["paths"], v["verdict"]) == ("BudgetBatch", ["lab/prior", "lab/vision"], "accepted")
+    assert doc["read_model"] is True
+    # one record on the log, and no reader ever sees a tree with only one of the two changes
+    [batch] = _budget_records(budgets)[before:]
+    assert batch.type == "BudgetBatch" and [(s.path, s.share) for s in batch.sets] == [
+        ("lab/prior", 0.7),
+        ("lab/vision", 0.3),
     ]
     tree = _tree(budgets)
     assert (tree["lab/prior"], tree["lab/vision"]) == (0.7, 0.3)
-    budgets.run("budget", "apply", str(ROOT / "infra/budgets/example.yaml"))
+    shown = {r["path"]: r["share"] for r in budgets.json("share")["budgets"]}  # the read model, right after
+    assert (shown["lab/prior"], shown["lab/vision"]) == (0.7, 0.3)
+    res = budgets.run("budget", "apply", str(ROOT / "infra/budgets/example.yaml"))
+    assert res.stdout.strip() == f"applied {ROOT / 'infra/budgets/example.yaml'}: 2 budget change(s) in one batch"
     assert _tree(budgets)["lab/prior"] == 0.6
 
 
-def test_apply_rolls_back_what_the_policy_accepted_when_it_rejects_a_later_change(
+def test_a_batch_the_policy_rejects_changes_nothing_and_names_each_failing_path(
     budgets: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """As if someone changed the tree between the check and the publish: the policy rejects the growing share
-    (published first here), accepts the shrinking one, and the CLI restores it: the tree in force is unchanged."""
-    from apportion.cli import verdicts
+    """As if someone changed the tree between the check and the publish: the CLI checked the file against a
+    tree where lab/prior/language is 0.3 (it is 0.5), so robotics 0.5 -> 0.7 overfills lab/prior; the policy
+    rejects the whole batch, the valid moves of lab/prior and lab/vision included."""
+    from apportion.cli import main
+    from apportion.domain.budgets import Budget
 
-    right_order = verdicts.safe_order
-    monkeypatch.setattr(verdicts, "safe_order", lambda cur, tgt, now: list(reversed(right_order(cur, tgt, now))))
-    moved = tmp_path / "moved.yaml"
-    text = (ROOT / "infra/budgets/example.yaml").read_text()
-    moved.write_text(text.replace("lab/prior: 0.6", "lab/prior: 0.7").replace("share: 0.4", "share: 0.3"))
-    res = budgets.run("budget", "apply", str(moved), code=1)
-    assert _error(res) == (
-        "error: refused by the policy: lab/prior: over_allocated: shares under 'lab' would sum to 1.1 > 1; "
-        "rolled back 1 accepted change(s)"
+    real = main._tree_in_force
+    monkeypatch.setattr(main, "_tree_in_force", lambda b: real(b).with_budget(Budget("lab/prior/language", 0.3)))
+    f = tmp_path / "partial.yaml"
+    f.write_text(
+        "budgets:\n  lab/prior: 0.7\n  lab/vision: 0.3\n  lab/prior/robotics: {share: 0.7, members: [alice, bob]}\n"
     )
+    res = budgets.run("budget", "apply", str(f), code=1)
+    assert _error(res) == (
+        "error: refused by the policy: lab/prior/robotics: over_allocated: shares under 'lab/prior' would sum "
+        "to 1.2 > 1"
+    )
+    monkeypatch.setattr(main, "_tree_in_force", real)
     tree = _tree(budgets)
-    assert (tree["lab/prior"], tree["lab/vision"]) == (0.6, 0.4)
+    assert (tree["lab/prior"], tree["lab/vision"], tree["lab/prior/robotics"]) == (0.6, 0.4, 0.5)
+
+
+def test_an_invalid_batch_on_the_log_is_rejected_whole_with_one_rejection(budgets: Stack) -> None:
+    """The verdict reader on the real policy, for a batch published behind the CLI's back."""
+    from datetime import UTC, datetime
+
+    from apportion import client, events
+    from apportion.cli.verdicts import budget_verdicts
+
+    bad = events.BudgetBatch(
+        sets=(
+            events.BudgetSpec(path="lab/vision", share=0.3),  # valid alone
+            events.BudgetSpec(path="lab/ghost/x", share=0.5),  # no parent
+        ),
+        removes=("lab/nothing",),
+        ts=datetime.now(UTC),
+        producer="test",
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("APPORTION_TOPIC_PREFIX", budgets.env["APPORTION_TOPIC_PREFIX"] or "")
+        [offset] = client.publish(bad, bootstrap=budgets.info.bootstrap)
+        [v] = budget_verdicts(budgets.info.bootstrap, [(bad, offset)], timeout_s=DEADLINE_S)
+    assert v.state == "rejected"
+    assert [(f.path, f.reason) for f in v.failures] == [("lab/nothing", "unknown_budget"), ("lab/ghost/x", "no_parent")]
+    rejections = [e for e in _budget_records(budgets) if getattr(e, "rejected_event_id", None) == bad.event_id]
+    assert len(rejections) == 1
+    assert _tree(budgets)["lab/vision"] == 0.4
 
 
 def test_apply_that_cannot_fit_beside_budgets_kept_in_force_is_refused(budgets: Stack, tmp_path: Path) -> None:
     budgets.run("budget", "set", "lab/vision/extra", "--share", "0.5")
     f = tmp_path / "f.yaml"
-    f.write_text("budgets:\n  lab: 1.0\n  lab/vision: 0.4\n  lab/vision/a: 0.6\n")
+    f.write_text("budgets:\n  lab/vision/a: 0.6\n")  # partial: lab and lab/vision come from the tree in force
     res = budgets.run("budget", "apply", str(f), code=1)
     assert _error(res) == (
-        f"error: refused: {f} against the tree in force: over_allocated: shares under 'lab/vision' would sum to 1.1 > 1"
+        f"error: refused: {f} against the tree in force: lab/vision/a: over_allocated: shares under 'lab/vision' "
+        "would sum to 1.1 > 1"
     )
     assert "lab/vision/a" not in _tree(budgets)
-    budgets.run("budget", "rm", "lab/vision/extra")
-    assert "lab/vision/extra" not in _tree(budgets)
+    f.write_text("budgets:\n  lab/vision/a: 0.5\n")
+    budgets.run("budget", "apply", str(f))
+    assert _tree(budgets)["lab/vision/a"] == 0.5
+    for p in ("lab/vision/a", "lab/vision/extra"):
+        budgets.run("budget", "rm", p)
+        assert p not in _tree(budgets)  # budget show: the log's fold
+        # share: the read model, right after the command returned (it waits until accounting folded the change)
+        assert p not in {r["path"] for r in budgets.json("share")["budgets"]}
 
 
 def test_budget_rm_of_nothing_or_of_a_budget_in_use_is_refused(budgets: Stack) -> None:

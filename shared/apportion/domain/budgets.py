@@ -210,9 +210,7 @@ class BudgetTree:
 
     # ------------------------------------------------------------------ evolve
 
-    def apply(
-        self, event: BudgetSet | BudgetRemoved | BudgetBatch, in_use: frozenset[str] = frozenset()
-    ) -> BudgetTree:
+    def apply(self, event: BudgetSet | BudgetRemoved | BudgetBatch, in_use: frozenset[str] = frozenset()) -> BudgetTree:
         """Fold one budget event into a new tree.
 
         Args:
