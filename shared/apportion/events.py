@@ -311,6 +311,16 @@ class JobSubmitted(Event):
             :attr:`checkpoint_every_s`.
     """
 
+    #: the "command or duration" rule of :meth:`_has_work`, for producers in other languages (``schemas/``)
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["command"], "properties": {"command": {"type": "array"}}},
+                {"required": ["duration_s"], "properties": {"duration_s": {"type": "number"}}},
+            ]
+        }
+    )
+
     type: Literal["JobSubmitted"] = "JobSubmitted"
     schema_version: Literal[3] = 3
     job_id: str = Field(min_length=1, max_length=200)
@@ -1409,6 +1419,22 @@ def to_dict(event: Event) -> dict[str, Any]:
     return event.model_dump(mode="json")
 
 
+#: Envelope fields a producer must write although the models default them: ``type`` selects the model,
+#: ``event_id`` is what readers de-duplicate by (a record without one would get a different random id from
+#: each reader), ``schema_version`` says how to read the rest (a record without one is read as the current
+#: version, which changes under a producer that does not say).
+WIRE_REQUIRED = ("event_id", "type", "schema_version")
+
+
 def json_schemas() -> dict[str, dict[str, Any]]:
-    """JSON Schema of every event type, by type name (for ``schemas/``)."""
-    return {name: cls.model_json_schema(mode="validation") for name, cls in sorted(EVENT_TYPES.items())}
+    """JSON Schema of every event type, by type name (for ``schemas/``).
+
+    The models' own schemas, with :data:`WIRE_REQUIRED` added to ``required``: the schema is the contract of
+    what a producer writes, stricter than what a reader tolerates.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for name, cls in sorted(EVENT_TYPES.items()):
+        schema = cls.model_json_schema(mode="validation")
+        schema["required"] = [*WIRE_REQUIRED, *(f for f in schema.get("required", ()) if f not in WIRE_REQUIRED)]
+        out[name] = schema
+    return out

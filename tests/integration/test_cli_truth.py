@@ -373,6 +373,58 @@ def test_deadletter_lists_what_a_service_could_not_decode(budgets: Stack) -> Non
     assert [r for r in budgets.json("deadletter", "--topic", "apportion.jobs") if r["key"] == "garbage-1"] == []
 
 
+def _console_produce(stack: Stack, topic: str, lines: list[str], *props: str) -> None:
+    """Kafka's own console producer (infra/kafka/console-producer.sh, the kafka-tools jar) writes ``lines``."""
+    import subprocess
+
+    args = ["--bootstrap-server", stack.info.bootstrap, "--topic", topic, "--producer-property", "acks=all"]
+    for p in props:
+        args += ["--property", p]
+    done = subprocess.run(
+        ["bash", str(ROOT / "infra/kafka/console-producer.sh"), *args],
+        input="".join(ln + "\n" for ln in lines),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_hand_written_json_line_from_kafkas_console_producer_is_placed(budgets: Stack) -> None:
+    """docs/producing.md as another language would follow it: topic, key = job id, the JSON of the schema."""
+    from datetime import UTC, datetime
+
+    topic = f"{budgets.env['APPORTION_TOPIC_PREFIX']}apportion.submissions"
+    now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    job = f"cp-{uuid.uuid4().hex[:8]}"
+    line = (
+        f'{{"event_id": "{uuid.uuid4()}", "type": "JobSubmitted", "schema_version": 3, "ts": "{now}", '
+        f'"producer": "console", "job_id": "{job}", "budget": "lab/vision", "user": "console", '
+        f'"gpus_per_replica": 1, "min_runtime_s": 60, "duration_s": 3600, "submitted_at": "{now}"}}'
+    )
+    _console_produce(budgets, topic, [f"{job}|{line}"], "parse.key=true", "key.separator=|")
+    rows = budgets.until(
+        lambda: [r for r in budgets.json("queue", "--user", "console") if r["state"] in ("placed", "running")],
+        f"{job} placed",
+    )
+    assert [r["job_id"] for r in rows] == [job]
+
+    # a record keyed otherwise (or not at all) is dead-lettered with that reason, and never queued
+    wrong, keyless = f"{job}-wrong-key", f"{job}-no-key"
+    _console_produce(budgets, topic, [f"not-{wrong}|{line.replace(job, wrong)}"], "parse.key=true", "key.separator=|")
+    _console_produce(budgets, topic, [line.replace(job, keyless)])
+    want = {
+        (f"not-{wrong}", f"key: record key 'not-{wrong}' is not the event's key '{wrong}'"),
+        (None, f"key: record key missing, the event's key is '{keyless}'"),
+    }
+    budgets.until(
+        lambda: want <= {(r["key"], r["error"]) for r in budgets.json("deadletter")},
+        f"the dead letters of the mis-keyed records: {want}",
+    )
+    assert [r["job_id"] for r in budgets.json("queue", "--user", "console", "--all")] == [job]
+    budgets.run("cancel", job)
+
+
 def test_top_json_is_one_frame_of_budgets_queue_head_and_nodes(budgets: Stack) -> None:
     frame = budgets.json("top", "--head", "3")
     assert {b["path"] for b in frame["budgets"]} >= {"lab", "lab/vision"}
