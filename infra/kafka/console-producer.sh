@@ -7,6 +7,7 @@
 #       --property parse.key=true --property key.separator='|' < jobs.txt     # one "job_id|{json}" per line
 #
 # Tool logs (WARN and above) go to stderr. KAFKA_HEAP_OPTS overrides the heap (default 64-256 MB).
+# APPORTION_KAFKA_TOOL names another main class of the same jars (console-consumer.sh sets it).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 version="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here/pom.xml")"
@@ -18,4 +19,4 @@ command -v java >/dev/null || { echo "console-producer.sh: Java 17+ is required"
 # shellcheck disable=SC2086  # KAFKA_HEAP_OPTS is a list of JVM options
 exec java ${KAFKA_HEAP_OPTS:--Xms64m -Xmx256m} -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
     -Dlog4j2.configurationFile="$here/tools-log4j2.properties" \
-    -cp "$here/lib/*" org.apache.kafka.tools.ConsoleProducer "$@"
+    -cp "$here/lib/*" "${APPORTION_KAFKA_TOOL:-org.apache.kafka.tools.ConsoleProducer}" "$@"

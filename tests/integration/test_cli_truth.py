@@ -373,21 +373,27 @@ def test_deadletter_lists_what_a_service_could_not_decode(budgets: Stack) -> Non
     assert [r for r in budgets.json("deadletter", "--topic", "apportion.jobs") if r["key"] == "garbage-1"] == []
 
 
-def _console_produce(stack: Stack, topic: str, lines: list[str], *props: str) -> None:
-    """Kafka's own console producer (infra/kafka/console-producer.sh, the kafka-tools jar) writes ``lines``."""
+def _console(tool: str, stack: Stack, topic: str, lines: list[str], *args: str) -> str:
+    """Kafka's own console producer or consumer (infra/kafka/console-TOOL.sh, the kafka-tools jar); its stdout."""
     import subprocess
 
-    args = ["--bootstrap-server", stack.info.bootstrap, "--topic", topic, "--producer-property", "acks=all"]
-    for p in props:
-        args += ["--property", p]
     done = subprocess.run(
-        ["bash", str(ROOT / "infra/kafka/console-producer.sh"), *args],
+        ["bash", str(ROOT / f"infra/kafka/console-{tool}.sh"), "--bootstrap-server", stack.info.bootstrap]
+        + ["--topic", topic, *args],
         input="".join(ln + "\n" for ln in lines),
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _console_produce(stack: Stack, topic: str, lines: list[str], *props: str) -> None:
+    args = ["--producer-property", "acks=all"]
+    for p in props:
+        args += ["--property", p]
+    _console("producer", stack, topic, lines, *args)
 
 
 def test_a_hand_written_json_line_from_kafkas_console_producer_is_placed(budgets: Stack) -> None:
@@ -408,6 +414,17 @@ def test_a_hand_written_json_line_from_kafkas_console_producer_is_placed(budgets
         f"{job} placed",
     )
     assert [r["job_id"] for r in rows] == [job]
+    # the verdict, read as docs/producing.md says: the job's records on apportion.jobs (key = job id)
+    jobs_topic = f"{budgets.env['APPORTION_TOPIC_PREFIX']}apportion.jobs"
+    read = _console(
+        "consumer",
+        budgets,
+        jobs_topic,
+        [],
+        *("--from-beginning", "--timeout-ms", "3000", "--property", "print.key=true", "--property", "key.separator=|"),
+    )
+    mine = [json.loads(ln.split("|", 1)[1])["type"] for ln in read.splitlines() if ln.startswith(f"{job}|")]
+    assert mine[:2] == ["JobQueued", "JobPlaced"], mine
 
     # a record keyed otherwise (or not at all) is dead-lettered with that reason, and never queued
     wrong, keyless = f"{job}-wrong-key", f"{job}-no-key"

@@ -101,3 +101,20 @@ def test_every_schema_requires_the_envelope_a_reader_cannot_do_without() -> None
         required = json.loads(text)["required"]
         assert required[:3] == ["event_id", "type", "schema_version"], name
         assert "ts" in required, name
+
+
+def test_apportion_schemas_prints_the_committed_file_and_lists_types_with_topic_and_key() -> None:
+    from typer.testing import CliRunner
+
+    from apportion.cli.main import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["schemas", "JobSubmitted"])
+    assert res.exit_code == 0
+    assert res.stdout == (SCHEMAS / "JobSubmitted.json").read_text()
+    listing = runner.invoke(app, ["schemas"], env={"COLUMNS": "200"})
+    assert listing.exit_code == 0
+    row = next(ln for ln in listing.stdout.splitlines() if " JobSubmitted " in ln)
+    assert [c.strip() for c in row.split("│")[1:4]] == ["JobSubmitted", "apportion.submissions", "job_id"]
+    bad = runner.invoke(app, ["schemas", "Nope"])
+    assert (bad.exit_code, "no event type 'Nope'" in bad.stderr) == (2, True)

@@ -841,6 +841,32 @@ def undrain(
     )
 
 
+@app.command("schemas")
+def schemas_(
+    type_name: Annotated[
+        str | None, typer.Argument(metavar="[TYPE]", help="An event type, e.g. JobSubmitted; none: list them.")
+    ] = None,
+) -> None:
+    """The JSON Schema a producer in another language validates against (the file ``schemas/TYPE.json``), or
+    every event type with its topic and record key (docs/producing.md)."""
+    from apportion.schemas_export import render
+
+    files = render()
+    if type_name is None:
+        t = Table(title="event types (apportion schemas TYPE prints one)")
+        for col in ("type", "topic", "record key"):
+            t.add_column(col)
+        for name in sorted(events.EVENT_TYPES):
+            topic = events.TOPIC_OF[name]
+            t.add_row(name, topic.base, topic.key)
+        out.print(t)
+        return
+    text = files.get(f"{type_name}.json")
+    if text is None:
+        fail(f"no event type {type_name!r} (apportion schemas lists them)")
+    sys.stdout.write(text)
+
+
 # --------------------------------------------------------------------------- budgets
 
 
