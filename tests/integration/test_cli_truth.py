@@ -1,9 +1,10 @@
 """Operations tell the truth (DESIGN section 11, issue 13), on a live stack started by `apportion stack up`.
 
 One stack for the module: the four services as processes (8 simulated 8-GPU nodes, as the README's) started by
-``stack up`` on the session's Kafka and Redis; the last test starts a stack of its own, Kafka and Redis included.
-Every command is run through typer's CliRunner and its exit code and message are asserted exactly; waits poll
-with bounded deadlines. The last test runs the CLI from an unrelated folder with nothing but the per-user state
+``stack up`` on the session's Kafka and Redis. Every command is run through typer's CliRunner and its exit code
+and message are asserted exactly; waits poll with bounded deadlines. The README test runs the README's "Using
+it" block under bash exactly as written, on a stack of its own that `make up` starts (Kafka and Redis included)
+and `make down` stops. The last test runs the CLI from an unrelated folder with nothing but the per-user state
 file, then `stack down`, and checks that no process it started is left.
 """
 
@@ -449,11 +450,17 @@ def test_top_json_is_one_frame_of_budgets_queue_head_and_nodes(budgets: Stack) -
     assert all({"pending", "running"} <= set(b) for b in frame["budgets"])
 
 
-def test_readme_using_it_block_runs_as_written(budgets: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every `apportion` line of the README's "Using it" block exits 0 on the stack `make up` starts."""
+def test_readme_using_it_block_runs_as_written(tmp_path: Path) -> None:
+    """The README's "Using it" block, line by line under bash from the checkout, exactly as written: `make up`
+    starts a stack of its own (Kafka and Redis included), every command exits 0 on it, `make down` leaves no
+    process. Only the environment differs from a person's shell: ``RUN_DIR`` (the Makefile's, default ``.run``),
+    ``APPORTION_STACK_DIR`` and ``XDG_STATE_HOME`` point into a temp dir, so a stack of the developer's is not
+    touched."""
+    import os
     import re
-    import shlex
     import subprocess
+
+    from apportion.cli import stack as stack_mod
 
     text = (ROOT / "README.md").read_text()
     block = re.search(r"## Using it\n\n```sh\n(.*?)```", text, re.S)
@@ -461,20 +468,44 @@ def test_readme_using_it_block_runs_as_written(budgets: Stack, monkeypatch: pyte
     lines = [ln for ln in block.group(1).splitlines() if ln.strip()]
     assert lines[0].split("#")[0].split() == ["make", "up", "SIM_NODES=8"]
     assert lines[-1].split("#")[0].split() == ["make", "down"]
-    made = subprocess.run(["make", "-n", "up", "SIM_NODES=8"], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert "apportion stack up --dir .run --sim-nodes 8" in made.stdout
-    monkeypatch.chdir(ROOT)  # the block runs from the checkout (infra/budgets/example.yaml)
-    ran = 0
-    for ln in lines[1:-1]:
-        argv = shlex.split(ln, comments=True)
-        assert argv[0] == ".venv/bin/apportion", ln
-        budgets.run(*argv[1:])
-        ran += 1
-    assert ran == 11
-    gang = [r for r in budgets.json("queue", "--user", "carol") if r["replicas"] == 4]
-    assert len(gang) == 1 and gang[0]["state"] in ("pending", "placed", "running")
-    for r in budgets.json("queue", "--user", "carol"):
-        budgets.run("cancel", r["job_id"])
+    run_dir = tmp_path / "run"
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("APPORTION_") and k not in ("KAFKA_BOOTSTRAP", "REDIS_URL")
+    }
+    env |= {"RUN_DIR": str(run_dir), "APPORTION_STACK_DIR": str(run_dir), "XDG_STATE_HOME": str(tmp_path / "state")}
+
+    def sh(line: str) -> str:
+        done = subprocess.run(["bash", "-c", line], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"{line}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        return done.stdout
+
+    outputs: dict[str, str] = {}
+    info = None
+    try:
+        outputs[lines[0]] = sh(lines[0])
+        info = stack_mod.StackInfo.read(run_dir)
+        assert info is not None and info.infra == "local"
+        infra_pids = [int((run_dir / d / f"{d}.pid").read_text()) for d in ("kafka", "redis")]
+        assert "already running from" in sh('.venv/bin/apportion stack up --dir "$RUN_DIR"')  # idempotent
+        for ln in lines[1:-1]:
+            outputs[ln] = sh(ln)
+        outputs[lines[-1]] = sh(lines[-1])
+    finally:
+        if info is not None and (run_dir / "stack.env").exists():  # a failed line: still stop what was started
+            subprocess.run(["make", "down"], cwd=ROOT, env=env, capture_output=True, timeout=300)
+    assert len(outputs) == len(lines) == 13
+    apply, gang = lines[1], lines[4]
+    assert outputs[apply].strip() == "applied infra/budgets/example.yaml: 5 budget change(s) in one batch"
+    assert "budget tree (5 budgets)" in outputs[lines[2]]  # budget show
+    assert "4x8 GPUs" in outputs[gang]
+    assert "sim-7" in outputs[lines[7]]  # nodes
+    assert "Kafka    127.0.0.1:" in outputs[lines[0]] and "logs     " in outputs[lines[0]]
+    assert outputs[lines[-1]].splitlines()[-1].startswith("stopped Kafka 127.0.0.1:")
+    left = [p for p in [*info.pids.values(), *infra_pids] if stack_mod.alive(p)]
+    assert left == []
+    assert not (run_dir / "stack.env").exists()
 
 
 def test_zz_stack_serves_any_folder_and_stops_leaving_no_process(
@@ -523,56 +554,3 @@ def test_zz_stack_serves_any_folder_and_stops_leaving_no_process(
     assert not (Path(stack.env["XDG_STATE_HOME"] or "") / "apportion" / "stack.env").exists()
     res = stack.run("stack", "status", env=bare, code=3)
     assert _error(res).startswith("error: no stack started from")
-
-
-def test_zzz_stack_up_alone_starts_and_stops_its_own_kafka_and_redis(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`apportion stack up` with no addresses: Kafka and Redis from infra/ too; `stack down` leaves no process."""
-    from typer.testing import CliRunner
-
-    from apportion.cli import stack as stack_mod
-    from apportion.cli.main import app
-
-    run_dir = tmp_path / "run"
-    elsewhere = tmp_path / "cwd"
-    elsewhere.mkdir()
-    monkeypatch.chdir(elsewhere)
-    env: dict[str, str | None] = {
-        v: None
-        for v in (
-            "APPORTION_KAFKA_BOOTSTRAP",
-            "APPORTION_REDIS_URL",
-            "KAFKA_BOOTSTRAP",
-            "REDIS_URL",
-            "APPORTION_TOPIC_PREFIX",
-            "APPORTION_STACK_DIR",
-        )
-    }
-    env["XDG_STATE_HOME"] = str(tmp_path / "state")
-    runner = CliRunner()
-    res = runner.invoke(app, ["stack", "up", "--dir", str(run_dir), "--sim-nodes", "1"], env=env)
-    try:
-        assert res.exit_code == 0, res.output
-        assert "Kafka    127.0.0.1:" in res.stdout and "logs     " in res.stdout
-        info = stack_mod.StackInfo.read(run_dir)
-        assert info is not None and info.infra == "local"
-        infra_pids = [int((run_dir / d / f"{d}.pid").read_text()) for d in ("kafka", "redis")]
-
-        def nodes() -> list[str]:
-            res = runner.invoke(app, ["nodes", "--json"], env=env)
-            assert res.exit_code == 0, res.output
-            return [n["node_id"] for n in json.loads(res.stdout)]
-
-        end = time.monotonic() + DEADLINE_S
-        while nodes() != ["sim-0"]:
-            assert time.monotonic() < end, "sim-0 never showed in `nodes`"
-            time.sleep(0.2)
-        again = runner.invoke(app, ["stack", "up", "--dir", str(run_dir)], env=env)
-        assert again.exit_code == 0 and f"already running from {run_dir}" in again.stdout
-    finally:
-        res = runner.invoke(app, ["stack", "down"], env=env)
-    assert res.exit_code == 0, res.output
-    assert res.stdout.splitlines()[-1].startswith("stopped Kafka 127.0.0.1:")
-    left = [p for p in [*info.pids.values(), *infra_pids] if stack_mod.alive(p)]
-    assert left == []
