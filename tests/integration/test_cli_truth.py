@@ -119,7 +119,10 @@ def test_budget_set_waits_for_the_policy_and_reports_accepted(budgets: Stack) ->
     [v] = doc["verdicts"]
     assert (v["path"], v["verdict"]) == ("lab/prior/language", "accepted")
     assert _tree(budgets)["lab/prior/language"] == 0.4
+    assert doc["read_model"] is True  # `share` shows it as soon as the command returns
     budgets.run("budget", "set", "lab/prior/language", "--share", "0.5")
+    same = budgets.json("budget", "set", "lab/prior/language", "--share", "0.5")  # nothing for the read model to fold
+    assert ([v["verdict"] for v in same["verdicts"]], same["read_model"]) == (["accepted"], None)
 
 
 def test_a_change_the_policy_rejects_is_reported_as_rejected(budgets: Stack) -> None:

@@ -991,11 +991,18 @@ def budget_set(
     except ValueError as exc:
         fail(str(exc))
     try:
-        tree.apply(ev)
+        after = tree.apply(ev)
     except BudgetError as exc:
         fail(f"refused: {exc.reason}: {exc.message}", 1)
     _budget_changes(
-        [ev], no_wait, timeout, bootstrap, redis_url, as_json, f"budget [bold]{path}[/] set to share {ev.share}"
+        [ev],
+        no_wait,
+        timeout,
+        bootstrap,
+        redis_url,
+        as_json,
+        f"budget [bold]{path}[/] set to share {ev.share}",
+        read_model=after != tree,  # a change to the same values: the read model has nothing to fold
     )
 
 
@@ -1007,12 +1014,15 @@ def _budget_changes(
     redis_url: str | None,
     as_json: bool,
     message: str,
+    *,
+    read_model: bool = True,
 ) -> None:
     """Publish budget changes (in order) and report the policy's verdict on each; exit 1 if any was rejected.
 
     Once the policy accepted them, wait (within the same ``timeout``) until the accounting read model has
     folded them too, so a ``share`` right after shows the change (a removed budget is gone); when it does not
-    in time, the change still happened: a note says so on stderr, exit 0.
+    in time, the change still happened: a note says so on stderr, exit 0. ``read_model=False`` skips that wait
+    (the caller knows the tree does not change, so the read model has nothing to fold).
     """
     from apportion import client
     from apportion.cli import verdicts
@@ -1032,7 +1042,7 @@ def _budget_changes(
     got = _checked(lambda: verdicts.budget_verdicts(conn.bootstrap, list(zip(evts, offsets, strict=True)), timeout))
     rejected = [v for v in got if v.state == "rejected"]
     folded = None
-    if not rejected and all(v.state == "accepted" for v in got):
+    if read_model and not rejected and all(v.state == "accepted" for v in got):
         folded = _await_read_model(redis_url, max(offsets), end - time.monotonic())
     if as_json:
         _print_json(
