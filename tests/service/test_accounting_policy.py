@@ -237,3 +237,16 @@ def test_policy_flags_for_membership_and_faust_dir():
     }
     defaults = PolicySettings(kafka_bootstrap="k:1")
     assert (defaults.group_id, defaults.instance_id, defaults.faust_dir) == ("policy", "policy-0", None)
+
+
+def test_accounting_folds_a_batch_whole_into_its_tree_and_read_model():
+    move = _batch(("lab/b", 0.5), ("lab/a", 0.5))
+    acc = acc_logic.rebuild(LOG)
+    assert acc.apply(move) is True  # the tree changed: a snapshot is due
+    assert (acc.tree.share("lab/a"), acc.tree.share("lab/b")) == (0.5, 0.5)
+    assert acc.apply(move) is False  # the same event again: de-duplicated
+    bad = _batch(("lab/a", 0.9))
+    assert acc.apply(bad) is False and acc.tree.share("lab/a") == 0.5  # invalid as a whole: skipped whole
+    snap = acc.snapshot()
+    _, rows = acc_logic.read_model(snap, acc.tree, {})
+    assert {p: r["share"] for p, r in rows.items()} == {"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5}
