@@ -11,10 +11,8 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 version="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here/pom.xml")"
-if [[ ! -f "$here/lib/kafka-tools-${version}.jar" ]]; then
-    echo "console-producer.sh: no kafka-tools-${version}.jar in $here/lib: run make kafka-jars (infra/kafka/fetch.sh)" >&2
-    exit 1
-fi
+# a lib/ fetched before the pom listed kafka-tools is fetched again (as start.sh fetches a missing lib/)
+[[ -f "$here/lib/kafka-tools-${version}.jar" ]] || "$here/fetch.sh" >&2
 command -v java >/dev/null || { echo "console-producer.sh: Java 17+ is required" >&2; exit 1; }
 # shellcheck disable=SC2086  # KAFKA_HEAP_OPTS is a list of JVM options
 exec java ${KAFKA_HEAP_OPTS:--Xms64m -Xmx256m} -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
