@@ -259,6 +259,37 @@ def test_apply_that_cannot_fit_beside_budgets_kept_in_force_is_refused(budgets: 
         assert p not in {r["path"] for r in budgets.json("share")["budgets"]}
 
 
+def test_apply_prune_removes_what_the_file_does_not_name_in_the_same_batch(budgets: Stack) -> None:
+    example = str(ROOT / "infra/budgets/example.yaml")
+    budgets.run("budget", "set", "lab/vision/tmp", "--share", "0.5")
+    dry = budgets.run("budget", "apply", example, "--prune", "--dry-run")
+    assert dry.stdout.splitlines() == [
+        "  - lab/vision/tmp: in force, not in the file (removed: --prune)",
+        "1 budget change(s) (dry run: nothing published)",
+    ]
+    budgets.run(
+        "submit", "-b", "lab/vision/tmp", "-g", "1", "-m", "1h", "--duration", "1h", "-u", "pr", "--job-id", "pr1"
+    )
+    budgets.until(lambda: budgets.json("queue", "--user", "pr"), "pr1 in the queue")
+    res = budgets.run("budget", "apply", example, "--prune", code=1)
+    assert _error(res) == (
+        f"error: refused: {example} against the tree in force: lab/vision/tmp: in_use: 'lab/vision/tmp' has queued "
+        "or running jobs"
+    )
+    budgets.run("cancel", "pr1")
+    budgets.until(lambda: not budgets.json("queue", "--user", "pr"), "pr1 gone from the queue")
+    doc = budgets.json("budget", "apply", example, "--prune")
+    [v] = doc["verdicts"]
+    assert (v["type"], v["paths"], v["verdict"], doc["read_model"]) == (
+        "BudgetBatch",
+        ["lab/vision/tmp"],
+        "accepted",
+        True,
+    )
+    assert "lab/vision/tmp" not in _tree(budgets)
+    assert "lab/vision/tmp" not in {r["path"] for r in budgets.json("share")["budgets"]}
+
+
 def test_budget_rm_of_nothing_or_of_a_budget_in_use_is_refused(budgets: Stack) -> None:
     res = budgets.run("budget", "rm", "lab/nothing", code=1)
     assert _error(res) == "error: refused: unknown_budget: no budget 'lab/nothing'"
