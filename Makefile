@@ -11,7 +11,7 @@
 PYTHON  ?= python3
 VENV    := .venv
 PY      := $(VENV)/bin/python
-RUN_DIR := .run
+RUN_DIR ?= .run
 PYTEST_ARGS ?=
 SIM_NODES ?= 8
 

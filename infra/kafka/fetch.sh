@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetch the Apache Kafka broker jars from Maven Central into infra/kafka/lib/.
+# Fetch the Apache Kafka broker and console-tool jars from Maven Central into infra/kafka/lib/.
 # Idempotent: does nothing when lib/ already holds the version the pom names.
 # Needs Maven (apt-get install maven) and Java 17+.
 set -euo pipefail
@@ -7,7 +7,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here"
 
 version="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' pom.xml)"
-if [[ -f "lib/kafka_2.13-${version}.jar" && -f lib/.complete ]]; then
+# the broker and the console tools (kafka-tools, added later: an older lib/ without it is fetched again)
+if [[ -f "lib/kafka_2.13-${version}.jar" && -f "lib/kafka-tools-${version}.jar" && -f lib/.complete ]]; then
     echo "kafka ${version} jars already in ${here}/lib"
     exit 0
 fi

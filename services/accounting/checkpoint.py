@@ -144,7 +144,10 @@ def layout() -> str:
         budgets.Budget,
         events.BudgetSet,
         events.BudgetRemoved,
+        events.BudgetBatch,
+        events.BudgetSpec,
         events.BudgetRejected,
+        events.BudgetFailure,
         events.OccupancySnapshot,
         events.BudgetUsage,
     ]

@@ -23,15 +23,13 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from apportion.domain.budgets import BudgetTree, fold_budget_log
+from apportion.domain.budgets import BUDGET_CHANGES, BudgetTree, fold_budget_log
 from apportion.domain.fairshare import budget_order
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.occupancy import rebuild as rebuild_ledger
 from apportion.domain.usage import usage_snapshot
 from apportion.events import (
     BudgetRejected,
-    BudgetRemoved,
-    BudgetSet,
     Event,
     JobCancelled,
     JobCompleted,
@@ -66,7 +64,7 @@ LEDGER_TYPES = (
     NodeUncordoned,
     NodeLost,
 )
-BUDGET_TYPES = (BudgetSet, BudgetRemoved, BudgetRejected)
+BUDGET_TYPES = (*BUDGET_CHANGES, BudgetRejected)
 #: Every event type that can change the state (the rest are read and skipped).
 STATE_TYPES = LEDGER_TYPES + BUDGET_TYPES
 

@@ -7,14 +7,17 @@ The skip rule (who decides what the budget tree is)
 Writers (the ops CLI) and the policy share ``apportion.budgets`` (one
 partition, so the log has a total order). The authoritative tree is
 :func:`apportion.domain.budgets.fold_budget_log` of that log: the fold in
-offset order of ``BudgetSet``/``BudgetRemoved``, skipping a change that a
+offset order of ``BudgetSet``/``BudgetRemoved``/``BudgetBatch`` (a batch
+validated on the tree after all of its changes, applied whole or not at
+all), skipping a change that a
 ``BudgetRejected`` names and a change ``BudgetTree.apply`` refuses against
 the tree folded so far. This policy rejects exactly the changes of the
-second kind (:func:`fold_budget_event`, checked against the same fold, with
+second kind (:func:`check_budget_event`, checked against the same fold, with
 ``in_use`` empty: jobs are not in the budgets log), so its rejections never
 change the tree a reader computes, whether the reader saw them or not, and
 every reader (accounting, dispatcher, CLI, audit) reaches the same tree.
-Repeated event ids are folded once.
+Repeated event ids are folded once. A refused batch gets one
+``BudgetRejected`` whose ``failures`` name every failing path.
 
 Ranking
 -------
@@ -34,10 +37,12 @@ import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from apportion.domain.budgets import BudgetError, BudgetTree, fold_budget_log
+from apportion.domain.budgets import BUDGET_CHANGES, BudgetBatchError, BudgetError, BudgetTree, fold_budget_log
 from apportion.domain.fairshare import budget_order, ratios
 from apportion.domain.usage import ranking_of
 from apportion.events import (
+    BudgetBatch,
+    BudgetFailure,
     BudgetRejected,
     BudgetRemoved,
     BudgetSet,
@@ -57,42 +62,50 @@ POLICY_VERSION = "fairtree-1"
 
 @dataclass(frozen=True, slots=True)
 class Rejection:
-    """A budget change the fold skipped, and why."""
+    """A budget change the fold skipped, and why (``failures``: each failing path of a batch)."""
 
-    event: BudgetSet | BudgetRemoved
+    event: BudgetSet | BudgetRemoved | BudgetBatch
     reason: str
     message: str
+    failures: tuple[BudgetFailure, ...] = ()
 
 
-def fold_budget_event(tree: BudgetTree, event: Event) -> tuple[BudgetTree, Rejection | None]:
+def check_budget_event(tree: BudgetTree, event: Event) -> tuple[BudgetTree, Rejection | None]:
     """Apply one budgets-topic event under the skip rule.
 
     Args:
         tree: the tree so far.
-        event: any event; only ``BudgetSet``/``BudgetRemoved`` change the tree.
+        event: any event; only ``BudgetSet``/``BudgetRemoved``/``BudgetBatch`` change the tree.
 
     Returns:
         ``(new_tree, None)`` when applied or not a change; ``(tree, Rejection)``
         when ``BudgetTree.apply`` refused it (the tree is unchanged).
     """
-    if not isinstance(event, (BudgetSet, BudgetRemoved)):
+    if not isinstance(event, BUDGET_CHANGES):
         return tree, None
     try:
         return tree.apply(event), None
+    except BudgetBatchError as exc:
+        return tree, Rejection(event, exc.reason, exc.message, exc.failures)
     except BudgetError as exc:
         return tree, Rejection(event, exc.reason, exc.message)
 
 
 def rejected_event(rej: Rejection, now: datetime) -> BudgetRejected:
-    """The ``BudgetRejected`` for a skipped change (id derived from the change's id)."""
+    """The ``BudgetRejected`` for a skipped change (id derived from the change's id).
+
+    A batch's names its first failing path as ``path`` and every failure in ``failures``.
+    """
+    path = rej.failures[0].path if rej.failures else getattr(rej.event, "path", "")
     return BudgetRejected(
         event_id=det_id("BudgetRejected", rej.event.event_id),
         ts=now,
         producer=PRODUCER,
-        path=rej.event.path,
+        path=path,
         reason=rej.reason,
         message=rej.message,
         rejected_event_id=rej.event.event_id,
+        failures=rej.failures,
     )
 
 
@@ -157,7 +170,7 @@ class PolicyState:
 
 def evolve(state: PolicyState, event: Event) -> PolicyState:
     """Fold one event from ``apportion.budgets`` or ``apportion.usage``."""
-    if isinstance(event, (BudgetSet, BudgetRemoved, BudgetRejected)):
+    if isinstance(event, (*BUDGET_CHANGES, BudgetRejected)):
         if event.event_id in state.seen:
             return state
         log = state.log + (event,)
@@ -172,8 +185,8 @@ def evolve(state: PolicyState, event: Event) -> PolicyState:
             pending_rejections=pend,
             tree=fold_budget_log(state.log),
         )
-    if isinstance(event, (BudgetSet, BudgetRemoved)):
-        _, rej = fold_budget_event(state.tree, event)
+    if isinstance(event, BUDGET_CHANGES):
+        _, rej = check_budget_event(state.tree, event)
         pend = state.pending_rejections
         if rej is not None and event.event_id not in state.rejected_ids:
             pend = pend + (rej,)

@@ -34,7 +34,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from apportion.domain.budgets import BudgetError, BudgetTree
+from apportion.domain.budgets import Budget, BudgetError, BudgetTree
 from apportion.durations import parse_duration
 from apportion.yamlio import load_yaml, problem, where
 
@@ -46,6 +46,7 @@ __all__ = [
     "StrictSchema",
     "budgets_section",
     "load_budget_tree",
+    "load_budgets",
     "read_yaml_mapping",
     "schema_error",
     "tree_of",
@@ -230,3 +231,18 @@ def load_budget_tree(path: str | Path) -> BudgetTree:
     """
     raw = read_yaml_mapping(path)
     return tree_of(path, budgets_section(path, raw))
+
+
+def load_budgets(path: str | Path) -> dict[str, Budget]:
+    """The budgets of file ``path`` as set (path -> :class:`~apportion.domain.budgets.Budget`), each entry
+    validated but not yet as a tree: ``budget apply`` checks them on the tree in force, where a partial file's
+    parents and siblings may already be.
+
+    Raises:
+        BudgetFileError: an unreadable file or a bad entry, as one line.
+    """
+    entries = budgets_section(path, read_yaml_mapping(path))
+    return {
+        p: Budget(p, e.share, frozenset(e.members) if e.members is not None else None, e.max_min_runtime_s)
+        for p, e in entries.items()
+    }

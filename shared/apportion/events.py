@@ -311,6 +311,16 @@ class JobSubmitted(Event):
             :attr:`checkpoint_every_s`.
     """
 
+    #: the "command or duration" rule of :meth:`_has_work`, for producers in other languages (``schemas/``)
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["command"], "properties": {"command": {"type": "array"}}},
+                {"required": ["duration_s"], "properties": {"duration_s": {"type": "number"}}},
+            ]
+        }
+    )
+
     type: Literal["JobSubmitted"] = "JobSubmitted"
     schema_version: Literal[3] = 3
     job_id: str = Field(min_length=1, max_length=200)
@@ -674,14 +684,65 @@ class BudgetRemoved(Event):
     by: str = ""
 
 
+class BudgetSpec(_Model):
+    """One budget as a :class:`BudgetBatch` sets it (the fields of :class:`BudgetSet`)."""
+
+    path: str
+    share: float = Field(gt=0, le=1)
+    members: tuple[str, ...] | None = None
+    max_min_runtime_s: float | None = Field(default=None, ge=0)
+
+
+class BudgetBatch(Event):
+    """Budget changes applied together, all or nothing (``budget apply``, issue 13).
+
+    The policy validates the tree *after* the whole batch (sets and removals
+    together), so a change valid only as a whole (one sibling's share moved
+    to another) is accepted, and a batch with any invalid change is rejected
+    whole by one :class:`BudgetRejected` that lists every failing path.
+
+    Attributes:
+        sets: budgets created or replaced (each field as in :class:`BudgetSet`).
+        removes: paths removed (a parent may go with its children in one batch).
+        by: who asked.
+    """
+
+    type: Literal["BudgetBatch"] = "BudgetBatch"
+    sets: tuple[BudgetSpec, ...] = ()
+    removes: tuple[str, ...] = ()
+    by: str = ""
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every path the batch names: the sets', then the removals'."""
+        return tuple(s.path for s in self.sets) + self.removes
+
+
+class BudgetFailure(_Model):
+    """Why one path of a refused change fails (``reason`` as :class:`BudgetRejected`'s)."""
+
+    path: str
+    reason: str
+    message: str
+
+
 class BudgetRejected(Event):
-    """The policy service refused a BudgetSet/BudgetRemoved."""
+    """The policy service refused a BudgetSet, BudgetRemoved or BudgetBatch.
+
+    Attributes:
+        path: the refused change's path (a batch's: its first failing path).
+        reason, message: machine-readable code and explanation (a batch's:
+            the first failure's code; the message names every failure).
+        rejected_event_id: the ``event_id`` of the refused change.
+        failures: every failing path of a refused batch (empty for a single change).
+    """
 
     type: Literal["BudgetRejected"] = "BudgetRejected"
     path: str
     reason: str
     message: str
     rejected_event_id: uuid.UUID | None = None
+    failures: tuple[BudgetFailure, ...] = ()
 
 
 # --------------------------------------------------------------------------- usage, ranking
@@ -820,6 +881,7 @@ AnyEvent: TypeAlias = Annotated[
     | StopWorkload
     | BudgetSet
     | BudgetRemoved
+    | BudgetBatch
     | BudgetRejected
     | OccupancySnapshot
     | FairShareRanking
@@ -873,7 +935,7 @@ for _name in (
     TOPIC_OF[_name] = topics.NODES
 for _name in ("StartWorkload", "StopWorkload"):
     TOPIC_OF[_name] = topics.COMMANDS
-for _name in ("BudgetSet", "BudgetRemoved", "BudgetRejected"):
+for _name in ("BudgetSet", "BudgetRemoved", "BudgetBatch", "BudgetRejected"):
     TOPIC_OF[_name] = topics.BUDGETS
 TOPIC_OF["OccupancySnapshot"] = topics.USAGE
 TOPIC_OF["FairShareRanking"] = topics.RANKING
@@ -886,7 +948,9 @@ def key_of(event: Event) -> str:
 
     Jobs and submissions key by ``job_id``, node events and commands by
     ``node_id``, budgets by ``path``, usage and ranking by ``"cluster"`` (one
-    snapshot covers the whole tree), dead letters by their source key.
+    snapshot covers the whole tree), as is a ``BudgetBatch`` (it has no one
+    path; ``apportion.budgets`` has one partition), dead letters by their
+    source key.
     """
     if isinstance(event, (StartWorkload, StopWorkload)):
         return event.node_id  # an agent reads its own commands in order
@@ -1355,6 +1419,22 @@ def to_dict(event: Event) -> dict[str, Any]:
     return event.model_dump(mode="json")
 
 
+#: Envelope fields a producer must write although the models default them: ``type`` selects the model,
+#: ``event_id`` is what readers de-duplicate by (a record without one would get a different random id from
+#: each reader), ``schema_version`` says how to read the rest (a record without one is read as the current
+#: version, which changes under a producer that does not say).
+WIRE_REQUIRED = ("event_id", "type", "schema_version")
+
+
 def json_schemas() -> dict[str, dict[str, Any]]:
-    """JSON Schema of every event type, by type name (for ``schemas/``)."""
-    return {name: cls.model_json_schema(mode="validation") for name, cls in sorted(EVENT_TYPES.items())}
+    """JSON Schema of every event type, by type name (for ``schemas/``).
+
+    The models' own schemas, with :data:`WIRE_REQUIRED` added to ``required``: the schema is the contract of
+    what a producer writes, stricter than what a reader tolerates.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for name, cls in sorted(EVENT_TYPES.items()):
+        schema = cls.model_json_schema(mode="validation")
+        schema["required"] = [*WIRE_REQUIRED, *(f for f in schema.get("required", ()) if f not in WIRE_REQUIRED)]
+        out[name] = schema
+    return out

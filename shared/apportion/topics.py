@@ -81,7 +81,13 @@ NODES = Topic(
 COMMANDS = Topic(
     "apportion.commands", "node_id", 3, KEEP_FOREVER, description="StartWorkload, StopWorkload to node agents"
 )
-BUDGETS = Topic("apportion.budgets", "path", 1, KEEP_FOREVER, description="BudgetSet, BudgetRemoved, BudgetRejected")
+BUDGETS = Topic(
+    "apportion.budgets",
+    "path (a BudgetBatch: cluster)",
+    1,
+    KEEP_FOREVER,
+    description="BudgetSet, BudgetRemoved, BudgetBatch, BudgetRejected",
+)
 USAGE = Topic("apportion.usage", "budget", 3, KEEP_FOREVER, description="OccupancySnapshot from accounting")
 RANKING = Topic("apportion.ranking", "cluster", 1, KEEP_FOREVER, description="FairShareRanking from policy")
 DEADLETTER = Topic(

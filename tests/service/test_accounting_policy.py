@@ -171,6 +171,39 @@ def test_policy_rejects_invalid_change_once_and_tree_matches_fold_budget_log():
     assert svc2.state.tree == svc.state.tree
 
 
+def _batch(*sets: tuple[str, float], removes: tuple[str, ...] = ()) -> events.BudgetBatch:
+    return events.BudgetBatch(
+        sets=tuple(events.BudgetSpec(path=p, share=x) for p, x in sets), removes=removes, ts=from_us(h(1))
+    )
+
+
+def test_policy_accepts_a_batch_valid_only_as_a_whole_and_rejects_a_bad_one_whole_naming_each_path():
+    # lab: a 0.75 -> 0.5 with b 0.25 -> 0.5 (valid together; b alone first would sum to 1.25)
+    move = _batch(("lab/b", 0.5), ("lab/a", 0.5))
+    # b 0.5 -> 0.6 is over-full beside a 0.5, and nope/x has no parent: rejected whole, a is not touched
+    bad = _batch(("lab/a", 0.4), ("lab/b", 0.7), ("nope/x", 0.5))
+    svc = PolicyService(ManualClock(from_us(h(2))), [].append)
+    svc.fold(records(LOG[:3] + [move, bad], partitions=1))
+    out = svc.flush()
+    [rej] = [e for e in out if isinstance(e, BudgetRejected)]
+    assert rej.rejected_event_id == bad.event_id
+    assert (rej.path, rej.reason) == ("nope/x", "no_parent")  # the first failure
+    assert [(f.path, f.reason) for f in rej.failures] == [
+        ("nope/x", "no_parent"),
+        ("lab/a", "over_allocated"),
+        ("lab/b", "over_allocated"),
+    ]
+    assert rej.message == (
+        "nope/x: no_parent: parent budget 'nope' of 'nope/x' does not exist; "
+        "lab/a: over_allocated: shares under 'lab' would sum to 1.1 > 1; "
+        "lab/b: over_allocated: shares under 'lab' would sum to 1.1 > 1"
+    )
+    tree = svc.state.tree
+    assert (tree.share("lab/a"), tree.share("lab/b"), "nope/x" in tree) == (0.5, 0.5, False)
+    assert tree == fold_budget_log(LOG[:3] + [move, bad])  # every reader's fold agrees without the rejection
+    assert tree == fold_budget_log(LOG[:3] + [move, bad, rej])
+
+
 def test_policy_ranking_follows_newest_snapshot():
     svc = PolicyService(ManualClock(from_us(h(7))), lambda e: None)
     svc.fold(records(LOG[:3], partitions=1))
@@ -186,11 +219,11 @@ def test_policy_ranking_follows_newest_snapshot():
     assert ratios == {p: snap_r[p] for p in ("lab/a", "lab/b")}
 
 
-def test_fold_budget_event_skips_invalid_and_keeps_tree():
+def test_check_budget_event_skips_invalid_and_keeps_tree():
     t0 = fold_budget_log(LOG[:3])
-    t1, rej = pol_logic.fold_budget_event(t0, budget_set("lab/b", 0.5, at=h(1)))
+    t1, rej = pol_logic.check_budget_event(t0, budget_set("lab/b", 0.5, at=h(1)))
     assert rej is not None and rej.reason == "over_allocated" and t1 == t0
-    t2, rej2 = pol_logic.fold_budget_event(t0, budget_set("lab/b", 0.2, at=h(1)))
+    t2, rej2 = pol_logic.check_budget_event(t0, budget_set("lab/b", 0.2, at=h(1)))
     assert rej2 is None and t2.share("lab/b") == 0.2
 
 
@@ -204,3 +237,16 @@ def test_policy_flags_for_membership_and_faust_dir():
     }
     defaults = PolicySettings(kafka_bootstrap="k:1")
     assert (defaults.group_id, defaults.instance_id, defaults.faust_dir) == ("policy", "policy-0", None)
+
+
+def test_accounting_folds_a_batch_whole_into_its_tree_and_read_model():
+    move = _batch(("lab/b", 0.5), ("lab/a", 0.5))
+    acc = acc_logic.rebuild(LOG)
+    assert acc.apply(move) is True  # the tree changed: a snapshot is due
+    assert (acc.tree.share("lab/a"), acc.tree.share("lab/b")) == (0.5, 0.5)
+    assert acc.apply(move) is False  # the same event again: de-duplicated
+    bad = _batch(("lab/a", 0.9))
+    assert acc.apply(bad) is False and acc.tree.share("lab/a") == 0.5  # invalid as a whole: skipped whole
+    snap = acc.snapshot()
+    _, rows = acc_logic.read_model(snap, acc.tree, {})
+    assert {p: r["share"] for p, r in rows.items()} == {"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5}

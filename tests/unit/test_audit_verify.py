@@ -74,6 +74,18 @@ def test_clean_log_verifies() -> None:
     assert rep.snapshots == 3 and rep.decisions == 3
 
 
+def test_a_log_whose_tree_came_as_one_budget_batch_verifies() -> None:
+    """`budget apply` writes one BudgetBatch: the audit folds it as the services did (fold_budget_log)."""
+    log = history((at(0, 30), at(1, 30), at(2, 30)))
+    batch = events.BudgetBatch(
+        sets=tuple(events.BudgetSpec(path=p, share=s) for p, s in AB.items()), ts=from_us(T0 - 1), producer="cli"
+    )
+    log = [batch, *[e for e in log if not isinstance(e, events.BudgetSet)]]
+    rep = verify(records_from_events(log), config=CFG)
+    assert rep.ok, rep.to_dict()
+    assert rep.snapshots == 3 and rep.decisions == 3
+
+
 def test_tampered_snapshot_is_named_by_its_offset() -> None:
     log = history((at(0, 30), at(1, 30), at(2, 30)))
     snap = log[-2]  # the 1:30 snapshot

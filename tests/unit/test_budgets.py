@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from apportion.domain.budgets import BudgetError, BudgetTree, ancestors_of, parent_of
-from apportion.events import BudgetRemoved, BudgetSet
+from apportion.domain.budgets import BudgetBatchError, BudgetError, BudgetTree, ancestors_of, parent_of
+from apportion.events import BudgetBatch, BudgetRejected, BudgetRemoved, BudgetSet, BudgetSpec
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -105,3 +105,87 @@ def test_path_helpers() -> None:
     assert parent_of("a") == ""
     assert ancestors_of("a/b/c") == ("a", "a/b", "a/b/c")
     assert ancestors_of("") == ()
+
+
+# --------------------------------------------------------------------------- batches (issue 13: all or nothing)
+
+
+def batch(*sets: tuple[str, float], removes: tuple[str, ...] = ()) -> BudgetBatch:
+    return BudgetBatch(sets=tuple(BudgetSpec(path=p, share=s) for p, s in sets), removes=removes, ts=T0)
+
+
+def _failures(tree: BudgetTree, change: BudgetBatch, in_use: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
+    with pytest.raises(BudgetBatchError) as err:
+        tree.apply(change, in_use=in_use)
+    return [(f.path, f.reason) for f in err.value.failures]
+
+
+def test_a_batch_valid_only_as_a_whole_applies_in_either_order() -> None:
+    # lab: prior 0.6 -> 0.7, vision 0.4 -> 0.3; each change alone would make the siblings sum 1.1
+    tree = BudgetTree.from_mapping(LAB)
+    with pytest.raises(BudgetError, match="over_allocated"):
+        tree.apply(bset("lab/prior", 0.7))
+    for order in (
+        (("lab/prior", 0.7), ("lab/vision", 0.3)),
+        (("lab/vision", 0.3), ("lab/prior", 0.7)),
+    ):
+        after = tree.apply(batch(*order))
+        assert (after.share("lab/prior"), after.share("lab/vision")) == (0.7, 0.3)
+        assert after.share("lab/prior/robotics") == 0.5  # not named: kept
+        assert after.version == tree.version + 1
+
+
+def test_a_batch_removes_a_parent_with_its_children_and_adds_a_subtree() -> None:
+    tree = BudgetTree.from_mapping(LAB)
+    after = tree.apply(batch(("lab/audio", 0.4), ("lab/audio/asr", 1.0), removes=("lab/vision",)))
+    assert after.paths() == ("lab", "lab/audio", "lab/audio/asr", "lab/prior", "lab/prior/robotics")
+    after = tree.apply(batch(removes=("lab/prior/robotics", "lab/prior")))
+    assert after.paths() == ("lab", "lab/vision")
+
+
+def test_an_invalid_batch_names_every_failing_path_and_changes_nothing() -> None:
+    tree = BudgetTree.from_mapping(LAB)
+    bad = batch(("lab/ghost/x", 0.1), ("lab/vision/a", 0.5), removes=("lab/none", "lab/prior"))
+    assert _failures(tree, bad) == [
+        ("lab/none", "unknown_budget"),
+        ("lab/ghost/x", "no_parent"),
+        ("lab/prior", "has_children"),  # robotics stays
+    ]
+    assert _failures(tree, batch(("lab/vision", 0.3), ("lab/vision", 0.2))) == [("lab/vision", "bad_batch")]
+    # over-allocation is named on each budget of the batch under the over-full parent, and only there
+    assert _failures(tree, batch(("lab/prior", 0.7), ("lab/extra", 0.1), ("lab/vision/a", 0.5))) == [
+        ("lab/prior", "over_allocated"),
+        ("lab/extra", "over_allocated"),
+    ]
+    assert tree == BudgetTree.from_mapping(LAB)  # immutable: nothing changed
+
+
+def test_a_batch_checks_paths_shares_use_and_emptiness() -> None:
+    tree = BudgetTree.from_mapping(LAB)
+    assert _failures(tree, batch(("lab/a b", 0.1))) == [("lab/a b", "bad_path")]
+    assert _failures(tree, batch(removes=("lab/vision",)), in_use=frozenset({"lab/vision"})) == [
+        ("lab/vision", "in_use")
+    ]
+    assert _failures(tree, batch()) == [("", "bad_batch")]
+    with pytest.raises(BudgetBatchError) as err:
+        tree.apply(batch(("lab/prior", 0.7), ("lab/extra", 0.1)))
+    assert err.value.reason == "over_allocated"
+    assert err.value.message == (
+        "lab/prior: over_allocated: shares under 'lab' would sum to 1.2 > 1; "
+        "lab/extra: over_allocated: shares under 'lab' would sum to 1.2 > 1"
+    )
+
+
+def test_fold_budget_log_applies_a_batch_whole_or_skips_it_whole() -> None:
+    from apportion.domain.budgets import fold_budget_log
+
+    start = [bset(p, s) for p, s in LAB.items()]
+    good = batch(("lab/prior", 0.7), ("lab/vision", 0.3))
+    bad = batch(("lab/prior", 0.8), ("lab/vision", 0.3))  # 1.1
+    tree = fold_budget_log([*start, bad])
+    assert (tree.share("lab/prior"), tree.share("lab/vision")) == (0.6, 0.4)
+    tree = fold_budget_log([*start, good, bad])
+    assert (tree.share("lab/prior"), tree.share("lab/vision")) == (0.7, 0.3)
+    rejected = BudgetRejected(path="lab/prior", reason="x", message="x", rejected_event_id=good.event_id, ts=T0)
+    tree = fold_budget_log([*start, good, rejected])  # the policy's word is final
+    assert (tree.share("lab/prior"), tree.share("lab/vision")) == (0.6, 0.4)

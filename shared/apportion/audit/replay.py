@@ -14,7 +14,7 @@ from typing import Any
 
 from apportion import events
 from apportion.bus.reader import LogRecord
-from apportion.domain.budgets import BudgetError, BudgetTree, fold_budget_log
+from apportion.domain.budgets import BUDGET_CHANGES, BudgetTree, fold_budget_event, fold_budget_log
 from apportion.domain.cluster import protection_s
 from apportion.domain.fairshare import budget_order
 from apportion.domain.occupancy import OccupancyLedger
@@ -133,12 +133,9 @@ def preemption_report(
     tree = BudgetTree.empty()
     preempted: dict[str, set[int]] = defaultdict(set)  # job -> attempts preempted (duplicates count once)
     for ev in evs:
-        if isinstance(ev, (events.BudgetSet, events.BudgetRemoved)):
+        if isinstance(ev, BUDGET_CHANGES):
             if ev.event_id not in rejected:
-                try:
-                    tree = tree.apply(ev)
-                except BudgetError:
-                    pass
+                tree = fold_budget_event(tree, ev)
         elif isinstance(ev, events.JobPlaced):
             key = (ev.job_id, ev.attempt)
             started.setdefault(key, to_us(ev.ts))

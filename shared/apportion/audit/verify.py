@@ -58,7 +58,7 @@ from typing import Any
 
 from apportion import events, topics
 from apportion.bus.reader import LogRecord, log_order
-from apportion.domain.budgets import fold_budget_log
+from apportion.domain.budgets import BUDGET_CHANGES, fold_budget_log
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, fold, step
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.usage import usage_snapshot
@@ -444,7 +444,7 @@ def _snapshot_mismatch(r: LogRecord, snap: events.OccupancySnapshot, exp: events
     )
 
 
-_BUDGET_TYPES = (events.BudgetSet, events.BudgetRemoved, events.BudgetRejected)
+_BUDGET_TYPES = (*BUDGET_CHANGES, events.BudgetRejected)
 
 
 def _check_positioned(records: Sequence[LogRecord], snaps: list[LogRecord]) -> list[Mismatch]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -842,6 +843,32 @@ def undrain(
     )
 
 
+@app.command("schemas")
+def schemas_(
+    type_name: Annotated[
+        str | None, typer.Argument(metavar="[TYPE]", help="An event type, e.g. JobSubmitted; none: list them.")
+    ] = None,
+) -> None:
+    """The JSON Schema a producer in another language validates against (the file ``schemas/TYPE.json``), or
+    every event type with its topic and record key (docs/producing.md)."""
+    from apportion.schemas_export import render
+
+    files = render()
+    if type_name is None:
+        t = Table(title="event types (apportion schemas TYPE prints one)")
+        for col in ("type", "topic", "record key"):
+            t.add_column(col)
+        for name in sorted(events.EVENT_TYPES):
+            topic = events.TOPIC_OF[name]
+            t.add_row(name, topic.base, topic.key)
+        out.print(t)
+        return
+    text = files.get(f"{type_name}.json")
+    if text is None:
+        fail(f"no event type {type_name!r} (apportion schemas lists them)")
+    sys.stdout.write(text)
+
+
 # --------------------------------------------------------------------------- budgets
 
 
@@ -910,6 +937,7 @@ def budget_set(
     no_wait: NoWait = False,
     timeout: Timeout = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
+    redis_url: RedisUrl = None,
     as_json: JsonOut = False,
 ) -> None:
     """Create a budget, or change only the fields given of an existing one.
@@ -965,32 +993,44 @@ def budget_set(
     except ValueError as exc:
         fail(str(exc))
     try:
-        tree.apply(ev)
+        after = tree.apply(ev)
     except BudgetError as exc:
         fail(f"refused: {exc.reason}: {exc.message}", 1)
-    _budget_changes([ev], tree, no_wait, timeout, bootstrap, as_json, f"budget [bold]{path}[/] set to share {ev.share}")
+    _budget_changes(
+        [ev],
+        no_wait,
+        timeout,
+        bootstrap,
+        redis_url,
+        as_json,
+        f"budget [bold]{path}[/] set to share {ev.share}",
+        read_model=after != tree,  # a change to the same values: the read model has nothing to fold
+    )
 
 
 def _budget_changes(
     evts: list[Any],
-    current: Any,
     no_wait: bool,
     timeout: float,
     bootstrap: str | None,
+    redis_url: str | None,
     as_json: bool,
     message: str,
     *,
-    rollback: bool = False,
+    read_model: bool = True,
 ) -> None:
     """Publish budget changes (in order) and report the policy's verdict on each; exit 1 if any was rejected.
 
-    With ``rollback``, changes accepted before a rejection are undone (their values in ``current`` restored),
-    so a file is applied whole or not at all as far as the tree in force goes.
+    Once the policy accepted them, wait (within the same ``timeout``) until the accounting read model has
+    folded them too, so a ``share`` right after shows the change (a removed budget is gone); when it does not
+    in time, the change still happened: a note says so on stderr, exit 0. ``read_model=False`` skips that wait
+    (the caller knows the tree does not change, so the read model has nothing to fold).
     """
     from apportion import client
     from apportion.cli import verdicts
     from apportion.topics import BUDGETS
 
+    end = time.monotonic() + timeout
     conn = _require_topics(bootstrap, BUDGETS.name)
     try:
         offsets = client.publish(*evts, bootstrap=conn.bootstrap)
@@ -1003,29 +1043,46 @@ def _budget_changes(
         return
     got = _checked(lambda: verdicts.budget_verdicts(conn.bootstrap, list(zip(evts, offsets, strict=True)), timeout))
     rejected = [v for v in got if v.state == "rejected"]
-    undone: list[Any] = []
-    if rejected and rollback:
-        accepted = [v.event for v in got if v.state == "accepted"]
-        undone = verdicts.restore_events(current, accepted, _now())
-        if undone:
-            _checked(lambda: client.publish(*undone, bootstrap=conn.bootstrap))
+    folded = None
+    if read_model and not rejected and all(v.state == "accepted" for v in got):
+        folded = _await_read_model(redis_url, max(offsets), end - time.monotonic())
     if as_json:
         _print_json(
             {
                 "published": [events.to_dict(e) for e in evts],
                 "verdicts": [v.to_dict() for v in got],
-                "rolled_back": [events.to_dict(e) for e in undone],
+                "read_model": folded,
             }
         )
     if rejected:
         v = rejected[0]
         more = f" (and {len(rejected) - 1} more)" if len(rejected) > 1 else ""
-        back = f"; rolled back {len(undone)} accepted change(s)" if undone else ""
-        fail(f"refused by the policy: {v.event.path}: {v.reason}: {v.message}{more}{back}", 1)
+        what = v.message if v.failures else f"{v.event.path}: {v.reason}: {v.message}"  # a batch's names each path
+        fail(f"refused by the policy: {what}{more}", 1)
     if any(v.state == "no_verdict" for v in got):
         fail(f"no verdict from the policy within {timeout:g} s (is it running?); the change is in the log", 3)
     if not as_json:
         out.print(message)
+    if folded is False:
+        err.print(
+            "note: the accounting read model (`share`) has not folded the change yet (is accounting running?)",
+            highlight=False,
+        )
+
+
+def _await_read_model(redis_url: str | None, offset: int, timeout_s: float) -> bool:
+    """Poll (within ``timeout_s``, at least once) until the accounting read model has folded the budgets log
+    past ``offset`` (:func:`apportion.cli.verdicts.read_model_folded`); False when it did not, or Redis does not
+    answer."""
+    import redis
+
+    from apportion.cli import verdicts
+
+    try:
+        r = redis.Redis.from_url(Connection.resolve(redis_url=redis_url).redis_url, socket_connect_timeout=3)
+        return bool(verdicts.wait_for(lambda: verdicts.read_model_folded(r, offset), max(timeout_s, 0.0)))
+    except redis.RedisError:
+        return False
 
 
 @budget_app.command("apply")
@@ -1034,45 +1091,56 @@ def budget_apply(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the diff against the tree in force; publish nothing.")
     ] = False,
+    prune: Annotated[
+        bool,
+        typer.Option("--prune", help="The file is the whole tree: remove budgets in force that it does not name."),
+    ] = False,
     no_wait: NoWait = False,
     timeout: Timeout = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
+    redis_url: RedisUrl = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Set every budget in a YAML file, all or nothing.
+    """Set every budget in a YAML file, all or nothing, as one change (a ``BudgetBatch``).
 
-    The file is checked as a whole against the tree in force (budgets in force
-    but not in the file are kept and count towards their siblings' sums); the
-    changes are published in an order where each step is valid (shrinking
-    shares first); if the policy still rejects one (a concurrent change), the
-    ones it accepted are rolled back and the command exits 1.
+    The policy validates the tree after the whole batch, so moving share from one sibling to another is one
+    valid change, and an invalid file changes nothing (every failing path is named). Without ``--prune`` the
+    file may be partial: budgets in force that it does not name are kept (and count in their siblings' sums),
+    and a budget's parent may be one in force. With ``--prune`` the file is the whole tree: budgets in force
+    that it does not name are removed in the same batch (refused while one has queued or running jobs).
+    The batch is checked against the tree in force before publishing (exit 1).
     """
+    from apportion import readmodel
+    from apportion.budgetfile import BudgetFileError, load_budgets
     from apportion.cli import verdicts
     from apportion.domain.budgets import BudgetError
 
-    target = _tree_from_file(file)
-    current = _tree_in_force(bootstrap)
-    diff = verdicts.budget_diff(current, target)
     try:
-        evts = verdicts.safe_order(current, target, _now())
+        wanted = load_budgets(file)
+    except BudgetFileError as exc:
+        fail(str(exc))
+    current = _tree_in_force(bootstrap)
+    diff = verdicts.budget_diff(current, wanted, prune)
+    in_use: frozenset[str] = frozenset()
+    if prune and any(c.kind == "pruned" for c in diff) and not dry_run:
+        jobs = readmodel.read_hash(_redis(redis_url), readmodel.jobs_key()).values()
+        in_use = frozenset(str(j.get("budget")) for j in jobs)
+    try:
+        batch = verdicts.batch_of(current, wanted, prune, _now())
+        if batch is not None and in_use:
+            current.apply(batch, in_use=in_use)
     except BudgetError as exc:
-        fail(f"refused: {file} against the tree in force: {exc.reason}: {exc.message}", 1)
-    if dry_run or not evts:
+        fail(f"refused: {file} against the tree in force: {exc.message}", 1)
+    n = len(batch.paths) if batch is not None else 0
+    if dry_run or batch is None:
         if as_json:
-            _print_json({"diff": [c.to_dict() for c in diff], "changes": len(evts), "published": []})
+            _print_json({"diff": [c.to_dict() for c in diff], "changes": n, "published": []})
             return
         _print_diff(diff)
-        out.print(f"{len(evts)} budget change(s){' (dry run: nothing published)' if dry_run else ': nothing to do'}")
+        out.print(f"{n} budget change(s){' (dry run: nothing published)' if dry_run else ': nothing to do'}")
         return
     _budget_changes(
-        evts,
-        current,
-        no_wait,
-        timeout,
-        bootstrap,
-        as_json,
-        f"applied {file}: {len(evts)} budget change(s)",
-        rollback=True,
+        [batch], no_wait, timeout, bootstrap, redis_url, as_json, f"applied {file}: {n} budget change(s) in one batch"
     )
 
 
@@ -1089,6 +1157,8 @@ def _print_diff(diff: list[Any]) -> None:
     for c in diff:
         if c.kind == "kept":
             out.print(f"  = {c.path}: in force, not in the file (kept)", highlight=False)
+        elif c.kind == "pruned":
+            out.print(f"  - {c.path}: in force, not in the file (removed: --prune)", highlight=False)
         else:
             sign = {"added": "+", "changed": "~", "removed": "-"}[c.kind]
             out.print(f"  {sign} {c.path} {c.field}: {show(c.old)} -> {show(c.new)}", highlight=False)
@@ -1122,7 +1192,7 @@ def budget_rm(
                 states[str(j.get("state"))] = states.get(str(j.get("state")), 0) + 1
             msg = f"{path!r} has {', '.join(f'{n} {s}' for s, n in sorted(states.items()))} job(s)"
         fail(f"refused: {exc.reason}: {msg}", 1)
-    _budget_changes([ev], tree, no_wait, timeout, bootstrap, as_json, f"removed budget [bold]{path}[/]")
+    _budget_changes([ev], no_wait, timeout, bootstrap, redis_url, as_json, f"removed budget [bold]{path}[/]")
 
 
 @budget_app.command("show")

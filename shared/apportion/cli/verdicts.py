@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -266,29 +266,34 @@ class BudgetVerdict:
         offset: its record's offset on ``apportion.budgets`` partition 0.
         state: ``accepted``, ``rejected`` or ``no_verdict``.
         reason, message: from the ``BudgetRejected`` when rejected.
+        failures: a rejected batch's failing paths.
     """
 
-    event: events.BudgetSet | events.BudgetRemoved
+    event: events.BudgetSet | events.BudgetRemoved | events.BudgetBatch
     offset: int
     state: str
     reason: str = ""
     message: str = ""
+    failures: tuple[events.BudgetFailure, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
+        ev = self.event
         return {
-            "path": self.event.path,
-            "type": self.event.type,
-            "event_id": str(self.event.event_id),
+            "path": getattr(ev, "path", None),
+            "paths": list(ev.paths) if isinstance(ev, events.BudgetBatch) else [ev.path],
+            "type": ev.type,
+            "event_id": str(ev.event_id),
             "offset": self.offset,
             "verdict": self.state,
             "reason": self.reason,
             "message": self.message,
+            "failures": [f.model_dump() for f in self.failures],
         }
 
 
 def budget_verdicts(
     bootstrap: str,
-    sent: Sequence[tuple[events.BudgetSet | events.BudgetRemoved, int]],
+    sent: Sequence[tuple[events.BudgetSet | events.BudgetRemoved | events.BudgetBatch, int]],
     timeout_s: float,
     *,
     group: str | None = None,
@@ -328,7 +333,7 @@ def budget_verdicts(
     for ev, off in sent:
         rej = rejected.get(ev.event_id)
         if rej is not None:
-            out.append(BudgetVerdict(ev, off, "rejected", rej.reason, rej.message))
+            out.append(BudgetVerdict(ev, off, "rejected", rej.reason, rej.message, rej.failures))
         elif committed is not None and committed > off:
             out.append(BudgetVerdict(ev, off, "accepted"))
         else:
@@ -336,15 +341,29 @@ def budget_verdicts(
     return out
 
 
-# --------------------------------------------------------------------------- budget diffs and safe order
+def read_model_folded(redis: Any, offset: int) -> bool:
+    """True when the accounting read model (what ``share`` shows) has folded ``apportion.budgets`` partition 0
+    past ``offset``: the ``offsets`` of its ``meta`` (written with the rows, in one transaction) say so."""
+    from apportion import readmodel
+    from apportion.topics import BUDGETS
+
+    meta = readmodel.read_hash(redis, readmodel.usage_key()).get("meta") or {}
+    return int((meta.get("offsets") or {}).get(f"{BUDGETS.name}:0", 0)) > offset
+
+
+# --------------------------------------------------------------------------- budget files as one batch
 
 
 @dataclass(frozen=True, slots=True)
 class FieldChange:
-    """One field of one budget that a file changes: ``old`` is ``None`` for a new budget."""
+    """One field of one budget that a file changes: ``old`` is ``None`` for a new budget.
+
+    ``kind``: ``added``, ``changed``, ``removed`` (a field the file drops); for a whole budget in force but not
+    in the file, field ``budget``: ``kept`` (the default) or ``pruned`` (``--prune``: the batch removes it).
+    """
 
     path: str
-    kind: str  # added, changed, removed (a budget in force but not in the file: kept, shown as such)
+    kind: str
     field: str
     old: Any
     new: Any
@@ -361,15 +380,14 @@ def _fields(b: Any) -> dict[str, Any]:
     }
 
 
-def budget_diff(current: Any, target: Any) -> list[FieldChange]:
-    """Field changes taking the budgets of ``target`` (a file's tree) from ``current`` (the tree in force).
+def budget_diff(current: Any, wanted: Mapping[str, Any], prune: bool = False) -> list[FieldChange]:
+    """Field changes taking the tree in force ``current`` to the file's budgets ``wanted`` (path -> Budget).
 
-    Budgets in ``current`` but not in ``target`` are reported with kind ``kept``
-    (``budget apply`` sets what the file names and removes nothing).
+    Budgets of ``current`` not in ``wanted`` are listed once each, as ``kept``, or ``pruned`` with ``prune``.
     """
     out: list[FieldChange] = []
-    for p in target.paths():
-        new = _fields(target.get(p))
+    for p in sorted(wanted):
+        new = _fields(wanted[p])
         old_b = current.get(p)
         if old_b is None:
             out += [FieldChange(p, "added", f, None, v) for f, v in new.items() if v is not None or f == "share"]
@@ -380,64 +398,39 @@ def budget_diff(current: Any, target: Any) -> list[FieldChange]:
                 kind = "removed" if new[f] is None else "added" if old[f] is None else "changed"
                 out.append(FieldChange(p, kind, f, old[f], new[f]))
     for p in current.paths():
-        if p not in target:
-            out.append(FieldChange(p, "kept", "budget", _fields(current.get(p)), None))
+        if p not in wanted:
+            out.append(FieldChange(p, "pruned" if prune else "kept", "budget", _fields(current.get(p)), None))
     return out
 
 
-def safe_order(current: Any, target: Any, now: Any) -> list[events.BudgetSet]:
-    """The ``BudgetSet`` events that take ``current`` to ``current`` + ``target``'s budgets, in an order in
-    which every step is valid on its own: shrinking shares first, then new budgets (parents first) and growing
-    ones. A file valid as a whole is then never refused half-way for a sibling sum (issue 13).
+def batch_of(current: Any, wanted: Mapping[str, Any], prune: bool, now: Any) -> events.BudgetBatch | None:
+    """The one ``BudgetBatch`` that takes ``current`` to the file's budgets ``wanted`` (path -> Budget).
+
+    It sets the budgets that are new or differ (an unchanged one is left out) and, with ``prune``, removes
+    those in force that the file does not name. Without ``prune`` the file may be partial: budgets in force
+    that it does not name are kept (and count in their siblings' sums), and a budget's parent may come from
+    the tree in force. ``None`` when there is nothing to change.
 
     Raises:
-        apportion.domain.budgets.BudgetError: the result is invalid (a sibling outside the file makes a sum
-            exceed 1, ...): the first step that fails, nothing published.
+        apportion.domain.budgets.BudgetBatchError: the tree after the batch would be invalid (every failing
+            path); nothing is published.
     """
-    shrink: list[events.BudgetSet] = []
-    grow: list[events.BudgetSet] = []
-    for p in sorted(target.paths(), key=lambda q: (q.count("/"), q)):
-        b = target.get(p)
-        old = current.get(p)
-        if old is not None and _fields(old) == _fields(b):
-            continue
-        ev = events.BudgetSet(
+    sets = [
+        events.BudgetSpec(
             path=p,
             share=b.share,
             members=tuple(sorted(b.members)) if b.members is not None else None,
             max_min_runtime_s=b.max_min_runtime_s,
-            by="cli",
-            ts=now,
-            producer="cli",
         )
-        (shrink if old is not None and b.share <= old.share else grow).append(ev)
-    order = shrink + grow
-    tree = current
-    for ev in order:
-        tree = tree.apply(ev)
-    return order
-
-
-def restore_events(current: Any, applied: Iterable[events.BudgetSet], now: Any) -> list[events.Event]:
-    """Events that undo ``applied`` (changes accepted before one was refused), in reverse order."""
-    out: list[events.Event] = []
-    for ev in reversed(list(applied)):
-        old = current.get(ev.path)
-        if old is None:
-            out.append(events.BudgetRemoved(path=ev.path, by="cli", ts=now, producer="cli"))
-        else:
-            out.append(
-                events.BudgetSet(
-                    path=ev.path,
-                    share=old.share,
-                    members=tuple(sorted(old.members)) if old.members is not None else None,
-                    max_min_runtime_s=old.max_min_runtime_s,
-                    by="cli",
-                    ts=now,
-                    producer="cli",
-                )
-            )
-    return out
+        for p, b in sorted(wanted.items())
+        if current.get(p) is None or _fields(current.get(p)) != _fields(b)
+    ]
+    removes = tuple(p for p in current.paths() if p not in wanted) if prune else ()
+    if not sets and not removes:
+        return None
+    ev = events.BudgetBatch(sets=tuple(sets), removes=removes, by="cli", ts=now, producer="cli")
+    current.apply(ev)
+    return ev
 
 
 # --------------------------------------------------------------------------- nodes

@@ -10,9 +10,11 @@ unbudgeted). The absolute share is the product of shares on the path::
         │   └── robotics 0.5      0.3
         └── vision   share 0.4    0.4
 
-The tree is immutable: :meth:`BudgetTree.apply` folds a ``BudgetSet`` or
-``BudgetRemoved`` into a new tree, raising :class:`BudgetError` with a
-machine-readable reason when the change is invalid. ``members`` and
+The tree is immutable: :meth:`BudgetTree.apply` folds a ``BudgetSet``,
+``BudgetRemoved`` or ``BudgetBatch`` (changes applied together, validated as
+a whole: :meth:`BudgetTree.with_batch`) into a new tree, raising
+:class:`BudgetError` with a machine-readable reason when the change is
+invalid. ``members`` and
 ``max_min_runtime_s`` are inherited down the tree: a node that does not set
 them takes its nearest ancestor's (at the root: anyone, no limit).
 """
@@ -20,12 +22,16 @@ them takes its nearest ancestor's (at the root: anyone, no limit).
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from apportion.events import BudgetRemoved, BudgetSet, Event
+from apportion.events import BudgetBatch, BudgetFailure, BudgetRemoved, BudgetSet, Event
+
+#: The events that change the tree (every fold of the budgets log folds exactly these).
+BUDGET_CHANGES = (BudgetSet, BudgetRemoved, BudgetBatch)
 
 ROOT = ""
 """The virtual root; its children are the top-level budgets. Absolute share 1."""
@@ -42,7 +48,8 @@ class BudgetError(ValueError):
     Attributes:
         reason: machine-readable code: ``bad_path``, ``bad_share``,
             ``no_parent``, ``over_allocated``, ``unknown_budget``,
-            ``has_children``, ``in_use``.
+            ``has_children``, ``in_use``, ``bad_batch`` (a batch naming a
+            path twice, or nothing).
         message: explanation for humans.
     """
 
@@ -50,6 +57,23 @@ class BudgetError(ValueError):
         self.reason = reason
         self.message = message
         super().__init__(f"{reason}: {message}")
+
+
+class BudgetBatchError(BudgetError):
+    """A refused :class:`~apportion.events.BudgetBatch`: every failing path with its reason.
+
+    ``reason`` is the first failure's; ``message`` names every failure
+    (``"lab/a: over_allocated: ...; lab/b: no_parent: ..."``).
+
+    Attributes:
+        failures: one :class:`~apportion.events.BudgetFailure` per failing path (and check).
+    """
+
+    def __init__(self, failures: Iterable[BudgetFailure]) -> None:
+        self.failures = tuple(failures)
+        super().__init__(
+            self.failures[0].reason, "; ".join(f"{f.path or '(batch)'}: {f.reason}: {f.message}" for f in self.failures)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +180,7 @@ class BudgetTree:
         """
         tree = cls.empty()
         for ev in events:
-            if isinstance(ev, (BudgetSet, BudgetRemoved)):
+            if isinstance(ev, BUDGET_CHANGES):
                 tree = tree.apply(ev)
         return tree
 
@@ -186,21 +210,94 @@ class BudgetTree:
 
     # ------------------------------------------------------------------ evolve
 
-    def apply(self, event: BudgetSet | BudgetRemoved, in_use: frozenset[str] = frozenset()) -> BudgetTree:
+    def apply(self, event: BudgetSet | BudgetRemoved | BudgetBatch, in_use: frozenset[str] = frozenset()) -> BudgetTree:
         """Fold one budget event into a new tree.
 
         Args:
-            event: ``BudgetSet`` (create or update) or ``BudgetRemoved``.
+            event: ``BudgetSet`` (create or update), ``BudgetRemoved`` or
+                ``BudgetBatch`` (all of its changes, or none).
             in_use: budget paths that have queued or running jobs; removing
                 one of them is refused.
 
         Raises:
-            BudgetError: see :meth:`with_budget` and :meth:`without`.
+            BudgetError: see :meth:`with_budget` and :meth:`without`;
+                :class:`BudgetBatchError` for a batch (:meth:`with_batch`).
         """
         if isinstance(event, BudgetSet):
-            members = frozenset(event.members) if event.members is not None else None
-            return self.with_budget(Budget(event.path, event.share, members, event.max_min_runtime_s))
+            return self.with_budget(budget_of(event))
+        if isinstance(event, BudgetBatch):
+            return self.with_batch([budget_of(s) for s in event.sets], event.removes, in_use)
         return self.without(event.path, in_use)
+
+    def with_batch(
+        self, sets: Iterable[Budget], removes: Iterable[str] = (), in_use: frozenset[str] = frozenset()
+    ) -> BudgetTree:
+        """New tree with every budget of ``sets`` created or replaced and every path of ``removes`` removed, or
+        nothing: the checks are made on the tree *after* the whole batch, so moving share from one sibling to
+        another in one batch is valid in any order of its changes.
+
+        Checks (each failing path is named, all of them at once): a path given twice (``bad_batch``), an empty
+        batch (``bad_batch``); per set: ``bad_path``, ``bad_share``, ``no_parent`` (the parent is neither in
+        force nor set by the batch, or the batch removes it); per removal: ``unknown_budget``, ``in_use``,
+        ``has_children`` (children left after the batch); per parent whose children the batch sets: the sum of
+        its children's shares after the batch at most 1 (``over_allocated``, named on each budget of the batch
+        under that parent).
+
+        Raises:
+            BudgetBatchError: the failures, in the order above; the tree is unchanged.
+        """
+        sets = list(sets)
+        removes = list(removes)
+        fails: list[BudgetFailure] = []
+
+        def fail(path: str, reason: str, message: str) -> None:
+            fails.append(BudgetFailure(path=path, reason=reason, message=message))
+
+        if not sets and not removes:
+            fail("", "bad_batch", "the batch changes nothing")
+        counts = Counter([b.path for b in sets] + removes)
+        for p, n in sorted(counts.items()):
+            if n > 1:
+                fail(p, "bad_batch", f"{p!r} is named {n} times in the batch")
+        nodes = dict(self._nodes)
+        for p in removes:
+            if p not in nodes:
+                fail(p, "unknown_budget", f"no budget {p!r}")
+            elif p in in_use:
+                fail(p, "in_use", f"{p!r} has queued or running jobs")
+            else:
+                del nodes[p]
+        ok_sets: list[Budget] = []
+        for b in sets:
+            try:
+                validate_path(b.path)
+            except BudgetError as exc:
+                fail(b.path, exc.reason, exc.message)
+                continue
+            if not (0.0 < b.share <= 1.0):
+                fail(b.path, "bad_share", f"share of {b.path!r} must be in (0, 1], got {b.share}")
+                continue
+            nodes[b.path] = b
+            ok_sets.append(b)
+        children: dict[str, list[str]] = {}
+        for p in nodes:
+            children.setdefault(parent_of(p), []).append(p)
+        for b in ok_sets:
+            par = parent_of(b.path)
+            if par != ROOT and par not in nodes:
+                fail(b.path, "no_parent", f"parent budget {par!r} of {b.path!r} does not exist")
+        for p in removes:
+            if p in self._nodes and p not in nodes and children.get(p):
+                fail(p, "has_children", f"{p!r} has children {sorted(children[p])}")
+        for par in sorted({parent_of(b.path) for b in ok_sets}):
+            total = sum(nodes[s].share for s in children.get(par, ()))
+            if total > 1.0 + SHARE_EPSILON:
+                for b in ok_sets:
+                    if parent_of(b.path) == par:
+                        fail(b.path, "over_allocated", f"shares under {par or '(root)'!r} would sum to {total:.6g} > 1")
+        if fails:
+            raise BudgetBatchError(fails)
+        return BudgetTree(nodes, self.version + 1)
 
     def with_budget(self, b: Budget) -> BudgetTree:
         """New tree with ``b`` created or replaced.
@@ -320,12 +417,35 @@ class BudgetTree:
         return out
 
 
+def budget_of(change: Any) -> Budget:
+    """The :class:`Budget` a ``BudgetSet`` (or a batch's ``BudgetSpec``) sets."""
+    members = frozenset(change.members) if change.members is not None else None
+    return Budget(change.path, change.share, members, change.max_min_runtime_s)
+
+
+def fold_budget_event(tree: BudgetTree, event: Event) -> BudgetTree:
+    """One step of :func:`fold_budget_log`: ``tree`` with ``event`` applied, or ``tree`` itself when ``event``
+    is not a change (:data:`BUDGET_CHANGES`) or is invalid against ``tree`` (a batch: as a whole).
+
+    Readers that fold the budgets log one event at a time (the dispatcher, the audit's protection check) call
+    this; skipping what the policy rejected changes nothing for them, because the policy rejects exactly the
+    changes this step skips (``services.policy.logic``).
+    """
+    if not isinstance(event, BUDGET_CHANGES):
+        return tree
+    try:
+        return tree.apply(event)
+    except BudgetError:
+        return tree
+
+
 def fold_budget_log(evts: Iterable[Event], until_us: int | None = None) -> BudgetTree:
     """The authoritative tree of a budget log: the one rule every reader applies.
 
     Writers (ops CLI) and the policy service share ``apportion.budgets``. The
-    tree in force is the fold, in log order, of ``BudgetSet`` and
-    ``BudgetRemoved`` events, skipping (a) any change the policy rejected
+    tree in force is the fold, in log order, of ``BudgetSet``,
+    ``BudgetRemoved`` and ``BudgetBatch`` events (:func:`fold_budget_event`;
+    a batch applies whole or not at all), skipping (a) any change the policy rejected
     (a ``BudgetRejected`` names it by ``rejected_event_id``; the policy may
     reject for reasons only it sees, such as a budget in use) and (b) any
     change that is invalid against the tree folded so far. The accounting
@@ -343,12 +463,9 @@ def fold_budget_log(evts: Iterable[Event], until_us: int | None = None) -> Budge
     rejected = {e.rejected_event_id for e in evts if isinstance(e, BudgetRejected)}
     tree = BudgetTree.empty()
     for ev in evts:
-        if not isinstance(ev, (BudgetSet, BudgetRemoved)) or ev.event_id in rejected:
+        if not isinstance(ev, BUDGET_CHANGES) or ev.event_id in rejected:
             continue
         if until_us is not None and to_us(ev.ts) > until_us:
             continue
-        try:
-            tree = tree.apply(ev)
-        except BudgetError:
-            continue
+        tree = fold_budget_event(tree, ev)
     return tree

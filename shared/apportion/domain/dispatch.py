@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from apportion.domain.admission import NodeShape, admit
-from apportion.domain.budgets import BudgetError, BudgetTree
+from apportion.domain.budgets import BudgetTree, fold_budget_event
 from apportion.domain.cluster import ClusterState, RunKey, placed_protection_us, work_lost_gpu_s
 from apportion.domain.engine import (
     CycleSnapshot,
@@ -68,6 +68,7 @@ from apportion.domain.engine import (
 )
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.events import (
+    BudgetBatch,
     BudgetRemoved,
     BudgetSet,
     Event,
@@ -547,11 +548,8 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         state.draining.add(ev.node_id)
     elif isinstance(ev, (NodeDrained, NodeLost, NodeUncordoned)):
         state.draining.discard(ev.node_id)
-    elif isinstance(ev, (BudgetSet, BudgetRemoved)):
-        try:
-            state.tree = state.tree.apply(ev)
-        except BudgetError:
-            pass
+    elif isinstance(ev, (BudgetSet, BudgetRemoved, BudgetBatch)):
+        state.tree = fold_budget_event(state.tree, ev)
     return state
 
 
