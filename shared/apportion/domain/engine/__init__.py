@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from apportion.domain.engine.cycle import CycleResult, CycleSnapshot, run_cycle, schedule
 from apportion.domain.engine.emit import emit_placed, preempt_events, start_events, stop_event
-from apportion.domain.engine.inputs import POLICY_VERSION, EngineConfig, PendingJob, allocated_count, pending_order
+from apportion.domain.engine.inputs import PATIENCE_S, POLICY_VERSION, EngineConfig, PendingJob, allocated_count, pending_order
 from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
 from apportion.domain.engine.reasons import (
     BudgetAhead,
@@ -70,6 +70,7 @@ __all__ = [
     "ReservedBy",
     "explain_pending",
     "reason_dict",
+    "PATIENCE_S",
     "POLICY_VERSION",
     "RULE_EXPIRED_BEHIND",
     "RULE_UNALLOCATED",
