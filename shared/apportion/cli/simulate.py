@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from apportion.domain.engine import PATIENCE_S
+
 if TYPE_CHECKING:
     from apportion.sim.core import StopCheckpoint
 
@@ -155,6 +157,14 @@ def simulate(
         "'unallocated' (default: jobs with minimum runtime 0 accept preemption at any moment, so they are "
         "taken to save on SIGTERM), 'all', or 'none' (only interval checkpoints).",
     ),
+    patience_s: float = typer.Option(
+        PATIENCE_S,
+        "--patience-s",
+        min=0.0,
+        help="Fair share's patience: a job of a budget at or over its share preempts only when the GPU-seconds "
+        "it has waited cover the work the victims would lose, or after waiting this long (seconds; 0 = "
+        "preempt at once). Budgets under their share never wait.",
+    ),
 ) -> None:
     """Run the simulation(s) and report utilisation, goodput, work lost, share deficit, waits, completions."""
     from apportion.cli.main import err, fail
@@ -181,7 +191,9 @@ def simulate(
             highlight=False,
             soft_wrap=True,
         )
-    reports = [_run(name, bf, jobs, seed, cycle_s, tail_h, checkpoints, checkpoint_on_stop.value) for name in names]
+    reports = [
+        _run(name, bf, jobs, seed, cycle_s, tail_h, checkpoints, checkpoint_on_stop.value, patience_s) for name in names
+    ]
     rejected = {r.policy: sum(r.rejected.values()) for r in reports if r.rejected}
     if rejected:
         first = next(r for r in reports if r.rejected)
@@ -212,7 +224,8 @@ def simulate(
         tail_h=tail_h,
         rule=rule,
         human_rule=human,
-        checkpoints="off" if not checkpoints else f"interval; on SIGTERM: {checkpoint_on_stop.value}",
+        checkpoints=("off" if not checkpoints else f"interval; on SIGTERM: {checkpoint_on_stop.value}")
+        + f"; fair-share patience {patience_s:g} s",
         fmt=fmt,
         jobs=len(jobs),
         nodes=bf.nodes,
@@ -235,6 +248,7 @@ def _run(
     tail_h: float | None,
     checkpoints: bool = True,
     checkpoint_on_stop: StopCheckpoint = "unallocated",
+    patience_s: float = PATIENCE_S,
 ) -> Any:
     """One policy's run and report; admission rejections are counted by reason."""
     from apportion.domain.dispatch import DispatchConfig
@@ -255,7 +269,7 @@ def _run(
             super()._outputs(out, t)
 
     dcfg = DispatchConfig(
-        engine=EngineConfig(window_s=bf.window_s),
+        engine=EngineConfig(window_s=bf.window_s, patience_s=patience_s),
         heartbeat_timeout_s=None,
         scheduler=None if name == "fairshare" else POLICIES[name],
     )
