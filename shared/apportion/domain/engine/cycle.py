@@ -571,4 +571,5 @@ def _explain(
         res.reservation,
         moves,
         placed,
+        victims.waits if victims is not None else {},
     )

@@ -193,11 +193,10 @@ def plan_preemption(
         for _, _, chosen in best:
             for x in chosen:
                 lost[x[1].key] = order_lost_gpu_s(x[0], now)  # a gang victim on two chosen nodes counts once
-        verdict = patience_rule(
-            sum(lost.values()), g * k, us_to_s(now - job.queued_at_us), view.ratio(leaf), patience_s
-        )
-        if verdict == PATIENCE_WAIT:
+        total = sum(lost.values())
+        if patience_rule(total, g * k, us_to_s(now - job.queued_at_us), view.ratio(leaf), patience_s) == PATIENCE_WAIT:
             victims.waiting = True
+            victims.waits[job.job_id] = total
             return None
     placements = []
     picked: dict[RunKey, tuple[Run, Victim]] = {}
