@@ -7,7 +7,7 @@ so that a 100,000-job run does not keep its ~1M events in memory.
 Run::
 
     .venv/bin/python bench/sim_digest.py philly --slice week44 [--policy all] [--tail-h H]
-        [--no-checkpoints] [--checkpoint-on-stop]
+        [--no-checkpoints] [--checkpoint-on-stop unallocated|all|none]
     .venv/bin/python bench/sim_digest.py bench --jobs 20000 [--gap 10] [--no-checkpoints]
 
 ``philly`` is the reference setup of docs/simulation.md (Philly trace,
@@ -122,7 +122,12 @@ def main() -> None:
         help="stop the clock this many hours after the last submission (as `simulate --tail-h`); "
         "default: run until nothing is left",
     )
-    p.add_argument("--checkpoint-on-stop", action="store_true", help="workloads also checkpoint on SIGTERM")
+    p.add_argument(
+        "--checkpoint-on-stop",
+        choices=["unallocated", "all", "none"],
+        default="unallocated",
+        help="which preempted workloads save their progress on SIGTERM (default: unallocated)",
+    )
     b = sub.add_parser("bench")
     b.add_argument("--jobs", type=int, default=20_000)
     b.add_argument("--seed", type=int, default=1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 
+from apportion.domain.engine import PATIENCE_S
 from services._common import ServiceSettings
 
 
@@ -26,6 +27,8 @@ class DispatcherSettings(ServiceSettings):
         grace_s: SIGTERM-to-SIGKILL grace for preempted runs.
         heartbeat_timeout_s: no heartbeat for this long -> NodeLost.
         reservation_after_s: a blocked allocated job waiting this long reserves nodes.
+        patience_s: longest wait of a job at or over its share before it preempts whatever the
+            work lost (``preemption.patience_rule``; 0 = off).
         producer_name: written as ``producer`` on events.
     """
 
@@ -37,6 +40,7 @@ class DispatcherSettings(ServiceSettings):
     grace_s: float = 30.0
     heartbeat_timeout_s: float = 30.0
     reservation_after_s: float = 3600.0
+    patience_s: float = PATIENCE_S
     producer_name: str = "dispatcher"
 
     def owner(self) -> str:

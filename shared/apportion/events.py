@@ -785,6 +785,8 @@ class DispatcherConfigured(Event):
         grace_s: SIGTERM-to-SIGKILL grace of preempted runs, seconds.
         heartbeat_timeout_s: seconds without a heartbeat before ``NodeLost`` (``None``: off).
         reservation_after_s: wait after which a blocked allocated job reserves nodes, seconds.
+        patience_s: ``EngineConfig.patience_s``, seconds; 0 in records written before it existed
+            (those dispatchers preempted at once, which is what 0 means).
         dispatcher_producer: the ``producer`` of its decisions.
     """
 
@@ -797,6 +799,7 @@ class DispatcherConfigured(Event):
     grace_s: float = Field(ge=0)
     heartbeat_timeout_s: float | None = Field(default=None, gt=0)
     reservation_after_s: float = Field(ge=0)
+    patience_s: float = Field(default=0.0, ge=0)
     dispatcher_producer: str = "dispatcher"
 
 

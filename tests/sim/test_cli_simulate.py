@@ -364,7 +364,9 @@ GOODPUT_KEYS = (
 )
 
 
-@pytest.mark.parametrize("flags", [[], ["--no-checkpoints"], ["--checkpoint-on-stop"]])
+@pytest.mark.parametrize(
+    "flags", [[], ["--no-checkpoints"], ["--checkpoint-on-stop", "all"], ["--checkpoint-on-stop", "none"]]
+)
 def test_two_job_swap_case_returns_by_the_default_horizon(tmp_path, flags):
     # one node of 8 GPUs, lab/a and lab/b at 0.5, one 8-GPU 24 h job each, minimum runtime 60 s (issue 12):
     # without --tail-h the run ends when both are done or at the default horizon, the last submission +

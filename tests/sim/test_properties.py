@@ -241,7 +241,7 @@ def test_a_run_leaves_no_reference_cycles(policy):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(worlds(), st.booleans())
+@given(worlds(), st.sampled_from(["unallocated", "all", "none"]))
 def test_checkpoints_and_work_lost_on_random_clusters_and_streams(world, on_stop):
     """Checkpoint progress only grows and stays below the job's work; a completed attempt ran exactly what was
     left after its job's last checkpoint; work lost is within [0, GPUs x time held]; the log fold agrees

@@ -86,7 +86,7 @@ def test_preempted_job_resumes_from_its_last_checkpoint():
 
 
 def test_checkpoint_on_stop_saves_the_work_up_to_the_sigterm():
-    r = scenario(checkpoint_on_stop=True)
+    r = scenario(checkpoint_on_stop="all")
     # a1 saves 2.5 h of progress when it exits (5 s into its 30 s grace); nothing is lost
     assert checkpoints(r) == [
         ("01:00:00", "a1#1", 3600.0),
@@ -140,7 +140,7 @@ def test_goodput_and_the_new_columns_of_the_scenario_by_hand():
 
 
 def test_the_log_fold_gives_what_the_live_fold_gave():
-    r = scenario(checkpoint_on_stop=True, stop_delay_s=None, seed=7)
+    r = scenario(checkpoint_on_stop="all", stop_delay_s=None, seed=7)
     again = JobLedger().apply_all(r.log)
     live = r.jobs_ledger
     assert [(s.job_id, s.attempt, s.at_us, s.mark_us, s.gpus) for s in again.stops] == [
@@ -184,7 +184,7 @@ def test_node_loss_loses_the_work_since_the_last_checkpoint_up_to_the_last_heart
 
 def test_same_seed_gives_a_byte_identical_log_with_checkpoints():
     def full_log() -> bytes:
-        r = scenario(checkpoint_on_stop=True, stop_delay_s=None, seed=3)
+        r = scenario(checkpoint_on_stop="all", stop_delay_s=None, seed=3)
         return b"\n".join(encode(e) for e in r.log)
 
     assert full_log() == full_log()

@@ -35,7 +35,7 @@ from apportion.domain.engine import (
     shape_codes,
     shape_floor,
 )
-from apportion.timeutil import from_us
+from apportion.timeutil import from_us, s_to_us
 
 NOW = h(10)
 TREE = BudgetTree.from_mapping({"lab": 1.0, "lab/a": 0.5, "lab/b": 0.25, "lab/c": 0.25})
@@ -329,8 +329,9 @@ PREEMPTION_CASES = [
 
 @pytest.mark.parametrize("world, occupancy, victims, expected", PREEMPTION_CASES)
 def test_preemption(world, occupancy, victims, expected):
+    # the candidate rule and the cost order alone: patience_rule (its own cases below) off
     world.occupancy = occupancy
-    res = world.cycle()
+    res = world.cycle(patience_s=0.0)
     assert preempted(res) == victims
     assert placed(res) == expected
 
@@ -348,6 +349,57 @@ def test_preemption_emits_stop_then_placement_and_no_start():
         30.0,
     )
     assert pl.decision.victims[0].job_id == "u"
+
+
+# ---------------------------------------------------------------- patience: is the least-cost plan worth its loss?
+# lab/a at exactly its share (O_a = E_a = 0.5 x 1000 GPU-s: r = 1), so patience_rule applies (2 h by default).
+# Victim u: 8 GPUs, unallocated, started at h(0), no checkpoint: at NOW = h(10) its work lost is 8 x 36000 GPU-s.
+
+
+def _over_share_world(queued: int, occupancy_a: float = 500.0) -> World:
+    w = World().node("n0", 8).run("u", "lab/c", {"n0": tuple(range(8))}, allocated=False)
+    w.occupancy = {"lab/a": occupancy_a, "lab": occupancy_a}
+    return w.job("j", "lab/a", 1, queued=queued)
+
+
+def test_a_job_at_its_share_waits_rather_than_throw_away_80_gpu_hours():
+    res = _over_share_world(queued=NOW).cycle()
+    assert (preempted(res), placed(res)) == ([], [])
+
+
+def test_after_waiting_patience_it_preempts_whatever_the_loss():
+    assert preempted(_over_share_world(queued=NOW - s_to_us(7199)).cycle()) == []
+    res = _over_share_world(queued=NOW - s_to_us(7200)).cycle()
+    assert (preempted(res), placed(res)) == (["u<-j"], ["j@n0[0]"])
+
+
+def test_a_job_under_its_share_preempts_at_once():
+    res = _over_share_world(queued=NOW, occupancy_a=499.0).cycle()  # r_a = 0.998
+    assert (preempted(res), placed(res)) == (["u<-j"], ["j@n0[0]"])
+
+
+def test_patience_repaid_when_the_wait_covers_the_loss():
+    # victim v: 2 GPUs started 1 h before NOW: 7200 GPU-s lost; a 2-GPU job repays it after 3600 s of waiting
+    def world(waited_s: int) -> World:
+        w = World().node("n0", 2).run("v", "lab/c", {"n0": (0, 1)}, allocated=False, started=NOW - s_to_us(3600))
+        w.occupancy = {"lab/a": 500.0, "lab": 500.0}
+        return w.job("j", "lab/a", 2, queued=NOW - s_to_us(waited_s))
+
+    assert preempted(world(3599).cycle()) == []
+    assert preempted(world(3600).cycle()) == ["v<-j"]
+
+
+def test_a_wait_refusal_is_not_taken_for_a_failure_of_the_shape():
+    # j1 (first in the queue, waited 0) must wait; j2 of the same shape has waited 2 h and preempts u
+    w = _over_share_world(queued=NOW)
+    w.job("j2", "lab/a", 1, submitted=h(2), queued=NOW - s_to_us(7200))
+    res = w.cycle()
+    assert (preempted(res), placed(res)) == (["u<-j2"], ["j2@n0[0]"])
+
+
+def test_patience_0_turns_the_rule_off():
+    res = _over_share_world(queued=NOW).cycle(patience_s=0.0)
+    assert preempted(res) == ["u<-j"]
 
 
 # ---------------------------------------------------------------- order and provisional charge

@@ -27,7 +27,7 @@ from apportion.domain.engine import (
     reason_dict,
     run_cycle,
 )
-from apportion.timeutil import from_us
+from apportion.timeutil import from_us, s_to_us
 
 
 def cycle(w: World, *, explain: bool = True, **cfg: object) -> CycleResult:
@@ -218,3 +218,15 @@ def test_every_job_a_cycle_leaves_pending_gets_one_reason_and_asking_changes_no_
     for reason in res.reasons.values():
         assert reason.text().startswith(reason.kind + ": ")
         assert reason_dict(reason)["kind"] == reason.kind
+
+
+def test_patience_names_the_work_the_cheapest_plan_would_throw_away_and_when_the_wait_ends():
+    # lab/a at its share (r = 1); the only victim u: 8 GPUs, unallocated, 10 h of work since its start
+    from apportion.domain.engine import Patience
+
+    w = World().node("n0", 8).run("u", "lab/b", {"n0": tuple(range(8))}, allocated=False)
+    w.occupancy = {"lab/a": 500.0, "lab": 500.0}
+    w.job("j", "lab/a", gpus=1, queued=NOW - s_to_us(1800))
+    got = explained(w)["j"]
+    assert got == Patience(8 * 36000.0, 1, 1800.0, NOW - s_to_us(1800) + s_to_us(7200))
+    assert got.text().startswith("patience: its budget has its share")

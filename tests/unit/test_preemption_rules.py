@@ -24,6 +24,12 @@ from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import ClusterState
 from apportion.domain.fairshare import FairShareQueue
 from apportion.domain.preemption import (
+    PATIENCE_NOTHING_LOST,
+    PATIENCE_OFF,
+    PATIENCE_REPAID,
+    PATIENCE_SPENT,
+    PATIENCE_UNDER_SHARE,
+    PATIENCE_WAIT,
     REFUSED_AFTER_MOVE,
     REFUSED_NOT_BEHIND,
     REFUSED_ONE_LINE,
@@ -33,6 +39,7 @@ from apportion.domain.preemption import (
     REFUSED_STOPPING,
     RULE_EXPIRED_BEHIND,
     RULE_UNALLOCATED,
+    patience_rule,
     victim_rule,
 )
 from apportion.timeutil import from_us
@@ -248,3 +255,25 @@ def test_without_a_charge_the_after_move_test_compares_the_ratios_as_they_are() 
     # delta 0 and equal ratios: allowed with no charge (r_B_after = r_B = r_V), refused with 1 GPU-s more
     assert victim_rule(run_of(), "lab/a", NOW, view(1.0, 1.0), 0.0).rule == RULE_EXPIRED_BEHIND
     assert victim_rule(run_of(), "lab/a", NOW, view(1.0, 1.0), 0.0, 1.0).rule == REFUSED_AFTER_MOVE
+
+
+# ---------------------------------------------------------------- patience_rule (is the least-cost plan worth its loss?)
+
+
+@pytest.mark.parametrize(
+    ("lost_gpu_s", "gpus", "waited_s", "ratio", "patience_s", "expected"),
+    [
+        pytest.param(1e9, 1, 0.0, 2.0, 0.0, PATIENCE_OFF, id="patience 0: off, any loss goes"),
+        pytest.param(1e9, 1, 0.0, 0.999, 7200.0, PATIENCE_UNDER_SHARE, id="under its share (r < 1): at once"),
+        pytest.param(7200.0, 1, 0.0, 1.0, 7200.0, PATIENCE_WAIT, id="exactly at its share (r = 1): it waits"),
+        pytest.param(0.0, 1, 0.0, 1.0, 7200.0, PATIENCE_NOTHING_LOST, id="nothing lost: at once"),
+        # 2 GPUs x 3600 s waited = 7200 GPU-s: exactly the loss -> repaid; one second less -> waits
+        pytest.param(7200.0, 2, 3600.0, 1.5, 7200.0, PATIENCE_REPAID, id="waited GPU-s exactly the loss"),
+        pytest.param(7200.0, 2, 3599.0, 1.5, 7200.0, PATIENCE_WAIT, id="waited GPU-s one GPU-s x 2 short"),
+        pytest.param(288000.0, 1, 7200.0, 1.5, 7200.0, PATIENCE_SPENT, id="waited exactly patience: any loss"),
+        pytest.param(288000.0, 1, 7199.0, 1.5, 7200.0, PATIENCE_WAIT, id="one second before patience ends"),
+        pytest.param(1.0, 1, 0.0, float("inf"), 7200.0, PATIENCE_WAIT, id="r infinite (share 0 with usage) waits"),
+    ],
+)
+def test_patience_rule_table(lost_gpu_s, gpus, waited_s, ratio, patience_s, expected) -> None:
+    assert patience_rule(lost_gpu_s, gpus, waited_s, ratio, patience_s) == expected

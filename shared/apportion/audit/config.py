@@ -39,6 +39,7 @@ def configured_event(
         grace_s=e.grace_s,
         heartbeat_timeout_s=cfg.heartbeat_timeout_s,
         reservation_after_s=e.reservation_after_s,
+        patience_s=e.patience_s,
         dispatcher_producer=cfg.producer,
     )
 
@@ -49,6 +50,7 @@ def config_from_event(ev: events.DispatcherConfigured) -> DispatchConfig:
         engine=EngineConfig(
             delta=ev.delta,
             reservation_after_s=ev.reservation_after_s,
+            patience_s=ev.patience_s,
             window_s=ev.window_s,
             grace_s=ev.grace_s,
             policy_version=ev.policy_version,
@@ -57,6 +59,12 @@ def config_from_event(ev: events.DispatcherConfigured) -> DispatchConfig:
         heartbeat_timeout_s=ev.heartbeat_timeout_s,
         producer=ev.dispatcher_producer,
     )
+
+
+#: Older policy versions whose decisions this engine re-runs exactly with the configuration their record gives:
+#: ``fairtree-2`` is ``fairtree-3`` without :func:`~apportion.domain.preemption.patience_rule` (its records carry
+#: no ``patience_s``, read as 0, which turns the rule off).
+COMPATIBLE_VERSIONS = ("fairtree-2",)
 
 
 def config_from_log(records: Iterable[LogRecord | events.Event], at_us: Micros | None = None) -> DispatchConfig | None:
@@ -74,7 +82,7 @@ def config_from_log(records: Iterable[LogRecord | events.Event], at_us: Micros |
                 best = ev
     if best is None:
         return None
-    if best.policy_version != POLICY_VERSION:
+    if best.policy_version not in (POLICY_VERSION, *COMPATIBLE_VERSIONS):
         # decisions of another policy version cannot be re-run by this code; say so rather than differ silently
         raise ValueError(f"the log's dispatcher ran policy {best.policy_version!r}; this audit runs {POLICY_VERSION!r}")
     return config_from_event(best)

@@ -10,8 +10,9 @@ Human tables by default, ``--json`` for scripts. The seed is required: it
 draws which jobs run unallocated (trace rule) and the simulated stop delays.
 Workloads checkpoint once per checkpoint interval (default: the minimum
 runtime) and a requeued job resumes from its last checkpoint
-(``--no-checkpoints``: restart from scratch; ``--checkpoint-on-stop``: also
-checkpoint on SIGTERM). The run always ends: without ``--tail-h`` it stops
+(``--no-checkpoints``: restart from scratch). Preempted unallocated
+workloads also save their progress on SIGTERM (``--checkpoint-on-stop``
+``unallocated``, the default; ``all`` or ``none``). The run always ends: without ``--tail-h`` it stops
 when every job is done or at the default horizon
 (:func:`apportion.sim.core.default_horizon_us`), whichever comes first.
 Bad input (a trace row, the budget file, an option) is one ``error:`` line
@@ -23,10 +24,25 @@ from __future__ import annotations
 import math
 import os
 import time
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+from apportion.domain.engine import PATIENCE_S
+
+if TYPE_CHECKING:
+    from apportion.sim.core import StopCheckpoint
+
+
+class _OnStop(str, Enum):
+    """``--checkpoint-on-stop`` values (``SimConfig.checkpoint_on_stop``)."""
+
+    unallocated = "unallocated"
+    all = "all"
+    none = "none"
+
 
 app = typer.Typer(
     help=(
@@ -134,10 +150,20 @@ def simulate(
         help="Workloads checkpoint once per interval (declared, else the minimum runtime) and requeued jobs "
         "resume from the last one; --no-checkpoints: every attempt restarts from scratch.",
     ),
-    checkpoint_on_stop: bool = typer.Option(
-        False,
-        "--checkpoint-on-stop/--no-checkpoint-on-stop",
-        help="Workloads also checkpoint on SIGTERM, within the grace period (not when the grace is 0).",
+    checkpoint_on_stop: _OnStop = typer.Option(
+        "unallocated",
+        "--checkpoint-on-stop",
+        help="Which preempted workloads save their progress on SIGTERM, within the grace period: "
+        "'unallocated' (default: jobs with minimum runtime 0 accept preemption at any moment, so they are "
+        "taken to save on SIGTERM), 'all', or 'none' (only interval checkpoints).",
+    ),
+    patience_s: float = typer.Option(
+        PATIENCE_S,
+        "--patience-s",
+        min=0.0,
+        help="Fair share's patience: a job of a budget at or over its share preempts only when the GPU-seconds "
+        "it has waited cover the work the victims would lose, or after waiting this long (seconds; 0 = "
+        "preempt at once). Budgets under their share never wait.",
     ),
 ) -> None:
     """Run the simulation(s) and report utilisation, goodput, work lost, share deficit, waits, completions."""
@@ -165,7 +191,9 @@ def simulate(
             highlight=False,
             soft_wrap=True,
         )
-    reports = [_run(name, bf, jobs, seed, cycle_s, tail_h, checkpoints, checkpoint_on_stop) for name in names]
+    reports = [
+        _run(name, bf, jobs, seed, cycle_s, tail_h, checkpoints, checkpoint_on_stop.value, patience_s) for name in names
+    ]
     rejected = {r.policy: sum(r.rejected.values()) for r in reports if r.rejected}
     if rejected:
         first = next(r for r in reports if r.rejected)
@@ -196,7 +224,8 @@ def simulate(
         tail_h=tail_h,
         rule=rule,
         human_rule=human,
-        checkpoints="off" if not checkpoints else ("interval and on stop" if checkpoint_on_stop else "interval"),
+        checkpoints=("off" if not checkpoints else f"interval; on SIGTERM: {checkpoint_on_stop.value}")
+        + f"; fair-share patience {patience_s:g} s",
         fmt=fmt,
         jobs=len(jobs),
         nodes=bf.nodes,
@@ -218,7 +247,8 @@ def _run(
     cycle_s: float,
     tail_h: float | None,
     checkpoints: bool = True,
-    checkpoint_on_stop: bool = False,
+    checkpoint_on_stop: StopCheckpoint = "unallocated",
+    patience_s: float = PATIENCE_S,
 ) -> Any:
     """One policy's run and report; admission rejections are counted by reason."""
     from apportion.domain.dispatch import DispatchConfig
@@ -239,7 +269,7 @@ def _run(
             super()._outputs(out, t)
 
     dcfg = DispatchConfig(
-        engine=EngineConfig(window_s=bf.window_s),
+        engine=EngineConfig(window_s=bf.window_s, patience_s=patience_s),
         heartbeat_timeout_s=None,
         scheduler=None if name == "fairshare" else POLICIES[name],
     )

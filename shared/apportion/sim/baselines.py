@@ -213,6 +213,7 @@ def _greedy(
         reservation_after_s=config.reservation_after_s,
         window_s=config.window_s,
         grace_s=config.grace_s,
+        patience_s=0.0,  # (patience_rule is ours, not a baseline's)
         preemption=preemptors is not None,
         policy_version=policy,
         producer=config.producer,

@@ -25,9 +25,13 @@ What the simulator plays itself:
   checkpoints), except at the very end (the job completes instead). An
   attempt starts from the job's last saved progress, so it runs
   ``duration - progress`` more seconds. A run whose gang lost a node makes
-  no more progress. With ``SimConfig.checkpoint_on_stop`` a stopped run
-  also saves its progress at the stop (SIGTERM), reported when it exits
-  within the grace period; not when the grace is 0 (SIGKILL at once).
+  no more progress. ``SimConfig.checkpoint_on_stop`` says which stopped
+  runs also save their progress at the stop (SIGTERM), reported when they
+  exit within the grace period; never when the grace is 0 (SIGKILL at once):
+  ``"unallocated"`` (the default: a job that declares minimum runtime 0
+  accepts preemption at any moment, so its workload is taken to save on
+  SIGTERM, DESIGN section 3's grace period; see ``docs/design-notes.md``),
+  ``"all"`` (every workload), ``"none"``.
   ``SimConfig.checkpoints=False`` is the old model: every attempt restarts
   from scratch and no ``JobCheckpointed`` is emitted;
 * operators and failures: ``NodeDrainRequested`` from ``drains``, silent
@@ -51,7 +55,7 @@ import heapq
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import UNTIL_STARTED
@@ -155,6 +159,11 @@ class SimNode:
     model: str | None = None
 
 
+StopCheckpoint = Literal["unallocated", "all", "none"]
+"""Which stopped workloads save their progress on SIGTERM (``SimConfig.checkpoint_on_stop``)."""
+STOP_CHECKPOINTS: tuple[str, ...] = get_args(StopCheckpoint)
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """Simulation knobs.
@@ -184,8 +193,9 @@ class SimConfig:
             about 8% of the 100,000-job benchmark. No decision depends on it.
         checkpoints: workloads checkpoint at their interval and resume from the
             last checkpoint (module docstring); ``False``: restart from scratch.
-        checkpoint_on_stop: a stopped workload also saves its progress on
-            SIGTERM, reported within the grace period (needs ``checkpoints``).
+        checkpoint_on_stop: which stopped workloads also save their progress
+            on SIGTERM, reported within the grace period (needs ``checkpoints``):
+            ``"unallocated"`` (default), ``"all"`` or ``"none"`` (module docstring).
     """
 
     seed: int
@@ -203,7 +213,11 @@ class SimConfig:
     keep_log: bool = True
     pause_gc: bool = True
     checkpoints: bool = True
-    checkpoint_on_stop: bool = False
+    checkpoint_on_stop: StopCheckpoint = "unallocated"
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_on_stop not in STOP_CHECKPOINTS:
+            raise ValueError(f"checkpoint_on_stop must be one of {STOP_CHECKPOINTS}, not {self.checkpoint_on_stop!r}")
 
 
 @dataclass
@@ -598,7 +612,10 @@ class Simulator:
             if self.cfg.checkpoints and spec is not None:
                 every = checkpoint_interval_of(spec.checkpoint_interval_s, spec.min_runtime_s)
                 base = min(self._saved.get(e.job_id, 0.0), duration)
-            run = self._live[rk] = [t, base, every, None, duration]
+            saves = self.cfg.checkpoint_on_stop == "all" or (
+                self.cfg.checkpoint_on_stop == "unallocated" and spec is not None and spec.min_runtime_s <= 0
+            )
+            run = self._live[rk] = [t, base, every, None, duration, self.cfg.checkpoints and saves]
             if every:
                 self._next_checkpoint(e.job_id, e.attempt, int(base // every) + 1, run)
         if e.node_id in self._dead:
@@ -632,7 +649,7 @@ class Simulator:
         ``run`` is the simulator's record of a running run: ``[start µs, progress at
         start s, interval s, time its gang stopped progressing (µs) or None, duration s]``.
         """
-        start, base, every, _dead, duration = run
+        start, base, every, _dead, duration, _saves = run
         progress = k * every
         if progress < duration:
             self._push(start + s_to_us(progress - base), self._CKPT, (job_id, attempt, k))
@@ -669,9 +686,9 @@ class Simulator:
         delay = min(delay, e.grace_s)
         at = t + s_to_us(delay)
         run = self._live.pop((e.job_id, e.attempt), None)
-        if run is not None and self.cfg.checkpoint_on_stop and run[2] is not None and e.grace_s > 0:
+        if run is not None and run[5] and e.grace_s > 0:
             # SIGTERM: the workload saves the progress it had when it stopped working, then exits
-            start, base, _every, dead, _duration = run
+            start, base, _every, dead, _duration, _saves = run
             upto = t if dead is None else min(t, dead)
             progress = base + us_to_s(max(0, upto - start))
             self._push(at, self._EV, self._checkpointed(e.job_id, e.attempt, progress, at, "stop"))

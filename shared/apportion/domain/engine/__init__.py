@@ -24,13 +24,21 @@ from __future__ import annotations
 
 from apportion.domain.engine.cycle import CycleResult, CycleSnapshot, run_cycle, schedule
 from apportion.domain.engine.emit import emit_placed, preempt_events, start_events, stop_event
-from apportion.domain.engine.inputs import POLICY_VERSION, EngineConfig, PendingJob, allocated_count, pending_order
+from apportion.domain.engine.inputs import (
+    PATIENCE_S,
+    POLICY_VERSION,
+    EngineConfig,
+    PendingJob,
+    allocated_count,
+    pending_order,
+)
 from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
 from apportion.domain.engine.reasons import (
     BudgetAhead,
     BudgetUnknown,
     NoFreeGpus,
     NoNodeShape,
+    Patience,
     PendingReason,
     ProtectedUntil,
     ReservedBy,
@@ -65,11 +73,13 @@ __all__ = [
     "BudgetUnknown",
     "NoFreeGpus",
     "NoNodeShape",
+    "Patience",
     "PendingReason",
     "ProtectedUntil",
     "ReservedBy",
     "explain_pending",
     "reason_dict",
+    "PATIENCE_S",
     "POLICY_VERSION",
     "RULE_EXPIRED_BEHIND",
     "RULE_UNALLOCATED",

@@ -379,9 +379,12 @@ def run_cycle(
             if victims is None:
                 victims = CycleVictims(cluster, now_us, snapshot.victims)
             res.searches += 1
-            plan = plan_preemption(job, leaf, free, victims, now_us, queue, cfg.delta, charges, tree, charge, moves)
+            plan = plan_preemption(
+                job, leaf, free, victims, now_us, queue, cfg.delta, charges, tree, charge, moves, cfg.patience_s
+            )
             if plan is None:
-                record_pre_fail(mkey, g, k, charge if victims.narrowed else None)
+                if not victims.waiting:  # (a refusal by patience_rule depends on this job's wait)
+                    record_pre_fail(mkey, g, k, charge if victims.narrowed else None)
             else:
                 placements, chosen = plan
                 vics = []
@@ -568,4 +571,5 @@ def _explain(
         res.reservation,
         moves,
         placed,
+        victims.waits if victims is not None else {},
     )

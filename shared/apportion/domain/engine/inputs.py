@@ -14,11 +14,15 @@ from dataclasses import dataclass
 
 from apportion.timeutil import WEEK_S, Micros
 
-__all__ = ["POLICY_VERSION", "EngineConfig", "PendingJob", "allocated_count", "pending_order"]
+__all__ = ["PATIENCE_S", "POLICY_VERSION", "EngineConfig", "PendingJob", "allocated_count", "pending_order"]
 
-POLICY_VERSION = "fairtree-2"
-"""fairtree-2: after-move test, no same-cycle reversal, protection grown per preemption,
+POLICY_VERSION = "fairtree-3"
+"""fairtree-3: fairtree-2 and :func:`~apportion.domain.preemption.patience_rule` (``EngineConfig.patience_s``).
+fairtree-2: after-move test, no same-cycle reversal, protection grown per preemption,
 cold-start capacity floor, reservation backfill, spare models first (issue 12)."""
+
+PATIENCE_S = 7200.0
+"""Default ``EngineConfig.patience_s`` (seconds), chosen on Philly (``docs/simulation.md``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +36,9 @@ class EngineConfig:
             long (seconds since queued) reserves nodes (default 1 h).
         window_s: occupancy window W in seconds (for the provisional charge).
         grace_s: SIGTERM-to-SIGKILL grace of ``StopWorkload``, seconds.
+        patience_s: longest wait of a job at or over its share before it
+            preempts whatever the work lost (:func:`~apportion.domain.preemption.patience_rule`;
+            default 2 h, 0 turns the rule off).
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -41,6 +48,7 @@ class EngineConfig:
     reservation_after_s: float = 3600.0
     window_s: float = float(WEEK_S)
     grace_s: float = 30.0
+    patience_s: float = PATIENCE_S
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"

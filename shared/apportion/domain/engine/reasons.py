@@ -26,7 +26,12 @@ The first of these that applies is the reason (``kind``, stable for scripts):
 6. :class:`ProtectedUntil` (``protected_until``): an allocated job, and the
    allocated runs of other leaves on those nodes are all protected; the
    earliest protection end is named.
-7. :class:`NoFreeGpus` otherwise (the GPUs are held by its own leaf, or too
+7. :class:`Patience` (``patience``): the cycle found a preemption plan and
+   :func:`~apportion.domain.preemption.patience_rule` made the job wait (its
+   budget has its share, and the work the plan would throw away is more
+   than the job has waited for); it names the work and when the wait ends.
+   Judged from the cycle's own refusal, so it comes right after 4.
+8. :class:`NoFreeGpus` otherwise (the GPUs are held by its own leaf, or too
    few preemptible runs free enough of them).
 """
 
@@ -41,13 +46,14 @@ from apportion.domain.cluster import UNTIL_STARTED, ClusterSnapshot, RunKey
 from apportion.domain.engine.inputs import EngineConfig, PendingJob
 from apportion.domain.engine.placement import CycleFree
 from apportion.domain.preemption import RULE_EXPIRED_BEHIND, Move, ShareView, branch_rule, branches_of, charge_of
-from apportion.timeutil import Micros, from_us
+from apportion.timeutil import Micros, from_us, s_to_us, us_to_s
 
 __all__ = [
     "BudgetAhead",
     "BudgetUnknown",
     "NoFreeGpus",
     "NoNodeShape",
+    "Patience",
     "PendingReason",
     "ProtectedUntil",
     "ReservedBy",
@@ -206,7 +212,34 @@ class ProtectedUntil:
         )
 
 
-PendingReason = BudgetUnknown | NoNodeShape | ReservedBy | NoFreeGpus | BudgetAhead | ProtectedUntil
+@dataclass(frozen=True, slots=True)
+class Patience:
+    """The job's budget has its share and the cheapest preemption would throw away more work than it has waited.
+
+    Attributes:
+        lost_gpu_s: work the refused plan's victims would lose, GPU-seconds.
+        gpus: g * k of the job.
+        waited_s: seconds since the attempt was queued.
+        until_us: when the wait ends whatever the loss (queued + ``patience_s``), µs UTC.
+    """
+
+    kind: ClassVar[str] = "patience"
+    lost_gpu_s: float
+    gpus: int
+    waited_s: float
+    until_us: Micros
+
+    def text(self) -> str:
+        """One line for people, ``kind: facts``."""
+        return (
+            f"{self.kind}: its budget has its share and the cheapest preemption would throw away "
+            f"{self.lost_gpu_s / 3600:.1f} GPU-h of work for a job that has waited {self.waited_s / 3600:.2f} h on "
+            f"{self.gpus} GPU(s); it preempts once its wait covers that, at the latest "
+            f"{from_us(self.until_us).isoformat()}"
+        )
+
+
+PendingReason = BudgetUnknown | NoNodeShape | ReservedBy | NoFreeGpus | BudgetAhead | ProtectedUntil | Patience
 """One reason a job is pending (the ``kind`` of each class is stable for scripts)."""
 
 
@@ -235,6 +268,7 @@ def explain_pending(
     reservation: tuple[str, tuple[str, ...]] | None,
     moves: frozenset[Move] | set[Move],
     placed: Set[str],
+    waits: Mapping[str, float] | None = None,
 ) -> dict[str, PendingReason]:
     """Job id -> :data:`PendingReason` for each job of ``pending`` not in ``placed`` (see the module doc).
 
@@ -246,6 +280,8 @@ def explain_pending(
         reservation: ``(holder job id, node ids)`` of the cycle's reservation.
         moves: the cycle's preemptions of allocated work, ``(lca, victim branch, preemptor branch)``.
         placed: job ids the cycle placed.
+        waits: job id -> work lost (GPU-s) of the plan :func:`~apportion.domain.preemption.patience_rule`
+            refused for it in the cycle.
 
     Cost: one pass over the usable nodes' runs per distinct (g, model), one
     :func:`branch_rule` per leaf with expired runs there per distinct (leaf,
@@ -264,6 +300,14 @@ def explain_pending(
                 continue
             if free is None or view is None or not tree.is_leaf(leaf):
                 out[job.job_id] = BudgetUnknown(leaf)
+                continue
+            if waits and job.job_id in waits:
+                out[job.job_id] = Patience(
+                    waits[job.job_id],
+                    job.gpus,
+                    us_to_s(now_us - job.queued_at_us),
+                    job.queued_at_us + s_to_us(cfg.patience_s),
+                )
                 continue
             own = job.job_id == holder
             key = (leaf, job.gpus_per_replica, job.replicas, job.gpu_model, job.min_runtime_s, own)

@@ -18,17 +18,19 @@ from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import Run, RunKey, work_lost_gpu_s
 from apportion.domain.engine.inputs import PendingJob
 from apportion.domain.engine.placement import CycleFree
-from apportion.domain.engine.victims import Cand, CycleVictims, Option, cand_order
+from apportion.domain.engine.victims import Cand, CycleVictims, Option, cand_order, order_lost_gpu_s
 from apportion.domain.preemption import (
+    PATIENCE_WAIT,
     RULE_EXPIRED_BEHIND,
     RULE_UNALLOCATED,
     Move,
     ShareView,
     VictimVerdict,
+    patience_rule,
     victim_rule,
 )
 from apportion.events import Placement, Victim
-from apportion.timeutil import Micros, from_us
+from apportion.timeutil import Micros, from_us, us_to_s
 
 __all__ = ["plan_preemption"]
 
@@ -45,6 +47,7 @@ def plan_preemption(
     tree: BudgetTree | None = None,
     charge_gpu_s: float = 0.0,
     moves: frozenset[Move] | set[Move] = frozenset(),
+    patience_s: float = 0.0,
 ) -> tuple[tuple[Placement, ...], list[tuple[Run, Victim]]] | None:
     """Least-cost preemption plan for allocated ``job`` of ``leaf``, or ``None`` (DESIGN section 3).
 
@@ -62,12 +65,18 @@ def plan_preemption(
     then unnecessary ones dropped (most expensive first); the k cheapest
     nodes (ties by node id) form the plan.
 
+    The least-cost plan is then judged by :func:`patience_rule` (off with
+    ``patience_s == 0``, the default for the baselines): when it refuses,
+    ``None`` is returned and ``victims.waiting`` is set (the failure depends
+    on the job's wait, so it says nothing about other jobs of the shape).
+
     Returns the placements of J (free GPUs first, then victims' GPUs) and the
     victims with their :class:`Victim` audit records; the free index is
     updated (J's GPUs taken) when a plan is returned.
     """
     view = _CallableView(ratio) if callable(ratio) else ratio
     victims.narrowed = False
+    victims.waiting = False
     g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
     taken = victims.taken
     fmodel, fcount, reserved, ffree = free.model, free.count, free.reserved, free.free
@@ -179,6 +188,16 @@ def plan_preemption(
             return None
     options.sort(key=lambda o: (o[0], o[1]))
     best = options[:k]
+    if patience_s > 0:
+        lost: dict[RunKey, float] = {}
+        for _, _, chosen in best:
+            for x in chosen:
+                lost[x[1].key] = order_lost_gpu_s(x[0], now)  # a gang victim on two chosen nodes counts once
+        total = sum(lost.values())
+        if patience_rule(total, g * k, us_to_s(now - job.queued_at_us), view.ratio(leaf), patience_s) == PATIENCE_WAIT:
+            victims.waiting = True
+            victims.waits[job.job_id] = total
+            return None
     placements = []
     picked: dict[RunKey, tuple[Run, Victim]] = {}
     for _, nid, chosen in best:
