@@ -49,3 +49,22 @@ def test_another_policy_version_is_refused() -> None:
     rec = _rec(LIVE, 1, h(0)).model_copy(update={"policy_version": "fairtree-0"})
     with pytest.raises(ValueError, match="ran policy 'fairtree-0'"):
         config_from_log([rec])
+
+
+def test_a_fairtree_2_record_re_runs_with_patience_off() -> None:
+    # a record written before patience existed: no patience_s field (read as 0, the rule off), policy fairtree-2
+    raw = _rec(LIVE, 1, h(0)).model_dump(mode="json")
+    del raw["patience_s"]
+    raw["policy_version"] = "fairtree-2"
+    from apportion import events
+
+    old = events.DispatcherConfigured.model_validate(raw)
+    got = config_from_log([old])
+    assert got is not None
+    assert (got.engine.patience_s, got.engine.policy_version) == (0.0, "fairtree-2")
+
+
+def test_the_record_carries_patience() -> None:
+    cfg = DispatchConfig(engine=EngineConfig(patience_s=1234.0))
+    assert _rec(cfg, 1, h(0)).patience_s == 1234.0
+    assert config_from_log([_rec(cfg, 1, h(0))]) == cfg
