@@ -119,7 +119,8 @@ def setup_logging(service: str, level: str = "INFO", json_lines: bool = True) ->
 
 
 def start_metrics(port: int, host: str = "0.0.0.0") -> tuple[Any, Callable[[], None]]:
-    """A fresh Prometheus registry and, when ``port`` > 0, an HTTP endpoint serving it.
+    """A fresh Prometheus registry (with the process collectors) and, when ``port`` > 0, an HTTP endpoint
+    serving it. The families every service registers are defined in :mod:`apportion.metrics`.
 
     Returns:
         ``(registry, stop)``: register metrics on ``registry``; call ``stop()``
@@ -127,7 +128,10 @@ def start_metrics(port: int, host: str = "0.0.0.0") -> tuple[Any, Callable[[], N
     """
     from prometheus_client import CollectorRegistry, start_http_server
 
+    from apportion.metrics import add_process_collectors
+
     registry = CollectorRegistry()
+    add_process_collectors(registry)
     if port <= 0:
         return registry, lambda: None
     server, thread = start_http_server(port, addr=host, registry=registry)
@@ -257,6 +261,10 @@ class AssignedConsumer:
                 self._kc.poll(timeout_ms=100)  # refreshes metadata
             parts += [TopicPartition(t, p) for p in sorted(ps)]
         self.partitions = parts
+        from apportion.bus.consumer import LagMeter
+
+        #: consumer lag per partition, measured after polls once its ``sink`` is set
+        self.lag = LagMeter()
         self._kc.assign(parts)
         self.start_end = self._kc.end_offsets(parts)
         begin = self._kc.beginning_offsets(parts)
@@ -282,6 +290,7 @@ class AssignedConsumer:
     def poll(self, timeout_ms: int = 200, max_records: int = 5000) -> list[Any]:
         """Next records (kafka-python ``ConsumerRecord``), partition by partition in offset order."""
         batch = self._kc.poll(timeout_ms=timeout_ms, max_records=max_records)
+        self.lag.after_poll(self._kc, lambda: self.partitions)
         return [r for tp in sorted(batch, key=lambda tp: (tp.topic, tp.partition)) for r in batch[tp]]
 
     async def catch_up(self, stop: asyncio.Event) -> tuple[list[Any], list[Any]] | None:

@@ -281,6 +281,7 @@ class AccountingService:
         The read model is written with a checkpoint when one is due
         (:meth:`checkpoint_due`), in the same Redis transaction.
         """
+        t0 = self._wall()
         if at_us is None:
             cands = [t for t in (self.acc.clock_us, to_us(self.last.at) if self.last else None) if t is not None]
             at_us = max(cands) if cands else self.clock.now_us()
@@ -294,6 +295,7 @@ class AccountingService:
         if "snapshots" in self._m:
             self._m["snapshots"].inc()
             self._m["at"].set(to_us(snap.at) / 1e6)
+            self._m["snapshot_seconds"].observe(self._wall() - t0)
         return snap
 
     def checkpoint_due(self) -> bool:
@@ -335,39 +337,13 @@ class AccountingService:
             )
             self._ckpt_cost = self._wall() - t
         self.store.write(meta, rows, fields)
+        if "budgets" in self._m:
+            self._m["budgets"].update(meta, rows)
         if fields is not None:
             self._unsaved, self._ckpt_wall = False, self._wall()
             if "checkpoints" in self._m:
                 self._m["checkpoints"].inc()
                 self._m["checkpoint_bytes"].set(len(fields[checkpoint.STATE]))
-
-
-def _metrics(registry: Any) -> dict:
-    from prometheus_client import Counter, Gauge
-
-    return {
-        "events": Counter("apportion_accounting_events", "Events folded", registry=registry),
-        "dead": Counter("apportion_accounting_dead_letters", "Records dead-lettered", registry=registry),
-        "snapshots": Counter("apportion_accounting_snapshots", "Snapshots published", registry=registry),
-        "at": Gauge("apportion_accounting_snapshot_at_seconds", "Event time of the last snapshot", registry=registry),
-        "late": Counter(
-            "apportion_accounting_late_events",
-            "State-changing records folded after a newer one (clamped to the ledger clock)",
-            registry=registry,
-        ),
-        "checkpoints": Counter("apportion_accounting_checkpoints", "Checkpoints written", registry=registry),
-        "checkpoint_bytes": Gauge(
-            "apportion_accounting_checkpoint_bytes", "Size of the last checkpoint state", registry=registry
-        ),
-        "start_records": Gauge(
-            "apportion_accounting_start_records",
-            "Records read at the last start to catch up (resume or rebuild)",
-            registry=registry,
-        ),
-        "resumed": Gauge(
-            "apportion_accounting_resumed", "1 when the last start resumed from the checkpoint", registry=registry
-        ),
-    }
 
 
 async def run(
@@ -391,13 +367,14 @@ async def run(
     import redis as redis_lib
 
     from apportion.bus.producer import EventProducer
+    from apportion.metrics import accounting_metrics
     from apportion.topics import BUDGETS, JOBS, NODES
     from services._common import AssignedConsumer, start_metrics
 
     clock = clock or settings.make_clock()
     conn = settings.connection()
     registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host)
-    metrics = _metrics(registry)
+    metrics = accounting_metrics(registry)
     r = redis_lib.Redis.from_url(conn.redis_url)
     store = ReadModelStore(r)
     if settings.rebuild:
@@ -408,6 +385,8 @@ async def run(
         AssignedConsumer, conn.bootstrap, [JOBS.name, NODES.name, BUDGETS.name], settings.group_id
     )
     svc = AccountingService(settings, clock, producer.publish, store, metrics)
+    metrics["reader"].watch(lambda: svc.intake.stats)
+    consumer.lag.sink = metrics["reader"].set_lag
     loop = asyncio.get_running_loop()
     started = False
     try:
@@ -449,6 +428,8 @@ async def run(
             extra={"start_mode": mode, "start_records": report.records, "late_across_cut": crossed},
         )
         metrics["start_records"].set(report.records)
+        # what the read model holds now (a resumed start may store no snapshot until something changes)
+        metrics["budgets"].update(*await asyncio.to_thread(store.read))
         metrics["resumed"].set(1 if mode == "resume" else 0)
         await asyncio.to_thread(consumer.commit, dict(svc.offsets))
         started = True

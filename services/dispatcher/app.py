@@ -46,6 +46,7 @@ from apportion.clock import Clock
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, step
 from apportion.domain.engine import EngineConfig
 from apportion.events import Event, JobLost, JobSubmitted, NodeHeartbeat, WorkloadRefused
+from apportion.metrics import count_preemptions
 from services.dispatcher import logic
 from services.dispatcher.config import DispatcherSettings
 
@@ -259,6 +260,8 @@ class DispatcherService:
         self.publish(sent)
         if "decisions" in self._m:
             self._m["decisions"].inc(len(sent))
+        if "preemptions" in self._m:
+            count_preemptions(self._m, (e for e, _ in sent))
 
     def bootstrap(self, records: list[Any]) -> list[Event]:
         """Rebuild from the log as of the start and decide what was left undecided.
@@ -331,27 +334,6 @@ class DispatcherService:
         return out
 
 
-def _metrics(registry: Any) -> dict:
-    from prometheus_client import Counter, Gauge, Histogram
-
-    return {
-        "events": Counter("apportion_dispatcher_events", "Events folded", registry=registry),
-        "decisions": Counter("apportion_dispatcher_decisions", "Events published", registry=registry),
-        "cycle": Histogram(
-            "apportion_dispatcher_cycle_seconds",
-            "Scheduling cycle wall time",
-            registry=registry,
-            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
-        ),
-        "pending": Gauge("apportion_dispatcher_pending_jobs", "Jobs waiting in the queue", registry=registry),
-        "leader": Gauge("apportion_dispatcher_leader", "1 while this instance holds the lease", registry=registry),
-        "dead": Counter("apportion_dispatcher_dead_letters", "Records dead-lettered", registry=registry),
-        "tick_errors": Counter(
-            "apportion_dispatcher_tick_errors", "Scheduling cycles that raised (nothing decided)", registry=registry
-        ),
-    }
-
-
 async def run(
     settings: DispatcherSettings, stop: asyncio.Event, *, clock: Clock | None = None, ready: asyncio.Event | None = None
 ) -> None:
@@ -365,6 +347,7 @@ async def run(
     """
     import redis as redis_lib
 
+    from apportion.metrics import dispatcher_metrics
     from apportion.topics import COMMANDS, JOBS, NODES
     from services._common import start_metrics
     from services.dispatcher.lease import Lease, highest_token_in_log
@@ -372,7 +355,7 @@ async def run(
     clock = clock or settings.make_clock()
     conn = settings.connection()
     registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host)
-    metrics = _metrics(registry)
+    metrics = dispatcher_metrics(registry, clock.now)
     r = redis_lib.Redis.from_url(conn.redis_url)
     lease = Lease(r, settings.owner(), settings.lease_ttl_wall_s)
     try:
@@ -441,12 +424,15 @@ async def _lead(
     consumer = await asyncio.to_thread(AssignedConsumer, conn.bootstrap, inputs, "dispatcher")
     svc = DispatcherService(settings, clock, publish, metrics, consumed=inputs)
     svc.token = lease.token
+    metrics["reader"].watch(lambda: svc.intake.stats)
+    consumer.lag.sink = metrics["reader"].set_lag
     loop = asyncio.get_running_loop()
 
     def write_read_model() -> None:
         jobs, nodes = logic.read_model(svc.state, svc.now_us(), svc.cfg)
         readmodel.replace_hash(r, readmodel.jobs_key(), jobs)
         readmodel.replace_hash(r, readmodel.nodes_key(), nodes)
+        metrics["queue"].update(jobs, nodes, svc.state.tree.paths())
 
     every = settings.lease_ttl_wall_s / 3
     keeper = LeaseKeeper(lease, every, stall_s=max(30.0, 10 * settings.lease_ttl_wall_s)).start()

@@ -733,26 +733,6 @@ def _send_failed(exc: BaseException, ev: Event, metrics: dict) -> None:
     metrics["send_errors"].inc()
 
 
-def _metrics(registry: object) -> dict:
-    from prometheus_client import Counter, Gauge
-
-    return {
-        "commands": Counter("apportion_node_agent_commands", "Commands for hosted nodes", ["type"], registry=registry),
-        "refused": Counter("apportion_node_agent_refused", "Commands refused", ["reason"], registry=registry),
-        "running": Gauge("apportion_node_agent_running", "Workload replicas running", registry=registry),
-        "heartbeats": Counter("apportion_node_agent_heartbeats", "Heartbeats sent", registry=registry),
-        "checkpoints": Counter(
-            "apportion_node_agent_checkpoints", "JobCheckpointed events published", registry=registry
-        ),
-        "checkpoint_problems": Counter(
-            "apportion_node_agent_checkpoint_problems", "Progress reports ignored (invalid content)", registry=registry
-        ),
-        "send_errors": Counter(
-            "apportion_node_agent_send_errors", "Events the producer failed to deliver", registry=registry
-        ),
-    }
-
-
 async def run(
     settings: NodeAgentSettings, stop: asyncio.Event, *, clock: Clock | None = None, ready: asyncio.Event | None = None
 ) -> None:
@@ -767,6 +747,7 @@ async def run(
     from apportion.bus.consumer import EventConsumer
     from apportion.bus.crc import use_compiled_crc32c
     from apportion.bus.producer import EventProducer
+    from apportion.metrics import node_agent_metrics
     from apportion.topics import COMMANDS, NODES
     from services._common import consume, start_metrics
 
@@ -794,7 +775,7 @@ async def run(
         )
     producer = await asyncio.to_thread(EventProducer, conn.bootstrap, client_id=f"node-agent-{settings.agent_name()}")
 
-    metrics = _metrics(registry)
+    metrics = node_agent_metrics(registry)
 
     async def flush() -> None:
         await asyncio.to_thread(producer.flush, 30.0)
@@ -847,6 +828,8 @@ async def run(
             auto_offset_reset="latest",
             **({"group_instance_id": static} if static else {}),
         )
+        metrics["reader"].watch(lambda: c.stats)
+        c.lag.sink = metrics["reader"].set_lag
         _wait_assigned(c, deadline_s=60.0)
         # Register (and settle the journal's orphans) now: after the assignment, so no command sent in reply
         # is missed, and before the first record is handled, so every command is judged against this

@@ -84,6 +84,9 @@ from services.policy.config import PolicySettings
 
 log = logging.getLogger("apportion.policy")
 
+#: Wall seconds between two measurements of the faust consumer's lag (metrics).
+LAG_EVERY_S = 1.0
+
 
 class PolicyService:
     """The policy loop without Kafka: fold records or events, publish what :func:`logic.decide` says.
@@ -228,7 +231,12 @@ class PolicyApp:
         clock = self.svc.clock.now
         try:
             async for event in decoded(
-                self.app, stream, producer=self.producer_name, clock=clock, ledger=self.svc.intake.ledger
+                self.app,
+                stream,
+                producer=self.producer_name,
+                clock=clock,
+                ledger=self.svc.intake.ledger,
+                stats=self.svc.intake.stats,
             ):
                 async with self.lock:
                     try:
@@ -265,18 +273,18 @@ async def run(
         the exception of a failed agent (after the app stopped), or
         ``TimeoutError`` when the topics do not exist.
     """
-    from prometheus_client import Counter
-
-    from apportion.bus.faust_app import quiet_client_logs
+    from apportion.bus.faust_app import consumer_lag, quiet_client_logs
+    from apportion.metrics import policy_metrics
     from services._common import start_metrics
 
     quiet_client_logs()
     clock = clock or settings.make_clock()
     conn = settings.connection()
     registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host)
-    metrics = {"published": Counter("apportion_policy_published", "Events published", ["type"], registry=registry)}
+    metrics = policy_metrics(registry)
     outbox: list[Any] = []
     svc = PolicyService(clock, outbox.append, settings.producer_name, metrics)
+    metrics["reader"].watch(lambda: svc.intake.stats)
     datadir = tempfile.mkdtemp(prefix="apportion-policy-", dir=settings.faust_dir)
     app = None
     try:
@@ -290,10 +298,18 @@ async def run(
         if ready is not None:
             ready.set()
         stopping = asyncio.ensure_future(stop.wait())
+
+        async def measure_lag() -> None:
+            while True:
+                metrics["reader"].set_lag(await consumer_lag(app))
+                await asyncio.sleep(LAG_EVERY_S)
+
+        lagging = asyncio.ensure_future(measure_lag())
         try:
             await asyncio.wait([stopping, pol.failed], return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopping.cancel()
+            lagging.cancel()
         if pol.failed.done():
             raise pol.failed.exception()
     finally:

@@ -59,6 +59,50 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+#: Wall seconds between two lag measurements of a poll loop (:class:`LagMeter`).
+LAG_EVERY_S = 1.0
+
+
+def partition_lag(kc: Any, partitions: Iterable[Any]) -> dict[tuple[str, int], int]:
+    """Records behind the end of each partition: high watermark minus position (kafka-python consumer ``kc``).
+
+    Partitions without a known high watermark yet (no fetch answered) are left out. Call it from the thread
+    that polls ``kc`` (kafka-python consumers are not thread-safe).
+    """
+    out: dict[tuple[str, int], int] = {}
+    for tp in partitions:
+        hw = kc.highwater(tp)
+        pos = kc.position(tp) if hw is not None else None
+        if hw is not None and pos is not None:
+            out[(tp.topic, tp.partition)] = max(0, hw - pos)
+    return out
+
+
+class LagMeter:
+    """Measures a poll loop's consumer lag at most every ``every_s`` wall seconds and hands it to ``sink``.
+
+    ``sink`` (e.g. :meth:`apportion.metrics.ReaderCollector.set_lag`) is None until a service sets it; then
+    :meth:`after_poll`, called by the consumer after each poll, measures :func:`partition_lag`.
+    """
+
+    def __init__(self, every_s: float = LAG_EVERY_S) -> None:
+        self.every_s = every_s
+        self.sink: Callable[[dict[tuple[str, int], int]], Any] | None = None
+        self._at = -every_s
+
+    def after_poll(self, kc: Any, partitions: Callable[[], Iterable[Any]]) -> None:
+        """Measure and report, if a sink is set and the last measurement is older than ``every_s``."""
+        import time
+
+        if self.sink is None:
+            return
+        now = time.monotonic()
+        if now - self._at < self.every_s:
+            return
+        self._at = now
+        self.sink(partition_lag(kc, partitions()))
+
+
 @dataclass(slots=True)
 class Stats:
     """Counters of one consumer, for logs, metrics and tests."""
@@ -123,6 +167,8 @@ class EventConsumer:
         self._name = name
         self._clock = clock
         self.stats = Stats()
+        #: consumer lag per assigned partition, measured after polls once its ``sink`` is set
+        self.lag = LagMeter()
         topics = list(topics)
         self._consumer = KafkaConsumer(
             *topics, bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False, **kafka_config
@@ -159,6 +205,7 @@ class EventConsumer:
         finally:
             if done:
                 self._consumer.commit(offsets=done)
+        self.lag.after_poll(self._consumer, self._consumer.assignment)
         return count
 
     def run(self, stop: threading.Event | None = None, timeout_ms: int = 500) -> None:

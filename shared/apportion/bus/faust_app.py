@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from apportion import events
-from apportion.bus.intake import IdLedger, dead_letter
+from apportion.bus.intake import IdLedger, IntakeStats, dead_letter
 from apportion.topics import DEADLETTER, Topic, by_name
 
 log = logging.getLogger(__name__)
@@ -225,6 +225,7 @@ async def decoded(
     producer: str = "faust",
     clock: Callable[[], datetime] | None = None,
     ledger: IdLedger | None = None,
+    stats: IntakeStats | None = None,
 ) -> AsyncIterator[events.Event]:
     """Yield the events of a faust stream, dead-lettering what a reader refuses.
 
@@ -245,6 +246,7 @@ async def decoded(
         producer: ``producer`` field of the dead letters.
         clock: event time of the dead letters (wall clock UTC when ``None``).
         ledger: id -> payload ledger (None: no reuse check here).
+        stats: counters to add each event, duplicate and dead letter to (metrics), or None.
     """
     now = clock or (lambda: datetime.now(UTC))
     async for value in stream:
@@ -255,13 +257,38 @@ async def decoded(
             value = Undecodable(msg.value, f"not an apportion event: {type(value).__name__}")
         if isinstance(value, Undecodable):
             await refuse(app, msg, value.raw, value.reason, producer=producer, now=now)
+            if stats is not None:
+                stats.dead_lettered += 1
             continue
         try:
             events.check_record(value, msg.key, msg.topic)
-            if ledger is not None:
-                ledger.check(value)  # a duplicate still goes on: an agent may decide after each event
+            # a duplicate still goes on: an agent may decide after each event
+            duplicate = ledger is not None and ledger.check(value)
         except events.DecodeError as exc:
             raw = msg.value if isinstance(msg.value, (bytes, bytearray)) else events.encode(value)
             await refuse(app, msg, raw, str(exc), producer=producer, now=now)
+            if stats is not None:
+                stats.dead_lettered += 1
             continue
+        if stats is not None:
+            stats.events += 1
+            stats.duplicates += duplicate
         yield value
+
+
+async def consumer_lag(app: Any) -> dict[tuple[str, int], int]:
+    """Records behind the end of each partition assigned to ``app``'s consumer (high watermark - position).
+
+    Partitions whose high watermark or position is not known yet are left out.
+    """
+    out: dict[tuple[str, int], int] = {}
+    consumer = app.consumer
+    for tp in sorted(consumer.assignment()):
+        try:
+            hw = consumer.highwater(tp)
+            pos = await consumer.position(tp)
+        except Exception:  # noqa: BLE001 - a partition being (re)assigned: measured next time
+            continue
+        if hw is not None and pos is not None:
+            out[(tp.topic, tp.partition)] = max(0, hw - pos)
+    return out

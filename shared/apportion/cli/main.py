@@ -317,33 +317,30 @@ def cancel(
 LIVE_STATES = ("pending", "placed", "running", "stopping", "preempting")
 
 
-@app.command()
-def queue(
-    budget: Annotated[str | None, typer.Option("--budget", "-b", help="Only this budget (and below).")] = None,
-    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's jobs.")] = None,
-    state: Annotated[
-        str | None,
-        typer.Option(
-            "--state", help="Only these states, comma-separated (pending, running, ...; completed etc. with --all)."
-        ),
-    ] = None,
-    all_states: Annotated[
-        bool, typer.Option("--all", help="Include finished jobs (from the log, as `apportion history`).")
-    ] = False,
-    redis_url: RedisUrl = None,
-    bootstrap: Bootstrap = None,
-    as_json: JsonOut = False,
-) -> None:
-    """Jobs in the queue (like squeue): position, budget, user, GPUs, state, start time, nodes or pending reason.
+def queue_rows(
+    rc: Any,
+    *,
+    budget: str | None = None,
+    user: str | None = None,
+    state: str | None = None,
+    all_states: bool = False,
+    bootstrap: str | None = None,
+) -> list[dict[str, Any]]:
+    """The rows `apportion queue --json` prints: the dispatcher's ``apportion:rm:jobs`` rows, filtered and sorted.
 
-    The position is the place in the fair-share order a scheduling cycle walks now (pending jobs only;
-    `-` for running ones). The pending reason comes from the engine's own cycle (`kind: facts`; kinds
-    budget_ahead, reserved_by, protected_until, no_node_shape, no_free_gpus, budget_unknown, placeable);
-    `--json` rows also carry `reason_detail`, the reason's fields.
+    Running jobs first, then pending ones by ``position`` (their place in the fair-share order), then by
+    submission time and id. Live states only unless ``state`` names others or ``all_states`` adds the finished
+    jobs from the log (which needs Kafka at ``bootstrap``). Used by the CLI and the web dashboard.
+
+    Args:
+        rc: a ``redis.Redis`` client.
+        budget: only this budget and those below it.
+        user: only this user's jobs.
+        state: comma-separated states to keep.
     """
     from apportion import readmodel
 
-    rows = list(readmodel.read_hash(_redis(redis_url), readmodel.jobs_key()).values())
+    rows = list(readmodel.read_hash(rc, readmodel.jobs_key()).values())
     if all_states:
         from apportion import topics
         from apportion.bus.reader import read_log
@@ -374,6 +371,36 @@ def queue(
             r.get("job_id", ""),
         )
     )
+    return rows
+
+
+@app.command()
+def queue(
+    budget: Annotated[str | None, typer.Option("--budget", "-b", help="Only this budget (and below).")] = None,
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's jobs.")] = None,
+    state: Annotated[
+        str | None,
+        typer.Option(
+            "--state", help="Only these states, comma-separated (pending, running, ...; completed etc. with --all)."
+        ),
+    ] = None,
+    all_states: Annotated[
+        bool, typer.Option("--all", help="Include finished jobs (from the log, as `apportion history`).")
+    ] = False,
+    redis_url: RedisUrl = None,
+    bootstrap: Bootstrap = None,
+    as_json: JsonOut = False,
+) -> None:
+    """Jobs in the queue (like squeue): position, budget, user, GPUs, state, start time, nodes or pending reason.
+
+    The position is the place in the fair-share order a scheduling cycle walks now (pending jobs only;
+    `-` for running ones). The pending reason comes from the engine's own cycle (`kind: facts`; kinds
+    budget_ahead, reserved_by, protected_until, no_node_shape, no_free_gpus, budget_unknown, placeable);
+    `--json` rows also carry `reason_detail`, the reason's fields.
+    """
+    rows = queue_rows(
+        _redis(redis_url), budget=budget, user=user, state=state, all_states=all_states, bootstrap=bootstrap
+    )
     if as_json:
         _print_json(rows)
         return
@@ -399,6 +426,19 @@ def queue(
     out.print(t)
 
 
+def share_data(rc: Any) -> dict[str, Any]:
+    """What `apportion share --json` prints: ``{"meta": usage meta, "budgets": [row, ...]}`` by path.
+
+    The rows are accounting's ``apportion:rm:budgets`` (share, abs_share, occupancy_gpu_s, unallocated_gpu_s,
+    entitlement_gpu_s, ratio, rank; GPU-seconds over the trailing window). Used by the CLI and the web dashboard.
+    """
+    from apportion import readmodel
+
+    rows = readmodel.read_hash(rc, readmodel.budgets_key())
+    meta = readmodel.read_hash(rc, readmodel.usage_key()).get("meta", {})
+    return {"meta": meta, "budgets": list(rows.values())}
+
+
 @app.command()
 def share(
     redis_url: RedisUrl = None,
@@ -408,13 +448,10 @@ def share(
 
     O, U and E are GPU-hours over the trailing window; r = O / E, lower is served first.
     """
-    from apportion import readmodel
-
-    r = _redis(redis_url)
-    rows = readmodel.read_hash(r, readmodel.budgets_key())
-    meta = readmodel.read_hash(r, readmodel.usage_key()).get("meta", {})
+    data = share_data(_redis(redis_url))
+    meta, rows = data["meta"], {row["path"]: row for row in data["budgets"]}
     if as_json:
-        _print_json({"meta": meta, "budgets": list(rows.values())})
+        _print_json(data)
         return
     if not rows:
         out.print("no occupancy snapshot yet (is the accounting service running?)")
@@ -633,24 +670,18 @@ def _node_notes(bootstrap: str) -> dict[str, dict[str, Any]]:
     return notes
 
 
-@app.command()
-def nodes(
-    redis_url: RedisUrl = None,
-    bootstrap: Bootstrap = None,
-    as_json: JsonOut = False,
-) -> None:
-    """Nodes with state, cordon/drain reason, GPUs free/total, model, running jobs and heartbeat age.
+def node_rows(rc: Any, bootstrap: str | None) -> list[dict[str, Any]]:
+    """The rows `apportion nodes --json` prints: the dispatcher's ``apportion:rm:nodes`` rows with, from the log,
+    the last heartbeat, its age in seconds on the stack's event clock (``heartbeat_age_s``) and the cordon/drain
+    ``reason`` and ``reason_by`` of nodes not ready. Used by the CLI and the web dashboard.
 
-    State and free GPUs are the dispatcher's; the reason and the last heartbeat come from the log
-    (apportion.nodes); the age is measured on the stack's event clock (APPORTION_TIME_SCALE and epochs).
+    Exits (``typer.Exit`` 3) when Kafka at ``bootstrap`` cannot be reached or the namespace is not provisioned.
     """
-    from apportion import readmodel
+    from apportion import readmodel, topics
     from apportion.settings import event_clock
     from apportion.timeutil import to_us
 
-    rows = list(readmodel.read_hash(_redis(redis_url), readmodel.nodes_key()).values())
-    from apportion import topics
-
+    rows = list(readmodel.read_hash(rc, readmodel.nodes_key()).values())
     conn = _require_topics(bootstrap, topics.NODES.name)
     notes = _checked(lambda: _node_notes(conn.bootstrap))
     now_us = event_clock().now_us()  # type: ignore[attr-defined]
@@ -666,6 +697,21 @@ def nodes(
         )
         r["reason"] = n.get("reason", "") if r.get("state") != "ready" else ""
         r["reason_by"] = n.get("reason_by", "") if r.get("state") != "ready" else ""
+    return rows
+
+
+@app.command()
+def nodes(
+    redis_url: RedisUrl = None,
+    bootstrap: Bootstrap = None,
+    as_json: JsonOut = False,
+) -> None:
+    """Nodes with state, cordon/drain reason, GPUs free/total, model, running jobs and heartbeat age.
+
+    State and free GPUs are the dispatcher's; the reason and the last heartbeat come from the log
+    (apportion.nodes); the age is measured on the stack's event clock (APPORTION_TIME_SCALE and epochs).
+    """
+    rows = node_rows(_redis(redis_url), bootstrap)
     if as_json:
         _print_json(rows)
         return

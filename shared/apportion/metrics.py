@@ -1,0 +1,507 @@
+"""Prometheus metric families of every service, in one place (``docs/metrics.md`` lists them all).
+
+Conventions (Prometheus' own): base units in the name (``_seconds``,
+``_gpu_seconds``, ``_gpus``, ``_records``, ``_bytes``), counters end in
+``_total`` (``prometheus_client`` appends it to the names given here),
+ratios are plain numbers in [0, 1] (``share``) or >= 0 (``usage_ratio``,
+``+Inf`` when E = 0 < O). Labels are bounded: ``budget`` (a path of the budget
+tree), ``node`` (a node id), ``state`` (the five node states), ``reason``
+(a preemption reason or rule), ``topic``/``partition`` (the registry's
+topics), ``model`` (a GPU model), ``type`` (an event or command type). No
+label ever carries a job id.
+
+Three kinds of families:
+
+* **per service**, updated as the service works: counters and histograms
+  (``*_metrics(registry)`` below, one function per service, so each
+  family is defined once); the reader-edge counters and consumer lag of
+  :class:`ReaderCollector`; the process metrics of ``prometheus_client``'s
+  default collectors (:func:`add_process_collectors`).
+* **per budget**, from the rows accounting writes to ``apportion:rm:budgets``
+  (:class:`BudgetCollector`, samples by :func:`budget_samples`) and from the
+  rows the dispatcher writes to ``apportion:rm:jobs`` (:class:`QueueCollector`,
+  :func:`queue_samples`): a scrape reports exactly what the read model holds,
+  so ``apportion share --json`` and ``/metrics`` cannot disagree.
+* **per node**, from the dispatcher's ``apportion:rm:nodes`` rows
+  (:func:`node_samples`), the heartbeat age measured on the service's clock.
+
+The sample functions are pure (rows in, ``(name, labels, value)`` out) so the
+tests check them with hand-computed values; the collectors only hold the
+latest rows and turn them into families at scrape time. Nothing here runs or
+connects at import time.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from apportion.domain.budgets import ancestors_of
+
+__all__ = [
+    "NODE_STATES",
+    "Sample",
+    "budget_samples",
+    "queue_samples",
+    "node_samples",
+    "BudgetCollector",
+    "QueueCollector",
+    "ReaderCollector",
+    "add_process_collectors",
+    "accounting_metrics",
+    "dispatcher_metrics",
+    "policy_metrics",
+    "node_agent_metrics",
+    "preemption_metrics",
+    "count_preemptions",
+]
+
+#: Node states (DESIGN section 1); ``apportion_node_state`` has one series per state, 1 for the current one.
+NODE_STATES = ("ready", "cordoned", "draining", "drained", "lost")
+
+#: Job states whose GPUs count as held by the job (the dispatcher's read model ``state`` field).
+HOLDING_STATES = ("placed", "running", "stopping", "preempting")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample of a gauge family: ``name{labels} value``."""
+
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
+
+
+#: name -> help of the per-budget and per-node gauges (the collectors describe them with it).
+HELP: dict[str, str] = {
+    "apportion_budget_share": "Share of the budget, a fraction of its parent (0, 1]",
+    "apportion_budget_abs_share": "Absolute share: product of the shares on the budget's path",
+    "apportion_budget_occupancy_gpu_seconds": "Allocated occupancy O over the trailing window (budget and below)",
+    "apportion_budget_unallocated_occupancy_gpu_seconds": "Unallocated occupancy U over the trailing window",
+    "apportion_budget_entitlement_gpu_seconds": "Entitlement E = abs_share x capacity integral over the window",
+    "apportion_budget_usage_ratio": "Usage ratio r = O / E (0 when both are 0, +Inf when E = 0 < O)",
+    "apportion_budget_rank": "Fair-share rank of a leaf budget (0 is served first)",
+    "apportion_usage_window_seconds": "Length W of the trailing occupancy window",
+    "apportion_cluster_capacity_gpus": "GPUs on ready and draining nodes at the last snapshot",
+    "apportion_cluster_capacity_gpu_seconds": "Capacity integral K over the trailing window at the last snapshot",
+    "apportion_usage_snapshot_timestamp_seconds": "Event time of the snapshot the budget rows are from (Unix)",
+    "apportion_budget_pending_jobs": "Pending jobs charged to the budget or below",
+    "apportion_budget_pending_gpus": "GPUs asked for by the pending jobs of the budget or below (g x k)",
+    "apportion_budget_running_jobs": "Jobs of the budget or below holding GPUs (placed, running, stopping)",
+    "apportion_budget_running_gpus": "GPUs held by the jobs of the budget or below",
+    "apportion_node_state": "1 for the node's current state, 0 for the others",
+    "apportion_node_gpus": "GPUs of the node",
+    "apportion_node_free_gpus": "GPUs of the node not held by any run",
+    "apportion_node_info": "1 per node, with its GPU model as a label",
+    "apportion_node_heartbeat_age_seconds": "Event seconds since the node's last heartbeat (or registration)",
+}
+
+
+def _ratio(v: Any) -> float:
+    if v in ("Infinity", "inf"):
+        return math.inf
+    return float(v or 0.0)
+
+
+def budget_samples(meta: Mapping[str, Any] | None, rows: Mapping[str, Mapping[str, Any]]) -> list[Sample]:
+    """Per-budget gauges from accounting's read model (``apportion:rm:usage`` meta and ``apportion:rm:budgets``).
+
+    Args:
+        meta: the usage meta row (``at`` ISO time, ``window_s``, ``capacity_gpus``, ``capacity_gpu_s``),
+            or None before the first snapshot.
+        rows: path -> row (``share``, ``abs_share``, ``occupancy_gpu_s``, ``unallocated_gpu_s``,
+            ``entitlement_gpu_s``, ``ratio``, ``rank``), as :mod:`apportion.readmodel` names them.
+
+    Returns:
+        samples in path order; ``apportion_budget_rank`` only for budgets with a rank (leaves).
+    """
+    out: list[Sample] = []
+    if meta:
+        if meta.get("window_s") is not None:
+            out.append(Sample("apportion_usage_window_seconds", (), float(meta["window_s"])))
+        out.append(Sample("apportion_cluster_capacity_gpus", (), float(meta.get("capacity_gpus", 0))))
+        out.append(Sample("apportion_cluster_capacity_gpu_seconds", (), float(meta.get("capacity_gpu_s", 0.0))))
+        if meta.get("at"):
+            at = datetime.fromisoformat(str(meta["at"]))
+            out.append(Sample("apportion_usage_snapshot_timestamp_seconds", (), at.timestamp()))
+    fields = (
+        ("apportion_budget_share", "share"),
+        ("apportion_budget_abs_share", "abs_share"),
+        ("apportion_budget_occupancy_gpu_seconds", "occupancy_gpu_s"),
+        ("apportion_budget_unallocated_occupancy_gpu_seconds", "unallocated_gpu_s"),
+        ("apportion_budget_entitlement_gpu_seconds", "entitlement_gpu_s"),
+    )
+    for path in sorted(rows):
+        row = rows[path]
+        lab = (("budget", path),)
+        out += [Sample(name, lab, float(row.get(key) or 0.0)) for name, key in fields]
+        out.append(Sample("apportion_budget_usage_ratio", lab, _ratio(row.get("ratio"))))
+        if row.get("rank") is not None:
+            out.append(Sample("apportion_budget_rank", lab, float(row["rank"])))
+    return out
+
+
+def queue_samples(jobs: Iterable[Mapping[str, Any]], budgets: Iterable[str] = ()) -> list[Sample]:
+    """Per-budget queue gauges from the dispatcher's ``apportion:rm:jobs`` rows.
+
+    A job counts for its budget and every ancestor (as occupancy does). A
+    job's GPUs are ``gpus_per_replica x replicas``; pending means state
+    ``pending``; running means one of :data:`HOLDING_STATES` (it holds GPUs).
+
+    Args:
+        jobs: read-model rows (``budget``, ``state``, ``gpus_per_replica``, ``replicas``).
+        budgets: paths always reported (0 when they have no job), e.g. the tree's.
+
+    Returns:
+        four samples per budget, in path order.
+    """
+    counts: dict[str, list[float]] = {b: [0.0, 0.0, 0.0, 0.0] for b in budgets}
+    for j in jobs:
+        state = j.get("state")
+        if state == "pending":
+            at = 0
+        elif state in HOLDING_STATES:
+            at = 2
+        else:
+            continue
+        gpus = float(j.get("gpus_per_replica", 0)) * float(j.get("replicas", 1))
+        for path in ancestors_of(str(j.get("budget", ""))):
+            c = counts.setdefault(path, [0.0, 0.0, 0.0, 0.0])
+            c[at] += 1
+            c[at + 1] += gpus
+    names = (
+        "apportion_budget_pending_jobs",
+        "apportion_budget_pending_gpus",
+        "apportion_budget_running_jobs",
+        "apportion_budget_running_gpus",
+    )
+    return [
+        Sample(name, (("budget", path),), counts[path][i]) for path in sorted(counts) for i, name in enumerate(names)
+    ]
+
+
+def node_samples(nodes: Iterable[Mapping[str, Any]], now: datetime | None) -> list[Sample]:
+    """Per-node gauges from the dispatcher's ``apportion:rm:nodes`` rows.
+
+    Args:
+        nodes: rows (``node_id``, ``state``, ``gpu_count``, ``free_gpus``, ``gpu_model``, ``last_heartbeat`` ISO).
+        now: event time the heartbeat age is measured at; None leaves the age out.
+
+    Returns:
+        per node: one ``apportion_node_state`` per state of :data:`NODE_STATES`, GPUs, free GPUs, info, and
+        the heartbeat age in seconds (never negative) when the row has a heartbeat.
+    """
+    out: list[Sample] = []
+    for n in sorted(nodes, key=lambda n: str(n.get("node_id", ""))):
+        node = str(n.get("node_id", ""))
+        lab = (("node", node),)
+        out += [
+            Sample("apportion_node_state", (("node", node), ("state", s)), 1.0 if n.get("state") == s else 0.0)
+            for s in NODE_STATES
+        ]
+        out.append(Sample("apportion_node_gpus", lab, float(n.get("gpu_count", 0))))
+        out.append(Sample("apportion_node_free_gpus", lab, float(n.get("free_gpus", 0))))
+        out.append(Sample("apportion_node_info", (("node", node), ("model", str(n.get("gpu_model") or ""))), 1.0))
+        if now is not None and n.get("last_heartbeat"):
+            age = (now - datetime.fromisoformat(str(n["last_heartbeat"]))).total_seconds()
+            out.append(Sample("apportion_node_heartbeat_age_seconds", lab, max(0.0, age)))
+    return out
+
+
+def _families(samples: list[Sample]) -> Iterator[Any]:
+    """Gauge families of ``samples``, one per name, in first-seen order."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    fams: dict[str, Any] = {}
+    for s in samples:
+        fam = fams.get(s.name)
+        if fam is None:
+            fam = fams[s.name] = GaugeMetricFamily(s.name, HELP[s.name], labels=[k for k, _ in s.labels])
+        fam.add_metric([v for _, v in s.labels], s.value)
+    yield from fams.values()
+
+
+class BudgetCollector:
+    """Per-budget gauges of accounting: the rows it last wrote to the read model (:func:`budget_samples`).
+
+    Call :meth:`update` with the rows right after writing them; a scrape reports the latest.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._samples: list[Sample] = []
+
+    def update(self, meta: Mapping[str, Any] | None, rows: Mapping[str, Mapping[str, Any]]) -> None:
+        """Replace the rows reported (any budget not in ``rows`` disappears from the scrape)."""
+        samples = budget_samples(meta, rows)
+        with self._lock:
+            self._samples = samples
+
+    def describe(self) -> list[Any]:
+        """No description ahead of the first collect (the families depend on the rows)."""
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        """Families of the latest rows (``prometheus_client`` calls this on each scrape)."""
+        with self._lock:
+            samples = list(self._samples)
+        yield from _families(samples)
+
+
+class QueueCollector:
+    """Per-budget queue gauges and per-node gauges of the dispatcher, from the rows it last wrote.
+
+    Args:
+        now: event-time source for the heartbeat age (the service clock's ``now``).
+    """
+
+    def __init__(self, now: Callable[[], datetime]) -> None:
+        self._lock = threading.Lock()
+        self._now = now
+        self._queue: list[Sample] = []
+        self._nodes: list[Mapping[str, Any]] = []
+
+    def update(
+        self, jobs: Mapping[str, Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]], budgets: Iterable[str]
+    ) -> None:
+        """Replace the rows reported: ``jobs`` and ``nodes`` as written to Redis, ``budgets`` the tree's paths."""
+        queue = queue_samples(jobs.values(), budgets)
+        with self._lock:
+            self._queue, self._nodes = queue, list(nodes.values())
+
+    def describe(self) -> list[Any]:
+        """No description ahead of the first collect."""
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        """Families of the latest rows; the heartbeat age is measured now."""
+        with self._lock:
+            queue, nodes = list(self._queue), list(self._nodes)
+        yield from _families(queue + node_samples(nodes, self._now()))
+
+
+class ReaderCollector:
+    """What a service's reader edge did, and how far behind the log it is.
+
+    * ``apportion_events_handled_total``: records turned into events (screened, not duplicates);
+    * ``apportion_duplicates_total``: records dropped or passed as duplicates (same id and payload);
+    * ``apportion_dead_letters_total``: records dead-lettered (undecodable, reused id, apply failed);
+    * ``apportion_consumer_lag_records{topic,partition}``: records between the consumer's position and the
+      partition's end (high watermark), as last measured by the poll thread (:meth:`set_lag`).
+
+    Args:
+        stats: callables returning objects with ``events``, ``duplicates`` and ``dead_lettered`` counts
+            (:class:`apportion.bus.intake.IntakeStats`, :class:`apportion.bus.consumer.Stats`); summed.
+    """
+
+    def __init__(self, *stats: Callable[[], Any]) -> None:
+        self._stats = list(stats)
+        self._lock = threading.Lock()
+        self._lag: dict[tuple[str, int], int] = {}
+
+    def watch(self, stats: Callable[[], Any]) -> None:
+        """Add a source of counts (e.g. a consumer made after the registry)."""
+        self._stats.append(stats)
+
+    def set_lag(self, lag: Mapping[tuple[str, int], int]) -> None:
+        """Replace the lag per ``(topic, partition)`` (records behind the end)."""
+        with self._lock:
+            self._lag = dict(lag)
+
+    def describe(self) -> list[Any]:
+        """No description ahead of the first collect."""
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        """The counters (summed over the sources) and the lag gauges."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        totals = {"events": 0, "duplicates": 0, "dead_lettered": 0}
+        for get in self._stats:
+            s = get()
+            if s is None:
+                continue
+            # IntakeStats counts ``events``; the EventConsumer's Stats counts them as ``handled``
+            totals["events"] += int(getattr(s, "events", getattr(s, "handled", 0)) or 0)
+            totals["duplicates"] += int(getattr(s, "duplicates", 0) or 0)
+            totals["dead_lettered"] += int(getattr(s, "dead_lettered", 0) or 0)
+        yield CounterMetricFamily(
+            "apportion_events_handled", "Records read and turned into events by the reader edge", totals["events"]
+        )
+        yield CounterMetricFamily(
+            "apportion_duplicates",
+            "Records that repeated an event already read (same id and payload)",
+            totals["duplicates"],
+        )
+        yield CounterMetricFamily(
+            "apportion_dead_letters",
+            "Records dead-lettered by the reader edge (with their reason)",
+            totals["dead_lettered"],
+        )
+        lag = GaugeMetricFamily(
+            "apportion_consumer_lag_records",
+            "Records between the consumer's position and the partition's end (high watermark)",
+            labels=["topic", "partition"],
+        )
+        with self._lock:
+            items = sorted(self._lag.items())
+        for (topic, partition), n in items:
+            lag.add_metric([topic, str(partition)], float(n))
+        yield lag
+
+
+def add_process_collectors(registry: Any) -> None:
+    """Register ``prometheus_client``'s default collectors on ``registry``: process (CPU seconds, resident
+    memory, open file descriptors, start time), Python platform info and garbage-collector counts."""
+    from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR
+
+    for c in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(c)
+
+
+# ------------------------------------------------------------------ per-service families
+
+
+def preemption_metrics(registry: Any) -> dict[str, Any]:
+    """Per-budget preemption counters, counted by the dispatcher as it publishes ``JobPreempted`` decisions."""
+    from prometheus_client import Counter
+
+    return {
+        "preemptions": Counter(
+            "apportion_budget_preemptions",
+            "Runs of the budget preempted, by reason (the victim rule, or drain, cancelled, ...)",
+            ["budget", "reason"],
+            registry=registry,
+        ),
+        "work_lost": Counter(
+            "apportion_budget_work_lost_gpu_seconds",
+            "Work lost by the budget's preempted runs: GPU-seconds since their last checkpoint",
+            ["budget"],
+            registry=registry,
+        ),
+    }
+
+
+def count_preemptions(metrics: Mapping[str, Any], evts: Iterable[Any]) -> None:
+    """Count the ``JobPreempted`` events of ``evts`` in ``metrics`` (from :func:`preemption_metrics`).
+
+    The reason label is the victim's rule (``unallocated``, ``expired_behind``) when the event names a
+    preemptor, else the event's ``reason`` (``drain``, ``cancelled``, ...); work lost is ``lost_gpu_s``.
+    """
+    from apportion.events import JobPreempted
+
+    for e in evts:
+        if not isinstance(e, JobPreempted):
+            continue
+        reason = e.victim.rule if e.victim is not None else e.reason
+        metrics["preemptions"].labels(e.budget, reason).inc()
+        if e.lost_gpu_s:
+            metrics["work_lost"].labels(e.budget).inc(e.lost_gpu_s)
+
+
+def dispatcher_metrics(registry: Any, now: Callable[[], datetime]) -> dict[str, Any]:
+    """The dispatcher's families: its loop, the queue and nodes it writes, preemptions, its reader edge."""
+    from prometheus_client import Counter, Gauge, Histogram
+
+    m: dict[str, Any] = {
+        "events": Counter("apportion_dispatcher_events", "Events folded", registry=registry),
+        "decisions": Counter("apportion_dispatcher_decisions", "Events published", registry=registry),
+        "cycle": Histogram(
+            "apportion_dispatcher_cycle_seconds",
+            "Scheduling cycle wall time",
+            registry=registry,
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
+        ),
+        "pending": Gauge("apportion_dispatcher_pending_jobs", "Jobs waiting in the queue", registry=registry),
+        "leader": Gauge("apportion_dispatcher_leader", "1 while this instance holds the lease", registry=registry),
+        "dead": Counter("apportion_dispatcher_dead_letters", "Records dead-lettered", registry=registry),
+        "tick_errors": Counter(
+            "apportion_dispatcher_tick_errors", "Scheduling cycles that raised (nothing decided)", registry=registry
+        ),
+        "queue": QueueCollector(now),
+        "reader": ReaderCollector(),
+    }
+    m.update(preemption_metrics(registry))
+    registry.register(m["queue"])
+    registry.register(m["reader"])
+    return m
+
+
+def accounting_metrics(registry: Any) -> dict[str, Any]:
+    """Accounting's families: its fold, snapshots and checkpoints, the budget rows it writes, its reader edge."""
+    from prometheus_client import Counter, Gauge, Histogram
+
+    m: dict[str, Any] = {
+        "events": Counter("apportion_accounting_events", "Events folded", registry=registry),
+        "dead": Counter("apportion_accounting_dead_letters", "Records dead-lettered", registry=registry),
+        "snapshots": Counter("apportion_accounting_snapshots", "Snapshots published", registry=registry),
+        "at": Gauge("apportion_accounting_snapshot_at_seconds", "Event time of the last snapshot", registry=registry),
+        "late": Counter(
+            "apportion_accounting_late_events",
+            "State-changing records folded after a newer one (clamped to the ledger clock)",
+            registry=registry,
+        ),
+        "checkpoints": Counter("apportion_accounting_checkpoints", "Checkpoints written", registry=registry),
+        "checkpoint_bytes": Gauge(
+            "apportion_accounting_checkpoint_bytes", "Size of the last checkpoint state", registry=registry
+        ),
+        "start_records": Gauge(
+            "apportion_accounting_start_records",
+            "Records read at the last start to catch up (resume or rebuild)",
+            registry=registry,
+        ),
+        "resumed": Gauge(
+            "apportion_accounting_resumed", "1 when the last start resumed from the checkpoint", registry=registry
+        ),
+        "snapshot_seconds": Histogram(
+            "apportion_accounting_snapshot_seconds",
+            "Wall time of one snapshot cycle: evaluate the windows, write the read model (and checkpoint)",
+            registry=registry,
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0),
+        ),
+        "budgets": BudgetCollector(),
+        "reader": ReaderCollector(),
+    }
+    registry.register(m["budgets"])
+    registry.register(m["reader"])
+    return m
+
+
+def policy_metrics(registry: Any) -> dict[str, Any]:
+    """The policy's families: what it published, by event type, and its reader edge."""
+    from prometheus_client import Counter
+
+    m: dict[str, Any] = {
+        "published": Counter("apportion_policy_published", "Events published", ["type"], registry=registry),
+        "reader": ReaderCollector(),
+    }
+    registry.register(m["reader"])
+    return m
+
+
+def node_agent_metrics(registry: Any) -> dict[str, Any]:
+    """The node agent's families: commands, refusals, workloads, heartbeats, checkpoints, its reader edge."""
+    from prometheus_client import Counter, Gauge
+
+    m: dict[str, Any] = {
+        "commands": Counter("apportion_node_agent_commands", "Commands for hosted nodes", ["type"], registry=registry),
+        "refused": Counter("apportion_node_agent_refused", "Commands refused", ["reason"], registry=registry),
+        "running": Gauge("apportion_node_agent_running", "Workload replicas running", registry=registry),
+        "heartbeats": Counter("apportion_node_agent_heartbeats", "Heartbeats sent", registry=registry),
+        "checkpoints": Counter(
+            "apportion_node_agent_checkpoints", "JobCheckpointed events published", registry=registry
+        ),
+        "checkpoint_problems": Counter(
+            "apportion_node_agent_checkpoint_problems", "Progress reports ignored (invalid content)", registry=registry
+        ),
+        "send_errors": Counter(
+            "apportion_node_agent_send_errors", "Events the producer failed to deliver", registry=registry
+        ),
+        "reader": ReaderCollector(),
+    }
+    registry.register(m["reader"])
+    return m
