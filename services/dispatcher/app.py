@@ -55,6 +55,9 @@ log = logging.getLogger("apportion.dispatcher")
 #: Wall seconds between read-model writes (a full write of jobs and nodes).
 READ_MODEL_EVERY_S = 0.5
 
+#: Wall seconds between two updates of the nodes' newest heartbeats for the metrics.
+HEARTBEATS_EVERY_S = 1.0
+
 #: Producer linger, ms: decisions sent within this window leave together (one request per partition).
 LINGER_MS = 5
 
@@ -479,7 +482,7 @@ async def _lead(
         await asyncio.to_thread(write_read_model)
         if ready is not None:
             ready.set()
-        last_tick = last_rm = loop.time()
+        last_tick = last_rm = last_beats = loop.time()
         rm_gap = READ_MODEL_EVERY_S
         unflushed = dirty = False
         pacer = TickPacer(settings.tick_wall_s, start=last_tick)
@@ -502,6 +505,9 @@ async def _lead(
                 await asyncio.to_thread(producer.flush)
                 unflushed = False
             dirty |= bool(out) or news
+            if now - last_beats >= HEARTBEATS_EVERY_S:  # heartbeats are not news: their ages are kept apart
+                metrics["queue"].heartbeats(logic.heartbeats(svc.state))
+                last_beats = now
             if dirty and now - last_rm >= rm_gap:
                 t0 = loop.time()
                 await asyncio.to_thread(write_read_model)

@@ -192,3 +192,10 @@ def read_model(
             "last_heartbeat": from_us(n.last_heartbeat_us).isoformat() if n.last_heartbeat_us else None,
         }
     return jobs, nodes
+
+
+def heartbeats(state: DispatchState) -> dict[str, str]:
+    """Node id -> its newest heartbeat (or registration) time, ISO, as the read model's ``last_heartbeat``."""
+    return {
+        nid: from_us(n.last_heartbeat_us).isoformat() for nid, n in state.cluster.nodes.items() if n.last_heartbeat_us
+    }

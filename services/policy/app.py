@@ -275,6 +275,7 @@ async def run(
     """
     from apportion.bus.faust_app import consumer_lag, quiet_client_logs
     from apportion.metrics import policy_metrics
+    from apportion.topics import BUDGETS, USAGE
     from services._common import start_metrics
 
     quiet_client_logs()
@@ -301,7 +302,7 @@ async def run(
 
         async def measure_lag() -> None:
             while True:
-                metrics["reader"].set_lag(await consumer_lag(app))
+                metrics["reader"].set_lag(await consumer_lag(app, (BUDGETS.name, USAGE.name)))
                 await asyncio.sleep(LAG_EVERY_S)
 
         lagging = asyncio.ensure_future(measure_lag())

@@ -264,6 +264,7 @@ class QueueCollector:
         self._now = now
         self._queue: list[Sample] = []
         self._nodes: list[Mapping[str, Any]] = []
+        self._beats: dict[str, str] = {}
 
     def update(
         self, jobs: Mapping[str, Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]], budgets: Iterable[str]
@@ -273,6 +274,12 @@ class QueueCollector:
         with self._lock:
             self._queue, self._nodes = queue, list(nodes.values())
 
+    def heartbeats(self, beats: Mapping[str, str]) -> None:
+        """The newest heartbeat of each node (ISO), fresher than the rows: the read model is rewritten on
+        news, and heartbeats are not news."""
+        with self._lock:
+            self._beats = dict(beats)
+
     def describe(self) -> list[Any]:
         """No description ahead of the first collect."""
         return []
@@ -280,7 +287,10 @@ class QueueCollector:
     def collect(self) -> Iterator[Any]:
         """Families of the latest rows; the heartbeat age is measured now."""
         with self._lock:
-            queue, nodes = list(self._queue), list(self._nodes)
+            queue, beats = list(self._queue), self._beats
+            nodes = [
+                {**n, "last_heartbeat": beats.get(str(n.get("node_id")), n.get("last_heartbeat"))} for n in self._nodes
+            ]
         yield from _families(queue + node_samples(nodes, self._now()))
 
 
@@ -356,9 +366,14 @@ class ReaderCollector:
 
 def add_process_collectors(registry: Any) -> None:
     """Register ``prometheus_client``'s default collectors on ``registry``: process (CPU seconds, resident
-    memory, open file descriptors, start time), Python platform info and garbage-collector counts."""
-    from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR
+    memory, open file descriptors, start time), Python platform info and garbage-collector counts.
 
+    Also turns off the ``*_created`` series of counters, process-wide (a timestamp per counter that
+    dashboards do not use).
+    """
+    from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, disable_created_metrics
+
+    disable_created_metrics()  # no ``*_created`` series beside every counter (process-wide)
     for c in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
         registry.register(c)
 

@@ -39,7 +39,7 @@ on an idle local broker. The policy service runs this way (see
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -276,14 +276,14 @@ async def decoded(
         yield value
 
 
-async def consumer_lag(app: Any) -> dict[tuple[str, int], int]:
-    """Records behind the end of each partition assigned to ``app``'s consumer (high watermark - position).
-
-    Partitions whose high watermark or position is not known yet are left out.
+async def consumer_lag(app: Any, topics: Collection[str]) -> dict[tuple[str, int], int]:
+    """Records behind the end of each partition of ``topics`` assigned to ``app``'s consumer (high watermark
+    minus position); faust's own topics are left out, and so are partitions whose high watermark or position
+    is not known yet.
     """
     out: dict[tuple[str, int], int] = {}
     consumer = app.consumer
-    for tp in sorted(consumer.assignment()):
+    for tp in sorted(tp for tp in consumer.assignment() if tp.topic in topics):
         try:
             hw = consumer.highwater(tp)
             pos = await consumer.position(tp)

@@ -128,7 +128,14 @@ def simulate(
         "all", "--slice", help="all, week44, weeks39-45, week44+3d, YYYY-MM-DD..YYYY-MM-DD (end exclusive)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
-    plot_path: Path | None = typer.Option(None, "--plot", help="Write a PNG (*.png) of occupancy share over time."),
+    plot_to_end: bool = typer.Option(
+        False, "--plot-to-end", help="Draw the plot past the last submission, until the run ends."
+    ),
+    plot_path: Path | None = typer.Option(
+        None,
+        "--plot",
+        help="Write a PNG (*.png) of occupancy share over time, to the last submission, and NAME-goodput.png.",
+    ),
     cycle_s: float = typer.Option(
         300.0,
         "--cycle-s",
@@ -231,10 +238,11 @@ def simulate(
         nodes=bf.nodes,
     )
     if plot_path is not None:
-        from apportion.sim.report import plot
+        from apportion.sim.report import plot, plot_goodput
 
         try:
-            plot(reports, bf.tree, str(plot_path))
+            plot(reports, bf.tree, str(plot_path), to_end=plot_to_end)
+            plot_goodput(reports, str(plot_path.with_name(plot_path.stem + "-goodput.png")))
         except (OSError, ValueError) as exc:
             fail(f"--plot {plot_path}: {exc} (the results above are complete)", code=1)
 

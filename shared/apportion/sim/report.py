@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any
 
 from apportion.domain.budgets import BudgetTree
@@ -48,7 +49,19 @@ from apportion.report import BudgetRow, JobLedger, budget_rows, percentile
 from apportion.sim.core import SimResult
 from apportion.timeutil import from_us, us_to_s
 
-__all__ = ["BudgetStats", "PolicyReport", "percentile", "summarise", "to_json", "render_table", "plot"]
+__all__ = [
+    "BudgetStats",
+    "PolicyReport",
+    "percentile",
+    "summarise",
+    "to_json",
+    "from_json",
+    "render_table",
+    "plot",
+    "plot_goodput",
+    "plot_budget_shares",
+    "draw_shares",
+]
 
 #: Per-budget figures (one definition with the log report: :class:`apportion.report.BudgetRow`).
 BudgetStats = BudgetRow
@@ -347,8 +360,76 @@ def render_table(reports: list[PolicyReport], console: Any = None, budgets: bool
         console.print(bt)
 
 
-def plot(reports: list[PolicyReport], tree: BudgetTree, path: str) -> None:
-    """PNG: occupancy share (trailing window) per budget over time, one panel per policy."""
+def last_submission_days(report: PolicyReport) -> float | None:
+    """Days from the run's start to its last submission (``measured_until``), the span figures are measured on."""
+    if not report.measured_until:
+        return None
+    start, until = datetime.fromisoformat(report.start), datetime.fromisoformat(report.measured_until)
+    return (until - start).total_seconds() / 86400
+
+
+def draw_shares(
+    ax: Any,
+    series: dict[str, list[tuple[float, float]]],
+    shares: dict[str, float],
+    *,
+    until: float | None = None,
+    labels: bool = True,
+) -> None:
+    """Draw each budget's occupancy share (solid) and its share (dashed, labelled at the right edge) on ``ax``.
+
+    The one drawing of "occupancy share against share": the simulator's report (:func:`plot`) and the web
+    dashboard's budget page both use it, so the two read alike.
+
+    Args:
+        ax: a matplotlib ``Axes``.
+        series: budget path -> ``[(x, occupancy share), ...]`` in x order (x: days, or any time unit).
+        shares: budget path -> its absolute share (the promise), drawn as a dashed line; budgets with a share
+            and no series still get their line.
+        until: cut the curves at this x (e.g. the last submission), None for all of them.
+        labels: write ``name share`` at the right end of each dashed line.
+    """
+    import matplotlib.pyplot as plt
+
+    cmap = plt.get_cmap("tab10" if len(shares) <= 10 else "tab20")
+    xs = [x for pts in series.values() for x, _ in pts if until is None or x <= until]
+    right = until if until is not None else (max(xs) if xs else 1.0)
+    for i, path in enumerate(sorted(set(series) | set(shares))):
+        color = cmap(i % cmap.N)
+        name = path.rsplit("/", 1)[-1]
+        pts = [p for p in series.get(path, []) if until is None or p[0] <= until]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, lw=1.4, label=name)
+        share = shares.get(path)
+        if share is not None:
+            ax.axhline(share, color=color, lw=0.9, ls="--")
+            if labels:
+                ax.annotate(
+                    f"{name} {share:.2f}",
+                    (right, share),
+                    xytext=(4, 0),
+                    textcoords="offset points",
+                    va="center",
+                    fontsize=7,
+                    color=color,
+                    annotation_clip=False,
+                )
+    ax.set_ylim(bottom=0)
+    if xs or until is not None:
+        ax.set_xlim(left=min(xs) if xs else 0.0, right=right)
+    ax.grid(alpha=0.3)
+
+
+def plot(reports: list[PolicyReport], tree: BudgetTree, path: Any, *, to_end: bool = False) -> None:
+    """Occupancy share (trailing window) per budget over time, one panel per policy; dashed lines mark shares.
+
+    Args:
+        reports: the policies' reports (with their ``series``).
+        tree: the budget tree (leaf shares).
+        path: file name (the format follows the suffix: ``.png``, ``.svg``) or a binary file object (SVG).
+        to_end: draw the drain-out after the last submission too (default: stop at the last submission,
+            the span the figures are measured on, so an emptying queue does not read as unfairness).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -356,19 +437,108 @@ def plot(reports: list[PolicyReport], tree: BudgetTree, path: str) -> None:
 
     n = len(reports)
     fig, axes = plt.subplots(n, 1, figsize=(11, 3.2 * n), sharex=True, squeeze=False)
-    cmap = plt.get_cmap("tab20")
+    leaves = tree.leaves()
     for ax, r in zip(axes[:, 0], reports):
-        for i, leaf in enumerate(tree.leaves()):
-            pts = r.series.get(leaf, [])
-            if not pts:
-                continue
-            color = cmap(i % 20)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, lw=1.1, label=leaf.rsplit("/", 1)[-1])
-            ax.axhline(tree.abs_share(leaf), color=color, lw=0.7, ls="--")
-        ax.set_title(f"{r.policy}: allocated occupancy share over the trailing window (dashed: share)")
+        until = None if to_end else last_submission_days(r)
+        draw_shares(
+            ax, {leaf: r.series.get(leaf, []) for leaf in leaves}, {p: tree.abs_share(p) for p in leaves}, until=until
+        )
+        span = "to the end" if until is None else "to the last submission"
+        ax.set_title(f"{r.policy}: allocated occupancy share over the trailing window, {span} (dashed: share)")
         ax.set_ylabel("O_b / K")
     axes[-1, 0].set_xlabel("days since start")
-    axes[0, 0].legend(ncol=7, fontsize=7, loc="upper right")
+    axes[0, 0].legend(ncol=7, fontsize=7, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format=None if isinstance(path, str) else "svg")
+    plt.close(fig)
+
+
+def plot_goodput(reports: list[PolicyReport], path: Any) -> None:
+    """Per policy: utilisation and goodput (bars, % of capacity) and work lost (bars, GPU-hours), side by side.
+
+    The gap between a policy's utilisation and its goodput is the capacity its preemptions threw away
+    (definitions in the module docstring).
+
+    Args:
+        reports: the policies' reports.
+        path: file name (format from the suffix) or a binary file object (SVG).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r.policy for r in reports]
+    x = list(range(len(reports)))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
+    w = 0.38
+    util = [100 * r.utilisation for r in reports]
+    good = [100 * r.goodput for r in reports]
+    b1 = left.bar([i - w / 2 for i in x], util, w, label="utilisation", color="#9ecae1")
+    b2 = left.bar([i + w / 2 for i in x], good, w, label="goodput", color="#3182bd")
+    left.bar_label(b1, fmt="%.1f", fontsize=7)
+    left.bar_label(b2, fmt="%.1f", fontsize=7)
+    left.set_ylabel("% of capacity GPU-seconds")
+    left.set_title("utilisation and goodput")
+    left.set_ylim(0, 100)
+    left.legend(fontsize=8, loc="lower right")
+    lost = [r.lost_gpu_h for r in reports]
+    b3 = right.bar(x, lost, 0.6, color="#de2d26")
+    right.bar_label(b3, labels=[f"{r.lost_gpu_h:,.0f} ({r.lost_pct:.1f}%)" for r in reports], fontsize=7)
+    right.set_ylabel("GPU-hours")
+    right.set_title("work lost (since each preempted run's last checkpoint)")
+    for ax in (left, right):
+        ax.set_xticks(x, names, fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, format=None if isinstance(path, str) else "svg")
+    plt.close(fig)
+
+
+def from_json(doc: dict[str, Any]) -> list[PolicyReport]:
+    """The reports of a :func:`to_json` document (``apportion simulate --json``), for the plots."""
+    out = []
+    for d in doc.get("policies", []):
+        fields = {k: v for k, v in d.items() if k in PolicyReport.__dataclass_fields__}
+        fields["budgets"] = [BudgetStats(**b) for b in d.get("budgets", [])]
+        fields["series"] = {k: [tuple(p) for p in v] for k, v in (d.get("series") or {}).items()}
+        out.append(PolicyReport(**fields))
+    return out
+
+
+def plot_budget_shares(reports: list[PolicyReport], path: Any) -> None:
+    """Per budget: its share (black tick) and each policy's allocated occupancy share (bars), over the span.
+
+    ``alloc_share`` of :class:`~apportion.report.BudgetRow`: allocated GPU-seconds over capacity GPU-seconds
+    from the first to the last submission, so a bar below the tick is a budget served less than its share
+    (when it had the demand).
+
+    Args:
+        reports: the policies' reports (their ``budgets`` rows).
+        path: file name (format from the suffix) or a binary file object (SVG).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = sorted({b.path for r in reports for b in r.budgets})
+    share = {b.path: b.share for r in reports for b in r.budgets}
+    fig, ax = plt.subplots(figsize=(11, 3.6))
+    n = max(1, len(reports))
+    w = 0.8 / n
+    cmap = plt.get_cmap("tab10")
+    for i, r in enumerate(reports):
+        alloc = {b.path: b.alloc_share for b in r.budgets}
+        xs = [j - 0.4 + w * (i + 0.5) for j in range(len(paths))]
+        ax.bar(xs, [alloc.get(p, 0.0) for p in paths], w, label=r.policy, color=cmap(i % 10))
+    for j, p in enumerate(paths):
+        ax.hlines(share[p], j - 0.45, j + 0.45, colors="black", lw=1.6)
+    ax.set_xticks(range(len(paths)), [p.rsplit("/", 1)[-1] for p in paths], fontsize=8, rotation=30, ha="right")
+    ax.set_ylabel("allocated GPU-s / capacity GPU-s")
+    ax.set_title("allocated occupancy share per budget, to the last submission (black: share)")
+    ax.legend(fontsize=8, ncol=len(reports))
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, format=None if isinstance(path, str) else "svg")
     plt.close(fig)
