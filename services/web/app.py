@@ -68,6 +68,7 @@ def create_app(settings: WebSettings, sources: Sources | None = None) -> Any:
     from starlette.routing import Route
 
     from apportion import topics
+    from apportion.cli.main import _ratio  # the share table's r format, so page and table read alike
     from apportion.durations import format_duration
     from apportion.metrics import add_process_collectors
 
@@ -76,7 +77,7 @@ def create_app(settings: WebSettings, sources: Sources | None = None) -> Any:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]))
     env.filters.update(
         value=_value,
-        ratio=logic.fmt_ratio,
+        ratio=_ratio,
         gpu_h=logic.fmt_gpu_h,
         duration=lambda s: format_duration(float(s or 0.0)),
         when=lambda t: str(t)[:19].replace("T", " ") if t else "-",

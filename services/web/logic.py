@@ -8,21 +8,12 @@ occupancy share over time from the log's ``OccupancySnapshot`` events.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from apportion.events import OccupancySnapshot
 from apportion.timeutil import to_us
-
-
-def fmt_ratio(r: Any) -> str:
-    """r as the CLI's ``share`` table shows it: ``inf``, ``-`` for none, else 3 decimals."""
-    if r is None:
-        return "-"
-    r = float(r)
-    return "inf" if math.isinf(r) else f"{r:.3f}"
 
 
 def fmt_gpu_h(gpu_s: Any) -> str:
