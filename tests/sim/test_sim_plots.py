@@ -46,7 +46,14 @@ def test_curves_stop_at_the_cut_and_each_share_is_a_labelled_dashed_line() -> No
     assert max(max(ln.get_xdata()) for ln in solid) == 1.5  # the drain-out after day 1.5 is not drawn
     assert ax.get_xlim()[1] == 1.5
     assert dashed == [0.25, 0.5]
-    assert sorted(t.get_text() for t in ax.texts) == ["a 0.50", "b 0.25"]
+    assert sorted(t.get_text() for t in ax.texts) == ["0.25 b", "0.50 a"]
+    plt.close(fig)
+
+
+def test_budgets_with_one_share_share_one_label() -> None:
+    fig, ax = plt.subplots()
+    draw_shares(ax, {}, {"lab/a": 0.2, "lab/b": 0.2, "lab/c": 0.1, "x/1": 0.3, "x/2": 0.3, "x/3": 0.3, "x/4": 0.3})
+    assert sorted(t.get_text() for t in ax.texts) == ["0.10 c", "0.20 a, b", "0.30 (4 budgets)"]
     plt.close(fig)
 
 

@@ -394,6 +394,7 @@ def draw_shares(
     cmap = plt.get_cmap("tab10" if len(shares) <= 10 else "tab20")
     xs = [x for pts in series.values() for x, _ in pts if until is None or x <= until]
     right = until if until is not None else (max(xs) if xs else 1.0)
+    same: dict[float, list[tuple[str, Any]]] = {}  # budgets with one share get one label
     for i, path in enumerate(sorted(set(series) | set(shares))):
         color = cmap(i % cmap.N)
         name = path.rsplit("/", 1)[-1]
@@ -403,17 +404,26 @@ def draw_shares(
         share = shares.get(path)
         if share is not None:
             ax.axhline(share, color=color, lw=0.9, ls="--")
-            if labels:
-                ax.annotate(
-                    f"{name} {share:.2f}",
-                    (right, share),
-                    xytext=(4, 0),
-                    textcoords="offset points",
-                    va="center",
-                    fontsize=7,
-                    color=color,
-                    annotation_clip=False,
-                )
+            same.setdefault(round(share, 4), []).append((name, color))
+    if labels and same:
+        ax.set_ylim(bottom=0)
+        lo, hi = ax.get_ylim()
+        gap, last = 0.045 * (hi - lo), None
+        for share in sorted(same):  # bottom up, each label at least `gap` above the one below it
+            names = same[share]
+            y = share if last is None else max(share, last + gap)
+            last = y
+            text = f"{share:.2f} " + (", ".join(n for n, _ in names) if len(names) <= 3 else f"({len(names)} budgets)")
+            ax.annotate(
+                text,
+                (right, y),
+                xytext=(4, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=7,
+                color=names[0][1] if len(names) == 1 else "black",
+                annotation_clip=False,
+            )
     ax.set_ylim(bottom=0)
     if xs or until is not None:
         ax.set_xlim(left=min(xs) if xs else 0.0, right=right)
