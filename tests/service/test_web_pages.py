@@ -1,0 +1,131 @@
+"""The dashboard's pages with fake sources (no Redis, no Kafka): what each page shows, the 503 page when a
+source cannot be read, and that nothing but GET is served (read-only). The real stack and browser are
+tests/integration/test_web_dashboard.py."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from apportion.audit.explain import Explanation, TimelineEntry
+from services.web.app import create_app
+from services.web.config import WebSettings
+from services.web.store import Unavailable
+
+BUDGETS = [
+    {"path": "lab", "share": 1.0, "abs_share": 1.0, "occupancy_gpu_s": 7200.0, "unallocated_gpu_s": 0.0,
+     "entitlement_gpu_s": 14400.0, "ratio": 0.5, "rank": None},
+    {"path": "lab/vision", "share": 0.4, "abs_share": 0.4, "occupancy_gpu_s": 7200.0, "unallocated_gpu_s": 0.0,
+     "entitlement_gpu_s": 0.0, "ratio": math.inf, "rank": 0},
+]  # fmt: skip
+
+
+class FakeSources:
+    """What Sources returns, from fixed rows; ``down`` makes every read fail as an unreachable stack does."""
+
+    def __init__(self, down: bool = False) -> None:
+        self.down = down
+
+    def _check(self) -> None:
+        if self.down:
+            raise Unavailable("Redis at redis://127.0.0.1:1/0 cannot be read: refused")
+
+    def share(self) -> dict[str, Any]:
+        self._check()
+        return {"meta": {"at": "2026-01-01T00:00:00+00:00", "window_s": 604800.0, "capacity_gpus": 8,
+                         "capacity_gpu_s": 14400.0}, "budgets": BUDGETS}  # fmt: skip
+
+    def queue(self) -> list[dict[str, Any]]:
+        self._check()
+        return [{"job_id": "j1", "budget": "lab/vision", "user": "carol", "state": "pending", "position": 0,
+                 "gpus_per_replica": 4, "replicas": 2, "min_runtime_s": 3600.0, "attempt": 1, "nodes": [],
+                 "started_at": None, "reason": "waiting_for_gpus: needs 2 node(s) with 4 free GPU(s)"}]  # fmt: skip
+
+    def nodes(self) -> list[dict[str, Any]]:
+        self._check()
+        return [{"node_id": "n1", "state": "draining", "gpu_count": 8, "free_gpus": 2, "gpu_model": "a100",
+                 "running": ["j0#1"], "last_heartbeat": "2026-01-01T00:00:00+00:00", "heartbeat_age_s": 3.0,
+                 "reason": "fan swap", "reason_by": "cli"}]  # fmt: skip
+
+    def explain(self, job_id: str) -> Explanation:
+        self._check()
+        if job_id != "j1":
+            return Explanation(job_id, False, [])
+        e = TimelineEntry("2026-01-01T00:00:00+00:00", "apportion.jobs:0@4", "JobPlaced", 1, "placed on n1",
+                          check={"match": False, "basis": None, "diffs": ["JobPlaced j1#1 differs"]})  # fmt: skip
+        return Explanation(job_id, True, [e])
+
+    def snapshots(self) -> list[Any]:
+        self._check()
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def client(tmp_path: Path, down: bool = False, sims: list[str] | None = None) -> TestClient:
+    settings = WebSettings(simulate_json=sims or [])
+    return TestClient(create_app(settings, FakeSources(down)))
+
+
+def test_tree_shows_each_budget_with_the_cli_values_and_an_infinite_ratio(tmp_path: Path) -> None:
+    r = client(tmp_path).get("/")
+    assert r.status_code == 200
+    assert 'data-budget="lab/vision"' in r.text
+    assert 'data-field="ratio" data-value="Infinity">inf<' in r.text
+    assert 'data-field="occupancy_gpu_s" data-value="7200.0">2.0<' in r.text
+    assert 'data-field="rank" data-value="null">' in r.text  # an inner budget has no rank
+
+
+def test_queue_shows_the_pending_reason_and_the_job_links_to_its_timeline(tmp_path: Path) -> None:
+    r = client(tmp_path).get("/queue")
+    assert 'data-field="reason" data-value="waiting_for_gpus: needs 2 node(s) with 4 free GPU(s)"' in r.text
+    assert 'href="/job/j1"' in r.text and 'data-value="2x4"' in r.text
+
+
+def test_job_page_says_when_a_rerun_decision_differs_and_when_a_job_is_unknown(tmp_path: Path) -> None:
+    c = client(tmp_path)
+    r = c.get("/job/j1")
+    assert 'id="verdict" data-value="false"' in r.text and "DIFFERS" in r.text and "JobPlaced j1#1 differs" in r.text
+    assert "Job nope is not in the log." in c.get("/job/nope").text
+
+
+def test_nodes_page_shows_state_reason_and_totals(tmp_path: Path) -> None:
+    r = client(tmp_path).get("/nodes")
+    assert 'data-field="state" data-value="draining"' in r.text and "fan swap" in r.text
+    assert 'data-field="free" data-value="2"' in r.text and 'data-field="total" data-value="8"' in r.text
+
+
+def test_an_unreachable_stack_gives_a_503_page_naming_it(tmp_path: Path) -> None:
+    c = client(tmp_path, down=True)
+    for page in ("/", "/queue", "/nodes", "/job/j1", "/budget?path=lab"):
+        r = c.get(page)
+        assert r.status_code == 503, page
+        assert "redis://127.0.0.1:1/0 cannot be read" in r.text
+    assert c.get("/healthz").text == "ok"  # reads nothing
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
+def test_the_dashboard_is_read_only(tmp_path: Path, method: str) -> None:
+    assert client(tmp_path).request(method, "/queue").status_code == 405
+
+
+def test_simulate_page_reports_a_file_that_is_not_a_simulate_json(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"hello": 1}))
+    r = client(tmp_path, sims=[str(bad), str(tmp_path / "missing.json")]).get("/simulate")
+    assert r.status_code == 200
+    assert "not the output of `apportion simulate --json`" in r.text
+    assert "No such file" in r.text
+
+
+def test_the_server_binds_loopback_by_default() -> None:
+    assert WebSettings().web_host == "127.0.0.1"
+    from services.web.__main__ import parse_args
+
+    assert parse_args(["--port", "9", "--simulate-json", "a.json"]) == {"web_port": 9, "simulate_json": ["a.json"]}
