@@ -64,38 +64,12 @@ def _error(res: Any) -> str:
 @pytest.fixture(scope="module")
 def stack(kafka_bootstrap: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """`stack up` of the services on the session's Kafka and Redis (a fresh namespace and Redis db)."""
-    import redis as redis_lib
+    from tests.livestack import live_stack
 
-    from apportion.cli import stack as stack_mod
-
-    run_dir = tmp_path_factory.mktemp("stack-run")
-    state = tmp_path_factory.mktemp("xdg-state")
-    prefix = f"truth{uuid.uuid4().hex[:8]}."
-    db_url = redis_url.rsplit("/", 1)[0] + "/11"
-    redis_lib.Redis.from_url(db_url).flushdb()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XDG_STATE_HOME", str(state))
-        for v in ("APPORTION_KAFKA_BOOTSTRAP", "APPORTION_REDIS_URL", "APPORTION_TOPIC_PREFIX", "APPORTION_STACK_DIR"):
-            mp.delenv(v, raising=False)
-        info = stack_mod.up(
-            run_dir,
-            sim_nodes=8,
-            gpus_per_node=8,
-            bootstrap=kafka_bootstrap,
-            redis_url=db_url,
-            prefix=prefix,
-            say=lambda *_: None,
-        )
-        env: dict[str, str | None] = {
-            "APPORTION_KAFKA_BOOTSTRAP": info.bootstrap,
-            "APPORTION_REDIS_URL": info.redis_url,
-            "APPORTION_TOPIC_PREFIX": prefix,
-            "XDG_STATE_HOME": str(state),
-        }
-        try:
-            yield Stack(info, env)
-        finally:
-            stack_mod.down(run_dir, say=lambda *_: None)
+    with live_stack(
+        kafka_bootstrap, redis_url, tmp_path_factory, name="truth", db=11, sim_nodes=8, gpus_per_node=8
+    ) as (info, env, _):
+        yield Stack(info, dict(env))
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -95,38 +94,18 @@ def _get(url: str) -> str:
 @pytest.fixture(scope="module")
 def stack(kafka_bootstrap: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """`stack up` on the session's Kafka and Redis, the story above, and the dashboard serving it."""
-    import redis as redis_lib
+    from tests.livestack import live_stack
 
-    from apportion.cli import stack as stack_mod
-
-    run_dir = tmp_path_factory.mktemp("web-run")
-    state = tmp_path_factory.mktemp("web-state")
-    prefix = f"web{uuid.uuid4().hex[:8]}."
-    db_url = redis_url.rsplit("/", 1)[0] + "/12"
-    redis_lib.Redis.from_url(db_url).flushdb()
     sim = tmp_path_factory.mktemp("web-sim")
     (sim / "t.csv").write_text(TRACE)
     (sim / "b.yaml").write_text(SIM_BUDGETS)
+    _simulate(sim)
     web: subprocess.Popen[bytes] | None = None
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XDG_STATE_HOME", str(state))
-        for v in ("APPORTION_KAFKA_BOOTSTRAP", "APPORTION_REDIS_URL", "APPORTION_TOPIC_PREFIX", "APPORTION_STACK_DIR"):
-            mp.delenv(v, raising=False)
-        info = stack_mod.up(
-            run_dir,
-            sim_nodes=2,
-            gpus_per_node=4,
-            bootstrap=kafka_bootstrap,
-            redis_url=db_url,
-            prefix=prefix,
-            say=lambda *_: None,
-        )
-        env = {
-            "APPORTION_KAFKA_BOOTSTRAP": info.bootstrap,
-            "APPORTION_REDIS_URL": info.redis_url,
-            "APPORTION_TOPIC_PREFIX": prefix,
-            "XDG_STATE_HOME": str(state),
-        }
+    with live_stack(kafka_bootstrap, redis_url, tmp_path_factory, name="web", db=12, sim_nodes=2, gpus_per_node=4) as (
+        info,
+        env,
+        run_dir,
+    ):
         s = Stack(info, env)
         try:
             s.run("budget", "apply", str(ROOT / "infra/budgets/example.yaml"))
@@ -151,7 +130,6 @@ def stack(kafka_bootstrap: str, redis_url: str, tmp_path_factory: pytest.TempPat
                 cwd=ROOT,
             )
             logf.close()
-            _simulate(sim)
             s.web = f"http://127.0.0.1:{port}"
             until(lambda: _healthy(s.web), "the dashboard to answer")
             yield s
@@ -159,7 +137,6 @@ def stack(kafka_bootstrap: str, redis_url: str, tmp_path_factory: pytest.TempPat
             if web is not None:
                 web.terminate()
                 web.wait(timeout=15)
-            stack_mod.down(run_dir, say=lambda *_: None)
 
 
 def _simulate(sim: Path) -> None:

@@ -1,0 +1,60 @@
+"""A live stack for integration tests: `apportion stack up` of the four services on the session's Kafka and
+Redis, in a namespace and Redis db of its own, stopped on exit (used by test_cli_truth and test_web_dashboard)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@contextmanager
+def live_stack(
+    kafka_bootstrap: str,
+    redis_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    *,
+    name: str,
+    db: int,
+    sim_nodes: int,
+    gpus_per_node: int,
+) -> Iterator[tuple[Any, dict[str, str], Path]]:
+    """``(stack info, CLI environment, run dir)`` of a fresh stack: topics under ``name<random>.``, Redis db
+    ``db`` flushed first, ``sim_nodes`` simulated nodes of ``gpus_per_node`` GPUs, the per-user state file in
+    a temp folder (``XDG_STATE_HOME``) so the developer's own stack is not touched."""
+    import redis as redis_lib
+
+    from apportion.cli import stack as stack_mod
+
+    run_dir = tmp_path_factory.mktemp(f"{name}-run")
+    state = tmp_path_factory.mktemp(f"{name}-state")
+    prefix = f"{name}{uuid.uuid4().hex[:8]}."
+    db_url = redis_url.rsplit("/", 1)[0] + f"/{db}"
+    redis_lib.Redis.from_url(db_url).flushdb()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_STATE_HOME", str(state))
+        for v in ("APPORTION_KAFKA_BOOTSTRAP", "APPORTION_REDIS_URL", "APPORTION_TOPIC_PREFIX", "APPORTION_STACK_DIR"):
+            mp.delenv(v, raising=False)
+        info = stack_mod.up(
+            run_dir,
+            sim_nodes=sim_nodes,
+            gpus_per_node=gpus_per_node,
+            bootstrap=kafka_bootstrap,
+            redis_url=db_url,
+            prefix=prefix,
+            say=lambda *_: None,
+        )
+        env = {
+            "APPORTION_KAFKA_BOOTSTRAP": info.bootstrap,
+            "APPORTION_REDIS_URL": info.redis_url,
+            "APPORTION_TOPIC_PREFIX": prefix,
+            "XDG_STATE_HOME": str(state),
+        }
+        try:
+            yield info, env, run_dir
+        finally:
+            stack_mod.down(run_dir, say=lambda *_: None)
