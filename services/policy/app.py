@@ -128,7 +128,12 @@ class PolicyService:
 
     def flush(self) -> list[Any]:
         """Publish the rejections and ranking now owed; returns them."""
+        import time
+
+        t0 = time.perf_counter()
         self.state, out = logic.decide(self.state, self.clock.now())
+        if out and "decide" in self._m:
+            self._m["decide"].observe(time.perf_counter() - t0)
         for ev in out:
             self.publish(ev)
             if ev.type == "BudgetRejected":

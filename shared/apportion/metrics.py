@@ -36,14 +36,12 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from apportion.domain.budgets import ancestors_of
 
 __all__ = [
-    "NODE_STATES",
     "Sample",
     "budget_samples",
     "queue_samples",
@@ -60,16 +58,12 @@ __all__ = [
     "count_preemptions",
 ]
 
-#: Node states (DESIGN section 1); ``apportion_node_state`` has one series per state, 1 for the current one.
-NODE_STATES = ("ready", "cordoned", "draining", "drained", "lost")
-
 #: Job states whose GPUs count as held by the job (the dispatcher's read model ``state`` field).
 HOLDING_STATES = ("placed", "running", "stopping", "preempting")
 
 
-@dataclass(frozen=True)
-class Sample:
-    """One sample of a gauge family: ``name{labels} value``."""
+class Sample(NamedTuple):
+    """One sample of a gauge family: ``name{labels} value`` (a tuple: scrapes of large clusters build many)."""
 
     name: str
     labels: tuple[tuple[str, str], ...]
@@ -93,7 +87,7 @@ HELP: dict[str, str] = {
     "apportion_budget_pending_gpus": "GPUs asked for by the pending jobs of the budget or below (g x k)",
     "apportion_budget_running_jobs": "Jobs of the budget or below holding GPUs (placed, running, stopping)",
     "apportion_budget_running_gpus": "GPUs held by the jobs of the budget or below",
-    "apportion_node_state": "1 for the node's current state, 0 for the others",
+    "apportion_node_state": "1, labelled with the node's current state (ready, cordoned, draining, drained, lost)",
     "apportion_node_gpus": "GPUs of the node",
     "apportion_node_free_gpus": "GPUs of the node not held by any run",
     "apportion_node_info": "1 per node, with its GPU model as a label",
@@ -159,7 +153,7 @@ def queue_samples(jobs: Iterable[Mapping[str, Any]], budgets: Iterable[str] = ()
     Returns:
         four samples per budget, in path order.
     """
-    counts: dict[str, list[float]] = {b: [0.0, 0.0, 0.0, 0.0] for b in budgets}
+    leaves: dict[str, list[float]] = {}  # per budget named by a job first, then onto its ancestors
     for j in jobs:
         state = j.get("state")
         if state == "pending":
@@ -168,11 +162,18 @@ def queue_samples(jobs: Iterable[Mapping[str, Any]], budgets: Iterable[str] = ()
             at = 2
         else:
             continue
-        gpus = float(j.get("gpus_per_replica", 0)) * float(j.get("replicas", 1))
-        for path in ancestors_of(str(j.get("budget", ""))):
-            c = counts.setdefault(path, [0.0, 0.0, 0.0, 0.0])
-            c[at] += 1
-            c[at + 1] += gpus
+        budget = str(j.get("budget", ""))
+        c = leaves.get(budget)
+        if c is None:
+            c = leaves[budget] = [0.0, 0.0, 0.0, 0.0]
+        c[at] += 1
+        c[at + 1] += float(j.get("gpus_per_replica", 0)) * float(j.get("replicas", 1))
+    counts: dict[str, list[float]] = {b: [0.0, 0.0, 0.0, 0.0] for b in budgets}
+    for budget, c in leaves.items():
+        for path in ancestors_of(budget):
+            total = counts.setdefault(path, [0.0, 0.0, 0.0, 0.0])
+            for i in range(4):
+                total[i] += c[i]
     names = (
         "apportion_budget_pending_jobs",
         "apportion_budget_pending_gpus",
@@ -192,17 +193,15 @@ def node_samples(nodes: Iterable[Mapping[str, Any]], now: datetime | None) -> li
         now: event time the heartbeat age is measured at; None leaves the age out.
 
     Returns:
-        per node: one ``apportion_node_state`` per state of :data:`NODE_STATES`, GPUs, free GPUs, info, and
+        per node: ``apportion_node_state`` = 1 labelled with its current state (one series per node, so a
+        state change ends the old series; count by state with ``sum by (state)``), GPUs, free GPUs, info, and
         the heartbeat age in seconds (never negative) when the row has a heartbeat.
     """
     out: list[Sample] = []
     for n in sorted(nodes, key=lambda n: str(n.get("node_id", ""))):
         node = str(n.get("node_id", ""))
         lab = (("node", node),)
-        out += [
-            Sample("apportion_node_state", (("node", node), ("state", s)), 1.0 if n.get("state") == s else 0.0)
-            for s in NODE_STATES
-        ]
+        out.append(Sample("apportion_node_state", (("node", node), ("state", str(n.get("state", "")))), 1.0))
         out.append(Sample("apportion_node_gpus", lab, float(n.get("gpu_count", 0))))
         out.append(Sample("apportion_node_free_gpus", lab, float(n.get("free_gpus", 0))))
         out.append(Sample("apportion_node_info", (("node", node), ("model", str(n.get("gpu_model") or ""))), 1.0))
@@ -487,11 +486,17 @@ def accounting_metrics(registry: Any) -> dict[str, Any]:
 
 
 def policy_metrics(registry: Any) -> dict[str, Any]:
-    """The policy's families: what it published, by event type, and its reader edge."""
-    from prometheus_client import Counter
+    """The policy's families: what it published, by event type, its decision time, and its reader edge."""
+    from prometheus_client import Counter, Histogram
 
     m: dict[str, Any] = {
         "published": Counter("apportion_policy_published", "Events published", ["type"], registry=registry),
+        "decide": Histogram(
+            "apportion_policy_decide_seconds",
+            "Wall time of one decision that published something (validate budget changes, rank the leaves)",
+            registry=registry,
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5),
+        ),
         "reader": ReaderCollector(),
     }
     registry.register(m["reader"])

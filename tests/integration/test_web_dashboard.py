@@ -425,7 +425,7 @@ def test_dispatcher_metrics_report_the_queue_and_the_nodes_of_the_read_model(sta
         assert _one(m, "apportion_node_gpus", node=node) == n["gpu_count"] == 4
         assert _one(m, "apportion_node_free_gpus", node=node) == n["free_gpus"]
         assert _one(m, "apportion_node_state", node=node, state=n["state"]) == 1
-        assert sum(v for lab, v in m["apportion_node_state"] if lab["node"] == node) == 1
+        assert [lab["state"] for lab, _ in m["apportion_node_state"] if lab["node"] == node] == [n["state"]]
         assert _one(m, "apportion_node_info", node=node, model=n["gpu_model"] or "") == 1
         assert 0 <= _one(m, "apportion_node_heartbeat_age_seconds", node=node) < 60
     assert _one(m, "apportion_dispatcher_leader") == 1
@@ -439,6 +439,7 @@ def test_policy_and_node_agent_metrics(stack: Stack) -> None:
     pol = _scrape(stack.info.metrics["policy"])
     _common(pol, {p + topics.BUDGETS.name, p + topics.USAGE.name})
     assert _one(pol, "apportion_policy_published_total", type="FairShareRanking") > 0
+    assert _one(pol, "apportion_policy_decide_seconds_count") > 0
     agent = _scrape(stack.info.metrics["node_agent"])
     _common(agent, {p + topics.COMMANDS.name, p + topics.NODES.name})
     assert _one(agent, "apportion_node_agent_running") == 2  # busy-v and busy-r, one replica each

@@ -34,8 +34,8 @@ def exported_names() -> set[str]:
     add_process_collectors(reg)
     d = m.dispatcher_metrics(reg, lambda: datetime(2026, 1, 1, tzinfo=UTC))
     a = m.accounting_metrics(reg)
-    m.policy_metrics(CollectorRegistry())
-    m.node_agent_metrics(CollectorRegistry())
+    m.policy_metrics(reg)["decide"].observe(0.001)
+    m.node_agent_metrics(reg)
     a["budgets"].update({"at": "2026-01-01T00:00:00+00:00", "window_s": 1.0, "capacity_gpus": 1, "capacity_gpu_s": 1.0},
                         {"b": {"share": 1.0, "rank": 0, "ratio": 0.0}})  # fmt: skip
     d["queue"].update(

@@ -119,12 +119,12 @@ NODES = [
 ]  # fmt: skip
 
 
-def test_node_gauges_one_state_series_per_state_and_the_heartbeat_age() -> None:
+def test_node_gauges_the_current_state_gpus_model_and_the_heartbeat_age() -> None:
     from datetime import timedelta
 
     got = {(s.name, s.labels): s.value for s in node_samples(NODES, T0 + timedelta(seconds=12.5))}
-    states = {lab[1][1]: v for (name, lab), v in got.items() if name == "apportion_node_state" and lab[0][1] == "n2"}
-    assert states == {"ready": 0.0, "cordoned": 1.0, "draining": 0.0, "drained": 0.0, "lost": 0.0}
+    states = {lab: v for (name, lab), v in got.items() if name == "apportion_node_state"}
+    assert states == {(("node", "n1"), ("state", "ready")): 1.0, (("node", "n2"), ("state", "cordoned")): 1.0}
     assert got[("apportion_node_gpus", (("node", "n2"),))] == 8.0
     assert got[("apportion_node_free_gpus", (("node", "n2"),))] == 3.0
     assert got[("apportion_node_info", (("node", "n2"), ("model", "a100")))] == 1.0
