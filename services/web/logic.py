@@ -17,8 +17,10 @@ from apportion.timeutil import to_us
 
 
 def fmt_gpu_h(gpu_s: Any) -> str:
-    """GPU-seconds as GPU-hours with one decimal (the CLI's ``O GPU-h`` columns)."""
-    return f"{float(gpu_s or 0.0) / 3600:.1f}"
+    """GPU-seconds as GPU-hours: one decimal as the CLI's ``O GPU-h`` columns, two below 10 GPU-h (a young
+    window is not all zeros). The exact GPU-seconds are the cell's ``data-value``."""
+    h = float(gpu_s or 0.0) / 3600
+    return f"{h:.2f}" if h < 10 else f"{h:.1f}"
 
 
 def tree_rows(budgets: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -78,7 +78,7 @@ def test_tree_shows_each_budget_with_the_cli_values_and_an_infinite_ratio(tmp_pa
     assert r.status_code == 200
     assert 'data-budget="lab/vision"' in r.text
     assert 'data-field="ratio" data-value="Infinity">inf<' in r.text
-    assert 'data-field="occupancy_gpu_s" data-value="7200.0">2.0<' in r.text
+    assert 'data-field="occupancy_gpu_s" data-value="7200.0">2.00<' in r.text
     assert 'data-field="rank" data-value="null">' in r.text  # an inner budget has no rank
 
 

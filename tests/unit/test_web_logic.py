@@ -75,4 +75,4 @@ def test_tree_rows_depth_and_name_in_path_order() -> None:
 
 def test_gpu_totals_and_hours() -> None:
     assert gpu_totals([{"free_gpus": 3, "gpu_count": 8}, {"free_gpus": 0, "gpu_count": 4}]) == (3, 12)
-    assert fmt_gpu_h(5400.0) == "1.5"
+    assert (fmt_gpu_h(5400.0), fmt_gpu_h(90.0), fmt_gpu_h(36000.0 * 12.34)) == ("1.50", "0.03", "123.4")
