@@ -128,7 +128,11 @@ def create_app(settings: WebSettings, sources: Sources | None = None) -> Any:
             row = next((j for j in src.queue() if j.get("job_id") == job_id), None)
             return {"job_id": job_id, "ex": ex, "row": row}
 
-        return _lazy(render, request, "job", "job.html", ctx)
+        try:
+            values = ctx()
+        except Unavailable as exc:
+            return render(request, "job", "error.html", status=503, message=str(exc))
+        return render(request, "job", "job.html", status=200 if values["ex"].found else 404, **values)
 
     def nodes(request: Request) -> Response:
         def ctx() -> dict[str, Any]:

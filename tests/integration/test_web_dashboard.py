@@ -187,14 +187,17 @@ def browser() -> Iterator[Any]:
 
 
 def _open(browser: Any, url: str, shot: str) -> None:
-    """Load ``url`` (status 200 checked from the title: the error page says "unavailable"), screenshot it."""
+    """Load ``url`` (the error page's title says "unavailable"), save a screenshot of the whole page."""
+    import base64
+
     from selenium.webdriver.common.by import By
 
     browser.get(url)
     assert "unavailable" not in browser.title, browser.find_element(By.TAG_NAME, "main").text
-    height = browser.execute_script("return document.body.scrollHeight")
-    browser.set_window_size(1400, max(600, min(int(height) + 40, 4000)))
-    assert browser.save_screenshot(str(SHOTS / f"{shot}.png"))
+    size = browser.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    clip = {"x": 0, "y": 0, "width": size["width"], "height": min(size["height"], 6000), "scale": 1}
+    shot_png = browser.execute_cdp_cmd("Page.captureScreenshot", {"captureBeyondViewport": True, "clip": clip})
+    (SHOTS / f"{shot}.png").write_bytes(base64.b64decode(shot_png["data"]))  # the whole page, not the window
 
 
 def _values(browser: Any, row_selector: str, key: str) -> dict[str, dict[str, str]]:

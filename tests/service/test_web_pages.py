@@ -92,7 +92,8 @@ def test_job_page_says_when_a_rerun_decision_differs_and_when_a_job_is_unknown(t
     c = client(tmp_path)
     r = c.get("/job/j1")
     assert 'id="verdict" data-value="false"' in r.text and "DIFFERS" in r.text and "JobPlaced j1#1 differs" in r.text
-    assert "Job nope is not in the log." in c.get("/job/nope").text
+    missing = c.get("/job/nope")
+    assert missing.status_code == 404 and "Job nope is not in the log." in missing.text
 
 
 def test_nodes_page_shows_state_reason_and_totals(tmp_path: Path) -> None:

@@ -495,6 +495,7 @@ def plot_goodput(reports: list[PolicyReport], path: Any) -> None:
     lost = [r.lost_gpu_h for r in reports]
     b3 = right.bar(x, lost, 0.6, color="#de2d26")
     right.bar_label(b3, labels=[f"{r.lost_gpu_h:,.0f} ({r.lost_pct:.1f}%)" for r in reports], fontsize=7)
+    right.set_ylim(0, max(lost) * 1.15 if any(lost) else 1.0)
     right.set_ylabel("GPU-hours")
     right.set_title("work lost (since each preempted run's last checkpoint)")
     for ax in (left, right):
