@@ -305,9 +305,12 @@ async def run(
             ready.set()
         stopping = asyncio.ensure_future(stop.wait())
 
-        async def measure_lag() -> None:
+        async def measure_lag() -> None:  # metrics only: a failed measurement is logged and retried
             while True:
-                metrics["reader"].set_lag(await consumer_lag(app, (BUDGETS.name, USAGE.name)))
+                try:
+                    metrics["reader"].set_lag(await consumer_lag(app, (BUDGETS.name, USAGE.name)))
+                except Exception:  # noqa: BLE001 - never let the lag gauge stop the service
+                    log.warning("could not measure the consumer lag", exc_info=True)
                 await asyncio.sleep(LAG_EVERY_S)
 
         lagging = asyncio.ensure_future(measure_lag())
