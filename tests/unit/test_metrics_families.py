@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -197,3 +198,35 @@ def test_preemptions_are_counted_by_budget_and_reason_with_their_work_lost() -> 
         got[("apportion_budget_preemptions_total", (("budget", "lab/prior/robotics"), ("reason", "unallocated")))] == 1
     )
     assert got[("apportion_budget_work_lost_gpu_seconds_total", (("budget", "lab/vision"),))] == 150.0
+
+
+class _FakeKafka:
+    """A kafka-python consumer as partition_lag sees it: high watermarks and positions."""
+
+    def __init__(self, hw: dict[Any, int | None], pos: dict[Any, int], fail: bool = False) -> None:
+        self.hw, self.pos, self.fail = hw, pos, fail
+
+    def highwater(self, tp: Any) -> int | None:
+        return self.hw[tp]
+
+    def position(self, tp: Any) -> int:
+        if self.fail:
+            raise RuntimeError("partition is being reassigned")
+        return self.pos[tp]
+
+
+def test_lag_is_high_watermark_minus_position_and_a_failed_measurement_never_fails_the_poll() -> None:
+    from kafka import TopicPartition
+
+    from apportion.bus.consumer import LagMeter, partition_lag
+
+    a, b, c = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("u", 0)
+    kc = _FakeKafka({a: 10, b: None, c: 5}, {a: 7, b: 0, c: 5})
+    assert partition_lag(kc, [a, b, c]) == {("t", 0): 3, ("u", 0): 0}  # b: no fetch answered yet
+    got: list[dict[tuple[str, int], int]] = []
+    meter = LagMeter(every_s=0.0)
+    meter.after_poll(kc, lambda: [a])  # no sink yet: nothing measured
+    meter.sink = got.append
+    meter.after_poll(kc, lambda: [a])
+    meter.after_poll(_FakeKafka({a: 1}, {a: 0}, fail=True), lambda: [a])
+    assert got == [{("t", 0): 3}]

@@ -82,7 +82,8 @@ class LagMeter:
     """Measures a poll loop's consumer lag at most every ``every_s`` wall seconds and hands it to ``sink``.
 
     ``sink`` (e.g. :meth:`apportion.metrics.ReaderCollector.set_lag`) is None until a service sets it; then
-    :meth:`after_poll`, called by the consumer after each poll, measures :func:`partition_lag`.
+    :meth:`after_poll`, called by the consumer after each poll, measures :func:`partition_lag`. A measurement
+    that raises (a rebalance under way, a broker that does not answer) is skipped: it never fails the poll.
     """
 
     def __init__(self, every_s: float = LAG_EVERY_S) -> None:
@@ -100,7 +101,12 @@ class LagMeter:
         if now - self._at < self.every_s:
             return
         self._at = now
-        self.sink(partition_lag(kc, partitions()))
+        try:
+            lag = partition_lag(kc, partitions())
+        except Exception:  # noqa: BLE001 - a rebalance or a slow broker: metrics only, measured next time
+            log.debug("could not measure the consumer lag", exc_info=True)
+            return
+        self.sink(lag)
 
 
 @dataclass(slots=True)
