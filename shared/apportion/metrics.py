@@ -33,6 +33,7 @@ connects at import time.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -40,6 +41,8 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from apportion.domain.budgets import ancestors_of
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Sample",
@@ -235,8 +238,15 @@ class BudgetCollector:
         self._samples: list[Sample] = []
 
     def update(self, meta: Mapping[str, Any] | None, rows: Mapping[str, Mapping[str, Any]]) -> None:
-        """Replace the rows reported (any budget not in ``rows`` disappears from the scrape)."""
-        samples = budget_samples(meta, rows)
+        """Replace the rows reported (any budget not in ``rows`` disappears from the scrape).
+
+        Rows it cannot read are logged and the previous ones kept: metrics never stop a service.
+        """
+        try:
+            samples = budget_samples(meta, rows)
+        except (TypeError, ValueError, KeyError):
+            log.exception("budget rows not turned into metrics; the previous ones stay")
+            return
         with self._lock:
             self._samples = samples
 
@@ -268,8 +278,15 @@ class QueueCollector:
     def update(
         self, jobs: Mapping[str, Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]], budgets: Iterable[str]
     ) -> None:
-        """Replace the rows reported: ``jobs`` and ``nodes`` as written to Redis, ``budgets`` the tree's paths."""
-        queue = queue_samples(jobs.values(), budgets)
+        """Replace the rows reported: ``jobs`` and ``nodes`` as written to Redis, ``budgets`` the tree's paths.
+
+        Rows it cannot read are logged and the previous ones kept: metrics never stop a service.
+        """
+        try:
+            queue = queue_samples(jobs.values(), budgets)
+        except (TypeError, ValueError, KeyError):
+            log.exception("job rows not turned into metrics; the previous ones stay")
+            return
         with self._lock:
             self._queue, self._nodes = queue, list(nodes.values())
 

@@ -77,6 +77,7 @@ def test_budget_collector_reports_the_latest_rows_and_forgets_removed_budgets() 
     c.update(META, ROWS)
     assert _scrape(reg)[("apportion_budget_share", (("budget", "lab/vision"),))] == 0.4
     c.update(META, {"lab": ROWS["lab"]})
+    c.update({"at": "yesterday"}, ROWS)  # unreadable: logged, the previous rows stay
     got = _scrape(reg)
     assert ("apportion_budget_share", (("budget", "lab/vision"),)) not in got
     assert got[("apportion_budget_usage_ratio", (("budget", "lab"),))] == 0.125
