@@ -82,6 +82,7 @@ def test_a_job_that_fits_only_on_reserved_nodes_is_reserved_by_the_holder() -> N
     w.run("r1", "lab/b", {"n0": (0, 1, 2, 3)}, started=h(9.5))
     w.run("r2", "lab/b", {"n1": (0, 1)}, started=h(9.75))
     w.job("big", "lab/a", gpus=4, submitted=h(1), queued=h(8)).job("small", "lab/a", gpus=2, submitted=h(2))
+    w.occupancy = {"lab/b": 400.0, "lab": 400.0}  # r_b = 0.8 > r_a = 0 + delta: lab/b's runs are victims once expired
     res = cycle(w)
     assert res.reservation == ("big", ("n1",)) and res.events == []
     assert res.reasons["small"] == ReservedBy(holder="big", nodes=("n1",))
@@ -154,6 +155,7 @@ def test_an_allocated_job_facing_protected_runs_is_protected_until_the_first_end
     w.run("late", "lab/b", {"n0": (0, 1)}, started=h(9.75))  # protected until 10.75 h
     w.run("early", "lab/b", {"n1": (0, 1)}, started=h(9.5))  # protected until 10.5 h
     w.job("a1", "lab/a", gpus=2)
+    w.occupancy = {"lab/b": 400.0, "lab": 400.0}  # r_b = 0.8 > r_a = 0 + delta: lab/b's runs are victims once expired
     reason = explained(w)["a1"]
     assert reason == ProtectedUntil(until_us=h(10.5), job_id="early", budget="lab/b")
     assert reason.text() == (
@@ -230,3 +232,15 @@ def test_patience_names_the_work_the_cheapest_plan_would_throw_away_and_when_the
     got = explained(w)["j"]
     assert got == Patience(8 * 36000.0, 1, 1800.0, NOW - s_to_us(1800) + s_to_us(7200))
     assert got.text().startswith("patience: its budget has its share")
+
+
+def test_protected_runs_of_a_budget_that_is_not_behind_are_not_a_wait_but_a_budget_ahead() -> None:
+    # the trial's case: every GPU is held by protected runs of lab/b, which is *less* used than lab/a (r_b = 0.2,
+    # r_a = 1.6): they would not be preempted for a1 once expired either, so naming their protection end would
+    # promise a start that is not coming
+    w = World().node("n0", 2).run("p", "lab/b", {"n0": (0, 1)}, started=h(9.5))
+    w.job("a1", "lab/a", gpus=2)
+    w.occupancy = {"lab/a": 800.0, "lab/b": 100.0, "lab": 900.0}
+    reason = explained(w)["a1"]
+    assert isinstance(reason, BudgetAhead)
+    assert (reason.budget, reason.holder, reason.rule) == ("lab/a", "lab/b", "not_behind")

@@ -25,7 +25,9 @@ The first of these that applies is the reason (``kind``, stable for scripts):
    reversal); the one closest to being behind is named.
 6. :class:`ProtectedUntil` (``protected_until``): an allocated job, and the
    allocated runs of other leaves on those nodes are all protected; the
-   earliest protection end is named.
+   earliest protection end among the runs whose leaves are behind the job's
+   by delta (:func:`branch_rule` with no charge) is named. When none of them would be (their leaves
+   are not behind), :class:`BudgetAhead` names the first such leaf instead.
 7. :class:`Patience` (``patience``): the cycle found a preemption plan and
    :func:`~apportion.domain.preemption.patience_rule` made the job wait (its
    budget has its share, and the work the plan would throw away is more
@@ -160,7 +162,8 @@ class BudgetAhead:
     Attributes:
         budget: the job's leaf; ``budget_rank`` its place in the cycle's budget order (0 first),
             ``ratio`` its r after the cycle's provisional charges.
-        holder: the leaf with expired runs there that comes closest to being behind (largest
+        holder: the leaf with expired runs there that comes closest to being behind (or, when all runs
+            there are protected, the first leaf holding them that is not behind) (largest
             ``holder_ratio - preemptor_ratio``, ties by path).
         lca: their lowest common ancestor; ``holder_ratio``, ``preemptor_ratio``: r of the two
             branches there; ``delta``: the hysteresis the rule asks for.
@@ -423,7 +426,20 @@ def _classify(
         rule, rv, rb, _ = branch_rule(lca, vb, bb, view, cfg.delta, charge, moves)
         if rule != RULE_EXPIRED_BEHIND:
             return BudgetAhead(leaf, budget_rank.get(leaf, -1), view.ratio(leaf), v, lca, rv, rb, cfg.delta, rule)
+    # a protected run names the wait only if its leaf is behind this one's by delta (branch_rule without the
+    # job's charge: the after-move test moves with the window, the order of r is what decides): else it
+    # would not be a victim once expired either, and the budget is what blocks
+    ahead: BudgetAhead | None = None
     for until, job_id, budget in scan.protected:
-        if budget != leaf:
+        br = branches_of(budget, leaf) if budget != leaf else None
+        if br is None:
+            continue
+        lca, vb, bb = br
+        rule, rv, rb, _ = branch_rule(lca, vb, bb, view, cfg.delta, 0.0, moves)
+        if rule == RULE_EXPIRED_BEHIND:
             return ProtectedUntil(until if until < UNTIL_STARTED else None, job_id, budget)
+        if ahead is None:
+            ahead = BudgetAhead(leaf, budget_rank.get(leaf, -1), view.ratio(leaf), budget, lca, rv, rb, cfg.delta, rule)
+    if ahead is not None:
+        return ahead
     return NoFreeGpus(g, k, model, scan.fitting, True, True)
