@@ -136,7 +136,7 @@ def test_an_allocated_job_not_behind_by_delta_is_budget_ahead() -> None:
         rule="not_behind",
     )
     assert reason.text() == (
-        "budget_ahead: lab/a (budget rank 0, r 0.600) may not preempt the expired runs there (not_behind): "
+        "budget_ahead: lab/a (budget rank 0, r 0.600) may not preempt the runs there (not_behind): "
         "the closest, lab/b, has r 0.620 at lab against 0.600 + delta 0.05"
     )
     # lab/b at 34,000 (r 0.68) is behind by delta, and a1's charge 4 * 60 GPU-s leaves lab/a at 0.6048 <= 0.68:

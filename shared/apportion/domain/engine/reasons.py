@@ -186,7 +186,7 @@ class BudgetAhead:
         """One line for people, ``kind: facts``."""
         return (
             f"{self.kind}: {self.budget} (budget rank {self.budget_rank}, r {self.ratio:.3f}) may not preempt "
-            f"the expired runs there ({self.rule}): the closest, {self.holder}, has r {self.holder_ratio:.3f} "
+            f"the runs there ({self.rule}): the closest, {self.holder}, has r {self.holder_ratio:.3f} "
             f"at {self.lca or '/'} against {self.preemptor_ratio:.3f} + delta {self.delta:g}"
         )
 
