@@ -138,6 +138,7 @@ def dispatch_config(settings: DispatcherSettings) -> DispatchConfig:
         ),
         heartbeat_timeout_s=settings.heartbeat_timeout_s if settings.heartbeat_timeout_s > 0 else None,
         producer=settings.producer_name,
+        reconcile_misses=settings.reconcile_misses if settings.reconcile_misses > 0 else None,
     )
 
 

@@ -30,6 +30,9 @@ class DispatcherSettings(ServiceSettings):
         patience_s: longest wait of a job at or over its share before it preempts whatever the
             work lost (``preemption.patience_rule``; 0 = off).
         producer_name: written as ``producer`` on events.
+        reconcile_misses: consecutive heartbeats of a node that must disagree
+            with the runs before a missing replica is lost or an unknown one
+            stopped (:mod:`apportion.domain.reconcile`); 0 disables.
     """
 
     instance_id: str = ""
@@ -42,6 +45,7 @@ class DispatcherSettings(ServiceSettings):
     reservation_after_s: float = 3600.0
     patience_s: float = PATIENCE_S
     producer_name: str = "dispatcher"
+    reconcile_misses: int = 2
 
     def owner(self) -> str:
         """This instance's lease owner id."""

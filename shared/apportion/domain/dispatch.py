@@ -67,6 +67,7 @@ from apportion.domain.engine import (
     stop_event,
 )
 from apportion.domain.occupancy import OccupancyLedger
+from apportion.domain.reconcile import Absences, findings, observe
 from apportion.events import (
     BudgetBatch,
     BudgetRemoved,
@@ -89,6 +90,7 @@ from apportion.events import (
     NodeLost,
     NodeUncordoned,
     RejectReason,
+    StopWorkload,
     WorkloadRefused,
     det_id,
 )
@@ -143,6 +145,12 @@ class DispatchConfig:
         heartbeat_timeout_s: seconds without a heartbeat before ``NodeLost``;
             ``None`` disables the check (simulations without heartbeats).
         producer: ``producer`` of emitted events.
+        reconcile_misses: compare each heartbeat's running list with the
+            runs (:mod:`apportion.domain.reconcile`): a replica missing from
+            this many consecutive heartbeats of its node is lost, a replica
+            listed by as many but unknown there is stopped; ``None`` disables
+            it (simulations whose heartbeats list nothing). The dispatcher
+            service runs with 2.
         scheduler: the cycle function ``(snapshot, now_us, engine_config) ->
             events``; ``None`` is :func:`engine.schedule` (the simulator's
             baselines swap it). A function with the attribute
@@ -157,6 +165,7 @@ class DispatchConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     heartbeat_timeout_s: float | None = 30.0
     producer: str = "dispatcher"
+    reconcile_misses: int | None = None
     scheduler: Callable[[CycleSnapshot, Micros, EngineConfig], list[Event]] | None = None
 
 
@@ -211,6 +220,7 @@ class DispatchState:
         awaiting: preemptor run -> victims it still waits for before starting.
         draining: ids of draining nodes.
         seen: event ids already folded (de-duplication).
+        absences: heartbeats that disagreed with the runs (:class:`~apportion.domain.reconcile.Absences`).
     """
 
     __slots__ = (
@@ -224,6 +234,7 @@ class DispatchState:
         "awaiting",
         "draining",
         "seen",
+        "absences",
         "_ledger_on",
         "_shapes",
         "_memo",
@@ -242,6 +253,7 @@ class DispatchState:
         self.awaiting: dict[RunKey, frozenset[RunKey]] = {}
         self.draining: set[str] = set()
         self.seen: set[Any] = set()
+        self.absences = Absences()
         self._ledger_on = True
         self._shapes: list[NodeShape] | None = None
         # engine memo across cycles, keyed by pending-list identity (lists are copy-on-write)
@@ -269,6 +281,7 @@ class DispatchState:
         other.awaiting = dict(self.awaiting)
         other.draining = set(self.draining)
         other.seen = set()
+        other.absences = Absences()  # a scratch cycle folds no heartbeats
         other._shapes = None
         other._memo = self._memo  # entries are keyed by list identity: safe to share
         other._victims = None  # a scratch cycle indexes its own runs and nodes
@@ -454,7 +467,9 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         state.ledger.apply(ev)
     state.cluster.apply(ev)
     cls = type(ev)
-    if cls.__name__.startswith("Node") and cls is not NodeHeartbeat:
+    if cls is NodeHeartbeat:
+        observe(state.absences, state.cluster, state.awaiting, ev)  # type: ignore[arg-type]
+    elif cls.__name__.startswith("Node"):
         state._shapes = None
     jobs = state.jobs
     if isinstance(ev, JobQueued):
@@ -714,6 +729,8 @@ def decide(
         return undo_refused_start(state, inp, ts, prod)
     if isinstance(inp, NodeLost):
         return _node_lost(state, inp.node_id, to_us(inp.last_heartbeat), ts, prod, emit_lost=None, grace_s=grace)
+    if isinstance(inp, NodeHeartbeat) and cfg.reconcile_misses is not None:
+        return reconcile_events(state, inp, ts, prod, cfg.reconcile_misses, grace)
     return out
 
 
@@ -878,36 +895,97 @@ def _node_lost(
         )
     for key in sorted(state.cluster.node_runs.get(nid, ())):
         run = state.cluster.runs.get(key)
-        rec = state.jobs.get(key[0])
         if run is None:
             continue
         if emit_lost is not None:
             if key in emit_lost:
                 continue  # a gang on two nodes lost in one pass: handled with the first
             emit_lost.add(key)
-        survivors = False
-        if not run.stopping:
-            out.append(
-                JobLost(
-                    event_id=det_id("JobLost", run.job_id, run.attempt),
-                    ts=ts,
-                    producer=prod,
-                    job_id=run.job_id,
-                    attempt=run.attempt,
-                    node_id=nid,
-                    charged_until=from_us(last_hb_us),
-                    lost_gpu_s=work_lost_gpu_s(run, last_hb_us),
-                )
+        out.extend(_lose_run(state, run, nid, last_hb_us, ts, prod, grace_s))
+    return out
+
+
+def _lose_run(
+    state: DispatchState,
+    run: Any,
+    nid: str,
+    charged_us: Micros,
+    ts: Any,
+    prod: str,
+    grace_s: float,
+    reason: str = "node lost",
+) -> list[Event]:
+    """``run`` is lost on node ``nid``: ``JobLost`` (unless stopping), stops elsewhere, requeue if nothing survives.
+
+    ``JobLost`` is charged until ``charged_us`` (:func:`~apportion.domain.cluster.work_lost_gpu_s`);
+    the gang's open replicas on other nodes get ``StopWorkload`` with the grace period ``grace_s``
+    (grace 0 on a node that is lost too); without such survivors the job is requeued at once.
+    """
+    out: list[Event] = []
+    rec = state.jobs.get(run.job_id)
+    survivors = False
+    if not run.stopping:
+        out.append(
+            JobLost(
+                event_id=det_id("JobLost", run.job_id, run.attempt),
+                ts=ts,
+                producer=prod,
+                job_id=run.job_id,
+                attempt=run.attempt,
+                node_id=nid,
+                charged_until=from_us(charged_us),
+                lost_gpu_s=work_lost_gpu_s(run, charged_us),
             )
-            for r in sorted(run.open_replicas):
-                p = run.placements[r]
-                if p.node_id != nid:
-                    other = state.cluster.nodes.get(p.node_id)
-                    lost_too = other is None or other.state == "lost"
-                    survivors = survivors or not lost_too
-                    out.append(stop_event(run, r, ts, 0.0 if lost_too else grace_s, prod, "gang replica lost"))
-        if rec is not None and rec.attempt == run.attempt and not survivors:
-            out.append(requeue_event(rec, run.attempt, ts, prod, "node lost"))
+        )
+        for r in sorted(run.open_replicas):
+            p = run.placements[r]
+            if p.node_id != nid:
+                other = state.cluster.nodes.get(p.node_id)
+                lost_too = other is None or other.state == "lost"
+                survivors = survivors or not lost_too
+                out.append(stop_event(run, r, ts, 0.0 if lost_too else grace_s, prod, "gang replica lost"))
+    if rec is not None and rec.attempt == run.attempt and not survivors:
+        out.append(requeue_event(rec, run.attempt, ts, prod, reason))
+    return out
+
+
+def reconcile_events(
+    state: DispatchState, hb: NodeHeartbeat, ts: Any, prod: str, misses: int, grace_s: float
+) -> list[Event]:
+    """What a heartbeat's running list calls for (:func:`apportion.domain.reconcile.findings`).
+
+    A run with a replica the node stopped reporting ``misses`` heartbeats ago is lost there
+    (:func:`_lose_run`, charged until this heartbeat, requeue reason ``not running on its node``;
+    a replica of the gang the node still reports gets ``StopWorkload`` with grace 0, since the
+    loss frees the run's GPUs on the node). A run the node reports but the dispatcher does not
+    place there gets ``StopWorkload`` (grace 0, reason ``unknown to the dispatcher``, id
+    ``det_id("StopWorkload", "unknown", node, job, attempt)``).
+    """
+    nid = hb.node_id
+    lost, stop = findings(state.absences, state.cluster, nid, misses)
+    t = to_us(hb.ts)
+    out: list[Event] = []
+    listed = {(w.job_id, w.attempt) for w in hb.running}
+    for key in lost:
+        run = state.cluster.runs[key]
+        evs = _lose_run(state, run, nid, t, ts, prod, grace_s, reason="not running on its node")
+        if key in listed:  # part of the gang still runs here: its GPUs are released with the loss
+            here = min(r for r in run.open_replicas if run.placements[r].node_id == nid)
+            evs.insert(1, stop_event(run, here, ts, 0.0, prod, "gang replica lost"))
+        out.extend(evs)
+    for job_id, attempt in stop:
+        out.append(
+            StopWorkload(
+                event_id=det_id("StopWorkload", "unknown", nid, job_id, attempt),
+                ts=ts,
+                producer=prod,
+                node_id=nid,
+                job_id=job_id,
+                attempt=attempt,
+                grace_s=0.0,
+                reason="unknown to the dispatcher",
+            )
+        )
     return out
 
 
