@@ -33,6 +33,13 @@ class DispatcherSettings(ServiceSettings):
         reconcile_misses: consecutive heartbeats of a node that must disagree
             with the runs before a missing replica is lost or an unknown one
             stopped (:mod:`apportion.domain.reconcile`); 0 disables.
+        future_tolerance_s: an input event whose time is more than this many
+            event seconds after the dispatcher's clock is dead-lettered (it would
+            move the window ahead; producers' clocks may lag or lead by less).
+        snapshot_every_wall_s: wall seconds between snapshots of the state in
+            Redis (:mod:`services.dispatcher.snapshot`); a start reads the
+            snapshot and the log's tail; 0: no snapshots, every start replays
+            the log from offset 0.
     """
 
     instance_id: str = ""
@@ -46,6 +53,8 @@ class DispatcherSettings(ServiceSettings):
     patience_s: float = PATIENCE_S
     producer_name: str = "dispatcher"
     reconcile_misses: int = 2
+    future_tolerance_s: float = 3600.0
+    snapshot_every_wall_s: float = 60.0
 
     def owner(self) -> str:
         """This instance's lease owner id."""

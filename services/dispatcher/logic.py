@@ -62,6 +62,8 @@ def recover(state: DispatchState, log: Sequence[Event], now_us: Micros, cfg: Dis
         evolve(state, ev)
     out: list[Event] = []
     for ev in log:
+        if state.is_stale(ev):
+            continue  # older than the window: not folded, and its job's end may be forgotten
         if isinstance(ev, JobSubmitted) and ev.job_id not in state.jobs and ev.job_id not in state.finished:
             out.extend(_decide_folded(state, ev, now_us, cfg))
         elif isinstance(ev, WorkloadRefused) or (isinstance(ev, JobLost) and ev.producer != cfg.producer):

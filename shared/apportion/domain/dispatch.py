@@ -114,6 +114,9 @@ UNDO_ON_REFUSAL = frozenset(
     }
 )
 
+#: ``seen`` is not swept below this many ids (a sweep of a small map costs more than it frees).
+FORGET_MIN = 4096
+
 __all__ = [
     "DispatchConfig",
     "DispatchState",
@@ -213,13 +216,19 @@ class DispatchState:
         ledger: occupancy windows (:class:`OccupancyLedger`).
         cluster: nodes and runs (:class:`ClusterState`).
         jobs: active jobs by id.
-        finished: ids of jobs that ended (completed, failed, cancelled, rejected).
+        finished: job id -> event time (µs) it ended (completed, failed,
+            cancelled, rejected); forgotten once older than the window.
         pending: leaf budget -> pending jobs, allocated first, each class in
             (submitted_at, job_id) order (copy-on-write lists).
         stopping: preempted runs waiting for their stop.
         awaiting: preemptor run -> victims it still waits for before starting.
         draining: ids of draining nodes.
-        seen: event ids already folded (de-duplication).
+        seen: event id -> event time (µs) of the events folded (de-duplication),
+            heartbeats left out; ids older than the window are forgotten
+            (:meth:`forget_old`).
+        clock_us: the latest event time folded, µs (``None`` before any).
+        stale: events not folded because they are older than the window
+            (:meth:`is_stale`).
         absences: heartbeats that disagreed with the runs (:class:`~apportion.domain.reconcile.Absences`).
     """
 
@@ -235,6 +244,10 @@ class DispatchState:
         "draining",
         "seen",
         "absences",
+        "clock_us",
+        "stale",
+        "window_us",
+        "_kept",
         "_ledger_on",
         "_shapes",
         "_memo",
@@ -247,13 +260,17 @@ class DispatchState:
         self.ledger = OccupancyLedger(window_s)
         self.cluster = ClusterState()
         self.jobs: dict[str, JobRecord] = {}
-        self.finished: set[str] = set()
+        self.finished: dict[str, Micros] = {}
         self.pending: dict[str, list[PendingJob]] = {}
         self.stopping: dict[RunKey, _Stopping] = {}
         self.awaiting: dict[RunKey, frozenset[RunKey]] = {}
         self.draining: set[str] = set()
-        self.seen: set[Any] = set()
+        self.seen: dict[Any, Micros] = {}
         self.absences = Absences()
+        self.clock_us: Micros | None = None
+        self.stale = 0
+        self.window_us = s_to_us(window_s)
+        self._kept = 0  # size of ``seen`` after the last forget_old
         self._ledger_on = True
         self._shapes: list[NodeShape] | None = None
         # engine memo across cycles, keyed by pending-list identity (lists are copy-on-write)
@@ -261,6 +278,18 @@ class DispatchState:
         # preemption candidates of self.cluster, kept across cycles (built on the first cycle)
         self._victims: VictimIndex | None = None
         self._free: FreeIndex | None = None
+
+    #: Slots that are caches (rebuilt on demand): left out of a pickle (:mod:`services.dispatcher.snapshot`).
+    _CACHES = ("_shapes", "_memo", "_victims", "_free")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The state without its caches (the memo is keyed by list identity, which a copy does not keep)."""
+        return {k: getattr(self, k) for k in self.__slots__ if k not in self._CACHES}
+
+    def __setstate__(self, st: dict[str, Any]) -> None:
+        for k, v in st.items():
+            setattr(self, k, v)
+        self._shapes, self._memo, self._victims, self._free = None, {}, None, None
 
     def fork(self) -> DispatchState:
         """A scratch copy for planning (shares the ledger read-only; never fold into both)."""
@@ -275,13 +304,14 @@ class DispatchState:
         c._order = None
         other.cluster = c
         other.jobs = dict(self.jobs)
-        other.finished = set(self.finished)
+        other.finished = dict(self.finished)
         other.pending = dict(self.pending)
         other.stopping = dict(self.stopping)
         other.awaiting = dict(self.awaiting)
         other.draining = set(self.draining)
-        other.seen = set()
+        other.seen = {}
         other.absences = Absences()  # a scratch cycle folds no heartbeats
+        other.clock_us, other.stale, other.window_us, other._kept = self.clock_us, 0, self.window_us, 0
         other._shapes = None
         other._memo = self._memo  # entries are keyed by list identity: safe to share
         other._victims = None  # a scratch cycle indexes its own runs and nodes
@@ -320,6 +350,30 @@ class DispatchState:
             victims=victims,
             free=free,
         )
+
+    def is_stale(self, ev: Event) -> bool:
+        """True when ``ev`` is older than the window: its time is before the latest folded minus W.
+
+        Such an event is not folded (:func:`evolve`): ids that old are forgotten, so it could not
+        be told from a duplicate. A reader meets one only when a producer's clock or a record is
+        a window late; the dispatcher dead-letters it.
+        """
+        return self.clock_us is not None and to_us(ev.ts) < self.clock_us - self.window_us
+
+    def forget_old(self) -> None:
+        """Drop ids (``seen``) and ended jobs (``finished``) older than the window.
+
+        Called by :func:`evolve` whenever ``seen`` has doubled since the last call (amortised O(1)
+        per event), so both stay within about twice what one window holds. What is dropped is
+        exactly what :meth:`is_stale` refuses from now on, so de-duplication does not depend on
+        when this runs: an event is either still in ``seen`` or older than the window.
+        """
+        if self.clock_us is None:
+            return
+        horizon = self.clock_us - self.window_us
+        self.seen = {k: t for k, t in self.seen.items() if t >= horizon}
+        self.finished = {k: t for k, t in self.finished.items() if t >= horizon}
+        self._kept = len(self.seen)
 
     def node_shapes(self) -> list[NodeShape]:
         """Declared inventory for admission: (GPUs, model, count) of nodes not lost (cached)."""
@@ -457,18 +511,29 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
     its stopped replicas; ``JobCompleted``/``JobFailed`` ending the run,
     ``JobCancelled`` and ``JobRejected`` finish the job. Budget events
     update the tree (an invalid change is skipped; the policy service
-    rejects it). Duplicate event ids are ignored.
+    rejects it). Duplicate event ids are ignored, and so is an event older
+    than the window (:meth:`DispatchState.is_stale`, counted in ``stale``).
     """
     eid = ev.event_id
+    t_ev = to_us(ev.ts)
+    clock = state.clock_us
+    if clock is not None and t_ev < clock - state.window_us:  # before the seen check: the same whether swept or not
+        state.stale += 1
+        return state
     if eid in state.seen:
         return state
-    state.seen.add(eid)
+    cls = type(ev)
+    if clock is None or t_ev > clock:
+        state.clock_us = t_ev
+    if cls is not NodeHeartbeat:  # a heartbeat folded twice changes nothing: not recorded
+        state.seen[eid] = t_ev
+        if len(state.seen) > 2 * max(state._kept, FORGET_MIN):
+            state.forget_old()
     if state._ledger_on:
         state.ledger.apply(ev)
     state.cluster.apply(ev)
-    cls = type(ev)
-    if cls is NodeHeartbeat:
-        observe(state.absences, state.cluster, state.awaiting, ev)  # type: ignore[arg-type]
+    if isinstance(ev, NodeHeartbeat):
+        observe(state.absences, state.cluster, state.awaiting, ev)
     elif cls.__name__.startswith("Node"):
         state._shapes = None
     jobs = state.jobs
@@ -533,7 +598,7 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
                 and key not in state.cluster.runs
             ):
                 del jobs[ev.job_id]
-                state.finished.add(ev.job_id)
+                state.finished[ev.job_id] = t_ev
                 state.awaiting.pop(key, None)
     elif isinstance(ev, JobCancelled):
         rec = jobs.get(ev.job_id)
@@ -543,9 +608,9 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
             _stop_done(state, (ev.job_id, rec.attempt))
             state.awaiting.pop((ev.job_id, rec.attempt), None)
             del jobs[ev.job_id]
-            state.finished.add(ev.job_id)
+            state.finished[ev.job_id] = t_ev
     elif isinstance(ev, JobRejected):
-        state.finished.add(ev.job_id)
+        state.finished[ev.job_id] = t_ev
     elif isinstance(ev, JobLost):
         rec = jobs.get(ev.job_id)
         if rec is not None and rec.attempt == ev.attempt:
@@ -737,10 +802,14 @@ def decide(
 def step(state: DispatchState, inp: Event | Tick, now_us: Micros, config: DispatchConfig | None = None) -> list[Event]:
     """``evolve(inp)``, ``decide``, then ``evolve`` every output; returns the outputs.
 
-    A duplicate input (its ``event_id`` already folded) gives no output.
+    A duplicate input (its ``event_id`` already folded) or one older than the
+    window (:meth:`DispatchState.is_stale`) gives no output.
     This is the one entry point of the dispatcher service and the simulator.
     """
     if not isinstance(inp, Tick):
+        if state.is_stale(inp):
+            state.stale += 1
+            return []
         if inp.event_id in state.seen:
             return []
         evolve(state, inp)
