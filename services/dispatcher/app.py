@@ -59,6 +59,9 @@ STALE = "older than the window"
 #: Dead-letter reason of an event from too far in the future (``future_tolerance_s``).
 FUTURE = "from the future"
 
+#: Longest wait, wall seconds, before leading again after an error (doubling from 1 s).
+BACKOFF_MAX_S = 30.0
+
 #: Wall seconds between read-model writes (a full write of jobs and nodes).
 READ_MODEL_EVERY_S = 0.5
 
@@ -407,6 +410,7 @@ async def run(
     metrics = dispatcher_metrics(registry, clock.now)
     r = redis_lib.Redis.from_url(conn.redis_url)
     lease = Lease(r, settings.owner(), settings.lease_ttl_wall_s)
+    backoff = 1.0
     try:
         while not stop.is_set():
             floor: int | None = None
@@ -428,8 +432,16 @@ async def run(
             metrics["leader"].set(1)
             try:
                 await _lead(settings, stop, clock, conn, r, lease, metrics, ready)
+                backoff = 1.0
             except LeadershipLost:
                 log.error("lease lost: stopping decisions, back to standby")
+            except Exception:  # noqa: BLE001 - Kafka or Redis gone while leading: never exit, stand by and retry
+                log.exception("leading stopped by an error: standing by, retrying in %.0f s", backoff)
+                try:
+                    await asyncio.wait_for(stop.wait(), backoff)
+                except TimeoutError:
+                    pass
+                backoff = min(2 * backoff, BACKOFF_MAX_S)
             finally:
                 metrics["leader"].set(0)
     finally:

@@ -961,15 +961,11 @@ def registered_events(state: AgentState, now: datetime, only: tuple[str, ...] | 
 
 
 def heartbeat_event(state: AgentState, node_id: str, now: datetime, gpus: tuple[GpuStatus, ...] = ()) -> NodeHeartbeat:
-    """``NodeHeartbeat`` for ``node_id`` with GPU samples and the replicas it has: running, then waiting.
-
-    A replica waiting for GPUs that stopping replicas still hold is listed too (after the running
-    ones, in key order): the dispatcher counts a placed replica missing from its node's heartbeats
-    as lost (:mod:`apportion.domain.reconcile`).
-    """
-    mine = [state.running[k] for k in sorted(state.by_node.get(node_id, ()))]
-    mine += [w for _, w in sorted(state.waiting.items()) if w.node_id == node_id]
-    running = tuple(RunningWorkload(job_id=w.job_id, attempt=w.attempt, replica=w.replica, gpus=w.gpus) for w in mine)
+    """``NodeHeartbeat`` for ``node_id`` with GPU samples and the replicas running there."""
+    running = tuple(
+        RunningWorkload(job_id=w.job_id, attempt=w.attempt, replica=w.replica, gpus=w.gpus)
+        for w in (state.running[k] for k in sorted(state.by_node.get(node_id, ())))
+    )
     return NodeHeartbeat(ts=now, producer=PRODUCER, node_id=node_id, gpus=gpus, running=running)
 
 

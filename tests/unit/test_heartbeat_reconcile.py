@@ -19,12 +19,21 @@ from apportion.timeutil import from_us
 REC = replace(CFG, reconcile_misses=2)
 
 
-def _running(gpus: int = 2, replicas: int = 1):  # noqa: ANN202
+def _running(gpus: int = 2, replicas: int = 1, started: bool = True):  # noqa: ANN202
     state = given(reg("n0"), reg("n1"))
     step(state, submitted("j1", budget="lab/a", user="alice", gpus=gpus, replicas=replicas), T0, REC)
     out = step(state, Tick(T0), T0, REC)
     placed = next(e for e in out if isinstance(e, ev.JobPlaced))
+    for r, p in enumerate(placed.placements if started else ()):
+        step(state, _started(r, p.node_id, p.gpus), T0, REC)
     return state, placed
+
+
+def _started(replica: int, node: str, gpus: tuple[int, ...]) -> ev.JobStarted:
+    return ev.JobStarted(
+        job_id="j1", attempt=1, replica=replica, node_id=node, gpus=gpus, ts=from_us(T0), producer="node-agent",
+        event_id=ev.det_id("test-started", replica),
+    )  # fmt: skip
 
 
 def hb(node: str, at: int, *running: tuple[str, int, int]) -> ev.NodeHeartbeat:
@@ -135,6 +144,17 @@ def test_the_old_attempt_of_a_requeued_job_is_stopped_where_it_still_runs():
     assert step(state, hb(node, m(3), ("j1", 1, 0)), m(3), REC) == []
     out = step(state, hb(node, m(4), ("j1", 1, 0)), m(4), REC)
     assert [(e.type, e.job_id, e.attempt, e.node_id) for e in out] == [("StopWorkload", "j1", 1, node)]
+
+
+def test_a_replica_not_started_yet_is_not_counted_until_its_start():
+    # the StartWorkload may take any time to arrive (a broker outage): only a started replica can go missing
+    state, placed = _running(started=False)
+    node, gpus = placed.placements[0].node_id, placed.placements[0].gpus
+    for i in (1, 2, 3):
+        assert step(state, hb(node, m(i)), m(i), REC) == []
+    step(state, _started(0, node, gpus).model_copy(update={"ts": from_us(m(4))}), m(4), REC)
+    assert step(state, hb(node, m(5)), m(5), REC) == []
+    assert types(step(state, hb(node, m(6)), m(6), REC)) == ["JobLost:j1", "JobRequeued:j1"]
 
 
 def test_a_preemptor_waiting_for_its_victims_and_a_stopping_run_are_not_counted():

@@ -3,9 +3,9 @@
 A node agent's ``NodeHeartbeat`` lists the replicas it runs (``running``). Two disagreements with the
 dispatcher's view (:class:`~apportion.domain.cluster.ClusterState`) are repaired:
 
-* **missing**: a replica placed on the node (open, its run neither stopping nor waiting for victims to
-  stop, placed before the heartbeat) that the heartbeat does not list. The agent lost it (restarted
-  without its journal, never received the ``StartWorkload``, ...). When ``misses`` consecutive
+* **missing**: a replica placed on the node and started there (open, its ``JobStarted`` folded, its run
+  not stopping) that the heartbeat does not list. The agent lost it (restarted without its journal,
+  the process vanished without a report, ...). When ``misses`` consecutive
   heartbeats of its node do not list it, the run is lost: ``JobLost`` charged to that heartbeat, the
   gang's other replicas stopped, the job requeued (:func:`apportion.domain.dispatch.reconcile_events`).
 * **unknown**: a replica listed by ``misses`` consecutive heartbeats of its node for which the
@@ -15,9 +15,15 @@ dispatcher's view (:class:`~apportion.domain.cluster.ClusterState`) are repaired
 
 Counting heartbeats rather than seconds keeps the grace right whatever the clock scale (agents send a
 heartbeat every ``heartbeat_interval_s`` event seconds, or every ``heartbeat_min_wall_s`` wall seconds on
-a fast clock). With ``misses = 2`` the grace is about two heartbeat intervals after the start command:
-a heartbeat sent before the agent read its ``StartWorkload``, or folded before the ``JobCompleted`` of a
-replica that ended just before it (another topic), is one miss, not a loss.
+a fast clock). With ``misses = 2`` the grace is about two heartbeat intervals: a heartbeat folded before
+the ``JobCompleted`` of a replica that ended just before it (another topic) is one miss, not a loss.
+
+Only started replicas are counted: a replica whose ``StartWorkload`` the agent has not read yet is
+absent from its heartbeats for as long as the command takes to arrive, which has no bound (seen in the
+chaos campaign: heartbeats buffered in the agent's producer during a broker outage, all without the
+replica the dispatcher had placed just before it; counted, they made the dispatcher requeue a run that
+then started, and stop it as unknown). A start that never happens is the agent's to report
+(``WorkloadRefused``, undone by :func:`apportion.domain.dispatch.undo_refused_start`).
 
 :class:`Absences` is part of the dispatcher's state, folded by :func:`observe` on every heartbeat
 (:func:`apportion.domain.dispatch.evolve`), so a dispatcher rebuilt from the log or a snapshot counts
@@ -46,7 +52,7 @@ class Absences:
     """Per node, consecutive heartbeats that disagreed with the dispatcher (a fold of heartbeats).
 
     Attributes:
-        missing: node id -> replica placed there -> consecutive heartbeats without it (>= 1).
+        missing: node id -> replica started there -> consecutive heartbeats without it (>= 1).
         unknown: node id -> run ``(job_id, attempt)`` listed there but not known there -> consecutive
             heartbeats listing it (>= 1).
         last_us: node id -> time of the last heartbeat counted, µs UTC.
@@ -70,7 +76,7 @@ def _expected(run: Run, node_id: str, awaiting: Mapping[RunKey, object], t_us: M
     """Replicas of ``run`` the node must be running at ``t_us`` (see the module docstring)."""
     if run.stopping or run.key in awaiting or run.placed_at_us >= t_us:
         return []
-    return [r for r in sorted(run.open_replicas) if run.placements[r].node_id == node_id]
+    return [r for r in sorted(run.open_replicas & run.started_replicas) if run.placements[r].node_id == node_id]
 
 
 def observe(ab: Absences, cluster: ClusterState, awaiting: Mapping[RunKey, object], hb: NodeHeartbeat) -> None:
