@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from apportion.domain.cluster import ClusterState, Run, RunKey
 from apportion.events import NodeHeartbeat
@@ -116,7 +117,7 @@ def observe(ab: Absences, cluster: ClusterState, awaiting: Mapping[RunKey, objec
     _put(ab.unknown, nid, unknown)
 
 
-def _put(d: dict, nid: str, value: dict) -> None:
+def _put(d: dict[str, Any], nid: str, value: dict[Any, int]) -> None:
     if value:
         d[nid] = value
     else:
