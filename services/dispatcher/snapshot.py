@@ -43,16 +43,28 @@ FORMAT = 1
 HEADER = "header"
 STATE = "state"
 
-_STATE_MODULES = (
-    "apportion.domain.budgets",
-    "apportion.domain.cluster",
-    "apportion.domain.dispatch",
-    "apportion.domain.engine",
-    "apportion.domain.occupancy",
-    "apportion.domain.reconcile",
-    "apportion.events",
-    "apportion.bus.intake",
-)
+
+def _state_modules() -> tuple[str, ...]:
+    """Modules whose classes a snapshot may hold (the engine package with every module of it)."""
+    import pkgutil
+
+    from apportion.domain import engine
+
+    base = (
+        "apportion.domain.budgets",
+        "apportion.domain.cluster",
+        "apportion.domain.dispatch",
+        "apportion.domain.engine",
+        "apportion.domain.occupancy",
+        "apportion.domain.reconcile",
+        "apportion.events",
+        "apportion.bus.intake",
+    )
+    subs = tuple(sorted(f"apportion.domain.engine.{m.name}" for m in pkgutil.iter_modules(engine.__path__)))
+    return base + subs
+
+
+_STATE_MODULES = _state_modules()
 
 __all__ = ["FORMAT", "Snapshot", "snapshot_key", "encode", "decode", "read_header", "newer_than_stored", "layout"]
 
