@@ -337,11 +337,27 @@ def check(bootstrap: str, submitted: list[str], hostile: list[tuple[Hostile, tup
     ours = [r for r in records if r.topic != DEADLETTER.name]
     cfg = config_from_log(ours)
     rep = verify(ours, config=cfg)
+    # same-time events in the order the dispatcher emitted them (a preemption before the placement that takes
+    # the victim's GPUs), as audit verify replays them; the log order alone sorts them by partition
+    from apportion.audit.verify import _EMIT_RANK
+    from apportion.timeutil import to_us
+
+    emitted = sorted(
+        (r for r in records if r.event is not None),
+        key=lambda r: (to_us(r.event.ts), _EMIT_RANK.get(r.event.type, 8), r.topic, r.partition, r.offset),
+    )
+    stopped = {(e.job_id, e.attempt) for e in evs if isinstance(e, ev.StopWorkload)}
     return {
         "lost": sorted(set(submitted) - done),
-        "double": double_bookings(evs),
+        "double": double_bookings(r.event for r in emitted),
         "violations": preemption_report(ours).violations,
-        "failed": [e for e in evs if isinstance(e, ev.JobFailed) and e.job_id in set(submitted)],
+        # a JobFailed the dispatcher did not cause with a StopWorkload (preemption, cancel, loss): the workloads
+        # are simulated and never fail, so it is a restart's
+        "failed": [
+            e
+            for e in evs
+            if isinstance(e, ev.JobFailed) and e.job_id in set(submitted) and (e.job_id, e.attempt) not in stopped
+        ],
         "dead": sum(1 for p in poison if p in dead),
         "poison": len(poison),
         "verify": rep,

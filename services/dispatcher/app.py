@@ -328,13 +328,16 @@ class DispatcherService:
         for rec, ev in pairs:  # what recover() decides (submissions, agents' refusals and losses), in log order
             if isinstance(ev, (JobSubmitted, WorkloadRefused, JobLost)):
                 out += apply(rec, lambda e: logic.recover(state, [e], now, cfg), ev) or []
+        resent = logic.resend_starts(state, now, cfg)  # placed by a leader that died before its StartWorkload
+        out += resent
         log.info(
-            "rebuilt from %d events: %d jobs active, %d pending, %d nodes; %d recovery decisions",
+            "rebuilt from %d events: %d jobs active, %d pending, %d nodes; %d recovery decisions (%d starts sent again)",
             len(pairs),
             len(self.state.jobs),
             self.state.pending_count(),
             len(self.state.cluster.nodes),
             len(out),
+            len(resent),
         )
         out += self.tick()
         return out
