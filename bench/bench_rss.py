@@ -17,13 +17,11 @@ Run: ``.venv/bin/python bench/bench_rss.py [--duration-s 300] [--rate 5] [--time
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import sys
 import tempfile
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -62,39 +60,15 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     sys.path.insert(0, str(HERE))
-    from chaos import SERVICES, Stack
+    from chaos import SERVICES, open_stack
 
     from apportion import events as ev
     from apportion.bus.producer import EventProducer
-    from apportion.bus.provision import provision
-    from apportion.bus.stack import LocalStack
 
     rng = random.Random(a.seed)
     root = Path(tempfile.mkdtemp(prefix="apportion-bench-rss-"))
     (root / "logs").mkdir()
-    local = LocalStack(root / "stack").start()
-    ns = f"rss{uuid.uuid4().hex[:6]}."
-    os.environ["APPORTION_TOPIC_PREFIX"] = ns
-    provision(local.bootstrap)
-    epoch = datetime.now(UTC).isoformat()
-    env = dict(
-        os.environ,
-        APPORTION_KAFKA_BOOTSTRAP=local.bootstrap,
-        APPORTION_REDIS_URL=local.redis_url,
-        APPORTION_TOPIC_PREFIX=ns,
-        APPORTION_TIME_SCALE=str(a.time_scale),
-        APPORTION_CLOCK_EPOCH_WALL=epoch,
-        APPORTION_CLOCK_EPOCH_EVENT=epoch,
-        APPORTION_LOG_JSON="false",
-        APPORTION_LOG_LEVEL="WARNING",
-        APPORTION_METRICS_PORT="0",
-        APPORTION_WINDOW_S="86400",
-    )
-    os.environ.update({k: v for k, v in env.items() if k.startswith("APPORTION_CLOCK") or k == "APPORTION_TIME_SCALE"})
-    from apportion.settings import event_clock
-
-    clock = event_clock()
-    stack = Stack(root, env, local.kafka_port, local.redis_port)
+    local, stack, clock = open_stack(root, f"rss{uuid.uuid4().hex[:6]}.", a.time_scale, APPORTION_WINDOW_S="86400")
     producer = EventProducer(local.bootstrap, client_id="bench-rss")
     samples: dict[str, list[tuple[float, float]]] = {s: [] for s in SERVICES}
     try:

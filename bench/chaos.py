@@ -291,6 +291,35 @@ class Stack:
                 p.kill()
 
 
+def open_stack(root: Path, ns: str, time_scale: float, **extra: str) -> tuple[Any, Stack, Any]:
+    """Own Kafka and Redis in ``root/stack``, namespace ``ns`` provisioned, the services' environment on a
+    ``time_scale`` clock (``extra``: more ``APPORTION_*`` variables). Returns ``(local stack, Stack, clock)``."""
+    from apportion.bus.provision import provision
+    from apportion.bus.stack import LocalStack
+
+    local = LocalStack(root / "stack").start()
+    os.environ["APPORTION_TOPIC_PREFIX"] = ns
+    provision(local.bootstrap)
+    epoch = datetime.now(UTC).isoformat()
+    env = dict(
+        os.environ,
+        APPORTION_KAFKA_BOOTSTRAP=local.bootstrap,
+        APPORTION_REDIS_URL=local.redis_url,
+        APPORTION_TOPIC_PREFIX=ns,
+        APPORTION_TIME_SCALE=str(time_scale),
+        APPORTION_CLOCK_EPOCH_WALL=epoch,
+        APPORTION_CLOCK_EPOCH_EVENT=epoch,
+        APPORTION_LOG_JSON="false",
+        APPORTION_LOG_LEVEL="WARNING",
+        APPORTION_METRICS_PORT="0",
+        **extra,
+    )
+    os.environ.update({k: v for k, v in env.items() if k.startswith("APPORTION_CLOCK") or k == "APPORTION_TIME_SCALE"})
+    from apportion.settings import event_clock
+
+    return local, Stack(root, env, local.kafka_port, local.redis_port), event_clock()
+
+
 # --------------------------------------------------------------------------- the campaign
 
 
@@ -402,35 +431,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from apportion import events as ev
     from apportion.bus.producer import EventProducer
-    from apportion.bus.provision import provision
-    from apportion.bus.stack import LocalStack
 
     rng = random.Random(a.seed)
     root = Path(tempfile.mkdtemp(prefix=f"apportion-chaos-{a.seed}-"))
     (root / "logs").mkdir()
     t_begin = time.monotonic()
-    local = LocalStack(root / "stack").start()
-    ns = f"chaos{a.seed}x{uuid.uuid4().hex[:4]}."
-    os.environ["APPORTION_TOPIC_PREFIX"] = ns
-    provision(local.bootstrap)
-    epoch = datetime.now(UTC).isoformat()
-    env = dict(
-        os.environ,
-        APPORTION_KAFKA_BOOTSTRAP=local.bootstrap,
-        APPORTION_REDIS_URL=local.redis_url,
-        APPORTION_TOPIC_PREFIX=ns,
-        APPORTION_TIME_SCALE=str(a.time_scale),
-        APPORTION_CLOCK_EPOCH_WALL=epoch,
-        APPORTION_CLOCK_EPOCH_EVENT=epoch,
-        APPORTION_LOG_JSON="false",
-        APPORTION_LOG_LEVEL="WARNING",
-        APPORTION_METRICS_PORT="0",
-    )
-    os.environ.update({k: v for k, v in env.items() if k.startswith("APPORTION_CLOCK") or k == "APPORTION_TIME_SCALE"})
-    from apportion.settings import event_clock
-
-    clock = event_clock()
-    stack = Stack(root, env, local.kafka_port, local.redis_port)
+    local, stack, clock = open_stack(root, f"chaos{a.seed}x{uuid.uuid4().hex[:4]}.", a.time_scale)
     producer = EventProducer(local.bootstrap, client_id="chaos")
     kills = broker_kills = 0
     submitted: list[str] = []

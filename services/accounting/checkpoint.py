@@ -54,11 +54,11 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from apportion import statefile
 from apportion.events import OccupancySnapshot
 from apportion.statefile import CheckpointError, check_offsets, field_of, layout_digest, seal, unseal
 from services.accounting import logic
@@ -159,21 +159,8 @@ def encode(ckpt: Checkpoint, *, topic_prefix: str) -> dict[str, bytes]:
 
 
 def read_header(fields: Mapping[Any, Any]) -> dict[str, Any]:
-    """The decoded JSON header of stored fields (keys may be ``bytes`` or ``str``).
-
-    Raises:
-        CheckpointError: ``missing`` (no header) or ``corrupt`` (not a JSON object).
-    """
-    raw = field_of(fields, HEADER)
-    if raw is None:
-        raise CheckpointError("missing", "no checkpoint stored")
-    try:
-        header = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointError("corrupt", f"header is not JSON ({exc})") from None
-    if not isinstance(header, dict):
-        raise CheckpointError("corrupt", "header is not a JSON object")
-    return header
+    """The decoded JSON header of stored fields (:func:`apportion.statefile.read_header`)."""
+    return statefile.read_header(fields, HEADER, "checkpoint")
 
 
 def decode(fields: Mapping[Any, Any], *, window_s: float, topic_prefix: str) -> Checkpoint:
@@ -193,20 +180,9 @@ def decode(fields: Mapping[Any, Any], *, window_s: float, topic_prefix: str) -> 
             types).
     """
     h = read_header(fields)
-    if h.get("format") != FORMAT:
-        raise CheckpointError("format", f"stored format {h.get('format')!r}, this code reads {FORMAT}")
-    if h.get("layout") != layout():
-        raise CheckpointError("layout", f"stored class layout {h.get('layout')!r}, this code has {layout()}")
-    w = h.get("window_s")
-    if not isinstance(w, (int, float)) or not math.isclose(w, window_s, rel_tol=0, abs_tol=1e-9):
-        raise CheckpointError("window", f"stored for W={w!r} s, running with W={window_s} s")
-    if h.get("topic_prefix") != topic_prefix:
-        raise CheckpointError("topic_prefix", f"stored for {h.get('topic_prefix')!r}, reading {topic_prefix!r}")
-    offsets = h.get("offsets")
-    if not isinstance(offsets, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in offsets.items()
-    ):
-        raise CheckpointError("corrupt", "offsets are not a map of partition -> offset")
+    offsets = statefile.check_header(
+        h, fmt=FORMAT, layout=layout(), window_s=window_s, topic_prefix=topic_prefix, abs_tol=1e-9
+    )
     body = unseal(field_of(fields, STATE), h, _STATE_MODULES)
     acc, last, dirty = (body.get(k) for k in ("acc", "last", "dirty")) if isinstance(body, dict) else (None,) * 3
     if (
@@ -224,7 +200,7 @@ def decode(fields: Mapping[Any, Any], *, window_s: float, topic_prefix: str) -> 
         acc=acc,
         last=last,
         dirty=dirty,
-        offsets=dict(offsets),
+        offsets=offsets,
         last_key=last_key,
         late_events=late if isinstance(late, int) else 0,
     )

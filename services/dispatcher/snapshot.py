@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from apportion import statefile
 from apportion.bus.intake import IdLedger
 from apportion.domain.dispatch import DispatchState
 from apportion.statefile import CheckpointError, field_of, layout_digest, module_classes, seal, unseal
@@ -120,21 +120,8 @@ def encode(snap: Snapshot, *, topic_prefix: str) -> dict[str, bytes]:
 
 
 def read_header(fields: Mapping[Any, Any]) -> dict[str, Any]:
-    """The decoded JSON header of stored fields (keys ``bytes`` or ``str``).
-
-    Raises:
-        CheckpointError: ``missing`` (no header) or ``corrupt`` (not a JSON object).
-    """
-    raw = field_of(fields, HEADER)
-    if raw is None:
-        raise CheckpointError("missing", "no snapshot stored")
-    try:
-        header = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointError("corrupt", f"header is not JSON ({exc})") from None
-    if not isinstance(header, dict):
-        raise CheckpointError("corrupt", "header is not a JSON object")
-    return header
+    """The decoded JSON header of stored fields (:func:`apportion.statefile.read_header`)."""
+    return statefile.read_header(fields, HEADER, "snapshot")
 
 
 def newer_than_stored(fields: Mapping[Any, Any], token: int) -> bool:
@@ -154,20 +141,9 @@ def decode(fields: Mapping[Any, Any], *, window_s: float, topic_prefix: str) -> 
             corrupt (checksum, length, unpickling, types).
     """
     h = read_header(fields)
-    if h.get("format") != FORMAT:
-        raise CheckpointError("format", f"stored format {h.get('format')!r}, this code reads {FORMAT}")
-    if h.get("layout") != layout():
-        raise CheckpointError("layout", f"stored class layout {h.get('layout')!r}, this code has {layout()}")
-    w = h.get("window_s")
-    if not isinstance(w, (int, float)) or not math.isclose(w, window_s, rel_tol=0, abs_tol=1e-6):
-        raise CheckpointError("window", f"stored for W={w!r} s, running with W={window_s} s")
-    if h.get("topic_prefix") != topic_prefix:
-        raise CheckpointError("topic_prefix", f"stored for {h.get('topic_prefix')!r}, reading {topic_prefix!r}")
-    offsets = h.get("offsets")
-    if not isinstance(offsets, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in offsets.items()
-    ):
-        raise CheckpointError("corrupt", "offsets are not a map of partition -> offset")
+    offsets = statefile.check_header(
+        h, fmt=FORMAT, layout=layout(), window_s=window_s, topic_prefix=topic_prefix, abs_tol=1e-6
+    )
     token = h.get("fencing_token")
     if not isinstance(token, int):
         raise CheckpointError("corrupt", "no fencing token")
@@ -177,4 +153,4 @@ def decode(fields: Mapping[Any, Any], *, window_s: float, topic_prefix: str) -> 
         raise CheckpointError("corrupt", "state has unexpected types")
     if state.clock_us != h.get("clock_us"):
         raise CheckpointError("corrupt", "state disagrees with its header (clock)")
-    return Snapshot(state=state, offsets=dict(offsets), ledger=ledger, fencing_token=token)
+    return Snapshot(state=state, offsets=offsets, ledger=ledger, fencing_token=token)

@@ -22,6 +22,8 @@ import dataclasses
 import hashlib
 import inspect
 import io
+import json
+import math
 import pickle
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -35,6 +37,8 @@ __all__ = [
     "unseal",
     "check_offsets",
     "field_of",
+    "read_header",
+    "check_header",
 ]
 
 
@@ -193,3 +197,47 @@ def field_of(fields: Mapping[Any, Any], name: str) -> Any:
     """``fields[name]`` with keys ``str`` or ``bytes`` (a Redis ``hgetall``); ``None`` when absent."""
     v = fields.get(name)
     return fields.get(name.encode()) if v is None else v
+
+
+def read_header(fields: Mapping[Any, Any], name: str = "header", what: str = "checkpoint") -> dict[str, Any]:
+    """The decoded JSON header ``fields[name]`` (keys may be ``bytes`` or ``str``).
+
+    Raises:
+        CheckpointError: ``missing`` (no header: "no <what> stored") or ``corrupt`` (not a JSON object).
+    """
+    raw = field_of(fields, name)
+    if raw is None:
+        raise CheckpointError("missing", f"no {what} stored")
+    try:
+        header = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError("corrupt", f"header is not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError("corrupt", "header is not a JSON object")
+    return header
+
+
+def check_header(
+    h: Mapping[str, Any], *, fmt: int, layout: str, window_s: float, topic_prefix: str, abs_tol: float = 1e-9
+) -> dict[str, int]:
+    """Check a header's ``format``, ``layout``, ``window_s``, ``topic_prefix`` and ``offsets``; return the offsets.
+
+    Raises:
+        CheckpointError: ``format``, ``layout``, ``window``, ``topic_prefix``, or ``corrupt`` (offsets not a
+            map of ``"topic:partition"`` -> offset >= 0).
+    """
+    if h.get("format") != fmt:
+        raise CheckpointError("format", f"stored format {h.get('format')!r}, this code reads {fmt}")
+    if h.get("layout") != layout:
+        raise CheckpointError("layout", f"stored class layout {h.get('layout')!r}, this code has {layout}")
+    w = h.get("window_s")
+    if not isinstance(w, (int, float)) or not math.isclose(w, window_s, rel_tol=0, abs_tol=abs_tol):
+        raise CheckpointError("window", f"stored for W={w!r} s, running with W={window_s} s")
+    if h.get("topic_prefix") != topic_prefix:
+        raise CheckpointError("topic_prefix", f"stored for {h.get('topic_prefix')!r}, reading {topic_prefix!r}")
+    offsets = h.get("offsets")
+    if not isinstance(offsets, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in offsets.items()
+    ):
+        raise CheckpointError("corrupt", "offsets are not a map of partition -> offset")
+    return dict(offsets)
