@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_short_chaos_campaign_loses_nothing_and_verifies() -> None:
     out = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "chaos.py"), "--quick", "--seed", "7"],
+        [sys.executable, str(REPO / "bench" / "chaos.py"), "--quick", "--seed", "1"],
         cwd=REPO,
         capture_output=True,
         text=True,
