@@ -5,6 +5,7 @@
 #   make up / down  interactive stack in .run/: Kafka, Redis, the four services, SIM_NODES simulated nodes
 #   make infra-up   only Kafka + Redis in .run/ (addresses printed, also in .run/stack.env)
 #   make mutate     mutation testing of the rule modules (score and survivors printed)
+#   make chaos      the chaos campaign (kills, broker and Redis restarts, hostile records; ARGS="--quick")
 #
 # Prerequisites: Python 3.11+, Java 17+, Maven, redis-server (or root, to apt-get it).
 
@@ -15,7 +16,7 @@ RUN_DIR ?= .run
 PYTEST_ARGS ?=
 SIM_NODES ?= 8
 
-.PHONY: help venv kafka-jars up down status infra-up lint test test-unit test-integration bench mutate run clean distclean
+.PHONY: help venv kafka-jars up down status infra-up lint test test-unit test-integration bench chaos mutate run clean distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -78,6 +79,11 @@ test-integration: venv
 
 bench: venv
 	$(PY) bench/run_all.py
+
+# Chaos campaign on its own local stack (docs/reliability.md): exits non-zero when a figure of its last line is off.
+# Options: make chaos ARGS="--seed 3 --jobs 500 --kills 20 --hostile 10000" (defaults), ARGS="--quick" (short)
+chaos: venv kafka-jars
+	$(PY) bench/chaos.py $(ARGS)
 
 # Mutation testing of the rule modules (fair share, occupancy, preemption rule); scratch copies, not the tree.
 # Options: make mutate ARGS="--only fairshare --keep /tmp/mut"

@@ -52,19 +52,18 @@ every ``checkpoint_interval_wall_s`` rather than on every read-model write.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import hashlib
-import io
 import json
-import math
-import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from apportion import statefile
 from apportion.events import OccupancySnapshot
+from apportion.statefile import CheckpointError, check_offsets, field_of, layout_digest, seal, unseal
 from services.accounting import logic
+
+__all__ = ["FORMAT", "Checkpoint", "CheckpointError", "check_offsets", "decode", "encode", "layout", "read_header"]
 
 FORMAT = 1
 """Checkpoint format version; a stored checkpoint of another version is not used."""
@@ -74,22 +73,6 @@ STATE = "state"
 
 #: Merge key of a record: (event time µs, topic, partition, offset).
 RecordKey = tuple[int, str, int, int]
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used; the caller rebuilds from offset 0.
-
-    Attributes:
-        reason: one of ``missing``, ``corrupt``, ``format``, ``layout``,
-            ``window``, ``topic_prefix``, ``partitions``,
-            ``offsets_before_log_start``, ``offsets_after_log_end``.
-        detail: human-readable specifics for the log.
-    """
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -117,18 +100,6 @@ class Checkpoint:
     late_events: int = 0
 
 
-def _class_layout(cls: type) -> tuple[str, ...]:
-    if hasattr(cls, "model_fields"):  # pydantic models
-        return tuple(sorted(cls.model_fields))
-    if dataclasses.is_dataclass(cls):
-        return tuple(sorted(f.name for f in dataclasses.fields(cls)))
-    slots: list[str] = []
-    for k in cls.__mro__:
-        s = k.__dict__.get("__slots__", ())
-        slots += [s] if isinstance(s, str) else list(s)
-    return tuple(sorted(slots))
-
-
 @functools.cache
 def layout() -> str:
     """Digest (16 hex digits) of the attribute layout of every class a checkpoint pickles."""
@@ -151,63 +122,14 @@ def layout() -> str:
         events.OccupancySnapshot,
         events.BudgetUsage,
     ]
-    import pydantic
-
     acc_attrs = tuple(sorted(vars(logic.Accounting(1.0))))
     # the event models' pickled form is pydantic's: an upgrade of it reads as a layout change
-    desc = repr([(c.__module__, c.__qualname__, _class_layout(c)) for c in classes] + [acc_attrs, pydantic.VERSION])
-    return hashlib.blake2b(desc.encode(), digest_size=8).hexdigest()
-
-
-_SAFE_BUILTINS = frozenset(
-    {
-        "set",
-        "frozenset",
-        "dict",
-        "list",
-        "tuple",
-        "int",
-        "float",
-        "str",
-        "bytes",
-        "bool",
-        "complex",
-        "object",
-        "slice",
-        "range",
-        "bytearray",
-    }
-)
-_SAFE_GLOBALS = frozenset(
-    {
-        ("datetime", "datetime"),
-        ("datetime", "timezone"),
-        ("datetime", "timedelta"),
-        ("datetime", "date"),
-        ("uuid", "UUID"),
-        ("uuid", "SafeUUID"),
-        ("copyreg", "_reconstructor"),
-        ("collections", "OrderedDict"),
-    }
-)
+    return layout_digest(classes, [acc_attrs])
 
 
 _STATE_MODULES = frozenset(
     {"apportion.domain.budgets", "apportion.domain.occupancy", "apportion.events", "services.accounting.logic"}
 )
-
-
-class _Unpickler(pickle.Unpickler):
-    """Resolve only the state's own classes (never functions) and a few plain standard types."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module == "builtins" and name in _SAFE_BUILTINS) or (module, name) in _SAFE_GLOBALS:
-            return super().find_class(module, name)
-        if module in _STATE_MODULES:
-            found = super().find_class(module, name)
-            if isinstance(found, type):
-                return found
-        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a checkpoint")
 
 
 def encode(ckpt: Checkpoint, *, topic_prefix: str) -> dict[str, bytes]:
@@ -220,7 +142,7 @@ def encode(ckpt: Checkpoint, *, topic_prefix: str) -> dict[str, bytes]:
     Returns:
         ``{"header": JSON bytes, "state": pickle bytes}``.
     """
-    state = pickle.dumps({"acc": ckpt.acc, "last": ckpt.last, "dirty": ckpt.dirty}, protocol=5)
+    state, sealed = seal({"acc": ckpt.acc, "last": ckpt.last, "dirty": ckpt.dirty})
     header = {
         "format": FORMAT,
         "layout": layout(),
@@ -231,28 +153,14 @@ def encode(ckpt: Checkpoint, *, topic_prefix: str) -> dict[str, bytes]:
         "snapshot_at": ckpt.last.at.isoformat() if ckpt.last is not None else None,
         "last_key": list(ckpt.last_key) if ckpt.last_key is not None else None,
         "late_events": ckpt.late_events,
-        "state_bytes": len(state),
-        "state_blake2b": hashlib.blake2b(state, digest_size=16).hexdigest(),
+        **sealed,
     }
     return {HEADER: json.dumps(header, sort_keys=True).encode(), STATE: state}
 
 
 def read_header(fields: Mapping[Any, Any]) -> dict[str, Any]:
-    """The decoded JSON header of stored fields (keys may be ``bytes`` or ``str``).
-
-    Raises:
-        CheckpointError: ``missing`` (no header) or ``corrupt`` (not a JSON object).
-    """
-    raw = _field(fields, HEADER)
-    if raw is None:
-        raise CheckpointError("missing", "no checkpoint stored")
-    try:
-        header = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointError("corrupt", f"header is not JSON ({exc})") from None
-    if not isinstance(header, dict):
-        raise CheckpointError("corrupt", "header is not a JSON object")
-    return header
+    """The decoded JSON header of stored fields (:func:`apportion.statefile.read_header`)."""
+    return statefile.read_header(fields, HEADER, "checkpoint")
 
 
 def decode(fields: Mapping[Any, Any], *, window_s: float, topic_prefix: str) -> Checkpoint:
@@ -272,32 +180,10 @@ def decode(fields: Mapping[Any, Any], *, window_s: float, topic_prefix: str) -> 
             types).
     """
     h = read_header(fields)
-    if h.get("format") != FORMAT:
-        raise CheckpointError("format", f"stored format {h.get('format')!r}, this code reads {FORMAT}")
-    if h.get("layout") != layout():
-        raise CheckpointError("layout", f"stored class layout {h.get('layout')!r}, this code has {layout()}")
-    w = h.get("window_s")
-    if not isinstance(w, (int, float)) or not math.isclose(w, window_s, rel_tol=0, abs_tol=1e-9):
-        raise CheckpointError("window", f"stored for W={w!r} s, running with W={window_s} s")
-    if h.get("topic_prefix") != topic_prefix:
-        raise CheckpointError("topic_prefix", f"stored for {h.get('topic_prefix')!r}, reading {topic_prefix!r}")
-    offsets = h.get("offsets")
-    if not isinstance(offsets, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in offsets.items()
-    ):
-        raise CheckpointError("corrupt", "offsets are not a map of partition -> offset")
-    state = _field(fields, STATE)
-    if state is None:
-        raise CheckpointError("corrupt", "header without state")
-    state = bytes(state) if not isinstance(state, bytes) else state
-    if len(state) != h.get("state_bytes") or hashlib.blake2b(state, digest_size=16).hexdigest() != h.get(
-        "state_blake2b"
-    ):
-        raise CheckpointError("corrupt", f"state checksum mismatch ({len(state)} bytes)")
-    try:
-        body = _Unpickler(io.BytesIO(state)).load()
-    except Exception as exc:  # any unpickling failure is a corrupt checkpoint, never a crash
-        raise CheckpointError("corrupt", f"state does not unpickle ({type(exc).__name__}: {exc})") from None
+    offsets = statefile.check_header(
+        h, fmt=FORMAT, layout=layout(), window_s=window_s, topic_prefix=topic_prefix, abs_tol=1e-9
+    )
+    body = unseal(field_of(fields, STATE), h, _STATE_MODULES)
     acc, last, dirty = (body.get(k) for k in ("acc", "last", "dirty")) if isinstance(body, dict) else (None,) * 3
     if (
         not isinstance(acc, logic.Accounting)
@@ -314,37 +200,7 @@ def decode(fields: Mapping[Any, Any], *, window_s: float, topic_prefix: str) -> 
         acc=acc,
         last=last,
         dirty=dirty,
-        offsets=dict(offsets),
+        offsets=offsets,
         last_key=last_key,
         late_events=late if isinstance(late, int) else 0,
     )
-
-
-def check_offsets(offsets: Mapping[str, int], begin: Mapping[str, int], end: Mapping[str, int]) -> None:
-    """Check that a checkpoint's offsets can resume on the log as it is now.
-
-    Args:
-        offsets: the checkpoint's ``"topic:partition"`` -> next offset.
-        begin: each assigned partition's log start offset now.
-        end: each assigned partition's end offset now.
-
-    Raises:
-        CheckpointError: ``partitions`` (a partition read now is missing from
-            the checkpoint, or the checkpoint names one not read now),
-            ``offsets_before_log_start`` (records after the checkpoint were
-            deleted), ``offsets_after_log_end`` (the topic was recreated or
-            truncated).
-    """
-    if set(offsets) != set(begin):
-        missing, extra = sorted(set(begin) - set(offsets)), sorted(set(offsets) - set(begin))
-        raise CheckpointError("partitions", f"missing {missing}, unknown {extra}")
-    for p in sorted(offsets):
-        if offsets[p] < begin[p]:
-            raise CheckpointError("offsets_before_log_start", f"{p}: checkpoint {offsets[p]} < log start {begin[p]}")
-        if offsets[p] > end[p]:
-            raise CheckpointError("offsets_after_log_end", f"{p}: checkpoint {offsets[p]} > log end {end[p]}")
-
-
-def _field(fields: Mapping[Any, Any], name: str) -> Any:
-    v = fields.get(name)
-    return fields.get(name.encode()) if v is None else v

@@ -47,10 +47,20 @@ from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolv
 from apportion.domain.engine import EngineConfig
 from apportion.events import Event, JobLost, JobSubmitted, NodeHeartbeat, WorkloadRefused
 from apportion.metrics import count_preemptions
+from apportion.timeutil import from_us, s_to_us, to_us
 from services.dispatcher import logic
 from services.dispatcher.config import DispatcherSettings
 
 log = logging.getLogger("apportion.dispatcher")
+
+#: Dead-letter reason of an event older than the window (:meth:`DispatchState.is_stale`).
+STALE = "older than the window"
+
+#: Dead-letter reason of an event from too far in the future (``future_tolerance_s``).
+FUTURE = "from the future"
+
+#: Longest wait, wall seconds, before leading again after an error (doubling from 1 s).
+BACKOFF_MAX_S = 30.0
 
 #: Wall seconds between read-model writes (a full write of jobs and nodes).
 READ_MODEL_EVERY_S = 0.5
@@ -138,6 +148,7 @@ def dispatch_config(settings: DispatcherSettings) -> DispatchConfig:
         ),
         heartbeat_timeout_s=settings.heartbeat_timeout_s if settings.heartbeat_timeout_s > 0 else None,
         producer=settings.producer_name,
+        reconcile_misses=settings.reconcile_misses if settings.reconcile_misses > 0 else None,
     )
 
 
@@ -266,6 +277,41 @@ class DispatcherService:
         if "preemptions" in self._m:
             count_preemptions(self._m, (e for e, _ in sent))
 
+    def _refused_stale(self, rec: Any, ev: Event) -> bool:
+        """Dead-letter ``ev`` if its time is outside what the fold may take; True when refused.
+
+        * older than the window (:meth:`DispatchState.is_stale`): never folded, its id may be forgotten;
+        * more than ``future_tolerance_s`` after this service's clock: folded, it would move the
+          state's clock (and the occupancy ledger's) ahead, and every later event would be stale.
+        """
+        state = self.state
+        if state.is_stale(ev):
+            latest = from_us(state.clock_us or 0).isoformat()
+            self.intake.refuse(rec, f"{STALE}: {ev.ts.isoformat()} is more than W before {latest}")
+            return True
+        now = self.now_us()
+        if to_us(ev.ts) > now + s_to_us(self.settings.future_tolerance_s):
+            self.intake.refuse(
+                rec,
+                f"{FUTURE}: {ev.ts.isoformat()} is more than {self.settings.future_tolerance_s:g} s after "
+                f"{from_us(now).isoformat()}",
+            )
+            return True
+        return False
+
+    def snapshot(self) -> Any:
+        """The state to store (:class:`services.dispatcher.snapshot.Snapshot`); the caller has flushed the decisions."""
+        from services.dispatcher.snapshot import Snapshot
+
+        return Snapshot(self.state, dict(self.inputs), self.intake.ledger, self.token)
+
+    def restore(self, snap: Any) -> None:
+        """Start from a stored snapshot: state, input offsets and id ledger (then :meth:`bootstrap` the tail)."""
+        self.state = snap.state
+        self.inputs = dict(snap.offsets)
+        if snap.ledger is not None:
+            self.intake.ledger = snap.ledger
+
     def bootstrap(self, records: list[Any]) -> list[Event]:
         """Rebuild from the log as of the start and decide what was left undecided.
 
@@ -276,18 +322,22 @@ class DispatcherService:
         pairs = self._decoded(records)
         state, now, cfg, apply = self.state, self.now_us(), self.cfg, self.intake.apply
         for rec, ev in pairs:
-            apply(rec, lambda e: evolve(state, e), ev)
+            if not self._refused_stale(rec, ev):
+                apply(rec, lambda e: evolve(state, e), ev)
         out: list[Event] = []
         for rec, ev in pairs:  # what recover() decides (submissions, agents' refusals and losses), in log order
             if isinstance(ev, (JobSubmitted, WorkloadRefused, JobLost)):
                 out += apply(rec, lambda e: logic.recover(state, [e], now, cfg), ev) or []
+        resent = logic.resend_starts(state, now, cfg)  # placed by a leader that died before its StartWorkload
+        out += resent
         log.info(
-            "rebuilt from %d events: %d jobs active, %d pending, %d nodes; %d recovery decisions",
+            "rebuilt from %d events: %d jobs active, %d pending, %d nodes; %d recovery decisions (%d starts sent again)",
             len(pairs),
             len(self.state.jobs),
             self.state.pending_count(),
             len(self.state.cluster.nodes),
             len(out),
+            len(resent),
         )
         out += self.tick()
         return out
@@ -303,6 +353,8 @@ class DispatcherService:
         news = False
         state, cfg, apply = self.state, self.cfg, self.intake.apply
         for rec, ev in self._decoded(records):
+            if self._refused_stale(rec, ev):
+                continue
             if ev.event_id in state.seen:
                 continue  # our own decision coming back (not recognised as an echo), or a redelivery
             news |= type(ev) is not NodeHeartbeat
@@ -361,6 +413,7 @@ async def run(
     metrics = dispatcher_metrics(registry, clock.now)
     r = redis_lib.Redis.from_url(conn.redis_url)
     lease = Lease(r, settings.owner(), settings.lease_ttl_wall_s)
+    backoff = 1.0
     try:
         while not stop.is_set():
             floor: int | None = None
@@ -382,8 +435,16 @@ async def run(
             metrics["leader"].set(1)
             try:
                 await _lead(settings, stop, clock, conn, r, lease, metrics, ready)
+                backoff = 1.0
             except LeadershipLost:
                 log.error("lease lost: stopping decisions, back to standby")
+            except Exception:  # noqa: BLE001 - Kafka or Redis gone while leading: never exit, stand by and retry
+                log.exception("leading stopped by an error: standing by, retrying in %.0f s", backoff)
+                try:
+                    await asyncio.wait_for(stop.wait(), backoff)
+                except TimeoutError:
+                    pass
+                backoff = min(2 * backoff, BACKOFF_MAX_S)
             finally:
                 metrics["leader"].set(0)
     finally:
@@ -406,7 +467,6 @@ async def _lead(
     from apportion.audit.config import configured_event
     from apportion.bus.crc import use_compiled_crc32c
     from apportion.bus.producer import EventProducer
-    from apportion.timeutil import from_us
     from apportion.topics import BUDGETS, JOBS, NODES, SUBMISSIONS
     from services._common import AssignedConsumer
     from services.dispatcher.lease import LeaseKeeper, highest_token
@@ -446,6 +506,61 @@ async def _lead(
         if keeper.lost.is_set() or lease.expires_in() <= settings.lease_ttl_wall_s / 3:
             raise LeadershipLost()
 
+    def load_snapshot() -> Any:
+        """The stored snapshot if it fits the log as it is now, else ``None`` (rebuild from offset 0)."""
+        from apportion.statefile import CheckpointError, check_offsets
+        from apportion.topics import prefix
+        from services.dispatcher import snapshot as snapmod
+
+        if settings.snapshot_every_wall_s <= 0:
+            return None
+        try:
+            fields = r.hgetall(snapmod.snapshot_key())
+            snap = snapmod.decode(fields, window_s=settings.window_s, topic_prefix=prefix())
+            begin = {f"{tp.topic}:{tp.partition}": off for tp, off in consumer.start_begin.items()}
+            end = {f"{tp.topic}:{tp.partition}": off for tp, off in consumer.start_end.items()}
+            check_offsets(snap.offsets, begin, end)
+        except CheckpointError as exc:
+            (log.info if exc.reason == "missing" else log.warning)("no usable snapshot (%s): rebuilding from 0", exc)
+            return None
+        except Exception as exc:  # Redis down: the log is the state, rebuild from it
+            log.warning("cannot read the snapshot (%s): rebuilding from offset 0", exc)
+            return None
+        return snap
+
+    def write_snapshot() -> None:
+        """Store the state (never over a snapshot of a higher token); a failure is logged, never raised."""
+        import redis as redis_lib
+
+        from apportion.topics import prefix
+        from services.dispatcher import snapshot as snapmod
+
+        t0 = time.perf_counter()
+        key = snapmod.snapshot_key()
+        try:
+            fields = snapmod.encode(svc.snapshot(), topic_prefix=prefix())
+            with r.pipeline() as pipe:
+                pipe.watch(key)
+                if not snapmod.newer_than_stored(pipe.hgetall(key), svc.token):
+                    log.warning("not writing the snapshot: a newer leader's is stored")
+                    return
+                pipe.multi()
+                pipe.delete(key)
+                pipe.hset(key, mapping=fields)
+                pipe.execute()
+        except redis_lib.WatchError:
+            log.warning("snapshot not written: written concurrently by another instance")
+            return
+        except Exception as exc:  # noqa: BLE001 - a snapshot is an optimisation: never stop deciding for it
+            log.warning("snapshot not written (%s)", exc)
+            return
+        log.info(
+            "snapshot written: %d bytes, %d jobs, in %.2f s",
+            len(fields["state"]),
+            len(svc.state.jobs),
+            time.perf_counter() - t0,
+        )
+
     async def beats() -> None:  # the event loop's sign of life for the keeper
         while True:
             keeper.beat()
@@ -453,11 +568,25 @@ async def _lead(
 
     beating = asyncio.create_task(beats(), name="lease-beats")
     try:
+        t_start = loop.time()
+        snap = await asyncio.to_thread(load_snapshot)
+        if snap is not None:
+            lease.observe(snap.fencing_token)
+            if snap.fencing_token > lease.token:  # a newer leader stored it: we are deposed
+                raise LeadershipLost()
+            svc.restore(snap)
+            consumer.seek(snap.offsets)
         caught = await consumer.catch_up(stop)
         if caught is None:
             return
-        backlog, late = caught  # the log as of the start: rebuild; appended meanwhile: decided live
+        backlog, late = caught  # the log as of the start (or its tail after the snapshot): rebuild
         out = svc.bootstrap(backlog)
+        log.info(
+            "started from %s: %d records read, rebuilt in %.2f s",
+            "a snapshot" if snap is not None else "offset 0",
+            len(backlog),
+            loop.time() - t_start,
+        )
         if late:
             more, _ = svc.ingest(late)
             out += more
@@ -480,9 +609,11 @@ async def _lead(
         await asyncio.to_thread(svc._emit, out)
         await asyncio.to_thread(producer.flush)
         await asyncio.to_thread(write_read_model)
+        if settings.snapshot_every_wall_s > 0:
+            await asyncio.to_thread(write_snapshot)
         if ready is not None:
             ready.set()
-        last_tick = last_rm = last_beats = loop.time()
+        last_tick = last_rm = last_beats = last_snap = loop.time()
         rm_gap = READ_MODEL_EVERY_S
         unflushed = dirty = False
         pacer = TickPacer(settings.tick_wall_s, start=last_tick)
@@ -515,6 +646,12 @@ async def _lead(
                 # at most ~10% of the loop on read models, however large the queue grows
                 rm_gap = max(READ_MODEL_EVERY_S, 10 * (loop.time() - t0))
                 last_rm, dirty = loop.time(), False
+            if settings.snapshot_every_wall_s > 0 and now - last_snap >= settings.snapshot_every_wall_s:
+                check_lease()  # every decision in the state must be in the log: publish, flush, then store
+                await asyncio.to_thread(producer.flush)
+                unflushed = False
+                await asyncio.to_thread(write_snapshot)
+                last_snap = loop.time()
     finally:
         beating.cancel()
         await asyncio.to_thread(keeper.stop)

@@ -30,6 +30,16 @@ class DispatcherSettings(ServiceSettings):
         patience_s: longest wait of a job at or over its share before it preempts whatever the
             work lost (``preemption.patience_rule``; 0 = off).
         producer_name: written as ``producer`` on events.
+        reconcile_misses: consecutive heartbeats of a node that must disagree
+            with the runs before a missing replica is lost or an unknown one
+            stopped (:mod:`apportion.domain.reconcile`); 0 disables.
+        future_tolerance_s: an input event whose time is more than this many
+            event seconds after the dispatcher's clock is dead-lettered (it would
+            move the window ahead; producers' clocks may lag or lead by less).
+        snapshot_every_wall_s: wall seconds between snapshots of the state in
+            Redis (:mod:`services.dispatcher.snapshot`); a start reads the
+            snapshot and the log's tail; 0: no snapshots, every start replays
+            the log from offset 0.
     """
 
     instance_id: str = ""
@@ -42,6 +52,9 @@ class DispatcherSettings(ServiceSettings):
     reservation_after_s: float = 3600.0
     patience_s: float = PATIENCE_S
     producer_name: str = "dispatcher"
+    reconcile_misses: int = 2
+    future_tolerance_s: float = 3600.0
+    snapshot_every_wall_s: float = 60.0
 
     def owner(self) -> str:
         """This instance's lease owner id."""

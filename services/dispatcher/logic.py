@@ -62,12 +62,43 @@ def recover(state: DispatchState, log: Sequence[Event], now_us: Micros, cfg: Dis
         evolve(state, ev)
     out: list[Event] = []
     for ev in log:
+        if state.is_stale(ev):
+            continue  # older than the window: not folded, and its job's end may be forgotten
         if isinstance(ev, JobSubmitted) and ev.job_id not in state.jobs and ev.job_id not in state.finished:
             out.extend(_decide_folded(state, ev, now_us, cfg))
         elif isinstance(ev, WorkloadRefused) or (isinstance(ev, JobLost) and ev.producer != cfg.producer):
             # an agent's report the old leader may not have answered (it arrived while nobody led, or
             # during this rebuild): the domain acts only if the run it names is still the job's current one
             out.extend(_decide_folded(state, ev, now_us, cfg))
+    return out
+
+
+def resend_starts(state: DispatchState, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
+    """``StartWorkload`` again for every replica of a running run that has not reported ``JobStarted``.
+
+    A leader killed between its ``JobPlaced`` (jobs topic) and its ``StartWorkload`` (commands topic)
+    leaves a run placed whose start never reaches its agent: its GPUs would be held for ever (seen in
+    the chaos campaign). A new leader sends the starts of such runs once, after its rebuild, under the
+    same deterministic ids (:func:`apportion.domain.engine.start_events`). An agent that got the first
+    copy refuses this one (``duplicate_start``, which undoes nothing); one that restarted since refuses
+    a command older than its registration, but this copy is new. Runs waiting for victims
+    (``awaiting``) and stopping runs are left alone.
+    """
+    from apportion.domain.engine import start_events
+
+    ts = from_us(now_us)
+    out: list[Event] = []
+    for key in sorted(state.cluster.runs):
+        run = state.cluster.runs[key]
+        rec = state.jobs.get(key[0])
+        if run.stopping or key in state.awaiting or rec is None or rec.attempt != key[1] or rec.status != "running":
+            continue
+        missing = [r for r in sorted(run.open_replicas) if r not in run.started_replicas]
+        if missing:
+            starts = start_events(
+                key[0], key[1], run.placements, ts, rec.spec.duration_s, rec.spec.command, cfg.producer
+            )
+            out += [starts[r] for r in missing]
     return out
 
 

@@ -411,6 +411,53 @@ async def test_stalled_node_is_lost_fenced_and_rejoins(cluster: Cluster) -> None
     assert [p.node_id for p in placed2.placements] == [node]
 
 
+@pytest.mark.parametrize("cluster", [{"agent": False}], indirect=True)
+async def test_agent_restarted_without_its_journal_has_its_runs_requeued_by_reconciliation(cluster: Cluster) -> None:
+    """kill -9 an agent that keeps no journal, restart it inside the heartbeat timeout (600 event-s).
+
+    Its heartbeats list no replica any more; after two of them the dispatcher declares the run lost
+    (``JobLost`` by the dispatcher, charged to a heartbeat) and requeues it; attempt 2 starts on the
+    restarted agent. No ``NodeLost``, no ``JobFailed``.
+    """
+    import signal
+
+    from apportion import events
+
+    node = f"r{cluster.tag}-0"
+    args = ("--sim-nodes", "1", "--gpus-per-node", "4", "--node-prefix", f"r{cluster.tag}-")
+    env = {"APPORTION_GROUP_ID": f"agent-{cluster.tag}", "APPORTION_MEMORY_JOURNAL": "true"}
+    agent = cluster.spawn("services.node_agent", *args, env=env)
+    again = None
+
+    def registrations(evs: list[Any]) -> list[Any]:
+        return [e for e in evs if isinstance(e, events.NodeRegistered) and e.node_id == node]
+
+    try:
+        await cluster.until(lambda evs: registrations(evs), "registration")
+        cluster.submit("z1", "lab/a", gpus=2, min_runtime_s=60, duration_s=36000)
+        await cluster.until(lambda evs: "JobStarted" in of_job(evs, "z1"), "z1 to start")
+        agent.send_signal(signal.SIGKILL)
+        agent.wait(10)
+        again = cluster.spawn("services.node_agent", *args, env=env)
+        evs = await cluster.until(
+            lambda evs: any(isinstance(e, events.JobStarted) and e.job_id == "z1" and e.attempt == 2 for e in evs),
+            "attempt 2 of z1 to start on the restarted agent",
+        )
+    finally:
+        for p in (agent, again):
+            if p is not None and p.poll() is None:
+                p.terminate()
+                p.wait(20)
+    lost = [e for e in evs if isinstance(e, events.JobLost) and e.job_id == "z1"]
+    assert [(e.attempt, e.node_id, e.producer) for e in lost] == [(1, node, "dispatcher")]
+    req = next(e for e in evs if isinstance(e, events.JobRequeued) and e.job_id == "z1")
+    assert (req.attempt, req.reason) == (2, "not running on its node")
+    beats = [e for e in evs if isinstance(e, events.NodeHeartbeat) and e.node_id == node]
+    after = [e for e in beats if registrations(evs)[-1].ts <= e.ts <= lost[0].ts]
+    assert len(after) >= 2 and lost[0].charged_until == after[-1].ts  # charged to the heartbeat that decided
+    assert not [e for e in evs if isinstance(e, (events.NodeLost, events.JobFailed))]
+
+
 @pytest.mark.parametrize("cluster", [{"dispatcher": False}], indirect=True)
 async def test_dispatcher_failover_places_nothing_twice(cluster: Cluster) -> None:
     """Two dispatcher processes; kill -9 the leader mid-run; the standby takes over with no double placement."""

@@ -25,7 +25,7 @@ from apportion.events import (
     NodeRegistered,
     StartWorkload,
 )
-from apportion.topics import BUDGETS, JOBS, NODES, SUBMISSIONS
+from apportion.topics import BUDGETS, COMMANDS, JOBS, NODES, SUBMISSIONS
 from services.dispatcher import logic
 from services.dispatcher.app import ECHO_LEN, DispatcherService, TickPacer
 from services.dispatcher.config import DispatcherSettings
@@ -305,3 +305,20 @@ def test_lease_keeper_thread_reports_a_loss() -> None:
     assert keeper.lost.wait(10.0) is True
     keeper.stop()
     assert lease.calls == 3
+
+
+def test_a_new_leader_sends_again_the_starts_of_runs_that_never_started() -> None:
+    """A leader killed between JobPlaced and StartWorkload: its successor re-sends the start, same id."""
+    from services.dispatcher import logic
+
+    svc, log = run_history(echoes=True)
+    first = {events.decode(v).job_id: events.decode(v) for t, v in log.published if t == COMMANDS.name}
+    fresh = service(ListLog(), echoes=False)
+    out = fresh.bootstrap([r for r in log.records if r.topic in INPUTS])
+    again = [e for e in out if isinstance(e, StartWorkload)]
+    # j1 reported JobStarted; j2 and j4 did not
+    assert [(e.job_id, e.replica, e.event_id) for e in again] == [
+        ("j2", 0, first["j2"].event_id),
+        ("j4", 0, first["j4"].event_id),
+    ]
+    assert logic.resend_starts(fresh.state, fresh.now_us(), fresh.cfg) == again  # the same on every call

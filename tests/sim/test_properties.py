@@ -140,7 +140,7 @@ def test_invariants_on_random_clusters_and_streams(world):
     assert r.violations == []
     _check_log(r.log, {j.job_id: j for j in jobs})
     # nothing is lost: every job is finished or still known to the dispatcher
-    assert {j.job_id for j in jobs} <= set(r.state.jobs) | r.state.finished
+    assert {j.job_id for j in jobs} <= set(r.state.jobs) | set(r.state.finished)
 
 
 @settings(max_examples=15, deadline=None)

@@ -67,6 +67,7 @@ from apportion.domain.engine import (
     stop_event,
 )
 from apportion.domain.occupancy import OccupancyLedger
+from apportion.domain.reconcile import Absences, findings, observe
 from apportion.events import (
     BudgetBatch,
     BudgetRemoved,
@@ -89,6 +90,7 @@ from apportion.events import (
     NodeLost,
     NodeUncordoned,
     RejectReason,
+    StopWorkload,
     WorkloadRefused,
     det_id,
 )
@@ -111,6 +113,9 @@ UNDO_ON_REFUSAL = frozenset(
         "gpus_busy",
     }
 )
+
+#: ``seen`` is not swept below this many ids (a sweep of a small map costs more than it frees).
+FORGET_MIN = 4096
 
 __all__ = [
     "DispatchConfig",
@@ -143,6 +148,12 @@ class DispatchConfig:
         heartbeat_timeout_s: seconds without a heartbeat before ``NodeLost``;
             ``None`` disables the check (simulations without heartbeats).
         producer: ``producer`` of emitted events.
+        reconcile_misses: compare each heartbeat's running list with the
+            runs (:mod:`apportion.domain.reconcile`): a replica missing from
+            this many consecutive heartbeats of its node is lost, a replica
+            listed by as many but unknown there is stopped; ``None`` disables
+            it (simulations whose heartbeats list nothing). The dispatcher
+            service runs with 2.
         scheduler: the cycle function ``(snapshot, now_us, engine_config) ->
             events``; ``None`` is :func:`engine.schedule` (the simulator's
             baselines swap it). A function with the attribute
@@ -157,6 +168,7 @@ class DispatchConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     heartbeat_timeout_s: float | None = 30.0
     producer: str = "dispatcher"
+    reconcile_misses: int | None = None
     scheduler: Callable[[CycleSnapshot, Micros, EngineConfig], list[Event]] | None = None
 
 
@@ -204,13 +216,20 @@ class DispatchState:
         ledger: occupancy windows (:class:`OccupancyLedger`).
         cluster: nodes and runs (:class:`ClusterState`).
         jobs: active jobs by id.
-        finished: ids of jobs that ended (completed, failed, cancelled, rejected).
+        finished: job id -> event time (µs) it ended (completed, failed,
+            cancelled, rejected); forgotten once older than the window.
         pending: leaf budget -> pending jobs, allocated first, each class in
             (submitted_at, job_id) order (copy-on-write lists).
         stopping: preempted runs waiting for their stop.
         awaiting: preemptor run -> victims it still waits for before starting.
         draining: ids of draining nodes.
-        seen: event ids already folded (de-duplication).
+        seen: event id -> event time (µs) of the events folded (de-duplication),
+            heartbeats left out; ids older than the window are forgotten
+            (:meth:`forget_old`).
+        clock_us: the latest event time folded, µs (``None`` before any).
+        stale: events not folded because they are older than the window
+            (:meth:`is_stale`).
+        absences: heartbeats that disagreed with the runs (:class:`~apportion.domain.reconcile.Absences`).
     """
 
     __slots__ = (
@@ -224,6 +243,11 @@ class DispatchState:
         "awaiting",
         "draining",
         "seen",
+        "absences",
+        "clock_us",
+        "stale",
+        "window_us",
+        "_kept",
         "_ledger_on",
         "_shapes",
         "_memo",
@@ -236,12 +260,17 @@ class DispatchState:
         self.ledger = OccupancyLedger(window_s)
         self.cluster = ClusterState()
         self.jobs: dict[str, JobRecord] = {}
-        self.finished: set[str] = set()
+        self.finished: dict[str, Micros] = {}
         self.pending: dict[str, list[PendingJob]] = {}
         self.stopping: dict[RunKey, _Stopping] = {}
         self.awaiting: dict[RunKey, frozenset[RunKey]] = {}
         self.draining: set[str] = set()
-        self.seen: set[Any] = set()
+        self.seen: dict[Any, Micros] = {}
+        self.absences = Absences()
+        self.clock_us: Micros | None = None
+        self.stale = 0
+        self.window_us = s_to_us(window_s)
+        self._kept = 0  # size of ``seen`` after the last forget_old
         self._ledger_on = True
         self._shapes: list[NodeShape] | None = None
         # engine memo across cycles, keyed by pending-list identity (lists are copy-on-write)
@@ -249,6 +278,18 @@ class DispatchState:
         # preemption candidates of self.cluster, kept across cycles (built on the first cycle)
         self._victims: VictimIndex | None = None
         self._free: FreeIndex | None = None
+
+    #: Slots that are caches (rebuilt on demand): left out of a pickle (:mod:`services.dispatcher.snapshot`).
+    _CACHES = ("_shapes", "_memo", "_victims", "_free")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The state without its caches (the memo is keyed by list identity, which a copy does not keep)."""
+        return {k: getattr(self, k) for k in self.__slots__ if k not in self._CACHES}
+
+    def __setstate__(self, st: dict[str, Any]) -> None:
+        for k, v in st.items():
+            setattr(self, k, v)
+        self._shapes, self._memo, self._victims, self._free = None, {}, None, None
 
     def fork(self) -> DispatchState:
         """A scratch copy for planning (shares the ledger read-only; never fold into both)."""
@@ -263,12 +304,14 @@ class DispatchState:
         c._order = None
         other.cluster = c
         other.jobs = dict(self.jobs)
-        other.finished = set(self.finished)
+        other.finished = dict(self.finished)
         other.pending = dict(self.pending)
         other.stopping = dict(self.stopping)
         other.awaiting = dict(self.awaiting)
         other.draining = set(self.draining)
-        other.seen = set()
+        other.seen = {}
+        other.absences = Absences()  # a scratch cycle folds no heartbeats
+        other.clock_us, other.stale, other.window_us, other._kept = self.clock_us, 0, self.window_us, 0
         other._shapes = None
         other._memo = self._memo  # entries are keyed by list identity: safe to share
         other._victims = None  # a scratch cycle indexes its own runs and nodes
@@ -307,6 +350,30 @@ class DispatchState:
             victims=victims,
             free=free,
         )
+
+    def is_stale(self, ev: Event) -> bool:
+        """True when ``ev`` is older than the window: its time is before the latest folded minus W.
+
+        Such an event is not folded (:func:`evolve`): ids that old are forgotten, so it could not
+        be told from a duplicate. A reader meets one only when a producer's clock or a record is
+        a window late; the dispatcher dead-letters it.
+        """
+        return self.clock_us is not None and to_us(ev.ts) < self.clock_us - self.window_us
+
+    def forget_old(self) -> None:
+        """Drop ids (``seen``) and ended jobs (``finished``) older than the window.
+
+        Called by :func:`evolve` whenever ``seen`` has doubled since the last call (amortised O(1)
+        per event), so both stay within about twice what one window holds. What is dropped is
+        exactly what :meth:`is_stale` refuses from now on, so de-duplication does not depend on
+        when this runs: an event is either still in ``seen`` or older than the window.
+        """
+        if self.clock_us is None:
+            return
+        horizon = self.clock_us - self.window_us
+        self.seen = {k: t for k, t in self.seen.items() if t >= horizon}
+        self.finished = {k: t for k, t in self.finished.items() if t >= horizon}
+        self._kept = len(self.seen)
 
     def node_shapes(self) -> list[NodeShape]:
         """Declared inventory for admission: (GPUs, model, count) of nodes not lost (cached)."""
@@ -444,17 +511,30 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
     its stopped replicas; ``JobCompleted``/``JobFailed`` ending the run,
     ``JobCancelled`` and ``JobRejected`` finish the job. Budget events
     update the tree (an invalid change is skipped; the policy service
-    rejects it). Duplicate event ids are ignored.
+    rejects it). Duplicate event ids are ignored, and so is an event older
+    than the window (:meth:`DispatchState.is_stale`, counted in ``stale``).
     """
     eid = ev.event_id
+    t_ev = to_us(ev.ts)
+    clock = state.clock_us
+    if clock is not None and t_ev < clock - state.window_us:  # before the seen check: the same whether swept or not
+        state.stale += 1
+        return state
     if eid in state.seen:
         return state
-    state.seen.add(eid)
+    cls = type(ev)
+    if clock is None or t_ev > clock:
+        state.clock_us = t_ev
+    if cls is not NodeHeartbeat:  # a heartbeat folded twice changes nothing: not recorded
+        state.seen[eid] = t_ev
+        if len(state.seen) > 2 * max(state._kept, FORGET_MIN):
+            state.forget_old()
     if state._ledger_on:
         state.ledger.apply(ev)
     state.cluster.apply(ev)
-    cls = type(ev)
-    if cls.__name__.startswith("Node") and cls is not NodeHeartbeat:
+    if isinstance(ev, NodeHeartbeat):
+        observe(state.absences, state.cluster, state.awaiting, ev)
+    elif cls.__name__.startswith("Node"):
         state._shapes = None
     jobs = state.jobs
     if isinstance(ev, JobQueued):
@@ -518,7 +598,7 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
                 and key not in state.cluster.runs
             ):
                 del jobs[ev.job_id]
-                state.finished.add(ev.job_id)
+                state.finished[ev.job_id] = t_ev
                 state.awaiting.pop(key, None)
     elif isinstance(ev, JobCancelled):
         rec = jobs.get(ev.job_id)
@@ -528,9 +608,9 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
             _stop_done(state, (ev.job_id, rec.attempt))
             state.awaiting.pop((ev.job_id, rec.attempt), None)
             del jobs[ev.job_id]
-            state.finished.add(ev.job_id)
+            state.finished[ev.job_id] = t_ev
     elif isinstance(ev, JobRejected):
-        state.finished.add(ev.job_id)
+        state.finished[ev.job_id] = t_ev
     elif isinstance(ev, JobLost):
         rec = jobs.get(ev.job_id)
         if rec is not None and rec.attempt == ev.attempt:
@@ -714,16 +794,22 @@ def decide(
         return undo_refused_start(state, inp, ts, prod)
     if isinstance(inp, NodeLost):
         return _node_lost(state, inp.node_id, to_us(inp.last_heartbeat), ts, prod, emit_lost=None, grace_s=grace)
+    if isinstance(inp, NodeHeartbeat) and cfg.reconcile_misses is not None:
+        return reconcile_events(state, inp, ts, prod, cfg.reconcile_misses, grace)
     return out
 
 
 def step(state: DispatchState, inp: Event | Tick, now_us: Micros, config: DispatchConfig | None = None) -> list[Event]:
     """``evolve(inp)``, ``decide``, then ``evolve`` every output; returns the outputs.
 
-    A duplicate input (its ``event_id`` already folded) gives no output.
+    A duplicate input (its ``event_id`` already folded) or one older than the
+    window (:meth:`DispatchState.is_stale`) gives no output.
     This is the one entry point of the dispatcher service and the simulator.
     """
     if not isinstance(inp, Tick):
+        if state.is_stale(inp):
+            state.stale += 1
+            return []
         if inp.event_id in state.seen:
             return []
         evolve(state, inp)
@@ -878,36 +964,97 @@ def _node_lost(
         )
     for key in sorted(state.cluster.node_runs.get(nid, ())):
         run = state.cluster.runs.get(key)
-        rec = state.jobs.get(key[0])
         if run is None:
             continue
         if emit_lost is not None:
             if key in emit_lost:
                 continue  # a gang on two nodes lost in one pass: handled with the first
             emit_lost.add(key)
-        survivors = False
-        if not run.stopping:
-            out.append(
-                JobLost(
-                    event_id=det_id("JobLost", run.job_id, run.attempt),
-                    ts=ts,
-                    producer=prod,
-                    job_id=run.job_id,
-                    attempt=run.attempt,
-                    node_id=nid,
-                    charged_until=from_us(last_hb_us),
-                    lost_gpu_s=work_lost_gpu_s(run, last_hb_us),
-                )
+        out.extend(_lose_run(state, run, nid, last_hb_us, ts, prod, grace_s))
+    return out
+
+
+def _lose_run(
+    state: DispatchState,
+    run: Any,
+    nid: str,
+    charged_us: Micros,
+    ts: Any,
+    prod: str,
+    grace_s: float,
+    reason: str = "node lost",
+) -> list[Event]:
+    """``run`` is lost on node ``nid``: ``JobLost`` (unless stopping), stops elsewhere, requeue if nothing survives.
+
+    ``JobLost`` is charged until ``charged_us`` (:func:`~apportion.domain.cluster.work_lost_gpu_s`);
+    the gang's open replicas on other nodes get ``StopWorkload`` with the grace period ``grace_s``
+    (grace 0 on a node that is lost too); without such survivors the job is requeued at once.
+    """
+    out: list[Event] = []
+    rec = state.jobs.get(run.job_id)
+    survivors = False
+    if not run.stopping:
+        out.append(
+            JobLost(
+                event_id=det_id("JobLost", run.job_id, run.attempt),
+                ts=ts,
+                producer=prod,
+                job_id=run.job_id,
+                attempt=run.attempt,
+                node_id=nid,
+                charged_until=from_us(charged_us),
+                lost_gpu_s=work_lost_gpu_s(run, charged_us),
             )
-            for r in sorted(run.open_replicas):
-                p = run.placements[r]
-                if p.node_id != nid:
-                    other = state.cluster.nodes.get(p.node_id)
-                    lost_too = other is None or other.state == "lost"
-                    survivors = survivors or not lost_too
-                    out.append(stop_event(run, r, ts, 0.0 if lost_too else grace_s, prod, "gang replica lost"))
-        if rec is not None and rec.attempt == run.attempt and not survivors:
-            out.append(requeue_event(rec, run.attempt, ts, prod, "node lost"))
+        )
+        for r in sorted(run.open_replicas):
+            p = run.placements[r]
+            if p.node_id != nid:
+                other = state.cluster.nodes.get(p.node_id)
+                lost_too = other is None or other.state == "lost"
+                survivors = survivors or not lost_too
+                out.append(stop_event(run, r, ts, 0.0 if lost_too else grace_s, prod, "gang replica lost"))
+    if rec is not None and rec.attempt == run.attempt and not survivors:
+        out.append(requeue_event(rec, run.attempt, ts, prod, reason))
+    return out
+
+
+def reconcile_events(
+    state: DispatchState, hb: NodeHeartbeat, ts: Any, prod: str, misses: int, grace_s: float
+) -> list[Event]:
+    """What a heartbeat's running list calls for (:func:`apportion.domain.reconcile.findings`).
+
+    A run with a replica the node stopped reporting ``misses`` heartbeats ago is lost there
+    (:func:`_lose_run`, charged until this heartbeat, requeue reason ``not running on its node``;
+    a replica of the gang the node still reports gets ``StopWorkload`` with grace 0, since the
+    loss frees the run's GPUs on the node). A run the node reports but the dispatcher does not
+    place there gets ``StopWorkload`` (grace 0, reason ``unknown to the dispatcher``, id
+    ``det_id("StopWorkload", "unknown", node, job, attempt)``).
+    """
+    nid = hb.node_id
+    lost, stop = findings(state.absences, state.cluster, nid, misses)
+    t = to_us(hb.ts)
+    out: list[Event] = []
+    listed = {(w.job_id, w.attempt) for w in hb.running}
+    for key in lost:
+        run = state.cluster.runs[key]
+        evs = _lose_run(state, run, nid, t, ts, prod, grace_s, reason="not running on its node")
+        if key in listed:  # part of the gang still runs here: its GPUs are released with the loss
+            here = min(r for r in run.open_replicas if run.placements[r].node_id == nid)
+            evs.insert(1, stop_event(run, here, ts, 0.0, prod, "gang replica lost"))
+        out.extend(evs)
+    for job_id, attempt in stop:
+        out.append(
+            StopWorkload(
+                event_id=det_id("StopWorkload", "unknown", nid, job_id, attempt),
+                ts=ts,
+                producer=prod,
+                node_id=nid,
+                job_id=job_id,
+                attempt=attempt,
+                grace_s=0.0,
+                reason="unknown to the dispatcher",
+            )
+        )
     return out
 
 

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Resident memory of each service over a long steady run: the slope and the growth over the second half.
+
+Starts its own Kafka and Redis and the four services (the stack of ``bench/chaos.py``, without the chaos)
+on an accelerated clock, then for ``--duration-s`` wall seconds submits short jobs at ``--rate`` per
+second (1-4 GPUs, 1-5 event-minutes) on 8 simulated nodes, while heartbeats flow. Every ``--every-s``
+it samples each service's ``VmRSS`` (``/proc/<pid>/status``). Printed per service: RSS at the start of
+the second half and at the end, the growth over the second half, and the least-squares slope over the
+second half in MiB/h (the first half is warm-up: imports, caches, the window filling).
+
+The issue's target: flat within 10% over the second half. Exit 1 when a service grows more than that.
+At the default 1,440x clock a 300 s run covers five event-days, so the dispatcher's de-duplication
+state and the agent's ended set reach their steady size (window: ``APPORTION_WINDOW_S``, one day here).
+Run: ``.venv/bin/python bench/bench_rss.py [--duration-s 300] [--rate 5] [--time-scale 1440]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+GROWTH_MAX = 0.10
+
+
+def rss_mib(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def slope_per_h(samples: list[tuple[float, float]]) -> float:
+    """Least-squares slope of ``(wall s, MiB)`` samples, MiB per hour."""
+    n = len(samples)
+    if n < 2:
+        return 0.0
+    mx = sum(t for t, _ in samples) / n
+    my = sum(v for _, v in samples) / n
+    sxx = sum((t - mx) ** 2 for t, _ in samples)
+    sxy = sum((t - mx) * (v - my) for t, v in samples)
+    return 3600.0 * sxy / sxx if sxx else 0.0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--duration-s", type=float, default=300.0)
+    ap.add_argument("--rate", type=float, default=5.0, help="submissions per wall second")
+    ap.add_argument("--every-s", type=float, default=5.0)
+    ap.add_argument("--time-scale", type=float, default=1440.0)
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    sys.path.insert(0, str(HERE))
+    from chaos import SERVICES, open_stack
+
+    from apportion import events as ev
+    from apportion.bus.producer import EventProducer
+
+    rng = random.Random(a.seed)
+    root = Path(tempfile.mkdtemp(prefix="apportion-bench-rss-"))
+    (root / "logs").mkdir()
+    local, stack, clock = open_stack(root, f"rss{uuid.uuid4().hex[:6]}.", a.time_scale, APPORTION_WINDOW_S="86400")
+    producer = EventProducer(local.bootstrap, client_id="bench-rss")
+    samples: dict[str, list[tuple[float, float]]] = {s: [] for s in SERVICES}
+    try:
+        for path, share in (("lab", 1.0), ("lab/a", 0.5), ("lab/b", 0.5)):
+            producer.publish(ev.BudgetSet(path=path, share=share, ts=clock.now(), producer="bench"))
+        for name in SERVICES:
+            stack.start(name)
+        t0 = time.monotonic()
+        next_sample = t0
+        i = 0
+        while (now := time.monotonic()) - t0 < a.duration_s:
+            while i < (now - t0) * a.rate:
+                ts = clock.now()
+                g = rng.choice([1, 1, 2, 4])
+                dur = float(rng.randint(60, 300))
+                producer.send(
+                    ev.JobSubmitted(
+                        job_id=f"r{i:07d}", budget=rng.choice(["lab/a", "lab/b"]), user="u", gpus_per_replica=g,
+                        min_runtime_s=0.0 if rng.random() < 0.3 else 60.0, duration_s=dur, submitted_at=ts, ts=ts,
+                        producer="bench",
+                    )
+                )  # fmt: skip
+                i += 1
+            if now >= next_sample:
+                for name, p in stack.procs.items():
+                    v = rss_mib(p.pid)
+                    if v is not None:
+                        samples[name].append((now - t0, v))
+                next_sample += a.every_s
+            time.sleep(0.02)  # pacing of the load generator
+        producer.flush(60)
+    finally:
+        exited = {n: p.poll() for n, p in stack.procs.items() if p.poll() is not None}
+        stack.stop()
+        producer.close()
+        local.stop()
+    print(
+        f"bench_rss: {a.duration_s:.0f} s at {a.time_scale:g}x ({a.duration_s * a.time_scale / 86400:.1f} event-days, "
+        f"window 1 day), {i} submissions; RSS per service over the second half:"
+    )
+    ok = not exited
+    for name in SERVICES:
+        half = [(t, v) for t, v in samples[name] if t >= a.duration_s / 2]
+        if len(half) < 2:
+            print(f"  {name:11s} too few samples")
+            ok = False
+            continue
+        first, last = half[0][1], half[-1][1]
+        growth = (last - first) / first
+        ok &= growth <= GROWTH_MAX
+        print(
+            f"  {name:11s} {first:6.1f} -> {last:6.1f} MiB ({growth:+.1%}), slope {slope_per_h(half):+7.1f} MiB/h"
+            f"{'' if growth <= GROWTH_MAX else '  (over the 10% target)'}"
+        )
+    if exited:
+        print(f"  services that exited: {exited}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""The short seeded chaos campaign (``bench/chaos.py --quick``): its own broker and Redis, kills, a broker
+kill -9, a Redis restart and 300 hostile records during a 30-job replay; every figure of its last line
+must be right (exit status 0). The full campaign is ``make chaos`` (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_short_chaos_campaign_loses_nothing_and_verifies() -> None:
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "chaos.py"), "--quick", "--seed", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    last = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+    assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    m = re.fullmatch(
+        r"chaos: kills (\d+), broker kills (\d+), hostile (\d+) \((\d+) dead-lettered\), submitted (\d+), lost 0, "
+        r"double-booked 0, protection violations 0, failed by restart 0, audit verify ok",
+        last,
+    )
+    assert m, last
+    kills, broker, hostile, dead, submitted = map(int, m.groups())
+    assert (kills, broker, hostile, submitted) == (4, 1, 300, 30)
+    assert 250 <= dead < hostile  # the poison ones (about 10/11); the rest name unknown entities
