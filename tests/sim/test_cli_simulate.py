@@ -37,8 +37,16 @@ def test_simulate_all_policies_json_and_plot(tmp_path):
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
-    assert [p["policy"] for p in doc["policies"]] == ["fairshare", "fifo", "static", "priority"]
-    assert all(p["violations"] == 0 and p["jobs"] == 4 for p in doc["policies"])
+    names = ["fairshare", "fifo", "static", "priority", "slurm", "kueue", "kai"]
+    assert [p["policy"] for p in doc["policies"]] == names
+    assert all(p["jobs"] == 4 for p in doc["policies"])
+    # Kueue has no minimum runtime: b1 (within b's nominal quota) reclaims a2 from a (borrowing) at once
+    assert {p["policy"]: p["violations"] for p in doc["policies"]} == {
+        **{p: 0 for p in ("fairshare", "fifo", "static", "priority", "slurm", "kai")},
+        "kueue": 1,
+    }
+    assert doc["bursting"]["baseline"] == "static"
+    assert sorted(doc["bursting"]["policies"]) == sorted(p["policy"] for p in doc["policies"])
     assert (tmp_path / "p.png").stat().st_size > 1000
     table = CliRunner().invoke(app, args[:-3] + ["--policy", "fairshare,fifo"])
     assert table.exit_code == 0 and "fairshare" in table.output
@@ -116,7 +124,7 @@ def _error(res) -> str:
         (
             ["--policy", "fifo,bogus"],
             "error: --policy 'fifo,bogus': unknown policy 'bogus'; use fairshare, fifo, "
-            "static, priority, a comma list or all",
+            "static, priority, slurm, kueue, kai, a comma list or all",
         ),
         (
             ["--slice", "weeks45-39"],

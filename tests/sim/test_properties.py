@@ -236,7 +236,8 @@ def test_a_run_leaves_no_reference_cycles(policy):
     finally:
         gc.set_debug(0)
         gc.garbage.clear()
-    assert r.placed_first and r.violations == []
+    # Kueue has no minimum runtime (apportion.sim.peers.kueue): it preempts inside ours
+    assert r.placed_first and (r.violations == [] or policy == "kueue")
     assert cyclic == []
 
 

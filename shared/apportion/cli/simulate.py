@@ -59,7 +59,7 @@ app = typer.Typer(
     )
 )
 
-POLICY_NAMES = ("fairshare", "fifo", "static", "priority")
+POLICY_NAMES = ("fairshare", "fifo", "static", "priority", "slurm", "kueue", "kai")
 MAX_TAIL_H = 1e6
 
 
@@ -122,7 +122,7 @@ def simulate(
         dir_okay=False,
         help="Budget file (YAML): tree, cluster, groups, min_runtime rule (format: docs/simulation.md).",
     ),
-    policy: str = typer.Option("all", "--policy", help="fairshare, fifo, static, priority, a comma list, or all."),
+    policy: str = typer.Option("all", "--policy", help="fairshare, fifo, static, priority, slurm, kueue, kai (docs/simulation.md), a comma list, or all."),
     seed: int = typer.Option(..., "--seed", help="Required: trace draws and stop delays."),
     slice_: str = typer.Option(
         "all", "--slice", help="all, week44, weeks39-45, week44+3d, YYYY-MM-DD..YYYY-MM-DD (end exclusive)."
@@ -198,8 +198,10 @@ def simulate(
             highlight=False,
             soft_wrap=True,
         )
+    bursts: dict[str, Any] = {}
     reports = [
-        _run(name, bf, jobs, seed, cycle_s, tail_h, checkpoints, checkpoint_on_stop.value, patience_s) for name in names
+        _run(name, bf, jobs, seed, cycle_s, tail_h, checkpoints, checkpoint_on_stop.value, patience_s, bursts=bursts)
+        for name in names
     ]
     rejected = {r.policy: sum(r.rejected.values()) for r in reports if r.rejected}
     if rejected:
@@ -236,6 +238,7 @@ def simulate(
         fmt=fmt,
         jobs=len(jobs),
         nodes=bf.nodes,
+        bursts=bursts,
     )
     if plot_path is not None:
         from apportion.sim.report import plot, plot_goodput
@@ -257,8 +260,13 @@ def _run(
     checkpoints: bool = True,
     checkpoint_on_stop: StopCheckpoint = "unallocated",
     patience_s: float = PATIENCE_S,
+    bursts: dict[str, Any] | None = None,
 ) -> Any:
-    """One policy's run and report; admission rejections are counted by reason."""
+    """One policy's run and report; admission rejections are counted by reason.
+
+    ``bursts``: when given, ``bursts[name]`` gets the run's bursting rows
+    (:func:`apportion.sim.bursting.burst_rows`).
+    """
     from apportion.domain.dispatch import DispatchConfig
     from apportion.domain.engine import EngineConfig
     from apportion.events import JobRejected
@@ -279,7 +287,7 @@ def _run(
     dcfg = DispatchConfig(
         engine=EngineConfig(window_s=bf.window_s, patience_s=patience_s),
         heartbeat_timeout_s=None,
-        scheduler=None if name == "fairshare" else POLICIES[name],
+        scheduler=None if name == "fairshare" else POLICIES[name],  # peers reset their memory per simulation
     )
     if tail_h is None:
         until = default_horizon_us(jobs, bf.nodes)
@@ -299,6 +307,10 @@ def _run(
     wall = time.perf_counter() - t0
     rep = summarise(result, bf.tree, name, seed, wall_s=wall, rejected=rejected)
     rep.horizon = from_us(until).isoformat()
+    if bursts is not None:
+        from apportion.sim.bursting import burst_rows
+
+        bursts[name] = burst_rows(result, bf.tree)
     return rep
 
 
@@ -318,9 +330,17 @@ def _emit(
     fmt: str,
     jobs: int,
     nodes: Any,
+    bursts: dict[str, Any] | None = None,
 ) -> None:
-    """Print the reports: JSON, or a header line and tables (wide, uncut, when stdout is not a terminal)."""
+    """Print the reports: JSON, or a header line and tables (wide, uncut, when stdout is not a terminal).
+
+    ``bursts``: policy -> bursting rows; the JSON gets them under ``bursting``
+    (ratios against ``static`` when it ran), the tables show our policy's.
+    """
+    from apportion.sim.bursting import render_bursting, to_dicts, with_ratios
     from apportion.sim.report import render_table, to_json
+
+    burst = with_ratios(bursts or {})
 
     if as_json:
         typer.echo(
@@ -334,6 +354,7 @@ def _emit(
                 tail_h=tail_h,
                 rule=rule,
                 checkpoints=checkpoints,
+                bursting=to_dicts(burst),
             )
         )
         return
@@ -350,6 +371,7 @@ def _emit(
         highlight=False,
     )
     render_table(reports, console, budgets=per_budget)
+    render_bursting(burst, console)
     for r in reports:
         console.print(f"{r.policy}: {r.cycles} cycles, {r.events} events, {r.wall_s:.1f} s wall")
         if r.unfinished:

@@ -330,3 +330,13 @@ POLICIES: dict[str, Callable[[CycleSnapshot, Micros, EngineConfig], list[Event]]
     "static": static_partitions,
     "priority": strict_priority,
 }
+
+# The peers (apportion.sim.peers): Slurm, Kueue and KAI, each one instance with per-simulation memory
+# (PeerPolicy: reset when a cycle comes from another simulation's dispatcher state).
+from apportion.sim.peers.kai import Kai  # noqa: E402
+from apportion.sim.peers.kueue import Kueue  # noqa: E402
+from apportion.sim.peers.slurm import Slurm  # noqa: E402
+
+POLICIES["slurm"] = Slurm()
+POLICIES["kueue"] = Kueue()
+POLICIES["kai"] = Kai()
