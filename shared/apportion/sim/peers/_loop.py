@@ -40,7 +40,7 @@ from apportion.events import Event, Placement, Victim
 from apportion.sim.baselines import Shape, _add_blocked, _blocked, _largest_free
 from apportion.timeutil import Micros, from_us
 
-__all__ = ["Cycle", "PeerPolicy", "Seg", "admission_loop", "capacity_gpus", "leaf_segments", "plan_victims", "run_gpus", "subtree_sums", "take_in_turn", "victim_order"]
+__all__ = ["Cycle", "PeerPolicy", "Seg", "admission_loop", "capacity_gpus", "leaf_segments", "may_fit", "plan_victims", "run_gpus", "subtree_sums", "take_in_turn", "victim_order"]
 
 
 def capacity_gpus(snapshot: CycleSnapshot) -> int:
@@ -234,6 +234,30 @@ def plan_victims(cyc: Cycle, job: PendingJob, accepted: Iterable[Run]) -> tuple[
     return tuple(placements), [victims[key] for key in sorted(victims)]
 
 
+def may_fit(cyc: Cycle, job: PendingJob, runs: Iterable[Run]) -> bool:
+    """Whether ``job``'s gang could fit if every run of ``runs`` went (a bound checked before a victim search).
+
+    k eligible nodes (as :func:`plan_victims`) each with at least g GPUs free or held by those runs.
+    """
+    g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
+    free = cyc.free
+    fmodel, fcount, ffree, reserved = free.model, free.count, free.free, free.reserved
+    avail: dict[str, int] = {}
+    for run in runs:
+        for r in run.open_replicas:
+            p = run.placements[r]
+            avail[p.node_id] = avail.get(p.node_id, 0) + len(p.gpus)
+    ok = 0
+    for nid in fmodel:
+        if nid in reserved or fcount[nid] < g or (model is not None and fmodel[nid] != model):
+            continue
+        if len(ffree[nid]) + avail.get(nid, 0) >= g:
+            ok += 1
+            if ok >= k:
+                return True
+    return False
+
+
 @dataclass
 class Seg:
     """A leaf's pending jobs ``jobs[lo:hi]`` in the order the peer walks them, with a cursor.
@@ -420,31 +444,36 @@ def take_in_turn(
     the largest ``rank(leaf)`` (ties: the smaller path) among those with runs
     left is asked; its first run in order that ``allowed`` accepts is yielded
     after ``on_take`` (the caller's provisional accounting); a queue none of
-    whose runs is accepted is dropped for this call. ``last``: a queue asked
+    whose runs is accepted is dropped for this call. A run refused once is not
+    asked again in the same call (the rules are monotone in the victims taken). ``last``: a queue asked
     only once every other is exhausted or dropped (the preemptor's own queue:
     within-queue preemption by priority comes after reclaiming from others).
     """
     dropped: set[str] = set()
+    pos: dict[str, int] = {}  # runs before it in a pool were refused in this call: the peers' rules are
+    # monotone in the victims taken (a queue only loses usage), so a refusal holds for the rest of the call
     while True:
         best: str | None = None
         best_rank: Any = None
         for leaf in sorted(pools):
-            if leaf == last or leaf in dropped or not pools[leaf]:
+            if leaf == last or leaf in dropped or pos.get(leaf, 0) >= len(pools[leaf]):
                 continue
             r = rank(leaf)
             if best is None or r > best_rank:
                 best, best_rank = leaf, r
         if best is None:
-            if last is None or last in dropped or not pools.get(last):
+            if last is None or last in dropped or last not in pools or pos.get(last, 0) >= len(pools[last]):
                 return
             best = last
         lst = pools[best]
-        for i, run in enumerate(lst):
-            if allowed(run):
-                del lst[i]
-                on_take(run)
-                yield run
-                break
+        i = pos.get(best, 0)
+        while i < len(lst) and not allowed(lst[i]):
+            i += 1
+        pos[best] = i
+        if i < len(lst):
+            run = lst.pop(i)
+            on_take(run)
+            yield run
         else:
             dropped.add(best)
 

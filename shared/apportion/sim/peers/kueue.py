@@ -67,6 +67,7 @@ from apportion.sim.peers._loop import (
     admission_loop,
     capacity_gpus,
     leaf_segments,
+    may_fit,
     plan_victims,
     run_gpus,
     subtree_sums,
@@ -137,9 +138,16 @@ class Kueue(PeerPolicy):
         tree = snapshot.tree
         cap = float(capacity_gpus(snapshot))
         cyc = Cycle(snapshot, now_us, config, POLICY_VERSION)
+        memo: dict[tuple[str, float], float] = {}
+
+        def value(path: str, usage: float) -> float:  # share_value, memoised for the cycle
+            v = memo.get((path, usage))
+            if v is None:
+                v = memo[(path, usage)] = share_value(tree, cap, path, usage)
+            return v
 
         def path_share(leaf: str, extra: int, usage: dict[str, float]) -> tuple[float, ...]:
-            return tuple(share_value(tree, cap, a, usage.get(a, 0.0) + extra) for a in ancestors_of(leaf))
+            return tuple(value(a, usage.get(a, 0.0) + extra) for a in ancestors_of(leaf))
 
         def key(s: Seg, job: PendingJob) -> tuple[tuple[float, ...], int, str]:
             return (path_share(s.leaf, job.gpus, subtree_sums(cyc.held)), job.submitted_at_us, s.leaf)
@@ -147,15 +155,35 @@ class Kueue(PeerPolicy):
         def planner(c: Cycle, job: PendingJob):  # type: ignore[no-untyped-def]
             x, w = job.budget, job.gpus
             agg = subtree_sums(c.held)
-            pools: dict[str, list[Run]] = {}
-            for leaf in c.runs:
-                if leaf == x:
-                    pools[leaf] = victim_order(r for r in c.candidates(leaf) if not r.allocated)
-                elif branches_of(leaf, x) is not None:
-                    pools[leaf] = victim_order(c.candidates(leaf))
 
             def nominal(p: str) -> float:
                 return tree.abs_share(p) * cap
+
+            # Only queues the rule can ever accept a run of (the search only lowers their usage): Y
+            # borrowing, and either S1 or a share above X's with w (both strategies need that).
+            pools: dict[str, list[Run]] = {}
+            reach = 0
+            for leaf in c.runs:
+                if leaf == x:
+                    cands = [r for r in c.candidates(leaf) if not r.allocated]
+                else:
+                    br = branches_of(leaf, x)
+                    if br is None:
+                        continue
+                    _lca, yb, xb = br
+                    y_now, x_with = agg.get(yb, 0.0), agg.get(xb, 0.0) + w
+                    if y_now <= nominal(yb) or (
+                        x_with > nominal(xb) and value(yb, y_now) <= value(xb, x_with)
+                    ):
+                        continue
+                    cands = c.candidates(leaf)
+                if cands:
+                    pools[leaf] = victim_order(cands)
+                    reach += sum(run_gpus(r) for r in cands)
+            if reach + sum(len(f) for f in c.free.free.values()) < w or not may_fit(
+                c, job, (r for lst in pools.values() for r in lst)
+            ):
+                return None
 
             def take(run: Run) -> None:
                 for a in ancestors_of(run.budget):
@@ -176,10 +204,7 @@ class Kueue(PeerPolicy):
                     if x_with <= nominal(xb):
                         return True  # S1: X stays within its nominal quota (reclaim)
                     return strategy_allows(
-                        strategy,
-                        share_value(tree, cap, xb, x_with),
-                        share_value(tree, cap, yb, y_now),
-                        share_value(tree, cap, yb, y_now - run_gpus(z)),
+                        strategy, value(xb, x_with), value(yb, y_now), value(yb, y_now - run_gpus(z))
                     )
 
                 return allowed
