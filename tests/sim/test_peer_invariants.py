@@ -32,8 +32,9 @@ PEERS = ("slurm", "kueue", "kai")
 
 def _sim(world, policy):
     nodes, jobs, drains, seed = world
-    cfg = SimConfig(seed=seed, dispatch=DispatchConfig(heartbeat_timeout_s=None), drains=drains, sample_s=0,
-                    until_us=at(12))
+    cfg = SimConfig(
+        seed=seed, dispatch=DispatchConfig(heartbeat_timeout_s=None), drains=drains, sample_s=0, until_us=at(12)
+    )
     return simulate(BudgetTree.from_mapping(TREE), nodes, jobs, cfg, scheduler=POLICIES[policy])
 
 

@@ -36,7 +36,6 @@ def a_jobs(n, gpus=1):
     return [job(f"a{i}", "lab/a", gpus=gpus, submit=at(0, i - 1), duration_s=4 * H) for i in range(1, n + 1)]
 
 
-
 def test_a_queue_at_its_final_share_is_not_preempted_by_one_that_would_pass_it():
     # a uses 5 (share 3/8/0.25 = 1.5), b uses 3; b1 (2 GPUs) would put b at 5 (1.5). LessThanOrEqualToFinalShare:
     # 1.5 <= a without one job (4: 1.0)? no. LessThanInitialShare: 1.5 < 1.5? no. b1 waits for GPUs to free.

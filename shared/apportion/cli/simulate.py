@@ -122,7 +122,11 @@ def simulate(
         dir_okay=False,
         help="Budget file (YAML): tree, cluster, groups, min_runtime rule (format: docs/simulation.md).",
     ),
-    policy: str = typer.Option("all", "--policy", help="fairshare, fifo, static, priority, slurm, kueue, kai (docs/simulation.md), a comma list, or all."),
+    policy: str = typer.Option(
+        "all",
+        "--policy",
+        help="fairshare, fifo, static, priority, slurm, kueue, kai (docs/simulation.md), a comma list, or all.",
+    ),
     seed: int = typer.Option(..., "--seed", help="Required: trace draws and stop delays."),
     slice_: str = typer.Option(
         "all", "--slice", help="all, week44, weeks39-45, week44+3d, YYYY-MM-DD..YYYY-MM-DD (end exclusive)."

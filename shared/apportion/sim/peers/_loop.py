@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from apportion.domain.budgets import ancestors_of
 from apportion.domain.cluster import UNTIL_STARTED, Run, RunKey, work_lost_gpu_s
@@ -35,12 +35,24 @@ from apportion.domain.engine import (
     preempt_events,
     start_events,
 )
-from apportion.domain.preemption import RULE_EXPIRED_BEHIND, RULE_UNALLOCATED
 from apportion.events import Event, Placement, Victim
 from apportion.sim.baselines import Shape, _add_blocked, _blocked, _largest_free
 from apportion.timeutil import Micros, from_us
 
-__all__ = ["Cycle", "PeerPolicy", "Seg", "admission_loop", "capacity_gpus", "leaf_segments", "may_fit", "plan_victims", "run_gpus", "subtree_sums", "take_in_turn", "victim_order"]
+__all__ = [
+    "Cycle",
+    "PeerPolicy",
+    "Seg",
+    "admission_loop",
+    "capacity_gpus",
+    "leaf_segments",
+    "may_fit",
+    "plan_victims",
+    "run_gpus",
+    "subtree_sums",
+    "take_in_turn",
+    "victim_order",
+]
 
 
 def capacity_gpus(snapshot: CycleSnapshot) -> int:
@@ -128,7 +140,7 @@ class Cycle:
         recs = []
         for run in victims:
             self.taken.add(run.key)
-            rule = RULE_EXPIRED_BEHIND if run.allocated else RULE_UNALLOCATED
+            rule: Literal["unallocated", "expired_behind"] = "expired_behind" if run.allocated else "unallocated"
             until = run.protected_until_us
             vic = Victim(
                 job_id=run.job_id,
@@ -143,13 +155,19 @@ class Cycle:
             recs.append(vic)
             self.out.extend(
                 preempt_events(
-                    run, self.ts, self.cfg.grace_s, self.cfg.producer, victim=vic, by_job_id=job.job_id,
+                    run,
+                    self.ts,
+                    self.cfg.grace_s,
+                    self.cfg.producer,
+                    victim=vic,
+                    by_job_id=job.job_id,
                     by_budget=job.budget,
                 )
             )
             self.held[run.budget] = self.held.get(run.budget, 0) - run_gpus(run)
-        _emit_placed(self.out, job, placements, tuple(recs), job.budget, self.considered, {}, ratio, False, self.ts,
-                     self.cfg)
+        _emit_placed(
+            self.out, job, placements, tuple(recs), job.budget, self.considered, {}, ratio, False, self.ts, self.cfg
+        )
         self.held[job.budget] = self.held.get(job.budget, 0) + job.gpus
         self.largest = _largest_free(self.free)
 
@@ -159,7 +177,9 @@ class Cycle:
         return [r for r in self.runs.get(leaf, ()) if r.key not in taken]
 
 
-def plan_victims(cyc: Cycle, job: PendingJob, accepted: Iterable[Run]) -> tuple[tuple[Placement, ...], list[Run]] | None:
+def plan_victims(
+    cyc: Cycle, job: PendingJob, accepted: Iterable[Run]
+) -> tuple[tuple[Placement, ...], list[Run]] | None:
     """Victims and placements for ``job`` from runs the peer's rule accepts, in the peer's order; ``None`` if none fit.
 
     Takes runs from ``accepted`` one at a time (the peer's generator applies its

@@ -202,7 +202,7 @@ class Kai(PeerPolicy):
             path = tuple(saturation(agg.get(a, 0.0), fs.get(a, 0.0)) for a in ancestors_of(s.leaf))
             return (path, job.submitted_at_us, s.leaf)
 
-        def planner(c: Cycle, job: PendingJob):  # type: ignore[no-untyped-def]
+        def planner(c: Cycle, job: PendingJob):
             x, w = job.budget, job.gpus
             agg = subtree_sums(c.held)
             if agg.get(x, 0.0) + w > fs.get(x, 0.0) + _EPS:
@@ -271,5 +271,7 @@ class Kai(PeerPolicy):
             return plan_victims(c, job, take_in_turn(pools, rank, allowed, take, last=x))
 
         alloc, _ = leaf_segments(snapshot, split=False)
-        admission_loop(cyc, alloc, key, planner, ratio=lambda leaf: saturation(cyc.held.get(leaf, 0), fs.get(leaf, 0.0)))
+        admission_loop(
+            cyc, alloc, key, planner, ratio=lambda leaf: saturation(cyc.held.get(leaf, 0), fs.get(leaf, 0.0))
+        )
         return cyc.out

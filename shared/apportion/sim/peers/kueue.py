@@ -152,7 +152,7 @@ class Kueue(PeerPolicy):
         def key(s: Seg, job: PendingJob) -> tuple[tuple[float, ...], int, str]:
             return (path_share(s.leaf, job.gpus, subtree_sums(cyc.held)), job.submitted_at_us, s.leaf)
 
-        def planner(c: Cycle, job: PendingJob):  # type: ignore[no-untyped-def]
+        def planner(c: Cycle, job: PendingJob):
             x, w = job.budget, job.gpus
             agg = subtree_sums(c.held)
 
@@ -172,9 +172,7 @@ class Kueue(PeerPolicy):
                         continue
                     _lca, yb, xb = br
                     y_now, x_with = agg.get(yb, 0.0), agg.get(xb, 0.0) + w
-                    if y_now <= nominal(yb) or (
-                        x_with > nominal(xb) and value(yb, y_now) <= value(xb, x_with)
-                    ):
+                    if y_now <= nominal(yb) or (x_with > nominal(xb) and value(yb, y_now) <= value(xb, x_with)):
                         continue
                     cands = c.candidates(leaf)
                 if cands:
@@ -192,7 +190,7 @@ class Kueue(PeerPolicy):
             def rank(leaf: str) -> tuple[float, ...]:
                 return path_share(leaf, 0, agg)
 
-            def rule(strategy: str):  # type: ignore[no-untyped-def]
+            def rule(strategy: str):
                 def allowed(z: Run) -> bool:
                     if z.budget == x:
                         return not z.allocated  # withinClusterQueue: LowerPriority
@@ -209,7 +207,7 @@ class Kueue(PeerPolicy):
 
                 return allowed
 
-            def accepted():  # type: ignore[no-untyped-def]
+            def accepted():
                 for strategy in STRATEGIES:
                     yield from take_in_turn(pools, rank, rule(strategy), take, last=x)
 

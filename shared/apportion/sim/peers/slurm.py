@@ -222,7 +222,7 @@ class Slurm(PeerPolicy):
         alloc, unalloc = leaf_segments(snapshot, split=True)
         victims: list[_Victims] = []
 
-        def planner(c: Cycle, job: PendingJob):  # type: ignore[no-untyped-def]
+        def planner(c: Cycle, job: PendingJob):
             if not victims:
                 v = _Victims(snapshot.cluster, now_us, snapshot.victims)
                 v.expired = {}  # only the scavenger QOS is preemptible
