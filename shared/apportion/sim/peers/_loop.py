@@ -4,10 +4,10 @@ an admission loop over the leaf budgets' pending lists, and a victim planner.
 Only the order (which job next) and the victim rule (which runs may go) differ
 between the peers; everything else is the engine's primitives, as the
 baselines in :mod:`apportion.sim.baselines` use them: gang best fit on free
-GPUs (:class:`apportion.domain.engine._Free`), ``JobPlaced`` with its
-``Decision`` (:func:`~apportion.domain.engine._emit_placed`),
+GPUs (:class:`apportion.domain.engine.placement.CycleFree`), ``JobPlaced`` with its
+``Decision`` (:func:`~apportion.domain.engine.emit.emit_placed`),
 ``JobPreempted`` + ``StopWorkload`` with the grace period of ``EngineConfig``
-(:func:`~apportion.domain.engine.preempt_events`), the dispatcher's
+(:func:`~apportion.domain.engine.emit.preempt_events`), the dispatcher's
 follow-through (the preemptor starts when its victims have stopped; each
 victim is requeued and resumes from its last checkpoint).
 
@@ -18,23 +18,16 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from apportion.domain.budgets import ancestors_of
 from apportion.domain.cluster import UNTIL_STARTED, Run, RunKey, work_lost_gpu_s
-from apportion.domain.engine import (
-    CycleSnapshot,
-    EngineConfig,
-    PendingJob,
-    _blocked_run,
-    _boundary,
-    _emit_placed,
-    _Free,
-    memo_codes,
-    preempt_events,
-    start_events,
-)
+from apportion.domain.engine.cycle import CycleSnapshot
+from apportion.domain.engine.emit import emit_placed, preempt_events, start_events
+from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
+from apportion.domain.engine.placement import CycleFree
+from apportion.domain.engine.shapes import blocked_run, memo_codes
 from apportion.events import Event, Placement, Victim
 from apportion.sim.baselines import Shape, _add_blocked, _blocked, _largest_free
 from apportion.timeutil import Micros, from_us
@@ -84,16 +77,8 @@ class Cycle:
         self.snapshot = snapshot
         self.now = now_us
         self.ts = from_us(now_us)
-        self.cfg = EngineConfig(
-            delta=config.delta,
-            reservation_after_s=config.reservation_after_s,
-            window_s=config.window_s,
-            grace_s=config.grace_s,
-            preemption=True,
-            policy_version=policy,
-            producer=config.producer,
-        )
-        self.free = _Free(snapshot.cluster, snapshot.free)
+        self.cfg = replace(config, preemption=True, policy_version=policy)
+        self.free = CycleFree(snapshot.cluster, snapshot.free)
         self.out: list[Event] = []
         self.held: dict[str, int] = {}
         self.runs: dict[str, list[Run]] = {}
@@ -121,7 +106,7 @@ class Cycle:
     def place_free(self, job: PendingJob, nodes: list[str], ratio: float = 0.0) -> None:
         """Place ``job`` on free GPUs of ``nodes``: ``JobPlaced`` then ``StartWorkload`` per replica."""
         pl = tuple(Placement(node_id=n, gpus=self.free.take(n, job.gpus_per_replica)) for n in nodes)
-        _emit_placed(self.out, job, pl, (), job.budget, self.considered, {}, ratio, False, self.ts, self.cfg)
+        emit_placed(self.out, job, pl, (), job.budget, self.considered, {}, ratio, False, self.ts, self.cfg)
         self.out.extend(
             start_events(job.job_id, job.attempt, pl, self.ts, job.duration_s, job.command, self.cfg.producer)
         )
@@ -165,7 +150,7 @@ class Cycle:
                 )
             )
             self.held[run.budget] = self.held.get(run.budget, 0) - run_gpus(run)
-        _emit_placed(
+        emit_placed(
             self.out, job, placements, tuple(recs), job.budget, self.considered, {}, ratio, False, self.ts, self.cfg
         )
         self.held[job.budget] = self.held.get(job.budget, 0) + job.gpus
@@ -307,7 +292,7 @@ def leaf_segments(snapshot: CycleSnapshot, split: bool) -> tuple[list[Seg], list
 
     ``split``: ``(allocated parts, unallocated parts)``, each a segment of its own;
     else ``(whole lists, [])`` (allocated jobs first within a leaf: the list's order,
-    :func:`apportion.domain.engine.pending_order`). Leaves not in the tree are skipped.
+    :func:`apportion.domain.engine.inputs.pending_order`). Leaves not in the tree are skipped.
     """
     tree = snapshot.tree
     alloc: list[Seg] = []
@@ -316,7 +301,7 @@ def leaf_segments(snapshot: CycleSnapshot, split: bool) -> tuple[list[Seg], list
         lst = snapshot.pending[leaf]
         if not lst or leaf not in tree or not tree.is_leaf(leaf):
             continue
-        b = _boundary(lst)
+        b = allocated_count(lst)
         if not split:
             alloc.append(Seg(leaf, lst, 0, len(lst), split=b))
             continue
@@ -351,7 +336,7 @@ def admission_loop(
     attempt; this bounds the searches per cycle by the leaves). Jobs whose shape
     cannot be placed any more in this cycle (wider than any node's free GPUs,
     or covering a shape that failed) are passed over in runs, by a byte search
-    over the list's shape codes (:func:`apportion.domain.engine._blocked_run`).
+    over the list's shape codes (:func:`apportion.domain.engine.shapes.blocked_run`).
     A job that cannot be placed does not block the ones behind it (backfill).
     """
     memo = cyc.snapshot.memo
@@ -369,7 +354,7 @@ def admission_loop(
             return
         if s.pos < s.split and s.preempt and planner is not None and s.leaf not in no_search:
             return  # an allocated job that may preempt: looked at one by one
-        s.pos += _blocked_run(s.jobs, s.pos, s.hi, blocked, memo_codes(memo, s.jobs))
+        s.pos += blocked_run(s.jobs, s.pos, s.hi, blocked, memo_codes(memo, s.jobs))
 
     def push(i: int) -> None:
         s = segs[i]

@@ -55,7 +55,8 @@ from collections.abc import Mapping
 
 from apportion.domain.budgets import ROOT, BudgetTree, ancestors_of, parent_of
 from apportion.domain.cluster import Run
-from apportion.domain.engine import CycleSnapshot, EngineConfig, PendingJob
+from apportion.domain.engine.cycle import CycleSnapshot
+from apportion.domain.engine.inputs import EngineConfig, PendingJob
 from apportion.domain.preemption import branches_of
 from apportion.events import Event
 from apportion.sim.peers._loop import (

@@ -50,7 +50,7 @@ Simplified (say so when reading the figures):
   partition, nice or TRES factors; the age of a requeued job counts from its
   first submission.
 * Victims among the ``scavenger`` runs are the engine's least-cost set
-  (:func:`apportion.domain.engine._plan`: fewest GPUs, then least work lost,
+  (:func:`apportion.domain.engine.search.plan_preemption`: fewest GPUs, then least work lost,
   i.e. youngest first, as ``PreemptParameters=youngest_first``).
 """
 
@@ -61,7 +61,10 @@ from dataclasses import dataclass
 
 from apportion.domain.budgets import ROOT, BudgetTree, ancestors_of
 from apportion.domain.cluster import RunKey
-from apportion.domain.engine import CycleSnapshot, EngineConfig, PendingJob, _plan, _Victims
+from apportion.domain.engine.cycle import CycleSnapshot
+from apportion.domain.engine.inputs import EngineConfig, PendingJob
+from apportion.domain.engine.search import plan_preemption
+from apportion.domain.engine.victims import CycleVictims
 from apportion.events import Event
 from apportion.sim.peers._loop import Cycle, PeerPolicy, Seg, admission_loop, leaf_segments, run_gpus
 from apportion.timeutil import WEEK_S, Micros, s_to_us
@@ -220,15 +223,15 @@ class Slurm(PeerPolicy):
             self.decay_pass(snapshot, now_us)
         cyc = Cycle(snapshot, now_us, config, POLICY_VERSION)
         alloc, unalloc = leaf_segments(snapshot, split=True)
-        victims: list[_Victims] = []
+        victims: list[CycleVictims] = []
 
         def planner(c: Cycle, job: PendingJob):
             if not victims:
-                v = _Victims(snapshot.cluster, now_us, snapshot.victims)
+                v = CycleVictims(snapshot.cluster, now_us, snapshot.victims)
                 v.expired = {}  # only the scavenger QOS is preemptible
                 v.taken = c.taken
                 victims.append(v)
-            plan = _plan(job, job.budget, c.free, victims[0], now_us, lambda p: 0.0, 0.0)
+            plan = plan_preemption(job, job.budget, c.free, victims[0], now_us, lambda p: 0.0, 0.0)
             if plan is None:
                 return None
             return plan[0], [run for run, _ in plan[1]]
