@@ -28,6 +28,7 @@ from apportion.domain.engine.emit import emit_placed, preempt_events, start_even
 from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
 from apportion.domain.engine.placement import CycleFree
 from apportion.domain.engine.shapes import blocked_run, memo_codes
+from apportion.domain.preemption import branches_of
 from apportion.events import Event, Placement, Victim
 from apportion.sim.baselines import Shape, _add_blocked, _blocked, _largest_free
 from apportion.timeutil import Micros, from_us
@@ -237,6 +238,40 @@ def plan_victims(
             for p in run.placements:
                 free.log.append(p.node_id)
     return tuple(placements), [victims[key] for key in sorted(victims)]
+
+
+def victim_pools(
+    cyc: Cycle,
+    job: PendingJob,
+    branch_ok: Callable[[str, str], bool],
+    run_ok: Callable[[Run], bool] = lambda run: True,
+) -> dict[str, list[Run]] | None:
+    """Each queue's candidate victims for ``job`` in victim order (:func:`victim_order`), or ``None`` when
+    even all of them could not make room (too few GPUs, or no k nodes: :func:`may_fit`).
+
+    The preemptor's own leaf offers its unallocated runs (preemption by priority within the queue); another
+    leaf offers the runs ``run_ok`` accepts when ``branch_ok(victim branch, preemptor branch)`` holds for the
+    branches below their lowest common ancestor (a peer's test that its rule can ever accept a run there).
+    """
+    x = job.budget
+    pools: dict[str, list[Run]] = {}
+    reach = 0
+    for leaf in cyc.runs:
+        if leaf == x:
+            cands = [r for r in cyc.candidates(leaf) if not r.allocated]
+        else:
+            br = branches_of(leaf, x)
+            if br is None or not branch_ok(br[1], br[2]):
+                continue
+            cands = [r for r in cyc.candidates(leaf) if run_ok(r)]
+        if cands:
+            pools[leaf] = victim_order(cands)
+            reach += sum(run_gpus(r) for r in cands)
+    if reach + sum(len(f) for f in cyc.free.free.values()) < job.gpus:
+        return None
+    if not may_fit(cyc, job, (r for lst in pools.values() for r in lst)):
+        return None
+    return pools
 
 
 def may_fit(cyc: Cycle, job: PendingJob, runs: Iterable[Run]) -> bool:

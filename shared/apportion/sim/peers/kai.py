@@ -66,12 +66,11 @@ from apportion.sim.peers._loop import (
     admission_loop,
     capacity_gpus,
     leaf_segments,
-    may_fit,
     plan_victims,
     run_gpus,
     subtree_sums,
     take_in_turn,
-    victim_order,
+    victim_pools,
 )
 from apportion.timeutil import Micros
 
@@ -208,27 +207,14 @@ class Kai(PeerPolicy):
             agg = subtree_sums(c.held)
             if agg.get(x, 0.0) + w > fs.get(x, 0.0) + _EPS:
                 return None  # CanReclaimResources: the reclaimer would pass its fair share
-            # only queues the rule can ever accept a run of (the search only lowers their allocation):
-            # above their fair share, or above their deserved quota
-            pools: dict[str, list[Run]] = {}
-            reach = 0
-            for leaf in c.runs:
-                if leaf == x:
-                    cands = [r for r in c.candidates(leaf) if not r.allocated]
-                else:
-                    br = branches_of(leaf, x)
-                    if br is None:
-                        continue
-                    yb = br[1]
-                    if agg.get(yb, 0.0) <= min(fs.get(yb, 0.0), tree.abs_share(yb) * cap) + _EPS:
-                        continue
-                    cands = [r for r in c.candidates(leaf) if not r.protected(now_us)]
-                if cands:
-                    pools[leaf] = victim_order(cands)
-                    reach += sum(run_gpus(r) for r in cands)
-            if reach + sum(len(f) for f in c.free.free.values()) < w or not may_fit(
-                c, job, (r for lst in pools.values() for r in lst)
-            ):
+
+            def can_give(yb: str, _xb: str) -> bool:
+                # the rule can ever accept a run of Y (the search only lowers its allocation): above its fair
+                # share, or above its deserved quota
+                return agg.get(yb, 0.0) > min(fs.get(yb, 0.0), tree.abs_share(yb) * cap) + _EPS
+
+            pools = victim_pools(c, job, can_give, lambda r: not r.protected(now_us))
+            if pools is None:
                 return None
             involved: set[str] = set()
 

@@ -68,12 +68,11 @@ from apportion.sim.peers._loop import (
     admission_loop,
     capacity_gpus,
     leaf_segments,
-    may_fit,
     plan_victims,
     run_gpus,
     subtree_sums,
     take_in_turn,
-    victim_order,
+    victim_pools,
 )
 from apportion.timeutil import Micros
 
@@ -160,28 +159,14 @@ class Kueue(PeerPolicy):
             def nominal(p: str) -> float:
                 return tree.abs_share(p) * cap
 
-            # Only queues the rule can ever accept a run of (the search only lowers their usage): Y
-            # borrowing, and either S1 or a share above X's with w (both strategies need that).
-            pools: dict[str, list[Run]] = {}
-            reach = 0
-            for leaf in c.runs:
-                if leaf == x:
-                    cands = [r for r in c.candidates(leaf) if not r.allocated]
-                else:
-                    br = branches_of(leaf, x)
-                    if br is None:
-                        continue
-                    _lca, yb, xb = br
-                    y_now, x_with = agg.get(yb, 0.0), agg.get(xb, 0.0) + w
-                    if y_now <= nominal(yb) or (x_with > nominal(xb) and value(yb, y_now) <= value(xb, x_with)):
-                        continue
-                    cands = c.candidates(leaf)
-                if cands:
-                    pools[leaf] = victim_order(cands)
-                    reach += sum(run_gpus(r) for r in cands)
-            if reach + sum(len(f) for f in c.free.free.values()) < w or not may_fit(
-                c, job, (r for lst in pools.values() for r in lst)
-            ):
+            def can_give(yb: str, xb: str) -> bool:
+                # the rule can ever accept a run of Y (the search only lowers its usage): Y borrowing, and
+                # either S1 or a share above X's with w (both strategies need that)
+                y_now, x_with = agg.get(yb, 0.0), agg.get(xb, 0.0) + w
+                return y_now > nominal(yb) and (x_with <= nominal(xb) or value(yb, y_now) > value(xb, x_with))
+
+            pools = victim_pools(c, job, can_give)
+            if pools is None:
                 return None
 
             def take(run: Run) -> None:
