@@ -55,7 +55,7 @@ def test_no_double_booking_and_the_peer_keeps_its_own_protection_rule(policy, wo
         assert r.violations == []
     if policy == "kueue":
         assert all(not (e.allocated and e.by_budget == e.budget) for e in for_a_job)
-    assert {j.job_id for j in jobs} <= set(r.state.jobs) | r.state.finished
+    assert {j.job_id for j in jobs} <= set(r.state.jobs) | set(r.state.finished)
 
 
 @pytest.mark.parametrize("policy", PEERS)
