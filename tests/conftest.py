@@ -10,6 +10,12 @@ Where they come from, first match wins (DESIGN section 8):
 Registry topics are provisioned in every case. Tests that use either fixture
 are marked ``integration`` automatically. Only infra fixtures live here; put
 tier-specific fixtures in the tier's own conftest.py.
+
+Identity (DESIGN section 10): the dispatcher checks every signature in every
+test. ``dev_keyring`` (autouse, session) points ``APPORTION_KEYRING`` at a
+fresh development keyring with an ops identity, so the CLI and the client
+(and the processes tests start, which inherit the environment) enrol each
+user on first use and sign every request (:func:`apportion.client.identity_for`).
 """
 
 from __future__ import annotations
@@ -37,6 +43,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if INFRA_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def dev_keyring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A development keyring for the session (``APPORTION_KEYRING``): ``ops.json``, users enrolled on first use."""
+    from apportion.cli.stack import dev_keyring as make
+
+    path = str(make(tmp_path_factory.mktemp("keyring") / "keyring"))
+    saved = os.environ.get("APPORTION_KEYRING")
+    os.environ["APPORTION_KEYRING"] = path
+    try:
+        yield path
+    finally:
+        if saved is None:
+            os.environ.pop("APPORTION_KEYRING", None)
+        else:
+            os.environ["APPORTION_KEYRING"] = saved
 
 
 @pytest.fixture(scope="session")

@@ -46,6 +46,7 @@ from apportion.clock import Clock
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, step
 from apportion.domain.engine import EngineConfig
 from apportion.events import Event, JobLost, JobSubmitted, NodeHeartbeat, WorkloadRefused
+from apportion.identity import RequestGate
 from apportion.metrics import count_preemptions
 from apportion.timeutil import from_us, s_to_us, to_us
 from services.dispatcher import logic
@@ -200,6 +201,8 @@ class DispatcherService:
         self.echoes_skipped = 0
         #: the reader edge: screen, de-duplicate by id and payload, dead-letter (published at once)
         self.intake = Intake(settings.producer_name, clock.now, on_dead=self._dead_letter)
+        #: who may act in whose name (DESIGN section 10): refusals replace the request they refuse
+        self.gate = RequestGate(settings.producer_name)
         self.tick_errors = 0
 
     def now_us(self) -> int:
@@ -322,11 +325,16 @@ class DispatcherService:
         pairs = self._decoded(records)
         state, now, cfg, apply = self.state, self.now_us(), self.cfg, self.intake.apply
         for rec, ev in pairs:
+            self.gate.observe(ev)
             if not self._refused_stale(rec, ev):
                 apply(rec, lambda e: evolve(state, e), ev)
         out: list[Event] = []
         for rec, ev in pairs:  # what recover() decides (submissions, agents' refusals and losses), in log order
             if isinstance(ev, (JobSubmitted, WorkloadRefused, JobLost)):
+                if isinstance(ev, JobSubmitted) and ev.job_id not in state.jobs and ev.job_id not in state.finished:
+                    if (refused := self.gate.refusal(rec.value, ev, state.jobs, now)) is not None:
+                        out += apply(rec, lambda e: [e, *step(state, e, now, cfg)], refused) or []
+                        continue
                 out += apply(rec, lambda e: logic.recover(state, [e], now, cfg), ev) or []
         resent = logic.resend_starts(state, now, cfg)  # placed by a leader that died before its StartWorkload
         out += resent
@@ -358,6 +366,10 @@ class DispatcherService:
             if ev.event_id in state.seen:
                 continue  # our own decision coming back (not recognised as an echo), or a redelivery
             news |= type(ev) is not NodeHeartbeat
+            if (refused := self.gate.refusal(rec.value, ev, state.jobs, self.now_us())) is not None:
+                # a request not proven (DESIGN section 10): its refusal is published and folded instead
+                out += apply(rec, lambda e: [e, *step(state, e, self.now_us(), cfg)], refused) or []
+                continue
             out += apply(rec, lambda e: step(state, e, self.now_us(), cfg), ev) or []
             if "events" in self._m:
                 self._m["events"].inc()

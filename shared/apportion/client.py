@@ -12,6 +12,13 @@ Kafka producer in any language may publish the same JSON (schemas in
 ``schemas/JobSubmitted.json``). The client validates locally before it
 publishes, so a bad submission fails here with a clear error instead of
 landing in the dead-letter topic.
+
+Every submission and cancel request is signed with the user's key
+(:mod:`apportion.identity`, DESIGN section 10): the identity file
+(``~/.config/apportion/identity.json`` or ``APPORTION_IDENTITY``; made by
+``apportion keys init``, its public key registered by ops with ``apportion
+keys register``), or, on a development stack, the keyring that
+``apportion stack up`` and the test fixtures keep (:func:`identity_for`).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from datetime import UTC, datetime
 
 from apportion import events
 from apportion.durations import parse_duration
+from apportion.identity import Identity, identity_file, keyring_dir
 from apportion.settings import Connection
 
 #: Job ids the client accepts: they appear in shell commands, log lines, file names and metric labels.
@@ -123,20 +131,129 @@ def publish(*evts: events.Event, bootstrap: str | None = None) -> list[int]:
         producer.close()
 
 
-def submit(*, bootstrap: str | None = None, **kwargs: object) -> events.JobSubmitted:
-    """Validate and publish a submission; returns the event (``.job_id``).
+def identity_for(user: str | None = None, *, bootstrap: str | None = None) -> Identity:
+    """The identity that signs ``user``'s requests.
 
-    Keyword arguments are those of :func:`build_submission`.
+    With a development keyring (:func:`apportion.identity.keyring_dir`),
+    ``<keyring>/<user>.json``; a user without one is enrolled on first use: a
+    key pair is made there, and its ``UserKeyRegistered`` is published once
+    per topic namespace, in the name of the keyring's ops identity
+    (``ops.json``; a development convenience: whoever can read the keyring is
+    ops). Otherwise the identity file
+    (:func:`apportion.identity.identity_file`), which must be ``user``'s when
+    ``user`` is given.
+
+    Args:
+        user: whose key; ``None`` = the identity file's user (with a keyring: ``$USER``).
+        bootstrap: Kafka, for an enrolment.
+
+    Raises:
+        LookupError: no identity file (run ``apportion keys init``), or a keyring without ``ops.json``.
+        ValueError: the identity file is another user's, or is not an identity.
     """
-    ev = build_submission(**kwargs)  # type: ignore[arg-type]
+    ring = keyring_dir()
+    if ring is not None:
+        import getpass
+
+        from apportion.topics import prefix
+
+        name = user or getpass.getuser()
+        if not JOB_ID_RE.fullmatch(name):
+            raise ValueError(f"invalid user name {name!r} (use letters, digits and . _ : @ + -)")
+        path = ring / f"{name}.json"
+        if not path.is_file():
+            try:
+                Identity.generate(name).save(path)
+            except FileExistsError:  # made meanwhile by another process
+                pass
+        ident = Identity.load(path)
+        # registered once per Kafka and namespace (a stack's, or a test's): a marker file says it was
+        import hashlib
+
+        where = f"{Connection.resolve(bootstrap=bootstrap).bootstrap}|{prefix()}"
+        marker = (
+            ring / ".registered" / hashlib.sha256(where.encode()).hexdigest()[:16] / ident.public_key.replace("/", "_")
+        )
+        if not marker.is_file():
+            ops_path = ring / "ops.json"
+            if not ops_path.is_file():
+                raise LookupError(f"keyring {ring} has no ops.json to register {name!r} with")
+            ops = Identity.load(ops_path)
+            publish(key_registration(ident.user, ident.public_key, role=ident.role, by=ops.user), bootstrap=bootstrap)
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+        return ident
+    path = identity_file()
+    if not path.is_file():
+        raise LookupError(
+            f"no identity file at {path}: run `apportion keys init` and ask ops to register the public key "
+            "(`apportion keys register USER PUBKEY`)"
+        )
+    ident = Identity.load(path)
+    if user is not None and user != ident.user:
+        raise ValueError(f"the identity file {path} signs as {ident.user!r}, not {user!r}")
+    return ident
+
+
+def key_registration(
+    user: str, public_key: str, *, role: str = "user", by: str = "", now: datetime | None = None
+) -> events.UserKeyRegistered:
+    """The ``UserKeyRegistered`` that lets ``public_key`` sign for ``user`` (publish it as ops).
+
+    Raises:
+        ValueError: ``public_key`` is not the base64 of 32 bytes (an Ed25519 public key).
+    """
+    import base64
+    import binascii
+
+    try:
+        raw = base64.b64decode(public_key, validate=True)
+    except binascii.Error:
+        raw = b""
+    if len(raw) != 32:
+        raise ValueError(f"{public_key!r} is not an Ed25519 public key (base64 of 32 bytes)")
+    ts = now or datetime.now(UTC)
+    if role not in ("user", "ops"):
+        raise ValueError(f"role must be user or ops, not {role!r}")
+    return events.UserKeyRegistered(
+        user=user,
+        public_key=public_key,
+        role=role,  # type: ignore[arg-type]
+        by=by,
+        ts=ts,
+        producer=f"client/{by or 'ops'}",
+    )
+
+
+def submit(*, bootstrap: str | None = None, identity: Identity | None = None, **kwargs: object) -> events.JobSubmitted:
+    """Validate, sign and publish a submission; returns the published event (``.job_id``).
+
+    Keyword arguments are those of :func:`build_submission` (``user`` defaults
+    to the identity's); ``identity`` defaults to :func:`identity_for` of ``user``.
+    """
+    ident = identity or identity_for(kwargs.get("user"), bootstrap=bootstrap)  # type: ignore[arg-type]
+    kwargs.setdefault("user", ident.user)
+    ev = ident.sign(build_submission(**kwargs))  # type: ignore[arg-type]
     publish(ev, bootstrap=bootstrap)
     return ev
 
 
-def cancel(job_id: str, *, user: str, reason: str = "", bootstrap: str | None = None) -> events.JobCancelRequested:
-    """Ask to cancel ``job_id``; returns the published request."""
+def cancel(
+    job_id: str,
+    *,
+    user: str | None = None,
+    reason: str = "",
+    bootstrap: str | None = None,
+    identity: Identity | None = None,
+) -> events.JobCancelRequested:
+    """Sign and publish a request to cancel ``job_id``; returns the published request."""
+    ident = identity or identity_for(user, bootstrap=bootstrap)
     now = datetime.now(UTC)
-    ev = events.JobCancelRequested(job_id=job_id, user=user, reason=reason, ts=now, producer=f"client/{user}")
+    ev = ident.sign(
+        events.JobCancelRequested(
+            job_id=job_id, user=ident.user, reason=reason, ts=now, producer=f"client/{ident.user}"
+        )
+    )
     publish(ev, bootstrap=bootstrap)
     return ev
 

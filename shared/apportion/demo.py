@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     from apportion.bus.reader import read_log
     from apportion.bus.stack import LocalStack
     from apportion.clock import ScaledClock
+    from apportion.identity import Identity
     from apportion.sim.core import SimConfig, simulate
     from apportion.sim.traces import load_budget_file, load_trace, parse_slice
     from apportion.timeutil import from_us, s_to_us, to_us
@@ -243,6 +244,14 @@ def main(argv: list[str] | None = None) -> int:
         now = clock.now()
         for path, spec in bf.tree.to_mapping().items():
             producer.send(events.BudgetSet(path=path, share=spec["share"], by="demo", ts=now, producer="demo"))
+        # each trace user's key, registered by the demo acting as ops: the dispatcher checks every signature
+        signers = {u: Identity.generate(u) for u in sorted({j.user for j in jobs})}
+        for ident in signers.values():
+            producer.send(
+                events.UserKeyRegistered(
+                    user=ident.user, public_key=ident.public_key, by="demo", ts=now, producer="demo"
+                )
+            )
         producer.flush()
         services = start_services(env, run_dir / "logs", len(bf.nodes), gpus_per_node, args.time_scale)
         con.print(f"services started (logs in {run_dir / 'logs'}); waiting for {len(bf.nodes)} nodes to register")
@@ -275,17 +284,19 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(clock.wall_seconds(wait_us / 1e6))
                 sub = from_us(j.submit_us)
                 producer.send(
-                    events.JobSubmitted(
-                        job_id=j.job_id,
-                        budget=j.budget,
-                        user=j.user,
-                        gpus_per_replica=j.gpus_per_replica,
-                        replicas=j.replicas,
-                        min_runtime_s=j.min_runtime_s,
-                        duration_s=j.duration_s,
-                        submitted_at=sub,
-                        ts=sub,
-                        producer="demo/trace",
+                    signers[j.user].sign(
+                        events.JobSubmitted(
+                            job_id=j.job_id,
+                            budget=j.budget,
+                            user=j.user,
+                            gpus_per_replica=j.gpus_per_replica,
+                            replicas=j.replicas,
+                            min_runtime_s=j.min_runtime_s,
+                            duration_s=j.duration_s,
+                            submitted_at=sub,
+                            ts=sub,
+                            producer="demo/trace",
+                        )
                     )
                 )
                 if i % 50 == 0:

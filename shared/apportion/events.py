@@ -163,6 +163,10 @@ class RejectReason(str, enum.Enum):
     SHAPE_IMPOSSIBLE = "shape_impossible"
     DUPLICATE_JOB = "duplicate_job"
     INVALID = "invalid"
+    UNAUTHENTICATED = "unauthenticated"
+    """No valid signature by a key registered (not revoked) for the request's user at its event time (DESIGN section 10)."""
+    NOT_OWNER = "not_owner"
+    """A cancel of another user's job by a principal that is not ops (DESIGN section 10)."""
 
 
 class Victim(_Model):
@@ -309,6 +313,12 @@ class JobSubmitted(Event):
             later attempt resumes from, seconds (v3). ``None``: the contract's
             default, once per minimum runtime (DESIGN section 1); see
             :attr:`checkpoint_every_s`.
+        signer_key, signature: the submitter's proof of ``user`` (DESIGN
+            section 10; :mod:`apportion.identity`): the base64 Ed25519 public
+            key and its base64 signature over the canonical bytes of the
+            record value without ``signature``. ``None`` when unsigned (the
+            dispatcher rejects it as ``unauthenticated``; the simulator does
+            not check).
     """
 
     #: the "command or duration" rule of :meth:`_has_work`, for producers in other languages (``schemas/``)
@@ -334,6 +344,8 @@ class JobSubmitted(Event):
     duration_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     submitted_at: datetime
     checkpoint_interval_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    signer_key: str | None = None
+    signature: str | None = None
 
     @model_validator(mode="after")
     def _has_work(self) -> JobSubmitted:
@@ -376,12 +388,18 @@ def checkpoint_interval_of(declared_s: float | None, min_runtime_s: float) -> fl
 
 
 class JobCancelRequested(Event):
-    """A user asks to cancel a pending or running job."""
+    """A user asks to cancel a pending or running job.
+
+    ``signer_key``/``signature``: the proof of ``user``, as on :class:`JobSubmitted`.
+    A user may cancel only their own jobs; a principal with role ``ops`` any.
+    """
 
     type: Literal["JobCancelRequested"] = "JobCancelRequested"
     job_id: str
     user: str
     reason: str = ""
+    signer_key: str | None = None
+    signature: str | None = None
 
 
 # --------------------------------------------------------------------------- jobs
@@ -406,7 +424,12 @@ class JobQueued(Event):
 
 
 class JobRejected(Event):
-    """A submission was refused; ``reason`` is machine-readable."""
+    """A submission (or a cancel request) was refused; ``reason`` is machine-readable.
+
+    ``request`` names what was refused: ``JobSubmitted`` (the default: the job
+    is refused) or ``JobCancelRequested`` (only the request is; the job goes
+    on). ``refused_event_id`` is the refused request's id when known.
+    """
 
     type: Literal["JobRejected"] = "JobRejected"
     job_id: str
@@ -414,6 +437,8 @@ class JobRejected(Event):
     user: str
     reason: RejectReason
     message: str
+    request: Literal["JobSubmitted", "JobCancelRequested"] = "JobSubmitted"
+    refused_event_id: uuid.UUID | None = None
 
 
 class JobPlaced(Event):
@@ -745,6 +770,39 @@ class BudgetRejected(Event):
     failures: tuple[BudgetFailure, ...] = ()
 
 
+# --------------------------------------------------------------------------- identity (DESIGN section 10)
+
+
+class UserKeyRegistered(Event):
+    """Ops register a public key for a user (on ``apportion.budgets``, the ops topic).
+
+    From ``ts`` on, requests of ``user`` signed by this key are authenticated
+    (:mod:`apportion.identity`), until a :class:`UserKeyRevoked` of the key.
+
+    Attributes:
+        user: the user (or ops principal) the key proves.
+        public_key: base64 of the 32-byte raw Ed25519 public key.
+        role: ``"user"`` (a researcher) or ``"ops"`` (may cancel any job).
+        by: who registered it.
+    """
+
+    type: Literal["UserKeyRegistered"] = "UserKeyRegistered"
+    user: str = Field(min_length=1, max_length=200)
+    public_key: str = Field(min_length=1)
+    role: Literal["user", "ops"] = "user"
+    by: str = ""
+
+
+class UserKeyRevoked(Event):
+    """Ops revoke a user's key: requests signed by it with event time at or after ``ts`` are refused."""
+
+    type: Literal["UserKeyRevoked"] = "UserKeyRevoked"
+    user: str = Field(min_length=1, max_length=200)
+    public_key: str = Field(min_length=1)
+    reason: str = ""
+    by: str = ""
+
+
 # --------------------------------------------------------------------------- usage, ranking
 
 
@@ -886,6 +944,8 @@ AnyEvent: TypeAlias = Annotated[
     | BudgetRemoved
     | BudgetBatch
     | BudgetRejected
+    | UserKeyRegistered
+    | UserKeyRevoked
     | OccupancySnapshot
     | FairShareRanking
     | DispatcherConfigured
@@ -938,7 +998,7 @@ for _name in (
     TOPIC_OF[_name] = topics.NODES
 for _name in ("StartWorkload", "StopWorkload"):
     TOPIC_OF[_name] = topics.COMMANDS
-for _name in ("BudgetSet", "BudgetRemoved", "BudgetBatch", "BudgetRejected"):
+for _name in ("BudgetSet", "BudgetRemoved", "BudgetBatch", "BudgetRejected", "UserKeyRegistered", "UserKeyRevoked"):
     TOPIC_OF[_name] = topics.BUDGETS
 TOPIC_OF["OccupancySnapshot"] = topics.USAGE
 TOPIC_OF["FairShareRanking"] = topics.RANKING
@@ -950,7 +1010,7 @@ def key_of(event: Event) -> str:
     """The Kafka record key of ``event``: it gives per-entity order.
 
     Jobs and submissions key by ``job_id``, node events and commands by
-    ``node_id``, budgets by ``path``, usage and ranking by ``"cluster"`` (one
+    ``node_id``, budgets by ``path``, user keys by ``"user:<user>"``, usage and ranking by ``"cluster"`` (one
     snapshot covers the whole tree), as is a ``BudgetBatch`` (it has no one
     path; ``apportion.budgets`` has one partition), dead letters by their
     source key.
@@ -959,6 +1019,8 @@ def key_of(event: Event) -> str:
         return event.node_id  # an agent reads its own commands in order
     if isinstance(event, DeadLetter):
         return event.source_key or event.source_topic
+    if isinstance(event, (UserKeyRegistered, UserKeyRevoked)):
+        return f"user:{event.user}"  # keys of a user in order; never a budget path (those have no colon)
     for attr in ("job_id", "node_id", "path"):
         value = getattr(event, attr, None)
         if value is not None:

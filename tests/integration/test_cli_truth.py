@@ -278,7 +278,7 @@ def test_budget_rm_of_nothing_or_of_a_budget_in_use_is_refused(budgets: Stack) -
         "error: refused: in_use: 'lab/vision' has 1 placed job(s)",
     )
     assert "lab/vision" in _tree(budgets)
-    budgets.run("cancel", "rm1")
+    budgets.run("cancel", "rm1", "-u", "rm")
 
 
 def test_submit_reports_the_dispatchers_rejection(budgets: Stack) -> None:
@@ -301,11 +301,23 @@ def test_cancel_waits_for_the_dispatcher_and_refuses_what_is_not_there(budgets: 
     assert rows[0]["position"] is None and rows[0]["started_at"] and len(rows[0]["nodes"]) == 1
     table = budgets.run("queue", "--user", "cx").stdout
     assert "None" not in table
-    res = budgets.run("cancel", "cx1", "--reason", "wrong data")
+    res = budgets.run("cancel", "cx1", "--reason", "wrong data", "-u", "cx")
     assert res.stdout.strip() == "cancelled cx1"
     res = budgets.run("cancel", "cx1", code=1)
     assert _error(res) == "error: job cx1 already cancelled (wrong data): nothing to cancel"
     assert budgets.json("queue", "--user", "cx") == []
+
+
+def test_a_user_cannot_cancel_another_users_job_and_the_owner_can(budgets: Stack) -> None:
+    """DESIGN section 10 on the real stack: eve's signed cancel of own1's job is refused, the job goes on."""
+    budgets.run(
+        "submit", "-b", "lab/vision", "-g", "1", "-m", "1h", "--duration", "2h", "-u", "own1", "--job-id", "ow1"
+    )
+    budgets.until(lambda: [r for r in budgets.json("queue", "--user", "own1") if r["job_id"] == "ow1"], "ow1 queued")
+    res = budgets.run("cancel", "ow1", "-u", "eve", code=1)
+    assert _error(res) == "error: refused: not_owner: job 'ow1' belongs to 'own1'; 'eve' may cancel only their own jobs"
+    assert [r["job_id"] for r in budgets.json("queue", "--user", "own1")] == ["ow1"]
+    assert budgets.run("cancel", "ow1", "-u", "own1").stdout.strip() == "cancelled ow1"
 
 
 def test_node_commands_refuse_unknown_nodes_and_show_the_reason(budgets: Stack) -> None:

@@ -73,7 +73,9 @@ class Cluster:
         self, job_id: str, budget: str, gpus: int, min_runtime_s: float, duration_s: float, user: str = "alice"
     ) -> Any:
         from apportion import events
+        from apportion.client import identity_for
 
+        signer = identity_for(user, bootstrap=self.bootstrap)  # the dev keyring (tests/conftest.py)
         now = self.clock.now()
         ev = events.JobSubmitted(
             job_id=job_id,
@@ -86,6 +88,7 @@ class Cluster:
             ts=now,
             producer="test",
         )
+        ev = signer.sign(ev)
         self.publish(ev)
         return ev
 

@@ -24,6 +24,7 @@ import pytest
 from test_end_to_end import Cluster, cluster, of_job  # noqa: F401 - ``cluster`` is the fixture
 
 from apportion import events, topics
+from apportion.client import identity_for
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +45,7 @@ def submission(cluster: Cluster, job_id: str, **over: Any) -> dict[str, Any]:
         ts=now,
         producer="test",
     )
+    ev = identity_for("alice", bootstrap=cluster.bootstrap).sign(ev)  # the dev keyring (tests/conftest.py)
     d = json.loads(events.encode(ev))
     d.update(over)
     return d

@@ -29,8 +29,10 @@ from apportion.topics import BUDGETS, COMMANDS, JOBS, NODES, SUBMISSIONS
 from services.dispatcher import logic
 from services.dispatcher.app import ECHO_LEN, DispatcherService, TickPacer
 from services.dispatcher.config import DispatcherSettings
+from tests.signing import identity, registered
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
+USER = identity("u")
 INPUTS = [SUBMISSIONS.name, JOBS.name, NODES.name, BUDGETS.name]
 
 
@@ -94,17 +96,19 @@ def drive(svc: DispatcherService, log: ListLog) -> None:
 
 
 def submit(job_id: str, budget: str, gpus: int, min_runtime_s: float = 60.0) -> JobSubmitted:
-    return JobSubmitted(
-        event_id=events.det_id("test", job_id),
-        job_id=job_id,
-        budget=budget,
-        user="u",
-        gpus_per_replica=gpus,
-        min_runtime_s=min_runtime_s,
-        duration_s=600.0,
-        submitted_at=T0,
-        ts=T0,
-        producer="test",
+    return USER.sign(
+        JobSubmitted(
+            event_id=events.det_id("test", job_id),
+            job_id=job_id,
+            budget=budget,
+            user="u",
+            gpus_per_replica=gpus,
+            min_runtime_s=min_runtime_s,
+            duration_s=600.0,
+            submitted_at=T0,
+            ts=T0,
+            producer="test",
+        )
     )
 
 
@@ -118,7 +122,8 @@ def history() -> list[list[Event]]:
         + [
             NodeRegistered(event_id=events.det_id("test", n), node_id=n, gpu_count=4, ts=T0, producer="test")
             for n in ("n1", "n2")
-        ],
+        ]
+        + [registered(USER, T0)],
         [submit("j1", "lab/a", 2), submit("j2", "lab/b", 4), submit("j3", "lab/a", 4)],
         [
             JobStarted(
@@ -183,10 +188,11 @@ def test_decisions_are_fenced_and_placements_carry_their_input_position() -> Non
     assert [(p.job_id, p.fencing_token) for p in placed] == [("j1", 7), ("j2", 7), ("j4", 7)]
     assert [e.fencing_token for e in sent if isinstance(e, StartWorkload)] == [7, 7, 7]
     b, s, j, n = (f"{t}:0" for t in (BUDGETS.name, SUBMISSIONS.name, JOBS.name, NODES.name))
-    # j1 and j2 were placed on budgets, nodes and submissions only; j4 after six job events had been read
-    # (three JobQueued, two JobPlaced, one JobStarted): its own JobQueued is folded as emitted, not read yet
-    assert placed[0].decision.inputs == {b: 3, n: 2, s: 3}
-    assert placed[2].decision.inputs == {b: 3, j: 6, n: 2, s: 4}
+    # j1 and j2 were placed on budgets (three budgets, one key), nodes and submissions only; j4 after six job
+    # events had been read (three JobQueued, two JobPlaced, one JobStarted): its own JobQueued is folded as
+    # emitted, not read yet
+    assert placed[0].decision.inputs == {b: 4, n: 2, s: 3}
+    assert placed[2].decision.inputs == {b: 4, j: 6, n: 2, s: 4}
 
 
 def test_only_heads_this_instance_published_are_skipped() -> None:

@@ -17,6 +17,13 @@ from Redis):
 (c) :func:`rerun_decisions` - every recorded scheduling decision
     (``JobPlaced``/``JobPreempted``) re-run with
     :func:`apportion.domain.dispatch.step` on ``Tick(decision.ts)``.
+(d) :func:`apportion.identity.check_requests` - every submission and cancel
+    request the dispatcher accepted carries a valid signature (re-checked on
+    its stored bytes) by a key registered for its user at its event time,
+    and an accepted cancel of another user's job was signed by ops (DESIGN
+    section 10). A log without any ``UserKeyRegistered`` (a stack without
+    identity, a simulator log) is not checked; ``signed_requests`` says how
+    many were.
 
 What the re-run folds (the reconstruction rule). The dispatcher decides
 with the state after folding everything *it* had processed, which is not a
@@ -62,6 +69,7 @@ from apportion.domain.budgets import BUDGET_CHANGES, fold_budget_log
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, fold, step
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.usage import usage_snapshot
+from apportion.identity import check_requests
 from apportion.timeutil import WEEK_S, Micros, from_us, to_us
 
 __all__ = [
@@ -116,7 +124,7 @@ class Mismatch:
     """One divergence between the log's rebuild and what was recorded.
 
     Attributes:
-        check: ``read_model``, ``snapshot`` or ``decision``.
+        check: ``read_model``, ``snapshot``, ``decision`` or ``signature``.
         offset: ``topic:partition@offset`` of the first record where it
             appears (``None`` when no record can be named, e.g. a Redis row
             for an entity the log never mentions).
@@ -748,6 +756,7 @@ class VerifyReport:
     decision_basis: dict[str, int]
     read_models: bool
     records: int
+    signed_requests: int = 0
 
     @property
     def ok(self) -> bool:
@@ -768,6 +777,7 @@ class VerifyReport:
             "decision_ticks": self.decisions,
             "decision_basis": self.decision_basis,
             "read_models": self.read_models,
+            "signed_requests": self.signed_requests,
             "first_offset": self.first.offset if self.first else None,
             "mismatches": [m.to_dict() for m in self.mismatches],
         }
@@ -780,7 +790,7 @@ def verify(
     config: DispatchConfig | None = None,
     producer: str = "dispatcher",
 ) -> VerifyReport:
-    """Run the three checks (read models only when ``read_models`` is given).
+    """Run the four checks (read models only when ``read_models`` is given).
 
     Args:
         records: the log in log order.
@@ -809,9 +819,14 @@ def verify(
                     log_order(first),
                 )
             )
+    findings, signed = check_requests(records)
+    for f in findings:
+        rec = records[f.index]
+        at = rec.event.ts.isoformat() if rec.event is not None else None
+        mism.append(Mismatch("signature", position(rec), at, f.job_id, f.detail, log_order(rec)))
     mism.sort(key=lambda m: (m.order == (), m.order))
     n_snaps = sum(1 for r in records if isinstance(r.event, events.OccupancySnapshot))
-    return VerifyReport(mism, n_snaps, len(checks), dict(basis), read_models is not None, len(records))
+    return VerifyReport(mism, n_snaps, len(checks), dict(basis), read_models is not None, len(records), signed)
 
 
 def records_from_events(evs: Iterable[events.Event]) -> list[LogRecord]:

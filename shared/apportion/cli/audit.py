@@ -404,7 +404,8 @@ def verify_cmd(
         _err().print(f"verified {len(recs):,} records in {dt:.2f} s ({len(recs) / dt if dt else 0:,.0f} events/s)")
         _out().print(
             f"snapshots checked: {rep.snapshots}; decision ticks re-run: {rep.decisions} "
-            f"{rep.decision_basis}; read models: {'checked' if rep.read_models else 'skipped'}"
+            f"{rep.decision_basis}; read models: {'checked' if rep.read_models else 'skipped'}; "
+            f"signed requests re-checked: {rep.signed_requests}"
         )
         if rep.ok:
             _out().print("[green]OK[/]: the live state is what the log says")

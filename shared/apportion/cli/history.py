@@ -23,7 +23,7 @@ from typing import Annotated, Any
 import typer
 
 from apportion import events
-from apportion.cli.verdicts import is_duplicate_rejection
+from apportion.cli.verdicts import refuses_request_only
 
 FINISHED = ("completed", "failed", "cancelled", "rejected")
 
@@ -112,8 +112,8 @@ def fold_jobs(evts: Iterable[events.Event]) -> dict[str, JobHistory]:
         job = jobs.get(getattr(ev, "job_id", ""))
         if job is None:
             continue
-        if is_duplicate_rejection(ev, job.attempts > 0):
-            continue  # a later submission reusing the id was refused; the job goes on
+        if refuses_request_only(ev, job.attempts > 0):
+            continue  # a later request under the id (a resubmission, a cancel) was refused; the job goes on
         if isinstance(ev, events.JobRejected):
             job.state, job.ended_at = "rejected", ev.ts
             job.reason = f"{ev.reason.value}: {ev.message}"

@@ -33,8 +33,9 @@ app = typer.Typer(
     name="apportion",
     help=(
         "Budgeted, hierarchical fair-share GPU scheduling.\n\n"
-        "Researchers: `submit`, `cancel`, `queue`, `history`, `share`. Ops: `nodes`, `drain`, `cordon`, "
-        "`undrain`, `budget`, `audit`. Everyone: `simulate`, `whatif`, `stack` (a local stack in one command).\n\n"
+        "Researchers: `keys init`, `submit`, `cancel`, `queue`, `history`, `share` (requests are signed with your "
+        "key). Ops: `nodes`, `drain`, `cordon`, `undrain`, `budget`, `audit`, `keys register`. Everyone: "
+        "`simulate`, `whatif`, `stack` (a local stack in one command).\n\n"
         "Change commands wait for the owning service's verdict. Exit codes: 0 done, 1 refused or not found, "
         "2 bad input, 3 stack unreachable or no verdict in time (docs/operations.md).\n\n"
         "Jobs with --min-runtime > 0 are charged to their budget and protected from preemption "
@@ -72,16 +73,18 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _whoami(user: str | None) -> str:
-    """``--user``, else ``$USER``, else the login name of the process."""
-    import getpass
+def _identity(user: str | None, bootstrap: str | None) -> Any:
+    """The identity that signs ``user``'s requests (:func:`apportion.client.identity_for`); exit 2 without one."""
+    from apportion import client
 
-    if user:
-        return user
     try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "unknown"
+        return client.identity_for(user, bootstrap=bootstrap)
+    except (LookupError, ValueError) as exc:
+        fail(str(exc))
+    except Exception as exc:  # the enrolment of a development keyring publishes
+        if type(exc).__module__.startswith("kafka"):
+            fail(f"cannot register {user or 'your'} key at Kafka: {exc}", 3)
+        raise
 
 
 def _publish(evts: list[events.Event], bootstrap: str | None) -> None:
@@ -185,7 +188,8 @@ def submit(
     ] = None,
     gpu_model: Annotated[str | None, typer.Option("--gpu-model", help="Required GPU model.")] = None,
     user: Annotated[
-        str | None, typer.Option("--user", "-u", help="Submitting user (default: $USER).", envvar="USER")
+        str | None,
+        typer.Option("--user", "-u", help="Submitting user (default: your identity's; the request is signed)."),
     ] = None,
     job_id: Annotated[str | None, typer.Option("--job-id", help="Job id (default: generated).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and print the event; publish nothing.")] = False,
@@ -213,10 +217,15 @@ def submit(
 
     from apportion import client
 
+    if not dry_run:
+        from apportion.topics import JOBS, SUBMISSIONS
+
+        _require_topics(bootstrap, SUBMISSIONS.name, JOBS.name)
+    ident = None if dry_run and user else _identity(user, bootstrap)  # --dry-run --user: validate, sign nothing
     try:
         ev = client.build_submission(
             budget=budget,
-            user=_whoami(user),
+            user=ident.user if ident is not None else user,
             gpus=gpus,
             replicas=replicas,
             min_runtime=min_runtime,
@@ -231,11 +240,10 @@ def submit(
         fail(f"invalid submission: {'.'.join(str(p) for p in e['loc']) or 'job'}: {e['msg']}")
     except ValueError as exc:
         fail(str(exc))
+    if ident is not None:
+        ev = ident.sign(ev)
     verdict = None
     if not dry_run:
-        from apportion.topics import JOBS, SUBMISSIONS
-
-        _require_topics(bootstrap, SUBMISSIONS.name, JOBS.name)
         watcher = None
         if wait > 0:
             try:
@@ -271,7 +279,8 @@ def cancel(
     job_id: Annotated[str, typer.Argument(help="Job to cancel.")],
     reason: Annotated[str, typer.Option(help="Why (kept in the log).")] = "",
     user: Annotated[
-        str | None, typer.Option("--user", "-u", help="Requesting user (default: $USER).", envvar="USER")
+        str | None,
+        typer.Option("--user", "-u", help="Requesting user (default: your identity's; the request is signed)."),
     ] = None,
     no_wait: NoWait = False,
     timeout: Timeout = DEFAULT_WAIT_S,
@@ -293,23 +302,27 @@ def cancel(
     if status.state != "live":
         done = status.state.removeprefix("Job").lower()
         fail(f"job {job_id} already {done}{f' ({status.detail})' if status.detail else ''}: nothing to cancel", 1)
-    ev = events.JobCancelRequested(job_id=job_id, user=_whoami(user), reason=reason, ts=_now(), producer="cli")
+    ident = _identity(user, bootstrap)
+    ev = ident.sign(events.JobCancelRequested(job_id=job_id, user=ident.user, reason=reason, ts=_now(), producer="cli"))
     watcher = None if no_wait else _checked(lambda: verdicts.JobWatcher(conn.bootstrap, job_id, ["JobCancelled"]))
     _publish([ev], bootstrap)
     if watcher is None:
         _published([ev], as_json, f"cancel requested for [bold]{job_id}[/] (not waiting for the dispatcher)")
         return
-    verdict = watcher.wait(timeout)
+    verdict = watcher.wait(timeout, request_id=ev.event_id)
+    refused = isinstance(verdict, events.JobRejected)
     if as_json:
         _print_json(
             {
                 "published": [events.to_dict(ev)],
-                "verdict": "cancelled" if verdict is not None else "no_verdict",
+                "verdict": "refused" if refused else "cancelled" if verdict is not None else "no_verdict",
                 "event": events.to_dict(verdict) if verdict is not None else None,
             }
         )
     if verdict is None:
         fail(f"no verdict from the dispatcher within {timeout:g} s (is it running?); the request is in the log", 3)
+    if isinstance(verdict, events.JobRejected):
+        fail(f"refused: {verdict.reason.value}: {verdict.message}", 1)
     if not as_json:
         out.print(f"cancelled [bold]{job_id}[/]")
 
@@ -1288,6 +1301,7 @@ def _register_optional() -> None:
         ("apportion.cli.audit", "audit"),
         ("apportion.cli.stack", "stack"),
         ("apportion.cli.history", "history"),
+        ("apportion.cli.keys", "keys"),
     ):
         try:
             m = importlib.import_module(mod)

@@ -8,7 +8,8 @@ everything is to ``RUN_DIR/stack.env`` and to the per-user state file
 (:func:`apportion.settings.user_stack_env`), so the CLI finds the stack from
 any folder::
 
-    RUN_DIR/stack.env          KAFKA_BOOTSTRAP, REDIS_URL, APPORTION_TOPIC_PREFIX, LOG_DIR, metrics ports
+    RUN_DIR/stack.env          KAFKA_BOOTSTRAP, REDIS_URL, APPORTION_TOPIC_PREFIX, APPORTION_KEYRING, LOG_DIR, metrics ports
+    RUN_DIR/keyring/           the development keyring: ops.json and each user enrolled on first use
     RUN_DIR/services/NAME.pid  one per service
     RUN_DIR/logs/NAME.log      each service's log (plain text)
     RUN_DIR/node_agent/        the node agent's journal, the jobs' checkpoints/ and job-logs/
@@ -78,6 +79,7 @@ class StackInfo:
     pids: dict[str, int] = field(default_factory=dict)
     metrics: dict[str, int] = field(default_factory=dict)
     clock: dict[str, str] = field(default_factory=dict)
+    keyring: str = ""  # the development keyring (apportion.identity): users enrolled on first use
 
     @property
     def log_dir(self) -> Path:
@@ -98,6 +100,7 @@ class StackInfo:
             f"LOG_DIR={self.log_dir}",
             f"JOB_LOG_DIR={self.agent_dir / 'job-logs'}",
             f"INFRA={self.infra}",
+            f"APPORTION_KEYRING={self.keyring}",
         ]
         lines += [f"{k}={v}" for k, v in sorted(self.clock.items())]
         lines += [f"PID_{n.upper()}={p}" for n, p in sorted(self.pids.items())]
@@ -117,6 +120,7 @@ class StackInfo:
             env.get("REDIS_URL", ""),
             env.get("APPORTION_TOPIC_PREFIX", ""),
             env.get("INFRA", "local"),
+            keyring=env.get("APPORTION_KEYRING", ""),
         )
         for k, v in env.items():
             if k.startswith("PID_"):
@@ -172,6 +176,21 @@ def _ready(info: StackInfo, name: str) -> bool:
         return False
 
 
+def dev_keyring(path: Path) -> Path:
+    """A development keyring at ``path`` with an ops identity (``ops.json``), made once (mode 0700).
+
+    The CLI and the client enrol each user there on first use (:func:`apportion.client.identity_for`),
+    so a local stack runs with signature checks on and no key ceremony. Whoever can read it is ops: it
+    is for development stacks only (docs/security.md).
+    """
+    from apportion.identity import Identity
+
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not (path / "ops.json").is_file():
+        Identity.generate("ops", "ops").save(path / "ops.json")
+    return path
+
+
 def up(
     run_dir: Path,
     *,
@@ -218,6 +237,7 @@ def up(
         bootstrap, redis_url = local.bootstrap, local.redis_url
     assert bootstrap is not None and redis_url is not None
     info = StackInfo(run_dir, bootstrap, redis_url, prefix, "external" if external else "local")
+    info.keyring = str(dev_keyring(run_dir / "keyring"))
     info.log_dir.mkdir(exist_ok=True)
     (run_dir / "services").mkdir(exist_ok=True)
     saved = os.environ.get("APPORTION_TOPIC_PREFIX")

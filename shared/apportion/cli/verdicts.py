@@ -150,10 +150,17 @@ class JobStatus:
     detail: str = ""
 
 
-def is_duplicate_rejection(ev: events.Event, queued: bool) -> bool:
-    """True for the ``JobRejected(duplicate_job)`` of a later submission reusing the id of a job that was
-    queued: it refuses that submission, and says nothing about the job (which may be running)."""
-    return queued and isinstance(ev, events.JobRejected) and ev.reason is events.RejectReason.DUPLICATE_JOB
+def refuses_request_only(ev: events.Event, queued: bool) -> bool:
+    """True for a ``JobRejected`` that refuses a request and says nothing about the job (which may be running).
+
+    That is the refusal of a cancel request (``request="JobCancelRequested"``:
+    ``not_owner``, ``unauthenticated``), and any refusal of a later submission
+    reusing the id of a job that was queued (``duplicate_job``, or an
+    ``unauthenticated`` copy).
+    """
+    if not isinstance(ev, events.JobRejected):
+        return False
+    return ev.request == "JobCancelRequested" or queued
 
 
 def job_status(bootstrap: str, job_id: str) -> JobStatus:
@@ -170,8 +177,8 @@ def job_status(bootstrap: str, job_id: str) -> JobStatus:
     for ev in key_events(bootstrap, JOBS.name, job_id):
         if getattr(ev, "job_id", None) != job_id:
             continue
-        if is_duplicate_rejection(ev, queued):
-            continue  # a second submission under the id was refused: the job itself is unchanged
+        if refuses_request_only(ev, queued):
+            continue  # a later request under the id was refused: the job itself is unchanged
         if ev.type in TERMINAL and getattr(ev, "replica", None) is None:
             final = ev
         elif ev.type in ("JobQueued", "JobRequeued"):
@@ -211,8 +218,11 @@ class JobWatcher:
                 raise Unreachable(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
             raise
 
-    def wait(self, timeout_s: float) -> events.Event | None:
-        """The first answering event, or ``None`` after ``timeout_s`` wall seconds."""
+    def wait(self, timeout_s: float, request_id: object = None) -> events.Event | None:
+        """The first answering event, or ``None`` after ``timeout_s`` wall seconds.
+
+        With ``request_id``, a ``JobRejected`` refusing that request (``refused_event_id``) answers too.
+        """
         end = time.monotonic() + timeout_s
         try:
             while (left := end - time.monotonic()) > 0:
@@ -224,7 +234,11 @@ class JobWatcher:
                             ev = events.decode(rec.value)
                         except events.DecodeError:
                             continue
-                        if ev.type in self.types and getattr(ev, "job_id", None) == self.job_id:
+                        if getattr(ev, "job_id", None) != self.job_id:
+                            continue
+                        if ev.type in self.types:
+                            return ev
+                        if request_id is not None and getattr(ev, "refused_event_id", None) == request_id:
                             return ev
             return None
         finally:

@@ -28,6 +28,13 @@ Unallocated jobs (``min_runtime_s == 0``) are free and never charged, so
 checks 3-5 do not apply: they may name any existing leaf, even one the user
 is not a member of. Shape applies to every job: a gang that no inventory can
 hold would wait forever.
+
+Before any of these, the dispatcher asks :func:`authorize` whether a request
+(``JobSubmitted`` or ``JobCancelRequested``) comes from the user it names
+(DESIGN section 10): ``unauthenticated`` when no registered key of that user
+signed it, ``not_owner`` for a cancel of another user's job by a principal
+that is not ops. The signature itself is checked by :mod:`apportion.identity`
+(crypto is not domain code); this module gets the principal that signed.
 """
 
 from __future__ import annotations
@@ -37,9 +44,29 @@ from datetime import datetime
 from typing import NamedTuple
 
 from apportion.domain.budgets import BudgetTree
-from apportion.events import JobRejected, JobSubmitted, RejectReason, det_id
+from apportion.events import JobCancelRequested, JobRejected, JobSubmitted, RejectReason, det_id
 
-__all__ = ["NodeShape", "Rejection", "ShapeLike", "admit", "rejected_event", "shape_possible"]
+__all__ = [
+    "NodeShape",
+    "Principal",
+    "Rejection",
+    "ShapeLike",
+    "admit",
+    "authorize",
+    "refused_request_event",
+    "rejected_event",
+    "shape_possible",
+]
+
+#: The role of a principal that may cancel any job (a key registered with ``role="ops"``).
+OPS = "ops"
+
+
+class Principal(NamedTuple):
+    """Who signed a request: the ``user`` a registered key proves, and that key's ``role`` (``user``/``ops``)."""
+
+    user: str
+    role: str = "user"
 
 
 class NodeShape(NamedTuple):
@@ -129,6 +156,76 @@ def admit(tree: BudgetTree, job: JobSubmitted, node_shapes: Iterable[ShapeLike])
             f"GPUs each; the declared nodes have {fitting} such node(s)",
         )
     return None
+
+
+def authorize(
+    request: JobSubmitted | JobCancelRequested, signer: Principal | None, owner: str | None = None
+) -> Rejection | None:
+    """May this request act in the name of its ``user`` (DESIGN section 10)?
+
+    Args:
+        request: a submission or a cancel request.
+        signer: the principal whose registered, unrevoked key made a valid
+            signature of the request at its event time
+            (:meth:`apportion.identity.KeyRegistry.principal`), or ``None``
+            when there is none (unsigned, a bad signature, an unknown or
+            revoked key).
+        owner: for a cancel, the user of the job it names (``None`` when the
+            dispatcher knows no such job: there is nothing to protect).
+
+    Returns:
+        ``None`` when allowed; else ``unauthenticated`` (no signer, or the
+        signer is another user than ``request.user``; ops sign as themselves
+        too) or ``not_owner`` (a cancel of another user's job by a principal
+        whose role is not ``ops``).
+    """
+    if signer is None:
+        return Rejection(
+            RejectReason.UNAUTHENTICATED,
+            f"no valid signature by a key registered for user {request.user!r} at {request.ts.isoformat()}",
+        )
+    if signer.user != request.user:
+        return Rejection(
+            RejectReason.UNAUTHENTICATED,
+            f"signed with a key of {signer.user!r}, not of the user {request.user!r} the request names",
+        )
+    if isinstance(request, JobCancelRequested) and owner is not None and owner != signer.user and signer.role != OPS:
+        return Rejection(
+            RejectReason.NOT_OWNER,
+            f"job {request.job_id!r} belongs to {owner!r}; {signer.user!r} may cancel only their own jobs",
+        )
+    return None
+
+
+def refused_request_event(
+    request: JobSubmitted | JobCancelRequested,
+    rejection: Rejection,
+    *,
+    budget: str,
+    ts: datetime,
+    producer: str = "dispatcher",
+) -> JobRejected:
+    """The ``JobRejected`` of a refused request (id deterministic in the request's id).
+
+    Args:
+        request: the refused submission or cancel request.
+        rejection: what :func:`authorize` returned.
+        budget: the submission's budget, or the cancelled job's (``""`` when unknown).
+        ts: event time of the decision (aware UTC).
+        producer: writer name.
+    """
+    return JobRejected(
+        event_id=det_id("JobRejected", request.job_id, request.event_id),
+        job_id=request.job_id,
+        budget=budget,
+        user=request.user,
+        reason=rejection.reason,
+        message=rejection.message,
+        request=request.type,  # type: ignore[arg-type]
+        refused_event_id=request.event_id,
+        ts=ts,
+        producer=producer,
+    )
 
 
 def rejected_event(

@@ -609,8 +609,8 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
             state.awaiting.pop((ev.job_id, rec.attempt), None)
             del jobs[ev.job_id]
             state.finished[ev.job_id] = t_ev
-    elif isinstance(ev, JobRejected):
-        state.finished[ev.job_id] = t_ev
+    elif isinstance(ev, JobRejected) and ev.request == "JobSubmitted":
+        state.finished[ev.job_id] = t_ev  # a refused cancel leaves the job as it was
     elif isinstance(ev, JobLost):
         rec = jobs.get(ev.job_id)
         if rec is not None and rec.attempt == ev.attempt:

@@ -1,0 +1,117 @@
+"""``apportion keys``: signing keys (DESIGN section 10; :mod:`apportion.identity`).
+
+Researchers run ``keys init`` once: it makes an Ed25519 key pair in their
+identity file (``~/.config/apportion/identity.json``, mode 0600, or
+``APPORTION_IDENTITY``) and prints the public key, which they hand to ops.
+Ops run ``keys register USER PUBKEY`` (``--role ops`` for another operator)
+and ``keys revoke USER PUBKEY``; both publish the event on ``apportion.budgets``
+and exit 0 once the broker has acknowledged it (the dispatcher folds it; it
+refuses nothing, so there is no verdict to wait for).
+"""
+
+from __future__ import annotations
+
+import getpass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from apportion import events
+
+app = typer.Typer(help="Signing keys: init (researchers), register/revoke (ops).", no_args_is_help=True)
+
+
+@app.command("init")
+def init_key(
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Who the key signs as (default: $USER).")] = None,
+    role: Annotated[str, typer.Option(help="user, or ops for an operator's key.")] = "user",
+    file: Annotated[Path | None, typer.Option("--file", help="Identity file (default: APPORTION_IDENTITY).")] = None,
+) -> None:
+    """Make a key pair in your identity file and print the public key to give to ops."""
+    from apportion.cli.main import fail, out
+    from apportion.identity import Identity, identity_file
+
+    if role not in ("user", "ops"):
+        fail(f"--role must be user or ops, not {role!r}")
+    path = file or identity_file()
+    ident = Identity.generate(user or getpass.getuser(), role)
+    try:
+        ident.save(path)
+    except FileExistsError:
+        fail(f"{path} exists: a key is never overwritten (move it away first, and ask ops to revoke its key)", 1)
+    out.print(f"identity of [bold]{ident.user}[/] ({role}) written to {path}")
+    out.print("give ops this public key to register (`apportion keys register USER PUBKEY`):")
+    print(ident.public_key)
+
+
+@app.command("show")
+def show_key(
+    file: Annotated[Path | None, typer.Option("--file", help="Identity file (default: APPORTION_IDENTITY).")] = None,
+) -> None:
+    """Print the user, role and public key of your identity file (never the private key)."""
+    from apportion.cli.main import fail
+    from apportion.identity import Identity, identity_file
+
+    path = file or identity_file()
+    try:
+        ident = Identity.load(path)
+    except (FileNotFoundError, ValueError) as exc:
+        fail(f"{exc} (make one with `apportion keys init`)", 1)
+    print(f"{ident.user}\t{ident.role}\t{ident.public_key}")
+
+
+def _publish_identity_event(ev: events.Event, bootstrap: str | None, as_json: bool, message: str) -> None:
+    from apportion.cli.main import _publish, _published, _require_topics
+    from apportion.topics import BUDGETS
+
+    _require_topics(bootstrap, BUDGETS.name)
+    _publish([ev], bootstrap)
+    _published([ev], as_json, message)
+
+
+@app.command("register")
+def register_key(
+    user: Annotated[str, typer.Argument(help="The user the key proves.")],
+    public_key: Annotated[str, typer.Argument(help="Base64 Ed25519 public key (from `apportion keys init`).")],
+    role: Annotated[str, typer.Option(help="user, or ops (may cancel any job).")] = "user",
+    bootstrap: Annotated[str | None, typer.Option("--bootstrap", envvar="APPORTION_KAFKA_BOOTSTRAP")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+) -> None:
+    """(ops) Register USER's public key: from now on their signed requests are accepted."""
+    from datetime import UTC, datetime
+
+    from apportion import client
+    from apportion.cli.main import fail
+
+    if role not in ("user", "ops"):
+        fail(f"--role must be user or ops, not {role!r}")
+    try:
+        ev = client.key_registration(user, public_key, role=role, by=getpass.getuser(), now=datetime.now(UTC))
+    except ValueError as exc:
+        fail(str(exc))
+    _publish_identity_event(ev, bootstrap, as_json, f"registered a {role} key for [bold]{user}[/]")
+
+
+@app.command("revoke")
+def revoke_key(
+    user: Annotated[str, typer.Argument(help="The user whose key is revoked.")],
+    public_key: Annotated[str, typer.Argument(help="The base64 public key to revoke.")],
+    reason: Annotated[str, typer.Option(help="Why (kept in the log).")] = "",
+    bootstrap: Annotated[str | None, typer.Option("--bootstrap", envvar="APPORTION_KAFKA_BOOTSTRAP")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+) -> None:
+    """(ops) Revoke USER's key: requests it signs with an event time from now on are refused."""
+    from datetime import UTC, datetime
+
+    from pydantic import ValidationError
+
+    from apportion.cli.main import fail
+
+    try:
+        ev = events.UserKeyRevoked(
+            user=user, public_key=public_key, reason=reason, by=getpass.getuser(), ts=datetime.now(UTC), producer="cli"
+        )
+    except ValidationError as exc:
+        fail(f"invalid key: {exc.errors(include_url=False)[0]['msg']}")
+    _publish_identity_event(ev, bootstrap, as_json, f"revoked a key of [bold]{user}[/]")

@@ -1,0 +1,444 @@
+"""Proven users (DESIGN section 10): Ed25519 signatures over the canonical bytes of a request.
+
+A ``JobSubmitted`` or ``JobCancelRequested`` names a ``user``; the
+dispatcher believes that name only when the request carries a valid
+signature by a key that ops registered for that user
+(:class:`~apportion.events.UserKeyRegistered`, not revoked by a
+:class:`~apportion.events.UserKeyRevoked`) at the request's event time.
+Otherwise it refuses the request with ``JobRejected`` reason
+``unauthenticated`` (:func:`apportion.domain.admission.authorize` is the rule).
+Because the proof travels in the record, ``audit verify`` re-checks every
+signature from the log alone (:func:`check_requests`).
+
+Canonical bytes (what is signed; any language can reproduce them, see
+``docs/producing.md``, section "Signing"):
+
+1. the record value is one JSON object (the request as the producer writes it
+   to Kafka), including ``"signer_key"``: the base64 (standard alphabet,
+   padded) of the 32-byte raw Ed25519 public key;
+2. remove the member ``"signature"`` (only that one; everything else,
+   ``event_id`` and ``ts`` included, is signed);
+3. serialise it as JSON with the members of every object sorted by key
+   (Unicode code point order), no whitespace (separators ``,`` and ``:``),
+   non-ASCII characters written as themselves (UTF-8) and only the escapes
+   JSON requires (``\\"``, ``\\\\``, ``\\b \\f \\n \\r \\t``, ``\\u00XX`` for the other
+   control characters), integers as integers and other numbers in their
+   shortest round-trip form (what ``json.dumps`` in Python and
+   ``JSON.stringify`` in JavaScript both write for magnitudes in [1e-4, 1e16));
+4. encode as UTF-8. That is ``json.dumps(obj, sort_keys=True,
+   separators=(",", ":"), ensure_ascii=False).encode()`` in Python.
+
+``signature`` is the base64 of the 64-byte Ed25519 signature (RFC 8032) of
+those bytes. The verifier parses the record value it read, drops
+``signature`` and serialises again the same way, so the proof does not depend
+on which fields this reader's schema knows (a request signed under schema v3
+still verifies when the reader knows v4).
+
+Replays: the event id is inside the signed bytes, so a signature copied onto
+a new event id does not verify; the same event id again is a duplicate that
+every reader drops (``apportion.bus.intake``).
+
+Key files: a user's identity (user, role, private key) is one JSON file, by
+default ``$XDG_CONFIG_HOME/apportion/identity.json`` (``~/.config/...``), or
+``APPORTION_IDENTITY``. A development stack keeps a keyring instead: a
+directory of ``<user>.json`` files named by ``APPORTION_KEYRING`` (the
+environment or the stack's ``stack.env``); :func:`apportion.client.identity_for`
+enrols a user there on first use with the keyring's ops identity.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from apportion import events
+from apportion.domain.admission import Principal, Rejection, authorize, refused_request_event
+from apportion.timeutil import Micros, to_us
+
+__all__ = [
+    "Identity",
+    "KeyRegistry",
+    "RequestGate",
+    "SIGNED_TYPES",
+    "canonical_bytes",
+    "check_requests",
+    "identity_file",
+    "keyring_dir",
+    "signer_of",
+]
+
+#: Event types whose ``user`` must be proven by a signature.
+SIGNED_TYPES = ("JobSubmitted", "JobCancelRequested")
+
+#: The JSON member that holds the signature (left out of the signed bytes).
+SIGNATURE = "signature"
+
+E = TypeVar("E", bound=events.Event)
+
+
+def canonical_bytes(payload: Mapping[str, Any]) -> bytes:
+    """The bytes a request's signature covers: ``payload`` without ``signature``, canonical JSON (module docstring).
+
+    Raises:
+        ValueError: ``payload`` holds a non-finite number (not JSON).
+    """
+    body = {k: v for k, v in payload.items() if k != SIGNATURE}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str, size: int) -> bytes:
+    """Strict base64 of exactly ``size`` bytes. Raises ValueError otherwise."""
+    raw = base64.b64decode(text, validate=True)
+    if len(raw) != size:
+        raise ValueError(f"expected {size} bytes, got {len(raw)}")
+    return raw
+
+
+_PUBLIC: dict[str, Ed25519PublicKey] = {}
+
+
+def _public(text: str) -> Ed25519PublicKey:
+    key = _PUBLIC.get(text)
+    if key is None:
+        key = Ed25519PublicKey.from_public_bytes(_unb64(text, 32))
+        if len(_PUBLIC) > 10_000:
+            _PUBLIC.clear()
+        _PUBLIC[text] = key
+    return key
+
+
+def signer_of(raw: bytes | str | None) -> str | None:
+    """The ``signer_key`` of a record value whose signature verifies, else ``None``.
+
+    Stateless and pure (no registry): whether the key belongs to the request's
+    user is :meth:`KeyRegistry.principal`'s question.
+
+    Args:
+        raw: the record value as read from Kafka.
+
+    Returns:
+        The base64 public key that signed the canonical bytes of ``raw``;
+        ``None`` when unsigned, not JSON, a malformed key or signature, or a
+        signature that does not verify (altered bytes, a copied signature).
+    """
+    if raw is None:
+        return None
+    try:
+        obj = json.loads(raw)
+        if not isinstance(obj, dict):
+            return None
+        key, sig = obj.get("signer_key"), obj.get(SIGNATURE)
+        if not isinstance(key, str) or not isinstance(sig, str):
+            return None
+        _public(key).verify(_unb64(sig, 64), canonical_bytes(obj))
+    except (ValueError, TypeError, binascii.Error, InvalidSignature, RecursionError):
+        return None
+    return key
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A principal's signing identity: ``user``, ``role`` and the Ed25519 private key.
+
+    Attributes:
+        user: the name requests are signed as.
+        role: ``"user"`` or ``"ops"`` (what ops register the public key with).
+        private_key: the key; never logged, stored only in the user's own file (mode 0600).
+    """
+
+    user: str
+    role: str
+    private_key: Ed25519PrivateKey = field(repr=False)
+
+    @classmethod
+    def generate(cls, user: str, role: str = "user") -> Identity:
+        """A fresh key pair for ``user``."""
+        return cls(user, role, Ed25519PrivateKey.generate())
+
+    @property
+    def public_key(self) -> str:
+        """Base64 of the 32-byte raw public key (what ``UserKeyRegistered.public_key`` holds)."""
+        raw = self.private_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        return _b64(raw)
+
+    def sign(self, event: E) -> E:
+        """``event`` with ``signer_key`` and ``signature`` set (a copy; ``event`` must be a signed type).
+
+        The signature covers the canonical bytes of :func:`apportion.events.encode`
+        of the copy with ``signer_key`` set, which is what the verifier rebuilds
+        from the published record value.
+
+        Raises:
+            TypeError: ``event`` is not a ``JobSubmitted``/``JobCancelRequested``.
+        """
+        if event.type not in SIGNED_TYPES:
+            raise TypeError(f"{event.type} is not a signed request type ({', '.join(SIGNED_TYPES)})")
+        keyed = event.model_copy(update={"signer_key": self.public_key, SIGNATURE: None})
+        payload = json.loads(events.encode(keyed))
+        sig = self.private_key.sign(canonical_bytes(payload))
+        return keyed.model_copy(update={SIGNATURE: _b64(sig)})
+
+    def to_json(self) -> dict[str, str]:
+        """The identity file's content (holds the private key: keep it private)."""
+        seed = self.private_key.private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        )
+        return {"user": self.user, "role": self.role, "public_key": self.public_key, "private_key": _b64(seed)}
+
+    def save(self, path: Path) -> Path:
+        """Write the identity file at ``path`` with mode 0600 (its directory 0700); returns ``path``.
+
+        Raises:
+            FileExistsError: ``path`` exists (a key is never overwritten silently).
+        """
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.to_json(), f, indent=2)
+            f.write("\n")
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> Identity:
+        """Read an identity file.
+
+        Raises:
+            FileNotFoundError: no file at ``path``.
+            ValueError: the file is not an identity (missing fields, a bad key).
+        """
+        doc = json.loads(path.read_text())
+        try:
+            key = Ed25519PrivateKey.from_private_bytes(_unb64(doc["private_key"], 32))
+            ident = cls(str(doc["user"]), str(doc.get("role", "user")), key)
+        except (KeyError, TypeError, binascii.Error) as exc:
+            raise ValueError(f"{path} is not an apportion identity file: {exc}") from None
+        if doc.get("public_key") not in (None, ident.public_key):
+            raise ValueError(f"{path}: public_key does not match private_key")
+        return ident
+
+
+def identity_file() -> Path:
+    """The user's identity file: ``APPORTION_IDENTITY``, else ``$XDG_CONFIG_HOME/apportion/identity.json``."""
+    if os.environ.get("APPORTION_IDENTITY"):
+        return Path(os.environ["APPORTION_IDENTITY"])
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "apportion" / "identity.json"
+
+
+def keyring_dir() -> Path | None:
+    """The development keyring (``APPORTION_KEYRING`` from the environment, else the stack.env), or ``None``."""
+    from apportion.settings import stack_env
+
+    path = os.environ.get("APPORTION_KEYRING") or stack_env().get("APPORTION_KEYRING")
+    return Path(path) if path else None
+
+
+# --------------------------------------------------------------------------- the registry (pure)
+
+
+@dataclass(slots=True)
+class _Grant:
+    user: str
+    role: str
+    from_us: Micros
+    until_us: Micros | None = None
+
+
+class KeyRegistry:
+    """Which key proves which principal when: a fold of ``UserKeyRegistered``/``UserKeyRevoked`` (pure).
+
+    A key is valid for ``user`` at event time t when a registration with
+    ``ts <= t`` exists and no revocation of that (user, key) has ``ts <= t``.
+    Folding is order-insensitive for registrations and revocations of
+    different times, so the dispatcher (live, in poll order) and the audit
+    (in log order) agree.
+    """
+
+    def __init__(self) -> None:
+        self._grants: dict[str, list[_Grant]] = {}
+        self._revoked: dict[tuple[str, str], list[Micros]] = {}
+
+    def apply(self, ev: events.Event) -> bool:
+        """Fold one event; True when it was an identity event."""
+        if isinstance(ev, events.UserKeyRegistered):
+            self._grants.setdefault(ev.public_key, []).append(_Grant(ev.user, ev.role, to_us(ev.ts)))
+            return True
+        if isinstance(ev, events.UserKeyRevoked):
+            self._revoked.setdefault((ev.public_key, ev.user), []).append(to_us(ev.ts))
+            return True
+        return False
+
+    def __len__(self) -> int:
+        return sum(len(g) for g in self._grants.values())
+
+    def principal(self, public_key: str | None, at_us: Micros) -> Principal | None:
+        """The principal ``public_key`` proves at event time ``at_us``, or ``None`` (unknown, not yet, revoked).
+
+        When one key was registered for several principals, the latest
+        registration in force wins.
+        """
+        if public_key is None:
+            return None
+        best: _Grant | None = None
+        for g in self._grants.get(public_key, ()):
+            if g.from_us > at_us:
+                continue
+            revoked = self._revoked.get((public_key, g.user), ())
+            if any(g.from_us <= r <= at_us for r in revoked):
+                continue
+            if best is None or g.from_us >= best.from_us:
+                best = g
+        return Principal(best.user, best.role) if best is not None else None
+
+
+class RequestGate:
+    """The dispatcher's intake check of requests (DESIGN section 10): who may act in whose name.
+
+    Folds the identity events it sees; for a ``JobSubmitted`` or a
+    ``JobCancelRequested`` returns the ``JobRejected`` the dispatcher
+    publishes instead of deciding on the request (``unauthenticated`` or
+    ``not_owner``), or ``None`` to let it through.
+
+    Args:
+        producer: the dispatcher's producer name (written on refusals).
+    """
+
+    def __init__(self, producer: str = "dispatcher") -> None:
+        self.producer = producer
+        self.keys = KeyRegistry()
+        self.refused = 0
+
+    def observe(self, ev: events.Event) -> None:
+        """Fold an identity event (others are ignored)."""
+        self.keys.apply(ev)
+
+    def refusal(self, raw: bytes | None, ev: events.Event, jobs: Mapping[str, Any], now_us: Micros) -> Any:
+        """The ``JobRejected`` refusing ``ev``, or ``None`` (allowed, or not a request).
+
+        Args:
+            raw: the record value ``ev`` was decoded from (the signature is checked on it).
+            ev: the decoded event; identity events are folded here.
+            jobs: the dispatcher's jobs by id (``spec.user``, ``spec.budget``): a cancel's owner.
+            now_us: event time of the refusal.
+        """
+        if self.keys.apply(ev):
+            return None
+        if not isinstance(ev, (events.JobSubmitted, events.JobCancelRequested)):
+            return None
+        rejection = self.check(raw, ev, jobs)
+        if rejection is None:
+            return None
+        self.refused += 1
+        if isinstance(ev, events.JobSubmitted):
+            budget = ev.budget
+        else:
+            rec = jobs.get(ev.job_id)
+            budget = rec.spec.budget if rec is not None else ""
+        from apportion.timeutil import from_us
+
+        return refused_request_event(ev, rejection, budget=budget, ts=from_us(now_us), producer=self.producer)
+
+    def check(
+        self, raw: bytes | None, ev: events.JobSubmitted | events.JobCancelRequested, jobs: Mapping[str, Any]
+    ) -> Rejection | None:
+        """:func:`~apportion.domain.admission.authorize` of ``ev`` with the signer of ``raw`` at ``ev.ts``."""
+        signer = self.keys.principal(signer_of(raw), to_us(ev.ts))
+        owner = None
+        if isinstance(ev, events.JobCancelRequested):
+            rec = jobs.get(ev.job_id)
+            owner = rec.spec.user if rec is not None else None
+        return authorize(ev, signer, owner)
+
+
+# --------------------------------------------------------------------------- audit
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFinding:
+    """A request the dispatcher acted on that the log does not prove.
+
+    Attributes:
+        index: position of its record in the sequence given to :func:`check_requests`.
+        job_id: the job it names.
+        detail: what is wrong (a signature that does not verify, an unknown key, not the owner).
+    """
+
+    index: int
+    job_id: str
+    detail: str
+
+
+def check_requests(records: Iterable[Any]) -> tuple[list[RequestFinding], int]:
+    """Re-check, from the log alone, every request the dispatcher accepted (``audit verify``).
+
+    A request is *accepted* when the log holds no ``JobRejected`` refusing it
+    (id ``det_id("JobRejected", job_id, request id)``) and, for a cancel, a
+    ``JobCancelled`` of its job. Each accepted request must carry a valid
+    signature (:func:`signer_of` of its stored bytes) by a key registered for
+    its user at its event time, and an accepted cancel of another user's job
+    must be signed by ops (:func:`~apportion.domain.admission.authorize`).
+    Refused requests are not findings: refusing a forgery is the stack working.
+
+    Logs of a stack without identity (no ``UserKeyRegistered`` at all, e.g. a
+    simulator log) are not checked: ``(findings=[], checked=0)``.
+
+    Args:
+        records: log records (``event``, ``raw``) in log order.
+
+    Returns:
+        ``(findings, checked)``: what is wrong, and how many signed requests were re-checked.
+    """
+    recs = list(records)
+    reg = KeyRegistry()
+    refused: set[Any] = set()
+    cancelled: set[str] = set()
+    owner: dict[str, str] = {}
+    for r in recs:
+        ev = r.event
+        if ev is None:
+            continue
+        reg.apply(ev)
+        if isinstance(ev, events.JobRejected):
+            refused.add(ev.event_id)
+        elif isinstance(ev, events.JobCancelled):
+            cancelled.add(ev.job_id)
+    if not len(reg):
+        return [], 0
+    findings: list[RequestFinding] = []
+    checked = 0
+    for i, r in enumerate(recs):
+        ev = r.event
+        if not isinstance(ev, (events.JobSubmitted, events.JobCancelRequested)):
+            continue
+        if events.det_id("JobRejected", ev.job_id, ev.event_id) in refused:
+            continue
+        if isinstance(ev, events.JobSubmitted):
+            owner.setdefault(ev.job_id, ev.user)
+        elif ev.job_id not in cancelled:
+            continue  # a cancel that changed nothing proves nothing
+        checked += 1
+        key = signer_of(r.raw)
+        if key is None:
+            why = "unsigned" if ev.signature is None else "its signature does not verify (altered or forged bytes)"
+            findings.append(RequestFinding(i, ev.job_id, f"{ev.type} of user {ev.user!r} accepted, but {why}"))
+            continue
+        rejection = authorize(ev, reg.principal(key, to_us(ev.ts)), owner.get(ev.job_id))
+        if rejection is not None:
+            findings.append(
+                RequestFinding(i, ev.job_id, f"{ev.type} accepted, but {rejection.reason.value}: {rejection.message}")
+            )
+    return findings, checked

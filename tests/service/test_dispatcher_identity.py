@@ -1,0 +1,152 @@
+"""The dispatcher's intake check of requests (DESIGN section 10), on an in-memory log.
+
+Each threat of docs/security.md that the signature stops, fed to the real
+:class:`~services.dispatcher.app.DispatcherService`: the forbidden request is
+answered by ``JobRejected`` (``unauthenticated`` / ``not_owner``) and the
+dispatcher's jobs are unchanged; the allowed ones work.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import timedelta
+
+from apportion import events
+from apportion.events import BudgetSet, JobCancelRequested, JobSubmitted, NodeRegistered, UserKeyRevoked
+from tests.service.test_dispatcher import T0, ListLog, drive, service
+from tests.signing import identity, registered
+
+ALICE, CAROL, EVE, OPS = identity("alice"), identity("carol"), identity("eve"), identity("root", "ops")
+
+
+def setup() -> list[events.Event]:
+    return [
+        BudgetSet(event_id=events.det_id("t", "lab"), path="lab", share=1.0, ts=T0, producer="test"),
+        BudgetSet(event_id=events.det_id("t", "lab/a"), path="lab/a", share=1.0, ts=T0, producer="test"),
+        NodeRegistered(event_id=events.det_id("t", "n1"), node_id="n1", gpu_count=8, ts=T0, producer="test"),
+        *(registered(i, T0) for i in (ALICE, CAROL, EVE, OPS)),
+    ]
+
+
+def sub(job_id: str, user: str = "carol", minutes: int = 1) -> JobSubmitted:
+    ts = T0 + timedelta(minutes=minutes)
+    return JobSubmitted(
+        event_id=events.det_id("sub", job_id, user, minutes),
+        job_id=job_id,
+        budget="lab/a",
+        user=user,
+        gpus_per_replica=2,
+        min_runtime_s=600.0,
+        duration_s=3600.0,
+        submitted_at=ts,
+        ts=ts,
+        producer="test",
+    )
+
+
+def cancel(job_id: str, user: str, minutes: int = 2) -> JobCancelRequested:
+    return JobCancelRequested(
+        event_id=events.det_id("cancel", job_id, user, minutes),
+        job_id=job_id,
+        user=user,
+        ts=T0 + timedelta(minutes=minutes),
+        producer="test",
+    )
+
+
+def run(*rounds: list[events.Event] | list[tuple[str, bytes]]):  # type: ignore[no-untyped-def]
+    """A dispatcher fed the setup, then each round (events, or raw ``(topic, bytes)`` records)."""
+    log = ListLog()
+    svc = service(log, echoes=True)
+    log.put(*setup())
+    drive(svc, log)
+    for r in rounds:
+        for item in r:
+            if isinstance(item, tuple):
+                log.append(item[0], item[1], json.loads(item[1])["job_id"].encode())
+            else:
+                log.put(item)
+        drive(svc, log)
+    return svc, [events.decode(v) for _, v in log.published]
+
+
+def rejections(out: list[events.Event]) -> list[tuple[str, str, str]]:
+    return [(e.job_id, e.reason.value, e.request) for e in out if isinstance(e, events.JobRejected)]
+
+
+def test_a_signed_submission_is_queued_and_placed() -> None:
+    svc, out = run([CAROL.sign(sub("j1"))])
+    assert [e.type for e in out] == ["JobQueued", "JobPlaced", "StartWorkload"]
+    assert svc.state.jobs["j1"].spec.user == "carol"
+
+
+def test_an_unsigned_submission_is_unauthenticated() -> None:
+    svc, out = run([sub("j1")])
+    assert rejections(out) == [("j1", "unauthenticated", "JobSubmitted")]
+    assert "j1" not in svc.state.jobs
+
+
+def test_eve_cannot_submit_in_carols_name_with_her_own_key() -> None:
+    """Charging another budget by claiming a member's name: signed, but by the wrong user's key."""
+    svc, out = run([EVE.sign(sub("j1", user="carol"))])
+    assert rejections(out) == [("j1", "unauthenticated", "JobSubmitted")]
+    assert svc.state.jobs == {}
+
+
+def test_a_key_nobody_registered_is_unauthenticated() -> None:
+    svc, out = run([identity("mallory").sign(sub("j1", user="mallory"))])
+    assert rejections(out) == [("j1", "unauthenticated", "JobSubmitted")]
+
+
+def test_a_revoked_key_signs_nothing_after_the_revocation() -> None:
+    revoke = UserKeyRevoked(user="carol", public_key=CAROL.public_key, ts=T0 + timedelta(minutes=1), producer="ops")
+    svc, out = run([revoke], [CAROL.sign(sub("j1", minutes=2))])
+    assert rejections(out) == [("j1", "unauthenticated", "JobSubmitted")]
+
+
+def test_replays_same_event_id_is_a_duplicate_and_a_copied_signature_on_a_new_id_is_refused() -> None:
+    signed = CAROL.sign(sub("j1"))
+    raw = events.encode(signed)
+    copied = json.loads(raw)
+    copied["event_id"] = str(uuid.uuid4())
+    copied["job_id"] = "j2"
+    svc, out = run(
+        [signed],
+        [signed],  # the same record again: de-duplicated by event id, no second decision
+        [(events.topic_of(signed), json.dumps(copied).encode())],
+    )
+    assert [e.type for e in out].count("JobQueued") == 1
+    assert rejections(out) == [("j2", "unauthenticated", "JobSubmitted")]
+    assert set(svc.state.jobs) == {"j1"}
+
+
+def test_eve_cannot_cancel_carols_job_and_the_job_goes_on() -> None:
+    svc, out = run([CAROL.sign(sub("j1"))], [EVE.sign(cancel("j1", "eve"))])
+    assert rejections(out) == [("j1", "not_owner", "JobCancelRequested")]
+    assert not any(isinstance(e, events.JobCancelled) for e in out)
+    assert svc.state.jobs["j1"].status == "running" and "j1" not in svc.state.finished
+
+
+def test_a_cancel_claiming_carols_name_with_eves_key_is_unauthenticated() -> None:
+    svc, out = run([CAROL.sign(sub("j1"))], [EVE.sign(cancel("j1", "carol"))])
+    assert rejections(out) == [("j1", "unauthenticated", "JobCancelRequested")]
+    assert svc.state.jobs["j1"].status == "running"
+
+
+def test_the_owner_and_ops_may_cancel() -> None:
+    _, own = run([CAROL.sign(sub("j1"))], [CAROL.sign(cancel("j1", "carol"))])
+    _, ops = run([CAROL.sign(sub("j1"))], [OPS.sign(cancel("j1", "root"))])
+    for out in (own, ops):
+        assert rejections(out) == []
+        assert [e.type for e in out if e.type == "JobCancelled"] == ["JobCancelled"]
+
+
+def test_a_new_leader_refuses_an_undecided_forgery_too() -> None:
+    """Recovery (bootstrap) decides what the old leader left undecided with the same check."""
+    log = ListLog()
+    log.put(*setup(), EVE.sign(sub("j1", user="carol")), CAROL.sign(sub("j2")))
+    svc = service(log, echoes=True)
+    decided = svc.bootstrap(log.read())
+    assert rejections(decided) == [("j1", "unauthenticated", "JobSubmitted")]
+    assert set(svc.state.jobs) == {"j2"}

@@ -1,0 +1,229 @@
+"""Signatures and the key registry (DESIGN section 10; :mod:`apportion.identity`)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from apportion import events
+from apportion.domain.admission import Principal, authorize
+from apportion.events import JobCancelRequested, JobSubmitted, RejectReason
+from apportion.identity import Identity, KeyRegistry, canonical_bytes, signer_of
+from apportion.timeutil import to_us
+from tests.signing import identity, registered
+
+T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+ALICE, CAROL, OPS = identity("alice"), identity("carol"), identity("root", "ops")
+
+
+def submission(user: str = "alice", job_id: str = "j1", ts: datetime = T0) -> JobSubmitted:
+    return JobSubmitted(
+        event_id=events.det_id("sub", job_id, user),
+        job_id=job_id,
+        budget="lab/a",
+        user=user,
+        gpus_per_replica=1,
+        min_runtime_s=60.0,
+        duration_s=30.0,
+        submitted_at=ts,
+        ts=ts,
+        producer="test",
+    )
+
+
+def cancel(user: str, job_id: str = "j1") -> JobCancelRequested:
+    return JobCancelRequested(event_id=events.det_id("cancel", job_id, user), job_id=job_id, user=user, ts=T0)
+
+
+def test_canonical_bytes_sort_keys_drop_only_the_signature_and_keep_unicode() -> None:
+    payload = {"b": 1, "a": {"z": 1.5, "y": "é"}, "signature": "x", "signer_key": "k"}
+    assert canonical_bytes(payload) == '{"a":{"y":"é","z":1.5},"b":1,"signer_key":"k"}'.encode()
+
+
+def test_a_signed_request_verifies_on_its_published_bytes() -> None:
+    ev = ALICE.sign(submission())
+    assert ev.signer_key == ALICE.public_key and ev.signature is not None
+    assert signer_of(events.encode(ev)) == ALICE.public_key
+    # the decoded event re-encodes to the same bytes: the proof survives a round trip
+    assert signer_of(events.encode(events.decode(events.encode(ev)))) == ALICE.public_key
+
+
+def test_the_signature_covers_a_producer_that_writes_integers_and_fields_this_reader_does_not_know() -> None:
+    """Another language's producer: its own JSON (ints for floats, an extra field), signed as documented."""
+    obj = json.loads(events.encode(submission()))
+    obj["min_runtime_s"] = 60  # an integer, as JavaScript writes 60.0
+    obj["x_future_field"] = [1, 2]
+    obj["signer_key"] = ALICE.public_key
+    obj["signature"] = base64.b64encode(ALICE.private_key.sign(canonical_bytes(obj))).decode()
+    raw = json.dumps(obj, indent=1).encode()  # any whitespace and key order on the wire
+    assert signer_of(raw) == ALICE.public_key
+    assert events.decode(raw).min_runtime_s == 60.0
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        pytest.param(lambda o: o.update(budget="lab/b"), id="a field changed after signing"),
+        pytest.param(lambda o: o.update(event_id=str(uuid.uuid4())), id="the signature copied onto a new event id"),
+        pytest.param(lambda o: o.update(ts="2026-01-05T09:00:01Z"), id="the event time moved"),
+        pytest.param(lambda o: o.update(signer_key=CAROL.public_key), id="another key claimed"),
+        pytest.param(lambda o: o.pop("signature"), id="signature removed"),
+        pytest.param(lambda o: o.update(signature="bm90IGEgc2lnbmF0dXJl"), id="signature of the wrong length"),
+        pytest.param(lambda o: o.update(signature=7), id="signature not a string"),
+    ],
+)
+def test_a_changed_request_does_not_verify(tamper) -> None:  # type: ignore[no-untyped-def]
+    obj = json.loads(events.encode(ALICE.sign(submission())))
+    tamper(obj)
+    assert signer_of(json.dumps(obj).encode()) is None
+
+
+def test_one_altered_byte_of_the_record_is_caught() -> None:
+    raw = bytearray(events.encode(ALICE.sign(submission())))
+    i = raw.index(b'"lab/a"') + 5
+    raw[i] = ord("b")
+    assert signer_of(bytes(raw)) is None
+    assert signer_of(b"not json") is None and signer_of(None) is None
+
+
+def test_identity_file_round_trip_is_private(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "apportion" / "identity.json"
+    ident = Identity.generate("dana")
+    ident.save(path)
+    assert path.stat().st_mode & 0o777 == 0o600
+    back = Identity.load(path)
+    assert (back.user, back.role, back.public_key) == ("dana", "user", ident.public_key)
+    assert "private_key" not in repr(back)
+    with pytest.raises(FileExistsError):
+        Identity.generate("dana").save(path)
+
+
+H = timedelta(hours=1)
+
+
+@pytest.mark.parametrize(
+    "history, at, expected",
+    [
+        pytest.param([], T0, None, id="unknown key"),
+        pytest.param([("reg", 0)], T0 - H, None, id="before its registration"),
+        pytest.param([("reg", 0)], T0, Principal("alice"), id="at its registration"),
+        pytest.param([("reg", 0), ("rev", 2)], T0 + H, Principal("alice"), id="before the revocation"),
+        pytest.param([("reg", 0), ("rev", 2)], T0 + 2 * H, None, id="at the revocation"),
+        pytest.param([("reg", 0), ("rev", 1), ("reg", 2)], T0 + 3 * H, Principal("alice"), id="registered again"),
+        pytest.param([("rev", 1), ("reg", 0)], T0 + 2 * H, None, id="folded out of order"),
+    ],
+)
+def test_a_key_proves_its_user_from_registration_until_revocation(history, at, expected) -> None:  # type: ignore[no-untyped-def]
+    reg = KeyRegistry()
+    for kind, hours in history:
+        ts = T0 + hours * H
+        if kind == "reg":
+            reg.apply(registered(ALICE, ts))
+        else:
+            reg.apply(events.UserKeyRevoked(user="alice", public_key=ALICE.public_key, ts=ts))
+    assert reg.principal(ALICE.public_key, to_us(at)) == expected
+
+
+@pytest.mark.parametrize(
+    "request_, signer, owner, reason",
+    [
+        pytest.param(submission(), Principal("alice"), None, None, id="own submission"),
+        pytest.param(submission(), None, None, RejectReason.UNAUTHENTICATED, id="no valid signature"),
+        pytest.param(submission(), Principal("carol"), None, RejectReason.UNAUTHENTICATED, id="another user's key"),
+        pytest.param(submission(), Principal("root", "ops"), None, RejectReason.UNAUTHENTICATED, id="ops as alice"),
+        pytest.param(cancel("alice"), Principal("alice"), "alice", None, id="cancel own job"),
+        pytest.param(cancel("eve"), Principal("eve"), "carol", RejectReason.NOT_OWNER, id="cancel another's job"),
+        pytest.param(cancel("root"), Principal("root", "ops"), "carol", None, id="ops cancel any job"),
+        pytest.param(cancel("eve"), Principal("eve"), None, None, id="cancel of an unknown job"),
+        pytest.param(cancel("carol"), Principal("eve"), "carol", RejectReason.UNAUTHENTICATED, id="eve claims carol"),
+    ],
+)
+def test_authorize(request_, signer, owner, reason) -> None:  # type: ignore[no-untyped-def]
+    got = authorize(request_, signer, owner)
+    assert (got.reason if got is not None else None) == reason
+
+
+def _queued(sub: JobSubmitted) -> events.JobQueued:
+    return events.JobQueued(
+        event_id=events.det_id("JobQueued", sub.job_id, 1),
+        job_id=sub.job_id,
+        budget=sub.budget,
+        user=sub.user,
+        allocated=True,
+        gpus_per_replica=1,
+        replicas=1,
+        min_runtime_s=60.0,
+        duration_s=30.0,
+        submitted_at=sub.submitted_at,
+        ts=sub.ts + timedelta(seconds=1),
+        producer="dispatcher",
+    )
+
+
+def _log(*evs: events.Event) -> list:  # type: ignore[type-arg]
+    from apportion.audit.verify import records_from_events
+
+    return records_from_events(evs)
+
+
+def test_audit_verify_passes_a_log_of_signed_requests() -> None:
+    from apportion.audit.verify import verify
+
+    s = ALICE.sign(submission())
+    rep = verify(_log(registered(ALICE, T0), s, _queued(s)))
+    assert rep.ok and rep.signed_requests == 1
+
+
+def test_audit_verify_names_an_altered_byte_of_an_accepted_submission() -> None:
+    from dataclasses import replace
+
+    from apportion.audit.verify import verify
+
+    s = ALICE.sign(submission())
+    recs = _log(registered(ALICE, T0), s, _queued(s))
+    i = next(k for k, r in enumerate(recs) if isinstance(r.event, JobSubmitted))
+    raw = bytearray(recs[i].raw)
+    raw[raw.index(b'"gpus_per_replica":1') + len('"gpus_per_replica":')] = ord("8")  # 1 GPU -> 8 GPUs
+    recs[i] = replace(recs[i], raw=bytes(raw), event=events.decode(bytes(raw)))
+    rep = verify(recs)
+    assert [(m.check, m.offset, m.subject) for m in rep.mismatches] == [("signature", f"{recs[i].topic}:0@0", "j1")]
+    assert "does not verify" in rep.mismatches[0].detail
+
+
+@pytest.mark.parametrize(
+    "signer, user",
+    [
+        pytest.param(None, "alice", id="an unsigned submission accepted"),
+        pytest.param(CAROL, "alice", id="accepted in alice's name with carol's key"),
+    ],
+)
+def test_audit_verify_flags_an_accepted_request_the_log_does_not_prove(signer, user) -> None:  # type: ignore[no-untyped-def]
+    from apportion.audit.verify import verify
+
+    s = submission(user)
+    s = signer.sign(s) if signer is not None else s
+    rep = verify(_log(registered(ALICE, T0), registered(CAROL, T0), s, _queued(s)))
+    assert [(m.check, m.subject) for m in rep.mismatches] == [("signature", "j1")]
+
+
+def test_audit_verify_does_not_blame_the_stack_for_a_forgery_it_refused() -> None:
+    from apportion.audit.verify import verify
+    from apportion.domain.admission import Rejection, refused_request_event
+
+    s = CAROL.sign(submission("alice"))
+    no = refused_request_event(s, Rejection(RejectReason.UNAUTHENTICATED, "x"), budget="lab/a", ts=T0)
+    rep = verify(_log(registered(ALICE, T0), registered(CAROL, T0), s, no))
+    assert rep.ok and rep.signed_requests == 0
+
+
+def test_audit_verify_skips_logs_without_identity() -> None:
+    """A simulator's log (no keys registered, unsigned submissions) verifies as before."""
+    from apportion.audit.verify import verify
+
+    s = submission()
+    rep = verify(_log(s, _queued(s)))
+    assert rep.ok and rep.signed_requests == 0
