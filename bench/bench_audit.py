@@ -102,7 +102,9 @@ def kafka_part(recs: list) -> None:
     from apportion import topics
 
     names = {t.base: t.name for t in topics.ALL_TOPICS}
-    prod = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=512 * 1024, acks=1)
+    from apportion.bus.security import kafka_auth
+
+    prod = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=512 * 1024, acks=1, **kafka_auth())
     for r in recs:
         base = r.topic
         prod.send(names.get(base, base), key=(r.key or "").encode(), value=r.raw)
@@ -111,7 +113,11 @@ def kafka_part(recs: list) -> None:
     wanted = sorted(audit_topics())
     t = time.perf_counter()
     c = KafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, max_partition_fetch_bytes=8 * 1024 * 1024
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        group_id=None,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+        **kafka_auth(),
     )
     parts = [TopicPartition(tn, p) for tn in wanted for p in sorted(c.partitions_for_topic(tn) or ())]
     c.assign(parts)

@@ -45,7 +45,9 @@ class CommandWatcher(threading.Thread):
         super().__init__(daemon=True)
         from kafka import KafkaConsumer, TopicPartition
 
-        self.kc = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+        from apportion.bus.security import kafka_auth
+
+        self.kc = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, **kafka_auth())
         parts = [TopicPartition(t, p) for t in topics for p in sorted(self.kc.partitions_for_topic(t) or ())]
         self.kc.assign(parts)
         self.kc.seek_to_end()
@@ -157,6 +159,12 @@ def main() -> int:
         now = datetime.now(UTC)
         for path, share in (("bench", 1.0), ("bench/a", 0.5), ("bench/b", 0.5)):
             producer.publish(events.BudgetSet(path=path, share=share, ts=now, producer="bench"))
+        from apportion.identity import Identity
+
+        signer = Identity.generate("bench")  # registered as ops would; every submission is signed with it
+        producer.publish(
+            events.UserKeyRegistered(user="bench", public_key=signer.public_key, by="bench", ts=now, producer="bench")
+        )
         watcher = CommandWatcher(bootstrap, [COMMANDS.name, JOBS.name, NODES.name])
         watcher.start()
         procs = start_services(env, tmp / "logs", nodes)
@@ -173,16 +181,18 @@ def main() -> int:
         def submit(job_id: str, budget: str, duration: float, gpus: int = 1) -> None:
             t = datetime.now(UTC)
             producer.send(
-                events.JobSubmitted(
-                    job_id=job_id,
-                    budget=budget,
-                    user="bench",
-                    gpus_per_replica=gpus,
-                    min_runtime_s=60,
-                    duration_s=duration,
-                    submitted_at=t,
-                    ts=t,
-                    producer="bench",
+                signer.sign(  # the dispatcher checks every signature (docs/security.md)
+                    events.JobSubmitted(
+                        job_id=job_id,
+                        budget=budget,
+                        user="bench",
+                        gpus_per_replica=gpus,
+                        min_runtime_s=60,
+                        duration_s=duration,
+                        submitted_at=t,
+                        ts=t,
+                        producer="bench",
+                    )
                 )
             )
 
@@ -296,8 +306,14 @@ def accounting_ingest(bootstrap: str, redis_url: str, n: int) -> bool:
     producer.flush()
     producer.close()
 
+    from apportion.bus.security import kafka_auth
+
     kc = KafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, max_partition_fetch_bytes=8 * 1024 * 1024
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+        **kafka_auth(),
     )
     parts = [TopicPartition(JOBS.name, p) for p in sorted(kc.partitions_for_topic(JOBS.name))]
     kc.assign(parts)

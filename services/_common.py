@@ -65,7 +65,7 @@ class ServiceSettings(BaseSettings):
     kafka_bootstrap: str | None = None
     redis_url: str | None = None
     metrics_port: int = 0
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"
     log_level: str = "INFO"
     log_json: bool = True
     time_scale: float = 1.0
@@ -118,7 +118,7 @@ def setup_logging(service: str, level: str = "INFO", json_lines: bool = True) ->
     logging.getLogger("kafka").setLevel(max(logging.WARNING, root.level))
 
 
-def start_metrics(port: int, host: str = "0.0.0.0") -> tuple[Any, Callable[[], None]]:
+def start_metrics(port: int, host: str = "127.0.0.1") -> tuple[Any, Callable[[], None]]:
     """A fresh Prometheus registry (with the process collectors) and, when ``port`` > 0, an HTTP endpoint
     serving it. The families every service registers are defined in :mod:`apportion.metrics`.
 
@@ -244,12 +244,15 @@ class AssignedConsumer:
 
         from kafka import KafkaConsumer, TopicPartition
 
+        from apportion.bus.security import kafka_auth
+
         self._kc = KafkaConsumer(
             bootstrap_servers=bootstrap,
             group_id=group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_partition_fetch_bytes=8 * 1024 * 1024,
+            **kafka_auth(),
         )
         parts = []
         end_at = time.monotonic() + deadline_s

@@ -34,7 +34,9 @@ def live_stack(
     state = tmp_path_factory.mktemp(f"{name}-state")
     prefix = f"{name}{uuid.uuid4().hex[:8]}."
     db_url = redis_url.rsplit("/", 1)[0] + f"/{db}"
-    redis_lib.Redis.from_url(db_url).flushdb()
+    from apportion.bus.security import redis_auth
+
+    redis_lib.Redis.from_url(db_url, **redis_auth()).flushdb()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_STATE_HOME", str(state))
         for v in ("APPORTION_KAFKA_BOOTSTRAP", "APPORTION_REDIS_URL", "APPORTION_TOPIC_PREFIX", "APPORTION_STACK_DIR"):

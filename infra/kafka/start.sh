@@ -9,9 +9,17 @@
 # fixed sleeps.  Prints startup time and resident memory, and a last line
 # KAFKA_BOOTSTRAP=127.0.0.1:PORT.  Stop it with infra/kafka/stop.sh DATADIR.
 #
+# Security (DESIGN section 10, docs/security.md): SASL_PLAINTEXT with
+# SCRAM-SHA-512 on 127.0.0.1 and ACLs (StandardAuthorizer), from
+# security.properties.template.  The passwords of the super users admin and
+# controller are made once in DATADIR/secrets/ (mode 0600); admin's SCRAM
+# credential is stored when the storage is formatted (--add-scram).
+# APPORTION_KAFKA_PLAINTEXT=1 starts a plaintext broker without ACLs instead
+# (development only; the mode is fixed when the storage is formatted).
+#
 # Environment: KAFKA_HEAP_OPTS (default -Xms256m -Xmx512m), KAFKA_JVM_OPTS
 # (extra flags), KAFKA_CONTROLLER_PORT (default: a free port),
-# KAFKA_START_TIMEOUT seconds (default 90).
+# KAFKA_START_TIMEOUT seconds (default 90), APPORTION_KAFKA_PLAINTEXT.
 set -euo pipefail
 
 if [[ $# -ne 2 ]]; then
@@ -42,6 +50,7 @@ if [[ -f "$pidfile" ]] && is_our_broker "$(cat "$pidfile")"; then
     fi
     echo "kafka already running on 127.0.0.1:$port (pid $(cat "$pidfile"))"
     echo "KAFKA_BOOTSTRAP=127.0.0.1:$port"
+if [[ "$secure" == 1 ]]; then echo "KAFKA_SECRETS=$secrets"; fi
     exit 0
 fi
 
@@ -50,8 +59,29 @@ free_port() {
 }
 cport="${KAFKA_CONTROLLER_PORT:-$(free_port)}"
 
-sed -e "s|@PORT@|$port|g" -e "s|@CONTROLLER_PORT@|$cport|g" -e "s|@LOG_DIR@|$datadir/kraft-logs|g" \
-    "$here/server.properties.template" > "$props"
+secure=1
+if [[ -f "$datadir/plaintext" || ( ! -f "$datadir/kraft-logs/meta.properties" && "${APPORTION_KAFKA_PLAINTEXT:-}" == 1 ) ]]; then
+    secure=0
+    touch "$datadir/plaintext"
+fi
+secrets="$datadir/secrets"
+password() {  # name -> its password, made once (32 random bytes, hex)
+    if [[ ! -s "$secrets/$1.password" ]]; then
+        (umask 077; mkdir -p "$secrets"; python3 -c 'import secrets; print(secrets.token_hex(32))' > "$secrets/$1.password")
+    fi
+    cat "$secrets/$1.password"
+}
+(umask 077; sed -e "s|@PORT@|$port|g" -e "s|@CONTROLLER_PORT@|$cport|g" -e "s|@LOG_DIR@|$datadir/kraft-logs|g" \
+    "$here/server.properties.template" > "$props")
+scram=()
+probe=()
+if [[ "$secure" == 1 ]]; then
+    admin_pw="$(password admin)"
+    sed -e "s|@PORT@|$port|g" -e "s|@CONTROLLER_PORT@|$cport|g" -e "s|@ADMIN_PASSWORD@|$admin_pw|g" \
+        -e "s|@CONTROLLER_PASSWORD@|$(password controller)|g" "$here/security.properties.template" >> "$props"
+    scram=(--add-scram "SCRAM-SHA-512=[name=admin,password=$admin_pw]")
+    probe=(--sasl SCRAM-SHA-512)
+fi
 
 java_log=(-Dlog4j2.configurationFile="$here/log4j2.properties")
 cp="$here/lib/*"
@@ -68,7 +98,7 @@ while True:
         print(cid)
         break' > "$datadir/cluster.id"
     if ! env -u COLUMNS java -Xmx256m "${java_log[@]}" -cp "$cp" kafka.tools.StorageTool format \
-            --cluster-id="$(cat "$datadir/cluster.id")" --config="$props" --ignore-formatted \
+            --cluster-id="$(cat "$datadir/cluster.id")" --config="$props" --ignore-formatted "${scram[@]}" \
             > "$datadir/format.log" 2>&1; then
         echo "start.sh: formatting storage failed:" >&2
         tail -n 20 "$datadir/format.log" >&2
@@ -86,7 +116,7 @@ pid=$!
 echo "$pid" > "$pidfile"
 echo "$port" > "$datadir/kafka.port"
 
-if ! python3 "$here/wait_ready.py" 127.0.0.1 "$port" --pid "$pid" --timeout "${KAFKA_START_TIMEOUT:-90}"; then
+if ! python3 "$here/wait_ready.py" 127.0.0.1 "$port" --pid "$pid" --timeout "${KAFKA_START_TIMEOUT:-90}" "${probe[@]}"; then
     echo "start.sh: broker did not become ready; first errors in $logfile:" >&2
     grep -m 5 -E ' (ERROR|FATAL) |Exception:' "$logfile" >&2 || tail -n 20 "$logfile" >&2
     kill -KILL "$pid" 2>/dev/null || true
@@ -99,3 +129,4 @@ printf 'kafka %s ready on 127.0.0.1:%s (pid %s) in %d.%02ds, RSS %d MiB\n' \
     "$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here/pom.xml")" \
     "$port" "$pid" $(( (t1 - t0) / 1000000000 )) $(( (t1 - t0) / 10000000 % 100 )) $(( rss_kb / 1024 ))
 echo "KAFKA_BOOTSTRAP=127.0.0.1:$port"
+if [[ "$secure" == 1 ]]; then echo "KAFKA_SECRETS=$secrets"; fi

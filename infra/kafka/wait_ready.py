@@ -4,9 +4,13 @@
 Standard library only, so ``start.sh`` needs no virtualenv.  Sends a
 Metadata v1 request (supported by every broker from 0.10 through 4.x) and
 counts the process ready when the response lists at least one broker and a
-controller.  Exits 0 when ready, 1 when the process died, 2 on timeout.
+controller.  With ``--sasl MECHANISM`` (a SASL listener, which answers
+nothing before authentication) it sends a SaslHandshake v1 instead and counts
+the broker ready when it accepts the mechanism: a KRaft broker opens its
+client listeners only once it is registered and unfenced.  Exits 0 when
+ready, 1 when the process died, 2 on timeout.
 
-    wait_ready.py HOST PORT --pid PID --timeout SECONDS
+    wait_ready.py HOST PORT --pid PID --timeout SECONDS [--sasl SCRAM-SHA-512]
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import time
 
 METADATA_API_KEY = 3
 METADATA_VERSION = 1
+SASL_HANDSHAKE_API_KEY = 17
+SASL_HANDSHAKE_VERSION = 1
 
 
 def _alive(pid: int) -> bool:
@@ -63,12 +69,27 @@ def metadata_brokers(host: str, port: int, timeout: float = 2.0) -> tuple[int, i
     return n_brokers, controller
 
 
+def sasl_accepts(host: str, port: int, mechanism: str, timeout: float = 2.0) -> bool:
+    """True when a SaslHandshake v1 for ``mechanism`` is answered with error code 0."""
+    client_id = b"apportion-wait-ready"
+    mech = mechanism.encode()
+    body = struct.pack(">hhih", SASL_HANDSHAKE_API_KEY, SASL_HANDSHAKE_VERSION, 1, len(client_id))
+    body += client_id + struct.pack(">h", len(mech)) + mech
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(struct.pack(">i", len(body)) + body)
+        (size,) = struct.unpack(">i", _recv_exact(sock, 4))
+        resp = _recv_exact(sock, size)
+    (error_code,) = struct.unpack_from(">h", resp, 4)  # after the correlation id
+    return error_code == 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("host")
     ap.add_argument("port", type=int)
     ap.add_argument("--pid", type=int, required=True)
     ap.add_argument("--timeout", type=float, default=90.0)
+    ap.add_argument("--sasl", default="", help="probe a SASL listener with a handshake for this mechanism")
     args = ap.parse_args(argv)
 
     deadline = time.monotonic() + args.timeout
@@ -78,10 +99,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wait_ready: process {args.pid} exited before the broker answered", file=sys.stderr)
             return 1
         try:
-            brokers, controller = metadata_brokers(args.host, args.port)
-            if brokers >= 1 and controller >= 0:
-                return 0
-            last_error = f"metadata: {brokers} brokers, controller {controller}"
+            if args.sasl:
+                if sasl_accepts(args.host, args.port, args.sasl):
+                    return 0
+                last_error = f"SASL handshake: {args.sasl} not enabled"
+            else:
+                brokers, controller = metadata_brokers(args.host, args.port)
+                if brokers >= 1 and controller >= 0:
+                    return 0
+                last_error = f"metadata: {brokers} brokers, controller {controller}"
         except (OSError, struct.error, ConnectionError) as exc:
             last_error = f"{type(exc).__name__}: {exc}"
         time.sleep(0.1)  # poll interval, bounded by the deadline above

@@ -6,7 +6,15 @@
 # Uses Debian's redis-server; installs it with apt-get when it is missing and
 # we are root, otherwise says how.  No persistence by default (tests, demo);
 # REDIS_APPENDONLY=yes turns the append-only file on.  Waits (polling, with a
-# deadline) until PING answers; last line is REDIS_URL=redis://127.0.0.1:PORT/0.
+# deadline) until PING answers; prints REDIS_URL=redis://127.0.0.1:PORT/0 and,
+# when secured, REDIS_SECRETS=DIR.
+#
+# Security (DESIGN section 10, docs/security.md): ACL users with passwords
+# (DATADIR/secrets/<user>.password, mode 0600, made once; DATADIR/users.acl):
+# the default user is off; admin may do anything (provisioning, tests);
+# dispatcher and accounting may run any non-dangerous command on apportion's
+# keys (*apportion:*); cli may only read them.  APPORTION_REDIS_NOAUTH=1 keeps
+# the open default user instead (development only).
 set -euo pipefail
 if [[ $# -ne 2 ]]; then
     echo "usage: $0 PORT DATADIR" >&2
@@ -34,24 +42,44 @@ fi
 is_our_redis() {
     [[ -r "/proc/$1/cmdline" ]] && tr '\0' ' ' < "/proc/$1/cmdline" | grep -q 'redis-server'
 }
+secrets="$datadir/secrets"
 if [[ -f "$pidfile" ]] && is_our_redis "$(cat "$pidfile")"; then
     echo "redis already running (pid $(cat "$pidfile"))"
     echo "REDIS_URL=redis://127.0.0.1:$port/0"
+    if [[ -f "$datadir/users.acl" ]]; then echo "REDIS_SECRETS=$secrets"; fi
     exit 0
+fi
+
+auth=()
+if [[ "${APPORTION_REDIS_NOAUTH:-}" != 1 ]]; then
+    password() {  # name -> its password, made once (32 random bytes, hex)
+        if [[ ! -s "$secrets/$1.password" ]]; then
+            (umask 077; mkdir -p "$secrets"; python3 -c 'import secrets; print(secrets.token_hex(32))' > "$secrets/$1.password")
+        fi
+        cat "$secrets/$1.password"
+    }
+    (umask 077; {
+        echo "user default off"
+        echo "user admin on >$(password admin) ~* &* +@all"
+        echo "user dispatcher on >$(password dispatcher) ~*apportion:* +@all -@dangerous"
+        echo "user accounting on >$(password accounting) ~*apportion:* +@all -@dangerous"
+        echo "user cli on >$(password cli) ~*apportion:* -@all +@read +@connection"
+    } > "$datadir/users.acl")
+    auth=(--aclfile "$datadir/users.acl")
 fi
 
 t0="$(date +%s%N)"
 redis-server --port "$port" --bind 127.0.0.1 --protected-mode yes \
     --dir "$datadir" --save '' --appendonly "${REDIS_APPENDONLY:-no}" \
-    --daemonize yes --pidfile "$pidfile" --logfile "$datadir/redis.log"
+    --daemonize yes --pidfile "$pidfile" --logfile "$datadir/redis.log" "${auth[@]}"
 
-ping() {  # PING over bash's /dev/tcp: no redis-cli needed
+ping() {  # PING over bash's /dev/tcp: no redis-cli needed (an unauthenticated PING is refused: NOAUTH)
     exec 3<>"/dev/tcp/127.0.0.1/$port" || return 1
     printf 'PING\r\n' >&3
     local reply=""
     read -r -t 1 reply <&3 || true
     exec 3<&- 3>&-
-    [[ "$reply" == "+PONG"* ]]
+    [[ "$reply" == "+PONG"* || "$reply" == "-NOAUTH"* ]]
 }
 deadline=$(( $(date +%s) + ${REDIS_START_TIMEOUT:-20} ))
 until ping 2>/dev/null; do
@@ -69,3 +97,4 @@ printf 'redis %s ready on 127.0.0.1:%s (pid %s) in %d ms, RSS %d MiB\n' \
     "$(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p')" "$port" "$pid" \
     $(( (t1 - t0) / 1000000 )) $(( rss_kb / 1024 ))
 echo "REDIS_URL=redis://127.0.0.1:$port/0"
+if [[ ${#auth[@]} -gt 0 ]]; then echo "REDIS_SECRETS=$secrets"; fi

@@ -375,7 +375,9 @@ async def run(
     conn = settings.connection()
     registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host)
     metrics = accounting_metrics(registry)
-    r = redis_lib.Redis.from_url(conn.redis_url)
+    from apportion.bus.security import redis_auth
+
+    r = redis_lib.Redis.from_url(conn.redis_url, **redis_auth())
     store = ReadModelStore(r)
     if settings.rebuild:
         store.wipe()

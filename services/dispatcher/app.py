@@ -423,7 +423,9 @@ async def run(
     conn = settings.connection()
     registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host)
     metrics = dispatcher_metrics(registry, clock.now)
-    r = redis_lib.Redis.from_url(conn.redis_url)
+    from apportion.bus.security import redis_auth
+
+    r = redis_lib.Redis.from_url(conn.redis_url, **redis_auth())
     lease = Lease(r, settings.owner(), settings.lease_ttl_wall_s)
     backoff = 1.0
     try:

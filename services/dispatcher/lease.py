@@ -334,9 +334,10 @@ def highest_token_in_log(
     """
     from kafka import KafkaConsumer, TopicPartition
 
+    from apportion.bus.security import kafka_auth
     from apportion.events import decode
 
-    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=500)
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=500, **kafka_auth())
     try:
         parts = [TopicPartition(t, p) for t in topics for p in sorted(c.partitions_for_topic(t) or ())]
         if not parts:

@@ -43,7 +43,9 @@ class Sources:
 
         self.conn = conn
         self.cache_s = cache_s
-        self.redis = redis_client or redis.Redis.from_url(conn.redis_url, socket_connect_timeout=3)
+        from apportion.bus.security import redis_auth
+
+        self.redis = redis_client or redis.Redis.from_url(conn.redis_url, socket_connect_timeout=3, **redis_auth())
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, Any]] = {}
 

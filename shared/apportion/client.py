@@ -276,6 +276,7 @@ class VerdictWatcher:
     def __init__(self, job_id: str, *, bootstrap: str | None = None) -> None:
         from kafka import KafkaConsumer, TopicPartition
 
+        from apportion.bus.security import kafka_auth
         from apportion.topics import JOBS
 
         self.job_id = job_id
@@ -287,6 +288,7 @@ class VerdictWatcher:
             enable_auto_commit=False,
             request_timeout_ms=10_000,
             bootstrap_timeout_ms=5_000,
+            **kafka_auth(),
         )
         self._kc.topics()  # loads the cluster metadata, so the partitions below are known
         parts = [TopicPartition(JOBS.name, p) for p in sorted(self._kc.partitions_for_topic(JOBS.name) or ())]

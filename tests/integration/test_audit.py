@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from test_end_to_end import Cluster, cluster, of_job  # noqa: F401  (fixture)
 
+from apportion.bus.security import redis_auth
+
 pytestmark = pytest.mark.integration
 
 DEADLINE_S = 60.0
@@ -51,7 +53,7 @@ async def _settled(cluster: Cluster) -> tuple[dict, list]:
     from apportion.audit.source import load_log
     from apportion.audit.verify import read_models_from_redis
 
-    r = redis_lib.Redis.from_url(cluster.redis_url)
+    r = redis_lib.Redis.from_url(cluster.redis_url, **redis_auth())
     loop = asyncio.get_running_loop()
     end = loop.time() + DEADLINE_S
     try:
@@ -172,7 +174,7 @@ async def test_audit_on_a_live_log(cluster: Cluster, tmp_path: Path) -> None:
     assert json.loads(res.stdout)["first_offset"] == position(victim)
 
     # 6. a corrupted read-model key fails verify, named at the snapshot the rows claim to show
-    r = redis_lib.Redis.from_url(cluster.redis_url)
+    r = redis_lib.Redis.from_url(cluster.redis_url, **redis_auth())
     try:
         row = dict(rows["budgets"]["lab/a"])
         row["occupancy_gpu_s"] = float(row["occupancy_gpu_s"]) + 1000.0

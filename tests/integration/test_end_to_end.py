@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from apportion.bus.security import redis_auth
+
 pytestmark = pytest.mark.integration
 
 SCALE = 60.0  # event seconds per wall second
@@ -144,7 +146,7 @@ async def cluster(
     monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"e2e{tag}.")
     await asyncio.to_thread(provision, kafka_bootstrap)
     db_url = redis_url.rsplit("/", 1)[0] + "/12"
-    redis_lib.Redis.from_url(db_url).flushdb()
+    redis_lib.Redis.from_url(db_url, **redis_auth()).flushdb()
 
     now = datetime.now(UTC)
     clock = ScaledClock(SCALE, now, now)
@@ -217,7 +219,7 @@ async def cluster(
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
         producer.close()
         # the lease must not outlive the test: the next test's dispatcher would wait for it
-        redis_lib.Redis.from_url(db_url).flushdb()
+        redis_lib.Redis.from_url(db_url, **redis_auth()).flushdb()
 
 
 async def test_submit_place_start_complete(cluster: Cluster) -> None:
@@ -238,8 +240,9 @@ async def test_malformed_submission_is_dead_lettered_and_service_keeps_running(c
     from kafka import KafkaProducer
 
     from apportion import events, topics
+    from apportion.bus.security import kafka_auth
 
-    raw = KafkaProducer(bootstrap_servers=cluster.bootstrap)
+    raw = KafkaProducer(bootstrap_servers=cluster.bootstrap, **kafka_auth())
     raw.send(topics.SUBMISSIONS.name, key=b"bad", value=b'{"type": "JobSubmitted", "schema_version": 9}')
     raw.send(topics.SUBMISSIONS.name, key=b"bad2", value=b"not json")
     raw.flush()
@@ -484,7 +487,7 @@ async def test_dispatcher_failover_places_nothing_twice(cluster: Cluster) -> Non
         )
         for name in ("da", "db")
     }
-    r = redis_lib.Redis.from_url(cluster.redis_url)
+    r = redis_lib.Redis.from_url(cluster.redis_url, **redis_auth())
     try:
         for i in range(4):
             cluster.submit(f"f{i}", "lab/a" if i % 2 else "lab/b", gpus=1, min_runtime_s=60, duration_s=60)
@@ -602,7 +605,7 @@ async def test_killed_accounting_resumes_to_the_bulk_rebuild(cluster: Cluster) -
     def snapshots(evs: list[Any]) -> list[Any]:
         return [e for e in evs if isinstance(e, events.OccupancySnapshot)]
 
-    store = ReadModelStore(redis_lib.Redis.from_url(cluster.redis_url))
+    store = ReadModelStore(redis_lib.Redis.from_url(cluster.redis_url, **redis_auth()))
 
     def stored_header() -> dict | None:
         try:
@@ -653,7 +656,7 @@ async def test_killed_accounting_resumes_to_the_bulk_rebuild(cluster: Cluster) -
     logged = len(await asyncio.to_thread(read_log, cluster.bootstrap, [JOBS.name, NODES.name, BUDGETS.name]))
     assert int(starts[1][1]) <= logged - sum(cut["offsets"].values()) and sum(cut["offsets"].values()) > 0
     # the read model names the snapshot it shows; the log (read after it) must hold that snapshot
-    meta, rows = ReadModelStore(redis_lib.Redis.from_url(cluster.redis_url)).read()
+    meta, rows = ReadModelStore(redis_lib.Redis.from_url(cluster.redis_url, **redis_auth())).read()
     evs = await asyncio.to_thread(cluster.log)
     snap = next(e for e in snapshots(evs) if str(e.event_id) == meta["snapshot_id"])
     at = to_us(snap.at)

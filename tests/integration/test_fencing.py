@@ -30,6 +30,8 @@ from typing import Any
 
 import pytest
 
+from apportion.bus.security import redis_auth
+
 pytestmark = pytest.mark.integration
 
 DEADLINE_S = 60.0
@@ -193,7 +195,7 @@ async def test_redis_flush_then_log_floor_gives_a_token_the_agents_accept(
     monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"floor{tag}.")
     await asyncio.to_thread(provision, kafka_bootstrap)
     base = redis_url.rstrip("/").rsplit("/", 1)[0] if redis_url.count("/") > 2 else redis_url.rstrip("/")
-    r = redis_lib.Redis.from_url(f"{base}/10")
+    r = redis_lib.Redis.from_url(f"{base}/10", **redis_auth())
     r.flushdb()
     node = f"r{tag}-0"
     stop, task = await _agent(kafka_bootstrap, f"r{tag}-", tmp_path)

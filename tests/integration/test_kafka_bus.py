@@ -20,6 +20,7 @@ from apportion import events
 from apportion.bus.consumer import Delivery, EventConsumer
 from apportion.bus.producer import EventProducer
 from apportion.bus.provision import admin_client, find_drift, provision
+from apportion.bus.security import kafka_auth
 from apportion.topics import ALL_TOPICS, Topic
 
 pytestmark = pytest.mark.integration
@@ -96,7 +97,7 @@ async def test_aiokafka_reads_kafka_python_and_back(
     with EventProducer(kafka_bootstrap) as producer:
         producer.send_raw(topic, events.encode(first), first.job_id.encode()).get(timeout=DEADLINE_S)
 
-    aproducer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=True)
+    aproducer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=True, **kafka_auth())
     await aproducer.start()
     try:
         await aproducer.send_and_wait(topic, events.encode(second), key=second.job_id.encode())
@@ -109,6 +110,7 @@ async def test_aiokafka_reads_kafka_python_and_back(
         group_id=group(),
         auto_offset_reset="earliest",
         enable_auto_commit=False,
+        **kafka_auth(),
     )
     await aconsumer.start()
     try:

@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 
+from apportion.bus.security import redis_auth
 from services.dispatcher.lease import TOKEN_MAX, Lease, next_token, token_key
 
 pytestmark = pytest.mark.integration
@@ -23,7 +24,7 @@ def client(redis_url: str, monkeypatch):
 
     monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"lease-{uuid.uuid4().hex[:8]}.")
     base = redis_url.rstrip("/").rsplit("/", 1)[0] if redis_url.count("/") > 2 else redis_url.rstrip("/")
-    r = redis.Redis.from_url(f"{base}/9")
+    r = redis.Redis.from_url(f"{base}/9", **redis_auth())
     r.flushdb()
     yield r
     r.flushdb()

@@ -6,6 +6,8 @@ import uuid
 
 import pytest
 
+from apportion.bus.security import redis_auth
+
 pytestmark = pytest.mark.integration
 
 # The shape the dispatcher lease needs: take or renew a lease atomically and
@@ -27,7 +29,7 @@ return -1
 def client(redis_url: str):
     import redis
 
-    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    r = redis.Redis.from_url(redis_url, decode_responses=True, **redis_auth())
     yield r
     r.close()
 

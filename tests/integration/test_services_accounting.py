@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from apportion.bus.security import kafka_auth, redis_auth
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from builders import budget_set, completed, cordoned, h, node, placed  # noqa: E402
 
@@ -91,7 +93,7 @@ async def test_accounting_and_policy_equal_bulk_rebuild(kafka_bootstrap, redis_u
     monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"t{uuid.uuid4().hex[:8]}.")
     await asyncio.to_thread(provision, kafka_bootstrap)
     db_url = redis_url.rsplit("/", 1)[0] + "/13"
-    r = redis_lib.Redis.from_url(db_url)
+    r = redis_lib.Redis.from_url(db_url, **redis_auth())
     store = ReadModelStore(r)
     store.wipe()
 
@@ -184,7 +186,7 @@ def _group_offsets(bootstrap: str, group: str, offsets: dict[str, int], write: b
     from kafka import KafkaConsumer, TopicPartition
     from kafka.structs import OffsetAndMetadata
 
-    kc = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    kc = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False, **kafka_auth())
     try:
         tps = {k: TopicPartition(k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1])) for k in offsets}
         kc.assign(list(tps.values()))
@@ -223,7 +225,7 @@ async def test_accounting_resumes_from_its_checkpoint_and_equals_a_fresh_rebuild
     monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"t{uuid.uuid4().hex[:8]}.")
     await asyncio.to_thread(provision, kafka_bootstrap)
     db_url = redis_url.rsplit("/", 1)[0] + "/14"
-    r = redis_lib.Redis.from_url(db_url)
+    r = redis_lib.Redis.from_url(db_url, **redis_auth())
     store = ReadModelStore(r)
     store.wipe()
     producer = EventProducer(kafka_bootstrap, client_id="test")

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from apportion.bus.security import kafka_auth
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from builders import budget_set, h, node, placed  # noqa: E402
 
@@ -72,7 +74,7 @@ def _committed(bootstrap: str, group: str, topics: list) -> dict[str, int | None
     """``"topic:partition"`` -> offset committed by ``group`` (``None`` when none)."""
     from kafka import KafkaConsumer, TopicPartition
 
-    kc = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    kc = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False, **kafka_auth())
     try:
         tps = [TopicPartition(t.name, p) for t in topics for p in sorted(kc.partitions_for_topic(t.name))]
         return {f"{tp.topic}:{tp.partition}": kc.committed(tp) for tp in tps}
@@ -83,7 +85,7 @@ def _committed(bootstrap: str, group: str, topics: list) -> dict[str, int | None
 def _ends(bootstrap: str, topics: list) -> dict[str, int]:
     from kafka import KafkaConsumer, TopicPartition
 
-    kc = KafkaConsumer(bootstrap_servers=bootstrap)
+    kc = KafkaConsumer(bootstrap_servers=bootstrap, **kafka_auth())
     try:
         tps = [TopicPartition(t.name, p) for t in topics for p in sorted(kc.partitions_for_topic(t.name))]
         return {f"{tp.topic}:{tp.partition}": off for tp, off in kc.end_offsets(tps).items()}
@@ -126,7 +128,7 @@ async def test_policy_rejects_ranks_dead_letters_and_resumes_after_restart(kafka
 
         # ---- live: an orphan change, a malformed record and a snapshot
         producer.publish(ORPHAN)
-        raw = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+        raw = KafkaProducer(bootstrap_servers=kafka_bootstrap, **kafka_auth())
         bad = raw.send(BUDGETS.name, key=b"bad", value=b"not json").get(timeout=DEADLINE_S)
         raw.close()
         snap = usage_snapshot(

@@ -176,8 +176,14 @@ class EventConsumer:
         #: consumer lag per assigned partition, measured after polls once its ``sink`` is set
         self.lag = LagMeter()
         topics = list(topics)
+        from apportion.bus.security import kafka_auth
+
         self._consumer = KafkaConsumer(
-            *topics, bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False, **kafka_config
+            *topics,
+            bootstrap_servers=bootstrap,
+            group_id=group_id,
+            enable_auto_commit=False,
+            **{**kafka_auth(), **kafka_config},
         )
         # Load partition metadata before the first poll joins the group, so
         # the assignment covers topics created moments ago.

@@ -128,8 +128,12 @@ def make_app(
     }
     if web_port is not None:
         conf["web_port"] = web_port
+        conf["web_bind"] = "127.0.0.1"  # faust's default is every interface (docs/security.md)
     if datadir is not None:
         conf["datadir"] = str(datadir)
+    from apportion.bus.security import faust_auth
+
+    conf.update(faust_auth())  # SASL/SCRAM as APPORTION_KAFKA_USER (apportion.bus.security)
     conf.update(settings)
     return faust.App(app_id, **conf)
 

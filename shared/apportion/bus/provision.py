@@ -44,6 +44,8 @@ class ProvisionReport:
     existing: list[str] = field(default_factory=list)
     drift: list[Drift] = field(default_factory=list)
     fixed: list[Drift] = field(default_factory=list)
+    users: int = 0
+    acls: int = 0
 
     def lines(self) -> list[str]:
         out = [f"created {t}" for t in self.created]
@@ -57,7 +59,9 @@ def admin_client(bootstrap: str) -> Any:
     """A kafka-python admin client (the caller closes it)."""
     from kafka.admin import KafkaAdminClient
 
-    return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="apportion-provision")
+    from apportion.bus.security import kafka_auth
+
+    return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="apportion-provision", **kafka_auth())
 
 
 def create_missing(admin: Any, topics: Iterable[Topic], replication_factor: int = 1) -> list[str]:
@@ -126,13 +130,21 @@ def fix_drift(admin: Any, drift: Iterable[Drift]) -> list[Drift]:
 def provision(
     bootstrap: str, topics: Iterable[Topic] = ALL_TOPICS, *, fix: bool = False, replication_factor: int = 1
 ) -> ProvisionReport:
-    """Create missing topics, then verify every declared topic (see module doc)."""
+    """Create missing topics, then verify every declared topic (see module doc).
+
+    Connected as the super user ``admin`` (a secured broker, :mod:`apportion.bus.security`), it also
+    creates the Kafka users and the ACLs of the topic namespace in force, idempotently.
+    """
+    from apportion.bus.security import ADMIN, kafka_auth, provision_security, secrets_dir
+
     topics = list(topics)
     admin = admin_client(bootstrap)
     try:
         report = ProvisionReport()
         report.created = create_missing(admin, topics, replication_factor)
         report.existing = sorted(t.name for t in topics if t.name not in report.created)
+        if kafka_auth().get("sasl_plain_username") == ADMIN:  # a secured broker: users and ACLs too
+            report.users, report.acls = provision_security(admin, secrets_dir())
         report.drift = find_drift(admin, topics)
         if fix and report.drift:
             report.fixed = fix_drift(admin, report.drift)

@@ -65,6 +65,8 @@ def iter_topic_records(
     """
     from kafka import KafkaConsumer, TopicPartition
 
+    from apportion.bus.security import kafka_auth
+
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
@@ -72,6 +74,7 @@ def iter_topic_records(
         consumer_timeout_ms=2000,
         max_partition_fetch_bytes=8 * 1024 * 1024,
         bootstrap_timeout_ms=10_000,
+        **kafka_auth(),
     )
     try:
         existing = consumer.topics()

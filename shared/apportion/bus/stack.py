@@ -4,8 +4,16 @@ Used by the test fixtures, by ``make up`` / ``make down`` and by the main
 job. Each stack lives in one data directory::
 
     DATADIR/kafka/      broker data, server.properties, kafka.log, kafka.pid
+    DATADIR/kafka/secrets/   Kafka passwords (mode 0600): admin, controller, one per principal
     DATADIR/redis/      redis.log, redis.pid
-    DATADIR/stack.env   KAFKA_BOOTSTRAP=... and REDIS_URL=... (shell-sourceable)
+    DATADIR/stack.env   KAFKA_BOOTSTRAP=..., REDIS_URL=... and the admin credentials' file (shell-sourceable)
+
+Kafka runs with SASL/SCRAM and ACLs (``docs/security.md``) unless
+``APPORTION_KAFKA_PLAINTEXT=1`` (development only). :meth:`LocalStack.start`
+puts the super user's credentials in this process's environment
+(:meth:`LocalStack.client_env`: the file, never the password), so what this
+process and its children connect with is ``admin``; ``apportion stack up``
+gives each service its own principal instead.
 
 Python::
 
@@ -106,6 +114,10 @@ class LocalStack:
         self.infra_dir = Path(infra_dir or os.environ.get("APPORTION_INFRA_DIR") or DEFAULT_INFRA_DIR)
         self.echo = echo
         self.startup_report: list[str] = []
+        #: the broker's secrets directory (``None``: a plaintext broker)
+        self.kafka_secrets: Path | None = None
+        #: Redis's secrets directory (``None``: the open default user)
+        self.redis_secrets: Path | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -142,6 +154,11 @@ class LocalStack:
             out = self._run("redis/start.sh", str(self.redis_port), str(self.datadir / "redis"))
             out += self._run("kafka/start.sh", str(self.kafka_port), str(self.datadir / "kafka"))
             self.startup_report = [ln for ln in out.splitlines() if " ready on " in ln]
+            found = [ln.split("=", 1)[1] for ln in out.splitlines() if ln.startswith("KAFKA_SECRETS=")]
+            self.kafka_secrets = Path(found[-1]) if found else None
+            found = [ln.split("=", 1)[1] for ln in out.splitlines() if ln.startswith("REDIS_SECRETS=")]
+            self.redis_secrets = Path(found[-1]) if found else None
+            os.environ.update(self.client_env())
             if self.provision_topics:
                 from apportion.bus.provision import provision
 
@@ -156,8 +173,20 @@ class LocalStack:
         except BaseException:
             self.stop()
             raise
-        self.env_file.write_text(f"KAFKA_BOOTSTRAP={self.bootstrap}\nREDIS_URL={self.redis_url}\n")
+        extra = "".join(f"{k}={v}\n" for k, v in self.client_env().items())
+        self.env_file.write_text(f"KAFKA_BOOTSTRAP={self.bootstrap}\nREDIS_URL={self.redis_url}\n{extra}")
         return self
+
+    def client_env(self) -> dict[str, str]:
+        """The environment that makes Kafka and Redis clients the super user ``admin`` (``{}``: no security)."""
+        from apportion.bus.security import ADMIN, principal_env, redis_env
+
+        env: dict[str, str] = {}
+        if self.kafka_secrets is not None:
+            env.update(principal_env(ADMIN, self.kafka_secrets), APPORTION_KAFKA_SECRETS_DIR=str(self.kafka_secrets))
+        if self.redis_secrets is not None:
+            env.update(redis_env(ADMIN, self.redis_secrets), APPORTION_REDIS_SECRETS_DIR=str(self.redis_secrets))
+        return env
 
     def stop(self) -> None:
         """Stop Kafka, then Redis (each a no-op when not running)."""

@@ -390,7 +390,9 @@ def verify_cmd(
     if not no_redis and (from_file is None or redis_url is not None):
         import redis as redis_lib
 
-        r = redis_lib.Redis.from_url(Connection.resolve(redis_url=redis_url).redis_url)
+        from apportion.bus.security import redis_auth
+
+        r = redis_lib.Redis.from_url(Connection.resolve(redis_url=redis_url).redis_url, **redis_auth())
         try:
             rows = read_models_from_redis(r)
         finally:

@@ -111,7 +111,9 @@ def _redis(redis_url: str | None) -> Any:
     import redis
 
     conn = Connection.resolve(redis_url=redis_url)
-    r = redis.Redis.from_url(conn.redis_url, socket_connect_timeout=3)
+    from apportion.bus.security import redis_auth
+
+    r = redis.Redis.from_url(conn.redis_url, socket_connect_timeout=3, **redis_auth())
     try:
         r.ping()
     except redis.RedisError as exc:

@@ -34,6 +34,8 @@ from typing import Annotated, NoReturn
 
 import typer
 
+from apportion.bus.security import principal_env, redis_env
+
 #: The services in start order (the policy first: the others read the tree it validates).
 SERVICES = ("policy", "accounting", "dispatcher", "node_agent")
 
@@ -80,6 +82,8 @@ class StackInfo:
     metrics: dict[str, int] = field(default_factory=dict)
     clock: dict[str, str] = field(default_factory=dict)
     keyring: str = ""  # the development keyring (apportion.identity): users enrolled on first use
+    kafka_secrets: str = ""  # the broker's password files; the CLI connects as ops (apportion.bus.security)
+    redis_secrets: str = ""  # Redis's password files; the CLI reads as cli
 
     @property
     def log_dir(self) -> Path:
@@ -102,6 +106,10 @@ class StackInfo:
             f"INFRA={self.infra}",
             f"APPORTION_KEYRING={self.keyring}",
         ]
+        if self.kafka_secrets:
+            lines += [f"{k}={v}" for k, v in principal_env("ops", Path(self.kafka_secrets)).items()]
+        if self.redis_secrets:
+            lines += [f"{k}={v}" for k, v in redis_env("cli", Path(self.redis_secrets)).items()]
         lines += [f"{k}={v}" for k, v in sorted(self.clock.items())]
         lines += [f"PID_{n.upper()}={p}" for n, p in sorted(self.pids.items())]
         lines += [f"METRICS_{n.upper()}=127.0.0.1:{p}" for n, p in sorted(self.metrics.items())]
@@ -121,6 +129,12 @@ class StackInfo:
             env.get("APPORTION_TOPIC_PREFIX", ""),
             env.get("INFRA", "local"),
             keyring=env.get("APPORTION_KEYRING", ""),
+            kafka_secrets=str(Path(env["APPORTION_KAFKA_PASSWORD_FILE"]).parent)
+            if env.get("APPORTION_KAFKA_PASSWORD_FILE")
+            else "",
+            redis_secrets=str(Path(env["APPORTION_REDIS_PASSWORD_FILE"]).parent)
+            if env.get("APPORTION_REDIS_PASSWORD_FILE")
+            else "",
         )
         for k, v in env.items():
             if k.startswith("PID_"):
@@ -238,6 +252,10 @@ def up(
     assert bootstrap is not None and redis_url is not None
     info = StackInfo(run_dir, bootstrap, redis_url, prefix, "external" if external else "local")
     info.keyring = str(dev_keyring(run_dir / "keyring"))
+    if local is not None and local.kafka_secrets is not None:
+        info.kafka_secrets = str(local.kafka_secrets)
+    if local is not None and local.redis_secrets is not None:
+        info.redis_secrets = str(local.redis_secrets)
     info.log_dir.mkdir(exist_ok=True)
     (run_dir / "services").mkdir(exist_ok=True)
     saved = os.environ.get("APPORTION_TOPIC_PREFIX")
@@ -258,6 +276,8 @@ def up(
     base = {
         k: v for k, v in os.environ.items() if not (k.startswith("APPORTION_") or k in ("KAFKA_BOOTSTRAP", "REDIS_URL"))
     }
+    if external:  # the caller's own Kafka credentials, if any
+        base.update({k: v for k, v in os.environ.items() if k.startswith("APPORTION_KAFKA_")})
     base.update(
         APPORTION_KAFKA_BOOTSTRAP=bootstrap,
         APPORTION_REDIS_URL=redis_url,
@@ -281,6 +301,10 @@ def up(
             if name == "dispatcher" and heartbeat_timeout_s is not None:
                 args += ["--heartbeat-timeout-s", str(heartbeat_timeout_s)]
             env = dict(base, APPORTION_METRICS_PORT=str(port))
+            if info.kafka_secrets:  # each service is its own Kafka principal (ACLs: apportion.bus.security)
+                env.update(principal_env(name.replace("_", "-"), Path(info.kafka_secrets)))
+            if info.redis_secrets and name in ("dispatcher", "accounting"):  # the two that keep read models
+                env.update(redis_env(name, Path(info.redis_secrets)))
             if name == "node_agent":  # its journal, the jobs' checkpoint directories and output files
                 env["APPORTION_STATE_DIR"] = str(info.agent_dir)
             logf = open(info.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child

@@ -52,6 +52,8 @@ def is_kafka_error(exc: BaseException) -> bool:
 def _consumer(bootstrap: str) -> Any:
     from kafka import KafkaConsumer
 
+    from apportion.bus.security import kafka_auth
+
     return KafkaConsumer(
         bootstrap_servers=bootstrap,
         group_id=None,
@@ -59,6 +61,7 @@ def _consumer(bootstrap: str) -> Any:
         request_timeout_ms=10_000,
         bootstrap_timeout_ms=5_000,
         consumer_timeout_ms=1000,
+        **kafka_auth(),
     )
 
 
@@ -261,7 +264,9 @@ def committed_offset(bootstrap: str, group: str, topic: str, partition: int) -> 
     """The offset ``group`` has committed on ``topic[partition]`` (``None`` when it has none)."""
     from kafka import KafkaAdminClient, TopicPartition
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    from apportion.bus.security import kafka_auth
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000, **kafka_auth())
     try:
         tp = TopicPartition(topic, partition)
         got = admin.list_group_offsets({group: [tp]}).get(group, {})

@@ -1,0 +1,328 @@
+"""Kafka principals, their credentials and their ACLs (DESIGN section 10; ``docs/security.md``).
+
+Credentials. Every Kafka client apportion builds takes :func:`kafka_auth`:
+SASL_PLAINTEXT with SCRAM-SHA-512 as the principal named by
+``APPORTION_KAFKA_USER``, with the password from ``APPORTION_KAFKA_PASSWORD``
+or the file ``APPORTION_KAFKA_PASSWORD_FILE`` (each from the environment,
+else from the stack's ``stack.env``: files or the environment, never the
+repo; the password is never logged). Without a user the client speaks
+plaintext, which only a broker started with ``APPORTION_KAFKA_PLAINTEXT=1``
+accepts (``infra/kafka/start.sh``).
+
+Principals (:data:`PRINCIPALS`) and what each may do (:data:`GRANTS`, one
+declared table, applied per topic namespace like the topics):
+
+============  =====================================================================================
+principal     may
+============  =====================================================================================
+admin         everything (super user: provisioning; the broker itself)
+dispatcher    read submissions, jobs, nodes, budgets, commands; write jobs, nodes, commands, dead letters
+accounting    read jobs, nodes, budgets; write usage, dead letters; its own faust topics
+policy        read budgets, usage; write budgets (its rejections), ranking, dead letters; its own topics
+node-agent    read commands, nodes; write nodes (reports), jobs (workload outcomes), dead letters
+researcher    write submissions; read what the CLI shows (submissions, jobs, nodes, budgets, usage,
+              ranking)
+ops           what researchers may, and write budgets and nodes (drain, cordon), read every topic,
+              describe every group (the CLI's verdicts read the policy's committed offsets)
+============  =====================================================================================
+
+Every service's consumer group is its own (a ``PREFIXED`` group ACL on its
+name). :func:`provision_security` creates the SCRAM users (passwords made
+once in the broker's secrets directory) and the ACLs, idempotently.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from apportion import topics
+
+MECHANISM = "SCRAM-SHA-512"
+
+#: The super user the broker is formatted with (``infra/kafka/start.sh``).
+ADMIN = "admin"
+
+#: Every principal apportion provisions (``admin`` exists from the storage format on).
+PRINCIPALS = ("dispatcher", "accounting", "policy", "node-agent", "researcher", "ops")
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """One row of the ACL table: ``principal`` may do ``operations`` on a resource.
+
+    Attributes:
+        principal: a name of :data:`PRINCIPALS`.
+        resource: ``"topic"`` or ``"group"``.
+        name: a registry topic's base name (namespaced by :func:`apportion.topics.prefix`), or a
+            group or topic name prefix (namespaced too) when ``prefixed``.
+        operations: Kafka operation names (``READ``, ``WRITE``, ``DESCRIBE``, ``CREATE``, ``ALL``).
+        prefixed: a ``PREFIXED`` resource pattern instead of ``LITERAL``.
+    """
+
+    principal: str
+    resource: str
+    name: str
+    operations: tuple[str, ...]
+    prefixed: bool = False
+
+
+def _reads(principal: str, *bases: str) -> list[Grant]:
+    return [Grant(principal, "topic", b, ("READ", "DESCRIBE")) for b in bases]
+
+
+def _writes(principal: str, *bases: str) -> list[Grant]:
+    return [Grant(principal, "topic", b, ("WRITE", "DESCRIBE")) for b in bases]
+
+
+def _own(principal: str, *groups: str, topics_too: bool = False) -> list[Grant]:
+    out = [Grant(principal, "group", g, ("READ", "DESCRIBE"), prefixed=True) for g in groups]
+    if topics_too:  # faust's changelog and repartition topics are named after its app id
+        out += [Grant(principal, "topic", g, ("ALL",), prefixed=True) for g in groups]
+    return out
+
+
+SUB, JOBS, NODES, CMDS = (t.base for t in (topics.SUBMISSIONS, topics.JOBS, topics.NODES, topics.COMMANDS))
+BUDGETS, USAGE, RANKING, DEAD = (t.base for t in (topics.BUDGETS, topics.USAGE, topics.RANKING, topics.DEADLETTER))
+CLI_READS = (SUB, JOBS, NODES, BUDGETS, USAGE, RANKING)
+
+#: The ACL table (module docstring). Anything not granted here is denied.
+GRANTS: tuple[Grant, ...] = (
+    *_reads("dispatcher", SUB, JOBS, NODES, BUDGETS, CMDS),  # commands: the fencing floor (lease)
+    *_writes("dispatcher", JOBS, NODES, CMDS, DEAD),
+    *_own("dispatcher", "dispatcher"),
+    *_reads("accounting", JOBS, NODES, BUDGETS),
+    *_writes("accounting", USAGE, DEAD),
+    *_own("accounting", "accounting", topics_too=True),
+    *_reads("policy", BUDGETS, USAGE),
+    *_writes("policy", BUDGETS, RANKING, DEAD),
+    *_own("policy", "policy", topics_too=True),
+    *_reads("node-agent", CMDS, NODES),
+    *_writes("node-agent", NODES, JOBS, DEAD),
+    *_own("node-agent", "node-agent"),
+    *_reads("researcher", *CLI_READS),
+    *_writes("researcher", SUB),
+    *_reads("ops", *CLI_READS, CMDS, DEAD),
+    *_writes("ops", SUB, BUDGETS, NODES),
+    Grant("ops", "group", "", ("DESCRIBE",), prefixed=True),
+)
+
+
+# --------------------------------------------------------------------------- client settings
+
+
+def _setting(name: str) -> str | None:
+    from apportion.settings import stack_env
+
+    return os.environ.get(name) or stack_env().get(name) or None
+
+
+def kafka_auth() -> dict[str, Any]:
+    """Keyword settings for a kafka-python or aiokafka client (module docstring); ``{}`` for plaintext.
+
+    Raises:
+        RuntimeError: a user is set but no password (neither ``APPORTION_KAFKA_PASSWORD`` nor a readable
+            ``APPORTION_KAFKA_PASSWORD_FILE``).
+    """
+    user = _setting("APPORTION_KAFKA_USER")
+    if not user:
+        return {}
+    password = _setting("APPORTION_KAFKA_PASSWORD")
+    if password is None:
+        path = _setting("APPORTION_KAFKA_PASSWORD_FILE")
+        if path is None or not Path(path).is_file():
+            raise RuntimeError(
+                f"APPORTION_KAFKA_USER={user} but no password: set APPORTION_KAFKA_PASSWORD_FILE "
+                "(or APPORTION_KAFKA_PASSWORD)"
+            )
+        password = Path(path).read_text().strip()
+    return {
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": MECHANISM,
+        "sasl_plain_username": user,
+        "sasl_plain_password": password,
+    }
+
+
+def redis_auth() -> dict[str, Any]:
+    """``username``/``password`` for ``redis.Redis.from_url`` (``APPORTION_REDIS_USER`` with
+    ``APPORTION_REDIS_PASSWORD`` or ``APPORTION_REDIS_PASSWORD_FILE``; env, else stack.env); ``{}`` without a user.
+
+    The URL stays free of secrets, so logging it leaks nothing.
+
+    Raises:
+        RuntimeError: a user is set but no password.
+    """
+    user = _setting("APPORTION_REDIS_USER")
+    if not user:
+        return {}
+    password = _setting("APPORTION_REDIS_PASSWORD")
+    if password is None:
+        path = _setting("APPORTION_REDIS_PASSWORD_FILE")
+        if path is None or not Path(path).is_file():
+            raise RuntimeError(f"APPORTION_REDIS_USER={user} but no password: set APPORTION_REDIS_PASSWORD_FILE")
+        password = Path(path).read_text().strip()
+    return {"username": user, "password": password}
+
+
+def redis_env(user: str, secrets_dir: Path) -> dict[str, str]:
+    """The environment that makes a process's Redis client ``user`` (``infra/redis/start.sh``'s users)."""
+    return {"APPORTION_REDIS_USER": user, "APPORTION_REDIS_PASSWORD_FILE": str(secrets_dir / f"{user}.password")}
+
+
+def faust_auth() -> dict[str, Any]:
+    """The same credentials as faust app settings (``broker_credentials``), or ``{}``."""
+    auth = kafka_auth()
+    if not auth:
+        return {}
+    import faust
+
+    return {
+        "broker_credentials": faust.SASLCredentials(
+            username=auth["sasl_plain_username"], password=auth["sasl_plain_password"], mechanism=MECHANISM
+        )
+    }
+
+
+def principal_env(name: str, secrets_dir: Path) -> dict[str, str]:
+    """The environment that makes a process's clients ``name`` (its password stays in its file)."""
+    return {
+        "APPORTION_KAFKA_USER": name,
+        "APPORTION_KAFKA_PASSWORD_FILE": str(secrets_dir / f"{name}.password"),
+    }
+
+
+# --------------------------------------------------------------------------- provisioning
+
+
+def password_of(secrets_dir: Path, name: str) -> str:
+    """``name``'s password in ``secrets_dir`` (``<name>.password``, mode 0600), made once."""
+    path = secrets_dir / f"{name}.password"
+    if not path.is_file():
+        secrets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+    return path.read_text().strip()
+
+
+def acls(grants: Iterable[Grant] = GRANTS) -> list[Any]:
+    """The kafka-python ``ACL`` objects of ``grants`` in the current topic namespace."""
+    from kafka.admin import ACL, ACLOperation, ACLPermissionType, ACLResourcePatternType, ResourcePattern, ResourceType
+
+    out = []
+    for g in grants:
+        kind = ResourceType.TOPIC if g.resource == "topic" else ResourceType.GROUP
+        pattern = ACLResourcePatternType.PREFIXED if g.prefixed else ACLResourcePatternType.LITERAL
+        # a group is named with the namespace by some services and without it by others: allow both
+        names = {topics.prefix() + g.name} | ({g.name} if g.resource == "group" else set())
+        for name in sorted(names):
+            pat = pattern
+            if g.prefixed and not name:  # a prefix of nothing: every resource of the kind
+                name, pat = "*", ACLResourcePatternType.LITERAL
+            for op in g.operations:
+                out.append(
+                    ACL(
+                        f"User:{g.principal}",
+                        "*",
+                        ACLOperation[op],
+                        ACLPermissionType.ALLOW,
+                        ResourcePattern(kind, name, pat),
+                    )
+                )
+    return out
+
+
+def provision_security(admin: Any, secrets_dir: Path | None) -> tuple[int, int]:
+    """Create the SCRAM users (when ``secrets_dir`` is given) and the ACLs of :data:`GRANTS`; idempotent.
+
+    Args:
+        admin: a kafka-python admin client connected as a super user.
+        secrets_dir: where the passwords are kept (the broker's ``secrets/``); ``None`` leaves users alone.
+
+    Returns:
+        ``(users upserted, ACLs created)``.
+
+    Raises:
+        RuntimeError: the broker refused a user or an ACL.
+    """
+    users = 0
+    if secrets_dir is not None:
+        from kafka.admin import UserScramCredentialUpsertion
+
+        have = _scram_users(admin)
+        ups = [
+            UserScramCredentialUpsertion(name, MECHANISM, password_of(secrets_dir, name))
+            for name in PRINCIPALS
+            if name not in have
+        ]
+        if ups:
+            bad = {u: e for u, e in admin.alter_user_scram_credentials(ups).items() if e}
+            if bad:
+                raise RuntimeError(f"cannot create Kafka users: {bad}")
+        users = len(ups)
+    wanted = acls()
+    result = admin.create_acls(wanted)  # creating an ACL that exists is a no-op on the broker
+    failed = result.get("failed", []) if isinstance(result, dict) else []
+    if failed:
+        raise RuntimeError(f"cannot create ACLs: {failed[:3]}")
+    _wait_visible(admin, wanted)
+    return users, len(wanted)
+
+
+def _key(acl: Any) -> tuple:
+    rp = acl.resource_pattern
+    return (acl.principal, int(acl.operation), int(rp.resource_type), rp.resource_name, int(rp.pattern_type))
+
+
+def _wait_visible(admin: Any, wanted: list[Any], deadline_s: float = 15.0) -> None:
+    """Poll until the broker's authorizer lists every ACL of ``wanted`` (KRaft applies them asynchronously).
+
+    Raises:
+        RuntimeError: some are still missing after ``deadline_s`` wall seconds.
+    """
+    import time
+
+    from kafka.admin import (
+        ACLFilter,
+        ACLOperation,
+        ACLPermissionType,
+        ACLResourcePatternType,
+        ResourcePatternFilter,
+        ResourceType,
+    )
+
+    everything = ACLFilter(
+        None, None, ACLOperation.ANY, ACLPermissionType.ANY,
+        ResourcePatternFilter(ResourceType.ANY, None, ACLResourcePatternType.ANY),
+    )  # fmt: skip
+    want = {_key(a) for a in wanted}
+    end = time.monotonic() + deadline_s
+    while True:
+        have, _err = admin.describe_acls(everything)
+        missing = want - {_key(a) for a in have}
+        if not missing:
+            return
+        if time.monotonic() > end:
+            raise RuntimeError(f"{len(missing)} ACLs not in force after {deadline_s:g} s, e.g. {sorted(missing)[0]}")
+        time.sleep(0.1)  # poll interval; bounded by the deadline above
+
+
+def _scram_users(admin: Any) -> set[str]:
+    try:
+        got = admin.describe_user_scram_credentials()
+    except Exception:  # noqa: BLE001 - an old broker or none yet: upsert all
+        return set()
+    if isinstance(got, dict):
+        return {u for u, v in got.items() if v and not isinstance(v, str)}
+    return set()
+
+
+def secrets_dir() -> Path | None:
+    """The broker's secrets directory (``APPORTION_KAFKA_SECRETS_DIR``, env or stack.env), or ``None``."""
+    path = _setting("APPORTION_KAFKA_SECRETS_DIR")
+    return Path(path) if path else None

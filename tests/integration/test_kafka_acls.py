@@ -1,0 +1,129 @@
+"""Kafka authentication and ACLs on the real broker (DESIGN section 10; ``apportion.bus.security``).
+
+The session broker runs SASL/SCRAM-SHA-512 with KRaft's StandardAuthorizer
+(``infra/kafka/start.sh``) and the ACL table provisioned for this test's
+namespace. Each principal writes only the topics the table grants it: the
+forbidden write fails with Kafka's ``TopicAuthorizationFailedError`` and
+nothing reaches the topic; a client without credentials is not let in.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from apportion import topics
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def namespace(kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    from apportion.bus.provision import provision
+
+    monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"acl{uuid.uuid4().hex[:8]}.")
+    report = provision(kafka_bootstrap)
+    assert report.acls > 0, "the session broker is not secured (APPORTION_KAFKA_PLAINTEXT?)"
+    return os.environ["APPORTION_TOPIC_PREFIX"]
+
+
+def producer_as(principal: str, bootstrap: str):  # type: ignore[no-untyped-def]
+    from kafka import KafkaProducer
+
+    from apportion.bus.security import MECHANISM
+
+    secrets = Path(os.environ["APPORTION_KAFKA_SECRETS_DIR"])
+    return KafkaProducer(
+        bootstrap_servers=bootstrap,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism=MECHANISM,
+        sasl_plain_username=principal,
+        sasl_plain_password=(secrets / f"{principal}.password").read_text().strip(),
+        max_block_ms=10_000,
+        retries=0,
+    )
+
+
+def end_offset(bootstrap: str, topic: str) -> int:
+    from kafka import KafkaConsumer, TopicPartition
+
+    from apportion.bus.security import kafka_auth
+
+    kc = KafkaConsumer(bootstrap_servers=bootstrap, **kafka_auth())  # the session's admin
+    try:
+        parts = [TopicPartition(topic, p) for p in kc.partitions_for_topic(topic) or ()]
+        return sum(kc.end_offsets(parts).values())
+    finally:
+        kc.close()
+
+
+CASES = [
+    # (principal, topic, allowed): the threats of docs/security.md, then what each role needs
+    ("researcher", topics.BUDGETS, False),  # change budgets
+    ("researcher", topics.NODES, False),  # drain others' nodes, forge node reports
+    ("researcher", topics.JOBS, False),  # forge completions
+    ("researcher", topics.COMMANDS, False),  # start or stop workloads
+    ("node-agent", topics.COMMANDS, False),  # an agent commanding itself or others
+    ("node-agent", topics.BUDGETS, False),
+    ("ops", topics.COMMANDS, False),
+    ("ops", topics.JOBS, False),
+    ("policy", topics.COMMANDS, False),
+    ("accounting", topics.JOBS, False),
+    ("researcher", topics.SUBMISSIONS, True),
+    ("ops", topics.BUDGETS, True),
+    ("ops", topics.NODES, True),
+    ("node-agent", topics.NODES, True),
+    ("node-agent", topics.JOBS, True),
+    ("dispatcher", topics.COMMANDS, True),
+    ("policy", topics.RANKING, True),
+    ("accounting", topics.USAGE, True),
+]
+
+
+@pytest.mark.parametrize(
+    "principal, topic, allowed",
+    [pytest.param(p, t, a, id=f"{p} {'may' if a else 'may not'} write {t.base}") for p, t, a in CASES],
+)
+def test_each_principal_writes_only_its_topics(
+    kafka_bootstrap: str, namespace: str, principal: str, topic: topics.Topic, allowed: bool
+) -> None:
+    from kafka.errors import TopicAuthorizationFailedError
+
+    before = end_offset(kafka_bootstrap, topic.name)
+    p = producer_as(principal, kafka_bootstrap)
+    try:
+        fut = p.send(topic.name, key=b"k", value=b'{"probe": true}')
+        if allowed:
+            fut.get(timeout=15)
+        else:
+            with pytest.raises(TopicAuthorizationFailedError):
+                fut.get(timeout=15)
+    except TopicAuthorizationFailedError:
+        if allowed:
+            raise
+    finally:
+        p.close(timeout=5)
+    assert end_offset(kafka_bootstrap, topic.name) == before + (1 if allowed else 0)
+
+
+def test_a_client_without_credentials_is_not_let_in(kafka_bootstrap: str, namespace: str) -> None:
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError
+
+    with pytest.raises(KafkaError):
+        p = KafkaProducer(bootstrap_servers=kafka_bootstrap, max_block_ms=3000, api_version=(3, 0))
+        try:
+            p.send(topics.SUBMISSIONS.name, value=b"{}").get(timeout=5)
+        finally:
+            p.close(timeout=2)
+
+
+def test_provisioning_twice_changes_nothing(kafka_bootstrap: str, namespace: str) -> None:
+    from apportion.bus.provision import provision
+    from apportion.bus.security import GRANTS, acls
+
+    report = provision(kafka_bootstrap)
+    assert (report.created, report.users, report.acls) == ([], 0, len(acls(GRANTS)))

@@ -1,0 +1,57 @@
+"""Redis ACL users on the real server (DESIGN section 10; ``infra/redis/start.sh``).
+
+The session's Redis runs with its default user off and one user per role:
+a client without credentials is refused, the CLI's user reads the read
+models and writes nothing, a service's user writes apportion's keys only
+and cannot flush the database.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def as_user(redis_url: str, user: str):  # type: ignore[no-untyped-def]
+    import redis
+
+    secrets = Path(os.environ["APPORTION_REDIS_SECRETS_DIR"])
+    return redis.Redis.from_url(
+        redis_url, username=user, password=(secrets / f"{user}.password").read_text().strip(), decode_responses=True
+    )
+
+
+def test_a_client_without_credentials_is_refused(redis_url: str) -> None:
+    import redis
+
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        redis.Redis.from_url(redis_url).ping()
+
+
+def test_the_cli_user_reads_the_read_models_and_writes_nothing(redis_url: str) -> None:
+    import redis
+
+    as_user(redis_url, "dispatcher").hset("acltest.apportion:rm:jobs", "j1", "{}")
+    cli = as_user(redis_url, "cli")
+    assert cli.hgetall("acltest.apportion:rm:jobs") == {"j1": "{}"}
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        cli.hset("acltest.apportion:rm:jobs", "j1", "forged")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        cli.delete("acltest.apportion:rm:jobs")
+    assert cli.hgetall("acltest.apportion:rm:jobs") == {"j1": "{}"}
+
+
+@pytest.mark.parametrize("user", ["dispatcher", "accounting"])
+def test_a_services_user_keeps_to_apportions_keys_and_cannot_flush(redis_url: str, user: str) -> None:
+    import redis
+
+    r = as_user(redis_url, user)
+    assert r.hset(f"acltest.apportion:rm:{user}", "k", "v") in (0, 1)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        r.set("someone-elses-key", "x")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        r.flushdb()
