@@ -252,7 +252,7 @@ def test_apply_prune_removes_what_the_file_does_not_name_in_the_same_batch(budge
         f"error: refused: {example} against the tree in force: lab/vision/tmp: in_use: 'lab/vision/tmp' has queued "
         "or running jobs"
     )
-    budgets.run("cancel", "pr1")
+    budgets.run("cancel", "pr1", "-u", "pr")
     budgets.until(lambda: not budgets.json("queue", "--user", "pr"), "pr1 gone from the queue")
     doc = budgets.json("budget", "apply", example, "--prune")
     [v] = doc["verdicts"]
@@ -399,10 +399,24 @@ def test_deadletter_lists_what_a_service_could_not_decode(budgets: Stack) -> Non
 def _console(tool: str, stack: Stack, topic: str, lines: list[str], *args: str) -> str:
     """Kafka's own console producer or consumer (infra/kafka/console-TOOL.sh, the kafka-tools jar); its stdout."""
     import subprocess
+    import tempfile
 
+    from apportion.bus.security import kafka_auth
+
+    auth = kafka_auth()  # a secured broker: the tool authenticates as the session's principal (docs/security.md)
+    config: list[str] = []
+    if auth:
+        props = tempfile.NamedTemporaryFile("w", suffix=".properties", delete=False)  # noqa: SIM115
+        props.write(
+            f"security.protocol={auth['security_protocol']}\nsasl.mechanism={auth['sasl_mechanism']}\n"
+            "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{auth["sasl_plain_username"]}" password="{auth["sasl_plain_password"]}";\n'
+        )
+        props.close()
+        config = [f"--{tool}.config", props.name]
     done = subprocess.run(
         ["bash", str(ROOT / f"infra/kafka/console-{tool}.sh"), "--bootstrap-server", stack.info.bootstrap]
-        + ["--topic", topic, *args],
+        + ["--topic", topic, *config, *args],
         input="".join(ln + "\n" for ln in lines),
         capture_output=True,
         text=True,
@@ -419,6 +433,20 @@ def _console_produce(stack: Stack, topic: str, lines: list[str], *props: str) ->
     _console("producer", stack, topic, lines, *args)
 
 
+def _signed_as(user: str, line: str) -> str:
+    """``line`` with ``signer_key`` and ``signature`` added as docs/producing.md says (the dev keyring's key)."""
+    import base64
+
+    from apportion.client import identity_for
+    from apportion.identity import canonical_bytes
+
+    ident = identity_for(user)
+    obj = json.loads(line)
+    obj["signer_key"] = ident.public_key
+    obj["signature"] = base64.b64encode(ident.private_key.sign(canonical_bytes(obj))).decode()
+    return json.dumps(obj)
+
+
 def test_a_hand_written_json_line_from_kafkas_console_producer_is_placed(budgets: Stack) -> None:
     """docs/producing.md as another language would follow it: topic, key = job id, the JSON of the schema."""
     from datetime import UTC, datetime
@@ -431,6 +459,7 @@ def test_a_hand_written_json_line_from_kafkas_console_producer_is_placed(budgets
         f'"producer": "console", "job_id": "{job}", "budget": "lab/vision", "user": "console", '
         f'"gpus_per_replica": 1, "min_runtime_s": 60, "duration_s": 3600, "submitted_at": "{now}"}}'
     )
+    line = _signed_as("console", line)  # docs/producing.md, "Signing"
     _console_produce(budgets, topic, [f"{job}|{line}"], "parse.key=true", "key.separator=|")
     rows = budgets.until(
         lambda: [r for r in budgets.json("queue", "--user", "console") if r["state"] in ("placed", "running")],
@@ -462,7 +491,7 @@ def test_a_hand_written_json_line_from_kafkas_console_producer_is_placed(budgets
         f"the dead letters of the mis-keyed records: {want}",
     )
     assert [r["job_id"] for r in budgets.json("queue", "--user", "console", "--all")] == [job]
-    budgets.run("cancel", job)
+    budgets.run("cancel", job, "-u", "console")
 
 
 def test_top_json_is_one_frame_of_budgets_queue_head_and_nodes(budgets: Stack) -> None:

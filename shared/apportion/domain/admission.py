@@ -221,7 +221,7 @@ def refused_request_event(
         user=request.user,
         reason=rejection.reason,
         message=rejection.message,
-        request=request.type,  # type: ignore[arg-type]
+        request=request.type,
         refused_event_id=request.event_id,
         ts=ts,
         producer=producer,
