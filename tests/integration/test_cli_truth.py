@@ -433,14 +433,21 @@ def _console_produce(stack: Stack, topic: str, lines: list[str], *props: str) ->
     _console("producer", stack, topic, lines, *args)
 
 
-def _signed_as(user: str, line: str) -> str:
-    """``line`` with ``signer_key`` and ``signature`` added as docs/producing.md says (the dev keyring's key)."""
+def _identity(stack: Stack, user: str):  # type: ignore[no-untyped-def]
+    """The dev keyring's identity of ``user``, registered in the stack's namespace (before the request's time)."""
+    from apportion.client import identity_for
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("APPORTION_TOPIC_PREFIX", stack.env["APPORTION_TOPIC_PREFIX"] or "")
+        return identity_for(user, bootstrap=stack.info.bootstrap)
+
+
+def _signed(ident, line: str) -> str:  # type: ignore[no-untyped-def]
+    """``line`` with ``signer_key`` and ``signature`` added as docs/producing.md ("Signing") says."""
     import base64
 
-    from apportion.client import identity_for
     from apportion.identity import canonical_bytes
 
-    ident = identity_for(user)
     obj = json.loads(line)
     obj["signer_key"] = ident.public_key
     obj["signature"] = base64.b64encode(ident.private_key.sign(canonical_bytes(obj))).decode()
@@ -452,6 +459,7 @@ def test_a_hand_written_json_line_from_kafkas_console_producer_is_placed(budgets
     from datetime import UTC, datetime
 
     topic = f"{budgets.env['APPORTION_TOPIC_PREFIX']}apportion.submissions"
+    signer = _identity(budgets, "console")  # its key is registered before the request's event time
     now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
     job = f"cp-{uuid.uuid4().hex[:8]}"
     line = (
@@ -459,7 +467,7 @@ def test_a_hand_written_json_line_from_kafkas_console_producer_is_placed(budgets
         f'"producer": "console", "job_id": "{job}", "budget": "lab/vision", "user": "console", '
         f'"gpus_per_replica": 1, "min_runtime_s": 60, "duration_s": 3600, "submitted_at": "{now}"}}'
     )
-    line = _signed_as("console", line)  # docs/producing.md, "Signing"
+    line = _signed(signer, line)  # docs/producing.md, "Signing"
     _console_produce(budgets, topic, [f"{job}|{line}"], "parse.key=true", "key.separator=|")
     rows = budgets.until(
         lambda: [r for r in budgets.json("queue", "--user", "console") if r["state"] in ("placed", "running")],

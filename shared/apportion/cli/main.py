@@ -1137,10 +1137,13 @@ def _await_read_model(redis_url: str | None, offset: int, timeout_s: float) -> b
     answer."""
     import redis
 
+    from apportion.bus.security import redis_auth
     from apportion.cli import verdicts
 
     try:
-        r = redis.Redis.from_url(Connection.resolve(redis_url=redis_url).redis_url, socket_connect_timeout=3)
+        r = redis.Redis.from_url(
+            Connection.resolve(redis_url=redis_url).redis_url, socket_connect_timeout=3, **redis_auth()
+        )
         return bool(verdicts.wait_for(lambda: verdicts.read_model_folded(r, offset), max(timeout_s, 0.0)))
     except redis.RedisError:
         return False

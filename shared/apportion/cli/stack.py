@@ -276,8 +276,9 @@ def up(
     base = {
         k: v for k, v in os.environ.items() if not (k.startswith("APPORTION_") or k in ("KAFKA_BOOTSTRAP", "REDIS_URL"))
     }
-    if external:  # the caller's own Kafka credentials, if any
-        base.update({k: v for k, v in os.environ.items() if k.startswith("APPORTION_KAFKA_")})
+    if external:  # the caller's own Kafka and Redis credentials, if any
+        base.update({k: v for k, v in os.environ.items() if k.startswith(("APPORTION_KAFKA_", "APPORTION_REDIS_"))})
+        base.pop("APPORTION_REDIS_URL", None)  # set below from redis_url
     base.update(
         APPORTION_KAFKA_BOOTSTRAP=bootstrap,
         APPORTION_REDIS_URL=redis_url,
