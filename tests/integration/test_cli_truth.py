@@ -19,8 +19,6 @@ from typing import Any
 
 import pytest
 
-from apportion.bus.security import redis_auth
-
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
