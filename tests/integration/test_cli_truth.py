@@ -479,7 +479,7 @@ def test_a_hand_written_json_line_from_kafkas_console_producer_is_placed(budgets
         budgets,
         jobs_topic,
         [],
-        *("--from-beginning", "--timeout-ms", "3000", "--property", "print.key=true", "--property", "key.separator=|"),
+        *("--from-beginning", "--timeout-ms", "15000", "--property", "print.key=true", "--property", "key.separator=|"),
     )
     mine = [json.loads(ln.split("|", 1)[1])["type"] for ln in read.splitlines() if ln.startswith(f"{job}|")]
     assert mine[:2] == ["JobQueued", "JobPlaced"], mine
