@@ -306,7 +306,7 @@ class DispatcherService:
         """The state to store (:class:`services.dispatcher.snapshot.Snapshot`); the caller has flushed the decisions."""
         from services.dispatcher.snapshot import Snapshot
 
-        return Snapshot(self.state, dict(self.inputs), self.intake.ledger, self.token)
+        return Snapshot(self.state, dict(self.inputs), self.intake.ledger, self.token, self.gate.keys)
 
     def restore(self, snap: Any) -> None:
         """Start from a stored snapshot: state, input offsets and id ledger (then :meth:`bootstrap` the tail)."""
@@ -314,6 +314,8 @@ class DispatcherService:
         self.inputs = dict(snap.offsets)
         if snap.ledger is not None:
             self.intake.ledger = snap.ledger
+        if snap.keys is not None:
+            self.gate.keys = snap.keys
 
     def bootstrap(self, records: list[Any]) -> list[Event]:
         """Rebuild from the log as of the start and decide what was left undecided.

@@ -59,6 +59,7 @@ def _state_modules() -> tuple[str, ...]:
         "apportion.domain.reconcile",
         "apportion.events",
         "apportion.bus.intake",
+        "apportion.identity",  # the request gate's key registry (DESIGN section 10)
     )
     subs = tuple(sorted(f"apportion.domain.engine.{m.name}" for m in pkgutil.iter_modules(engine.__path__)))
     return base + subs
@@ -91,6 +92,8 @@ class Snapshot:
     offsets: dict[str, int]
     ledger: IdLedger | None
     fencing_token: int
+    keys: Any = None
+    """The request gate's :class:`apportion.identity.KeyRegistry` (``None``: none stored)."""
 
 
 @functools.cache
@@ -104,7 +107,7 @@ def layout() -> str:
 
 def encode(snap: Snapshot, *, topic_prefix: str) -> dict[str, bytes]:
     """The Redis hash fields of a snapshot: ``{"header": JSON bytes, "state": pickle bytes}``."""
-    state, sealed = seal({"state": snap.state, "ledger": snap.ledger})
+    state, sealed = seal({"state": snap.state, "ledger": snap.ledger, "keys": snap.keys})
     header = {
         "format": FORMAT,
         "layout": layout(),
@@ -148,9 +151,11 @@ def decode(fields: Mapping[Any, Any], *, window_s: float, topic_prefix: str) -> 
     if not isinstance(token, int):
         raise CheckpointError("corrupt", "no fencing token")
     body = unseal(field_of(fields, STATE), h, _STATE_MODULES)
-    state, ledger = (body.get(k) for k in ("state", "ledger")) if isinstance(body, dict) else (None, None)
+    state, ledger, keys = (
+        (body.get(k) for k in ("state", "ledger", "keys")) if isinstance(body, dict) else (None, None, None)
+    )
     if not isinstance(state, DispatchState) or not (ledger is None or isinstance(ledger, IdLedger)):
         raise CheckpointError("corrupt", "state has unexpected types")
     if state.clock_us != h.get("clock_us"):
         raise CheckpointError("corrupt", "state disagrees with its header (clock)")
-    return Snapshot(state=state, offsets=offsets, ledger=ledger, fencing_token=token)
+    return Snapshot(state=state, offsets=offsets, ledger=ledger, fencing_token=token, keys=keys)

@@ -5,7 +5,7 @@ Runs on the in-memory log of ``test_dispatcher.py``, W = 1 h.
 
 from __future__ import annotations
 
-from test_dispatcher import INPUTS, T0, ListLog, drive, history, submit
+from test_dispatcher import INPUTS, T0, USER, ListLog, drive, history, submit
 
 from apportion import events
 from apportion.clock import ManualClock
@@ -26,7 +26,9 @@ def test_a_submission_two_windows_late_is_dead_lettered_and_the_next_one_queued(
     log.put(*history()[0])  # budgets and two nodes at T0
     drive(svc, log)
     later = clock.advance(2 * 3600)
-    fresh = submit("fresh", "lab/a", 1).model_copy(update={"ts": later, "submitted_at": later})
+    fresh = USER.sign(
+        submit("fresh", "lab/a", 1).model_copy(update={"ts": later, "submitted_at": later})
+    )  # signed again: the time is signed
     old = submit("old", "lab/a", 1)  # at T0: two hours before the latest event folded
     log.put(fresh)
     drive(svc, log)
@@ -48,7 +50,9 @@ def test_an_event_from_the_far_future_is_dead_lettered_and_moves_no_clock() -> N
     log.put(*history()[0])
     drive(svc, log)
     year = T0.replace(year=T0.year + 100)
-    log.put(submit("ahead", "lab/a", 1).model_copy(update={"ts": year, "submitted_at": year}))
+    log.put(
+        USER.sign(submit("ahead", "lab/a", 1).model_copy(update={"ts": year, "submitted_at": year}))
+    )  # signed again: the time is signed
     drive(svc, log)
     log.put(submit("now", "lab/a", 1))
     drive(svc, log)
