@@ -75,6 +75,10 @@ class PreemptionReport:
         total: number of preemptions.
         mismatches: placements whose recorded ``Decision.protection_s`` is not what
             :func:`~apportion.domain.cluster.protection_s` gives from the log (must be empty).
+        jobs: one row per ``JobPreempted`` in the range, in log order: ``{job_id, attempt,
+            budget, by_job_id, by_budget, rule, lost_gpu_h, at}``; ``lost_gpu_h`` is the
+            event's ``lost_gpu_s`` / 3600 (the victim's work lost since its last checkpoint,
+            DESIGN section 1), ``None`` in records written before it was recorded.
     """
 
     pairs: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -83,10 +87,11 @@ class PreemptionReport:
     thrash: dict[str, int] = field(default_factory=dict)
     total: int = 0
     mismatches: list[dict[str, Any]] = field(default_factory=list)
+    jobs: list[dict[str, Any]] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly form."""
-        return {
+    def to_dict(self, *, jobs: bool = False) -> dict[str, Any]:
+        """JSON-friendly form; ``jobs=True`` adds the per-preemption rows under ``"jobs"``."""
+        doc: dict[str, Any] = {
             "total": self.total,
             "pairs": [
                 {"victim_budget": v, "preemptor_budget": p, "count": n} for (v, p), n in sorted(self.pairs.items())
@@ -96,6 +101,9 @@ class PreemptionReport:
             "protection_mismatches": self.mismatches,
             "thrash": dict(sorted(self.thrash.items())),
         }
+        if jobs:
+            doc["jobs"] = self.jobs
+        return doc
 
 
 def preemption_report(
@@ -173,6 +181,18 @@ def preemption_report(
             rep.pairs[(ev.budget, pre)] = rep.pairs.get((ev.budget, pre), 0) + 1
             rule = ev.victim.rule if ev.victim is not None else ev.reason
             rep.rules[rule] = rep.rules.get(rule, 0) + 1
+            rep.jobs.append(
+                {
+                    "job_id": ev.job_id,
+                    "attempt": ev.attempt,
+                    "budget": ev.budget,
+                    "by_job_id": ev.by_job_id,
+                    "by_budget": pre,
+                    "rule": rule,
+                    "lost_gpu_h": None if ev.lost_gpu_s is None else ev.lost_gpu_s / 3600,
+                    "at": from_us(t).isoformat(),
+                }
+            )
             key = (ev.job_id, ev.attempt)
             if ev.allocated and key in started:
                 until_t = started[key] + protection.get(key, 0)
