@@ -153,9 +153,10 @@ def occupancy(
 ) -> None:
     """Rebuilt occupancy windows at event time T: share, O, U, E, r and rank per budget."""
     from apportion.audit.replay import occupancy_at
-    from apportion.cli.main import _print_json, _ratio
+    from apportion.cli.main import _print_json, _ratio, check_budget_filter
     from apportion.timeutil import to_us
 
+    check_budget_filter(budget)
     t = parse_time(at)
     recs = _load(bootstrap, from_file)
     t0 = time.perf_counter()

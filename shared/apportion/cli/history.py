@@ -183,10 +183,11 @@ def history(
 
     from apportion import topics
     from apportion.bus.reader import read_log
-    from apportion.cli.main import _checked, _print_json, _require_topics, fail
+    from apportion.cli.main import _checked, _print_json, _require_topics, check_budget_filter, fail
 
     if state is not None and state not in FINISHED:
         fail(f"--state must be one of {', '.join(FINISHED)}, got {state!r}")
+    check_budget_filter(budget)
     lo, hi = _when(since, "--since"), _when(until, "--until")
     conn = _require_topics(bootstrap, topics.SUBMISSIONS.name, topics.JOBS.name)
     recs = _checked(lambda: read_log(conn.bootstrap, [topics.SUBMISSIONS.name, topics.JOBS.name]))

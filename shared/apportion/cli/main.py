@@ -314,7 +314,36 @@ def cancel(
         out.print(f"cancelled [bold]{job_id}[/]")
 
 
-LIVE_STATES = ("pending", "placed", "running", "stopping", "preempting")
+LIVE_STATES = ("pending", "placed", "running", "stopping", "preempting", "cancelling", "lost")
+
+
+def check_states(state: str | None, all_states: bool) -> set[str] | None:
+    """``--state a,b`` as a set; exit 2 naming the allowed values for an unknown state, or for a finished
+    one (``history.FINISHED``, only in the log) without ``--all``. ``None`` when no ``--state`` was given."""
+    from apportion.cli.history import FINISHED
+
+    if state is None:
+        return None
+    wanted = {x.strip() for x in state.split(",") if x.strip()}
+    allowed = LIVE_STATES + FINISHED
+    bad = sorted(wanted - set(allowed))
+    if bad or not wanted:
+        fail(f"--state: {', '.join(map(repr, bad)) or 'no state given'}: use one or more of {', '.join(allowed)}")
+    done = sorted(wanted & set(FINISHED))
+    if done and not all_states:
+        fail(f"--state {', '.join(done)}: finished jobs come from the log: add --all (or use `apportion history`)")
+    return wanted
+
+
+def check_budget_filter(budget: str | None) -> None:
+    """Exit 2 when a ``--budget`` filter is not a well-formed budget path (it could match no job)."""
+    from apportion.domain.budgets import BudgetError, validate_path
+
+    if budget is not None:
+        try:
+            validate_path(budget)
+        except BudgetError as exc:
+            fail(f"--budget: {exc.message}")
 
 
 def queue_rows(
@@ -398,6 +427,8 @@ def queue(
     budget_ahead, reserved_by, protected_until, no_node_shape, no_free_gpus, budget_unknown, placeable);
     `--json` rows also carry `reason_detail`, the reason's fields.
     """
+    check_states(state, all_states)
+    check_budget_filter(budget)
     rows = queue_rows(
         _redis(redis_url), budget=budget, user=user, state=state, all_states=all_states, bootstrap=bootstrap
     )
@@ -598,6 +629,8 @@ def deadletter(
     from apportion import topics
     from apportion.bus.reader import read_log
 
+    if topic is not None and topics.by_name(topic) is None:
+        fail(f"--topic: no topic {topic!r}: use one of {', '.join(sorted(topics.BY_BASE))}")
     conn = _require_topics(bootstrap, topics.DEADLETTER.name)
     recs = _checked(lambda: read_log(conn.bootstrap, [topics.DEADLETTER.name]))
     seen: set[Any] = set()
