@@ -68,6 +68,22 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def refuse(
+    message: str, *, as_json: bool, verdict: str = "refused", reason: str = "", code: int = 1, **fields: Any
+) -> NoReturn:
+    """A change command's refusal: with ``--json`` first the verdict object on stdout,
+    ``{"ok": false, "verdict": verdict, "reason": reason, "message": message, **fields}``; then, as
+    :func:`fail`, ``error: message`` on stderr and exit ``code``.
+
+    ``verdict`` is ``refused`` (the change breaks a rule), ``not_found`` (it names nothing that exists),
+    ``rejected`` (the owning service said no) or ``no_verdict``; ``reason`` is the rule's code when there is one
+    (``in_use``, ``sum_exceeds``...).
+    """
+    if as_json:
+        _print_json({"ok": False, "verdict": verdict, "reason": reason, "message": message, **fields})
+    fail(message, code)
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -289,10 +305,16 @@ def cancel(
     conn = _require_topics(bootstrap, SUBMISSIONS.name, JOBS.name)
     status = _checked(lambda: verdicts.job_status(conn.bootstrap, job_id))
     if status.state == "unknown":
-        fail(f"no job {job_id} in the log", 1)
+        refuse(f"no job {job_id} in the log", as_json=as_json, verdict="not_found", reason="no_job", job_id=job_id)
     if status.state != "live":
         done = status.state.removeprefix("Job").lower()
-        fail(f"job {job_id} already {done}{f' ({status.detail})' if status.detail else ''}: nothing to cancel", 1)
+        refuse(
+            f"job {job_id} already {done}{f' ({status.detail})' if status.detail else ''}: nothing to cancel",
+            as_json=as_json,
+            reason="finished",
+            job_id=job_id,
+            state=done,
+        )
     ev = events.JobCancelRequested(job_id=job_id, user=_whoami(user), reason=reason, ts=_now(), producer="cli")
     watcher = None if no_wait else _checked(lambda: verdicts.JobWatcher(conn.bootstrap, job_id, ["JobCancelled"]))
     _publish([ev], bootstrap)
@@ -303,6 +325,7 @@ def cancel(
     if as_json:
         _print_json(
             {
+                "ok": verdict is not None,
                 "published": [events.to_dict(ev)],
                 "verdict": "cancelled" if verdict is not None else "no_verdict",
                 "event": events.to_dict(verdict) if verdict is not None else None,
@@ -787,7 +810,7 @@ def _node_change(
     want: set[str],
     done: str,
     *,
-    refuse: dict[str, str],
+    refused_in: dict[str, str],
     already: set[str],
     no_wait: bool,
     timeout: float,
@@ -806,13 +829,13 @@ def _node_change(
     if row is None:
         known = sorted(readmodel.read_hash(r, readmodel.nodes_key()))
         hint = f" (known: {', '.join(known[:8])}{', ...' if len(known) > 8 else ''})" if known else " (none known)"
-        fail(f"no node {node_id}{hint}", 1)
+        refuse(f"no node {node_id}{hint}", as_json=as_json, verdict="not_found", reason="no_node", node_id=node_id)
     state = str(row.get("state"))
-    if state in refuse:
-        fail(f"node {node_id} is {state}: {refuse[state]}", 1)
+    if state in refused_in:
+        refuse(f"node {node_id} is {state}: {refused_in[state]}", as_json=as_json, reason=state, node_id=node_id)
     if state in already:
         if as_json:
-            _print_json({"published": [], "verdict": "unchanged", "state": state})
+            _print_json({"ok": True, "published": [], "verdict": "unchanged", "state": state})
         else:
             out.print(f"node [bold]{node_id}[/] is already {state}: nothing to do")
         return
@@ -827,7 +850,9 @@ def _node_change(
 
     seen = verdicts.wait_for(shows, timeout)
     if as_json:
-        _print_json({"published": [events.to_dict(ev)], "verdict": seen or "no_verdict", "state": seen})
+        _print_json(
+            {"ok": seen is not None, "published": [events.to_dict(ev)], "verdict": seen or "no_verdict", "state": seen}
+        )
     if seen is None:
         fail(
             f"the dispatcher did not show {node_id} as {'/'.join(sorted(want))} within {timeout:g} s "
@@ -859,7 +884,7 @@ def drain(
         node_id,
         {"draining", "drained"},
         "[bold]{node}[/] is {state}; it reports NodeDrained when empty (`apportion nodes`)",
-        refuse={"lost": "no heartbeat, nothing to drain"},
+        refused_in={"lost": "no heartbeat, nothing to drain"},
         already={"draining", "drained"},
         no_wait=no_wait,
         timeout=timeout,
@@ -886,7 +911,7 @@ def cordon(
         node_id,
         {"cordoned"},
         "cordoned [bold]{node}[/]",
-        refuse={"lost": "no heartbeat, nothing to cordon"},
+        refused_in={"lost": "no heartbeat, nothing to cordon"},
         already={"cordoned"},
         no_wait=no_wait,
         timeout=timeout,
@@ -912,7 +937,7 @@ def undrain(
         node_id,
         {"ready"},
         "[bold]{node}[/] is ready",
-        refuse={"lost": "no heartbeat; it returns when its agent registers again"},
+        refused_in={"lost": "no heartbeat; it returns when its agent registers again"},
         already={"ready"},
         no_wait=no_wait,
         timeout=timeout,
@@ -1043,7 +1068,14 @@ def budget_set(
     tree = _tree_in_force(bootstrap)
     current = tree.get(path)
     if current is None and share_ is None:
-        fail(f"budget {path} does not exist: give --share to create it")
+        refuse(
+            f"budget {path} does not exist: give --share to create it",
+            as_json=as_json,
+            verdict="not_found",
+            reason="no_budget",
+            code=2,
+            path=path,
+        )
     try:
         ev = events.BudgetSet(
             path=path,
@@ -1074,7 +1106,7 @@ def budget_set(
     try:
         after = tree.apply(ev)
     except BudgetError as exc:
-        fail(f"refused: {exc.reason}: {exc.message}", 1)
+        refuse(f"refused: {exc.reason}: {exc.message}", as_json=as_json, reason=exc.reason, path=path)
     _budget_changes(
         [ev],
         no_wait,
@@ -1126,8 +1158,12 @@ def _budget_changes(
     if read_model and not rejected and all(v.state == "accepted" for v in got):
         folded = _await_read_model(redis_url, max(offsets), end - time.monotonic())
     if as_json:
+        silent = any(v.state == "no_verdict" for v in got)
         _print_json(
             {
+                "ok": not rejected and not silent,
+                "verdict": "rejected" if rejected else "no_verdict" if silent else "accepted",
+                "reason": rejected[0].reason if rejected else "",
                 "published": [events.to_dict(e) for e in evts],
                 "verdicts": [v.to_dict() for v in got],
                 "read_model": folded,
@@ -1209,11 +1245,16 @@ def budget_apply(
         if batch is not None and in_use:
             current.apply(batch, in_use=in_use)
     except BudgetError as exc:
-        fail(f"refused: {file} against the tree in force: {exc.message}", 1)
+        refuse(
+            f"refused: {file} against the tree in force: {exc.message}",
+            as_json=as_json,
+            reason=exc.reason,
+            file=str(file),
+        )
     n = len(batch.paths) if batch is not None else 0
     if dry_run or batch is None:
         if as_json:
-            _print_json({"diff": [c.to_dict() for c in diff], "changes": n, "published": []})
+            _print_json({"ok": True, "diff": [c.to_dict() for c in diff], "changes": n, "published": []})
             return
         _print_diff(diff)
         out.print(f"{n} budget change(s){' (dry run: nothing published)' if dry_run else ': nothing to do'}")
@@ -1270,7 +1311,7 @@ def budget_rm(
             for j in in_use:
                 states[str(j.get("state"))] = states.get(str(j.get("state")), 0) + 1
             msg = f"{path!r} has {', '.join(f'{n} {s}' for s, n in sorted(states.items()))} job(s)"
-        fail(f"refused: {exc.reason}: {msg}", 1)
+        refuse(f"refused: {exc.reason}: {msg}", as_json=as_json, reason=exc.reason, path=path)
     _budget_changes([ev], no_wait, timeout, bootstrap, redis_url, as_json, f"removed budget [bold]{path}[/]")
 
 
