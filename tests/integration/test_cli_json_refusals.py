@@ -86,3 +86,32 @@ def test_node_and_cancel_refusals_are_json_verdicts(cli: Any) -> None:
         "message": "no job no-such-job in the log",
         "job_id": "no-such-job",
     }
+
+
+def test_prune_dry_run_reports_that_a_budget_in_use_would_be_refused(cli: Any, redis_url: str, tmp_path: Path) -> None:
+    import redis
+
+    from apportion import readmodel
+
+    whole = tmp_path / "whole.yaml"
+    whole.write_text("budgets:\n  lab: {share: 1}\n  lab/a: {share: 0.6}\n")
+    # without a job in lab/b, the dry run shows the pruning and exits 0
+    res = cli("budget", "apply", str(whole), "--prune", "--dry-run")
+    assert res.stdout.splitlines() == [
+        "  - lab/b: in force, not in the file (removed: --prune)",
+        "1 budget change(s) (dry run: nothing published)",
+    ]
+    # a pending job of lab/b in the dispatcher's jobs read model: the real apply would be refused (in_use)
+    r = redis.Redis.from_url(redis_url)
+    r.hset(readmodel.jobs_key(), "jb", json.dumps({"job_id": "jb", "budget": "lab/b", "state": "pending"}))
+    res = cli("budget", "apply", str(whole), "--prune", "--dry-run", code=1)
+    assert res.stdout.splitlines() == ["  - lab/b: in force, not in the file (removed: --prune)"]
+    [line] = res.stderr.strip().splitlines()
+    assert line == (
+        f"error: refused: {whole} against the tree in force: lab/b: in_use: 'lab/b' has queued or running jobs "
+        "(dry run: nothing published)"
+    )
+    doc = _verdict(cli("budget", "apply", str(whole), "--prune", "--dry-run", "--json", code=1))
+    assert (doc["ok"], doc["reason"], doc["published"]) == (False, "in_use", [])
+    assert [c["path"] for c in doc["diff"]] == ["lab/b"]
+    r.delete(readmodel.jobs_key())

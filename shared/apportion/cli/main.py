@@ -1237,7 +1237,7 @@ def budget_apply(
     current = _tree_in_force(bootstrap)
     diff = verdicts.budget_diff(current, wanted, prune)
     in_use: frozenset[str] = frozenset()
-    if prune and any(c.kind == "pruned" for c in diff) and not dry_run:
+    if prune and any(c.kind == "pruned" for c in diff):  # a dry run too: it says what would be refused
         jobs = readmodel.read_hash(_redis(redis_url), readmodel.jobs_key()).values()
         in_use = frozenset(str(j.get("budget")) for j in jobs)
     try:
@@ -1245,11 +1245,15 @@ def budget_apply(
         if batch is not None and in_use:
             current.apply(batch, in_use=in_use)
     except BudgetError as exc:
+        if dry_run and not as_json:
+            _print_diff(diff)
         refuse(
-            f"refused: {file} against the tree in force: {exc.message}",
+            f"refused: {file} against the tree in force: {exc.message}"
+            + (" (dry run: nothing published)" if dry_run else ""),
             as_json=as_json,
             reason=exc.reason,
             file=str(file),
+            **({"diff": [c.to_dict() for c in diff], "published": []} if dry_run else {}),
         )
     n = len(batch.paths) if batch is not None else 0
     if dry_run or batch is None:
