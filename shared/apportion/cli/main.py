@@ -569,7 +569,10 @@ def top(
     as_json: JsonOut = False,
 ) -> None:
     """Live view: the budget tree (share, occupancy, r, rank, jobs), the head of the queue with its pending
-    reasons, and the nodes (those not ready with their state), refreshed until Ctrl-C. `--json`: one frame."""
+    reasons, and the nodes (those not ready with their state), refreshed until Ctrl-C. `--json`: one frame.
+
+    When stdout is not a terminal (piped, redirected) it prints one frame and exits, or, with --iterations N,
+    N frames one after the other."""
     import time as _time
     from collections import Counter
 
@@ -629,6 +632,12 @@ def top(
                 )
         return Group(bt, qt, nt)
 
+    if not out.is_terminal:  # a pipe: a live display would print nothing until Ctrl-C
+        for i in range(max(iterations, 1)):
+            if i:
+                _time.sleep(interval)
+            out.print(frame())
+        return
     n = 0
     with Live(frame(), console=out, refresh_per_second=4, transient=False) as live:
         try:
