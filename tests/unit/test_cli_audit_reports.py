@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from builders import h, preempted
+from builders import dt, h, placed, preempted
 from typer.testing import CliRunner
 
 from apportion import events
@@ -95,3 +95,51 @@ def test_preemptions_without_jobs_json_has_no_rows(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["audit", "preemptions", "--json", "--from-file", export(tmp_path, preemption_log())])
     assert res.exit_code == 0, res.output
     assert "jobs" not in json.loads(res.stdout)
+
+
+def beat(util: float | None, at: int) -> events.NodeHeartbeat:
+    """A heartbeat of node n0 running j (attempt 1) on GPU 0, which reports ``util`` % (None: no utilisation)."""
+    return events.NodeHeartbeat(
+        node_id="n0",
+        gpus=(events.GpuStatus(index=0, utilization_pct=util),),
+        running=(events.RunningWorkload(job_id="j", attempt=1, replica=0, gpus=(0,)),),
+        ts=dt(at),
+        producer="test",
+    )
+
+
+def test_squatting_on_heartbeats_without_utilisation_says_it_cannot_see(tmp_path: Path) -> None:
+    log = export(tmp_path, [placed("j", at=h(0)), beat(None, h(0)), beat(None, h(1))])
+    res = CliRunner().invoke(app, ["audit", "squatting", "--json", "--from-file", log], env={"COLUMNS": "300"})
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout) == {
+        "runs": [],
+        "heartbeats": 2,
+        "heartbeats_with_utilisation": 0,
+        "utilisation_reported": False,
+    }
+    note = [ln for ln in res.stderr.splitlines() if ln.startswith("note:")]
+    assert note == [
+        "note: none of the 2 heartbeats in the log carries GPU utilisation (simulated nodes, or no NVML): "
+        "squatting cannot be seen"
+    ]
+
+
+def test_squatting_with_utilisation_finds_the_idle_run_and_says_nothing_more(tmp_path: Path) -> None:
+    # GPU 0 of j at 1 % from 00:00 to 01:00: one idle stretch of 3600 s > 30 min, since 00:00
+    log = export(tmp_path, [placed("j", at=h(0)), beat(1.0, h(0)), beat(1.0, h(0.5)), beat(1.0, h(1))])
+    res = CliRunner().invoke(app, ["audit", "squatting", "--json", "--from-file", log], env={"COLUMNS": "300"})
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["runs"] == [
+        {
+            "job_id": "j",
+            "attempt": 1,
+            "node_id": "n0",
+            "budget": "lab/a",
+            "idle_s": 3600.0,
+            "since": "2024-01-01T00:00:00+00:00",
+        }
+    ]
+    assert (doc["heartbeats"], doc["heartbeats_with_utilisation"], doc["utilisation_reported"]) == (3, 3, True)
+    assert "note:" not in res.stderr

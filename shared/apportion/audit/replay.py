@@ -209,27 +209,50 @@ def preemption_report(
     return rep
 
 
+@dataclass
+class SquattingReport:
+    """What :func:`squatting_report` found, and what it could see.
+
+    Attributes:
+        rows: ``{job_id, attempt, budget, node_id, idle_s, since}`` per idle stretch
+            longer than the threshold, longest first.
+        heartbeats: ``NodeHeartbeat`` events read.
+        heartbeats_with_utilisation: those in which at least one GPU reports a
+            utilisation; 0 means the log cannot show squatting at all (simulated
+            nodes without a utilisation model, or no NVML), not that nobody squats.
+    """
+
+    rows: list[dict[str, Any]]
+    heartbeats: int
+    heartbeats_with_utilisation: int
+
+    @property
+    def blind(self) -> bool:
+        """True when no heartbeat carried utilisation: an empty ``rows`` proves nothing."""
+        return self.heartbeats_with_utilisation == 0
+
+
 def squatting_report(
     records: Sequence[LogRecord], *, threshold_s: float = 1800.0, util_below_pct: float = 5.0
-) -> list[dict[str, Any]]:
+) -> SquattingReport:
     """Runs whose GPUs showed near-zero utilisation for longer than a threshold.
 
     From ``NodeHeartbeat`` events: for each running replica listed in a
     heartbeat, a heartbeat where every GPU it holds reports utilisation
     below ``util_below_pct`` extends its idle stretch; any other heartbeat
-    ends it. Heartbeats without utilisation (simulated nodes) say nothing.
-
-    Returns:
-        Rows ``{job_id, attempt, budget, node_id, idle_s, since}`` for stretches
-        longer than ``threshold_s``, longest first.
+    ends it. Heartbeats without utilisation (simulated nodes) say nothing;
+    the report counts them (:class:`SquattingReport`).
     """
     budget_of: dict[tuple[str, int], str] = {}
     idle_since: dict[tuple[str, int, str], Micros] = {}
     longest: dict[tuple[str, int, str], tuple[float, Micros]] = {}
+    beats = measured = 0
     for ev in decoded(records):
         if isinstance(ev, events.JobPlaced):
             budget_of[(ev.job_id, ev.attempt)] = ev.budget
         elif isinstance(ev, events.NodeHeartbeat):
+            beats += 1
+            measured += any(g.utilization_pct is not None for g in ev.gpus)
             t = to_us(ev.ts)
             util = {g.index: g.utilization_pct for g in ev.gpus}
             for w in ev.running:
@@ -257,4 +280,4 @@ def squatting_report(
         if d > threshold_s
     ]
     rows.sort(key=lambda r: (-r["idle_s"], r["job_id"]))
-    return rows
+    return SquattingReport(rows, beats, measured)

@@ -277,21 +277,40 @@ def squatting(
     from_file: FromFile = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Jobs whose GPUs showed near-zero utilisation in heartbeats for longer than a threshold."""
+    """Jobs whose GPUs showed near-zero utilisation in heartbeats for longer than a threshold.
+
+    When no heartbeat in the log carries GPU utilisation (simulated nodes without a utilisation model, no NVML),
+    nothing can be found: a note on stderr says so, and --json has ``utilisation_reported: false``.
+    --json: ``{runs: [...], heartbeats, heartbeats_with_utilisation, utilisation_reported}``.
+    """
     from apportion.audit.replay import squatting_report
     from apportion.cli.main import _print_json
     from apportion.durations import format_duration
 
-    rows = squatting_report(
+    rep = squatting_report(
         _load(bootstrap, from_file), threshold_s=_dur(threshold, "--threshold"), util_below_pct=util_below
     )
+    if rep.blind:
+        _err().print(
+            f"note: none of the {rep.heartbeats:,} heartbeats in the log carries GPU utilisation "
+            "(simulated nodes, or no NVML): squatting cannot be seen",
+            highlight=False,
+            soft_wrap=True,
+        )
     if as_json:
-        _print_json(rows)
+        _print_json(
+            {
+                "runs": rep.rows,
+                "heartbeats": rep.heartbeats,
+                "heartbeats_with_utilisation": rep.heartbeats_with_utilisation,
+                "utilisation_reported": not rep.blind,
+            }
+        )
         return
-    table = Table(title=f"squatting ({len(rows)} runs idle > {threshold})")
+    table = Table(title=f"squatting ({len(rep.rows)} runs idle > {threshold})")
     for col in ("job", "attempt", "budget", "node", "idle", "since"):
         table.add_column(col)
-    for r in rows:
+    for r in rep.rows:
         table.add_row(
             r["job_id"], str(r["attempt"]), r["budget"], r["node_id"], format_duration(r["idle_s"]), r["since"]
         )
