@@ -117,7 +117,7 @@ def _published(evts: list[events.Event], as_json: bool, message: str) -> None:
     if as_json:
         _print_json({"published": [events.to_dict(e) for e in evts]})
     else:
-        out.print(message)
+        out.print(message, soft_wrap=True)
 
 
 def _redis(redis_url: str | None) -> Any:
@@ -1186,7 +1186,7 @@ def _budget_changes(
     if any(v.state == "no_verdict" for v in got):
         fail(f"no verdict from the policy within {timeout:g} s (is it running?); the change is in the log", 3)
     if not as_json:
-        out.print(message)
+        out.print(message, soft_wrap=True)
     if folded is False:
         err.print(
             "note: the accounting read model (`share`) has not folded the change yet (is accounting running?)",
