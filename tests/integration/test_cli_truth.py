@@ -245,6 +245,12 @@ def test_apply_prune_removes_what_the_file_does_not_name_in_the_same_batch(budge
         "submit", "-b", "lab/vision/tmp", "-g", "1", "-m", "1h", "--duration", "1h", "-u", "pr", "--job-id", "pr1"
     )
     budgets.until(lambda: budgets.json("queue", "--user", "pr"), "pr1 in the queue")
+    dry = budgets.run("budget", "apply", example, "--prune", "--dry-run", code=1)
+    assert dry.stdout.splitlines() == ["  - lab/vision/tmp: in force, not in the file (removed: --prune)"]
+    assert _error(dry) == (
+        f"error: refused: {example} against the tree in force: lab/vision/tmp: in_use: 'lab/vision/tmp' has queued "
+        "or running jobs (dry run: nothing published)"
+    )
     res = budgets.run("budget", "apply", example, "--prune", code=1)
     assert _error(res) == (
         f"error: refused: {example} against the tree in force: lab/vision/tmp: in_use: 'lab/vision/tmp' has queued "

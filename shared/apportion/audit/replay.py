@@ -75,6 +75,10 @@ class PreemptionReport:
         total: number of preemptions.
         mismatches: placements whose recorded ``Decision.protection_s`` is not what
             :func:`~apportion.domain.cluster.protection_s` gives from the log (must be empty).
+        jobs: one row per ``JobPreempted`` in the range, in log order: ``{job_id, attempt,
+            budget, by_job_id, by_budget, rule, lost_gpu_h, at}``; ``lost_gpu_h`` is the
+            event's ``lost_gpu_s`` / 3600 (the victim's work lost since its last checkpoint,
+            DESIGN section 1), ``None`` in records written before it was recorded.
     """
 
     pairs: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -83,10 +87,11 @@ class PreemptionReport:
     thrash: dict[str, int] = field(default_factory=dict)
     total: int = 0
     mismatches: list[dict[str, Any]] = field(default_factory=list)
+    jobs: list[dict[str, Any]] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly form."""
-        return {
+    def to_dict(self, *, jobs: bool = False) -> dict[str, Any]:
+        """JSON-friendly form; ``jobs=True`` adds the per-preemption rows under ``"jobs"``."""
+        doc: dict[str, Any] = {
             "total": self.total,
             "pairs": [
                 {"victim_budget": v, "preemptor_budget": p, "count": n} for (v, p), n in sorted(self.pairs.items())
@@ -96,6 +101,9 @@ class PreemptionReport:
             "protection_mismatches": self.mismatches,
             "thrash": dict(sorted(self.thrash.items())),
         }
+        if jobs:
+            doc["jobs"] = self.jobs
+        return doc
 
 
 def preemption_report(
@@ -173,6 +181,18 @@ def preemption_report(
             rep.pairs[(ev.budget, pre)] = rep.pairs.get((ev.budget, pre), 0) + 1
             rule = ev.victim.rule if ev.victim is not None else ev.reason
             rep.rules[rule] = rep.rules.get(rule, 0) + 1
+            rep.jobs.append(
+                {
+                    "job_id": ev.job_id,
+                    "attempt": ev.attempt,
+                    "budget": ev.budget,
+                    "by_job_id": ev.by_job_id,
+                    "by_budget": pre,
+                    "rule": rule,
+                    "lost_gpu_h": None if ev.lost_gpu_s is None else ev.lost_gpu_s / 3600,
+                    "at": from_us(t).isoformat(),
+                }
+            )
             key = (ev.job_id, ev.attempt)
             if ev.allocated and key in started:
                 until_t = started[key] + protection.get(key, 0)
@@ -189,27 +209,50 @@ def preemption_report(
     return rep
 
 
+@dataclass
+class SquattingReport:
+    """What :func:`squatting_report` found, and what it could see.
+
+    Attributes:
+        rows: ``{job_id, attempt, budget, node_id, idle_s, since}`` per idle stretch
+            longer than the threshold, longest first.
+        heartbeats: ``NodeHeartbeat`` events read.
+        heartbeats_with_utilisation: those in which at least one GPU reports a
+            utilisation; 0 means the log cannot show squatting at all (simulated
+            nodes without a utilisation model, or no NVML), not that nobody squats.
+    """
+
+    rows: list[dict[str, Any]]
+    heartbeats: int
+    heartbeats_with_utilisation: int
+
+    @property
+    def blind(self) -> bool:
+        """True when no heartbeat carried utilisation: an empty ``rows`` proves nothing."""
+        return self.heartbeats_with_utilisation == 0
+
+
 def squatting_report(
     records: Sequence[LogRecord], *, threshold_s: float = 1800.0, util_below_pct: float = 5.0
-) -> list[dict[str, Any]]:
+) -> SquattingReport:
     """Runs whose GPUs showed near-zero utilisation for longer than a threshold.
 
     From ``NodeHeartbeat`` events: for each running replica listed in a
     heartbeat, a heartbeat where every GPU it holds reports utilisation
     below ``util_below_pct`` extends its idle stretch; any other heartbeat
-    ends it. Heartbeats without utilisation (simulated nodes) say nothing.
-
-    Returns:
-        Rows ``{job_id, attempt, budget, node_id, idle_s, since}`` for stretches
-        longer than ``threshold_s``, longest first.
+    ends it. Heartbeats without utilisation (simulated nodes) say nothing;
+    the report counts them (:class:`SquattingReport`).
     """
     budget_of: dict[tuple[str, int], str] = {}
     idle_since: dict[tuple[str, int, str], Micros] = {}
     longest: dict[tuple[str, int, str], tuple[float, Micros]] = {}
+    beats = measured = 0
     for ev in decoded(records):
         if isinstance(ev, events.JobPlaced):
             budget_of[(ev.job_id, ev.attempt)] = ev.budget
         elif isinstance(ev, events.NodeHeartbeat):
+            beats += 1
+            measured += any(g.utilization_pct is not None for g in ev.gpus)
             t = to_us(ev.ts)
             util = {g.index: g.utilization_pct for g in ev.gpus}
             for w in ev.running:
@@ -237,4 +280,4 @@ def squatting_report(
         if d > threshold_s
     ]
     rows.sort(key=lambda r: (-r["idle_s"], r["job_id"]))
-    return rows
+    return SquattingReport(rows, beats, measured)

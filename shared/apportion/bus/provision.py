@@ -155,19 +155,33 @@ def provision(
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
+    """``python -m apportion.bus.provision``: provision, print the report; exit 0, 1 (drift with ``--strict``),
+    or 3 with one ``error:`` line on stderr when Kafka cannot be reached (the CLI's exit codes)."""
+    from apportion.settings import Connection
 
     ap = argparse.ArgumentParser(description="Create apportion topics and report config drift.")
     ap.add_argument(
         "--bootstrap",
-        default=os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
-        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP or 127.0.0.1:9092)",
+        default=None,
+        help="Kafka bootstrap servers (default: $APPORTION_KAFKA_BOOTSTRAP, $KAFKA_BOOTSTRAP, the stack.env "
+        "of `make up` / `apportion stack up`, else 127.0.0.1:9092)",
     )
     ap.add_argument("--replication-factor", type=int, default=1)
     ap.add_argument("--fix", action="store_true", help="set drifted configs to their declared values")
     ap.add_argument("--strict", action="store_true", help="exit 1 when drift remains")
     args = ap.parse_args(argv)
-    report = provision(args.bootstrap, fix=args.fix, replication_factor=args.replication_factor)
+    bootstrap = Connection.resolve(bootstrap=args.bootstrap).bootstrap
+    try:
+        report = provision(bootstrap, fix=args.fix, replication_factor=args.replication_factor)
+    except Exception as exc:
+        if not type(exc).__module__.startswith("kafka"):  # kafka-python's errors have many types
+            raise
+        print(
+            f"error: cannot reach Kafka at {bootstrap}: {exc} (is the stack up? `apportion stack up` or `make up`; "
+            "`apportion stack status` prints its bootstrap; or give --bootstrap HOST:PORT)",
+            file=sys.stderr,
+        )
+        return 3
     for line in report.lines():
         print(line)
     if report.drift:

@@ -153,9 +153,10 @@ def occupancy(
 ) -> None:
     """Rebuilt occupancy windows at event time T: share, O, U, E, r and rank per budget."""
     from apportion.audit.replay import occupancy_at
-    from apportion.cli.main import _print_json, _ratio
+    from apportion.cli.main import _print_json, _ratio, check_budget_filter
     from apportion.timeutil import to_us
 
+    check_budget_filter(budget)
     t = parse_time(at)
     recs = _load(bootstrap, from_file)
     t0 = time.perf_counter()
@@ -197,17 +198,27 @@ def occupancy(
     _out().print(table)
 
 
+def counts_text(counts: dict[str, int]) -> str:
+    """``{name: count}`` as a readable line, names sorted: ``drain 1, unallocated 2``; ``none`` when empty."""
+    return ", ".join(f"{k} {n}" for k, n in sorted(counts.items())) or "none"
+
+
 @audit_app.command("preemptions")
 def preemptions(
     since: Annotated[str | None, typer.Option(help="From this event time (ISO).")] = None,
     until: Annotated[str | None, typer.Option(help="Up to this event time (ISO).")] = None,
     thrash_over: Annotated[int, typer.Option(help="Flag jobs preempted more than N times.")] = 3,
+    jobs: Annotated[
+        bool, typer.Option("--jobs", help="List each preempted job: attempt, budget, by whom, rule, work lost.")
+    ] = False,
     bootstrap: Bootstrap = None,
     from_file: FromFile = None,
     as_json: JsonOut = False,
 ) -> None:
     """Preemptions by victim and preemptor budget; protection violations (must be 0) and thrash.
 
+    With --jobs, one row per preemption: the victim job and attempt, its budget, the job and budget that
+    took its GPUs, the rule, the victim's work lost (GPU-h since its last checkpoint) and the event time.
     Exit code 1 when any protection violation is found.
     """
     from apportion.audit.replay import preemption_report
@@ -222,7 +233,7 @@ def preemptions(
         thrash_over=thrash_over,
     )
     if as_json:
-        _print_json(rep.to_dict())
+        _print_json(rep.to_dict(jobs=jobs))
     else:
         table = Table(title=f"{rep.total} preemptions")
         for col in ("victim budget", "preempting budget", "count"):
@@ -230,11 +241,32 @@ def preemptions(
         for (v, p), n in sorted(rep.pairs.items()):
             table.add_row(v, p, str(n))
         _out().print(table)
-        _out().print(f"by rule: {rep.rules}")
+        if jobs:
+            _out().print(_jobs_table(rep.jobs))
+        _out().print(f"by rule: {counts_text(rep.rules)}", highlight=False)
         _out().print(f"protection violations: {len(rep.violations)}")
-        _out().print(f"thrash (> {thrash_over} preemptions): {rep.thrash or 'none'}")
+        _out().print(f"thrash (> {thrash_over} preemptions): {counts_text(rep.thrash)}", highlight=False)
     if rep.violations:
         raise typer.Exit(1)
+
+
+def _jobs_table(rows: list[dict[str, Any]]) -> Table:
+    lost = [r["lost_gpu_h"] for r in rows if r["lost_gpu_h"] is not None]
+    table = Table(title=f"preempted jobs ({len(rows)}; work lost {sum(lost):.2f} GPU-h)")
+    for col in ("job", "attempt", "budget", "by job", "by budget", "rule", "lost GPU-h", "at"):
+        table.add_column(col, justify="right" if col in ("attempt", "lost GPU-h") else "left")
+    for r in rows:
+        table.add_row(
+            r["job_id"],
+            str(r["attempt"]),
+            r["budget"],
+            r["by_job_id"] or "-",
+            r["by_budget"],
+            r["rule"],
+            "-" if r["lost_gpu_h"] is None else f"{r['lost_gpu_h']:.2f}",
+            r["at"][:19].replace("T", " "),
+        )
+    return table
 
 
 @audit_app.command("squatting")
@@ -245,21 +277,40 @@ def squatting(
     from_file: FromFile = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Jobs whose GPUs showed near-zero utilisation in heartbeats for longer than a threshold."""
+    """Jobs whose GPUs showed near-zero utilisation in heartbeats for longer than a threshold.
+
+    When no heartbeat in the log carries GPU utilisation (simulated nodes without a utilisation model, no NVML),
+    nothing can be found: a note on stderr says so, and --json has ``utilisation_reported: false``.
+    --json: ``{runs: [...], heartbeats, heartbeats_with_utilisation, utilisation_reported}``.
+    """
     from apportion.audit.replay import squatting_report
     from apportion.cli.main import _print_json
     from apportion.durations import format_duration
 
-    rows = squatting_report(
+    rep = squatting_report(
         _load(bootstrap, from_file), threshold_s=_dur(threshold, "--threshold"), util_below_pct=util_below
     )
+    if rep.blind:
+        _err().print(
+            f"note: none of the {rep.heartbeats:,} heartbeats in the log carries GPU utilisation "
+            "(simulated nodes, or no NVML): squatting cannot be seen",
+            highlight=False,
+            soft_wrap=True,
+        )
     if as_json:
-        _print_json(rows)
+        _print_json(
+            {
+                "runs": rep.rows,
+                "heartbeats": rep.heartbeats,
+                "heartbeats_with_utilisation": rep.heartbeats_with_utilisation,
+                "utilisation_reported": not rep.blind,
+            }
+        )
         return
-    table = Table(title=f"squatting ({len(rows)} runs idle > {threshold})")
+    table = Table(title=f"squatting ({len(rep.rows)} runs idle > {threshold})")
     for col in ("job", "attempt", "budget", "node", "idle", "since"):
         table.add_column(col)
-    for r in rows:
+    for r in rep.rows:
         table.add_row(
             r["job_id"], str(r["attempt"]), r["budget"], r["node_id"], format_duration(r["idle_s"]), r["since"]
         )

@@ -183,10 +183,11 @@ def history(
 
     from apportion import topics
     from apportion.bus.reader import read_log
-    from apportion.cli.main import _checked, _print_json, _require_topics, fail
+    from apportion.cli.main import _checked, _print_json, _require_topics, check_budget_filter, fail
 
     if state is not None and state not in FINISHED:
         fail(f"--state must be one of {', '.join(FINISHED)}, got {state!r}")
+    check_budget_filter(budget)
     lo, hi = _when(since, "--since"), _when(until, "--until")
     conn = _require_topics(bootstrap, topics.SUBMISSIONS.name, topics.JOBS.name)
     recs = _checked(lambda: read_log(conn.bootstrap, [topics.SUBMISSIONS.name, topics.JOBS.name]))
@@ -263,16 +264,21 @@ def logs(
             "--dir", help="The node agent's job log directory (default: APPORTION_JOB_LOG_DIR or the stack's)."
         ),
     ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print JSON for scripts: the file, its attempts, the text.")
+    ] = False,
 ) -> None:
     """A job's output: the stdout (or stderr) file the node agent writes per attempt and replica.
 
-    Exit 1 when the job has no output there (never ran on this machine's agent, or another directory).
+    Exit 1 when the job has no output there (never ran on this machine's agent, or another directory);
+    with --json the refusal is a ``{"ok": false, ...}`` object on stdout too. --json on success:
+    ``{"ok": true, "job_id", "attempt", "attempts", "replica", "stream", "path", "text"}``.
     """
     import os
     import re
     import sys
 
-    from apportion.cli.main import fail
+    from apportion.cli.main import _print_json, fail, refuse
     from apportion.settings import stack_env
 
     base = log_dir or (
@@ -290,12 +296,40 @@ def logs(
     stream = "err" if stderr else "out"
     files = sorted(folder.glob(f"attempt-*.replica-{replica}.{stream}")) if folder.is_dir() else []
     if not files:
-        fail(f"no output of job {job_id} (replica {replica}) under {base}", 1)
+        refuse(
+            f"no output of job {job_id} (replica {replica}) under {base}",
+            as_json=as_json,
+            verdict="not_found",
+            reason="no_output",
+            job_id=job_id,
+        )
     by_attempt = {int(f.name.split(".", 1)[0].removeprefix("attempt-")): f for f in files}
     pick = max(by_attempt) if attempt is None else attempt
     if pick not in by_attempt:
-        fail(f"job {job_id} has no attempt {pick} here (attempts: {', '.join(map(str, sorted(by_attempt)))})", 1)
-    sys.stdout.write(by_attempt[pick].read_text(errors="replace"))
+        refuse(
+            f"job {job_id} has no attempt {pick} here (attempts: {', '.join(map(str, sorted(by_attempt)))})",
+            as_json=as_json,
+            verdict="not_found",
+            reason="no_attempt",
+            job_id=job_id,
+            attempts=sorted(by_attempt),
+        )
+    text = by_attempt[pick].read_text(errors="replace")
+    if as_json:
+        _print_json(
+            {
+                "ok": True,
+                "job_id": job_id,
+                "attempt": pick,
+                "attempts": sorted(by_attempt),
+                "replica": replica,
+                "stream": "stderr" if stderr else "stdout",
+                "path": str(by_attempt[pick]),
+                "text": text,
+            }
+        )
+        return
+    sys.stdout.write(text)
 
 
 def register(app: typer.Typer) -> None:

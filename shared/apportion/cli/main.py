@@ -69,6 +69,22 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def refuse(
+    message: str, *, as_json: bool, verdict: str = "refused", reason: str = "", code: int = 1, **fields: Any
+) -> NoReturn:
+    """A change command's refusal: with ``--json`` first the verdict object on stdout,
+    ``{"ok": false, "verdict": verdict, "reason": reason, "message": message, **fields}``; then, as
+    :func:`fail`, ``error: message`` on stderr and exit ``code``.
+
+    ``verdict`` is ``refused`` (the change breaks a rule), ``not_found`` (it names nothing that exists),
+    ``rejected`` (the owning service said no) or ``no_verdict``; ``reason`` is the rule's code when there is one
+    (``in_use``, ``sum_exceeds``...).
+    """
+    if as_json:
+        _print_json({"ok": False, "verdict": verdict, "reason": reason, "message": message, **fields})
+    fail(message, code)
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -104,7 +120,7 @@ def _published(evts: list[events.Event], as_json: bool, message: str) -> None:
     if as_json:
         _print_json({"published": [events.to_dict(e) for e in evts]})
     else:
-        out.print(message)
+        out.print(message, soft_wrap=True)
 
 
 def _redis(redis_url: str | None) -> Any:
@@ -300,10 +316,16 @@ def cancel(
     conn = _require_topics(bootstrap, SUBMISSIONS.name, JOBS.name)
     status = _checked(lambda: verdicts.job_status(conn.bootstrap, job_id))
     if status.state == "unknown":
-        fail(f"no job {job_id} in the log", 1)
+        refuse(f"no job {job_id} in the log", as_json=as_json, verdict="not_found", reason="no_job", job_id=job_id)
     if status.state != "live":
         done = status.state.removeprefix("Job").lower()
-        fail(f"job {job_id} already {done}{f' ({status.detail})' if status.detail else ''}: nothing to cancel", 1)
+        refuse(
+            f"job {job_id} already {done}{f' ({status.detail})' if status.detail else ''}: nothing to cancel",
+            as_json=as_json,
+            reason="finished",
+            job_id=job_id,
+            state=done,
+        )
     ident = _identity(user, bootstrap)
     ev = ident.sign(events.JobCancelRequested(job_id=job_id, user=ident.user, reason=reason, ts=_now(), producer="cli"))
     watcher = None if no_wait else _checked(lambda: verdicts.JobWatcher(conn.bootstrap, job_id, ["JobCancelled"]))
@@ -316,6 +338,7 @@ def cancel(
     if as_json:
         _print_json(
             {
+                "ok": verdict is not None,
                 "published": [events.to_dict(ev)],
                 "verdict": "refused" if refused else "cancelled" if verdict is not None else "no_verdict",
                 "event": events.to_dict(verdict) if verdict is not None else None,
@@ -329,7 +352,36 @@ def cancel(
         out.print(f"cancelled [bold]{job_id}[/]")
 
 
-LIVE_STATES = ("pending", "placed", "running", "stopping", "preempting")
+LIVE_STATES = ("pending", "placed", "running", "stopping", "preempting", "cancelling", "lost")
+
+
+def check_states(state: str | None, all_states: bool) -> set[str] | None:
+    """``--state a,b`` as a set; exit 2 naming the allowed values for an unknown state, or for a finished
+    one (``history.FINISHED``, only in the log) without ``--all``. ``None`` when no ``--state`` was given."""
+    from apportion.cli.history import FINISHED
+
+    if state is None:
+        return None
+    wanted = {x.strip() for x in state.split(",") if x.strip()}
+    allowed = LIVE_STATES + FINISHED
+    bad = sorted(wanted - set(allowed))
+    if bad or not wanted:
+        fail(f"--state: {', '.join(map(repr, bad)) or 'no state given'}: use one or more of {', '.join(allowed)}")
+    done = sorted(wanted & set(FINISHED))
+    if done and not all_states:
+        fail(f"--state {', '.join(done)}: finished jobs come from the log: add --all (or use `apportion history`)")
+    return wanted
+
+
+def check_budget_filter(budget: str | None) -> None:
+    """Exit 2 when a ``--budget`` filter is not a well-formed budget path (it could match no job)."""
+    from apportion.domain.budgets import BudgetError, validate_path
+
+    if budget is not None:
+        try:
+            validate_path(budget)
+        except BudgetError as exc:
+            fail(f"--budget: {exc.message}")
 
 
 def queue_rows(
@@ -413,6 +465,8 @@ def queue(
     budget_ahead, reserved_by, protected_until, no_node_shape, no_free_gpus, budget_unknown, placeable);
     `--json` rows also carry `reason_detail`, the reason's fields.
     """
+    check_states(state, all_states)
+    check_budget_filter(budget)
     rows = queue_rows(
         _redis(redis_url), budget=budget, user=user, state=state, all_states=all_states, bootstrap=bootstrap
     )
@@ -530,7 +584,10 @@ def top(
     as_json: JsonOut = False,
 ) -> None:
     """Live view: the budget tree (share, occupancy, r, rank, jobs), the head of the queue with its pending
-    reasons, and the nodes (those not ready with their state), refreshed until Ctrl-C. `--json`: one frame."""
+    reasons, and the nodes (those not ready with their state), refreshed until Ctrl-C. `--json`: one frame.
+
+    When stdout is not a terminal (piped, redirected) it prints one frame and exits, or, with --iterations N,
+    N frames one after the other."""
     import time as _time
     from collections import Counter
 
@@ -590,6 +647,12 @@ def top(
                 )
         return Group(bt, qt, nt)
 
+    if not out.is_terminal:  # a pipe: a live display would print nothing until Ctrl-C
+        for i in range(max(iterations, 1)):
+            if i:
+                _time.sleep(interval)
+            out.print(frame())
+        return
     n = 0
     with Live(frame(), console=out, refresh_per_second=4, transient=False) as live:
         try:
@@ -613,6 +676,8 @@ def deadletter(
     from apportion import topics
     from apportion.bus.reader import read_log
 
+    if topic is not None and topics.by_name(topic) is None:
+        fail(f"--topic: no topic {topic!r}: use one of {', '.join(sorted(topics.BY_BASE))}")
     conn = _require_topics(bootstrap, topics.DEADLETTER.name)
     recs = _checked(lambda: read_log(conn.bootstrap, [topics.DEADLETTER.name]))
     seen: set[Any] = set()
@@ -769,7 +834,7 @@ def _node_change(
     want: set[str],
     done: str,
     *,
-    refuse: dict[str, str],
+    refused_in: dict[str, str],
     already: set[str],
     no_wait: bool,
     timeout: float,
@@ -788,13 +853,13 @@ def _node_change(
     if row is None:
         known = sorted(readmodel.read_hash(r, readmodel.nodes_key()))
         hint = f" (known: {', '.join(known[:8])}{', ...' if len(known) > 8 else ''})" if known else " (none known)"
-        fail(f"no node {node_id}{hint}", 1)
+        refuse(f"no node {node_id}{hint}", as_json=as_json, verdict="not_found", reason="no_node", node_id=node_id)
     state = str(row.get("state"))
-    if state in refuse:
-        fail(f"node {node_id} is {state}: {refuse[state]}", 1)
+    if state in refused_in:
+        refuse(f"node {node_id} is {state}: {refused_in[state]}", as_json=as_json, reason=state, node_id=node_id)
     if state in already:
         if as_json:
-            _print_json({"published": [], "verdict": "unchanged", "state": state})
+            _print_json({"ok": True, "published": [], "verdict": "unchanged", "state": state})
         else:
             out.print(f"node [bold]{node_id}[/] is already {state}: nothing to do")
         return
@@ -809,7 +874,9 @@ def _node_change(
 
     seen = verdicts.wait_for(shows, timeout)
     if as_json:
-        _print_json({"published": [events.to_dict(ev)], "verdict": seen or "no_verdict", "state": seen})
+        _print_json(
+            {"ok": seen is not None, "published": [events.to_dict(ev)], "verdict": seen or "no_verdict", "state": seen}
+        )
     if seen is None:
         fail(
             f"the dispatcher did not show {node_id} as {'/'.join(sorted(want))} within {timeout:g} s "
@@ -841,7 +908,7 @@ def drain(
         node_id,
         {"draining", "drained"},
         "[bold]{node}[/] is {state}; it reports NodeDrained when empty (`apportion nodes`)",
-        refuse={"lost": "no heartbeat, nothing to drain"},
+        refused_in={"lost": "no heartbeat, nothing to drain"},
         already={"draining", "drained"},
         no_wait=no_wait,
         timeout=timeout,
@@ -868,7 +935,7 @@ def cordon(
         node_id,
         {"cordoned"},
         "cordoned [bold]{node}[/]",
-        refuse={"lost": "no heartbeat, nothing to cordon"},
+        refused_in={"lost": "no heartbeat, nothing to cordon"},
         already={"cordoned"},
         no_wait=no_wait,
         timeout=timeout,
@@ -894,7 +961,7 @@ def undrain(
         node_id,
         {"ready"},
         "[bold]{node}[/] is ready",
-        refuse={"lost": "no heartbeat; it returns when its agent registers again"},
+        refused_in={"lost": "no heartbeat; it returns when its agent registers again"},
         already={"ready"},
         no_wait=no_wait,
         timeout=timeout,
@@ -1025,7 +1092,14 @@ def budget_set(
     tree = _tree_in_force(bootstrap)
     current = tree.get(path)
     if current is None and share_ is None:
-        fail(f"budget {path} does not exist: give --share to create it")
+        refuse(
+            f"budget {path} does not exist: give --share to create it",
+            as_json=as_json,
+            verdict="not_found",
+            reason="no_budget",
+            code=2,
+            path=path,
+        )
     try:
         ev = events.BudgetSet(
             path=path,
@@ -1056,7 +1130,7 @@ def budget_set(
     try:
         after = tree.apply(ev)
     except BudgetError as exc:
-        fail(f"refused: {exc.reason}: {exc.message}", 1)
+        refuse(f"refused: {exc.reason}: {exc.message}", as_json=as_json, reason=exc.reason, path=path)
     _budget_changes(
         [ev],
         no_wait,
@@ -1108,8 +1182,12 @@ def _budget_changes(
     if read_model and not rejected and all(v.state == "accepted" for v in got):
         folded = _await_read_model(redis_url, max(offsets), end - time.monotonic())
     if as_json:
+        silent = any(v.state == "no_verdict" for v in got)
         _print_json(
             {
+                "ok": not rejected and not silent,
+                "verdict": "rejected" if rejected else "no_verdict" if silent else "accepted",
+                "reason": rejected[0].reason if rejected else "",
                 "published": [events.to_dict(e) for e in evts],
                 "verdicts": [v.to_dict() for v in got],
                 "read_model": folded,
@@ -1123,7 +1201,7 @@ def _budget_changes(
     if any(v.state == "no_verdict" for v in got):
         fail(f"no verdict from the policy within {timeout:g} s (is it running?); the change is in the log", 3)
     if not as_json:
-        out.print(message)
+        out.print(message, soft_wrap=True)
     if folded is False:
         err.print(
             "note: the accounting read model (`share`) has not folded the change yet (is accounting running?)",
@@ -1186,7 +1264,7 @@ def budget_apply(
     current = _tree_in_force(bootstrap)
     diff = verdicts.budget_diff(current, wanted, prune)
     in_use: frozenset[str] = frozenset()
-    if prune and any(c.kind == "pruned" for c in diff) and not dry_run:
+    if prune and any(c.kind == "pruned" for c in diff):  # a dry run too: it says what would be refused
         jobs = readmodel.read_hash(_redis(redis_url), readmodel.jobs_key()).values()
         in_use = frozenset(str(j.get("budget")) for j in jobs)
     try:
@@ -1194,11 +1272,20 @@ def budget_apply(
         if batch is not None and in_use:
             current.apply(batch, in_use=in_use)
     except BudgetError as exc:
-        fail(f"refused: {file} against the tree in force: {exc.message}", 1)
+        if dry_run and not as_json:
+            _print_diff(diff)
+        refuse(
+            f"refused: {file} against the tree in force: {exc.message}"
+            + (" (dry run: nothing published)" if dry_run else ""),
+            as_json=as_json,
+            reason=exc.reason,
+            file=str(file),
+            **({"diff": [c.to_dict() for c in diff], "published": []} if dry_run else {}),
+        )
     n = len(batch.paths) if batch is not None else 0
     if dry_run or batch is None:
         if as_json:
-            _print_json({"diff": [c.to_dict() for c in diff], "changes": n, "published": []})
+            _print_json({"ok": True, "diff": [c.to_dict() for c in diff], "changes": n, "published": []})
             return
         _print_diff(diff)
         out.print(f"{n} budget change(s){' (dry run: nothing published)' if dry_run else ': nothing to do'}")
@@ -1255,7 +1342,7 @@ def budget_rm(
             for j in in_use:
                 states[str(j.get("state"))] = states.get(str(j.get("state")), 0) + 1
             msg = f"{path!r} has {', '.join(f'{n} {s}' for s, n in sorted(states.items()))} job(s)"
-        fail(f"refused: {exc.reason}: {msg}", 1)
+        refuse(f"refused: {exc.reason}: {msg}", as_json=as_json, reason=exc.reason, path=path)
     _budget_changes([ev], no_wait, timeout, bootstrap, redis_url, as_json, f"removed budget [bold]{path}[/]")
 
 

@@ -1,0 +1,63 @@
+"""`apportion top` piped (stdout not a terminal): one frame, then exit; `--iterations N`: N frames.
+
+Redis is the in-memory fake of the accounting tests, holding read-model rows as the services write them."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from accounting_fakes import FakeRedis
+from typer.testing import CliRunner
+
+from apportion import readmodel
+from apportion.cli import main
+
+
+@pytest.fixture
+def rc(monkeypatch: pytest.MonkeyPatch) -> FakeRedis:
+    monkeypatch.delenv("APPORTION_TOPIC_PREFIX", raising=False)
+    monkeypatch.setenv("APPORTION_KAFKA_BOOTSTRAP", "127.0.0.1:1")
+    r = FakeRedis()
+    r.hset(readmodel.budgets_key(), {"lab": readmodel.dumps({"path": "lab", "share": 1.0, "abs_share": 1.0})})
+    r.hset(
+        readmodel.jobs_key(),
+        {
+            "j1": readmodel.dumps(
+                {"job_id": "j1", "budget": "lab", "user": "ann", "state": "pending", "position": 0, "reason": "why"}
+            )
+        },
+    )
+    r.hset(
+        readmodel.nodes_key(),
+        {"n0": readmodel.dumps({"node_id": "n0", "state": "ready", "free_gpus": 8, "gpu_count": 8})},
+    )
+    r.hset(readmodel.usage_key(), {"meta": readmodel.dumps({"at": "2026-12-01T00:00:00+00:00", "capacity_gpus": 8})})
+    monkeypatch.setattr(main, "_redis", lambda url: r)
+    return r
+
+
+def _invoke(args: list[str], within_s: float = 20.0) -> Any:
+    got: list[Any] = []
+    t = threading.Thread(
+        target=lambda: got.append(CliRunner().invoke(main.app, args, env={"COLUMNS": "200"})), daemon=True
+    )
+    t.start()
+    t.join(within_s)
+    assert got, f"`apportion {' '.join(args)}` did not return within {within_s} s on a pipe"
+    return got[0]
+
+
+def test_top_on_a_pipe_prints_one_frame_and_exits(rc: FakeRedis) -> None:
+    res = _invoke(["top"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.count("budgets at 2026-12-01T00:00:00+00:00") == 1
+    assert "queue head (1 shown)" in res.stdout and "why" in res.stdout
+    assert "nodes: ready 1; GPUs free 8/8" in res.stdout
+
+
+def test_top_on_a_pipe_with_iterations_prints_that_many_frames(rc: FakeRedis) -> None:
+    res = _invoke(["top", "--iterations", "3", "--interval", "0"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.count("budgets at ") == 3
