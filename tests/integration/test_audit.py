@@ -119,7 +119,9 @@ async def test_audit_on_a_live_log(cluster: Cluster, tmp_path: Path) -> None:
         )
 
     compared = [s for s in snaps if complete(s)]
-    assert snaps[-1] in compared  # the settled one had read everything
+    # (not necessarily the last one: the agent keeps heartbeating, and a heartbeat of an earlier event time can
+    # reach the log after the last snapshot was taken; CI caught that race on a loaded machine)
+    assert compared
     for s in compared:
         mine, _ = occupancy_at(recs, to_us(s.event.at))
         assert (mine.capacity_gpus, mine.capacity_gpu_s, mine.budgets) == (
