@@ -102,7 +102,9 @@ def test_prune_dry_run_reports_that_a_budget_in_use_would_be_refused(cli: Any, r
         "1 budget change(s) (dry run: nothing published)",
     ]
     # a pending job of lab/b in the dispatcher's jobs read model: the real apply would be refused (in_use)
-    r = redis.Redis.from_url(redis_url)
+    from apportion.bus.security import redis_auth
+
+    r = redis.Redis.from_url(redis_url, **redis_auth())
     r.hset(readmodel.jobs_key(), "jb", json.dumps({"job_id": "jb", "budget": "lab/b", "state": "pending"}))
     res = cli("budget", "apply", str(whole), "--prune", "--dry-run", code=1)
     assert res.stdout.splitlines() == ["  - lab/b: in force, not in the file (removed: --prune)"]
