@@ -3,13 +3,24 @@ Redis, in a namespace and Redis db of its own, stopped on exit (used by test_cli
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+
+def until(fn: Callable[[], Any], what: str, deadline_s: float = 60.0) -> Any:
+    """Poll ``fn`` every 0.2 s until it returns something true; fail the test after ``deadline_s`` (bounded wait)."""
+    end = time.monotonic() + deadline_s
+    while not (got := fn()):
+        if time.monotonic() > end:
+            pytest.fail(f"timed out after {deadline_s}s waiting for {what}")
+        time.sleep(0.2)
+    return got
 
 
 @contextmanager

@@ -11,7 +11,6 @@ file, then `stack down`, and checks that no process it started is left.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -46,12 +45,9 @@ class Stack:
         return json.loads(self.run(*args, "--json").stdout)
 
     def until(self, fn: Callable[[], Any], what: str) -> Any:
-        end = time.monotonic() + DEADLINE_S
-        while not (got := fn()):
-            if time.monotonic() > end:
-                pytest.fail(f"timed out after {DEADLINE_S}s waiting for {what}")
-            time.sleep(0.2)
-        return got
+        from tests.livestack import until
+
+        return until(fn, what, DEADLINE_S)
 
 
 def _error(res: Any) -> str:

@@ -23,7 +23,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -49,13 +48,10 @@ SIM_BUDGETS = "cluster: [{count: 1, gpus: 8}]\nbudgets: {lab: 1.0, lab/a: 0.5, l
 
 
 def until(fn: Callable[[], Any], what: str, deadline_s: float = DEADLINE_S) -> Any:
-    """Poll ``fn`` until it returns something true (bounded wait)."""
-    end = time.monotonic() + deadline_s
-    while not (got := fn()):
-        if time.monotonic() > end:
-            pytest.fail(f"timed out after {deadline_s}s waiting for {what}")
-        time.sleep(0.2)
-    return got
+    """:func:`tests.livestack.until` with this module's deadline."""
+    from tests.livestack import until as poll
+
+    return poll(fn, what, deadline_s)
 
 
 class Stack:

@@ -383,7 +383,7 @@ def run_cycle(
                 job, leaf, free, victims, now_us, queue, cfg.delta, charges, tree, charge, moves, cfg.patience_s
             )
             if plan is None:
-                if not victims.waiting:  # (a refusal by patience_rule depends on this job's wait)
+                if job.job_id not in victims.waits:  # (a refusal by patience_rule depends on this job's wait)
                     record_pre_fail(mkey, g, k, charge if victims.narrowed else None)
             else:
                 placements, chosen = plan

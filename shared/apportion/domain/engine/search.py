@@ -67,7 +67,7 @@ def plan_preemption(
 
     The least-cost plan is then judged by :func:`patience_rule` (off with
     ``patience_s == 0``, the default for the baselines): when it refuses,
-    ``None`` is returned and ``victims.waiting`` is set (the failure depends
+    ``None`` is returned and the job is entered in ``victims.waits`` (the failure depends
     on the job's wait, so it says nothing about other jobs of the shape).
 
     Returns the placements of J (free GPUs first, then victims' GPUs) and the
@@ -76,7 +76,6 @@ def plan_preemption(
     """
     view = _CallableView(ratio) if callable(ratio) else ratio
     victims.narrowed = False
-    victims.waiting = False
     g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
     taken = victims.taken
     fmodel, fcount, reserved, ffree = free.model, free.count, free.reserved, free.free
@@ -195,7 +194,6 @@ def plan_preemption(
                 lost[x[1].key] = order_lost_gpu_s(x[0], now)  # a gang victim on two chosen nodes counts once
         total = sum(lost.values())
         if patience_rule(total, g * k, us_to_s(now - job.queued_at_us), view.ratio(leaf), patience_s) == PATIENCE_WAIT:
-            victims.waiting = True
             victims.waits[job.job_id] = total
             return None
     placements = []

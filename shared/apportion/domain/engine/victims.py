@@ -251,7 +251,6 @@ class CycleVictims:
         "u_opts",
         "u_seen",
         "narrowed",
-        "waiting",
         "waits",
         "_now",
         "_exp_runs",
@@ -268,7 +267,6 @@ class CycleVictims:
         self.u_opts: dict[tuple[int, str | None], dict[str, Option]] = {}
         self.u_seen: dict[tuple[int, str | None], int] = {}  # position in the free index's log
         self.narrowed = False  # set by plan_preemption: its last search depended on the job's charge
-        self.waiting = False  # set by plan_preemption: patience_rule refused (depends on the job's wait)
         self.waits: dict[str, float] = {}  # job id -> work lost (GPU-s) of the plan patience_rule refused
         self._now = now
         exp: dict[str, list[AllocEntry]] = {}
