@@ -143,6 +143,7 @@ def dispatch_config(settings: DispatcherSettings) -> DispatchConfig:
             delta=settings.delta,
             reservation_after_s=settings.reservation_after_s,
             patience_s=settings.patience_s,
+            checkpoint_wait_s=settings.checkpoint_wait_s,
             window_s=settings.window_s,
             grace_s=settings.grace_s,
             producer=settings.producer_name,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import socket
 
-from apportion.domain.engine import PATIENCE_S
+from apportion.domain.engine import CHECKPOINT_WAIT_S, PATIENCE_S
 from services._common import ServiceSettings
 
 
@@ -29,6 +29,8 @@ class DispatcherSettings(ServiceSettings):
         reservation_after_s: a blocked allocated job waiting this long reserves nodes.
         patience_s: longest wait of a job at or over its share before it preempts whatever the
             work lost (``preemption.patience_rule``; 0 = off).
+        checkpoint_wait_s: longest a preemption waits for its victims' next checkpoint
+            (``preemption.checkpoint_rule``; 0 = off).
         producer_name: written as ``producer`` on events.
         reconcile_misses: consecutive heartbeats of a node that must disagree
             with the runs before a missing replica is lost or an unknown one
@@ -51,6 +53,7 @@ class DispatcherSettings(ServiceSettings):
     heartbeat_timeout_s: float = 30.0
     reservation_after_s: float = 3600.0
     patience_s: float = PATIENCE_S
+    checkpoint_wait_s: float = CHECKPOINT_WAIT_S
     producer_name: str = "dispatcher"
     reconcile_misses: int = 2
     future_tolerance_s: float = 3600.0

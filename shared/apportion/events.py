@@ -421,6 +421,9 @@ class JobQueued(Event):
     command: tuple[str, ...] | None = None
     submitted_at: datetime
     attempt: int = 1
+    checkpoint_interval_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    """Checkpoint interval in force (:attr:`JobSubmitted.checkpoint_every_s`), seconds; ``None``: the job
+    does not checkpoint, or the record predates the field (read as: no checkpoint expected)."""
 
 
 class JobRejected(Event):
@@ -461,6 +464,9 @@ class JobPlaced(Event):
     submitted_at: datetime
     decision: Decision
     fencing_token: int | None = None
+    checkpoint_interval_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    """The job's checkpoint interval in force (from its :class:`JobQueued`), seconds; ``None``: none expected.
+    The engine predicts the run's next checkpoint from it (:func:`apportion.domain.cluster.next_checkpoint_us`)."""
 
 
 class JobStarted(Event):
@@ -845,6 +851,8 @@ class DispatcherConfigured(Event):
         reservation_after_s: wait after which a blocked allocated job reserves nodes, seconds.
         patience_s: ``EngineConfig.patience_s``, seconds; 0 in records written before it existed
             (those dispatchers preempted at once, which is what 0 means).
+        checkpoint_wait_s: ``EngineConfig.checkpoint_wait_s``, seconds; 0 in records written before it
+            existed (those dispatchers did not wait for a victim's checkpoint, which is what 0 means).
         dispatcher_producer: the ``producer`` of its decisions.
     """
 
@@ -858,6 +866,7 @@ class DispatcherConfigured(Event):
     heartbeat_timeout_s: float | None = Field(default=None, gt=0)
     reservation_after_s: float = Field(ge=0)
     patience_s: float = Field(default=0.0, ge=0)
+    checkpoint_wait_s: float = Field(default=0.0, ge=0)
     dispatcher_producer: str = "dispatcher"
 
 

@@ -68,3 +68,21 @@ def test_the_record_carries_patience() -> None:
     cfg = DispatchConfig(engine=EngineConfig(patience_s=1234.0))
     assert _rec(cfg, 1, h(0)).patience_s == 1234.0
     assert config_from_log([_rec(cfg, 1, h(0))]) == cfg
+
+
+def test_a_fairtree_3_record_re_runs_with_the_checkpoint_rule_off() -> None:
+    # written before checkpoint_rule existed: no checkpoint_wait_s field (read as 0, the rule off)
+    raw = _rec(LIVE, 1, h(0)).model_dump(mode="json")
+    del raw["checkpoint_wait_s"]
+    raw["policy_version"] = "fairtree-3"
+    from apportion import events
+
+    got = config_from_log([events.DispatcherConfigured.model_validate(raw)])
+    assert got is not None
+    assert (got.engine.checkpoint_wait_s, got.engine.policy_version) == (0.0, "fairtree-3")
+
+
+def test_the_record_carries_the_checkpoint_wait() -> None:
+    cfg = DispatchConfig(engine=EngineConfig(checkpoint_wait_s=900.0))
+    assert _rec(cfg, 1, h(0)).checkpoint_wait_s == 900.0
+    assert config_from_log([_rec(cfg, 1, h(0))]) == cfg

@@ -213,3 +213,17 @@ def test_memo_of_pending_lists_is_carried_exactly_through_enqueue_and_dequeue():
             {(0, b): shape_floor(lst, 0, b), (b, len(lst)): shape_floor(lst, b, len(lst))},
             shape_codes(lst),
         ]
+
+
+def test_the_checkpoint_interval_in_force_travels_from_submission_to_the_run():
+    # declared 900 s; undeclared: the minimum runtime (DESIGN section 1); unallocated and undeclared: none
+    state = given(reg("n0", 8))
+    sub = submitted("j1", budget="lab/b", gpus=2).model_copy(update={"checkpoint_interval_s": 900.0})
+    queued = [step(state, e, T0, CFG)[0] for e in (sub, submitted("j2", budget="lab/b", min_runtime_s=1200.0))]
+    queued.append(step(state, submitted("j3", budget="lab/b", min_runtime_s=0.0), T0, CFG)[0])
+    assert [q.checkpoint_interval_s for q in queued] == [900.0, 1200.0, None]
+    out = step(state, Tick(m(1)), m(1), CFG)
+    got = {e.job_id: e.checkpoint_interval_s for e in out if isinstance(e, ev.JobPlaced)}
+    assert got == {"j1": 900.0, "j2": 1200.0, "j3": None}
+    runs = {r.job_id: r.checkpoint_interval_us for r in state.cluster.runs.values()}
+    assert runs == {"j1": 900_000_000, "j2": 1_200_000_000, "j3": None}

@@ -22,7 +22,7 @@ from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import ClusterState
 from apportion.domain.engine import CycleSnapshot, EngineConfig, PendingJob, pending_order, run_cycle
-from apportion.timeutil import from_us
+from apportion.timeutil import from_us, s_to_us
 
 NOW = h(10)
 AB = BudgetTree.from_mapping({"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5})
@@ -52,6 +52,7 @@ class World:
         min_runtime_s: float = 3600.0,
         started: int = h(0),
         checkpoint: int | None = None,
+        checkpoint_every_s: float | None = None,
     ) -> World:
         places = tuple(ev.Placement(node_id=n, gpus=g) for n, g in where.items())
         self.cluster.apply(
@@ -67,6 +68,7 @@ class World:
                 submitted_at=from_us(T0),
                 decision=ev.Decision(rank=0, budget_rank=0, ratio=0.0),
                 ts=from_us(started),
+                checkpoint_interval_s=checkpoint_every_s,
             )
         )
         for r, p in enumerate(places):
@@ -355,3 +357,62 @@ def test_the_reservation_stays_on_the_node_whose_free_gpus_it_lent_to_unallocate
     res = w.cycle()
     assert res.reservation == ("H", ("n0",))
     assert not preempted(res)
+
+
+# ---------------------------------------------------------------- checkpoint_rule: wait for the victims' checkpoint?
+# lab/a under its share (r_a = 0: patience_rule never applies); victim v of lab/b (r_b = 800/500 = 1.6, behind by
+# far more than delta): 8 GPUs, minimum runtime 1800 s (its protection is over), checkpoint interval as given.
+# The preemptor j: 8 GPUs, minimum runtime 10 s.
+
+
+def _checkpoint_world(started_ago_s: int, every_s: float | None, checkpoint_ago_s: int | None = None) -> World:
+    w = World().node("n0", 8)
+    w.run(
+        "v",
+        "lab/b",
+        {"n0": tuple(range(8))},
+        min_runtime_s=1800.0,
+        started=NOW - s_to_us(started_ago_s),
+        checkpoint=None if checkpoint_ago_s is None else NOW - s_to_us(checkpoint_ago_s),
+        checkpoint_every_s=every_s,
+    )
+    w.occupancy = {"lab/b": 800.0, "lab": 800.0}
+    return w.job("j", "lab/a", 8, min_runtime_s=10.0, queued=NOW)  # charge 80 GPU-s: r_a after 0.16 < 1.6
+
+
+def test_checkpoint_rule_waits_when_the_victim_checkpoints_sooner_than_its_loss_is_worth():
+    # v started 2700 s ago, interval 3000 s: next checkpoint in 300 s. Lost now 8 x 2700 = 21600 GPU-s; j's wait
+    # costs 8 x 300 = 2400 GPU-s < 21600: j waits, and says so with the time it preempts
+    from test_pending_reasons import explained
+
+    from apportion.domain.engine import CheckpointSoon
+
+    w = _checkpoint_world(2700, 3000.0)
+    res = w.cycle()
+    assert (preempted(res), placements(res)) == ([], [])
+    assert explained(w)["j"] == CheckpointSoon(21600.0, 8, NOW + s_to_us(300))
+
+
+def test_checkpoint_rule_preempts_once_the_victim_has_checkpointed_and_loses_nothing():
+    # the same victim 300 s later, its checkpoint logged: work lost 0, so nothing to wait for
+    res = _checkpoint_world(3000, 3000.0, checkpoint_ago_s=0).cycle()
+    assert (preempted(res), placements(res)) == (["v<-j"], ["j@n0[0, 1, 2, 3, 4, 5, 6, 7]"])
+    assert res.events[0].lost_gpu_s == 0.0
+
+
+def test_checkpoint_rule_does_not_wait_longer_than_the_work_it_saves():
+    # interval 7200 s, started 1800 s ago: lost 8 x 1800 = 14400 GPU-s, waiting 8 x 5400 = 43200 GPU-s: preempt now
+    res = _checkpoint_world(1800, 7200.0).cycle()
+    assert preempted(res) == ["v<-j"] and res.events[0].lost_gpu_s == 14400.0
+
+
+def test_checkpoint_rule_ignores_an_overdue_checkpoint_and_a_run_without_interval():
+    # interval 2000 s, started 2700 s ago, no checkpoint logged: overdue (due 700 s ago), nothing to wait for
+    assert preempted(_checkpoint_world(2700, 2000.0).cycle()) == ["v<-j"]
+    assert preempted(_checkpoint_world(2700, None).cycle()) == ["v<-j"]
+
+
+def test_checkpoint_wait_0_turns_the_rule_off_and_the_cap_bounds_the_wait():
+    assert preempted(_checkpoint_world(2700, 3000.0).cycle(checkpoint_wait_s=0.0)) == ["v<-j"]
+    assert preempted(_checkpoint_world(2700, 3000.0).cycle(checkpoint_wait_s=299.0)) == ["v<-j"]
+    assert preempted(_checkpoint_world(2700, 3000.0).cycle(checkpoint_wait_s=300.0)) == []

@@ -24,6 +24,10 @@ from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import ClusterState
 from apportion.domain.fairshare import FairShareQueue
 from apportion.domain.preemption import (
+    CHECKPOINT_NONE_DUE,
+    CHECKPOINT_NOT_WORTH,
+    CHECKPOINT_OFF,
+    CHECKPOINT_WAIT,
     PATIENCE_NOTHING_LOST,
     PATIENCE_OFF,
     PATIENCE_REPAID,
@@ -40,6 +44,7 @@ from apportion.domain.preemption import (
     RULE_EXPIRED_BEHIND,
     RULE_UNALLOCATED,
     VictimVerdict,
+    checkpoint_rule,
     patience_rule,
     victim_rule,
 )
@@ -295,3 +300,39 @@ def test_patience_of_one_second_is_on() -> None:
     # (the rule is off only at patience 0: one second of patience already makes an over-share job wait)
     assert patience_rule(1e9, 1, 0.0, 2.0, 1.0) == PATIENCE_WAIT
     assert patience_rule(1e9, 1, 1.0, 2.0, 1.0) == PATIENCE_SPENT
+
+
+# checkpoint_rule: victims as (work lost now GPU-s, next checkpoint µs); NOW = T0 + 10 h, a 4-GPU job, wait cap 600 s.
+_CK_NOW = h(10)
+
+
+def _at(s: int) -> int:
+    return _CK_NOW + s * 1_000_000
+
+
+@pytest.mark.parametrize(
+    "victims, wait_s, expected",
+    [
+        pytest.param([(8000.0, _at(100))], 0.0, (CHECKPOINT_OFF, 0.0, None), id="wait 0: off"),
+        pytest.param([], 600.0, (CHECKPOINT_NONE_DUE, 0.0, None), id="no victims: none due"),
+        pytest.param([(0.0, _at(100))], 600.0, (CHECKPOINT_NONE_DUE, 0.0, None), id="nothing lost: none due"),
+        pytest.param([(8000.0, None)], 600.0, (CHECKPOINT_NONE_DUE, 0.0, None), id="no interval: none due"),
+        pytest.param([(8000.0, _CK_NOW)], 600.0, (CHECKPOINT_NONE_DUE, 0.0, None), id="due now = overdue: none"),
+        pytest.param([(8000.0, _at(601))], 600.0, (CHECKPOINT_NONE_DUE, 0.0, None), id="after the cap: none"),
+        pytest.param([(8000.0, _at(600))], 600.0, (CHECKPOINT_WAIT, 8000.0, _at(600)), id="at the cap: 2400 < 8000"),
+        # 4 GPUs x 2000 s = 8000 GPU-s of waiting against 8000 saved: not worth it (strict <)
+        pytest.param([(8000.0, _at(2000))], 3600.0, (CHECKPOINT_NOT_WORTH, 8000.0, _at(2000)), id="equal: preempt"),
+        pytest.param([(8001.0, _at(2000))], 3600.0, (CHECKPOINT_WAIT, 8001.0, _at(2000)), id="one more: wait"),
+        # two victims due at 100 s and 300 s, a third overdue: saved 3000 + 2000, until the later one
+        pytest.param(
+            [(3000.0, _at(100)), (2000.0, _at(300)), (9000.0, _at(-5))],
+            600.0,
+            (CHECKPOINT_WAIT, 5000.0, _at(300)),
+            id="two due, one overdue",
+        ),
+    ],
+)
+def test_checkpoint_rule_table(victims, wait_s, expected) -> None:
+    got = checkpoint_rule(victims, 4, _CK_NOW, wait_s)
+    assert (got.rule, got.saved_gpu_s, got.until_us) == expected
+    assert got.wait == (expected[0] == CHECKPOINT_WAIT)

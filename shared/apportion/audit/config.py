@@ -40,6 +40,7 @@ def configured_event(
         heartbeat_timeout_s=cfg.heartbeat_timeout_s,
         reservation_after_s=e.reservation_after_s,
         patience_s=e.patience_s,
+        checkpoint_wait_s=e.checkpoint_wait_s,
         dispatcher_producer=cfg.producer,
     )
 
@@ -51,6 +52,7 @@ def config_from_event(ev: events.DispatcherConfigured) -> DispatchConfig:
             delta=ev.delta,
             reservation_after_s=ev.reservation_after_s,
             patience_s=ev.patience_s,
+            checkpoint_wait_s=ev.checkpoint_wait_s,
             window_s=ev.window_s,
             grace_s=ev.grace_s,
             policy_version=ev.policy_version,
@@ -62,9 +64,10 @@ def config_from_event(ev: events.DispatcherConfigured) -> DispatchConfig:
 
 
 #: Older policy versions whose decisions this engine re-runs exactly with the configuration their record gives:
-#: ``fairtree-2`` is ``fairtree-3`` without :func:`~apportion.domain.preemption.patience_rule` (its records carry
-#: no ``patience_s``, read as 0, which turns the rule off).
-COMPATIBLE_VERSIONS = ("fairtree-2",)
+#: ``fairtree-3`` is ``fairtree-4`` without :func:`~apportion.domain.preemption.checkpoint_rule` (its records
+#: carry no ``checkpoint_wait_s``, read as 0, which turns the rule off); ``fairtree-2`` is ``fairtree-3`` without
+#: :func:`~apportion.domain.preemption.patience_rule` (no ``patience_s``, read as 0).
+COMPATIBLE_VERSIONS = ("fairtree-3", "fairtree-2")
 
 
 def config_from_log(records: Iterable[LogRecord | events.Event], at_us: Micros | None = None) -> DispatchConfig | None:

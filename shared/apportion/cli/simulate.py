@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from apportion.domain.engine import PATIENCE_S
+from apportion.domain.engine import CHECKPOINT_WAIT_S, PATIENCE_S
 
 if TYPE_CHECKING:
     from apportion.sim.core import StopCheckpoint
@@ -176,6 +176,13 @@ def simulate(
         "it has waited cover the work the victims would lose, or after waiting this long (seconds; 0 = "
         "preempt at once). Budgets under their share never wait.",
     ),
+    checkpoint_wait_s: float = typer.Option(
+        CHECKPOINT_WAIT_S,
+        "--checkpoint-wait-s",
+        min=0.0,
+        help="Fair share's checkpoint alignment: a preemption waits for its victims' next checkpoint when "
+        "that costs the job fewer GPU-seconds than the work it keeps, at most this long (seconds; 0 = off).",
+    ),
 ) -> None:
     """Run the simulation(s) and report utilisation, goodput, work lost, share deficit, waits, completions."""
     from apportion.cli.main import err, fail
@@ -204,7 +211,19 @@ def simulate(
         )
     bursts: dict[str, Any] = {}
     reports = [
-        _run(name, bf, jobs, seed, cycle_s, tail_h, checkpoints, checkpoint_on_stop.value, patience_s, bursts=bursts)
+        _run(
+            name,
+            bf,
+            jobs,
+            seed,
+            cycle_s,
+            tail_h,
+            checkpoints,
+            checkpoint_on_stop.value,
+            patience_s,
+            bursts=bursts,
+            checkpoint_wait_s=checkpoint_wait_s,
+        )
         for name in names
     ]
     rejected = {r.policy: sum(r.rejected.values()) for r in reports if r.rejected}
@@ -238,7 +257,7 @@ def simulate(
         rule=rule,
         human_rule=human,
         checkpoints=("off" if not checkpoints else f"interval; on SIGTERM: {checkpoint_on_stop.value}")
-        + f"; fair-share patience {patience_s:g} s",
+        + f"; fair-share patience {patience_s:g} s, checkpoint wait {checkpoint_wait_s:g} s",
         fmt=fmt,
         jobs=len(jobs),
         nodes=bf.nodes,
@@ -265,6 +284,7 @@ def _run(
     checkpoint_on_stop: StopCheckpoint = "unallocated",
     patience_s: float = PATIENCE_S,
     bursts: dict[str, Any] | None = None,
+    checkpoint_wait_s: float = CHECKPOINT_WAIT_S,
 ) -> Any:
     """One policy's run and report; admission rejections are counted by reason.
 
@@ -289,7 +309,7 @@ def _run(
             super()._outputs(out, t)
 
     dcfg = DispatchConfig(
-        engine=EngineConfig(window_s=bf.window_s, patience_s=patience_s),
+        engine=EngineConfig(window_s=bf.window_s, patience_s=patience_s, checkpoint_wait_s=checkpoint_wait_s),
         heartbeat_timeout_s=None,
         scheduler=None if name == "fairshare" else POLICIES[name],  # peers reset their memory per simulation
     )

@@ -229,6 +229,8 @@ class Run:
         resumed_from_s: job progress (seconds of work) this attempt resumed from.
         checkpoints: per replica, its latest checkpoint ``(replica, at µs UTC,
             progress s)``, sorted by replica.
+        checkpoint_interval_us: its checkpoint interval in force, µs
+            (``JobPlaced.checkpoint_interval_s``), or ``None`` (none expected).
     """
 
     job_id: str
@@ -250,6 +252,7 @@ class Run:
     preemptions: int = 0
     resumed_from_s: float = 0.0
     checkpoints: tuple[tuple[int, Micros, float], ...] = ()
+    checkpoint_interval_us: Micros | None = None
 
     @property
     def key(self) -> RunKey:
@@ -319,6 +322,20 @@ def work_ref_us(run: Run) -> Micros:
     start = run.started_at_us if run.started_at_us is not None else run.placed_at_us
     cp = run.checkpoint_us
     return start if cp is None or cp < start else cp
+
+
+def next_checkpoint_us(run: Run) -> Micros | None:
+    """When ``run`` is expected to save its next checkpoint, µs UTC, or ``None`` (no interval known).
+
+    :func:`work_ref_us` (its start or last checkpoint) plus its checkpoint
+    interval in force (``JobPlaced.checkpoint_interval_s``: declared, else the
+    minimum runtime, DESIGN section 1). A prediction, not a promise: a run
+    that misses it is simply overdue (the time is then in the past), which
+    :func:`~apportion.domain.preemption.checkpoint_rule` reads as "nothing to
+    wait for".
+    """
+    every = run.checkpoint_interval_us
+    return None if every is None else work_ref_us(run) + every
 
 
 def work_lost_gpu_s(run: Run, at_us: Micros) -> float:
@@ -548,6 +565,7 @@ class ClusterState:
             protection_us=placed_protection_us(ev) if ev.allocated else None,
             preemptions=self.preemptions.get(ev.job_id, 0),
             resumed_from_s=self.progress.get(ev.job_id, 0.0),
+            checkpoint_interval_us=s_to_us(ev.checkpoint_interval_s) if ev.checkpoint_interval_s else None,
         )
         if self.changed is not None:
             self.changed.add(key)

@@ -495,6 +495,7 @@ def _pending_job(
         command=spec.command,
         preemptions=preemptions,
         progress_s=progress_s,
+        checkpoint_interval_s=spec.checkpoint_interval_s,
     )
 
 
@@ -731,6 +732,7 @@ def decide(
                 command=job.command,
                 submitted_at=job.submitted_at,
                 attempt=1,
+                checkpoint_interval_s=job.checkpoint_every_s,
             )
         ]
     if isinstance(inp, JobCancelRequested):

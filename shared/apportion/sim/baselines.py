@@ -214,6 +214,7 @@ def _greedy(
         window_s=config.window_s,
         grace_s=config.grace_s,
         patience_s=0.0,  # (patience_rule is ours, not a baseline's)
+        checkpoint_wait_s=0.0,  # (nor checkpoint_rule)
         preemption=preemptors is not None,
         policy_version=policy,
         producer=config.producer,

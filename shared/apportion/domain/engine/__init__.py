@@ -25,6 +25,7 @@ from __future__ import annotations
 from apportion.domain.engine.cycle import CycleResult, CycleSnapshot, run_cycle, schedule
 from apportion.domain.engine.emit import emit_placed, preempt_events, start_events, stop_event
 from apportion.domain.engine.inputs import (
+    CHECKPOINT_WAIT_S,
     PATIENCE_S,
     POLICY_VERSION,
     EngineConfig,
@@ -36,6 +37,7 @@ from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
 from apportion.domain.engine.reasons import (
     BudgetAhead,
     BudgetUnknown,
+    CheckpointSoon,
     NoFreeGpus,
     NoNodeShape,
     Patience,
@@ -74,11 +76,13 @@ __all__ = [
     "NoFreeGpus",
     "NoNodeShape",
     "Patience",
+    "CheckpointSoon",
     "PendingReason",
     "ProtectedUntil",
     "ReservedBy",
     "explain_pending",
     "reason_dict",
+    "CHECKPOINT_WAIT_S",
     "PATIENCE_S",
     "POLICY_VERSION",
     "RULE_EXPIRED_BEHIND",

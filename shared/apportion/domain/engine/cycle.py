@@ -380,10 +380,23 @@ def run_cycle(
                 victims = CycleVictims(cluster, now_us, snapshot.victims)
             res.searches += 1
             plan = plan_preemption(
-                job, leaf, free, victims, now_us, queue, cfg.delta, charges, tree, charge, moves, cfg.patience_s
+                job,
+                leaf,
+                free,
+                victims,
+                now_us,
+                queue,
+                cfg.delta,
+                charges,
+                tree,
+                charge,
+                moves,
+                cfg.patience_s,
+                cfg.checkpoint_wait_s,
             )
             if plan is None:
-                if job.job_id not in victims.waits:  # (a refusal by patience_rule depends on this job's wait)
+                # (a refusal by patience_rule or checkpoint_rule depends on this job's wait or victims' timing)
+                if job.job_id not in victims.waits and job.job_id not in victims.checkpoint_waits:
                     record_pre_fail(mkey, g, k, charge if victims.narrowed else None)
             else:
                 placements, chosen = plan
@@ -572,4 +585,5 @@ def _explain(
         moves,
         placed,
         victims.waits if victims is not None else {},
+        victims.checkpoint_waits if victims is not None else {},
     )

@@ -149,6 +149,7 @@ def emit_placed(
             min_runtime_s=job.min_runtime_s,
             placements=placements,
             submitted_at=from_us(job.submitted_at_us),
+            checkpoint_interval_s=job.checkpoint_interval_s,
             decision=Decision(
                 rank=rank,
                 budget_rank=budget_rank.get(leaf, -1),

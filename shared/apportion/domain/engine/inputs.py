@@ -14,15 +14,28 @@ from dataclasses import dataclass
 
 from apportion.timeutil import WEEK_S, Micros
 
-__all__ = ["PATIENCE_S", "POLICY_VERSION", "EngineConfig", "PendingJob", "allocated_count", "pending_order"]
+__all__ = [
+    "CHECKPOINT_WAIT_S",
+    "PATIENCE_S",
+    "POLICY_VERSION",
+    "EngineConfig",
+    "PendingJob",
+    "allocated_count",
+    "pending_order",
+]
 
-POLICY_VERSION = "fairtree-3"
-"""fairtree-3: fairtree-2 and :func:`~apportion.domain.preemption.patience_rule` (``EngineConfig.patience_s``).
+POLICY_VERSION = "fairtree-4"
+"""fairtree-4: fairtree-3 and :func:`~apportion.domain.preemption.checkpoint_rule` (``EngineConfig.checkpoint_wait_s``).
+fairtree-3: fairtree-2 and :func:`~apportion.domain.preemption.patience_rule` (``EngineConfig.patience_s``).
 fairtree-2: after-move test, no same-cycle reversal, protection grown per preemption,
 cold-start capacity floor, reservation backfill, spare models first (issue 12)."""
 
 PATIENCE_S = 7200.0
 """Default ``EngineConfig.patience_s`` (seconds), chosen on Philly (``docs/simulation.md``)."""
+
+CHECKPOINT_WAIT_S = 7200.0
+"""Default ``EngineConfig.checkpoint_wait_s`` (seconds): the longest a preemption waits for its victims'
+next checkpoint (:func:`~apportion.domain.preemption.checkpoint_rule`); Philly's longest minimum runtime."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +52,9 @@ class EngineConfig:
         patience_s: longest wait of a job at or over its share before it
             preempts whatever the work lost (:func:`~apportion.domain.preemption.patience_rule`;
             default 2 h, 0 turns the rule off).
+        checkpoint_wait_s: longest a preemption waits for its victims' next checkpoint when waiting
+            costs fewer GPU-seconds than it saves (:func:`~apportion.domain.preemption.checkpoint_rule`;
+            default 2 h, 0 turns the rule off).
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -49,6 +65,7 @@ class EngineConfig:
     window_s: float = float(WEEK_S)
     grace_s: float = 30.0
     patience_s: float = PATIENCE_S
+    checkpoint_wait_s: float = CHECKPOINT_WAIT_S
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"
@@ -71,6 +88,8 @@ class PendingJob:
         preemptions: times the job was preempted before (``ClusterState.preemptions``),
             the input of :func:`~apportion.domain.cluster.protection_s`.
         progress_s: progress its last checkpoint saved, seconds (where this attempt resumes).
+        checkpoint_interval_s: the job's checkpoint interval in force (``JobQueued.checkpoint_interval_s``),
+            seconds, or ``None`` (no checkpoint expected); recorded in ``JobPlaced``.
     """
 
     job_id: str
@@ -87,6 +106,7 @@ class PendingJob:
     command: tuple[str, ...] | None = None
     preemptions: int = 0
     progress_s: float = 0.0
+    checkpoint_interval_s: float | None = None
 
     @property
     def allocated(self) -> bool:

@@ -33,7 +33,12 @@ The first of these that applies is the reason (``kind``, stable for scripts):
    budget has its share, and the work the plan would throw away is more
    than the job has waited for); it names the work and when the wait ends.
    Judged from the cycle's own refusal, so it comes right after 4.
-8. :class:`NoFreeGpus` otherwise (the GPUs are held by its own leaf, or too
+8. :class:`CheckpointSoon` (``checkpoint_soon``): the cycle found a
+   preemption plan and :func:`~apportion.domain.preemption.checkpoint_rule`
+   made the job wait for its victims' next checkpoint (waiting costs it
+   fewer GPU-seconds than the work it saves); it names the work saved and
+   the time. Also the cycle's own refusal, so it comes right after 7.
+9. :class:`NoFreeGpus` otherwise (the GPUs are held by its own leaf, or too
    few preemptible runs free enough of them).
 """
 
@@ -47,12 +52,21 @@ from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import UNTIL_STARTED, ClusterSnapshot, RunKey
 from apportion.domain.engine.inputs import EngineConfig, PendingJob
 from apportion.domain.engine.placement import CycleFree
-from apportion.domain.preemption import RULE_EXPIRED_BEHIND, Move, ShareView, branch_rule, branches_of, charge_of
+from apportion.domain.preemption import (
+    RULE_EXPIRED_BEHIND,
+    CheckpointVerdict,
+    Move,
+    ShareView,
+    branch_rule,
+    branches_of,
+    charge_of,
+)
 from apportion.timeutil import Micros, from_us, s_to_us, us_to_s
 
 __all__ = [
     "BudgetAhead",
     "BudgetUnknown",
+    "CheckpointSoon",
     "NoFreeGpus",
     "NoNodeShape",
     "Patience",
@@ -242,7 +256,33 @@ class Patience:
         )
 
 
-PendingReason = BudgetUnknown | NoNodeShape | ReservedBy | NoFreeGpus | BudgetAhead | ProtectedUntil | Patience
+@dataclass(frozen=True, slots=True)
+class CheckpointSoon:
+    """The cheapest preemption's victims checkpoint soon: the job waits for that rather than throw their work away.
+
+    Attributes:
+        saved_gpu_s: work the wait keeps (the victims' work since their last checkpoint), GPU-seconds.
+        gpus: g * k of the job.
+        until_us: the last of those victims' next checkpoints, when the job preempts, µs UTC.
+    """
+
+    kind: ClassVar[str] = "checkpoint_soon"
+    saved_gpu_s: float
+    gpus: int
+    until_us: Micros
+
+    def text(self) -> str:
+        """One line for people, ``kind: facts``."""
+        return (
+            f"{self.kind}: the cheapest preemption's victims save {self.saved_gpu_s / 3600:.1f} GPU-h of work at "
+            f"their next checkpoint; the job ({self.gpus} GPU(s)) waits for it and preempts at "
+            f"{from_us(self.until_us).isoformat()}"
+        )
+
+
+PendingReason = (
+    BudgetUnknown | NoNodeShape | ReservedBy | NoFreeGpus | BudgetAhead | ProtectedUntil | Patience | CheckpointSoon
+)
 """One reason a job is pending (the ``kind`` of each class is stable for scripts)."""
 
 
@@ -272,6 +312,7 @@ def explain_pending(
     moves: frozenset[Move] | set[Move],
     placed: Set[str],
     waits: Mapping[str, float] | None = None,
+    checkpoint_waits: Mapping[str, CheckpointVerdict] | None = None,
 ) -> dict[str, PendingReason]:
     """Job id -> :data:`PendingReason` for each job of ``pending`` not in ``placed`` (see the module doc).
 
@@ -285,6 +326,8 @@ def explain_pending(
         placed: job ids the cycle placed.
         waits: job id -> work lost (GPU-s) of the plan :func:`~apportion.domain.preemption.patience_rule`
             refused for it in the cycle.
+        checkpoint_waits: job id -> the :func:`~apportion.domain.preemption.checkpoint_rule` verdict
+            that made it wait for its victims' checkpoint in the cycle.
 
     Cost: one pass over the usable nodes' runs per distinct (g, model), one
     :func:`branch_rule` per leaf with expired runs there per distinct (leaf,
@@ -311,6 +354,10 @@ def explain_pending(
                     us_to_s(now_us - job.queued_at_us),
                     job.queued_at_us + s_to_us(cfg.patience_s),
                 )
+                continue
+            soon = checkpoint_waits.get(job.job_id) if checkpoint_waits else None
+            if soon is not None and soon.until_us is not None:
+                out[job.job_id] = CheckpointSoon(soon.saved_gpu_s, job.gpus, soon.until_us)
                 continue
             own = job.job_id == holder
             key = (leaf, job.gpus_per_replica, job.replicas, job.gpu_model, job.min_runtime_s, own)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from apportion.domain.budgets import BudgetTree
-from apportion.domain.cluster import Run, RunKey, work_lost_gpu_s
+from apportion.domain.cluster import Run, RunKey, next_checkpoint_us, work_lost_gpu_s
 from apportion.domain.engine.inputs import PendingJob
 from apportion.domain.engine.placement import CycleFree
 from apportion.domain.engine.victims import Cand, CycleVictims, Option, cand_order, order_lost_gpu_s
@@ -26,6 +26,7 @@ from apportion.domain.preemption import (
     Move,
     ShareView,
     VictimVerdict,
+    checkpoint_rule,
     patience_rule,
     victim_rule,
 )
@@ -48,6 +49,7 @@ def plan_preemption(
     charge_gpu_s: float = 0.0,
     moves: frozenset[Move] | set[Move] = frozenset(),
     patience_s: float = 0.0,
+    checkpoint_wait_s: float = 0.0,
 ) -> tuple[tuple[Placement, ...], list[tuple[Run, Victim]]] | None:
     """Least-cost preemption plan for allocated ``job`` of ``leaf``, or ``None`` (DESIGN section 3).
 
@@ -68,7 +70,9 @@ def plan_preemption(
     The least-cost plan is then judged by :func:`patience_rule` (off with
     ``patience_s == 0``, the default for the baselines): when it refuses,
     ``None`` is returned and the job is entered in ``victims.waits`` (the failure depends
-    on the job's wait, so it says nothing about other jobs of the shape).
+    on the job's wait, so it says nothing about other jobs of the shape). Then by
+    :func:`checkpoint_rule` (off with ``checkpoint_wait_s == 0``): when the victims
+    checkpoint soon enough, ``None`` and the job in ``victims.checkpoint_waits``.
 
     Returns the placements of J (free GPUs first, then victims' GPUs) and the
     victims with their :class:`Victim` audit records; the free index is
@@ -187,14 +191,18 @@ def plan_preemption(
             return None
     options.sort(key=lambda o: (o[0], o[1]))
     best = options[:k]
-    if patience_s > 0:
-        lost: dict[RunKey, float] = {}
+    if patience_s > 0 or checkpoint_wait_s > 0:
+        lost: dict[RunKey, tuple[float, Run]] = {}
         for _, _, chosen in best:
             for x in chosen:
-                lost[x[1].key] = order_lost_gpu_s(x[0], now)  # a gang victim on two chosen nodes counts once
-        total = sum(lost.values())
+                lost[x[1].key] = (order_lost_gpu_s(x[0], now), x[1])  # a gang victim on two nodes counts once
+        total = sum(v[0] for v in lost.values())
         if patience_rule(total, g * k, us_to_s(now - job.queued_at_us), view.ratio(leaf), patience_s) == PATIENCE_WAIT:
             victims.waits[job.job_id] = total
+            return None
+        soon = checkpoint_rule(((w, next_checkpoint_us(r)) for w, r in lost.values()), g * k, now, checkpoint_wait_s)
+        if soon.wait:
+            victims.checkpoint_waits[job.job_id] = soon
             return None
     placements = []
     picked: dict[RunKey, tuple[Run, Victim]] = {}

@@ -23,6 +23,7 @@ from apportion.domain.cluster import ClusterSnapshot, ClusterState, Run, RunKey,
 from apportion.domain.preemption import (
     REFUSED_AFTER_MOVE,
     RULE_EXPIRED_BEHIND,
+    CheckpointVerdict,
     Move,
     ShareView,
     branch_rule,
@@ -252,6 +253,7 @@ class CycleVictims:
         "u_seen",
         "narrowed",
         "waits",
+        "checkpoint_waits",
         "_now",
         "_exp_runs",
     )
@@ -268,6 +270,7 @@ class CycleVictims:
         self.u_seen: dict[tuple[int, str | None], int] = {}  # position in the free index's log
         self.narrowed = False  # set by plan_preemption: its last search depended on the job's charge
         self.waits: dict[str, float] = {}  # job id -> work lost (GPU-s) of the plan patience_rule refused
+        self.checkpoint_waits: dict[str, CheckpointVerdict] = {}  # job id -> checkpoint_rule's wait verdict
         self._now = now
         exp: dict[str, list[AllocEntry]] = {}
         for leaf, lst in index.alloc.items():
