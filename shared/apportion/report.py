@@ -36,7 +36,10 @@ Definitions (DESIGN section 1):
 * **Preemptions**: ``JobPreempted`` events (drains included, ``reason ==
   "cancelled"`` excluded); ``preemptions_per_job_hour`` = preemptions / the
   hours runs held GPUs (one per run, whatever its GPUs, placement to end);
-  ``max_preemptions_per_job`` = the most any one job had.
+  ``max_preemptions_per_job`` = the most any one job had;
+  ``max_preemptions_allocated`` = the most any one allocated job had (the
+  bounded-churn promise of DESIGN section 3 is about those: an unallocated
+  job is preemptible at any time).
 """
 
 from __future__ import annotations
@@ -395,6 +398,7 @@ class Totals:
     lost_pct: float
     preemptions_per_job_hour: float
     max_preemptions_per_job: int
+    max_preemptions_allocated: int = 0
     rows: list[BudgetRow] = field(default_factory=list)
 
 
@@ -443,6 +447,7 @@ def budget_rows(
             waits.setdefault(budget, []).append((p - sub) / US_PER_S)
     jct: dict[str, list[float]] = {}
     max_pre: dict[str, int] = {}
+    max_alloc = 0
     for job_id, t in ledger.completed.items():
         rec = ledger.submitted.get(job_id)
         if rec is not None and inside(rec[0]) and (until is None or t < until):
@@ -451,6 +456,8 @@ def budget_rows(
         rec = ledger.submitted.get(job_id)
         if rec is not None and inside(rec[0]):
             max_pre[rec[1]] = max(max_pre.get(rec[1], 0), n)
+            if rec[2]:
+                max_alloc = max(max_alloc, n)
     pre: dict[str, int] = {}
     for t, b in ledger.preempted_at:
         if inside(t):
@@ -508,5 +515,6 @@ def budget_rows(
         lost_pct=100 * lost_sum / held_all if held_all else 0.0,
         preemptions_per_job_hour=pre_all / rh_all if rh_all else 0.0,
         max_preemptions_per_job=max((max_pre.get(p, 0) for p in leaves), default=0),
+        max_preemptions_allocated=max_alloc,
         rows=rows,
     )

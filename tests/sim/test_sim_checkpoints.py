@@ -131,6 +131,7 @@ def test_goodput_and_the_new_columns_of_the_scenario_by_hand():
     assert rep.lost_gpu_h == pytest.approx(2.0)
     assert rep.lost_pct == pytest.approx(100 * 7200 / (4 * runs_s))
     assert (rep.completed, rep.unfinished, rep.max_preemptions_per_job, rep.checkpoints) == (2, 0, 1, 4)
+    assert rep.max_preemptions_allocated == 1  # a1 is allocated
     assert (rep.jct_p50_s, rep.jct_p95_s) == (3605.0, 23405.0)  # b1 2:30:00 -> 3:30:05; a1 0:00 -> 6:30:05
     assert rep.preemptions_per_job_hour == pytest.approx(1 / (runs_s / 3600))
     a, b = rep.budgets
@@ -210,3 +211,13 @@ def test_log_report_and_simulator_report_give_the_same_per_budget_work_figures()
     # the log report measures goodput over its whole span: (held - lost) / capacity
     assert log.goodput == pytest.approx((log.held_gpu_h - log.lost_gpu_h) * 3600 / log.capacity_gpu_s)
     assert type(log.budgets[0]) is type(sim.budgets[0])
+
+
+def test_max_preemptions_allocated_leaves_out_unallocated_victims():
+    # u1 (unallocated, 4 GPUs) runs from 0:00; a1 (allocated, 4 GPUs, 1 h) comes at 1:00 and preempts it
+    jobs = [
+        SimJob("u1", "lab/a", "u", at(0), 4, 1, 0.0, 3 * H, None, None),
+        SimJob("a1", "lab/b", "u", at(1), 4, 1, 3600.0, 2 * H, None, None),
+    ]
+    rep = summarise(run(AB_TREE, nodes(("n0", 4)), jobs), _tree(), "fairshare", 1)
+    assert (rep.max_preemptions_per_job, rep.max_preemptions_allocated, rep.completed) == (1, 0, 2)

@@ -98,6 +98,7 @@ class PolicyReport:
     lost_pct: float = 0.0
     preemptions_per_job_hour: float = 0.0
     max_preemptions_per_job: int = 0
+    max_preemptions_allocated: int = 0
     checkpoints: int = 0
     horizon: str | None = None
     wall_s: float | None = None
@@ -195,6 +196,7 @@ def summarise(
         lost_pct=tot.lost_pct,
         preemptions_per_job_hour=tot.preemptions_per_job_hour,
         max_preemptions_per_job=tot.max_preemptions_per_job,
+        max_preemptions_allocated=tot.max_preemptions_allocated,
         checkpoints=jobs.checkpoints,
         wall_s=wall_s,
         rejected=dict(sorted((rejected or {}).items())),
@@ -278,6 +280,7 @@ def render_table(reports: list[PolicyReport], console: Any = None, budgets: bool
         "JCT p95",
         "preempt / job-h",
         "max preempt / job",
+        "max (allocated)",
     ):
         if col == "policy":
             g.add_column(col, no_wrap=True, min_width=max(len(r.policy) for r in reports) if reports else None)
@@ -298,6 +301,7 @@ def render_table(reports: list[PolicyReport], console: Any = None, budgets: bool
             _fmt_s(r.jct_p95_s),
             f"{r.preemptions_per_job_hour:.3f}",
             str(r.max_preemptions_per_job),
+            str(r.max_preemptions_allocated),
         )
     console.print(g)
     for r in reports:
