@@ -2,8 +2,8 @@
 
 The session's Redis runs with its default user off and one user per role:
 a client without credentials is refused, the CLI's user reads the read
-models and writes nothing, a service's user writes apportion's keys only
-and cannot flush the database.
+models and writes nothing, the dashboard's user reads the read models only,
+a service's user writes apportion's keys only and cannot flush the database.
 """
 
 from __future__ import annotations
@@ -43,6 +43,20 @@ def test_the_cli_user_reads_the_read_models_and_writes_nothing(redis_url: str) -
     with pytest.raises(redis.exceptions.NoPermissionError):
         cli.delete("acltest.apportion:rm:jobs")
     assert cli.hgetall("acltest.apportion:rm:jobs") == {"j1": "{}"}
+
+
+def test_the_web_user_reads_the_read_models_only_and_writes_nothing(redis_url: str) -> None:
+    import redis
+
+    as_user(redis_url, "dispatcher").hset("acltest.apportion:rm:nodes", "n1", "{}")
+    as_user(redis_url, "accounting").hset("acltest.apportion:ckpt:accounting", "header", "h")
+    web = as_user(redis_url, "web")
+    assert web.hgetall("acltest.apportion:rm:nodes") == {"n1": "{}"}
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        web.hset("acltest.apportion:rm:nodes", "n1", "forged")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        web.hgetall("acltest.apportion:ckpt:accounting")  # apportion's, but not a read model
+    assert web.hgetall("acltest.apportion:rm:nodes") == {"n1": "{}"}
 
 
 @pytest.mark.parametrize("user", ["dispatcher", "accounting"])

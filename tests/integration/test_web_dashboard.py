@@ -1,15 +1,17 @@
 """The web dashboard in a real browser, and every service's metrics, on one live stack (issue 16).
 
-One stack for the module, as ``test_cli_truth`` starts it: the four services as processes (`stack up`, two
-simulated 4-GPU nodes) on the session's Kafka and Redis, a namespace and Redis db of their own; the dashboard
-as a process (``python -m services.web``) on a free port. The story on it: the example budget tree, two
-allocated jobs filling both nodes (protected for an hour), a third that must wait (a pending reason), one
-node cordoned with a reason.
+One stack for the module, as ``test_cli_truth`` starts it: the four services and the dashboard as processes
+(`stack up`, two simulated 4-GPU nodes, the dashboard on the port `stack up` gave it) on the session's Kafka
+and Redis, a namespace and Redis db of their own. The dashboard connects as the read-only principal ``web``
+(Kafka ACLs and a Redis user that may only read the read models): its writes are refused, its pages work. The
+story on it: the example budget tree, two allocated jobs filling both nodes (protected for an hour), a third
+that must wait (a pending reason), one node cordoned with a reason.
 
-Pages are loaded by Debian's chromium (headless, driven by selenium through ``/usr/bin/chromedriver``; no
-browser is downloaded) and every number is read from the page's ``data-value`` attributes and compared with
-what the CLI's ``--json`` prints for the same stack at the same moment. A screenshot of each page is saved
-under ``.run/screenshots/``. Without chromium the tests fail and say how to install it.
+Pages are loaded by Debian's chromium (headless, driven by selenium through the system chromedriver, both found
+on ``PATH`` by ``tests/browser.py``; no browser is downloaded) and every number is read from the page's
+``data-value`` attributes and compared with what the CLI's ``--json`` prints for the same stack at the same
+moment. A screenshot of each page is saved under ``.run/screenshots/``. Without chromium the tests fail with
+one line saying what is missing and how to install it.
 
 Metrics: each service's endpoint (the ports `stack up` gave them) is scraped and parsed with
 ``prometheus_client``'s parser; names, labels and one value per service are checked against the read model.
@@ -18,11 +20,6 @@ Metrics: each service's endpoint (the ports `stack up` gave them) is scraped and
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,8 +32,6 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / ".run" / "screenshots"
 DEADLINE_S = 60.0
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 
 TRACE = """submit,job_id,budget,user,gpus_per_replica,replicas,min_runtime_s,duration_s
 2024-01-01T00:00:00,a1,lab/a,u,4,1,3600,7200
@@ -76,12 +71,6 @@ class Stack:
         return json.loads(self.run(*args, "--json").stdout)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - loopback only
         return resp.read().decode()
@@ -96,43 +85,33 @@ def stack(kafka_bootstrap: str, redis_url: str, tmp_path_factory: pytest.TempPat
     (sim / "t.csv").write_text(TRACE)
     (sim / "b.yaml").write_text(SIM_BUDGETS)
     _simulate(sim)
-    web: subprocess.Popen[bytes] | None = None
-    with live_stack(kafka_bootstrap, redis_url, tmp_path_factory, name="web", db=12, sim_nodes=2, gpus_per_node=4) as (
-        info,
-        env,
-        run_dir,
-    ):
+    with live_stack(
+        kafka_bootstrap,
+        redis_url,
+        tmp_path_factory,
+        name="web",
+        db=12,
+        sim_nodes=2,
+        gpus_per_node=4,
+        simulate_json=(str(sim / "sim.json"),),
+    ) as (info, env, _run_dir):
         s = Stack(info, env)
-        try:
-            s.run("budget", "apply", str(ROOT / "infra/budgets/example.yaml"))
-            for job, budget, user in (("busy-v", "lab/vision", "carol"), ("busy-r", "lab/prior/robotics", "alice")):
-                s.run(*f"submit -b {budget} -g 4 --min-runtime 1h --duration 2h -u {user} --job-id {job}".split())
-            until(lambda: _states(s) == {"busy-v": "running", "busy-r": "running"}, "both nodes busy")
-            s.run(*"submit -b lab/prior/language -g 4 --min-runtime 30m --duration 1h -u dave --job-id wait-l".split())
-            until(lambda: next((j["reason"] for j in s.json("queue") if j["job_id"] == "wait-l"), ""), "a reason")
-            node = sorted(n["node_id"] for n in s.json("nodes"))[0]
-            s.run("cordon", node, "--reason", "fan replacement")
-            until(
-                lambda: any(r["rank"] is not None and r["occupancy_gpu_s"] > 0 for r in s.json("share")["budgets"]),
-                "a snapshot with occupancy",
-            )
-            port = _free_port()
-            logf = open(run_dir / "web.log", "wb")  # noqa: SIM115 - handed to the child
-            web = subprocess.Popen(
-                [sys.executable, "-m", "services.web", "--port", str(port), "--simulate-json", str(sim / "sim.json")],
-                env={**os.environ, **env, "APPORTION_LOG_JSON": "false"},
-                stdout=logf,
-                stderr=logf,
-                cwd=ROOT,
-            )
-            logf.close()
-            s.web = f"http://127.0.0.1:{port}"
-            until(lambda: _healthy(s.web), "the dashboard to answer")
-            yield s
-        finally:
-            if web is not None:
-                web.terminate()
-                web.wait(timeout=15)
+        s.run("budget", "apply", str(ROOT / "infra/budgets/example.yaml"))
+        for job, budget, user in (("busy-v", "lab/vision", "carol"), ("busy-r", "lab/prior/robotics", "alice")):
+            s.run(*f"submit -b {budget} -g 4 --min-runtime 1h --duration 2h -u {user} --job-id {job}".split())
+        until(lambda: _states(s) == {"busy-v": "running", "busy-r": "running"}, "both nodes busy")
+        s.run(*"submit -b lab/prior/language -g 4 --min-runtime 30m --duration 1h -u dave --job-id wait-l".split())
+        until(lambda: next((j["reason"] for j in s.json("queue") if j["job_id"] == "wait-l"), ""), "a reason")
+        node = sorted(n["node_id"] for n in s.json("nodes"))[0]
+        s.run("cordon", node, "--reason", "fan replacement")
+        until(
+            lambda: any(r["rank"] is not None and r["occupancy_gpu_s"] > 0 for r in s.json("share")["budgets"]),
+            "a snapshot with occupancy",
+        )
+        s.web = info.web_url.rstrip("/")
+        assert s.web.startswith("http://127.0.0.1:"), info.web_url
+        until(lambda: _healthy(s.web), "the dashboard to answer")
+        yield s
 
 
 def _simulate(sim: Path) -> None:
@@ -161,21 +140,17 @@ def _states(s: Stack) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """Headless Debian chromium through the system chromedriver (selenium never downloads one)."""
-    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not shutil.which(p)]
-    if missing:
-        pytest.fail(
-            f"{' and '.join(missing)} not found: the dashboard tests need Debian's browser "
-            "(`apt-get install -y chromium chromium-driver`; .ci/run installs them)",
-            pytrace=False,
-        )
+    from tests.browser import require_browser
+
+    chromium, chromedriver = require_browser()  # fails the tests with one line when either is missing
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
+    opts.binary_location = chromium
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
         opts.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
+    driver = webdriver.Chrome(service=Service(executable_path=chromedriver), options=opts)
     SHOTS.mkdir(parents=True, exist_ok=True)
     try:
         yield driver
@@ -349,6 +324,71 @@ def test_simulate_page_renders_the_comparison_of_a_simulate_json(stack: Stack, b
     assert list(shown) == ["fairshare", "fifo", "static", "priority"]
     assert all(int(v["violations"]) == 0 for v in shown.values())
     assert len(browser.find_elements(By.CSS_SELECTOR, "section.sim .plot svg")) == 2
+
+
+# ------------------------------------------------------------------ the read-only role
+
+
+def _environ(pid: int) -> dict[str, str]:
+    """The environment process ``pid`` (a child of this test run) was started with."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(kv.split("=", 1) for kv in raw.decode().split("\0") if "=" in kv)
+
+
+def test_the_dashboard_is_the_web_principal_whose_writes_are_refused_and_whose_pages_work(stack: Stack) -> None:
+    import redis
+    from kafka import KafkaProducer
+    from kafka.errors import TopicAuthorizationFailedError
+
+    from apportion import topics
+    from apportion.bus.security import MECHANISM
+    from tests.integration.test_kafka_acls import end_offset
+
+    env = _environ(stack.info.pids["web"])
+    assert (env["APPORTION_KAFKA_USER"], env["APPORTION_REDIS_USER"]) == ("web", "web")
+    assert "APPORTION_KAFKA_PASSWORD" not in env and "APPORTION_REDIS_PASSWORD" not in env  # files, not values
+    kafka_pw = Path(env["APPORTION_KAFKA_PASSWORD_FILE"]).read_text().strip()
+    redis_pw = Path(env["APPORTION_REDIS_PASSWORD_FILE"]).read_text().strip()
+    prefix = stack.env["APPORTION_TOPIC_PREFIX"]
+
+    # Kafka: the dashboard's credentials may write no topic (the ACL table grants it reads only)
+    for topic in (topics.SUBMISSIONS, topics.BUDGETS):
+        name = prefix + topic.base
+        before = end_offset(stack.info.bootstrap, name)
+        producer = KafkaProducer(
+            bootstrap_servers=stack.info.bootstrap,
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism=MECHANISM,
+            sasl_plain_username="web",
+            sasl_plain_password=kafka_pw,
+            max_block_ms=10_000,
+            retries=0,
+        )
+        try:
+            with pytest.raises(TopicAuthorizationFailedError):
+                producer.send(name, key=b"k", value=b'{"probe": true}').get(timeout=15)
+        finally:
+            producer.close(timeout=5)
+        assert end_offset(stack.info.bootstrap, name) == before
+
+    # Redis: it reads the read models, writes nothing, and reads nothing else of apportion's
+    r = redis.Redis.from_url(stack.info.redis_url, username="web", password=redis_pw, decode_responses=True)
+    budgets_key = f"{prefix}apportion:rm:budgets"
+    rows = r.hgetall(budgets_key)
+    assert "lab/vision" in rows
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        r.hset(budgets_key, "lab/vision", "forged")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        r.delete(budgets_key)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        r.hgetall(f"{prefix}apportion:ckpt:accounting")  # accounting's checkpoint is not a read model
+    assert r.hgetall(budgets_key)["lab/vision"] == rows["lab/vision"]
+    r.close()
+
+    # and as that principal every page answers (the browser tests above read their numbers)
+    for page in ("/", "/budget?path=lab/vision", "/queue", "/job/busy-v", "/nodes", "/simulate"):
+        with urllib.request.urlopen(stack.web + page, timeout=30) as resp:  # noqa: S310 - loopback only
+            assert resp.status == 200, page
 
 
 # ------------------------------------------------------------------ metrics
