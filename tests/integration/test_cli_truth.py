@@ -548,6 +548,10 @@ def test_readme_using_it_block_runs_as_written(tmp_path: Path) -> None:
         assert info is not None and info.infra == "local"
         infra_pids = [int((run_dir / d / f"{d}.pid").read_text()) for d in ("kafka", "redis")]
         assert "already running from" in sh('.venv/bin/apportion stack up --dir "$RUN_DIR"')  # idempotent
+        import urllib.request
+
+        with urllib.request.urlopen(info.web_url + "nodes", timeout=30) as resp:  # the dashboard, as `web`
+            assert resp.status == 200 and 'id="principal" data-value="web"' in resp.read().decode()
         for ln in lines[1:-1]:
             outputs[ln] = sh(ln)
         outputs[lines[-1]] = sh(lines[-1])

@@ -170,6 +170,7 @@ def _open(browser: Any, url: str, shot: str) -> None:
     clip = {"x": 0, "y": 0, "width": size["width"], "height": min(size["height"], 6000), "scale": 1}
     shot_png = browser.execute_cdp_cmd("Page.captureScreenshot", {"captureBeyondViewport": True, "clip": clip})
     (SHOTS / f"{shot}.png").write_bytes(base64.b64decode(shot_png["data"]))  # the whole page, not the window
+    assert (SHOTS / f"{shot}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # saved for people to look at
 
 
 def _values(browser: Any, row_selector: str, key: str) -> dict[str, dict[str, str]]:
@@ -389,6 +390,7 @@ def test_the_dashboard_is_the_web_principal_whose_writes_are_refused_and_whose_p
     for page in ("/", "/budget?path=lab/vision", "/queue", "/job/busy-v", "/nodes", "/simulate"):
         with urllib.request.urlopen(stack.web + page, timeout=30) as resp:  # noqa: S310 - loopback only
             assert resp.status == 200, page
+            assert 'id="principal" data-value="web"' in resp.read().decode(), page  # the header says as whom
 
 
 # ------------------------------------------------------------------ metrics
@@ -474,15 +476,22 @@ def test_dispatcher_metrics_report_the_queue_and_the_nodes_of_the_read_model(sta
 
 def test_policy_and_node_agent_metrics(stack: Stack) -> None:
     from apportion import topics
+    from apportion.bus.reader import read_log
 
     p = stack.env["APPORTION_TOPIC_PREFIX"]
-    pol = _scrape(stack.info.metrics["policy"])
+
+    def rankings() -> int:  # the FairShareRanking records on the ranking topic: what the policy published
+        recs = read_log(stack.info.bootstrap, [p + topics.RANKING.base])
+        return sum(1 for rec in recs if rec.event is not None and rec.event.type == "FairShareRanking")
+
+    pol, published = _stable(stack, lambda: _scrape(stack.info.metrics["policy"]), rankings)
     _common(pol, {p + topics.BUDGETS.name, p + topics.USAGE.name})
-    assert _one(pol, "apportion_policy_published_total", type="FairShareRanking") > 0
+    assert _one(pol, "apportion_policy_published_total", type="FairShareRanking") == published > 0
     assert _one(pol, "apportion_policy_decide_seconds_count") > 0
     agent = _scrape(stack.info.metrics["node_agent"])
     _common(agent, {p + topics.COMMANDS.name, p + topics.NODES.name})
-    assert _one(agent, "apportion_node_agent_running") == 2  # busy-v and busy-r, one replica each
+    running = sum(len(j["nodes"]) for j in stack.json("queue") if j["state"] == "running")
+    assert _one(agent, "apportion_node_agent_running") == running == 2  # busy-v and busy-r, one replica each
     assert _one(agent, "apportion_node_agent_heartbeats_total") > 0
 
 
@@ -491,3 +500,10 @@ def test_the_dashboard_serves_its_own_process_metrics(stack: Stack) -> None:
 
     names = {f.name for f in text_string_to_metric_families(_get(stack.web + "/metrics"))}
     assert {"process_cpu_seconds", "apportion_web_requests"} <= names
+    m = _scrape(int(stack.web.rsplit(":", 1)[1]))  # `stack up` serves the dashboard's metrics on its own port
+    assert _one(m, "process_resident_memory_bytes") > 1e6
+    served = {(lab["page"], lab["status"]) for lab, _ in m["apportion_web_requests_total"]}
+    assert ("tree", "200") in served and {page for page, _ in served} <= {
+        "tree", "budget", "queue", "job", "nodes", "simulate"
+    }  # fmt: skip
+    assert _one(m, "apportion_web_requests_total", page="tree", status="200") >= 1
