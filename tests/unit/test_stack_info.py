@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from apportion.cli.stack import SERVICES, WEB, StackInfo, _as_web
 
 
@@ -62,3 +64,26 @@ def test_without_a_web_password_the_dashboard_keeps_the_callers_credentials(tmp_
     env = {"APPORTION_KAFKA_USER": "ops", "APPORTION_KAFKA_SECRETS_DIR": str(tmp_path)}
     _as_web(StackInfo(tmp_path, "b", "r"), env)
     assert env == {"APPORTION_KAFKA_USER": "ops", "APPORTION_KAFKA_SECRETS_DIR": str(tmp_path)}
+
+
+@pytest.mark.parametrize(("flags", "web"), [((), True), (("--no-web",), False)])
+def test_stack_up_starts_the_dashboard_unless_told_not_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...], web: bool
+) -> None:
+    from typer.testing import CliRunner
+
+    from apportion.cli import stack as stack_mod
+    from apportion.cli.main import app
+
+    asked: dict[str, object] = {}
+
+    def fake_up(run_dir: Path, **kw: object) -> StackInfo:  # what `up` was asked for; nothing is started
+        asked.update(kw)
+        return _info(tmp_path, web=bool(kw["web"]))
+
+    monkeypatch.setattr(stack_mod, "up", fake_up)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    res = CliRunner().invoke(app, ["stack", "up", "--dir", str(tmp_path), *flags])
+    assert res.exit_code == 0, res.output
+    assert asked["web"] is web and asked["simulate_json"] == []
+    assert ("dashboard http://127.0.0.1:7004/ (read-only, 127.0.0.1)" in res.stdout) is web
