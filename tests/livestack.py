@@ -1,5 +1,6 @@
-"""A live stack for integration tests: `apportion stack up` of the four services on the session's Kafka and
-Redis, in a namespace and Redis db of its own, stopped on exit (used by test_cli_truth and test_web_dashboard)."""
+"""A live stack for integration tests: `apportion stack up` of the four services and the web dashboard on the
+session's Kafka and Redis, in a namespace and Redis db of its own, stopped on exit (used by test_cli_truth and
+test_web_dashboard)."""
 
 from __future__ import annotations
 
@@ -33,10 +34,13 @@ def live_stack(
     db: int,
     sim_nodes: int,
     gpus_per_node: int,
+    simulate_json: tuple[str, ...] = (),
 ) -> Iterator[tuple[Any, dict[str, str], Path]]:
     """``(stack info, CLI environment, run dir)`` of a fresh stack: topics under ``name<random>.``, Redis db
     ``db`` flushed first, ``sim_nodes`` simulated nodes of ``gpus_per_node`` GPUs, the per-user state file in
-    a temp folder (``XDG_STATE_HOME``) so the developer's own stack is not touched."""
+    a temp folder (``XDG_STATE_HOME``) so the developer's own stack is not touched. The dashboard connects as
+    the read-only principal ``web`` (the session's secrets directories are in the environment) and shows
+    ``simulate_json`` on its /simulate page."""
     import redis as redis_lib
 
     from apportion.cli import stack as stack_mod
@@ -59,6 +63,7 @@ def live_stack(
             bootstrap=kafka_bootstrap,
             redis_url=db_url,
             prefix=prefix,
+            simulate_json=simulate_json,
             say=lambda *_: None,
         )
         env = {

@@ -13,7 +13,8 @@
 # (DATADIR/secrets/<user>.password, mode 0600, made once; DATADIR/users.acl):
 # the default user is off; admin may do anything (provisioning, tests);
 # dispatcher and accounting may run any non-dangerous command on apportion's
-# keys (*apportion:*); cli may only read them.  APPORTION_REDIS_NOAUTH=1 keeps
+# keys (*apportion:*); cli may only read them; web (the dashboard) may only read
+# the read models (*apportion:rm:*).  APPORTION_REDIS_NOAUTH=1 keeps
 # the open default user instead (development only).
 set -euo pipefail
 if [[ $# -ne 2 ]]; then
@@ -64,6 +65,7 @@ if [[ "${APPORTION_REDIS_NOAUTH:-}" != 1 ]]; then
         echo "user dispatcher on >$(password dispatcher) ~*apportion:* +@all -@dangerous"
         echo "user accounting on >$(password accounting) ~*apportion:* +@all -@dangerous"
         echo "user cli on >$(password cli) ~*apportion:* -@all +@read +@connection"
+        echo "user web on >$(password web) ~*apportion:rm:* -@all +@read +@connection"
     } > "$datadir/users.acl")
     auth=(--aclfile "$datadir/users.acl")
 fi

@@ -84,15 +84,22 @@ def create_app(settings: WebSettings, sources: Sources | None = None) -> Any:
         pct=lambda v: f"{100 * float(v or 0.0):.1f}%",
         num=lambda v, d=3: "-" if v is None else f"{float(v):.{d}f}",
     )
+    from apportion.bus.security import kafka_auth
+
+    principal = kafka_auth().get("sasl_plain_username", "")  # shown in the header: `web` under `stack up`
     registry = CollectorRegistry()
     add_process_collectors(registry)
     pages = Counter("apportion_web_requests", "Pages served, by page and status", ["page", "status"], registry=registry)
 
     def render(request: Request, page: str, name: str, status: int = 200, **ctx: Any) -> Response:
         try:
-            body = env.get_template(name).render(request=request, page=page, namespace=topics.prefix(), **ctx)
+            body = env.get_template(name).render(
+                request=request, page=page, namespace=topics.prefix(), principal=principal, **ctx
+            )
         except Unavailable as exc:
-            body = env.get_template("error.html").render(request=request, page=page, message=str(exc))
+            body = env.get_template("error.html").render(
+                request=request, page=page, message=str(exc), principal=principal
+            )
             status = 503
         pages.labels(page, str(status)).inc()
         return HTMLResponse(body, status_code=status)

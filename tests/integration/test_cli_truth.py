@@ -548,6 +548,10 @@ def test_readme_using_it_block_runs_as_written(tmp_path: Path) -> None:
         assert info is not None and info.infra == "local"
         infra_pids = [int((run_dir / d / f"{d}.pid").read_text()) for d in ("kafka", "redis")]
         assert "already running from" in sh('.venv/bin/apportion stack up --dir "$RUN_DIR"')  # idempotent
+        import urllib.request
+
+        with urllib.request.urlopen(info.web_url + "nodes", timeout=30) as resp:  # the dashboard, as `web`
+            assert resp.status == 200 and 'id="principal" data-value="web"' in resp.read().decode()
         for ln in lines[1:-1]:
             outputs[ln] = sh(ln)
         outputs[lines[-1]] = sh(lines[-1])
@@ -561,6 +565,7 @@ def test_readme_using_it_block_runs_as_written(tmp_path: Path) -> None:
     assert "4x8 GPUs" in outputs[gang]
     assert "sim-7" in outputs[lines[7]]  # nodes
     assert "Kafka    127.0.0.1:" in outputs[lines[0]] and "logs     " in outputs[lines[0]]
+    assert "dashboard http://127.0.0.1:" in outputs[lines[0]]  # `make up` starts the web dashboard too
     # (make run from make, as CI does, adds its own "Entering/Leaving directory" lines)
     down = [ln for ln in outputs[lines[-1]].splitlines() if not ln.startswith("make[")]
     assert down[-1].startswith("stopped Kafka 127.0.0.1:")
@@ -595,16 +600,28 @@ def test_zz_stack_serves_any_folder_and_stops_leaving_no_process(
     assert f"Kafka    {stack.info.bootstrap}" in status and "metrics http://127.0.0.1:" in status
     doc = json.loads(stack.run("stack", "status", "--json", env=bare).stdout)
     assert (doc["kafka_bootstrap"], doc["infra"]) == (stack.info.bootstrap, "external")
-    assert sorted(doc["services"]) == ["accounting", "dispatcher", "node_agent", "policy"]
+    assert sorted(doc["services"]) == ["accounting", "dispatcher", "node_agent", "policy", "web"]
     assert all(s["running"] and s["metrics"].startswith("http://127.0.0.1:") for s in doc["services"].values())
     import urllib.request
 
     with urllib.request.urlopen(doc["services"]["dispatcher"]["metrics"], timeout=10) as resp:
         assert "apportion_dispatcher_pending_jobs" in resp.read().decode()
+    # the dashboard: on the 127.0.0.1 port `status` prints, serving the tree `share` prints
+    web = doc["web"]
+    assert web == stack.info.web_url and web.startswith("http://127.0.0.1:") and f"dashboard {web}" in status
+    assert doc["services"]["web"]["metrics"] == web + "metrics"
+    with urllib.request.urlopen(web, timeout=30) as resp:
+        page = resp.read().decode()
+    assert resp.status == 200 and 'data-budget="lab/vision"' in page
+    web_pid = stack.info.pids["web"]
+    assert f"--port {web.rsplit(':', 1)[1].rstrip('/')} --host 127.0.0.1" in " ".join(
+        Path(f"/proc/{web_pid}/cmdline").read_text().split("\0")
+    )
     pids = dict(stack.info.pids)
     assert sorted(pids) == sorted(stack_mod.SERVICES) and all(stack_mod.alive(p) for p in pids.values())
     down = stack.run("stack", "down", env=bare).stdout
-    assert [ln.split(" (pid")[0] for ln in down.splitlines()][:4] == [
+    assert [ln.split(" (pid")[0] for ln in down.splitlines()][:5] == [
+        "stopped web",
         "stopped node_agent",
         "stopped dispatcher",
         "stopped accounting",

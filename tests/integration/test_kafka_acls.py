@@ -72,6 +72,9 @@ CASES = [
     ("ops", topics.JOBS, False),
     ("policy", topics.COMMANDS, False),
     ("accounting", topics.JOBS, False),
+    ("web", topics.SUBMISSIONS, False),  # the dashboard is read-only
+    ("web", topics.BUDGETS, False),
+    ("web", topics.JOBS, False),
     ("researcher", topics.SUBMISSIONS, True),
     ("ops", topics.BUDGETS, True),
     ("ops", topics.NODES, True),

@@ -2,8 +2,8 @@
 
 The session's Redis runs with its default user off and one user per role:
 a client without credentials is refused, the CLI's user reads the read
-models and writes nothing, a service's user writes apportion's keys only
-and cannot flush the database.
+models and writes nothing, the dashboard's user reads the read models only,
+a service's user writes apportion's keys only and cannot flush the database.
 """
 
 from __future__ import annotations
@@ -32,17 +32,27 @@ def test_a_client_without_credentials_is_refused(redis_url: str) -> None:
         redis.Redis.from_url(redis_url).ping()
 
 
-def test_the_cli_user_reads_the_read_models_and_writes_nothing(redis_url: str) -> None:
+@pytest.mark.parametrize("user", ["cli", "web"])
+def test_the_cli_and_web_users_read_the_read_models_and_write_nothing(redis_url: str, user: str) -> None:
     import redis
 
     as_user(redis_url, "dispatcher").hset("acltest.apportion:rm:jobs", "j1", "{}")
-    cli = as_user(redis_url, "cli")
-    assert cli.hgetall("acltest.apportion:rm:jobs") == {"j1": "{}"}
+    reader = as_user(redis_url, user)
+    assert reader.hgetall("acltest.apportion:rm:jobs") == {"j1": "{}"}
     with pytest.raises(redis.exceptions.NoPermissionError):
-        cli.hset("acltest.apportion:rm:jobs", "j1", "forged")
+        reader.hset("acltest.apportion:rm:jobs", "j1", "forged")
     with pytest.raises(redis.exceptions.NoPermissionError):
-        cli.delete("acltest.apportion:rm:jobs")
-    assert cli.hgetall("acltest.apportion:rm:jobs") == {"j1": "{}"}
+        reader.delete("acltest.apportion:rm:jobs")
+    assert reader.hgetall("acltest.apportion:rm:jobs") == {"j1": "{}"}
+
+
+def test_the_web_user_reads_nothing_of_apportions_but_the_read_models(redis_url: str) -> None:
+    import redis
+
+    as_user(redis_url, "accounting").hset("acltest.apportion:ckpt:accounting", "header", "h")
+    assert as_user(redis_url, "cli").hgetall("acltest.apportion:ckpt:accounting") == {"header": "h"}
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        as_user(redis_url, "web").hgetall("acltest.apportion:ckpt:accounting")  # apportion's, not a read model
 
 
 @pytest.mark.parametrize("user", ["dispatcher", "accounting"])

@@ -1,15 +1,17 @@
 """The web dashboard in a real browser, and every service's metrics, on one live stack (issue 16).
 
-One stack for the module, as ``test_cli_truth`` starts it: the four services as processes (`stack up`, two
-simulated 4-GPU nodes) on the session's Kafka and Redis, a namespace and Redis db of their own; the dashboard
-as a process (``python -m services.web``) on a free port. The story on it: the example budget tree, two
-allocated jobs filling both nodes (protected for an hour), a third that must wait (a pending reason), one
-node cordoned with a reason.
+One stack for the module, as ``test_cli_truth`` starts it: the four services and the dashboard as processes
+(`stack up`, two simulated 4-GPU nodes, the dashboard on the port `stack up` gave it) on the session's Kafka
+and Redis, a namespace and Redis db of their own. The dashboard connects as the read-only principal ``web``
+(Kafka ACLs and a Redis user that may only read the read models): its writes are refused, its pages work. The
+story on it: the example budget tree, two allocated jobs filling both nodes (protected for an hour), a third
+that must wait (a pending reason), one node cordoned with a reason.
 
-Pages are loaded by Debian's chromium (headless, driven by selenium through ``/usr/bin/chromedriver``; no
-browser is downloaded) and every number is read from the page's ``data-value`` attributes and compared with
-what the CLI's ``--json`` prints for the same stack at the same moment. A screenshot of each page is saved
-under ``.run/screenshots/``. Without chromium the tests fail and say how to install it.
+Pages are loaded by Debian's chromium (headless, driven by selenium through the system chromedriver, both found
+on ``PATH`` by ``tests/browser.py``; no browser is downloaded) and every number is read from the page's
+``data-value`` attributes and compared with what the CLI's ``--json`` prints for the same stack at the same
+moment. A screenshot of each page is saved under ``.run/screenshots/``. Without chromium the tests fail with
+one line saying what is missing and how to install it.
 
 Metrics: each service's endpoint (the ports `stack up` gave them) is scraped and parsed with
 ``prometheus_client``'s parser; names, labels and one value per service are checked against the read model.
@@ -18,11 +20,6 @@ Metrics: each service's endpoint (the ports `stack up` gave them) is scraped and
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,8 +32,6 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / ".run" / "screenshots"
 DEADLINE_S = 60.0
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 
 TRACE = """submit,job_id,budget,user,gpus_per_replica,replicas,min_runtime_s,duration_s
 2024-01-01T00:00:00,a1,lab/a,u,4,1,3600,7200
@@ -76,12 +71,6 @@ class Stack:
         return json.loads(self.run(*args, "--json").stdout)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - loopback only
         return resp.read().decode()
@@ -96,43 +85,33 @@ def stack(kafka_bootstrap: str, redis_url: str, tmp_path_factory: pytest.TempPat
     (sim / "t.csv").write_text(TRACE)
     (sim / "b.yaml").write_text(SIM_BUDGETS)
     _simulate(sim)
-    web: subprocess.Popen[bytes] | None = None
-    with live_stack(kafka_bootstrap, redis_url, tmp_path_factory, name="web", db=12, sim_nodes=2, gpus_per_node=4) as (
-        info,
-        env,
-        run_dir,
-    ):
+    with live_stack(
+        kafka_bootstrap,
+        redis_url,
+        tmp_path_factory,
+        name="web",
+        db=12,
+        sim_nodes=2,
+        gpus_per_node=4,
+        simulate_json=(str(sim / "sim.json"),),
+    ) as (info, env, _run_dir):
         s = Stack(info, env)
-        try:
-            s.run("budget", "apply", str(ROOT / "infra/budgets/example.yaml"))
-            for job, budget, user in (("busy-v", "lab/vision", "carol"), ("busy-r", "lab/prior/robotics", "alice")):
-                s.run(*f"submit -b {budget} -g 4 --min-runtime 1h --duration 2h -u {user} --job-id {job}".split())
-            until(lambda: _states(s) == {"busy-v": "running", "busy-r": "running"}, "both nodes busy")
-            s.run(*"submit -b lab/prior/language -g 4 --min-runtime 30m --duration 1h -u dave --job-id wait-l".split())
-            until(lambda: next((j["reason"] for j in s.json("queue") if j["job_id"] == "wait-l"), ""), "a reason")
-            node = sorted(n["node_id"] for n in s.json("nodes"))[0]
-            s.run("cordon", node, "--reason", "fan replacement")
-            until(
-                lambda: any(r["rank"] is not None and r["occupancy_gpu_s"] > 0 for r in s.json("share")["budgets"]),
-                "a snapshot with occupancy",
-            )
-            port = _free_port()
-            logf = open(run_dir / "web.log", "wb")  # noqa: SIM115 - handed to the child
-            web = subprocess.Popen(
-                [sys.executable, "-m", "services.web", "--port", str(port), "--simulate-json", str(sim / "sim.json")],
-                env={**os.environ, **env, "APPORTION_LOG_JSON": "false"},
-                stdout=logf,
-                stderr=logf,
-                cwd=ROOT,
-            )
-            logf.close()
-            s.web = f"http://127.0.0.1:{port}"
-            until(lambda: _healthy(s.web), "the dashboard to answer")
-            yield s
-        finally:
-            if web is not None:
-                web.terminate()
-                web.wait(timeout=15)
+        s.run("budget", "apply", str(ROOT / "infra/budgets/example.yaml"))
+        for job, budget, user in (("busy-v", "lab/vision", "carol"), ("busy-r", "lab/prior/robotics", "alice")):
+            s.run(*f"submit -b {budget} -g 4 --min-runtime 1h --duration 2h -u {user} --job-id {job}".split())
+        until(lambda: _states(s) == {"busy-v": "running", "busy-r": "running"}, "both nodes busy")
+        s.run(*"submit -b lab/prior/language -g 4 --min-runtime 30m --duration 1h -u dave --job-id wait-l".split())
+        until(lambda: next((j["reason"] for j in s.json("queue") if j["job_id"] == "wait-l"), ""), "a reason")
+        node = sorted(n["node_id"] for n in s.json("nodes"))[0]
+        s.run("cordon", node, "--reason", "fan replacement")
+        until(
+            lambda: any(r["rank"] is not None and r["occupancy_gpu_s"] > 0 for r in s.json("share")["budgets"]),
+            "a snapshot with occupancy",
+        )
+        s.web = info.web_url.rstrip("/")
+        assert s.web.startswith("http://127.0.0.1:"), info.web_url
+        until(lambda: _healthy(s.web), "the dashboard to answer")
+        yield s
 
 
 def _simulate(sim: Path) -> None:
@@ -161,21 +140,17 @@ def _states(s: Stack) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """Headless Debian chromium through the system chromedriver (selenium never downloads one)."""
-    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not shutil.which(p)]
-    if missing:
-        pytest.fail(
-            f"{' and '.join(missing)} not found: the dashboard tests need Debian's browser "
-            "(`apt-get install -y chromium chromium-driver`; .ci/run installs them)",
-            pytrace=False,
-        )
+    from tests.browser import require_browser
+
+    chromium, chromedriver = require_browser()  # fails the tests with one line when either is missing
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
+    opts.binary_location = chromium
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
         opts.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
+    driver = webdriver.Chrome(service=Service(executable_path=chromedriver), options=opts)
     SHOTS.mkdir(parents=True, exist_ok=True)
     try:
         yield driver
@@ -195,6 +170,7 @@ def _open(browser: Any, url: str, shot: str) -> None:
     clip = {"x": 0, "y": 0, "width": size["width"], "height": min(size["height"], 6000), "scale": 1}
     shot_png = browser.execute_cdp_cmd("Page.captureScreenshot", {"captureBeyondViewport": True, "clip": clip})
     (SHOTS / f"{shot}.png").write_bytes(base64.b64decode(shot_png["data"]))  # the whole page, not the window
+    assert (SHOTS / f"{shot}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # saved for people to look at
 
 
 def _values(browser: Any, row_selector: str, key: str) -> dict[str, dict[str, str]]:
@@ -351,6 +327,64 @@ def test_simulate_page_renders_the_comparison_of_a_simulate_json(stack: Stack, b
     assert len(browser.find_elements(By.CSS_SELECTOR, "section.sim .plot svg")) == 2
 
 
+# ------------------------------------------------------------------ the read-only role
+
+
+def _environ(pid: int) -> dict[str, str]:
+    """The environment process ``pid`` (a child of this test run) was started with."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(kv.split("=", 1) for kv in raw.decode().split("\0") if "=" in kv)
+
+
+def test_the_dashboard_is_the_web_principal_whose_writes_are_refused_and_whose_pages_work(stack: Stack) -> None:
+    import os
+
+    import redis
+    from kafka.errors import TopicAuthorizationFailedError
+
+    from apportion import topics
+    from tests.integration.test_kafka_acls import end_offset, producer_as
+    from tests.integration.test_redis_acls import as_user
+
+    env = _environ(stack.info.pids["web"])
+    assert (env["APPORTION_KAFKA_USER"], env["APPORTION_REDIS_USER"]) == ("web", "web")
+    assert "APPORTION_KAFKA_PASSWORD" not in env and "APPORTION_REDIS_PASSWORD" not in env  # files, not values
+    # its password files are web's in the servers' secrets (the ones the helpers below connect with)
+    assert env["APPORTION_KAFKA_PASSWORD_FILE"] == str(Path(os.environ["APPORTION_KAFKA_SECRETS_DIR"]) / "web.password")
+    assert env["APPORTION_REDIS_PASSWORD_FILE"] == str(Path(os.environ["APPORTION_REDIS_SECRETS_DIR"]) / "web.password")
+    prefix = stack.env["APPORTION_TOPIC_PREFIX"]
+
+    # Kafka: the dashboard's principal may write no topic (the ACL table grants it reads only)
+    for topic in (topics.SUBMISSIONS, topics.BUDGETS):
+        name = prefix + topic.base
+        before = end_offset(stack.info.bootstrap, name)
+        producer = producer_as("web", stack.info.bootstrap)
+        try:
+            with pytest.raises(TopicAuthorizationFailedError):
+                producer.send(name, key=b"k", value=b'{"probe": true}').get(timeout=15)
+        finally:
+            producer.close(timeout=5)
+        assert end_offset(stack.info.bootstrap, name) == before
+
+    # Redis: it reads the read models and writes nothing
+    r = as_user(stack.info.redis_url, "web")
+    budgets_key = f"{prefix}apportion:rm:budgets"
+    rows = r.hgetall(budgets_key)
+    assert "lab/vision" in rows
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        r.hset(budgets_key, "lab/vision", "forged")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        r.delete(budgets_key)
+    assert r.hgetall(budgets_key)["lab/vision"] == rows["lab/vision"]
+    r.close()
+
+    # and as that principal every page answers (the browser tests above read their numbers)
+    for page in ("/", "/budget?path=lab/vision", "/queue", "/job/busy-v", "/nodes", "/simulate"):
+        with urllib.request.urlopen(stack.web + page, timeout=30) as resp:  # noqa: S310 - loopback only
+            assert resp.status == 200, page
+            assert 'id="principal" data-value="web"' in resp.read().decode(), page  # the header says as whom
+
+
 # ------------------------------------------------------------------ metrics
 
 
@@ -434,15 +468,22 @@ def test_dispatcher_metrics_report_the_queue_and_the_nodes_of_the_read_model(sta
 
 def test_policy_and_node_agent_metrics(stack: Stack) -> None:
     from apportion import topics
+    from apportion.bus.reader import read_log
 
     p = stack.env["APPORTION_TOPIC_PREFIX"]
-    pol = _scrape(stack.info.metrics["policy"])
+
+    def rankings() -> int:  # the FairShareRanking records on the ranking topic: what the policy published
+        recs = read_log(stack.info.bootstrap, [p + topics.RANKING.base])
+        return sum(1 for rec in recs if rec.event is not None and rec.event.type == "FairShareRanking")
+
+    pol, published = _stable(stack, lambda: _scrape(stack.info.metrics["policy"]), rankings)
     _common(pol, {p + topics.BUDGETS.name, p + topics.USAGE.name})
-    assert _one(pol, "apportion_policy_published_total", type="FairShareRanking") > 0
+    assert _one(pol, "apportion_policy_published_total", type="FairShareRanking") == published > 0
     assert _one(pol, "apportion_policy_decide_seconds_count") > 0
     agent = _scrape(stack.info.metrics["node_agent"])
     _common(agent, {p + topics.COMMANDS.name, p + topics.NODES.name})
-    assert _one(agent, "apportion_node_agent_running") == 2  # busy-v and busy-r, one replica each
+    running = sum(len(j["nodes"]) for j in stack.json("queue") if j["state"] == "running")
+    assert _one(agent, "apportion_node_agent_running") == running == 2  # busy-v and busy-r, one replica each
     assert _one(agent, "apportion_node_agent_heartbeats_total") > 0
 
 
@@ -451,3 +492,10 @@ def test_the_dashboard_serves_its_own_process_metrics(stack: Stack) -> None:
 
     names = {f.name for f in text_string_to_metric_families(_get(stack.web + "/metrics"))}
     assert {"process_cpu_seconds", "apportion_web_requests"} <= names
+    m = _scrape(int(stack.web.rsplit(":", 1)[1]))  # `stack up` serves the dashboard's metrics on its own port
+    assert _one(m, "process_resident_memory_bytes") > 1e6
+    served = {(lab["page"], lab["status"]) for lab, _ in m["apportion_web_requests_total"]}
+    assert ("tree", "200") in served and {page for page, _ in served} <= {
+        "tree", "budget", "queue", "job", "nodes", "simulate"
+    }  # fmt: skip
+    assert _one(m, "apportion_web_requests_total", page="tree", status="200") >= 1

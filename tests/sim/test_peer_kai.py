@@ -97,3 +97,63 @@ def test_fair_shares_give_deserved_quota_first_and_divide_the_rest_by_time_aware
 
 def test_saturation_edge_cases():
     assert (saturation(3, 4), saturation(1, 0), saturation(0, 0)) == (0.75, float("inf"), 0)
+
+
+# The sibling-saturation check (reclaimable.go ``reclaimingQueuesRemainWithinBoundaries``): at each level of the
+# reclaimer's path whose allocation with J would pass its fair share, its saturation must stay strictly below
+# that of every sibling it reclaims from. One node of 8 GPUs::
+#
+#     lab (1.0)
+#     ├── lab/a (0.5, deserved 4)
+#     │   ├── lab/a/x (0.75, deserved 3)   x1 asks for GPUs at 00:10
+#     │   └── lab/a/z (0.25, deserved 1)   z1-z3 hold 3, protected until 04:00
+#     └── lab/b (0.5, deserved 4)          b1 (2 GPUs, ends 02:00) and b2-b4 hold 5, protected until 01:00
+#
+# Requests a 5, b 5: fair shares a 4, b 4 (no rest at the top). Inside a (4 to divide): x min(3, asked),
+# z min(1, 3), the rest to z.
+NEST = {"lab": 1.0, "lab/a": 0.5, "lab/a/x": 0.75, "lab/a/z": 0.25, "lab/b": 0.5}
+
+
+def nest_jobs(x_gpus):
+    return [
+        *(job(f"z{i}", "lab/a/z", min_runtime_s=4 * H, duration_s=8 * H) for i in (1, 2, 3)),
+        job("b1", "lab/b", gpus=2, duration_s=2 * H),
+        *(job(f"b{i}", "lab/b", duration_s=8 * H) for i in (2, 3, 4)),
+        job("x1", "lab/a/x", gpus=x_gpus, submit=at(0, 10)),
+    ]
+
+
+def test_kai_reclaims_while_the_reclaimers_parent_stays_within_its_fair_share():
+    # x1 asks 1 GPU: fair shares x 1, z 3. At 01:00 (b's protection over) x with x1 is 1 <= 1, b (5) is above
+    # its fair share 4, and a with x1 is 4 = its fair share: not above it, so no sibling comparison. x1 takes
+    # the first run of b's victim order (all started at 00:00: the run key decides, b1), and b1 starts again
+    # when x1 ends.
+    r = run_kai(NEST, nest_jobs(1), until_us=at(2, 30), cluster=nodes(("n0", 8)))
+    assert [x for x in decisions(r, skip=("JobQueued", "StartWorkload", "StopWorkload")) if x >= "00:01"] == [
+        "01:00:00 JobPreempted b1#1 expired_behind by=x1",
+        "01:00:00 JobPlaced x1#1 n0[0] victims=b1#1",
+        "01:00:05 JobRequeued b1#2",
+        "02:00:05 JobPlaced b1#2 n0[0, 1]",
+    ]
+
+
+def test_kai_refuses_the_reclaim_that_would_put_the_reclaimer_above_its_siblings_saturation():
+    # x1 asks 2 GPUs: fair shares x 2, z 2. The other rules accept at 01:00: x with x1 is 2 <= 2
+    # (CanReclaimResources) and b, at 5, is above its fair share 4 (MaintainFairShare). But a with x1 would be
+    # (3 + 2) / 4 = 1.25 > 1, and b after losing b1 (2 GPUs) would be 3 / 4 = 0.75 (after b4 alone 4 / 4 = 1.0):
+    # 1.25 is not below either, so nothing is reclaimed. x1 starts at 02:00 on the 2 GPUs b1 frees by finishing.
+    r = run_kai(NEST, nest_jobs(2), until_us=at(2, 30), cluster=nodes(("n0", 8)))
+    assert [x for x in decisions(r, skip=("JobQueued", "StartWorkload", "StopWorkload")) if x >= "00:01"] == [
+        "02:00:00 JobPlaced x1#1 n0[0, 1]",
+    ]
+    assert sum(r.preemptions.values()) == 0
+    # the same reclaim with the reclaimer's saturation weighed at half (reclaimerUtilizationMultiplier 0.5):
+    # 1.25 x 0.5 = 0.625 < 0.75, so the one rule that refused it above now lets it through
+    cfg = SimConfig(
+        seed=1, dispatch=DispatchConfig(heartbeat_timeout_s=None), stop_delay_s=5.0, sample_s=0, until_us=at(2, 30)
+    )
+    lax = simulate(BudgetTree.from_mapping(NEST), nodes(("n0", 8)), nest_jobs(2), cfg, scheduler=Kai(multiplier=0.5))
+    assert [x for x in decisions(lax, skip=("JobQueued", "StartWorkload", "StopWorkload")) if "x1" in x] == [
+        "01:00:00 JobPreempted b1#1 expired_behind by=x1",
+        "01:00:00 JobPlaced x1#1 n0[0, 1] victims=b1#1",
+    ]

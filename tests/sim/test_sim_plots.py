@@ -4,6 +4,7 @@ labels each share, and the goodput/work-lost plot shows one bar per policy with 
 from __future__ import annotations
 
 import io
+import re
 
 import matplotlib
 
@@ -75,6 +76,11 @@ def test_goodput_and_budget_plots_read_the_reports_back_from_simulate_json() -> 
     svg = out.getvalue().decode()
     assert "utilisation and goodput" in svg and "work lost" in svg
     assert "fairshare" in svg and "fifo" in svg
+    # one bar per policy labelled with its report's number: goodput 70.0 / 80.0 % (utilisation 80.0 % both),
+    # work lost 10 and 0 GPU-h (matplotlib writes each text as a comment before its glyphs)
+    labels = re.findall(r"<!-- (.*?) -->", svg)
+    assert labels.count("70.0") == 1 and labels.count("80.0") == 3
+    assert "10 (1.5%)" in labels and "0 (1.5%)" in labels
     out = io.BytesIO()
     plot_budget_shares(reports, out)
     assert "allocated occupancy share per budget" in out.getvalue().decode()

@@ -24,6 +24,8 @@ researcher    write submissions; read what the CLI shows (submissions, jobs, nod
               ranking)
 ops           what researchers may, and write budgets and nodes (drain, cordon), read every topic,
               describe every group (the CLI's verdicts read the policy's committed offsets)
+web           the dashboard (``services/web``): read what its pages show (every topic a job timeline
+              reads: submissions, jobs, nodes, commands, budgets, usage, ranking); its own group; no write
 ============  =====================================================================================
 
 Every service's consumer group is its own (a ``PREFIXED`` group ACL on its
@@ -48,7 +50,7 @@ MECHANISM = "SCRAM-SHA-512"
 ADMIN = "admin"
 
 #: Every principal apportion provisions (``admin`` exists from the storage format on).
-PRINCIPALS = ("dispatcher", "accounting", "policy", "node-agent", "researcher", "ops")
+PRINCIPALS = ("dispatcher", "accounting", "policy", "node-agent", "researcher", "ops", "web")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +111,8 @@ GRANTS: tuple[Grant, ...] = (
     *_reads("ops", *CLI_READS, CMDS, DEAD),
     *_writes("ops", SUB, BUDGETS, NODES),
     Grant("ops", "group", "", ("DESCRIBE",), prefixed=True),
+    *_reads("web", *CLI_READS, CMDS),  # the dashboard: what `audit explain` reads for a job page; writes nothing
+    *_own("web", "web"),
 )
 
 

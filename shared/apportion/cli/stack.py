@@ -3,12 +3,14 @@
 ``up`` starts (or reuses) a native Kafka and Redis from ``infra/``
 (:mod:`apportion.bus.stack`), provisions the topics of the namespace, starts
 the four services as processes (``python -m services.<name>``, the node agent
-with ``--sim-nodes``), waits until each says it is ready, and writes where
-everything is to ``RUN_DIR/stack.env`` and to the per-user state file
-(:func:`apportion.settings.user_stack_env`), so the CLI finds the stack from
-any folder::
+with ``--sim-nodes``) and the read-only web dashboard (``services.web``, on a
+free port of 127.0.0.1; ``--no-web`` leaves it out), waits until each says it
+is ready, and writes where everything is to ``RUN_DIR/stack.env`` and to the
+per-user state file (:func:`apportion.settings.user_stack_env`), so the CLI
+finds the stack from any folder::
 
-    RUN_DIR/stack.env          KAFKA_BOOTSTRAP, REDIS_URL, APPORTION_TOPIC_PREFIX, APPORTION_KEYRING, LOG_DIR, metrics ports
+    RUN_DIR/stack.env          KAFKA_BOOTSTRAP, REDIS_URL, APPORTION_TOPIC_PREFIX, APPORTION_KEYRING, LOG_DIR, metrics
+                               ports, WEB_URL (the dashboard; its own metrics at WEB_URL/metrics)
     RUN_DIR/keyring/           the development keyring: ops.json and each user enrolled on first use
     RUN_DIR/services/NAME.pid  one per service
     RUN_DIR/logs/NAME.log      each service's log (plain text)
@@ -17,8 +19,16 @@ any folder::
 
 ``down`` stops every process ``up`` started (SIGTERM, then SIGKILL after a
 grace period), then Kafka and Redis if ``up`` started them, and removes both
-state files. Metrics endpoints bind 127.0.0.1 on free ports, printed by ``up``
-and ``status``. Nothing here runs at import time.
+state files. Metrics endpoints and the dashboard bind 127.0.0.1 on free ports,
+printed by ``up`` and ``status``.
+
+Principals (``docs/security.md``): with a secured Kafka and Redis started here,
+each service connects as its own Kafka principal, and the dashboard as ``web``
+(read-only on Kafka and Redis). With ``--bootstrap``/``--redis`` the services
+use the caller's credentials, except the dashboard, which is ``web`` whenever
+the caller names the secrets directories (``APPORTION_KAFKA_SECRETS_DIR``,
+``APPORTION_REDIS_SECRETS_DIR``: the caller is those servers' admin, as the
+test fixtures are). Nothing here runs at import time.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -36,8 +47,12 @@ import typer
 
 from apportion.bus.security import principal_env, redis_env
 
-#: The services in start order (the policy first: the others read the tree it validates).
-SERVICES = ("policy", "accounting", "dispatcher", "node_agent")
+#: The services in start order (the policy first: the others read the tree it validates); the dashboard last,
+#: so ``down`` (reverse order) stops it first.
+SERVICES = ("policy", "accounting", "dispatcher", "node_agent", "web")
+
+#: The read-only dashboard's name in :data:`SERVICES` (``--no-web`` leaves it out).
+WEB = "web"
 
 #: A line each service logs once it is ready.
 READY_LINE = {
@@ -45,6 +60,7 @@ READY_LINE = {
     "accounting": "started by",
     "dispatcher": "leading with fencing token",
     "node_agent": "registered ",
+    "web": "Uvicorn running on",  # uvicorn's line once the socket is bound
 }
 
 #: Wall seconds ``up`` waits for every service to be ready.
@@ -86,6 +102,12 @@ class StackInfo:
     redis_secrets: str = ""  # Redis's password files; the CLI reads as cli
 
     @property
+    def web_url(self) -> str:
+        """The dashboard's address (``""`` when the stack runs without it); its metrics at ``/metrics``."""
+        port = self.metrics.get(WEB)
+        return f"http://127.0.0.1:{port}/" if port and WEB in self.pids else ""
+
+    @property
     def log_dir(self) -> Path:
         return self.run_dir / "logs"
 
@@ -113,6 +135,8 @@ class StackInfo:
         lines += [f"{k}={v}" for k, v in sorted(self.clock.items())]
         lines += [f"PID_{n.upper()}={p}" for n, p in sorted(self.pids.items())]
         lines += [f"METRICS_{n.upper()}=127.0.0.1:{p}" for n, p in sorted(self.metrics.items())]
+        if self.web_url:
+            lines.append(f"WEB_URL={self.web_url}")
         return lines
 
     @classmethod
@@ -160,6 +184,8 @@ class StackInfo:
                     f"{name:<11} pid {self.pids[name]:<7} {state:<11}"
                     + (f" metrics http://127.0.0.1:{m}/metrics" if m else "")
                 )
+        if self.web_url:
+            lines.append(f"dashboard {self.web_url} (read-only, 127.0.0.1)")
         return lines
 
 
@@ -215,11 +241,17 @@ def up(
     prefix: str = "",
     time_scale: float = 1.0,
     heartbeat_timeout_s: float | None = None,
+    web: bool = True,
+    simulate_json: Sequence[str] = (),
     say: object = print,
 ) -> StackInfo:
     """Start the stack (see the module docstring); on failure stop what was started and raise.
 
     A stack already running from ``run_dir`` is returned as it is (``up`` twice is harmless).
+
+    Args:
+        web: start the read-only dashboard too (``services.web`` on a free 127.0.0.1 port).
+        simulate_json: ``apportion simulate --json`` files for the dashboard's ``/simulate`` page.
 
     Raises:
         StackUpError: a part did not start or become ready within :data:`READY_TIMEOUT_S`.
@@ -271,7 +303,8 @@ def up(
             os.environ.pop("APPORTION_TOPIC_PREFIX", None)
         else:
             os.environ["APPORTION_TOPIC_PREFIX"] = saved
-    ports = free_ports(len(SERVICES))
+    names = [n for n in SERVICES if web or n != WEB]
+    ports = free_ports(len(names))
     epoch = datetime.now(UTC).isoformat()
     base = {
         k: v for k, v in os.environ.items() if not (k.startswith("APPORTION_") or k in ("KAFKA_BOOTSTRAP", "REDIS_URL"))
@@ -295,14 +328,19 @@ def up(
         }
         base.update(info.clock)
     try:
-        for name, port in zip(SERVICES, ports, strict=True):
+        for name, port in zip(names, ports, strict=True):
             args = [sys.executable, "-m", f"services.{name}"]
             if name == "node_agent":
                 args += ["--sim-nodes", str(sim_nodes), "--gpus-per-node", str(gpus_per_node)]
             if name == "dispatcher" and heartbeat_timeout_s is not None:
                 args += ["--heartbeat-timeout-s", str(heartbeat_timeout_s)]
             env = dict(base, APPORTION_METRICS_PORT=str(port))
-            if info.kafka_secrets:  # each service is its own Kafka principal (ACLs: apportion.bus.security)
+            if name == WEB:  # one port: its pages and its own /metrics
+                args += ["--port", str(port), "--host", "127.0.0.1"]
+                args += [a for f in simulate_json for a in ("--simulate-json", str(Path(f).resolve()))]
+                env.pop("APPORTION_METRICS_PORT")
+                _as_web(info, env)
+            elif info.kafka_secrets:  # each service is its own Kafka principal (ACLs: apportion.bus.security)
                 env.update(principal_env(name.replace("_", "-"), Path(info.kafka_secrets)))
             if info.redis_secrets and name in ("dispatcher", "accounting"):  # the two that keep read models
                 env.update(redis_env(name, Path(info.redis_secrets)))
@@ -320,7 +358,7 @@ def up(
             (run_dir / "services" / f"{name}.pid").write_text(f"{proc.pid}\n")
         _write_state(info)
         deadline = time.monotonic() + READY_TIMEOUT_S
-        waiting = list(SERVICES)
+        waiting = list(names)
         while waiting:
             for name in list(waiting):
                 if _ready(info, name):
@@ -337,6 +375,24 @@ def up(
         down(run_dir, say=lambda *_: None)
         raise
     return info
+
+
+def _as_web(info: StackInfo, env: dict[str, str]) -> None:
+    """Make ``env`` the dashboard's: Kafka principal and Redis user ``web`` (read-only, ``docs/security.md``).
+
+    The secrets directories are the stack's own (started here), else the caller's
+    ``APPORTION_KAFKA_SECRETS_DIR`` / ``APPORTION_REDIS_SECRETS_DIR`` (an admin of the given servers); without
+    them (or without a ``web`` password there) the dashboard keeps the caller's credentials. A password given
+    in the environment is dropped with the user it belonged to.
+    """
+    kafka = info.kafka_secrets or env.get("APPORTION_KAFKA_SECRETS_DIR", "")
+    if kafka and (Path(kafka) / f"{WEB}.password").is_file():
+        env.pop("APPORTION_KAFKA_PASSWORD", None)
+        env.update(principal_env(WEB, Path(kafka)))
+    redis = info.redis_secrets or env.get("APPORTION_REDIS_SECRETS_DIR", "")
+    if redis and (Path(redis) / f"{WEB}.password").is_file():
+        env.pop("APPORTION_REDIS_PASSWORD", None)
+        env.update(redis_env(WEB, Path(redis)))
 
 
 def _stop_pid(pid: int, grace_s: float) -> bool:
@@ -406,7 +462,7 @@ def down(run_dir: Path, *, say: object = print) -> list[str]:
 
 
 stack_app = typer.Typer(
-    help="An interactive local stack: Kafka, Redis, the four services, N simulated nodes.",
+    help="An interactive local stack: Kafka, Redis, the four services, N simulated nodes, the web dashboard.",
     no_args_is_help=True,
 )
 
@@ -438,8 +494,18 @@ def up_cmd(
         str | None, typer.Option("--bootstrap", help="Use this Kafka instead of starting one.")
     ] = None,
     redis_url: Annotated[str | None, typer.Option("--redis", help="Use this Redis instead of starting one.")] = None,
+    web: Annotated[
+        bool, typer.Option("--web/--no-web", help="Start the read-only web dashboard (127.0.0.1, a free port).")
+    ] = True,
+    simulate_json: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--simulate-json", help="A `simulate --json` file for the dashboard's /simulate page.", exists=True
+        ),
+    ] = None,
 ) -> None:
-    """Start Kafka + Redis (unless given), the four services and N simulated nodes; print where they are."""
+    """Start Kafka + Redis (unless given), the four services, N simulated nodes and the web dashboard; print where
+    they are."""
     d = run_dir or default_run_dir()
     try:
         info = up(
@@ -451,6 +517,8 @@ def up_cmd(
             prefix=prefix,
             time_scale=time_scale,
             heartbeat_timeout_s=max(30.0, 3 * time_scale) if time_scale != 1.0 else None,
+            web=web,
+            simulate_json=[str(p) for p in simulate_json or ()],
             say=typer.echo,
         )
     except StackUpError as exc:
@@ -496,6 +564,7 @@ def status_cmd(
                 n: {"pid": p, "running": alive(p), "metrics": f"http://127.0.0.1:{info.metrics[n]}/metrics"}
                 for n, p in sorted(info.pids.items())
             },
+            "web": info.web_url or None,
         }
         typer.echo(json.dumps(doc, indent=2, sort_keys=True))
     else:

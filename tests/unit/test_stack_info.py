@@ -1,0 +1,89 @@
+"""`stack up`'s record of a stack with and without the dashboard, and the dashboard's read-only credentials."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from apportion.cli.stack import SERVICES, WEB, StackInfo, _as_web
+
+
+def _info(tmp_path: Path, *, web: bool) -> StackInfo:
+    info = StackInfo(tmp_path, "127.0.0.1:9092", "redis://127.0.0.1:6379/0", "p.")
+    for i, name in enumerate(n for n in SERVICES if web or n != WEB):
+        info.pids[name] = 1000 + i
+        info.metrics[name] = 7000 + i
+    return info
+
+
+def test_the_dashboard_is_written_read_back_and_described_at_its_port(tmp_path: Path) -> None:
+    info = _info(tmp_path, web=True)
+    assert SERVICES[-1] == WEB  # started last, so `down` (reverse order) stops it first
+    (tmp_path / "stack.env").write_text("\n".join(info.env_lines()) + "\n")
+    back = StackInfo.read(tmp_path)
+    assert back is not None and back.pids == info.pids and back.metrics == info.metrics
+    assert back.web_url == "http://127.0.0.1:7004/"
+    assert "WEB_URL=http://127.0.0.1:7004/" in info.env_lines()
+    assert "dashboard http://127.0.0.1:7004/ (read-only, 127.0.0.1)" in back.describe()
+
+
+def test_without_the_dashboard_nothing_names_it(tmp_path: Path) -> None:
+    info = _info(tmp_path, web=False)
+    assert info.web_url == ""
+    assert not [ln for ln in info.env_lines() if "WEB" in ln]
+    assert not [ln for ln in info.describe() if ln.startswith(("dashboard", "web"))]
+
+
+def test_the_dashboard_connects_as_web_with_the_password_files_and_drops_anothers_password(tmp_path: Path) -> None:
+    kafka, redis = tmp_path / "kafka", tmp_path / "redis"
+    for d in (kafka, redis):
+        d.mkdir()
+        (d / "web.password").write_text("s3cret\n")
+    info = StackInfo(tmp_path, "b", "r")
+    env = {
+        "APPORTION_KAFKA_USER": "admin",
+        "APPORTION_KAFKA_PASSWORD": "admins",
+        "APPORTION_KAFKA_SECRETS_DIR": str(kafka),
+        "APPORTION_REDIS_USER": "admin",
+        "APPORTION_REDIS_PASSWORD": "admins",
+        "APPORTION_REDIS_SECRETS_DIR": str(redis),
+    }
+    _as_web(info, env)  # an external stack: the caller (admin) names the secrets directories
+    assert env == {
+        "APPORTION_KAFKA_USER": "web",
+        "APPORTION_KAFKA_PASSWORD_FILE": str(kafka / "web.password"),
+        "APPORTION_KAFKA_SECRETS_DIR": str(kafka),
+        "APPORTION_REDIS_USER": "web",
+        "APPORTION_REDIS_PASSWORD_FILE": str(redis / "web.password"),
+        "APPORTION_REDIS_SECRETS_DIR": str(redis),
+    }
+
+
+def test_without_a_web_password_the_dashboard_keeps_the_callers_credentials(tmp_path: Path) -> None:
+    env = {"APPORTION_KAFKA_USER": "ops", "APPORTION_KAFKA_SECRETS_DIR": str(tmp_path)}
+    _as_web(StackInfo(tmp_path, "b", "r"), env)
+    assert env == {"APPORTION_KAFKA_USER": "ops", "APPORTION_KAFKA_SECRETS_DIR": str(tmp_path)}
+
+
+@pytest.mark.parametrize(("flags", "web"), [((), True), (("--no-web",), False)])
+def test_stack_up_starts_the_dashboard_unless_told_not_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...], web: bool
+) -> None:
+    from typer.testing import CliRunner
+
+    from apportion.cli import stack as stack_mod
+    from apportion.cli.main import app
+
+    asked: dict[str, object] = {}
+
+    def fake_up(run_dir: Path, **kw: object) -> StackInfo:  # what `up` was asked for; nothing is started
+        asked.update(kw)
+        return _info(tmp_path, web=bool(kw["web"]))
+
+    monkeypatch.setattr(stack_mod, "up", fake_up)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    res = CliRunner().invoke(app, ["stack", "up", "--dir", str(tmp_path), *flags])
+    assert res.exit_code == 0, res.output
+    assert asked["web"] is web and asked["simulate_json"] == []
+    assert ("dashboard http://127.0.0.1:7004/ (read-only, 127.0.0.1)" in res.stdout) is web
