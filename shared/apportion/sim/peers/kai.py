@@ -32,7 +32,7 @@ Re-implemented from KAI's documentation and code (github:NVIDIA/KAI-Scheduler:
   go when Y, before losing it, is above its fair share (``MaintainFairShare``)
   or X with J stays within its deserved quota while Y is above its deserved
   quota (``GuaranteeDeservedQuota``); and the reclaimer stays below its
-  siblings' saturation (``isFairShareSaturationLowerPerResource``: at every
+  siblings' saturation (``isFairShareUtilizationLowerPerResource``: at every
   level of x's path, if ``(allocated + J) / fair share > 1``, it must be below
   every involved sibling's ``remaining / fair share`` times
   ``reclaimerUtilizationMultiplier`` = 1.0). Then x's own unallocated runs
