@@ -853,6 +853,8 @@ class DispatcherConfigured(Event):
             (those dispatchers preempted at once, which is what 0 means).
         checkpoint_wait_s: ``EngineConfig.checkpoint_wait_s``, seconds; 0 in records written before it
             existed (those dispatchers did not wait for a victim's checkpoint, which is what 0 means).
+        protection_cap_w: ``EngineConfig.protection_cap_w``; 0.25 in records written before it existed
+            (those dispatchers capped protection growth at W / 4).
         dispatcher_producer: the ``producer`` of its decisions.
     """
 
@@ -867,6 +869,7 @@ class DispatcherConfigured(Event):
     reservation_after_s: float = Field(ge=0)
     patience_s: float = Field(default=0.0, ge=0)
     checkpoint_wait_s: float = Field(default=0.0, ge=0)
+    protection_cap_w: float = Field(default=0.25, gt=0)
     dispatcher_producer: str = "dispatcher"
 
 

@@ -74,12 +74,14 @@ def test_a_fairtree_3_record_re_runs_with_the_checkpoint_rule_off() -> None:
     # written before checkpoint_rule existed: no checkpoint_wait_s field (read as 0, the rule off)
     raw = _rec(LIVE, 1, h(0)).model_dump(mode="json")
     del raw["checkpoint_wait_s"]
+    del raw["protection_cap_w"]
     raw["policy_version"] = "fairtree-3"
     from apportion import events
 
     got = config_from_log([events.DispatcherConfigured.model_validate(raw)])
     assert got is not None
     assert (got.engine.checkpoint_wait_s, got.engine.policy_version) == (0.0, "fairtree-3")
+    assert got.engine.protection_cap_w == 0.25  # fairtree-3 capped protection growth at W / 4
 
 
 def test_the_record_carries_the_checkpoint_wait() -> None:

@@ -126,16 +126,24 @@ PROTECTION_CASES = [
     pytest.param(60.0, 1, None, None, 120.0, id="once preempted: doubled"),
     pytest.param(60.0, 5, None, None, 1920.0, id="five times: 60 * 32"),
     pytest.param(60.0, 5, 600.0, None, 600.0, id="capped by the budget's max_min_runtime"),
-    pytest.param(3600.0, 8, None, 7 * 86400.0, 151200.0, id="capped by W/4 (42 h of a 7-day window)"),
+    pytest.param(3600.0, 8, None, 7 * 86400.0, 604800.0, id="2**8 h = 256 h capped by W (168 h of a 7-day window)"),
+    pytest.param(7200.0, 5, None, 7 * 86400.0, 230400.0, id="2 h x 2**5 = 64 h: above W/4 (42 h), under W"),
     pytest.param(3600.0, 3, 1800.0, None, 3600.0, id="a cap below min_runtime never shortens the promise"),
     pytest.param(0.0, 4, None, None, 0.0, id="unallocated: no protection"),
-    pytest.param(60.0, 10_000, None, 86400.0, 21600.0, id="huge counts do not overflow"),
+    pytest.param(60.0, 10_000, None, 86400.0, 86400.0, id="huge counts do not overflow (capped by W)"),
 ]
 
 
 @pytest.mark.parametrize("min_rt, n, max_rt, window, expected", PROTECTION_CASES)
 def test_protection_s(min_rt, n, max_rt, window, expected):
     assert protection_s(min_rt, n, max_rt, window) == expected
+
+
+def test_protection_s_with_the_fairtree_3_cap_of_w_over_4():
+    # logs decided before fairtree-4 recorded no protection_cap_w: read as 0.25, 42 h of a 7-day window
+    assert protection_s(3600.0, 8, None, 7 * 86400.0, 0.25) == 151200.0
+    assert protection_s(7200.0, 5, None, 7 * 86400.0, 0.25) == 151200.0
+    assert protection_s(7200.0, 4, None, 7 * 86400.0, 0.25) == 115200.0  # 32 h: under either cap
 
 
 def placed_with(job_id, protection_s_, **kw) -> ev.JobPlaced:

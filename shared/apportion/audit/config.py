@@ -41,6 +41,7 @@ def configured_event(
         reservation_after_s=e.reservation_after_s,
         patience_s=e.patience_s,
         checkpoint_wait_s=e.checkpoint_wait_s,
+        protection_cap_w=e.protection_cap_w,
         dispatcher_producer=cfg.producer,
     )
 
@@ -53,6 +54,7 @@ def config_from_event(ev: events.DispatcherConfigured) -> DispatchConfig:
             reservation_after_s=ev.reservation_after_s,
             patience_s=ev.patience_s,
             checkpoint_wait_s=ev.checkpoint_wait_s,
+            protection_cap_w=ev.protection_cap_w,
             window_s=ev.window_s,
             grace_s=ev.grace_s,
             policy_version=ev.policy_version,
@@ -64,8 +66,9 @@ def config_from_event(ev: events.DispatcherConfigured) -> DispatchConfig:
 
 
 #: Older policy versions whose decisions this engine re-runs exactly with the configuration their record gives:
-#: ``fairtree-3`` is ``fairtree-4`` without :func:`~apportion.domain.preemption.checkpoint_rule` (its records
-#: carry no ``checkpoint_wait_s``, read as 0, which turns the rule off); ``fairtree-2`` is ``fairtree-3`` without
+#: ``fairtree-3`` is ``fairtree-4`` without :func:`~apportion.domain.preemption.checkpoint_rule` and with
+#: protection growth capped at W / 4 (its records carry no ``checkpoint_wait_s``, read as 0, which turns the
+#: rule off, and no ``protection_cap_w``, read as 0.25); ``fairtree-2`` is ``fairtree-3`` without
 #: :func:`~apportion.domain.preemption.patience_rule` (no ``patience_s``, read as 0).
 COMPATIBLE_VERSIONS = ("fairtree-3", "fairtree-2")
 

@@ -106,18 +106,26 @@ RunKey = tuple[str, int]
 #: Most doublings :func:`protection_s` applies (2**60 x any minimum runtime is past every cap).
 _MAX_DOUBLINGS = 60
 
+PROTECTION_CAP_W = 1.0
+"""Default cap of the protection growth, as a fraction of the window W (``EngineConfig.protection_cap_w``).
+The whole window since policy ``fairtree-4``: with DESIGN's ``W / 4`` a job longer than the sum of its
+protections (a 187 h job on Philly week 44) was preempted every 42 h once the cap was reached, six times in
+all; with W every job of week 44 was preempted at most 5 times (``docs/simulation.md``, sixth session)."""
+
 
 def protection_s(
     min_runtime_s: float,
     preemptions: int,
     max_min_runtime_s: float | None = None,
     window_s: float | None = None,
+    window_fraction: float = PROTECTION_CAP_W,
 ) -> float:
     """Length of a run's preemption protection, seconds: the one home of DESIGN section 3's
     "bounded churn" rule.
 
     ``min_runtime * 2**preemptions``, capped by the budget's ``max_min_runtime``
-    and by ``W / 4``, and never below ``min_runtime`` (the caps bound the
+    and by ``W x window_fraction`` (default the whole window, :data:`PROTECTION_CAP_W`;
+    ``W / 4``, DESIGN's example, up to policy ``fairtree-3``), and never below ``min_runtime`` (the caps bound the
     growth, not the promise of the contract: "protected for min_runtime
     after each start"). ``preemptions`` counts how many times the job was
     preempted before this attempt (its ``JobPreempted`` events in the log),
@@ -136,14 +144,17 @@ def protection_s(
         max_min_runtime_s: the budget's (inherited) ``max_min_runtime``,
             seconds, or ``None`` (no cap).
         window_s: occupancy window W, seconds, or ``None`` (no cap).
+        window_fraction: the growth cap as a fraction of W (``EngineConfig.protection_cap_w``).
 
     Returns:
         Protection in seconds (``min_runtime_s <= result``).
 
     >>> protection_s(60.0, 0), protection_s(60.0, 3), protection_s(60.0, 3, max_min_runtime_s=300.0)
     (60.0, 480.0, 300.0)
-    >>> protection_s(3600.0, 10, window_s=4 * 7200.0), protection_s(3600.0, 1, max_min_runtime_s=60.0)
+    >>> protection_s(3600.0, 10, window_s=7200.0), protection_s(3600.0, 1, max_min_runtime_s=60.0)
     (7200.0, 3600.0)
+    >>> protection_s(3600.0, 10, window_s=4 * 7200.0, window_fraction=0.25)
+    7200.0
     """
     if min_runtime_s <= 0.0:
         return 0.0
@@ -151,8 +162,8 @@ def protection_s(
         return min_runtime_s  # the common case: every cap is >= min_runtime's promise
     grown = min_runtime_s * 2.0 ** (preemptions if preemptions < _MAX_DOUBLINGS else _MAX_DOUBLINGS)
     cap = math.inf if max_min_runtime_s is None else max_min_runtime_s
-    if window_s is not None and window_s / 4.0 < cap:
-        cap = window_s / 4.0
+    if window_s is not None and window_s * window_fraction < cap:
+        cap = window_s * window_fraction
     if grown > cap:
         grown = cap
     return grown if grown > min_runtime_s else min_runtime_s

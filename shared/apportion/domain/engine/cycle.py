@@ -353,7 +353,13 @@ def run_cycle(
             and free.reserved_fits(g, model)
         ):
             # backfill the waiting reservation's free GPUs (DESIGN section 3: a reservation never idles GPUs)
-            prot = protection_s(job.min_runtime_s, job.preemptions, tree.max_min_runtime_s(job.budget), cfg.window_s)
+            prot = protection_s(
+                job.min_runtime_s,
+                job.preemptions,
+                tree.max_min_runtime_s(job.budget),
+                cfg.window_s,
+                cfg.protection_cap_w,
+            )
             br = _branches(leaf, hold_leaf)
             may = br is not None and (
                 branch_rule(br[0], br[1], br[2], queue, cfg.delta, hold_charge, moves)[0] == RULE_EXPIRED_BEHIND

@@ -129,11 +129,13 @@ def emit_placed(
 ) -> None:
     """Append the ``JobPlaced`` of ``job``. With ``tree`` its decision records the
     protection (:func:`protection_s` of the job's preemptions, capped by the budget's
-    ``max_min_runtime`` and ``W / 4``); without (baseline policies), none: the
+    ``max_min_runtime`` and ``W x protection_cap_w``); without (baseline policies), none: the
     protection is then the minimum runtime."""
     protection = None
     if job.min_runtime_s > 0 and tree is not None:
-        protection = protection_s(job.min_runtime_s, job.preemptions, tree.max_min_runtime_s(job.budget), cfg.window_s)
+        protection = protection_s(
+            job.min_runtime_s, job.preemptions, tree.max_min_runtime_s(job.budget), cfg.window_s, cfg.protection_cap_w
+        )
     out.append(
         JobPlaced(
             event_id=det_id("JobPlaced", job.job_id, job.attempt),

@@ -12,6 +12,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from apportion.domain.cluster import PROTECTION_CAP_W
 from apportion.timeutil import WEEK_S, Micros
 
 __all__ = [
@@ -25,7 +26,8 @@ __all__ = [
 ]
 
 POLICY_VERSION = "fairtree-4"
-"""fairtree-4: fairtree-3 and :func:`~apportion.domain.preemption.checkpoint_rule` (``EngineConfig.checkpoint_wait_s``).
+"""fairtree-4: fairtree-3 and :func:`~apportion.domain.preemption.checkpoint_rule` (``EngineConfig.checkpoint_wait_s``),
+protection growth capped by W instead of W / 4 (``EngineConfig.protection_cap_w``).
 fairtree-3: fairtree-2 and :func:`~apportion.domain.preemption.patience_rule` (``EngineConfig.patience_s``).
 fairtree-2: after-move test, no same-cycle reversal, protection grown per preemption,
 cold-start capacity floor, reservation backfill, spare models first (issue 12)."""
@@ -55,6 +57,8 @@ class EngineConfig:
         checkpoint_wait_s: longest a preemption waits for its victims' next checkpoint when waiting
             costs fewer GPU-seconds than it saves (:func:`~apportion.domain.preemption.checkpoint_rule`;
             default 2 h, 0 turns the rule off).
+        protection_cap_w: cap of the protection growth as a fraction of ``window_s``
+            (:func:`~apportion.domain.cluster.protection_s`; default 1, the whole window).
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -66,6 +70,7 @@ class EngineConfig:
     grace_s: float = 30.0
     patience_s: float = PATIENCE_S
     checkpoint_wait_s: float = CHECKPOINT_WAIT_S
+    protection_cap_w: float = PROTECTION_CAP_W
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"
