@@ -33,8 +33,11 @@ What ``decide`` does per input (DESIGN sections 2 and 3):
     preempted; a draining node without runs -> ``NodeDrained``.
 
 Finishing a stop: the victim gets ``JobRequeued`` (attempt + 1, original
-``submitted_at``) unless it was cancelled, and every preemptor that was
-waiting only for it gets its ``StartWorkload`` per replica.
+``submitted_at``) unless it was cancelled or every replica reported
+``JobCompleted`` (its work was done before the stop reached it: the job is
+finished, as a replay that folds the report before the preemption says), and
+every preemptor that was waiting only for it gets its ``StartWorkload`` per
+replica.
 
 ``evolve`` mutates the state in place and returns it (the dispatcher folds
 every event; copying per event would cost O(state)). A cycle never sees
@@ -200,12 +203,16 @@ class _Stopping:
     period (a lost gang's surviving replicas: ``JobLost`` carries no grace,
     so the deadline is derived from the config, which the dispatcher records,
     and replays identically from the jobs topic).
+    ``completed``: every replica reported so far ended with ``JobCompleted``
+    (its work was done before the stop reached it); when the last one has,
+    the job is finished, not requeued.
     """
 
     deadline_us: Micros
     replicas_left: frozenset[int]
     requeue: bool
     plus_grace: bool = False
+    completed: bool = True
 
 
 class DispatchState:
@@ -589,7 +596,15 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         st = state.stopping.get(key)
         if st is not None:
             left = frozenset() if ev.replica is None else st.replicas_left - {ev.replica}
-            state.stopping[key] = _Stopping(st.deadline_us, left, st.requeue, st.plus_grace)
+            done = st.completed and isinstance(ev, JobCompleted)
+            state.stopping[key] = _Stopping(st.deadline_us, left, st.requeue, st.plus_grace, done)
+            rec = jobs.get(ev.job_id)
+            if done and not left and rec is not None and rec.attempt == ev.attempt:
+                # the run finished its work before the stop reached it (the agent's report was in flight when
+                # the dispatcher preempted it): the job is done, as a replay that folds the report first says.
+                # The stop entry stays until _finish_stop has started the preemptors waiting for its GPUs.
+                del jobs[ev.job_id]
+                state.finished[ev.job_id] = t_ev
         else:
             rec = jobs.get(ev.job_id)
             if (
@@ -622,7 +637,7 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
             if run is not None:
                 # a gang's replicas on other nodes are stopping, with the configured grace period
                 jobs[ev.job_id] = replace(rec, status="stopping")
-                state.stopping[key] = _Stopping(to_us(ev.ts), run.open_replicas, True, plus_grace=True)
+                state.stopping[key] = _Stopping(to_us(ev.ts), run.open_replicas, True, plus_grace=True, completed=False)
             else:
                 jobs[ev.job_id] = replace(rec, status="lost")
     elif isinstance(ev, NodeDrainRequested):
@@ -875,7 +890,11 @@ def _finish_stop(
     job_id, attempt = key
     out: list[Event] = []
     rec = state.jobs.get(job_id)
-    if rec is not None and st.requeue:
+    if rec is None:  # it completed before the stop reached it (evolve finished the job): nothing to requeue,
+        out = _start_waiting(state, key, ts, prod, finished)  # and no JobRequeued will end the stop entry
+        _stop_done(state, key)
+        return out
+    if st.requeue:
         out.append(requeue_event(rec, attempt, ts, prod, "preempted"))
     return out + _start_waiting(state, key, ts, prod, finished)
 
