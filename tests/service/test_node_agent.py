@@ -226,9 +226,12 @@ def test_heartbeat_reports_the_seeded_utilisation_of_simulated_runs_and_squattin
     probe.utilization[0] = 12.0  # a measured value is never overwritten
     assert logic.heartbeat_event(st, "n1", T0, probe.sample(), sim_util_seed=0).gpus[0].utilization_pct == 12.0
     real = logic.replace(st, nodes={"n1": spec(simulated=False)})
-    assert logic.heartbeat_event(real, "n1", T0, FakeGpuProbe.with_gpus(4).sample(), sim_util_seed=0).gpus[
-        2
-    ].utilization_pct is None  # a real node's GPUs are measured, never drawn
+    assert (
+        logic.heartbeat_event(real, "n1", T0, FakeGpuProbe.with_gpus(4).sample(), sim_util_seed=0)
+        .gpus[2]
+        .utilization_pct
+        is None
+    )  # a real node's GPUs are measured, never drawn
 
     beats = [logic.heartbeat_event(st, "n1", T0 + timedelta(minutes=m), probe.sample(), 0) for m in range(0, 50, 10)]
     rep = squatting_report(records_from_events(beats), threshold_s=1800)
