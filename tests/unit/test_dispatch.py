@@ -123,6 +123,19 @@ def test_a_victim_that_completed_before_the_stop_reached_it_is_finished_not_requ
     assert replay.ledger.unallocated_us(h(2))["lab/b"] == state.ledger.unallocated_us(h(2))["lab/b"] == want
 
 
+def test_a_completion_stamped_after_the_preemption_is_a_stop_report_and_the_victim_is_requeued():
+    # the workload ran out its duration during the grace period (the agent read the stop late): it was stopped
+    # by the dispatcher's decision, so it is requeued, as a replay in event-time order also says
+    state = given(reg("n0"), submitted("u", budget="lab/b", gpus=4, min_runtime_s=0))
+    step(state, Tick(T0), T0, CFG)
+    step(state, submitted("j", budget="lab/a", user="alice", gpus=4, at=h(1)), h(1), CFG)
+    step(state, Tick(h(1)), h(1), CFG)
+    late = ev.JobCompleted(job_id="u", attempt=1, replica=0, exit_code=0, ts=from_us(h(1) + 5_000_000))
+    out = step(state, late, h(1) + 6_000_000, CFG)
+    assert types(out) == ["JobRequeued:u", "StartWorkload:j"]
+    assert state.jobs["u"].attempt == 2
+
+
 def test_grace_expiry_finishes_the_stop_without_a_report():
     state = given(reg("n0"), submitted("u", budget="lab/b", gpus=4, min_runtime_s=0))
     step(state, Tick(T0), T0, CFG)

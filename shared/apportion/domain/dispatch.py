@@ -33,9 +33,10 @@ What ``decide`` does per input (DESIGN sections 2 and 3):
     preempted; a draining node without runs -> ``NodeDrained``.
 
 Finishing a stop: the victim gets ``JobRequeued`` (attempt + 1, original
-``submitted_at``) unless it was cancelled or every replica reported
-``JobCompleted`` (its work was done before the stop reached it: the job is
-finished, as a replay that folds the report before the preemption says), and
+``submitted_at``) unless it was cancelled or every replica reported a
+``JobCompleted`` stamped no later than the preemption (its work was done when
+the dispatcher decided: the job is finished, as a replay in event-time order,
+which folds the report first, says), and
 every preemptor that was waiting only for it gets its ``StartWorkload`` per
 replica.
 
@@ -203,16 +204,19 @@ class _Stopping:
     period (a lost gang's surviving replicas: ``JobLost`` carries no grace,
     so the deadline is derived from the config, which the dispatcher records,
     and replays identically from the jobs topic).
-    ``completed``: every replica reported so far ended with ``JobCompleted``
-    (its work was done before the stop reached it); when the last one has,
-    the job is finished, not requeued.
+    ``completed_by``: the preemption's time while every replica reported so
+    far ended with a ``JobCompleted`` stamped at or before it (the run had
+    finished its work when the dispatcher decided to stop it, and the report
+    was in flight); when the last replica has, the job is finished, not
+    requeued. ``None`` otherwise (a stop report, a completion after the
+    preemption, a lost run): the stop ends as usual.
     """
 
     deadline_us: Micros
     replicas_left: frozenset[int]
     requeue: bool
     plus_grace: bool = False
-    completed: bool = True
+    completed_by: Micros | None = None
 
 
 class DispatchState:
@@ -572,7 +576,9 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
                 rec.submitted_at_us,
                 rec.queued_at_us,
             )
-            state.stopping[key] = _Stopping(to_us(ev.ts) + s_to_us(ev.grace_s), run.open_replicas, True)
+            state.stopping[key] = _Stopping(
+                to_us(ev.ts) + s_to_us(ev.grace_s), run.open_replicas, True, completed_by=to_us(ev.ts)
+            )
     elif isinstance(ev, JobRequeued):
         rec = jobs.get(ev.job_id)
         _stop_done(state, (ev.job_id, ev.attempt - 1))
@@ -596,13 +602,14 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         st = state.stopping.get(key)
         if st is not None:
             left = frozenset() if ev.replica is None else st.replicas_left - {ev.replica}
-            done = st.completed and isinstance(ev, JobCompleted)
-            state.stopping[key] = _Stopping(st.deadline_us, left, st.requeue, st.plus_grace, done)
+            by = st.completed_by
+            done = by is not None and isinstance(ev, JobCompleted) and t_ev <= by
+            state.stopping[key] = _Stopping(st.deadline_us, left, st.requeue, st.plus_grace, by if done else None)
             rec = jobs.get(ev.job_id)
             if done and not left and rec is not None and rec.attempt == ev.attempt:
-                # the run finished its work before the stop reached it (the agent's report was in flight when
-                # the dispatcher preempted it): the job is done, as a replay that folds the report first says.
-                # The stop entry stays until _finish_stop has started the preemptors waiting for its GPUs.
+                # the run had finished its work when the dispatcher preempted it (the agent's report, stamped
+                # earlier, was in flight): the job is done, as a replay in event-time order, which folds the report
+                # first, says. The stop entry stays until _finish_stop has started the preemptors waiting for it.
                 del jobs[ev.job_id]
                 state.finished[ev.job_id] = t_ev
         else:
@@ -637,7 +644,7 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
             if run is not None:
                 # a gang's replicas on other nodes are stopping, with the configured grace period
                 jobs[ev.job_id] = replace(rec, status="stopping")
-                state.stopping[key] = _Stopping(to_us(ev.ts), run.open_replicas, True, plus_grace=True, completed=False)
+                state.stopping[key] = _Stopping(to_us(ev.ts), run.open_replicas, True, plus_grace=True)
             else:
                 jobs[ev.job_id] = replace(rec, status="lost")
     elif isinstance(ev, NodeDrainRequested):
