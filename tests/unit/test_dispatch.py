@@ -109,9 +109,11 @@ def test_a_victim_that_completed_before_the_stop_reached_it_is_finished_not_requ
     assert types(out) == ["StartWorkload:j"]
     log += [done, *out]
     assert "u" not in state.jobs and "u" in state.finished and not state.stopping and not state.awaiting
+    assert list(state.cluster.runs) == [("j", 1)] and state.cluster.node_runs["n0"] == {("j", 1)}  # u's GPUs freed
     assert step(state, Tick(h(1) + 60_000_000), h(1) + 60_000_000, CFG) == []  # nothing left to finish
     # a replay that folds the log in event-time order (the report before the preemption) agrees
     replay = fold(sorted(log, key=lambda e: e.ts), TREE)
+    assert replay.cluster.runs.keys() == state.cluster.runs.keys()
     assert (replay.jobs.keys(), replay.finished.keys(), replay.stopping, replay.awaiting) == (
         state.jobs.keys(),
         state.finished.keys(),

@@ -610,6 +610,7 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
                 # the run had finished its work when the dispatcher preempted it (the agent's report, stamped
                 # earlier, was in flight): the job is done, as a replay in event-time order, which folds the report
                 # first, says. The stop entry stays until _finish_stop has started the preemptors waiting for it.
+                state.cluster.finish(key)
                 del jobs[ev.job_id]
                 state.finished[ev.job_id] = t_ev
         else:
