@@ -11,3 +11,4 @@ used.apply_failed  # bus/intake.IntakeStats: a counter, logged and read by the m
 used.startup_report  # bus/stack.LocalStack: shown to operators
 used.job_budget  # sim/core.SimResult: part of the result scripts read
 used.description  # topics.Topic: documentation of the registry
+used.closed  # gpu.FakeGpuProbe: the test double records close() (no test reads it since test_occupancy dropped a same-named dict)

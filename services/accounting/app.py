@@ -34,15 +34,12 @@ the same.
 
 Resume equals rebuild: a resumed state caught up with the log equals a
 rebuild from offset 0 of the same log exactly (tests prove it at every cut,
-with duplicates and shuffled arrival), as long as no state-changing record
-has an event time older than one folded before it. Such a *late* record
-(cross-partition skew between polls, or across the checkpoint) is clamped
-to the ledger clock, as the live service always did, where the rebuild
-sorts it into place; the difference is at most its lateness times its GPUs
-and leaves the window after W. The service counts them
+with duplicates and shuffled arrival). A *late* record (an event time older
+than one folded before it: cross-partition skew between polls, or across the
+checkpoint) takes effect at its own time, as in the rebuild
+(:mod:`apportion.domain.occupancy`); the service counts them
 (``apportion_accounting_late_events``, ``late_events`` in the checkpoint
-header, ``late_across_cut`` in the start log line); ``--rebuild`` restores
-the sorted fold.
+header, ``late_across_cut`` in the start log line) as a measure of skew.
 
 Why not faust here: faust (like the group-based
 :class:`~apportion.bus.consumer.EventConsumer`) resumes from the group's
@@ -93,10 +90,8 @@ class StartReport:
         records: records read to catch up with the log as it was at start.
         late_across_cut: on resume, state-changing records with an event
             time older than the newest one folded before them (the
-            checkpoint's, or the catch-up's own); each was clamped to the
-            ledger clock where a rebuild from 0 would have placed it at its
-            event time. When it is 0 and the checkpoint's ``late_events`` was
-            0, the resumed state equals a rebuild from offset 0 exactly.
+            checkpoint's, or the catch-up's own); each took effect at its own
+            time, as in a rebuild from offset 0.
         seconds: wall seconds from the consumer's assignment to caught up.
     """
 
@@ -215,7 +210,7 @@ class AccountingService:
 
         Returns:
             How many folded records were older than the checkpoint's newest
-            state-changing record (clamped; see :class:`StartReport`).
+            state-changing record (see :class:`StartReport`).
         """
         before = self.late
         self.ingest(records)
@@ -259,9 +254,9 @@ class AccountingService:
                 if self.last_key is None or key > self.last_key:
                     self.last_key = key
                 elif key[0] < self.last_key[0]:
-                    # older than an event already folded: the ledger clamps it to its clock,
-                    # where a rebuild from 0 would fold it at its own time (same-instant events
-                    # of different entities commute, so only older ones count)
+                    # older than an event already folded (a measure of skew: the ledger folds it
+                    # at its own time, as a rebuild does; same-instant events commute, so only
+                    # older ones count)
                     self.late += 1
                     if "late" in self._m:
                         self._m["late"].inc()
@@ -426,7 +421,7 @@ async def run(
             "the checkpoint" if mode == "resume" else "offset 0",
             report.records,
             report.seconds,
-            f"; {crossed} of them older than the checkpoint's newest event (clamped)" if crossed else "",
+            f"; {crossed} of them older than the checkpoint's newest event" if crossed else "",
             extra={"start_mode": mode, "start_records": report.records, "late_across_cut": crossed},
         )
         metrics["start_records"].set(report.records)

@@ -9,7 +9,7 @@ service (:mod:`services.accounting.app`) writes the hash in the same
 MULTI/EXEC as the read model and, on start, falls back to a rebuild from
 offset 0 on any :class:`CheckpointError`.
 
-Format (``FORMAT`` = 1)::
+Format (``FORMAT`` = 2; 1 was written while the ledger clamped late records)::
 
     header  UTF-8 JSON {format, layout, window_s, topic_prefix, offsets,
             clock_us, snapshot_at, last_key, late_events, state_bytes,
@@ -39,9 +39,10 @@ Format (``FORMAT`` = 1)::
   also rewrite the read model).
 * ``last_key`` is the merge key (event µs, topic, partition, offset) of the
   newest state-changing record folded and ``late_events`` how many such
-  records had an event time older than one folded before them (clamped to
-  the ledger clock, see :mod:`apportion.domain.occupancy`): while it is 0
-  the state equals a bulk rebuild of the records below ``offsets``.
+  records had an event time older than one folded before them (each takes
+  effect at its own time, see :mod:`apportion.domain.occupancy`, so the state
+  equals a bulk rebuild of the records below ``offsets`` either way; the
+  count says only how records arrived).
 
 Size: the state is bounded by the window W (the ledger expires older
 breakpoints, ended runs and seen ids). Measured: a week of 100,000 job
@@ -65,7 +66,7 @@ from services.accounting import logic
 
 __all__ = ["FORMAT", "Checkpoint", "CheckpointError", "check_offsets", "decode", "encode", "layout", "read_header"]
 
-FORMAT = 1
+FORMAT = 2
 """Checkpoint format version; a stored checkpoint of another version is not used."""
 
 HEADER = "header"
@@ -89,7 +90,7 @@ class Checkpoint:
             partition the service reads.
         last_key: merge key of the newest state-changing record folded.
         late_events: state-changing records folded with an event time older
-            than one folded before them (clamped to the ledger clock).
+            than one folded before them (folded at their own time all the same).
     """
 
     acc: logic.Accounting

@@ -31,6 +31,9 @@ def parse_args(argv: list[str] | None = None) -> dict:
     ap.add_argument("--gpus-per-node", type=int, help="GPUs per simulated node / declared fallback")
     ap.add_argument("--gpu-model", help="model name of simulated GPUs")
     ap.add_argument("--force-simulated", action="store_true", default=None, help="skip NVML")
+    ap.add_argument(
+        "--sim-util-seed", type=int, help="seed of the GPU utilisation simulated workloads report (default 0)"
+    )
     ap.add_argument("--heartbeat-interval-s", type=float, help="event seconds between heartbeats")
     ap.add_argument("--state-dir", type=Path, help="journal directory (default: a per-agent temporary directory)")
     ap.add_argument(

@@ -106,6 +106,8 @@ class NodeAgent:
             starts refused) and a command stays executable.
         ended_cap: most ended replicas remembered, whatever their age.
         require_fenced_lost: ignore a ``NodeLost`` without a fencing token.
+        sim_util_seed: seed of the GPU utilisation simulated workloads report
+            (:func:`logic.simulated_utilisation`); ``None``: they report none.
     """
 
     def __init__(
@@ -126,7 +128,9 @@ class NodeAgent:
         retention_s: float = logic.RETENTION_S,
         ended_cap: int = 100_000,
         require_fenced_lost: bool = False,
+        sim_util_seed: int | None = None,
     ) -> None:
+        self.sim_util_seed = sim_util_seed
         self.journal = journal or Journal(None)
         self.state: AgentState = logic.initial_state(
             [n for n, _ in nodes],
@@ -275,7 +279,7 @@ class NodeAgent:
         now = self.clock.now()
         for node_id in sorted(self.state.nodes):
             probe = self._probes[node_id]
-            await self._emit(logic.heartbeat_event(self.state, node_id, now, probe.sample()))
+            await self._emit(logic.heartbeat_event(self.state, node_id, now, probe.sample(), self.sim_util_seed))
             if "heartbeats" in self._metrics:
                 self._metrics["heartbeats"].inc()
 
@@ -806,6 +810,7 @@ async def run(
         retention_s=settings.retention_s,
         ended_cap=settings.ended_cap,
         require_fenced_lost=settings.require_fenced_lost,
+        sim_util_seed=settings.sim_util_seed,
     )
     loop = asyncio.get_running_loop()
 

@@ -40,6 +40,10 @@ class NodeAgentSettings(ServiceSettings):
         gpus_per_node: GPUs per simulated node, and the declared fallback inventory.
         gpu_model: model of simulated / declared GPUs.
         force_simulated: do not try NVML even for the real node.
+        sim_util_seed: seed of the GPU utilisation that simulated workloads on
+            simulated nodes report in heartbeats (deterministic per job,
+            about 5% of jobs idle: :func:`services.node_agent.logic.simulated_utilisation`);
+            ``None`` reports none.
         heartbeat_interval_s: event seconds between heartbeats.
         heartbeat_min_wall_s: minimum wall seconds between heartbeats.
         state_dir: where the run journal lives; default a per-agent
@@ -78,6 +82,7 @@ class NodeAgentSettings(ServiceSettings):
     gpus_per_node: int = 8
     gpu_model: str = "sim-a100-80gb"
     force_simulated: bool = False
+    sim_util_seed: int | None = 0
     heartbeat_interval_s: float = 10.0
     heartbeat_min_wall_s: float = 0.5
     state_dir: Path | None = None

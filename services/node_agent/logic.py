@@ -960,12 +960,53 @@ def registered_events(state: AgentState, now: datetime, only: tuple[str, ...] | 
     ]
 
 
-def heartbeat_event(state: AgentState, node_id: str, now: datetime, gpus: tuple[GpuStatus, ...] = ()) -> NodeHeartbeat:
-    """``NodeHeartbeat`` for ``node_id`` with GPU samples and the replicas running there."""
-    running = tuple(
-        RunningWorkload(job_id=w.job_id, attempt=w.attempt, replica=w.replica, gpus=w.gpus)
-        for w in (state.running[k] for k in sorted(state.by_node.get(node_id, ())))
-    )
+#: Fraction of simulated workloads that hold their GPUs without using them (``audit squatting`` finds them).
+SIM_IDLE_FRACTION = 0.05
+
+
+def simulated_utilisation(seed: int, job_id: str) -> float:
+    """GPU utilisation (%) a simulated workload of ``job_id`` reports on each of its GPUs, at every heartbeat.
+
+    A simulated workload does no work, so its utilisation is drawn, not
+    measured: deterministic in ``(seed, job_id)`` (the same for every attempt
+    and replica of the job, on any agent with the same seed). With ``x`` the
+    first 8 bytes of ``sha256(f"{seed}:{job_id}")`` as an unsigned
+    big-endian integer and ``u = x / 2**64`` (uniform on [0, 1)): ``0.0``
+    (idle: a squatter) when ``u < SIM_IDLE_FRACTION``, else
+    ``40 + 60 * (u - f) / (1 - f)`` with ``f = SIM_IDLE_FRACTION``, rounded to
+    0.1 (40-100%, busy).
+    """
+    x = int.from_bytes(hashlib.sha256(f"{seed}:{job_id}".encode()).digest()[:8], "big")
+    u = x / 2**64
+    f = SIM_IDLE_FRACTION
+    return 0.0 if u < f else round(40.0 + 60.0 * (u - f) / (1.0 - f), 1)
+
+
+def heartbeat_event(
+    state: AgentState,
+    node_id: str,
+    now: datetime,
+    gpus: tuple[GpuStatus, ...] = (),
+    sim_util_seed: int | None = None,
+) -> NodeHeartbeat:
+    """``NodeHeartbeat`` for ``node_id`` with GPU samples and the replicas running there.
+
+    With ``sim_util_seed`` given, on a simulated node, a GPU sample without a
+    utilisation that a simulated workload holds reports
+    :func:`simulated_utilisation` of its job (GPUs held by a process, or by
+    nobody, keep what the probe said).
+    """
+    held = [state.running[k] for k in sorted(state.by_node.get(node_id, ()))]
+    running = tuple(RunningWorkload(job_id=w.job_id, attempt=w.attempt, replica=w.replica, gpus=w.gpus) for w in held)
+    node = state.nodes.get(node_id)
+    if sim_util_seed is not None and node is not None and node.simulated:
+        util = {g: simulated_utilisation(sim_util_seed, w.job_id) for w in held if w.simulated for g in w.gpus}
+        gpus = tuple(
+            g.model_copy(update={"utilization_pct": util[g.index]})
+            if g.utilization_pct is None and g.index in util
+            else g
+            for g in gpus
+        )
     return NodeHeartbeat(ts=now, producer=PRODUCER, node_id=node_id, gpus=gpus, running=running)
 
 

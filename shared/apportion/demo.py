@@ -13,12 +13,18 @@
    times, with a progress bar. Reference rules: a seeded 25% of jobs run
    unallocated (min runtime 0), the rest min(duration, 2 h); gangs are
    ceil(n / 8) replicas.
-5. At the end of the slice reads the whole log back and reports per budget
-   share vs occupancy, wait p50/p95, preemptions, utilisation and protection
-   violations (:func:`apportion.audit.report.log_report`), next to the same
-   trace through the deterministic simulator with the same seed, and says
-   whether they agree within ``--tolerance-pp`` percentage points.
-6. Stops everything it started.
+5. At the end of the slice stops the services (:func:`stop_settled`: the node
+   agent first, the rest once the dispatcher has folded the end of every run),
+   reads the whole log back and reports per budget share vs occupancy, wait
+   p50/p95, preemptions, utilisation and protection violations
+   (:func:`apportion.audit.report.log_report`), next to the same trace
+   through the deterministic simulator with the same seed, and says whether
+   they agree within ``--tolerance-pp`` percentage points.
+6. Runs ``audit verify`` on the run's log and read models
+   (:func:`audit_verify`: DESIGN section 11, "verify passes on every log the
+   stack writes") and prints its verdict; the exit code is 0 only when the
+   comparison agrees and verify passes.
+7. Stops Kafka and Redis if it started them.
 
 Run ``python -m apportion.demo --help`` for the options.
 """
@@ -86,6 +92,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+#: Wall seconds between a simulated node's heartbeats, and the dispatcher's heartbeat timeout (six of them).
+HEARTBEAT_WALL_S = 0.5
+HB_TIMEOUT_WALL_S = 6 * HEARTBEAT_WALL_S
+
+
 @dataclass
 class Services:
     """The service processes of one run."""
@@ -98,13 +109,14 @@ class Services:
     def dead(self) -> list[str]:
         return [n for n, p in self.procs.items() if p.poll() is not None]
 
-    def stop(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM every process, then SIGKILL what is left after ``timeout_s``."""
-        for p in self.procs.values():
+    def stop(self, timeout_s: float = 20.0, only: tuple[str, ...] | None = None) -> None:
+        """SIGTERM every process (or those named in ``only``), then SIGKILL what is left after ``timeout_s``."""
+        procs = [p for n, p in self.procs.items() if only is None or n in only]
+        for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         end = time.monotonic() + timeout_s
-        for p in self.procs.values():
+        for p in procs:
             try:
                 p.wait(max(0.1, end - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -115,7 +127,7 @@ class Services:
 def start_services(env: dict[str, str], logs: Path, nodes: int, gpus: int, scale: float) -> Services:
     """Start policy, accounting, dispatcher and one node agent hosting ``nodes`` simulated nodes."""
     logs.mkdir(parents=True, exist_ok=True)
-    hb_wall = 0.5
+    hb_wall = HEARTBEAT_WALL_S
     cmds = {
         "policy": ["services.policy"],
         "accounting": ["services.accounting", "--snapshot-interval-s", "3600"],
@@ -123,7 +135,7 @@ def start_services(env: dict[str, str], logs: Path, nodes: int, gpus: int, scale
         "dispatcher": [
             "services.dispatcher",
             "--heartbeat-timeout-s",
-            str(6 * hb_wall * scale),
+            str(HB_TIMEOUT_WALL_S * scale),
             "--tick-wall-s",
             str(min(0.2, 300.0 / scale)),
         ],
@@ -148,6 +160,43 @@ def start_services(env: dict[str, str], logs: Path, nodes: int, gpus: int, scale
     return Services(procs)
 
 
+def stop_settled(services: Services, bootstrap: str, quiet_s: float, deadline_s: float = 120.0) -> None:
+    """Stop the services so that what they last wrote to Redis is what the log says (``audit verify`` compares).
+
+    The node agent stops first (it reports its runs lost); the dispatcher folds those ends, declares the nodes
+    lost once their heartbeats are overdue, and rewrites its read model within 0.5 s of a change. When the
+    dispatcher's input topics have had no new record for ``quiet_s`` wall seconds (longer than the heartbeat
+    timeout), the rest stop: each writes its read model and checkpoint on the way out.
+    """
+    from kafka import KafkaConsumer, TopicPartition
+
+    from apportion.audit.verify import dispatcher_input_topics
+    from apportion.bus.security import kafka_auth
+
+    services.stop(only=("node_agent",))
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, **kafka_auth())
+    try:
+        parts = [
+            TopicPartition(t, p)
+            for t in dispatcher_input_topics()
+            for p in sorted(consumer.partitions_for_topic(t) or ())
+        ]
+        ends, since = consumer.end_offsets(parts), time.monotonic()
+        end = since + deadline_s
+        while time.monotonic() - since < quiet_s:
+            if services.dead() != ["node_agent"]:
+                raise RuntimeError(f"service(s) {services.dead()} exited while settling; see their logs")
+            if time.monotonic() > end:
+                raise TimeoutError(f"the dispatcher's inputs were not quiet for {quiet_s:.0f} s in {deadline_s:.0f} s")
+            time.sleep(0.5)  # polling the broker from the driver, bounded by the deadline
+            now = consumer.end_offsets(parts)
+            if now != ends:
+                ends, since = now, time.monotonic()
+    finally:
+        consumer.close()
+    services.stop()
+
+
 def _wait_for(pred: Any, what: str, deadline_s: float, services: Services | None = None) -> None:
     end = time.monotonic() + deadline_s
     while not pred():
@@ -156,6 +205,41 @@ def _wait_for(pred: Any, what: str, deadline_s: float, services: Services | None
         if time.monotonic() > end:
             raise TimeoutError(f"timed out after {deadline_s:.0f} s waiting for {what}")
         time.sleep(0.2)  # polling an external system from the driver, bounded by the deadline
+
+
+def audit_verify(records: list[Any], redis_url: str, export: Path, con: Any) -> dict[str, Any]:
+    """``apportion audit verify`` on the run's log, with the dispatcher settings the log records.
+
+    Writes the log to ``export`` first (``apportion audit verify --from-file`` re-runs the check offline) and
+    the read models beside it (``read_models.json``). Call it once every service has stopped, so the read
+    models are the last ones written and the log holds every record they reflect.
+
+    Returns:
+        :meth:`apportion.audit.verify.VerifyReport.to_dict`, plus ``wall_s`` (the check's own time) and
+        ``export`` (the file written).
+    """
+    import redis as redis_lib
+
+    from apportion.audit.config import config_from_log
+    from apportion.audit.source import audit_topics, write_export
+    from apportion.audit.verify import read_models_from_redis, verify
+    from apportion.bus.security import redis_auth
+    from apportion.readmodel import dumps
+
+    con.print("audit verify: read models, every snapshot, every decision re-run, every signed request ...")
+    wanted = set(audit_topics())
+    log = [r for r in records if r.topic in wanted]
+    write_export(log, export, topic_names=wanted, exported_at=datetime.now(UTC).isoformat())
+    r = redis_lib.Redis.from_url(redis_url, **redis_auth())
+    try:
+        rows = read_models_from_redis(r)
+    finally:
+        r.close()
+    (export.parent / "read_models.json").write_text(dumps(rows))
+    t0 = time.perf_counter()
+    cfg = config_from_log(log)
+    rep = verify(log, read_models=rows, config=cfg, producer=cfg.producer if cfg else "dispatcher")
+    return rep.to_dict() | {"wall_s": time.perf_counter() - t0, "export": str(export)}
 
 
 def _terminate_as_interrupt(_signum: int, frame: Any) -> None:
@@ -318,10 +402,15 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.25)
         wall_replay = time.monotonic() - t_wall0
         producer.close()
+        # stopped before the log is read back, node agent first and the rest once the dispatcher has folded
+        # the end of every run: the log then holds everything, and the read models agree with it
+        con.print("stopping the node agent, then the services once the dispatcher has settled ...")
+        stop_settled(services, bootstrap, quiet_s=2 * HB_TIMEOUT_WALL_S + 1)
 
         # ---- report: live log vs simulator, one definition for both
         con.print("reading the log back ...")
         recs = read_log(bootstrap, [t.name for t in topics.ALL_TOPICS])
+        verdict = audit_verify(recs, redis_url, run_dir / "log.jsonl.gz", con)
         live = log_report(recs, bf.tree, start_us, end_us)
         con.print("simulating the same trace ...")
         t0 = time.perf_counter()
@@ -336,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         sim_wall = time.perf_counter() - t0
         simrep = log_report(sim.log, bf.tree, start_us, end_us)
         dead_letters = sum(1 for r in recs if r.topic == topics.DEADLETTER.name)
-        return _report(con, args, live, simrep, wall_replay, sim_wall, len(recs), dead_letters, Table)
+        return _report(con, args, live, simrep, wall_replay, sim_wall, len(recs), dead_letters, verdict, Table)
     except (RuntimeError, TimeoutError) as exc:
         con.print(f"[red]error:[/] {exc}")
         return 1
@@ -344,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         con.print("[yellow]interrupted[/]")
         return 130
     finally:
-        if services is not None:
+        if services is not None and services.alive():
             con.print("stopping services ...")
             services.stop()
         if stack is not None:
@@ -361,6 +450,7 @@ def _report(
     sim_wall: float,
     records: int,
     dead_letters: int,
+    verdict: dict[str, Any],
     Table: Any,
 ) -> int:
     def pct(x: float) -> str:
@@ -387,11 +477,12 @@ def _report(
         "dead_letters": dead_letters,
         "replay_wall_s": wall_replay,
         "simulator_wall_s": sim_wall,
+        "audit_verify": verdict,
     }
     (args.dir / "report.json").write_text(json.dumps(doc, indent=2))
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-        return 0 if agree else 1
+        return 0 if agree and verdict["ok"] else 1
     t = Table(title=f"per budget over {args.slice}: share vs occupancy (allocated / unallocated, of capacity)")
     for col in (
         "budget",
@@ -443,8 +534,28 @@ def _report(
     for v in live.violation_detail + sim.violation_detail:
         con.print(f"[red]protection violation:[/] {v}")
     con.print("Live waits include the stack's real latency times the time scale (20 ms is about 30 event-s at 1440x).")
+    _print_verdict(con, verdict)
     con.print(f"report written to {args.dir / 'report.json'}")
-    return 0 if agree else 1
+    return 0 if agree and verdict["ok"] else 1
+
+
+def _print_verdict(con: Any, v: dict[str, Any]) -> None:
+    """The ``audit verify`` verdict in a few lines (the first mismatches, where they are)."""
+    what = (
+        f"{v['records']:,} records, {v['snapshots']} snapshots, {v['decision_ticks']} decision ticks re-run, "
+        f"read models {'compared' if v['read_models'] else 'skipped'}, {v['signed_requests']} signed requests "
+        f"re-checked, {v['wall_s']:.1f} s"
+    )
+    if v["ok"]:
+        con.print(f"audit verify: [green]OK[/] ({what})", soft_wrap=True)
+        return
+    n = len(v["mismatches"])
+    con.print(f"audit verify: [red]FAILED[/], {n} mismatches, first at {v['first_offset']} ({what})", soft_wrap=True)
+    for m in v["mismatches"][:5]:
+        con.print(f"  {m['check']} {m['offset'] or '-'} {m['at'] or '-'} {m['subject']}: {m['detail']}", soft_wrap=True)
+    if n > 5:
+        con.print(f"  ... {n - 5} more in report.json")
+    con.print(f"  offline: apportion audit verify --from-file {v['export']}", soft_wrap=True)
 
 
 if __name__ == "__main__":

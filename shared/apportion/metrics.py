@@ -473,7 +473,7 @@ def accounting_metrics(registry: Any) -> dict[str, Any]:
         "at": Gauge("apportion_accounting_snapshot_at_seconds", "Event time of the last snapshot", registry=registry),
         "late": Counter(
             "apportion_accounting_late_events",
-            "State-changing records folded after a newer one (clamped to the ledger clock)",
+            "State-changing records folded after a newer one (late; folded at their own time)",
             registry=registry,
         ),
         "checkpoints": Counter("apportion_accounting_checkpoints", "Checkpoints written", registry=registry),

@@ -136,7 +136,7 @@ def test_checkpoint_round_trips_state_snapshot_and_offsets():
     assert restored.acc.budget_log == svc.acc.budget_log
     # the header is plain JSON an operator can read
     header = json.loads(fields[checkpoint.HEADER])
-    assert (header["format"], header["window_s"], header["clock_us"]) == (1, WINDOW_S, h(5))
+    assert (header["format"], header["window_s"], header["clock_us"]) == (2, WINDOW_S, h(5))
     # j1 8 GPUs x 4 h on lab/a; j2 4 x 3 h on lab/b
     occ = restored.acc.ledger.occupancy(h(5))
     assert (occ["lab/a"], occ["lab/b"]) == (32 * GPU_H, 12 * GPU_H)
@@ -245,12 +245,13 @@ def test_prefix_records_redelivered_after_the_cut_change_nothing():
     assert svc.acc.snapshot(h(10)) == bulk(FULL, h(10))
 
 
-def test_event_older_than_the_checkpoint_is_clamped_like_the_live_service():
-    """The documented limit: a late record across the cut is folded at the ledger clock.
+def test_event_older_than_the_checkpoint_is_folded_at_its_own_time_like_a_rebuild():
+    """A late record across the cut takes effect at its own time (it used to be clamped to the ledger clock).
 
     j2 (4 GPUs from h2) completes at h4, but the record arrives after the
-    checkpoint at h5. The uninterrupted service and the resumed one both
-    charge it until h5 (12 GPU-h); a rebuild from 0 sorts it into place (8 GPU-h).
+    checkpoint at h5. The uninterrupted service, the resumed one and a
+    rebuild from 0 all charge it until h4: 8 GPU-h. It is still counted as
+    late (``late_events``), which now says only how the records arrived.
     """
     log = FULL[:9]  # ... completed(j1) at h5
     late = completed("j2", at=h(4))
@@ -262,8 +263,8 @@ def test_event_older_than_the_checkpoint_is_clamped_like_the_live_service():
     assert resumed.prepare(BEGIN, end, rebuild=False) == ("resume", "")
     assert resumed.resume(recs[-1:]) == 1 and resumed.late == live.late == 1
     assert answers(resumed, h(6)) == answers(live, h(6))
-    assert resumed.acc.ledger.occupancy(h(6))["lab/b"] == 12 * GPU_H
-    assert bulk(log + [late], h(6)).budgets[2].occupancy_gpu_s == 8 * GPU_H  # lab/b, sorted into place
+    assert resumed.acc.ledger.occupancy(h(6))["lab/b"] == 8 * GPU_H
+    assert bulk(log + [late], h(6)).budgets[2].occupancy_gpu_s == 8 * GPU_H  # lab/b, the same as a rebuild
     header = json.loads(ReadModelStore(redis).read_checkpoint()[checkpoint.HEADER])
     assert header["late_events"] == 1  # the resumed service stored a new checkpoint with the count
 
@@ -312,7 +313,7 @@ BROKEN = [
         lambda f: _with_header(f, format=0),
         None,
         WINDOW_S,
-        "format: stored format 0, this code reads 1",
+        "format: stored format 0, this code reads 2",
     ),
     ("class layout changed", lambda f: _with_header(f, layout="0" * 16), None, WINDOW_S, "layout: "),
     ("other window", lambda f: f, None, 3600.0, "window: stored for W=86400.0 s, running with W=3600.0 s"),

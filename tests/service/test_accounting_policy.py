@@ -250,3 +250,28 @@ def test_accounting_folds_a_batch_whole_into_its_tree_and_read_model():
     snap = acc.snapshot()
     _, rows = acc_logic.read_model(snap, acc.tree, {})
     assert {p: r["share"] for p, r in rows.items()} == {"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5}
+
+
+def test_nodes_registering_at_one_instant_across_two_polls_never_reuse_a_snapshot_id():
+    # One agent's simulated nodes register with one time stamp T. Polled in two batches, accounting publishes a
+    # snapshot at T after each: same capacity integral up to T (0 GPU-s), same rows, 8 then 16 capacity GPUs.
+    # They used to share an event id, and the policy (every reader of apportion.usage) dead-lettered the second
+    # as "event_id reused" (a fresh stack's one dead letter).
+    svc, published, _ = make_accounting(ManualClock(from_us(h(0))))
+    first, second = records(LOG[:3] + [node("n0", 8, at=h(0))]), records([node("n1", 8, at=h(0))])
+    svc.bootstrap(first)
+    second = [Rec(r.topic, r.partition, r.offset + 10, r.key, r.value) for r in second]  # later in the log
+    svc.ingest(second)
+    svc.snapshot_now()
+    snaps = [e for e in published if isinstance(e, OccupancySnapshot)]
+    assert [(s.at, s.capacity_gpus, s.capacity_gpu_s) for s in snaps] == [
+        (from_us(h(0)), 8, 0.0),
+        (from_us(h(0)), 16, 0.0),
+    ]
+    assert snaps[0].event_id != snaps[1].event_id
+    letters: list = []
+    policy = PolicyService(ManualClock(from_us(h(0))), letters.append)
+    policy.fold(records(snaps, partitions=1))
+    assert [e for e in letters if isinstance(e, DeadLetter)] == []
+    # and a re-derived snapshot (a restart evaluating the same state at the same instant) keeps its id
+    assert svc.acc.snapshot(h(0)).event_id == snaps[1].event_id

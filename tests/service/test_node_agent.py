@@ -192,6 +192,53 @@ def test_by_node_index_follows_launches_stops_and_exits():
     assert logic.heartbeat_event(st, "n2", T0).running == ()
 
 
+@pytest.mark.parametrize(
+    "job_id, pct",
+    [
+        # sha256("0:<job>")[:8] / 2**64 = u; idle below 0.05, else 40 + 60 (u - 0.05) / 0.95, to 0.1
+        ("j1", 49.9),  # 0x34e0178037bdb3fd: u = 0.2065
+        ("j7", 94.5),  # 0xe99dfbbe64a00719: u = 0.9126
+        ("j21", 0.0),  # 0x0719c3df35bdd9e1: u = 0.0277, idle
+        ("j26", 0.0),  # 0x00a909fb854b2a3f: u = 0.0026, idle
+        ("j29", 41.2),  # 0x118b8f82da72cb84: u = 0.0685, just busy
+    ],
+)
+def test_simulated_utilisation_is_seeded_per_job(job_id, pct):
+    assert logic.simulated_utilisation(0, job_id) == pct
+    assert logic.simulated_utilisation(0, job_id) == logic.simulated_utilisation(0, job_id)
+
+
+def test_simulated_utilisation_idles_about_one_job_in_twenty():
+    idle = sum(logic.simulated_utilisation(3, f"job-{i}") == 0.0 for i in range(2000))
+    assert 60 <= idle <= 140  # 5% of 2000 = 100; binomial sd ~ 10
+    assert logic.simulated_utilisation(1, "j21") != logic.simulated_utilisation(0, "j21")  # the seed matters
+
+
+def test_heartbeat_reports_the_seeded_utilisation_of_simulated_runs_and_squatting_finds_the_idle_one():
+    from apportion.audit.replay import squatting_report
+    from apportion.audit.verify import records_from_events
+
+    st = running(start("j1", gpus=(0, 1)), start("j21", gpus=(2,)))
+    probe = FakeGpuProbe.with_gpus(4)  # a simulated inventory: no utilisation of its own
+    hb = logic.heartbeat_event(st, "n1", T0, probe.sample(), sim_util_seed=0)
+    assert [g.utilization_pct for g in hb.gpus] == [49.9, 49.9, 0.0, None]  # GPU 3 is free: nothing to say
+    assert [g.utilization_pct for g in logic.heartbeat_event(st, "n1", T0, probe.sample()).gpus] == [None] * 4
+    probe.utilization[0] = 12.0  # a measured value is never overwritten
+    assert logic.heartbeat_event(st, "n1", T0, probe.sample(), sim_util_seed=0).gpus[0].utilization_pct == 12.0
+    real = logic.replace(st, nodes={"n1": spec(simulated=False)})
+    assert (
+        logic.heartbeat_event(real, "n1", T0, FakeGpuProbe.with_gpus(4).sample(), sim_util_seed=0)
+        .gpus[2]
+        .utilization_pct
+        is None
+    )  # a real node's GPUs are measured, never drawn
+
+    beats = [logic.heartbeat_event(st, "n1", T0 + timedelta(minutes=m), probe.sample(), 0) for m in range(0, 50, 10)]
+    rep = squatting_report(records_from_events(beats), threshold_s=1800)
+    assert [(r["job_id"], r["node_id"], r["idle_s"]) for r in rep.rows] == [("j21", "n1", 2400.0)]
+    assert rep.heartbeats_with_utilisation == 5 and not rep.blind
+
+
 def test_node_ids_are_zero_padded():
     assert logic.node_ids("sim-", 32)[:2] == ["sim-00", "sim-01"]
     assert logic.node_ids("sim-", 32)[-1] == "sim-31"

@@ -120,8 +120,8 @@ def test_squatting_on_heartbeats_without_utilisation_says_it_cannot_see(tmp_path
     }
     note = [ln for ln in res.stderr.splitlines() if ln.startswith("note:")]
     assert note == [
-        "note: none of the 2 heartbeats in the log carries GPU utilisation (simulated nodes, or no NVML): "
-        "squatting cannot be seen"
+        "note: none of the 2 heartbeats in the log carries GPU utilisation (no NVML, or an agent that reports "
+        "none): squatting cannot be seen"
     ]
 
 

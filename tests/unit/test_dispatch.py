@@ -92,6 +92,52 @@ def test_preempted_victim_is_requeued_with_original_submitted_at_and_preemptor_s
     assert state.jobs["u"].status == "pending" and state.pending["lab/b"][0].attempt == 2
 
 
+def test_a_victim_that_completed_before_the_stop_reached_it_is_finished_not_requeued():
+    # u completes 1 s before the dispatcher preempts it; the agent's JobCompleted is read only after the
+    # JobPreempted (it was in flight). The job is done: no JobRequeued, and j starts on the freed GPUs.
+    state, log = DispatchState(TREE), []
+    for e in (reg("n0"), submitted("u", budget="lab/b", gpus=4, min_runtime_s=0)):
+        log += [e, *step(state, e, T0, CFG)]
+    log += step(state, Tick(T0), T0, CFG)
+    log.append(submitted("j", budget="lab/a", user="alice", gpus=4, at=h(1)))
+    log += step(state, log[-1], h(1), CFG)
+    out = step(state, Tick(h(1)), h(1), CFG)
+    assert types(out) == ["JobPreempted:u", "StopWorkload:u", "JobPlaced:j"]
+    log += out
+    done = ev.JobCompleted(job_id="u", attempt=1, replica=0, exit_code=0, ts=from_us(h(1) - 1_000_000))
+    out = step(state, done, h(1) + 2_000_000, CFG)
+    assert types(out) == ["StartWorkload:j"]
+    log += [done, *out]
+    assert "u" not in state.jobs and "u" in state.finished and not state.stopping and not state.awaiting
+    assert list(state.cluster.runs) == [("j", 1)] and state.cluster.node_runs["n0"] == {("j", 1)}  # u's GPUs freed
+    assert step(state, Tick(h(1) + 60_000_000), h(1) + 60_000_000, CFG) == []  # nothing left to finish
+    # a replay that folds the log in event-time order (the report before the preemption) agrees
+    replay = fold(sorted(log, key=lambda e: e.ts), TREE)
+    assert replay.cluster.runs.keys() == state.cluster.runs.keys()
+    assert (replay.jobs.keys(), replay.finished.keys(), replay.stopping, replay.awaiting) == (
+        state.jobs.keys(),
+        state.finished.keys(),
+        state.stopping,
+        state.awaiting,
+    )
+    # and both charge u until its completion, not its preemption: 4 GPUs x (1 h - 1 s)
+    want = 4 * 3599 * 10**6
+    assert replay.ledger.unallocated_us(h(2))["lab/b"] == state.ledger.unallocated_us(h(2))["lab/b"] == want
+
+
+def test_a_completion_stamped_after_the_preemption_is_a_stop_report_and_the_victim_is_requeued():
+    # the workload ran out its duration during the grace period (the agent read the stop late): it was stopped
+    # by the dispatcher's decision, so it is requeued, as a replay in event-time order also says
+    state = given(reg("n0"), submitted("u", budget="lab/b", gpus=4, min_runtime_s=0))
+    step(state, Tick(T0), T0, CFG)
+    step(state, submitted("j", budget="lab/a", user="alice", gpus=4, at=h(1)), h(1), CFG)
+    step(state, Tick(h(1)), h(1), CFG)
+    late = ev.JobCompleted(job_id="u", attempt=1, replica=0, exit_code=0, ts=from_us(h(1) + 5_000_000))
+    out = step(state, late, h(1) + 6_000_000, CFG)
+    assert types(out) == ["JobRequeued:u", "StartWorkload:j"]
+    assert state.jobs["u"].attempt == 2
+
+
 def test_grace_expiry_finishes_the_stop_without_a_report():
     state = given(reg("n0"), submitted("u", budget="lab/b", gpus=4, min_runtime_s=0))
     step(state, Tick(T0), T0, CFG)

@@ -221,8 +221,8 @@ class SquattingReport:
             longer than the threshold, longest first.
         heartbeats: ``NodeHeartbeat`` events read.
         heartbeats_with_utilisation: those in which at least one GPU reports a
-            utilisation; 0 means the log cannot show squatting at all (simulated
-            nodes without a utilisation model, or no NVML), not that nobody squats.
+            utilisation; 0 means the log cannot show squatting at all (no NVML,
+            or simulated nodes whose agent reports none), not that nobody squats.
     """
 
     rows: list[dict[str, Any]]
@@ -243,7 +243,8 @@ def squatting_report(
     From ``NodeHeartbeat`` events: for each running replica listed in a
     heartbeat, a heartbeat where every GPU it holds reports utilisation
     below ``util_below_pct`` extends its idle stretch; any other heartbeat
-    ends it. Heartbeats without utilisation (simulated nodes) say nothing;
+    ends it. Heartbeats without utilisation (no NVML; simulated nodes whose
+    agent reports none, ``--sim-util-seed`` unset) say nothing;
     the report counts them (:class:`SquattingReport`).
     """
     budget_of: dict[tuple[str, int], str] = {}

@@ -401,8 +401,8 @@ def check_snapshots(records: Sequence[LogRecord], *, producer: str | None = None
     offset per ``"topic:partition"``) is rebuilt from exactly the records it had
     folded: snapshots are taken in the order accounting published them, and the
     ledger folds each newly covered stretch of every partition in event-time
-    order, as accounting's own fold did (a record older than the ledger clock is
-    clamped by the ledger, as it was live); the tree is :func:`fold_budget_log`
+    order (the ledger's answer does not depend on how partitions interleave,
+    so this equals accounting's fold batch by batch); the tree is :func:`fold_budget_log`
     of the budget records covered. Without ``inputs`` (older logs), the ledger
     folds the log by event time ``<= at`` and the tree is the fold up to ``at``.
     Tolerances: :data:`REL_TOL` and :data:`ABS_GPU_S`.

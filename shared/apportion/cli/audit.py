@@ -279,7 +279,8 @@ def squatting(
 ) -> None:
     """Jobs whose GPUs showed near-zero utilisation in heartbeats for longer than a threshold.
 
-    When no heartbeat in the log carries GPU utilisation (simulated nodes without a utilisation model, no NVML),
+    Simulated nodes report a seeded utilisation per job (about 5% of jobs idle: node agent --sim-util-seed).
+    When no heartbeat in the log carries GPU utilisation (no NVML, or an agent reporting none),
     nothing can be found: a note on stderr says so, and --json has ``utilisation_reported: false``.
     --json: ``{runs: [...], heartbeats, heartbeats_with_utilisation, utilisation_reported}``.
     """
@@ -293,7 +294,7 @@ def squatting(
     if rep.blind:
         _err().print(
             f"note: none of the {rep.heartbeats:,} heartbeats in the log carries GPU utilisation "
-            "(simulated nodes, or no NVML): squatting cannot be seen",
+            "(no NVML, or an agent that reports none): squatting cannot be seen",
             highlight=False,
             soft_wrap=True,
         )

@@ -518,6 +518,15 @@ class ClusterState:
         if not run.stopping:
             self.runs[run.key] = replace(run, stopping=True)
 
+    def finish(self, key: RunKey) -> None:
+        """Run ``key`` completed though it was being stopped (its ``JobCompleted``, stamped before the
+        preemption, was in flight): free its GPUs, the job is done (what :meth:`apply` of that report does to
+        a run that is not stopping; ``domain.dispatch.evolve`` calls it)."""
+        run = self.runs.get(key)
+        if run is not None:
+            self._release(run, None)
+            self._job_ended(run.job_id)
+
     def _job_ended(self, job_id: str) -> None:
         self.preemptions.pop(job_id, None)
         self.progress.pop(job_id, None)

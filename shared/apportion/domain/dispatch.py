@@ -33,8 +33,12 @@ What ``decide`` does per input (DESIGN sections 2 and 3):
     preempted; a draining node without runs -> ``NodeDrained``.
 
 Finishing a stop: the victim gets ``JobRequeued`` (attempt + 1, original
-``submitted_at``) unless it was cancelled, and every preemptor that was
-waiting only for it gets its ``StartWorkload`` per replica.
+``submitted_at``) unless it was cancelled or every replica reported a
+``JobCompleted`` stamped no later than the preemption (its work was done when
+the dispatcher decided: the job is finished, as a replay in event-time order,
+which folds the report first, says), and
+every preemptor that was waiting only for it gets its ``StartWorkload`` per
+replica.
 
 ``evolve`` mutates the state in place and returns it (the dispatcher folds
 every event; copying per event would cost O(state)). A cycle never sees
@@ -200,12 +204,19 @@ class _Stopping:
     period (a lost gang's surviving replicas: ``JobLost`` carries no grace,
     so the deadline is derived from the config, which the dispatcher records,
     and replays identically from the jobs topic).
+    ``completed_by``: the preemption's time while every replica reported so
+    far ended with a ``JobCompleted`` stamped at or before it (the run had
+    finished its work when the dispatcher decided to stop it, and the report
+    was in flight); when the last replica has, the job is finished, not
+    requeued. ``None`` otherwise (a stop report, a completion after the
+    preemption, a lost run): the stop ends as usual.
     """
 
     deadline_us: Micros
     replicas_left: frozenset[int]
     requeue: bool
     plus_grace: bool = False
+    completed_by: Micros | None = None
 
 
 class DispatchState:
@@ -565,7 +576,9 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
                 rec.submitted_at_us,
                 rec.queued_at_us,
             )
-            state.stopping[key] = _Stopping(to_us(ev.ts) + s_to_us(ev.grace_s), run.open_replicas, True)
+            state.stopping[key] = _Stopping(
+                to_us(ev.ts) + s_to_us(ev.grace_s), run.open_replicas, True, completed_by=to_us(ev.ts)
+            )
     elif isinstance(ev, JobRequeued):
         rec = jobs.get(ev.job_id)
         _stop_done(state, (ev.job_id, ev.attempt - 1))
@@ -589,7 +602,17 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         st = state.stopping.get(key)
         if st is not None:
             left = frozenset() if ev.replica is None else st.replicas_left - {ev.replica}
-            state.stopping[key] = _Stopping(st.deadline_us, left, st.requeue, st.plus_grace)
+            by = st.completed_by
+            done = by is not None and isinstance(ev, JobCompleted) and t_ev <= by
+            state.stopping[key] = _Stopping(st.deadline_us, left, st.requeue, st.plus_grace, by if done else None)
+            rec = jobs.get(ev.job_id)
+            if done and not left and rec is not None and rec.attempt == ev.attempt:
+                # the run had finished its work when the dispatcher preempted it (the agent's report, stamped
+                # earlier, was in flight): the job is done, as a replay in event-time order, which folds the report
+                # first, says. The stop entry stays until _finish_stop has started the preemptors waiting for it.
+                state.cluster.finish(key)
+                del jobs[ev.job_id]
+                state.finished[ev.job_id] = t_ev
         else:
             rec = jobs.get(ev.job_id)
             if (
@@ -875,7 +898,11 @@ def _finish_stop(
     job_id, attempt = key
     out: list[Event] = []
     rec = state.jobs.get(job_id)
-    if rec is not None and st.requeue:
+    if rec is None:  # it completed before the stop reached it (evolve finished the job): nothing to requeue,
+        out = _start_waiting(state, key, ts, prod, finished)  # and no JobRequeued will end the stop entry
+        _stop_done(state, key)
+        return out
+    if st.requeue:
         out.append(requeue_event(rec, attempt, ts, prod, "preempted"))
     return out + _start_waiting(state, key, ts, prod, finished)
 

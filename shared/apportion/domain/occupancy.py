@@ -52,7 +52,7 @@ Event semantics (the fold contract):
   replicas), ``JobPreempted``, ``JobCancelled`` (with an ``attempt``).
   ``JobRequeued`` is not an end (the end was an earlier event).
 * ``JobLost`` ends the whole run at ``charged_until`` (the node's last
-  heartbeat, DESIGN section 3), clamped into [run start, clock]. The change
+  heartbeat, DESIGN section 3), clamped into [run start, its own time]. The change
   is applied retroactively: breakpoints after ``charged_until`` are corrected.
 * Nodes: ``NodeRegistered`` -> ready with ``gpu_count`` (a re-registration
   updates the count); ``NodeCordoned`` -> cordoned; ``NodeDrainRequested``
@@ -63,18 +63,33 @@ Event semantics (the fold contract):
   capacity ends at ``last_heartbeat`` (clamped into [the time it last became
   counted, clock]), the same instant its runs stop being charged, so E and O
   lose the same dead interval.
-* Ends of unknown (or already ended) runs and replicas are ignored.
+* A replica ends at the **earliest** end reported for it: an end later than
+  one applied is ignored, an earlier one moves it back (the agent's
+  ``JobCompleted`` of a run can be written after the dispatcher's
+  ``JobPreempted`` of it, with an earlier time). Ends of unknown runs are
+  ignored.
   Duplicates are ignored: a ``JobPlaced`` for a run that is open or ended
   within the last W, and a node event whose ``event_id`` was applied within
   the last W. (De-duplication memory is one window, like everything else.)
 
-Ordering. Events must be applied in event-time order (per-entity order is
-given by Kafka keys; a merged stream may skew slightly). The ledger's clock
-is the largest ``ts`` applied so far; an event whose ``ts`` is older is
-**clamped up to the clock** (it takes effect "now"): deterministic, never an
-error, and it mis-charges at most the skew. Queries must be at ``t >= clock``
-(:class:`ValueError` otherwise): the answer for an earlier time is whatever a
-rebuild from the events up to that time says.
+Ordering. Per-entity order is given by Kafka keys (a run's events on its
+job's partition, a node's on its node's); a stream merged from several
+partitions may interleave them in any order. The ledger's clock is the
+largest ``ts`` applied so far; an event whose ``ts`` is older (*late*: a
+record of another partition polled after newer ones) **takes effect at its
+own time**, retroactively (:meth:`_Series._retro`: the breakpoints after it
+are corrected). Changes of different entities add up, so the ledger after a
+set of events is the same whatever order their partitions were merged in
+(exactly: integer GPU-µs), and a service that folds records as they arrive
+agrees with a replay that sorts them (``audit verify``). Within one entity an
+event never takes effect before the entity's previous one (a run's end is
+clamped to its start, a node's change to its latest change), since its
+writers' clocks may disagree. (Until the sixth session a late event was
+clamped up to the clock, which made the fold depend on the poll batches: the
+main job's snapshots and decisions failed ``audit verify`` by a few GPU-s.)
+Queries must be at ``t >= clock`` (:class:`ValueError` otherwise): the
+answer for an earlier time is whatever a rebuild from the events up to that
+time says.
 """
 
 from __future__ import annotations
@@ -258,25 +273,30 @@ class _Series:
 
 
 class _Run:
-    """An open run: where it is charged, when it started, which replicas still hold GPUs."""
+    """A run: where it is charged, when it started, when each replica ended (``None``: still holds its GPUs)."""
 
-    __slots__ = ("series", "start", "g", "open", "n_open")
+    __slots__ = ("series", "start", "g", "ends", "n_open")
 
     def __init__(self, series: _Series, start: int, g: int, replicas: int) -> None:
         self.series = series
         self.start = start
         self.g = g
-        self.open = [True] * replicas
+        self.ends: list[int | None] = [None] * replicas
         self.n_open = replicas
+
+    def ended_at(self) -> int:
+        """When its last replica ended (only for a run with none open)."""
+        return max(e for e in self.ends if e is not None)
 
 
 class _Node:
-    __slots__ = ("state", "gpus", "since")
+    __slots__ = ("state", "gpus", "since", "last")
 
     def __init__(self, state: str, gpus: int, since: int) -> None:
         self.state = state
         self.gpus = gpus
         self.since = since  # when it last became counted toward C
+        self.last = since  # time of its latest applied event: a node's changes never go back before it
 
 
 class OccupancyLedger:
@@ -301,7 +321,7 @@ class OccupancyLedger:
         "_unalloc",
         "_cap",
         "_runs",
-        "_closed",
+        "_done",
         "_nodes",
         "_seen",
         "_paths",
@@ -323,7 +343,7 @@ class OccupancyLedger:
         self._unalloc: dict[str, _Series] = {}
         self._cap = _Series()
         self._runs: dict[tuple[str, int], _Run] = {}
-        self._closed: dict[tuple[str, int], int] = {}  # run -> clock when it ended
+        self._done: dict[tuple[str, int], _Run] = {}  # ended runs, kept for de-duplication and earlier ends
         self._nodes: dict[str, _Node] = {}
         self._seen: dict[Any, int] = {}  # node event_id -> clock when applied
         self._paths: tuple[str, ...] | None = ()  # sorted paths + ancestors; None = stale
@@ -344,12 +364,16 @@ class OccupancyLedger:
         kind = _KIND.get(type(event))
         if kind is None:
             return  # JobStarted, JobRequeued, heartbeats, ...: not occupancy facts
-        ts = to_us(event.ts)
+        now = to_us(event.ts)
         clock = self.clock
-        if clock is not None and ts <= clock:
-            now = clock  # same instant, or out of order: clamped to the clock
-        else:
-            now = self._tick(ts)
+        if clock is None or now > clock:
+            self._tick(now)
+        elif now < clock - self.window_us:
+            # older than the window: a change before clock - W changes every window (t - W, t], t >= clock,
+            # exactly as one at clock - W does, so it is applied there (de-duplication memory stays one window)
+            now = clock - self.window_us
+        # else a late event (another partition's record polled after newer ones): it takes effect at its own
+        # time, retroactively (_Series._retro), so the fold does not depend on how partitions interleave
         if kind == _END:
             self._end(event.job_id, event.attempt, event.replica, now)  # type: ignore[attr-defined]
         elif kind == _PLACED:
@@ -358,7 +382,8 @@ class OccupancyLedger:
             if event.attempt is not None:  # type: ignore[attr-defined]  # None: cancelled while pending
                 self._end(event.job_id, event.attempt, None, now)  # type: ignore[attr-defined]
         elif kind == _LOST:
-            run = self._runs.get((event.job_id, event.attempt))  # type: ignore[attr-defined]
+            key = (event.job_id, event.attempt)  # type: ignore[attr-defined]
+            run = self._runs.get(key) or self._done.get(key)
             if run is not None:
                 x = min(max(to_us(event.charged_until), run.start), now)  # type: ignore[attr-defined]
                 self._end(event.job_id, event.attempt, None, x)  # type: ignore[attr-defined]
@@ -398,11 +423,11 @@ class OccupancyLedger:
         key = (ev.job_id, ev.attempt)
         if key in self._runs:
             return
-        ended = self._closed.get(key)
-        if ended is not None:
-            if ended >= now - self.window_us:
+        done = self._done.get(key)
+        if done is not None:
+            if done.ended_at() >= now - self.window_us:
                 return  # duplicate of a run that already ended
-            del self._closed[key]
+            del self._done[key]
         book = self._alloc if ev.allocated else self._unalloc
         series = book.get(ev.budget)
         if series is None:
@@ -414,24 +439,45 @@ class OccupancyLedger:
         self._change(series, now, g * replicas)
 
     def _end(self, job_id: str, attempt: int, replica: int | None, x: int) -> None:
-        """End one replica (or all open replicas) of a run at time x."""
+        """End one replica (or every replica) of a run at time x: the earliest end reported wins.
+
+        A replica's end is never before the run's start (another writer's clock
+        may be behind the dispatcher's). An end earlier than one already applied
+        moves it back: two writers report one run (the dispatcher's
+        ``JobPreempted``, the agent's ``JobCompleted``), and the record of the
+        earlier end can be written after the later one, so a fold in offset
+        order and one in event-time order must agree.
+        """
         key = (job_id, attempt)
-        run = self._runs.get(key)
+        run = self._runs.get(key) or self._done.get(key)
         if run is None:
             return
+        x = max(x, run.start)
+        ends = run.ends
         if replica is None:
-            n = run.n_open
-            run.n_open = 0
+            which: Iterable[int] = range(len(ends))
+        elif 0 <= replica < len(ends):
+            which = (replica,)
         else:
-            if not (0 <= replica < len(run.open)) or not run.open[replica]:
-                return
-            run.open[replica] = False
-            n = 1
-            run.n_open -= 1
-        self._change(run.series, x, -run.g * n)
-        if run.n_open == 0:
-            del self._runs[key]
-            self._closed[key] = self.clock  # type: ignore[assignment]
+            return
+        closing = moved = 0
+        for i in which:
+            old = ends[i]
+            if old is None:
+                closing += 1
+            elif x < old:
+                self._change(run.series, old, run.g)  # it held its GPUs until x, not until old
+                moved += 1
+            else:
+                continue
+            ends[i] = x
+        if closing or moved:
+            self._change(run.series, x, -run.g * (closing + moved))
+        if closing:
+            run.n_open -= closing
+            if run.n_open == 0:
+                del self._runs[key]
+                self._done[key] = run
 
     def _node_event(self, ev: Event, now: int) -> None:
         seen = self._seen.get(ev.event_id)
@@ -441,6 +487,8 @@ class OccupancyLedger:
         node_id: str = ev.node_id  # type: ignore[attr-defined]
         node = self._nodes.get(node_id)
         cap = self._cap
+        if node is not None:  # writers of one node's events (agent, dispatcher, CLI) have their own clocks
+            now = node.last = max(now, node.last)
         if isinstance(ev, NodeRegistered):
             if node is None:
                 node = self._nodes[node_id] = _Node("lost", 0, now)
@@ -473,8 +521,8 @@ class OccupancyLedger:
         """Drop history no query at or after ``min(t, clock)`` can need.
 
         Keeps, per series, the last breakpoint at or before ``min(t, clock) - W``;
-        forgets ended runs and seen node event ids older than that. Never
-        changes an answer. Called from :meth:`apply` every W/64 of event time.
+        forgets ended runs and seen node event ids more than one window older
+        than that. Never changes an answer for events up to W late. Called from :meth:`apply` every W/64 of event time.
         """
         if self.clock is None:
             return
@@ -484,12 +532,21 @@ class OccupancyLedger:
             for s in book.values():
                 s.expire(lo)
         self._cap.expire(lo)
-        for d in (self._closed, self._seen):
-            while d:
-                k = next(iter(d))
-                if d[k] >= lo:
-                    break
-                del d[k]
+        # de-duplication memory is kept one window longer than the series: a late duplicate (up to W late)
+        # is judged by its own time, as in any other merge order
+        keep = lo - self.window_us
+        done = self._done
+        while done:
+            k = next(iter(done))
+            if done[k].ended_at() >= keep:
+                break
+            del done[k]
+        seen = self._seen
+        while seen:
+            k = next(iter(seen))
+            if seen[k] >= keep:
+                break
+            del seen[k]
 
     def _flush(self) -> None:
         if not self._dirty:

@@ -35,8 +35,10 @@ def usage_snapshot(
         at: event time in µs since epoch (UTC).
 
     Returns:
-        A snapshot whose ``event_id`` is deterministic in (at, tree version,
-        values), so re-publishing the same snapshot is de-duplicated.
+        A snapshot whose ``event_id`` is deterministic in ``at`` and every
+        value it carries (window, capacity GPUs and GPU-seconds, each row), so
+        re-publishing the same snapshot is de-duplicated and two snapshots
+        that differ in anything never share an id.
     """
     occ = ledger.occupancy(at)
     unalloc = ledger.unallocated(at)
@@ -54,18 +56,20 @@ def usage_snapshot(
         for p in tree.paths()
     )
     ts: datetime = from_us(at)
-    # a stable digest (not hash(): str hashing is salted per process) of everything the rows say, shares
-    # included: a budget change at the same event time is another snapshot, not the same id reused
-    digest = hashlib.sha256(
-        repr((cap_s, [(u.path, u.abs_share, u.occupancy_gpu_s, u.unallocated_gpu_s) for u in rows])).encode()
-    ).hexdigest()[:16]
+    window_s, gpus = us_to_s(ledger.window_us), ledger.capacity_gpus(at)
+    # A stable digest (not hash(): str hashing is salted per process) of every field a reader compares
+    # (events.payload_digest): the same id is then the same payload by construction. Capacity GPUs are in it:
+    # nodes registering at the instant ``at`` (one agent's simulated nodes share a time stamp) change them and
+    # not the capacity integral up to ``at``, and a snapshot taken between two polls of those registrations
+    # reused the id of the one after them (a dead letter ``event_id reused`` at every reader of usage).
+    digest = hashlib.sha256(repr((window_s, gpus, cap_s, [tuple(u.__dict__.values()) for u in rows])).encode())
     return OccupancySnapshot(
-        event_id=det_id("OccupancySnapshot", at, digest),
+        event_id=det_id("OccupancySnapshot", at, digest.hexdigest()[:16]),
         ts=ts,
         at=ts,
         producer=producer,
-        window_s=us_to_s(ledger.window_us),
-        capacity_gpus=ledger.capacity_gpus(at),
+        window_s=window_s,
+        capacity_gpus=gpus,
         capacity_gpu_s=cap_s,
         budgets=rows,
     )
