@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     from apportion.bus.provision import provision
     from apportion.bus.reader import read_log
     from apportion.bus.stack import LocalStack
+    from apportion.cli.stack import dev_keyring
     from apportion.clock import ScaledClock
     from apportion.identity import Identity
     from apportion.sim.core import SimConfig, simulate
@@ -239,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             APPORTION_CLOCK_EPOCH_EVENT=epoch_event.isoformat(),
             APPORTION_LOG_JSON="true",
             APPORTION_HEARTBEAT_MIN_WALL_S="0.5",
+            # the node agent signs its reports with its nodes' keys, made and registered (as ops) on first use
+            APPORTION_KEYRING=str(dev_keyring(run_dir / "keyring")),
         )
         producer = EventProducer(bootstrap, client_id="demo", linger_ms=5)
         now = clock.now()

@@ -64,7 +64,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from apportion import events
 from apportion.domain.admission import (
-    NODE_PREFIX,
     REPORT_TYPES,
     Principal,
     Rejection,
@@ -409,10 +408,6 @@ class KeyRegistry:
 
     def __len__(self) -> int:
         return sum(len(g) for g in self._grants.values())
-
-    def has_nodes(self) -> bool:
-        """True when a key was registered for some node (``node:<id>``)."""
-        return any(g.user.startswith(NODE_PREFIX) for gs in self._grants.values() for g in gs)
 
     def principal(self, public_key: str | None, at_us: Micros, position: int | None = None) -> Principal | None:
         """The principal ``public_key`` proves for a signed event, or ``None`` (unknown, not yet, revoked).

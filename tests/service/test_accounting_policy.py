@@ -250,3 +250,22 @@ def test_accounting_folds_a_batch_whole_into_its_tree_and_read_model():
     snap = acc.snapshot()
     _, rows = acc_logic.read_model(snap, acc.tree, {})
     assert {p: r["share"] for p, r in rows.items()} == {"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5}
+
+
+def test_accounting_ignores_node_reports_their_node_did_not_sign():
+    """A fake 64-GPU node and a forged completion of j1 (signed by eve's key): capacity and occupancy unchanged."""
+    from apportion.domain.admission import UNAUTHENTICATED_NODE
+    from tests.signing import identity, node_identity
+
+    svc, published, _ = make_accounting()
+    fake = events.NodeRegistered(node_id="n9", gpu_count=64, ts=from_us(h(1)), producer="x")
+    done = events.JobCompleted(job_id="j1", attempt=1, node_id="n0", ts=from_us(h(2)), producer="node-agent")
+    forged = [
+        Rec("apportion.nodes", 0, 99, b"n9", node_identity("n1").signed_value(fake)),
+        Rec("apportion.jobs", 0, 99, b"j1", identity("eve").signed_value(done)),
+    ]
+    snap = svc.bootstrap(records(LOG) + forged)
+    assert bare(snap) == bulk(LOG, h(6))  # as if the forgeries were not in the log
+    letters = [e for e in published if isinstance(e, DeadLetter)]
+    assert sorted(e.error.split(":")[0] for e in letters) == [UNAUTHENTICATED_NODE] * 2
+    assert svc.intake.stats.unauthenticated_node == 2

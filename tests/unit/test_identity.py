@@ -111,7 +111,9 @@ H = timedelta(hours=1)
         pytest.param([], T0, None, None, id="unknown key"),
         pytest.param([("reg", 0)], T0 - H, None, None, id="before its registration"),
         pytest.param([("reg", 0)], T0, None, Principal("alice"), id="at its registration"),
-        pytest.param([("reg", 0), ("rev", 2)], T0 + H, 100, Principal("alice"), id="earlier in the log than the revocation"),
+        pytest.param(
+            [("reg", 0), ("rev", 2)], T0 + H, 100, Principal("alice"), id="earlier in the log than the revocation"
+        ),
         pytest.param([("reg", 0), ("rev", 2)], T0 + H, 300, None, id="backdated: later in the log, ts before it"),
         pytest.param([("reg", 0), ("rev", 2)], T0 + H, 200, None, id="at the revocation's log position"),
         pytest.param([("reg", 0), ("rev", 2)], T0 + H, None, None, id="live: the revocation was read, ts before it"),

@@ -346,6 +346,7 @@ def up(
                 env.update(redis_env(name, Path(info.redis_secrets)))
             if name == "node_agent":  # its journal, the jobs' checkpoint directories and output files
                 env["APPORTION_STATE_DIR"] = str(info.agent_dir)
+                env["APPORTION_KEYRING"] = info.keyring  # its nodes' keys, made and registered on first use
             logf = open(info.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
             try:
                 proc = subprocess.Popen(

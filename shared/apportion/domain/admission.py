@@ -235,7 +235,9 @@ def authorize(
             f"no valid signature by a key registered for user {request.user!r} at {request.ts.isoformat()}",
         )
     if signer.user.startswith(NODE_PREFIX):
-        return Rejection(RejectReason.UNAUTHENTICATED, f"{signer.user!r} is a node's key: it signs reports, not requests")
+        return Rejection(
+            RejectReason.UNAUTHENTICATED, f"{signer.user!r} is a node's key: it signs reports, not requests"
+        )
     if signer.user != request.user:
         return Rejection(
             RejectReason.UNAUTHENTICATED,
