@@ -27,6 +27,7 @@ import re
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 from apportion import events
 from apportion.durations import parse_duration
@@ -167,7 +168,9 @@ def identity_for(user: str | None = None, *, bootstrap: str | None = None) -> Id
     return ident
 
 
-def enrol(names: list[str], *, bootstrap: str | None = None, now: datetime | None = None) -> list[Identity]:
+def enrol(
+    names: list[str], *, bootstrap: str | None = None, now: datetime | None = None, ring: Path | None = None
+) -> list[Identity]:
     """The development keyring's identities of ``names``, made and registered on first use.
 
     Each is ``<keyring>/<name>.json``; a missing one is made. Every key not
@@ -177,6 +180,12 @@ def enrol(names: list[str], *, bootstrap: str | None = None, now: datetime | Non
     (``ops.json``) and acknowledged before this returns. Names ``node:<id>``
     are node agents' principals (:func:`apportion.identity.report_signer`).
 
+    Args:
+        names: user names (``node:<id>`` for nodes).
+        bootstrap: Kafka.
+        now: event time of the registrations (default the wall clock).
+        ring: the keyring (default :func:`apportion.identity.keyring_dir`).
+
     Raises:
         LookupError: no keyring, or a keyring without ``ops.json``.
         ValueError: a name that is not a valid user name.
@@ -185,7 +194,7 @@ def enrol(names: list[str], *, bootstrap: str | None = None, now: datetime | Non
 
     from apportion.topics import prefix
 
-    ring = keyring_dir()
+    ring = ring or keyring_dir()
     if ring is None:
         raise LookupError("no development keyring (APPORTION_KEYRING)")
     where = f"{Connection.resolve(bootstrap=bootstrap).bootstrap}|{prefix()}"

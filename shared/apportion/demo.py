@@ -176,7 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     from apportion.bus.reader import read_log
     from apportion.bus.stack import LocalStack
     from apportion.cli.stack import dev_keyring
+    from apportion.client import enrol
     from apportion.clock import ScaledClock
+    from apportion.domain.admission import node_principal
+    from apportion.gpu import sim_node_ids
     from apportion.identity import Identity
     from apportion.sim.core import SimConfig, simulate
     from apportion.sim.traces import load_budget_file, load_trace, parse_slice
@@ -256,6 +259,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
         producer.flush()
+        # the node agent's keys, one per node, registered by the demo acting as ops (the agent signs its reports)
+        enrol(
+            [node_principal(n) for n in sim_node_ids("n", len(bf.nodes))],
+            bootstrap=bootstrap,
+            now=now,
+            ring=Path(env["APPORTION_KEYRING"]),
+        )
         services = start_services(env, run_dir / "logs", len(bf.nodes), gpus_per_node, args.time_scale)
         con.print(f"services started (logs in {run_dir / 'logs'}); waiting for {len(bf.nodes)} nodes to register")
 

@@ -289,15 +289,17 @@ class ReportSigner:
         self.identities = dict(identities)
 
     def value(self, event: events.Event) -> bytes:
-        """The record value to publish: signed by the node's key for a node report, else plain.
+        """The record value to publish: signed by the node's key for a report of a node it holds, else plain.
 
-        Raises:
-            KeyError: a report of a node this agent holds no key for (a bug: the agent reports only for its nodes).
+        A report of a node the agent holds no key for (a ``WorkloadRefused``
+        ``unknown_node`` answering a command for an id of its claimed prefix
+        that it does not host) goes out unsigned: the readers ignore it, as
+        they must, since no agent holds that node.
         """
-        node = getattr(event, "node_id", None)
-        if not isinstance(event, REPORT_TYPES) or node is None:
+        ident = self.identities.get(getattr(event, "node_id", None) or "")
+        if ident is None or not isinstance(event, REPORT_TYPES):
             return events.encode(event)
-        return self.identities[node].signed_value(event)
+        return ident.signed_value(event)
 
 
 def node_key_file(key_dir: Path, node_id: str) -> Path:
