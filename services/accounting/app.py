@@ -158,7 +158,7 @@ class AccountingService:
             clock.now,
             on_dead=self._dead_letter,
             drop_duplicates=False,
-            gate=ReportGate(lambda: self.acc.keys),
+            gate=ReportGate(lambda: self.acc.keys, folds=logic.LEDGER_TYPES),
         )
 
     # ------------------------------------------------------------------ start

@@ -457,12 +457,21 @@ class ReportGate:
             returning it (a service whose state, registry included, is
             replaced on restore). Default: a new one.
         dispatcher: the dispatcher's ``producer`` name (its own ``JobLost``/``JobFailed`` are not node reports).
+        folds: the event types the reader folds (``None``: all). A report of another type is let through
+            unchecked, since the fold ignores it anyway: the accounting, which folds no heartbeat or start,
+            verifies about one signature per run (its completion) instead of every report.
     """
 
-    def __init__(self, keys: KeyRegistry | Callable[[], KeyRegistry] | None = None, dispatcher: str = "dispatcher"):
+    def __init__(
+        self,
+        keys: KeyRegistry | Callable[[], KeyRegistry] | None = None,
+        dispatcher: str = "dispatcher",
+        folds: tuple[type, ...] | None = None,
+    ):
         reg = keys if keys is not None else KeyRegistry()
         self._keys = reg if callable(reg) and not isinstance(reg, KeyRegistry) else (lambda: reg)
         self.dispatcher = dispatcher
+        self.folds = folds
 
     @property
     def keys(self) -> KeyRegistry:
@@ -482,7 +491,7 @@ class ReportGate:
 
         Not a report (or the dispatcher's own): ``None`` without a signature check.
         """
-        if not is_node_report(ev, self.dispatcher):
+        if not is_node_report(ev, self.dispatcher) or (self.folds is not None and not isinstance(ev, self.folds)):
             return None
         signer = self.keys.principal(signer_of(raw), to_us(ev.ts), position)
         return authorize_report(ev, signer, self.dispatcher)

@@ -266,3 +266,13 @@ def test_keys_init_node_writes_the_key_file_the_agent_loads(tmp_path, monkeypatc
     (tmp_path / "gpu-09.json").write_text((tmp_path / "gpu-07.json").read_text())
     with pytest.raises(ValueError, match="signs as 'node:gpu-07'"):
         report_signer(["gpu-09"], key_dir=tmp_path)  # another node's key
+
+
+def test_a_reader_checks_only_the_reports_it_folds() -> None:
+    """The accounting folds no heartbeat: it does not pay a signature check for one (the dispatcher does)."""
+    from apportion.events import JobCompleted, NodeRegistered
+
+    gate = ReportGate(folds=(NodeRegistered, JobCompleted))
+    assert gate.report_refusal(events.encode(beat()), beat()) is None  # unsigned, but not folded: not checked
+    why = gate.report_refusal(events.encode(reg_node()), reg_node())
+    assert why is not None and why.startswith(UNAUTHENTICATED_NODE)
