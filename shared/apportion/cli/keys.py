@@ -126,7 +126,7 @@ def revoke_key(
     bootstrap: Annotated[str | None, typer.Option("--bootstrap", envvar="APPORTION_KAFKA_BOOTSTRAP")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
 ) -> None:
-    """(ops) Revoke USER's key: requests it signs with an event time from now on are refused."""
+    """(ops) Revoke USER's key: what it signs is refused from when the readers read this, whatever its event time."""
     from datetime import UTC, datetime
 
     from pydantic import ValidationError
