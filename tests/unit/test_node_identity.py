@@ -10,7 +10,6 @@ side :meth:`apportion.identity.Identity.signed_value`; the readers' side
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -22,6 +21,7 @@ from apportion.bus.reader import LogRecord, log_order
 from apportion.domain.admission import UNAUTHENTICATED_NODE, Principal, authorize, authorize_report
 from apportion.events import JobLost, JobSubmitted, NodeHeartbeat, NodeRegistered, RejectReason, UserKeyRevoked
 from apportion.identity import ReportGate, ReportSigner, check_requests, signer_of
+from tests.service.accounting_fakes import Rec
 from tests.signing import identity, node_identity, registered
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
@@ -117,16 +117,6 @@ def test_a_node_key_cannot_sign_a_request() -> None:
 
 
 # --------------------------------------------------------------------------- the readers' edge
-
-
-@dataclass(frozen=True)
-class Rec:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    timestamp: int = 0
 
 
 def _rec(ev: events.Event, offset: int, value: bytes | None = None) -> Rec:
