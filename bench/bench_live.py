@@ -132,6 +132,7 @@ def main() -> int:
     from apportion.bus.producer import EventProducer
     from apportion.bus.provision import provision
     from apportion.bus.stack import LocalStack
+    from apportion.cli.stack import dev_keyring
     from apportion.sim.report import percentile
     from apportion.topics import COMMANDS, JOBS, NODES
 
@@ -150,6 +151,8 @@ def main() -> int:
         APPORTION_REDIS_URL=redis_url,
         APPORTION_TOPIC_PREFIX=ns,
         APPORTION_LOG_LEVEL="WARNING",
+        # the node agent signs every report with its nodes' keys, made and registered here on first use
+        APPORTION_KEYRING=str(dev_keyring(tmp / "keyring")),
     )
     nodes = max(8, (args.jobs + 7) // 8 + 1)
     ok = True
@@ -277,6 +280,13 @@ def accounting_ingest(bootstrap: str, redis_url: str, n: int) -> bool:
     dec = events.Decision(rank=0, budget_rank=0, ratio=0.0)
     from datetime import timedelta
 
+    from apportion.domain.admission import node_principal
+    from apportion.identity import Identity
+
+    # each node's key, registered as ops would: the accounting checks the signature of every completion
+    keys = {f"n{k:03d}": Identity.generate(node_principal(f"n{k:03d}")) for k in range(100)}
+    for ident in keys.values():
+        producer.send(events.UserKeyRegistered(user=ident.user, public_key=ident.public_key, ts=t, producer="bench"))
     i = 0
     while i < n:  # placed / completed pairs on 100 nodes
         j = i // 2
@@ -301,7 +311,7 @@ def accounting_ingest(bootstrap: str, redis_url: str, n: int) -> bool:
             ev = events.JobCompleted(
                 job_id=f"j{j}", attempt=1, replica=0, node_id=node, ts=ts + timedelta(seconds=1), producer="bench"
             )
-        producer.send(ev)
+        producer.send(ev, keys[node].signed_value(ev) if isinstance(ev, events.JobCompleted) else None)
         i += 1
     producer.flush()
     producer.close()

@@ -69,6 +69,7 @@ from typing import Any
 from apportion.bus.intake import Intake
 from apportion.clock import Clock
 from apportion.events import DeadLetter, Event, OccupancySnapshot
+from apportion.identity import ReportGate
 from apportion.timeutil import to_us
 from services._common import record_order
 from services.accounting import checkpoint, logic
@@ -146,7 +147,14 @@ class AccountingService:
         self._ckpt_cost = 0.0
         #: the reader edge: screen, de-duplicate by id and payload, dead-letter (published at once)
         # duplicates go on to the fold (idempotent), so a resumed service counts late records as this one
-        self.intake = Intake(settings.producer_name, clock.now, on_dead=self._dead_letter, drop_duplicates=False)
+        # node reports count only when signed by their node's key (DESIGN section 10); the registry is the state's
+        self.intake = Intake(
+            settings.producer_name,
+            clock.now,
+            on_dead=self._dead_letter,
+            drop_duplicates=False,
+            gate=ReportGate(lambda: self.acc.keys, folds=logic.LEDGER_TYPES),
+        )
 
     # ------------------------------------------------------------------ start
 
@@ -238,7 +246,7 @@ class AccountingService:
         if records:
             self._unsaved = True
         out.sort(key=itemgetter(0))
-        return out
+        return self.intake.authenticate(out, itemgetter(1, 2))
 
     def _dead_letter(self, letter: DeadLetter) -> None:
         self.publish(letter)

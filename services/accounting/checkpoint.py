@@ -104,7 +104,7 @@ class Checkpoint:
 @functools.cache
 def layout() -> str:
     """Digest (16 hex digits) of the attribute layout of every class a checkpoint pickles."""
-    from apportion import events
+    from apportion import events, identity
     from apportion.domain import budgets, occupancy
 
     classes: list[type] = [
@@ -122,6 +122,9 @@ def layout() -> str:
         events.BudgetFailure,
         events.OccupancySnapshot,
         events.BudgetUsage,
+        identity.KeyRegistry,  # the node keys (DESIGN section 10)
+        identity._Grant,
+        identity._Revocation,
     ]
     acc_attrs = tuple(sorted(vars(logic.Accounting(1.0))))
     # the event models' pickled form is pydantic's: an upgrade of it reads as a layout change
@@ -129,7 +132,13 @@ def layout() -> str:
 
 
 _STATE_MODULES = frozenset(
-    {"apportion.domain.budgets", "apportion.domain.occupancy", "apportion.events", "services.accounting.logic"}
+    {
+        "apportion.domain.budgets",
+        "apportion.domain.occupancy",
+        "apportion.events",
+        "apportion.identity",
+        "services.accounting.logic",
+    }
 )
 
 

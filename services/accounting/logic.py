@@ -45,6 +45,7 @@ from apportion.events import (
     NodeUncordoned,
     OccupancySnapshot,
 )
+from apportion.identity import KeyRegistry
 from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us, to_us
 
 PRODUCER = "accounting"
@@ -83,6 +84,8 @@ class Accounting:
         self.budget_log: list[Event] = []
         self._budget_ids: set[uuid.UUID] = set()
         self.tree: BudgetTree = BudgetTree.empty()
+        #: the node keys in force (DESIGN section 10): the reader edge checks node reports with them
+        self.keys = KeyRegistry()
 
     def apply(self, event: Event) -> bool:
         """Fold one event; True when it may change a snapshot.
@@ -94,6 +97,8 @@ class Accounting:
         if isinstance(event, LEDGER_TYPES):
             self.ledger.apply(event)
             return True
+        if self.keys.apply(event):
+            return False
         if isinstance(event, BUDGET_TYPES):
             if event.event_id in self._budget_ids:
                 return False
@@ -132,6 +137,7 @@ def rebuild(events: Iterable[Event], window_s: float = WEEK_S) -> Accounting:
     evs = list(events)
     acc = Accounting(window_s, rebuild_ledger((e for e in evs if isinstance(e, LEDGER_TYPES)), window_s))
     for e in evs:
+        acc.keys.apply(e)
         if isinstance(e, BUDGET_TYPES) and e.event_id not in acc._budget_ids:
             acc._budget_ids.add(e.event_id)
             acc.budget_log.append(e)

@@ -136,6 +136,10 @@ class LeadershipLost(RuntimeError):
     """The lease was lost; this instance must stop deciding."""
 
 
+def _same(pair: Any) -> Any:
+    return pair
+
+
 def dispatch_config(settings: DispatcherSettings) -> DispatchConfig:
     """The pure-core configuration these settings describe."""
     return DispatchConfig(
@@ -200,10 +204,11 @@ class DispatcherService:
         # value heads (ECHO_LEN bytes) of events we published to a topic we read, not read back yet
         self._echoes: dict[bytes, None] = {}
         self.echoes_skipped = 0
-        #: the reader edge: screen, de-duplicate by id and payload, dead-letter (published at once)
-        self.intake = Intake(settings.producer_name, clock.now, on_dead=self._dead_letter)
         #: who may act in whose name (DESIGN section 10): refusals replace the request they refuse
         self.gate = RequestGate(settings.producer_name)
+        #: the reader edge: screen, de-duplicate by id and payload, dead-letter (published at once),
+        #: ignore node reports their node's key did not sign (the gate's)
+        self.intake = Intake(settings.producer_name, clock.now, on_dead=self._dead_letter, gate=self.gate)
         self.tick_errors = 0
 
     def now_us(self) -> int:
@@ -248,7 +253,7 @@ class DispatcherService:
             if ev is not None:
                 pairs.append((rec, ev))
         pairs.sort(key=lambda p: record_order(p[0], p[1]))
-        return pairs
+        return self.intake.authenticate(pairs, _same)
 
     def _dead_letter(self, letter: Event) -> None:
         self._emit([letter])

@@ -751,6 +751,7 @@ async def run(
     from apportion.bus.consumer import EventConsumer
     from apportion.bus.crc import use_compiled_crc32c
     from apportion.bus.producer import EventProducer
+    from apportion.identity import report_signer
     from apportion.metrics import node_agent_metrics
     from apportion.topics import COMMANDS, NODES
     from services._common import consume, start_metrics
@@ -778,6 +779,14 @@ async def run(
             checkpoint_root,
         )
     producer = await asyncio.to_thread(EventProducer, conn.bootstrap, client_id=f"node-agent-{settings.agent_name()}")
+    # every report is signed with its node's key (DESIGN section 10; readers ignore what is not)
+    signer = await asyncio.to_thread(
+        report_signer,
+        [n.node_id for n, _ in nodes],
+        key_dir=settings.node_key_dir,
+        bootstrap=conn.bootstrap,
+        now=clock.now(),
+    )
 
     metrics = node_agent_metrics(registry)
 
@@ -791,7 +800,7 @@ async def run(
         # seconds in the main job. A send that still fails is logged and counted; after a restart the journal
         # re-publishes an adopted replica's JobStarted (or reports it JobLost), so a lost JobStarted cannot
         # hide a run for ever. The restart reports themselves are flushed before the journal marks them done.
-        fut = producer.send(ev)
+        fut = producer.send(ev, signer.value(ev))
         fut.add_errback(_send_failed, ev, metrics)
 
     agent = NodeAgent(

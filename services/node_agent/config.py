@@ -73,6 +73,10 @@ class NodeAgentSettings(ServiceSettings):
         require_fenced_lost: ignore a ``NodeLost`` without a fencing token
             (set once every dispatcher stamps its token on ``NodeLost``).
         producer_name: written as ``producer`` on events.
+        node_key_dir: directory of the hosted nodes' key files ``<node_id>.json``
+            (``apportion keys init --node``); every report is signed with its
+            node's key (DESIGN section 10). ``None``: the development keyring
+            (``APPORTION_KEYRING``) makes and registers them.
     """
 
     node_id: str | None = None
@@ -96,6 +100,7 @@ class NodeAgentSettings(ServiceSettings):
     ended_cap: int = Field(default=100_000, gt=0)
     require_fenced_lost: bool = False
     producer_name: str = "node-agent"
+    node_key_dir: Path | None = None
 
     def agent_name(self) -> str:
         """Stable name of this agent: the prefix in sim mode, else the node id."""

@@ -118,6 +118,7 @@ from apportion.events import (
     WorkloadRefused,
     det_id,
 )
+from apportion.gpu import sim_node_ids
 
 PRODUCER = "node-agent"
 
@@ -1010,7 +1011,4 @@ def heartbeat_event(
     return NodeHeartbeat(ts=now, producer=PRODUCER, node_id=node_id, gpus=gpus, running=running)
 
 
-def node_ids(prefix: str, count: int, start: int = 0) -> list[str]:
-    """Simulated node ids ``prefix + index``, zero-padded to a common width (``sim-00``..``sim-31``)."""
-    width = len(str(start + count - 1)) if count else 1
-    return [f"{prefix}{i:0{width}d}" for i in range(start, start + count)]
+node_ids = sim_node_ids  # the one home is apportion.gpu (the stack registers the simulated nodes' keys)

@@ -27,6 +27,7 @@ import re
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 from apportion import events
 from apportion.durations import parse_duration
@@ -151,38 +152,10 @@ def identity_for(user: str | None = None, *, bootstrap: str | None = None) -> Id
         LookupError: no identity file (run ``apportion keys init``), or a keyring without ``ops.json``.
         ValueError: the identity file is another user's, or is not an identity.
     """
-    ring = keyring_dir()
-    if ring is not None:
+    if keyring_dir() is not None:
         import getpass
 
-        from apportion.topics import prefix
-
-        name = user or getpass.getuser()
-        if not JOB_ID_RE.fullmatch(name):
-            raise ValueError(f"invalid user name {name!r} (use letters, digits and . _ : @ + -)")
-        path = ring / f"{name}.json"
-        if not path.is_file():
-            try:
-                Identity.generate(name).save(path)
-            except FileExistsError:  # made meanwhile by another process
-                pass
-        ident = Identity.load(path)
-        # registered once per Kafka and namespace (a stack's, or a test's): a marker file says it was
-        import hashlib
-
-        where = f"{Connection.resolve(bootstrap=bootstrap).bootstrap}|{prefix()}"
-        marker = (
-            ring / ".registered" / hashlib.sha256(where.encode()).hexdigest()[:16] / ident.public_key.replace("/", "_")
-        )
-        if not marker.is_file():
-            ops_path = ring / "ops.json"
-            if not ops_path.is_file():
-                raise LookupError(f"keyring {ring} has no ops.json to register {name!r} with")
-            ops = Identity.load(ops_path)
-            publish(key_registration(ident.user, ident.public_key, role=ident.role, by=ops.user), bootstrap=bootstrap)
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
-        return ident
+        return enrol([user or getpass.getuser()], bootstrap=bootstrap)[0]
     path = identity_file()
     if not path.is_file():
         raise LookupError(
@@ -193,6 +166,67 @@ def identity_for(user: str | None = None, *, bootstrap: str | None = None) -> Id
     if user is not None and user != ident.user:
         raise ValueError(f"the identity file {path} signs as {ident.user!r}, not {user!r}")
     return ident
+
+
+def enrol(
+    names: list[str], *, bootstrap: str | None = None, now: datetime | None = None, ring: Path | None = None
+) -> list[Identity]:
+    """The development keyring's identities of ``names``, made and registered on first use.
+
+    Each is ``<keyring>/<name>.json``; a missing one is made. Every key not
+    yet registered in this Kafka and topic namespace (a marker file says so)
+    gets its ``UserKeyRegistered`` (event time ``now``, default the wall
+    clock), all published together in the name of the keyring's ops identity
+    (``ops.json``) and acknowledged before this returns. Names ``node:<id>``
+    are node agents' principals (:func:`apportion.identity.report_signer`).
+
+    Args:
+        names: user names (``node:<id>`` for nodes).
+        bootstrap: Kafka.
+        now: event time of the registrations (default the wall clock).
+        ring: the keyring (default :func:`apportion.identity.keyring_dir`).
+
+    Raises:
+        LookupError: no keyring, or a keyring without ``ops.json``.
+        ValueError: a name that is not a valid user name.
+    """
+    import hashlib
+
+    from apportion.topics import prefix
+
+    ring = ring or keyring_dir()
+    if ring is None:
+        raise LookupError("no development keyring (APPORTION_KEYRING)")
+    where = f"{Connection.resolve(bootstrap=bootstrap).bootstrap}|{prefix()}"
+    marks = ring / ".registered" / hashlib.sha256(where.encode()).hexdigest()[:16]
+    out, todo = [], []
+    for name in names:
+        if not JOB_ID_RE.fullmatch(name):
+            raise ValueError(f"invalid user name {name!r} (use letters, digits and . _ : @ + -)")
+        path = ring / f"{name}.json"
+        if not path.is_file():
+            try:
+                Identity.generate(name).save(path)
+            except FileExistsError:  # made meanwhile by another process
+                pass
+        ident = Identity.load(path)
+        out.append(ident)
+        marker = marks / ident.public_key.replace("/", "_")
+        if not marker.is_file():
+            todo.append((ident, marker))
+    if todo:
+        ops_path = ring / "ops.json"
+        if not ops_path.is_file():
+            raise LookupError(f"keyring {ring} has no ops.json to register {todo[0][0].user!r} with")
+        ops = Identity.load(ops_path)
+        publish(
+            *(key_registration(i.user, i.public_key, role=i.role, by=ops.user, now=now) for i, _ in todo),
+            bootstrap=bootstrap,
+        )
+        for _, marker in todo:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+    return out
 
 
 def key_registration(

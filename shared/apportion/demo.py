@@ -259,7 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     from apportion.bus.provision import provision
     from apportion.bus.reader import read_log
     from apportion.bus.stack import LocalStack
+    from apportion.cli.stack import dev_keyring
+    from apportion.client import enrol
     from apportion.clock import ScaledClock
+    from apportion.domain.admission import node_principal
+    from apportion.gpu import sim_node_ids
     from apportion.identity import Identity
     from apportion.sim.core import SimConfig, simulate
     from apportion.sim.traces import load_budget_file, load_trace, parse_slice
@@ -323,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
             APPORTION_CLOCK_EPOCH_EVENT=epoch_event.isoformat(),
             APPORTION_LOG_JSON="true",
             APPORTION_HEARTBEAT_MIN_WALL_S="0.5",
+            # the node agent signs its reports with its nodes' keys, made and registered (as ops) on first use
+            APPORTION_KEYRING=str(dev_keyring(run_dir / "keyring")),
         )
         producer = EventProducer(bootstrap, client_id="demo", linger_ms=5)
         now = clock.now()
@@ -337,6 +343,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
         producer.flush()
+        # the node agent's keys, one per node, registered by the demo acting as ops (the agent signs its reports)
+        enrol(
+            [node_principal(n) for n in sim_node_ids("n", len(bf.nodes))],
+            bootstrap=bootstrap,
+            now=now,
+            ring=Path(env["APPORTION_KEYRING"]),
+        )
         services = start_services(env, run_dir / "logs", len(bf.nodes), gpus_per_node, args.time_scale)
         con.print(f"services started (logs in {run_dir / 'logs'}); waiting for {len(bf.nodes)} nodes to register")
 

@@ -59,6 +59,16 @@ class Inventory:
         return frozenset(g.index for g in self.gpus)
 
 
+def sim_node_ids(prefix: str, count: int, start: int = 0) -> list[str]:
+    """Simulated node ids ``prefix + index``, zero-padded to a common width (``sim-00``..``sim-31``).
+
+    The node agent names its simulated nodes so (``--sim-nodes``), and ``apportion stack up`` registers
+    their keys under the same names before it starts the agent.
+    """
+    width = len(str(start + count - 1)) if count else 1
+    return [f"{prefix}{i:0{width}d}" for i in range(start, start + count)]
+
+
 def simulated_inventory(
     gpu_count: int, model: str = DEFAULT_SIM_MODEL, memory_mb: int | None = 81920, reason: str = "declared"
 ) -> Inventory:

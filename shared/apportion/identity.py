@@ -52,8 +52,9 @@ import base64
 import binascii
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -62,18 +63,31 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from apportion import events
-from apportion.domain.admission import Principal, Rejection, authorize, refused_request_event
+from apportion.domain.admission import (
+    REPORT_TYPES,
+    Principal,
+    Rejection,
+    authorize,
+    authorize_report,
+    is_node_report,
+    node_principal,
+    refused_request_event,
+)
 from apportion.timeutil import Micros, to_us
 
 __all__ = [
     "Identity",
     "KeyRegistry",
+    "ReportGate",
+    "ReportSigner",
     "RequestGate",
     "SIGNED_TYPES",
     "canonical_bytes",
+    "check_reports",
     "check_requests",
     "identity_file",
     "keyring_dir",
+    "report_signer",
     "signer_of",
 ]
 
@@ -169,7 +183,7 @@ class Identity:
         """A fresh key pair for ``user``."""
         return cls(user, role, Ed25519PrivateKey.generate())
 
-    @property
+    @cached_property
     def public_key(self) -> str:
         """Base64 of the 32-byte raw public key (what ``UserKeyRegistered.public_key`` holds)."""
         raw = self.private_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
@@ -191,6 +205,23 @@ class Identity:
         payload = json.loads(events.encode(keyed))
         sig = self.private_key.sign(canonical_bytes(payload))
         return keyed.model_copy(update={SIGNATURE: _b64(sig)})
+
+    def signed_value(self, event: events.Event) -> bytes:
+        """The record value of ``event`` signed by this key: what a node agent publishes for a report.
+
+        For any event type (its model need not declare the fields): the JSON of
+        :func:`apportion.events.encode` with ``signer_key`` added, in canonical
+        form (:func:`canonical_bytes`), and ``signature`` appended as its last
+        member. Readers ignore both fields; :func:`signer_of` checks them. One
+        Ed25519 signature per call (deterministic: the same event signs to the
+        same bytes, so a report published again is a duplicate, not a reused id).
+        """
+        payload = json.loads(events.encode(event))
+        payload["signer_key"] = self.public_key
+        payload.pop(SIGNATURE, None)
+        body = canonical_bytes(payload)
+        sig = _b64(self.private_key.sign(body))
+        return body[:-1] + b',"' + SIGNATURE.encode() + b'":"' + sig.encode("ascii") + b'"}'
 
     def to_json(self) -> dict[str, str]:
         """The identity file's content (holds the private key: keep it private)."""
@@ -247,6 +278,80 @@ def keyring_dir() -> Path | None:
     return Path(path) if path else None
 
 
+class ReportSigner:
+    """Signs what a node agent publishes: each report with the key of the node it names (DESIGN section 10).
+
+    Args:
+        identities: node id -> that node's identity (principal ``node:<node_id>``).
+    """
+
+    def __init__(self, identities: Mapping[str, Identity]) -> None:
+        self.identities = dict(identities)
+
+    def value(self, event: events.Event) -> bytes:
+        """The record value to publish: signed by the node's key for a report of a node it holds, else plain.
+
+        A report of a node the agent holds no key for (a ``WorkloadRefused``
+        ``unknown_node`` answering a command for an id of its claimed prefix
+        that it does not host) goes out unsigned: the readers ignore it, as
+        they must, since no agent holds that node.
+        """
+        ident = self.identities.get(getattr(event, "node_id", None) or "")
+        if ident is None or not isinstance(event, REPORT_TYPES):
+            return events.encode(event)
+        return ident.signed_value(event)
+
+
+def node_key_file(key_dir: Path, node_id: str) -> Path:
+    """The key file of ``node_id`` in a node key directory: ``<key_dir>/<node_id>.json``."""
+    return key_dir / f"{node_id}.json"
+
+
+def report_signer(
+    node_ids: Iterable[str],
+    *,
+    key_dir: Path | None = None,
+    bootstrap: str | None = None,
+    now: Any = None,
+) -> ReportSigner:
+    """The signer of a node agent's reports: one key per hosted node, from settings.
+
+    With ``key_dir`` (the agent's ``APPORTION_NODE_KEY_DIR``): each node's
+    identity file ``<key_dir>/<node_id>.json`` (user ``node:<node_id>``; made
+    by ``apportion keys init --node NODE_ID``, its public key registered by ops
+    with ``apportion keys register node:NODE_ID PUBKEY``). Otherwise the
+    development keyring (:func:`keyring_dir`), which makes and registers the
+    missing ones (:func:`apportion.client.enrol`, event time ``now``: the agent's clock).
+
+    Raises:
+        LookupError: no key directory and no keyring, or a node's key file is missing.
+        ValueError: a key file is not that node's identity.
+    """
+    ids = list(node_ids)
+    if key_dir is not None:
+        out = {}
+        for nid in ids:
+            path = node_key_file(key_dir, nid)
+            if not path.is_file():
+                raise LookupError(
+                    f"no key file {path} for node {nid!r}: make it with `apportion keys init --node {nid} "
+                    f"--file {path}` and have ops register its public key"
+                )
+            ident = Identity.load(path)
+            if ident.user != node_principal(nid):
+                raise ValueError(f"{path} signs as {ident.user!r}, not {node_principal(nid)!r}")
+            out[nid] = ident
+        return ReportSigner(out)
+    if keyring_dir() is None:
+        raise LookupError(
+            "a node agent signs its reports: set APPORTION_NODE_KEY_DIR to the directory of its nodes' key "
+            "files (or, on a development stack, APPORTION_KEYRING)"
+        )
+    from apportion.client import enrol
+
+    return ReportSigner(dict(zip(ids, enrol([node_principal(n) for n in ids], bootstrap=bootstrap, now=now))))
+
+
 # --------------------------------------------------------------------------- the registry (pure)
 
 
@@ -255,38 +360,65 @@ class _Grant:
     user: str
     role: str
     from_us: Micros
-    until_us: Micros | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Revocation:
+    ts_us: Micros
+    position: int | None  # where it is in the log (a record timestamp, ms); None: folded live
 
 
 class KeyRegistry:
     """Which key proves which principal when: a fold of ``UserKeyRegistered``/``UserKeyRevoked`` (pure).
 
-    A key is valid for ``user`` at event time t when a registration with
-    ``ts <= t`` exists and no revocation of that (user, key) has ``ts <= t``.
-    Folding is order-insensitive for registrations and revocations of
-    different times, so the dispatcher (live, in poll order) and the audit
-    (in log order) agree.
+    A key proves ``user`` for a signed event of event time t when a
+    registration of (user, key) with ``ts <= t`` has been folded and no
+    revocation of (user, key) made at or after that registration is *earlier
+    in the log* than the signed event, whatever the event's ``ts`` says
+    (a signer chooses its ``ts``: a stolen key must not sign a backdated
+    event). "Earlier in the log" is:
+
+    * live (the dispatcher, the accounting: ``position=None``): the revocation
+      has been folded, i.e. read before the event is checked (their reader
+      edge folds a batch's identity events before it checks the batch);
+    * in the audit: the revocation's record position (its Kafka timestamp,
+      the broker's append time on the signed topics) is at or before the
+      signed record's.
+
+    A revocation with ``ts <= t`` revokes too (an honest, late reader).
+    Folding an event twice changes nothing.
     """
 
     def __init__(self) -> None:
         self._grants: dict[str, list[_Grant]] = {}
-        self._revoked: dict[tuple[str, str], list[Micros]] = {}
+        self._revoked: dict[tuple[str, str], list[_Revocation]] = {}
 
-    def apply(self, ev: events.Event) -> bool:
-        """Fold one event; True when it was an identity event."""
+    def apply(self, ev: events.Event, position: int | None = None) -> bool:
+        """Fold one event; True when it is an identity event.
+
+        Args:
+            ev: any event (others are ignored).
+            position: the record's place in the log (Kafka timestamp, ms) in the audit; ``None`` live.
+        """
+        if not isinstance(ev, (events.UserKeyRegistered, events.UserKeyRevoked)):
+            return False
         if isinstance(ev, events.UserKeyRegistered):
             self._grants.setdefault(ev.public_key, []).append(_Grant(ev.user, ev.role, to_us(ev.ts)))
-            return True
-        if isinstance(ev, events.UserKeyRevoked):
-            self._revoked.setdefault((ev.public_key, ev.user), []).append(to_us(ev.ts))
-            return True
-        return False
+        else:
+            self._revoked.setdefault((ev.public_key, ev.user), []).append(_Revocation(to_us(ev.ts), position))
+        return True
 
     def __len__(self) -> int:
         return sum(len(g) for g in self._grants.values())
 
-    def principal(self, public_key: str | None, at_us: Micros) -> Principal | None:
-        """The principal ``public_key`` proves at event time ``at_us``, or ``None`` (unknown, not yet, revoked).
+    def principal(self, public_key: str | None, at_us: Micros, position: int | None = None) -> Principal | None:
+        """The principal ``public_key`` proves for a signed event, or ``None`` (unknown, not yet, revoked).
+
+        Args:
+            public_key: the base64 key that signed (:func:`signer_of`), or ``None``.
+            at_us: the signed event's event time (µs).
+            position: the signed record's place in the log (audit); ``None``
+                live: every revocation folded so far is earlier.
 
         When one key was registered for several principals, the latest
         registration in force wins.
@@ -297,34 +429,91 @@ class KeyRegistry:
         for g in self._grants.get(public_key, ()):
             if g.from_us > at_us:
                 continue
-            revoked = self._revoked.get((public_key, g.user), ())
-            if any(g.from_us <= r <= at_us for r in revoked):
+            if self._revoked_for(public_key, g, at_us, position):
                 continue
             if best is None or g.from_us >= best.from_us:
                 best = g
         return Principal(best.user, best.role) if best is not None else None
 
+    def _revoked_for(self, key: str, g: _Grant, at_us: Micros, position: int | None) -> bool:
+        for r in self._revoked.get((key, g.user), ()):
+            if r.ts_us < g.from_us:
+                continue  # revoked before this registration (the key was registered again)
+            if r.ts_us <= at_us or position is None or (r.position is not None and r.position <= position):
+                return True
+        return False
 
-class RequestGate:
+
+class ReportGate:
+    """The reader edge's check of node reports (DESIGN section 10); folds the identity events it sees.
+
+    Used by the dispatcher's and the accounting's :class:`~apportion.bus.intake.Intake`
+    (:meth:`~apportion.bus.intake.Intake.authenticate`) and, with positions,
+    by :func:`check_reports` in ``audit verify``. The rule is
+    :func:`apportion.domain.admission.authorize_report`.
+
+    Args:
+        keys: the registry to fold into and check with, or a callable
+            returning it (a service whose state, registry included, is
+            replaced on restore). Default: a new one.
+        dispatcher: the dispatcher's ``producer`` name (its own ``JobLost``/``JobFailed`` are not node reports).
+        folds: the event types the reader folds (``None``: all). A report of another type is let through
+            unchecked, since the fold ignores it anyway: the accounting, which folds no heartbeat or start,
+            verifies about one signature per run (its completion) instead of every report.
+    """
+
+    def __init__(
+        self,
+        keys: KeyRegistry | Callable[[], KeyRegistry] | None = None,
+        dispatcher: str = "dispatcher",
+        folds: tuple[type, ...] | None = None,
+    ):
+        reg = keys if keys is not None else KeyRegistry()
+        self._keys = reg if callable(reg) and not isinstance(reg, KeyRegistry) else (lambda: reg)
+        self.dispatcher = dispatcher
+        self.folds = folds
+
+    @property
+    def keys(self) -> KeyRegistry:
+        """The registry in force."""
+        return self._keys()
+
+    @keys.setter
+    def keys(self, registry: KeyRegistry) -> None:
+        self._keys = lambda: registry
+
+    def observe(self, ev: events.Event, position: int | None = None) -> bool:
+        """Fold an identity event; True when ``ev`` was one."""
+        return self.keys.apply(ev, position)
+
+    def report_refusal(self, raw: bytes | str | None, ev: events.Event, position: int | None = None) -> str | None:
+        """Why node report ``ev`` (read as ``raw``) must be ignored (``unauthenticated_node: ...``), or ``None``.
+
+        Not a report (or the dispatcher's own): ``None`` without a signature check.
+        """
+        if not is_node_report(ev, self.dispatcher) or (self.folds is not None and not isinstance(ev, self.folds)):
+            return None
+        signer = self.keys.principal(signer_of(raw), to_us(ev.ts), position)
+        return authorize_report(ev, signer, self.dispatcher)
+
+
+class RequestGate(ReportGate):
     """The dispatcher's intake check of requests (DESIGN section 10): who may act in whose name.
 
     Folds the identity events it sees; for a ``JobSubmitted`` or a
     ``JobCancelRequested`` returns the ``JobRejected`` the dispatcher
     publishes instead of deciding on the request (``unauthenticated`` or
-    ``not_owner``), or ``None`` to let it through.
+    ``not_owner``), or ``None`` to let it through. As a :class:`ReportGate`
+    (the same registry) it is the dispatcher's intake check of node reports.
 
     Args:
         producer: the dispatcher's producer name (written on refusals).
     """
 
     def __init__(self, producer: str = "dispatcher") -> None:
+        super().__init__(None, dispatcher=producer)
         self.producer = producer
-        self.keys = KeyRegistry()
         self.refused = 0
-
-    def observe(self, ev: events.Event) -> None:
-        """Fold an identity event (others are ignored)."""
-        self.keys.apply(ev)
 
     def refusal(self, raw: bytes | None, ev: events.Event, jobs: Mapping[str, Any], now_us: Micros) -> Any:
         """The ``JobRejected`` refusing ``ev``, or ``None`` (allowed, or not a request).
@@ -393,6 +582,10 @@ def check_requests(records: Iterable[Any]) -> tuple[list[RequestFinding], int]:
     must be signed by ops (:func:`~apportion.domain.admission.authorize`).
     Refused requests are not findings: refusing a forgery is the stack working.
 
+    A key revoked earlier in the log (the revocation's record timestamp at or
+    before the request's: :class:`KeyRegistry`) proves nothing, whatever the
+    request's ``ts`` says (a backdated request).
+
     Logs of a stack without identity (no ``UserKeyRegistered`` at all, e.g. a
     simulator log) are not checked: ``(findings=[], checked=0)``.
 
@@ -411,7 +604,7 @@ def check_requests(records: Iterable[Any]) -> tuple[list[RequestFinding], int]:
         ev = r.event
         if ev is None:
             continue
-        reg.apply(ev)
+        reg.apply(ev, _position(r))
         if isinstance(ev, events.JobRejected):
             refused.add(ev.event_id)
         elif isinstance(ev, events.JobCancelled):
@@ -436,9 +629,74 @@ def check_requests(records: Iterable[Any]) -> tuple[list[RequestFinding], int]:
             why = "unsigned" if ev.signature is None else "its signature does not verify (altered or forged bytes)"
             findings.append(RequestFinding(i, ev.job_id, f"{ev.type} of user {ev.user!r} accepted, but {why}"))
             continue
-        rejection = authorize(ev, reg.principal(key, to_us(ev.ts)), owner.get(ev.job_id))
+        rejection = authorize(ev, reg.principal(key, to_us(ev.ts), _position(r)), owner.get(ev.job_id))
         if rejection is not None:
             findings.append(
                 RequestFinding(i, ev.job_id, f"{ev.type} accepted, but {rejection.reason.value}: {rejection.message}")
             )
     return findings, checked
+
+
+def _position(rec: Any) -> int:
+    """A record's place in the log for :class:`KeyRegistry`: its Kafka timestamp (ms; the broker's append time)."""
+    return int(getattr(rec, "timestamp_ms", 0))
+
+
+@dataclass(frozen=True, slots=True)
+class ReportCheck:
+    """``audit verify``'s look at the node reports of a log (:func:`check_reports`).
+
+    Attributes:
+        ignored: indices of the reports the services must have ignored (``unauthenticated_node``);
+            the audit's rebuilds leave them out, as the services did.
+        findings: ignored reports that no service dead-lettered (one did not ignore them).
+        checked: node reports whose signature was checked.
+    """
+
+    ignored: frozenset[int]
+    findings: list[RequestFinding]
+    checked: int
+
+
+def check_reports(records: Sequence[Any], dispatcher: str = "dispatcher") -> ReportCheck:
+    """Re-check, from the log alone, the signature of every node report (``audit verify``).
+
+    The rule is the services' (:class:`ReportGate`,
+    :func:`~apportion.domain.admission.authorize_report`) with the log's
+    positions for revocations (:class:`KeyRegistry`). A report that fails it
+    must have been ignored by the dispatcher and the accounting, which
+    dead-letter it (id ``det_id("DeadLetter", topic, partition, offset)``);
+    one without such a dead letter is a finding. Logs without any
+    ``UserKeyRegistered`` (a simulator's) are not checked.
+
+    Args:
+        records: log records (``event``, ``raw``, ``topic``, ``partition``, ``offset``, ``timestamp_ms``).
+        dispatcher: the dispatcher's ``producer`` name.
+    """
+    gate = ReportGate(dispatcher=dispatcher)
+    letters: set[Any] = set()
+    for r in records:
+        ev = r.event
+        if ev is None:
+            continue
+        gate.observe(ev, _position(r))
+        if isinstance(ev, events.DeadLetter):
+            letters.add(ev.event_id)
+    if not len(gate.keys):
+        return ReportCheck(frozenset(), [], 0)
+    ignored: set[int] = set()
+    findings: list[RequestFinding] = []
+    checked = 0
+    for i, r in enumerate(records):
+        ev = r.event
+        if ev is None or not is_node_report(ev, dispatcher):
+            continue
+        checked += 1
+        why = gate.report_refusal(r.raw, ev, _position(r))
+        if why is None:
+            continue
+        ignored.add(i)
+        if events.det_id("DeadLetter", r.topic, r.partition, r.offset) not in letters:
+            subject = getattr(ev, "job_id", None) or getattr(ev, "node_id", None) or ev.type
+            findings.append(RequestFinding(i, str(subject), f"{why}, and no service dead-lettered it"))
+    return ReportCheck(frozenset(ignored), findings, checked)

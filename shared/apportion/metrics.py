@@ -316,6 +316,8 @@ class ReaderCollector:
     * ``apportion_events_handled_total``: records turned into events (screened, not duplicates);
     * ``apportion_duplicates_total``: records dropped or passed as duplicates (same id and payload);
     * ``apportion_dead_letters_total``: records dead-lettered (undecodable, reused id, apply failed);
+    * ``apportion_unauthenticated_node_reports_total``: node reports ignored (and dead-lettered) because no
+      key registered for their node signed them (``unauthenticated_node``, DESIGN section 10);
     * ``apportion_consumer_lag_records{topic,partition}``: records between the consumer's position and the
       partition's end (high watermark), as last measured by the poll thread (:meth:`set_lag`).
 
@@ -346,7 +348,7 @@ class ReaderCollector:
         """The counters (summed over the sources) and the lag gauges."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        totals = {"events": 0, "duplicates": 0, "dead_lettered": 0}
+        totals = {"events": 0, "duplicates": 0, "dead_lettered": 0, "unauthenticated_node": 0}
         for get in self._stats:
             s = get()
             if s is None:
@@ -355,6 +357,7 @@ class ReaderCollector:
             totals["events"] += int(getattr(s, "events", getattr(s, "handled", 0)) or 0)
             totals["duplicates"] += int(getattr(s, "duplicates", 0) or 0)
             totals["dead_lettered"] += int(getattr(s, "dead_lettered", 0) or 0)
+            totals["unauthenticated_node"] += int(getattr(s, "unauthenticated_node", 0) or 0)
         yield CounterMetricFamily(
             "apportion_events_handled", "Records read and turned into events by the reader edge", totals["events"]
         )
@@ -367,6 +370,11 @@ class ReaderCollector:
             "apportion_dead_letters",
             "Records dead-lettered by the reader edge (with their reason)",
             totals["dead_lettered"],
+        )
+        yield CounterMetricFamily(
+            "apportion_unauthenticated_node_reports",
+            "Node reports ignored because no key registered for their node signed them (unauthenticated_node)",
+            totals["unauthenticated_node"],
         )
         lag = GaugeMetricFamily(
             "apportion_consumer_lag_records",

@@ -25,27 +25,41 @@ from apportion.bus.security import kafka_auth, redis_auth
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from builders import budget_set, completed, cordoned, h, node, placed  # noqa: E402
 
+from tests.signing import node_value, with_node_keys  # noqa: E402
+
 pytestmark = pytest.mark.integration
 
 WINDOW_S = 24 * 3600.0
 DEADLINE_S = 60.0
 
-PHASE1 = [
-    budget_set("lab", 1.0, at=h(0)),
-    budget_set("lab/a", 0.75, at=h(0)),
-    budget_set("lab/b", 0.25, at=h(0)),
-    node("n0", 8, at=h(0)),
-    node("n1", 8, at=h(0)),
-    placed("j1", budget="lab/a", gpus=8, at=h(1)),
-    placed("j2", budget="lab/b", gpus=4, at=h(2)),
-    placed("u1", budget="lab/b", gpus=4, allocated=False, at=h(2)),
-    completed("j1", at=h(5)),
-]
-PHASE2 = [
-    completed("u1", at=h(6)),
-    placed("j3", budget="lab/a", gpus=8, nodes=["n1"], at=h(7)),
-    cordoned("n0", at=h(8)),
-]
+_NODES: set[str] = set()  # node reports are signed by their node's key, registered before its first report
+PHASE1 = with_node_keys(
+    [
+        budget_set("lab", 1.0, at=h(0)),
+        budget_set("lab/a", 0.75, at=h(0)),
+        budget_set("lab/b", 0.25, at=h(0)),
+        node("n0", 8, at=h(0)),
+        node("n1", 8, at=h(0)),
+        placed("j1", budget="lab/a", gpus=8, at=h(1)),
+        placed("j2", budget="lab/b", gpus=4, at=h(2)),
+        placed("u1", budget="lab/b", gpus=4, allocated=False, at=h(2)),
+        completed("j1", at=h(5)),
+    ],
+    _NODES,
+)
+PHASE2 = with_node_keys(
+    [
+        completed("u1", at=h(6)),
+        placed("j3", budget="lab/a", gpus=8, nodes=["n1"], at=h(7)),
+        cordoned("n0", at=h(8)),
+    ],
+    _NODES,
+)
+
+
+def _publish(producer, e) -> None:  # type: ignore[no-untyped-def]
+    """Publish ``e`` as its writer would (a node report signed by its node's key) and wait for the ack."""
+    producer.send(e, node_value(e)).get(timeout=30)
 
 
 def _bulk(evs, at_us):
@@ -99,7 +113,7 @@ async def test_accounting_and_policy_equal_bulk_rebuild(kafka_bootstrap, redis_u
 
     producer = EventProducer(kafka_bootstrap, client_id="test")
     for e in PHASE1:
-        producer.publish(e)
+        _publish(producer, e)
 
     clock = ManualClock(from_us(h(5)))
     acc_settings = AccountingSettings(
@@ -145,7 +159,7 @@ async def test_accounting_and_policy_equal_bulk_rebuild(kafka_bootstrap, redis_u
 
         # ---- live events
         for e in PHASE2:
-            producer.publish(e)
+            _publish(producer, e)
         everything = PHASE1 + PHASE2
         ref2 = _bulk(everything, h(8))
 
@@ -260,7 +274,7 @@ async def test_accounting_resumes_from_its_checkpoint_and_equals_a_fresh_rebuild
 
     try:
         for e in PHASE1:
-            producer.publish(e)
+            _publish(producer, e)
         first, meta1, rows1, header1 = await start_and_stop(rebuild=False)
         assert (first.mode, first.reason) == ("rebuild", "missing: no checkpoint stored")
         assert first.records == len(PHASE1)
@@ -276,7 +290,7 @@ async def test_accounting_resumes_from_its_checkpoint_and_equals_a_fresh_rebuild
         zeros = {p: 0 for p in header1["offsets"]}
         assert await asyncio.to_thread(_group_offsets, kafka_bootstrap, "accounting", zeros, True) == zeros
         for e in PHASE2:
-            producer.publish(e)
+            _publish(producer, e)
         second, meta2, rows2, header2 = await start_and_stop(rebuild=False)
         assert (second.mode, second.reason, second.late_across_cut) == ("resume", "", 0)
         assert second.offsets == header1["offsets"]  # it read from the checkpoint's offsets ...

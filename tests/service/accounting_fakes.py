@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from apportion import events
+from tests.signing import node_value, with_node_keys
 
 
 @dataclass
@@ -29,19 +30,22 @@ class Rec:
 def records(evs, *, partitions: int = 3, start: dict[tuple[str, int], int] | None = None) -> list[Rec]:
     """Encode events as records on their topics, partitioned by key, offsets in order.
 
+    Node reports are signed by their node's key, whose registration goes before the node's first report
+    (:func:`tests.signing.with_node_keys`).
+
     Args:
         evs: events in production order.
         partitions: partitions per topic.
         start: (topic, partition) -> first offset (default 0), to append to an earlier call's log.
     """
     out, next_off = [], dict(start or {})
-    for e in evs:
+    for e in with_node_keys(evs):
         topic = events.topic_of(e)
         key = events.key_of(e)
         p = sum(key.encode()) % partitions
         off = next_off.get((topic, p), 0)
         next_off[(topic, p)] = off + 1
-        out.append(Rec(topic, p, off, key.encode(), events.encode(e)))
+        out.append(Rec(topic, p, off, key.encode(), node_value(e)))
     return out
 
 

@@ -39,6 +39,7 @@ from builders import budget_set, completed, cordoned, h, job_lost, node, placed 
 
 from apportion import readmodel  # noqa: E402
 from apportion.clock import ManualClock  # noqa: E402
+from apportion.domain.admission import Principal  # noqa: E402
 from apportion.domain.budgets import fold_budget_log  # noqa: E402
 from apportion.domain.occupancy import rebuild as rebuild_ledger  # noqa: E402
 from apportion.domain.usage import usage_snapshot  # noqa: E402
@@ -49,6 +50,7 @@ from services.accounting import checkpoint  # noqa: E402
 from services.accounting.app import AccountingService  # noqa: E402
 from services.accounting.config import AccountingSettings  # noqa: E402
 from services.accounting.store import ReadModelStore  # noqa: E402
+from tests.signing import node_identity  # noqa: E402
 
 WINDOW_S = 24 * 3600.0
 TOPICS = [JOBS.name, NODES.name, BUDGETS.name]
@@ -122,18 +124,19 @@ def checkpointed(recs, *, live_from: int | None = None) -> tuple[FakeRedis, Acco
 
 
 def test_checkpoint_round_trips_state_snapshot_and_offsets():
-    redis, svc = checkpointed(FULL_RECS[:9])  # up to completed(j1) at h5
+    redis, svc = checkpointed(FULL_RECS[:11])  # up to completed(j1) at h5 (with the two node keys)
     fields = ReadModelStore(redis).read_checkpoint()
     ck = checkpoint.decode(fields, window_s=WINDOW_S, topic_prefix="")
-    assert ck.offsets == svc.offsets == partition_offsets(FULL_RECS[:9], TOPICS)
+    assert ck.offsets == svc.offsets == partition_offsets(FULL_RECS[:11], TOPICS)
     assert ck.last == svc.last and ck.last.at == from_us(h(5))
     assert ck.dirty is False and ck.late_events == 0
-    assert ck.last_key == (h(5), JOBS.name, FULL_RECS[8].partition, FULL_RECS[8].offset)
+    assert ck.last_key == (h(5), JOBS.name, FULL_RECS[10].partition, FULL_RECS[10].offset)
     restored = service(FakeRedis())
     restored.restore(ck)
     for t in (h(5), h(20), h(40)):
         assert answers(restored, t) == answers(svc, t)
     assert restored.acc.budget_log == svc.acc.budget_log
+    assert restored.acc.keys.principal(node_identity("n0").public_key, h(5)) == Principal("node:n0")
     # the header is plain JSON an operator can read
     header = json.loads(fields[checkpoint.HEADER])
     assert (header["format"], header["window_s"], header["clock_us"]) == (2, WINDOW_S, h(5))

@@ -275,3 +275,22 @@ def test_nodes_registering_at_one_instant_across_two_polls_never_reuse_a_snapsho
     assert [e for e in letters if isinstance(e, DeadLetter)] == []
     # and a re-derived snapshot (a restart evaluating the same state at the same instant) keeps its id
     assert svc.acc.snapshot(h(0)).event_id == snaps[1].event_id
+
+
+def test_accounting_ignores_node_reports_their_node_did_not_sign():
+    """A fake 64-GPU node and a forged completion of j1 (signed by eve's key): capacity and occupancy unchanged."""
+    from apportion.domain.admission import UNAUTHENTICATED_NODE
+    from tests.signing import identity, node_identity
+
+    svc, published, _ = make_accounting()
+    fake = events.NodeRegistered(node_id="n9", gpu_count=64, ts=from_us(h(1)), producer="x")
+    done = events.JobCompleted(job_id="j1", attempt=1, node_id="n0", ts=from_us(h(2)), producer="node-agent")
+    forged = [
+        Rec("apportion.nodes", 0, 99, b"n9", node_identity("n1").signed_value(fake)),
+        Rec("apportion.jobs", 0, 99, b"j1", identity("eve").signed_value(done)),
+    ]
+    snap = svc.bootstrap(records(LOG) + forged)
+    assert bare(snap) == bulk(LOG, h(6))  # as if the forgeries were not in the log
+    letters = [e for e in published if isinstance(e, DeadLetter)]
+    assert sorted(e.error.split(":")[0] for e in letters) == [UNAUTHENTICATED_NODE] * 2
+    assert svc.intake.stats.unauthenticated_node == 2

@@ -29,7 +29,7 @@ from apportion.topics import BUDGETS, COMMANDS, JOBS, NODES, SUBMISSIONS
 from services.dispatcher import logic
 from services.dispatcher.app import ECHO_LEN, DispatcherService, TickPacer
 from services.dispatcher.config import DispatcherSettings
-from tests.signing import identity, registered
+from tests.signing import identity, node_value, registered, with_node_keys
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
 USER = identity("u")
@@ -56,6 +56,7 @@ class ListLog:
         self.next_offset: dict[str, int] = {}
         self.read_upto = 0
         self.published: list[tuple[str, bytes]] = []
+        self.nodes: set[str] = set()
 
     def append(self, topic: str, value: bytes | None, key: bytes | None = None) -> None:
         off = self.next_offset.get(topic, 0)
@@ -63,8 +64,9 @@ class ListLog:
         self.records.append(Rec(topic, 0, off, key, value, 0))
 
     def put(self, *evts: Event) -> None:
-        for e in evts:
-            self.append(events.TOPIC_OF[e.type].name, events.encode(e), events.key_of(e).encode())
+        """Append outside input; node reports signed by their node's key, registered first (tests.signing)."""
+        for e in with_node_keys(evts, self.nodes):
+            self.append(events.TOPIC_OF[e.type].name, node_value(e), events.key_of(e).encode())
 
     def publish(self, sent: list[tuple[Event, bytes]]) -> None:
         for e, value in sent:
@@ -188,11 +190,11 @@ def test_decisions_are_fenced_and_placements_carry_their_input_position() -> Non
     assert [(p.job_id, p.fencing_token) for p in placed] == [("j1", 7), ("j2", 7), ("j4", 7)]
     assert [e.fencing_token for e in sent if isinstance(e, StartWorkload)] == [7, 7, 7]
     b, s, j, n = (f"{t}:0" for t in (BUDGETS.name, SUBMISSIONS.name, JOBS.name, NODES.name))
-    # j1 and j2 were placed on budgets (three budgets, one key), nodes and submissions only; j4 after six job
-    # events had been read (three JobQueued, two JobPlaced, one JobStarted): its own JobQueued is folded as
-    # emitted, not read yet
-    assert placed[0].decision.inputs == {b: 4, n: 2, s: 3}
-    assert placed[2].decision.inputs == {b: 4, j: 6, n: 2, s: 4}
+    # j1 and j2 were placed on budgets (three budgets, one user key, two node keys), nodes and submissions only;
+    # j4 after six job events had been read (three JobQueued, two JobPlaced, one JobStarted): its own JobQueued
+    # is folded as emitted, not read yet
+    assert placed[0].decision.inputs == {b: 6, n: 2, s: 3}
+    assert placed[2].decision.inputs == {b: 6, j: 6, n: 2, s: 4}
 
 
 def test_only_heads_this_instance_published_are_skipped() -> None:

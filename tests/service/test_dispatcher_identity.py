@@ -64,7 +64,8 @@ def run(*rounds: list[events.Event] | list[tuple[str, bytes]]):  # type: ignore[
     for r in rounds:
         for item in r:
             if isinstance(item, tuple):
-                log.append(item[0], item[1], json.loads(item[1])["job_id"].encode())
+                obj = json.loads(item[1])
+                log.append(item[0], item[1], str(obj.get("job_id") or obj["node_id"]).encode())
             else:
                 log.put(item)
         drive(svc, log)
@@ -150,3 +151,39 @@ def test_a_new_leader_refuses_an_undecided_forgery_too() -> None:
     decided = svc.bootstrap(log.read())
     assert rejections(decided) == [("j1", "unauthenticated", "JobSubmitted")]
     assert set(svc.state.jobs) == {"j2"}
+
+
+# --------------------------------------------------------------------------- node reports (a node reports for itself)
+
+
+def test_a_node_report_signed_by_another_nodes_key_is_dead_lettered_and_changes_nothing() -> None:
+    """Forged node reports: a fake node registered with n1's key, and a completion of carol's job on n1 by it."""
+    from apportion.domain.admission import UNAUTHENTICATED_NODE
+    from apportion.topics import JOBS, NODES
+    from tests.signing import node_identity
+
+    svc, _ = run([CAROL.sign(sub("j1"))])
+    nodes_before = set(svc.state.cluster.nodes)
+    fake = NodeRegistered(event_id=events.det_id("t", "fake"), node_id="n9", gpu_count=64, ts=T0, producer="x")
+    done = events.JobCompleted(
+        event_id=events.det_id("t", "done"), job_id="j1", attempt=1, replica=0, node_id="n1",
+        ts=T0 + timedelta(minutes=3), producer="node-agent",
+    )  # fmt: skip
+    svc2, out = run(
+        [CAROL.sign(sub("j1"))],
+        [(NODES.name, node_identity("n1").signed_value(fake)), (JOBS.name, identity("eve").signed_value(done))],
+    )
+    assert set(svc2.state.cluster.nodes) == nodes_before  # no n9
+    assert "j1" in svc2.state.jobs and svc2.state.cluster.runs  # carol's run goes on
+    letters = [e for e in out if isinstance(e, events.DeadLetter)]
+    assert [e.error.split(":")[0] for e in letters] == [UNAUTHENTICATED_NODE] * 2
+    assert svc2.intake.stats.unauthenticated_node == 2
+
+
+def test_a_report_signed_by_its_nodes_key_counts() -> None:
+    from apportion.topics import NODES
+    from tests.signing import node_identity
+
+    new = NodeRegistered(event_id=events.det_id("t", "n2"), node_id="n2", gpu_count=8, ts=T0, producer="x")
+    svc, out = run([registered(node_identity("n2"), T0)], [(NODES.name, node_identity("n2").signed_value(new))])
+    assert "n2" in svc.state.cluster.nodes and not [e for e in out if isinstance(e, events.DeadLetter)]

@@ -106,26 +106,32 @@ H = timedelta(hours=1)
 
 
 @pytest.mark.parametrize(
-    "history, at, expected",
+    "history, at, position, expected",
     [
-        pytest.param([], T0, None, id="unknown key"),
-        pytest.param([("reg", 0)], T0 - H, None, id="before its registration"),
-        pytest.param([("reg", 0)], T0, Principal("alice"), id="at its registration"),
-        pytest.param([("reg", 0), ("rev", 2)], T0 + H, Principal("alice"), id="before the revocation"),
-        pytest.param([("reg", 0), ("rev", 2)], T0 + 2 * H, None, id="at the revocation"),
-        pytest.param([("reg", 0), ("rev", 1), ("reg", 2)], T0 + 3 * H, Principal("alice"), id="registered again"),
-        pytest.param([("rev", 1), ("reg", 0)], T0 + 2 * H, None, id="folded out of order"),
+        pytest.param([], T0, None, None, id="unknown key"),
+        pytest.param([("reg", 0)], T0 - H, None, None, id="before its registration"),
+        pytest.param([("reg", 0)], T0, None, Principal("alice"), id="at its registration"),
+        pytest.param(
+            [("reg", 0), ("rev", 2)], T0 + H, 100, Principal("alice"), id="earlier in the log than the revocation"
+        ),
+        pytest.param([("reg", 0), ("rev", 2)], T0 + H, 300, None, id="backdated: later in the log, ts before it"),
+        pytest.param([("reg", 0), ("rev", 2)], T0 + H, 200, None, id="at the revocation's log position"),
+        pytest.param([("reg", 0), ("rev", 2)], T0 + H, None, None, id="live: the revocation was read, ts before it"),
+        pytest.param([("reg", 0), ("rev", 2)], T0 + 2 * H, 100, None, id="at the revocation's time"),
+        pytest.param([("reg", 0), ("rev", 1), ("reg", 2)], T0 + 3 * H, None, Principal("alice"), id="registered again"),
+        pytest.param([("rev", 1), ("reg", 0)], T0 + 2 * H, None, None, id="folded out of order"),
     ],
 )
-def test_a_key_proves_its_user_from_registration_until_revocation(history, at, expected) -> None:  # type: ignore[no-untyped-def]
+def test_a_key_proves_its_user_from_registration_until_revocation(history, at, position, expected) -> None:  # type: ignore[no-untyped-def]
+    """Revocations count by log position (record timestamp 100 x hours; live: once read), not by the signer's ts."""
     reg = KeyRegistry()
     for kind, hours in history:
         ts = T0 + hours * H
         if kind == "reg":
-            reg.apply(registered(ALICE, ts))
+            reg.apply(registered(ALICE, ts).model_copy(update={"event_id": uuid.uuid4()}))
         else:
-            reg.apply(events.UserKeyRevoked(user="alice", public_key=ALICE.public_key, ts=ts))
-    assert reg.principal(ALICE.public_key, to_us(at)) == expected
+            reg.apply(events.UserKeyRevoked(user="alice", public_key=ALICE.public_key, ts=ts), 100 * hours)
+    assert reg.principal(ALICE.public_key, to_us(at), position) == expected
 
 
 @pytest.mark.parametrize(

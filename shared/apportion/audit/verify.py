@@ -23,7 +23,13 @@ from Redis):
     and an accepted cancel of another user's job was signed by ops (DESIGN
     section 10). A log without any ``UserKeyRegistered`` (a stack without
     identity, a simulator log) is not checked; ``signed_requests`` says how
-    many were.
+    many were. A key revoked earlier in the log (by record timestamp) proves
+    nothing, whatever the signed event's ``ts``.
+(e) :func:`apportion.identity.check_reports` - every node report is signed
+    by a key registered for its node (``node:<node_id>``); a report that is
+    not must have been dead-lettered ``unauthenticated_node`` by the
+    services, and the rebuilds of (a)-(c) leave it out as they did.
+    ``signed_reports`` says how many were checked.
 
 What the re-run folds (the reconstruction rule). The dispatcher decides
 with the state after folding everything *it* had processed, which is not a
@@ -69,7 +75,7 @@ from apportion.domain.budgets import BUDGET_CHANGES, fold_budget_log
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, fold, step
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.usage import usage_snapshot
-from apportion.identity import check_requests
+from apportion.identity import check_reports, check_requests
 from apportion.timeutil import WEEK_S, Micros, from_us, to_us
 
 __all__ = [
@@ -757,6 +763,7 @@ class VerifyReport:
     read_models: bool
     records: int
     signed_requests: int = 0
+    signed_reports: int = 0
 
     @property
     def ok(self) -> bool:
@@ -778,6 +785,7 @@ class VerifyReport:
             "decision_basis": self.decision_basis,
             "read_models": self.read_models,
             "signed_requests": self.signed_requests,
+            "signed_reports": self.signed_reports,
             "first_offset": self.first.offset if self.first else None,
             "mismatches": [m.to_dict() for m in self.mismatches],
         }
@@ -799,6 +807,13 @@ def verify(
         producer: the dispatcher's ``producer`` name.
     """
     mism: list[Mismatch] = []
+    reports = check_reports(records, producer)
+    for f in reports.findings:
+        rec = records[f.index]
+        at = rec.event.ts.isoformat() if rec.event is not None else None
+        mism.append(Mismatch("signature", position(rec), at, f.job_id, f.detail, log_order(rec)))
+    if reports.ignored:  # the services ignored them (unauthenticated_node): so do the rebuilds
+        records = [r for i, r in enumerate(records) if i not in reports.ignored]
     if read_models is not None:
         mism += check_read_models(records, read_models, config)
     snaps = check_snapshots(records)
@@ -826,7 +841,9 @@ def verify(
         mism.append(Mismatch("signature", position(rec), at, f.job_id, f.detail, log_order(rec)))
     mism.sort(key=lambda m: (m.order == (), m.order))
     n_snaps = sum(1 for r in records if isinstance(r.event, events.OccupancySnapshot))
-    return VerifyReport(mism, n_snaps, len(checks), dict(basis), read_models is not None, len(records), signed)
+    return VerifyReport(
+        mism, n_snaps, len(checks), dict(basis), read_models is not None, len(records), signed, reports.checked
+    )
 
 
 def records_from_events(evs: Iterable[events.Event]) -> list[LogRecord]:

@@ -46,12 +46,14 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 from apportion import events
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Reason prefix of an event id read before with a different payload.
 EVENT_ID_REUSED = "event_id reused"
@@ -176,6 +178,7 @@ class IntakeStats:
     duplicates: int = 0
     dead_lettered: int = 0
     apply_failed: int = 0
+    unauthenticated_node: int = 0
 
 
 def _utcnow() -> datetime:
@@ -195,6 +198,8 @@ class Intake:
             counted, for a fold that is idempotent itself and must see it as a
             restarted reader would (accounting: its late-record count); a
             reused id is dead-lettered either way.
+        gate: the check of node reports (:class:`apportion.identity.ReportGate`,
+            DESIGN section 10) that :meth:`authenticate` applies; ``None``: none.
 
     Example::
 
@@ -213,8 +218,10 @@ class Intake:
         ledger: IdLedger | None = None,
         on_dead: Callable[[events.DeadLetter], Any] | None = None,
         drop_duplicates: bool = True,
+        gate: Any = None,
     ) -> None:
         self.producer = producer
+        self.gate = gate
         self.drop_duplicates = drop_duplicates
         self.clock = clock
         self.ledger = ledger if ledger is not None else IdLedger()
@@ -237,6 +244,36 @@ class Intake:
             return None
         self.stats.events += 1
         return event
+
+    def authenticate(self, batch: list[T], pair: Callable[[T], tuple[Any, events.Event]]) -> list[T]:
+        """``batch`` without the node reports the gate refuses; each refused one is dead-lettered and counted.
+
+        The batch's identity events (key registrations and revocations) are
+        folded first, then each report is checked in batch order: a key
+        revoked anywhere in the batch signs nothing in it, whatever a report's
+        ``ts`` says (:class:`apportion.identity.KeyRegistry`). The dead
+        letter's reason starts with ``unauthenticated_node``
+        (:func:`apportion.domain.admission.authorize_report`).
+
+        Args:
+            batch: screened items in the order the service folds them.
+            pair: ``(record, event)`` of an item.
+        """
+        gate = self.gate
+        if gate is None or not batch:
+            return batch
+        pairs = [pair(x) for x in batch]
+        for _, ev in pairs:
+            gate.observe(ev)
+        out = []
+        for x, (rec, ev) in zip(batch, pairs, strict=True):
+            why = gate.report_refusal(rec.value, ev)
+            if why is None:
+                out.append(x)
+                continue
+            self.stats.unauthenticated_node += 1
+            self.refuse(rec, why)
+        return out
 
     def refuse(self, rec: Any, reason: str) -> events.DeadLetter:
         """Dead-letter ``rec`` with ``reason`` (logged, counted, handed to ``on_dead``)."""

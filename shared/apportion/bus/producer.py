@@ -60,8 +60,10 @@ class EventProducer:
         Args:
             event: the event; it gives the topic and the key.
             value: ``events.encode(event)`` when the caller already has it
-                (the dispatcher encodes once and remembers the bytes); encoded
-                here when ``None``. Passing anything else is a caller bug.
+                (the dispatcher encodes once and remembers the bytes), or the
+                same event signed (a node agent's report:
+                :meth:`apportion.identity.ReportSigner.value`); encoded here
+                when ``None``. Passing anything else is a caller bug.
         """
         topic = events.TOPIC_OF[event.type].name
         return self._producer.send(

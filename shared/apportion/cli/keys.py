@@ -7,6 +7,11 @@ Ops run ``keys register USER PUBKEY`` (``--role ops`` for another operator)
 and ``keys revoke USER PUBKEY``; both publish the event on ``apportion.budgets``
 and exit 0 once the broker has acknowledged it (the dispatcher folds it; it
 refuses nothing, so there is no verdict to wait for).
+
+Node agents sign their reports with one key per node: ``keys init --node
+NODE_ID --file DIR/NODE_ID.json`` makes it (principal ``node:NODE_ID``; the
+agent reads ``APPORTION_NODE_KEY_DIR``), and ops run ``keys register
+node:NODE_ID PUBKEY``.
 """
 
 from __future__ import annotations
@@ -27,13 +32,33 @@ def init_key(
     user: Annotated[str | None, typer.Option("--user", "-u", help="Who the key signs as (default: $USER).")] = None,
     role: Annotated[str, typer.Option(help="user, or ops for an operator's key.")] = "user",
     file: Annotated[Path | None, typer.Option("--file", help="Identity file (default: APPORTION_IDENTITY).")] = None,
+    node: Annotated[
+        str | None,
+        typer.Option(
+            "--node",
+            help="A node agent's key for this node id (principal node:ID), in "
+            "APPORTION_NODE_KEY_DIR/ID.json unless --file.",
+        ),
+    ] = None,
 ) -> None:
-    """Make a key pair in your identity file and print the public key to give to ops."""
+    """Make a key pair in your identity file (or a node's key file) and print the public key to give to ops."""
+    import os
+
     from apportion.cli.main import fail, out
-    from apportion.identity import Identity, identity_file
+    from apportion.domain.admission import node_principal
+    from apportion.identity import Identity, identity_file, node_key_file
 
     if role not in ("user", "ops"):
         fail(f"--role must be user or ops, not {role!r}")
+    if node is not None:
+        if user is not None or role != "user":
+            fail("--node makes a node's key: no --user or --role with it")
+        user = node_principal(node)
+        if file is None:
+            key_dir = os.environ.get("APPORTION_NODE_KEY_DIR")
+            if not key_dir:
+                fail("--node needs --file or APPORTION_NODE_KEY_DIR (the node agent's key directory)")
+            file = node_key_file(Path(key_dir), node)
     path = file or identity_file()
     ident = Identity.generate(user or getpass.getuser(), role)
     try:
@@ -41,7 +66,7 @@ def init_key(
     except FileExistsError:
         fail(f"{path} exists: a key is never overwritten (move it away first, and ask ops to revoke its key)", 1)
     out.print(f"identity of [bold]{ident.user}[/] ({role}) written to {path}")
-    out.print("give ops this public key to register (`apportion keys register USER PUBKEY`):")
+    out.print(f"give ops this public key to register (`apportion keys register {ident.user} PUBKEY`):")
     print(ident.public_key)
 
 
@@ -101,7 +126,7 @@ def revoke_key(
     bootstrap: Annotated[str | None, typer.Option("--bootstrap", envvar="APPORTION_KAFKA_BOOTSTRAP")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
 ) -> None:
-    """(ops) Revoke USER's key: requests it signs with an event time from now on are refused."""
+    """(ops) Revoke USER's key: what it signs is refused from when the readers read this, whatever its event time."""
     from datetime import UTC, datetime
 
     from pydantic import ValidationError

@@ -54,6 +54,9 @@ SERVICES = ("policy", "accounting", "dispatcher", "node_agent", "web")
 #: The read-only dashboard's name in :data:`SERVICES` (``--no-web`` leaves it out).
 WEB = "web"
 
+#: Names of the stack's simulated nodes: ``sim-0`` .. (``apportion.gpu.sim_node_ids``).
+SIM_PREFIX = "sim-"
+
 #: A line each service logs once it is ready.
 READY_LINE = {
     "policy": "caught up:",
@@ -260,6 +263,9 @@ def up(
 
     from apportion.bus.provision import provision
     from apportion.bus.stack import LocalStack, StackError, attach, free_ports
+    from apportion.client import enrol
+    from apportion.domain.admission import node_principal
+    from apportion.gpu import sim_node_ids
 
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -294,6 +300,13 @@ def up(
     os.environ["APPORTION_TOPIC_PREFIX"] = prefix
     try:
         provision(bootstrap)
+        # the node agent's keys (one per simulated node), registered here as ops: the agent's own Kafka
+        # principal may not write apportion.budgets, and it signs every report (docs/security.md)
+        enrol(
+            [node_principal(n) for n in sim_node_ids(SIM_PREFIX, sim_nodes)],
+            bootstrap=bootstrap,
+            ring=Path(info.keyring),
+        )
     except Exception as exc:
         if local is not None:
             local.stop()
@@ -332,6 +345,7 @@ def up(
             args = [sys.executable, "-m", f"services.{name}"]
             if name == "node_agent":
                 args += ["--sim-nodes", str(sim_nodes), "--gpus-per-node", str(gpus_per_node)]
+                args += ["--node-prefix", SIM_PREFIX]
             if name == "dispatcher" and heartbeat_timeout_s is not None:
                 args += ["--heartbeat-timeout-s", str(heartbeat_timeout_s)]
             env = dict(base, APPORTION_METRICS_PORT=str(port))
@@ -346,6 +360,7 @@ def up(
                 env.update(redis_env(name, Path(info.redis_secrets)))
             if name == "node_agent":  # its journal, the jobs' checkpoint directories and output files
                 env["APPORTION_STATE_DIR"] = str(info.agent_dir)
+                env["APPORTION_KEYRING"] = info.keyring  # its nodes' keys, made and registered on first use
             logf = open(info.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
             try:
                 proc = subprocess.Popen(

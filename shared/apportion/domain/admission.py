@@ -35,6 +35,14 @@ Before any of these, the dispatcher asks :func:`authorize` whether a request
 signed it, ``not_owner`` for a cancel of another user's job by a principal
 that is not ops. The signature itself is checked by :mod:`apportion.identity`
 (crypto is not domain code); this module gets the principal that signed.
+
+Node reports (DESIGN section 10: "a node agent may report only for the nodes
+it registered") have their own rule, :func:`authorize_report`, applied by the
+dispatcher's and the accounting's reader edge and by ``audit verify`` alike:
+a report (:data:`REPORT_TYPES`) counts only when it is signed by a key
+registered for the principal ``node:<node_id>`` of the node it names
+(:func:`node_principal`); otherwise it is ignored with the reason
+``unauthenticated_node``.
 """
 
 from __future__ import annotations
@@ -44,15 +52,36 @@ from datetime import datetime
 from typing import NamedTuple
 
 from apportion.domain.budgets import BudgetTree
-from apportion.events import JobCancelRequested, JobRejected, JobSubmitted, RejectReason, det_id
+from apportion.events import (
+    Event,
+    JobCancelRequested,
+    JobCheckpointed,
+    JobCompleted,
+    JobFailed,
+    JobLost,
+    JobRejected,
+    JobStarted,
+    JobSubmitted,
+    NodeHeartbeat,
+    NodeRegistered,
+    RejectReason,
+    WorkloadRefused,
+    det_id,
+)
 
 __all__ = [
     "NodeShape",
     "Principal",
     "Rejection",
     "ShapeLike",
+    "NODE_PREFIX",
+    "REPORT_TYPES",
+    "UNAUTHENTICATED_NODE",
     "admit",
     "authorize",
+    "authorize_report",
+    "is_node_report",
+    "node_principal",
     "refused_request_event",
     "rejected_event",
     "shape_possible",
@@ -60,6 +89,27 @@ __all__ = [
 
 #: The role of a principal that may cancel any job (a key registered with ``role="ops"``).
 OPS = "ops"
+
+#: Principal names of node agents: ``node:<node_id>`` (a key registered for one proves reports of that node).
+NODE_PREFIX = "node:"
+
+#: What a node agent writes for its node (``services/node_agent/logic``): each must be signed by the node's key.
+REPORT_TYPES = (
+    NodeRegistered,
+    NodeHeartbeat,
+    JobStarted,
+    JobCheckpointed,
+    JobCompleted,
+    JobFailed,
+    JobLost,
+    WorkloadRefused,
+)
+
+#: Report types the dispatcher writes too (a gang's ``JobFailed``, a lost node's ``JobLost``), unsigned.
+_DISPATCHER_WRITES = (JobFailed, JobLost)
+
+#: Reason (dead-letter prefix) of a node report that is not proven by its node's key.
+UNAUTHENTICATED_NODE = "unauthenticated_node"
 
 
 class Principal(NamedTuple):
@@ -184,6 +234,10 @@ def authorize(
             RejectReason.UNAUTHENTICATED,
             f"no valid signature by a key registered for user {request.user!r} at {request.ts.isoformat()}",
         )
+    if signer.user.startswith(NODE_PREFIX):
+        return Rejection(
+            RejectReason.UNAUTHENTICATED, f"{signer.user!r} is a node's key: it signs reports, not requests"
+        )
     if signer.user != request.user:
         return Rejection(
             RejectReason.UNAUTHENTICATED,
@@ -194,6 +248,56 @@ def authorize(
             RejectReason.NOT_OWNER,
             f"job {request.job_id!r} belongs to {owner!r}; {signer.user!r} may cancel only their own jobs",
         )
+    return None
+
+
+def node_principal(node_id: str) -> str:
+    """The principal whose registered key proves the reports of ``node_id``: ``node:<node_id>``."""
+    return NODE_PREFIX + node_id
+
+
+def is_node_report(event: Event, dispatcher: str = "dispatcher") -> bool:
+    """Must ``event`` be proven by a node's key? True for every :data:`REPORT_TYPES` event of a node agent.
+
+    The dispatcher writes ``JobFailed`` (a gang replica failed) and ``JobLost``
+    (its node was lost) itself, unsigned, with ``producer`` = its producer
+    name: those are its decisions, not node reports (see docs/security.md,
+    "Known limits").
+
+    Args:
+        event: a decoded event.
+        dispatcher: the dispatcher's ``producer`` name.
+    """
+    if not isinstance(event, REPORT_TYPES):
+        return False
+    return not (isinstance(event, _DISPATCHER_WRITES) and event.producer == dispatcher)
+
+
+def authorize_report(event: Event, signer: Principal | None, dispatcher: str = "dispatcher") -> str | None:
+    """May this node report change anything (DESIGN section 10: an agent reports only for its own nodes)?
+
+    Args:
+        event: a decoded event (anything that is not a node report passes,
+            :func:`is_node_report`).
+        signer: the principal whose registered, unrevoked key made a valid
+            signature of the record (:meth:`apportion.identity.KeyRegistry.principal`),
+            or ``None`` (unsigned, a bad signature, an unknown or revoked key).
+        dispatcher: the dispatcher's ``producer`` name.
+
+    Returns:
+        ``None`` when it counts; else the reason to ignore it, starting with
+        :data:`UNAUTHENTICATED_NODE`: no signer, a report that names no node,
+        or a signer other than ``node:<the report's node_id>``.
+    """
+    if not is_node_report(event, dispatcher):
+        return None
+    node = getattr(event, "node_id", None)
+    if node is None:
+        return f"{UNAUTHENTICATED_NODE}: {event.type} names no node, so no node's key can prove it"
+    if signer is None:
+        return f"{UNAUTHENTICATED_NODE}: {event.type} of node {node!r} is not signed by a key registered for it"
+    if signer.user != node_principal(node):
+        return f"{UNAUTHENTICATED_NODE}: {event.type} of node {node!r} is signed by the key of {signer.user!r}"
     return None
 
 

@@ -1,0 +1,202 @@
+"""The threats of docs/security.md that signatures stop, on a live stack with SASL/SCRAM and ACLs on.
+
+Each attacker publishes as the Kafka principal it would hold (``researcher``
+for requests, ``node-agent`` for node reports), so the ACLs let the record
+in and only the signature check can stop it: the forbidden action is
+answered by ``JobRejected`` (``unauthenticated``) or dead-lettered
+(``unauthenticated_node``), and the read models (``queue``, ``nodes``) do
+not change. The threats the ACLs stop are in ``test_kafka_acls.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from apportion import events
+from tests.integration.test_cli_truth import Stack
+from tests.integration.test_kafka_acls import producer_as
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def stack(kafka_bootstrap: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`stack up` (two simulated nodes of 4 GPUs) with the example budgets; lab/prior/robotics: alice and bob."""
+    from tests.livestack import live_stack
+
+    with live_stack(
+        kafka_bootstrap, redis_url, tmp_path_factory, name="threats", db=13, sim_nodes=2, gpus_per_node=4
+    ) as (info, env, _):
+        s = Stack(info, dict(env))
+        s.run("budget", "apply", str(ROOT / "infra/budgets/example.yaml"))
+        yield s
+
+
+def _ns(stack: Stack) -> pytest.MonkeyPatch:
+    mp = pytest.MonkeyPatch()
+    mp.setenv("APPORTION_TOPIC_PREFIX", stack.env["APPORTION_TOPIC_PREFIX"] or "")
+    return mp
+
+
+def _identity(stack: Stack, user: str):  # type: ignore[no-untyped-def]
+    """The dev keyring's identity of ``user`` (``node:<id>`` for a node), registered by ops in the namespace."""
+    from apportion.client import identity_for
+
+    mp = _ns(stack)
+    try:
+        return identity_for(user, bootstrap=stack.info.bootstrap)
+    finally:
+        mp.undo()
+
+
+def _send(stack: Stack, principal: str, ev: events.Event, value: bytes | None = None) -> None:
+    """Publish ``ev`` (as ``value``, default its plain JSON) as Kafka principal ``principal``; wait for the ack."""
+    topic = (stack.env["APPORTION_TOPIC_PREFIX"] or "") + events.TOPIC_OF[ev.type].base
+    p = producer_as(principal, stack.info.bootstrap)
+    try:
+        p.send(topic, value=value or events.encode(ev), key=events.key_of(ev).encode()).get(timeout=10)
+    finally:
+        p.close()
+
+
+def _log(stack: Stack, *bases: str) -> list[Any]:
+    from apportion.bus.reader import read_log
+
+    pre = stack.env["APPORTION_TOPIC_PREFIX"] or ""
+    return read_log(stack.info.bootstrap, [pre + b for b in bases])
+
+
+def _verdicts(stack: Stack, job_id: str) -> list[events.Event]:
+    return [
+        r.event
+        for r in _log(stack, "apportion.jobs")
+        if isinstance(r.event, (events.JobQueued, events.JobRejected)) and r.event.job_id == job_id
+    ]
+
+
+def _submission(user: str, job_id: str, ts: datetime | None = None, budget: str = "lab/prior/robotics") -> Any:
+    ts = ts or datetime.now(UTC)
+    return events.JobSubmitted(
+        job_id=job_id,
+        budget=budget,
+        user=user,
+        gpus_per_replica=1,
+        min_runtime_s=600.0,
+        duration_s=3600.0,
+        submitted_at=ts,
+        ts=ts,
+        producer=f"client/{user}",
+    )
+
+
+def _queue_ids(stack: Stack) -> list[str]:
+    return sorted(r["job_id"] for r in stack.json("queue"))
+
+
+def test_eve_cannot_charge_alices_budget_by_signing_in_her_name(stack: Stack) -> None:
+    eve = _identity(stack, "eve")
+    before = _queue_ids(stack)
+    forged = eve.sign(_submission("alice", "th-eve1"))
+    _send(stack, "researcher", forged)
+    (verdict,) = stack.until(lambda: _verdicts(stack, "th-eve1"), "the dispatcher's verdict on th-eve1")
+    assert isinstance(verdict, events.JobRejected) and verdict.reason is events.RejectReason.UNAUTHENTICATED
+    assert "signed with a key of 'eve'" in verdict.message
+    assert _queue_ids(stack) == before
+
+
+def test_a_replayed_submission_is_a_duplicate_and_a_copied_signature_is_refused(stack: Stack) -> None:
+    alice = _identity(stack, "alice")
+    signed = alice.sign(_submission("alice", "th-rep1"))
+    raw = events.encode(signed)
+    _send(stack, "researcher", signed, raw)
+    stack.until(lambda: [r for r in stack.json("queue") if r["job_id"] == "th-rep1"], "th-rep1 in the queue")
+    _send(stack, "researcher", signed, raw)  # the same record again: same event id
+    copied = json.loads(raw)
+    copied["event_id"] = str(uuid.uuid4())  # the signature copied onto a new id
+    _send(stack, "researcher", signed, json.dumps(copied).encode())
+    rejected = stack.until(
+        lambda: [e for e in _verdicts(stack, "th-rep1") if isinstance(e, events.JobRejected)], "the copy's refusal"
+    )
+    assert [(e.reason.value, str(e.refused_event_id)) for e in rejected] == [("unauthenticated", copied["event_id"])]
+    assert [type(e).__name__ for e in _verdicts(stack, "th-rep1")] == ["JobQueued", "JobRejected"]
+    assert [r["job_id"] for r in stack.json("queue")].count("th-rep1") == 1
+
+
+def test_a_revoked_key_signs_nothing_even_backdated_before_the_revocation(stack: Stack) -> None:
+    """Backdating: the request's ts is before the revocation, but it reaches the log after it."""
+    bob = _identity(stack, "bob")
+    registered_at = datetime.now(UTC)
+    revoked_at = registered_at + timedelta(seconds=1)
+    _send(
+        stack,
+        "ops",
+        events.UserKeyRevoked(user="bob", public_key=bob.public_key, reason="laptop lost", ts=revoked_at, by="ops"),
+    )
+    before = _queue_ids(stack)
+    backdated = bob.sign(_submission("bob", "th-bob1", ts=revoked_at - timedelta(milliseconds=500)))
+    _send(stack, "researcher", backdated)
+    (verdict,) = stack.until(lambda: _verdicts(stack, "th-bob1"), "the dispatcher's verdict on th-bob1")
+    assert isinstance(verdict, events.JobRejected) and verdict.reason is events.RejectReason.UNAUTHENTICATED
+    assert _queue_ids(stack) == before
+
+
+def _metric(stack: Stack, service: str, name: str) -> float:
+    port = stack.info.metrics[service]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def test_a_node_agent_cannot_report_for_a_node_it_does_not_hold(stack: Stack) -> None:
+    """Forged node reports and completions by the node-agent principal: ignored, dead-lettered, counted."""
+    alice = _identity(stack, "alice")
+    alice_job = alice.sign(_submission("alice", "th-run1"))
+    _send(stack, "researcher", alice_job)
+    running = stack.until(
+        lambda: [r for r in stack.json("queue") if r["job_id"] == "th-run1" and r["state"] == "running"],
+        "th-run1 running",
+    )
+    node = running[0]["nodes"][0]
+    nodes_before = sorted(n["node_id"] for n in stack.json("nodes"))
+    other = _identity(stack, "node:elsewhere")  # a key ops registered for another node
+    now = datetime.now(UTC)
+    ghost = events.NodeRegistered(node_id="ghost-0", gpu_count=64, ts=now, producer="node-agent")
+    done = events.JobCompleted(job_id="th-run1", attempt=1, replica=0, node_id=node, ts=now, producer="node-agent")
+    unsigned = events.NodeRegistered(node_id="ghost-1", gpu_count=64, ts=now, producer="node-agent")
+    forged = [(ghost, other.signed_value(ghost)), (done, other.signed_value(done)), (unsigned, None)]
+    for ev, value in forged:
+        _send(stack, "node-agent", ev, value)
+
+    def letters() -> list[events.DeadLetter]:
+        return [
+            r.event
+            for r in _log(stack, "apportion.deadletter")
+            if isinstance(r.event, events.DeadLetter) and r.event.error.startswith("unauthenticated_node")
+        ]
+
+    stack.until(
+        lambda: {d.producer for d in letters()} == {"dispatcher", "accounting"} and len(letters()) >= 6,
+        "both services dead-letter the three forgeries",
+    )
+    assert {d.error.split(":")[0] for d in letters()} == {"unauthenticated_node"}
+    assert sorted(n["node_id"] for n in stack.json("nodes")) == nodes_before  # no ghost node
+    (row,) = [r for r in stack.json("queue") if r["job_id"] == "th-run1"]
+    assert row["state"] == "running"  # the forged completion changed nothing
+    assert _metric(stack, "dispatcher", "apportion_unauthenticated_node_reports_total") >= 3
+    assert _metric(stack, "accounting", "apportion_unauthenticated_node_reports_total") >= 3
+    # audit verify re-checks every node report from the log: the agent's are signed, the forgeries were ignored
+    from apportion.audit.verify import verify
+
+    bases = ("submissions", "jobs", "nodes", "budgets", "deadletter")
+    report = verify(_log(stack, *(f"apportion.{b}" for b in bases)))
+    assert report.signed_reports > 3
+    assert [m for m in report.mismatches if m.check == "signature"] == []
