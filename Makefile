@@ -91,7 +91,7 @@ chaos-test: venv kafka-jars
 	$(PY) -m pytest tests/chaos -p no:cacheprovider --override-ini addopts=-ra
 
 # Mutation testing of the rule modules (fair share, occupancy, preemption rule); scratch copies, not the tree.
-# Options: make mutate ARGS="--only fairshare --keep /tmp/mut"
+# Options: make mutate ARGS="--only fairshare --jobs 2 --keep /tmp/mut"
 mutate: venv
 	$(PY) -m pip install -q -e '.[mutate]'
 	$(PY) bench/mutate.py $(ARGS)

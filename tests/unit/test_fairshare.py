@@ -15,9 +15,7 @@ from hypothesis import strategies as st
 
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.fairshare import (
-    INF,
     FairShareQueue,
-    Share,
     branches_at_lca,
     budget_order,
     lowest_common_ancestor,
@@ -47,16 +45,12 @@ def occ_of(leaf_occ: dict[str, float]) -> dict[str, float]:
         pytest.param(0.0, 100.0, 0.0, id="zero usage -> 0"),
         pytest.param(50.0, 100.0, 0.5, id="half used"),
         pytest.param(300.0, 100.0, 3.0, id="over share"),
-        pytest.param(1.0, 0.0, INF, id="usage without entitlement -> inf"),
+        # math.inf, not the module's own INF: a test that compares with the constant it checks cannot fail
+        pytest.param(1.0, 0.0, math.inf, id="usage without entitlement -> inf"),
     ],
 )
 def test_usage_ratio_edge_cases(o: float, e: float, expected: float) -> None:
     assert usage_ratio(o, e) == expected
-
-
-def test_share_sorts_by_ratio_then_path() -> None:
-    shares = [Share(1.0, "b"), Share(INF, "a"), Share(1.0, "a"), Share(0.0, "z")]
-    assert sorted(shares) == [Share(0.0, "z"), Share(1.0, "a"), Share(1.0, "b"), Share(INF, "a")]
 
 
 # --------------------------------------------------------------------------- ordering table
@@ -181,6 +175,9 @@ def test_ratios_of_inner_nodes_include_descendants() -> None:
         pytest.param("lab/x/p", "lab/y", ("lab", "lab/x", "lab/y"), id="siblings' subtrees"),
         pytest.param("a", "b", ("", "a", "b"), id="top-level budgets meet at the root"),
         pytest.param("a/b/c", "a/b/d", ("a/b", "a/b/c", "a/b/d"), id="leaf siblings"),
+        pytest.param(
+            "lab/x", "lab/y/q/r", ("lab", "lab/x", "lab/y"), id="the deeper one's branch is its child of the LCA"
+        ),
     ],
 )
 def test_branches_at_lca(a: str, b: str, expected: tuple[str, str, str]) -> None:
@@ -193,6 +190,18 @@ def test_branches_at_lca_rejects_one_line() -> None:
         branches_at_lca("a/b", "a")
     with pytest.raises(ValueError):
         branches_at_lca("a", "a")
+
+
+def test_lowest_common_ancestor_stops_at_the_first_difference() -> None:
+    # "a/b/c" and "a/x/c" agree again after they differ: the LCA is still "a"
+    assert lowest_common_ancestor("a/b/c", "a/x/c") == "a"
+    assert branches_at_lca("lab/x/p", "lab/y/p") == ("lab", "lab/x", "lab/y")
+
+
+def test_branches_at_lca_rejects_an_ancestor_given_first() -> None:
+    with pytest.raises(ValueError) as got:
+        branches_at_lca("lab", "lab/x")
+    assert str(got.value) == "'lab' and 'lab/x' are on one line of the tree: no branches to compare"
 
 
 # --------------------------------------------------------------------------- queue
@@ -228,8 +237,32 @@ def test_queue_skips_leaves_without_items_and_rejects_inner_keys() -> None:
     tree = BudgetTree.from_mapping({"x": 0.5, "x/p": 1.0, "y": 0.5})
     q = FairShareQueue(tree, {}, K, {"x/p": [], "y": ["y1"]})
     assert list(q) == [("y", "y1")]
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError) as got:
         FairShareQueue(tree, {}, K, {"x": ["bad"]})
+    assert got.value.args == ("'x' is not a leaf budget",)
+
+
+def test_usage_ratio_in_the_queue_is_occupancy_over_share_times_capacity() -> None:
+    """r = O / (abs * K) before any charge, and ``ratio_after`` adds the GPU-seconds to O (DESIGN section 2).
+
+    a, b: share 0.5, K = 1000 -> E = 500 each; O_a = 400 -> r_a = 0.8; r_b = 0.
+    """
+    tree = BudgetTree.from_mapping({"a": 0.5, "b": 0.5})
+    q = FairShareQueue(tree, {"a": 400.0}, K, {"a": ["a1"], "b": ["b1"]})
+    assert (q.ratio("a"), q.ratio("b")) == (0.8, 0.0)
+    # (400 + 100) / 500 = 1.0; (0 + 250) / 500 = 0.5; a path outside the tree is owed nothing
+    assert (q.ratio_after("a", 100.0), q.ratio_after("b", 250.0), q.ratio_after("ghost", 5.0)) == (1.0, 0.5, 0.0)
+    assert (q.occupancy("a"), q.occupancy("ghost")) == (400.0, 0.0)
+
+
+def test_provisional_charge_of_one_gpu_second_counts() -> None:
+    """A charge of exactly 1 GPU-s is added to the leaf and its ancestors: O = 1, r = 1 / (0.25 * 1000) = 0.004."""
+    tree = BudgetTree.from_mapping({"x": 0.5, "x/p": 0.5, "y": 0.5})
+    q = FairShareQueue(tree, {}, K, {"x/p": ["p1"], "y": ["y1"]})
+    q.charge("x/p", 1.0)
+    assert (q.occupancy("x/p"), q.occupancy("x"), q.occupancy("y")) == (1.0, 1.0, 0.0)
+    assert (q.ratio("x/p"), q.ratio("x")) == (0.004, 0.002)
+    assert list(q) == [("y", "y1"), ("x/p", "p1")]
 
 
 def test_drop_leaf_returns_rest() -> None:
@@ -248,6 +281,10 @@ def test_skip_passes_over_items_as_pops_would() -> None:
     assert q.pop() == ("a", "a4")
     assert list(q) == [("b", "b1")]
     q2 = FairShareQueue(tree, {}, K, {"a": ["a1", "a2"], "b": ["b1"]})
+    q3 = FairShareQueue(tree, {"b": 100.0}, K, {"a": ["a1", "a2", "a3"], "b": ["b1"]})
+    assert q3.pop() == ("a", "a1")
+    q3.skip("a", 2)  # exactly the two left: a is done
+    assert list(q3) == [("b", "b1")]
     q2.skip("a", 5)  # more than are left: a is done
     assert list(q2) == [("b", "b1")]
     with pytest.raises(KeyError):

@@ -293,6 +293,210 @@ CASES = [
         capacity_gpus=0,
     ),
     Case(
+        "duplicate placement exactly W after its run ended is still ignored",
+        # the run ended at 1h; the same (job, attempt) placed again at 11h = end + W: remembered, ignored
+        [placed("j1", gpus=1, at=h(0)), completed("j1", at=h(1)), placed("j1", gpus=1, at=h(11))],
+        t=h(12),
+        occupancy={"lab/a": 0.0},
+    ),
+    Case(
+        "placement of a run that ended more than W ago is a new run",
+        # ended at 1h, placed again at 11.5h > end + W: 1 GPU x (12h - 11.5h) = 0.5 GPU-h
+        [placed("j1", gpus=1, at=h(0)), completed("j1", at=h(1)), placed("j1", gpus=1, at=h(11.5))],
+        t=h(12),
+        occupancy={"lab/a": 0.5 * GPU_H},
+    ),
+    Case(
+        "node event redelivered exactly W after it was applied is still ignored",
+        # the cordon of 1h comes again at 11h with the same event id: ignored, the node stays ready
+        [
+            node("n1", 8, at=h(0)),
+            cordoned("n1", at=h(1), event_id=ev.det_id("cordon-once")),
+            uncordoned("n1", at=h(2)),
+            cordoned("n1", at=h(11), event_id=ev.det_id("cordon-once")),
+        ],
+        t=h(12),
+        # window (2h, 12h]: 8 GPUs ready throughout = 80 GPU-h
+        capacity_gpu_s=80 * GPU_H,
+        capacity_gpus=8,
+    ),
+    Case(
+        "replica index equal to the replica count is out of range and ignored",
+        [placed("j1", gpus=1, replicas=2, at=h(0)), completed("j1", replica=2, at=h(1))],
+        t=h(2),
+        # both replicas run on: 2 x 1 GPU x 2h = 4 GPU-h
+        occupancy={"lab/a": 4 * GPU_H},
+    ),
+    Case(
+        "lost node's capacity ends no earlier than its last registration",
+        # registered 0h, lost at 2h (heartbeat 1h); registered again at 3h, lost at 5h with a heartbeat of 2.5h
+        # (older than the registration): the second stint ends at 3h, so it adds nothing
+        [
+            node("n1", 8, at=h(0)),
+            node_lost("n1", last_heartbeat=h(1), at=h(2)),
+            node("n1", 8, at=h(3)),
+            node_lost("n1", last_heartbeat=h(2.5), at=h(5)),
+        ],
+        t=h(6),
+        # 8 GPUs x [0h, 1h) = 8 GPU-h
+        capacity_gpu_s=8 * GPU_H,
+        capacity_gpus=0,
+    ),
+    Case(
+        "lost node's capacity ends no earlier than it last became counted",
+        # cordoned at 1h (not counted), uncordoned at 2h (counted again from 2h), lost at 3h with its last
+        # heartbeat at 1.5h: the loss is clamped to 2h
+        [
+            node("n1", 8, at=h(0)),
+            cordoned("n1", at=h(1)),
+            uncordoned("n1", at=h(2)),
+            node_lost("n1", last_heartbeat=h(1.5), at=h(3)),
+        ],
+        t=h(4),
+        # 8 GPUs x [0h, 1h) + 8 x [2h, 2h) = 8 GPU-h
+        capacity_gpu_s=8 * GPU_H,
+        capacity_gpus=0,
+    ),
+    Case(
+        "lost run charged retroactively: later changes of its budget are corrected",
+        # j1 1 GPU from 0h; j2 2 GPUs from 2h (same budget); at 3h j1 is lost, charged until 1h
+        [
+            placed("j1", gpus=1, at=h(0)),
+            placed("j2", gpus=2, at=h(2)),
+            job_lost("j1", charged_until=h(1), at=h(3)),
+        ],
+        t=h(4),
+        # j1: 1 GPU x 1h = 1; j2: 2 GPUs x 2h = 4 -> 5 GPU-h (not 1 x 3h + 4 = 7)
+        occupancy={"lab/a": 5 * GPU_H},
+    ),
+    Case(
+        "lost run charged retroactively to the instant of a later change",
+        # j1 1 GPU from 0h, j2 1 GPU from 1h, j3 1 GPU from 2h; j1 lost at 3h, charged until exactly 1h
+        [
+            placed("j1", gpus=1, at=h(0)),
+            placed("j2", gpus=1, at=h(1)),
+            placed("j3", gpus=1, at=h(2)),
+            job_lost("j1", charged_until=h(1), at=h(3)),
+        ],
+        t=h(4),
+        # j1: 1 x 1h; j2: 1 x 3h; j3: 1 x 2h -> 6 GPU-h
+        occupancy={"lab/a": 6 * GPU_H},
+    ),
+    Case(
+        "lost run charged retroactively, read from a window that starts inside the corrected span",
+        # as above; t = 11.5h: window (1.5h, 11.5h] starts between the inserted 1h breakpoint and 2h
+        [
+            placed("j1", gpus=1, at=h(0)),
+            placed("j2", gpus=2, at=h(2)),
+            job_lost("j1", charged_until=h(1), at=h(3)),
+        ],
+        t=h(11.5),
+        # j1 ended at 1h: 0; j2: 2 GPUs x (11.5h - 2h) = 19 GPU-h
+        occupancy={"lab/a": 19 * GPU_H},
+    ),
+    Case(
+        "lost run charged retroactively to the instant of a later change, read from inside the span",
+        [
+            placed("j1", gpus=1, at=h(0)),
+            placed("j2", gpus=1, at=h(1)),
+            placed("j3", gpus=1, at=h(2)),
+            job_lost("j1", charged_until=h(1), at=h(3)),
+        ],
+        t=h(11.5),
+        # window (1.5h, 11.5h]: j1 ended at 1h: 0; j2 1 GPU x 10h; j3 1 GPU x 9.5h -> 19.5 GPU-h
+        occupancy={"lab/a": 19.5 * GPU_H},
+    ),
+    Case(
+        "lost run charged back to before the retained history",
+        # window 10h. j1 1 GPU from 0h; j2 1 GPU on [2h, 2.5h); at 14h j1 is lost, charged until 1h: before
+        # the oldest breakpoint still kept (2.5h, the last one at or before 14h - W = 4h)
+        [
+            placed("j1", gpus=1, at=h(0)),
+            placed("j2", gpus=1, at=h(2)),
+            completed("j2", at=h(2.5)),
+            placed("j3", gpus=1, budget="lab/b", at=h(14)),
+            job_lost("j1", charged_until=h(1), at=h(14)),
+        ],
+        t=h(15),
+        # window (5h, 15h]: j1 charged until 1h and j2 are outside it; j3 1 GPU x 1h
+        occupancy={"lab/a": 0.0, "lab/b": 1 * GPU_H, "lab": 1 * GPU_H},
+    ),
+    Case(
+        "lost node's capacity removed retroactively below later registrations",
+        # n1 8 GPUs from 0h, n2 4 GPUs from 2h; at 3h n1 is lost with its last heartbeat at 1h
+        [
+            node("n1", 8, at=h(0)),
+            node("n2", 4, at=h(2)),
+            node_lost("n1", last_heartbeat=h(1), at=h(3)),
+        ],
+        t=h(4),
+        # 8 x [0h, 1h) + 4 x [2h, 4h) = 8 + 8 = 16 GPU-h
+        capacity_gpu_s=16 * GPU_H,
+        capacity_gpus=4,
+    ),
+    Case(
+        "two runs lost at one instant, both charged retroactively",
+        # j1, j2 1 GPU each from 0h, j3 1 GPU from 2h; at 3h j1 is lost (charged until 1h) and j2 (until 1.5h)
+        [
+            placed("j1", gpus=1, at=h(0)),
+            placed("j2", gpus=1, at=h(0)),
+            placed("j3", gpus=1, at=h(2)),
+            job_lost("j1", charged_until=h(1), at=h(3)),
+            job_lost("j2", charged_until=h(1.5), at=h(3)),
+        ],
+        t=h(4),
+        # 1 x 1h + 1 x 1.5h + 1 x 2h = 4.5 GPU-h
+        occupancy={"lab/a": 4.5 * GPU_H},
+    ),
+    Case(
+        "changes within one expiry step are merged in time order",
+        # all within W/64 = 562.5 s: j1 from 3600 s, j2 from 3660 s, j1 lost at 3720 s charged until 3630 s
+        [
+            placed("j1", gpus=1, at=s(3600)),
+            placed("j2", gpus=1, at=s(3660)),
+            job_lost("j1", charged_until=s(3630), at=s(3720)),
+        ],
+        t=h(2),
+        # j1: 1 GPU x 30 s; j2: 1 GPU x (7200 - 3660) s = 3540 -> 3570 GPU-s
+        occupancy={"lab/a": 3570.0},
+    ),
+    Case(
+        "a short run inside one expiry step",
+        [placed("j1", gpus=2, at=h(1)), completed("j1", at=s(3690))],
+        # read from a window that starts inside the run: (3645 s, 3645 s + W]
+        t=s(3645 + W10H),
+        # 2 GPUs x (3690 - 3645) s = 90 GPU-s
+        occupancy={"lab/a": 90.0},
+    ),
+    Case(
+        "capacity: moves between states that do not count change nothing",
+        # ready [0h, 1h); cordoned 1h -> drained 2h -> cordoned 3h (none counts); ready again from 4h
+        [
+            node("n1", 8, at=h(0)),
+            cordoned("n1", at=h(1)),
+            drained("n1", at=h(2)),
+            cordoned("n1", at=h(3)),
+            uncordoned("n1", at=h(4)),
+        ],
+        t=h(5),
+        # 8 x 1h + 8 x 1h = 16 GPU-h
+        capacity_gpu_s=16 * GPU_H,
+        capacity_gpus=8,
+    ),
+    Case(
+        "capacity: a drain does not restart the counted span, a loss clamps to the registration",
+        # ready from 0h, draining from 2h (still counted), lost at 3h with its last heartbeat at 1h
+        [
+            node("n1", 8, at=h(0)),
+            drain("n1", at=h(2)),
+            node_lost("n1", last_heartbeat=h(1), at=h(3)),
+        ],
+        t=h(4),
+        # counted [0h, 1h): 8 GPU-h (not [0h, 2h) = 16)
+        capacity_gpu_s=8 * GPU_H,
+        capacity_gpus=0,
+    ),
+    Case(
         "week window by default: 1 GPU for 8 days counts 7 days",
         [placed("j1", gpus=1, at=h(0))],
         t=h(8 * 24),
@@ -333,8 +537,45 @@ def test_rebuild(case: Case) -> None:
 
 def test_query_before_clock_is_refused() -> None:
     ledger = OccupancyLedger(W10H).apply_all([placed("j1", at=h(2))])
-    with pytest.raises(ValueError, match="precedes"):
+    with pytest.raises(ValueError) as got:
         ledger.occupancy(h(1))
+    assert str(got.value) == f"query time {h(1)} precedes the ledger clock {h(2)} (µs)"
+
+
+def test_query_while_rebuilding_is_refused() -> None:
+    ledger = OccupancyLedger(W10H)
+    ledger._bulk = True  # what rebuild() sets while it folds
+    with pytest.raises(RuntimeError) as got:
+        ledger.occupancy(h(1))
+    assert str(got.value) == "ledger is being rebuilt"
+
+
+@pytest.mark.parametrize("fold", ["incremental", "rebuild"])
+def test_retained_counts_allocated_unallocated_and_capacity_series(fold: str) -> None:
+    # lab/a (allocated) and lab/b (unallocated): a sentinel and a 1h breakpoint each; capacity: sentinel and 0h
+    events = [
+        node("n1", 8, at=h(0)),
+        placed("j1", gpus=1, at=h(1)),
+        placed("j2", budget="lab/b", allocated=False, at=h(1)),
+    ]
+    ledger = OccupancyLedger(W10H).apply_all(events) if fold == "incremental" else rebuild(events, W10H)
+    assert ledger.retained() == 2 + 2 + 2
+
+
+@pytest.mark.parametrize("fold", ["incremental", "rebuild"])
+def test_expire_keeps_only_the_last_breakpoint_at_or_before_the_window_start(fold: str) -> None:
+    """Memory bounded by the window: at 14h (W = 10h) lab/a keeps its 3h breakpoint (the last at or before 4h)
+    and the 14h one; capacity keeps its sentinel: 3 breakpoints. The answer needs nothing older."""
+    events = [
+        placed("j1", gpus=1, at=h(0)),
+        completed("j1", at=h(1)),
+        placed("j2", gpus=1, at=h(2)),
+        completed("j2", at=h(3)),
+        placed("j3", gpus=1, at=h(14)),
+    ]
+    ledger = OccupancyLedger(W10H).apply_all(events) if fold == "incremental" else rebuild(events, W10H)
+    assert ledger.retained() == 3
+    assert ledger.occupancy(h(15))["lab/a"] == 1 * GPU_H
 
 
 def test_empty_ledger_answers_zero() -> None:
@@ -342,11 +583,42 @@ def test_empty_ledger_answers_zero() -> None:
     assert ledger.occupancy(h(1)) == {}
     assert ledger.capacity_gpu_s(h(1)) == 0.0
     assert ledger.capacity_gpus() == 0
+    # no clock and no time asked: every answer is empty or 0
+    assert (ledger.occupancy(), ledger.unallocated(), ledger.capacity_us(), ledger.capacity_gpu_s()) == ({}, {}, 0, 0.0)
 
 
 def test_bad_window_is_refused() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as got:
         OccupancyLedger(0)
+    assert str(got.value) == "window_s must be positive, got 0"
+
+
+def test_window_of_one_microsecond_is_the_shortest_accepted() -> None:
+    assert OccupancyLedger(1e-6).window_us == 1
+
+
+@pytest.mark.parametrize("fold", ["incremental", "rebuild"])
+def test_changes_at_one_instant_share_one_breakpoint(fold: str) -> None:
+    """Equal times are merged: two placements at 1h in one budget add one breakpoint to its series.
+
+    Retained: lab/a's series holds its start sentinel and the 1h breakpoint (2); capacity its sentinel (1).
+    """
+    events = [placed("j1", gpus=1, at=h(1)), placed("j2", gpus=2, at=h(1))]
+    ledger = OccupancyLedger(W10H).apply_all(events) if fold == "incremental" else rebuild(events, W10H)
+    assert ledger.retained() == 3
+    assert ledger.occupancy(h(2))["lab/a"] == 3 * GPU_H  # 3 GPUs x 1h
+
+
+@pytest.mark.parametrize("fold", ["incremental", "rebuild"])
+def test_compaction_keeps_the_breakpoint_a_window_start_needs(fold: str) -> None:
+    """W = 1h. 40 jobs on [60i, 60i + 30) s, then one placed at 5945 s: that expiry's window starts at 2345 s,
+    so 79 breakpoints are dropped (sentinel and 0..2310 s) and the lists compacted; the kept 2340 s breakpoint
+    is what A(2345 s) is read from. O(5945 s) = job 39's 25 s inside (2345, 5945] = 25 GPU-s."""
+    events = [e for i in range(40) for e in (placed(f"j{i}", at=s(60 * i)), completed(f"j{i}", at=s(60 * i + 30)))]
+    events.append(placed("jx", at=s(5945)))
+    ledger = OccupancyLedger(3600).apply_all(events) if fold == "incremental" else rebuild(events, 3600)
+    assert ledger.occupancy(s(5945))["lab/a"] == 25.0
+    assert ledger.retained() == 4  # lab/a: 2340, 2370, 5945 s; capacity: its sentinel
 
 
 def test_memory_is_bounded_by_the_window() -> None:

@@ -19,7 +19,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -28,6 +28,9 @@ from rich.table import Table
 from apportion import events
 from apportion.durations import format_duration, parse_duration
 from apportion.settings import Connection
+
+if TYPE_CHECKING:
+    from apportion.domain.nodes import NodeEvent
 
 app = typer.Typer(
     name="apportion",
@@ -830,12 +833,12 @@ def _node_row(r: Any, node_id: str, bootstrap: str | None) -> dict[str, Any] | N
 
 
 def _node_change(
-    ev: events.Event,
+    ev: NodeEvent,
     node_id: str,
     want: set[str],
     done: str,
     *,
-    refused_in: dict[str, str],
+    refused: str,
     already: set[str],
     no_wait: bool,
     timeout: float,
@@ -843,9 +846,15 @@ def _node_change(
     redis_url: str | None,
     as_json: bool,
 ) -> None:
-    """Check the node exists and is in a state the change applies to, publish, wait for the dispatcher's view."""
+    """Check the node exists and is in a state the change applies to, publish, wait for the dispatcher's view.
+
+    A state the node state machine would leave unchanged (:func:`apportion.domain.nodes.node_transition`: a lost
+    node ignores everything but a registration) is refused with ``refused``; one of ``already`` is a success
+    with nothing to publish.
+    """
     from apportion import readmodel
     from apportion.cli import verdicts
+    from apportion.domain.nodes import is_node_state, node_transition
     from apportion.topics import NODES
 
     r = _redis(redis_url)
@@ -856,8 +865,8 @@ def _node_change(
         hint = f" (known: {', '.join(known[:8])}{', ...' if len(known) > 8 else ''})" if known else " (none known)"
         refuse(f"no node {node_id}{hint}", as_json=as_json, verdict="not_found", reason="no_node", node_id=node_id)
     state = str(row.get("state"))
-    if state in refused_in:
-        refuse(f"node {node_id} is {state}: {refused_in[state]}", as_json=as_json, reason=state, node_id=node_id)
+    if is_node_state(state) and state not in already and node_transition(state, ev) == state:
+        refuse(f"node {node_id} is {state}: {refused}", as_json=as_json, reason=state, node_id=node_id)
     if state in already:
         if as_json:
             _print_json({"ok": True, "published": [], "verdict": "unchanged", "state": state})
@@ -909,7 +918,7 @@ def drain(
         node_id,
         {"draining", "drained"},
         "[bold]{node}[/] is {state}; it reports NodeDrained when empty (`apportion nodes`)",
-        refused_in={"lost": "no heartbeat, nothing to drain"},
+        refused="no heartbeat, nothing to drain",
         already={"draining", "drained"},
         no_wait=no_wait,
         timeout=timeout,
@@ -936,7 +945,7 @@ def cordon(
         node_id,
         {"cordoned"},
         "cordoned [bold]{node}[/]",
-        refused_in={"lost": "no heartbeat, nothing to cordon"},
+        refused="no heartbeat, nothing to cordon",
         already={"cordoned"},
         no_wait=no_wait,
         timeout=timeout,
@@ -962,7 +971,7 @@ def undrain(
         node_id,
         {"ready"},
         "[bold]{node}[/] is ready",
-        refused_in={"lost": "no heartbeat; it returns when its agent registers again"},
+        refused="no heartbeat; it returns when its agent registers again",
         already={"ready"},
         no_wait=no_wait,
         timeout=timeout,

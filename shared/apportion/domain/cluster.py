@@ -17,10 +17,11 @@ Fold rules:
 * ``NodeRegistered`` -> ``ready`` with ``gpu_count`` GPUs (indices
   ``0..gpu_count-1``); GPUs still held by runs stay held. Counts as a
   heartbeat.
-* ``NodeHeartbeat`` -> last heartbeat time. ``NodeCordoned`` ->
-  ``cordoned``; ``NodeDrainRequested`` -> ``draining``; ``NodeDrained`` ->
-  ``drained``; ``NodeUncordoned`` -> ``ready``; ``NodeLost`` -> ``lost``.
-  Only ``ready`` nodes take new work.
+* ``NodeHeartbeat`` -> last heartbeat time. ``NodeCordoned``,
+  ``NodeDrainRequested``, ``NodeDrained``, ``NodeUncordoned``, ``NodeLost``
+  -> the state :func:`apportion.domain.nodes.node_transition` gives (the
+  one node state machine: cordoned, draining, drained, ready, lost; a lost
+  node ignores them). Only ``ready`` nodes take new work.
 * ``JobPlaced`` -> a run holding the GPUs in its placements (they leave the
   node's free set; GPUs of a *stopping* victim are taken over).
 * ``JobStarted`` -> ``started_at`` (the latest replica start; protection
@@ -57,6 +58,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from apportion.domain.nodes import NODE_EVENT_TYPES, SCHEDULABLE, NodeState, node_transition
 from apportion.events import (
     Event,
     JobCancelled,
@@ -68,13 +70,8 @@ from apportion.events import (
     JobPreempted,
     JobRequeued,
     JobStarted,
-    NodeCordoned,
-    NodeDrained,
-    NodeDrainRequested,
     NodeHeartbeat,
-    NodeLost,
     NodeRegistered,
-    NodeUncordoned,
     Placement,
 )
 from apportion.timeutil import Micros, s_to_us, to_us
@@ -85,15 +82,11 @@ __all__ = [
     "RunKey",
     "ClusterState",
     "ClusterSnapshot",
-    "NODE_STATES",
     "protection_s",
     "work_ref_us",
     "work_lost_gpu_s",
     "placed_protection_us",
 ]
-
-#: Node states (DESIGN section 1). Only ``ready`` nodes take new work.
-NODE_STATES = ("ready", "cordoned", "draining", "drained", "lost")
 
 #: ``protected_until_us`` of an allocated run not every replica of which has started:
 #: protected until it has (far beyond any real event time).
@@ -182,14 +175,6 @@ def placed_protection_us(ev: JobPlaced) -> Micros:
     return s_to_us(ev.min_runtime_s if p is None else p)
 
 
-_STATE_OF: dict[type, str] = {
-    NodeCordoned: "cordoned",
-    NodeDrainRequested: "draining",
-    NodeDrained: "drained",
-    NodeUncordoned: "ready",
-}
-
-
 @dataclass(frozen=True, slots=True)
 class Node:
     """One machine.
@@ -198,7 +183,7 @@ class Node:
         node_id: its id (the tie-break of best fit).
         gpu_count: GPUs it has (indices ``0..gpu_count-1``).
         gpu_model: GPU model name, or ``None`` when unknown.
-        state: one of :data:`NODE_STATES`.
+        state: one of :data:`~apportion.domain.nodes.NODE_STATES` (:func:`~apportion.domain.nodes.node_transition`).
         free: GPU indices held by no run (stopping runs still hold theirs).
         last_heartbeat_us: last heartbeat (or registration), µs UTC.
     """
@@ -206,14 +191,14 @@ class Node:
     node_id: str
     gpu_count: int
     gpu_model: str | None
-    state: str
+    state: NodeState
     free: frozenset[int]
     last_heartbeat_us: Micros | None = None
 
     @property
     def schedulable(self) -> bool:
         """True when new work may land here (state ``ready``)."""
-        return self.state == "ready"
+        return self.state == SCHEDULABLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -442,69 +427,69 @@ class ClusterState:
 
     def apply(self, ev: Event) -> None:
         """Fold one event (unknown types are ignored). See the module docstring."""
-        cls = type(ev)
-        if cls is JobPlaced:
-            self._placed(ev)  # type: ignore[arg-type]
-        elif cls is JobStarted:
-            run = self.runs.get((ev.job_id, ev.attempt))  # type: ignore[attr-defined]
-            if run is not None:
-                t = to_us(ev.ts)
-                started = run.started_replicas | {ev.replica}  # type: ignore[attr-defined]
-                if run.started_at_us is None or t > run.started_at_us or started != run.started_replicas:
-                    self.runs[run.key] = replace(
-                        run, started_at_us=max(t, run.started_at_us or t), started_replicas=started
-                    )
-                    if self.changed is not None:
-                        self.changed.add(run.key)
-        elif cls is JobCompleted or cls is JobFailed:
-            run = self.runs.get((ev.job_id, ev.attempt))  # type: ignore[attr-defined]
+        if isinstance(ev, JobPlaced):
+            self._placed(ev)
+        elif isinstance(ev, JobStarted):
+            self._started(ev)
+        elif isinstance(ev, (JobCompleted, JobFailed)):
+            run = self.runs.get((ev.job_id, ev.attempt))
             if run is not None and not run.stopping:
-                self._release(run, ev.replica)  # type: ignore[attr-defined]
+                self._release(run, ev.replica)
                 if run.key not in self.runs:  # the whole run ended: the job is done
                     self._job_ended(run.job_id)
-        elif cls is JobPreempted:
-            run = self.runs.get((ev.job_id, ev.attempt))  # type: ignore[attr-defined]
+        elif isinstance(ev, JobPreempted):
+            run = self.runs.get((ev.job_id, ev.attempt))
             if run is not None and not run.stopping:
                 self.runs[run.key] = replace(run, stopping=True)
                 self.preemptions[run.job_id] = self.preemptions.get(run.job_id, 0) + 1
                 if self.changed is not None:
                     self.changed.add(run.key)
-        elif cls is JobCheckpointed:
-            self._checkpointed(ev)  # type: ignore[arg-type]
-        elif cls is JobRequeued:
-            run = self.runs.get((ev.job_id, ev.attempt - 1))  # type: ignore[attr-defined]
+        elif isinstance(ev, JobCheckpointed):
+            self._checkpointed(ev)
+        elif isinstance(ev, JobRequeued):
+            run = self.runs.get((ev.job_id, ev.attempt - 1))
             if run is not None:
                 self._release(run, None)
-        elif cls is JobCancelled:
-            attempt = ev.attempt  # type: ignore[attr-defined]
-            run = self.runs.get((ev.job_id, attempt)) if attempt is not None else None  # type: ignore[attr-defined]
+        elif isinstance(ev, JobCancelled):
+            run = self.runs.get((ev.job_id, ev.attempt)) if ev.attempt is not None else None
             if run is not None:
                 self._release(run, None)
-            self._job_ended(ev.job_id)  # type: ignore[attr-defined]
-        elif cls is JobLost:
-            run = self.runs.get((ev.job_id, ev.attempt))  # type: ignore[attr-defined]
+            self._job_ended(ev.job_id)
+        elif isinstance(ev, JobLost):
+            run = self.runs.get((ev.job_id, ev.attempt))
             if run is not None:
-                self._lost(run, ev.node_id)  # type: ignore[attr-defined]
-        elif cls is NodeHeartbeat:
-            node = self.nodes.get(ev.node_id)  # type: ignore[attr-defined]
+                self._lost(run, ev.node_id)
+        elif isinstance(ev, NodeHeartbeat):
+            node = self.nodes.get(ev.node_id)
             if node is not None and node.state != "lost":
-                self.nodes[node.node_id] = replace(node, last_heartbeat_us=to_us(ev.ts))
-                if self.changed_nodes is not None:
-                    self.changed_nodes.add(node.node_id)
-        elif cls is NodeRegistered:
-            self._registered(ev)  # type: ignore[arg-type]
-        elif cls in _STATE_OF:
-            node = self.nodes.get(ev.node_id)  # type: ignore[attr-defined]
-            if node is not None and node.state != "lost":
-                self.nodes[node.node_id] = replace(node, state=_STATE_OF[cls])
-                if self.changed_nodes is not None:
-                    self.changed_nodes.add(node.node_id)
-        elif cls is NodeLost:
-            node = self.nodes.get(ev.node_id)  # type: ignore[attr-defined]
+                self._set_node(replace(node, last_heartbeat_us=to_us(ev.ts)))
+        elif isinstance(ev, NodeRegistered):
+            self._registered(ev)
+        elif isinstance(ev, NODE_EVENT_TYPES):
+            # cordon, drain request, drained, uncordon, loss: the node state machine decides
+            node = self.nodes.get(ev.node_id)
             if node is not None:
-                self.nodes[node.node_id] = replace(node, state="lost")
-                if self.changed_nodes is not None:
-                    self.changed_nodes.add(node.node_id)
+                new = node_transition(node.state, ev)
+                if new != node.state:
+                    self._set_node(replace(node, state=new))
+
+    def _set_node(self, node: Node) -> None:
+        """Replace a node's value (copy-on-write) and tell the incremental indices."""
+        self.nodes[node.node_id] = node
+        if self.changed_nodes is not None:
+            self.changed_nodes.add(node.node_id)
+
+    def _started(self, ev: JobStarted) -> None:
+        """A replica started: the run's latest start (protection runs from it) and its started replicas."""
+        run = self.runs.get((ev.job_id, ev.attempt))
+        if run is None:
+            return
+        t = to_us(ev.ts)
+        started = run.started_replicas | {ev.replica}
+        if run.started_at_us is None or t > run.started_at_us or started != run.started_replicas:
+            self.runs[run.key] = replace(run, started_at_us=max(t, run.started_at_us or t), started_replicas=started)
+            if self.changed is not None:
+                self.changed.add(run.key)
 
     def _lost(self, run: Run, node_id: str) -> None:
         """Node ``node_id`` was lost: free ``run``'s replicas there; the others are stopping."""
@@ -560,9 +545,9 @@ class ClusterState:
     def _registered(self, ev: NodeRegistered) -> None:
         held = {g for (n, g) in self._owner if n == ev.node_id} if ev.node_id in self.node_runs else set()
         free = frozenset(i for i in range(ev.gpu_count) if i not in held)
-        self.nodes[ev.node_id] = Node(ev.node_id, ev.gpu_count, ev.gpu_model, "ready", free, to_us(ev.ts))
-        if self.changed_nodes is not None:
-            self.changed_nodes.add(ev.node_id)
+        prev = self.nodes.get(ev.node_id)
+        state = node_transition(None if prev is None else prev.state, ev)
+        self._set_node(Node(ev.node_id, ev.gpu_count, ev.gpu_model, state, free, to_us(ev.ts)))
         self.node_runs.setdefault(ev.node_id, frozenset())
 
     def _placed(self, ev: JobPlaced) -> None:

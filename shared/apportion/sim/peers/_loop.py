@@ -28,6 +28,7 @@ from apportion.domain.engine.emit import emit_placed, preempt_events, start_even
 from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
 from apportion.domain.engine.placement import CycleFree
 from apportion.domain.engine.shapes import blocked_run, memo_codes
+from apportion.domain.nodes import COUNTED_STATES
 from apportion.domain.preemption import branches_of
 from apportion.events import Event, Placement, Victim
 from apportion.sim.baselines import Shape, _add_blocked, _blocked, _largest_free
@@ -51,7 +52,7 @@ __all__ = [
 
 def capacity_gpus(snapshot: CycleSnapshot) -> int:
     """GPUs of the ``ready`` and ``draining`` nodes (the capacity quotas are cut from, as ``static``)."""
-    return sum(n.gpu_count for n in snapshot.cluster.nodes.values() if n.state in ("ready", "draining"))
+    return sum(n.gpu_count for n in snapshot.cluster.nodes.values() if n.state in COUNTED_STATES)
 
 
 def run_gpus(run: Run) -> int:
