@@ -25,24 +25,12 @@ from typing import Any
 
 from apportion.domain.budgets import BUDGET_CHANGES, BudgetTree, fold_budget_log
 from apportion.domain.fairshare import budget_order
-from apportion.domain.occupancy import OccupancyLedger
+from apportion.domain.occupancy import LEDGER_EVENT_TYPES, OccupancyLedger
 from apportion.domain.occupancy import rebuild as rebuild_ledger
 from apportion.domain.usage import usage_snapshot
 from apportion.events import (
     BudgetRejected,
     Event,
-    JobCancelled,
-    JobCompleted,
-    JobFailed,
-    JobLost,
-    JobPlaced,
-    JobPreempted,
-    NodeCordoned,
-    NodeDrained,
-    NodeDrainRequested,
-    NodeLost,
-    NodeRegistered,
-    NodeUncordoned,
     OccupancySnapshot,
 )
 from apportion.identity import KeyRegistry
@@ -50,21 +38,8 @@ from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us, to_us
 
 PRODUCER = "accounting"
 
-#: Event types that can change the windows (others on the topics are ignored).
-LEDGER_TYPES = (
-    JobPlaced,
-    JobCompleted,
-    JobFailed,
-    JobPreempted,
-    JobCancelled,
-    JobLost,
-    NodeRegistered,
-    NodeCordoned,
-    NodeDrainRequested,
-    NodeDrained,
-    NodeUncordoned,
-    NodeLost,
-)
+#: Event types that can change the windows (others on the topics are ignored): the ledger's own list.
+LEDGER_TYPES = LEDGER_EVENT_TYPES
 BUDGET_TYPES = (*BUDGET_CHANGES, BudgetRejected)
 #: Every event type that can change the state (the rest are read and skipped).
 STATE_TYPES = LEDGER_TYPES + BUDGET_TYPES
