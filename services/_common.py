@@ -41,8 +41,11 @@ from typing import Any
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from apportion.bus.resilience import Backoff, Readiness
 from apportion.clock import Clock, make_clock
 from apportion.settings import Connection
+
+log = logging.getLogger("apportion.service")
 
 
 class ServiceSettings(BaseSettings):
@@ -118,15 +121,24 @@ def setup_logging(service: str, level: str = "INFO", json_lines: bool = True) ->
     logging.getLogger("kafka").setLevel(max(logging.WARNING, root.level))
 
 
-def start_metrics(port: int, host: str = "127.0.0.1") -> tuple[Any, Callable[[], None]]:
+def start_metrics(
+    port: int, host: str = "127.0.0.1", readiness: Readiness | None = None
+) -> tuple[Any, Callable[[], None]]:
     """A fresh Prometheus registry (with the process collectors) and, when ``port`` > 0, an HTTP endpoint
     serving it. The families every service registers are defined in :mod:`apportion.metrics`.
+
+    The endpoint also answers ``/ready`` (200 when ``readiness`` says ready, else 503; a JSON object naming
+    each dependency's state, :class:`apportion.bus.resilience.Readiness`) and ``/healthz`` (200 while the
+    process serves); every other path is the metrics.
 
     Returns:
         ``(registry, stop)``: register metrics on ``registry``; call ``stop()``
         on shutdown (a no-op when the endpoint is off).
     """
-    from prometheus_client import CollectorRegistry, start_http_server
+    from http.server import ThreadingHTTPServer
+
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.exposition import MetricsHandler
 
     from apportion.metrics import add_process_collectors
 
@@ -134,7 +146,29 @@ def start_metrics(port: int, host: str = "127.0.0.1") -> tuple[Any, Callable[[],
     add_process_collectors(registry)
     if port <= 0:
         return registry, lambda: None
-    server, thread = start_http_server(port, addr=host, registry=registry)
+    ready = readiness or Readiness()
+
+    class Handler(MetricsHandler.factory(registry)):  # type: ignore[misc] # prometheus_client's factory is untyped
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path not in ("/ready", "/healthz"):
+                return super().do_GET()
+            ok, details = ready.check() if path == "/ready" else (True, {"service": "serving"})
+            body = (json.dumps({"ready": ok, **details}) + "\n").encode()
+            self.send_response(200 if ok else 503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return None
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+            pass  # no access log on stderr (the service's log is JSON lines)
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+    thread.start()
 
     def stop() -> None:
         server.shutdown()
@@ -163,8 +197,9 @@ async def consume(
     stop: asyncio.Event,
     poll_ms: int = 200,
     on_idle: Callable[[], Awaitable[None]] | None = None,
+    backoff: Backoff | None = None,
 ) -> None:
-    """Run a blocking EventConsumer until ``stop`` is set, handling events on the loop.
+    """Run a blocking EventConsumer until ``stop`` is set, handling events on the loop; never exits on an error.
 
     Args:
         make_consumer: builds the consumer given the sync handler to install
@@ -173,26 +208,49 @@ async def consume(
         stop: set to end the loop; the consumer is closed before returning.
         poll_ms: poll timeout (bounds shutdown latency).
         on_idle: awaited after each poll (e.g. to publish debounced output).
+        backoff: waits after failures (default :class:`apportion.bus.resilience.Backoff`).
 
-    Raises:
-        whatever the handler raises (after the consumer committed what it
-        handled before the failure and is closed).
+    A consumer that cannot be built (broker down) is built again after a backoff, one log line per try. A
+    poll that raises (the broker went away, a commit failed, the handler raised: the consumer rewound to
+    the failing record, so it is delivered again) is logged and the same consumer polls again after a
+    backoff: kafka-python reconnects by itself. Only ``stop`` ends the loop.
     """
+    from apportion.bus.resilience import describe, pause
+
     loop = asyncio.get_running_loop()
     halted = threading.Event()
+    backoff = backoff or Backoff()
 
     def sync_handler(event: Any, delivery: Any) -> None:
         if halted.is_set():
             raise _Halted()
         asyncio.run_coroutine_threadsafe(handler(event, delivery), loop).result()
 
-    consumer = await asyncio.to_thread(make_consumer, sync_handler)
+    consumer = None
+    while consumer is None:
+        if stop.is_set():
+            return
+        try:
+            consumer = await asyncio.to_thread(make_consumer, sync_handler)
+        except Exception as exc:  # noqa: BLE001 - broker down at start: wait, never exit
+            d = backoff.next()
+            log.warning("cannot start the consumer (%s); next try in %.1f s", describe(exc), d)
+            if await pause(stop, d):
+                return
+    backoff.reset()
     try:
         while not stop.is_set():
             try:
                 await asyncio.to_thread(consumer.poll_once, poll_ms)
             except _Halted:
                 break
+            except Exception as exc:  # noqa: BLE001 - an outage or a failed handler: the record comes again
+                d = backoff.next()
+                log.warning("consumer poll failed (%s); polling again in %.1f s", describe(exc), d)
+                if await pause(stop, d):
+                    break
+                continue
+            backoff.reset()
             if on_idle is not None:
                 await on_idle()
     finally:

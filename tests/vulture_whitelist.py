@@ -12,3 +12,5 @@ used.startup_report  # bus/stack.LocalStack: shown to operators
 used.job_budget  # sim/core.SimResult: part of the result scripts read
 used.description  # topics.Topic: documentation of the registry
 used.closed  # gpu.FakeGpuProbe: the test double records close() (no test reads it since test_occupancy dropped a same-named dict)
+used.log_message  # http.server calls it for each request (the metrics endpoint silences it: bus/service)
+used.daemon_threads  # socketserver reads it (request threads do not hold the process at exit)

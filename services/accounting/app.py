@@ -67,6 +67,7 @@ from operator import itemgetter
 from typing import Any
 
 from apportion.bus.intake import Intake
+from apportion.bus.resilience import publish_until_acked
 from apportion.clock import Clock
 from apportion.events import DeadLetter, Event, OccupancySnapshot
 from apportion.identity import ReportGate
@@ -114,6 +115,8 @@ class AccountingService:
         store: the read-model store (it also holds the checkpoint).
         metrics: optional prometheus metrics dict.
         wall: monotonic wall seconds, for the checkpoint interval (default ``time.monotonic``).
+        stopped: when given, a dead letter whose publish fails is sent again until acked or
+            ``stopped()`` (:func:`apportion.bus.resilience.publish_until_acked`); default: sent once.
     """
 
     def __init__(
@@ -124,6 +127,7 @@ class AccountingService:
         store: ReadModelStore,
         metrics: dict | None = None,
         wall: Callable[[], float] = time.monotonic,
+        stopped: Callable[[], bool] | None = None,
     ) -> None:
         from apportion.topics import prefix
 
@@ -142,6 +146,7 @@ class AccountingService:
         self.topic_prefix = prefix()
         self._m = metrics or {}
         self._wall = wall
+        self._stopped = stopped
         self._unsaved = True  # state or offsets changed since the stored checkpoint
         self._ckpt_wall: float | None = None
         self._ckpt_cost = 0.0
@@ -249,7 +254,10 @@ class AccountingService:
         return self.intake.authenticate(out, itemgetter(1, 2))
 
     def _dead_letter(self, letter: DeadLetter) -> None:
-        self.publish(letter)
+        if self._stopped is None:
+            self.publish(letter)
+        else:  # never lost, never fatal: its record's offset is stored only after it is acked
+            publish_until_acked(self.publish, letter, self._stopped)
         if "dead" in self._m:
             self._m["dead"].inc()
 
@@ -357,48 +365,100 @@ async def run(
     ready: asyncio.Event | None = None,
     on_start: Callable[[StartReport], None] | None = None,
 ) -> None:
-    """Run accounting until ``stop`` is set.
+    """Run accounting until ``stop`` is set, riding out Kafka and Redis outages of any length.
+
+    Each connected session (:func:`_session`) runs under :func:`apportion.bus.resilience.supervise`:
+    it waits for Kafka and Redis (a log line per try), and a session that fails (broker or Redis gone, a
+    snapshot that could not be published) is started again after a backoff, resuming from the checkpoint.
+    ``/ready`` on the metrics port answers 503 until a session has caught up, and while a dependency does
+    not answer.
 
     Args:
         settings: configuration (:mod:`services.accounting.config`).
         stop: set it to shut down (SIGTERM does, from ``__main__``).
         clock: event-time source; default from settings.
         ready: set once the start-up state is caught up with the log as of
-            the start and its snapshot (if any) is stored.
-        on_start: called with the :class:`StartReport` just before ``ready`` is set.
+            the start and its snapshot (if any) is stored (the first session).
+        on_start: called with each session's :class:`StartReport` just before it is ready.
     """
-    import redis as redis_lib
-
-    from apportion.bus.producer import EventProducer
+    from apportion.bus.resilience import readiness_for, supervise
     from apportion.metrics import accounting_metrics
-    from apportion.topics import BUDGETS, JOBS, NODES
-    from services._common import AssignedConsumer, start_metrics
+    from services._common import start_metrics
 
     clock = clock or settings.make_clock()
     conn = settings.connection()
-    registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host)
+    readiness = readiness_for(conn.bootstrap, conn.redis_url)
+    registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host, readiness)
     metrics = accounting_metrics(registry)
+    current: dict[str, AccountingService] = {}
+    metrics["reader"].watch(lambda: current["svc"].intake.stats if current else None)
+    rebuild = [settings.rebuild]  # --rebuild applies to the first session only; later ones resume
+
+    def started(report: StartReport) -> None:
+        rebuild[0] = False
+        readiness.set(True)
+        if on_start is not None:
+            on_start(report)
+        if ready is not None:
+            ready.set()
+
+    async def session() -> None:
+        await _session(settings, stop, clock, conn, metrics, current, rebuild[0], started)
+
+    try:
+        await supervise("accounting", session, stop, readiness)
+    finally:
+        stop_metrics()
+
+
+async def _commit(consumer: Any, offsets: dict[str, int]) -> None:
+    """Commit the group offsets (lag tools only: a start never reads them), a failure logged, not raised."""
+    try:
+        await asyncio.to_thread(consumer.commit, offsets)
+    except Exception as exc:  # noqa: BLE001 - observability only; the checkpoint holds the offsets
+        log.warning("could not commit the group offsets (%s); the checkpoint has them", exc)
+
+
+async def _session(
+    settings: AccountingSettings,
+    stop: asyncio.Event,
+    clock: Clock,
+    conn: Any,
+    metrics: dict,
+    current: dict[str, AccountingService],
+    rebuild: bool,
+    started: Callable[[StartReport], None],
+) -> None:
+    """One connected run: resume (or rebuild), catch up, then fold live until ``stop``; raises when a
+    dependency fails (:func:`run` starts another). The final checkpoint is stored only on a clean stop."""
+    import redis as redis_lib
+
+    from apportion.bus.producer import EventProducer
     from apportion.bus.security import redis_auth
+    from apportion.topics import BUDGETS, JOBS, NODES
+    from services._common import AssignedConsumer
 
     r = redis_lib.Redis.from_url(conn.redis_url, **redis_auth())
     store = ReadModelStore(r)
-    if settings.rebuild:
-        store.wipe()
-        log.info("--rebuild: read model and checkpoint wiped")
-    producer = await asyncio.to_thread(EventProducer, conn.bootstrap, client_id="accounting")
-    consumer = await asyncio.to_thread(
-        AssignedConsumer, conn.bootstrap, [JOBS.name, NODES.name, BUDGETS.name], settings.group_id
-    )
-    svc = AccountingService(settings, clock, producer.publish, store, metrics)
-    metrics["reader"].watch(lambda: svc.intake.stats)
-    consumer.lag.sink = metrics["reader"].set_lag
-    loop = asyncio.get_running_loop()
-    started = False
+    producer = consumer = None
+    clean = started_here = False
+    svc: AccountingService | None = None
     try:
+        if rebuild:
+            await asyncio.to_thread(store.wipe)
+            log.info("--rebuild: read model and checkpoint wiped")
+        producer = await asyncio.to_thread(EventProducer, conn.bootstrap, client_id="accounting")
+        consumer = await asyncio.to_thread(
+            AssignedConsumer, conn.bootstrap, [JOBS.name, NODES.name, BUDGETS.name], settings.group_id
+        )
+        svc = AccountingService(settings, clock, producer.publish, store, metrics, stopped=stop.is_set)
+        current["svc"] = svc
+        consumer.lag.sink = metrics["reader"].set_lag
+        loop = asyncio.get_running_loop()
         t0 = loop.time()
         begin = {f"{tp.topic}:{tp.partition}": off for tp, off in consumer.start_begin.items()}
         end = {f"{tp.topic}:{tp.partition}": off for tp, off in consumer.start_end.items()}
-        mode, reason = await asyncio.to_thread(svc.prepare, begin, end, settings.rebuild)
+        mode, reason = await asyncio.to_thread(svc.prepare, begin, end, rebuild)
         from_offsets = dict(svc.offsets)
         if mode == "resume":
             consumer.seek(svc.offsets)
@@ -421,7 +481,7 @@ async def run(
             await asyncio.to_thread(svc.bootstrap, backlog)
             crossed = 0
         if late:
-            svc.ingest(late)
+            await asyncio.to_thread(svc.ingest, late)
         report = StartReport(mode, reason, from_offsets, len(backlog) + len(late), crossed, loop.time() - t0)
         log.info(
             "started by %s from %s: %d records read in %.2f s%s",
@@ -436,17 +496,14 @@ async def run(
         # what the read model holds now (a resumed start may store no snapshot until something changes)
         metrics["budgets"].update(*await asyncio.to_thread(store.read))
         metrics["resumed"].set(1 if mode == "resume" else 0)
-        await asyncio.to_thread(consumer.commit, dict(svc.offsets))
-        started = True
-        if on_start is not None:
-            on_start(report)
-        if ready is not None:
-            ready.set()
+        await _commit(consumer, dict(svc.offsets))
+        started_here = True
+        started(report)
         last_pub = loop.time()
         while not stop.is_set():
             batch = await asyncio.to_thread(consumer.poll, 200)
             if batch:
-                svc.ingest(batch)
+                await asyncio.to_thread(svc.ingest, batch)
             now = loop.time()
             stored = False
             if svc.dirty and now - last_pub >= settings.snapshot_debounce_wall_s:
@@ -458,15 +515,19 @@ async def run(
             elif not svc.dirty and svc.checkpoint_due():  # e.g. only heartbeats since: keep the resume point fresh
                 stored = await asyncio.to_thread(svc.checkpoint_now)
             if stored:
-                await asyncio.to_thread(consumer.commit, dict(svc.offsets))
+                await _commit(consumer, dict(svc.offsets))
+        clean = True
     finally:
-        if started:
+        if clean and started_here and svc is not None and consumer is not None:
             try:  # graceful stop: the next start resumes exactly here
                 if await asyncio.to_thread(svc.checkpoint_now):
-                    await asyncio.to_thread(consumer.commit, dict(svc.offsets))
+                    await _commit(consumer, dict(svc.offsets))
             except Exception:  # noqa: BLE001 - a failed final checkpoint only costs a longer catch-up
                 log.exception("final checkpoint failed; the next start resumes from the previous one")
-        await asyncio.to_thread(consumer.close)
-        await asyncio.to_thread(producer.close)
+        for part in (consumer, producer):
+            if part is not None:
+                try:
+                    await asyncio.to_thread(part.close)
+                except Exception as exc:  # noqa: BLE001 - closing a client of a broker that is gone
+                    log.debug("closing %s failed: %s", type(part).__name__, exc)
         r.close()
-        stop_metrics()

@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from apportion.bus.intake import Intake
+from apportion.bus.resilience import pause
 from apportion.clock import Clock
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, step
 from apportion.domain.engine import EngineConfig
@@ -59,9 +60,6 @@ STALE = "older than the window"
 
 #: Dead-letter reason of an event from too far in the future (``future_tolerance_s``).
 FUTURE = "from the future"
-
-#: Longest wait, wall seconds, before leading again after an error (doubling from 1 s).
-BACKOFF_MAX_S = 30.0
 
 #: Wall seconds between read-model writes (a full write of jobs and nodes).
 READ_MODEL_EVERY_S = 0.5
@@ -412,7 +410,13 @@ class DispatcherService:
 async def run(
     settings: DispatcherSettings, stop: asyncio.Event, *, clock: Clock | None = None, ready: asyncio.Event | None = None
 ) -> None:
-    """Run the dispatcher until ``stop`` is set: standby until leader, then decide.
+    """Run the dispatcher until ``stop`` is set: standby until leader, then decide; never exits on an outage.
+
+    The standby-and-lead loop runs under :func:`apportion.bus.resilience.supervise`: it waits for Kafka and
+    Redis (a log line per try), and an error of either (a Redis restart under the lease, a broker outage
+    while leading, a decision the producer could not deliver) ends the term, is logged in one line and,
+    after a backoff, the instance stands by again (a new term rebuilds from the log). ``/ready`` on the
+    metrics port answers 200 once the instance stands by or leads with its state rebuilt.
 
     Args:
         settings: configuration (:mod:`services.dispatcher.config`).
@@ -422,6 +426,8 @@ async def run(
     """
     import redis as redis_lib
 
+    from apportion.bus.resilience import readiness_for, supervise
+    from apportion.bus.security import redis_auth
     from apportion.metrics import dispatcher_metrics
     from apportion.topics import COMMANDS, JOBS, NODES
     from services._common import start_metrics
@@ -429,14 +435,15 @@ async def run(
 
     clock = clock or settings.make_clock()
     conn = settings.connection()
-    registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host)
+    readiness = readiness_for(conn.bootstrap, conn.redis_url)
+    registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host, readiness)
     metrics = dispatcher_metrics(registry, clock.now)
-    from apportion.bus.security import redis_auth
-
+    current: dict[str, DispatcherService] = {}
+    metrics["reader"].watch(lambda: current["svc"].intake.stats if current else None)
     r = redis_lib.Redis.from_url(conn.redis_url, **redis_auth())
     lease = Lease(r, settings.owner(), settings.lease_ttl_wall_s)
-    backoff = 1.0
-    try:
+
+    async def session() -> None:
         while not stop.is_set():
             floor: int | None = None
             if not await asyncio.to_thread(lease.held_by_another):  # a take-over is possible: pay for the floor
@@ -448,29 +455,28 @@ async def run(
                     log.warning("cannot read the newest fencing token from the log (%s): standing by", exc)
             token = await asyncio.to_thread(lease.try_acquire, floor) if floor is not None else 0
             if not token:
-                try:  # standby: wait a third of the TTL (or until stopped)
-                    await asyncio.wait_for(stop.wait(), settings.lease_ttl_wall_s / 3)
-                except TimeoutError:
-                    pass
+                if floor is not None:
+                    readiness.set(True)  # standing by, both dependencies answered
+                if await pause(stop, settings.lease_ttl_wall_s / 3):  # standby: wait a third of the TTL
+                    return
                 continue
             log.info("leading with fencing token %d", token)
             metrics["leader"].set(1)
+            readiness.set(False, "rebuilding as the leader")
             try:
-                await _lead(settings, stop, clock, conn, r, lease, metrics, ready)
-                backoff = 1.0
+                await _lead(settings, stop, clock, conn, r, lease, metrics, ready, readiness, current)
             except LeadershipLost:
                 log.error("lease lost: stopping decisions, back to standby")
-            except Exception:  # noqa: BLE001 - Kafka or Redis gone while leading: never exit, stand by and retry
-                log.exception("leading stopped by an error: standing by, retrying in %.0f s", backoff)
-                try:
-                    await asyncio.wait_for(stop.wait(), backoff)
-                except TimeoutError:
-                    pass
-                backoff = min(2 * backoff, BACKOFF_MAX_S)
             finally:
                 metrics["leader"].set(0)
+
+    try:
+        await supervise("dispatcher", session, stop, readiness)
     finally:
-        await asyncio.to_thread(lease.release)
+        try:
+            await asyncio.to_thread(lease.release)
+        except Exception as exc:  # noqa: BLE001 - Redis gone at shutdown: the lease expires by itself
+            log.warning("could not release the lease (%s); it expires in %.0f s", exc, settings.lease_ttl_wall_s)
         stop_metrics()
         r.close()
 
@@ -484,6 +490,8 @@ async def _lead(
     lease: Any,
     metrics: dict,
     ready: asyncio.Event | None,
+    readiness: Any,
+    current: dict[str, DispatcherService],
 ) -> None:
     from apportion import readmodel
     from apportion.audit.config import configured_event
@@ -498,18 +506,25 @@ async def _lead(
         EventProducer, conn.bootstrap, client_id="dispatcher", linger_ms=LINGER_MS, batch_size=BATCH_BYTES
     )
 
+    undelivered: list[BaseException] = []
+
     def publish(sent: list[tuple[Event, bytes]]) -> None:
         # Sent without waiting: the producer sends within LINGER_MS and the loop flushes when idle. Decisions are
         # derived state (a new leader re-derives anything unacknowledged from the log, with the same deterministic
-        # ids), so the wait for acks need not sit on the loop while it has work.
+        # ids), so the wait for acks need not sit on the loop while it has work. One that is never delivered (a
+        # broker outage past the producer's delivery timeout) ends the term: the next one re-derives it.
         for e, value in sent:
-            producer.send(e, value)
+            producer.send(e, value).add_errback(undelivered.append)
+
+    def check_delivered() -> None:
+        if undelivered:
+            raise RuntimeError(f"a decision was not delivered ({undelivered[0]!r}): rebuilding from the log")
 
     inputs = [SUBMISSIONS.name, JOBS.name, NODES.name, BUDGETS.name]
     consumer = await asyncio.to_thread(AssignedConsumer, conn.bootstrap, inputs, "dispatcher")
     svc = DispatcherService(settings, clock, publish, metrics, consumed=inputs)
     svc.token = lease.token
-    metrics["reader"].watch(lambda: svc.intake.stats)
+    current["svc"] = svc
     consumer.lag.sink = metrics["reader"].set_lag
     loop = asyncio.get_running_loop()
 
@@ -633,6 +648,7 @@ async def _lead(
         await asyncio.to_thread(write_read_model)
         if settings.snapshot_every_wall_s > 0:
             await asyncio.to_thread(write_snapshot)
+        readiness.set(True)
         if ready is not None:
             ready.set()
         last_tick = last_rm = last_beats = last_snap = loop.time()
@@ -657,6 +673,7 @@ async def _lead(
             if unflushed and not batch:  # idle: nothing to decide, so waiting for the acks costs nothing
                 await asyncio.to_thread(producer.flush)
                 unflushed = False
+            check_delivered()
             dirty |= bool(out) or news
             if now - last_beats >= HEARTBEATS_EVERY_S:  # heartbeats are not news: their ages are kept apart
                 metrics["queue"].heartbeats(logic.heartbeats(svc.state))

@@ -75,6 +75,10 @@ Emit = Callable[[Event], Awaitable[None]]
 
 SHUTDOWN_GRACE_S = 5.0
 
+#: How long, ms, the agent's producer keeps an event it could not deliver yet (a broker outage) before it
+#: gives up on it (``delivery_timeout_ms``; kafka-python's default is 2 minutes).
+PRODUCER_PATIENCE_MS = 6 * 3600 * 1000
+
 
 class NodeAgent:
     """The agent runtime for one or many nodes.
@@ -751,6 +755,7 @@ async def run(
     from apportion.bus.consumer import EventConsumer
     from apportion.bus.crc import use_compiled_crc32c
     from apportion.bus.producer import EventProducer
+    from apportion.bus.resilience import connect, readiness_for
     from apportion.identity import report_signer
     from apportion.metrics import node_agent_metrics
     from apportion.topics import COMMANDS, NODES
@@ -759,7 +764,8 @@ async def run(
     clock = clock or settings.make_clock()
     conn = settings.connection()
     log.info("record-batch CRC-32C: %s", use_compiled_crc32c())
-    registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host)
+    readiness = readiness_for(conn.bootstrap)
+    registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host, readiness)
     nodes, prefix = build_nodes(settings)
     journal = Journal(settings.journal_path())
     log.info("journal %s", journal.path or "in memory only (a restart cannot adopt runs)")
@@ -778,17 +784,32 @@ async def run(
             "to persistent storage, shared by the nodes if jobs are to resume on another node",
             checkpoint_root,
         )
-    producer = await asyncio.to_thread(EventProducer, conn.bootstrap, client_id=f"node-agent-{settings.agent_name()}")
-    # every report is signed with its node's key (DESIGN section 10; readers ignore what is not)
-    signer = await asyncio.to_thread(
-        report_signer,
-        [n.node_id for n, _ in nodes],
-        key_dir=settings.node_key_dir,
-        bootstrap=conn.bootstrap,
-        now=clock.now(),
-    )
-
     metrics = node_agent_metrics(registry)
+    # the agent's reports wait out a broker outage of up to PRODUCER_PATIENCE_MS in the producer's buffer
+    producer = await connect(
+        lambda: EventProducer(
+            conn.bootstrap,
+            client_id=f"node-agent-{settings.agent_name()}",
+            delivery_timeout_ms=PRODUCER_PATIENCE_MS,
+        ),
+        "the producer",
+        readiness,
+        stop,
+    )
+    # every report is signed with its node's key (DESIGN section 10; readers ignore what is not)
+    signer = await connect(
+        lambda: report_signer(
+            [n.node_id for n, _ in nodes], key_dir=settings.node_key_dir, bootstrap=conn.bootstrap, now=clock.now()
+        ),
+        "the report signer",
+        readiness,
+        stop,
+    )
+    if producer is None or signer is None:  # stopped while waiting for Kafka
+        if producer is not None:
+            producer.close()
+        stop_metrics()
+        return
 
     async def flush() -> None:
         await asyncio.to_thread(producer.flush, 30.0)
@@ -800,7 +821,11 @@ async def run(
         # seconds in the main job. A send that still fails is logged and counted; after a restart the journal
         # re-publishes an adopted replica's JobStarted (or reports it JobLost), so a lost JobStarted cannot
         # hide a run for ever. The restart reports themselves are flushed before the journal marks them done.
-        fut = producer.send(ev, signer.value(ev))
+        try:
+            fut = producer.send(ev, signer.value(ev))
+        except Exception as exc:  # noqa: BLE001 - the buffer stayed full through an outage: never stop the agent
+            _send_failed(exc, ev, metrics)
+            return
         fut.add_errback(_send_failed, ev, metrics)
 
     agent = NodeAgent(
@@ -844,7 +869,11 @@ async def run(
         )
         metrics["reader"].watch(lambda: c.stats)
         c.lag.sink = metrics["reader"].set_lag
-        _wait_assigned(c, deadline_s=60.0)
+        try:
+            _wait_assigned(c, deadline_s=60.0)
+        except BaseException:
+            c.close()
+            raise
         # Register (and settle the journal's orphans) now: after the assignment, so no command sent in reply
         # is missed, and before the first record is handled, so every command is judged against this
         # registration (a command queued before it is never executed late).
@@ -853,6 +882,7 @@ async def run(
 
     async def started() -> None:
         await agent.start()
+        readiness.set(True)
         if ready is not None:
             ready.set()
 

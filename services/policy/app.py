@@ -269,40 +269,75 @@ class PolicyApp:
 async def run(
     settings: PolicySettings, stop: asyncio.Event, *, clock: Clock | None = None, ready: asyncio.Event | None = None
 ) -> None:
-    """Run the policy service in this event loop until ``stop`` is set.
+    """Run the policy service in this event loop until ``stop`` is set, riding out broker outages.
 
-    ``ready`` is set once the catch-up is folded, the faust app has joined
-    its group and the decisions owed were published (acked).
-
-    Raises:
-        the exception of a failed agent (after the app stopped), or
-        ``TimeoutError`` when the topics do not exist.
+    Each session (:func:`_session`: catch-up, faust app, decisions owed) runs under
+    :func:`apportion.bus.resilience.supervise`: it waits for Kafka (a log line per try), and a session that
+    fails (broker gone, a failed agent, topics not provisioned) is stopped and started again after a
+    backoff; a new session catches up from the log again, so nothing owed is lost. ``ready`` is set (and
+    ``/ready`` on the metrics port answers 200) once a session's catch-up is folded, the faust app has
+    joined its group and the decisions owed were published (acked).
     """
-    from apportion.bus.faust_app import consumer_lag, quiet_client_logs
+    from apportion.bus.faust_app import quiet_client_logs
+    from apportion.bus.resilience import readiness_for, supervise
     from apportion.metrics import policy_metrics
-    from apportion.topics import BUDGETS, USAGE
     from services._common import start_metrics
 
     quiet_client_logs()
     clock = clock or settings.make_clock()
     conn = settings.connection()
-    registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host)
+    readiness = readiness_for(conn.bootstrap)
+    registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host, readiness)
     metrics = policy_metrics(registry)
+    current: dict[str, PolicyService] = {}
+    metrics["reader"].watch(lambda: current["svc"].intake.stats if current else None)
+
+    def started() -> None:
+        readiness.set(True)
+        if ready is not None:
+            ready.set()
+
+    async def session() -> None:
+        await _session(settings, stop, clock, conn.bootstrap, metrics, current, started)
+
+    try:
+        await supervise("policy", session, stop, readiness)
+    finally:
+        stop_metrics()
+
+
+async def _session(
+    settings: PolicySettings,
+    stop: asyncio.Event,
+    clock: Clock,
+    bootstrap: str,
+    metrics: dict,
+    current: dict[str, PolicyService],
+    started: Any,
+) -> None:
+    """One connected run: catch up, start the faust app, publish what is owed, follow until ``stop``.
+
+    Raises:
+        the exception of a failed agent (after the app stopped), or ``TimeoutError`` when the topics
+        do not exist; :func:`run` starts another session.
+    """
+    from apportion.bus.faust_app import consumer_lag
+    from apportion.topics import BUDGETS, USAGE
+
     outbox: list[Any] = []
     svc = PolicyService(clock, outbox.append, settings.producer_name, metrics)
-    metrics["reader"].watch(lambda: svc.intake.stats)
+    current["svc"] = svc
     datadir = tempfile.mkdtemp(prefix="apportion-policy-", dir=settings.faust_dir)
     app = None
     try:
-        if not await catch_up(svc, conn.bootstrap, settings.group_id, stop):
+        if not await catch_up(svc, bootstrap, settings.group_id, stop):
             return
-        pol = PolicyApp(settings, conn.bootstrap, datadir, svc, outbox)
+        pol = PolicyApp(settings, bootstrap, datadir, svc, outbox)
         app = pol.app
         await app.start()
         await pol.decide()
         log.info("caught up: %d budgets", len(svc.state.tree))
-        if ready is not None:
-            ready.set()
+        started()
         stopping = asyncio.ensure_future(stop.wait())
 
         async def measure_lag() -> None:  # metrics only: a failed measurement is logged and retried
@@ -320,9 +355,13 @@ async def run(
             stopping.cancel()
             lagging.cancel()
         if pol.failed.done():
-            raise pol.failed.exception()
+            exc = pol.failed.exception()
+            if exc is not None:
+                raise exc
     finally:
         if app is not None:
-            await app.stop()
+            try:
+                await app.stop()
+            except Exception as exc:  # noqa: BLE001 - stopping an app whose broker is gone
+                log.warning("stopping the faust app failed (%s)", exc)
         shutil.rmtree(datadir, ignore_errors=True)
-        stop_metrics()

@@ -11,6 +11,7 @@ Read-only: every route is a GET, nothing is published or written. Pages:
 ``/simulate``               the comparison of each ``--simulate-json`` file given at start
 ``/metrics``                the dashboard process's own Prometheus metrics
 ``/healthz``                ``ok`` (no Redis or Kafka read)
+``/ready``                  200 when Kafka and Redis answer now, else 503 (JSON: each one's state)
 ==========================  ==========================================================================
 
 Every number shown carries ``data-field`` and ``data-value`` attributes holding the exact value the CLI's
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +70,16 @@ def create_app(settings: WebSettings, sources: Sources | None = None) -> Any:
     from starlette.routing import Route
 
     from apportion import topics
+    from apportion.bus.resilience import readiness_for
     from apportion.cli.main import _ratio  # the share table's r format, so page and table read alike
     from apportion.durations import format_duration
     from apportion.metrics import add_process_collectors
 
     src = sources or Sources(settings.connection(), settings.log_cache_s)
+    # nothing of its own to catch up: ready whenever Kafka and Redis answer (probed at each /ready)
+    conn = getattr(src, "conn", None)  # sources without a connection (tests): nothing to probe
+    readiness = readiness_for(conn.bootstrap, conn.redis_url) if conn is not None else readiness_for()
+    readiness.set(True)
     sims = load_simulations(settings.simulate_json)
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]))
     env.filters.update(
@@ -161,6 +168,10 @@ def create_app(settings: WebSettings, sources: Sources | None = None) -> Any:
     def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
 
+    def ready(request: Request) -> Response:
+        ok, details = readiness.check()
+        return Response(json.dumps({"ready": ok, **details}) + "\n", 200 if ok else 503, media_type="application/json")
+
     routes = [
         Route("/", tree),
         Route("/budget", budget),
@@ -170,9 +181,11 @@ def create_app(settings: WebSettings, sources: Sources | None = None) -> Any:
         Route("/simulate", simulate),
         Route("/metrics", metrics),
         Route("/healthz", healthz),
+        Route("/ready", ready),
     ]
     app = Starlette(routes=routes)
     app.state.sources = src
+    app.state.readiness = readiness
     return app
 
 
@@ -200,7 +213,19 @@ def serve(settings: WebSettings) -> None:
         app.state.sources.conn.bootstrap,
         app.state.sources.conn.redis_url,
     )
+    # pages answer 503 while a source is down; say so once at start, with a line per try, and never exit
+    threading.Thread(target=_wait_logged, args=(app.state.readiness,), name="wait-sources", daemon=True).start()
     try:
         uvicorn.run(app, host=settings.web_host, port=settings.web_port, log_config=None, access_log=False)
     finally:
         app.state.sources.close()
+
+
+def _wait_logged(readiness: Any) -> None:
+    """Log ``waiting for Kafka/Redis at ...`` with backoff until both answer (a thread beside the server)."""
+    import asyncio
+
+    from apportion.bus.resilience import wait_reachable
+
+    if asyncio.run(wait_reachable(readiness, asyncio.Event())):
+        readiness.set(True)

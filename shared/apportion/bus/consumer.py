@@ -14,10 +14,11 @@ The loop every kafka-python based service runs (STYLE rule 8):
 4. call the handler; once it returns, remember the id;
 5. commit the offsets of everything handled (auto-commit is off).
 
-A handler that raises stops the loop: the offsets of the records handled
+A handler that raises ends the poll: the offsets of the records handled
 before it are committed, the partition is rewound to the failing record so
-it is delivered again, and the exception propagates (the service restarts
-and retries; handlers must be idempotent anyway). That is for handlers that
+it is delivered again, and the exception propagates to the loop that polls
+(the shared one, ``consume``, logs it and polls again after a backoff:
+:mod:`apportion.bus.resilience`; handlers must be idempotent anyway). That is for handlers that
 do I/O (the node agent's); a pure fold should not raise, and the services
 whose folds are pure dead-letter an apply error instead
 (:meth:`apportion.bus.intake.Intake.apply`).

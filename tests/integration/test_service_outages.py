@@ -1,0 +1,235 @@
+"""Services stay up through Kafka and Redis outages (issues 13 and 18), on a real stack of their own.
+
+One stack for the module, `apportion stack up` of the four services (2 simulated 2-GPU nodes) with its own
+Kafka and Redis in a temp run directory, so the broker and Redis can be stopped and started without
+touching the session's. The web dashboard is started beside them. Each service's ``/ready`` (on its
+metrics port; the dashboard's own port) is polled, never slept on:
+
+1. every service started while Kafka is down logs that it waits, answers ``/ready`` 503, stays alive, and
+   becomes ready once the broker is up; then a submission runs to completion;
+2. every service survives a 120 s Kafka outage (stop the broker, poll for 120 s that every process is
+   alive and not ready, start it) and a Redis restart, and handles the next submission each time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+INFRA = ROOT / "infra"
+#: the services `stack up` starts, then the dashboard this module adds
+SERVICES = ("policy", "accounting", "dispatcher", "node_agent", "web")
+#: which of them keep something in Redis (their /ready probes it)
+USES_REDIS = ("accounting", "dispatcher", "web")
+OUTAGE_S = 120.0
+DEADLINE_S = 180.0
+
+
+@dataclass
+class Stack:
+    """The module's stack: its run dir, CLI environment, and the service processes by name."""
+
+    run_dir: Path
+    info: Any
+    env: dict[str, str]
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+    spawn: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ infrastructure
+
+    def _script(self, *args: str) -> None:
+        out = subprocess.run(["bash", *args], capture_output=True, text=True, check=False)
+        assert out.returncode == 0, out.stdout + out.stderr
+
+    def kafka_stop(self) -> None:
+        self._script(str(INFRA / "kafka/stop.sh"), str(self.run_dir / "kafka"))
+
+    def kafka_start(self) -> None:
+        port = self.info.bootstrap.rsplit(":", 1)[1]
+        self._script(str(INFRA / "kafka/start.sh"), port, str(self.run_dir / "kafka"))
+
+    def redis_restart(self) -> None:
+        port = self.info.redis_url.rsplit(":", 1)[1].split("/", 1)[0]
+        self._script(str(INFRA / "redis/stop.sh"), str(self.run_dir / "redis"))
+        self._script(str(INFRA / "redis/start.sh"), port, str(self.run_dir / "redis"))
+
+    # ------------------------------------------------------------------ services
+
+    def start(self, name: str) -> None:
+        args, env = self.spawn[name]
+        log = open(self.run_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
+        try:
+            self.procs[name] = subprocess.Popen(
+                args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            )
+        finally:
+            log.close()
+
+    def stop(self, name: str) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+    def alive(self) -> list[str]:
+        return [n for n, p in self.procs.items() if p.poll() is None]
+
+    def ready(self, name: str) -> int:
+        """HTTP status of the service's ``/ready`` (0: nothing answers)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[name]}/ready", timeout=5) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except OSError:
+            return 0
+
+    def log(self, name: str) -> str:
+        return (self.run_dir / "logs" / f"{name}.log").read_text(errors="replace")
+
+    # ------------------------------------------------------------------ the CLI
+
+    def cli(self, *args: str, code: int = 0) -> Any:
+        from typer.testing import CliRunner
+
+        from apportion.cli.main import app
+
+        res = CliRunner().invoke(app, list(args), env=self.env)
+        assert res.exit_code == code, f"exit {res.exit_code} != {code}: {res.output}"
+        return res
+
+    def submit_and_finish(self, user: str) -> dict[str, Any]:
+        """Submit a 1-GPU 1 s job and wait until `history` shows it completed."""
+        job = f"{user}-{uuid.uuid4().hex[:6]}"
+        self.cli("submit", "-b", "lab/vision", "-g", "1", "-m", "0", "--duration", "1s", "-u", user, "--job-id", job)
+
+        def done() -> Any:
+            rows = json.loads(self.cli("history", "--user", user, "--json").stdout)
+            return [r for r in rows if r["job_id"] == job and r["state"] == "completed"]
+
+        [row] = until(done, f"{job} completed")
+        return dict(row)
+
+
+def until(fn: Any, what: str, deadline_s: float = DEADLINE_S) -> Any:
+    from tests.livestack import until as poll
+
+    return poll(fn, what, deadline_s)
+
+
+def _proc_of(pid: int) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of a running process (Linux ``/proc``)."""
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    pairs = [kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv]
+    return [a.decode() for a in args], {k.decode(): v.decode() for k, v in pairs}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`stack up` with a Kafka and Redis of its own, the dashboard beside it; everything stopped after."""
+    from apportion.bus.stack import free_ports
+    from apportion.cli import stack as stack_mod
+
+    run_dir = tmp_path_factory.mktemp("outages-run")
+    saved = dict(os.environ)  # LocalStack.start() puts this stack's admin credentials in the environment
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("outages-state"))
+    for v in ("APPORTION_KAFKA_BOOTSTRAP", "APPORTION_REDIS_URL", "APPORTION_TOPIC_PREFIX", "APPORTION_STACK_DIR"):
+        os.environ.pop(v, None)
+    try:
+        info = stack_mod.up(run_dir, sim_nodes=2, gpus_per_node=2, say=lambda *_: None)
+        try:
+            env = {
+                "APPORTION_KAFKA_BOOTSTRAP": info.bootstrap,
+                "APPORTION_REDIS_URL": info.redis_url,
+                "APPORTION_TOPIC_PREFIX": "",
+            }
+            st = Stack(run_dir, info, env)
+            for name in SERVICES[:-1]:  # as `stack up` started them, to start them again the same way
+                st.spawn[name] = _proc_of(info.pids[name])
+                st.ports[name] = info.metrics[name]
+            [web_port] = free_ports(1)
+            st.ports["web"] = web_port
+            st.spawn["web"] = (
+                [sys.executable, "-m", "services.web", "--port", str(web_port)],
+                {**os.environ, **env, "APPORTION_LOG_JSON": "false", "PYTHONUNBUFFERED": "1"},
+            )
+            st.start("web")
+            until(lambda: st.ready("web") == 200, "the dashboard ready")
+            st.cli("budget", "apply", str(ROOT / "infra/budgets/example.yaml"))
+            yield st
+            for name in list(st.procs):
+                st.stop(name)
+        finally:
+            stack_mod.down(run_dir, say=lambda *_: None)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_each_service_started_before_kafka_waits_and_becomes_ready_once_it_is_up(stack: Stack) -> None:
+    from apportion.cli.stack import _stop_pid
+
+    for name in SERVICES[:-1]:  # stop the ones `stack up` started; this module starts them from now on
+        _stop_pid(stack.info.pids[name], 30.0)
+    stack.stop("web")
+    stack.kafka_stop()
+    for name in SERVICES:
+        stack.start(name)
+    until(
+        lambda: all("waiting for Kafka" in stack.log(n) for n in SERVICES),
+        "every service to log that it waits for Kafka",
+        60.0,
+    )
+    assert stack.alive() == list(SERVICES)
+    assert {n: stack.ready(n) for n in SERVICES} == dict.fromkeys(SERVICES, 503)
+    stack.kafka_start()
+    until(lambda: all(stack.ready(n) == 200 for n in SERVICES), "every service ready once Kafka is up")
+    assert stack.alive() == list(SERVICES)
+    row = stack.submit_and_finish("early")
+    assert (row["state"], row["attempts"]) == ("completed", 1)
+
+
+def test_each_service_rides_out_a_long_kafka_outage_and_a_redis_restart(stack: Stack) -> None:
+    if set(stack.procs) != set(SERVICES):  # run alone: this module's processes were not started yet
+        pytest.fail("run with the test above (it starts the services this one stops Kafka under)")
+    until(lambda: all(stack.ready(n) == 200 for n in SERVICES), "every service ready")
+    stack.kafka_stop()
+    until(lambda: all(stack.ready(n) == 503 for n in SERVICES), "every service not ready without Kafka", 60.0)
+    end = time.monotonic() + OUTAGE_S
+    while time.monotonic() < end:  # the outage: every process stays up and says it is not ready
+        assert stack.alive() == list(SERVICES), "a service exited during the Kafka outage"
+        assert stack.ready("dispatcher") == 503
+        time.sleep(1.0)
+    stack.kafka_start()
+    until(lambda: all(stack.ready(n) == 200 for n in SERVICES), "every service ready after the outage")
+    assert stack.alive() == list(SERVICES)
+    stack.submit_and_finish("after-kafka")
+
+    stack.redis_restart()
+    until(lambda: all(stack.ready(n) == 200 for n in SERVICES), "every service ready after the Redis restart")
+    assert stack.alive() == list(SERVICES)
+    stack.submit_and_finish("after-redis")
+    assert stack.alive() == list(SERVICES)
+    for name in ("accounting", "policy", "dispatcher"):  # each said what it waited for, in one line
+        assert "waiting for Kafka at " in stack.log(name)

@@ -1,0 +1,253 @@
+"""Staying up without Kafka or Redis (apportion.bus.resilience and the shared consumer loop), no broker needed.
+
+Faults are injected as callables that raise: a probe of a dependency that is down, a session that fails, a
+publish that times out, a poll that raises. Waits are tiny backoffs; nothing sleeps to synchronise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+
+from apportion.bus.resilience import (
+    Backoff,
+    Readiness,
+    connect,
+    describe,
+    kafka_probe,
+    publish_until_acked,
+    supervise,
+    wait_reachable,
+)
+from services._common import consume, start_metrics
+
+
+def fast() -> Backoff:
+    return Backoff(first_s=0.001, max_s=0.004)
+
+
+def test_backoff_doubles_up_to_its_cap_and_resets() -> None:
+    b = Backoff(first_s=0.5, max_s=3.0)
+    assert [b.next() for _ in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    b.reset()
+    assert b.next() == 0.5
+
+
+def test_describe_is_one_line_without_the_class_name_twice() -> None:
+    class KafkaTimeoutError(Exception):
+        pass
+
+    assert describe(KafkaTimeoutError("KafkaTimeoutError: Failed to update metadata\nmore")) == (
+        "KafkaTimeoutError: Failed to update metadata"
+    )
+    assert describe(ConnectionError()) == "ConnectionError"
+
+
+class Flaky:
+    """A probe (or factory) failing its first ``n`` calls."""
+
+    def __init__(self, n: int, result: Any = None) -> None:
+        self.n, self.calls, self.result = n, 0, result
+
+    def __call__(self) -> Any:
+        self.calls += 1
+        if self.calls <= self.n:
+            raise ConnectionError("refused")
+        return self.result
+
+
+def test_wait_reachable_logs_each_failed_try_and_returns_once_the_dependency_answers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    probe = Flaky(3)
+    r = Readiness({"Kafka": ("127.0.0.1:1", probe)})
+    caplog.set_level("INFO", "apportion.bus.resilience")
+    assert asyncio.run(wait_reachable(r, asyncio.Event(), fast())) is True
+    assert probe.calls == 4
+    lines = [rec.getMessage() for rec in caplog.records]
+    assert sum("waiting for Kafka at 127.0.0.1:1 (ConnectionError: refused)" in m for m in lines) == 3
+    assert lines[-1] == "Kafka at 127.0.0.1:1 reachable"
+
+
+def test_wait_reachable_returns_false_when_stopped() -> None:
+    async def go() -> bool:
+        stop = asyncio.Event()
+        stop.set()
+        return await wait_reachable(Readiness({"Redis": ("x", Flaky(10**6))}), stop, fast())
+
+    assert asyncio.run(go()) is False
+
+
+def test_readiness_is_503_material_until_the_session_is_ready_and_while_a_probe_fails() -> None:
+    down = Flaky(10**6)
+    r = Readiness({"Kafka": ("k:1", lambda: None), "Redis": ("r:2", down)})
+    ok, details = r.check()
+    assert (ok, details["service"], details["Kafka"]) == (False, "starting", "reachable at k:1")
+    r.set(True)
+    ok, details = r.check()
+    assert (ok, details["service"], details["Redis"]) == (
+        False,
+        "ready",
+        "unreachable at r:2 (ConnectionError: refused)",
+    )
+    r.probes["Redis"] = ("r:2", lambda: None)
+    assert r.check() == (True, {"service": "ready", "Kafka": "reachable at k:1", "Redis": "reachable at r:2"})
+
+
+def test_a_kafka_probe_of_a_closed_port_fails() -> None:
+    from apportion.bus.stack import free_ports
+
+    [port] = free_ports(1)
+    with pytest.raises(ConnectionError, match="no broker answers"):
+        kafka_probe(f"127.0.0.1:{port}")()
+
+
+def test_supervise_starts_a_failed_session_again_and_ends_when_stopped(caplog: pytest.LogCaptureFixture) -> None:
+    runs: list[int] = []
+    r = Readiness()
+
+    async def go() -> None:
+        stop = asyncio.Event()
+
+        async def session() -> None:
+            runs.append(len(runs))
+            if len(runs) < 3:
+                raise ConnectionError("broker gone")
+            r.set(True)
+            stop.set()
+
+        await supervise("svc", session, stop, r, fast())
+
+    caplog.set_level("WARNING", "apportion.bus.resilience")
+    asyncio.run(go())
+    assert runs == [0, 1, 2]
+    assert r.ready is True
+    assert (
+        sum("svc stopped (ConnectionError: broker gone): starting again in" in m.getMessage() for m in caplog.records)
+        == 2
+    )
+
+
+def test_supervise_marks_not_ready_after_a_failure_of_a_ready_session() -> None:
+    r = Readiness()
+    seen: list[tuple[bool, str]] = []
+
+    async def go() -> None:
+        stop = asyncio.Event()
+
+        async def session() -> None:
+            seen.append((r.ready, r.reason))
+            if len(seen) == 1:
+                r.set(True)
+                raise TimeoutError("publish timed out")
+            stop.set()
+
+        await supervise("svc", session, stop, r, fast())
+
+    asyncio.run(go())
+    assert seen == [(False, "starting"), (False, "TimeoutError: publish timed out")]
+
+
+def test_connect_builds_the_client_again_after_failures() -> None:
+    factory = Flaky(2, result="client")
+    assert asyncio.run(connect(factory, "the producer", Readiness(), asyncio.Event(), fast())) == "client"
+    assert factory.calls == 3
+
+
+def test_a_publish_that_times_out_is_retried_until_acked() -> None:
+    sent: list[Any] = []
+
+    class Letter:
+        type = "DeadLetter"
+
+    def publish(ev: Any) -> str:
+        sent.append(ev)
+        if len(sent) < 3:
+            raise TimeoutError("Timeout after waiting for 30.0 secs.")
+        return "acked"
+
+    letter = Letter()
+    assert publish_until_acked(publish, letter, lambda: False, fast()) == "acked"
+    assert sent == [letter, letter, letter]
+
+
+def test_a_publish_that_fails_once_stopping_raises_so_nothing_after_it_is_stored() -> None:
+    class Letter:
+        type = "DeadLetter"
+
+    def publish(ev: Any) -> None:
+        raise TimeoutError("down")
+
+    with pytest.raises(TimeoutError):
+        publish_until_acked(publish, Letter(), lambda: True, fast())
+
+
+class FakeConsumer:
+    """An EventConsumer stand-in whose polls raise ``fail`` times, then hand one event to the handler."""
+
+    def __init__(self, handler: Any, fail: int) -> None:
+        self.handler, self.fail, self.polls, self.closed = handler, fail, 0, False
+
+    def poll_once(self, timeout_ms: int) -> int:
+        self.polls += 1
+        if self.polls <= self.fail:
+            raise ConnectionError("KafkaConnectionError: 111 ECONNREFUSED")
+        self.handler("event", "delivery")
+        return 1
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_consumer_loop_is_built_again_and_polls_again_after_failures_until_stopped() -> None:
+    builds = Flaky(2)
+    made: list[FakeConsumer] = []
+    handled: list[Any] = []
+
+    async def go() -> None:
+        stop = asyncio.Event()
+
+        def make(handler: Any) -> FakeConsumer:
+            builds()
+            made.append(FakeConsumer(handler, fail=3))
+            return made[-1]
+
+        async def handler(event: Any, delivery: Any) -> None:
+            handled.append(event)
+            stop.set()
+
+        await consume(make, handler, stop, poll_ms=1, backoff=fast())
+
+    asyncio.run(go())
+    assert builds.calls == 3 and len(made) == 1
+    assert (made[0].polls, handled, made[0].closed) == (4, ["event"], True)
+
+
+def _get(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_the_metrics_port_answers_ready_503_then_200_and_still_serves_metrics() -> None:
+    from apportion.bus.stack import free_ports
+
+    [port] = free_ports(1)
+    r = Readiness({"Kafka": ("k:1", lambda: None)})
+    _, stop = start_metrics(port, readiness=r)
+    try:
+        assert _get(port, "/ready") == (503, {"ready": False, "service": "starting", "Kafka": "reachable at k:1"})
+        r.set(True)
+        assert _get(port, "/ready") == (200, {"ready": True, "service": "ready", "Kafka": "reachable at k:1"})
+        assert _get(port, "/healthz") == (200, {"ready": True, "service": "serving"})
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            assert b"process_resident_memory_bytes" in resp.read()
+    finally:
+        stop()
