@@ -113,8 +113,8 @@ def records(log: list[tuple[str, bytes, bytes]]) -> list[Rec]:
 
 def service(now: datetime):  # noqa: ANN201 - DispatcherService
     from apportion.clock import ManualClock
-    from services.dispatcher.app import DispatcherService
     from services.dispatcher.config import DispatcherSettings
+    from services.dispatcher.service import DispatcherService
 
     settings = DispatcherSettings(heartbeat_timeout_s=0, kafka_bootstrap="unused:1", redis_url="redis://unused")
     return DispatcherService(settings, ManualClock(now), lambda sent: None)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 
-from services._common import add_common_flags, flag_overrides, serve
+from apportion.bus.service import add_common_flags, flag_overrides, serve
 from services.accounting.config import AccountingSettings
 
 

@@ -5,7 +5,7 @@ Attributes are event-time seconds unless they say wall.
 
 from __future__ import annotations
 
-from services._common import ServiceSettings
+from apportion.bus.service import ServiceSettings
 
 
 class AccountingSettings(ServiceSettings):

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import socket
 
+from apportion.bus.service import ServiceSettings
 from apportion.domain.engine import CHECKPOINT_WAIT_S, PATIENCE_S
-from services._common import ServiceSettings
 
 
 class DispatcherSettings(ServiceSettings):

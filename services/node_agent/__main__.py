@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from services._common import add_common_flags, flag_overrides, serve
+from apportion.bus.service import add_common_flags, flag_overrides, serve
 from services.node_agent.config import NodeAgentSettings
 
 

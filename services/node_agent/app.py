@@ -756,10 +756,10 @@ async def run(
     from apportion.bus.crc import use_compiled_crc32c
     from apportion.bus.producer import EventProducer
     from apportion.bus.resilience import connect, readiness_for
+    from apportion.bus.service import consume, start_metrics
     from apportion.identity import report_signer
     from apportion.metrics import node_agent_metrics
     from apportion.topics import COMMANDS, NODES
-    from services._common import consume, start_metrics
 
     clock = clock or settings.make_clock()
     conn = settings.connection()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from services._common import ServiceSettings
+from apportion.bus.service import ServiceSettings
 
 
 class NodeAgentSettings(ServiceSettings):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from services._common import add_common_flags, flag_overrides, serve
+from apportion.bus.service import add_common_flags, flag_overrides, serve
 from services.policy.config import PolicySettings
 
 

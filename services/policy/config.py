@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services._common import ServiceSettings
+from apportion.bus.service import ServiceSettings
 
 
 class PolicySettings(ServiceSettings):

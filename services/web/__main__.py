@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from services._common import add_common_flags, flag_overrides
+from apportion.bus.service import add_common_flags, flag_overrides
 from services.web.config import WebSettings
 
 

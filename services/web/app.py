@@ -23,41 +23,17 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 from pathlib import Path
 from typing import Any
 
 from services.web import logic
 from services.web.config import WebSettings
-from services.web.store import Sources, Unavailable
+from services.web.store import Sources, Unavailable, load_simulations
 
 log = logging.getLogger("apportion.web")
 
 TEMPLATES = Path(__file__).parent / "templates"
-
-
-def _value(v: Any) -> str:
-    """``data-value`` text: the JSON the CLI prints for ``v`` (``Infinity`` for +inf, ``null`` for None)."""
-    if isinstance(v, float) and math.isinf(v):
-        return "Infinity"
-    if isinstance(v, str):
-        return v
-    return json.dumps(v)
-
-
-def load_simulations(paths: list[str]) -> list[dict[str, Any]]:
-    """The ``simulate --json`` documents given at start: ``{"name", "doc"}`` or ``{"name", "error"}`` each."""
-    out: list[dict[str, Any]] = []
-    for p in paths:
-        try:
-            doc = json.loads(Path(p).read_text())
-            if not isinstance(doc, dict) or not isinstance(doc.get("policies"), list):
-                raise ValueError("not the output of `apportion simulate --json` (no 'policies' list)")
-            out.append({"name": Path(p).name, "doc": doc})
-        except (OSError, ValueError) as exc:
-            out.append({"name": Path(p).name, "error": str(exc)})
-    return out
 
 
 def create_app(settings: WebSettings, sources: Sources | None = None) -> Any:
@@ -83,7 +59,7 @@ def create_app(settings: WebSettings, sources: Sources | None = None) -> Any:
     sims = load_simulations(settings.simulate_json)
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]))
     env.filters.update(
-        value=_value,
+        value=logic.data_value,
         ratio=_ratio,
         gpu_h=logic.fmt_gpu_h,
         duration=lambda s: format_duration(float(s or 0.0)),
@@ -202,7 +178,7 @@ def serve(settings: WebSettings) -> None:
     """Run the dashboard with uvicorn until SIGTERM/SIGINT (JSON logs like every service)."""
     import uvicorn
 
-    from services._common import setup_logging
+    from apportion.bus.service import setup_logging
 
     setup_logging("web", settings.log_level, settings.log_json)
     app = create_app(settings)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from services._common import ServiceSettings
+from apportion.bus.service import ServiceSettings
 
 
 class WebSettings(ServiceSettings):

@@ -8,6 +8,8 @@ occupancy share over time from the log's ``OccupancySnapshot`` events.
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -102,3 +104,12 @@ def time_axis(points_us: list[int], end_us: int) -> tuple[list[float], str]:
     span_s = (end_us - min(points_us)) / 1e6 if points_us else 0.0
     unit, div = ("minutes", 60.0) if span_s < 7200 else ("hours", 3600.0) if span_s < 172800 else ("days", 86400.0)
     return [(t - end_us) / 1e6 / div for t in points_us], unit
+
+
+def data_value(v: Any) -> str:
+    """``data-value`` text: the JSON the CLI prints for ``v`` (``Infinity`` for +inf, ``null`` for None)."""
+    if isinstance(v, float) and math.isinf(v):
+        return "Infinity"
+    if isinstance(v, str):
+        return v
+    return json.dumps(v)

@@ -18,8 +18,10 @@ Log reads (a job's timeline needs the whole log, as ``audit explain`` does) are 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from apportion.settings import Connection
@@ -126,3 +128,17 @@ class Sources:
     def close(self) -> None:
         """Close the Redis connection."""
         self.redis.close()
+
+
+def load_simulations(paths: list[str]) -> list[dict[str, Any]]:
+    """The ``simulate --json`` documents given at start: ``{"name", "doc"}`` or ``{"name", "error"}`` each."""
+    out: list[dict[str, Any]] = []
+    for p in paths:
+        try:
+            doc = json.loads(Path(p).read_text())
+            if not isinstance(doc, dict) or not isinstance(doc.get("policies"), list):
+                raise ValueError("not the output of `apportion simulate --json` (no 'policies' list)")
+            out.append({"name": Path(p).name, "doc": doc})
+        except (OSError, ValueError) as exc:
+            out.append({"name": Path(p).name, "error": str(exc)})
+    return out

@@ -212,7 +212,7 @@ async def test_an_event_the_fold_raises_on_is_dead_lettered_and_the_policy_goes_
     from apportion.clock import ManualClock
     from apportion.timeutil import from_us
     from apportion.topics import BUDGETS, DEADLETTER
-    from services.policy import app as policy_app
+    from services.policy import service as policy_app
     from services.policy.config import PolicySettings
 
     monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"polf{uuid.uuid4().hex[:8]}.")

@@ -1,7 +1,7 @@
 """Accounting checkpoint and resume, with fakes (no Kafka, no Redis).
 
 The contract under test (:mod:`services.accounting.checkpoint`,
-:meth:`services.accounting.app.AccountingService.prepare`):
+:meth:`services.accounting.service.AccountingService.prepare`):
 
 * a checkpoint round-trips the state, the last snapshot and the offsets,
   written in the same Redis transaction as the read model;
@@ -47,8 +47,8 @@ from apportion.events import OccupancySnapshot  # noqa: E402
 from apportion.timeutil import from_us, to_us  # noqa: E402
 from apportion.topics import BUDGETS, JOBS, NODES  # noqa: E402
 from services.accounting import checkpoint  # noqa: E402
-from services.accounting.app import AccountingService  # noqa: E402
 from services.accounting.config import AccountingSettings  # noqa: E402
+from services.accounting.service import AccountingService  # noqa: E402
 from services.accounting.store import ReadModelStore  # noqa: E402
 from tests.signing import node_identity  # noqa: E402
 

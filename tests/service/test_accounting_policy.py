@@ -25,11 +25,11 @@ from apportion.domain.usage import usage_snapshot  # noqa: E402
 from apportion.events import BudgetRejected, DeadLetter, FairShareRanking, OccupancySnapshot  # noqa: E402
 from apportion.timeutil import from_us  # noqa: E402
 from services.accounting import logic as acc_logic  # noqa: E402
-from services.accounting.app import AccountingService  # noqa: E402
 from services.accounting.config import AccountingSettings  # noqa: E402
+from services.accounting.service import AccountingService  # noqa: E402
 from services.accounting.store import ReadModelStore  # noqa: E402
 from services.policy import logic as pol_logic  # noqa: E402
-from services.policy.app import PolicyService  # noqa: E402
+from services.policy.service import PolicyService  # noqa: E402
 
 WINDOW_S = 24 * 3600.0
 

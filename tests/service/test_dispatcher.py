@@ -1,6 +1,6 @@
 """Dispatcher service loop without Kafka: a list-backed log, a manual clock.
 
-:class:`services.dispatcher.app.DispatcherService` is driven the way
+:class:`services.dispatcher.service.DispatcherService` is driven the way
 ``_lead`` drives it (ingest a batch, tick when news arrived, emit), with
 what it publishes appended to an in-memory log that it reads back, so its
 own decisions come back as echoes exactly as on Kafka.
@@ -27,8 +27,8 @@ from apportion.events import (
 )
 from apportion.topics import BUDGETS, COMMANDS, JOBS, NODES, SUBMISSIONS
 from services.dispatcher import logic
-from services.dispatcher.app import ECHO_LEN, DispatcherService, TickPacer
 from services.dispatcher.config import DispatcherSettings
+from services.dispatcher.service import ECHO_LEN, DispatcherService, TickPacer
 from tests.signing import identity, node_value, registered, with_node_keys
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)

@@ -1,7 +1,7 @@
 """The dispatcher's intake check of requests (DESIGN section 10), on an in-memory log.
 
 Each threat of docs/security.md that the signature stops, fed to the real
-:class:`~services.dispatcher.app.DispatcherService`: the forbidden request is
+:class:`~services.dispatcher.service.DispatcherService`: the forbidden request is
 answered by ``JobRejected`` (``unauthenticated`` / ``not_owner``) and the
 dispatcher's jobs are unchanged; the allowed ones work.
 """

@@ -11,8 +11,8 @@ from apportion import events
 from apportion.clock import ManualClock
 from apportion.timeutil import to_us
 from apportion.topics import DEADLETTER
-from services.dispatcher.app import FUTURE, STALE, DispatcherService
 from services.dispatcher.config import DispatcherSettings
+from services.dispatcher.service import FUTURE, STALE, DispatcherService
 
 
 def test_a_submission_two_windows_late_is_dead_lettered_and_the_next_one_queued() -> None:

@@ -70,7 +70,7 @@ def test_a_submission_reusing_the_id_of_a_decision_is_a_reused_id() -> None:
 
 
 def test_a_fold_that_raises_is_dead_lettered_and_the_batch_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    from services.dispatcher import app
+    from services.dispatcher import service as app
 
     svc, log = started_log()
     real = app.step
@@ -110,8 +110,8 @@ def test_a_cycle_that_raises_is_counted_and_the_service_goes_on() -> None:
 
 
 def accounting(published: list) -> Any:
-    from services.accounting.app import AccountingService
     from services.accounting.config import AccountingSettings
+    from services.accounting.service import AccountingService
     from services.accounting.store import ReadModelStore
 
     return AccountingService(
@@ -155,7 +155,7 @@ def test_accounting_dead_letters_poison_and_a_failing_fold_and_goes_on() -> None
 
 
 def test_policy_dead_letters_poison_and_a_failing_fold_and_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    from services.policy import app as policy_app
+    from services.policy import service as policy_app
 
     published: list = []
     svc = policy_app.PolicyService(ManualClock(T0), published.append)

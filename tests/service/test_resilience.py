@@ -24,7 +24,7 @@ from apportion.bus.resilience import (
     supervise,
     wait_reachable,
 )
-from services._common import consume, start_metrics
+from apportion.bus.service import consume, start_metrics
 
 
 def fast() -> Backoff:

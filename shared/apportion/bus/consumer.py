@@ -28,6 +28,7 @@ Nothing connects at import time.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -272,3 +273,156 @@ class EventConsumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class AssignedConsumer:
+    """Read whole topics from a chosen start, outside any group rebalance (kafka-python).
+
+    Used by the services that rebuild their state from the log on start
+    (policy; accounting when it has no usable checkpoint, else it seeks to
+    the checkpoint's offsets with :meth:`seek`). Why not :class:`~apportion.bus.consumer.EventConsumer`
+    or faust: both subscribe through a consumer group and resume from the
+    committed offsets, while these services must read *every* partition of
+    *several* topics from offset 0 (or from the tail) each time, know when
+    they have caught up with the log as it was at start, and merge the
+    topics in a deterministic order. Manual ``assign`` gives all of that
+    directly. Offsets are still committed under ``group_id`` (after the
+    effect is stored) so lag is visible with the usual Kafka tools.
+
+    Args:
+        bootstrap: Kafka ``host:port``.
+        topics: physical topic names (:attr:`apportion.topics.Topic.name`).
+        group_id: group to commit offsets under.
+        tail: topic name -> how many records per partition to start before
+            the end (e.g. ``{usage: 1}`` for the newest snapshot only);
+            topics not listed start at offset 0.
+        deadline_s: how long to wait for the topics' metadata.
+
+    Raises:
+        TimeoutError: a topic has no partitions after ``deadline_s``.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: list[str],
+        group_id: str,
+        *,
+        tail: dict[str, int] | None = None,
+        deadline_s: float = 30.0,
+    ) -> None:
+        import time
+
+        from kafka import KafkaConsumer, TopicPartition
+
+        from apportion.bus.security import kafka_auth
+
+        self._kc = KafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=8 * 1024 * 1024,
+            **kafka_auth(),
+        )
+        parts = []
+        end_at = time.monotonic() + deadline_s
+        for t in topics:
+            while not (ps := self._kc.partitions_for_topic(t)):
+                if time.monotonic() > end_at:
+                    self._kc.close()
+                    raise TimeoutError(f"topic {t!r} has no partitions (not provisioned?)")
+                self._kc.poll(timeout_ms=100)  # refreshes metadata
+            parts += [TopicPartition(t, p) for p in sorted(ps)]
+        self.partitions = parts
+        from apportion.bus.consumer import LagMeter
+
+        #: consumer lag per partition, measured after polls once its ``sink`` is set
+        self.lag = LagMeter()
+        self._kc.assign(parts)
+        self.start_end = self._kc.end_offsets(parts)
+        begin = self._kc.beginning_offsets(parts)
+        #: log start offsets at start (records below them were deleted).
+        self.start_begin = begin
+        tail = tail or {}
+        for tp in parts:
+            back = tail.get(tp.topic)
+            start = begin[tp] if back is None else max(begin[tp], self.start_end[tp] - back)
+            self._kc.seek(tp, start)
+
+    def offsets_at_start(self) -> tuple[dict[str, int], dict[str, int]]:
+        """``(begin, end)``: each partition's log start and end offsets at start, keyed ``"topic:partition"``."""
+        return (
+            {f"{tp.topic}:{tp.partition}": off for tp, off in self.start_begin.items()},
+            {f"{tp.topic}:{tp.partition}": off for tp, off in self.start_end.items()},
+        )
+
+    def seek(self, offsets: dict[str, int]) -> None:
+        """Move each partition to the next offset given as ``"topic:partition" -> offset``.
+
+        Partitions not named keep their start position. Call before
+        :meth:`catch_up` (e.g. to resume from a checkpoint's offsets).
+        """
+        for tp in self.partitions:
+            off = offsets.get(f"{tp.topic}:{tp.partition}")
+            if off is not None:
+                self._kc.seek(tp, off)
+
+    def poll(self, timeout_ms: int = 200, max_records: int = 5000) -> list[Any]:
+        """Next records (kafka-python ``ConsumerRecord``), partition by partition in offset order."""
+        batch = self._kc.poll(timeout_ms=timeout_ms, max_records=max_records)
+        self.lag.after_poll(self._kc, lambda: self.partitions)
+        return [r for tp in sorted(batch, key=lambda tp: (tp.topic, tp.partition)) for r in batch[tp]]
+
+    async def catch_up(self, stop: asyncio.Event) -> tuple[list[Any], list[Any]] | None:
+        """Read up to the end offsets taken at start (in worker threads).
+
+        Returns:
+            ``(backlog, late)``: the records below the start's end offsets (the
+            log as of the start, for a rebuild) and those appended meanwhile
+            (to handle live afterwards); ``None`` when ``stop`` was set first.
+        """
+        ends = {(tp.topic, tp.partition): off for tp, off in self.start_end.items()}
+        backlog: list[Any] = []
+        late: list[Any] = []
+        while not await asyncio.to_thread(self.caught_up):
+            if stop.is_set():
+                return None
+            for rec in await asyncio.to_thread(self.poll, 200):
+                (backlog if rec.offset < ends[(rec.topic, rec.partition)] else late).append(rec)
+        return backlog, late
+
+    def caught_up(self) -> bool:
+        """True once every partition's position reached its end offset at start."""
+        return all(self._kc.position(tp) >= self.start_end[tp] for tp in self.partitions)
+
+    def commit(self, offsets: dict[str, int] | None = None) -> None:
+        """Commit offsets under the group (observability; starts do not read them).
+
+        Args:
+            offsets: ``"topic:partition"`` -> next offset to commit; default
+                the current positions of every partition.
+        """
+        from kafka.structs import OffsetAndMetadata
+
+        if offsets is None:
+            pos = {tp: self._kc.position(tp) for tp in self.partitions}
+        else:
+            pos = {tp: offsets[k] for tp in self.partitions if (k := f"{tp.topic}:{tp.partition}") in offsets}
+        self._kc.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in pos.items()})
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._kc.close()
+
+
+def record_order(rec: Any, event: Any) -> tuple:
+    """Deterministic merge order of records from several topics.
+
+    Same as :func:`apportion.bus.reader.log_order`: (event time, topic,
+    partition, offset); undecodable records by their Kafka timestamp.
+    """
+    from apportion.timeutil import to_us
+
+    t = to_us(event.ts) if event is not None else rec.timestamp * 1000
+    return (t, rec.topic, rec.partition, rec.offset)

@@ -1,4 +1,4 @@
-"""Plumbing every service shares: settings base, JSON logs, metrics, signals, consumer bridge.
+"""Plumbing every service shares: settings base, JSON logs, metrics and readiness, signals, the consumer loop.
 
 Nothing here connects or starts anything at import time; ``app.py`` of each
 service calls these from its ``run(settings, stop_event)``.
@@ -14,17 +14,18 @@ service calls these from its ``run(settings, stop_event)``.
 * :func:`start_metrics` - a Prometheus endpoint on its own registry (so
   several services can run in one test process).
 * :func:`install_signal_handlers` - SIGTERM/SIGINT set the stop event.
-* :func:`consume` - drive an :class:`apportion.bus.consumer.EventConsumer`
-  (kafka-python, blocking) from asyncio: polls run in a worker thread, each
-  event is handled *on the event loop* and the poll thread waits for the
-  handler to finish, so the wrapper commits an offset only after its effect
-  is done (STYLE rule 8).
-* :class:`AssignedConsumer` - whole topics from a chosen start (the
-  services that rebuild from the log); each record then goes through the
-  reader edge every service shares, :class:`apportion.bus.intake.Intake`
-  (screen, de-duplicate by id and payload, dead-letter with the reason,
-  apply without letting an error stop the service).
-* :func:`record_order` - the deterministic merge order of those records.
+* :func:`follow` - the one consumer loop (poll in a worker thread, handle on
+  the event loop, a failed poll retried with backoff), and :func:`consume`,
+  which drives an :class:`apportion.bus.consumer.EventConsumer` through it:
+  each event is handled *on the event loop* and the poll thread waits for
+  the handler to finish, so the wrapper commits an offset only after its
+  effect is done (STYLE rule 8).
+* :func:`close_quietly` - close clients whose broker may be gone.
+* :func:`serve` - the body of every ``__main__``.
+
+Staying up (wait for Kafka and Redis, supervised sessions, ``/ready``) is
+:mod:`apportion.bus.resilience`; the consumers and the records' merge order
+are :mod:`apportion.bus.consumer`.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -46,6 +47,8 @@ from apportion.clock import Clock, make_clock
 from apportion.settings import Connection
 
 log = logging.getLogger("apportion.service")
+
+T = TypeVar("T")
 
 
 class ServiceSettings(BaseSettings):
@@ -191,6 +194,47 @@ def install_signal_handlers(stop: asyncio.Event) -> None:
 AsyncHandler = Callable[[Any, Any], Awaitable[None]]
 
 
+async def follow(
+    poll: Callable[[int], T],
+    handle: Callable[[T], Awaitable[None]] | None,
+    stop: asyncio.Event,
+    poll_ms: Callable[[], int] | int = 200,
+    backoff: Backoff | None = None,
+) -> None:
+    """The one consumer loop every service runs: poll in a worker thread, handle on the loop, until ``stop``.
+
+    Args:
+        poll: ``poll(timeout_ms)``, blocking (``AssignedConsumer.poll`` returns records;
+            ``EventConsumer.poll_once`` handles them itself and returns a count).
+        handle: awaited with each poll's result (``None``: nothing to do after a poll).
+        stop: set to end the loop.
+        poll_ms: poll timeout, or a callable giving it before each poll (the dispatcher's pacer).
+        backoff: waits after a failed poll (default :class:`apportion.bus.resilience.Backoff`).
+
+    A poll that raises (the broker went away, a commit failed, a handler run inside the poll raised: the
+    consumer rewound to the failing record, so it comes again) is logged in one line and polled again after
+    a backoff; kafka-python reconnects by itself. What ``handle`` raises propagates (a session's failure:
+    :func:`apportion.bus.resilience.supervise` starts another).
+    """
+    from apportion.bus.resilience import describe, pause
+
+    backoff = backoff or Backoff()
+    while not stop.is_set():
+        try:
+            got = await asyncio.to_thread(poll, poll_ms() if callable(poll_ms) else poll_ms)
+        except _Halted:
+            return
+        except Exception as exc:  # noqa: BLE001 - an outage or a failed handler: the record comes again
+            d = backoff.next()
+            log.warning("consumer poll failed (%s); polling again in %.1f s", describe(exc), d)
+            if await pause(stop, d):
+                return
+            continue
+        backoff.reset()
+        if handle is not None:
+            await handle(got)
+
+
 async def consume(
     make_consumer: Callable[[Callable[[Any, Any], None]], Any],
     handler: AsyncHandler,
@@ -210,10 +254,8 @@ async def consume(
         on_idle: awaited after each poll (e.g. to publish debounced output).
         backoff: waits after failures (default :class:`apportion.bus.resilience.Backoff`).
 
-    A consumer that cannot be built (broker down) is built again after a backoff, one log line per try. A
-    poll that raises (the broker went away, a commit failed, the handler raised: the consumer rewound to
-    the failing record, so it is delivered again) is logged and the same consumer polls again after a
-    backoff: kafka-python reconnects by itself. Only ``stop`` ends the loop.
+    A consumer that cannot be built (broker down) is built again after a backoff, one log line per try;
+    then :func:`follow` polls it (a poll that raises is polled again). Only ``stop`` ends the loop.
     """
     from apportion.bus.resilience import describe, pause
 
@@ -238,174 +280,42 @@ async def consume(
             if await pause(stop, d):
                 return
     backoff.reset()
+
+    async def idle(_: object) -> None:
+        if on_idle is not None:
+            await on_idle()
+
     try:
-        while not stop.is_set():
-            try:
-                await asyncio.to_thread(consumer.poll_once, poll_ms)
-            except _Halted:
-                break
-            except Exception as exc:  # noqa: BLE001 - an outage or a failed handler: the record comes again
-                d = backoff.next()
-                log.warning("consumer poll failed (%s); polling again in %.1f s", describe(exc), d)
-                if await pause(stop, d):
-                    break
-                continue
-            backoff.reset()
-            if on_idle is not None:
-                await on_idle()
+        await follow(consumer.poll_once, idle, stop, poll_ms, backoff)
     finally:
         halted.set()
         await asyncio.to_thread(consumer.close)
 
 
+def commit_quietly(consumer: Any, offsets: dict[str, int] | None = None) -> None:
+    """``consumer.commit(offsets)`` for lag tools only (a start never reads group offsets): a failure (the
+    broker is away) is logged, not raised. Blocking: call it from a worker thread."""
+    from apportion.bus.resilience import describe
+
+    try:
+        consumer.commit(offsets)
+    except Exception as exc:  # noqa: BLE001 - observability only; the service's own state holds its offsets
+        log.warning("could not commit the group offsets (%s)", describe(exc))
+
+
+async def close_quietly(*clients: Any) -> None:
+    """``close()`` each client not ``None`` in a worker thread; a failure (its broker is gone) is only logged."""
+    for c in clients:
+        if c is None:
+            continue
+        try:
+            await asyncio.to_thread(c.close)
+        except Exception as exc:  # noqa: BLE001 - closing a client of a dependency that is gone
+            log.debug("closing %s failed: %s", type(c).__name__, exc)
+
+
 class _Halted(Exception):
     """Raised in the poll thread once shutdown began (the record is redelivered later)."""
-
-
-class AssignedConsumer:
-    """Read whole topics from a chosen start, outside any group rebalance (kafka-python).
-
-    Used by the services that rebuild their state from the log on start
-    (policy; accounting when it has no usable checkpoint, else it seeks to
-    the checkpoint's offsets with :meth:`seek`). Why not :class:`~apportion.bus.consumer.EventConsumer`
-    or faust: both subscribe through a consumer group and resume from the
-    committed offsets, while these services must read *every* partition of
-    *several* topics from offset 0 (or from the tail) each time, know when
-    they have caught up with the log as it was at start, and merge the
-    topics in a deterministic order. Manual ``assign`` gives all of that
-    directly. Offsets are still committed under ``group_id`` (after the
-    effect is stored) so lag is visible with the usual Kafka tools.
-
-    Args:
-        bootstrap: Kafka ``host:port``.
-        topics: physical topic names (:attr:`apportion.topics.Topic.name`).
-        group_id: group to commit offsets under.
-        tail: topic name -> how many records per partition to start before
-            the end (e.g. ``{usage: 1}`` for the newest snapshot only);
-            topics not listed start at offset 0.
-        deadline_s: how long to wait for the topics' metadata.
-
-    Raises:
-        TimeoutError: a topic has no partitions after ``deadline_s``.
-    """
-
-    def __init__(
-        self,
-        bootstrap: str,
-        topics: list[str],
-        group_id: str,
-        *,
-        tail: dict[str, int] | None = None,
-        deadline_s: float = 30.0,
-    ) -> None:
-        import time
-
-        from kafka import KafkaConsumer, TopicPartition
-
-        from apportion.bus.security import kafka_auth
-
-        self._kc = KafkaConsumer(
-            bootstrap_servers=bootstrap,
-            group_id=group_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_partition_fetch_bytes=8 * 1024 * 1024,
-            **kafka_auth(),
-        )
-        parts = []
-        end_at = time.monotonic() + deadline_s
-        for t in topics:
-            while not (ps := self._kc.partitions_for_topic(t)):
-                if time.monotonic() > end_at:
-                    self._kc.close()
-                    raise TimeoutError(f"topic {t!r} has no partitions (not provisioned?)")
-                self._kc.poll(timeout_ms=100)  # refreshes metadata
-            parts += [TopicPartition(t, p) for p in sorted(ps)]
-        self.partitions = parts
-        from apportion.bus.consumer import LagMeter
-
-        #: consumer lag per partition, measured after polls once its ``sink`` is set
-        self.lag = LagMeter()
-        self._kc.assign(parts)
-        self.start_end = self._kc.end_offsets(parts)
-        begin = self._kc.beginning_offsets(parts)
-        #: log start offsets at start (records below them were deleted).
-        self.start_begin = begin
-        tail = tail or {}
-        for tp in parts:
-            back = tail.get(tp.topic)
-            start = begin[tp] if back is None else max(begin[tp], self.start_end[tp] - back)
-            self._kc.seek(tp, start)
-
-    def seek(self, offsets: dict[str, int]) -> None:
-        """Move each partition to the next offset given as ``"topic:partition" -> offset``.
-
-        Partitions not named keep their start position. Call before
-        :meth:`catch_up` (e.g. to resume from a checkpoint's offsets).
-        """
-        for tp in self.partitions:
-            off = offsets.get(f"{tp.topic}:{tp.partition}")
-            if off is not None:
-                self._kc.seek(tp, off)
-
-    def poll(self, timeout_ms: int = 200, max_records: int = 5000) -> list[Any]:
-        """Next records (kafka-python ``ConsumerRecord``), partition by partition in offset order."""
-        batch = self._kc.poll(timeout_ms=timeout_ms, max_records=max_records)
-        self.lag.after_poll(self._kc, lambda: self.partitions)
-        return [r for tp in sorted(batch, key=lambda tp: (tp.topic, tp.partition)) for r in batch[tp]]
-
-    async def catch_up(self, stop: asyncio.Event) -> tuple[list[Any], list[Any]] | None:
-        """Read up to the end offsets taken at start (in worker threads).
-
-        Returns:
-            ``(backlog, late)``: the records below the start's end offsets (the
-            log as of the start, for a rebuild) and those appended meanwhile
-            (to handle live afterwards); ``None`` when ``stop`` was set first.
-        """
-        ends = {(tp.topic, tp.partition): off for tp, off in self.start_end.items()}
-        backlog: list[Any] = []
-        late: list[Any] = []
-        while not await asyncio.to_thread(self.caught_up):
-            if stop.is_set():
-                return None
-            for rec in await asyncio.to_thread(self.poll, 200):
-                (backlog if rec.offset < ends[(rec.topic, rec.partition)] else late).append(rec)
-        return backlog, late
-
-    def caught_up(self) -> bool:
-        """True once every partition's position reached its end offset at start."""
-        return all(self._kc.position(tp) >= self.start_end[tp] for tp in self.partitions)
-
-    def commit(self, offsets: dict[str, int] | None = None) -> None:
-        """Commit offsets under the group (observability; starts do not read them).
-
-        Args:
-            offsets: ``"topic:partition"`` -> next offset to commit; default
-                the current positions of every partition.
-        """
-        from kafka.structs import OffsetAndMetadata
-
-        if offsets is None:
-            pos = {tp: self._kc.position(tp) for tp in self.partitions}
-        else:
-            pos = {tp: offsets[k] for tp in self.partitions if (k := f"{tp.topic}:{tp.partition}") in offsets}
-        self._kc.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in pos.items()})
-
-    def close(self) -> None:
-        """Close the connection."""
-        self._kc.close()
-
-
-def record_order(rec: Any, event: Any) -> tuple:
-    """Deterministic merge order of records from several topics.
-
-    Same as :func:`apportion.bus.reader.log_order`: (event time, topic,
-    partition, offset); undecodable records by their Kafka timestamp.
-    """
-    from apportion.timeutil import to_us
-
-    t = to_us(event.ts) if event is not None else rec.timestamp * 1000
-    return (t, rec.topic, rec.partition, rec.offset)
 
 
 def add_common_flags(ap: Any, settings_cls: type[ServiceSettings] | None = None) -> None:

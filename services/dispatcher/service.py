@@ -1,0 +1,522 @@
+"""The dispatcher without Kafka: queue and cluster state from the log, decisions and commands out.
+
+Consumes ``apportion.submissions``, ``apportion.jobs``, ``apportion.nodes``
+and ``apportion.budgets``; produces ``JobQueued``, ``JobRejected``,
+``JobPlaced``, ``JobPreempted``, ``JobRequeued``, ``JobCancelled``,
+``JobLost``, ``NodeLost``, ``NodeDrained`` and the ``StartWorkload`` /
+``StopWorkload`` commands; writes ``apportion:rm:jobs`` and
+``apportion:rm:nodes`` in Redis.
+
+Every decision is :func:`apportion.domain.dispatch.step` - the same code the
+simulator runs - applied to each event in log order, and to a
+:class:`~apportion.domain.dispatch.Tick` after news (paced by
+:class:`TickPacer` so that on a busy log one cycle decides on many events)
+and every ``tick_wall_s`` (heartbeat timeouts, grace periods, drains,
+reservations).
+Event time comes from the service clock (wall, or scaled for demos) and is
+written as ``ts`` of every decision, so an audit re-runs a decision at
+exactly the time it was made.
+
+Leadership: one active instance holds a Redis lease (:mod:`.lease`) and
+stamps its fencing token on ``JobPlaced``/``StartWorkload``/``StopWorkload``.
+A standby waits for the lease; on taking over it rebuilds its state from
+offset 0 of the four topics (the previous leader's decisions included, so
+nothing is placed twice) and then decides what was left undecided
+(:func:`services.dispatcher.logic.recover`). The lease is renewed by a thread
+(:class:`~services.dispatcher.lease.LeaseKeeper`) while the event loop is
+alive, so a long synchronous step does not let it expire. A leader that fails
+to renew stops deciding at once (:class:`LeadershipLost`) and goes back to
+standby.
+
+Offsets: like accounting, every start reads from offset 0 (the log is the
+state); positions are committed under group ``dispatcher`` after the
+decisions are acknowledged, for lag monitoring only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from apportion.bus.intake import Intake
+from apportion.clock import Clock
+from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, step
+from apportion.domain.engine import EngineConfig
+from apportion.events import Event, JobLost, JobSubmitted, NodeHeartbeat, WorkloadRefused
+from apportion.identity import RequestGate
+from apportion.metrics import count_preemptions
+from apportion.timeutil import from_us, s_to_us, to_us
+from services.dispatcher import logic
+from services.dispatcher.config import DispatcherSettings
+
+log = logging.getLogger("apportion.dispatcher")
+
+#: Dead-letter reason of an event older than the window (:meth:`DispatchState.is_stale`).
+STALE = "older than the window"
+
+#: Dead-letter reason of an event from too far in the future (``future_tolerance_s``).
+FUTURE = "from the future"
+
+#: Wall seconds between read-model writes (a full write of jobs and nodes).
+READ_MODEL_EVERY_S = 0.5
+
+#: Wall seconds between two updates of the nodes' newest heartbeats for the metrics.
+HEARTBEATS_EVERY_S = 1.0
+
+#: Producer linger, ms: decisions sent within this window leave together (one request per partition).
+LINGER_MS = 5
+
+#: Producer batch size, bytes per partition batch (a JobPlaced is about 700 bytes).
+BATCH_BYTES = 256 * 1024
+
+#: News-driven ticks take at most about this share of the loop's wall time (see TICK_GAP_MAX_S).
+TICK_SHARE = 0.2
+
+#: Longest wait, wall seconds, between news and the tick that decides on it.
+TICK_GAP_MAX_S = 0.1
+
+
+class TickPacer:
+    """When the leader loop runs a tick: on news, but cycles spaced to a share of the wall time.
+
+    A scheduling cycle costs mostly per cycle (snapshot, maintenance over
+    every node), little per job: on a busy log, one cycle per poll batch
+    spends most of the loop on cycles that each decide a handful of jobs.
+    After a tick that took ``d`` seconds, the next news-driven tick waits
+    until ``d * (1 - share) / share`` has passed (capped at ``gap_max_s``),
+    so cycles take at most about ``share`` of the time and each decides on
+    everything that arrived meanwhile. Idle, a cycle takes about a
+    millisecond, so the gap is a few milliseconds and latency barely moves.
+    Without news, a tick still runs every ``every_s`` (timeouts, grace
+    periods, drains, reservations).
+
+    Args:
+        every_s: timer tick period, wall seconds.
+        share: target share of wall time in news-driven ticks, in (0, 1].
+        gap_max_s: longest wait between news and its tick, wall seconds.
+        start: wall time (``loop.time()``) the loop starts at.
+    """
+
+    def __init__(
+        self, every_s: float, share: float = TICK_SHARE, gap_max_s: float = TICK_GAP_MAX_S, start: float = 0.0
+    ) -> None:
+        self.every_s = every_s
+        self.share = share
+        self.gap_max_s = gap_max_s
+        self.last = start
+        self.gap = 0.0
+        self.waiting = False
+
+    def poll_ms(self, now: float, idle_ms: int = 50) -> int:
+        """How long the next poll may wait (ms, >= 1): ``idle_ms``, or until news is due its tick."""
+        if not self.waiting:
+            return idle_ms
+        return max(1, min(idle_ms, int(1000 * (self.last + self.gap - now))))
+
+    def due(self, now: float, news: bool) -> bool:
+        """Note ``news`` (anything but heartbeats arrived); True when a tick should run now."""
+        self.waiting |= news
+        since = now - self.last
+        return (self.waiting and since >= self.gap) or since >= self.every_s
+
+    def ticked(self, start: float, end: float) -> None:
+        """Record a tick that ran from ``start`` to ``end`` (wall seconds)."""
+        self.last = end
+        self.gap = min(self.gap_max_s, (end - start) * (1 - self.share) / self.share)
+        self.waiting = False
+
+
+class LeadershipLost(RuntimeError):
+    """The lease was lost; this instance must stop deciding."""
+
+
+def _same(pair: Any) -> Any:
+    return pair
+
+
+def dispatch_config(settings: DispatcherSettings) -> DispatchConfig:
+    """The pure-core configuration these settings describe."""
+    return DispatchConfig(
+        engine=EngineConfig(
+            delta=settings.delta,
+            reservation_after_s=settings.reservation_after_s,
+            patience_s=settings.patience_s,
+            checkpoint_wait_s=settings.checkpoint_wait_s,
+            window_s=settings.window_s,
+            grace_s=settings.grace_s,
+            producer=settings.producer_name,
+        ),
+        heartbeat_timeout_s=settings.heartbeat_timeout_s if settings.heartbeat_timeout_s > 0 else None,
+        producer=settings.producer_name,
+        reconcile_misses=settings.reconcile_misses if settings.reconcile_misses > 0 else None,
+    )
+
+
+#: How every value this dispatcher encodes begins (``event_id`` is the first field of every event's JSON).
+ECHO_HEAD = b'{"event_id":"'
+
+#: Bytes of a value that name its event: the head, the 36-character UUID and its closing quote.
+ECHO_LEN = len(ECHO_HEAD) + 37
+
+#: At most this many echoes are remembered (about 100 bytes each); past it, the oldest half is forgotten.
+ECHO_CAP = 1_000_000
+
+
+class DispatcherService:
+    """The dispatcher loop without Kafka: fold records, decide, hand decisions to ``publish``.
+
+    Args:
+        settings: configuration.
+        clock: event-time source.
+        publish: ``publish([(event, value), ...])`` sends each event with
+            ``value`` = :func:`apportion.events.encode` of it (encoded here,
+            once); need not wait for the acks.
+        metrics: optional prometheus metrics dict.
+        consumed: physical names of the topics this instance reads; its own
+            events on them come back as echoes (see :meth:`ingest`).
+            Default: none (every record is decoded).
+    """
+
+    def __init__(
+        self,
+        settings: DispatcherSettings,
+        clock: Clock,
+        publish: Callable[[list[tuple[Event, bytes]]], Any],
+        metrics: dict | None = None,
+        consumed: Iterable[str] = (),
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.publish = publish
+        self.cfg = dispatch_config(settings)
+        self.state = DispatchState(window_s=settings.window_s)
+        self.token = 0
+        self.inputs: dict[str, int] = {}  # "topic:partition" -> next offset folded (Decision.inputs)
+        self._last_now = 0
+        self._m = metrics or {}
+        self._consumed = frozenset(consumed)
+        # value heads (ECHO_LEN bytes) of events we published to a topic we read, not read back yet
+        self._echoes: dict[bytes, None] = {}
+        self.echoes_skipped = 0
+        #: who may act in whose name (DESIGN section 10): refusals replace the request they refuse
+        self.gate = RequestGate(settings.producer_name)
+        #: the reader edge: screen, de-duplicate by id and payload, dead-letter (published at once),
+        #: ignore node reports their node's key did not sign (the gate's)
+        self.intake = Intake(settings.producer_name, clock.now, on_dead=self._dead_letter, gate=self.gate)
+        self.tick_errors = 0
+
+    def now_us(self) -> int:
+        """Event time now (µs), never going backwards."""
+        self._last_now = max(self._last_now, self.clock.now_us())
+        return self._last_now
+
+    def _decoded(self, records: list[Any]) -> list[tuple[Any, Event]]:
+        """``(record, event)`` of ``records`` in :func:`record_order`, minus our own echoes and the refused.
+
+        Every record goes through the reader edge (:class:`~apportion.bus.intake.Intake`):
+        one it refuses is dead-lettered with the reason (and its offset still
+        counts as read), a duplicate (same id, same payload) is dropped.
+
+        An echo is a record whose value starts with the head of a value this
+        instance published (:meth:`_emit`): the same bytes, so the same
+        ``event_id``, and that event was folded into the state before it was
+        published. Decoding it only for :meth:`ingest` to skip it as already
+        seen is the cost this avoids: the fold and the decisions are exactly
+        those of decoding every record. Its offset still counts as read.
+        """
+        from apportion.bus.consumer import record_order
+
+        pairs = []
+        echoes = self._echoes
+        admit = self.intake.admit
+        names: dict[tuple[str, int], str] = {}
+        for rec in records:
+            # every record of the batch is folded (or dead-lettered) before the next tick decides
+            tp = (rec.topic, rec.partition)
+            name = names.get(tp)
+            if name is None:
+                name = names[tp] = f"{rec.topic}:{rec.partition}"
+            self.inputs[name] = rec.offset + 1
+            if echoes and rec.value is not None:
+                head = rec.value[:ECHO_LEN]
+                if head in echoes:
+                    del echoes[head]
+                    self.echoes_skipped += 1
+                    continue
+            ev = admit(rec)
+            if ev is not None:
+                pairs.append((rec, ev))
+        pairs.sort(key=lambda p: record_order(p[0], p[1]))
+        return self.intake.authenticate(pairs, _same)
+
+    def _dead_letter(self, letter: Event) -> None:
+        self._emit([letter])
+        if "dead" in self._m:
+            self._m["dead"].inc()
+
+    def _emit(self, evts: list[Event]) -> None:
+        """Fence, encode once, remember the echoes to come, and hand the lot to ``publish``."""
+        from apportion.events import TOPIC_OF, encode
+
+        if not evts:
+            return
+        sent = []
+        echoes, consumed = self._echoes, self._consumed
+        remember = self.intake.ledger.remember if self.intake.ledger is not None else None
+        for e in logic.fence(evts, self.token):
+            value = encode(e)
+            if consumed and TOPIC_OF[e.type].name in consumed:
+                if value.startswith(ECHO_HEAD):
+                    echoes[value[:ECHO_LEN]] = None
+                if remember is not None:
+                    remember(e)  # our ids: another payload under one of them is a reused id
+            sent.append((e, value))
+        if len(echoes) > ECHO_CAP:  # echoes that never came back (a lost send): forget the oldest half
+            for k in list(echoes)[: len(echoes) // 2]:
+                del echoes[k]
+        self.publish(sent)
+        if "decisions" in self._m:
+            self._m["decisions"].inc(len(sent))
+        if "preemptions" in self._m:
+            count_preemptions(self._m, (e for e, _ in sent))
+
+    def _refused_stale(self, rec: Any, ev: Event) -> bool:
+        """Dead-letter ``ev`` if its time is outside what the fold may take; True when refused.
+
+        * older than the window (:meth:`DispatchState.is_stale`): never folded, its id may be forgotten;
+        * more than ``future_tolerance_s`` after this service's clock: folded, it would move the
+          state's clock (and the occupancy ledger's) ahead, and every later event would be stale.
+        """
+        state = self.state
+        if state.is_stale(ev):
+            latest = from_us(state.clock_us or 0).isoformat()
+            self.intake.refuse(rec, f"{STALE}: {ev.ts.isoformat()} is more than W before {latest}")
+            return True
+        now = self.now_us()
+        if to_us(ev.ts) > now + s_to_us(self.settings.future_tolerance_s):
+            self.intake.refuse(
+                rec,
+                f"{FUTURE}: {ev.ts.isoformat()} is more than {self.settings.future_tolerance_s:g} s after "
+                f"{from_us(now).isoformat()}",
+            )
+            return True
+        return False
+
+    def snapshot(self) -> Any:
+        """The state to store (:class:`services.dispatcher.snapshot.Snapshot`); the caller has flushed the decisions."""
+        from services.dispatcher.snapshot import Snapshot
+
+        return Snapshot(self.state, dict(self.inputs), self.intake.ledger, self.token, self.gate.keys)
+
+    def restore(self, snap: Any) -> None:
+        """Start from a stored snapshot: state, input offsets and id ledger (then :meth:`bootstrap` the tail)."""
+        self.state = snap.state
+        self.inputs = dict(snap.offsets)
+        if snap.ledger is not None:
+            self.intake.ledger = snap.ledger
+        if snap.keys is not None:
+            self.gate.keys = snap.keys
+
+    def bootstrap(self, records: list[Any]) -> list[Event]:
+        """Rebuild from the log as of the start and decide what was left undecided.
+
+        :func:`logic.recover`, one event at a time through the reader edge:
+        an event the fold raises on is dead-lettered (``apply failed: ...``)
+        and the rebuild goes on.
+        """
+        pairs = self._decoded(records)
+        state, now, cfg, apply = self.state, self.now_us(), self.cfg, self.intake.apply
+        for rec, ev in pairs:
+            self.gate.observe(ev)
+            if not self._refused_stale(rec, ev):
+                apply(rec, lambda e: evolve(state, e), ev)
+        out: list[Event] = []
+        for rec, ev in pairs:  # what recover() decides (submissions, agents' refusals and losses), in log order
+            if isinstance(ev, (JobSubmitted, WorkloadRefused, JobLost)):
+                if isinstance(ev, JobSubmitted) and ev.job_id not in state.jobs and ev.job_id not in state.finished:
+                    if (refused := self.gate.refusal(rec.value, ev, state.jobs, now)) is not None:
+                        out += apply(rec, lambda e: [e, *step(state, e, now, cfg)], refused) or []
+                        continue
+                out += apply(rec, lambda e: logic.recover(state, [e], now, cfg), ev) or []
+        resent = logic.resend_starts(state, now, cfg)  # placed by a leader that died before its StartWorkload
+        out += resent
+        log.info(
+            "rebuilt from %d events: %d jobs active, %d pending, %d nodes; %d recovery decisions (%d starts sent again)",
+            len(pairs),
+            len(self.state.jobs),
+            self.state.pending_count(),
+            len(self.state.cluster.nodes),
+            len(out),
+            len(resent),
+        )
+        out += self.tick()
+        return out
+
+    def ingest(self, records: list[Any]) -> tuple[list[Event], bool]:
+        """Fold and decide a live batch; returns (decisions, whether anything but heartbeats arrived).
+
+        Each event is :func:`step` through the reader edge: one the fold
+        raises on is dead-lettered (``apply failed: <type>: <message>``) and
+        the batch goes on.
+        """
+        out: list[Event] = []
+        news = False
+        state, cfg, apply = self.state, self.cfg, self.intake.apply
+        for rec, ev in self._decoded(records):
+            if self._refused_stale(rec, ev):
+                continue
+            if ev.event_id in state.seen:
+                continue  # our own decision coming back (not recognised as an echo), or a redelivery
+            news |= type(ev) is not NodeHeartbeat
+            if (refused := self.gate.refusal(rec.value, ev, state.jobs, self.now_us())) is not None:
+                # a request not proven (DESIGN section 10): its refusal is published and folded instead
+                out += apply(rec, lambda e: [e, *step(state, e, self.now_us(), cfg)], refused) or []
+                continue
+            out += apply(rec, lambda e: step(state, e, self.now_us(), cfg), ev) or []
+            if "events" in self._m:
+                self._m["events"].inc()
+        return out, news
+
+    def tick(self) -> list[Event]:
+        """Maintenance and one scheduling cycle at the current event time (placements fenced and stamped).
+
+        A cycle that raises is logged and counted (``tick_errors``, metric
+        ``apportion_dispatcher_tick_errors``) and decides nothing; the
+        service stays up. No record is to blame, so nothing is
+        dead-lettered: what got into the state that the cycle cannot handle
+        is a bug of the screen or the domain (docs/reliability.md).
+        """
+        now = self.now_us()
+        t0 = time.perf_counter()
+        try:
+            decided = step(self.state, Tick(now), now, self.cfg)
+        except Exception:  # noqa: BLE001 - never stop the service (issue 17); loud instead
+            self.tick_errors += 1
+            log.exception("scheduling cycle failed at event time %d µs; nothing decided", now)
+            if "tick_errors" in self._m:
+                self._m["tick_errors"].inc()
+            return []
+        out = logic.fence(decided, self.token, self.inputs)
+        if "cycle" in self._m:
+            self._m["cycle"].observe(time.perf_counter() - t0)
+            self._m["pending"].set(self.state.pending_count())
+        return out
+
+
+class Term:
+    """One leadership term after the takeover: rebuild, then the loop body run after each poll.
+
+    Everything that touches Kafka or Redis is injected, so the term's pacing is the same in a test.
+
+    Args:
+        svc: the state and decisions (:class:`DispatcherService`, its ``token`` set to the lease's).
+        settings: configuration (tick period, snapshot interval, lease TTL).
+        metrics: the prometheus metrics dict (``queue`` for heartbeat ages).
+        check_lease: raises :class:`LeadershipLost` unless still leading (before every publish).
+        lost: set by the lease keeper when a renewal failed.
+        flush: blocks until every decision sent is acknowledged.
+        check_delivered: raises when a decision could not be delivered (the term ends; the next rebuilds).
+        write_read_model, write_snapshot: blocking writes to Redis (:mod:`services.dispatcher.store`).
+        commit: commits the consumer's positions (lag tools only).
+        now: wall seconds now (``loop.time()``), the start of the pacing.
+    """
+
+    def __init__(
+        self,
+        svc: DispatcherService,
+        settings: DispatcherSettings,
+        metrics: dict,
+        *,
+        check_lease: Callable[[], None],
+        lost: Any,
+        flush: Callable[[], None],
+        check_delivered: Callable[[], None],
+        write_read_model: Callable[[], None],
+        write_snapshot: Callable[[], None],
+        commit: Callable[[], None],
+        now: Callable[[], float],
+    ) -> None:
+        self.svc, self.settings, self._m = svc, settings, metrics
+        self.check_lease, self.lost, self.flush, self.check_delivered = check_lease, lost, flush, check_delivered
+        self.write_read_model, self.write_snapshot, self.commit, self.now = (
+            write_read_model,
+            write_snapshot,
+            commit,
+            now,
+        )
+        t = now()
+        self.last_rm = self.last_beats = self.last_snap = t
+        self.rm_gap = READ_MODEL_EVERY_S
+        self.unflushed = self.dirty = False
+        self.pacer = TickPacer(settings.tick_wall_s, start=t)
+
+    async def start(self, backlog: list[Any], late: list[Any], configured: Event, lease: Any) -> None:
+        """Rebuild from the log as of the start (``backlog``), fold ``late``, publish the recovery decisions.
+
+        ``configured`` (the knobs it decides with, DESIGN section 4) goes first, so the audit needs no
+        flags. Raises :class:`LeadershipLost` when the log shows a newer leader's token than ``lease``'s.
+        """
+        from services.dispatcher.lease import highest_token
+
+        svc = self.svc
+        out = svc.bootstrap(backlog)
+        if late:
+            more, _ = svc.ingest(late)
+            out += more
+        newest = highest_token(rec.event for rec in backlog if getattr(rec, "event", None) is not None)
+        lease.observe(newest)
+        if newest > lease.token:  # a newer leader wrote after we took the lease: we are deposed
+            raise LeadershipLost()
+        out.insert(0, configured)
+        self.check_lease()
+        await asyncio.to_thread(svc._emit, out)
+        await asyncio.to_thread(self.flush)
+        await asyncio.to_thread(self.write_read_model)
+        if self.settings.snapshot_every_wall_s > 0:
+            await asyncio.to_thread(self.write_snapshot)
+
+    def poll_ms(self) -> int:
+        """How long the next poll may wait (:meth:`TickPacer.poll_ms`)."""
+        return self.pacer.poll_ms(self.now())
+
+    async def handle(self, batch: list[Any]) -> None:
+        """After a poll: fold, tick when due, publish (lease checked), flush when idle, write what is due."""
+        svc, pacer = self.svc, self.pacer
+        out, news = svc.ingest(batch) if batch else ([], False)
+        now = self.now()
+        if pacer.due(now, news):
+            out += svc.tick()
+            pacer.ticked(now, self.now())
+        # The keeper thread renews the lease (LeaseKeeper). Safety does not rest on it: every decision
+        # carries the fencing token and agents refuse stale tokens.
+        if out:
+            self.check_lease()
+            await asyncio.to_thread(svc._emit, out)
+            self.unflushed = True
+        elif self.lost.is_set():
+            raise LeadershipLost()
+        if self.unflushed and not batch:  # idle: nothing to decide, so waiting for the acks costs nothing
+            await asyncio.to_thread(self.flush)
+            self.unflushed = False
+        self.check_delivered()
+        self.dirty |= bool(out) or news
+        if now - self.last_beats >= HEARTBEATS_EVERY_S:  # heartbeats are not news: their ages are kept apart
+            self._m["queue"].heartbeats(logic.heartbeats(svc.state))
+            self.last_beats = now
+        if self.dirty and now - self.last_rm >= self.rm_gap:
+            t0 = self.now()
+            await asyncio.to_thread(self.write_read_model)
+            await asyncio.to_thread(self.commit)
+            # at most ~10% of the loop on read models, however large the queue grows
+            self.rm_gap = max(READ_MODEL_EVERY_S, 10 * (self.now() - t0))
+            self.last_rm, self.dirty = self.now(), False
+        every = self.settings.snapshot_every_wall_s
+        if every > 0 and now - self.last_snap >= every:
+            self.check_lease()  # every decision in the state must be in the log: publish, flush, then store
+            await asyncio.to_thread(self.flush)
+            self.unflushed = False
+            await asyncio.to_thread(self.write_snapshot)
+            self.last_snap = self.now()
