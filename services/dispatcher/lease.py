@@ -40,7 +40,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 log = logging.getLogger("apportion.dispatcher.lease")
 
@@ -54,7 +54,7 @@ class TokenRangeError(ValueError):
     """A token, counter or floor outside the valid range; ``str(exc)`` says which."""
 
 
-def valid_token(token: object) -> bool:
+def valid_token(token: object) -> TypeGuard[int]:
     """True for an ``int`` (not ``bool``) in ``[TOKEN_MIN, TOKEN_MAX]``."""
     return isinstance(token, int) and not isinstance(token, bool) and TOKEN_MIN <= token <= TOKEN_MAX
 
@@ -210,8 +210,8 @@ class Lease:
 
     def observe(self, token: int | None) -> None:
         """Raise the floor to ``token`` (one seen in the log); out-of-range values are ignored."""
-        if valid_token(token) and token > self.floor:  # type: ignore[operator]
-            self.floor = token  # type: ignore[assignment]
+        if valid_token(token) and token > self.floor:
+            self.floor = token
 
     def try_acquire(self, floor: int | None = None) -> int:
         """Acquire or renew; the fencing token, or 0 when not leader (another leads, or Redis failed).

@@ -99,9 +99,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any, TypeGuard
 
 from apportion.events import (
-    Event,
     GpuInfo,
     GpuStatus,
     JobCheckpointed,
@@ -504,7 +504,13 @@ class AgentState:
         return key in self.running or key in self.waiting or key in self.ended
 
 
-def valid_token(token: object) -> bool:
+def ended_key(ev: JobCompleted | JobFailed) -> RunKey:
+    """The run key of a replica's end this agent reported (:func:`exit_event`: it names node and replica)."""
+    assert ev.node_id is not None and ev.replica is not None, "an agent's own end report names node and replica"
+    return (ev.node_id, ev.job_id, ev.attempt, ev.replica)
+
+
+def valid_token(token: object) -> TypeGuard[int]:
     """True for an ``int`` (not ``bool``) in ``[TOKEN_MIN, TOKEN_MAX]``."""
     return isinstance(token, int) and not isinstance(token, bool) and TOKEN_MIN <= token <= TOKEN_MAX
 
@@ -576,7 +582,7 @@ class Stop:
 
     workloads: tuple[Workload, ...]
     grace_s: float
-    events: tuple[Event, ...] = ()
+    events: tuple[JobCompleted | JobFailed, ...] = ()
 
 
 Action = Ignore | Refuse | Launch | Defer | Stop
@@ -794,21 +800,14 @@ def with_stopping(state: AgentState, stop: Stop) -> AgentState:
     running = dict(state.running)
     for w in stop.workloads:
         running[w.key] = w
-    dropped = {
-        (e.node_id, e.job_id, e.attempt, e.replica)
-        for e in stop.events  # type: ignore[attr-defined]
-        if isinstance(e, JobFailed)
-    }
+    dropped = {ended_key(e) for e in stop.events if isinstance(e, JobFailed)}
     waiting = {k: v for k, v in state.waiting.items() if k not in dropped}
     return replace(state, running=running, waiting=waiting, ended=state.ended | dropped)
 
 
 def with_rejoining(state: AgentState, rejoin: Rejoin) -> AgentState:
     """State after a :class:`Rejoin`: its replicas stopping and their runs lost, the node waiting to register again."""
-    lost = {(w.job_id, w.attempt) for w in rejoin.stop.workloads} | {
-        (e.job_id, e.attempt)  # type: ignore[attr-defined]
-        for e in rejoin.stop.events
-    }
+    lost = {(w.job_id, w.attempt) for w in rejoin.stop.workloads} | {(e.job_id, e.attempt) for e in rejoin.stop.events}
     state = with_stopping(state, rejoin.stop)
     rejoining = state.rejoining | {rejoin.node_id} if rejoin.register else state.rejoining
     return replace(state, rejoining=rejoining, lost_runs=state.lost_runs | lost)
@@ -853,7 +852,7 @@ def with_exited(state: AgentState, key: RunKey) -> AgentState:
 
 def with_token(state: AgentState, token: int | None) -> AgentState:
     """Remember the highest fencing token seen (tokens out of range are never remembered)."""
-    if not valid_token(token) or (state.fencing_token is not None and token <= state.fencing_token):  # type: ignore[operator]
+    if not valid_token(token) or (state.fencing_token is not None and token <= state.fencing_token):
         return state
     return replace(state, fencing_token=token)
 
@@ -900,7 +899,7 @@ def exit_event(
         reason: override the reason (e.g. ``"spawn failed: ..."``).
     """
     eid = det_id("WorkloadEnded", w.node_id, w.job_id, w.attempt, w.replica)
-    common = dict(
+    common: dict[str, Any] = dict(
         event_id=eid,
         ts=now,
         producer=PRODUCER,

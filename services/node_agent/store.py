@@ -15,7 +15,7 @@ line for its effect is on disk, and on start the agent reads the journal back:
   workload resumes its remaining duration) and reports the others
   ``JobLost``, after the last checkpoint their progress file holds (when it
   changed since the start: ``progress_file`` and ``progress_stamp``). See
-  :meth:`services.node_agent.app.NodeAgent.start`.
+  :meth:`services.node_agent.service.NodeAgent.start`.
 
 Format: JSON lines, appended and fsynced::
 
@@ -161,8 +161,8 @@ class Journal:
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue  # a torn last line from a crash mid-write
             if op == "start":
-                self._open[key] = Orphan(  # type: ignore[index]
-                    key,  # type: ignore[arg-type]
+                self._open[key] = Orphan(
+                    key,
                     rec.get("pid"),
                     rec.get("pstart"),
                     rec.get("progress_file"),
@@ -172,12 +172,12 @@ class Journal:
                     _time_of(rec.get("sim_until")),
                 )
             elif op == "end":
-                self._open.pop(key, None)  # type: ignore[arg-type]
-                self._end(key, _time_of(rec.get("ts")), bool(rec.get("lost")))  # type: ignore[arg-type]
+                self._open.pop(key, None)
+                self._end(key, _time_of(rec.get("ts")), bool(rec.get("lost")))
 
     def _token(self, token: object) -> bool:
-        if valid_token(token) and (self.fencing_token is None or token > self.fencing_token):  # type: ignore[operator]
-            self.fencing_token = token  # type: ignore[assignment]
+        if valid_token(token) and (self.fencing_token is None or token > self.fencing_token):
+            self.fencing_token = token
             return True
         return False
 
@@ -311,4 +311,4 @@ class Journal:
     @staticmethod
     def still_alive(o: Orphan) -> bool:
         """True when the orphan's process is alive and is the same process (start time matches)."""
-        return bool(o.pid) and o.pstart is not None and process_start_time(o.pid) == o.pstart  # type: ignore[arg-type]
+        return o.pid is not None and o.pid > 0 and o.pstart is not None and process_start_time(o.pid) == o.pstart

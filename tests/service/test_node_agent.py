@@ -1,6 +1,6 @@
 """Node agent: pure decisions (table) and the runtime with fakes (no Kafka).
 
-Runtime tests drive :class:`services.node_agent.app.NodeAgent` with a list
+Runtime tests drive :class:`services.node_agent.service.NodeAgent` with a list
 sink for events, a :class:`ManualClock` and :class:`FakeGpuProbe`.
 """
 
@@ -26,8 +26,8 @@ from apportion.events import (
 )
 from apportion.gpu import FakeGpuProbe
 from services.node_agent import logic
-from services.node_agent.app import NodeAgent
 from services.node_agent.logic import NodeSpec
+from services.node_agent.service import NodeAgent
 from services.node_agent.store import Journal
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)

@@ -1,7 +1,7 @@
 """Node agent checkpoints: progress-file parsing, once-per-value publishing, the last look after exit, resume.
 
 Pure parts are tables with exact values; runtime tests drive
-:class:`services.node_agent.app.NodeAgent` with a list sink, a
+:class:`services.node_agent.service.NodeAgent` with a list sink, a
 :class:`ManualClock` and real processes (``sys.executable``) in ``tmp_path``.
 Waits are on conditions (a file's content, an event), each bounded.
 """
@@ -22,8 +22,8 @@ from apportion.clock import ManualClock
 from apportion.events import JobCheckpointed, JobCompleted, JobFailed, JobStarted, StartWorkload, StopWorkload, det_id
 from apportion.gpu import FakeGpuProbe
 from services.node_agent import logic
-from services.node_agent.app import NodeAgent
 from services.node_agent.logic import NodeSpec, ProgressWatch, Workload
+from services.node_agent.service import NodeAgent
 from services.node_agent.store import Journal
 from tests.checkpoint_workload import WORKLOAD
 

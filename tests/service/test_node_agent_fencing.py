@@ -1,7 +1,7 @@
 """Node agent fencing and restarts (``docs/leadership.md``): each rule with its exact reason, no Kafka.
 
 Pure decisions are a table of named cases; runtime cases drive
-:class:`services.node_agent.app.NodeAgent` with a list sink, a
+:class:`services.node_agent.service.NodeAgent` with a list sink, a
 :class:`ManualClock` and a journal in ``tmp_path``.
 """
 
@@ -26,8 +26,8 @@ from apportion.events import (
 )
 from apportion.gpu import FakeGpuProbe
 from services.node_agent import logic
-from services.node_agent.app import NodeAgent
 from services.node_agent.logic import NodeSpec
+from services.node_agent.service import NodeAgent
 from services.node_agent.store import Journal
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)

@@ -222,6 +222,28 @@ class EventConsumer:
         self.lag.after_poll(self._consumer, self._consumer.assignment)
         return count
 
+    def wait_assigned(self, deadline_s: float) -> None:
+        """Poll until the group assigned partitions and their positions are resolved.
+
+        Records fetched while waiting are not lost: each partition is sought back to the first record
+        returned, so the next :meth:`poll_once` gets them.
+
+        Raises:
+            TimeoutError: no assignment within ``deadline_s`` wall seconds.
+        """
+        import time
+
+        kc = self._consumer
+        end = time.monotonic() + deadline_s
+        while not kc.assignment():
+            if time.monotonic() > end:
+                raise TimeoutError(f"no partition assignment within {deadline_s:g} s")
+            for tp, recs in kc.poll(timeout_ms=100).items():
+                if recs:
+                    kc.seek(tp, recs[0].offset)
+        for tp in kc.assignment():
+            kc.position(tp)
+
     def run(self, stop: threading.Event | None = None, timeout_ms: int = 500) -> None:
         """Poll and handle until ``stop`` is set (forever when ``None``)."""
         while stop is None or not stop.is_set():

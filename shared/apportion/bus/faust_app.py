@@ -269,7 +269,7 @@ async def decoded(
             # a duplicate still goes on: an agent may decide after each event
             duplicate = ledger is not None and ledger.check(value)
         except events.DecodeError as exc:
-            raw = msg.value if isinstance(msg.value, (bytes, bytearray)) else events.encode(value)
+            raw = bytes(msg.value) if isinstance(msg.value, (bytes, bytearray)) else events.encode(value)
             await refuse(app, msg, raw, str(exc), producer=producer, now=now)
             if stats is not None:
                 stats.dead_lettered += 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from apportion import events
 from apportion.bus.intake import screen
@@ -142,8 +143,8 @@ def log_order(rec: LogRecord) -> tuple:
     return (t, rec.topic, rec.partition, rec.offset)
 
 
-def read_log(bootstrap: str, topics: Iterable[str], **kwargs: object) -> list[LogRecord]:
+def read_log(bootstrap: str, topics: Iterable[str], **kwargs: Any) -> list[LogRecord]:
     """All records of ``topics`` in :func:`log_order` (see :func:`iter_topic_records`)."""
-    recs = list(iter_topic_records(bootstrap, topics, **kwargs))  # type: ignore[arg-type]
+    recs = list(iter_topic_records(bootstrap, topics, **kwargs))
     recs.sort(key=log_order)
     return recs

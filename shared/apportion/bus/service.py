@@ -36,7 +36,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -191,7 +191,7 @@ def install_signal_handlers(stop: asyncio.Event) -> None:
             pass
 
 
-AsyncHandler = Callable[[Any, Any], Awaitable[None]]
+AsyncHandler = Callable[[Any, Any], Coroutine[Any, Any, None]]
 
 
 async def follow(

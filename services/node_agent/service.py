@@ -1,0 +1,707 @@
+"""The node agent without Kafka: commands in, processes and timers, job and node events out through ``emit``.
+
+Consumes ``apportion.commands`` (every partition, filtering by the node ids
+it hosts, see :mod:`services.node_agent.logic`) and ``NodeLost`` from
+``apportion.nodes`` (a hosted node declared lost is fenced and rejoins:
+its replicas are stopped, then it registers again); produces ``NodeRegistered``
+and ``NodeHeartbeat`` on ``apportion.nodes`` and ``JobStarted``,
+``JobCheckpointed``, ``JobCompleted``, ``JobFailed``, ``WorkloadRefused`` on
+``apportion.jobs``.
+
+Checkpoints (``docs/checkpoints.md``). Each process runs in its job's
+persistent checkpoint directory (the same for every attempt), learns it and
+its attempt number from the environment, and reports a checkpoint by
+atomically rewriting its progress file. The agent stats those files every
+``progress_poll_wall_s`` wall seconds and once more after the process exits
+(before reporting the exit), and publishes ``JobCheckpointed`` once per new
+value (:func:`services.node_agent.logic.observe_progress`).
+
+:class:`NodeAgent` is the runtime (state, journal, workload tasks) behind an
+``emit`` coroutine, so service tests drive it with a list sink, a
+:class:`~apportion.clock.ManualClock` and a :class:`~apportion.gpu.FakeGpuProbe`;
+:func:`services.node_agent.app.run` connects it to Kafka.
+
+Offsets. The commands consumer group is new the first time an agent runs:
+it starts at the *end* of the topic (old commands were for earlier agents),
+and waits for its partition assignment before registering its nodes, so no
+command sent in reply to the registration is missed; it registers before it
+handles the first record, so a command queued before this registration is
+refused (``before_registration``), never executed late. Later starts resume
+from the committed offsets; the journal (:mod:`services.node_agent.store`,
+kept by default under the agent's state directory) makes redelivered
+commands harmless and keeps the newest fencing token across restarts.
+
+Membership. The consumer is a *static* group member (``group.instance.id``
+= ``<topic prefix>node-agent.<agent>``, KIP-345): after a crash the restarted
+agent takes its old member's place at once, where a dynamic member waited
+out the old one's session timeout (45 s) before it got its partitions back.
+
+Restarts. Replicas running when the agent died are adopted if still alive,
+or reported ``JobLost`` (:meth:`NodeAgent.start`); the agent never reports
+its own failure as a workload's ``JobFailed``.
+
+Stopping. ``StopWorkload`` sends SIGTERM to the workload's process group,
+then SIGKILL after ``grace_s`` event seconds (scaled clock: shorter in wall
+time). A simulated workload is cancelled and reports exit code -15.
+Shutdown of the agent (SIGTERM) stops its workloads the same way with
+``grace_s = 5`` and reports them ``JobLost`` (the dispatcher requeues them:
+the agent's stop is not the workload's failure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import stat
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+from typing import BinaryIO
+
+from apportion.clock import Clock
+from apportion.events import Event, NodeLost, StartWorkload, StopWorkload
+from apportion.gpu import GpuProbe
+from services.node_agent import logic
+from services.node_agent.logic import AgentState, NodeSpec, ProgressWatch, RunKey, Workload
+from services.node_agent.store import Journal, Orphan
+
+log = logging.getLogger("apportion.node_agent")
+
+Emit = Callable[[Event], Awaitable[None]]
+
+SHUTDOWN_GRACE_S = 5.0
+
+
+class NodeAgent:
+    """The agent runtime for one or many nodes.
+
+    Args:
+        nodes: hosted nodes with their GPU probes (``[(spec, probe)]``).
+        emit: coroutine publishing one event (in production it queues the event on the idempotent
+            producer without waiting for the ack; see :func:`run`).
+        clock: event time source.
+        journal: run journal (default in memory).
+        claim_prefix: node-id prefix this agent answers for (sim mode).
+        heartbeat_interval_s: event seconds between heartbeats.
+        heartbeat_min_wall_s: minimum wall seconds between heartbeats.
+        metrics: optional dict of prometheus metrics (``commands``, ``refused``,
+            ``running``, ``heartbeats``, ``checkpoints``, ``checkpoint_problems``).
+        checkpoint_root: directory holding each job's persistent checkpoint
+            directory (``docs/checkpoints.md``); ``None``: processes get no
+            checkpoint directory, run in the agent's working directory and
+            report no checkpoints.
+        job_log_dir: directory of the per-job stdout/stderr files; ``None``:
+            processes inherit the agent's output.
+        progress_poll_wall_s: wall seconds between looks at the progress files
+            of running processes (when started with ``poll_progress``), and
+            at whether adopted processes still live.
+        flush: coroutine waiting until every emitted event is acknowledged;
+            awaited after the restart reports, before the journal marks them
+            done (default: nothing to wait for).
+        retention_s: event seconds ended replicas are remembered (duplicate
+            starts refused) and a command stays executable.
+        ended_cap: most ended replicas remembered, whatever their age.
+        require_fenced_lost: ignore a ``NodeLost`` without a fencing token.
+        sim_util_seed: seed of the GPU utilisation simulated workloads report
+            (:func:`logic.simulated_utilisation`); ``None``: they report none.
+    """
+
+    def __init__(
+        self,
+        nodes: list[tuple[NodeSpec, GpuProbe]],
+        emit: Emit,
+        clock: Clock,
+        *,
+        journal: Journal | None = None,
+        claim_prefix: str = "",
+        heartbeat_interval_s: float = 10.0,
+        heartbeat_min_wall_s: float = 0.5,
+        metrics: dict | None = None,
+        checkpoint_root: Path | None = None,
+        job_log_dir: Path | None = None,
+        progress_poll_wall_s: float = 1.0,
+        flush: Callable[[], Awaitable[None]] | None = None,
+        retention_s: float = logic.RETENTION_S,
+        ended_cap: int = 100_000,
+        require_fenced_lost: bool = False,
+        sim_util_seed: int | None = None,
+    ) -> None:
+        self.sim_util_seed = sim_util_seed
+        self.journal = journal or Journal(None)
+        self.state: AgentState = logic.initial_state(
+            [n for n, _ in nodes],
+            claim_prefix,
+            ended=self.journal.known(),
+            fencing_token=self.journal.fencing_token,
+            lost_runs=self.journal.lost_runs(),
+            retention_s=retention_s,
+            require_fenced_lost=require_fenced_lost,
+        )
+        self._flush = flush
+        self.ended_cap = ended_cap
+        self._adopted: dict[RunKey, Orphan] = {}
+        self._shutdown_keys: set[RunKey] = set()
+        self._sleeping: set[RunKey] = set()
+        self._probes = {n.node_id: p for n, p in nodes}
+        self._emit = emit
+        self.clock = clock
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.heartbeat_min_wall_s = heartbeat_min_wall_s
+        self._tasks: dict[RunKey, asyncio.Task[None]] = {}
+        self._procs: dict[RunKey, asyncio.subprocess.Process] = {}
+        self._killers: dict[RunKey, asyncio.Task[None]] = {}
+        self._lock = asyncio.Lock()
+        self._metrics = metrics or {}
+        self._hb_task: asyncio.Task[None] | None = None
+        self.checkpoint_root = checkpoint_root
+        self.job_log_dir = job_log_dir
+        self.progress_poll_wall_s = progress_poll_wall_s
+        self._progress: dict[RunKey, ProgressWatch] = {}
+        self._poll_task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, heartbeats: bool = True, poll_progress: bool = True) -> None:
+        """Settle the journal's orphans, register the nodes, start heartbeats and progress polling.
+
+        Orphans (replicas running when the previous agent process died), each
+        after its last checkpoint is published:
+
+        * a process still alive (same pid and start time) is **adopted**: it
+          keeps running, its ``JobStarted`` is published again as journalled
+          (same id and content), it is watched until it exits and can be
+          stopped; its exit code is not ours to read, so an exit without a stop
+          is reported ``JobLost`` (requeued, resuming from its checkpoint);
+        * a simulated workload with time left is adopted for the rest of its
+          duration; one whose duration ran out completes (``JobCompleted``);
+        * anything else (the process is gone, cannot be verified, or its node
+          is no longer hosted: killed) is reported ``JobLost``: the failure
+          is the agent's, never ``JobFailed``.
+
+        The reports are flushed before the journal marks them done, so a crash
+        in between reports them again (same ids). Then the journal is pruned
+        (and compacted when it grew), and only then are the nodes registered:
+        every command is judged against this registration.
+        """
+        now = self.clock.now()
+        reported: list[tuple[RunKey, bool]] = []
+        for o in self.journal.orphans():
+            node_id, job_id, attempt, replica = o.key
+            hosted = node_id in self.state.nodes
+            if o.progress_file is not None:  # its last checkpoint first (an id already published is a duplicate)
+                await self._look_at_orphan(o)
+            if hosted and o.pid and Journal.still_alive(o):
+                await self._adopt(o, None)
+                continue
+            if hosted and o.pid is None and o.sim_until is not None:
+                if o.sim_until > now:
+                    await self._adopt(o, (o.sim_until - now).total_seconds())
+                    continue
+                w = self._orphan_workload(o, None)
+                await self._emit(logic.exit_event(w, 0, now))
+                reported.append((o.key, False))
+                continue
+            if o.pid and Journal.still_alive(o):  # alive but its node is no longer ours
+                _killpg(o.pid, signal.SIGKILL)
+            log.warning("replica %s was running when the agent stopped and is gone: reported lost", o.key)
+            if (node_id, job_id, attempt) not in {(k[0], k[1], k[2]) for k, lost in reported if lost}:
+                await self._emit(logic.lost_event(node_id, job_id, attempt, now))
+            reported.append((o.key, True))
+        if reported:
+            try:
+                if self._flush is not None:
+                    await self._flush()
+            except Exception as exc:  # reported again on the next start (same ids)
+                log.error("could not flush the restart reports (%s): they are sent again on the next start", exc)
+            else:
+                for key, lost in reported:
+                    self.journal.ended(key, now, lost=lost)
+            self.state = replace(self.state, ended=self.state.ended | {k for k, _ in reported})
+            self.state = logic.with_lost_runs(self.state, {(k[1], k[2]) for k, lost in reported if lost})
+        self._prune(now)
+        regs = logic.registered_events(self.state, now)
+        for ev in regs:
+            await self._emit(ev)
+        self.state = logic.with_registered(self.state, regs)
+        log.info("registered %d node(s)", len(self.state.nodes), extra={"nodes": sorted(self.state.nodes)[:8]})
+        if heartbeats:
+            self._hb_task = asyncio.create_task(self._heartbeat_loop(), name="heartbeats")
+        if poll_progress and self.checkpoint_root is not None:
+            self._poll_task = asyncio.create_task(self._progress_loop(), name="progress")
+
+    def _orphan_workload(self, o: Orphan, sim_s: float | None) -> Workload:
+        """The :class:`Workload` an orphan stands for (its command is not journalled: an empty argv)."""
+        files = None
+        if o.progress_file is not None:
+            files = logic.JobFiles(os.path.dirname(o.progress_file), o.progress_file)
+        return Workload(
+            *o.key,
+            gpus=o.gpus,
+            command=None if o.pid is None else (),
+            duration_s=sim_s,
+            files=files,
+            started_at=o.started_at,
+            adopted=o.pid is not None,
+        )
+
+    async def _adopt(self, o: Orphan, sim_s: float | None) -> None:
+        """Run orphan ``o`` on (a live process, or a simulated workload for ``sim_s`` more seconds)."""
+        w = self._orphan_workload(o, sim_s)
+        log.info("adopted %s after a restart (%s)", o.key, f"pid {o.pid}" if o.pid else f"{sim_s:.1f} s left")
+        if o.pid:
+            self._adopted[o.key] = o
+            if w.files is not None:
+                self._progress[o.key] = ProgressWatch(stamp=_stamp(w.files.progress_file))
+        self.state = logic.with_launched(self.state, w)
+        self._tasks[o.key] = asyncio.create_task(self._watch(w), name=f"workload {o.key}")
+        self._gauge()
+        if o.started_at is not None:  # the same event as before the restart: readers de-duplicate it
+            await self._emit(logic.started_event(w, o.started_at, o.pid))
+
+    def _prune(self, now) -> None:
+        """Forget ended replicas beyond the retention window (journal and state); compact a grown journal.
+
+        Compaction rewrites about as many lines as are live, and happens once the
+        file holds twice that plus 1,000: amortised, a constant per line written.
+        """
+        gone = self.journal.prune(now, self.state.retention_s, self.ended_cap)
+        if gone:
+            self.state = logic.forgotten(self.state, gone)
+        if self.journal.needs_compaction():
+            self.journal.compact()
+
+    async def heartbeat(self) -> None:
+        """Publish one heartbeat per hosted node."""
+        now = self.clock.now()
+        for node_id in sorted(self.state.nodes):
+            probe = self._probes[node_id]
+            await self._emit(logic.heartbeat_event(self.state, node_id, now, probe.sample(), self.sim_util_seed))
+            if "heartbeats" in self._metrics:
+                self._metrics["heartbeats"].inc()
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            if self.clock.wall_seconds(self.heartbeat_interval_s) >= self.heartbeat_min_wall_s:
+                await self.clock.sleep(self.heartbeat_interval_s)
+            else:  # a fast clock: cap the rate in wall time
+                await asyncio.sleep(self.heartbeat_min_wall_s)
+            await self.heartbeat()
+
+    async def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+        """Stop heartbeats and every workload (SIGTERM, SIGKILL after ``grace_s``); wait for them.
+
+        Progress polling stops too; each workload's progress file is still read
+        once after it exits, so a checkpoint written on SIGTERM is published.
+        """
+        for t in (self._hb_task, self._poll_task):
+            if t is not None:
+                t.cancel()
+                await asyncio.gather(t, return_exceptions=True)
+        async with self._lock:
+            keys = [k for k, w in self.state.running.items() if not w.stopping]
+            self._shutdown_keys.update(keys)  # the agent's failure, not theirs: reported lost
+            for k in keys:
+                w = replace(self.state.running[k], stopping=True, grace_s=grace_s)
+                self.state = replace(self.state, running={**self.state.running, k: w})
+                self._signal(w, grace_s)
+        await self.idle()
+
+    async def idle(self) -> None:
+        """Wait until no workload task is left (tests, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    async def poll_progress(self) -> None:
+        """Look once at the progress file of every running process; publish new checkpoints."""
+        async with self._lock:
+            for key in sorted(self._progress):
+                w = self.state.running.get(key)
+                if w is not None:
+                    await self._look_at_progress(w)
+
+    async def _progress_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.progress_poll_wall_s)
+            try:
+                await self.poll_progress()
+            except Exception:  # a surprise in one look must not end polling for every workload
+                log.exception("progress poll failed")
+
+    async def _look_at_orphan(self, o: Orphan) -> None:
+        """Publish the checkpoint an orphan's progress file holds, if it changed since the orphan started."""
+        path = o.progress_file or ""
+        stamp, raw = _look(path, o.progress_stamp)
+        seen = logic.observe_progress(ProgressWatch(stamp=o.progress_stamp), o.key, stamp, raw, self.clock.now())
+        if seen.problem is not None:
+            log.warning("ignored progress report of orphan %s (%s): %s", o.key, path, seen.problem)
+        if seen.event is not None:
+            log.info("checkpoint of orphan %s at %.3f s", o.key, seen.event.progress_s)
+            await self._emit(seen.event)
+
+    async def _look_at_progress(self, w: Workload) -> None:
+        """Stat (and, if it changed, read) ``w``'s progress file; publish or log the outcome (lock held)."""
+        watch = self._progress.get(w.key)
+        if watch is None or w.files is None:
+            return
+        path = w.files.progress_file
+        stamp, raw = _look(path, watch.stamp)
+        seen = logic.observe_progress(watch, w.key, stamp, raw, self.clock.now())
+        self._progress[w.key] = seen.watch
+        if seen.problem is not None:
+            log.warning(
+                "ignored progress report of %s attempt %d replica %d (%s): %s",
+                w.job_id,
+                w.attempt,
+                w.replica,
+                path,
+                seen.problem,
+            )
+            if "checkpoint_problems" in self._metrics:
+                self._metrics["checkpoint_problems"].inc()
+        if seen.event is not None:
+            log.info(
+                "checkpoint of %s attempt %d replica %d at %.3f s",
+                w.job_id,
+                w.attempt,
+                w.replica,
+                seen.event.progress_s,
+            )
+            if "checkpoints" in self._metrics:
+                self._metrics["checkpoints"].inc()
+            await self._emit(seen.event)
+
+    # ------------------------------------------------------------------ commands
+
+    async def on_event(self, event: Event, _delivery: object = None) -> None:
+        """Handle one decoded event: a command, or ``NodeLost`` of a hosted node (others are ignored)."""
+        if isinstance(event, NodeLost):
+            await self.on_lost(event)
+            return
+        if not isinstance(event, (StartWorkload, StopWorkload)):
+            return
+        async with self._lock:
+            now = self.clock.now()
+            if isinstance(event, StartWorkload):
+                action = logic.decide_start(self.state, event, now)
+            else:
+                action = logic.decide_stop(self.state, event, now)
+            if not isinstance(action, logic.Ignore) and "commands" in self._metrics:
+                self._metrics["commands"].labels(type=event.type).inc()
+            if event.node_id in self.state.nodes:
+                self._saw_token(event.fencing_token)
+            await self._act(action)
+
+    def _saw_token(self, token: int | None) -> None:
+        """Remember a newer valid token, in the journal first (fsynced), so a restart keeps refusing older ones."""
+        before = self.state.fencing_token
+        self.state = logic.with_token(self.state, token)
+        if self.state.fencing_token != before and self.state.fencing_token is not None:
+            self.journal.token(self.state.fencing_token)
+            log.info("fencing token %d (was %s)", self.state.fencing_token, before)
+
+    async def _act(self, action: logic.Action) -> None:
+        if isinstance(action, logic.Ignore):
+            if action.reason is None:
+                log.debug("ignored command: %s", action.why)
+                return
+            log.warning("disregarded %s", action.why)
+            if "refused" in self._metrics:
+                self._metrics["refused"].labels(reason=action.reason).inc()
+        elif isinstance(action, logic.Refuse):
+            log.warning(
+                "refused %s attempt %d on %s: %s",
+                action.event.job_id,
+                action.event.attempt,
+                action.event.node_id,
+                action.event.reason,
+            )
+            if "refused" in self._metrics:
+                self._metrics["refused"].labels(reason=action.event.reason.split(":")[0]).inc()
+            await self._emit(action.event)
+        elif isinstance(action, logic.Launch):
+            await self._launch(action.workload)
+        elif isinstance(action, logic.Defer):
+            log.info("start of %s waits for GPUs held by stopping %s", action.workload.key, action.blocked_by)
+            self.state = logic.with_deferred(self.state, action.workload)
+        elif isinstance(action, logic.Stop):
+            self.state = logic.with_stopping(self.state, action)
+            for ev in action.events:
+                self.journal.ended(logic.ended_key(ev), ev.ts)
+                await self._emit(ev)
+            for w in action.workloads:
+                self._signal(w, action.grace_s)
+
+    async def on_lost(self, event: NodeLost) -> None:
+        """Fence a hosted node declared lost: stop its replicas, register it again once they exited."""
+        async with self._lock:
+            action = logic.decide_lost(self.state, event, self.clock.now(), SHUTDOWN_GRACE_S)
+            if event.node_id in self.state.nodes:
+                self._saw_token(event.fencing_token)
+            if isinstance(action, logic.Ignore):
+                if action.reason is not None:
+                    log.warning("disregarded NodeLost: %s", action.why)
+                    if "refused" in self._metrics:
+                        self._metrics["refused"].labels(reason=action.reason).inc()
+                else:
+                    log.debug("ignored NodeLost of %s: %s", event.node_id, action.why)
+                return
+            if event.fencing_token is None:
+                log.warning(
+                    "obeying NodeLost of %s without a fencing token (a dispatcher that does not stamp it)",
+                    event.node_id,
+                )
+            log.warning(
+                "node %s was declared lost (last heartbeat %s, token %s): stopping %d replica(s)%s",
+                event.node_id,
+                event.last_heartbeat.isoformat(),
+                event.fencing_token,
+                len(action.stop.workloads),
+                ", then rejoining" if action.register else "",
+            )
+            self.state = logic.with_rejoining(self.state, action)
+            for ev in action.stop.events:
+                self.journal.ended(logic.ended_key(ev), ev.ts)
+                await self._emit(ev)
+            for w in action.stop.workloads:
+                self._signal(w, action.stop.grace_s)
+            await self._rejoin_ready()
+
+    async def _rejoin_ready(self) -> None:
+        """Register again every rejoining node with nothing left on it (lock held)."""
+        ready = logic.ready_to_rejoin(self.state)
+        if not ready:
+            return
+        regs = logic.registered_events(self.state, self.clock.now(), only=ready)
+        for ev in regs:
+            await self._emit(ev)
+        self.state = logic.with_registered(self.state, regs)
+        log.info("node(s) %s registered again after being lost", ", ".join(ready))
+
+    # ------------------------------------------------------------------ workloads
+
+    async def _launch(self, w: Workload) -> None:
+        """Start ``w`` (process or simulated), journal it, report JobStarted (lock held).
+
+        A process gets its job's checkpoint directory (created if missing) as
+        working directory and in its environment, and its output goes to its
+        per-job files, when the agent has those roots configured. The progress
+        file's stamp is taken before the process starts, so a report left by an
+        earlier attempt is not published again for this one.
+        """
+        now = self.clock.now()
+        pid = None
+        w = replace(w, started_at=now)
+        if w.command is not None:  # not simulated: a process
+            command = w.command
+            if self.checkpoint_root is not None:
+                log_dir = str(self.job_log_dir) if self.job_log_dir is not None else None
+                w = replace(w, files=logic.job_files(str(self.checkpoint_root), log_dir, w))
+            env = dict(os.environ)
+            env.update(w.process_env())
+            try:
+                outputs = _open_outputs(w.files)
+                try:
+                    if w.files is not None:
+                        os.makedirs(w.files.checkpoint_dir, mode=0o700, exist_ok=True)
+                        self._progress[w.key] = logic.ProgressWatch(stamp=_stamp(w.files.progress_file))
+                    proc = await asyncio.create_subprocess_exec(
+                        *command,
+                        env=env,
+                        start_new_session=True,
+                        cwd=w.files.checkpoint_dir if w.files is not None else None,
+                        stdout=outputs[0],
+                        stderr=outputs[1],
+                    )
+                finally:
+                    for f in outputs:
+                        if f is not None:
+                            f.close()
+            except OSError as exc:
+                self._progress.pop(w.key, None)
+                self.journal.ended(w.key, now)
+                self.state = replace(
+                    self.state,
+                    ended=self.state.ended | {w.key},
+                    waiting={k: v for k, v in self.state.waiting.items() if k != w.key},
+                )
+                await self._emit(logic.exit_event(w, None, now, reason=f"spawn failed: {exc}"))
+                return
+            pid = proc.pid
+            self._procs[w.key] = proc
+        watch = self._progress.get(w.key)
+        self.journal.started(
+            w.key,
+            pid,
+            w.files.progress_file if w.files is not None and watch is not None else None,
+            watch.stamp if watch is not None else None,
+            ts=now,
+            gpus=w.gpus,
+            sim_until=now + timedelta(seconds=w.duration_s or 0.0) if w.simulated else None,
+        )
+        self.state = logic.with_launched(self.state, w)
+        self._tasks[w.key] = asyncio.create_task(self._watch(w), name=f"workload {w.key}")
+        self._gauge()
+        await self._emit(logic.started_event(w, now, pid))
+
+    async def _watch(self, w: Workload) -> None:
+        """Wait for ``w`` to end, then report it and launch what waited for its GPUs."""
+        code: int | None
+        try:
+            if w.simulated:
+                self._sleeping.add(w.key)
+                try:
+                    if self._stopping(w.key):  # stopped before this task first ran: a cancel would skip the report
+                        raise asyncio.CancelledError
+                    await self.clock.sleep(w.duration_s or 0.0)
+                    code = 0
+                except asyncio.CancelledError:
+                    if self._stopping(w.key):
+                        code = -signal.SIGTERM
+                    else:
+                        raise
+            elif w.adopted:
+                code = None
+                orphan = self._adopted[w.key]
+                while Journal.still_alive(orphan):
+                    await asyncio.sleep(self.progress_poll_wall_s)
+            else:
+                code = await self._procs[w.key].wait()
+        finally:
+            self._sleeping.discard(w.key)
+            self._procs.pop(w.key, None)
+            self._adopted.pop(w.key, None)
+            k = self._killers.pop(w.key, None)
+            if k is not None:
+                k.cancel()
+        async with self._lock:
+            current = self.state.running.get(w.key, w)
+            if w.key in self._progress:  # a last look: the checkpoint written on SIGTERM goes before the exit
+                await self._look_at_progress(current)
+                del self._progress[w.key]
+            now = self.clock.now()
+            shut = w.key in self._shutdown_keys
+            lost = shut or (current.adopted and not current.stopping)
+            if lost:  # stopped by the agent's own shutdown, or an adopted process (exit code unknown)
+                log.warning(
+                    "replica %s %s: reported lost",
+                    w.key,
+                    "stopped by the agent's shutdown" if shut else "adopted after a restart exited (outcome unknown)",
+                )
+                await self._emit(logic.lost_event(w.node_id, w.job_id, w.attempt, now))
+                self.state = logic.with_lost_runs(self.state, {(w.job_id, w.attempt)})
+            else:
+                await self._emit(logic.exit_event(current, code, now))
+            self.journal.ended(w.key, now, lost=lost)
+            self.state = logic.with_exited(self.state, w.key)
+            self._prune(now)
+            for nxt in logic.ready_to_launch(self.state):
+                await self._launch(nxt)
+            await self._rejoin_ready()
+            self._gauge()
+        self._tasks.pop(w.key, None)
+
+    def _stopping(self, key: RunKey) -> bool:
+        w = self.state.running.get(key)
+        return w is not None and w.stopping
+
+    def _signal(self, w: Workload, grace_s: float) -> None:
+        """SIGTERM ``w`` now; SIGKILL after ``grace_s`` event seconds."""
+        task = self._tasks.get(w.key)
+        if w.simulated:
+            if task is not None and w.key in self._sleeping:  # not yet started: it sees the stop when it starts
+                task.cancel()
+            return
+        orphan = self._adopted.get(w.key)
+        proc = self._procs.get(w.key)
+        if orphan is not None:
+            pid = orphan.pid or 0
+
+            def alive() -> bool:
+                return Journal.still_alive(orphan)
+        elif proc is not None:
+            pid = proc.pid
+
+            def alive() -> bool:
+                return proc.returncode is None
+        else:
+            return
+        if not alive():
+            return
+        _killpg(pid, signal.SIGTERM)
+
+        async def kill_later() -> None:
+            await self.clock.sleep(grace_s)
+            if alive():
+                log.warning("workload %s ignored SIGTERM for %.1fs: SIGKILL", w.key, grace_s)
+                _killpg(pid, signal.SIGKILL)
+
+        self._killers[w.key] = asyncio.create_task(kill_later())
+
+    def _gauge(self) -> None:
+        if "running" in self._metrics:
+            self._metrics["running"].set(len(self.state.running))
+
+
+def _stamp(path: str) -> logic.FileStamp | None:
+    """``(inode, size, mtime_ns)`` of ``path``, or ``None`` when it is missing or not a regular file.
+
+    ``lstat``: a symbolic link is not followed (a workload must not make the
+    agent read, and log a piece of, a file of its choosing); it counts as absent.
+    """
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _look(path: str, known: logic.FileStamp | None) -> tuple[logic.FileStamp | None, bytes | None]:
+    """The progress file's stamp now, and its first ``MAX_PROGRESS_BYTES + 1`` bytes when the stamp is not ``known``.
+
+    The content is ``None`` when unchanged, or when it cannot be read as a
+    regular file: it vanished, permissions, or it was swapped for a link or
+    FIFO after the stat (opened without following links and non-blocking,
+    then checked again).
+    """
+    stamp = _stamp(path)
+    if stamp is None or stamp == known:
+        return stamp, None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return stamp, None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return stamp, None
+        return stamp, os.read(fd, logic.MAX_PROGRESS_BYTES + 1)
+    except OSError:
+        return stamp, None
+    finally:
+        os.close(fd)
+
+
+def _open_outputs(files: logic.JobFiles | None) -> tuple[BinaryIO | None, BinaryIO | None]:
+    """Open (append) the stdout and stderr files of a process, creating their directory; ``None`` = inherit."""
+    if files is None or files.stdout is None or files.stderr is None:
+        return None, None
+    os.makedirs(os.path.dirname(files.stdout), mode=0o700, exist_ok=True)
+    out = open(files.stdout, "ab")  # closed by the caller once the process has its copy
+    try:
+        return out, open(files.stderr, "ab")
+    except OSError:
+        out.close()
+        raise
+
+
+def _killpg(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
