@@ -26,6 +26,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
     )
     ap.add_argument("--instance-id", help="static group member id; one per running instance")
     ap.add_argument("--faust-dir", help="parent folder of the per-instance faust data dir (default: system temp)")
+    ap.add_argument("--window-s", type=float, help="window W in seconds: older budget events are not folded")
     add_common_flags(ap, PolicySettings)
     return flag_overrides(ap, argv)
 

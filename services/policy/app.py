@@ -79,7 +79,7 @@ async def _session(
     from apportion.topics import BUDGETS, USAGE
 
     outbox: list[Any] = []
-    svc = PolicyService(clock, outbox.append, settings.producer_name, metrics)
+    svc = PolicyService(clock, outbox.append, settings.producer_name, metrics, settings.window_s)
     current["svc"] = svc
     datadir = tempfile.mkdtemp(prefix="apportion-policy-", dir=settings.faust_dir)
     app = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from apportion.bus.service import ServiceSettings
+from apportion.timeutil import WEEK_S
 
 
 class PolicySettings(ServiceSettings):
@@ -18,9 +19,12 @@ class PolicySettings(ServiceSettings):
         faust_dir: parent of the per-instance faust data directory (a fresh
             ``apportion-policy-*`` folder is made in it at start and removed
             at stop); ``None`` uses the system temp directory.
+        window_s: the window W (default 7 days, as the dispatcher's): budget events older than the newest
+            one folded minus W are not folded, and the ids kept to drop duplicates are forgotten after W.
     """
 
     group_id: str = "policy"
     producer_name: str = "policy"
     faust_dir: str | None = None
     instance_id: str = "policy-0"
+    window_s: float = float(WEEK_S)

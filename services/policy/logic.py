@@ -16,7 +16,11 @@ second kind (:func:`check_budget_event`, checked against the same fold, with
 ``in_use`` empty: jobs are not in the budgets log), so its rejections never
 change the tree a reader computes, whether the reader saw them or not, and
 every reader (accounting, dispatcher, CLI, audit) reaches the same tree.
-Repeated event ids are folded once. A refused batch gets one
+Repeated event ids are folded once, and the ids remembered for that are
+bounded by the window W as the dispatcher's are (:mod:`apportion.domain.seen`):
+a budget event older than the newest one folded minus W is not folded (the
+dispatcher does not fold it either), and ids older than that are forgotten.
+A refused batch gets one
 ``BudgetRejected`` whose ``failures`` name every failing path.
 
 Ranking
@@ -34,11 +38,13 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from apportion.domain.budgets import BUDGET_CHANGES, BudgetBatchError, BudgetError, BudgetTree, fold_budget_log
 from apportion.domain.fairshare import budget_order, ratios
+from apportion.domain.seen import forget_older, older_than_window, sweep_due
 from apportion.domain.usage import ranking_of
 from apportion.events import (
     BudgetBatch,
@@ -52,6 +58,7 @@ from apportion.events import (
     RankedBudget,
     det_id,
 )
+from apportion.timeutil import WEEK_S, s_to_us, to_us
 
 PRODUCER = "policy"
 POLICY_VERSION = "fairtree-1"
@@ -152,7 +159,11 @@ class PolicyState:
     Attributes:
         tree: authoritative budget tree (``fold_budget_log`` of ``log``).
         log: budgets-topic events folded so far, in log order, each id once.
-        seen: their event ids.
+        seen: their event ids -> event time (µs), those older than the window forgotten
+            (:func:`apportion.domain.seen.forget_older`).
+        clock_us: the newest budget event time folded (µs), ``None`` before any.
+        kept: ids left by the last sweep of ``seen``.
+        window_us: the window W (µs); budget events older than ``clock_us - window_us`` are not folded.
         rejected_ids: ids of changes a ``BudgetRejected`` already exists for.
         pending_rejections: skipped changes not yet announced.
         snapshot: newest occupancy snapshot (by ``at``), or ``None``.
@@ -161,7 +172,10 @@ class PolicyState:
 
     tree: BudgetTree = field(default_factory=BudgetTree.empty)
     log: tuple[Event, ...] = ()
-    seen: frozenset[uuid.UUID] = frozenset()
+    seen: Mapping[uuid.UUID, int] = field(default_factory=dict)
+    clock_us: int | None = None
+    kept: int = 0
+    window_us: int = s_to_us(WEEK_S)
     rejected_ids: frozenset[uuid.UUID] = frozenset()
     pending_rejections: tuple[Rejection, ...] = ()
     snapshot: OccupancySnapshot | None = None
@@ -171,10 +185,17 @@ class PolicyState:
 def evolve(state: PolicyState, event: Event) -> PolicyState:
     """Fold one event from ``apportion.budgets`` or ``apportion.usage``."""
     if isinstance(event, (*BUDGET_CHANGES, BudgetRejected)):
+        t = to_us(event.ts)
+        if older_than_window(t, state.clock_us, state.window_us):  # as the dispatcher: not folded
+            return state
         if event.event_id in state.seen:
             return state
-        log = state.log + (event,)
-        state = replace(state, log=log, seen=state.seen | {event.event_id})
+        clock = t if state.clock_us is None or t > state.clock_us else state.clock_us
+        seen, kept = {**state.seen, event.event_id: t}, state.kept
+        if sweep_due(len(seen), kept):
+            seen = forget_older(seen, clock, state.window_us)
+            kept = len(seen)
+        state = replace(state, log=state.log + (event,), seen=seen, clock_us=clock, kept=kept)
     if isinstance(event, BudgetRejected):
         if event.rejected_event_id is None:
             return state

@@ -77,6 +77,7 @@ import logging
 from typing import Any
 
 from apportion.clock import Clock
+from apportion.timeutil import WEEK_S
 from services.policy import logic
 from services.policy.config import PolicySettings
 
@@ -95,15 +96,24 @@ class PolicyService:
             (blocking until acked) or queues it for the caller to write.
         name: ``producer`` for dead letters.
         metrics: optional ``{"published": Counter(labels=type)}``.
+        window_s: the window W bounding de-duplication (:class:`~services.policy.logic.PolicyState`).
     """
 
-    def __init__(self, clock: Clock, publish: Any, name: str = "policy", metrics: dict | None = None) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        publish: Any,
+        name: str = "policy",
+        metrics: dict | None = None,
+        window_s: float = float(WEEK_S),
+    ) -> None:
         from apportion.bus.intake import Intake
+        from apportion.timeutil import s_to_us
 
         self.clock = clock
         self.publish = publish
         self.name = name
-        self.state = logic.PolicyState()
+        self.state = logic.PolicyState(window_us=s_to_us(window_s))
         self._m = metrics or {}
         #: the reader edge shared by the catch-up and the agents (one id -> payload ledger)
         self.intake = Intake(name, clock.now, on_dead=publish)

@@ -13,7 +13,8 @@ from builders import T0, h, s, submitted
 from test_dispatch import CFG, TREE, reg
 
 from apportion import events as ev
-from apportion.domain.dispatch import FORGET_MIN, DispatchState, Tick, evolve, step
+from apportion.domain.dispatch import DispatchState, Tick, evolve, step
+from apportion.domain.seen import FORGET_MIN
 from apportion.timeutil import from_us
 
 W_S = 3600.0

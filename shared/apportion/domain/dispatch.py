@@ -72,6 +72,7 @@ from apportion.domain.engine import (
 )
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.reconcile import Absences, findings, observe
+from apportion.domain.seen import forget_older, older_than_window, sweep_due
 from apportion.events import (
     BudgetBatch,
     BudgetRemoved,
@@ -118,8 +119,6 @@ UNDO_ON_REFUSAL = frozenset(
     }
 )
 
-#: ``seen`` is not swept below this many ids (a sweep of a small map costs more than it frees).
-FORGET_MIN = 4096
 
 __all__ = [
     "DispatchConfig",
@@ -369,7 +368,7 @@ class DispatchState:
         be told from a duplicate. A reader meets one only when a producer's clock or a record is
         a window late; the dispatcher dead-letters it.
         """
-        return self.clock_us is not None and to_us(ev.ts) < self.clock_us - self.window_us
+        return older_than_window(to_us(ev.ts), self.clock_us, self.window_us)
 
     def forget_old(self) -> None:
         """Drop ids (``seen``) and ended jobs (``finished``) older than the window.
@@ -381,9 +380,8 @@ class DispatchState:
         """
         if self.clock_us is None:
             return
-        horizon = self.clock_us - self.window_us
-        self.seen = {k: t for k, t in self.seen.items() if t >= horizon}
-        self.finished = {k: t for k, t in self.finished.items() if t >= horizon}
+        self.seen = forget_older(self.seen, self.clock_us, self.window_us)
+        self.finished = forget_older(self.finished, self.clock_us, self.window_us)
         self._kept = len(self.seen)
 
     def node_shapes(self) -> list[NodeShape]:
@@ -529,7 +527,7 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
     eid = ev.event_id
     t_ev = to_us(ev.ts)
     clock = state.clock_us
-    if clock is not None and t_ev < clock - state.window_us:  # before the seen check: the same whether swept or not
+    if older_than_window(t_ev, clock, state.window_us):  # before the seen check: the same whether swept or not
         state.stale += 1
         return state
     if eid in state.seen:
@@ -539,7 +537,7 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         state.clock_us = t_ev
     if cls is not NodeHeartbeat:  # a heartbeat folded twice changes nothing: not recorded
         state.seen[eid] = t_ev
-        if len(state.seen) > 2 * max(state._kept, FORGET_MIN):
+        if sweep_due(len(state.seen), state._kept):
             state.forget_old()
     if state._ledger_on:
         state.ledger.apply(ev)
