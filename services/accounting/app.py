@@ -42,34 +42,24 @@ async def run(
         ready: set once the first session is caught up with the log as of its start and stored its snapshot.
         on_start: called with each session's :class:`StartReport` just before it is ready.
     """
-    from apportion.bus.resilience import readiness_for, supervise
-    from apportion.bus.service import start_metrics
+    from apportion.bus.service import wire
     from apportion.metrics import accounting_metrics
 
-    clock = clock or settings.make_clock()
-    conn = settings.connection()
-    readiness = readiness_for(conn.bootstrap, conn.redis_url)
-    registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host, readiness)
-    metrics = accounting_metrics(registry)
-    current: dict[str, AccountingService] = {}
-    metrics["reader"].watch(lambda: current["svc"].intake.stats if current else None)
+    w = wire(settings, clock)
+    metrics = accounting_metrics(w.registry)
+    w.watch_reader(metrics["reader"])
     rebuild = [settings.rebuild]  # --rebuild applies to the first session only; later ones resume
 
     def started(report: StartReport) -> None:
         rebuild[0] = False
-        readiness.set(True)
         if on_start is not None:
             on_start(report)
-        if ready is not None:
-            ready.set()
+        w.became_ready(ready)
 
     async def session() -> None:
-        await _session(settings, stop, clock, conn, metrics, current, rebuild[0], started)
+        await _session(settings, stop, w.clock, w.conn, metrics, w.current, rebuild[0], started)
 
-    try:
-        await supervise("accounting", session, stop, readiness)
-    finally:
-        stop_metrics()
+    await w.supervise("accounting", session, stop)
 
 
 async def _session(

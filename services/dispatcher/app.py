@@ -40,20 +40,16 @@ async def run(
     """
     import redis as redis_lib
 
-    from apportion.bus.resilience import readiness_for, supervise
     from apportion.bus.security import redis_auth
-    from apportion.bus.service import start_metrics
+    from apportion.bus.service import wire
     from apportion.metrics import dispatcher_metrics
     from apportion.topics import COMMANDS, JOBS, NODES
     from services.dispatcher.lease import Lease, highest_token_in_log
 
-    clock = clock or settings.make_clock()
-    conn = settings.connection()
-    readiness = readiness_for(conn.bootstrap, conn.redis_url)
-    registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host, readiness)
-    metrics = dispatcher_metrics(registry, clock.now)
-    current: dict[str, DispatcherService] = {}
-    metrics["reader"].watch(lambda: current["svc"].intake.stats if current else None)
+    w = wire(settings, clock)
+    conn, readiness = w.conn, w.readiness
+    metrics = dispatcher_metrics(w.registry, w.clock.now)
+    w.watch_reader(metrics["reader"])
     r = redis_lib.Redis.from_url(conn.redis_url, **redis_auth())
     lease = Lease(r, settings.owner(), settings.lease_ttl_wall_s)
 
@@ -78,34 +74,30 @@ async def run(
             metrics["leader"].set(1)
             readiness.set(False, "rebuilding as the leader")
             try:
-                await _lead(settings, stop, clock, conn, r, lease, metrics, ready, readiness, current)
+                await _lead(settings, stop, w, r, lease, metrics, ready)
             except LeadershipLost:
                 log.error("lease lost: stopping decisions, back to standby")
             finally:
                 metrics["leader"].set(0)
 
     try:
-        await supervise("dispatcher", session, stop, readiness)
+        await w.supervise("dispatcher", session, stop)
     finally:
         try:
             await asyncio.to_thread(lease.release)
         except Exception as exc:  # noqa: BLE001 - Redis gone at shutdown: the lease expires by itself
             log.warning("could not release the lease (%s); it expires in %.0f s", exc, settings.lease_ttl_wall_s)
-        stop_metrics()
         r.close()
 
 
 async def _lead(
     settings: DispatcherSettings,
     stop: asyncio.Event,
-    clock: Clock,
-    conn: Any,
+    w: Any,
     r: Any,
     lease: Any,
     metrics: dict,
     ready: asyncio.Event | None,
-    readiness: Any,
-    current: dict[str, DispatcherService],
 ) -> None:
     """One term as the leader: rebuild from the snapshot (if it fits) and the log, then decide until ``stop``."""
     from apportion.audit.config import configured_event
@@ -119,6 +111,7 @@ async def _lead(
     from services.dispatcher.lease import LeaseKeeper
 
     log.info("record-batch CRC-32C: %s", use_compiled_crc32c())
+    clock, conn = w.clock, w.conn
     producer = await asyncio.to_thread(
         EventProducer, conn.bootstrap, client_id="dispatcher", linger_ms=LINGER_MS, batch_size=BATCH_BYTES
     )
@@ -134,7 +127,7 @@ async def _lead(
 
     inputs = [SUBMISSIONS.name, JOBS.name, NODES.name, BUDGETS.name]
     consumer = await asyncio.to_thread(AssignedConsumer, conn.bootstrap, inputs, "dispatcher")
-    svc = current["svc"] = DispatcherService(settings, clock, publish, metrics, consumed=inputs)
+    svc = w.current["svc"] = DispatcherService(settings, clock, publish, metrics, consumed=inputs)
     svc.token = lease.token
     consumer.lag.sink = metrics["reader"].set_lag
     loop = asyncio.get_running_loop()
@@ -189,9 +182,7 @@ async def _lead(
             len(caught[0]),
             loop.time() - t_start,
         )
-        readiness.set(True)
-        if ready is not None:
-            ready.set()
+        w.became_ready(ready)
         await follow(consumer.poll, term.handle, stop, term.poll_ms)
     finally:
         beating.cancel()

@@ -73,17 +73,15 @@ async def run(
     from apportion.bus.consumer import EventConsumer
     from apportion.bus.crc import use_compiled_crc32c
     from apportion.bus.producer import EventProducer
-    from apportion.bus.resilience import connect, readiness_for
-    from apportion.bus.service import consume, start_metrics
+    from apportion.bus.resilience import connect
+    from apportion.bus.service import consume, wire
     from apportion.identity import report_signer
     from apportion.metrics import node_agent_metrics
     from apportion.topics import COMMANDS, NODES
 
-    clock = clock or settings.make_clock()
-    conn = settings.connection()
+    w = wire(settings, clock, redis=False)
+    clock, conn = w.clock, w.conn
     log.info("record-batch CRC-32C: %s", use_compiled_crc32c())
-    readiness = readiness_for(conn.bootstrap)
-    registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host, readiness)
     nodes, prefix = build_nodes(settings)
     journal = Journal(settings.journal_path())
     log.info("journal %s", journal.path or "in memory only (a restart cannot adopt runs)")
@@ -102,7 +100,7 @@ async def run(
             "to persistent storage, shared by the nodes if jobs are to resume on another node",
             checkpoint_root,
         )
-    metrics = node_agent_metrics(registry)
+    metrics = node_agent_metrics(w.registry)
     # the agent's reports wait out a broker outage of up to PRODUCER_PATIENCE_MS in the producer's buffer
     producer = await connect(
         lambda: EventProducer(
@@ -111,7 +109,7 @@ async def run(
             delivery_timeout_ms=PRODUCER_PATIENCE_MS,
         ),
         "the producer",
-        readiness,
+        w.readiness,
         stop,
     )
     # every report is signed with its node's key (DESIGN section 10; readers ignore what is not)
@@ -120,13 +118,13 @@ async def run(
             [n.node_id for n, _ in nodes], key_dir=settings.node_key_dir, bootstrap=conn.bootstrap, now=clock.now()
         ),
         "the report signer",
-        readiness,
+        w.readiness,
         stop,
     )
     if producer is None or signer is None:  # stopped while waiting for Kafka
         if producer is not None:
             producer.close()
-        stop_metrics()
+        w.stop_metrics()
         return
 
     async def flush() -> None:
@@ -201,15 +199,13 @@ async def run(
 
     async def started() -> None:
         await agent.start()
-        readiness.set(True)
-        if ready is not None:
-            ready.set()
+        w.became_ready(ready)
 
     try:
         await consume(make_consumer, agent.on_event, stop)
     finally:
         await agent.shutdown()
         await asyncio.to_thread(producer.close)
-        stop_metrics()
+        w.stop_metrics()
         for _, p in nodes[:1]:
             p.close()

@@ -33,31 +33,18 @@ async def run(
     joined its group and the decisions owed were published (acked).
     """
     from apportion.bus.faust_app import quiet_client_logs
-    from apportion.bus.resilience import readiness_for, supervise
-    from apportion.bus.service import start_metrics
+    from apportion.bus.service import wire
     from apportion.metrics import policy_metrics
 
     quiet_client_logs()
-    clock = clock or settings.make_clock()
-    conn = settings.connection()
-    readiness = readiness_for(conn.bootstrap)
-    registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host, readiness)
-    metrics = policy_metrics(registry)
-    current: dict[str, PolicyService] = {}
-    metrics["reader"].watch(lambda: current["svc"].intake.stats if current else None)
-
-    def started() -> None:
-        readiness.set(True)
-        if ready is not None:
-            ready.set()
+    w = wire(settings, clock, redis=False)
+    metrics = policy_metrics(w.registry)
+    w.watch_reader(metrics["reader"])
 
     async def session() -> None:
-        await _session(settings, stop, clock, conn.bootstrap, metrics, current, started)
+        await _session(settings, stop, w.clock, w.conn.bootstrap, metrics, w.current, lambda: w.became_ready(ready))
 
-    try:
-        await supervise("policy", session, stop, readiness)
-    finally:
-        stop_metrics()
+    await w.supervise("policy", session, stop)
 
 
 async def _session(

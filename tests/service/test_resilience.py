@@ -251,3 +251,19 @@ def test_the_metrics_port_answers_ready_503_then_200_and_still_serves_metrics() 
             assert b"process_resident_memory_bytes" in resp.read()
     finally:
         stop()
+
+
+def test_wire_probes_kafka_and_redis_only_when_asked_and_says_ready_once_told() -> None:
+    from apportion.bus.service import ServiceSettings, wire
+
+    settings = ServiceSettings(kafka_bootstrap="127.0.0.1:1", redis_url="redis://127.0.0.1:2/0")
+    assert list(wire(settings, redis=False).readiness.probes) == ["Kafka"]
+    w = wire(settings)
+    assert {k: addr for k, (addr, _) in w.readiness.probes.items()} == {
+        "Kafka": "127.0.0.1:1",
+        "Redis": "redis://127.0.0.1:2/0",
+    }
+    ready = asyncio.Event()
+    assert (w.readiness.ready, ready.is_set()) == (False, False)
+    w.became_ready(ready)
+    assert (w.readiness.ready, ready.is_set()) == (True, True)

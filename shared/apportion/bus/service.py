@@ -37,6 +37,7 @@ import signal
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -179,6 +180,57 @@ def start_metrics(
         thread.join(timeout=5)
 
     return registry, stop
+
+
+@dataclass
+class Wiring:
+    """What every service's ``run`` begins with (:func:`wire`).
+
+    Attributes:
+        clock: the event-time source.
+        conn: resolved Kafka and Redis addresses.
+        readiness: what ``/ready`` answers (:class:`apportion.bus.resilience.Readiness`).
+        registry: the Prometheus registry served on the metrics port.
+        stop_metrics: stops the endpoint.
+        current: ``{"svc": ...}``, the service object of the session running now (its reader stats are
+            what the metrics count; a session started again replaces it).
+    """
+
+    clock: Clock
+    conn: Connection
+    readiness: Readiness
+    registry: Any
+    stop_metrics: Callable[[], None]
+    current: dict[str, Any]
+
+    def watch_reader(self, collector: Any) -> None:
+        """Count the current session's reader edge (``svc.intake.stats``) on ``collector``."""
+        collector.watch(lambda: self.current["svc"].intake.stats if self.current else None)
+
+    def became_ready(self, ready: asyncio.Event | None = None) -> None:
+        """The session is ready: ``/ready`` says so (while the dependencies answer), ``ready`` is set."""
+        self.readiness.set(True)
+        if ready is not None:
+            ready.set()
+
+    async def supervise(self, name: str, session: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
+        """:func:`apportion.bus.resilience.supervise` the sessions until ``stop``; then stop the endpoint."""
+        from apportion.bus.resilience import supervise
+
+        try:
+            await supervise(name, session, stop, self.readiness)
+        finally:
+            self.stop_metrics()
+
+
+def wire(settings: ServiceSettings, clock: Clock | None = None, *, redis: bool = True) -> Wiring:
+    """Clock, addresses, readiness probing Kafka (and Redis when ``redis``), the metrics and ``/ready`` endpoint."""
+    from apportion.bus.resilience import readiness_for
+
+    conn = settings.connection()
+    readiness = readiness_for(conn.bootstrap, conn.redis_url if redis else None)
+    registry, stop_metrics = start_metrics(settings.metrics_port, settings.metrics_host, readiness)
+    return Wiring(clock or settings.make_clock(), conn, readiness, registry, stop_metrics, {})
 
 
 def install_signal_handlers(stop: asyncio.Event) -> None:
