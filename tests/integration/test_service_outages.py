@@ -1,9 +1,9 @@
 """Services stay up through Kafka and Redis outages (issues 13 and 18), on a real stack of their own.
 
-One stack for the module, `apportion stack up` of the four services (2 simulated 2-GPU nodes) with its own
-Kafka and Redis in a temp run directory, so the broker and Redis can be stopped and started without
-touching the session's. The web dashboard is started beside them. Each service's ``/ready`` (on its
-metrics port; the dashboard's own port) is polled, never slept on:
+One stack for the module, `apportion stack up` of the four services (2 simulated 2-GPU nodes) and the
+dashboard with its own Kafka and Redis in a temp run directory, so the broker and Redis can be stopped and
+started without touching the session's. Each service's ``/ready`` (on its metrics port; the dashboard's own
+port) is polled, never slept on:
 
 1. every service started while Kafka is down logs that it waits, answers ``/ready`` 503, stays alive, and
    becomes ready once the broker is up; then a submission runs to completion;
@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -33,7 +32,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
-#: the services `stack up` starts, then the dashboard this module adds
+#: the services `stack up` starts (the dashboard last)
 SERVICES = ("policy", "accounting", "dispatcher", "node_agent", "web")
 #: which of them keep something in Redis (their /ready probes it)
 USES_REDIS = ("accounting", "dispatcher", "web")
@@ -148,7 +147,6 @@ def _proc_of(pid: int) -> tuple[list[str], dict[str, str]]:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """`stack up` with a Kafka and Redis of its own, the dashboard beside it; everything stopped after."""
-    from apportion.bus.stack import free_ports
     from apportion.cli import stack as stack_mod
 
     run_dir = tmp_path_factory.mktemp("outages-run")
@@ -165,17 +163,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 "APPORTION_TOPIC_PREFIX": "",
             }
             st = Stack(run_dir, info, env)
-            for name in SERVICES[:-1]:  # as `stack up` started them, to start them again the same way
+            for name in SERVICES:  # as `stack up` started them, to start them again the same way
                 st.spawn[name] = _proc_of(info.pids[name])
                 st.ports[name] = info.metrics[name]
-            [web_port] = free_ports(1)
-            st.ports["web"] = web_port
-            st.spawn["web"] = (
-                [sys.executable, "-m", "services.web", "--port", str(web_port)],
-                {**os.environ, **env, "APPORTION_LOG_JSON": "false", "PYTHONUNBUFFERED": "1"},
-            )
-            st.start("web")
-            until(lambda: st.ready("web") == 200, "the dashboard ready")
             st.cli("budget", "apply", str(ROOT / "infra/budgets/example.yaml"))
             yield st
             for name in list(st.procs):
@@ -190,9 +180,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def test_each_service_started_before_kafka_waits_and_becomes_ready_once_it_is_up(stack: Stack) -> None:
     from apportion.cli.stack import _stop_pid
 
-    for name in SERVICES[:-1]:  # stop the ones `stack up` started; this module starts them from now on
+    for name in SERVICES:  # stop the ones `stack up` started; this module starts them from now on
         _stop_pid(stack.info.pids[name], 30.0)
-    stack.stop("web")
     stack.kafka_stop()
     for name in SERVICES:
         stack.start(name)
