@@ -46,7 +46,7 @@ Why not faust here: faust (like the group-based
 committed offsets, which cannot be written in one transaction with the
 state in Redis, and cannot say "read these three topics from 0 (or from
 these offsets), tell me when you reached today's end, in a deterministic
-merged order" without fighting its assignor; :class:`services._common.AssignedConsumer` does that in a few
+merged order" without fighting its assignor; :class:`apportion.bus.consumer.AssignedConsumer` does that in a few
 lines with kafka-python.
 
 Snapshots: after changes, debounced by ``snapshot_debounce_wall_s`` wall
