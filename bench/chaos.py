@@ -378,7 +378,7 @@ def check(bootstrap: str, submitted: list[str], hostile: list[tuple[Hostile, tup
         if isinstance(e, (ev.JobQueued, ev.JobRequeued)):
             attempts[e.job_id] = max(attempts.get(e.job_id, 0), e.attempt)
     for e in evs:
-        if isinstance(e, ev.JobRejected) or (isinstance(e, ev.JobCompleted) and e.attempt == attempts.get(e.job_id)):
+        if isinstance(e, ev.JobCompleted) and e.attempt == attempts.get(e.job_id):
             done.add(e.job_id)
     dead = {(e.source_topic, e.source_partition, e.source_offset) for e in evs if isinstance(e, ev.DeadLetter)}
     poison = [pos for h, pos in hostile if h.poison]
@@ -396,7 +396,9 @@ def check(bootstrap: str, submitted: list[str], hostile: list[tuple[Hostile, tup
     )
     stopped = {(e.job_id, e.attempt) for e in evs if isinstance(e, ev.StopWorkload)}
     return {
+        # not completed, rejected ones too: every submission is signed, in budget and fits, so a rejection loses it
         "lost": sorted(set(submitted) - done),
+        "rejected": [e for e in evs if isinstance(e, ev.JobRejected) and e.job_id in set(submitted)],
         "double": double_bookings(r.event for r in emitted),
         "violations": preemption_report(ours).violations,
         # a JobFailed the dispatcher did not cause with a StopWorkload (preemption, cancel, loss): the workloads
@@ -450,8 +452,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from apportion import events as ev
     from apportion.bus.producer import EventProducer
+    from apportion.client import key_registration
+    from apportion.identity import Identity
 
     rng = random.Random(a.seed)
+    # the campaign's user signs every submission with a key ops registered (DESIGN section 10): unsigned, the
+    # dispatcher rejects each as `unauthenticated` and the replay would place nothing
+    user = Identity.generate("u")
     root = Path(tempfile.mkdtemp(prefix=f"apportion-chaos-{a.seed}-"))
     (root / "logs").mkdir()
     t_begin = time.monotonic()
@@ -463,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for path, share in (("lab", 1.0), ("lab/a", 0.5), ("lab/b", 0.5)):
             producer.publish(ev.BudgetSet(path=path, share=share, ts=clock.now(), producer="chaos"))
+        producer.publish(key_registration(user.user, user.public_key, by="ops", now=clock.now()))
         for name in SERVICES:
             stack.start(name)
         jobs = submissions(a.jobs, rng, clock.now())
@@ -489,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
                 stack.revive()
             if action == "submit":
                 now = clock.now()
-                job = arg.model_copy(update={"ts": now, "submitted_at": now})
+                job = user.sign(arg.model_copy(update={"ts": now, "submitted_at": now}))
                 producer.publish(job, timeout_s=120.0)  # acknowledged (acks=all) before it counts as submitted
                 submitted.append(job.job_id)
             elif action == "kill":
@@ -542,7 +550,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     exits = ", ".join(f"{k} {v}" for k, v in sorted(stack.exits.items())) or "none"
     print(f"services that exited by themselves (restarted as a supervisor would): {exits}")
-    for what, items in (("lost", res["lost"]), ("double", res["double"]), ("failed", res["failed"])):
+    for what, items in (
+        ("lost", res["lost"]),
+        ("rejected", res["rejected"]),
+        ("double", res["double"]),
+        ("failed", res["failed"]),
+    ):
         for x in items[:5]:
             print(f"  {what}: {x}")
     if not rep.ok:

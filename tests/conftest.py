@@ -3,7 +3,8 @@
 Where they come from, first match wins (DESIGN section 8):
 
 1. ``KAFKA_BOOTSTRAP`` / ``REDIS_URL`` from the environment;
-2. testcontainers (apache/kafka, redis) when a Docker engine answers;
+2. testcontainers (apache/kafka, redis) when a Docker engine answers, secured as
+   the native stack (SASL/SCRAM, ACLs, Redis ACL users: :mod:`apportion.bus.containers`);
 3. the native stack from ``infra/`` (Kafka from Maven jars, Debian
    redis-server) on free ports in a temp dir, stopped after the session.
 
@@ -82,10 +83,11 @@ def _started_infra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[s
     from apportion.bus.stack import LocalStack
 
     try:
-        containers = start_containers()
+        containers = start_containers(tmp_path_factory.mktemp("container-secrets"))
     except DockerException:
         containers = None
     if containers is not None:
+        os.environ.update(containers.env)  # SASL and Redis ACLs: the session's clients are its admin
         try:
             yield containers.bootstrap, containers.redis_url
         finally:

@@ -82,11 +82,8 @@ voters="${KAFKA_QUORUM_VOTERS:-$node_id@127.0.0.1:$cport}"
 rf="${KAFKA_REPLICATION:-1}"
 min_isr=$(( rf > 1 ? rf - 1 : 1 ))
 cluster_id_file="${KAFKA_CLUSTER_ID_FILE:-$datadir/cluster.id}"
-password() {  # name -> its password, made once (32 random bytes, hex)
-    if [[ ! -s "$secrets/$1.password" ]]; then
-        (umask 077; mkdir -p "$secrets"; python3 -c 'import secrets; print(secrets.token_hex(32))' > "$secrets/$1.password")
-    fi
-    cat "$secrets/$1.password"
+password() {  # name -> its password, made once (infra/password.sh)
+    bash "$here/../password.sh" "$secrets" "$1"
 }
 (umask 077; sed -e "s|@PORT@|$port|g" -e "s|@CONTROLLER_PORT@|$cport|g" -e "s|@LOG_DIR@|$datadir/kraft-logs|g" \
     -e "s|@NODE_ID@|$node_id|g" -e "s|@VOTERS@|$voters|g" -e "s|@RF@|$rf|g" -e "s|@MIN_ISR@|$min_isr|g" \
