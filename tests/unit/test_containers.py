@@ -86,7 +86,10 @@ def test_kafka_container_config_is_sasl_scram_with_acls(tmp_path: Path) -> None:
     assert props["node.id"] == "1" and props["controller.quorum.voters"] == "1@localhost:9093"
     assert (props["default.replication.factor"], props["min.insync.replicas"]) == ("1", "1")
     admin_pw = (secrets / "kafka" / "admin.password").read_text().strip()
-    assert f'username="admin" password="{admin_pw}"' in props["listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config"]
+    assert (
+        f'username="admin" password="{admin_pw}"'
+        in props["listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config"]
+    )
     assert stat.S_IMODE((tmp_path / "server.properties").stat().st_mode) == 0o600
     client = parse_properties((tmp_path / "server-admin-client.properties").read_text())
     assert client["security.protocol"] == "SASL_PLAINTEXT" and client["sasl.mechanism"] == "SCRAM-SHA-512"
