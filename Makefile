@@ -87,8 +87,7 @@ bench: venv
 chaos: venv kafka-jars
 	$(PY) bench/chaos.py $(ARGS)
 
-# The short seeded campaign as a test (about 2 min on a quiet machine; not in `make test` yet: it timed out at
-# 300 s on the loaded 2-core machine of the fifth session, see docs/reliability.md).
+# The short seeded campaign as a test alone (about 2 min on the loaded 2-core machine; `make test` runs it too).
 chaos-test: venv kafka-jars
 	$(PY) -m pytest tests/chaos -p no:cacheprovider --override-ini addopts=-ra
 

@@ -68,15 +68,36 @@ voters="$(awk '{printf "%s%s@127.0.0.1:%s", (NR > 1 ? "," : ""), $1, $3}' "$port
 rf=$(( brokers < 3 ? brokers : 3 ))
 bootstrap="$(awk '{printf "%s127.0.0.1:%s", (NR > 1 ? "," : ""), $2}' "$ports_file")"
 
-started=()
-while read -r node port cport; do
-    out="$(KAFKA_NODE_ID="$node" KAFKA_CONTROLLER_PORT="$cport" KAFKA_QUORUM_VOTERS="$voters" \
+start_node() {  # node port cport -> start.sh's output in DATADIR/broker-N.start.log
+    KAFKA_NODE_ID="$1" KAFKA_CONTROLLER_PORT="$3" KAFKA_QUORUM_VOTERS="$voters" \
         KAFKA_REPLICATION="$rf" KAFKA_SECRETS_DIR="$datadir/secrets" KAFKA_CLUSTER_ID_FILE="$datadir/cluster.id" \
-        KAFKA_NO_WAIT=1 bash "$here/start.sh" "$port" "$datadir/broker-$node")"
-    if grep -q "^kafka node $node starting" <<< "$out"; then
+        KAFKA_NO_WAIT=1 bash "$here/start.sh" "$2" "$datadir/broker-$1" > "$datadir/broker-$1.start.log" 2>&1
+}
+# node 1 first (it makes the cluster id and the super users' passwords), then the others in parallel (each
+# formats its storage with its own JVM)
+rows=()
+while read -r node port cport; do rows+=("$node $port $cport"); done < "$ports_file"
+read -r node port cport <<< "${rows[0]}"
+start_node "$node" "$port" "$cport" || { cat "$datadir/broker-$node.start.log" >&2; exit 1; }
+jobs_=()
+for row in "${rows[@]:1}"; do
+    read -r node port cport <<< "$row"
+    start_node "$node" "$port" "$cport" &
+    jobs_+=("$!:$node")
+done
+for j in "${jobs_[@]}"; do
+    if ! wait "${j%%:*}"; then
+        cat "$datadir/broker-${j##*:}.start.log" >&2
+        exit 1
+    fi
+done
+started=()
+for row in "${rows[@]}"; do
+    read -r node port cport <<< "$row"
+    if grep -q "^kafka node $node starting" "$datadir/broker-$node.start.log"; then
         started+=("$node $port")
     fi
-done < "$ports_file"
+done
 
 probe=()
 [[ -f "$datadir/broker-1/plaintext" ]] || probe=(--sasl SCRAM-SHA-512)
