@@ -7,7 +7,7 @@ Seeded and bounded in time. Starts its own Kafka broker and Redis (``infra/``, n
 (``--time-scale``). Then, over ``--replay-s`` wall seconds, it
 
 * replays ``--jobs`` generated submissions (1-8 GPUs, a few 2-node gangs, 25% unallocated, durations
-  1-10 event-minutes) at seeded times;
+  1-10 event-minutes) at seeded times, each signed by the campaign's user (a key ops registered);
 * kills -9 each service ``--kills`` times at seeded moments and restarts it at once (the node agent
   keeps its journal; the dispatcher must wait out its lease);
 * kills -9 the broker ``--broker-kills`` times and restarts it on the same data directory;
@@ -18,7 +18,7 @@ Seeded and bounded in time. Starts its own Kafka broker and Redis (``infra/``, n
   events naming unknown jobs and nodes (which must change nothing).
 
 It then waits (``--drain-s`` at most) until every submitted job has completed or was rejected, and
-checks the log with the project's own detectors: every job done (``lost``), no GPU given to two runs
+checks the log with the project's own detectors: every job completed (``lost``; a rejected one is lost too), no GPU given to two runs
 (:func:`apportion.audit.invariants.double_bookings`), no preemption inside protection
 (:func:`apportion.audit.replay.preemption_report`), no ``JobFailed`` (the simulated workloads never
 fail: a failure is a restart's), every poison record dead-lettered, and ``audit verify``
@@ -29,8 +29,8 @@ last line::
     double-booked 0, protection violations 0, failed by restart 0, audit verify ok
 
 (one line; the dead-letter figure counts the poison records, the rest of the hostile ones name
-unknown entities). Exit status 1 when any figure is off. ``--quick`` is the short version the
-integration tier runs (``tests/integration/test_chaos.py``). Full campaign: ``make chaos``.
+unknown entities). Exit status 1 when any figure is off. ``--quick`` is the short version the suite
+runs (``tests/chaos/test_chaos_campaign.py``). Full campaign: ``make chaos``.
 """
 
 from __future__ import annotations
