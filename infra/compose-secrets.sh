@@ -20,7 +20,7 @@ mkdir -p "$dir"
 chmod 0700 "$dir"
 pw="$here/password.sh"
 # the Kafka principals (apportion.bus.security.PRINCIPALS; tests/unit/test_compose.py checks they agree)
-for name in admin controller dispatcher accounting policy node-agent researcher ops; do
+for name in admin controller dispatcher accounting policy node-agent researcher ops web; do
     bash "$pw" "$dir/kafka" "$name" 0644 > /dev/null
 done
 mkdir -p "$dir/redis"

@@ -144,8 +144,14 @@ def test_the_generated_kafka_principals_are_the_declared_ones() -> None:
 
 
 def test_every_service_is_its_own_principal_with_its_password_from_a_secret(compose: dict[str, Any]) -> None:
-    want = {"dispatcher": "dispatcher", "accounting": "accounting", "policy": "policy", "node_agent": "node-agent"}
-    redis_users = {"dispatcher": "dispatcher", "accounting": "accounting"}
+    want = {
+        "dispatcher": "dispatcher",
+        "accounting": "accounting",
+        "policy": "policy",
+        "node_agent": "node-agent",
+        "web": "web",
+    }
+    redis_users = {"dispatcher": "dispatcher", "accounting": "accounting", "web": "web"}
     for name, svc in compose["services"].items():
         service = built_from(svc)
         if service is None or name == "provision":
@@ -159,7 +165,7 @@ def test_every_service_is_its_own_principal_with_its_password_from_a_secret(comp
         assert compose["secrets"][secret]["file"] == f"./.secrets/kafka/{user}.password", name
         if service in redis_users or "APPORTION_REDIS_USER" in env:
             ruser = env["APPORTION_REDIS_USER"]
-            assert ruser == redis_users.get(service, "cli"), name
+            assert ruser == redis_users[service], name
             rsecret = env["APPORTION_REDIS_PASSWORD_FILE"].removeprefix("/run/secrets/")
             assert compose["secrets"][rsecret]["file"] == f"./.secrets/redis/{ruser}.password", name
         assert env["APPORTION_KAFKA_BOOTSTRAP"] == "kafka-1:9092,kafka-2:9092,kafka-3:9092"

@@ -105,7 +105,7 @@ def test_redis_container_has_acl_users_and_no_default_user(tmp_path: Path) -> No
     lines = (secrets / "redis" / "users.acl").read_text().splitlines()
     assert lines[0] == "user default off"
     users = {ln.split()[1]: ln for ln in lines[1:]}
-    assert set(users) == {"admin", "dispatcher", "accounting", "cli"}
+    assert set(users) == {"admin", "dispatcher", "accounting", "cli", "web"}
     for name, line in users.items():
         pw = (secrets / "redis" / f"{name}.password").read_text().strip()
         assert f" on >{pw} " in line and len(pw) == 64
