@@ -384,7 +384,9 @@ def check(bootstrap: str, submitted: list[str], hostile: list[tuple[Hostile, tup
     poison = [pos for h, pos in hostile if h.poison]
     ours = [r for r in records if r.topic != DEADLETTER.name]
     cfg = config_from_log(ours)
-    rep = verify(ours, config=cfg)
+    # with the dead letters: the node-report check (identity.check_reports) counts a report it finds unsigned
+    # as ignored only when a service dead-lettered it
+    rep = verify(records, config=cfg)
     # same-time events in the order the dispatcher emitted them (a preemption before the placement that takes
     # the victim's GPUs), as audit verify replays them; the log order alone sorts them by partition
     from apportion.audit.verify import _EMIT_RANK
@@ -462,7 +464,14 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix=f"apportion-chaos-{a.seed}-"))
     (root / "logs").mkdir()
     t_begin = time.monotonic()
-    local, stack, clock = open_stack(root, f"chaos{a.seed}x{uuid.uuid4().hex[:4]}.", a.time_scale)
+    from apportion.cli.stack import dev_keyring
+
+    # a development keyring of its own (as `apportion stack up`): the node agent makes and registers each node's
+    # key there, so its reports are signed (DESIGN section 10); without one every report is refused
+    ring = str(dev_keyring(root / "keyring"))
+    local, stack, clock = open_stack(
+        root, f"chaos{a.seed}x{uuid.uuid4().hex[:4]}.", a.time_scale, APPORTION_KEYRING=ring
+    )
     producer = EventProducer(local.bootstrap, client_id="chaos")
     kills = broker_kills = 0
     submitted: list[str] = []
