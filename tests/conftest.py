@@ -3,12 +3,19 @@
 Where they come from, first match wins (DESIGN section 8):
 
 1. ``KAFKA_BOOTSTRAP`` / ``REDIS_URL`` from the environment;
-2. testcontainers (apache/kafka, redis) when a Docker engine answers;
+2. testcontainers (apache/kafka, redis) when a Docker engine answers, secured as
+   the native stack (SASL/SCRAM, ACLs, Redis ACL users: :mod:`apportion.bus.containers`);
 3. the native stack from ``infra/`` (Kafka from Maven jars, Debian
    redis-server) on free ports in a temp dir, stopped after the session.
 
 Registry topics are provisioned in every case. Tests that use either fixture
-are marked ``integration`` automatically. Only infra fixtures live here; put
+are marked ``integration`` automatically.
+
+``kafka_cluster`` is another session fixture, used only by the tests that
+lose a broker: a 3-node KRaft cluster (``infra/kafka/start-cluster.sh``,
+replication 3, ``min.insync.replicas`` 2) with its own Redis, started the
+first time such a test asks for it, so the rest of the suite stays on the
+single fast broker. Only infra fixtures live here; put
 tier-specific fixtures in the tier's own conftest.py.
 
 Identity (DESIGN section 10): the dispatcher checks every signature in every
@@ -23,10 +30,15 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
-INFRA_FIXTURES = {"kafka_bootstrap", "redis_url", "kafka_topic_factory"}
+INFRA_FIXTURES = {"kafka_bootstrap", "redis_url", "kafka_topic_factory", "kafka_cluster"}
+
+#: Kafka nodes of the ``kafka_cluster`` fixture.
+CLUSTER_BROKERS = 3
 
 # Hypothesis profiles: "mutate" (make mutate) runs each property on fewer, fixed examples, so one mutant is
 # judged in seconds; the default profile is hypothesis' own. Chosen with HYPOTHESIS_PROFILE.
@@ -71,10 +83,11 @@ def _started_infra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[s
     from apportion.bus.stack import LocalStack
 
     try:
-        containers = start_containers()
+        containers = start_containers(tmp_path_factory.mktemp("container-secrets"))
     except DockerException:
         containers = None
     if containers is not None:
+        os.environ.update(containers.env)  # SASL and Redis ACLs: the session's clients are its admin
         try:
             yield containers.bootstrap, containers.redis_url
         finally:
@@ -123,3 +136,44 @@ def kafka_topic_factory(kafka_bootstrap: str) -> Callable[..., str]:
         return name
 
     return make
+
+
+@dataclass
+class KafkaCluster:
+    """The ``kafka_cluster`` fixture: a local multi-broker stack and the environment that connects to it.
+
+    Attributes:
+        stack: the :class:`apportion.bus.stack.LocalStack` (``node_ports``, ``node_pid``, ``start_kafka``).
+        env: the variables that make a client the cluster's super user (set them with ``monkeypatch``; the
+            session's own broker keeps the process environment).
+    """
+
+    stack: Any
+    env: dict[str, str]
+
+    @property
+    def bootstrap(self) -> str:
+        return str(self.stack.bootstrap)
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """A native 3-broker KRaft cluster with SASL/SCRAM and ACLs, topics provisioned (replication 3,
+    ``min.insync.replicas`` 2), and its own Redis; stopped after the session. Only for tests that need more
+    than one broker (it costs about a minute to start on the shared machine)."""
+    from apportion.bus.stack import LocalStack
+
+    saved = dict(os.environ)
+    stack = LocalStack(tmp_path_factory.mktemp("cluster"), brokers=CLUSTER_BROKERS)
+    try:
+        stack.start()  # provisions as the cluster's admin, through the process environment
+        env = stack.client_env()
+    except Exception as exc:  # noqa: BLE001 - turn into a readable failure
+        pytest.fail(f"cannot start the native {CLUSTER_BROKERS}-broker cluster from infra/: {exc}", pytrace=False)
+    finally:  # the session's single broker keeps its credentials
+        os.environ.clear()
+        os.environ.update(saved)
+    try:
+        yield KafkaCluster(stack, env)
+    finally:
+        stack.stop()

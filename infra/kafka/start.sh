@@ -20,6 +20,13 @@
 # Environment: KAFKA_HEAP_OPTS (default -Xms256m -Xmx512m), KAFKA_JVM_OPTS
 # (extra flags), KAFKA_CONTROLLER_PORT (default: a free port),
 # KAFKA_START_TIMEOUT seconds (default 90), APPORTION_KAFKA_PLAINTEXT.
+# One node of a cluster (set by start-cluster.sh, which starts all of them):
+# KAFKA_NODE_ID (default 1), KAFKA_QUORUM_VOTERS (default
+# 1@127.0.0.1:CONTROLLER_PORT), KAFKA_REPLICATION (replicas of the internal
+# topics and the default, default 1; min.insync.replicas is one less, at least
+# 1), KAFKA_SECRETS_DIR and KAFKA_CLUSTER_ID_FILE (shared by the nodes;
+# default DATADIR/secrets and DATADIR/cluster.id), KAFKA_NO_WAIT=1 (start and
+# return; the caller waits for the cluster).
 set -euo pipefail
 
 if [[ $# -ne 2 ]]; then
@@ -34,6 +41,10 @@ pidfile="$datadir/kafka.pid"
 logfile="$datadir/kafka.log"
 props="$datadir/server.properties"
 
+if [[ -f "$datadir/cluster.ports" ]]; then
+    echo "start.sh: $datadir holds a cluster: start it with start-cluster.sh (make up BROKERS=N)" >&2
+    exit 1
+fi
 command -v java >/dev/null || { echo "start.sh: Java 17+ is required (apt-get install openjdk-17-jre-headless)" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "start.sh: python3 is required for the readiness probe" >&2; exit 1; }
 [[ -f "$here/lib/.complete" ]] || "$here/fetch.sh"
@@ -41,6 +52,12 @@ command -v python3 >/dev/null || { echo "start.sh: python3 is required for the r
 is_our_broker() {  # pid -> true when it is a live kafka.Kafka process
     [[ -r "/proc/$1/cmdline" ]] && tr '\0' ' ' < "/proc/$1/cmdline" | grep -q 'kafka\.Kafka '
 }
+
+secure=1
+if [[ -f "$datadir/plaintext" || ( ! -f "$datadir/kraft-logs/meta.properties" && "${APPORTION_KAFKA_PLAINTEXT:-}" == 1 ) ]]; then
+    secure=0
+fi
+secrets="${KAFKA_SECRETS_DIR:-$datadir/secrets}"
 
 if [[ -f "$pidfile" ]] && is_our_broker "$(cat "$pidfile")"; then
     running_port="$(cat "$datadir/kafka.port" 2>/dev/null || echo '?')"
@@ -59,19 +76,17 @@ free_port() {
 }
 cport="${KAFKA_CONTROLLER_PORT:-$(free_port)}"
 
-secure=1
-if [[ -f "$datadir/plaintext" || ( ! -f "$datadir/kraft-logs/meta.properties" && "${APPORTION_KAFKA_PLAINTEXT:-}" == 1 ) ]]; then
-    secure=0
-    touch "$datadir/plaintext"
-fi
-secrets="$datadir/secrets"
-password() {  # name -> its password, made once (32 random bytes, hex)
-    if [[ ! -s "$secrets/$1.password" ]]; then
-        (umask 077; mkdir -p "$secrets"; python3 -c 'import secrets; print(secrets.token_hex(32))' > "$secrets/$1.password")
-    fi
-    cat "$secrets/$1.password"
+if [[ "$secure" == 0 ]]; then touch "$datadir/plaintext"; fi
+node_id="${KAFKA_NODE_ID:-1}"
+voters="${KAFKA_QUORUM_VOTERS:-$node_id@127.0.0.1:$cport}"
+rf="${KAFKA_REPLICATION:-1}"
+min_isr=$(( rf > 1 ? rf - 1 : 1 ))
+cluster_id_file="${KAFKA_CLUSTER_ID_FILE:-$datadir/cluster.id}"
+password() {  # name -> its password, made once (infra/password.sh)
+    bash "$here/../password.sh" "$secrets" "$1"
 }
 (umask 077; sed -e "s|@PORT@|$port|g" -e "s|@CONTROLLER_PORT@|$cport|g" -e "s|@LOG_DIR@|$datadir/kraft-logs|g" \
+    -e "s|@NODE_ID@|$node_id|g" -e "s|@VOTERS@|$voters|g" -e "s|@RF@|$rf|g" -e "s|@MIN_ISR@|$min_isr|g" \
     "$here/server.properties.template" > "$props")
 scram=()
 probe=()
@@ -90,15 +105,15 @@ cp="$here/lib/*"
 # re-format after a partial failure uses the same id.
 if [[ ! -f "$datadir/kraft-logs/meta.properties" ]]; then
     # A base64url UUID, never starting with "-" (it would read as an option).
-    [[ -s "$datadir/cluster.id" ]] || python3 -c '
+    [[ -s "$cluster_id_file" ]] || python3 -c '
 import base64, uuid
 while True:
     cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
     if not cid.startswith("-"):
         print(cid)
-        break' > "$datadir/cluster.id"
+        break' > "$cluster_id_file"
     if ! env -u COLUMNS java -Xmx256m "${java_log[@]}" -cp "$cp" kafka.tools.StorageTool format \
-            --cluster-id="$(cat "$datadir/cluster.id")" --config="$props" --ignore-formatted "${scram[@]}" \
+            --cluster-id="$(cat "$cluster_id_file")" --config="$props" --ignore-formatted "${scram[@]}" \
             > "$datadir/format.log" 2>&1; then
         echo "start.sh: formatting storage failed:" >&2
         tail -n 20 "$datadir/format.log" >&2
@@ -115,6 +130,10 @@ setsid java ${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m} -XX:+UseG1GC -Djava.awt.headle
 pid=$!
 echo "$pid" > "$pidfile"
 echo "$port" > "$datadir/kafka.port"
+if [[ "${KAFKA_NO_WAIT:-}" == 1 ]]; then
+    echo "kafka node $node_id starting on 127.0.0.1:$port (pid $pid)"
+    exit 0
+fi
 
 if ! python3 "$here/wait_ready.py" 127.0.0.1 "$port" --pid "$pid" --timeout "${KAFKA_START_TIMEOUT:-90}" "${probe[@]}"; then
     echo "start.sh: broker did not become ready; first errors in $logfile:" >&2

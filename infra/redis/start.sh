@@ -10,11 +10,8 @@
 # when secured, REDIS_SECRETS=DIR.
 #
 # Security (DESIGN section 10, docs/security.md): ACL users with passwords
-# (DATADIR/secrets/<user>.password, mode 0600, made once; DATADIR/users.acl):
-# the default user is off; admin may do anything (provisioning, tests);
-# dispatcher and accounting may run any non-dangerous command on apportion's
-# keys (*apportion:*); cli may only read them; web (the dashboard) may only read
-# the read models (*apportion:rm:*).  APPORTION_REDIS_NOAUTH=1 keeps
+# (DATADIR/secrets/<user>.password, mode 0600, made once; DATADIR/users.acl
+# from infra/redis/acl.sh, which declares the users and what each may do).  APPORTION_REDIS_NOAUTH=1 keeps
 # the open default user instead (development only).
 set -euo pipefail
 if [[ $# -ne 2 ]]; then
@@ -53,20 +50,7 @@ fi
 
 auth=()
 if [[ "${APPORTION_REDIS_NOAUTH:-}" != 1 ]]; then
-    password() {  # name -> its password, made once (32 random bytes, hex)
-        if [[ ! -s "$secrets/$1.password" ]]; then
-            (umask 077; mkdir -p "$secrets"; python3 -c 'import secrets; print(secrets.token_hex(32))' > "$secrets/$1.password")
-        fi
-        cat "$secrets/$1.password"
-    }
-    (umask 077; {
-        echo "user default off"
-        echo "user admin on >$(password admin) ~* &* +@all"
-        echo "user dispatcher on >$(password dispatcher) ~*apportion:* +@all -@dangerous"
-        echo "user accounting on >$(password accounting) ~*apportion:* +@all -@dangerous"
-        echo "user cli on >$(password cli) ~*apportion:* -@all +@read +@connection"
-        echo "user web on >$(password web) ~*apportion:rm:* -@all +@read +@connection"
-    } > "$datadir/users.acl")
+    (umask 077; bash "$(dirname "${BASH_SOURCE[0]}")/acl.sh" "$secrets" > "$datadir/users.acl")
     auth=(--aclfile "$datadir/users.acl")
 fi
 

@@ -581,6 +581,11 @@ def check_requests(records: Iterable[Any]) -> tuple[list[RequestFinding], int]:
     its user at its event time, and an accepted cancel of another user's job
     must be signed by ops (:func:`~apportion.domain.admission.authorize`).
     Refused requests are not findings: refusing a forgery is the stack working.
+    Nor is a request the reader edge dead-lettered as ``event_id reused``
+    (:class:`apportion.bus.intake.IdLedger`: an earlier record of its
+    partition carried its id with another payload): the dispatcher never acted
+    on it. Across partitions the order the dispatcher read them in is not in
+    the log, so a reuse there is still checked.
 
     A key revoked earlier in the log (the revocation's record timestamp at or
     before the request's: :class:`KeyRegistry`) proves nothing, whatever the
@@ -611,11 +616,22 @@ def check_requests(records: Iterable[Any]) -> tuple[list[RequestFinding], int]:
             cancelled.add(ev.job_id)
     if not len(reg):
         return [], 0
+    from apportion.bus.intake import IdLedger
+
+    reused: set[int] = set()
+    ledgers: dict[tuple[str, int], IdLedger] = {}
+    for i in sorted(range(len(recs)), key=lambda i: (recs[i].topic, recs[i].partition, recs[i].offset)):
+        ev = recs[i].event
+        if isinstance(ev, (events.JobSubmitted, events.JobCancelRequested)):
+            try:
+                ledgers.setdefault((recs[i].topic, recs[i].partition), IdLedger()).check(ev)
+            except events.DecodeError:
+                reused.add(i)
     findings: list[RequestFinding] = []
     checked = 0
     for i, r in enumerate(recs):
         ev = r.event
-        if not isinstance(ev, (events.JobSubmitted, events.JobCancelRequested)):
+        if not isinstance(ev, (events.JobSubmitted, events.JobCancelRequested)) or i in reused:
             continue
         if events.det_id("JobRejected", ev.job_id, ev.event_id) in refused:
             continue

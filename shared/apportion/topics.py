@@ -65,6 +65,27 @@ def prefix() -> str:
 
 KEEP_FOREVER = -1
 
+#: Most replicas a registry topic gets (DESIGN section 4: a cluster of three survives the loss of one broker).
+MAX_REPLICAS = 3
+
+
+def replication(brokers: int) -> tuple[int, int]:
+    """``(replication factor, min.insync.replicas)`` of every registry topic on a cluster of ``brokers``.
+
+    ``min(3, brokers)`` replicas and one fewer in sync, at least one: ``(1, 1)`` on one broker, ``(2, 1)`` on
+    two, ``(3, 2)`` on three or more, so with ``acks=all`` an acknowledged write is on two brokers and the
+    cluster keeps taking writes with one broker down. ``infra/kafka/start-cluster.sh`` applies the same rule to
+    the broker's internal topics and defaults.
+
+    Raises:
+        ValueError: ``brokers`` < 1.
+    """
+    if brokers < 1:
+        raise ValueError(f"a cluster has at least one broker, got {brokers}")
+    rf = min(MAX_REPLICAS, brokers)
+    return rf, max(1, rf - 1)
+
+
 SUBMISSIONS = Topic(
     "apportion.submissions",
     "job_id",

@@ -1,6 +1,8 @@
 """The short seeded chaos campaign (``bench/chaos.py --quick``): its own broker and Redis, kills, a broker
-kill -9, a Redis restart and 300 hostile records during a 30-job replay; every figure of its last line
-must be right (exit status 0). The full campaign is ``make chaos`` (docs/reliability.md).
+kill -9, a Redis restart and 300 hostile records during a 30-job replay of signed submissions; every figure
+of its last line must be right (exit status 0). Seed 7 is the one that failed ``audit verify`` on an
+accounting snapshot (docs/reliability.md). About 2 minutes on the loaded 2-core machine; in ``make test``.
+The full campaign is ``make chaos``.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(540)
 def test_short_chaos_campaign_loses_nothing_and_verifies() -> None:
     out = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "chaos.py"), "--quick", "--seed", "1"],
+        [sys.executable, str(REPO / "bench" / "chaos.py"), "--quick", "--seed", "7"],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=500,
         check=False,
     )
     last = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""

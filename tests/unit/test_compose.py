@@ -2,8 +2,11 @@
 
 Checks that every apportion service has a container built from its own
 Dockerfile, that every Dockerfile named exists and starts its own service,
-that Kafka is the official image in KRaft mode at the broker version of
-infra/kafka/pom.xml, and that every environment variable the compose file
+that Kafka is three official KRaft nodes at the broker version of
+infra/kafka/pom.xml secured as infra/kafka starts a broker (SASL/SCRAM, ACLs,
+replication 3 and min.insync.replicas 2: the configuration
+infra/kafka/container-start.sh renders is checked), that every password
+comes from a generated secret, and that every environment variable the compose file
 sets is one the service reads: a field of the pydantic-settings class in
 ``services/<name>/config.py`` (env_prefix + field name, or an alias), or one
 of the connection variables read by :mod:`apportion.settings`.
@@ -59,15 +62,118 @@ def test_every_dockerfile_named_exists_and_runs_its_service(compose: dict[str, A
         assert f'"-m", "services.{service}"' in text, f"{path} must run python -m services.{service}"
 
 
-def test_kafka_is_the_official_image_in_kraft_mode_at_the_pinned_version(compose: dict[str, Any]) -> None:
-    kafka = compose["services"]["kafka"]
+def kafka_nodes(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {n: s for n, s in compose["services"].items() if s.get("image", "").startswith("apache/kafka:")}
+
+
+def test_kafka_is_three_official_kraft_nodes_at_the_pinned_version(compose: dict[str, Any]) -> None:
     pom = (ROOT / "infra/kafka/pom.xml").read_text()
     version = re.search(r"<kafka.version>(.+?)</kafka.version>", pom).group(1)
-    assert kafka["image"] == f"apache/kafka:{version}"
-    env = kafka["environment"]
-    assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
-    assert "ZOOKEEPER" not in " ".join(env)
+    nodes = kafka_nodes(compose)
+    assert sorted(nodes) == ["kafka-1", "kafka-2", "kafka-3"]
+    voters = set()
+    for name, svc in nodes.items():
+        assert svc["image"] == f"apache/kafka:{version}"
+        assert svc["command"] == ["bash", "/opt/apportion/kafka/container-start.sh"]
+        assert "./infra/kafka:/opt/apportion/kafka:ro" in svc["volumes"]
+        env = svc["environment"]
+        assert "ZOOKEEPER" not in " ".join(env)
+        voters.add(env["KAFKA_QUORUM_VOTERS"])
+        assert env["KAFKA_ADVERTISED"] == f"{name}:9092"
+        assert env["KAFKA_REPLICATION"] == "3"
+    assert voters == {"1@kafka-1:9093,2@kafka-2:9093,3@kafka-3:9093"}
+    assert sorted(n["environment"]["KAFKA_NODE_ID"] for n in nodes.values()) == ["1", "2", "3"]
     assert compose["services"]["redis"]["image"].startswith("redis:")
+
+
+@pytest.mark.parametrize("node", ["kafka-1", "kafka-2", "kafka-3"])
+def test_each_kafka_node_runs_sasl_scram_with_acls_and_three_replicas(
+    compose: dict[str, Any], node: str, tmp_path: Path
+) -> None:
+    """Render what container-start.sh writes in the container (test_containers' helpers) and check it."""
+    from test_containers import assert_secured, render
+
+    from apportion.bus.containers import ContainerSpec, make_secrets
+    from apportion.topics import replication
+
+    svc = compose["services"][node]
+    secrets = make_secrets(tmp_path / "secrets")
+    env = dict(svc["environment"])
+    for k in ("KAFKA_ADMIN_PASSWORD_FILE", "KAFKA_CONTROLLER_PASSWORD_FILE"):
+        name = env[k].rsplit("/", 1)[1]  # /run/secrets/<secret>
+        assert name in svc["secrets"]
+        env[k] = str(secrets / "kafka" / (compose["secrets"][name]["file"].rsplit("/", 1)[1]))
+    spec = ContainerSpec(svc["image"], env, svc["command"], {str(ROOT / "infra" / "kafka"): "/opt/apportion/kafka"})
+    props, text = render(spec, tmp_path / "server.properties")
+    assert_secured(props, text)
+    n = env["KAFKA_NODE_ID"]
+    host_port = {"1": 29092, "2": 29093, "3": 29094}[n]
+    assert props["node.id"] == n
+    assert props["advertised.listeners"] == f"SASL_PLAINTEXT://{node}:9092,HOST://127.0.0.1:{host_port}"
+    assert f"127.0.0.1:{host_port}:29092" in svc["ports"]
+    rf, isr = replication(3)
+    assert (props["default.replication.factor"], props["min.insync.replicas"]) == (str(rf), str(isr))
+    assert props["offsets.topic.replication.factor"] == str(rf)
+    assert props["transaction.state.log.min.isr"] == str(isr)
+    # the healthcheck authenticates with the admin client file the script writes
+    assert "--command-config /tmp/apportion-server-admin-client.properties" in svc["healthcheck"]["test"][1]
+
+
+def test_no_secret_is_in_the_compose_file_and_every_secret_is_generated(compose: dict[str, Any]) -> None:
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert not re.search(r"(?i)password\s*[:=]\s*[\"']?[0-9a-f]{16,}", text)
+    assert not re.search(r"(?i)_PASSWORD:\s", text), "a password given as a value (use *_PASSWORD_FILE)"
+    script = (ROOT / "infra/compose-secrets.sh").read_text()
+    for name, sec in compose["secrets"].items():
+        path = sec["file"]
+        assert path.startswith("./.secrets/"), f"{name}: secrets live in the generated .secrets/"
+        sub, fname = path[len("./.secrets/") :].split("/")
+        made = {"kafka": "password.sh", "redis": "acl.sh", "grafana": "password.sh"}[sub]
+        assert made in script and f'"$dir/{sub}"' in script, name
+    assert ".secrets/" in (ROOT / ".gitignore").read_text().splitlines()
+    assert ".secrets" in (ROOT / ".dockerignore").read_text().splitlines()
+
+
+def test_the_generated_kafka_principals_are_the_declared_ones() -> None:
+    from apportion.bus.security import ADMIN, PRINCIPALS
+
+    script = (ROOT / "infra/compose-secrets.sh").read_text()
+    line = re.search(r"^for name in (.+); do$", script, re.M)
+    assert line is not None
+    assert line.group(1).split() == [ADMIN, "controller", *PRINCIPALS]
+
+
+def test_every_service_is_its_own_principal_with_its_password_from_a_secret(compose: dict[str, Any]) -> None:
+    want = {
+        "dispatcher": "dispatcher",
+        "accounting": "accounting",
+        "policy": "policy",
+        "node_agent": "node-agent",
+        "web": "web",
+    }
+    redis_users = {"dispatcher": "dispatcher", "accounting": "accounting", "web": "web"}
+    for name, svc in compose["services"].items():
+        service = built_from(svc)
+        if service is None or name == "provision":
+            continue
+        env = svc["environment"]
+        user = env["APPORTION_KAFKA_USER"]
+        if service in want:
+            assert user == want[service], name
+        secret = env["APPORTION_KAFKA_PASSWORD_FILE"].removeprefix("/run/secrets/")
+        assert secret in svc["secrets"] and secret in compose["secrets"], name
+        assert compose["secrets"][secret]["file"] == f"./.secrets/kafka/{user}.password", name
+        if service in redis_users or "APPORTION_REDIS_USER" in env:
+            ruser = env["APPORTION_REDIS_USER"]
+            assert ruser == redis_users[service], name
+            rsecret = env["APPORTION_REDIS_PASSWORD_FILE"].removeprefix("/run/secrets/")
+            assert compose["secrets"][rsecret]["file"] == f"./.secrets/redis/{ruser}.password", name
+        assert env["APPORTION_KAFKA_BOOTSTRAP"] == "kafka-1:9092,kafka-2:9092,kafka-3:9092"
+    prov = compose["services"]["provision"]["environment"]
+    assert prov["APPORTION_KAFKA_USER"] == "admin" and prov["APPORTION_KAFKA_SECRETS_DIR"]
+    assert "./.secrets/kafka:/run/apportion/kafka-secrets:ro" in compose["services"]["provision"]["volumes"]
+    redis = compose["services"]["redis"]
+    assert "--aclfile" in redis["command"] and "redis_users_acl" in redis["secrets"]
 
 
 def test_there_are_three_simulated_node_agents_with_distinct_ids(compose: dict[str, Any]) -> None:
@@ -77,9 +183,13 @@ def test_there_are_three_simulated_node_agents_with_distinct_ids(compose: dict[s
 
 
 def shared_env() -> set[str]:
-    """Connection variables read by apportion.settings (any service may use them)."""
-    path = ROOT / "shared/apportion/settings.py"
-    return set(re.findall(r"\bAPPORTION_[A-Z_]+\b", path.read_text())) if path.exists() else set()
+    """Connection and credential variables read by apportion.settings and apportion.bus.security (any service
+    may use them)."""
+    out: set[str] = set()
+    for rel in ("shared/apportion/settings.py", "shared/apportion/bus/security.py"):
+        path = ROOT / rel
+        out |= set(re.findall(r"\bAPPORTION_[A-Z_]+\b", path.read_text())) if path.exists() else set()
+    return out
 
 
 def settings_env(service: str) -> set[str]:

@@ -5,32 +5,138 @@ before the native stack. Without a Docker engine the container constructor
 raises :class:`docker.errors.DockerException`; :func:`start_containers`
 lets it propagate so the caller can fall back. Nothing is built at import.
 
-Kafka runs the official ``apache/kafka`` image (the same version as
-``infra/kafka/pom.xml``) in KRaft combined mode. Its client port is bound to
-a free host port chosen up front, so the advertised listener is known before
-the container starts.
+Secured as the native stack is (DESIGN section 10, ``docs/security.md``):
+Kafka runs the official ``apache/kafka`` image (the version of
+``infra/kafka/pom.xml``) in KRaft combined mode, started by
+``infra/kafka/container-start.sh`` (mounted read-only) from the same
+templates as ``infra/kafka/start.sh``: SASL/SCRAM-SHA-512 on every
+listener, ACLs with KRaft's StandardAuthorizer, the super users ``admin``
+and ``controller``. Redis runs with the ACL file of ``infra/redis/acl.sh``
+(the default user off). The passwords are made in a temporary secrets
+directory (``kafka/``, ``redis/``; mounted read-only, never in the image
+or the repo). Kafka's client port is bound to a free host port chosen up
+front, so the advertised listener is known before the container starts.
+
+The container settings are built by :func:`kafka_spec` and
+:func:`redis_spec` as plain data, so a test checks them without Docker
+(``tests/unit/test_containers.py``).
 """
 
 from __future__ import annotations
 
+import base64
+import subprocess
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from apportion.bus.stack import free_ports
+from apportion.bus.stack import DEFAULT_INFRA_DIR, free_ports
 
 KAFKA_IMAGE = "apache/kafka:4.1.1"
 REDIS_IMAGE = "redis:7.0"
 
+#: Where the containers see ``infra/kafka`` and the secrets.
+KAFKA_SCRIPTS = "/opt/apportion/kafka"
+SECRETS = "/run/apportion-secrets"
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """What one container is started with: image, environment, command, read-only mounts and ports.
+
+    Attributes:
+        volumes: host path -> container path (all read-only).
+        ports: container port -> host port on 127.0.0.1.
+    """
+
+    image: str
+    env: dict[str, str]
+    command: list[str]
+    volumes: dict[str, str] = field(default_factory=dict)
+    ports: dict[int, int] = field(default_factory=dict)
+
+
+def make_secrets(root: Path, infra_dir: Path = DEFAULT_INFRA_DIR) -> Path:
+    """Passwords for the containers under ``root``: ``kafka/admin.password``, ``kafka/controller.password``
+    (``infra/password.sh``) and ``redis/users.acl`` with its users' passwords (``infra/redis/acl.sh``), each file
+    mode 0644 in directories of mode 0700 (a container's user must read them). Returns ``root``."""
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for name in ("admin", "controller"):
+        subprocess.run(
+            ["bash", str(infra_dir / "password.sh"), str(root / "kafka"), name, "0644"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    acl = subprocess.run(
+        ["bash", str(infra_dir / "redis" / "acl.sh"), str(root / "redis"), "0644"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    path = root / "redis" / "users.acl"
+    path.write_text(acl)
+    path.chmod(0o644)
+    return root
+
+
+def kafka_spec(host_port: int, secrets: Path, infra_dir: Path = DEFAULT_INFRA_DIR) -> ContainerSpec:
+    """The single-node Kafka container: SASL/SCRAM and ACLs on, advertised at ``127.0.0.1:host_port``."""
+    cluster_id = "-"
+    while cluster_id.startswith("-"):  # a leading "-" would read as an option of the storage tool
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    env = {
+        "KAFKA_NODE_ID": "1",
+        "KAFKA_QUORUM_VOTERS": "1@localhost:9093",
+        "KAFKA_REPLICATION": "1",
+        "KAFKA_CLUSTER_ID": cluster_id,
+        "KAFKA_ADVERTISED": f"127.0.0.1:{host_port}",
+        "KAFKA_ADMIN_PASSWORD_FILE": f"{SECRETS}/kafka/admin.password",
+        "KAFKA_CONTROLLER_PASSWORD_FILE": f"{SECRETS}/kafka/controller.password",
+        "KAFKA_HEAP_OPTS": "-Xms256m -Xmx512m",
+    }
+    return ContainerSpec(
+        KAFKA_IMAGE,
+        env,
+        ["bash", f"{KAFKA_SCRIPTS}/container-start.sh"],
+        {str(infra_dir / "kafka"): KAFKA_SCRIPTS, str(secrets): SECRETS},
+        {9092: host_port},
+    )
+
+
+def redis_spec(host_port: int, secrets: Path) -> ContainerSpec:
+    """The Redis container: the ACL file of ``infra/redis/acl.sh`` (default user off), no persistence."""
+    return ContainerSpec(
+        REDIS_IMAGE,
+        {},
+        ["redis-server", "--aclfile", f"{SECRETS}/redis/users.acl", "--save", "", "--appendonly", "no"],
+        {str(secrets): SECRETS},
+        {6379: host_port},
+    )
+
+
+def client_env(secrets: Path) -> dict[str, str]:
+    """The environment that makes Kafka and Redis clients the containers' super user ``admin``."""
+    from apportion.bus.security import ADMIN, principal_env, redis_env
+
+    return {
+        **principal_env(ADMIN, secrets / "kafka"),
+        "APPORTION_KAFKA_SECRETS_DIR": str(secrets / "kafka"),
+        **redis_env(ADMIN, secrets / "redis"),
+        "APPORTION_REDIS_SECRETS_DIR": str(secrets / "redis"),
+    }
+
 
 @dataclass
 class Containers:
-    """Running Kafka and Redis containers and their addresses."""
+    """Running Kafka and Redis containers, their addresses and the admin's environment (:func:`client_env`)."""
 
     kafka: Any
     redis: Any
     bootstrap: str
     redis_url: str
+    env: dict[str, str] = field(default_factory=dict)
 
     def stop(self) -> None:
         for c in (self.kafka, self.redis):
@@ -40,35 +146,18 @@ class Containers:
                 pass
 
 
-def _kafka_env(host_port: int) -> dict[str, str]:
-    return {
-        "KAFKA_NODE_ID": "1",
-        "KAFKA_PROCESS_ROLES": "broker,controller",
-        "KAFKA_LISTENERS": "PLAINTEXT://:9092,CONTROLLER://:9093",
-        "KAFKA_ADVERTISED_LISTENERS": f"PLAINTEXT://127.0.0.1:{host_port}",
-        "KAFKA_CONTROLLER_LISTENER_NAMES": "CONTROLLER",
-        "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-        "KAFKA_CONTROLLER_QUORUM_VOTERS": "1@localhost:9093",
-        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
-        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
-        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
-        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR": "1",
-        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR": "1",
-        "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
-        "KAFKA_AUTO_CREATE_TOPICS_ENABLE": "false",
-        "KAFKA_HEAP_OPTS": "-Xms256m -Xmx512m",
-    }
-
-
 def wait_for_kafka(bootstrap: str, timeout_s: float = 90.0) -> None:
-    """Poll a metadata call until the broker answers (deadline, no fixed sleep)."""
+    """Poll a metadata call as the admin of the process environment until the broker answers (deadline,
+    no fixed sleep)."""
     from kafka.admin import KafkaAdminClient
+
+    from apportion.bus.security import kafka_auth
 
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
-            admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+            admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000, **kafka_auth())
             try:
                 if admin.describe_cluster().get("brokers"):
                     return
@@ -80,23 +169,44 @@ def wait_for_kafka(bootstrap: str, timeout_s: float = 90.0) -> None:
     raise TimeoutError(f"Kafka at {bootstrap} did not answer within {timeout_s}s: {last}")
 
 
-def start_containers() -> Containers:
-    """Start Kafka and Redis containers; raises DockerException without an engine."""
-    from testcontainers.community.redis import RedisContainer
+def _container(spec: ContainerSpec) -> Any:
     from testcontainers.core.container import DockerContainer
 
-    (host_port,) = free_ports(1)
-    kafka = DockerContainer(KAFKA_IMAGE).with_bind_ports(9092, host_port)
-    for k, v in _kafka_env(host_port).items():
-        kafka = kafka.with_env(k, v)
-    redis = RedisContainer(REDIS_IMAGE)
+    c = DockerContainer(spec.image).with_command(spec.command)
+    for k, v in spec.env.items():
+        c = c.with_env(k, v)
+    for host, inside in spec.volumes.items():
+        c = c.with_volume_mapping(host, inside, "ro")
+    for inside_port, host_port in spec.ports.items():
+        c = c.with_bind_ports(inside_port, host_port)
+    return c
+
+
+def start_containers(secrets_root: Path) -> Containers:
+    """Start Kafka and Redis containers with their secrets in ``secrets_root``; raises DockerException
+    without an engine. The caller puts :attr:`Containers.env` in the environment of its clients."""
+    import os
+
+    secrets = make_secrets(secrets_root)
+    kafka_port, redis_port = free_ports(2)
+    kafka = _container(kafka_spec(kafka_port, secrets))
+    redis = _container(redis_spec(redis_port, secrets))
+    env = client_env(secrets)
     kafka.start()
     try:
         redis.start()
-        bootstrap = f"127.0.0.1:{host_port}"
-        wait_for_kafka(bootstrap)
-        url = f"redis://{redis.get_container_host_ip()}:{redis.get_exposed_port(6379)}/0"
+        bootstrap = f"127.0.0.1:{kafka_port}"
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            wait_for_kafka(bootstrap)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     except BaseException:
         Containers(kafka, redis, "", "").stop()
         raise
-    return Containers(kafka, redis, bootstrap, url)
+    return Containers(kafka, redis, bootstrap, f"redis://127.0.0.1:{redis_port}/0", env)

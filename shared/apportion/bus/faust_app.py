@@ -106,7 +106,8 @@ def make_app(
 
     Args:
         app_id: the faust app id (consumer group and changelog prefix).
-        bootstrap: ``host:port`` of Kafka.
+        bootstrap: ``host:port[,host:port...]`` of Kafka (every broker of a cluster: faust's own topics get
+            :func:`apportion.topics.replication` of their count).
         store: table store URL; ``'rocksdb://'`` resumes from stored offsets.
         datadir: per-worker data directory (faust's default when ``None``).
         web_port: enable faust's web server on this port; disabled when ``None``.
@@ -114,15 +115,20 @@ def make_app(
     """
     import faust
 
+    from apportion.topics import replication
+
     register_codec()
+    hosts = [h.strip() for h in bootstrap.split(",") if h.strip()]
     conf: dict[str, Any] = {
-        "broker": f"kafka://{bootstrap}",
+        # faust takes several brokers as ";"-separated URLs, not one URL with a comma list
+        "broker": ";".join(f"kafka://{h}" for h in hosts),
         "store": store,
         "consumer_auto_offset_reset": "earliest",
         "key_serializer": "raw",
         "value_serializer": CODEC,
         "producer_acks": -1,
-        "topic_replication_factor": 1,
+        # its changelog and repartition topics: the registry's rule, the bootstrap list taken as the cluster
+        "topic_replication_factor": replication(len(hosts))[0],
         "topic_allow_declare": True,
         "web_enabled": web_port is not None,
     }

@@ -5,7 +5,13 @@ creates every missing topic with its partitions and configs (idempotent: a
 topic that exists is left alone), then compares what the broker has with
 what is declared and reports each difference as a :class:`Drift`. It never
 changes an existing topic unless asked (``fix=True`` sets drifted configs;
-partition counts are only reported, since changing them re-keys entities).
+partition counts and replication factors are only reported, since changing
+them re-keys entities or moves data).
+
+Replication comes from the cluster's size (:func:`apportion.topics.replication`):
+one broker gives one replica, three or more give three replicas with
+``min.insync.replicas=2`` (declared on each topic, checked for drift), so a
+write acknowledged with ``acks=all`` survives the loss of any one broker.
 
 Command line (also ``infra/provision.py``)::
 
@@ -20,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from apportion.topics import ALL_TOPICS, Topic
+from apportion.topics import ALL_TOPICS, Topic, replication
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +52,8 @@ class ProvisionReport:
     fixed: list[Drift] = field(default_factory=list)
     users: int = 0
     acls: int = 0
+    #: ``(replication factor, min.insync.replicas)`` the topics were created and checked with
+    replication: tuple[int, int] = (1, 1)
 
     def lines(self) -> list[str]:
         out = [f"created {t}" for t in self.created]
@@ -64,15 +72,36 @@ def admin_client(bootstrap: str) -> Any:
     return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="apportion-provision", **kafka_auth())
 
 
-def create_missing(admin: Any, topics: Iterable[Topic], replication_factor: int = 1) -> list[str]:
-    """Create the topics that do not exist yet; return their names."""
+def declared_configs(topic: Topic, replication: tuple[int, int] | None = None) -> dict[str, str]:
+    """``topic``'s configs as provisioned: its own, plus ``min.insync.replicas`` when ``replication`` is given."""
+    cfg = topic.configs()
+    if replication is not None:
+        cfg["min.insync.replicas"] = str(replication[1])
+    return cfg
+
+
+def cluster_replication(admin: Any) -> tuple[int, int]:
+    """:func:`apportion.topics.replication` of the cluster ``admin`` is connected to (its registered brokers)."""
+    return replication(len(admin.describe_cluster()["brokers"]))
+
+
+def create_missing(
+    admin: Any, topics: Iterable[Topic], replication_factor: int = 1, min_insync: int | None = None
+) -> list[str]:
+    """Create the topics that do not exist yet with ``replication_factor`` replicas (and ``min.insync.replicas``
+    when ``min_insync`` is given; else the broker's default); return their names."""
     topics = list(topics)
     have = set(admin.list_topics())
     missing = [t for t in topics if t.name not in have]
     if not missing:
         return []
+    rep = None if min_insync is None else (replication_factor, min_insync)
     spec = {
-        t.name: {"num_partitions": t.partitions, "replication_factor": replication_factor, "configs": t.configs()}
+        t.name: {
+            "num_partitions": t.partitions,
+            "replication_factor": replication_factor,
+            "configs": declared_configs(t, rep),
+        }
         for t in missing
     }
     resp = admin.create_topics(spec, raise_errors=False, wait_for_metadata=True)
@@ -85,15 +114,17 @@ def create_missing(admin: Any, topics: Iterable[Topic], replication_factor: int 
     return sorted(created)
 
 
-def find_drift(admin: Any, topics: Iterable[Topic]) -> list[Drift]:
-    """Compare partitions and declared configs on the broker with the registry."""
+def find_drift(admin: Any, topics: Iterable[Topic], replication: tuple[int, int] | None = None) -> list[Drift]:
+    """Compare partitions and declared configs on the broker with the registry; with ``replication``
+    (:func:`apportion.topics.replication`) also every partition's replica count and ``min.insync.replicas``."""
     from kafka.admin import ConfigResource, ConfigResourceType
 
     topics = list(topics)
     drift: list[Drift] = []
     described = {d["name"]: d for d in admin.describe_topics([t.name for t in topics])}
     resources = [
-        ConfigResource(ConfigResourceType.TOPIC, t.name, configs={k: None for k in t.configs()}) for t in topics
+        ConfigResource(ConfigResourceType.TOPIC, t.name, configs={k: None for k in declared_configs(t, replication)})
+        for t in topics
     ]
     configs = admin.describe_configs(resources, config_filter="all").get("topic", {})
     for t in topics:
@@ -104,8 +135,12 @@ def find_drift(admin: Any, topics: Iterable[Topic]) -> list[Drift]:
         parts = len(d["partitions"])
         if parts != t.partitions:
             drift.append(Drift(t.name, "partitions", str(t.partitions), str(parts)))
+        if replication is not None:
+            counts = sorted({len(p["replica_nodes"]) for p in d["partitions"]})
+            if counts != [replication[0]]:
+                drift.append(Drift(t.name, "replication", str(replication[0]), ",".join(map(str, counts))))
         actual = configs.get(t.name, {})
-        for key, want in t.configs().items():
+        for key, want in declared_configs(t, replication).items():
             got = actual.get(key, {}).get("value")
             if got != want:
                 drift.append(Drift(t.name, key, want, str(got)))
@@ -116,7 +151,7 @@ def fix_drift(admin: Any, drift: Iterable[Drift]) -> list[Drift]:
     """Set drifted topic configs to their declared values (not partitions)."""
     from kafka.admin import ConfigResource, ConfigResourceType
 
-    fixable = [d for d in drift if d.setting not in ("partitions", "exists")]
+    fixable = [d for d in drift if d.setting not in ("partitions", "replication", "exists")]
     by_topic: dict[str, dict[str, str]] = {}
     for d in fixable:
         by_topic.setdefault(d.topic, {})[d.setting] = d.declared
@@ -128,9 +163,12 @@ def fix_drift(admin: Any, drift: Iterable[Drift]) -> list[Drift]:
 
 
 def provision(
-    bootstrap: str, topics: Iterable[Topic] = ALL_TOPICS, *, fix: bool = False, replication_factor: int = 1
+    bootstrap: str, topics: Iterable[Topic] = ALL_TOPICS, *, fix: bool = False, replication_factor: int | None = None
 ) -> ProvisionReport:
     """Create missing topics, then verify every declared topic (see module doc).
+
+    ``replication_factor``: ``None`` (default) takes :func:`apportion.topics.replication` of the brokers the
+    cluster has registered; a number forces it (``min.insync.replicas`` one less, at least 1).
 
     Connected as the super user ``admin`` (a secured broker, :mod:`apportion.bus.security`), it also
     creates the Kafka users and the ACLs of the topic namespace in force, idempotently.
@@ -141,14 +179,18 @@ def provision(
     admin = admin_client(bootstrap)
     try:
         report = ProvisionReport()
-        report.created = create_missing(admin, topics, replication_factor)
+        if replication_factor is None:
+            report.replication = cluster_replication(admin)
+        else:
+            report.replication = (replication_factor, max(1, replication_factor - 1))
+        report.created = create_missing(admin, topics, *report.replication)
         report.existing = sorted(t.name for t in topics if t.name not in report.created)
         if kafka_auth().get("sasl_plain_username") == ADMIN:  # a secured broker: users and ACLs too
             report.users, report.acls = provision_security(admin, secrets_dir())
-        report.drift = find_drift(admin, topics)
+        report.drift = find_drift(admin, topics, report.replication)
         if fix and report.drift:
             report.fixed = fix_drift(admin, report.drift)
-            report.drift = find_drift(admin, topics)
+            report.drift = find_drift(admin, topics, report.replication)
         return report
     finally:
         admin.close()
@@ -166,7 +208,12 @@ def main(argv: list[str] | None = None) -> int:
         help="Kafka bootstrap servers (default: $APPORTION_KAFKA_BOOTSTRAP, $KAFKA_BOOTSTRAP, the stack.env "
         "of `make up` / `apportion stack up`, else 127.0.0.1:9092)",
     )
-    ap.add_argument("--replication-factor", type=int, default=1)
+    ap.add_argument(
+        "--replication-factor",
+        type=int,
+        default=None,
+        help="replicas per partition (default: min(3, brokers of the cluster); min.insync.replicas is one less)",
+    )
     ap.add_argument("--fix", action="store_true", help="set drifted configs to their declared values")
     ap.add_argument("--strict", action="store_true", help="exit 1 when drift remains")
     args = ap.parse_args(argv)

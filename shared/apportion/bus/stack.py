@@ -4,6 +4,7 @@ Used by the test fixtures, by ``make up`` / ``make down`` and by the main
 job. Each stack lives in one data directory::
 
     DATADIR/kafka/      broker data, server.properties, kafka.log, kafka.pid
+                        (a cluster, ``brokers`` > 1: DATADIR/kafka/broker-N/ each, cluster.ports)
     DATADIR/kafka/secrets/   Kafka passwords (mode 0600): admin, controller, one per principal
     DATADIR/redis/      redis.log, redis.pid
     DATADIR/stack.env   KAFKA_BOOTSTRAP=..., REDIS_URL=... and the admin credentials' file (shell-sourceable)
@@ -89,6 +90,8 @@ class LocalStack:
         datadir: where both keep their data, logs and pid files.
         kafka_port, redis_port: ports on 127.0.0.1; ``0`` picks free ones.
         provision_topics: create the registry topics once Kafka answers.
+        brokers: Kafka nodes (``infra/kafka/start-cluster.sh`` when more than one; ``kafka_port`` is then
+            node 1's); topics get :func:`apportion.topics.replication` of it.
         infra_dir: the ``infra/`` folder (default: this checkout's).
         echo: print the scripts' output (the CLI does; tests do not).
     """
@@ -102,7 +105,13 @@ class LocalStack:
         provision_topics: bool = True,
         infra_dir: str | os.PathLike[str] | None = None,
         echo: bool = False,
+        brokers: int = 1,
     ) -> None:
+        if brokers < 1:
+            raise ValueError(f"brokers must be at least 1, got {brokers}")
+        self.brokers = brokers
+        #: every node's client address, once started (a cluster's are read from its ports file)
+        self._bootstrap = ""
         self.datadir = Path(datadir).resolve()
         if not kafka_port or not redis_port:
             picked = free_ports(2)
@@ -121,8 +130,37 @@ class LocalStack:
 
     @property
     def bootstrap(self) -> str:
-        """Kafka bootstrap address, ``127.0.0.1:PORT``."""
+        """Kafka bootstrap addresses, ``127.0.0.1:PORT`` (a cluster: every node's, comma-separated)."""
+        if self.brokers > 1:
+            return self._bootstrap or ",".join(f"127.0.0.1:{p}" for p in self.node_ports().values())
         return f"127.0.0.1:{self.kafka_port}"
+
+    def node_ports(self) -> dict[int, int]:
+        """Node id -> client port of a cluster (``{1: kafka_port}`` for one broker; ``{}`` before it started)."""
+        if self.brokers == 1:
+            return {1: self.kafka_port}
+        path = self.datadir / "kafka" / "cluster.ports"
+        if not path.is_file():
+            return {}
+        rows = (line.split() for line in path.read_text().splitlines() if line.strip())
+        return {int(r[0]): int(r[1]) for r in rows}
+
+    def node_pid(self, node: int) -> int | None:
+        """Process id of Kafka node ``node`` while it runs (its pid file), else ``None``."""
+        d = self.datadir / "kafka" / (f"broker-{node}" if self.brokers > 1 else "")
+        pidfile = d / "kafka.pid"
+        return int(pidfile.read_text().strip()) if _alive(pidfile) else None
+
+    def start_kafka(self) -> str:
+        """Start Kafka (every node of a cluster that is not running; idempotent); the script's output."""
+        if self.brokers > 1:
+            out = self._run(
+                "kafka/start-cluster.sh", str(self.brokers), str(self.datadir / "kafka"), str(self.kafka_port)
+            )
+            found = [ln.split("=", 1)[1] for ln in out.splitlines() if ln.startswith("KAFKA_BOOTSTRAP=")]
+            self._bootstrap = found[-1] if found else self._bootstrap
+            return out
+        return self._run("kafka/start.sh", str(self.kafka_port), str(self.datadir / "kafka"))
 
     @property
     def redis_url(self) -> str:
@@ -152,7 +190,7 @@ class LocalStack:
         self.datadir.mkdir(parents=True, exist_ok=True)
         try:
             out = self._run("redis/start.sh", str(self.redis_port), str(self.datadir / "redis"))
-            out += self._run("kafka/start.sh", str(self.kafka_port), str(self.datadir / "kafka"))
+            out += self.start_kafka()
             self.startup_report = [ln for ln in out.splitlines() if " ready on " in ln]
             found = [ln.split("=", 1)[1] for ln in out.splitlines() if ln.startswith("KAFKA_SECRETS=")]
             self.kafka_secrets = Path(found[-1]) if found else None
@@ -174,7 +212,9 @@ class LocalStack:
             self.stop()
             raise
         extra = "".join(f"{k}={v}\n" for k, v in self.client_env().items())
-        self.env_file.write_text(f"KAFKA_BOOTSTRAP={self.bootstrap}\nREDIS_URL={self.redis_url}\n{extra}")
+        self.env_file.write_text(
+            f"KAFKA_BOOTSTRAP={self.bootstrap}\nKAFKA_BROKERS={self.brokers}\nREDIS_URL={self.redis_url}\n{extra}"
+        )
         return self
 
     def client_env(self) -> dict[str, str]:
@@ -201,8 +241,9 @@ class LocalStack:
             raise StackError("\n".join(errors))
 
     def running(self) -> bool:
-        """True when both processes of this data dir are alive."""
-        return _alive(self.datadir / "kafka" / "kafka.pid") and _alive(self.datadir / "redis" / "redis.pid")
+        """True when Redis and every Kafka node of this data dir are alive."""
+        nodes = self.node_ports() or {1: 0}
+        return all(self.node_pid(n) is not None for n in nodes) and _alive(self.datadir / "redis" / "redis.pid")
 
     def __enter__(self) -> LocalStack:
         return self
@@ -218,10 +259,12 @@ def attach(datadir: str | os.PathLike[str], **kwargs: object) -> LocalStack:
     """
     datadir = Path(datadir).resolve()
     env = read_env_file(datadir / "stack.env")
-    ports = {}
+    ports: dict[str, int] = {}
     if env:
-        ports["kafka_port"] = int(env["KAFKA_BOOTSTRAP"].rsplit(":", 1)[1])
+        ports["kafka_port"] = int(env["KAFKA_BOOTSTRAP"].split(",", 1)[0].rsplit(":", 1)[1])
         ports["redis_port"] = int(env["REDIS_URL"].rsplit(":", 1)[1].split("/", 1)[0])
+        if "brokers" not in kwargs:  # the running stack's size (a cluster is kept as it was made)
+            ports["brokers"] = int(env.get("KAFKA_BROKERS", "1"))
     return LocalStack(datadir, **ports, **kwargs)  # type: ignore[arg-type]
 
 
@@ -231,9 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default=".run", help="data directory (default .run)")
     ap.add_argument("--kafka-port", type=int, default=0, help="0 = reuse the running one or pick a free port")
     ap.add_argument("--redis-port", type=int, default=0)
+    ap.add_argument("--brokers", type=int, default=0, help="Kafka nodes (default: the running stack's, else 1)")
     args = ap.parse_args(argv)
 
-    stack = attach(args.dir, echo=True)
+    stack = attach(args.dir, echo=True, **({"brokers": args.brokers} if args.brokers else {}))
     if args.kafka_port:
         stack.kafka_port = args.kafka_port
     if args.redis_port:

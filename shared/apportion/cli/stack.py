@@ -246,11 +246,14 @@ def up(
     heartbeat_timeout_s: float | None = None,
     web: bool = True,
     simulate_json: Sequence[str] = (),
+    brokers: int = 1,
     say: object = print,
 ) -> StackInfo:
     """Start the stack (see the module docstring); on failure stop what was started and raise.
 
     A stack already running from ``run_dir`` is returned as it is (``up`` twice is harmless).
+    ``brokers``: Kafka nodes to start (a local KRaft cluster when more than one; topics replicated
+    :func:`apportion.topics.replication`); ignored with an external Kafka.
 
     Args:
         web: start the read-only dashboard too (``services.web`` on a free 127.0.0.1 port).
@@ -280,7 +283,7 @@ def up(
         raise StackUpError("give both --bootstrap and --redis to use an external Kafka and Redis")
     local: LocalStack | None = None
     if not external:
-        local = attach(run_dir, provision_topics=False)
+        local = attach(run_dir, provision_topics=False, brokers=brokers)
         say(f"starting Kafka and Redis in {run_dir} ...")  # type: ignore[operator]
         try:
             local.start()
@@ -518,6 +521,9 @@ def up_cmd(
             "--simulate-json", help="A `simulate --json` file for the dashboard's /simulate page.", exists=True
         ),
     ] = None,
+    brokers: Annotated[
+        int, typer.Option("--brokers", min=1, help="Kafka nodes to start (3: replication 3, min.insync.replicas 2).")
+    ] = 1,
 ) -> None:
     """Start Kafka + Redis (unless given), the four services, N simulated nodes and the web dashboard; print where
     they are."""
@@ -534,6 +540,7 @@ def up_cmd(
             heartbeat_timeout_s=max(30.0, 3 * time_scale) if time_scale != 1.0 else None,
             web=web,
             simulate_json=[str(p) for p in simulate_json or ()],
+            brokers=brokers,
             say=typer.echo,
         )
     except StackUpError as exc:

@@ -1,0 +1,126 @@
+"""The testcontainers path of the fixtures cannot run here (no Docker engine): check what it would start.
+
+:mod:`apportion.bus.containers` builds the Kafka and Redis containers as data; these tests render the broker
+configuration ``infra/kafka/container-start.sh`` writes inside the container (``KAFKA_RENDER_ONLY=1``, the
+container paths mapped back to the host) and check it is secured as the native broker is: SASL/SCRAM on every
+listener, the StandardAuthorizer with no access by default, the replication rule; and that Redis gets the ACL
+file of ``infra/redis/acl.sh`` with the default user off.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+from pathlib import Path
+
+from apportion.bus import containers
+from apportion.bus.security import ADMIN
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """``key=value`` lines as Java reads a properties file: comments skipped, the last of a key wins."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            k, v = line.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+def render(spec: containers.ContainerSpec, out: Path, **extra: str) -> tuple[dict[str, str], str]:
+    """Run ``container-start.sh`` of ``spec`` on the host with ``KAFKA_RENDER_ONLY=1``; ``(properties, text)``."""
+    to_host = {inside: host for host, inside in spec.volumes.items()}
+    env = {k: v for k, v in spec.env.items()}
+    for k, v in env.items():
+        for inside, host in to_host.items():
+            if v.startswith(inside + "/"):
+                env[k] = host + v[len(inside) :]
+    script = spec.command[-1]
+    for inside, host in to_host.items():
+        script = script.replace(inside, host)
+    env.update(extra, KAFKA_RENDER_ONLY="1", KAFKA_CONFIG=str(out), PATH=os.environ["PATH"])
+    subprocess.run(["bash", script], env=env, check=True)
+    text = out.read_text()
+    return parse_properties(text), text
+
+
+def assert_secured(props: dict[str, str], text: str) -> None:
+    """Every listener SASL, SCRAM-SHA-512 for clients and brokers, ACLs deny by default, nothing left unfilled."""
+    protocols = dict(p.split(":") for p in props["listener.security.protocol.map"].split(","))
+    listeners = [entry.split("://")[0] for entry in props["listeners"].split(",")]
+    assert listeners and all(protocols[name] == "SASL_PLAINTEXT" for name in listeners), props["listeners"]
+    assert "PLAINTEXT://" not in props["advertised.listeners"].replace("SASL_PLAINTEXT://", "")
+    assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
+    assert props["sasl.mechanism.inter.broker.protocol"] == "SCRAM-SHA-512"
+    assert props["authorizer.class.name"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+    assert props["allow.everyone.if.no.acl.found"] == "false"
+    assert props["super.users"] == "User:admin;User:controller"
+    assert props["process.roles"] == "broker,controller"
+    assert props["auto.create.topics.enable"] == "false"
+    assert "@" not in re.sub(r"\d+@[\w.-]+:\d+", "", props["controller.quorum.voters"])
+    assert not re.search(r"@[A-Z_]+@", text), "a template placeholder was left unfilled"
+
+
+def test_kafka_container_is_the_pinned_image_started_by_our_script(tmp_path: Path) -> None:
+    secrets = containers.make_secrets(tmp_path / "secrets")
+    spec = containers.kafka_spec(29999, secrets)
+    version = re.search(r"<kafka.version>(.+?)</kafka.version>", (ROOT / "infra/kafka/pom.xml").read_text())
+    assert version is not None and spec.image == f"apache/kafka:{version.group(1)}"
+    assert spec.command == ["bash", f"{containers.KAFKA_SCRIPTS}/container-start.sh"]
+    assert spec.volumes == {str(ROOT / "infra" / "kafka"): containers.KAFKA_SCRIPTS, str(secrets): containers.SECRETS}
+    assert spec.ports == {9092: 29999}
+    assert (ROOT / "infra/kafka/container-start.sh").is_file()
+
+
+def test_kafka_container_config_is_sasl_scram_with_acls(tmp_path: Path) -> None:
+    secrets = containers.make_secrets(tmp_path / "secrets")
+    props, text = render(containers.kafka_spec(29999, secrets), tmp_path / "server.properties")
+    assert_secured(props, text)
+    assert props["listeners"] == "SASL_PLAINTEXT://0.0.0.0:9092,CONTROLLER://0.0.0.0:9093"
+    assert props["advertised.listeners"] == "SASL_PLAINTEXT://127.0.0.1:29999"
+    assert props["node.id"] == "1" and props["controller.quorum.voters"] == "1@localhost:9093"
+    assert (props["default.replication.factor"], props["min.insync.replicas"]) == ("1", "1")
+    admin_pw = (secrets / "kafka" / "admin.password").read_text().strip()
+    assert (
+        f'username="admin" password="{admin_pw}"'
+        in props["listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config"]
+    )
+    assert stat.S_IMODE((tmp_path / "server.properties").stat().st_mode) == 0o600
+    client = parse_properties((tmp_path / "server-admin-client.properties").read_text())
+    assert client["security.protocol"] == "SASL_PLAINTEXT" and client["sasl.mechanism"] == "SCRAM-SHA-512"
+
+
+def test_redis_container_has_acl_users_and_no_default_user(tmp_path: Path) -> None:
+    secrets = containers.make_secrets(tmp_path / "secrets")
+    spec = containers.redis_spec(26379, secrets)
+    assert spec.image.startswith("redis:")
+    i = spec.command.index("--aclfile")
+    acl_inside = spec.command[i + 1]
+    assert acl_inside == f"{containers.SECRETS}/redis/users.acl"
+    lines = (secrets / "redis" / "users.acl").read_text().splitlines()
+    assert lines[0] == "user default off"
+    users = {ln.split()[1]: ln for ln in lines[1:]}
+    assert set(users) == {"admin", "dispatcher", "accounting", "cli", "web"}
+    for name, line in users.items():
+        pw = (secrets / "redis" / f"{name}.password").read_text().strip()
+        assert f" on >{pw} " in line and len(pw) == 64
+    assert "-@all +@read" in users["cli"] and "-@dangerous" in users["dispatcher"]
+    # a container's user reads the files; the directories keep other host users out
+    assert stat.S_IMODE((secrets / "redis" / "users.acl").stat().st_mode) == 0o644
+    assert stat.S_IMODE((secrets / "redis").stat().st_mode) == 0o700
+    assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
+
+
+def test_clients_of_the_containers_are_the_admin_with_password_files(tmp_path: Path) -> None:
+    secrets = containers.make_secrets(tmp_path / "secrets")
+    env = containers.client_env(secrets)
+    assert env["APPORTION_KAFKA_USER"] == ADMIN and env["APPORTION_REDIS_USER"] == ADMIN
+    assert Path(env["APPORTION_KAFKA_PASSWORD_FILE"]).read_text().strip()
+    assert Path(env["APPORTION_REDIS_PASSWORD_FILE"]).read_text().strip()
+    assert env["APPORTION_KAFKA_SECRETS_DIR"] == str(secrets / "kafka")  # provisioning makes the users' there
+    assert not any("PASSWORD=" in f"{k}={v}" and not k.endswith("_FILE") for k, v in env.items())
