@@ -14,7 +14,6 @@ import asyncio
 import os
 import signal
 import threading
-import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -58,12 +57,10 @@ def in_sync_everywhere(admin: Any, node: int) -> bool:
 
 
 def poll(fn: Any, what: str, deadline_s: float = DEADLINE_S) -> Any:
-    end = time.monotonic() + deadline_s
-    while not (got := fn()):
-        if time.monotonic() > end:
-            pytest.fail(f"timed out after {deadline_s}s waiting for {what}")
-        time.sleep(0.2)  # poll interval, bounded by the deadline above
-    return got
+    """The live-stack tests' one bounded poller (``tests.livestack.until``) with this module's deadline."""
+    from tests.livestack import until
+
+    return until(fn, what, deadline_s)
 
 
 def test_cluster_topics_have_three_replicas_and_two_in_sync(
