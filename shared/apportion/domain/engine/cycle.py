@@ -83,8 +83,8 @@ from operator import attrgetter
 from typing import Any
 
 from apportion.domain.budgets import BudgetTree
-from apportion.domain.cluster import ClusterSnapshot, protection_s
-from apportion.domain.engine.emit import emit_placed, preempt_events, start_events
+from apportion.domain.cluster import ClusterSnapshot
+from apportion.domain.engine.emit import emit_placed, job_protection_s, preempt_events, start_events
 from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
 from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
 from apportion.domain.engine.reasons import PendingReason, explain_pending
@@ -353,13 +353,7 @@ def run_cycle(
             and free.reserved_fits(g, model)
         ):
             # backfill the waiting reservation's free GPUs (DESIGN section 3: a reservation never idles GPUs)
-            prot = protection_s(
-                job.min_runtime_s,
-                job.preemptions,
-                tree.max_min_runtime_s(job.budget),
-                cfg.window_s,
-                cfg.protection_cap_w,
-            )
+            prot = job_protection_s(job, tree, cfg)
             br = _branches(leaf, hold_leaf)
             may = br is not None and (
                 branch_rule(br[0], br[1], br[2], queue, cfg.delta, hold_charge, moves)[0] == RULE_EXPIRED_BEHIND

@@ -113,6 +113,14 @@ def stop_event(run: Run, replica: int, ts: Any, grace_s: float, producer: str, r
     )
 
 
+def job_protection_s(job: PendingJob, tree: BudgetTree, cfg: EngineConfig) -> float:
+    """:func:`protection_s` of ``job`` placed now, seconds: its preemptions so far, its budget's
+    ``max_min_runtime`` and the cap ``cfg.window_s x cfg.protection_cap_w`` (what its ``JobPlaced`` records)."""
+    return protection_s(
+        job.min_runtime_s, job.preemptions, tree.max_min_runtime_s(job.budget), cfg.window_s, cfg.protection_cap_w
+    )
+
+
 def emit_placed(
     out: list[Event],
     job: PendingJob,
@@ -133,9 +141,7 @@ def emit_placed(
     protection is then the minimum runtime."""
     protection = None
     if job.min_runtime_s > 0 and tree is not None:
-        protection = protection_s(
-            job.min_runtime_s, job.preemptions, tree.max_min_runtime_s(job.budget), cfg.window_s, cfg.protection_cap_w
-        )
+        protection = job_protection_s(job, tree, cfg)
     out.append(
         JobPlaced(
             event_id=det_id("JobPlaced", job.job_id, job.attempt),
