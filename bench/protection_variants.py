@@ -1,13 +1,20 @@
 """Fair share on a Philly slice under protection-growth variants (evidence for DESIGN section 3's bounded churn).
 
-Usage: ``.venv/bin/python bench/protection_variants.py week44 double flat linear double_cap4 double_cap8``
+Usage::
+
+    .venv/bin/python bench/protection_variants.py week44 double flat linear double_cap4 double_cap8
+    .venv/bin/python bench/protection_variants.py weeks39-45 double grow3 grow4 double,w=0.5 double,ckpt=0
 
 Variants of ``cluster.protection_s`` (swapped in for the run; everything else as on main): ``double`` (in
-force: min_runtime x 2**p, capped by max_min_runtime and W/4), ``flat`` (min_runtime), ``linear``
-(min_runtime x (1 + p)), ``double_capN`` / ``linear_capN`` (also capped at N x min_runtime). Prints goodput,
+force: min_runtime x 2**p, capped by max_min_runtime and W x ``protection_cap_w``), ``growN``
+(min_runtime x N**p, same caps), ``flat`` (min_runtime), ``linear`` (min_runtime x (1 + p)),
+``double_capN`` / ``linear_capN`` (also capped at N x min_runtime). Options after commas:
+``w=F`` sets ``EngineConfig.protection_cap_w`` (default 1, the whole window; 0.25 is DESIGN's W / 4) and
+``ckpt=S`` ``EngineConfig.checkpoint_wait_s`` (default 7200; 0 turns ``checkpoint_rule`` off). Prints goodput,
 share deficit, work lost, completions, preemptions, and the most preemptions of one allocated and one
 unallocated job. Week 44 runs until every job is done; other slices stop at the last submission. Not part of
-``make bench`` (a study, not a target).
+``make bench`` (a study, not a target). The seventh session's sweep on weeks 39-45 is in
+``docs/simulation.md``.
 """
 
 from __future__ import annotations
@@ -27,15 +34,21 @@ def variant(kind: str, orig: Callable[..., float]) -> Callable[..., float]:
     """The protection function named ``kind`` (see the module docstring)."""
 
     def protection(
-        min_runtime_s: float, preemptions: int, max_min_runtime_s: float | None = None, window_s: float | None = None
+        min_runtime_s: float,
+        preemptions: int,
+        max_min_runtime_s: float | None = None,
+        window_s: float | None = None,
+        window_fraction: float = 1.0,
     ) -> float:
         if min_runtime_s <= 0:
             return 0.0
         if kind == "double":
-            return orig(min_runtime_s, preemptions, max_min_runtime_s, window_s)
+            return orig(min_runtime_s, preemptions, max_min_runtime_s, window_s, window_fraction)
         if kind == "flat":
             return min_runtime_s
-        if kind == "linear":
+        if kind.startswith("grow"):
+            grown = min_runtime_s * float(kind[len("grow") :]) ** min(preemptions, 60)
+        elif kind == "linear":
             grown = min_runtime_s * (1 + preemptions)
         elif kind.startswith("double_cap"):
             grown = min(min_runtime_s * 2**preemptions, min_runtime_s * int(kind[len("double_cap") :]))
@@ -43,7 +56,7 @@ def variant(kind: str, orig: Callable[..., float]) -> Callable[..., float]:
             grown = min(min_runtime_s * (1 + preemptions), min_runtime_s * int(kind[len("linear_cap") :]))
         else:
             raise SystemExit(f"unknown variant {kind!r}")
-        caps = [c for c in (max_min_runtime_s, window_s / 4 if window_s else None) if c is not None]
+        caps = [c for c in (max_min_runtime_s, window_s * window_fraction if window_s else None) if c is not None]
         return max(min_runtime_s, min([grown, *caps]))
 
     return protection
@@ -51,10 +64,11 @@ def variant(kind: str, orig: Callable[..., float]) -> Callable[..., float]:
 
 def main(argv: list[str]) -> int:
     import apportion.domain.cluster as cluster
-    import apportion.domain.engine.cycle as cycle
     import apportion.domain.engine.emit as emit
     import apportion.sim.core as core
     from apportion.cli.simulate import _run
+    from apportion.domain.cluster import PROTECTION_CAP_W
+    from apportion.domain.engine import CHECKPOINT_WAIT_S
     from apportion.events import JobPreempted
     from apportion.sim.traces import load_budget_file, load_trace
 
@@ -66,9 +80,11 @@ def main(argv: list[str]) -> int:
     jobs = load_trace(DATA, bf, 1, slice_)
     tail = None if slice_ == "week44" else 0.0
     orig_protection, orig_outputs = cluster.protection_s, core.Simulator._outputs
-    for kind in kinds:
+    for spec in kinds:
+        kind, *opts = spec.split(",")
+        knobs = {k: float(v) for k, v in (o.split("=", 1) for o in opts)}
         fn = variant(kind, orig_protection)
-        cluster.protection_s = cycle.protection_s = emit.protection_s = fn  # type: ignore[assignment]
+        cluster.protection_s = emit.protection_s = fn  # type: ignore[attr-defined]
         counts: collections.Counter[str] = collections.Counter()
         allocated: dict[str, bool] = {}
 
@@ -81,19 +97,28 @@ def main(argv: list[str]) -> int:
 
         core.Simulator._outputs = spy  # type: ignore[method-assign]
         t0 = time.perf_counter()
-        rep = _run("fairshare", bf, jobs, 1, 300.0, tail)
+        rep = _run(
+            "fairshare",
+            bf,
+            jobs,
+            1,
+            300.0,
+            tail,
+            checkpoint_wait_s=knobs.get("ckpt", CHECKPOINT_WAIT_S),
+            protection_cap_w=knobs.get("w", PROTECTION_CAP_W),
+        )
         core.Simulator._outputs = orig_outputs  # type: ignore[method-assign]
         d = rep.__dict__
         most_alloc = max((n for j, n in counts.items() if allocated[j]), default=0)
         most_free = max((n for j, n in counts.items() if not allocated[j]), default=0)
         over5 = sum(1 for j, n in counts.items() if allocated[j] and n > 5)
         print(
-            f"{kind}: goodput {d['goodput']:.4f}, deficit {d['mean_deficit_pp']:.2f} pp, lost {d['lost_pct']:.2f}%, "
+            f"{spec}: goodput {d['goodput']:.4f}, deficit {d['mean_deficit_pp']:.2f} pp, lost {d['lost_pct']:.2f}%, "
             f"completed {d['completed']}, preemptions {d['preemptions']}, most of one allocated job {most_alloc} "
             f"({over5} above 5), of one unallocated job {most_free}, {time.perf_counter() - t0:.0f} s",
             flush=True,
         )
-    cluster.protection_s = cycle.protection_s = emit.protection_s = orig_protection  # type: ignore[assignment]
+    cluster.protection_s = emit.protection_s = orig_protection  # type: ignore[attr-defined]
     return 0
 
 

@@ -397,6 +397,29 @@ def test_two_job_swap_case_returns_by_the_default_horizon(tmp_path, flags):
     assert (fifo["completed"], fifo["jct_p50_s"], fifo["jct_p95_s"], fifo["lost_gpu_h"]) == (2, 86400.0, 172800.0, 0.0)
 
 
+RAW_SWAP = ["--no-checkpoints", "--patience-s", "0", "--checkpoint-wait-s", "0"]
+
+
+def test_protection_cap_w_reaches_the_engine(tmp_path):
+    # the two-job swap under fair share with the goodput rules that stop it early turned off (RAW_SWAP):
+    # protection 60 s x 2**p. With the default cap (W) 60 s x 2**11 = 34 h
+    # covers the 24 h a job needs, so neither job is preempted more than 11 times (see
+    # test_goodput_rules_sim). With --protection-cap-w 0.001 the cap is 604.8 s of the 7-day window: from the
+    # fourth preemption on every attempt is protected 604.8 s only, so the swaps go on past 11
+    (tmp_path / "t.csv").write_text(TWO_JOBS)
+    (tmp_path / "b.yaml").write_text(BUDGETS)
+    args = ["--trace", str(tmp_path / "t.csv"), "--budgets", str(tmp_path / "b.yaml"), "--seed", "1", "--json"]
+    most = {}
+    for cap in ("1", "0.001"):
+        res = CliRunner().invoke(app, args + ["--policy", "fairshare", *RAW_SWAP, "--protection-cap-w", cap])
+        assert res.exit_code == 0, res.output
+        (p,) = json.loads(res.output)["policies"]
+        most[cap] = p["max_preemptions_per_job"]
+    assert most["1"] <= 11 < most["0.001"], most
+    res = CliRunner().invoke(app, args + ["--protection-cap-w", "0"])
+    assert res.exit_code != 0 and "0.001" in res.output
+
+
 def test_table_shows_goodput_and_says_why_jobs_are_unfinished(tmp_path):
     (tmp_path / "t.csv").write_text(TWO_JOBS)
     (tmp_path / "b.yaml").write_text(BUDGETS)

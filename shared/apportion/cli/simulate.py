@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from apportion.domain.cluster import PROTECTION_CAP_W
 from apportion.domain.engine import CHECKPOINT_WAIT_S, PATIENCE_S
 
 if TYPE_CHECKING:
@@ -183,6 +184,13 @@ def simulate(
         help="Fair share's checkpoint alignment: a preemption waits for its victims' next checkpoint when "
         "that costs the job fewer GPU-seconds than the work it keeps, at most this long (seconds; 0 = off).",
     ),
+    protection_cap_w: float = typer.Option(
+        PROTECTION_CAP_W,
+        "--protection-cap-w",
+        min=0.001,
+        help="Cap of the protection growth after each preemption, as a fraction of the window W "
+        "(min_runtime x 2^preemptions, capped; 1 = the whole window, 0.25 = DESIGN's W / 4).",
+    ),
 ) -> None:
     """Run the simulation(s) and report utilisation, goodput, work lost, share deficit, waits, completions."""
     from apportion.cli.main import err, fail
@@ -223,6 +231,7 @@ def simulate(
             patience_s,
             bursts=bursts,
             checkpoint_wait_s=checkpoint_wait_s,
+            protection_cap_w=protection_cap_w,
         )
         for name in names
     ]
@@ -257,7 +266,8 @@ def simulate(
         rule=rule,
         human_rule=human,
         checkpoints=("off" if not checkpoints else f"interval; on SIGTERM: {checkpoint_on_stop.value}")
-        + f"; fair-share patience {patience_s:g} s, checkpoint wait {checkpoint_wait_s:g} s",
+        + f"; fair-share patience {patience_s:g} s, checkpoint wait {checkpoint_wait_s:g} s"
+        + f", protection cap {protection_cap_w:g} W",
         fmt=fmt,
         jobs=len(jobs),
         nodes=bf.nodes,
@@ -285,6 +295,7 @@ def _run(
     patience_s: float = PATIENCE_S,
     bursts: dict[str, Any] | None = None,
     checkpoint_wait_s: float = CHECKPOINT_WAIT_S,
+    protection_cap_w: float = PROTECTION_CAP_W,
 ) -> Any:
     """One policy's run and report; admission rejections are counted by reason.
 
@@ -309,7 +320,12 @@ def _run(
             super()._outputs(out, t)
 
     dcfg = DispatchConfig(
-        engine=EngineConfig(window_s=bf.window_s, patience_s=patience_s, checkpoint_wait_s=checkpoint_wait_s),
+        engine=EngineConfig(
+            window_s=bf.window_s,
+            patience_s=patience_s,
+            checkpoint_wait_s=checkpoint_wait_s,
+            protection_cap_w=protection_cap_w,
+        ),
         heartbeat_timeout_s=None,
         scheduler=None if name == "fairshare" else POLICIES[name],  # peers reset their memory per simulation
     )
