@@ -280,19 +280,22 @@ def accounting_ingest(bootstrap: str, redis_url: str, n: int) -> bool:
     dec = events.Decision(rank=0, budget_rank=0, ratio=0.0)
     from datetime import timedelta
 
-    from apportion.domain.admission import node_principal
-    from apportion.identity import Identity
+    from apportion.domain.admission import DISPATCHER, node_principal
+    from apportion.identity import BatchSigner, Identity
 
-    # each node's key, registered as ops would: the accounting checks the signature of every completion
+    # each node's key and the dispatcher's, registered as ops would: the accounting checks the signature of every
+    # placement (the dispatcher's) and every completion (its node's)
     keys = {f"n{k:03d}": Identity.generate(node_principal(f"n{k:03d}")) for k in range(100)}
-    for ident in keys.values():
+    dispatcher = Identity.generate(DISPATCHER)
+    for ident in (dispatcher, *keys.values()):
         producer.send(events.UserKeyRegistered(user=ident.user, public_key=ident.public_key, ts=t, producer="bench"))
-    i = 0
-    while i < n:  # placed / completed pairs on 100 nodes
-        j = i // 2
-        ts = t + timedelta(seconds=j)
-        node = f"n{j % 100:03d}"
-        if i % 2 == 0:
+    signer = BatchSigner(dispatcher)
+    per_batch = 16  # as the dispatcher signs a busy cycle: 32 records per signature, a JobPlaced and its StartWorkload
+    for lo in range(0, n // 2, per_batch):
+        placed, values = [], []
+        for j in range(lo, min(lo + per_batch, n // 2)):
+            ts = t + timedelta(seconds=j)
+            node = f"n{j % 100:03d}"
             ev: events.Event = events.JobPlaced(
                 job_id=f"j{j}",
                 attempt=1,
@@ -305,14 +308,19 @@ def accounting_ingest(bootstrap: str, redis_url: str, n: int) -> bool:
                 submitted_at=ts,
                 decision=dec,
                 ts=ts,
-                producer="bench",
+                producer="dispatcher",
             )
-        else:
-            ev = events.JobCompleted(
-                job_id=f"j{j}", attempt=1, replica=0, node_id=node, ts=ts + timedelta(seconds=1), producer="bench"
+            start = events.StartWorkload(node_id=node, job_id=f"j{j}", attempt=1, gpus=(j % 8,), ts=ts)
+            placed.append(ev)
+            values += [events.encode(ev), events.encode(start)]
+        signed = signer.values(values)  # the commands go to apportion.commands, which the accounting does not read
+        for k, ev in enumerate(placed):
+            producer.send(ev, signed[2 * k])
+            node = ev.placements[0].node_id  # type: ignore[attr-defined]
+            done = events.JobCompleted(
+                job_id=ev.job_id, attempt=1, replica=0, node_id=node, ts=ev.ts + timedelta(seconds=1), producer="bench"
             )
-        producer.send(ev, keys[node].signed_value(ev) if isinstance(ev, events.JobCompleted) else None)
-        i += 1
+            producer.send(done, keys[node].signed_value(done))
     producer.flush()
     producer.close()
 

@@ -3,8 +3,9 @@
 ``identity("alice")`` is the same key pair in every run (the private key is
 the SHA-256 of the name), so logs built in tests are byte-identical;
 ``registered(...)`` is the ops event that makes such a key valid.
-Node reports are signed as a node agent signs them (:func:`node_value`), with
-their nodes' keys registered before them (:func:`with_node_keys`).
+Node reports are signed as a node agent signs them and decisions as the
+dispatcher signs them (:func:`node_value`), with their keys registered before
+them (:func:`with_node_keys`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from datetime import datetime
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from apportion import events
-from apportion.domain.admission import is_node_report, node_principal
-from apportion.identity import Identity
+from apportion.domain.admission import DECISION_TYPES, DISPATCHER, REPORT_TYPES, node_principal
+from apportion.identity import BatchSigner, Identity
 
 
 def identity(user: str, role: str = "user") -> Identity:
@@ -47,40 +48,74 @@ def node_identity(node_id: str) -> Identity:
 DEFAULT_NODE = "n0"
 
 
-def node_value(e: events.Event) -> bytes:
-    """The record value of ``e`` as a node agent publishes it: a node report signed by its node's key, else plain.
+def dispatcher_identity() -> Identity:
+    """The test identity of the dispatcher (principal ``service:dispatcher``)."""
+    return identity(DISPATCHER)
 
-    A report that names no node is reported by :data:`DEFAULT_NODE` (its ``node_id`` is set in the bytes).
+
+def dispatcher_signer() -> BatchSigner:
+    """The dispatcher's signer of the tests (:func:`dispatcher_identity`)."""
+    return BatchSigner(dispatcher_identity())
+
+
+def _dispatchers(e: events.Event) -> bool:
+    """Is ``e`` the dispatcher's to sign: a decision or command, or its own ``JobFailed``/``JobLost``."""
+    return isinstance(e, DECISION_TYPES) or (
+        isinstance(e, (events.JobFailed, events.JobLost)) and e.producer == "dispatcher"
+    )
+
+
+def _signer(e: events.Event) -> str | None:
+    """The principal that signs ``e`` in the tests' logs, or ``None`` (unsigned)."""
+    if _dispatchers(e):
+        return DISPATCHER
+    if isinstance(e, REPORT_TYPES):
+        return node_principal(getattr(e, "node_id", None) or DEFAULT_NODE)
+    return None
+
+
+def node_value(e: events.Event) -> bytes:
+    """The record value of ``e`` as its writer publishes it: signed by the dispatcher's key or its node's.
+
+    A decision or command (or the dispatcher's own ``JobFailed``/``JobLost``) is
+    signed by :func:`dispatcher_identity`; a node report by its node's key; a
+    report that names no node is reported by :data:`DEFAULT_NODE` (its
+    ``node_id`` is set in the bytes); anything else is plain.
     """
-    if not is_node_report(e):
+    who = _signer(e)
+    if who is None:
         return events.encode(e)
-    node = getattr(e, "node_id", None)
-    if node is None:
-        node = DEFAULT_NODE
-        e = e.model_copy(update={"node_id": node})
-    return node_identity(node).signed_value(e)
+    if who == DISPATCHER:
+        return dispatcher_signer().values([events.encode(e)])[0]
+    if getattr(e, "node_id", None) is None:
+        e = e.model_copy(update={"node_id": DEFAULT_NODE})
+    return identity(who).signed_value(e)
 
 
 def with_node_keys(evs: Iterable[events.Event], known: set[str] | None = None) -> list[events.Event]:
-    """``evs`` with the registration of each reporting node's key before its first report.
+    """``evs`` with the registration of each signer's key before the first event it signs (:func:`node_value`).
 
-    Each registration's time is the earliest of that node's reports in ``evs``
-    (the key is in force for all of them). ``known``: nodes registered
-    before (skipped; updated).
+    Each registration's time is the earliest of that signer's events in ``evs``
+    (the key is in force for all of them). ``known``: principals (node ids, or
+    ``service:dispatcher``) registered before (skipped; updated).
     """
     evs = list(evs)
     seen = known if known is not None else set()
+
+    def who(e: events.Event) -> str | None:
+        p = _signer(e)
+        return p if p is None or p == DISPATCHER else p[len("node:") :]
+
     first: dict[str, datetime] = {}
     for e in evs:
-        if is_node_report(e):
-            node = getattr(e, "node_id", None) or DEFAULT_NODE
-            first[node] = min(first.get(node, e.ts), e.ts)
+        w = who(e)
+        if w is not None:
+            first[w] = min(first.get(w, e.ts), e.ts)
     out: list[events.Event] = []
     for e in evs:
-        if is_node_report(e):
-            node = getattr(e, "node_id", None) or DEFAULT_NODE
-            if node not in seen:
-                seen.add(node)
-                out.append(registered(node_identity(node), first[node]))
+        w = who(e)
+        if w is not None and w not in seen:
+            seen.add(w)
+            out.append(registered(dispatcher_identity() if w == DISPATCHER else node_identity(w), first[w]))
         out.append(e)
     return out

@@ -105,6 +105,7 @@ async def _lead(
     from apportion.bus.crc import use_compiled_crc32c
     from apportion.bus.producer import EventProducer
     from apportion.bus.service import close_quietly, commit_quietly, follow
+    from apportion.identity import decision_signer
     from apportion.timeutil import from_us
     from apportion.topics import BUDGETS, JOBS, NODES, SUBMISSIONS
     from services.dispatcher import store
@@ -112,6 +113,9 @@ async def _lead(
 
     log.info("record-batch CRC-32C: %s", use_compiled_crc32c())
     clock, conn = w.clock, w.conn
+    signer = await asyncio.to_thread(  # every decision is signed with service:dispatcher's key (docs/security.md)
+        lambda: decision_signer(key_file=settings.dispatcher_key, bootstrap=conn.bootstrap, now=clock.now())
+    )
     producer = await asyncio.to_thread(
         EventProducer, conn.bootstrap, client_id="dispatcher", linger_ms=LINGER_MS, batch_size=BATCH_BYTES
     )
@@ -127,7 +131,7 @@ async def _lead(
 
     inputs = [SUBMISSIONS.name, JOBS.name, NODES.name, BUDGETS.name]
     consumer = await asyncio.to_thread(AssignedConsumer, conn.bootstrap, inputs, "dispatcher")
-    svc = w.current["svc"] = DispatcherService(settings, clock, publish, metrics, consumed=inputs)
+    svc = w.current["svc"] = DispatcherService(settings, clock, publish, metrics, consumed=inputs, signer=signer)
     svc.token = lease.token
     consumer.lag.sink = metrics["reader"].set_lag
     loop = asyncio.get_running_loop()

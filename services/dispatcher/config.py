@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 from apportion.bus.service import ServiceSettings
 from apportion.domain.engine import CHECKPOINT_WAIT_S, PATIENCE_S
@@ -42,6 +43,10 @@ class DispatcherSettings(ServiceSettings):
             Redis (:mod:`services.dispatcher.snapshot`); a start reads the
             snapshot and the log's tail; 0: no snapshots, every start replays
             the log from offset 0.
+        dispatcher_key: the identity file of ``service:dispatcher``
+            (``APPORTION_DISPATCHER_KEY``; ``apportion keys init --service
+            dispatcher``); every value published is signed with it (DESIGN
+            section 10). ``None``: the development keyring (``APPORTION_KEYRING``).
     """
 
     instance_id: str = ""
@@ -58,6 +63,7 @@ class DispatcherSettings(ServiceSettings):
     reconcile_misses: int = 2
     future_tolerance_s: float = 3600.0
     snapshot_every_wall_s: float = 60.0
+    dispatcher_key: Path | None = None
 
     def owner(self) -> str:
         """This instance's lease owner id."""

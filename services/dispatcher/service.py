@@ -178,6 +178,8 @@ class DispatcherService:
         consumed: physical names of the topics this instance reads; its own
             events on them come back as echoes (see :meth:`ingest`).
             Default: none (every record is decoded).
+        signer: signs every value published (:class:`apportion.identity.BatchSigner`, the
+            ``service:dispatcher`` key; readers ignore decisions it did not sign); ``None``: unsigned.
     """
 
     def __init__(
@@ -187,8 +189,10 @@ class DispatcherService:
         publish: Callable[[list[tuple[Event, bytes]]], Any],
         metrics: dict | None = None,
         consumed: Iterable[str] = (),
+        signer: Any = None,
     ) -> None:
         self.settings = settings
+        self.signer = signer
         self.clock = clock
         self.publish = publish
         self.cfg = dispatch_config(settings)
@@ -273,7 +277,10 @@ class DispatcherService:
                     echoes[value[:ECHO_LEN]] = None
                 if remember is not None:
                     remember(e)  # our ids: another payload under one of them is a reused id
+            self.gate.emitted(e)  # a run's placement, for the reports of it (its echo is never checked)
             sent.append((e, value))
+        if self.signer is not None:  # one signature per batch of decisions (DESIGN section 10)
+            sent = list(zip([e for e, _ in sent], self.signer.values([v for _, v in sent]), strict=True))
         if len(echoes) > ECHO_CAP:  # echoes that never came back (a lost send): forget the oldest half
             for k in list(echoes)[: len(echoes) // 2]:
                 del echoes[k]

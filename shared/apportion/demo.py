@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     from apportion.cli.stack import dev_keyring
     from apportion.client import enrol
     from apportion.clock import ScaledClock
-    from apportion.domain.admission import node_principal
+    from apportion.domain.admission import DISPATCHER, node_principal
     from apportion.gpu import sim_node_ids
     from apportion.identity import Identity
     from apportion.sim.core import SimConfig, simulate
@@ -344,8 +344,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         producer.flush()
         # the node agent's keys, one per node, registered by the demo acting as ops (the agent signs its reports)
-        enrol(
-            [node_principal(n) for n in sim_node_ids("n", len(bf.nodes))],
+        enrol(  # and the dispatcher's, which signs every decision
+            [DISPATCHER, *(node_principal(n) for n in sim_node_ids("n", len(bf.nodes)))],
             bootstrap=bootstrap,
             now=now,
             ring=Path(env["APPORTION_KEYRING"]),

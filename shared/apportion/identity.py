@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -64,18 +65,21 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from apportion import events
 from apportion.domain.admission import (
+    DISPATCHER,
     REPORT_TYPES,
+    RUN_REPORT_TYPES,
     Principal,
     Rejection,
     authorize,
     authorize_report,
-    is_node_report,
+    is_attributed,
     node_principal,
     refused_request_event,
 )
 from apportion.timeutil import Micros, to_us
 
 __all__ = [
+    "BatchSigner",
     "Identity",
     "KeyRegistry",
     "ReportGate",
@@ -85,6 +89,7 @@ __all__ = [
     "canonical_bytes",
     "check_reports",
     "check_requests",
+    "decision_signer",
     "identity_file",
     "keyring_dir",
     "report_signer",
@@ -135,7 +140,7 @@ def _public(text: str) -> Ed25519PublicKey:
     return key
 
 
-def signer_of(raw: bytes | str | None) -> str | None:
+def signer_of(raw: bytes | str | None, *, appended: bool = False) -> str | None:
     """The ``signer_key`` of a record value whose signature verifies, else ``None``.
 
     Stateless and pure (no registry): whether the key belongs to the request's
@@ -143,14 +148,23 @@ def signer_of(raw: bytes | str | None) -> str | None:
 
     Args:
         raw: the record value as read from Kafka.
+        appended: first try the *appended form* that node agents
+            (:meth:`Identity.signed_value`) and the dispatcher
+            (:class:`BatchSigner`) write (:func:`_appended_signer`: no JSON
+            parsing), then the canonical form. Requests are checked in the
+            canonical form only (their producers write members in any order).
 
     Returns:
-        The base64 public key that signed the canonical bytes of ``raw``;
-        ``None`` when unsigned, not JSON, a malformed key or signature, or a
-        signature that does not verify (altered bytes, a copied signature).
+        The base64 public key that signed ``raw``; ``None`` when unsigned, not
+        JSON, a malformed key or signature, or a signature that does not verify
+        (altered bytes, a copied signature).
     """
     if raw is None:
         return None
+    if appended:
+        key = _appended_signer(raw.encode() if isinstance(raw, str) else raw)
+        if key is not None:
+            return key
     try:
         obj = json.loads(raw)
         if not isinstance(obj, dict):
@@ -162,6 +176,158 @@ def signer_of(raw: bytes | str | None) -> str | None:
     except (ValueError, TypeError, binascii.Error, InvalidSignature, RecursionError):
         return None
     return key
+
+
+# --------------------------------------------------------------------------- the appended form and batches
+#
+# A value in the appended form is ``body[:-1] + ',"signature":"' + S + '"}'``: ``body`` is a JSON object holding
+# ``"signer_key":"<base64 key>"`` and no ``signature``, and S signs exactly ``body`` (the value with its last
+# member removed), so a reader checks it on the bytes it read, without parsing or re-serialising. S is either
+#
+# * the base64 Ed25519 signature of ``body`` (a node agent's report, one signature each; its body is the
+#   canonical form, so the canonical check accepts it too), or
+# * ``m.<i>.<n>.<sig>.<h>...`` (the dispatcher's batches, :class:`BatchSigner`): record ``i`` of a batch of
+#   ``n``; ``sig`` signs ``BATCH_DOMAIN + "<n>:" + root`` once for the batch, where ``root`` is the root of a
+#   binary hash tree over the batch's bodies (leaf ``SHA-256(0x00 || body)``, inner node
+#   ``SHA-256(0x01 || left || right)``, an odd last node moved up unchanged, RFC 6962's domain separation);
+#   the ``h`` are the base64 sibling hashes from the leaf up. A reader verifies ``sig`` once per batch
+#   (:data:`_ROOTS` remembers the roots verified) and hashes each record's path.
+
+#: The member that ends a value in the appended form, before the signature string.
+_SIG_MEMBER = b',"' + SIGNATURE.encode() + b'":"'
+
+#: The member that names the signing key.
+_KEY_MEMBER = b'"signer_key":"'
+
+#: Base64 characters of a 32-byte public key.
+_KEY_CHARS = 44
+
+#: What a batch signature signs before ``"<n>:" + root`` (never the first bytes of a JSON object).
+BATCH_DOMAIN = b"apportion-batch-v1:"
+
+#: Most records one batch signature covers (path of at most log2 of it sibling hashes per record).
+BATCH_MAX = 32
+
+#: Largest batch a reader accepts (a bound on the path it hashes).
+_BATCH_LIMIT = 1 << 16
+
+#: Batch signatures verified: signature text -> (key, n, root). Cleared past :data:`_ROOTS_CAP` entries.
+_ROOTS: dict[bytes, tuple[str, int, bytes]] = {}
+_ROOTS_CAP = 100_000
+
+
+def _leaf(body: bytes) -> bytes:
+    return hashlib.sha256(b"\x00" + body).digest()
+
+
+def _node(left: bytes, right: bytes) -> bytes:
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def _appended_signer(raw: bytes) -> str | None:
+    """The key that signed ``raw`` in the appended form (single or batch), else ``None`` (not that form, or bad)."""
+    if not raw.endswith(b'"}'):
+        return None
+    pos = raw.rfind(_SIG_MEMBER)
+    if pos < 0:
+        return None
+    sig = raw[pos + len(_SIG_MEMBER) : -2]
+    body = raw[:pos] + b"}"
+    k = body.rfind(_KEY_MEMBER)
+    if k < 0:
+        return None
+    k += len(_KEY_MEMBER)
+    if body[k + _KEY_CHARS : k + _KEY_CHARS + 1] != b'"':
+        return None
+    try:
+        key = body[k : k + _KEY_CHARS].decode("ascii")
+        public = _public(key)
+        if not sig.startswith(b"m."):
+            public.verify(_unb64(sig.decode("ascii"), 64), body)
+            return key
+        _, i_text, n_text, root_sig, *path = sig.split(b".")
+        i, n = int(i_text), int(n_text)
+        if not 0 <= i < n <= _BATCH_LIMIT:
+            return None
+        h, m, steps = _leaf(body), n, iter(path)
+        while m > 1:
+            if i ^ 1 < m:
+                sib = _unb64(next(steps).decode("ascii"), 32)
+                h = _node(h, sib) if i % 2 == 0 else _node(sib, h)
+            i, m = i // 2, (m + 1) // 2
+        if next(steps, None) is not None:
+            return None
+        if _ROOTS.get(root_sig) != (key, n, h):
+            public.verify(_unb64(root_sig.decode("ascii"), 64), BATCH_DOMAIN + b"%d:" % n + h)
+            if len(_ROOTS) >= _ROOTS_CAP:
+                _ROOTS.clear()
+            _ROOTS[root_sig] = (key, n, h)
+    except (ValueError, TypeError, binascii.Error, InvalidSignature, StopIteration, UnicodeDecodeError):
+        return None
+    return key
+
+
+class BatchSigner:
+    """Signs what the dispatcher publishes: one Ed25519 signature per batch of up to :data:`BATCH_MAX` records.
+
+    Each value gets ``signer_key`` and its ``signature`` appended (the appended form, comment above
+    :data:`BATCH_DOMAIN`); a batch of one is signed as a node report is. Cost: one signature per
+    batch, one SHA-256 per record and per inner node, a few bytes joined; about 45 bytes of sibling
+    hashes per record and level (5 levels at most).
+
+    Args:
+        identity: the signer (principal :data:`~apportion.domain.admission.DISPATCHER`).
+        max_batch: records per signature (1 signs each record on its own).
+    """
+
+    def __init__(self, identity: Identity, max_batch: int = BATCH_MAX) -> None:
+        self.identity = identity
+        self.max_batch = max(1, max_batch)
+        self._keyed = b',"signer_key":"' + identity.public_key.encode("ascii") + b'"}'
+
+    def values(self, values: Sequence[bytes]) -> list[bytes]:
+        """The signed record values of ``values`` (each the JSON of one event, :func:`apportion.events.encode`).
+
+        Raises:
+            ValueError: a value is not a JSON object with at least one member.
+        """
+        out: list[bytes] = []
+        step = self.max_batch
+        for lo in range(0, len(values), step):
+            out.extend(self._batch(values[lo : lo + step]))
+        return out
+
+    def _batch(self, values: Sequence[bytes]) -> list[bytes]:
+        bodies = []
+        for v in values:
+            if not (v.startswith(b'{"') and v.endswith(b"}")):
+                raise ValueError(f"not a JSON object of an event: {v[:40]!r}")
+            bodies.append(v[:-1] + self._keyed)
+        sign = self.identity.private_key.sign
+        if len(bodies) == 1:
+            body = bodies[0]
+            return [body[:-1] + _SIG_MEMBER + _b64(sign(body)).encode("ascii") + b'"}']
+        n = len(bodies)
+        levels = [[_leaf(b) for b in bodies]]
+        while len(levels[-1]) > 1:
+            lv = levels[-1]
+            up = [_node(lv[j], lv[j + 1]) for j in range(0, len(lv) - 1, 2)]
+            if len(lv) % 2:
+                up.append(lv[-1])
+            levels.append(up)
+        root_sig = _b64(sign(BATCH_DOMAIN + b"%d:" % n + levels[-1][0])).encode("ascii")
+        head = b"m."
+        tail = b"." + b"%d" % n + b"." + root_sig
+        out = []
+        for i, body in enumerate(bodies):
+            parts, j = [], i
+            for lv in levels[:-1]:
+                if j ^ 1 < len(lv):
+                    parts.append(_b64(lv[j ^ 1]).encode("ascii"))
+                j //= 2
+            sig = head + b"%d" % i + tail + b"".join(b"." + p for p in parts)
+            out.append(body[:-1] + _SIG_MEMBER + sig + b'"}')
+        return out
 
 
 @dataclass(frozen=True)
@@ -352,7 +518,46 @@ def report_signer(
     return ReportSigner(dict(zip(ids, enrol([node_principal(n) for n in ids], bootstrap=bootstrap, now=now))))
 
 
+def decision_signer(*, key_file: Path | None = None, bootstrap: str | None = None, now: Any = None) -> BatchSigner:
+    """The signer of the dispatcher's decisions and commands (principal ``service:dispatcher``), from settings.
+
+    With ``key_file`` (the dispatcher's ``APPORTION_DISPATCHER_KEY``): that
+    identity file (made by ``apportion keys init --service dispatcher``, its
+    public key registered by ops with ``apportion keys register
+    service:dispatcher PUBKEY``); every instance (leader and standbys) holds
+    the same key. Otherwise the development keyring (:func:`keyring_dir`),
+    which makes and registers it on first use (:func:`apportion.client.enrol`;
+    a stack registers it as ops before the dispatcher starts).
+
+    Raises:
+        LookupError: no key file and no keyring, or the key file is missing.
+        ValueError: the key file is not the dispatcher's identity.
+    """
+    if key_file is not None:
+        if not key_file.is_file():
+            raise LookupError(
+                f"no key file {key_file} for the dispatcher: make it with `apportion keys init --service "
+                f"dispatcher --file {key_file}` and have ops register its public key"
+            )
+        ident = Identity.load(key_file)
+        if ident.user != DISPATCHER:
+            raise ValueError(f"{key_file} signs as {ident.user!r}, not {DISPATCHER!r}")
+        return BatchSigner(ident)
+    if keyring_dir() is None:
+        raise LookupError(
+            "the dispatcher signs its decisions: set APPORTION_DISPATCHER_KEY to its key file (or, on a "
+            "development stack, APPORTION_KEYRING)"
+        )
+    from apportion.client import enrol
+
+    return BatchSigner(enrol([DISPATCHER], bootstrap=bootstrap, now=now)[0])
+
+
 # --------------------------------------------------------------------------- the registry (pure)
+
+
+#: Runs whose placement a :class:`KeyRegistry` remembers (about 150 bytes each).
+PLACEMENTS_KEPT = 1_000_000
 
 
 @dataclass(slots=True)
@@ -387,11 +592,38 @@ class KeyRegistry:
 
     A revocation with ``ts <= t`` revokes too (an honest, late reader).
     Folding an event twice changes nothing.
+
+    It also remembers which nodes hold which run (:meth:`place`, fed by the
+    reader edge with every ``JobPlaced`` it authenticated), so that a node's
+    key proves reports of its own runs only (:meth:`placement`). The oldest
+    of more than :data:`PLACEMENTS_KEPT` runs are forgotten (a report of a
+    forgotten run is then checked against its node's key only).
     """
 
     def __init__(self) -> None:
         self._grants: dict[str, list[_Grant]] = {}
         self._revoked: dict[tuple[str, str], list[_Revocation]] = {}
+        self._placed: dict[tuple[str, int], tuple[str, ...]] = {}
+        self._users: set[str] = set()
+
+    def knows(self, user: str) -> bool:
+        """Has a key ever been registered for ``user`` (e.g. ``service:dispatcher``)?"""
+        return user in self._users
+
+    def place(self, ev: events.JobPlaced) -> None:
+        """Remember the nodes of run (``job_id``, ``attempt``), in replica order (first placement wins)."""
+        placed = self._placed
+        key = (ev.job_id, ev.attempt)
+        if key not in placed:
+            placed[key] = tuple(p.node_id for p in ev.placements)
+            if len(placed) > PLACEMENTS_KEPT:
+                del placed[next(iter(placed))]
+
+    def placement(self, ev: events.Event) -> tuple[str, ...] | None:
+        """The nodes of the run a report names (replica order), or ``None`` (not a run report, or no placement known)."""
+        if not isinstance(ev, RUN_REPORT_TYPES):
+            return None
+        return self._placed.get((ev.job_id, ev.attempt))
 
     def apply(self, ev: events.Event, position: int | None = None) -> bool:
         """Fold one event; True when it is an identity event.
@@ -404,6 +636,7 @@ class KeyRegistry:
             return False
         if isinstance(ev, events.UserKeyRegistered):
             self._grants.setdefault(ev.public_key, []).append(_Grant(ev.user, ev.role, to_us(ev.ts)))
+            self._users.add(ev.user)
         else:
             self._revoked.setdefault((ev.public_key, ev.user), []).append(_Revocation(to_us(ev.ts), position))
         return True
@@ -445,32 +678,31 @@ class KeyRegistry:
 
 
 class ReportGate:
-    """The reader edge's check of node reports (DESIGN section 10); folds the identity events it sees.
+    """The reader edge's check of who wrote what (DESIGN section 10); folds the identity events it sees.
 
     Used by the dispatcher's and the accounting's :class:`~apportion.bus.intake.Intake`
     (:meth:`~apportion.bus.intake.Intake.authenticate`) and, with positions,
     by :func:`check_reports` in ``audit verify``. The rule is
-    :func:`apportion.domain.admission.authorize_report`.
+    :func:`apportion.domain.admission.authorize_report`: decisions and
+    commands signed by the dispatcher's key, node reports by their node's,
+    of runs placed on that node.
 
     Args:
         keys: the registry to fold into and check with, or a callable
             returning it (a service whose state, registry included, is
             replaced on restore). Default: a new one.
-        dispatcher: the dispatcher's ``producer`` name (its own ``JobLost``/``JobFailed`` are not node reports).
-        folds: the event types the reader folds (``None``: all). A report of another type is let through
+        folds: the event types the reader folds (``None``: all). An event of another type is let through
             unchecked, since the fold ignores it anyway: the accounting, which folds no heartbeat or start,
-            verifies about one signature per run (its completion) instead of every report.
+            verifies about one node signature per run (its completion) instead of every report.
     """
 
     def __init__(
         self,
         keys: KeyRegistry | Callable[[], KeyRegistry] | None = None,
-        dispatcher: str = "dispatcher",
         folds: tuple[type, ...] | None = None,
     ):
         reg = keys if keys is not None else KeyRegistry()
         self._keys = reg if callable(reg) and not isinstance(reg, KeyRegistry) else (lambda: reg)
-        self.dispatcher = dispatcher
         self.folds = folds
 
     @property
@@ -486,15 +718,27 @@ class ReportGate:
         """Fold an identity event; True when ``ev`` was one."""
         return self.keys.apply(ev, position)
 
-    def report_refusal(self, raw: bytes | str | None, ev: events.Event, position: int | None = None) -> str | None:
-        """Why node report ``ev`` (read as ``raw``) must be ignored (``unauthenticated_node: ...``), or ``None``.
+    def emitted(self, ev: events.Event) -> None:
+        """Note an event this reader wrote itself and will not read back (the dispatcher's echoes): its placements."""
+        if isinstance(ev, events.JobPlaced):
+            self.keys.place(ev)
 
-        Not a report (or the dispatcher's own): ``None`` without a signature check.
+    def report_refusal(self, raw: bytes | str | None, ev: events.Event, position: int | None = None) -> str | None:
+        """Why ``ev`` (read as ``raw``) must be ignored (``unauthenticated...: ...``), or ``None``.
+
+        Check in log order of each partition: a ``JobPlaced`` that passes is
+        remembered (:meth:`KeyRegistry.place`) for the reports of its run that
+        follow. An event that needs no signature (:func:`~apportion.domain.admission.is_attributed`),
+        or is of a type the reader does not fold: ``None`` without a signature check.
         """
-        if not is_node_report(ev, self.dispatcher) or (self.folds is not None and not isinstance(ev, self.folds)):
+        if not is_attributed(ev) or (self.folds is not None and not isinstance(ev, self.folds)):
             return None
-        signer = self.keys.principal(signer_of(raw), to_us(ev.ts), position)
-        return authorize_report(ev, signer, self.dispatcher)
+        keys = self.keys
+        signer = keys.principal(signer_of(raw, appended=True), to_us(ev.ts), position)
+        why = authorize_report(ev, signer, keys.placement(ev), dispatcher_keyed=keys.knows(DISPATCHER))
+        if why is None and isinstance(ev, events.JobPlaced):
+            keys.place(ev)
+        return why
 
 
 class RequestGate(ReportGate):
@@ -511,7 +755,7 @@ class RequestGate(ReportGate):
     """
 
     def __init__(self, producer: str = "dispatcher") -> None:
-        super().__init__(None, dispatcher=producer)
+        super().__init__(None)
         self.producer = producer
         self.refused = 0
 
@@ -663,10 +907,10 @@ class ReportCheck:
     """``audit verify``'s look at the node reports of a log (:func:`check_reports`).
 
     Attributes:
-        ignored: indices of the reports the services must have ignored (``unauthenticated_node``);
-            the audit's rebuilds leave them out, as the services did.
-        findings: ignored reports that no service dead-lettered (one did not ignore them).
-        checked: node reports whose signature was checked.
+        ignored: indices of the events the services must have ignored (``unauthenticated``,
+            ``unauthenticated_node``); the audit's rebuilds leave them out, as the services did.
+        findings: ignored events that no service dead-lettered (one did not ignore them).
+        checked: decisions, commands and node reports whose signature was checked.
     """
 
     ignored: frozenset[int]
@@ -674,22 +918,23 @@ class ReportCheck:
     checked: int
 
 
-def check_reports(records: Sequence[Any], dispatcher: str = "dispatcher") -> ReportCheck:
-    """Re-check, from the log alone, the signature of every node report (``audit verify``).
+def check_reports(records: Sequence[Any]) -> ReportCheck:
+    """Re-check, from the log alone, the signature of every decision, command and node report (``audit verify``).
 
     The rule is the services' (:class:`ReportGate`,
     :func:`~apportion.domain.admission.authorize_report`) with the log's
-    positions for revocations (:class:`KeyRegistry`). A report that fails it
-    must have been ignored by the dispatcher and the accounting, which
-    dead-letter it (id ``det_id("DeadLetter", topic, partition, offset)``);
-    one without such a dead letter is a finding. Logs without any
-    ``UserKeyRegistered`` (a simulator's) are not checked.
+    positions for revocations (:class:`KeyRegistry`), checked in each
+    partition's offset order (as the services read it: a run's placement
+    precedes its reports). An event that fails it must have been ignored by
+    the dispatcher and the accounting, which dead-letter it (id
+    ``det_id("DeadLetter", topic, partition, offset)``); one without such a
+    dead letter is a finding. Logs without any ``UserKeyRegistered`` (a
+    simulator's) are not checked.
 
     Args:
         records: log records (``event``, ``raw``, ``topic``, ``partition``, ``offset``, ``timestamp_ms``).
-        dispatcher: the dispatcher's ``producer`` name.
     """
-    gate = ReportGate(dispatcher=dispatcher)
+    gate = ReportGate()
     letters: set[Any] = set()
     for r in records:
         ev = r.event
@@ -703,9 +948,10 @@ def check_reports(records: Sequence[Any], dispatcher: str = "dispatcher") -> Rep
     ignored: set[int] = set()
     findings: list[RequestFinding] = []
     checked = 0
-    for i, r in enumerate(records):
+    for i in sorted(range(len(records)), key=lambda i: (records[i].topic, records[i].partition, records[i].offset)):
+        r = records[i]
         ev = r.event
-        if ev is None or not is_node_report(ev, dispatcher):
+        if ev is None or not is_attributed(ev):
             continue
         checked += 1
         why = gate.report_refusal(r.raw, ev, _position(r))

@@ -317,7 +317,10 @@ class ReaderCollector:
     * ``apportion_duplicates_total``: records dropped or passed as duplicates (same id and payload);
     * ``apportion_dead_letters_total``: records dead-lettered (undecodable, reused id, apply failed);
     * ``apportion_unauthenticated_node_reports_total``: node reports ignored (and dead-lettered) because no
-      key registered for their node signed them (``unauthenticated_node``, DESIGN section 10);
+      key registered for their node signed them, or their node does not hold the run (``unauthenticated_node``,
+      DESIGN section 10);
+    * ``apportion_unauthenticated_decisions_total``: decisions and commands ignored (and dead-lettered)
+      because the dispatcher's key did not sign them (``unauthenticated``, a forgery);
     * ``apportion_consumer_lag_records{topic,partition}``: records between the consumer's position and the
       partition's end (high watermark), as last measured by the poll thread (:meth:`set_lag`).
 
@@ -348,7 +351,7 @@ class ReaderCollector:
         """The counters (summed over the sources) and the lag gauges."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        totals = {"events": 0, "duplicates": 0, "dead_lettered": 0, "unauthenticated_node": 0}
+        totals = {"events": 0, "duplicates": 0, "dead_lettered": 0, "unauthenticated_node": 0, "unauthenticated": 0}
         for get in self._stats:
             s = get()
             if s is None:
@@ -358,6 +361,7 @@ class ReaderCollector:
             totals["duplicates"] += int(getattr(s, "duplicates", 0) or 0)
             totals["dead_lettered"] += int(getattr(s, "dead_lettered", 0) or 0)
             totals["unauthenticated_node"] += int(getattr(s, "unauthenticated_node", 0) or 0)
+            totals["unauthenticated"] += int(getattr(s, "unauthenticated", 0) or 0)
         yield CounterMetricFamily(
             "apportion_events_handled", "Records read and turned into events by the reader edge", totals["events"]
         )
@@ -375,6 +379,11 @@ class ReaderCollector:
             "apportion_unauthenticated_node_reports",
             "Node reports ignored because no key registered for their node signed them (unauthenticated_node)",
             totals["unauthenticated_node"],
+        )
+        yield CounterMetricFamily(
+            "apportion_unauthenticated_decisions",
+            "Decisions and commands ignored because the dispatcher's key did not sign them (unauthenticated)",
+            totals["unauthenticated"],
         )
         lag = GaugeMetricFamily(
             "apportion_consumer_lag_records",

@@ -10,6 +10,7 @@ not change. The threats the ACLs stop are in ``test_kafka_acls.py``.
 
 from __future__ import annotations
 
+import base64
 import json
 import urllib.request
 import uuid
@@ -199,4 +200,67 @@ def test_a_node_agent_cannot_report_for_a_node_it_does_not_hold(stack: Stack) ->
     bases = ("submissions", "jobs", "nodes", "budgets", "deadletter")
     report = verify(_log(stack, *(f"apportion.{b}" for b in bases)))
     assert report.signed_reports > 3
+    assert [m for m in report.mismatches if m.check == "signature"] == []
+
+
+def test_a_node_agent_cannot_forge_the_dispatchers_decisions_nor_report_another_nodes_run(stack: Stack) -> None:
+    """As the node-agent principal (which may write apportion.jobs): an unsigned ``JobLost`` and ``JobFailed``
+    claiming the dispatcher, a ``JobPreempted`` signed by a node's key, and a completion of the run signed by the
+    other node's own key naming itself. Each is ignored, dead-lettered and counted by both readers; the job runs
+    on; ``audit verify`` finds every decision and report of the stack signed and no forgery kept."""
+    alice = _identity(stack, "alice")
+    _send(stack, "researcher", alice.sign(_submission("alice", "th-run2")))
+    running = stack.until(
+        lambda: [r for r in stack.json("queue") if r["job_id"] == "th-run2" and r["state"] == "running"],
+        "th-run2 running",
+    )
+    node, attempt = running[0]["nodes"][0], 1
+    other_node = next(n["node_id"] for n in stack.json("nodes") if n["node_id"] != node)
+    other = _identity(stack, f"node:{other_node}")  # the real, registered key of the stack's other node
+    now = datetime.now(UTC)
+    job = {"job_id": "th-run2", "attempt": attempt}
+    lost = events.JobLost(**job, node_id=node, charged_until=now, ts=now, producer="dispatcher")
+    failed = events.JobFailed(**job, replica=0, node_id=node, exit_code=1, ts=now, producer="dispatcher")
+    preempted = events.JobPreempted(**job, budget="lab/prior/robotics", allocated=True, ts=now, producer="dispatcher")
+    cross = events.JobCompleted(**job, replica=0, node_id=other_node, ts=now, producer="node-agent")
+    forged = [
+        (lost, None),
+        (failed, None),
+        (preempted, other.signed_value(preempted)),
+        (cross, other.signed_value(cross)),
+    ]
+    for ev, value in forged:
+        _send(stack, "node-agent", ev, value)
+    ids = {ev.event_id for ev, _ in forged}
+
+    def letters() -> list[events.DeadLetter]:
+        out = []
+        for r in _log(stack, "apportion.deadletter"):
+            d = r.event
+            if isinstance(d, events.DeadLetter) and d.error.startswith("unauthenticated"):
+                original = json.loads(base64.b64decode(d.original))
+                if original.get("event_id") in {str(i) for i in ids}:
+                    out.append(d)
+        return out
+
+    # the dispatcher folds all four kinds; the accounting folds JobLost, JobFailed, JobPreempted and JobCompleted
+    def both_refused_all() -> bool:
+        got = {(d.producer, d.source_offset) for d in letters()}
+        offsets = {o for _, o in got}
+        return len(offsets) == 4 and got == {(p, o) for p in ("dispatcher", "accounting") for o in offsets}
+
+    stack.until(both_refused_all, "both services dead-letter the four forgeries")
+    reasons = {d.error.split(":")[0] for d in letters()}
+    assert reasons == {"unauthenticated", "unauthenticated_node"}
+    assert any("placed on " + node in d.error for d in letters())  # the cross-node completion
+    (row,) = [r for r in stack.json("queue") if r["job_id"] == "th-run2"]
+    assert row["state"] == "running"  # no forgery stopped, requeued or completed it
+    for service in ("dispatcher", "accounting"):
+        assert _metric(stack, service, "apportion_unauthenticated_decisions_total") >= 1
+        assert _metric(stack, service, "apportion_unauthenticated_node_reports_total") >= 3
+    from apportion.audit.verify import verify
+
+    bases = ("submissions", "jobs", "nodes", "budgets", "deadletter")
+    report = verify(_log(stack, *(f"apportion.{b}" for b in bases)))
+    assert report.signed_reports > 4  # every decision and report of the stack re-checked
     assert [m for m in report.mismatches if m.check == "signature"] == []

@@ -87,8 +87,8 @@ def test_the_agent_signs_each_report_with_its_node_key_and_nothing_else() -> Non
         pytest.param(
             JobLost(job_id="j", attempt=1, node_id="n0", charged_until=T0, ts=T0, producer="dispatcher"),
             None,
-            None,
-            id="the dispatcher's own JobLost is not a node report",
+            "is not signed",
+            id="an unsigned JobLost claiming the dispatcher is a forged report",
         ),
         pytest.param(
             JobLost(job_id="j", attempt=1, node_id="n0", charged_until=T0, ts=T0, producer="node-agent"),

@@ -25,11 +25,13 @@ from Redis):
     identity, a simulator log) is not checked; ``signed_requests`` says how
     many were. A key revoked earlier in the log (by record timestamp) proves
     nothing, whatever the signed event's ``ts``.
-(e) :func:`apportion.identity.check_reports` - every node report is signed
-    by a key registered for its node (``node:<node_id>``); a report that is
-    not must have been dead-lettered ``unauthenticated_node`` by the
-    services, and the rebuilds of (a)-(c) leave it out as they did.
-    ``signed_reports`` says how many were checked.
+(e) :func:`apportion.identity.check_reports` - every decision and command
+    is signed by the dispatcher's key (``service:dispatcher``) and every node
+    report by a key registered for its node (``node:<node_id>``), of a run
+    placed on that node; one that is not must have been dead-lettered
+    (``unauthenticated``, ``unauthenticated_node``) by the services, and the
+    rebuilds of (a)-(c) leave it out as they did. ``signed_reports`` says how
+    many were checked.
 
 What the re-run folds (the reconstruction rule). The dispatcher decides
 with the state after folding everything *it* had processed, which is not a
@@ -807,12 +809,12 @@ def verify(
         producer: the dispatcher's ``producer`` name.
     """
     mism: list[Mismatch] = []
-    reports = check_reports(records, producer)
+    reports = check_reports(records)
     for f in reports.findings:
         rec = records[f.index]
         at = rec.event.ts.isoformat() if rec.event is not None else None
         mism.append(Mismatch("signature", position(rec), at, f.job_id, f.detail, log_order(rec)))
-    if reports.ignored:  # the services ignored them (unauthenticated_node): so do the rebuilds
+    if reports.ignored:  # the services ignored them (unauthenticated, unauthenticated_node): so do the rebuilds
         records = [r for i, r in enumerate(records) if i not in reports.ignored]
     if read_models is not None:
         mism += check_read_models(records, read_models, config)

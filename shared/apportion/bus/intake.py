@@ -50,6 +50,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from apportion import events
+from apportion.domain.admission import UNAUTHENTICATED_NODE
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,7 @@ class IntakeStats:
     dead_lettered: int = 0
     apply_failed: int = 0
     unauthenticated_node: int = 0
+    unauthenticated: int = 0
 
 
 def _utcnow() -> datetime:
@@ -198,7 +200,7 @@ class Intake:
             counted, for a fold that is idempotent itself and must see it as a
             restarted reader would (accounting: its late-record count); a
             reused id is dead-lettered either way.
-        gate: the check of node reports (:class:`apportion.identity.ReportGate`,
+        gate: the check of who wrote what (:class:`apportion.identity.ReportGate`,
             DESIGN section 10) that :meth:`authenticate` applies; ``None``: none.
 
     Example::
@@ -246,14 +248,17 @@ class Intake:
         return event
 
     def authenticate(self, batch: list[T], pair: Callable[[T], tuple[Any, events.Event]]) -> list[T]:
-        """``batch`` without the node reports the gate refuses; each refused one is dead-lettered and counted.
+        """``batch`` without the events the gate refuses; each refused one is dead-lettered and counted.
 
         The batch's identity events (key registrations and revocations) are
-        folded first, then each report is checked in batch order: a key
-        revoked anywhere in the batch signs nothing in it, whatever a report's
-        ``ts`` says (:class:`apportion.identity.KeyRegistry`). The dead
-        letter's reason starts with ``unauthenticated_node``
-        (:func:`apportion.domain.admission.authorize_report`).
+        folded first, then each decision, command and node report is checked
+        in batch order (a run's placement before its reports): a key revoked
+        anywhere in the batch signs nothing in it, whatever an event's ``ts``
+        says (:class:`apportion.identity.KeyRegistry`). The dead letter's
+        reason starts with ``unauthenticated`` (a decision the dispatcher's key
+        did not sign) or ``unauthenticated_node`` (a report its node's key did
+        not sign, or of a run another node holds;
+        :func:`apportion.domain.admission.authorize_report`).
 
         Args:
             batch: screened items in the order the service folds them.
@@ -271,7 +276,10 @@ class Intake:
             if why is None:
                 out.append(x)
                 continue
-            self.stats.unauthenticated_node += 1
+            if why.startswith(UNAUTHENTICATED_NODE):
+                self.stats.unauthenticated_node += 1
+            else:
+                self.stats.unauthenticated += 1
             self.refuse(rec, why)
         return out
 

@@ -40,16 +40,24 @@ def init_key(
             "APPORTION_NODE_KEY_DIR/ID.json unless --file.",
         ),
     ] = None,
+    service: Annotated[
+        str | None,
+        typer.Option("--service", help="A service's key (dispatcher: principal service:dispatcher); needs --file."),
+    ] = None,
 ) -> None:
-    """Make a key pair in your identity file (or a node's key file) and print the public key to give to ops."""
+    """Make a key pair in your identity file (or a node's or service's key file); print the public key for ops."""
     import os
 
     from apportion.cli.main import fail, out
-    from apportion.domain.admission import node_principal
+    from apportion.domain.admission import DISPATCHER, node_principal
     from apportion.identity import Identity, identity_file, node_key_file
 
     if role not in ("user", "ops"):
         fail(f"--role must be user or ops, not {role!r}")
+    if service is not None:
+        if service != "dispatcher" or node is not None or user is not None or role != "user" or file is None:
+            fail("--service dispatcher --file FILE makes the dispatcher's key (no --node, --user or --role)")
+        user = DISPATCHER
     if node is not None:
         if user is not None or role != "user":
             fail("--node makes a node's key: no --user or --role with it")

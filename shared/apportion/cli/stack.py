@@ -267,7 +267,7 @@ def up(
     from apportion.bus.provision import provision
     from apportion.bus.stack import LocalStack, StackError, attach, free_ports
     from apportion.client import enrol
-    from apportion.domain.admission import node_principal
+    from apportion.domain.admission import DISPATCHER, node_principal
     from apportion.gpu import sim_node_ids
 
     run_dir = Path(run_dir).resolve()
@@ -305,8 +305,8 @@ def up(
         provision(bootstrap)
         # the node agent's keys (one per simulated node), registered here as ops: the agent's own Kafka
         # principal may not write apportion.budgets, and it signs every report (docs/security.md)
-        enrol(
-            [node_principal(n) for n in sim_node_ids(SIM_PREFIX, sim_nodes)],
+        enrol(  # and the dispatcher's, which signs every decision
+            [DISPATCHER, *(node_principal(n) for n in sim_node_ids(SIM_PREFIX, sim_nodes))],
             bootstrap=bootstrap,
             ring=Path(info.keyring),
         )

@@ -36,35 +36,59 @@ signed it, ``not_owner`` for a cancel of another user's job by a principal
 that is not ops. The signature itself is checked by :mod:`apportion.identity`
 (crypto is not domain code); this module gets the principal that signed.
 
-Node reports (DESIGN section 10: "a node agent may report only for the nodes
-it registered") have their own rule, :func:`authorize_report`, applied by the
+Everything else a reader folds from ``apportion.jobs`` and ``apportion.nodes``
+must be attributable to its writer (DESIGN section 10: "only node agents
+write node reports and workload outcomes; only the dispatcher writes decisions
+and commands"), by one rule, :func:`authorize_report`, applied by the
 dispatcher's and the accounting's reader edge and by ``audit verify`` alike:
-a report (:data:`REPORT_TYPES`) counts only when it is signed by a key
-registered for the principal ``node:<node_id>`` of the node it names
-(:func:`node_principal`); otherwise it is ignored with the reason
-``unauthenticated_node``.
+
+* a decision or command (:data:`DECISION_TYPES`) counts only when it is signed
+  by a key registered for the principal :data:`DISPATCHER`
+  (``service:dispatcher``); otherwise it is ignored with the reason
+  ``unauthenticated``;
+* a node report (:data:`REPORT_TYPES`) counts only when it is signed by a key
+  registered for the principal ``node:<node_id>`` of the node it names
+  (:func:`node_principal`) and, for a report of a run (:data:`RUN_REPORT_TYPES`),
+  that node holds the run: it is the node of the reported replica in the
+  run's ``JobPlaced`` (any of its nodes when no replica is named); otherwise
+  it is ignored with the reason ``unauthenticated_node``. ``JobFailed`` and
+  ``JobLost`` are also the dispatcher's (a gang replica failed, a node was
+  lost): signed by :data:`DISPATCHER`, they count as its decisions.
+
+Who signed is decided by the signature alone, never by the ``producer`` a
+record claims.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import NamedTuple
 
 from apportion.domain.budgets import BudgetTree
 from apportion.events import (
+    DispatcherConfigured,
     Event,
+    JobCancelled,
     JobCancelRequested,
     JobCheckpointed,
     JobCompleted,
     JobFailed,
     JobLost,
+    JobPlaced,
+    JobPreempted,
+    JobQueued,
     JobRejected,
+    JobRequeued,
     JobStarted,
     JobSubmitted,
+    NodeDrained,
     NodeHeartbeat,
+    NodeLost,
     NodeRegistered,
     RejectReason,
+    StartWorkload,
+    StopWorkload,
     WorkloadRefused,
     det_id,
 )
@@ -74,13 +98,17 @@ __all__ = [
     "Principal",
     "Rejection",
     "ShapeLike",
+    "DECISION_TYPES",
+    "DISPATCHER",
     "NODE_PREFIX",
     "REPORT_TYPES",
+    "RUN_REPORT_TYPES",
+    "UNAUTHENTICATED",
     "UNAUTHENTICATED_NODE",
     "admit",
     "authorize",
     "authorize_report",
-    "is_node_report",
+    "is_attributed",
     "node_principal",
     "refused_request_event",
     "rejected_event",
@@ -105,10 +133,43 @@ REPORT_TYPES = (
     WorkloadRefused,
 )
 
-#: Report types the dispatcher writes too (a gang's ``JobFailed``, a lost node's ``JobLost``), unsigned.
+#: Reports of one run (``job_id``, ``attempt``): the node that reports one must hold the run.
+RUN_REPORT_TYPES = (JobStarted, JobCheckpointed, JobCompleted, JobFailed, JobLost, WorkloadRefused)
+
+#: Principal names of services (``service:<name>``): a service's key signs what that service writes.
+SERVICE_PREFIX = "service:"
+
+#: The dispatcher's principal: a key registered for it proves its decisions and commands.
+DISPATCHER = SERVICE_PREFIX + "dispatcher"
+
+#: What only the dispatcher writes (``services/dispatcher``): each must be signed by a key of :data:`DISPATCHER`.
+DECISION_TYPES = (
+    JobQueued,
+    JobRejected,
+    JobPlaced,
+    JobPreempted,
+    JobRequeued,
+    JobCancelled,
+    NodeLost,
+    NodeDrained,
+    StartWorkload,
+    StopWorkload,
+    DispatcherConfigured,
+)
+
+#: The dispatcher's default ``producer`` name (only a log from before it signed is read by it, ``authorize_report``).
+DISPATCHER_PRODUCER = "dispatcher"
+
+#: Report types the dispatcher writes too (a gang's ``JobFailed``, a lost node's ``JobLost``), signed as its own.
 _DISPATCHER_WRITES = (JobFailed, JobLost)
 
-#: Reason (dead-letter prefix) of a node report that is not proven by its node's key.
+#: Every type whose writer must be proven by a signature (:func:`authorize_report`).
+_ATTRIBUTED = REPORT_TYPES + DECISION_TYPES
+
+#: Reason (dead-letter prefix) of a decision or command that is not proven by the dispatcher's key.
+UNAUTHENTICATED = "unauthenticated"
+
+#: Reason (dead-letter prefix) of a node report that is not proven by its node's key, or not of its node's run.
 UNAUTHENTICATED_NODE = "unauthenticated_node"
 
 
@@ -234,9 +295,9 @@ def authorize(
             RejectReason.UNAUTHENTICATED,
             f"no valid signature by a key registered for user {request.user!r} at {request.ts.isoformat()}",
         )
-    if signer.user.startswith(NODE_PREFIX):
+    if signer.user.startswith((NODE_PREFIX, SERVICE_PREFIX)):
         return Rejection(
-            RejectReason.UNAUTHENTICATED, f"{signer.user!r} is a node's key: it signs reports, not requests"
+            RejectReason.UNAUTHENTICATED, f"{signer.user!r} is a node's or a service's key: it signs no requests"
         )
     if signer.user != request.user:
         return Rejection(
@@ -256,41 +317,60 @@ def node_principal(node_id: str) -> str:
     return NODE_PREFIX + node_id
 
 
-def is_node_report(event: Event, dispatcher: str = "dispatcher") -> bool:
-    """Must ``event`` be proven by a node's key? True for every :data:`REPORT_TYPES` event of a node agent.
-
-    The dispatcher writes ``JobFailed`` (a gang replica failed) and ``JobLost``
-    (its node was lost) itself, unsigned, with ``producer`` = its producer
-    name: those are its decisions, not node reports (see docs/security.md,
-    "Known limits").
-
-    Args:
-        event: a decoded event.
-        dispatcher: the dispatcher's ``producer`` name.
-    """
-    if not isinstance(event, REPORT_TYPES):
-        return False
-    return not (isinstance(event, _DISPATCHER_WRITES) and event.producer == dispatcher)
+def is_attributed(event: Event) -> bool:
+    """Must ``event``'s writer be proven by a signature? True for decisions, commands and node reports."""
+    return isinstance(event, _ATTRIBUTED)
 
 
-def authorize_report(event: Event, signer: Principal | None, dispatcher: str = "dispatcher") -> str | None:
-    """May this node report change anything (DESIGN section 10: an agent reports only for its own nodes)?
+def authorize_report(
+    event: Event,
+    signer: Principal | None,
+    placement: Sequence[str] | None = None,
+    *,
+    dispatcher_keyed: bool = True,
+) -> str | None:
+    """May this event of the jobs, nodes or commands log change anything (DESIGN section 10)?
+
+    The one rule of who writes what (module docstring): a decision or command
+    must be the dispatcher's; a node report must be its node's, and a report
+    of a run must come from a node that holds the run.
 
     Args:
-        event: a decoded event (anything that is not a node report passes,
-            :func:`is_node_report`).
+        event: a decoded event (anything not :func:`is_attributed` passes).
         signer: the principal whose registered, unrevoked key made a valid
             signature of the record (:meth:`apportion.identity.KeyRegistry.principal`),
             or ``None`` (unsigned, a bad signature, an unknown or revoked key).
-        dispatcher: the dispatcher's ``producer`` name.
+        placement: for a report of a run (:data:`RUN_REPORT_TYPES`), the node
+            of each replica of the run (``JobPlaced.placements`` in replica
+            order), or ``None`` when the reader knows no placement of it (its
+            folds then ignore the report: they know no such run).
+        dispatcher_keyed: whether the reader has read a key registration of
+            :data:`DISPATCHER`. ``False`` only on a log from before the
+            dispatcher signed (every stack registers its key before it starts):
+            decisions are then taken as they are, and so are a ``JobFailed`` or
+            ``JobLost`` whose ``producer`` is :data:`DISPATCHER_PRODUCER`.
 
     Returns:
-        ``None`` when it counts; else the reason to ignore it, starting with
-        :data:`UNAUTHENTICATED_NODE`: no signer, a report that names no node,
-        or a signer other than ``node:<the report's node_id>``.
+        ``None`` when it counts; else the reason to ignore it: starting with
+        :data:`UNAUTHENTICATED` for a decision or command not signed by
+        :data:`DISPATCHER`; with :data:`UNAUTHENTICATED_NODE` for a report with
+        no signer, naming no node, signed by another principal than
+        ``node:<its node_id>``, or of a run its node does not hold.
     """
-    if not is_node_report(event, dispatcher):
+    if isinstance(event, DECISION_TYPES):
+        if (signer is not None and signer.user == DISPATCHER) or not dispatcher_keyed:
+            return None
+        by = "no valid signature" if signer is None else f"the key of {signer.user!r}"
+        return (
+            f"{UNAUTHENTICATED}: {event.type} is the dispatcher's to write, but it carries {by}, not {DISPATCHER!r}'s"
+        )
+    if not isinstance(event, REPORT_TYPES):
         return None
+    if isinstance(event, _DISPATCHER_WRITES):
+        if signer is not None and signer.user == DISPATCHER:
+            return None
+        if not dispatcher_keyed and signer is None and event.producer == DISPATCHER_PRODUCER:
+            return None
     node = getattr(event, "node_id", None)
     if node is None:
         return f"{UNAUTHENTICATED_NODE}: {event.type} names no node, so no node's key can prove it"
@@ -298,6 +378,19 @@ def authorize_report(event: Event, signer: Principal | None, dispatcher: str = "
         return f"{UNAUTHENTICATED_NODE}: {event.type} of node {node!r} is not signed by a key registered for it"
     if signer.user != node_principal(node):
         return f"{UNAUTHENTICATED_NODE}: {event.type} of node {node!r} is signed by the key of {signer.user!r}"
+    if placement is not None and isinstance(event, RUN_REPORT_TYPES):
+        replica = getattr(event, "replica", None)
+        if replica is None:
+            holds = node in placement
+        else:
+            holds = 0 <= replica < len(placement) and placement[replica] == node
+        if not holds:
+            run = f"{getattr(event, 'job_id', '')}/{getattr(event, 'attempt', '')}"
+            which = "" if replica is None else f" replica {replica}"
+            return (
+                f"{UNAUTHENTICATED_NODE}: {event.type} of run {run}{which} by node {node!r}, "
+                f"but the run is placed on {', '.join(placement)}"
+            )
     return None
 
 
