@@ -470,6 +470,8 @@ class Term:
 
         svc = self.svc
         out = svc.bootstrap(backlog)
+        if svc.signer is not None:  # never decide with a key the readers do not know (docs/security.md)
+            svc.signer.check_registered(svc.gate.keys, svc.now_us())
         if late:
             more, _ = svc.ingest(late)
             out += more

@@ -285,6 +285,22 @@ class BatchSigner:
         self.max_batch = max(1, max_batch)
         self._keyed = b',"signer_key":"' + identity.public_key.encode("ascii") + b'"}'
 
+    def check_registered(self, keys: KeyRegistry, at_us: Micros) -> None:
+        """Refuse to sign for nobody: the key must prove :data:`DISPATCHER` in ``keys`` at ``at_us``.
+
+        A dispatcher checks it after folding the log, before its first decision: an unregistered key would
+        leave the readers taking its decisions as unsigned (a log without any ``service:dispatcher`` key).
+
+        Raises:
+            LookupError: ``keys`` has no registration of this key for :data:`DISPATCHER` in force at ``at_us``.
+        """
+        who = keys.principal(self.identity.public_key, at_us)
+        if who is None or who.user != DISPATCHER:
+            raise LookupError(
+                f"the dispatcher's key {self.identity.public_key} is not registered for {DISPATCHER!r}: "
+                f"ops must run `apportion keys register {DISPATCHER} {self.identity.public_key}`"
+            )
+
     def values(self, values: Sequence[bytes]) -> list[bytes]:
         """The signed record values of ``values`` (each the JSON of one event, :func:`apportion.events.encode`).
 

@@ -71,7 +71,7 @@ FULL = [
     cordoned("n0", at=h(8)),
     budget_set("lab/b", 0.2, at=h(8)),
     job_lost("j2", charged_until=h(8.5), at=h(9)),
-    completed("j3", at=h(10)),
+    completed("j3", node="n1", at=h(10)),  # j3 runs on n1: only n1's key may report it
 ]
 FULL_RECS = records(FULL)
 BEGIN = {p: 0 for p in partition_offsets([], TOPICS)}
@@ -124,13 +124,14 @@ def checkpointed(recs, *, live_from: int | None = None) -> tuple[FakeRedis, Acco
 
 
 def test_checkpoint_round_trips_state_snapshot_and_offsets():
-    redis, svc = checkpointed(FULL_RECS[:11])  # up to completed(j1) at h5 (with the two node keys)
+    cut = next(i for i, r in enumerate(FULL_RECS) if b'"JobCompleted"' in r.value) + 1
+    redis, svc = checkpointed(FULL_RECS[:cut])  # up to completed(j1) at h5 (with the keys that sign before it)
     fields = ReadModelStore(redis).read_checkpoint()
     ck = checkpoint.decode(fields, window_s=WINDOW_S, topic_prefix="")
-    assert ck.offsets == svc.offsets == partition_offsets(FULL_RECS[:11], TOPICS)
+    assert ck.offsets == svc.offsets == partition_offsets(FULL_RECS[:cut], TOPICS)
     assert ck.last == svc.last and ck.last.at == from_us(h(5))
     assert ck.dirty is False and ck.late_events == 0
-    assert ck.last_key == (h(5), JOBS.name, FULL_RECS[10].partition, FULL_RECS[10].offset)
+    assert ck.last_key == (h(5), JOBS.name, FULL_RECS[cut - 1].partition, FULL_RECS[cut - 1].offset)
     restored = service(FakeRedis())
     restored.restore(ck)
     for t in (h(5), h(20), h(40)):

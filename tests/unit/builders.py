@@ -190,14 +190,16 @@ def completed(
     *,
     attempt: int = 1,
     replica: int | None = None,
+    node: str | None = None,
     at: int | datetime = T0,
     event_id: uuid.UUID | None = None,
 ) -> ev.JobCompleted:
-    """A ``JobCompleted`` of the whole run (``replica=None``) or one replica."""
+    """A ``JobCompleted`` of the whole run (``replica=None``) or one replica, reported by ``node``."""
     return ev.JobCompleted(
         job_id=job_id,
         attempt=attempt,
         replica=replica,
+        node_id=node,
         ts=dt(at),
         producer="test",
         event_id=_id(event_id, "JobCompleted", job_id, attempt, replica, at),
@@ -210,14 +212,16 @@ def failed(
     attempt: int = 1,
     replica: int | None = None,
     exit_code: int = 1,
+    node: str | None = None,
     at: int | datetime = T0,
     event_id: uuid.UUID | None = None,
 ) -> ev.JobFailed:
-    """A ``JobFailed`` of the whole run or one replica."""
+    """A ``JobFailed`` of the whole run or one replica, reported by ``node``."""
     return ev.JobFailed(
         job_id=job_id,
         attempt=attempt,
         replica=replica,
+        node_id=node,
         exit_code=exit_code,
         ts=dt(at),
         producer="test",
