@@ -17,7 +17,7 @@ from datetime import datetime
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from apportion import events
-from apportion.domain.admission import DECISION_TYPES, DISPATCHER, REPORT_TYPES, node_principal
+from apportion.domain.admission import DISPATCHER, DISPATCHER_TYPES, REPORT_TYPES, node_principal
 from apportion.identity import BatchSigner, Identity
 
 
@@ -60,7 +60,7 @@ def dispatcher_signer() -> BatchSigner:
 
 def _dispatchers(e: events.Event) -> bool:
     """Is ``e`` the dispatcher's to sign: a decision or command, or its own ``JobFailed``/``JobLost``."""
-    return isinstance(e, DECISION_TYPES) or (
+    return isinstance(e, DISPATCHER_TYPES) or (
         isinstance(e, (events.JobFailed, events.JobLost)) and e.producer == "dispatcher"
     )
 

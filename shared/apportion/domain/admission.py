@@ -42,7 +42,7 @@ write node reports and workload outcomes; only the dispatcher writes decisions
 and commands"), by one rule, :func:`authorize_report`, applied by the
 dispatcher's and the accounting's reader edge and by ``audit verify`` alike:
 
-* a decision or command (:data:`DECISION_TYPES`) counts only when it is signed
+* a decision or command (:data:`DISPATCHER_TYPES`) counts only when it is signed
   by a key registered for the principal :data:`DISPATCHER`
   (``service:dispatcher``); otherwise it is ignored with the reason
   ``unauthenticated``;
@@ -98,7 +98,7 @@ __all__ = [
     "Principal",
     "Rejection",
     "ShapeLike",
-    "DECISION_TYPES",
+    "DISPATCHER_TYPES",
     "DISPATCHER",
     "NODE_PREFIX",
     "REPORT_TYPES",
@@ -143,7 +143,7 @@ SERVICE_PREFIX = "service:"
 DISPATCHER = SERVICE_PREFIX + "dispatcher"
 
 #: What only the dispatcher writes (``services/dispatcher``): each must be signed by a key of :data:`DISPATCHER`.
-DECISION_TYPES = (
+DISPATCHER_TYPES = (
     JobQueued,
     JobRejected,
     JobPlaced,
@@ -161,10 +161,10 @@ DECISION_TYPES = (
 DISPATCHER_PRODUCER = "dispatcher"
 
 #: Report types the dispatcher writes too (a gang's ``JobFailed``, a lost node's ``JobLost``), signed as its own.
-_DISPATCHER_WRITES = (JobFailed, JobLost)
+_SHARED_REPORTS = (JobFailed, JobLost)
 
 #: Every type whose writer must be proven by a signature (:func:`authorize_report`).
-_ATTRIBUTED = REPORT_TYPES + DECISION_TYPES
+_ATTRIBUTED = REPORT_TYPES + DISPATCHER_TYPES
 
 #: Reason (dead-letter prefix) of a decision or command that is not proven by the dispatcher's key.
 UNAUTHENTICATED = "unauthenticated"
@@ -357,7 +357,7 @@ def authorize_report(
         no signer, naming no node, signed by another principal than
         ``node:<its node_id>``, or of a run its node does not hold.
     """
-    if isinstance(event, DECISION_TYPES):
+    if isinstance(event, DISPATCHER_TYPES):
         if (signer is not None and signer.user == DISPATCHER) or not dispatcher_keyed:
             return None
         by = "no valid signature" if signer is None else f"the key of {signer.user!r}"
@@ -366,7 +366,7 @@ def authorize_report(
         )
     if not isinstance(event, REPORT_TYPES):
         return None
-    if isinstance(event, _DISPATCHER_WRITES):
+    if isinstance(event, _SHARED_REPORTS):
         if signer is not None and signer.user == DISPATCHER:
             return None
         if not dispatcher_keyed and signer is None and event.producer == DISPATCHER_PRODUCER:
