@@ -124,6 +124,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=5000, help="submissions for the throughput run")
     ap.add_argument("--events", type=int, default=200_000, help="job events for the accounting ingest run")
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
+    ap.add_argument("--ingest-only", action="store_true", help="only the accounting ingest (3), not the services")
     args = ap.parse_args()
     if args.quick:
         args.latency_jobs, args.jobs, args.events = 30, 500, 20_000
@@ -142,6 +143,11 @@ def main() -> int:
     if not (bootstrap and redis_url):
         stack = LocalStack(tmp / "stack").start()
         bootstrap, redis_url = stack.bootstrap, stack.redis_url
+    if args.ingest_only:
+        ok = accounting_ingest(bootstrap, redis_url, args.events)
+        if stack is not None:
+            stack.stop()
+        return 0 if ok else 1
     ns = f"bench{uuid.uuid4().hex[:6]}."
     os.environ["APPORTION_TOPIC_PREFIX"] = ns
     provision(bootstrap)
