@@ -251,11 +251,13 @@ class Stack:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     starts: dict[str, int] = field(default_factory=dict)
     exits: dict[str, int] = field(default_factory=dict)
+    #: the dispatcher's lease (3 s: a killed leader's successor waits little; bench_rss takes a longer one)
+    lease_ttl_wall_s: float = 3.0
 
     def args(self, name: str) -> list[str]:
         if name == "dispatcher":
-            return ["--heartbeat-timeout-s", "1800", "--tick-wall-s", "0.2", "--lease-ttl-wall-s", "3",
-                    "--grace-s", "30"]  # fmt: skip
+            return ["--heartbeat-timeout-s", "1800", "--tick-wall-s", "0.2", "--lease-ttl-wall-s",
+                    f"{self.lease_ttl_wall_s:g}", "--grace-s", "30"]  # fmt: skip
         if name == "node_agent":
             return ["--sim-nodes", "8", "--gpus-per-node", "8", "--node-prefix", "c", "--heartbeat-interval-s", "15",
                     "--state-dir", str(self.root / "agent")]  # fmt: skip

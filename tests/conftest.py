@@ -11,11 +11,12 @@ Where they come from, first match wins (DESIGN section 8):
 Registry topics are provisioned in every case. Tests that use either fixture
 are marked ``integration`` automatically.
 
-``kafka_cluster`` is another session fixture, used only by the tests that
-lose a broker: a 3-node KRaft cluster (``infra/kafka/start-cluster.sh``,
-replication 3, ``min.insync.replicas`` 2) with its own Redis, started the
-first time such a test asks for it, so the rest of the suite stays on the
-single fast broker. Only infra fixtures live here; put
+``kafka_cluster`` is a module fixture, used only by the tests that lose a
+broker (``test_broker_loss.py``): a 3-node KRaft cluster
+(``infra/kafka/start-cluster.sh``, replication 3, ``min.insync.replicas`` 2)
+with its own Redis, started when the module's first test asks for it and
+stopped after its last, so the rest of the suite stays on the single fast
+broker and does not share the machine with three idle brokers. Only infra fixtures live here; put
 tier-specific fixtures in the tier's own conftest.py.
 
 Identity (DESIGN section 10): the dispatcher checks every signature in every
@@ -156,11 +157,12 @@ class KafkaCluster:
         return str(self.stack.bootstrap)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
     """A native 3-broker KRaft cluster with SASL/SCRAM and ACLs, topics provisioned (replication 3,
-    ``min.insync.replicas`` 2), and its own Redis; stopped after the session. Only for tests that need more
-    than one broker (it costs about a minute to start on the shared machine)."""
+    ``min.insync.replicas`` 2), and its own Redis; stopped after the module that asked for it (three idle JVMs
+    for the rest of the session slowed every later test). Only for tests that need more than one broker (it
+    costs about a minute to start on the shared machine)."""
     from apportion.bus.stack import LocalStack
 
     saved = dict(os.environ)
