@@ -13,6 +13,7 @@ import asyncio
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -124,6 +125,21 @@ def of_job(evs: list[Any], job_id: str) -> list[str]:
 async def cluster(
     kafka_bootstrap: str, redis_url: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> AsyncIterator[Cluster]:
+    """A cluster of its own for each test; ``request.param`` (indirect parametrization) overrides the spec
+    of :func:`running_cluster`."""
+    async with running_cluster(kafka_bootstrap, redis_url, monkeypatch, **getattr(request, "param", {})) as c:
+        yield c
+
+
+@asynccontextmanager
+async def running_cluster(
+    kafka_bootstrap: str, redis_url: str, monkeypatch: pytest.MonkeyPatch, **overrides: Any
+) -> AsyncIterator[Cluster]:
+    """The four services in-process on a fresh topic namespace (set with ``monkeypatch``) and Redis db 12,
+    ready and with their nodes registered; stopped on exit. ``overrides`` of the spec: ``nodes`` (2),
+    ``gpus`` (4 per node), ``heartbeat_timeout_s`` (600 event-s), and ``agent``, ``dispatcher``,
+    ``accounting`` (each ``True``; ``False``: the test runs that service itself). Used per test by the
+    ``cluster`` fixture and per module by ``test_poison.py``'s."""
     import redis as redis_lib
 
     from apportion import events
@@ -140,7 +156,7 @@ async def cluster(
     from services.policy.config import PolicySettings
 
     spec = {"nodes": 2, "gpus": 4, "heartbeat_timeout_s": 600.0, "agent": True, "dispatcher": True, "accounting": True}
-    spec.update(getattr(request, "param", {}))
+    spec.update(overrides)
     nodes, gpus = spec["nodes"], spec["gpus"]
     tag = uuid.uuid4().hex[:8]
     monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"e2e{tag}.")

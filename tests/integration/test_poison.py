@@ -8,25 +8,38 @@ The poison job is never queued. A last test puts tombstones on the topics
 accounting and policy read and checks that both dead-letter them and keep
 publishing.
 
-The services run in-process on the shared cluster fixture of
-``test_end_to_end.py`` (its own topic namespace and Redis database per
-test); every wait is bounded by a deadline (``Cluster.until``).
+The services run in-process, started once for the module by
+``test_end_to_end.running_cluster`` (a topic namespace and Redis database
+of the module's own) on a module-scoped event loop: each test's records
+have ids and keys of their own, so the classes stay separate tests without
+starting the four services nine times. Every wait is bounded by a deadline
+(``Cluster.until``).
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from test_end_to_end import Cluster, cluster, of_job  # noqa: F401 - ``cluster`` is the fixture
+import pytest_asyncio
+from test_end_to_end import Cluster, of_job, running_cluster
 
 from apportion import events, topics
 from apportion.client import identity_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def cluster(kafka_bootstrap: str, redis_url: str) -> AsyncIterator[Cluster]:
+    """One running cluster (2 nodes of 4 GPUs) for every test of the module."""
+    with pytest.MonkeyPatch.context() as mp:
+        async with running_cluster(kafka_bootstrap, redis_url, mp) as c:
+            yield c
+
 
 TIME = events.NOT_ISO_TIME
 
