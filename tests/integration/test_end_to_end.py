@@ -252,26 +252,6 @@ async def test_submit_place_start_complete(cluster: Cluster) -> None:
     assert placed.decision.victims == ()
 
 
-async def test_malformed_submission_is_dead_lettered_and_service_keeps_running(cluster: Cluster) -> None:
-    from kafka import KafkaProducer
-
-    from apportion import events, topics
-    from apportion.bus.security import kafka_auth
-
-    raw = KafkaProducer(bootstrap_servers=cluster.bootstrap, **kafka_auth())
-    raw.send(topics.SUBMISSIONS.name, key=b"bad", value=b'{"type": "JobSubmitted", "schema_version": 9}')
-    raw.send(topics.SUBMISSIONS.name, key=b"bad2", value=b"not json")
-    raw.flush()
-    raw.close()
-    cluster.submit("after-bad", "lab/a", gpus=1, min_runtime_s=60, duration_s=10)
-    evs = await cluster.until(lambda evs: "JobCompleted" in of_job(evs, "after-bad"), "the next job to complete")
-    letters = [e for e in evs if isinstance(e, events.DeadLetter) and e.source_topic == topics.SUBMISSIONS.name]
-    reasons = sorted(e.error for e in letters)
-    assert {e.source_key for e in letters} == {"bad", "bad2"}
-    assert any("schema_version 9 is newer" in r for r in reasons)
-    assert any("not valid JSON" in r for r in reasons)
-
-
 @pytest.mark.parametrize("cluster", [{"nodes": 1, "gpus": 4}], indirect=True)
 async def test_unallocated_job_is_preempted_for_an_allocated_one(cluster: Cluster) -> None:
     """One node, 4 GPUs: an unallocated job holding all of them yields to an allocated job and is requeued."""

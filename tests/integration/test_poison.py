@@ -102,6 +102,12 @@ CASES: dict[str, Case] = {
         text(submission(c, j)),
         f"key: record key 'someone-else' is not the event's key '{j}'",
     ),
+    "newer schema_version": lambda c, j: (
+        j.encode(),
+        text(submission(c, j, schema_version=9)),
+        "schema_version: JobSubmitted schema_version 9 is newer than this reader supports "
+        f"({events.JobSubmitted.model_fields['schema_version'].default})",
+    ),
     "garbage bytes": lambda c, j: (
         j.encode(),
         b"\x89PNG\r\n",
