@@ -239,10 +239,31 @@ async def running_cluster(
 
 
 async def test_submit_place_start_complete(cluster: Cluster) -> None:
-    """A job goes submitted -> queued -> placed -> started -> completed through all services."""
-    from apportion import events
+    """`apportion submit` waits for JobQueued/JobRejected: a rejection is one clear line and exit 1; an accepted
+    job is reported queued and goes submitted -> queued -> placed -> started -> completed through all services."""
+    from typer.testing import CliRunner
 
-    cluster.submit("j1", "lab/a", gpus=2, min_runtime_s=60, duration_s=30)
+    from apportion import events
+    from apportion.cli.main import app
+
+    env = {"APPORTION_KAFKA_BOOTSTRAP": cluster.bootstrap}
+    runner = CliRunner()
+    bad = await asyncio.to_thread(
+        runner.invoke,
+        app,
+        ["submit", "-b", "lab/nosuch", "-g", "1", "-m", "1h", "--duration", "60", "--user", "alice"],
+        env=env,
+    )
+    assert bad.exit_code == 1, bad.output
+    assert "rejected: unknown_budget" in bad.output
+    good = await asyncio.to_thread(
+        runner.invoke,
+        app,
+        ["submit", "-b", "lab/a", "-g", "2", "-m", "60s", "--duration", "30s", "--user", "alice", "--job-id", "j1"],
+        env=env,
+    )
+    assert good.exit_code == 0, good.output
+    assert "queued by the dispatcher" in good.output
     evs = await cluster.until(lambda evs: "JobCompleted" in of_job(evs, "j1"), "j1 to complete")
     assert of_job(evs, "j1") == ["JobSubmitted", "JobQueued", "JobPlaced", "JobStarted", "JobCompleted"]
     placed = next(e for e in evs if isinstance(e, events.JobPlaced))
@@ -522,8 +543,8 @@ async def test_cli_shows_each_state(cluster: Cluster) -> None:
     env = {"APPORTION_REDIS_URL": cluster.redis_url, "APPORTION_KAFKA_BOOTSTRAP": cluster.bootstrap}
     runner = CliRunner()
 
-    def cli(*args: str) -> Any:
-        res = runner.invoke(app, list(args), env=env)
+    async def cli(*args: str) -> Any:  # in a thread: the services run on this event loop
+        res = await asyncio.to_thread(runner.invoke, app, list(args), env=env)
         assert res.exit_code == 0, res.output
         return json.loads(res.stdout)
 
@@ -533,7 +554,7 @@ async def test_cli_shows_each_state(cluster: Cluster) -> None:
     async def shows(cmd: tuple[str, ...], pred: Callable[[Any], bool], what: str) -> Any:
         loop = asyncio.get_running_loop()
         end = loop.time() + DEADLINE_S
-        while not pred(got := cli(*cmd)):
+        while not pred(got := await cli(*cmd)):
             if loop.time() > end:
                 pytest.fail(f"`apportion {' '.join(cmd)}` never showed {what}: {got}")
             await asyncio.sleep(0.1)
@@ -553,8 +574,11 @@ async def test_cli_shows_each_state(cluster: Cluster) -> None:
         "lab/a occupancy",
     )
     assert {b["path"] for b in share["budgets"]} == {"lab", "lab/a", "lab/b"}
-    res = runner.invoke(
-        app, ["cancel", "c1", "--user", "alice", "--reason", "done early", "--no-wait", "--json"], env=env
+    res = await asyncio.to_thread(
+        runner.invoke,
+        app,
+        ["cancel", "c1", "--user", "alice", "--reason", "done early", "--no-wait", "--json"],
+        env=env,
     )
     assert res.exit_code == 0, res.output
     [sent] = json.loads(res.stdout)["published"]
@@ -567,14 +591,14 @@ async def test_cli_shows_each_state(cluster: Cluster) -> None:
     await cluster.until(lambda evs: "JobCancelled" in of_job(evs, "c1"), "c1 to be cancelled")
     await shows(("queue", "--json"), lambda rows: not any(r["job_id"] == "c1" for r in rows), "c1 gone")
     node = sorted(n["node_id"] for n in nodes)[0]
-    [sent] = cli("cordon", node, "--reason", "fan swap", "--no-wait", "--json")["published"]
+    [sent] = (await cli("cordon", node, "--reason", "fan swap", "--no-wait", "--json"))["published"]
     assert (sent["type"], sent["node_id"], sent["reason"], sent["by"]) == ("NodeCordoned", node, "fan swap", "cli")
     await shows(
         ("nodes", "--json"),
         lambda rows: {n["node_id"]: n["state"] for n in rows}[node] == "cordoned",
         f"{node} cordoned",
     )
-    [sent] = cli("undrain", node, "--no-wait", "--json")["published"]
+    [sent] = (await cli("undrain", node, "--no-wait", "--json"))["published"]
     assert (sent["type"], sent["node_id"]) == ("NodeUncordoned", node)
     await shows(
         ("nodes", "--json"), lambda rows: {n["node_id"]: n["state"] for n in rows}[node] == "ready", f"{node} back up"
@@ -668,29 +692,3 @@ async def test_killed_accounting_resumes_to_the_bulk_rebuild(cluster: Cluster) -
     held = to_us(_first(evs, "JobCompleted", "k1").ts) - to_us(_first(evs, "JobPlaced", "k1").ts)
     a = next(u for u in snap.budgets if u.path == "lab/a")
     assert a.occupancy_gpu_s == pytest.approx(2 * held / 1e6, abs=1e-6) and held >= 30_000_000
-
-
-async def test_cli_submit_reports_the_dispatchers_verdict(cluster: Cluster) -> None:
-    """`apportion submit` waits for JobQueued/JobRejected: a rejection is one clear line and exit 1."""
-    from typer.testing import CliRunner
-
-    from apportion.cli.main import app
-
-    env = {"APPORTION_KAFKA_BOOTSTRAP": cluster.bootstrap}
-    runner = CliRunner()
-    bad = await asyncio.to_thread(
-        runner.invoke,
-        app,
-        ["submit", "-b", "lab/nosuch", "-g", "1", "-m", "1h", "--duration", "60", "--user", "alice"],
-        env=env,
-    )
-    assert bad.exit_code == 1, bad.output
-    assert "rejected: unknown_budget" in bad.output
-    good = await asyncio.to_thread(
-        runner.invoke,
-        app,
-        ["submit", "-b", "lab/a", "-g", "1", "-m", "1h", "--duration", "60", "--user", "alice"],
-        env=env,
-    )
-    assert good.exit_code == 0, good.output
-    assert "queued by the dispatcher" in good.output

@@ -7,12 +7,18 @@ port) is polled, never slept on:
 
 1. every service started while Kafka is down logs that it waits, answers ``/ready`` 503, stays alive, and
    becomes ready once the broker is up; then a submission runs to completion;
-2. every service survives a 120 s Kafka outage (stop the broker, poll for 120 s that every process is
-   alive and not ready, start it) and a Redis restart, and handles the next submission each time.
+2. every service survives a 120 s Kafka outage (stop the broker; from its exit, 120 s in which every process
+   is polled alive and, once each has noticed, not ready; start it) and a Redis restart, and handles the
+   next submission each time.
+
+Structure for time (the suite's budget): the outage's 120 s count from the broker's exit, so the services'
+noticing it (up to a minute on the loaded machine) is part of the outage, not added to it; services are
+stopped together (SIGTERM to all, then each waited for), not one after the other.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -81,10 +87,13 @@ class Stack:
         finally:
             log.close()
 
-    def stop(self, name: str) -> None:
-        proc = self.procs.pop(name, None)
-        if proc is not None and proc.poll() is None:
+    def stop_all(self) -> None:
+        """SIGTERM every service this module started, then wait for each (SIGKILL after 30 s)."""
+        procs = [p for p in self.procs.values() if p.poll() is None]
+        self.procs.clear()
+        for proc in procs:
             proc.send_signal(signal.SIGTERM)
+        for proc in procs:
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -168,8 +177,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 st.ports[name] = info.metrics[name]
             st.cli("budget", "apply", str(ROOT / "infra/budgets/example.yaml"))
             yield st
-            for name in list(st.procs):
-                st.stop(name)
+            st.stop_all()
         finally:
             stack_mod.down(run_dir, say=lambda *_: None)
     finally:
@@ -180,7 +188,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def test_each_service_started_before_kafka_waits_and_becomes_ready_once_it_is_up(stack: Stack) -> None:
     from apportion.cli.stack import _stop_pid
 
-    for name in SERVICES:  # stop the ones `stack up` started; this module starts them from now on
+    for name in SERVICES:  # stop the ones `stack up` started (all signalled first); this module starts them now
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(stack.info.pids[name], signal.SIGTERM)  # `stack up` gives each a process group
+    for name in SERVICES:
         _stop_pid(stack.info.pids[name], 30.0)
     stack.kafka_stop()
     for name in SERVICES:
@@ -199,13 +210,16 @@ def test_each_service_started_before_kafka_waits_and_becomes_ready_once_it_is_up
     assert (row["state"], row["attempts"]) == ("completed", 1)
 
 
+# the 120 s outage is fixed: with its noticing, recovering (up to a 30 s backoff), two submissions and the
+# module's teardown, 300 s (the suite's default) was too short on the loaded machine
+@pytest.mark.timeout(480)
 def test_each_service_rides_out_a_long_kafka_outage_and_a_redis_restart(stack: Stack) -> None:
     if set(stack.procs) != set(SERVICES):  # run alone: this module's processes were not started yet
         pytest.fail("run with the test above (it starts the services this one stops Kafka under)")
     until(lambda: all(stack.ready(n) == 200 for n in SERVICES), "every service ready")
     stack.kafka_stop()
+    end = time.monotonic() + OUTAGE_S  # the broker has exited: the outage's 120 s count from here
     until(lambda: all(stack.ready(n) == 503 for n in SERVICES), "every service not ready without Kafka", 60.0)
-    end = time.monotonic() + OUTAGE_S
     while time.monotonic() < end:  # the outage: every process stays up and says it is not ready
         assert stack.alive() == list(SERVICES), "a service exited during the Kafka outage"
         assert stack.ready("dispatcher") == 503
