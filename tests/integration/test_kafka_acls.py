@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,14 +21,17 @@ from apportion import topics
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def namespace(kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> str:
+@pytest.fixture(scope="module")
+def namespace(kafka_bootstrap: str) -> Iterator[str]:
+    """One provisioned namespace for the module (topics and ACL table; each write test compares its topic's
+    end offset before and after, so the tests need no namespace of their own)."""
     from apportion.bus.provision import provision
 
-    monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"acl{uuid.uuid4().hex[:8]}.")
-    report = provision(kafka_bootstrap)
-    assert report.acls > 0, "the session broker is not secured (APPORTION_KAFKA_PLAINTEXT?)"
-    return os.environ["APPORTION_TOPIC_PREFIX"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("APPORTION_TOPIC_PREFIX", f"acl{uuid.uuid4().hex[:8]}.")
+        report = provision(kafka_bootstrap)
+        assert report.acls > 0, "the session broker is not secured (APPORTION_KAFKA_PLAINTEXT?)"
+        yield os.environ["APPORTION_TOPIC_PREFIX"]
 
 
 def producer_as(principal: str, bootstrap: str):  # type: ignore[no-untyped-def]
