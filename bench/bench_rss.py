@@ -87,6 +87,12 @@ def main() -> int:
     ap.add_argument("--every-s", type=float, default=5.0)
     ap.add_argument("--time-scale", type=float, default=1440.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--trace",
+        default="",
+        help="services to run under tracemalloc (comma-separated): the lines that grew over the second half "
+        "are printed (slower; for finding what grows, not for the figures)",
+    )
     a = ap.parse_args()
     sys.path.insert(0, str(HERE))
     from chaos import SERVICES, open_stack
@@ -107,6 +113,9 @@ def main() -> int:
     )
     # a long run on a shared machine: a 3 s lease lapses under load, and each take-over rebuilds the state
     stack.lease_ttl_wall_s = LEASE_TTL_WALL_S
+    traced = [t for t in a.trace.split(",") if t]
+    for name in traced:
+        stack.traced[name] = (root / "tracemalloc" / name, a.every_s)
     producer = EventProducer(local.bootstrap, client_id="bench-rss")
     samples: dict[str, list[tuple[float, float]]] = {s: [] for s in SERVICES}
     outcomes: dict[str, int] = {}
@@ -171,6 +180,14 @@ def main() -> int:
             f"  {name:11s} {first:6.1f} -> {last:6.1f} MiB ({growth:+.1%}), slope {slope_per_h(half):+7.1f} MiB/h"
             f"{'' if growth <= GROWTH_MAX else '  (over the 10% target)'}"
         )
+    for name in traced:  # the snapshot nearest the half against the last one
+        snaps = sorted((root / "tracemalloc" / name).glob("snap-*.pickle"))
+        if len(snaps) >= 2:
+            from tracemalloc_run import growth
+
+            print(f"  {name}: allocations that grew over the second half ({len(snaps)} snapshots):")
+            for line in growth(snaps[len(snaps) // 2], snaps[-1]):
+                print(f"    {line}")
     if exited:
         print(f"  services that exited: {exited}")
     return 0 if ok else 1

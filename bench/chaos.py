@@ -253,6 +253,8 @@ class Stack:
     exits: dict[str, int] = field(default_factory=dict)
     #: the dispatcher's lease (3 s: a killed leader's successor waits little; bench_rss takes a longer one)
     lease_ttl_wall_s: float = 3.0
+    #: services run under tracemalloc (``bench/tracemalloc_run.py``): name -> (snapshot dir, every wall s)
+    traced: dict[str, tuple[Path, float]] = field(default_factory=dict)
 
     def args(self, name: str) -> list[str]:
         if name == "dispatcher":
@@ -269,8 +271,12 @@ class Stack:
         logf = open(self.root / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - kept by the child
         logf.write(f"\n=== start {n + 1} at {datetime.now(UTC).isoformat()}\n".encode())
         logf.flush()
+        run = ["-m", f"services.{name}"]
+        if name in self.traced:
+            out, every_s = self.traced[name]
+            run = [str(REPO / "bench" / "tracemalloc_run.py"), str(out), f"{every_s:g}", f"services.{name}"]
         self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", f"services.{name}", *self.args(name)],
+            [sys.executable, *run, *self.args(name)],
             env=self.env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
         )  # fmt: skip
 
