@@ -7,6 +7,7 @@
 #   make infra-up   only Kafka + Redis in .run/ (addresses printed, also in .run/stack.env)
 #   make mutate     mutation testing of the rule modules (score and survivors printed)
 #   make chaos      the chaos campaign (kills, broker and Redis restarts, hostile records; ARGS="--quick")
+#   make bench-rss  RSS of each service over a long run (ARGS="--duration-s 1200": the documented 20 minutes)
 #
 # Prerequisites: Python 3.11+, Java 17+, Maven, redis-server (or root, to apt-get it).
 
@@ -18,7 +19,7 @@ PYTEST_ARGS ?=
 SIM_NODES ?= 8
 BROKERS ?= 1
 
-.PHONY: help venv kafka-jars up down status infra-up lint test test-unit test-integration bench chaos chaos-test mutate run clean distclean
+.PHONY: help venv kafka-jars up down status infra-up lint test test-unit test-integration bench bench-rss chaos chaos-test mutate run clean distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -81,6 +82,11 @@ test-integration: venv
 
 bench: venv
 	$(PY) bench/run_all.py
+
+# Resident memory per service over a long steady run, slope and growth over the second half (docs/reliability.md);
+# `make bench` runs it too, at its default 300 s. Options: ARGS="--duration-s 1200 --trace dispatcher"
+bench-rss: venv kafka-jars
+	$(PY) bench/bench_rss.py $(ARGS)
 
 # Chaos campaign on its own local stack (docs/reliability.md): exits non-zero when a figure of its last line is off.
 # Options: make chaos ARGS="--seed 3 --jobs 500 --kills 20 --hostile 10000" (defaults), ARGS="--quick" (short)
