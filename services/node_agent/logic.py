@@ -118,7 +118,6 @@ from apportion.events import (
     WorkloadRefused,
     det_id,
 )
-from apportion.gpu import sim_node_ids
 
 PRODUCER = "node-agent"
 
@@ -1008,6 +1007,3 @@ def heartbeat_event(
             for g in gpus
         )
     return NodeHeartbeat(ts=now, producer=PRODUCER, node_id=node_id, gpus=gpus, running=running)
-
-
-node_ids = sim_node_ids  # the one home is apportion.gpu (the stack registers the simulated nodes' keys)

@@ -19,7 +19,9 @@ value (:func:`services.node_agent.logic.observe_progress`).
 :class:`NodeAgent` is the runtime (state, journal, workload tasks) behind an
 ``emit`` coroutine, so service tests drive it with a list sink, a
 :class:`~apportion.clock.ManualClock` and a :class:`~apportion.gpu.FakeGpuProbe`;
-:func:`services.node_agent.app.run` connects it to Kafka.
+:func:`services.node_agent.app.run` connects it to Kafka, building it with
+:func:`hosted_nodes` and :meth:`NodeAgent.from_settings` and publishing through a
+:class:`SignedSender`.
 
 Offsets. The commands consumer group is new the first time an agent runs:
 it starts at the *end* of the topic (old commands were for earlier agents),
@@ -59,12 +61,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from apportion.clock import Clock
 from apportion.events import Event, NodeLost, StartWorkload, StopWorkload
-from apportion.gpu import GpuProbe
+from apportion.gpu import GpuProbe, SimulatedProbe, open_probe, sim_node_ids, simulated_inventory
 from services.node_agent import logic
+from services.node_agent.config import NodeAgentSettings
 from services.node_agent.logic import AgentState, NodeSpec, ProgressWatch, RunKey, Workload
 from services.node_agent.store import Journal, Orphan
 
@@ -74,6 +77,87 @@ Emit = Callable[[Event], Awaitable[None]]
 
 SHUTDOWN_GRACE_S = 5.0
 
+#: The event types :meth:`NodeAgent.on_event` acts on; the consumer hands it no others (heartbeats and the rest
+#: of ``apportion.nodes`` never reach the event loop).
+HANDLED: tuple[type[Event], ...] = (StartWorkload, StopWorkload, NodeLost)
+
+#: How long, ms, the agent's producer keeps an event it could not deliver yet (a broker outage) before it
+#: gives up on it (``delivery_timeout_ms``; kafka-python's default is 2 minutes).
+PRODUCER_PATIENCE_MS = 6 * 3600 * 1000
+
+
+def hosted_nodes(settings: NodeAgentSettings) -> tuple[list[tuple[NodeSpec, GpuProbe]], str]:
+    """The nodes this agent hosts with their GPU probes, and the node-id prefix it answers for.
+
+    Simulated mode (``sim_nodes > 0``): ``sim_nodes`` nodes ``node_prefix`` + index sharing one
+    :class:`~apportion.gpu.SimulatedProbe`, prefix ``node_prefix``. Real mode: one node
+    (:meth:`NodeAgentSettings.real_node_id`) on NVML, or the declared inventory when no driver answers
+    (:func:`apportion.gpu.open_probe` says so), prefix ``""``.
+    """
+    if settings.sim_nodes > 0:
+        inv = simulated_inventory(settings.gpus_per_node, settings.gpu_model, reason="simulated nodes")
+        probe = SimulatedProbe(inv)
+        ids = sim_node_ids(settings.node_prefix, settings.sim_nodes, settings.sim_node_start)
+        log.info(
+            "hosting %d simulated node(s) %s..%s, %d x %s each",
+            len(ids),
+            ids[0],
+            ids[-1],
+            inv.gpu_count,
+            settings.gpu_model,
+        )
+        return [(NodeSpec(i, inv.gpus, inv.model, True), probe) for i in ids], settings.node_prefix
+    p = open_probe(settings.gpus_per_node, settings.gpu_model, force_simulated=settings.force_simulated)
+    inv = p.inventory
+    return [(NodeSpec(settings.real_node_id(), inv.gpus, inv.model, inv.simulated), p)], ""
+
+
+class SignedSender:
+    """The agent's one publish path: every report signed with its node's key, queued, never awaited.
+
+    Queued, not awaited: the idempotent acks=all producer keeps per-key order and retries for
+    ``delivery_timeout_ms`` (:data:`PRODUCER_PATIENCE_MS`); waiting for each ack serialised the agent (one
+    broker round trip per ``JobStarted`` and per heartbeat of each hosted node), which at 1440x delayed starts
+    by ~2,000 event seconds in the main job. A send that still fails is logged and counted
+    (``send_errors``); after a restart the journal re-publishes an adopted replica's ``JobStarted`` (or
+    reports it ``JobLost``), so a lost ``JobStarted`` cannot hide a run for ever. The restart reports
+    themselves are flushed (:meth:`flush`) before the journal marks them done.
+
+    Args:
+        producer: ``send(event, value) -> future`` with ``add_errback``, and ``flush(timeout_s)``
+            (:class:`apportion.bus.producer.EventProducer`).
+        signer: ``value(event) -> bytes``, the signed record value (:class:`apportion.identity.ReportSigner`).
+        metrics: the agent's metrics (``send_errors`` is counted).
+    """
+
+    def __init__(self, producer: Any, signer: Any, metrics: dict) -> None:
+        self._producer = producer
+        self._signer = signer
+        self._metrics = metrics
+
+    async def emit(self, ev: Event) -> None:
+        """Queue ``ev`` signed; a send refused at once (the buffer stayed full through an outage) is counted."""
+        try:
+            fut = self._producer.send(ev, self._signer.value(ev))
+        except Exception as exc:  # noqa: BLE001 - the buffer stayed full through an outage: never stop the agent
+            self.failed(ev, exc)
+            return
+        fut.add_errback(self.failed, ev)  # kafka-python calls failed(ev, exception)
+
+    async def flush(self) -> None:
+        """Wait (at most 30 wall seconds) until every queued event is acknowledged."""
+        await asyncio.to_thread(self._producer.flush, 30.0)
+
+    def failed(self, ev: Event, exc: BaseException) -> None:
+        """``ev`` could not be delivered (after the producer's own retries): logged and counted.
+
+        The event comes first: kafka-python's ``Future.add_errback(f, *args)`` calls ``f(*args, exception)``.
+        (Until the seventh session the errback took the exception first, so every failed delivery raised
+        inside kafka-python's errback handler instead of being counted.)
+        """
+        log.error("could not publish %s %s: %s", ev.type, getattr(ev, "job_id", getattr(ev, "node_id", "")), exc)
+        self._metrics["send_errors"].inc()
+
 
 class NodeAgent:
     """The agent runtime for one or many nodes.
@@ -81,7 +165,7 @@ class NodeAgent:
     Args:
         nodes: hosted nodes with their GPU probes (``[(spec, probe)]``).
         emit: coroutine publishing one event (in production it queues the event on the idempotent
-            producer without waiting for the ack; see :func:`run`).
+            producer without waiting for the ack: :class:`SignedSender`).
         clock: event time source.
         journal: run journal (default in memory).
         claim_prefix: node-id prefix this agent answers for (sim mode).
@@ -161,6 +245,62 @@ class NodeAgent:
         self.progress_poll_wall_s = progress_poll_wall_s
         self._progress: dict[RunKey, ProgressWatch] = {}
         self._poll_task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: NodeAgentSettings,
+        nodes: list[tuple[NodeSpec, GpuProbe]],
+        claim_prefix: str,
+        sender: SignedSender,
+        clock: Clock,
+        metrics: dict,
+    ) -> NodeAgent:
+        """The agent the settings describe: its journal, checkpoint and job-output directories (logged, with a
+        warning when a real node's checkpoints would land in a temporary directory), timers and limits.
+
+        Args:
+            settings: the agent's configuration (:mod:`services.node_agent.config`).
+            nodes, claim_prefix: from :func:`hosted_nodes`.
+            sender: publishes and flushes the agent's events.
+            clock: event-time source.
+            metrics: :func:`apportion.metrics.node_agent_metrics`.
+        """
+        journal = Journal(settings.journal_path())
+        log.info("journal %s", journal.path or "in memory only (a restart cannot adopt runs)")
+        checkpoint_root, job_log_dir = settings.checkpoint_root_path(), settings.job_log_path()
+        log.info(
+            "job checkpoint directories under %s, job output under %s",
+            checkpoint_root,
+            job_log_dir,
+            extra={"checkpoint_root": str(checkpoint_root), "job_log_dir": str(job_log_dir)},
+        )
+        if settings.checkpoint_root is None and settings.state_dir is None:
+            # a real node runs processes; simulated nodes run them only for commands without a duration
+            log.log(
+                logging.INFO if settings.sim_nodes else logging.WARNING,
+                "checkpoint root %s is a temporary directory: set APPORTION_CHECKPOINT_ROOT (or --state-dir) "
+                "to persistent storage, shared by the nodes if jobs are to resume on another node",
+                checkpoint_root,
+            )
+        return cls(
+            nodes,
+            sender.emit,
+            clock,
+            journal=journal,
+            claim_prefix=claim_prefix,
+            heartbeat_interval_s=settings.heartbeat_interval_s,
+            heartbeat_min_wall_s=settings.heartbeat_min_wall_s,
+            metrics=metrics,
+            checkpoint_root=checkpoint_root,
+            job_log_dir=job_log_dir,
+            progress_poll_wall_s=settings.progress_poll_wall_s,
+            flush=sender.flush,
+            retention_s=settings.retention_s,
+            ended_cap=settings.ended_cap,
+            require_fenced_lost=settings.require_fenced_lost,
+            sim_util_seed=settings.sim_util_seed,
+        )
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -24,10 +24,11 @@ from apportion.events import (
     StopWorkload,
     WorkloadRefused,
 )
-from apportion.gpu import FakeGpuProbe
+from apportion.gpu import FakeGpuProbe, sim_node_ids
 from services.node_agent import logic
+from services.node_agent.config import NodeAgentSettings
 from services.node_agent.logic import NodeSpec
-from services.node_agent.service import NodeAgent
+from services.node_agent.service import NodeAgent, SignedSender, hosted_nodes
 from services.node_agent.store import Journal
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
@@ -240,8 +241,74 @@ def test_heartbeat_reports_the_seeded_utilisation_of_simulated_runs_and_squattin
 
 
 def test_node_ids_are_zero_padded():
-    assert logic.node_ids("sim-", 32)[:2] == ["sim-00", "sim-01"]
-    assert logic.node_ids("sim-", 32)[-1] == "sim-31"
+    assert sim_node_ids("sim-", 32)[:2] == ["sim-00", "sim-01"]
+    assert sim_node_ids("sim-", 32)[-1] == "sim-31"
+
+
+def test_hosted_nodes_in_sim_mode_are_the_prefixed_ids_from_the_start_index_each_with_the_declared_gpus():
+    settings = NodeAgentSettings(sim_nodes=3, sim_node_start=9, node_prefix="x-", gpus_per_node=2, gpu_model="m")
+    nodes, prefix = hosted_nodes(settings)
+    assert prefix == "x-"
+    assert [(n.node_id, len(n.gpus), n.model, n.simulated) for n, _ in nodes] == [
+        ("x-09", 2, "m", True),
+        ("x-10", 2, "m", True),
+        ("x-11", 2, "m", True),
+    ]
+    assert len({id(p) for _, p in nodes}) == 1  # one probe shared (app.run closes the first only)
+
+
+def test_hosted_nodes_forced_simulated_is_one_node_with_no_claim_prefix():
+    settings = NodeAgentSettings(node_id="h1", force_simulated=True, gpus_per_node=4, gpu_model="m")
+    nodes, prefix = hosted_nodes(settings)
+    assert prefix == ""
+    assert [(n.node_id, len(n.gpus), n.model, n.simulated) for n, _ in nodes] == [("h1", 4, "m", True)]
+
+
+class FakeProducer:
+    """Records what was sent, returning kafka-python's own futures; raises on the events whose job id is in
+    ``refuse`` (a full buffer)."""
+
+    def __init__(self, refuse: tuple[str, ...] = ()) -> None:
+        self.sent: list = []
+        self.futures: list = []
+        self.refuse = refuse
+        self.flushed: list = []
+
+    def send(self, ev, value):
+        if getattr(ev, "job_id", None) in self.refuse:
+            raise TimeoutError("buffer full")
+        self.sent.append((ev.event_id, value))
+        from kafka.future import Future
+
+        self.futures.append(Future())
+        return self.futures[-1]
+
+    def flush(self, timeout_s) -> None:
+        self.flushed.append(timeout_s)
+
+
+class FakeSigner:
+    def value(self, ev) -> bytes:
+        return f"signed:{ev.event_id}".encode()
+
+
+def test_signed_sender_queues_each_signed_value_and_counts_a_refused_send_and_a_failed_delivery():
+    from prometheus_client import CollectorRegistry
+
+    from apportion.metrics import node_agent_metrics
+
+    metrics = node_agent_metrics(CollectorRegistry())
+    producer = FakeProducer(refuse=("j2",))
+    sender = SignedSender(producer, FakeSigner(), metrics)
+    e1, e2 = start("j1"), start("j2")
+    asyncio.run(sender.emit(e1))
+    asyncio.run(sender.emit(e2))  # refused at once: counted, never raised
+    assert producer.sent == [(e1.event_id, f"signed:{e1.event_id}".encode())]
+    assert metrics["send_errors"]._value.get() == 1
+    producer.futures[0].failure(ConnectionError("delivery timed out"))  # the producer gave up on e1
+    assert metrics["send_errors"]._value.get() == 2
+    asyncio.run(sender.flush())
+    assert producer.flushed == [30.0]
 
 
 # --------------------------------------------------------------------------- runtime

@@ -228,6 +228,64 @@ def test_the_consumer_loop_is_built_again_and_polls_again_after_failures_until_s
     assert (made[0].polls, handled, made[0].closed) == (4, ["event"], True)
 
 
+class ScriptedConsumer:
+    """A consumer stand-in whose one poll hands ``events`` to the handler in order; it records each step."""
+
+    def __init__(self, handler: Any, events: list[Any], steps: list[str], assign_fails: bool = False) -> None:
+        self.handler, self.events, self.steps, self.assign_fails = handler, events, steps, assign_fails
+
+    def wait_assigned(self, deadline_s: float) -> None:
+        self.steps.append(f"assigned within {deadline_s:g} s")
+        if self.assign_fails:
+            raise TimeoutError(f"no partition assignment within {deadline_s:g} s")
+
+    def poll_once(self, timeout_ms: int) -> int:
+        for e in self.events:
+            self.handler(e, "delivery")
+        return len(self.events)
+
+    def close(self) -> None:
+        self.steps.append("closed")
+
+
+def test_consume_hands_the_handler_only_the_types_asked_for_and_runs_on_assigned_before_the_first_record() -> None:
+    # the node agent's wiring: register (on_assigned) after the assignment and before any command is judged;
+    # heartbeats (here ints and a str) are consumed without reaching the handler; a consumer whose assignment
+    # times out is closed and built again
+    steps: list[str] = []
+    builds: list[ScriptedConsumer] = []
+
+    async def go() -> None:
+        stop = asyncio.Event()
+
+        def make(handler: Any) -> ScriptedConsumer:
+            builds.append(ScriptedConsumer(handler, [1, "start", 2.5, "stop"], steps, assign_fails=not builds))
+            return builds[-1]
+
+        async def registered() -> None:
+            steps.append("registered")
+
+        async def handler(event: Any, delivery: Any) -> None:
+            steps.append(f"handled {event}")
+            if event == "stop":
+                stop.set()
+
+        await consume(make, handler, stop, poll_ms=1, backoff=fast(), only=(str, float), on_assigned=registered)
+
+    asyncio.run(go())
+    assert len(builds) == 2
+    assert steps == [
+        "assigned within 60 s",
+        "closed",
+        "assigned within 60 s",
+        "registered",
+        "handled start",
+        "handled 2.5",
+        "handled stop",
+        "closed",
+    ]
+
+
 def _get(port: int, path: str) -> tuple[int, dict[str, Any]]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:

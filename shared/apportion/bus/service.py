@@ -207,6 +207,12 @@ class Wiring:
         """Count the current session's reader edge (``svc.intake.stats``) on ``collector``."""
         collector.watch(lambda: self.current["svc"].intake.stats if self.current else None)
 
+    def watch_consumer(self, collector: Any, consumer: Any) -> None:
+        """Count ``consumer``'s own reader stats and lag on ``collector`` (a service whose consumer handles
+        records itself, :class:`apportion.bus.consumer.EventConsumer`)."""
+        collector.watch(lambda: consumer.stats)
+        consumer.lag.sink = collector.set_lag
+
     def became_ready(self, ready: asyncio.Event | None = None) -> None:
         """The session is ready: ``/ready`` says so (while the dependencies answer), ``ready`` is set."""
         self.readiness.set(True)
@@ -244,6 +250,9 @@ def install_signal_handlers(stop: asyncio.Event) -> None:
 
 
 AsyncHandler = Callable[[Any, Any], Coroutine[Any, Any, None]]
+
+#: Wall seconds :func:`consume` waits for a new consumer's partition assignment (``on_assigned``).
+ASSIGNMENT_DEADLINE_S = 60.0
 
 
 async def follow(
@@ -294,6 +303,9 @@ async def consume(
     poll_ms: int = 200,
     on_idle: Callable[[], Awaitable[None]] | None = None,
     backoff: Backoff | None = None,
+    *,
+    only: tuple[type, ...] = (),
+    on_assigned: Callable[[], Coroutine[Any, Any, None]] | None = None,
 ) -> None:
     """Run a blocking EventConsumer until ``stop`` is set, handling events on the loop; never exits on an error.
 
@@ -305,6 +317,11 @@ async def consume(
         poll_ms: poll timeout (bounds shutdown latency).
         on_idle: awaited after each poll (e.g. to publish debounced output).
         backoff: waits after failures (default :class:`apportion.bus.resilience.Backoff`).
+        only: event types ``handler`` is given (empty: all); the others are consumed (their offsets
+            committed) without a round trip to the event loop.
+        on_assigned: awaited once the new consumer's partitions are assigned (``wait_assigned``, 60 wall
+            seconds at most) and before its first record is handled, e.g. to register before any command
+            is judged; a consumer whose assignment or ``on_assigned`` fails is closed and built again.
 
     A consumer that cannot be built (broker down) is built again after a backoff, one log line per try;
     then :func:`follow` polls it (a poll that raises is polled again). Only ``stop`` ends the loop.
@@ -318,14 +335,28 @@ async def consume(
     def sync_handler(event: Any, delivery: Any) -> None:
         if halted.is_set():
             raise _Halted()
+        if only and not isinstance(event, only):
+            return
         asyncio.run_coroutine_threadsafe(handler(event, delivery), loop).result()
+
+    def build() -> Any:  # in a worker thread
+        c = make_consumer(sync_handler)
+        if on_assigned is None:
+            return c
+        try:
+            c.wait_assigned(deadline_s=ASSIGNMENT_DEADLINE_S)
+            asyncio.run_coroutine_threadsafe(on_assigned(), loop).result()
+        except BaseException:
+            c.close()
+            raise
+        return c
 
     consumer = None
     while consumer is None:
         if stop.is_set():
             return
         try:
-            consumer = await asyncio.to_thread(make_consumer, sync_handler)
+            consumer = await asyncio.to_thread(build)
         except Exception as exc:  # noqa: BLE001 - broker down at start: wait, never exit
             d = backoff.next()
             log.warning("cannot start the consumer (%s); next try in %.1f s", describe(exc), d)
