@@ -130,3 +130,16 @@ def test_the_server_binds_loopback_by_default() -> None:
     from services.web.__main__ import parse_args
 
     assert parse_args(["--port", "9", "--simulate-json", "a.json"]) == {"web_port": 9, "simulate_json": ["a.json"]}
+
+
+def test_metrics_count_each_page_served_by_page_and_status_and_ready_answers_json(tmp_path: Path) -> None:
+    up, down = client(tmp_path), client(tmp_path, down=True)
+    assert [up.get(p).status_code for p in ("/", "/", "/job/nobody")] == [200, 200, 404]
+    assert down.get("/nodes").status_code == 503
+    text = up.get("/metrics").text
+    assert 'apportion_web_requests_total{page="tree",status="200"} 2.0' in text
+    assert 'apportion_web_requests_total{page="job",status="404"} 1.0' in text
+    assert 'status="503"' not in text  # each app counts its own pages
+    assert 'apportion_web_requests_total{page="nodes",status="503"} 1.0' in down.get("/metrics").text
+    r = up.get("/ready")  # fake sources: nothing to probe, ready from the start
+    assert (r.status_code, r.json()) == (200, {"ready": True, "service": "ready"})
