@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
@@ -370,6 +370,73 @@ def highest_token_in_log(
         c.close()
 
 
+async def stand_by(lease: Lease, bootstrap: str, readiness: Any, stop: Any, wait_s: float) -> int | None:
+    """Wait until this instance holds the lease: its fencing token, or ``None`` once ``stop`` is set.
+
+    Each try: unless another owner holds an unexpired lease, read the floor (:func:`highest_token_in_log`
+    of ``apportion.commands``, ``apportion.jobs`` and ``apportion.nodes``: a Redis that lost its counter
+    cannot go back) and :meth:`Lease.try_acquire` with it. Kafka unreachable: never lead without a floor
+    (logged, the try counts as lost). A lost try marks ``readiness`` ready when the floor was read (standing
+    by, both dependencies answered) and waits ``wait_s`` wall seconds (a third of the TTL).
+
+    Args:
+        lease: this instance's lease.
+        bootstrap: Kafka ``host:port``.
+        readiness: :class:`apportion.bus.resilience.Readiness` of the instance.
+        stop: ``asyncio.Event``; set to give up.
+        wait_s: wall seconds between tries.
+    """
+    import asyncio
+
+    from apportion.bus.resilience import pause
+    from apportion.topics import COMMANDS, JOBS, NODES
+
+    while not stop.is_set():
+        floor: int | None = None
+        if not await asyncio.to_thread(lease.held_by_another):  # a take-over is possible: pay for the floor
+            try:
+                floor = await asyncio.to_thread(highest_token_in_log, bootstrap, [COMMANDS.name, JOBS.name, NODES.name])
+            except Exception as exc:  # noqa: BLE001 - Kafka unreachable: never lead without a floor
+                log.warning("cannot read the newest fencing token from the log (%s): standing by", exc)
+        token = await asyncio.to_thread(lease.try_acquire, floor) if floor is not None else 0
+        if token:
+            return token
+        if floor is not None:
+            readiness.set(True)
+        if await pause(stop, wait_s):
+            return None
+    return None
+
+
+async def lead_when_elected(
+    lease: Lease,
+    bootstrap: str,
+    readiness: Any,
+    stop: Any,
+    leader_gauge: Any,
+    term: Callable[[], Awaitable[None]],
+) -> None:
+    """Until ``stop``: :func:`stand_by` (a try every third of the TTL), then lead one ``term()``; a term
+    ended by :class:`~services.dispatcher.service.LeadershipLost` goes back to standby.
+
+    While a term runs, ``leader_gauge`` is 1 (else 0) and ``readiness`` says "rebuilding as the leader"
+    until the term marks itself ready. What the term raises otherwise propagates (the caller's supervisor
+    starts the standby loop again after a backoff).
+    """
+    from services.dispatcher.service import LeadershipLost
+
+    while token := await stand_by(lease, bootstrap, readiness, stop, lease.ttl_s / 3):
+        log.info("leading with fencing token %d", token)
+        leader_gauge.set(1)
+        readiness.set(False, "rebuilding as the leader")
+        try:
+            await term()
+        except LeadershipLost:
+            log.error("lease lost: stopping decisions, back to standby")
+        finally:
+            leader_gauge.set(0)
+
+
 class LeaseKeeper:
     """Renews a held lease from its own thread, as long as the event loop shows signs of life.
 
@@ -397,6 +464,12 @@ class LeaseKeeper:
         lost: set once a renewal returned another token (or failed): stop deciding.
     """
 
+    @classmethod
+    def for_ttl(cls, lease: Lease, ttl_s: float) -> LeaseKeeper:
+        """The dispatcher's keeper: renew every third of the TTL, stop renewing after ``max(30 s, 10 TTL)``
+        without a beat (a hung event loop)."""
+        return cls(lease, ttl_s / 3, stall_s=max(30.0, 10 * ttl_s))
+
     def __init__(self, lease: Lease, every_s: float, stall_s: float) -> None:
         import threading
         import time
@@ -414,6 +487,19 @@ class LeaseKeeper:
     def beat(self) -> None:
         """The event loop is alive (called from it every ``every_s`` or so)."""
         self._beat = self._monotonic()
+
+    def holds(self) -> bool:
+        """Still leading: no renewal lost, and the local lease clock (it counts through a SIGSTOP) has more
+        than a renewal period (``every_s``) left."""
+        return not self.lost.is_set() and self.lease.expires_in() > self.every_s
+
+    async def beats(self) -> None:
+        """The event loop's sign of life: :meth:`beat` every ``every_s`` until cancelled (run it as a task)."""
+        import asyncio
+
+        while True:
+            self.beat()
+            await asyncio.sleep(self.every_s)
 
     def start(self) -> LeaseKeeper:
         """Start renewing; returns self."""

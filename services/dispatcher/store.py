@@ -56,6 +56,26 @@ def load_snapshot(r: Any, settings: DispatcherSettings, begin: dict[str, int], e
     return snap
 
 
+def restore_snapshot(r: Any, settings: DispatcherSettings, svc: Any, consumer: Any, lease: Any) -> Any:
+    """Resume ``svc`` from the stored snapshot when it fits the log (:func:`load_snapshot`), and seek
+    ``consumer`` to the snapshot's offsets; the snapshot, or ``None`` (rebuild from offset 0). Blocking.
+
+    Raises:
+        services.dispatcher.service.LeadershipLost: a newer leader stored it (its token is above ``lease``'s).
+    """
+    from services.dispatcher.service import LeadershipLost
+
+    snap = load_snapshot(r, settings, *consumer.offsets_at_start())
+    if snap is None:
+        return None
+    lease.observe(snap.fencing_token)
+    if snap.fencing_token > lease.token:  # a newer leader stored it: we are deposed
+        raise LeadershipLost()
+    svc.restore(snap)
+    consumer.seek(snap.offsets)
+    return snap
+
+
 def write_snapshot(r: Any, svc: Any) -> None:
     """Store ``svc``'s state (its decisions flushed first by the caller); a failure is logged, never raised."""
     import redis as redis_lib

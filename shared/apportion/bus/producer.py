@@ -10,6 +10,7 @@ Nothing connects at import time; :class:`EventProducer` connects when built.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from apportion import events
@@ -91,3 +92,29 @@ class EventProducer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Unacked:
+    """Send without waiting for the acks; :meth:`check` raises once any of them was not delivered.
+
+    For a writer that keeps deciding while its records are in flight and must stop at the first loss (the
+    dispatcher: a decision never delivered ends the term, and the next term derives it again from the log,
+    with the same deterministic id).
+
+    Args:
+        producer: ``send(event, value) -> future`` (:class:`EventProducer`).
+    """
+
+    def __init__(self, producer: Any) -> None:
+        self._producer = producer
+        self.failed: list[BaseException] = []
+
+    def send_all(self, sent: Sequence[tuple[events.Event, bytes | None]]) -> None:
+        """Queue each ``(event, value)``; a delivery that fails later is kept in :attr:`failed`."""
+        for e, value in sent:
+            self._producer.send(e, value).add_errback(self.failed.append)
+
+    def check(self) -> None:
+        """Raise ``RuntimeError`` naming the first failure when a record sent was not delivered."""
+        if self.failed:
+            raise RuntimeError(f"a record sent was not delivered ({self.failed[0]!r}): rebuilding from the log")
