@@ -1,6 +1,10 @@
 """Dispatcher settings (env prefix ``APPORTION_``; flags of ``python -m services.dispatcher`` override).
 
-Durations in event seconds (scaled by the clock) unless they say wall.
+Durations in event seconds (scaled by the clock) unless they say wall. The decision knobs (``window_s``,
+``delta``, ``grace_s``, ``heartbeat_timeout_s``, ``reservation_after_s``, ``patience_s``, ``checkpoint_wait_s``)
+default to the domain's own defaults (:class:`apportion.domain.engine.EngineConfig`,
+:class:`apportion.domain.dispatch.DispatchConfig`), never retyped here; what a running dispatcher uses is
+in its ``DispatcherConfigured`` record (DESIGN section 4).
 """
 
 from __future__ import annotations
@@ -10,7 +14,13 @@ import socket
 from pathlib import Path
 
 from apportion.bus.service import ServiceSettings
-from apportion.domain.engine import CHECKPOINT_WAIT_S, PATIENCE_S
+from apportion.domain.dispatch import DispatchConfig
+from apportion.domain.engine import EngineConfig
+
+#: The domain's defaults (one home: ``EngineConfig`` and ``DispatchConfig``); the settings only name them.
+_ENGINE, _DISPATCH = EngineConfig(), DispatchConfig()
+assert _DISPATCH.heartbeat_timeout_s is not None  # the domain's default times heartbeats out (0 here: off)
+_HEARTBEAT_TIMEOUT_S: float = _DISPATCH.heartbeat_timeout_s
 
 
 class DispatcherSettings(ServiceSettings):
@@ -52,13 +62,13 @@ class DispatcherSettings(ServiceSettings):
     instance_id: str = ""
     lease_ttl_wall_s: float = 3.0
     tick_wall_s: float = 0.2
-    window_s: float = 7 * 24 * 3600.0
-    delta: float = 0.05
-    grace_s: float = 30.0
-    heartbeat_timeout_s: float = 30.0
-    reservation_after_s: float = 3600.0
-    patience_s: float = PATIENCE_S
-    checkpoint_wait_s: float = CHECKPOINT_WAIT_S
+    window_s: float = _ENGINE.window_s
+    delta: float = _ENGINE.delta
+    grace_s: float = _ENGINE.grace_s
+    heartbeat_timeout_s: float = _HEARTBEAT_TIMEOUT_S
+    reservation_after_s: float = _ENGINE.reservation_after_s
+    patience_s: float = _ENGINE.patience_s
+    checkpoint_wait_s: float = _ENGINE.checkpoint_wait_s
     producer_name: str = "dispatcher"
     reconcile_misses: int = 2
     future_tolerance_s: float = 3600.0

@@ -35,3 +35,19 @@ def test_only_given_flags_override() -> None:
     from services.dispatcher.__main__ import parse_args
 
     assert parse_args(["--grace-s", "12", "--log-level", "DEBUG"]) == {"grace_s": 12.0, "log_level": "DEBUG"}
+
+
+def test_the_dispatchers_decision_defaults_are_the_domains_and_reach_its_config_unchanged() -> None:
+    # one home for the defaults (issue 11): EngineConfig and DispatchConfig; the settings name them, and the
+    # config the dispatcher decides with (and records in DispatcherConfigured) is the domain's default one
+    from apportion.domain.dispatch import DispatchConfig
+    from apportion.domain.engine import EngineConfig
+    from services.dispatcher.service import dispatch_config
+
+    s, engine = DispatcherSettings(), EngineConfig()
+    knobs = ("window_s", "delta", "grace_s", "reservation_after_s", "patience_s", "checkpoint_wait_s")
+    assert {k: getattr(s, k) for k in knobs} == {k: getattr(engine, k) for k in knobs}
+    assert s.heartbeat_timeout_s == DispatchConfig().heartbeat_timeout_s == 30.0
+    cfg = dispatch_config(s)
+    assert cfg.engine == engine
+    assert cfg.heartbeat_timeout_s == DispatchConfig().heartbeat_timeout_s
