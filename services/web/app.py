@@ -12,14 +12,14 @@ import threading
 from typing import Any
 
 from services.web.config import WebSettings
-from services.web.service import PAGES, Dashboard
+from services.web.service import Dashboard
 from services.web.store import Sources
 
 log = logging.getLogger("apportion.web")
 
 
 def create_app(settings: WebSettings, sources: Sources | None = None) -> Any:
-    """The Starlette application (:data:`~services.web.service.PAGES`) reading ``sources`` (default: the
+    """The Starlette application (:meth:`~services.web.service.Dashboard.pages`) reading ``sources`` (default: the
     settings' stack); ``app.state`` holds ``sources`` and ``readiness``."""
     from starlette.applications import Starlette
     from starlette.routing import Route
@@ -32,8 +32,8 @@ def create_app(settings: WebSettings, sources: Sources | None = None) -> Any:
     readiness = readiness_for(conn.bootstrap, conn.redis_url) if conn is not None else readiness_for()
     readiness.set(True)
     principal = kafka_auth().get("sasl_plain_username", "")  # shown in the header: `web` under `stack up`
-    pages = Dashboard(settings, src, readiness, principal)
-    app = Starlette(routes=[Route(path, getattr(pages, name)) for path, name in PAGES])
+    dashboard = Dashboard(settings, src, readiness, principal)
+    app = Starlette(routes=[Route(path, page) for path, page in dashboard.pages()])
     app.state.sources = src
     app.state.readiness = readiness
     return app

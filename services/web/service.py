@@ -1,6 +1,6 @@
 """The dashboard without a server: one method per page, rendered from :class:`~services.web.store.Sources`.
 
-Read-only: every page is a GET, nothing is published or written. Pages (:data:`PAGES`):
+Read-only: every page is a GET, nothing is published or written. Pages (:meth:`Dashboard.pages`):
 
 ==========================  ==========================================================================
 ``/``                       the budget tree: share, abs share, O, U, E (GPU-h), r, rank (``apportion share``)
@@ -17,8 +17,7 @@ Read-only: every page is a GET, nothing is published or written. Pages (:data:`P
 Every number shown carries ``data-field`` and ``data-value`` attributes holding the exact value the CLI's
 ``--json`` prints (the browser tests compare them). A read that raises :class:`~services.web.store.Unavailable`
 renders the 503 error page. Pages are plain methods: Starlette runs them in its thread pool, so the blocking
-Redis and Kafka reads do not stall the server. :func:`services.web.app.create_app` routes :data:`PAGES` to
-them; service tests drive them through Starlette's test client with fake sources.
+Redis and Kafka reads do not stall the server. :func:`services.web.app.create_app` routes them; service tests drive them through Starlette's test client with fake sources.
 """
 
 from __future__ import annotations
@@ -33,19 +32,6 @@ from services.web.config import WebSettings
 from services.web.store import Sources, Unavailable, load_simulations
 
 TEMPLATES = Path(__file__).parent / "templates"
-
-#: (route path, :class:`Dashboard` method) of every page, in the order of the table above.
-PAGES: tuple[tuple[str, str], ...] = (
-    ("/", "tree"),
-    ("/budget", "budget"),
-    ("/queue", "queue"),
-    ("/job/{job_id:path}", "job"),
-    ("/nodes", "nodes"),
-    ("/simulate", "simulate"),
-    ("/metrics", "metrics"),
-    ("/healthz", "healthz"),
-    ("/ready", "ready"),
-)
 
 
 def templates() -> Any:
@@ -93,6 +79,20 @@ class Dashboard:
         self.served = Counter(
             "apportion_web_requests", "Pages served, by page and status", ["page", "status"], registry=self.registry
         )
+
+    def pages(self) -> list[tuple[str, Callable[[Any], Any]]]:
+        """``(route path, page)`` of every page, in the order of the module's table."""
+        return [
+            ("/", self.tree),
+            ("/budget", self.budget),
+            ("/queue", self.queue),
+            ("/job/{job_id:path}", self.job),
+            ("/nodes", self.nodes),
+            ("/simulate", self.simulate),
+            ("/metrics", self.metrics),
+            ("/healthz", self.healthz),
+            ("/ready", self.ready),
+        ]
 
     def render(self, request: Any, page: str, name: str, status: int = 200, **ctx: Any) -> Any:
         """Template ``name`` with ``ctx``; one that reads an unavailable source becomes the 503 error page."""
