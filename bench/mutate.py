@@ -22,7 +22,10 @@ run is going in that dir: ``show`` re-reads the file, which is mutated then,
 and corrupts mutmut's cache); exits 1 when a module scores below
 ``--min-score`` (default 90%).
 
-Usage: ``.venv/bin/python bench/mutate.py [--only fairshare] [--jobs 2] [--keep DIR]``.
+A mutant's run times out after ``--time-multiplier`` (default 10) times the baseline run (mutmut's default 2
+made slow runs on the loaded machine look like hangs); the timeouts are printed by id, to be read.
+
+Usage: ``.venv/bin/python bench/mutate.py [--only fairshare] [--jobs 2] [--keep DIR] [--time-multiplier 10]``.
 """
 
 from __future__ import annotations
@@ -164,9 +167,22 @@ def _copy(scratch: Path) -> None:
     )
 
 
-def run(name: str, module: str, tests: tuple[str, ...], base: Path, jobs: int = 1) -> tuple[int, int, int, list[int]]:
+#: mutmut stops a mutant's run after ``multiplier x baseline`` seconds and calls it ``bad_timeout``. Its default, 2,
+#: turned slow runs on the loaded machine into false kills (an annotation mutant, inert, timed out in the seventh
+#: session's first run), so the default here is 10: a mutant that truly hangs still ends as a timeout.
+TIME_MULTIPLIER = 10.0
+
+
+def run(
+    name: str,
+    module: str,
+    tests: tuple[str, ...],
+    base: Path,
+    jobs: int = 1,
+    time_multiplier: float = TIME_MULTIPLIER,
+) -> tuple[int, int, list[int], list[int]]:
     """Mutate ``module`` in fresh copies under ``base`` (``jobs`` shards run in parallel, each in its own copy
-    ``base/name`` or ``base/name/shard-K``); ``(total, survived, timeout, survivor ids)``."""
+    ``base/name`` or ``base/name/shard-K``); ``(total, survived, timeout ids, survivor ids)``."""
     scratches = [base / name] if jobs == 1 else [base / name / f"shard-{k}" for k in range(jobs)]
     for k, scratch in enumerate(scratches):
         _copy(scratch)
@@ -188,7 +204,10 @@ def run(name: str, module: str, tests: tuple[str, ...], base: Path, jobs: int = 
         runner = f"{VENV / 'python'} {Path(__file__).resolve()} --ask {sock} -- {' '.join(pytest_args)}"
         procs.append(
             subprocess.Popen(
-                [str(VENV / "mutmut"), "run", "--paths-to-mutate", module, "--runner", runner, "--no-progress"],
+                [
+                    *(str(VENV / "mutmut"), "run", "--paths-to-mutate", module, "--runner", runner, "--no-progress"),
+                    *("--test-time-multiplier", str(time_multiplier)),
+                ],
                 cwd=scratch,
                 env=env,
                 stdout=subprocess.DEVNULL,
@@ -208,7 +227,7 @@ def run(name: str, module: str, tests: tuple[str, ...], base: Path, jobs: int = 
     # baseline run (mutmut/__init__.py: ``if not survived and time_elapsed > ...: return OK_SUSPICIOUS``): on a
     # loaded machine that is most kills, so it is counted as killed, never as a survivor
     survived = sorted(got.get("bad_survived", []))
-    timeout = len(got.get("bad_timeout", []))  # a mutant that makes the tests hang is caught: a kill
+    timeout = sorted(got.get("bad_timeout", []))  # a mutant that makes the tests hang is caught: a kill (read them)
     total = sum(len(v) for k, v in got.items() if k not in ("untested", "skipped"))
     return total, len(survived), timeout, survived
 
@@ -225,6 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-score", type=float, default=90.0, help="fail below this %% of mutants killed")
     ap.add_argument("--keep", type=Path, help="keep the scratch copies here (to `mutmut show` survivors)")
     ap.add_argument("--jobs", type=int, default=1, help="mutmut processes per module, each on its share of mutants")
+    ap.add_argument(
+        "--time-multiplier",
+        type=float,
+        default=TIME_MULTIPLIER,
+        help="a mutant's run times out after this many baseline durations (mutmut's -m; default %(default)g)",
+    )
     args = ap.parse_args(argv)
     if shutil.which("mutmut", path=str(VENV)) is None:
         print("mutate: mutmut is not installed; run `make mutate` (installs the [mutate] extra)", file=sys.stderr)
@@ -237,17 +262,19 @@ def main(argv: list[str] | None = None) -> int:
         if not (ROOT / module).exists():
             print(f"mutate: {name}: {module} does not exist", file=sys.stderr)
             return 2
-        total, survived, timeout, ids = run(name, module, tests, base, args.jobs)
+        total, survived, timeouts, ids = run(name, module, tests, base, args.jobs, args.time_multiplier)
         killed = total - survived
         score = 100.0 * killed / total if total else 100.0
         worst = min(worst, score)
         print(
-            f"mutate: {name} ({module}): {total} mutants, {killed} killed ({timeout} by timeout), "
+            f"mutate: {name} ({module}): {total} mutants, {killed} killed ({len(timeouts)} by timeout), "
             f"{survived} survived: score {score:.1f}%"
         )
+        where = base / name if args.jobs == 1 else base / name / "shard-0"
         if ids:
-            where = base / name if args.jobs == 1 else base / name / "shard-0"
             print(f"  survivors (mutmut show ID in {where}): {', '.join(map(str, ids))}")
+        if timeouts:
+            print(f"  timeouts, counted as kills (read each: a hang or a slow run?): {', '.join(map(str, timeouts))}")
     if args.keep is None:
         shutil.rmtree(base, ignore_errors=True)
     return 0 if worst >= args.min_score else 1
