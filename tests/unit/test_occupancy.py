@@ -943,3 +943,22 @@ def test_a_share_change_at_the_same_instant_is_another_snapshot_id() -> None:
     assert a.budgets != b.budgets and a.event_id != b.event_id
     same = usage_snapshot(BudgetTree.from_mapping({"lab": 1.0, "lab/a": 0.6, "lab/b": 0.4}), ledger, 10**15)
     assert same.event_id == a.event_id  # deterministic
+
+
+def test_ended_runs_and_node_event_ids_are_forgotten_two_windows_back_and_kept_from_exactly_there() -> None:
+    # De-duplication memory (OccupancyLedger.expire) is one window longer than the series: at an expiry at
+    # clock t it keeps what ended (or was seen) at or after keep = t - 2W. W = 1 h; runs k_i of 1 GPU from
+    # 60 i s to 60 i + 30 s (i = 1..180), so t = 10,830 s and keep = 3,630 s: k60 ended exactly at keep (kept),
+    # k59 at 3,570 s (forgotten). Node registrations at 0 s (forgotten) and exactly 3,630 s (kept). The answers
+    # do not show this memory (an expired duplicate falls before the window anyway), so the test reads it.
+    ledger = OccupancyLedger(3600)
+    ledger.apply(node("n0", at=s(0)))
+    for i in range(1, 181):
+        if i == 61:
+            ledger.apply(node("n1", at=s(3630)))  # in time order: after k60's end at 3,630 s
+        ledger.apply(placed(f"k{i}", at=s(60 * i)))
+        ledger.apply(completed(f"k{i}", at=s(60 * i + 30)))
+    assert ledger.clock == s(10830)
+    ledger.expire(s(10830))
+    assert list(ledger._done) == [(f"k{i}", 1) for i in range(60, 181)]
+    assert list(ledger._seen.values()) == [s(3630)]
