@@ -223,9 +223,10 @@ def run_cycle(
     cluster = snapshot.cluster
     ts = from_us(now_us)
     reservation_after_us = s_to_us(cfg.reservation_after_s)
-    bound = {leaf: allocated_count(jobs) for leaf, jobs in pending.items()}
+    # leaf -> end of its allocated jobs: pending[leaf][:allocated_end[leaf]] are allocated, the rest unallocated
+    allocated_end = {leaf: allocated_count(jobs) for leaf, jobs in pending.items()}
     queue: FairShareQueue[int] = FairShareQueue(
-        tree, snapshot.occupancy, snapshot.capacity_gpu_s, {leaf: range(b) for leaf, b in bound.items() if b}
+        tree, snapshot.occupancy, snapshot.capacity_gpu_s, {leaf: range(b) for leaf, b in allocated_end.items() if b}
     )
     budget_rank = {leaf: i for i, leaf in enumerate(queue.initial_order)}
     free = CycleFree(cluster, snapshot.free)
@@ -233,10 +234,10 @@ def run_cycle(
         free.prefer = spare_models(list(free.buckets), pending)
     victims: CycleVictims | None = None
     out = res.events
-    free_fail: dict[str | None, list[tuple[int, int]]] = {}
-    # leaf -> (shapes failed for any charge, charges at record time, own charges at record time,
-    #          (g, k, charge) failed for charges of at least that much)
-    pre_fail: dict[str, tuple[list[tuple[int, int]], int, int, list[tuple[int, int, float]]]] = {}
+    free_fail: dict[str | None, list[tuple[int, int]]] = {}  # model -> shapes (g, k) that did not fit free GPUs
+    # failure key (leaf, or leaf NUL model) -> (shapes whose preemption search failed for any charge,
+    #   charges at record time, own charges at record time, (g, k, charge) failed for charges of at least that much)
+    search_failures: dict[str, tuple[list[tuple[int, int]], int, int, list[tuple[int, int, float]]]] = {}
     moves: set[Move] = set()  # this cycle's preemptions of allocated work (no same-cycle reversal)
     hold_fit: Micros = 0  # earliest_fit_us of this cycle's reservation when its nodes have free GPUs
     hold_leaf, hold_charge = "", 0.0  # the reservation holder's leaf and provisional charge
@@ -250,7 +251,7 @@ def run_cycle(
             return False
         m = min_rt.get(leaf)
         if m is None:
-            m = min_rt[leaf] = min(map(_MIN_RT, islice(pending[leaf], 0, bound[leaf])), default=0.0)
+            m = min_rt[leaf] = min(map(_MIN_RT, islice(pending[leaf], 0, allocated_end[leaf])), default=0.0)
         return backfill_rule(True, s_to_us(m), now_us, hold_fit)
 
     charges = 0
@@ -261,15 +262,15 @@ def run_cycle(
     rank = -1
     ratio = queue.ratio
 
-    def pre_failed(leaf: str, g: int, k: int, charge: float | None = None) -> bool:
+    def search_failed(leaf: str, g: int, k: int, charge: float | None = None) -> bool:
         """Known to fail: a search of a shape <= (g, k) failed for any charge, or (with ``charge``)
         for a charge <= this one (the after-move test only gets stricter as the charge grows)."""
-        ent = pre_fail.get(leaf)
+        ent = search_failures.get(leaf)
         if ent is None:
             return False
         shapes, c0, o0, charged = ent
         if charges - c0 != own_charges.get(leaf, 0) - o0:
-            del pre_fail[leaf]  # another leaf was charged since: stale
+            del search_failures[leaf]  # another leaf was charged since: stale
             return False
         if _dominated(shapes, g, k):
             return True
@@ -280,11 +281,11 @@ def run_cycle(
                 return True
         return False
 
-    def record_pre_fail(leaf: str, g: int, k: int, charge: float | None = None) -> None:
+    def record_search_failure(leaf: str, g: int, k: int, charge: float | None = None) -> None:
         """Remember a failed search; ``charge``: it failed only for charges of at least this much."""
-        ent = pre_fail.get(leaf)
+        ent = search_failures.get(leaf)
         if ent is None or charges - ent[1] != own_charges.get(leaf, 0) - ent[2]:
-            ent = pre_fail[leaf] = ([], charges, own_charges.get(leaf, 0), [])
+            ent = search_failures[leaf] = ([], charges, own_charges.get(leaf, 0), [])
         if charge is None:
             ent[0].append((g, k))
         else:
@@ -303,27 +304,32 @@ def run_cycle(
 
         Pass 1 for such a job: the free GPUs are known not to fit it
         (``free_fail``), its preemption search is known to fail
-        (``pre_failed``, not stale), no reservation is left to take, and it
+        (``search_failed``, not stale), no reservation is left to take, and it
         does not end the leaf (``drop``). It then changes nothing but
         ``rank``. A stale entry is dropped, as the job itself would drop it.
         """
-        ent = pre_fail.get(leaf)
+        ent = search_failures.get(leaf)
         drop = (
             ent is not None
             and charges - ent[1] == own_charges.get(leaf, 0) - ent[2]
-            and ((1, 1) in ent[0] or _dominated(ent[0], *floor_shape(leaf, 0, bound[leaf])))
+            and ((1, 1) in ent[0] or _dominated(ent[0], *floor_shape(leaf, 0, allocated_end[leaf])))
         )
 
         def blocked(g: int, k: int, model: str | None) -> bool:
             if may_backfill(leaf, g, model):
                 return False  # it may backfill the reservation's free GPUs (depending on its protection)
-            ff = free_fail.get(model)
-            if not ((ff and _dominated(ff, g, k)) or (model is not None and _dominated(free_fail.get(None, ()), g, k))):
+            fit_failures = free_fail.get(model)
+            if not (
+                (fit_failures and _dominated(fit_failures, g, k))
+                or (model is not None and _dominated(free_fail.get(None, ()), g, k))
+            ):
                 return False
             if model is None:
-                return not drop and leaf in pre_fail and pre_failed(leaf, g, k)
-            mkey = leaf + "\x00" + model
-            return (mkey in pre_fail and pre_failed(mkey, g, k)) or (leaf in pre_fail and pre_failed(leaf, g, k))
+                return not drop and leaf in search_failures and search_failed(leaf, g, k)
+            failure_key = leaf + "\x00" + model
+            return (failure_key in search_failures and search_failed(failure_key, g, k)) or (
+                leaf in search_failures and search_failed(leaf, g, k)
+            )
 
         return blocked
 
@@ -338,14 +344,17 @@ def run_cycle(
         res.considered += 1
         g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
         nodes: list[str] | None = None
-        ff = free_fail.get(model)
-        if not ((ff and _dominated(ff, g, k)) or (model is not None and _dominated(free_fail.get(None, ()), g, k))):
+        fit_failures = free_fail.get(model)
+        if not (
+            (fit_failures and _dominated(fit_failures, g, k))
+            or (model is not None and _dominated(free_fail.get(None, ()), g, k))
+        ):
             nodes = free.fit(g, k, model)
             if nodes is None:
-                if ff is None:
+                if fit_failures is None:
                     free_fail[model] = [(g, k)]
                 else:
-                    ff.append((g, k))
+                    fit_failures.append((g, k))
         if (
             nodes is None
             and hold_fit
@@ -363,7 +372,7 @@ def run_cycle(
                 if nodes is not None and not free.reserved_free():
                     hold_fit = 0  # the reservation's GPUs are all lent: nothing more to backfill
         holds_reservation = reserved_for is None and now_us - job.queued_at_us >= reservation_after_us
-        mkey = leaf if model is None else leaf + "\x00" + model
+        failure_key = leaf if model is None else leaf + "\x00" + model
         charge = charge_of(g, k, job.min_runtime_s, cfg.window_s)
         if nodes is not None:
             placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
@@ -373,8 +382,8 @@ def run_cycle(
             out.extend(start_events(job.job_id, job.attempt, placements, ts, job.duration_s, job.command, cfg.producer))
         elif (
             cfg.preemption
-            and not (mkey in pre_fail and pre_failed(mkey, g, k, charge))
-            and (model is None or not (leaf in pre_fail and pre_failed(leaf, g, k, charge)))
+            and not (failure_key in search_failures and search_failed(failure_key, g, k, charge))
+            and (model is None or not (leaf in search_failures and search_failed(leaf, g, k, charge)))
         ):
             if victims is None:
                 victims = CycleVictims(cluster, now_us, snapshot.victims)
@@ -397,7 +406,7 @@ def run_cycle(
             if plan is None:
                 # (a refusal by patience_rule or checkpoint_rule depends on this job's wait or victims' timing)
                 if job.job_id not in victims.waits and job.job_id not in victims.checkpoint_waits:
-                    record_pre_fail(mkey, g, k, charge if victims.narrowed else None)
+                    record_search_failure(failure_key, g, k, charge if victims.narrowed else None)
             else:
                 placements, chosen = plan
                 vics = []
@@ -429,7 +438,7 @@ def run_cycle(
                 )
                 nodes = [p.node_id for p in placements]
         elif not cfg.preemption:
-            record_pre_fail(mkey, g, k)
+            record_search_failure(failure_key, g, k)
         if nodes is not None:
             queue.charge(leaf, charge)
             charges += 1
@@ -453,20 +462,20 @@ def run_cycle(
                 hold_leaf, hold_charge = leaf, charge
             continue  # the reservation changed free capacity: no bulk skip on its account
         if model is None:
-            ent = pre_fail.get(leaf)  # pre_failed(leaf, 1, 1) or pre_failed(leaf, *floor), inlined
+            ent = search_failures.get(leaf)  # search_failed(leaf, 1, 1) or search_failed(leaf, *floor), inlined
             if ent is not None:
                 if charges - ent[1] != own_charges.get(leaf, 0) - ent[2]:
-                    del pre_fail[leaf]  # another leaf was charged since: stale
-                elif ((1, 1) in ent[0] or _dominated(ent[0], *floor_shape(leaf, 0, bound[leaf]))) and not may_backfill(
-                    leaf, 1, None
-                ):
+                    del search_failures[leaf]  # another leaf was charged since: stale
+                elif (
+                    (1, 1) in ent[0] or _dominated(ent[0], *floor_shape(leaf, 0, allocated_end[leaf]))
+                ) and not may_backfill(leaf, 1, None):
                     queue.drop_leaf(leaf)
                     continue
-        if reserved_for is not None and cfg.preemption and idx + 1 < bound[leaf]:
+        if reserved_for is not None and cfg.preemption and idx + 1 < allocated_end[leaf]:
             # The leaf's next jobs come next (nothing was charged). Pass over those that
             # would be blocked exactly like this one, with no effect but their rank.
             jobs = pending[leaf]
-            skipped = blocked_run(jobs, idx + 1, bound[leaf], blocked_shape(leaf), memo_codes(memo, jobs))
+            skipped = blocked_run(jobs, idx + 1, allocated_end[leaf], blocked_shape(leaf), memo_codes(memo, jobs))
             if skipped:
                 queue.skip(leaf, skipped)
                 rank += skipped
@@ -474,9 +483,9 @@ def run_cycle(
                 res.passed_over += skipped
 
     # ---------------------------------------------------------------- pass 2: unallocated jobs
-    if any(b < len(pending[leaf]) for leaf, b in bound.items()):
+    if any(b < len(pending[leaf]) for leaf, b in allocated_end.items()):
         _place_unallocated(
-            res, pending, bound, queue, free, free_fail, floor_shape, memo, rank, budget_rank, ts, cfg, tree
+            res, pending, allocated_end, queue, free, free_fail, floor_shape, memo, rank, budget_rank, ts, cfg, tree
         )
     if explain:
         res.reasons = _explain(snapshot, now_us, cfg, res, free, victims, queue, budget_rank, moves)
@@ -486,7 +495,7 @@ def run_cycle(
 def _place_unallocated(
     res: CycleResult,
     pending: Mapping[str, Sequence[PendingJob]],
-    bound: Mapping[str, int],
+    allocated_end: Mapping[str, int],
     queue: FairShareQueue[int],
     free: CycleFree,
     free_fail: dict[str | None, list[tuple[int, int]]],
@@ -516,16 +525,16 @@ def _place_unallocated(
         return  # not even one GPU was free for a 1-GPU job: no unallocated job fits
     for leaf in order:
         jobs = pending.get(leaf)
-        if not jobs or bound[leaf] >= len(jobs):
+        if not jobs or allocated_end[leaf] >= len(jobs):
             continue
         if _dominated(any_free, 1, 1):
             break  # not one GPU is left for a 1-GPU job
         r_leaf = queue.ratio(leaf)
-        mg, mk = floor_shape(leaf, bound[leaf], len(jobs))
+        mg, mk = floor_shape(leaf, allocated_end[leaf], len(jobs))
         if _dominated(any_free, mg, mk):
             continue  # nothing of this leaf fits on what is free
         end = len(jobs)
-        idx = bound[leaf] - 1
+        idx = allocated_end[leaf] - 1
         while idx + 1 < end:
             idx += 1
             job = jobs[idx]

@@ -18,7 +18,7 @@ from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import Run, RunKey, next_checkpoint_us, work_lost_gpu_s
 from apportion.domain.engine.inputs import PendingJob
 from apportion.domain.engine.placement import CycleFree
-from apportion.domain.engine.victims import Cand, CycleVictims, Option, cand_order, order_lost_gpu_s
+from apportion.domain.engine.victims import Candidate, CycleVictims, Option, candidate_order, order_lost_gpu_s
 from apportion.domain.preemption import (
     PATIENCE_WAIT,
     RULE_EXPIRED_BEHIND,
@@ -44,7 +44,7 @@ def plan_preemption(
     now: Micros,
     ratio: ShareView | Callable[[str], float],
     delta: float,
-    epoch: int = 0,
+    charge_count: int = 0,
     tree: BudgetTree | None = None,
     charge_gpu_s: float = 0.0,
     moves: frozenset[Move] | set[Move] = frozenset(),
@@ -87,7 +87,7 @@ def plan_preemption(
     def eligible(nid: str) -> bool:
         return nid in fmodel and nid not in reserved and fcount[nid] >= g and (model is None or fmodel[nid] == model)
 
-    def evaluate(nid: str, lst: list[Cand]) -> Option | None:
+    def evaluate(nid: str, lst: list[Candidate]) -> Option | None:
         have = len(ffree[nid])
         reach = have
         for x in lst:
@@ -104,7 +104,7 @@ def plan_preemption(
                 break
             chosen.append(x)
             got += len(x[2])
-        for x in sorted(chosen, key=cand_order, reverse=True):
+        for x in sorted(chosen, key=candidate_order, reverse=True):
             if got - len(x[2]) >= g:
                 chosen.remove(x)
                 got -= len(x[2])
@@ -117,30 +117,30 @@ def plan_preemption(
             lost += (c[0] + c[1]) * (now + c[2]) / 1e6  # order_lost_gpu_s(c, now), inlined
         return ((a, u, lost), nid, chosen)
 
-    u_nodes = victims.unalloc
+    unalloc_nodes = victims.unalloc
     log = free.log
     ckey = (g, model)
-    cached = victims.u_opts.get(ckey)
+    cached = victims.unalloc_options.get(ckey)
     todo: Any
     if cached is None:
-        todo = u_nodes
-        cached = victims.u_opts[ckey] = {}
+        todo = unalloc_nodes
+        cached = victims.unalloc_options[ckey] = {}
     else:
         # options depend on g, the model and each node's state, not on the preemptor:
         # re-evaluate only the nodes touched (free.log) since they were last looked at
-        pos = victims.u_seen[ckey]
+        pos = victims.unalloc_seen[ckey]
         if pos == len(log):
             todo = ()
         else:
             touched = set(log[pos:])
             for nid in touched:
                 cached.pop(nid, None)
-            todo = [nid for nid in touched if nid in u_nodes]
-    victims.u_seen[ckey] = len(log)
+            todo = [nid for nid in touched if nid in unalloc_nodes]
+    victims.unalloc_seen[ckey] = len(log)
     for nid in todo:
         if not eligible(nid):  # (static in a cycle but for reservations, which are logged)
             continue
-        lst = u_nodes[nid]
+        lst = unalloc_nodes[nid]
         if taken:
             cands = [x for x in lst if (x[1].job_id, x[1].attempt) not in taken]
         else:
@@ -155,16 +155,16 @@ def plan_preemption(
             if model is not None and m != model:
                 continue
             for nid in b[c]:
-                # (u_nodes lists are never empty: with nothing taken, only nodes without them qualify)
-                if nid not in u_nodes or (taken and not any(x[1].key not in taken for x in u_nodes[nid])):
+                # (unalloc_nodes lists are never empty: with nothing taken, only nodes without them qualify)
+                if nid not in unalloc_nodes or (taken and not any(x[1].key not in taken for x in unalloc_nodes[nid])):
                     if fcount[nid] >= g:
                         options.append(((0, 0, 0.0), nid, []))
     behind = None
     if len(options) < k:
-        behind, victims.narrowed = victims.behind_of(leaf, view, delta, epoch, tree, charge_gpu_s, moves)
+        behind, victims.narrowed = victims.behind_of(leaf, view, delta, charge_count, tree, charge_gpu_s, moves)
         if not behind:
             return None
-        per_node: dict[str, list[Cand]] = {}
+        per_node: dict[str, list[Candidate]] = {}
         for v in behind:
             for nid, lst in victims.expired_on(v).items():
                 if not eligible(nid):
@@ -179,9 +179,9 @@ def plan_preemption(
         for nid, lst in per_node.items():
             if not lst:
                 continue
-            if nid in u_nodes:
-                lst.extend(x for x in u_nodes[nid] if x[1].key not in taken)
-            lst.sort(key=cand_order)
+            if nid in unalloc_nodes:
+                lst.extend(x for x in unalloc_nodes[nid] if x[1].key not in taken)
+            lst.sort(key=candidate_order)
             opt = evaluate(nid, lst)
             if opt is not None:
                 if nid in seen:

@@ -36,11 +36,11 @@ from apportion.timeutil import Micros
 __all__ = [
     "AllocEntry",
     "Behind",
-    "Cand",
+    "Candidate",
     "CycleVictims",
     "Option",
     "VictimIndex",
-    "cand_order",
+    "candidate_order",
     "order_key",
     "order_lost_gpu_s",
 ]
@@ -54,13 +54,13 @@ __all__ = [
 #: distinct as floats while they are below ~4.5e9 GPU-s), and it does not depend on
 #: ``now``, so an index of candidates can live across cycles. The work lost is
 #: computed from it where a plan is costed (:func:`order_lost_gpu_s`).
-Cand = tuple[tuple[int, int, int, str, int], Run, tuple[int, ...]]
+Candidate = tuple[tuple[int, int, int, str, int], Run, tuple[int, ...]]
 
 
 AllocEntry = tuple[Micros, RunKey, Run]
 """An allocated run in :attr:`VictimIndex.alloc`: ``(protected_until_us, key, run)``."""
 
-Option = tuple[tuple[int, int, float], str, list[Cand]]
+Option = tuple[tuple[int, int, float], str, list[Candidate]]
 """A way to free a node for a preemptor: ``((allocated GPUs, unallocated GPUs, GPU-s lost), node, victims)``."""
 
 Behind = tuple[dict[str, tuple[str, float, float, float]], bool]
@@ -91,8 +91,8 @@ def order_lost_gpu_s(order: tuple[int, int, int, str, int], now: Micros) -> floa
 
 _UNTIL = itemgetter(0)
 
-cand_order = itemgetter(0)
-"""Sort key of :data:`Cand` lists: the order key (cheapest first)."""
+candidate_order = itemgetter(0)
+"""Sort key of :data:`Candidate` lists: the order key (cheapest first)."""
 
 
 class VictimIndex:
@@ -102,7 +102,7 @@ class VictimIndex:
     the cycle time:
 
     * ``unalloc[node]``: the unallocated runs with an open replica there, as
-      :data:`Cand` sorted by order key (cheapest first); nodes without any
+      :data:`Candidate` sorted by order key (cheapest first); nodes without any
       are absent (lists are never empty);
     * ``alloc[leaf]``: the allocated runs of the leaf as ``(protected_until_us,
       run key, run)`` sorted ascending, so the runs whose protection has expired
@@ -119,7 +119,7 @@ class VictimIndex:
     __slots__ = ("unalloc", "alloc", "_indexed", "_cluster")
 
     def __init__(self) -> None:
-        self.unalloc: dict[str, list[Cand]] = {}
+        self.unalloc: dict[str, list[Candidate]] = {}
         self.alloc: dict[str, list[AllocEntry]] = {}
         self._indexed: dict[RunKey, Run] = {}
         self._cluster: ClusterState | None = None
@@ -153,7 +153,7 @@ class VictimIndex:
                 else:
                     lst2.append((order, run, p.gpus))
         for lst2 in unalloc.values():
-            lst2.sort(key=cand_order)
+            lst2.sort(key=candidate_order)
         for lst in alloc.values():
             lst.sort(key=_until_key)
         return idx
@@ -198,7 +198,7 @@ class VictimIndex:
             if lst2 is None:
                 self.unalloc[p.node_id] = [(order, run, p.gpus)]
             else:
-                insort(lst2, (order, run, p.gpus), key=cand_order)
+                insort(lst2, (order, run, p.gpus), key=candidate_order)
 
     def _remove(self, run: Run) -> None:
         if run.allocated:
@@ -213,7 +213,7 @@ class VictimIndex:
         for r in run.open_replicas:
             nid = run.placements[r].node_id
             lst2 = self.unalloc[nid]
-            i = bisect_left(lst2, order, key=cand_order)
+            i = bisect_left(lst2, order, key=candidate_order)
             del lst2[i]
             if not lst2:
                 del self.unalloc[nid]
@@ -237,7 +237,7 @@ def _until_key(x: AllocEntry) -> tuple[Micros, RunKey]:
 class CycleVictims:
     """Preemption candidates of one cycle, indexed by node.
 
-    ``unalloc[node]`` and ``expired_on(leaf)[node]`` hold :data:`Cand` entries
+    ``unalloc[node]`` and ``expired_on(leaf)[node]`` hold :data:`Candidate` entries
     sorted cheapest first. Built from a :class:`VictimIndex` (kept across
     cycles by the caller, ``CycleSnapshot.victims``) or, without one, from
     the snapshot's runs.
@@ -249,8 +249,8 @@ class CycleVictims:
         "taken",
         "behind",
         "under",
-        "u_opts",
-        "u_seen",
+        "unalloc_options",
+        "unalloc_seen",
         "narrowed",
         "waits",
         "checkpoint_waits",
@@ -261,13 +261,13 @@ class CycleVictims:
     def __init__(self, cluster: ClusterSnapshot, now: Micros, index: VictimIndex | None = None) -> None:
         if index is None:
             index = VictimIndex.build(cluster.runs)
-        self.unalloc: dict[str, list[Cand]] = index.unalloc  # read only
+        self.unalloc: dict[str, list[Candidate]] = index.unalloc  # read only
         self.taken: set[RunKey] = set()
-        # leaf -> (epoch, pairs allowed at charge 0, {charge: (behind_of's answer)})
+        # leaf -> (charge_count, pairs allowed at charge 0, {charge: (behind_of's answer)})
         self.behind: dict[str, tuple[int, list[tuple[str, str, str, list[str]]], dict[float, Behind]]] = {}
         self.under: dict[str, list[str]] | None = None
-        self.u_opts: dict[tuple[int, str | None], dict[str, Option]] = {}
-        self.u_seen: dict[tuple[int, str | None], int] = {}  # position in the free index's log
+        self.unalloc_options: dict[tuple[int, str | None], dict[str, Option]] = {}
+        self.unalloc_seen: dict[tuple[int, str | None], int] = {}  # position in the free index's log
         self.narrowed = False  # set by plan_preemption: its last search depended on the job's charge
         self.waits: dict[str, float] = {}  # job id -> work lost (GPU-s) of the plan patience_rule refused
         self.checkpoint_waits: dict[str, CheckpointVerdict] = {}  # job id -> checkpoint_rule's wait verdict
@@ -277,9 +277,9 @@ class CycleVictims:
             if lst[0][0] <= now:  # protection expired: now >= protected_until_us
                 exp[leaf] = lst[: bisect_right(lst, now, key=_UNTIL)]
         self._exp_runs = exp
-        self.expired: dict[str, dict[str, list[Cand]]] = {v: {} for v in exp}  # filled by expired_on
+        self.expired: dict[str, dict[str, list[Candidate]]] = {v: {} for v in exp}  # filled by expired_on
 
-    def expired_on(self, leaf: str) -> dict[str, list[Cand]]:
+    def expired_on(self, leaf: str) -> dict[str, list[Candidate]]:
         """Node -> expired runs of ``leaf`` there, cheapest first (built on first use)."""
         by_node = self.expired[leaf]
         ents = self._exp_runs.get(leaf)
@@ -290,7 +290,7 @@ class CycleVictims:
                     p = run.placements[r]
                     by_node.setdefault(p.node_id, []).append((order, run, p.gpus))
             for lst in by_node.values():
-                lst.sort(key=cand_order)
+                lst.sort(key=candidate_order)
             self._exp_runs[leaf] = []
         return by_node
 
@@ -299,7 +299,7 @@ class CycleVictims:
         leaf: str,
         view: ShareView,
         delta: float,
-        epoch: int,
+        charge_count: int,
         tree: BudgetTree | None = None,
         charge_gpu_s: float = 0.0,
         moves: frozenset[Move] | set[Move] = frozenset(),
@@ -316,12 +316,12 @@ class CycleVictims:
         ``branch_rule(P, S, A, ...)``, which decides for all leaves under S
         (their LCA with ``leaf`` is P). Without ``tree``, each leaf with
         expired runs is judged on its own (the same answer; tested).
-        Recomputed when ``epoch`` (the cycle's charge count; ``moves`` only
+        Recomputed when ``charge_count`` (provisional charges so far in the cycle; ``moves`` only
         grow with a charge) or the charge moved on.
         """
         hit = self.behind.get(leaf)
-        if hit is None or hit[0] != epoch:
-            hit = self.behind[leaf] = (epoch, self._behind_at_zero(leaf, view, delta, tree, moves), {})
+        if hit is None or hit[0] != charge_count:
+            hit = self.behind[leaf] = (charge_count, self._behind_at_zero(leaf, view, delta, tree, moves), {})
         per_charge = hit[2]
         got = per_charge.get(charge_gpu_s)
         if got is not None:
