@@ -32,6 +32,7 @@ DATA = ROOT.parent / "shared" / "data" / "philly" / "philly.csv"
 
 def variant(kind: str, orig: Callable[..., float]) -> Callable[..., float]:
     """The protection function named ``kind`` (see the module docstring)."""
+    from apportion.events import is_allocated
 
     def protection(
         min_runtime_s: float,
@@ -40,7 +41,7 @@ def variant(kind: str, orig: Callable[..., float]) -> Callable[..., float]:
         window_s: float | None = None,
         window_fraction: float = 1.0,
     ) -> float:
-        if min_runtime_s <= 0:
+        if not is_allocated(min_runtime_s):
             return 0.0
         if kind == "double":
             return orig(min_runtime_s, preemptions, max_min_runtime_s, window_s, window_fraction)

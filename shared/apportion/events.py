@@ -294,6 +294,20 @@ class RankedBudget(_Model):
 MAX_SECONDS = 1e9
 
 
+def is_allocated(min_runtime_s: float) -> bool:
+    """Whether a job of this minimum runtime (seconds) is allocated: the one home of DESIGN section 1's definition.
+
+    Allocated (``min_runtime > 0``): charged to its budget and protected for its
+    minimum runtime; unallocated (``min_runtime == 0``): free, runs only on idle
+    GPUs, preemptible at any time. Every reader asks this function (or a model's
+    ``allocated``, which does), never compares ``min_runtime_s`` itself.
+
+    >>> is_allocated(0.0), is_allocated(1.0)
+    (False, True)
+    """
+    return min_runtime_s > 0
+
+
 class JobSubmitted(Event):
     """A user asks to run a job (schema version 3).
 
@@ -355,8 +369,8 @@ class JobSubmitted(Event):
 
     @property
     def allocated(self) -> bool:
-        """True when charged to its budget (``min_runtime_s > 0``)."""
-        return self.min_runtime_s > 0
+        """True when charged to its budget (:func:`is_allocated`)."""
+        return is_allocated(self.min_runtime_s)
 
     @property
     def gpus(self) -> int:
@@ -384,7 +398,7 @@ def checkpoint_interval_of(declared_s: float | None, min_runtime_s: float) -> fl
     """
     if declared_s is not None:
         return declared_s
-    return min_runtime_s if min_runtime_s > 0 else None
+    return min_runtime_s if is_allocated(min_runtime_s) else None
 
 
 class JobCancelRequested(Event):

@@ -193,7 +193,7 @@ class JobLedger:
         return self
 
     def _submitted(self, ev: JobSubmitted, t: Micros) -> None:
-        self.submitted.setdefault(ev.job_id, (to_us(ev.submitted_at), ev.budget, ev.min_runtime_s > 0))
+        self.submitted.setdefault(ev.job_id, (to_us(ev.submitted_at), ev.budget, ev.allocated))
 
     def _placed(self, ev: JobPlaced, t: Micros) -> None:
         key = (ev.job_id, ev.attempt)

@@ -29,6 +29,7 @@ from apportion.events import (
     JobPreempted,
     JobStarted,
     StartWorkload,
+    is_allocated,
 )
 from apportion.sim.baselines import POLICIES
 from apportion.sim.core import SimConfig, SimJob, SimNode, simulate
@@ -98,7 +99,7 @@ def _check_log(log, specs):
             key = (e.job_id, e.attempt)
             stopping.add(key)
             spec = specs[e.job_id]
-            if spec.min_runtime_s > 0 and key in started:
+            if is_allocated(spec.min_runtime_s) and key in started:
                 assert to_us(e.ts) >= started[key] + s_to_us(spec.min_runtime_s), f"protected {key} preempted"
         elif isinstance(e, JobPlaced):
             key = (e.job_id, e.attempt)

@@ -177,7 +177,7 @@ def _ref_key(j: PendingJob) -> tuple[int, str]:
 def _ref_segments(snapshot: CycleSnapshot) -> tuple[list, list]:
     alloc, unalloc = [], []
     for lst in snapshot.pending.values():
-        b = bisect_left(lst, True, key=lambda j: j.min_runtime_s <= 0)
+        b = bisect_left(lst, True, key=lambda j: not j.allocated)
         if b:
             alloc.append(lst[:b])
         if b < len(lst):
@@ -217,7 +217,7 @@ def _ref_greedy(
             pl = tuple(Placement(node_id=n, gpus=free.take(n, job.gpus_per_replica)) for n in nodes)
             emit_placed(out, job, pl, (), job.budget, rank, {}, 0.0, False, ts, cfg)
             out.extend(start_events(job.job_id, job.attempt, pl, ts, job.duration_s, job.command, cfg.producer))
-        elif preempt and job.min_runtime_s > 0:
+        elif preempt and job.allocated:
             if victims is None:
                 victims = CycleVictims(snapshot.cluster, now_us)
                 victims.expired = {}

@@ -288,3 +288,29 @@ def test_submissions_past_the_longest_duration_are_refused() -> None:
         args = {**ok, "duration_s": 10.0, field: MAX_SECONDS * 10}
         with _pytest.raises(pydantic.ValidationError, match=field):
             JobSubmitted(**args, submitted_at=ts, ts=ts, producer="t")
+
+
+# --------------------------------------------------------------------------- "allocated": one definition
+
+
+@pytest.mark.parametrize(
+    ("min_runtime_s", "allocated"),
+    [
+        pytest.param(0.0, False, id="min runtime 0: unallocated (free, runs only on idle GPUs)"),
+        pytest.param(1.0, True, id="min runtime 1 s: allocated (charged, protected)"),
+        pytest.param(1e-6, True, id="any positive min runtime is allocated"),
+    ],
+)
+def test_is_allocated_is_min_runtime_above_zero(min_runtime_s: float, allocated: bool) -> None:
+    from apportion.domain.engine import PendingJob
+
+    assert ev.is_allocated(min_runtime_s) is allocated
+    sub = ev.JobSubmitted(
+        job_id="j", budget="lab/a", user="u", gpus_per_replica=1, min_runtime_s=min_runtime_s, duration_s=60.0,
+        submitted_at=datetime(2026, 1, 1, tzinfo=UTC), ts=datetime(2026, 1, 1, tzinfo=UTC), producer="t",
+    )  # fmt: skip
+    pending = PendingJob(
+        job_id="j", attempt=1, budget="lab/a", user="u", gpus_per_replica=1, replicas=1,
+        min_runtime_s=min_runtime_s, submitted_at_us=0, queued_at_us=0,
+    )  # fmt: skip
+    assert sub.allocated is allocated and pending.allocated is allocated  # the models ask the same function

@@ -164,7 +164,7 @@ def _entry(rec: LogRecord, job_id: str) -> TimelineEntry | None:
     if isinstance(ev, events.JobSubmitted):
         s = (
             f"submitted to {ev.budget} by {ev.user}: {ev.replicas} x {ev.gpus_per_replica} GPU, "
-            f"min runtime {ev.min_runtime_s:g} s ({'allocated' if ev.min_runtime_s > 0 else 'unallocated'})"
+            f"min runtime {ev.min_runtime_s:g} s ({'allocated' if ev.allocated else 'unallocated'})"
         )
         return TimelineEntry(
             at,

@@ -73,6 +73,7 @@ from apportion.events import (
     NodeHeartbeat,
     NodeRegistered,
     Placement,
+    is_allocated,
 )
 from apportion.timeutil import Micros, s_to_us, to_us
 
@@ -149,7 +150,7 @@ def protection_s(
     >>> protection_s(3600.0, 10, window_s=4 * 7200.0, window_fraction=0.25)
     7200.0
     """
-    if min_runtime_s <= 0.0:
+    if not is_allocated(min_runtime_s):
         return 0.0
     if preemptions <= 0:
         return min_runtime_s  # the common case: every cap is >= min_runtime's promise

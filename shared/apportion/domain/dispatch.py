@@ -98,6 +98,7 @@ from apportion.events import (
     StopWorkload,
     WorkloadRefused,
     det_id,
+    is_allocated,
 )
 from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us, to_us
 
@@ -439,7 +440,7 @@ class DispatchState:
                 self._memo[id(new)] = [new, {}, codes]
             return
         b_old = allocated_count(old)
-        alloc = job.min_runtime_s > 0
+        alloc = job.allocated
         g, k = job.gpus_per_replica, job.replicas
         b_new = b_old + sign if alloc else b_old
         n_new = len(old) + sign
@@ -467,7 +468,7 @@ class DispatchState:
         lst = self.pending.get(rec.spec.budget)
         if not lst:
             return
-        k = (rec.spec.min_runtime_s <= 0, rec.submitted_at_us, job_id)
+        k = (not is_allocated(rec.spec.min_runtime_s), rec.submitted_at_us, job_id)
         i = bisect_left(lst, k, key=_order)
         if i < len(lst) and lst[i].job_id == job_id:
             old, lst = lst, lst[:i] + lst[i + 1 :]

@@ -82,6 +82,7 @@ from apportion.events import (
     checkpoint_interval_of,
     det_id,
     encode,
+    is_allocated,
 )
 from apportion.report import JobLedger
 from apportion.timeutil import Micros, from_us, s_to_us, us_to_s
@@ -509,7 +510,7 @@ class Simulator:
             placed_first=self.placed_first,
             submitted={j.job_id: j.submit_us for j in self.jobs},
             job_budget={j.job_id: j.budget for j in self.jobs},
-            job_allocated={j.job_id: j.min_runtime_s > 0 for j in self.jobs},
+            job_allocated={j.job_id: is_allocated(j.min_runtime_s) for j in self.jobs},
             jobs_ledger=self.jobs_ledger,
             preemptions=self.preemptions,
             violations=self.violations,
@@ -595,7 +596,7 @@ class Simulator:
         self.preemptions[e.budget] = self.preemptions.get(e.budget, 0) + 1
         spec = self._specs.get(e.job_id)
         start = self._started.get((e.job_id, e.attempt))
-        if spec is not None and spec.min_runtime_s > 0 and start is not None:
+        if spec is not None and is_allocated(spec.min_runtime_s) and start is not None:
             if t < start + s_to_us(spec.min_runtime_s):
                 self.violations.append(
                     f"{e.job_id}#{e.attempt} preempted at {from_us(t).isoformat()} inside its protection"
@@ -613,7 +614,9 @@ class Simulator:
                 every = checkpoint_interval_of(spec.checkpoint_interval_s, spec.min_runtime_s)
                 base = min(self._saved.get(e.job_id, 0.0), duration)
             saves = self.cfg.checkpoint_on_stop == "all" or (
-                self.cfg.checkpoint_on_stop == "unallocated" and spec is not None and spec.min_runtime_s <= 0
+                self.cfg.checkpoint_on_stop == "unallocated"
+                and spec is not None
+                and not is_allocated(spec.min_runtime_s)
             )
             run = self._live[rk] = [t, base, every, None, duration, self.cfg.checkpoints and saves]
             if every:
@@ -726,7 +729,7 @@ class Simulator:
                 occ.get(leaf, 0.0) / cap if cap > 0 else 0.0,
                 running.get(leaf, 0),
                 len(waiting),
-                sum(1 for j in waiting if j.min_runtime_s > 0),
+                sum(1 for j in waiting if j.allocated),
             )
         self.samples.append((t, row))
 

@@ -140,7 +140,7 @@ def emit_placed(
     ``max_min_runtime`` and ``W x protection_cap_w``); without (baseline policies), none: the
     protection is then the minimum runtime."""
     protection = None
-    if job.min_runtime_s > 0 and tree is not None:
+    if job.allocated and tree is not None:
         protection = job_protection_s(job, tree, cfg)
     out.append(
         JobPlaced(
@@ -151,7 +151,7 @@ def emit_placed(
             attempt=job.attempt,
             budget=job.budget,
             user=job.user,
-            allocated=job.min_runtime_s > 0,
+            allocated=job.allocated,
             gpus_per_replica=job.gpus_per_replica,
             replicas=job.replicas,
             min_runtime_s=job.min_runtime_s,

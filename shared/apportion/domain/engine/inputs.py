@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from apportion.domain.cluster import PROTECTION_CAP_W
+from apportion.events import is_allocated
 from apportion.timeutil import WEEK_S, Micros
 
 __all__ = [
@@ -115,8 +116,8 @@ class PendingJob:
 
     @property
     def allocated(self) -> bool:
-        """True when charged (``min_runtime_s > 0``)."""
-        return self.min_runtime_s > 0
+        """True when charged (:func:`~apportion.events.is_allocated`)."""
+        return is_allocated(self.min_runtime_s)
 
     @property
     def gpus(self) -> int:
@@ -133,9 +134,9 @@ def allocated_count(jobs: Sequence[PendingJob]) -> int:
 
 
 def _is_unallocated(j: PendingJob) -> bool:
-    return j.min_runtime_s <= 0
+    return not is_allocated(j.min_runtime_s)
 
 
 def pending_order(j: PendingJob) -> tuple[bool, int, str]:
     """Sort key of a leaf's pending list: allocated jobs first, each class by (submitted_at, job_id)."""
-    return (j.min_runtime_s <= 0, j.submitted_at_us, j.job_id)
+    return (not is_allocated(j.min_runtime_s), j.submitted_at_us, j.job_id)
