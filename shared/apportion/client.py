@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, Literal
 
 from apportion import events
 from apportion.durations import parse_duration
@@ -37,6 +38,8 @@ from apportion.settings import Connection
 #: Job ids the client accepts: they appear in shell commands, log lines, file names and metric labels.
 #: (Any JobSubmitted from another producer is still accepted by the schema: 1-200 characters.)
 JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,199}")
+
+_ROLES: dict[str, Literal["user", "ops"]] = {"user": "user", "ops": "ops"}  # a key's role, as the model types it
 
 
 def check_job_id(job_id: str) -> str:
@@ -247,27 +250,28 @@ def key_registration(
     if len(raw) != 32:
         raise ValueError(f"{public_key!r} is not an Ed25519 public key (base64 of 32 bytes)")
     ts = now or datetime.now(UTC)
-    if role not in ("user", "ops"):
+    checked = _ROLES.get(role)
+    if checked is None:
         raise ValueError(f"role must be user or ops, not {role!r}")
     return events.UserKeyRegistered(
         user=user,
         public_key=public_key,
-        role=role,  # type: ignore[arg-type]
+        role=checked,
         by=by,
         ts=ts,
         producer=f"client/{by or 'ops'}",
     )
 
 
-def submit(*, bootstrap: str | None = None, identity: Identity | None = None, **kwargs: object) -> events.JobSubmitted:
+def submit(*, bootstrap: str | None = None, identity: Identity | None = None, **kwargs: Any) -> events.JobSubmitted:
     """Validate, sign and publish a submission; returns the published event (``.job_id``).
 
     Keyword arguments are those of :func:`build_submission` (``user`` defaults
     to the identity's); ``identity`` defaults to :func:`identity_for` of ``user``.
     """
-    ident = identity or identity_for(kwargs.get("user"), bootstrap=bootstrap)  # type: ignore[arg-type]
+    ident = identity or identity_for(kwargs.get("user"), bootstrap=bootstrap)
     kwargs.setdefault("user", ident.user)
-    ev = ident.sign(build_submission(**kwargs))  # type: ignore[arg-type]
+    ev = ident.sign(build_submission(**kwargs))
     publish(ev, bootstrap=bootstrap)
     return ev
 

@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias, get_args
 
 from pydantic import (
     BaseModel,
@@ -984,7 +984,7 @@ _ADAPTER: TypeAdapter[Any] = TypeAdapter(AnyEvent)
 #: Event class by ``type`` name.
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.model_fields["type"].default: cls
-    for cls in AnyEvent.__origin__.__args__  # type: ignore[attr-defined]
+    for cls in get_args(get_args(AnyEvent)[0])  # Annotated[Union[...], Field] -> the union's classes
 }
 
 
@@ -1415,8 +1415,13 @@ def decode(raw: bytes | bytearray | str | None) -> Event:
                 if need <= 0:
                     return event
     bare: list[str] = []
+
+    def bare_token(c: str) -> _Bare:
+        bare.append(c)
+        return _Bare(c)
+
     try:
-        obj = json.loads(raw, parse_constant=lambda c: bare.append(c) or _Bare(c))
+        obj = json.loads(raw, parse_constant=bare_token)
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(f"not valid JSON: {exc}") from None
     except RecursionError:

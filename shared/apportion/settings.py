@@ -23,6 +23,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from apportion.clock import ScaledClock, WallClock
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -73,7 +77,7 @@ def apply_stack_prefix() -> str | None:
     return None
 
 
-def event_clock() -> object:
+def event_clock() -> WallClock | ScaledClock:
     """The event-time clock the services of this stack use (:func:`apportion.clock.make_clock` of
     ``APPORTION_TIME_SCALE`` and ``APPORTION_CLOCK_EPOCH_WALL``/``_EVENT`` from the environment, else
     from the stack.env): heartbeat ages are computed against it."""

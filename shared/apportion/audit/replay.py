@@ -107,7 +107,7 @@ class PreemptionReport:
 
 
 def preemption_report(
-    records: Sequence[LogRecord],
+    records: Iterable[LogRecord | events.Event],
     *,
     since: Micros | None = None,
     until: Micros | None = None,
@@ -236,7 +236,7 @@ class SquattingReport:
 
 
 def squatting_report(
-    records: Sequence[LogRecord], *, threshold_s: float = 1800.0, util_below_pct: float = 5.0
+    records: Iterable[LogRecord | events.Event], *, threshold_s: float = 1800.0, util_below_pct: float = 5.0
 ) -> SquattingReport:
     """Runs whose GPUs showed near-zero utilisation for longer than a threshold.
 
@@ -262,15 +262,19 @@ def squatting_report(
             for w in ev.running:
                 key = (w.job_id, w.attempt, ev.node_id)
                 vals = [util.get(i) for i in w.gpus]
-                if not vals or any(v is None for v in vals):
+                known = [v for v in vals if v is not None]
+                if not vals or len(known) < len(vals):
                     continue
-                if all(v < util_below_pct for v in vals):  # type: ignore[operator]
+                if all(v < util_below_pct for v in known):
                     start = idle_since.setdefault(key, t)
                     dur = (t - start) / 1e6
                     if dur > longest.get(key, (0.0, 0))[0]:
                         longest[key] = (dur, start)
                 else:
                     idle_since.pop(key, None)
+    stretches = sorted(
+        ((key, d, s) for key, (d, s) in longest.items() if d > threshold_s), key=lambda x: (-x[1], x[0][0])
+    )  # longest first, ties by job id (a stable sort: equal keys keep the order they were met)
     rows = [
         {
             "job_id": j,
@@ -280,8 +284,6 @@ def squatting_report(
             "idle_s": d,
             "since": from_us(s).isoformat(),
         }
-        for (j, a, n), (d, s) in longest.items()
-        if d > threshold_s
+        for (j, a, n), d, s in stretches
     ]
-    rows.sort(key=lambda r: (-r["idle_s"], r["job_id"]))
     return SquattingReport(rows, beats, measured)

@@ -297,13 +297,17 @@ def rerun_decisions(
         lst.sort(key=lambda r: r.offset)
 
     def own_key(r: LogRecord) -> tuple:
-        return (to_us(r.event.ts), _EMIT_RANK.get(r.event.type, 8), r.topic, r.partition, r.offset)  # type: ignore[union-attr]
+        ev = r.event
+        assert ev is not None  # own and ext_by_tp hold decoded records only
+        return (to_us(ev.ts), _EMIT_RANK.get(ev.type, 8), r.topic, r.partition, r.offset)
 
     def ext_key(r: LogRecord) -> tuple:
         # before own events of the same instant (they follow from it), except a JobStarted: it answers
         # this dispatcher's StartWorkload, so it can only follow the JobPlaced of its run
-        rank = 9 if type(r.event) is events.JobStarted else -1
-        return (to_us(r.event.ts), rank, r.topic, r.partition, r.offset)  # type: ignore[union-attr]
+        ev = r.event
+        assert ev is not None
+        rank = 9 if type(ev) is events.JobStarted else -1
+        return (to_us(ev.ts), rank, r.topic, r.partition, r.offset)
 
     own.sort(key=own_key)
     state = DispatchState(window_s=cfg.engine.window_s)
@@ -477,9 +481,10 @@ def _check_positioned(records: Sequence[LogRecord], snaps: list[LogRecord]) -> l
     for r in sorted(snaps, key=lambda r: (r.topic, r.partition, r.offset)):
         snap = _snap(r)
         inputs = snap.inputs or {}
-        ledger, done, budget_log = state.get(snap.window_s, (None, {}, []))  # type: ignore[arg-type]
-        if ledger is None or any(inputs.get(tp, 0) < n for tp, n in done.items()):
-            ledger, done, budget_log = OccupancyLedger(snap.window_s), {}, []
+        held = state.get(snap.window_s)
+        if held is None or any(inputs.get(tp, 0) < n for tp, n in held[1].items()):
+            held = (OccupancyLedger(snap.window_s), {}, [])
+        ledger, done, budget_log = held
         fresh: list[LogRecord] = []
         for tp, upto in inputs.items():
             lst = by_tp.get(tp, [])
@@ -565,6 +570,13 @@ def _last_record_of(records: Sequence[LogRecord], attr: str) -> dict[str, LogRec
         if isinstance(v, str):
             last[v] = r
     return last
+
+
+def _located(rec: LogRecord | None) -> tuple[str | None, str | None, tuple]:
+    """``(position, event time ISO 8601, log order)`` of a decoded record, ``(None, None, ())`` without one."""
+    if rec is None or rec.event is None:
+        return None, None, ()
+    return position(rec), rec.event.ts.isoformat(), log_order(rec)
 
 
 def check_read_models(
@@ -668,7 +680,7 @@ def check_read_models(
                 got = jobs.get(jid)
                 rec = state.jobs.get(jid)
                 lr = last.get(jid)
-                where, at_s, order = (position(lr), lr.event.ts.isoformat(), log_order(lr)) if lr else (None, None, ())  # type: ignore[union-attr]
+                where, at_s, order = _located(lr)
                 if got is None or rec is None:
                     out.append(
                         Mismatch(
@@ -697,7 +709,7 @@ def check_read_models(
                 got = nodes.get(nid)
                 n = state.cluster.nodes.get(nid)
                 lr = last.get(nid)
-                where, at_s, order = (position(lr), lr.event.ts.isoformat(), log_order(lr)) if lr else (None, None, ())  # type: ignore[union-attr]
+                where, at_s, order = _located(lr)
                 if got is None or n is None:
                     out.append(
                         Mismatch(

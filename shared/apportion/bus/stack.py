@@ -38,6 +38,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 #: ``infra/`` of the source checkout (the stack is a development tool; it is
 #: not used inside containers). Override with ``APPORTION_INFRA_DIR``.
@@ -252,20 +253,20 @@ class LocalStack:
         self.stop()
 
 
-def attach(datadir: str | os.PathLike[str], **kwargs: object) -> LocalStack:
+def attach(datadir: str | os.PathLike[str], **kwargs: Any) -> LocalStack:
     """A :class:`LocalStack` for ``datadir`` reusing the ports of a running one.
 
     Without a running stack there, ports are fresh free ones.
     """
     datadir = Path(datadir).resolve()
     env = read_env_file(datadir / "stack.env")
-    ports: dict[str, int] = {}
+    ports: dict[str, Any] = {}  # LocalStack's keywords (int ports, brokers), passed on with the caller's
     if env:
         ports["kafka_port"] = int(env["KAFKA_BOOTSTRAP"].split(",", 1)[0].rsplit(":", 1)[1])
         ports["redis_port"] = int(env["REDIS_URL"].rsplit(":", 1)[1].split("/", 1)[0])
         if "brokers" not in kwargs:  # the running stack's size (a cluster is kept as it was made)
             ports["brokers"] = int(env.get("KAFKA_BROKERS", "1"))
-    return LocalStack(datadir, **ports, **kwargs)  # type: ignore[arg-type]
+    return LocalStack(datadir, **ports, **kwargs)
 
 
 def main(argv: list[str] | None = None) -> int:

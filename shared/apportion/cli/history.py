@@ -243,7 +243,7 @@ def _when(text: str | None, flag: str) -> datetime | None:
     except ValueError:
         pass
     try:
-        return event_clock().now() - timedelta(seconds=parse_duration(t))  # type: ignore[attr-defined]
+        return event_clock().now() - timedelta(seconds=parse_duration(t))
     except ValueError:
         fail(f"{flag}: not an ISO time or a duration: {text!r}")
     return None

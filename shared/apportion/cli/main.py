@@ -31,6 +31,7 @@ from apportion.settings import Connection
 
 if TYPE_CHECKING:
     from apportion.domain.nodes import NodeEvent
+    from apportion.identity import Identity
 
 app = typer.Typer(
     name="apportion",
@@ -92,7 +93,7 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _identity(user: str | None, bootstrap: str | None) -> Any:
+def _identity(user: str | None, bootstrap: str | None) -> Identity:
     """The identity that signs ``user``'s requests (:func:`apportion.client.identity_for`); exit 2 without one."""
     from apportion import client
 
@@ -242,11 +243,16 @@ def submit(
         from apportion.topics import JOBS, SUBMISSIONS
 
         _require_topics(bootstrap, SUBMISSIONS.name, JOBS.name)
-    ident = None if dry_run and user else _identity(user, bootstrap)  # --dry-run --user: validate, sign nothing
+    ident: Identity | None = None
+    if dry_run and user:
+        who = user  # --dry-run --user: validate, sign nothing
+    else:
+        ident = _identity(user, bootstrap)
+        who = ident.user
     try:
         ev = client.build_submission(
             budget=budget,
-            user=ident.user if ident is not None else user,
+            user=who,
             gpus=gpus,
             replicas=replicas,
             min_runtime=min_runtime,
@@ -730,8 +736,8 @@ def _node_notes(bootstrap: str) -> dict[str, dict[str, Any]]:
     notes: dict[str, dict[str, Any]] = {}
     last_beat: dict[str, bytes] = {}
     for rec in iter_topic_records(bootstrap, [topics.NODES.name], decode=False):
-        if rec.key is None:
-            continue
+        if rec.key is None or rec.raw is None:
+            continue  # a tombstone says nothing about a node
         if b'"NodeHeartbeat"' in rec.raw:
             last_beat[rec.key] = rec.raw
             continue
@@ -768,7 +774,7 @@ def node_rows(rc: Any, bootstrap: str | None) -> list[dict[str, Any]]:
     rows = list(readmodel.read_hash(rc, readmodel.nodes_key()).values())
     conn = _require_topics(bootstrap, topics.NODES.name)
     notes = _checked(lambda: _node_notes(conn.bootstrap))
-    now_us = event_clock().now_us()  # type: ignore[attr-defined]
+    now_us = event_clock().now_us()
     for r in rows:
         n = notes.get(r.get("node_id", ""), {})
         beat = n.get("heartbeat_at")
@@ -1284,13 +1290,14 @@ def budget_apply(
     except BudgetError as exc:
         if dry_run and not as_json:
             _print_diff(diff)
+        dry: dict[str, Any] = {"diff": [c.to_dict() for c in diff], "published": []} if dry_run else {}
         refuse(
             f"refused: {file} against the tree in force: {exc.message}"
             + (" (dry run: nothing published)" if dry_run else ""),
             as_json=as_json,
             reason=exc.reason,
             file=str(file),
-            **({"diff": [c.to_dict() for c in diff], "published": []} if dry_run else {}),
+            **dry,
         )
     n = len(batch.paths) if batch is not None else 0
     if dry_run or batch is None:

@@ -38,7 +38,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -247,7 +247,7 @@ def up(
     web: bool = True,
     simulate_json: Sequence[str] = (),
     brokers: int = 1,
-    say: object = print,
+    say: Callable[[str], object] = print,
 ) -> StackInfo:
     """Start the stack (see the module docstring); on failure stop what was started and raise.
 
@@ -274,7 +274,7 @@ def up(
     run_dir.mkdir(parents=True, exist_ok=True)
     existing = StackInfo.read(run_dir)
     if existing is not None and existing.pids and all(alive(p) for p in existing.pids.values()):
-        say(f"already running from {run_dir}")  # type: ignore[operator]
+        say(f"already running from {run_dir}")
         return existing
     if existing is not None and any(alive(p) for p in existing.pids.values()):
         raise StackUpError(f"part of a stack is running from {run_dir}: `apportion stack down` first")
@@ -284,7 +284,7 @@ def up(
     local: LocalStack | None = None
     if not external:
         local = attach(run_dir, provision_topics=False, brokers=brokers)
-        say(f"starting Kafka and Redis in {run_dir} ...")  # type: ignore[operator]
+        say(f"starting Kafka and Redis in {run_dir} ...")
         try:
             local.start()
         except StackError as exc:
@@ -434,7 +434,7 @@ def _stop_pid(pid: int, grace_s: float) -> bool:
     return True
 
 
-def down(run_dir: Path, *, say: object = print) -> list[str]:
+def down(run_dir: Path, *, say: Callable[[str], object] = print) -> list[str]:
     """Stop what ``up`` started from ``run_dir``; returns one line per part stopped."""
     from apportion.bus.stack import LocalStack, StackError, attach
     from apportion.settings import user_stack_env
@@ -472,7 +472,7 @@ def down(run_dir: Path, *, say: object = print) -> list[str]:
         if read_env_file(user).get("RUN_DIR") == str(run_dir):
             user.unlink()
     for ln in lines:
-        say(ln)  # type: ignore[operator]
+        say(ln)
     return lines
 
 

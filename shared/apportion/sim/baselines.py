@@ -321,9 +321,9 @@ def strict_priority(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfi
 
 # They read the snapshot during the call only and keep nothing (the cycle works on copies of the free
 # index and never writes the victim index): the dispatcher may pass its live view and kept indices.
-fifo.reads_snapshot_only = True  # type: ignore[attr-defined]
-static_partitions.reads_snapshot_only = True  # type: ignore[attr-defined]
-strict_priority.reads_snapshot_only = True  # type: ignore[attr-defined]
+# (A function attribute, which typing cannot declare: set through the function's __dict__.)
+for _policy in (fifo, static_partitions, strict_priority):
+    _policy.__dict__["reads_snapshot_only"] = True
 
 #: Policy name -> cycle function (``fairshare`` is the real engine).
 POLICIES: dict[str, Callable[[CycleSnapshot, Micros, EngineConfig], list[Event]]] = {

@@ -465,8 +465,8 @@ class Simulator:
                                 node_id=payload,
                             ),
                         )
-                        if self._real:
-                            self._push(t + s_to_us(cfg.heartbeat_s), self._HB, payload)  # type: ignore[arg-type]
+                        if self._real and cfg.heartbeat_s:  # (always set when heartbeats were pushed)
+                            self._push(t + s_to_us(cfg.heartbeat_s), self._HB, payload)
                 elif kind == self._DIE:
                     self._dead.add(payload)
                     for key, nid in list(self._alive.items()):
@@ -557,8 +557,9 @@ class Simulator:
         out = step(self.state, ev, t, self.dcfg)
         if type(ev) is JobStarted:
             run = self.state.cluster.runs.get((ev.job_id, ev.attempt))
-            if run is not None and run.allocated and run.protected_until_us < UNTIL_STARTED:  # type: ignore[operator]
-                self._push(run.protected_until_us, self._TICK)  # type: ignore[arg-type]
+            until = run.protected_until_us if run is not None and run.allocated else None
+            if until is not None and until < UNTIL_STARTED:
+                self._push(until, self._TICK)
         for w in wakeups(ev, self.dcfg):
             self._push(w, self._TICK)
         self._outputs(out, t)
@@ -574,17 +575,16 @@ class Simulator:
                 self.log.append(e)
             self.total.apply(e)
             jobs.apply(e)
-            cls = type(e)
             for w in wakeups(e, self.dcfg):
                 self._push(w, self._TICK)
-            if cls is StartWorkload:
-                self._start(e, t)  # type: ignore[arg-type]
-            elif cls is StopWorkload:
-                self._stop(e, t)  # type: ignore[arg-type]
-            elif cls is JobPlaced:
-                self.placed_first.setdefault(e.job_id, t)  # type: ignore[attr-defined]
-            elif cls is JobPreempted:
-                self._preempted(e, t)  # type: ignore[arg-type]
+            if type(e) is StartWorkload:
+                self._start(e, t)
+            elif type(e) is StopWorkload:
+                self._stop(e, t)
+            elif type(e) is JobPlaced:
+                self.placed_first.setdefault(e.job_id, t)
+            elif type(e) is JobPreempted:
+                self._preempted(e, t)
 
     def _measure(self, t: Micros) -> None:
         """Totals over [start, t] (t = last submission): the span with sustained demand."""

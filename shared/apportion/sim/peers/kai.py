@@ -51,7 +51,7 @@ tries no more in the same cycle.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from apportion.domain.budgets import ROOT, BudgetTree, ancestors_of, parent_of
 from apportion.domain.cluster import Run
@@ -177,10 +177,10 @@ class Kai(PeerPolicy):
         """Drop the per-list cache of pending GPUs."""
         self._pending = {}
 
-    def _pending_gpus(self, jobs: object) -> int:
+    def _pending_gpus(self, jobs: Sequence[PendingJob]) -> int:
         hit = self._pending.get(id(jobs))
         if hit is None or hit[0] is not jobs:
-            hit = self._pending[id(jobs)] = (jobs, sum(j.gpus for j in jobs))  # type: ignore[attr-defined]
+            hit = self._pending[id(jobs)] = (jobs, sum(j.gpus for j in jobs))
         return hit[1]
 
     def cycle(self, snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig) -> list[Event]:
@@ -247,7 +247,9 @@ class Kai(PeerPolicy):
             def allowed(z: Run) -> bool:
                 if z.budget == x:
                     return not z.allocated
-                _lca, yb, xb = branches_of(z.budget, x)  # type: ignore[misc]
+                br = branches_of(z.budget, x)
+                assert br is not None  # z's leaf is not x: two distinct leaves meet at an LCA
+                _lca, yb, xb = br
                 y_left = agg.get(yb, 0.0)
                 fair_ok = y_left > fs.get(yb, 0.0) + _EPS
                 quota_ok = (

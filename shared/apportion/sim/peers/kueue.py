@@ -180,7 +180,9 @@ class Kueue(PeerPolicy):
                 def allowed(z: Run) -> bool:
                     if z.budget == x:
                         return not z.allocated  # withinClusterQueue: LowerPriority
-                    _lca, yb, xb = branches_of(z.budget, x)  # type: ignore[misc]
+                    br = branches_of(z.budget, x)
+                    assert br is not None  # z's leaf is not x: two distinct leaves meet at an LCA
+                    _lca, yb, xb = br
                     y_now = agg.get(yb, 0.0)
                     if y_now <= nominal(yb):
                         return False  # Y is not borrowing: nothing of it is reclaimable
