@@ -2,7 +2,7 @@
 
 Consumes ``apportion.submissions``, ``apportion.jobs``, ``apportion.nodes`` and ``apportion.budgets``;
 produces the decisions and commands; writes ``apportion:rm:jobs`` and ``apportion:rm:nodes`` in Redis. What
-a term does (rebuild, pacing, fencing, echoes): :mod:`services.dispatcher.service`; the lease:
+a term does (rebuild, pacing, fencing, echoes) and how it is wired: :mod:`services.dispatcher.service`; the lease:
 :mod:`services.dispatcher.lease`; the Redis writes: :mod:`services.dispatcher.store`. Outages:
 :func:`apportion.bus.resilience.supervise` (docs/reliability.md).
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from apportion.clock import Clock
 from services.dispatcher.config import DispatcherSettings
-from services.dispatcher.service import BATCH_BYTES, LINGER_MS, DispatcherService, LeadershipLost, Term
+from services.dispatcher.service import BATCH_BYTES, LINGER_MS, DispatcherService, lead_term, rebuild_and_start
 
 log = logging.getLogger("apportion.dispatcher")
 
@@ -66,15 +66,12 @@ async def _lead(
     ready: asyncio.Event | None,
 ) -> None:
     """One term as the leader: rebuild from the snapshot (if it fits) and the log, then decide until ``stop``."""
-    from apportion.audit.config import configured_event
     from apportion.bus.consumer import AssignedConsumer
     from apportion.bus.crc import use_compiled_crc32c
     from apportion.bus.producer import EventProducer, Unacked
-    from apportion.bus.service import close_quietly, commit_quietly, follow
+    from apportion.bus.service import close_quietly, follow
     from apportion.identity import decision_signer
-    from apportion.timeutil import from_us
     from apportion.topics import BUDGETS, JOBS, NODES, SUBMISSIONS
-    from services.dispatcher import store
     from services.dispatcher.lease import LeaseKeeper
 
     log.info("record-batch CRC-32C: %s", use_compiled_crc32c())
@@ -93,37 +90,11 @@ async def _lead(
     svc.token = lease.token
     consumer.lag.sink = metrics["reader"].set_lag
     keeper = LeaseKeeper.for_ttl(lease, settings.lease_ttl_wall_s).start()
-
-    def check_lease() -> None:  # by the keeper, and by the local lease clock (it counts through a SIGSTOP)
-        if not keeper.holds():
-            raise LeadershipLost()
-
-    term = Term(
-        svc,
-        settings,
-        metrics,
-        check_lease=check_lease,
-        lost=keeper.lost,
-        flush=producer.flush,
-        check_delivered=sends.check,
-        write_read_model=lambda: store.write_read_model(r, svc, metrics),
-        write_snapshot=lambda: store.write_snapshot(r, svc),
-        commit=lambda: commit_quietly(consumer),
-        now=loop.time,
-    )
+    term = lead_term(svc, settings, metrics, keeper, producer, sends, consumer, r, loop.time)
     beating = asyncio.create_task(keeper.beats(), name="lease-beats")
     try:
-        t_start = loop.time()
-        snap = await asyncio.to_thread(store.restore_snapshot, r, settings, svc, consumer, lease)
-        if (caught := await consumer.catch_up(stop)) is None:
+        if not await rebuild_and_start(term, settings, consumer, r, lease, stop):
             return
-        ts = from_us(svc.now_us())
-        configured = configured_event(
-            svc.cfg, instance=settings.owner(), fencing_token=lease.token, ts=ts, producer=settings.producer_name
-        )
-        await term.start(*caught, configured, lease)
-        took, origin = loop.time() - t_start, "a snapshot" if snap else "offset 0"
-        log.info("started from %s: %d records read, rebuilt in %.2f s", origin, len(caught[0]), took)
         w.became_ready(ready)
         await follow(consumer.poll, term.handle, stop, term.poll_ms)
     finally:

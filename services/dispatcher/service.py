@@ -529,3 +529,64 @@ class Term:
             self.unflushed = False
             await asyncio.to_thread(self.write_snapshot)
             self.last_snap = self.now()
+
+
+def lead_term(
+    svc: DispatcherService,
+    settings: DispatcherSettings,
+    metrics: dict,
+    keeper: Any,
+    producer: Any,
+    sends: Any,
+    consumer: Any,
+    r: Any,
+    now: Callable[[], float],
+) -> Term:
+    """The :class:`Term` of a leader: ``svc`` wired to its lease ``keeper``, ``producer`` (and its unacked
+    ``sends``), ``consumer`` and Redis ``r`` (:mod:`services.dispatcher.store`); ``now``: ``loop.time``."""
+    from apportion.bus.service import commit_quietly
+    from services.dispatcher import store
+
+    def check_lease() -> None:  # by the keeper, and by the local lease clock (it counts through a SIGSTOP)
+        if not keeper.holds():
+            raise LeadershipLost()
+
+    return Term(
+        svc,
+        settings,
+        metrics,
+        check_lease=check_lease,
+        lost=keeper.lost,
+        flush=producer.flush,
+        check_delivered=sends.check,
+        write_read_model=lambda: store.write_read_model(r, svc, metrics),
+        write_snapshot=lambda: store.write_snapshot(r, svc),
+        commit=lambda: commit_quietly(consumer),
+        now=now,
+    )
+
+
+async def rebuild_and_start(
+    term: Term, settings: DispatcherSettings, consumer: Any, r: Any, lease: Any, stop: asyncio.Event
+) -> bool:
+    """Rebuild the term's state from the stored snapshot (if it fits) and the log, then :meth:`Term.start`.
+
+    Returns False when ``stop`` was set before the log was read up to its end (nothing started).
+    """
+    from apportion.audit.config import configured_event
+    from services.dispatcher import store
+
+    svc = term.svc
+    t_start = term.now()
+    snap = await asyncio.to_thread(store.restore_snapshot, r, settings, svc, consumer, lease)
+    if (caught := await consumer.catch_up(stop)) is None:
+        return False
+    ts = from_us(svc.now_us())
+    configured = configured_event(
+        svc.cfg, instance=settings.owner(), fencing_token=lease.token, ts=ts, producer=settings.producer_name
+    )
+    backlog, late = caught
+    await term.start(backlog, late, configured, lease)
+    took, origin = term.now() - t_start, "a snapshot" if snap else "offset 0"
+    log.info("started from %s: %d records read, rebuilt in %.2f s", origin, len(backlog), took)
+    return True
