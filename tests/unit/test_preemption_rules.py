@@ -314,8 +314,12 @@ def _at(s: int) -> int:
     "victims, wait_s, expected",
     [
         pytest.param([(8000.0, _at(100))], 0.0, (CHECKPOINT_OFF, 0.0, None), id="wait 0: off"),
+        # the rule is off only at wait 0: a 1 s wait already waits for a checkpoint due in it (4 x 1 < 8000)
+        pytest.param([(8000.0, _at(1))], 1.0, (CHECKPOINT_WAIT, 8000.0, _at(1)), id="wait 1 s: on"),
         pytest.param([], 600.0, (CHECKPOINT_NONE_DUE, 0.0, None), id="no victims: none due"),
         pytest.param([(0.0, _at(100))], 600.0, (CHECKPOINT_NONE_DUE, 0.0, None), id="nothing lost: none due"),
+        # any work lost counts: 1 GPU-s saved against 4 x 100 GPU-s of waiting
+        pytest.param([(1.0, _at(100))], 600.0, (CHECKPOINT_NOT_WORTH, 1.0, _at(100)), id="1 GPU-s lost: counted"),
         pytest.param([(8000.0, None)], 600.0, (CHECKPOINT_NONE_DUE, 0.0, None), id="no interval: none due"),
         pytest.param([(8000.0, _CK_NOW)], 600.0, (CHECKPOINT_NONE_DUE, 0.0, None), id="due now = overdue: none"),
         pytest.param([(8000.0, _at(601))], 600.0, (CHECKPOINT_NONE_DUE, 0.0, None), id="after the cap: none"),
