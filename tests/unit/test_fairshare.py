@@ -18,6 +18,7 @@ from apportion.domain.fairshare import (
     FairShareQueue,
     branches_at_lca,
     budget_order,
+    entitlement,
     lowest_common_ancestor,
     ratios,
     usage_ratio,
@@ -51,6 +52,23 @@ def occ_of(leaf_occ: dict[str, float]) -> dict[str, float]:
 )
 def test_usage_ratio_edge_cases(o: float, e: float, expected: float) -> None:
     assert usage_ratio(o, e) == expected
+
+
+@pytest.mark.parametrize(
+    "path,k,expected",
+    [
+        pytest.param("lab", 4000.0, 2000.0, id="abs 0.5 of K 4000 GPU-s"),
+        pytest.param("lab/x", 4000.0, 500.0, id="abs 0.5 * 0.25: the product of the shares on the path"),
+        pytest.param("lab/x", 0.0, 0.0, id="no capacity: no entitlement"),
+        pytest.param("nowhere", 4000.0, 0.0, id="unknown path: abs share 0"),
+    ],
+)
+def test_entitlement_is_abs_share_times_capacity(path: str, k: float, expected: float) -> None:
+    #   root
+    #   └── lab 0.5
+    #       └── x 0.25
+    tree = BudgetTree.from_mapping({"lab": 0.5, "lab/x": 0.25})
+    assert entitlement(tree, path, k) == expected
 
 
 # --------------------------------------------------------------------------- ordering table

@@ -3,7 +3,7 @@
 Formulas (DESIGN section 2):
 
 * entitlement ``E_b = abs(b) * K`` where ``K`` is the capacity integral over
-  the window (GPU-seconds);
+  the window (GPU-seconds): :func:`entitlement`;
 * usage ratio ``r_b = O_b / E_b``, with the named edge cases
   ``r = 0`` when ``O_b = E_b = 0`` (:data:`ZERO_USAGE`) and ``r = +inf``
   when ``E_b = 0 < O_b`` (:data:`OVER_NOTHING`);
@@ -71,6 +71,19 @@ def effective_capacity(capacity_gpu_s: float) -> float:
     return capacity_gpu_s if capacity_gpu_s > MIN_CAPACITY_GPU_S else MIN_CAPACITY_GPU_S  # pragma: no mutate
 
 
+def entitlement(tree: BudgetTree, path: str, capacity_gpu_s: float) -> float:
+    """Entitlement ``E_b = abs(b) * K`` of budget ``path`` in GPU-seconds (DESIGN section 2).
+
+    ``capacity_gpu_s`` is the capacity integral K over the window, GPU-seconds: the ratios pass it floored
+    (:func:`effective_capacity`), the occupancy snapshot's rows report it as measured
+    (:func:`apportion.domain.usage.usage_snapshot`). A path not in ``tree`` has abs share 0, so entitlement 0.
+
+    >>> entitlement(BudgetTree.from_mapping({"a": {"share": 0.5}, "a/x": {"share": 0.5}}), "a/x", 4000.0)
+    1000.0
+    """
+    return tree.abs_share(path) * capacity_gpu_s
+
+
 def usage_ratio(occupancy_gpu_s: float, entitlement_gpu_s: float) -> float:
     """Usage ratio ``r = O / E`` with the named edge cases.
 
@@ -101,7 +114,7 @@ def ratios(tree: BudgetTree, occupancy: Mapping[str, float], capacity_gpu_s: flo
         ``{path: r}`` for every path in ``tree``.
     """
     k = effective_capacity(capacity_gpu_s)
-    return {p: usage_ratio(occupancy.get(p, 0.0), tree.abs_share(p) * k) for p in tree.paths()}
+    return {p: usage_ratio(occupancy.get(p, 0.0), entitlement(tree, p, k)) for p in tree.paths()}
 
 
 def budget_order(tree: BudgetTree, occupancy: Mapping[str, float], capacity_gpu_s: float) -> tuple[str, ...]:
@@ -208,7 +221,7 @@ class FairShareQueue(Generic[T]):
         self._cap = capacity_gpu_s = effective_capacity(capacity_gpu_s)
         self._occ: dict[str, float] = {p: float(occupancy.get(p, 0.0)) for p in tree.paths()}
         self._ratio: dict[str, float] = {
-            p: usage_ratio(self._occ[p], tree.abs_share(p) * capacity_gpu_s) for p in tree.paths()
+            p: usage_ratio(self._occ[p], entitlement(tree, p, capacity_gpu_s)) for p in tree.paths()
         }
         # leaf -> [items, next position]: a cursor, so that a cycle does not copy its queues
         self._queues: dict[str, list[Any]] = {}
@@ -247,7 +260,7 @@ class FairShareQueue(Generic[T]):
         """
         if path not in self._occ:
             return ZERO_USAGE
-        return usage_ratio(self._occ[path] + gpu_s, self._tree.abs_share(path) * self._cap)
+        return usage_ratio(self._occ[path] + gpu_s, entitlement(self._tree, path, self._cap))
 
     def order(self) -> tuple[str, ...]:
         """Leaf order by the current ratios (with provisional charges): ``budget_order`` of
@@ -368,7 +381,7 @@ class FairShareQueue(Generic[T]):
                 # from it are a suffix of ancestors_of(leaf)
                 continue  # pragma: no mutate
             self._occ[node] += gpu_s
-            r = usage_ratio(self._occ[node], self._tree.abs_share(node) * self._cap)
+            r = usage_ratio(self._occ[node], entitlement(self._tree, node, self._cap))
             self._ratio[node] = r
             if node in self._active:
                 # any other step (`- 1`, `+ 2`) is the same: a version only has to differ from the older ones

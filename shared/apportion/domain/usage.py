@@ -12,7 +12,7 @@ import hashlib
 from datetime import datetime
 
 from apportion.domain.budgets import BudgetTree
-from apportion.domain.fairshare import budget_order, ratios
+from apportion.domain.fairshare import budget_order, entitlement, ratios
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.events import BudgetUsage, FairShareRanking, OccupancySnapshot, RankedBudget, det_id
 from apportion.timeutil import Micros, from_us, us_to_s
@@ -50,7 +50,7 @@ def usage_snapshot(
             abs_share=tree.abs_share(p),
             occupancy_gpu_s=occ.get(p, 0.0),
             unallocated_gpu_s=unalloc.get(p, 0.0),
-            entitlement_gpu_s=tree.abs_share(p) * cap_s,
+            entitlement_gpu_s=entitlement(tree, p, cap_s),
             ratio=r[p],
         )
         for p in tree.paths()
