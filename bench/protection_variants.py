@@ -3,14 +3,16 @@
 Usage::
 
     .venv/bin/python bench/protection_variants.py week44 double flat linear double_cap4 double_cap8
-    .venv/bin/python bench/protection_variants.py weeks39-45 double grow3 grow4 double,w=0.5 double,ckpt=0
+    .venv/bin/python bench/protection_variants.py weeks39-45 double double,dbl=-1 grow4 double,w=0.5 double,ckpt=0
 
 Variants of ``cluster.protection_s`` (swapped in for the run; everything else as on main): ``double`` (in
-force: min_runtime x 2**p, capped by max_min_runtime and W x ``protection_cap_w``), ``growN``
+force: min_runtime x 2**p for the first ``protection_doublings`` preemptions, then the cap: max_min_runtime and
+W x ``protection_cap_w``), ``growN``
 (min_runtime x N**p, same caps), ``flat`` (min_runtime), ``linear`` (min_runtime x (1 + p)),
 ``double_capN`` / ``linear_capN`` (also capped at N x min_runtime). Options after commas:
 ``w=F`` sets ``EngineConfig.protection_cap_w`` (default 1, the whole window; 0.25 is DESIGN's W / 4) and
-``ckpt=S`` ``EngineConfig.checkpoint_wait_s`` (default 7200; 0 turns ``checkpoint_rule`` off). Prints goodput,
+``dbl=N`` ``EngineConfig.protection_doublings`` (default 3; -1 doubles to the cap, policy fairtree-4),
+``delta=D`` ``EngineConfig.delta`` (hysteresis, default 0.05), ``ckpt=S`` ``EngineConfig.checkpoint_wait_s`` (default 7200; 0 turns ``checkpoint_rule`` off). Prints goodput,
 share deficit, work lost, completions, preemptions, and the most preemptions of one allocated and one
 unallocated job. Week 44 runs until every job is done; other slices stop at the last submission. Not part of
 ``make bench`` (a study, not a target). The seventh session's sweep on weeks 39-45 is in
@@ -40,11 +42,12 @@ def variant(kind: str, orig: Callable[..., float]) -> Callable[..., float]:
         max_min_runtime_s: float | None = None,
         window_s: float | None = None,
         window_fraction: float = 1.0,
+        doublings: int | None = None,
     ) -> float:
         if not is_allocated(min_runtime_s):
             return 0.0
         if kind == "double":
-            return orig(min_runtime_s, preemptions, max_min_runtime_s, window_s, window_fraction)
+            return orig(min_runtime_s, preemptions, max_min_runtime_s, window_s, window_fraction, doublings)
         if kind == "flat":
             return min_runtime_s
         if kind.startswith("grow"):
@@ -68,7 +71,7 @@ def main(argv: list[str]) -> int:
     import apportion.domain.engine.emit as emit
     import apportion.sim.core as core
     from apportion.cli.simulate import _run
-    from apportion.domain.cluster import PROTECTION_CAP_W
+    from apportion.domain.cluster import PROTECTION_CAP_W, PROTECTION_DOUBLINGS
     from apportion.domain.engine import CHECKPOINT_WAIT_S
     from apportion.events import JobPreempted
     from apportion.sim.traces import load_budget_file, load_trace
@@ -97,6 +100,13 @@ def main(argv: list[str]) -> int:
             orig_outputs(self, out, t)
 
         core.Simulator._outputs = spy  # type: ignore[method-assign]
+        import functools
+
+        import apportion.domain.engine as engine_pkg
+
+        orig_config = engine_pkg.EngineConfig
+        if "delta" in knobs:  # ``_run`` builds its EngineConfig from the package at call time
+            engine_pkg.EngineConfig = functools.partial(orig_config, delta=knobs["delta"])  # type: ignore[misc]
         t0 = time.perf_counter()
         rep = _run(
             "fairshare",
@@ -107,12 +117,25 @@ def main(argv: list[str]) -> int:
             tail,
             checkpoint_wait_s=knobs.get("ckpt", CHECKPOINT_WAIT_S),
             protection_cap_w=knobs.get("w", PROTECTION_CAP_W),
+            protection_doublings=None
+            if knobs.get("dbl", PROTECTION_DOUBLINGS) < 0
+            else int(knobs.get("dbl", PROTECTION_DOUBLINGS)),
         )
         core.Simulator._outputs = orig_outputs  # type: ignore[method-assign]
+        engine_pkg.EngineConfig = orig_config  # type: ignore[misc]
         d = rep.__dict__
         most_alloc = max((n for j, n in counts.items() if allocated[j]), default=0)
         most_free = max((n for j, n in counts.items() if not allocated[j]), default=0)
         over5 = sum(1 for j, n in counts.items() if allocated[j] and n > 5)
+        by_id = {j.job_id: j for j in jobs}
+        worst = sorted((j for j, n in counts.items() if allocated[j] and n > 5), key=lambda j: -counts[j])[:12]
+        for j in worst:
+            jb = by_id[j]
+            print(
+                f"  {j}: preempted {counts[j]}, duration {jb.duration_s / 3600:.1f} h, gpus {jb.gpus_per_replica}"
+                f"x{jb.replicas}, min_runtime {jb.min_runtime_s / 3600:.2f} h, budget {jb.budget}",
+                flush=True,
+            )
         print(
             f"{spec}: goodput {d['goodput']:.4f}, deficit {d['mean_deficit_pp']:.2f} pp, lost {d['lost_pct']:.2f}%, "
             f"completed {d['completed']}, preemptions {d['preemptions']}, most of one allocated job {most_alloc} "

@@ -869,6 +869,8 @@ class DispatcherConfigured(Event):
             existed (those dispatchers did not wait for a victim's checkpoint, which is what 0 means).
         protection_cap_w: ``EngineConfig.protection_cap_w``; 0.25 in records written before it existed
             (those dispatchers capped protection growth at W / 4).
+        protection_doublings: ``EngineConfig.protection_doublings``; ``None`` in records written before it
+            existed (those dispatchers doubled the protection up to the cap).
         dispatcher_producer: the ``producer`` of its decisions.
     """
 
@@ -884,6 +886,7 @@ class DispatcherConfigured(Event):
     patience_s: float = Field(default=0.0, ge=0)
     checkpoint_wait_s: float = Field(default=0.0, ge=0)
     protection_cap_w: float = Field(default=0.25, gt=0)
+    protection_doublings: int | None = Field(default=None, ge=0, le=60)
     dispatcher_producer: str = "dispatcher"
 
 

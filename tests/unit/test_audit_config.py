@@ -75,6 +75,7 @@ def test_a_fairtree_3_record_re_runs_with_the_checkpoint_rule_off() -> None:
     raw = _rec(LIVE, 1, h(0)).model_dump(mode="json")
     del raw["checkpoint_wait_s"]
     del raw["protection_cap_w"]
+    del raw["protection_doublings"]
     raw["policy_version"] = "fairtree-3"
     from apportion import events
 
@@ -82,6 +83,26 @@ def test_a_fairtree_3_record_re_runs_with_the_checkpoint_rule_off() -> None:
     assert got is not None
     assert (got.engine.checkpoint_wait_s, got.engine.policy_version) == (0.0, "fairtree-3")
     assert got.engine.protection_cap_w == 0.25  # fairtree-3 capped protection growth at W / 4
+    assert got.engine.protection_doublings is None  # and doubled it all the way to that cap
+
+
+def test_a_fairtree_4_record_re_runs_with_doubling_to_the_cap() -> None:
+    # written before protection_doublings existed: read as None (min_runtime x 2**p up to the cap)
+    raw = _rec(LIVE, 1, h(0)).model_dump(mode="json")
+    del raw["protection_doublings"]
+    raw["policy_version"] = "fairtree-4"
+    from apportion import events
+
+    got = config_from_log([events.DispatcherConfigured.model_validate(raw)])
+    assert got is not None
+    assert (got.engine.protection_doublings, got.engine.policy_version) == (None, "fairtree-4")
+    assert got.engine.protection_cap_w == LIVE.engine.protection_cap_w
+
+
+def test_the_record_carries_the_protection_doublings() -> None:
+    cfg = DispatchConfig(engine=EngineConfig(protection_doublings=2))
+    assert _rec(cfg, 1, h(0)).protection_doublings == 2
+    assert config_from_log([_rec(cfg, 1, h(0))]) == cfg
 
 
 def test_the_record_carries_the_checkpoint_wait() -> None:

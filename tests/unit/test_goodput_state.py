@@ -13,6 +13,7 @@ from builders import T0, h, m, placed, preempted, requeued, s, started, submitte
 from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import (
+    PROTECTION_DOUBLINGS,
     ClusterState,
     protection_s,
     work_lost_gpu_s,
@@ -121,29 +122,45 @@ def test_order_key_refers_to_the_later_of_start_and_checkpoint():
 # ---------------------------------------------------------------- protection
 
 
+W7 = 7 * 86400.0  # a 7-day window, seconds
+DOUBLE = None  # doublings=None: min_runtime x 2**p all the way to the cap (policies up to fairtree-4)
+
 PROTECTION_CASES = [
-    pytest.param(60.0, 0, None, None, 60.0, id="first attempt: the minimum runtime"),
-    pytest.param(60.0, 1, None, None, 120.0, id="once preempted: doubled"),
-    pytest.param(60.0, 5, None, None, 1920.0, id="five times: 60 * 32"),
-    pytest.param(60.0, 5, 600.0, None, 600.0, id="capped by the budget's max_min_runtime"),
-    pytest.param(3600.0, 8, None, 7 * 86400.0, 604800.0, id="2**8 h = 256 h capped by W (168 h of a 7-day window)"),
-    pytest.param(7200.0, 5, None, 7 * 86400.0, 230400.0, id="2 h x 2**5 = 64 h: above W/4 (42 h), under W"),
-    pytest.param(3600.0, 3, 1800.0, None, 3600.0, id="a cap below min_runtime never shortens the promise"),
-    pytest.param(0.0, 4, None, None, 0.0, id="unallocated: no protection"),
-    pytest.param(60.0, 10_000, None, 86400.0, 86400.0, id="huge counts do not overflow (capped by W)"),
+    pytest.param(60.0, 0, None, None, DOUBLE, 60.0, id="first attempt: the minimum runtime"),
+    pytest.param(60.0, 1, None, None, DOUBLE, 120.0, id="once preempted: doubled"),
+    pytest.param(60.0, 5, None, None, DOUBLE, 1920.0, id="five times: 60 * 32"),
+    pytest.param(60.0, 5, 600.0, None, DOUBLE, 600.0, id="capped by the budget's max_min_runtime"),
+    pytest.param(3600.0, 8, None, W7, DOUBLE, 604800.0, id="2**8 h = 256 h capped by W (168 h of a 7-day window)"),
+    pytest.param(7200.0, 5, None, W7, DOUBLE, 230400.0, id="2 h x 2**5 = 64 h: above W/4 (42 h), under W"),
+    pytest.param(3600.0, 3, 1800.0, None, DOUBLE, 3600.0, id="a cap below min_runtime never shortens the promise"),
+    pytest.param(0.0, 4, None, None, DOUBLE, 0.0, id="unallocated: no protection"),
+    pytest.param(60.0, 10_000, None, 86400.0, DOUBLE, 86400.0, id="huge counts do not overflow (capped by W)"),
+    # fairtree-5 (doublings=3, the default): x 1, 2, 4, 8 for the first three preemptions, then the cap
+    pytest.param(7200.0, 0, None, W7, 3, 7200.0, id="fairtree-5, first attempt: 2 h"),
+    pytest.param(7200.0, 3, None, W7, 3, 57600.0, id="fairtree-5, third preemption: 2 h x 8 = 16 h"),
+    pytest.param(7200.0, 4, None, W7, 3, 604800.0, id="fairtree-5, fourth preemption: the cap, W = 168 h"),
+    pytest.param(7200.0, 4, 36000.0, W7, 3, 36000.0, id="fairtree-5, the jump stops at max_min_runtime (10 h)"),
+    pytest.param(7200.0, 9, None, W7, 3, 604800.0, id="fairtree-5, later preemptions: still the cap"),
+    pytest.param(7200.0, 1, None, W7, 0, 604800.0, id="doublings 0: the cap from the first requeue"),
+    pytest.param(0.0, 4, None, W7, 3, 0.0, id="fairtree-5, unallocated: no protection"),
 ]
 
 
-@pytest.mark.parametrize("min_rt, n, max_rt, window, expected", PROTECTION_CASES)
-def test_protection_s(min_rt, n, max_rt, window, expected):
-    assert protection_s(min_rt, n, max_rt, window) == expected
+@pytest.mark.parametrize("min_rt, n, max_rt, window, doublings, expected", PROTECTION_CASES)
+def test_protection_s(min_rt, n, max_rt, window, doublings, expected):
+    assert protection_s(min_rt, n, max_rt, window, doublings=doublings) == expected
+
+
+def test_protection_s_defaults_to_three_doublings():
+    assert PROTECTION_DOUBLINGS == 3
+    assert [protection_s(7200.0, n, None, W7) / 3600.0 for n in range(6)] == [2.0, 4.0, 8.0, 16.0, 168.0, 168.0]
 
 
 def test_protection_s_with_the_fairtree_3_cap_of_w_over_4():
     # logs decided before fairtree-4 recorded no protection_cap_w: read as 0.25, 42 h of a 7-day window
-    assert protection_s(3600.0, 8, None, 7 * 86400.0, 0.25) == 151200.0
-    assert protection_s(7200.0, 5, None, 7 * 86400.0, 0.25) == 151200.0
-    assert protection_s(7200.0, 4, None, 7 * 86400.0, 0.25) == 115200.0  # 32 h: under either cap
+    assert protection_s(3600.0, 8, None, W7, 0.25, DOUBLE) == 151200.0
+    assert protection_s(7200.0, 5, None, W7, 0.25, DOUBLE) == 151200.0
+    assert protection_s(7200.0, 4, None, W7, 0.25, DOUBLE) == 115200.0  # 32 h: under either cap
 
 
 def placed_with(job_id, protection_s_, **kw) -> ev.JobPlaced:

@@ -42,6 +42,7 @@ def configured_event(
         patience_s=e.patience_s,
         checkpoint_wait_s=e.checkpoint_wait_s,
         protection_cap_w=e.protection_cap_w,
+        protection_doublings=e.protection_doublings,
         dispatcher_producer=cfg.producer,
     )
 
@@ -55,6 +56,7 @@ def config_from_event(ev: events.DispatcherConfigured) -> DispatchConfig:
             patience_s=ev.patience_s,
             checkpoint_wait_s=ev.checkpoint_wait_s,
             protection_cap_w=ev.protection_cap_w,
+            protection_doublings=ev.protection_doublings,
             window_s=ev.window_s,
             grace_s=ev.grace_s,
             policy_version=ev.policy_version,
@@ -66,11 +68,12 @@ def config_from_event(ev: events.DispatcherConfigured) -> DispatchConfig:
 
 
 #: Older policy versions whose decisions this engine re-runs exactly with the configuration their record gives:
-#: ``fairtree-3`` is ``fairtree-4`` without :func:`~apportion.domain.preemption.checkpoint_rule` and with
+#: ``fairtree-4`` is ``fairtree-5`` with the protection doubled up to its cap (no ``protection_doublings``,
+#: read as ``None``); ``fairtree-3`` is ``fairtree-4`` without :func:`~apportion.domain.preemption.checkpoint_rule` and with
 #: protection growth capped at W / 4 (its records carry no ``checkpoint_wait_s``, read as 0, which turns the
 #: rule off, and no ``protection_cap_w``, read as 0.25); ``fairtree-2`` is ``fairtree-3`` without
 #: :func:`~apportion.domain.preemption.patience_rule` (no ``patience_s``, read as 0).
-COMPATIBLE_VERSIONS = ("fairtree-3", "fairtree-2")
+COMPATIBLE_VERSIONS = ("fairtree-4", "fairtree-3", "fairtree-2")
 
 
 def config_from_log(records: Iterable[LogRecord | events.Event], at_us: Micros | None = None) -> DispatchConfig | None:

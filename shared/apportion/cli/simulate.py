@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from apportion.domain.cluster import PROTECTION_CAP_W
+from apportion.domain.cluster import PROTECTION_CAP_W, PROTECTION_DOUBLINGS
 from apportion.domain.engine import CHECKPOINT_WAIT_S, PATIENCE_S
 
 if TYPE_CHECKING:
@@ -191,6 +191,14 @@ def simulate(
         help="Cap of the protection growth after each preemption, as a fraction of the window W "
         "(min_runtime x 2^preemptions, capped; 1 = the whole window, 0.25 = DESIGN's W / 4).",
     ),
+    protection_doublings: int = typer.Option(
+        PROTECTION_DOUBLINGS,
+        "--protection-doublings",
+        min=-1,
+        max=60,
+        help="Preemptions for which a job's protection doubles (min_runtime x 1, 2, 4, ...) before it jumps to "
+        "the cap; -1 doubles all the way to the cap (policy fairtree-4).",
+    ),
 ) -> None:
     """Run the simulation(s) and report utilisation, goodput, work lost, share deficit, waits, completions."""
     from apportion.cli.main import err, fail
@@ -232,6 +240,7 @@ def simulate(
             bursts=bursts,
             checkpoint_wait_s=checkpoint_wait_s,
             protection_cap_w=protection_cap_w,
+            protection_doublings=None if protection_doublings < 0 else protection_doublings,
         )
         for name in names
     ]
@@ -267,7 +276,8 @@ def simulate(
         human_rule=human,
         checkpoints=("off" if not checkpoints else f"interval; on SIGTERM: {checkpoint_on_stop.value}")
         + f"; fair-share patience {patience_s:g} s, checkpoint wait {checkpoint_wait_s:g} s"
-        + f", protection cap {protection_cap_w:g} W",
+        + f", protection cap {protection_cap_w:g} W"
+        + f" after {'unbounded' if protection_doublings < 0 else protection_doublings} doublings",
         fmt=fmt,
         jobs=len(jobs),
         nodes=bf.nodes,
@@ -296,6 +306,7 @@ def _run(
     bursts: dict[str, Any] | None = None,
     checkpoint_wait_s: float = CHECKPOINT_WAIT_S,
     protection_cap_w: float = PROTECTION_CAP_W,
+    protection_doublings: int | None = PROTECTION_DOUBLINGS,
 ) -> Any:
     """One policy's run and report; admission rejections are counted by reason.
 
@@ -325,6 +336,7 @@ def _run(
             patience_s=patience_s,
             checkpoint_wait_s=checkpoint_wait_s,
             protection_cap_w=protection_cap_w,
+            protection_doublings=protection_doublings,
         ),
         heartbeat_timeout_s=None,
         scheduler=None if name == "fairshare" else POLICIES[name],  # peers reset their memory per simulation

@@ -83,6 +83,8 @@ __all__ = [
     "RunKey",
     "ClusterState",
     "ClusterSnapshot",
+    "PROTECTION_CAP_W",
+    "PROTECTION_DOUBLINGS",
     "protection_s",
     "work_ref_us",
     "work_lost_gpu_s",
@@ -107,17 +109,26 @@ protections (a 187 h job on Philly week 44) was preempted every 42 h once the ca
 all; with W every job of week 44 was preempted at most 5 times (``docs/simulation.md``, sixth session)."""
 
 
+PROTECTION_DOUBLINGS = 3
+"""Default ``EngineConfig.protection_doublings`` (policy ``fairtree-5``): the protection doubles for a job's first
+3 preemptions (``min_runtime`` x 1, 2, 4, 8) and is the cap from its 4th on. With doubling to the cap (up to
+``fairtree-4``) a 2 h minimum runtime needs 7 preemptions to reach a 7-day window, so the longest Philly jobs
+(560-730 h) were preempted up to 8 times on weeks 39-45; see ``docs/simulation.md``, ninth session."""
+
+
 def protection_s(
     min_runtime_s: float,
     preemptions: int,
     max_min_runtime_s: float | None = None,
     window_s: float | None = None,
     window_fraction: float = PROTECTION_CAP_W,
+    doublings: int | None = PROTECTION_DOUBLINGS,
 ) -> float:
     """Length of a run's preemption protection, seconds: the one home of DESIGN section 3's
     "bounded churn" rule.
 
-    ``min_runtime * 2**preemptions``, capped by the budget's ``max_min_runtime``
+    ``min_runtime * 2**preemptions`` for the first ``doublings`` preemptions and the cap from then on
+    (``None``: doubling all the way, as up to policy ``fairtree-4``), capped by the budget's ``max_min_runtime``
     and by ``W x window_fraction`` (default the whole window, :data:`PROTECTION_CAP_W`;
     ``W / 4``, DESIGN's example, up to policy ``fairtree-3``), and never below ``min_runtime`` (the caps bound the
     growth, not the promise of the contract: "protected for min_runtime
@@ -139,6 +150,12 @@ def protection_s(
             seconds, or ``None`` (no cap).
         window_s: occupancy window W, seconds, or ``None`` (no cap).
         window_fraction: the growth cap as a fraction of W (``EngineConfig.protection_cap_w``).
+        doublings: preemptions after which the protection is the cap (``EngineConfig.protection_doublings``,
+            default :data:`PROTECTION_DOUBLINGS`); ``None`` doubles without a jump.
+
+    The jump cannot be gamed into more than the contract allows: the cap is the budget's ``max_min_runtime``
+    (or W), which is what the job could have declared as its minimum runtime at admission, and no job can
+    preempt another of its own leaf budget, so a user cannot collect preemptions of their own job.
 
     Returns:
         Protection in seconds (``min_runtime_s <= result``).
@@ -149,12 +166,19 @@ def protection_s(
     (7200.0, 3600.0)
     >>> protection_s(3600.0, 10, window_s=4 * 7200.0, window_fraction=0.25)
     7200.0
+    >>> protection_s(7200.0, 3, window_s=604800.0), protection_s(7200.0, 4, window_s=604800.0)
+    (57600.0, 604800.0)
+    >>> protection_s(7200.0, 4, window_s=604800.0, doublings=None), protection_s(60.0, 4, doublings=3)
+    (115200.0, inf)
     """
     if not is_allocated(min_runtime_s):
         return 0.0
     if preemptions <= 0:
         return min_runtime_s  # the common case: every cap is >= min_runtime's promise
-    grown = min_runtime_s * 2.0 ** (preemptions if preemptions < _MAX_DOUBLINGS else _MAX_DOUBLINGS)
+    if doublings is not None and preemptions > doublings:
+        grown = math.inf  # past the doublings: the caps alone
+    else:
+        grown = min_runtime_s * 2.0 ** (preemptions if preemptions < _MAX_DOUBLINGS else _MAX_DOUBLINGS)
     cap = math.inf if max_min_runtime_s is None else max_min_runtime_s
     if window_s is not None and window_s * window_fraction < cap:
         cap = window_s * window_fraction

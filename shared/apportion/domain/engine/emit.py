@@ -117,7 +117,12 @@ def job_protection_s(job: PendingJob, tree: BudgetTree, cfg: EngineConfig) -> fl
     """:func:`protection_s` of ``job`` placed now, seconds: its preemptions so far, its budget's
     ``max_min_runtime`` and the cap ``cfg.window_s x cfg.protection_cap_w`` (what its ``JobPlaced`` records)."""
     return protection_s(
-        job.min_runtime_s, job.preemptions, tree.max_min_runtime_s(job.budget), cfg.window_s, cfg.protection_cap_w
+        job.min_runtime_s,
+        job.preemptions,
+        tree.max_min_runtime_s(job.budget),
+        cfg.window_s,
+        cfg.protection_cap_w,
+        cfg.protection_doublings,
     )
 
 

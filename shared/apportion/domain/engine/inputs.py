@@ -12,7 +12,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from apportion.domain.cluster import PROTECTION_CAP_W
+from apportion.domain.cluster import PROTECTION_CAP_W, PROTECTION_DOUBLINGS
 from apportion.events import is_allocated
 from apportion.timeutil import WEEK_S, Micros
 
@@ -26,8 +26,10 @@ __all__ = [
     "pending_order",
 ]
 
-POLICY_VERSION = "fairtree-4"
-"""fairtree-4: fairtree-3 and :func:`~apportion.domain.preemption.checkpoint_rule` (``EngineConfig.checkpoint_wait_s``),
+POLICY_VERSION = "fairtree-5"
+"""fairtree-5: fairtree-4 and protection that doubles for a job's first 3 preemptions, then is the cap
+(``EngineConfig.protection_doublings``).
+fairtree-4: fairtree-3 and :func:`~apportion.domain.preemption.checkpoint_rule` (``EngineConfig.checkpoint_wait_s``),
 protection growth capped by W instead of W / 4 (``EngineConfig.protection_cap_w``).
 fairtree-3: fairtree-2 and :func:`~apportion.domain.preemption.patience_rule` (``EngineConfig.patience_s``).
 fairtree-2: after-move test, no same-cycle reversal, protection grown per preemption,
@@ -60,6 +62,8 @@ class EngineConfig:
             default 2 h, 0 turns the rule off).
         protection_cap_w: cap of the protection growth as a fraction of ``window_s``
             (:func:`~apportion.domain.cluster.protection_s`; default 1, the whole window).
+        protection_doublings: preemptions for which the protection doubles before it jumps to the cap
+            (:func:`~apportion.domain.cluster.protection_s`; default 3; ``None`` doubles to the cap).
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -72,6 +76,7 @@ class EngineConfig:
     patience_s: float = PATIENCE_S
     checkpoint_wait_s: float = CHECKPOINT_WAIT_S
     protection_cap_w: float = PROTECTION_CAP_W
+    protection_doublings: int | None = PROTECTION_DOUBLINGS
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"
