@@ -43,6 +43,7 @@ from typing import Any
 
 from apportion.bus.intake import Intake
 from apportion.clock import Clock
+from apportion.domain.admission import NODE_REQUEST_TYPES
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, step
 from apportion.domain.engine import EngineConfig
 from apportion.events import Event, JobLost, JobSubmitted, NodeHeartbeat, WorkloadRefused
@@ -332,15 +333,26 @@ class DispatcherService:
 
         :func:`logic.recover`, one event at a time through the reader edge:
         an event the fold raises on is dead-lettered (``apply failed: ...``)
-        and the rebuild goes on.
+        and the rebuild goes on. An ops request on a node that ops did not
+        sign is never folded; its ``NodeRequestRefused`` is published unless
+        the log holds it already.
         """
         pairs = self._decoded(records)
         state, now, cfg, apply = self.state, self.now_us(), self.cfg, self.intake.apply
+        refusals = []
         for rec, ev in pairs:
             self.gate.observe(ev)
-            if not self._refused_stale(rec, ev):
-                apply(rec, lambda e: evolve(state, e), ev)
+            if self._refused_stale(rec, ev):
+                continue
+            no = self.gate.refusal(rec.value, ev, state.jobs, now) if isinstance(ev, NODE_REQUEST_TYPES) else None
+            if no is not None:  # not ops' (DESIGN section 10): never folded
+                refusals.append((rec, no))
+                continue
+            apply(rec, lambda e: evolve(state, e), ev)
         out: list[Event] = []
+        for rec, no in refusals:  # the verdicts a dead leader did not publish (folded: seen from now on)
+            if no.event_id not in state.seen:
+                out += apply(rec, lambda e: [e, *step(state, e, now, cfg)], no) or []
         for rec, ev in pairs:  # what recover() decides (submissions, agents' refusals and losses), in log order
             if isinstance(ev, (JobSubmitted, WorkloadRefused, JobLost)):
                 if isinstance(ev, JobSubmitted) and ev.job_id not in state.jobs and ev.job_id not in state.finished:

@@ -13,7 +13,8 @@ Kafka producer in any language may publish the same JSON (schemas in
 publishes, so a bad submission fails here with a clear error instead of
 landing in the dead-letter topic.
 
-Every submission and cancel request is signed with the user's key
+Every submission and cancel request is signed with the user's key, and
+every cordon, drain and uncordon with an operator's (:func:`ops_identity`),
 (:mod:`apportion.identity`, DESIGN section 10): the identity file
 (``~/.config/apportion/identity.json`` or ``APPORTION_IDENTITY``; made by
 ``apportion keys init``, its public key registered by ops with ``apportion
@@ -169,6 +170,22 @@ def identity_for(user: str | None = None, *, bootstrap: str | None = None) -> Id
     if user is not None and user != ident.user:
         raise ValueError(f"the identity file {path} signs as {ident.user!r}, not {user!r}")
     return ident
+
+
+def ops_identity(*, bootstrap: str | None = None) -> Identity:
+    """The identity that signs ops' requests on nodes (``cordon``, ``drain``, ``undrain``; DESIGN section 10).
+
+    With a development keyring, its ``ops.json`` (registered with role ``ops`` on first use, as
+    :func:`enrol` does); otherwise the identity file, whose key ops registered with ``--role ops``
+    (the dispatcher refuses a request signed by any other key with ``NodeRequestRefused``).
+
+    Raises:
+        LookupError: no identity file (run ``apportion keys init``), or a keyring without ``ops.json``.
+        ValueError: the identity file is not an identity.
+    """
+    if keyring_dir() is not None:
+        return enrol(["ops"], bootstrap=bootstrap)[0]
+    return identity_for(None, bootstrap=bootstrap)
 
 
 def enrol(

@@ -626,21 +626,31 @@ class NodeHeartbeat(Event):
 
 
 class NodeCordoned(Event):
-    """No new work may land on the node."""
+    """No new work may land on the node.
+
+    An ops request (as are :class:`NodeDrainRequested` and :class:`NodeUncordoned`): ``signer_key``/``signature``
+    prove it, as on :class:`JobSubmitted`; only a key registered with role ``ops`` may sign one (DESIGN section
+    10), else the dispatcher answers with :class:`NodeRequestRefused` and no reader folds it. ``by``: the
+    operator's name (the signer's user, for humans).
+    """
 
     type: Literal["NodeCordoned"] = "NodeCordoned"
     node_id: str
     reason: str = ""
     by: str = ""
+    signer_key: str | None = None
+    signature: str | None = None
 
 
 class NodeDrainRequested(Event):
-    """Cordon and move running work off, honouring minimum runtimes."""
+    """Cordon and move running work off, honouring minimum runtimes (an ops request, signed: :class:`NodeCordoned`)."""
 
     type: Literal["NodeDrainRequested"] = "NodeDrainRequested"
     node_id: str
     reason: str = ""
     by: str = ""
+    signer_key: str | None = None
+    signature: str | None = None
 
 
 class NodeDrained(Event):
@@ -651,11 +661,29 @@ class NodeDrained(Event):
 
 
 class NodeUncordoned(Event):
-    """The node is ready for work again."""
+    """The node is ready for work again (an ops request, signed: :class:`NodeCordoned`)."""
 
     type: Literal["NodeUncordoned"] = "NodeUncordoned"
     node_id: str
     by: str = ""
+    signer_key: str | None = None
+    signature: str | None = None
+
+
+class NodeRequestRefused(Event):
+    """The dispatcher refused an ops request on a node (DESIGN section 10): the request changed nothing.
+
+    Written instead of folding a ``NodeCordoned``, ``NodeDrainRequested`` or ``NodeUncordoned`` that no key
+    registered with role ``ops`` signed (``reason`` ``unauthenticated``); ``refused_event_id`` is the refused
+    request's id, ``request`` its type. The node's own ``JobRejected``, so to speak.
+    """
+
+    type: Literal["NodeRequestRefused"] = "NodeRequestRefused"
+    node_id: str
+    request: Literal["NodeCordoned", "NodeDrainRequested", "NodeUncordoned"]
+    refused_event_id: uuid.UUID
+    reason: RejectReason
+    message: str
 
 
 class NodeLost(Event):
@@ -966,6 +994,7 @@ AnyEvent: TypeAlias = Annotated[
     | NodeDrainRequested
     | NodeDrained
     | NodeUncordoned
+    | NodeRequestRefused
     | NodeLost
     | StartWorkload
     | StopWorkload
@@ -1022,6 +1051,7 @@ for _name in (
     "NodeDrainRequested",
     "NodeDrained",
     "NodeUncordoned",
+    "NodeRequestRefused",
     "NodeLost",
 ):
     TOPIC_OF[_name] = topics.NODES

@@ -66,14 +66,17 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from apportion import events
 from apportion.domain.admission import (
     DISPATCHER,
+    NODE_REQUEST_TYPES,
     REPORT_TYPES,
     RUN_REPORT_TYPES,
     Principal,
     Rejection,
     authorize,
+    authorize_node_request,
     authorize_report,
     is_attributed,
     node_principal,
+    refused_node_request_event,
     refused_request_event,
 )
 from apportion.timeutil import Micros, to_us
@@ -98,6 +101,9 @@ __all__ = [
 
 #: Event types whose ``user`` must be proven by a signature.
 SIGNED_TYPES = ("JobSubmitted", "JobCancelRequested")
+
+#: Ops' requests on a node: signed like a request, by a key registered with role ``ops`` (:meth:`Identity.sign`).
+NODE_REQUEST_NAMES = tuple(cls.__name__ for cls in NODE_REQUEST_TYPES)
 
 #: The JSON member that holds the signature (left out of the signed bytes).
 SIGNATURE = "signature"
@@ -397,10 +403,12 @@ class Identity:
         from the published record value.
 
         Raises:
-            TypeError: ``event`` is not a ``JobSubmitted``/``JobCancelRequested``.
+            TypeError: ``event`` is not a ``JobSubmitted``/``JobCancelRequested`` or an ops request on a node
+                (:data:`NODE_REQUEST_NAMES`).
         """
-        if event.type not in SIGNED_TYPES:
-            raise TypeError(f"{event.type} is not a signed request type ({', '.join(SIGNED_TYPES)})")
+        if event.type not in SIGNED_TYPES + NODE_REQUEST_NAMES:
+            kinds = ", ".join(SIGNED_TYPES + NODE_REQUEST_NAMES)
+            raise TypeError(f"{event.type} is not a signed request type ({kinds})")
         keyed = event.model_copy(update={"signer_key": self.public_key, SIGNATURE: None})
         payload = json.loads(events.encode(keyed))
         sig = self.private_key.sign(canonical_bytes(payload))
@@ -781,8 +789,11 @@ class RequestGate(ReportGate):
     Folds the identity events it sees; for a ``JobSubmitted`` or a
     ``JobCancelRequested`` returns the ``JobRejected`` the dispatcher
     publishes instead of deciding on the request (``unauthenticated`` or
-    ``not_owner``), or ``None`` to let it through. As a :class:`ReportGate`
-    (the same registry) it is the dispatcher's intake check of node reports.
+    ``not_owner``), for an ops request on a node not signed by ops its
+    ``NodeRequestRefused`` (``unauthenticated``), or ``None`` to let it
+    through. As a :class:`ReportGate` (the same registry) it is the
+    dispatcher's intake check of node reports; it lets the ops requests on
+    nodes through there (they get a verdict here, not a dead letter).
 
     Args:
         producer: the dispatcher's producer name (written on refusals).
@@ -793,8 +804,14 @@ class RequestGate(ReportGate):
         self.producer = producer
         self.refused = 0
 
+    def report_refusal(self, raw: bytes | str | None, ev: events.Event, position: int | None = None) -> str | None:
+        """:meth:`ReportGate.report_refusal`, but ``None`` for an ops request on a node (:meth:`refusal` answers it)."""
+        if isinstance(ev, NODE_REQUEST_TYPES):
+            return None
+        return super().report_refusal(raw, ev, position)
+
     def refusal(self, raw: bytes | None, ev: events.Event, jobs: Mapping[str, Any], now_us: Micros) -> Any:
-        """The ``JobRejected`` refusing ``ev``, or ``None`` (allowed, or not a request).
+        """The ``JobRejected`` (or ``NodeRequestRefused``) refusing ``ev``, or ``None`` (allowed, or not a request).
 
         Args:
             raw: the record value ``ev`` was decoded from (the signature is checked on it).
@@ -804,6 +821,14 @@ class RequestGate(ReportGate):
         """
         if self.keys.apply(ev):
             return None
+        from apportion.timeutil import from_us
+
+        if isinstance(ev, NODE_REQUEST_TYPES):
+            refused = authorize_node_request(ev, self.keys.principal(signer_of(raw), to_us(ev.ts)))
+            if refused is None:
+                return None
+            self.refused += 1
+            return refused_node_request_event(ev, refused, ts=from_us(now_us), producer=self.producer)
         if not isinstance(ev, (events.JobSubmitted, events.JobCancelRequested)):
             return None
         rejection = self.check(raw, ev, jobs)
@@ -815,8 +840,6 @@ class RequestGate(ReportGate):
         else:
             rec = jobs.get(ev.job_id)
             budget = rec.spec.budget if rec is not None else ""
-        from apportion.timeutil import from_us
-
         return refused_request_event(ev, rejection, budget=budget, ts=from_us(now_us), producer=self.producer)
 
     def check(
@@ -962,7 +985,11 @@ def check_reports(records: Sequence[Any]) -> ReportCheck:
     precedes its reports). An event that fails it must have been ignored by
     the dispatcher and the accounting, which dead-letter it (id
     ``det_id("DeadLetter", topic, partition, offset)``); one without such a
-    dead letter is a finding. Logs without any ``UserKeyRegistered`` (a
+    dead letter is a finding. An ops request on a node that fails it
+    (:func:`~apportion.domain.admission.authorize_node_request`) must have
+    the dispatcher's ``NodeRequestRefused`` instead (the accounting's dead
+    letter does not say the dispatcher did not fold it); one without is a
+    finding: the dispatcher accepted it. Logs without any ``UserKeyRegistered`` (a
     simulator's) are not checked.
 
     Args:
@@ -970,6 +997,7 @@ def check_reports(records: Sequence[Any]) -> ReportCheck:
     """
     gate = ReportGate()
     letters: set[Any] = set()
+    verdicts: set[Any] = set()  # ids of the ops requests on nodes the dispatcher refused
     for r in records:
         ev = r.event
         if ev is None:
@@ -977,6 +1005,8 @@ def check_reports(records: Sequence[Any]) -> ReportCheck:
         gate.observe(ev, _position(r))
         if isinstance(ev, events.DeadLetter):
             letters.add(ev.event_id)
+        elif isinstance(ev, events.NodeRequestRefused):
+            verdicts.add(ev.refused_event_id)
     if not len(gate.keys):
         return ReportCheck(frozenset(), [], 0)
     ignored: set[int] = set()
@@ -992,7 +1022,10 @@ def check_reports(records: Sequence[Any]) -> ReportCheck:
         if why is None:
             continue
         ignored.add(i)
-        if events.det_id("DeadLetter", r.topic, r.partition, r.offset) not in letters:
+        if isinstance(ev, NODE_REQUEST_TYPES):
+            if ev.event_id not in verdicts:
+                findings.append(RequestFinding(i, ev.node_id, f"{why}, and the dispatcher did not refuse it"))
+        elif events.det_id("DeadLetter", r.topic, r.partition, r.offset) not in letters:
             subject = getattr(ev, "job_id", None) or getattr(ev, "node_id", None) or ev.type
             findings.append(RequestFinding(i, str(subject), f"{why}, and no service dead-lettered it"))
     return ReportCheck(frozenset(ignored), findings, checked)

@@ -338,8 +338,13 @@ async def test_drain_waits_for_protection_then_drains(cluster: Cluster) -> None:
     cluster.submit("p1", "lab/a", gpus=2, min_runtime_s=120, duration_s=36000)
     evs = await cluster.until(lambda evs: "JobStarted" in of_job(evs, "p1"), "p1 to start")
     node_id = _first(evs, "JobStarted", "p1").node_id
+    from apportion.client import ops_identity
+
+    ops = ops_identity(bootstrap=cluster.bootstrap)  # only an ops key may drain (DESIGN section 10)
     now = cluster.clock.now()
-    cluster.publish(events.NodeDrainRequested(node_id=node_id, reason="test", ts=now, producer="test"))
+    cluster.publish(
+        ops.sign(events.NodeDrainRequested(node_id=node_id, reason="test", by=ops.user, ts=now, producer="test"))
+    )
     evs = await cluster.until(lambda evs: any(isinstance(e, events.NodeDrained) for e in evs), "the node to drain")
     started = _first(evs, "JobStarted", "p1")
     pre = _first(evs, "JobPreempted", "p1")
@@ -592,7 +597,7 @@ async def test_cli_shows_each_state(cluster: Cluster) -> None:
     await shows(("queue", "--json"), lambda rows: not any(r["job_id"] == "c1" for r in rows), "c1 gone")
     node = sorted(n["node_id"] for n in nodes)[0]
     [sent] = (await cli("cordon", node, "--reason", "fan swap", "--no-wait", "--json"))["published"]
-    assert (sent["type"], sent["node_id"], sent["reason"], sent["by"]) == ("NodeCordoned", node, "fan swap", "cli")
+    assert (sent["type"], sent["node_id"], sent["reason"], sent["by"]) == ("NodeCordoned", node, "fan swap", "ops")
     await shows(
         ("nodes", "--json"),
         lambda rows: {n["node_id"]: n["state"] for n in rows}[node] == "cordoned",

@@ -12,10 +12,13 @@ import json
 import uuid
 from datetime import timedelta
 
+import pytest
+
 from apportion import events
 from apportion.events import BudgetSet, JobCancelRequested, JobSubmitted, NodeRegistered, UserKeyRevoked
+from apportion.topics import JOBS, NODES
 from tests.service.test_dispatcher import T0, ListLog, drive, service
-from tests.signing import identity, registered
+from tests.signing import identity, node_identity, registered
 
 ALICE, CAROL, EVE, OPS = identity("alice"), identity("carol"), identity("eve"), identity("root", "ops")
 
@@ -159,7 +162,7 @@ def test_a_new_leader_refuses_an_undecided_forgery_too() -> None:
 def test_a_node_report_signed_by_another_nodes_key_is_dead_lettered_and_changes_nothing() -> None:
     """Forged node reports: a fake node registered with n1's key, and a completion of carol's job on n1 by it."""
     from apportion.domain.admission import UNAUTHENTICATED_NODE
-    from apportion.topics import JOBS, NODES
+    from apportion.topics import NODES
     from tests.signing import node_identity
 
     svc, _ = run([CAROL.sign(sub("j1"))])
@@ -187,3 +190,90 @@ def test_a_report_signed_by_its_nodes_key_counts() -> None:
     new = NodeRegistered(event_id=events.det_id("t", "n2"), node_id="n2", gpu_count=8, ts=T0, producer="x")
     svc, out = run([registered(node_identity("n2"), T0)], [(NODES.name, node_identity("n2").signed_value(new))])
     assert "n2" in svc.state.cluster.nodes and not [e for e in out if isinstance(e, events.DeadLetter)]
+
+
+# --------------------------------------------------------------------------- ops' requests on nodes (only ops drain)
+
+
+def drain_of(node_id: str = "n1", minutes: int = 3) -> events.NodeDrainRequested:
+    return events.NodeDrainRequested(
+        event_id=events.det_id("drain", node_id, minutes),
+        node_id=node_id,
+        reason="maintenance",
+        ts=T0 + timedelta(minutes=minutes),
+        producer="test",
+    )
+
+
+def node_verdicts(out: list[events.Event]) -> list[tuple[str, str, str, uuid.UUID]]:
+    return [
+        (e.node_id, e.request, e.reason.value, e.refused_event_id)
+        for e in out
+        if isinstance(e, events.NodeRequestRefused)
+    ]
+
+
+def raw(ev: events.Event) -> tuple[str, bytes]:
+    return (events.topic_of(ev), events.encode(ev))
+
+
+def test_an_ops_signed_drain_drains_the_node() -> None:
+    req = OPS.sign(drain_of())
+    svc, out = run([CAROL.sign(sub("j1"))], [raw(req)])
+    assert node_verdicts(out) == []
+    assert "n1" in svc.state.draining and svc.state.cluster.nodes["n1"].state == "draining"
+
+
+def _forged_drain_bytes() -> bytes:
+    """Ops' signed drain of n2, its node id changed to n1 after signing (the signature no longer verifies)."""
+    obj = json.loads(events.encode(OPS.sign(drain_of("n2"))))
+    obj["node_id"] = "n1"
+    return json.dumps(obj).encode()
+
+
+@pytest.mark.parametrize(
+    "record, why",
+    [
+        pytest.param(lambda: raw(drain_of()), "no valid signature", id="unsigned"),
+        pytest.param(lambda: (NODES.name, _forged_drain_bytes()), "no valid signature", id="ops' signature, altered"),
+        pytest.param(lambda: raw(EVE.sign(drain_of())), "role 'user'", id="a researcher's key"),
+        pytest.param(lambda: raw(identity("mallory", "ops").sign(drain_of())), "no valid signature", id="unregistered"),
+        pytest.param(lambda: raw(node_identity("n1").sign(drain_of())), "'node:n1'", id="the node's own key"),
+    ],
+)
+def test_a_drain_not_signed_by_ops_is_refused_with_a_verdict_and_changes_nothing(record, why) -> None:  # type: ignore[no-untyped-def]
+    svc, out = run([CAROL.sign(sub("j1"))], [record()])
+    req_id = uuid.UUID(json.loads(record()[1])["event_id"])
+    assert node_verdicts(out) == [("n1", "NodeDrainRequested", "unauthenticated", req_id)]
+    [verdict] = [e for e in out if isinstance(e, events.NodeRequestRefused)]
+    assert why in verdict.message
+    assert "n1" not in svc.state.draining and svc.state.cluster.nodes["n1"].state == "ready"
+    assert svc.state.jobs["j1"].status == "running"  # carol's run was not moved off
+    assert not [e for e in out if isinstance(e, (events.JobPreempted, events.DeadLetter))]
+
+
+@pytest.mark.parametrize("kind", [events.NodeCordoned, events.NodeUncordoned])
+def test_cordon_and_uncordon_are_ops_requests_too(kind) -> None:  # type: ignore[no-untyped-def]
+    req = kind(event_id=events.det_id("t", kind.__name__), node_id="n1", ts=T0 + timedelta(minutes=1), producer="t")
+    svc, out = run([raw(EVE.sign(req))])
+    assert node_verdicts(out) == [("n1", kind.__name__, "unauthenticated", req.event_id)]
+    assert svc.state.cluster.nodes["n1"].state == "ready"
+    svc, out = run([raw(OPS.sign(req))])
+    assert node_verdicts(out) == []
+
+
+def test_a_new_leader_refuses_an_undecided_forged_drain_once_and_never_folds_it() -> None:
+    """Recovery: a forged drain with no verdict yet gets one; with its verdict already in the log, none again."""
+    log = ListLog()
+    log.put(*setup())
+    forged = EVE.sign(drain_of())
+    log.append(*raw(forged), b"n1")
+    svc = service(log, echoes=True)
+    decided = svc.bootstrap(log.read())
+    assert node_verdicts(decided) == [("n1", "NodeDrainRequested", "unauthenticated", forged.event_id)]
+    assert svc.state.cluster.nodes["n1"].state == "ready" and "n1" not in svc.state.draining
+    svc._emit(decided)
+    again = service(log, echoes=True)
+    log.read_upto = 0
+    assert node_verdicts(again.bootstrap(log.read())) == []
+    assert again.state.cluster.nodes["n1"].state == "ready"

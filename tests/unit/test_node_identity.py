@@ -96,7 +96,9 @@ def test_the_agent_signs_each_report_with_its_node_key_and_nothing_else() -> Non
             "is not signed",
             id="an agent's JobLost is",
         ),
-        pytest.param(events.NodeDrainRequested(node_id="n0", ts=T0), None, None, id="not a report (ops)"),
+        pytest.param(
+            events.NodeDrainRequested(node_id="n0", ts=T0), Principal("root", "ops"), None, id="an ops request by ops"
+        ),
     ],
 )
 def test_a_node_report_counts_only_when_its_node_signed_it(event, signer, expected) -> None:  # type: ignore[no-untyped-def]

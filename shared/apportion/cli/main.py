@@ -93,12 +93,15 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _identity(user: str | None, bootstrap: str | None) -> Identity:
-    """The identity that signs ``user``'s requests (:func:`apportion.client.identity_for`); exit 2 without one."""
+def _identity(user: str | None, bootstrap: str | None, *, ops: bool = False) -> Identity:
+    """The identity that signs ``user``'s requests (:func:`apportion.client.identity_for`); exit 2 without one.
+
+    ``ops``: the operator's instead, for requests on nodes (:func:`apportion.client.ops_identity`).
+    """
     from apportion import client
 
     try:
-        return client.identity_for(user, bootstrap=bootstrap)
+        return client.ops_identity(bootstrap=bootstrap) if ops else client.identity_for(user, bootstrap=bootstrap)
     except (LookupError, ValueError) as exc:
         fail(str(exc))
     except Exception as exc:  # the enrolment of a development keyring publishes
@@ -864,7 +867,7 @@ def _node_change(
     from apportion.topics import NODES
 
     r = _redis(redis_url)
-    _require_topics(bootstrap, NODES.name)
+    conn = _require_topics(bootstrap, NODES.name)
     row = _node_row(r, node_id, bootstrap)
     if row is None:
         known = sorted(readmodel.read_hash(r, readmodel.nodes_key()))
@@ -889,6 +892,16 @@ def _node_change(
         return got if got in want else None
 
     seen = verdicts.wait_for(shows, timeout)
+    if seen is None:  # refused (not signed by ops)? Read once: the node's partition holds all its heartbeats
+        for no in _checked(lambda: verdicts.key_events(conn.bootstrap, NODES.name, node_id)):
+            if isinstance(no, events.NodeRequestRefused) and no.refused_event_id == ev.event_id:
+                refuse(
+                    f"the dispatcher refused {type(ev).__name__} of {node_id}: {no.reason.value}: {no.message}",
+                    as_json=as_json,
+                    verdict="rejected",
+                    reason=no.reason.value,
+                    node_id=node_id,
+                )
     if as_json:
         _print_json(
             {"ok": seen is not None, "published": [events.to_dict(ev)], "verdict": seen or "no_verdict", "state": seen}
@@ -918,7 +931,8 @@ def drain(
     Waits until the dispatcher shows the node draining (or drained). Exit 1 for
     a node nobody registered or a lost node.
     """
-    ev = events.NodeDrainRequested(node_id=node_id, reason=reason, by="cli", ts=_now(), producer="cli")
+    ident = _identity(None, bootstrap, ops=True)
+    ev = ident.sign(events.NodeDrainRequested(node_id=node_id, reason=reason, by=ident.user, ts=_now(), producer="cli"))
     _node_change(
         ev,
         node_id,
@@ -945,7 +959,8 @@ def cordon(
     as_json: JsonOut = False,
 ) -> None:
     """Cordon a node: no new work lands on it; running work stays. Exit 1 for an unknown or lost node."""
-    ev = events.NodeCordoned(node_id=node_id, reason=reason, by="cli", ts=_now(), producer="cli")
+    ident = _identity(None, bootstrap, ops=True)
+    ev = ident.sign(events.NodeCordoned(node_id=node_id, reason=reason, by=ident.user, ts=_now(), producer="cli"))
     _node_change(
         ev,
         node_id,
@@ -971,7 +986,8 @@ def undrain(
     as_json: JsonOut = False,
 ) -> None:
     """Uncordon a cordoned, draining or drained node. Exit 1 for an unknown or lost node; 0 if already ready."""
-    ev = events.NodeUncordoned(node_id=node_id, by="cli", ts=_now(), producer="cli")
+    ident = _identity(None, bootstrap, ops=True)
+    ev = ident.sign(events.NodeUncordoned(node_id=node_id, by=ident.user, ts=_now(), producer="cli"))
     _node_change(
         ev,
         node_id,

@@ -35,6 +35,11 @@ Before any of these, the dispatcher asks :func:`authorize` whether a request
 signed it, ``not_owner`` for a cancel of another user's job by a principal
 that is not ops. The signature itself is checked by :mod:`apportion.identity`
 (crypto is not domain code); this module gets the principal that signed.
+Ops' requests on a node (:data:`NODE_REQUEST_TYPES`: cordon, drain,
+uncordon) must be signed by a key registered with role ``ops``
+(:func:`authorize_node_request`); the dispatcher answers any other with
+``NodeRequestRefused`` reason ``unauthenticated``
+(:func:`refused_node_request_event`) and folds nothing of it.
 
 Everything else a reader folds from ``apportion.jobs`` and ``apportion.nodes``
 must be attributable to its writer (DESIGN section 10: "only node agents
@@ -42,6 +47,9 @@ write node reports and workload outcomes; only the dispatcher writes decisions
 and commands"), by one rule, :func:`authorize_report`, applied by the
 dispatcher's and the accounting's reader edge and by ``audit verify`` alike:
 
+* an ops request on a node (:data:`NODE_REQUEST_TYPES`) counts only when
+  :func:`authorize_node_request` allows its signer; otherwise it is ignored
+  with the reason ``unauthenticated``;
 * a decision or command (:data:`DISPATCHER_TYPES`) counts only when it is signed
   by a key registered for the principal :data:`DISPATCHER`
   (``service:dispatcher``); otherwise it is ignored with the reason
@@ -82,10 +90,14 @@ from apportion.events import (
     JobRequeued,
     JobStarted,
     JobSubmitted,
+    NodeCordoned,
     NodeDrained,
+    NodeDrainRequested,
     NodeHeartbeat,
     NodeLost,
     NodeRegistered,
+    NodeRequestRefused,
+    NodeUncordoned,
     RejectReason,
     StartWorkload,
     StopWorkload,
@@ -101,15 +113,18 @@ __all__ = [
     "DISPATCHER_TYPES",
     "DISPATCHER",
     "NODE_PREFIX",
+    "NODE_REQUEST_TYPES",
     "REPORT_TYPES",
     "RUN_REPORT_TYPES",
     "UNAUTHENTICATED",
     "UNAUTHENTICATED_NODE",
     "admit",
     "authorize",
+    "authorize_node_request",
     "authorize_report",
     "is_attributed",
     "node_principal",
+    "refused_node_request_event",
     "refused_request_event",
     "rejected_event",
     "shape_possible",
@@ -152,10 +167,14 @@ DISPATCHER_TYPES = (
     JobCancelled,
     NodeLost,
     NodeDrained,
+    NodeRequestRefused,
     StartWorkload,
     StopWorkload,
     DispatcherConfigured,
 )
+
+#: Ops' requests on a node (the CLI's ``cordon``, ``drain``, ``undrain``): each must be signed by an ops key.
+NODE_REQUEST_TYPES = (NodeCordoned, NodeDrainRequested, NodeUncordoned)
 
 #: The dispatcher's default ``producer`` name (only a log from before it signed is read by it, ``authorize_report``).
 DISPATCHER_PRODUCER = "dispatcher"
@@ -164,7 +183,7 @@ DISPATCHER_PRODUCER = "dispatcher"
 _SHARED_REPORTS = (JobFailed, JobLost)
 
 #: Every type whose writer must be proven by a signature (:func:`authorize_report`).
-_ATTRIBUTED = REPORT_TYPES + DISPATCHER_TYPES
+_ATTRIBUTED = REPORT_TYPES + DISPATCHER_TYPES + NODE_REQUEST_TYPES
 
 #: Reason (dead-letter prefix) of a decision or command that is not proven by the dispatcher's key.
 UNAUTHENTICATED = "unauthenticated"
@@ -312,6 +331,36 @@ def authorize(
     return None
 
 
+def authorize_node_request(
+    request: NodeCordoned | NodeDrainRequested | NodeUncordoned, signer: Principal | None
+) -> Rejection | None:
+    """May this cordon, drain or uncordon change the node (DESIGN section 10: only ops drain or cordon nodes)?
+
+    Args:
+        request: the ops request.
+        signer: the principal whose registered, unrevoked key made a valid
+            signature of the request at its event time, or ``None`` (unsigned,
+            a bad signature, an unknown or revoked key).
+
+    Returns:
+        ``None`` when a key registered with role ``ops`` signed it; else
+        ``unauthenticated``: no signer, a node's or a service's key, or a
+        researcher's key (role ``user``: proven, but not ops).
+    """
+    what = f"{request.type} of node {request.node_id!r}"
+    if signer is None:
+        return Rejection(
+            RejectReason.UNAUTHENTICATED,
+            f"{what}: no valid signature by a key registered with role {OPS!r} at {request.ts.isoformat()}",
+        )
+    if signer.user.startswith((NODE_PREFIX, SERVICE_PREFIX)) or signer.role != OPS:
+        return Rejection(
+            RejectReason.UNAUTHENTICATED,
+            f"{what}: signed with the key of {signer.user!r} (role {signer.role!r}); only {OPS!r} may drain or cordon",
+        )
+    return None
+
+
 def node_principal(node_id: str) -> str:
     """The principal whose registered key proves the reports of ``node_id``: ``node:<node_id>``."""
     return NODE_PREFIX + node_id
@@ -353,10 +402,14 @@ def authorize_report(
     Returns:
         ``None`` when it counts; else the reason to ignore it: starting with
         :data:`UNAUTHENTICATED` for a decision or command not signed by
-        :data:`DISPATCHER`; with :data:`UNAUTHENTICATED_NODE` for a report with
+        :data:`DISPATCHER` or an ops request on a node :func:`authorize_node_request`
+        refuses; with :data:`UNAUTHENTICATED_NODE` for a report with
         no signer, naming no node, signed by another principal than
         ``node:<its node_id>``, or of a run its node does not hold.
     """
+    if isinstance(event, NODE_REQUEST_TYPES):
+        refused = authorize_node_request(event, signer)
+        return None if refused is None else f"{UNAUTHENTICATED}: {refused.message}"
     if isinstance(event, DISPATCHER_TYPES):
         if (signer is not None and signer.user == DISPATCHER) or not dispatcher_keyed:
             return None
@@ -420,6 +473,33 @@ def refused_request_event(
         message=rejection.message,
         request=request.type,
         refused_event_id=request.event_id,
+        ts=ts,
+        producer=producer,
+    )
+
+
+def refused_node_request_event(
+    request: NodeCordoned | NodeDrainRequested | NodeUncordoned,
+    rejection: Rejection,
+    *,
+    ts: datetime,
+    producer: str = "dispatcher",
+) -> NodeRequestRefused:
+    """The ``NodeRequestRefused`` of a refused ops request (id deterministic in the request's id).
+
+    Args:
+        request: the refused cordon, drain or uncordon.
+        rejection: what :func:`authorize_node_request` returned.
+        ts: event time of the decision (aware UTC).
+        producer: writer name.
+    """
+    return NodeRequestRefused(
+        event_id=det_id("NodeRequestRefused", request.node_id, request.event_id),
+        node_id=request.node_id,
+        request=request.type,
+        refused_event_id=request.event_id,
+        reason=rejection.reason,
+        message=rejection.message,
         ts=ts,
         producer=producer,
     )
