@@ -14,7 +14,8 @@ persistence: after a restart (or a ``FLUSHDB``) the counter is gone, and a
 new leader drawing token 1 would be refused by every agent that saw 4. So
 acquisition takes a **floor**, the highest token the caller knows was used
 (the largest ``fencing_token`` in the log's tail, :func:`highest_token_in_log`,
-or read during its rebuild), and the new token is
+or read during its rebuild; in both, only of records the dispatcher's
+registered key signed), and the new token is
 :func:`next_token` ``(counter, floor)`` = ``max(counter, floor) + 1``. The log
 is kept for ever, so the floor survives anything Redis loses. A :class:`Lease`
 also remembers the highest token it held or was told of (:meth:`Lease.observe`):
@@ -317,7 +318,11 @@ def highest_token(events: Iterable[Any]) -> int:
 
 
 def highest_token_in_log(
-    bootstrap: str, topics: Iterable[str], per_partition: int = 256, timeout_s: float = 10.0
+    bootstrap: str,
+    topics: Iterable[str],
+    per_partition: int = 256,
+    timeout_s: float = 10.0,
+    keys_topic: str | None = None,
 ) -> int:
     """The largest valid fencing token in the last ``per_partition`` records of each partition of ``topics``.
 
@@ -325,10 +330,17 @@ def highest_token_in_log(
     the log yet (a standby about to take over): every leader's first writes
     (its ``DispatcherConfigured``, commands, placements) carry its token, so
     the tail of ``apportion.commands`` and ``apportion.jobs`` holds the newest
-    one. Records that do not decode are skipped. Reads with manual assignment
-    (no consumer group, nothing committed).
+    one. Only a record the dispatcher's key signed counts (DESIGN section 10,
+    :func:`apportion.domain.admission.authorize_report`): a forged decision
+    carrying a huge token must not raise the floor (it would depose every
+    later leader). The keys are those registered in ``keys_topic`` (default
+    ``apportion.budgets``), read whole. Records that do not decode are
+    skipped. Reads with manual assignment (no consumer group, nothing
+    committed).
 
     Raises:
+        TimeoutError: ``keys_topic`` could not be read to its end within ``timeout_s`` (without the keys,
+            no token is proven; the caller retries).
         whatever the Kafka client raises when the broker is unreachable (the
         caller retries; leading without a floor would risk a stale token).
     """
@@ -336,35 +348,51 @@ def highest_token_in_log(
 
     from apportion.bus.security import kafka_auth
     from apportion.events import decode
+    from apportion.identity import ReportGate
+    from apportion.topics import BUDGETS
 
+    keys_at = keys_topic or BUDGETS.name
     c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=500, **kafka_auth())
     try:
         parts = [TopicPartition(t, p) for t in topics for p in sorted(c.partitions_for_topic(t) or ())]
         if not parts:
             return 0
-        c.assign(parts)
-        ends = c.end_offsets(parts)
-        begins = c.beginning_offsets(parts)
+        key_parts = [TopicPartition(keys_at, p) for p in sorted(c.partitions_for_topic(keys_at) or ())]
+        every = parts + key_parts
+        c.assign(every)
+        ends = c.end_offsets(every)
+        begins = c.beginning_offsets(every)
         todo = {}
-        for tp in parts:
-            start = max(begins[tp], ends[tp] - per_partition)
+        for tp in every:
+            start = begins[tp] if tp in key_parts else max(begins[tp], ends[tp] - per_partition)
             if start < ends[tp]:
                 c.seek(tp, start)
                 todo[tp] = ends[tp]
             else:
                 c.pause(tp)
-        best = 0
+        gate, tail = ReportGate(), []
         deadline = time.monotonic() + timeout_s
         while todo and time.monotonic() < deadline:
             for tp, recs in c.poll(timeout_ms=200).items():
                 for rec in recs:
                     try:
-                        best = max(best, highest_token([decode(rec.value)]))
+                        ev = decode(rec.value)
                     except Exception:  # noqa: BLE001 - a poison record holds no token
                         continue
+                    if tp in key_parts:
+                        gate.observe(ev)
+                    if tp in parts:
+                        tail.append((rec.value, ev))
                 if tp in todo and c.position(tp) >= todo[tp]:
                     del todo[tp]
                     c.pause(tp)
+        if any(tp in todo for tp in key_parts):
+            raise TimeoutError(f"{keys_at} not read to its end in {timeout_s:g} s: no fencing token is proven")
+        best = 0
+        for raw, ev in tail:  # a signature is checked only for a token above the best so far
+            t = getattr(ev, "fencing_token", None)
+            if valid_token(t) and t > best and gate.report_refusal(raw, ev) is None:
+                best = t
         return best
     finally:
         c.close()
@@ -374,8 +402,8 @@ async def stand_by(lease: Lease, bootstrap: str, readiness: Any, stop: Any, wait
     """Wait until this instance holds the lease: its fencing token, or ``None`` once ``stop`` is set.
 
     Each try: unless another owner holds an unexpired lease, read the floor (:func:`highest_token_in_log`
-    of ``apportion.commands``, ``apportion.jobs`` and ``apportion.nodes``: a Redis that lost its counter
-    cannot go back) and :meth:`Lease.try_acquire` with it. Kafka unreachable: never lead without a floor
+    of ``apportion.commands``, ``apportion.jobs`` and ``apportion.nodes``, the dispatcher's signed records
+    only: a Redis that lost its counter cannot go back, a forged token cannot push it up) and :meth:`Lease.try_acquire` with it. Kafka unreachable: never lead without a floor
     (logged, the try counts as lost). A lost try marks ``readiness`` ready when the floor was read (standing
     by, both dependencies answered) and waits ``wait_s`` wall seconds (a third of the TTL).
 

@@ -212,6 +212,8 @@ class DispatcherService:
         #: ignore node reports their node's key did not sign (the gate's)
         self.intake = Intake(settings.producer_name, clock.now, on_dead=self._dead_letter, gate=self.gate)
         self.tick_errors = 0
+        #: the highest fencing token of the proven records the rebuild read (a forged decision's never counts)
+        self.log_token = 0
 
     def now_us(self) -> int:
         """Event time now (µs), never going backwards."""
@@ -337,7 +339,10 @@ class DispatcherService:
         sign is never folded; its ``NodeRequestRefused`` is published unless
         the log holds it already.
         """
-        pairs = self._decoded(records)
+        from services.dispatcher.lease import highest_token
+
+        pairs = self._decoded(records)  # without the decisions the dispatcher's key did not sign
+        self.log_token = max(self.log_token, highest_token(ev for _, ev in pairs))
         state, now, cfg, apply = self.state, self.now_us(), self.cfg, self.intake.apply
         refusals = []
         for rec, ev in pairs:
@@ -478,8 +483,6 @@ class Term:
         ``configured`` (the knobs it decides with, DESIGN section 4) goes first, so the audit needs no
         flags. Raises :class:`LeadershipLost` when the log shows a newer leader's token than ``lease``'s.
         """
-        from services.dispatcher.lease import highest_token
-
         svc = self.svc
         out = svc.bootstrap(backlog)
         if svc.signer is not None:  # never decide with a key the readers do not know (docs/security.md)
@@ -487,7 +490,7 @@ class Term:
         if late:
             more, _ = svc.ingest(late)
             out += more
-        newest = highest_token(rec.event for rec in backlog if getattr(rec, "event", None) is not None)
+        newest = svc.log_token  # the proven records' (a forged decision's token must not depose us)
         lease.observe(newest)
         if newest > lease.token:  # a newer leader wrote after we took the lease: we are deposed
             raise LeadershipLost()

@@ -251,6 +251,41 @@ async def test_redis_flush_then_log_floor_gives_a_token_the_agents_accept(
         r.close()
 
 
+def test_the_log_floor_counts_only_tokens_the_dispatchers_registered_key_signed(kafka_bootstrap, monkeypatch) -> None:
+    """A forged decision with token 2**62 (and in range, 2**40) on the real log must not raise the floor (issue 14)."""
+    from datetime import UTC, datetime
+
+    from apportion import events
+    from apportion.bus.producer import EventProducer
+    from apportion.bus.provision import provision
+    from apportion.topics import COMMANDS, JOBS, NODES
+    from services.dispatcher.lease import highest_token_in_log
+    from tests.signing import dispatcher_identity, dispatcher_signer, node_identity, registered
+
+    monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"forged{uuid.uuid4().hex[:6]}.")
+    provision(kafka_bootstrap)
+    t0 = datetime.now(UTC)
+
+    def start(token: int, tag: str) -> events.StartWorkload:
+        return events.StartWorkload(ts=t0, node_id="n0", job_id=tag, attempt=1, gpus=(0,), fencing_token=token)
+
+    topics = [COMMANDS.name, JOBS.name, NODES.name]
+    with EventProducer(kafka_bootstrap, client_id="test") as producer:
+        real = start(6, "real")
+        producer.send(real, dispatcher_signer().values([events.encode(real)])[0])
+        for forged, value in (
+            (start(2**62, "huge"), None),  # unsigned, and out of range
+            (start(2**40, "big"), None),  # unsigned, in range
+            (start(2**41, "node"), node_identity("n0").signed_value(start(2**41, "node"))),  # a node's key
+        ):
+            producer.send(forged, value)
+        producer.flush()
+        assert highest_token_in_log(kafka_bootstrap, topics) == 2**41  # no key registered yet: an unsigned log
+        producer.publish(registered(dispatcher_identity(), t0))
+        producer.publish(registered(node_identity("n0"), t0))
+    assert highest_token_in_log(kafka_bootstrap, topics) == 6
+
+
 #: A process that runs until the file named by its first argument exists.
 WAITER = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\n"
 

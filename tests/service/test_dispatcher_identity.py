@@ -162,7 +162,7 @@ def test_a_new_leader_refuses_an_undecided_forgery_too() -> None:
 def test_a_node_report_signed_by_another_nodes_key_is_dead_lettered_and_changes_nothing() -> None:
     """Forged node reports: a fake node registered with n1's key, and a completion of carol's job on n1 by it."""
     from apportion.domain.admission import UNAUTHENTICATED_NODE
-    from apportion.topics import NODES
+    from apportion.topics import JOBS, NODES
     from tests.signing import node_identity
 
     svc, _ = run([CAROL.sign(sub("j1"))])
@@ -277,3 +277,31 @@ def test_a_new_leader_refuses_an_undecided_forged_drain_once_and_never_folds_it(
     log.read_upto = 0
     assert node_verdicts(again.bootstrap(log.read())) == []
     assert again.state.cluster.nodes["n1"].state == "ready"
+
+
+# --------------------------------------------------------------------------- the fencing-token floor from the log
+
+
+def test_the_rebuild_floors_only_on_tokens_the_dispatchers_key_signed() -> None:
+    """A forged decision with token 2**62 (and one in range, 2**40) in the log must not raise the floor."""
+    from apportion.domain.admission import DISPATCHER
+    from tests.signing import dispatcher_identity, dispatcher_signer
+
+    def configured(token: int, tag: str) -> events.DispatcherConfigured:
+        return events.DispatcherConfigured(
+            event_id=events.det_id("configured", tag), instance=tag, fencing_token=token, policy_version="p",
+            window_s=3600.0, delta=0.0, grace_s=0.0, reservation_after_s=0.0, ts=T0, producer="dispatcher",
+        )  # fmt: skip
+
+    log = ListLog()
+    log.put(*setup(), registered(dispatcher_identity(), T0))
+    log.append(JOBS.name, dispatcher_signer().values([events.encode(configured(5, "real"))])[0], b"cluster")
+    log.append(JOBS.name, events.encode(configured(2**62, "huge")), b"cluster")  # unsigned, out of range too
+    log.append(JOBS.name, events.encode(configured(2**40, "big")), b"cluster")  # unsigned, in range
+    log.append(
+        JOBS.name, identity("root", "ops").signed_value(configured(2**41, "ops")), b"cluster"
+    )  # not the dispatcher
+    svc = service(log, echoes=True)
+    assert svc.gate.keys.knows(DISPATCHER) is False  # nothing read yet
+    svc.bootstrap(log.read())
+    assert svc.log_token == 5
