@@ -175,17 +175,24 @@ def identity_for(user: str | None = None, *, bootstrap: str | None = None) -> Id
 def ops_identity(*, bootstrap: str | None = None) -> Identity:
     """The identity that signs ops' requests on nodes (``cordon``, ``drain``, ``undrain``; DESIGN section 10).
 
-    With a development keyring, its ``ops.json`` (registered with role ``ops`` on first use, as
-    :func:`enrol` does); otherwise the identity file, whose key ops registered with ``--role ops``
-    (the dispatcher refuses a request signed by any other key with ``NodeRequestRefused``).
+    ``APPORTION_IDENTITY`` when it is set (an operator's own file, whose key ops registered with
+    ``--role ops``: it wins over a development keyring); else a development keyring's ``ops.json``
+    (registered with role ``ops`` on first use, as :func:`enrol` does); else the default identity
+    file. The dispatcher refuses a request signed by any key without role ``ops`` with
+    ``NodeRequestRefused``.
 
     Raises:
         LookupError: no identity file (run ``apportion keys init``), or a keyring without ``ops.json``.
         ValueError: the identity file is not an identity.
     """
-    if keyring_dir() is not None:
+    import os
+
+    if keyring_dir() is not None and not os.environ.get("APPORTION_IDENTITY"):
         return enrol(["ops"], bootstrap=bootstrap)[0]
-    return identity_for(None, bootstrap=bootstrap)
+    path = identity_file()
+    if not path.is_file():
+        raise LookupError(f"no identity file at {path}: an operator runs `apportion keys init` and has it registered")
+    return Identity.load(path)
 
 
 def enrol(

@@ -322,6 +322,24 @@ def test_a_user_cannot_cancel_another_users_job_and_the_owner_can(budgets: Stack
     assert budgets.run("cancel", "ow1", "-u", "own1").stdout.strip() == "cancelled ow1"
 
 
+def test_a_researcher_cannot_drain_a_node_and_the_refusal_is_shown(budgets: Stack, tmp_path: Path) -> None:
+    """DESIGN section 10 on the real stack: a drain signed by a researcher's registered key is refused, node ready."""
+    from apportion import client
+    from apportion.identity import Identity
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("APPORTION_TOPIC_PREFIX", budgets.env["APPORTION_TOPIC_PREFIX"] or "")
+        [eve] = client.enrol(["dr-eve"], bootstrap=budgets.info.bootstrap)  # registered, role user
+    own = Identity("dr-eve", "user", eve.private_key).save(tmp_path / "eve.json")
+    node = sorted(n["node_id"] for n in budgets.json("nodes"))[-1]
+    env = dict(budgets.env, APPORTION_IDENTITY=str(own))
+    res = budgets.run("drain", node, "--timeout", "4", "--json", code=1, env=env)
+    doc = json.loads(res.stdout)
+    assert (doc["ok"], doc["verdict"], doc["reason"], doc["node_id"]) == (False, "rejected", "unauthenticated", node)
+    assert f"NodeDrainRequested of node '{node}': signed with the key of 'dr-eve' (role 'user')" in doc["message"]
+    assert {n["node_id"]: n for n in budgets.json("nodes")}[node]["state"] == "ready"
+
+
 def test_node_commands_refuse_unknown_nodes_and_show_the_reason(budgets: Stack) -> None:
     nodes = budgets.json("nodes")
     ids = sorted(n["node_id"] for n in nodes)

@@ -264,3 +264,48 @@ def test_a_node_agent_cannot_forge_the_dispatchers_decisions_nor_report_another_
     report = verify(_log(stack, *(f"apportion.{b}" for b in bases)))
     assert report.signed_reports > 4  # every decision and report of the stack re-checked
     assert [m for m in report.mismatches if m.check == "signature"] == []
+
+
+def test_a_node_agent_cannot_drain_or_cordon_a_node_and_ops_can(stack: Stack) -> None:
+    """As the node-agent principal (which may write apportion.nodes): a drain signed with a node's own key and an
+    unsigned cordon. The dispatcher answers each with ``NodeRequestRefused`` (``unauthenticated``), the node stays
+    ready, the accounting dead-letters both; an ops-signed cordon works; ``audit verify`` finds no forgery kept."""
+    node = sorted(n["node_id"] for n in stack.json("nodes"))[0]
+    own_key = _identity(stack, f"node:{node}")  # the key ops registered for that very node
+    now = datetime.now(UTC)
+    drain = own_key.sign(events.NodeDrainRequested(node_id=node, reason="x", ts=now, producer="node-agent"))
+    cordon = events.NodeCordoned(node_id=node, reason="x", ts=now, producer="node-agent")
+    for ev in (drain, cordon):
+        _send(stack, "node-agent", ev)
+
+    def refusals() -> dict[Any, events.NodeRequestRefused]:
+        return {
+            r.event.refused_event_id: r.event
+            for r in _log(stack, "apportion.nodes")
+            if isinstance(r.event, events.NodeRequestRefused)
+        }
+
+    got = stack.until(lambda: (v := refusals()) and {drain.event_id, cordon.event_id} <= set(v) and v, "two verdicts")
+    assert {(got[e].request, got[e].reason.value) for e in (drain.event_id, cordon.event_id)} == {
+        ("NodeDrainRequested", "unauthenticated"),
+        ("NodeCordoned", "unauthenticated"),
+    }
+    assert f"the key of 'node:{node}'" in got[drain.event_id].message
+    assert {n["node_id"]: n["state"] for n in stack.json("nodes")}[node] == "ready"
+    # ops may: the CLI signs with the operator's identity (the stack's keyring: ops.json)
+    assert stack.run("cordon", node, "--reason", "ok").stdout.strip() == f"cordoned {node}"
+    stack.run("undrain", node)
+    from apportion.audit.verify import verify
+
+    bases = ("submissions", "jobs", "nodes", "budgets", "deadletter")
+    report = verify(_log(stack, *(f"apportion.{b}" for b in bases)))
+    assert [m for m in report.mismatches if m.check == "signature"] == []
+    stack.until(
+        lambda: [
+            r.event
+            for r in _log(stack, "apportion.deadletter")
+            if isinstance(r.event, events.DeadLetter) and r.event.producer == "accounting"
+            and r.event.error.startswith(f"unauthenticated: NodeDrainRequested of node '{node}'")
+        ],
+        "the accounting's dead letter of the drain",
+    )  # fmt: skip
