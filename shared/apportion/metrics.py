@@ -320,7 +320,8 @@ class ReaderCollector:
       key registered for their node signed them, or their node does not hold the run (``unauthenticated_node``,
       DESIGN section 10);
     * ``apportion_unauthenticated_decisions_total``: decisions and commands ignored (and dead-lettered)
-      because the dispatcher's key did not sign them (``unauthenticated``, a forgery);
+      because the dispatcher's key did not sign them (``unauthenticated``, a forgery); in the accounting also
+      ops' requests on nodes no ops key signed (the dispatcher answers those with ``NodeRequestRefused``);
     * ``apportion_consumer_lag_records{topic,partition}``: records between the consumer's position and the
       partition's end (high watermark), as last measured by the poll thread (:meth:`set_lag`).
 

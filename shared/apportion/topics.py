@@ -97,7 +97,11 @@ JOBS = Topic(
     "apportion.jobs", "job_id", 3, KEEP_FOREVER, description="job lifecycle facts from dispatcher and node agents"
 )
 NODES = Topic(
-    "apportion.nodes", "node_id", 3, KEEP_FOREVER, description="node inventory, heartbeats, cordon/drain/lost"
+    "apportion.nodes",
+    "node_id",
+    3,
+    KEEP_FOREVER,
+    description="node inventory, heartbeats, cordon/drain/lost, refused ops requests",
 )
 COMMANDS = Topic(
     "apportion.commands", "node_id", 3, KEEP_FOREVER, description="StartWorkload, StopWorkload to node agents"
