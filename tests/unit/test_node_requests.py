@@ -120,3 +120,21 @@ def test_audit_verify_accepts_a_forged_drain_the_dispatcher_refused_and_an_ops_d
     rep = verify(_log(*_setup(), (forged, None, 2), (verdict, None, 3), (ok, None, 4)))
     assert rep.ok, rep.mismatches
     assert rep.signed_reports == 4  # the node's registration, both drains, the verdict
+
+
+def test_nodes_shows_the_reason_of_the_last_request_the_dispatcher_did_not_refuse() -> None:
+    """``apportion nodes`` (and the dashboard) read the reason from the log: a refused forgery's reason is not shown."""
+    from collections import namedtuple
+
+    from apportion.cli.main import node_notes
+
+    rec = namedtuple("rec", "key raw")
+    ops = OPS.sign(NodeCordoned(node_id="n1", reason="bios", by="root", ts=T0, producer="cli"))
+    forged = EVE.sign(drain(minutes=2).model_copy(update={"reason": "eve was here", "by": "eve"}))
+    rejection = authorize_node_request(forged, Principal("eve"))
+    assert rejection is not None
+    verdict = refused_node_request_event(forged, rejection, ts=T0 + timedelta(minutes=3))
+    log = [rec("n1", events.encode(e)) for e in (ops, forged)]
+    assert node_notes(log)["n1"]["reason"] == "eve was here"  # before the verdict: the request is all there is
+    notes = node_notes([*log, rec("n1", events.encode(verdict))])
+    assert (notes["n1"]["reason"], notes["n1"]["reason_by"]) == ("bios", "root")

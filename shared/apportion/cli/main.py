@@ -17,6 +17,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -731,14 +732,25 @@ def deadletter(
 
 
 def _node_notes(bootstrap: str) -> dict[str, dict[str, Any]]:
-    """Per node, from ``apportion.nodes``: the last heartbeat's time and the reason of the last
-    cordon/drain request (``reason``, ``by``); one pass, decoding only the events that are not heartbeats."""
+    """:func:`node_notes` of ``apportion.nodes`` at ``bootstrap`` (read once, heartbeats not decoded)."""
     from apportion import topics
     from apportion.bus.reader import iter_topic_records
 
+    return node_notes(iter_topic_records(bootstrap, [topics.NODES.name], decode=False))
+
+
+def node_notes(records: Iterable[Any]) -> dict[str, dict[str, Any]]:
+    """Per node, from the records of ``apportion.nodes`` (``key``, ``raw``) in offset order: the last heartbeat's
+    time and the reason of the last cordon/drain request (``reason``, ``by``); one pass, decoding only the events
+    that are not heartbeats. A request the dispatcher refused (``NodeRequestRefused``: not signed by ops) changed
+    nothing, so its reason is not shown."""
+    from apportion.domain.admission import NODE_REQUEST_TYPES
+
     notes: dict[str, dict[str, Any]] = {}
     last_beat: dict[str, bytes] = {}
-    for rec in iter_topic_records(bootstrap, [topics.NODES.name], decode=False):
+    changes: dict[str, list[Any]] = {}
+    refused: set[Any] = set()
+    for rec in records:
         if rec.key is None or rec.raw is None:
             continue  # a tombstone says nothing about a node
         if b'"NodeHeartbeat"' in rec.raw:
@@ -748,13 +760,22 @@ def _node_notes(bootstrap: str) -> dict[str, dict[str, Any]]:
             ev = events.decode(rec.raw)
         except events.DecodeError:
             continue
-        n = notes.setdefault(rec.key, {})
-        if isinstance(ev, (events.NodeCordoned, events.NodeDrainRequested)):
-            n.update(reason=ev.reason, reason_by=ev.by, reason_at=ev.ts.isoformat())
-        elif isinstance(ev, events.NodeUncordoned):
-            n.update(reason="", reason_by=ev.by, reason_at=ev.ts.isoformat())
-        elif isinstance(ev, events.NodeLost):
-            n.update(reason=f"no heartbeat since {ev.last_heartbeat.isoformat()}")
+        notes.setdefault(rec.key, {})
+        if isinstance(ev, events.NodeRequestRefused):
+            refused.add(ev.refused_event_id)
+        elif isinstance(ev, (*NODE_REQUEST_TYPES, events.NodeLost)):
+            changes.setdefault(rec.key, []).append(ev)
+    for node, evs in changes.items():  # after the pass: a refusal follows the request it refuses
+        n = notes[node]
+        for ev in evs:
+            if ev.event_id in refused:
+                continue
+            if isinstance(ev, (events.NodeCordoned, events.NodeDrainRequested)):
+                n.update(reason=ev.reason, reason_by=ev.by, reason_at=ev.ts.isoformat())
+            elif isinstance(ev, events.NodeUncordoned):
+                n.update(reason="", reason_by=ev.by, reason_at=ev.ts.isoformat())
+            else:
+                n.update(reason=f"no heartbeat since {ev.last_heartbeat.isoformat()}")
     for node, raw in last_beat.items():
         try:
             notes.setdefault(node, {})["heartbeat_at"] = events.decode(raw).ts
