@@ -46,7 +46,7 @@ from apportion.clock import Clock
 from apportion.domain.admission import NODE_REQUEST_TYPES
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, step
 from apportion.domain.engine import EngineConfig
-from apportion.events import Event, JobLost, JobSubmitted, NodeHeartbeat, WorkloadRefused
+from apportion.events import Event, JobLost, JobSubmitted, NodeHeartbeat, NodeRequestRefused, WorkloadRefused
 from apportion.identity import RequestGate
 from apportion.metrics import count_preemptions
 from apportion.timeutil import from_us, s_to_us, to_us
@@ -335,29 +335,32 @@ class DispatcherService:
 
         :func:`logic.recover`, one event at a time through the reader edge:
         an event the fold raises on is dead-lettered (``apply failed: ...``)
-        and the rebuild goes on. An ops request on a node that ops did not
-        sign is never folded; its ``NodeRequestRefused`` is published unless
-        the log holds it already.
+        and the rebuild goes on. An ops request on a node is not folded when
+        the log holds its ``NodeRequestRefused`` (a leader refused it), nor
+        when ops did not sign it (a forgery no leader saw: its verdict is
+        published now).
         """
         from services.dispatcher.lease import highest_token
 
         pairs = self._decoded(records)  # without the decisions the dispatcher's key did not sign
         self.log_token = max(self.log_token, highest_token(ev for _, ev in pairs))
         state, now, cfg, apply = self.state, self.now_us(), self.cfg, self.intake.apply
-        refusals = []
+        refused = {ev.refused_event_id for _, ev in pairs if isinstance(ev, NodeRequestRefused)}
+        undecided = []
         for rec, ev in pairs:
             self.gate.observe(ev)
             if self._refused_stale(rec, ev):
                 continue
-            no = self.gate.refusal(rec.value, ev, state.jobs, now) if isinstance(ev, NODE_REQUEST_TYPES) else None
-            if no is not None:  # not ops' (DESIGN section 10): never folded
-                refusals.append((rec, no))
-                continue
+            if isinstance(ev, NODE_REQUEST_TYPES):  # not ops' (DESIGN section 10): never folded
+                if ev.event_id in refused:
+                    continue
+                if (no := self.gate.refusal(rec.value, ev, state.jobs, now, rebuild=True)) is not None:
+                    undecided.append((rec, no))
+                    continue
             apply(rec, lambda e: evolve(state, e), ev)
         out: list[Event] = []
-        for rec, no in refusals:  # the verdicts a dead leader did not publish (folded: seen from now on)
-            if no.event_id not in state.seen:
-                out += apply(rec, lambda e: [e, *step(state, e, now, cfg)], no) or []
+        for rec, no in undecided:  # forgeries no leader answered: their verdicts now
+            out += apply(rec, lambda e: [e, *step(state, e, now, cfg)], no) or []
         for rec, ev in pairs:  # what recover() decides (submissions, agents' refusals and losses), in log order
             if isinstance(ev, (JobSubmitted, WorkloadRefused, JobLost)):
                 if isinstance(ev, JobSubmitted) and ev.job_id not in state.jobs and ev.job_id not in state.finished:

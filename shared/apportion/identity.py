@@ -810,7 +810,9 @@ class RequestGate(ReportGate):
             return None
         return super().report_refusal(raw, ev, position)
 
-    def refusal(self, raw: bytes | None, ev: events.Event, jobs: Mapping[str, Any], now_us: Micros) -> Any:
+    def refusal(
+        self, raw: bytes | None, ev: events.Event, jobs: Mapping[str, Any], now_us: Micros, *, rebuild: bool = False
+    ) -> Any:
         """The ``JobRejected`` (or ``NodeRequestRefused``) refusing ``ev``, or ``None`` (allowed, or not a request).
 
         Args:
@@ -818,13 +820,18 @@ class RequestGate(ReportGate):
             ev: the decoded event; identity events are folded here.
             jobs: the dispatcher's jobs by id (``spec.user``, ``spec.budget``): a cancel's owner.
             now_us: event time of the refusal.
+            rebuild: an ops request on a node checked by a rebuild, whose registry holds revocations later in
+                the log than the request: they count by event time only (an operator's rotated key must not
+                undo the drains it signed; a live refusal is in the log as its verdict).
         """
         if self.keys.apply(ev):
             return None
         from apportion.timeutil import from_us
 
         if isinstance(ev, NODE_REQUEST_TYPES):
-            refused = authorize_node_request(ev, self.keys.principal(signer_of(raw), to_us(ev.ts)))
+            # position 0 (any number): a revocation folded without one counts by event time only (KeyRegistry)
+            signer = self.keys.principal(signer_of(raw), to_us(ev.ts), 0 if rebuild else None)
+            refused = authorize_node_request(ev, signer)
             if refused is None:
                 return None
             self.refused += 1

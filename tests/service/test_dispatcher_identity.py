@@ -279,6 +279,46 @@ def test_a_new_leader_refuses_an_undecided_forged_drain_once_and_never_folds_it(
     assert again.state.cluster.nodes["n1"].state == "ready"
 
 
+def _rebuilt(log: ListLog):  # type: ignore[no-untyped-def]
+    """A new leader's rebuild of the whole log: the service and what it decided."""
+    svc = service(log, echoes=True)
+    log.read_upto = 0
+    return svc, svc.bootstrap(log.read())
+
+
+def test_a_drain_by_an_ops_key_revoked_later_stands_on_a_rebuild() -> None:
+    """Key rotation: the revocation is later in the log than the drain, so the drain the old leader folded stands."""
+    log = ListLog()
+    svc = service(log, echoes=True)
+    log.put(*setup())
+    drive(svc, log)
+    log.append(*raw(OPS.sign(drain_of(minutes=3))), b"n1")
+    drive(svc, log)
+    log.put(UserKeyRevoked(user="root", public_key=OPS.public_key, ts=T0 + timedelta(minutes=9), producer="ops"))
+    drive(svc, log)
+    assert svc.state.cluster.nodes["n1"].state == "drained"  # nothing ran there: drained at once
+    again, decided = _rebuilt(log)
+    # folded (the test clock leaves the NodeDrained at T0, before the drain in log order: draining again)
+    assert node_verdicts(decided) == [] and again.state.cluster.nodes["n1"].state in ("draining", "drained")
+
+
+def test_a_backdated_drain_refused_live_stays_refused_on_a_rebuild() -> None:
+    """Signed with ops' key after its revocation, backdated before it: refused live (the revocation was read);
+    the rebuild, which counts that revocation by event time only, goes by the verdict in the log."""
+    log = ListLog()
+    svc = service(log, echoes=True)
+    log.put(*setup())
+    log.put(UserKeyRevoked(user="root", public_key=OPS.public_key, ts=T0 + timedelta(minutes=5), producer="ops"))
+    drive(svc, log)
+    backdated = OPS.sign(drain_of(minutes=3))
+    log.append(*raw(backdated), b"n1")
+    drive(svc, log)
+    verdicts = [events.decode(v) for _, v in log.published]
+    assert node_verdicts(verdicts) == [("n1", "NodeDrainRequested", "unauthenticated", backdated.event_id)]
+    again, decided = _rebuilt(log)
+    assert node_verdicts(decided) == [] and again.state.cluster.nodes["n1"].state == "ready"
+
+
 # --------------------------------------------------------------------------- the fencing-token floor from the log
 
 
