@@ -7,6 +7,11 @@
 #                               their SCRAM users from these files; each service reads its own)
 #   DIR/redis/users.acl         the Redis ACL file (infra/redis/acl.sh) and DIR/redis/<user>.password
 #   DIR/grafana/admin.password  Grafana's admin password
+#   DIR/keys/                   signing identities (infra/signing-key.sh, DESIGN section 10): dispatcher.json
+#                               (service:dispatcher, signs every decision), nodes/<id>/<id>.json (node:<id>, one
+#                               per node agent of docker-compose.yml, signs its reports), ops.json (role ops, for
+#                               the operator's CLI: APPORTION_IDENTITY=DIR/keys/ops.json); DIR/keys/public/ their
+#                               public halves, which the provision container registers (--register-keys)
 #
 # Files are mode 0644 so a container's user can read its bind-mounted secret; the directories are 0700, so
 # other users of the host cannot.  Idempotent: existing passwords are kept (rotate by deleting a file, then
@@ -28,5 +33,12 @@ bash "$here/redis/acl.sh" "$dir/redis" 0644 > "$dir/redis/users.acl.tmp"
 mv "$dir/redis/users.acl.tmp" "$dir/redis/users.acl"
 chmod 0644 "$dir/redis/users.acl"
 bash "$pw" "$dir/grafana" admin 0644 > /dev/null
-chmod 0700 "$dir/kafka" "$dir/redis" "$dir/grafana"
-echo "secrets in $dir (Kafka principals, Redis ACL users, Grafana admin); next: docker compose up --build"
+key="$here/signing-key.sh"
+bash "$key" "$dir/keys/dispatcher.json" "$dir/keys/public/dispatcher.json" service:dispatcher user 0644
+# the node agents of docker-compose.yml (APPORTION_NODE_ID; tests/unit/test_compose.py checks they agree)
+for node in node-1 node-2 node-3; do
+    bash "$key" "$dir/keys/nodes/$node/$node.json" "$dir/keys/public/node-$node.json" "node:$node" user 0644
+done
+bash "$key" "$dir/keys/ops.json" "$dir/keys/public/ops.json" ops ops 0600
+chmod 0700 "$dir/kafka" "$dir/redis" "$dir/grafana" "$dir/keys" "$dir/keys/public" "$dir/keys/nodes" "$dir/keys/nodes/"*
+echo "secrets in $dir (Kafka principals, Redis ACL users, Grafana admin, signing keys); next: docker compose up --build"

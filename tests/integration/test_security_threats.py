@@ -309,3 +309,37 @@ def test_a_node_agent_cannot_drain_or_cordon_a_node_and_ops_can(stack: Stack) ->
         ],
         "the accounting's dead letter of the drain",
     )  # fmt: skip
+
+
+def test_provisioning_registers_the_compose_keys_once_however_often_it_runs(stack: Stack, tmp_path: Path) -> None:
+    """The compose file's keys (infra/compose-secrets.sh) registered by `provision --register-keys`, run at every
+    `docker compose up`: the readers' registry proves each key for its principal, and a second run adds nothing."""
+    import subprocess
+
+    from apportion.bus.provision import main
+    from apportion.identity import Identity, KeyRegistry
+
+    subprocess.run(["bash", str(ROOT / "infra/compose-secrets.sh"), str(tmp_path)], check=True, capture_output=True)
+    mp = _ns(stack)
+    try:
+        for _ in range(2):
+            assert main(["--bootstrap", stack.info.bootstrap, "--register-keys", str(tmp_path / "keys/public")]) == 0
+    finally:
+        mp.undo()
+    from apportion.bus.intake import IdLedger
+
+    ledger, reg, kept = IdLedger(), KeyRegistry(), 0
+    for r in _log(stack, "apportion.budgets"):
+        if isinstance(r.event, events.UserKeyRegistered) and r.event.by == "provision":
+            if ledger.check(r.event):
+                continue  # the second run's records: duplicates every reader drops
+            kept += 1
+            reg.apply(r.event)
+    disp = Identity.load(tmp_path / "keys/dispatcher.json")
+    node = Identity.load(tmp_path / "keys/nodes/node-2/node-2.json")
+    far = datetime.now(UTC) + timedelta(days=1)
+    from apportion.timeutil import to_us
+
+    assert kept == 5
+    assert reg.principal(disp.public_key, to_us(far)) == ("service:dispatcher", "user")
+    assert reg.principal(node.public_key, to_us(far)) == ("node:node-2", "user")

@@ -128,8 +128,8 @@ def test_no_secret_is_in_the_compose_file_and_every_secret_is_generated(compose:
         path = sec["file"]
         assert path.startswith("./.secrets/"), f"{name}: secrets live in the generated .secrets/"
         sub, fname = path[len("./.secrets/") :].split("/")
-        made = {"kafka": "password.sh", "redis": "acl.sh", "grafana": "password.sh"}[sub]
-        assert made in script and f'"$dir/{sub}"' in script, name
+        made = {"kafka": "password.sh", "redis": "acl.sh", "grafana": "password.sh", "keys": "signing-key.sh"}[sub]
+        assert made in script and (f'"$dir/{sub}"' in script or f'"$dir/{sub}/' in script), name
     assert ".secrets/" in (ROOT / ".gitignore").read_text().splitlines()
     assert ".secrets" in (ROOT / ".dockerignore").read_text().splitlines()
 
@@ -174,6 +174,53 @@ def test_every_service_is_its_own_principal_with_its_password_from_a_secret(comp
     assert "./.secrets/kafka:/run/apportion/kafka-secrets:ro" in compose["services"]["provision"]["volumes"]
     redis = compose["services"]["redis"]
     assert "--aclfile" in redis["command"] and "redis_users_acl" in redis["secrets"]
+
+
+def test_every_signer_gets_its_key_and_provisioning_registers_them(compose: dict[str, Any]) -> None:
+    """DESIGN section 10: the dispatcher signs decisions, each agent its node's reports; without their key files
+    neither runs (the dispatcher does not lead, the agent does not start), and readers need the registrations."""
+    svcs = compose["services"]
+    disp = svcs["dispatcher"]
+    secret = disp["environment"]["APPORTION_DISPATCHER_KEY"].removeprefix("/run/secrets/")
+    assert secret in disp["secrets"] and compose["secrets"][secret]["file"] == "./.secrets/keys/dispatcher.json"
+    script = (ROOT / "infra/compose-secrets.sh").read_text()
+    assert '"$dir/keys/dispatcher.json" "$dir/keys/public/dispatcher.json" service:dispatcher user' in script
+    agents = {n: s for n, s in svcs.items() if built_from(s) == "node_agent"}
+    listed = re.search(r"^for node in (.+); do$", script, re.M)
+    assert listed is not None
+    ids = [a["environment"]["APPORTION_NODE_ID"] for a in agents.values()]
+    assert sorted(listed.group(1).split()) == sorted(ids)  # a key made for each agent's node, and only those
+    for name, a in agents.items():
+        node, keys = a["environment"]["APPORTION_NODE_ID"], a["environment"]["APPORTION_NODE_KEY_DIR"]
+        assert a["volumes"] == [f"./.secrets/keys/nodes/{node}:{keys}:ro"], name  # its own node's key only
+    prov = svcs["provision"]
+    where = prov["command"][prov["command"].index("--register-keys") + 1]
+    assert f"./.secrets/keys/public:{where}:ro" in prov["volumes"]
+    assert not any("keys/nodes" in v or v.startswith("./.secrets/keys:") for v in prov["volumes"])  # no private
+
+
+def test_compose_secrets_makes_keys_the_services_load_and_provisioning_registers(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    from apportion.bus.provision import key_registrations
+    from apportion.identity import Identity
+
+    assert shutil.which("openssl"), "infra/signing-key.sh needs openssl"
+    subprocess.run(["bash", str(ROOT / "infra/compose-secrets.sh"), str(tmp_path)], check=True, capture_output=True)
+    disp = Identity.load(tmp_path / "keys/dispatcher.json")
+    nodes = {n: Identity.load(tmp_path / f"keys/nodes/{n}/{n}.json") for n in ("node-1", "node-2", "node-3")}
+    ops = Identity.load(tmp_path / "keys/ops.json")
+    assert (disp.user, ops.user, ops.role) == ("service:dispatcher", "ops", "ops")
+    assert {n: i.user for n, i in nodes.items()} == {n: f"node:{n}" for n in nodes}
+    regs = key_registrations(tmp_path / "keys/public")
+    assert sorted((r.user, r.role, r.public_key) for r in regs) == sorted(
+        (i.user, i.role, i.public_key) for i in (disp, ops, *nodes.values())
+    )
+    assert not any("private_key" in p.read_text() for p in (tmp_path / "keys/public").iterdir())
+    subprocess.run(["bash", str(ROOT / "infra/compose-secrets.sh"), str(tmp_path)], check=True, capture_output=True)
+    assert Identity.load(tmp_path / "keys/dispatcher.json").public_key == disp.public_key  # kept, not remade
+    assert key_registrations(tmp_path / "keys/public") == regs  # the same records: readers drop the repeat
 
 
 def test_there_are_three_simulated_node_agents_with_distinct_ids(compose: dict[str, Any]) -> None:

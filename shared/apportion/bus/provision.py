@@ -15,15 +15,22 @@ write acknowledged with ``acks=all`` survives the loss of any one broker.
 
 Command line (also ``infra/provision.py``)::
 
-    python -m apportion.bus.provision --bootstrap 127.0.0.1:9092 [--fix] [--strict]
+    python -m apportion.bus.provision --bootstrap 127.0.0.1:9092 [--fix] [--strict] [--register-keys DIR]
+
+``--register-keys DIR`` also publishes, as the caller (ops or admin), the
+``UserKeyRegistered`` of every public key file in DIR (:func:`key_registrations`:
+the compose file's signing keys, ``infra/compose-secrets.sh``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from apportion.topics import ALL_TOPICS, Topic, replication
@@ -196,6 +203,33 @@ def provision(
         admin.close()
 
 
+def key_registrations(key_dir: Path) -> list[Any]:
+    """The ``UserKeyRegistered`` of each public key file ``key_dir/*.json`` (``infra/signing-key.sh``'s
+    ``PUBLIC``: ``user``, ``role``, ``public_key``, ``created``), in file-name order.
+
+    Each has event time ``created`` and an id made of the user and the key, so registering the same files
+    again publishes the same records, which every reader drops as duplicates (a compose stack runs its
+    provisioning at every ``up``).
+
+    Raises:
+        ValueError: a file misses a field, or its key or role is not valid
+            (:func:`apportion.client.key_registration`).
+    """
+    from apportion.client import key_registration
+    from apportion.events import det_id
+
+    out = []
+    for path in sorted(key_dir.glob("*.json")):
+        doc = json.loads(path.read_text())
+        try:
+            user, key, created = str(doc["user"]), str(doc["public_key"]), datetime.fromisoformat(doc["created"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path} is not a public key file of infra/signing-key.sh: {exc}") from None
+        ev = key_registration(user, key, role=str(doc.get("role", "user")), by="provision", now=created)
+        out.append(ev.model_copy(update={"event_id": det_id("key-file", user, key)}))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m apportion.bus.provision``: provision, print the report; exit 0, 1 (drift with ``--strict``),
     or 3 with one ``error:`` line on stderr when Kafka cannot be reached (the CLI's exit codes)."""
@@ -216,10 +250,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--fix", action="store_true", help="set drifted configs to their declared values")
     ap.add_argument("--strict", action="store_true", help="exit 1 when drift remains")
+    ap.add_argument(
+        "--register-keys",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also register the public key files DIR/*.json (infra/compose-secrets.sh's keys/public)",
+    )
     args = ap.parse_args(argv)
     bootstrap = Connection.resolve(bootstrap=args.bootstrap).bootstrap
+    regs = key_registrations(args.register_keys) if args.register_keys is not None else []
     try:
         report = provision(bootstrap, fix=args.fix, replication_factor=args.replication_factor)
+        if regs:
+            from apportion.client import publish
+
+            publish(*regs, bootstrap=bootstrap)
     except Exception as exc:
         if not type(exc).__module__.startswith("kafka"):  # kafka-python's errors have many types
             raise
@@ -231,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     for line in report.lines():
         print(line)
+    for ev in regs:
+        print(f"key of {ev.user} ({ev.role}) registered: {ev.public_key}")
     if report.drift:
         print(
             f"{len(report.drift)} drifted setting(s); --fix sets configs back "
