@@ -45,3 +45,10 @@ def test_other_errors_are_not_hidden(monkeypatch) -> None:
     monkeypatch.setattr(provision, "admin_client", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         provision.main(["--bootstrap", "127.0.0.1:1"])
+
+
+def test_register_keys_without_key_files_is_one_error_line_and_exit_2(tmp_path, capsys) -> None:
+    """A compose stack whose secrets predate the signing keys: say so before anything is provisioned."""
+    assert provision.main(["--bootstrap", "127.0.0.1:1", "--register-keys", str(tmp_path / "keys/public")]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == f"error: no public key files in {tmp_path / 'keys/public'} (infra/compose-secrets.sh makes them)"

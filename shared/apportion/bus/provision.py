@@ -212,12 +212,15 @@ def key_registrations(key_dir: Path) -> list[Any]:
     provisioning at every ``up``).
 
     Raises:
+        FileNotFoundError: ``key_dir`` is not a directory, or holds no key file (run the script first).
         ValueError: a file misses a field, or its key or role is not valid
             (:func:`apportion.client.key_registration`).
     """
     from apportion.client import key_registration
     from apportion.events import det_id
 
+    if not any(key_dir.glob("*.json")):
+        raise FileNotFoundError(f"no public key files in {key_dir} (infra/compose-secrets.sh makes them)")
     out = []
     for path in sorted(key_dir.glob("*.json")):
         doc = json.loads(path.read_text())
@@ -259,7 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     bootstrap = Connection.resolve(bootstrap=args.bootstrap).bootstrap
-    regs = key_registrations(args.register_keys) if args.register_keys is not None else []
+    try:
+        regs = key_registrations(args.register_keys) if args.register_keys is not None else []
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         report = provision(bootstrap, fix=args.fix, replication_factor=args.replication_factor)
         if regs:
