@@ -77,6 +77,11 @@ class NodeAgentSettings(ServiceSettings):
             (``apportion keys init --node``); every report is signed with its
             node's key (DESIGN section 10). ``None``: the development keyring
             (``APPORTION_KEYRING``) makes and registers them.
+        dispatcher_public_key_file: a file holding the dispatcher's public key (a JSON object with
+            ``public_key``: the public half ``infra/signing-key.sh`` writes, or the keyring's
+            ``service:dispatcher.json``). Set, a ``NodeLost`` not signed by that key is disregarded
+            (``unauthenticated``; any ``node-agent`` principal may write ``apportion.nodes``) and its
+            fencing token never remembered. ``None``: every loss is judged on its token only.
     """
 
     node_id: str | None = None
@@ -101,6 +106,23 @@ class NodeAgentSettings(ServiceSettings):
     require_fenced_lost: bool = False
     producer_name: str = "node-agent"
     node_key_dir: Path | None = None
+    dispatcher_public_key_file: Path | None = None
+
+    def dispatcher_public_key(self) -> str | None:
+        """The base64 public key in :attr:`dispatcher_public_key_file`, or ``None`` when none is set.
+
+        Raises:
+            OSError: the file cannot be read.
+            ValueError: it holds no ``public_key`` string (not a key file).
+        """
+        if self.dispatcher_public_key_file is None:
+            return None
+        import json
+
+        key = json.loads(self.dispatcher_public_key_file.read_text()).get("public_key")
+        if not isinstance(key, str):
+            raise ValueError(f"{self.dispatcher_public_key_file} holds no public_key")
+        return key
 
     def agent_name(self) -> str:
         """Stable name of this agent: the prefix in sim mode, else the node id."""

@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from apportion.clock import Clock
+from apportion.domain.admission import UNAUTHENTICATED
 from apportion.events import Event, NodeLost, StartWorkload, StopWorkload
 from apportion.gpu import GpuProbe, SimulatedProbe, open_probe, sim_node_ids, simulated_inventory
 from services.node_agent import logic
@@ -212,8 +213,11 @@ class NodeAgent:
         ended_cap: int = 100_000,
         require_fenced_lost: bool = False,
         sim_util_seed: int | None = None,
+        dispatcher_key: str | None = None,
     ) -> None:
         self.sim_util_seed = sim_util_seed
+        #: the dispatcher's public key (base64): a NodeLost it did not sign is disregarded; None: not checked
+        self.dispatcher_key = dispatcher_key
         self.journal = journal or Journal(None)
         self.state: AgentState = logic.initial_state(
             [n for n, _ in nodes],
@@ -300,6 +304,7 @@ class NodeAgent:
             ended_cap=settings.ended_cap,
             require_fenced_lost=settings.require_fenced_lost,
             sim_util_seed=settings.sim_util_seed,
+            dispatcher_key=settings.dispatcher_public_key(),
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -517,10 +522,14 @@ class NodeAgent:
 
     # ------------------------------------------------------------------ commands
 
-    async def on_event(self, event: Event, _delivery: object = None) -> None:
-        """Handle one decoded event: a command, or ``NodeLost`` of a hosted node (others are ignored)."""
+    async def on_event(self, event: Event, delivery: object = None) -> None:
+        """Handle one decoded event: a command, or ``NodeLost`` of a hosted node (others are ignored).
+
+        ``delivery``: where it was read (:class:`apportion.bus.consumer.Delivery`); its ``value`` is the
+        record's bytes, on which a loss's signature is checked.
+        """
         if isinstance(event, NodeLost):
-            await self.on_lost(event)
+            await self.on_lost(event, getattr(delivery, "value", None))
             return
         if not isinstance(event, (StartWorkload, StopWorkload)):
             return
@@ -576,8 +585,21 @@ class NodeAgent:
             for w in action.workloads:
                 self._signal(w, action.grace_s)
 
-    async def on_lost(self, event: NodeLost) -> None:
-        """Fence a hosted node declared lost: stop its replicas, register it again once they exited."""
+    async def on_lost(self, event: NodeLost, raw: bytes | None = None) -> None:
+        """Fence a hosted node declared lost: stop its replicas, register it again once they exited.
+
+        With :attr:`dispatcher_key` set, a loss whose record value ``raw`` that key did not sign is
+        disregarded (``unauthenticated``), before its token is looked at: another node's agent may
+        write ``apportion.nodes`` (DESIGN section 10).
+        """
+        if self.dispatcher_key is not None and event.node_id in self.state.nodes:
+            from apportion.identity import signer_of
+
+            if signer_of(raw, appended=True) != self.dispatcher_key:
+                log.warning("disregarded NodeLost of %s: not signed by the dispatcher's key", event.node_id)
+                if "refused" in self._metrics:
+                    self._metrics["refused"].labels(reason=UNAUTHENTICATED).inc()
+                return
         async with self._lock:
             action = logic.decide_lost(self.state, event, self.clock.now(), SHUTDOWN_GRACE_S)
             if event.node_id in self.state.nodes:

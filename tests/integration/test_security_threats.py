@@ -343,3 +343,38 @@ def test_provisioning_registers_the_compose_keys_once_however_often_it_runs(stac
     assert kept == 5
     assert reg.principal(disp.public_key, to_us(far)) == ("service:dispatcher", "user")
     assert reg.principal(node.public_key, to_us(far)) == ("node:node-2", "user")
+
+
+def test_a_node_agent_cannot_fence_another_agents_node_with_a_forged_loss(stack: Stack) -> None:
+    """As the node-agent principal: a ``NodeLost`` of a node running alice's job, unsigned, with token 2**53. The
+    stack's agent (given the dispatcher's public key by `stack up`) disregards it, the job runs on, and the
+    dispatcher and the accounting dead-letter it as a decision their key did not sign."""
+    alice = _identity(stack, "alice")
+    _send(stack, "researcher", alice.sign(_submission("alice", "th-lost1")))
+    running = stack.until(
+        lambda: [r for r in stack.json("queue") if r["job_id"] == "th-lost1" and r["state"] == "running"],
+        "th-lost1 running",
+    )
+    node = running[0]["nodes"][0]
+    now = datetime.now(UTC)
+    forged = events.NodeLost(node_id=node, last_heartbeat=now, fencing_token=2**53, ts=now, producer="dispatcher")
+    _send(stack, "node-agent", forged)
+    agent_log = Path(stack.info.log_dir) / "node_agent.log"
+    stack.until(
+        lambda: f"disregarded NodeLost of {node}: not signed by the dispatcher's key" in agent_log.read_text(),
+        "the agent to disregard the forged loss",
+    )
+    stack.until(
+        lambda: (
+            {
+                r.event.producer
+                for r in _log(stack, "apportion.deadletter")
+                if isinstance(r.event, events.DeadLetter) and r.event.error.startswith("unauthenticated: NodeLost")
+            }
+            == {"dispatcher", "accounting"}
+        ),
+        "both services to dead-letter the forged loss",
+    )
+    (row,) = [r for r in stack.json("queue") if r["job_id"] == "th-lost1"]
+    assert row["state"] == "running"
+    assert {n["node_id"]: n["state"] for n in stack.json("nodes")}[node] != "lost"

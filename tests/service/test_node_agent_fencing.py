@@ -433,3 +433,63 @@ async def test_a_long_running_agent_keeps_its_journal_bounded(tmp_path, monkeypa
     assert len(lines) < 1200 and len(agent.state.ended) == 50
     assert Journal(tmp_path / "agent.journal").fencing_token == 5
     assert len(sink.of(JobStarted)) == 800
+
+
+# --------------------------------------------------------------------------- a NodeLost must be the dispatcher's
+
+
+def _delivered(ev: NodeLost, value: bytes):  # type: ignore[no-untyped-def]
+    from apportion.bus.consumer import Delivery
+
+    return Delivery("apportion.nodes", 0, 0, ev.node_id, 0, value)
+
+
+async def test_a_loss_the_dispatchers_key_did_not_sign_neither_fences_nor_raises_the_token(tmp_path, caplog):
+    """Another agent (the node-agent principal may write apportion.nodes) forges a loss of n1 with token 2**53:
+    disregarded, n1's run goes on, and the real leader's token 6 still starts work; the signed loss is obeyed."""
+    from apportion import events
+    from tests.signing import dispatcher_signer, node_identity
+
+    clock, sink = ManualClock(T0), Sink()
+    key = dispatcher_signer().identity.public_key
+    agent = agent_at(tmp_path, clock, sink, dispatcher_key=key)
+    await agent.start(heartbeats=False)
+    await agent.on_event(start(token=5, ts=T0))
+    clock.advance(100)
+    forged = lost(token=2**53, ts=at(100))
+    for value in (events.encode(forged), node_identity("n2").signed_value(forged)):  # unsigned; another key
+        await agent.on_event(forged, _delivered(forged, value))
+    assert agent.state.fencing_token == 5 and not any(w.stopping for w in agent.state.running.values())
+    assert caplog.text.count("disregarded NodeLost of n1: not signed by the dispatcher's key") == 2
+    await agent.on_event(start(token=6, job="j2", gpus=(1,), ts=at(100)))
+    assert sorted(k[1] for k in agent.state.running) == ["j1", "j2"]  # the leader's 6 is not "stale"
+    real = lost(token=6, ts=at(101))
+    await agent.on_event(real, _delivered(real, dispatcher_signer().values([events.encode(real)])[0]))
+    await asyncio.wait_for(agent.idle(), WAIT_S)
+    assert [type(e).__name__ for e in sink.of(JobFailed)] == ["JobFailed", "JobFailed"]  # both stopped
+    assert sink.of(NodeRegistered)  # and the node rejoined
+
+
+async def test_without_a_dispatcher_key_a_loss_is_judged_on_its_token_only(tmp_path):
+    clock, sink = ManualClock(T0), Sink()
+    agent = agent_at(tmp_path, clock, sink)
+    await agent.start(heartbeats=False)
+    await agent.on_event(start(token=5, ts=T0))
+    clock.advance(100)
+    await agent.on_event(lost(token=5, ts=at(100)))  # no delivery at all: nothing to check
+    await asyncio.wait_for(agent.idle(), WAIT_S)
+    assert sink.of(JobFailed) and sink.of(NodeRegistered)
+
+
+def test_the_dispatchers_public_key_comes_from_a_key_file_or_is_not_checked(tmp_path):
+    from services.node_agent.config import NodeAgentSettings
+    from tests.signing import dispatcher_identity
+
+    ident = dispatcher_identity()
+    ident.save(tmp_path / "service:dispatcher.json")  # the keyring's file (private key too: only public_key is read)
+    assert NodeAgentSettings().dispatcher_public_key() is None
+    got = NodeAgentSettings(dispatcher_public_key_file=tmp_path / "service:dispatcher.json").dispatcher_public_key()
+    assert got == ident.public_key
+    (tmp_path / "bad.json").write_text('{"user": "x"}')
+    with pytest.raises(ValueError, match="holds no public_key"):
+        NodeAgentSettings(dispatcher_public_key_file=tmp_path / "bad.json").dispatcher_public_key()

@@ -191,8 +191,16 @@ def test_every_signer_gets_its_key_and_provisioning_registers_them(compose: dict
     ids = [a["environment"]["APPORTION_NODE_ID"] for a in agents.values()]
     assert sorted(listed.group(1).split()) == sorted(ids)  # a key made for each agent's node, and only those
     for name, a in agents.items():
-        node, keys = a["environment"]["APPORTION_NODE_ID"], a["environment"]["APPORTION_NODE_KEY_DIR"]
-        assert a["volumes"] == [f"./.secrets/keys/nodes/{node}:{keys}:ro"], name  # its own node's key only
+        env = a["environment"]
+        node, keys, disp = (
+            env["APPORTION_NODE_ID"],
+            env["APPORTION_NODE_KEY_DIR"],
+            env["APPORTION_DISPATCHER_PUBLIC_KEY_FILE"],
+        )
+        assert a["volumes"] == [  # its own node's key only, and the dispatcher's public half
+            f"./.secrets/keys/nodes/{node}:{keys}:ro",
+            f"./.secrets/keys/public/dispatcher.json:{disp}:ro",
+        ], name
     prov = svcs["provision"]
     where = prov["command"][prov["command"].index("--register-keys") + 1]
     assert f"./.secrets/keys/public:{where}:ro" in prov["volumes"]

@@ -52,6 +52,8 @@ class Delivery:
     offset: int
     key: str | None
     timestamp_ms: int
+    value: bytes | None = None
+    """The record value as read (a signature is checked on these bytes, DESIGN section 10)."""
 
 
 Handler = Callable[[events.Event, Delivery], None]
@@ -260,7 +262,7 @@ class EventConsumer:
         except events.DecodeError as exc:
             self._dead_letter(rec, str(exc))
             return
-        self._handler(event, Delivery(rec.topic, rec.partition, rec.offset, key, rec.timestamp))
+        self._handler(event, Delivery(rec.topic, rec.partition, rec.offset, key, rec.timestamp, rec.value))
         if self._ledger is not None:
             self._ledger.remember(event)  # only once handled: a failed record is handled again
         self.stats.handled += 1

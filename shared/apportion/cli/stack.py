@@ -364,6 +364,8 @@ def up(
             if name == "node_agent":  # its journal, the jobs' checkpoint directories and output files
                 env["APPORTION_STATE_DIR"] = str(info.agent_dir)
                 env["APPORTION_KEYRING"] = info.keyring  # its nodes' keys, made and registered on first use
+                # the dispatcher's public key (enrolled above): a NodeLost it did not sign is disregarded
+                env["APPORTION_DISPATCHER_PUBLIC_KEY_FILE"] = str(Path(info.keyring) / f"{DISPATCHER}.json")
             logf = open(info.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
             try:
                 proc = subprocess.Popen(
