@@ -368,8 +368,13 @@ def submissions(n: int, rng: random.Random, now: datetime) -> list[Any]:
     return out
 
 
-def check(bootstrap: str, submitted: list[str], hostile: list[tuple[Hostile, tuple[str, int, int]]]) -> dict:
-    """Read the whole log and compute the figures of the last line."""
+def check(
+    bootstrap: str,
+    submitted: list[str],
+    hostile: list[tuple[Hostile, tuple[str, int, int]]],
+    save_log: str | None = None,
+) -> dict:
+    """Read the whole log and compute the figures of the last line (``save_log``: also write it as an export)."""
     from apportion import events as ev
     from apportion.audit.config import config_from_log
     from apportion.audit.invariants import double_bookings
@@ -378,7 +383,14 @@ def check(bootstrap: str, submitted: list[str], hostile: list[tuple[Hostile, tup
     from apportion.audit.verify import verify
     from apportion.topics import DEADLETTER
 
-    records = load_log(bootstrap=bootstrap, topic_names=[*audit_topics(), DEADLETTER.name])
+    names = [*audit_topics(), DEADLETTER.name]
+    records = load_log(bootstrap=bootstrap, topic_names=names)
+    if save_log:
+        from datetime import UTC, datetime
+
+        from apportion.audit.source import write_export
+
+        write_export(records, save_log, topic_names=names, exported_at=datetime.now(UTC).isoformat())
     evs = [r.event for r in records if r.event is not None]
     done: set[str] = set()
     attempts: dict[str, int] = {}
@@ -397,13 +409,9 @@ def check(bootstrap: str, submitted: list[str], hostile: list[tuple[Hostile, tup
     rep = verify(records, config=cfg)
     # same-time events in the order the dispatcher emitted them (a preemption before the placement that takes
     # the victim's GPUs), as audit verify replays them; the log order alone sorts them by partition
-    from apportion.audit.verify import _EMIT_RANK
-    from apportion.timeutil import to_us
+    from apportion.audit.verify import emitted_order
 
-    emitted = sorted(
-        (r for r in records if r.event is not None),
-        key=lambda r: (to_us(r.event.ts), _EMIT_RANK.get(r.event.type, 8), r.topic, r.partition, r.offset),
-    )
+    emitted = sorted((r for r in records if r.event is not None), key=emitted_order)
     stopped = {(e.job_id, e.attempt) for e in evs if isinstance(e, ev.StopWorkload)}
     return {
         # not completed, rejected ones too: every submission is signed, in budget and fits, so a rejection loses it
@@ -456,6 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-scale", type=float, default=30.0)
     ap.add_argument("--quick", action="store_true", help="the short version: 30 jobs, 1 kill each, 300 hostile")
     ap.add_argument("--keep", action="store_true", help="keep the data directory")
+    ap.add_argument(
+        "--save-log", metavar="FILE", help="write the log read for the checks as an export (audit verify --from-file)"
+    )
     a = ap.parse_args(argv)
     if a.quick:
         a.jobs, a.kills, a.hostile, a.replay_s, a.drain_s = 30, 1, 300, 25.0, 240.0
@@ -541,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(2.0)  # polling the log for the drain, bounded by --drain-s
             stack.revive()
         t_drain = time.monotonic() - t0
-        res = check(local.bootstrap, submitted, sent_hostile)
+        res = check(local.bootstrap, submitted, sent_hostile, a.save_log)
         res["phases"] = (
             f"replay and chaos {t_replay:.0f} s, drain {t_drain - t_replay:.0f} s, check {time.monotonic() - t0 - t_drain:.0f} s"
         )

@@ -97,7 +97,8 @@ def drive(svc: DispatcherService, log: ListLog) -> None:
         svc._emit(out)
 
 
-def submit(job_id: str, budget: str, gpus: int, min_runtime_s: float = 60.0) -> JobSubmitted:
+def submit(job_id: str, budget: str, gpus: int, min_runtime_s: float = 60.0, ts: datetime = T0) -> JobSubmitted:
+    """A submission signed by the test user, submitted (and stamped) at ``ts``."""
     return USER.sign(
         JobSubmitted(
             event_id=events.det_id("test", job_id),
@@ -107,8 +108,8 @@ def submit(job_id: str, budget: str, gpus: int, min_runtime_s: float = 60.0) -> 
             gpus_per_replica=gpus,
             min_runtime_s=min_runtime_s,
             duration_s=600.0,
-            submitted_at=T0,
-            ts=T0,
+            submitted_at=ts,
+            ts=ts,
             producer="test",
         )
     )

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import random
 
-from builders import T0, h, m, submitted
+from builders import T0, h, m, s, submitted
 
 from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
-from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, fold, step
+from apportion.domain.dispatch import EMIT_ORDER, DispatchConfig, DispatchState, Tick, emit_rank, evolve, fold, step
 from apportion.timeutil import from_us
 
 TREE = BudgetTree.from_mapping({"lab": 1.0, "lab/a": {"share": 0.5, "members": ["alice"]}, "lab/b": 0.5})
@@ -273,3 +273,58 @@ def test_the_checkpoint_interval_in_force_travels_from_submission_to_the_run():
     assert got == {"j1": 900.0, "j2": 1200.0, "j3": None}
     runs = {r.job_id: r.checkpoint_interval_us for r in state.cluster.runs.values()}
     assert runs == {"j1": 900_000_000, "j2": 1_200_000_000, "j3": None}
+
+
+def test_a_tick_folded_grouped_by_emit_order_gives_the_state_its_emission_order_gave():
+    """The audit and the chaos checks fold a tick's own events, spread over three topics, by
+    ``emit_rank`` (the log keeps no order between topics): two nodes lost with their runs and a
+    preemption in one tick, whose emission interleaves the kinds per node."""
+    cfg = DispatchConfig(heartbeat_timeout_s=30)
+
+    def before_tick() -> DispatchState:
+        state = DispatchState(TREE)
+        jobs = [
+            submitted(j, budget="lab/b", user="bob", gpus=g, min_runtime_s=0) for j, g in (("u", 4), ("v", 4), ("w", 2))
+        ]
+        for e in (reg("n0"), reg("n1"), reg("n2", 2), *jobs):
+            step(state, e, T0, cfg)
+        step(state, Tick(T0), T0, cfg)  # u on n0, v on n1, w on n2
+        step(state, ev.NodeHeartbeat(node_id="n0", ts=from_us(s(20)), event_id=ev.det_id("hb", "n0")), s(20), cfg)
+        step(state, submitted("j", gpus=4, at=s(31)), s(31), cfg)
+        return state
+
+    live = before_tick()
+    out = step(live, Tick(s(31)), s(31), cfg)  # n1 and n2 silent 31 s; j (lab/a) preempts u on n0
+    assert types(out) == [
+        "NodeLost:n1", "JobLost:v", "JobRequeued:v", "NodeLost:n2", "JobLost:w", "JobRequeued:w",
+        "JobPreempted:u", "StopWorkload:u", "JobPlaced:j",
+    ]  # fmt: skip
+    grouped = sorted(out, key=lambda e: emit_rank(e.type))
+    assert types(grouped)[:6] == [
+        "NodeLost:n1",
+        "NodeLost:n2",
+        "JobLost:v",
+        "JobLost:w",
+        "JobRequeued:v",
+        "JobRequeued:w",
+    ]
+    replay = before_tick()
+    for e in grouped:
+        evolve(replay, e)
+
+    def seen(st: DispatchState) -> tuple:
+        return (
+            {j: (r.status, r.attempt) for j, r in st.jobs.items()},
+            {b: [p.job_id for p in q] for b, q in st.pending.items() if q},
+            {k: r.placements for k, r in st.cluster.runs.items()},
+            {n: x.state for n, x in st.cluster.nodes.items()},
+            sorted(st.stopping),
+            st.ledger.occupancy_us(s(3600)),
+            st.ledger.unallocated_us(s(3600)),
+        )
+
+    assert seen(replay) == seen(live)
+    assert seen(live)[0] == {"u": ("stopping", 1), "v": ("pending", 2), "w": ("pending", 2), "j": ("running", 1)}
+    # every kind the dispatcher makes has its place; other producers' kinds come after all of them
+    assert [emit_rank(k) for k in ("NodeLost", "JobLost", "JobPreempted", "StartWorkload")] == [0, 1, 3, 7]
+    assert emit_rank("NodeHeartbeat") == len(EMIT_ORDER)

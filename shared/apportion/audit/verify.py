@@ -46,20 +46,26 @@ decisions of one tick at event time T (they share ``ts``):
   that only preempted, fall back to event time (below; ``basis`` says which);
 * the dispatcher's own events (``producer``) are folded when their event
   time is < T, those of the previous decision tick before any record polled
-  after it, and same-time events in the order ``step`` emits them
-  (maintenance, preemptions, then placements and starts); its own
-  non-decision events *at* T (admissions of events decided at the same
-  instant, this tick's maintenance) are folded before the re-run, which is
-  what the cycle sees either way (the simulator ticks at the instant of
-  the event that woke it).
+  after it whatever that record's event time (:func:`fold_order`: a report
+  stamped before a decision but read after it comes after it, as the
+  dispatcher folded it), and same-time events in the order ``step`` emits
+  them (maintenance, preemptions, then placements and starts); its own
+  non-decision events *at* T that are outputs of steps on events at the
+  same instant (admissions; the simulator ticks at the instant of the event
+  that woke it) are folded before the re-run, but not those of this tick's
+  own maintenance (a node lost, its runs lost and requeued): the tick's
+  cycle decided on a fork of the state before them, whose occupancy ledger
+  does not see them, and the re-run's tick derives them again.
 * without ``inputs``, other producers' records with event time <= T.
 
 Records are folded incrementally in one pass (each decision re-runs on a
 fork), so verifying a whole log costs one fold plus one cycle per decision
 tick. Known limits: decisions made after a dispatcher fail-over were made
-on a state rebuilt in log order, and decision-less ticks between two
-decision ticks are ordered by event time among polled records; both can
-only cause a reported mismatch, never hide one.
+on a state rebuilt in log order (the occupancy ledger does not depend on
+the order; the job and run state machines mostly do not), and own events
+of decision-less ticks between two decision ticks are merged by event time
+with the records polled around them; both can only cause a reported
+mismatch, never hide one.
 """
 
 from __future__ import annotations
@@ -74,7 +80,7 @@ from typing import Any
 from apportion import events, topics
 from apportion.bus.reader import LogRecord, log_order
 from apportion.domain.budgets import BUDGET_CHANGES, fold_budget_log
-from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, fold, step
+from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, emit_rank, evolve, fold, maintenance, step
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.usage import usage_snapshot
 from apportion.identity import check_reports, check_requests
@@ -89,6 +95,8 @@ __all__ = [
     "check_read_models",
     "verify",
     "position",
+    "emitted_order",
+    "fold_order",
     "DECISION_TYPES",
     "dispatcher_input_topics",
 ]
@@ -100,21 +108,14 @@ DECISION_TYPES = (events.JobPlaced, events.JobPreempted)
 REL_TOL = 1e-6
 ABS_GPU_S = 1.0
 
-# same-time own events in the order step() emits them: maintenance, preemptions, placements, starts
-_EMIT_RANK = {
-    "NodeLost": 0,
-    "JobLost": 1,
-    "JobRequeued": 2,
-    "JobQueued": 2,
-    "JobRejected": 2,
-    "JobCancelled": 2,
-    "JobFailed": 2,
-    "JobPreempted": 3,
-    "StopWorkload": 4,
-    "NodeDrained": 5,
-    "JobPlaced": 6,
-    "StartWorkload": 7,
-}
+
+def emitted_order(rec: LogRecord) -> tuple:
+    """Sort key of the dispatcher's own records in the order it folded them: event time, then
+    :func:`apportion.domain.dispatch.emit_rank` (same-time events as ``step`` makes them: maintenance,
+    preemptions, placements, starts), then the log position. Records without a decoded event: not accepted.
+    """
+    ev = _ev(rec)
+    return (to_us(ev.ts), emit_rank(ev.type), rec.topic, rec.partition, rec.offset)
 
 
 def position(rec: LogRecord) -> str:
@@ -296,11 +297,6 @@ def rerun_decisions(
     for lst in ext_by_tp.values():
         lst.sort(key=lambda r: r.offset)
 
-    def own_key(r: LogRecord) -> tuple:
-        ev = r.event
-        assert ev is not None  # own and ext_by_tp hold decoded records only
-        return (to_us(ev.ts), _EMIT_RANK.get(ev.type, 8), r.topic, r.partition, r.offset)
-
     def ext_key(r: LogRecord) -> tuple:
         # before own events of the same instant (they follow from it), except a JobStarted: it answers
         # this dispatcher's StartWorkload, so it can only follow the JobPlaced of its run
@@ -309,10 +305,11 @@ def rerun_decisions(
         rank = 9 if type(ev) is events.JobStarted else -1
         return (to_us(ev.ts), rank, r.topic, r.partition, r.offset)
 
-    own.sort(key=own_key)
+    own.sort(key=emitted_order)
     state = DispatchState(window_s=cfg.engine.window_s)
     ext_ptr: dict[str, int] = {tp: 0 for tp in ext_by_tp}
     oi = 0
+    prev: Micros | None = None  # the previous decision tick, when it recorded its input position
     out: list[DecisionCheck] = []
     for t in sorted(groups):
         if until_us is not None and t > until_us:
@@ -343,16 +340,25 @@ def rerun_decisions(
         while oi < len(own) and to_us(_ev(own[oi]).ts) < t:
             mine.append(own[oi])
             oi += 1
-        merged = sorted([(own_key(r), r) for r in mine] + [(ext_key(r), r) for r in fresh], key=lambda kr: kr[0])
-        for _, r in merged:
+        for r in fold_order(
+            mine, fresh, emitted_order, ext_key, polled_after_us=prev if watermark is not None else None
+        ):
             evolve(state, _ev(r))
+        prev = t if watermark is not None else None
         # 3. own non-decision events at exactly t: outputs of steps on events at the same instant
-        #    (the simulator ticks at the time of the event) or of this tick's maintenance, which the
-        #    cycle sees folded either way
+        #    (the simulator ticks at the time of the event), but not this tick's own maintenance
+        #    (a node lost, its runs lost and requeued): the tick decided on a fork of the state
+        #    before them, whose occupancy ledger does not see them (DispatchState.fork), and the
+        #    re-run's tick derives them again, under the same ids
         j = oi
+        maint: set[Any] | None = None
         while j < len(own) and to_us(_ev(own[j]).ts) == t:
-            if not isinstance(own[j].event, DECISION_TYPES + (events.StartWorkload, events.StopWorkload)):
-                evolve(state, _ev(own[j]))
+            ev = _ev(own[j])
+            if not isinstance(ev, DECISION_TYPES + (events.StartWorkload, events.StopWorkload)):
+                if maint is None:
+                    maint = {e.event_id for e in maintenance(state, t, cfg)}
+                if ev.event_id not in maint:
+                    evolve(state, ev)
             j += 1
         if wanted is not None and t not in wanted:
             continue
@@ -378,6 +384,35 @@ def rerun_decisions(
                 )
         out.append(DecisionCheck(t, "inputs" if watermark is not None else "log-order", recorded, got, diffs))
     return out
+
+
+def fold_order(
+    own: Sequence[LogRecord],
+    polled: Sequence[LogRecord],
+    own_key: Any,
+    polled_key: Any,
+    *,
+    polled_after_us: Micros | None = None,
+) -> list[LogRecord]:
+    """The order the dispatcher folded ``own`` (its events) and ``polled`` (other producers' records) in.
+
+    ``polled_after_us``: the time of the previous decision tick when ``polled`` are exactly the records
+    read after it (its ``Decision.inputs`` and this tick's): the dispatcher folded its own events up to
+    that tick (``ts <= polled_after_us``: they were folded when emitted) before any of them, whatever
+    their event time. A report stamped before a decision but read after it (an agent cut off from the
+    broker, a restarted one reporting from its journal) comes after that decision, as the dispatcher
+    folded it, not before it as event time would have it. The rest merge by the keys: event time,
+    polled records before own events of the same instant (``own_key``/``polled_key``). ``None``
+    (decisions without input positions: old logs): one merge by the keys, as before.
+    """
+    first: list[LogRecord] = []
+    rest = list(own)
+    if polled_after_us is not None:
+        first = [r for r in own if to_us(_ev(r).ts) <= polled_after_us]
+        rest = [r for r in own if to_us(_ev(r).ts) > polled_after_us]
+    first.sort(key=own_key)
+    merged = sorted([(own_key(r), r) for r in rest] + [(polled_key(r), r) for r in polled], key=lambda kr: kr[0])
+    return first + [r for _, r in merged]
 
 
 # --------------------------------------------------------------------------- (b) snapshots

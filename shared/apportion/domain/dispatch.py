@@ -120,6 +120,31 @@ UNDO_ON_REFUSAL = frozenset(
     }
 )
 
+#: Kinds of the dispatcher's own events of one instant in the order :func:`decide` makes them: a tick's
+#: maintenance (nodes lost, then their runs lost, then requeues and the other job verdicts), then its
+#: cycle (preemptions and their stops, a drain's end, placements and their starts). Within a kind the
+#: order of emission is kept. The engine emits a placement's victims next to it and maintenance emits
+#: each lost node with its runs; folding a tick's output grouped by kind gives the same state (a tick
+#: never preempts what it places, nor loses a run twice): ``tests/unit/test_dispatch.py``. The one
+#: definition of that order for readers that fold a tick's events from several topics, where the log
+#: keeps no order between them (``audit verify``, the chaos campaign's checks): :func:`emit_rank`.
+EMIT_ORDER: tuple[tuple[str, ...], ...] = (
+    ("NodeLost",),
+    ("JobLost",),
+    ("JobRequeued", "JobQueued", "JobRejected", "JobCancelled", "JobFailed"),
+    ("JobPreempted",),
+    ("StopWorkload",),
+    ("NodeDrained",),
+    ("JobPlaced",),
+    ("StartWorkload",),
+)
+_EMIT_RANK = {kind: i for i, kinds in enumerate(EMIT_ORDER) for kind in kinds}
+
+
+def emit_rank(kind: str) -> int:
+    """Position of an event type (``Event.type``) in :data:`EMIT_ORDER`; other kinds after all of them."""
+    return _EMIT_RANK.get(kind, len(EMIT_ORDER))
+
 
 __all__ = [
     "DispatchConfig",
@@ -131,6 +156,8 @@ __all__ = [
     "step",
     "cycle",
     "maintenance",
+    "EMIT_ORDER",
+    "emit_rank",
     "wakeups",
     "admit_submission",
 ]

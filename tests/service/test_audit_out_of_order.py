@@ -1,0 +1,188 @@
+"""``audit verify`` re-runs decisions made after an out-of-order arrival to the same ranks and ratios (issue 17).
+
+Second test: a node agent cut off from the broker; the dispatcher loses its node at 41 s (heartbeat timeout,
+in the same tick as a placement) and requeues its run; the agent comes back and reports that the run had
+completed at 35 s. The dispatcher folded the loss first, so the report is of an old attempt and changes
+nothing; its next tick places the requeued attempt. The audit must fold its own decisions of a tick before
+anything it read after that tick, whatever the event time (before this change it merged by event time: the
+completion first, the job finished, the re-run did not place it); and it must re-run the loss's tick on the
+state *before* the loss, as the dispatcher's cycle did on its fork (before, it folded the tick's own
+``NodeLost``/``JobLost`` first, and the placement of that tick re-ran to another ratio).
+
+First test (already held before this change, kept as a regression test of the occupancy ledger's order
+independence):
+
+The dispatcher (:class:`services.dispatcher.service.DispatcherService`, driven as ``_lead`` drives it on
+an in-memory log, ``tests.service.test_dispatcher.ListLog``) folds its own decisions as it makes them and
+other producers' records as they arrive. Here a node agent's ``JobCompleted`` stamped 95 s reaches it
+after it preempted that run at 100 s: it folds the preemption first, and its occupancy ledger charges the
+run until 100 s (a run's end never takes effect before its previous event). The log orders the two the
+other way by event time; an audit that merged its input by event time alone charged the run until 95 s,
+4 GPUs x 5 s less, and the next decision of that budget re-ran to another ratio.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from apportion import events
+from apportion.audit.verify import rerun_decisions
+from apportion.bus.reader import LogRecord, log_order
+from apportion.clock import ManualClock
+from apportion.events import (
+    BudgetSet,
+    JobCompleted,
+    JobPlaced,
+    JobPreempted,
+    JobStarted,
+    JobSubmitted,
+    NodeHeartbeat,
+    NodeLost,
+    NodeRegistered,
+)
+from services.dispatcher.config import DispatcherSettings
+from services.dispatcher.service import DispatcherService
+from tests.service.test_dispatcher import INPUTS, T0, USER, ListLog, submit
+from tests.signing import registered
+
+
+def at(s: float):  # noqa: ANN201 - a datetime
+    return T0 + timedelta(seconds=s)
+
+
+def submission(job: str, budget: str, min_runtime_s: float, ts_s: float) -> JobSubmitted:
+    return submit(job, budget, 4, min_runtime_s, at(ts_s))
+
+
+def lab(*nodes: str) -> list[events.Event]:
+    """Budgets lab/a and lab/b (half each), 4-GPU nodes registered at T0, the test user's key."""
+    return [
+        *[
+            BudgetSet(event_id=events.det_id("b", p), path=p, share=s, ts=T0)
+            for p, s in (("lab", 1.0), ("lab/a", 0.5), ("lab/b", 0.5))
+        ],
+        *[NodeRegistered(event_id=events.det_id("n", n), node_id=n, gpu_count=4, ts=T0) for n in nodes],
+        registered(USER, T0),
+    ]
+
+
+def agent(kind: type, job: str, ts_s: float, **kw: object) -> events.Event:  # one report of each kind per job
+    return kind(event_id=events.det_id("agent", kind.__name__, job), job_id=job, attempt=1, ts=at(ts_s), **kw)
+
+
+def records(log: ListLog) -> list[LogRecord]:
+    out = []
+    for r in log.records:
+        ev = events.decode(r.value) if r.value is not None else None
+        out.append(LogRecord(r.topic, r.partition, r.offset, r.key.decode() if r.key else None, 0, r.value, ev))
+    out.sort(key=log_order)
+    return out
+
+
+def run() -> tuple[DispatcherService, ListLog]:
+    log = ListLog()
+    clock = ManualClock(T0)
+    settings = DispatcherSettings(
+        heartbeat_timeout_s=0,
+        patience_s=0,  # lab/b is at its share: without patience its job preempts unallocated work at once
+        checkpoint_wait_s=0,
+        kafka_bootstrap="unused:1",
+        redis_url="redis://unused",
+    )
+    svc = DispatcherService(settings, clock, log.publish, consumed=INPUTS)
+    svc.token = 7
+
+    def poll() -> None:  # one poll: fold what arrived, tick, publish (what ``Term.handle`` does)
+        out, _ = svc.ingest(log.read())
+        svc._emit(out + svc.tick())
+
+    log.put(*lab("n1", "n2"))
+    log.put(submission("a1", "lab/a", 50.0, 0))  # protected for 50 s
+    poll()
+    log.put(agent(JobStarted, "a1", 0, node_id="n1", gpus=(0, 1, 2, 3)))
+    clock.advance(1)  # two ticks at one instant would read as one tick to the audit
+    log.put(submission("x1", "lab/a", 3600.0, 1))  # takes n2: lab/a holds all 8 GPUs, twice its share
+    poll()
+    log.put(agent(JobStarted, "x1", 1, node_id="n2", gpus=(0, 1, 2, 3)))
+    clock.advance(99)
+    log.put(submission("b1", "lab/b", 60.0, 100))  # the cluster full: a1, past its protection, is preempted at 100 s
+    poll()
+    # a1 had finished at 95 s; its agent's report arrives only now, after the preemption
+    log.put(agent(JobCompleted, "a1", 95, node_id="n1"))
+    clock.advance(1)
+    poll()
+    log.put(agent(JobStarted, "b1", 101, node_id="n1", gpus=(0, 1, 2, 3)))
+    clock.advance(99)
+    log.put(NodeRegistered(event_id=events.det_id("n", "n3"), node_id="n3", gpu_count=4, ts=at(150)))
+    log.put(submission("a2", "lab/a", 60.0, 200))  # lab/a's next decision, at 200 s, reads a1's charge
+    poll()
+    return svc, log
+
+
+def test_a_report_that_arrives_after_the_preemption_it_predates_re_runs_to_the_same_ratio() -> None:
+    svc, log = run()
+    recs = records(log)
+    placed = {r.event.job_id: r.event for r in recs if isinstance(r.event, JobPlaced)}
+    assert any(isinstance(r.event, JobPreempted) and r.event.job_id == "a1" for r in recs)
+    assert set(placed) == {"a1", "x1", "b1", "a2"}
+    checks = rerun_decisions(recs, svc.cfg)
+    assert [c.at_us for c in checks] == sorted(c.at_us for c in checks) and len(checks) == 4
+    assert all(c.match for c in checks), [d for c in checks for d in c.diffs]
+
+
+def heartbeat(node: str, ts_s: float) -> NodeHeartbeat:
+    return NodeHeartbeat(event_id=events.det_id("hb", node, ts_s), node_id=node, ts=at(ts_s))
+
+
+def run_partition() -> tuple[DispatcherService, ListLog]:
+    log = ListLog()
+    clock = ManualClock(T0)
+    settings = DispatcherSettings(
+        heartbeat_timeout_s=30.0,
+        reconcile_misses=0,  # the heartbeats here list no runs
+        kafka_bootstrap="unused:1",
+        redis_url="redis://unused",
+    )
+    svc = DispatcherService(settings, clock, log.publish, consumed=INPUTS)
+    svc.token = 7
+
+    def poll_at(s: float) -> None:
+        clock.set(at(s))
+        out, _ = svc.ingest(log.read())
+        svc._emit(out + svc.tick())
+
+    log.put(*lab("n1"), submission("x1", "lab/a", 60.0, 0))
+    poll_at(0)  # x1 on n1, the only node
+    log.put(agent(JobStarted, "x1", 0, node_id="n1", gpus=(0, 1, 2, 3)))
+    log.put(NodeRegistered(event_id=events.det_id("n", "n2"), node_id="n2", gpu_count=4, ts=at(1)))
+    log.put(submission("z1", "lab/b", 60.0, 1))  # lab/b's usage, so that its r depends on the capacity
+    poll_at(1)
+    log.put(agent(JobStarted, "z1", 1, node_id="n2", gpus=(0, 1, 2, 3)))
+    log.put(heartbeat("n1", 10))  # n1's last heartbeat before its agent is cut off
+    for t in (10, 20, 30, 40):
+        log.put(heartbeat("n2", t))
+        if t == 30:
+            log.put(agent(JobCompleted, "z1", 30, node_id="n2"))
+        poll_at(t)
+    log.put(submission("y1", "lab/b", 60.0, 41))
+    poll_at(41)  # n1 lost (31 s silent), x1 lost and requeued; y1 placed on n2 in the same tick
+    # n1's agent is back: x1 had completed at 35 s, while it was cut off; the node registers again
+    log.put(agent(JobCompleted, "x1", 35, node_id="n1"))
+    log.put(NodeRegistered(event_id=events.det_id("n", "n1", 2), node_id="n1", gpu_count=4, ts=at(45)))
+    poll_at(45)  # the dispatcher requeued x1 before it read the report: attempt 2 is placed on n1
+    return svc, log
+
+
+def test_a_report_older_than_the_decisions_it_arrives_after_is_folded_after_them() -> None:
+    svc, log = run_partition()
+    recs = records(log)
+    placed = [
+        (r.event.job_id, r.event.attempt, r.event.placements[0].node_id) for r in recs if isinstance(r.event, JobPlaced)
+    ]
+    assert placed == [("x1", 1, "n1"), ("z1", 1, "n2"), ("y1", 1, "n2"), ("x1", 2, "n1")]
+    assert [r.event.node_id for r in recs if isinstance(r.event, NodeLost)] == ["n1"]
+    checks = rerun_decisions(recs, svc.cfg)
+    assert len(checks) == 4
+    y1 = next(r.event for r in recs if isinstance(r.event, JobPlaced) and r.event.job_id == "y1")
+    assert 0 < y1.decision.ratio < 1  # lab/b has used its GPUs: r reads the window's capacity
+    assert all(c.match for c in checks), [d for c in checks for d in c.diffs]
