@@ -204,15 +204,24 @@ def test_preemptions_are_counted_by_budget_and_reason_with_their_work_lost() -> 
 class _FakeKafka:
     """A kafka-python consumer as partition_lag sees it: high watermarks and positions."""
 
-    def __init__(self, hw: dict[Any, int | None], pos: dict[Any, int], fail: bool = False) -> None:
-        self.hw, self.pos, self.fail = hw, pos, fail
+    def __init__(
+        self, hw: dict[Any, int | None], pos: dict[Any, int], fail: bool = False, validating: bool = False
+    ) -> None:
+        self.hw, self.pos, self.fail, self.validating = hw, pos, fail, validating
+        self.timeouts: list[int | None] = []
 
     def highwater(self, tp: Any) -> int | None:
         return self.hw[tp]
 
-    def position(self, tp: Any) -> int:
+    def position(self, tp: Any, timeout_ms: int | None = None) -> int:
+        self.timeouts.append(timeout_ms)
         if self.fail:
             raise RuntimeError("partition is being reassigned")
+        if self.validating and timeout_ms != 0:
+            # kafka-python 3 with a position awaiting KIP-320 validation and the broker away: without a
+            # timeout, position() waits for the validation (seen live: the dispatcher's poll thread held
+            # there through a 120 s outage and after it, issue 18)
+            raise AssertionError(f"position(timeout_ms={timeout_ms}) would wait on the broker")
         return self.pos[tp]
 
 
@@ -231,3 +240,27 @@ def test_lag_is_high_watermark_minus_position_and_a_failed_measurement_never_fai
     meter.after_poll(kc, lambda: [a])
     meter.after_poll(_FakeKafka({a: 1}, {a: 0}, fail=True), lambda: [a])
     assert got == [{("t", 0): 3}]
+
+
+def test_the_lag_measurement_never_waits_on_the_broker() -> None:
+    """The dispatcher measures its lag after every poll (``AssignedConsumer.poll``): a position asked with
+    a timeout other than 0 held its loop, so a term that polled on through a broker outage gave no verdict
+    after it. Positions are asked with ``timeout_ms=0``; ``commit`` takes the positions known the same way."""
+    from kafka import TopicPartition
+
+    from apportion.bus.consumer import AssignedConsumer, partition_lag
+
+    a, b = TopicPartition("t", 0), TopicPartition("t", 1)
+    kc = _FakeKafka({a: 10, b: 4}, {a: 7, b: 4}, validating=True)
+    assert partition_lag(kc, [a, b]) == {("t", 0): 3, ("t", 1): 0}
+    assert kc.timeouts == [0, 0]
+
+    class Committing(_FakeKafka):
+        def commit(self, offsets: dict[Any, Any]) -> None:
+            self.committed = {tp: o.offset for tp, o in offsets.items()}
+
+    consumer = object.__new__(AssignedConsumer)  # no broker: only the wrapped consumer and its partitions
+    consumer._kc = Committing({}, {a: 7, b: 4}, validating=True)
+    consumer.partitions = [a, b]
+    consumer.commit()
+    assert consumer._kc.committed == {a: 7, b: 4} and consumer._kc.timeouts == [0, 0]

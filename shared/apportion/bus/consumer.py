@@ -39,6 +39,7 @@ from typing import Any
 from apportion import events
 from apportion.bus.intake import IdLedger, dead_letter, screen
 from apportion.bus.producer import EventProducer
+from apportion.bus.resilience import KAFKA_RECONNECT
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +72,14 @@ def partition_lag(kc: Any, partitions: Iterable[Any]) -> dict[tuple[str, int], i
     """Records behind the end of each partition: high watermark minus position (kafka-python consumer ``kc``).
 
     Partitions without a known high watermark yet (no fetch answered) are left out. Call it from the thread
-    that polls ``kc`` (kafka-python consumers are not thread-safe).
+    that polls ``kc`` (kafka-python consumers are not thread-safe). Never waits on the broker: the position
+    is asked with ``timeout_ms=0`` (without one, kafka-python 3 waits for a KIP-320 position validation,
+    and during a broker outage that wait held the dispatcher's poll loop, and with it every decision).
     """
     out: dict[tuple[str, int], int] = {}
     for tp in partitions:
         hw = kc.highwater(tp)
-        pos = kc.position(tp) if hw is not None else None
+        pos = kc.position(tp, timeout_ms=0) if hw is not None else None
         if hw is not None and pos is not None:
             out[(tp.topic, tp.partition)] = max(0, hw - pos)
     return out
@@ -187,7 +190,7 @@ class EventConsumer:
             bootstrap_servers=bootstrap,
             group_id=group_id,
             enable_auto_commit=False,
-            **{**kafka_auth(), **kafka_config},
+            **{**KAFKA_RECONNECT, **kafka_auth(), **kafka_config},
         )
         # Load partition metadata before the first poll joins the group, so
         # the assignment covers topics created moments ago.
@@ -347,6 +350,7 @@ class AssignedConsumer:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_partition_fetch_bytes=8 * 1024 * 1024,
+            **KAFKA_RECONNECT,
             **kafka_auth(),
         )
         parts = []
@@ -425,12 +429,14 @@ class AssignedConsumer:
 
         Args:
             offsets: ``"topic:partition"`` -> next offset to commit; default
-                the current positions of every partition.
+                the current positions of every partition (those known now: asked
+                without waiting on the broker, as :func:`partition_lag` does).
         """
         from kafka.structs import OffsetAndMetadata
 
         if offsets is None:
-            pos = {tp: self._kc.position(tp) for tp in self.partitions}
+            known = {tp: self._kc.position(tp, timeout_ms=0) for tp in self.partitions}
+            pos = {tp: off for tp, off in known.items() if off is not None}
         else:
             pos = {tp: offsets[k] for tp in self.partitions if (k := f"{tp.topic}:{tp.partition}") in offsets}
         self._kc.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in pos.items()})

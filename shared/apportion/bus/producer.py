@@ -49,10 +49,11 @@ class EventProducer:
         clash = sorted(set(kafka_config) & set(RELIABLE))
         if clash:
             raise ValueError(f"EventProducer fixes {clash}; do not override them")
+        from apportion.bus.resilience import KAFKA_RECONNECT
         from apportion.bus.security import kafka_auth
 
         kafka_config.setdefault("linger_ms", 2)
-        kafka_config = {**kafka_auth(), **kafka_config}
+        kafka_config = {**KAFKA_RECONNECT, **kafka_auth(), **kafka_config}
         self._producer = KafkaProducer(bootstrap_servers=bootstrap, client_id=client_id, **RELIABLE, **kafka_config)
 
     def send(self, event: events.Event, value: bytes | None = None) -> FutureRecordMetadata:

@@ -37,6 +37,12 @@ BACKOFF_MAX_S = 30.0
 #: Wall seconds a readiness probe may take (a TCP connect, a Redis PING).
 PROBE_TIMEOUT_S = 1.0
 
+#: kafka-python client settings every consumer and producer of the services takes: its reconnect backoff
+#: doubles up to ``reconnect_backoff_max_ms``, 30 s by default, so a client that kept trying through a long
+#: outage (the dispatcher's consumer, polled on while its term is blind) went on failing for up to 30 s
+#: after the broker was back and ``/ready`` said 200. 1 s, the Java client's default, instead.
+KAFKA_RECONNECT: dict[str, Any] = {"reconnect_backoff_max_ms": 1000}
+
 Probe = Callable[[], None]
 T = TypeVar("T")
 
