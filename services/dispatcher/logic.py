@@ -33,7 +33,7 @@ from apportion.events import (
     StopWorkload,
     WorkloadRefused,
 )
-from apportion.timeutil import Micros, from_us
+from apportion.timeutil import Micros, from_us, s_to_us
 
 FENCED = (JobPlaced, StartWorkload, StopWorkload, NodeLost)
 
@@ -223,6 +223,23 @@ def read_model(
             "last_heartbeat": from_us(n.last_heartbeat_us).isoformat() if n.last_heartbeat_us else None,
         }
     return jobs, nodes
+
+
+def heartbeats_behind(state: DispatchState, now_us: Micros, cfg: DispatchConfig) -> bool:
+    """True when the log's newest heartbeat (of a node neither lost nor drained) is more than half the
+    heartbeat timeout before ``now_us``: the log is behind (or every node went silent at once).
+
+    A start then grants the heartbeats a grace (:meth:`DispatcherService.bootstrap`): after a broker
+    outage the agents' buffered heartbeats are still on their way. ``False`` without nodes or timeout.
+    """
+    if cfg.heartbeat_timeout_s is None:
+        return False
+    newest = max(
+        (n.last_heartbeat_us for n in state.cluster.nodes.values() if n.state not in ("lost", "drained")),
+        default=None,
+        key=lambda t: t or 0,
+    )
+    return newest is not None and now_us - newest > s_to_us(cfg.heartbeat_timeout_s / 2)
 
 
 def heartbeats(state: DispatchState) -> dict[str, str]:

@@ -41,12 +41,21 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from apportion.audit.config import resumed_event
 from apportion.bus.intake import Intake
 from apportion.clock import Clock
 from apportion.domain.admission import NODE_REQUEST_TYPES
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, step
 from apportion.domain.engine import EngineConfig
-from apportion.events import Event, JobLost, JobSubmitted, NodeHeartbeat, NodeRequestRefused, WorkloadRefused
+from apportion.events import (
+    DispatcherConfigured,
+    Event,
+    JobLost,
+    JobSubmitted,
+    NodeHeartbeat,
+    NodeRequestRefused,
+    WorkloadRefused,
+)
 from apportion.identity import RequestGate
 from apportion.metrics import count_preemptions
 from apportion.timeutil import from_us, s_to_us, to_us
@@ -78,6 +87,9 @@ TICK_SHARE = 0.2
 
 #: Longest wait, wall seconds, between news and the tick that decides on it.
 TICK_GAP_MAX_S = 0.1
+
+#: Wall seconds between two probes of the broker while nothing is read (:meth:`Term.sight`).
+PROBE_EVERY_WALL_S = 0.25
 
 
 class TickPacer:
@@ -128,6 +140,25 @@ class TickPacer:
         self.last = end
         self.gap = min(self.gap_max_s, (end - start) * (1 - self.share) / self.share)
         self.waiting = False
+
+
+def broker_answers(bootstrap: str) -> Callable[[], bool]:
+    """``Term``'s ``reachable``: True when a broker of ``bootstrap`` accepts a TCP connection now.
+
+    The readiness probe's test (:func:`apportion.bus.resilience.kafka_probe`), as a yes or no.
+    """
+    from apportion.bus.resilience import kafka_probe
+
+    probe = kafka_probe(bootstrap)
+
+    def answers() -> bool:
+        try:
+            probe()
+        except ConnectionError:
+            return False
+        return True
+
+    return answers
 
 
 class LeadershipLost(RuntimeError):
@@ -214,6 +245,8 @@ class DispatcherService:
         self.tick_errors = 0
         #: the highest fencing token of the proven records the rebuild read (a forged decision's never counts)
         self.log_token = 0
+        #: this term's DispatcherConfigured (set by :meth:`bootstrap`), the template of :meth:`resume`
+        self.configured: DispatcherConfigured | None = None
 
     def now_us(self) -> int:
         """Event time now (µs), never going backwards."""
@@ -330,7 +363,7 @@ class DispatcherService:
         if snap.keys is not None:
             self.gate.keys = snap.keys
 
-    def bootstrap(self, records: list[Any]) -> list[Event]:
+    def bootstrap(self, records: list[Any], configured: DispatcherConfigured | None = None) -> list[Event]:
         """Rebuild from the log as of the start and decide what was left undecided.
 
         :func:`logic.recover`, one event at a time through the reader edge:
@@ -338,7 +371,13 @@ class DispatcherService:
         and the rebuild goes on. An ops request on a node is not folded when
         the log holds its ``NodeRequestRefused`` (a leader refused it), nor
         when ops did not sign it (a forgery no leader saw: its verdict is
-        published now).
+        published now). ``configured`` (the term's record of its knobs) is
+        folded after the rebuild and returned first; when the log's newest
+        heartbeat is more than half the heartbeat timeout old (the log is
+        behind: a start after a broker outage, whose agents have not
+        delivered what they buffered yet), it grants the heartbeats a grace
+        from now (:func:`apportion.audit.config.resumed_event`), so that no
+        node is lost on the log's silence.
         """
         from services.dispatcher.lease import highest_token
 
@@ -359,6 +398,12 @@ class DispatcherService:
                     continue
             apply(rec, lambda e: evolve(state, e), ev)
         out: list[Event] = []
+        if configured is not None:
+            self.configured = configured
+            if logic.heartbeats_behind(state, now, cfg):
+                configured = resumed_event(configured, from_us(now))
+            evolve(state, configured)
+            out.append(configured)
         for rec, no in undecided:  # forgeries no leader answered: their verdicts now
             out += apply(rec, lambda e: [e, *step(state, e, now, cfg)], no) or []
         for rec, ev in pairs:  # what recover() decides (submissions, agents' refusals and losses), in log order
@@ -381,6 +426,20 @@ class DispatcherService:
         )
         out += self.tick()
         return out
+
+    def resume(self) -> list[Event]:
+        """The dispatcher can read the log again after it could not: heartbeats get a grace from now.
+
+        Folds and returns this term's ``DispatcherConfigured`` with ``heartbeats_from`` = now
+        (:func:`apportion.audit.config.resumed_event`; nothing before :meth:`bootstrap`), so that
+        a tick declares no node lost before it has had one heartbeat timeout to read the node's
+        heartbeats (:func:`apportion.domain.dispatch.heartbeat_deadline_us`).
+        """
+        if self.configured is None:
+            return []
+        ev = resumed_event(self.configured, from_us(self.now_us()))
+        evolve(self.state, ev)
+        return [ev]
 
     def ingest(self, records: list[Any]) -> tuple[list[Event], bool]:
         """Fold and decide a live batch; returns (decisions, whether anything but heartbeats arrived).
@@ -449,6 +508,12 @@ class Term:
         write_read_model, write_snapshot: blocking writes to Redis (:mod:`services.dispatcher.store`).
         commit: commits the consumer's positions (lag tools only).
         now: wall seconds now (``loop.time()``), the start of the pacing.
+        reachable: True when the broker answers now (a TCP probe, run in a worker thread); ``None``
+            (tests without Kafka): always. Asked only after half a heartbeat timeout (event time)
+            without a record: while it says no, the term is *blind* and runs no tick (no decision,
+            above all no node lost on heartbeats it could not read); when it answers again, and
+            again when the first records come, :meth:`DispatcherService.resume` grants the heartbeats
+            a grace of one timeout (issue 18).
     """
 
     def __init__(
@@ -465,6 +530,7 @@ class Term:
         write_snapshot: Callable[[], None],
         commit: Callable[[], None],
         now: Callable[[], float],
+        reachable: Callable[[], bool] | None = None,
     ) -> None:
         self.svc, self.settings, self._m = svc, settings, metrics
         self.check_lease, self.lost, self.flush, self.check_delivered = check_lease, lost, flush, check_delivered
@@ -479,15 +545,23 @@ class Term:
         self.rm_gap = READ_MODEL_EVERY_S
         self.unflushed = self.dirty = False
         self.pacer = TickPacer(settings.tick_wall_s, start=t)
+        self.reachable = reachable
+        self.last_read_us = svc.now_us()  # event time of the last poll that returned records
+        self.last_handle_us = self.last_read_us  # event time of the last poll that came back at all
+        self.last_probe = t - PROBE_EVERY_WALL_S
+        self.blind = False  # the broker did not answer since the last records
+        self.unread = False  # it answered again, but no record came since
+        hb = settings.heartbeat_timeout_s
+        self.quiet_us = s_to_us(hb / 2) if hb > 0 else None
 
-    async def start(self, backlog: list[Any], late: list[Any], configured: Event, lease: Any) -> None:
+    async def start(self, backlog: list[Any], late: list[Any], configured: DispatcherConfigured, lease: Any) -> None:
         """Rebuild from the log as of the start (``backlog``), fold ``late``, publish the recovery decisions.
 
         ``configured`` (the knobs it decides with, DESIGN section 4) goes first, so the audit needs no
         flags. Raises :class:`LeadershipLost` when the log shows a newer leader's token than ``lease``'s.
         """
         svc = self.svc
-        out = svc.bootstrap(backlog)
+        out = svc.bootstrap(backlog, configured)
         if svc.signer is not None:  # never decide with a key the readers do not know (docs/security.md)
             svc.signer.check_registered(svc.gate.keys, svc.now_us())
         if late:
@@ -497,7 +571,7 @@ class Term:
         lease.observe(newest)
         if newest > lease.token:  # a newer leader wrote after we took the lease: we are deposed
             raise LeadershipLost()
-        out.insert(0, configured)
+        self.last_read_us = self.last_handle_us = svc.now_us()
         self.check_lease()
         await asyncio.to_thread(svc._emit, out)
         await asyncio.to_thread(self.flush)
@@ -509,12 +583,55 @@ class Term:
         """How long the next poll may wait (:meth:`TickPacer.poll_ms`)."""
         return self.pacer.poll_ms(self.now())
 
+    async def sight(self, batch: list[Any]) -> list[Event]:
+        """Whether this term can see the log (``blind``), and the grace it grants when it can again.
+
+        Returns the ``DispatcherConfigured`` records of :meth:`DispatcherService.resume` to publish.
+        """
+        svc = self.svc
+        now_us = svc.now_us()
+        if self.quiet_us is not None and now_us - self.last_handle_us > self.quiet_us:
+            self.blind = True  # no poll came back for half a timeout (they raised): nothing was read either
+        self.last_handle_us = now_us
+        if batch:
+            self.last_read_us = now_us
+            if self.blind or self.unread:
+                self.blind = self.unread = False
+                log.info("reading the log again after an outage: heartbeats get a grace of one timeout")
+                return svc.resume()
+            return []
+        if self.blind and self.reachable is None:  # nothing to ask: it reads again, as far as it can tell
+            self.blind, self.unread = False, True
+            return svc.resume()
+        if self.reachable is None or self.quiet_us is None:
+            return []
+        if not self.blind and now_us - self.last_read_us <= self.quiet_us:
+            return []
+        wall = self.now()
+        if wall - self.last_probe < PROBE_EVERY_WALL_S:
+            return []
+        self.last_probe = wall
+        if not await asyncio.to_thread(self.reachable):
+            if not self.blind:
+                log.warning("the broker does not answer: no decisions (and no node lost) until it does")
+            self.blind, self.unread = True, False
+            return []
+        if self.blind:  # it answers again; the records it kept for us are still to come
+            self.blind, self.unread = False, True
+            return svc.resume()
+        return []
+
     async def handle(self, batch: list[Any]) -> None:
-        """After a poll: fold, tick when due, publish (lease checked), flush when idle, write what is due."""
+        """After a poll: fold, tick when due, publish (lease checked), flush when idle, write what is due.
+
+        No tick while the term is blind (:meth:`sight`).
+        """
         svc, pacer = self.svc, self.pacer
-        out, news = svc.ingest(batch) if batch else ([], False)
+        out = await self.sight(batch)
+        more, news = svc.ingest(batch) if batch else ([], False)
+        out += more
         now = self.now()
-        if pacer.due(now, news):
+        if not self.blind and pacer.due(now, news):
             out += svc.tick()
             pacer.ticked(now, self.now())
         # The keeper thread renews the lease (LeaseKeeper). Safety does not rest on it: every decision
@@ -561,7 +678,8 @@ def lead_term(
     now: Callable[[], float],
 ) -> Term:
     """The :class:`Term` of a leader: ``svc`` wired to its lease ``keeper``, ``producer`` (and its unacked
-    ``sends``), ``consumer`` and Redis ``r`` (:mod:`services.dispatcher.store`); ``now``: ``loop.time``."""
+    ``sends``), ``consumer`` and Redis ``r`` (:mod:`services.dispatcher.store`); ``now``: ``loop.time``.
+    Its blindness probe (``reachable``) asks the broker of ``settings``' connection (:func:`broker_answers`)."""
     from apportion.bus.service import commit_quietly
     from services.dispatcher import store
 
@@ -581,6 +699,7 @@ def lead_term(
         write_snapshot=lambda: store.write_snapshot(r, svc),
         commit=lambda: commit_quietly(consumer),
         now=now,
+        reachable=broker_answers(settings.connection().bootstrap),
     )
 
 

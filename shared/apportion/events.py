@@ -900,6 +900,11 @@ class DispatcherConfigured(Event):
         protection_doublings: ``EngineConfig.protection_doublings``; ``None`` in records written before it
             existed (those dispatchers doubled the protection up to the cap).
         dispatcher_producer: the ``producer`` of its decisions.
+        heartbeats_from: heartbeat timeouts count from this event time at the earliest (a node is lost
+            only when both its last heartbeat and this time are more than the timeout ago): the
+            dispatcher could not read the log before it (its start after a gap in the log's heartbeats,
+            or the end of a broker outage it led through), so silence before it proves nothing.
+            ``None``: no such grace (and in records written before it existed).
     """
 
     type: Literal["DispatcherConfigured"] = "DispatcherConfigured"
@@ -916,6 +921,7 @@ class DispatcherConfigured(Event):
     protection_cap_w: float = Field(default=0.25, gt=0)
     protection_doublings: int | None = Field(default=None, ge=0, le=60)
     dispatcher_producer: str = "dispatcher"
+    heartbeats_from: datetime | None = None
 
 
 class FairShareRanking(Event):

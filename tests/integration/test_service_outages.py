@@ -9,7 +9,9 @@ port) is polled, never slept on:
    becomes ready once the broker is up; then a submission runs to completion;
 2. every service survives a 120 s Kafka outage (stop the broker; from its exit, 120 s in which every process
    is polled alive and, once each has noticed, not ready; start it) and a Redis restart, and handles the
-   next submission each time.
+   next submission each time; the dispatcher, which led through the outage (four heartbeat timeouts),
+   declares no node lost for it and the log records the grace it took
+   (``DispatcherConfigured.heartbeats_from``, issue 18).
 
 Structure for time (the suite's budget): the outage's 120 s count from the broker's exit, so the services'
 noticing it (up to a minute on the loaded machine) is part of the outage, not added to it; services are
@@ -217,6 +219,9 @@ def test_each_service_rides_out_a_long_kafka_outage_and_a_redis_restart(stack: S
     if set(stack.procs) != set(SERVICES):  # run alone: this module's processes were not started yet
         pytest.fail("run with the test above (it starts the services this one stops Kafka under)")
     until(lambda: all(stack.ready(n) == 200 for n in SERVICES), "every service ready")
+    from datetime import UTC, datetime
+
+    outage_start = datetime.now(UTC)  # the stack's clock is the wall clock
     stack.kafka_stop()
     end = time.monotonic() + OUTAGE_S  # the broker has exited: the outage's 120 s count from here
     until(lambda: all(stack.ready(n) == 503 for n in SERVICES), "every service not ready without Kafka", 60.0)
@@ -228,6 +233,16 @@ def test_each_service_rides_out_a_long_kafka_outage_and_a_redis_restart(stack: S
     until(lambda: all(stack.ready(n) == 200 for n in SERVICES), "every service ready after the outage")
     assert stack.alive() == list(SERVICES)
     stack.submit_and_finish("after-kafka")
+    # issue 18: the dispatcher led through an outage four heartbeat timeouts long (30 s) and saw no heartbeat
+    # because *it* could not read; it loses no node on that, and the log records the grace it took
+    from apportion import events
+    from apportion.bus.reader import read_log
+    from apportion.topics import JOBS, NODES
+
+    log = [r.event for r in read_log(stack.info.bootstrap, [NODES.name, JOBS.name]) if r.event is not None]
+    assert [e for e in log if isinstance(e, (events.NodeLost, events.JobLost))] == []
+    graces = [e for e in log if isinstance(e, events.DispatcherConfigured) and e.heartbeats_from is not None]
+    assert any(g.heartbeats_from > outage_start for g in graces), graces
 
     stack.redis_restart()
     until(lambda: all(stack.ready(n) == 200 for n in SERVICES), "every service ready after the Redis restart")

@@ -19,7 +19,7 @@ from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import POLICY_VERSION, EngineConfig
 from apportion.timeutil import Micros, to_us
 
-__all__ = ["configured_event", "config_from_event", "config_from_log", "with_overrides"]
+__all__ = ["configured_event", "resumed_event", "config_from_event", "config_from_log", "with_overrides"]
 
 
 def configured_event(
@@ -44,6 +44,23 @@ def configured_event(
         protection_cap_w=e.protection_cap_w,
         protection_doublings=e.protection_doublings,
         dispatcher_producer=cfg.producer,
+    )
+
+
+def resumed_event(configured: events.DispatcherConfigured, at: datetime) -> events.DispatcherConfigured:
+    """``configured`` again at ``at``, granting heartbeats a grace from then (``heartbeats_from=at``).
+
+    What a dispatcher publishes when it can read the log again after it could not (DESIGN section 4:
+    the audit re-runs its decisions with the same grace). Its id: one per instance, token and time.
+    """
+    return configured.model_copy(
+        update={
+            "event_id": events.det_id(
+                "DispatcherConfigured", configured.instance, configured.fencing_token, "heartbeats_from", to_us(at)
+            ),
+            "ts": at,
+            "heartbeats_from": at,
+        }
     )
 
 

@@ -77,6 +77,7 @@ from apportion.events import (
     BudgetBatch,
     BudgetRemoved,
     BudgetSet,
+    DispatcherConfigured,
     Event,
     JobCancelled,
     JobCancelRequested,
@@ -158,6 +159,7 @@ __all__ = [
     "maintenance",
     "EMIT_ORDER",
     "emit_rank",
+    "heartbeat_deadline_us",
     "wakeups",
     "admit_submission",
 ]
@@ -268,6 +270,9 @@ class DispatchState:
         stale: events not folded because they are older than the window
             (:meth:`is_stale`).
         absences: heartbeats that disagreed with the runs (:class:`~apportion.domain.reconcile.Absences`).
+        heartbeats_from_us: heartbeat timeouts count from this event time at the earliest, µs
+            (``DispatcherConfigured.heartbeats_from``, the latest folded; ``None``: no grace). See
+            :func:`heartbeat_deadline_us`.
     """
 
     __slots__ = (
@@ -284,6 +289,7 @@ class DispatchState:
         "absences",
         "clock_us",
         "stale",
+        "heartbeats_from_us",
         "window_us",
         "_kept",
         "_ledger_on",
@@ -307,6 +313,7 @@ class DispatchState:
         self.absences = Absences()
         self.clock_us: Micros | None = None
         self.stale = 0
+        self.heartbeats_from_us: Micros | None = None
         self.window_us = s_to_us(window_s)
         self._kept = 0  # size of ``seen`` after the last forget_old
         self._ledger_on = True
@@ -325,6 +332,7 @@ class DispatchState:
         return {k: getattr(self, k) for k in self.__slots__ if k not in self._CACHES}
 
     def __setstate__(self, st: dict[str, Any]) -> None:
+        self.heartbeats_from_us = None
         for k, v in st.items():
             setattr(self, k, v)
         self._shapes, self._memo, self._victims, self._free = None, {}, None, None
@@ -350,6 +358,7 @@ class DispatchState:
         other.seen = {}
         other.absences = Absences()  # a scratch cycle folds no heartbeats
         other.clock_us, other.stale, other.window_us, other._kept = self.clock_us, 0, self.window_us, 0
+        other.heartbeats_from_us = self.heartbeats_from_us
         other._shapes = None
         other._memo = self._memo  # entries are keyed by list identity: safe to share
         other._victims = None  # a scratch cycle indexes its own runs and nodes
@@ -680,6 +689,10 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         state.draining.discard(ev.node_id)
     elif isinstance(ev, (BudgetSet, BudgetRemoved, BudgetBatch)):
         state.tree = fold_budget_event(state.tree, ev)
+    elif isinstance(ev, DispatcherConfigured) and ev.heartbeats_from is not None:
+        t = to_us(ev.heartbeats_from)
+        if state.heartbeats_from_us is None or t > state.heartbeats_from_us:
+            state.heartbeats_from_us = t
     return state
 
 
@@ -894,7 +907,7 @@ def maintenance(state: DispatchState, now_us: Micros, config: DispatchConfig | N
             n = state.cluster.nodes[nid]
             if n.state in ("lost", "drained") or n.last_heartbeat_us is None:
                 continue
-            if now_us - n.last_heartbeat_us > limit:
+            if now_us > heartbeat_deadline_us(n.last_heartbeat_us, state.heartbeats_from_us, limit):
                 out.extend(
                     _node_lost(state, nid, n.last_heartbeat_us, ts, prod, emit_lost=handled, grace_s=cfg.engine.grace_s)
                 )
@@ -908,6 +921,20 @@ def maintenance(state: DispatchState, now_us: Micros, config: DispatchConfig | N
     for nid in sorted(state.draining):
         out.extend(_drain(state, nid, now_us, ts, cfg, skip=handled))
     return out
+
+
+def heartbeat_deadline_us(last_heartbeat_us: Micros, heartbeats_from_us: Micros | None, limit_us: Micros) -> Micros:
+    """The event time (µs) after which a node whose last heartbeat is ``last_heartbeat_us`` is lost.
+
+    ``limit_us`` after the later of its last heartbeat and ``heartbeats_from_us``
+    (:attr:`DispatchState.heartbeats_from_us`): a dispatcher that could not read the log (a broker
+    outage it led through, a start after a gap in the log's heartbeats) records when it could again
+    (``DispatcherConfigured.heartbeats_from``), and a node is judged on heartbeats it could have read,
+    never on its own blindness. ``None``: no grace, the plain timeout. A node that really went away
+    is lost at most one timeout later than without the grace.
+    """
+    start = last_heartbeat_us if heartbeats_from_us is None else max(last_heartbeat_us, heartbeats_from_us)
+    return start + limit_us
 
 
 def _finish_stop(
