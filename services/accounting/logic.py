@@ -51,16 +51,20 @@ class Accounting:
     Args:
         window_s: occupancy window W in seconds.
         ledger: a prebuilt ledger (from :func:`rebuild`), default empty.
+        keys: the key registry (keys and placed runs) to start from, default empty.
     """
 
-    def __init__(self, window_s: float = WEEK_S, ledger: OccupancyLedger | None = None) -> None:
+    def __init__(
+        self, window_s: float = WEEK_S, ledger: OccupancyLedger | None = None, keys: KeyRegistry | None = None
+    ) -> None:
         self.window_s = window_s
         self.ledger = ledger if ledger is not None else OccupancyLedger(window_s)
         self.budget_log: list[Event] = []
         self._budget_ids: set[uuid.UUID] = set()
         self.tree: BudgetTree = BudgetTree.empty()
-        #: the node keys in force (DESIGN section 10): the reader edge checks node reports with them
-        self.keys = KeyRegistry()
+        #: the node keys in force and the runs placed (DESIGN section 10): the reader edge checks node reports
+        #: with them and places each run it authenticated (:class:`apportion.identity.ReportGate`)
+        self.keys = keys if keys is not None else KeyRegistry()
 
     def apply(self, event: Event) -> bool:
         """Fold one event; True when it may change a snapshot.
@@ -102,17 +106,26 @@ class Accounting:
         return usage_snapshot(self.tree, self.ledger, at, producer=PRODUCER)
 
 
-def rebuild(events: Iterable[Event], window_s: float = WEEK_S) -> Accounting:
+def rebuild(events: Iterable[Event], window_s: float = WEEK_S, keys: KeyRegistry | None = None) -> Accounting:
     """Bulk-build the projection from events in log order (the start-up path).
 
     Ledger events go through :func:`apportion.domain.occupancy.rebuild`
     (buffered, sorted merges); budget events are folded as in
     :meth:`Accounting.apply`. The result accepts further ``apply`` calls.
+
+    Args:
+        keys: the registry the reader edge authenticated ``events`` with (their
+            keys, and the runs it placed), kept as the state's so that a later
+            report of such a run is checked against its placement, as by a
+            service that read the placement live; default: a new one, folded
+            from ``events`` here (keys only: no run is placed without a gate).
     """
     evs = list(events)
-    acc = Accounting(window_s, rebuild_ledger((e for e in evs if isinstance(e, LEDGER_TYPES)), window_s))
+    fold_keys = keys is None
+    acc = Accounting(window_s, rebuild_ledger((e for e in evs if isinstance(e, LEDGER_TYPES)), window_s), keys)
     for e in evs:
-        acc.keys.apply(e)
+        if fold_keys:
+            acc.keys.apply(e)
         if isinstance(e, BUDGET_TYPES) and e.event_id not in acc._budget_ids:
             acc._budget_ids.add(e.event_id)
             acc.budget_log.append(e)

@@ -203,11 +203,14 @@ class AccountingService:
         """Bulk-build from every record up to the start's end offsets; publish the first snapshot."""
         decoded = self._decoded(records)
         evs = [ev for _, _, ev in decoded]
+        # the reader edge has just folded these records' keys and placed runs into the state's registry:
+        # the rebuilt state keeps it (a new one would let a node report the replica of another node's run)
+        keys = self.acc.keys
         try:
-            self.acc = logic.rebuild(evs, self.settings.window_s)
+            self.acc = logic.rebuild(evs, self.settings.window_s, keys)
         except Exception:  # noqa: BLE001 - find the record at fault: fold one by one, dead-lettering it
             log.exception("bulk rebuild failed: folding event by event")
-            self.acc = logic.Accounting(self.settings.window_s)
+            self.acc = logic.Accounting(self.settings.window_s, keys=keys)
             for _, rec, ev in decoded:
                 self.intake.apply(rec, self.acc.apply, ev)
         # decoded is in merge order: the newest state-changing record is the last one

@@ -426,6 +426,59 @@ def test_a_dead_lettered_record_is_behind_the_checkpoint_and_not_dead_lettered_a
     assert again.resume([]) == 0 and published == []
 
 
+# the property's falsifying example, shrunk by hand: a gang g on n0, n1 (2 GPUs a replica), then n0
+# reports the end of replica 1, which n1 holds; the rebuild of the first life ends before that report
+GANG = [
+    placed("g", budget="lab/a", gpus=2, replicas=2, nodes=["n0", "n1"], at=h(1)),
+    completed("g", replica=1, node="n0", at=h(2)),
+]
+GANG_RECS = records(GANG)  # the dispatcher's key, g's placement, n0's key, n0's report
+GANG_END = partition_offsets(GANG_RECS, TOPICS)
+
+
+@pytest.mark.parametrize("life", ["resumed", "live"])
+def test_a_rebuild_keeps_the_runs_it_placed_so_a_report_of_another_nodes_replica_is_refused_after_it(life):
+    """After a rebuild (bootstrap) of a prefix, a report of a run placed in it is checked against its placement.
+
+    n0's report of replica 1 (on n1) is refused, dead-lettered at its record, by the service that
+    rebuilt up to the placement and then read the report live, by one resumed from its checkpoint, and by a
+    rebuild from offset 0 alike: g runs its 4 GPUs from h1 to h3, 4 * 2 = 8 GPU-hours of lab/a. (The
+    rebuild used to replace the registry the reader edge had placed g in: the report then passed on n0's key
+    alone, and replica 1 ended at h2, 2 * 2 + 2 * 1 = 6 GPU-hours.)
+    """
+    cut = next(i for i, r in enumerate(GANG_RECS) if r.topic == JOBS.name and r.offset == 1)
+    assert GANG_RECS[cut].partition == GANG_RECS[cut - 2].partition  # the report follows g's placement
+    redis = FakeRedis()
+    first = service(redis)
+    assert first.prepare(BEGIN, GANG_END, rebuild=False) == ("rebuild", "missing: no checkpoint stored")
+    first.bootstrap(GANG_RECS[:cut])
+    published: list = []
+    if life == "resumed":
+        assert not first.checkpoint_now()  # nothing new: the rebuild's first snapshot stored it
+        svc = service(redis)
+        svc.publish = published.append
+        assert svc.prepare(BEGIN, GANG_END, rebuild=False) == ("resume", "")
+        assert svc.resume(GANG_RECS[cut:]) == 0
+    else:
+        svc = first
+        svc.publish = published.append
+        svc.ingest(GANG_RECS[cut:])
+    fresh = service(FakeRedis())
+    fresh.prepare(BEGIN, GANG_END, rebuild=True)
+    fresh.bootstrap(GANG_RECS)
+    letters = [e for e in published if e.type == "DeadLetter"]
+    rec = GANG_RECS[cut]
+    assert [(d.source_topic, d.source_partition, d.source_offset) for d in letters] == [
+        (rec.topic, rec.partition, rec.offset)
+    ]
+    assert letters[0].error.startswith(
+        "unauthenticated_node: JobCompleted of run g/1 replica 1 by node 'n0', but the run is placed on n0, n1"
+    )
+    assert svc.intake.stats.unauthenticated_node == 1
+    assert svc.acc.ledger.occupancy_us(h(3)) == {"lab": 8 * 3_600_000_000, "lab/a": 8 * 3_600_000_000}
+    assert answers(svc, h(3)) == answers(fresh, h(3))
+
+
 # --------------------------------------------------------------------------- property
 
 
