@@ -535,6 +535,9 @@ def test_property_resume_equals_the_uninterrupted_service_and_in_order_the_rebui
     Arrival order is log order, cut anywhere, live batches of any size
     before the cut: the resumed service equals the one that never stopped,
     and when no record was late it equals a rebuild from offset 0 exactly.
+    Half the logs are put in event-time order first (stable), so that the
+    exact clause applies to long logs too: about one random log in ten has
+    no late record, and those are mostly short ones.
     """
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
@@ -546,8 +549,9 @@ def test_property_resume_equals_the_uninterrupted_service_and_in_order_the_rebui
         cut=st.integers(0, 60),
         batch=st.integers(1, 8),
         later=st.sampled_from([0, 5_000_000, 300_000_000]),
+        in_order=st.booleans(),
     )
-    def prop(log, cut, batch, later):
-        _prop_case(log, cut, batch, later)
+    def prop(log, cut, batch, later, in_order):
+        _prop_case(sorted(log, key=lambda e: e.ts) if in_order else log, cut, batch, later)
 
     prop()
