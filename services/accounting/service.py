@@ -160,6 +160,7 @@ class AccountingService:
             on_dead=self._dead_letter,
             drop_duplicates=False,
             gate=ReportGate(lambda: self.acc.keys, folds=logic.LEDGER_TYPES),
+            window_s=settings.window_s,
         )
 
     # ------------------------------------------------------------------ start

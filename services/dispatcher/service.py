@@ -241,7 +241,9 @@ class DispatcherService:
         self.gate = RequestGate(settings.producer_name)
         #: the reader edge: screen, de-duplicate by id and payload, dead-letter (published at once),
         #: ignore node reports their node's key did not sign (the gate's)
-        self.intake = Intake(settings.producer_name, clock.now, on_dead=self._dead_letter, gate=self.gate)
+        self.intake = Intake(
+            settings.producer_name, clock.now, on_dead=self._dead_letter, gate=self.gate, window_s=settings.window_s
+        )
         self.tick_errors = 0
         #: the highest fencing token of the proven records the rebuild read (a forged decision's never counts)
         self.log_token = 0

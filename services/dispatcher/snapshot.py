@@ -14,14 +14,16 @@ Format (``FORMAT`` = 1)::
 * ``offsets`` (``"topic:partition"`` -> next offset folded, every partition the dispatcher reads:
   :attr:`DispatcherService.inputs`) are where the restart resumes; the state holds every record
   below them and the leader's own decisions up to the moment of the snapshot (published and flushed
-  before it is written, so the log has them; they come back in the tail as duplicates).
+  before it is written, so the log has them; they come back in the tail as duplicates: the pickled
+  id ledger keeps their ids without the process-local payload digests, so they read as duplicates in
+  the process that restores it, never as reused ids).
 * ``fencing_token``: the writer's token. A write never replaces a snapshot of a higher token (a
   deposed leader that resumes cannot roll the state back; :func:`newer_than_stored`).
 * ``layout``: digest of the attribute layout of every class of the state's modules, so a code change
   reads as a version mismatch. Bump ``FORMAT`` when the fold's *rules* change without a layout change.
 
 Size: the state is bounded by the window (``DispatchState.seen`` and ``finished`` forget what is older
-than W; the id ledger holds at most ``IdLedger.capacity`` ids). Measured in ``bench/bench_restart.py``.
+than W; the id ledger the ids of the last W to 2 W of event time, at most ``IdLedger.capacity``). Measured in ``bench/bench_restart.py``.
 """
 
 from __future__ import annotations

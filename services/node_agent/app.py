@@ -34,6 +34,7 @@ async def run(
     """
     from apportion.bus.consumer import EventConsumer
     from apportion.bus.crc import use_compiled_crc32c
+    from apportion.bus.intake import IdLedger
     from apportion.bus.producer import EventProducer
     from apportion.bus.resilience import connect
     from apportion.bus.service import consume, wire
@@ -74,6 +75,7 @@ async def run(
             [COMMANDS.name, NODES.name],
             settings.consumer_group(),
             handler,
+            dedup=IdLedger(window_s=settings.retention_s),  # a command older than that is refused anyway
             dead_letters=producer,
             name=settings.producer_name,
             clock=clock.now,

@@ -116,7 +116,7 @@ class PolicyService:
         self.state = logic.PolicyState(window_us=s_to_us(window_s))
         self._m = metrics or {}
         #: the reader edge shared by the catch-up and the agents (one id -> payload ledger)
-        self.intake = Intake(name, clock.now, on_dead=publish)
+        self.intake = Intake(name, clock.now, on_dead=publish, window_s=window_s)
 
     def fold(self, records: list[Any]) -> None:
         """Fold kafka-python records (in their topic-partition offset order); dead-letter what a reader refuses.

@@ -42,15 +42,15 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID
 
 from apportion import events
 from apportion.domain.admission import UNAUTHENTICATED_NODE
+from apportion.timeutil import WEEK_S
 
 log = logging.getLogger(__name__)
 
@@ -128,18 +128,66 @@ def apply_failure(exc: BaseException) -> str:
     return f"{APPLY_FAILED}: {type(exc).__name__}: {exc}"
 
 
+#: Marks an id remembered without its payload digest (read back from a snapshot; see :meth:`IdLedger.__getstate__`).
+_NO_DIGEST = -1
+
+
 class IdLedger:
-    """Bounded map event id -> payload digest (:func:`apportion.events.payload_digest`).
+    """Map event id -> payload digest (:func:`apportion.events.payload_digest`), bounded by the window W.
 
     :meth:`check` tells a new id, a duplicate (same id, same payload) and a
-    reused id (same id, another payload). The oldest ids are forgotten past
-    ``capacity`` (about 150 bytes each): a reuse further apart than that is
-    not caught here (the domain's own de-duplication still drops it).
+    reused id (same id, another payload).
+
+    Bounds (issue 18): ids are kept in two generations by event time. The
+    current one takes every id remembered; once an event's time is ``window_s``
+    past the start of the current generation, the current becomes the old one
+    and the old is dropped. So an id is remembered for at least W and at most
+    2 W of event time (the newest event time read), whatever the rate, with
+    no per-id time stamp (about 150 bytes an id). A hard cap ``capacity``
+    (ids in both generations) is the safety net: the generations also turn
+    when the current holds ``capacity // 2`` ids. Heartbeats
+    (:data:`UNRECORDED`) are checked against the ids known but never
+    remembered: folding one twice changes nothing, and they are most of a
+    busy log. A reuse further apart than that is not caught here (the
+    domain's own de-duplication still drops it).
+
+    Limits: the generations follow the newest event time read, so a record
+    dated far ahead (which a service then refuses) turns them early, and
+    until the log catches up with that time only ``capacity`` bounds the
+    ledger.
+
+    Digests are the process's ``hash`` (:func:`~apportion.events.payload_digest`): a pickled ledger (the
+    dispatcher's snapshot) keeps the ids and drops the digests, so a record of a known id read after a
+    restore is a duplicate whatever its payload (it is not folded either way).
     """
 
-    def __init__(self, capacity: int = 200_000) -> None:
+    __slots__ = ("capacity", "window", "_cur", "_old", "_turn_at")
+
+    #: Event types checked but never remembered.
+    UNRECORDED: tuple[type[events.Event], ...] = (events.NodeHeartbeat,)
+
+    def __init__(self, capacity: int = 200_000, window_s: float = float(WEEK_S)) -> None:
+        if capacity < 2 or window_s <= 0:
+            raise ValueError(f"capacity must be >= 2 and window_s > 0, got {capacity}, {window_s}")
         self.capacity = capacity
-        self._ids: OrderedDict[UUID, int] = OrderedDict()
+        self.window = timedelta(seconds=window_s)
+        self._cur: dict[UUID, int] = {}
+        self._old: dict[UUID, int] = {}
+        self._turn_at: datetime | None = None  # event time at which the current generation turns old
+
+    def _known(self, eid: UUID) -> int | None:
+        known = self._cur.get(eid)
+        return self._old.get(eid) if known is None else known
+
+    def _add(self, eid: UUID, digest: int, ts: datetime) -> None:
+        turn = self._turn_at
+        if turn is None or ts >= turn or len(self._cur) >= self.capacity // 2:
+            stale = turn is not None and ts >= turn + self.window  # a gap of more than W: both are too old
+            self._old = {} if stale else self._cur
+            self._cur = {}
+            if turn is None or ts >= turn:
+                self._turn_at = ts + self.window
+        self._cur[eid] = digest
 
     def check(self, event: events.Event, *, remember: bool = True) -> bool:
         """True for a duplicate; False for a new id (remembered now unless ``remember`` is False).
@@ -149,26 +197,36 @@ class IdLedger:
         """
         digest = events.payload_digest(event)
         eid = event.event_id
-        known = self._ids.get(eid)
+        known = self._known(eid)
         if known is None:
-            if remember:
-                self._ids[eid] = digest
-                if len(self._ids) > self.capacity:
-                    self._ids.popitem(last=False)
+            if remember and not isinstance(event, self.UNRECORDED):
+                self._add(eid, digest, event.ts)
             return False
-        if known == digest:
+        if known == digest or known == _NO_DIGEST:
             return True
         raise events.DecodeError(f"{EVENT_ID_REUSED}: {eid} was read before with a different payload")
 
     def remember(self, event: events.Event) -> None:
         """Record ``event`` as read (a service's own output, so a reuse of its ids is caught)."""
-        if event.event_id not in self._ids:
-            self._ids[event.event_id] = events.payload_digest(event)
-            if len(self._ids) > self.capacity:
-                self._ids.popitem(last=False)
+        if self._known(event.event_id) is None and not isinstance(event, self.UNRECORDED):
+            self._add(event.event_id, events.payload_digest(event), event.ts)
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self._cur) + len(self._old)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a pickle keeps: the ids without their digests (another process hashes otherwise)."""
+        return {
+            "capacity": self.capacity,
+            "window": self.window,
+            "_cur": dict.fromkeys(self._cur, _NO_DIGEST),
+            "_old": dict.fromkeys(self._old, _NO_DIGEST),
+            "_turn_at": self._turn_at,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name in self.__slots__:
+            setattr(self, name, state[name])
 
 
 @dataclass(slots=True)
@@ -193,8 +251,7 @@ class Intake:
     Args:
         producer: written as ``producer`` on the dead letters.
         clock: event time of the dead letters.
-        ledger: the id -> payload map; ``None`` turns the id check off (a
-            reader that de-duplicates itself and cannot be fed reused ids).
+        ledger: the id -> payload map; default a fresh :class:`IdLedger` of ``window_s``.
         on_dead: called with each dead letter made (the caller publishes it).
         drop_duplicates: False passes a duplicate (same id, same payload) on,
             counted, for a fold that is idempotent itself and must see it as a
@@ -202,6 +259,7 @@ class Intake:
             reused id is dead-lettered either way.
         gate: the check of who wrote what (:class:`apportion.identity.ReportGate`,
             DESIGN section 10) that :meth:`authenticate` applies; ``None``: none.
+        window_s: the window W (event seconds) of the default ledger (:class:`IdLedger`).
 
     Example::
 
@@ -221,12 +279,13 @@ class Intake:
         on_dead: Callable[[events.DeadLetter], Any] | None = None,
         drop_duplicates: bool = True,
         gate: Any = None,
+        window_s: float = float(WEEK_S),
     ) -> None:
         self.producer = producer
         self.gate = gate
         self.drop_duplicates = drop_duplicates
         self.clock = clock
-        self.ledger = ledger if ledger is not None else IdLedger()
+        self.ledger = ledger if ledger is not None else IdLedger(window_s=window_s)
         self.on_dead = on_dead
         self.stats = IntakeStats()
 
