@@ -95,7 +95,7 @@ def main() -> int:
     )
     a = ap.parse_args()
     sys.path.insert(0, str(HERE))
-    from chaos import SERVICES, open_stack
+    from chaos import SERVICES, open_stack, raise_on_sigterm
 
     from apportion import events as ev
     from apportion.bus.producer import EventProducer
@@ -103,6 +103,7 @@ def main() -> int:
     from apportion.client import key_registration
     from apportion.identity import Identity
 
+    raise_on_sigterm()  # a SIGTERM stops the services, the broker and Redis through the finally below
     rng = random.Random(a.seed)
     user = Identity.generate("u")
     root = Path(tempfile.mkdtemp(prefix="apportion-bench-rss-"))

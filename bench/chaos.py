@@ -275,14 +275,15 @@ class Stack:
         if name in self.traced:
             out, every_s = self.traced[name]
             run = [str(REPO / "bench" / "tracemalloc_run.py"), str(out), f"{every_s:g}", f"services.{name}"]
+        # a process group of its own: a kill and the teardown reach whatever the service started too
         self.procs[name] = subprocess.Popen(
             [sys.executable, *run, *self.args(name)],
-            env=self.env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+            env=self.env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
         )  # fmt: skip
 
     def kill(self, name: str) -> None:
         p = self.procs[name]
-        p.send_signal(signal.SIGKILL)
+        _signal_group(p, signal.SIGKILL)
         p.wait(30)
         self.start(name)
 
@@ -308,14 +309,45 @@ class Stack:
         subprocess.run(["bash", str(INFRA / script), *args], check=True, capture_output=True, timeout=180)
 
     def stop(self) -> None:
+        """SIGTERM every service's process group, SIGKILL the groups still there after 20 s (all reaped)."""
         for p in self.procs.values():
-            if p.poll() is None:
-                p.terminate()
+            _signal_group(p, signal.SIGTERM)
         for p in self.procs.values():
             try:
                 p.wait(20)
             except subprocess.TimeoutExpired:
-                p.kill()
+                pass
+            _signal_group(p, signal.SIGKILL)  # the group's stragglers too, when the leader exited first
+            p.wait(30)
+
+
+def _signal_group(p: subprocess.Popen, sig: int) -> None:
+    """Send ``sig`` to the process group ``p`` leads (``start_new_session``); nothing when it is gone."""
+    try:
+        os.killpg(p.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def raise_on_sigterm() -> None:
+    """A SIGTERM (a test's timeout, a supervisor) ends the campaign through its ``finally``: nothing left running."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def teardown(*steps: Any) -> None:
+    """Run every step (a callable) even when one raises; the first error is raised after the last step."""
+    err: BaseException | None = None
+    for step in steps:
+        try:
+            step()
+        except BaseException as exc:  # noqa: BLE001 - the next step must still run (the broker, Redis)
+            err = err or exc
+    if err is not None:
+        raise err
 
 
 def open_stack(root: Path, ns: str, time_scale: float, **extra: str) -> tuple[Any, Stack, Any]:
@@ -470,6 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.quick:
         a.jobs, a.kills, a.hostile, a.replay_s, a.drain_s = 30, 1, 300, 25.0, 240.0
+    raise_on_sigterm()
 
     from apportion import events as ev
     from apportion.bus.producer import EventProducer
@@ -557,13 +590,9 @@ def main(argv: list[str] | None = None) -> int:
             f"replay and chaos {t_replay:.0f} s, drain {t_drain - t_replay:.0f} s, check {time.monotonic() - t0 - t_drain:.0f} s"
         )
     finally:
-        stack.stop()
-        producer.close()
-        local.stop()
-        if not a.keep:
-            import shutil
+        import shutil
 
-            shutil.rmtree(root, ignore_errors=True)
+        teardown(stack.stop, producer.close, local.stop, lambda: a.keep or shutil.rmtree(root, ignore_errors=True))
     rep = res["verify"]
     wanted_kills = a.kills * len(SERVICES)
     line = (
