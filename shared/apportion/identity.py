@@ -53,6 +53,7 @@ import binascii
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -61,7 +62,9 @@ from typing import Any, TypeVar
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from nacl.exceptions import BadSignatureError
+from nacl.signing import VerifyKey
 
 from apportion import events
 from apportion.domain.admission import (
@@ -133,13 +136,35 @@ def _unb64(text: str, size: int) -> bytes:
     return raw
 
 
-_PUBLIC: dict[str, Ed25519PublicKey] = {}
+class _Verifier:
+    """An Ed25519 public key that verifies with libsodium (PyNaCl).
+
+    Keys are made and signatures written with ``cryptography``; readers verify with libsodium, which costs
+    about half of OpenSSL's verification here (48 against 96 µs of CPU per signature on the 2-core machine)
+    and is strict (it refuses non-canonical signatures and small-order keys and points as well). It releases
+    the GIL while it verifies (cffi), which :class:`SignerPrefetch` relies on.
+    """
+
+    __slots__ = ("_key",)
+
+    def __init__(self, raw: bytes) -> None:
+        self._key = VerifyKey(raw)
+
+    def verify(self, signature: bytes, data: bytes) -> None:
+        """Return if ``signature`` signs ``data``; raise :class:`InvalidSignature` otherwise."""
+        try:
+            self._key.verify(data, signature)
+        except BadSignatureError:
+            raise InvalidSignature() from None
 
 
-def _public(text: str) -> Ed25519PublicKey:
+_PUBLIC: dict[str, _Verifier] = {}
+
+
+def _public(text: str) -> _Verifier:
     key = _PUBLIC.get(text)
     if key is None:
-        key = Ed25519PublicKey.from_public_bytes(_unb64(text, 32))
+        key = _Verifier(_unb64(text, 32))
         if len(_PUBLIC) > 10_000:
             _PUBLIC.clear()
         _PUBLIC[text] = key
@@ -218,15 +243,18 @@ BATCH_MAX = 32
 #: Largest batch a reader accepts (a bound on the path it hashes).
 _BATCH_LIMIT = 1 << 16
 
-#: Batch signatures verified: signature text -> (key, n, root). Cleared past :data:`_ROOTS_CAP` entries.
+#: Batch signatures verified: signature text -> (key, n, root). Cleared past :data:`_ROOTS_CAP` entries (about
+#: 250 bytes each: 1 MiB; 4,096 batches cover well over the records a rebuild reads of one batch apart).
 _ROOTS: dict[bytes, tuple[str, int, bytes]] = {}
-_ROOTS_CAP = 100_000
+_ROOTS_CAP = 4096
 
 #: Hashes proven committed by a key's batch signature (leaves, siblings and inner nodes of verified paths) -> key.
 #: A record whose leaf (or a node of its path) is here needs no more hashing: by collision resistance its bytes
-#: are those the key signed. Cleared past :data:`_GOOD_CAP` entries.
+#: are those the key signed. Cleared past :data:`_GOOD_CAP` entries (about 120 bytes each, the key strings
+#: shared: 2 MiB). Both caches are only a shortcut (a record missed is hashed or verified again); a larger cap
+#: made them most of a reader's memory growth over hours (issue 18: 1,000,000 hashes, about 200 MiB).
 _GOOD: dict[bytes, str] = {}
-_GOOD_CAP = 1_000_000
+_GOOD_CAP = 16_384
 
 
 def _leaf(body: bytes) -> bytes:
@@ -253,7 +281,7 @@ def _appended_signer(raw: bytes) -> str | None:
     if body[k + _KEY_CHARS : k + _KEY_CHARS + 1] != b'"':
         return None
     try:
-        key = body[k : k + _KEY_CHARS].decode("ascii")
+        key = sys.intern(body[k : k + _KEY_CHARS].decode("ascii"))  # one string per key in the caches below
         public = _public(key)
         if not sig.startswith(b"m."):
             public.verify(_unb64(sig.decode("ascii"), 64), body)
@@ -765,6 +793,10 @@ class ReportGate:
         if isinstance(ev, events.JobPlaced):
             self.keys.place(ev)
 
+    def checks(self, ev: events.Event) -> bool:
+        """Does :meth:`report_refusal` check the signature of ``ev`` (attributed, of a type the reader folds)?"""
+        return is_attributed(ev) and (self.folds is None or isinstance(ev, self.folds))
+
     def report_refusal(self, raw: bytes | str | None, ev: events.Event, position: int | None = None) -> str | None:
         """Why ``ev`` (read as ``raw``) must be ignored (``unauthenticated...: ...``), or ``None``.
 
@@ -773,7 +805,7 @@ class ReportGate:
         follow. An event that needs no signature (:func:`~apportion.domain.admission.is_attributed`),
         or is of a type the reader does not fold: ``None`` without a signature check.
         """
-        if not is_attributed(ev) or (self.folds is not None and not isinstance(ev, self.folds)):
+        if not self.checks(ev):
             return None
         keys = self.keys
         signer = keys.principal(signer_of(raw, appended=True), to_us(ev.ts), position)

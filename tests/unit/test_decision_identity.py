@@ -113,6 +113,33 @@ def test_an_altered_byte_a_moved_signature_or_a_reserialised_record_proves_nothi
     assert [signer_of(x, appended=True) for x in values] == [D.public_key] * 5  # the untouched records prove it
 
 
+def test_the_verified_hash_caches_stay_bounded_and_a_record_past_a_clear_still_proves_its_key(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from apportion import identity
+
+    monkeypatch.setattr(identity, "_GOOD", {})
+    monkeypatch.setattr(identity, "_ROOTS", {})
+    monkeypatch.setattr(identity, "_GOOD_CAP", 64)
+    monkeypatch.setattr(identity, "_ROOTS_CAP", 4)
+    values = BatchSigner(D).values([events.encode(placed(f"cap{i}")) for i in range(20 * BATCH_MAX)])
+    for v in values:
+        assert signer_of(v, appended=True) == D.public_key
+        assert len(identity._GOOD) <= 64 + 2 * 5 + 1 and len(identity._ROOTS) <= 4  # a path adds at most 11
+    # the first batch was forgotten long ago: its records are proven again from their signature, not taken
+    assert signer_of(values[0], appended=True) == D.public_key
+    assert signer_of(values[0].replace(b'"lab/a"', b'"lab/b"'), appended=True) is None
+
+
+def test_a_bad_signature_or_key_proves_nothing() -> None:
+    report = completed("n0")
+    v = N0.signed_value(report)
+    assert signer_of(v, appended=True) == N0.public_key
+    bad = v[:-10] + (b"A" if v[-10:-9] != b"A" else b"B") + v[-9:]  # one character of the signature changed
+    assert signer_of(bad, appended=True) is None
+    zero_key = json.loads(v)
+    zero_key["signer_key"] = "A" * 43 + "="  # 32 zero bytes: a small-order point, refused whatever the signature
+    assert signer_of(json.dumps(zero_key).encode()) is None
+
+
 def test_a_node_report_signed_alone_verifies_in_the_appended_form_and_the_canonical_one() -> None:
     v = N0.signed_value(completed("n0"))
     assert signer_of(v, appended=True) == N0.public_key
