@@ -7,30 +7,15 @@ which is how seed 7 failed ``audit verify`` on an accounting snapshot (docs/reli
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections import Counter
 from datetime import UTC, datetime
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from apportion import events as ev
 from apportion.bus.intake import screen
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
-
-
-@pytest.fixture(scope="module")
-def chaos() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("chaos_campaign", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.parametrize("seed", [1, 7])
