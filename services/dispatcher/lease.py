@@ -334,7 +334,10 @@ def highest_token_in_log(
     :func:`apportion.domain.admission.authorize_report`): a forged decision
     carrying a huge token must not raise the floor (it would depose every
     later leader). The keys are those registered in ``keys_topic`` (default
-    ``apportion.budgets``), read whole. Records that do not decode are
+    ``apportion.budgets``), read whole, each record judged at its place in the
+    log (:func:`apportion.identity.log_position`): after a rotation of the
+    dispatcher's key, the tokens its old key signed before the revocation
+    still count. Records that do not decode are
     skipped. Reads with manual assignment (no consumer group, nothing
     committed).
 
@@ -348,7 +351,7 @@ def highest_token_in_log(
 
     from apportion.bus.security import kafka_auth
     from apportion.events import decode
-    from apportion.identity import ReportGate
+    from apportion.identity import ReportGate, log_position
     from apportion.topics import BUDGETS
 
     keys_at = keys_topic or BUDGETS.name
@@ -380,18 +383,18 @@ def highest_token_in_log(
                     except Exception:  # noqa: BLE001 - a poison record holds no token
                         continue
                     if tp in key_parts:
-                        gate.observe(ev)
+                        gate.observe(ev, log_position(rec, ev))
                     if tp in parts:
-                        tail.append((rec.value, ev))
+                        tail.append((rec.value, ev, log_position(rec, ev)))
                 if tp in todo and c.position(tp) >= todo[tp]:
                     del todo[tp]
                     c.pause(tp)
         if any(tp in todo for tp in key_parts):
             raise TimeoutError(f"{keys_at} not read to its end in {timeout_s:g} s: no fencing token is proven")
         best = 0
-        for raw, ev in tail:  # a signature is checked only for a token above the best so far
+        for raw, ev, place in tail:  # a signature is checked only for a token above the best so far
             t = getattr(ev, "fencing_token", None)
-            if valid_token(t) and t > best and gate.report_refusal(raw, ev) is None:
+            if valid_token(t) and t > best and gate.report_refusal(raw, ev, place) is None:
                 best = t
         return best
     finally:

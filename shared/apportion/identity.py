@@ -98,6 +98,7 @@ __all__ = [
     "decision_signer",
     "identity_file",
     "keyring_dir",
+    "log_position",
     "report_signer",
     "signer_of",
 ]
@@ -640,27 +641,63 @@ class _Grant:
 @dataclass(frozen=True, slots=True)
 class _Revocation:
     ts_us: Micros
-    position: int | None  # where it is in the log (a record timestamp, ms); None: folded live
+    position: int | None  # where it is in the log (its record's broker timestamp, ms: log_position); None: unknown
+
+
+#: kafka-python's ``ConsumerRecord.timestamp_type`` of a timestamp the broker set at append
+#: (``message.timestamp.type=LogAppendTime``, the signed topics' config: :data:`apportion.topics.BROKER_TIME`).
+LOG_APPEND_TIME = 1
+
+
+def log_position(rec: Any, ev: events.Event | None = None) -> int | None:
+    """A record's place in the log for :class:`KeyRegistry`: a broker timestamp (ms since the epoch), or ``None``.
+
+    * An audit record (:class:`apportion.bus.reader.LogRecord`, an export's line): its ``timestamp_ms``.
+    * A kafka-python ``ConsumerRecord`` (the services' reader edge, the standby's token floor): its
+      ``timestamp`` when the broker set it (``timestamp_type`` :data:`LOG_APPEND_TIME`); a producer's
+      ``CreateTime`` is ``None`` (a signer chooses it), except on a key event (``ev`` a registration or
+      revocation): only ops may write ``apportion.budgets`` (Kafka ACL), so their clock is trusted there, and
+      a revocation written before its topic got ``LogAppendTime`` still has a place.
+    * A record without a timestamp: ``None``.
+    """
+    ms = getattr(rec, "timestamp_ms", None)
+    if ms is not None:
+        return int(ms)
+    ms = getattr(rec, "timestamp", None)
+    if ms is None or ms < 0:
+        return None
+    if getattr(rec, "timestamp_type", None) == LOG_APPEND_TIME:
+        return int(ms)
+    return int(ms) if isinstance(ev, (events.UserKeyRegistered, events.UserKeyRevoked)) else None
 
 
 class KeyRegistry:
     """Which key proves which principal when: a fold of ``UserKeyRegistered``/``UserKeyRevoked`` (pure).
 
     A key proves ``user`` for a signed event of event time t when a
-    registration of (user, key) with ``ts <= t`` has been folded and no
+    registration of (user, key) with ``ts <= t`` has been folded (wherever it
+    is in the log: registrations precede use, and only ops write them) and no
     revocation of (user, key) made at or after that registration is *earlier
-    in the log* than the signed event, whatever the event's ``ts`` says
-    (a signer chooses its ``ts``: a stolen key must not sign a backdated
-    event). "Earlier in the log" is:
+    in the log* than the signed record, whatever the event's ``ts`` says (a
+    signer chooses its ``ts``: a stolen key must not sign a backdated event).
+    "Earlier in the log" (:meth:`principal`, the one rule of the reader edge
+    and the audit) is:
 
-    * live (the dispatcher, the accounting: ``position=None``): the revocation
-      has been folded, i.e. read before the event is checked (their reader
-      edge folds a batch's identity events before it checks the batch);
-    * in the audit: the revocation's record position (its Kafka timestamp,
-      the broker's append time on the signed topics) is at or before the
-      signed record's.
+    * both places known (:func:`log_position`: the broker's append time, ms):
+      the revocation's is strictly before the signed record's. A record of the
+      same millisecond as the revocation stands: the broker's clock does not
+      order them, a live reader that read the record first took it, and so
+      must a rebuild that reads both in one batch (the cost: a stolen key
+      signs for at most one millisecond after its revocation is appended);
+    * the signed record's place unknown (``position=None``: a producer's
+      ``CreateTime``, or a caller without a record): every revocation folded
+      so far counts (it was read before the record is checked);
+    * the revocation's place unknown, the record's known: by ``ts`` only (below).
 
-    A revocation with ``ts <= t`` revokes too (an honest, late reader).
+    A revocation with ``ts <= t`` revokes too (the signer claims a time after
+    it). So a rebuild that reads revocations later in the log than a record
+    in the same batch judges the record as the live reader did, and a key's
+    rotation voids nothing it signed before.
     Folding an event twice changes nothing.
 
     It also remembers which nodes hold which run (:meth:`place`, fed by the
@@ -700,7 +737,7 @@ class KeyRegistry:
 
         Args:
             ev: any event (others are ignored).
-            position: the record's place in the log (Kafka timestamp, ms) in the audit; ``None`` live.
+            position: the record's place in the log (:func:`log_position`); ``None``: unknown.
         """
         if not isinstance(ev, (events.UserKeyRegistered, events.UserKeyRevoked)):
             return False
@@ -720,8 +757,8 @@ class KeyRegistry:
         Args:
             public_key: the base64 key that signed (:func:`signer_of`), or ``None``.
             at_us: the signed event's event time (µs).
-            position: the signed record's place in the log (audit); ``None``
-                live: every revocation folded so far is earlier.
+            position: the signed record's place in the log (:func:`log_position`);
+                ``None``: unknown, every revocation folded so far is earlier.
 
         When one key was registered for several principals, the latest
         registration in force wins.
@@ -742,7 +779,7 @@ class KeyRegistry:
         for r in self._revoked.get((key, g.user), ()):
             if r.ts_us < g.from_us:
                 continue  # revoked before this registration (the key was registered again)
-            if r.ts_us <= at_us or position is None or (r.position is not None and r.position <= position):
+            if r.ts_us <= at_us or position is None or (r.position is not None and r.position < position):
                 return True
         return False
 
@@ -751,8 +788,9 @@ class ReportGate:
     """The reader edge's check of who wrote what (DESIGN section 10); folds the identity events it sees.
 
     Used by the dispatcher's and the accounting's :class:`~apportion.bus.intake.Intake`
-    (:meth:`~apportion.bus.intake.Intake.authenticate`) and, with positions,
-    by :func:`check_reports` in ``audit verify``. The rule is
+    (:meth:`~apportion.bus.intake.Intake.authenticate`), the standby's token floor
+    (:func:`services.dispatcher.lease.highest_token_in_log`) and :func:`check_reports`
+    in ``audit verify``, all with each record's :func:`log_position`. The rule is
     :func:`apportion.domain.admission.authorize_report`: decisions and
     commands signed by the dispatcher's key, node reports by their node's,
     of runs placed on that node.
@@ -785,7 +823,7 @@ class ReportGate:
         self._keys = lambda: registry
 
     def observe(self, ev: events.Event, position: int | None = None) -> bool:
-        """Fold an identity event; True when ``ev`` was one."""
+        """Fold an identity event at its record's ``position`` (:func:`log_position`); True when ``ev`` was one."""
         return self.keys.apply(ev, position)
 
     def emitted(self, ev: events.Event) -> None:
@@ -927,7 +965,7 @@ def check_requests(records: Iterable[Any]) -> tuple[list[RequestFinding], int]:
     on it. Across partitions the order the dispatcher read them in is not in
     the log, so a reuse there is still checked.
 
-    A key revoked earlier in the log (the revocation's record timestamp at or
+    A key revoked earlier in the log (the revocation's record timestamp
     before the request's: :class:`KeyRegistry`) proves nothing, whatever the
     request's ``ts`` says (a backdated request).
 
@@ -949,7 +987,7 @@ def check_requests(records: Iterable[Any]) -> tuple[list[RequestFinding], int]:
         ev = r.event
         if ev is None:
             continue
-        reg.apply(ev, _position(r))
+        reg.apply(ev, log_position(r))
         if isinstance(ev, events.JobRejected):
             refused.add(ev.event_id)
         elif isinstance(ev, events.JobCancelled):
@@ -985,17 +1023,12 @@ def check_requests(records: Iterable[Any]) -> tuple[list[RequestFinding], int]:
             why = "unsigned" if ev.signature is None else "its signature does not verify (altered or forged bytes)"
             findings.append(RequestFinding(i, ev.job_id, f"{ev.type} of user {ev.user!r} accepted, but {why}"))
             continue
-        rejection = authorize(ev, reg.principal(key, to_us(ev.ts), _position(r)), owner.get(ev.job_id))
+        rejection = authorize(ev, reg.principal(key, to_us(ev.ts), log_position(r)), owner.get(ev.job_id))
         if rejection is not None:
             findings.append(
                 RequestFinding(i, ev.job_id, f"{ev.type} accepted, but {rejection.reason.value}: {rejection.message}")
             )
     return findings, checked
-
-
-def _position(rec: Any) -> int:
-    """A record's place in the log for :class:`KeyRegistry`: its Kafka timestamp (ms; the broker's append time)."""
-    return int(getattr(rec, "timestamp_ms", 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -1041,7 +1074,7 @@ def check_reports(records: Sequence[Any]) -> ReportCheck:
         ev = r.event
         if ev is None:
             continue
-        gate.observe(ev, _position(r))
+        gate.observe(ev, log_position(r))
         if isinstance(ev, events.DeadLetter):
             letters.add(ev.event_id)
         elif isinstance(ev, events.NodeRequestRefused):
@@ -1057,7 +1090,7 @@ def check_reports(records: Sequence[Any]) -> ReportCheck:
         if ev is None or not is_attributed(ev):
             continue
         checked += 1
-        why = gate.report_refusal(r.raw, ev, _position(r))
+        why = gate.report_refusal(r.raw, ev, log_position(r))
         if why is None:
             continue
         ignored.add(i)

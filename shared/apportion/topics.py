@@ -33,6 +33,8 @@ class Topic:
         retention_ms: ``retention.ms``; ``-1`` keeps the log forever.
         compact: ``cleanup.policy=compact`` when True, else ``delete``.
         description: one line for ``--help`` and docs.
+        extra_configs: further topic-level configs, ``(name, value)`` pairs
+            (e.g. :data:`BROKER_TIME` on the signed topics).
     """
 
     base: str
@@ -65,6 +67,12 @@ def prefix() -> str:
 
 KEEP_FOREVER = -1
 
+#: The broker stamps each record with its append time (``message.timestamp.type=LogAppendTime``), on every
+#: topic that holds signed records or key events (DESIGN section 10): the readers judge a signature by the keys
+#: as of its record's place in the log (:func:`apportion.identity.log_position`), which a producer's
+#: ``CreateTime`` (the signer's choice) would let a holder of a revoked key backdate.
+BROKER_TIME: tuple[tuple[str, str], ...] = (("message.timestamp.type", "LogAppendTime"),)
+
 #: Most replicas a registry topic gets (DESIGN section 4: a cluster of three survives the loss of one broker).
 MAX_REPLICAS = 3
 
@@ -92,9 +100,15 @@ SUBMISSIONS = Topic(
     3,
     KEEP_FOREVER,
     description="JobSubmitted, JobCancelRequested from users, CLI and client",
+    extra_configs=BROKER_TIME,
 )
 JOBS = Topic(
-    "apportion.jobs", "job_id", 3, KEEP_FOREVER, description="job lifecycle facts from dispatcher and node agents"
+    "apportion.jobs",
+    "job_id",
+    3,
+    KEEP_FOREVER,
+    description="job lifecycle facts from dispatcher and node agents",
+    extra_configs=BROKER_TIME,
 )
 NODES = Topic(
     "apportion.nodes",
@@ -102,16 +116,23 @@ NODES = Topic(
     3,
     KEEP_FOREVER,
     description="node inventory, heartbeats, cordon/drain/lost, refused ops requests",
+    extra_configs=BROKER_TIME,
 )
 COMMANDS = Topic(
-    "apportion.commands", "node_id", 3, KEEP_FOREVER, description="StartWorkload, StopWorkload to node agents"
+    "apportion.commands",
+    "node_id",
+    3,
+    KEEP_FOREVER,
+    description="StartWorkload, StopWorkload to node agents",
+    extra_configs=BROKER_TIME,
 )
 BUDGETS = Topic(
     "apportion.budgets",
     "path (a BudgetBatch: cluster)",
     1,
     KEEP_FOREVER,
-    description="BudgetSet, BudgetRemoved, BudgetBatch, BudgetRejected",
+    description="BudgetSet, BudgetRemoved, BudgetBatch, BudgetRejected, key registrations and revocations",
+    extra_configs=BROKER_TIME,
 )
 USAGE = Topic("apportion.usage", "budget", 3, KEEP_FOREVER, description="OccupancySnapshot from accounting")
 RANKING = Topic("apportion.ranking", "cluster", 1, KEEP_FOREVER, description="FairShareRanking from policy")

@@ -207,6 +207,59 @@ def test_config_drift_is_reported_then_fixed(kafka_bootstrap: str) -> None:
     assert report.drift == []
 
 
+def test_signed_topics_get_the_brokers_time_and_provisioning_sets_it_on_an_existing_topic(kafka_bootstrap: str) -> None:
+    """``message.timestamp.type=LogAppendTime`` (``topics.BROKER_TIME``): described on the registry's signed topics;
+    a record sent with an old producer time is read back stamped by the broker (what the readers' key rule,
+    ``identity.log_position``, takes as its place); and plain provisioning (no ``fix``) puts it back on an
+    existing topic without touching its other configs."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    from apportion.identity import LOG_APPEND_TIME, log_position
+    from apportion.topics import BROKER_TIME
+
+    key = "message.timestamp.type"
+    admin = admin_client(kafka_bootstrap)
+    try:
+        res = [ConfigResource(ConfigResourceType.TOPIC, t.name, configs={key: None}) for t in ALL_TOPICS]
+        got = {n: c[key]["value"] for n, c in admin.describe_configs(res, config_filter="all")["topic"].items()}
+    finally:
+        admin.close()
+    signed = {"apportion.submissions", "apportion.jobs", "apportion.nodes", "apportion.commands", "apportion.budgets"}
+    assert got == {t.name: "LogAppendTime" if t.base in signed else "CreateTime" for t in ALL_TOPICS}
+
+    declared = Topic(f"test.brokertime.{uuid.uuid4().hex[:8]}", "key", 1, -1, extra_configs=BROKER_TIME)
+    assert provision(kafka_bootstrap, [declared]).created == [declared.name]
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, **kafka_auth())
+    try:
+        producer.send(declared.name, b"{}", key=b"k", timestamp_ms=1_000).get(timeout=DEADLINE_S)
+    finally:
+        producer.close()
+    consumer = KafkaConsumer(bootstrap_servers=kafka_bootstrap, enable_auto_commit=False, **kafka_auth())
+    try:
+        tp = TopicPartition(declared.name, 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        recs: list = []
+        deadline = time.monotonic() + DEADLINE_S
+        while not recs and time.monotonic() < deadline:
+            recs = consumer.poll(timeout_ms=200).get(tp, [])
+    finally:
+        consumer.close()
+    assert recs and recs[0].timestamp_type == LOG_APPEND_TIME
+    assert log_position(recs[0]) == recs[0].timestamp > 1_000  # the broker's clock, not the producer's 1970
+
+    admin = admin_client(kafka_bootstrap)
+    try:  # an operator (or a topic made before the declaration) sets the producer's time back
+        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, declared.name, configs={key: "CreateTime"})])
+        assert [(d.setting, d.actual) for d in find_drift(admin, [declared])] == [(key, "CreateTime")]
+    finally:
+        admin.close()
+    report = provision(kafka_bootstrap, [declared])  # no fix=True: this config is always set
+    assert [(d.setting, d.declared) for d in report.fixed] == [(key, "LogAppendTime")]
+    assert report.drift == []  # retention.ms still -1, cleanup.policy still delete
+
+
 # --------------------------------------------------------------------------- consumer wrapper
 
 

@@ -17,7 +17,11 @@ from tests.signing import node_value, with_node_keys
 
 @dataclass
 class Rec:
-    """A kafka-python ``ConsumerRecord`` with the fields the services read."""
+    """A kafka-python ``ConsumerRecord`` with the fields the services read.
+
+    ``timestamp_type`` 1 is a broker's append time (``LogAppendTime``, the signed topics'), 0 a producer's
+    ``CreateTime`` (its place in the log is unknown to the readers' key rule: :func:`apportion.identity.log_position`).
+    """
 
     topic: str
     partition: int
@@ -25,6 +29,7 @@ class Rec:
     key: bytes | None
     value: bytes
     timestamp: int = 0
+    timestamp_type: int = 0
 
 
 def records(evs, *, partitions: int = 3, start: dict[tuple[str, int], int] | None = None) -> list[Rec]:

@@ -38,7 +38,7 @@ INPUTS = [SUBMISSIONS.name, JOBS.name, NODES.name, BUDGETS.name]
 
 @dataclass(frozen=True)
 class Rec:
-    """The fields of a kafka-python ``ConsumerRecord`` the dispatcher reads."""
+    """The fields of a kafka-python ``ConsumerRecord`` the dispatcher reads (``timestamp_type`` 1: LogAppendTime)."""
 
     topic: str
     partition: int
@@ -46,10 +46,15 @@ class Rec:
     key: bytes | None
     value: bytes | None
     timestamp: int
+    timestamp_type: int = 0
 
 
 class ListLog:
-    """One partition per topic, in memory; ``read()`` returns what was appended since the last read."""
+    """One partition per topic, in memory; ``read()`` returns what was appended since the last read.
+
+    Record timestamps are the broker's (``LogAppendTime``, as the signed topics are configured): the n-th
+    record appended is at n ms.
+    """
 
     def __init__(self) -> None:
         self.records: list[Rec] = []
@@ -59,9 +64,10 @@ class ListLog:
         self.nodes: set[str] = set()
 
     def append(self, topic: str, value: bytes | None, key: bytes | None = None) -> None:
+        """Append as a broker with ``LogAppendTime`` does: the record's timestamp is its append (1 ms apart)."""
         off = self.next_offset.get(topic, 0)
         self.next_offset[topic] = off + 1
-        self.records.append(Rec(topic, 0, off, key, value, 0))
+        self.records.append(Rec(topic, 0, off, key, value, len(self.records) + 1, 1))
 
     def put(self, *evts: Event) -> None:
         """Append outside input; node reports signed by their node's key, registered first (tests.signing)."""

@@ -319,6 +319,58 @@ def test_a_backdated_drain_refused_live_stays_refused_on_a_rebuild() -> None:
     assert node_verdicts(decided) == [] and again.state.cluster.nodes["n1"].state == "ready"
 
 
+def test_a_dispatcher_rebuilt_from_offset_0_after_a_node_key_rotation_keeps_the_node() -> None:
+    """Ops rotate n1's key (register k2, revoke k1) while carol's job runs there; a new leader reads the whole log
+    as one batch: n1's registration and the start (signed by k1 before the revocation was appended) and the
+    completion (k2) count, as they did live (the revocation counts from its place in the log only)."""
+    import hashlib
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from apportion.identity import Identity
+
+    k1 = node_identity("n1")
+    k2 = Identity(k1.user, k1.role, Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"n1, rotated").digest()))
+    log = ListLog()
+    svc = service(log, echoes=True)
+    log.put(*setup())  # n1's NodeRegistered signed by k1, registered before it
+    log.put(CAROL.sign(sub("j1")))
+    drive(svc, log)
+    placed = next(e for _, v in log.published if isinstance(e := events.decode(v), events.JobPlaced))
+    log.put(
+        events.JobStarted(
+            event_id=events.det_id("t", "started"), job_id="j1", attempt=1, node_id="n1",
+            gpus=placed.placements[0].gpus, ts=T0 + timedelta(minutes=2), producer="node-agent",
+        )
+    )  # fmt: skip
+    drive(svc, log)  # live: one poll each
+    log.put(
+        registered(k2, T0 + timedelta(minutes=3)),
+        UserKeyRevoked(user=k1.user, public_key=k1.public_key, ts=T0 + timedelta(minutes=3), producer="ops"),
+    )
+    done = events.JobCompleted(
+        event_id=events.det_id("t", "done"), job_id="j1", attempt=1, replica=0, node_id="n1",
+        ts=T0 + timedelta(minutes=4), producer="node-agent",
+    )  # fmt: skip
+    log.append(JOBS.name, k2.signed_value(done), b"j1")
+    drive(svc, log)
+    assert "j1" in svc.state.finished and set(svc.state.cluster.nodes) == {"n1"}
+    assert svc.intake.stats.dead_lettered == 0
+    again, decided = _rebuilt(log)
+    assert set(again.state.cluster.nodes) == {"n1"} and again.state.cluster.nodes["n1"].gpu_count == 8
+    assert again.state.finished == svc.state.finished and "j1" not in again.state.jobs
+    assert again.intake.stats.dead_lettered == 0 and not [e for e in decided if isinstance(e, events.DeadLetter)]
+    # a report k1 signs after its revocation was appended is refused, live and by the next rebuild
+    late = events.NodeHeartbeat(
+        event_id=events.det_id("t", "late"), node_id="n1", ts=T0 + timedelta(minutes=2, seconds=30),
+        producer="node-agent",
+    )  # fmt: skip
+    log.append(NODES.name, k1.signed_value(late), b"n1")
+    drive(svc, log)
+    assert svc.intake.stats.unauthenticated_node == 1
+    assert _rebuilt(log)[0].intake.stats.unauthenticated_node == 1
+
+
 # --------------------------------------------------------------------------- the fencing-token floor from the log
 
 

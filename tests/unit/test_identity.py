@@ -115,7 +115,10 @@ H = timedelta(hours=1)
             [("reg", 0), ("rev", 2)], T0 + H, 100, Principal("alice"), id="earlier in the log than the revocation"
         ),
         pytest.param([("reg", 0), ("rev", 2)], T0 + H, 300, None, id="backdated: later in the log, ts before it"),
-        pytest.param([("reg", 0), ("rev", 2)], T0 + H, 200, None, id="at the revocation's log position"),
+        pytest.param(
+            [("reg", 0), ("rev", 2)], T0 + H, 200, Principal("alice"), id="the revocation's millisecond: stands"
+        ),
+        pytest.param([("reg", 0), ("rev", 2)], T0 + H, 201, None, id="one millisecond after the revocation"),
         pytest.param([("reg", 0), ("rev", 2)], T0 + H, None, None, id="live: the revocation was read, ts before it"),
         pytest.param([("reg", 0), ("rev", 2)], T0 + 2 * H, 100, None, id="at the revocation's time"),
         pytest.param([("reg", 0), ("rev", 1), ("reg", 2)], T0 + 3 * H, None, Principal("alice"), id="registered again"),
@@ -123,7 +126,11 @@ H = timedelta(hours=1)
     ],
 )
 def test_a_key_proves_its_user_from_registration_until_revocation(history, at, position, expected) -> None:  # type: ignore[no-untyped-def]
-    """Revocations count by log position (record timestamp 100 x hours; live: once read), not by the signer's ts."""
+    """Revocations count by log position (record timestamp 100 x hours; unknown: once read), not by the signer's ts.
+
+    A record of the revocation's own millisecond stands (the broker's clock does not order them: a live reader
+    that read the record first took it, and a rebuild reading both in one batch must too).
+    """
     reg = KeyRegistry()
     for kind, hours in history:
         ts = T0 + hours * H

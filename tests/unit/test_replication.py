@@ -22,7 +22,12 @@ def test_a_cluster_without_brokers_is_refused() -> None:
 def test_min_insync_replicas_is_declared_only_with_a_replication() -> None:
     assert "min.insync.replicas" not in declared_configs(topics.SUBMISSIONS)
     cfg = declared_configs(topics.SUBMISSIONS, topics.replication(3))
-    assert cfg == {"cleanup.policy": "delete", "retention.ms": "-1", "min.insync.replicas": "2"}
+    assert cfg == {
+        "cleanup.policy": "delete",
+        "retention.ms": "-1",
+        "message.timestamp.type": "LogAppendTime",
+        "min.insync.replicas": "2",
+    }
 
 
 def test_every_producer_waits_for_all_in_sync_replicas_and_is_idempotent() -> None:

@@ -50,6 +50,7 @@ from uuid import UUID
 
 from apportion import events
 from apportion.domain.admission import UNAUTHENTICATED_NODE
+from apportion.identity import log_position
 from apportion.timeutil import WEEK_S
 
 log = logging.getLogger(__name__)
@@ -310,10 +311,20 @@ class Intake:
         """``batch`` without the events the gate refuses; each refused one is dead-lettered and counted.
 
         The batch's identity events (key registrations and revocations) are
-        folded first, then each decision, command and node report is checked
-        in batch order (a run's placement before its reports): a key revoked
-        anywhere in the batch signs nothing in it, whatever an event's ``ts``
-        says (:class:`apportion.identity.KeyRegistry`). The dead letter's
+        folded first, each at its record's place in the log
+        (:func:`apportion.identity.log_position`: the broker's append time),
+        then each decision, command and node report is checked in batch order
+        (a run's placement before its reports) against the keys as of *its*
+        record's place: a revocation counts only for records appended after it
+        (or whose own ``ts`` is after it), wherever the batch holds it, so a
+        rebuild reading the whole log as one batch judges every record as the
+        live reader did one poll at a time, and a rotated key voids nothing it
+        signed before its revocation (:class:`apportion.identity.KeyRegistry`,
+        the audit's rule too). A registration counts from its ``ts`` wherever
+        it is in the batch (one in another partition, read in the same poll).
+        A record whose place is unknown (a producer's ``CreateTime``: a topic
+        without ``LogAppendTime``) is refused by every revocation folded so
+        far. The dead letter's
         reason starts with ``unauthenticated`` (a decision the dispatcher's key
         did not sign) or ``unauthenticated_node`` (a report its node's key did
         not sign, or of a run another node holds;
@@ -327,11 +338,12 @@ class Intake:
         if gate is None or not batch:
             return batch
         pairs = [pair(x) for x in batch]
-        for _, ev in pairs:
-            gate.observe(ev)
+        places = [log_position(rec, ev) for rec, ev in pairs]
+        for (_, ev), place in zip(pairs, places, strict=True):
+            gate.observe(ev, place)
         out = []
-        for x, (rec, ev) in zip(batch, pairs, strict=True):
-            why = gate.report_refusal(rec.value, ev)
+        for x, (rec, ev), place in zip(batch, pairs, places, strict=True):
+            why = gate.report_refusal(rec.value, ev, place)
             if why is None:
                 out.append(x)
                 continue

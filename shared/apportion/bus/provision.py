@@ -6,7 +6,12 @@ topic that exists is left alone), then compares what the broker has with
 what is declared and reports each difference as a :class:`Drift`. It never
 changes an existing topic unless asked (``fix=True`` sets drifted configs;
 partition counts and replication factors are only reported, since changing
-them re-keys entities or moves data).
+them re-keys entities or moves data), except for the configs in
+:data:`ALWAYS_SET`: the signed topics' ``message.timestamp.type=LogAppendTime``
+(:data:`apportion.topics.BROKER_TIME`) is set on an existing topic too (it
+only stamps later appends, moves and deletes nothing, and the readers' key
+rule relies on it: a topic made before it was declared gets it at the next
+``make up``, ``apportion stack up`` or ``provision``).
 
 Replication comes from the cluster's size (:func:`apportion.topics.replication`):
 one broker gives one replica, three or more give three replicas with
@@ -33,7 +38,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from apportion.topics import ALL_TOPICS, Topic, replication
+from apportion.topics import ALL_TOPICS, BROKER_TIME, Topic, replication
+
+#: Configs :func:`provision` sets on an existing topic whenever they drift, even without ``fix`` (module doc).
+ALWAYS_SET = frozenset(k for k, _ in BROKER_TIME)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,8 +203,9 @@ def provision(
         if kafka_auth().get("sasl_plain_username") == ADMIN:  # a secured broker: users and ACLs too
             report.users, report.acls = provision_security(admin, secrets_dir())
         report.drift = find_drift(admin, topics, report.replication)
-        if fix and report.drift:
-            report.fixed = fix_drift(admin, report.drift)
+        to_fix = report.drift if fix else [d for d in report.drift if d.setting in ALWAYS_SET]
+        if to_fix:
+            report.fixed = fix_drift(admin, to_fix)
             report.drift = find_drift(admin, topics, report.replication)
         return report
     finally:
