@@ -56,7 +56,7 @@ from apportion.events import (
     NodeRequestRefused,
     WorkloadRefused,
 )
-from apportion.identity import RequestGate
+from apportion.identity import RequestGate, log_position
 from apportion.metrics import count_preemptions
 from apportion.timeutil import from_us, s_to_us, to_us
 from services.dispatcher import logic
@@ -411,7 +411,8 @@ class DispatcherService:
         for rec, ev in pairs:  # what recover() decides (submissions, agents' refusals and losses), in log order
             if isinstance(ev, (JobSubmitted, WorkloadRefused, JobLost)):
                 if isinstance(ev, JobSubmitted) and ev.job_id not in state.jobs and ev.job_id not in state.finished:
-                    if (refused := self.gate.refusal(rec.value, ev, state.jobs, now)) is not None:
+                    place = log_position(rec, ev)  # the keys as of its record, not the log's end
+                    if (refused := self.gate.refusal(rec.value, ev, state.jobs, now, position=place)) is not None:
                         out += apply(rec, lambda e: [e, *step(state, e, now, cfg)], refused) or []
                         continue
                 out += apply(rec, lambda e: logic.recover(state, [e], now, cfg), ev) or []
@@ -459,7 +460,8 @@ class DispatcherService:
             if ev.event_id in state.seen:
                 continue  # our own decision coming back (not recognised as an echo), or a redelivery
             news |= type(ev) is not NodeHeartbeat
-            if (refused := self.gate.refusal(rec.value, ev, state.jobs, self.now_us())) is not None:
+            place = log_position(rec, ev)
+            if (refused := self.gate.refusal(rec.value, ev, state.jobs, self.now_us(), position=place)) is not None:
                 # a request not proven (DESIGN section 10): its refusal is published and folded instead
                 out += apply(rec, lambda e: [e, *step(state, e, self.now_us(), cfg)], refused) or []
                 continue

@@ -881,7 +881,14 @@ class RequestGate(ReportGate):
         return super().report_refusal(raw, ev, position)
 
     def refusal(
-        self, raw: bytes | None, ev: events.Event, jobs: Mapping[str, Any], now_us: Micros, *, rebuild: bool = False
+        self,
+        raw: bytes | None,
+        ev: events.Event,
+        jobs: Mapping[str, Any],
+        now_us: Micros,
+        *,
+        rebuild: bool = False,
+        position: int | None = None,
     ) -> Any:
         """The ``JobRejected`` (or ``NodeRequestRefused``) refusing ``ev``, or ``None`` (allowed, or not a request).
 
@@ -893,14 +900,17 @@ class RequestGate(ReportGate):
             rebuild: an ops request on a node checked by a rebuild, whose registry holds revocations later in
                 the log than the request: they count by event time only (an operator's rotated key must not
                 undo the drains it signed; a live refusal is in the log as its verdict).
+            position: the request's record's place in the log (:func:`log_position`), so that the keys are
+                those as of it, as the audit judges it (:func:`check_requests`); ``None``: every revocation
+                folded so far counts.
         """
         if self.keys.apply(ev):
             return None
         from apportion.timeutil import from_us
 
         if isinstance(ev, NODE_REQUEST_TYPES):
-            # position 0 (any number): a revocation folded without one counts by event time only (KeyRegistry)
-            signer = self.keys.principal(signer_of(raw), to_us(ev.ts), 0 if rebuild else None)
+            # position 0 (before any record): revocations count by event time only (KeyRegistry)
+            signer = self.keys.principal(signer_of(raw), to_us(ev.ts), 0 if rebuild else position)
             refused = authorize_node_request(ev, signer)
             if refused is None:
                 return None
@@ -908,7 +918,7 @@ class RequestGate(ReportGate):
             return refused_node_request_event(ev, refused, ts=from_us(now_us), producer=self.producer)
         if not isinstance(ev, (events.JobSubmitted, events.JobCancelRequested)):
             return None
-        rejection = self.check(raw, ev, jobs)
+        rejection = self.check(raw, ev, jobs, position)
         if rejection is None:
             return None
         self.refused += 1
@@ -920,10 +930,17 @@ class RequestGate(ReportGate):
         return refused_request_event(ev, rejection, budget=budget, ts=from_us(now_us), producer=self.producer)
 
     def check(
-        self, raw: bytes | None, ev: events.JobSubmitted | events.JobCancelRequested, jobs: Mapping[str, Any]
+        self,
+        raw: bytes | None,
+        ev: events.JobSubmitted | events.JobCancelRequested,
+        jobs: Mapping[str, Any],
+        position: int | None = None,
     ) -> Rejection | None:
-        """:func:`~apportion.domain.admission.authorize` of ``ev`` with the signer of ``raw`` at ``ev.ts``."""
-        signer = self.keys.principal(signer_of(raw), to_us(ev.ts))
+        """:func:`~apportion.domain.admission.authorize` of ``ev`` with the signer of ``raw`` at ``ev.ts``.
+
+        ``position``: its record's place in the log (:func:`log_position`; ``None``: unknown).
+        """
+        signer = self.keys.principal(signer_of(raw), to_us(ev.ts), position)
         owner = None
         if isinstance(ev, events.JobCancelRequested):
             rec = jobs.get(ev.job_id)

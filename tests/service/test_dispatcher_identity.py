@@ -109,6 +109,30 @@ def test_a_revoked_key_signs_nothing_after_the_revocation() -> None:
     assert rejections(out) == [("j1", "unauthenticated", "JobSubmitted")]
 
 
+def test_a_request_is_judged_by_the_keys_as_of_its_record_as_the_audit_judges_it() -> None:
+    """In one poll: carol's j1 appended before her key's revocation (ts before it), the revocation, then j2 she
+    signed after it, backdated before it. The edge folds the poll's key events first, yet j1 stands: its record
+    precedes the revocation (the broker's time, ``identity.log_position``), as ``audit verify`` counts it."""
+    from apportion.audit.verify import verify
+    from apportion.bus.reader import LogRecord, log_order
+
+    log = ListLog()
+    svc = service(log, echoes=True)
+    log.put(*setup())
+    drive(svc, log)
+    revoke = UserKeyRevoked(user="carol", public_key=CAROL.public_key, ts=T0 + timedelta(minutes=5), producer="ops")
+    log.put(CAROL.sign(sub("j1", minutes=2)), revoke, CAROL.sign(sub("j2", minutes=3)))
+    drive(svc, log)
+    out = [events.decode(v) for _, v in log.published]
+    assert rejections(out) == [("j2", "unauthenticated", "JobSubmitted")]
+    assert set(svc.state.jobs) == {"j1"}
+    recs = [
+        LogRecord(r.topic, r.partition, r.offset, r.key, r.timestamp, r.value, events.decode(r.value))
+        for r in log.records
+    ]
+    assert [m for m in verify(sorted(recs, key=log_order)).mismatches if m.check == "signature"] == []
+
+
 def test_replays_same_event_id_is_a_duplicate_and_a_copied_signature_on_a_new_id_is_refused() -> None:
     signed = CAROL.sign(sub("j1"))
     raw = events.encode(signed)
