@@ -692,13 +692,16 @@ class KeyRegistry:
     * the signed record's place unknown (``position=None``: a producer's
       ``CreateTime``, or a caller without a record): every revocation folded
       so far counts (it was read before the record is checked);
-    * the revocation's place unknown, the record's known: by ``ts`` only (below).
+    * the revocation's place unknown (folded without a record, or restored from
+      a snapshot of a reader older than the places): it counts for every record
+      checked after it was folded, as in the second case.
 
     A revocation with ``ts <= t`` revokes too (the signer claims a time after
     it). So a rebuild that reads revocations later in the log than a record
     in the same batch judges the record as the live reader did, and a key's
     rotation voids nothing it signed before.
-    Folding an event twice changes nothing.
+    Folding an event twice changes nothing (a revocation folded again keeps
+    the earliest place it was folded with).
 
     It also remembers which nodes hold which run (:meth:`place`, fed by the
     reader edge with every ``JobPlaced`` it authenticated), so that a node's
@@ -745,7 +748,15 @@ class KeyRegistry:
             self._grants.setdefault(ev.public_key, []).append(_Grant(ev.user, ev.role, to_us(ev.ts)))
             self._users.add(ev.user)
         else:
-            self._revoked.setdefault((ev.public_key, ev.user), []).append(_Revocation(to_us(ev.ts), position))
+            revs = self._revoked.setdefault((ev.public_key, ev.user), [])
+            new = _Revocation(to_us(ev.ts), position)
+            for i, r in enumerate(revs):
+                if r.ts_us == new.ts_us:  # the same revocation folded again: keep the earliest known place
+                    if r.position is None or (position is not None and position < r.position):
+                        revs[i] = new
+                    break
+            else:
+                revs.append(new)
         return True
 
     def __len__(self) -> int:
@@ -779,7 +790,7 @@ class KeyRegistry:
         for r in self._revoked.get((key, g.user), ()):
             if r.ts_us < g.from_us:
                 continue  # revoked before this registration (the key was registered again)
-            if r.ts_us <= at_us or position is None or (r.position is not None and r.position < position):
+            if r.ts_us <= at_us or position is None or r.position is None or r.position < position:
                 return True
         return False
 
@@ -909,7 +920,7 @@ class RequestGate(ReportGate):
         from apportion.timeutil import from_us
 
         if isinstance(ev, NODE_REQUEST_TYPES):
-            # position 0 (before any record): revocations count by event time only (KeyRegistry)
+            # position 0 (before any record): the revocations folded with a place count by event time only
             signer = self.keys.principal(signer_of(raw), to_us(ev.ts), 0 if rebuild else position)
             refused = authorize_node_request(ev, signer)
             if refused is None:

@@ -152,3 +152,23 @@ def test_every_topic_of_a_signed_record_or_a_key_event_has_the_brokers_time() ->
     for t in topics.ALL_TOPICS:
         want = "LogAppendTime" if t.base in names else None
         assert t.configs().get("message.timestamp.type") == want, t.base
+
+
+def test_a_revocation_without_a_place_counts_for_every_record_and_folding_it_again_keeps_its_earliest_place() -> None:
+    """A registry restored from a snapshot older than the places holds revocations without one: conservative."""
+    from apportion.identity import KeyRegistry
+    from apportion.timeutil import to_us
+
+    rev, before = revoked(K1, T0 + 2 * M), to_us(T0 + M)  # a report with ts before the revocation's
+
+    def proves(*folds: int | None, at_ms: int) -> bool:
+        reg = KeyRegistry()
+        reg.apply(registered(K1, T0), 1000)
+        for place in folds:
+            reg.apply(rev, place)
+        return reg.principal(K1.public_key, before, at_ms) is not None
+
+    assert not proves(None, at_ms=2000)  # placeless: revokes even a record appended before it
+    assert proves(3000, at_ms=2000) and not proves(3000, at_ms=3500)
+    assert proves(None, 3000, at_ms=2000) and proves(3000, None, at_ms=2000)  # again: its place is kept
+    assert proves(3000, 4000, at_ms=3500) is False  # the earliest of two places
