@@ -400,6 +400,21 @@ def test_two_job_swap_case_returns_by_the_default_horizon(tmp_path, flags):
 RAW_SWAP = ["--no-checkpoints", "--patience-s", "0", "--checkpoint-wait-s", "0"]
 
 
+def _swap_args(tmp_path) -> list[str]:
+    """``apportion simulate`` arguments for the two-job swap (TWO_JOBS, BUDGETS), seed 1, JSON output."""
+    (tmp_path / "t.csv").write_text(TWO_JOBS)
+    (tmp_path / "b.yaml").write_text(BUDGETS)
+    return ["--trace", str(tmp_path / "t.csv"), "--budgets", str(tmp_path / "b.yaml"), "--seed", "1", "--json"]
+
+
+def _most_preemptions(args: list[str], *options: str) -> int:
+    """``max_preemptions_per_job`` of fair share on the raw swap (RAW_SWAP) with ``options``."""
+    res = CliRunner().invoke(app, args + ["--policy", "fairshare", *RAW_SWAP, *options])
+    assert res.exit_code == 0, res.output
+    (p,) = json.loads(res.output)["policies"]
+    return int(p["max_preemptions_per_job"])
+
+
 def test_protection_cap_w_reaches_the_engine(tmp_path):
     # the two-job swap under fair share with the goodput rules that stop it early turned off (RAW_SWAP):
     # protection 60 s x 2**p (--protection-doublings -1: fairtree-4's doubling all the way to the cap). With the
@@ -407,17 +422,11 @@ def test_protection_cap_w_reaches_the_engine(tmp_path):
     # covers the 24 h a job needs, so neither job is preempted more than 11 times (see
     # test_goodput_rules_sim). With --protection-cap-w 0.001 the cap is 604.8 s of the 7-day window: from the
     # fourth preemption on every attempt is protected 604.8 s only, so the swaps go on past 11
-    (tmp_path / "t.csv").write_text(TWO_JOBS)
-    (tmp_path / "b.yaml").write_text(BUDGETS)
-    args = ["--trace", str(tmp_path / "t.csv"), "--budgets", str(tmp_path / "b.yaml"), "--seed", "1", "--json"]
-    most = {}
-    for cap in ("1", "0.001"):
-        res = CliRunner().invoke(
-            app, args + ["--policy", "fairshare", *RAW_SWAP, "--protection-doublings", "-1", "--protection-cap-w", cap]
-        )
-        assert res.exit_code == 0, res.output
-        (p,) = json.loads(res.output)["policies"]
-        most[cap] = p["max_preemptions_per_job"]
+    args = _swap_args(tmp_path)
+    most = {
+        cap: _most_preemptions(args, "--protection-doublings", "-1", "--protection-cap-w", cap)
+        for cap in ("1", "0.001")
+    }
     assert most["1"] <= 11 < most["0.001"], most
     res = CliRunner().invoke(app, args + ["--protection-cap-w", "0"])
     assert res.exit_code != 0 and "0.001" in res.output
@@ -427,15 +436,8 @@ def test_protection_doublings_reach_the_engine(tmp_path):
     # the same raw two-job swap. fairtree-5's default, 3 doublings: attempts are protected 60, 120, 240, 480 s,
     # and from the fourth preemption on for the cap (W = 7 days, more than the 24 h a job needs), so no job is
     # preempted more than 4 times; doubling all the way (-1) needs 11 doublings (60 s x 2**11 = 34 h) to cover 24 h
-    (tmp_path / "t.csv").write_text(TWO_JOBS)
-    (tmp_path / "b.yaml").write_text(BUDGETS)
-    args = ["--trace", str(tmp_path / "t.csv"), "--budgets", str(tmp_path / "b.yaml"), "--seed", "1", "--json"]
-    most = {}
-    for n in ("3", "-1"):
-        res = CliRunner().invoke(app, args + ["--policy", "fairshare", *RAW_SWAP, "--protection-doublings", n])
-        assert res.exit_code == 0, res.output
-        (p,) = json.loads(res.output)["policies"]
-        most[n] = p["max_preemptions_per_job"]
+    args = _swap_args(tmp_path)
+    most = {n: _most_preemptions(args, "--protection-doublings", n) for n in ("3", "-1")}
     # each job is preempted at the end of each short protection while the other waits: exactly 4 and 11
     assert most == {"3": 4, "-1": 11}
     res = CliRunner().invoke(app, args + ["--protection-doublings", "-2"])
