@@ -34,6 +34,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from apportion import events
@@ -42,6 +43,9 @@ from apportion.bus.producer import EventProducer
 from apportion.bus.resilience import KAFKA_RECONNECT
 
 log = logging.getLogger(__name__)
+
+#: how long :meth:`AssignedConsumer.read_identity_to_end` waits for the broker (seconds)
+IDENTITY_READ_AHEAD_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,6 +328,12 @@ class AssignedConsumer:
             the end (e.g. ``{usage: 1}`` for the newest snapshot only);
             topics not listed start at offset 0.
         deadline_s: how long to wait for the topics' metadata.
+        read_ahead: when ``topics`` hold the topic of the key registrations
+            and revocations (:data:`apportion.topics.BUDGETS`, DESIGN section 4),
+            each :meth:`poll` that returns a record of another topic also reads
+            that one to its end (:meth:`read_identity_to_end`), so that a signed
+            record is judged with every key event appended before it (DESIGN
+            section 10). False: no read-ahead.
 
     Raises:
         TimeoutError: a topic has no partitions after ``deadline_s``.
@@ -337,6 +347,7 @@ class AssignedConsumer:
         *,
         tail: dict[str, int] | None = None,
         deadline_s: float = 30.0,
+        read_ahead: bool = True,
     ) -> None:
         import time
 
@@ -363,6 +374,14 @@ class AssignedConsumer:
                 self._kc.poll(timeout_ms=100)  # refreshes metadata
             parts += [TopicPartition(t, p) for p in sorted(ps)]
         self.partitions = parts
+        from apportion.topics import BUDGETS
+
+        identity_topic = BUDGETS.name if read_ahead else None
+        #: the identity topic's partitions (read ahead by :meth:`poll`), and the others (paused meanwhile)
+        self.identity_parts = [tp for tp in parts if tp.topic == identity_topic]
+        self._other_parts = [tp for tp in parts if tp.topic != identity_topic]
+        #: polls that had to read the identity topic ahead (they found it behind its end)
+        self.identity_read_aheads = 0
         from apportion.bus.consumer import LagMeter
 
         #: consumer lag per partition, measured after polls once its ``sink`` is set
@@ -396,11 +415,71 @@ class AssignedConsumer:
             if off is not None:
                 self._kc.seek(tp, off)
 
-    def poll(self, timeout_ms: int = 200, max_records: int = 5000) -> list[Any]:
-        """Next records (kafka-python ``ConsumerRecord``), partition by partition in offset order."""
+    def poll(self, timeout_ms: int = 200, max_records: int = 5000, *, read_ahead: bool = True) -> list[Any]:
+        """Next records (kafka-python ``ConsumerRecord``), partition by partition in offset order.
+
+        With an identity topic and ``read_ahead``, a batch holding any record of
+        another topic also holds every identity record appended before the
+        batch was read (:meth:`read_identity_to_end`, appended after the rest).
+        Why: partitions are fetched independently, so a submission can be read
+        before the key registration published (and acknowledged) just before
+        it, or a report before its key's revocation; the reader would judge it
+        by keys the log's order contradicts, and the audit, which judges every
+        record by the keys as of its own place (:func:`apportion.identity.log_position`),
+        would disagree.
+        """
         batch = self._kc.poll(timeout_ms=timeout_ms, max_records=max_records)
         self.lag.after_poll(self._kc, lambda: self.partitions)
-        return [r for tp in sorted(batch, key=lambda tp: (tp.topic, tp.partition)) for r in batch[tp]]
+        out = [r for tp in sorted(batch, key=lambda tp: (tp.topic, tp.partition)) for r in batch[tp]]
+        if read_ahead and self.identity_parts and any(r.topic != self.identity_parts[0].topic for r in out):
+            out += self.read_identity_to_end()
+        return out
+
+    def read_identity_to_end(self, deadline_s: float = IDENTITY_READ_AHEAD_S) -> list[Any]:
+        """The identity topic's records from its positions to its end offsets, asked of the broker now.
+
+        The other partitions are paused meanwhile (what they fetched is kept
+        for the next poll), so this ends. The end offsets are asked after the
+        batch that needs them was read, so they cover every identity record
+        acknowledged before any record of that batch was appended. Gives up
+        (logged; the batch is judged with the keys read so far, as without the
+        read-ahead) when the broker does not answer within ``deadline_s``.
+
+        Returns:
+            the records read, partition by partition in offset order (empty when it was at its end).
+        """
+        import time
+
+        from kafka.errors import KafkaError
+
+        parts = self.identity_parts
+        try:
+            ends = self._kc.end_offsets(parts, timeout_ms=int(deadline_s * 1000))
+        except KafkaError as exc:
+            log.warning("identity topic's end offsets not known (%s): judging with the keys read so far", exc)
+            return []
+
+        def behind() -> list[Any]:
+            return [tp for tp in parts if (self._kc.position(tp, timeout_ms=0) or 0) < ends[tp]]
+
+        if not behind():
+            return []
+        self.identity_read_aheads += 1
+        out: list[Any] = []
+        end_at = time.monotonic() + deadline_s
+        self._kc.pause(*self._other_parts)
+        self._kc.resume(*parts)
+        try:
+            while (late := behind()) and time.monotonic() < end_at:
+                got = self._kc.poll(timeout_ms=100)
+                out += [r for tp in sorted(got, key=lambda tp: (tp.topic, tp.partition)) for r in got[tp]]
+            if late:
+                log.warning(
+                    "identity topic not read to its end within %.1f s: judging with the keys read so far", deadline_s
+                )
+        finally:
+            self._kc.resume(*self._other_parts)
+        return out
 
     async def catch_up(self, stop: asyncio.Event) -> tuple[list[Any], list[Any]] | None:
         """Read up to the end offsets taken at start (in worker threads).
@@ -416,8 +495,11 @@ class AssignedConsumer:
         while not await asyncio.to_thread(self.caught_up):
             if stop.is_set():
                 return None
-            for rec in await asyncio.to_thread(self.poll, 200):
+            # no read-ahead: a rebuild judges the records once it has read the whole log to its end
+            for rec in await asyncio.to_thread(partial(self.poll, 200, read_ahead=False)):
                 (backlog if rec.offset < ends[(rec.topic, rec.partition)] else late).append(rec)
+        if self.identity_parts and any(r.topic != self.identity_parts[0].topic for r in late):
+            late += await asyncio.to_thread(self.read_identity_to_end)  # handled live: judged as a poll's
         return backlog, late
 
     def caught_up(self) -> bool:
