@@ -25,6 +25,7 @@ from apportion.domain.engine import PendingReason, reason_dict, run_cycle
 from apportion.domain.fairshare import FairShareQueue
 from apportion.events import (
     Event,
+    JobCancelRequested,
     JobLost,
     JobPlaced,
     JobSubmitted,
@@ -45,7 +46,9 @@ def recover(state: DispatchState, log: Sequence[Event], now_us: Micros, cfg: Dis
     ``JobQueued``/``JobRejected``; its successor finds such submissions here
     and admits them now. The same for the node agents' ``WorkloadRefused``
     and ``JobLost`` (a start refused by an agent that restarted while no
-    leader ran is undone and the job requeued). Decision ids are deterministic, so if the old
+    leader ran is undone and the job requeued), and for a ``JobCancelRequested``
+    whose job is still active once the log is folded (sent while no leader ran:
+    it is carried out now, not lost). Decision ids are deterministic, so if the old
     leader's decision did reach the log after all, readers de-duplicate.
 
     Args:
@@ -70,6 +73,8 @@ def recover(state: DispatchState, log: Sequence[Event], now_us: Micros, cfg: Dis
             # an agent's report the old leader may not have answered (it arrived while nobody led, or
             # during this rebuild): the domain acts only if the run it names is still the job's current one
             out.extend(_decide_folded(state, ev, now_us, cfg))
+        elif isinstance(ev, JobCancelRequested) and ev.job_id in state.jobs:
+            out.extend(_decide_folded(state, ev, now_us, cfg))  # JobCancelled ends the job: decided once
     return out
 
 

@@ -50,7 +50,9 @@ from apportion.domain.engine import EngineConfig
 from apportion.events import (
     DispatcherConfigured,
     Event,
+    JobCancelRequested,
     JobLost,
+    JobRejected,
     JobSubmitted,
     NodeHeartbeat,
     NodeRequestRefused,
@@ -408,9 +410,14 @@ class DispatcherService:
             out.append(configured)
         for rec, no in undecided:  # forgeries no leader answered: their verdicts now
             out += apply(rec, lambda e: [e, *step(state, e, now, cfg)], no) or []
-        for rec, ev in pairs:  # what recover() decides (submissions, agents' refusals and losses), in log order
-            if isinstance(ev, (JobSubmitted, WorkloadRefused, JobLost)):
-                if isinstance(ev, JobSubmitted) and ev.job_id not in state.jobs and ev.job_id not in state.finished:
+        answered = {ev.refused_event_id for _, ev in pairs if isinstance(ev, JobRejected) and ev.refused_event_id}
+        # what recover() decides (submissions, cancels, agents' refusals and losses), in log order
+        for rec, ev in pairs:
+            if isinstance(ev, (JobSubmitted, JobCancelRequested, WorkloadRefused, JobLost)):
+                if isinstance(ev, JobCancelRequested) and (ev.job_id not in state.jobs or ev.event_id in answered):
+                    continue  # carried out (the job ended) or refused by a leader: decided
+                undecided_submission = isinstance(ev, JobSubmitted) and ev.job_id not in state.jobs
+                if isinstance(ev, JobCancelRequested) or undecided_submission and ev.job_id not in state.finished:
                     place = log_position(rec, ev)  # the keys as of its record, not the log's end
                     if (refused := self.gate.refusal(rec.value, ev, state.jobs, now, position=place)) is not None:
                         out += apply(rec, lambda e: [e, *step(state, e, now, cfg)], refused) or []

@@ -17,7 +17,7 @@ import pytest
 from apportion import events
 from apportion.events import BudgetSet, JobCancelRequested, JobSubmitted, NodeRegistered, UserKeyRevoked
 from apportion.topics import JOBS, NODES
-from tests.service.test_dispatcher import T0, ListLog, drive, service
+from tests.service.test_dispatcher import INPUTS, T0, ListLog, drive, service
 from tests.signing import identity, node_identity, registered
 
 ALICE, CAROL, EVE, OPS = identity("alice"), identity("carol"), identity("eve"), identity("root", "ops")
@@ -178,6 +178,50 @@ def test_a_new_leader_refuses_an_undecided_forgery_too() -> None:
     decided = svc.bootstrap(log.read())
     assert rejections(decided) == [("j1", "unauthenticated", "JobSubmitted")]
     assert set(svc.state.jobs) == {"j2"}
+
+
+def _led_then_requests(*requests: events.Event) -> tuple[ListLog, list[events.Event]]:
+    """A leader places carol's j1 and dies; ``requests`` are appended while no leader runs; the next one rebuilds.
+
+    Returns the log and the new leader's recovery decisions.
+    """
+    log = ListLog()
+    first = service(log, echoes=True)
+    log.put(*setup(), CAROL.sign(sub("j1")))
+    drive(first, log)
+    log.put(*requests)
+    nxt = service(log, echoes=True, token=8)
+    return log, nxt.bootstrap([r for r in log.records if r.topic in INPUTS])
+
+
+def test_a_cancel_sent_while_no_leader_ran_is_carried_out_by_the_next_leader() -> None:
+    """Found by a new user: the cancel was in the log, the job ran on (the rebuild folded it, decided nothing)."""
+    _, decided = _led_then_requests(CAROL.sign(cancel("j1", "carol")))
+    assert [(e.type, e.job_id) for e in decided if e.type in ("StopWorkload", "JobCancelled")] == [
+        ("StopWorkload", "j1"),
+        ("JobCancelled", "j1"),
+    ]
+
+
+def test_a_cancel_no_leader_answered_is_still_checked_for_its_owner() -> None:
+    _, decided = _led_then_requests(EVE.sign(cancel("j1", "eve")))
+    assert rejections(decided) == [("j1", "not_owner", "JobCancelRequested")]
+    assert not any(isinstance(e, events.JobCancelled | events.StopWorkload) for e in decided)
+
+
+def test_a_cancel_a_leader_answered_is_not_decided_again() -> None:
+    """Carried out (the job ended) or refused (its JobRejected names it): a rebuild decides neither again."""
+    log = ListLog()
+    first = service(log, echoes=True)
+    log.put(*setup(), CAROL.sign(sub("j1")), CAROL.sign(sub("j2", minutes=2)))
+    drive(first, log)
+    log.put(CAROL.sign(cancel("j1", "carol", minutes=3)), EVE.sign(cancel("j2", "eve", minutes=3)))
+    drive(first, log)
+    assert rejections([events.decode(v) for _, v in log.published]) == [("j2", "not_owner", "JobCancelRequested")]
+    nxt = service(log, echoes=True, token=8)
+    decided = nxt.bootstrap([r for r in log.records if r.topic in INPUTS])
+    assert [e for e in decided if isinstance(e, events.JobCancelled | events.JobRejected | events.StopWorkload)] == []
+    assert set(nxt.state.jobs) == {"j2"}
 
 
 # --------------------------------------------------------------------------- node reports (a node reports for itself)
