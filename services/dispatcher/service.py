@@ -358,6 +358,17 @@ class DispatcherService:
 
         return Snapshot(self.state, dict(self.inputs), self.intake.ledger, self.token, self.gate.keys)
 
+    def read_from(self, begin: dict[str, int]) -> None:
+        """Note where each input partition is read from (``"topic:partition"`` -> offset; after :meth:`restore`).
+
+        A partition no record is read from keeps that offset in :attr:`inputs`, so a snapshot names every
+        partition and fits the log on the next start (:func:`apportion.statefile.check_offsets` refuses
+        offsets that lack one: every restart of a stack with an empty partition rebuilt from offset 0).
+        The audit reads an absent partition as offset 0 (``Decision.inputs``), so nothing else changes.
+        """
+        for name, off in begin.items():
+            self.inputs.setdefault(name, off)
+
     def restore(self, snap: Any) -> None:
         """Start from a stored snapshot: state, input offsets and id ledger (then :meth:`bootstrap` the tail)."""
         self.state = snap.state
@@ -727,6 +738,7 @@ async def rebuild_and_start(
     svc = term.svc
     t_start = term.now()
     snap = await asyncio.to_thread(store.restore_snapshot, r, settings, svc, consumer, lease)
+    svc.read_from(consumer.offsets_at_start()[0])  # the log start of a partition the snapshot did not name
     if (caught := await consumer.catch_up(stop)) is None:
         return False
     ts = from_us(svc.now_us())

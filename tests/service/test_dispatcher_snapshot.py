@@ -153,3 +153,22 @@ def test_offsets_that_no_longer_fit_the_log_are_refused() -> None:
     assert reason({"a:0": 5}, {"a:0": 6}, {"a:0": 9}) == "offsets_before_log_start"
     assert reason({"a:0": 10}, {"a:0": 0}, {"a:0": 9}) == "offsets_after_log_end"
     check_offsets({"a:0": 9}, {"a:0": 0}, {"a:0": 9})
+
+
+def test_a_snapshot_names_every_input_partition_so_an_empty_one_does_not_void_it() -> None:
+    """A new user's dispatcher rebuilt from 0 on every restart ("no usable snapshot (partitions: missing
+    ['apportion.nodes:2'])"): the snapshot named only partitions a record was read from."""
+    log = ListLog()
+    svc = service(log, echoes=True)
+    begin = {f"{t}:0": 0 for t in INPUTS} | {"apportion.nodes:2": 0}  # one partition that never gets a record
+    svc.read_from(begin)
+    for round_ in history():
+        log.put(*round_)
+        drive(svc, log)
+    offsets = svc.snapshot().offsets
+    assert offsets["apportion.nodes:2"] == 0 and set(offsets) == set(begin)
+    end = {p: log.next_offset.get(p.split(":")[0], 0) for p in begin}
+    check_offsets(offsets, begin, end)  # fits: no CheckpointError("partitions")
+    assert {p: offsets[p] for p in begin if p != "apportion.nodes:2"} == {
+        p: end[p] for p in begin if p != "apportion.nodes:2"
+    }
