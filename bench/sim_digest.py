@@ -75,7 +75,7 @@ def _philly(a: argparse.Namespace) -> None:
         dcfg = DispatchConfig(
             engine=EngineConfig(window_s=bf.window_s),
             heartbeat_timeout_s=None,
-            scheduler=None if name == "fairshare" else POLICIES[name],
+            scheduler=POLICIES[name],
         )
         if a.tail_h is None:
             until = default_horizon_us(jobs, bf.nodes)

@@ -21,7 +21,7 @@ from simkit import at
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import ClusterState
 from apportion.domain.dispatch import DispatchConfig
-from apportion.domain.engine import CycleSnapshot, EngineConfig, run_cycle, schedule
+from apportion.domain.engine import CycleSnapshot, EngineConfig, run_cycle
 from apportion.events import (
     JobCompleted,
     JobFailed,
@@ -153,8 +153,8 @@ def test_same_seed_gives_byte_identical_decision_log(world):
     assert simulate(tree, nodes, jobs, cfg).decision_log() == simulate(tree, nodes, jobs, cfg).decision_log()
 
 
-def test_schedule_is_the_default_cycle():
-    assert DispatchConfig().scheduler is None and callable(schedule)
+def test_run_cycle_is_the_default_cycle():
+    assert DispatchConfig().scheduler is None and POLICIES["fairshare"] is None
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -166,23 +166,23 @@ def test_cycles_decide_the_same_with_and_without_the_kept_indices(world):
     from apportion.domain import dispatch
 
     nodes, jobs, drains, seed = world
-    real = dispatch.schedule
+    real = dispatch.run_cycle
     cycles = []
 
     def both(snapshot, now_us, cfg):
         with_index = real(snapshot, now_us, cfg)
         assert snapshot.victims is not None and snapshot.free is not None
         without = real(replace(snapshot, victims=None, free=None, memo=None), now_us, cfg)
-        assert [e.model_dump_json() for e in with_index] == [e.model_dump_json() for e in without]
-        cycles.append(len(with_index))
+        assert [e.model_dump_json() for e in with_index.events] == [e.model_dump_json() for e in without.events]
+        cycles.append(len(with_index.events))
         return with_index
 
-    dispatch.schedule = both
+    dispatch.run_cycle = both
     try:
         cfg = SimConfig(seed=seed, drains=drains, sample_s=0, until_us=at(12))
         r = simulate(BudgetTree.from_mapping(TREE), nodes, jobs, cfg)
     finally:
-        dispatch.schedule = real
+        dispatch.run_cycle = real
     assert cycles and r.violations == []
 
 
@@ -230,7 +230,7 @@ def test_a_run_leaves_no_reference_cycles(policy):
             nodes,
             jobs,
             cfg,
-            scheduler=None if policy == "fairshare" else POLICIES[policy],
+            scheduler=POLICIES[policy],
         )
         gc.collect()
         cyclic = sorted({type(o).__name__ for o in gc.garbage})

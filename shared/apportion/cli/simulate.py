@@ -339,7 +339,7 @@ def _run(
             protection_doublings=protection_doublings,
         ),
         heartbeat_timeout_s=None,
-        scheduler=None if name == "fairshare" else POLICIES[name],  # peers reset their memory per simulation
+        scheduler=POLICIES[name],  # peers reset their memory per simulation
     )
     if tail_h is None:
         until = default_horizon_us(jobs, bf.nodes)

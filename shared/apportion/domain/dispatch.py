@@ -23,7 +23,7 @@ What ``decide`` does per input (DESIGN sections 2 and 3):
 * ``NodeLost`` (from outside) -> ``JobLost`` (charged to the last
   heartbeat), ``StopWorkload`` to the gang's other replicas, ``JobRequeued``.
 * :class:`Tick` -> maintenance, then the scheduling cycle
-  (:func:`apportion.domain.engine.schedule`) on the state with the
+  (:func:`apportion.domain.engine.run_cycle`) on the state with the
   maintenance folded in:
 
   - heartbeat timeout (``heartbeat_timeout_s``, default 30 s; ``None``
@@ -65,7 +65,7 @@ from apportion.domain.engine import (
     allocated_count,
     pending_order,
     preempt_events,
-    schedule,
+    run_cycle,
     shape_code,
     start_events,
     stop_event,
@@ -155,7 +155,6 @@ __all__ = [
     "evolve",
     "decide",
     "step",
-    "cycle",
     "maintenance",
     "EMIT_ORDER",
     "emit_rank",
@@ -188,7 +187,7 @@ class DispatchConfig:
             it (simulations whose heartbeats list nothing). The dispatcher
             service runs with 2.
         scheduler: the cycle function ``(snapshot, now_us, engine_config) ->
-            events``; ``None`` is :func:`engine.schedule` (the simulator's
+            events``; ``None`` is the engine's :func:`engine.run_cycle` (the simulator's
             baselines swap it). A function with the attribute
             ``reads_snapshot_only = True`` promises what the engine does: it
             reads the snapshot during the call only, never writes it and keeps
@@ -370,7 +369,7 @@ class DispatchState:
 
         ``copy=False`` shares the live cluster dicts (:meth:`ClusterState.view`):
         only for a cycle that runs before the next event is folded and keeps
-        nothing (the engine's own ``schedule`` in :func:`cycle`). It also
+        nothing (the engine's own :func:`engine.run_cycle` in :func:`_cycle`). It also
         passes the state's :class:`VictimIndex` and :class:`FreeIndex`, brought
         up to date with the runs and nodes that changed since the previous
         cycle (built on first use).
@@ -756,9 +755,9 @@ def decide(
             scratch = state.fork()
             for e in out:
                 evolve(scratch, e)
-            out.extend(cycle(scratch, now_us, cfg))
+            out.extend(_cycle(scratch, now_us, cfg))
         else:
-            out = cycle(state, now_us, cfg)
+            out = _cycle(state, now_us, cfg)
         return out
     if isinstance(inp, JobSubmitted):
         job: JobSubmitted = inp
@@ -883,14 +882,17 @@ def step(state: DispatchState, inp: Event | Tick, now_us: Micros, config: Dispat
     return out
 
 
-def cycle(state: DispatchState, now_us: Micros, config: DispatchConfig | None = None) -> list[Event]:
-    """The scheduling cycle on ``state`` at ``now_us`` (:func:`engine.schedule` on a snapshot)."""
+def _cycle(state: DispatchState, now_us: Micros, config: DispatchConfig | None = None) -> list[Event]:
+    """The scheduling cycle on ``state`` at ``now_us``: :func:`engine.run_cycle` (or ``config.scheduler``)
+    on a snapshot."""
     cfg = config or DispatchConfig()
     if not state.pending:
         return []
-    fn = cfg.scheduler or schedule
-    # the engine reads the snapshot during the call only and never writes: no copies needed
-    view = fn is schedule or getattr(fn, "reads_snapshot_only", False) is True
+    fn = cfg.scheduler
+    if fn is None:
+        # the engine reads the snapshot during the call only and never writes: no copies needed
+        return run_cycle(state.cycle_snapshot(now_us, copy=False), now_us, cfg.engine).events
+    view = getattr(fn, "reads_snapshot_only", False) is True
     return fn(state.cycle_snapshot(now_us, copy=not view), now_us, cfg.engine)
 
 

@@ -1,9 +1,9 @@
 """Baseline policies for side-by-side comparison (DESIGN section 7).
 
-Each is a cycle function with the signature of
-:func:`apportion.domain.engine.schedule` (``(snapshot, now_us, config) ->
-events``), plugged into the same dispatcher core through
-``DispatchConfig.scheduler``; only the choice of what to place differs.
+Each is a cycle function ``(snapshot, now_us, config) -> events`` (the
+events of :func:`apportion.domain.engine.run_cycle`), plugged into the same
+dispatcher core through ``DispatchConfig.scheduler``; only the choice of
+what to place differs.
 All use the engine's gang best fit on free GPUs and backfill.
 
 * ``fifo``: every pending job in (submitted_at, job_id) order, no budgets,
@@ -26,7 +26,7 @@ import heapq
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 
-from apportion.domain.engine.cycle import CycleSnapshot, schedule
+from apportion.domain.engine.cycle import CycleSnapshot
 from apportion.domain.engine.emit import emit_placed, preempt_events, start_events
 from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
 from apportion.domain.engine.placement import CycleFree
@@ -186,7 +186,7 @@ def _greedy(
             :func:`apportion.domain.engine.plan_preemption`). ``None``: no preemption.
 
     Returns:
-        Events in order, as :func:`apportion.domain.engine.schedule`. A
+        Events in order, as :func:`apportion.domain.engine.run_cycle`'s. A
         decision's ``rank`` is the job's 0-based position in the whole order
         (all preemptors, then all jobs of ``segs``), counting jobs skipped.
 
@@ -325,9 +325,10 @@ def strict_priority(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfi
 for _policy in (fifo, static_partitions, strict_priority):
     _policy.__dict__["reads_snapshot_only"] = True
 
-#: Policy name -> cycle function (``fairshare`` is the real engine).
-POLICIES: dict[str, Callable[[CycleSnapshot, Micros, EngineConfig], list[Event]]] = {
-    "fairshare": schedule,
+#: Policy name -> cycle function for ``DispatchConfig.scheduler``; ``fairshare`` is ``None``: the
+#: dispatcher's own engine (:func:`apportion.domain.engine.run_cycle`).
+POLICIES: dict[str, Callable[[CycleSnapshot, Micros, EngineConfig], list[Event]] | None] = {
+    "fairshare": None,
     "fifo": fifo,
     "static": static_partitions,
     "priority": strict_priority,

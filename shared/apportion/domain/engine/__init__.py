@@ -3,7 +3,7 @@
 =====================  ==========================================================================
 module                 role
 =====================  ==========================================================================
-``cycle``              :func:`run_cycle` / :func:`schedule`: one cycle on a :class:`CycleSnapshot`
+``cycle``              :func:`run_cycle`: one cycle on a :class:`CycleSnapshot`
 ``inputs``             :class:`EngineConfig`, :class:`PendingJob`, :func:`pending_order`
 ``placement``          free capacity, best fit, spare models (:class:`FreeIndex`, :class:`CycleFree`)
 ``victims``            victim cost order and candidate indices (:func:`order_key`, :class:`VictimIndex`)
@@ -22,7 +22,7 @@ re-exported here for the callers that import them from the engine.
 
 from __future__ import annotations
 
-from apportion.domain.engine.cycle import CycleResult, CycleSnapshot, run_cycle, schedule
+from apportion.domain.engine.cycle import CycleResult, CycleSnapshot, run_cycle
 from apportion.domain.engine.emit import emit_placed, preempt_events, start_events, stop_event
 from apportion.domain.engine.inputs import (
     CHECKPOINT_WAIT_S,
@@ -113,7 +113,6 @@ __all__ = [
     "preempt_events",
     "reservation_nodes",
     "run_cycle",
-    "schedule",
     "segment_floor",
     "shape_code",
     "shape_codes",

@@ -1,9 +1,10 @@
 """One scheduling cycle, the one entry point: :func:`run_cycle` (DESIGN section 3).
 
-:func:`schedule` takes an immutable :class:`CycleSnapshot` (cluster, pending
+:func:`run_cycle` takes an immutable :class:`CycleSnapshot` (cluster, pending
 jobs per leaf budget, budget tree, window occupancy) and the cycle's event
-time, and returns decision events. It never mutates its input: a cycle
-works on its own scratch indices built from the snapshot.
+time, and returns the decision events (:attr:`CycleResult.events`). It
+never mutates its input: a cycle works on its own scratch indices built
+from the snapshot.
 
 The cycle, exactly as DESIGN section 3 says:
 
@@ -106,7 +107,7 @@ from apportion.domain.preemption import (
 from apportion.events import Event, JobPlaced, Placement
 from apportion.timeutil import Micros, from_us, s_to_us
 
-__all__ = ["CycleResult", "CycleSnapshot", "run_cycle", "schedule"]
+__all__ = ["CycleResult", "CycleSnapshot", "run_cycle"]
 
 _MIN_RT = attrgetter("min_runtime_s")
 
@@ -169,22 +170,6 @@ class CycleResult:
     reasons: dict[str, PendingReason] = field(default_factory=dict)
 
 
-def schedule(snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | None = None) -> list[Event]:
-    """Run one scheduling cycle (DESIGN section 3); see the module docstring.
-
-    Args:
-        snapshot: the frozen inputs.
-        now_us: cycle event time, µs since the epoch UTC.
-        config: policy knobs (defaults when ``None``).
-
-    Returns:
-        Events in order: for each placement, ``JobPreempted`` + ``StopWorkload``
-        per victim replica, then ``JobPlaced``, then (placements on free GPUs
-        only) ``StartWorkload`` per replica.
-    """
-    return run_cycle(snapshot, now_us, config).events
-
-
 def _dominated(shapes: Sequence[tuple[int, int]], g: int, k: int) -> bool:
     for fg, fk in shapes:
         if fg <= g and fk <= k:
@@ -195,7 +180,20 @@ def _dominated(shapes: Sequence[tuple[int, int]], g: int, k: int) -> bool:
 def run_cycle(
     snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | None = None, *, explain: bool = False
 ) -> CycleResult:
-    """:func:`schedule` with the cycle's reservation and counters (for audits, tests, benchmarks).
+    """Run one scheduling cycle (DESIGN section 3); see the module docstring.
+
+    Args:
+        snapshot: the frozen inputs.
+        now_us: cycle event time, µs since the epoch UTC.
+        config: policy knobs (defaults when ``None``).
+        explain: also say why each job left pending is still pending.
+
+    Returns:
+        A :class:`CycleResult`: its ``events`` in order: for each placement,
+        ``JobPreempted`` + ``StopWorkload`` per victim replica, then
+        ``JobPlaced``, then (placements on free GPUs only) ``StartWorkload``
+        per replica; with the cycle's reservation and counters (for audits,
+        tests, benchmarks).
 
     With ``explain``, the result also says why each job it did not place is
     still pending (:attr:`CycleResult.reasons`, judged on the indices the
