@@ -32,6 +32,8 @@ import time
 import uuid
 from pathlib import Path
 
+from apportion.settings import topic_name
+
 
 def make_log(jobs: int, seed: int) -> list:
     import random
@@ -101,7 +103,7 @@ def kafka_part(recs: list) -> None:
     provision(bootstrap)
     from apportion import topics
 
-    names = {t.base: t.name for t in topics.ALL_TOPICS}
+    names = {t.base: topic_name(t) for t in topics.ALL_TOPICS}
     from apportion.bus.security import kafka_auth
 
     prod = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=512 * 1024, acks=1, **kafka_auth())

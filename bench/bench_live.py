@@ -35,6 +35,8 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+from apportion.settings import topic_name
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -174,7 +176,7 @@ def main() -> int:
         producer.publish(
             events.UserKeyRegistered(user="bench", public_key=signer.public_key, by="bench", ts=now, producer="bench")
         )
-        watcher = CommandWatcher(bootstrap, [COMMANDS.name, JOBS.name, NODES.name])
+        watcher = CommandWatcher(bootstrap, [topic_name(COMMANDS), topic_name(JOBS), topic_name(NODES)])
         watcher.start()
         procs = start_services(env, tmp / "logs", nodes)
         print(f"stack {bootstrap}; namespace {ns}; {nodes} simulated nodes x 8 GPUs; logs in {tmp / 'logs'}")
@@ -339,7 +341,7 @@ def accounting_ingest(bootstrap: str, redis_url: str, n: int) -> bool:
         max_partition_fetch_bytes=8 * 1024 * 1024,
         **kafka_auth(),
     )
-    parts = [TopicPartition(JOBS.name, p) for p in sorted(kc.partitions_for_topic(JOBS.name))]
+    parts = [TopicPartition(topic_name(JOBS), p) for p in sorted(kc.partitions_for_topic(topic_name(JOBS)))]
     kc.assign(parts)
     kc.seek_to_beginning()
     end = kc.end_offsets(parts)

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from apportion.settings import topic_name
+
 HERE = Path(__file__).resolve().parent
 SPEEDUP_MIN = 3.0
 #: records per signature of the dispatcher's decisions (what a busy cycle signs at once)
@@ -130,7 +132,7 @@ def generate(days: float, nodes_n: int, heartbeat_s: float, seed: int) -> list[t
         merged.append(e)
         if next_hb is None and cluster.nodes:
             next_hb = t + step
-    merged = [e for e in merged if TOPIC_OF[e.type].name != COMMANDS.name]
+    merged = [e for e in merged if topic_name(TOPIC_OF[e.type]) != topic_name(COMMANDS)]
 
     def by_dispatcher(e) -> bool:  # noqa: ANN001
         return isinstance(e, DISPATCHER_TYPES) or (isinstance(e, _SHARED_REPORTS) and e.producer == DISPATCHER_PRODUCER)
@@ -167,7 +169,9 @@ def generate(days: float, nodes_n: int, heartbeat_s: float, seed: int) -> list[t
             values[i] = encode(e)
     flush()
     return [
-        (TOPIC_OF[e.type].name, key_of(e).encode(), v, to_us(e.ts)) for e, v in zip(merged, values, strict=True) if v
+        (topic_name(TOPIC_OF[e.type]), key_of(e).encode(), v, to_us(e.ts))
+        for e, v in zip(merged, values, strict=True)
+        if v
     ]
 
 

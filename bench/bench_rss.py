@@ -32,6 +32,8 @@ import time
 import uuid
 from pathlib import Path
 
+from apportion.settings import topic_name
+
 HERE = Path(__file__).resolve().parent
 GROWTH_MAX = 0.10
 #: least share of the submissions that must complete for the run to count (the rest may still be running)
@@ -70,13 +72,13 @@ def job_outcomes(bootstrap: str) -> dict[str, int]:
     from apportion.bus.reader import iter_topic_records
 
     final: dict[str, str] = {}
-    for r in iter_topic_records(bootstrap, [topics.JOBS.name]):
+    for r in iter_topic_records(bootstrap, [topic_name(topics.JOBS)]):
         if r.event is not None and r.event.type in ("JobCompleted", "JobRejected", "JobFailed"):
             final[r.event.job_id] = r.event.type
     counts: dict[str, int] = {}
     for kind in final.values():
         counts[kind] = counts.get(kind, 0) + 1
-    counts["deadletter"] = sum(1 for _ in iter_topic_records(bootstrap, [topics.DEADLETTER.name], decode=False))
+    counts["deadletter"] = sum(1 for _ in iter_topic_records(bootstrap, [topic_name(topics.DEADLETTER)], decode=False))
     return counts
 
 

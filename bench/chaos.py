@@ -50,6 +50,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from apportion.settings import topic_name
+
 REPO = Path(__file__).resolve().parents[1]
 INFRA = REPO / "infra"
 
@@ -108,7 +110,7 @@ def hostile_records(n: int, seed: int, reusable: list[Any], now: datetime) -> li
     junk = st.dictionaries(st.text(min_size=1, max_size=5), st.none(), min_size=1, max_size=2)
 
     def parts(e: Any) -> tuple[str, bytes, dict]:
-        return ev.TOPIC_OF[e.type].name, ev.key_of(e).encode(), json.loads(ev.encode(e))
+        return topic_name(ev.TOPIC_OF[e.type]), ev.key_of(e).encode(), json.loads(ev.encode(e))
 
     kinds = ["wrong_type", "missing", "non_finite", "oversized", "null", "tombstone", "not_json", "bad_key",
              "not_object", "reused_id", "unknown_entity"]  # fmt: skip
@@ -136,7 +138,7 @@ def hostile_records(n: int, seed: int, reusable: list[Any], now: datetime) -> li
             value = json.dumps(d).replace('"@@"', draw(st.sampled_from(["NaN", "Infinity", "-Infinity"]))).encode()
         elif kind == "oversized":
             d = json.loads(ev.encode(bases[0]))
-            topic, key = ev.TOPIC_OF["JobSubmitted"].name, None
+            topic, key = topic_name(ev.TOPIC_OF["JobSubmitted"]), None
             d["job_id"] = "x" * draw(st.integers(201, 5_000))
             key = d["job_id"].encode()
             value = json.dumps(d).encode()
@@ -162,7 +164,9 @@ def hostile_records(n: int, seed: int, reusable: list[Any], now: datetime) -> li
     def reused(draw: Any) -> Hostile:
         orig = draw(st.sampled_from(reusable))
         other = orig.model_copy(update={"gpus_per_replica": orig.gpus_per_replica % 8 + 1, "user": "mallory"})
-        return Hostile("reused_id", ev.TOPIC_OF[orig.type].name, ev.key_of(other).encode(), ev.encode(other), True)
+        return Hostile(
+            "reused_id", topic_name(ev.TOPIC_OF[orig.type]), ev.key_of(other).encode(), ev.encode(other), True
+        )
 
     @st.composite
     def unknown(draw: Any) -> Hostile:
@@ -180,7 +184,7 @@ def hostile_records(n: int, seed: int, reusable: list[Any], now: datetime) -> li
         if hasattr(base, "node_id"):
             upd["node_id"] = f"nowhere-{suffix}"
         e = base.model_copy(update=upd)
-        return Hostile("unknown_entity", ev.TOPIC_OF[e.type].name, ev.key_of(e).encode(), ev.encode(e), False)
+        return Hostile("unknown_entity", topic_name(ev.TOPIC_OF[e.type]), ev.key_of(e).encode(), ev.encode(e), False)
 
     out: list[Hostile] = []
     use = kinds if reusable else [k for k in kinds if k != "reused_id"]
@@ -415,7 +419,7 @@ def check(
     from apportion.audit.verify import verify
     from apportion.topics import DEADLETTER
 
-    names = [*audit_topics(), DEADLETTER.name]
+    names = [*audit_topics(), topic_name(DEADLETTER)]
     records = load_log(bootstrap=bootstrap, topic_names=names)
     if save_log:
         from datetime import UTC, datetime
@@ -434,7 +438,7 @@ def check(
             done.add(e.job_id)
     dead = {(e.source_topic, e.source_partition, e.source_offset) for e in evs if isinstance(e, ev.DeadLetter)}
     poison = [pos for h, pos in hostile if h.poison]
-    ours = [r for r in records if r.topic != DEADLETTER.name]
+    ours = [r for r in records if r.topic != topic_name(DEADLETTER)]
     cfg = config_from_log(ours)
     # with the dead letters: the node-report check (identity.check_reports) counts a report it finds unsigned
     # as ignored only when a service dead-lettered it
@@ -472,7 +476,7 @@ def drained(bootstrap: str, submitted: list[str]) -> bool:
 
     attempts: dict[str, int] = {}
     done: set[str] = set()
-    for r in read_log(bootstrap, [JOBS.name]):
+    for r in read_log(bootstrap, [topic_name(JOBS)]):
         e = r.event
         if isinstance(e, (ev.JobQueued, ev.JobRequeued)):
             attempts[e.job_id] = max(attempts.get(e.job_id, 0), e.attempt)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from apportion.clock import Clock
+from apportion.settings import topic_name
 from services.accounting.config import AccountingSettings
 from services.accounting.service import AccountingService, StartReport
 
@@ -90,7 +91,7 @@ async def _session(
             await asyncio.to_thread(store.wipe)
             log.info("--rebuild: read model and checkpoint wiped")
         producer = await asyncio.to_thread(EventProducer, conn.bootstrap, client_id="accounting")
-        topics = [JOBS.name, NODES.name, BUDGETS.name]
+        topics = [topic_name(JOBS), topic_name(NODES), topic_name(BUDGETS)]
         consumer = await asyncio.to_thread(AssignedConsumer, conn.bootstrap, topics, settings.group_id)
         svc = current["svc"] = AccountingService(settings, clock, producer.publish, store, metrics, stopped=stop.is_set)
         consumer.lag.sink = metrics["reader"].set_lag

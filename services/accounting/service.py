@@ -129,7 +129,7 @@ class AccountingService:
         wall: Callable[[], float] = time.monotonic,
         stopped: Callable[[], bool] | None = None,
     ) -> None:
-        from apportion.topics import prefix
+        from apportion.settings import topic_prefix
 
         self.settings = settings
         self.clock = clock
@@ -143,7 +143,7 @@ class AccountingService:
         #: merge key of the newest state-changing record folded; records older than one folded before them.
         self.last_key: checkpoint.RecordKey | None = None
         self.late = 0
-        self.topic_prefix = prefix()
+        self.topic_prefix = topic_prefix()
         self._m = metrics or {}
         self._wall = wall
         self._stopped = stopped

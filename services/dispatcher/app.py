@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 from apportion.clock import Clock
+from apportion.settings import topic_name
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.service import BATCH_BYTES, LINGER_MS, DispatcherService, lead_term, rebuild_and_start
 
@@ -75,7 +76,7 @@ async def _lead(
     from services.dispatcher.lease import LeaseKeeper
 
     log.info("record-batch CRC-32C: %s", use_compiled_crc32c())
-    conn, loop, inputs = w.conn, asyncio.get_running_loop(), [SUBMISSIONS.name, JOBS.name, NODES.name, BUDGETS.name]
+    conn, loop, inputs = w.conn, asyncio.get_running_loop(), list(map(topic_name, (SUBMISSIONS, JOBS, NODES, BUDGETS)))
     signer = await asyncio.to_thread(  # every decision is signed with service:dispatcher's key (docs/security.md)
         lambda: decision_signer(key_file=settings.dispatcher_key, bootstrap=conn.bootstrap, now=w.clock.now())
     )

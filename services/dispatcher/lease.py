@@ -43,6 +43,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+from apportion.settings import topic_name
+
 log = logging.getLogger("apportion.dispatcher.lease")
 
 #: Smallest valid fencing token.
@@ -91,16 +93,16 @@ def next_token(counter: int, floor: int = 0) -> int:
 
 def lease_key() -> str:
     """Redis key of the lease (namespaced by ``APPORTION_TOPIC_PREFIX``)."""
-    from apportion.topics import prefix
+    from apportion.settings import topic_prefix
 
-    return f"{prefix()}apportion:dispatcher:lease"
+    return f"{topic_prefix()}apportion:dispatcher:lease"
 
 
 def token_key() -> str:
     """Redis key of the fencing-token counter (tokens only grow; a floor covers its loss)."""
-    from apportion.topics import prefix
+    from apportion.settings import topic_prefix
 
-    return f"{prefix()}apportion:dispatcher:token"
+    return f"{topic_prefix()}apportion:dispatcher:token"
 
 
 # KEYS[1] lease, KEYS[2] token counter; ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] floor, ARGV[4] max token.
@@ -354,7 +356,7 @@ def highest_token_in_log(
     from apportion.identity import ReportGate, log_position
     from apportion.topics import BUDGETS
 
-    keys_at = keys_topic or BUDGETS.name
+    keys_at = keys_topic or topic_name(BUDGETS)
     c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=500, **kafka_auth())
     try:
         parts = [TopicPartition(t, p) for t in topics for p in sorted(c.partitions_for_topic(t) or ())]
@@ -426,7 +428,8 @@ async def stand_by(lease: Lease, bootstrap: str, readiness: Any, stop: Any, wait
         floor: int | None = None
         if not await asyncio.to_thread(lease.held_by_another):  # a take-over is possible: pay for the floor
             try:
-                floor = await asyncio.to_thread(highest_token_in_log, bootstrap, [COMMANDS.name, JOBS.name, NODES.name])
+                logs = list(map(topic_name, (COMMANDS, JOBS, NODES)))
+                floor = await asyncio.to_thread(highest_token_in_log, bootstrap, logs)
             except Exception as exc:  # noqa: BLE001 - Kafka unreachable: never lead without a floor
                 log.warning("cannot read the newest fencing token from the log (%s): standing by", exc)
         token = await asyncio.to_thread(lease.try_acquire, floor) if floor is not None else 0

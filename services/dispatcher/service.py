@@ -60,6 +60,7 @@ from apportion.events import (
 )
 from apportion.identity import RequestGate, log_position
 from apportion.metrics import count_preemptions
+from apportion.settings import topic_name
 from apportion.timeutil import from_us, s_to_us, to_us
 from services.dispatcher import logic
 from services.dispatcher.config import DispatcherSettings
@@ -312,7 +313,7 @@ class DispatcherService:
         remember = self.intake.ledger.remember if self.intake.ledger is not None else None
         for e in logic.fence(evts, self.token):
             value = encode(e)
-            if consumed and TOPIC_OF[e.type].name in consumed:
+            if consumed and topic_name(TOPIC_OF[e.type]) in consumed:
                 if value.startswith(ECHO_HEAD):
                     echoes[value[:ECHO_LEN]] = None
                 if remember is not None:

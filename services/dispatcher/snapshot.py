@@ -74,9 +74,9 @@ __all__ = ["FORMAT", "Snapshot", "snapshot_key", "encode", "decode", "read_heade
 
 def snapshot_key() -> str:
     """Key of the dispatcher snapshot hash (``header``, ``state``; with the namespace prefix)."""
-    from apportion.topics import prefix
+    from apportion.settings import topic_prefix
 
-    return f"{prefix()}apportion:ckpt:dispatcher"
+    return f"{topic_prefix()}apportion:ckpt:dispatcher"
 
 
 @dataclass(frozen=True)

@@ -37,15 +37,15 @@ def load_snapshot(r: Any, settings: DispatcherSettings, begin: dict[str, int], e
     Returns ``None`` (and logs why) when snapshots are off, none is stored, it does not fit, or Redis cannot
     be read: the log is the state, the caller rebuilds from it.
     """
+    from apportion.settings import topic_prefix
     from apportion.statefile import CheckpointError, check_offsets
-    from apportion.topics import prefix
     from services.dispatcher import snapshot as snapmod
 
     if settings.snapshot_every_wall_s <= 0:
         return None
     try:
         fields = r.hgetall(snapmod.snapshot_key())
-        snap = snapmod.decode(fields, window_s=settings.window_s, topic_prefix=prefix())
+        snap = snapmod.decode(fields, window_s=settings.window_s, topic_prefix=topic_prefix())
         check_offsets(snap.offsets, begin, end)
     except CheckpointError as exc:
         (log.info if exc.reason == "missing" else log.warning)("no usable snapshot (%s): rebuilding from 0", exc)
@@ -80,13 +80,13 @@ def write_snapshot(r: Any, svc: Any) -> None:
     """Store ``svc``'s state (its decisions flushed first by the caller); a failure is logged, never raised."""
     import redis as redis_lib
 
-    from apportion.topics import prefix
+    from apportion.settings import topic_prefix
     from services.dispatcher import snapshot as snapmod
 
     t0 = time.perf_counter()
     key = snapmod.snapshot_key()
     try:
-        fields = snapmod.encode(svc.snapshot(), topic_prefix=prefix())
+        fields = snapmod.encode(svc.snapshot(), topic_prefix=topic_prefix())
         with r.pipeline() as pipe:
             pipe.watch(key)
             if not snapmod.newer_than_stored(pipe.hgetall(key), svc.token):

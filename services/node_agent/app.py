@@ -15,6 +15,7 @@ import asyncio
 import logging
 
 from apportion.clock import Clock
+from apportion.settings import topic_name
 from services.node_agent.config import NodeAgentSettings
 from services.node_agent.service import HANDLED, PRODUCER_PATIENCE_MS, NodeAgent, SignedSender, hosted_nodes
 
@@ -72,7 +73,7 @@ async def run(
     def make_consumer(handler):  # runs in a worker thread
         c = EventConsumer(
             conn.bootstrap,
-            [COMMANDS.name, NODES.name],
+            [topic_name(COMMANDS), topic_name(NODES)],
             settings.consumer_group(),
             handler,
             dedup=IdLedger(window_s=settings.retention_s),  # a command older than that is refused anyway

@@ -139,9 +139,9 @@ class NodeAgentSettings(ServiceSettings):
         """
         if self.state_dir is not None:
             return self.state_dir
-        from apportion.topics import prefix
+        from apportion.settings import topic_prefix
 
-        ns = re.sub(r"[^A-Za-z0-9._-]", "_", prefix())
+        ns = re.sub(r"[^A-Za-z0-9._-]", "_", topic_prefix())
         return Path(tempfile.gettempdir()) / f"apportion-node-agent-{ns}{self.agent_name()}"
 
     def journal_path(self) -> Path | None:
@@ -154,9 +154,9 @@ class NodeAgentSettings(ServiceSettings):
         """Static membership id of the commands consumer: ``<topic prefix>node-agent.<agent>``, or ``None``."""
         if self.group_instance_id is not None:
             return self.group_instance_id or None
-        from apportion.topics import prefix
+        from apportion.settings import topic_prefix
 
-        return f"{prefix()}node-agent.{self.agent_name()}"
+        return f"{topic_prefix()}node-agent.{self.agent_name()}"
 
     def checkpoint_root_path(self) -> Path:
         """The checkpoint root in force (absolute)."""

@@ -14,6 +14,7 @@ import tempfile
 from typing import Any
 
 from apportion.clock import Clock
+from apportion.settings import topic_name
 from services.policy.config import PolicySettings
 from services.policy.service import LAG_EVERY_S, PolicyApp, PolicyService, catch_up
 
@@ -84,7 +85,7 @@ async def _session(
         async def measure_lag() -> None:  # metrics only: a failed measurement is logged and retried
             while True:
                 try:
-                    metrics["reader"].set_lag(await consumer_lag(app, (BUDGETS.name, USAGE.name)))
+                    metrics["reader"].set_lag(await consumer_lag(app, (topic_name(BUDGETS), topic_name(USAGE))))
                 except Exception:  # noqa: BLE001 - never let the lag gauge stop the service
                     log.warning("could not measure the consumer lag", exc_info=True)
                 await asyncio.sleep(LAG_EVERY_S)

@@ -77,6 +77,7 @@ import logging
 from typing import Any
 
 from apportion.clock import Clock
+from apportion.settings import topic_name, topic_prefix
 from apportion.timeutil import WEEK_S
 from services.policy import logic
 from services.policy.config import PolicySettings
@@ -169,7 +170,7 @@ async def catch_up(svc: PolicyService, bootstrap: str, group_id: str, stop: asyn
     from apportion.topics import BUDGETS, USAGE
 
     consumer = await asyncio.to_thread(
-        AssignedConsumer, bootstrap, [BUDGETS.name, USAGE.name], group_id, tail={USAGE.name: 1}
+        AssignedConsumer, bootstrap, [topic_name(BUDGETS), topic_name(USAGE)], group_id, tail={topic_name(USAGE): 1}
     )
     try:
         caught = await consumer.catch_up(stop)
@@ -201,7 +202,7 @@ class PolicyApp:
         self, settings: PolicySettings, bootstrap: str, datadir: str, svc: PolicyService, outbox: list[Any]
     ) -> None:
         from apportion.bus.faust_app import agent, event_topic, make_app
-        from apportion.topics import BUDGETS, USAGE, prefix
+        from apportion.topics import BUDGETS, USAGE
 
         self.svc = svc
         self.outbox = outbox
@@ -209,7 +210,7 @@ class PolicyApp:
         self.lock = asyncio.Lock()
         self.failed: asyncio.Future = asyncio.get_running_loop().create_future()
         self.app = make_app(
-            prefix() + settings.group_id,
+            topic_prefix() + settings.group_id,
             bootstrap,
             datadir=datadir,
             web_port=None,

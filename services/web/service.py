@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from apportion.settings import topic_prefix
 from services.web import logic
 from services.web.config import WebSettings
 from services.web.store import Sources, Unavailable, load_simulations
@@ -98,11 +99,9 @@ class Dashboard:
         """Template ``name`` with ``ctx``; one that reads an unavailable source becomes the 503 error page."""
         from starlette.responses import HTMLResponse
 
-        from apportion import topics
-
         common = {"request": request, "page": page, "principal": self.principal}
         try:
-            body = self.env.get_template(name).render(namespace=topics.prefix(), **common, **ctx)
+            body = self.env.get_template(name).render(namespace=topic_prefix(), **common, **ctx)
         except Unavailable as exc:
             body = self.env.get_template("error.html").render(message=str(exc), **common)
             status = 503

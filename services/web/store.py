@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from apportion.settings import Connection
+from apportion.settings import Connection, topic_name
 
 
 class Unavailable(RuntimeError):
@@ -122,7 +122,7 @@ class Sources:
         from apportion.events import OccupancySnapshot
         from apportion.topics import USAGE
 
-        recs = self._cached("usage", lambda: read_log(self.conn.bootstrap, [USAGE.name]))
+        recs = self._cached("usage", lambda: read_log(self.conn.bootstrap, [topic_name(USAGE)]))
         return [rec.event for rec in recs if isinstance(rec.event, OccupancySnapshot)]
 
     def close(self) -> None:

@@ -34,7 +34,7 @@ from typing import Any, Literal
 from apportion import events
 from apportion.durations import parse_duration
 from apportion.identity import Identity, identity_file, keyring_dir
-from apportion.settings import Connection
+from apportion.settings import Connection, topic_name
 
 #: Job ids the client accepts: they appear in shell commands, log lines, file names and metric labels.
 #: (Any JobSubmitted from another producer is still accepted by the schema: 1-200 characters.)
@@ -219,12 +219,12 @@ def enrol(
     """
     import hashlib
 
-    from apportion.topics import prefix
+    from apportion.settings import topic_prefix
 
     ring = ring or keyring_dir()
     if ring is None:
         raise LookupError("no development keyring (APPORTION_KEYRING)")
-    where = f"{Connection.resolve(bootstrap=bootstrap).bootstrap}|{prefix()}"
+    where = f"{Connection.resolve(bootstrap=bootstrap).bootstrap}|{topic_prefix()}"
     marks = ring / ".registered" / hashlib.sha256(where.encode()).hexdigest()[:16]
     out, todo = [], []
     for name in names:
@@ -353,11 +353,13 @@ class VerdictWatcher:
             **kafka_auth(),
         )
         self._kc.topics()  # loads the cluster metadata, so the partitions below are known
-        parts = [TopicPartition(JOBS.name, p) for p in sorted(self._kc.partitions_for_topic(JOBS.name) or ())]
+        parts = [
+            TopicPartition(topic_name(JOBS), p) for p in sorted(self._kc.partitions_for_topic(topic_name(JOBS)) or ())
+        ]
         if not parts:
             self._kc.close()
             raise LookupError(
-                f"topic {JOBS.name} does not exist at {conn.bootstrap}: the namespace is not provisioned "
+                f"topic {topic_name(JOBS)} does not exist at {conn.bootstrap}: the namespace is not provisioned "
                 "(python -m apportion.bus.provision, or apportion stack up)"
             )
         self._kc.assign(parts)

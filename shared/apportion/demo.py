@@ -44,6 +44,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from apportion.settings import topic_name
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -354,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         con.print(f"services started (logs in {run_dir / 'logs'}); waiting for {len(bf.nodes)} nodes to register")
 
         def registered() -> bool:
-            recs = read_log(bootstrap, [topics.NODES.name])
+            recs = read_log(bootstrap, [topic_name(topics.NODES)])
             return sum(isinstance(r.event, events.NodeRegistered) for r in recs) >= len(bf.nodes)
 
         _wait_for(registered, "node registration", 90.0, services)
@@ -422,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # ---- report: live log vs simulator, one definition for both
         con.print("reading the log back ...")
-        recs = read_log(bootstrap, [t.name for t in topics.ALL_TOPICS])
+        recs = read_log(bootstrap, [topic_name(t) for t in topics.ALL_TOPICS])
         verdict = audit_verify(recs, redis_url, run_dir / "log.jsonl.gz", con)
         live = log_report(recs, bf.tree, start_us, end_us)
         con.print("simulating the same trace ...")
@@ -437,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         sim_wall = time.perf_counter() - t0
         simrep = log_report(sim.log, bf.tree, start_us, end_us)
-        dead_letters = sum(1 for r in recs if r.topic == topics.DEADLETTER.name)
+        dead_letters = sum(1 for r in recs if r.topic == topic_name(topics.DEADLETTER))
         return _report(con, args, live, simrep, wall_replay, sim_wall, len(recs), dead_letters, verdict, Table)
     except (RuntimeError, TimeoutError) as exc:
         con.print(f"[red]error:[/] {exc}")

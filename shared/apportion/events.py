@@ -1093,9 +1093,10 @@ def key_of(event: Event) -> str:
     return "cluster"
 
 
-def topic_of(event: Event) -> str:
-    """Topic name ``event`` is written to."""
-    return TOPIC_OF[event.type].name
+def topic_of(event: Event, prefix: str) -> str:
+    """Physical name of the topic ``event`` is written to, in the namespace ``prefix``
+    (the edge passes :func:`apportion.settings.topic_prefix`)."""
+    return TOPIC_OF[event.type].named(prefix)
 
 
 # --------------------------------------------------------------------------- versions
@@ -1482,8 +1483,12 @@ def decode(raw: bytes | bytearray | str | None) -> Event:
     return event
 
 
-def check_record(event: Event, key: bytes | str | None, topic: str | None = None) -> None:
+def check_record(event: Event, key: bytes | str | None, topic: str | None = None, *, prefix: str) -> None:
     """Check that a record's key (and topic) agree with the event it holds.
+
+    ``topic`` is the record's physical topic name in the namespace ``prefix``
+    (:func:`apportion.topics.by_name`; the reader edge passes
+    :func:`apportion.settings.topic_prefix`).
 
     Per-entity order rests on the key (DESIGN section 4): a record keyed
     otherwise may sit on another partition than its entity's other events.
@@ -1509,15 +1514,18 @@ def check_record(event: Event, key: bytes | str | None, topic: str | None = None
         )
     if topic is not None:
         home = TOPIC_OF[event.type]
-        reg = topics.by_name(topic)
+        reg = topics.by_name(topic, prefix)
         if reg is not None and reg.base != home.base:
             raise DecodeError(f"{event.type} {WRONG_TOPIC} {reg.base} (it is written to {home.base})", "type")
 
 
-def decode_checked(raw: bytes | bytearray | str | None, key: bytes | str | None, topic: str | None = None) -> Event:
-    """:func:`decode` a record value, then :func:`check_record` it: what every reader of the log accepts."""
+def decode_checked(
+    raw: bytes | bytearray | str | None, key: bytes | str | None, topic: str | None = None, *, prefix: str
+) -> Event:
+    """:func:`decode` a record value, then :func:`check_record` it (``topic`` in the namespace ``prefix``):
+    what every reader of the log accepts."""
     event = decode(raw)
-    check_record(event, key, topic)
+    check_record(event, key, topic, prefix=prefix)
     return event
 
 

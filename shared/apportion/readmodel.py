@@ -41,9 +41,9 @@ from typing import Any
 
 def _key(name: str) -> str:
     # the topic namespace (APPORTION_TOPIC_PREFIX) also namespaces the read models
-    from apportion.topics import prefix
+    from apportion.settings import topic_prefix
 
-    return f"{prefix()}apportion:rm:{name}"
+    return f"{topic_prefix()}apportion:rm:{name}"
 
 
 def usage_key() -> str:
@@ -53,9 +53,9 @@ def usage_key() -> str:
 
 def checkpoint_key() -> str:
     """Key of the accounting checkpoint hash (``header``, ``state``; with the namespace prefix)."""
-    from apportion.topics import prefix
+    from apportion.settings import topic_prefix
 
-    return f"{prefix()}apportion:ckpt:accounting"
+    return f"{topic_prefix()}apportion:ckpt:accounting"
 
 
 def budgets_key() -> str:

@@ -13,9 +13,11 @@ Resolution order for each address (first wins):
    so the CLI finds the stack from any folder;
 4. the defaults ``127.0.0.1:9092`` and ``redis://127.0.0.1:6379/0``.
 
-The stack's topic namespace (``APPORTION_TOPIC_PREFIX`` in its ``stack.env``)
-applies when the environment sets none (:func:`apply_stack_prefix`), and so
-does its clock (:func:`event_clock`).
+The topic namespace in force is ``APPORTION_TOPIC_PREFIX`` (:func:`topic_prefix`,
+the one reader of it; the registry :mod:`apportion.topics` takes the prefix
+as an argument); the stack's (in its ``stack.env``) applies when the
+environment sets none (:func:`apply_stack_prefix`), and so does its clock
+(:func:`event_clock`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from apportion.clock import ScaledClock, WallClock
+    from apportion.topics import Topic
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -62,6 +65,20 @@ def stack_env_path() -> Path | None:
 def stack_env() -> dict[str, str]:
     """The ``KEY=value`` pairs of the stack.env in force (``{}`` without one)."""
     return _stack_env()
+
+
+def topic_prefix() -> str:
+    """The topic namespace prefix in force: ``APPORTION_TOPIC_PREFIX``, default empty.
+
+    Read at each call (a CLI command may apply its stack's prefix, :func:`apply_stack_prefix`, and a test its own);
+    it also namespaces the Redis keys and consumer groups of a stack.
+    """
+    return os.environ.get("APPORTION_TOPIC_PREFIX", "")
+
+
+def topic_name(topic: Topic) -> str:
+    """Physical name of the registry topic ``topic`` in the namespace in force (:func:`topic_prefix`)."""
+    return topic.named(topic_prefix())
 
 
 def apply_stack_prefix() -> str | None:

@@ -8,16 +8,18 @@ Retention ``-1`` means kept forever: event logs are the source of truth and
 occupancy windows are rebuilt from them. Compacted topics hold latest-state
 only (one value per key) and are never used to rebuild occupancy.
 
-Namespaces: ``APPORTION_TOPIC_PREFIX`` (default empty) is put in front of
-every topic name, so several independent apportion clusters (staging and
-production, or one per integration test) can share one Kafka cluster.
-:attr:`Topic.name` is the physical name with the prefix; :attr:`Topic.base`
-is the registry name without it.
+Namespaces: a prefix is put in front of every topic name, so several
+independent apportion clusters (staging and production, or one per
+integration test) can share one Kafka cluster. :attr:`Topic.base` is the
+registry name; :meth:`Topic.named` the physical name in a namespace. This
+module reads no environment (it is part of the pure core's contract): the
+namespace in force (``APPORTION_TOPIC_PREFIX``) is read at the settings edge,
+:func:`apportion.settings.topic_prefix`, and its physical names are
+:func:`apportion.settings.topic_name`.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 
@@ -26,8 +28,8 @@ class Topic:
     """One Kafka topic as apportion declares it.
 
     Attributes:
-        base: the registry name, e.g. ``"apportion.jobs"``; :attr:`name`
-            adds the namespace prefix.
+        base: the registry name, e.g. ``"apportion.jobs"``; :meth:`named`
+            adds a namespace prefix.
         key: what the record key is (documentation; e.g. ``"job_id"``).
         partitions: partition count at creation.
         retention_ms: ``retention.ms``; ``-1`` keeps the log forever.
@@ -45,10 +47,9 @@ class Topic:
     description: str = ""
     extra_configs: tuple[tuple[str, str], ...] = field(default=())
 
-    @property
-    def name(self) -> str:
-        """Physical topic name: ``APPORTION_TOPIC_PREFIX`` + :attr:`base`."""
-        return prefix() + self.base
+    def named(self, prefix: str) -> str:
+        """Physical topic name in the namespace ``prefix``: ``prefix + base`` (``""``: the default namespace)."""
+        return prefix + self.base
 
     def configs(self) -> dict[str, str]:
         """Topic-level configs to create with and to verify for drift."""
@@ -58,11 +59,6 @@ class Topic:
         }
         cfg.update(dict(self.extra_configs))
         return cfg
-
-
-def prefix() -> str:
-    """The topic namespace prefix in force (``APPORTION_TOPIC_PREFIX``, default empty)."""
-    return os.environ.get("APPORTION_TOPIC_PREFIX", "")
 
 
 KEEP_FOREVER = -1
@@ -158,9 +154,8 @@ ALL_TOPICS: tuple[Topic, ...] = (
 BY_BASE: dict[str, Topic] = {t.base: t for t in ALL_TOPICS}
 
 
-def by_name(name: str) -> Topic | None:
-    """Registry topic for a physical name (with the prefix) or a base name."""
-    p = prefix()
-    if p and name.startswith(p):
-        name = name[len(p) :]
+def by_name(name: str, prefix: str) -> Topic | None:
+    """Registry topic for a physical name in the namespace ``prefix``, or for a base name; ``None`` if neither."""
+    if prefix and name.startswith(prefix):
+        name = name[len(prefix) :]
     return BY_BASE.get(name)

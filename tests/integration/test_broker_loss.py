@@ -23,6 +23,7 @@ from kafka.partitioner.default import murmur2
 
 from apportion import events, topics
 from apportion.bus.provision import admin_client, find_drift
+from apportion.settings import topic_name
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +53,7 @@ def leader_of(admin: Any, topic: str, partition: int) -> int:
 
 def in_sync_everywhere(admin: Any, node: int) -> bool:
     """True when ``node`` is in the ISR of every partition of every registry topic."""
-    described = admin.describe_topics([t.name for t in topics.ALL_TOPICS])
+    described = admin.describe_topics([topic_name(t) for t in topics.ALL_TOPICS])
     return all(node in p["isr_nodes"] for d in described for p in d["partitions"])
 
 
@@ -72,7 +73,7 @@ def test_cluster_topics_have_three_replicas_and_two_in_sync(
     admin = admin_client(kafka_cluster.bootstrap)
     try:
         assert find_drift(admin, topics.ALL_TOPICS, (3, 2)) == []
-        (d,) = admin.describe_topics([topics.SUBMISSIONS.name])
+        (d,) = admin.describe_topics([topic_name(topics.SUBMISSIONS)])
         assert sorted(len(p["replica_nodes"]) for p in d["partitions"]) == [3, 3, 3]
     finally:
         admin.close()
@@ -146,20 +147,20 @@ async def test_killing_the_submissions_leader_loses_no_acknowledged_submission(
         sender = threading.Thread(target=submit_all, name="submitter")
         sender.start()
         await asyncio.to_thread(poll, lambda: len(acked) >= JOBS // 3, "a third of the submissions acknowledged")
-        victim = leader_of(admin, topics.SUBMISSIONS.name, part)
+        victim = leader_of(admin, topic_name(topics.SUBMISSIONS), part)
         pid = kafka_cluster.stack.node_pid(victim)
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
         await asyncio.to_thread(sender.join, DEADLINE_S)
         assert not sender.is_alive()
         # the cluster went on without the victim: a new leader took the partition
-        assert leader_of(admin, topics.SUBMISSIONS.name, part) != victim
+        assert leader_of(admin, topic_name(topics.SUBMISSIONS), part) != victim
         assert len(acked) >= JOBS - 2, f"{len(failed)} submissions not acknowledged with one broker down: {failed}"
 
         def queued() -> set[str] | None:
             got = {
                 r.event.job_id
-                for r in read_log(bootstrap, [topics.JOBS.name])
+                for r in read_log(bootstrap, [topic_name(topics.JOBS)])
                 if isinstance(r.event, (events.JobQueued, events.JobPlaced))
             }
             return got if set(acked) <= got else None
@@ -167,7 +168,7 @@ async def test_killing_the_submissions_leader_loses_no_acknowledged_submission(
         await asyncio.to_thread(poll, queued, "every acknowledged submission queued by the dispatcher")
         subs = [
             r.event.job_id
-            for r in read_log(bootstrap, [topics.SUBMISSIONS.name])
+            for r in read_log(bootstrap, [topic_name(topics.SUBMISSIONS)])
             if isinstance(r.event, events.JobSubmitted)
         ]
         assert sorted(j for j in subs if j in set(ids)) == sorted(acked)  # each once: no retry duplicated

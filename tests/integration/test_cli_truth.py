@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from apportion.settings import topic_name
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,7 +127,7 @@ def _budget_records(stack: Stack) -> list[Any]:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("APPORTION_TOPIC_PREFIX", stack.env["APPORTION_TOPIC_PREFIX"] or "")
-        return [r.event for r in read_log(stack.info.bootstrap, [topics.BUDGETS.name]) if r.event is not None]
+        return [r.event for r in read_log(stack.info.bootstrap, [topic_name(topics.BUDGETS)]) if r.event is not None]
 
 
 def test_apply_of_a_file_valid_only_as_a_whole_is_one_batch_applied_whole(budgets: Stack, tmp_path: Path) -> None:

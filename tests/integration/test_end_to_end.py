@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from apportion.bus.security import redis_auth
+from apportion.settings import topic_name
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +70,7 @@ class Cluster:
         from apportion import topics
         from apportion.bus.reader import read_log
 
-        names = [t.name for t in topics.ALL_TOPICS]
+        names = [topic_name(t) for t in topics.ALL_TOPICS]
         return [r.event for r in read_log(self.bootstrap, names) if r.event is not None]
 
     def submit(
@@ -678,7 +679,9 @@ async def test_killed_accounting_resumes_to_the_bulk_rebuild(cluster: Cluster) -
     log_text = open(f"{tempfile.gettempdir()}/e2e-{cluster.tag}-accounting-{len(args)}.log").read()
     starts = re.findall(r"started by (\w+) from .*?: (\d+) records read", log_text)
     assert [m for m, _ in starts] == ["rebuild", "resume"], log_text[-2000:]
-    logged = len(await asyncio.to_thread(read_log, cluster.bootstrap, [JOBS.name, NODES.name, BUDGETS.name]))
+    logged = len(
+        await asyncio.to_thread(read_log, cluster.bootstrap, [topic_name(JOBS), topic_name(NODES), topic_name(BUDGETS)])
+    )
     assert int(starts[1][1]) <= logged - sum(cut["offsets"].values()) and sum(cut["offsets"].values()) > 0
     # the read model names the snapshot it shows; the log (read after it) must hold that snapshot
     meta, rows = ReadModelStore(redis_lib.Redis.from_url(cluster.redis_url, **redis_auth())).read()

@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 from apportion.bus.security import redis_auth
+from apportion.settings import topic_name
 
 pytestmark = pytest.mark.integration
 
@@ -124,12 +125,14 @@ async def test_agent_refuses_tokenless_stale_and_out_of_range_starts_and_ignores
 
     try:
         producer.publish(start("healthy", n0, 7))  # the current leader: 7
-        await until(kafka_bootstrap, [JOBS.name], lambda e: of(e, "JobStarted", "healthy"), "healthy to start")
+        await until(kafka_bootstrap, [topic_name(JOBS)], lambda e: of(e, "JobStarted", "healthy"), "healthy to start")
         producer.publish(start("none", n1, None))
         producer.publish(start("stale", n1, 6))
         producer.publish(start("huge", n1, 2**62))
         producer.publish(start("zero", n1, 0))
-        evs = await until(kafka_bootstrap, [JOBS.name], lambda e: len(of(e, "WorkloadRefused")) >= 4, "four refusals")
+        evs = await until(
+            kafka_bootstrap, [topic_name(JOBS)], lambda e: len(of(e, "WorkloadRefused")) >= 4, "four refusals"
+        )
         refused = {e.job_id: e.reason for e in of(evs, "WorkloadRefused")}
         assert refused == {
             "none": "missing_fencing_token: a command without a leader's token",
@@ -147,14 +150,14 @@ async def test_agent_refuses_tokenless_stale_and_out_of_range_starts_and_ignores
         mark = clock.now()
         evs = await until(
             kafka_bootstrap,
-            [NODES.name],
+            [topic_name(NODES)],
             lambda e: any(h.type == "NodeHeartbeat" and h.node_id == n0 and h.ts > mark for h in e),
             "a heartbeat of n0 after the stale loss",
         )
         hb = [h for h in evs if h.type == "NodeHeartbeat" and h.node_id == n0 and h.ts > mark][0]
         assert [r.job_id for r in hb.running] == ["healthy"]
         assert len([e for e in evs if e.type == "NodeRegistered" and e.node_id == n0]) == 1  # no rejoin
-        jobs = await asyncio.to_thread(_log, kafka_bootstrap, [JOBS.name])
+        jobs = await asyncio.to_thread(_log, kafka_bootstrap, [topic_name(JOBS)])
         assert not of(jobs, "JobFailed") and not of(jobs, "JobLost")
 
         # a stale stop is ignored too; the current leader's loss is obeyed
@@ -165,7 +168,7 @@ async def test_agent_refuses_tokenless_stale_and_out_of_range_starts_and_ignores
         )
         evs = await until(
             kafka_bootstrap,
-            [JOBS.name, NODES.name],
+            [topic_name(JOBS), topic_name(NODES)],
             lambda e: len([x for x in e if x.type == "NodeRegistered" and x.node_id == n0]) == 2,
             "n0 to be fenced and to register again",
         )
@@ -206,7 +209,7 @@ async def test_redis_flush_then_log_floor_gives_a_token_the_agents_accept(
         for i in range(4):  # four leaders in turn, each starting one replica with its token
             lease = Lease(r, f"d{i}", ttl_s=60)
             tok = lease.try_acquire(
-                floor=await asyncio.to_thread(highest_token_in_log, kafka_bootstrap, [COMMANDS.name])
+                floor=await asyncio.to_thread(highest_token_in_log, kafka_bootstrap, [topic_name(COMMANDS)])
             )
             seen.append(tok)
             producer.publish(
@@ -222,17 +225,22 @@ async def test_redis_flush_then_log_floor_gives_a_token_the_agents_accept(
             )
             lease.release()
         assert seen == [1, 2, 3, 4]
-        await until(kafka_bootstrap, [JOBS.name], lambda e: len(of(e, "JobStarted")) == 4, "four starts")
+        await until(kafka_bootstrap, [topic_name(JOBS)], lambda e: len(of(e, "JobStarted")) == 4, "four starts")
         r.flushdb()  # Redis restarted without persistence
         assert (
-            await asyncio.to_thread(highest_token_in_log, kafka_bootstrap, [COMMANDS.name, JOBS.name, NODES.name]) == 4
+            await asyncio.to_thread(
+                highest_token_in_log, kafka_bootstrap, [topic_name(COMMANDS), topic_name(JOBS), topic_name(NODES)]
+            )
+            == 4
         )
         naive = Lease(r, "naive", ttl_s=60)
         assert naive.try_acquire() == 1  # without a floor: a token every agent refuses
         naive.release()
         r.flushdb()
         lease = Lease(r, "new-leader", ttl_s=60)
-        token = lease.try_acquire(floor=await asyncio.to_thread(highest_token_in_log, kafka_bootstrap, [COMMANDS.name]))
+        token = lease.try_acquire(
+            floor=await asyncio.to_thread(highest_token_in_log, kafka_bootstrap, [topic_name(COMMANDS)])
+        )
         assert token == 5 and token > max(seen)
         producer.publish(
             events.StopWorkload(ts=clock.now(), node_id=node, job_id="j3", attempt=1, grace_s=0, fencing_token=1)
@@ -240,7 +248,7 @@ async def test_redis_flush_then_log_floor_gives_a_token_the_agents_accept(
         producer.publish(
             events.StopWorkload(ts=clock.now(), node_id=node, job_id="j0", attempt=1, grace_s=0, fencing_token=token)
         )
-        evs = await until(kafka_bootstrap, [JOBS.name], lambda e: of(e, "JobFailed", "j0"), "j0 to be stopped")
+        evs = await until(kafka_bootstrap, [topic_name(JOBS)], lambda e: of(e, "JobFailed", "j0"), "j0 to be stopped")
         assert [e.job_id for e in of(evs, "JobFailed")] == ["j0"]  # the token-1 stop of j3 was disregarded
         lease.release()
     finally:
@@ -269,7 +277,7 @@ def test_the_log_floor_counts_only_tokens_the_dispatchers_registered_key_signed(
     def start(token: int, tag: str) -> events.StartWorkload:
         return events.StartWorkload(ts=t0, node_id="n0", job_id=tag, attempt=1, gpus=(0,), fencing_token=token)
 
-    topics = [COMMANDS.name, JOBS.name, NODES.name]
+    topics = [topic_name(COMMANDS), topic_name(JOBS), topic_name(NODES)]
     with EventProducer(kafka_bootstrap, client_id="test") as producer:
         real = start(6, "real")
         producer.send(real, dispatcher_signer().values([events.encode(real)])[0])
@@ -339,7 +347,7 @@ async def test_agent_killed_and_restarted_inside_the_heartbeat_timeout_loses_no_
     agent = spawn()
     again = None
     try:
-        await until(kafka_bootstrap, [NODES.name], lambda e: regs(e), "the agent to register")
+        await until(kafka_bootstrap, [topic_name(NODES)], lambda e: regs(e), "the agent to register")
         for job, gpus, cmd, dur in [
             ("keep", (0,), (sys.executable, str(script), str(tmp_path / "keep.go")), None),
             ("dies", (1,), (sys.executable, str(script), str(tmp_path / "never")), None),
@@ -357,7 +365,7 @@ async def test_agent_killed_and_restarted_inside_the_heartbeat_timeout_loses_no_
                     fencing_token=3,
                 )
             )
-        evs = await until(kafka_bootstrap, [JOBS.name], lambda e: len(of(e, "JobStarted")) == 3, "three starts")
+        evs = await until(kafka_bootstrap, [topic_name(JOBS)], lambda e: len(of(e, "JobStarted")) == 3, "three starts")
         first = {e.job_id: e for e in of(evs, "JobStarted")}
         keep_pid, dies_pid = first["keep"].pid, first["dies"].pid
         assert keep_pid and dies_pid
@@ -373,9 +381,13 @@ async def test_agent_killed_and_restarted_inside_the_heartbeat_timeout_loses_no_
 
         restarted_at = time.monotonic()
         again = spawn()
-        evs = await until(kafka_bootstrap, [JOBS.name, NODES.name], lambda e: len(regs(e)) == 2, "registration again")
+        evs = await until(
+            kafka_bootstrap, [topic_name(JOBS), topic_name(NODES)], lambda e: len(regs(e)) == 2, "registration again"
+        )
         rejoin_s = time.monotonic() - restarted_at
-        evs = await until(kafka_bootstrap, [JOBS.name], lambda e: of(e, "JobLost", "dies"), "the dead run's JobLost")
+        evs = await until(
+            kafka_bootstrap, [topic_name(JOBS)], lambda e: of(e, "JobLost", "dies"), "the dead run's JobLost"
+        )
         print(f"restarted agent registered again after {rejoin_s:.1f} s")
         assert rejoin_s < 30.0, f"the restarted agent took {rejoin_s:.1f} s to register (session timeout?)"
         lost = of(evs, "JobLost", "dies")
@@ -390,7 +402,7 @@ async def test_agent_killed_and_restarted_inside_the_heartbeat_timeout_loses_no_
         mark = clock.now()
         evs = await until(
             kafka_bootstrap,
-            [NODES.name],
+            [topic_name(NODES)],
             lambda e: any(h.type == "NodeHeartbeat" and h.node_id == node and h.ts > mark for h in e),
             "a heartbeat after the restart",
         )
@@ -400,13 +412,15 @@ async def test_agent_killed_and_restarted_inside_the_heartbeat_timeout_loses_no_
         producer.publish(
             events.StopWorkload(ts=clock.now(), node_id=node, job_id="keep", attempt=1, grace_s=5, fencing_token=3)
         )
-        evs = await until(kafka_bootstrap, [JOBS.name], lambda e: of(e, "JobFailed", "keep"), "keep to be stopped")
+        evs = await until(
+            kafka_bootstrap, [topic_name(JOBS)], lambda e: of(e, "JobFailed", "keep"), "keep to be stopped"
+        )
         assert of(evs, "JobFailed", "keep")[0].reason == "stopped"
         end = time.monotonic() + DEADLINE_S
         while _alive(keep_pid):
             assert time.monotonic() < end, "the adopted process was not stopped"
             await asyncio.sleep(0.05)
-        reg2 = regs(await asyncio.to_thread(_log, kafka_bootstrap, [NODES.name]))[1]
+        reg2 = regs(await asyncio.to_thread(_log, kafka_bootstrap, [topic_name(NODES)]))[1]
         producer.publish(
             events.StartWorkload(
                 ts=reg2.ts - (reg2.ts - first["keep"].ts) / 2,
@@ -418,7 +432,9 @@ async def test_agent_killed_and_restarted_inside_the_heartbeat_timeout_loses_no_
                 fencing_token=3,
             )
         )
-        evs = await until(kafka_bootstrap, [JOBS.name], lambda e: of(e, "WorkloadRefused", "late"), "late refused")
+        evs = await until(
+            kafka_bootstrap, [topic_name(JOBS)], lambda e: of(e, "WorkloadRefused", "late"), "late refused"
+        )
         assert of(evs, "WorkloadRefused", "late")[0].reason.startswith("before_registration: sent ")
     finally:
         for p in (agent, again):

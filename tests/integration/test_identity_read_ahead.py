@@ -18,6 +18,7 @@ import pytest
 
 from apportion.bus.consumer import AssignedConsumer
 from apportion.bus.security import kafka_auth
+from apportion.settings import topic_name
 from apportion.topics import BUDGETS
 
 pytestmark = pytest.mark.integration
@@ -43,18 +44,18 @@ def _held_back_batch(
 
     consumer = AssignedConsumer(
         kafka_bootstrap,
-        [other, BUDGETS.name],
+        [other, topic_name(BUDGETS)],
         f"test-{uuid.uuid4().hex[:12]}",
-        tail={BUDGETS.name: 0},
+        tail={topic_name(BUDGETS): 0},
         read_ahead=read_ahead,
     )
     while not consumer.caught_up():  # positions known, nothing old to read
         consumer.poll(100, read_ahead=False)
-    consumer._kc.pause(*[tp for tp in consumer.partitions if tp.topic == BUDGETS.name])
+    consumer._kc.pause(*[tp for tp in consumer.partitions if tp.topic == topic_name(BUDGETS)])
     marker = f"registration-{uuid.uuid4().hex}".encode()
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", **kafka_auth())
     try:
-        producer.send(BUDGETS.name, marker, key=b"read-ahead-test").get(timeout=DEADLINE_S)  # acknowledged first
+        producer.send(topic_name(BUDGETS), marker, key=b"read-ahead-test").get(timeout=DEADLINE_S)  # acknowledged first
         producer.send(other, b"submission", key=b"read-ahead-test").get(timeout=DEADLINE_S)
     finally:
         producer.close()
@@ -66,7 +67,7 @@ def test_a_poll_with_a_record_of_another_topic_holds_the_key_events_appended_bef
 ) -> None:
     batch, marker, consumer = _held_back_batch(kafka_bootstrap, kafka_topic_factory(), read_ahead=True)
     try:
-        assert [r.value for r in batch if r.topic == BUDGETS.name] == [marker]
+        assert [r.value for r in batch if r.topic == topic_name(BUDGETS)] == [marker]
         assert consumer.identity_read_aheads == 1
         assert consumer.poll(200) == []  # nothing read twice, and the paused partitions were resumed
     finally:
@@ -78,7 +79,7 @@ def test_without_the_read_ahead_the_same_poll_misses_the_registration(
 ) -> None:
     batch, _, consumer = _held_back_batch(kafka_bootstrap, kafka_topic_factory(), read_ahead=False)
     try:
-        assert [r.topic for r in batch if r.topic == BUDGETS.name] == []
+        assert [r.topic for r in batch if r.topic == topic_name(BUDGETS)] == []
         assert consumer.identity_read_aheads == 0
     finally:
         consumer.close()

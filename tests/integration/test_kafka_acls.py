@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from apportion import topics
+from apportion.settings import topic_name
 
 pytestmark = pytest.mark.integration
 
@@ -99,10 +100,10 @@ def test_each_principal_writes_only_its_topics(
 ) -> None:
     from kafka.errors import TopicAuthorizationFailedError
 
-    before = end_offset(kafka_bootstrap, topic.name)
+    before = end_offset(kafka_bootstrap, topic_name(topic))
     p = producer_as(principal, kafka_bootstrap)
     try:
-        fut = p.send(topic.name, key=b"k", value=b'{"probe": true}')
+        fut = p.send(topic_name(topic), key=b"k", value=b'{"probe": true}')
         if allowed:
             fut.get(timeout=15)
         else:
@@ -113,7 +114,7 @@ def test_each_principal_writes_only_its_topics(
             raise
     finally:
         p.close(timeout=5)
-    assert end_offset(kafka_bootstrap, topic.name) == before + (1 if allowed else 0)
+    assert end_offset(kafka_bootstrap, topic_name(topic)) == before + (1 if allowed else 0)
 
 
 def test_a_client_without_credentials_is_not_let_in(kafka_bootstrap: str, namespace: str) -> None:
@@ -123,7 +124,7 @@ def test_a_client_without_credentials_is_not_let_in(kafka_bootstrap: str, namesp
     with pytest.raises(KafkaError):
         p = KafkaProducer(bootstrap_servers=kafka_bootstrap, max_block_ms=3000, api_version=(3, 0))
         try:
-            p.send(topics.SUBMISSIONS.name, value=b"{}").get(timeout=5)
+            p.send(topic_name(topics.SUBMISSIONS), value=b"{}").get(timeout=5)
         finally:
             p.close(timeout=2)
 

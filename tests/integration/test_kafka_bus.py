@@ -21,6 +21,7 @@ from apportion.bus.consumer import Delivery, EventConsumer
 from apportion.bus.producer import EventProducer
 from apportion.bus.provision import admin_client, find_drift, provision
 from apportion.bus.security import kafka_auth
+from apportion.settings import topic_name
 from apportion.topics import ALL_TOPICS, Topic
 
 pytestmark = pytest.mark.integration
@@ -177,25 +178,25 @@ async def test_faust_agent_round_trip_and_dead_letter(
 def test_registry_topics_exist_with_declared_partitions_and_configs(kafka_bootstrap: str) -> None:
     report = provision(kafka_bootstrap)  # second run: idempotent
     assert report.created == []
-    assert report.existing == sorted(t.name for t in ALL_TOPICS)
+    assert report.existing == sorted(topic_name(t) for t in ALL_TOPICS)
     assert report.drift == []
     admin = admin_client(kafka_bootstrap)
     try:
-        parts = {d["name"]: len(d["partitions"]) for d in admin.describe_topics([t.name for t in ALL_TOPICS])}
+        parts = {d["name"]: len(d["partitions"]) for d in admin.describe_topics([topic_name(t) for t in ALL_TOPICS])}
     finally:
         admin.close()
-    assert parts == {t.name: t.partitions for t in ALL_TOPICS}
+    assert parts == {topic_name(t): t.partitions for t in ALL_TOPICS}
 
 
 def test_config_drift_is_reported_then_fixed(kafka_bootstrap: str) -> None:
     from kafka.admin import ConfigResource, ConfigResourceType
 
     declared = Topic(f"test.drift.{uuid.uuid4().hex[:8]}", "key", 2, -1, compact=False)
-    assert provision(kafka_bootstrap, [declared]).created == [declared.name]
+    assert provision(kafka_bootstrap, [declared]).created == [topic_name(declared)]
     admin = admin_client(kafka_bootstrap)
     try:
         admin.alter_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, declared.name, configs={"retention.ms": "60000"})]
+            [ConfigResource(ConfigResourceType.TOPIC, topic_name(declared), configs={"retention.ms": "60000"})]
         )
         drift = find_drift(admin, [declared])
     finally:
@@ -221,23 +222,23 @@ def test_signed_topics_get_the_brokers_time_and_provisioning_sets_it_on_an_exist
     key = "message.timestamp.type"
     admin = admin_client(kafka_bootstrap)
     try:
-        res = [ConfigResource(ConfigResourceType.TOPIC, t.name, configs={key: None}) for t in ALL_TOPICS]
+        res = [ConfigResource(ConfigResourceType.TOPIC, topic_name(t), configs={key: None}) for t in ALL_TOPICS]
         got = {n: c[key]["value"] for n, c in admin.describe_configs(res, config_filter="all")["topic"].items()}
     finally:
         admin.close()
     signed = {"apportion.submissions", "apportion.jobs", "apportion.nodes", "apportion.commands", "apportion.budgets"}
-    assert got == {t.name: "LogAppendTime" if t.base in signed else "CreateTime" for t in ALL_TOPICS}
+    assert got == {topic_name(t): "LogAppendTime" if t.base in signed else "CreateTime" for t in ALL_TOPICS}
 
     declared = Topic(f"test.brokertime.{uuid.uuid4().hex[:8]}", "key", 1, -1, extra_configs=BROKER_TIME)
-    assert provision(kafka_bootstrap, [declared]).created == [declared.name]
+    assert provision(kafka_bootstrap, [declared]).created == [topic_name(declared)]
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, **kafka_auth())
     try:
-        producer.send(declared.name, b"{}", key=b"k", timestamp_ms=1_000).get(timeout=DEADLINE_S)
+        producer.send(topic_name(declared), b"{}", key=b"k", timestamp_ms=1_000).get(timeout=DEADLINE_S)
     finally:
         producer.close()
     consumer = KafkaConsumer(bootstrap_servers=kafka_bootstrap, enable_auto_commit=False, **kafka_auth())
     try:
-        tp = TopicPartition(declared.name, 0)
+        tp = TopicPartition(topic_name(declared), 0)
         consumer.assign([tp])
         consumer.seek(tp, 0)
         recs: list = []
@@ -251,7 +252,9 @@ def test_signed_topics_get_the_brokers_time_and_provisioning_sets_it_on_an_exist
 
     admin = admin_client(kafka_bootstrap)
     try:  # an operator (or a topic made before the declaration) sets the producer's time back
-        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, declared.name, configs={key: "CreateTime"})])
+        admin.alter_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic_name(declared), configs={key: "CreateTime"})]
+        )
         assert [(d.setting, d.actual) for d in find_drift(admin, [declared])] == [(key, "CreateTime")]
     finally:
         admin.close()

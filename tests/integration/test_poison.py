@@ -29,6 +29,7 @@ from test_end_to_end import Cluster, of_job, running_cluster
 
 from apportion import events, topics
 from apportion.client import identity_for
+from apportion.settings import topic_name
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -120,7 +121,7 @@ def letters_for(evs: list[Any], key: str) -> list[events.DeadLetter]:
     return [
         e
         for e in evs
-        if isinstance(e, events.DeadLetter) and e.source_topic == topics.SUBMISSIONS.name and e.source_key == key
+        if isinstance(e, events.DeadLetter) and e.source_topic == topic_name(topics.SUBMISSIONS) and e.source_key == key
     ]
 
 
@@ -133,7 +134,7 @@ async def the_next_submission_is_placed(cluster: Cluster, job_id: str) -> list[A
 async def test_a_poison_submission_is_dead_lettered_and_the_dispatcher_goes_on(cluster: Cluster, poison: str) -> None:
     job = f"poison-{uuid.uuid4().hex[:6]}"
     key, value, reason = CASES[poison](cluster, job)
-    cluster.producer.send_raw(topics.SUBMISSIONS.name, value, key).get(timeout=30)
+    cluster.producer.send_raw(topic_name(topics.SUBMISSIONS), value, key).get(timeout=30)
     evs = await cluster.until(lambda evs: letters_for(evs, key.decode()), f"the dead letter of the {poison} record")
     (letter,) = {d.event_id: d for d in letters_for(evs, key.decode())}.values()  # one id, however often met
     assert letter.error == reason
@@ -150,11 +151,11 @@ async def test_a_reused_event_id_is_dead_lettered_and_the_first_job_runs(cluster
     first = f"first-{uuid.uuid4().hex[:6]}"
     reuse = f"reuse-{uuid.uuid4().hex[:6]}"
     original = submission(cluster, first)
-    cluster.producer.send_raw(topics.SUBMISSIONS.name, text(original), first.encode()).get(timeout=30)
+    cluster.producer.send_raw(topic_name(topics.SUBMISSIONS), text(original), first.encode()).get(timeout=30)
     await cluster.until(lambda evs: "JobQueued" in of_job(evs, first), "the first job to be queued")
     copy = submission(cluster, reuse, event_id=original["event_id"])  # another job under the same id
-    cluster.producer.send_raw(topics.SUBMISSIONS.name, text(copy), reuse.encode()).get(timeout=30)
-    cluster.producer.send_raw(topics.SUBMISSIONS.name, text(original), first.encode()).get(timeout=30)  # a retry
+    cluster.producer.send_raw(topic_name(topics.SUBMISSIONS), text(copy), reuse.encode()).get(timeout=30)
+    cluster.producer.send_raw(topic_name(topics.SUBMISSIONS), text(original), first.encode()).get(timeout=30)  # a retry
     evs = await cluster.until(lambda evs: letters_for(evs, reuse), "the dead letter of the reused id")
     (letter,) = letters_for(evs, reuse)
     assert letter.error == f"event_id reused: {original['event_id']} was read before with a different payload"
@@ -171,8 +172,8 @@ async def test_tombstones_on_the_topics_of_accounting_and_policy_are_dead_letter
 
     evs = await cluster.until(lambda evs: latest(evs, events.FairShareRanking), "a first ranking")
     before = latest(evs, events.FairShareRanking).ts
-    cluster.producer.send_raw(topics.JOBS.name, None, b"tomb-job").get(timeout=30)
-    cluster.producer.send_raw(topics.BUDGETS.name, None, b"tomb-budget").get(timeout=30)
+    cluster.producer.send_raw(topic_name(topics.JOBS), None, b"tomb-job").get(timeout=30)
+    cluster.producer.send_raw(topic_name(topics.BUDGETS), None, b"tomb-budget").get(timeout=30)
 
     def dead(evs: list[Any]) -> set[tuple[str, str, str]]:
         return {

@@ -36,6 +36,8 @@ from typing import Any
 
 import pytest
 
+from apportion.settings import topic_name
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -239,7 +241,9 @@ def test_each_service_rides_out_a_long_kafka_outage_and_a_redis_restart(stack: S
     from apportion.bus.reader import read_log
     from apportion.topics import JOBS, NODES
 
-    log = [r.event for r in read_log(stack.info.bootstrap, [NODES.name, JOBS.name]) if r.event is not None]
+    log = [
+        r.event for r in read_log(stack.info.bootstrap, [topic_name(NODES), topic_name(JOBS)]) if r.event is not None
+    ]
     assert [e for e in log if isinstance(e, (events.NodeLost, events.JobLost))] == []
     graces = [e for e in log if isinstance(e, events.DispatcherConfigured) and e.heartbeats_from is not None]
     assert any(g.heartbeats_from > outage_start for g in graces), graces

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from apportion.bus.security import kafka_auth, redis_auth
+from apportion.settings import topic_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from builders import budget_set, completed, cordoned, h, node, placed  # noqa: E402
@@ -133,7 +134,7 @@ async def test_accounting_and_policy_equal_bulk_rebuild(kafka_bootstrap, redis_u
     ]
 
     def usage_and_ranking():
-        recs = read_log(kafka_bootstrap, [USAGE.name, RANKING.name])
+        recs = read_log(kafka_bootstrap, [topic_name(USAGE), topic_name(RANKING)])
         return (
             [x.event for x in recs if isinstance(x.event, events.OccupancySnapshot)],
             [x.event for x in recs if isinstance(x.event, events.FairShareRanking)],

@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from apportion.settings import topic_name
 from tests.checkpoint_workload import WORKLOAD
 
 pytestmark = pytest.mark.integration
@@ -61,7 +62,7 @@ async def test_node_agent_runs_commands_from_kafka(kafka_bootstrap, monkeypatch)
         )  # no GPU 4
 
         def job_events():
-            return [r.event for r in read_log(kafka_bootstrap, [JOBS.name]) if r.event is not None]
+            return [r.event for r in read_log(kafka_bootstrap, [topic_name(JOBS)]) if r.event is not None]
 
         loop = asyncio.get_running_loop()
         end = loop.time() + DEADLINE_S
@@ -75,7 +76,7 @@ async def test_node_agent_runs_commands_from_kafka(kafka_bootstrap, monkeypatch)
         assert [(e.job_id, e.node_id, e.gpus) for e in started] == [("j1", "itest-1", (0, 1))]
         refused = sorted((e.job_id, e.reason.split(":")[0]) for e in evs if isinstance(e, events.WorkloadRefused))
         assert refused == [("j2", "unknown_node"), ("j3", "unknown_gpus")]
-        nodes = [r.event for r in read_log(kafka_bootstrap, [NODES.name]) if r.event is not None]
+        nodes = [r.event for r in read_log(kafka_bootstrap, [topic_name(NODES)]) if r.event is not None]
         assert sorted(e.node_id for e in nodes if isinstance(e, events.NodeRegistered)) == ["itest-0", "itest-1"]
     finally:
         stop.set()
@@ -124,7 +125,7 @@ async def test_live_checkpoint_preempt_and_resume(kafka_bootstrap, monkeypatch, 
     loop = asyncio.get_running_loop()
 
     def job_log() -> list:
-        recs = [r for r in read_log(kafka_bootstrap, [JOBS.name]) if r.event is not None and r.key == job]
+        recs = [r for r in read_log(kafka_bootstrap, [topic_name(JOBS)]) if r.event is not None and r.key == job]
         return [r.event for r in sorted(recs, key=lambda r: (r.partition, r.offset))]
 
     async def wait_for(pred, what: str) -> list:

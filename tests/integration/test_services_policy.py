@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from apportion.bus.security import kafka_auth
+from apportion.settings import topic_name, topic_prefix
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from builders import budget_set, h, node, placed  # noqa: E402
@@ -46,7 +47,7 @@ def _of(bootstrap: str, topic, kind) -> list:
     """Events of type ``kind`` on ``topic`` in log (partition, offset) order, not event-time order."""
     from apportion.bus.reader import read_log
 
-    recs = sorted(read_log(bootstrap, [topic.name]), key=lambda r: (r.partition, r.offset))
+    recs = sorted(read_log(bootstrap, [topic_name(topic)]), key=lambda r: (r.partition, r.offset))
     return [r.event for r in recs if isinstance(r.event, kind)]
 
 
@@ -76,7 +77,7 @@ def _committed(bootstrap: str, group: str, topics: list) -> dict[str, int | None
 
     kc = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False, **kafka_auth())
     try:
-        tps = [TopicPartition(t.name, p) for t in topics for p in sorted(kc.partitions_for_topic(t.name))]
+        tps = [TopicPartition(topic_name(t), p) for t in topics for p in sorted(kc.partitions_for_topic(topic_name(t)))]
         return {f"{tp.topic}:{tp.partition}": kc.committed(tp) for tp in tps}
     finally:
         kc.close()
@@ -87,7 +88,7 @@ def _ends(bootstrap: str, topics: list) -> dict[str, int]:
 
     kc = KafkaConsumer(bootstrap_servers=bootstrap, **kafka_auth())
     try:
-        tps = [TopicPartition(t.name, p) for t in topics for p in sorted(kc.partitions_for_topic(t.name))]
+        tps = [TopicPartition(topic_name(t), p) for t in topics for p in sorted(kc.partitions_for_topic(topic_name(t)))]
         return {f"{tp.topic}:{tp.partition}": off for tp, off in kc.end_offsets(tps).items()}
     finally:
         kc.close()
@@ -104,7 +105,7 @@ async def test_policy_rejects_ranks_dead_letters_and_resumes_after_restart(kafka
     from apportion.domain.occupancy import rebuild
     from apportion.domain.usage import ranking_of, usage_snapshot
     from apportion.timeutil import from_us
-    from apportion.topics import BUDGETS, DEADLETTER, RANKING, USAGE, prefix
+    from apportion.topics import BUDGETS, DEADLETTER, RANKING, USAGE
     from services.policy import logic
     from services.policy.config import PolicySettings
 
@@ -129,7 +130,7 @@ async def test_policy_rejects_ranks_dead_letters_and_resumes_after_restart(kafka
         # ---- live: an orphan change, a malformed record and a snapshot
         producer.publish(ORPHAN)
         raw = KafkaProducer(bootstrap_servers=kafka_bootstrap, **kafka_auth())
-        bad = raw.send(BUDGETS.name, key=b"bad", value=b"not json").get(timeout=DEADLINE_S)
+        bad = raw.send(topic_name(BUDGETS), key=b"bad", value=b"not json").get(timeout=DEADLINE_S)
         raw.close()
         snap = usage_snapshot(
             tree,
@@ -156,8 +157,8 @@ async def test_policy_rejects_ranks_dead_letters_and_resumes_after_restart(kafka
             (d.event_id, d.source_topic, d.source_offset, d.source_key, d.original_bytes(), d.producer) for d in letters
         ] == [
             (
-                events.det_id("DeadLetter", BUDGETS.name, 0, bad.offset),
-                BUDGETS.name,
+                events.det_id("DeadLetter", topic_name(BUDGETS), 0, bad.offset),
+                topic_name(BUDGETS),
                 bad.offset,
                 "bad",
                 b"not json",
@@ -169,13 +170,13 @@ async def test_policy_rejects_ranks_dead_letters_and_resumes_after_restart(kafka
 
         # ---- the stop committed the group's offsets up to the end of every partition holding records
         ends = _ends(kafka_bootstrap, [BUDGETS, USAGE])
-        committed = _committed(kafka_bootstrap, prefix() + "policy", [BUDGETS, USAGE])
+        committed = _committed(kafka_bootstrap, topic_prefix() + "policy", [BUDGETS, USAGE])
         assert {tp: off for tp, off in committed.items() if off is not None} == {
             tp: off for tp, off in ends.items() if off > 0
         }
         # budgets: 3 valid, OVER, ORPHAN, the bad record, 2 rejections; usage: one snapshot
-        assert ends[f"{BUDGETS.name}:0"] == 8
-        assert sorted(v for k, v in ends.items() if k.startswith(USAGE.name)) == [0, 0, 1]
+        assert ends[f"{topic_name(BUDGETS)}:0"] == 8
+        assert sorted(v for k, v in ends.items() if k.startswith(topic_name(USAGE))) == [0, 0, 1]
 
         # ---- restart: full tree again, nothing new but the same ranking (same id: readers drop it)
         clock.advance(3600.0)
@@ -233,7 +234,7 @@ async def test_an_event_the_fold_raises_on_is_dead_lettered_and_the_policy_goes_
     try:
         letters = await _until(lambda: _of(kafka_bootstrap, DEADLETTER, events.DeadLetter), "the dead letter")
         assert [(d.source_topic, d.source_key, d.error, d.producer) for d in letters] == [
-            (BUDGETS.name, "boom", "apply failed: RuntimeError: evolve failed on boom", "policy")
+            (topic_name(BUDGETS), "boom", "apply failed: RuntimeError: evolve failed on boom", "policy")
         ]
         await _until(lambda: _of(kafka_bootstrap, BUDGETS, events.BudgetRejected), "the next change to be decided")
         assert not task.done()

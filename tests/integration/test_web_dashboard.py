@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from apportion.settings import topic_name
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -423,7 +425,7 @@ def test_accounting_metrics_report_the_budget_rows_of_the_read_model(stack: Stac
 
     p = stack.env["APPORTION_TOPIC_PREFIX"]
     m, share = _stable(stack, lambda: _scrape(stack.info.metrics["accounting"]), lambda: stack.json("share"))
-    _common(m, {p + topics.JOBS.name, p + topics.NODES.name, p + topics.BUDGETS.name})
+    _common(m, {p + topic_name(topics.JOBS), p + topic_name(topics.NODES), p + topic_name(topics.BUDGETS)})
     rows = {b["path"]: b for b in share["budgets"]}
     for path, row in rows.items():
         assert _one(m, "apportion_budget_share", budget=path) == row["share"]
@@ -447,7 +449,7 @@ def test_dispatcher_metrics_report_the_queue_and_the_nodes_of_the_read_model(sta
 
     p = stack.env["APPORTION_TOPIC_PREFIX"]
     m = _scrape(stack.info.metrics["dispatcher"])
-    _common(m, {p + t.name for t in (topics.SUBMISSIONS, topics.JOBS, topics.NODES, topics.BUDGETS)})
+    _common(m, {t.named(p) for t in (topics.SUBMISSIONS, topics.JOBS, topics.NODES, topics.BUDGETS)})
     queue = stack.json("queue")
     assert _one(m, "apportion_budget_pending_jobs", budget="lab/prior/language") == 1
     assert _one(m, "apportion_budget_pending_gpus", budget="lab/prior/language") == 4
@@ -477,11 +479,11 @@ def test_policy_and_node_agent_metrics(stack: Stack) -> None:
         return sum(1 for rec in recs if rec.event is not None and rec.event.type == "FairShareRanking")
 
     pol, published = _stable(stack, lambda: _scrape(stack.info.metrics["policy"]), rankings)
-    _common(pol, {p + topics.BUDGETS.name, p + topics.USAGE.name})
+    _common(pol, {p + topic_name(topics.BUDGETS), p + topic_name(topics.USAGE)})
     assert _one(pol, "apportion_policy_published_total", type="FairShareRanking") == published > 0
     assert _one(pol, "apportion_policy_decide_seconds_count") > 0
     agent = _scrape(stack.info.metrics["node_agent"])
-    _common(agent, {p + topics.COMMANDS.name, p + topics.NODES.name})
+    _common(agent, {p + topic_name(topics.COMMANDS), p + topic_name(topics.NODES)})
     running = sum(len(j["nodes"]) for j in stack.json("queue") if j["state"] == "running")
     assert _one(agent, "apportion_node_agent_running") == running == 2  # busy-v and busy-r, one replica each
     assert _one(agent, "apportion_node_agent_heartbeats_total") > 0

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from apportion import events
+from apportion.settings import topic_prefix
 from tests.signing import node_value, with_node_keys
 
 
@@ -45,7 +46,7 @@ def records(evs, *, partitions: int = 3, start: dict[tuple[str, int], int] | Non
     """
     out, next_off = [], dict(start or {})
     for e in with_node_keys(evs):
-        topic = events.topic_of(e)
+        topic = events.topic_of(e, topic_prefix())
         key = events.key_of(e)
         p = sum(key.encode()) % partitions
         off = next_off.get((topic, p), 0)

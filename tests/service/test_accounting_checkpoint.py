@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from apportion.settings import topic_name
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from accounting_fakes import FakeRedis, partition_offsets, records  # noqa: E402
@@ -53,7 +55,7 @@ from services.accounting.store import ReadModelStore  # noqa: E402
 from tests.signing import node_identity  # noqa: E402
 
 WINDOW_S = 24 * 3600.0
-TOPICS = [JOBS.name, NODES.name, BUDGETS.name]
+TOPICS = [topic_name(JOBS), topic_name(NODES), topic_name(BUDGETS)]
 GPU_H = 3600.0  # GPU-seconds per GPU-hour
 
 FULL = [
@@ -131,7 +133,7 @@ def test_checkpoint_round_trips_state_snapshot_and_offsets():
     assert ck.offsets == svc.offsets == partition_offsets(FULL_RECS[:cut], TOPICS)
     assert ck.last == svc.last and ck.last.at == from_us(h(5))
     assert ck.dirty is False and ck.late_events == 0
-    assert ck.last_key == (h(5), JOBS.name, FULL_RECS[cut - 1].partition, FULL_RECS[cut - 1].offset)
+    assert ck.last_key == (h(5), topic_name(JOBS), FULL_RECS[cut - 1].partition, FULL_RECS[cut - 1].offset)
     restored = service(FakeRedis())
     restored.restore(ck)
     for t in (h(5), h(20), h(40)):
@@ -414,15 +416,15 @@ def test_decode_accepts_str_or_bytes_field_names():
 
 
 def test_a_dead_lettered_record_is_behind_the_checkpoint_and_not_dead_lettered_again():
-    bad = type(FULL_RECS[0])(JOBS.name, 0, 0, b"x", b"{not json")
+    bad = type(FULL_RECS[0])(topic_name(JOBS), 0, 0, b"x", b"{not json")
     recs = FULL_RECS[:3] + [bad]
     redis, svc = checkpointed(recs)
-    assert svc.offsets[f"{JOBS.name}:0"] == 1
+    assert svc.offsets[f"{topic_name(JOBS)}:0"] == 1
     published: list = []
     again = service(redis)
     again.publish = published.append
     assert again.prepare(BEGIN, partition_offsets(recs, TOPICS), rebuild=False) == ("resume", "")
-    assert again.offsets[f"{JOBS.name}:0"] == 1  # the consumer seeks past it
+    assert again.offsets[f"{topic_name(JOBS)}:0"] == 1  # the consumer seeks past it
     assert again.resume([]) == 0 and published == []
 
 
@@ -446,7 +448,7 @@ def test_a_rebuild_keeps_the_runs_it_placed_so_a_report_of_another_nodes_replica
     rebuild used to replace the registry the reader edge had placed g in: the report then passed on n0's key
     alone, and replica 1 ended at h2, 2 * 2 + 2 * 1 = 6 GPU-hours.)
     """
-    cut = next(i for i, r in enumerate(GANG_RECS) if r.topic == JOBS.name and r.offset == 1)
+    cut = next(i for i, r in enumerate(GANG_RECS) if r.topic == topic_name(JOBS) and r.offset == 1)
     assert GANG_RECS[cut].partition == GANG_RECS[cut - 2].partition  # the report follows g's placement
     redis = FakeRedis()
     first = service(redis)

@@ -25,6 +25,7 @@ from apportion.events import (
     NodeRegistered,
     StartWorkload,
 )
+from apportion.settings import topic_name
 from apportion.topics import BUDGETS, COMMANDS, JOBS, NODES, SUBMISSIONS
 from services.dispatcher import logic
 from services.dispatcher.config import DispatcherSettings
@@ -33,7 +34,7 @@ from tests.signing import identity, node_value, registered, with_node_keys
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
 USER = identity("u")
-INPUTS = [SUBMISSIONS.name, JOBS.name, NODES.name, BUDGETS.name]
+INPUTS = [topic_name(SUBMISSIONS), topic_name(JOBS), topic_name(NODES), topic_name(BUDGETS)]
 
 
 @dataclass(frozen=True)
@@ -72,12 +73,12 @@ class ListLog:
     def put(self, *evts: Event) -> None:
         """Append outside input; node reports signed by their node's key, registered first (tests.signing)."""
         for e in with_node_keys(evts, self.nodes):
-            self.append(events.TOPIC_OF[e.type].name, node_value(e), events.key_of(e).encode())
+            self.append(topic_name(events.TOPIC_OF[e.type]), node_value(e), events.key_of(e).encode())
 
     def publish(self, sent: list[tuple[Event, bytes]]) -> None:
         for e, value in sent:
             assert value == events.encode(e)
-            topic = events.TOPIC_OF[e.type].name
+            topic = topic_name(events.TOPIC_OF[e.type])
             self.published.append((topic, value))
             self.append(topic, value, events.key_of(e).encode())
 
@@ -196,7 +197,7 @@ def test_decisions_are_fenced_and_placements_carry_their_input_position() -> Non
     placed = [e for e in sent if isinstance(e, JobPlaced)]
     assert [(p.job_id, p.fencing_token) for p in placed] == [("j1", 7), ("j2", 7), ("j4", 7)]
     assert [e.fencing_token for e in sent if isinstance(e, StartWorkload)] == [7, 7, 7]
-    b, s, j, n = (f"{t}:0" for t in (BUDGETS.name, SUBMISSIONS.name, JOBS.name, NODES.name))
+    b, s, j, n = (f"{t}:0" for t in (topic_name(BUDGETS), topic_name(SUBMISSIONS), topic_name(JOBS), topic_name(NODES)))
     # j1 and j2 were placed on budgets (three budgets, one user key, two node keys), nodes and submissions only;
     # j4 after six job events had been read (three JobQueued, two JobPlaced, one JobStarted): its own JobQueued
     # is folded as emitted, not read yet
@@ -327,7 +328,7 @@ def test_a_new_leader_sends_again_the_starts_of_runs_that_never_started() -> Non
     from services.dispatcher import logic
 
     svc, log = run_history(echoes=True)
-    first = {events.decode(v).job_id: events.decode(v) for t, v in log.published if t == COMMANDS.name}
+    first = {events.decode(v).job_id: events.decode(v) for t, v in log.published if t == topic_name(COMMANDS)}
     fresh = service(ListLog(), echoes=False)
     out = fresh.bootstrap([r for r in log.records if r.topic in INPUTS])
     again = [e for e in out if isinstance(e, StartWorkload)]

@@ -16,6 +16,7 @@ import pytest
 
 from apportion import events
 from apportion.events import BudgetSet, JobCancelRequested, JobSubmitted, NodeRegistered, UserKeyRevoked
+from apportion.settings import topic_name
 from apportion.topics import JOBS, NODES
 from tests.service.test_dispatcher import INPUTS, T0, ListLog, drive, service
 from tests.signing import identity, node_identity, registered
@@ -142,7 +143,7 @@ def test_replays_same_event_id_is_a_duplicate_and_a_copied_signature_on_a_new_id
     svc, out = run(
         [signed],
         [signed],  # the same record again: de-duplicated by event id, no second decision
-        [(events.topic_of(signed), json.dumps(copied).encode())],
+        [(events.topic_of(signed, ""), json.dumps(copied).encode())],
     )
     assert [e.type for e in out].count("JobQueued") == 1
     assert rejections(out) == [("j2", "unauthenticated", "JobSubmitted")]
@@ -242,7 +243,10 @@ def test_a_node_report_signed_by_another_nodes_key_is_dead_lettered_and_changes_
     )  # fmt: skip
     svc2, out = run(
         [CAROL.sign(sub("j1"))],
-        [(NODES.name, node_identity("n1").signed_value(fake)), (JOBS.name, identity("eve").signed_value(done))],
+        [
+            (topic_name(NODES), node_identity("n1").signed_value(fake)),
+            (topic_name(JOBS), identity("eve").signed_value(done)),
+        ],
     )
     assert set(svc2.state.cluster.nodes) == nodes_before  # no n9
     assert "j1" in svc2.state.jobs and svc2.state.cluster.runs  # carol's run goes on
@@ -256,7 +260,7 @@ def test_a_report_signed_by_its_nodes_key_counts() -> None:
     from tests.signing import node_identity
 
     new = NodeRegistered(event_id=events.det_id("t", "n2"), node_id="n2", gpu_count=8, ts=T0, producer="x")
-    svc, out = run([registered(node_identity("n2"), T0)], [(NODES.name, node_identity("n2").signed_value(new))])
+    svc, out = run([registered(node_identity("n2"), T0)], [(topic_name(NODES), node_identity("n2").signed_value(new))])
     assert "n2" in svc.state.cluster.nodes and not [e for e in out if isinstance(e, events.DeadLetter)]
 
 
@@ -282,7 +286,7 @@ def node_verdicts(out: list[events.Event]) -> list[tuple[str, str, str, uuid.UUI
 
 
 def raw(ev: events.Event) -> tuple[str, bytes]:
-    return (events.topic_of(ev), events.encode(ev))
+    return (events.topic_of(ev, ""), events.encode(ev))
 
 
 def test_an_ops_signed_drain_drains_the_node() -> None:
@@ -303,7 +307,9 @@ def _forged_drain_bytes() -> bytes:
     "record, why",
     [
         pytest.param(lambda: raw(drain_of()), "no valid signature", id="unsigned"),
-        pytest.param(lambda: (NODES.name, _forged_drain_bytes()), "no valid signature", id="ops' signature, altered"),
+        pytest.param(
+            lambda: (topic_name(NODES), _forged_drain_bytes()), "no valid signature", id="ops' signature, altered"
+        ),
         pytest.param(lambda: raw(EVE.sign(drain_of())), "role 'user'", id="a researcher's key"),
         pytest.param(lambda: raw(identity("mallory", "ops").sign(drain_of())), "no valid signature", id="unregistered"),
         pytest.param(lambda: raw(node_identity("n1").sign(drain_of())), "'node:n1'", id="the node's own key"),
@@ -420,7 +426,7 @@ def test_a_dispatcher_rebuilt_from_offset_0_after_a_node_key_rotation_keeps_the_
         event_id=events.det_id("t", "done"), job_id="j1", attempt=1, replica=0, node_id="n1",
         ts=T0 + timedelta(minutes=4), producer="node-agent",
     )  # fmt: skip
-    log.append(JOBS.name, k2.signed_value(done), b"j1")
+    log.append(topic_name(JOBS), k2.signed_value(done), b"j1")
     drive(svc, log)
     assert "j1" in svc.state.finished and set(svc.state.cluster.nodes) == {"n1"}
     assert svc.intake.stats.dead_lettered == 0
@@ -433,7 +439,7 @@ def test_a_dispatcher_rebuilt_from_offset_0_after_a_node_key_rotation_keeps_the_
         event_id=events.det_id("t", "late"), node_id="n1", ts=T0 + timedelta(minutes=2, seconds=30),
         producer="node-agent",
     )  # fmt: skip
-    log.append(NODES.name, k1.signed_value(late), b"n1")
+    log.append(topic_name(NODES), k1.signed_value(late), b"n1")
     drive(svc, log)
     assert svc.intake.stats.unauthenticated_node == 1
     assert _rebuilt(log)[0].intake.stats.unauthenticated_node == 1
@@ -455,11 +461,11 @@ def test_the_rebuild_floors_only_on_tokens_the_dispatchers_key_signed() -> None:
 
     log = ListLog()
     log.put(*setup(), registered(dispatcher_identity(), T0))
-    log.append(JOBS.name, dispatcher_signer().values([events.encode(configured(5, "real"))])[0], b"cluster")
-    log.append(JOBS.name, events.encode(configured(2**62, "huge")), b"cluster")  # unsigned, out of range too
-    log.append(JOBS.name, events.encode(configured(2**40, "big")), b"cluster")  # unsigned, in range
+    log.append(topic_name(JOBS), dispatcher_signer().values([events.encode(configured(5, "real"))])[0], b"cluster")
+    log.append(topic_name(JOBS), events.encode(configured(2**62, "huge")), b"cluster")  # unsigned, out of range too
+    log.append(topic_name(JOBS), events.encode(configured(2**40, "big")), b"cluster")  # unsigned, in range
     log.append(
-        JOBS.name, identity("root", "ops").signed_value(configured(2**41, "ops")), b"cluster"
+        topic_name(JOBS), identity("root", "ops").signed_value(configured(2**41, "ops")), b"cluster"
     )  # not the dispatcher
     svc = service(log, echoes=True)
     assert svc.gate.keys.knows(DISPATCHER) is False  # nothing read yet

@@ -15,6 +15,7 @@ import pytest
 from test_dispatcher import INPUTS, T0, ListLog, drive, history, service, submit
 
 from apportion import events
+from apportion.settings import topic_name
 from apportion.statefile import CheckpointError, check_offsets
 from apportion.timeutil import to_us
 from services.dispatcher import snapshot as snapmod
@@ -87,7 +88,7 @@ def test_a_restart_from_a_snapshot_equals_a_full_replay_and_decides_the_same() -
     for svc in (resumed, replayed):
         out = []
         for e in more:
-            rec = type(short[0])(events.TOPIC_OF[e.type].name, 0, 10_000, e.job_id.encode(), events.encode(e), 0)
+            rec = type(short[0])(topic_name(events.TOPIC_OF[e.type]), 0, 10_000, e.job_id.encode(), events.encode(e), 0)
             got, _ = svc.ingest([rec])
             out += got
         out += svc.tick()

@@ -9,6 +9,7 @@ from test_dispatcher import INPUTS, T0, USER, ListLog, drive, history, submit
 
 from apportion import events
 from apportion.clock import ManualClock
+from apportion.settings import topic_name
 from apportion.timeutil import to_us
 from apportion.topics import DEADLETTER
 from services.dispatcher.config import DispatcherSettings
@@ -34,7 +35,7 @@ def test_a_submission_two_windows_late_is_dead_lettered_and_the_next_one_queued(
     drive(svc, log)
     log.put(old)  # a later batch (one batch is folded in event-time order)
     drive(svc, log)
-    letters = [events.decode(v) for t, v in log.published if t == DEADLETTER.name]
+    letters = [events.decode(v) for t, v in log.published if t == topic_name(DEADLETTER)]
     assert [(d.source_key, d.error) for d in letters] == [
         ("old", f"{STALE}: {T0.isoformat()} is more than W before {later.isoformat()}")
     ]
@@ -56,7 +57,7 @@ def test_an_event_from_the_far_future_is_dead_lettered_and_moves_no_clock() -> N
     drive(svc, log)
     log.put(submit("now", "lab/a", 1))
     drive(svc, log)
-    letters = [events.decode(v) for t, v in log.published if t == DEADLETTER.name]
+    letters = [events.decode(v) for t, v in log.published if t == topic_name(DEADLETTER)]
     assert [(d.source_key, d.error) for d in letters] == [
         ("ahead", f"{FUTURE}: {year.isoformat()} is more than 3600 s after {T0.isoformat()}")
     ]

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from apportion.settings import topic_name
 from apportion.topics import COMMANDS, JOBS, NODES
 from services.dispatcher import lease as lease_mod
 from services.dispatcher import store
@@ -69,7 +70,7 @@ def test_stand_by_reads_a_floor_only_when_a_take_over_is_possible_and_never_lead
     token = asyncio.run(stand_by(lease, "k:1", ready, asyncio.Event(), 0.001))  # type: ignore[arg-type]
     assert token == 8
     assert lease.calls == ["held?", "held?", "held?", ("acquire", 7), "held?", ("acquire", 7)]
-    assert read == [("k:1", (COMMANDS.name, JOBS.name, NODES.name))] * 3
+    assert read == [("k:1", (topic_name(COMMANDS), topic_name(JOBS), topic_name(NODES)))] * 3
     assert ready.said == [(True, "")]
 
 

@@ -16,15 +16,16 @@ from test_dispatcher import T0, ListLog, drive, history, service, submit
 
 from apportion import events
 from apportion.clock import ManualClock
+from apportion.settings import topic_name
 from apportion.topics import BUDGETS, DEADLETTER, JOBS, SUBMISSIONS
 
 
 def letters(log: ListLog) -> list[events.DeadLetter]:
-    return [events.decode(v) for t, v in log.published if t == DEADLETTER.name]  # type: ignore[misc]
+    return [events.decode(v) for t, v in log.published if t == topic_name(DEADLETTER)]  # type: ignore[misc]
 
 
 def placed(log: ListLog) -> set[str]:
-    return {e.job_id for t, v in log.published if t == JOBS.name and (e := events.decode(v)).type == "JobPlaced"}
+    return {e.job_id for t, v in log.published if t == topic_name(JOBS) and (e := events.decode(v)).type == "JobPlaced"}
 
 
 def started_log() -> tuple[Any, ListLog]:
@@ -39,10 +40,10 @@ def test_every_poison_record_is_dead_lettered_and_the_next_job_placed() -> None:
     svc, log = started_log()
     good = json.loads(events.encode(submit("inf", "lab/a", 1)))
     infinite = json.dumps(dict(good, min_runtime_s="@")).replace('"@"', "Infinity").encode()
-    log.append(SUBMISSIONS.name, infinite, b"inf")
-    log.append(SUBMISSIONS.name, None, b"tomb")
-    log.append(SUBMISSIONS.name, events.encode(submit("k", "lab/a", 1)), b"not-k")
-    log.append(SUBMISSIONS.name, json.dumps(dict(good, job_id="t", submitted_at=12345)).encode(), b"t")
+    log.append(topic_name(SUBMISSIONS), infinite, b"inf")
+    log.append(topic_name(SUBMISSIONS), None, b"tomb")
+    log.append(topic_name(SUBMISSIONS), events.encode(submit("k", "lab/a", 1)), b"not-k")
+    log.append(topic_name(SUBMISSIONS), json.dumps(dict(good, job_id="t", submitted_at=12345)).encode(), b"t")
     log.put(submit("next", "lab/a", 1))
     drive(svc, log)
     assert [(d.source_key, d.error, d.producer) for d in letters(log)] == [
@@ -59,7 +60,7 @@ def test_a_submission_reusing_the_id_of_a_decision_is_a_reused_id() -> None:
     svc, log = started_log()
     log.put(submit("j1", "lab/a", 1))
     drive(svc, log)
-    queued = next(events.decode(v) for t, v in log.published if t == JOBS.name)
+    queued = next(events.decode(v) for t, v in log.published if t == topic_name(JOBS))
     forged = submit("forged", "lab/b", 1).model_copy(update={"event_id": queued.event_id})
     log.put(forged)
     drive(svc, log)
@@ -144,7 +145,7 @@ def test_accounting_dead_letters_poison_and_a_failing_fold_and_goes_on() -> None
     recs = records(budgets)
     svc.bootstrap(recs[:1])
     svc.acc = Raising(svc.acc, "lab/a")
-    tomb = Rec(JOBS.name, 0, 99, b"x", None)  # type: ignore[arg-type]
+    tomb = Rec(topic_name(JOBS), 0, 99, b"x", None)  # type: ignore[arg-type]
     svc.ingest([tomb, *recs[1:]])
     dead = [e for e in published if isinstance(e, events.DeadLetter)]
     assert [(d.source_offset, d.error) for d in dead] == [
@@ -169,7 +170,7 @@ def test_policy_dead_letters_poison_and_a_failing_fold_and_goes_on(monkeypatch: 
     monkeypatch.setattr(policy_app.logic, "evolve", evolve)
     budgets = [e for e in history()[0] if isinstance(e, events.BudgetSet)]
     recs = records(budgets, partitions=1)
-    svc.fold([recs[0], Rec(BUDGETS.name, 0, 50, b"lab/z", b"\x89PNG"), *recs[1:]])
+    svc.fold([recs[0], Rec(topic_name(BUDGETS), 0, 50, b"lab/z", b"\x89PNG"), *recs[1:]])
     assert [(d.source_offset, d.error) for d in published] == [
         (50, "not valid JSON: 'utf-8' codec can't decode byte 0x89 in position 0: invalid start byte"),
         (recs[1].offset, "apply failed: RuntimeError: boom"),

@@ -24,7 +24,8 @@ def _no_stack(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def export(tmp_path: Path, evts: list[events.Event]) -> str:
     recs = [
-        LogRecord(events.topic_of(e), 0, i, events.key_of(e), 1000 + i, events.encode(e), e) for i, e in enumerate(evts)
+        LogRecord(events.topic_of(e, ""), 0, i, events.key_of(e), 1000 + i, events.encode(e), e)
+        for i, e in enumerate(evts)
     ]
     path = tmp_path / "log.jsonl.gz"
     write_export(recs, path, topic_names=sorted({r.topic for r in recs}), exported_at="now")

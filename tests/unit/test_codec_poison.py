@@ -27,6 +27,7 @@ from apportion.bus.intake import (
     screen,
 )
 from apportion.bus.reader import LogRecord
+from apportion.settings import topic_name
 from apportion.topics import JOBS, SUBMISSIONS
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
@@ -201,11 +202,11 @@ JOB = events.JobSubmitted.model_validate(submitted())
     ("key", "topic", "reason"),
     [
         ("other", None, "key: record key 'other' is not the event's key 'j1'"),
-        (b"other", SUBMISSIONS.name, "key: record key 'other' is not the event's key 'j1'"),
+        (b"other", topic_name(SUBMISSIONS), "key: record key 'other' is not the event's key 'j1'"),
         (None, None, "key: record key missing, the event's key is 'j1'"),
         (
             b"j1",
-            JOBS.name,
+            topic_name(JOBS),
             "type: JobSubmitted does not belong on apportion.jobs (it is written to apportion.submissions)",
         ),
     ],
@@ -218,7 +219,7 @@ def test_a_record_that_disagrees_with_its_event_is_refused(key: Any, topic: str 
 
 
 def test_the_right_key_on_the_right_topic_or_a_topic_outside_the_registry_passes() -> None:
-    assert screen(events.encode(JOB), b"j1", SUBMISSIONS.name) == JOB
+    assert screen(events.encode(JOB), b"j1", topic_name(SUBMISSIONS)) == JOB
     assert screen(events.encode(JOB), "j1", "test.scratch") == JOB
 
 
@@ -272,7 +273,9 @@ def test_dead_letter_has_the_id_of_the_record_position_whoever_writes_it() -> No
 class Rec:
     """The fields of a kafka-python record the reader edge reads."""
 
-    def __init__(self, value: bytes | None, key: bytes | None, offset: int = 0, topic: str = SUBMISSIONS.name) -> None:
+    def __init__(
+        self, value: bytes | None, key: bytes | None, offset: int = 0, topic: str = topic_name(SUBMISSIONS)
+    ) -> None:
         self.topic, self.partition, self.offset, self.key, self.value, self.timestamp = topic, 0, offset, key, value, 0
 
 
@@ -306,12 +309,12 @@ def test_export_keeps_a_tombstone_and_reading_it_back_refuses_it(tmp_path: Path)
     from apportion.audit.source import iter_export, write_export
 
     recs = [
-        LogRecord(SUBMISSIONS.name, 0, 0, "j1", 1, events.encode(JOB), JOB),
-        LogRecord(SUBMISSIONS.name, 0, 1, "j1", 2, None, None, "null record value (tombstone)"),
-        LogRecord(SUBMISSIONS.name, 0, 2, "bad", 3, b"\xff", None, "x"),
+        LogRecord(topic_name(SUBMISSIONS), 0, 0, "j1", 1, events.encode(JOB), JOB),
+        LogRecord(topic_name(SUBMISSIONS), 0, 1, "j1", 2, None, None, "null record value (tombstone)"),
+        LogRecord(topic_name(SUBMISSIONS), 0, 2, "bad", 3, b"\xff", None, "x"),
     ]
     path = tmp_path / "log.jsonl.gz"
-    assert write_export(recs, path, topic_names=[SUBMISSIONS.name], exported_at="now") == 3
+    assert write_export(recs, path, topic_names=[topic_name(SUBMISSIONS)], exported_at="now") == 3
     back = list(iter_export(path))
     assert [r.raw for r in back] == [events.encode(JOB), None, b"\xff"]
     assert back[0].event == JOB

@@ -208,7 +208,7 @@ def _edge(batch: list[Rec], gate: ReportGate | None = None):  # type: ignore[no-
 
 
 def _rec(ev: events.Event, offset: int, value: bytes) -> Rec:
-    return Rec(events.topic_of(ev), 0, offset, events.key_of(ev).encode(), value)
+    return Rec(events.topic_of(ev, ""), 0, offset, events.key_of(ev).encode(), value)
 
 
 def test_the_edge_dead_letters_a_forged_decision_and_another_nodes_report_and_counts_them() -> None:

@@ -60,7 +60,7 @@ HB1, HB2 = beat(1, "hb1"), beat(3, "hb2")
 def rec(ev: events.Event, ms: int, value: bytes | None = None, *, kind: int = LOG_APPEND_TIME) -> Rec:
     """The record of ``ev`` appended at ``ms`` (offset = ms: one partition per topic, in order)."""
     raw = value if value is not None else events.encode(ev)
-    return Rec(events.topic_of(ev), 0, ms, events.key_of(ev).encode(), raw, ms, kind)
+    return Rec(events.topic_of(ev, ""), 0, ms, events.key_of(ev).encode(), raw, ms, kind)
 
 
 def rotation() -> list[Rec]:

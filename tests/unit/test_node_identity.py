@@ -122,7 +122,7 @@ def test_a_node_key_cannot_sign_a_request() -> None:
 
 
 def _rec(ev: events.Event, offset: int, value: bytes | None = None) -> Rec:
-    return Rec(events.topic_of(ev), 0, offset, events.key_of(ev).encode(), value or events.encode(ev))
+    return Rec(events.topic_of(ev, ""), 0, offset, events.key_of(ev).encode(), value or events.encode(ev))
 
 
 def _edge(batch: list[Rec]) -> tuple[Intake, list[events.Event], list[events.DeadLetter]]:
@@ -171,7 +171,7 @@ def test_a_revocation_in_the_same_batch_refuses_a_backdated_report_sorted_before
     ]
     _, kept, dead = _edge(batch)
     assert [type(e).__name__ for e in kept] == ["UserKeyRegistered", "UserKeyRevoked"]
-    assert [d.source_topic for d in dead] == [events.topic_of(later)]
+    assert [d.source_topic for d in dead] == [events.topic_of(later, "")]
 
 
 # --------------------------------------------------------------------------- audit verify
@@ -182,7 +182,7 @@ def _log(*items: tuple[events.Event, bytes | None, int]) -> list[LogRecord]:
     nxt: dict[str, int] = {}
     out = []
     for ev, value, ms in items:
-        t = events.topic_of(ev)
+        t = events.topic_of(ev, "")
         off = nxt.get(t, 0)
         nxt[t] = off + 1
         raw = value if value is not None else events.encode(ev)

@@ -71,7 +71,7 @@ def test_the_verdict_names_the_refused_request_and_its_id_is_deterministic() -> 
     assert (v1.node_id, v1.request, v1.refused_event_id, v1.reason) == (
         "n1", "NodeDrainRequested", req.event_id, RejectReason.UNAUTHENTICATED
     )  # fmt: skip
-    assert v1.event_id == v2.event_id and events.topic_of(v1) == "apportion.nodes"
+    assert v1.event_id == v2.event_id and events.topic_of(v1, "") == "apportion.nodes"
 
 
 def test_the_accountings_edge_refuses_a_forged_drain_and_keeps_ops_one() -> None:

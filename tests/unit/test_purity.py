@@ -2,8 +2,10 @@
 
 Modules under ``shared/apportion/domain/`` plus ``events.py``,
 ``timeutil.py`` and ``topics.py`` must not import I/O libraries (Kafka,
-Redis, faust, NVML, sockets) and must not read the wall clock. Checked
-statically with ``ast``, so a lazy import inside a function is caught too.
+Redis, faust, NVML, sockets), must not read the wall clock and must not read
+the environment (the topic namespace is read at the settings edge,
+``apportion.settings.topic_prefix``). Checked statically with ``ast``, so a
+lazy import inside a function is caught too.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ CLOCK_CALLS = {
     ("date", "today"),
 }
 CLOCK_NAMES = {"time", "time_ns", "monotonic", "perf_counter", "now", "utcnow", "today"}
+# names of os that read the process environment
+ENV_NAMES = {"environ", "environb", "getenv", "getenvb"}
 
 
 def _attr_chain(node: ast.AST) -> list[str]:
@@ -67,10 +71,14 @@ def violations(source: str) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             if node.module.split(".")[0] in FORBIDDEN_MODULES:
                 out.append(f"line {node.lineno}: from {node.module} import ...")
+            if node.module == "os":
+                out.extend(f"line {node.lineno}: from os import {a.name}" for a in node.names if a.name in ENV_NAMES)
             if node.module in ("time", "datetime"):
                 for a in node.names:
                     if a.name in CLOCK_NAMES:
                         clock_aliases.add(a.asname or a.name)
+        elif isinstance(node, ast.Attribute) and node.attr in ENV_NAMES and _attr_chain(node)[:1] == ["os"]:
+            out.append(f"line {node.lineno}: os.{node.attr}")
         elif isinstance(node, ast.Call):
             chain = _attr_chain(node.func)
             if len(chain) >= 2 and (chain[-2], chain[-1]) in CLOCK_CALLS:
@@ -98,6 +106,9 @@ def test_module_is_pure(path: Path) -> None:
         "from datetime import datetime\nx = datetime.now()",
         "import datetime\nx = datetime.datetime.utcnow()",
         "from time import time as clock\nx = clock()",
+        "import os\nx = os.environ.get('APPORTION_TOPIC_PREFIX', '')",
+        "import os\nx = os.getenv('HOME')",
+        "from os import environ",
     ],
     ids=[
         "kafka",
@@ -110,6 +121,9 @@ def test_module_is_pure(path: Path) -> None:
         "datetime.now",
         "datetime.datetime.utcnow",
         "aliased time",
+        "os.environ",
+        "os.getenv",
+        "from os import environ",
     ],
 )
 def test_checker_catches(snippet: str) -> None:

@@ -27,13 +27,14 @@ from pathlib import Path
 from apportion import events, topics
 from apportion.bus.intake import screen
 from apportion.bus.reader import LogRecord, iter_topic_records, log_order
+from apportion.settings import topic_name
 
 FORMAT_VERSION = 1
 
 
 def audit_topics() -> tuple[str, ...]:
     """Topics an audit reads by default: every registry topic but the dead letters."""
-    return tuple(t.name for t in topics.ALL_TOPICS if t is not topics.DEADLETTER)
+    return tuple(topic_name(t) for t in topics.ALL_TOPICS if t is not topics.DEADLETTER)
 
 
 class ExportFormatError(ValueError):

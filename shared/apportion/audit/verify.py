@@ -87,6 +87,7 @@ from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, emit_
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.usage import usage_snapshot
 from apportion.identity import check_reports, check_requests
+from apportion.settings import topic_name, topic_prefix
 from apportion.timeutil import WEEK_S, Micros, from_us, to_us
 
 __all__ = [
@@ -130,7 +131,12 @@ def position(rec: LogRecord) -> str:
 
 def dispatcher_input_topics() -> tuple[str, ...]:
     """Physical names of the topics the dispatcher consumes (namespace included)."""
-    return (topics.SUBMISSIONS.name, topics.JOBS.name, topics.NODES.name, topics.BUDGETS.name)
+    return (
+        topic_name(topics.SUBMISSIONS),
+        topic_name(topics.JOBS),
+        topic_name(topics.NODES),
+        topic_name(topics.BUDGETS),
+    )
 
 
 @dataclass
@@ -946,14 +952,14 @@ def verify(
 def records_from_events(evs: Iterable[events.Event]) -> list[LogRecord]:
     """Wrap events (e.g. a simulator log) as records in log order.
 
-    Each event goes to its registry topic (:func:`apportion.events.topic_of`),
+    Each event goes to its registry topic (:func:`apportion.events.topic_of`, in the namespace in force),
     partition 0, at the next offset of that topic in the given order; the
     Kafka timestamp is the event time. For tests and offline what-ifs.
     """
     nxt: dict[str, int] = defaultdict(int)
     out = []
     for e in evs:
-        t = events.topic_of(e)
+        t = events.topic_of(e, topic_prefix())
         out.append(LogRecord(t, 0, nxt[t], events.key_of(e), to_us(e.ts) // 1000, events.encode(e), e))
         nxt[t] += 1
     out.sort(key=log_order)

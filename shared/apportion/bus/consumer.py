@@ -41,6 +41,7 @@ from apportion import events
 from apportion.bus.intake import IdLedger, dead_letter, screen
 from apportion.bus.producer import EventProducer
 from apportion.bus.resilience import KAFKA_RECONNECT
+from apportion.settings import topic_name
 
 log = logging.getLogger(__name__)
 
@@ -376,7 +377,7 @@ class AssignedConsumer:
         self.partitions = parts
         from apportion.topics import BUDGETS
 
-        identity_topic = BUDGETS.name if read_ahead else None
+        identity_topic = topic_name(BUDGETS) if read_ahead else None
         #: the identity topic's partitions (read ahead by :meth:`poll`), and the others (paused meanwhile)
         self.identity_parts = [tp for tp in parts if tp.topic == identity_topic]
         self._other_parts = [tp for tp in parts if tp.topic != identity_topic]

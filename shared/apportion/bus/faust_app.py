@@ -47,6 +47,7 @@ from typing import Any
 
 from apportion import events
 from apportion.bus.intake import IdLedger, IntakeStats, dead_letter
+from apportion.settings import topic_name, topic_prefix
 from apportion.topics import DEADLETTER, Topic, by_name
 
 log = logging.getLogger(__name__)
@@ -163,9 +164,9 @@ def event_topic(app: Any, topic: Topic | str) -> Any:
     ``topic`` may be a :class:`~apportion.topics.Topic` or a name; names not
     in the registry (tests) get one partition and no declared configs.
     """
-    name = topic if isinstance(topic, str) else topic.name
+    name = topic if isinstance(topic, str) else topic_name(topic)
     if isinstance(topic, str):
-        topic = by_name(topic) or Topic(topic, "key", 1, -1)
+        topic = by_name(topic, topic_prefix()) or Topic(topic, "key", 1, -1)
     return app.topic(
         name,
         key_type=bytes,
@@ -271,7 +272,7 @@ async def decoded(
                 stats.dead_lettered += 1
             continue
         try:
-            events.check_record(value, msg.key, msg.topic)
+            events.check_record(value, msg.key, msg.topic, prefix=topic_prefix())
             # a duplicate still goes on: an agent may decide after each event
             duplicate = ledger is not None and ledger.check(value)
         except events.DecodeError as exc:

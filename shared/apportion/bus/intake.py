@@ -51,6 +51,7 @@ from uuid import UUID
 from apportion import events
 from apportion.domain.admission import UNAUTHENTICATED_NODE
 from apportion.identity import log_position
+from apportion.settings import topic_prefix
 from apportion.timeutil import WEEK_S
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ def screen(value: bytes | None, key: bytes | str | None, topic: str | None = Non
     reader.
     """
     try:
-        return events.decode_checked(value, key, topic)
+        return events.decode_checked(value, key, topic, prefix=topic_prefix())
     except events.DecodeError:
         raise
     except Exception as exc:  # noqa: BLE001 - the codec's own bug must not stop a reader either

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from apportion import events
+from apportion.settings import topic_name
 
 if TYPE_CHECKING:
     from kafka.producer.future import FutureRecordMetadata, RecordMetadata
@@ -67,7 +68,7 @@ class EventProducer:
                 :meth:`apportion.identity.ReportSigner.value`); encoded here
                 when ``None``. Passing anything else is a caller bug.
         """
-        topic = events.TOPIC_OF[event.type].name
+        topic = topic_name(events.TOPIC_OF[event.type])
         return self._producer.send(
             topic, value=events.encode(event) if value is None else value, key=events.key_of(event).encode("utf-8")
         )

@@ -38,6 +38,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from apportion.settings import topic_name
 from apportion.topics import ALL_TOPICS, BROKER_TIME, Topic, replication
 
 #: Configs :func:`provision` sets on an existing topic whenever they drift, even without ``fix`` (module doc).
@@ -107,12 +108,12 @@ def create_missing(
     when ``min_insync`` is given; else the broker's default); return their names."""
     topics = list(topics)
     have = set(admin.list_topics())
-    missing = [t for t in topics if t.name not in have]
+    missing = [t for t in topics if topic_name(t) not in have]
     if not missing:
         return []
     rep = None if min_insync is None else (replication_factor, min_insync)
     spec = {
-        t.name: {
+        topic_name(t): {
             "num_partitions": t.partitions,
             "replication_factor": replication_factor,
             "configs": declared_configs(t, rep),
@@ -136,29 +137,31 @@ def find_drift(admin: Any, topics: Iterable[Topic], replication: tuple[int, int]
 
     topics = list(topics)
     drift: list[Drift] = []
-    described = {d["name"]: d for d in admin.describe_topics([t.name for t in topics])}
+    described = {d["name"]: d for d in admin.describe_topics([topic_name(t) for t in topics])}
     resources = [
-        ConfigResource(ConfigResourceType.TOPIC, t.name, configs={k: None for k in declared_configs(t, replication)})
+        ConfigResource(
+            ConfigResourceType.TOPIC, topic_name(t), configs={k: None for k in declared_configs(t, replication)}
+        )
         for t in topics
     ]
     configs = admin.describe_configs(resources, config_filter="all").get("topic", {})
     for t in topics:
-        d = described.get(t.name)
+        d = described.get(topic_name(t))
         if d is None or d.get("error_code", 0) != 0:
-            drift.append(Drift(t.name, "exists", "yes", "no"))
+            drift.append(Drift(topic_name(t), "exists", "yes", "no"))
             continue
         parts = len(d["partitions"])
         if parts != t.partitions:
-            drift.append(Drift(t.name, "partitions", str(t.partitions), str(parts)))
+            drift.append(Drift(topic_name(t), "partitions", str(t.partitions), str(parts)))
         if replication is not None:
             counts = sorted({len(p["replica_nodes"]) for p in d["partitions"]})
             if counts != [replication[0]]:
-                drift.append(Drift(t.name, "replication", str(replication[0]), ",".join(map(str, counts))))
-        actual = configs.get(t.name, {})
+                drift.append(Drift(topic_name(t), "replication", str(replication[0]), ",".join(map(str, counts))))
+        actual = configs.get(topic_name(t), {})
         for key, want in declared_configs(t, replication).items():
             got = actual.get(key, {}).get("value")
             if got != want:
-                drift.append(Drift(t.name, key, want, str(got)))
+                drift.append(Drift(topic_name(t), key, want, str(got)))
     return drift
 
 
@@ -199,7 +202,7 @@ def provision(
         else:
             report.replication = (replication_factor, max(1, replication_factor - 1))
         report.created = create_missing(admin, topics, *report.replication)
-        report.existing = sorted(t.name for t in topics if t.name not in report.created)
+        report.existing = sorted(topic_name(t) for t in topics if topic_name(t) not in report.created)
         if kafka_auth().get("sasl_plain_username") == ADMIN:  # a secured broker: users and ACLs too
             report.users, report.acls = provision_security(admin, secrets_dir())
         report.drift = find_drift(admin, topics, report.replication)

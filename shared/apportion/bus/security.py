@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from apportion import topics
+from apportion.settings import topic_prefix
 
 MECHANISM = "SCRAM-SHA-512"
 
@@ -223,7 +224,7 @@ def acls(grants: Iterable[Grant] = GRANTS) -> list[Any]:
         kind = ResourceType.TOPIC if g.resource == "topic" else ResourceType.GROUP
         pattern = ACLResourcePatternType.PREFIXED if g.prefixed else ACLResourcePatternType.LITERAL
         # a group is named with the namespace by some services and without it by others: allow both
-        names = {topics.prefix() + g.name} | ({g.name} if g.resource == "group" else set())
+        names = {topic_prefix() + g.name} | ({g.name} if g.resource == "group" else set())
         for name in sorted(names):
             pat = pattern
             if g.prefixed and not name:  # a prefix of nothing: every resource of the kind

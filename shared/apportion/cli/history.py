@@ -24,6 +24,7 @@ import typer
 
 from apportion import events
 from apportion.cli.verdicts import refuses_request_only
+from apportion.settings import topic_name
 
 FINISHED = ("completed", "failed", "cancelled", "rejected")
 
@@ -189,8 +190,8 @@ def history(
         fail(f"--state must be one of {', '.join(FINISHED)}, got {state!r}")
     check_budget_filter(budget)
     lo, hi = _when(since, "--since"), _when(until, "--until")
-    conn = _require_topics(bootstrap, topics.SUBMISSIONS.name, topics.JOBS.name)
-    recs = _checked(lambda: read_log(conn.bootstrap, [topics.SUBMISSIONS.name, topics.JOBS.name]))
+    conn = _require_topics(bootstrap, topic_name(topics.SUBMISSIONS), topic_name(topics.JOBS))
+    recs = _checked(lambda: read_log(conn.bootstrap, [topic_name(topics.SUBMISSIONS), topic_name(topics.JOBS)]))
     rows = [
         j
         for j in fold_jobs(r.event for r in recs if r.event is not None).values()

@@ -23,6 +23,7 @@ from typing import Annotated
 import typer
 
 from apportion import events
+from apportion.settings import topic_name
 
 app = typer.Typer(help="Signing keys: init (researchers), register/revoke (ops).", no_args_is_help=True)
 
@@ -98,7 +99,7 @@ def _publish_identity_event(ev: events.Event, bootstrap: str | None, as_json: bo
     from apportion.cli.main import _publish, _published, _require_topics
     from apportion.topics import BUDGETS
 
-    _require_topics(bootstrap, BUDGETS.name)
+    _require_topics(bootstrap, topic_name(BUDGETS))
     _publish([ev], bootstrap)
     _published([ev], as_json, message)
 

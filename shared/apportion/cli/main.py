@@ -28,7 +28,7 @@ from rich.table import Table
 
 from apportion import events
 from apportion.durations import format_duration, parse_duration
-from apportion.settings import Connection
+from apportion.settings import Connection, topic_name, topic_prefix
 
 if TYPE_CHECKING:
     from apportion.domain.nodes import NodeEvent
@@ -162,12 +162,12 @@ def _checked(fn: Any) -> Any:
 def _require_topics(bootstrap: str | None, *names: str) -> Connection:
     """The connection, after checking Kafka answers and the namespace has ``names`` (else one line, exit 3)."""
     from apportion.cli import verdicts
-    from apportion.topics import prefix
+    from apportion.settings import topic_prefix
 
     conn = Connection.resolve(bootstrap=bootstrap)
     for name in names:
         if _checked(lambda n=name: verdicts.partitions_of(conn.bootstrap, n)) == 0:
-            ns = f"namespace {prefix()!r}" if prefix() else "the default namespace"
+            ns = f"namespace {topic_prefix()!r}" if topic_prefix() else "the default namespace"
             fail(
                 f"topic {name} does not exist at {conn.bootstrap}: {ns} is not provisioned "
                 f"(`python -m apportion.bus.provision --bootstrap {conn.bootstrap}`, or `apportion stack up`)",
@@ -246,7 +246,7 @@ def submit(
     if not dry_run:
         from apportion.topics import JOBS, SUBMISSIONS
 
-        _require_topics(bootstrap, SUBMISSIONS.name, JOBS.name)
+        _require_topics(bootstrap, topic_name(SUBMISSIONS), topic_name(JOBS))
     ident: Identity | None = None
     if dry_run and user:
         who = user  # --dry-run --user: validate, sign nothing
@@ -326,7 +326,7 @@ def cancel(
     from apportion.cli import verdicts
     from apportion.topics import JOBS, SUBMISSIONS
 
-    conn = _require_topics(bootstrap, SUBMISSIONS.name, JOBS.name)
+    conn = _require_topics(bootstrap, topic_name(SUBMISSIONS), topic_name(JOBS))
     status = _checked(lambda: verdicts.job_status(conn.bootstrap, job_id))
     if status.state == "unknown":
         refuse(f"no job {job_id} in the log", as_json=as_json, verdict="not_found", reason="no_job", job_id=job_id)
@@ -426,8 +426,8 @@ def queue_rows(
         from apportion.bus.reader import read_log
         from apportion.cli.history import FINISHED, fold_jobs
 
-        conn = _require_topics(bootstrap, topics.SUBMISSIONS.name, topics.JOBS.name)
-        recs = _checked(lambda: read_log(conn.bootstrap, [topics.SUBMISSIONS.name, topics.JOBS.name]))
+        conn = _require_topics(bootstrap, topic_name(topics.SUBMISSIONS), topic_name(topics.JOBS))
+        recs = _checked(lambda: read_log(conn.bootstrap, [topic_name(topics.SUBMISSIONS), topic_name(topics.JOBS)]))
         live = {r.get("job_id") for r in rows}
         for j in fold_jobs(rec.event for rec in recs if rec.event is not None).values():
             if j.state in FINISHED and j.job_id not in live:
@@ -690,10 +690,10 @@ def deadletter(
     from apportion import topics
     from apportion.bus.reader import read_log
 
-    if topic is not None and topics.by_name(topic) is None:
+    if topic is not None and topics.by_name(topic, topic_prefix()) is None:
         fail(f"--topic: no topic {topic!r}: use one of {', '.join(sorted(topics.BY_BASE))}")
-    conn = _require_topics(bootstrap, topics.DEADLETTER.name)
-    recs = _checked(lambda: read_log(conn.bootstrap, [topics.DEADLETTER.name]))
+    conn = _require_topics(bootstrap, topic_name(topics.DEADLETTER))
+    recs = _checked(lambda: read_log(conn.bootstrap, [topic_name(topics.DEADLETTER)]))
     seen: set[Any] = set()
     rows: list[dict[str, Any]] = []
     for rec in recs:
@@ -701,7 +701,7 @@ def deadletter(
         if not isinstance(ev, events.DeadLetter) or ev.event_id in seen:
             continue
         seen.add(ev.event_id)
-        if topic is not None and ev.source_topic not in (topic, topics.prefix() + topic):
+        if topic is not None and ev.source_topic not in (topic, topic_prefix() + topic):
             continue
         rows.append(
             {
@@ -736,7 +736,7 @@ def _node_notes(bootstrap: str) -> dict[str, dict[str, Any]]:
     from apportion import topics
     from apportion.bus.reader import iter_topic_records
 
-    return node_notes(iter_topic_records(bootstrap, [topics.NODES.name], decode=False))
+    return node_notes(iter_topic_records(bootstrap, [topic_name(topics.NODES)], decode=False))
 
 
 def node_notes(records: Iterable[Any]) -> dict[str, dict[str, Any]]:
@@ -796,7 +796,7 @@ def node_rows(rc: Any, bootstrap: str | None) -> list[dict[str, Any]]:
     from apportion.timeutil import to_us
 
     rows = list(readmodel.read_hash(rc, readmodel.nodes_key()).values())
-    conn = _require_topics(bootstrap, topics.NODES.name)
+    conn = _require_topics(bootstrap, topic_name(topics.NODES))
     notes = _checked(lambda: _node_notes(conn.bootstrap))
     now_us = event_clock().now_us()
     for r in rows:
@@ -855,8 +855,8 @@ def _node_row(r: Any, node_id: str, bootstrap: str | None) -> dict[str, Any] | N
     row = readmodel.read_hash(r, readmodel.nodes_key()).get(node_id)
     if row is not None:
         return row
-    conn = _require_topics(bootstrap, NODES.name)
-    evs = _checked(lambda: verdicts.key_events(conn.bootstrap, NODES.name, node_id))
+    conn = _require_topics(bootstrap, topic_name(NODES))
+    evs = _checked(lambda: verdicts.key_events(conn.bootstrap, topic_name(NODES), node_id))
     if any(isinstance(e, events.NodeRegistered) for e in evs):
         return {"node_id": node_id, "state": "unknown"}
     return None
@@ -888,7 +888,7 @@ def _node_change(
     from apportion.topics import NODES
 
     r = _redis(redis_url)
-    conn = _require_topics(bootstrap, NODES.name)
+    conn = _require_topics(bootstrap, topic_name(NODES))
     row = _node_row(r, node_id, bootstrap)
     if row is None:
         known = sorted(readmodel.read_hash(r, readmodel.nodes_key()))
@@ -914,7 +914,7 @@ def _node_change(
 
     seen = verdicts.wait_for(shows, timeout)
     if seen is None:  # refused (not signed by ops)? Read once: the node's partition holds all its heartbeats
-        for no in _checked(lambda: verdicts.key_events(conn.bootstrap, NODES.name, node_id)):
+        for no in _checked(lambda: verdicts.key_events(conn.bootstrap, topic_name(NODES), node_id)):
             if isinstance(no, events.NodeRequestRefused) and no.refused_event_id == ev.event_id:
                 refuse(
                     f"the dispatcher refused {type(ev).__name__} of {node_id}: {no.reason.value}: {no.message}",
@@ -1084,9 +1084,9 @@ def _tree_in_force(bootstrap: str | None) -> Any:
     from apportion.bus.reader import read_log
     from apportion.domain.budgets import fold_budget_log
 
-    conn = _require_topics(bootstrap, topics.BUDGETS.name)
+    conn = _require_topics(bootstrap, topic_name(topics.BUDGETS))
     try:
-        recs = read_log(conn.bootstrap, [topics.BUDGETS.name])
+        recs = read_log(conn.bootstrap, [topic_name(topics.BUDGETS)])
     except Exception as exc:
         if type(exc).__module__.startswith("kafka"):
             fail(f"cannot read Kafka at {conn.bootstrap}: {exc}", 3)
@@ -1219,7 +1219,7 @@ def _budget_changes(
     from apportion.topics import BUDGETS
 
     end = time.monotonic() + timeout
-    conn = _require_topics(bootstrap, BUDGETS.name)
+    conn = _require_topics(bootstrap, topic_name(BUDGETS))
     try:
         offsets = client.publish(*evts, bootstrap=conn.bootstrap)
     except Exception as exc:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from apportion import events
+from apportion.settings import topic_name
 
 #: Wall seconds a change command waits for its verdict by default.
 DEFAULT_WAIT_S = 15.0
@@ -170,14 +171,14 @@ def job_status(bootstrap: str, job_id: str) -> JobStatus:
     """The job's status from its records on ``apportion.submissions`` and ``apportion.jobs``."""
     from apportion.topics import JOBS, SUBMISSIONS
 
-    subs = key_events(bootstrap, SUBMISSIONS.name, job_id)
+    subs = key_events(bootstrap, topic_name(SUBMISSIONS), job_id)
     submitted = [e for e in subs if isinstance(e, events.JobSubmitted) and e.job_id == job_id]
     if not submitted:
         return JobStatus(job_id, "unknown")
     user = submitted[0].user
     final: events.Event | None = None
     queued = False
-    for ev in key_events(bootstrap, JOBS.name, job_id):
+    for ev in key_events(bootstrap, topic_name(JOBS), job_id):
         if getattr(ev, "job_id", None) != job_id:
             continue
         if refuses_request_only(ev, queued):
@@ -209,10 +210,10 @@ class JobWatcher:
         self.job_id = job_id
         self.types = tuple(types)
         self._key = job_id.encode("utf-8")
-        n = partitions_of(bootstrap, JOBS.name)
+        n = partitions_of(bootstrap, topic_name(JOBS))
         try:
             self._kc = _consumer(bootstrap)
-            self._tp = TopicPartition(JOBS.name, partition_of(job_id, max(n, 1)))
+            self._tp = TopicPartition(topic_name(JOBS), partition_of(job_id, max(n, 1)))
             self._kc.assign([self._tp])
             self._kc.seek_to_end(self._tp)
             self._kc.position(self._tp)  # pin the end now, before the request is published
@@ -255,9 +256,9 @@ def policy_group() -> str:
     """The policy's consumer group: ``APPORTION_TOPIC_PREFIX`` + ``APPORTION_POLICY_GROUP_ID`` (default ``policy``)."""
     import os
 
-    from apportion.topics import prefix
+    from apportion.settings import topic_prefix
 
-    return prefix() + os.environ.get("APPORTION_POLICY_GROUP_ID", "policy")
+    return topic_prefix() + os.environ.get("APPORTION_POLICY_GROUP_ID", "policy")
 
 
 def committed_offset(bootstrap: str, group: str, topic: str, partition: int) -> int | None:
@@ -337,8 +338,8 @@ def budget_verdicts(
     committed: int | None = None
     while True:
         try:
-            committed = committed_offset(bootstrap, group, BUDGETS.name, 0)
-            for _, ev in read_partition(bootstrap, BUDGETS.name, 0, start=first):
+            committed = committed_offset(bootstrap, group, topic_name(BUDGETS), 0)
+            for _, ev in read_partition(bootstrap, topic_name(BUDGETS), 0, start=first):
                 if isinstance(ev, events.BudgetRejected) and ev.rejected_event_id in ids:
                     rejected[ev.rejected_event_id] = ev
         except Exception as exc:
@@ -367,7 +368,7 @@ def read_model_folded(redis: Any, offset: int) -> bool:
     from apportion.topics import BUDGETS
 
     meta = readmodel.read_hash(redis, readmodel.usage_key()).get("meta") or {}
-    return int((meta.get("offsets") or {}).get(f"{BUDGETS.name}:0", 0)) > offset
+    return int((meta.get("offsets") or {}).get(f"{topic_name(BUDGETS)}:0", 0)) > offset
 
 
 # --------------------------------------------------------------------------- budget files as one batch
