@@ -24,6 +24,7 @@ from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import (
     CycleFree,
+    CycleMemo,
     CycleSnapshot,
     CycleVictims,
     EngineConfig,
@@ -31,7 +32,6 @@ from apportion.domain.engine import (
     emit_placed,
     plan_preemption,
     preempt_events,
-    shape_codes,
     start_events,
 )
 from apportion.events import Event, Placement
@@ -123,16 +123,16 @@ def test_segments_split_each_list_at_the_first_unallocated_job() -> None:
 def test_floor_of_reads_and_fills_the_engine_memo() -> None:
     lst = [pj("a1", 4, 2), pj("a2", 2, 3), pj("a3", 8, 1, alloc=False), pj("a4", 3, 3, alloc=False)]
     assert bl._floor_of(None, ("org/a", lst, 0, 2)) == (2, 2)
-    memo: dict = {}
+    memo = CycleMemo()
     assert bl._floor_of(memo, ("org/a", lst, 2, 4)) == (3, 1)
     # the shape codes of the list are kept with it (the floor came from its distinct shapes)
-    assert memo == {id(lst): [lst, {(2, 4): (3, 1)}, shape_codes(lst)]}
+    assert memo == {id(lst): [lst, {(2, 4): (3, 1)}, memo.shapes.codes(lst)]}
     memo[id(lst)][1][(0, 2)] = (1, 1)  # a kept entry is used as it is
     assert bl._floor_of(memo, ("org/a", lst, 0, 2)) == (1, 1)
     other = list(lst)
     memo[id(other)] = [lst, {(0, 2): (7, 7)}, None]  # an entry of another list under a reused id
     assert bl._floor_of(memo, ("org/a", other, 0, 2)) == (2, 2)
-    assert memo[id(other)] == [other, {(0, 2): (2, 2)}, shape_codes(other)]
+    assert memo[id(other)] == [other, {(0, 2): (2, 2)}, memo.shapes.codes(other)]
 
 
 def test_merge_orders_by_submit_then_id_and_drops_dead_segments() -> None:

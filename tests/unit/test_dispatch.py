@@ -216,7 +216,7 @@ def test_memo_of_pending_lists_is_carried_exactly_through_enqueue_and_dequeue():
     the engine would compute afresh for the new list (random shapes, both
     allocated and unallocated jobs, seeded).
     """
-    from apportion.domain.engine import allocated_count, shape_codes, shape_floor
+    from apportion.domain.engine import allocated_count, shape_floor
 
     rng = random.Random(7)
     state = given(reg("n0", 8), reg("n1", 8))
@@ -249,7 +249,7 @@ def test_memo_of_pending_lists_is_carried_exactly_through_enqueue_and_dequeue():
         if ent is not None:
             b = allocated_count(lst)
             assert ent[0] is lst
-            assert ent[2] == shape_codes(lst)
+            assert ent[2] == state._memo.shapes.codes(lst)
             for (lo, hi), f in ent[1].items():
                 assert (lo, hi) in ((0, b), (b, len(lst))) and f == shape_floor(lst, lo, hi)
         # seed the memo as the engine would, so that the next change is carried
@@ -257,7 +257,7 @@ def test_memo_of_pending_lists_is_carried_exactly_through_enqueue_and_dequeue():
         state._memo[id(lst)] = [
             lst,
             {(0, b): shape_floor(lst, 0, b), (b, len(lst)): shape_floor(lst, b, len(lst))},
-            shape_codes(lst),
+            state._memo.shapes.codes(lst),
         ]
 
 

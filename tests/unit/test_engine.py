@@ -25,14 +25,14 @@ from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import ClusterState
 from apportion.domain.engine import (
+    CycleMemo,
     CycleSnapshot,
     EngineConfig,
     PendingJob,
+    ShapeTable,
     blocked_run,
-    floor_of_codes,
     pending_order,
     run_cycle,
-    shape_codes,
     shape_floor,
 )
 from apportion.timeutil import from_us, s_to_us
@@ -562,8 +562,10 @@ def test_blocked_run_by_byte_search_equals_the_scan(shapes, blocked, lo):
     assert blocked_run(jobs, lo, len(jobs), is_blocked) == expected
     assert len(asked) == len(set(asked))  # once per distinct shape
     asked.clear()
-    assert blocked_run(jobs, lo, len(jobs), is_blocked, shape_codes(jobs)) == expected
+    memo = CycleMemo()
+    assert blocked_run(jobs, lo, len(jobs), is_blocked, memo) == expected
     assert len(asked) == len(set(asked))
+    assert memo[id(jobs)][2] == memo.shapes.codes(jobs)  # the codes the byte search read are kept with the list
 
 
 def test_behind_set_by_tree_walk_equals_the_lca_rule():
@@ -635,4 +637,19 @@ def test_floor_from_shape_codes_equals_the_floor_of_the_jobs(shapes, lo, hi):
         min((k for _, k, _ in shapes[lo:hi]), default=2**30),
     )
     assert shape_floor(jobs, lo, hi) == expected
-    assert floor_of_codes(shape_codes(jobs), lo, hi) == expected
+    table = ShapeTable()
+    codes = table.codes(jobs)
+    assert codes is not None and table.floor(codes, lo, hi) == expected
+
+
+def test_each_shape_table_interns_its_own_codes_in_order_of_first_sight():
+    # Two tables (two dispatchers or simulations in one process) share nothing: the same shape may
+    # get different codes, and each decodes its own. Codes are given in order of first sight, 256 at most.
+    a, b = ShapeTable(), ShapeTable()
+    assert (a.code(1, 1, None), a.code(8, 2, "a100"), a.code(1, 1, None)) == (0, 1, 0)
+    assert (b.code(8, 2, "a100"), b.code(1, 1, None)) == (0, 1)
+    assert (a.shape(1), b.shape(1)) == ((8, 2, "a100"), (1, 1, None))
+    full = ShapeTable()
+    assert [full.code(g, 1, None) for g in range(1, 257)] == list(range(256))
+    assert full.code(300, 1, None) is None and full.code(256, 1, None) == 255
+    assert ShapeTable().code(300, 1, None) == 0  # a full table fills no other

@@ -57,6 +57,7 @@ from apportion.domain.admission import NodeShape, admit
 from apportion.domain.budgets import BudgetTree, fold_budget_event
 from apportion.domain.cluster import ClusterState, RunKey, placed_protection_us, work_lost_gpu_s
 from apportion.domain.engine import (
+    CycleMemo,
     CycleSnapshot,
     EngineConfig,
     FreeIndex,
@@ -66,7 +67,6 @@ from apportion.domain.engine import (
     pending_order,
     preempt_events,
     run_cycle,
-    shape_code,
     start_events,
     stop_event,
 )
@@ -317,8 +317,8 @@ class DispatchState:
         self._kept = 0  # size of ``seen`` after the last forget_old
         self._ledger_on = True
         self._shapes: list[NodeShape] | None = None
-        # engine memo across cycles, keyed by pending-list identity (lists are copy-on-write)
-        self._memo: dict[Any, Any] = {}
+        # engine memo across cycles, keyed by pending-list identity (lists are copy-on-write), with its shape table
+        self._memo = CycleMemo()
         # preemption candidates of self.cluster, kept across cycles (built on the first cycle)
         self._victims: VictimIndex | None = None
         self._free: FreeIndex | None = None
@@ -334,7 +334,7 @@ class DispatchState:
         self.heartbeats_from_us = None
         for k, v in st.items():
             setattr(self, k, v)
-        self._shapes, self._memo, self._victims, self._free = None, {}, None, None
+        self._shapes, self._memo, self._victims, self._free = None, CycleMemo(), None, None
 
     def fork(self) -> DispatchState:
         """A scratch copy for planning (shares the ledger read-only; never fold into both)."""
@@ -379,7 +379,7 @@ class DispatchState:
         memo = self._memo
         if len(memo) > 2 * len(pending) + 16:  # keep only entries of the current lists
             cur = {id(lst) for lst in pending.values()}
-            memo = self._memo = {k: v for k, v in memo.items() if k in cur}
+            memo = self._memo = memo.keeping(cur)
         victims = free = None
         if not copy:
             if self._victims is None or self._free is None:
@@ -455,8 +455,8 @@ class DispatchState:
         is ``(min g, min k)``. Adding a job lowers its segment's floor to the
         job's shape at most; removing one keeps the floor when the job attains
         neither minimum, else the entry is dropped (the engine recomputes it).
-        Codes (:func:`shape_codes`, or ``b""`` when unavailable): one byte is
-        inserted or deleted at ``i``.
+        Codes (:meth:`ShapeTable.codes` in the memo's table, or ``b""`` when
+        unavailable): one byte is inserted or deleted at ``i``.
         """
         ent = self._memo.get(id(old))
         if ent is None or ent[0] is not old:
@@ -464,7 +464,7 @@ class DispatchState:
         codes = ent[2]
         if codes:
             if sign > 0:
-                c = shape_code(job.gpus_per_replica, job.replicas, job.gpu_model)
+                c = self._memo.shapes.code(job.gpus_per_replica, job.replicas, job.gpu_model)
                 codes = None if c is None else codes[:i] + bytes((c,)) + codes[i:]
             else:
                 codes = codes[:i] + codes[i + 1 :]

@@ -31,7 +31,7 @@ from apportion.domain.engine.emit import emit_placed, preempt_events, start_even
 from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
 from apportion.domain.engine.placement import CycleFree
 from apportion.domain.engine.search import plan_preemption
-from apportion.domain.engine.shapes import segment_floor
+from apportion.domain.engine.shapes import CycleMemo, segment_floor
 from apportion.domain.engine.victims import CycleVictims
 from apportion.domain.nodes import COUNTED_STATES
 from apportion.events import Event, Placement
@@ -67,7 +67,7 @@ def _segments(snapshot: CycleSnapshot) -> tuple[list[Segment], list[Segment]]:
     return alloc, unalloc
 
 
-def _floor_of(memo: dict | None, seg: Segment) -> tuple[int, int]:
+def _floor_of(memo: CycleMemo | None, seg: Segment) -> tuple[int, int]:
     """``(min g, min k)`` over the jobs of ``seg`` (a lower bound of each job's shape).
 
     :func:`~apportion.domain.engine.segment_floor`: kept in the dispatcher's

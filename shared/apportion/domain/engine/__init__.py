@@ -11,7 +11,7 @@ module                 role
 ``reservation``        reservation nodes and the holder's earliest fit (:func:`earliest_fit_us`)
 ``emit``               the events a cycle emits (:func:`preempt_events`, :func:`start_events`, ...)
 ``reasons``            why a job is still pending after a cycle (:func:`explain_pending`, on request)
-``shapes``             shape codes and bulk skips (speed only)
+``shapes``             shape codes (:class:`ShapeTable`, owned by a :class:`CycleMemo`) and bulk skips (speed only)
 =====================  ==========================================================================
 
 The rules the engine applies live in :mod:`apportion.domain.preemption`
@@ -50,12 +50,11 @@ from apportion.domain.engine.reasons import (
 from apportion.domain.engine.reservation import earliest_fit_us, reservation_nodes
 from apportion.domain.engine.search import plan_preemption
 from apportion.domain.engine.shapes import (
+    CycleMemo,
+    ShapeTable,
     blocked_run,
-    floor_of_codes,
     memo_codes,
     segment_floor,
-    shape_code,
-    shape_codes,
     shape_floor,
 )
 from apportion.domain.engine.victims import CycleVictims, VictimIndex, order_key, order_lost_gpu_s
@@ -88,12 +87,14 @@ __all__ = [
     "RULE_EXPIRED_BEHIND",
     "RULE_UNALLOCATED",
     "CycleFree",
+    "CycleMemo",
     "CycleResult",
     "CycleSnapshot",
     "CycleVictims",
     "EngineConfig",
     "FreeIndex",
     "PendingJob",
+    "ShapeTable",
     "ShareView",
     "VictimIndex",
     "VictimVerdict",
@@ -104,7 +105,6 @@ __all__ = [
     "charge_of",
     "earliest_fit_us",
     "emit_placed",
-    "floor_of_codes",
     "memo_codes",
     "order_key",
     "order_lost_gpu_s",
@@ -114,8 +114,6 @@ __all__ = [
     "reservation_nodes",
     "run_cycle",
     "segment_floor",
-    "shape_code",
-    "shape_codes",
     "shape_floor",
     "spare_models",
     "start_events",

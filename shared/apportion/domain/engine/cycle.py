@@ -91,7 +91,7 @@ from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
 from apportion.domain.engine.reasons import PendingReason, explain_pending
 from apportion.domain.engine.reservation import earliest_fit_us, reservation_nodes
 from apportion.domain.engine.search import plan_preemption
-from apportion.domain.engine.shapes import blocked_run, memo_codes, segment_floor
+from apportion.domain.engine.shapes import CycleMemo, blocked_run, segment_floor
 from apportion.domain.engine.victims import CycleVictims, VictimIndex
 from apportion.domain.fairshare import FairShareQueue
 from apportion.domain.preemption import (
@@ -132,12 +132,12 @@ class CycleSnapshot:
     tree: BudgetTree
     occupancy: Mapping[str, float]
     capacity_gpu_s: float
-    memo: dict[Any, Any] | None = field(default=None, compare=False, repr=False)
-    """Optional cache the caller keeps across cycles: ``id(list) -> (list,
-    {(lo, hi): (min g, min k) of list[lo:hi]})`` for the ``pending`` lists;
-    only for callers whose pending sequences are never changed in place
-    (``DispatchState``: copy-on-write, and it carries entries over to the
-    list that replaces one)."""
+    memo: CycleMemo | None = field(default=None, compare=False, repr=False)
+    """Optional :class:`CycleMemo` the caller keeps across cycles for the
+    ``pending`` lists (floors and shape codes, and the shape table of the
+    codes); only for callers whose pending sequences are never changed in
+    place (``DispatchState``: copy-on-write, and it carries entries over to
+    the list that replaces one)."""
     victims: VictimIndex | None = field(default=None, compare=False, repr=False)
     """Optional :class:`VictimIndex` of ``cluster.runs``, kept up to date across
     cycles by the caller (``DispatchState``); ``None``: the cycle indexes the
@@ -473,7 +473,7 @@ def run_cycle(
             # The leaf's next jobs come next (nothing was charged). Pass over those that
             # would be blocked exactly like this one, with no effect but their rank.
             jobs = pending[leaf]
-            skipped = blocked_run(jobs, idx + 1, allocated_end[leaf], blocked_shape(leaf), memo_codes(memo, jobs))
+            skipped = blocked_run(jobs, idx + 1, allocated_end[leaf], blocked_shape(leaf), memo)
             if skipped:
                 queue.skip(leaf, skipped)
                 rank += skipped
@@ -498,7 +498,7 @@ def _place_unallocated(
     free: CycleFree,
     free_fail: dict[str | None, list[tuple[int, int]]],
     floor_shape: Callable[[str, int, int], tuple[int, int]],
-    memo: dict[Any, Any] | None,
+    memo: CycleMemo | None,
     rank: int,
     budget_rank: Mapping[str, int],
     ts: datetime,
@@ -546,7 +546,7 @@ def _place_unallocated(
                 ) -> bool:
                     return _dominated(ff_now.get(m2, ()), g2, k2) or (m2 is not None and _dominated(af_now, g2, k2))
 
-                n = blocked_run(jobs, idx + 1, end, still_blocked, memo_codes(memo, jobs))
+                n = blocked_run(jobs, idx + 1, end, still_blocked, memo)
                 idx += n
                 rank += n
                 res.considered += n

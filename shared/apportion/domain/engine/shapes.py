@@ -4,15 +4,16 @@ A shape is ``(g, k, model)``: GPUs per replica, replicas, GPU model. The cycle
 passes over runs of jobs whose shape is already known to be blocked
 (:func:`blocked_run`) and skips a leaf whose every remaining job is at least
 as large as a known failure (:func:`segment_floor`, a lower bound of the
-shapes of a slice of a pending list). ``CycleSnapshot.memo`` keeps a pending
-list's codes and floors across cycles.
+shapes of a slice of a pending list). ``CycleSnapshot.memo`` (a
+:class:`CycleMemo`) keeps a pending list's codes and floors across cycles, and
+owns the :class:`ShapeTable` its codes are written in: the module keeps no
+state of its own.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from functools import lru_cache
 from itertools import islice
 from operator import attrgetter
 from typing import Any, cast
@@ -20,59 +21,106 @@ from typing import Any, cast
 from apportion.domain.engine.inputs import PendingJob
 
 __all__ = [
+    "CycleMemo",
     "Shape",
+    "ShapeTable",
     "blocked_run",
-    "floor_of_codes",
     "memo_codes",
     "segment_floor",
-    "shape_code",
-    "shape_codes",
     "shape_floor",
 ]
 
 _SHAPE = attrgetter("gpus_per_replica", "replicas", "gpu_model")
 Shape = tuple[int, int, "str | None"]
 
-#: Process-wide interning of job shapes (g, k, model) to one-byte codes for
-#: :func:`shape_codes`. Codes only encode; no decision depends on their values.
-_CODE: dict[Shape, int] = {}
-_SHAPE_OF: list[Shape] = []
+#: Most byte patterns a :class:`ShapeTable` keeps (it starts again when full: they are rebuilt on demand).
+_PATTERNS_KEPT = 4096
 
 
-def shape_code(g: int, k: int, model: str | None) -> int | None:
-    """The one-byte code of shape ``(g, k, model)``, ``None`` once 256 shapes are interned."""
-    shape = (g, k, model)
-    c = _CODE.get(shape)
-    if c is None:
-        if len(_SHAPE_OF) >= 256:
-            return None
-        c = _CODE[shape] = len(_SHAPE_OF)
-        _SHAPE_OF.append(shape)
-    return c
+class ShapeTable:
+    """Job shapes ``(g, k, model)`` interned to one-byte codes, owned by the :class:`CycleMemo` whose codes use them.
 
-
-def shape_codes(jobs: Sequence[PendingJob]) -> bytes | None:
-    """``bytes`` with the :func:`shape_code` of each job in order, ``None`` past 256 shapes.
-
-    Lets :func:`blocked_run` find the next job of another shape with a
-    regular-expression search in C instead of a Python loop over the jobs.
+    Codes are given in order of first sight, up to 256; they only encode (no
+    decision depends on their values), and each table has its own, so two
+    dispatchers or simulations in one process share nothing.
     """
-    shapes = list(map(_SHAPE, jobs))
-    codes = list(map(_CODE.get, shapes))
-    if None in codes:
-        for i, c in enumerate(codes):
-            if c is None:
-                c = shape_code(*shapes[i])
+
+    __slots__ = ("_code", "_shape_of", "_patterns")
+
+    def __init__(self) -> None:
+        self._code: dict[Shape, int] = {}
+        self._shape_of: list[Shape] = []
+        self._patterns: dict[frozenset[int], re.Pattern[bytes]] = {}
+
+    def code(self, g: int, k: int, model: str | None) -> int | None:
+        """The one-byte code of shape ``(g, k, model)``, ``None`` once 256 shapes are interned."""
+        shape = (g, k, model)
+        c = self._code.get(shape)
+        if c is None:
+            if len(self._shape_of) >= 256:
+                return None
+            c = self._code[shape] = len(self._shape_of)
+            self._shape_of.append(shape)
+        return c
+
+    def codes(self, jobs: Sequence[PendingJob]) -> bytes | None:
+        """``bytes`` with the :meth:`code` of each job in order, ``None`` past 256 shapes.
+
+        Lets :func:`blocked_run` find the next job of another shape with a
+        regular-expression search in C instead of a Python loop over the jobs.
+        """
+        shapes = list(map(_SHAPE, jobs))
+        codes = list(map(self._code.get, shapes))
+        if None in codes:
+            for i, c in enumerate(codes):
                 if c is None:
-                    return None
-                codes[i] = c
-    return bytes(cast(list[int], codes))  # (every None was replaced above)
+                    c = self.code(*shapes[i])
+                    if c is None:
+                        return None
+                    codes[i] = c
+        return bytes(cast(list[int], codes))  # (every None was replaced above)
+
+    def shape(self, c: int) -> Shape:
+        """The shape of code ``c``."""
+        return self._shape_of[c]
+
+    def other_than(self, codes: frozenset[int]) -> re.Pattern[bytes]:
+        """A pattern matching one byte that is none of ``codes`` (kept)."""
+        pat = self._patterns.get(codes)
+        if pat is None:
+            if len(self._patterns) >= _PATTERNS_KEPT:
+                self._patterns.clear()
+            pat = self._patterns[codes] = re.compile(b"[^" + b"".join(b"\\x%02x" % c for c in sorted(codes)) + b"]")
+        return pat
+
+    def floor(self, codes: bytes, lo: int, hi: int) -> tuple[int, int]:
+        """:func:`shape_floor` of the jobs whose :meth:`codes` are ``codes``: from the distinct shapes in the slice."""
+        if lo >= hi:
+            return (_BIG, _BIG)
+        shapes = [self._shape_of[c] for c in set(codes[lo:hi])]
+        return (min(s[0] for s in shapes), min(s[1] for s in shapes))
 
 
-@lru_cache(maxsize=4096)
-def _other_than(codes: frozenset[int]) -> re.Pattern[bytes]:
-    """A pattern matching one byte that is none of ``codes``."""
-    return re.compile(b"[^" + b"".join(b"\\x%02x" % c for c in sorted(codes)) + b"]")
+class CycleMemo(dict[int, list[Any]]):
+    """What a caller keeps across cycles (``CycleSnapshot.memo``) for its pending lists.
+
+    ``id(list) -> [list, {(lo, hi): (min g, min k) of list[lo:hi]}, shape codes or None]``,
+    for callers whose pending lists are never changed in place (``DispatchState``:
+    copy-on-write, and it carries entries over to the list that replaces one), and
+    :attr:`shapes`, the :class:`ShapeTable` the codes are written in.
+    """
+
+    __slots__ = ("shapes",)
+
+    def __init__(self, shapes: ShapeTable | None = None) -> None:
+        super().__init__()
+        self.shapes = shapes if shapes is not None else ShapeTable()
+
+    def keeping(self, ids: set[int]) -> CycleMemo:
+        """A memo with the same table and only the entries of the lists ``ids``."""
+        kept = CycleMemo(self.shapes)
+        kept.update((k, v) for k, v in self.items() if k in ids)
+        return kept
 
 
 def blocked_run(
@@ -80,24 +128,26 @@ def blocked_run(
     lo: int,
     hi: int,
     blocked: Callable[[int, int, str | None], bool],
-    codes: bytes | None = None,
+    memo: CycleMemo | None = None,
 ) -> int:
     """How many of ``jobs[lo:hi]``, from ``lo`` on, have a shape ``(g, k, model)`` for which ``blocked`` holds.
 
     ``blocked`` is asked once per distinct shape met (a handful per leaf).
-    With ``codes`` (:func:`shape_codes` of ``jobs``) the next job of a shape
-    not yet known blocked is found by a byte search (O(run) in C); without,
-    by a scan that costs one tuple lookup per job.
+    With a ``memo`` (the list's shape codes, :func:`memo_codes`) the next job
+    of a shape not yet known blocked is found by a byte search (O(run) in C);
+    without, by a scan that costs one tuple lookup per job.
     """
-    if codes is not None:
+    codes = memo_codes(memo, jobs)
+    if codes is not None and memo is not None:
+        table = memo.shapes
         known: set[int] = set()
         pos = lo
         while pos < hi:
             c = codes[pos]
-            if not blocked(*_SHAPE_OF[c]):
+            if not blocked(*table.shape(c)):
                 return pos - lo
             known.add(c)
-            m = _other_than(frozenset(known)).search(codes, pos + 1, hi)
+            m = table.other_than(frozenset(known)).search(codes, pos + 1, hi)
             if m is None:
                 return hi - lo
             pos = m.start()
@@ -145,7 +195,7 @@ def shape_floor(jobs: Sequence[PendingJob], lo: int, hi: int) -> tuple[int, int]
     return (mg, mk)
 
 
-def _memo_entry(memo: dict[Any, Any], jobs: Sequence[PendingJob]) -> list[Any]:
+def _memo_entry(memo: CycleMemo, jobs: Sequence[PendingJob]) -> list[Any]:
     """The memo entry ``[jobs, {(lo, hi): floor}, codes or None]`` of a pending list (created empty)."""
     ent = memo.get(id(jobs))
     if ent is None or ent[0] is not jobs:
@@ -153,8 +203,8 @@ def _memo_entry(memo: dict[Any, Any], jobs: Sequence[PendingJob]) -> list[Any]:
     return ent
 
 
-def memo_codes(memo: dict[Any, Any] | None, jobs: Sequence[PendingJob]) -> bytes | None:
-    """:func:`shape_codes` of ``jobs``, kept in ``memo`` (see ``CycleSnapshot.memo``).
+def memo_codes(memo: CycleMemo | None, jobs: Sequence[PendingJob]) -> bytes | None:
+    """:meth:`ShapeTable.codes` of ``jobs`` in ``memo``'s table, kept in ``memo`` (see :class:`CycleMemo`).
 
     ``None`` without a memo (callers then scan the jobs) or past 256 shapes
     (kept as ``b""`` so that it is not rebuilt for the same list).
@@ -164,11 +214,11 @@ def memo_codes(memo: dict[Any, Any] | None, jobs: Sequence[PendingJob]) -> bytes
     ent = _memo_entry(memo, jobs)
     c = ent[2]
     if c is None:
-        c = ent[2] = shape_codes(jobs) or b""
+        c = ent[2] = memo.shapes.codes(jobs) or b""
     return c or None
 
 
-def segment_floor(memo: dict[Any, Any] | None, jobs: Sequence[PendingJob], lo: int, hi: int) -> tuple[int, int]:
+def segment_floor(memo: CycleMemo | None, jobs: Sequence[PendingJob], lo: int, hi: int) -> tuple[int, int]:
     """``(min g, min k)`` over ``jobs[lo:hi]`` (a lower bound of every job's shape there).
 
     Kept in ``memo`` when there is one (``CycleSnapshot.memo``: the dispatcher
@@ -182,13 +232,5 @@ def segment_floor(memo: dict[Any, Any] | None, jobs: Sequence[PendingJob], lo: i
     f: tuple[int, int] | None = ent[1].get((lo, hi))
     if f is None:
         codes = memo_codes(memo, jobs)
-        f = ent[1][(lo, hi)] = shape_floor(jobs, lo, hi) if codes is None else floor_of_codes(codes, lo, hi)
+        f = ent[1][(lo, hi)] = shape_floor(jobs, lo, hi) if codes is None else memo.shapes.floor(codes, lo, hi)
     return f
-
-
-def floor_of_codes(codes: bytes, lo: int, hi: int) -> tuple[int, int]:
-    """:func:`shape_floor` of the jobs whose :func:`shape_codes` are ``codes``: from the distinct shapes in the slice."""
-    if lo >= hi:
-        return (_BIG, _BIG)
-    shapes = [_SHAPE_OF[c] for c in set(codes[lo:hi])]
-    return (min(s[0] for s in shapes), min(s[1] for s in shapes))

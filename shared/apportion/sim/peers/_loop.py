@@ -27,7 +27,7 @@ from apportion.domain.engine.cycle import CycleSnapshot
 from apportion.domain.engine.emit import emit_placed, preempt_events, start_events
 from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
 from apportion.domain.engine.placement import CycleFree
-from apportion.domain.engine.shapes import blocked_run, memo_codes
+from apportion.domain.engine.shapes import blocked_run
 from apportion.domain.nodes import COUNTED_STATES
 from apportion.domain.preemption import branches_of
 from apportion.events import Event, Placement, Victim
@@ -390,7 +390,7 @@ def admission_loop(
             return
         if s.pos < s.split and s.preempt and planner is not None and s.leaf not in no_search:
             return  # an allocated job that may preempt: looked at one by one
-        s.pos += blocked_run(s.jobs, s.pos, s.hi, blocked, memo_codes(memo, s.jobs))
+        s.pos += blocked_run(s.jobs, s.pos, s.hi, blocked, memo)
 
     def push(i: int) -> None:
         s = segs[i]
