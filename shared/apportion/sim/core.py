@@ -233,7 +233,11 @@ class SimResult:
         submitted: job id -> submit time (µs).
         job_budget: job id -> budget.
         preemptions: victim budget -> count.
-        violations: preemptions of protected runs (must stay empty).
+        violations: preemptions of protected runs (must stay empty): judged by the one
+            protection window, :attr:`apportion.domain.cluster.Run.protected_until_us`
+            (:func:`~apportion.domain.cluster.protection_s` as the run's ``JobPlaced``
+            recorded it, from the latest replica start; a gang not yet started in full
+            is protected outright), as the audit's ``preemption_report`` judges a log.
         samples: ``(t_us, {leaf: (O_b/K in the window, running GPUs, pending
             jobs, pending allocated jobs)})``.
         total: a ledger over the whole run (window = the run), for utilisation.
@@ -315,7 +319,6 @@ class Simulator:
         self.samples: list[tuple[Micros, dict[str, tuple[float, int, int, int]]]] = []
         self.cycles = 0
         self.events = 0
-        self._started: dict[tuple[str, int], Micros] = {}
         self._periodic_at: Micros | None = None
         self._real = 0
         self._last_cycle: Micros = -(1 << 62)
@@ -594,13 +597,12 @@ class Simulator:
 
     def _preempted(self, e: JobPreempted, t: Micros) -> None:
         self.preemptions[e.budget] = self.preemptions.get(e.budget, 0) + 1
-        spec = self._specs.get(e.job_id)
-        start = self._started.get((e.job_id, e.attempt))
-        if spec is not None and is_allocated(spec.min_runtime_s) and start is not None:
-            if t < start + s_to_us(spec.min_runtime_s):
-                self.violations.append(
-                    f"{e.job_id}#{e.attempt} preempted at {from_us(t).isoformat()} inside its protection"
-                )
+        # the dispatcher's fold still holds the run (a preempted run stays, stopping, until its requeue)
+        run = self.state.cluster.runs.get((e.job_id, e.attempt))
+        if run is not None and run.protected(t):
+            self.violations.append(
+                f"{e.job_id}#{e.attempt} preempted at {from_us(t).isoformat()} inside its protection"
+            )
 
     def _start(self, e: StartWorkload, t: Micros) -> None:
         rk = (e.job_id, e.attempt)
@@ -628,7 +630,6 @@ class Simulator:
         key = (e.job_id, e.attempt, e.replica)
         self._alive[key] = e.node_id
         self._on_node[(e.node_id, e.job_id, e.attempt)] = e.replica
-        self._started.setdefault(rk, t)
         remaining = duration - run[1]
         self._push(
             t,
