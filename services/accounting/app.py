@@ -80,12 +80,12 @@ async def _session(
     from apportion.bus.consumer import AssignedConsumer
     from apportion.bus.producer import EventProducer
     from apportion.bus.security import redis_auth
-    from apportion.bus.service import close_quietly, commit_quietly, follow
+    from apportion.bus.service import close_quietly
     from apportion.topics import BUDGETS, JOBS, NODES
     from services.accounting.store import ReadModelStore
 
     r = redis_lib.Redis.from_url(conn.redis_url, **redis_auth())
-    store, producer, consumer, svc, clean = ReadModelStore(r), None, None, None, False
+    store, producer, consumer = ReadModelStore(r), None, None
     try:
         if rebuild:
             await asyncio.to_thread(store.wipe)
@@ -95,22 +95,6 @@ async def _session(
         consumer = await asyncio.to_thread(AssignedConsumer, conn.bootstrap, topics, settings.group_id)
         svc = current["svc"] = AccountingService(settings, clock, producer.publish, store, metrics, stopped=stop.is_set)
         consumer.lag.sink = metrics["reader"].set_lag
-        if (report := await svc.start(consumer, stop, rebuild)) is None:
-            return
-        await asyncio.to_thread(commit_quietly, consumer, dict(svc.offsets))
-        started(report)
-
-        async def handle(batch: list[Any]) -> None:
-            if await svc.follow(batch):
-                await asyncio.to_thread(commit_quietly, consumer, dict(svc.offsets))
-
-        await follow(consumer.poll, handle, stop)
-        clean = True
+        await svc.serve(consumer, stop, rebuild, started)
     finally:
-        if clean and svc is not None and consumer is not None:
-            try:  # graceful stop: the next start resumes exactly here
-                if await asyncio.to_thread(svc.checkpoint_now):
-                    await asyncio.to_thread(commit_quietly, consumer, dict(svc.offsets))
-            except Exception:  # noqa: BLE001 - a failed final checkpoint only costs a longer catch-up
-                log.exception("final checkpoint failed; the next start resumes from the previous one")
         await close_quietly(consumer, producer, r)

@@ -418,6 +418,37 @@ class AccountingService:
         self._last_pub = time.monotonic()
         return report
 
+    async def serve(
+        self, consumer: Any, stop: asyncio.Event, rebuild: bool, started: Callable[[StartReport], None]
+    ) -> None:
+        """:meth:`start`, then :meth:`follow` ``consumer`` live until ``stop``; the group offsets are committed
+        after each store. On a clean stop a final checkpoint is stored; a failed session (an exception out of
+        here) never stores offsets past what it folded.
+
+        Args:
+            consumer: an :class:`apportion.bus.consumer.AssignedConsumer` of the three topics, not read yet.
+            stop: set it to stop.
+            rebuild: ``--rebuild`` (the checkpoint is ignored).
+            started: called with the :class:`StartReport` once caught up (not when ``stop`` came first).
+        """
+        from apportion.bus.service import commit_quietly, follow
+
+        if (report := await self.start(consumer, stop, rebuild)) is None:
+            return
+        await asyncio.to_thread(commit_quietly, consumer, dict(self.offsets))
+        started(report)
+
+        async def handle(batch: list[Any]) -> None:
+            if await self.follow(batch):
+                await asyncio.to_thread(commit_quietly, consumer, dict(self.offsets))
+
+        await follow(consumer.poll, handle, stop)
+        try:  # graceful stop: the next start resumes exactly here
+            if await asyncio.to_thread(self.checkpoint_now):
+                await asyncio.to_thread(commit_quietly, consumer, dict(self.offsets))
+        except Exception:  # noqa: BLE001 - a failed final checkpoint only costs a longer catch-up
+            log.exception("final checkpoint failed; the next start resumes from the previous one")
+
     async def follow(self, batch: list[Any]) -> bool:
         """Fold one poll's records, then publish and store what is due; True when something was stored.
 

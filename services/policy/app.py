@@ -14,9 +14,8 @@ import tempfile
 from typing import Any
 
 from apportion.clock import Clock
-from apportion.settings import topic_name
 from services.policy.config import PolicySettings
-from services.policy.service import LAG_EVERY_S, PolicyApp, PolicyService, catch_up
+from services.policy.service import PolicyApp, PolicyService, catch_up
 
 log = logging.getLogger("apportion.policy")
 
@@ -63,47 +62,21 @@ async def _session(
         the exception of a failed agent (after the app stopped), or ``TimeoutError`` when the topics
         do not exist; :func:`run` starts another session.
     """
-    from apportion.bus.faust_app import consumer_lag
-    from apportion.topics import BUDGETS, USAGE
-
     outbox: list[Any] = []
     svc = PolicyService(clock, outbox.append, settings.producer_name, metrics, settings.window_s)
     current["svc"] = svc
     datadir = tempfile.mkdtemp(prefix="apportion-policy-", dir=settings.faust_dir)
-    app = None
+    pol = None
     try:
         if not await catch_up(svc, bootstrap, settings.group_id, stop):
             return
         pol = PolicyApp(settings, bootstrap, datadir, svc, outbox)
-        app = pol.app
-        await app.start()
+        await pol.app.start()
         await pol.decide()
         log.info("caught up: %d budgets", len(svc.state.tree))
         started()
-        stopping = asyncio.ensure_future(stop.wait())
-
-        async def measure_lag() -> None:  # metrics only: a failed measurement is logged and retried
-            while True:
-                try:
-                    metrics["reader"].set_lag(await consumer_lag(app, (topic_name(BUDGETS), topic_name(USAGE))))
-                except Exception:  # noqa: BLE001 - never let the lag gauge stop the service
-                    log.warning("could not measure the consumer lag", exc_info=True)
-                await asyncio.sleep(LAG_EVERY_S)
-
-        lagging = asyncio.ensure_future(measure_lag())
-        try:
-            await asyncio.wait([stopping, pol.failed], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-            lagging.cancel()
-        if pol.failed.done():
-            exc = pol.failed.exception()
-            if exc is not None:
-                raise exc
+        await pol.run_until(stop, metrics["reader"])
     finally:
-        if app is not None:
-            try:
-                await app.stop()
-            except Exception as exc:  # noqa: BLE001 - stopping an app whose broker is gone
-                log.warning("stopping the faust app failed (%s)", exc)
+        if pol is not None:
+            await pol.stop()
         shutil.rmtree(datadir, ignore_errors=True)

@@ -234,6 +234,47 @@ class PolicyApp:
             await self.drain()
         return out
 
+    async def run_until(self, stop: asyncio.Event, reader: Any) -> None:
+        """Follow (the started app's agents) until ``stop`` is set or an agent fails, measuring the lag meanwhile.
+
+        Args:
+            stop: set it to return.
+            reader: the reader metrics (``set_lag``), set every :data:`LAG_EVERY_S` seconds.
+
+        Raises:
+            the exception of a failed agent.
+        """
+        stopping = asyncio.ensure_future(stop.wait())
+        lagging = asyncio.ensure_future(self.measure_lag(reader))
+        try:
+            await asyncio.wait([stopping, self.failed], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            lagging.cancel()
+        if self.failed.done():
+            exc = self.failed.exception()
+            if exc is not None:
+                raise exc
+
+    async def measure_lag(self, reader: Any) -> None:
+        """Set the consumer lag of the two input topics on ``reader`` every :data:`LAG_EVERY_S` s, until cancelled."""
+        from apportion.bus.faust_app import consumer_lag
+        from apportion.topics import BUDGETS, USAGE
+
+        while True:  # metrics only: a failed measurement is logged and retried
+            try:
+                reader.set_lag(await consumer_lag(self.app, (topic_name(BUDGETS), topic_name(USAGE))))
+            except Exception:  # noqa: BLE001 - never let the lag gauge stop the service
+                log.warning("could not measure the consumer lag", exc_info=True)
+            await asyncio.sleep(LAG_EVERY_S)
+
+    async def stop(self) -> None:
+        """Stop the faust app; a failure (its broker gone) is logged, not raised."""
+        try:
+            await self.app.stop()
+        except Exception as exc:  # noqa: BLE001 - stopping an app whose broker is gone
+            log.warning("stopping the faust app failed (%s)", exc)
+
     async def _follow(self, stream: Any) -> None:
         """Agent body: fold each event; decide and publish once the stream's buffer is empty.
 
