@@ -74,9 +74,9 @@ def build(
             break
         picks = rng.sample(cands[:64], k) if len(cands) >= 64 else cands[:k]
         places = []
-        for n in picks:
-            gpus, free[n] = free[n][:g], free[n][g:]
-            places.append(ev.Placement(node_id=n, gpus=tuple(gpus)))
+        for nid in picks:
+            gpus, free[nid] = free[nid][:g], free[nid][g:]
+            places.append(ev.Placement(node_id=nid, gpus=tuple(gpus)))
         allocated = rng.random() >= (0.2 if scenario == "burst" else 0.02)
         started = NOW - s_to_us(rng.uniform(60, 4 * 3600))
         mr = rng.choice([1800.0, 3600.0, 7200.0]) if allocated else 0.0

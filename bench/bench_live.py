@@ -300,11 +300,12 @@ def accounting_ingest(bootstrap: str, redis_url: str, n: int) -> bool:
     signer = BatchSigner(dispatcher)
     per_batch = 16  # as the dispatcher signs a busy cycle: 32 records per signature, a JobPlaced and its StartWorkload
     for lo in range(0, n // 2, per_batch):
-        placed, values = [], []
+        placed: list[events.JobPlaced] = []
+        values: list[bytes] = []
         for j in range(lo, min(lo + per_batch, n // 2)):
             ts = t + timedelta(seconds=j)
             node = f"n{j % 100:03d}"
-            ev: events.Event = events.JobPlaced(
+            ev = events.JobPlaced(
                 job_id=f"j{j}",
                 attempt=1,
                 budget="lab/a" if j % 2 else "lab/b",
@@ -324,7 +325,7 @@ def accounting_ingest(bootstrap: str, redis_url: str, n: int) -> bool:
         signed = signer.values(values)  # the commands go to apportion.commands, which the accounting does not read
         for k, ev in enumerate(placed):
             producer.send(ev, signed[2 * k])
-            node = ev.placements[0].node_id  # type: ignore[attr-defined]
+            node = ev.placements[0].node_id
             done = events.JobCompleted(
                 job_id=ev.job_id, attempt=1, replica=0, node_id=node, ts=ev.ts + timedelta(seconds=1), producer="bench"
             )

@@ -237,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     at = bulk.clock
+    if at is None:
+        raise SystemExit("bench_occupancy: the replay folded no event")
     bulk_answers = (bulk.occupancy_us(at), bulk.unallocated_us(at), bulk.capacity_us(at))
     del bulk
     gc.collect()

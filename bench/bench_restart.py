@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import cast
 
 from apportion.settings import topic_name
 
@@ -79,11 +80,23 @@ def generate(days: float, nodes_n: int, heartbeat_s: float, seed: int) -> list[t
         DISPATCHER_PRODUCER,
         DISPATCHER_TYPES,
         REPORT_TYPES,
+        RUN_REPORT_TYPES,
         node_principal,
     )
     from apportion.domain.cluster import ClusterState
     from apportion.domain.dispatch import DispatchConfig
-    from apportion.events import TOPIC_OF, BudgetSet, JobPlaced, NodeHeartbeat, RunningWorkload, encode, key_of
+    from apportion.events import (
+        TOPIC_OF,
+        BudgetSet,
+        Event,
+        JobCancelRequested,
+        JobPlaced,
+        JobSubmitted,
+        NodeHeartbeat,
+        RunningWorkload,
+        encode,
+        key_of,
+    )
     from apportion.identity import SIGNED_TYPES, BatchSigner, Identity
     from apportion.sim.core import SimNode, Simulator
     from apportion.timeutil import from_us, s_to_us, to_us
@@ -104,7 +117,7 @@ def generate(days: float, nodes_n: int, heartbeat_s: float, seed: int) -> list[t
     node_keys = {nd.node_id: Identity.generate(node_principal(nd.node_id)) for nd in sim_nodes}
     dispatcher = Identity.generate(DISPATCHER)
     signer = BatchSigner(dispatcher, DECISION_BATCH)
-    head = [
+    head: list[Event] = [
         key_registration(i.user, i.public_key, by="ops", now=t0)
         for i in (dispatcher, *user_keys.values(), *node_keys.values())
     ]
@@ -112,7 +125,7 @@ def generate(days: float, nodes_n: int, heartbeat_s: float, seed: int) -> list[t
     cluster = ClusterState()
     step = s_to_us(heartbeat_s)
     next_hb: int | None = None
-    merged = []
+    merged: list[Event] = []
     for e in [*head, *r.log]:
         t = to_us(e.ts)
         while next_hb is not None and next_hb <= t:
@@ -142,8 +155,8 @@ def generate(days: float, nodes_n: int, heartbeat_s: float, seed: int) -> list[t
     for i, e in enumerate(merged):
         if isinstance(e, JobPlaced):
             placed.setdefault((e.job_id, e.attempt), tuple(p.node_id for p in e.placements))
-        elif isinstance(e, REPORT_TYPES) and not by_dispatcher(e) and getattr(e, "node_id", None) is None:
-            nodes_of = placed[(e.job_id, e.attempt)]  # type: ignore[attr-defined]
+        elif isinstance(e, RUN_REPORT_TYPES) and not by_dispatcher(e) and e.node_id is None:
+            nodes_of = placed[(e.job_id, e.attempt)]
             merged[i] = e.model_copy(update={"node_id": nodes_of[getattr(e, "replica", None) or 0]})
 
     values: list[bytes | None] = [None] * len(merged)
@@ -162,9 +175,11 @@ def generate(days: float, nodes_n: int, heartbeat_s: float, seed: int) -> list[t
             continue
         flush()
         if e.type in SIGNED_TYPES:
-            values[i] = encode(user_keys[e.user].sign(e))  # type: ignore[attr-defined]
+            request = cast(JobSubmitted | JobCancelRequested, e)  # the types SIGNED_TYPES names
+            values[i] = encode(user_keys[request.user].sign(e))
         elif isinstance(e, REPORT_TYPES):
-            values[i] = node_keys[e.node_id].signed_value(e)  # type: ignore[attr-defined]
+            assert e.node_id is not None  # every report names its node by now (filled in above)
+            values[i] = node_keys[e.node_id].signed_value(e)
         else:
             values[i] = encode(e)
     flush()

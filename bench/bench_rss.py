@@ -68,12 +68,12 @@ def slope_per_h(samples: list[tuple[float, float]]) -> float:
 def job_outcomes(bootstrap: str) -> dict[str, int]:
     """Counts of the jobs' final events on the log (``JobCompleted``, ``JobRejected``, ``JobFailed``, one per
     job) and of the dead letters (``deadletter``), read after the services stopped."""
-    from apportion import topics
+    from apportion import events, topics
     from apportion.bus.reader import iter_topic_records
 
     final: dict[str, str] = {}
     for r in iter_topic_records(bootstrap, [topic_name(topics.JOBS)]):
-        if r.event is not None and r.event.type in ("JobCompleted", "JobRejected", "JobFailed"):
+        if isinstance(r.event, (events.JobCompleted, events.JobRejected, events.JobFailed)):
             final[r.event.job_id] = r.event.type
     counts: dict[str, int] = {}
     for kind in final.values():
@@ -186,10 +186,10 @@ def main() -> int:
     for name in traced:  # the snapshot nearest the half against the last one
         snaps = sorted((root / "tracemalloc" / name).glob("snap-*.pickle"))
         if len(snaps) >= 2:
-            from tracemalloc_run import growth
+            from tracemalloc_run import growth as grown_allocations
 
             print(f"  {name}: allocations that grew over the second half ({len(snaps)} snapshots):")
-            for line in growth(snaps[len(snaps) // 2], snaps[-1]):
+            for line in grown_allocations(snaps[len(snaps) // 2], snaps[-1]):
                 print(f"    {line}")
     if exited:
         print(f"  services that exited: {exited}")

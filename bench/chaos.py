@@ -76,8 +76,8 @@ def _base_events(now: datetime) -> list[Any]:
     """One valid event of every type a reader of submissions, jobs, nodes or budgets decodes."""
     from apportion import events as ev
 
-    common = {"ts": now, "producer": "chaos"}
-    job = {"job_id": "ghost", "attempt": 1}
+    common: dict[str, Any] = {"ts": now, "producer": "chaos"}
+    job: dict[str, Any] = {"job_id": "ghost", "attempt": 1}
     return [
         ev.JobSubmitted(
             job_id="ghost", budget="lab/a", user="u", gpus_per_replica=1, min_runtime_s=60.0, duration_s=60.0,
@@ -122,6 +122,7 @@ def hostile_records(n: int, seed: int, reusable: list[Any], now: datetime) -> li
         if kind == "unknown_entity":
             return draw(unknown())
         base = draw(st.sampled_from(bases))
+        key: bytes | None  # the oversized kind sends no key
         topic, key, d = parts(base)
         fields = sorted(k for k in d if k != "type")
         value: bytes | None
@@ -453,7 +454,7 @@ def check(
         # not completed, rejected ones too: every submission is signed, in budget and fits, so a rejection loses it
         "lost": sorted(set(submitted) - done),
         "rejected": [e for e in evs if isinstance(e, ev.JobRejected) and e.job_id in set(submitted)],
-        "double": double_bookings(r.event for r in emitted),
+        "double": double_bookings(r.event for r in emitted if r.event is not None),
         "violations": preemption_report(ours).violations,
         # a JobFailed the dispatcher did not cause with a StopWorkload (preemption, cancel, loss): the workloads
         # are simulated and never fail, so it is a restart's
@@ -596,7 +597,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         import shutil
 
-        teardown(stack.stop, producer.close, local.stop, lambda: a.keep or shutil.rmtree(root, ignore_errors=True))
+        def remove_root() -> None:
+            if not a.keep:
+                shutil.rmtree(root, ignore_errors=True)
+
+        teardown(stack.stop, producer.close, local.stop, remove_root)
     rep = res["verify"]
     wanted_kills = a.kills * len(SERVICES)
     line = (

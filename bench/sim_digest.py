@@ -98,7 +98,7 @@ def _philly(a: argparse.Namespace) -> None:
 
 def _bench(a: argparse.Namespace) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_sim import config, nodes, trace  # type: ignore[import-not-found]
+    from bench_sim import config, nodes, trace
 
     tree, jobs = trace(a.jobs, a.seed, 1000)
     t = time.perf_counter()

@@ -307,12 +307,16 @@ def _run(
     checkpoint_wait_s: float = CHECKPOINT_WAIT_S,
     protection_cap_w: float = PROTECTION_CAP_W,
     protection_doublings: int | None = PROTECTION_DOUBLINGS,
+    delta: float | None = None,
 ) -> Any:
     """One policy's run and report; admission rejections are counted by reason.
 
     ``bursts``: when given, ``bursts[name]`` gets the run's bursting rows
-    (:func:`apportion.sim.bursting.burst_rows`).
+    (:func:`apportion.sim.bursting.burst_rows`). ``delta``: the engine's hysteresis
+    (``EngineConfig.delta``; ``None``: its default).
     """
+    from dataclasses import replace
+
     from apportion.domain.dispatch import DispatchConfig
     from apportion.domain.engine import EngineConfig
     from apportion.events import JobRejected
@@ -330,14 +334,15 @@ def _run(
                     rejected[e.reason.value] = rejected.get(e.reason.value, 0) + 1
             super()._outputs(out, t)
 
+    engine = EngineConfig(
+        window_s=bf.window_s,
+        patience_s=patience_s,
+        checkpoint_wait_s=checkpoint_wait_s,
+        protection_cap_w=protection_cap_w,
+        protection_doublings=protection_doublings,
+    )
     dcfg = DispatchConfig(
-        engine=EngineConfig(
-            window_s=bf.window_s,
-            patience_s=patience_s,
-            checkpoint_wait_s=checkpoint_wait_s,
-            protection_cap_w=protection_cap_w,
-            protection_doublings=protection_doublings,
-        ),
+        engine=engine if delta is None else replace(engine, delta=delta),
         heartbeat_timeout_s=None,
         scheduler=POLICIES[name],  # peers reset their memory per simulation
     )
