@@ -7,21 +7,25 @@ Usage::
 
 Variants of ``cluster.protection_s`` (swapped in for the run; everything else as on main): ``double`` (in
 force: min_runtime x 2**p for the first ``protection_doublings`` preemptions, then the cap: max_min_runtime and
-W x ``protection_cap_w``), ``growN``
-(min_runtime x N**p, same caps), ``flat`` (min_runtime), ``linear`` (min_runtime x (1 + p)),
-``double_capN`` / ``linear_capN`` (also capped at N x min_runtime). Options after commas:
-``w=F`` sets ``EngineConfig.protection_cap_w`` (default 1, the whole window; 0.25 is DESIGN's W / 4) and
+W x ``protection_cap_w``), ``growN`` (min_runtime x N**p, same caps), ``flat`` (min_runtime), ``linear``
+(min_runtime x (1 + p)), ``double_capN`` / ``linear_capN`` (also capped at N x min_runtime). Options after
+commas: ``w=F`` sets ``EngineConfig.protection_cap_w`` (default 1, the whole window; 0.25 is DESIGN's W / 4),
 ``dbl=N`` ``EngineConfig.protection_doublings`` (default 3; -1 doubles to the cap, policy fairtree-4),
-``delta=D`` ``EngineConfig.delta`` (hysteresis, default 0.05), ``ckpt=S`` ``EngineConfig.checkpoint_wait_s`` (default 7200; 0 turns ``checkpoint_rule`` off). Prints goodput,
-share deficit, work lost, completions, preemptions, and the most preemptions of one allocated and one
-unallocated job. Week 44 runs until every job is done; other slices stop at the last submission. Not part of
-``make bench`` (a study, not a target). The seventh session's sweep on weeks 39-45 is in
-``docs/simulation.md``.
+``hard=N`` ``EngineConfig.churn_bound`` (a job preempted N times is protected until it completes; 0 = no
+bound), ``delta=D`` ``EngineConfig.delta`` (hysteresis, default 0.05), ``resv=S``
+``EngineConfig.reservation_after_s`` (default 3600), ``ckpt=S`` ``EngineConfig.checkpoint_wait_s`` (default
+7200; 0 turns ``checkpoint_rule`` off). Prints goodput, share deficit, work lost, completions, preemptions,
+the most preemptions of one allocated and one unallocated job, and the five budgets with the largest part of
+the mean deficit. With ``PROTECTION_VARIANTS_SAMPLES=PREFIX`` each run's hourly samples (``Simulator.samples``)
+go to ``PREFIX.SPEC.json``. Week 44 runs until every job is done; other slices stop at the last submission.
+Not part of ``make bench`` (a study, not a target). The sweeps on weeks 39-45 are in ``docs/simulation.md``.
 """
 
 from __future__ import annotations
 
 import collections
+import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -43,11 +47,14 @@ def variant(kind: str, orig: Callable[..., float]) -> Callable[..., float]:
         window_s: float | None = None,
         window_fraction: float = 1.0,
         doublings: int | None = None,
+        churn_bound: int | None = None,
     ) -> float:
         if not is_allocated(min_runtime_s):
             return 0.0
-        if kind == "double":
-            return orig(min_runtime_s, preemptions, max_min_runtime_s, window_s, window_fraction, doublings)
+        if kind == "double" or (churn_bound is not None and preemptions >= churn_bound):
+            return orig(
+                min_runtime_s, preemptions, max_min_runtime_s, window_s, window_fraction, doublings, churn_bound
+            )
         if kind == "flat":
             return min_runtime_s
         if kind.startswith("grow"):
@@ -71,7 +78,7 @@ def main(argv: list[str]) -> int:
     import apportion.domain.engine.emit as emit
     import apportion.sim.core as core
     from apportion.cli.simulate import _run
-    from apportion.domain.cluster import PROTECTION_CAP_W, PROTECTION_DOUBLINGS
+    from apportion.domain.cluster import PROTECTION_CAP_W, PROTECTION_CHURN_BOUND, PROTECTION_DOUBLINGS
     from apportion.domain.engine import CHECKPOINT_WAIT_S
     from apportion.events import JobPreempted
     from apportion.sim.traces import load_budget_file, load_trace
@@ -94,7 +101,11 @@ def main(argv: list[str]) -> int:
         counts: collections.Counter[str] = collections.Counter()
         allocated: dict[str, bool] = {}
 
-        def spy(self: Any, out: list[Any], t: int, c: Any = counts, a: Any = allocated) -> None:
+        last: list[Any] = []
+
+        def spy(self: Any, out: list[Any], t: int, c: Any = counts, a: Any = allocated, s: Any = last) -> None:
+            if not s:
+                s.append(self)
             for e in out:
                 if type(e) is JobPreempted:
                     c[e.job_id] += 1
@@ -117,9 +128,13 @@ def main(argv: list[str]) -> int:
             if knobs.get("dbl", PROTECTION_DOUBLINGS) < 0
             else int(knobs.get("dbl", PROTECTION_DOUBLINGS)),
             delta=knobs.get("delta"),
+            reservation_after_s=knobs.get("resv"),
+            churn_bound=int(knobs.get("hard", PROTECTION_CHURN_BOUND or 0)) or None,
         )
         core.Simulator._outputs = orig_outputs  # type: ignore[method-assign]
         d = rep.__dict__
+        if os.environ.get("PROTECTION_VARIANTS_SAMPLES") and last:  # (t_us, {leaf: (O_b/K, running, pending, alloc)})
+            Path(os.environ["PROTECTION_VARIANTS_SAMPLES"] + f".{spec}.json").write_text(json.dumps(last[0].samples))
         most_alloc = max((n for j, n in counts.items() if allocated[j]), default=0)
         most_free = max((n for j, n in counts.items() if not allocated[j]), default=0)
         over5 = sum(1 for j, n in counts.items() if allocated[j] and n > 5)
@@ -132,6 +147,17 @@ def main(argv: list[str]) -> int:
                 f"x{jb.replicas}, min_runtime {jb.min_runtime_s / 3600:.2f} h, budget {jb.budget}",
                 flush=True,
             )
+        weight = sum(b.backlogged_frac or 0.0 for b in rep.budgets)
+        behind = sorted(rep.budgets, key=lambda b: -(b.mean_deficit_pp or 0.0) * (b.backlogged_frac or 0.0))[:5]
+        print(  # each budget's part of the mean deficit: its mean over its backlogged samples x its share of them
+            "  deficit by budget (mean pp over its backlogged samples, backlogged fraction, part of the mean pp): "
+            + ", ".join(
+                f"{b.path.rsplit('/', 1)[-1]} {b.mean_deficit_pp or 0.0:.2f} {b.backlogged_frac or 0.0:.2f} "
+                f"{(b.mean_deficit_pp or 0.0) * (b.backlogged_frac or 0.0) / weight if weight else 0.0:.3f}"
+                for b in behind
+            ),
+            flush=True,
+        )
         print(
             f"{spec}: goodput {d['goodput']:.4f}, deficit {d['mean_deficit_pp']:.2f} pp, lost {d['lost_pct']:.2f}%, "
             f"completed {d['completed']}, preemptions {d['preemptions']}, most of one allocated job {most_alloc} "

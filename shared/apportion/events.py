@@ -899,6 +899,7 @@ class DispatcherConfigured(Event):
             (those dispatchers capped protection growth at W / 4).
         protection_doublings: ``EngineConfig.protection_doublings``; ``None`` in records written before it
             existed (those dispatchers doubled the protection up to the cap).
+        churn_bound: ``EngineConfig.churn_bound``; ``None`` (no bound) in records written before it existed.
         dispatcher_producer: the ``producer`` of its decisions.
         heartbeats_from: heartbeat timeouts count from this event time at the earliest (a node is lost
             only when both its last heartbeat and this time are more than the timeout ago): the
@@ -920,6 +921,7 @@ class DispatcherConfigured(Event):
     checkpoint_wait_s: float = Field(default=0.0, ge=0)
     protection_cap_w: float = Field(default=0.25, gt=0)
     protection_doublings: int | None = Field(default=None, ge=0, le=60)
+    churn_bound: int | None = Field(default=None, ge=1)
     dispatcher_producer: str = "dispatcher"
     heartbeats_from: datetime | None = None
 

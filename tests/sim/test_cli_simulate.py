@@ -432,16 +432,27 @@ def test_protection_cap_w_reaches_the_engine(tmp_path):
     assert res.exit_code != 0 and "0.001" in res.output
 
 
-def test_protection_doublings_reach_the_engine(tmp_path):
-    # the same raw two-job swap. fairtree-5's default, 3 doublings: attempts are protected 60, 120, 240, 480 s,
-    # and from the fourth preemption on for the cap (W = 7 days, more than the 24 h a job needs), so no job is
-    # preempted more than 4 times; doubling all the way (-1) needs 11 doublings (60 s x 2**11 = 34 h) to cover 24 h
-    args = _swap_args(tmp_path)
-    most = {n: _most_preemptions(args, "--protection-doublings", n) for n in ("3", "-1")}
-    # each job is preempted at the end of each short protection while the other waits: exactly 4 and 11
-    assert most == {"3": 4, "-1": 11}
-    res = CliRunner().invoke(app, args + ["--protection-doublings", "-2"])
-    assert res.exit_code != 0
+# the raw two-job swap. fairtree-5's default, 3 doublings: attempts are protected 60, 120, 240, 480 s, and from the
+# fourth preemption on for the cap (W = 7 days, more than the 24 h a job needs), so no job is preempted more than 4
+# times; doubling all the way (-1) needs 11 doublings (60 s x 2**11 = 34 h) to cover 24 h. With --churn-bound 2 the
+# job preempted twice is protected until it completes and the other waits for it: no third preemption; 0 is no bound.
+# Each job is preempted at the end of each short protection while the other waits, so the counts are exact.
+PROTECTION_OPTIONS = [
+    pytest.param("--protection-doublings", "3", 4, id="fairtree-5: 3 doublings, then W"),
+    pytest.param("--protection-doublings", "-1", 11, id="fairtree-4: doubling to the cap"),
+    pytest.param("--churn-bound", "2", 2, id="churn bound 2: protected until done after 2"),
+    pytest.param("--churn-bound", "0", 4, id="churn bound 0: no bound"),
+]
+
+
+@pytest.mark.parametrize("option, value, most", PROTECTION_OPTIONS)
+def test_protection_options_reach_the_engine(tmp_path, option, value, most):
+    assert _most_preemptions(_swap_args(tmp_path), option, value) == most
+
+
+@pytest.mark.parametrize("option, value", [("--protection-doublings", "-2"), ("--churn-bound", "-1")])
+def test_protection_options_refuse_values_below_their_range(tmp_path, option, value):
+    assert CliRunner().invoke(app, _swap_args(tmp_path) + [option, value]).exit_code != 0
 
 
 def test_table_shows_goodput_and_says_why_jobs_are_unfinished(tmp_path):

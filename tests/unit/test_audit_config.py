@@ -105,6 +105,24 @@ def test_the_record_carries_the_protection_doublings() -> None:
     assert config_from_log([_rec(cfg, 1, h(0))]) == cfg
 
 
+def test_the_record_carries_the_churn_bound() -> None:
+    cfg = DispatchConfig(engine=EngineConfig(churn_bound=5))
+    assert _rec(cfg, 1, h(0)).churn_bound == 5
+    assert config_from_log([_rec(cfg, 1, h(0))]) == cfg
+
+
+def test_a_fairtree_5_record_re_runs_with_no_churn_bound() -> None:
+    # written before churn_bound existed: read as None (no job is protected until done)
+    raw = _rec(DispatchConfig(engine=EngineConfig(churn_bound=5)), 1, h(0)).model_dump(mode="json")
+    del raw["churn_bound"]
+    raw["policy_version"] = "fairtree-5"
+    from apportion import events
+
+    got = config_from_log([events.DispatcherConfigured.model_validate(raw)])
+    assert got is not None
+    assert (got.engine.churn_bound, got.engine.policy_version) == (None, "fairtree-5")
+
+
 def test_the_record_carries_the_checkpoint_wait() -> None:
     cfg = DispatchConfig(engine=EngineConfig(checkpoint_wait_s=900.0))
     assert _rec(cfg, 1, h(0)).checkpoint_wait_s == 900.0

@@ -14,14 +14,15 @@ from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import (
     PROTECTION_DOUBLINGS,
+    PROTECTION_UNTIL_DONE_S,
     ClusterState,
     protection_s,
     work_lost_gpu_s,
     work_ref_us,
 )
-from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, step
+from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, step, wakeups
 from apportion.domain.engine import order_key
-from apportion.timeutil import from_us
+from apportion.timeutil import from_us, to_us
 
 
 def ckpt(job_id: str, at: int, progress_s: float, *, attempt: int = 1, replica: int | None = 0) -> ev.JobCheckpointed:
@@ -154,6 +155,25 @@ def test_protection_s(min_rt, n, max_rt, window, doublings, expected):
 def test_protection_s_defaults_to_three_doublings():
     assert PROTECTION_DOUBLINGS == 3
     assert [protection_s(7200.0, n, None, W7) / 3600.0 for n in range(6)] == [2.0, 4.0, 8.0, 16.0, 168.0, 168.0]
+
+
+def test_protection_s_with_a_churn_bound_lasts_until_the_job_completes():
+    # churn_bound 5 (EngineConfig.churn_bound): attempts after 0-4 preemptions as without it (2, 4, 8, 16 h, then
+    # the cap W = 168 h), and from the fifth preemption on protected until done (100 years), past every cap
+    got = [protection_s(7200.0, n, None, W7, churn_bound=5) / 3600.0 for n in range(7)]
+    assert got == [2.0, 4.0, 8.0, 16.0, 168.0, 100 * 365 * 24.0, 100 * 365 * 24.0]
+    assert PROTECTION_UNTIL_DONE_S == 3_153_600_000.0
+    assert protection_s(7200.0, 5, 36000.0, W7, churn_bound=5) == PROTECTION_UNTIL_DONE_S  # past max_min_runtime
+    assert protection_s(0.0, 9, None, W7, churn_bound=5) == 0.0  # unallocated jobs keep no protection at all
+    assert protection_s(7200.0, 9, None, W7, churn_bound=None) == 604800.0  # no bound: the cap (fairtree-5)
+
+
+def test_a_run_protected_until_done_asks_for_no_wakeup():
+    # a placement's wakeup is its protection's end; "until done" has none (the simulator would otherwise
+    # jump its clock 100 years ahead)
+    short = placed_with("a", 7200.0, min_runtime_s=7200.0)
+    assert wakeups(short) == [to_us(short.ts) + 7_200_000_000]
+    assert wakeups(placed_with("a", PROTECTION_UNTIL_DONE_S, min_runtime_s=7200.0)) == []
 
 
 def test_protection_s_with_the_fairtree_3_cap_of_w_over_4():

@@ -43,6 +43,7 @@ def configured_event(
         checkpoint_wait_s=e.checkpoint_wait_s,
         protection_cap_w=e.protection_cap_w,
         protection_doublings=e.protection_doublings,
+        churn_bound=e.churn_bound,
         dispatcher_producer=cfg.producer,
     )
 
@@ -74,6 +75,7 @@ def config_from_event(ev: events.DispatcherConfigured) -> DispatchConfig:
             checkpoint_wait_s=ev.checkpoint_wait_s,
             protection_cap_w=ev.protection_cap_w,
             protection_doublings=ev.protection_doublings,
+            churn_bound=ev.churn_bound,
             window_s=ev.window_s,
             grace_s=ev.grace_s,
             policy_version=ev.policy_version,

@@ -15,7 +15,7 @@ from typing import Any
 from apportion import events
 from apportion.bus.reader import LogRecord
 from apportion.domain.budgets import BUDGET_CHANGES, BudgetTree, fold_budget_event, fold_budget_log
-from apportion.domain.cluster import PROTECTION_CAP_W, PROTECTION_DOUBLINGS, protection_s
+from apportion.domain.cluster import PROTECTION_CAP_W, PROTECTION_CHURN_BOUND, PROTECTION_DOUBLINGS, protection_s
 from apportion.domain.fairshare import budget_order
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.usage import usage_snapshot
@@ -142,18 +142,21 @@ def preemption_report(
     preempted: dict[str, set[int]] = defaultdict(set)  # job -> attempts preempted (duplicates count once)
     cap_w = PROTECTION_CAP_W  # the dispatcher's record in force says otherwise (an older policy: W / 4)
     doublings: int | None = PROTECTION_DOUBLINGS
+    bound: int | None = PROTECTION_CHURN_BOUND
     for ev in evs:
         if isinstance(ev, BUDGET_CHANGES):
             if ev.event_id not in rejected:
                 tree = fold_budget_event(tree, ev)
         elif isinstance(ev, events.DispatcherConfigured):
             window_s, cap_w, doublings = ev.window_s, ev.protection_cap_w, ev.protection_doublings
+            bound = ev.churn_bound
         elif isinstance(ev, events.JobPlaced):
             key = (ev.job_id, ev.attempt)
             started.setdefault(key, to_us(ev.ts))
             if ev.allocated and ev.decision.protection_s is not None:
                 n = sum(1 for a in preempted.get(ev.job_id, ()) if a < ev.attempt)
-                want = protection_s(ev.min_runtime_s, n, tree.max_min_runtime_s(ev.budget), window_s, cap_w, doublings)
+                mmr = tree.max_min_runtime_s(ev.budget)
+                want = protection_s(ev.min_runtime_s, n, mmr, window_s, cap_w, doublings, bound)
                 if abs(want - ev.decision.protection_s) > 1e-6:
                     rep.mismatches.append(
                         {

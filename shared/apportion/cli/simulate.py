@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from apportion.domain.cluster import PROTECTION_CAP_W, PROTECTION_DOUBLINGS
+from apportion.domain.cluster import PROTECTION_CAP_W, PROTECTION_CHURN_BOUND, PROTECTION_DOUBLINGS
 from apportion.domain.engine import CHECKPOINT_WAIT_S, PATIENCE_S
 
 if TYPE_CHECKING:
@@ -199,6 +199,13 @@ def simulate(
         help="Preemptions for which a job's protection doubles (min_runtime x 1, 2, 4, ...) before it jumps to "
         "the cap; -1 doubles all the way to the cap (policy fairtree-4).",
     ),
+    churn_bound: int = typer.Option(
+        PROTECTION_CHURN_BOUND or 0,
+        "--churn-bound",
+        min=0,
+        help="Preemptions after which an allocated job is protected until it completes, so none is preempted "
+        "more often; 0 = no bound (policy fairtree-5).",
+    ),
 ) -> None:
     """Run the simulation(s) and report utilisation, goodput, work lost, share deficit, waits, completions."""
     from apportion.cli.main import err, fail
@@ -241,6 +248,7 @@ def simulate(
             checkpoint_wait_s=checkpoint_wait_s,
             protection_cap_w=protection_cap_w,
             protection_doublings=None if protection_doublings < 0 else protection_doublings,
+            churn_bound=churn_bound or None,
         )
         for name in names
     ]
@@ -277,7 +285,8 @@ def simulate(
         checkpoints=("off" if not checkpoints else f"interval; on SIGTERM: {checkpoint_on_stop.value}")
         + f"; fair-share patience {patience_s:g} s, checkpoint wait {checkpoint_wait_s:g} s"
         + f", protection cap {protection_cap_w:g} W"
-        + f" after {'unbounded' if protection_doublings < 0 else protection_doublings} doublings",
+        + f" after {'unbounded' if protection_doublings < 0 else protection_doublings} doublings"
+        + (f", churn bound {churn_bound}" if churn_bound else ""),
         fmt=fmt,
         jobs=len(jobs),
         nodes=bf.nodes,
@@ -308,12 +317,15 @@ def _run(
     protection_cap_w: float = PROTECTION_CAP_W,
     protection_doublings: int | None = PROTECTION_DOUBLINGS,
     delta: float | None = None,
+    churn_bound: int | None = PROTECTION_CHURN_BOUND,
+    reservation_after_s: float | None = None,
 ) -> Any:
     """One policy's run and report; admission rejections are counted by reason.
 
     ``bursts``: when given, ``bursts[name]`` gets the run's bursting rows
     (:func:`apportion.sim.bursting.burst_rows`). ``delta``: the engine's hysteresis
-    (``EngineConfig.delta``; ``None``: its default).
+    (``EngineConfig.delta``; ``None``: its default); ``reservation_after_s`` the same for
+    ``EngineConfig.reservation_after_s``.
     """
     from dataclasses import replace
 
@@ -340,9 +352,14 @@ def _run(
         checkpoint_wait_s=checkpoint_wait_s,
         protection_cap_w=protection_cap_w,
         protection_doublings=protection_doublings,
+        churn_bound=churn_bound,
     )
     dcfg = DispatchConfig(
-        engine=engine if delta is None else replace(engine, delta=delta),
+        engine=replace(
+            engine,
+            delta=engine.delta if delta is None else delta,
+            reservation_after_s=engine.reservation_after_s if reservation_after_s is None else reservation_after_s,
+        ),
         heartbeat_timeout_s=None,
         scheduler=POLICIES[name],  # peers reset their memory per simulation
     )

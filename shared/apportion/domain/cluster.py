@@ -85,6 +85,8 @@ __all__ = [
     "ClusterSnapshot",
     "PROTECTION_CAP_W",
     "PROTECTION_DOUBLINGS",
+    "PROTECTION_CHURN_BOUND",
+    "PROTECTION_UNTIL_DONE_S",
     "protection_s",
     "work_ref_us",
     "work_lost_gpu_s",
@@ -116,6 +118,15 @@ PROTECTION_DOUBLINGS = 3
 (560-730 h) were preempted up to 8 times on weeks 39-45; see ``docs/simulation.md``, ninth session."""
 
 
+PROTECTION_CHURN_BOUND: int | None = None
+"""Default ``EngineConfig.churn_bound``: preemptions after which a job is protected until it completes
+(:data:`PROTECTION_UNTIL_DONE_S`); ``None``, off, as up to policy ``fairtree-5``."""
+
+PROTECTION_UNTIL_DONE_S = 100 * 365.0 * 86400
+"""Protection "until the job completes", seconds: 100 years, past any run, and finite so that it is a
+``JobPlaced`` number (JSON) and a :attr:`Run.protection_us` integer like any other protection."""
+
+
 def protection_s(
     min_runtime_s: float,
     preemptions: int,
@@ -123,6 +134,7 @@ def protection_s(
     window_s: float | None = None,
     window_fraction: float = PROTECTION_CAP_W,
     doublings: int | None = PROTECTION_DOUBLINGS,
+    churn_bound: int | None = PROTECTION_CHURN_BOUND,
 ) -> float:
     """Length of a run's preemption protection, seconds: the one home of DESIGN section 3's
     "bounded churn" rule.
@@ -152,6 +164,9 @@ def protection_s(
         window_fraction: the growth cap as a fraction of W (``EngineConfig.protection_cap_w``).
         doublings: preemptions after which the protection is the cap (``EngineConfig.protection_doublings``,
             default :data:`PROTECTION_DOUBLINGS`); ``None`` doubles without a jump.
+        churn_bound: preemptions after which the job is protected until it completes
+            (:data:`PROTECTION_UNTIL_DONE_S`, past every cap; ``EngineConfig.churn_bound``), so no allocated
+            job is preempted more than ``churn_bound`` times; ``None``: no such bound.
 
     The jump cannot be gamed into more than the contract allows: the cap is the budget's ``max_min_runtime``
     (or W), which is what the job could have declared as its minimum runtime at admission, and no job can
@@ -170,11 +185,15 @@ def protection_s(
     (57600.0, 604800.0)
     >>> protection_s(7200.0, 4, window_s=604800.0, doublings=None), protection_s(60.0, 4, doublings=3)
     (115200.0, inf)
+    >>> protection_s(7200.0, 4, window_s=604800.0, churn_bound=5), protection_s(7200.0, 5, churn_bound=5)
+    (604800.0, 3153600000.0)
     """
     if not is_allocated(min_runtime_s):
         return 0.0
     if preemptions <= 0:
         return min_runtime_s  # the common case: every cap is >= min_runtime's promise
+    if churn_bound is not None and preemptions >= churn_bound:
+        return PROTECTION_UNTIL_DONE_S
     if doublings is not None and preemptions > doublings:
         grown = math.inf  # past the doublings: the caps alone
     else:

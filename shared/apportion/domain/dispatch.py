@@ -55,7 +55,13 @@ from typing import Any
 
 from apportion.domain.admission import NodeShape, admit
 from apportion.domain.budgets import BudgetTree, fold_budget_event
-from apportion.domain.cluster import ClusterState, RunKey, placed_protection_us, work_lost_gpu_s
+from apportion.domain.cluster import (
+    PROTECTION_UNTIL_DONE_S,
+    ClusterState,
+    RunKey,
+    placed_protection_us,
+    work_lost_gpu_s,
+)
 from apportion.domain.engine import (
     CycleMemo,
     CycleSnapshot,
@@ -1217,7 +1223,8 @@ def wakeups(ev: Event, config: DispatchConfig | None = None) -> list[Micros]:
     cfg = config or DispatchConfig()
     t = to_us(ev.ts)
     if isinstance(ev, JobPlaced) and ev.allocated:
-        return [t + placed_protection_us(ev)]
+        until = placed_protection_us(ev)
+        return [] if until >= s_to_us(PROTECTION_UNTIL_DONE_S) else [t + until]  # protected until it ends
     if isinstance(ev, JobPreempted):
         return [t + s_to_us(ev.grace_s)]
     if isinstance(ev, JobLost):  # a gang's surviving replicas stop within the grace period

@@ -123,6 +123,7 @@ def job_protection_s(job: PendingJob, tree: BudgetTree, cfg: EngineConfig) -> fl
         cfg.window_s,
         cfg.protection_cap_w,
         cfg.protection_doublings,
+        cfg.churn_bound,
     )
 
 

@@ -12,7 +12,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from apportion.domain.cluster import PROTECTION_CAP_W, PROTECTION_DOUBLINGS
+from apportion.domain.cluster import PROTECTION_CAP_W, PROTECTION_CHURN_BOUND, PROTECTION_DOUBLINGS
 from apportion.events import is_allocated
 from apportion.timeutil import WEEK_S, Micros
 
@@ -64,6 +64,8 @@ class EngineConfig:
             (:func:`~apportion.domain.cluster.protection_s`; default 1, the whole window).
         protection_doublings: preemptions for which the protection doubles before it jumps to the cap
             (:func:`~apportion.domain.cluster.protection_s`; default 3; ``None`` doubles to the cap).
+        churn_bound: preemptions after which a job is protected until it completes, so no allocated job is
+            preempted more often (:func:`~apportion.domain.cluster.protection_s`; ``None``: no bound).
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -77,6 +79,7 @@ class EngineConfig:
     checkpoint_wait_s: float = CHECKPOINT_WAIT_S
     protection_cap_w: float = PROTECTION_CAP_W
     protection_doublings: int | None = PROTECTION_DOUBLINGS
+    churn_bound: int | None = PROTECTION_CHURN_BOUND
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"
