@@ -163,7 +163,9 @@ def test_protection_s_with_a_churn_bound_lasts_until_the_job_completes():
     got = [protection_s(7200.0, n, None, W7, churn_bound=5) / 3600.0 for n in range(7)]
     assert got == [2.0, 4.0, 8.0, 16.0, 168.0, 100 * 365 * 24.0, 100 * 365 * 24.0]
     assert PROTECTION_UNTIL_DONE_S == 3_153_600_000.0
-    assert protection_s(7200.0, 5, 36000.0, W7, churn_bound=5) == PROTECTION_UNTIL_DONE_S  # past max_min_runtime
+    # a budget's max_min_runtime still caps it (10 h): the most the job could have declared at admission
+    assert protection_s(7200.0, 5, 36000.0, W7, churn_bound=5) == 36000.0
+    assert protection_s(7200.0, 5, 3600.0, W7, churn_bound=5) == 7200.0  # and never below min_runtime
     assert protection_s(0.0, 9, None, W7, churn_bound=5) == 0.0  # unallocated jobs keep no protection at all
     assert protection_s(7200.0, 9, None, W7, churn_bound=None) == 604800.0  # no bound: the cap (fairtree-5)
 

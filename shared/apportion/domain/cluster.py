@@ -165,12 +165,15 @@ def protection_s(
         doublings: preemptions after which the protection is the cap (``EngineConfig.protection_doublings``,
             default :data:`PROTECTION_DOUBLINGS`); ``None`` doubles without a jump.
         churn_bound: preemptions after which the job is protected until it completes
-            (:data:`PROTECTION_UNTIL_DONE_S`, past every cap; ``EngineConfig.churn_bound``), so no allocated
-            job is preempted more than ``churn_bound`` times; ``None``: no such bound.
+            (:data:`PROTECTION_UNTIL_DONE_S`, past the W cap; ``EngineConfig.churn_bound``), so no allocated
+            job is preempted more than ``churn_bound`` times; ``None``: no such bound. A budget's
+            ``max_min_runtime`` still caps it (an admin who sets one chooses turnover over the bound).
 
     The jump cannot be gamed into more than the contract allows: the cap is the budget's ``max_min_runtime``
     (or W), which is what the job could have declared as its minimum runtime at admission, and no job can
-    preempt another of its own leaf budget, so a user cannot collect preemptions of their own job.
+    preempt another of its own leaf budget, so a user cannot collect preemptions of their own job. The same holds
+    for the churn bound: without a ``max_min_runtime`` a job may declare any minimum runtime at admission (there is
+    no limit), so "until it completes" gives it nothing it could not have asked for; with one, the bound stops at it.
 
     Returns:
         Protection in seconds (``min_runtime_s <= result``).
@@ -193,7 +196,10 @@ def protection_s(
     if preemptions <= 0:
         return min_runtime_s  # the common case: every cap is >= min_runtime's promise
     if churn_bound is not None and preemptions >= churn_bound:
-        return PROTECTION_UNTIL_DONE_S
+        # the most the job could have declared at admission: max_min_runtime, else any length (no limit)
+        if max_min_runtime_s is None:
+            return PROTECTION_UNTIL_DONE_S
+        return max_min_runtime_s if max_min_runtime_s > min_runtime_s else min_runtime_s
     if doublings is not None and preemptions > doublings:
         grown = math.inf  # past the doublings: the caps alone
     else:
