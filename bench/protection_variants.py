@@ -160,7 +160,7 @@ def main(argv: list[str]) -> int:
         )
         print(
             f"{spec}: goodput {d['goodput']:.4f}, deficit {d['mean_deficit_pp']:.2f} pp, lost {d['lost_pct']:.2f}%, "
-            f"completed {d['completed']}, preemptions {d['preemptions']}, most of one allocated job {most_alloc} "
+            f"completed {d['completed']}, preemptions {d['preemptions']}, violations {d['violations']}, most of one allocated job {most_alloc} "
             f"({over5} above 5), of one unallocated job {most_free}, {time.perf_counter() - t0:.0f} s",
             flush=True,
         )
