@@ -34,7 +34,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from apportion.domain.budgets import Budget, BudgetError, BudgetTree
+from apportion.domain.budgets import Budget, BudgetError, BudgetTree, validate_share
 from apportion.durations import parse_duration
 from apportion.yamlio import load_yaml, problem, where
 
@@ -181,7 +181,8 @@ def budgets_section(path: str | Path, raw: Mapping[str, Any]) -> dict[str, Budge
     """The validated ``budgets`` of a file's top-level mapping (or the mapping itself when it has no such key).
 
     Raises:
-        BudgetFileError: an entry that does not fit :class:`BudgetEntry`, or
+        BudgetFileError: an entry that does not fit :class:`BudgetEntry` or whose share is not in (0, 1]
+            (``bad_share``, :func:`apportion.domain.budgets.validate_share`), or
             (with a ``budgets`` key) a top-level key that no reader knows.
     """
     if "budgets" in raw:
@@ -208,6 +209,10 @@ def budgets_section(path: str | Path, raw: Mapping[str, Any]) -> dict[str, Budge
             raise BudgetFileError(line.replace(f"{path}: ", f"{path}: {at}.", 1).replace(".(top level)", "")) from None
         except ValueError as exc:  # a bad duration
             raise BudgetFileError(f"{path}: {_key_path((*prefix, key))}: {exc}") from None
+        try:  # the tree's rule, here so that a partial file (`budget apply`) is checked as a whole one is
+            validate_share(key, out[key].share)
+        except BudgetError as exc:
+            raise BudgetFileError(f"{path}: {_key_path((*prefix, key))}: {exc.reason}: {exc.message}") from None
     return out
 
 

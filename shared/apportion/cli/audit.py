@@ -492,13 +492,14 @@ def whatif_cmd(
     as_json: JsonOut = False,
 ) -> None:
     """Re-run the log's submissions under another budget tree and the recorded one, side by side."""
-    from apportion.audit.whatif import load_tree, whatif
-    from apportion.cli.main import _print_json, fail
+    from apportion.audit.whatif import whatif
+    from apportion.cli.main import _print_json, _tree_from_file, fail
 
+    tree = _tree_from_file(budgets)  # a bad file is bad input (exit 2), told before the log is read
     recs = _load(bootstrap, from_file)
     cfg = _dispatch_config(recs, delta, grace, reservation_after, "0", window)
     try:
-        w = whatif(recs, load_tree(budgets), seed=seed, config=cfg, cycle_s=cycle_s)
+        w = whatif(recs, tree, seed=seed, config=cfg, cycle_s=cycle_s)
     except ValueError as exc:
         fail(str(exc), 1)
     if as_json:

@@ -109,6 +109,16 @@ def validate_path(path: str) -> None:
             )
 
 
+def validate_share(path: str, share: float) -> None:
+    """Check a budget's share (a fraction of its parent) is in (0, 1]; NaN is not.
+
+    Raises:
+        BudgetError: ``bad_share``, naming ``path`` and the share.
+    """
+    if not (0.0 < share <= 1.0):
+        raise BudgetError("bad_share", f"share of {path!r} must be in (0, 1], got {share}")
+
+
 @lru_cache(maxsize=1 << 16)
 def parent_of(path: str) -> str:
     """Parent path of ``path`` (``""`` for a top-level budget); memoised (pure string work)."""
@@ -274,8 +284,10 @@ class BudgetTree:
             except BudgetError as exc:
                 fail(b.path, exc.reason, exc.message)
                 continue
-            if not (0.0 < b.share <= 1.0):
-                fail(b.path, "bad_share", f"share of {b.path!r} must be in (0, 1], got {b.share}")
+            try:
+                validate_share(b.path, b.share)
+            except BudgetError as exc:
+                fail(b.path, exc.reason, exc.message)
                 continue
             nodes[b.path] = b
             ok_sets.append(b)
@@ -308,8 +320,7 @@ class BudgetTree:
                 (siblings would sum above 1).
         """
         validate_path(b.path)
-        if not (0.0 < b.share <= 1.0):
-            raise BudgetError("bad_share", f"share of {b.path!r} must be in (0, 1], got {b.share}")
+        validate_share(b.path, b.share)
         par = parent_of(b.path)
         if par != ROOT and par not in self._nodes:
             raise BudgetError("no_parent", f"parent budget {par!r} of {b.path!r} does not exist")
