@@ -81,6 +81,7 @@ def build_submission(
     duration: str | float | None = None,
     gpu_model: str | None = None,
     job_id: str | None = None,
+    checkpoint_interval_s: float | None = None,
     now: datetime | None = None,
     producer: str | None = None,
 ) -> events.JobSubmitted:
@@ -96,6 +97,8 @@ def build_submission(
         duration: seconds or duration string of a simulated workload.
         gpu_model: required GPU model, or None.
         job_id: defaults to :func:`new_job_id`.
+        checkpoint_interval_s: seconds (> 0) between the workload's checkpoints, or None for the default
+            (:func:`apportion.events.checkpoint_interval_of`: once per minimum runtime).
         now: submission time (UTC); defaults to the wall clock (this is an
             edge adapter, not domain code).
 
@@ -114,6 +117,7 @@ def build_submission(
         command=tuple(command) if command else None,
         duration_s=parse_duration(duration) if duration is not None else None,
         gpu_model=gpu_model,
+        checkpoint_interval_s=checkpoint_interval_s,
         submitted_at=ts,
         ts=ts,
         producer=producer or f"client/{user}",

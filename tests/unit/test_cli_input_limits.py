@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from apportion import client
 from apportion.cli.main import app
 
 
@@ -37,3 +39,43 @@ def test_negative_share_in_a_budget_file_is_one_line_exit_2_in_apply_and_whatif(
         f"error: {f}: budgets.lab/prior/language: bad_share: share of 'lab/prior/language' must be in (0, 1], got -0.5"
     )
     assert res.stdout == ""
+
+
+def test_submit_checkpoint_interval_takes_a_duration_into_the_event() -> None:
+    res = run(
+        "submit", "-b", "lab/x", "-g", "1", "-m", "2h", "--duration", "3h", "--checkpoint-interval", "10m",
+        "--dry-run", "-u", "carol", "--json",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert (doc["checkpoint_interval_s"], doc["min_runtime_s"]) == (600.0, 7200.0)
+
+
+def test_submit_without_checkpoint_interval_leaves_the_default() -> None:
+    res = run("submit", "-b", "lab/x", "-g", "1", "-m", "2h", "--duration", "3h", "--dry-run", "-u", "carol", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["checkpoint_interval_s"] is None
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("0", "invalid submission: checkpoint_interval_s: Input should be greater than 0"),
+        ("soon", "bad duration 'soon'"),
+    ],
+)
+def test_submit_bad_checkpoint_interval_is_exit_2(value: str, message: str) -> None:
+    res = run(
+        "submit", "-b", "lab/x", "-g", "1", "-m", "2h", "--duration", "3h", "--checkpoint-interval", value,
+        "--dry-run", "-u", "carol",
+    )  # fmt: skip
+    assert res.exit_code == 2
+    assert message in res.stderr
+    assert res.stdout == ""
+
+
+def test_client_builds_a_submission_with_a_checkpoint_interval() -> None:
+    ev = client.build_submission(
+        budget="lab/x", user="carol", gpus=1, min_runtime="1h", duration=7200, checkpoint_interval_s=600
+    )
+    assert (ev.checkpoint_interval_s, ev.checkpoint_every_s) == (600.0, 600.0)

@@ -213,6 +213,13 @@ def submit(
         str | None, typer.Option("--duration", help="Simulated run time instead of a command (demo clusters).")
     ] = None,
     gpu_model: Annotated[str | None, typer.Option("--gpu-model", help="Required GPU model.")] = None,
+    checkpoint_interval: Annotated[
+        str | None,
+        typer.Option(
+            "--checkpoint-interval",
+            help="How often the workload saves a checkpoint (90s, 30m, 2h; > 0). Default: once per minimum runtime.",
+        ),
+    ] = None,
     user: Annotated[
         str | None,
         typer.Option("--user", "-u", help="Submitting user (default: your identity's; the request is signed)."),
@@ -264,6 +271,7 @@ def submit(
             duration=duration,
             gpu_model=gpu_model,
             job_id=job_id,
+            checkpoint_interval_s=parse_duration(checkpoint_interval) if checkpoint_interval is not None else None,
             producer="cli",
         )
     except ValidationError as exc:
