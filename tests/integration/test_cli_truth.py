@@ -378,6 +378,30 @@ def test_history_lists_finished_jobs_like_sacct(budgets: Stack) -> None:
     assert _error(res) == "error: --state must be one of completed, failed, cancelled, rejected, got 'lost'"
 
 
+def test_cancel_of_a_completed_job_is_refused_at_once_by_the_cli_and_by_the_dispatcher(budgets: Stack) -> None:
+    import time
+
+    from apportion import client, events
+    from apportion.cli import verdicts
+
+    budgets.run("submit", "-b", "lab/vision", "-g", "1", "-m", "0", "--duration", "1s", "-u", "fx", "--job-id", "fx1")
+    budgets.until(lambda: budgets.json("history", "--user", "fx"), "fx1 finished")
+    t0 = time.monotonic()
+    res = budgets.run("cancel", "fx1", "-u", "fx", "--timeout", "60", code=1)
+    assert _error(res) == "error: job fx1 already completed: nothing to cancel"
+    assert time.monotonic() - t0 < 20  # the log's answer, not the 60 s timeout
+    # a client that skips the check (or races the end) gets the dispatcher's refusal of its request
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("APPORTION_TOPIC_PREFIX", budgets.env["APPORTION_TOPIC_PREFIX"] or "")
+        watcher = verdicts.JobWatcher(budgets.info.bootstrap, "fx1", ["JobCancelled"])
+        req = client.cancel("fx1", user="fx", bootstrap=budgets.info.bootstrap)
+        got = watcher.wait(DEADLINE_S, request_id=req.event_id)
+    assert isinstance(got, events.JobRejected)
+    assert (got.request, got.reason.value, got.message) == (
+        "JobCancelRequested", "invalid", "job 'fx1' already finished: nothing to cancel"
+    )  # fmt: skip
+
+
 def test_logs_shows_a_jobs_output(budgets: Stack) -> None:
     budgets.run(
         "submit", "-b", "lab/vision", "-g", "1", "-m", "0", "-u", "lx", "--job-id", "lx1",

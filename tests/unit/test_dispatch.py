@@ -78,6 +78,25 @@ def test_cancel_pending_job():
     assert "j1" in state.finished and not state.pending
 
 
+def test_cancel_of_a_completed_job_is_refused_at_once_and_of_an_unknown_job_answers_nothing():
+    state = given(reg("n0"), submitted("j1", budget="lab/b", gpus=2))
+    step(state, Tick(m(1)), m(1), CFG)
+    done = ev.JobCompleted(job_id="j1", attempt=1, replica=0, exit_code=0, ts=from_us(m(2)))
+    assert step(state, done, m(2), CFG) == [] and "j1" in state.finished
+    req = ev.JobCancelRequested(job_id="j1", user="bob", ts=from_us(m(3)))
+    out = step(state, req, m(3), CFG)
+    assert types(out) == ["JobRejected:j1"]
+    r = out[0]
+    assert (r.request, r.reason.value, r.refused_event_id, r.user, r.budget) == (
+        "JobCancelRequested", "invalid", req.event_id, "bob", ""
+    )  # fmt: skip
+    assert r.message == "job 'j1' already finished: nothing to cancel"
+    assert r.event_id == ev.det_id("JobRejected", "j1", req.event_id)
+    assert "j1" in state.finished and "j1" not in state.jobs  # the refusal changes nothing
+    other = ev.JobCancelRequested(job_id="nope", user="bob", ts=from_us(m(3)))
+    assert step(state, other, m(3), CFG) == []
+
+
 def test_preempted_victim_is_requeued_with_original_submitted_at_and_preemptor_starts():
     state = given(reg("n0"), submitted("u", budget="lab/b", gpus=4, min_runtime_s=0))
     step(state, Tick(T0), T0, CFG)

@@ -339,7 +339,7 @@ def cancel(
     if status.state == "unknown":
         refuse(f"no job {job_id} in the log", as_json=as_json, verdict="not_found", reason="no_job", job_id=job_id)
     if status.state != "live":
-        done = status.state.removeprefix("Job").lower()
+        done = status.state
         refuse(
             f"job {job_id} already {done}{f' ({status.detail})' if status.detail else ''}: nothing to cancel",
             as_json=as_json,

@@ -37,9 +37,6 @@ from apportion.settings import topic_name
 #: Wall seconds a change command waits for its verdict by default.
 DEFAULT_WAIT_S = 15.0
 
-#: Events after which a job is finished (nothing left to cancel).
-TERMINAL = ("JobCompleted", "JobFailed", "JobCancelled", "JobRejected")
-
 
 class Unreachable(RuntimeError):
     """Kafka or Redis did not answer (exit 3)."""
@@ -146,7 +143,8 @@ def key_events(bootstrap: str, topic: str, key: str) -> list[events.Event]:
 
 @dataclass(frozen=True, slots=True)
 class JobStatus:
-    """What the log says about one job: ``unknown``, ``live`` or finished (the terminal event's type)."""
+    """What the log says about one job: ``unknown``, ``live`` or how it finished (``completed``, ``failed``,
+    ``cancelled``, ``rejected``: :data:`apportion.cli.history.FINISHED`), with ``detail`` its reason."""
 
     job_id: str
     state: str
@@ -168,29 +166,20 @@ def refuses_request_only(ev: events.Event, queued: bool) -> bool:
 
 
 def job_status(bootstrap: str, job_id: str) -> JobStatus:
-    """The job's status from its records on ``apportion.submissions`` and ``apportion.jobs``."""
+    """The job's status from its records on ``apportion.submissions`` and ``apportion.jobs``, folded as
+    ``apportion history`` folds them (:func:`apportion.cli.history.fold_jobs`: a run ends with its last
+    replica's report, which the node agents publish per replica)."""
+    from apportion.cli.history import FINISHED, fold_jobs
     from apportion.topics import JOBS, SUBMISSIONS
 
     subs = key_events(bootstrap, topic_name(SUBMISSIONS), job_id)
     submitted = [e for e in subs if isinstance(e, events.JobSubmitted) and e.job_id == job_id]
     if not submitted:
         return JobStatus(job_id, "unknown")
-    user = submitted[0].user
-    final: events.Event | None = None
-    queued = False
-    for ev in key_events(bootstrap, topic_name(JOBS), job_id):
-        if getattr(ev, "job_id", None) != job_id:
-            continue
-        if refuses_request_only(ev, queued):
-            continue  # a later request under the id was refused: the job itself is unchanged
-        if ev.type in TERMINAL and getattr(ev, "replica", None) is None:
-            final = ev
-        elif ev.type in ("JobQueued", "JobRequeued"):
-            final, queued = None, True
-    if final is None:
-        return JobStatus(job_id, "live", user)
-    detail = getattr(final, "reason", "") or getattr(final, "message", "")
-    return JobStatus(job_id, final.type, user, str(getattr(detail, "value", detail)))
+    job = fold_jobs([submitted[0], *key_events(bootstrap, topic_name(JOBS), job_id)])[job_id]
+    if job.state not in FINISHED:
+        return JobStatus(job_id, "live", job.user)
+    return JobStatus(job_id, job.state, job.user, job.reason)
 
 
 class JobWatcher:

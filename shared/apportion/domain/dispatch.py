@@ -13,7 +13,9 @@ What ``decide`` does per input (DESIGN sections 2 and 3):
   ``JobRejected`` with a machine-readable reason; a job id seen before is
   rejected as ``duplicate_job``.
 * ``JobCancelRequested`` -> ``JobCancelled``; a running job also gets
-  ``StopWorkload`` per replica (its GPUs are free at once).
+  ``StopWorkload`` per replica (its GPUs are free at once). A cancel of a job
+  that already ended (within the window) -> ``JobRejected`` of the request
+  (``request="JobCancelRequested"``, reason ``invalid``); of a job never seen -> nothing.
 * ``JobFailed`` of one replica of a gang still running -> ``StopWorkload``
   to the other replicas and ``JobFailed`` of the whole run.
 * A report (``JobCompleted``/``JobFailed``) for a preempted run whose
@@ -53,7 +55,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from apportion.domain.admission import NodeShape, admit
+from apportion.domain.admission import NodeShape, Rejection, admit, refused_request_event
 from apportion.domain.budgets import BudgetTree, fold_budget_event
 from apportion.domain.cluster import (
     PROTECTION_UNTIL_DONE_S,
@@ -805,6 +807,9 @@ def decide(
     if isinstance(inp, JobCancelRequested):
         rec = state.jobs.get(inp.job_id)
         if rec is None:
+            if inp.job_id in state.finished:  # a prompt answer rather than none (the requester would wait it out)
+                why = Rejection(RejectReason.INVALID, f"job {inp.job_id!r} already finished: nothing to cancel")
+                return [refused_request_event(inp, why, budget="", ts=ts, producer=prod)]
             return []
         cid = det_id("JobCancelled", rec.spec.job_id)
         if rec.status == "pending":
