@@ -140,6 +140,17 @@ def publish(*evts: events.Event, bootstrap: str | None = None) -> list[int]:
         producer.close()
 
 
+def check_user(user: str) -> str:
+    """``user`` as given, when it can name a user.
+
+    Raises:
+        ValueError: empty or only blanks (an empty ``--user`` must not fall back to the default user).
+    """
+    if not user.strip():
+        raise ValueError("the user name is empty: give a user, or leave --user out to act as your identity's user")
+    return user
+
+
 def identity_for(user: str | None = None, *, bootstrap: str | None = None) -> Identity:
     """The identity that signs ``user``'s requests.
 
@@ -158,8 +169,11 @@ def identity_for(user: str | None = None, *, bootstrap: str | None = None) -> Id
 
     Raises:
         LookupError: no identity file (run ``apportion keys init``), or a keyring without ``ops.json``.
-        ValueError: the identity file is another user's, or is not an identity.
+        ValueError: ``user`` is empty (it would have meant the default user), the identity file is another
+            user's, or is not an identity.
     """
+    if user is not None:
+        check_user(user)
     if keyring_dir() is not None:
         import getpass
 

@@ -290,6 +290,7 @@ def test_submit_reports_the_dispatchers_rejection(budgets: Stack) -> None:
         "submit", "-b", "lab/prior/robotics", "-g", "1", "-m", "1h", "--duration", "1h", "-u", "mallory", code=1
     )
     assert _error(res).startswith("rejected: not_a_member: ")
+    assert res.stdout == ""  # not "submitted ..." first: the job was not taken
     res = budgets.run("submit", "-b", "lab/prior", "-g", "1", "-m", "1h", "--duration", "1h", "-u", "bob", code=1)
     assert _error(res).startswith("rejected: not_a_leaf: ")
 
@@ -320,6 +321,8 @@ def test_a_user_cannot_cancel_another_users_job_and_the_owner_can(budgets: Stack
     budgets.until(lambda: [r for r in budgets.json("queue", "--user", "own1") if r["job_id"] == "ow1"], "ow1 queued")
     res = budgets.run("cancel", "ow1", "-u", "eve", code=1)
     assert _error(res) == "error: refused: not_owner: job 'ow1' belongs to 'own1'; 'eve' may cancel only their own jobs"
+    doc = json.loads(budgets.run("cancel", "ow1", "-u", "eve", "--json", code=1).stdout)
+    assert (doc["ok"], doc["verdict"], doc["reason"]) == (False, "refused", "not_owner")
     assert [r["job_id"] for r in budgets.json("queue", "--user", "own1")] == ["ow1"]
     assert budgets.run("cancel", "ow1", "-u", "own1").stdout.strip() == "cancelled ow1"
 

@@ -79,3 +79,27 @@ def test_client_builds_a_submission_with_a_checkpoint_interval() -> None:
         budget="lab/x", user="carol", gpus=1, min_runtime="1h", duration=7200, checkpoint_interval_s=600
     )
     assert (ev.checkpoint_interval_s, ev.checkpoint_every_s) == (600.0, 600.0)
+
+
+@pytest.mark.parametrize("user", ["", "  "])
+def test_an_empty_user_is_refused_not_taken_as_the_default(user: str) -> None:
+    res = run("submit", "-b", "lab/x", "-g", "1", "-m", "0", "--duration", "1s", "-u", user, "--dry-run")
+    assert res.exit_code == 2
+    assert res.stderr.strip() == (
+        "error: the user name is empty: give a user, or leave --user out to act as your identity's user"
+    )
+    assert res.stdout == ""
+    with pytest.raises(ValueError, match="the user name is empty"):  # cancel and a signed submit ask this
+        client.identity_for(user)
+
+
+def test_budget_set_nan_share_says_not_a_number() -> None:
+    res = run("budget", "set", "lab/x", "-s", "nan")
+    assert res.exit_code == 2
+    assert res.stderr.strip() == "error: --share: share of 'lab/x' is not a number (nan): give a fraction in (0, 1]"
+
+
+def test_budget_set_share_out_of_range_is_refused_before_the_stack_is_asked() -> None:
+    res = run("budget", "set", "lab/x", "-s", "1.5")
+    assert res.exit_code == 2
+    assert res.stderr.strip() == "error: --share: share of 'lab/x' must be in (0, 1], got 1.5"

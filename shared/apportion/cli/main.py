@@ -255,8 +255,11 @@ def submit(
 
         _require_topics(bootstrap, topic_name(SUBMISSIONS), topic_name(JOBS))
     ident: Identity | None = None
-    if dry_run and user:
-        who = user  # --dry-run --user: validate, sign nothing
+    if dry_run and user is not None:
+        try:
+            who = client.check_user(user)  # --dry-run --user: validate, sign nothing
+        except ValueError as exc:
+            fail(str(exc))
     else:
         ident = _identity(user, bootstrap)
         who = ident.user
@@ -298,7 +301,7 @@ def submit(
         if verdict is not None:
             doc = {"submission": doc, "verdict": events.to_dict(verdict)}
         _print_json(doc)
-    else:
+    elif not isinstance(verdict, events.JobRejected):  # a rejected job was not submitted: say only that
         kind = "allocated" if ev.allocated else "unallocated"
         out.print(
             f"{'validated' if dry_run else 'submitted'} [bold]{ev.job_id}[/] "
@@ -359,9 +362,10 @@ def cancel(
     if as_json:
         _print_json(
             {
-                "ok": verdict is not None,
+                "ok": verdict is not None and not refused,
                 "published": [events.to_dict(ev)],
                 "verdict": "refused" if refused else "cancelled" if verdict is not None else "no_verdict",
+                "reason": verdict.reason.value if isinstance(verdict, events.JobRejected) else "",
                 "event": events.to_dict(verdict) if verdict is not None else None,
             }
         )
@@ -1139,7 +1143,7 @@ def budget_set(
     """
     from pydantic import ValidationError
 
-    from apportion.domain.budgets import BudgetError, validate_path
+    from apportion.domain.budgets import BudgetError, validate_path, validate_share
 
     if members is not None and inherit_members:
         fail("give --members or --inherit-members, not both")
@@ -1148,8 +1152,10 @@ def budget_set(
     member_list = parse_members(members) if members is not None else None
     try:
         validate_path(path)
+        if share_ is not None:
+            validate_share(path, share_)
     except BudgetError as exc:
-        fail(exc.message)
+        fail(f"--share: {exc.message}" if exc.reason == "bad_share" else exc.message)
     tree = _tree_in_force(bootstrap)
     current = tree.get(path)
     if current is None and share_ is None:

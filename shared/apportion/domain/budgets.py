@@ -115,6 +115,8 @@ def validate_share(path: str, share: float) -> None:
     Raises:
         BudgetError: ``bad_share``, naming ``path`` and the share.
     """
+    if share != share:  # NaN compares false with everything: say what it is rather than which bound it misses
+        raise BudgetError("bad_share", f"share of {path!r} is not a number (nan): give a fraction in (0, 1]")
     if not (0.0 < share <= 1.0):
         raise BudgetError("bad_share", f"share of {path!r} must be in (0, 1], got {share}")
 
