@@ -86,6 +86,16 @@ def test_budget_set_that_overfills_the_siblings_is_refused_before_publishing(bud
     assert _tree(budgets)["lab/vision"] == 0.4
 
 
+def test_budget_set_says_when_a_limit_is_above_the_parents(budgets: Stack) -> None:
+    res = budgets.run("budget", "set", "lab/vision", "--max-min-runtime", "1d")  # lab: 12h, vision: 8h
+    assert res.stderr.strip() == (
+        "note: lab/vision's max min runtime 1d is above its parent lab's effective 12h: it overrides the parent's "
+        "for lab/vision and below"
+    )
+    res = budgets.run("budget", "set", "lab/vision", "--max-min-runtime", "8h")
+    assert res.stderr == ""
+
+
 def test_budget_set_waits_for_the_policy_and_reports_accepted(budgets: Stack) -> None:
     doc = budgets.json("budget", "set", "lab/prior/language", "--share", "0.4")
     [v] = doc["verdicts"]

@@ -173,3 +173,22 @@ def test_rejected_event_carries_reason_and_deterministic_id() -> None:
     b = rejected_event(job, rej, ts=dt(h(1)))
     assert a.reason is RejectReason.NOT_A_LEAF and a.job_id == "j1" and a.budget == "lab/prior"
     assert a.event_id == b.event_id
+
+
+def test_without_a_budget_limit_the_window_caps_a_minimum_runtime() -> None:
+    # "open" sets no max_min_runtime and nothing above it does: W (7 d = 604800 s) is the ceiling
+    week = 7 * 86400
+    assert admit(TREE, submitted("j1", budget="open", min_runtime_s=week), SHAPES) is None
+    got = admit(TREE, submitted("j1", budget="open", min_runtime_s=week + 1), SHAPES)
+    assert got is not None and got.reason is RejectReason.MIN_RUNTIME_TOO_LONG
+    assert got.message == (
+        "min_runtime_s 604801 is above the occupancy window 604800 s, the limit where no budget above 'open' "
+        "sets max_min_runtime"
+    )
+    # another window, another ceiling; a budget's own limit is the one that applies (lab: 1 d, under a 1 h window)
+    assert admit(TREE, submitted("j1", budget="open", min_runtime_s=7200), SHAPES, window_s=3600).reason is (
+        RejectReason.MIN_RUNTIME_TOO_LONG
+    )
+    assert admit(TREE, submitted("j1", budget="lab/vision", min_runtime_s=7200), SHAPES, window_s=3600) is None
+    # unallocated jobs have no protection to cap
+    assert admit(TREE, submitted("j1", budget="open", min_runtime_s=0), SHAPES, window_s=3600) is None

@@ -144,3 +144,18 @@ def test_squatting_with_utilisation_finds_the_idle_run_and_says_nothing_more(tmp
     ]
     assert (doc["heartbeats"], doc["heartbeats_with_utilisation"], doc["utilisation_reported"]) == (3, 3, True)
     assert "note:" not in res.stderr
+
+
+def test_occupancy_at_a_future_time_answers_as_of_the_logs_end_and_says_so(tmp_path: Path) -> None:
+    log = export(tmp_path, preemption_log())  # its last event is at 02:00
+    res = CliRunner().invoke(app, ["audit", "occupancy", "--at", "9999-12-31T00:00:00Z", "--json", "--from-file", log])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert (doc["at"], doc["requested_at"]) == ("2024-01-01T02:00:00+00:00", "9999-12-31T00:00:00+00:00")
+    assert res.stderr.strip().splitlines()[-1] == (  # after the "read N records" line
+        "note: --at 9999-12-31T00:00:00+00:00 is in the future; the log ends at 2024-01-01T02:00:00+00:00: "
+        "occupancy as of then"
+    )
+    past = CliRunner().invoke(app, ["audit", "occupancy", "--at", "2024-01-01T01:30:00Z", "--json", "--from-file", log])
+    doc = json.loads(past.stdout)
+    assert (doc["at"], doc["requested_at"], "note:" in past.stderr) == ("2024-01-01T01:30:00+00:00", None, False)

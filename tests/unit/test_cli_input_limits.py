@@ -7,22 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from test_cli_filters import _no_stack, run  # noqa: F401  (autouse: no stack answers; the CLI runner)
 
 from apportion import client
-from apportion.cli.main import app
-
-
-@pytest.fixture(autouse=True)
-def _no_stack(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("APPORTION_KAFKA_BOOTSTRAP", "127.0.0.1:1")
-    monkeypatch.setenv("APPORTION_REDIS_URL", "redis://127.0.0.1:1/0")
-    monkeypatch.delenv("APPORTION_TOPIC_PREFIX", raising=False)
-
-
-def run(*args: str):
-    return CliRunner().invoke(app, list(args), env={"COLUMNS": "300"})
-
 
 NEG = "budgets:\n  lab: 1.0\n  lab/prior: 0.6\n  lab/prior/language: -0.5\n"
 
@@ -103,3 +90,20 @@ def test_budget_set_share_out_of_range_is_refused_before_the_stack_is_asked() ->
     res = run("budget", "set", "lab/x", "-s", "1.5")
     assert res.exit_code == 2
     assert res.stderr.strip() == "error: --share: share of 'lab/x' must be in (0, 1], got 1.5"
+
+
+@pytest.mark.parametrize(
+    ("r", "shown"),
+    [
+        (None, "-"),
+        (0.5, "0.500"),
+        (999999.9994, "999999.999"),
+        (1e6, "1e+06"),
+        (1.234e299, "1.23e+299"),
+        (float("inf"), "inf"),
+    ],
+)
+def test_share_prints_r_in_bounded_width(r: float | None, shown: str) -> None:
+    from apportion.cli.main import _ratio
+
+    assert _ratio(r) == shown

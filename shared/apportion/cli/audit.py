@@ -151,7 +151,11 @@ def occupancy(
     from_file: FromFile = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Rebuilt occupancy windows at event time T: share, O, U, E, r and rank per budget."""
+    """Rebuilt occupancy windows at event time T: share, O, U, E, r and rank per budget.
+
+    A T in the future is answered as of the log's last event time, with a note on stderr (``--json``:
+    ``requested_at`` is the T asked for, ``at`` the time answered for).
+    """
     from apportion.audit.replay import occupancy_at
     from apportion.cli.main import _print_json, _ratio, check_budget_filter
     from apportion.timeutil import to_us
@@ -159,6 +163,17 @@ def occupancy(
     check_budget_filter(budget)
     t = parse_time(at)
     recs = _load(bootstrap, from_file)
+    asked: datetime | None = None
+    if at != "now" and t > datetime.now(UTC):  # the log says nothing of the future: answer as of its end
+        ends = max((r.event.ts for r in recs if r.event is not None), default=None)
+        if ends is not None and t > ends:
+            asked, t = t, ends
+            _err().print(
+                f"note: --at {asked.isoformat()} is in the future; the log ends at {ends.isoformat()}: "
+                "occupancy as of then",
+                highlight=False,
+                soft_wrap=True,
+            )
     t0 = time.perf_counter()
     snap, ranks = occupancy_at(recs, to_us(t), window_s=_dur(window, "--window"))
     dt = time.perf_counter() - t0
@@ -171,6 +186,7 @@ def occupancy(
         _print_json(
             {
                 "at": snap.at.isoformat(),
+                "requested_at": asked.isoformat() if asked is not None else None,
                 "window_s": snap.window_s,
                 "capacity_gpus": snap.capacity_gpus,
                 "capacity_gpu_s": snap.capacity_gpu_s,

@@ -186,10 +186,14 @@ def _print_json(obj: Any) -> None:
 
 
 def _ratio(r: Any) -> str:
+    """A usage ratio r for a table: 3 decimals, ``inf``, ``-`` for none; from 1e6 up in 3 significant digits
+    (``1.23e+299``), so a budget with a tiny share does not print a 300-digit number."""
     if r is None:
         return "-"
     r = float(r)
-    return "inf" if math.isinf(r) else f"{r:.3f}"
+    if math.isinf(r):
+        return "inf"
+    return f"{r:.3f}" if abs(r) < 1e6 else f"{r:.3g}"
 
 
 # --------------------------------------------------------------------------- researchers
@@ -202,7 +206,10 @@ def submit(
     min_runtime: Annotated[
         str,
         typer.Option(
-            "--min-runtime", "-m", help="Minimum runtime (90s, 30m, 2h). 0 = unallocated: free, preemptible any time."
+            "--min-runtime",
+            "-m",
+            help="Minimum runtime (90s, 30m, 2h): at most the budget's max min runtime, or the window W (7d) where "
+            "no budget sets one. 0 = unallocated: free, preemptible any time.",
         ),
     ],
     command: Annotated[list[str] | None, typer.Argument(help="Command to run (after --).")] = None,
@@ -1143,7 +1150,7 @@ def budget_set(
     """
     from pydantic import ValidationError
 
-    from apportion.domain.budgets import BudgetError, validate_path, validate_share
+    from apportion.domain.budgets import BudgetError, parent_of, validate_path, validate_share
 
     if members is not None and inherit_members:
         fail("give --members or --inherit-members, not both")
@@ -1198,6 +1205,14 @@ def budget_set(
         after = tree.apply(ev)
     except BudgetError as exc:
         refuse(f"refused: {exc.reason}: {exc.message}", as_json=as_json, reason=exc.reason, path=path)
+    above = after.max_min_runtime_s(parent_of(path)) if parent_of(path) else None
+    if ev.max_min_runtime_s is not None and above is not None and ev.max_min_runtime_s > above:
+        err.print(  # a limit is inherited, not capped: say what the change means rather than hide it
+            f"note: {path}'s max min runtime {format_duration(ev.max_min_runtime_s)} is above its parent "
+            f"{parent_of(path)}'s effective {format_duration(above)}: it overrides the parent's for {path} and below",
+            highlight=False,
+            soft_wrap=True,
+        )
     _budget_changes(
         [ev],
         no_wait,

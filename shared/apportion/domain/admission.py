@@ -17,7 +17,11 @@ Checks, first failure wins, in this order:
    (inherited from the nearest ancestor that sets them; ``None`` = anyone)
    exclude the user;
 5. ``min_runtime_above_limit`` (allocated jobs only): ``min_runtime_s`` is
-   above the effective ``max_min_runtime_s`` (inherited; ``None`` = no limit);
+   above the effective ``max_min_runtime_s`` (inherited), or, where no budget
+   sets one, above the occupancy window W: a minimum runtime is protection
+   from preemption, and protection longer than the window that measures
+   fairness would let one job hold GPUs past every fair-share correction
+   (DESIGN sections 1-3; grown protection is capped by W as well);
 6. ``shape_impossible``: fewer than ``replicas`` declared nodes have at least
    ``gpus_per_replica`` GPUs of the requested model (any model when the job
    names none; a node of unknown model never matches a named model).
@@ -104,6 +108,7 @@ from apportion.events import (
     WorkloadRefused,
     det_id,
 )
+from apportion.timeutil import WEEK_S
 
 __all__ = [
     "NodeShape",
@@ -241,13 +246,16 @@ def shape_possible(
     return fitting >= replicas, fitting
 
 
-def admit(tree: BudgetTree, job: JobSubmitted, node_shapes: Iterable[ShapeLike]) -> Rejection | None:
+def admit(
+    tree: BudgetTree, job: JobSubmitted, node_shapes: Iterable[ShapeLike], window_s: float = WEEK_S
+) -> Rejection | None:
     """Check a submission against the tree and node shapes (DESIGN section 2).
 
     Args:
         tree: the budget tree in force at the submission's event time.
         job: the submission.
         node_shapes: the declared inventory (see :func:`shape_possible`).
+        window_s: the occupancy window W, seconds: the ceiling of a minimum runtime where no budget sets a limit.
 
     Returns:
         ``None`` when the job may be queued, else the first failing check as
@@ -273,6 +281,12 @@ def admit(tree: BudgetTree, job: JobSubmitted, node_shapes: Iterable[ShapeLike])
             return Rejection(
                 RejectReason.MIN_RUNTIME_TOO_LONG,
                 f"min_runtime_s {job.min_runtime_s:g} is above the limit {limit:g} s of budget {path!r}",
+            )
+        if limit is None and job.min_runtime_s > window_s:
+            return Rejection(
+                RejectReason.MIN_RUNTIME_TOO_LONG,
+                f"min_runtime_s {job.min_runtime_s:g} is above the occupancy window {window_s:g} s, the limit "
+                f"where no budget above {path!r} sets max_min_runtime",
             )
     shapes = list(node_shapes)
     # An empty inventory (cold start: no node has registered yet) says nothing about what fits;

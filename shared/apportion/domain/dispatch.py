@@ -109,7 +109,7 @@ from apportion.events import (
     det_id,
     is_allocated,
 )
-from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us, to_us
+from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us, to_us, us_to_s
 
 #: ``WorkloadRefused`` reasons (the code before ": ") after which the start will never happen, so the
 #: placement is undone and the job requeued (:func:`undo_refused_start`). Not ``duplicate_start``
@@ -729,7 +729,7 @@ def admit_submission(state: DispatchState, job: JobSubmitted) -> tuple[RejectRea
     if job.job_id in state.jobs or job.job_id in state.finished:
         return (RejectReason.DUPLICATE_JOB, f"job {job.job_id!r} was already submitted")
     shapes = state.node_shapes()
-    rejection = admit(state.tree, job, shapes)
+    rejection = admit(state.tree, job, shapes, us_to_s(state.window_us))
     if rejection is not None:
         return (rejection.reason, rejection.message)
     return None
