@@ -107,3 +107,10 @@ def test_share_prints_r_in_bounded_width(r: float | None, shown: str) -> None:
     from apportion.cli.main import _ratio
 
     assert _ratio(r) == shown
+
+
+def test_submit_help_says_unallocated_work_is_open_to_non_members() -> None:
+    res = run("submit", "--help")
+    assert res.exit_code == 0
+    text = " ".join(res.stdout.split())
+    assert "Unallocated work (-m 0) charges nothing: any user may run it under any leaf budget, member or not." in text

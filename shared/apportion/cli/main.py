@@ -252,6 +252,10 @@ def submit(
       apportion submit -b lab/vision -g 8 -k 4 -m 4h --duration 6h   (simulated gang)
 
       apportion submit -b lab/vision -g 1 -m 0 -- python sweep.py     (unallocated)
+
+    Unallocated work (-m 0) charges nothing: any user may run it under any leaf budget, member or not.
+
+    Its GPU-hours show as the budget's U, never in its r (docs/security.md).
     """
     from pydantic import ValidationError
 
