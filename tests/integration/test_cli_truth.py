@@ -659,6 +659,9 @@ def test_zz_stack_serves_any_folder_and_stops_leaving_no_process(
     assert (doc["kafka_bootstrap"], doc["infra"]) == (stack.info.bootstrap, "external")
     assert sorted(doc["services"]) == ["accounting", "dispatcher", "node_agent", "policy", "web"]
     assert all(s["running"] and s["metrics"].startswith("http://127.0.0.1:") for s in doc["services"].values())
+    assert (doc["kafka"]["ok"], doc["redis"]["ok"]) == (True, True)  # asked, not only the pids checked
+    assert {n: s["ready"]["ok"] for n, s in doc["services"].items()} == dict.fromkeys(doc["services"], True)
+    assert " answers" in status.splitlines()[0] and " ready" in [ln for ln in status.splitlines() if "policy" in ln][0]
     import urllib.request
 
     with urllib.request.urlopen(doc["services"]["dispatcher"]["metrics"], timeout=10) as resp:

@@ -87,3 +87,50 @@ def test_stack_up_starts_the_dashboard_unless_told_not_to(
     assert res.exit_code == 0, res.output
     assert asked["web"] is web and asked["simulate_json"] == []
     assert ("dashboard http://127.0.0.1:7004/ (read-only, 127.0.0.1)" in res.stdout) is web
+
+
+def _serve(status: int, body: bytes) -> tuple[object, int]:
+    """A real HTTP server on a free 127.0.0.1 port answering every GET with ``status`` and ``body``."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the http.server name)
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, srv.server_address[1]
+
+
+def test_status_probes_kafka_redis_and_each_services_ready(tmp_path: Path) -> None:
+    import os
+
+    from apportion.cli.stack import probe
+
+    ready, ready_port = _serve(200, b'{"ready": true}')
+    busy, busy_port = _serve(503, b'{"ready": false, "kafka": "down"}')
+    try:
+        info = StackInfo(tmp_path, "127.0.0.1:1", "redis://127.0.0.1:1/0")  # nothing listens on port 1
+        info.pids = {"policy": os.getpid(), "dispatcher": os.getpid(), "accounting": os.getpid()}
+        info.metrics = {"policy": ready_port, "dispatcher": busy_port, "accounting": 1}
+        got = probe(info, timeout_s=2.0)
+        assert (got["kafka"].ok, got["redis"].ok) == (False, False)
+        assert (got["policy"].ok, got["policy"].detail) == (True, "200")
+        assert (got["dispatcher"].ok, got["dispatcher"].detail) == (False, '503 {"ready": false, "kafka": "down"}')
+        assert got["accounting"].ok is False and got["accounting"].detail.startswith("no answer at http://127.0.0.1:1/")
+        lines = info.describe(got)
+        assert lines[0].startswith("Kafka    127.0.0.1:1 NOT ANSWERING: ")
+        assert lines[1].startswith("Redis    redis://127.0.0.1:1/0 NOT ANSWERING: ")
+        [pol] = [ln for ln in lines if ln.startswith("policy")]
+        assert pol.endswith(f"metrics http://127.0.0.1:{ready_port}/metrics ready")
+        [dis] = [ln for ln in lines if ln.startswith("dispatcher")]
+        assert dis.endswith('NOT READY: 503 {"ready": false, "kafka": "down"}')
+    finally:
+        for srv in (ready, busy):
+            srv.shutdown()  # type: ignore[attr-defined]

@@ -38,7 +38,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -172,10 +172,20 @@ class StackInfo:
                 info.clock[k] = v
         return info
 
-    def describe(self) -> list[str]:
+    def describe(self, probed: Mapping[str, Probe] | None = None) -> list[str]:
+        """Lines for people; with ``probed`` (:func:`probe`) each part's answer too (``answers``, ``ready``,
+        or ``NOT ANSWERING`` / ``NOT READY`` with why)."""
+
+        def said(part: str) -> str:
+            got = (probed or {}).get(part)
+            if got is None:
+                return ""
+            ok = "answers" if part in ("kafka", "redis") else "ready"
+            return f" {ok}" if got.ok else f" NOT {'ANSWERING' if ok == 'answers' else 'READY'}: {got.detail}"
+
         lines = [
-            f"Kafka    {self.bootstrap}" + ("" if self.infra == "local" else " (external)"),
-            f"Redis    {self.redis_url}" + ("" if self.infra == "local" else " (external)"),
+            f"Kafka    {self.bootstrap}" + ("" if self.infra == "local" else " (external)") + said("kafka"),
+            f"Redis    {self.redis_url}" + ("" if self.infra == "local" else " (external)") + said("redis"),
             f"prefix   {self.prefix or '(none: the default namespace)'}",
             f"logs     {self.log_dir} (services), {self.agent_dir / 'job-logs'} (jobs: `apportion logs JOB`)",
         ]
@@ -186,10 +196,71 @@ class StackInfo:
                 lines.append(
                     f"{name:<11} pid {self.pids[name]:<7} {state:<11}"
                     + (f" metrics http://127.0.0.1:{m}/metrics" if m else "")
+                    + said(name)
                 )
         if self.web_url:
             lines.append(f"dashboard {self.web_url} (read-only, 127.0.0.1)")
         return lines
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """One part's answer to :func:`probe`: ``ok``, and ``detail`` (why not, or what it said)."""
+
+    ok: bool
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {"ok": self.ok, "detail": self.detail}
+
+
+def probe(info: StackInfo, timeout_s: float = 3.0) -> dict[str, Probe]:
+    """Ask each part of the stack whether it answers: ``kafka`` (cluster metadata), ``redis`` (PING), and each
+    service with a metrics port: ``GET /ready`` (200 ready; else its status and body), the dashboard ``GET
+    /metrics``. Each wait is at most about ``timeout_s`` wall seconds (Kafka's bootstrap: 5 s).
+
+    Returns:
+        part name -> :class:`Probe`; nothing raises (an error is the part's ``detail``).
+    """
+    import urllib.error
+    import urllib.request
+
+    import redis as redis_lib
+
+    from apportion.bus.security import redis_auth
+    from apportion.cli import verdicts
+
+    out: dict[str, Probe] = {}
+    try:
+        kc = verdicts._consumer(info.bootstrap)
+        try:
+            kc.topics()
+        finally:
+            kc.close()
+        out["kafka"] = Probe(True)
+    except Exception as exc:  # kafka errors have many types; any is "does not answer"
+        out["kafka"] = Probe(False, f"{type(exc).__name__}: {exc}"[:200])
+    try:
+        r = redis_lib.Redis.from_url(
+            info.redis_url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, **redis_auth()
+        )
+        r.ping()
+        out["redis"] = Probe(True)
+    except (redis_lib.RedisError, OSError, RuntimeError) as exc:
+        out["redis"] = Probe(False, f"{type(exc).__name__}: {exc}"[:200])
+    for name in SERVICES:
+        port = info.metrics.get(name)
+        if name not in info.pids or not port:
+            continue
+        url = f"http://127.0.0.1:{port}/{'metrics' if name == WEB else 'ready'}"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+                out[name] = Probe(True, f"{resp.status}")
+        except urllib.error.HTTPError as exc:
+            out[name] = Probe(False, f"{exc.code} {exc.read(300).decode(errors='replace').strip()}")
+        except (OSError, ValueError) as exc:
+            out[name] = Probe(False, f"no answer at {url}: {getattr(exc, 'reason', exc)}")
+    return out
 
 
 def alive(pid: int) -> bool:
@@ -569,13 +640,15 @@ def status_cmd(
     run_dir: RunDir = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
 ) -> None:
-    """Where the stack is and whether each part runs; exit 1 when something is down, 3 when none is up."""
+    """Where the stack is and whether each part runs and answers (Kafka, Redis, each service's /ready); exit 1
+    when something is down or not ready, 3 when no stack was started."""
     import json
 
     d = run_dir or _found_run_dir() or default_run_dir()
     info = StackInfo.read(Path(d).resolve())
     if info is None:
         _err(f"no stack started from {d} (`apportion stack up`)", 3)
+    probed = probe(info)
     if as_json:
         doc = {
             "run_dir": str(info.run_dir),
@@ -584,17 +657,24 @@ def status_cmd(
             "prefix": info.prefix,
             "infra": info.infra,
             "log_dir": str(info.log_dir),
+            "kafka": probed["kafka"].to_dict(),
+            "redis": probed["redis"].to_dict(),
             "services": {
-                n: {"pid": p, "running": alive(p), "metrics": f"http://127.0.0.1:{info.metrics[n]}/metrics"}
+                n: {
+                    "pid": p,
+                    "running": alive(p),
+                    "metrics": f"http://127.0.0.1:{info.metrics[n]}/metrics",
+                    "ready": probed[n].to_dict() if n in probed else None,
+                }
                 for n, p in sorted(info.pids.items())
             },
             "web": info.web_url or None,
         }
         typer.echo(json.dumps(doc, indent=2, sort_keys=True))
     else:
-        for ln in info.describe():
+        for ln in info.describe(probed):
             typer.echo(ln)
-    if not all(alive(p) for p in info.pids.values()):
+    if not all(alive(p) for p in info.pids.values()) or not all(p.ok for p in probed.values()):
         raise typer.Exit(1)
 
 
