@@ -631,6 +631,32 @@ def test_readme_using_it_block_runs_as_written(tmp_path: Path) -> None:
     assert not (run_dir / "stack.env").exists()
 
 
+def test_stack_restart_starts_a_crashed_service_again_as_up_did(budgets: Stack) -> None:
+    import os
+    import signal
+
+    from apportion.cli import stack as stack_mod
+
+    run_dir = str(budgets.info.run_dir)
+    old = stack_mod.StackInfo.read(budgets.info.run_dir).pids["policy"]  # type: ignore[union-attr]
+    os.killpg(old, signal.SIGKILL)
+    budgets.until(lambda: not stack_mod.alive(old), "policy gone")
+    doc = json.loads(budgets.run("stack", "status", "--dir", run_dir, "--json", code=1).stdout)
+    assert (doc["services"]["policy"]["running"], doc["services"]["policy"]["ready"]["ok"]) == (False, False)
+    res = budgets.run("stack", "restart", "policy", "--dir", run_dir)
+    new = stack_mod.StackInfo.read(budgets.info.run_dir).pids["policy"]  # type: ignore[union-attr]
+    assert new != old and res.stdout.strip() == f"restarted policy (pid {new}), ready"
+    assert (budgets.info.run_dir / "services" / "policy.pid").read_text().strip() == str(new)
+    doc = json.loads(budgets.run("stack", "status", "--dir", run_dir, "--json").stdout)
+    assert doc["services"]["policy"] == dict(doc["services"]["policy"], pid=new, running=True)
+    assert doc["services"]["policy"]["ready"]["ok"] is True
+    # the restarted policy gives verdicts again (same namespace, principal and Redis as `up` gave it)
+    budgets.run("budget", "set", "lab/vision", "--max-min-runtime", "8h", "--timeout", "60")
+    res = budgets.run("stack", "restart", "nosuch", "--dir", run_dir, code=2)
+    assert _error(res).startswith("error: no service 'nosuch': use one of ")
+    budgets.info.pids["policy"] = new  # the module's `down` finds it by the pid files anyway
+
+
 def test_zz_stack_serves_any_folder_and_stops_leaving_no_process(
     budgets: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

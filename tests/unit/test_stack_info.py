@@ -134,3 +134,16 @@ def test_status_probes_kafka_redis_and_each_services_ready(tmp_path: Path) -> No
     finally:
         for srv in (ready, busy):
             srv.shutdown()  # type: ignore[attr-defined]
+
+
+def test_restart_refuses_without_a_stack_a_service_or_a_record_of_its_start(tmp_path: Path) -> None:
+    from apportion.cli.stack import StackUpError, restart
+
+    with pytest.raises(StackUpError, match=f"no stack started from {tmp_path}"):
+        restart(tmp_path, "policy", say=lambda *_: None)
+    info = _info(tmp_path, web=False)
+    (tmp_path / "stack.env").write_text("\n".join(info.env_lines()) + "\n")
+    with pytest.raises(StackUpError, match="no service 'web' in the stack at .*services: accounting, dispatcher"):
+        restart(tmp_path, "web", say=lambda *_: None)
+    with pytest.raises(StackUpError, match="no record of how policy was started .*`apportion stack down` and `up`"):
+        restart(tmp_path, "policy", say=lambda *_: None)

@@ -282,12 +282,85 @@ def _write_state(info: StackInfo) -> None:
     user.write_text(text)
 
 
-def _ready(info: StackInfo, name: str) -> bool:
+def _ready(info: StackInfo, name: str, since: int = 0) -> bool:
+    """True once ``name``'s log says it is ready after byte ``since`` (a restart's start)."""
     log = info.log_dir / f"{name}.log"
     try:
-        return READY_LINE[name] in log.read_text(errors="replace")
+        with open(log, "rb") as f:
+            f.seek(since)
+            return READY_LINE[name] in f.read().decode(errors="replace")
     except OSError:
         return False
+
+
+def _launch_file(info: StackInfo, name: str) -> Path:
+    return info.run_dir / "services" / f"{name}.launch.json"
+
+
+def _save_launch(info: StackInfo, name: str, args: Sequence[str], env: Mapping[str, str]) -> None:
+    """Record how ``name`` was started (argv and environment: passwords stay in their files), mode 0600."""
+    import json
+
+    path = _launch_file(info, name)
+    path.write_text(json.dumps({"args": list(args), "env": dict(env)}))
+    path.chmod(0o600)
+
+
+def _spawn(info: StackInfo, name: str, args: Sequence[str], env: Mapping[str, str]) -> int:
+    """Start service ``name`` (its own session, output appended to its log, pid file written); its pid."""
+    logf = open(info.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
+    try:
+        proc = subprocess.Popen(
+            list(args), env=dict(env), stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True
+        )
+    finally:
+        logf.close()
+    (info.run_dir / "services" / f"{name}.pid").write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
+def restart(run_dir: Path, name: str, *, say: Callable[[str], object] = print) -> int:
+    """Start service ``name`` of the stack in ``run_dir`` again, with the arguments and environment ``up``
+    gave it (stopping it first if it still runs), record its new pid (``stack.env``, the pid file: ``status``
+    and ``down`` see it) and wait until it is ready; returns the new pid.
+
+    Raises:
+        StackUpError: no stack there, no such service, no record of its start (a stack started before
+            ``restart`` existed), or it exited or was not ready within :data:`READY_TIMEOUT_S`.
+    """
+    import json
+
+    run_dir = Path(run_dir).resolve()
+    info = StackInfo.read(run_dir)
+    if info is None:
+        raise StackUpError(f"no stack started from {run_dir} (`apportion stack up`)")
+    if name not in info.pids:
+        raise StackUpError(f"no service {name!r} in the stack at {run_dir} (services: {', '.join(sorted(info.pids))})")
+    try:
+        launch = json.loads(_launch_file(info, name).read_text())
+    except (OSError, ValueError):
+        raise StackUpError(
+            f"no record of how {name} was started in {run_dir / 'services'} (a stack from before `stack restart`): "
+            "`apportion stack down` and `up`"
+        ) from None
+    old = info.pids[name]
+    if alive(old):
+        killed = _stop_pid(old, STOP_GRACE_S)
+        say(f"stopped {name} (pid {old}{', killed after the grace period' if killed else ''})")
+    log = info.log_dir / f"{name}.log"
+    since = log.stat().st_size if log.exists() else 0
+    pid = _spawn(info, name, launch["args"], launch["env"])
+    info.pids[name] = pid
+    _write_state(info)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not _ready(info, name, since):
+        if not alive(pid):
+            raise StackUpError(f"{name} exited at start; see {log}")
+        if time.monotonic() > deadline:
+            raise StackUpError(f"{name} not ready within {READY_TIMEOUT_S:g} s; see {log}")
+        time.sleep(0.2)
+    say(f"restarted {name} (pid {pid}), ready")
+    return pid
 
 
 def dev_keyring(path: Path) -> Path:
@@ -437,16 +510,9 @@ def up(
                 env["APPORTION_KEYRING"] = info.keyring  # its nodes' keys, made and registered on first use
                 # the dispatcher's public key (enrolled above): a NodeLost it did not sign is disregarded
                 env["APPORTION_DISPATCHER_PUBLIC_KEY_FILE"] = str(Path(info.keyring) / f"{DISPATCHER}.json")
-            logf = open(info.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
-            try:
-                proc = subprocess.Popen(
-                    args, env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True
-                )
-            finally:
-                logf.close()
-            info.pids[name] = proc.pid
+            _save_launch(info, name, args, env)  # `stack restart` starts it again the same way
+            info.pids[name] = _spawn(info, name, args, env)
             info.metrics[name] = port
-            (run_dir / "services" / f"{name}.pid").write_text(f"{proc.pid}\n")
         _write_state(info)
         deadline = time.monotonic() + READY_TIMEOUT_S
         waiting = list(names)
@@ -563,7 +629,7 @@ RunDir = Annotated[
 
 
 def register(app: typer.Typer) -> None:
-    """Attach ``apportion stack up|down|status`` to the CLI."""
+    """Attach ``apportion stack up|down|status|restart`` to the CLI."""
     app.add_typer(stack_app, name="stack")
 
 
@@ -633,6 +699,23 @@ def down_cmd(run_dir: RunDir = None) -> None:
     lines = down(d, say=typer.echo)
     if not lines:
         typer.echo(f"nothing running from {d}")
+
+
+@stack_app.command("restart")
+def restart_cmd(
+    service: Annotated[str, typer.Argument(help=f"The service to start again: {', '.join(SERVICES)}.")],
+    run_dir: RunDir = None,
+) -> None:
+    """Start one service of the stack again (after a crash, or to pick up a change), with the arguments and
+    environment `stack up` gave it; a running one is stopped first. Exit 0 when it is ready again, 2 for an
+    unknown service, 3 when it cannot be restarted."""
+    if service not in SERVICES:
+        _err(f"no service {service!r}: use one of {', '.join(SERVICES)}", 2)
+    d = run_dir or _found_run_dir() or default_run_dir()
+    try:
+        restart(d, service, say=typer.echo)
+    except StackUpError as exc:
+        _err(str(exc), 3)
 
 
 @stack_app.command("status")
