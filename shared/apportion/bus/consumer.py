@@ -381,6 +381,7 @@ class AssignedConsumer:
         #: the identity topic's partitions (read ahead by :meth:`poll`), and the others (paused meanwhile)
         self.identity_parts = [tp for tp in parts if tp.topic == identity_topic]
         self._other_parts = [tp for tp in parts if tp.topic != identity_topic]
+        self._identity_topic = identity_topic
         #: polls that had to read the identity topic ahead (they found it behind its end)
         self.identity_read_aheads = 0
         from apportion.bus.consumer import LagMeter
@@ -431,10 +432,14 @@ class AssignedConsumer:
         """
         batch = self._kc.poll(timeout_ms=timeout_ms, max_records=max_records)
         self.lag.after_poll(self._kc, lambda: self.partitions)
-        out = [r for tp in sorted(batch, key=lambda tp: (tp.topic, tp.partition)) for r in batch[tp]]
-        if read_ahead and self.identity_parts and any(r.topic != self.identity_parts[0].topic for r in out):
+        out = _in_partition_order(batch)
+        if read_ahead and self._needs_identity(out):
             out += self.read_identity_to_end()
         return out
+
+    def _needs_identity(self, records: list[Any]) -> bool:
+        """True when ``records`` hold a record of a topic other than the identity topic (one to read ahead)."""
+        return bool(self.identity_parts) and any(r.topic != self._identity_topic for r in records)
 
     def read_identity_to_end(self, deadline_s: float = IDENTITY_READ_AHEAD_S) -> list[Any]:
         """The identity topic's records from its positions to its end offsets, asked of the broker now.
@@ -473,7 +478,7 @@ class AssignedConsumer:
         try:
             while (late := behind()) and time.monotonic() < end_at:
                 got = self._kc.poll(timeout_ms=100)
-                out += [r for tp in sorted(got, key=lambda tp: (tp.topic, tp.partition)) for r in got[tp]]
+                out += _in_partition_order(got)
             if late:
                 log.warning(
                     "identity topic not read to its end within %.1f s: judging with the keys read so far", deadline_s
@@ -499,7 +504,7 @@ class AssignedConsumer:
             # no read-ahead: a rebuild judges the records once it has read the whole log to its end
             for rec in await asyncio.to_thread(partial(self.poll, 200, read_ahead=False)):
                 (backlog if rec.offset < ends[(rec.topic, rec.partition)] else late).append(rec)
-        if self.identity_parts and any(r.topic != self.identity_parts[0].topic for r in late):
+        if self._needs_identity(late):
             late += await asyncio.to_thread(self.read_identity_to_end)  # handled live: judged as a poll's
         return backlog, late
 
@@ -527,6 +532,11 @@ class AssignedConsumer:
     def close(self) -> None:
         """Close the connection."""
         self._kc.close()
+
+
+def _in_partition_order(batch: dict[Any, list[Any]]) -> list[Any]:
+    """A kafka-python poll result as one list: partition by partition (topic, partition), each in offset order."""
+    return [r for tp in sorted(batch, key=lambda tp: (tp.topic, tp.partition)) for r in batch[tp]]
 
 
 def record_order(rec: Any, event: Any) -> tuple:
