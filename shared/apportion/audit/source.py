@@ -101,6 +101,31 @@ def iter_export(path: str | Path) -> Iterator[LogRecord]:
             yield LogRecord(d["topic"], d["partition"], d["offset"], d.get("key"), d["timestamp_ms"], raw, ev, err)
 
 
+def export_prefix(path: str | Path) -> str:
+    """The topic namespace an export file was written in: the prefix its header's topics share.
+
+    An export holds the physical names of the topics it read (``t1.apportion.jobs``); offline commands read
+    the file in that namespace, not in the one of the environment, so that an export of another stack is
+    not silently filtered to nothing.
+
+    Returns:
+        The prefix (``""`` for the default namespace, and for a header that names no registry topic).
+
+    Raises:
+        ExportFormatError: no header line, or topics of more than one namespace.
+    """
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        header = json.loads(f.readline() or "{}")
+    if header.get("apportion_export") is None:
+        raise ExportFormatError(f"{path}: not an apportion export (no header line)")
+    prefixes = {
+        name[: -len(base)] for name in header.get("topics", []) for base in topics.BY_BASE if name.endswith(base)
+    }
+    if len(prefixes) > 1:
+        raise ExportFormatError(f"{path}: topics of several namespaces ({', '.join(sorted(prefixes))})")
+    return prefixes.pop() if prefixes else ""
+
+
 def load_log(
     *,
     bootstrap: str | None = None,

@@ -7,6 +7,7 @@ export``; both give the same answers. Nothing here writes to live topics.
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -65,6 +66,17 @@ def _load(bootstrap: str | None, from_file: Path | None, since: datetime | None 
     from apportion.cli.main import fail
 
     conn = Connection.resolve(bootstrap=bootstrap)
+    if from_file is not None:
+        from apportion.audit.source import export_prefix
+        from apportion.settings import topic_prefix
+
+        try:
+            prefix = export_prefix(from_file)
+        except (OSError, ValueError, EOFError) as exc:
+            fail(f"{from_file}: not a readable apportion export ({exc})")
+        if prefix != topic_prefix():
+            # the file's namespace, not the environment's: an export of another stack must not read as empty
+            os.environ["APPORTION_TOPIC_PREFIX"] = prefix
     since_ms = int(since.timestamp() * 1000) if since else None
     t0 = time.perf_counter()
     with Progress(
@@ -89,6 +101,9 @@ def _load(bootstrap: str | None, from_file: Path | None, since: datetime | None 
                 fail(f"{from_file}: not a readable apportion export ({exc})")
             raise
     dt = time.perf_counter() - t0
+    if from_file is not None and not recs:
+        # nothing to check is not a pass: say so and exit 1 (an audit of 0 records once said OK)
+        fail(f"{from_file}: no apportion records to read (an empty export, or none since --since)", 1)
     _err().print(
         f"read {len(recs):,} records in {dt:.2f} s ({len(recs) / dt if dt else 0:,.0f} records/s) "
         f"from {from_file or conn.bootstrap}",
