@@ -15,7 +15,13 @@ Format (``FORMAT`` = 2; 1 was written while the ledger clamped late records)::
             clock_us, snapshot_at, last_key, late_events, state_bytes,
             state_blake2b}
     state   pickle (protocol 5) of {"acc": logic.Accounting,
-            "last": OccupancySnapshot | None, "dirty": bool}
+            "last": OccupancySnapshot | None, "dirty": bool,
+            "ids": apportion.bus.intake.IdLedger | None}
+
+* ``ids`` is the reader edge's de-duplication ledger (event ids of the last
+  W to 2 W, without their per-process payload digests), so a resumed service
+  drops a record re-delivered after the checkpoint as the process that wrote
+  it did (before, a resume started with an empty ledger and folded it again).
 
 * ``offsets`` (``"topic:partition"`` -> next offset to read, every assigned
   partition) are the source of truth for where to resume: they are stored
@@ -60,6 +66,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from apportion import statefile
+from apportion.bus.intake import IdLedger
 from apportion.events import OccupancySnapshot
 from apportion.statefile import CheckpointError, check_offsets, field_of, layout_digest, seal, unseal
 from services.accounting import logic
@@ -91,6 +98,7 @@ class Checkpoint:
         last_key: merge key of the newest state-changing record folded.
         late_events: state-changing records folded with an event time older
             than one folded before them (folded at their own time all the same).
+        ids: the reader edge's id ledger (:class:`apportion.bus.intake.IdLedger`); ``None``: not kept.
     """
 
     acc: logic.Accounting
@@ -99,6 +107,7 @@ class Checkpoint:
     offsets: dict[str, int]
     last_key: RecordKey | None = None
     late_events: int = 0
+    ids: IdLedger | None = None
 
 
 @functools.cache
@@ -125,6 +134,7 @@ def layout() -> str:
         identity.KeyRegistry,  # the node keys (DESIGN section 10)
         identity._Grant,
         identity._Revocation,
+        IdLedger,  # the reader edge's de-duplication ids
     ]
     acc_attrs = tuple(sorted(vars(logic.Accounting(1.0))))
     # the event models' pickled form is pydantic's: an upgrade of it reads as a layout change
@@ -133,6 +143,7 @@ def layout() -> str:
 
 _STATE_MODULES = frozenset(
     {
+        "apportion.bus.intake",
         "apportion.domain.budgets",
         "apportion.domain.occupancy",
         "apportion.events",
@@ -152,7 +163,7 @@ def encode(ckpt: Checkpoint, *, topic_prefix: str) -> dict[str, bytes]:
     Returns:
         ``{"header": JSON bytes, "state": pickle bytes}``.
     """
-    state, sealed = seal({"acc": ckpt.acc, "last": ckpt.last, "dirty": ckpt.dirty})
+    state, sealed = seal({"acc": ckpt.acc, "last": ckpt.last, "dirty": ckpt.dirty, "ids": ckpt.ids})
     header = {
         "format": FORMAT,
         "layout": layout(),
@@ -194,11 +205,13 @@ def decode(fields: Mapping[Any, Any], *, window_s: float, topic_prefix: str) -> 
         h, fmt=FORMAT, layout=layout(), window_s=window_s, topic_prefix=topic_prefix, abs_tol=1e-9
     )
     body = unseal(field_of(fields, STATE), h, _STATE_MODULES)
-    acc, last, dirty = (body.get(k) for k in ("acc", "last", "dirty")) if isinstance(body, dict) else (None,) * 3
+    keys = ("acc", "last", "dirty", "ids")
+    acc, last, dirty, ids = (body.get(k) for k in keys) if isinstance(body, dict) else (None,) * 4
     if (
         not isinstance(acc, logic.Accounting)
         or not (last is None or isinstance(last, OccupancySnapshot))
         or not isinstance(dirty, bool)
+        or not (ids is None or isinstance(ids, IdLedger))
     ):
         raise CheckpointError("corrupt", "state has unexpected types")
     if acc.window_s != window_s or acc.clock_us != h.get("clock_us"):
@@ -213,4 +226,5 @@ def decode(fields: Mapping[Any, Any], *, window_s: float, topic_prefix: str) -> 
         offsets=offsets,
         last_key=last_key,
         late_events=late if isinstance(late, int) else 0,
+        ids=ids,
     )

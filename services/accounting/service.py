@@ -197,6 +197,8 @@ class AccountingService:
         self.acc, self.last, self.dirty = ck.acc, ck.last, ck.dirty
         self.offsets = dict(ck.offsets)
         self.last_key, self.late = ck.last_key, ck.late_events
+        if ck.ids is not None:  # the reader edge de-duplicates as the process that wrote the checkpoint did
+            self.intake.ledger = ck.ids
         self._unsaved = False
         self._ckpt_wall = self._wall()
 
@@ -348,7 +350,9 @@ class AccountingService:
         if with_checkpoint:
             t = self._wall()
             fields = checkpoint.encode(
-                checkpoint.Checkpoint(self.acc, self.last, self.dirty, dict(self.offsets), self.last_key, self.late),
+                checkpoint.Checkpoint(
+                    self.acc, self.last, self.dirty, dict(self.offsets), self.last_key, self.late, self.intake.ledger
+                ),
                 topic_prefix=self.topic_prefix,
             )
             self._ckpt_cost = self._wall() - t

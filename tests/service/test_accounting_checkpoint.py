@@ -36,7 +36,7 @@ from apportion.settings import topic_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accounting_fakes import FakeRedis, partition_offsets, records  # noqa: E402
+from accounting_fakes import FakeRedis, Rec, partition_offsets, records  # noqa: E402
 from builders import budget_set, completed, cordoned, h, job_lost, node, placed  # noqa: E402
 
 from apportion import readmodel  # noqa: E402
@@ -557,3 +557,38 @@ def test_property_resume_equals_the_uninterrupted_service_and_in_order_the_rebui
         _prop_case(sorted(log, key=lambda e: e.ts) if in_order else log, cut, batch, later)
 
     prop()
+
+
+# --------------------------------------------------------------------------- the id ledger across a restart
+
+
+def test_a_record_redelivered_after_the_checkpoint_is_a_duplicate_for_the_resumed_service():
+    """The checkpoint keeps the reader edge's id ledger: a copy of a record folded before the checkpoint,
+    delivered again after it (a producer's retry at a new offset), is a duplicate for the resumed service
+    exactly as for the process that wrote the checkpoint (before, the resumed ledger was empty: a new id)."""
+    cut = next(i for i, r in enumerate(FULL_RECS) if b'"JobCompleted"' in r.value) + 1
+    redis, writer = checkpointed(FULL_RECS[:cut])
+    done = FULL_RECS[cut - 1]  # completed(j1), folded before the checkpoint
+    ends = partition_offsets(FULL_RECS[:cut], TOPICS)
+    again = Rec(done.topic, done.partition, ends[f"{done.topic}:{done.partition}"], done.key, done.value)
+    resumed = service(redis)
+    assert resumed.prepare(BEGIN, ends, rebuild=False) == ("resume", "")
+    assert len(resumed.intake.ledger) == len(writer.intake.ledger) > 0
+    for svc in (writer, resumed):
+        before = svc.intake.stats.duplicates
+        svc.ingest([again])
+        assert svc.intake.stats.duplicates - before == 1
+        assert svc.intake.stats.dead_lettered == 0
+    assert answers(resumed, h(10)) == answers(writer, h(10))
+
+
+def test_a_checkpoint_of_the_older_layout_rebuilds_once_and_says_why():
+    """A checkpoint written without the id ledger's class in its layout digest is refused as ``layout``."""
+    redis, _ = checkpointed(FULL_RECS)
+    fields = ReadModelStore(redis).read_checkpoint()
+    header = json.loads(fields[b"header"] if b"header" in fields else fields["header"])
+    header["layout"] = "0123456789abcdef"
+    redis.hset(readmodel.checkpoint_key(), mapping={"header": json.dumps(header, sort_keys=True).encode()})
+    svc = service(redis)
+    mode, reason = svc.prepare(BEGIN, END, rebuild=False)
+    assert mode == "rebuild" and reason.startswith("layout")
