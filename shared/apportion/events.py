@@ -949,34 +949,16 @@ class DeadLetter(Event):
     original: str
     error: str
 
-    @classmethod
-    def of(
-        cls,
-        raw: bytes,
-        error: str,
-        *,
-        topic: str,
-        partition: int | None = None,
-        offset: int | None = None,
-        key: str | None = None,
-        ts: datetime,
-        producer: str = "unknown",
-    ) -> DeadLetter:
-        """Wrap undecodable bytes with where they came from and why they failed."""
-        return cls(
-            source_topic=topic,
-            source_partition=partition,
-            source_offset=offset,
-            source_key=key,
-            original=base64.b64encode(raw).decode("ascii"),
-            error=error,
-            ts=ts,
-            producer=producer,
-        )
-
     def original_bytes(self) -> bytes:
         """The raw record value as it was received."""
         return base64.b64decode(self.original)
+
+
+def dead_letter_id(topic: str, partition: int | None, offset: int | None) -> uuid.UUID:
+    """The id of the dead letter of the record at ``topic``/``partition``/``offset``: deterministic in its
+    position, so every reader that refuses the record writes the same dead letter (de-duplicated as one) and
+    ``audit verify`` can ask whether a record was dead-lettered without reading the letter's payload."""
+    return det_id("DeadLetter", topic, partition, offset)
 
 
 # --------------------------------------------------------------------------- registry

@@ -1125,7 +1125,7 @@ def check_reports(records: Sequence[Any]) -> ReportCheck:
         if isinstance(ev, NODE_REQUEST_TYPES):
             if ev.event_id not in verdicts:
                 findings.append(RequestFinding(i, ev.node_id, f"{why}, and the dispatcher did not refuse it"))
-        elif events.det_id("DeadLetter", r.topic, r.partition, r.offset) not in letters:
+        elif events.dead_letter_id(r.topic, r.partition, r.offset) not in letters:
             subject = getattr(ev, "job_id", None) or getattr(ev, "node_id", None) or ev.type
             findings.append(RequestFinding(i, str(subject), f"{why}, and no service dead-lettered it"))
     return ReportCheck(frozenset(ignored), findings, checked)

@@ -81,7 +81,7 @@ def dead_letter(
 ) -> events.DeadLetter:
     """The dead letter of one record: where it was, its bytes, and why it was refused.
 
-    The id is ``det_id("DeadLetter", topic, partition, offset)`` (the record's
+    The id is :func:`apportion.events.dead_letter_id` (the record's
     position): the same record gives the same dead-letter id, whoever meets
     it and however often.
 
@@ -96,7 +96,7 @@ def dead_letter(
     if isinstance(key, (bytes, bytearray)):
         key = bytes(key).decode("utf-8", "replace")
     return events.DeadLetter(
-        event_id=events.det_id("DeadLetter", topic, partition, offset),
+        event_id=events.dead_letter_id(topic, partition, offset),
         source_topic=topic,
         source_partition=partition,
         source_offset=offset,
