@@ -6,6 +6,7 @@ Attributes are event-time seconds unless they say wall.
 from __future__ import annotations
 
 from apportion.bus.service import ServiceSettings
+from apportion.timeutil import WEEK_S
 
 
 class AccountingSettings(ServiceSettings):
@@ -29,7 +30,7 @@ class AccountingSettings(ServiceSettings):
         producer_name: written as ``producer`` on events.
     """
 
-    window_s: float = 7 * 24 * 3600.0
+    window_s: float = float(WEEK_S)
     snapshot_interval_s: float = 300.0
     snapshot_debounce_wall_s: float = 0.5
     rebuild: bool = False

@@ -102,6 +102,7 @@ from datetime import datetime
 from typing import Any, TypeGuard
 
 from apportion.events import (
+    DEFAULT_GRACE_S,
     GpuInfo,
     GpuStatus,
     JobCheckpointed,
@@ -415,7 +416,7 @@ class Workload:
     duration_s: float | None
     env: Mapping[str, str] = field(default_factory=dict)
     stopping: bool = False
-    grace_s: float = 30.0
+    grace_s: float = DEFAULT_GRACE_S
     files: JobFiles | None = None
     started_at: datetime | None = None
     adopted: bool = False

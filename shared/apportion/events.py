@@ -52,6 +52,10 @@ from apportion import topics
 #: Namespace for deterministic event ids (uuid5); see :func:`det_id`.
 EVENT_NAMESPACE = uuid.UUID("6f1c2f7e-3b0a-5d7e-9a61-2c4e8b1d0a55")
 
+#: Grace period of a stop, seconds: SIGTERM, then SIGKILL after it (DESIGN section 3, default 30 s); the one
+#: default of ``JobPreempted.grace_s``, ``StopWorkload.grace_s``, the engine's and the node agent's.
+DEFAULT_GRACE_S: float = 30.0
+
 
 def det_id(*parts: object) -> uuid.UUID:
     """Deterministic event id from its identifying parts (uuid5).
@@ -533,7 +537,7 @@ class JobPreempted(Event):
     by_job_id: str | None = None
     by_budget: str | None = None
     victim: Victim | None = None
-    grace_s: float = 30.0
+    grace_s: float = DEFAULT_GRACE_S
     reason: str = "preempted"
     lost_gpu_s: float | None = Field(default=None, ge=0)
 
@@ -721,7 +725,7 @@ class StopWorkload(Event):
     node_id: str
     job_id: str
     attempt: int
-    grace_s: float = 30.0
+    grace_s: float = DEFAULT_GRACE_S
     reason: str = ""
     fencing_token: int | None = None
 

@@ -82,6 +82,7 @@ from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.reconcile import Absences, findings, observe
 from apportion.domain.seen import forget_older, older_than_window, sweep_due
 from apportion.events import (
+    DEFAULT_GRACE_S,
     BudgetBatch,
     BudgetRemoved,
     BudgetSet,
@@ -1032,7 +1033,7 @@ def _node_lost(
     ts: Any,
     prod: str,
     emit_lost: set[RunKey] | None,
-    grace_s: float = 30.0,
+    grace_s: float = DEFAULT_GRACE_S,
 ) -> list[Event]:
     """Node ``nid`` is gone: its runs are lost (charged to the last heartbeat) and requeued.
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from apportion.domain.cluster import PROTECTION_CAP_W, PROTECTION_CHURN_BOUND, PROTECTION_DOUBLINGS
-from apportion.events import is_allocated
+from apportion.events import DEFAULT_GRACE_S, is_allocated
 from apportion.timeutil import WEEK_S, Micros
 
 __all__ = [
@@ -74,7 +74,7 @@ class EngineConfig:
     delta: float = 0.05
     reservation_after_s: float = 3600.0
     window_s: float = float(WEEK_S)
-    grace_s: float = 30.0
+    grace_s: float = DEFAULT_GRACE_S
     patience_s: float = PATIENCE_S
     checkpoint_wait_s: float = CHECKPOINT_WAIT_S
     protection_cap_w: float = PROTECTION_CAP_W
