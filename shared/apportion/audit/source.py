@@ -23,6 +23,7 @@ import gzip
 import json
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from apportion import events, topics
 from apportion.bus.intake import screen
@@ -78,6 +79,17 @@ def write_export(
     return n
 
 
+def _header(line: str, path: str | Path) -> dict[str, Any]:
+    """The export's header line, checked: raises :class:`ExportFormatError` when it is missing or of a newer format."""
+    header = json.loads(line or "{}")
+    version = header.get("apportion_export") if isinstance(header, dict) else None
+    if version is None:
+        raise ExportFormatError(f"{path}: not an apportion export (no header line)")
+    if version > FORMAT_VERSION:
+        raise ExportFormatError(f"{path}: export format {version} is newer than this tool ({FORMAT_VERSION})")
+    return header
+
+
 def iter_export(path: str | Path) -> Iterator[LogRecord]:
     """Records of an export file, in file order, decoded.
 
@@ -85,12 +97,7 @@ def iter_export(path: str | Path) -> Iterator[LogRecord]:
         ExportFormatError: missing header or an unknown format version.
     """
     with gzip.open(path, "rt", encoding="utf-8") as f:
-        header = json.loads(f.readline() or "{}")
-        version = header.get("apportion_export")
-        if version is None:
-            raise ExportFormatError(f"{path}: not an apportion export (no header line)")
-        if version > FORMAT_VERSION:
-            raise ExportFormatError(f"{path}: export format {version} is newer than this tool ({FORMAT_VERSION})")
+        _header(f.readline(), path)
         for line in f:
             d = json.loads(line)
             if "value" in d:
@@ -112,12 +119,10 @@ def export_prefix(path: str | Path) -> str:
         The prefix (``""`` for the default namespace, and for a header that names no registry topic).
 
     Raises:
-        ExportFormatError: no header line, or topics of more than one namespace.
+        ExportFormatError: no header line, a newer format, or topics of more than one namespace.
     """
     with gzip.open(path, "rt", encoding="utf-8") as f:
-        header = json.loads(f.readline() or "{}")
-    if header.get("apportion_export") is None:
-        raise ExportFormatError(f"{path}: not an apportion export (no header line)")
+        header = _header(f.readline(), path)
     prefixes = {
         name[: -len(base)] for name in header.get("topics", []) for base in topics.BY_BASE if name.endswith(base)
     }
