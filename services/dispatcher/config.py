@@ -14,13 +14,12 @@ import socket
 from pathlib import Path
 
 from apportion.bus.service import ServiceSettings
-from apportion.domain.dispatch import DispatchConfig
+from apportion.domain.dispatch import DEFAULT_HEARTBEAT_TIMEOUT_S
 from apportion.domain.engine import EngineConfig
 
-#: The domain's defaults (one home: ``EngineConfig`` and ``DispatchConfig``); the settings only name them.
-_ENGINE, _DISPATCH = EngineConfig(), DispatchConfig()
-assert _DISPATCH.heartbeat_timeout_s is not None  # the domain's default times heartbeats out (0 here: off)
-_HEARTBEAT_TIMEOUT_S: float = _DISPATCH.heartbeat_timeout_s
+#: The domain's defaults (one home: ``EngineConfig`` and ``dispatch.DEFAULT_HEARTBEAT_TIMEOUT_S``); the settings
+#: only name them.
+_ENGINE = EngineConfig()
 
 
 class DispatcherSettings(ServiceSettings):
@@ -65,7 +64,7 @@ class DispatcherSettings(ServiceSettings):
     window_s: float = _ENGINE.window_s
     delta: float = _ENGINE.delta
     grace_s: float = _ENGINE.grace_s
-    heartbeat_timeout_s: float = _HEARTBEAT_TIMEOUT_S
+    heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
     reservation_after_s: float = _ENGINE.reservation_after_s
     patience_s: float = _ENGINE.patience_s
     checkpoint_wait_s: float = _ENGINE.checkpoint_wait_s

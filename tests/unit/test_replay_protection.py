@@ -48,3 +48,23 @@ def test_protection_violations_and_mismatches(after, recorded, max_rt, violation
     assert len(rep.violations) == violations
     assert [(m["recorded_protection_s"], m["protection_s"]) for m in rep.mismatches] == mismatches
     assert rep.total == 2
+
+
+# A 2-replica gang ``g`` (minimum runtime 60 s, no protection_s recorded: the minimum runtime) placed at 0;
+# replica 0 starts at 0, replica 1 at 30 s. The window is Run.protected_until_us, the dispatcher's rule: 60 s
+# from the LATEST replica start (to 90 s, 2024-01-01T00:01:30), and protected outright while a replica has not started.
+GANG_CASES = [
+    pytest.param((0, 30), 89.999999, [("g", "2024-01-01T00:01:30+00:00")], id="1 µs before latest start + 60 s"),
+    pytest.param((0, 30), 90.0, [], id="exactly latest start + 60 s: allowed"),
+    pytest.param((0, 30), 61.0, [("g", "2024-01-01T00:01:30+00:00")], id="past first start + 60 s: still a violation"),
+    pytest.param((0,), 3600.0, [("g", None)], id="one replica never started: protected outright"),
+]
+
+
+@pytest.mark.parametrize("starts, at_s, violations", GANG_CASES)
+def test_a_gang_is_protected_from_its_latest_replica_start(starts, at_s, violations):
+    log = [placed("g", replicas=2, min_runtime_s=60.0, at=h(0))]
+    log += [started("g", replica=r, node=f"n{r}", at=h(0) + round(s * 1e6)) for r, s in enumerate(starts)]
+    log.append(preempted("g", at=h(0) + round(at_s * 1e6)))
+    rep = preemption_report(log)
+    assert [(v["job_id"], v["protected_until"]) for v in rep.violations] == violations

@@ -9,13 +9,20 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from apportion import events
 from apportion.bus.reader import LogRecord
 from apportion.domain.budgets import BUDGET_CHANGES, BudgetTree, fold_budget_event, fold_budget_log
-from apportion.domain.cluster import PROTECTION_CAP_W, PROTECTION_CHURN_BOUND, PROTECTION_DOUBLINGS, protection_s
+from apportion.domain.cluster import (
+    PROTECTION_CAP_W,
+    PROTECTION_CHURN_BOUND,
+    PROTECTION_DOUBLINGS,
+    UNTIL_STARTED,
+    ClusterState,
+    protection_s,
+)
 from apportion.domain.fairshare import budget_order
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.usage import usage_snapshot
@@ -117,29 +124,35 @@ def preemption_report(
     """Count preemptions by victim and preemptor budget and check protection.
 
     A protection violation is a ``JobPreempted`` of an allocated run at an
-    event time earlier than ``started_at + protection``, where
-    ``started_at`` is the latest ``JobStarted`` of that run (or its
-    ``JobPlaced`` time when no start was recorded), and ``protection`` is
+    event time before the end of its protection window, read by the one
+    rule, :attr:`apportion.domain.cluster.Run.protected_until_us`, of the run
+    as the dispatcher's own fold (:class:`~apportion.domain.cluster.ClusterState`)
+    holds it at that point of the log: from the latest replica start, and
+    outright while not every replica has started. Its length is
     :func:`apportion.domain.cluster.protection_s` - the function the
-    scheduler uses - of the facts in the log: the job's minimum runtime,
-    how many times it had been preempted before (its ``JobPreempted``
-    events, one per attempt), the budget's ``max_min_runtime`` in the
-    budget tree folded up to the placement, and the window ``window_s``. A
-    placement whose decision records no ``protection_s`` was decided before
-    protection grew with preemptions: its protection is the minimum
-    runtime. A placement whose recorded ``protection_s`` differs from the
-    recomputed one is listed in ``mismatches``. DESIGN section 3: neither
-    may happen.
+    scheduler uses - recomputed from the facts in the log: the job's minimum
+    runtime, how many times the fold counted it preempted before the
+    placement, the budget's ``max_min_runtime`` in the budget tree folded up
+    to the placement, and the window and protection knobs of the
+    ``DispatcherConfigured`` record in force. A placement whose decision
+    records no ``protection_s`` was decided before protection grew with
+    preemptions: its protection is the minimum runtime. A placement whose
+    recorded ``protection_s`` differs from the recomputed one is listed in
+    ``mismatches``. DESIGN section 3: neither may happen.
+
+    Args:
+        records: the log in log order.
+        since, until: count (and judge) only preemptions in ``[since, until]``, µs UTC.
+        thrash_over: a job preempted more often than this is listed in ``thrash``.
+        window_s: W, seconds, until a ``DispatcherConfigured`` record says otherwise.
     """
-    started: dict[tuple[str, int], Micros] = {}
-    protection: dict[tuple[str, int], Micros] = {}
+    fold = ClusterState()
+    recomputed: dict[tuple[str, int], Micros] = {}  # (job, attempt) -> protection recomputed from the log, µs
     rep = PreemptionReport()
     per_job: dict[str, int] = defaultdict(int)
-    first_start: set[tuple[str, int]] = set()
     evs = decoded(records)
     rejected = {e.rejected_event_id for e in evs if isinstance(e, events.BudgetRejected)}
     tree = BudgetTree.empty()
-    preempted: dict[str, set[int]] = defaultdict(set)  # job -> attempts preempted (duplicates count once)
     cap_w = PROTECTION_CAP_W  # the dispatcher's record in force says otherwise (an older policy: W / 4)
     doublings: int | None = PROTECTION_DOUBLINGS
     bound: int | None = PROTECTION_CHURN_BOUND
@@ -151,10 +164,8 @@ def preemption_report(
             window_s, cap_w, doublings = ev.window_s, ev.protection_cap_w, ev.protection_doublings
             bound = ev.churn_bound
         elif isinstance(ev, events.JobPlaced):
-            key = (ev.job_id, ev.attempt)
-            started.setdefault(key, to_us(ev.ts))
             if ev.allocated and ev.decision.protection_s is not None:
-                n = sum(1 for a in preempted.get(ev.job_id, ()) if a < ev.attempt)
+                n = fold.preemptions.get(ev.job_id, 0)  # what the dispatcher's fold gives the new Run
                 mmr = tree.max_min_runtime_s(ev.budget)
                 want = protection_s(ev.min_runtime_s, n, mmr, window_s, cap_w, doublings, bound)
                 if abs(want - ev.decision.protection_s) > 1e-6:
@@ -167,53 +178,51 @@ def preemption_report(
                             "preemptions": n,
                         }
                     )
-                protection[key] = s_to_us(want)
-            else:
-                protection[key] = s_to_us(ev.min_runtime_s if ev.allocated else 0.0)
-        elif isinstance(ev, events.JobStarted):
-            key = (ev.job_id, ev.attempt)
-            t = to_us(ev.ts)
-            # protection runs from the latest replica start (as domain/cluster.py folds it)
-            if key not in first_start or t > started[key]:
-                first_start.add(key)
-                started[key] = t
+                recomputed[(ev.job_id, ev.attempt)] = s_to_us(want)
         elif isinstance(ev, events.JobPreempted):
-            preempted[ev.job_id].add(ev.attempt)
             t = to_us(ev.ts)
-            if (since is not None and t < since) or (until is not None and t > until):
-                continue
-            rep.total += 1
-            per_job[ev.job_id] += 1
-            pre = ev.by_budget or ("(drain)" if ev.by_job_id is None else "?")
-            rep.pairs[(ev.budget, pre)] = rep.pairs.get((ev.budget, pre), 0) + 1
-            rule = ev.victim.rule if ev.victim is not None else ev.reason
-            rep.rules[rule] = rep.rules.get(rule, 0) + 1
-            rep.jobs.append(
-                {
-                    "job_id": ev.job_id,
-                    "attempt": ev.attempt,
-                    "budget": ev.budget,
-                    "by_job_id": ev.by_job_id,
-                    "by_budget": pre,
-                    "rule": rule,
-                    "lost_gpu_h": None if ev.lost_gpu_s is None else ev.lost_gpu_s / 3600,
-                    "at": from_us(t).isoformat(),
-                }
-            )
-            key = (ev.job_id, ev.attempt)
-            if ev.allocated and key in started:
-                until_t = started[key] + protection.get(key, 0)
-                if t < until_t:
-                    rep.violations.append(
-                        {
-                            "job_id": ev.job_id,
-                            "attempt": ev.attempt,
-                            "at": from_us(t).isoformat(),
-                            "protected_until": from_us(until_t).isoformat(),
-                        }
-                    )
+            if (since is None or t >= since) and (until is None or t <= until):
+                _count_preemption(rep, per_job, ev, t)
+                run = fold.runs.get((ev.job_id, ev.attempt))
+                if ev.allocated and run is not None and run.allocated and not run.stopping:
+                    length = recomputed.get(run.key)
+                    if length is not None:
+                        run = replace(run, protection_us=length)
+                    end = run.protected_until_us
+                    if end is not None and t < end:
+                        rep.violations.append(
+                            {
+                                "job_id": ev.job_id,
+                                "attempt": ev.attempt,
+                                "at": from_us(t).isoformat(),
+                                "protected_until": None if end >= UNTIL_STARTED else from_us(end).isoformat(),
+                            }
+                        )
+        fold.apply(ev)
     rep.thrash = {j: n for j, n in per_job.items() if n > thrash_over}
     return rep
+
+
+def _count_preemption(rep: PreemptionReport, per_job: dict[str, int], ev: events.JobPreempted, t: Micros) -> None:
+    """Add one ``JobPreempted`` (at ``t``, µs UTC) to the report's counts and rows."""
+    rep.total += 1
+    per_job[ev.job_id] += 1
+    pre = ev.by_budget or ("(drain)" if ev.by_job_id is None else "?")
+    rep.pairs[(ev.budget, pre)] = rep.pairs.get((ev.budget, pre), 0) + 1
+    rule = ev.victim.rule if ev.victim is not None else ev.reason
+    rep.rules[rule] = rep.rules.get(rule, 0) + 1
+    rep.jobs.append(
+        {
+            "job_id": ev.job_id,
+            "attempt": ev.attempt,
+            "budget": ev.budget,
+            "by_job_id": ev.by_job_id,
+            "by_budget": pre,
+            "rule": rule,
+            "lost_gpu_h": None if ev.lost_gpu_s is None else ev.lost_gpu_s / 3600,
+            "at": from_us(t).isoformat(),
+        }
+    )
 
 
 @dataclass

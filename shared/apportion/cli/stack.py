@@ -46,6 +46,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from apportion.bus.security import principal_env, redis_env
+from apportion.domain.dispatch import DEFAULT_HEARTBEAT_TIMEOUT_S
 
 #: The services in start order (the policy first: the others read the tree it validates); the dashboard last,
 #: so ``down`` (reverse order) stops it first.
@@ -676,7 +677,7 @@ def up_cmd(
             redis_url=redis_url,
             prefix=prefix,
             time_scale=time_scale,
-            heartbeat_timeout_s=max(30.0, 3 * time_scale) if time_scale != 1.0 else None,
+            heartbeat_timeout_s=max(DEFAULT_HEARTBEAT_TIMEOUT_S, 3 * time_scale) if time_scale != 1.0 else None,
             web=web,
             simulate_json=[str(p) for p in simulate_json or ()],
             brokers=brokers,

@@ -157,6 +157,7 @@ def emit_rank(kind: str) -> int:
 
 
 __all__ = [
+    "DEFAULT_HEARTBEAT_TIMEOUT_S",
     "DispatchConfig",
     "DispatchState",
     "JobRecord",
@@ -171,6 +172,11 @@ __all__ = [
     "wakeups",
     "admit_submission",
 ]
+
+
+DEFAULT_HEARTBEAT_TIMEOUT_S: float = 30.0
+"""Default ``heartbeat_timeout``, seconds of event time without a heartbeat before a node is lost
+(DESIGN section 3). Its one home: the dispatcher's settings and the local stack read it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +213,7 @@ class DispatchConfig:
     """
 
     engine: EngineConfig = field(default_factory=EngineConfig)
-    heartbeat_timeout_s: float | None = 30.0
+    heartbeat_timeout_s: float | None = DEFAULT_HEARTBEAT_TIMEOUT_S
     producer: str = "dispatcher"
     reconcile_misses: int | None = None
     scheduler: Callable[[CycleSnapshot, Micros, EngineConfig], list[Event]] | None = None
