@@ -11,8 +11,16 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from apportion import events
-from apportion.domain.dispatch import DispatchConfig, DispatchState, evolve, heartbeat_deadline_us, maintenance
+from apportion.domain.dispatch import (
+    DEFAULT_HEARTBEAT_TIMEOUT_S,
+    DispatchConfig,
+    DispatchState,
+    evolve,
+    heartbeat_deadline_us,
+    maintenance,
+)
 from apportion.timeutil import s_to_us, to_us
+from services.dispatcher.config import DispatcherSettings
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
 CFG = DispatchConfig(heartbeat_timeout_s=30.0)
@@ -98,3 +106,10 @@ def test_the_grace_survives_a_snapshot_pickle() -> None:
     back = pickle.loads(pickle.dumps(st))
     assert back.heartbeats_from_us == us(200)
     assert lost(back, 230) == []
+
+
+def test_the_default_heartbeat_timeout_is_design_section_3s_30_s_in_every_reader() -> None:
+    # DESIGN section 3: "no heartbeat for heartbeat_timeout, default 30 s"; one home, read by the config and the service
+    assert DEFAULT_HEARTBEAT_TIMEOUT_S == 30.0
+    assert DispatchConfig().heartbeat_timeout_s == DEFAULT_HEARTBEAT_TIMEOUT_S
+    assert DispatcherSettings.model_fields["heartbeat_timeout_s"].default == DEFAULT_HEARTBEAT_TIMEOUT_S
