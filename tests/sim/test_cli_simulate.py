@@ -418,13 +418,13 @@ def _most_preemptions(args: list[str], *options: str) -> int:
 def test_protection_cap_w_reaches_the_engine(tmp_path):
     # the two-job swap under fair share with the goodput rules that stop it early turned off (RAW_SWAP):
     # protection 60 s x 2**p (--protection-doublings -1: fairtree-4's doubling all the way to the cap). With the
-    # default cap (W) 60 s x 2**11 = 34 h
-    # covers the 24 h a job needs, so neither job is preempted more than 11 times (see
-    # test_goodput_rules_sim). With --protection-cap-w 0.001 the cap is 604.8 s of the 7-day window: from the
-    # fourth preemption on every attempt is protected 604.8 s only, so the swaps go on past 11
+    # cap W (--protection-cap-w 1) 60 s x 2**11 = 34 h covers the 24 h a job needs, so neither job is preempted
+    # more than 11 times (see test_goodput_rules_sim). With --protection-cap-w 0.001 the cap is 604.8 s of the
+    # 7-day window: from the fourth preemption on every attempt is protected 604.8 s only, so the swaps go on past
+    # 11. --churn-bound 0: without it the default bound (5) would stop both at 5.
     args = _swap_args(tmp_path)
     most = {
-        cap: _most_preemptions(args, "--protection-doublings", "-1", "--protection-cap-w", cap)
+        cap: _most_preemptions(args, "--protection-doublings", "-1", "--churn-bound", "0", "--protection-cap-w", cap)
         for cap in ("1", "0.001")
     }
     assert most["1"] <= 11 < most["0.001"], most
@@ -432,22 +432,30 @@ def test_protection_cap_w_reaches_the_engine(tmp_path):
     assert res.exit_code != 0 and "0.001" in res.output
 
 
-# the raw two-job swap. fairtree-5's default, 3 doublings: attempts are protected 60, 120, 240, 480 s, and from the
-# fourth preemption on for the cap (W = 7 days, more than the 24 h a job needs), so no job is preempted more than 4
-# times; doubling all the way (-1) needs 11 doublings (60 s x 2**11 = 34 h) to cover 24 h. With --churn-bound 2 the
-# job preempted twice is protected until it completes and the other waits for it: no third preemption; 0 is no bound.
+# the raw two-job swap. fairtree-6's defaults, 3 doublings: attempts are protected 60, 120, 240, 480 s, and from the
+# fourth preemption on for the cap (W / 4 = 42 h, more than the 24 h a job needs), so no job is preempted more than
+# 4 times and the churn bound (5) is not reached; fairtree-5 (cap W, no bound) gives the same 4. Doubling all the
+# way (-1) needs 11 doublings (60 s x 2**11 = 34 h) to cover 24 h: 11 without a bound (fairtree-4), and with the
+# default bound 5 the job preempted five times is protected until it completes, so 5. With --churn-bound 2 the job
+# preempted twice is protected until it completes and the other waits for it: no third preemption; 0 is no bound.
 # Each job is preempted at the end of each short protection while the other waits, so the counts are exact.
 PROTECTION_OPTIONS = [
-    pytest.param("--protection-doublings", "3", 4, id="fairtree-5: 3 doublings, then W"),
-    pytest.param("--protection-doublings", "-1", 11, id="fairtree-4: doubling to the cap"),
-    pytest.param("--churn-bound", "2", 2, id="churn bound 2: protected until done after 2"),
-    pytest.param("--churn-bound", "0", 4, id="churn bound 0: no bound"),
+    pytest.param((), 4, id="fairtree-6, the defaults: 3 doublings, then W / 4"),
+    pytest.param(("--churn-bound", "0", "--protection-cap-w", "1"), 4, id="fairtree-5: 3 doublings, then W, no bound"),
+    pytest.param(("--protection-doublings", "-1"), 5, id="doubling to the cap, churn bound 5: until done after 5"),
+    pytest.param(
+        ("--protection-doublings", "-1", "--churn-bound", "0", "--protection-cap-w", "1"),
+        11,
+        id="fairtree-4: doubling to the cap W, no bound",
+    ),
+    pytest.param(("--churn-bound", "2"), 2, id="churn bound 2: protected until done after 2"),
+    pytest.param(("--churn-bound", "0"), 4, id="churn bound 0: no bound"),
 ]
 
 
-@pytest.mark.parametrize("option, value, most", PROTECTION_OPTIONS)
-def test_protection_options_reach_the_engine(tmp_path, option, value, most):
-    assert _most_preemptions(_swap_args(tmp_path), option, value) == most
+@pytest.mark.parametrize("options, most", PROTECTION_OPTIONS)
+def test_protection_options_reach_the_engine(tmp_path, options, most):
+    assert _most_preemptions(_swap_args(tmp_path), *options) == most
 
 
 @pytest.mark.parametrize("option, value", [("--protection-doublings", "-2"), ("--churn-bound", "-1")])

@@ -111,16 +111,27 @@ def test_the_record_carries_the_churn_bound() -> None:
     assert config_from_log([_rec(cfg, 1, h(0))]) == cfg
 
 
-def test_a_fairtree_5_record_re_runs_with_no_churn_bound() -> None:
-    # written before churn_bound existed: read as None (no job is protected until done)
-    raw = _rec(DispatchConfig(engine=EngineConfig(churn_bound=5)), 1, h(0)).model_dump(mode="json")
+def test_a_fairtree_5_record_re_runs_with_no_churn_bound_and_the_cap_w() -> None:
+    # a fairtree-5 dispatcher recorded protection_cap_w 1.0 and, before churn_bound existed, no churn_bound: read as
+    # None (no job is protected until done), whatever this engine's defaults (fairtree-6: 0.25 and 5)
+    raw = _rec(DispatchConfig(engine=EngineConfig(protection_cap_w=1.0)), 1, h(0)).model_dump(mode="json")
     del raw["churn_bound"]
     raw["policy_version"] = "fairtree-5"
     from apportion import events
 
     got = config_from_log([events.DispatcherConfigured.model_validate(raw)])
     assert got is not None
-    assert (got.engine.churn_bound, got.engine.policy_version) == (None, "fairtree-5")
+    assert (got.engine.churn_bound, got.engine.protection_cap_w, got.engine.policy_version) == (None, 1.0, "fairtree-5")
+
+
+def test_the_default_record_is_fairtree_6_with_churn_bound_5_and_the_cap_w_over_4() -> None:
+    rec = _rec(DispatchConfig(), 1, h(0))
+    assert (rec.policy_version, rec.churn_bound, rec.protection_cap_w, rec.protection_doublings) == (
+        "fairtree-6",
+        5,
+        0.25,
+        3,
+    )
 
 
 def test_the_record_carries_the_checkpoint_wait() -> None:

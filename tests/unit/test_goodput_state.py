@@ -13,6 +13,8 @@ from builders import T0, h, m, placed, preempted, requeued, s, started, submitte
 from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import (
+    PROTECTION_CAP_W,
+    PROTECTION_CHURN_BOUND,
     PROTECTION_DOUBLINGS,
     PROTECTION_UNTIL_DONE_S,
     ClusterState,
@@ -149,25 +151,44 @@ PROTECTION_CASES = [
 
 @pytest.mark.parametrize("min_rt, n, max_rt, window, doublings, expected", PROTECTION_CASES)
 def test_protection_s(min_rt, n, max_rt, window, doublings, expected):
-    assert protection_s(min_rt, n, max_rt, window, doublings=doublings) == expected
+    # the growth rule itself, with the cap W and no churn bound (policies fairtree-4 and fairtree-5), pinned here:
+    # the defaults of fairtree-6 have their own table below
+    assert protection_s(min_rt, n, max_rt, window, 1.0, doublings, None) == expected
 
 
-def test_protection_s_defaults_to_three_doublings():
-    assert PROTECTION_DOUBLINGS == 3
-    assert [protection_s(7200.0, n, None, W7) / 3600.0 for n in range(6)] == [2.0, 4.0, 8.0, 16.0, 168.0, 168.0]
+UNTIL_DONE_H = 100 * 365 * 24.0  # PROTECTION_UNTIL_DONE_S in hours: 876,000 h
+
+# fairtree-6, the defaults: 3 doublings, then the cap W / 4 (42 h of a 7-day window), and from the 5th preemption
+# on protected until done. min_runtime 2 h, no max_min_runtime: 2 x 1, 2, 4, 8 h; p = 4 is past the doublings, so
+# the cap, 604,800 s / 4 = 151,200 s = 42 h; p = 5 reaches the churn bound.
+FAIRTREE_6 = [
+    pytest.param(0, 2.0, id="first attempt: the minimum runtime, 2 h"),
+    pytest.param(1, 4.0, id="once preempted: 2 h x 2"),
+    pytest.param(2, 8.0, id="twice: 2 h x 4"),
+    pytest.param(3, 16.0, id="three times: 2 h x 8, the last doubling"),
+    pytest.param(4, 42.0, id="four times: past the doublings, the cap W / 4 = 42 h"),
+    pytest.param(5, UNTIL_DONE_H, id="five times: the churn bound, protected until done"),
+    pytest.param(6, UNTIL_DONE_H, id="six times (a replayed log): still until done"),
+]
+
+
+@pytest.mark.parametrize("n, hours", FAIRTREE_6)
+def test_protection_s_defaults_are_fairtree_6(n, hours):
+    assert (PROTECTION_DOUBLINGS, PROTECTION_CAP_W, PROTECTION_CHURN_BOUND) == (3, 0.25, 5)
+    assert protection_s(7200.0, n, None, W7) / 3600.0 == hours
 
 
 def test_protection_s_with_a_churn_bound_lasts_until_the_job_completes():
-    # churn_bound 5 (EngineConfig.churn_bound): attempts after 0-4 preemptions as without it (2, 4, 8, 16 h, then
-    # the cap W = 168 h), and from the fifth preemption on protected until done (100 years), past every cap
-    got = [protection_s(7200.0, n, None, W7, churn_bound=5) / 3600.0 for n in range(7)]
+    # churn_bound 5 with the cap W (the tenth session's variant hard=5): attempts after 0-4 preemptions as without
+    # it (2, 4, 8, 16 h, then the cap W = 168 h), and from the fifth preemption on protected until done (100 years)
+    got = [protection_s(7200.0, n, None, W7, 1.0, churn_bound=5) / 3600.0 for n in range(7)]
     assert got == [2.0, 4.0, 8.0, 16.0, 168.0, 100 * 365 * 24.0, 100 * 365 * 24.0]
     assert PROTECTION_UNTIL_DONE_S == 3_153_600_000.0
     # a budget's max_min_runtime still caps it (10 h): the most the job could have declared at admission
     assert protection_s(7200.0, 5, 36000.0, W7, churn_bound=5) == 36000.0
     assert protection_s(7200.0, 5, 3600.0, W7, churn_bound=5) == 7200.0  # and never below min_runtime
     assert protection_s(0.0, 9, None, W7, churn_bound=5) == 0.0  # unallocated jobs keep no protection at all
-    assert protection_s(7200.0, 9, None, W7, churn_bound=None) == 604800.0  # no bound: the cap (fairtree-5)
+    assert protection_s(7200.0, 9, None, W7, 1.0, churn_bound=None) == 604800.0  # no bound: the cap W (fairtree-5)
 
 
 def test_a_run_protected_until_done_asks_for_no_wakeup():
@@ -180,9 +201,10 @@ def test_a_run_protected_until_done_asks_for_no_wakeup():
 
 def test_protection_s_with_the_fairtree_3_cap_of_w_over_4():
     # logs decided before fairtree-4 recorded no protection_cap_w: read as 0.25, 42 h of a 7-day window
-    assert protection_s(3600.0, 8, None, W7, 0.25, DOUBLE) == 151200.0
-    assert protection_s(7200.0, 5, None, W7, 0.25, DOUBLE) == 151200.0
-    assert protection_s(7200.0, 4, None, W7, 0.25, DOUBLE) == 115200.0  # 32 h: under either cap
+    # (and had no churn bound)
+    assert protection_s(3600.0, 8, None, W7, 0.25, DOUBLE, None) == 151200.0
+    assert protection_s(7200.0, 5, None, W7, 0.25, DOUBLE, None) == 151200.0
+    assert protection_s(7200.0, 4, None, W7, 0.25, DOUBLE, None) == 115200.0  # 32 h: under either cap
 
 
 def placed_with(job_id, protection_s_, **kw) -> ev.JobPlaced:

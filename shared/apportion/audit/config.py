@@ -87,12 +87,13 @@ def config_from_event(ev: events.DispatcherConfigured) -> DispatchConfig:
 
 
 #: Older policy versions whose decisions this engine re-runs exactly with the configuration their record gives:
-#: ``fairtree-4`` is ``fairtree-5`` with the protection doubled up to its cap (no ``protection_doublings``,
+#: ``fairtree-5`` is ``fairtree-6`` with protection growth capped at W and no churn bound (its records carry
+#: ``protection_cap_w`` 1.0 and no ``churn_bound``, read as ``None``); ``fairtree-4`` is ``fairtree-5`` with the protection doubled up to its cap (no ``protection_doublings``,
 #: read as ``None``); ``fairtree-3`` is ``fairtree-4`` without :func:`~apportion.domain.preemption.checkpoint_rule` and with
 #: protection growth capped at W / 4 (its records carry no ``checkpoint_wait_s``, read as 0, which turns the
 #: rule off, and no ``protection_cap_w``, read as 0.25); ``fairtree-2`` is ``fairtree-3`` without
 #: :func:`~apportion.domain.preemption.patience_rule` (no ``patience_s``, read as 0).
-COMPATIBLE_VERSIONS = ("fairtree-4", "fairtree-3", "fairtree-2")
+COMPATIBLE_VERSIONS = ("fairtree-5", "fairtree-4", "fairtree-3", "fairtree-2")
 
 
 def config_from_log(records: Iterable[LogRecord | events.Event], at_us: Micros | None = None) -> DispatchConfig | None:

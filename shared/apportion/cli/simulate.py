@@ -189,7 +189,8 @@ def simulate(
         "--protection-cap-w",
         min=0.001,
         help="Cap of the protection growth after each preemption, as a fraction of the window W "
-        "(min_runtime x 2^preemptions, capped; 1 = the whole window, 0.25 = DESIGN's W / 4).",
+        "(min_runtime x 2^preemptions, capped; 0.25 = DESIGN's W / 4, the default since policy fairtree-6; "
+        "1 = the whole window, as in fairtree-5).",
     ),
     protection_doublings: int = typer.Option(
         PROTECTION_DOUBLINGS,
@@ -204,7 +205,7 @@ def simulate(
         "--churn-bound",
         min=0,
         help="Preemptions after which an allocated job is protected until it completes, so none is preempted "
-        "more often; 0 = no bound (policy fairtree-5).",
+        "more often (default 5, policy fairtree-6); 0 = no bound (with --protection-cap-w 1: policy fairtree-5).",
     ),
 ) -> None:
     """Run the simulation(s) and report utilisation, goodput, work lost, share deficit, waits, completions."""

@@ -104,11 +104,14 @@ RunKey = tuple[str, int]
 #: Most doublings :func:`protection_s` applies (2**60 x any minimum runtime is past every cap).
 _MAX_DOUBLINGS = 60
 
-PROTECTION_CAP_W = 1.0
-"""Default cap of the protection growth, as a fraction of the window W (``EngineConfig.protection_cap_w``).
-The whole window since policy ``fairtree-4``: with DESIGN's ``W / 4`` a job longer than the sum of its
-protections (a 187 h job on Philly week 44) was preempted every 42 h once the cap was reached, six times in
-all; with W every job of week 44 was preempted at most 5 times (``docs/simulation.md``, sixth session)."""
+PROTECTION_CAP_W = 0.25
+"""Default cap of the protection growth, as a fraction of the window W (``EngineConfig.protection_cap_w``):
+``W / 4``, DESIGN section 3's example, since policy ``fairtree-6``. Policies ``fairtree-4`` and ``fairtree-5``
+capped at the whole window W, because without a churn bound a job longer than the sum of its protections was
+preempted every 42 h once the W / 4 cap was reached (six times for a 187 h job of Philly week 44, sixth
+session); with :data:`PROTECTION_CHURN_BOUND` that job is protected until done after its fifth preemption,
+and the shorter cap holds long jobs' GPUs for less time between preemptions: weeks 39-45 mean share deficit
+0.51 pp against 0.69 pp with the cap W (``docs/simulation.md``, tenth and thirteenth sessions)."""
 
 
 PROTECTION_DOUBLINGS = 3
@@ -118,9 +121,10 @@ PROTECTION_DOUBLINGS = 3
 (560-730 h) were preempted up to 8 times on weeks 39-45; see ``docs/simulation.md``, ninth session."""
 
 
-PROTECTION_CHURN_BOUND: int | None = None
+PROTECTION_CHURN_BOUND: int | None = 5
 """Default ``EngineConfig.churn_bound``: preemptions after which a job is protected until it completes
-(:data:`PROTECTION_UNTIL_DONE_S`); ``None``, off, as up to policy ``fairtree-5``."""
+(:data:`PROTECTION_UNTIL_DONE_S`), so no allocated job is preempted more than 5 times (issue 12's target);
+5 since policy ``fairtree-6``, ``None`` (off) up to ``fairtree-5``."""
 
 PROTECTION_UNTIL_DONE_S = 100 * 365.0 * 86400
 """Protection "until the job completes", seconds: 100 years, past any run, and finite so that it is a
@@ -141,8 +145,8 @@ def protection_s(
 
     ``min_runtime * 2**preemptions`` for the first ``doublings`` preemptions and the cap from then on
     (``None``: doubling all the way, as up to policy ``fairtree-4``), capped by the budget's ``max_min_runtime``
-    and by ``W x window_fraction`` (default the whole window, :data:`PROTECTION_CAP_W`;
-    ``W / 4``, DESIGN's example, up to policy ``fairtree-3``), and never below ``min_runtime`` (the caps bound the
+    and by ``W x window_fraction`` (default :data:`PROTECTION_CAP_W`, ``W / 4``, DESIGN's example, as up to policy
+    ``fairtree-3`` and since ``fairtree-6``; the whole window in ``fairtree-4`` and ``-5``), and never below ``min_runtime`` (the caps bound the
     growth, not the promise of the contract: "protected for min_runtime
     after each start"). ``preemptions`` counts how many times the job was
     preempted before this attempt (its ``JobPreempted`` events in the log),
@@ -166,7 +170,8 @@ def protection_s(
             default :data:`PROTECTION_DOUBLINGS`); ``None`` doubles without a jump.
         churn_bound: preemptions after which the job is protected until it completes
             (:data:`PROTECTION_UNTIL_DONE_S`, past the W cap; ``EngineConfig.churn_bound``), so no allocated
-            job is preempted more than ``churn_bound`` times; ``None``: no such bound. A budget's
+            job is preempted more than ``churn_bound`` times (default :data:`PROTECTION_CHURN_BOUND`, 5);
+            ``None``: no such bound. A budget's
             ``max_min_runtime`` still caps it (an admin who sets one chooses turnover over the bound).
 
     The jump cannot be gamed into more than the contract allows: the cap is the budget's ``max_min_runtime``
@@ -180,16 +185,18 @@ def protection_s(
 
     >>> protection_s(60.0, 0), protection_s(60.0, 3), protection_s(60.0, 3, max_min_runtime_s=300.0)
     (60.0, 480.0, 300.0)
-    >>> protection_s(3600.0, 10, window_s=7200.0), protection_s(3600.0, 1, max_min_runtime_s=60.0)
+    >>> protection_s(3600.0, 4, window_s=4 * 7200.0), protection_s(3600.0, 1, max_min_runtime_s=60.0)
     (7200.0, 3600.0)
-    >>> protection_s(3600.0, 10, window_s=4 * 7200.0, window_fraction=0.25)
+    >>> protection_s(3600.0, 10, window_s=7200.0, window_fraction=1.0, churn_bound=None)
     7200.0
     >>> protection_s(7200.0, 3, window_s=604800.0), protection_s(7200.0, 4, window_s=604800.0)
-    (57600.0, 604800.0)
+    (57600.0, 151200.0)
+    >>> protection_s(7200.0, 4, window_s=604800.0, window_fraction=1.0, churn_bound=None)
+    604800.0
     >>> protection_s(7200.0, 4, window_s=604800.0, doublings=None), protection_s(60.0, 4, doublings=3)
     (115200.0, inf)
-    >>> protection_s(7200.0, 4, window_s=604800.0, churn_bound=5), protection_s(7200.0, 5, churn_bound=5)
-    (604800.0, 3153600000.0)
+    >>> protection_s(7200.0, 5, window_s=604800.0), protection_s(7200.0, 5, churn_bound=None)
+    (3153600000.0, inf)
     """
     if not is_allocated(min_runtime_s):
         return 0.0

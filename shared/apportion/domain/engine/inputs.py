@@ -26,8 +26,12 @@ __all__ = [
     "pending_order",
 ]
 
-POLICY_VERSION = "fairtree-5"
-"""fairtree-5: fairtree-4 and protection that doubles for a job's first 3 preemptions, then is the cap
+POLICY_VERSION = "fairtree-6"
+"""fairtree-6: fairtree-5 with a churn bound of 5 (``EngineConfig.churn_bound``: a job preempted 5 times is
+protected until it completes) and protection growth capped at W / 4 again (``EngineConfig.protection_cap_w``,
+DESIGN section 3's example); weeks 39-45 of Philly: at most 5 preemptions of any allocated job (6 before) and
+mean share deficit 0.51 pp (0.53), ``docs/simulation.md``, tenth and thirteenth sessions.
+fairtree-5: fairtree-4 and protection that doubles for a job's first 3 preemptions, then is the cap
 (``EngineConfig.protection_doublings``).
 fairtree-4: fairtree-3 and :func:`~apportion.domain.preemption.checkpoint_rule` (``EngineConfig.checkpoint_wait_s``),
 protection growth capped by W instead of W / 4 (``EngineConfig.protection_cap_w``).
@@ -61,11 +65,11 @@ class EngineConfig:
             costs fewer GPU-seconds than it saves (:func:`~apportion.domain.preemption.checkpoint_rule`;
             default 2 h, 0 turns the rule off).
         protection_cap_w: cap of the protection growth as a fraction of ``window_s``
-            (:func:`~apportion.domain.cluster.protection_s`; default 1, the whole window).
+            (:func:`~apportion.domain.cluster.protection_s`; default 0.25, W / 4).
         protection_doublings: preemptions for which the protection doubles before it jumps to the cap
             (:func:`~apportion.domain.cluster.protection_s`; default 3; ``None`` doubles to the cap).
         churn_bound: preemptions after which a job is protected until it completes, so no allocated job is
-            preempted more often (:func:`~apportion.domain.cluster.protection_s`; ``None``: no bound).
+            preempted more often (:func:`~apportion.domain.cluster.protection_s`; default 5; ``None``: no bound).
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
