@@ -9,10 +9,11 @@ Variants of ``cluster.protection_s`` (swapped in for the run; everything else as
 force: min_runtime x 2**p for the first ``protection_doublings`` preemptions, then the cap: max_min_runtime and
 W x ``protection_cap_w``), ``growN`` (min_runtime x N**p, same caps), ``flat`` (min_runtime), ``linear``
 (min_runtime x (1 + p)), ``double_capN`` / ``linear_capN`` (also capped at N x min_runtime). Options after
-commas: ``w=F`` sets ``EngineConfig.protection_cap_w`` (default 1, the whole window; 0.25 is DESIGN's W / 4),
+commas: ``w=F`` sets ``EngineConfig.protection_cap_w`` (default 0.25, DESIGN's W / 4; 1 is the whole window),
 ``dbl=N`` ``EngineConfig.protection_doublings`` (default 3; -1 doubles to the cap, policy fairtree-4),
-``hard=N`` ``EngineConfig.churn_bound`` (a job preempted N times is protected until it completes; 0 = no
-bound), ``delta=D`` ``EngineConfig.delta`` (hysteresis, default 0.05), ``resv=S``
+``hard=N`` ``EngineConfig.churn_bound`` (a job preempted N times is protected until it completes; default 5,
+0 = no bound; ``double,w=1,hard=0`` is policy fairtree-5), ``seed=N`` the seed of the trace rule and of the
+simulator (default 1), ``delta=D`` ``EngineConfig.delta`` (hysteresis, default 0.05), ``resv=S``
 ``EngineConfig.reservation_after_s`` (default 3600), ``ckpt=S`` ``EngineConfig.checkpoint_wait_s`` (default
 7200; 0 turns ``checkpoint_rule`` off). Prints goodput, share deficit, work lost, completions, preemptions,
 the most preemptions of one allocated and one unallocated job, and the five budgets with the largest part of
@@ -88,12 +89,16 @@ def main(argv: list[str]) -> int:
         return 2
     slice_, kinds = argv[0], argv[1:]
     bf = load_budget_file(ROOT / "infra/budgets/philly.yaml")
-    jobs = load_trace(DATA, bf, 1, slice_)
+    traces: dict[int, Any] = {}
     tail = None if slice_ == "week44" else 0.0
     orig_protection, orig_outputs = cluster.protection_s, core.Simulator._outputs
     for spec in kinds:
         kind, *opts = spec.split(",")
         knobs = {k: float(v) for k, v in (o.split("=", 1) for o in opts)}
+        seed = int(knobs.get("seed", 1))
+        if seed not in traces:
+            traces[seed] = load_trace(DATA, bf, seed, slice_)
+        jobs = traces[seed]
         fn = variant(kind, orig_protection)
         # the experiment swaps the rule in place (no engine knob takes another protection function; emit imports
         # the name, which mypy's no_implicit_reexport of the domain does not let us assign): the ignores below
@@ -119,7 +124,7 @@ def main(argv: list[str]) -> int:
             "fairshare",
             bf,
             jobs,
-            1,
+            seed,
             300.0,
             tail,
             checkpoint_wait_s=knobs.get("ckpt", CHECKPOINT_WAIT_S),

@@ -67,18 +67,14 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import Field, ValidationError, field_validator
 
-from apportion.budgetfile import BudgetEntry, Real, schema_error
+from apportion.budgetfile import BudgetEntry, BudgetFileError, Real, read_yaml_mapping, schema_error, tree_of
 from apportion.budgetfile import StrictSchema as _Schema
-from apportion.domain.budgets import BudgetError, BudgetTree
+from apportion.domain.budgets import BudgetTree
 from apportion.events import MAX_SECONDS  # durations and minimum runtimes: the event contract's limit
 from apportion.sim.core import SimJob, SimNode
 from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us, to_us
-from apportion.yamlio import load_yaml
-from apportion.yamlio import problem as yaml_problem
-from apportion.yamlio import where as yaml_where
 
 __all__ = [
     "BudgetFile",
@@ -193,20 +189,10 @@ def load_budget_file(path: str | Path) -> BudgetFile:
             invalid budget tree, or a ``groups`` target or
             ``default_budget`` that is not a leaf budget.
     """
-    try:
-        text = Path(path).read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise TraceError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        raw = load_yaml(text)
-    except yaml.YAMLError as exc:
-        raise TraceError(f"{path}{yaml_where(exc)}: YAML syntax error: {yaml_problem(exc)}") from None
-    if not isinstance(raw, Mapping):
-        raise TraceError(
-            f"{path}: a budget file is a YAML mapping with at least 'cluster' and 'budgets' (see docs/simulation.md)"
-        )
+    try:  # the one reader of budget files (apportion.budgetfile): bytes, UTF-8, YAML, a mapping
+        raw = read_yaml_mapping(path)
+    except BudgetFileError as exc:
+        raise TraceError(str(exc)) from None
     try:
         spec = BudgetFileSpec.model_validate(raw)
     except ValidationError as exc:
@@ -228,9 +214,9 @@ def load_budget_file(path: str | Path) -> BudgetFile:
             seen[node_id] = gi
             nodes.append(SimNode(node_id, grp.gpus, grp.model))
     try:
-        tree = BudgetTree.from_mapping({p: e.as_mapping() for p, e in spec.budgets.items()})
-    except BudgetError as exc:
-        raise TraceError(f"{path}: budgets: {exc.message}") from None
+        tree = tree_of(path, spec.budgets)
+    except BudgetFileError as exc:
+        raise TraceError(str(exc)) from None
     targets = [(f"groups.{k}", v) for k, v in spec.groups.items()]
     if spec.default_budget is not None:
         targets.append(("default_budget", spec.default_budget))
