@@ -186,3 +186,52 @@ def test_a_report_older_than_the_decisions_it_arrives_after_is_folded_after_them
     y1 = next(r.event for r in recs if isinstance(r.event, JobPlaced) and r.event.job_id == "y1")
     assert 0 < y1.decision.ratio < 1  # lab/b has used its GPUs: r reads the window's capacity
     assert all(c.match for c in checks), [d for c in checks for d in c.diffs]
+
+
+def run_requeue_before_report() -> tuple[DispatcherService, ListLog]:
+    """a1 is preempted at 100 s; its grace (30 s) ends at 130 s with no stop report, so the dispatcher requeues
+    it in a tick that decides nothing else (131 s); only then does the agent's report arrive: a1 had completed at
+    95 s. The dispatcher folded the requeue first, so the report is of an old attempt and changes nothing; at 140 s
+    it places attempt 2 on a new node."""
+    log = ListLog()
+    clock = ManualClock(T0)
+    settings = DispatcherSettings(
+        heartbeat_timeout_s=0,
+        patience_s=0,
+        checkpoint_wait_s=0,
+        grace_s=30.0,
+        kafka_bootstrap="unused:1",
+        redis_url="redis://unused",
+    )
+    svc = DispatcherService(settings, clock, log.publish, consumed=INPUTS)
+    svc.token = 7
+
+    def poll_at(s: float) -> None:
+        clock.set(at(s))
+        out, _ = svc.ingest(log.read())
+        svc._emit(out + svc.tick())
+
+    log.put(*lab("n1", "n2"), submission("a1", "lab/a", 50.0, 0))
+    poll_at(0)
+    log.put(agent(JobStarted, "a1", 0, node_id="n1", gpus=(0, 1, 2, 3)))
+    log.put(submission("x1", "lab/a", 3600.0, 1))
+    poll_at(1)
+    log.put(agent(JobStarted, "x1", 1, node_id="n2", gpus=(0, 1, 2, 3)))
+    log.put(submission("b1", "lab/b", 60.0, 100))
+    poll_at(100)  # a1, past its protection, preempted for b1
+    poll_at(131)  # the grace ended at 130 s with no report: a1 is requeued (attempt 2)
+    log.put(agent(JobCompleted, "a1", 95, node_id="n1"))  # in flight until now
+    log.put(NodeRegistered(event_id=events.det_id("n", "n3"), node_id="n3", gpu_count=4, ts=at(140)))
+    poll_at(140)  # attempt 2 placed on n3
+    return svc, log
+
+
+def test_a_completion_read_after_the_requeue_of_its_attempt_is_folded_after_it() -> None:
+    svc, log = run_requeue_before_report()
+    recs = records(log)
+    requeued = [(r.event.job_id, r.event.attempt, r.event.ts) for r in recs if isinstance(r.event, events.JobRequeued)]
+    assert requeued == [("a1", 2, at(131))]
+    placed = [(r.event.job_id, r.event.attempt) for r in recs if isinstance(r.event, JobPlaced)]
+    assert placed == [("a1", 1), ("x1", 1), ("b1", 1), ("a1", 2)]
+    checks = rerun_decisions(recs, svc.cfg)
+    assert all(c.match for c in checks), [d for c in checks for d in c.diffs]

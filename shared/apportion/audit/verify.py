@@ -48,7 +48,9 @@ decisions of one tick at event time T (they share ``ts``):
   time is < T, those of the previous decision tick before any record polled
   after it whatever that record's event time (:func:`fold_order`: a report
   stamped before a decision but read after it comes after it, as the
-  dispatcher folded it), and same-time events in the order ``step`` emits
+  dispatcher folded it; a completion stamped before its run's preemption but
+  read after the dispatcher requeued that run comes after the requeue), and
+  same-time events in the order ``step`` emits
   them (maintenance, preemptions, then placements and starts); its own
   non-decision events *at* T that are outputs of steps on events at the
   same instant (admissions; the simulator ticks at the instant of the event
@@ -324,6 +326,11 @@ def rerun_decisions(
         return (to_us(ev.ts), rank, r.topic, r.partition, r.offset)
 
     own.sort(key=emitted_order)
+    preempted_at: dict[tuple[str, int], Micros] = {}  # the dispatcher's preemptions (fold_order)
+    for r in own:
+        ev = r.event
+        if isinstance(ev, events.JobPreempted):
+            preempted_at.setdefault((ev.job_id, ev.attempt), to_us(ev.ts))
     state = DispatchState(window_s=cfg.engine.window_s)
     ext_ptr: dict[str, int] = {tp: 0 for tp in ext_by_tp}
     oi = 0
@@ -359,7 +366,12 @@ def rerun_decisions(
             mine.append(own[oi])
             oi += 1
         for r in fold_order(
-            mine, fresh, emitted_order, ext_key, polled_after_us=prev if watermark is not None else None
+            mine,
+            fresh,
+            emitted_order,
+            ext_key,
+            polled_after_us=prev if watermark is not None else None,
+            preempted_at=preempted_at,
         ):
             evolve(state, _ev(r))
         prev = t if watermark is not None else None
@@ -445,6 +457,7 @@ def fold_order(
     polled_key: Any,
     *,
     polled_after_us: Micros | None = None,
+    preempted_at: Mapping[tuple[str, int], Micros] | None = None,
 ) -> list[LogRecord]:
     """The order the dispatcher folded ``own`` (its events) and ``polled`` (other producers' records) in.
 
@@ -456,6 +469,17 @@ def fold_order(
     folded it, not before it as event time would have it. The rest merge by the keys: event time,
     polled records before own events of the same instant (``own_key``/``polled_key``). ``None``
     (decisions without input positions: old logs): one merge by the keys, as before.
+
+    ``preempted_at``: ``(job_id, attempt) -> `` event time (µs) of the dispatcher's ``JobPreempted`` of
+    that run. A ``JobCompleted`` of a run stamped at or before its preemption finishes the job when the
+    dispatcher folds it while the run is stopping (``dispatch.evolve``, ``_Stopping.completed_by``), so
+    if the dispatcher's own ``JobRequeued`` of that run (attempt + 1) is among ``own``, it had not folded
+    the completion yet: the completion comes right after the requeue (where it is a report of an old
+    attempt and changes nothing), whatever its event time. (Seen on the main job: the grace ended before
+    the report arrived, the run was requeued in a tick that decided nothing, and an audit that merged by
+    event time finished the job, so the re-run did not place its next attempt.) Every replica's
+    completion of a gang goes after it too: before the requeue they only shorten the stop's wait, which
+    the requeue ends anyway.
     """
     first: list[LogRecord] = []
     rest = list(own)
@@ -463,7 +487,26 @@ def fold_order(
         first = [r for r in own if to_us(_ev(r).ts) <= polled_after_us]
         rest = [r for r in own if to_us(_ev(r).ts) > polled_after_us]
     first.sort(key=own_key)
-    merged = sorted([(own_key(r), r) for r in rest] + [(polled_key(r), r) for r in polled], key=lambda kr: kr[0])
+    keyed = [(own_key(r), r) for r in rest]
+    requeued: dict[tuple[str, int], tuple] = {}
+    if preempted_at:
+        for k, r in keyed:
+            ev = _ev(r)
+            if isinstance(ev, events.JobRequeued):
+                requeued[(ev.job_id, ev.attempt - 1)] = k
+
+    def key_of(r: LogRecord) -> tuple:
+        k = polled_key(r)
+        ev = _ev(r)
+        if requeued and isinstance(ev, events.JobCompleted):
+            run = (ev.job_id, ev.attempt)
+            after = requeued.get(run)
+            stopped_at = preempted_at.get(run) if preempted_at is not None else None
+            if after is not None and stopped_at is not None and to_us(ev.ts) <= stopped_at:
+                return (*after, k)  # right after the requeue it cannot have preceded
+        return k
+
+    merged = sorted(keyed + [(key_of(r), r) for r in polled], key=lambda kr: kr[0])
     return first + [r for _, r in merged]
 
 
