@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_end_to_end import Cluster, cluster, of_job  # noqa: F401  (fixture)
 
 from apportion.bus.security import redis_auth
+from tests.integration.test_end_to_end import Cluster, cluster, of_job  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
 

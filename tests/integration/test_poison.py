@@ -25,11 +25,11 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from test_end_to_end import Cluster, of_job, running_cluster
 
 from apportion import events, topics
 from apportion.client import identity_for
 from apportion.settings import topic_name
+from tests.integration.test_end_to_end import Cluster, of_job, running_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 

@@ -14,19 +14,14 @@ the test shares the broker and server with others. Every wait is bounded.
 from __future__ import annotations
 
 import asyncio
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 
 from apportion.bus.security import kafka_auth, redis_auth
 from apportion.settings import topic_name
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from builders import budget_set, completed, cordoned, h, node, placed  # noqa: E402
-
-from tests.signing import node_value, with_node_keys  # noqa: E402
+from tests.signing import node_value, with_node_keys
+from tests.unit.builders import budget_set, completed, cordoned, h, node, placed
 
 pytestmark = pytest.mark.integration
 

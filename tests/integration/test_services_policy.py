@@ -12,15 +12,12 @@ from __future__ import annotations
 import asyncio
 import sys
 import uuid
-from pathlib import Path
 
 import pytest
 
 from apportion.bus.security import kafka_auth
 from apportion.settings import topic_name, topic_prefix
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from builders import budget_set, h, node, placed  # noqa: E402
+from tests.unit.builders import budget_set, h, node, placed
 
 pytestmark = pytest.mark.integration
 

@@ -27,32 +27,26 @@ import hashlib
 import json
 import pickle
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
+from apportion import readmodel
+from apportion.clock import ManualClock
+from apportion.domain.admission import Principal
+from apportion.domain.budgets import fold_budget_log
+from apportion.domain.occupancy import rebuild as rebuild_ledger
+from apportion.domain.usage import usage_snapshot
+from apportion.events import OccupancySnapshot
 from apportion.settings import topic_name
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accounting_fakes import FakeRedis, Rec, partition_offsets, records  # noqa: E402
-from builders import budget_set, completed, cordoned, h, job_lost, node, placed  # noqa: E402
-
-from apportion import readmodel  # noqa: E402
-from apportion.clock import ManualClock  # noqa: E402
-from apportion.domain.admission import Principal  # noqa: E402
-from apportion.domain.budgets import fold_budget_log  # noqa: E402
-from apportion.domain.occupancy import rebuild as rebuild_ledger  # noqa: E402
-from apportion.domain.usage import usage_snapshot  # noqa: E402
-from apportion.events import OccupancySnapshot  # noqa: E402
-from apportion.timeutil import from_us, to_us  # noqa: E402
-from apportion.topics import BUDGETS, JOBS, NODES  # noqa: E402
-from services.accounting import checkpoint  # noqa: E402
-from services.accounting.config import AccountingSettings  # noqa: E402
-from services.accounting.service import AccountingService  # noqa: E402
-from services.accounting.store import ReadModelStore  # noqa: E402
-from tests.signing import node_identity  # noqa: E402
+from apportion.timeutil import from_us, to_us
+from apportion.topics import BUDGETS, JOBS, NODES
+from services.accounting import checkpoint
+from services.accounting.config import AccountingSettings
+from services.accounting.service import AccountingService
+from services.accounting.store import ReadModelStore
+from tests.service.accounting_fakes import FakeRedis, Rec, partition_offsets, records
+from tests.signing import node_identity
+from tests.unit.builders import budget_set, completed, cordoned, h, job_lost, node, placed
 
 WINDOW_S = 24 * 3600.0
 TOPICS = [topic_name(JOBS), topic_name(NODES), topic_name(BUDGETS)]
@@ -499,7 +493,7 @@ def _prop_service(redis: FakeRedis, window_s: float) -> AccountingService:
 
 
 def _prop_case(log, cut: int, batch: int, later: int) -> None:
-    from test_occupancy import PROP_W
+    from tests.unit.test_occupancy import PROP_W
 
     recs = records(log)
     cut = min(cut, len(recs))
@@ -543,7 +537,8 @@ def test_property_resume_equals_the_uninterrupted_service_and_in_order_the_rebui
     """
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
-    from test_occupancy import event_logs
+
+    from tests.unit.test_occupancy import event_logs
 
     @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(

@@ -7,29 +7,24 @@ read model is an in-memory fake with the few commands the store uses.
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accounting_fakes import FakeRedis, Rec, records  # noqa: E402
-from builders import budget_set, completed, h, node, placed  # noqa: E402
-
-from apportion import events  # noqa: E402
-from apportion.clock import ManualClock  # noqa: E402
-from apportion.domain.budgets import fold_budget_log  # noqa: E402
-from apportion.domain.occupancy import rebuild as rebuild_ledger  # noqa: E402
-from apportion.domain.usage import usage_snapshot  # noqa: E402
-from apportion.events import BudgetRejected, DeadLetter, FairShareRanking, OccupancySnapshot  # noqa: E402
-from apportion.timeutil import from_us  # noqa: E402
-from services.accounting import logic as acc_logic  # noqa: E402
-from services.accounting.config import AccountingSettings  # noqa: E402
-from services.accounting.service import AccountingService  # noqa: E402
-from services.accounting.store import ReadModelStore  # noqa: E402
-from services.policy import logic as pol_logic  # noqa: E402
-from services.policy.service import PolicyService  # noqa: E402
+from apportion import events
+from apportion.clock import ManualClock
+from apportion.domain.budgets import fold_budget_log
+from apportion.domain.occupancy import rebuild as rebuild_ledger
+from apportion.domain.usage import usage_snapshot
+from apportion.events import BudgetRejected, DeadLetter, FairShareRanking, OccupancySnapshot
+from apportion.timeutil import from_us
+from services.accounting import logic as acc_logic
+from services.accounting.config import AccountingSettings
+from services.accounting.service import AccountingService
+from services.accounting.store import ReadModelStore
+from services.policy import logic as pol_logic
+from services.policy.service import PolicyService
+from tests.service.accounting_fakes import FakeRedis, Rec, records
+from tests.unit.builders import budget_set, completed, h, node, placed
 
 WINDOW_S = 24 * 3600.0
 

@@ -8,11 +8,11 @@ import threading
 from typing import Any
 
 import pytest
-from accounting_fakes import FakeRedis
 from typer.testing import CliRunner
 
 from apportion import readmodel
 from apportion.cli import main
+from tests.service.accounting_fakes import FakeRedis
 
 
 @pytest.fixture

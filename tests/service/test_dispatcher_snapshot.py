@@ -12,13 +12,13 @@ import pickle
 from typing import Any
 
 import pytest
-from test_dispatcher import INPUTS, T0, ListLog, drive, history, service, submit
 
 from apportion import events
 from apportion.settings import topic_name
 from apportion.statefile import CheckpointError, check_offsets
 from apportion.timeutil import to_us
 from services.dispatcher import snapshot as snapmod
+from tests.service.test_dispatcher import INPUTS, T0, ListLog, drive, history, service, submit
 
 PREFIX = "snap-test."
 

@@ -5,8 +5,6 @@ Runs on the in-memory log of ``test_dispatcher.py``, W = 1 h.
 
 from __future__ import annotations
 
-from test_dispatcher import INPUTS, T0, USER, ListLog, drive, history, submit
-
 from apportion import events
 from apportion.clock import ManualClock
 from apportion.settings import topic_name
@@ -14,6 +12,7 @@ from apportion.timeutil import to_us
 from apportion.topics import DEADLETTER
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.service import FUTURE, STALE, DispatcherService
+from tests.service.test_dispatcher import INPUTS, T0, USER, ListLog, drive, history, submit
 
 
 def test_a_submission_two_windows_late_is_dead_lettered_and_the_next_one_queued() -> None:

@@ -11,13 +11,13 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from accounting_fakes import FakeRedis, Rec, records
-from test_dispatcher import T0, ListLog, drive, history, service, submit
 
 from apportion import events
 from apportion.clock import ManualClock
 from apportion.settings import topic_name
 from apportion.topics import BUDGETS, DEADLETTER, JOBS, SUBMISSIONS
+from tests.service.accounting_fakes import FakeRedis, Rec, records
+from tests.service.test_dispatcher import T0, ListLog, drive, history, service, submit
 
 
 def letters(log: ListLog) -> list[events.DeadLetter]:

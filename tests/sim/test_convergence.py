@@ -17,10 +17,10 @@ points of its share of the capacity integral.
 from __future__ import annotations
 
 import pytest
-from simkit import at
 
 from apportion.domain.budgets import BudgetTree
 from apportion.sim.core import SimConfig, SimJob, SimNode, simulate
+from tests.sim.simkit import at
 
 pytestmark = pytest.mark.sim
 

@@ -7,7 +7,6 @@ placed at 0:00 and started at 0:01 unless stated; times are offsets from T0.
 from __future__ import annotations
 
 import pytest
-from simkit import T0, at
 
 from apportion.events import (
     Decision,
@@ -23,6 +22,7 @@ from apportion.events import (
 )
 from apportion.report import JobLedger
 from apportion.timeutil import from_us
+from tests.sim.simkit import T0, at
 
 pytestmark = pytest.mark.sim
 

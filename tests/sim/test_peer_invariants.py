@@ -18,14 +18,14 @@ from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from simkit import at
-from test_properties import TREE, _check_log, worlds
 
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import DispatchConfig
 from apportion.events import JobPreempted
 from apportion.sim.baselines import POLICIES
 from apportion.sim.core import SimConfig, simulate
+from tests.sim.simkit import at
+from tests.sim.test_properties import TREE, _check_log, worlds
 
 PEERS = ("slurm", "kueue", "kai")
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import math
 
 import pytest
-from simkit import at, decisions, job, nodes
 
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import DispatchConfig
 from apportion.sim.core import SimConfig, simulate
 from apportion.sim.peers.slurm import Slurm, SlurmConfig, fair_tree_factors, level_fairshare
+from tests.sim.simkit import at, decisions, job, nodes
 
 AB = {"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5}
 H = 3600.0

@@ -13,9 +13,9 @@ Node agents start workloads at once and take 5 s to stop one (SIGTERM).
 from __future__ import annotations
 
 import pytest
-from simkit import at, decisions, job, nodes, run
 
 from apportion.events import JobPlaced
+from tests.sim.simkit import at, decisions, job, nodes, run
 
 pytestmark = pytest.mark.sim
 

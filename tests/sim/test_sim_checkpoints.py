@@ -13,13 +13,13 @@ then a1's second attempt resumes from its last checkpoint.
 from __future__ import annotations
 
 import pytest
-from simkit import _off, at, decisions, job, nodes, run
 
 from apportion.events import JobCheckpointed, JobCompleted, JobPreempted, encode
 from apportion.report import JobLedger
 from apportion.sim.core import SimJob
 from apportion.sim.report import summarise
 from apportion.timeutil import US_PER_S, to_us
+from tests.sim.simkit import _off, at, decisions, job, nodes, run
 
 pytestmark = pytest.mark.sim
 

@@ -17,7 +17,6 @@ exits after 5 s and is requeued; its next attempt starts at once, protected for
 from __future__ import annotations
 
 import pytest
-from simkit import T0, at, job, nodes
 
 from apportion.audit.replay import preemption_report
 from apportion.domain.budgets import BudgetTree
@@ -26,6 +25,7 @@ from apportion.domain.engine import CycleSnapshot, EngineConfig, preempt_events,
 from apportion.events import Event
 from apportion.sim.core import SimConfig, simulate
 from apportion.timeutil import Micros, from_us
+from tests.sim.simkit import T0, at, job, nodes
 
 TREE = {"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5}
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from builders import dt, h, submitted, tree
 
 from apportion.domain.admission import NodeShape, admit, rejected_event, shape_possible
 from apportion.events import RejectReason
+from tests.unit.builders import dt, h, submitted, tree
 
 TREE = tree(
     {

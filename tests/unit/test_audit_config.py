@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from builders import dt, h  # noqa: E402
-
-from apportion.audit.config import config_from_log, configured_event, with_overrides  # noqa: E402
-from apportion.domain.dispatch import DispatchConfig  # noqa: E402
-from apportion.domain.engine import EngineConfig  # noqa: E402
+from apportion.audit.config import config_from_log, configured_event, with_overrides
+from apportion.domain.dispatch import DispatchConfig
+from apportion.domain.engine import EngineConfig
+from tests.unit.builders import dt, h
 
 LIVE = DispatchConfig(engine=EngineConfig(delta=0.1, grace_s=5.0, reservation_after_s=600.0), heartbeat_timeout_s=600.0)
 

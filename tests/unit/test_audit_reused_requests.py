@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from test_identity import ALICE, T0, _queued, submission
-
 from apportion import events
 from apportion.audit.verify import records_from_events, verify
 from apportion.events import JobSubmitted
 from tests.signing import registered
+from tests.unit.test_identity import ALICE, T0, _queued, submission
 
 
 def forged_copy(s: JobSubmitted) -> JobSubmitted:

@@ -16,18 +16,11 @@ the swap the rule now refuses.)
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sim"))
-
-from simkit import T0, at, job, nodes, run  # noqa: E402
-
-from apportion import events  # noqa: E402
-from apportion.audit.replay import occupancy_at  # noqa: E402
-from apportion.audit.verify import (  # noqa: E402
+from apportion import events
+from apportion.audit.replay import occupancy_at
+from apportion.audit.verify import (
     check_read_models,
     check_snapshots,
     position,
@@ -35,9 +28,10 @@ from apportion.audit.verify import (  # noqa: E402
     rerun_decisions,
     verify,
 )
-from apportion.domain.dispatch import DispatchConfig  # noqa: E402
-from apportion.domain.engine import EngineConfig  # noqa: E402
-from apportion.timeutil import from_us  # noqa: E402
+from apportion.domain.dispatch import DispatchConfig
+from apportion.domain.engine import EngineConfig
+from apportion.timeutil import from_us
+from tests.sim.simkit import T0, at, job, nodes, run
 
 AB = {"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5}
 CFG = DispatchConfig(engine=EngineConfig(delta=0.01), heartbeat_timeout_s=None)

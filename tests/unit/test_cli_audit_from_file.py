@@ -8,13 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
-from test_audit_verify import history
 from typer.testing import CliRunner
 
 from apportion import events
 from apportion.audit.source import ExportFormatError, export_prefix, write_export
 from apportion.audit.verify import records_from_events, verify
 from apportion.cli.main import app
+from tests.unit.test_audit_verify import history
 
 
 @pytest.fixture(autouse=True)

@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-from builders import dt, h, placed, preempted
 from typer.testing import CliRunner
 
 from apportion import events
 from apportion.audit.source import write_export
 from apportion.bus.reader import LogRecord
 from apportion.cli.main import app
+from tests.unit.builders import dt, h, placed, preempted
 
 
 @pytest.fixture(autouse=True)

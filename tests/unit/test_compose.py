@@ -91,10 +91,9 @@ def test_each_kafka_node_runs_sasl_scram_with_acls_and_three_replicas(
     compose: dict[str, Any], node: str, tmp_path: Path
 ) -> None:
     """Render what container-start.sh writes in the container (test_containers' helpers) and check it."""
-    from test_containers import assert_secured, render
-
     from apportion.bus.containers import ContainerSpec, make_secrets
     from apportion.topics import replication
+    from tests.unit.test_containers import assert_secured, render
 
     svc = compose["services"][node]
     secrets = make_secrets(tmp_path / "secrets")

@@ -9,13 +9,12 @@ W = 1 h in these tests; events at 1 per second.
 
 from __future__ import annotations
 
-from builders import T0, h, s, submitted
-from test_dispatch import CFG, TREE, reg
-
 from apportion import events as ev
 from apportion.domain.dispatch import DispatchState, Tick, evolve, step
 from apportion.domain.seen import FORGET_MIN
 from apportion.timeutil import from_us
+from tests.unit.builders import T0, h, s, submitted
+from tests.unit.test_dispatch import CFG, TREE, reg
 
 W_S = 3600.0
 

@@ -6,12 +6,11 @@ Tree: lab (1.0) -> a 0.5 (members: alice), b 0.5; nodes n0, n1 with 4 GPUs each.
 
 from __future__ import annotations
 
-from builders import T0, m, submitted
-from test_dispatch import CFG, TREE, given, reg, types
-
 from apportion import events as ev
 from apportion.domain.dispatch import UNDO_ON_REFUSAL, Tick, step
 from apportion.timeutil import from_us
+from tests.unit.builders import T0, m, submitted
+from tests.unit.test_dispatch import CFG, TREE, given, reg, types
 
 
 def _running(gpus: int = 2, replicas: int = 1):  # noqa: ANN202

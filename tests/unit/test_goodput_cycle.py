@@ -16,13 +16,12 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from builders import T0, h
-
 from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import ClusterState
 from apportion.domain.engine import CycleSnapshot, EngineConfig, PendingJob, pending_order, run_cycle
 from apportion.timeutil import from_us, s_to_us
+from tests.unit.builders import T0, h
 
 NOW = h(10)
 AB = BudgetTree.from_mapping({"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5})
@@ -383,9 +382,8 @@ def _checkpoint_world(started_ago_s: int, every_s: float | None, checkpoint_ago_
 def test_checkpoint_rule_waits_when_the_victim_checkpoints_sooner_than_its_loss_is_worth():
     # v started 2700 s ago, interval 3000 s: next checkpoint in 300 s. Lost now 8 x 2700 = 21600 GPU-s; j's wait
     # costs 8 x 300 = 2400 GPU-s < 21600: j waits, and says so with the time it preempts
-    from test_pending_reasons import explained
-
     from apportion.domain.engine import CheckpointSoon
+    from tests.unit.test_pending_reasons import explained
 
     w = _checkpoint_world(2700, 3000.0)
     res = w.cycle()

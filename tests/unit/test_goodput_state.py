@@ -8,7 +8,6 @@ handling. Times are µs from the builders' ``T0``.
 from __future__ import annotations
 
 import pytest
-from builders import T0, h, m, placed, preempted, requeued, s, started, submitted
 
 from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
@@ -25,6 +24,7 @@ from apportion.domain.cluster import (
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, step, wakeups
 from apportion.domain.engine import order_key
 from apportion.timeutil import from_us, to_us
+from tests.unit.builders import T0, h, m, placed, preempted, requeued, s, started, submitted
 
 
 def ckpt(job_id: str, at: int, progress_s: float, *, attempt: int = 1, replica: int | None = 0) -> ev.JobCheckpointed:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from builders import T0, m, submitted
-from test_dispatch import CFG, given, reg, types
-
 from apportion import events as ev
 from apportion.domain.dispatch import Tick, step
 from apportion.timeutil import from_us
+from tests.unit.builders import T0, m, submitted
+from tests.unit.test_dispatch import CFG, given, reg, types
 
 REC = replace(CFG, reconcile_misses=2)
 

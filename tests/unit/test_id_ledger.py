@@ -12,11 +12,11 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from builders import s, submitted
 
 from apportion import events
 from apportion.bus.intake import IdLedger
 from apportion.timeutil import from_us
+from tests.unit.builders import s, submitted
 
 
 def sub(i: int, t_s: float) -> events.JobSubmitted:

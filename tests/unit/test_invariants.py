@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from builders import completed, cordoned, h, node, placed, preempted  # noqa: E402
-
-from apportion import events as ev  # noqa: E402
-from apportion.audit.invariants import Waiting, double_bookings, idle_while_waiting, partial_gangs  # noqa: E402
-from apportion.domain.cluster import ClusterState  # noqa: E402
+from apportion import events as ev
+from apportion.audit.invariants import Waiting, double_bookings, idle_while_waiting, partial_gangs
+from apportion.domain.cluster import ClusterState
+from tests.unit.builders import completed, cordoned, h, node, placed, preempted
 
 
 def _on(e: ev.JobPlaced, *placements: tuple[str, tuple[int, ...]]) -> ev.JobPlaced:

@@ -8,11 +8,11 @@ x 6 node events = 36 rows, written out by hand from DESIGN section 1 and the mod
 from __future__ import annotations
 
 import pytest
-from builders import T0, cordoned, drain, drained, h, node, node_lost, uncordoned
 
 from apportion.domain.cluster import ClusterState
 from apportion.domain.nodes import COUNTED_STATES, NODE_STATES, is_node_state, node_transition
 from apportion.domain.occupancy import OccupancyLedger
+from tests.unit.builders import T0, cordoned, drain, drained, h, node, node_lost, uncordoned
 
 EVENTS = {
     "registered": node("n0", 4, at=h(1)),

@@ -15,7 +15,13 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
-from builders import (
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from apportion import events as ev
+from apportion.domain.occupancy import OccupancyLedger, rebuild
+from apportion.timeutil import US_PER_S, s_to_us, to_us
+from tests.unit.builders import (
     T0,
     cancelled,
     completed,
@@ -34,12 +40,6 @@ from builders import (
     started,
     uncordoned,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from apportion import events as ev
-from apportion.domain.occupancy import OccupancyLedger, rebuild
-from apportion.timeutil import US_PER_S, s_to_us, to_us
 
 W10H = 10 * 3600
 GPU_H = 3600.0  # GPU-seconds in one GPU-hour
@@ -793,7 +793,7 @@ def event_logs(draw):
     n = draw(st.integers(1, 60))
     now = T0
     out: list[ev.Event] = []
-    from builders import node as b_node
+    from tests.unit.builders import node as b_node
 
     for i in range(n):
         step = draw(st.sampled_from([0, 1, 7, 13_000, 500_000, 3_000_000, 40_000_000]))

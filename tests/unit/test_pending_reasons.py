@@ -7,10 +7,8 @@ window capacity 1,000 GPU-s (so r = O / 500 for a leaf), ``NOW`` = T0 + 10 h.
 
 from __future__ import annotations
 
-from builders import T0, h
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_goodput_cycle import NOW, World
 
 from apportion import events as ev
 from apportion.domain.engine import (
@@ -28,6 +26,8 @@ from apportion.domain.engine import (
     run_cycle,
 )
 from apportion.timeutil import from_us, s_to_us
+from tests.unit.builders import T0, h
+from tests.unit.test_goodput_cycle import NOW, World
 
 
 def cycle(w: World, *, explain: bool = True, **cfg: object) -> CycleResult:

@@ -17,7 +17,6 @@ delta" is exact: delta = 0.125 in these cases.
 from __future__ import annotations
 
 import pytest
-from builders import T0, h
 
 from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
@@ -49,6 +48,7 @@ from apportion.domain.preemption import (
     victim_rule,
 )
 from apportion.timeutil import from_us
+from tests.unit.builders import T0, h
 
 K = 1_000_000.0
 DELTA = 0.125

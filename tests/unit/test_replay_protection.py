@@ -8,9 +8,9 @@ then preempted at 1 h + ``x``.
 from __future__ import annotations
 
 import pytest
-from builders import budget_set, h, placed, preempted, requeued, started
 
 from apportion.audit.replay import preemption_report
+from tests.unit.builders import budget_set, h, placed, preempted, requeued, started
 
 
 def placed_with(job_id, protection, **kw):

@@ -9,11 +9,11 @@ service, the CLI or the audit derives from the namespace carries it.
 from __future__ import annotations
 
 import pytest
-from builders import submitted
 
 from apportion import events, topics
 from apportion.bus.intake import screen
 from apportion.settings import topic_name, topic_prefix
+from tests.unit.builders import submitted
 
 NS = "ns1."
 

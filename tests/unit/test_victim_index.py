@@ -10,7 +10,12 @@
 
 from __future__ import annotations
 
-from builders import (
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from apportion.domain.cluster import ClusterState, Run
+from apportion.domain.engine import FreeIndex, VictimIndex, order_key, order_lost_gpu_s
+from tests.unit.builders import (
     T0,
     cancelled,
     completed,
@@ -24,11 +29,6 @@ from builders import (
     started,
     uncordoned,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from apportion.domain.cluster import ClusterState, Run
-from apportion.domain.engine import FreeIndex, VictimIndex, order_key, order_lost_gpu_s
 
 NODES = ["n0", "n1", "n2", "n3"]
 BUDGETS = ["lab/a", "lab/b", "lab/c"]
