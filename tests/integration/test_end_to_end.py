@@ -22,6 +22,7 @@ import pytest
 
 from apportion.bus.security import redis_auth
 from apportion.settings import topic_name
+from tests.narrowing import narrow
 
 pytestmark = pytest.mark.integration
 
@@ -156,7 +157,14 @@ async def running_cluster(
     from services.policy.app import run as run_policy
     from services.policy.config import PolicySettings
 
-    spec = {"nodes": 2, "gpus": 4, "heartbeat_timeout_s": 600.0, "agent": True, "dispatcher": True, "accounting": True}
+    spec: dict[str, Any] = {
+        "nodes": 2,
+        "gpus": 4,
+        "heartbeat_timeout_s": 600.0,
+        "agent": True,
+        "dispatcher": True,
+        "accounting": True,
+    }
     spec.update(overrides)
     nodes, gpus = spec["nodes"], spec["gpus"]
     tag = uuid.uuid4().hex[:8]
@@ -167,7 +175,7 @@ async def running_cluster(
 
     now = datetime.now(UTC)
     clock = ScaledClock(SCALE, now, now)
-    common = {"kafka_bootstrap": kafka_bootstrap, "redis_url": db_url, "log_json": False}
+    common: dict[str, Any] = {"kafka_bootstrap": kafka_bootstrap, "redis_url": db_url, "log_json": False}
     stop = asyncio.Event()
     ready = [asyncio.Event() for _ in range(4)]
     producer = EventProducer(kafka_bootstrap, client_id="e2e-test")
@@ -284,6 +292,7 @@ async def test_unallocated_job_is_preempted_for_an_allocated_one(cluster: Cluste
     cluster.submit("paid", "lab/a", gpus=4, min_runtime_s=60, duration_s=30)
     evs = await cluster.until(lambda evs: "JobCompleted" in of_job(evs, "paid"), "the allocated job to complete")
     pre = next(e for e in evs if isinstance(e, events.JobPreempted) and e.job_id == "free")
+    assert pre.victim is not None
     assert (pre.by_job_id, pre.attempt, pre.victim.rule) == ("paid", 1, "unallocated")
     req = next(e for e in evs if isinstance(e, events.JobRequeued) and e.job_id == "free")
     sub = next(e for e in evs if isinstance(e, events.JobSubmitted) and e.job_id == "free")
@@ -517,7 +526,7 @@ async def test_dispatcher_failover_places_nothing_twice(cluster: Cluster) -> Non
         await cluster.until(
             lambda evs: sum("JobPlaced" in of_job(evs, f"f{i}") for i in range(4)) == 4, "the first jobs to be placed"
         )
-        leader = r.get(lease_key()).decode().rsplit(":", 1)[0]
+        leader = narrow(bytes, r.get(lease_key())).decode().rsplit(":", 1)[0]
         procs[leader].kill()
         procs[leader].wait(10)
         for i in range(4, 8):
@@ -532,7 +541,7 @@ async def test_dispatcher_failover_places_nothing_twice(cluster: Cluster) -> Non
                 p.wait(20)
     placed = [(e.job_id, e.attempt) for e in evs if isinstance(e, events.JobPlaced)]
     assert sorted(placed) == sorted(set(placed)) == [(f"f{i}", 1) for i in range(8)]
-    tokens = {e.fencing_token for e in evs if isinstance(e, events.JobPlaced)}
+    tokens = {narrow(int, e.fencing_token) for e in evs if isinstance(e, events.JobPlaced)}
     assert len(tokens) == 2 and min(tokens) < max(tokens)
     starts = [(e.job_id, e.attempt, e.replica) for e in evs if isinstance(e, events.StartWorkload)]
     assert sorted(starts) == sorted(set(starts))
@@ -662,7 +671,9 @@ async def test_killed_accounting_resumes_to_the_bulk_rebuild(cluster: Cluster) -
         assert sum(cut["offsets"].values()) > sum(first["offsets"].values())
         acc.kill()  # SIGKILL: no final checkpoint, no commit
         acc.wait(10)
-        cut = await asyncio.to_thread(stored_header)  # what the restart will find
+        stored = await asyncio.to_thread(stored_header)  # what the restart will find
+        assert stored is not None
+        cut = stored
         cluster.submit("k3", "lab/b", gpus=4, min_runtime_s=60, duration_s=30)
         await cluster.until(lambda evs: "JobCompleted" in of_job(evs, "k3"), "k3 to complete while accounting is down")
         n_before = len(snapshots(cluster.log()))
@@ -685,6 +696,7 @@ async def test_killed_accounting_resumes_to_the_bulk_rebuild(cluster: Cluster) -
     assert int(starts[1][1]) <= logged - sum(cut["offsets"].values()) and sum(cut["offsets"].values()) > 0
     # the read model names the snapshot it shows; the log (read after it) must hold that snapshot
     meta, rows = ReadModelStore(redis_lib.Redis.from_url(cluster.redis_url, **redis_auth())).read()
+    assert meta is not None
     evs = await asyncio.to_thread(cluster.log)
     snap = next(e for e in snapshots(evs) if str(e.event_id) == meta["snapshot_id"])
     at = to_us(snap.at)

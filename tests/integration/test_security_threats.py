@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from apportion import events
+from apportion.identity import Identity
 from tests.integration.test_cli_truth import Stack
 from tests.integration.test_kafka_acls import producer_as
 
@@ -49,7 +50,7 @@ def _ns(stack: Stack) -> pytest.MonkeyPatch:
     return mp
 
 
-def _identity(stack: Stack, user: str):  # type: ignore[no-untyped-def]
+def _identity(stack: Stack, user: str) -> Identity:
     """The dev keyring's identity of ``user`` (``node:<id>`` for a node), registered by ops in the namespace."""
     from apportion.client import identity_for
 
@@ -218,7 +219,7 @@ def test_a_node_agent_cannot_forge_the_dispatchers_decisions_nor_report_another_
     other_node = next(n["node_id"] for n in stack.json("nodes") if n["node_id"] != node)
     other = _identity(stack, f"node:{other_node}")  # the real, registered key of the stack's other node
     now = datetime.now(UTC)
-    job = {"job_id": "th-run2", "attempt": attempt}
+    job: dict[str, Any] = {"job_id": "th-run2", "attempt": attempt}
     lost = events.JobLost(**job, node_id=node, charged_until=now, ts=now, producer="dispatcher")
     failed = events.JobFailed(**job, replica=0, node_id=node, exit_code=1, ts=now, producer="dispatcher")
     preempted = events.JobPreempted(**job, budget="lab/prior/robotics", allocated=True, ts=now, producer="dispatcher")

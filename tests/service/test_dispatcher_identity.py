@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from datetime import timedelta
 
 import pytest
@@ -18,6 +19,7 @@ from apportion import events
 from apportion.events import BudgetSet, JobCancelRequested, JobSubmitted, NodeRegistered, UserKeyRevoked
 from apportion.settings import topic_name
 from apportion.topics import JOBS, NODES
+from services.dispatcher.service import DispatcherService
 from tests.service.test_dispatcher import INPUTS, T0, ListLog, drive, service
 from tests.signing import identity, node_identity, registered
 
@@ -59,7 +61,7 @@ def cancel(job_id: str, user: str, minutes: int = 2) -> JobCancelRequested:
     )
 
 
-def run(*rounds: list[events.Event] | list[tuple[str, bytes]]):  # type: ignore[no-untyped-def]
+def run(*rounds: Sequence[events.Event | tuple[str, bytes]]) -> tuple[DispatcherService, list[events.Event]]:
     """A dispatcher fed the setup, then each round (events, or raw ``(topic, bytes)`` records)."""
     log = ListLog()
     svc = service(log, echoes=True)
@@ -128,7 +130,15 @@ def test_a_request_is_judged_by_the_keys_as_of_its_record_as_the_audit_judges_it
     assert rejections(out) == [("j2", "unauthenticated", "JobSubmitted")]
     assert set(svc.state.jobs) == {"j1"}
     recs = [
-        LogRecord(r.topic, r.partition, r.offset, r.key, r.timestamp, r.value, events.decode(r.value))
+        LogRecord(
+            r.topic,
+            r.partition,
+            r.offset,
+            r.key.decode() if r.key is not None else None,
+            r.timestamp,
+            r.value,
+            events.decode(r.value),
+        )
         for r in log.records
     ]
     assert [m for m in verify(sorted(recs, key=log_order)).mismatches if m.check == "signature"] == []
@@ -198,7 +208,7 @@ def _led_then_requests(*requests: events.Event) -> tuple[ListLog, list[events.Ev
 def test_a_cancel_sent_while_no_leader_ran_is_carried_out_by_the_next_leader() -> None:
     """Found by a new user: the cancel was in the log, the job ran on (the rebuild folded it, decided nothing)."""
     _, decided = _led_then_requests(CAROL.sign(cancel("j1", "carol")))
-    assert [(e.type, e.job_id) for e in decided if e.type in ("StopWorkload", "JobCancelled")] == [
+    assert [(e.type, e.job_id) for e in decided if isinstance(e, (events.StopWorkload, events.JobCancelled))] == [
         ("StopWorkload", "j1"),
         ("JobCancelled", "j1"),
     ]
@@ -315,7 +325,7 @@ def _forged_drain_bytes() -> bytes:
         pytest.param(lambda: raw(node_identity("n1").sign(drain_of())), "'node:n1'", id="the node's own key"),
     ],
 )
-def test_a_drain_not_signed_by_ops_is_refused_with_a_verdict_and_changes_nothing(record, why) -> None:  # type: ignore[no-untyped-def]
+def test_a_drain_not_signed_by_ops_is_refused_with_a_verdict_and_changes_nothing(record, why) -> None:
     svc, out = run([CAROL.sign(sub("j1"))], [record()])
     req_id = uuid.UUID(json.loads(record()[1])["event_id"])
     assert node_verdicts(out) == [("n1", "NodeDrainRequested", "unauthenticated", req_id)]
@@ -327,7 +337,7 @@ def test_a_drain_not_signed_by_ops_is_refused_with_a_verdict_and_changes_nothing
 
 
 @pytest.mark.parametrize("kind", [events.NodeCordoned, events.NodeUncordoned])
-def test_cordon_and_uncordon_are_ops_requests_too(kind) -> None:  # type: ignore[no-untyped-def]
+def test_cordon_and_uncordon_are_ops_requests_too(kind) -> None:
     req = kind(event_id=events.det_id("t", kind.__name__), node_id="n1", ts=T0 + timedelta(minutes=1), producer="t")
     svc, out = run([raw(EVE.sign(req))])
     assert node_verdicts(out) == [("n1", kind.__name__, "unauthenticated", req.event_id)]
@@ -353,7 +363,7 @@ def test_a_new_leader_refuses_an_undecided_forged_drain_once_and_never_folds_it(
     assert again.state.cluster.nodes["n1"].state == "ready"
 
 
-def _rebuilt(log: ListLog):  # type: ignore[no-untyped-def]
+def _rebuilt(log: ListLog) -> tuple[DispatcherService, list[events.Event]]:
     """A new leader's rebuild of the whole log: the service and what it decided."""
     svc = service(log, echoes=True)
     log.read_upto = 0

@@ -30,6 +30,7 @@ from services.node_agent.config import NodeAgentSettings
 from services.node_agent.logic import NodeSpec
 from services.node_agent.service import NodeAgent, SignedSender, hosted_nodes
 from services.node_agent.store import Journal
+from tests.narrowing import narrow
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
 
@@ -108,30 +109,35 @@ def test_decide_start(case_id, state, cmd, kind, reason):
     action = logic.decide_start(state, cmd, T0)
     assert isinstance(action, kind)
     if reason is not None:
-        assert action.event.reason.startswith(reason)
-        assert action.event.job_id == cmd.job_id and action.event.node_id == cmd.node_id
+        refused = narrow(logic.Refuse, action).event
+        assert refused.reason.startswith(reason)
+        assert refused.job_id == cmd.job_id and refused.node_id == cmd.node_id
 
 
 def test_refusal_event_id_is_deterministic():
     cmd = start(gpus=(9,))
     a, b = logic.decide_start(EMPTY, cmd, T0), logic.decide_start(EMPTY, cmd, T0)
-    assert a.event.event_id == b.event.event_id
+    assert narrow(logic.Refuse, a).event.event_id == narrow(logic.Refuse, b).event.event_id
 
 
 def test_stale_fencing_token_refused():
     st = logic.with_token(EMPTY, 5)
     assert isinstance(logic.decide_start(st, start(token=4), T0), logic.Refuse)
     assert isinstance(logic.decide_start(st, start(token=5), T0), logic.Launch)
-    assert logic.decide_start(st, start(token=None), T0).event.reason.startswith(logic.MISSING_TOKEN)
+    assert narrow(logic.Refuse, logic.decide_start(st, start(token=None), T0)).event.reason.startswith(
+        logic.MISSING_TOKEN
+    )
 
 
 def test_real_node_runs_command_simulated_node_prefers_duration():
     real = logic.initial_state([spec(simulated=False)])
     sim = EMPTY
     both = start(command=("true",), duration_s=5.0)
-    assert not logic.decide_start(real, both, T0).workload.simulated
-    assert logic.decide_start(sim, both, T0).workload.simulated
-    assert not logic.decide_start(sim, start(command=("true",), duration_s=None), T0).workload.simulated
+    assert not narrow(logic.Launch, logic.decide_start(real, both, T0)).workload.simulated
+    assert narrow(logic.Launch, logic.decide_start(sim, both, T0)).workload.simulated
+    assert not narrow(
+        logic.Launch, logic.decide_start(sim, start(command=("true",), duration_s=None), T0)
+    ).workload.simulated
 
 
 STOP_CASES = [
@@ -161,7 +167,7 @@ def test_exit_events():
     assert isinstance(done, JobCompleted) and done.replica == 1 and done.attempt == 2
     failed = logic.exit_event(w, 3, T0)
     assert isinstance(failed, JobFailed) and failed.exit_code == 3 and failed.reason == "exit code 3"
-    killed = logic.exit_event(w, -9, T0)
+    killed = narrow(JobFailed, logic.exit_event(w, -9, T0))
     assert killed.reason == "killed by signal 9"
     stopped = logic.exit_event(logic.replace(w, stopping=True), -15, T0)
     assert isinstance(stopped, JobFailed) and stopped.reason == logic.STOPPED
@@ -487,7 +493,7 @@ def test_decide_lost_fences_the_hosted_node_only():
     a = logic.decide_lost(st, lost(), T0 + timedelta(seconds=100), grace_s=5.0)
     assert isinstance(a, logic.Rejoin) and a.node_id == "n1"
     assert [(w.job_id, w.stopping, w.grace_s) for w in a.stop.workloads] == [("j1", True, 5.0), ("j2", True, 5.0)]
-    assert [(e.job_id, e.reason) for e in a.stop.events] == [("j3", "stopped before start")]
+    assert [(e.job_id, narrow(JobFailed, e).reason) for e in a.stop.events] == [("j3", "stopped before start")]
     after = logic.with_rejoining(st, a)
     assert after.rejoining == {"n1"} and not after.waiting and logic.ready_to_rejoin(after) == ()
     assert logic.ready_to_rejoin(
@@ -496,10 +502,10 @@ def test_decide_lost_fences_the_hosted_node_only():
     # another agent's node, a loss older than the latest registration, a second loss while rejoining
     assert isinstance(logic.decide_lost(st, lost(node="other-1"), T0, 5.0), logic.Ignore)
     assert (
-        logic.decide_lost(st, lost(at_s=-1, last_hb_s=-20), T0, 5.0).why
+        narrow(logic.Ignore, logic.decide_lost(st, lost(at_s=-1, last_hb_s=-20), T0, 5.0)).why
         == "loss declared before the node's latest registration"
     )
-    assert logic.decide_lost(after, lost(at_s=200), T0, 5.0).why == "already rejoining"
+    assert narrow(logic.Ignore, logic.decide_lost(after, lost(at_s=200), T0, 5.0)).why == "already rejoining"
 
 
 async def test_lost_node_stops_its_replicas_then_registers_again():

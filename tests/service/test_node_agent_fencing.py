@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from apportion.bus.consumer import Delivery
 from apportion.clock import ManualClock
 from apportion.events import (
     JobFailed,
@@ -29,6 +30,7 @@ from services.node_agent import logic
 from services.node_agent.logic import NodeSpec
 from services.node_agent.service import NodeAgent
 from services.node_agent.store import Journal
+from tests.narrowing import narrow
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
 WAIT_S = 10.0
@@ -136,11 +138,13 @@ def test_start_fencing_rules(case_id, state, cmd, now, reason):
 
 
 def test_token_rules_come_before_the_duplicate_rule_and_a_redelivery_is_a_duplicate():
-    st = logic.with_launched(SEEN5, logic.decide_start(SEEN5, start(), T0).workload)
-    assert logic.decide_start(st, start(token=4), T0).event.reason.startswith(logic.STALE_TOKEN)
+    st = logic.with_launched(SEEN5, narrow(logic.Launch, logic.decide_start(SEEN5, start(), T0)).workload)
+    assert narrow(logic.Refuse, logic.decide_start(st, start(token=4), T0)).event.reason.startswith(logic.STALE_TOKEN)
     # a start redelivered after a restart (sent before the new registration) is a duplicate, not "before_registration"
     later = logic.with_registered(st, [NodeRegistered(ts=at(50), node_id="n1", gpu_count=4)])
-    assert logic.decide_start(later, start(), at(50)).event.reason.startswith(logic.DUPLICATE_START)
+    assert narrow(logic.Refuse, logic.decide_start(later, start(), at(50))).event.reason.startswith(
+        logic.DUPLICATE_START
+    )
 
 
 def test_out_of_range_tokens_are_never_remembered():
@@ -151,7 +155,9 @@ def test_out_of_range_tokens_are_never_remembered():
     assert logic.with_token(st, 9).fencing_token == 9
 
 
-RUNNING = logic.with_launched(SEEN5, logic.replace(logic.decide_start(SEEN5, start(), T0).workload, started_at=T0))
+RUNNING = logic.with_launched(
+    SEEN5, logic.replace(narrow(logic.Launch, logic.decide_start(SEEN5, start(), T0)).workload, started_at=T0)
+)
 
 STOP_CASES = [
     # id, command, expected type, ignore reason (for Ignore)
@@ -208,22 +214,24 @@ def test_lost_fencing_rules(case_id, state, ev, expected):
 def test_loss_before_registration_spares_replicas_started_after_it():
     """A loss declared while the agent was down covers the replicas it adopted, not those started since."""
     reg = logic.with_registered(RUNNING, [NodeRegistered(ts=at(200), node_id="n1", gpus=(), gpu_count=4)])
-    fresh = logic.replace(logic.decide_start(reg, start(job="j2", gpus=(1,), ts=at(210)), at(210)).workload)
+    fresh = logic.replace(
+        narrow(logic.Launch, logic.decide_start(reg, start(job="j2", gpus=(1,), ts=at(210)), at(210))).workload
+    )
     st = logic.with_launched(reg, logic.replace(fresh, started_at=at(210)))
-    action = logic.decide_lost(st, lost(ts=at(100)), at(220), 5.0)
+    action = narrow(logic.Rejoin, logic.decide_lost(st, lost(ts=at(100)), at(220), 5.0))
     assert [w.job_id for w in action.stop.workloads] == ["j1"] and not action.register
     after = logic.with_rejoining(st, action)
     assert not after.rejoining and ("j1", 1) in after.lost_runs and ("j2", 1) not in after.lost_runs
     alone = logic.with_exited(st, ("n1", "j1", 1, 0))
-    assert logic.decide_lost(alone, lost(ts=at(100)), at(220), 5.0).why == (
+    assert narrow(logic.Ignore, logic.decide_lost(alone, lost(ts=at(100)), at(220), 5.0)).why == (
         "loss declared before the node's latest registration"
     )
 
 
 def test_fenced_node_refuses_a_late_start_for_a_run_it_lost():
-    action = logic.decide_lost(RUNNING, lost(), at(100), 5.0)
+    action = narrow(logic.Rejoin, logic.decide_lost(RUNNING, lost(), at(100), 5.0))
     after = logic.with_rejoining(RUNNING, action)
-    late = logic.decide_start(after, start(replica=1, gpus=(2,), ts=at(90)), at(101))
+    late = narrow(logic.Refuse, logic.decide_start(after, start(replica=1, gpus=(2,), ts=at(90)), at(101)))
     assert late.event.reason == "run_lost: j1 attempt 1 was declared lost on this agent"
 
 
@@ -340,7 +348,7 @@ async def test_ended_replicas_are_forgotten_after_the_retention_window(tmp_path)
     await asyncio.wait_for(agent.idle(), WAIT_S)
     assert ("n1", "j1", 1, 0) not in agent.state.ended and ("n1", "j2", 1, 0) in agent.state.ended
     # a start as old as the forgotten one is refused for its age, never run twice
-    late = logic.decide_start(agent.state, start(ts=T0), clock.now())
+    late = narrow(logic.Refuse, logic.decide_start(agent.state, start(ts=T0), clock.now()))
     assert late.event.reason.startswith(logic.EXPIRED)
 
 
@@ -438,9 +446,7 @@ async def test_a_long_running_agent_keeps_its_journal_bounded(tmp_path, monkeypa
 # --------------------------------------------------------------------------- a NodeLost must be the dispatcher's
 
 
-def _delivered(ev: NodeLost, value: bytes):  # type: ignore[no-untyped-def]
-    from apportion.bus.consumer import Delivery
-
+def _delivered(ev: NodeLost, value: bytes) -> Delivery:
     return Delivery("apportion.nodes", 0, 0, ev.node_id, 0, value)
 
 

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import EngineConfig
-from apportion.events import Event
+from apportion.events import Event, JobLost, JobPlaced, JobPreempted, NodeDrained, NodeLost, StartWorkload, StopWorkload
 from apportion.sim.core import SimConfig, SimJob, SimNode, SimResult, simulate
 from apportion.timeutil import US_PER_S, to_us
 
@@ -79,18 +79,20 @@ def line(e: Event) -> str:
     """One compact line for a dispatcher event."""
     t = _off(to_us(e.ts))
     name = e.type
-    if name in ("NodeDrained", "NodeLost"):
+    if isinstance(e, (NodeDrained, NodeLost)):
         return f"{t} {name} {e.node_id}"
-    head = f"{t} {name} {e.job_id}#{getattr(e, 'attempt', None)}"
-    if name == "JobPlaced":
+    job_id = getattr(e, "job_id", None)
+    assert job_id is not None, e  # the dispatcher's other outputs are all of one job
+    head = f"{t} {name} {job_id}#{getattr(e, 'attempt', None)}"
+    if isinstance(e, JobPlaced):
         where = " ".join(f"{p.node_id}{list(p.gpus)}" for p in e.placements)
         vic = ",".join(f"{v.job_id}#{v.attempt}" for v in e.decision.victims)
         res = " reserved" if e.decision.reservation else ""
         return f"{head} {where}" + (f" victims={vic}" if vic else "") + res
-    if name == "JobPreempted":
+    if isinstance(e, JobPreempted):
         rule = e.victim.rule if e.victim else e.reason
         return f"{head} {rule}" + (f" by={e.by_job_id}" if e.by_job_id else "")
-    if name in ("StartWorkload", "StopWorkload", "JobLost"):
+    if isinstance(e, (StartWorkload, StopWorkload, JobLost)):
         return f"{head} {e.node_id}"
     return head
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from apportion.events import JobCheckpointed, JobCompleted, JobPreempted, encode
+from apportion.events import JobCheckpointed, JobCompleted, JobPreempted, StartWorkload, encode
 from apportion.report import JobLedger
-from apportion.sim.core import SimJob
+from apportion.sim.core import SimJob, SimResult
 from apportion.sim.report import summarise
 from apportion.timeutil import US_PER_S, to_us
 from tests.sim.simkit import _off, at, decisions, job, nodes, run
@@ -27,7 +27,7 @@ H = 3600.0
 AB_TREE = {"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5}
 
 
-def scenario(**kw) -> object:
+def scenario(**kw) -> SimResult:
     return run(
         AB_TREE,
         nodes(("n0", 4)),
@@ -178,7 +178,7 @@ def test_node_loss_loses_the_work_since_the_last_checkpoint_up_to_the_last_heart
     assert (stop.reason, stop.at_us, stop.mark_us) == ("node lost", at(1, 29, 50), at(1))
     assert stop.lost_gpu_s == 4 * 1790.0
     # the second attempt resumes from the 1 h checkpoint: 2 h more
-    (start2,) = [to_us(e.ts) for e in r.log if e.type == "StartWorkload" and e.attempt == 2]
+    (start2,) = [to_us(e.ts) for e in r.log if isinstance(e, StartWorkload) and e.attempt == 2]
     (done,) = [to_us(e.ts) for e in r.log if isinstance(e, JobCompleted)]
     assert done - start2 == 2 * 3600 * US_PER_S
 

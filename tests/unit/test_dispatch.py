@@ -15,6 +15,7 @@ from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import EMIT_ORDER, DispatchConfig, DispatchState, Tick, emit_rank, evolve, fold, step
 from apportion.timeutil import from_us
+from tests.narrowing import narrow
 from tests.unit.builders import T0, h, m, s, submitted
 
 TREE = BudgetTree.from_mapping({"lab": 1.0, "lab/a": {"share": 0.5, "members": ["alice"]}, "lab/b": 0.5})
@@ -40,7 +41,8 @@ def test_submission_is_queued_with_attempt_1():
     state = given(reg("n0"))
     out = step(state, submitted("j1", budget="lab/a", user="alice", gpus=2), T0, CFG)
     assert types(out) == ["JobQueued:j1"]
-    assert out[0].attempt == 1 and out[0].event_id == ev.det_id("JobQueued", "j1", 1)
+    queued = narrow(ev.JobQueued, out[0])
+    assert queued.attempt == 1 and queued.event_id == ev.det_id("JobQueued", "j1", 1)
     assert [j.job_id for j in state.pending["lab/a"]] == ["j1"]
 
 
@@ -52,7 +54,7 @@ def test_rejections_carry_machine_readable_reasons():
         "shape": submitted("x3", budget="lab/b", gpus=8),
         "inner": submitted("x4", budget="lab", user="alice"),
     }
-    got = {name: step(state, e, T0, CFG)[0].reason.value for name, e in cases.items()}
+    got = {name: narrow(ev.JobRejected, step(state, e, T0, CFG)[0]).reason.value for name, e in cases.items()}
     assert got == {
         "unknown": "unknown_budget",
         "member": "not_a_member",
@@ -60,7 +62,7 @@ def test_rejections_carry_machine_readable_reasons():
         "inner": "not_a_leaf",
     }
     dup = step(state, submitted("x1", budget="lab/b", at=m(1)), m(1), CFG)
-    assert dup[0].reason.value == "duplicate_job"
+    assert narrow(ev.JobRejected, dup[0]).reason.value == "duplicate_job"
 
 
 def test_tick_places_and_starts():
@@ -73,7 +75,7 @@ def test_tick_places_and_starts():
 def test_cancel_pending_job():
     state = given(reg("n0"), submitted("j1", budget="lab/b", gpus=8 // 2))
     out = step(state, ev.JobCancelRequested(job_id="j1", user="bob", ts=from_us(m(1))), m(1), CFG)
-    assert types(out) == ["JobCancelled:j1"] and out[0].attempt is None
+    assert types(out) == ["JobCancelled:j1"] and narrow(ev.JobCancelled, out[0]).attempt is None
     assert "j1" in state.finished and not state.pending
 
 
@@ -85,7 +87,7 @@ def test_cancel_of_a_completed_job_is_refused_at_once_and_of_an_unknown_job_answ
     req = ev.JobCancelRequested(job_id="j1", user="bob", ts=from_us(m(3)))
     out = step(state, req, m(3), CFG)
     assert types(out) == ["JobRejected:j1"]
-    r = out[0]
+    r = narrow(ev.JobRejected, out[0])
     assert (r.request, r.reason.value, r.refused_event_id, r.user, r.budget) == (
         "JobCancelRequested", "invalid", req.event_id, "bob", ""
     )  # fmt: skip
@@ -106,7 +108,8 @@ def test_preempted_victim_is_requeued_with_original_submitted_at_and_preemptor_s
     report = ev.JobFailed(job_id="u", attempt=1, replica=0, exit_code=-15, ts=from_us(h(1) + 3_000_000))
     out = step(state, report, h(1) + 3_000_000, CFG)
     assert types(out) == ["JobRequeued:u", "StartWorkload:j"]
-    assert out[0].attempt == 2 and out[0].submitted_at == from_us(T0)
+    requeued = narrow(ev.JobRequeued, out[0])
+    assert requeued.attempt == 2 and requeued.submitted_at == from_us(T0)
     assert state.jobs["u"].status == "pending" and state.pending["lab/b"][0].attempt == 2
 
 
@@ -180,7 +183,8 @@ def test_two_victims_expiring_in_the_same_tick_start_the_preemptor():
     assert types(out) == ["JobPreempted:u1", "StopWorkload:u1", "JobPreempted:u2", "StopWorkload:u2", "JobPlaced:j"]
     out = step(state, Tick(h(1) + 30_000_000), h(1) + 30_000_000, CFG)
     assert types(out) == ["JobRequeued:u1", "JobRequeued:u2", "StartWorkload:j"]
-    assert out[2].gpus == (0, 1, 2, 3) and out[2].attempt == 1
+    start = narrow(ev.StartWorkload, out[2])
+    assert start.gpus == (0, 1, 2, 3) and start.attempt == 1
     # the late exit reports change nothing
     for u in ("u1", "u2"):
         late = ev.JobFailed(job_id=u, attempt=1, replica=0, exit_code=-15, ts=from_us(h(1) + 40_000_000))
@@ -197,7 +201,7 @@ def test_heartbeat_timeout_loses_the_node_and_requeues():
     assert step(state, Tick(T0 + 30_000_000), T0 + 30_000_000, cfg) == []
     out = step(state, Tick(T0 + 30_000_001), T0 + 30_000_001, cfg)
     assert types(out) == ["NodeLost:n0", "JobLost:j", "JobRequeued:j"]
-    assert out[1].charged_until == from_us(T0)
+    assert narrow(ev.JobLost, out[1]).charged_until == from_us(T0)
 
 
 def test_redelivered_and_replayed_events_give_the_same_state():
@@ -205,7 +209,7 @@ def test_redelivered_and_replayed_events_give_the_same_state():
     state = given(reg("n0", 8))
     log: list[ev.Event] = [reg("n0", 8)]
     for i in range(12):
-        e = submitted(
+        e: ev.Event = submitted(
             f"j{i}",
             budget=rng.choice(["lab/a", "lab/b"]),
             user="alice",
@@ -283,8 +287,11 @@ def test_the_checkpoint_interval_in_force_travels_from_submission_to_the_run():
     # declared 900 s; undeclared: the minimum runtime (DESIGN section 1); unallocated and undeclared: none
     state = given(reg("n0", 8))
     sub = submitted("j1", budget="lab/b", gpus=2).model_copy(update={"checkpoint_interval_s": 900.0})
-    queued = [step(state, e, T0, CFG)[0] for e in (sub, submitted("j2", budget="lab/b", min_runtime_s=1200.0))]
-    queued.append(step(state, submitted("j3", budget="lab/b", min_runtime_s=0.0), T0, CFG)[0])
+    queued = [
+        narrow(ev.JobQueued, step(state, e, T0, CFG)[0])
+        for e in (sub, submitted("j2", budget="lab/b", min_runtime_s=1200.0))
+    ]
+    queued.append(narrow(ev.JobQueued, step(state, submitted("j3", budget="lab/b", min_runtime_s=0.0), T0, CFG)[0]))
     assert [q.checkpoint_interval_s for q in queued] == [900.0, 1200.0, None]
     out = step(state, Tick(m(1)), m(1), CFG)
     got = {e.job_id: e.checkpoint_interval_s for e in out if isinstance(e, ev.JobPlaced)}

@@ -188,7 +188,7 @@ def _bounds(metadata: list[Any]) -> dict[str, Any]:
     return out
 
 
-_TEXT = st.characters(blacklist_categories=("Cs",))
+_TEXT = st.characters(blacklist_categories=["Cs"])  # a list: mypy infers a tuple literal as tuple[str]
 _UTC_DATES = st.datetimes(
     min_value=datetime(2000, 1, 1),
     max_value=datetime(2100, 1, 1),
@@ -281,7 +281,7 @@ def test_submissions_past_the_longest_duration_are_refused() -> None:
     from apportion.events import MAX_SECONDS, JobSubmitted
     from apportion.timeutil import from_us
 
-    ok = {"job_id": "j", "budget": "lab/a", "user": "u", "gpus_per_replica": 1, "min_runtime_s": 60.0}
+    ok: dict[str, Any] = {"job_id": "j", "budget": "lab/a", "user": "u", "gpus_per_replica": 1, "min_runtime_s": 60.0}
     ts = from_us(0)
     JobSubmitted(**ok, duration_s=MAX_SECONDS, submitted_at=ts, ts=ts, producer="t")
     for field in ("duration_s", "min_runtime_s", "checkpoint_interval_s"):

@@ -12,6 +12,7 @@ from dataclasses import replace
 from apportion import events as ev
 from apportion.domain.dispatch import Tick, step
 from apportion.timeutil import from_us
+from tests.narrowing import narrow, narrow_each
 from tests.unit.builders import T0, m, submitted
 from tests.unit.test_dispatch import CFG, given, reg, types
 
@@ -51,7 +52,7 @@ def test_a_replica_missing_from_two_heartbeats_in_a_row_is_lost_and_requeued():
     assert step(state, hb(node, m(1)), m(1), REC) == []  # one miss: not yet
     out = step(state, hb(node, m(2)), m(2), REC)
     assert types(out) == ["JobLost:j1", "JobRequeued:j1"]
-    lost, requeued = out
+    lost, requeued = narrow(ev.JobLost, out[0]), narrow(ev.JobRequeued, out[1])
     assert (lost.node_id, lost.attempt, lost.charged_until, lost.producer) == (node, 1, from_us(m(2)), "dispatcher")
     assert lost.event_id == ev.det_id("JobLost", "j1", 1)
     assert (requeued.attempt, requeued.submitted_at, requeued.reason) == (
@@ -103,7 +104,8 @@ def test_a_gang_replica_missing_on_one_node_stops_the_other_with_the_grace_then_
     assert step(state, hb(a, m(1)), m(1), REC) == []
     out = step(state, hb(a, m(2)), m(2), REC)
     assert types(out) == ["JobLost:j1", "StopWorkload:j1"]
-    assert (out[0].node_id, out[1].node_id, out[1].grace_s) == (a, b, CFG.engine.grace_s)
+    lost, stop = narrow(ev.JobLost, out[0]), narrow(ev.StopWorkload, out[1])
+    assert (lost.node_id, stop.node_id, stop.grace_s) == (a, b, CFG.engine.grace_s)
     assert state.jobs["j1"].status == "stopping"
     # the surviving replica reports its end: the job is requeued
     done = ev.JobCompleted(
@@ -111,7 +113,7 @@ def test_a_gang_replica_missing_on_one_node_stops_the_other_with_the_grace_then_
         event_id=ev.det_id("test-done", "j1"),
     )  # fmt: skip
     out = step(state, done, m(3), REC)
-    assert types(out) == ["JobRequeued:j1"] and out[0].attempt == 2
+    assert types(out) == ["JobRequeued:j1"] and narrow(ev.JobRequeued, out[0]).attempt == 2
 
 
 def test_a_replica_the_dispatcher_does_not_know_is_stopped_after_two_heartbeats():
@@ -120,7 +122,7 @@ def test_a_replica_the_dispatcher_does_not_know_is_stopped_after_two_heartbeats(
     assert step(state, hb(node, m(1), ("j1", 1, 0), ("ghost", 3, 0)), m(1), REC) == []
     out = step(state, hb(node, m(2), ("j1", 1, 0), ("ghost", 3, 0)), m(2), REC)
     assert types(out) == ["StopWorkload:ghost"]
-    stop = out[0]
+    stop = narrow(ev.StopWorkload, out[0])
     assert (stop.node_id, stop.attempt, stop.grace_s, stop.reason) == (node, 3, 0.0, "unknown to the dispatcher")
     assert stop.event_id == ev.det_id("StopWorkload", "unknown", node, "ghost", 3)
     assert state.jobs["j1"].status == "running"  # the known replica is untouched
@@ -142,7 +144,9 @@ def test_the_old_attempt_of_a_requeued_job_is_stopped_where_it_still_runs():
     # the agent was only slow: attempt 1 shows up after all
     assert step(state, hb(node, m(3), ("j1", 1, 0)), m(3), REC) == []
     out = step(state, hb(node, m(4), ("j1", 1, 0)), m(4), REC)
-    assert [(e.type, e.job_id, e.attempt, e.node_id) for e in out] == [("StopWorkload", "j1", 1, node)]
+    assert [(e.type, e.job_id, e.attempt, e.node_id) for e in narrow_each(ev.StopWorkload, out)] == [
+        ("StopWorkload", "j1", 1, node)
+    ]
 
 
 def test_a_replica_not_started_yet_is_not_counted_until_its_start():
