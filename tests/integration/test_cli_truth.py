@@ -490,7 +490,7 @@ def _console_produce(stack: Stack, topic: str, lines: list[str], *props: str) ->
     _console("producer", stack, topic, lines, *args)
 
 
-def _identity(stack: Stack, user: str):  # type: ignore[no-untyped-def]
+def _identity(stack: Stack, user: str):
     """The dev keyring's identity of ``user``, registered in the stack's namespace (before the request's time)."""
     from apportion.client import identity_for
 
@@ -499,7 +499,7 @@ def _identity(stack: Stack, user: str):  # type: ignore[no-untyped-def]
         return identity_for(user, bootstrap=stack.info.bootstrap)
 
 
-def _signed(ident, line: str) -> str:  # type: ignore[no-untyped-def]
+def _signed(ident, line: str) -> str:
     """``line`` with ``signer_key`` and ``signature`` added as docs/producing.md ("Signing") says."""
     import base64
 

@@ -45,8 +45,8 @@ def _log(bootstrap: str, names: list[str]) -> list[Any]:
     return [r.event for r in read_log(bootstrap, names) if r.event is not None]
 
 
-async def until(bootstrap: str, names: list[str], pred: Callable[[list[Any]], bool], what: str) -> list[Any]:
-    """Read ``names`` until ``pred(events)`` holds (bounded by DEADLINE_S)."""
+async def until(bootstrap: str, names: list[str], pred: Callable[[list[Any]], object], what: str) -> list[Any]:
+    """Read ``names`` until ``pred(events)`` is truthy (bounded by DEADLINE_S)."""
     loop = asyncio.get_running_loop()
     end = loop.time() + DEADLINE_S
     while True:

@@ -35,7 +35,7 @@ def namespace(kafka_bootstrap: str) -> Iterator[str]:
         yield os.environ["APPORTION_TOPIC_PREFIX"]
 
 
-def producer_as(principal: str, bootstrap: str):  # type: ignore[no-untyped-def]
+def producer_as(principal: str, bootstrap: str):
     from kafka import KafkaProducer
 
     from apportion.bus.security import MECHANISM

@@ -23,6 +23,7 @@ from apportion.bus.provision import admin_client, find_drift, provision
 from apportion.bus.security import kafka_auth
 from apportion.settings import topic_name
 from apportion.topics import ALL_TOPICS, Topic
+from tests.narrowing import narrow
 
 pytestmark = pytest.mark.integration
 
@@ -165,7 +166,7 @@ async def test_faust_agent_round_trip_and_dead_letter(
     finally:
         await app.stop()
     assert got == sent
-    assert echoed.job_id == "from-faust" and published.topic == topic_name
+    assert narrow(events.JobSubmitted, echoed).job_id == "from-faust" and published.topic == topic_name
     letters = dead_letters_for(kafka_bootstrap, topic_name, 1)
     assert letters[0].original_bytes() == b"{not json"
     assert letters[0].source_key == "bad" and "JSON" in letters[0].error
@@ -304,7 +305,7 @@ def test_malformed_messages_are_dead_lettered_and_consumption_continues(
     assert handled == good
     assert committed(kafka_bootstrap, gid) == {(topic, 0): 4}
 
-    letters = sorted(dead_letters_for(kafka_bootstrap, topic, 2), key=lambda d: d.source_offset)
+    letters = sorted(dead_letters_for(kafka_bootstrap, topic, 2), key=lambda d: narrow(int, d.source_offset))
     assert [d.source_offset for d in letters] == [0, 2]
     assert [d.source_key for d in letters] == ["k0", "k2"]
     assert [base64.b64decode(d.original) for d in letters] == bad_values
@@ -344,10 +345,11 @@ def test_a_failing_handler_commits_only_what_was_handled_and_sees_the_record_aga
     fail_once = {batch[1].job_id}
 
     def handler(event: events.Event, _: Delivery) -> None:
-        if event.job_id in fail_once:
-            fail_once.discard(event.job_id)
+        job_id = narrow(events.JobSubmitted, event).job_id
+        if job_id in fail_once:
+            fail_once.discard(job_id)
             raise RuntimeError("store unavailable")
-        handled.append(event.job_id)
+        handled.append(job_id)
 
     gid = group()
     with EventConsumer(kafka_bootstrap, [topic], gid, handler) as consumer:
@@ -382,7 +384,7 @@ def test_poison_records_are_dead_lettered_with_their_reason_and_a_reused_id_is_n
         assert (consumer.stats.handled, consumer.stats.duplicates, consumer.stats.dead_lettered) == (1, 1, 3)
     assert handled == [first]
     assert committed(kafka_bootstrap, gid) == {(topic, 0): 5}
-    letters = sorted(dead_letters_for(kafka_bootstrap, topic, 3), key=lambda d: d.source_offset)
+    letters = sorted(dead_letters_for(kafka_bootstrap, topic, 3), key=lambda d: narrow(int, d.source_offset))
     assert [(d.source_offset, d.error) for d in letters] == [
         (0, "null record value (tombstone)"),
         (1, f"key: record key 'not-the-job-id' is not the event's key '{first.job_id}'"),

@@ -16,7 +16,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
-def as_user(redis_url: str, user: str):  # type: ignore[no-untyped-def]
+def as_user(redis_url: str, user: str):
     import redis
 
     secrets = Path(os.environ["APPORTION_REDIS_SECRETS_DIR"])

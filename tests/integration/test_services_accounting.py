@@ -53,7 +53,7 @@ PHASE2 = with_node_keys(
 )
 
 
-def _publish(producer, e) -> None:  # type: ignore[no-untyped-def]
+def _publish(producer, e) -> None:
     """Publish ``e`` as its writer would (a node report signed by its node's key) and wait for the ack."""
     producer.send(e, node_value(e)).get(timeout=30)
 

@@ -44,6 +44,7 @@ from services.accounting import checkpoint
 from services.accounting.config import AccountingSettings
 from services.accounting.service import AccountingService
 from services.accounting.store import ReadModelStore
+from tests.narrowing import narrow
 from tests.service.accounting_fakes import FakeRedis, Rec, partition_offsets, records
 from tests.signing import node_identity
 from tests.unit.builders import budget_set, completed, cordoned, h, job_lost, node, placed
@@ -125,7 +126,7 @@ def test_checkpoint_round_trips_state_snapshot_and_offsets():
     fields = ReadModelStore(redis).read_checkpoint()
     ck = checkpoint.decode(fields, window_s=WINDOW_S, topic_prefix="")
     assert ck.offsets == svc.offsets == partition_offsets(FULL_RECS[:cut], TOPICS)
-    assert ck.last == svc.last and ck.last.at == from_us(h(5))
+    assert ck.last == svc.last and ck.last is not None and ck.last.at == from_us(h(5))
     assert ck.dirty is False and ck.late_events == 0
     assert ck.last_key == (h(5), topic_name(JOBS), FULL_RECS[cut - 1].partition, FULL_RECS[cut - 1].offset)
     restored = service(FakeRedis())
@@ -148,6 +149,7 @@ def test_checkpoint_is_written_in_the_read_model_transaction():
     keys = {k for _, k in last}
     assert keys == {readmodel.budgets_key(), readmodel.usage_key(), readmodel.checkpoint_key()}
     meta, _ = ReadModelStore(redis).read()
+    assert meta is not None and svc.last is not None
     header = json.loads(ReadModelStore(redis).read_checkpoint()[checkpoint.HEADER])
     assert meta["offsets"] == header["offsets"] == END
     assert meta["snapshot_id"] == str(svc.last.event_id)
@@ -214,6 +216,7 @@ def test_resumed_values_by_hand():
     svc = service(redis)
     svc.prepare(BEGIN, END, rebuild=False)
     svc.resume(FULL_RECS[9:])
+    assert svc.last is not None
     snap = {u.path: u for u in svc.last.budgets}
     # a: j1 8 x 4 h + j3 8 x 3 h = 56 GPU-h; b: j2 4 GPUs h2 -> h8.5 (lost, charged to its last heartbeat)
     assert snap["lab/a"].occupancy_gpu_s == 56 * GPU_H
@@ -383,7 +386,7 @@ def test_unusable_checkpoint_falls_back_to_rebuild_from_offset_0(case_id, spoil,
     assert svc.offsets == begin and svc.acc.clock_us is None and svc.last is None  # nothing half-restored
     svc.bootstrap(FULL_RECS)
     ledger = rebuild_ledger(sorted(FULL, key=lambda e: to_us(e.ts)), window_s)
-    assert svc.last.model_copy(update={"inputs": None}) == usage_snapshot(
+    assert narrow(OccupancySnapshot, svc.last).model_copy(update={"inputs": None}) == usage_snapshot(
         fold_budget_log(FULL), ledger, h(10), producer="accounting"
     )
 

@@ -104,12 +104,13 @@ def test_no_simulated_cycle_reverses_or_inverts_a_preemption(trace):
         for i, (b, g, mr, d, s) in enumerate(trace)
     ]
     r = run(ABC, nodes(("n0", 8), ("n1", 4)), jobs, until_us=at(12))
-    by_cycle: dict[int, set[tuple[str, str]]] = defaultdict(set)
+    by_cycle: dict[int, set[tuple[str, str | None]]] = defaultdict(set)
     for e in r.log:
         if not isinstance(e, ev.JobPreempted) or e.victim is None or e.victim.rule != "expired_behind":
             continue
         v = e.victim
-        assert v.preemptor_ratio_after is not None and v.preemptor_ratio_after <= v.victim_ratio + 1e-12
+        assert v.preemptor_ratio_after is not None and v.victim_ratio is not None
+        assert v.preemptor_ratio_after <= v.victim_ratio + 1e-12
         pairs = by_cycle[to_us(e.ts)]
         assert (e.by_budget, e.budget) not in pairs, "V->B and B->V in one cycle"
         pairs.add((e.budget, e.by_budget))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import random
 from dataclasses import replace
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -166,7 +167,7 @@ def test_cycles_decide_the_same_with_and_without_the_kept_indices(world):
     from apportion.domain import dispatch
 
     nodes, jobs, drains, seed = world
-    real = dispatch.run_cycle
+    real = run_cycle
     cycles = []
 
     def both(snapshot, now_us, cfg):
@@ -177,12 +178,9 @@ def test_cycles_decide_the_same_with_and_without_the_kept_indices(world):
         cycles.append(len(with_index.events))
         return with_index
 
-    dispatch.run_cycle = both
-    try:
+    with mock.patch.object(dispatch, "run_cycle", both):
         cfg = SimConfig(seed=seed, drains=drains, sample_s=0, until_us=at(12))
         r = simulate(BudgetTree.from_mapping(TREE), nodes, jobs, cfg)
-    finally:
-        dispatch.run_cycle = real
     assert cycles and r.violations == []
 
 
@@ -256,8 +254,8 @@ def test_checkpoints_and_work_lost_on_random_clusters_and_streams(world, on_stop
     r = simulate(BudgetTree.from_mapping(TREE), nodes, jobs, cfg)
     specs = {j.job_id: j for j in jobs}
     saved: dict[str, float] = {}
-    base: dict[tuple[str, int], float] = {}
-    start: dict[tuple[str, int], int] = {}
+    base: dict[tuple[str | None, int | None], float] = {}
+    start: dict[tuple[str | None, int | None], int] = {}
     for e in r.log:
         key = (getattr(e, "job_id", None), getattr(e, "attempt", None))
         if isinstance(e, JobCheckpointed):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from apportion.events import JobPlaced
+from apportion.events import JobPlaced, JobRequeued
 from tests.sim.simkit import at, decisions, job, nodes, run
 
 pytestmark = pytest.mark.sim
@@ -71,7 +71,7 @@ def test_unallocated_job_is_preempted_when_an_allocated_job_arrives():
     placed = next(e for e in r.log if isinstance(e, JobPlaced) and e.job_id == "b1")
     (v,) = placed.decision.victims
     assert (v.rule, v.allocated, v.gpus, v.protected_until, v.lca) == ("unallocated", False, 4, None, None)
-    requeued = next(e for e in r.log if e.type == "JobRequeued")
+    requeued = next(e for e in r.log if isinstance(e, JobRequeued))
     assert requeued.submitted_at == placed.submitted_at.replace(minute=0)  # u1's own, T0
 
 

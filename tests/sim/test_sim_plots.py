@@ -7,6 +7,7 @@ import io
 import re
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -43,8 +44,8 @@ def test_curves_stop_at_the_cut_and_each_share_is_a_labelled_dashed_line() -> No
     r = _report("fairshare", 0.7, 10.0)
     draw_shares(ax, r.series, {"lab/a": 0.5, "lab/b": 0.25}, until=1.5)
     solid = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-"]
-    dashed = sorted(ln.get_ydata()[0] for ln in ax.get_lines() if ln.get_linestyle() == "--")
-    assert max(max(ln.get_xdata()) for ln in solid) == 1.5  # the drain-out after day 1.5 is not drawn
+    dashed = sorted(np.asarray(ln.get_ydata())[0] for ln in ax.get_lines() if ln.get_linestyle() == "--")
+    assert max(max(np.asarray(ln.get_xdata())) for ln in solid) == 1.5  # the drain-out after day 1.5 is not drawn
     assert ax.get_xlim()[1] == 1.5
     assert dashed == [0.25, 0.5]
     assert sorted(t.get_text() for t in ax.texts) == ["0.25 b", "0.50 a"]

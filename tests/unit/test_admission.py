@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from apportion.domain.admission import NodeShape, admit, rejected_event, shape_possible
+from apportion.domain.admission import NodeShape, ShapeLike, admit, rejected_event, shape_possible
+from apportion.domain.budgets import Budget, BudgetTree
 from apportion.events import RejectReason
 from tests.unit.builders import dt, h, submitted, tree
 
@@ -33,7 +34,7 @@ TREE = tree(
         "open": 0.5,
     }
 )
-SHAPES = [NodeShape(8, "A100", 4), NodeShape(4, "H100", 2), (2, None)]
+SHAPES: list[ShapeLike] = [NodeShape(8, "A100", 4), NodeShape(4, "H100", 2), (2, None)]
 
 
 @dataclass
@@ -128,27 +129,18 @@ def test_admission(case: Case) -> None:
 
 
 def test_zero_share_is_rejected_for_allocated_only() -> None:
-    """Shares are in (0, 1], so abs share 0 needs a tree that says so; a stub does."""
+    """Shares are in (0, 1], so abs share 0 needs a tree that says so; a subclass does."""
 
-    class ZeroTree:
-        def __contains__(self, path):
-            return True
+    class ZeroTree(BudgetTree):
+        __slots__ = ()
 
-        def is_leaf(self, path):
-            return True
-
-        def abs_share(self, path):
+        def abs_share(self, path: str) -> float:
             return 0.0
 
-        def members(self, path):
-            return None
-
-        def max_min_runtime_s(self, path):
-            return None
-
-    got = admit(ZeroTree(), submitted("j1", budget="x"), SHAPES)  # type: ignore[arg-type]
+    zero = ZeroTree({"x": Budget("x", 1.0)})
+    got = admit(zero, submitted("j1", budget="x"), SHAPES)
     assert got is not None and got.reason is RejectReason.ZERO_SHARE
-    assert admit(ZeroTree(), submitted("j1", budget="x", min_runtime_s=0), SHAPES) is None  # type: ignore[arg-type]
+    assert admit(zero, submitted("j1", budget="x", min_runtime_s=0), SHAPES) is None
 
 
 def test_no_nodes_registered_yet_queues_instead_of_rejecting() -> None:
@@ -186,9 +178,8 @@ def test_without_a_budget_limit_the_window_caps_a_minimum_runtime() -> None:
         "sets max_min_runtime"
     )
     # another window, another ceiling; a budget's own limit is the one that applies (lab: 1 d, under a 1 h window)
-    assert admit(TREE, submitted("j1", budget="open", min_runtime_s=7200), SHAPES, window_s=3600).reason is (
-        RejectReason.MIN_RUNTIME_TOO_LONG
-    )
+    capped = admit(TREE, submitted("j1", budget="open", min_runtime_s=7200), SHAPES, window_s=3600)
+    assert capped is not None and capped.reason is (RejectReason.MIN_RUNTIME_TOO_LONG)
     assert admit(TREE, submitted("j1", budget="lab/vision", min_runtime_s=7200), SHAPES, window_s=3600) is None
     # unallocated jobs have no protection to cap
     assert admit(TREE, submitted("j1", budget="open", min_runtime_s=0), SHAPES, window_s=3600) is None

@@ -31,6 +31,7 @@ from apportion.audit.verify import (
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import EngineConfig
 from apportion.timeutil import from_us
+from tests.narrowing import narrow
 from tests.sim.simkit import T0, at, job, nodes, run
 
 AB = {"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5}
@@ -46,7 +47,9 @@ def history(snapshot_times: tuple[int, ...] = ()) -> list[events.Event]:
         job("b2", "lab/b", submit=at(2), min_runtime_s=3600, duration_s=3600),
     ]
     r = run(AB, nodes(("n0", 1), ("n1", 1)), jobs, until_us=at(3), delta=0.01)
-    log = [events.BudgetSet(path=p, share=s, ts=from_us(T0 - 1), producer="ops") for p, s in AB.items()]
+    log: list[events.Event] = [
+        events.BudgetSet(path=p, share=s, ts=from_us(T0 - 1), producer="ops") for p, s in AB.items()
+    ]
     log += r.log
     base = records_from_events(log)
     for t in snapshot_times:
@@ -82,7 +85,7 @@ def test_a_log_whose_tree_came_as_one_budget_batch_verifies() -> None:
 
 def test_tampered_snapshot_is_named_by_its_offset() -> None:
     log = history((at(0, 30), at(1, 30), at(2, 30)))
-    snap = log[-2]  # the 1:30 snapshot
+    snap = narrow(events.OccupancySnapshot, log[-2])  # the 1:30 snapshot
     rows = list(snap.budgets)
     rows[1] = rows[1].model_copy(update={"occupancy_gpu_s": rows[1].occupancy_gpu_s + 5.0})
     log[-2] = snap.model_copy(update={"budgets": tuple(rows)})
@@ -92,13 +95,13 @@ def test_tampered_snapshot_is_named_by_its_offset() -> None:
     assert m.offset == position(bad) == "apportion.usage:0@1"
     assert f"{rows[1].path}.occupancy_gpu_s" in m.detail
     rep = verify(recs, config=CFG)
-    assert not rep.ok and rep.first.offset == "apportion.usage:0@1"
+    assert not rep.ok and rep.first is not None and rep.first.offset == "apportion.usage:0@1"
 
 
 def test_snapshot_within_a_gpu_second_passes_beyond_fails() -> None:
     # 1e-6 relative of ~3600 GPU-s is 0.0036: a 0.5 GPU-s error fails the relative bound
     log = history((at(0, 30),))
-    rows = list(log[-1].budgets)
+    rows = list(narrow(events.OccupancySnapshot, log[-1]).budgets)
     rows[1] = rows[1].model_copy(update={"occupancy_gpu_s": rows[1].occupancy_gpu_s * (1 + 1e-8)})
     log[-1] = log[-1].model_copy(update={"budgets": tuple(rows)})
     assert check_snapshots(records_from_events(log)) == []
@@ -107,12 +110,13 @@ def test_snapshot_within_a_gpu_second_passes_beyond_fails() -> None:
 def test_tampered_decision_is_named_by_its_offset() -> None:
     log = history()
     i = next(i for i, e in enumerate(log) if isinstance(e, events.JobPlaced) and e.job_id == "b2")
-    placed = log[i]
+    placed = narrow(events.JobPlaced, log[i])
     log[i] = placed.model_copy(update={"decision": placed.decision.model_copy(update={"rank": 7})})
     recs = records_from_events(log)
     rep = verify(recs, config=CFG)
     assert not rep.ok
     m = rep.first
+    assert m is not None
     assert m.check == "decision" and "decision.rank: recorded 7, re-run 0" in m.detail
     # the first record of that tick: a2's preemption (same instant, earlier offset)
     tick = sorted(
@@ -131,7 +135,7 @@ def test_tampered_decision_is_named_by_its_offset() -> None:
 def test_read_model_rows_compared_with_the_rebuild() -> None:
     log = history((at(2, 30),))
     recs = records_from_events(log)
-    snap = log[-1]
+    snap = narrow(events.OccupancySnapshot, log[-1])
     _, ranks = occupancy_at(recs, at(2, 30))
     budgets = {u.path: u.model_dump(mode="json") | {"rank": ranks.get(u.path)} for u in snap.budgets}
     meta = {

@@ -113,7 +113,7 @@ def test_an_altered_byte_a_moved_signature_or_a_reserialised_record_proves_nothi
     assert [signer_of(x, appended=True) for x in values] == [D.public_key] * 5  # the untouched records prove it
 
 
-def test_the_verified_hash_caches_stay_bounded_and_a_record_past_a_clear_still_proves_its_key(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_the_verified_hash_caches_stay_bounded_and_a_record_past_a_clear_still_proves_its_key(monkeypatch) -> None:
     from apportion import identity
 
     monkeypatch.setattr(identity, "_GOOD", {})
@@ -182,7 +182,7 @@ def test_a_node_report_signed_alone_verifies_in_the_appended_form_and_the_canoni
         pytest.param(completed("n1"), Principal("node:n1"), None, None, id="a run the reader never saw placed"),
     ],
 )
-def test_who_may_write_what(event, signer, placement, expected) -> None:  # type: ignore[no-untyped-def]
+def test_who_may_write_what(event, signer, placement, expected) -> None:
     got = authorize_report(event, signer, placement)
     if expected is None:
         assert got is None
@@ -199,7 +199,7 @@ def test_a_log_from_before_the_dispatcher_signed_keeps_its_decisions() -> None:
 # --------------------------------------------------------------------------- the readers' edge
 
 
-def _edge(batch: list[Rec], gate: ReportGate | None = None):  # type: ignore[no-untyped-def]
+def _edge(batch: list[Rec], gate: ReportGate | None = None):
     dead: list[events.DeadLetter] = []
     intake = Intake("test", lambda: T0, on_dead=dead.append, gate=gate or ReportGate())
     pairs = [(r, ev) for r in batch if (ev := intake.admit(r)) is not None]

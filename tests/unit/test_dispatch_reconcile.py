@@ -9,6 +9,7 @@ from __future__ import annotations
 from apportion import events as ev
 from apportion.domain.dispatch import UNDO_ON_REFUSAL, Tick, step
 from apportion.timeutil import from_us
+from tests.narrowing import narrow, narrow_each
 from tests.unit.builders import T0, m, submitted
 from tests.unit.test_dispatch import CFG, TREE, given, reg, types
 
@@ -49,7 +50,8 @@ def test_a_run_its_agent_lost_is_requeued_keeping_submitted_at():
     state, placed = _running()
     out = step(state, _lost(placed.placements[0].node_id), m(1), CFG)
     assert types(out) == ["JobRequeued:j1"]
-    assert (out[0].attempt, out[0].submitted_at, out[0].reason) == (2, placed.submitted_at, "lost on its node")
+    requeued = narrow(ev.JobRequeued, out[0])
+    assert (requeued.attempt, requeued.submitted_at, requeued.reason) == (2, placed.submitted_at, "lost on its node")
     assert [j.job_id for j in state.pending["lab/a"]] == ["j1"]
 
 
@@ -57,7 +59,9 @@ def test_a_gang_lost_on_one_node_stops_its_other_replicas_with_the_grace_period(
     state, placed = _running(gpus=4, replicas=2)
     other = placed.placements[1].node_id
     out = step(state, _lost(placed.placements[0].node_id), m(1), CFG)
-    assert [(e.type, e.node_id, e.grace_s) for e in out] == [("StopWorkload", other, CFG.engine.grace_s)]
+    assert [(e.type, e.node_id, e.grace_s) for e in narrow_each(ev.StopWorkload, out)] == [
+        ("StopWorkload", other, CFG.engine.grace_s)
+    ]
 
 
 def test_a_loss_of_an_old_attempt_or_by_the_dispatcher_itself_changes_nothing():
@@ -72,7 +76,8 @@ def test_a_refused_start_is_undone_and_requeued():
     node = placed.placements[0].node_id
     out = step(state, _refused(node, "before_registration: sent 1, node registered 2"), m(1), CFG)
     assert types(out) == ["JobRequeued:j1"]
-    assert (out[0].attempt, out[0].reason) == (2, "start refused: before_registration")
+    requeued = narrow(ev.JobRequeued, out[0])
+    assert (requeued.attempt, requeued.reason) == (2, "start refused: before_registration")
     free = {n.node_id: len(n.free) for n in state.cluster.nodes.values()}
     assert free == {"n0": 4, "n1": 4}  # the refused run's GPUs are free again
 
@@ -81,7 +86,8 @@ def test_a_refused_gang_start_stops_the_other_replicas_at_once():
     state, placed = _running(gpus=4, replicas=2)
     out = step(state, _refused(placed.placements[0].node_id, "gpus_busy"), m(1), CFG)
     assert types(out) == ["StopWorkload:j1", "JobRequeued:j1"]
-    assert (out[0].node_id, out[0].grace_s) == (placed.placements[1].node_id, 0.0)
+    stop = narrow(ev.StopWorkload, out[0])
+    assert (stop.node_id, stop.grace_s) == (placed.placements[1].node_id, 0.0)
 
 
 def test_refusals_that_do_not_undo():

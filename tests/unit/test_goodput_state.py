@@ -24,6 +24,7 @@ from apportion.domain.cluster import (
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, step, wakeups
 from apportion.domain.engine import order_key
 from apportion.timeutil import from_us, to_us
+from tests.narrowing import narrow
 from tests.unit.builders import T0, h, m, placed, preempted, requeued, s, started, submitted
 
 
@@ -264,7 +265,8 @@ def test_requeued_job_carries_its_preemptions_and_progress_and_gets_a_longer_pro
     out = step(state, Tick(h(1)), h(1), CFG)
     assert types(out)[:3] == ["JobPreempted:u", "StopWorkload:u", "JobPlaced:j"]
     # work lost: 4 GPUs * (3600 - 30) s
-    assert out[0].lost_gpu_s == 4 * 3570.0 and out[2].decision.victims[0].lost_gpu_s == 4 * 3570.0
+    preempted_u, placed_j = narrow(ev.JobPreempted, out[0]), narrow(ev.JobPlaced, out[2])
+    assert preempted_u.lost_gpu_s == 4 * 3570.0 and placed_j.decision.victims[0].lost_gpu_s == 4 * 3570.0
     step(state, Tick(h(1) + 30_000_000), h(1) + 30_000_000, CFG)  # grace over: requeued
     pj = state.pending["lab/b"][0]
     assert (pj.attempt, pj.preemptions, pj.progress_s) == (2, 1, 30.0)
@@ -281,13 +283,14 @@ def test_node_loss_gives_surviving_gang_replicas_the_normal_grace_then_requeues(
     lost = ev.NodeLost(node_id="n0", last_heartbeat=from_us(m(10)), ts=from_us(m(11)))
     out = step(state, lost, m(11), cfg)
     assert types(out) == ["JobLost:g", "StopWorkload:g"]  # no requeue yet: the survivor is stopping
-    assert out[0].lost_gpu_s == 8 * 600.0  # 8 GPUs, 10 min to the last heartbeat
-    assert out[1].node_id == "n1" and out[1].grace_s == 30.0
+    job_lost, stop = narrow(ev.JobLost, out[0]), narrow(ev.StopWorkload, out[1])
+    assert job_lost.lost_gpu_s == 8 * 600.0  # 8 GPUs, 10 min to the last heartbeat
+    assert stop.node_id == "n1" and stop.grace_s == 30.0
     # the survivor's GPUs stay held while it stops; n0's are free
     assert state.cluster.nodes["n1"].free == frozenset() and state.jobs["g"].status == "stopping"
     assert step(state, Tick(m(11) + 29_000_000), m(11) + 29_000_000, cfg) == []
     out = step(state, Tick(m(11) + 30_000_000), m(11) + 30_000_000, cfg)
-    assert types(out)[0] == "JobRequeued:g" and out[0].attempt == 2
+    assert types(out)[0] == "JobRequeued:g" and narrow(ev.JobRequeued, out[0]).attempt == 2
 
 
 def test_node_loss_requeue_follows_the_survivors_exit_report():
@@ -338,24 +341,24 @@ def test_drain_records_the_work_lost():
     step(state, started("u", at=T0), T0, CFG)
     step(state, ckpt("u", m(20), 1200.0), m(20), CFG)
     out = step(state, ev.NodeDrainRequested(node_id="n0", ts=from_us(m(30))), m(30), CFG)
-    assert types(out)[:1] == ["JobPreempted:u"] and out[0].reason == "drain"
-    assert out[0].lost_gpu_s == 4 * 600.0  # 10 min on 4 GPUs since the checkpoint
+    assert types(out)[:1] == ["JobPreempted:u"] and narrow(ev.JobPreempted, out[0]).reason == "drain"
+    assert narrow(ev.JobPreempted, out[0]).lost_gpu_s == 4 * 600.0  # 10 min on 4 GPUs since the checkpoint
 
 
 def test_a_lost_gangs_grace_replays_from_the_jobs_topic_alone():
     """The dispatcher does not read the commands topic back: a state recovered from the other
     topics (no StopWorkload) must still wait the grace period before requeueing."""
     state = DispatchState(TREE)
-    log = []
+    log: list[ev.Event] = []
     for e in (reg("n0"), reg("n1"), submitted("g", budget="lab/b", gpus=4, replicas=2, min_runtime_s=60)):
         log += [e, *step(state, e, T0, CFG)]
     log += step(state, Tick(T0), T0, CFG)
     lost = ev.NodeLost(node_id="n0", last_heartbeat=from_us(m(10)), ts=from_us(m(11)))
     log += [lost, *step(state, lost, m(11), CFG)]
     recovered = DispatchState(TREE)
-    for e in log:
-        if not isinstance(e, (ev.StartWorkload, ev.StopWorkload)):
-            recovered = evolve(recovered, e)
+    for logged in log:
+        if not isinstance(logged, (ev.StartWorkload, ev.StopWorkload)):
+            recovered = evolve(recovered, logged)
     assert step(recovered, Tick(m(11) + 29_000_000), m(11) + 29_000_000, CFG) == []
     out = step(recovered, Tick(m(11) + 30_000_000), m(11) + 30_000_000, CFG)
     assert types(out)[0] == "JobRequeued:g"

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from apportion import events
+from apportion.bus.reader import LogRecord
 from apportion.domain.admission import Principal, authorize
 from apportion.events import JobCancelRequested, JobSubmitted, RejectReason
 from apportion.identity import Identity, KeyRegistry, canonical_bytes, signer_of
@@ -76,7 +77,7 @@ def test_the_signature_covers_a_producer_that_writes_integers_and_fields_this_re
         pytest.param(lambda o: o.update(signature=7), id="signature not a string"),
     ],
 )
-def test_a_changed_request_does_not_verify(tamper) -> None:  # type: ignore[no-untyped-def]
+def test_a_changed_request_does_not_verify(tamper) -> None:
     obj = json.loads(events.encode(ALICE.sign(submission())))
     tamper(obj)
     assert signer_of(json.dumps(obj).encode()) is None
@@ -90,7 +91,7 @@ def test_one_altered_byte_of_the_record_is_caught() -> None:
     assert signer_of(b"not json") is None and signer_of(None) is None
 
 
-def test_identity_file_round_trip_is_private(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_identity_file_round_trip_is_private(tmp_path) -> None:
     path = tmp_path / "apportion" / "identity.json"
     ident = Identity.generate("dana")
     ident.save(path)
@@ -125,7 +126,7 @@ H = timedelta(hours=1)
         pytest.param([("rev", 1), ("reg", 0)], T0 + 2 * H, None, None, id="folded out of order"),
     ],
 )
-def test_a_key_proves_its_user_from_registration_until_revocation(history, at, position, expected) -> None:  # type: ignore[no-untyped-def]
+def test_a_key_proves_its_user_from_registration_until_revocation(history, at, position, expected) -> None:
     """Revocations count by log position (record timestamp 100 x hours; unknown: once read), not by the signer's ts.
 
     A record of the revocation's own millisecond stands (the broker's clock does not order them: a live reader
@@ -155,7 +156,7 @@ def test_a_key_proves_its_user_from_registration_until_revocation(history, at, p
         pytest.param(cancel("carol"), Principal("eve"), "carol", RejectReason.UNAUTHENTICATED, id="eve claims carol"),
     ],
 )
-def test_authorize(request_, signer, owner, reason) -> None:  # type: ignore[no-untyped-def]
+def test_authorize(request_, signer, owner, reason) -> None:
     got = authorize(request_, signer, owner)
     assert (got.reason if got is not None else None) == reason
 
@@ -177,7 +178,7 @@ def _queued(sub: JobSubmitted) -> events.JobQueued:
     )
 
 
-def _log(*evs: events.Event) -> list:  # type: ignore[type-arg]
+def _log(*evs: events.Event) -> list[LogRecord]:
     from apportion.audit.verify import records_from_events
 
     return records_from_events(evs)
@@ -214,7 +215,7 @@ def test_audit_verify_names_an_altered_byte_of_an_accepted_submission() -> None:
         pytest.param(CAROL, "alice", id="accepted in alice's name with carol's key"),
     ],
 )
-def test_audit_verify_flags_an_accepted_request_the_log_does_not_prove(signer, user) -> None:  # type: ignore[no-untyped-def]
+def test_audit_verify_flags_an_accepted_request_the_log_does_not_prove(signer, user) -> None:
     from apportion.audit.verify import verify
 
     s = submission(user)

@@ -39,7 +39,7 @@ def reg_node(node: str = "n0", at: datetime = T0) -> NodeRegistered:
     )
 
 
-def revoked(ident, at: datetime) -> UserKeyRevoked:  # type: ignore[no-untyped-def]
+def revoked(ident, at: datetime) -> UserKeyRevoked:
     return UserKeyRevoked(
         event_id=events.det_id("rev", ident.user, at), user=ident.user, public_key=ident.public_key, ts=at
     )
@@ -101,7 +101,7 @@ def test_the_agent_signs_each_report_with_its_node_key_and_nothing_else() -> Non
         ),
     ],
 )
-def test_a_node_report_counts_only_when_its_node_signed_it(event, signer, expected) -> None:  # type: ignore[no-untyped-def]
+def test_a_node_report_counts_only_when_its_node_signed_it(event, signer, expected) -> None:
     got = authorize_report(event, signer)
     if expected is None:
         assert got is None
@@ -239,7 +239,7 @@ def test_audit_verify_refuses_a_request_backdated_before_the_revocation_of_its_k
 # --------------------------------------------------------------------------- the key ceremony of a node
 
 
-def test_keys_init_node_writes_the_key_file_the_agent_loads(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_keys_init_node_writes_the_key_file_the_agent_loads(tmp_path, monkeypatch) -> None:
     from typer.testing import CliRunner
 
     from apportion.cli.main import app

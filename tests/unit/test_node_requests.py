@@ -50,7 +50,7 @@ def drain(node: str = "n1", minutes: int = 1) -> NodeDrainRequested:
     ],
 )
 @pytest.mark.parametrize("kind", [NodeCordoned, NodeDrainRequested, NodeUncordoned])
-def test_only_an_ops_key_may_cordon_drain_or_uncordon(kind, signer, detail) -> None:  # type: ignore[no-untyped-def]
+def test_only_an_ops_key_may_cordon_drain_or_uncordon(kind, signer, detail) -> None:
     req = kind(event_id=events.det_id("r", kind.__name__), node_id="n1", ts=T0, producer="t")
     got = authorize_node_request(req, signer)
     edge = authorize_report(req, signer)

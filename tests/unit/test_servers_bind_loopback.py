@@ -23,7 +23,7 @@ from services.web.config import WebSettings
     "settings",
     [ServiceSettings, DispatcherSettings, AccountingSettings, PolicySettings, NodeAgentSettings, WebSettings],
 )
-def test_every_services_metrics_endpoint_defaults_to_loopback(settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_every_services_metrics_endpoint_defaults_to_loopback(settings, monkeypatch) -> None:
     monkeypatch.delenv("APPORTION_METRICS_HOST", raising=False)
     assert settings().metrics_host == "127.0.0.1"
 
