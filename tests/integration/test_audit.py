@@ -135,7 +135,7 @@ async def test_audit_on_a_live_log(cluster: Cluster, tmp_path: Path) -> None:
     pre = next(e for e in ex.timeline if e.kind == "JobPreempted")
     assert pre.details["by_job_id"] == "paid" and pre.details["victim"]["rule"] == "unallocated"
     assert "preempted by paid (lab/a): rule unallocated" in pre.summary
-    assert ex.decisions_match and pre.check["basis"] == "inputs"
+    assert ex.decisions_match and pre.check is not None and pre.check["basis"] == "inputs"
 
     # 4. export, then --from-file: the same records and the same answers
     f = tmp_path / "log.jsonl.gz"
@@ -162,7 +162,9 @@ async def test_audit_on_a_live_log(cluster: Cluster, tmp_path: Path) -> None:
                 d["value"] = json.dumps(ev)
             out.write(json.dumps(d) + "\n")
     rep = verify(load_log(from_file=bad), config=cfg)
-    assert not rep.ok and rep.first.check == "snapshot" and rep.first.offset == position(victim)
+    assert (
+        not rep.ok and rep.first is not None and rep.first.check == "snapshot" and rep.first.offset == position(victim)
+    )
 
     # 5b. the same through the CLI: exit code 1 and the offset printed
     from typer.testing import CliRunner

@@ -134,6 +134,7 @@ async def the_next_submission_is_placed(cluster: Cluster, job_id: str) -> list[A
 async def test_a_poison_submission_is_dead_lettered_and_the_dispatcher_goes_on(cluster: Cluster, poison: str) -> None:
     job = f"poison-{uuid.uuid4().hex[:6]}"
     key, value, reason = CASES[poison](cluster, job)
+    assert key is not None  # every case keys its record
     cluster.producer.send_raw(topic_name(topics.SUBMISSIONS), value, key).get(timeout=30)
     evs = await cluster.until(lambda evs: letters_for(evs, key.decode()), f"the dead letter of the {poison} record")
     (letter,) = {d.event_id: d for d in letters_for(evs, key.decode())}.values()  # one id, however often met
@@ -167,7 +168,7 @@ async def test_a_reused_event_id_is_dead_lettered_and_the_first_job_runs(cluster
 async def test_tombstones_on_the_topics_of_accounting_and_policy_are_dead_lettered_and_both_go_on(
     cluster: Cluster,
 ) -> None:
-    def latest(evs: list[Any], cls: type) -> Any:
+    def latest(evs: list[Any], cls: type[Any]) -> Any:
         return max((e for e in evs if isinstance(e, cls)), key=lambda e: e.ts, default=None)
 
     evs = await cluster.until(lambda evs: latest(evs, events.FairShareRanking), "a first ranking")

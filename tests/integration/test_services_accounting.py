@@ -141,6 +141,7 @@ async def test_accounting_and_policy_equal_bulk_rebuild(kafka_bootstrap, redis_u
         # ---- after the start-up rebuild
         ref1 = _bulk(PHASE1, h(5))
         meta, rows = store.read()
+        assert meta is not None
         exp_meta, exp_rows = acc_logic.read_model(ref1, fold_budget_log(PHASE1), {})
         assert meta["snapshot_id"] == str(ref1.event_id)
         assert rows == exp_rows
@@ -230,6 +231,7 @@ async def test_accounting_resumes_from_its_checkpoint_and_equals_a_fresh_rebuild
     from services.accounting import logic as acc_logic
     from services.accounting.app import run as run_accounting
     from services.accounting.config import AccountingSettings
+    from services.accounting.service import StartReport
     from services.accounting.store import ReadModelStore
 
     monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"t{uuid.uuid4().hex[:8]}.")
@@ -251,7 +253,8 @@ async def test_accounting_resumes_from_its_checkpoint_and_equals_a_fresh_rebuild
             snapshot_debounce_wall_s=0,
             rebuild=rebuild,
         )
-        stop, ready, reports = asyncio.Event(), asyncio.Event(), []
+        stop, ready = asyncio.Event(), asyncio.Event()
+        reports: list[StartReport] = []
         task = asyncio.create_task(run_accounting(settings, stop, clock=clock, ready=ready, on_start=reports.append))
         waiter = asyncio.create_task(ready.wait())
         done, _ = await asyncio.wait([task, waiter], timeout=DEADLINE_S, return_when=asyncio.FIRST_COMPLETED)

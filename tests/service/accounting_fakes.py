@@ -9,9 +9,10 @@ transactions so tests can check what was written together.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from apportion import events
+from apportion.bus.reader import LogRecord
 from apportion.settings import topic_prefix
 from tests.signing import node_value, with_node_keys
 
@@ -31,6 +32,29 @@ class Rec:
     value: bytes
     timestamp: int = 0
     timestamp_type: int = 0
+
+
+class ConsumerRecordLike(Protocol):
+    """The fields of a ``ConsumerRecord`` the readers use (this module's :class:`Rec`, the dispatcher tests')."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def timestamp(self) -> int: ...
+
+
+def log_record(r: ConsumerRecordLike) -> LogRecord:
+    """``r`` as the audit reads it (:class:`apportion.bus.reader.LogRecord`: the key as str, the value decoded)."""
+    key = r.key.decode() if r.key is not None else None
+    return LogRecord(r.topic, r.partition, r.offset, key, r.timestamp, r.value, events.decode(r.value))
 
 
 def records(evs, *, partitions: int = 3, start: dict[tuple[str, int], int] | None = None) -> list[Rec]:

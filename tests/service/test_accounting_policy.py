@@ -83,6 +83,7 @@ def test_bootstrap_snapshot_and_read_model_equal_bulk_rebuild():
     b = next(u for u in snap.budgets if u.path == "lab/b")
     assert b.occupancy_gpu_s == 4 * 4 * 3600 and b.unallocated_gpu_s == 4 * 4 * 3600
     meta, rows = ReadModelStore(redis).read()
+    assert meta is not None
     assert meta["capacity_gpu_s"] == snap.capacity_gpu_s and meta["at"] == snap.at.isoformat()
     assert rows["lab/a"]["occupancy_gpu_s"] == a.occupancy_gpu_s
     # K = 16 GPUs x 6 h; r_a = 32 GPU-h / (0.75 K) = 0.44 < r_b = 16 GPU-h / (0.25 K) = 0.67
@@ -243,6 +244,7 @@ def test_accounting_folds_a_batch_whole_into_its_tree_and_read_model():
     bad = _batch(("lab/a", 0.9))
     assert acc.apply(bad) is False and acc.tree.share("lab/a") == 0.5  # invalid as a whole: skipped whole
     snap = acc.snapshot()
+    assert snap is not None
     _, rows = acc_logic.read_model(snap, acc.tree, {})
     assert {p: r["share"] for p, r in rows.items()} == {"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5}
 

@@ -30,6 +30,7 @@ from apportion.topics import BUDGETS, COMMANDS, JOBS, NODES, SUBMISSIONS
 from services.dispatcher import logic
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.service import ECHO_LEN, DispatcherService, TickPacer
+from tests.narrowing import narrow, narrow_each
 from tests.signing import identity, node_value, registered, with_node_keys
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
@@ -248,9 +249,10 @@ def test_fence_copies_only_when_something_changes(token: int, inputs: dict[str, 
     out = logic.fence([placed, queued_like], token, inputs)
     assert (out[0] is not placed) == expect_copy
     assert out[1] is queued_like
-    assert out[0].fencing_token == token
-    assert out[0].decision.inputs == inputs
-    assert out[0].event_id == placed.event_id
+    fenced = narrow(events.JobPlaced, out[0])
+    assert fenced.fencing_token == token
+    assert fenced.decision.inputs == inputs
+    assert fenced.event_id == placed.event_id
 
 
 def test_tick_pacer_spaces_news_driven_ticks_to_a_share_of_the_time() -> None:
@@ -328,7 +330,12 @@ def test_a_new_leader_sends_again_the_starts_of_runs_that_never_started() -> Non
     from services.dispatcher import logic
 
     svc, log = run_history(echoes=True)
-    first = {events.decode(v).job_id: events.decode(v) for t, v in log.published if t == topic_name(COMMANDS)}
+    first = {
+        e.job_id: e
+        for e in narrow_each(
+            events.StartWorkload, [events.decode(v) for t, v in log.published if t == topic_name(COMMANDS)]
+        )
+    }
     fresh = service(ListLog(), echoes=False)
     out = fresh.bootstrap([r for r in log.records if r.topic in INPUTS])
     again = [e for e in out if isinstance(e, StartWorkload)]

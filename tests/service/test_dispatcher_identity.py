@@ -20,6 +20,7 @@ from apportion.events import BudgetSet, JobCancelRequested, JobSubmitted, NodeRe
 from apportion.settings import topic_name
 from apportion.topics import JOBS, NODES
 from services.dispatcher.service import DispatcherService
+from tests.service.accounting_fakes import log_record
 from tests.service.test_dispatcher import INPUTS, T0, ListLog, drive, service
 from tests.signing import identity, node_identity, registered
 
@@ -117,7 +118,7 @@ def test_a_request_is_judged_by_the_keys_as_of_its_record_as_the_audit_judges_it
     signed after it, backdated before it. The edge folds the poll's key events first, yet j1 stands: its record
     precedes the revocation (the broker's time, ``identity.log_position``), as ``audit verify`` counts it."""
     from apportion.audit.verify import verify
-    from apportion.bus.reader import LogRecord, log_order
+    from apportion.bus.reader import log_order
 
     log = ListLog()
     svc = service(log, echoes=True)
@@ -129,18 +130,7 @@ def test_a_request_is_judged_by_the_keys_as_of_its_record_as_the_audit_judges_it
     out = [events.decode(v) for _, v in log.published]
     assert rejections(out) == [("j2", "unauthenticated", "JobSubmitted")]
     assert set(svc.state.jobs) == {"j1"}
-    recs = [
-        LogRecord(
-            r.topic,
-            r.partition,
-            r.offset,
-            r.key.decode() if r.key is not None else None,
-            r.timestamp,
-            r.value,
-            events.decode(r.value),
-        )
-        for r in log.records
-    ]
+    recs = [log_record(r) for r in log.records]
     assert [m for m in verify(sorted(recs, key=log_order)).mismatches if m.check == "signature"] == []
 
 

@@ -18,6 +18,7 @@ from apportion.settings import topic_name
 from apportion.statefile import CheckpointError, check_offsets
 from apportion.timeutil import to_us
 from services.dispatcher import snapshot as snapmod
+from tests.narrowing import narrow_each
 from tests.service.test_dispatcher import INPUTS, T0, ListLog, drive, history, service, submit
 
 PREFIX = "snap-test."
@@ -72,7 +73,10 @@ def test_a_restart_from_a_snapshot_equals_a_full_replay_and_decides_the_same() -
     out_replayed = replayed.bootstrap(everything)
     # the leader decided everything already; both send the starts of the runs without a JobStarted again
     assert out_resumed == out_replayed
-    assert [(e.type, e.job_id) for e in out_resumed] == [("StartWorkload", "j2"), ("StartWorkload", "j4")]
+    assert [(e.type, e.job_id) for e in narrow_each(events.StartWorkload, out_resumed)] == [
+        ("StartWorkload", "j2"),
+        ("StartWorkload", "j4"),
+    ]
     # the one difference: the leader's own commands (on a topic it does not read) are in the resumed state's seen
     commands = [events.decode(v).event_id for t, v in log.published if t not in INPUTS]
     before = set(commands[:2])  # the two StartWorkloads decided before the snapshot (a third one after it)

@@ -12,6 +12,7 @@ from apportion.timeutil import to_us
 from apportion.topics import DEADLETTER
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.service import FUTURE, STALE, DispatcherService
+from tests.narrowing import narrow_each
 from tests.service.test_dispatcher import INPUTS, T0, USER, ListLog, drive, history, submit
 
 
@@ -34,7 +35,9 @@ def test_a_submission_two_windows_late_is_dead_lettered_and_the_next_one_queued(
     drive(svc, log)
     log.put(old)  # a later batch (one batch is folded in event-time order)
     drive(svc, log)
-    letters = [events.decode(v) for t, v in log.published if t == topic_name(DEADLETTER)]
+    letters = narrow_each(
+        events.DeadLetter, [events.decode(v) for t, v in log.published if t == topic_name(DEADLETTER)]
+    )
     assert [(d.source_key, d.error) for d in letters] == [
         ("old", f"{STALE}: {T0.isoformat()} is more than W before {later.isoformat()}")
     ]
@@ -56,7 +59,9 @@ def test_an_event_from_the_far_future_is_dead_lettered_and_moves_no_clock() -> N
     drive(svc, log)
     log.put(submit("now", "lab/a", 1))
     drive(svc, log)
-    letters = [events.decode(v) for t, v in log.published if t == topic_name(DEADLETTER)]
+    letters = narrow_each(
+        events.DeadLetter, [events.decode(v) for t, v in log.published if t == topic_name(DEADLETTER)]
+    )
     assert [(d.source_key, d.error) for d in letters] == [
         ("ahead", f"{FUTURE}: {year.isoformat()} is more than 3600 s after {T0.isoformat()}")
     ]

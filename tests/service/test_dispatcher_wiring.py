@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from apportion.events import NodeCordoned
 from apportion.settings import topic_name
 from apportion.topics import COMMANDS, JOBS, NODES
 from services.dispatcher import lease as lease_mod
@@ -182,10 +184,11 @@ def test_unacked_sends_each_record_and_raises_on_the_first_that_was_not_delivere
             self.futures.append(Future())
             return self.futures[-1]
 
+    a, b = (NodeCordoned(node_id=n, ts=datetime(2026, 1, 1, tzinfo=UTC)) for n in ("a", "b"))
     p = Producer()
     sends = Unacked(p)
-    sends.send_all([("a", b"1"), ("b", None)])
-    assert p.sent == [("a", b"1"), ("b", None)]
+    sends.send_all([(a, b"1"), (b, None)])
+    assert p.sent == [(a, b"1"), (b, None)]
     p.futures[0].success("acked")
     sends.check()  # nothing failed yet
     p.futures[1].failure(ConnectionError("gone"))
@@ -219,7 +222,8 @@ class Consumer:
 
 class ObservingLease:
     def __init__(self, token: int) -> None:
-        self.token, self.observed = token, []
+        self.token = token
+        self.observed: list[int] = []
 
     def observe(self, token: int) -> None:
         self.observed.append(token)

@@ -16,16 +16,21 @@ from apportion import events
 from apportion.clock import ManualClock
 from apportion.settings import topic_name
 from apportion.topics import BUDGETS, DEADLETTER, JOBS, SUBMISSIONS
+from tests.narrowing import narrow_each
 from tests.service.accounting_fakes import FakeRedis, Rec, records
 from tests.service.test_dispatcher import T0, ListLog, drive, history, service, submit
 
 
 def letters(log: ListLog) -> list[events.DeadLetter]:
-    return [events.decode(v) for t, v in log.published if t == topic_name(DEADLETTER)]  # type: ignore[misc]
+    return narrow_each(events.DeadLetter, [events.decode(v) for t, v in log.published if t == topic_name(DEADLETTER)])
 
 
 def placed(log: ListLog) -> set[str]:
-    return {e.job_id for t, v in log.published if t == topic_name(JOBS) and (e := events.decode(v)).type == "JobPlaced"}
+    return {
+        e.job_id
+        for t, v in log.published
+        if t == topic_name(JOBS) and isinstance(e := events.decode(v), events.JobPlaced)
+    }
 
 
 def started_log() -> tuple[Any, ListLog]:

@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 from apportion.audit.explain import Explanation, TimelineEntry
 from services.web.app import create_app
 from services.web.config import WebSettings
-from services.web.store import Unavailable
+from services.web.store import Sources, Unavailable
 
 BUDGETS = [
     {"path": "lab", "share": 1.0, "abs_share": 1.0, "occupancy_gpu_s": 7200.0, "unallocated_gpu_s": 0.0,
@@ -25,10 +25,10 @@ BUDGETS = [
 ]  # fmt: skip
 
 
-class FakeSources:
+class FakeSources(Sources):
     """What Sources returns, from fixed rows; ``down`` makes every read fail as an unreachable stack does."""
 
-    def __init__(self, down: bool = False) -> None:
+    def __init__(self, down: bool = False) -> None:  # no connection (Sources.__init__ opens one): rows below
         self.down = down
 
     def _check(self) -> None:

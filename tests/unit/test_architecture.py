@@ -35,7 +35,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
-    out = []
+    out: list[tuple[int, str]] = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out.extend((node.lineno, a.name) for a in node.names)

@@ -32,6 +32,7 @@ def test_preempted_job_names_preemptor_rule_and_ratios() -> None:
     v = pre.details["victim"]
     assert (v["rule"], v["lca"], v["victim_ratio"], v["preemptor_ratio"]) == ("expired_behind", "lab", 2.0, 0.0)
     assert "preempted by b1 (lab/b): rule expired_behind at LCA lab" in pre.summary
+    assert pre.check is not None
     assert pre.check == {
         "match": True,
         "basis": "log-order",
@@ -42,14 +43,14 @@ def test_preempted_job_names_preemptor_rule_and_ratios() -> None:
     assert kinds.index("JobPreempted") < kinds.index("JobRequeued")
     assert "Preempts" not in kinds  # a1 (attempt 2) does not take its GPU back: no swap
     placed = [e for e in ex.timeline if e.kind == "JobPlaced"]
-    assert [p.attempt for p in placed] == [1] and all(p.check["match"] for p in placed)
+    assert [p.attempt for p in placed] == [1] and all(p.check is not None and p.check["match"] for p in placed)
 
 
 def test_the_preemptor_names_its_victim() -> None:
     ex = explain(records_from_events(history()), "b1", CFG)
     assert ex.found and ex.decisions_match
     mine = next(e for e in ex.timeline if e.kind == "Preempts")
-    assert mine.details["victim_job"] == "a1" and mine.check["match"]
+    assert mine.details["victim_job"] == "a1" and mine.check is not None and mine.check["match"]
 
 
 def test_a_tampered_placement_is_a_mismatch_in_the_explanation() -> None:
@@ -59,6 +60,7 @@ def test_a_tampered_placement_is_a_mismatch_in_the_explanation() -> None:
     log[i] = p.model_copy(update={"placements": (events.Placement(node_id="n1", gpus=(0,)),)})
     ex = explain(records_from_events(log), "a1", CFG)
     first = next(e for e in ex.timeline if e.kind == "JobPlaced")
+    assert first.check is not None
     assert not first.check["match"] and any("placements" in d for d in first.check["diffs"])
     assert not ex.decisions_match
 

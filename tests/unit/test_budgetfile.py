@@ -8,6 +8,8 @@ import pytest
 
 from apportion.audit.whatif import load_tree
 from apportion.budgetfile import BudgetFileError, load_budget_tree
+from apportion.domain.budgets import Budget
+from tests.narrowing import narrow
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,9 +23,9 @@ def _write(tmp_path: Path, text: str) -> Path:
 def test_example_file_keeps_its_limits_in_every_reader() -> None:
     # lab (1.0, max 12h) -> prior (0.6) -> robotics (0.5, members alice, bob); vision (0.4, max 8h)
     tree = load_budget_tree(ROOT / "infra/budgets/example.yaml")
-    assert tree.get("lab").max_min_runtime_s == 12 * 3600.0
-    assert tree.get("lab/vision").max_min_runtime_s == 8 * 3600.0
-    assert tree.get("lab/prior/robotics").members == frozenset({"alice", "bob"})
+    assert narrow(Budget, tree.get("lab")).max_min_runtime_s == 12 * 3600.0
+    assert narrow(Budget, tree.get("lab/vision")).max_min_runtime_s == 8 * 3600.0
+    assert narrow(Budget, tree.get("lab/prior/robotics")).members == frozenset({"alice", "bob"})
     assert tree.abs_share("lab/prior/robotics") == pytest.approx(0.3)
     # whatif reads the same tree (it used to drop max_min_runtime: "no limit")
     assert load_tree(ROOT / "infra/budgets/example.yaml") == tree
@@ -65,4 +67,4 @@ def test_both_spellings_of_the_limit_agree(tmp_path: Path) -> None:
     a = load_budget_tree(_write(tmp_path, "lab: {share: 1.0, max_min_runtime: 1h30m}\n"))
     b = load_budget_tree(_write(tmp_path, "lab: {share: 1.0, max_min_runtime_s: 5400}\n"))
     assert a == b
-    assert a.get("lab").max_min_runtime_s == 5400.0
+    assert narrow(Budget, a.get("lab")).max_min_runtime_s == 5400.0

@@ -29,6 +29,7 @@ from apportion.bus.intake import (
 from apportion.bus.reader import LogRecord
 from apportion.settings import topic_name
 from apportion.topics import JOBS, SUBMISSIONS
+from tests.narrowing import narrow
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "events"
@@ -187,7 +188,7 @@ def test_what_is_not_poison_still_decodes(value: bytes) -> None:
 
 
 def test_an_infinite_ratio_survives_the_round_trip() -> None:
-    ev = events.decode(ranking_with("Infinity"))
+    ev = narrow(events.FairShareRanking, events.decode(ranking_with("Infinity")))
     assert ev.budgets[0].ratio == float("inf")
     assert events.decode(events.encode(ev)) == ev
 
@@ -240,7 +241,7 @@ def test_same_id_same_payload_is_a_duplicate_and_another_payload_is_a_reused_id(
 
 def test_a_decision_re_derived_by_another_leader_is_a_duplicate() -> None:
     d = json.loads((FIXTURES / "JobPlaced.v1.json").read_text())
-    first = events.decode(raw_of(d))
+    first = narrow(events.JobPlaced, events.decode(raw_of(d)))
     again = first.model_copy(
         update={"fencing_token": 9, "decision": first.decision.model_copy(update={"rank": 7, "ratio": 0.5})}
     )
@@ -319,4 +320,4 @@ def test_export_keeps_a_tombstone_and_reading_it_back_refuses_it(tmp_path: Path)
     assert [r.raw for r in back] == [events.encode(JOB), None, b"\xff"]
     assert back[0].event == JOB
     assert back[1].event is None and back[1].error == "null record value (tombstone)"
-    assert back[2].event is None and back[2].error.startswith("not valid JSON")
+    assert back[2].event is None and back[2].error is not None and back[2].error.startswith("not valid JSON")

@@ -68,7 +68,9 @@ def kafka_nodes(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_kafka_is_three_official_kraft_nodes_at_the_pinned_version(compose: dict[str, Any]) -> None:
     pom = (ROOT / "infra/kafka/pom.xml").read_text()
-    version = re.search(r"<kafka.version>(.+?)</kafka.version>", pom).group(1)
+    found = re.search(r"<kafka.version>(.+?)</kafka.version>", pom)
+    assert found is not None
+    version = found.group(1)
     nodes = kafka_nodes(compose)
     assert sorted(nodes) == ["kafka-1", "kafka-2", "kafka-3"]
     voters = set()
@@ -273,7 +275,9 @@ def compose_services_with_env() -> list[str]:
 def test_every_env_var_set_is_one_the_service_reads(compose: dict[str, Any], name: str) -> None:
     svc = compose["services"][name]
     service = built_from(svc)
-    assert (ROOT / f"services/{service}/config.py").exists(), f"services/{service}/config.py is missing"
+    assert service is not None and (ROOT / f"services/{service}/config.py").exists(), (
+        f"services/{service}/config.py is missing"
+    )
     readable = settings_env(service) | shared_env()
     unknown = sorted(k for k in svc["environment"] if k.upper() not in readable)
     assert not unknown, f"{name} sets env vars {service} does not read: {unknown}"

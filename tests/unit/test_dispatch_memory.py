@@ -13,6 +13,7 @@ from apportion import events as ev
 from apportion.domain.dispatch import DispatchState, Tick, evolve, step
 from apportion.domain.seen import FORGET_MIN
 from apportion.timeutil import from_us
+from tests.narrowing import narrow_each
 from tests.unit.builders import T0, h, s, submitted
 from tests.unit.test_dispatch import CFG, TREE, reg
 
@@ -112,7 +113,9 @@ def test_finished_jobs_are_forgotten_after_the_window_and_remembered_inside_it()
     assert state.finished == {"j1": s(1)}
     again = submitted("j1", budget="lab/a", user="alice", gpus=1, at=s(1800), event_id=ev.det_id("again", 1))
     out = step(state, again, s(1800), CFG)
-    assert [(e.type, e.reason) for e in out] == [("JobRejected", ev.RejectReason.DUPLICATE_JOB)]
+    assert [(e.type, e.reason) for e in narrow_each(ev.JobRejected, out)] == [
+        ("JobRejected", ev.RejectReason.DUPLICATE_JOB)
+    ]
     evolve(state, noise(2 * 3600))
     state.forget_old()
     assert state.finished == {}

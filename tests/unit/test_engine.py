@@ -589,17 +589,17 @@ def test_behind_set_by_tree_walk_equals_the_lca_rule():
     tree = BudgetTree.from_mapping(spec)
     leaves = tree.leaves()
     for trial in range(50):
-        occ = {}
+        occ: dict[str, float] = {}
         for leaf in leaves:
             v = rng.uniform(0, 300)
             for a in tree.ancestors(leaf):
                 occ[a] = occ.get(a, 0.0) + v
-        view = FairShareQueue(tree, occ, 1000.0, {})
+        view: FairShareQueue[int] = FairShareQueue(tree, occ, 1000.0, {})
         vic = CycleVictims.__new__(CycleVictims)
         vic.expired = {leaf: {} for leaf in rng.sample(leaves, 8)}
         vic.behind, vic.under = {}, None
         # with the after-move test (a random charge) and some moves already made this cycle
-        moves = {_branches(*rng.sample(leaves, 2)) for _ in range(3)} - {None}
+        moves = {m for m in [_branches(*rng.sample(leaves, 2)) for _ in range(3)] if m is not None}
         for b in leaves:
             charge = rng.choice([0.0, 10.0, 100.0])
             by_lca = vic.behind_of(b, view, 0.05, trial, None, charge, moves)

@@ -194,7 +194,7 @@ def test_same_cycle_reversal_is_refused():
     assert placements(res) == ["a1@n0[0, 1, 2, 3]", "a2@n2[0, 1]"]
     (vic,) = next(e for e in res.events if isinstance(e, ev.JobPlaced) and e.job_id == "a1").decision.victims
     assert (vic.victim_ratio, vic.preemptor_ratio) == (1.0, 0.5)
-    assert abs(vic.preemptor_ratio_after - 0.5048) < 1e-12
+    assert vic.preemptor_ratio_after is not None and abs(vic.preemptor_ratio_after - 0.5048) < 1e-12
 
 
 def test_a_move_that_would_put_the_preemptor_ahead_is_refused():
@@ -245,7 +245,7 @@ def test_the_victim_with_the_least_work_lost_since_its_checkpoint_goes_first():
     res = w.cycle()
     assert preempted(res) == ["y<-j"]
     pre = next(e for e in res.events if isinstance(e, ev.JobPreempted))
-    assert pre.lost_gpu_s == 2400.0 and pre.victim.lost_gpu_s == 2400.0
+    assert pre.lost_gpu_s == 2400.0 and pre.victim is not None and pre.victim.lost_gpu_s == 2400.0
 
 
 # ---------------------------------------------------------------- reservations that do not idle GPUs

@@ -15,6 +15,7 @@ from apportion.domain.admission import Principal, authorize
 from apportion.events import JobCancelRequested, JobSubmitted, RejectReason
 from apportion.identity import Identity, KeyRegistry, canonical_bytes, signer_of
 from apportion.timeutil import to_us
+from tests.narrowing import narrow
 from tests.signing import identity, registered
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
@@ -62,7 +63,7 @@ def test_the_signature_covers_a_producer_that_writes_integers_and_fields_this_re
     obj["signature"] = base64.b64encode(ALICE.private_key.sign(canonical_bytes(obj))).decode()
     raw = json.dumps(obj, indent=1).encode()  # any whitespace and key order on the wire
     assert signer_of(raw) == ALICE.public_key
-    assert events.decode(raw).min_runtime_s == 60.0
+    assert narrow(JobSubmitted, events.decode(raw)).min_runtime_s == 60.0
 
 
 @pytest.mark.parametrize(
@@ -200,7 +201,7 @@ def test_audit_verify_names_an_altered_byte_of_an_accepted_submission() -> None:
     s = ALICE.sign(submission())
     recs = _log(registered(ALICE, T0), s, _queued(s))
     i = next(k for k, r in enumerate(recs) if isinstance(r.event, JobSubmitted))
-    raw = bytearray(recs[i].raw)
+    raw = bytearray(narrow(bytes, recs[i].raw))
     raw[raw.index(b'"gpus_per_replica":1') + len('"gpus_per_replica":')] = ord("8")  # 1 GPU -> 8 GPUs
     recs[i] = replace(recs[i], raw=bytes(raw), event=events.decode(bytes(raw)))
     rep = verify(recs)

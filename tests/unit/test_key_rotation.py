@@ -33,7 +33,7 @@ from apportion.bus.intake import Intake
 from apportion.bus.reader import LogRecord, log_order
 from apportion.domain.admission import DISPATCHER_TYPES, NODE_REQUEST_TYPES, REPORT_TYPES, UNAUTHENTICATED_NODE
 from apportion.identity import LOG_APPEND_TIME, Identity, ReportGate, check_reports, log_position
-from tests.service.accounting_fakes import Rec
+from tests.service.accounting_fakes import Rec, log_record
 from tests.signing import node_identity, registered
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
@@ -125,10 +125,7 @@ def test_the_audit_ignores_exactly_what_the_edge_refused_on_the_same_log() -> No
     tie = beat(1.7, "tie")
     log = sorted([*rotation(), late, rec(tie, 3000, K1.signed_value(tie))], key=lambda r: r.timestamp)
     _, dead = read(log)
-    audit_log = sorted(
-        (LogRecord(r.topic, r.partition, r.offset, r.key, r.timestamp, r.value, events.decode(r.value)) for r in log),
-        key=log_order,
-    )
+    audit_log = sorted((log_record(r) for r in log), key=log_order)
     check = check_reports(audit_log)
     assert [audit_log[i].event for i in sorted(check.ignored)] == [LATE]
     assert [d.source_offset for d in dead] == [3500]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -114,7 +114,7 @@ def test_queue_gauges_count_jobs_and_gpus_of_the_budget_and_below(
     ) == (pending_jobs, pending_gpus, running_jobs, running_gpus)
 
 
-NODES = [
+NODES: list[dict[str, Any]] = [
     {"node_id": "n2", "state": "cordoned", "gpu_count": 8, "free_gpus": 3, "gpu_model": "a100",
      "last_heartbeat": "2026-01-01T00:00:00+00:00"},
     {"node_id": "n1", "state": "ready", "gpu_count": 4, "free_gpus": 4, "gpu_model": None, "last_heartbeat": None},
@@ -167,7 +167,12 @@ def test_reader_collector_sums_its_sources_and_reports_lag_per_partition() -> No
     assert got[("apportion_consumer_lag_records", (("partition", "1"), ("topic", "apportion.jobs")))] == 0.0
 
 
-def _preempted(budget: str, lost: float | None, victim_rule: str | None, reason: str = "preempted") -> events.Event:
+def _preempted(
+    budget: str,
+    lost: float | None,
+    victim_rule: Literal["unallocated", "expired_behind"] | None,
+    reason: str = "preempted",
+) -> events.Event:
     victim = (
         events.Victim(job_id="v", attempt=1, budget=budget, allocated=True, gpus=4, rule=victim_rule)
         if victim_rule

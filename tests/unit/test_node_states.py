@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 
 from apportion.domain.cluster import ClusterState
-from apportion.domain.nodes import COUNTED_STATES, NODE_STATES, is_node_state, node_transition
+from apportion.domain.nodes import COUNTED_STATES, NODE_STATES, NodeEvent, is_node_state, node_transition
 from apportion.domain.occupancy import OccupancyLedger
 from tests.unit.builders import T0, cordoned, drain, drained, h, node, node_lost, uncordoned
 
-EVENTS = {
+EVENTS: dict[str, NodeEvent] = {
     "registered": node("n0", 4, at=h(1)),
     "cordoned": cordoned("n0", at=h(1)),
     "drain": drain("n0", at=h(1)),
@@ -95,7 +95,11 @@ def _cluster_state(before: str | None) -> ClusterState:
     if before is None:
         return cs
     cs.apply(node("n0", 4, at=T0))
-    lead = {"cordoned": [cordoned("n0")], "draining": [drain("n0")], "drained": [drain("n0"), drained("n0")]}
+    lead: dict[str, list[NodeEvent]] = {
+        "cordoned": [cordoned("n0")],
+        "draining": [drain("n0")],
+        "drained": [drain("n0"), drained("n0")],
+    }
     lead["lost"] = [node_lost("n0", last_heartbeat=T0)]
     for e in lead.get(before, []):
         cs.apply(e)

@@ -781,8 +781,9 @@ class Reference:
         return k, c
 
 
-def _answers(x, t: int):
+def _answers(x, t: int | None):  # None: no occupancy fact folded yet (no clock)
     if isinstance(x, Reference):
+        t = t or 0  # None only while the reference is empty: every t gives the same answers then
         return x.totals(t, True), x.totals(t, False), x.capacity(t)
     return x.occupancy_us(t), x.unallocated_us(t), (x.capacity_us(t), x.capacity_gpus(t))
 

@@ -7,6 +7,8 @@ window capacity 1,000 GPU-s (so r = O / 500 for a leaf), ``NOW`` = T0 + 10 h.
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,12 +32,12 @@ from tests.unit.builders import T0, h
 from tests.unit.test_goodput_cycle import NOW, World
 
 
-def cycle(w: World, *, explain: bool = True, **cfg: object) -> CycleResult:
+def cycle(w: World, *, explain: bool = True, **cfg: Any) -> CycleResult:
     snap = CycleSnapshot(w.cluster.snapshot(), w.pending, w.tree, w.occupancy, w.capacity)
-    return run_cycle(snap, NOW, EngineConfig(**cfg), explain=explain)  # type: ignore[arg-type]
+    return run_cycle(snap, NOW, EngineConfig(**cfg), explain=explain)
 
 
-def explained(w: World, **cfg: object) -> dict[str, PendingReason]:
+def explained(w: World, **cfg: Any) -> dict[str, PendingReason]:
     res = cycle(w, **cfg)
     plain = cycle(w, explain=False, **cfg)
     assert plain.events == res.events and plain.reasons == {}  # asking changes no decision

@@ -123,7 +123,7 @@ CASES = [
         run_of("lab/a"),
         "lab/a",
         NOW,
-        view(0.0, 0.0, **{"lab/a": 1e9}),
+        view(0.0, 0.0, TREE, **{"lab/a": 1e9}),
         0.0,
         (),
         REFUSED_SAME_LEAF,

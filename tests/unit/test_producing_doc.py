@@ -12,7 +12,9 @@ DOC = (ROOT / "docs/producing.md").read_text()
 
 def _block_after(heading: str) -> str:
     rest = DOC[DOC.index(heading) :]
-    return re.search(r"```sh\n(.*?)```", rest, re.S).group(1)
+    found = re.search(r"```sh\n(.*?)```", rest, re.S)
+    assert found is not None, heading
+    return found.group(1)
 
 
 def test_no_fixed_local_kafka_port_in_the_examples() -> None:

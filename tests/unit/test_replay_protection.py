@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from apportion.audit.replay import preemption_report
+from apportion.events import Event
 from tests.unit.builders import budget_set, h, placed, preempted, requeued, started
 
 
@@ -63,7 +64,7 @@ GANG_CASES = [
 
 @pytest.mark.parametrize("starts, at_s, violations", GANG_CASES)
 def test_a_gang_is_protected_from_its_latest_replica_start(starts, at_s, violations):
-    log = [placed("g", replicas=2, min_runtime_s=60.0, at=h(0))]
+    log: list[Event] = [placed("g", replicas=2, min_runtime_s=60.0, at=h(0))]
     log += [started("g", replica=r, node=f"n{r}", at=h(0) + round(s * 1e6)) for r, s in enumerate(starts)]
     log.append(preempted("g", at=h(0) + round(at_s * 1e6)))
     rep = preemption_report(log)

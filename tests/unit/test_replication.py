@@ -7,6 +7,7 @@ import pytest
 from apportion import topics
 from apportion.bus.producer import RELIABLE, EventProducer
 from apportion.bus.provision import declared_configs
+from tests.narrowing import narrow
 
 
 @pytest.mark.parametrize(("brokers", "want"), [(1, (1, 1)), (2, (2, 1)), (3, (3, 2)), (5, (3, 2))])
@@ -32,7 +33,7 @@ def test_min_insync_replicas_is_declared_only_with_a_replication() -> None:
 
 def test_every_producer_waits_for_all_in_sync_replicas_and_is_idempotent() -> None:
     assert RELIABLE["acks"] == "all" and RELIABLE["enable_idempotence"] is True
-    assert RELIABLE["max_in_flight_requests_per_connection"] <= 5  # Kafka's idempotent limit
+    assert narrow(int, RELIABLE["max_in_flight_requests_per_connection"]) <= 5  # Kafka's idempotent limit
     with pytest.raises(ValueError, match="fixes"):
         EventProducer("127.0.0.1:1", acks=1)
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from apportion.domain.cluster import ClusterState, Run
 from apportion.domain.engine import FreeIndex, VictimIndex, order_key, order_lost_gpu_s
+from apportion.domain.nodes import NodeState
 from tests.unit.builders import (
     T0,
     cancelled,
@@ -221,6 +222,7 @@ def test_reservation_nodes_walk_the_buckets_as_the_sort_rule():
         ]
         return [n for _, n in sorted((-len(free.free[n]), n) for n in elig)[:k]]
 
+    MOSTLY_READY: list[NodeState] = ["ready", "ready", "ready", "ready", "cordoned"]
     rng = random.Random(5)
     for _ in range(1500):
         nodes = {}
@@ -230,7 +232,7 @@ def test_reservation_nodes_walk_the_buckets_as_the_sort_rule():
                 nid,
                 c,
                 "a" if rng.random() < 0.3 else None,
-                rng.choice(["ready"] * 4 + ["cordoned"]),
+                rng.choice(MOSTLY_READY),
                 frozenset(x for x in range(c) if rng.random() < 0.4),
             )
         free = CycleFree(ClusterSnapshot(nodes, {}, {}, tuple(sorted(nodes))))
