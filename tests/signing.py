@@ -29,11 +29,12 @@ def identity(user: str, role: str = "user") -> Identity:
 
 def registered(ident: Identity, ts: datetime) -> events.UserKeyRegistered:
     """The ``UserKeyRegistered`` of ``ident`` at ``ts`` (deterministic id)."""
+    assert ident.role in ("user", "ops"), ident.role
     return events.UserKeyRegistered(
         event_id=events.det_id("test-key", ident.user, ident.public_key),
         user=ident.user,
         public_key=ident.public_key,
-        role=ident.role,  # type: ignore[arg-type]
+        role="ops" if ident.role == "ops" else "user",  # Identity.role is a str; the event takes the two roles
         by="ops",
         ts=ts,
         producer="test",

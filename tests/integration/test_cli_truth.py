@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from apportion.settings import topic_name
+from tests.narrowing import narrow
 
 pytestmark = pytest.mark.integration
 
@@ -638,13 +639,13 @@ def test_stack_restart_starts_a_crashed_service_again_as_up_did(budgets: Stack) 
     from apportion.cli import stack as stack_mod
 
     run_dir = str(budgets.info.run_dir)
-    old = stack_mod.StackInfo.read(budgets.info.run_dir).pids["policy"]  # type: ignore[union-attr]
+    old = narrow(stack_mod.StackInfo, stack_mod.StackInfo.read(budgets.info.run_dir)).pids["policy"]
     os.killpg(old, signal.SIGKILL)
     budgets.until(lambda: not stack_mod.alive(old), "policy gone")
     doc = json.loads(budgets.run("stack", "status", "--dir", run_dir, "--json", code=1).stdout)
     assert (doc["services"]["policy"]["running"], doc["services"]["policy"]["ready"]["ok"]) == (False, False)
     res = budgets.run("stack", "restart", "policy", "--dir", run_dir)
-    new = stack_mod.StackInfo.read(budgets.info.run_dir).pids["policy"]  # type: ignore[union-attr]
+    new = narrow(stack_mod.StackInfo, stack_mod.StackInfo.read(budgets.info.run_dir)).pids["policy"]
     assert new != old and res.stdout.strip() == f"restarted policy (pid {new}), ready"
     assert (budgets.info.run_dir / "services" / "policy.pid").read_text().strip() == str(new)
     doc = json.loads(budgets.run("stack", "status", "--dir", run_dir, "--json").stdout)

@@ -29,7 +29,7 @@ class Rec:
     partition: int
     offset: int
     key: bytes | None
-    value: bytes
+    value: bytes | None  # None: a tombstone
     timestamp: int = 0
     timestamp_type: int = 0
 

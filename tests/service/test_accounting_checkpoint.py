@@ -121,7 +121,7 @@ def checkpointed(recs, *, live_from: int | None = None) -> tuple[FakeRedis, Acco
 
 
 def test_checkpoint_round_trips_state_snapshot_and_offsets():
-    cut = next(i for i, r in enumerate(FULL_RECS) if b'"JobCompleted"' in r.value) + 1
+    cut = next(i for i, r in enumerate(FULL_RECS) if r.value is not None and b'"JobCompleted"' in r.value) + 1
     redis, svc = checkpointed(FULL_RECS[:cut])  # up to completed(j1) at h5 (with the keys that sign before it)
     fields = ReadModelStore(redis).read_checkpoint()
     ck = checkpoint.decode(fields, window_s=WINDOW_S, topic_prefix="")
@@ -564,7 +564,7 @@ def test_a_record_redelivered_after_the_checkpoint_is_a_duplicate_for_the_resume
     """The checkpoint keeps the reader edge's id ledger: a copy of a record folded before the checkpoint,
     delivered again after it (a producer's retry at a new offset), is a duplicate for the resumed service
     exactly as for the process that wrote the checkpoint (before, the resumed ledger was empty: a new id)."""
-    cut = next(i for i, r in enumerate(FULL_RECS) if b'"JobCompleted"' in r.value) + 1
+    cut = next(i for i, r in enumerate(FULL_RECS) if r.value is not None and b'"JobCompleted"' in r.value) + 1
     redis, writer = checkpointed(FULL_RECS[:cut])
     done = FULL_RECS[cut - 1]  # completed(j1), folded before the checkpoint
     ends = partition_offsets(FULL_RECS[:cut], TOPICS)

@@ -29,6 +29,7 @@ from apportion.settings import topic_name
 from apportion.topics import BUDGETS, COMMANDS, JOBS, NODES, SUBMISSIONS
 from services.dispatcher import logic
 from services.dispatcher.config import DispatcherSettings
+from services.dispatcher.lease import Lease
 from services.dispatcher.service import ECHO_LEN, DispatcherService, TickPacer
 from tests.narrowing import narrow, narrow_each
 from tests.signing import identity, node_value, registered, with_node_keys
@@ -277,15 +278,15 @@ def test_tick_pacer_idle_news_is_ticked_at_once_after_a_cheap_cycle() -> None:
     assert pacer.due(0.25, news=True) is True
 
 
-class FakeLease:
+class FakeLease(Lease):
     """Stands for :class:`services.dispatcher.lease.Lease`: answers renewals from a script."""
 
-    def __init__(self, token: int, answers: list[Any]) -> None:
+    def __init__(self, token: int, answers: list[Any]) -> None:  # no Redis: Lease.__init__ is not called
         self.token = token
         self.answers = answers
         self.calls = 0
 
-    def try_acquire(self) -> int:
+    def try_acquire(self, floor: int | None = None) -> int:
         self.calls += 1
         a = self.answers.pop(0)
         if isinstance(a, Exception):
@@ -307,7 +308,7 @@ def test_lease_keeper_round(answers: list[Any], stalled: bool, keeps: bool, call
     from services.dispatcher.lease import LeaseKeeper
 
     lease = FakeLease(5, answers)
-    keeper = LeaseKeeper(lease, every_s=1.0, stall_s=30.0)  # type: ignore[arg-type]
+    keeper = LeaseKeeper(lease, every_s=1.0, stall_s=30.0)
     if stalled:
         keeper._beat -= 31.0
     assert keeper.renew_once() is keeps
@@ -319,7 +320,7 @@ def test_lease_keeper_thread_reports_a_loss() -> None:
     from services.dispatcher.lease import LeaseKeeper
 
     lease = FakeLease(5, [5, 5, 9])
-    keeper = LeaseKeeper(lease, every_s=0.001, stall_s=30.0).start()  # type: ignore[arg-type]
+    keeper = LeaseKeeper(lease, every_s=0.001, stall_s=30.0).start()
     assert keeper.lost.wait(10.0) is True
     keeper.stop()
     assert lease.calls == 3

@@ -16,14 +16,14 @@ from apportion.topics import COMMANDS, JOBS, NODES
 from services.dispatcher import lease as lease_mod
 from services.dispatcher import store
 from services.dispatcher.config import DispatcherSettings
-from services.dispatcher.lease import LeaseKeeper, lead_when_elected, stand_by
+from services.dispatcher.lease import Lease, LeaseKeeper, lead_when_elected, stand_by
 from services.dispatcher.service import LeadershipLost
 
 
-class ScriptedLease:
+class ScriptedLease(Lease):
     """A lease whose ``held_by_another`` and ``try_acquire`` answers come from lists; it records each call."""
 
-    def __init__(self, others: list[bool], tokens: list[int], ttl_s: float = 0.003) -> None:
+    def __init__(self, others: list[bool], tokens: list[int], ttl_s: float = 0.003) -> None:  # no Redis
         self.others, self.tokens, self.ttl_s = others, tokens, ttl_s
         self.calls: list[Any] = []
         self.token = 0
@@ -69,7 +69,7 @@ def test_stand_by_reads_a_floor_only_when_a_take_over_is_possible_and_never_lead
     read = floors(monkeypatch, [ConnectionError("no broker"), 7, 7])
     lease = ScriptedLease(others=[True, False, False, False], tokens=[0, 8])
     ready = Ready()
-    token = asyncio.run(stand_by(lease, "k:1", ready, asyncio.Event(), 0.001))  # type: ignore[arg-type]
+    token = asyncio.run(stand_by(lease, "k:1", ready, asyncio.Event(), 0.001))
     assert token == 8
     assert lease.calls == ["held?", "held?", "held?", ("acquire", 7), "held?", ("acquire", 7)]
     assert read == [("k:1", (topic_name(COMMANDS), topic_name(JOBS), topic_name(NODES)))] * 3
@@ -80,7 +80,7 @@ def test_stand_by_gives_up_once_stop_is_set() -> None:
     stop = asyncio.Event()
     stop.set()
     lease = ScriptedLease(others=[], tokens=[])
-    assert asyncio.run(stand_by(lease, "k:1", Ready(), stop, 0.001)) is None  # type: ignore[arg-type]
+    assert asyncio.run(stand_by(lease, "k:1", Ready(), stop, 0.001)) is None
     assert lease.calls == []
 
 
@@ -106,7 +106,7 @@ def test_lead_when_elected_runs_a_term_per_election_and_stands_by_again_after_a_
             raise LeadershipLost()
         stop.set()  # the second term ends with the shutdown
 
-    asyncio.run(lead_when_elected(lease, "k:1", ready, stop, gauge, term))  # type: ignore[arg-type]
+    asyncio.run(lead_when_elected(lease, "k:1", ready, stop, gauge, term))
     assert terms == [4, 5]
     assert gauge.values == [1, 0, 1, 0]
     assert ready.said == [(False, "rebuilding as the leader")] * 2
@@ -120,12 +120,12 @@ def test_lead_when_elected_lets_any_other_failure_of_a_term_through(monkeypatch:
         raise ConnectionError("redis went away")
 
     with pytest.raises(ConnectionError):
-        asyncio.run(lead_when_elected(lease, "k:1", Ready(), asyncio.Event(), gauge, term))  # type: ignore[arg-type]
+        asyncio.run(lead_when_elected(lease, "k:1", Ready(), asyncio.Event(), gauge, term))
     assert gauge.values == [1, 0]
 
 
-class ClockLease:
-    def __init__(self, token: int, left_s: float) -> None:
+class ClockLease(Lease):
+    def __init__(self, token: int, left_s: float) -> None:  # no Redis: Lease.__init__ is not called
         self.token, self.left_s = token, left_s
 
     def expires_in(self) -> float:
@@ -143,7 +143,7 @@ class ClockLease:
 def test_the_keeper_holds_the_lease_while_no_renewal_was_lost_and_more_than_a_period_is_left(
     left_s: float, lost: bool, holds: bool
 ) -> None:
-    keeper = LeaseKeeper.for_ttl(ClockLease(5, left_s), ttl_s=9.0)  # type: ignore[arg-type]
+    keeper = LeaseKeeper.for_ttl(ClockLease(5, left_s), ttl_s=9.0)
     assert (keeper.every_s, keeper.stall_s) == (3.0, 90.0)
     if lost:
         keeper.lost.set()
@@ -151,13 +151,17 @@ def test_the_keeper_holds_the_lease_while_no_renewal_was_lost_and_more_than_a_pe
 
 
 def test_the_keeper_stops_renewing_after_30_s_without_a_beat_for_a_short_ttl() -> None:
-    assert LeaseKeeper.for_ttl(ClockLease(5, 1.0), ttl_s=0.6).stall_s == 30.0  # type: ignore[arg-type]
+    assert LeaseKeeper.for_ttl(ClockLease(5, 1.0), ttl_s=0.6).stall_s == 30.0
 
 
 def test_the_keeper_beats_from_the_event_loop_every_period() -> None:
-    keeper = LeaseKeeper.for_ttl(ClockLease(5, 1.0), ttl_s=0.003)  # type: ignore[arg-type]
     beats: list[float] = []
-    keeper.beat = lambda: beats.append(0.0)  # type: ignore[method-assign]
+
+    class CountingKeeper(LeaseKeeper):
+        def beat(self) -> None:
+            beats.append(0.0)
+
+    keeper = CountingKeeper.for_ttl(ClockLease(5, 1.0), ttl_s=0.003)
 
     async def go() -> None:
         task = asyncio.create_task(keeper.beats())

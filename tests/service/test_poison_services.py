@@ -150,7 +150,7 @@ def test_accounting_dead_letters_poison_and_a_failing_fold_and_goes_on() -> None
     recs = records(budgets)
     svc.bootstrap(recs[:1])
     svc.acc = Raising(svc.acc, "lab/a")
-    tomb = Rec(topic_name(JOBS), 0, 99, b"x", None)  # type: ignore[arg-type]
+    tomb = Rec(topic_name(JOBS), 0, 99, b"x", None)
     svc.ingest([tomb, *recs[1:]])
     dead = [e for e in published if isinstance(e, events.DeadLetter)]
     assert [(d.source_offset, d.error) for d in dead] == [

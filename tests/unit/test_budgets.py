@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -12,8 +13,8 @@ from apportion.events import BudgetBatch, BudgetRejected, BudgetRemoved, BudgetS
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def bset(path: str, share: float, **kw: object) -> BudgetSet:
-    return BudgetSet(path=path, share=share, ts=T0, **kw)  # type: ignore[arg-type]
+def bset(path: str, share: float, **kw: Any) -> BudgetSet:
+    return BudgetSet(path=path, share=share, ts=T0, **kw)
 
 
 # lab 1.0
@@ -46,10 +47,12 @@ def test_abs_share_is_product_along_path() -> None:
         pytest.param(LAB, BudgetRemoved(path="lab/none", ts=T0), "unknown_budget", id="remove unknown"),
     ],
 )
-def test_invalid_changes_name_their_reason(spec: dict[str, float], change: object, reason: str) -> None:
+def test_invalid_changes_name_their_reason(
+    spec: dict[str, float], change: BudgetSet | BudgetRemoved | BudgetBatch, reason: str
+) -> None:
     tree = BudgetTree.from_mapping(spec)
     with pytest.raises(BudgetError) as exc:
-        tree.apply(change)  # type: ignore[arg-type]
+        tree.apply(change)
     assert exc.value.reason == reason
 
 

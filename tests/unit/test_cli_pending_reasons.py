@@ -4,7 +4,7 @@ names what blocks each job (apportion.domain.engine.reasons), as text and as fie
 from __future__ import annotations
 
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, step
-from apportion.events import JobPlaced
+from apportion.events import Event, JobPlaced
 from apportion.timeutil import from_us
 from services.dispatcher.logic import read_model
 from tests.unit.builders import budget_set, cordoned, node, s, started, submitted
@@ -12,10 +12,10 @@ from tests.unit.builders import budget_set, cordoned, node, s, started, submitte
 CFG = DispatchConfig(heartbeat_timeout_s=None)
 
 
-def _state(*evts: object, at: int) -> DispatchState:
+def _state(*evts: Event | Tick, at: int) -> DispatchState:
     st = DispatchState()
     for e in evts:
-        for out in step(st, e, at, CFG):  # type: ignore[arg-type]
+        for out in step(st, e, at, CFG):
             if isinstance(out, JobPlaced):
                 for i, p in enumerate(out.placements):
                     step(st, started(out.job_id, replica=i, node=p.node_id, at=at), at, CFG)

@@ -94,7 +94,8 @@ def test_whether_the_sweep_ran_does_not_change_what_is_folded():
                 for back in (60, 1800, 7200):
                     if i >= back:
                         evolve(state, noise(i - back))
-        horizon = state.clock_us - state.window_us  # type: ignore[operator]
+        assert state.clock_us is not None
+        horizon = state.clock_us - state.window_us
         return state.stale, sorted((t, k) for k, t in state.seen.items() if t >= horizon)
 
     unswept, often, always = run(None), run(49), run(7)

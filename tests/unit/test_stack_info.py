@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -89,10 +90,10 @@ def test_stack_up_starts_the_dashboard_unless_told_not_to(
     assert ("dashboard http://127.0.0.1:7004/ (read-only, 127.0.0.1)" in res.stdout) is web
 
 
-def _serve(status: int, body: bytes) -> tuple[object, int]:
+def _serve(status: int, body: bytes) -> tuple[ThreadingHTTPServer, int]:
     """A real HTTP server on a free 127.0.0.1 port answering every GET with ``status`` and ``body``."""
     import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     class H(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (the http.server name)
@@ -133,7 +134,7 @@ def test_status_probes_kafka_redis_and_each_services_ready(tmp_path: Path) -> No
         assert dis.endswith('NOT READY: 503 {"ready": false, "kafka": "down"}')
     finally:
         for srv in (ready, busy):
-            srv.shutdown()  # type: ignore[attr-defined]
+            srv.shutdown()
 
 
 def test_restart_refuses_without_a_stack_a_service_or_a_record_of_its_start(tmp_path: Path) -> None:
