@@ -53,7 +53,7 @@ down:
 status: venv
 	$(VENV)/bin/apportion stack status --dir $(RUN_DIR)
 
-# Static checks: lint and format (ruff), types (mypy on shared, services and bench; tests/ is not type-checked yet).
+# Static checks: lint and format (ruff), types (mypy on shared, services, bench and tests; strict on the domain).
 # `make test` runs them first.
 LINT_PATHS := shared services tests bench infra
 # dead code (vulture): tests count as users, their own pytest-style names are not reported; names used only by
@@ -63,7 +63,7 @@ VULTURE_ARGS := --ignore-decorators "@*.command,@app.callback,@model_validator,@
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
-	$(VENV)/bin/mypy shared services bench
+	$(VENV)/bin/mypy shared services bench tests
 	@out="$$($(VENV)/bin/vulture $(LINT_PATHS) tests/vulture_whitelist.py $(VULTURE_ARGS) | grep -v '^tests/')"; \
 	if [ -n "$$out" ]; then echo "$$out"; echo "dead code (vulture): remove it, or name it in tests/vulture_whitelist.py"; exit 1; fi; \
 	echo "vulture: no dead code outside tests/"

@@ -136,7 +136,7 @@ def main(argv: list[str]) -> int:
             reservation_after_s=knobs.get("resv"),
             churn_bound=int(knobs.get("hard", PROTECTION_CHURN_BOUND or 0)) or None,
         )
-        core.Simulator._outputs = orig_outputs  # type: ignore[method-assign]
+        core.Simulator._outputs = orig_outputs  # type: ignore[method-assign]  # the spy swapped back (see above)
         d = rep.__dict__
         if os.environ.get("PROTECTION_VARIANTS_SAMPLES") and last:  # (t_us, {leaf: (O_b/K, running, pending, alloc)})
             Path(os.environ["PROTECTION_VARIANTS_SAMPLES"] + f".{spec}.json").write_text(json.dumps(last[0].samples))
@@ -169,7 +169,7 @@ def main(argv: list[str]) -> int:
             f"({over5} above 5), of one unallocated job {most_free}, {time.perf_counter() - t0:.0f} s",
             flush=True,
         )
-    cluster.protection_s = emit.protection_s = orig_protection  # type: ignore[attr-defined]
+    cluster.protection_s = emit.protection_s = orig_protection  # type: ignore[attr-defined]  # the rule swapped back (see above)
     return 0
 
 
