@@ -28,6 +28,11 @@ pw="$here/password.sh"
 for name in admin controller dispatcher accounting policy node-agent researcher ops web; do
     bash "$pw" "$dir/kafka" "$name" 0644 > /dev/null
 done
+# one Kafka principal per node agent (apportion.bus.security.node_agent_principal; APPORTION_KAFKA_NODE_AGENTS
+# of the provision service declares the same names)
+for agent in node-1 node-2 node-3; do
+    bash "$pw" "$dir/kafka" "node-agent.$agent" 0644 > /dev/null
+done
 mkdir -p "$dir/redis"
 bash "$here/redis/acl.sh" "$dir/redis" 0644 > "$dir/redis/users.acl.tmp"
 mv "$dir/redis/users.acl.tmp" "$dir/redis/users.acl"

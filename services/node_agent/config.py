@@ -62,7 +62,7 @@ class NodeAgentSettings(ServiceSettings):
             ``job-logs`` beside the default checkpoint root.
         progress_poll_wall_s: wall seconds between looks at the progress files
             of running processes (each look is one ``stat`` per process).
-        group_id: consumer group for commands (default ``node-agent.<prefix or node id>``).
+        group_id: consumer group for commands (default ``<topic prefix>node-agent.<prefix or node id>``).
         group_instance_id: static group membership id (Kafka KIP-345; default
             :meth:`instance_id`): a restarted agent takes its place in the group
             at once instead of waiting out the session timeout; ``""`` for
@@ -171,5 +171,16 @@ class NodeAgentSettings(ServiceSettings):
         return self.node_id or socket.gethostname()
 
     def consumer_group(self) -> str:
-        """Consumer group of the commands consumer."""
-        return self.group_id or f"node-agent.{self.agent_name()}"
+        """Consumer group of the commands consumer: ``<topic prefix>node-agent.<agent>`` unless ``group_id``.
+
+        In the topic namespace, like the static membership id (:meth:`instance_id`): a static member never
+        leaves its group, so an agent of another namespace on the same broker (the main job's earlier run,
+        whose namespace differs) under the same group name would hold it, and this agent's join would wait
+        out that member's session timeout (45 s) before it could register (seen: every second ``make run``
+        started 44 s late).
+        """
+        if self.group_id:
+            return self.group_id
+        from apportion.settings import topic_prefix
+
+        return f"{topic_prefix()}node-agent.{self.agent_name()}"

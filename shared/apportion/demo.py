@@ -126,8 +126,19 @@ class Services:
                 p.wait(5)
 
 
-def start_services(env: dict[str, str], logs: Path, nodes: int, gpus: int, scale: float) -> Services:
-    """Start policy, accounting, dispatcher and one node agent hosting ``nodes`` simulated nodes."""
+def start_services(
+    env: dict[str, str],
+    logs: Path,
+    nodes: int,
+    gpus: int,
+    scale: float,
+    principals: dict[str, dict[str, str]] | None = None,
+) -> Services:
+    """Start policy, accounting, dispatcher and one node agent hosting ``nodes`` simulated nodes.
+
+    ``principals``: per service name, the environment that makes it its own Kafka (and Redis) principal
+    (:func:`service_principals`), replacing the caller's credentials in ``env``; ``None``: ``env`` as it is.
+    """
     logs.mkdir(parents=True, exist_ok=True)
     hb_wall = HEARTBEAT_WALL_S
     cmds = {
@@ -156,10 +167,39 @@ def start_services(env: dict[str, str], logs: Path, nodes: int, gpus: int, scale
     procs = {}
     for name, cmd in cmds.items():
         f = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - kept open for the child
+        own = env
+        if principals is not None:
+            own = {k: v for k, v in env.items() if not k.startswith(("APPORTION_KAFKA_", "APPORTION_REDIS_"))}
+            own.update(
+                APPORTION_KAFKA_BOOTSTRAP=env["APPORTION_KAFKA_BOOTSTRAP"],
+                APPORTION_REDIS_URL=env["APPORTION_REDIS_URL"],
+                **principals.get(name, {}),
+            )
         procs[name] = subprocess.Popen(
-            [sys.executable, "-m", *cmd], env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=f, cwd=REPO
+            [sys.executable, "-m", *cmd], env=own, stdin=subprocess.DEVNULL, stdout=f, stderr=f, cwd=REPO
         )
     return Services(procs)
+
+
+#: The name of the main job's one node agent: Kafka principal ``node-agent.demo``.
+DEMO_AGENT = "demo"
+
+
+def service_principals(kafka_secrets: Path | None, redis_secrets: Path | None) -> dict[str, dict[str, str]] | None:
+    """Each service of the main job as its own Kafka principal (and the dispatcher and accounting as their own
+    Redis users), as ``apportion stack up`` starts them (``docs/security.md``); ``None`` on a broker without
+    secrets (plaintext development flag), where the services keep the caller's credentials."""
+    from apportion.bus.security import node_agent_principal, principal_env, redis_env
+
+    if kafka_secrets is None:
+        return None
+    out: dict[str, dict[str, str]] = {}
+    for name in ("policy", "accounting", "dispatcher", "node_agent"):
+        who = node_agent_principal(DEMO_AGENT) if name == "node_agent" else name
+        out[name] = principal_env(who, kafka_secrets)
+        if redis_secrets is not None and name in ("dispatcher", "accounting"):  # the two that keep read models
+            out[name].update(redis_env(name, redis_secrets))
+    return out
 
 
 def stop_settled(services: Services, bootstrap: str, quiet_s: float, deadline_s: float = 120.0) -> None:
@@ -311,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
             con.print("starting Kafka and Redis ...")
             stack = LocalStack(run_dir / "stack", provision_topics=False).start()
             bootstrap, redis_url = stack.bootstrap, stack.redis_url
-        provision(bootstrap)
+        provision(bootstrap, node_agents=(DEMO_AGENT,))  # each service its own principal (service_principals)
         con.print(f"Kafka {bootstrap}, Redis {redis_url}, topic namespace {namespace!r}")
 
         # one clock for all: event time start_us - lead happens at wall t0 + startup allowance
@@ -352,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
             now=now,
             ring=Path(env["APPORTION_KEYRING"]),
         )
-        services = start_services(env, run_dir / "logs", len(bf.nodes), gpus_per_node, args.time_scale)
+        own = service_principals(stack.kafka_secrets, stack.redis_secrets) if stack is not None else None
+        services = start_services(env, run_dir / "logs", len(bf.nodes), gpus_per_node, args.time_scale, own)
         con.print(f"services started (logs in {run_dir / 'logs'}); waiting for {len(bf.nodes)} nodes to register")
 
         def registered() -> bool:

@@ -35,7 +35,8 @@ def namespace(kafka_bootstrap: str) -> Iterator[str]:
         yield os.environ["APPORTION_TOPIC_PREFIX"]
 
 
-def producer_as(principal: str, bootstrap: str):
+def producer_as(principal: str, bootstrap: str, password_of: str | None = None):
+    """A producer signed in as ``principal``, with the password of ``password_of`` when given."""
     from kafka import KafkaProducer
 
     from apportion.bus.security import MECHANISM
@@ -46,7 +47,7 @@ def producer_as(principal: str, bootstrap: str):
         security_protocol="SASL_PLAINTEXT",
         sasl_mechanism=MECHANISM,
         sasl_plain_username=principal,
-        sasl_plain_password=(secrets / f"{principal}.password").read_text().strip(),
+        sasl_plain_password=(secrets / f"{password_of or principal}.password").read_text().strip(),
         max_block_ms=10_000,
         retries=0,
     )
@@ -131,7 +132,52 @@ def test_a_client_without_credentials_is_not_let_in(kafka_bootstrap: str, namesp
 
 def test_provisioning_twice_changes_nothing(kafka_bootstrap: str, namespace: str) -> None:
     from apportion.bus.provision import provision
-    from apportion.bus.security import GRANTS, acls
+    from apportion.bus.security import acls, declared_node_agents, grants
 
     report = provision(kafka_bootstrap)
-    assert (report.created, report.users, report.acls) == ([], 0, len(acls(GRANTS)))
+    assert (report.created, report.users, report.acls) == ([], 0, len(acls(grants(declared_node_agents()))))
+
+
+def _write(principal: str, bootstrap: str, topic: topics.Topic, password_of: str | None = None) -> None:
+    """One probe record to ``topic`` as ``principal``; raises what the client raises."""
+    p = producer_as(principal, bootstrap, password_of)
+    try:
+        p.send(topic_name(topic), key=b"k", value=b'{"probe": true}').get(timeout=10)
+    finally:
+        p.close(timeout=5)
+
+
+def test_each_declared_node_agent_is_its_own_principal_and_can_be_locked_out_alone(
+    kafka_bootstrap: str, namespace: str
+) -> None:
+    from kafka.admin import UserScramCredentialDeletion
+    from kafka.errors import KafkaError, TopicAuthorizationFailedError
+
+    from apportion.bus.provision import admin_client, provision
+    from apportion.bus.security import MECHANISM, acls, grants, node_agent_principal
+
+    report = provision(kafka_bootstrap, node_agents=("rack1", "rack2"))
+    role = len(acls(tuple(g for g in grants() if g.principal == "node-agent")))  # the node-agent rows' ACLs
+    assert report.acls == len(acls(grants(("rack1", "rack2")))) == len(acls(grants())) + 2 * role
+    one, two = node_agent_principal("rack1"), node_agent_principal("rack2")
+    assert (one, two) == ("node-agent.rack1", "node-agent.rack2")
+    # each has the node-agent role: node reports and outcomes, no commands
+    before = end_offset(kafka_bootstrap, topic_name(topics.NODES))
+    _write(one, kafka_bootstrap, topics.NODES)
+    _write(two, kafka_bootstrap, topics.JOBS)
+    with pytest.raises(TopicAuthorizationFailedError):
+        _write(one, kafka_bootstrap, topics.COMMANDS)
+    assert end_offset(kafka_bootstrap, topic_name(topics.NODES)) == before + 1
+    # one agent's password does not sign in as another
+    with pytest.raises(KafkaError):
+        _write(two, kafka_bootstrap, topics.NODES, password_of=one)
+    # ops lock rack2 out (its SCRAM credential deleted): it cannot connect, rack1 runs on
+    admin = admin_client(kafka_bootstrap)
+    try:
+        admin.alter_user_scram_credentials([UserScramCredentialDeletion(two, MECHANISM)])
+    finally:
+        admin.close()
+    with pytest.raises(KafkaError):
+        _write(two, kafka_bootstrap, topics.NODES)
+    _write(one, kafka_bootstrap, topics.NODES)
+    assert end_offset(kafka_bootstrap, topic_name(topics.NODES)) == before + 2

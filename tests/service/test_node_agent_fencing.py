@@ -420,6 +420,9 @@ def test_settings_journal_kept_by_default_and_static_membership(tmp_path, monkey
     sim = NodeAgentSettings(sim_nodes=4, node_prefix="rack1-")
     assert sim.journal_path() == tmp_path / "apportion-node-agent-e2e1.rack1" / "rack1.journal"
     assert sim.instance_id() == "e2e1.node-agent.rack1"
+    # the group too: a static member of another namespace's run under the same name would hold it 45 s
+    assert sim.consumer_group() == "e2e1.node-agent.rack1"
+    assert NodeAgentSettings(sim_nodes=4, node_prefix="rack1-", group_id="g").consumer_group() == "g"
     real = NodeAgentSettings(node_id="gpu-7", state_dir=tmp_path / "state")
     assert real.journal_path() == tmp_path / "state" / "gpu-7.journal"
     assert NodeAgentSettings(node_id="gpu-7", memory_journal=True).journal_path() is None

@@ -144,12 +144,26 @@ def test_the_generated_kafka_principals_are_the_declared_ones() -> None:
     assert line.group(1).split() == [ADMIN, "controller", *PRINCIPALS]
 
 
+def test_each_node_agent_is_its_own_principal_declared_to_provisioning_with_a_password_made_for_it(
+    compose: dict[str, Any],
+) -> None:
+    from apportion.bus.security import NODE_AGENTS_SETTING, node_agent_principal
+
+    declared = compose["services"]["provision"]["environment"][NODE_AGENTS_SETTING].split(",")
+    agents = {name: svc for name, svc in compose["services"].items() if built_from(svc) == "node_agent"}
+    users = [svc["environment"]["APPORTION_KAFKA_USER"] for svc in agents.values()]
+    assert users == [node_agent_principal(a) for a in declared] and len(set(users)) == len(agents) == 3
+    script = (ROOT / "infra/compose-secrets.sh").read_text()
+    loop = re.search(r"^for agent in (.+); do$", script, re.M)
+    assert loop is not None and loop.group(1).split() == declared
+
+
 def test_every_service_is_its_own_principal_with_its_password_from_a_secret(compose: dict[str, Any]) -> None:
     want = {
         "dispatcher": "dispatcher",
         "accounting": "accounting",
         "policy": "policy",
-        "node_agent": "node-agent",
+        "node_agent": None,  # one principal per agent: test_each_node_agent_is_its_own_principal_...
         "web": "web",
     }
     redis_users = {"dispatcher": "dispatcher", "accounting": "accounting", "web": "web"}
@@ -159,7 +173,7 @@ def test_every_service_is_its_own_principal_with_its_password_from_a_secret(comp
             continue
         env = svc["environment"]
         user = env["APPORTION_KAFKA_USER"]
-        if service in want:
+        if service in want and want[service] is not None:
             assert user == want[service], name
         secret = env["APPORTION_KAFKA_PASSWORD_FILE"].removeprefix("/run/secrets/")
         assert secret in svc["secrets"] and secret in compose["secrets"], name

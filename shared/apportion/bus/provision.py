@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -181,7 +181,12 @@ def fix_drift(admin: Any, drift: Iterable[Drift]) -> list[Drift]:
 
 
 def provision(
-    bootstrap: str, topics: Iterable[Topic] = ALL_TOPICS, *, fix: bool = False, replication_factor: int | None = None
+    bootstrap: str,
+    topics: Iterable[Topic] = ALL_TOPICS,
+    *,
+    fix: bool = False,
+    replication_factor: int | None = None,
+    node_agents: Sequence[str] | None = None,
 ) -> ProvisionReport:
     """Create missing topics, then verify every declared topic (see module doc).
 
@@ -189,7 +194,8 @@ def provision(
     cluster has registered; a number forces it (``min.insync.replicas`` one less, at least 1).
 
     Connected as the super user ``admin`` (a secured broker, :mod:`apportion.bus.security`), it also
-    creates the Kafka users and the ACLs of the topic namespace in force, idempotently.
+    creates the Kafka users and the ACLs of the topic namespace in force, idempotently: one principal per
+    node agent of ``node_agents`` (names; ``None``: :func:`apportion.bus.security.declared_node_agents`).
     """
     from apportion.bus.security import ADMIN, kafka_auth, provision_security, secrets_dir
 
@@ -204,7 +210,7 @@ def provision(
         report.created = create_missing(admin, topics, *report.replication)
         report.existing = sorted(topic_name(t) for t in topics if topic_name(t) not in report.created)
         if kafka_auth().get("sasl_plain_username") == ADMIN:  # a secured broker: users and ACLs too
-            report.users, report.acls = provision_security(admin, secrets_dir())
+            report.users, report.acls = provision_security(admin, secrets_dir(), node_agents)
         report.drift = find_drift(admin, topics, report.replication)
         to_fix = report.drift if fix else [d for d in report.drift if d.setting in ALWAYS_SET]
         if to_fix:

@@ -31,14 +31,23 @@ web           the dashboard (``services/web``): read what its pages show (every 
 Every service's consumer group is its own (a ``PREFIXED`` group ACL on its
 name). :func:`provision_security` creates the SCRAM users (passwords made
 once in the broker's secrets directory) and the ACLs, idempotently.
+
+One principal per node agent (DESIGN section 10): the agents declared by name in
+``APPORTION_KAFKA_NODE_AGENTS`` (comma-separated; env, else stack.env) are each their own
+principal, ``node-agent.<name>`` (:func:`node_agent_principal`), with the ``node-agent`` rows of
+the table: one agent's password is not another's, and ops can lock one agent out (its SCRAM
+credential deleted) while the rest run on. ``node-agent`` itself stays the principal of an agent
+not declared by name (the test fixtures' in-process agents). Which *nodes* an agent may report
+for is decided by signatures, not by Kafka (ACLs cannot restrict by record key): ``docs/security.md``.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +59,17 @@ MECHANISM = "SCRAM-SHA-512"
 #: The super user the broker is formatted with (``infra/kafka/start.sh``).
 ADMIN = "admin"
 
-#: Every principal apportion provisions (``admin`` exists from the storage format on).
+#: Every principal apportion provisions (``admin`` exists from the storage format on), besides the node agents
+#: declared by name (:func:`principals`).
 PRINCIPALS = ("dispatcher", "accounting", "policy", "node-agent", "researcher", "ops", "web")
+
+#: The node agents' role in :data:`GRANTS` (and the principal of an agent not declared by name).
+NODE_AGENT = "node-agent"
+
+#: Where the node agents are declared by name (:func:`declared_node_agents`).
+NODE_AGENTS_SETTING = "APPORTION_KAFKA_NODE_AGENTS"
+
+_AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +133,44 @@ GRANTS: tuple[Grant, ...] = (
     *_reads("web", *CLI_READS, CMDS),  # the dashboard: what `audit explain` reads for a job page; writes nothing
     *_own("web", "web"),
 )
+
+
+def node_agent_principal(agent: str) -> str:
+    """The Kafka principal (SCRAM user) of node agent ``agent``: ``node-agent.<agent>``.
+
+    Raises:
+        ValueError: ``agent`` is not 1-63 letters, digits, ``_`` or ``-`` starting with a letter or digit.
+    """
+    if not _AGENT_NAME.fullmatch(agent):
+        raise ValueError(
+            f"node agent name {agent!r}: 1-63 letters, digits, '_' or '-', starting with a letter or digit"
+        )
+    return f"{NODE_AGENT}.{agent}"
+
+
+def declared_node_agents() -> tuple[str, ...]:
+    """The node agents declared by name in :data:`NODE_AGENTS_SETTING` (env, else stack.env), in order.
+
+    Raises:
+        ValueError: a name :func:`node_agent_principal` refuses.
+    """
+    raw = _setting(NODE_AGENTS_SETTING) or ""
+    names = tuple(dict.fromkeys(n.strip() for n in raw.split(",") if n.strip()))
+    for n in names:
+        node_agent_principal(n)
+    return names
+
+
+def grants(agents: Iterable[str] = ()) -> tuple[Grant, ...]:
+    """:data:`GRANTS` and, for each node agent of ``agents`` (names), the ``node-agent`` rows under its own
+    principal (:func:`node_agent_principal`). Raises ``ValueError`` for a bad name."""
+    role = [g for g in GRANTS if g.principal == NODE_AGENT]
+    return GRANTS + tuple(replace(g, principal=node_agent_principal(a)) for a in agents for g in role)
+
+
+def principals(agents: Iterable[str] = ()) -> tuple[str, ...]:
+    """:data:`PRINCIPALS` and the principals of the node agents ``agents`` (names)."""
+    return PRINCIPALS + tuple(node_agent_principal(a) for a in agents)
 
 
 # --------------------------------------------------------------------------- client settings
@@ -242,19 +298,22 @@ def acls(grants: Iterable[Grant] = GRANTS) -> list[Any]:
     return out
 
 
-def provision_security(admin: Any, secrets_dir: Path | None) -> tuple[int, int]:
-    """Create the SCRAM users (when ``secrets_dir`` is given) and the ACLs of :data:`GRANTS`; idempotent.
+def provision_security(admin: Any, secrets_dir: Path | None, agents: Sequence[str] | None = None) -> tuple[int, int]:
+    """Create the SCRAM users (when ``secrets_dir`` is given) and the ACLs of :func:`grants`; idempotent.
 
     Args:
         admin: a kafka-python admin client connected as a super user.
         secrets_dir: where the passwords are kept (the broker's ``secrets/``); ``None`` leaves users alone.
+        agents: the node agents declared by name; ``None``: :func:`declared_node_agents`.
 
     Returns:
         ``(users upserted, ACLs created)``.
 
     Raises:
         RuntimeError: the broker refused a user or an ACL.
+        ValueError: a node agent name :func:`node_agent_principal` refuses.
     """
+    agents = declared_node_agents() if agents is None else tuple(agents)
     users = 0
     if secrets_dir is not None:
         from kafka.admin import UserScramCredentialUpsertion
@@ -262,7 +321,7 @@ def provision_security(admin: Any, secrets_dir: Path | None) -> tuple[int, int]:
         have = _scram_users(admin)
         ups = [
             UserScramCredentialUpsertion(name, MECHANISM, password_of(secrets_dir, name))
-            for name in PRINCIPALS
+            for name in principals(agents)
             if name not in have
         ]
         if ups:
@@ -270,7 +329,7 @@ def provision_security(admin: Any, secrets_dir: Path | None) -> tuple[int, int]:
             if bad:
                 raise RuntimeError(f"cannot create Kafka users: {bad}")
         users = len(ups)
-    wanted = acls()
+    wanted = acls(grants(agents))
     result = admin.create_acls(wanted)  # creating an ACL that exists is a no-op on the broker
     failed = result.get("failed", []) if isinstance(result, dict) else []
     if failed:

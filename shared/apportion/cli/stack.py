@@ -45,12 +45,16 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from apportion.bus.security import principal_env, redis_env
+from apportion.bus.security import NODE_AGENTS_SETTING, node_agent_principal, principal_env, redis_env
 from apportion.domain.dispatch import DEFAULT_HEARTBEAT_TIMEOUT_S
 
 #: The services in start order (the policy first: the others read the tree it validates); the dashboard last,
 #: so ``down`` (reverse order) stops it first.
 SERVICES = ("policy", "accounting", "dispatcher", "node_agent", "web")
+
+#: The name of the stack's one node agent (it hosts every simulated node): its Kafka principal is
+#: ``node-agent.local`` (:func:`apportion.bus.security.node_agent_principal`), declared when the stack provisions.
+STACK_AGENT = "local"
 
 #: The read-only dashboard's name in :data:`SERVICES` (``--no-web`` leaves it out).
 WEB = "web"
@@ -134,6 +138,7 @@ class StackInfo:
         ]
         if self.kafka_secrets:
             lines += [f"{k}={v}" for k, v in principal_env("ops", Path(self.kafka_secrets)).items()]
+            lines.append(f"{NODE_AGENTS_SETTING}={STACK_AGENT}")  # later provisioning keeps its principal
         if self.redis_secrets:
             lines += [f"{k}={v}" for k, v in redis_env("cli", Path(self.redis_secrets)).items()]
         lines += [f"{k}={v}" for k, v in sorted(self.clock.items())]
@@ -447,7 +452,7 @@ def up(
     saved = os.environ.get("APPORTION_TOPIC_PREFIX")
     os.environ["APPORTION_TOPIC_PREFIX"] = prefix
     try:
-        provision(bootstrap)
+        provision(bootstrap, node_agents=(STACK_AGENT,))
         # the node agent's keys (one per simulated node), registered here as ops: the agent's own Kafka
         # principal may not write apportion.budgets, and it signs every report (docs/security.md)
         enrol(  # and the dispatcher's, which signs every decision
@@ -503,7 +508,8 @@ def up(
                 env.pop("APPORTION_METRICS_PORT")
                 _as_web(info, env)
             elif info.kafka_secrets:  # each service is its own Kafka principal (ACLs: apportion.bus.security)
-                env.update(principal_env(name.replace("_", "-"), Path(info.kafka_secrets)))
+                who = node_agent_principal(STACK_AGENT) if name == "node_agent" else name.replace("_", "-")
+                env.update(principal_env(who, Path(info.kafka_secrets)))
             if info.redis_secrets and name in ("dispatcher", "accounting"):  # the two that keep read models
                 env.update(redis_env(name, Path(info.redis_secrets)))
             if name == "node_agent":  # its journal, the jobs' checkpoint directories and output files
