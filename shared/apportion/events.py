@@ -1527,22 +1527,18 @@ def payload_digest(event: Event) -> int:
     thing with another time stamp, token or rank, so it is a duplicate; the
     same id on a different job, node, placement or outcome is not.
 
-    A 64-bit hash of the field values (the process's hash seed: compare
-    digests within one process only), falling back to the JSON of the same
-    fields for an event holding a dict.
+    A signed 64-bit BLAKE2b of the JSON of those fields (pydantic's serializer: field order, so the same
+    payload gives the same bytes): the same in every process, so a ledger kept in a dispatcher snapshot or an
+    accounting checkpoint still tells a reused id from a duplicate after a restart. (It was the process's
+    ``hash``, salted per process, so a restored ledger had to drop its digests and took every reuse of an id
+    read before the restart for a duplicate: the chaos campaign's dispatcher kills let 267 of its 909 reused
+    ids through undead-lettered, thirteenth session.) About 1-2 µs an event.
     """
-    cls = type(event)
-    d = event.__dict__
-    try:
-        return hash((cls, *[d[n] for n in _DIGEST_FIELDS[cls]]))
-    except TypeError:  # a dict field (StartWorkload.env)
-        return hash(event.__pydantic_serializer__.to_json(event, exclude=_DIGEST_EXCLUDE))
+    raw = event.__pydantic_serializer__.to_json(event, exclude=_DIGEST_EXCLUDE)
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8, person=b"apportion-id").digest(), "little", signed=True)
 
 
 _DIGEST_EXCLUDE = {"event_id", "ts", "producer", "fencing_token", "decision", "inputs"}
-_DIGEST_FIELDS: dict[type[Event], tuple[str, ...]] = {
-    cls: tuple(n for n in cls.model_fields if n not in _DIGEST_EXCLUDE) for cls in EVENT_TYPES.values()
-}
 
 
 def to_dict(event: Event) -> dict[str, Any]:

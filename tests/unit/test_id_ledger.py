@@ -2,19 +2,23 @@
 
 :class:`apportion.bus.intake.IdLedger` keeps ids in two generations by event time: an id is known for at
 least W and at most 2 W of event time, heartbeats are never remembered, a count cap turns the generations
-early, and a pickled ledger (the dispatcher's snapshot) keeps ids without their process-local digests.
+early, and a pickled ledger (the dispatcher's snapshot) keeps ids with their digests, the same in every process.
 """
 
 from __future__ import annotations
 
+import base64
+import os
 import pickle
+import subprocess
+import sys
 import uuid
 from datetime import timedelta
 
 import pytest
 
 from apportion import events
-from apportion.bus.intake import IdLedger
+from apportion.bus.intake import _NO_DIGEST, IdLedger
 from apportion.timeutil import from_us
 from tests.unit.builders import s, submitted
 
@@ -88,21 +92,42 @@ def test_a_gap_longer_than_the_window_forgets_both_generations() -> None:
     assert ledger.check(sub(149, 149)) is False
 
 
-def test_a_pickled_ledger_keeps_its_ids_and_reads_any_payload_under_them_as_a_duplicate() -> None:
+def test_a_ledger_pickled_in_another_process_still_tells_a_reused_id_from_a_duplicate() -> None:
+    # the digests are the same in every process (events.payload_digest): a ledger pickled by a process with
+    # another hash seed (the dispatcher before its restart) is restored with them, so a reuse is still caught
+    code = (
+        "import base64, pickle, sys, uuid; sys.path[:0] = ['shared', '.']; "
+        "from apportion.bus.intake import IdLedger; from tests.unit.builders import s, submitted; "
+        "led = IdLedger(window_s=100); led.check(submitted('j1', at=s(0), event_id=uuid.UUID(int=2))); "
+        "print(base64.b64encode(pickle.dumps(led)).decode())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+    )
+    back = pickle.loads(base64.b64decode(out.stdout))
+    ev = sub(1, 0)
+    assert len(back) == 1 and back.window == timedelta(seconds=100)
+    assert back.check(ev) is True  # the same payload: a duplicate
+    with pytest.raises(events.DecodeError, match="event_id reused"):
+        back.check(ev.model_copy(update={"job_id": "other"}))  # another payload under the id: a reuse
+
+
+def test_a_ledger_pickled_without_digests_reads_any_payload_under_its_ids_as_a_duplicate() -> None:
+    # a snapshot written before the digests were the same in every process kept the ids only (_NO_DIGEST)
     ledger = IdLedger(window_s=100)
     ev = sub(1, 0)
     ledger.check(ev)
-    with pytest.raises(events.DecodeError):
-        ledger.check(ev.model_copy(update={"job_id": "other"}))
-    back = pickle.loads(pickle.dumps(ledger))
-    # another process hashes payloads otherwise: after a restore the digest is unknown, the id is not
-    assert back.check(ev) is True
-    assert back.check(ev.model_copy(update={"job_id": "other"})) is True
-    assert len(back) == 1 and back.window == timedelta(seconds=100)
+    old = pickle.loads(pickle.dumps(ledger))
+    old._cur = dict.fromkeys(old._cur, _NO_DIGEST)
+    assert old.check(ev.model_copy(update={"job_id": "other"})) is True
     new = sub(2, 1)
-    assert back.check(new) is False
+    assert old.check(new) is False
     with pytest.raises(events.DecodeError):
-        back.check(new.model_copy(update={"job_id": "other"}))  # ids read after the restore have digests
+        old.check(new.model_copy(update={"job_id": "other"}))  # ids read after the restore have digests
 
 
 def test_bad_bounds_are_refused() -> None:

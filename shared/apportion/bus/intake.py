@@ -130,7 +130,8 @@ def apply_failure(exc: BaseException) -> str:
     return f"{APPLY_FAILED}: {type(exc).__name__}: {exc}"
 
 
-#: Marks an id remembered without its payload digest (read back from a snapshot; see :meth:`IdLedger.__getstate__`).
+#: Marks an id remembered without its payload digest (read back from a snapshot written before digests were the
+#: same in every process, thirteenth session).
 _NO_DIGEST = -1
 
 
@@ -158,9 +159,10 @@ class IdLedger:
     until the log catches up with that time only ``capacity`` bounds the
     ledger.
 
-    Digests are the process's ``hash`` (:func:`~apportion.events.payload_digest`): a pickled ledger (the
-    dispatcher's snapshot) keeps the ids and drops the digests, so a record of a known id read after a
-    restore is a duplicate whatever its payload (it is not folded either way).
+    Digests are the same in every process (:func:`~apportion.events.payload_digest`), so a pickled ledger
+    (the dispatcher's snapshot, the accounting checkpoint) keeps them and tells a reused id from a duplicate
+    after a restore too. A ledger pickled before that (its ids with :data:`_NO_DIGEST`) takes a record of a
+    known id for a duplicate whatever its payload (it is not folded either way).
     """
 
     __slots__ = ("capacity", "window", "_cur", "_old", "_turn_at")
@@ -217,12 +219,12 @@ class IdLedger:
         return len(self._cur) + len(self._old)
 
     def __getstate__(self) -> dict[str, Any]:
-        """What a pickle keeps: the ids without their digests (another process hashes otherwise)."""
+        """What a pickle keeps: the ids with their digests (the same in every process)."""
         return {
             "capacity": self.capacity,
             "window": self.window,
-            "_cur": dict.fromkeys(self._cur, _NO_DIGEST),
-            "_old": dict.fromkeys(self._old, _NO_DIGEST),
+            "_cur": dict(self._cur),
+            "_old": dict(self._old),
             "_turn_at": self._turn_at,
         }
 
