@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from apportion import events
+from apportion import events, topics
 from apportion.audit.replay import occupancy_at
 from apportion.audit.verify import (
     check_read_models,
@@ -171,3 +171,34 @@ def test_dispatcher_job_row_that_disagrees_is_reported(field: str, value: object
     jobs[jid] = jobs[jid] | {field: value}
     (m,) = check_read_models(recs, {"jobs": jobs}, CFG)
     assert m.subject == f"jobs[{jid}]" and m.offset is not None
+
+
+def test_read_model_of_a_snapshot_that_had_read_a_budget_set_after_its_at_verifies() -> None:
+    # accounting's snapshot time is its ledger clock, which only job and node events move: a budget set after the
+    # last of them (here lab/b at T0 + 10 s, the snapshot at T0 + 5 s) is in the snapshot and its read model. The
+    # check compares the rows with that recorded snapshot (check_snapshots rebuilds it from its inputs) and ranks
+    # by the tree of those inputs; by event time the tree at T0 + 5 s has no lab/b: "row not in the rebuilt tree".
+    from apportion.domain.budgets import BudgetTree
+    from apportion.domain.occupancy import OccupancyLedger
+    from apportion.domain.usage import usage_snapshot
+    from apportion.settings import topic_name
+    from services.accounting.logic import read_model
+
+    sets = [
+        events.BudgetSet(path="lab", share=1.0, ts=from_us(T0), producer="ops"),
+        events.BudgetSet(path="lab/a", share=0.5, ts=from_us(T0), producer="ops"),
+        events.BudgetSet(path="lab/b", share=0.5, ts=from_us(T0 + 10_000_000), producer="ops"),
+    ]
+    tree = BudgetTree.from_mapping(AB)
+    ledger = OccupancyLedger()
+    ledger.apply(events.NodeRegistered(node_id="n0", gpu_count=8, ts=from_us(T0 + 5_000_000)))
+    offsets = {f"{topic_name(topics.BUDGETS)}:0": 3}
+    snap = usage_snapshot(tree, ledger, T0 + 5_000_000, producer="accounting").model_copy(update={"inputs": offsets})
+    recs = records_from_events([*sets, snap])
+    meta, budgets = read_model(snap, tree, offsets)
+    rows = {"usage": {"meta": meta}, "budgets": budgets}
+    assert sorted(budgets) == ["lab", "lab/a", "lab/b"]
+    assert check_read_models(recs, rows, CFG) == []
+    budgets["lab/b"] = budgets["lab/b"] | {"rank": 0}  # lab/a and lab/b tie at 0 GPU-s: by path, lab/a first
+    (m,) = check_read_models(recs, rows, CFG)
+    assert m.subject == "budgets[lab/b]" and "rank" in m.detail

@@ -86,6 +86,7 @@ from apportion import events, topics
 from apportion.bus.reader import LogRecord, log_order
 from apportion.domain.budgets import BUDGET_CHANGES, fold_budget_log
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, emit_rank, evolve, fold, maintenance, step
+from apportion.domain.fairshare import budget_order
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.usage import usage_snapshot
 from apportion.identity import check_reports, check_requests
@@ -597,6 +598,14 @@ def _snapshot_mismatch(r: LogRecord, snap: events.OccupancySnapshot, exp: events
 _BUDGET_TYPES = (*BUDGET_CHANGES, events.BudgetRejected)
 
 
+def _covered(records: Sequence[LogRecord], inputs: Mapping[str, int], kinds: tuple[type, ...]) -> list[events.Event]:
+    """The events of types ``kinds`` among the records below ``inputs`` (``"topic:partition"`` -> next offset),
+    in log order: what a reader at that position had read."""
+    got = [r for r in records if isinstance(r.event, kinds) and r.offset < inputs.get(f"{r.topic}:{r.partition}", 0)]
+    got.sort(key=log_order)
+    return [r.event for r in got if r.event is not None]
+
+
 def _check_positioned(records: Sequence[LogRecord], snaps: list[LogRecord]) -> list[Mismatch]:
     """Snapshots with ``inputs``: each rebuilt from the records its accounting had read (see check_snapshots)."""
     by_tp: dict[str, list[LogRecord]] = defaultdict(list)
@@ -760,7 +769,18 @@ def check_read_models(
                     f"snapshot {meta.get('snapshot_id')} is not in the log",
                 )
             )
-        snap, ranks = occupancy_at(records, at, window_s=float(meta.get("window_s", WEEK_S)))
+        if snap_rec is not None and _snap(snap_rec).inputs is not None:
+            # the rows are the snapshot they name, which check_snapshots rebuilds from exactly the records its
+            # accounting had read (its inputs); the ranks are of the budget tree those records give. Rebuilding
+            # by event time instead took a budget set after the snapshot's `at` (accounting's ledger clock, which
+            # only job and node events move) but folded before it for absent (seen on `budget set` right after
+            # an accounting restart: "row not in the rebuilt tree").
+            snap = _snap(snap_rec)
+            tree = fold_budget_log(_covered(records, snap.inputs or {}, _BUDGET_TYPES))
+            occ = {u.path: u.occupancy_gpu_s for u in snap.budgets}
+            ranks = {p: i for i, p in enumerate(budget_order(tree, occ, snap.capacity_gpu_s))}
+        else:
+            snap, ranks = occupancy_at(records, at, window_s=float(meta.get("window_s", WEEK_S)))
         exp = {u.path: u.model_dump(mode="json") | {"rank": ranks.get(u.path)} for u in snap.budgets}
         for path in sorted(set(exp) | set(budgets)):
             got, want = budgets.get(path), exp.get(path)
