@@ -189,17 +189,12 @@ def service_principals(kafka_secrets: Path | None, redis_secrets: Path | None) -
     """Each service of the main job as its own Kafka principal (and the dispatcher and accounting as their own
     Redis users), as ``apportion stack up`` starts them (``docs/security.md``); ``None`` on a broker without
     secrets (plaintext development flag), where the services keep the caller's credentials."""
-    from apportion.bus.security import node_agent_principal, principal_env, redis_env
+    from apportion.bus.security import service_credentials
 
     if kafka_secrets is None:
         return None
-    out: dict[str, dict[str, str]] = {}
-    for name in ("policy", "accounting", "dispatcher", "node_agent"):
-        who = node_agent_principal(DEMO_AGENT) if name == "node_agent" else name
-        out[name] = principal_env(who, kafka_secrets)
-        if redis_secrets is not None and name in ("dispatcher", "accounting"):  # the two that keep read models
-            out[name].update(redis_env(name, redis_secrets))
-    return out
+    names = ("policy", "accounting", "dispatcher", "node_agent")
+    return {n: service_credentials(n, DEMO_AGENT, kafka_secrets, redis_secrets) for n in names}
 
 
 def stop_settled(services: Services, bootstrap: str, quiet_s: float, deadline_s: float = 120.0) -> None:

@@ -23,7 +23,9 @@ other way by event time; an audit that merged its input by event time alone char
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 from apportion import events
 from apportion.audit.verify import rerun_decisions
@@ -134,16 +136,13 @@ def heartbeat(node: str, ts_s: float) -> NodeHeartbeat:
     return NodeHeartbeat(event_id=events.det_id("hb", node, ts_s), node_id=node, ts=at(ts_s))
 
 
-def run_partition() -> tuple[DispatcherService, ListLog]:
+def leader(**settings: Any) -> tuple[DispatcherService, ListLog, Callable[[float], None]]:
+    """A leading dispatcher on an in-memory log with ``settings``, and ``poll_at(s)``: set the clock to ``at(s)``,
+    fold what arrived, tick, publish (what ``Term.handle`` does)."""
     log = ListLog()
     clock = ManualClock(T0)
-    settings = DispatcherSettings(
-        heartbeat_timeout_s=30.0,
-        reconcile_misses=0,  # the heartbeats here list no runs
-        kafka_bootstrap="unused:1",
-        redis_url="redis://unused",
-    )
-    svc = DispatcherService(settings, clock, log.publish, consumed=INPUTS)
+    cfg = DispatcherSettings(kafka_bootstrap="unused:1", redis_url="redis://unused", **settings)
+    svc = DispatcherService(cfg, clock, log.publish, consumed=INPUTS)
     svc.token = 7
 
     def poll_at(s: float) -> None:
@@ -151,6 +150,11 @@ def run_partition() -> tuple[DispatcherService, ListLog]:
         out, _ = svc.ingest(log.read())
         svc._emit(out + svc.tick())
 
+    return svc, log, poll_at
+
+
+def run_partition() -> tuple[DispatcherService, ListLog]:
+    svc, log, poll_at = leader(heartbeat_timeout_s=30.0, reconcile_misses=0)  # the heartbeats here list no runs
     log.put(*lab("n1"), submission("x1", "lab/a", 60.0, 0))
     poll_at(0)  # x1 on n1, the only node
     log.put(agent(JobStarted, "x1", 0, node_id="n1", gpus=(0, 1, 2, 3)))
@@ -193,24 +197,7 @@ def run_requeue_before_report() -> tuple[DispatcherService, ListLog]:
     it in a tick that decides nothing else (131 s); only then does the agent's report arrive: a1 had completed at
     95 s. The dispatcher folded the requeue first, so the report is of an old attempt and changes nothing; at 140 s
     it places attempt 2 on a new node."""
-    log = ListLog()
-    clock = ManualClock(T0)
-    settings = DispatcherSettings(
-        heartbeat_timeout_s=0,
-        patience_s=0,
-        checkpoint_wait_s=0,
-        grace_s=30.0,
-        kafka_bootstrap="unused:1",
-        redis_url="redis://unused",
-    )
-    svc = DispatcherService(settings, clock, log.publish, consumed=INPUTS)
-    svc.token = 7
-
-    def poll_at(s: float) -> None:
-        clock.set(at(s))
-        out, _ = svc.ingest(log.read())
-        svc._emit(out + svc.tick())
-
+    svc, log, poll_at = leader(heartbeat_timeout_s=0, patience_s=0, checkpoint_wait_s=0, grace_s=30.0)
     log.put(*lab("n1", "n2"), submission("a1", "lab/a", 50.0, 0))
     poll_at(0)
     log.put(agent(JobStarted, "a1", 0, node_id="n1", gpus=(0, 1, 2, 3)))

@@ -257,6 +257,26 @@ def principal_env(name: str, secrets_dir: Path) -> dict[str, str]:
     }
 
 
+#: The services that keep read models in Redis, each as its own Redis user (``infra/redis/acl.sh``).
+READ_MODEL_WRITERS = ("dispatcher", "accounting")
+
+
+def service_credentials(
+    service: str, agent: str, kafka_secrets: Path | None, redis_secrets: Path | None
+) -> dict[str, str]:
+    """The environment that makes ``service`` (its package under ``services/``, e.g. ``node_agent``) its own
+    principal: its Kafka principal when ``kafka_secrets`` is given (the node agent's is
+    :func:`node_agent_principal` of ``agent``), and its own Redis user when it is one of
+    :data:`READ_MODEL_WRITERS` and ``redis_secrets`` is given. ``apportion stack up`` and ``make run`` use it."""
+    env: dict[str, str] = {}
+    if kafka_secrets is not None:
+        who = node_agent_principal(agent) if service == "node_agent" else service.replace("_", "-")
+        env.update(principal_env(who, kafka_secrets))
+    if redis_secrets is not None and service in READ_MODEL_WRITERS:
+        env.update(redis_env(service, redis_secrets))
+    return env
+
+
 # --------------------------------------------------------------------------- provisioning
 
 

@@ -45,7 +45,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from apportion.bus.security import NODE_AGENTS_SETTING, node_agent_principal, principal_env, redis_env
+from apportion.bus.security import NODE_AGENTS_SETTING, principal_env, redis_env, service_credentials
 from apportion.domain.dispatch import DEFAULT_HEARTBEAT_TIMEOUT_S
 
 #: The services in start order (the policy first: the others read the tree it validates); the dashboard last,
@@ -507,11 +507,10 @@ def up(
                 args += [a for f in simulate_json for a in ("--simulate-json", str(Path(f).resolve()))]
                 env.pop("APPORTION_METRICS_PORT")
                 _as_web(info, env)
-            elif info.kafka_secrets:  # each service is its own Kafka principal (ACLs: apportion.bus.security)
-                who = node_agent_principal(STACK_AGENT) if name == "node_agent" else name.replace("_", "-")
-                env.update(principal_env(who, Path(info.kafka_secrets)))
-            if info.redis_secrets and name in ("dispatcher", "accounting"):  # the two that keep read models
-                env.update(redis_env(name, Path(info.redis_secrets)))
+            else:  # each service is its own Kafka principal (ACLs: apportion.bus.security) and Redis user
+                kafka = Path(info.kafka_secrets) if info.kafka_secrets else None
+                redis = Path(info.redis_secrets) if info.redis_secrets else None
+                env.update(service_credentials(name, STACK_AGENT, kafka, redis))
             if name == "node_agent":  # its journal, the jobs' checkpoint directories and output files
                 env["APPORTION_STATE_DIR"] = str(info.agent_dir)
                 env["APPORTION_KEYRING"] = info.keyring  # its nodes' keys, made and registered on first use
