@@ -68,14 +68,12 @@ async def _lead(
 ) -> None:
     """One term as the leader: rebuild from the snapshot (if it fits) and the log, then decide until ``stop``."""
     from apportion.bus.consumer import AssignedConsumer
-    from apportion.bus.crc import use_compiled_crc32c
     from apportion.bus.producer import EventProducer, Unacked
     from apportion.bus.service import close_quietly, follow
     from apportion.identity import decision_signer
     from apportion.topics import BUDGETS, JOBS, NODES, SUBMISSIONS
     from services.dispatcher.lease import LeaseKeeper
 
-    log.info("record-batch CRC-32C: %s", use_compiled_crc32c())
     conn, loop, inputs = w.conn, asyncio.get_running_loop(), list(map(topic_name, (SUBMISSIONS, JOBS, NODES, BUDGETS)))
     signer = await asyncio.to_thread(  # every decision is signed with service:dispatcher's key (docs/security.md)
         lambda: decision_signer(key_file=settings.dispatcher_key, bootstrap=conn.bootstrap, now=w.clock.now())

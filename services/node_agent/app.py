@@ -34,7 +34,6 @@ async def run(
         ready: set once the nodes are registered and commands are being consumed.
     """
     from apportion.bus.consumer import EventConsumer
-    from apportion.bus.crc import use_compiled_crc32c
     from apportion.bus.intake import IdLedger
     from apportion.bus.producer import EventProducer
     from apportion.bus.resilience import connect
@@ -45,7 +44,6 @@ async def run(
 
     w = wire(settings, clock, redis=False)
     clock, conn = w.clock, w.conn
-    log.info("record-batch CRC-32C: %s", use_compiled_crc32c())
     nodes, prefix = hosted_nodes(settings)
     metrics = node_agent_metrics(w.registry)
     name = f"node-agent-{settings.agent_name()}"

@@ -325,3 +325,17 @@ def test_wire_probes_kafka_and_redis_only_when_asked_and_says_ready_once_told() 
     assert (w.readiness.ready, ready.is_set()) == (False, False)
     w.became_ready(ready)
     assert (w.readiness.ready, ready.is_set()) == (True, True)
+
+
+def test_wire_gives_every_service_the_compiled_crc32c(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Accounting and the policy read record batches too: ``wire`` (every service's start) swaps the CRC in."""
+    import kafka.record.default_records as records
+    import kafka.record.util as util
+    from aiokafka.record._crecords import crc32c_cython
+
+    from apportion.bus.service import ServiceSettings, wire
+
+    monkeypatch.setattr(util, "crc32c_c", None)  # as without the crc32c package
+    monkeypatch.setattr(records, "calc_crc32c", util.calc_crc32c)  # kafka-python as shipped
+    wire(ServiceSettings(kafka_bootstrap="127.0.0.1:1", redis_url="redis://127.0.0.1:2/0"), redis=False)
+    assert records.calc_crc32c is crc32c_cython

@@ -14,11 +14,15 @@ CRC-32C. :func:`use_compiled_crc32c` points kafka-python's record codec at
 it after checking that both give the same checksums. The checksums, and so
 the bytes on the wire, do not change; only the CPU spent on them does.
 
-Scope: a process calls it explicitly (the dispatcher and the node agent do
-at start); nothing here runs at import time. It changes a module global of
-kafka-python for the whole calling process, so it is *not* called from the
-shared producer or consumer wrappers: a process that did not ask keeps
-kafka-python as shipped (the ``bench_live`` raw-consume baseline is one).
+Scope: a process calls it explicitly: every service does at start, in
+:func:`apportion.bus.service.wire` (the dispatcher and the node agent did
+before; accounting and the policy since the fourteenth session,
+which cut accounting's rebuild CPU the most). Nothing here runs at import
+time. It changes a module global of kafka-python for the whole calling
+process, so it is *not* called from the shared producer or consumer
+wrappers: a process that did not ask keeps kafka-python as shipped (the
+``bench_live`` raw-consume baseline is one; it also measures a raw consume
+with the compiled CRC, the stricter baseline).
 """
 
 from __future__ import annotations
