@@ -68,6 +68,7 @@ from typing import Any
 
 from apportion.bus.consumer import record_order
 from apportion.bus.intake import Intake
+from apportion.bus.memory import trim
 from apportion.bus.resilience import publish_until_acked
 from apportion.clock import Clock
 from apportion.events import DeadLetter, Event, OccupancySnapshot
@@ -360,6 +361,7 @@ class AccountingService:
         if "budgets" in self._m:
             self._m["budgets"].update(meta, rows)
         if fields is not None:
+            trim()  # the checkpoint's buffers were the largest allocations: give their pages back
             self._unsaved, self._ckpt_wall = False, self._wall()
             if "checkpoints" in self._m:
                 self._m["checkpoints"].inc()

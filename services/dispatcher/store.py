@@ -15,6 +15,7 @@ import logging
 import time
 from typing import Any
 
+from apportion.bus.memory import trim
 from services.dispatcher import logic
 from services.dispatcher.config import DispatcherSettings
 
@@ -87,6 +88,7 @@ def write_snapshot(r: Any, svc: Any) -> None:
     key = snapmod.snapshot_key()
     try:
         fields = snapmod.encode(svc.snapshot(), topic_prefix=topic_prefix())
+        size = len(fields["state"])
         with r.pipeline() as pipe:
             pipe.watch(key)
             if not snapmod.newer_than_stored(pipe.hgetall(key), svc.token):
@@ -96,6 +98,8 @@ def write_snapshot(r: Any, svc: Any) -> None:
             pipe.delete(key)
             pipe.hset(key, mapping=fields)
             pipe.execute()
+        del fields
+        trim()  # the snapshot's buffers were the largest allocations: give their pages back
     except redis_lib.WatchError:
         log.warning("snapshot not written: written concurrently by another instance")
         return
@@ -104,7 +108,7 @@ def write_snapshot(r: Any, svc: Any) -> None:
         return
     log.info(
         "snapshot written: %d bytes, %d jobs, in %.2f s",
-        len(fields["state"]),
+        size,
         len(svc.state.jobs),
         time.perf_counter() - t0,
     )

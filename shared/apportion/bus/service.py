@@ -232,14 +232,16 @@ class Wiring:
 def wire(settings: ServiceSettings, clock: Clock | None = None, *, redis: bool = True) -> Wiring:
     """Clock, addresses, readiness probing Kafka (and Redis when ``redis``), the metrics and ``/ready`` endpoint.
 
-    Also points kafka-python's record-batch CRC-32C at compiled code for the whole process
-    (:func:`apportion.bus.crc.use_compiled_crc32c`, logged): every service reads and writes record batches,
-    and the pure-Python CRC was the largest item of each reader's CPU.
+    Also, for the whole process: kafka-python's record-batch CRC-32C in compiled code
+    (:func:`apportion.bus.crc.use_compiled_crc32c`; every service reads and writes record batches, and the
+    pure-Python CRC was the largest item of each reader's CPU), and at most two C-allocator arenas
+    (:func:`apportion.bus.memory.limit_arenas`, so the resident set stays flat); both logged.
     """
     from apportion.bus.crc import use_compiled_crc32c
+    from apportion.bus.memory import limit_arenas
     from apportion.bus.resilience import readiness_for
 
-    log.info("record-batch CRC-32C: %s", use_compiled_crc32c())
+    log.info("record-batch CRC-32C: %s; malloc arenas limited: %s", use_compiled_crc32c(), limit_arenas())
 
     conn = settings.connection()
     readiness = readiness_for(conn.bootstrap, conn.redis_url if redis else None)
