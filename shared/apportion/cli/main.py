@@ -477,6 +477,71 @@ def queue_rows(
     return rows
 
 
+#: Terminal width (columns) below which `apportion queue` leaves out its least read columns (min rt, attempt).
+QUEUE_WIDE = 120
+
+
+def queue_table(rows: list[dict[str, Any]], width: int) -> Any:
+    """The `apportion queue` output of :func:`queue_rows`' rows for a terminal ``width`` columns wide.
+
+    The job id, budget, user, shape and state are never cut (they are what a user copies into the next
+    command). At :data:`QUEUE_WIDE` columns and more, one table with every column, the last one (nodes, or
+    the pending reason) wrapping in the width left. Narrower (an 80-column terminal), the table leaves out
+    the minimum runtime, the attempt and the last column and shows the start time as ``MM-DD HH:MM`` (UTC);
+    each job's nodes or pending reason follow the table on a line of their own (``job: reason``), wrapped,
+    uncut. ``--json`` has every field.
+    """
+    from rich import box
+    from rich.console import Group
+    from rich.text import Text
+
+    wide = width >= QUEUE_WIDE
+
+    def text(r: dict[str, Any], key: str) -> str:
+        return str(r.get(key) or "")
+
+    def widest(key: str, title: str) -> int:
+        return max([len(title), *(len(text(r, key)) for r in rows)])
+
+    t = Table(
+        title=f"queue ({len(rows)} jobs)", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True
+    )
+    t.add_column("pos", no_wrap=True, justify="right", min_width=3)
+    t.add_column("job", no_wrap=True, min_width=widest("job_id", "job"))
+    t.add_column("budget", no_wrap=True, min_width=widest("budget", "budget"))
+    t.add_column("user", no_wrap=True, min_width=widest("user", "user"))
+    t.add_column("GPUs", no_wrap=True, min_width=4)
+    if wide:
+        t.add_column("min rt", no_wrap=True)
+    t.add_column("state", no_wrap=True, min_width=widest("state", "state"))
+    if wide:
+        t.add_column("att", no_wrap=True, justify="right")
+    t.add_column("started (UTC)" if wide else "started", no_wrap=True, min_width=19 if wide else 11)
+    if wide:
+        t.add_column("nodes / reason", overflow="fold", ratio=1)
+    where: list[Text] = []
+    for r in rows:
+        pending = r.get("state") == "pending"
+        nodes = ",".join(r.get("nodes") or [])
+        detail = r.get("reason") if pending else nodes or r.get("reason")
+        started = r.get("started_at")
+        t.add_row(
+            "-" if r.get("position") is None else str(r["position"]),
+            text(r, "job_id"),
+            text(r, "budget"),
+            text(r, "user"),
+            f"{r.get('replicas', 1)}x{r.get('gpus_per_replica', '?')}",
+            *((format_duration(float(r.get("min_runtime_s", 0))),) if wide else ()),
+            text(r, "state"),
+            *((str(r.get("attempt", "")),) if wide else ()),
+            (started[:19] if wide else started[5:16]).replace("T", " ") if started else "-",
+            *((detail or "",) if wide else ()),
+        )
+        if not wide and detail:
+            where.append(Text.assemble((text(r, "job_id"), "bold"), ": ", str(detail)))
+    return Group(t, *((Text("nodes (running) / reason (pending), UTC times:"), *where) if where else ()))
+
+
 @app.command()
 def queue(
     budget: Annotated[str | None, typer.Option("--budget", "-b", help="Only this budget (and below).")] = None,
@@ -510,26 +575,7 @@ def queue(
     if as_json:
         _print_json(rows)
         return
-    t = Table(title=f"queue ({len(rows)} jobs)")
-    for col in ("pos", "job", "budget", "user", "GPUs", "min rt", "state", "att", "started", "nodes / reason"):
-        t.add_column(col)
-    for r in rows:
-        gpus = f"{r.get('replicas', 1)}x{r.get('gpus_per_replica', '?')}"
-        detail = r.get("reason") if r.get("state") == "pending" else ",".join(r.get("nodes") or []) or r.get("reason")
-        started = r.get("started_at")
-        t.add_row(
-            "-" if r.get("position") is None else str(r["position"]),
-            r.get("job_id", ""),
-            r.get("budget", ""),
-            r.get("user", ""),
-            gpus,
-            format_duration(float(r.get("min_runtime_s", 0))),
-            r.get("state", ""),
-            str(r.get("attempt", "")),
-            started[:19].replace("T", " ") if started else "-",
-            detail or "",
-        )
-    out.print(t)
+    out.print(queue_table(rows, out.width))
 
 
 def share_data(rc: Any) -> dict[str, Any]:

@@ -1,0 +1,83 @@
+"""`apportion queue`'s table: nothing a user copies is cut, at 80 columns and at 140."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+
+from apportion.cli.main import QUEUE_WIDE, queue_table
+
+REASON = "budget_ahead: lab/vision (r 0.42) is served before lab/nlp (r 0.61)"
+ROWS: list[dict[str, Any]] = [
+    {
+        "position": None,
+        "job_id": "train-llm-7b-0042",
+        "budget": "lab/vision/detect",
+        "user": "carol",
+        "replicas": 2,
+        "gpus_per_replica": 8,
+        "min_runtime_s": 7200,
+        "state": "running",
+        "attempt": 1,
+        "started_at": "2026-12-03T15:01:22+00:00",
+        "nodes": ["node-1", "node-2"],
+    },
+    {
+        "position": 12,
+        "job_id": "sweep-17",
+        "budget": "lab/nlp",
+        "user": "dave",
+        "replicas": 1,
+        "gpus_per_replica": 1,
+        "min_runtime_s": 600,
+        "state": "pending",
+        "attempt": 0,
+        "started_at": None,
+        "reason": REASON,
+    },
+]
+
+
+def render(width: int) -> list[str]:
+    console = Console(width=width, record=True, color_system=None)
+    console.print(queue_table(ROWS, width))
+    return [line.rstrip() for line in console.export_text().splitlines()]
+
+
+def test_at_80_columns_every_line_fits_and_nothing_is_cut() -> None:
+    lines = render(80)
+    assert max(map(len, lines)) <= 80
+    text = "\n".join(lines)
+    assert "…" not in text
+    row = next(line for line in lines if line.lstrip().startswith("- "))
+    assert row.split() == ["-", "train-llm-7b-0042", "lab/vision/detect", "carol", "2x8", "running", "12-03", "15:01"]
+    # nodes and reasons follow the table, one line per job, whole
+    assert "train-llm-7b-0042: node-1,node-2" in lines
+    assert f"sweep-17: {REASON}" in lines
+    assert "min rt" not in text
+
+
+def test_wide_terminals_get_one_table_with_every_column() -> None:
+    lines = render(QUEUE_WIDE + 20)
+    header = next(line for line in lines if line.lstrip().startswith("pos"))
+    assert header.split() == [
+        "pos",
+        "job",
+        "budget",
+        "user",
+        "GPUs",
+        "min",
+        "rt",
+        "state",
+        "att",
+        "started",
+        "(UTC)",
+        "nodes",
+        "/",
+        "reason",
+    ]
+    row = next(line for line in lines if " sweep-17 " in line)
+    assert row.split()[:8] == ["12", "sweep-17", "lab/nlp", "dave", "1x1", "10m", "pending", "0"]
+    assert "2026-12-03 15:01:22" in "\n".join(lines)
+    assert not any(line.startswith("sweep-17:") for line in lines)
