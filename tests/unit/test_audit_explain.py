@@ -32,6 +32,7 @@ def test_preempted_job_names_preemptor_rule_and_ratios() -> None:
     v = pre.details["victim"]
     assert (v["rule"], v["lca"], v["victim_ratio"], v["preemptor_ratio"]) == ("expired_behind", "lab", 2.0, 0.0)
     assert "preempted by b1 (lab/b): rule expired_behind at LCA lab" in pre.summary
+    assert pre.summary.endswith("; grace 30 s; work lost 0.00 GPU-h since its last checkpoint")
     assert pre.check is not None
     assert pre.check == {
         "match": True,
@@ -68,3 +69,27 @@ def test_a_tampered_placement_is_a_mismatch_in_the_explanation() -> None:
 def test_unknown_job() -> None:
     ex = explain(records_from_events(history()), "nope", CFG)
     assert not ex.found and ex.timeline == []
+
+
+def test_every_job_event_gets_a_sentence_not_its_type_name() -> None:
+    """Checkpoints, losses, refused starts and cancels read as what happened (they were rows of bare type names)."""
+    from datetime import UTC, datetime
+
+    ts = datetime(2026, 1, 1, 3, tzinfo=UTC)
+    extra = [
+        events.JobCheckpointed(job_id="a1", attempt=2, progress_s=5400, replica=0, node_id="n0", ts=ts),
+        events.WorkloadRefused(node_id="n0", job_id="a1", attempt=2, reason="gpus_busy", ts=ts),
+        events.JobLost(job_id="a1", attempt=2, node_id="n0", charged_until=ts, lost_gpu_s=1800.0, ts=ts),
+        events.JobCancelRequested(job_id="a1", user="alice", reason="wrong data", ts=ts),
+        events.JobCancelled(job_id="a1", attempt=2, reason="wrong data", ts=ts),
+    ]
+    ex = explain(records_from_events([*history(), *extra]), "a1", CFG, check=False)
+    said = {e.kind: e.summary for e in ex.timeline if e.at == ts.isoformat()}
+    assert said == {
+        "JobCheckpointed": "checkpoint by replica 0 on n0: 1h30m of progress saved",
+        "WorkloadRefused": "n0 refused the start: gpus_busy",
+        "JobLost": "lost on n0 (charged until 2026-01-01T03:00:00+00:00); work lost 0.50 GPU-h",
+        "JobCancelRequested": "cancel requested by alice (wrong data)",
+        "JobCancelled": "cancelled (wrong data)",
+    }
+    assert all(e.summary != e.kind for e in ex.timeline)

@@ -25,6 +25,7 @@ from apportion import events
 from apportion.audit.verify import DecisionCheck, position, rerun_decisions
 from apportion.bus.reader import LogRecord
 from apportion.domain.dispatch import DispatchConfig
+from apportion.durations import format_duration
 from apportion.timeutil import to_us
 
 __all__ = ["TimelineEntry", "Explanation", "explain"]
@@ -226,6 +227,8 @@ def _entry(rec: LogRecord, job_id: str) -> TimelineEntry | None:
             s = f"preempted by {ev.by_job_id} ({ev.by_budget}): {why}; grace {ev.grace_s:g} s"
         else:
             s = f"preempted ({ev.reason}); grace {ev.grace_s:g} s"
+        if ev.lost_gpu_s is not None:
+            s += f"; work lost {ev.lost_gpu_s / 3600:.2f} GPU-h since its last checkpoint"
         return TimelineEntry(
             at,
             where,
@@ -238,6 +241,7 @@ def _entry(rec: LogRecord, job_id: str) -> TimelineEntry | None:
                 "reason": ev.reason,
                 "victim": _victim_facts(ev.victim) if ev.victim else None,
                 "grace_s": ev.grace_s,
+                "lost_gpu_s": ev.lost_gpu_s,
             },
         )
     if isinstance(ev, events.JobRequeued):
@@ -259,6 +263,36 @@ def _entry(rec: LogRecord, job_id: str) -> TimelineEntry | None:
     if isinstance(ev, (events.StartWorkload, events.StopWorkload)):
         verb = "start" if t == "StartWorkload" else "stop"
         return TimelineEntry(at, where, t, attempt, f"command: {verb} on {ev.node_id}")
+    if isinstance(ev, events.JobCheckpointed):
+        rep = "" if ev.replica is None else f" by replica {ev.replica}"
+        on = f" on {ev.node_id}" if ev.node_id else ""
+        return TimelineEntry(
+            at,
+            where,
+            t,
+            attempt,
+            f"checkpoint{rep}{on}: {format_duration(ev.progress_s)} of progress saved",
+            {"progress_s": ev.progress_s},
+        )
+    if isinstance(ev, events.JobLost):
+        charged = f" (charged until {ev.charged_until.isoformat()})" if ev.charged_until else ""
+        lost = "" if ev.lost_gpu_s is None else f"; work lost {ev.lost_gpu_s / 3600:.2f} GPU-h"
+        return TimelineEntry(
+            at,
+            where,
+            t,
+            attempt,
+            f"lost on {ev.node_id}{charged}{lost}",
+            {"node_id": ev.node_id, "lost_gpu_s": ev.lost_gpu_s},
+        )
+    if isinstance(ev, events.WorkloadRefused):
+        return TimelineEntry(at, where, t, attempt, f"{ev.node_id} refused the start: {ev.reason}")
+    if isinstance(ev, events.JobCancelRequested):
+        why = f" ({ev.reason})" if ev.reason else ""
+        return TimelineEntry(at, where, t, None, f"cancel requested by {ev.user}{why}")
+    if isinstance(ev, events.JobCancelled):
+        why = f" ({ev.reason})" if ev.reason else ""
+        return TimelineEntry(at, where, t, attempt, f"cancelled{why}")
     return TimelineEntry(at, where, t, attempt, t)
 
 
