@@ -322,6 +322,8 @@ class ReaderCollector:
     * ``apportion_unauthenticated_decisions_total``: decisions and commands ignored (and dead-lettered)
       because the dispatcher's key did not sign them (``unauthenticated``, a forgery); in the accounting also
       ops' requests on nodes no ops key signed (the dispatcher answers those with ``NodeRequestRefused``);
+    * ``apportion_unknown_run_reports_total``: reports signed by their node's key of a run the reader knows no
+      placement of (passed on; the folds change nothing; logged; issue 17);
     * ``apportion_consumer_lag_records{topic,partition}``: records between the consumer's position and the
       partition's end (high watermark), as last measured by the poll thread (:meth:`set_lag`).
 
@@ -352,7 +354,9 @@ class ReaderCollector:
         """The counters (summed over the sources) and the lag gauges."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        totals = {"events": 0, "duplicates": 0, "dead_lettered": 0, "unauthenticated_node": 0, "unauthenticated": 0}
+        totals = dict.fromkeys(
+            ("events", "duplicates", "dead_lettered", "unauthenticated_node", "unauthenticated", "unknown_run"), 0
+        )
         for get in self._stats:
             s = get()
             if s is None:
@@ -363,6 +367,7 @@ class ReaderCollector:
             totals["dead_lettered"] += int(getattr(s, "dead_lettered", 0) or 0)
             totals["unauthenticated_node"] += int(getattr(s, "unauthenticated_node", 0) or 0)
             totals["unauthenticated"] += int(getattr(s, "unauthenticated", 0) or 0)
+            totals["unknown_run"] += int(getattr(s, "unknown_run", 0) or 0)
         yield CounterMetricFamily(
             "apportion_events_handled", "Records read and turned into events by the reader edge", totals["events"]
         )
@@ -385,6 +390,11 @@ class ReaderCollector:
             "apportion_unauthenticated_decisions",
             "Decisions and commands ignored because the dispatcher's key did not sign them (unauthenticated)",
             totals["unauthenticated"],
+        )
+        yield CounterMetricFamily(
+            "apportion_unknown_run_reports",
+            "Node reports (signed by their node) of a run the reader knows no placement of; they change nothing",
+            totals["unknown_run"],
         )
         lag = GaugeMetricFamily(
             "apportion_consumer_lag_records",

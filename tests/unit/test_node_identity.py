@@ -268,3 +268,36 @@ def test_a_reader_checks_only_the_reports_it_folds() -> None:
     assert gate.report_refusal(events.encode(beat()), beat()) is None  # unsigned, but not folded: not checked
     why = gate.report_refusal(events.encode(reg_node()), reg_node())
     assert why is not None and why.startswith(UNAUTHENTICATED_NODE)
+
+
+def test_a_signed_report_of_a_run_never_placed_is_passed_on_counted_and_logged(caplog) -> None:
+    """Issue 17: an event naming an unknown run is never dropped silently (its folds change nothing)."""
+    placed = events.JobPlaced(
+        job_id="j1",
+        attempt=1,
+        budget="lab/a",
+        allocated=True,
+        gpus_per_replica=1,
+        replicas=1,
+        min_runtime_s=60,
+        placements=(events.Placement(node_id="n0", gpus=(0,)),),
+        submitted_at=T0,
+        decision=events.Decision(rank=0, budget_rank=0, ratio=0.0),
+        ts=T0,
+    )
+    done = events.JobCompleted(job_id="j1", attempt=1, replica=0, node_id="n0", ts=T0 + timedelta(seconds=5))
+    ghost = events.JobCompleted(job_id="ghost", attempt=1, replica=0, node_id="n0", ts=T0 + timedelta(seconds=6))
+    batch = [
+        _rec(registered(N0, T0), 0),
+        _rec(placed, 1),  # no dispatcher key registered (an old log): decisions are taken as they are
+        _rec(done, 2, N0.signed_value(done)),
+        _rec(ghost, 3, N0.signed_value(ghost)),
+    ]
+    with caplog.at_level("WARNING", logger="apportion.bus.intake"):
+        intake, kept, dead = _edge(batch)
+    assert [getattr(e, "job_id", None) for e in kept] == [None, "j1", "j1", "ghost"]
+    assert (intake.stats.unknown_run, intake.stats.dead_lettered, dead) == (1, 0, [])
+    assert [r.getMessage() for r in caplog.records] == [
+        "apportion.jobs[0]@3: JobCompleted of ghost/1 from n0 names a run this reader knows no placement of "
+        "(changes nothing; 1 so far)"
+    ]

@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from apportion import events
-from apportion.domain.admission import UNAUTHENTICATED_NODE
+from apportion.domain.admission import RUN_REPORT_TYPES, UNAUTHENTICATED_NODE
 from apportion.identity import log_position
 from apportion.settings import topic_prefix
 from apportion.timeutil import WEEK_S
@@ -243,6 +243,8 @@ class IntakeStats:
     apply_failed: int = 0
     unauthenticated_node: int = 0
     unauthenticated: int = 0
+    #: authenticated reports of a run no placement of which this reader knows (:meth:`Intake.authenticate`)
+    unknown_run: int = 0
 
 
 def _utcnow() -> datetime:
@@ -348,6 +350,8 @@ class Intake:
         for x, (rec, ev), place in zip(batch, pairs, places, strict=True):
             why = gate.report_refusal(rec.value, ev, place)
             if why is None:
+                if isinstance(ev, RUN_REPORT_TYPES) and gate.checks(ev) and gate.keys.placement(ev) is None:
+                    self._unknown_run(rec, ev)
                 out.append(x)
                 continue
             if why.startswith(UNAUTHENTICATED_NODE):
@@ -356,6 +360,29 @@ class Intake:
                 self.stats.unauthenticated += 1
             self.refuse(rec, why)
         return out
+
+    def _unknown_run(self, rec: Any, ev: events.Event) -> None:
+        """Count (and log: the first 10, then every 1,000th) a report its node signed of a run never placed here.
+
+        Its node's key proved it, so it is passed on; the folds know no such run and change nothing (issue 17:
+        an event naming an unknown run is never dropped silently). Also a report of a run placed more than
+        :data:`apportion.identity.PLACEMENTS_KEPT` placements ago.
+        """
+        self.stats.unknown_run += 1
+        n = self.stats.unknown_run
+        if n <= 10 or n % 1000 == 0:
+            log.warning(
+                "%s[%s]@%s: %s of %s/%s from %s names a run this reader knows no placement of "
+                "(changes nothing; %d so far)",
+                rec.topic,
+                rec.partition,
+                rec.offset,
+                ev.type,
+                getattr(ev, "job_id", "?"),
+                getattr(ev, "attempt", "?"),
+                getattr(ev, "node_id", "?"),
+                n,
+            )
 
     def refuse(self, rec: Any, reason: str) -> events.DeadLetter:
         """Dead-letter ``rec`` with ``reason`` (logged, counted, handed to ``on_dead``)."""
