@@ -222,3 +222,17 @@ def test_a_completion_read_after_the_requeue_of_its_attempt_is_folded_after_it()
     assert placed == [("a1", 1), ("x1", 1), ("b1", 1), ("a1", 2)]
     checks = rerun_decisions(recs, svc.cfg)
     assert all(c.match for c in checks), [d for c in checks for d in c.diffs]
+
+
+def test_the_read_model_check_folds_that_completion_after_the_requeue_too() -> None:
+    """The dispatcher's rows list a1 (attempt 2 running); a fold by event time finished a1 with the completion
+    stamped 95 s, before the preemption at 100 s, and called the row "a job the log says is not active"
+    (the main job, fourteenth session). ``check_read_models`` folds in the dispatcher's order."""
+    from apportion.audit.verify import check_read_models
+    from services.dispatcher.logic import read_model
+
+    svc, log = run_requeue_before_report()
+    recs = records(log)
+    jobs, nodes = read_model(svc.state, svc.state.clock_us or 0, svc.cfg)
+    assert (jobs["a1"]["state"], jobs["a1"]["attempt"]) == ("running", 2)
+    assert check_read_models(recs, {"jobs": jobs, "nodes": nodes}, svc.cfg) == []

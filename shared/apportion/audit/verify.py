@@ -85,7 +85,7 @@ from typing import Any
 from apportion import events, topics
 from apportion.bus.reader import LogRecord, log_order
 from apportion.domain.budgets import BUDGET_CHANGES, fold_budget_log
-from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, emit_rank, evolve, fold, maintenance, step
+from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, emit_rank, evolve, maintenance, step
 from apportion.domain.fairshare import budget_order
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.usage import usage_snapshot
@@ -317,21 +317,8 @@ def rerun_decisions(
     for lst in ext_by_tp.values():
         lst.sort(key=lambda r: r.offset)
     last_of_term = last_fenced_us(r.event for r in own if r.event is not None)
-
-    def ext_key(r: LogRecord) -> tuple:
-        # before own events of the same instant (they follow from it), except a JobStarted: it answers
-        # this dispatcher's StartWorkload, so it can only follow the JobPlaced of its run
-        ev = r.event
-        assert ev is not None
-        rank = 9 if type(ev) is events.JobStarted else -1
-        return (to_us(ev.ts), rank, r.topic, r.partition, r.offset)
-
     own.sort(key=emitted_order)
-    preempted_at: dict[tuple[str, int], Micros] = {}  # the dispatcher's preemptions (fold_order)
-    for r in own:
-        ev = r.event
-        if isinstance(ev, events.JobPreempted):
-            preempted_at.setdefault((ev.job_id, ev.attempt), to_us(ev.ts))
+    preempted_at = preemption_times(own)
     state = DispatchState(window_s=cfg.engine.window_s)
     ext_ptr: dict[str, int] = {tp: 0 for tp in ext_by_tp}
     oi = 0
@@ -419,6 +406,58 @@ def rerun_decisions(
         basis = "inputs" if watermark is not None else "log-order"
         out.append(DecisionCheck(t, basis, recorded, got, diffs + unrecorded, cut))
     return out
+
+
+def ext_key(r: LogRecord) -> tuple:
+    """Merge key of another producer's record among the dispatcher's own events (:func:`fold_order`).
+
+    Event time, then before own events of the same instant (they follow from it), except a ``JobStarted``:
+    it answers this dispatcher's ``StartWorkload``, so it can only follow the ``JobPlaced`` of its run.
+    """
+    ev = _ev(r)
+    rank = 9 if type(ev) is events.JobStarted else -1
+    return (to_us(ev.ts), rank, r.topic, r.partition, r.offset)
+
+
+def preemption_times(own: Iterable[LogRecord]) -> dict[tuple[str, int], Micros]:
+    """``(job_id, attempt) ->`` event time (µs) of the dispatcher's first ``JobPreempted`` of that run
+    (``fold_order``'s ``preempted_at``), from its own records ``own``."""
+    out: dict[tuple[str, int], Micros] = {}
+    for r in own:
+        ev = r.event
+        if isinstance(ev, events.JobPreempted):
+            out.setdefault((ev.job_id, ev.attempt), to_us(ev.ts))
+    return out
+
+
+def dispatcher_fold(
+    records: Sequence[LogRecord], config: DispatchConfig | None = None, *, producer: str = "dispatcher"
+) -> DispatchState:
+    """The dispatcher's state after the whole log, folded in the order it folded it (the read-model check).
+
+    Its own events and the records of its input topics, merged by :func:`fold_order` without input
+    positions (one merge by event time, other producers' records before own events of the same instant) but
+    with its preemption times, so a completion stamped before a preemption whose requeue the dispatcher
+    made first is folded after that requeue, where it changes nothing, as the dispatcher folded it. (A plain
+    fold of the log by event time finished such a job, and the check reported the dispatcher's row of its
+    next attempt as "a job the log says is not active": the main job, fourteenth session.)
+
+    Args:
+        records: the log in log order.
+        config: the dispatcher's knobs (its window).
+        producer: the dispatcher's ``producer`` name.
+    """
+    cfg = config or DispatchConfig()
+    inputs = set(dispatcher_input_topics())
+    own = sorted((r for r in records if r.event is not None and r.event.producer == producer), key=emitted_order)
+    polled = sorted(
+        (r for r in records if r.event is not None and r.event.producer != producer and r.topic in inputs),
+        key=ext_key,
+    )
+    state = DispatchState(window_s=cfg.engine.window_s)
+    for r in fold_order(own, polled, emitted_order, ext_key, preempted_at=preemption_times(own)):
+        evolve(state, _ev(r))
+    return state
 
 
 def last_fenced_us(own: Iterable[events.Event]) -> dict[int, Micros]:
@@ -736,7 +775,7 @@ def check_read_models(
     ``at``; every budget row (O, U, E, r, abs share, rank) equals the
     windows rebuilt at that ``at``. Every job row (state, attempt, budget,
     nodes) and node row (state, GPUs, free GPUs, running) equals the
-    dispatcher state folded from the whole log. The offset named is the
+    dispatcher state folded from the whole log in its order (:func:`dispatcher_fold`). The offset named is the
     snapshot the usage rows claim to show, or the latest record of the job
     or node.
     """
@@ -823,7 +862,7 @@ def check_read_models(
             )
     jobs, nodes = rows.get("jobs"), rows.get("nodes")
     if jobs is not None or nodes is not None:
-        state = fold((r.event for r in records if r.event is not None), window_s=cfg.engine.window_s)
+        state = dispatcher_fold(records, cfg)
         if jobs is not None:
             last = _last_record_of(records, "job_id")
             for jid in sorted(set(jobs) | set(state.jobs)):
