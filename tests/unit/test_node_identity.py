@@ -23,6 +23,7 @@ from apportion.events import JobLost, JobSubmitted, NodeHeartbeat, NodeRegistere
 from apportion.identity import ReportGate, ReportSigner, check_requests, signer_of
 from tests.service.accounting_fakes import Rec
 from tests.signing import identity, node_identity, registered
+from tests.unit import builders
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 N0, N1 = node_identity("n0"), node_identity("n1")
@@ -272,19 +273,7 @@ def test_a_reader_checks_only_the_reports_it_folds() -> None:
 
 def test_a_signed_report_of_a_run_never_placed_is_passed_on_counted_and_logged(caplog) -> None:
     """Issue 17: an event naming an unknown run is never dropped silently (its folds change nothing)."""
-    placed = events.JobPlaced(
-        job_id="j1",
-        attempt=1,
-        budget="lab/a",
-        allocated=True,
-        gpus_per_replica=1,
-        replicas=1,
-        min_runtime_s=60,
-        placements=(events.Placement(node_id="n0", gpus=(0,)),),
-        submitted_at=T0,
-        decision=events.Decision(rank=0, budget_rank=0, ratio=0.0),
-        ts=T0,
-    )
+    placed = builders.placed("j1", nodes=["n0"], at=T0)
     done = events.JobCompleted(job_id="j1", attempt=1, replica=0, node_id="n0", ts=T0 + timedelta(seconds=5))
     ghost = events.JobCompleted(job_id="ghost", attempt=1, replica=0, node_id="n0", ts=T0 + timedelta(seconds=6))
     batch = [
