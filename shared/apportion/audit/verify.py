@@ -300,24 +300,17 @@ def rerun_decisions(
     """
     cfg = config or DispatchConfig()
     wanted = set(only_at) if only_at is not None else None
-    inputs = set(dispatcher_input_topics())
-    own: list[LogRecord] = []
+    own, polled = dispatcher_records(records, producer)
     ext_by_tp: dict[str, list[LogRecord]] = defaultdict(list)
     groups: dict[Micros, list[LogRecord]] = defaultdict(list)
-    for r in records:
-        ev = r.event
-        if ev is None:
-            continue
-        if ev.producer == producer:
-            own.append(r)
-            if isinstance(ev, DECISION_TYPES):
-                groups[to_us(ev.ts)].append(r)
-        elif r.topic in inputs:
-            ext_by_tp[f"{r.topic}:{r.partition}"].append(r)
+    for r in own:
+        if isinstance(r.event, DECISION_TYPES):
+            groups[to_us(r.event.ts)].append(r)
+    for r in polled:
+        ext_by_tp[f"{r.topic}:{r.partition}"].append(r)
     for lst in ext_by_tp.values():
         lst.sort(key=lambda r: r.offset)
     last_of_term = last_fenced_us(r.event for r in own if r.event is not None)
-    own.sort(key=emitted_order)
     preempted_at = preemption_times(own)
     state = DispatchState(window_s=cfg.engine.window_s)
     ext_ptr: dict[str, int] = {tp: 0 for tp in ext_by_tp}
@@ -448,16 +441,28 @@ def dispatcher_fold(
         producer: the dispatcher's ``producer`` name.
     """
     cfg = config or DispatchConfig()
-    inputs = set(dispatcher_input_topics())
-    own = sorted((r for r in records if r.event is not None and r.event.producer == producer), key=emitted_order)
-    polled = sorted(
-        (r for r in records if r.event is not None and r.event.producer != producer and r.topic in inputs),
-        key=ext_key,
-    )
+    own, polled = dispatcher_records(records, producer)
     state = DispatchState(window_s=cfg.engine.window_s)
     for r in fold_order(own, polled, emitted_order, ext_key, preempted_at=preemption_times(own)):
         evolve(state, _ev(r))
     return state
+
+
+def dispatcher_records(records: Sequence[LogRecord], producer: str) -> tuple[list[LogRecord], list[LogRecord]]:
+    """``(own, polled)``: the dispatcher's own records, in the order it emitted them (:func:`emitted_order`),
+    and the other producers' records of its input topics, in log order (what it read)."""
+    inputs = set(dispatcher_input_topics())
+    own: list[LogRecord] = []
+    polled: list[LogRecord] = []
+    for r in records:
+        if r.event is None:
+            continue
+        if r.event.producer == producer:
+            own.append(r)
+        elif r.topic in inputs:
+            polled.append(r)
+    own.sort(key=emitted_order)
+    return own, polled
 
 
 def last_fenced_us(own: Iterable[events.Event]) -> dict[int, Micros]:
