@@ -354,20 +354,16 @@ class ReaderCollector:
         """The counters (summed over the sources) and the lag gauges."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        totals = dict.fromkeys(
-            ("events", "duplicates", "dead_lettered", "unauthenticated_node", "unauthenticated", "unknown_run"), 0
-        )
+        counts = ("duplicates", "dead_lettered", "unauthenticated_node", "unauthenticated", "unknown_run")
+        totals = dict.fromkeys(("events", *counts), 0)
         for get in self._stats:
             s = get()
             if s is None:
                 continue
             # IntakeStats counts ``events``; the EventConsumer's Stats counts them as ``handled``
             totals["events"] += int(getattr(s, "events", getattr(s, "handled", 0)) or 0)
-            totals["duplicates"] += int(getattr(s, "duplicates", 0) or 0)
-            totals["dead_lettered"] += int(getattr(s, "dead_lettered", 0) or 0)
-            totals["unauthenticated_node"] += int(getattr(s, "unauthenticated_node", 0) or 0)
-            totals["unauthenticated"] += int(getattr(s, "unauthenticated", 0) or 0)
-            totals["unknown_run"] += int(getattr(s, "unknown_run", 0) or 0)
+            for name in counts:
+                totals[name] += int(getattr(s, name, 0) or 0)
         yield CounterMetricFamily(
             "apportion_events_handled", "Records read and turned into events by the reader edge", totals["events"]
         )
