@@ -17,7 +17,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -503,42 +503,43 @@ def queue_table(rows: list[dict[str, Any]], width: int) -> Any:
     def widest(key: str, title: str) -> int:
         return max([len(title), *(len(text(r, key)) for r in rows)])
 
+    def detail(r: dict[str, Any]) -> str:  # the nodes of a run, the reason of a pending job
+        nodes = ",".join(r.get("nodes") or [])
+        return str((r.get("reason") if r.get("state") == "pending" else nodes or r.get("reason")) or "")
+
+    def started(r: dict[str, Any]) -> str:
+        at = r.get("started_at")
+        return (at[:19] if wide else at[5:16]).replace("T", " ") if at else "-"
+
+    # (title, rich column options, cell, in the narrow table too): one list for the header and the cells
+    columns: list[tuple[str, dict[str, Any], Callable[[dict[str, Any]], str], bool]] = [
+        (
+            "pos",
+            {"justify": "right", "min_width": 3},
+            lambda r: "-" if r.get("position") is None else str(r["position"]),
+            True,
+        ),
+        ("job", {"min_width": widest("job_id", "job")}, lambda r: text(r, "job_id"), True),
+        ("budget", {"min_width": widest("budget", "budget")}, lambda r: text(r, "budget"), True),
+        ("user", {"min_width": widest("user", "user")}, lambda r: text(r, "user"), True),
+        ("GPUs", {"min_width": 4}, lambda r: f"{r.get('replicas', 1)}x{r.get('gpus_per_replica', '?')}", True),
+        ("min rt", {}, lambda r: format_duration(float(r.get("min_runtime_s", 0))), False),
+        ("state", {"min_width": widest("state", "state")}, lambda r: text(r, "state"), True),
+        ("att", {"justify": "right"}, lambda r: str(r.get("attempt", "")), False),
+        ("started (UTC)" if wide else "started", {"min_width": 19 if wide else 11}, started, True),
+        ("nodes / reason", {"overflow": "fold", "ratio": 1, "no_wrap": False}, detail, False),
+    ]
+    shown = [c for c in columns if wide or c[3]]
     t = Table(
         title=f"queue ({len(rows)} jobs)", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True
     )
-    t.add_column("pos", no_wrap=True, justify="right", min_width=3)
-    t.add_column("job", no_wrap=True, min_width=widest("job_id", "job"))
-    t.add_column("budget", no_wrap=True, min_width=widest("budget", "budget"))
-    t.add_column("user", no_wrap=True, min_width=widest("user", "user"))
-    t.add_column("GPUs", no_wrap=True, min_width=4)
-    if wide:
-        t.add_column("min rt", no_wrap=True)
-    t.add_column("state", no_wrap=True, min_width=widest("state", "state"))
-    if wide:
-        t.add_column("att", no_wrap=True, justify="right")
-    t.add_column("started (UTC)" if wide else "started", no_wrap=True, min_width=19 if wide else 11)
-    if wide:
-        t.add_column("nodes / reason", overflow="fold", ratio=1)
+    for title, opts, _, _ in shown:
+        t.add_column(title, **({"no_wrap": True} | opts))
     where: list[Text] = []
     for r in rows:
-        pending = r.get("state") == "pending"
-        nodes = ",".join(r.get("nodes") or [])
-        detail = r.get("reason") if pending else nodes or r.get("reason")
-        started = r.get("started_at")
-        t.add_row(
-            "-" if r.get("position") is None else str(r["position"]),
-            text(r, "job_id"),
-            text(r, "budget"),
-            text(r, "user"),
-            f"{r.get('replicas', 1)}x{r.get('gpus_per_replica', '?')}",
-            *((format_duration(float(r.get("min_runtime_s", 0))),) if wide else ()),
-            text(r, "state"),
-            *((str(r.get("attempt", "")),) if wide else ()),
-            (started[:19] if wide else started[5:16]).replace("T", " ") if started else "-",
-            *((detail or "",) if wide else ()),
-        )
-        if not wide and detail:
-            where.append(Text.assemble((text(r, "job_id"), "bold"), ": ", str(detail)))
+        t.add_row(*(cell(r) for _, _, cell, _ in shown))
+        if not wide and (d := detail(r)):
+            where.append(Text.assemble((text(r, "job_id"), "bold"), ": ", d))
     return Group(t, *((Text("nodes (running) / reason (pending), UTC times:"), *where) if where else ()))
 
 
