@@ -14,7 +14,8 @@ commas: ``w=F`` sets ``EngineConfig.protection_cap_w`` (default 0.25, DESIGN's W
 ``hard=N`` ``EngineConfig.churn_bound`` (a job preempted N times is protected until it completes; default 5,
 0 = no bound; ``double,w=1,hard=0`` is policy fairtree-5), ``seed=N`` the seed of the trace rule and of the
 simulator (default 1), ``delta=D`` ``EngineConfig.delta`` (hysteresis, default 0.05), ``resv=S``
-``EngineConfig.reservation_after_s`` (default 3600), ``ckpt=S`` ``EngineConfig.checkpoint_wait_s`` (default
+``EngineConfig.reservation_after_s`` (default 3600), ``gang=0`` turns ``EngineConfig.gang_rule`` off (policy
+fairtree-6's decisions), ``ckpt=S`` ``EngineConfig.checkpoint_wait_s`` (default
 7200; 0 turns ``checkpoint_rule`` off). Prints goodput, share deficit, work lost, completions, preemptions,
 the most preemptions of one allocated and one unallocated job, and the five budgets with the largest part of
 the mean deficit. With ``PROTECTION_VARIANTS_SAMPLES=PREFIX`` each run's hourly samples (``Simulator.samples``)
@@ -135,6 +136,7 @@ def main(argv: list[str]) -> int:
             delta=knobs.get("delta"),
             reservation_after_s=knobs.get("resv"),
             churn_bound=int(knobs.get("hard", PROTECTION_CHURN_BOUND or 0)) or None,
+            gang_rule=bool(knobs.get("gang", 1)),
         )
         core.Simulator._outputs = orig_outputs  # type: ignore[method-assign]  # the spy swapped back (see above)
         d = rep.__dict__

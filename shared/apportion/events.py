@@ -904,6 +904,8 @@ class DispatcherConfigured(Event):
         protection_doublings: ``EngineConfig.protection_doublings``; ``None`` in records written before it
             existed (those dispatchers doubled the protection up to the cap).
         churn_bound: ``EngineConfig.churn_bound``; ``None`` (no bound) in records written before it existed.
+        gang_rule: ``EngineConfig.gang_rule``; False in records written before it existed (those dispatchers
+            could preempt a gang for a smaller job).
         dispatcher_producer: the ``producer`` of its decisions.
         heartbeats_from: heartbeat timeouts count from this event time at the earliest (a node is lost
             only when both its last heartbeat and this time are more than the timeout ago): the
@@ -926,6 +928,7 @@ class DispatcherConfigured(Event):
     protection_cap_w: float = Field(default=0.25, gt=0)
     protection_doublings: int | None = Field(default=None, ge=0, le=60)
     churn_bound: int | None = Field(default=None, ge=1)
+    gang_rule: bool = False
     dispatcher_producer: str = "dispatcher"
     heartbeats_from: datetime | None = None
 

@@ -118,14 +118,27 @@ def test_a_fairtree_5_record_re_runs_with_no_churn_bound_and_the_cap_w() -> None
     assert (got.engine.churn_bound, got.engine.protection_cap_w, got.engine.policy_version) == (None, 1.0, "fairtree-5")
 
 
-def test_the_default_record_is_fairtree_6_with_churn_bound_5_and_the_cap_w_over_4() -> None:
+def test_the_default_record_is_fairtree_7_with_the_gang_rule_churn_bound_5_and_the_cap_w_over_4() -> None:
     rec = _rec(DispatchConfig(), 1, h(0))
-    assert (rec.policy_version, rec.churn_bound, rec.protection_cap_w, rec.protection_doublings) == (
-        "fairtree-6",
+    assert (rec.policy_version, rec.gang_rule, rec.churn_bound, rec.protection_cap_w, rec.protection_doublings) == (
+        "fairtree-7",
+        True,
         5,
         0.25,
         3,
     )
+
+
+def test_a_fairtree_6_record_re_runs_without_the_gang_rule() -> None:
+    # before gang_rule existed a record carried no gang_rule: read as False (a gang could go for a smaller job)
+    raw = _rec(DispatchConfig(), 1, h(0)).model_dump(mode="json")
+    del raw["gang_rule"]
+    raw["policy_version"] = "fairtree-6"
+    from apportion import events
+
+    got = config_from_log([events.DispatcherConfigured.model_validate(raw)])
+    assert got is not None
+    assert (got.engine.gang_rule, got.engine.churn_bound, got.engine.policy_version) == (False, 5, "fairtree-6")
 
 
 def test_the_record_carries_the_checkpoint_wait() -> None:

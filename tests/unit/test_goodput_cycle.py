@@ -220,9 +220,10 @@ def test_a_gang_is_not_preempted_whole_for_a_small_job_when_another_victim_exist
 
     The cost counts a victim's whole run: G costs 16 allocated GPUs, s 8, so s goes. (Counting
     only a victim's GPUs on the node, both would cost 8 and G, which lost less per node, would go.)
-    Without s, G is the only victim and is preempted.
+    Without s, G is the only victim and is still not preempted for a 1-GPU job
+    (``preemption.gang_rule``: a gang is never preempted for a job smaller than it); j waits.
     """
-    for with_s, expected in ((True, ["s<-j"]), (False, ["G<-j"])):
+    for with_s, expected in ((True, ["s<-j"]), (False, [])):
         w = World(capacity=10_000.0).node("n0", 8).node("n1", 8).node("n2", 8)
         w.run("G", "lab/b", {"n0": tuple(range(8)), "n1": tuple(range(8))}, min_runtime_s=60, started=h(5))
         if with_s:
@@ -232,6 +233,19 @@ def test_a_gang_is_not_preempted_whole_for_a_small_job_when_another_victim_exist
         w.job("j", "lab/a", 1, min_runtime_s=60)
         w.occupancy = {"lab/b": 50_000.0, "lab": 50_000.0}
         assert preempted(w.cycle()) == expected, with_s
+
+
+def test_a_gang_may_be_preempted_for_a_job_at_least_its_size():
+    """gang_rule: b's expired 2 x 8 gang G is the only victim. a's 2 x 8 job (16 GPUs, G's size) takes both
+    nodes; a's 8-GPU job (half G's size) does not, and its failed search is not remembered for the larger
+    job behind it in the same leaf (the larger one may take G: both jobs of a in one cycle, 8 GPUs first)."""
+    for shapes, expected in (([(8, 2)], ["G<-j0"]), ([(8, 1)], []), ([(8, 1), (8, 2)], ["G<-j1"])):
+        w = World(capacity=10_000.0).node("n0", 8).node("n1", 8)
+        w.run("G", "lab/b", {"n0": tuple(range(8)), "n1": tuple(range(8))}, min_runtime_s=60, started=h(5))
+        for i, (g, k) in enumerate(shapes):
+            w.job(f"j{i}", "lab/a", g, k, min_runtime_s=60, submitted=h(1) + i)
+        w.occupancy = {"lab/b": 50_000.0, "lab": 50_000.0}
+        assert preempted(w.cycle()) == expected, shapes
 
 
 def test_the_victim_with_the_least_work_lost_since_its_checkpoint_goes_first():

@@ -16,6 +16,8 @@ delta" is exact: delta = 0.125 in these cases.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from apportion import events as ev
@@ -34,6 +36,7 @@ from apportion.domain.preemption import (
     PATIENCE_UNDER_SHARE,
     PATIENCE_WAIT,
     REFUSED_AFTER_MOVE,
+    REFUSED_GANG_FRACTION,
     REFUSED_NOT_BEHIND,
     REFUSED_ONE_LINE,
     REFUSED_PROTECTED,
@@ -44,6 +47,7 @@ from apportion.domain.preemption import (
     RULE_UNALLOCATED,
     VictimVerdict,
     checkpoint_rule,
+    gang_rule,
     patience_rule,
     victim_rule,
 )
@@ -204,6 +208,28 @@ def test_victim_rule(run, leaf, now, v, charge, moves, expected):
     verdict = victim_rule(run, leaf, now, v, DELTA, charge, frozenset(moves))
     assert verdict.rule == expected
     assert verdict.allowed is (expected in (RULE_EXPIRED_BEHIND, RULE_UNALLOCATED))
+
+
+@pytest.mark.parametrize(
+    ("replicas", "gpus", "job_gpus", "allowed"),
+    [
+        (1, 8, 1, True),  # a single-node run: the cost order decides
+        (2, 16, 15, False),  # a gang larger than the job: never
+        (2, 16, 16, True),  # a job of the gang's size may
+        (4, 32, 64, True),
+    ],
+)
+def test_gang_rule(replicas, gpus, job_gpus, allowed):
+    assert gang_rule(replicas, gpus, job_gpus) is allowed
+
+
+def test_victim_rule_refuses_a_gang_larger_than_the_job_only_when_told_the_jobs_size():
+    run = run_of()  # 1 x 4 GPUs
+    gang = dataclasses.replace(run, replicas=2, started_replicas=frozenset({0, 1}))  # 2 x 4 GPUs, started in full
+    assert victim_rule(gang, "lab/a", NOW, view(1.0, 2.0), DELTA, 0.0, frozenset(), 4).rule == REFUSED_GANG_FRACTION
+    assert victim_rule(gang, "lab/a", NOW, view(1.0, 2.0), DELTA, 0.0, frozenset(), 8).rule == RULE_EXPIRED_BEHIND
+    assert victim_rule(gang, "lab/a", NOW, view(1.0, 2.0), DELTA, 0.0).rule == RULE_EXPIRED_BEHIND
+    assert victim_rule(run, "lab/a", NOW, view(1.0, 2.0), DELTA, 0.0, frozenset(), 1).rule == RULE_EXPIRED_BEHIND
 
 
 def test_the_verdict_carries_the_compared_ratios():

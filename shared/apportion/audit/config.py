@@ -44,6 +44,7 @@ def configured_event(
         protection_cap_w=e.protection_cap_w,
         protection_doublings=e.protection_doublings,
         churn_bound=e.churn_bound,
+        gang_rule=e.gang_rule,
         dispatcher_producer=cfg.producer,
     )
 
@@ -76,6 +77,7 @@ def config_from_event(ev: events.DispatcherConfigured) -> DispatchConfig:
             protection_cap_w=ev.protection_cap_w,
             protection_doublings=ev.protection_doublings,
             churn_bound=ev.churn_bound,
+            gang_rule=ev.gang_rule,
             window_s=ev.window_s,
             grace_s=ev.grace_s,
             policy_version=ev.policy_version,
@@ -87,13 +89,14 @@ def config_from_event(ev: events.DispatcherConfigured) -> DispatchConfig:
 
 
 #: Older policy versions whose decisions this engine re-runs exactly with the configuration their record gives:
-#: ``fairtree-5`` is ``fairtree-6`` with protection growth capped at W and no churn bound (its records carry
+#: ``fairtree-6`` is ``fairtree-7`` without :func:`~apportion.domain.preemption.gang_rule` (its records carry no
+#: ``gang_rule``, read as False); ``fairtree-5`` is ``fairtree-6`` with protection growth capped at W and no churn bound (its records carry
 #: ``protection_cap_w`` 1.0 and no ``churn_bound``, read as ``None``); ``fairtree-4`` is ``fairtree-5`` with the protection doubled up to its cap (no ``protection_doublings``,
 #: read as ``None``); ``fairtree-3`` is ``fairtree-4`` without :func:`~apportion.domain.preemption.checkpoint_rule` and with
 #: protection growth capped at W / 4 (its records carry no ``checkpoint_wait_s``, read as 0, which turns the
 #: rule off, and no ``protection_cap_w``, read as 0.25); ``fairtree-2`` is ``fairtree-3`` without
 #: :func:`~apportion.domain.preemption.patience_rule` (no ``patience_s``, read as 0).
-COMPATIBLE_VERSIONS = ("fairtree-5", "fairtree-4", "fairtree-3", "fairtree-2")
+COMPATIBLE_VERSIONS = ("fairtree-6", "fairtree-5", "fairtree-4", "fairtree-3", "fairtree-2")
 
 
 def config_from_log(records: Iterable[LogRecord | events.Event], at_us: Micros | None = None) -> DispatchConfig | None:

@@ -207,6 +207,12 @@ def simulate(
         help="Preemptions after which an allocated job is protected until it completes, so none is preempted "
         "more often (default 5, policy fairtree-6); 0 = no bound (with --protection-cap-w 1: policy fairtree-5).",
     ),
+    gang_rule: bool = typer.Option(
+        True,
+        "--gang-rule/--no-gang-rule",
+        help="An allocated gang is never preempted for a job smaller than it (policy fairtree-7; "
+        "--no-gang-rule: fairtree-6).",
+    ),
 ) -> None:
     """Run the simulation(s) and report utilisation, goodput, work lost, share deficit, waits, completions."""
     from apportion.cli.main import err, fail
@@ -250,6 +256,7 @@ def simulate(
             protection_cap_w=protection_cap_w,
             protection_doublings=None if protection_doublings < 0 else protection_doublings,
             churn_bound=churn_bound or None,
+            gang_rule=gang_rule,
         )
         for name in names
     ]
@@ -320,6 +327,7 @@ def _run(
     delta: float | None = None,
     churn_bound: int | None = PROTECTION_CHURN_BOUND,
     reservation_after_s: float | None = None,
+    gang_rule: bool = True,
 ) -> Any:
     """One policy's run and report; admission rejections are counted by reason.
 
@@ -354,6 +362,7 @@ def _run(
         protection_cap_w=protection_cap_w,
         protection_doublings=protection_doublings,
         churn_bound=churn_bound,
+        gang_rule=gang_rule,
     )
     dcfg = DispatchConfig(
         engine=replace(

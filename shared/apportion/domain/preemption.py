@@ -41,6 +41,7 @@ __all__ = [
     "charge_of",
     "CheckpointVerdict",
     "checkpoint_rule",
+    "gang_rule",
     "patience_rule",
     "victim_rule",
 ]
@@ -54,6 +55,7 @@ RULE_EXPIRED_BEHIND: Final = "expired_behind"  # pragma: no mutate (a rule id: t
 #: ... and the refusals, first that applies in this order:
 REFUSED_STOPPING = "stopping"  # pragma: no mutate (a rule id: tests compare with the constant)
 REFUSED_PROTECTED = "protected"  # pragma: no mutate (a rule id: tests compare with the constant)
+REFUSED_GANG_FRACTION = "gang_fraction"  # pragma: no mutate (a rule id: tests compare with the constant)
 REFUSED_SAME_LEAF = "same_leaf"  # pragma: no mutate (a rule id: tests compare with the constant)
 REFUSED_ONE_LINE = "one_line"  # pragma: no mutate (a rule id: tests compare with the constant)
 REFUSED_REVERSAL = "same_cycle_reversal"  # pragma: no mutate (a rule id: tests compare with the constant)
@@ -192,6 +194,7 @@ def victim_rule(
     delta: float,
     charge_gpu_s: float = 0.0,
     moves: frozenset[Move] | set[Move] = frozenset(),
+    job_gpus: int | None = None,
 ) -> VictimVerdict:
     """May ``run`` be preempted for a job of ``preemptor_leaf``? DESIGN section 3, candidates 1 and 2.
 
@@ -203,8 +206,9 @@ def victim_rule(
     In order: a stopping run never (:data:`REFUSED_STOPPING`); an
     unallocated run always (:data:`RULE_UNALLOCATED`); an allocated run
     not while protected, ``now_us < started_at + protection``
-    (:data:`REFUSED_PROTECTED`: at exactly the end it may go), never of the
-    same leaf (:data:`REFUSED_SAME_LEAF`) or of an ancestor or descendant
+    (:data:`REFUSED_PROTECTED`: at exactly the end it may go), not a gang
+    larger than the job (:func:`gang_rule`, :data:`REFUSED_GANG_FRACTION`;
+    only when ``job_gpus`` is given), never of the same leaf (:data:`REFUSED_SAME_LEAF`) or of an ancestor or descendant
     path (:data:`REFUSED_ONE_LINE`), else as :func:`branch_rule` says at the
     LCA.
 
@@ -216,6 +220,7 @@ def victim_rule(
         delta: hysteresis.
         charge_gpu_s: J's provisional charge, GPU-seconds.
         moves: this cycle's preemptions so far (:data:`Move`).
+        job_gpus: g * k of J (:func:`gang_rule`); ``None``: the rule is not applied.
     """
     if run.stopping:
         return VictimVerdict(REFUSED_STOPPING)
@@ -223,6 +228,8 @@ def victim_rule(
         return VictimVerdict(RULE_UNALLOCATED)
     if run.protected(now_us):
         return VictimVerdict(REFUSED_PROTECTED)
+    if job_gpus is not None and not gang_rule(run.replicas, run.gpus, job_gpus):
+        return VictimVerdict(REFUSED_GANG_FRACTION)
     if run.budget == preemptor_leaf:
         return VictimVerdict(REFUSED_SAME_LEAF)
     br = branches_of(run.budget, preemptor_leaf)
@@ -231,6 +238,24 @@ def victim_rule(
     lca, vb, bb = br
     rule, rv, rb, after = branch_rule(lca, vb, bb, view, delta, charge_gpu_s, moves)
     return VictimVerdict(rule, lca, rv, rb, after)
+
+
+def gang_rule(replicas: int, gpus: int, job_gpus: int) -> bool:
+    """May an allocated run of ``replicas`` x (``gpus`` / ``replicas``) GPUs be preempted for a job of ``job_gpus``?
+
+    A gang (``replicas >= 2``) is not preempted for a job smaller than it
+    (``gpus > job_gpus``); a single-node run, or a gang no larger than the
+    job, may be (DESIGN section 3, issue 12: a gang is not preempted whole
+    for a job a fraction of its size). The cost order alone counts a gang as
+    large as it is, but when it is the only feasible victim it still went:
+    on Philly weeks 39-45 a 16-GPU gang of a budget under its share was
+    preempted for 1- and 2-GPU jobs, and its requeued attempt, which needs
+    two whole nodes, then waited up to 54 h while its budget fell to 9 pp
+    under its share (``docs/simulation.md``, fifteenth session). The small
+    job waits instead for other victims, which on such a cluster come free
+    within minutes.
+    """
+    return replicas < 2 or gpus <= job_gpus
 
 
 @lru_cache(maxsize=1 << 16)  # pragma: no mutate (a cache size)

@@ -400,10 +400,16 @@ def run_cycle(
                 moves,
                 cfg.patience_s,
                 cfg.checkpoint_wait_s,
+                cfg.gang_rule,
             )
             if plan is None:
                 # (a refusal by patience_rule or checkpoint_rule depends on this job's wait or victims' timing)
-                if job.job_id not in victims.waits and job.job_id not in victims.checkpoint_waits:
+                # (and one that spared a gang larger than the job says nothing about larger jobs: gang_rule)
+                if (
+                    job.job_id not in victims.waits
+                    and job.job_id not in victims.checkpoint_waits
+                    and not victims.spared
+                ):
                     record_search_failure(failure_key, g, k, charge if victims.narrowed else None)
             else:
                 placements, chosen = plan

@@ -26,8 +26,10 @@ __all__ = [
     "pending_order",
 ]
 
-POLICY_VERSION = "fairtree-6"
-"""fairtree-6: fairtree-5 with a churn bound of 5 (``EngineConfig.churn_bound``: a job preempted 5 times is
+POLICY_VERSION = "fairtree-7"
+"""fairtree-7: fairtree-6 and :func:`~apportion.domain.preemption.gang_rule` (``EngineConfig.gang_rule``: an
+allocated gang is never preempted for a job smaller than it); ``docs/simulation.md``, fifteenth session.
+fairtree-6: fairtree-5 with a churn bound of 5 (``EngineConfig.churn_bound``: a job preempted 5 times is
 protected until it completes) and protection growth capped at W / 4 again (``EngineConfig.protection_cap_w``,
 DESIGN section 3's example); weeks 39-45 of Philly: at most 5 preemptions of any allocated job (6 before) and
 mean share deficit 0.51 pp (0.53), ``docs/simulation.md``, tenth and thirteenth sessions.
@@ -70,6 +72,8 @@ class EngineConfig:
             (:func:`~apportion.domain.cluster.protection_s`; default 3; ``None`` doubles to the cap).
         churn_bound: preemptions after which a job is protected until it completes, so no allocated job is
             preempted more often (:func:`~apportion.domain.cluster.protection_s`; default 5; ``None``: no bound).
+        gang_rule: apply :func:`~apportion.domain.preemption.gang_rule` (an allocated gang is never preempted
+            for a job smaller than it; default True, False up to policy fairtree-6).
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -84,6 +88,7 @@ class EngineConfig:
     protection_cap_w: float = PROTECTION_CAP_W
     protection_doublings: int | None = PROTECTION_DOUBLINGS
     churn_bound: int | None = PROTECTION_CHURN_BOUND
+    gang_rule: bool = True
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"

@@ -27,6 +27,7 @@ from apportion.domain.preemption import (
     ShareView,
     VictimVerdict,
     checkpoint_rule,
+    gang_rule,
     patience_rule,
     victim_rule,
 )
@@ -50,6 +51,7 @@ def plan_preemption(
     moves: frozenset[Move] | set[Move] = frozenset(),
     patience_s: float = 0.0,
     checkpoint_wait_s: float = 0.0,
+    gangs: bool = False,
 ) -> tuple[tuple[Placement, ...], list[tuple[Run, Victim]]] | None:
     """Least-cost preemption plan for allocated ``job`` of ``leaf``, or ``None`` (DESIGN section 3).
 
@@ -74,12 +76,17 @@ def plan_preemption(
     :func:`checkpoint_rule` (off with ``checkpoint_wait_s == 0``): when the victims
     checkpoint soon enough, ``None`` and the job in ``victims.checkpoint_waits``.
 
+    With ``gangs`` (``EngineConfig.gang_rule``), an allocated gang larger than J is not a candidate
+    (:func:`gang_rule`); ``victims.spared`` then tells that the search left one out, so its failure
+    says nothing about a larger job.
+
     Returns the placements of J (free GPUs first, then victims' GPUs) and the
     victims with their :class:`Victim` audit records; the free index is
     updated (J's GPUs taken) when a plan is returned.
     """
     view = _CallableView(ratio) if callable(ratio) else ratio
     victims.narrowed = False
+    victims.spared = False
     g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
     taken = victims.taken
     fmodel, fcount, reserved, ffree = free.model, free.count, free.reserved, free.free
@@ -172,7 +179,13 @@ def plan_preemption(
                 bucket = per_node.get(nid)
                 if bucket is None:
                     bucket = per_node[nid] = []
-                bucket.extend(x for x in lst if x[1].key not in taken)
+                for x in lst:
+                    if x[1].key in taken:
+                        continue
+                    if gangs and not gang_rule(x[1].replicas, x[0][0], g * k):
+                        victims.spared = True  # (the failure says nothing about a larger job)
+                        continue
+                    bucket.append(x)
         if not per_node:
             return None
         seen = {o[1] for o in options}
@@ -218,7 +231,7 @@ def plan_preemption(
         for x in chosen:
             run = x[1]
             if run.key not in picked:
-                verdict = victim_rule(run, leaf, now, view, delta, charge_gpu_s, moves)
+                verdict = victim_rule(run, leaf, now, view, delta, charge_gpu_s, moves, g * k if gangs else None)
                 if not verdict.allowed:  # the search and the rule disagree: a bug, never a decision
                     raise AssertionError(f"victim {run.key} of {leaf}'s plan refused by victim_rule: {verdict}")
                 picked[run.key] = (run, _victim(run, now, verdict))

@@ -252,6 +252,7 @@ class CycleVictims:
         "unalloc_options",
         "unalloc_seen",
         "narrowed",
+        "spared",
         "waits",
         "checkpoint_waits",
         "_now",
@@ -269,6 +270,7 @@ class CycleVictims:
         self.unalloc_options: dict[tuple[int, str | None], dict[str, Option]] = {}
         self.unalloc_seen: dict[tuple[int, str | None], int] = {}  # position in the free index's log
         self.narrowed = False  # set by plan_preemption: its last search depended on the job's charge
+        self.spared = False  # set by plan_preemption: its last search left out a gang larger than the job (gang_rule)
         self.waits: dict[str, float] = {}  # job id -> work lost (GPU-s) of the plan patience_rule refused
         self.checkpoint_waits: dict[str, CheckpointVerdict] = {}  # job id -> checkpoint_rule's wait verdict
         self._now = now
