@@ -35,7 +35,14 @@ def namespace(kafka_bootstrap: str) -> Iterator[str]:
         yield os.environ["APPORTION_TOPIC_PREFIX"]
 
 
-def producer_as(principal: str, bootstrap: str, password_of: str | None = None):
+#: How long a producer retries its first sign-in before giving up (kafka-python's default: 30 s). A refused
+#: sign-in is retried with a growing backoff until then, so a probe the broker must refuse costs all of it:
+#: 5 s is several refused attempts (the first within milliseconds), and :func:`_refused` checks the broker
+#: did drop at least one, so the verdict is the refusal's, not a slow broker's.
+REFUSED_BOOTSTRAP_MS = 5_000
+
+
+def producer_as(principal: str, bootstrap: str, password_of: str | None = None, bootstrap_timeout_ms: int = 30_000):
     """A producer signed in as ``principal``, with the password of ``password_of`` when given."""
     from kafka import KafkaProducer
 
@@ -49,6 +56,7 @@ def producer_as(principal: str, bootstrap: str, password_of: str | None = None):
         sasl_plain_username=principal,
         sasl_plain_password=(secrets / f"{password_of or principal}.password").read_text().strip(),
         max_block_ms=10_000,
+        bootstrap_timeout_ms=bootstrap_timeout_ms,
         retries=0,
     )
 
@@ -138,20 +146,46 @@ def test_provisioning_twice_changes_nothing(kafka_bootstrap: str, namespace: str
     assert (report.created, report.users, report.acls) == ([], 0, len(acls(grants(declared_node_agents()))))
 
 
-def _write(principal: str, bootstrap: str, topic: topics.Topic, password_of: str | None = None) -> None:
+def _write(
+    principal: str,
+    bootstrap: str,
+    topic: topics.Topic,
+    password_of: str | None = None,
+    bootstrap_timeout_ms: int = 30_000,
+) -> None:
     """One probe record to ``topic`` as ``principal``; raises what the client raises."""
-    p = producer_as(principal, bootstrap, password_of)
+    p = producer_as(principal, bootstrap, password_of, bootstrap_timeout_ms)
     try:
         p.send(topic_name(topic), key=b"k", value=b'{"probe": true}').get(timeout=10)
     finally:
         p.close(timeout=5)
 
 
+def _refused(
+    caplog: pytest.LogCaptureFixture,
+    principal: str,
+    bootstrap: str,
+    topic: topics.Topic,
+    password_of: str | None = None,
+) -> None:
+    """A probe the broker must not let sign in: the client gives up (a ``KafkaError``) after the broker dropped
+    at least one of its sign-ins (kafka-python logs each dropped bootstrap connection)."""
+    import logging
+
+    from kafka.errors import KafkaError
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kafka.net.manager"), pytest.raises(KafkaError):
+        _write(principal, bootstrap, topic, password_of, bootstrap_timeout_ms=REFUSED_BOOTSTRAP_MS)
+    dropped = [r for r in caplog.records if r.getMessage().startswith("Bootstrap connection to bootstrap-0 failed")]
+    assert dropped, [r.getMessage() for r in caplog.records]
+
+
 def test_each_declared_node_agent_is_its_own_principal_and_can_be_locked_out_alone(
-    kafka_bootstrap: str, namespace: str
+    kafka_bootstrap: str, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     from kafka.admin import UserScramCredentialDeletion
-    from kafka.errors import KafkaError, TopicAuthorizationFailedError
+    from kafka.errors import TopicAuthorizationFailedError
 
     from apportion.bus.provision import admin_client, provision
     from apportion.bus.security import MECHANISM, acls, grants, node_agent_principal
@@ -169,15 +203,13 @@ def test_each_declared_node_agent_is_its_own_principal_and_can_be_locked_out_alo
         _write(one, kafka_bootstrap, topics.COMMANDS)
     assert end_offset(kafka_bootstrap, topic_name(topics.NODES)) == before + 1
     # one agent's password does not sign in as another
-    with pytest.raises(KafkaError):
-        _write(two, kafka_bootstrap, topics.NODES, password_of=one)
+    _refused(caplog, two, kafka_bootstrap, topics.NODES, password_of=one)
     # ops lock rack2 out (its SCRAM credential deleted): it cannot connect, rack1 runs on
     admin = admin_client(kafka_bootstrap)
     try:
         admin.alter_user_scram_credentials([UserScramCredentialDeletion(two, MECHANISM)])
     finally:
         admin.close()
-    with pytest.raises(KafkaError):
-        _write(two, kafka_bootstrap, topics.NODES)
+    _refused(caplog, two, kafka_bootstrap, topics.NODES)
     _write(one, kafka_bootstrap, topics.NODES)
     assert end_offset(kafka_bootstrap, topic_name(topics.NODES)) == before + 2
