@@ -250,10 +250,9 @@ def gang_rule(replicas: int, gpus: int, job_gpus: int) -> bool:
     large as it is, but when it is the only feasible victim it still went:
     on Philly weeks 39-45 a 16-GPU gang of a budget under its share was
     preempted for 1- and 2-GPU jobs, and its requeued attempt, which needs
-    two whole nodes, then waited up to 54 h while its budget fell to 9 pp
-    under its share (``docs/simulation.md``, fifteenth session). The small
-    job waits instead for other victims, which on such a cluster come free
-    within minutes.
+    two whole nodes, then waited up to 58 h while its budget's window share
+    fell from 15.4% to 9.0% of a 17.8% share (``docs/simulation.md``,
+    fifteenth session). The small job waits instead for other victims.
     """
     return replicas < 2 or gpus <= job_gpus
 
