@@ -104,6 +104,7 @@ def kafka_part(recs: list) -> None:
     from apportion import topics
 
     names = {t.base: topic_name(t) for t in topics.ALL_TOPICS}
+    from apportion.bus.producer import READ_COMMITTED
     from apportion.bus.security import kafka_auth
 
     prod = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=512 * 1024, acks=1, **kafka_auth())
@@ -119,6 +120,7 @@ def kafka_part(recs: list) -> None:
         enable_auto_commit=False,
         group_id=None,
         max_partition_fetch_bytes=8 * 1024 * 1024,
+        **READ_COMMITTED,
         **kafka_auth(),
     )
     parts = [TopicPartition(tn, p) for tn in wanted for p in sorted(c.partitions_for_topic(tn) or ())]

@@ -50,9 +50,12 @@ class CommandWatcher(threading.Thread):
         super().__init__(daemon=True)
         from kafka import KafkaConsumer, TopicPartition
 
+        from apportion.bus.producer import READ_COMMITTED
         from apportion.bus.security import kafka_auth
 
-        self.kc = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, **kafka_auth())
+        self.kc = KafkaConsumer(
+            bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, **READ_COMMITTED, **kafka_auth()
+        )
         parts = [TopicPartition(t, p) for t in topics for p in sorted(self.kc.partitions_for_topic(t) or ())]
         self.kc.assign(parts)
         self.kc.seek_to_end()
@@ -336,6 +339,7 @@ def accounting_ingest(bootstrap: str, redis_url: str, n: int) -> bool:
     producer.flush()
     producer.close()
 
+    from apportion.bus.producer import READ_COMMITTED
     from apportion.bus.security import kafka_auth
 
     def raw_consume() -> tuple[int, float, float]:
@@ -345,6 +349,7 @@ def accounting_ingest(bootstrap: str, redis_url: str, n: int) -> bool:
             group_id=None,
             enable_auto_commit=False,
             max_partition_fetch_bytes=8 * 1024 * 1024,
+            **READ_COMMITTED,
             **kafka_auth(),
         )
         parts = [TopicPartition(topic_name(JOBS), p) for p in sorted(kc.partitions_for_topic(topic_name(JOBS)))]

@@ -17,7 +17,14 @@ from typing import Any
 from apportion.clock import Clock
 from apportion.settings import topic_name
 from services.dispatcher.config import DispatcherSettings
-from services.dispatcher.service import BATCH_BYTES, LINGER_MS, DispatcherService, lead_term, rebuild_and_start
+from services.dispatcher.service import (
+    BATCH_BYTES,
+    LINGER_MS,
+    DispatcherService,
+    LeadershipLost,
+    lead_term,
+    rebuild_and_start,
+)
 
 log = logging.getLogger("apportion.dispatcher")
 
@@ -68,7 +75,7 @@ async def _lead(
 ) -> None:
     """One term as the leader: rebuild from the snapshot (if it fits) and the log, then decide until ``stop``."""
     from apportion.bus.consumer import AssignedConsumer
-    from apportion.bus.producer import EventProducer, Unacked
+    from apportion.bus.producer import EventProducer, Unacked, is_fenced
     from apportion.bus.service import close_quietly, follow
     from apportion.identity import decision_signer
     from apportion.topics import BUDGETS, JOBS, NODES, SUBMISSIONS
@@ -79,23 +86,43 @@ async def _lead(
         lambda: decision_signer(key_file=settings.dispatcher_key, bootstrap=conn.bootstrap, now=w.clock.now())
     )
     producer = await asyncio.to_thread(
-        EventProducer, conn.bootstrap, client_id="dispatcher", linger_ms=LINGER_MS, batch_size=BATCH_BYTES
+        EventProducer,
+        conn.bootstrap,
+        client_id="dispatcher",
+        transactional_id=settings.transactional_id(),
+        transaction_timeout_s=settings.transaction_timeout_wall_s,
+        linger_ms=LINGER_MS,
+        batch_size=BATCH_BYTES,
     )
-    sends = Unacked(producer)  # not waiting for acks: the loop flushes when idle (Term.handle)
-    consumer = await asyncio.to_thread(AssignedConsumer, conn.bootstrap, inputs, "dispatcher")
+    consumer = None
+    try:
+        # Before reading the log: this fences every earlier leader's producer (its open transaction is
+        # aborted, its next send or commit fails), so what the rebuild reads is all a stale leader will
+        # ever have made visible (docs/leadership.md).
+        await asyncio.to_thread(producer.init_transactions)
+        sends = Unacked(producer, transactional=True)  # one transaction per loop iteration (Term.handle)
+        consumer = await asyncio.to_thread(AssignedConsumer, conn.bootstrap, inputs, "dispatcher")
+    except BaseException:
+        await close_quietly(consumer, producer)
+        raise
     svc = w.current["svc"] = DispatcherService(
         settings, w.clock, sends.send_all, metrics, consumed=inputs, signer=signer
     )
     svc.token = lease.token
     consumer.lag.sink = metrics["reader"].set_lag
     keeper = LeaseKeeper.for_ttl(lease, settings.lease_ttl_wall_s).start()
-    term = lead_term(svc, settings, metrics, keeper, producer, sends, consumer, r, loop.time)
+    term = lead_term(svc, settings, metrics, keeper, sends, consumer, r, loop.time)
     beating = asyncio.create_task(keeper.beats(), name="lease-beats")
     try:
         if not await rebuild_and_start(term, settings, consumer, r, lease, stop):
             return
         w.became_ready(ready)
         await follow(consumer.poll, term.handle, stop, term.poll_ms)
+        await asyncio.to_thread(term.close)  # a clean stop: commit what is open (the lease checked)
+    except Exception as exc:
+        if is_fenced(exc):  # a newer leader took the transactional id over
+            raise LeadershipLost() from exc
+        raise
     finally:
         beating.cancel()
         await asyncio.to_thread(keeper.stop)

@@ -52,6 +52,8 @@ class DispatcherSettings(ServiceSettings):
             Redis (:mod:`services.dispatcher.snapshot`); a start reads the
             snapshot and the log's tail; 0: no snapshots, every start replays
             the log from offset 0.
+        transaction_timeout_wall_s: the broker aborts a transaction of decisions left open this long
+            (a leader killed mid-commit): until then readers on ``read_committed`` wait at it.
         dispatcher_key: the identity file of ``service:dispatcher``
             (``APPORTION_DISPATCHER_KEY``; ``apportion keys init --service
             dispatcher``); every value published is signed with it (DESIGN
@@ -72,8 +74,17 @@ class DispatcherSettings(ServiceSettings):
     reconcile_misses: int = 2
     future_tolerance_s: float = 3600.0
     snapshot_every_wall_s: float = 60.0
+    transaction_timeout_wall_s: float = 10.0
     dispatcher_key: Path | None = None
 
     def owner(self) -> str:
         """This instance's lease owner id."""
         return self.instance_id or f"{socket.gethostname()}-{os.getpid()}"
+
+    def transactional_id(self) -> str:
+        """The one Kafka transactional id every dispatcher instance of this namespace publishes under
+        (``<prefix>dispatcher``): a new leader's ``init_transactions`` fences the previous one's producer
+        (docs/leadership.md)."""
+        from apportion.settings import topic_prefix
+
+        return f"{topic_prefix()}dispatcher"

@@ -537,6 +537,11 @@ class Term:
             above all no node lost on heartbeats it could not read); when it answers again, and
             again when the first records come, :meth:`DispatcherService.resume` grants the heartbeats
             a grace of one timeout (issue 18).
+        pending: True while records sent are not yet committed (a transactional writer,
+            ``Unacked.open``): then every iteration that sent anything ends with ``flush`` (the commit),
+            after the lease is checked, so readers on ``read_committed`` see each iteration's decisions at
+            once and a deposed leader's never. ``None``: not transactional, ``flush`` waits for the acks
+            only when idle.
     """
 
     def __init__(
@@ -554,8 +559,10 @@ class Term:
         commit: Callable[[], None],
         now: Callable[[], float],
         reachable: Callable[[], bool] | None = None,
+        pending: Callable[[], bool] | None = None,
     ) -> None:
         self.svc, self.settings, self._m = svc, settings, metrics
+        self.pending = pending
         self.check_lease, self.lost, self.flush, self.check_delivered = check_lease, lost, flush, check_delivered
         self.write_read_model, self.write_snapshot, self.commit, self.now = (
             write_read_model,
@@ -665,7 +672,12 @@ class Term:
             self.unflushed = True
         elif self.lost.is_set():
             raise LeadershipLost()
-        if self.unflushed and not batch:  # idle: nothing to decide, so waiting for the acks costs nothing
+        if self.pending is not None:
+            if self.pending():  # decisions or dead letters in an open transaction: commit them now
+                self.check_lease()  # a deposed leader's transaction is never committed (aborted by the next)
+                await asyncio.to_thread(self.flush)
+            self.unflushed = False
+        elif self.unflushed and not batch:  # idle: nothing to decide, so waiting for the acks costs nothing
             await asyncio.to_thread(self.flush)
             self.unflushed = False
         self.check_delivered()
@@ -688,20 +700,27 @@ class Term:
             await asyncio.to_thread(self.write_snapshot)
             self.last_snap = self.now()
 
+    def close(self) -> None:
+        """A clean stop (blocking): commit an open transaction while this term still leads and sees the
+        log; else leave it to be aborted (by the next leader's ``init_transactions`` or the timeout)."""
+        if self.pending is not None and self.pending() and not self.blind:
+            self.check_lease()
+            self.flush()
+
 
 def lead_term(
     svc: DispatcherService,
     settings: DispatcherSettings,
     metrics: dict,
     keeper: Any,
-    producer: Any,
     sends: Any,
     consumer: Any,
     r: Any,
     now: Callable[[], float],
 ) -> Term:
-    """The :class:`Term` of a leader: ``svc`` wired to its lease ``keeper``, ``producer`` (and its unacked
-    ``sends``), ``consumer`` and Redis ``r`` (:mod:`services.dispatcher.store`); ``now``: ``loop.time``.
+    """The :class:`Term` of a leader: ``svc`` wired to its lease ``keeper``, its producer's unacked ``sends``
+    (:class:`apportion.bus.producer.Unacked`; transactional: a commit per iteration), ``consumer`` and Redis
+    ``r`` (:mod:`services.dispatcher.store`); ``now``: ``loop.time``.
     Its blindness probe (``reachable``) asks the broker of ``settings``' connection (:func:`broker_answers`)."""
     from apportion.bus.service import commit_quietly
     from services.dispatcher import store
@@ -716,13 +735,14 @@ def lead_term(
         metrics,
         check_lease=check_lease,
         lost=keeper.lost,
-        flush=producer.flush,
+        flush=sends.flush,
         check_delivered=sends.check,
         write_read_model=lambda: store.write_read_model(r, svc, metrics),
         write_snapshot=lambda: store.write_snapshot(r, svc),
         commit=lambda: commit_quietly(consumer),
         now=now,
         reachable=broker_answers(settings.connection().bootstrap),
+        pending=(lambda: sends.open) if getattr(sends, "transactional", False) else None,
     )
 
 

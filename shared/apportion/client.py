@@ -356,6 +356,7 @@ class VerdictWatcher:
     def __init__(self, job_id: str, *, bootstrap: str | None = None) -> None:
         from kafka import KafkaConsumer, TopicPartition
 
+        from apportion.bus.producer import READ_COMMITTED
         from apportion.bus.security import kafka_auth
         from apportion.topics import JOBS
 
@@ -368,6 +369,7 @@ class VerdictWatcher:
             enable_auto_commit=False,
             request_timeout_ms=10_000,
             bootstrap_timeout_ms=5_000,
+            **READ_COMMITTED,
             **kafka_auth(),
         )
         self._kc.topics()  # loads the cluster metadata, so the partitions below are known

@@ -208,10 +208,13 @@ def stop_settled(services: Services, bootstrap: str, quiet_s: float, deadline_s:
     from kafka import KafkaConsumer, TopicPartition
 
     from apportion.audit.verify import dispatcher_input_topics
+    from apportion.bus.producer import READ_COMMITTED
     from apportion.bus.security import kafka_auth
 
     services.stop(only=("node_agent",))
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, **kafka_auth())
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, **READ_COMMITTED, **kafka_auth()
+    )
     try:
         parts = [
             TopicPartition(t, p)

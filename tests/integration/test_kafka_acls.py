@@ -146,6 +146,38 @@ def test_provisioning_twice_changes_nothing(kafka_bootstrap: str, namespace: str
     assert (report.created, report.users, report.acls) == ([], 0, len(acls(grants(declared_node_agents()))))
 
 
+@pytest.mark.parametrize("principal", ["dispatcher", "node-agent", "ops", "researcher"])
+def test_only_the_dispatcher_may_take_over_its_transactional_id(
+    kafka_bootstrap: str, namespace: str, principal: str
+) -> None:
+    """Taking the id over fences the leader (docs/leadership.md): anyone else who could would stop every
+    decision; the broker refuses them with ``TransactionalIdAuthorizationFailedError``."""
+    from kafka import KafkaProducer
+    from kafka.errors import TransactionalIdAuthorizationFailedError
+
+    from apportion.bus.security import MECHANISM
+    from services.dispatcher.config import DispatcherSettings
+
+    secrets = Path(os.environ["APPORTION_KAFKA_SECRETS_DIR"])
+    p = KafkaProducer(
+        bootstrap_servers=kafka_bootstrap,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism=MECHANISM,
+        sasl_plain_username=principal,
+        sasl_plain_password=(secrets / f"{principal}.password").read_text().strip(),
+        transactional_id=DispatcherSettings().transactional_id(),
+        max_block_ms=10_000,
+    )
+    try:
+        if principal == "dispatcher":
+            p.init_transactions()
+        else:
+            with pytest.raises(TransactionalIdAuthorizationFailedError):
+                p.init_transactions()
+    finally:
+        p.close(timeout=5)
+
+
 def _write(
     principal: str,
     bootstrap: str,

@@ -39,7 +39,7 @@ from typing import Any
 
 from apportion import events
 from apportion.bus.intake import IdLedger, dead_letter, screen
-from apportion.bus.producer import EventProducer
+from apportion.bus.producer import READ_COMMITTED, EventProducer
 from apportion.bus.resilience import KAFKA_RECONNECT
 from apportion.settings import topic_name
 
@@ -195,7 +195,7 @@ class EventConsumer:
             bootstrap_servers=bootstrap,
             group_id=group_id,
             enable_auto_commit=False,
-            **{**KAFKA_RECONNECT, **kafka_auth(), **kafka_config},
+            **{**KAFKA_RECONNECT, **READ_COMMITTED, **kafka_auth(), **kafka_config},
         )
         # Load partition metadata before the first poll joins the group, so
         # the assignment covers topics created moments ago.
@@ -363,6 +363,7 @@ class AssignedConsumer:
             auto_offset_reset="earliest",
             max_partition_fetch_bytes=8 * 1024 * 1024,
             **KAFKA_RECONNECT,
+            **READ_COMMITTED,
             **kafka_auth(),
         )
         parts = []

@@ -5,11 +5,18 @@ Idempotent with ``acks=all`` (DESIGN section 4), JSON via
 and topic from :data:`apportion.events.TOPIC_OF`, so no service spells a
 topic name or a key itself.
 
+A writer that must not outlive its leadership (the dispatcher) publishes in Kafka transactions
+(``transactional_id``, KIP-98): a new instance's :meth:`EventProducer.init_transactions` bumps the
+producer epoch, aborts the previous instance's open transaction and makes its later sends and commits
+fail (``ProducerFencedError``); readers on :data:`READ_COMMITTED` never return an aborted record. Every
+reader of the topics a transactional writer writes uses :data:`READ_COMMITTED` (docs/leadership.md).
+
 Nothing connects at import time; :class:`EventProducer` connects when built.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +33,33 @@ RELIABLE = {
     "max_in_flight_requests_per_connection": 5,  # the idempotent maximum
 }
 
+#: Consumer setting of every reader of the log: a record of an aborted or still open transaction is never
+#: returned (a fenced leader's decisions; docs/leadership.md). Pass as ``**READ_COMMITTED``.
+READ_COMMITTED = {"isolation_level": "read_committed"}
+
+#: Transactional producers retry after this many ms (kafka-python's default is 100): each commit is an
+#: AddPartitions, an EndTxn and their retries, and a one-record transaction took 122 ms at 100 against
+#: 21 ms at 5 (fifteenth session, docs/leadership.md).
+RETRY_BACKOFF_MS = 5
+
+#: Wall seconds a commit may take before the writer gives up on it (the term then ends and the next
+#: rebuilds from the log): kafka-python's ``commit_transaction`` waits without a bound.
+COMMIT_TIMEOUT_S = 30.0
+
+
+def is_fenced(exc: BaseException | None) -> bool:
+    """True when ``exc`` (or an exception it was raised from) says a newer producer took over this
+    transactional id: ``ProducerFencedError`` or ``InvalidProducerEpochError`` of kafka-python, by type."""
+    from kafka.errors import InvalidProducerEpochError, ProducerFencedError
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, ProducerFencedError | InvalidProducerEpochError):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
 
 class EventProducer:
     """Publish :class:`apportion.events.Event` models to their topics.
@@ -33,6 +67,9 @@ class EventProducer:
     Args:
         bootstrap: ``host:port[,host:port]`` of the Kafka cluster.
         client_id: shown in broker logs and metrics.
+        transactional_id: publish in transactions under this id (call :meth:`init_transactions` once,
+            then :meth:`begin` and :meth:`commit`); ``None``: no transactions.
+        transaction_timeout_s: the broker aborts a transaction open longer than this (wall seconds).
         **kafka_config: extra :class:`kafka.KafkaProducer` settings (e.g.
             ``linger_ms``). ``acks``, ``enable_idempotence`` and
             ``max_in_flight_requests_per_connection`` are fixed.
@@ -44,7 +81,15 @@ class EventProducer:
             p.send(other_event)       # returns a future; p.flush() waits
     """
 
-    def __init__(self, bootstrap: str, *, client_id: str = "apportion", **kafka_config: Any) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        client_id: str = "apportion",
+        transactional_id: str | None = None,
+        transaction_timeout_s: float = 10.0,
+        **kafka_config: Any,
+    ) -> None:
         from kafka import KafkaProducer  # imported here: no Kafka import cost for pure users
 
         clash = sorted(set(kafka_config) & set(RELIABLE))
@@ -54,6 +99,11 @@ class EventProducer:
         from apportion.bus.security import kafka_auth
 
         kafka_config.setdefault("linger_ms", 2)
+        if transactional_id is not None:
+            kafka_config["transactional_id"] = transactional_id
+            kafka_config["transaction_timeout_ms"] = int(transaction_timeout_s * 1000)
+            kafka_config.setdefault("retry_backoff_ms", RETRY_BACKOFF_MS)
+        self.transactional = transactional_id is not None
         kafka_config = {**KAFKA_RECONNECT, **kafka_auth(), **kafka_config}
         self._producer = KafkaProducer(bootstrap_servers=bootstrap, client_id=client_id, **RELIABLE, **kafka_config)
 
@@ -81,6 +131,42 @@ class EventProducer:
         """Send raw bytes (tests, replay tools). Prefer :meth:`send` for events."""
         return self._producer.send(topic, value=value, key=key)
 
+    def init_transactions(self) -> None:
+        """Take the transactional id over: the broker aborts the previous holder's open transaction and
+        fences it (its next send or commit fails). Blocking; raises the Kafka error (``KafkaTimeoutError``
+        when the coordinator did not answer within ``max_block_ms``, an ``AuthorizationError`` without the
+        ACL on the id)."""
+        self._producer.init_transactions()
+
+    def begin(self) -> None:
+        """Open a transaction (local: nothing is sent until the first record)."""
+        self._producer.begin_transaction()
+
+    def commit(self, timeout_s: float = COMMIT_TIMEOUT_S) -> None:
+        """Flush and commit the open transaction; raises what the commit raised (``ProducerFencedError``:
+        a newer instance holds the id, :func:`is_fenced`), or ``TimeoutError`` after ``timeout_s`` wall
+        seconds (the commit may still end later; the caller ends its term either way)."""
+        done: list[BaseException | None] = []
+
+        def run() -> None:
+            try:
+                self._producer.commit_transaction()
+                done.append(None)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                done.append(exc)
+
+        t = threading.Thread(target=run, name="txn-commit", daemon=True)
+        t.start()
+        t.join(timeout_s)
+        if not done:
+            raise TimeoutError(f"the transaction was not committed within {timeout_s:.0f} s")
+        if done[0] is not None:
+            raise done[0]
+
+    def abort(self) -> None:
+        """Abort the open transaction (its records are never returned to :data:`READ_COMMITTED` readers)."""
+        self._producer.abort_transaction()
+
     def flush(self, timeout_s: float | None = None) -> None:
         """Block until every queued record is acknowledged (or ``timeout_s``)."""
         self._producer.flush(timeout=timeout_s)
@@ -104,19 +190,42 @@ class Unacked:
     with the same deterministic id).
 
     Args:
-        producer: ``send(event, value) -> future`` (:class:`EventProducer`).
+        producer: ``send(event, value) -> future`` and ``flush()`` (:class:`EventProducer`); with
+            ``transactional``, also ``begin()`` and ``commit()``.
+        transactional: the first send after a :meth:`flush` opens a transaction and :meth:`flush` commits
+            it, so what one flush covers becomes visible to :data:`READ_COMMITTED` readers at once or never.
+
+    Attributes:
+        open: a transaction is open (records were sent since the last :meth:`flush`).
+        failed: the delivery errors seen so far.
     """
 
-    def __init__(self, producer: Any) -> None:
+    def __init__(self, producer: Any, *, transactional: bool = False) -> None:
         self._producer = producer
+        self.transactional = transactional
+        self.open = False
         self.failed: list[BaseException] = []
 
     def send_all(self, sent: Sequence[tuple[events.Event, bytes | None]]) -> None:
         """Queue each ``(event, value)``; a delivery that fails later is kept in :attr:`failed`."""
+        if sent and self.transactional and not self.open:
+            self._producer.begin()
+            self.open = True
         for e, value in sent:
             self._producer.send(e, value).add_errback(self.failed.append)
 
+    def flush(self) -> None:
+        """Block until every record sent is acknowledged; in a transaction, commit it. Raises what the
+        commit raised (a fenced writer: ``ProducerFencedError``, :func:`is_fenced`)."""
+        if not self.transactional:
+            self._producer.flush()
+        elif self.open:
+            self.open = False  # a failed commit leaves the producer in an error state: no retry of it
+            self._producer.commit()
+
     def check(self) -> None:
-        """Raise ``RuntimeError`` naming the first failure when a record sent was not delivered."""
+        """Raise ``RuntimeError`` naming the first failure when a record sent was not delivered (raised
+        from it, so :func:`is_fenced` sees a fence)."""
         if self.failed:
-            raise RuntimeError(f"a record sent was not delivered ({self.failed[0]!r}): rebuilding from the log")
+            first = self.failed[0]
+            raise RuntimeError(f"a record sent was not delivered ({first!r}): rebuilding from the log") from first

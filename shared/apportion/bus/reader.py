@@ -66,6 +66,7 @@ def iter_topic_records(
     """
     from kafka import KafkaConsumer, TopicPartition
 
+    from apportion.bus.producer import READ_COMMITTED
     from apportion.bus.security import kafka_auth
 
     consumer = KafkaConsumer(
@@ -75,6 +76,7 @@ def iter_topic_records(
         consumer_timeout_ms=2000,
         max_partition_fetch_bytes=8 * 1024 * 1024,
         bootstrap_timeout_ms=10_000,
+        **READ_COMMITTED,
         **kafka_auth(),
     )
     try:

@@ -78,7 +78,7 @@ class Grant:
 
     Attributes:
         principal: a name of :data:`PRINCIPALS`.
-        resource: ``"topic"`` or ``"group"``.
+        resource: ``"topic"``, ``"group"`` or ``"transactional_id"``.
         name: a registry topic's base name (namespaced by :func:`apportion.topics.prefix`), or a
             group or topic name prefix (namespaced too) when ``prefixed``.
         operations: Kafka operation names (``READ``, ``WRITE``, ``DESCRIBE``, ``CREATE``, ``ALL``).
@@ -116,6 +116,9 @@ GRANTS: tuple[Grant, ...] = (
     *_reads("dispatcher", SUB, JOBS, NODES, BUDGETS, CMDS),  # commands: the fencing floor (lease)
     *_writes("dispatcher", JOBS, NODES, CMDS, DEAD),
     *_own("dispatcher", "dispatcher"),
+    # the one transactional id of every dispatcher instance (DispatcherSettings.transactional_id): only
+    # a dispatcher may take it over, so nobody else can fence the leader or write in its name
+    Grant("dispatcher", "transactional_id", "dispatcher", ("WRITE", "DESCRIBE")),
     *_reads("accounting", JOBS, NODES, BUDGETS),
     *_writes("accounting", USAGE, DEAD),
     *_own("accounting", "accounting", topics_too=True),
@@ -295,9 +298,14 @@ def acls(grants: Iterable[Grant] = GRANTS) -> list[Any]:
     """The kafka-python ``ACL`` objects of ``grants`` in the current topic namespace."""
     from kafka.admin import ACL, ACLOperation, ACLPermissionType, ACLResourcePatternType, ResourcePattern, ResourceType
 
+    _RESOURCE_TYPES = {
+        "topic": ResourceType.TOPIC,
+        "group": ResourceType.GROUP,
+        "transactional_id": ResourceType.TRANSACTIONAL_ID,
+    }
     out = []
     for g in grants:
-        kind = ResourceType.TOPIC if g.resource == "topic" else ResourceType.GROUP
+        kind = _RESOURCE_TYPES[g.resource]
         pattern = ACLResourcePatternType.PREFIXED if g.prefixed else ACLResourcePatternType.LITERAL
         # a group is named with the namespace by some services and without it by others: allow both
         names = {topic_prefix() + g.name} | ({g.name} if g.resource == "group" else set())

@@ -50,6 +50,7 @@ def is_kafka_error(exc: BaseException) -> bool:
 def _consumer(bootstrap: str) -> Any:
     from kafka import KafkaConsumer
 
+    from apportion.bus.producer import READ_COMMITTED
     from apportion.bus.security import kafka_auth
 
     return KafkaConsumer(
@@ -59,6 +60,7 @@ def _consumer(bootstrap: str) -> Any:
         request_timeout_ms=10_000,
         bootstrap_timeout_ms=5_000,
         consumer_timeout_ms=1000,
+        **READ_COMMITTED,
         **kafka_auth(),
     )
 

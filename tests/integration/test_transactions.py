@@ -1,0 +1,135 @@
+"""The dispatcher's zombie fencing on the real broker: Kafka transactions (KIP-98) and ``read_committed``.
+
+What :mod:`services.dispatcher.app` relies on (docs/leadership.md, item 4): a new leader's
+``init_transactions`` under the one transactional id aborts the previous leader's open transaction and
+fences its producer (its commit fails with ``ProducerFencedError``, :func:`apportion.bus.producer.is_fenced`),
+and a reader on :data:`apportion.bus.producer.READ_COMMITTED` never returns an aborted record, while a
+plain reader does (so the isolation level, not luck, keeps a stale leader's decisions out). Waiting is
+polling with a deadline, never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from apportion import events
+from apportion.bus.producer import READ_COMMITTED, EventProducer, Unacked, is_fenced
+
+pytestmark = pytest.mark.integration
+
+DEADLINE_S = 30.0
+
+
+def read_all(bootstrap: str, topic: str, *, committed: bool) -> list[bytes]:
+    """Every value of ``topic``'s partition 0 up to its end (the last stable offset when ``committed``)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from apportion.bus.security import kafka_auth
+
+    kc = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        **(READ_COMMITTED if committed else {}),
+        **kafka_auth(),
+    )
+    try:
+        tp = TopicPartition(topic, 0)
+        kc.assign([tp])
+        kc.seek_to_beginning(tp)
+        end = kc.end_offsets([tp])[tp]
+        out: list[bytes] = []
+        deadline = time.monotonic() + DEADLINE_S
+        while kc.position(tp) < end:
+            assert time.monotonic() < deadline, f"{topic} not read to {end} within {DEADLINE_S} s"
+            for recs in kc.poll(timeout_ms=200).values():
+                out += [r.value for r in recs]
+        return out
+    finally:
+        kc.close()
+
+
+@pytest.fixture
+def writers(kafka_bootstrap: str) -> Iterator[Callable[[], EventProducer]]:
+    """``make()``: a new transactional producer under one transactional id per test (closed after)."""
+    tid = f"test-txn-{uuid.uuid4().hex[:12]}"
+    made: list[EventProducer] = []
+
+    def make() -> EventProducer:
+        made.append(EventProducer(kafka_bootstrap, client_id="txn-test", transactional_id=tid))
+        return made[-1]
+
+    yield make
+    for p in made:
+        try:
+            p.close(timeout_s=5)
+        except Exception:  # noqa: BLE001 - a fenced producer may refuse to close cleanly
+            pass
+
+
+def test_a_fenced_writer_can_not_commit_and_no_committed_reader_returns_its_records(
+    kafka_bootstrap: str, kafka_topic_factory: Callable[..., str], writers: Callable[[], EventProducer]
+) -> None:
+    topic = kafka_topic_factory("txn")
+    old = writers()
+    old.init_transactions()
+    old.begin()
+    old.send_raw(topic, b"kept")
+    old.commit()
+    old.begin()
+    old.send_raw(topic, b"stale")
+    old.flush()  # on the broker, in a transaction still open: a paused leader's decisions
+    new = writers()
+    new.init_transactions()  # the next leader takes the id over: the open transaction is aborted
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - the type is what is_fenced judges
+        old.commit()
+    assert is_fenced(raised.value), repr(raised.value)
+    new.begin()
+    new.send_raw(topic, b"new")
+    new.commit()
+    assert read_all(kafka_bootstrap, topic, committed=True) == [b"kept", b"new"]
+    assert read_all(kafka_bootstrap, topic, committed=False) == [b"kept", b"stale", b"new"]
+
+
+def test_unacked_makes_what_one_flush_covers_visible_at_once(
+    kafka_bootstrap: str, kafka_topic_factory: Callable[..., str], writers: Callable[[], EventProducer]
+) -> None:
+    topic = kafka_topic_factory("txn")
+    p = writers()
+    p.init_transactions()
+    raw: Any = _RawTo(p, topic)
+    sends = Unacked(raw, transactional=True)
+    assert not sends.open
+    cordon = events.NodeCordoned(node_id="n1", ts=datetime(2026, 1, 5, tzinfo=UTC))
+    sends.send_all([(cordon, b"a"), (cordon, b"b")])
+    assert sends.open
+    p.flush()  # delivered, not committed: a read_committed reader stops before them
+    assert read_all(kafka_bootstrap, topic, committed=True) == []
+    sends.flush()
+    assert not sends.open
+    sends.check()
+    assert read_all(kafka_bootstrap, topic, committed=True) == [b"a", b"b"]
+    sends.flush()  # nothing open: no empty transaction
+    assert not sends.open
+
+
+class _RawTo:
+    """``send(event, value)`` of :class:`EventProducer` to one test topic (the values as given)."""
+
+    def __init__(self, producer: EventProducer, topic: str) -> None:
+        self._p, self._topic = producer, topic
+
+    def send(self, _event: events.Event, value: bytes) -> Any:
+        return self._p.send_raw(self._topic, value)
+
+    def begin(self) -> None:
+        self._p.begin()
+
+    def commit(self) -> None:
+        self._p.commit()

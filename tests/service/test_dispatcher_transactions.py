@@ -1,0 +1,144 @@
+"""The leader's commit cadence with a transactional producer (docs/leadership.md, item 4).
+
+The term (:class:`services.dispatcher.service.Term`) publishes through a real
+:class:`apportion.bus.producer.Unacked` in transactional mode over a recording producer, so the order of
+``begin``, sends and ``commit`` is what the dispatcher does on Kafka: every iteration that sent anything
+(decisions or the reader edge's dead letters) ends with one commit after the lease is checked, and a leader
+deposed between its sends and its commit never commits them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+from kafka.future import Future
+
+from apportion.audit.config import configured_event
+from apportion.bus.producer import Unacked
+from apportion.clock import ManualClock
+from services.dispatcher.config import DispatcherSettings
+from services.dispatcher.service import DispatcherService, LeadershipLost, Term
+from tests.service.test_dispatcher import INPUTS, T0, ListLog, history, submit
+
+
+class Producer:
+    """Records ``begin``/``send``/``commit`` in order; every send is acknowledged at once."""
+
+    def __init__(self, log: ListLog) -> None:
+        self.log = log
+        self.calls: list[str] = []
+
+    def begin(self) -> None:
+        self.calls.append("begin")
+
+    def send(self, e: Any, value: bytes) -> Future:
+        self.calls.append(e.type)
+        self.log.publish([(e, value)])
+        f = Future()
+        f.success("acked")
+        return f
+
+    def commit(self) -> None:
+        self.calls.append("commit")
+
+
+class Lease:
+    token = 7
+
+    def observe(self, _: int) -> None:
+        pass
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.log = ListLog()
+        self.producer = Producer(self.log)
+        self.sends = Unacked(self.producer, transactional=True)
+        self.deposed = False
+        self.checks = 0
+        settings = DispatcherSettings(
+            heartbeat_timeout_s=0, reconcile_misses=0, kafka_bootstrap="unused:1", redis_url="redis://unused"
+        )
+        self.svc = DispatcherService(settings, ManualClock(T0), self._publish, consumed=INPUTS)
+        self.svc.token = 7
+        self.depose_on_send = False
+        self.wall = 0.0
+
+        def check_lease() -> None:
+            self.checks += 1
+            if self.deposed:
+                raise LeadershipLost()
+
+        self.term = Term(
+            self.svc,
+            settings,
+            {"queue": type("Q", (), {"heartbeats": lambda *_: None})()},
+            check_lease=check_lease,
+            lost=threading.Event(),
+            flush=self.sends.flush,
+            check_delivered=self.sends.check,
+            write_read_model=lambda: None,
+            write_snapshot=lambda: None,
+            commit=lambda: None,
+            now=lambda: self.wall,
+            pending=lambda: self.sends.open,
+        )
+
+    def _publish(self, sent: list[tuple[Any, bytes]]) -> None:
+        self.sends.send_all(sent)
+        if self.depose_on_send:  # the lease runs out while the decisions are on their way
+            self.deposed = True
+
+    def start(self) -> None:
+        for batch in history()[:1]:
+            self.log.put(*batch)
+        cfg = configured_event(self.svc.cfg, instance="d-1", fencing_token=7, ts=T0, producer="dispatcher")
+        asyncio.run(self.term.start(self.log.read(), [], cfg, Lease()))
+
+    def poll(self) -> None:
+        self.wall += 1.0
+        asyncio.run(self.term.handle(self.log.read()))
+
+
+def test_each_iteration_that_decides_ends_with_one_commit_after_the_lease_check() -> None:
+    h = Harness()
+    h.start()
+    assert h.producer.calls == ["begin", "DispatcherConfigured", "commit"]  # the recovery decisions
+    h.producer.calls.clear()
+    h.log.put(submit("j1", "lab/a", 2))
+    checks = h.checks
+    h.poll()
+    assert h.producer.calls == ["begin", "JobQueued", "JobPlaced", "StartWorkload", "commit"]
+    assert h.checks == checks + 2  # before the sends and again before the commit
+    assert not h.sends.open
+    h.producer.calls.clear()
+    h.poll()  # nothing new: no transaction at all
+    assert h.producer.calls == []
+
+
+def test_a_leader_deposed_between_its_sends_and_its_commit_never_commits_them() -> None:
+    h = Harness()
+    h.start()
+    h.producer.calls.clear()
+    h.log.put(submit("j1", "lab/a", 2))
+    h.depose_on_send = True
+    with pytest.raises(LeadershipLost):
+        h.poll()
+    assert h.producer.calls == ["begin", "JobQueued", "JobPlaced", "StartWorkload"]  # no commit
+    assert h.sends.open  # left to the next leader's init_transactions (or the timeout) to abort
+    h.term.blind = False
+    with pytest.raises(LeadershipLost):
+        h.term.close()  # a clean stop checks the lease too
+    assert "commit" not in h.producer.calls
+
+
+def test_a_dead_letter_alone_is_committed_in_its_iteration() -> None:
+    h = Harness()
+    h.start()
+    h.producer.calls.clear()
+    h.log.append(next(iter(INPUTS)), b"not json", b"k")
+    h.poll()
+    assert h.producer.calls == ["begin", "DeadLetter", "commit"]
