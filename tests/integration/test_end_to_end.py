@@ -492,7 +492,9 @@ async def test_agent_restarted_without_its_journal_has_its_runs_requeued_by_reco
     assert (req.attempt, req.reason) == (2, "not running on its node")
     beats = [e for e in evs if isinstance(e, events.NodeHeartbeat) and e.node_id == node]
     after = [e for e in beats if registrations(evs)[-1].ts <= e.ts <= lost[0].ts]
-    assert len(after) >= 2 and lost[0].charged_until == after[-1].ts  # charged to the heartbeat that decided
+    # charged to the heartbeat that decided: the second or a later one without the replica (a heartbeat sent
+    # before the decision's instant but read after it, while the decision was being committed, may follow it)
+    assert len(after) >= 2 and lost[0].charged_until in [e.ts for e in after[1:]]
     assert not [e for e in evs if isinstance(e, (events.NodeLost, events.JobFailed))]
 
 
@@ -690,10 +692,12 @@ async def test_killed_accounting_resumes_to_the_bulk_rebuild(cluster: Cluster) -
     log_text = open(f"{tempfile.gettempdir()}/e2e-{cluster.tag}-accounting-{len(args)}.log").read()
     starts = re.findall(r"started by (\w+) from .*?: (\d+) records read", log_text)
     assert [m for m, _ in starts] == ["rebuild", "resume"], log_text[-2000:]
-    logged = len(
-        await asyncio.to_thread(read_log, cluster.bootstrap, [topic_name(JOBS), topic_name(NODES), topic_name(BUDGETS)])
+    logged = await asyncio.to_thread(
+        read_log, cluster.bootstrap, [topic_name(JOBS), topic_name(NODES), topic_name(BUDGETS)]
     )
-    assert int(starts[1][1]) <= logged - sum(cut["offsets"].values()) and sum(cut["offsets"].values()) > 0
+    # counted by record, not by offset: the dispatcher's transaction markers take offsets too
+    after_cut = sum(1 for rec in logged if rec.offset >= cut["offsets"].get(f"{rec.topic}:{rec.partition}", 0))
+    assert int(starts[1][1]) <= after_cut < len(logged) and sum(cut["offsets"].values()) > 0
     # the read model names the snapshot it shows; the log (read after it) must hold that snapshot
     meta, rows = ReadModelStore(redis_lib.Redis.from_url(cluster.redis_url, **redis_auth())).read()
     assert meta is not None
