@@ -549,6 +549,79 @@ async def test_dispatcher_failover_places_nothing_twice(cluster: Cluster) -> Non
     assert sorted(starts) == sorted(set(starts))
 
 
+@pytest.mark.parametrize("cluster", [{"dispatcher": False}], indirect=True)
+async def test_leader_paused_past_its_lease_and_the_heartbeat_timeout_changes_nothing_when_it_wakes(
+    cluster: Cluster,
+) -> None:
+    """SIGSTOP the leading dispatcher for 8 wall s (lease TTL 2 s, heartbeat timeout 120 event-s = 2 wall s);
+    the standby takes over and places the jobs submitted meanwhile; SIGCONT. The woken leader would declare
+    every node lost on its stale view (no heartbeat read for 480 event-s) and decide again; it publishes
+    nothing that any reader sees: no ``NodeLost``, no replica started twice, every job completes once."""
+    import signal
+    from datetime import timedelta
+
+    import redis as redis_lib
+
+    from apportion import events
+    from services.dispatcher.lease import lease_key
+
+    procs = {
+        name: cluster.spawn(
+            "services.dispatcher",
+            "--instance-id",
+            name,
+            "--lease-ttl-wall-s",
+            "2",
+            "--grace-s",
+            "5",
+            "--heartbeat-timeout-s",
+            "120",
+        )
+        for name in ("pa", "pb")
+    }
+    r = redis_lib.Redis.from_url(cluster.redis_url, **redis_auth())
+    paused = None
+    try:
+        for i in range(2):
+            cluster.submit(f"p{i}", "lab/a" if i % 2 else "lab/b", gpus=1, min_runtime_s=60, duration_s=600)
+        await cluster.until(
+            lambda evs: sum("JobPlaced" in of_job(evs, f"p{i}") for i in range(2)) == 2, "the first jobs placed"
+        )
+        leader = narrow(bytes, r.get(lease_key())).decode().rsplit(":", 1)[0]
+        paused = procs[leader]
+        paused.send_signal(signal.SIGSTOP)
+        woken_at = cluster.clock.now() + timedelta(seconds=480)  # 8 wall s at scale 60
+        for i in range(2, 4):
+            cluster.submit(f"p{i}", "lab/a" if i % 2 else "lab/b", gpus=1, min_runtime_s=60, duration_s=60)
+        await cluster.until(
+            lambda evs: all("JobPlaced" in of_job(evs, f"p{i}") for i in range(2, 4)), "the standby to place two"
+        )
+        await cluster.until(  # the pause is counted by the agents' heartbeats (event time), not by a sleep
+            lambda evs: any(isinstance(e, events.NodeHeartbeat) and e.ts >= woken_at for e in evs),
+            "eight wall seconds of heartbeats",
+        )
+        paused.send_signal(signal.SIGCONT)
+        paused = None
+        for i in range(4, 6):
+            cluster.submit(f"p{i}", "lab/a" if i % 2 else "lab/b", gpus=1, min_runtime_s=60, duration_s=60)
+        evs = await cluster.until(
+            lambda evs: all("JobCompleted" in of_job(evs, f"p{i}") for i in range(2, 6)), "p2-p5 to complete"
+        )
+    finally:
+        if paused is not None:
+            paused.send_signal(signal.SIGCONT)
+        for p in procs.values():
+            if p.poll() is None:
+                p.terminate()
+                p.wait(20)
+    assert [e for e in evs if isinstance(e, events.NodeLost)] == []
+    starts = [(e.job_id, e.attempt, e.replica) for e in evs if isinstance(e, events.StartWorkload)]
+    assert sorted(starts) == sorted(set(starts))
+    placed = [(e.job_id, e.attempt) for e in evs if isinstance(e, events.JobPlaced)]
+    assert sorted(placed) == sorted(set(placed)) == [(f"p{i}", 1) for i in range(6)]
+    assert len({e.fencing_token for e in evs if isinstance(e, events.JobPlaced)}) == 2
+
+
 async def test_cli_shows_each_state(cluster: Cluster) -> None:
     """queue, nodes and share read the services' Redis read models; cancel goes through Kafka."""
     import json
