@@ -163,10 +163,6 @@ class EventProducer:
         if done[0] is not None:
             raise done[0]
 
-    def abort(self) -> None:
-        """Abort the open transaction (its records are never returned to :data:`READ_COMMITTED` readers)."""
-        self._producer.abort_transaction()
-
     def flush(self, timeout_s: float | None = None) -> None:
         """Block until every queued record is acknowledged (or ``timeout_s``)."""
         self._producer.flush(timeout=timeout_s)
