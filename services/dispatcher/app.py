@@ -120,11 +120,26 @@ async def _lead(
         await follow(consumer.poll, term.handle, stop, term.poll_ms)
         await asyncio.to_thread(term.close)  # a clean stop: commit what is open (the lease checked)
     except Exception as exc:
-        if is_fenced(exc):  # a newer leader took the transactional id over
+        # a newer leader took the transactional id over (it took the lease first, so the lease says so
+        # even while kafka-python still takes the refused produce for an epoch to bump)
+        if is_fenced(exc) or producer.fenced() or not keeper.holds():
             raise LeadershipLost() from exc
+        if sends.open:  # not fenced: abort, so that readers do not wait at it until the timeout
+            await asyncio.to_thread(_abort_quietly, producer)
         raise
     finally:
         beating.cancel()
         await asyncio.to_thread(keeper.stop)
         log.info("stopped leading: %d own decisions read back without decoding", svc.echoes_skipped)
         await close_quietly(consumer, producer)
+
+
+def _abort_quietly(producer: Any) -> None:
+    """Abort the producer's open transaction; a failure (the broker is gone) is only logged: the next
+    leader's ``init_transactions`` or the transaction timeout aborts it then."""
+    from apportion.bus.resilience import describe
+
+    try:
+        producer.abort()
+    except Exception as exc:  # noqa: BLE001 - best effort at the end of a failed term
+        log.warning("could not abort the open transaction (%s)", describe(exc))

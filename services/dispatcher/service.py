@@ -252,6 +252,9 @@ class DispatcherService:
         self.log_token = 0
         #: this term's DispatcherConfigured (set by :meth:`bootstrap`), the template of :meth:`resume`
         self.configured: DispatcherConfigured | None = None
+        #: dead letters held back while not ``None`` (a rebuild, :meth:`Term.start`): a rebuild can take
+        #: longer than the transaction timeout, so nothing is sent until its recovery decisions are
+        self.held: list[Event] | None = None
 
     def now_us(self) -> int:
         """Event time now (µs), never going backwards."""
@@ -298,7 +301,10 @@ class DispatcherService:
         return self.intake.authenticate(pairs, _same)
 
     def _dead_letter(self, letter: Event) -> None:
-        self._emit([letter])
+        if self.held is not None:  # a rebuild: published with its recovery decisions (Term.start)
+            self.held.append(letter)
+        else:
+            self._emit([letter])
         if "dead" in self._m:
             self._m["dead"].inc()
 
@@ -591,12 +597,17 @@ class Term:
         flags. Raises :class:`LeadershipLost` when the log shows a newer leader's token than ``lease``'s.
         """
         svc = self.svc
-        out = svc.bootstrap(backlog, configured)
-        if svc.signer is not None:  # never decide with a key the readers do not know (docs/security.md)
-            svc.signer.check_registered(svc.gate.keys, svc.now_us())
-        if late:
-            more, _ = svc.ingest(late)
-            out += more
+        svc.held = []
+        try:
+            out = svc.bootstrap(backlog, configured)
+            if svc.signer is not None:  # never decide with a key the readers do not know (docs/security.md)
+                svc.signer.check_registered(svc.gate.keys, svc.now_us())
+            if late:
+                more, _ = svc.ingest(late)
+                out += more
+        finally:
+            held, svc.held = svc.held, None
+        out += held
         newest = svc.log_token  # the proven records' (a forged decision's token must not depose us)
         lease.observe(newest)
         if newest > lease.token:  # a newer leader wrote after we took the lease: we are deposed
@@ -604,7 +615,9 @@ class Term:
         self.last_read_us = self.last_handle_us = svc.now_us()
         self.check_lease()
         await asyncio.to_thread(svc._emit, out)
+        self.check_lease()  # as in handle: a deposed leader's transaction is never committed
         await asyncio.to_thread(self.flush)
+        self.check_delivered()  # every decision the read model and the snapshot show is in the log
         await asyncio.to_thread(self.write_read_model)
         if self.settings.snapshot_every_wall_s > 0:
             await asyncio.to_thread(self.write_snapshot)

@@ -97,6 +97,34 @@ def test_a_fenced_writer_can_not_commit_and_no_committed_reader_returns_its_reco
     assert read_all(kafka_bootstrap, topic, committed=False) == [b"kept", b"stale", b"new"]
 
 
+def test_a_writer_that_meets_the_fence_before_its_commit_knows_it_is_fenced(
+    kafka_bootstrap: str, kafka_topic_factory: Callable[..., str], writers: Callable[[], EventProducer]
+) -> None:
+    """kafka-python's sender may meet the fence first (a send after the takeover): it takes the refused
+    produce for a recoverable epoch error and tries to bump the epoch, the commit raises a plain
+    ``KafkaError`` (an invalid transition), and only once the broker refused the bump does the producer's
+    state say why (:meth:`EventProducer.fenced`). The dispatcher therefore also asks its lease
+    (``services/dispatcher/app._lead``): a fence means another instance took the lease first."""
+    topic = kafka_topic_factory("txn")
+    old = writers()
+    old.init_transactions()
+    old.begin()
+    old.send_raw(topic, b"first")
+    old.flush()
+    assert not old.fenced()
+    writers().init_transactions()
+    with pytest.raises(Exception):  # noqa: B017, PT011 - the producer's state is what is checked
+        old.send_raw(topic, b"late").get(timeout=DEADLINE_S)
+    with pytest.raises(Exception):  # noqa: B017, PT011
+        old.commit()
+    deadline = time.monotonic() + DEADLINE_S
+    while not old.fenced():
+        m = old._producer._transaction_manager
+        assert time.monotonic() < deadline, (repr(m.last_error), m._current_state)
+        time.sleep(0.05)
+    assert read_all(kafka_bootstrap, topic, committed=True) == []
+
+
 def test_unacked_makes_what_one_flush_covers_visible_at_once(
     kafka_bootstrap: str, kafka_topic_factory: Callable[..., str], writers: Callable[[], EventProducer]
 ) -> None:

@@ -142,3 +142,36 @@ def test_a_dead_letter_alone_is_committed_in_its_iteration() -> None:
     h.log.append(next(iter(INPUTS)), b"not json", b"k")
     h.poll()
     assert h.producer.calls == ["begin", "DeadLetter", "commit"]
+
+
+def test_a_rebuild_sends_its_dead_letters_with_its_recovery_decisions_in_one_transaction() -> None:
+    """A rebuild can take longer than the transaction timeout: a dead letter found in it must not open the
+    transaction early (the broker would abort it and the later sends be lost), so it goes out with the
+    recovery decisions."""
+    h = Harness()
+    for batch in history()[:1]:
+        h.log.put(*batch)
+    h.log.append(next(iter(INPUTS)), b"not json", b"k")
+    cfg = configured_event(h.svc.cfg, instance="d-1", fencing_token=7, ts=T0, producer="dispatcher")
+    asyncio.run(h.term.start(h.log.read(), [], cfg, Lease()))
+    assert h.producer.calls == ["begin", "DispatcherConfigured", "DeadLetter", "commit"]
+    assert h.svc.held is None
+
+
+def test_a_start_whose_decisions_were_not_delivered_writes_no_read_model_nor_snapshot() -> None:
+    h = Harness()
+    writes: list[str] = []
+    h.term.write_read_model = lambda: writes.append("read model")
+    h.term.write_snapshot = lambda: writes.append("snapshot")
+
+    def lost(e: Any, value: bytes) -> Future:
+        h.producer.calls.append(e.type)
+        f = Future()
+        f.failure(RuntimeError("InvalidProducerEpochError"))  # the broker aborted the transaction
+        return f
+
+    h.producer.send = lost  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="not delivered"):
+        h.start()
+    assert h.producer.calls == ["begin", "DispatcherConfigured", "commit"]
+    assert writes == []

@@ -142,24 +142,44 @@ class EventProducer:
         """Open a transaction (local: nothing is sent until the first record)."""
         self._producer.begin_transaction()
 
+    def fenced(self) -> bool:
+        """True when this producer's transactions failed because a newer instance took the id over.
+
+        kafka-python raises a plain ``KafkaError`` ("in an error state") from a send, ``begin`` or
+        ``commit`` made after its sender met the fence, with the fence only in the transaction manager's
+        last error; :func:`is_fenced` of that error says so."""
+        manager = getattr(self._producer, "_transaction_manager", None)
+        return manager is not None and is_fenced(getattr(manager, "last_error", None))
+
+    def abort(self, timeout_s: float = COMMIT_TIMEOUT_S) -> None:
+        """Abort the open transaction (its records are never returned to :data:`READ_COMMITTED` readers),
+        so that readers do not wait at it until the transaction timeout; raises like :meth:`commit`."""
+        self._bounded(self._producer.abort_transaction, timeout_s, "aborted")
+
     def commit(self, timeout_s: float = COMMIT_TIMEOUT_S) -> None:
         """Flush and commit the open transaction; raises what the commit raised (``ProducerFencedError``:
         a newer instance holds the id, :func:`is_fenced`), or ``TimeoutError`` after ``timeout_s`` wall
         seconds (the commit may still end later; the caller ends its term either way)."""
+        self._bounded(self._producer.commit_transaction, timeout_s, "committed")
+
+    @staticmethod
+    def _bounded(call: Any, timeout_s: float, what: str) -> None:
+        """``call()`` in a helper thread, waited for at most ``timeout_s`` (kafka-python's transaction
+        calls wait without a bound); raises what it raised, or ``TimeoutError``."""
         done: list[BaseException | None] = []
 
         def run() -> None:
             try:
-                self._producer.commit_transaction()
+                call()
                 done.append(None)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
                 done.append(exc)
 
-        t = threading.Thread(target=run, name="txn-commit", daemon=True)
+        t = threading.Thread(target=run, name=f"txn-{what}", daemon=True)
         t.start()
         t.join(timeout_s)
         if not done:
-            raise TimeoutError(f"the transaction was not committed within {timeout_s:.0f} s")
+            raise TimeoutError(f"the transaction was not {what} within {timeout_s:.0f} s")
         if done[0] is not None:
             raise done[0]
 
@@ -212,12 +232,16 @@ class Unacked:
 
     def flush(self) -> None:
         """Block until every record sent is acknowledged; in a transaction, commit it. Raises what the
-        commit raised (a fenced writer: ``ProducerFencedError``, :func:`is_fenced`)."""
+        commit raised (a fenced writer: ``ProducerFencedError``, :func:`is_fenced`), or :meth:`check`'s
+        error when a record sent was not delivered although the commit returned (kafka-python commits
+        what is left after a transaction the broker aborted on its timeout: the lost records are only
+        known from their futures)."""
         if not self.transactional:
             self._producer.flush()
         elif self.open:
             self.open = False  # a failed commit leaves the producer in an error state: no retry of it
             self._producer.commit()
+        self.check()
 
     def check(self) -> None:
         """Raise ``RuntimeError`` naming the first failure when a record sent was not delivered (raised
