@@ -565,6 +565,19 @@ def _report(
             str(b.preemptions),
         )
     con.print(t)
+    g = Table(title=f"per budget over {args.slice}: goodput and work lost (live / simulator)")
+    for col in ("budget", "goodput", "work lost GPU-h (% of held)", "completed", "JCT p50/p95", "most preemptions"):
+        g.add_column(col, justify="left" if col == "budget" else "right")
+    for a, b in zip(live.budgets, sim.budgets):
+        g.add_row(
+            a.path,
+            f"{pct(a.goodput)} / {pct(b.goodput)}",
+            f"{a.lost_gpu_h:,.0f} ({a.lost_pct:.1f}%) / {b.lost_gpu_h:,.0f} ({b.lost_pct:.1f}%)",
+            f"{a.completed} / {b.completed}",
+            f"{secs(a.jct_p50_s)}/{secs(a.jct_p95_s)} / {secs(b.jct_p50_s)}/{secs(b.jct_p95_s)}",
+            f"{a.max_preemptions_per_job} / {b.max_preemptions_per_job}",
+        )
+    con.print(g)
     s = Table(title="cluster")
     for col in ("", "live stack", "simulator"):
         s.add_column(col, justify="right")
@@ -575,7 +588,24 @@ def _report(
         f"{secs(live.wait_p50_s)} / {secs(live.wait_p95_s)}",
         f"{secs(sim.wait_p50_s)} / {secs(sim.wait_p95_s)}",
     )
+    s.add_row("goodput", pct(live.goodput), pct(sim.goodput))
+    s.add_row(
+        "work lost GPU-h (% of held)",
+        f"{live.lost_gpu_h:,.0f} ({live.lost_pct:.1f}%)",
+        f"{sim.lost_gpu_h:,.0f} ({sim.lost_pct:.1f}%)",
+    )
+    s.add_row("jobs completed", str(live.completed), str(sim.completed))
+    s.add_row(
+        "JCT p50 / p95",
+        f"{secs(live.jct_p50_s)} / {secs(live.jct_p95_s)}",
+        f"{secs(sim.jct_p50_s)} / {secs(sim.jct_p95_s)}",
+    )
     s.add_row("preemptions", str(live.preemptions), str(sim.preemptions))
+    s.add_row(
+        "preemptions per job-hour / most of one job",
+        f"{live.preemptions_per_job_hour:.4f} / {live.max_preemptions_per_job}",
+        f"{sim.preemptions_per_job_hour:.4f} / {sim.max_preemptions_per_job}",
+    )
     s.add_row("protection violations", str(live.violations), str(sim.violations))
     s.add_row("wall time", f"{wall_replay:.0f} s replay", f"{sim_wall:.1f} s")
     con.print(s)
