@@ -114,3 +114,18 @@ def test_submit_help_says_unallocated_work_is_open_to_non_members() -> None:
     assert res.exit_code == 0
     text = " ".join(res.stdout.split())
     assert "Unallocated work (-m 0) charges nothing: any user may run it under any leaf budget, member or not." in text
+
+
+def test_a_bad_submission_is_exit_2_before_the_stack_is_asked() -> None:
+    """Without ``--dry-run`` too: the request's own error, not "cannot reach Kafka" (exit 3)."""
+    res = run("submit", "-b", "lab/x", "-g", "1", "-m", "banana", "--duration", "1h")
+    assert res.exit_code == 2, res.stderr
+    assert "bad duration 'banana'" in res.stderr
+    assert "Kafka" not in res.stderr
+
+
+def test_a_submission_without_work_names_the_rule_without_pydantics_wrapper() -> None:
+    res = run("submit", "-b", "lab/x", "-g", "1", "-m", "1h", "--dry-run", "-u", "carol")
+    assert res.exit_code == 2
+    line = res.stderr.strip()
+    assert line.startswith("error: invalid submission: ") and "Value error" not in line, line

@@ -261,6 +261,29 @@ def submit(
 
     from apportion import client
 
+    def build(who: str) -> Any:
+        try:
+            return client.build_submission(
+                budget=budget,
+                user=who,
+                gpus=gpus,
+                replicas=replicas,
+                min_runtime=min_runtime,
+                command=command or None,
+                duration=duration,
+                gpu_model=gpu_model,
+                job_id=job_id,
+                checkpoint_interval_s=parse_duration(checkpoint_interval) if checkpoint_interval is not None else None,
+                producer="cli",
+            )
+        except ValidationError as exc:
+            e = exc.errors(include_url=False)[0]
+            msg = str(e["msg"]).removeprefix("Value error, ")  # pydantic's wrapper of our own message
+            fail(f"invalid submission: {'.'.join(str(p) for p in e['loc']) or 'job'}: {msg}")
+        except ValueError as exc:
+            fail(str(exc))
+
+    build(user or "validation")  # the request's own errors first (exit 2), before the stack is asked anything
     if not dry_run:
         from apportion.topics import JOBS, SUBMISSIONS
 
@@ -274,25 +297,7 @@ def submit(
     else:
         ident = _identity(user, bootstrap)
         who = ident.user
-    try:
-        ev = client.build_submission(
-            budget=budget,
-            user=who,
-            gpus=gpus,
-            replicas=replicas,
-            min_runtime=min_runtime,
-            command=command or None,
-            duration=duration,
-            gpu_model=gpu_model,
-            job_id=job_id,
-            checkpoint_interval_s=parse_duration(checkpoint_interval) if checkpoint_interval is not None else None,
-            producer="cli",
-        )
-    except ValidationError as exc:
-        e = exc.errors(include_url=False)[0]
-        fail(f"invalid submission: {'.'.join(str(p) for p in e['loc']) or 'job'}: {e['msg']}")
-    except ValueError as exc:
-        fail(str(exc))
+    ev = build(who)
     if ident is not None:
         ev = ident.sign(ev)
     verdict = None
