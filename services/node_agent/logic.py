@@ -44,7 +44,8 @@ Fencing rules 2-4 and the event-time rules 6-8 are in ``docs/leadership.md``:
 Otherwise the replica is launched (:class:`Launch`): as a process with
 ``CUDA_VISIBLE_DEVICES`` when it has a ``command`` (and the node is real or
 has no ``duration_s``), else as a simulated workload sleeping ``duration_s``
-of event time.
+of event time, less the ``progress_s`` it resumes from, and checkpointing
+at its ``checkpoint_interval_s`` (:func:`sim_checkpoint_k`, ``docs/checkpoints.md``).
 
 ``StopWorkload`` stops every replica of ``(job_id, attempt)`` on the node:
 running ones get SIGTERM then SIGKILL after ``grace_s`` (:class:`Stop`),

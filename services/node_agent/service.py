@@ -14,7 +14,8 @@ its attempt number from the environment, and reports a checkpoint by
 atomically rewriting its progress file. The agent stats those files every
 ``progress_poll_wall_s`` wall seconds and once more after the process exits
 (before reporting the exit), and publishes ``JobCheckpointed`` once per new
-value (:func:`services.node_agent.logic.observe_progress`).
+value (:func:`services.node_agent.logic.observe_progress`). A simulated
+workload publishes its own (:meth:`NodeAgent._simulate`): the simulator's model.
 
 :class:`NodeAgent` is the runtime (state, journal, workload tasks) behind an
 ``emit`` coroutine, so service tests drive it with a list sink, a
@@ -44,7 +45,10 @@ its own failure as a workload's ``JobFailed``.
 
 Stopping. ``StopWorkload`` sends SIGTERM to the workload's process group,
 then SIGKILL after ``grace_s`` event seconds (scaled clock: shorter in wall
-time). A simulated workload is cancelled and reports exit code -15.
+time). A simulated workload is cancelled and reports exit code -15; one
+started with ``progress_s`` first publishes the progress it had at the
+SIGTERM when the stop has a grace period (``docs/checkpoints.md``, "Simulated
+workloads": it also checkpoints at its interval while it runs).
 Shutdown of the agent (SIGTERM) stops its workloads the same way with
 ``grace_s = 5`` and reports them ``JobLost`` (the dispatcher requeues them:
 the agent's stop is not the workload's failure).
@@ -323,7 +327,9 @@ class NodeAgent:
           stopped; its exit code is not ours to read, so an exit without a stop
           is reported ``JobLost`` (requeued, resuming from its checkpoint);
         * a simulated workload with time left is adopted for the rest of its
-          duration; one whose duration ran out completes (``JobCompleted``);
+          duration (to the journal's ``sim_until``, still checkpointing at its
+          interval, from its original start); one whose duration ran out
+          completes (``JobCompleted``);
         * anything else (the process is gone, cannot be verified, or its node
           is no longer hosted: killed) is reported ``JobLost``: the failure
           is the agent's, never ``JobFailed``.
