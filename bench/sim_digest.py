@@ -7,8 +7,8 @@ so that a 100,000-job run does not keep its ~1M events in memory.
 Run::
 
     .venv/bin/python bench/sim_digest.py philly --slice week44 [--policy all] [--tail-h H]
-        [--no-checkpoints] [--checkpoint-on-stop unallocated|all|none]
-    .venv/bin/python bench/sim_digest.py bench --jobs 20000 [--gap 10] [--no-checkpoints]
+        [--no-checkpoints] [--checkpoint-on-stop unallocated|all|none] [--drop Type.field ...]
+    .venv/bin/python bench/sim_digest.py bench --jobs 20000 [--gap 10] [--no-checkpoints] [--drop Type.field ...]
 
 ``philly`` is the reference setup of docs/simulation.md (Philly trace,
 ``infra/budgets/philly.yaml``, seed 1, CLI defaults); ``bench`` is the
@@ -18,6 +18,10 @@ synthetic trace of ``bench/bench_sim.py``. Without ``--tail-h`` the
 well before it, so the digest is the run's to the end). ``--no-checkpoints``
 is the simulator before checkpoints (every attempt restarts from scratch):
 its digests are the ones published before checkpoints were modelled.
+``--drop StartWorkload.progress_s`` hashes every decision event of that
+type without that field (repeatable): a field added to an event changes
+every digest with nothing else changing, and the digest with it dropped is
+the one published before it (the "payload only" check).
 Prints one line per policy: ``<policy> <sha256> <decision events> <wall s>``.
 """
 
@@ -39,10 +43,14 @@ ROOT = Path(__file__).resolve().parent.parent
 class DigestSimulator(Simulator):
     """A :class:`Simulator` that hashes its decision log as it goes (``keep_log`` may be off)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, drop: tuple[str, ...] = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.digest = hashlib.sha256()
         self.decisions = 0
+        self.drop: dict[str, set[str]] = {}
+        for d in drop:
+            kind, _, name = d.partition(".")
+            self.drop.setdefault(kind, set()).add(name)
 
     def _outputs(self, out: list[Event], t: int) -> None:
         h = self.digest
@@ -50,7 +58,8 @@ class DigestSimulator(Simulator):
             if e.producer == "dispatcher":
                 if self.decisions:
                     h.update(b"\n")
-                h.update(encode(e))
+                gone = self.drop.get(e.type)
+                h.update(encode(e) if gone is None else e.model_dump_json(exclude=gone).encode())
                 self.decisions += 1
         super()._outputs(out, t)
 
@@ -91,7 +100,7 @@ def _philly(a: argparse.Namespace) -> None:
             checkpoint_on_stop=a.checkpoint_on_stop,
         )
         t = time.perf_counter()
-        sim = DigestSimulator(bf.tree, bf.nodes, jobs, cfg, window_s=bf.window_s)
+        sim = DigestSimulator(bf.tree, bf.nodes, jobs, cfg, window_s=bf.window_s, drop=tuple(a.drop))
         sim.run()
         print(f"{name} {sim.digest.hexdigest()} {sim.decisions} {time.perf_counter() - t:.1f}s", flush=True)
 
@@ -102,7 +111,7 @@ def _bench(a: argparse.Namespace) -> None:
 
     tree, jobs = trace(a.jobs, a.seed, 1000)
     t = time.perf_counter()
-    sim = DigestSimulator(tree, nodes(), jobs, config(a.seed, a.gap, checkpoints=a.checkpoints))
+    sim = DigestSimulator(tree, nodes(), jobs, config(a.seed, a.gap, checkpoints=a.checkpoints), drop=tuple(a.drop))
     sim.run()
     print(f"bench {sim.digest.hexdigest()} {sim.decisions} {time.perf_counter() - t:.1f}s")
 
@@ -138,6 +147,13 @@ def main() -> None:
             dest="checkpoints",
             action="store_false",
             help="every attempt restarts from scratch (the simulator before checkpoints)",
+        )
+        q.add_argument(
+            "--drop",
+            action="append",
+            default=[],
+            metavar="TYPE.FIELD",
+            help="hash decision events of TYPE without FIELD (repeatable): the digest from before FIELD existed",
         )
     a = ap.parse_args()
     (_philly if a.what == "philly" else _bench)(a)

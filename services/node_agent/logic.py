@@ -44,7 +44,8 @@ Fencing rules 2-4 and the event-time rules 6-8 are in ``docs/leadership.md``:
 Otherwise the replica is launched (:class:`Launch`): as a process with
 ``CUDA_VISIBLE_DEVICES`` when it has a ``command`` (and the node is real or
 has no ``duration_s``), else as a simulated workload sleeping ``duration_s``
-of event time.
+of event time, less the ``progress_s`` it resumes from, and checkpointing
+at its ``checkpoint_interval_s`` (:func:`sim_checkpoint_k`, ``docs/checkpoints.md``).
 
 ``StopWorkload`` stops every replica of ``(job_id, attempt)`` on the node:
 running ones get SIGTERM then SIGKILL after ``grace_s`` (:class:`Stop`),
@@ -358,6 +359,70 @@ def observe_progress(
     return ProgressSeen(replace(seen, published=value), checkpointed_event(key, value, now))
 
 
+# --------------------------------------------------------------------------- simulated checkpoints
+
+#: Tolerance of the "progress reached k intervals" test, in intervals (float progress from µs event times).
+_SIM_EPS = 1e-9
+
+
+def sim_remaining_s(w: Workload) -> float:
+    """Event seconds simulated workload ``w`` runs from its start: ``duration_s - progress_s`` (never < 0).
+
+    The simulator's rule (``apportion.sim.core``): an attempt resumes from the
+    job's last saved progress. Without ``progress_s`` (an older command) the
+    whole ``duration_s``.
+    """
+    total = w.duration_s or 0.0
+    return max(0.0, total - (w.progress_s or 0.0))
+
+
+def sim_checkpoint_k(w: Workload, elapsed_s: float) -> int:
+    """How many whole intervals of progress ``w`` has saved after ``elapsed_s`` event seconds of its run.
+
+    Checkpoint ``k`` saves progress ``k * checkpoint_interval_s``; there is
+    none at or past the job's duration (it completes instead, as in the
+    simulator). 0 when ``w`` has no interval (or no ``progress_s``). The
+    resume point itself counts: ``sim_checkpoint_k(w, 0)`` is the last
+    checkpoint already saved (not published again).
+    """
+    every = w.checkpoint_interval_s
+    if w.progress_s is None or not every:
+        return 0
+    total = w.duration_s or 0.0
+    progress = min(total, w.progress_s + max(0.0, elapsed_s))
+    last = math.ceil(total / every - _SIM_EPS) - 1  # the largest k with k * every < total
+    return max(0, min(math.floor(progress / every + _SIM_EPS), last))
+
+
+def sim_next_wake_s(w: Workload, elapsed_s: float) -> float | None:
+    """Event seconds into ``w``'s run of its next happening: the next checkpoint, else the end.
+
+    ``None`` once the run's time (:func:`sim_remaining_s`) is up.
+    """
+    end = sim_remaining_s(w)
+    if elapsed_s >= end:
+        return None
+    every = w.checkpoint_interval_s
+    if w.progress_s is None or not every:
+        return end
+    k = sim_checkpoint_k(w, elapsed_s) + 1
+    return min(end, k * every - w.progress_s)
+
+
+def sim_stop_progress_s(w: Workload, elapsed_s: float) -> float | None:
+    """Progress simulated workload ``w`` saves when SIGTERM reaches it ``elapsed_s`` into its run.
+
+    The simulator's ``checkpoint_on_stop="all"`` model: every simulated
+    workload started with ``progress_s`` writes its progress on SIGTERM when it
+    has a grace period (``grace_s > 0``; a SIGKILL at once saves nothing).
+    ``None``: it saves nothing (an older command, or no grace).
+    """
+    if w.progress_s is None or w.grace_s <= 0:
+        return None
+    total = w.duration_s or 0.0
+    return min(total, w.progress_s + max(0.0, elapsed_s))
+
+
 # --------------------------------------------------------------------------- state
 
 
@@ -405,6 +470,12 @@ class Workload:
         started_at: event time it started (``None`` while waiting).
         adopted: a process found alive after an agent restart (not the
             agent's child: its exit code cannot be known).
+        progress_s: for a simulated workload, the job's progress (seconds of
+            its work) this attempt resumed from (``StartWorkload.progress_s``);
+            ``None``: the command predates checkpoints, the workload runs
+            ``duration_s`` whole and saves nothing (:func:`sim_remaining_s`).
+        checkpoint_interval_s: the job's interval in force
+            (``StartWorkload.checkpoint_interval_s``), ``None``: no interval checkpoints.
     """
 
     node_id: str
@@ -420,6 +491,8 @@ class Workload:
     files: JobFiles | None = None
     started_at: datetime | None = None
     adopted: bool = False
+    progress_s: float | None = None
+    checkpoint_interval_s: float | None = None
 
     @property
     def key(self) -> RunKey:
@@ -664,6 +737,8 @@ def decide_start(state: AgentState, cmd: StartWorkload, now: datetime) -> Action
         None if simulate else tuple(cmd.command or ()),
         cmd.duration_s,
         dict(cmd.env),
+        progress_s=cmd.progress_s if simulate else None,
+        checkpoint_interval_s=cmd.checkpoint_interval_s if simulate else None,
     )
     held = state.held(cmd.node_id)
     holders = {held[g].key: held[g] for g in cmd.gpus if g in held}

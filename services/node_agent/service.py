@@ -14,7 +14,8 @@ its attempt number from the environment, and reports a checkpoint by
 atomically rewriting its progress file. The agent stats those files every
 ``progress_poll_wall_s`` wall seconds and once more after the process exits
 (before reporting the exit), and publishes ``JobCheckpointed`` once per new
-value (:func:`services.node_agent.logic.observe_progress`).
+value (:func:`services.node_agent.logic.observe_progress`). A simulated
+workload publishes its own (:meth:`NodeAgent._simulate`): the simulator's model.
 
 :class:`NodeAgent` is the runtime (state, journal, workload tasks) behind an
 ``emit`` coroutine, so service tests drive it with a list sink, a
@@ -44,7 +45,10 @@ its own failure as a workload's ``JobFailed``.
 
 Stopping. ``StopWorkload`` sends SIGTERM to the workload's process group,
 then SIGKILL after ``grace_s`` event seconds (scaled clock: shorter in wall
-time). A simulated workload is cancelled and reports exit code -15.
+time). A simulated workload is cancelled and reports exit code -15; one
+started with ``progress_s`` first publishes the progress it had at the
+SIGTERM when the stop has a grace period (``docs/checkpoints.md``, "Simulated
+workloads": it also checkpoints at its interval while it runs).
 Shutdown of the agent (SIGTERM) stops its workloads the same way with
 ``grace_s = 5`` and reports them ``JobLost`` (the dispatcher requeues them:
 the agent's stop is not the workload's failure).
@@ -59,7 +63,7 @@ import signal
 import stat
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -233,6 +237,8 @@ class NodeAgent:
         self._adopted: dict[RunKey, Orphan] = {}
         self._shutdown_keys: set[RunKey] = set()
         self._sleeping: set[RunKey] = set()
+        #: simulated replicas signalled -> event time of their SIGTERM (the progress a stop saves)
+        self._sigterm_at: dict[RunKey, datetime] = {}
         self._probes = {n.node_id: p for n, p in nodes}
         self._emit = emit
         self.clock = clock
@@ -321,7 +327,9 @@ class NodeAgent:
           stopped; its exit code is not ours to read, so an exit without a stop
           is reported ``JobLost`` (requeued, resuming from its checkpoint);
         * a simulated workload with time left is adopted for the rest of its
-          duration; one whose duration ran out completes (``JobCompleted``);
+          duration (to the journal's ``sim_until``, still checkpointing at its
+          interval, from its original start); one whose duration ran out
+          completes (``JobCompleted``);
         * anything else (the process is gone, cannot be verified, or its node
           is no longer hosted: killed) is reported ``JobLost``: the failure
           is the agent's, never ``JobFailed``.
@@ -378,10 +386,20 @@ class NodeAgent:
             self._poll_task = asyncio.create_task(self._progress_loop(), name="progress")
 
     def _orphan_workload(self, o: Orphan, sim_s: float | None) -> Workload:
-        """The :class:`Workload` an orphan stands for (its command is not journalled: an empty argv)."""
+        """The :class:`Workload` an orphan stands for (its command is not journalled: an empty argv).
+
+        A simulated orphan journalled with its resume point (``sim_progress``) and start keeps its
+        checkpoint model: its whole duration is ``sim_progress + (sim_until - started_at)``, counted from
+        its original start (:meth:`_simulate` publishes the last checkpoint passed while the agent was down).
+        Otherwise it runs ``sim_s`` more seconds, without checkpoints.
+        """
         files = None
         if o.progress_file is not None:
             files = logic.JobFiles(os.path.dirname(o.progress_file), o.progress_file)
+        progress = every = None
+        if o.pid is None and o.sim_progress is not None and o.sim_until is not None and o.started_at is not None:
+            progress, every = o.sim_progress, o.sim_every
+            sim_s = o.sim_progress + (o.sim_until - o.started_at).total_seconds()
         return Workload(
             *o.key,
             gpus=o.gpus,
@@ -390,6 +408,8 @@ class NodeAgent:
             files=files,
             started_at=o.started_at,
             adopted=o.pid is not None,
+            progress_s=progress,
+            checkpoint_interval_s=every,
         )
 
     async def _adopt(self, o: Orphan, sim_s: float | None) -> None:
@@ -703,7 +723,9 @@ class NodeAgent:
             watch.stamp if watch is not None else None,
             ts=now,
             gpus=w.gpus,
-            sim_until=now + timedelta(seconds=w.duration_s or 0.0) if w.simulated else None,
+            sim_until=now + timedelta(seconds=logic.sim_remaining_s(w)) if w.simulated else None,
+            sim_progress=w.progress_s if w.simulated else None,
+            sim_every=w.checkpoint_interval_s if w.simulated else None,
         )
         self.state = logic.with_launched(self.state, w)
         self._tasks[w.key] = asyncio.create_task(self._watch(w), name=f"workload {w.key}")
@@ -719,7 +741,10 @@ class NodeAgent:
                 try:
                     if self._stopping(w.key):  # stopped before this task first ran: a cancel would skip the report
                         raise asyncio.CancelledError
-                    await self.clock.sleep(w.duration_s or 0.0)
+                    if w.progress_s is None:  # a command from before checkpoints: the whole duration, no saves
+                        await self.clock.sleep(w.duration_s or 0.0)
+                    else:
+                        await self._simulate(w)
                     code = 0
                 except asyncio.CancelledError:
                     if self._stopping(w.key):
@@ -745,6 +770,9 @@ class NodeAgent:
             if w.key in self._progress:  # a last look: the checkpoint written on SIGTERM goes before the exit
                 await self._look_at_progress(current)
                 del self._progress[w.key]
+            term_at = self._sigterm_at.pop(w.key, None)
+            if current.simulated and code is not None and code < 0 and term_at is not None:
+                await self._save_on_sigterm(current, term_at)
             now = self.clock.now()
             shut = w.key in self._shutdown_keys
             lost = shut or (current.adopted and not current.stopping)
@@ -767,6 +795,44 @@ class NodeAgent:
             self._gauge()
         self._tasks.pop(w.key, None)
 
+    async def _simulate(self, w: Workload) -> None:
+        """Run simulated workload ``w`` for :func:`logic.sim_remaining_s` event seconds from ``w.started_at``,
+        publishing ``JobCheckpointed`` (:func:`logic.checkpointed_event`) at each multiple of its interval
+        that its progress reaches (``docs/checkpoints.md``; the simulator's model).
+
+        Deadlines are counted from the start, not from each wake-up, so a late wake (a coarse clock, an agent
+        adopting the run after a restart) publishes the last checkpoint passed, stamped when it is seen, and
+        the run still ends at ``started_at + duration - progress`` (the journal's ``sim_until``).
+        """
+        start = w.started_at or self.clock.now()
+        saved = logic.sim_checkpoint_k(w, 0.0)  # the resume point: saved by an earlier attempt
+        every = w.checkpoint_interval_s or 0.0
+        while True:
+            elapsed = (self.clock.now() - start).total_seconds()
+            wake = logic.sim_next_wake_s(w, elapsed)
+            if wake is None:  # its time is up (also after a late wake): it completes, no checkpoint at the end
+                return
+            k = logic.sim_checkpoint_k(w, elapsed)
+            if k > saved:
+                saved = k
+                log.debug("simulated checkpoint of %s at %.3f s", w.key, k * every)
+                if "checkpoints" in self._metrics:
+                    self._metrics["checkpoints"].inc()
+                await self._emit(logic.checkpointed_event(w.key, k * every, self.clock.now()))
+            await self.clock.sleep(max(wake - elapsed, 1e-6))  # at least 1 µs: time must move for a wake
+
+    async def _save_on_sigterm(self, w: Workload, term_at: datetime) -> None:
+        """The last ``JobCheckpointed`` of simulated workload ``w`` stopped at ``term_at``: its progress then
+        (:func:`logic.sim_stop_progress_s`), published before its exit report (lock held)."""
+        start = w.started_at or term_at
+        progress = logic.sim_stop_progress_s(w, (term_at - start).total_seconds())
+        if progress is None:
+            return
+        log.debug("simulated workload %s saves %.3f s on SIGTERM", w.key, progress)
+        if "checkpoints" in self._metrics:
+            self._metrics["checkpoints"].inc()
+        await self._emit(logic.checkpointed_event(w.key, progress, self.clock.now()))
+
     def _stopping(self, key: RunKey) -> bool:
         w = self.state.running.get(key)
         return w is not None and w.stopping
@@ -775,6 +841,7 @@ class NodeAgent:
         """SIGTERM ``w`` now; SIGKILL after ``grace_s`` event seconds."""
         task = self._tasks.get(w.key)
         if w.simulated:
+            self._sigterm_at.setdefault(w.key, self.clock.now())  # the progress it saves is the progress now
             if task is not None and w.key in self._sleeping:  # not yet started: it sees the stop when it starts
                 task.cancel()
             return

@@ -21,12 +21,13 @@ Format: JSON lines, appended and fsynced::
 
     {"op": "start", "key": [node, job, attempt, replica], "pid": int|null, "pstart": int|null,
      "progress_file": str|null, "progress_stamp": [inode, size, mtime_ns]|null,
-     "ts": iso|null, "gpus": [int], "sim_until": iso|null}
+     "ts": iso|null, "gpus": [int], "sim_until": iso|null, "sim_progress": float|null,
+     "sim_every": float|null}
     {"op": "end", "key": [...], "ts": iso|null, "lost": bool}
     {"op": "token", "token": int}
 
 Fields added over time (``progress_*``, ``ts``, ``gpus``, ``sim_until``,
-``lost``, the ``token`` op) are optional: older journals load, with
+``sim_progress``, ``sim_every``, ``lost``, the ``token`` op) are optional: older journals load, with
 ``null``/absent read as unknown. A torn last line (a crash mid-write) is
 skipped. :meth:`Journal.compact` rewrites the file with only what is still
 needed (open starts, ends within the window, the token), atomically, so the
@@ -64,6 +65,23 @@ def _time_of(value: object) -> datetime | None:
     return t if t.tzinfo is not None else None
 
 
+def _seconds_of(value: object, floor: float | None) -> float | None:
+    """Seconds from the journal: a finite number (not bool) >= 0 (``floor=0``) or > 0 (``floor=None``), else ``None``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or value != value
+        or value
+        in (
+            float("inf"),
+            float("-inf"),
+        )
+    ):
+        return None
+    ok = value >= 0 if floor is not None else value > 0
+    return float(value) if ok else None
+
+
 def _gpus_of(value: object) -> tuple[int, ...]:
     if isinstance(value, list) and all(isinstance(g, int) and not isinstance(g, bool) for g in value):
         return tuple(value)
@@ -82,7 +100,11 @@ class Orphan:
         progress_stamp: that file's stamp when the replica started (``None``: no file then).
         started_at: event time of its ``JobStarted`` (``None`` in older journals).
         gpus: GPU indices it holds (``()`` in older journals).
-        sim_until: for a simulated workload, the event time it ends.
+        sim_until: for a simulated workload, the event time it ends
+            (start + duration - the progress it resumed from).
+        sim_progress: for a simulated workload started with ``StartWorkload.progress_s``, that progress
+            (seconds); ``None``: it runs without checkpoints (an older command or journal).
+        sim_every: its checkpoint interval in force, seconds, or ``None``.
     """
 
     key: RunKey
@@ -93,6 +115,8 @@ class Orphan:
     started_at: datetime | None = None
     gpus: tuple[int, ...] = ()
     sim_until: datetime | None = None
+    sim_progress: float | None = None
+    sim_every: float | None = None
 
     def record(self) -> dict:
         """Its journal line."""
@@ -106,6 +130,9 @@ class Orphan:
             rec["gpus"] = list(self.gpus)
         if self.sim_until is not None:
             rec["sim_until"] = self.sim_until.isoformat()
+        if self.sim_progress is not None:
+            rec["sim_progress"] = self.sim_progress
+            rec["sim_every"] = self.sim_every
         return rec
 
 
@@ -170,6 +197,8 @@ class Journal:
                     _time_of(rec.get("ts")),
                     _gpus_of(rec.get("gpus")),
                     _time_of(rec.get("sim_until")),
+                    _seconds_of(rec.get("sim_progress"), 0.0),
+                    _seconds_of(rec.get("sim_every"), None),
                 )
             elif op == "end":
                 self._open.pop(key, None)
@@ -206,6 +235,8 @@ class Journal:
         ts: datetime | None = None,
         gpus: tuple[int, ...] = (),
         sim_until: datetime | None = None,
+        sim_progress: float | None = None,
+        sim_every: float | None = None,
     ) -> None:
         """Record that replica ``key`` started (as process ``pid``, or simulated).
 
@@ -217,9 +248,10 @@ class Journal:
             ts: event time of its ``JobStarted`` (re-published as is after a restart).
             gpus: GPU indices it holds.
             sim_until: event time a simulated workload ends.
+            sim_progress, sim_every: a simulated workload's resume point and checkpoint interval, seconds.
         """
         pstart = process_start_time(pid) if pid else None
-        o = Orphan(key, pid, pstart, progress_file, progress_stamp, ts, tuple(gpus), sim_until)
+        o = Orphan(key, pid, pstart, progress_file, progress_stamp, ts, tuple(gpus), sim_until, sim_progress, sim_every)
         self._open[key] = o
         self._write(o.record())
 

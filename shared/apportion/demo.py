@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from apportion.settings import topic_name
 
@@ -183,6 +183,10 @@ def start_services(
 
 #: The name of the main job's one node agent: Kafka principal ``node-agent.demo``.
 DEMO_AGENT = "demo"
+
+#: The simulator's ``checkpoint_on_stop`` in the main job: what the node agent's simulated workloads do (each
+#: saves its progress on SIGTERM when the stop has a grace period, ``services.node_agent.logic.sim_stop_progress_s``).
+SIM_ON_STOP: Final = "all"
 
 
 def service_principals(kafka_secrets: Path | None, redis_secrets: Path | None) -> dict[str, dict[str, str]] | None:
@@ -473,9 +477,13 @@ def main(argv: list[str] | None = None) -> int:
         registered_at = min(
             (to_us(r.event.ts) for r in recs if isinstance(r.event, events.NodeRegistered)), default=start_us
         )
-        sim = simulate(
-            bf.tree, bf.nodes, jobs, SimConfig(seed=args.seed, start_us=min(registered_at, start_us), until_us=end_us)
+        # the live node agent's simulated workloads resume from the dispatcher's saved progress, checkpoint at
+        # each interval and every one saves its progress on SIGTERM (docs/checkpoints.md): the simulator's
+        # checkpoint_on_stop="all" (`apportion simulate --checkpoint-on-stop all`), so both model one workload
+        sim_cfg = SimConfig(
+            seed=args.seed, start_us=min(registered_at, start_us), until_us=end_us, checkpoint_on_stop=SIM_ON_STOP
         )
+        sim = simulate(bf.tree, bf.nodes, jobs, sim_cfg)
         sim_wall = time.perf_counter() - t0
         simrep = log_report(sim.log, bf.tree, start_us, end_us)
         dead_letters = sum(1 for r in recs if r.topic == topic_name(topics.DEADLETTER))

@@ -704,7 +704,20 @@ class NodeLost(Event):
 
 
 class StartWorkload(Event):
-    """Command to a node agent: start one replica of a run on ``gpus``."""
+    """Command to a node agent: start one replica of a run on ``gpus``.
+
+    Attributes:
+        duration_s: seconds of work of the whole job (a simulated workload), or ``None``.
+        progress_s: seconds of the job's work saved by its last checkpoint, where this attempt resumes (the
+            dispatcher's :attr:`~apportion.domain.engine.inputs.PendingJob.progress_s`; ``0.0`` for a first
+            attempt). ``None``: a record from before the field (its simulated workload runs ``duration_s``
+            whole and saves nothing, the old behaviour).
+        checkpoint_interval_s: the job's checkpoint interval in force, seconds
+            (:func:`checkpoint_interval_of`, as ``JobQueued`` carries it); ``None``: no interval checkpoints.
+            A simulated workload with ``progress_s`` set sleeps ``duration_s - progress_s`` event seconds,
+            reports ``JobCheckpointed`` at each multiple of the interval it passes, and saves its progress
+            on SIGTERM (``docs/checkpoints.md``).
+    """
 
     type: Literal["StartWorkload"] = "StartWorkload"
     node_id: str
@@ -716,6 +729,8 @@ class StartWorkload(Event):
     duration_s: float | None = None
     env: dict[str, str] = Field(default_factory=dict)
     fencing_token: int | None = None
+    progress_s: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
+    checkpoint_interval_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
 
 
 class StopWorkload(Event):

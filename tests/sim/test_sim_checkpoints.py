@@ -221,3 +221,25 @@ def test_max_preemptions_allocated_leaves_out_unallocated_victims():
     ]
     rep = summarise(run(AB_TREE, nodes(("n0", 4)), jobs), _tree(), "fairshare", 1)
     assert (rep.max_preemptions_per_job, rep.max_preemptions_allocated, rep.completed) == (1, 0, 2)
+
+
+def starts(r) -> list[tuple[str, str, float | None, float | None]]:
+    """(time offset, job#attempt, progress_s, checkpoint_interval_s) of every StartWorkload."""
+    return [
+        (decisions_time(e), f"{e.job_id}#{e.attempt}", e.progress_s, e.checkpoint_interval_s)
+        for e in r.log
+        if isinstance(e, StartWorkload)
+    ]
+
+
+@pytest.mark.parametrize(
+    "on_stop, a1_resumes_from",
+    [("unallocated", 2 * H), ("all", 2.5 * H)],  # a1 is allocated: "all" adds its SIGTERM save of 2:30
+)
+def test_start_workload_carries_the_saved_progress_and_the_interval_in_force(on_stop, a1_resumes_from):
+    # b1's start waits for its victim's exit (the dispatcher's _start_waiting), a1#2's comes from a cycle
+    assert starts(scenario(checkpoint_on_stop=on_stop)) == [
+        ("00:00:00", "a1#1", 0.0, H),  # interval: the minimum runtime (none declared)
+        ("02:30:05", "b1#1", 0.0, H),
+        ("03:30:05", "a1#2", a1_resumes_from, H),
+    ]

@@ -272,6 +272,35 @@ def test_requeued_job_carries_its_preemptions_and_progress_and_gets_a_longer_pro
     assert (pj.attempt, pj.preemptions, pj.progress_s) == (2, 1, 30.0)
 
 
+def test_the_start_of_a_requeued_attempt_carries_the_saved_progress_and_the_interval_in_force():
+    # u (lab/b, min runtime 60 s; no interval declared, then 45 s declared) runs on n0 from T0, checkpoints 90 s of
+    # progress at 100 s; n0 is lost at 2 min: requeued at once, attempt 2 starts on n1 from 90 s of progress
+    for declared, every in ((None, 60.0), (45.0, 45.0)):
+        state = DispatchState(TREE)
+        sub = submitted("u", budget="lab/b", gpus=4, min_runtime_s=60, duration_s=600.0)
+        if declared is not None:
+            sub = sub.model_copy(update={"checkpoint_interval_s": declared})
+        for e in (reg("n0"), sub):
+            step(state, e, T0, CFG)
+        out = step(state, Tick(T0), T0, CFG)
+        (first,) = [narrow(ev.StartWorkload, e) for e in out if isinstance(e, ev.StartWorkload)]
+        assert (first.node_id, first.attempt, first.progress_s, first.checkpoint_interval_s) == ("n0", 1, 0.0, every)
+        step(state, started("u", at=T0), T0, CFG)
+        step(state, ckpt("u", s(100), 90.0), s(100), CFG)
+        step(state, reg("n1"), s(110), CFG)
+        out = step(state, ev.NodeLost(node_id="n0", last_heartbeat=from_us(m(1)), ts=from_us(m(2))), m(2), CFG)
+        assert types(out) == ["JobLost:u", "JobRequeued:u"]
+        out = step(state, Tick(m(2)), m(2), CFG)
+        (second,) = [narrow(ev.StartWorkload, e) for e in out if isinstance(e, ev.StartWorkload)]
+        assert (second.node_id, second.attempt, second.progress_s, second.checkpoint_interval_s) == (
+            "n1",
+            2,
+            90.0,
+            every,
+        )
+        assert second.duration_s == 600.0  # the job's whole work: the agent runs 600 - 90 s of it
+
+
 def test_node_loss_gives_surviving_gang_replicas_the_normal_grace_then_requeues():
     cfg = DispatchConfig(heartbeat_timeout_s=None)
     state = DispatchState(TREE)

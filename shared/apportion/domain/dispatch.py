@@ -1001,7 +1001,19 @@ def _start_waiting(
             run = state.cluster.runs.get(p)
             prec = state.jobs.get(p[0])
             if run is not None and prec is not None and not run.stopping:
-                out.extend(start_events(p[0], p[1], run.placements, ts, prec.spec.duration_s, prec.spec.command, prod))
+                out.extend(
+                    start_events(
+                        p[0],
+                        p[1],
+                        run.placements,
+                        ts,
+                        prec.spec.duration_s,
+                        prec.spec.command,
+                        prod,
+                        progress_s=run.resumed_from_s,
+                        checkpoint_interval_s=prec.spec.checkpoint_interval_s,
+                    )
+                )
     return out
 
 

@@ -226,7 +226,19 @@ def _greedy(
     def place_free(job: PendingJob, nodes: list[str], rank: int) -> None:
         pl = tuple(Placement(node_id=n, gpus=free.take(n, job.gpus_per_replica)) for n in nodes)
         emit_placed(out, job, pl, (), job.budget, rank, {}, 0.0, False, ts, cfg)
-        out.extend(start_events(job.job_id, job.attempt, pl, ts, job.duration_s, job.command, cfg.producer))
+        out.extend(
+            start_events(
+                job.job_id,
+                job.attempt,
+                pl,
+                ts,
+                job.duration_s,
+                job.command,
+                cfg.producer,
+                progress_s=job.progress_s,
+                checkpoint_interval_s=job.checkpoint_interval_s,
+            )
+        )
 
     start = 0
     if preemptors is not None:

@@ -377,7 +377,19 @@ def run_cycle(
             emit_placed(
                 out, job, placements, (), leaf, rank, budget_rank, ratio(leaf), holds_reservation, ts, cfg, tree
             )
-            out.extend(start_events(job.job_id, job.attempt, placements, ts, job.duration_s, job.command, cfg.producer))
+            out.extend(
+                start_events(
+                    job.job_id,
+                    job.attempt,
+                    placements,
+                    ts,
+                    job.duration_s,
+                    job.command,
+                    cfg.producer,
+                    progress_s=job.progress_s,
+                    checkpoint_interval_s=job.checkpoint_interval_s,
+                )
+            )
         elif (
             cfg.preemption
             and not (failure_key in search_failures and search_failed(failure_key, g, k, charge))
@@ -567,7 +579,19 @@ def _place_unallocated(
                 continue
             placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
             emit_placed(out, job, placements, (), leaf, rank, budget_rank, r_leaf, False, ts, cfg, tree)
-            out.extend(start_events(job.job_id, job.attempt, placements, ts, job.duration_s, job.command, cfg.producer))
+            out.extend(
+                start_events(
+                    job.job_id,
+                    job.attempt,
+                    placements,
+                    ts,
+                    job.duration_s,
+                    job.command,
+                    cfg.producer,
+                    progress_s=job.progress_s,
+                    checkpoint_interval_s=job.checkpoint_interval_s,
+                )
+            )
 
 
 def _explain(

@@ -39,8 +39,19 @@ def start_events(
     duration_s: float | None,
     command: tuple[str, ...] | None,
     producer: str,
+    *,
+    progress_s: float = 0.0,
+    checkpoint_interval_s: float | None = None,
 ) -> list[Event]:
-    """``StartWorkload`` for every replica of a run (ids by :func:`det_id`)."""
+    """``StartWorkload`` for every replica of a run (ids by :func:`det_id`).
+
+    ``progress_s``: seconds of the job's work its last checkpoint saved, where this attempt resumes
+    (:attr:`~apportion.domain.engine.inputs.PendingJob.progress_s`); ``checkpoint_interval_s``: the job's
+    interval in force, seconds (``JobQueued.checkpoint_interval_s``, i.e.
+    :func:`~apportion.events.checkpoint_interval_of`), ``None`` when it does not checkpoint. A simulated
+    workload runs ``duration_s - progress_s`` and checkpoints at each multiple of the interval
+    (``docs/checkpoints.md``).
+    """
     return [
         StartWorkload(
             event_id=det_id("StartWorkload", job_id, attempt, i),
@@ -53,6 +64,8 @@ def start_events(
             gpus=p.gpus,
             command=command,
             duration_s=duration_s,
+            progress_s=progress_s,
+            checkpoint_interval_s=checkpoint_interval_s,
         )
         for i, p in enumerate(placements)
     ]

@@ -110,7 +110,17 @@ class Cycle:
         pl = tuple(Placement(node_id=n, gpus=self.free.take(n, job.gpus_per_replica)) for n in nodes)
         emit_placed(self.out, job, pl, (), job.budget, self.considered, {}, ratio, False, self.ts, self.cfg)
         self.out.extend(
-            start_events(job.job_id, job.attempt, pl, self.ts, job.duration_s, job.command, self.cfg.producer)
+            start_events(
+                job.job_id,
+                job.attempt,
+                pl,
+                self.ts,
+                job.duration_s,
+                job.command,
+                self.cfg.producer,
+                progress_s=job.progress_s,
+                checkpoint_interval_s=job.checkpoint_interval_s,
+            )
         )
         self.held[job.budget] = self.held.get(job.budget, 0) + job.gpus
         self.largest = _largest_free(self.free)
