@@ -518,6 +518,9 @@ def _report(
     def pct(x: float) -> str:
         return f"{100 * x:.1f}%"
 
+    def pp(x: float | None) -> str:  # no budget had allocated work waiting at a sample: no deficit to show
+        return "-" if x is None else f"{x:.2f}"
+
     def secs(x: float | None) -> str:
         return "-" if x is None else (f"{x:.0f}s" if x < 3600 else f"{x / 3600:.1f}h")
 
@@ -574,11 +577,20 @@ def _report(
         )
     con.print(t)
     g = Table(title=f"per budget over {args.slice}: goodput and work lost (live / simulator)")
-    for col in ("budget", "goodput", "work lost GPU-h (% of held)", "completed", "JCT p50/p95", "most preemptions"):
+    for col in (
+        "budget",
+        "share deficit pp",
+        "goodput",
+        "work lost GPU-h (% of held)",
+        "completed",
+        "JCT p50/p95",
+        "most preemptions",
+    ):
         g.add_column(col, justify="left" if col == "budget" else "right")
     for a, b in zip(live.budgets, sim.budgets):
         g.add_row(
             a.path,
+            f"{pp(a.mean_deficit_pp)} / {pp(b.mean_deficit_pp)}",
             f"{pct(a.goodput)} / {pct(b.goodput)}",
             f"{a.lost_gpu_h:,.0f} ({a.lost_pct:.1f}%) / {b.lost_gpu_h:,.0f} ({b.lost_pct:.1f}%)",
             f"{a.completed} / {b.completed}",
@@ -595,6 +607,11 @@ def _report(
         "wait p50 / p95",
         f"{secs(live.wait_p50_s)} / {secs(live.wait_p95_s)}",
         f"{secs(sim.wait_p50_s)} / {secs(sim.wait_p95_s)}",
+    )
+    s.add_row(
+        "share deficit mean / max (pp)",
+        f"{pp(live.mean_deficit_pp)} / {pp(live.max_deficit_pp)}",
+        f"{pp(sim.mean_deficit_pp)} / {pp(sim.max_deficit_pp)}",
     )
     s.add_row("goodput", pct(live.goodput), pct(sim.goodput))
     s.add_row(

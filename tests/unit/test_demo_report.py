@@ -21,7 +21,7 @@ def row(lost: float, held: float, completed: int) -> BudgetRow:
         path="lab/a", share=1.0, alloc_share=0.5, free_share=0.1, goodput=(held - lost) / 1000.0, jobs=4, placed=4,
         never=0, wait_p50_s=60.0, wait_p95_s=7200.0, preemptions=3, completed=completed, jct_p50_s=600.0,
         jct_p95_s=9000.0, held_gpu_h=held, lost_gpu_h=lost, lost_pct=100 * lost / held,
-        preemptions_per_job_hour=0.125, max_preemptions_per_job=2,
+        preemptions_per_job_hour=0.125, max_preemptions_per_job=2, mean_deficit_pp=lost / 100,
     )  # fmt: skip
 
 
@@ -31,6 +31,7 @@ def report(lost: float, held: float, completed: int) -> LogReport:
         wait_p50_s=60.0, wait_p95_s=7200.0, preemptions=3, violations=0, budgets=[row(lost, held, completed)],
         goodput=(held - lost) / 1000.0, completed=completed, jct_p50_s=600.0, jct_p95_s=9000.0, held_gpu_h=held,
         lost_gpu_h=lost, lost_pct=100 * lost / held, preemptions_per_job_hour=0.125, max_preemptions_per_job=2,
+        mean_deficit_pp=lost / 100, max_deficit_pp=lost / 10,
     )  # fmt: skip
 
 
@@ -48,6 +49,8 @@ def test_the_printed_report_has_goodput_work_lost_completions_and_churn(tmp_path
     assert "goodput" in text and "60.0%" in text and "79.2%" in text
     assert "200 (25.0%)" in text and "8 (1.0%)" in text  # work lost GPU-h (% of held)
     assert "0.1250 / 2" in text  # preemptions per job-hour / most of one job
+    assert "2.00 / 20.00" in text and "0.08 / 0.80" in text  # share deficit mean / max, live and simulated
+    assert "2.00 / 0.08" in text  # the budget's mean deficit, live / simulator
     assert "600s / 2.5h" in text  # JCT p50 / p95 (secs(): seconds below an hour)
     # per budget, live / simulator in one cell
     assert "60.0% / 79.2%" in text and "200 (25.0%) / 8 (1.0%)" in text and "3 / 4" in text
