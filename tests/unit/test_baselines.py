@@ -31,9 +31,9 @@ from apportion.domain.engine import (
     EngineConfig,
     PendingJob,
     emit_placed,
+    pending_start_events,
     plan_preemption,
     preempt_events,
-    start_events,
 )
 from apportion.events import Event, Placement
 from apportion.sim import baselines as bl
@@ -217,19 +217,7 @@ def _ref_greedy(
         if nodes is not None:
             pl = tuple(Placement(node_id=n, gpus=free.take(n, job.gpus_per_replica)) for n in nodes)
             emit_placed(out, job, pl, (), job.budget, rank, {}, 0.0, False, ts, cfg)
-            out.extend(
-                start_events(
-                    job.job_id,
-                    job.attempt,
-                    pl,
-                    ts,
-                    job.duration_s,
-                    job.command,
-                    cfg.producer,
-                    progress_s=job.progress_s,
-                    checkpoint_interval_s=job.checkpoint_interval_s,
-                )
-            )
+            out.extend(pending_start_events(job, pl, ts, cfg.producer))
         elif preempt and job.allocated:
             if victims is None:
                 victims = CycleVictims(snapshot.cluster, now_us)

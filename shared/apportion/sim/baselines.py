@@ -27,7 +27,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 
 from apportion.domain.engine.cycle import CycleSnapshot
-from apportion.domain.engine.emit import emit_placed, preempt_events, start_events
+from apportion.domain.engine.emit import emit_placed, pending_start_events, preempt_events
 from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
 from apportion.domain.engine.placement import CycleFree
 from apportion.domain.engine.search import plan_preemption
@@ -226,19 +226,7 @@ def _greedy(
     def place_free(job: PendingJob, nodes: list[str], rank: int) -> None:
         pl = tuple(Placement(node_id=n, gpus=free.take(n, job.gpus_per_replica)) for n in nodes)
         emit_placed(out, job, pl, (), job.budget, rank, {}, 0.0, False, ts, cfg)
-        out.extend(
-            start_events(
-                job.job_id,
-                job.attempt,
-                pl,
-                ts,
-                job.duration_s,
-                job.command,
-                cfg.producer,
-                progress_s=job.progress_s,
-                checkpoint_interval_s=job.checkpoint_interval_s,
-            )
-        )
+        out.extend(pending_start_events(job, pl, ts, cfg.producer))
 
     start = 0
     if preemptors is not None:

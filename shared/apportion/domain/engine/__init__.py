@@ -23,7 +23,7 @@ re-exported here for the callers that import them from the engine.
 from __future__ import annotations
 
 from apportion.domain.engine.cycle import CycleResult, CycleSnapshot, run_cycle
-from apportion.domain.engine.emit import emit_placed, preempt_events, start_events, stop_event
+from apportion.domain.engine.emit import emit_placed, pending_start_events, preempt_events, start_events, stop_event
 from apportion.domain.engine.inputs import (
     CHECKPOINT_WAIT_S,
     PATIENCE_S,
@@ -116,6 +116,7 @@ __all__ = [
     "segment_floor",
     "shape_floor",
     "spare_models",
+    "pending_start_events",
     "start_events",
     "stop_event",
     "victim_rule",

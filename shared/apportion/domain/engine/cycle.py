@@ -85,7 +85,7 @@ from typing import Any
 
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import ClusterSnapshot
-from apportion.domain.engine.emit import emit_placed, job_protection_s, preempt_events, start_events
+from apportion.domain.engine.emit import emit_placed, job_protection_s, pending_start_events, preempt_events
 from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
 from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
 from apportion.domain.engine.reasons import PendingReason, explain_pending
@@ -377,19 +377,7 @@ def run_cycle(
             emit_placed(
                 out, job, placements, (), leaf, rank, budget_rank, ratio(leaf), holds_reservation, ts, cfg, tree
             )
-            out.extend(
-                start_events(
-                    job.job_id,
-                    job.attempt,
-                    placements,
-                    ts,
-                    job.duration_s,
-                    job.command,
-                    cfg.producer,
-                    progress_s=job.progress_s,
-                    checkpoint_interval_s=job.checkpoint_interval_s,
-                )
-            )
+            out.extend(pending_start_events(job, placements, ts, cfg.producer))
         elif (
             cfg.preemption
             and not (failure_key in search_failures and search_failed(failure_key, g, k, charge))
@@ -579,19 +567,7 @@ def _place_unallocated(
                 continue
             placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
             emit_placed(out, job, placements, (), leaf, rank, budget_rank, r_leaf, False, ts, cfg, tree)
-            out.extend(
-                start_events(
-                    job.job_id,
-                    job.attempt,
-                    placements,
-                    ts,
-                    job.duration_s,
-                    job.command,
-                    cfg.producer,
-                    progress_s=job.progress_s,
-                    checkpoint_interval_s=job.checkpoint_interval_s,
-                )
-            )
+            out.extend(pending_start_events(job, placements, ts, cfg.producer))
 
 
 def _explain(

@@ -28,7 +28,7 @@ from apportion.events import (
 )
 from apportion.timeutil import from_us, to_us
 
-__all__ = ["emit_placed", "preempt_events", "start_events", "stop_event"]
+__all__ = ["emit_placed", "pending_start_events", "preempt_events", "start_events", "stop_event"]
 
 
 def start_events(
@@ -69,6 +69,23 @@ def start_events(
         )
         for i, p in enumerate(placements)
     ]
+
+
+def pending_start_events(job: Any, placements: Sequence[Placement], ts: Any, producer: str) -> list[Event]:
+    """:func:`start_events` of a pending job placed on ``placements`` (a
+    :class:`~apportion.domain.engine.inputs.PendingJob`: its attempt, duration, command, saved progress and
+    checkpoint interval), the one place every scheduler's placement builds its ``StartWorkload``s."""
+    return start_events(
+        job.job_id,
+        job.attempt,
+        placements,
+        ts,
+        job.duration_s,
+        job.command,
+        producer,
+        progress_s=job.progress_s,
+        checkpoint_interval_s=job.checkpoint_interval_s,
+    )
 
 
 def preempt_events(

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from apportion.domain.budgets import ancestors_of
 from apportion.domain.cluster import UNTIL_STARTED, Run, RunKey, work_lost_gpu_s
 from apportion.domain.engine.cycle import CycleSnapshot
-from apportion.domain.engine.emit import emit_placed, preempt_events, start_events
+from apportion.domain.engine.emit import emit_placed, pending_start_events, preempt_events
 from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
 from apportion.domain.engine.placement import CycleFree
 from apportion.domain.engine.shapes import blocked_run
@@ -109,19 +109,7 @@ class Cycle:
         """Place ``job`` on free GPUs of ``nodes``: ``JobPlaced`` then ``StartWorkload`` per replica."""
         pl = tuple(Placement(node_id=n, gpus=self.free.take(n, job.gpus_per_replica)) for n in nodes)
         emit_placed(self.out, job, pl, (), job.budget, self.considered, {}, ratio, False, self.ts, self.cfg)
-        self.out.extend(
-            start_events(
-                job.job_id,
-                job.attempt,
-                pl,
-                self.ts,
-                job.duration_s,
-                job.command,
-                self.cfg.producer,
-                progress_s=job.progress_s,
-                checkpoint_interval_s=job.checkpoint_interval_s,
-            )
-        )
+        self.out.extend(pending_start_events(job, pl, self.ts, self.cfg.producer))
         self.held[job.budget] = self.held.get(job.budget, 0) + job.gpus
         self.largest = _largest_free(self.free)
 
