@@ -498,16 +498,9 @@ async def test_agent_restarted_without_its_journal_has_its_runs_requeued_by_reco
     assert not [e for e in evs if isinstance(e, (events.NodeLost, events.JobFailed))]
 
 
-@pytest.mark.parametrize("cluster", [{"dispatcher": False}], indirect=True)
-async def test_dispatcher_failover_places_nothing_twice(cluster: Cluster) -> None:
-    """Two dispatcher processes; kill -9 the leader mid-run; the standby takes over with no double placement."""
-    import redis as redis_lib
-
-    from apportion import events
-    from services.dispatcher.lease import lease_key
-
-    # heartbeats come every 30 event-s (0.5 wall-s at scale 60): a 600 s timeout never fires by accident
-    procs = {
+def _dispatchers(cluster: Cluster, names: tuple[str, ...], *, heartbeat_timeout_s: int) -> dict[str, Any]:
+    """A dispatcher process per name (lease TTL 2 wall s, grace 5 event-s), leader and standbys."""
+    return {
         name: cluster.spawn(
             "services.dispatcher",
             "--instance-id",
@@ -517,10 +510,22 @@ async def test_dispatcher_failover_places_nothing_twice(cluster: Cluster) -> Non
             "--grace-s",
             "5",
             "--heartbeat-timeout-s",
-            "600",
+            str(heartbeat_timeout_s),
         )
-        for name in ("da", "db")
+        for name in names
     }
+
+
+@pytest.mark.parametrize("cluster", [{"dispatcher": False}], indirect=True)
+async def test_dispatcher_failover_places_nothing_twice(cluster: Cluster) -> None:
+    """Two dispatcher processes; kill -9 the leader mid-run; the standby takes over with no double placement."""
+    import redis as redis_lib
+
+    from apportion import events
+    from services.dispatcher.lease import lease_key
+
+    # heartbeats come every 30 event-s (0.5 wall-s at scale 60): a 600 s timeout never fires by accident
+    procs = _dispatchers(cluster, ("da", "db"), heartbeat_timeout_s=600)
     r = redis_lib.Redis.from_url(cluster.redis_url, **redis_auth())
     try:
         for i in range(4):
@@ -565,20 +570,7 @@ async def test_leader_paused_past_its_lease_and_the_heartbeat_timeout_changes_no
     from apportion import events
     from services.dispatcher.lease import lease_key
 
-    procs = {
-        name: cluster.spawn(
-            "services.dispatcher",
-            "--instance-id",
-            name,
-            "--lease-ttl-wall-s",
-            "2",
-            "--grace-s",
-            "5",
-            "--heartbeat-timeout-s",
-            "120",
-        )
-        for name in ("pa", "pb")
-    }
+    procs = _dispatchers(cluster, ("pa", "pb"), heartbeat_timeout_s=120)
     r = redis_lib.Redis.from_url(cluster.redis_url, **redis_auth())
     paused = None
     try:
