@@ -755,7 +755,7 @@ def lead_term(
         commit=lambda: commit_quietly(consumer),
         now=now,
         reachable=broker_answers(settings.connection().bootstrap),
-        pending=(lambda: sends.open) if getattr(sends, "transactional", False) else None,
+        pending=(lambda: sends.open) if sends.transactional else None,
     )
 
 

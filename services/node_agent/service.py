@@ -536,9 +536,7 @@ class NodeAgent:
                 w.replica,
                 seen.event.progress_s,
             )
-            if "checkpoints" in self._metrics:
-                self._metrics["checkpoints"].inc()
-            await self._emit(seen.event)
+            await self._publish_checkpoint(seen.event)
 
     # ------------------------------------------------------------------ commands
 
@@ -816,9 +814,7 @@ class NodeAgent:
             if k > saved:
                 saved = k
                 log.debug("simulated checkpoint of %s at %.3f s", w.key, k * every)
-                if "checkpoints" in self._metrics:
-                    self._metrics["checkpoints"].inc()
-                await self._emit(logic.checkpointed_event(w.key, k * every, self.clock.now()))
+                await self._publish_checkpoint(logic.checkpointed_event(w.key, k * every, self.clock.now()))
             await self.clock.sleep(max(wake - elapsed, 1e-6))  # at least 1 µs: time must move for a wake
 
     async def _save_on_sigterm(self, w: Workload, term_at: datetime) -> None:
@@ -829,9 +825,13 @@ class NodeAgent:
         if progress is None:
             return
         log.debug("simulated workload %s saves %.3f s on SIGTERM", w.key, progress)
+        await self._publish_checkpoint(logic.checkpointed_event(w.key, progress, self.clock.now()))
+
+    async def _publish_checkpoint(self, event: Event) -> None:
+        """Publish a ``JobCheckpointed`` (a process's progress file, or a simulated workload's) and count it."""
         if "checkpoints" in self._metrics:
             self._metrics["checkpoints"].inc()
-        await self._emit(logic.checkpointed_event(w.key, progress, self.clock.now()))
+        await self._emit(event)
 
     def _stopping(self, key: RunKey) -> bool:
         w = self.state.running.get(key)

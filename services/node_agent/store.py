@@ -38,6 +38,7 @@ memory only (tests, throwaway demos).
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -65,21 +66,11 @@ def _time_of(value: object) -> datetime | None:
     return t if t.tzinfo is not None else None
 
 
-def _seconds_of(value: object, floor: float | None) -> float | None:
-    """Seconds from the journal: a finite number (not bool) >= 0 (``floor=0``) or > 0 (``floor=None``), else ``None``."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or value != value
-        or value
-        in (
-            float("inf"),
-            float("-inf"),
-        )
-    ):
+def _seconds_of(value: object, *, positive: bool) -> float | None:
+    """Seconds from the journal: a finite number (not bool), > 0 when ``positive`` else >= 0; else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
-    ok = value >= 0 if floor is not None else value > 0
-    return float(value) if ok else None
+    return float(value) if (value > 0 if positive else value >= 0) else None
 
 
 def _gpus_of(value: object) -> tuple[int, ...]:
@@ -197,8 +188,8 @@ class Journal:
                     _time_of(rec.get("ts")),
                     _gpus_of(rec.get("gpus")),
                     _time_of(rec.get("sim_until")),
-                    _seconds_of(rec.get("sim_progress"), 0.0),
-                    _seconds_of(rec.get("sim_every"), None),
+                    _seconds_of(rec.get("sim_progress"), positive=False),
+                    _seconds_of(rec.get("sim_every"), positive=True),
                 )
             elif op == "end":
                 self._open.pop(key, None)

@@ -64,10 +64,17 @@ from apportion.events import (
 )
 from apportion.timeutil import US_PER_S, Micros, to_us
 
-__all__ = ["BudgetRow", "JobLedger", "Stop", "Totals", "budget_rows", "percentile"]
+__all__ = ["BudgetRow", "JobLedger", "Stop", "Totals", "budget_rows", "percentile", "share_deficit_pp"]
 
 #: A recorded ``lost_gpu_s`` and the log's own figure agree when within this many GPU-seconds.
 AGREE_GPU_S = 1.0
+
+
+def share_deficit_pp(share: float, window_share: float) -> float:
+    """The share deficit of one budget at one sample, in percentage points: ``max(0, share - O_b/K) * 100``,
+    with ``window_share`` = O_b/K over the trailing window (the definition of :mod:`apportion.sim.report`;
+    the simulator's samples and :func:`apportion.audit.report.share_deficits` both use it)."""
+    return max(0.0, share - window_share) * 100
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -20,6 +20,7 @@ import pytest
 
 from apportion import events
 from apportion.bus.producer import READ_COMMITTED, EventProducer, Unacked, is_fenced
+from tests.livestack import until
 
 pytestmark = pytest.mark.integration
 
@@ -117,11 +118,7 @@ def test_a_writer_that_meets_the_fence_before_its_commit_knows_it_is_fenced(
         old.send_raw(topic, b"late").get(timeout=DEADLINE_S)
     with pytest.raises(Exception):  # noqa: B017, PT011
         old.commit()
-    deadline = time.monotonic() + DEADLINE_S
-    while not old.fenced():
-        m = old._producer._transaction_manager
-        assert time.monotonic() < deadline, (repr(m.last_error), m._current_state)
-        time.sleep(0.05)
+    until(old.fenced, "the producer to learn it is fenced", DEADLINE_S)
     assert read_all(kafka_bootstrap, topic, committed=True) == []
 
 

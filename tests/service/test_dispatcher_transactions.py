@@ -22,6 +22,7 @@ from apportion.clock import ManualClock
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.service import DispatcherService, LeadershipLost, Term
 from tests.service.test_dispatcher import INPUTS, T0, ListLog, history, submit
+from tests.service.test_dispatcher_outage import Lease, Queue
 
 
 class Producer:
@@ -43,13 +44,6 @@ class Producer:
 
     def commit(self) -> None:
         self.calls.append("commit")
-
-
-class Lease:
-    token = 7
-
-    def observe(self, _: int) -> None:
-        pass
 
 
 class Harness:
@@ -75,7 +69,7 @@ class Harness:
         self.term = Term(
             self.svc,
             settings,
-            {"queue": type("Q", (), {"heartbeats": lambda *_: None})()},
+            {"queue": Queue()},
             check_lease=check_lease,
             lost=threading.Event(),
             flush=self.sends.flush,

@@ -36,7 +36,7 @@ from typing import Any
 from apportion.audit.replay import decoded, preemption_report
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.occupancy import OccupancyLedger
-from apportion.report import BudgetRow, JobLedger, budget_rows, percentile
+from apportion.report import BudgetRow, JobLedger, budget_rows, percentile, share_deficit_pp
 from apportion.timeutil import WEEK_S, Micros, s_to_us, to_us, us_to_s
 
 __all__ = ["BudgetRow", "LogReport", "log_report", "share_deficits"]
@@ -115,8 +115,7 @@ def share_deficits(
         occ = ledger.occupancy(at)
         for leaf in leaves:
             if waiting.get(leaf):
-                now = occ.get(leaf, 0.0) / cap if cap > 0 else 0.0
-                out[leaf].append(max(0.0, share[leaf] - now) * 100)
+                out[leaf].append(share_deficit_pp(share[leaf], occ.get(leaf, 0.0) / cap if cap > 0 else 0.0))
 
     for ev in sorted(evs, key=lambda e: to_us(e.ts)):  # stable: same-instant events keep their log order
         ts = to_us(ev.ts)

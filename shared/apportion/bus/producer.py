@@ -103,7 +103,6 @@ class EventProducer:
             kafka_config["transactional_id"] = transactional_id
             kafka_config["transaction_timeout_ms"] = int(transaction_timeout_s * 1000)
             kafka_config.setdefault("retry_backoff_ms", RETRY_BACKOFF_MS)
-        self.transactional = transactional_id is not None
         kafka_config = {**KAFKA_RECONNECT, **kafka_auth(), **kafka_config}
         self._producer = KafkaProducer(bootstrap_servers=bootstrap, client_id=client_id, **RELIABLE, **kafka_config)
 

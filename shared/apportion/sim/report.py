@@ -45,7 +45,7 @@ from datetime import datetime
 from typing import Any
 
 from apportion.domain.budgets import BudgetTree
-from apportion.report import BudgetRow, JobLedger, budget_rows, percentile
+from apportion.report import BudgetRow, JobLedger, budget_rows, percentile, share_deficit_pp
 from apportion.sim.core import SimResult
 from apportion.timeutil import from_us, us_to_s
 
@@ -146,7 +146,7 @@ def summarise(
             if pending_alloc:
                 backlogged[leaf] += 1
                 if t >= warm:
-                    deficits[leaf].append(max(0.0, tree.abs_share(leaf) - share_now) * 100)
+                    deficits[leaf].append(share_deficit_pp(tree.abs_share(leaf), share_now))
     all_def = [d for v in deficits.values() for d in v]
     held_a, held_u = total.occupancy(at), total.unallocated(at)
     held = {p: held_a.get(p, 0.0) + held_u.get(p, 0.0) for p in leaves}

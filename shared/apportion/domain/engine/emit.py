@@ -71,7 +71,7 @@ def start_events(
     ]
 
 
-def pending_start_events(job: Any, placements: Sequence[Placement], ts: Any, producer: str) -> list[Event]:
+def pending_start_events(job: PendingJob, placements: Sequence[Placement], ts: Any, producer: str) -> list[Event]:
     """:func:`start_events` of a pending job placed on ``placements`` (a
     :class:`~apportion.domain.engine.inputs.PendingJob`: its attempt, duration, command, saved progress and
     checkpoint interval), the one place every scheduler's placement builds its ``StartWorkload``s."""
