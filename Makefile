@@ -19,10 +19,14 @@ PYTEST_ARGS ?=
 SIM_NODES ?= 8
 BROKERS ?= 1
 
-.PHONY: help venv kafka-jars up down status infra-up lint test test-unit test-integration bench bench-rss chaos chaos-test mutate run clean distclean
+.PHONY: help prereqs venv kafka-jars up down status infra-up lint test test-unit test-integration bench bench-rss chaos chaos-test mutate run clean distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
+
+# System packages the suite needs (redis-server, Java, Maven, chromium, node): installed when missing, as root.
+prereqs:
+	@infra/prereqs.sh
 
 venv: $(VENV)/.installed
 
@@ -69,7 +73,7 @@ lint: venv
 	echo "vulture: no dead code outside tests/"
 
 # pytest exit 5 means "no tests collected": reported, not a failure.
-test: venv lint
+test: prereqs venv lint
 	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 
