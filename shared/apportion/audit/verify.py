@@ -1052,7 +1052,8 @@ def _copy_of(letter: events.DeadLetter) -> events.Event | None:
 
 
 def refused_records(records: Sequence[LogRecord]) -> tuple[list[Refusal], list[Mismatch]]:
-    """The records the services refused (check (f) of the module docstring), one :class:`Refusal` each.
+    """The records the services refused (check (f) of the module docstring; ``D10.node-boundary``), one
+    :class:`Refusal` each.
 
     A dead letter names its record by topic, partition and offset (:func:`apportion.bus.intake.dead_letter`);
     a verdict names the request by its ``event_id`` (``refused_event_id``). The same record refused by

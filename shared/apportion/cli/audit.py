@@ -528,7 +528,8 @@ def _print_refused(rep: Any) -> None:
         table.add_column(col, overflow="fold")
     for f in summary["first"]:
         by = ", ".join(f["by"]) + ("" if f["in_log"] else " (record not read)")
-        table.add_row(f["offset"], f["at"] or "-", f["what"], f["who"], by, f["detail"])
+        at = f["at"][:19].replace("T", " ") if f["at"] else "-"
+        table.add_row(f["offset"], at, f["what"], f["who"], by, f["detail"])
     _out().print(table)
 
 
