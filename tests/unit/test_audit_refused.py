@@ -229,6 +229,33 @@ def test_a_forged_submission_the_dispatcher_rejected_is_a_refused_attack() -> No
     )
 
 
+def test_a_drain_the_dispatcher_rejected_and_the_accounting_dead_lettered_is_one_refusal() -> None:
+    """A node agent's unsigned drain: the dispatcher's verdict and the accounting's dead letter name one record."""
+    log = Log()
+    gate = RequestGate()
+    gate.refusal(None, log.add(registered(N0, T0)).event, {}, to_us(T0))  # type: ignore[arg-type]
+    drain = events.NodeDrainRequested(
+        event_id=events.det_id("drain", "n0"), node_id="n0", reason="x", ts=FORGED_AT, producer="node-agent"
+    )
+    rec = log.add(drain)
+    verdict = gate.refusal(rec.raw, drain, {}, to_us(FORGED_AT + timedelta(seconds=1)))
+    assert isinstance(verdict, events.NodeRequestRefused)
+    log.add(verdict)
+    (letter,) = log.read_by("accounting", FORGED_AT + timedelta(seconds=1))
+    rep = verify(log.records())
+    assert rep.ok, rep.to_dict()
+    (f,) = rep.refused
+    assert (f.offset, f.reason, f.what, f.who, f.by, sorted(f.how)) == (
+        "apportion.nodes:0@0",
+        "unauthenticated",
+        "NodeDrainRequested n0",
+        "node-agent",
+        ["accounting", "dispatcher"],
+        ["dead-lettered", "rejected"],
+    )
+    assert letter.error.startswith("unauthenticated: NodeDrainRequested")
+
+
 @pytest.mark.parametrize(
     "error, kind",
     [

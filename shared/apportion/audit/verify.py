@@ -87,7 +87,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -1051,6 +1051,15 @@ def _copy_of(letter: events.DeadLetter) -> events.Event | None:
         return None
 
 
+#: Requests a verdict of the dispatcher refuses.
+_REQUEST_TYPES = (events.JobSubmitted, events.JobCancelRequested, *NODE_REQUEST_TYPES)
+
+
+def _events_of(records: Iterable[LogRecord], kinds: Any) -> Iterator[Any]:
+    """The events of ``records`` that are of ``kinds``."""
+    return (r.event for r in records if isinstance(r.event, kinds))
+
+
 def refused_records(records: Sequence[LogRecord]) -> tuple[list[Refusal], list[Mismatch]]:
     """The records the services refused (check (f) of the module docstring; ``D10.node-boundary``), one
     :class:`Refusal` each.
@@ -1070,17 +1079,26 @@ def refused_records(records: Sequence[LogRecord]) -> tuple[list[Refusal], list[M
         those of the record at its position.
     """
     letters_topic = topic_name(topics.DEADLETTER)
-    at_pos: dict[tuple[str, int | None, int | None], LogRecord] = {}
-    requests: dict[Any, LogRecord] = {}
+    refusals = [
+        r
+        for r in records
+        if isinstance(r.event, (events.DeadLetter, events.NodeRequestRefused))
+        or (isinstance(r.event, events.JobRejected) and r.event.reason in _FORGERY_REASONS)
+    ]
+    named = {(e.source_topic, e.source_partition, e.source_offset) for e in _events_of(refusals, events.DeadLetter)}
+    asked = {e.refused_event_id for e in _events_of(refusals, (events.JobRejected, events.NodeRequestRefused))}
+    at_pos: dict[tuple[str, int | None, int | None], LogRecord] = {}  # the records the dead letters name
+    requests: dict[Any, LogRecord] = {}  # the requests the verdicts name, by id (the first record of each)
     for r in records:
         if r.topic == letters_topic:
             continue
-        at_pos[(r.topic, r.partition, r.offset)] = r
-        if isinstance(r.event, (events.JobSubmitted, events.JobCancelRequested, *NODE_REQUEST_TYPES)):
+        if (r.topic, r.partition, r.offset) in named:
+            at_pos[(r.topic, r.partition, r.offset)] = r
+        if r.event is not None and r.event.event_id in asked and isinstance(r.event, _REQUEST_TYPES):
             requests.setdefault(r.event.event_id, r)
     found: dict[tuple, Refusal] = {}
     mism: list[Mismatch] = []
-    for r in records:
+    for r in refusals:
         ev = r.event
         if isinstance(ev, events.DeadLetter):
             where: tuple = (ev.source_topic, ev.source_partition, ev.source_offset)
@@ -1092,9 +1110,8 @@ def refused_records(records: Sequence[LogRecord]) -> tuple[list[Refusal], list[M
             claims = _claims(src.event if src is not None else _copy_of(ev))
             offset = f"{ev.source_topic}:{ev.source_partition}@{ev.source_offset}"
             reason, detail, how = refusal_reason(ev.error), ev.error, "dead-lettered"
-        elif isinstance(ev, events.NodeRequestRefused) or (
-            isinstance(ev, events.JobRejected) and ev.reason in _FORGERY_REASONS
-        ):
+        else:
+            assert isinstance(ev, (events.JobRejected, events.NodeRequestRefused))
             src = requests.get(ev.refused_event_id)
             if src is not None:
                 where, offset, claims = (src.topic, src.partition, src.offset), position(src), _claims(src.event)
@@ -1107,8 +1124,6 @@ def refused_records(records: Sequence[LogRecord]) -> tuple[list[Refusal], list[M
                     (f"{ev.request} {subject}", who, None),
                 )
             reason, detail, how = ev.reason.value, ev.message, "rejected"
-        else:
-            continue
         got = found.get(where)
         if got is None:
             what, who, at = claims
