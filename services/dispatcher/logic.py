@@ -22,6 +22,7 @@ from typing import Any
 from apportion.domain.cluster import UNTIL_STARTED
 from apportion.domain.dispatch import DispatchConfig, DispatchState, decide, evolve
 from apportion.domain.engine import PendingReason, reason_dict, run_cycle
+from apportion.domain.engine.reasons import RefusedBackoff
 from apportion.domain.fairshare import FairShareQueue
 from apportion.events import (
     Event,
@@ -157,7 +158,10 @@ def read_model(
     (``kind: facts``, the kind stable for scripts) and ``reason_detail`` its
     fields (:func:`~apportion.domain.engine.reasons.reason_dict`). A job
     that cycle would place gets ``placeable: ...`` (the dispatcher's next
-    cycle places it). With another scheduler than the engine
+    cycle places it). A job backing off after a refused start is left out of
+    that cycle and its order (``position`` ``None``); its reason is
+    :class:`~apportion.domain.engine.reasons.RefusedBackoff` (the node, the
+    refusal, when it may be placed again). With another scheduler than the engine
     (``cfg.scheduler``, the simulator's baselines) reasons are left empty:
     only the engine explains its own decisions.
 
@@ -209,6 +213,9 @@ def read_model(
         if rec.status == "pending":
             row["position"] = position.get(job_id)
             why = reasons.get(job_id)
+            backoff = state.backoff_until(job_id, now_us)
+            if backoff is not None and backoff.not_before_us is not None:
+                why = RefusedBackoff(backoff.node_id, backoff.reason, backoff.refusals, backoff.not_before_us)
             if why is not None:
                 row["reason"] = why.text()
                 row["reason_detail"] = reason_dict(why)

@@ -187,6 +187,9 @@ def dispatch_config(settings: DispatcherSettings) -> DispatchConfig:
         heartbeat_timeout_s=settings.heartbeat_timeout_s if settings.heartbeat_timeout_s > 0 else None,
         producer=settings.producer_name,
         reconcile_misses=settings.reconcile_misses if settings.reconcile_misses > 0 else None,
+        refusal_backoff_s=settings.refusal_backoff_s,
+        refusal_backoff_cap_s=settings.refusal_backoff_cap_s,
+        cordon_after_refusals=settings.cordon_after_refusals if settings.cordon_after_refusals > 0 else None,
     )
 
 

@@ -543,13 +543,29 @@ class JobPreempted(Event):
 
 
 class JobRequeued(Event):
-    """A run ended without finishing; the job waits again as ``attempt``."""
+    """A run ended without finishing; the job waits again as ``attempt``.
+
+    The previous attempt's run ends here in every occupancy reader, at ``refused_at`` when set, else at ``ts``
+    (a replica ends at the earliest end reported for it, so a preemption's or a loss's earlier end stands).
+
+    Attributes:
+        refused_by: the node whose ``WorkloadRefused`` undid the previous attempt's start (rule OCC-REFUSED,
+            ``docs/architecture.md``); ``None`` for any other end.
+        refused_at: that refusal's event time: the run is charged up to it and no further.
+        refusals: starts of this job refused so far, this one included (0 when ``refused_by`` is ``None``).
+        not_before: no cycle places the job before this time (the refusal backoff,
+            :func:`apportion.domain.dispatch.refusal_backoff_s`); ``None``: no backoff.
+    """
 
     type: Literal["JobRequeued"] = "JobRequeued"
     job_id: str
     attempt: int
     submitted_at: datetime
     reason: str
+    refused_by: str | None = None
+    refused_at: datetime | None = None
+    refusals: int = Field(default=0, ge=0)
+    not_before: datetime | None = None
 
 
 class JobCompleted(Event):
@@ -927,6 +943,10 @@ class DispatcherConfigured(Event):
             dispatcher could not read the log before it (its start after a gap in the log's heartbeats,
             or the end of a broker outage it led through), so silence before it proves nothing.
             ``None``: no such grace (and in records written before it existed).
+        refusal_backoff_s, refusal_backoff_cap_s: ``DispatchConfig.refusal_backoff_s`` and its cap, seconds;
+            0 in records written before they existed (those dispatchers placed a refused job again at once).
+        cordon_after_refusals: ``DispatchConfig.cordon_after_refusals``; ``None`` in records written before it
+            existed (those dispatchers never cordoned a refusing node).
     """
 
     type: Literal["DispatcherConfigured"] = "DispatcherConfigured"
@@ -946,6 +966,9 @@ class DispatcherConfigured(Event):
     gang_rule: bool = False
     dispatcher_producer: str = "dispatcher"
     heartbeats_from: datetime | None = None
+    refusal_backoff_s: float = Field(default=0.0, ge=0)
+    refusal_backoff_cap_s: float = Field(default=0.0, ge=0)
+    cordon_after_refusals: int | None = Field(default=None, ge=1)
 
 
 class FairShareRanking(Event):

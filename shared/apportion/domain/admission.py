@@ -40,8 +40,8 @@ signed it, ``not_owner`` for a cancel of another user's job by a principal
 that is not ops. The signature itself is checked by :mod:`apportion.identity`
 (crypto is not domain code); this module gets the principal that signed.
 Ops' requests on a node (:data:`NODE_REQUEST_TYPES`: cordon, drain,
-uncordon) must be signed by a key registered with role ``ops``
-(:func:`authorize_node_request`); the dispatcher answers any other with
+uncordon) must be signed by a key registered with role ``ops``, or, for a
+cordon only, by the dispatcher's (:func:`authorize_node_request`); the dispatcher answers any other with
 ``NodeRequestRefused`` reason ``unauthenticated``
 (:func:`refused_node_request_event`) and folds nothing of it.
 
@@ -357,11 +357,15 @@ def authorize_node_request(
             a bad signature, an unknown or revoked key).
 
     Returns:
-        ``None`` when a key registered with role ``ops`` signed it; else
-        ``unauthenticated``: no signer, a node's or a service's key, or a
-        researcher's key (role ``user``: proven, but not ops).
+        ``None`` when a key registered with role ``ops`` signed it, or for a
+        ``NodeCordoned`` the dispatcher's key (it cordons a node that refused
+        several starts in a row, DESIGN section 3, refused starts; it never
+        drains nor uncordons); else ``unauthenticated``: no signer, a node's or
+        another service's key, or a researcher's key (role ``user``: proven, but not ops).
     """
     what = f"{request.type} of node {request.node_id!r}"
+    if isinstance(request, NodeCordoned) and signer is not None and signer.user == DISPATCHER:
+        return None
     if signer is None:
         return Rejection(
             RejectReason.UNAUTHENTICATED,

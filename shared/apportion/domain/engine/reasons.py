@@ -72,6 +72,7 @@ __all__ = [
     "Patience",
     "PendingReason",
     "ProtectedUntil",
+    "RefusedBackoff",
     "ReservedBy",
     "explain_pending",
     "reason_dict",
@@ -280,8 +281,42 @@ class CheckpointSoon:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class RefusedBackoff:
+    """A node refused the job's latest start: it backs off before a cycle may place it again (DESIGN section 3,
+    refused starts). Not a cycle's judgement: the dispatcher leaves the job out of its cycles until ``until_us``
+    (``domain.dispatch.DispatchState.pending_now``), and says so ahead of anything a cycle would say.
+
+    Attributes:
+        node_id: the node that refused the start; ``refusal``: the requeue's reason (``start refused: <code>``).
+        refusals: starts of the job refused so far.
+        until_us: when the backoff ends and a cycle may place it again, µs UTC.
+    """
+
+    kind: ClassVar[str] = "refused_backoff"
+    node_id: str
+    refusal: str
+    refusals: int
+    until_us: Micros
+
+    def text(self) -> str:
+        """One line for people, ``kind: facts``."""
+        return (
+            f"{self.kind}: node {self.node_id} refused its start ({self.refusal}; {self.refusals} refused so far); "
+            f"it may be placed again from {from_us(self.until_us).isoformat()}"
+        )
+
+
 PendingReason = (
-    BudgetUnknown | NoNodeShape | ReservedBy | NoFreeGpus | BudgetAhead | ProtectedUntil | Patience | CheckpointSoon
+    BudgetUnknown
+    | NoNodeShape
+    | ReservedBy
+    | NoFreeGpus
+    | BudgetAhead
+    | ProtectedUntil
+    | Patience
+    | CheckpointSoon
+    | RefusedBackoff
 )
 """One reason a job is pending (the ``kind`` of each class is stable for scripts)."""
 
