@@ -32,6 +32,7 @@ from apportion.domain.dispatch import (
 )
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.events import Event
+from apportion.report import JobLedger
 from apportion.timeutil import US_PER_S, Micros, from_us
 from services.accounting import logic as accounting
 from services.dispatcher.logic import read_model
@@ -210,6 +211,13 @@ def test_a_refusal_stamped_after_the_decision_ends_the_run_at_the_decision() -> 
     c.feed(refused("j1", "n0", s(80)), s(60))
     assert narrow(ev.JobRequeued, c.log[-1]).refused_at == from_us(s(60))
     assert c.state.ledger.occupancy(AT)[LEAF] == 2 * 60.0
+
+
+def test_the_log_reports_job_hours_end_a_refused_run_at_the_refusal() -> None:
+    # the per-budget report (simulator and log alike): one run, placement (0 s) to refusal (60 s)
+    c = Cluster()
+    allocated_gang_refused(c)
+    assert JobLedger().apply_all(c.log).run_hours(AT) == {LEAF: 60 / 3600}
 
 
 # --------------------------------------------------------------------------- backoff
