@@ -921,7 +921,8 @@ class RequestGate(ReportGate):
 
         if isinstance(ev, NODE_REQUEST_TYPES):
             # position 0 (before any record): the revocations folded with a place count by event time only
-            signer = self.keys.principal(signer_of(raw), to_us(ev.ts), 0 if rebuild else position)
+            # the appended form too: the dispatcher's own cordon (of a node refusing starts) is signed as a decision
+            signer = self.keys.principal(signer_of(raw, appended=True), to_us(ev.ts), 0 if rebuild else position)
             refused = authorize_node_request(ev, signer)
             if refused is None:
                 return None
