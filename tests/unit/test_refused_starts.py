@@ -21,6 +21,7 @@ import pytest
 from apportion import events as ev
 from apportion.audit.config import config_from_event, configured_event
 from apportion.audit.replay import occupancy_at
+from apportion.audit.verify import records_from_events, verify
 from apportion.domain.dispatch import (
     DispatchConfig,
     DispatchState,
@@ -87,6 +88,11 @@ class Cluster:
             self.log.append(inp)
         self.log += out
         return out
+
+    def audit_mismatches(self) -> list[str]:
+        """``audit verify`` of the log, its dispatcher's configuration recorded first: the mismatches it finds."""
+        configured = configured_event(self.cfg, instance="d", fencing_token=None, ts=from_us(T0), producer="dispatcher")
+        return [str(m) for m in verify(records_from_events([configured, *self.log]), config=self.cfg).mismatches]
 
     def placed(self, job: str, attempt: int = 1) -> ev.JobPlaced:
         return next(e for e in of_kind(ev.JobPlaced, self.log) if (e.job_id, e.attempt) == (job, attempt))
@@ -193,6 +199,7 @@ def test_a_refused_start_is_charged_up_to_the_refusal_in_every_reader(
     script(c)
     got = readers(c, AT)
     assert got == dict.fromkeys(got, expected)
+    assert c.audit_mismatches() == []  # the audit re-runs every decision of the log, the undo included
 
 
 def test_the_requeue_records_the_refusal_it_ends_the_run_at() -> None:
@@ -348,26 +355,32 @@ def test_the_refusal_settings_are_recorded_with_the_dispatchers_configuration() 
 
 
 def storm(cfg: DispatchConfig) -> tuple[Cluster, list[Micros]]:
-    """One node that refuses every start at once, one waiting job, the live loop's 0.2 s ticks for 10 minutes."""
+    """One node whose agent refuses every start one tick (0.2 s) after the placement, one waiting unallocated
+    job, and the live loop's 0.2 s ticks for 10 minutes; returns the cluster and the placement times."""
     c = Cluster(cfg=cfg, nodes=("n0",))
     c.feed(submitted("j1", gpus=2, min_runtime_s=0.0), T0)
     attempts: list[Micros] = []
+    answers: list[ev.StartWorkload] = []
     tick = s(0.2) - T0
     for now in range(T0, s(600) + 1, tick):
-        for start in of_kind(ev.StartWorkload, c.feed(Tick(now), now)):
-            attempts.append(now)
+        for start in answers:
             c.feed(refused(start.job_id, start.node_id, now, attempt=start.attempt), now)
+        answers = of_kind(ev.StartWorkload, c.feed(Tick(now), now))
+        attempts += [now for _ in answers]
     return c, attempts
 
 
 def test_a_node_that_always_refuses_gets_attempts_the_backoff_allows_and_is_cordoned() -> None:
-    # cordon after 3: attempts at 0 s, 0 + 30 s, 30 + 60 s; then the node is cordoned and nothing lands there
+    # attempt n+1 is placed at the first tick at or after its refusal (attempt n's time + 0.2 s) plus
+    # 30 s x 2^(n-1): 0, 0.2 + 30, 30.2 + 0.2 + 60 s; the third refusal cordons the node: nothing lands there again
     c, attempts = storm(CFG)
-    assert [(t - T0) / US_PER_S for t in attempts] == [0.0, 30.0, 90.0]
+    assert [(t - T0) / US_PER_S for t in attempts] == [0.0, 30.2, 90.4]
     assert c.state.cluster.nodes["n0"].state == "cordoned"
-    assert c.state.ledger.unallocated(AT)[LEAF] == 0.0  # each run ended the instant it was refused
-    # without the cordon the backoff alone bounds it: 0, 30, 90, 210, 450 s (the next would be 930 s)
+    assert c.state.ledger.unallocated_us(AT)[LEAF] == 3 * 2 * (s(0.2) - T0)  # 2 GPUs x 0.2 s per attempt
+    assert c.audit_mismatches() == []
+    # without the cordon the backoff alone bounds it: 90.4 + 0.2 + 120, + 0.2 + 240 s (the next would be 931 s)
     c, attempts = storm(DispatchConfig(heartbeat_timeout_s=None, cordon_after_refusals=None))
-    assert [(t - T0) / US_PER_S for t in attempts] == [0.0, 30.0, 90.0, 210.0, 450.0]
+    assert [(t - T0) / US_PER_S for t in attempts] == [0.0, 30.2, 90.4, 210.6, 450.8]
     assert c.state.cluster.nodes["n0"].state == "ready"
-    assert narrow(ev.JobRequeued, c.log[-1]).not_before == from_us(s(450 + 480))
+    assert narrow(ev.JobRequeued, c.log[-1]).not_before == from_us(s(451 + 480))
+    assert c.state.ledger.unallocated_us(AT)[LEAF] == 5 * 2 * (s(0.2) - T0)
