@@ -20,6 +20,7 @@ import pytest
 
 from apportion import events as ev
 from apportion.audit.config import config_from_event, configured_event
+from apportion.audit.explain import explain
 from apportion.audit.replay import occupancy_at
 from apportion.audit.verify import records_from_events, verify
 from apportion.domain.dispatch import (
@@ -225,6 +226,18 @@ def test_the_log_reports_job_hours_end_a_refused_run_at_the_refusal() -> None:
     c = Cluster()
     allocated_gang_refused(c)
     assert JobLedger().apply_all(c.log).run_hours(AT) == {LEAF: 60 / 3600}
+
+
+def test_audit_explain_tells_the_refusal_its_charge_and_the_backoff() -> None:
+    c = Cluster()
+    allocated_gang_refused(c)
+    ex = explain(records_from_events(c.log), "j1", CFG)
+    requeued = next(e for e in ex.timeline if e.kind == "JobRequeued")
+    assert requeued.summary == (
+        "requeued as attempt 2 (start refused: gpus_busy), keeping submitted_at 2024-01-01T00:00:00+00:00; "
+        "n1 refused attempt 1, charged until 2024-01-01T00:01:00+00:00; "
+        "refusal 1: not placed before 2024-01-01T00:05:30+00:00"
+    )
 
 
 # --------------------------------------------------------------------------- backoff
