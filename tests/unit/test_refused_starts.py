@@ -24,6 +24,8 @@ from apportion.audit.explain import explain
 from apportion.audit.replay import occupancy_at
 from apportion.audit.verify import records_from_events, verify
 from apportion.domain.dispatch import (
+    NODE_FAULT_REFUSALS,
+    UNDO_ON_REFUSAL,
     DispatchConfig,
     DispatchState,
     Tick,
@@ -304,11 +306,11 @@ def test_other_jobs_are_placed_while_one_backs_off() -> None:
 # --------------------------------------------------------------------------- cordon
 
 
-def _refuse_one_start(c: Cluster, job: str, at: Micros) -> list[Event]:
+def _refuse_one_start(c: Cluster, job: str, at: Micros, code: str = "gpus_busy") -> list[Event]:
     c.feed(submitted(job, gpus=4, at=at), at)
     c.feed(Tick(at), at)
     p = c.placed(job)
-    return c.feed(refused(job, p.placements[0].node_id, at), at)
+    return c.feed(refused(job, p.placements[0].node_id, at, code=code), at)
 
 
 def test_a_node_refusing_three_starts_in_a_row_is_cordoned_with_the_refusal() -> None:
@@ -323,6 +325,21 @@ def test_a_node_refusing_three_starts_in_a_row_is_cordoned_with_the_refusal() ->
     assert c.state.cluster.nodes["n0"].state == "cordoned"
     assert fold(c.log).cluster.nodes["n0"].state == "cordoned"  # a replay agrees
     assert c.feed(Tick(s(600)), s(600)) == []  # nothing lands there any more
+
+
+@pytest.mark.parametrize("code", sorted(UNDO_ON_REFUSAL - NODE_FAULT_REFUSALS))
+def test_refusals_that_are_not_the_nodes_fault_back_off_but_never_cordon(code: str) -> None:
+    # e.g. before_registration: commands queued while the agent restarted, refused at once when it is back
+    c = Cluster(nodes=("n0",))
+    for i in range(4):
+        out = _refuse_one_start(c, f"j{i}", s(i + 1), code=code)
+        assert [e.type for e in out] == ["JobRequeued"]
+        assert narrow(ev.JobRequeued, out[0]).not_before == from_us(s(i + 1 + 30))
+    assert c.state.node_refusals == {} and c.state.cluster.nodes["n0"].state == "ready"
+
+
+def test_the_nodes_faults_are_refusals_that_undo_a_start() -> None:
+    assert NODE_FAULT_REFUSALS == {"gpus_busy", "unknown_gpus"} and NODE_FAULT_REFUSALS <= UNDO_ON_REFUSAL
 
 
 def test_a_start_on_the_node_breaks_the_row() -> None:

@@ -132,6 +132,16 @@ UNDO_ON_REFUSAL = frozenset(
     }
 )
 
+#: ``WorkloadRefused`` codes that say the node cannot run what it was given (its GPUs are held by something else, or
+#: it does not have them): only these count toward cordoning it (``DispatchConfig.cordon_after_refusals``). The
+#: other codes of :data:`UNDO_ON_REFUSAL` are not the node's doing: a command from before its latest registration
+#: (the agent restarted), an expired one, a run it already lost, a token problem, a node it does not host, a job
+#: without workload.
+NODE_FAULT_REFUSALS = frozenset({"gpus_busy", "unknown_gpus"})
+
+#: How the reason of a ``JobRequeued`` that undid a refused start begins; the refusal's code follows.
+REFUSED_START = "start refused: "
+
 #: Kinds of the dispatcher's own events of one instant in the order :func:`decide` makes them: a tick's
 #: maintenance (nodes lost, then their runs lost, then requeues and the other job verdicts), then its
 #: cycle (preemptions and their stops, a drain's end, placements and their starts). Within a kind the
@@ -179,6 +189,7 @@ __all__ = [
     "DEFAULT_REFUSAL_BACKOFF_S",
     "DEFAULT_REFUSAL_BACKOFF_CAP_S",
     "DEFAULT_CORDON_AFTER_REFUSALS",
+    "NODE_FAULT_REFUSALS",
 ]
 
 
@@ -335,8 +346,9 @@ class DispatchState:
             (``DispatcherConfigured.heartbeats_from``, the latest folded; ``None``: no grace). See
             :func:`heartbeat_deadline_us`.
         backoff: job id -> its refused starts and backoff (:class:`Backoff`), while the job is active.
-        node_refusals: node id -> starts it refused in a row (undone by a refused ``JobRequeued``;
-            a ``JobStarted`` of the node or its ``NodeUncordoned`` resets it).
+        node_refusals: node id -> starts it refused in a row for a fault of its own
+            (:data:`NODE_FAULT_REFUSALS`, undone by a refused ``JobRequeued``; a ``JobStarted`` of the
+            node or its ``NodeUncordoned`` resets it).
     """
 
     __slots__ = (
@@ -716,7 +728,8 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         if rec is not None and ev.refused_by is not None:
             until = None if ev.not_before is None else to_us(ev.not_before)
             state.backoff[ev.job_id] = Backoff(ev.refusals, until, ev.refused_by, ev.reason, rec.spec.budget)
-            state.node_refusals[ev.refused_by] = state.node_refusals.get(ev.refused_by, 0) + 1
+            if ev.reason.removeprefix(REFUSED_START) in NODE_FAULT_REFUSALS:
+                state.node_refusals[ev.refused_by] = state.node_refusals.get(ev.refused_by, 0) + 1
         if rec is not None:
             t = to_us(ev.ts)
             sub = to_us(ev.submitted_at)
@@ -1330,9 +1343,9 @@ def undo_refused_start(
       :func:`apportion.domain.occupancy.requeued_end_us`);
     * the job backs off: ``not_before`` is :func:`refusal_backoff_s` of its refusals so far after
       the decision, and no cycle places it before then (:meth:`DispatchState.pending_now`);
-    * a ready node that has now refused ``cordon_after_refusals`` starts in a row
-      (:attr:`DispatchState.node_refusals`) is cordoned: ``NodeCordoned`` by the dispatcher, the
-      refusal as its reason.
+    * a ready node that has now refused ``cordon_after_refusals`` starts in a row for a fault of
+      its own (:data:`NODE_FAULT_REFUSALS`; :attr:`DispatchState.node_refusals`) is cordoned:
+      ``NodeCordoned`` by the dispatcher, the refusal as its reason.
     """
     cfg = config or DispatchConfig()
     code = ev.reason.split(":", 1)[0].strip()
@@ -1352,7 +1365,7 @@ def undo_refused_start(
     prior = state.backoff.get(ev.job_id)
     refusals = (prior.refusals if prior is not None else 0) + 1
     wait_s = refusal_backoff_s(refusals, cfg)
-    requeue = requeue_event(rec, ev.attempt, ts, prod, f"start refused: {code}")
+    requeue = requeue_event(rec, ev.attempt, ts, prod, REFUSED_START + code)
     out.append(
         requeue.model_copy(
             update={
@@ -1366,7 +1379,13 @@ def undo_refused_start(
     in_a_row = state.node_refusals.get(ev.node_id, 0) + 1
     node = state.cluster.nodes.get(ev.node_id)
     limit = cfg.cordon_after_refusals
-    if limit is not None and in_a_row >= limit and node is not None and node.state == "ready":
+    if (
+        limit is not None
+        and code in NODE_FAULT_REFUSALS
+        and in_a_row >= limit
+        and node is not None
+        and node.state == "ready"
+    ):
         out.append(
             NodeCordoned(
                 event_id=det_id("NodeCordoned", ev.node_id, "refused", ev.event_id),
