@@ -570,7 +570,7 @@ def queue(
     The position is the place in the fair-share order a scheduling cycle walks now (pending jobs only;
     `-` for running ones). The pending reason comes from the engine's own cycle (`kind: facts`; kinds
     budget_ahead, reserved_by, protected_until, no_node_shape, no_free_gpus, budget_unknown, patience,
-    checkpoint_soon, placeable);
+    checkpoint_soon, placeable; refused_backoff, from the dispatcher, for a job whose start a node refused);
     `--json` rows also carry `reason_detail`, the reason's fields.
     """
     check_states(state, all_states)
