@@ -309,7 +309,7 @@ class Backoff:
         refusals: starts of the job refused so far.
         not_before_us: no cycle places the job before this time, µs (``None``: no backoff).
         node_id: the node that refused the latest start.
-        reason: that refusal's code (``WorkloadRefused.reason`` before ":").
+        reason: the requeue's reason, :data:`REFUSED_START` and the refusal's code.
         budget: the job's leaf (its pending list).
     """
 
@@ -1319,7 +1319,7 @@ def refusal_backoff_s(refusals: int, config: DispatchConfig | None = None) -> fl
     """Seconds a job waits after its ``refusals``-th refused start (DESIGN section 3, refused starts).
 
     ``refusal_backoff_s x 2^(refusals - 1)``, capped at ``refusal_backoff_cap_s``: with the defaults
-    30 s, 60 s, 120 s, ... 900 s from the fifth refusal on. 0 when the backoff is off or nothing was refused.
+    30 s, 60 s, 120 s, 240 s, 480 s, then 900 s from the sixth refusal on. 0 when the backoff is off or nothing was refused.
     """
     cfg = config or DispatchConfig()
     if refusals <= 0 or cfg.refusal_backoff_s <= 0:
