@@ -549,8 +549,8 @@ class JobRequeued(Event):
     (a replica ends at the earliest end reported for it, so a preemption's or a loss's earlier end stands).
 
     Attributes:
-        refused_by: the node whose ``WorkloadRefused`` undid the previous attempt's start (rule OCC-REFUSED,
-            ``docs/architecture.md``); ``None`` for any other end.
+        refused_by: the node whose ``WorkloadRefused`` undid the previous attempt's start
+            (``D3.refused-starts``); ``None`` for any other end.
         refused_at: that refusal's event time: the run is charged up to it and no further.
         refusals: starts of this job refused so far, this one included (0 when ``refused_by`` is ``None``).
         not_before: no cycle places the job before this time (the refusal backoff,

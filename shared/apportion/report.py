@@ -297,7 +297,7 @@ class JobLedger:
             self._ended(run, t)
 
     def _requeued(self, ev: JobRequeued, t: Micros) -> None:
-        """A requeue ends a run nothing else ended: a refused start, at the refusal (rule OCC-REFUSED)."""
+        """A requeue ends a run nothing else ended: a refused start, at the refusal (``D3.refused-starts``)."""
         key = (ev.job_id, ev.attempt - 1)
         run = self._runs.get(key)
         if run is not None and run.stop is None and run.open:

@@ -1339,7 +1339,7 @@ def undo_refused_start(
     frees the run's GPUs. DESIGN section 3, refused starts:
 
     * the requeue records the refusal (``refused_by``, ``refused_at``): the run's occupancy ends
-      at the refusal's event time in every reader (rule OCC-REFUSED,
+      at the refusal's event time in every reader (``D3.refused-starts``,
       :func:`apportion.domain.occupancy.requeued_end_us`);
     * the job backs off: ``not_before`` is :func:`refusal_backoff_s` of its refusals so far after
       the decision, and no cycle places it before then (:meth:`DispatchState.pending_now`);

@@ -52,7 +52,7 @@ Event semantics (the fold contract):
   replicas), ``JobPreempted``, ``JobCancelled`` (with an ``attempt``).
 * ``JobRequeued`` (attempt a) ends every replica of run ``(job_id, a - 1)``
   still open, at ``refused_at`` when the requeue undid a refused start, else
-  at its ``ts`` (rule OCC-REFUSED, ``docs/architecture.md``). After a
+  at its ``ts`` (``D3.refused-starts``, ``docs/design/README.md``). After a
   preemption or a loss the run already ended earlier, and that end stands;
   after a ``WorkloadRefused`` the requeue is the run's only end, so a refused
   start is charged from its placement up to the refusal's event time and no
@@ -144,7 +144,7 @@ _FOLDED = frozenset(LEDGER_EVENT_TYPES)
 
 
 def requeued_end_us(ev: JobRequeued) -> Micros:
-    """Rule OCC-REFUSED (DESIGN section 3, refused starts): when a requeue ends the previous attempt's run, µs.
+    """``D3.refused-starts`` (DESIGN section 3): when a requeue ends the previous attempt's run, µs.
 
     A start a node refused ends its run at the refusal's event time (``refused_at``), never later: the run is
     charged from its placement up to then and no further. Any other requeue ends the run at its own time, which
