@@ -717,6 +717,9 @@ class StartWorkload(Event):
             A simulated workload with ``progress_s`` set sleeps ``duration_s - progress_s`` event seconds,
             reports ``JobCheckpointed`` at each multiple of the interval it passes, and saves its progress
             on SIGTERM (``docs/checkpoints.md``).
+        user: the job's proven user (the signed submission's ``user``): the node agent runs a process as that
+            user's Unix account (``docs/security.md``, "Node boundary"). ``None``: a record that does not name
+            one; a node agent that isolates jobs refuses to run its process (``no_account``).
     """
 
     type: Literal["StartWorkload"] = "StartWorkload"
@@ -731,6 +734,7 @@ class StartWorkload(Event):
     fencing_token: int | None = None
     progress_s: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
     checkpoint_interval_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    user: str | None = None
 
 
 class StopWorkload(Event):
