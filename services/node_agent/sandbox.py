@@ -275,6 +275,21 @@ class CgroupDriver(Protocol):
         """The existing cgroup ``name`` (an adopted replica's), or ``None``."""
         ...
 
+    def release(self) -> None:
+        """Remove the agent's parent cgroup and its ancestors that are empty (the agent's shutdown)."""
+        ...
+
+
+def _rmdirs(base: Path, parent: str) -> None:
+    """``rmdir`` ``base/parent`` and each of its ancestors below ``base`` until one is not empty."""
+    parts = parent.split("/") if parent else []
+    while parts:
+        try:
+            (base / "/".join(parts)).rmdir()
+        except OSError:
+            return
+        parts.pop()
+
 
 def _write(path: Path, value: str) -> None:
     with open(path, "w") as f:
@@ -416,6 +431,10 @@ class CgroupV1Driver:
         dirs = {c: d for c, d in self._dirs(name).items() if d.is_dir()}
         return CgroupV1(name, dirs) if dirs else None
 
+    def release(self) -> None:
+        for c in self.controllers:
+            _rmdirs(self.root / c, self.parent)
+
 
 class CgroupV2:
     """A replica's cgroup in the unified (v2) hierarchy."""
@@ -506,6 +525,9 @@ class CgroupV2Driver:
     def open(self, name: str) -> CgroupV2 | None:
         path = self.root / self.parent / name
         return CgroupV2(name, path) if path.is_dir() else None
+
+    def release(self) -> None:
+        _rmdirs(self.root, self.parent)
 
 
 def cgroups(root: Path, parent: str, version: str = "auto") -> CgroupDriver | None:

@@ -571,6 +571,8 @@ class NodeAgent:
                 self.state = replace(self.state, running={**self.state.running, k: w})
                 self._signal(w, grace_s)
         await self.idle()
+        if self.sandbox is not None and self.sandbox.driver is not None:
+            self.sandbox.driver.release()
 
     async def idle(self) -> None:
         """Wait until no workload task is left (tests, shutdown)."""
