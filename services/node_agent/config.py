@@ -99,6 +99,8 @@ class NodeAgentSettings(ServiceSettings):
             ordinary process; v1 ``cpu.shares`` = weight * 1024 / 100).
         sandbox_pids_max: most processes and threads in one replica.
         job_path, job_lang: ``PATH`` and ``LANG`` of a process unless its job's ``env`` sets them.
+        idle_after_s: event seconds a running replica's GPUs stay idle (below 1% in every heartbeat's sample)
+            before its heartbeat reports it ``idle`` (``RunningWorkload.idle``).
         gpu_device_files: the device files of a declared (simulated) inventory's GPUs, in index order (NVML
             names a real node's: ``/dev/nvidia<minor>``).
     """
@@ -137,6 +139,7 @@ class NodeAgentSettings(ServiceSettings):
     job_path: str = "/usr/local/bin:/usr/bin:/bin"
     job_lang: str = "C.UTF-8"
     gpu_device_files: list[str] | None = None
+    idle_after_s: float = Field(default=2 * 3600.0, gt=0)
 
     def cgroup_parent_path(self) -> str:
         """The agent's cgroup in force: :attr:`cgroup_parent`, else ``apportion/<topic prefix><agent>`` made safe."""

@@ -1122,29 +1122,86 @@ def simulated_utilisation(seed: int, job_id: str) -> float:
     return 0.0 if u < f else round(40.0 + 60.0 * (u - f) / (1.0 - f), 1)
 
 
+#: GPU utilisation (%) below which a GPU counts as idle in a sample.
+IDLE_UTIL_PCT = 1.0
+
+#: Default event seconds a run's GPUs stay idle before its heartbeat calls it ``idle`` (node setting ``idle_after_s``).
+IDLE_AFTER_S = 2 * 3600.0
+
+
+def sampled_gpus(
+    state: AgentState, node_id: str, gpus: tuple[GpuStatus, ...], sim_util_seed: int | None = None
+) -> tuple[GpuStatus, ...]:
+    """The probe's samples of ``node_id`` as the heartbeat reports them.
+
+    With ``sim_util_seed`` given, on a simulated node, a GPU sample without a utilisation that a simulated
+    workload holds reports :func:`simulated_utilisation` of its job (GPUs held by a process, or by nobody,
+    keep what the probe said).
+    """
+    node = state.nodes.get(node_id)
+    if sim_util_seed is None or node is None or not node.simulated:
+        return gpus
+    held = [state.running[k] for k in state.by_node.get(node_id, ())]
+    util = {g: simulated_utilisation(sim_util_seed, w.job_id) for w in held if w.simulated for g in w.gpus}
+    return tuple(
+        g.model_copy(update={"utilization_pct": util[g.index]}) if g.utilization_pct is None and g.index in util else g
+        for g in gpus
+    )
+
+
+def idle_since(
+    state: AgentState,
+    node_id: str,
+    gpus: tuple[GpuStatus, ...],
+    now: datetime,
+    before: Mapping[RunKey, datetime],
+) -> dict[RunKey, datetime]:
+    """Since when each replica on ``node_id`` has been idle, after the sample ``gpus`` taken at ``now``.
+
+    A replica is idle in a sample when every one of its GPUs reports a utilisation below
+    :data:`IDLE_UTIL_PCT`; it stays idle since its first such sample (``before``, else ``now``). A GPU in use,
+    or of unknown utilisation (no evidence of idleness), ends it: the replica is left out.
+    """
+    util = {g.index: g.utilization_pct for g in gpus}
+    out: dict[RunKey, datetime] = {}
+    for k in state.by_node.get(node_id, ()):
+        us = [util.get(g) for g in state.running[k].gpus]
+        if us and all(u is not None and u < IDLE_UTIL_PCT for u in us):
+            out[k] = before.get(k, now)
+    return out
+
+
 def heartbeat_event(
     state: AgentState,
     node_id: str,
     now: datetime,
     gpus: tuple[GpuStatus, ...] = (),
     sim_util_seed: int | None = None,
+    idle: Mapping[RunKey, datetime] | None = None,
+    idle_after_s: float = IDLE_AFTER_S,
 ) -> NodeHeartbeat:
-    """``NodeHeartbeat`` for ``node_id`` with GPU samples and the replicas running there.
+    """``NodeHeartbeat`` for ``node_id`` with GPU samples (:func:`sampled_gpus`) and the replicas running there.
 
-    With ``sim_util_seed`` given, on a simulated node, a GPU sample without a
-    utilisation that a simulated workload holds reports
-    :func:`simulated_utilisation` of its job (GPUs held by a process, or by
-    nobody, keep what the probe said).
+    Each replica carries the mean utilisation of its GPUs in the sample and, given ``idle`` (from
+    :func:`idle_since`), how long it has been idle (``0.0`` when a GPU of its is in use or unknown) and
+    whether that reached ``idle_after_s``; without ``idle``, neither.
     """
-    held = [state.running[k] for k in sorted(state.by_node.get(node_id, ()))]
-    running = tuple(RunningWorkload(job_id=w.job_id, attempt=w.attempt, replica=w.replica, gpus=w.gpus) for w in held)
-    node = state.nodes.get(node_id)
-    if sim_util_seed is not None and node is not None and node.simulated:
-        util = {g: simulated_utilisation(sim_util_seed, w.job_id) for w in held if w.simulated for g in w.gpus}
-        gpus = tuple(
-            g.model_copy(update={"utilization_pct": util[g.index]})
-            if g.utilization_pct is None and g.index in util
-            else g
-            for g in gpus
+    gpus = sampled_gpus(state, node_id, gpus, sim_util_seed)
+    util = {g.index: g.utilization_pct for g in gpus}
+    running = []
+    for k in sorted(state.by_node.get(node_id, ())):
+        w = state.running[k]
+        known = [u for u in (util.get(g) for g in w.gpus) if u is not None]
+        idle_s = None if idle is None else (now - idle[k]).total_seconds() if k in idle else 0.0
+        running.append(
+            RunningWorkload(
+                job_id=w.job_id,
+                attempt=w.attempt,
+                replica=w.replica,
+                gpus=w.gpus,
+                utilization_pct=round(sum(known) / len(known), 1) if known else None,
+                idle_s=idle_s,
+                idle=idle_s is not None and idle_s >= idle_after_s,
+            )
         )
-    return NodeHeartbeat(ts=now, producer=PRODUCER, node_id=node_id, gpus=gpus, running=running)
+    return NodeHeartbeat(ts=now, producer=PRODUCER, node_id=node_id, gpus=gpus, running=tuple(running))

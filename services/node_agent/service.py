@@ -276,6 +276,7 @@ class NodeAgent:
         require_fenced_lost: ignore a ``NodeLost`` without a fencing token.
         sim_util_seed: seed of the GPU utilisation simulated workloads report
             (:func:`logic.simulated_utilisation`); ``None``: they report none.
+        idle_after_s: event seconds a replica's GPUs stay idle before its heartbeat calls it ``idle``.
         sandbox: how process replicas are isolated (:mod:`services.node_agent.sandbox`: their user's
             account, a cgroup each); ``None``: processes run as the agent, with the clean environment but no
             other fence (tests of other concerns; never on a node that runs other people's code).
@@ -302,8 +303,12 @@ class NodeAgent:
         sim_util_seed: int | None = None,
         dispatcher_key: str | None = None,
         sandbox: Sandbox | None = None,
+        idle_after_s: float = logic.IDLE_AFTER_S,
     ) -> None:
         self.sandbox = sandbox
+        #: event seconds a replica's GPUs stay idle before its heartbeat calls it idle
+        self.idle_after_s = idle_after_s
+        self._idle: dict[RunKey, datetime] = {}
         self._cgroups: dict[RunKey, Cgroup] = {}
         self.sim_util_seed = sim_util_seed
         #: the dispatcher's public key (base64): a NodeLost it did not sign is disregarded; None: not checked
@@ -404,6 +409,7 @@ class NodeAgent:
             sim_util_seed=settings.sim_util_seed,
             dispatcher_key=settings.dispatcher_public_key(),
             sandbox=sandbox_of(settings, [p for _, p in nodes]),
+            idle_after_s=settings.idle_after_s,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -537,11 +543,25 @@ class NodeAgent:
             self.journal.compact()
 
     async def heartbeat(self) -> None:
-        """Publish one heartbeat per hosted node."""
+        """Publish one heartbeat per hosted node: each running replica's GPU utilisation in this sample, and how
+        long its GPUs have been idle (:func:`logic.idle_since`, counted over the heartbeats' samples)."""
         now = self.clock.now()
         for node_id in sorted(self.state.nodes):
-            probe = self._probes[node_id]
-            await self._emit(logic.heartbeat_event(self.state, node_id, now, probe.sample(), self.sim_util_seed))
+            gpus = logic.sampled_gpus(self.state, node_id, self._probes[node_id].sample(), self.sim_util_seed)
+            idle = logic.idle_since(self.state, node_id, gpus, now, self._idle)
+            self._idle = {k: t for k, t in self._idle.items() if k[0] != node_id} | idle
+            hb = logic.heartbeat_event(self.state, node_id, now, gpus, idle=idle, idle_after_s=self.idle_after_s)
+            for r in hb.running:
+                if r.idle:
+                    log.warning(
+                        "%s attempt %d replica %d on %s: GPUs idle for %.0f s",
+                        r.job_id,
+                        r.attempt,
+                        r.replica,
+                        node_id,
+                        r.idle_s,
+                    )
+            await self._emit(hb)
             if "heartbeats" in self._metrics:
                 self._metrics["heartbeats"].inc()
 

@@ -262,12 +262,23 @@ class GpuStatus(_Model):
 
 
 class RunningWorkload(_Model):
-    """A workload replica a node agent reports as running."""
+    """A workload replica a node agent reports as running.
+
+    Attributes:
+        utilization_pct: mean GPU utilisation of its GPUs in the heartbeat's sample (``None``: unknown).
+        idle_s: event seconds every one of its GPUs has been idle (below 1% in each of the agent's samples
+            since then), ``0.0`` when one is busy now, ``None`` when unknown (an older agent, or no sample).
+        idle: ``idle_s`` reached the node's ``idle_after_s`` setting (Beaker's IDLE): the run holds GPUs it
+            does not use.
+    """
 
     job_id: str
     attempt: int
     replica: int
     gpus: tuple[int, ...]
+    utilization_pct: float | None = None
+    idle_s: float | None = None
+    idle: bool = False
 
 
 class BudgetUsage(_Model):
