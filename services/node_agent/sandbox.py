@@ -122,7 +122,8 @@ def own_dir(path: str, account: Account | None) -> None:
 
 def protect(path: Path | str | None, dir_mode: int = 0o700) -> None:
     """Take every permission of group and others from ``path`` (a file: 0600 at most; a directory: ``dir_mode``,
-    and each file directly in it 0600 at most). Missing: nothing to do."""
+    and each file directly in it 0600 at most). Missing: nothing to do. A file that cannot be changed (a
+    read-only mount, as a container's secrets are) is left as it is, with a warning when others can read it."""
     if path is None:
         return
     p = Path(path)
@@ -132,14 +133,18 @@ def protect(path: Path | str | None, dir_mode: int = 0o700) -> None:
         return
     if stat.S_ISLNK(st.st_mode):
         return
+    targets = [(p, dir_mode if stat.S_ISDIR(st.st_mode) else stat.S_IMODE(st.st_mode) & 0o700)]
     if stat.S_ISDIR(st.st_mode):
-        p.chmod(dir_mode)
         for child in p.iterdir():
             cst = child.lstat()
             if stat.S_ISREG(cst.st_mode):
-                child.chmod(stat.S_IMODE(cst.st_mode) & 0o700)
-    else:
-        p.chmod(stat.S_IMODE(st.st_mode) & 0o700)
+                targets.append((child, stat.S_IMODE(cst.st_mode) & 0o700))
+    for target, mode in targets:
+        try:
+            target.chmod(mode)
+        except OSError as exc:
+            if target.stat().st_mode & 0o007:
+                log.warning("%s stays readable by others (%s): job accounts may read it", target, exc.strerror)
 
 
 def protect_agent_files(

@@ -158,9 +158,14 @@ def sandbox_of(settings: NodeAgentSettings, probes: list[GpuProbe]) -> Sandbox |
         return None
     account_map = Accounts.read_map(settings.account_map_file) if settings.account_map_file else {}
     accounts = Accounts(account_map)
-    if accounts.agent_uid != 0:
-        log.error("the agent is not root: it cannot run jobs as their users, so it refuses every process start")
     driver = None
+    if accounts.agent_uid != 0:
+        log.log(
+            logging.WARNING if settings.sim_nodes else logging.ERROR,
+            "the agent is not root: it cannot run jobs as their users, so it refuses every process start "
+            "(simulated workloads are unaffected)",
+        )
+        return Sandbox(accounts, None)
     try:
         driver = cgroups(settings.cgroup_root, settings.cgroup_parent_path(), settings.cgroup_version)
     except OSError as exc:
