@@ -314,6 +314,7 @@ class NodeAgent:
         #: event seconds a replica's GPUs stay idle before its heartbeat calls it idle
         self.idle_after_s = idle_after_s
         self._idle: dict[RunKey, datetime] = {}
+        self._idle_logged: set[RunKey] = set()
         self._cgroups: dict[RunKey, Cgroup] = {}
         self.sim_util_seed = sim_util_seed
         #: the dispatcher's public key (base64): a NodeLost it did not sign is disregarded; None: not checked
@@ -557,15 +558,12 @@ class NodeAgent:
             self._idle = {k: t for k, t in self._idle.items() if k[0] != node_id} | idle
             hb = logic.heartbeat_event(self.state, node_id, now, gpus, idle=idle, idle_after_s=self.idle_after_s)
             for r in hb.running:
-                if r.idle:
-                    log.warning(
-                        "%s attempt %d replica %d on %s: GPUs idle for %.0f s",
-                        r.job_id,
-                        r.attempt,
-                        r.replica,
-                        node_id,
-                        r.idle_s,
-                    )
+                key = (node_id, r.job_id, r.attempt, r.replica)
+                if r.idle and (key not in self._idle_logged):  # once per idle spell, not at every heartbeat
+                    log.info("%s attempt %d replica %d on %s: GPUs idle for %.0f s", *key[1:], node_id, r.idle_s)
+            self._idle_logged = {k for k in self._idle_logged if k[0] != node_id} | {
+                (node_id, r.job_id, r.attempt, r.replica) for r in hb.running if r.idle
+            }
             await self._emit(hb)
             if "heartbeats" in self._metrics:
                 self._metrics["heartbeats"].inc()
