@@ -26,6 +26,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -68,8 +69,6 @@ def check_utilisation(probe: GpuProbe) -> tuple[str, str]:
     rows = []
     for i in range(3):
         if i:
-            import time
-
             time.sleep(0.5)  # samples spread over a second: NVML averages utilisation over its own window
         rows.append(probe.sample())
     missing = [g.index for row in rows for g in row if not g.healthy or g.utilization_pct is None]
