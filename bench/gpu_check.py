@@ -9,8 +9,7 @@ Checks, each printed as ``PASS <check>: ...``, ``FAIL <check>: ...`` or ``SKIP <
 * ``device isolation``: a child placed in a replica cgroup that allows GPU 0 (the agent's own rules:
   :func:`services.node_agent.sandbox.device_rules`) opens ``/dev/nvidia0``, and one allowing only GPU 0 gets
   EPERM on the second GPU's file (on a one-GPU node: one allowing no GPU gets EPERM on ``/dev/nvidia0``);
-  needs root and the v1 devices controller (on cgroup v2 the agent does not filter devices, which the line
-  says);
+  needs root; v1 devices controller or a v2 BPF device program, whichever the node has;
 * ``idle report``: the agent, on the real probe, runs a replica on GPU 0 that does no GPU work; its heartbeat
   after ``idle_after_s`` calls it idle exactly when NVML reported GPU 0 below 1% in both samples.
 
@@ -89,11 +88,11 @@ def check_isolation(inv: Inventory) -> tuple[str, str]:
     driver = cgroups(Path("/sys/fs/cgroup"), f"apportion-gpu-check/{os.getpid()}")
     if driver is None:
         return "FAIL", "no cgroup hierarchy under /sys/fs/cgroup"
-    if driver.version == 2:
+    if not driver.filters_devices:
         driver.release()
-        return "SKIP", (
-            "cgroup v2: the agent does not filter devices on v2; fence GPUs with the NVIDIA container runtime "
-            "or systemd DevicePolicy=closed"
+        return "FAIL", (
+            f"cgroup v{driver.version}: the agent cannot filter devices here (no devices controller, or the "
+            "kernel refused its BPF program): fence GPUs with the NVIDIA container runtime or systemd DevicePolicy"
         )
     try:
         own = _open_in_cgroup(driver, "gpu0", files[:1], files[0])

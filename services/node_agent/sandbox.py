@@ -11,8 +11,9 @@ each process replica the agent:
 * creates its checkpoint and output directories owned by that account, mode 0700 (:func:`own_dir`);
 * creates its cgroup (:class:`CgroupV1` where the node mounts the v1 controllers, :class:`CgroupV2` on a
   pure v2 hierarchy: :func:`cgroups`) with a memory limit, CPU weight and process limit from the node
-  settings (:class:`Limits`) and, on v1, device access to its own GPUs' device files, the shared NVIDIA
-  control devices present and the usual pseudo devices only (:func:`device_rules`);
+  settings (:class:`Limits`) and device access to its own GPUs' device files, the shared NVIDIA control
+  devices present and the usual pseudo devices only (:func:`device_rules`: v1 ``devices.allow``, v2 a BPF
+  program, :mod:`services.node_agent.devfilter`);
 * places the child in that cgroup, then drops to the account (supplementary groups, gid, uid; umask 077),
   in the child between fork and exec (:func:`child_setup`), inside a new session;
 * on a stop signals every process of the cgroup, and when the replica ends kills whatever is left of it
@@ -22,9 +23,8 @@ each process replica the agent:
 The agent's own files (node keys, the Kafka password file, the keyring, the stack.env, its state
 directory and journal) are made unreadable to others when it starts (:func:`protect_agent_files`).
 
-v2 device filtering needs a BPF program attached to the cgroup, which the agent does not load: on a pure
-v2 node, fence the devices with the NVIDIA container runtime or systemd's ``DevicePolicy=closed`` (the
-driver says so once in the log).
+Where the kernel refuses a v2 device program (no BPF, no privilege) the agent says so at start: fence the
+devices with the NVIDIA container runtime or systemd's ``DevicePolicy=closed`` there.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from services.node_agent import devfilter
 from services.node_agent.logic import Account, RunKey, job_dir_name
 
 log = logging.getLogger("apportion.node_agent")
@@ -271,6 +272,8 @@ class CgroupDriver(Protocol):
     """Makes replica cgroups under the agent's parent cgroup."""
 
     version: int
+    #: whether :meth:`create` fences devices (v1: the devices controller is mounted; v2: a BPF program loads)
+    filters_devices: bool
 
     def create(self, name: str, limits: Limits, devices: Sequence[str]) -> Cgroup:
         """A new (or the existing) cgroup ``name`` with ``limits`` and device rules."""
@@ -408,6 +411,7 @@ class CgroupV1Driver:
         self.root = root
         self.parent = parent.strip("/")
         self.controllers = tuple(c for c in self.CONTROLLERS if (root / c / "cgroup.procs").exists())
+        self.filters_devices = "devices" in self.controllers
 
     def _dirs(self, name: str) -> dict[str, Path]:
         return {c: self.root / c / self.parent / name for c in self.controllers}
@@ -485,8 +489,9 @@ class CgroupV2Driver:
     """Replica cgroups ``<root>/<parent>/<name>`` in a unified (v2) hierarchy.
 
     The memory, cpu and pids controllers the hierarchy offers are enabled down to the agent's parent; a
-    limit whose controller is missing is not enforced (said once in the log). Devices are not filtered
-    (module docstring).
+    limit whose controller is missing is not enforced (said once in the log). Devices are filtered by a BPF
+    program attached to each replica's cgroup (:mod:`services.node_agent.devfilter`); where the kernel
+    refuses to load one (no BPF, no privilege) they are not, which the log says at start.
     """
 
     version = 2
@@ -498,12 +503,19 @@ class CgroupV2Driver:
         offered = set((root / "cgroup.controllers").read_text().split())
         self.controllers = tuple(c for c in self.WANTED if c in offered)
         missing = [c for c in self.WANTED if c not in offered]
-        log.warning(
-            "cgroup v2 at %s: device access is not filtered by the agent (fence GPUs with the NVIDIA container "
-            "runtime or systemd DevicePolicy=closed)%s",
-            root,
-            f"; no {', '.join(missing)} controller: those limits are not enforced" if missing else "",
-        )
+        if missing:
+            log.warning("cgroup v2 at %s: no %s controller: those limits are not enforced", root, ", ".join(missing))
+        try:
+            os.close(devfilter.load(BASE_DEVICE_RULES))
+            self.filters_devices = True
+        except OSError as exc:
+            self.filters_devices = False
+            log.error(
+                "cgroup v2 at %s: cannot load a BPF device filter (%s): device access is not filtered (fence GPUs "
+                "with the NVIDIA container runtime or systemd DevicePolicy=closed)",
+                root,
+                exc,
+            )
         enable = " ".join(f"+{c}" for c in self.controllers)
         path = root
         for part in self.parent.split("/") if self.parent else []:
@@ -525,6 +537,8 @@ class CgroupV2Driver:
             _write(path / "cpu.weight", str(limits.cpu_weight))
         if "pids" in self.controllers and limits.pids_max is not None:
             _write(path / "pids.max", str(limits.pids_max))
+        if self.filters_devices:
+            devfilter.attach(str(path), devices)
         return CgroupV2(name, path)
 
     def open(self, name: str) -> CgroupV2 | None:

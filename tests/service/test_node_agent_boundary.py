@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import signal
+import struct
 import subprocess
 import uuid
 from datetime import UTC, datetime
@@ -27,9 +28,9 @@ from prometheus_client import CollectorRegistry
 from apportion.clock import ManualClock
 from apportion.events import JobCompleted, JobFailed, JobStarted, StartWorkload, StopWorkload, WorkloadRefused
 from apportion.metrics import node_agent_metrics
-from services.node_agent import logic
+from services.node_agent import devfilter, logic
 from services.node_agent.config import NodeAgentSettings
-from services.node_agent.sandbox import Accounts, Limits, cgroup_name, cgroups, child_setup
+from services.node_agent.sandbox import Accounts, Limits, cgroup_name, cgroups, child_setup, device_rules
 from services.node_agent.service import NodeAgent, SignedSender, hosted_nodes
 from tests.node_boundary import ALICE, EVE, PROBE, job_accounts, make_fake_gpus, running, shared_dir, write_script
 from tests.service.test_node_agent_checkpoints import WAIT_S, until
@@ -287,19 +288,34 @@ def test_limits_per_gpu():
     assert Limits.per_gpu(8, None, 2_000, None).cpu_weight == 10_000  # v2's maximum
 
 
-async def test_the_v2_driver_places_kills_and_removes_on_a_unified_hierarchy():
-    """On the unified hierarchy (pure v2 at /sys/fs/cgroup, or the v2 mount beside v1): a process placed in
-    a replica's cgroup and its child in a session of its own are both killed by ``cgroup.kill``, then the
+async def test_the_v2_driver_fences_devices_places_kills_and_removes_on_a_unified_hierarchy(shared_dir):
+    """On the unified hierarchy (pure v2 at /sys/fs/cgroup, or the v2 mount beside v1 on the CI machines): the
+    replica's BPF device program lets its GPU through (ENXIO: no driver here) and refuses another (EPERM) and
+    /dev/zero (not in the rules); ``cgroup.kill`` kills the process and its child in a session of its own; the
     cgroup is removed."""
     root = CGROUPS if (CGROUPS / "cgroup.controllers").exists() else CGROUPS / "unified"
     assert (root / "cgroup.controllers").exists(), "no cgroup v2 hierarchy on this machine"
+    gpus = make_fake_gpus(shared_dir / "dev", 2)
     parent = f"apportion-test/{uuid.uuid4().hex[:12]}"
     driver = cgroups(root, parent, "2")
-    assert driver is not None and driver.version == 2
-    cg = driver.create(cgroup_name(("n1", "j", 1, 0)), Limits(pids_max=64), ())
-    code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\ntime.sleep(60)\n"
-    proc = subprocess.Popen(["python3", "-c", code], preexec_fn=child_setup(cg.procs_files(), None))
+    assert driver is not None and (driver.version, driver.filters_devices) == (2, True)
+    rules = tuple(r for r in device_rules(gpus[:1], ()) if r != "c 1:5 rwm")  # /dev/zero left out, to be refused
+    cg = driver.create(cgroup_name(("n1", "j", 1, 0)), Limits(pids_max=64), rules)
+    opener = (
+        "import errno, os, sys, time\n"
+        "for p in sys.argv[1:]:\n"
+        "    try:\n"
+        "        os.close(os.open(p, os.O_RDONLY)); print(p, 'ok', flush=True)\n"
+        "    except OSError as e:\n"
+        "        print(p, errno.errorcode[e.errno], flush=True)\n"
+        "if os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\ntime.sleep(60)\n"
+    )
+    argv = ["python3", "-c", opener, gpus[0], gpus[1], "/dev/zero", "/dev/null"]
+    proc = subprocess.Popen(argv, preexec_fn=child_setup(cg.procs_files(), None), stdout=subprocess.PIPE, text=True)
     try:
+        assert proc.stdout is not None
+        lines = [await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), WAIT_S) for _ in range(4)]
+        assert lines == [f"{gpus[0]} ENXIO\n", f"{gpus[1]} EPERM\n", "/dev/zero EPERM\n", "/dev/null ok\n"]
         await until(lambda: len(cg.pids()) == 2, "the child's fork")
         assert proc.pid in cg.pids()
         cg.kill()
@@ -309,3 +325,33 @@ async def test_the_v2_driver_places_kills_and_removes_on_a_unified_hierarchy():
         proc.kill()
         driver.release()
     assert not (root / parent).exists()
+
+
+DEVICE_RULES = [
+    # id, rule, (type, major, minor, access): type 1 block, 2 char; access 1 mknod, 2 read, 4 write
+    ("one char device", "c 195:0 rwm", (2, 195, 0, 7)),
+    ("any block device, mknod only", "b *:* m", (1, None, None, 1)),
+    ("every minor of a major, read", "c 136:* r", (2, 136, None, 2)),
+    ("everything", "a", (None, None, None, 7)),
+]
+
+
+@pytest.mark.parametrize("case_id,rule,parsed", DEVICE_RULES, ids=[c[0] for c in DEVICE_RULES])
+def test_device_rules_parse(case_id, rule, parsed):
+    assert devfilter.parse(rule) == parsed
+
+
+@pytest.mark.parametrize("bad", ["", "x 1:3 rwm", "c 1:3", "c 13 rwm", "c 1:3 rwx"])
+def test_a_bad_device_rule_is_an_error(bad):
+    with pytest.raises(ValueError, match="not a device rule"):
+        devfilter.parse(bad)
+
+
+def test_the_device_program_has_one_block_per_rule():
+    """6 loads and shifts; ``c 195:0 rwm``: type, major, minor tests and ``r0 = 1; exit`` (5); ``c *:* m``:
+    the type test, 3 for the access and the return (6); ``r0 = 0; exit`` (2): 19 instructions of 8 bytes.
+    Each test jumps past the rest of its block: the first block's type test by 4."""
+    code = devfilter.program(["c 195:0 rwm", "c *:* m"])
+    assert len(code) == 19 * 8
+    opcode, regs, off, imm = struct.unpack("<BBhi", code[6 * 8 : 7 * 8])
+    assert (opcode, regs, off, imm) == (0x55, 2, 4, 2)  # if r2 != 2 (char) skip the 4 left of this block
