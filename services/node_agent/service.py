@@ -677,7 +677,11 @@ class NodeAgent:
         async with self._lock:
             now = self.clock.now()
             if isinstance(event, StartWorkload):
-                account = self.sandbox.accounts.resolve(event.user) if self.sandbox is not None else None
+                account = (  # a start without a command runs no process: no account to find
+                    self.sandbox.accounts.resolve(event.user)
+                    if self.sandbox is not None and event.command is not None
+                    else None
+                )
                 action = logic.decide_start(self.state, event, now, account)
             else:
                 action = logic.decide_stop(self.state, event, now)
@@ -809,6 +813,8 @@ class NodeAgent:
             env = w.process_env(box.job_path, box.job_lang) if box is not None else w.process_env()
             cgroup: Cgroup | None = None
             try:
+                if box is not None and w.account is None:  # never the agent's account (rule 10a decides first)
+                    raise OSError("no account to run it as")
                 outputs = _open_outputs(w.files, w.account)
                 try:
                     if w.files is not None:
