@@ -158,7 +158,15 @@ async def test_a_job_runs_as_its_user_with_none_of_the_agents_variables_files_gp
     """Alice's job on GPU 0 probes everything the agent holds: every attempt is refused by the kernel."""
     probe = write_script(node.base, "probe.py", PROBE)
     alice = job_accounts[ALICE]
-    targets = [node.gpus[0], node.gpus[1], str(node.node_key), str(node.password), str(node.agent.journal.path)]
+    environ = f"/proc/{os.getpid()}/environ"  # the agent's environment through /proc
+    targets = [
+        node.gpus[0],
+        node.gpus[1],
+        str(node.node_key),
+        str(node.password),
+        str(node.agent.journal.path),
+        environ,
+    ]
     env = {"PROBE_OPEN": ":".join(targets), "PROBE_PID": str(os.getpid()), "PROBE_LIST": str(node.base / "state")}
     await node.agent.on_event(node.start("j-alice", ALICE, ("python3", str(probe)), env=env))
     assert isinstance(await node.ended("j-alice"), JobCompleted)
@@ -176,6 +184,7 @@ async def test_a_job_runs_as_its_user_with_none_of_the_agents_variables_files_gp
         str(node.node_key): "EACCES",
         str(node.password): "EACCES",
         str(node.agent.journal.path): "EACCES",
+        environ: "EACCES",
     }
     assert r["list"] == {str(node.base / "state"): "EACCES"}  # the agent's state directory: 0711
     assert r["kill"] == "EPERM"  # cannot signal the agent
