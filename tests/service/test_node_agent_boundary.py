@@ -332,6 +332,8 @@ async def test_the_v2_driver_fences_devices_places_kills_and_removes_on_a_unifie
         assert cg.remove() and not (root / parent / cg.name).exists()
     finally:
         proc.kill()
+        cg.kill()
+        cg.remove()
         driver.release()
     assert not (root / parent).exists()
 
