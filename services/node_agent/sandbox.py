@@ -362,8 +362,10 @@ class CgroupV1:
         _kill_each(self.pids(), sig)
 
     def kill(self) -> None:
-        """Freeze (no fork can escape), SIGKILL every process, thaw (they die)."""
+        """Freeze (no fork can escape), SIGKILL every process, thaw (they die). Removed already: nothing to do."""
         freezer = self.dirs.get("freezer")
+        if freezer is not None and not freezer.is_dir():
+            return
         if freezer is not None:
             _write(freezer / "freezer.state", "FROZEN")
             _wait_for(lambda: (freezer / "freezer.state").read_text().strip() == "FROZEN", 2.0)
@@ -462,7 +464,9 @@ class CgroupV2:
         _kill_each(self.pids(), sig)
 
     def kill(self) -> None:
-        """``cgroup.kill`` (Linux 5.14+); else freeze, SIGKILL each, thaw."""
+        """``cgroup.kill`` (Linux 5.14+); else freeze, SIGKILL each, thaw. Removed already: nothing to do."""
+        if not self.path.is_dir():
+            return
         if (self.path / "cgroup.kill").exists():
             _write(self.path / "cgroup.kill", "1")
             return
