@@ -373,13 +373,13 @@ class NodeAgent:
             clock: event-time source.
             metrics: :func:`apportion.metrics.node_agent_metrics`.
         """
+        journal = Journal(settings.journal_path())  # makes the state directory, which is protected next
         protect_agent_files(
             agent_secrets(settings),
             settings.data_dir(),
             [settings.checkpoint_root_path(), settings.job_log_path()],
             settings.journal_path(),
         )
-        journal = Journal(settings.journal_path())
         log.info("journal %s", journal.path or "in memory only (a restart cannot adopt runs)")
         checkpoint_root, job_log_dir = settings.checkpoint_root_path(), settings.job_log_path()
         log.info(
