@@ -57,6 +57,7 @@ the agent's stop is not the workload's failure).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
@@ -1105,9 +1106,18 @@ def _open_outputs(
 
 
 def _open_owned(path: str, account: logic.Account | None) -> BinaryIO:
-    """``path`` opened to append (mode 0600, no link followed), owned by ``account`` when given."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    """``path`` opened to append (mode 0600), owned by ``account`` when given.
+
+    The directory is the job's: a link, a FIFO or a device a job planted at the name of a later attempt's
+    output is refused (``OSError``, a spawn failure), never followed or waited on (a FIFO without a reader
+    would block the agent).
+    """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        os.set_blocking(fd, True)
         if account is not None:
             os.fchown(fd, account.uid, account.gid)
         return os.fdopen(fd, "ab")

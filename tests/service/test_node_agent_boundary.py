@@ -213,6 +213,20 @@ async def test_a_job_cannot_read_another_users_checkpoint_directory(node, job_ac
     )
 
 
+async def test_a_fifo_planted_at_the_next_attempts_output_is_refused_without_blocking_the_agent(node):
+    """Attempt 1 makes its next attempt's stdout a FIFO (its output directory is its own): attempt 2 is a spawn
+    failure at once, and the agent goes on (a blocking open would have hung it)."""
+    out_dir = node.base / "state" / "job-logs" / "j-fifo"
+    plant = "import os, sys\nos.mkfifo(os.path.join(sys.argv[1], 'attempt-2.replica-0.out'))\n"
+    script = write_script(node.base, "plant.py", plant)
+    await node.agent.on_event(node.start("j-fifo", ALICE, ("python3", str(script), str(out_dir))))
+    assert isinstance(await node.ended("j-fifo"), JobCompleted)
+    second = node.start("j-fifo", ALICE, ("true",)).model_copy(update={"attempt": 2})
+    await asyncio.wait_for(node.agent.on_event(second), WAIT_S)
+    (failed,) = [e for e in node.producer.of(JobFailed) if e.attempt == 2]
+    assert failed.reason == f"spawn failed: [Errno 6] No such device or address: '{out_dir}/attempt-2.replica-0.out'"
+
+
 DOUBLE_FORK = r"""
 import os, signal, time
 if os.fork() == 0:
