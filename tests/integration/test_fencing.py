@@ -32,7 +32,7 @@ import pytest
 
 from apportion.bus.security import redis_auth
 from apportion.settings import topic_name
-from tests.node_boundary import ALICE, job_accounts, shared_dir, write_script
+from tests.node_boundary import ALICE, job_accounts, running, shared_dir, write_script
 
 __all__ = ["job_accounts", "shared_dir"]  # fixtures used by name
 
@@ -301,14 +301,6 @@ def test_the_log_floor_counts_only_tokens_the_dispatchers_registered_key_signed(
 WAITER = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\n"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 async def test_agent_killed_and_restarted_inside_the_heartbeat_timeout_loses_no_run(
     kafka_bootstrap, monkeypatch, tmp_path, job_accounts, shared_dir
 ):
@@ -380,10 +372,10 @@ async def test_agent_killed_and_restarted_inside_the_heartbeat_timeout_loses_no_
         agent.wait(10)
         os.killpg(dies_pid, signal.SIGKILL)  # this one dies while its agent is down
         end = time.monotonic() + DEADLINE_S
-        while _alive(dies_pid):
+        while running(dies_pid):
             assert time.monotonic() < end, "the process did not die"
             await asyncio.sleep(0.05)
-        assert _alive(keep_pid)
+        assert running(keep_pid)
 
         restarted_at = time.monotonic()
         again = spawn()
@@ -423,7 +415,7 @@ async def test_agent_killed_and_restarted_inside_the_heartbeat_timeout_loses_no_
         )
         assert of(evs, "JobFailed", "keep")[0].reason == "stopped"
         end = time.monotonic() + DEADLINE_S
-        while _alive(keep_pid):
+        while running(keep_pid):
             assert time.monotonic() < end, "the adopted process was not stopped"
             await asyncio.sleep(0.05)
         reg2 = regs(await asyncio.to_thread(_log, kafka_bootstrap, [topic_name(NODES)]))[1]
@@ -448,7 +440,7 @@ async def test_agent_killed_and_restarted_inside_the_heartbeat_timeout_loses_no_
                 p.terminate()
                 p.wait(20)
         for pid in (locals().get("keep_pid"), locals().get("dies_pid")):
-            if pid and _alive(pid):
+            if pid and running(pid):
                 os.killpg(pid, signal.SIGKILL)
         producer.close()
         logf.close()
