@@ -30,7 +30,7 @@ from apportion.events import JobCompleted, JobFailed, JobStarted, StartWorkload,
 from apportion.metrics import node_agent_metrics
 from services.node_agent import devfilter, logic
 from services.node_agent.config import NodeAgentSettings
-from services.node_agent.sandbox import Accounts, Limits, cgroup_name, cgroups, child_setup, device_rules
+from services.node_agent.sandbox import Accounts, Limits, cgroup_name, cgroups, child_setup, device_rules, protect
 from services.node_agent.service import NodeAgent, SignedSender, hosted_nodes
 from tests.node_boundary import ALICE, EVE, PROBE, job_accounts, make_fake_gpus, running, shared_dir, write_script
 from tests.service.test_node_agent_checkpoints import WAIT_S, until
@@ -380,3 +380,18 @@ def test_the_device_program_has_one_block_per_rule():
     assert len(code) == 19 * 8
     opcode, regs, off, imm = struct.unpack("<BBhi", code[6 * 8 : 7 * 8])
     assert (opcode, regs, off, imm) == (0x55, 2, 4, 2)  # if r2 != 2 (char) skip the 4 left of this block
+
+
+def test_a_secret_the_agent_cannot_change_is_left_with_a_warning(shared_dir, caplog):
+    """A read-only secret (as a container's mounted secrets are; here an immutable file) does not stop the agent:
+    it is left as it is, and the log says that job accounts may read it."""
+    secret = shared_dir / "kafka.password"
+    secret.write_text("hunter2")
+    secret.chmod(0o644)
+    subprocess.run(["chattr", "+i", str(secret)], check=True)
+    try:
+        protect(secret)
+        assert secret.stat().st_mode & 0o777 == 0o644
+        assert f"{secret} stays readable by others (Operation not permitted): job accounts may read it" in caplog.text
+    finally:
+        subprocess.run(["chattr", "-i", str(secret)], check=True)
