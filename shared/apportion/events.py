@@ -262,12 +262,23 @@ class GpuStatus(_Model):
 
 
 class RunningWorkload(_Model):
-    """A workload replica a node agent reports as running."""
+    """A workload replica a node agent reports as running.
+
+    Attributes:
+        utilization_pct: mean GPU utilisation of its GPUs in the heartbeat's sample (``None``: unknown).
+        idle_s: event seconds every one of its GPUs has been idle (below 1% in each of the agent's samples
+            since then), ``0.0`` when one is busy now, ``None`` when unknown (an older agent, or no sample).
+        idle: ``idle_s`` reached the node's ``idle_after_s`` setting (Beaker's IDLE): the run holds GPUs it
+            does not use.
+    """
 
     job_id: str
     attempt: int
     replica: int
     gpus: tuple[int, ...]
+    utilization_pct: float | None = None
+    idle_s: float | None = None
+    idle: bool = False
 
 
 class BudgetUsage(_Model):
@@ -733,6 +744,9 @@ class StartWorkload(Event):
             A simulated workload with ``progress_s`` set sleeps ``duration_s - progress_s`` event seconds,
             reports ``JobCheckpointed`` at each multiple of the interval it passes, and saves its progress
             on SIGTERM (``docs/checkpoints.md``).
+        user: the job's proven user (the signed submission's ``user``): the node agent runs a process as that
+            user's Unix account (``docs/security.md``, "Node boundary"). ``None``: a record that does not name
+            one; a node agent that isolates jobs refuses to run its process (``no_account``).
     """
 
     type: Literal["StartWorkload"] = "StartWorkload"
@@ -747,6 +761,7 @@ class StartWorkload(Event):
     fencing_token: int | None = None
     progress_s: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
     checkpoint_interval_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    user: str | None = None
 
 
 class StopWorkload(Event):
