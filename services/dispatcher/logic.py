@@ -102,7 +102,16 @@ def resend_starts(state: DispatchState, now_us: Micros, cfg: DispatchConfig) -> 
         missing = [r for r in sorted(run.open_replicas) if r not in run.started_replicas]
         if missing:
             starts = start_events(
-                key[0], key[1], run.placements, ts, rec.spec.duration_s, rec.spec.command, cfg.producer
+                key[0],
+                key[1],
+                run.placements,
+                ts,
+                rec.spec.duration_s,
+                rec.spec.command,
+                cfg.producer,
+                progress_s=run.resumed_from_s,
+                checkpoint_interval_s=rec.spec.checkpoint_interval_s,
+                user=rec.spec.user,
             )
             out += [starts[r] for r in missing]
     return out

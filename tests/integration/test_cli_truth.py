@@ -11,6 +11,7 @@ file, then `stack down`, and checks that no process it started is left.
 from __future__ import annotations
 
 import json
+import pwd
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 
 from apportion.settings import topic_name
 from tests.narrowing import narrow
+from tests.node_boundary import ALICE, job_accounts  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -416,12 +418,13 @@ def test_cancel_of_a_completed_job_is_refused_at_once_by_the_cli_and_by_the_disp
     )  # fmt: skip
 
 
-def test_logs_shows_a_jobs_output(budgets: Stack) -> None:
+def test_logs_shows_a_jobs_output(budgets: Stack, job_accounts: dict[str, pwd.struct_passwd]) -> None:
+    # a command runs as its user's Unix account (docs/security.md, "Node boundary"): submit as a test account
     budgets.run(
-        "submit", "-b", "lab/vision", "-g", "1", "-m", "0", "-u", "lx", "--job-id", "lx1",
+        "submit", "-b", "lab/vision", "-g", "1", "-m", "0", "-u", ALICE, "--job-id", "lx1",
         "--", "sh", "-c", "echo hello from lx1; echo oops >&2",
     )  # fmt: skip
-    budgets.until(lambda: budgets.json("history", "--user", "lx"), "lx1 finished")
+    budgets.until(lambda: budgets.json("history", "--user", ALICE), "lx1 finished")
     assert budgets.run("logs", "lx1").stdout == "hello from lx1\n"
     assert budgets.run("logs", "lx1", "--stderr").stdout == "oops\n"
     res = budgets.run("logs", "lx1", "--attempt", "2", code=1)

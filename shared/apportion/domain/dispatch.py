@@ -129,6 +129,7 @@ UNDO_ON_REFUSAL = frozenset(
         "unknown_gpus",
         "no_workload",
         "gpus_busy",
+        "no_account",
     }
 )
 
@@ -1118,6 +1119,7 @@ def _start_waiting(
                         prod,
                         progress_s=run.resumed_from_s,
                         checkpoint_interval_s=prec.spec.checkpoint_interval_s,
+                        user=prec.spec.user,
                     )
                 )
     return out
