@@ -82,6 +82,7 @@ def build_submission(
     gpu_model: str | None = None,
     job_id: str | None = None,
     checkpoint_interval_s: float | None = None,
+    hold: bool = False,
     now: datetime | None = None,
     producer: str | None = None,
 ) -> events.JobSubmitted:
@@ -99,6 +100,7 @@ def build_submission(
         job_id: defaults to :func:`new_job_id`.
         checkpoint_interval_s: seconds (> 0) between the workload's checkpoints, or None for the default
             (:func:`apportion.events.checkpoint_interval_of`: once per minimum runtime).
+        hold: submit it held: queued, never placed until released (:func:`release`).
         now: submission time (UTC); defaults to the wall clock (this is an
             edge adapter, not domain code).
 
@@ -118,6 +120,7 @@ def build_submission(
         duration_s=parse_duration(duration) if duration is not None else None,
         gpu_model=gpu_model,
         checkpoint_interval_s=checkpoint_interval_s,
+        hold=hold,
         submitted_at=ts,
         ts=ts,
         producer=producer or f"client/{user}",
@@ -332,6 +335,49 @@ def cancel(
     ev = ident.sign(
         events.JobCancelRequested(
             job_id=job_id, user=ident.user, reason=reason, ts=now, producer=f"client/{ident.user}"
+        )
+    )
+    publish(ev, bootstrap=bootstrap)
+    return ev
+
+
+def hold(
+    job_id: str,
+    *,
+    user: str | None = None,
+    reason: str = "",
+    bootstrap: str | None = None,
+    identity: Identity | None = None,
+) -> events.JobHoldRequested:
+    """Sign and publish a request to hold pending job ``job_id``; returns the published request.
+
+    The dispatcher answers ``JobHeld`` (the job stays queued in its place and is never placed until
+    released) or ``JobRejected`` of the request (``request="JobHoldRequested"``: not pending, already
+    held, not the user's own job).
+    """
+    ident = identity or identity_for(user, bootstrap=bootstrap)
+    ts = datetime.now(UTC)
+    ev = ident.sign(
+        events.JobHoldRequested(job_id=job_id, user=ident.user, reason=reason, ts=ts, producer=f"client/{ident.user}")
+    )
+    publish(ev, bootstrap=bootstrap)
+    return ev
+
+
+def release(
+    job_id: str,
+    *,
+    user: str | None = None,
+    reason: str = "",
+    bootstrap: str | None = None,
+    identity: Identity | None = None,
+) -> events.JobReleaseRequested:
+    """Sign and publish a request to release held job ``job_id`` (answered ``JobReleased`` or ``JobRejected``)."""
+    ident = identity or identity_for(user, bootstrap=bootstrap)
+    ts = datetime.now(UTC)
+    ev = ident.sign(
+        events.JobReleaseRequested(
+            job_id=job_id, user=ident.user, reason=reason, ts=ts, producer=f"client/{ident.user}"
         )
     )
     publish(ev, bootstrap=bootstrap)

@@ -313,7 +313,7 @@ def is_allocated(min_runtime_s: float) -> bool:
 
 
 class JobSubmitted(Event):
-    """A user asks to run a job (schema version 3).
+    """A user asks to run a job (schema version 4).
 
     Attributes:
         job_id: unique id chosen by the submitter.
@@ -331,6 +331,8 @@ class JobSubmitted(Event):
             later attempt resumes from, seconds (v3). ``None``: the contract's
             default, once per minimum runtime (DESIGN section 1); see
             :attr:`checkpoint_every_s`.
+        hold: submit the job held (v4): it is queued but never placed until
+            a :class:`JobReleaseRequested` releases it.
         signer_key, signature: the submitter's proof of ``user`` (DESIGN
             section 10; :mod:`apportion.identity`): the base64 Ed25519 public
             key and its base64 signature over the canonical bytes of the
@@ -350,7 +352,7 @@ class JobSubmitted(Event):
     )
 
     type: Literal["JobSubmitted"] = "JobSubmitted"
-    schema_version: Literal[3] = 3
+    schema_version: Literal[4] = 4
     job_id: str = Field(min_length=1, max_length=200)
     budget: str = Field(min_length=1)
     user: str = Field(min_length=1)
@@ -362,6 +364,7 @@ class JobSubmitted(Event):
     duration_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     submitted_at: datetime
     checkpoint_interval_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    hold: bool = False
     signer_key: str | None = None
     signature: str | None = None
 
@@ -405,14 +408,13 @@ def checkpoint_interval_of(declared_s: float | None, min_runtime_s: float) -> fl
     return min_runtime_s if is_allocated(min_runtime_s) else None
 
 
-class JobCancelRequested(Event):
-    """A user asks to cancel a pending or running job.
+class JobRequest(Event):
+    """A signed request of a ``user`` on an existing job (cancel, hold, release).
 
     ``signer_key``/``signature``: the proof of ``user``, as on :class:`JobSubmitted`.
-    A user may cancel only their own jobs; a principal with role ``ops`` any.
+    A user may make one only on their own jobs; a principal with role ``ops`` on any.
     """
 
-    type: Literal["JobCancelRequested"] = "JobCancelRequested"
     job_id: str
     user: str
     reason: str = ""
@@ -420,7 +422,56 @@ class JobCancelRequested(Event):
     signature: str | None = None
 
 
+class JobCancelRequested(JobRequest):
+    """A user asks to cancel a pending or running job; signed, by the job's user or ops (:class:`JobRequest`)."""
+
+    type: Literal["JobCancelRequested"] = "JobCancelRequested"
+
+
+class JobHoldRequested(JobRequest):
+    """A user asks to hold a pending job (:class:`JobRequest`): it stays queued, keeps its ``submitted_at``, and
+    is never placed until released."""
+
+    type: Literal["JobHoldRequested"] = "JobHoldRequested"
+
+
+class JobReleaseRequested(JobRequest):
+    """A user asks to release a held job back into its budget's queue order (:class:`JobRequest`)."""
+
+    type: Literal["JobReleaseRequested"] = "JobReleaseRequested"
+
+
 # --------------------------------------------------------------------------- jobs
+
+
+class JobHeld(Event):
+    """The dispatcher holds a pending job: no cycle places it until :class:`JobReleased`.
+
+    Attributes:
+        by: the user whose request held it (the submitter for ``submit --hold``).
+        reason: the request's reason.
+        request_id: the ``event_id`` of the request it answers (a ``JobHoldRequested`` or the
+            ``JobSubmitted`` with ``hold``).
+    """
+
+    type: Literal["JobHeld"] = "JobHeld"
+    job_id: str
+    by: str
+    reason: str = ""
+    request_id: uuid.UUID | None = None
+
+
+class JobReleased(Event):
+    """The dispatcher released a held job: it is placed again in fair-share order (its ``submitted_at`` kept).
+
+    Attributes as :class:`JobHeld`'s (``request_id``: the ``JobReleaseRequested`` it answers).
+    """
+
+    type: Literal["JobReleased"] = "JobReleased"
+    job_id: str
+    by: str
+    reason: str = ""
+    request_id: uuid.UUID | None = None
 
 
 class JobQueued(Event):
@@ -445,11 +496,12 @@ class JobQueued(Event):
 
 
 class JobRejected(Event):
-    """A submission (or a cancel request) was refused; ``reason`` is machine-readable.
+    """A submission (or a cancel, hold or release request) was refused; ``reason`` is machine-readable.
 
     ``request`` names what was refused: ``JobSubmitted`` (the default: the job
-    is refused) or ``JobCancelRequested`` (only the request is; the job goes
-    on). ``refused_event_id`` is the refused request's id when known.
+    is refused) or ``JobCancelRequested``, ``JobHoldRequested``,
+    ``JobReleaseRequested`` (only the request is; the job goes on).
+    ``refused_event_id`` is the refused request's id when known.
     """
 
     type: Literal["JobRejected"] = "JobRejected"
@@ -458,7 +510,7 @@ class JobRejected(Event):
     user: str
     reason: RejectReason
     message: str
-    request: Literal["JobSubmitted", "JobCancelRequested"] = "JobSubmitted"
+    request: Literal["JobSubmitted", "JobCancelRequested", "JobHoldRequested", "JobReleaseRequested"] = "JobSubmitted"
     refused_event_id: uuid.UUID | None = None
 
 
@@ -1011,6 +1063,10 @@ def dead_letter_id(topic: str, partition: int | None, offset: int | None) -> uui
 AnyEvent: TypeAlias = Annotated[
     JobSubmitted
     | JobCancelRequested
+    | JobHoldRequested
+    | JobReleaseRequested
+    | JobHeld
+    | JobReleased
     | JobQueued
     | JobRejected
     | JobPlaced
@@ -1061,10 +1117,12 @@ def _current_version(cls: type[Event]) -> int:
 
 #: Event type -> topic it is written to (DESIGN section 4 table).
 TOPIC_OF: dict[str, topics.Topic] = {}
-for _name in ("JobSubmitted", "JobCancelRequested"):
+for _name in ("JobSubmitted", "JobCancelRequested", "JobHoldRequested", "JobReleaseRequested"):
     TOPIC_OF[_name] = topics.SUBMISSIONS
 for _name in (
     "JobQueued",
+    "JobHeld",
+    "JobReleased",
     "JobRejected",
     "JobPlaced",
     "JobStarted",
@@ -1156,10 +1214,22 @@ def upcast_job_submitted_v2_v3(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def upcast_job_submitted_v3_v4(d: dict[str, Any]) -> dict[str, Any]:
+    """JobSubmitted v3 -> v4: v4 adds the request fields a reader must not ignore (``hold``: a v3 job is not held).
+
+    A reader that knows only v3 dead-letters a v4 submission rather than run a job it cannot honour
+    (placing a held job)."""
+    out = dict(d)
+    out.setdefault("hold", False)
+    out["schema_version"] = 4
+    return out
+
+
 #: (type, from_version) -> function producing the payload of from_version + 1.
 UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("JobSubmitted", 1): upcast_job_submitted_v1_v2,
     ("JobSubmitted", 2): upcast_job_submitted_v2_v3,
+    ("JobSubmitted", 3): upcast_job_submitted_v3_v4,
 }
 
 

@@ -157,14 +157,14 @@ class JobStatus:
 def refuses_request_only(ev: events.Event, queued: bool) -> bool:
     """True for a ``JobRejected`` that refuses a request and says nothing about the job (which may be running).
 
-    That is the refusal of a cancel request (``request="JobCancelRequested"``:
+    That is the refusal of a cancel, hold or release request (``request`` not ``JobSubmitted``:
     ``not_owner``, ``unauthenticated``), and any refusal of a later submission
     reusing the id of a job that was queued (``duplicate_job``, or an
     ``unauthenticated`` copy).
     """
     if not isinstance(ev, events.JobRejected):
         return False
-    return ev.request == "JobCancelRequested" or queued
+    return ev.request != "JobSubmitted" or queued
 
 
 def job_status(bootstrap: str, job_id: str) -> JobStatus:

@@ -34,9 +34,9 @@ is not a member of. Shape applies to every job: a gang that no inventory can
 hold would wait forever.
 
 Before any of these, the dispatcher asks :func:`authorize` whether a request
-(``JobSubmitted`` or ``JobCancelRequested``) comes from the user it names
+(:data:`JOB_REQUESTS`: a submission, a cancel, a hold or a release) comes from the user it names
 (DESIGN section 10): ``unauthenticated`` when no registered key of that user
-signed it, ``not_owner`` for a cancel of another user's job by a principal
+signed it, ``not_owner`` for a cancel, hold or release of another user's job by a principal
 that is not ops. The signature itself is checked by :mod:`apportion.identity`
 (crypto is not domain code); this module gets the principal that signed.
 Ops' requests on a node (:data:`NODE_REQUEST_TYPES`: cordon, drain,
@@ -86,11 +86,15 @@ from apportion.events import (
     JobCheckpointed,
     JobCompleted,
     JobFailed,
+    JobHeld,
+    JobHoldRequested,
     JobLost,
     JobPlaced,
     JobPreempted,
     JobQueued,
     JobRejected,
+    JobReleased,
+    JobReleaseRequested,
     JobRequeued,
     JobStarted,
     JobSubmitted,
@@ -119,6 +123,8 @@ __all__ = [
     "DISPATCHER",
     "NODE_PREFIX",
     "NODE_REQUEST_TYPES",
+    "JOB_REQUESTS",
+    "OWNER_REQUESTS",
     "REPORT_TYPES",
     "RUN_REPORT_TYPES",
     "UNAUTHENTICATED",
@@ -134,6 +140,15 @@ __all__ = [
     "rejected_event",
     "shape_possible",
 ]
+
+#: Requests on a job a user signs (:func:`authorize`); all but the submission act on an existing job (its owner).
+JOB_REQUESTS = (JobSubmitted, JobCancelRequested, JobHoldRequested, JobReleaseRequested)
+
+#: Requests on an existing job: only its owner or ops may make them.
+OWNER_REQUESTS = (JobCancelRequested, JobHoldRequested, JobReleaseRequested)
+
+#: What each owner request asks, in a refusal's words.
+_VERB = {"JobCancelRequested": "cancel", "JobHoldRequested": "hold", "JobReleaseRequested": "release"}
 
 #: The role of a principal that may cancel any job (a key registered with ``role="ops"``).
 OPS = "ops"
@@ -170,6 +185,8 @@ DISPATCHER_TYPES = (
     JobPreempted,
     JobRequeued,
     JobCancelled,
+    JobHeld,
+    JobReleased,
     NodeLost,
     NodeDrained,
     NodeRequestRefused,
@@ -303,24 +320,26 @@ def admit(
 
 
 def authorize(
-    request: JobSubmitted | JobCancelRequested, signer: Principal | None, owner: str | None = None
+    request: JobSubmitted | JobCancelRequested | JobHoldRequested | JobReleaseRequested,
+    signer: Principal | None,
+    owner: str | None = None,
 ) -> Rejection | None:
     """May this request act in the name of its ``user`` (DESIGN section 10)?
 
     Args:
-        request: a submission or a cancel request.
+        request: a submission, or a cancel, hold or release request (:data:`JOB_REQUESTS`).
         signer: the principal whose registered, unrevoked key made a valid
             signature of the request at its event time
             (:meth:`apportion.identity.KeyRegistry.principal`), or ``None``
             when there is none (unsigned, a bad signature, an unknown or
             revoked key).
-        owner: for a cancel, the user of the job it names (``None`` when the
+        owner: for a cancel, hold or release, the user of the job it names (``None`` when the
             dispatcher knows no such job: there is nothing to protect).
 
     Returns:
         ``None`` when allowed; else ``unauthenticated`` (no signer, or the
         signer is another user than ``request.user``; ops sign as themselves
-        too) or ``not_owner`` (a cancel of another user's job by a principal
+        too) or ``not_owner`` (a cancel, hold or release of another user's job by a principal
         whose role is not ``ops``).
     """
     if signer is None:
@@ -337,10 +356,11 @@ def authorize(
             RejectReason.UNAUTHENTICATED,
             f"signed with a key of {signer.user!r}, not of the user {request.user!r} the request names",
         )
-    if isinstance(request, JobCancelRequested) and owner is not None and owner != signer.user and signer.role != OPS:
+    if isinstance(request, OWNER_REQUESTS) and owner is not None and owner != signer.user and signer.role != OPS:
         return Rejection(
             RejectReason.NOT_OWNER,
-            f"job {request.job_id!r} belongs to {owner!r}; {signer.user!r} may cancel only their own jobs",
+            f"job {request.job_id!r} belongs to {owner!r}; "
+            f"{signer.user!r} may {_VERB[request.type]} only their own jobs",
         )
     return None
 
@@ -466,7 +486,7 @@ def authorize_report(
 
 
 def refused_request_event(
-    request: JobSubmitted | JobCancelRequested,
+    request: JobSubmitted | JobCancelRequested | JobHoldRequested | JobReleaseRequested,
     rejection: Rejection,
     *,
     budget: str,
@@ -476,7 +496,7 @@ def refused_request_event(
     """The ``JobRejected`` of a refused request (id deterministic in the request's id).
 
     Args:
-        request: the refused submission or cancel request.
+        request: the refused submission, or cancel, hold or release request.
         rejection: what :func:`authorize` returned.
         budget: the submission's budget, or the cancelled job's (``""`` when unknown).
         ts: event time of the decision (aware UTC).
