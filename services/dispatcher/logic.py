@@ -20,7 +20,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from apportion.domain.cluster import UNTIL_STARTED
-from apportion.domain.dispatch import DispatchConfig, DispatchState, decide, evolve, hold_answered
+from apportion.domain.dispatch import (
+    DispatchConfig,
+    DispatchState,
+    decide,
+    evolve,
+    hold_answered,
+    with_job_settings,
+)
 from apportion.domain.engine import PendingReason, reason_dict, run_cycle
 from apportion.domain.engine.reasons import Held, RefusedBackoff
 from apportion.domain.fairshare import FairShareQueue
@@ -110,7 +117,7 @@ def resend_starts(state: DispatchState, now_us: Micros, cfg: DispatchConfig) -> 
                 key[0], key[1], run.placements, ts, rec.spec.duration_s, rec.spec.command, cfg.producer
             )
             out += [starts[r] for r in missing]
-    return out
+    return with_job_settings(state, out)
 
 
 def _decide_folded(state: DispatchState, ev: Event, now_us: Micros, cfg: DispatchConfig) -> list[Event]:

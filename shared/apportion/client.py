@@ -83,6 +83,7 @@ def build_submission(
     job_id: str | None = None,
     checkpoint_interval_s: float | None = None,
     hold: bool = False,
+    env: dict[str, str] | None = None,
     now: datetime | None = None,
     producer: str | None = None,
 ) -> events.JobSubmitted:
@@ -101,6 +102,7 @@ def build_submission(
         checkpoint_interval_s: seconds (> 0) between the workload's checkpoints, or None for the default
             (:func:`apportion.events.checkpoint_interval_of`: once per minimum runtime).
         hold: submit it held: queued, never placed until released (:func:`release`).
+        env: environment variables of the workload (:func:`apportion.events.check_env`; :func:`parse_env`).
         now: submission time (UTC); defaults to the wall clock (this is an
             edge adapter, not domain code).
 
@@ -121,10 +123,46 @@ def build_submission(
         gpu_model=gpu_model,
         checkpoint_interval_s=checkpoint_interval_s,
         hold=hold,
+        env=dict(env) if env else None,
         submitted_at=ts,
         ts=ts,
         producer=producer or f"client/{user}",
     )
+
+
+def parse_env(
+    pairs: Sequence[str] = (), file_text: str | None = None, *, file_name: str = "env file"
+) -> dict[str, str]:
+    """The ``env`` of ``submit --env KEY=VALUE`` (repeatable) and ``--env-file``, checked
+    (:func:`apportion.events.check_env`).
+
+    The file has one ``KEY=VALUE`` a line; blank lines and lines starting with ``#`` are skipped, a leading
+    ``export`` is allowed, and a value wholly inside one pair of matching quotes loses them (nothing else is
+    interpreted: no ``$`` expansion). ``--env`` pairs come after the file's and win.
+
+    Raises:
+        ValueError: a line or pair without ``=``, or what :func:`~apportion.events.check_env` refuses; the
+            message names the line or the pair.
+    """
+    env: dict[str, str] = {}
+    for n, line in enumerate((file_text or "").splitlines(), 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        text = text.removeprefix("export ").lstrip()
+        name, eq, value = text.partition("=")
+        if not eq:
+            raise ValueError(f"{file_name}, line {n}: {line.strip()!r} is not KEY=VALUE")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        env[name.strip()] = value
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not eq:
+            raise ValueError(f"--env {pair!r} is not KEY=VALUE")
+        env[name] = value
+    return events.check_env(env)
 
 
 def publish(*evts: events.Event, bootstrap: str | None = None) -> list[int]:

@@ -298,6 +298,52 @@ class RankedBudget(_Model):
 MAX_SECONDS = 1e9
 
 
+#: Most variables a submission's ``env`` may set.
+MAX_ENV_VARS = 128
+
+#: Most bytes of a submission's ``env``: names and values, UTF-8, together.
+MAX_ENV_BYTES = 32 * 1024
+
+#: What a variable name of ``env`` looks like (POSIX shell names).
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+#: Names a submission may not set: the node agent sets them (the GPUs, ``APPORTION_*``), or they would
+#: change which programs and libraries the command runs with.
+RESERVED_ENV = frozenset(
+    {"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "PATH", "HOME", "USER", "LD_PRELOAD", "LD_LIBRARY_PATH"}
+)
+
+#: Prefix of the variables the node agent gives every workload (``APPORTION_JOB_ID``...): not a submission's.
+RESERVED_ENV_PREFIX = "APPORTION_"
+
+
+def check_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` when a submission may set it for its workload: the one home of the rule.
+
+    Raises:
+        ValueError: a name that is not ``[A-Za-z_][A-Za-z0-9_]*``, starts with ``APPORTION_`` or is one of
+            :data:`RESERVED_ENV`; a value with a NUL character; more than :data:`MAX_ENV_VARS` variables or
+            :data:`MAX_ENV_BYTES` bytes. The message names the variable.
+    """
+    if len(env) > MAX_ENV_VARS:
+        raise ValueError(f"env sets {len(env)} variables, at most {MAX_ENV_VARS} are allowed")
+    size = 0
+    for name, value in env.items():
+        if not ENV_NAME_RE.fullmatch(name):
+            raise ValueError(f"env name {name!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        if name.startswith(RESERVED_ENV_PREFIX) or name in RESERVED_ENV:
+            raise ValueError(
+                f"env name {name!r} is reserved: the node agent sets it, or it changes what runs "
+                f"(APPORTION_*, {', '.join(sorted(RESERVED_ENV))})"
+            )
+        if "\x00" in value:
+            raise ValueError(f"env value of {name!r} contains a NUL character")
+        size += len(name.encode()) + len(value.encode())
+    if size > MAX_ENV_BYTES:
+        raise ValueError(f"env is {size} bytes (names and values), at most {MAX_ENV_BYTES} are allowed")
+    return env
+
+
 def is_allocated(min_runtime_s: float) -> bool:
     """Whether a job of this minimum runtime (seconds) is allocated: the one home of DESIGN section 1's definition.
 
@@ -333,6 +379,8 @@ class JobSubmitted(Event):
             :attr:`checkpoint_every_s`.
         hold: submit the job held (v4): it is queued but never placed until
             a :class:`JobReleaseRequested` releases it.
+        env: environment variables of the workload (v4; :func:`check_env`), passed to each replica
+            in ``StartWorkload.env``; ``None``: none.
         signer_key, signature: the submitter's proof of ``user`` (DESIGN
             section 10; :mod:`apportion.identity`): the base64 Ed25519 public
             key and its base64 signature over the canonical bytes of the
@@ -365,8 +413,14 @@ class JobSubmitted(Event):
     submitted_at: datetime
     checkpoint_interval_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     hold: bool = False
+    env: dict[str, str] | None = None
     signer_key: str | None = None
     signature: str | None = None
+
+    @field_validator("env")
+    @classmethod
+    def _env_allowed(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        return None if v is None else check_env(v)
 
     @model_validator(mode="after")
     def _has_work(self) -> JobSubmitted:
@@ -493,6 +547,8 @@ class JobQueued(Event):
     checkpoint_interval_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     """Checkpoint interval in force (:attr:`JobSubmitted.checkpoint_every_s`), seconds; ``None``: the job
     does not checkpoint, or the record predates the field (read as: no checkpoint expected)."""
+    env: dict[str, str] | None = None
+    """The submission's ``env`` (each replica's ``StartWorkload.env``); ``None``: none."""
 
 
 class JobRejected(Event):
@@ -785,6 +841,8 @@ class StartWorkload(Event):
             A simulated workload with ``progress_s`` set sleeps ``duration_s - progress_s`` event seconds,
             reports ``JobCheckpointed`` at each multiple of the interval it passes, and saves its progress
             on SIGTERM (``docs/checkpoints.md``).
+        env: the job's environment variables (``JobSubmitted.env``, checked by
+            :func:`check_env`); the agent sets its own (``CUDA_VISIBLE_DEVICES``, ``APPORTION_*``) over them.
     """
 
     type: Literal["StartWorkload"] = "StartWorkload"
@@ -1215,12 +1273,14 @@ def upcast_job_submitted_v2_v3(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def upcast_job_submitted_v3_v4(d: dict[str, Any]) -> dict[str, Any]:
-    """JobSubmitted v3 -> v4: v4 adds the request fields a reader must not ignore (``hold``: a v3 job is not held).
+    """JobSubmitted v3 -> v4: v4 adds the request fields a reader must not ignore (a v3 job is not held and
+    sets no ``env``).
 
     A reader that knows only v3 dead-letters a v4 submission rather than run a job it cannot honour
     (placing a held job)."""
     out = dict(d)
     out.setdefault("hold", False)
+    out.setdefault("env", None)
     out["schema_version"] = 4
     return out
 

@@ -241,6 +241,14 @@ def submit(
     hold: Annotated[
         bool, typer.Option("--hold", help="Submit it held: queued, never placed until `apportion release JOB`.")
     ] = False,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", "-e", help="KEY=VALUE for the workload's environment (repeatable; wins over the file)."),
+    ] = None,
+    env_file: Annotated[
+        Path | None,
+        typer.Option("--env-file", help="File of KEY=VALUE lines (# comments) for the workload's environment."),
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and print the event; publish nothing.")] = False,
     wait: Annotated[
         float,
@@ -270,6 +278,14 @@ def submit(
 
     from apportion import client
 
+    try:
+        text = env_file.read_text(encoding="utf-8") if env_file is not None else None
+        job_env = client.parse_env(env or (), text, file_name=str(env_file))
+    except OSError as exc:
+        fail(f"--env-file: cannot read {env_file}: {exc.strerror or exc}")
+    except ValueError as exc:
+        fail(f"invalid submission: {exc}")
+
     def build(who: str) -> Any:
         try:
             return client.build_submission(
@@ -284,6 +300,7 @@ def submit(
                 job_id=job_id,
                 checkpoint_interval_s=parse_duration(checkpoint_interval) if checkpoint_interval is not None else None,
                 hold=hold,
+                env=job_env,
                 producer="cli",
             )
         except ValidationError as exc:

@@ -119,6 +119,7 @@ from apportion.events import (
     NodeLost,
     NodeUncordoned,
     RejectReason,
+    StartWorkload,
     StopWorkload,
     WorkloadRefused,
     det_id,
@@ -198,6 +199,7 @@ __all__ = [
     "hold_events",
     "held_event",
     "hold_answered",
+    "with_job_settings",
     "Backoff",
     "refusal_backoff_s",
     "undo_refused_start",
@@ -948,6 +950,7 @@ def decide(
                 submitted_at=job.submitted_at,
                 attempt=1,
                 checkpoint_interval_s=job.checkpoint_every_s,
+                env=job.env,
             )
         ]
         if job.hold:
@@ -1110,9 +1113,23 @@ def _cycle(state: DispatchState, now_us: Micros, config: DispatchConfig | None =
     fn = cfg.scheduler
     if fn is None:
         # the engine reads the snapshot during the call only and never writes: no copies needed
-        return run_cycle(state.cycle_snapshot(now_us, copy=False), now_us, cfg.engine).events
+        return with_job_settings(state, run_cycle(state.cycle_snapshot(now_us, copy=False), now_us, cfg.engine).events)
     view = getattr(fn, "reads_snapshot_only", False) is True
-    return fn(state.cycle_snapshot(now_us, copy=not view), now_us, cfg.engine)
+    return with_job_settings(state, fn(state.cycle_snapshot(now_us, copy=not view), now_us, cfg.engine))
+
+
+def with_job_settings(state: DispatchState, out: list[Event]) -> list[Event]:
+    """``out`` with each ``StartWorkload`` carrying its job's settings for the node agent: the submission's
+    ``env`` (``JobQueued.env``). Events of jobs without settings pass as they are (no copy)."""
+    res = out
+    for i, e in enumerate(out):
+        if type(e) is StartWorkload:
+            rec = state.jobs.get(e.job_id)
+            if rec is not None and rec.spec.env:
+                if res is out:
+                    res = list(out)
+                res[i] = e.model_copy(update={"env": dict(rec.spec.env)})
+    return res
 
 
 def maintenance(state: DispatchState, now_us: Micros, config: DispatchConfig | None = None) -> list[Event]:
@@ -1215,7 +1232,7 @@ def _start_waiting(
                         checkpoint_interval_s=prec.spec.checkpoint_interval_s,
                     )
                 )
-    return out
+    return with_job_settings(state, out)
 
 
 def _drain(
