@@ -84,6 +84,7 @@ def build_submission(
     checkpoint_interval_s: float | None = None,
     hold: bool = False,
     env: dict[str, str] | None = None,
+    time_limit_s: float | None = None,
     now: datetime | None = None,
     producer: str | None = None,
 ) -> events.JobSubmitted:
@@ -103,6 +104,8 @@ def build_submission(
             (:func:`apportion.events.checkpoint_interval_of`: once per minimum runtime).
         hold: submit it held: queued, never placed until released (:func:`release`).
         env: environment variables of the workload (:func:`apportion.events.check_env`; :func:`parse_env`).
+        time_limit_s: seconds (> 0) a run may last before the node agent stops it, or None for the
+            budget's default (if any).
         now: submission time (UTC); defaults to the wall clock (this is an
             edge adapter, not domain code).
 
@@ -124,6 +127,7 @@ def build_submission(
         checkpoint_interval_s=checkpoint_interval_s,
         hold=hold,
         env=dict(env) if env else None,
+        time_limit_s=time_limit_s,
         submitted_at=ts,
         ts=ts,
         producer=producer or f"client/{user}",

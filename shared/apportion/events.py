@@ -170,7 +170,9 @@ class RejectReason(str, enum.Enum):
     UNAUTHENTICATED = "unauthenticated"
     """No valid signature by a key registered (not revoked) for the request's user at its event time (DESIGN section 10)."""
     NOT_OWNER = "not_owner"
-    """A cancel of another user's job by a principal that is not ops (DESIGN section 10)."""
+    """A cancel, hold or release of another user's job by a principal that is not ops (DESIGN section 10)."""
+    TIME_LIMIT_TOO_LONG = "time_limit_above_max"
+    """The job's time limit in force (its own, or its budget's default) is above its budget's ``max_time_limit_s``."""
 
 
 class Victim(_Model):
@@ -381,6 +383,9 @@ class JobSubmitted(Event):
             a :class:`JobReleaseRequested` releases it.
         env: environment variables of the workload (v4; :func:`check_env`), passed to each replica
             in ``StartWorkload.env``; ``None``: none.
+        time_limit_s: the most event seconds a run of the job may last (v4; Slurm's ``--time``): the node
+            agent stops a replica at its limit and reports ``JobFailed`` reason ``time_limit``. ``None``: its
+            budget's ``default_time_limit_s``, if any.
         signer_key, signature: the submitter's proof of ``user`` (DESIGN
             section 10; :mod:`apportion.identity`): the base64 Ed25519 public
             key and its base64 signature over the canonical bytes of the
@@ -414,6 +419,7 @@ class JobSubmitted(Event):
     checkpoint_interval_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     hold: bool = False
     env: dict[str, str] | None = None
+    time_limit_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     signer_key: str | None = None
     signature: str | None = None
 
@@ -549,6 +555,9 @@ class JobQueued(Event):
     does not checkpoint, or the record predates the field (read as: no checkpoint expected)."""
     env: dict[str, str] | None = None
     """The submission's ``env`` (each replica's ``StartWorkload.env``); ``None``: none."""
+    time_limit_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    """The time limit in force (the submission's, else its budget's default: :func:`time_limit_in_force`),
+    seconds per run; ``None``: none."""
 
 
 class JobRejected(Event):
@@ -843,6 +852,9 @@ class StartWorkload(Event):
             on SIGTERM (``docs/checkpoints.md``).
         env: the job's environment variables (``JobSubmitted.env``, checked by
             :func:`check_env`); the agent sets its own (``CUDA_VISIBLE_DEVICES``, ``APPORTION_*``) over them.
+        time_limit_s: the job's time limit in force (``JobQueued.time_limit_s``), event seconds from the
+            replica's start: the agent stops the replica then (SIGTERM, the grace, SIGKILL) and reports
+            ``JobFailed`` reason ``time_limit``. ``None``: no limit.
     """
 
     type: Literal["StartWorkload"] = "StartWorkload"
@@ -857,6 +869,7 @@ class StartWorkload(Event):
     fencing_token: int | None = None
     progress_s: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
     checkpoint_interval_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    time_limit_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
 
 
 class StopWorkload(Event):
@@ -884,6 +897,9 @@ class BudgetSet(Event):
             (at the root: anyone).
         max_min_runtime_s: largest minimum runtime allowed, seconds; ``None``
             inherits.
+        default_time_limit_s: time limit of its jobs that set none, seconds; ``None`` inherits.
+        max_time_limit_s: largest time limit in force a job may have, seconds; ``None`` inherits
+            (a job over it is rejected ``time_limit_above_max``).
     """
 
     type: Literal["BudgetSet"] = "BudgetSet"
@@ -891,6 +907,8 @@ class BudgetSet(Event):
     share: float = Field(gt=0, le=1)
     members: tuple[str, ...] | None = None
     max_min_runtime_s: float | None = Field(default=None, ge=0)
+    default_time_limit_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    max_time_limit_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     by: str = ""
 
 
@@ -909,6 +927,8 @@ class BudgetSpec(_Model):
     share: float = Field(gt=0, le=1)
     members: tuple[str, ...] | None = None
     max_min_runtime_s: float | None = Field(default=None, ge=0)
+    default_time_limit_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    max_time_limit_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
 
 
 class BudgetBatch(Event):
@@ -1273,14 +1293,15 @@ def upcast_job_submitted_v2_v3(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def upcast_job_submitted_v3_v4(d: dict[str, Any]) -> dict[str, Any]:
-    """JobSubmitted v3 -> v4: v4 adds the request fields a reader must not ignore (a v3 job is not held and
-    sets no ``env``).
+    """JobSubmitted v3 -> v4: v4 adds the request fields a reader must not ignore (a v3 job is not held,
+    sets no ``env`` and no ``time_limit_s``).
 
     A reader that knows only v3 dead-letters a v4 submission rather than run a job it cannot honour
     (placing a held job)."""
     out = dict(d)
     out.setdefault("hold", False)
     out.setdefault("env", None)
+    out.setdefault("time_limit_s", None)
     out["schema_version"] = 4
     return out
 

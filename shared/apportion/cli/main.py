@@ -249,6 +249,15 @@ def submit(
         Path | None,
         typer.Option("--env-file", help="File of KEY=VALUE lines (# comments) for the workload's environment."),
     ] = None,
+    time_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--time",
+            "-t",
+            help="Time limit of each run (90m, 4h, 2d): the node agent stops it then (JobFailed time_limit). "
+            "Default: the budget's default_time_limit, if any; at most its max_time_limit.",
+        ),
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and print the event; publish nothing.")] = False,
     wait: Annotated[
         float,
@@ -301,6 +310,7 @@ def submit(
                 checkpoint_interval_s=parse_duration(checkpoint_interval) if checkpoint_interval is not None else None,
                 hold=hold,
                 env=job_env,
+                time_limit_s=parse_duration(time_limit) if time_limit is not None else None,
                 producer="cli",
             )
         except ValidationError as exc:
@@ -1256,6 +1266,16 @@ def _tree_in_force(bootstrap: str | None) -> Any:
     return fold_budget_log(rec.event for rec in recs if rec.event is not None)
 
 
+def _limit_option(text: str | None, current: float | None) -> float | None:
+    """A budget's time limit from ``--default-time-limit`` / ``--max-time-limit``: ``None`` keeps ``current``,
+    ``inherit`` drops the budget's own, else a duration (``ValueError`` when it is not one)."""
+    if text is None:
+        return current
+    if text.strip().lower() == "inherit":
+        return None
+    return parse_duration(text)
+
+
 @budget_app.command("set")
 def budget_set(
     path: Annotated[str, typer.Argument(help="Budget path, e.g. lab/prior/robotics.")],
@@ -1277,6 +1297,21 @@ def budget_set(
         bool,
         typer.Option("--inherit-max-min-runtime", help="Drop this budget's own limit (inherit the parent's)."),
     ] = False,
+    default_time_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--default-time-limit",
+            help="Time limit of its jobs that give none, e.g. 24h; 'inherit' drops it (default: keep the current).",
+        ),
+    ] = None,
+    max_time_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--max-time-limit",
+            help="Largest time limit a job may have (its own or the default), e.g. 7d; 'inherit' drops it "
+            "(default: keep the current).",
+        ),
+    ] = None,
     no_wait: NoWait = False,
     timeout: Timeout = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
@@ -1335,6 +1370,10 @@ def budget_set(
                 if max_min_runtime is not None
                 else (current.max_min_runtime_s if current is not None else None)
             ),
+            default_time_limit_s=_limit_option(
+                default_time_limit, current.default_time_limit_s if current is not None else None
+            ),
+            max_time_limit_s=_limit_option(max_time_limit, current.max_time_limit_s if current is not None else None),
             by="cli",
             ts=_now(),
             producer="cli",

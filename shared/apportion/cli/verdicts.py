@@ -388,6 +388,8 @@ def _fields(b: Any) -> dict[str, Any]:
         "share": b.share,
         "members": sorted(b.members) if b.members is not None else None,
         "max_min_runtime_s": b.max_min_runtime_s,
+        "default_time_limit_s": b.default_time_limit_s,
+        "max_time_limit_s": b.max_time_limit_s,
     }
 
 
@@ -432,6 +434,8 @@ def batch_of(current: Any, wanted: Mapping[str, Any], prune: bool, now: Any) -> 
             share=b.share,
             members=tuple(sorted(b.members)) if b.members is not None else None,
             max_min_runtime_s=b.max_min_runtime_s,
+            default_time_limit_s=b.default_time_limit_s,
+            max_time_limit_s=b.max_time_limit_s,
         )
         for p, b in sorted(wanted.items())
         if current.get(p) is None or _fields(current.get(p)) != _fields(b)

@@ -22,7 +22,10 @@ Checks, first failure wins, in this order:
    from preemption, and protection longer than the window that measures
    fairness would let one job hold GPUs past every fair-share correction
    (DESIGN sections 1-3; grown protection is capped by W as well);
-6. ``shape_impossible``: fewer than ``replicas`` declared nodes have at least
+6. ``time_limit_above_max``: the job's time limit in force (its ``time_limit_s``,
+   else its budget's inherited ``default_time_limit_s``: :func:`time_limit_in_force`)
+   is above its budget's inherited ``max_time_limit_s``;
+7. ``shape_impossible``: fewer than ``replicas`` declared nodes have at least
    ``gpus_per_replica`` GPUs of the requested model (any model when the job
    names none; a node of unknown model never matches a named model).
    Skipped while no node has registered at all (cold start): an empty
@@ -139,6 +142,7 @@ __all__ = [
     "refused_request_event",
     "rejected_event",
     "shape_possible",
+    "time_limit_in_force",
 ]
 
 #: Requests on a job a user signs (:func:`authorize`); all but the submission act on an existing job (its owner).
@@ -305,6 +309,16 @@ def admit(
                 f"min_runtime_s {job.min_runtime_s:g} is above the occupancy window {window_s:g} s, the limit "
                 f"where no budget above {path!r} sets max_min_runtime",
             )
+    default_s, max_s = tree.time_limits_s(path)
+    in_force = time_limit_in_force(tree, job)
+    if max_s is not None and in_force is not None and in_force > max_s:
+        whose = (
+            "its time_limit_s" if job.time_limit_s is not None else f"the default {default_s:g} s of budget {path!r}"
+        )
+        return Rejection(
+            RejectReason.TIME_LIMIT_TOO_LONG,
+            f"time limit {in_force:g} s ({whose}) is above the max_time_limit {max_s:g} s of budget {path!r}",
+        )
     shapes = list(node_shapes)
     # An empty inventory (cold start: no node has registered yet) says nothing about what fits;
     # the job is queued and waits for nodes rather than being refused for good.
@@ -317,6 +331,18 @@ def admit(
             f"GPUs each; the declared nodes have {fitting} such node(s)",
         )
     return None
+
+
+def time_limit_in_force(tree: BudgetTree, job: JobSubmitted) -> float | None:
+    """The time limit of ``job``, seconds per run: the one home of the rule (``JobQueued.time_limit_s``).
+
+    The submission's ``time_limit_s`` when it gives one, else its budget's (inherited)
+    ``default_time_limit_s``; ``None``: no limit. Admission refuses a limit in force above the budget's
+    ``max_time_limit_s`` (``time_limit_above_max``), so a queued job's limit never exceeds it.
+    """
+    if job.time_limit_s is not None:
+        return job.time_limit_s
+    return tree.time_limits_s(job.budget)[0]
 
 
 def authorize(

@@ -63,7 +63,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from apportion.domain.admission import NodeShape, Rejection, admit, refused_request_event
+from apportion.domain.admission import NodeShape, Rejection, admit, refused_request_event, time_limit_in_force
 from apportion.domain.budgets import BudgetTree, fold_budget_event
 from apportion.domain.cluster import (
     PROTECTION_UNTIL_DONE_S,
@@ -951,6 +951,7 @@ def decide(
                 attempt=1,
                 checkpoint_interval_s=job.checkpoint_every_s,
                 env=job.env,
+                time_limit_s=time_limit_in_force(state.tree, job),
             )
         ]
         if job.hold:
@@ -1120,15 +1121,16 @@ def _cycle(state: DispatchState, now_us: Micros, config: DispatchConfig | None =
 
 def with_job_settings(state: DispatchState, out: list[Event]) -> list[Event]:
     """``out`` with each ``StartWorkload`` carrying its job's settings for the node agent: the submission's
-    ``env`` (``JobQueued.env``). Events of jobs without settings pass as they are (no copy)."""
+    ``env`` and the time limit in force (``JobQueued.env``, ``JobQueued.time_limit_s``). Events of jobs
+    without settings pass as they are (no copy)."""
     res = out
     for i, e in enumerate(out):
         if type(e) is StartWorkload:
             rec = state.jobs.get(e.job_id)
-            if rec is not None and rec.spec.env:
+            if rec is not None and (rec.spec.env or rec.spec.time_limit_s is not None):
                 if res is out:
                     res = list(out)
-                res[i] = e.model_copy(update={"env": dict(rec.spec.env)})
+                res[i] = e.model_copy(update={"env": dict(rec.spec.env or {}), "time_limit_s": rec.spec.time_limit_s})
     return res
 
 
