@@ -283,7 +283,6 @@ def submit(
 
     Its GPU-hours show as the budget's U, never in its r (docs/security.md).
     """
-    from pydantic import ValidationError
 
     from apportion import client
 
@@ -313,10 +312,8 @@ def submit(
                 time_limit_s=parse_duration(time_limit) if time_limit is not None else None,
                 producer="cli",
             )
-        except ValidationError as exc:
-            e = exc.errors(include_url=False)[0]
-            msg = str(e["msg"]).removeprefix("Value error, ")  # pydantic's wrapper of our own message
-            fail(f"invalid submission: {'.'.join(str(p) for p in e['loc']) or 'job'}: {msg}")
+        except client.InvalidSubmission as exc:
+            fail(exc.message if exc.field == "job_id" else str(exc))
         except ValueError as exc:
             fail(str(exc))
 
