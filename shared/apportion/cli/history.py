@@ -247,14 +247,18 @@ def history(
     bootstrap: Annotated[
         str | None, typer.Option("--bootstrap", help="Kafka bootstrap (host:port).", envvar="APPORTION_KAFKA_BOOTSTRAP")
     ] = None,
+    wide: Annotated[
+        bool, typer.Option("--wide", "-w", help="Every column: budget, attempts, preemptions, work lost, full end.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")] = False,
 ) -> None:
-    """Finished jobs, like sacct: user, budget, state, attempts, preemptions, wait, run time, GPU-hours, work lost.
+    """Finished jobs, like sacct: user, state, GPUs, wait, run time, GPU-hours, end and why it ended.
 
-    Built from the log (apportion.submissions and apportion.jobs); times are event times.
+    Fits 80 columns (the reason is shortened to the width left); --wide adds budget, attempts, preemptions,
+    work lost and the full end time. Built from the log (apportion.submissions and apportion.jobs); times are
+    event times.
     """
     from rich.console import Console
-    from rich.table import Table
 
     from apportion import topics
     from apportion.bus.reader import read_log
@@ -280,25 +284,56 @@ def history(
     if as_json:
         _print_json([j.to_dict() for j in rows])
         return
-    t = Table(title=f"history ({len(rows)} finished jobs)")
-    for col in ("job", "user", "budget", "state", "GPUs", "att", "pre", "wait", "run", "GPU-h", "lost GPU-h", "end"):
-        t.add_column(col, justify="right" if col in ("att", "pre", "GPU-h", "lost GPU-h") else "left")
-    for j in rows:
-        t.add_row(
-            j.job_id,
-            j.user,
-            j.budget,
-            j.state,
-            f"{j.replicas}x{j.gpus_per_replica}",
-            str(j.attempts),
-            str(j.preemptions),
-            _hours(j.wait_s),
-            _hours(j.run_s),
-            f"{j.gpu_hours:.2f}",
-            "-" if j.lost_gpu_s is None else f"{j.lost_gpu_s / 3600:.2f}",
-            j.ended_at.strftime("%Y-%m-%d %H:%M:%S") if j.ended_at else "-",
-        )
-    Console().print(t)
+    console = Console()
+    if wide:  # every column whole, however wide: the terminal wraps what it cannot show
+        t = history_table(rows, wide=True, width=1 << 16)
+        Console(width=max(console.width, console.measure(t).maximum)).print(t)
+    else:
+        console.print(history_table(rows, width=console.width))
+
+
+def history_table(rows: list[JobHistory], *, wide: bool = False, width: int = 80) -> Any:
+    """The ``history`` table: by default job, user, state, GPUs, wait, run, end (``MM-DD HH:MM``) and the
+    reason, laid out for 80 columns (every cell whole but the reason, shortened with an ellipsis to the width
+    left of ``width``, the terminal's, and never below 6); ``wide`` adds budget, attempts, preemptions,
+    GPU-hours, work lost and the end with its year and seconds."""
+    from rich.table import Table
+
+    gap = 1
+    t = Table(title=f"history ({len(rows)} finished jobs)", box=None, padding=(0, gap, 0, 0), header_style="bold")
+    cols = ["job", "user", *(["budget"] if wide else []), "state", "GPUs"]
+    cols += ["att", "pre"] if wide else []
+    cols += ["wait", "run", *(["GPU-h", "lost GPU-h"] if wide else []), "end", "reason"]
+    right = {"att", "pre", "GPU-h", "lost GPU-h", "wait", "run"}
+    table = [
+        {
+            "job": j.job_id,
+            "user": j.user,
+            "budget": j.budget,
+            "state": j.state,
+            "GPUs": f"{j.replicas}x{j.gpus_per_replica}",
+            "att": str(j.attempts),
+            "pre": str(j.preemptions),
+            "wait": _hours(j.wait_s),
+            "run": _hours(j.run_s),
+            "GPU-h": f"{j.gpu_hours:.2f}",
+            "lost GPU-h": "-" if j.lost_gpu_s is None else f"{j.lost_gpu_s / 3600:.2f}",
+            "end": j.ended_at.strftime("%Y-%m-%d %H:%M:%S" if wide else "%m-%d %H:%M") if j.ended_at else "-",
+            "reason": j.reason or "-",
+        }
+        for j in rows
+    ]
+    widths = {c: max([len(c), *(len(r[c]) for r in table)]) for c in cols if c != "reason"}
+    # the one column that gives way: the reason, shortened with an ellipsis to the width the others leave
+    room = max(6, width - sum(widths.values()) - gap * (len(cols) - 1) - 1)
+    for col in cols:
+        if col == "reason":
+            t.add_column(col, overflow="ellipsis", no_wrap=True, max_width=room)
+        else:  # whole: as wide as its widest cell
+            t.add_column(col, justify="right" if col in right else "left", no_wrap=True, min_width=widths[col])
+    for r in table:
+        t.add_row(*(r[c] if c != "reason" or len(r[c]) <= room else r[c][: room - 1] + "…" for c in cols))
+    return t
 
 
 def _when(text: str | None, flag: str) -> datetime | None:
