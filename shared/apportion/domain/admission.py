@@ -334,7 +334,8 @@ def admit(
 
 
 def time_limit_in_force(tree: BudgetTree, job: JobSubmitted) -> float | None:
-    """The time limit of ``job``, seconds per run: the one home of the rule (``JobQueued.time_limit_s``).
+    """The time limit of ``job``, seconds per run (``D1.job``'s optional ``time_limit_s``): the one home of the
+    rule (``JobQueued.time_limit_s``).
 
     The submission's ``time_limit_s`` when it gives one, else its budget's (inherited)
     ``default_time_limit_s``; ``None``: no limit. Admission refuses a limit in force above the budget's
