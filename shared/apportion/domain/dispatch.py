@@ -12,6 +12,14 @@ What ``decide`` does per input (DESIGN sections 2 and 3):
 * ``JobSubmitted`` -> admission (``admit``): ``JobQueued`` (attempt 1) or
   ``JobRejected`` with a machine-readable reason; a job id seen before is
   rejected as ``duplicate_job``.
+* ``JobSubmitted`` with ``hold`` -> ``JobQueued`` then ``JobHeld``.
+* ``JobHoldRequested`` of a pending job -> ``JobHeld``: the job stays in its
+  queue (its ``submitted_at`` and place in the order kept) and no cycle
+  places it (:meth:`DispatchState.pending_now`); ``JobReleaseRequested`` of a
+  held job -> ``JobReleased``, and cycles see it again in fair-share order.
+  A hold of a job that is not pending (running, already held) or a release of
+  one that is not held -> ``JobRejected`` of the request (reason ``invalid``);
+  of an ended job too; of a job never seen -> nothing.
 * ``JobCancelRequested`` -> ``JobCancelled``; a running job also gets
   ``StopWorkload`` per replica (its GPUs are free at once). A cancel of a job
   that already ended (within the window) -> ``JobRejected`` of the request
@@ -55,7 +63,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from apportion.domain.admission import NodeShape, Rejection, admit, refused_request_event
+from apportion.domain.admission import NodeShape, Rejection, admit, refused_request_event, time_limit_in_force
 from apportion.domain.budgets import BudgetTree, fold_budget_event
 from apportion.domain.cluster import (
     PROTECTION_UNTIL_DONE_S,
@@ -92,11 +100,15 @@ from apportion.events import (
     JobCancelRequested,
     JobCompleted,
     JobFailed,
+    JobHeld,
+    JobHoldRequested,
     JobLost,
     JobPlaced,
     JobPreempted,
     JobQueued,
     JobRejected,
+    JobReleased,
+    JobReleaseRequested,
     JobRequeued,
     JobStarted,
     JobSubmitted,
@@ -107,6 +119,7 @@ from apportion.events import (
     NodeLost,
     NodeUncordoned,
     RejectReason,
+    StartWorkload,
     StopWorkload,
     WorkloadRefused,
     det_id,
@@ -154,7 +167,7 @@ REFUSED_START = "start refused: "
 EMIT_ORDER: tuple[tuple[str, ...], ...] = (
     ("NodeLost",),
     ("JobLost",),
-    ("JobRequeued", "JobQueued", "JobRejected", "JobCancelled", "JobFailed"),
+    ("JobRequeued", "JobQueued", "JobHeld", "JobReleased", "JobRejected", "JobCancelled", "JobFailed"),
     ("JobPreempted",),
     ("StopWorkload",),
     ("NodeDrained",),
@@ -184,6 +197,10 @@ __all__ = [
     "heartbeat_deadline_us",
     "wakeups",
     "admit_submission",
+    "hold_events",
+    "held_event",
+    "hold_answered",
+    "with_job_settings",
     "Backoff",
     "refusal_backoff_s",
     "undo_refused_start",
@@ -347,6 +364,8 @@ class DispatchState:
             (``DispatcherConfigured.heartbeats_from``, the latest folded; ``None``: no grace). See
             :func:`heartbeat_deadline_us`.
         backoff: job id -> its refused starts and backoff (:class:`Backoff`), while the job is active.
+        held: job id -> its ``JobHeld``, for pending jobs on hold (until ``JobReleased`` or the job ends):
+            they stay in ``pending`` and no cycle sees them (:meth:`pending_now`).
         node_refusals: node id -> starts it refused in a row for a fault of its own
             (:data:`NODE_FAULT_REFUSALS`, undone by a refused ``JobRequeued``; a ``JobStarted`` of the
             node or its ``NodeUncordoned`` resets it).
@@ -368,6 +387,7 @@ class DispatchState:
         "stale",
         "heartbeats_from_us",
         "backoff",
+        "held",
         "node_refusals",
         "window_us",
         "_kept",
@@ -394,6 +414,7 @@ class DispatchState:
         self.stale = 0
         self.heartbeats_from_us: Micros | None = None
         self.backoff: dict[str, Backoff] = {}
+        self.held: dict[str, JobHeld] = {}
         self.node_refusals: dict[str, int] = {}
         self.window_us = s_to_us(window_s)
         self._kept = 0  # size of ``seen`` after the last forget_old
@@ -414,7 +435,7 @@ class DispatchState:
 
     def __setstate__(self, st: dict[str, Any]) -> None:
         self.heartbeats_from_us = None
-        self.backoff, self.node_refusals = {}, {}
+        self.backoff, self.node_refusals, self.held = {}, {}, {}
         for k, v in st.items():
             setattr(self, k, v)
         self._shapes, self._memo, self._victims, self._free = None, CycleMemo(), None, None
@@ -442,6 +463,7 @@ class DispatchState:
         other.clock_us, other.stale, other.window_us, other._kept = self.clock_us, 0, self.window_us, 0
         other.heartbeats_from_us = self.heartbeats_from_us
         other.backoff, other.node_refusals = dict(self.backoff), dict(self.node_refusals)
+        other.held = dict(self.held)
         other._shapes = None
         other._memo = self._memo  # entries are keyed by list identity: safe to share
         other._victims = None  # a scratch cycle indexes its own runs and nodes
@@ -482,10 +504,15 @@ class DispatchState:
         )
 
     def pending_now(self, now_us: Micros) -> dict[str, list[PendingJob]]:
-        """The pending lists a cycle at ``now_us`` may place from: jobs backing off after a refused start
-        (:attr:`backoff`, ``not_before_us > now_us``) are left out, until their backoff ends."""
+        """The pending lists a cycle at ``now_us`` may place from: jobs on hold (:attr:`held`) and jobs
+        backing off after a refused start (:attr:`backoff`, ``not_before_us > now_us``) are left out, until
+        released or their backoff ends."""
         pending = dict(self.pending)
         waiting: dict[str, set[str]] = {}
+        for job_id in self.held:
+            rec = self.jobs.get(job_id)
+            if rec is not None:
+                waiting.setdefault(rec.spec.budget, set()).add(job_id)
         for job_id, b in self.backoff.items():
             if b.not_before_us is not None and b.not_before_us > now_us:
                 rec = self.jobs.get(job_id)
@@ -702,6 +729,7 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         rec = jobs.get(ev.job_id)
         if rec is not None and rec.status == "pending" and rec.attempt == ev.attempt:
             state._dequeue(rec.spec.job_id)
+            state.held.pop(rec.spec.job_id, None)
             jobs[rec.spec.job_id] = JobRecord(rec.spec, rec.attempt, "running", rec.submitted_at_us, rec.queued_at_us)
             vics = frozenset(
                 (v.job_id, v.attempt) for v in ev.decision.victims if (v.job_id, v.attempt) in state.stopping
@@ -775,9 +803,16 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
                 state.finished[ev.job_id] = t_ev
                 state.awaiting.pop(key, None)
                 state.backoff.pop(ev.job_id, None)
+    elif isinstance(ev, JobHeld):
+        rec = jobs.get(ev.job_id)
+        if rec is not None and rec.status == "pending":
+            state.held[ev.job_id] = ev
+    elif isinstance(ev, JobReleased):
+        state.held.pop(ev.job_id, None)
     elif isinstance(ev, JobCancelled):
         rec = jobs.get(ev.job_id)
         if rec is not None:
+            state.held.pop(ev.job_id, None)
             if rec.status == "pending":
                 state._dequeue(ev.job_id)
             _stop_done(state, (ev.job_id, rec.attempt))
@@ -898,7 +933,7 @@ def decide(
                     message=msg,
                 )
             ]
-        return [
+        queued: list[Event] = [
             JobQueued(
                 event_id=det_id("JobQueued", job.job_id, 1),
                 ts=ts,
@@ -916,8 +951,15 @@ def decide(
                 submitted_at=job.submitted_at,
                 attempt=1,
                 checkpoint_interval_s=job.checkpoint_every_s,
+                env=job.env,
+                time_limit_s=time_limit_in_force(state.tree, job),
             )
         ]
+        if job.hold:
+            queued.append(held_event(job.job_id, job.user, "submitted held", job.event_id, ts, prod))
+        return queued
+    if isinstance(inp, (JobHoldRequested, JobReleaseRequested)):
+        return hold_events(state, inp, ts, prod)
     if isinstance(inp, JobCancelRequested):
         rec = state.jobs.get(inp.job_id)
         if rec is None:
@@ -987,6 +1029,63 @@ def decide(
     return out
 
 
+def held_event(job_id: str, by: str, reason: str, request_id: Any, ts: Any, prod: str) -> JobHeld:
+    """``JobHeld`` of ``job_id`` answering the request ``request_id`` (id deterministic in the request)."""
+    return JobHeld(
+        event_id=det_id("JobHeld", job_id, request_id),
+        ts=ts,
+        producer=prod,
+        job_id=job_id,
+        by=by,
+        reason=reason,
+        request_id=request_id,
+    )
+
+
+def hold_events(state: DispatchState, req: JobHoldRequested | JobReleaseRequested, ts: Any, prod: str) -> list[Event]:
+    """The answer to a hold or release request (module docstring): ``JobHeld``, ``JobReleased`` or the
+    request's ``JobRejected`` (reason ``invalid``, the job's state named); nothing for a job never seen."""
+    rec = state.jobs.get(req.job_id)
+    hold = isinstance(req, JobHoldRequested)
+    verb = "hold" if hold else "release"
+    why: str | None = None
+    if rec is None:
+        if req.job_id not in state.finished:
+            return []
+        why = f"job {req.job_id!r} already finished: nothing to {verb}"
+    elif hold and req.job_id in state.held:
+        why = f"job {req.job_id!r} is already held"
+    elif hold and rec.status != "pending":
+        why = f"job {req.job_id!r} is {rec.status}: only a pending job can be held (cancel stops a running one)"
+    elif not hold and req.job_id not in state.held:
+        why = f"job {req.job_id!r} is not held: nothing to release"
+    if why is not None:
+        budget = rec.spec.budget if rec is not None else ""
+        return [refused_request_event(req, Rejection(RejectReason.INVALID, why), budget=budget, ts=ts, producer=prod)]
+    reason = req.reason or ("held" if hold else "released")
+    if hold:
+        return [held_event(req.job_id, req.user, reason, req.event_id, ts, prod)]
+    return [
+        JobReleased(
+            event_id=det_id("JobReleased", req.job_id, req.event_id),
+            ts=ts,
+            producer=prod,
+            job_id=req.job_id,
+            by=req.user,
+            reason=reason,
+            request_id=req.event_id,
+        )
+    ]
+
+
+def hold_answered(state: DispatchState, req: JobHoldRequested | JobReleaseRequested) -> bool:
+    """Whether ``state`` has folded the answer to a hold or release request (its ``JobHeld``, ``JobReleased``
+    or ``JobRejected``, ids deterministic in the request): a rebuild decides only the others."""
+    kind = "JobHeld" if isinstance(req, JobHoldRequested) else "JobReleased"
+    ids = (det_id(kind, req.job_id, req.event_id), det_id("JobRejected", req.job_id, req.event_id))
+    return any(i in state.seen for i in ids)
+
+
 def step(state: DispatchState, inp: Event | Tick, now_us: Micros, config: DispatchConfig | None = None) -> list[Event]:
     """``evolve(inp)``, ``decide``, then ``evolve`` every output; returns the outputs.
 
@@ -1016,9 +1115,24 @@ def _cycle(state: DispatchState, now_us: Micros, config: DispatchConfig | None =
     fn = cfg.scheduler
     if fn is None:
         # the engine reads the snapshot during the call only and never writes: no copies needed
-        return run_cycle(state.cycle_snapshot(now_us, copy=False), now_us, cfg.engine).events
+        return with_job_settings(state, run_cycle(state.cycle_snapshot(now_us, copy=False), now_us, cfg.engine).events)
     view = getattr(fn, "reads_snapshot_only", False) is True
-    return fn(state.cycle_snapshot(now_us, copy=not view), now_us, cfg.engine)
+    return with_job_settings(state, fn(state.cycle_snapshot(now_us, copy=not view), now_us, cfg.engine))
+
+
+def with_job_settings(state: DispatchState, out: list[Event]) -> list[Event]:
+    """``out`` with each ``StartWorkload`` carrying its job's settings for the node agent: the submission's
+    ``env`` and the time limit in force (``JobQueued.env``, ``JobQueued.time_limit_s``). Events of jobs
+    without settings pass as they are (no copy)."""
+    res = out
+    for i, e in enumerate(out):
+        if type(e) is StartWorkload:
+            rec = state.jobs.get(e.job_id)
+            if rec is not None and (rec.spec.env or rec.spec.time_limit_s is not None):
+                if res is out:
+                    res = list(out)
+                res[i] = e.model_copy(update={"env": dict(rec.spec.env or {}), "time_limit_s": rec.spec.time_limit_s})
+    return res
 
 
 def maintenance(state: DispatchState, now_us: Micros, config: DispatchConfig | None = None) -> list[Event]:
@@ -1122,7 +1236,7 @@ def _start_waiting(
                         user=prec.spec.user,
                     )
                 )
-    return out
+    return with_job_settings(state, out)
 
 
 def _drain(
