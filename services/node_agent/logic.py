@@ -152,6 +152,9 @@ RETENTION_S = 24 * 3600.0
 
 STOPPED = "stopped"
 
+#: ``JobFailed.reason`` of a replica the agent stopped at its time limit (``StartWorkload.time_limit_s``).
+TIME_LIMIT = "time_limit"
+
 
 # --------------------------------------------------------------------------- the account and environment of a process
 
@@ -527,6 +530,9 @@ class Workload:
             (``StartWorkload.checkpoint_interval_s``), ``None``: no interval checkpoints.
         account: the Unix account a process runs as; ``None``: the agent does not isolate jobs (it runs
             processes as itself, a development mode: ``docs/security.md``).
+        time_limit_s: event seconds from its start after which the agent stops it (SIGTERM, the grace, SIGKILL)
+            and reports ``JobFailed`` reason :data:`TIME_LIMIT` (``StartWorkload.time_limit_s``); ``None``: none.
+        timed_out: the agent is stopping it at its time limit.
     """
 
     node_id: str
@@ -545,6 +551,8 @@ class Workload:
     progress_s: float | None = None
     checkpoint_interval_s: float | None = None
     account: Account | None = None
+    time_limit_s: float | None = None
+    timed_out: bool = False
 
     @property
     def key(self) -> RunKey:
@@ -804,6 +812,7 @@ def decide_start(state: AgentState, cmd: StartWorkload, now: datetime, account: 
         progress_s=cmd.progress_s if simulate else None,
         checkpoint_interval_s=cmd.checkpoint_interval_s if simulate else None,
         account=account if not simulate and isinstance(account, Account) else None,
+        time_limit_s=cmd.time_limit_s,
     )
     held = state.held(cmd.node_id)
     holders = {held[g].key: held[g] for g in cmd.gpus if g in held}
@@ -930,6 +939,16 @@ def with_launched(state: AgentState, w: Workload) -> AgentState:
     return replace(state, running={**state.running, w.key: w}, waiting=waiting, by_node=by_node)
 
 
+def with_timed_out(state: AgentState, key: RunKey) -> tuple[AgentState, Workload | None]:
+    """State after replica ``key`` reached its time limit: it is stopping and :attr:`Workload.timed_out`, with the
+    default grace. ``None`` (state unchanged) when it no longer runs or is already stopping for another reason."""
+    w = state.running.get(key)
+    if w is None or w.stopping:
+        return state, None
+    w = replace(w, stopping=True, timed_out=True, grace_s=DEFAULT_GRACE_S)
+    return replace(state, running={**state.running, key: w}), w
+
+
 def with_deferred(state: AgentState, w: Workload) -> AgentState:
     """State after ``w`` was put to wait for GPUs."""
     return replace(state, waiting={**state.waiting, w.key: w})
@@ -1050,6 +1069,8 @@ def exit_event(
     )
     if reason is None and exit_code == 0 and not w.stopping:
         return JobCompleted(**common, exit_code=0)
+    if reason is None and w.timed_out:
+        reason = TIME_LIMIT
     if reason is None:
         if w.stopping:
             reason = STOPPED if not never_started else f"{STOPPED} before start"

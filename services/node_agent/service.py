@@ -345,6 +345,7 @@ class NodeAgent:
         self._tasks: dict[RunKey, asyncio.Task[None]] = {}
         self._procs: dict[RunKey, asyncio.subprocess.Process] = {}
         self._killers: dict[RunKey, asyncio.Task[None]] = {}
+        self._limits: dict[RunKey, asyncio.Task[None]] = {}  # replicas' time limits (StartWorkload.time_limit_s)
         self._lock = asyncio.Lock()
         self._metrics = metrics or {}
         self._hb_task: asyncio.Task[None] | None = None
@@ -870,6 +871,8 @@ class NodeAgent:
         )
         self.state = logic.with_launched(self.state, w)
         self._tasks[w.key] = asyncio.create_task(self._watch(w), name=f"workload {w.key}")
+        if w.time_limit_s is not None:
+            self._limits[w.key] = asyncio.create_task(self._limit(w.key, w.time_limit_s), name=f"limit {w.key}")
         self._gauge()
         await self._emit(logic.started_event(w, now, pid))
 
@@ -904,9 +907,10 @@ class NodeAgent:
             self._sleeping.discard(w.key)
             self._procs.pop(w.key, None)
             self._adopted.pop(w.key, None)
-            k = self._killers.pop(w.key, None)
-            if k is not None:
-                k.cancel()
+            for tasks in (self._killers, self._limits):
+                k = tasks.pop(w.key, None)
+                if k is not None and k is not asyncio.current_task():
+                    k.cancel()
         async with self._lock:
             current = self.state.running.get(w.key, w)
             if w.key in self._progress:  # a last look: the checkpoint written on SIGTERM goes before the exit
@@ -939,6 +943,16 @@ class NodeAgent:
             await self._rejoin_ready()
             self._gauge()
         self._tasks.pop(w.key, None)
+
+    async def _limit(self, key: RunKey, limit_s: float) -> None:
+        """Stop replica ``key`` when it has run ``limit_s`` event seconds (its time limit): SIGTERM, the default
+        grace, SIGKILL, as a preemption does; its exit is reported ``JobFailed`` reason ``time_limit``."""
+        await self.clock.sleep(limit_s)
+        async with self._lock:
+            self.state, w = logic.with_timed_out(self.state, key)
+            if w is not None:
+                log.info("replica %s reached its time limit of %.0f s: stopping it", key, limit_s)
+                self._signal(w, w.grace_s)
 
     async def _simulate(self, w: Workload) -> None:
         """Run simulated workload ``w`` for :func:`logic.sim_remaining_s` event seconds from ``w.started_at``,

@@ -537,3 +537,61 @@ async def test_lost_node_stops_its_replicas_then_registers_again():
 async def _until(pred, step: float = 0.005) -> None:
     while not pred():
         await asyncio.sleep(step)
+
+
+def _limited(cmd: StartWorkload, limit_s: float) -> StartWorkload:
+    return cmd.model_copy(update={"time_limit_s": limit_s})
+
+
+async def test_simulated_run_past_its_time_limit_is_stopped_and_reported_time_limit():
+    # 3,600 s of work, a 100 s limit: SIGTERM at T0 + 100 s; a simulated workload exits on it at once, so the
+    # JobFailed is stamped T0 + 100 s with reason time_limit (not "stopped": nobody asked for a stop)
+    clock, sink = ManualClock(T0), Sink()
+    agent = make_agent(clock, sink)
+    await agent.start(heartbeats=False)
+    await agent.on_event(_limited(start(duration_s=3600.0), 100.0))
+    await settle(clock, 2)  # the workload's sleep and its limit's
+    clock.advance(99)
+    await asyncio.sleep(0.01)
+    assert not sink.of(JobFailed)
+    clock.advance(1)
+    await asyncio.wait_for(agent.idle(), 5)
+    (failed,) = sink.of(JobFailed)
+    assert (failed.reason, failed.exit_code, failed.ts) == (logic.TIME_LIMIT, -15, T0 + timedelta(seconds=100))
+    assert not sink.of(JobCompleted)
+
+
+async def test_run_that_ends_before_its_limit_completes_and_a_stop_before_the_limit_stays_a_stop():
+    clock, sink = ManualClock(T0), Sink()
+    agent = make_agent(clock, sink)
+    await agent.start(heartbeats=False)
+    await agent.on_event(_limited(start(job="short", gpus=(0,), duration_s=50.0), 100.0))
+    await agent.on_event(_limited(start(job="stopped", gpus=(1,), duration_s=3600.0), 100.0))
+    await settle(clock, 4)
+    await agent.on_event(stop(job="stopped", grace_s=30))
+    clock.advance(50)
+    await asyncio.wait_for(_until(lambda: len(sink.of(JobFailed)) + len(sink.of(JobCompleted)) == 2), 5)
+    clock.advance(100)  # past both limits: nothing more happens
+    await asyncio.wait_for(agent.idle(), 5)
+    assert [c.job_id for c in sink.of(JobCompleted)] == ["short"]
+    assert [(f.job_id, f.reason) for f in sink.of(JobFailed)] == [("stopped", "stopped")]
+
+
+async def test_real_process_that_ignores_sigterm_at_its_time_limit_is_killed_after_the_grace(tmp_path):
+    clock, sink = ManualClock(T0), Sink()
+    agent = make_agent(clock, sink, simulated=False)
+    ready = tmp_path / "ready"
+    code = (
+        "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        f"open({str(ready)!r},'w').close(); time.sleep(60)"
+    )
+    await agent.on_event(_limited(start(duration_s=None, command=(sys.executable, "-c", code)), 10.0))
+    await asyncio.wait_for(_until(ready.exists), 20)
+    await settle(clock, 1)  # the limit waits on the clock
+    clock.advance(10)  # the limit: SIGTERM (ignored), SIGKILL after the default grace
+    await settle(clock, 1)
+    assert not sink.of(JobFailed)
+    clock.advance(logic.DEFAULT_GRACE_S)
+    await asyncio.wait_for(agent.idle(), 20)
+    (failed,) = sink.of(JobFailed)
+    assert (failed.reason, failed.exit_code) == (logic.TIME_LIMIT, -9)
