@@ -321,6 +321,7 @@ class Simulator:
         self.events = 0
         self._periodic_at: Micros | None = None
         self._real = 0
+        self._ticks = 0  # of ``_real``: wake-ups (a tick only matters while the dispatcher has something to act on)
         self._last_cycle: Micros = -(1 << 62)
         self._deferred_at: Micros | None = None
         self.jobs_ledger = JobLedger()
@@ -339,6 +340,8 @@ class Simulator:
         self._seq += 1
         if kind in self._REAL:
             self._real += 1
+            if kind == self._TICK:
+                self._ticks += 1
         heapq.heappush(self._heap, (t, self._seq, kind, payload))
 
     # ------------------------------------------------------------------ run
@@ -417,6 +420,8 @@ class Simulator:
             if top[2] == ckpt and top[3][:2] not in live:  # its run has ended: not a happening
                 heapq.heappop(heap)
                 continue
+            if self._real == self._ticks and self._idle():
+                break  # only wake-ups are left and nothing they could act on: the run ends at the last job's end
             t = top[0]
             if self.measured is None and t > measure:
                 self._measure(measure)
@@ -433,6 +438,7 @@ class Simulator:
                 if kind == self._EV:
                     dirty |= self._feed(self._materialise(payload, t), t)
                 elif kind == self._TICK:
+                    self._ticks -= 1
                     dirty = True
                 elif kind == self._PERIODIC:
                     self._periodic_at = None
@@ -525,6 +531,15 @@ class Simulator:
             events=self.events,
             capacity_gpus=sum(n.gpus for n in self.nodes),
         )
+
+    def _idle(self) -> bool:
+        """Nothing a cycle could act on: no pending job, no run (running or stopping), no draining node.
+
+        With no submission, completion, stop or node death ahead either, a wake-up (a protection
+        expiry, say, of a run protected until it completes) can decide nothing more, so the run ends.
+        """
+        st = self.state
+        return not (st.pending or st.cluster.runs or st.stopping or st.awaiting or st.draining)
 
     def _materialise(self, payload: Any, t: Micros) -> Event:
         if isinstance(payload, SimJob):
