@@ -121,6 +121,10 @@ def main() -> None:
         f"{rep.max_preemptions_per_job} for one job"
     )
     print(
+        f"  idle while a job that fits waits: {rep.idle_waiting_alloc_gpu_h:,.1f} GPU-h (allocated jobs), "
+        f"{rep.idle_waiting_unalloc_gpu_h:,.1f} GPU-h (unallocated jobs)"
+    )
+    print(
         "  per budget: share, allocated share, mean deficit pp, goodput, work lost GPU-h (% of held), completed, "
         "JCT p50 / p95, preemptions per job-hour, max per job"
     )

@@ -85,6 +85,7 @@ from apportion.events import (
     is_allocated,
 )
 from apportion.report import JobLedger
+from apportion.sim.conservation import IdleWhileWaiting
 from apportion.timeutil import Micros, from_us, s_to_us, us_to_s
 
 __all__ = ["SimJob", "SimNode", "SimConfig", "SimResult", "Simulator", "simulate", "default_horizon_us"]
@@ -249,6 +250,8 @@ class SimResult:
         jobs_ledger: the job events folded as they happened
             (:class:`apportion.report.JobLedger`: completions, work lost,
             preemptions), also when ``keep_log`` is off.
+        idle_waiting_gpu_s: GPU-seconds idle while a job that fits them waited, (allocated jobs,
+            unallocated jobs): :mod:`apportion.sim.conservation`.
     """
 
     log: list[Event]
@@ -269,6 +272,7 @@ class SimResult:
     measured_until_us: Micros | None = None
     job_allocated: dict[str, bool] = field(default_factory=dict)
     jobs_ledger: JobLedger = field(default_factory=JobLedger)
+    idle_waiting_gpu_s: tuple[float, float] = (0.0, 0.0)
 
     def decision_log(self) -> bytes:
         """The dispatcher's outputs as JSON lines (byte-identical for the same inputs and seed)."""
@@ -325,6 +329,7 @@ class Simulator:
         self._last_cycle: Micros = -(1 << 62)
         self._deferred_at: Micros | None = None
         self.jobs_ledger = JobLedger()
+        self.idle = IdleWhileWaiting()
         self._saved: dict[str, float] = {}  # job -> progress saved by its last checkpoint, s
         # running run -> [start µs, progress at start s, interval s or None, gang broken at µs or None, duration s]
         self._live: dict[tuple[str, int], list[Any]] = {}
@@ -420,7 +425,7 @@ class Simulator:
             if top[2] == ckpt and top[3][:2] not in live:  # its run has ended: not a happening
                 heapq.heappop(heap)
                 continue
-            if self._real == self._ticks and self._idle():
+            if self._real == self._ticks and self._nothing_to_act_on():
                 break  # only wake-ups are left and nothing they could act on: the run ends at the last job's end
             t = top[0]
             if self.measured is None and t > measure:
@@ -506,6 +511,7 @@ class Simulator:
                     self._outputs(step(self.state, Tick(t), t, self.dcfg), t)
             if sample_now:
                 self._sample(t)
+            self.idle.advance(t, self.state.cluster.nodes, self.state.pending)
             if cfg.cycle_s and self.state.pending and self._periodic_at is None and self._real:
                 self._periodic_at = t + s_to_us(cfg.cycle_s)
                 self._push(self._periodic_at, self._PERIODIC)
@@ -530,9 +536,10 @@ class Simulator:
             cycles=self.cycles,
             events=self.events,
             capacity_gpus=sum(n.gpus for n in self.nodes),
+            idle_waiting_gpu_s=(self.idle.gpu_s[0], self.idle.gpu_s[1]),
         )
 
-    def _idle(self) -> bool:
+    def _nothing_to_act_on(self) -> bool:
         """Nothing a cycle could act on: no pending job, no run (running or stopping), no draining node.
 
         With no submission, completion, stop or node death ahead either, a wake-up (a protection
@@ -568,6 +575,7 @@ class Simulator:
             self.log.append(ev)
         self.total.apply(ev)
         self.jobs_ledger.apply(ev)
+        self.idle.saw(ev)
         if type(ev) is JobCheckpointed:
             saved = self._saved
             if ev.progress_s > saved.get(ev.job_id, 0.0):
@@ -587,12 +595,14 @@ class Simulator:
         """Record dispatcher outputs and act as the node agents on commands."""
         keep = self.cfg.keep_log
         jobs = self.jobs_ledger
+        idle = self.idle
         for e in out:
             self.events += 1
             if keep:
                 self.log.append(e)
             self.total.apply(e)
             jobs.apply(e)
+            idle.saw(e)
             for w in wakeups(e, self.dcfg):
                 self._push(w, self._TICK)
             if type(e) is StartWorkload:

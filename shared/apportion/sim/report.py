@@ -22,6 +22,9 @@ Definitions (all over the simulated span ``[start, end]``):
 * **preemptions**: ``JobPreempted`` events (victims, incl. drains).
 * **protection violations**: preemptions of a run inside its minimum runtime
   (must be 0).
+* **idle while waiting** (``idle_waiting_alloc_gpu_h``, ``idle_waiting_unalloc_gpu_h``): GPU-hours
+  idle while a job that fits them waits, allocated and unallocated waiting jobs separately, over the
+  whole run; "fits" and the formula are in :mod:`apportion.sim.conservation`. 0 is work-conserving.
 * **goodput**: (GPU-seconds held - work lost) / capacity GPU-seconds over the
   span of utilisation (first to last submission; work lost by stops in that
   span), so ``utilisation - goodput`` is the share of capacity thrown away.
@@ -100,6 +103,8 @@ class PolicyReport:
     max_preemptions_per_job: int = 0
     max_preemptions_allocated: int = 0
     checkpoints: int = 0
+    idle_waiting_alloc_gpu_h: float = 0.0
+    idle_waiting_unalloc_gpu_h: float = 0.0
     horizon: str | None = None
     wall_s: float | None = None
     measured_until: str | None = None
@@ -198,6 +203,8 @@ def summarise(
         max_preemptions_per_job=tot.max_preemptions_per_job,
         max_preemptions_allocated=tot.max_preemptions_allocated,
         checkpoints=jobs.checkpoints,
+        idle_waiting_alloc_gpu_h=result.idle_waiting_gpu_s[0] / 3600,
+        idle_waiting_unalloc_gpu_h=result.idle_waiting_gpu_s[1] / 3600,
         wall_s=wall_s,
         rejected=dict(sorted((rejected or {}).items())),
         budgets=tot.rows,
@@ -245,6 +252,7 @@ def render_table(reports: list[PolicyReport], console: Any = None, budgets: bool
         "never placed",
         "preemptions",
         "protection violations",
+        "idle while waiting GPU-h (alloc / unalloc)",
     ):
         if col == "policy":  # names are never cut ("fai…")
             t.add_column(col, no_wrap=True, min_width=max(len(r.policy) for r in reports) if reports else None)
@@ -263,6 +271,7 @@ def render_table(reports: list[PolicyReport], console: Any = None, budgets: bool
             str(r.never),
             str(r.preemptions),
             str(r.violations),
+            f"{r.idle_waiting_alloc_gpu_h:,.0f} / {r.idle_waiting_unalloc_gpu_h:,.0f}",
         )
     console.print(t)
     g = Table(title="goodput and work lost (whole run; goodput over utilisation's span)")
