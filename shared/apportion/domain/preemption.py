@@ -195,6 +195,8 @@ def victim_rule(
     charge_gpu_s: float = 0.0,
     moves: frozenset[Move] | set[Move] = frozenset(),
     job_gpus: int | None = None,
+    *,
+    ignore_protection: bool = False,
 ) -> VictimVerdict:
     """May ``run`` be preempted for a job of ``preemptor_leaf``? DESIGN section 3, candidates 1 and 2.
 
@@ -221,12 +223,14 @@ def victim_rule(
         charge_gpu_s: J's provisional charge, GPU-seconds.
         moves: this cycle's preemptions so far (:data:`Move`).
         job_gpus: g * k of J (:func:`gang_rule`); ``None``: the rule is not applied.
+        ignore_protection: judge the run as if its protection had ended at ``now_us`` (a reservation
+            asks which runs its holder could take back once their protection ends).
     """
     if run.stopping:
         return VictimVerdict(REFUSED_STOPPING)
     if not run.allocated:
         return VictimVerdict(RULE_UNALLOCATED)
-    if run.protected(now_us):
+    if not ignore_protection and run.protected(now_us):
         return VictimVerdict(REFUSED_PROTECTED)
     if job_gpus is not None and not gang_rule(run.replicas, run.gpus, job_gpus):
         return VictimVerdict(REFUSED_GANG_FRACTION)

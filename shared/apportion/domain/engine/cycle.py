@@ -84,7 +84,7 @@ from operator import attrgetter
 from typing import Any
 
 from apportion.domain.budgets import BudgetTree
-from apportion.domain.cluster import ClusterSnapshot
+from apportion.domain.cluster import UNTIL_STARTED, ClusterSnapshot, Run
 from apportion.domain.engine.emit import emit_placed, job_protection_s, pending_start_events, preempt_events
 from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
 from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
@@ -100,6 +100,7 @@ from apportion.domain.preemption import (
     backfill_rule,
     branch_rule,
     charge_of,
+    victim_rule,
 )
 from apportion.domain.preemption import (
     branches_of as _branches,
@@ -462,8 +463,32 @@ def run_cycle(
                 free.reserve(n)
             res.reservation = (job.job_id, tuple(chosen_nodes))
             if free.reserved_free():
-                hold_fit = earliest_fit_us(cluster, chosen_nodes, g, now_us, victims.taken if victims else set())
-                hold_leaf, hold_charge = leaf, charge
+
+                def may_take(
+                    run: Run, at_us: Micros, leaf: str = leaf, charge: float = charge, gpus: int = g * k
+                ) -> bool:
+                    return victim_rule(
+                        run,
+                        leaf,
+                        at_us,
+                        queue,
+                        cfg.delta,
+                        charge,
+                        moves,
+                        gpus if cfg.gang_rule else None,
+                        ignore_protection=True,
+                    ).allowed
+
+                hold_fit = earliest_fit_us(
+                    cluster, chosen_nodes, g, now_us, victims.taken if victims else set(), may_take
+                )
+                if hold_fit >= UNTIL_STARTED:
+                    # no known time to fit (it waits on runs it may not take back): it keeps no GPU free
+                    # for itself (DESIGN section 3), lower-ranked work may use them as any other
+                    free.unreserve_all()
+                    hold_fit = 0
+                else:
+                    hold_leaf, hold_charge = leaf, charge
             continue  # the reservation changed free capacity: no bulk skip on its account
         if model is None:
             ent = search_failures.get(leaf)  # search_failed(leaf, 1, 1) or search_failed(leaf, *floor), inlined
