@@ -85,7 +85,13 @@ from typing import Any
 
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import UNTIL_STARTED, ClusterSnapshot, Run
-from apportion.domain.engine.emit import emit_placed, job_protection_s, pending_start_events, preempt_events
+from apportion.domain.engine.emit import (
+    emit_placed,
+    job_protection_s,
+    pending_start_events,
+    preempt_events,
+    protection_cap_us,
+)
 from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
 from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
 from apportion.domain.engine.reasons import PendingReason, explain_pending
@@ -253,6 +259,14 @@ def run_cycle(
             m = min_rt[leaf] = min(map(_MIN_RT, islice(pending[leaf], 0, allocated_end[leaf])), default=0.0)
         return backfill_rule(True, s_to_us(m), now_us, hold_fit)
 
+    caps: dict[str, Micros | None] = {}
+
+    def gang_cap(budget: str) -> Micros | None:
+        """The protection cap of ``budget``'s runs (:func:`protection_cap_us`), once per cycle and budget."""
+        if budget not in caps:
+            caps[budget] = protection_cap_us(budget, tree, cfg)
+        return caps[budget]
+
     charges = 0
     own_charges: dict[str, int] = {}
     floors: dict[tuple[str, int], tuple[int, int]] = {}
@@ -402,6 +416,7 @@ def run_cycle(
                 cfg.patience_s,
                 cfg.checkpoint_wait_s,
                 cfg.gang_rule,
+                gang_cap,
             )
             if plan is None:
                 # (a refusal by patience_rule or checkpoint_rule depends on this job's wait or victims' timing)
@@ -477,6 +492,7 @@ def run_cycle(
                         moves,
                         gpus if cfg.gang_rule else None,
                         ignore_protection=True,
+                        gang_cap_us=gang_cap(run.budget),
                     ).allowed
 
                 hold_fit = earliest_fit_us(
