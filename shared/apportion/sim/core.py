@@ -53,7 +53,7 @@ from __future__ import annotations
 import gc
 import heapq
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -88,7 +88,16 @@ from apportion.report import JobLedger
 from apportion.sim.conservation import IdleWhileWaiting
 from apportion.timeutil import Micros, from_us, s_to_us, us_to_s
 
-__all__ = ["SimJob", "SimNode", "SimConfig", "SimResult", "Simulator", "simulate", "default_horizon_us"]
+__all__ = [
+    "SimJob",
+    "SimNode",
+    "SimConfig",
+    "SimResult",
+    "Simulator",
+    "simulate",
+    "default_horizon_us",
+    "usable_fraction",
+]
 
 _DIRTY = (
     JobSubmitted,
@@ -131,6 +140,24 @@ class SimJob:
     duration_s: float
     gpu_model: str | None = None
     checkpoint_interval_s: float | None = None
+
+
+def usable_fraction(model_gpus: Mapping[str | None, int], models: Iterable[str | None]) -> float:
+    """Fraction of the cluster's GPUs that jobs asking for ``models`` could run on (``None``: any model).
+
+    The bound of a budget's **attainable share**, ``min(share, usable_fraction)`` over its waiting allocated
+    jobs' models: a budget whose waiting work all needs a scarce model cannot get more than that model's
+    part of the cluster, whatever the scheduler does (docs/simulation.md, "How the figures are defined").
+    """
+    total = sum(model_gpus.values())
+    if not total:
+        return 0.0
+    asked: set[str | None] = set()
+    for m in models:
+        if m is None:
+            return 1.0
+        asked.add(m)
+    return sum(model_gpus.get(m, 0) for m in asked) / total
 
 
 def default_horizon_us(jobs: Sequence[SimJob], nodes: Sequence[SimNode]) -> Micros:
@@ -252,6 +279,8 @@ class SimResult:
             preemptions), also when ``keep_log`` is off.
         idle_waiting_gpu_s: GPU-seconds idle while a job that fits them waited, (allocated jobs,
             unallocated jobs): :mod:`apportion.sim.conservation`.
+        usable: per sample (aligned with ``samples``; empty on a cluster of one GPU model): leaf with
+            allocated work waiting -> :func:`usable_fraction` of that work (the attainable share's bound).
     """
 
     log: list[Event]
@@ -273,6 +302,7 @@ class SimResult:
     job_allocated: dict[str, bool] = field(default_factory=dict)
     jobs_ledger: JobLedger = field(default_factory=JobLedger)
     idle_waiting_gpu_s: tuple[float, float] = (0.0, 0.0)
+    usable: list[dict[str, float]] = field(default_factory=list)
 
     def decision_log(self) -> bytes:
         """The dispatcher's outputs as JSON lines (byte-identical for the same inputs and seed)."""
@@ -330,6 +360,12 @@ class Simulator:
         self._deferred_at: Micros | None = None
         self.jobs_ledger = JobLedger()
         self.idle = IdleWhileWaiting()
+        self.usable: list[dict[str, float]] = []  # per sample: leaf -> usable_fraction of its waiting work
+        models = {n.model for n in self.nodes}
+        self._model_gpus: dict[str | None, int] = {}
+        if len(models) > 1:  # with one model every job can use every GPU: the attainable share is the share
+            for n in self.nodes:
+                self._model_gpus[n.model] = self._model_gpus.get(n.model, 0) + n.gpus
         self._saved: dict[str, float] = {}  # job -> progress saved by its last checkpoint, s
         # running run -> [start µs, progress at start s, interval s or None, gang broken at µs or None, duration s]
         self._live: dict[tuple[str, int], list[Any]] = {}
@@ -537,6 +573,7 @@ class Simulator:
             events=self.events,
             capacity_gpus=sum(n.gpus for n in self.nodes),
             idle_waiting_gpu_s=(self.idle.gpu_s[0], self.idle.gpu_s[1]),
+            usable=self.usable,
         )
 
     def _nothing_to_act_on(self) -> bool:
@@ -749,6 +786,7 @@ class Simulator:
             if not run.stopping:
                 running[run.budget] = running.get(run.budget, 0) + run.gpus_per_replica * len(run.open_replicas)
         row = {}
+        usable: dict[str, float] = {}
         for leaf in self.tree.leaves():
             waiting = st.pending.get(leaf, ())
             row[leaf] = (
@@ -757,7 +795,10 @@ class Simulator:
                 len(waiting),
                 sum(1 for j in waiting if j.allocated),
             )
+            if self._model_gpus and row[leaf][3]:
+                usable[leaf] = usable_fraction(self._model_gpus, (j.gpu_model for j in waiting if j.allocated))
         self.samples.append((t, row))
+        self.usable.append(usable)
 
 
 def simulate(
