@@ -29,13 +29,26 @@ wait, does not.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 
 from apportion.domain.cluster import Node
 from apportion.domain.engine.inputs import PendingJob
-from apportion.events import Event, JobPlaced
+from apportion.events import (
+    Event,
+    JobCheckpointed,
+    JobPlaced,
+    JobPreempted,
+    JobStarted,
+    StartWorkload,
+    StopWorkload,
+)
 
 __all__ = ["Shape", "IdleWhileWaiting", "idle_fitting_gpus", "shapes_of"]
+
+#: Events that change neither a node's free GPUs or state nor the queue: a run's GPUs are taken at its
+#: ``JobPlaced`` and come back at its end (completion, stop, loss, requeue, cancel), all of which count.
+_QUIET = frozenset({JobStarted, JobCheckpointed, StartWorkload, StopWorkload, JobPreempted})
 
 Shape = tuple[int, int, str | None]
 """``(g, k, model)`` of a pending job."""
@@ -61,17 +74,53 @@ def idle_fitting_gpus(free: Mapping[str, tuple[str | None, int]], demand: Mappin
     """
     if not free or not demand:
         return 0
-    used: set[str] = set()
-    asked = 0
-    for (g, k, model), gpus in demand.items():
-        eligible = [n for n, (m, f) in free.items() if f >= g and (model is None or m == model)]
-        if len(eligible) >= k:
-            used.update(eligible)
-            asked += gpus
-    if not asked:
-        return 0
-    offered = sum(free[n][1] for n in used)
-    return offered if offered < asked else asked
+    return _FreeView(free).idle(demand)
+
+
+class _FreeView:
+    """Free GPUs per model as sorted counts with suffix sums: nodes with at least g free, and their free
+    GPUs, in O(log n) (a job's eligible nodes of one model are nested by g, so the union of the fitting
+    jobs' eligible nodes is, per model, the nodes at or above the smallest fitting g)."""
+
+    __slots__ = ("counts", "tails")
+
+    def __init__(self, free: Mapping[str, tuple[str | None, int]]) -> None:
+        per: dict[str | None, list[int]] = {}
+        for m, f in free.values():
+            per.setdefault(m, []).append(f)
+        self.counts: dict[str | None, list[int]] = {}
+        self.tails: dict[str | None, list[int]] = {}  # tails[m][i] = sum(counts[m][i:])
+        for m, fs in per.items():
+            fs.sort()
+            tail = [0] * (len(fs) + 1)
+            for i in range(len(fs) - 1, -1, -1):
+                tail[i] = tail[i + 1] + fs[i]
+            self.counts[m], self.tails[m] = fs, tail
+
+    def nodes_at_least(self, g: int, model: str | None) -> int:
+        """Nodes of ``model`` (any when ``None``) with at least ``g`` free GPUs."""
+        models = self.counts if model is None else ((model,) if model in self.counts else ())
+        return sum(len(self.counts[m]) - bisect_left(self.counts[m], g) for m in models)
+
+    def idle(self, demand: Mapping[Shape, int]) -> int:
+        lowest: dict[str | None, int] = {}  # model (None: any) -> smallest g of a fitting shape
+        asked = 0
+        for (g, k, model), gpus in demand.items():
+            if self.nodes_at_least(g, model) >= k:
+                asked += gpus
+                if g < lowest.get(model, g + 1):
+                    lowest[model] = g
+        if not asked:
+            return 0
+        anyg = lowest.get(None)
+        offered = 0
+        for m, fs in self.counts.items():
+            least = lowest.get(m) if m is not None else None
+            if anyg is not None and (least is None or anyg < least):
+                least = anyg
+            if least is not None:
+                offered += self.tails[m][bisect_left(fs, least)]
+        return offered if offered < asked else asked
 
 
 class IdleWhileWaiting:
@@ -85,7 +134,7 @@ class IdleWhileWaiting:
     distinct shapes waiting, not every job.
     """
 
-    __slots__ = ("free", "gpu_s", "_rate", "_since", "_touched", "_shapes", "_runs")
+    __slots__ = ("free", "gpu_s", "_rate", "_since", "_touched", "_shapes", "_runs", "_merged", "_merged_ids", "_dirty")
 
     def __init__(self) -> None:
         self.free: dict[str, tuple[str | None, int]] = {}
@@ -95,14 +144,22 @@ class IdleWhileWaiting:
         self._since: int | None = None
         self._touched: set[str] = set()
         self._runs: dict[str, tuple[str, ...]] = {}  # job id -> nodes of its latest placement
+        self._merged: tuple[tuple[Sequence[PendingJob], ...], dict[Shape, int], dict[Shape, int]] = ((), {}, {})
+        self._merged_ids: tuple[int, ...] = ()
+        self._dirty = False
         self._shapes: dict[str, tuple[Sequence[PendingJob], dict[Shape, int], dict[Shape, int]]] = {}
 
     def saw(self, ev: Event) -> None:
         """An event of this instant: the nodes it names, and those of the run of the job it names, may have
-        changed their free GPUs or state (a gang lost on one node frees its GPUs on the others too)."""
+        changed their free GPUs or state (a gang lost on one node frees its GPUs on the others too), and the
+        waiting jobs may have changed. Events that change neither (:data:`_QUIET`) are passed over."""
+        tp = type(ev)
+        if tp in _QUIET:
+            return
+        self._dirty = True
         touched = self._touched
-        if type(ev) is JobPlaced:
-            placed = self._runs[ev.job_id] = tuple(p.node_id for p in ev.placements)
+        if tp is JobPlaced:
+            placed = self._runs[ev.job_id] = tuple(p.node_id for p in ev.placements)  # type: ignore[attr-defined]
             touched.update(placed)
             return
         nid = getattr(ev, "node_id", None)
@@ -124,26 +181,45 @@ class IdleWhileWaiting:
             if u:
                 self.gpu_s[1] += u * dt
         self._since = t_us
+        if not self._dirty:
+            return  # no event of the instant changed free GPUs or the queue: I is what it was
+        self._dirty = False
         free = self.free
+        changed = False
         if self._touched:
             for nid in self._touched:
                 n = nodes.get(nid)
+                was = free.get(nid)
                 if n is not None and n.free and n.schedulable:
-                    free[nid] = (n.gpu_model, len(n.free))
-                else:
-                    free.pop(nid, None)
+                    now = (n.gpu_model, len(n.free))
+                    if now != was:
+                        free[nid] = now
+                        changed = True
+                elif was is not None:
+                    del free[nid]
+                    changed = True
             self._touched.clear()
         if not free or not pending:
             self._rate = (0, 0)
+            self._merged_ids = ()  # (the next measure starts afresh)
             return
-        alloc: dict[Shape, int] = {}
-        unalloc: dict[Shape, int] = {}
-        cache = self._shapes
-        for leaf, jobs in pending.items():
-            hit = cache.get(leaf)
-            if hit is None or hit[0] is not jobs:
-                hit = cache[leaf] = (jobs, *shapes_of(jobs))
-            for into, part in ((alloc, hit[1]), (unalloc, hit[2])):
-                for shape, gpus in part.items():
-                    into[shape] = into.get(shape, 0) + gpus
-        self._rate = (idle_fitting_gpus(free, alloc), idle_fitting_gpus(free, unalloc))
+        lists = tuple(pending.values())
+        ids = tuple(map(id, lists))
+        if ids == self._merged_ids and not changed:
+            return  # neither the free GPUs nor the waiting jobs changed: I is what it was
+        if ids != self._merged_ids:
+            alloc: dict[Shape, int] = {}
+            unalloc: dict[Shape, int] = {}
+            cache = self._shapes
+            for leaf, jobs in pending.items():
+                hit = cache.get(leaf)
+                if hit is None or hit[0] is not jobs:
+                    hit = cache[leaf] = (jobs, *shapes_of(jobs))
+                for into, part in ((alloc, hit[1]), (unalloc, hit[2])):
+                    for shape, gpus in part.items():
+                        into[shape] = into.get(shape, 0) + gpus
+            self._merged = (lists, alloc, unalloc)  # (the lists kept alive: their ids stay theirs)
+            self._merged_ids = ids
+        _, alloc, unalloc = self._merged
+        view = _FreeView(free)
+        self._rate = (view.idle(alloc) if alloc else 0, view.idle(unalloc) if unalloc else 0)
