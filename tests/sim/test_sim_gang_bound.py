@@ -1,4 +1,4 @@
-"""The gang rule is bounded by the protection cap (DESIGN section 3): the issue's 2 x 8 case."""
+"""The gang rule is bounded by the protection cap (DESIGN section 3): a week-long 2 x 8 gang against a smaller job."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def test_a_week_long_gang_holds_the_other_budget_off_for_at_most_the_cap_and_one
     """lab/a's 2 x 8 gang (7 days of work, minimum runtime 2 h) takes both nodes at 0 h; lab/b (r = 0) asks for
     8 GPUs at 1 h. The gang's protection ends at 2 h, but the gang rule spares it for the smaller job until it
     has run W / 4 = 42 h; then it is a victim like any other. lab/b waits 42 h - 1 h = 41 h, within
-    W / 4 + one cycle; without the bound it waited for the whole gang (167.5 h in the issue's run)."""
+    W / 4 + one cycle; without the bound it waited for the whole gang (167.5 h when measured on a 7-day gang)."""
     jobs = [
         job("g", "lab/a", gpus=8, replicas=2, min_runtime_s=2 * H, duration_s=7 * 24 * H),
         job("b", "lab/b", gpus=8, min_runtime_s=2 * H, duration_s=10 * H, submit=at(1)),
