@@ -37,3 +37,18 @@ def test_shapes_of_sums_gpus_per_shape_and_class():
 
     jobs = [pj("a", 1, 1, 60), pj("b", 1, 1, 60), pj("c", 4, 2, 60, "A"), pj("d", 2, 1, 0)]
     assert shapes_of(jobs) == ({(1, 1, None): 2, (4, 2, "A"): 8}, {(2, 1, None): 2})
+
+
+def test_one_apart_finds_a_single_insertion_or_removal_and_nothing_else():
+    from apportion.sim.conservation import _one_apart
+
+    def pj(job_id: str) -> PendingJob:
+        return PendingJob(job_id, 1, "lab/a", "u", 1, 1, 60, 0, 0)
+
+    a, b, c, d, x = (pj(i) for i in "abcdx")
+    assert _one_apart([a, b, c], [a, x, b, c]) == (x, 1)
+    assert _one_apart([a, b, c], [a, c]) == (b, -1)
+    assert _one_apart([a, b, c], [a, b, c, d]) == (d, 1)
+    assert _one_apart([a, b, c], [b, c]) == (a, -1)
+    assert _one_apart([a, b, c], [x, b, c, d]) is None  # a changed and d joined: two changes
+    assert _one_apart([a, b], [a, b]) is None and _one_apart([a], [a, b, c]) is None

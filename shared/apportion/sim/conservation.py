@@ -29,11 +29,14 @@ wait, does not.
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Iterable, Mapping, Sequence
+from bisect import bisect_left, insort
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from itertools import islice
+from operator import attrgetter
 
 from apportion.domain.cluster import Node
-from apportion.domain.engine.inputs import PendingJob
+from apportion.domain.engine.inputs import PendingJob, allocated_count
 from apportion.events import (
     Event,
     JobCheckpointed,
@@ -44,25 +47,26 @@ from apportion.events import (
     StopWorkload,
 )
 
-__all__ = ["Shape", "IdleWhileWaiting", "idle_fitting_gpus", "shapes_of"]
+__all__ = ["QUIET_EVENTS", "Shape", "IdleWhileWaiting", "idle_fitting_gpus", "shapes_of"]
 
 #: Events that change neither a node's free GPUs or state nor the queue: a run's GPUs are taken at its
 #: ``JobPlaced`` and come back at its end (completion, stop, loss, requeue, cancel), all of which count.
-_QUIET = frozenset({JobStarted, JobCheckpointed, StartWorkload, StopWorkload, JobPreempted})
+QUIET_EVENTS = frozenset({JobStarted, JobCheckpointed, StartWorkload, StopWorkload, JobPreempted})
 
 Shape = tuple[int, int, str | None]
 """``(g, k, model)`` of a pending job."""
+_SHAPE = attrgetter("gpus_per_replica", "replicas", "gpu_model")
 
 
-def shapes_of(jobs: Iterable[PendingJob]) -> tuple[dict[Shape, int], dict[Shape, int]]:
-    """Per shape, the GPUs (``g * k``, summed) of the allocated and of the unallocated jobs in ``jobs``."""
-    alloc: dict[Shape, int] = {}
-    unalloc: dict[Shape, int] = {}
-    for j in jobs:
-        shape = (j.gpus_per_replica, j.replicas, j.gpu_model)
-        into = alloc if j.min_runtime_s > 0 else unalloc
-        into[shape] = into.get(shape, 0) + j.gpus_per_replica * j.replicas
-    return alloc, unalloc
+def shapes_of(jobs: Sequence[PendingJob]) -> tuple[dict[Shape, int], dict[Shape, int]]:
+    """Per shape, the GPUs (``g * k``, summed) of the allocated and of the unallocated jobs in ``jobs``, a
+    leaf's pending list (allocated jobs first: :func:`~apportion.domain.engine.inputs.pending_order`)."""
+    b = allocated_count(jobs)
+    out: tuple[dict[Shape, int], dict[Shape, int]] = ({}, {})
+    for into, part in zip(out, (islice(jobs, 0, b), islice(jobs, b, None)), strict=True):
+        for (g, k, model), n in Counter(map(_SHAPE, part)).items():
+            into[(g, k, model)] = g * k * n
+    return out
 
 
 def idle_fitting_gpus(free: Mapping[str, tuple[str | None, int]], demand: Mapping[Shape, int]) -> int:
@@ -72,55 +76,46 @@ def idle_fitting_gpus(free: Mapping[str, tuple[str | None, int]], demand: Mappin
         free: node -> (model, free GPUs) of the ``ready`` nodes with at least one free GPU.
         demand: shape -> GPUs asked for by the class's pending jobs of that shape (:func:`shapes_of`).
     """
-    if not free or not demand:
+    counts: dict[str | None, list[int]] = {}
+    for m, f in free.values():
+        insort(counts.setdefault(m, []), f)
+    return _idle(counts, demand)
+
+
+def _idle(counts: Mapping[str | None, list[int]], demand: Mapping[Shape, int]) -> int:
+    """:func:`idle_fitting_gpus` on the free counts per model, each list sorted ascending.
+
+    A job's eligible nodes of one model are nested by g, so the union of the fitting jobs' eligible nodes is,
+    per model, the nodes at or above the smallest fitting g; a count of nodes with at least g free GPUs is a
+    bisection.
+    """
+    if not counts or not demand:
         return 0
-    return _FreeView(free).idle(demand)
-
-
-class _FreeView:
-    """Free GPUs per model as sorted counts with suffix sums: nodes with at least g free, and their free
-    GPUs, in O(log n) (a job's eligible nodes of one model are nested by g, so the union of the fitting
-    jobs' eligible nodes is, per model, the nodes at or above the smallest fitting g)."""
-
-    __slots__ = ("counts", "tails")
-
-    def __init__(self, free: Mapping[str, tuple[str | None, int]]) -> None:
-        per: dict[str | None, list[int]] = {}
-        for m, f in free.values():
-            per.setdefault(m, []).append(f)
-        self.counts: dict[str | None, list[int]] = {}
-        self.tails: dict[str | None, list[int]] = {}  # tails[m][i] = sum(counts[m][i:])
-        for m, fs in per.items():
-            fs.sort()
-            tail = [0] * (len(fs) + 1)
-            for i in range(len(fs) - 1, -1, -1):
-                tail[i] = tail[i + 1] + fs[i]
-            self.counts[m], self.tails[m] = fs, tail
-
-    def nodes_at_least(self, g: int, model: str | None) -> int:
-        """Nodes of ``model`` (any when ``None``) with at least ``g`` free GPUs."""
-        models = self.counts if model is None else ((model,) if model in self.counts else ())
-        return sum(len(self.counts[m]) - bisect_left(self.counts[m], g) for m in models)
-
-    def idle(self, demand: Mapping[Shape, int]) -> int:
-        lowest: dict[str | None, int] = {}  # model (None: any) -> smallest g of a fitting shape
-        asked = 0
-        for (g, k, model), gpus in demand.items():
-            if self.nodes_at_least(g, model) >= k:
-                asked += gpus
-                if g < lowest.get(model, g + 1):
-                    lowest[model] = g
-        if not asked:
-            return 0
-        anyg = lowest.get(None)
-        offered = 0
-        for m, fs in self.counts.items():
-            least = lowest.get(m) if m is not None else None
-            if anyg is not None and (least is None or anyg < least):
-                least = anyg
-            if least is not None:
-                offered += self.tails[m][bisect_left(fs, least)]
-        return offered if offered < asked else asked
+    lowest: dict[str | None, int] = {}  # model (None: any) -> smallest g of a fitting shape
+    asked = 0
+    for (g, k, model), gpus in demand.items():
+        if model is None:
+            n = 0
+            for fs in counts.values():
+                n += len(fs) - bisect_left(fs, g)
+        else:
+            one = counts.get(model)
+            n = len(one) - bisect_left(one, g) if one else 0
+        if n >= k:
+            asked += gpus
+            if g < lowest.get(model, g + 1):
+                lowest[model] = g
+    if not asked:
+        return 0
+    anyg = lowest.get(None)
+    offered = 0
+    for m, fs in counts.items():
+        least = lowest.get(m) if m is not None else None
+        if anyg is not None and (least is None or anyg < least):
+            least = anyg
+        if least is not None:
+            offered += sum(fs[bisect_left(fs, least) :])
+    return offered if offered < asked else asked
 
 
 class IdleWhileWaiting:
@@ -134,7 +129,20 @@ class IdleWhileWaiting:
     distinct shapes waiting, not every job.
     """
 
-    __slots__ = ("free", "gpu_s", "_rate", "_since", "_touched", "_shapes", "_runs", "_merged", "_merged_ids", "_dirty")
+    __slots__ = (
+        "free",
+        "gpu_s",
+        "_rate",
+        "_since",
+        "_touched",
+        "_shapes",
+        "_runs",
+        "_alloc",
+        "_unalloc",
+        "_stale",
+        "dirty",
+        "_counts",
+    )
 
     def __init__(self) -> None:
         self.free: dict[str, tuple[str | None, int]] = {}
@@ -144,19 +152,21 @@ class IdleWhileWaiting:
         self._since: int | None = None
         self._touched: set[str] = set()
         self._runs: dict[str, tuple[str, ...]] = {}  # job id -> nodes of its latest placement
-        self._merged: tuple[tuple[Sequence[PendingJob], ...], dict[Shape, int], dict[Shape, int]] = ((), {}, {})
-        self._merged_ids: tuple[int, ...] = ()
-        self._dirty = False
+        self._alloc: dict[Shape, int] = {}  # GPUs per shape of every waiting allocated job (the cached leaves)
+        self._unalloc: dict[Shape, int] = {}  # ... and unallocated job
+        self._stale = True
+        self.dirty = False  # an event since the last measure may have changed I (:meth:`saw`)
+        self._counts: dict[str | None, list[int]] = {}  # model -> free counts of the nodes in ``free``, sorted
         self._shapes: dict[str, tuple[Sequence[PendingJob], dict[Shape, int], dict[Shape, int]]] = {}
 
     def saw(self, ev: Event) -> None:
         """An event of this instant: the nodes it names, and those of the run of the job it names, may have
         changed their free GPUs or state (a gang lost on one node frees its GPUs on the others too), and the
-        waiting jobs may have changed. Events that change neither (:data:`_QUIET`) are passed over."""
+        waiting jobs may have changed. Events that change neither (:data:`QUIET_EVENTS`) are passed over."""
         tp = type(ev)
-        if tp in _QUIET:
+        if tp in QUIET_EVENTS:
             return
-        self._dirty = True
+        self.dirty = True
         touched = self._touched
         if tp is JobPlaced:
             placed = self._runs[ev.job_id] = tuple(p.node_id for p in ev.placements)  # type: ignore[attr-defined]
@@ -171,8 +181,8 @@ class IdleWhileWaiting:
             if nodes is not None:
                 touched.update(nodes)
 
-    def advance(self, t_us: int, nodes: Mapping[str, Node], pending: Mapping[str, Sequence[PendingJob]]) -> None:
-        """Integrate up to ``t_us``, then take ``I`` from ``nodes`` and ``pending`` as they are now."""
+    def until(self, t_us: int) -> None:
+        """Integrate the current ``I`` up to ``t_us`` (it is constant since the last measure)."""
         if self._since is not None and t_us > self._since:
             dt = (t_us - self._since) / 1e6
             a, u = self._rate
@@ -181,45 +191,112 @@ class IdleWhileWaiting:
             if u:
                 self.gpu_s[1] += u * dt
         self._since = t_us
-        if not self._dirty:
+
+    def advance(self, t_us: int, nodes: Mapping[str, Node], pending: Mapping[str, Sequence[PendingJob]]) -> None:
+        """Integrate up to ``t_us``, then take ``I`` from ``nodes`` and ``pending`` as they are now. A caller
+        may skip instants with no :attr:`dirty` event: ``I`` did not change there."""
+        self.until(t_us)
+        if not self.dirty:
             return  # no event of the instant changed free GPUs or the queue: I is what it was
-        self._dirty = False
+        self.dirty = False
         free = self.free
+        counts = self._counts
         changed = False
         if self._touched:
             for nid in self._touched:
                 n = nodes.get(nid)
                 was = free.get(nid)
-                if n is not None and n.free and n.schedulable:
-                    now = (n.gpu_model, len(n.free))
-                    if now != was:
-                        free[nid] = now
-                        changed = True
-                elif was is not None:
+                now = (n.gpu_model, len(n.free)) if n is not None and n.free and n.schedulable else None
+                if now == was:
+                    continue
+                changed = True
+                if was is not None:
+                    fs = counts[was[0]]
+                    del fs[bisect_left(fs, was[1])]
+                    if not fs:
+                        del counts[was[0]]
+                if now is None:
                     del free[nid]
-                    changed = True
+                else:
+                    free[nid] = now
+                    insort(counts.setdefault(now[0], []), now[1])
             self._touched.clear()
         if not free or not pending:
             self._rate = (0, 0)
-            self._merged_ids = ()  # (the next measure starts afresh)
+            self._stale = True  # (the next measure looks again, whatever changed)
             return
-        lists = tuple(pending.values())
-        ids = tuple(map(id, lists))
-        if ids == self._merged_ids and not changed:
+        alloc, unalloc = self._alloc, self._unalloc
+        cache = self._shapes
+        queue_changed = False
+        for leaf, jobs in pending.items():
+            hit = cache.get(leaf)
+            if hit is not None and hit[0] is jobs:
+                continue
+            queue_changed = True
+            one = _one_apart(hit[0], jobs) if hit is not None else None
+            if one is not None and hit is not None:  # one job joined or left: move its GPUs only
+                job, sign = one
+                shape = (job.gpus_per_replica, job.replicas, job.gpu_model)
+                delta = {shape: job.gpus_per_replica * job.replicas}
+                if job.min_runtime_s > 0:
+                    _merge(alloc, delta, sign)
+                    _merge(hit[1], delta, sign)
+                else:
+                    _merge(unalloc, delta, sign)
+                    _merge(hit[2], delta, sign)
+                cache[leaf] = (jobs, hit[1], hit[2])
+                continue
+            if hit is not None:
+                _merge(alloc, hit[1], -1)
+                _merge(unalloc, hit[2], -1)
+            hit = cache[leaf] = (jobs, *shapes_of(jobs))
+            _merge(alloc, hit[1], 1)
+            _merge(unalloc, hit[2], 1)
+        if len(cache) != len(pending):  # leaves with nothing waiting any more
+            for leaf in [x for x in cache if x not in pending]:
+                _, gone_a, gone_u = cache.pop(leaf)
+                _merge(alloc, gone_a, -1)
+                _merge(unalloc, gone_u, -1)
+            queue_changed = True
+        if not (queue_changed or changed or self._stale):
             return  # neither the free GPUs nor the waiting jobs changed: I is what it was
-        if ids != self._merged_ids:
-            alloc: dict[Shape, int] = {}
-            unalloc: dict[Shape, int] = {}
-            cache = self._shapes
-            for leaf, jobs in pending.items():
-                hit = cache.get(leaf)
-                if hit is None or hit[0] is not jobs:
-                    hit = cache[leaf] = (jobs, *shapes_of(jobs))
-                for into, part in ((alloc, hit[1]), (unalloc, hit[2])):
-                    for shape, gpus in part.items():
-                        into[shape] = into.get(shape, 0) + gpus
-            self._merged = (lists, alloc, unalloc)  # (the lists kept alive: their ids stay theirs)
-            self._merged_ids = ids
-        _, alloc, unalloc = self._merged
-        view = _FreeView(free)
-        self._rate = (view.idle(alloc) if alloc else 0, view.idle(unalloc) if unalloc else 0)
+        self._stale = False
+        self._rate = (_idle(counts, alloc) if alloc else 0, _idle(counts, unalloc) if unalloc else 0)
+
+
+def _merge(into: dict[Shape, int], part: Mapping[Shape, int], sign: int) -> None:
+    """Add (``sign`` 1) or take away (-1) one leaf's GPUs per shape; shapes left at 0 are dropped."""
+    for shape, gpus in part.items():
+        left = into.get(shape, 0) + sign * gpus
+        if left:
+            into[shape] = left
+        else:
+            del into[shape]
+
+
+def _one_apart(old: Sequence[PendingJob], new: Sequence[PendingJob]) -> tuple[PendingJob, int] | None:
+    """``(job, 1)`` when ``new`` is ``old`` with one job inserted, ``(job, -1)`` with one taken out, else ``None``.
+
+    The dispatcher replaces a leaf's list on every change, and most changes are one job queued or placed:
+    the first index where the two differ is found by bisection (identity holds on a prefix, then fails), and
+    both sides of it are compared to confirm.
+    """
+    n, m = len(old), len(new)
+    if m == n + 1:
+        longer, shorter, sign = new, old, 1
+    elif m == n - 1:
+        longer, shorter, sign = old, new, -1
+    else:
+        return None
+    lo, hi = 0, len(shorter)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if longer[mid] is shorter[mid]:
+            lo = mid + 1
+        else:
+            hi = mid
+    # both sides checked in full (a prefix that is not identical can still pass the bisection); identical
+    # elements compare equal without a look at their fields, so this is one pass in C
+    if longer[:lo] != shorter[:lo] or longer[lo + 1 :] != shorter[lo:]:
+        return None
+    return longer[lo], sign

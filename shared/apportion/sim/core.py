@@ -85,7 +85,7 @@ from apportion.events import (
     is_allocated,
 )
 from apportion.report import JobLedger
-from apportion.sim.conservation import IdleWhileWaiting
+from apportion.sim.conservation import QUIET_EVENTS, IdleWhileWaiting
 from apportion.timeutil import Micros, from_us, s_to_us, us_to_s
 
 __all__ = [
@@ -547,12 +547,14 @@ class Simulator:
                     self._outputs(step(self.state, Tick(t), t, self.dcfg), t)
             if sample_now:
                 self._sample(t)
-            self.idle.advance(t, self.state.cluster.nodes, self.state.pending)
+            if self.idle.dirty:  # (else I has not changed: it is integrated at the next change or the end)
+                self.idle.advance(t, self.state.cluster.nodes, self.state.pending)
             if cfg.cycle_s and self.state.pending and self._periodic_at is None and self._real:
                 self._periodic_at = t + s_to_us(cfg.cycle_s)
                 self._push(self._periodic_at, self._PERIODIC)
         if self.measured is None:
             self._measure(max(measure, total.clock or measure))
+        self.idle.until(now)
         return SimResult(
             measured=self.measured,
             measured_until_us=measure,
@@ -612,7 +614,8 @@ class Simulator:
             self.log.append(ev)
         self.total.apply(ev)
         self.jobs_ledger.apply(ev)
-        self.idle.saw(ev)
+        if type(ev) not in QUIET_EVENTS:
+            self.idle.saw(ev)
         if type(ev) is JobCheckpointed:
             saved = self._saved
             if ev.progress_s > saved.get(ev.job_id, 0.0):
@@ -633,13 +636,15 @@ class Simulator:
         keep = self.cfg.keep_log
         jobs = self.jobs_ledger
         idle = self.idle
+        quiet = QUIET_EVENTS
         for e in out:
             self.events += 1
             if keep:
                 self.log.append(e)
             self.total.apply(e)
             jobs.apply(e)
-            idle.saw(e)
+            if type(e) not in quiet:
+                idle.saw(e)
             for w in wakeups(e, self.dcfg):
                 self._push(w, self._TICK)
             if type(e) is StartWorkload:
