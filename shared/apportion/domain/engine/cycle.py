@@ -48,7 +48,10 @@ The cycle, exactly as DESIGN section 3 says:
    lands there in this cycle, except as :func:`backfill_rule` allows (a
    reservation never idles GPUs): unallocated work, and allocated work the
    holder could take back whose protection ends by the holder's earliest
-   fit (:func:`earliest_fit_us`). Reservations are recomputed every cycle
+   fit (:func:`earliest_fit_us`, which counts only the runs the holder may
+   take back). A holder with no known fit time (it waits on runs it may not
+   take back) keeps no GPU free for itself: its nodes are unreserved for the
+   rest of the cycle. Reservations are recomputed every cycle
    from the snapshot, so they need no events and replay identically.
 
 No loop: within a cycle the after-move test and the reversal rule forbid
