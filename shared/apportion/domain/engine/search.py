@@ -185,12 +185,16 @@ def plan_preemption(
                 for x in lst:
                     if x[1].key in taken:
                         continue
-                    if gangs and not gang_rule(
-                        x[1].replicas,
-                        x[0][0],
-                        g * k,
-                        ran_us(x[1], now),
-                        gang_cap(x[1].budget) if gang_cap is not None else None,
+                    if (
+                        gangs
+                        and x[1].replicas > 1  # (a single-node run always may: gang_rule's age test is not needed)
+                        and not gang_rule(
+                            x[1].replicas,
+                            x[0][0],
+                            g * k,
+                            ran_us(x[1], now),
+                            gang_cap(x[1].budget) if gang_cap is not None else None,
+                        )
                     ):
                         victims.spared = True  # (the failure says nothing about a larger job)
                         continue
