@@ -11,7 +11,7 @@ from apportion.sim.report import summarise
 from tests.sim.simkit import at
 
 H = 3600
-MODELS = {"x": 8, "y": 24}  # GPUs per model
+MODELS: dict[str | None, int] = {"x": 8, "y": 24}  # GPUs per model
 
 
 @pytest.mark.parametrize(
