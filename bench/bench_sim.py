@@ -16,7 +16,8 @@ process CPU time (on a shared machine wall time minus CPU time is other
 load; compare before/after on CPU time too), then the run's report
 (:func:`apportion.sim.report.summarise`, outside the timed part), for the
 cluster and per budget: utilisation, goodput, share deficit, work lost,
-completions, job completion time and preemptions per job-hour / per job. Exit 1 when 100,000 jobs take more than
+completions, job completion time and preemptions per job-hour / per job, and the GPU-hours idle while
+a job that fits them waits (apportion.sim.conservation). Exit 1 when 100,000 jobs take more than
 60 s of wall time.
 Run: ``.venv/bin/python bench/bench_sim.py [--jobs 100000] [--gap 10] [--no-checkpoints]``.
 Decisions must not change with speed-ups: ``bench/sim_digest.py bench --jobs
