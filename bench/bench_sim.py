@@ -16,7 +16,8 @@ process CPU time (on a shared machine wall time minus CPU time is other
 load; compare before/after on CPU time too), then the run's report
 (:func:`apportion.sim.report.summarise`, outside the timed part), for the
 cluster and per budget: utilisation, goodput, share deficit, work lost,
-completions, job completion time and preemptions per job-hour / per job. Exit 1 when 100,000 jobs take more than
+completions, job completion time and preemptions per job-hour / per job, and the GPU-hours idle while
+a job that fits them waits (apportion.sim.conservation). Exit 1 when 100,000 jobs take more than
 60 s of wall time.
 Run: ``.venv/bin/python bench/bench_sim.py [--jobs 100000] [--gap 10] [--no-checkpoints]``.
 Decisions must not change with speed-ups: ``bench/sim_digest.py bench --jobs
@@ -119,6 +120,10 @@ def main() -> None:
         f"  completed {rep.completed} (unfinished {rep.unfinished}), JCT p50 {h(rep.jct_p50_s)} p95 "
         f"{h(rep.jct_p95_s)}; {rep.preemptions_per_job_hour:.3f} preemptions per job-hour, at most "
         f"{rep.max_preemptions_per_job} for one job"
+    )
+    print(
+        f"  idle while a job that fits waits: {rep.idle_waiting_alloc_gpu_h:,.1f} GPU-h (allocated jobs), "
+        f"{rep.idle_waiting_unalloc_gpu_h:,.1f} GPU-h (unallocated jobs)"
     )
     print(
         "  per budget: share, allocated share, mean deficit pp, goodput, work lost GPU-h (% of held), completed, "

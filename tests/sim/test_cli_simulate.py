@@ -231,7 +231,8 @@ def test_encoding_and_headers(tmp_path):
     )
     assert _error(_run(tmp_path, trace="foo,bar\n1,2\n")).startswith(
         f"error: {tmp_path / 't.csv'}:1: unknown trace header 'foo,bar'; expected a Philly trace "
-        "(timestamp,duration,num_gpus,gpu_time,cluster) or an apportion CSV (submit,job_id,budget,user,"
+        "(timestamp,duration,num_gpus,gpu_time,cluster), an ITP trace "
+        "(job_id,cluster,submit_time,duration,num_gpus,gpu_time) or an apportion CSV (submit,job_id,budget,user,"
     )
     assert _error(_run(tmp_path, trace=HEADER.replace(",duration_s", "") + "x\n")) == (
         f"error: {tmp_path / 't.csv'}:1: missing column duration_s; expected submit,job_id,budget,user,"
@@ -287,7 +288,7 @@ def test_encoding_and_headers(tmp_path):
         (
             B2 + "windw_s: 5\n",
             "b.yaml: (top level): unknown key 'windw_s'; allowed keys: window_s, cluster, budgets, "
-            "groups, default_budget, min_runtime",
+            "groups, default_budget, min_runtime, gpu_models",
         ),
         (
             B2 + "min_runtime: {cap: 5}\n",
@@ -496,3 +497,27 @@ def test_apportion_csv_declares_a_checkpoint_interval(tmp_path):
     (tmp_path / "t.csv").write_text(bad)
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2 and "checkpoint_interval_s" in res.output
+
+
+def test_an_itp_trace_with_a_heterogeneous_cluster(tmp_path):
+    (tmp_path / "itp.csv").write_text(
+        "job_id,cluster,submit_time,duration,num_gpus,gpu_time\n"
+        "x,cluster01,0,600,16,9600\ny,cluster02,60,1200,8,9600\nz,cluster02,86400,600,1,600\n"
+    )
+    (tmp_path / "b.yaml").write_text(
+        "cluster: [{prefix: a, count: 2, gpus: 8, model: a100}, {prefix: v, count: 2, gpus: 8, model: v100}]\n"
+        "budgets: {itp: 1.0, itp/cluster01: 0.5, itp/cluster02: 0.5}\n"
+        "groups: {cluster01: itp/cluster01, cluster02: itp/cluster02}\n"
+        "gpu_models: {constrained_fraction: 0.5}\n"
+    )
+    args = ["--trace", str(tmp_path / "itp.csv"), "--budgets", str(tmp_path / "b.yaml"), "--seed", "1"]
+    res = CliRunner().invoke(app, [*args, "--slice", "days0-1", "--policy", "fairshare", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["format"] == "itp"
+    assert doc["rule"] == "unallocated_fraction=0.25, min_runtime=min(duration, 7200s), gpu_model_fraction=0.5"
+    (p,) = doc["policies"]
+    assert p["jobs"] == 2 and p["completed"] == 2 and p["start"] == "2021-03-04T00:00:00+00:00"
+    assert p["idle_waiting_alloc_gpu_h"] == 0.0 and p["idle_waiting_unalloc_gpu_h"] == 0.0
+    table = CliRunner().invoke(app, [*args, "--policy", "fifo"])
+    assert "ITP, synthetic tenancy" in table.stdout and "50% of jobs constrained to one GPU model" in table.stdout

@@ -322,6 +322,60 @@ def test_earliest_fit_is_the_protection_end_of_the_runs_the_holder_needs():
     assert earliest_fit_us(snap, ["n1"], 8, NOW, {("y", 1), ("z", 1)}) == NOW  # preempted this cycle
 
 
+def test_earliest_fit_counts_only_the_runs_the_holder_may_take_back():
+    from apportion.domain.cluster import UNTIL_STARTED
+    from apportion.domain.engine import earliest_fit_us
+
+    w = World().node("n1", 8)
+    w.run("y", "lab/b", {"n1": (0, 1, 2, 3)}, min_runtime_s=12 * 3600)  # protected to 12 h
+    w.run("z", "lab/b", {"n1": (4, 5)}, min_runtime_s=14 * 3600)  # to 14 h
+    w.run("u", "lab/b", {"n1": (6, 7)}, allocated=False)  # evictable now
+    snap = w.cluster.snapshot()
+    seen: list[tuple[str, int]] = []
+
+    def all_but_y(run, at_us):
+        seen.append((run.job_id, at_us))
+        return run.job_id != "y"
+
+    # 4 GPUs: u's 2 now; y (12 h) may not be taken back; z's 2 at 14 h -> 4 at 14 h (with y: 12 h)
+    assert earliest_fit_us(snap, ["n1"], 4, NOW, set()) == h(12)
+    assert earliest_fit_us(snap, ["n1"], 4, NOW, set(), all_but_y) == h(14)
+    assert sorted(seen) == [("y", h(12)), ("z", h(14))]  # asked at each run's protection end
+    # 8 GPUs need y too: no known time
+    assert earliest_fit_us(snap, ["n1"], 8, NOW, set(), all_but_y) == UNTIL_STARTED
+    # 2 GPUs: u's now, whatever the rule says about the others
+    assert earliest_fit_us(snap, ["n1"], 2, NOW, set(), lambda run, at: False) == NOW
+
+
+def test_a_holder_that_may_not_take_back_the_expired_run_on_its_node_keeps_no_gpu_free():
+    """x (lab/b, 2 GPUs of n0) is past its protection, but lab/b is not behind lab/a (r 1.0 each): H (lab/a,
+    8 GPUs, waiting since 8 h) may not preempt it, so H has no known time to fit and keeps n0's 6 free GPUs for
+    nobody: s1 and s6 (lab/b, allocated, 1 h and 6 h of protection) run there. Counting x's GPUs as available now
+    (fit = now) kept them empty while s1 and s6 waited."""
+    w = World(capacity=1e6).node("n0", 8)
+    w.run("x", "lab/b", {"n0": (0, 1)}, min_runtime_s=3600)
+    w.job("H", "lab/a", 8, queued=h(8), submitted=h(1))
+    w.job("s1", "lab/b", 1, min_runtime_s=3600, submitted=h(2)).job(
+        "s6", "lab/b", 1, min_runtime_s=6 * 3600, submitted=h(3)
+    )
+    w.occupancy = {"lab/a": 500_000.0, "lab/b": 500_000.0, "lab": 1_000_000.0}
+    res = w.cycle()
+    assert res.reservation == ("H", ("n0",))
+    assert placements(res) == ["s1@n0[2]", "s6@n0[3]"] and not preempted(res)
+
+
+def test_a_holder_waiting_on_its_own_leafs_run_keeps_no_gpu_free():
+    """t (lab/a, 2 GPUs of n0, protected to 15 h) is of H's own leaf: H never takes it back, so H fits only when t
+    ends, which nobody knows. a1 (lab/a, 1 h) runs on n0's free GPUs; with a fit time of 15 h it waited."""
+    w = World(capacity=1e6).node("n0", 8)
+    w.run("t", "lab/a", {"n0": (0, 1)}, min_runtime_s=15 * 3600)
+    w.job("H", "lab/a", 8, queued=h(8), submitted=h(1)).job("a1", "lab/a", 1, submitted=h(2))
+    w.occupancy = {"lab/b": 600_000.0, "lab": 600_000.0}
+    res = w.cycle()
+    assert res.reservation == ("H", ("n0",))
+    assert placements(res) == ["a1@n0[2]"]
+
+
 # ---------------------------------------------------------------- scarce models stay free
 
 

@@ -80,11 +80,13 @@ def test_a_job_that_fits_only_on_reserved_nodes_is_reserved_by_the_holder() -> N
     #   big (lab/a, 4 GPUs, queued at 8 h: waited 2 h >= reservation_after 1 h) has no victim: it reserves the
     #   node with the most GPUs available, n1 (2 free). small (2 GPUs, 1 h minimum runtime) would fit n1's two
     #   free GPUs, but its protection would end at 11 h, after big's earliest fit (10.75 h): no backfill.
-    w = World().node("n0", 4).node("n1", 4)
+    #   Capacity 1,000,000 GPU-s: r_b = 400,000 / 250,000 = 1.6 > r_a = 0 + delta, and with big's charge
+    #   (4 x 3,600 GPU-s) r_a is 0.0288 <= r_b: lab/b's runs are big's victims once expired.
+    w = World(capacity=1e6).node("n0", 4).node("n1", 4)
     w.run("r1", "lab/b", {"n0": (0, 1, 2, 3)}, started=h(9.5))
     w.run("r2", "lab/b", {"n1": (0, 1)}, started=h(9.75))
     w.job("big", "lab/a", gpus=4, submitted=h(1), queued=h(8)).job("small", "lab/a", gpus=2, submitted=h(2))
-    w.occupancy = {"lab/b": 400.0, "lab": 400.0}  # r_b = 0.8 > r_a = 0 + delta: lab/b's runs are victims once expired
+    w.occupancy = {"lab/b": 400_000.0, "lab": 400_000.0}
     res = cycle(w)
     assert res.reservation == ("big", ("n1",)) and res.events == []
     assert res.reasons["small"] == ReservedBy(holder="big", nodes=("n1",))

@@ -223,6 +223,46 @@ def test_gang_rule(replicas, gpus, job_gpus, allowed):
     assert gang_rule(replicas, gpus, job_gpus) is allowed
 
 
+H_US = 3_600_000_000  # one hour, µs
+CAP = 42 * H_US  # W / 4 of a 7-day window, µs
+
+
+@pytest.mark.parametrize(
+    ("replicas", "gpus", "job_gpus", "ran_us", "cap_us", "allowed"),
+    [
+        pytest.param(2, 16, 8, CAP - 1, CAP, False, id="gang, half the size, 1 µs before the cap: spared"),
+        pytest.param(2, 16, 8, CAP, CAP, True, id="gang at exactly the cap: a victim like any other"),
+        pytest.param(2, 16, 8, CAP + H_US, CAP, True, id="gang past the cap"),
+        pytest.param(2, 16, 8, 100 * H_US, None, False, id="no cap: spared whatever its age"),
+        pytest.param(2, 16, 1, 2 * H_US - 1, 2 * H_US, False, id="a budget's max_min_runtime (2 h) as the cap: before"),
+        pytest.param(2, 16, 1, 2 * H_US, 2 * H_US, True, id="a budget's max_min_runtime (2 h) as the cap: at it"),
+        pytest.param(2, 16, 16, 0, CAP, True, id="a job of the gang's size: at once"),
+        pytest.param(1, 8, 1, 0, CAP, True, id="a single-node run: at once"),
+    ],
+)
+def test_gang_rule_is_bounded_by_the_protection_cap(replicas, gpus, job_gpus, ran_us, cap_us, allowed):
+    assert gang_rule(replicas, gpus, job_gpus, ran_us, cap_us) is allowed
+
+
+def test_the_gang_rules_bound_is_the_cap_of_every_protection():
+    from apportion.domain.engine import EngineConfig, protection_cap_us
+
+    tree = BudgetTree.from_mapping(
+        {"lab": 1.0, "lab/a": 0.5, "lab/b": {"share": 0.5, "max_min_runtime_s": 7200.0}, "lab/b/x": 1.0}
+    )
+    cfg = EngineConfig()  # W = 7 days, cap W / 4 = 42 h
+    assert protection_cap_us("lab/a", tree, cfg) == 42 * H_US
+    assert protection_cap_us("lab/b/x", tree, cfg) == 2 * H_US  # inherited max_min_runtime, lower than W / 4
+    assert protection_cap_us("lab/a", tree, EngineConfig(window_s=4 * 3600.0)) == H_US
+
+
+def test_victim_rule_applies_the_gang_bound_from_the_runs_latest_start():
+    gang = dataclasses.replace(run_of(started=h(0)), replicas=2, started_replicas=frozenset({0, 1}))  # 2 x 4 GPUs
+    for now, rule in ((h(42) - 1, REFUSED_GANG_FRACTION), (h(42), RULE_EXPIRED_BEHIND)):
+        verdict = victim_rule(gang, "lab/a", now, view(1.0, 2.0), DELTA, 0.0, frozenset(), 4, gang_cap_us=CAP)
+        assert verdict.rule == rule, now
+
+
 def test_victim_rule_refuses_a_gang_larger_than_the_job_only_when_told_the_jobs_size():
     run = run_of()  # 1 x 4 GPUs
     gang = dataclasses.replace(run, replicas=2, started_replicas=frozenset({0, 1}))  # 2 x 4 GPUs, started in full

@@ -6,6 +6,11 @@ Example (the reference Philly setup, see docs/simulation.md)::
         --budgets infra/budgets/philly.yaml --policy all --seed 1 --slice week44 \\
         --plot week44.png
 
+The ITP trace (Microsoft, via ElasticFlow) takes the same rules: ``--trace
+/work/shared/data/itp/itp.csv --budgets infra/budgets/itp.yaml`` (512 GPUs;
+``itp-equal.yaml``: every cluster at 0.10; ``itp-hetero.yaml``: two GPU
+models and a seeded 25% of jobs constrained to one), ``--slice week5``.
+
 Human tables by default, ``--json`` for scripts. The seed is required: it
 draws which jobs run unallocated (trace rule) and the simulated stop delays.
 Workloads checkpoint once per checkpoint interval (default: the minimum
@@ -61,6 +66,8 @@ app = typer.Typer(
 )
 
 POLICY_NAMES = ("fairshare", "fifo", "static", "priority", "slurm", "kueue", "kai")
+REFERENCE_FORMATS = ("philly", "itp")  # traces read under the reference rules (minimum runtime, gangs, models)
+FORMAT_NAMES = {"philly": "Philly", "itp": "ITP, synthetic tenancy: each ITP cluster a budget", "csv": "apportion CSV"}
 MAX_TAIL_H = 1e6
 
 
@@ -114,7 +121,7 @@ def simulate(
         "--trace",
         exists=True,
         dir_okay=False,
-        help="Philly CSV or apportion CSV trace (formats: docs/simulation.md).",
+        help="Philly CSV, ITP CSV or apportion CSV trace (formats: docs/simulation.md).",
     ),
     budgets: Path = typer.Option(
         ...,
@@ -130,7 +137,10 @@ def simulate(
     ),
     seed: int = typer.Option(..., "--seed", help="Required: trace draws and stop delays."),
     slice_: str = typer.Option(
-        "all", "--slice", help="all, week44, weeks39-45, week44+3d, YYYY-MM-DD..YYYY-MM-DD (end exclusive)."
+        "all",
+        "--slice",
+        help="all, week44, weeks39-45, week44+3d, YYYY-MM-DD..YYYY-MM-DD (end exclusive); ITP traces: trace "
+        "weeks and days from t = 0, week5, weeks0-7, days35-38 (end exclusive), week5+3d.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     plot_to_end: bool = typer.Option(
@@ -232,9 +242,9 @@ def simulate(
             if slice_.strip().lower() == "all"
             else f"--slice {slice_!r}: no jobs of {trace} in the slice"
         )
-    if fmt == "philly" and not bf.groups and not bf.default_budget:
+    if fmt in REFERENCE_FORMATS and not bf.groups and not bf.default_budget:
         err.print(
-            f"[yellow]warning:[/] {budgets} has no 'groups' and no 'default_budget': every Philly job is "
+            f"[yellow]warning:[/] {budgets} has no 'groups' and no 'default_budget': every trace job is "
             "charged to its VC id as a budget path, and admission rejects those that are not leaf budgets",
             highlight=False,
             soft_wrap=True,
@@ -269,14 +279,16 @@ def simulate(
             highlight=False,
             soft_wrap=True,
         )
+    models = f"; {bf.constrained_fraction:.0%} of jobs constrained to one GPU model" if bf.constrained_fraction else ""
     rule = (
         f"unallocated_fraction={bf.unallocated_fraction}, min_runtime=min(duration, {bf.min_runtime_cap_s:g}s)"
-        if fmt == "philly"
+        + (f", gpu_model_fraction={bf.constrained_fraction}" if bf.constrained_fraction else "")
+        if fmt in REFERENCE_FORMATS
         else None
     )
     human = (
-        f"{bf.unallocated_fraction:.0%} unallocated, min_runtime = min(duration, {bf.min_runtime_cap_s:g} s)"
-        if fmt == "philly"
+        f"{bf.unallocated_fraction:.0%} unallocated, min_runtime = min(duration, {bf.min_runtime_cap_s:g} s)" + models
+        if fmt in REFERENCE_FORMATS
         else None
     )
     _emit(
@@ -448,7 +460,7 @@ def _emit(
     if not console.is_terminal:
         console = Console(width=200)
     console.print(
-        f"trace {trace} ({'Philly' if fmt == 'philly' else 'apportion CSV'}) slice {slice_}: {jobs} jobs "
+        f"trace {trace} ({FORMAT_NAMES.get(fmt, fmt)}) slice {slice_}: {jobs} jobs "
         f"on {len(nodes)} nodes ({sum(n.gpus for n in nodes)} GPUs), seed {seed}"
         + (f"; {human_rule}" if human_rule else "; min_runtime as given in the trace")
         + f"; checkpoints: {checkpoints}",

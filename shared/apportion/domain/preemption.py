@@ -43,6 +43,7 @@ __all__ = [
     "checkpoint_rule",
     "gang_rule",
     "patience_rule",
+    "ran_us",
     "victim_rule",
 ]
 
@@ -195,6 +196,9 @@ def victim_rule(
     charge_gpu_s: float = 0.0,
     moves: frozenset[Move] | set[Move] = frozenset(),
     job_gpus: int | None = None,
+    *,
+    ignore_protection: bool = False,
+    gang_cap_us: Micros | None = None,
 ) -> VictimVerdict:
     """May ``run`` be preempted for a job of ``preemptor_leaf``? DESIGN section 3, candidates 1 and 2.
 
@@ -221,14 +225,17 @@ def victim_rule(
         charge_gpu_s: J's provisional charge, GPU-seconds.
         moves: this cycle's preemptions so far (:data:`Move`).
         job_gpus: g * k of J (:func:`gang_rule`); ``None``: the rule is not applied.
+        ignore_protection: judge the run as if its protection had ended at ``now_us`` (a reservation
+            asks which runs its holder could take back once their protection ends).
+        gang_cap_us: the protection cap of the run's budget, µs (:func:`gang_rule`'s bound); ``None``: none.
     """
     if run.stopping:
         return VictimVerdict(REFUSED_STOPPING)
     if not run.allocated:
         return VictimVerdict(RULE_UNALLOCATED)
-    if run.protected(now_us):
+    if not ignore_protection and run.protected(now_us):
         return VictimVerdict(REFUSED_PROTECTED)
-    if job_gpus is not None and not gang_rule(run.replicas, run.gpus, job_gpus):
+    if job_gpus is not None and not gang_rule(run.replicas, run.gpus, job_gpus, ran_us(run, now_us), gang_cap_us):
         return VictimVerdict(REFUSED_GANG_FRACTION)
     if run.budget == preemptor_leaf:
         return VictimVerdict(REFUSED_SAME_LEAF)
@@ -240,21 +247,39 @@ def victim_rule(
     return VictimVerdict(rule, lca, rv, rb, after)
 
 
-def gang_rule(replicas: int, gpus: int, job_gpus: int) -> bool:
+def gang_rule(replicas: int, gpus: int, job_gpus: int, ran_us: Micros = 0, cap_us: Micros | None = None) -> bool:
     """May an allocated run of ``replicas`` x (``gpus`` / ``replicas``) GPUs be preempted for a job of ``job_gpus``?
 
     A gang (``replicas >= 2``) is not preempted for a job smaller than it
-    (``gpus > job_gpus``); a single-node run, or a gang no larger than the
-    job, may be (DESIGN section 3, issue 12: a gang is not preempted whole
-    for a job a fraction of its size). The cost order alone counts a gang as
-    large as it is, but when it is the only feasible victim it still went:
-    on Philly weeks 39-45 a 16-GPU gang of a budget under its share was
-    preempted for 1- and 2-GPU jobs, and its requeued attempt, which needs
-    two whole nodes, then waited up to 58 h while its budget's window share
-    fell from 15.4% to 9.0% of a 17.8% share (``docs/simulation.md``,
-    fifteenth session). The small job waits instead for other victims.
+    (``gpus > job_gpus``) until it has run for the protection cap; a
+    single-node run, or a gang no larger than the job, may be (DESIGN
+    section 3: a gang is not preempted whole for a job a fraction of its
+    size). The cost order alone counts a gang as large as it is, but when it
+    is the only feasible victim it still went: on Philly weeks 39-45 a
+    16-GPU gang of a budget under its share was preempted for 1- and 2-GPU
+    jobs, and its requeued attempt, which needs two whole nodes, then
+    waited up to 58 h while its budget's window share fell from 15.4% to
+    9.0% of a 17.8% share (``docs/simulation.md``). The small job waits
+    instead for other victims.
+
+    Bounded like every protection (DESIGN section 3: "no rule protects any
+    run past the protection cap"): once the gang has run ``ran_us >=
+    cap_us`` since its latest start, where ``cap_us`` is the cap of its
+    budget's protections (:func:`~apportion.domain.engine.protection_cap_us`:
+    W x ``protection_cap_w``, or the budget's ``max_min_runtime`` when
+    lower), it is a victim like any other run, least cost first. Without
+    the bound a 7-day 2 x 8 gang of a budget at share 0.5 kept the other
+    budget (r = 0) waiting 167.5 h. ``cap_us=None``: no cap (the rule
+    without a bound).
     """
-    return replicas < 2 or gpus <= job_gpus
+    return replicas < 2 or gpus <= job_gpus or (cap_us is not None and ran_us >= cap_us)
+
+
+def ran_us(run: Run, now_us: Micros) -> Micros:
+    """How long ``run`` has run at ``now_us``, µs: since its latest replica start (its placement while none
+    started), the clock every protection counts from (:attr:`~apportion.domain.cluster.Run.protected_until_us`)."""
+    start = run.started_at_us if run.started_at_us is not None else run.placed_at_us
+    return now_us - start
 
 
 @lru_cache(maxsize=1 << 16)  # pragma: no mutate (a cache size)

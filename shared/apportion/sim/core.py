@@ -53,7 +53,7 @@ from __future__ import annotations
 import gc
 import heapq
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -85,9 +85,19 @@ from apportion.events import (
     is_allocated,
 )
 from apportion.report import JobLedger
+from apportion.sim.conservation import QUIET_EVENTS, IdleWhileWaiting
 from apportion.timeutil import Micros, from_us, s_to_us, us_to_s
 
-__all__ = ["SimJob", "SimNode", "SimConfig", "SimResult", "Simulator", "simulate", "default_horizon_us"]
+__all__ = [
+    "SimJob",
+    "SimNode",
+    "SimConfig",
+    "SimResult",
+    "Simulator",
+    "simulate",
+    "default_horizon_us",
+    "usable_fraction",
+]
 
 _DIRTY = (
     JobSubmitted,
@@ -130,6 +140,24 @@ class SimJob:
     duration_s: float
     gpu_model: str | None = None
     checkpoint_interval_s: float | None = None
+
+
+def usable_fraction(model_gpus: Mapping[str | None, int], models: Iterable[str | None]) -> float:
+    """Fraction of the cluster's GPUs that jobs asking for ``models`` could run on (``None``: any model).
+
+    The bound of a budget's **attainable share**, ``min(share, usable_fraction)`` over its waiting allocated
+    jobs' models: a budget whose waiting work all needs a scarce model cannot get more than that model's
+    part of the cluster, whatever the scheduler does (docs/simulation.md, "How the figures are defined").
+    """
+    total = sum(model_gpus.values())
+    if not total:
+        return 0.0
+    asked: set[str | None] = set()
+    for m in models:
+        if m is None:
+            return 1.0
+        asked.add(m)
+    return sum(model_gpus.get(m, 0) for m in asked) / total
 
 
 def default_horizon_us(jobs: Sequence[SimJob], nodes: Sequence[SimNode]) -> Micros:
@@ -249,6 +277,10 @@ class SimResult:
         jobs_ledger: the job events folded as they happened
             (:class:`apportion.report.JobLedger`: completions, work lost,
             preemptions), also when ``keep_log`` is off.
+        idle_waiting_gpu_s: GPU-seconds idle while a job that fits them waited, (allocated jobs,
+            unallocated jobs): :mod:`apportion.sim.conservation`.
+        usable: per sample (aligned with ``samples``; empty on a cluster of one GPU model): leaf with
+            allocated work waiting -> :func:`usable_fraction` of that work (the attainable share's bound).
     """
 
     log: list[Event]
@@ -269,6 +301,8 @@ class SimResult:
     measured_until_us: Micros | None = None
     job_allocated: dict[str, bool] = field(default_factory=dict)
     jobs_ledger: JobLedger = field(default_factory=JobLedger)
+    idle_waiting_gpu_s: tuple[float, float] = (0.0, 0.0)
+    usable: list[dict[str, float]] = field(default_factory=list)
 
     def decision_log(self) -> bytes:
         """The dispatcher's outputs as JSON lines (byte-identical for the same inputs and seed)."""
@@ -321,9 +355,17 @@ class Simulator:
         self.events = 0
         self._periodic_at: Micros | None = None
         self._real = 0
+        self._ticks = 0  # of ``_real``: wake-ups (a tick only matters while the dispatcher has something to act on)
         self._last_cycle: Micros = -(1 << 62)
         self._deferred_at: Micros | None = None
         self.jobs_ledger = JobLedger()
+        self.idle = IdleWhileWaiting()
+        self.usable: list[dict[str, float]] = []  # per sample: leaf -> usable_fraction of its waiting work
+        models = {n.model for n in self.nodes}
+        self._model_gpus: dict[str | None, int] = {}
+        if len(models) > 1:  # with one model every job can use every GPU: the attainable share is the share
+            for n in self.nodes:
+                self._model_gpus[n.model] = self._model_gpus.get(n.model, 0) + n.gpus
         self._saved: dict[str, float] = {}  # job -> progress saved by its last checkpoint, s
         # running run -> [start µs, progress at start s, interval s or None, gang broken at µs or None, duration s]
         self._live: dict[tuple[str, int], list[Any]] = {}
@@ -339,6 +381,8 @@ class Simulator:
         self._seq += 1
         if kind in self._REAL:
             self._real += 1
+            if kind == self._TICK:
+                self._ticks += 1
         heapq.heappush(self._heap, (t, self._seq, kind, payload))
 
     # ------------------------------------------------------------------ run
@@ -417,6 +461,8 @@ class Simulator:
             if top[2] == ckpt and top[3][:2] not in live:  # its run has ended: not a happening
                 heapq.heappop(heap)
                 continue
+            if self._real == self._ticks and self._nothing_to_act_on():
+                break  # only wake-ups are left and nothing they could act on: the run ends at the last job's end
             t = top[0]
             if self.measured is None and t > measure:
                 self._measure(measure)
@@ -433,6 +479,7 @@ class Simulator:
                 if kind == self._EV:
                     dirty |= self._feed(self._materialise(payload, t), t)
                 elif kind == self._TICK:
+                    self._ticks -= 1
                     dirty = True
                 elif kind == self._PERIODIC:
                     self._periodic_at = None
@@ -500,11 +547,14 @@ class Simulator:
                     self._outputs(step(self.state, Tick(t), t, self.dcfg), t)
             if sample_now:
                 self._sample(t)
+            if self.idle.dirty:  # (else I has not changed: it is integrated at the next change or the end)
+                self.idle.advance(t, self.state.cluster.nodes, self.state.pending)
             if cfg.cycle_s and self.state.pending and self._periodic_at is None and self._real:
                 self._periodic_at = t + s_to_us(cfg.cycle_s)
                 self._push(self._periodic_at, self._PERIODIC)
         if self.measured is None:
             self._measure(max(measure, total.clock or measure))
+        self.idle.until(now)
         return SimResult(
             measured=self.measured,
             measured_until_us=measure,
@@ -524,7 +574,18 @@ class Simulator:
             cycles=self.cycles,
             events=self.events,
             capacity_gpus=sum(n.gpus for n in self.nodes),
+            idle_waiting_gpu_s=(self.idle.gpu_s[0], self.idle.gpu_s[1]),
+            usable=self.usable,
         )
+
+    def _nothing_to_act_on(self) -> bool:
+        """Nothing a cycle could act on: no pending job, no run (running or stopping), no draining node.
+
+        With no submission, completion, stop or node death ahead either, a wake-up (a protection
+        expiry, say, of a run protected until it completes) can decide nothing more, so the run ends.
+        """
+        st = self.state
+        return not (st.pending or st.cluster.runs or st.stopping or st.awaiting or st.draining)
 
     def _materialise(self, payload: Any, t: Micros) -> Event:
         if isinstance(payload, SimJob):
@@ -553,6 +614,8 @@ class Simulator:
             self.log.append(ev)
         self.total.apply(ev)
         self.jobs_ledger.apply(ev)
+        if type(ev) not in QUIET_EVENTS:
+            self.idle.saw(ev)
         if type(ev) is JobCheckpointed:
             saved = self._saved
             if ev.progress_s > saved.get(ev.job_id, 0.0):
@@ -572,12 +635,16 @@ class Simulator:
         """Record dispatcher outputs and act as the node agents on commands."""
         keep = self.cfg.keep_log
         jobs = self.jobs_ledger
+        idle = self.idle
+        quiet = QUIET_EVENTS
         for e in out:
             self.events += 1
             if keep:
                 self.log.append(e)
             self.total.apply(e)
             jobs.apply(e)
+            if type(e) not in quiet:
+                idle.saw(e)
             for w in wakeups(e, self.dcfg):
                 self._push(w, self._TICK)
             if type(e) is StartWorkload:
@@ -724,6 +791,7 @@ class Simulator:
             if not run.stopping:
                 running[run.budget] = running.get(run.budget, 0) + run.gpus_per_replica * len(run.open_replicas)
         row = {}
+        usable: dict[str, float] = {}
         for leaf in self.tree.leaves():
             waiting = st.pending.get(leaf, ())
             row[leaf] = (
@@ -732,7 +800,10 @@ class Simulator:
                 len(waiting),
                 sum(1 for j in waiting if j.allocated),
             )
+            if self._model_gpus and row[leaf][3]:
+                usable[leaf] = usable_fraction(self._model_gpus, (j.gpu_model for j in waiting if j.allocated))
         self.samples.append((t, row))
+        self.usable.append(usable)
 
 
 def simulate(

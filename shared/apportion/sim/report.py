@@ -22,6 +22,14 @@ Definitions (all over the simulated span ``[start, end]``):
 * **preemptions**: ``JobPreempted`` events (victims, incl. drains).
 * **protection violations**: preemptions of a run inside its minimum runtime
   (must be 0).
+* **attainable share deficit** (``mean_attainable_deficit_pp``): the share deficit with each budget's share
+  replaced by its attainable share ``min(share, u_b)``, where ``u_b`` is the fraction of the cluster's GPUs
+  on models that some allocated job the budget has waiting can use (a job without a model constraint: every
+  GPU, so ``u_b = 1``; :func:`apportion.sim.core.usable_fraction`); equal to the plain deficit on a cluster of
+  one model.
+* **idle while waiting** (``idle_waiting_alloc_gpu_h``, ``idle_waiting_unalloc_gpu_h``): GPU-hours
+  idle while a job that fits them waits, allocated and unallocated waiting jobs separately, over the
+  whole run; "fits" and the formula are in :mod:`apportion.sim.conservation`. 0 is work-conserving.
 * **goodput**: (GPU-seconds held - work lost) / capacity GPU-seconds over the
   span of utilisation (first to last submission; work lost by stops in that
   span), so ``utilisation - goodput`` is the share of capacity thrown away.
@@ -100,6 +108,9 @@ class PolicyReport:
     max_preemptions_per_job: int = 0
     max_preemptions_allocated: int = 0
     checkpoints: int = 0
+    mean_attainable_deficit_pp: float = 0.0
+    idle_waiting_alloc_gpu_h: float = 0.0
+    idle_waiting_unalloc_gpu_h: float = 0.0
     horizon: str | None = None
     wall_s: float | None = None
     measured_until: str | None = None
@@ -148,6 +159,13 @@ def summarise(
                 if t >= warm:
                     deficits[leaf].append(share_deficit_pp(tree.abs_share(leaf), share_now))
     all_def = [d for v in deficits.values() for d in v]
+    attainable: list[float] = []  # the same (sample, budget) pairs, against the attainable share
+    for i, (t, row) in enumerate(result.samples):
+        bound = result.usable[i] if i < len(result.usable) else {}
+        for leaf, (share_now, _running, _pending, pending_alloc) in row.items():
+            if pending_alloc and t >= warm:
+                share = tree.abs_share(leaf)
+                attainable.append(share_deficit_pp(min(share, bound.get(leaf, 1.0)), share_now))
     held_a, held_u = total.occupancy(at), total.unallocated(at)
     held = {p: held_a.get(p, 0.0) + held_u.get(p, 0.0) for p in leaves}
     tot = budget_rows(
@@ -177,6 +195,7 @@ def summarise(
         utilisation=used / cap if cap else 0.0,
         mean_deficit_pp=sum(all_def) / len(all_def) if all_def else 0.0,
         max_deficit_pp=max(all_def) if all_def else 0.0,
+        mean_attainable_deficit_pp=sum(attainable) / len(attainable) if attainable else 0.0,
         wait_p50_s=percentile(alloc_w, 50),
         wait_p95_s=percentile(alloc_w, 95),
         unalloc_wait_p50_s=percentile(unalloc_w, 50),
@@ -198,6 +217,8 @@ def summarise(
         max_preemptions_per_job=tot.max_preemptions_per_job,
         max_preemptions_allocated=tot.max_preemptions_allocated,
         checkpoints=jobs.checkpoints,
+        idle_waiting_alloc_gpu_h=result.idle_waiting_gpu_s[0] / 3600,
+        idle_waiting_unalloc_gpu_h=result.idle_waiting_gpu_s[1] / 3600,
         wall_s=wall_s,
         rejected=dict(sorted((rejected or {}).items())),
         budgets=tot.rows,
@@ -238,6 +259,7 @@ def render_table(reports: list[PolicyReport], console: Any = None, budgets: bool
         "util",
         "mean deficit pp",
         "max deficit pp",
+        "attainable deficit pp",
         "alloc wait p50",
         "alloc wait p95",
         "unalloc wait p50",
@@ -245,6 +267,7 @@ def render_table(reports: list[PolicyReport], console: Any = None, budgets: bool
         "never placed",
         "preemptions",
         "protection violations",
+        "idle while waiting GPU-h (alloc / unalloc)",
     ):
         if col == "policy":  # names are never cut ("fai…")
             t.add_column(col, no_wrap=True, min_width=max(len(r.policy) for r in reports) if reports else None)
@@ -256,6 +279,7 @@ def render_table(reports: list[PolicyReport], console: Any = None, budgets: bool
             f"{r.utilisation:.1%}",
             f"{r.mean_deficit_pp:.2f}",
             f"{r.max_deficit_pp:.1f}",
+            f"{r.mean_attainable_deficit_pp:.2f}",
             _fmt_s(r.wait_p50_s),
             _fmt_s(r.wait_p95_s),
             _fmt_s(r.unalloc_wait_p50_s),
@@ -263,6 +287,7 @@ def render_table(reports: list[PolicyReport], console: Any = None, budgets: bool
             str(r.never),
             str(r.preemptions),
             str(r.violations),
+            f"{r.idle_waiting_alloc_gpu_h:,.0f} / {r.idle_waiting_unalloc_gpu_h:,.0f}",
         )
     console.print(t)
     g = Table(title="goodput and work lost (whole run; goodput over utilisation's span)")

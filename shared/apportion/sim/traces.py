@@ -29,6 +29,24 @@ and the first bad one is reported as ``<file>:<line>: <column>: <what>``
     :func:`apportion.events.checkpoint_interval_of` (the minimum runtime;
     unallocated jobs never checkpoint).
 
+* **ITP** (``job_id,cluster,submit_time,duration,num_gpus,gpu_time``; Microsoft's
+  ITP trace as published by ElasticFlow, ``/work/shared/data/README.md``). The
+  Philly reference rules above (gangs, budget by group, minimum runtime), with
+  the group in the ``cluster`` column, rows sorted by (submit_time, row
+  number), ids ``i<row>``, and ``submit_time`` (seconds from the start of the
+  collection) placed on the convention t = 0 = :data:`ITP_T0`
+  (2021-03-04T00:00:00Z; the publisher gives no date). Slices count from
+  t = 0 (:func:`parse_itp_slice`): ``weekN`` / ``weeksN-M`` are trace weeks
+  (``[N x 7 d, (M + 1) x 7 d)``, 0-based), ``daysA-B`` is ``[A d, B d)``.
+
+* **GPU models** (both reference formats, Philly and ITP): with a budget
+  file's ``gpu_models.constrained_fraction`` f > 0, one draw per job of
+  ``random.Random(f"gpu-model-{seed}")`` in sorted order of the whole file
+  (apart from the minimum-runtime draws, which stay as they were): a draw
+  below f constrains the job to a model, and a second draw picks the model
+  with probability proportional to the cluster's GPUs of that model (models
+  in name order). Jobs without a constraint run on any model.
+
 * **apportion CSV** (``submit,job_id,budget,user,gpus_per_replica,replicas,
   min_runtime_s,duration_s[,gpu_model][,checkpoint_interval_s]``; ``user``,
   ``replicas``, ``gpu_model`` and ``checkpoint_interval_s`` may be left out
@@ -61,7 +79,7 @@ import io
 import math
 import random
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -83,7 +101,11 @@ __all__ = [
     "load_budget_file",
     "load_trace",
     "load_philly",
+    "load_itp",
     "load_csv",
+    "parse_itp_slice",
+    "ITP_COLUMNS",
+    "ITP_T0",
     "parse_slice",
     "philly_budget_spec",
     "trace_format",
@@ -94,6 +116,9 @@ __all__ = [
 GPUS_PER_NODE = 8
 MAX_NODES = 100_000
 PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
+ITP_COLUMNS = ("job_id", "cluster", "submit_time", "duration", "num_gpus", "gpu_time")
+ITP_T0: Micros = to_us(datetime(2021, 3, 4, tzinfo=UTC))
+"""The ITP trace's t = 0, a convention (the publisher gives seconds from the start of collection, no date)."""
 CSV_COLUMNS = (
     "submit",
     "job_id",
@@ -139,6 +164,12 @@ class MinRuntimeRule(_Schema):
     cap_s: Annotated[Real, Field(ge=0.0)] = 7200.0
 
 
+class GpuModelRule(_Schema):
+    """Reference traces: a seeded ``constrained_fraction`` of jobs must run on one GPU model (module docstring)."""
+
+    constrained_fraction: Annotated[Real, Field(ge=0.0, le=1.0)] = 0.0
+
+
 class BudgetFileSpec(_Schema):
     """The budget file as written (YAML); :func:`load_budget_file` builds a :class:`BudgetFile` from it."""
 
@@ -148,8 +179,9 @@ class BudgetFileSpec(_Schema):
     groups: dict[str, Annotated[str, Field(strict=True)]] = Field(default_factory=dict)
     default_budget: Annotated[str, Field(strict=True)] | None = None
     min_runtime: MinRuntimeRule = Field(default_factory=MinRuntimeRule)
+    gpu_models: GpuModelRule = Field(default_factory=GpuModelRule)
 
-    @field_validator("groups", "min_runtime", mode="before")
+    @field_validator("groups", "min_runtime", "gpu_models", mode="before")
     @classmethod
     def _null_is_empty(cls, v: Any) -> Any:
         if v is None:
@@ -159,7 +191,9 @@ class BudgetFileSpec(_Schema):
         return v
 
 
-_MODELS: dict[str, type[_Schema]] = {m.__name__: m for m in (ClusterGroup, MinRuntimeRule, BudgetEntry, BudgetFileSpec)}
+_MODELS: dict[str, type[_Schema]] = {
+    m.__name__: m for m in (ClusterGroup, MinRuntimeRule, GpuModelRule, BudgetEntry, BudgetFileSpec)
+}
 
 
 @dataclass(frozen=True)
@@ -173,6 +207,7 @@ class BudgetFile:
     unallocated_fraction: float = 0.25
     min_runtime_cap_s: float = 7200.0
     window_s: float = float(WEEK_S)
+    constrained_fraction: float = 0.0
 
 
 def _schema_error(path: str | Path, exc: ValidationError) -> TraceError:
@@ -233,6 +268,7 @@ def load_budget_file(path: str | Path) -> BudgetFile:
         unallocated_fraction=mr.unallocated_fraction,
         min_runtime_cap_s=mr.cap_s,
         window_s=spec.window_s,
+        constrained_fraction=spec.gpu_models.constrained_fraction,
     )
 
 
@@ -259,6 +295,17 @@ def philly_budget_spec(vc_csv: str | Path, nodes: int = 32, gpus: int = 8) -> di
 # ------------------------------------------------------------------ slices
 
 
+def _split_slice(spec: str | None) -> tuple[str, int | None] | None:
+    """A slice spec as ``(its body, lowercased, N of a "+Nd" suffix or None)``; ``None`` for all."""
+    if spec is None or spec.strip().lower() == "all":
+        return None
+    text = spec.strip().lower()
+    m = re.fullmatch(r"(.+)\+(\d+)d", text)
+    if m:
+        return m.group(1), int(m.group(2))
+    return text, None
+
+
 def parse_slice(spec: str | None, year: int = 2017) -> tuple[Micros | None, Micros | None]:
     """``(start_us, end_us)`` of a slice spec (``None`` bounds = open); see module docstring.
 
@@ -266,13 +313,10 @@ def parse_slice(spec: str | None, year: int = 2017) -> tuple[Micros | None, Micr
         TraceError: an unknown spec, a week or date that does not exist, or
             an end that is not after the start; the message names ``--slice``.
     """
-    if spec is None or spec.strip().lower() == "all":
+    parts = _split_slice(spec)
+    if parts is None:
         return None, None
-    text = spec.strip().lower()
-    days = None
-    m = re.fullmatch(r"(.+)\+(\d+)d", text)
-    if m:
-        text, days = m.group(1), int(m.group(2))
+    text, days = parts
     m = re.fullmatch(r"weeks?(\d+)(?:-(\d+))?", text)
     try:
         if m:
@@ -300,6 +344,35 @@ def parse_slice(spec: str | None, year: int = 2017) -> tuple[Micros | None, Micr
             "exclusive): the slice is empty"
         )
     return to_us(start), to_us(end)
+
+
+def parse_itp_slice(spec: str | None) -> tuple[Micros | None, Micros | None]:
+    """``(start_us, end_us)`` of an ITP slice (module docstring), on the :data:`ITP_T0` convention.
+
+    Raises:
+        TraceError: an unknown spec or an empty slice; the message names ``--slice``.
+    """
+    parts = _split_slice(spec)
+    if parts is None:
+        return None, None
+    text, days = parts
+    m = re.fullmatch(r"weeks?(\d+)(?:-(\d+))?", text)
+    if m:
+        start_d, end_d = 7 * int(m.group(1)), 7 * (int(m.group(2) or m.group(1)) + 1)
+    else:
+        m = re.fullmatch(r"days(\d+)-(\d+)", text)
+        if not m:
+            raise TraceError(
+                f"--slice {spec!r}: unknown ITP slice; use all, week5, weeks0-7, days35-38 (end exclusive) "
+                "or week5+3d (trace weeks and days from t = 0)"
+            )
+        start_d, end_d = int(m.group(1)), int(m.group(2))
+    if days is not None:
+        end_d = min(end_d, start_d + days)
+    if end_d <= start_d:
+        raise TraceError(f"--slice {spec!r}: end not after start (days {start_d} .. {end_d}, end exclusive)")
+    day = s_to_us(86400)
+    return ITP_T0 + start_d * day, ITP_T0 + end_d * day
 
 
 # ------------------------------------------------------------------ CSV rows
@@ -335,7 +408,7 @@ def _header(path: str | Path, rows: Iterator[tuple[int, list[str]]]) -> list[str
 
 
 _EXPECTED = (
-    f"expected a Philly trace ({','.join(PHILLY_COLUMNS)}) or an apportion CSV "
+    f"expected a Philly trace ({','.join(PHILLY_COLUMNS)}), an ITP trace ({','.join(ITP_COLUMNS)}) or an apportion CSV "
     f"({','.join(CSV_COLUMNS[:-2])}[,gpu_model][,checkpoint_interval_s]; user, replicas, gpu_model, "
     "checkpoint_interval_s optional), "
     "see docs/simulation.md"
@@ -412,7 +485,7 @@ def _rows_of(path: str | Path, header: list[str], rows: Iterator[tuple[int, list
 
 
 def trace_format(path: str | Path) -> str:
-    """``"philly"`` or ``"csv"`` (apportion CSV), from the header.
+    """``"philly"``, ``"itp"`` or ``"csv"`` (apportion CSV), from the header.
 
     Raises:
         TraceError: unreadable, not UTF-8, or an unknown header (the message
@@ -424,6 +497,8 @@ def trace_format(path: str | Path) -> str:
 def _format(path: str | Path, header: list[str]) -> str:
     if tuple(header[:5]) == PHILLY_COLUMNS:
         return "philly"
+    if tuple(header[:6]) == ITP_COLUMNS:
+        return "itp"
     if "submit" in header and "job_id" in header:
         return "csv"
     raise TraceError(f"{path}:1: unknown trace header {','.join(header)!r}; {_EXPECTED}")
@@ -436,47 +511,130 @@ def load_philly(path: str | Path, budgets: BudgetFile, seed: int, slice_spec: st
         TraceError: a bad header, row or slice (``<file>:<line>: <column>: <what>``).
     """
     lo, hi = parse_slice(slice_spec)
+    return _load_reference(
+        path, "a Philly", PHILLY_COLUMNS, lambda r: r.instant("timestamp", epoch_ok=False), budgets, seed, lo, hi, "p"
+    )
+
+
+def _load_reference(
+    path: str | Path,
+    kind: str,
+    columns: tuple[str, ...],
+    submit_of: Callable[[_Row], Micros],
+    budgets: BudgetFile,
+    seed: int,
+    lo: Micros | None,
+    hi: Micros | None,
+    prefix: str,
+) -> list[SimJob]:
+    """Read a reference trace (Philly or ITP: ``duration``, ``num_gpus`` and ``cluster`` columns, the submit
+    time by ``submit_of``) and apply the reference rules (:func:`_reference_jobs`)."""
     rows_in = _csv_rows(path)
     header = _header(path, rows_in)
-    if tuple(header[:5]) != PHILLY_COLUMNS:
-        raise TraceError(f"{path}:1: not a Philly header {','.join(header)!r}; expected {','.join(PHILLY_COLUMNS)}")
+    if tuple(header[: len(columns)]) != columns:
+        raise TraceError(f"{path}:1: not {kind} header {','.join(header)!r}; expected {','.join(columns)}")
     rows = []
     for i, r in enumerate(_rows_of(path, header, rows_in)):
-        t = r.instant("timestamp", epoch_ok=False)
+        t = submit_of(r)
         duration = r.seconds("duration", positive=True)
         n = r.integer("num_gpus", 1, GPUS_PER_NODE * MAX_REPLICAS)
-        replicas = math.ceil(n / GPUS_PER_NODE)
-        if n % replicas:
-            raise r.error(
-                "num_gpus",
-                f"{n} GPUs do not split into ceil({n}/{GPUS_PER_NODE}) = {replicas} equal "
-                "replicas (reference gang rule: docs/simulation.md)",
-            )
+        _gang_of(r, n)
         rows.append((t, i, duration, n, r.text("cluster")))
+    return _reference_jobs(rows, budgets, seed, lo, hi, prefix)
+
+
+def _gang_of(r: _Row, n: int) -> None:
+    """The reference gang rule: ``n`` GPUs must split into ``ceil(n / 8)`` equal replicas."""
+    replicas = math.ceil(n / GPUS_PER_NODE)
+    if n % replicas:
+        raise r.error(
+            "num_gpus",
+            f"{n} GPUs do not split into ceil({n}/{GPUS_PER_NODE}) = {replicas} equal "
+            "replicas (reference gang rule: docs/simulation.md)",
+        )
+
+
+def _reference_jobs(
+    rows: list[tuple[Micros, int, float, int, str]],
+    budgets: BudgetFile,
+    seed: int,
+    lo: Micros | None,
+    hi: Micros | None,
+    prefix: str,
+) -> list[SimJob]:
+    """Trace jobs of ``(submit µs, row, duration s, GPUs, group)`` rows under the reference rules (module
+    docstring): gangs, budget by group, the seeded minimum runtime and GPU-model draws over the whole file
+    in (submit, row) order, then the slice ``[lo, hi)``."""
     rows.sort()
     rng = random.Random(seed)
+    frac = budgets.constrained_fraction
+    model_rng = random.Random(f"gpu-model-{seed}")
+    per_model: dict[str, int] = {}
+    for node in budgets.nodes:
+        if node.model is not None:
+            per_model[node.model] = per_model.get(node.model, 0) + node.gpus
+    models = sorted(per_model)
+    weights = [per_model[m] for m in models]
     jobs = []
-    for t, i, duration, n, vc in rows:
+    for t, i, duration, n, group in rows:
         draw = rng.random()
+        model = None
+        if frac > 0 and models:
+            constrained = model_rng.random() < frac
+            pick = model_rng.random()
+            if constrained:
+                model = _weighted(models, weights, pick)
         if (lo is not None and t < lo) or (hi is not None and t >= hi):
             continue
         replicas = math.ceil(n / GPUS_PER_NODE)
         g = n // replicas
         unalloc = draw < budgets.unallocated_fraction
-        budget = budgets.groups.get(vc, budgets.default_budget or vc)
+        budget = budgets.groups.get(group, budgets.default_budget or group)
         jobs.append(
             SimJob(
-                job_id=f"p{i:06d}",
+                job_id=f"{prefix}{i:06d}",
                 budget=budget,
-                user=vc,
+                user=group,
                 submit_us=t,
                 gpus_per_replica=g,
                 replicas=replicas,
                 min_runtime_s=0.0 if unalloc else min(duration, budgets.min_runtime_cap_s),
                 duration_s=duration,
+                gpu_model=model,
             )
         )
     return jobs
+
+
+def _weighted(items: list[str], weights: list[int], u: float) -> str:
+    """The item a uniform draw ``u`` in [0, 1) picks, each with probability weight / total."""
+    total = sum(weights)
+    acc = 0.0
+    for item, w in zip(items, weights, strict=True):
+        acc += w / total
+        if u < acc:
+            return item
+    return items[-1]
+
+
+def load_itp(path: str | Path, budgets: BudgetFile, seed: int, slice_spec: str | None = None) -> list[SimJob]:
+    """ITP CSV -> trace jobs under the reference rules (module docstring).
+
+    Raises:
+        TraceError: a bad header, row or slice (``<file>:<line>: <column>: <what>``).
+    """
+    lo, hi = parse_itp_slice(slice_spec)
+    return _load_reference(
+        path,
+        "an ITP",
+        ITP_COLUMNS,
+        lambda r: ITP_T0 + s_to_us(r.seconds("submit_time", positive=False)),
+        budgets,
+        seed,
+        lo,
+        hi,
+        "i",
+    )
 
 
 def load_csv(path: str | Path, slice_spec: str | None = None) -> list[SimJob]:
@@ -535,6 +693,9 @@ def load_trace(path: str | Path, budgets: BudgetFile, seed: int, slice_spec: str
         TraceError: an unknown header (the expected columns are listed), or
             any error of :func:`load_philly` / :func:`load_csv`.
     """
-    if trace_format(path) == "philly":
+    fmt = trace_format(path)
+    if fmt == "philly":
         return load_philly(path, budgets, seed, slice_spec)
+    if fmt == "itp":
+        return load_itp(path, budgets, seed, slice_spec)
     return load_csv(path, slice_spec)

@@ -23,7 +23,14 @@ re-exported here for the callers that import them from the engine.
 from __future__ import annotations
 
 from apportion.domain.engine.cycle import CycleResult, CycleSnapshot, run_cycle
-from apportion.domain.engine.emit import emit_placed, pending_start_events, preempt_events, start_events, stop_event
+from apportion.domain.engine.emit import (
+    emit_placed,
+    pending_start_events,
+    preempt_events,
+    protection_cap_us,
+    start_events,
+    stop_event,
+)
 from apportion.domain.engine.inputs import (
     CHECKPOINT_WAIT_S,
     PATIENCE_S,
@@ -104,6 +111,7 @@ __all__ = [
     "branch_rule",
     "charge_of",
     "earliest_fit_us",
+    "protection_cap_us",
     "emit_placed",
     "memo_codes",
     "order_key",

@@ -48,7 +48,10 @@ The cycle, exactly as DESIGN section 3 says:
    lands there in this cycle, except as :func:`backfill_rule` allows (a
    reservation never idles GPUs): unallocated work, and allocated work the
    holder could take back whose protection ends by the holder's earliest
-   fit (:func:`earliest_fit_us`). Reservations are recomputed every cycle
+   fit (:func:`earliest_fit_us`, which counts only the runs the holder may
+   take back). A holder with no known fit time (it waits on runs it may not
+   take back) keeps no GPU free for itself: its nodes are unreserved for the
+   rest of the cycle. Reservations are recomputed every cycle
    from the snapshot, so they need no events and replay identically.
 
 No loop: within a cycle the after-move test and the reversal rule forbid
@@ -84,8 +87,14 @@ from operator import attrgetter
 from typing import Any
 
 from apportion.domain.budgets import BudgetTree
-from apportion.domain.cluster import ClusterSnapshot
-from apportion.domain.engine.emit import emit_placed, job_protection_s, pending_start_events, preempt_events
+from apportion.domain.cluster import UNTIL_STARTED, ClusterSnapshot, Run
+from apportion.domain.engine.emit import (
+    emit_placed,
+    job_protection_s,
+    pending_start_events,
+    preempt_events,
+    protection_cap_us,
+)
 from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
 from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
 from apportion.domain.engine.reasons import PendingReason, explain_pending
@@ -100,6 +109,7 @@ from apportion.domain.preemption import (
     backfill_rule,
     branch_rule,
     charge_of,
+    victim_rule,
 )
 from apportion.domain.preemption import (
     branches_of as _branches,
@@ -252,6 +262,14 @@ def run_cycle(
             m = min_rt[leaf] = min(map(_MIN_RT, islice(pending[leaf], 0, allocated_end[leaf])), default=0.0)
         return backfill_rule(True, s_to_us(m), now_us, hold_fit)
 
+    caps: dict[str, Micros | None] = {}
+
+    def gang_cap(budget: str) -> Micros | None:
+        """The protection cap of ``budget``'s runs (:func:`protection_cap_us`), once per cycle and budget."""
+        if budget not in caps:
+            caps[budget] = protection_cap_us(budget, tree, cfg)
+        return caps[budget]
+
     charges = 0
     own_charges: dict[str, int] = {}
     floors: dict[tuple[str, int], tuple[int, int]] = {}
@@ -401,6 +419,7 @@ def run_cycle(
                 cfg.patience_s,
                 cfg.checkpoint_wait_s,
                 cfg.gang_rule,
+                gang_cap,
             )
             if plan is None:
                 # (a refusal by patience_rule or checkpoint_rule depends on this job's wait or victims' timing)
@@ -462,8 +481,33 @@ def run_cycle(
                 free.reserve(n)
             res.reservation = (job.job_id, tuple(chosen_nodes))
             if free.reserved_free():
-                hold_fit = earliest_fit_us(cluster, chosen_nodes, g, now_us, victims.taken if victims else set())
-                hold_leaf, hold_charge = leaf, charge
+
+                def may_take(
+                    run: Run, at_us: Micros, leaf: str = leaf, charge: float = charge, gpus: int = g * k
+                ) -> bool:
+                    return victim_rule(
+                        run,
+                        leaf,
+                        at_us,
+                        queue,
+                        cfg.delta,
+                        charge,
+                        moves,
+                        gpus if cfg.gang_rule else None,
+                        ignore_protection=True,
+                        gang_cap_us=gang_cap(run.budget),
+                    ).allowed
+
+                hold_fit = earliest_fit_us(
+                    cluster, chosen_nodes, g, now_us, victims.taken if victims else set(), may_take
+                )
+                if hold_fit >= UNTIL_STARTED:
+                    # no known time to fit (it waits on runs it may not take back): it keeps no GPU free
+                    # for itself (DESIGN section 3), lower-ranked work may use them as any other
+                    free.unreserve_all()
+                    hold_fit = 0
+                else:
+                    hold_leaf, hold_charge = leaf, charge
             continue  # the reservation changed free capacity: no bulk skip on its account
         if model is None:
             ent = search_failures.get(leaf)  # search_failed(leaf, 1, 1) or search_failed(leaf, *floor), inlined

@@ -9,6 +9,7 @@ cancel) use the same constructors.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,9 +27,16 @@ from apportion.events import (
     Victim,
     det_id,
 )
-from apportion.timeutil import from_us, to_us
+from apportion.timeutil import Micros, from_us, s_to_us, to_us
 
-__all__ = ["emit_placed", "pending_start_events", "preempt_events", "start_events", "stop_event"]
+__all__ = [
+    "emit_placed",
+    "pending_start_events",
+    "preempt_events",
+    "protection_cap_us",
+    "start_events",
+    "stop_event",
+]
 
 
 def start_events(
@@ -159,6 +167,14 @@ def job_protection_s(job: PendingJob, tree: BudgetTree, cfg: EngineConfig) -> fl
         cfg.protection_doublings,
         cfg.churn_bound,
     )
+
+
+def protection_cap_us(budget: str, tree: BudgetTree, cfg: EngineConfig) -> Micros | None:
+    """The cap of every protection of a run of ``budget``, µs, or ``None`` (no cap): what :func:`protection_s`
+    grows a protection to past its doublings, ``W x cfg.protection_cap_w`` or the budget's ``max_min_runtime``
+    when lower (DESIGN section 3). The gang rule's bound (:func:`~apportion.domain.preemption.gang_rule`)."""
+    cap = protection_s(1.0, 1, tree.max_min_runtime_s(budget), cfg.window_s, cfg.protection_cap_w, 0, None)
+    return None if math.isinf(cap) else s_to_us(cap)
 
 
 def emit_placed(

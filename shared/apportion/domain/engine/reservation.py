@@ -11,17 +11,24 @@ the snapshot, so they need no events and replay identically.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from apportion.domain.cluster import UNTIL_STARTED, ClusterSnapshot, RunKey
+from apportion.domain.cluster import PROTECTION_UNTIL_DONE_S, UNTIL_STARTED, ClusterSnapshot, Run, RunKey
 from apportion.domain.engine.placement import CycleFree
-from apportion.timeutil import Micros
+from apportion.timeutil import Micros, s_to_us
 
 __all__ = ["earliest_fit_us", "reservation_nodes"]
 
+_UNTIL_DONE_US = s_to_us(PROTECTION_UNTIL_DONE_S)  # a run protected until it completes: no known end
+
 
 def earliest_fit_us(
-    cluster: ClusterSnapshot, nodes: Sequence[str], g: int, now_us: Micros, taken: set[RunKey] | frozenset[RunKey]
+    cluster: ClusterSnapshot,
+    nodes: Sequence[str],
+    g: int,
+    now_us: Micros,
+    taken: set[RunKey] | frozenset[RunKey],
+    may_take: Callable[[Run, Micros], bool] | None = None,
 ) -> Micros:
     """A lower bound of when a reservation's holder can start on its ``nodes``, µs UTC (DESIGN section 3).
 
@@ -31,12 +38,19 @@ def earliest_fit_us(
     earlier in this cycle, all counted as now: a lower bound); an allocated
     run's GPUs become available no earlier than its protection ends
     (:attr:`Run.protected_until_us`; for a run not yet started, its
-    placement time plus its protection, which is earlier). The node fits
-    the holder (``g`` GPUs) at the first time enough are available; the
-    holder needs all of its nodes, so the answer is the latest of them.
+    placement time plus its protection, which is earlier), and then only
+    when the holder may take them back (``may_take(run, protection end)``:
+    :func:`~apportion.domain.preemption.victim_rule` at that time; a run of
+    its own leaf, or of a budget not behind it by delta, is never taken
+    back and frees its GPUs only when it ends, which the engine cannot
+    know: never, for this bound). ``may_take=None`` takes every run back.
+    The node fits the holder (``g`` GPUs) at the first time enough are
+    available; the holder needs all of its nodes, so the answer is the
+    latest of them.
 
-    Returns ``now_us`` when every node fits now, and ``2**62`` when a node
-    never can (fewer than ``g`` GPUs).
+    Returns ``now_us`` when every node fits now, and ``2**62``
+    (:data:`~apportion.domain.cluster.UNTIL_STARTED`) when a node has no
+    known time to fit (fewer than ``g`` GPUs, or runs the holder may not take).
     """
     latest = now_us
     runs = cluster.runs
@@ -53,6 +67,10 @@ def earliest_fit_us(
             if until is None or until >= UNTIL_STARTED:
                 length = run.min_runtime_us if run.protection_us is None else run.protection_us
                 until = run.placed_at_us + length
+            if (run.protection_us is not None and run.protection_us >= _UNTIL_DONE_US) or (
+                may_take is not None and not may_take(run, max(until, now_us))
+            ):
+                until = UNTIL_STARTED  # its GPUs come back when it ends: no known time
             held.append((until, n))
             busy += n
         avail = node.gpu_count - busy

@@ -29,6 +29,7 @@ from apportion.domain.preemption import (
     checkpoint_rule,
     gang_rule,
     patience_rule,
+    ran_us,
     victim_rule,
 )
 from apportion.events import Placement, Victim
@@ -52,6 +53,7 @@ def plan_preemption(
     patience_s: float = 0.0,
     checkpoint_wait_s: float = 0.0,
     gangs: bool = False,
+    gang_cap: Callable[[str], Micros | None] | None = None,
 ) -> tuple[tuple[Placement, ...], list[tuple[Run, Victim]]] | None:
     """Least-cost preemption plan for allocated ``job`` of ``leaf``, or ``None`` (DESIGN section 3).
 
@@ -77,8 +79,9 @@ def plan_preemption(
     checkpoint soon enough, ``None`` and the job in ``victims.checkpoint_waits``.
 
     With ``gangs`` (``EngineConfig.gang_rule``), an allocated gang larger than J is not a candidate
-    (:func:`gang_rule`); ``victims.spared`` then tells that the search left one out, so its failure
-    says nothing about a larger job.
+    (:func:`gang_rule`) until it has run for its budget's protection cap (``gang_cap``: budget -> cap, µs,
+    or ``None``); ``victims.spared`` then tells that the search left one out, so its failure says nothing
+    about a larger job.
 
     Returns the placements of J (free GPUs first, then victims' GPUs) and the
     victims with their :class:`Victim` audit records; the free index is
@@ -182,7 +185,17 @@ def plan_preemption(
                 for x in lst:
                     if x[1].key in taken:
                         continue
-                    if gangs and not gang_rule(x[1].replicas, x[0][0], g * k):
+                    if (
+                        gangs
+                        and x[1].replicas > 1  # (a single-node run always may: gang_rule's age test is not needed)
+                        and not gang_rule(
+                            x[1].replicas,
+                            x[0][0],
+                            g * k,
+                            ran_us(x[1], now),
+                            gang_cap(x[1].budget) if gang_cap is not None else None,
+                        )
+                    ):
                         victims.spared = True  # (the failure says nothing about a larger job)
                         continue
                     bucket.append(x)
@@ -231,7 +244,17 @@ def plan_preemption(
         for x in chosen:
             run = x[1]
             if run.key not in picked:
-                verdict = victim_rule(run, leaf, now, view, delta, charge_gpu_s, moves, g * k if gangs else None)
+                verdict = victim_rule(
+                    run,
+                    leaf,
+                    now,
+                    view,
+                    delta,
+                    charge_gpu_s,
+                    moves,
+                    g * k if gangs else None,
+                    gang_cap_us=gang_cap(run.budget) if gangs and gang_cap is not None else None,
+                )
                 if not verdict.allowed:  # the search and the rule disagree: a bug, never a decision
                     raise AssertionError(f"victim {run.key} of {leaf}'s plan refused by victim_rule: {verdict}")
                 picked[run.key] = (run, _victim(run, now, verdict))
