@@ -220,7 +220,7 @@ def simulate(
     gang_rule: bool = typer.Option(
         True,
         "--gang-rule/--no-gang-rule",
-        help="An allocated gang is never preempted for a job smaller than it (policy fairtree-7; "
+        help="An allocated gang is never preempted for a job smaller than it (since policy fairtree-7; "
         "--no-gang-rule: fairtree-6).",
     ),
 ) -> None:

@@ -26,8 +26,12 @@ __all__ = [
     "pending_order",
 ]
 
-POLICY_VERSION = "fairtree-7"
-"""fairtree-7: fairtree-6 and :func:`~apportion.domain.preemption.gang_rule` (``EngineConfig.gang_rule``: an
+POLICY_VERSION = "fairtree-8"
+"""fairtree-8: fairtree-7 with a reservation holder's fit counting only the runs it may take back (a holder with no
+known fit keeps no GPU free) and :func:`~apportion.domain.preemption.gang_rule` bounded by the protection cap (a gang
+past it is a victim like any other run): DESIGN section 3, ``docs/simulation.md``, "Current results". Its decisions
+differ from fairtree-7's with no knob to turn the two back, so fairtree-7 logs are not re-run by this engine.
+fairtree-7: fairtree-6 and :func:`~apportion.domain.preemption.gang_rule` (``EngineConfig.gang_rule``: an
 allocated gang is never preempted for a job smaller than it); ``docs/simulation.md``, fifteenth session.
 fairtree-6: fairtree-5 with a churn bound of 5 (``EngineConfig.churn_bound``: a job preempted 5 times is
 protected until it completes) and protection growth capped at W / 4 again (``EngineConfig.protection_cap_w``,
