@@ -68,8 +68,9 @@ voters="$(awk '{printf "%s%s@127.0.0.1:%s", (NR > 1 ? "," : ""), $1, $3}' "$port
 rf=$(( brokers < 3 ? brokers : 3 ))
 bootstrap="$(awk '{printf "%s127.0.0.1:%s", (NR > 1 ? "," : ""), $2}' "$ports_file")"
 
+tls="${APPORTION_TLS_DIR:-$datadir/tls}"  # one CA and server certificate for every node
 start_node() {  # node port cport -> start.sh's output in DATADIR/broker-N.start.log
-    KAFKA_NODE_ID="$1" KAFKA_CONTROLLER_PORT="$3" KAFKA_QUORUM_VOTERS="$voters" \
+    APPORTION_TLS_DIR="$tls" KAFKA_NODE_ID="$1" KAFKA_CONTROLLER_PORT="$3" KAFKA_QUORUM_VOTERS="$voters" \
         KAFKA_REPLICATION="$rf" KAFKA_SECRETS_DIR="$datadir/secrets" KAFKA_CLUSTER_ID_FILE="$datadir/cluster.id" \
         KAFKA_NO_WAIT=1 bash "$here/start.sh" "$2" "$datadir/broker-$1" > "$datadir/broker-$1.start.log" 2>&1
 }
@@ -100,7 +101,7 @@ for row in "${rows[@]}"; do
 done
 
 probe=()
-[[ -f "$datadir/broker-1/plaintext" ]] || probe=(--sasl SCRAM-SHA-512)
+[[ -f "$datadir/broker-1/plaintext" ]] || probe=(--sasl SCRAM-SHA-512 --tls "$tls/ca.pem")
 t0="$(date +%s%N)"
 for entry in "${started[@]}"; do
     read -r node port <<< "$entry"
@@ -119,4 +120,4 @@ printf 'kafka %s cluster of %s ready on %s (%s started) in %d.%02ds, replication
     "$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here/pom.xml")" "$brokers" "$bootstrap" \
     "${#started[@]}" $(( (t1 - t0) / 1000000000 )) $(( (t1 - t0) / 10000000 % 100 )) "$rf" $(( rf > 1 ? rf - 1 : 1 ))
 echo "KAFKA_BOOTSTRAP=$bootstrap"
-if [[ ${#probe[@]} -gt 0 ]]; then echo "KAFKA_SECRETS=$datadir/secrets"; fi
+if [[ ${#probe[@]} -gt 0 ]]; then echo "KAFKA_SECRETS=$datadir/secrets"; echo "KAFKA_TLS=$tls"; fi
