@@ -101,7 +101,9 @@ for row in "${rows[@]}"; do
 done
 
 probe=()
-[[ -f "$datadir/broker-1/plaintext" ]] || probe=(--sasl SCRAM-SHA-512 --tls "$tls/ca.pem")
+[[ -f "$datadir/broker-1/plaintext" ]] || probe=(--sasl SCRAM-SHA-512)
+with_tls=0
+if [[ ${#probe[@]} -gt 0 && ! -f "$datadir/broker-1/no-tls" ]]; then with_tls=1; probe+=(--tls "$tls/ca.pem"); fi
 t0="$(date +%s%N)"
 for entry in "${started[@]}"; do
     read -r node port <<< "$entry"
@@ -120,4 +122,5 @@ printf 'kafka %s cluster of %s ready on %s (%s started) in %d.%02ds, replication
     "$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here/pom.xml")" "$brokers" "$bootstrap" \
     "${#started[@]}" $(( (t1 - t0) / 1000000000 )) $(( (t1 - t0) / 10000000 % 100 )) "$rf" $(( rf > 1 ? rf - 1 : 1 ))
 echo "KAFKA_BOOTSTRAP=$bootstrap"
-if [[ ${#probe[@]} -gt 0 ]]; then echo "KAFKA_SECRETS=$datadir/secrets"; echo "KAFKA_TLS=$tls"; fi
+if [[ ${#probe[@]} -gt 0 ]]; then echo "KAFKA_SECRETS=$datadir/secrets"; fi
+if [[ "$with_tls" == 1 ]]; then echo "KAFKA_TLS=$tls"; fi

@@ -16,8 +16,10 @@
 # storage is formatted (--add-scram).  The certificates are in APPORTION_TLS_DIR
 # (default DATADIR/tls; apportion.bus.tls makes a local CA and the server
 # certificate there when they are missing).  APPORTION_KAFKA_PLAINTEXT=1 starts
-# a plaintext broker without ACLs instead (development only; the mode is fixed
-# when the storage is formatted).
+# a plaintext broker without ACLs instead, and APPORTION_NO_TLS=1 the same
+# SASL/SCRAM and ACLs without TLS (SASL_PLAINTEXT: to measure what TLS costs,
+# bench/bench_live.py --no-tls); both development only, fixed when the storage
+# is formatted.
 #
 # Environment: KAFKA_HEAP_OPTS (default -Xms256m -Xmx512m), KAFKA_JVM_OPTS
 # (extra flags), KAFKA_CONTROLLER_PORT (default: a free port),
@@ -61,6 +63,12 @@ if [[ -f "$datadir/plaintext" || ( ! -f "$datadir/kraft-logs/meta.properties" &&
 fi
 secrets="${KAFKA_SECRETS_DIR:-$datadir/secrets}"
 tls="${APPORTION_TLS_DIR:-$datadir/tls}"
+if [[ ! -f "$datadir/kraft-logs/meta.properties" ]]; then
+    rm -f "$datadir/no-tls"
+    if [[ "${APPORTION_NO_TLS:-}" == 1 ]]; then touch "$datadir/no-tls"; fi
+fi
+with_tls=1
+if [[ -f "$datadir/no-tls" ]]; then with_tls=0; fi
 
 if [[ -f "$pidfile" ]] && is_our_broker "$(cat "$pidfile")"; then
     running_port="$(cat "$datadir/kafka.port" 2>/dev/null || echo '?')"
@@ -70,7 +78,8 @@ if [[ -f "$pidfile" ]] && is_our_broker "$(cat "$pidfile")"; then
     fi
     echo "kafka already running on 127.0.0.1:$port (pid $(cat "$pidfile"))"
     echo "KAFKA_BOOTSTRAP=127.0.0.1:$port"
-    if [[ "$secure" == 1 ]]; then echo "KAFKA_SECRETS=$secrets"; echo "KAFKA_TLS=$tls"; fi
+    if [[ "$secure" == 1 ]]; then echo "KAFKA_SECRETS=$secrets"; fi
+    if [[ "$secure$with_tls" == 11 ]]; then echo "KAFKA_TLS=$tls"; fi
     exit 0
 fi
 
@@ -94,14 +103,20 @@ password() {  # name -> its password, made once (infra/password.sh)
 scram=()
 probe=()
 if [[ "$secure" == 1 ]]; then
-    bash "$here/../tls.sh" "$tls" > /dev/null
     admin_pw="$(password admin)"
+    no_tls=()  # APPORTION_NO_TLS: the same listeners as SASL_PLAINTEXT, no ssl.* settings
+    probe=(--sasl SCRAM-SHA-512)
+    if [[ "$with_tls" == 1 ]]; then
+        bash "$here/../tls.sh" "$tls" > /dev/null
+        probe+=(--tls "$tls/ca.pem")
+    else
+        no_tls=(-e "s|SASL_SSL|SASL_PLAINTEXT|g" -e "s|sasl_ssl|sasl_plaintext|g" -e "/^ssl\./d")
+    fi
     sed -e "s|@PORT@|$port|g" -e "s|@CONTROLLER_PORT@|$cport|g" -e "s|@ADMIN_PASSWORD@|$admin_pw|g" \
         -e "s|@CONTROLLER_PASSWORD@|$(password controller)|g" \
-        -e "s|@TLS_KEYSTORE@|$tls/keystore.pem|g" -e "s|@TLS_CA@|$tls/ca.pem|g" \
+        -e "s|@TLS_KEYSTORE@|$tls/keystore.pem|g" -e "s|@TLS_CA@|$tls/ca.pem|g" "${no_tls[@]}" \
         "$here/security.properties.template" >> "$props"
     scram=(--add-scram "SCRAM-SHA-512=[name=admin,password=$admin_pw]")
-    probe=(--sasl SCRAM-SHA-512 --tls "$tls/ca.pem")
 fi
 
 java_log=(-Dlog4j2.configurationFile="$here/log4j2.properties")
@@ -154,4 +169,5 @@ printf 'kafka %s ready on 127.0.0.1:%s (pid %s) in %d.%02ds, RSS %d MiB\n' \
     "$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here/pom.xml")" \
     "$port" "$pid" $(( (t1 - t0) / 1000000000 )) $(( (t1 - t0) / 10000000 % 100 )) $(( rss_kb / 1024 ))
 echo "KAFKA_BOOTSTRAP=127.0.0.1:$port"
-if [[ "$secure" == 1 ]]; then echo "KAFKA_SECRETS=$secrets"; echo "KAFKA_TLS=$tls"; fi
+if [[ "$secure" == 1 ]]; then echo "KAFKA_SECRETS=$secrets"; fi
+if [[ "$secure$with_tls" == 11 ]]; then echo "KAFKA_TLS=$tls"; fi

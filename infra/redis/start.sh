@@ -15,8 +15,8 @@
 # the open default user instead (development only).  TLS only: PORT is Redis' tls-port and the plaintext port
 # is off (port 0); the server certificate and the CA are in APPORTION_TLS_DIR (default DATADIR/tls, made by
 # apportion.bus.tls through infra/tls.sh when missing); clients present no certificate (tls-auth-clients no:
-# the ACL users authenticate them) and verify the server against the CA.  APPORTION_REDIS_PLAINTEXT=1 serves
-# plaintext on PORT instead (development only; the URL is then redis://).
+# the ACL users authenticate them) and verify the server against the CA.  APPORTION_NO_TLS=1 serves
+# plaintext on PORT instead (development only, to measure what TLS costs; the URL is then redis://).
 set -euo pipefail
 if [[ $# -ne 2 ]]; then
     echo "usage: $0 PORT DATADIR" >&2
@@ -47,16 +47,15 @@ is_our_redis() {
 secrets="$datadir/secrets"
 tls="${APPORTION_TLS_DIR:-$datadir/tls}"
 scheme=rediss
-if [[ -f "$datadir/plaintext" || ( ! -f "$pidfile" && "${APPORTION_REDIS_PLAINTEXT:-}" == 1 ) ]]; then
-    scheme=redis
-fi
 if [[ -f "$pidfile" ]] && is_our_redis "$(cat "$pidfile")"; then
+    if [[ -f "$datadir/plaintext" ]]; then scheme=redis; fi
     echo "redis already running (pid $(cat "$pidfile"))"
     echo "REDIS_URL=$scheme://127.0.0.1:$port/0"
     if [[ -f "$datadir/users.acl" ]]; then echo "REDIS_SECRETS=$secrets"; fi
     if [[ "$scheme" == rediss ]]; then echo "REDIS_TLS=$tls"; fi
     exit 0
 fi
+if [[ "${APPORTION_NO_TLS:-}" == 1 ]]; then scheme=redis; fi
 rm -f "$datadir/plaintext"
 listen=()
 if [[ "$scheme" == rediss ]]; then

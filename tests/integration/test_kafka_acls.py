@@ -208,6 +208,17 @@ def test_the_broker_has_no_plaintext_listener(kafka_bootstrap: str) -> None:
     assert listeners and {protocols[n] for n in listeners} == {"SASL_SSL"}, cfg["listeners"]
     assert cfg["advertised.listeners"].startswith("SASL_SSL://"), cfg["advertised.listeners"]
     assert kafka_auth()["security_protocol"] == "SASL_SSL"
+    # and what infra/kafka/start.sh wrote for the session's broker (the native stack: beside its secrets)
+    written = Path(os.environ["APPORTION_KAFKA_SECRETS_DIR"]).parent / "server.properties"
+    if written.is_file():
+        last = {}  # later lines win, as in Kafka's loader
+        for line in written.read_text().splitlines():
+            if "=" in line and not line.startswith("#"):
+                key, value = line.split("=", 1)
+                last[key] = value
+        assert "PLAINTEXT" not in last["listeners"] + last["advertised.listeners"], last["listeners"]
+        assert "PLAINTEXT" not in last["listener.security.protocol.map"], last["listener.security.protocol.map"]
+        assert last["inter.broker.listener.name"] == "SASL_SSL"
 
 
 def test_provisioning_twice_changes_nothing(kafka_bootstrap: str, namespace: str) -> None:

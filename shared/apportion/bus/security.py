@@ -11,8 +11,11 @@ the CA file ``APPORTION_TLS_CA`` (env, else stack.env; without it the system's
 trust store), through one shared context per process
 (:func:`apportion.bus.tls.client_context`). Without a user the client speaks
 plaintext, which only a broker started with ``APPORTION_KAFKA_PLAINTEXT=1``
-accepts (``infra/kafka/start.sh``). Redis clients take :func:`redis_auth`
-(TLS for a ``rediss://`` URL, verified against the same CA).
+accepts (``infra/kafka/start.sh``); with ``APPORTION_NO_TLS=1`` it signs in
+without TLS (SASL_PLAINTEXT), which only a broker started with the same
+development flag accepts (it measures what TLS costs: ``bench/bench_live.py
+--no-tls``). Redis clients take :func:`redis_auth` (TLS for a ``rediss://``
+URL, verified against the same CA).
 
 Principals (:data:`PRINCIPALS`) and what each may do (:data:`GRANTS`, one
 declared table, applied per topic namespace like the topics):
@@ -194,6 +197,9 @@ def _setting(name: str) -> str | None:
 #: The CA file every client verifies the servers against (env, else stack.env; ``apportion.bus.tls``).
 TLS_CA_SETTING = "APPORTION_TLS_CA"
 
+#: The development flag of a stack without TLS (``infra/kafka/start.sh``, ``infra/redis/start.sh``).
+NO_TLS_SETTING = "APPORTION_NO_TLS"
+
 
 def tls_context() -> ssl.SSLContext:
     """The process's client TLS context for :data:`TLS_CA_SETTING`'s CA (the system's trust store without one)."""
@@ -226,7 +232,15 @@ def kafka_auth() -> dict[str, Any]:
 
 def sasl_ssl(user: str, password: str) -> dict[str, Any]:
     """Client settings that sign in as ``user`` with ``password`` (SCRAM) over TLS verified by :func:`tls_context`:
-    what :func:`kafka_auth` returns for the configured principal (tests sign in as each principal with it)."""
+    what :func:`kafka_auth` returns for the configured principal (tests sign in as each principal with it).
+    Without TLS under :data:`NO_TLS_SETTING`."""
+    if _setting(NO_TLS_SETTING) == "1":
+        return {
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": MECHANISM,
+            "sasl_plain_username": user,
+            "sasl_plain_password": password,
+        }
     return {
         "security_protocol": "SASL_SSL",
         "ssl_context": tls_context(),
@@ -239,7 +253,7 @@ def sasl_ssl(user: str, password: str) -> dict[str, Any]:
 def redis_tls(url: str | None = None) -> dict[str, Any]:
     """The TLS settings of a Redis client of ``url``: for a ``rediss://`` URL (or none given) while
     :data:`TLS_CA_SETTING` names a CA, verify the server against it, host name included; else ``{}``
-    (a ``redis://`` URL is plaintext, which only a Redis started with ``APPORTION_REDIS_PLAINTEXT=1`` serves)."""
+    (a ``redis://`` URL is plaintext, which only a Redis started with ``APPORTION_NO_TLS=1`` serves)."""
     ca = _setting(TLS_CA_SETTING)
     if not ca or (url is not None and not url.startswith("rediss://")):
         return {}
@@ -285,7 +299,7 @@ def faust_auth() -> dict[str, Any]:
             username=auth["sasl_plain_username"],
             password=auth["sasl_plain_password"],
             mechanism=MECHANISM,
-            ssl_context=auth["ssl_context"],  # SASL_SSL
+            ssl_context=auth.get("ssl_context"),  # SASL_SSL (None: SASL_PLAINTEXT, APPORTION_NO_TLS)
         )
     }
 

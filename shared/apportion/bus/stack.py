@@ -13,8 +13,8 @@ job. Each stack lives in one data directory::
 
 Kafka runs with TLS, SASL/SCRAM and ACLs (SASL_SSL; ``docs/security.md``)
 unless ``APPORTION_KAFKA_PLAINTEXT=1``, and Redis with TLS only (``rediss://``)
-and ACL users unless ``APPORTION_REDIS_PLAINTEXT=1`` / ``APPORTION_REDIS_NOAUTH=1``
-(development only). :meth:`LocalStack.start` makes the CA and the certificate
+and ACL users unless ``APPORTION_REDIS_NOAUTH=1``; ``APPORTION_NO_TLS=1`` keeps
+the authentication and ACLs without TLS (development only, to measure TLS). :meth:`LocalStack.start` makes the CA and the certificate
 both servers present (``DATADIR/tls``) and puts the CA and the super user's
 credentials in this process's environment (:meth:`LocalStack.client_env`: the
 files, never the password), so what this process and its children connect
@@ -135,6 +135,8 @@ class LocalStack:
         self.redis_secrets: Path | None = None
         #: the CA both servers' certificates chain to (``None``: neither speaks TLS)
         self.tls_ca: Path | None = None
+        #: Kafka's listeners are TLS (false for a plaintext or an ``APPORTION_NO_TLS`` broker)
+        self.kafka_tls = False
 
     @property
     def bootstrap(self) -> str:
@@ -222,6 +224,9 @@ class LocalStack:
             self.redis_secrets = Path(found[-1]) if found else None
             tls = any(ln.startswith(("KAFKA_TLS=", "REDIS_TLS=")) for ln in out.splitlines())
             self.tls_ca = self.tls_dir / "ca.pem" if tls else None
+            self.kafka_tls = any(ln.startswith("KAFKA_TLS=") for ln in out.splitlines())
+            if self.kafka_tls:
+                os.environ.pop("APPORTION_NO_TLS", None)  # the broker speaks TLS, whatever asked otherwise
             os.environ.update(self.client_env())
             if self.provision_topics:
                 from apportion.bus.provision import provision
@@ -246,9 +251,11 @@ class LocalStack:
     def client_env(self) -> dict[str, str]:
         """The environment that makes Kafka and Redis clients the super user ``admin`` over TLS, verifying the
         stack's CA (``{}``: no security)."""
-        from apportion.bus.security import ADMIN, TLS_CA_SETTING, principal_env, redis_env
+        from apportion.bus.security import ADMIN, NO_TLS_SETTING, TLS_CA_SETTING, principal_env, redis_env
 
         env: dict[str, str] = {TLS_CA_SETTING: str(self.tls_ca)} if self.tls_ca is not None else {}
+        if self.kafka_secrets is not None and not self.kafka_tls:
+            env[NO_TLS_SETTING] = "1"  # SASL without TLS: the clients must not ask for it
         if self.kafka_secrets is not None:
             env.update(principal_env(ADMIN, self.kafka_secrets), APPORTION_KAFKA_SECRETS_DIR=str(self.kafka_secrets))
         if self.redis_secrets is not None:

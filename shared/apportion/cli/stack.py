@@ -48,6 +48,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from apportion.bus.security import (
+    NO_TLS_SETTING,
     NODE_AGENTS_SETTING,
     TLS_CA_SETTING,
     principal_env,
@@ -117,6 +118,7 @@ class StackInfo:
     kafka_secrets: str = ""  # the broker's password files; the CLI connects as ops (apportion.bus.security)
     redis_secrets: str = ""  # Redis's password files; the CLI reads as cli
     tls_ca: str = ""  # the CA file every client verifies Kafka and Redis against (apportion.bus.tls)
+    no_tls: bool = False  # a development stack without TLS (APPORTION_NO_TLS=1 when it was started)
 
     @property
     def web_url(self) -> str:
@@ -152,6 +154,8 @@ class StackInfo:
             lines += [f"{k}={v}" for k, v in redis_env("cli", Path(self.redis_secrets)).items()]
         if self.tls_ca:
             lines.append(f"{TLS_CA_SETTING}={self.tls_ca}")
+        if self.no_tls:
+            lines.append(f"{NO_TLS_SETTING}=1")
         lines += [f"{k}={v}" for k, v in sorted(self.clock.items())]
         lines += [f"PID_{n.upper()}={p}" for n, p in sorted(self.pids.items())]
         lines += [f"METRICS_{n.upper()}=127.0.0.1:{p}" for n, p in sorted(self.metrics.items())]
@@ -180,6 +184,7 @@ class StackInfo:
             if env.get("APPORTION_REDIS_PASSWORD_FILE")
             else "",
             tls_ca=env.get(TLS_CA_SETTING, ""),
+            no_tls=env.get(NO_TLS_SETTING) == "1",
         )
         for k, v in env.items():
             if k.startswith("PID_"):
@@ -461,6 +466,7 @@ def up(
         info.redis_secrets = str(local.redis_secrets)
     # the CA the clients verify the servers against: the stack's own, else the caller's
     info.tls_ca = str(local.tls_ca or "") if local is not None else os.environ.get(TLS_CA_SETTING, "")
+    info.no_tls = NO_TLS_SETTING in (local.client_env() if local is not None else os.environ)
     info.log_dir.mkdir(exist_ok=True)
     (run_dir / "services").mkdir(exist_ok=True)
     saved = os.environ.get("APPORTION_TOPIC_PREFIX")
@@ -502,6 +508,8 @@ def up(
     )
     if info.tls_ca:
         base[TLS_CA_SETTING] = info.tls_ca
+    if info.no_tls:
+        base[NO_TLS_SETTING] = "1"
     if time_scale != 1.0:
         info.clock = {
             "APPORTION_TIME_SCALE": str(time_scale),
