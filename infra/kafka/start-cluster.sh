@@ -68,7 +68,7 @@ voters="$(awk '{printf "%s%s@127.0.0.1:%s", (NR > 1 ? "," : ""), $1, $3}' "$port
 rf=$(( brokers < 3 ? brokers : 3 ))
 bootstrap="$(awk '{printf "%s127.0.0.1:%s", (NR > 1 ? "," : ""), $2}' "$ports_file")"
 
-tls="${APPORTION_TLS_DIR:-$datadir/tls}"  # one CA and server certificate for every node
+tls="${APPORTION_TLS_DIR:-$(dirname "$datadir")/tls}"  # beside DATADIR: one CA and certificate for every node
 start_node() {  # node port cport -> start.sh's output in DATADIR/broker-N.start.log
     APPORTION_TLS_DIR="$tls" KAFKA_NODE_ID="$1" KAFKA_CONTROLLER_PORT="$3" KAFKA_QUORUM_VOTERS="$voters" \
         KAFKA_REPLICATION="$rf" KAFKA_SECRETS_DIR="$datadir/secrets" KAFKA_CLUSTER_ID_FILE="$datadir/cluster.id" \

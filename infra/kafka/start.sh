@@ -14,7 +14,7 @@
 # The passwords of the super users admin and controller are made once in
 # DATADIR/secrets/ (mode 0600); admin's SCRAM credential is stored when the
 # storage is formatted (--add-scram).  The certificates are in APPORTION_TLS_DIR
-# (default DATADIR/tls; apportion.bus.tls makes a local CA and the server
+# (default tls/ beside DATADIR, shared with Redis; apportion.bus.tls makes a local CA and the server
 # certificate there when they are missing).  APPORTION_KAFKA_PLAINTEXT=1 starts
 # a plaintext broker without ACLs instead, and APPORTION_NO_TLS=1 the same
 # SASL/SCRAM and ACLs without TLS (SASL_PLAINTEXT: to measure what TLS costs,
@@ -62,7 +62,7 @@ if [[ -f "$datadir/plaintext" || ( ! -f "$datadir/kraft-logs/meta.properties" &&
     secure=0
 fi
 secrets="${KAFKA_SECRETS_DIR:-$datadir/secrets}"
-tls="${APPORTION_TLS_DIR:-$datadir/tls}"
+tls="${APPORTION_TLS_DIR:-$(dirname "$datadir")/tls}"  # beside DATADIR: what Kafka and Redis of a stack share
 if [[ ! -f "$datadir/kraft-logs/meta.properties" ]]; then
     rm -f "$datadir/no-tls"
     if [[ "${APPORTION_NO_TLS:-}" == 1 ]]; then touch "$datadir/no-tls"; fi

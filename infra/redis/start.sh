@@ -12,11 +12,12 @@
 # Security (DESIGN section 10, docs/security.md): ACL users with passwords
 # (DATADIR/secrets/<user>.password, mode 0600, made once; DATADIR/users.acl
 # from infra/redis/acl.sh, which declares the users and what each may do).  APPORTION_REDIS_NOAUTH=1 keeps
-# the open default user instead (development only).  TLS only: PORT is Redis' tls-port and the plaintext port
-# is off (port 0); the server certificate and the CA are in APPORTION_TLS_DIR (default DATADIR/tls, made by
-# apportion.bus.tls through infra/tls.sh when missing); clients present no certificate (tls-auth-clients no:
-# the ACL users authenticate them) and verify the server against the CA.  APPORTION_NO_TLS=1 serves
-# plaintext on PORT instead (development only, to measure what TLS costs; the URL is then redis://).
+# the open default user instead (development only).  TLS only: PORT is Redis' tls-port and the plaintext
+# port is off (port 0); the server certificate and the CA are in APPORTION_TLS_DIR (default tls/ beside
+# DATADIR, shared with Kafka; made by apportion.bus.tls through infra/tls.sh when missing); clients present no
+# certificate (tls-auth-clients no: the ACL users authenticate them) and verify the server against the CA.
+# APPORTION_NO_TLS=1 serves plaintext on PORT instead (development only, to measure what TLS costs; the URL is
+# then redis://).
 set -euo pipefail
 if [[ $# -ne 2 ]]; then
     echo "usage: $0 PORT DATADIR" >&2
@@ -45,7 +46,7 @@ is_our_redis() {
     [[ -r "/proc/$1/cmdline" ]] && tr '\0' ' ' < "/proc/$1/cmdline" | grep -q 'redis-server'
 }
 secrets="$datadir/secrets"
-tls="${APPORTION_TLS_DIR:-$datadir/tls}"
+tls="${APPORTION_TLS_DIR:-$(dirname "$datadir")/tls}"  # beside DATADIR: what Kafka and Redis of a stack share
 scheme=rediss
 if [[ -f "$pidfile" ]] && is_our_redis "$(cat "$pidfile")"; then
     if [[ -f "$datadir/plaintext" ]]; then scheme=redis; fi

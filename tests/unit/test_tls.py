@@ -101,3 +101,18 @@ def test_clients_verify_the_stacks_ca_and_host_name_through_one_shared_context(
     assert security.redis_auth("rediss://127.0.0.1:1/0") == {"username": "dispatcher", "password": "pw", **tls_kw}
     assert security.redis_auth("redis://127.0.0.1:1/0") == {"username": "dispatcher", "password": "pw"}
     assert security.redis_auth() == {"username": "dispatcher", "password": "pw", **tls_kw}
+
+
+def test_a_development_stack_without_tls_signs_in_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``APPORTION_NO_TLS=1`` (what ``bench_live --no-tls`` starts): SCRAM over SASL_PLAINTEXT, no TLS context."""
+    monkeypatch.setenv("APPORTION_NO_TLS", "1")
+    monkeypatch.setenv("APPORTION_KAFKA_USER", "ops")
+    monkeypatch.setenv("APPORTION_KAFKA_PASSWORD", "pw")
+    assert security.kafka_auth() == {
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "ops",
+        "sasl_plain_password": "pw",
+    }
+    monkeypatch.delenv("APPORTION_NO_TLS")
+    assert security.kafka_auth()["security_protocol"] == "SASL_SSL"

@@ -253,9 +253,11 @@ def sasl_ssl(user: str, password: str) -> dict[str, Any]:
 def redis_tls(url: str | None = None) -> dict[str, Any]:
     """The TLS settings of a Redis client of ``url``: for a ``rediss://`` URL (or none given) while
     :data:`TLS_CA_SETTING` names a CA, verify the server against it, host name included; else ``{}``
-    (a ``redis://`` URL is plaintext, which only a Redis started with ``APPORTION_NO_TLS=1`` serves)."""
+    (a ``redis://`` URL is plaintext, which only a Redis started with ``APPORTION_NO_TLS=1`` serves; under that
+    flag nothing asks for TLS). A caller that gives no URL gets the CA whenever one is set: with a CA, Redis is
+    ``rediss://``."""
     ca = _setting(TLS_CA_SETTING)
-    if not ca or (url is not None and not url.startswith("rediss://")):
+    if not ca or _setting(NO_TLS_SETTING) == "1" or (url is not None and not url.startswith("rediss://")):
         return {}
     return {"ssl_ca_certs": ca, "ssl_cert_reqs": "required", "ssl_check_hostname": True}
 

@@ -227,6 +227,8 @@ class LocalStack:
             self.kafka_tls = any(ln.startswith("KAFKA_TLS=") for ln in out.splitlines())
             if self.kafka_tls:
                 os.environ.pop("APPORTION_NO_TLS", None)  # the broker speaks TLS, whatever asked otherwise
+            if self.tls_ca is None:
+                os.environ.pop("APPORTION_TLS_CA", None)  # another stack's CA: nothing here speaks TLS
             os.environ.update(self.client_env())
             if self.provision_topics:
                 from apportion.bus.provision import provision
