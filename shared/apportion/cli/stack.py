@@ -265,7 +265,7 @@ def probe(info: StackInfo, timeout_s: float = 3.0) -> dict[str, Probe]:
         out["kafka"] = Probe(False, f"{type(exc).__name__}: {exc}"[:200])
     try:
         r = redis_lib.Redis.from_url(
-            info.redis_url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, **redis_auth()
+            info.redis_url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, **redis_auth(info.redis_url)
         )
         r.ping()
         out["redis"] = Probe(True)
