@@ -162,9 +162,24 @@ FIGURES = {
     "latency_p50_ms": ("submit-to-StartWorkload p50, ms", False),
     "latency_p99_ms": ("submit-to-StartWorkload p99, ms", False),
     "placements_per_s": ("sustained placements/s", True),
+    "broker_cpu_s_per_1000": ("broker CPU s per 1,000 placed", False),
+    "services_cpu_s_per_1000": ("services' CPU s per 1,000 placed", False),
     "raw_consume_per_s": ("raw kafka-python consume, events/s", True),
     "accounting_per_s": ("accounting rebuild, events/s", True),
 }
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes ``pids`` have used so far (``/proc/PID/stat``; a gone one counts 0)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime and stime, fields 14 and 15 of proc(5)
+    return total
 
 
 def tls_cost_table(with_tls: dict[str, float], without: dict[str, float]) -> str:
@@ -175,7 +190,7 @@ def tls_cost_table(with_tls: dict[str, float], without: dict[str, float]) -> str
             continue
         a, b = with_tls[key], without[key]
         cost = (b - a) / b if more_is_better else (a - b) / b
-        lines.append(f"{label:<40} {a:>12,.1f} {b:>12,.1f} {100 * cost:>9.0f}%")
+        lines.append(f"{label:<40} {a:>12,.2f} {b:>12,.2f} {100 * cost:>9.0f}%")
     return "\n".join(lines)
 
 
@@ -293,6 +308,9 @@ def bench(args: argparse.Namespace, *, tls: bool, figures: dict[str, float]) -> 
 
         # ---- 2. sustained throughput
         base = watcher.count("JobPlaced")
+        broker = [pid for pid in [stack.node_pid(1) if stack is not None else None] if pid is not None]
+        services = [p.pid for p in procs]
+        cpu0 = (cpu_seconds(broker), cpu_seconds(services))
         t0 = time.perf_counter()
         for i in range(args.jobs):
             submit(f"thr{i}", "bench/a" if i % 2 else "bench/b", 3600.0)
@@ -303,6 +321,7 @@ def bench(args: argparse.Namespace, *, tls: bool, figures: dict[str, float]) -> 
         while watcher.count("JobPlaced") < base + args.jobs and time.perf_counter() < deadline:
             time.sleep(0.05)
         placed = watcher.count("JobPlaced") - base
+        broker_cpu, services_cpu = cpu_seconds(broker) - cpu0[0], cpu_seconds(services) - cpu0[1]
         t_end = max(v for k, v in watcher.seen.items() if k[0] == "JobPlaced")
         rate = placed / (t_end - t0) if last else 0.0
         figures["placements_per_s"] = rate
@@ -310,6 +329,14 @@ def bench(args: argparse.Namespace, *, tls: bool, figures: dict[str, float]) -> 
             f"sustained: {args.jobs} submissions published in {t_pub:.2f} s ({args.jobs / t_pub:,.0f}/s); "
             f"{placed} placed in {t_end - t0:.2f} s -> {rate:,.0f} placements/s (target >= 1,000/s)"
         )
+        if placed and broker:
+            figures["broker_cpu_s_per_1000"] = 1000 * broker_cpu / placed
+            figures["services_cpu_s_per_1000"] = 1000 * services_cpu / placed
+            print(
+                f"  CPU per 1,000 placed jobs (from the first submission until the last placement was seen): broker "
+                f"{figures['broker_cpu_s_per_1000']:.2f} s, the four services "
+                f"{figures['services_cpu_s_per_1000']:.2f} s"
+            )
         ok &= rate >= 1000
     finally:
         for p in procs:
