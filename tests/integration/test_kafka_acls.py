@@ -208,7 +208,7 @@ def test_the_broker_has_no_plaintext_listener(kafka_bootstrap: str) -> None:
     assert listeners and {protocols[n] for n in listeners} == {"SASL_SSL"}, cfg["listeners"]
     assert cfg["advertised.listeners"].startswith("SASL_SSL://"), cfg["advertised.listeners"]
     assert kafka_auth()["security_protocol"] == "SASL_SSL"
-    # and what infra/kafka/start.sh wrote for the session's broker (the native stack: beside its secrets)
+    # and what infra/kafka/start.sh wrote for the test run's broker (the native stack: beside its secrets)
     written = Path(os.environ["APPORTION_KAFKA_SECRETS_DIR"]).parent / "server.properties"
     if written.is_file():
         last = {}  # later lines win, as in Kafka's loader
