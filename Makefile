@@ -8,6 +8,7 @@
 #   make mutate     mutation testing of the rule modules (score and survivors printed)
 #   make chaos      the chaos campaign (kills, broker and Redis restarts, hostile records; ARGS="--quick")
 #   make bench-rss  RSS of each service over a long run (ARGS="--duration-s 1200": the documented 20 minutes)
+#   make gpu-check  the node agent on this machine's NVIDIA GPUs: inventory, utilisation, device isolation, idle
 #
 # Prerequisites: Python 3.11+, Java 17+, Maven, redis-server (or root, to apt-get it).
 
@@ -19,10 +20,14 @@ PYTEST_ARGS ?=
 SIM_NODES ?= 8
 BROKERS ?= 1
 
-.PHONY: help venv kafka-jars up down status infra-up lint test test-unit test-integration bench bench-rss chaos chaos-test mutate run clean distclean
+.PHONY: help prereqs venv kafka-jars up down status infra-up lint test test-unit test-integration bench bench-rss gpu-check chaos chaos-test mutate run clean distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
+
+# System packages the suite needs (redis-server, Java, Maven, chromium, node): installed when missing, as root.
+prereqs:
+	@infra/prereqs.sh
 
 venv: $(VENV)/.installed
 
@@ -69,7 +74,7 @@ lint: venv
 	echo "vulture: no dead code outside tests/"
 
 # pytest exit 5 means "no tests collected": reported, not a failure.
-test: venv lint
+test: prereqs venv lint
 	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 
@@ -87,6 +92,11 @@ bench: venv
 # `make bench` runs it too, at its default 300 s. Options: ARGS="--duration-s 1200 --trace dispatcher"
 bench-rss: venv kafka-jars
 	$(PY) bench/bench_rss.py $(ARGS)
+
+# The node agent against NVML, one verdict line per check (docs/security.md, "Node boundary"); run it as root on a
+# GPU node. Without an NVIDIA GPU it prints "SKIP: no NVIDIA GPU" lines and exits 0.
+gpu-check: venv
+	$(PY) bench/gpu_check.py
 
 # Chaos campaign on its own local stack (docs/reliability.md): exits non-zero when a figure of its last line is off.
 # Options: make chaos ARGS="--seed 3 --jobs 500 --kills 20 --hostile 10000" (defaults), ARGS="--quick" (short)

@@ -416,11 +416,11 @@ def check(
     from apportion.audit.config import config_from_log
     from apportion.audit.invariants import double_bookings
     from apportion.audit.replay import preemption_report
-    from apportion.audit.source import audit_topics, load_log
+    from apportion.audit.source import load_log, verify_topics
     from apportion.audit.verify import verify
     from apportion.topics import DEADLETTER
 
-    names = [*audit_topics(), topic_name(DEADLETTER)]
+    names = list(verify_topics())
     records = load_log(bootstrap=bootstrap, topic_names=names)
     if save_log:
         from datetime import UTC, datetime

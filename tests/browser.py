@@ -36,7 +36,7 @@ def find_browser(path: str | None = None) -> tuple[str, str]:
     if chromium is None or driver is None:
         raise BrowserMissing(
             f"{' and '.join(missing)} not found on PATH: the dashboard's browser tests need Debian's chromium "
-            f"and its driver (`sudo {INSTALL}`; .ci/run installs them); no browser is downloaded"
+            f"and its driver (`sudo {INSTALL}`; `make test` installs them as root); no browser is downloaded"
         )
     return chromium, driver
 

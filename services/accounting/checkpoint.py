@@ -9,7 +9,8 @@ service (:mod:`services.accounting.app`) writes the hash in the same
 MULTI/EXEC as the read model and, on start, falls back to a rebuild from
 offset 0 on any :class:`CheckpointError`.
 
-Format (``FORMAT`` = 2; 1 was written while the ledger clamped late records)::
+Format (``FORMAT`` = 3; 2 was written while a requeue did not end a refused start's run, 1 while the ledger
+clamped late records)::
 
     header  UTF-8 JSON {format, layout, window_s, topic_prefix, offsets,
             clock_us, snapshot_at, last_key, late_events, state_bytes,
@@ -73,7 +74,7 @@ from services.accounting import logic
 
 __all__ = ["FORMAT", "Checkpoint", "CheckpointError", "check_offsets", "decode", "encode", "layout", "read_header"]
 
-FORMAT = 2
+FORMAT = 3
 """Checkpoint format version; a stored checkpoint of another version is not used."""
 
 HEADER = "header"

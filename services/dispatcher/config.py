@@ -14,12 +14,13 @@ import socket
 from pathlib import Path
 
 from apportion.bus.service import ServiceSettings
-from apportion.domain.dispatch import DEFAULT_HEARTBEAT_TIMEOUT_S
+from apportion.domain.dispatch import DEFAULT_HEARTBEAT_TIMEOUT_S, DispatchConfig
 from apportion.domain.engine import EngineConfig
 
 #: The domain's defaults (one home: ``EngineConfig`` and ``dispatch.DEFAULT_HEARTBEAT_TIMEOUT_S``); the settings
 #: only name them.
 _ENGINE = EngineConfig()
+_DISPATCH = DispatchConfig()
 
 
 class DispatcherSettings(ServiceSettings):
@@ -41,6 +42,9 @@ class DispatcherSettings(ServiceSettings):
             work lost (``preemption.patience_rule``; 0 = off).
         checkpoint_wait_s: longest a preemption waits for its victims' next checkpoint
             (``preemption.checkpoint_rule``; 0 = off).
+        refusal_backoff_s, refusal_backoff_cap_s: a job whose start a node refused waits
+            ``refusal_backoff_s x 2^(refusals - 1)``, at most the cap, before it is placed again (0 = off).
+        cordon_after_refusals: a node refusing this many starts in a row is cordoned (0 = never).
         producer_name: written as ``producer`` on events.
         reconcile_misses: consecutive heartbeats of a node that must disagree
             with the runs before a missing replica is lost or an unknown one
@@ -70,6 +74,9 @@ class DispatcherSettings(ServiceSettings):
     reservation_after_s: float = _ENGINE.reservation_after_s
     patience_s: float = _ENGINE.patience_s
     checkpoint_wait_s: float = _ENGINE.checkpoint_wait_s
+    refusal_backoff_s: float = _DISPATCH.refusal_backoff_s
+    refusal_backoff_cap_s: float = _DISPATCH.refusal_backoff_cap_s
+    cordon_after_refusals: int = _DISPATCH.cordon_after_refusals or 0
     producer_name: str = "dispatcher"
     reconcile_misses: int = 2
     future_tolerance_s: float = 3600.0

@@ -20,21 +20,31 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from apportion.domain.cluster import UNTIL_STARTED
-from apportion.domain.dispatch import DispatchConfig, DispatchState, decide, evolve
+from apportion.domain.dispatch import (
+    DispatchConfig,
+    DispatchState,
+    decide,
+    evolve,
+    hold_answered,
+    with_job_settings,
+)
 from apportion.domain.engine import PendingReason, reason_dict, run_cycle
+from apportion.domain.engine.reasons import Held, RefusedBackoff
 from apportion.domain.fairshare import FairShareQueue
 from apportion.events import (
     Event,
     JobCancelRequested,
+    JobHoldRequested,
     JobLost,
     JobPlaced,
+    JobReleaseRequested,
     JobSubmitted,
     NodeLost,
     StartWorkload,
     StopWorkload,
     WorkloadRefused,
 )
-from apportion.timeutil import Micros, from_us, s_to_us
+from apportion.timeutil import Micros, from_us, s_to_us, to_us
 
 FENCED = (JobPlaced, StartWorkload, StopWorkload, NodeLost)
 
@@ -46,9 +56,10 @@ def recover(state: DispatchState, log: Sequence[Event], now_us: Micros, cfg: Dis
     ``JobQueued``/``JobRejected``; its successor finds such submissions here
     and admits them now. The same for the node agents' ``WorkloadRefused``
     and ``JobLost`` (a start refused by an agent that restarted while no
-    leader ran is undone and the job requeued), and for a ``JobCancelRequested``
+    leader ran is undone and the job requeued), for a ``JobCancelRequested``
     whose job is still active once the log is folded (sent while no leader ran:
-    it is carried out now, not lost). Decision ids are deterministic, so if the old
+    it is carried out now, not lost), and for a hold or release request no
+    verdict answers yet. Decision ids are deterministic, so if the old
     leader's decision did reach the log after all, readers de-duplicate.
 
     Args:
@@ -75,6 +86,8 @@ def recover(state: DispatchState, log: Sequence[Event], now_us: Micros, cfg: Dis
             out.extend(_decide_folded(state, ev, now_us, cfg))
         elif isinstance(ev, JobCancelRequested) and ev.job_id in state.jobs:
             out.extend(_decide_folded(state, ev, now_us, cfg))  # JobCancelled ends the job: decided once
+        elif isinstance(ev, (JobHoldRequested, JobReleaseRequested)) and not hold_answered(state, ev):
+            out.extend(_decide_folded(state, ev, now_us, cfg))  # answered once: its verdict's id is the request's
     return out
 
 
@@ -101,10 +114,19 @@ def resend_starts(state: DispatchState, now_us: Micros, cfg: DispatchConfig) -> 
         missing = [r for r in sorted(run.open_replicas) if r not in run.started_replicas]
         if missing:
             starts = start_events(
-                key[0], key[1], run.placements, ts, rec.spec.duration_s, rec.spec.command, cfg.producer
+                key[0],
+                key[1],
+                run.placements,
+                ts,
+                rec.spec.duration_s,
+                rec.spec.command,
+                cfg.producer,
+                progress_s=run.resumed_from_s,
+                checkpoint_interval_s=rec.spec.checkpoint_interval_s,
+                user=rec.spec.user,
             )
             out += [starts[r] for r in missing]
-    return out
+    return with_job_settings(state, out)
 
 
 def _decide_folded(state: DispatchState, ev: Event, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
@@ -157,7 +179,11 @@ def read_model(
     (``kind: facts``, the kind stable for scripts) and ``reason_detail`` its
     fields (:func:`~apportion.domain.engine.reasons.reason_dict`). A job
     that cycle would place gets ``placeable: ...`` (the dispatcher's next
-    cycle places it). With another scheduler than the engine
+    cycle places it). A job backing off after a refused start is left out of
+    that cycle and its order (``position`` ``None``); its reason is
+    :class:`~apportion.domain.engine.reasons.RefusedBackoff` (the node, the
+    refusal, when it may be placed again), a held job's :class:`~apportion.domain.engine.reasons.Held` (who held
+    it, when, why; ahead of any other). With another scheduler than the engine
     (``cfg.scheduler``, the simulator's baselines) reasons are left empty:
     only the engine explains its own decisions.
 
@@ -209,6 +235,12 @@ def read_model(
         if rec.status == "pending":
             row["position"] = position.get(job_id)
             why = reasons.get(job_id)
+            backoff = state.backoff_until(job_id, now_us)
+            if backoff is not None and backoff.not_before_us is not None:
+                why = RefusedBackoff(backoff.node_id, backoff.reason, backoff.refusals, backoff.not_before_us)
+            hold = state.held.get(job_id)
+            if hold is not None:
+                why = Held(hold.by, hold.reason, to_us(hold.ts))
             if why is not None:
                 row["reason"] = why.text()
                 row["reason_detail"] = reason_dict(why)

@@ -45,14 +45,16 @@ from apportion.audit.config import resumed_event
 from apportion.bus.intake import Intake
 from apportion.clock import Clock
 from apportion.domain.admission import NODE_REQUEST_TYPES
-from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, step
+from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, hold_answered, step
 from apportion.domain.engine import EngineConfig
 from apportion.events import (
     DispatcherConfigured,
     Event,
     JobCancelRequested,
+    JobHoldRequested,
     JobLost,
     JobRejected,
+    JobReleaseRequested,
     JobSubmitted,
     NodeHeartbeat,
     NodeRequestRefused,
@@ -66,6 +68,9 @@ from services.dispatcher import logic
 from services.dispatcher.config import DispatcherSettings
 
 log = logging.getLogger("apportion.dispatcher")
+
+#: Requests to hold or release a job (decided like a cancel: once, by its owner or ops).
+HOLD_REQUESTS = (JobHoldRequested, JobReleaseRequested)
 
 #: Dead-letter reason of an event older than the window (:meth:`DispatchState.is_stale`).
 STALE = "older than the window"
@@ -187,6 +192,9 @@ def dispatch_config(settings: DispatcherSettings) -> DispatchConfig:
         heartbeat_timeout_s=settings.heartbeat_timeout_s if settings.heartbeat_timeout_s > 0 else None,
         producer=settings.producer_name,
         reconcile_misses=settings.reconcile_misses if settings.reconcile_misses > 0 else None,
+        refusal_backoff_s=settings.refusal_backoff_s,
+        refusal_backoff_cap_s=settings.refusal_backoff_cap_s,
+        cordon_after_refusals=settings.cordon_after_refusals if settings.cordon_after_refusals > 0 else None,
     )
 
 
@@ -429,13 +437,16 @@ class DispatcherService:
         for rec, no in undecided:  # forgeries no leader answered: their verdicts now
             out += apply(rec, lambda e: [e, *step(state, e, now, cfg)], no) or []
         answered = {ev.refused_event_id for _, ev in pairs if isinstance(ev, JobRejected) and ev.refused_event_id}
-        # what recover() decides (submissions, cancels, agents' refusals and losses), in log order
+        # what recover() decides (submissions, cancels, holds, releases, agents' refusals and losses), in log order
         for rec, ev in pairs:
-            if isinstance(ev, (JobSubmitted, JobCancelRequested, WorkloadRefused, JobLost)):
+            if isinstance(ev, (JobSubmitted, JobCancelRequested, WorkloadRefused, JobLost, *HOLD_REQUESTS)):
                 if isinstance(ev, JobCancelRequested) and (ev.job_id not in state.jobs or ev.event_id in answered):
                     continue  # carried out (the job ended) or refused by a leader: decided
+                if isinstance(ev, HOLD_REQUESTS) and hold_answered(state, ev):
+                    continue  # held, released or refused by a leader: decided
                 undecided_submission = isinstance(ev, JobSubmitted) and ev.job_id not in state.jobs
-                if isinstance(ev, JobCancelRequested) or undecided_submission and ev.job_id not in state.finished:
+                owner_request = isinstance(ev, (JobCancelRequested, *HOLD_REQUESTS))
+                if owner_request or undecided_submission and ev.job_id not in state.finished:
                     place = log_position(rec, ev)  # the keys as of its record, not the log's end
                     if (refused := self.gate.refusal(rec.value, ev, state.jobs, now, position=place)) is not None:
                         out += apply(rec, lambda e: [e, *step(state, e, now, cfg)], refused) or []

@@ -46,6 +46,20 @@ def parse_args(argv: list[str] | None = None) -> dict:
     ap.add_argument("--checkpoint-root", type=Path, help="jobs' persistent checkpoint directories")
     ap.add_argument("--job-log-dir", type=Path, help="per-job stdout/stderr files")
     ap.add_argument("--progress-poll-wall-s", type=float, help="wall seconds between looks at progress files")
+    ap.add_argument(
+        "--job-isolation",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run processes as their users' accounts in cgroups of their own (--no-job-isolation: as the agent)",
+    )
+    ap.add_argument("--account-map-file", type=Path, help="the ops' account map: '<user> <account>' per line")
+    ap.add_argument("--cgroup-root", type=Path, help="where the node mounts its cgroups")
+    ap.add_argument("--cgroup-version", choices=("auto", "1", "2"), help="cgroup driver")
+    ap.add_argument("--cgroup-parent", help="the agent's cgroup, parent of the replicas'")
+    ap.add_argument("--sandbox-memory-mb-per-gpu", type=int, help="memory limit of a replica per GPU, MiB")
+    ap.add_argument("--sandbox-cpu-weight-per-gpu", type=int, help="CPU weight of a replica per GPU")
+    ap.add_argument("--sandbox-pids-max", type=int, help="most processes and threads of a replica")
+    ap.add_argument("--idle-after-s", type=float, help="event seconds of idle GPUs before a run is reported idle")
     add_common_flags(ap, NodeAgentSettings)
     return flag_overrides(ap, argv)
 

@@ -23,6 +23,7 @@ import re
 import socket
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -82,6 +83,26 @@ class NodeAgentSettings(ServiceSettings):
             ``service:dispatcher.json``). Set, a ``NodeLost`` not signed by that key is disregarded
             (``unauthenticated``; any ``node-agent`` principal may write ``apportion.nodes``) and its
             fencing token never remembered. ``None``: every loss is judged on its token only.
+        job_isolation: run each process replica as its user's account, in a cgroup of its own, with a clean
+            environment (:mod:`services.node_agent.sandbox`; ``docs/security.md``, "Node boundary"). Needs
+            root. ``False`` runs processes as the agent itself (a development machine with no one else's
+            code: never on a shared node).
+        account_map_file: the ops' account map, one ``<user> <account>`` per line, for users whose Unix
+            account is not named as they are (default: every user runs as the account of the same name).
+        cgroup_root: where the node mounts its cgroups.
+        cgroup_version: ``auto`` (v2 when ``cgroup_root`` is a unified hierarchy, else the v1 controllers
+            under it), ``1`` or ``2``.
+        cgroup_parent: the agent's cgroup, parent of the replicas' (default ``apportion/<topic prefix><agent>``).
+        sandbox_memory_mb_per_gpu: memory limit of a replica per GPU it holds, MiB (``None``: the node's
+            memory divided by its GPU count).
+        sandbox_cpu_weight_per_gpu: CPU weight of a replica per GPU it holds (cgroup v2 scale, 100 = one
+            ordinary process; v1 ``cpu.shares`` = weight * 1024 / 100).
+        sandbox_pids_max: most processes and threads in one replica.
+        job_path, job_lang: ``PATH`` and ``LANG`` of a process unless its job's ``env`` sets them.
+        idle_after_s: event seconds a running replica's GPUs stay idle (below 1% in every heartbeat's sample)
+            before its heartbeat reports it ``idle`` (``RunningWorkload.idle``).
+        gpu_device_files: the device files of a declared (simulated) inventory's GPUs, in index order (NVML
+            names a real node's: ``/dev/nvidia<minor>``).
     """
 
     node_id: str | None = None
@@ -107,6 +128,26 @@ class NodeAgentSettings(ServiceSettings):
     producer_name: str = "node-agent"
     node_key_dir: Path | None = None
     dispatcher_public_key_file: Path | None = None
+    job_isolation: bool = True
+    account_map_file: Path | None = None
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+    cgroup_version: Literal["auto", "1", "2"] = "auto"
+    cgroup_parent: str | None = None
+    sandbox_memory_mb_per_gpu: int | None = Field(default=None, gt=0)
+    sandbox_cpu_weight_per_gpu: int = Field(default=100, ge=1, le=10_000)
+    sandbox_pids_max: int = Field(default=4096, gt=0)
+    job_path: str = "/usr/local/bin:/usr/bin:/bin"
+    job_lang: str = "C.UTF-8"
+    gpu_device_files: list[str] | None = None
+    idle_after_s: float = Field(default=2 * 3600.0, gt=0)
+
+    def cgroup_parent_path(self) -> str:
+        """The agent's cgroup in force: :attr:`cgroup_parent`, else ``apportion/<topic prefix><agent>`` made safe."""
+        if self.cgroup_parent:
+            return self.cgroup_parent
+        from apportion.settings import topic_prefix
+
+        return "apportion/" + re.sub(r"[^A-Za-z0-9._-]", "_", f"{topic_prefix()}{self.agent_name()}")
 
     def dispatcher_public_key(self) -> str | None:
         """The base64 public key in :attr:`dispatcher_public_key_file`, or ``None`` when none is set.

@@ -35,6 +35,10 @@ Fencing rules 2-4 and the event-time rules 6-8 are in ``docs/leadership.md``:
 9. **unknown GPUs** - an index the node does not have, a repeated index, or
    no GPU at all: refused (``unknown_gpus``).
 10. **no workload** - neither ``command`` nor ``duration_s``: refused (``no_workload``).
+10a. **no account** - a process (not a simulated workload) on an agent that isolates jobs, whose proven
+    user (``StartWorkload.user``) has no Unix account it may run as (none named, none on the node, uid 0,
+    the agent's own account: :func:`services.node_agent.sandbox.Accounts.resolve`): refused
+    (``no_account``). It never runs as the agent (``docs/security.md``, "Node boundary").
 11. **GPUs busy** - a GPU is held by a replica that is being stopped: the
     start waits (:class:`Defer`) and runs when that replica exits (DESIGN
     section 3: the victim's GPUs are reserved for the preemptor after its
@@ -136,6 +140,7 @@ TOKEN_OUT_OF_RANGE = "fencing_token_out_of_range"
 RUN_LOST = "run_lost"
 BEFORE_REGISTRATION = "before_registration"
 EXPIRED = "expired_command"
+NO_ACCOUNT = "no_account"
 
 #: Valid fencing tokens are integers in [TOKEN_MIN, TOKEN_MAX] (the dispatcher lease's range,
 #: ``services.dispatcher.lease``; repeated here because services do not import each other).
@@ -146,6 +151,50 @@ TOKEN_MAX = 2**53
 RETENTION_S = 24 * 3600.0
 
 STOPPED = "stopped"
+
+
+# --------------------------------------------------------------------------- the account and environment of a process
+
+
+@dataclass(frozen=True, slots=True)
+class Account:
+    """The Unix account a process runs as (resolved from the job's proven user by
+    :class:`services.node_agent.sandbox.Accounts`).
+
+    Attributes:
+        name: the account's name (``USER``).
+        uid, gid: its user and primary group ids (never 0).
+        groups: its supplementary group ids (``getgrouplist``).
+        home: its home directory (``HOME``).
+    """
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+    home: str = "/"
+
+
+#: Every variable a process gets that is not of its job's own ``env``: the documented allow-list
+#: (``docs/checkpoints.md``, "What a process gets"). Nothing of the agent's environment is passed on.
+JOB_ENV_ALLOWED = (
+    "PATH",
+    "LANG",
+    "HOME",
+    "USER",
+    "APPORTION_JOB_ID",
+    "APPORTION_ATTEMPT",
+    "APPORTION_REPLICA",
+    "APPORTION_NODE_ID",
+    "APPORTION_CHECKPOINT_DIR",
+    "APPORTION_PROGRESS_FILE",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+)
+
+#: ``PATH`` and ``LANG`` of a process unless its job's ``env`` sets them (node settings ``job_path``, ``job_lang``).
+DEFAULT_JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
+DEFAULT_JOB_LANG = "C.UTF-8"
 
 
 # --------------------------------------------------------------------------- job files and checkpoints
@@ -476,6 +525,8 @@ class Workload:
             ``duration_s`` whole and saves nothing (:func:`sim_remaining_s`).
         checkpoint_interval_s: the job's interval in force
             (``StartWorkload.checkpoint_interval_s``), ``None``: no interval checkpoints.
+        account: the Unix account a process runs as; ``None``: the agent does not isolate jobs (it runs
+            processes as itself, a development mode: ``docs/security.md``).
     """
 
     node_id: str
@@ -493,6 +544,7 @@ class Workload:
     adopted: bool = False
     progress_s: float | None = None
     checkpoint_interval_s: float | None = None
+    account: Account | None = None
 
     @property
     def key(self) -> RunKey:
@@ -504,13 +556,21 @@ class Workload:
         """True when no process runs: it sleeps ``duration_s``."""
         return self.command is None
 
-    def process_env(self) -> dict[str, str]:
-        """Environment additions for the process (the job's ``env`` first, so the agent's variables win).
+    def process_env(self, path: str = DEFAULT_JOB_PATH, lang: str = DEFAULT_JOB_LANG) -> dict[str, str]:
+        """The whole environment of the process: :data:`JOB_ENV_ALLOWED` and the job's own ``env``, nothing else.
 
-        The variables are documented in ``docs/checkpoints.md``.
+        ``PATH`` and ``LANG`` (``path``, ``lang``) first, then the job's ``env`` (it may set those two and
+        anything of its own), then the agent's values, which win over a submitted variable of the same name:
+        ``HOME`` and ``USER`` of its :attr:`account` (left out without one), the job variables and the GPU
+        indices. The variables are documented in ``docs/checkpoints.md``.
         """
-        env = dict(self.env)
+        env = {"PATH": path, "LANG": lang}
+        env.update(self.env)
+        if self.account is not None:
+            env["HOME"] = self.account.home
+            env["USER"] = self.account.name
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
+        env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
         env["APPORTION_JOB_ID"] = self.job_id
         env["APPORTION_ATTEMPT"] = str(self.attempt)
         env["APPORTION_REPLICA"] = str(self.replica)
@@ -691,13 +751,15 @@ def token_problem(state: AgentState, token: int | None) -> tuple[str, str] | Non
     return None
 
 
-def decide_start(state: AgentState, cmd: StartWorkload, now: datetime) -> Action:
+def decide_start(state: AgentState, cmd: StartWorkload, now: datetime, account: Account | str | None = None) -> Action:
     """What to do with a StartWorkload (rules in the module docstring).
 
     Args:
         state: the agent's state before the command.
         cmd: the command.
         now: event time for any event emitted.
+        account: the account its process would run as; a string: why there is none (rule 10a); ``None``:
+            the agent does not isolate jobs.
 
     Returns:
         :class:`Ignore`, :class:`Refuse`, :class:`Launch` or :class:`Defer`.
@@ -728,6 +790,8 @@ def decide_start(state: AgentState, cmd: StartWorkload, now: datetime) -> Action
     if cmd.command is None and cmd.duration_s is None:
         return _refuse(cmd, now, NO_WORKLOAD, "neither command nor duration_s")
     simulate = cmd.duration_s is not None and (node.simulated or not cmd.command)
+    if not simulate and isinstance(account, str):
+        return _refuse(cmd, now, NO_ACCOUNT, account)
     w = Workload(
         cmd.node_id,
         cmd.job_id,
@@ -739,6 +803,7 @@ def decide_start(state: AgentState, cmd: StartWorkload, now: datetime) -> Action
         dict(cmd.env),
         progress_s=cmd.progress_s if simulate else None,
         checkpoint_interval_s=cmd.checkpoint_interval_s if simulate else None,
+        account=account if not simulate and isinstance(account, Account) else None,
     )
     held = state.held(cmd.node_id)
     holders = {held[g].key: held[g] for g in cmd.gpus if g in held}
@@ -1057,29 +1122,86 @@ def simulated_utilisation(seed: int, job_id: str) -> float:
     return 0.0 if u < f else round(40.0 + 60.0 * (u - f) / (1.0 - f), 1)
 
 
+#: GPU utilisation (%) below which a GPU counts as idle in a sample.
+IDLE_UTIL_PCT = 1.0
+
+#: Default event seconds a run's GPUs stay idle before its heartbeat calls it ``idle`` (node setting ``idle_after_s``).
+IDLE_AFTER_S = 2 * 3600.0
+
+
+def sampled_gpus(
+    state: AgentState, node_id: str, gpus: tuple[GpuStatus, ...], sim_util_seed: int | None = None
+) -> tuple[GpuStatus, ...]:
+    """The probe's samples of ``node_id`` as the heartbeat reports them.
+
+    With ``sim_util_seed`` given, on a simulated node, a GPU sample without a utilisation that a simulated
+    workload holds reports :func:`simulated_utilisation` of its job (GPUs held by a process, or by nobody,
+    keep what the probe said).
+    """
+    node = state.nodes.get(node_id)
+    if sim_util_seed is None or node is None or not node.simulated:
+        return gpus
+    held = [state.running[k] for k in state.by_node.get(node_id, ())]
+    util = {g: simulated_utilisation(sim_util_seed, w.job_id) for w in held if w.simulated for g in w.gpus}
+    return tuple(
+        g.model_copy(update={"utilization_pct": util[g.index]}) if g.utilization_pct is None and g.index in util else g
+        for g in gpus
+    )
+
+
+def idle_since(
+    state: AgentState,
+    node_id: str,
+    gpus: tuple[GpuStatus, ...],
+    now: datetime,
+    before: Mapping[RunKey, datetime],
+) -> dict[RunKey, datetime]:
+    """Since when each replica on ``node_id`` has been idle, after the sample ``gpus`` taken at ``now``.
+
+    A replica is idle in a sample when every one of its GPUs reports a utilisation below
+    :data:`IDLE_UTIL_PCT`; it stays idle since its first such sample (``before``, else ``now``). A GPU in use,
+    or of unknown utilisation (no evidence of idleness), ends it: the replica is left out.
+    """
+    util = {g.index: g.utilization_pct for g in gpus}
+    out: dict[RunKey, datetime] = {}
+    for k in state.by_node.get(node_id, ()):
+        us = [util.get(g) for g in state.running[k].gpus]
+        if us and all(u is not None and u < IDLE_UTIL_PCT for u in us):
+            out[k] = before.get(k, now)
+    return out
+
+
 def heartbeat_event(
     state: AgentState,
     node_id: str,
     now: datetime,
     gpus: tuple[GpuStatus, ...] = (),
     sim_util_seed: int | None = None,
+    idle: Mapping[RunKey, datetime] | None = None,
+    idle_after_s: float = IDLE_AFTER_S,
 ) -> NodeHeartbeat:
-    """``NodeHeartbeat`` for ``node_id`` with GPU samples and the replicas running there.
+    """``NodeHeartbeat`` for ``node_id`` with GPU samples (:func:`sampled_gpus`) and the replicas running there.
 
-    With ``sim_util_seed`` given, on a simulated node, a GPU sample without a
-    utilisation that a simulated workload holds reports
-    :func:`simulated_utilisation` of its job (GPUs held by a process, or by
-    nobody, keep what the probe said).
+    Each replica carries the mean utilisation of its GPUs in the sample and, given ``idle`` (from
+    :func:`idle_since`), how long it has been idle (``0.0`` when a GPU of its is in use or unknown) and
+    whether that reached ``idle_after_s``; without ``idle``, neither.
     """
-    held = [state.running[k] for k in sorted(state.by_node.get(node_id, ()))]
-    running = tuple(RunningWorkload(job_id=w.job_id, attempt=w.attempt, replica=w.replica, gpus=w.gpus) for w in held)
-    node = state.nodes.get(node_id)
-    if sim_util_seed is not None and node is not None and node.simulated:
-        util = {g: simulated_utilisation(sim_util_seed, w.job_id) for w in held if w.simulated for g in w.gpus}
-        gpus = tuple(
-            g.model_copy(update={"utilization_pct": util[g.index]})
-            if g.utilization_pct is None and g.index in util
-            else g
-            for g in gpus
+    gpus = sampled_gpus(state, node_id, gpus, sim_util_seed)
+    util = {g.index: g.utilization_pct for g in gpus}
+    running = []
+    for k in sorted(state.by_node.get(node_id, ())):
+        w = state.running[k]
+        known = [u for u in (util.get(g) for g in w.gpus) if u is not None]
+        idle_s = None if idle is None else (now - idle[k]).total_seconds() if k in idle else 0.0
+        running.append(
+            RunningWorkload(
+                job_id=w.job_id,
+                attempt=w.attempt,
+                replica=w.replica,
+                gpus=w.gpus,
+                utilization_pct=round(sum(known) / len(known), 1) if known else None,
+                idle_s=idle_s,
+                idle=idle_s is not None and idle_s >= idle_after_s,
+            )
         )
-    return NodeHeartbeat(ts=now, producer=PRODUCER, node_id=node_id, gpus=gpus, running=running)
+    return NodeHeartbeat(ts=now, producer=PRODUCER, node_id=node_id, gpus=gpus, running=tuple(running))

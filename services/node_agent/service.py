@@ -57,10 +57,12 @@ the agent's stop is not the workload's failure).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
 import stat
+import subprocess
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -70,10 +72,19 @@ from typing import Any, BinaryIO
 from apportion.clock import Clock
 from apportion.domain.admission import UNAUTHENTICATED
 from apportion.events import Event, NodeLost, StartWorkload, StopWorkload
-from apportion.gpu import GpuProbe, SimulatedProbe, open_probe, sim_node_ids, simulated_inventory
+from apportion.gpu import GpuProbe, SimulatedProbe, control_devices, open_probe, sim_node_ids, simulated_inventory
 from services.node_agent import logic
 from services.node_agent.config import NodeAgentSettings
 from services.node_agent.logic import AgentState, NodeSpec, ProgressWatch, RunKey, Workload
+from services.node_agent.sandbox import (
+    Accounts,
+    Cgroup,
+    Sandbox,
+    cgroups,
+    child_setup,
+    own_dir,
+    protect_agent_files,
+)
 from services.node_agent.store import Journal, Orphan
 
 log = logging.getLogger("apportion.node_agent")
@@ -81,6 +92,9 @@ log = logging.getLogger("apportion.node_agent")
 Emit = Callable[[Event], Awaitable[None]]
 
 SHUTDOWN_GRACE_S = 5.0
+
+#: ``JobFailed.reason`` of a replica the OOM killer struck in its cgroup (not on a stop).
+OOM = "oom"
 
 #: The event types :meth:`NodeAgent.on_event` acts on; the consumer hands it no others (heartbeats and the rest
 #: of ``apportion.nodes`` never reach the event loop).
@@ -100,7 +114,9 @@ def hosted_nodes(settings: NodeAgentSettings) -> tuple[list[tuple[NodeSpec, GpuP
     (:func:`apportion.gpu.open_probe` says so), prefix ``""``.
     """
     if settings.sim_nodes > 0:
-        inv = simulated_inventory(settings.gpus_per_node, settings.gpu_model, reason="simulated nodes")
+        inv = simulated_inventory(
+            settings.gpus_per_node, settings.gpu_model, reason="simulated nodes", device_files=settings.gpu_device_files
+        )
         probe = SimulatedProbe(inv)
         ids = sim_node_ids(settings.node_prefix, settings.sim_nodes, settings.sim_node_start)
         log.info(
@@ -112,9 +128,79 @@ def hosted_nodes(settings: NodeAgentSettings) -> tuple[list[tuple[NodeSpec, GpuP
             settings.gpu_model,
         )
         return [(NodeSpec(i, inv.gpus, inv.model, True), probe) for i in ids], settings.node_prefix
-    p = open_probe(settings.gpus_per_node, settings.gpu_model, force_simulated=settings.force_simulated)
+    p = open_probe(
+        settings.gpus_per_node,
+        settings.gpu_model,
+        force_simulated=settings.force_simulated,
+        device_files=settings.gpu_device_files,
+    )
     inv = p.inventory
     return [(NodeSpec(settings.real_node_id(), inv.gpus, inv.model, inv.simulated), p)], ""
+
+
+def agent_secrets(settings: NodeAgentSettings) -> list[Path | str | None]:
+    """The agent's own secret files and directories: its nodes' key directory, the Kafka password file, the
+    development keyring and the stack.env in force (made unreadable to others at start)."""
+    from apportion.identity import keyring_dir
+    from apportion.settings import stack_env, stack_env_path
+
+    password = os.environ.get("APPORTION_KAFKA_PASSWORD_FILE") or stack_env().get("APPORTION_KAFKA_PASSWORD_FILE")
+    return [settings.node_key_dir, password, keyring_dir(), stack_env_path()]
+
+
+def sandbox_of(settings: NodeAgentSettings, probes: list[GpuProbe]) -> Sandbox | None:
+    """The isolation of process replicas the settings ask for (``job_isolation``), or ``None`` (logged).
+
+    Not root: the sandbox refuses every process (it cannot switch accounts). No cgroup hierarchy found: the
+    processes run as their users without cgroups (an error in the log).
+    """
+    if not settings.job_isolation:
+        log.warning("job isolation is off: processes run as the agent, with its files and GPUs in reach")
+        return None
+    account_map = Accounts.read_map(settings.account_map_file) if settings.account_map_file else {}
+    accounts = Accounts(account_map)
+    driver = None
+    if accounts.agent_uid != 0:
+        log.log(
+            logging.WARNING if settings.sim_nodes else logging.ERROR,
+            "the agent is not root: it cannot run jobs as their users, so it refuses every process start "
+            "(simulated workloads are unaffected)",
+        )
+        return Sandbox(accounts, None)
+    try:
+        driver = cgroups(settings.cgroup_root, settings.cgroup_parent_path(), settings.cgroup_version)
+    except OSError as exc:
+        log.error("cannot use the cgroups under %s: %s", settings.cgroup_root, exc)
+    if driver is None:
+        log.error(
+            "no cgroup hierarchy under %s: replicas run without memory, device or process limits", settings.cgroup_root
+        )
+    memory = settings.sandbox_memory_mb_per_gpu
+    if memory is None:
+        gpus = max((p.inventory.gpu_count for p in probes), default=0)
+        total_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
+        memory = max(1, total_mb // max(1, gpus))
+    box = Sandbox(
+        accounts,
+        driver,
+        memory_mb_per_gpu=memory,
+        cpu_weight_per_gpu=settings.sandbox_cpu_weight_per_gpu,
+        pids_max=settings.sandbox_pids_max,
+        job_path=settings.job_path,
+        job_lang=settings.job_lang,
+        shared_devices=control_devices(),
+    )
+    log.info(
+        "job isolation: accounts of the jobs' users%s, cgroup v%s under %s, %d MiB and CPU weight %d per GPU, "
+        "%d processes",
+        f" ({len(account_map)} mapped)" if account_map else "",
+        driver.version if driver else "-",
+        settings.cgroup_parent_path(),
+        memory,
+        settings.sandbox_cpu_weight_per_gpu,
+        settings.sandbox_pids_max,
+    )
+    return box
 
 
 class SignedSender:
@@ -196,6 +282,10 @@ class NodeAgent:
         require_fenced_lost: ignore a ``NodeLost`` without a fencing token.
         sim_util_seed: seed of the GPU utilisation simulated workloads report
             (:func:`logic.simulated_utilisation`); ``None``: they report none.
+        idle_after_s: event seconds a replica's GPUs stay idle before its heartbeat calls it ``idle``.
+        sandbox: how process replicas are isolated (:mod:`services.node_agent.sandbox`: their user's
+            account, a cgroup each); ``None``: processes run as the agent, with the clean environment but no
+            other fence (tests of other concerns; never on a node that runs other people's code).
     """
 
     def __init__(
@@ -218,7 +308,15 @@ class NodeAgent:
         require_fenced_lost: bool = False,
         sim_util_seed: int | None = None,
         dispatcher_key: str | None = None,
+        sandbox: Sandbox | None = None,
+        idle_after_s: float = logic.IDLE_AFTER_S,
     ) -> None:
+        self.sandbox = sandbox
+        #: event seconds a replica's GPUs stay idle before its heartbeat calls it idle
+        self.idle_after_s = idle_after_s
+        self._idle: dict[RunKey, datetime] = {}
+        self._idle_logged: set[RunKey] = set()
+        self._cgroups: dict[RunKey, Cgroup] = {}
         self.sim_util_seed = sim_util_seed
         #: the dispatcher's public key (base64): a NodeLost it did not sign is disregarded; None: not checked
         self.dispatcher_key = dispatcher_key
@@ -276,7 +374,13 @@ class NodeAgent:
             clock: event-time source.
             metrics: :func:`apportion.metrics.node_agent_metrics`.
         """
-        journal = Journal(settings.journal_path())
+        journal = Journal(settings.journal_path())  # makes the state directory, which is protected next
+        protect_agent_files(
+            agent_secrets(settings),
+            settings.data_dir(),
+            [settings.checkpoint_root_path(), settings.job_log_path()],
+            settings.journal_path(),
+        )
         log.info("journal %s", journal.path or "in memory only (a restart cannot adopt runs)")
         checkpoint_root, job_log_dir = settings.checkpoint_root_path(), settings.job_log_path()
         log.info(
@@ -311,6 +415,8 @@ class NodeAgent:
             require_fenced_lost=settings.require_fenced_lost,
             sim_util_seed=settings.sim_util_seed,
             dispatcher_key=settings.dispatcher_public_key(),
+            sandbox=sandbox_of(settings, [p for _, p in nodes]),
+            idle_after_s=settings.idle_after_s,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -359,6 +465,9 @@ class NodeAgent:
                 continue
             if o.pid and Journal.still_alive(o):  # alive but its node is no longer ours
                 _killpg(o.pid, signal.SIGKILL)
+            if o.pid and self.sandbox is not None and (cg := self.sandbox.reopen(o.key)) is not None:
+                self._cgroups[o.key] = cg  # what it left behind (a child in its own session) goes with it
+                await self._clear_cgroup(o.key)
             log.warning("replica %s was running when the agent stopped and is gone: reported lost", o.key)
             if (node_id, job_id, attempt) not in {(k[0], k[1], k[2]) for k, lost in reported if lost}:
                 await self._emit(logic.lost_event(node_id, job_id, attempt, now))
@@ -418,6 +527,8 @@ class NodeAgent:
         log.info("adopted %s after a restart (%s)", o.key, f"pid {o.pid}" if o.pid else f"{sim_s:.1f} s left")
         if o.pid:
             self._adopted[o.key] = o
+            if self.sandbox is not None and (cg := self.sandbox.reopen(o.key)) is not None:
+                self._cgroups[o.key] = cg
             if w.files is not None:
                 self._progress[o.key] = ProgressWatch(stamp=_stamp(w.files.progress_file))
         self.state = logic.with_launched(self.state, w)
@@ -439,11 +550,22 @@ class NodeAgent:
             self.journal.compact()
 
     async def heartbeat(self) -> None:
-        """Publish one heartbeat per hosted node."""
+        """Publish one heartbeat per hosted node: each running replica's GPU utilisation in this sample, and how
+        long its GPUs have been idle (:func:`logic.idle_since`, counted over the heartbeats' samples)."""
         now = self.clock.now()
         for node_id in sorted(self.state.nodes):
-            probe = self._probes[node_id]
-            await self._emit(logic.heartbeat_event(self.state, node_id, now, probe.sample(), self.sim_util_seed))
+            gpus = logic.sampled_gpus(self.state, node_id, self._probes[node_id].sample(), self.sim_util_seed)
+            idle = logic.idle_since(self.state, node_id, gpus, now, self._idle)
+            self._idle = {k: t for k, t in self._idle.items() if k[0] != node_id} | idle
+            hb = logic.heartbeat_event(self.state, node_id, now, gpus, idle=idle, idle_after_s=self.idle_after_s)
+            for r in hb.running:
+                key = (node_id, r.job_id, r.attempt, r.replica)
+                if r.idle and (key not in self._idle_logged):  # once per idle spell, not at every heartbeat
+                    log.info("%s attempt %d replica %d on %s: GPUs idle for %.0f s", *key[1:], node_id, r.idle_s)
+            self._idle_logged = {k for k in self._idle_logged if k[0] != node_id} | {
+                (node_id, r.job_id, r.attempt, r.replica) for r in hb.running if r.idle
+            }
+            await self._emit(hb)
             if "heartbeats" in self._metrics:
                 self._metrics["heartbeats"].inc()
 
@@ -473,6 +595,8 @@ class NodeAgent:
                 self.state = replace(self.state, running={**self.state.running, k: w})
                 self._signal(w, grace_s)
         await self.idle()
+        if self.sandbox is not None and self.sandbox.driver is not None:
+            self.sandbox.driver.release()
 
     async def idle(self) -> None:
         """Wait until no workload task is left (tests, shutdown)."""
@@ -554,7 +678,12 @@ class NodeAgent:
         async with self._lock:
             now = self.clock.now()
             if isinstance(event, StartWorkload):
-                action = logic.decide_start(self.state, event, now)
+                account = (  # a start without a command runs no process: no account to find
+                    self.sandbox.accounts.resolve(event.user)
+                    if self.sandbox is not None and event.command is not None
+                    else None
+                )
+                action = logic.decide_start(self.state, event, now, account)
             else:
                 action = logic.decide_stop(self.state, event, now)
             if not isinstance(action, logic.Ignore) and "commands" in self._metrics:
@@ -681,27 +810,39 @@ class NodeAgent:
             if self.checkpoint_root is not None:
                 log_dir = str(self.job_log_dir) if self.job_log_dir is not None else None
                 w = replace(w, files=logic.job_files(str(self.checkpoint_root), log_dir, w))
-            env = dict(os.environ)
-            env.update(w.process_env())
+            box = self.sandbox
+            env = w.process_env(box.job_path, box.job_lang) if box is not None else w.process_env()
+            cgroup: Cgroup | None = None
             try:
-                outputs = _open_outputs(w.files)
+                if box is not None and w.account is None:  # never the agent's account (rule 10a decides first)
+                    raise OSError("no account to run it as")
+                outputs = _open_outputs(w.files, w.account)
                 try:
                     if w.files is not None:
-                        os.makedirs(w.files.checkpoint_dir, mode=0o700, exist_ok=True)
+                        own_dir(w.files.checkpoint_dir, w.account)
                         self._progress[w.key] = logic.ProgressWatch(stamp=_stamp(w.files.progress_file))
+                    if box is not None:
+                        cgroup = box.cgroup_for(w.key, len(w.gpus), self._gpu_files(w))
                     proc = await asyncio.create_subprocess_exec(
                         *command,
                         env=env,
                         start_new_session=True,
                         cwd=w.files.checkpoint_dir if w.files is not None else None,
+                        stdin=asyncio.subprocess.DEVNULL,
                         stdout=outputs[0],
                         stderr=outputs[1],
+                        preexec_fn=child_setup(cgroup.procs_files() if cgroup else (), w.account)
+                        if box is not None
+                        else None,
                     )
                 finally:
                     for f in outputs:
                         if f is not None:
                             f.close()
-            except OSError as exc:
+            except (OSError, subprocess.SubprocessError) as exc:
+                if cgroup is not None:
+                    cgroup.kill()
+                    cgroup.remove()
                 self._progress.pop(w.key, None)
                 self.journal.ended(w.key, now)
                 self.state = replace(
@@ -713,6 +854,8 @@ class NodeAgent:
                 return
             pid = proc.pid
             self._procs[w.key] = proc
+            if cgroup is not None:
+                self._cgroups[w.key] = cgroup
         watch = self._progress.get(w.key)
         self.journal.started(
             w.key,
@@ -757,6 +900,7 @@ class NodeAgent:
             else:
                 code = await self._procs[w.key].wait()
         finally:
+            oom = await self._clear_cgroup(w.key)
             self._sleeping.discard(w.key)
             self._procs.pop(w.key, None)
             self._adopted.pop(w.key, None)
@@ -783,7 +927,10 @@ class NodeAgent:
                 await self._emit(logic.lost_event(w.node_id, w.job_id, w.attempt, now))
                 self.state = logic.with_lost_runs(self.state, {(w.job_id, w.attempt)})
             else:
-                await self._emit(logic.exit_event(current, code, now))
+                reason = OOM if oom and not current.stopping else None
+                if reason is not None:
+                    log.warning("replica %s was killed for memory (the cgroup's OOM killer)", w.key)
+                await self._emit(logic.exit_event(current, code, now, reason=reason))
             self.journal.ended(w.key, now, lost=lost)
             self.state = logic.with_exited(self.state, w.key)
             self._prune(now)
@@ -861,15 +1008,41 @@ class NodeAgent:
             return
         if not alive():
             return
+        cgroup = self._cgroups.get(w.key)
         _killpg(pid, signal.SIGTERM)
+        if cgroup is not None:  # every process of the replica, also those that left its process group
+            cgroup.signal(signal.SIGTERM)
 
         async def kill_later() -> None:
             await self.clock.sleep(grace_s)
             if alive():
                 log.warning("workload %s ignored SIGTERM for %.1fs: SIGKILL", w.key, grace_s)
                 _killpg(pid, signal.SIGKILL)
+                if cgroup is not None:
+                    await asyncio.to_thread(cgroup.kill)
 
         self._killers[w.key] = asyncio.create_task(kill_later())
+
+    def _gpu_files(self, w: Workload) -> list[str]:
+        """The device files of ``w``'s GPUs, as its node's inventory names them (none for a declared GPU without)."""
+        files = self._probes[w.node_id].inventory.device_files
+        return [files[g] for g in w.gpus if g in files]
+
+    async def _clear_cgroup(self, key: RunKey) -> bool:
+        """Once a replica's main process is gone: kill whatever is left in its cgroup, remove it; True when
+        the OOM killer struck in it."""
+        cgroup = self._cgroups.pop(key, None)
+        if cgroup is None:
+            return False
+        oom = False
+        try:
+            oom = cgroup.oom_kills() > 0
+            await asyncio.to_thread(cgroup.kill)
+            if not await asyncio.to_thread(cgroup.remove):
+                log.error("cgroup %s of %s still holds processes %s: left in place", cgroup.name, key, cgroup.pids())
+        except OSError as exc:
+            log.error("could not clear the cgroup %s of %s: %s", cgroup.name, key, exc)
+        return oom
 
     def _gauge(self) -> None:
         if "running" in self._metrics:
@@ -916,16 +1089,40 @@ def _look(path: str, known: logic.FileStamp | None) -> tuple[logic.FileStamp | N
         os.close(fd)
 
 
-def _open_outputs(files: logic.JobFiles | None) -> tuple[BinaryIO | None, BinaryIO | None]:
-    """Open (append) the stdout and stderr files of a process, creating their directory; ``None`` = inherit."""
+def _open_outputs(
+    files: logic.JobFiles | None, account: logic.Account | None = None
+) -> tuple[BinaryIO | None, BinaryIO | None]:
+    """Open (append) the stdout and stderr files of a process, creating their directory (the account's, 0700)
+    and handing the files to ``account`` (mode 0600); ``None`` = inherit."""
     if files is None or files.stdout is None or files.stderr is None:
         return None, None
-    os.makedirs(os.path.dirname(files.stdout), mode=0o700, exist_ok=True)
-    out = open(files.stdout, "ab")  # closed by the caller once the process has its copy
+    own_dir(os.path.dirname(files.stdout), account)
+    out = _open_owned(files.stdout, account)  # closed by the caller once the process has its copy
     try:
-        return out, open(files.stderr, "ab")
+        return out, _open_owned(files.stderr, account)
     except OSError:
         out.close()
+        raise
+
+
+def _open_owned(path: str, account: logic.Account | None) -> BinaryIO:
+    """``path`` opened to append (mode 0600), owned by ``account`` when given.
+
+    The directory is the job's: a link, a FIFO or a device a job planted at the name of a later attempt's
+    output is refused (``OSError``, a spawn failure), never followed or waited on (a FIFO without a reader
+    would block the agent).
+    """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        os.set_blocking(fd, True)
+        if account is not None:
+            os.fchown(fd, account.uid, account.gid)
+        return os.fdopen(fd, "ab")
+    except BaseException:
+        os.close(fd)
         raise
 
 

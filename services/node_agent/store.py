@@ -210,7 +210,7 @@ class Journal:
     def _write(self, rec: dict) -> None:
         if self.path is None:
             return
-        with open(self.path, "a", encoding="utf-8") as f:
+        with open(self.path, "a", encoding="utf-8", opener=_private) as f:
             f.write(json.dumps(rec) + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -318,7 +318,7 @@ class Journal:
                 rec["lost"] = True
             lines.append(rec)
         lines.extend(o.record() for o in self.orphans())
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open(tmp, "w", encoding="utf-8", opener=_private) as f:
             for rec in lines:
                 f.write(json.dumps(rec) + "\n")
             f.flush()
@@ -335,3 +335,8 @@ class Journal:
     def still_alive(o: Orphan) -> bool:
         """True when the orphan's process is alive and is the same process (start time matches)."""
         return o.pid is not None and o.pid > 0 and o.pstart is not None and process_start_time(o.pid) == o.pstart
+
+
+def _private(path: str, flags: int) -> int:
+    """Open a journal file mode 0600: the agent's own, unreadable to the jobs' accounts."""
+    return os.open(path, flags, 0o600)

@@ -3,9 +3,19 @@
 Example::
 
     from apportion import client
-    job = client.submit(budget="lab/prior/robotics", user="alice", gpus=2,
-                        min_runtime="2h", command=["python", "train.py"])
-    print(job.job_id)
+
+    verdict = client.submit(budget="lab/prior/robotics", gpus=2, min_runtime="2h",
+                            command=["python", "train.py"], time_limit="4h",
+                            env={"WANDB_PROJECT": "robotics"}, wait=10)
+    if isinstance(verdict, client.events.JobRejected):
+        print("rejected:", verdict.reason.value, verdict.message)
+    else:
+        print("queued", verdict.job_id)
+
+Without ``wait`` it publishes and returns the signed ``JobSubmitted`` (``.job_id``). A submission
+the schema refuses raises :class:`InvalidSubmission` (``field``, ``message``) before anything is
+published; no verdict within ``wait`` seconds raises :class:`NoVerdict`. All errors of this module's
+own are :class:`ApportionError`.
 
 Submissions are ``JobSubmitted`` events on ``apportion.submissions``; any
 Kafka producer in any language may publish the same JSON (schemas in
@@ -29,7 +39,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from apportion import events
 from apportion.durations import parse_duration
@@ -39,6 +49,39 @@ from apportion.settings import Connection, topic_name
 #: Job ids the client accepts: they appear in shell commands, log lines, file names and metric labels.
 #: (Any JobSubmitted from another producer is still accepted by the schema: 1-200 characters.)
 JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,199}")
+
+
+class ApportionError(Exception):
+    """An error of the apportion client (catch this for all of them)."""
+
+
+class InvalidSubmission(ApportionError, ValueError):
+    """A submission the schema refuses, found before anything is published.
+
+    Attributes:
+        field: the offending field (``"gpus_per_replica"``, ``"env"``, ...), or ``"job"`` for the whole.
+        message: why, in words.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"invalid submission: {field}: {message}")
+
+
+class NoVerdict(ApportionError, TimeoutError):
+    """The dispatcher gave no verdict within the wait; the submission is in the log (it may still be queued).
+
+    Attributes:
+        job_id: the submission's job id.
+    """
+
+    def __init__(self, job_id: str, wait_s: float) -> None:
+        self.job_id = job_id
+        super().__init__(
+            f"no verdict from the dispatcher within {wait_s:g} s for {job_id}; the submission is in the log"
+        )
+
 
 _ROLES: dict[str, Literal["user", "ops"]] = {"user": "user", "ops": "ops"}  # a key's role, as the model types it
 
@@ -82,6 +125,9 @@ def build_submission(
     gpu_model: str | None = None,
     job_id: str | None = None,
     checkpoint_interval_s: float | None = None,
+    hold: bool = False,
+    env: dict[str, str] | None = None,
+    time_limit_s: float | None = None,
     now: datetime | None = None,
     producer: str | None = None,
 ) -> events.JobSubmitted:
@@ -99,29 +145,111 @@ def build_submission(
         job_id: defaults to :func:`new_job_id`.
         checkpoint_interval_s: seconds (> 0) between the workload's checkpoints, or None for the default
             (:func:`apportion.events.checkpoint_interval_of`: once per minimum runtime).
+        hold: submit it held: queued, never placed until released (:func:`release`).
+        env: environment variables of the workload (:func:`apportion.events.check_env`; :func:`parse_env`).
+        time_limit_s: seconds (> 0) a run may last before the node agent stops it, or None for the
+            budget's default (if any).
         now: submission time (UTC); defaults to the wall clock (this is an
             edge adapter, not domain code).
 
     Raises:
-        pydantic.ValidationError: the submission breaks the schema.
-        ValueError: a duration string cannot be parsed, or ``job_id`` fails :func:`check_job_id`.
+        InvalidSubmission: the submission breaks the schema (``field`` and ``message`` say where and why),
+            a duration string cannot be parsed, or ``job_id`` fails :func:`check_job_id`.
     """
+    from pydantic import ValidationError
+
     ts = now or datetime.now(UTC)
+    try:
+        return _submission(
+            ts, budget, user, gpus, replicas, min_runtime, command, duration, gpu_model, job_id,
+            checkpoint_interval_s, hold, env, time_limit_s, producer,
+        )  # fmt: skip
+    except ValidationError as exc:
+        e = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in e["loc"]) or "job"
+        raise InvalidSubmission(where, str(e["msg"]).removeprefix("Value error, ")) from None
+
+
+def _submission(
+    ts: datetime,
+    budget: str,
+    user: str,
+    gpus: int,
+    replicas: int,
+    min_runtime: str | float,
+    command: Sequence[str] | None,
+    duration: str | float | None,
+    gpu_model: str | None,
+    job_id: str | None,
+    checkpoint_interval_s: float | None,
+    hold: bool,
+    env: dict[str, str] | None,
+    time_limit_s: float | None,
+    producer: str | None,
+) -> events.JobSubmitted:
+    def seconds(name: str, value: str | float | None) -> float | None:
+        try:
+            return parse_duration(value) if value is not None else None
+        except ValueError as exc:
+            raise InvalidSubmission(name, str(exc)) from None
+
+    try:
+        jid = check_job_id(job_id) if job_id is not None else new_job_id(user)
+    except ValueError as exc:
+        raise InvalidSubmission("job_id", str(exc)) from None
     return events.JobSubmitted(
-        job_id=check_job_id(job_id) if job_id is not None else new_job_id(user),
+        job_id=jid,
         budget=budget,
         user=user,
         gpus_per_replica=gpus,
         replicas=replicas,
-        min_runtime_s=parse_duration(min_runtime),
+        min_runtime_s=seconds("min_runtime_s", min_runtime) or 0.0,
         command=tuple(command) if command else None,
-        duration_s=parse_duration(duration) if duration is not None else None,
+        duration_s=seconds("duration_s", duration),
         gpu_model=gpu_model,
         checkpoint_interval_s=checkpoint_interval_s,
+        hold=hold,
+        env=dict(env) if env else None,
+        time_limit_s=time_limit_s,
         submitted_at=ts,
         ts=ts,
         producer=producer or f"client/{user}",
     )
+
+
+def parse_env(
+    pairs: Sequence[str] = (), file_text: str | None = None, *, file_name: str = "env file"
+) -> dict[str, str]:
+    """The ``env`` of ``submit --env KEY=VALUE`` (repeatable) and ``--env-file``, checked
+    (:func:`apportion.events.check_env`).
+
+    The file has one ``KEY=VALUE`` a line; blank lines and lines starting with ``#`` are skipped, a leading
+    ``export`` is allowed, and a value wholly inside one pair of matching quotes loses them (nothing else is
+    interpreted: no ``$`` expansion). ``--env`` pairs come after the file's and win.
+
+    Raises:
+        ValueError: a line or pair without ``=``, or what :func:`~apportion.events.check_env` refuses; the
+            message names the line or the pair.
+    """
+    env: dict[str, str] = {}
+    for n, line in enumerate((file_text or "").splitlines(), 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        text = text.removeprefix("export ").lstrip()
+        name, eq, value = text.partition("=")
+        if not eq:
+            raise ValueError(f"{file_name}, line {n}: {line.strip()!r} is not KEY=VALUE")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        env[name.strip()] = value
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not eq:
+            raise ValueError(f"--env {pair!r} is not KEY=VALUE")
+        env[name] = value
+    return events.check_env(env)
 
 
 def publish(*evts: events.Event, bootstrap: str | None = None) -> list[int]:
@@ -305,17 +433,134 @@ def key_registration(
     )
 
 
-def submit(*, bootstrap: str | None = None, identity: Identity | None = None, **kwargs: Any) -> events.JobSubmitted:
-    """Validate, sign and publish a submission; returns the published event (``.job_id``).
+@overload
+def submit(
+    *,
+    budget: str,
+    gpus: int,
+    min_runtime: str | float = 0,
+    command: Sequence[str] | None = None,
+    duration: str | float | None = None,
+    replicas: int = 1,
+    gpu_model: str | None = None,
+    user: str | None = None,
+    job_id: str | None = None,
+    checkpoint_interval_s: float | None = None,
+    hold: bool = False,
+    env: dict[str, str] | None = None,
+    time_limit: str | float | None = None,
+    time_limit_s: float | None = None,
+    wait: None = None,
+    bootstrap: str | None = None,
+    identity: Identity | None = None,
+    now: datetime | None = None,
+    producer: str | None = None,
+) -> events.JobSubmitted: ...
 
-    Keyword arguments are those of :func:`build_submission` (``user`` defaults
-    to the identity's); ``identity`` defaults to :func:`identity_for` of ``user``.
+
+@overload
+def submit(
+    *,
+    budget: str,
+    gpus: int,
+    min_runtime: str | float = 0,
+    command: Sequence[str] | None = None,
+    duration: str | float | None = None,
+    replicas: int = 1,
+    gpu_model: str | None = None,
+    user: str | None = None,
+    job_id: str | None = None,
+    checkpoint_interval_s: float | None = None,
+    hold: bool = False,
+    env: dict[str, str] | None = None,
+    time_limit: str | float | None = None,
+    time_limit_s: float | None = None,
+    wait: float,
+    bootstrap: str | None = None,
+    identity: Identity | None = None,
+    now: datetime | None = None,
+    producer: str | None = None,
+) -> events.JobQueued | events.JobRejected: ...
+
+
+def submit(
+    *,
+    budget: str,
+    gpus: int,
+    min_runtime: str | float = 0,
+    command: Sequence[str] | None = None,
+    duration: str | float | None = None,
+    replicas: int = 1,
+    gpu_model: str | None = None,
+    user: str | None = None,
+    job_id: str | None = None,
+    checkpoint_interval_s: float | None = None,
+    hold: bool = False,
+    env: dict[str, str] | None = None,
+    time_limit: str | float | None = None,
+    time_limit_s: float | None = None,
+    wait: float | None = None,
+    bootstrap: str | None = None,
+    identity: Identity | None = None,
+    now: datetime | None = None,
+    producer: str | None = None,
+) -> events.JobSubmitted | events.JobQueued | events.JobRejected:
+    """Validate, sign and publish a submission.
+
+    The job's fields are those of :func:`build_submission`; ``time_limit`` also takes a duration string
+    (``"4h"``; ``time_limit_s`` is the same in seconds). ``user`` defaults to the identity's; ``identity``
+    to :func:`identity_for` of ``user``.
+
+    Args:
+        wait: ``None`` (the default): publish and return the signed ``JobSubmitted``. Seconds: wait that
+            long for the dispatcher's verdict and return it: ``JobQueued`` (accepted) or ``JobRejected``
+            (``reason``, ``message``).
+
+    Raises:
+        InvalidSubmission: the submission is refused before publishing (``field``, ``message``).
+        NoVerdict: ``wait`` seconds passed without a verdict (the submission is in the log).
+        LookupError, ValueError: no identity to sign with (:func:`identity_for`).
     """
-    ident = identity or identity_for(kwargs.get("user"), bootstrap=bootstrap)
-    kwargs.setdefault("user", ident.user)
-    ev = ident.sign(build_submission(**kwargs))
-    publish(ev, bootstrap=bootstrap)
-    return ev
+    if time_limit is not None and time_limit_s is not None:
+        raise InvalidSubmission("time_limit_s", "give time_limit or time_limit_s, not both")
+    limit_s = time_limit_s
+    if time_limit is not None:
+        try:
+            limit_s = parse_duration(time_limit)
+        except ValueError as exc:
+            raise InvalidSubmission("time_limit_s", str(exc)) from None
+    fields: dict[str, Any] = {
+        "budget": budget,
+        "gpus": gpus,
+        "min_runtime": min_runtime,
+        "command": command,
+        "duration": duration,
+        "replicas": replicas,
+        "gpu_model": gpu_model,
+        "job_id": job_id,
+        "checkpoint_interval_s": checkpoint_interval_s,
+        "hold": hold,
+        "env": env,
+        "time_limit_s": limit_s,
+        "now": now,
+        "producer": producer,
+    }
+    build_submission(user=user or "validation", **fields)  # the request's own errors first, before any key or broker
+    ident = identity or identity_for(user, bootstrap=bootstrap)
+    ev = ident.sign(build_submission(user=user or ident.user, **fields))
+    watcher = VerdictWatcher(ev.job_id, bootstrap=bootstrap) if wait is not None else None
+    try:
+        publish(ev, bootstrap=bootstrap)
+    except BaseException:
+        if watcher is not None:
+            watcher.close()
+        raise
+    if watcher is None or wait is None:
+        return ev
+    verdict = watcher.wait(wait)
+    if not isinstance(verdict, (events.JobQueued, events.JobRejected)):
+        raise NoVerdict(ev.job_id, wait)
+    return verdict
 
 
 def cancel(
@@ -332,6 +577,49 @@ def cancel(
     ev = ident.sign(
         events.JobCancelRequested(
             job_id=job_id, user=ident.user, reason=reason, ts=now, producer=f"client/{ident.user}"
+        )
+    )
+    publish(ev, bootstrap=bootstrap)
+    return ev
+
+
+def hold(
+    job_id: str,
+    *,
+    user: str | None = None,
+    reason: str = "",
+    bootstrap: str | None = None,
+    identity: Identity | None = None,
+) -> events.JobHoldRequested:
+    """Sign and publish a request to hold pending job ``job_id``; returns the published request.
+
+    The dispatcher answers ``JobHeld`` (the job stays queued in its place and is never placed until
+    released) or ``JobRejected`` of the request (``request="JobHoldRequested"``: not pending, already
+    held, not the user's own job).
+    """
+    ident = identity or identity_for(user, bootstrap=bootstrap)
+    ts = datetime.now(UTC)
+    ev = ident.sign(
+        events.JobHoldRequested(job_id=job_id, user=ident.user, reason=reason, ts=ts, producer=f"client/{ident.user}")
+    )
+    publish(ev, bootstrap=bootstrap)
+    return ev
+
+
+def release(
+    job_id: str,
+    *,
+    user: str | None = None,
+    reason: str = "",
+    bootstrap: str | None = None,
+    identity: Identity | None = None,
+) -> events.JobReleaseRequested:
+    """Sign and publish a request to release held job ``job_id`` (answered ``JobReleased`` or ``JobRejected``)."""
+    ident = identity or identity_for(user, bootstrap=bootstrap)
+    ts = datetime.now(UTC)
+    ev = ident.sign(
+        events.JobReleaseRequested(
+            job_id=job_id, user=ident.user, reason=reason, ts=ts, producer=f"client/{ident.user}"
         )
     )
     publish(ev, bootstrap=bootstrap)
@@ -386,6 +674,10 @@ class VerdictWatcher:
         self._kc.seek_to_end()
         for tp in parts:
             self._kc.position(tp)  # pin the end now, before the submission is published
+
+    def close(self) -> None:
+        """Stop reading (what :meth:`wait` does when it returns)."""
+        self._kc.close()
 
     def wait(self, timeout_s: float) -> events.Event | None:
         """The verdict, or ``None`` when none arrived within ``timeout_s`` wall seconds."""

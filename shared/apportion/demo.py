@@ -265,13 +265,13 @@ def audit_verify(records: list[Any], redis_url: str, export: Path, con: Any) -> 
     import redis as redis_lib
 
     from apportion.audit.config import config_from_log
-    from apportion.audit.source import audit_topics, write_export
+    from apportion.audit.source import verify_topics, write_export
     from apportion.audit.verify import read_models_from_redis, verify
     from apportion.bus.security import redis_auth
     from apportion.readmodel import dumps
 
     con.print("audit verify: read models, every snapshot, every decision re-run, every signed request ...")
-    wanted = set(audit_topics())
+    wanted = set(verify_topics())  # the dead letters too: what a service refused is a refused attack
     log = [r for r in records if r.topic in wanted]
     write_export(log, export, topic_names=wanted, exported_at=datetime.now(UTC).isoformat())
     r = redis_lib.Redis.from_url(redis_url, **redis_auth())

@@ -170,7 +170,9 @@ class RejectReason(str, enum.Enum):
     UNAUTHENTICATED = "unauthenticated"
     """No valid signature by a key registered (not revoked) for the request's user at its event time (DESIGN section 10)."""
     NOT_OWNER = "not_owner"
-    """A cancel of another user's job by a principal that is not ops (DESIGN section 10)."""
+    """A cancel, hold or release of another user's job by a principal that is not ops (DESIGN section 10)."""
+    TIME_LIMIT_TOO_LONG = "time_limit_above_max"
+    """The job's time limit in force (its own, or its budget's default) is above its budget's ``max_time_limit_s``."""
 
 
 class Victim(_Model):
@@ -262,12 +264,23 @@ class GpuStatus(_Model):
 
 
 class RunningWorkload(_Model):
-    """A workload replica a node agent reports as running."""
+    """A workload replica a node agent reports as running.
+
+    Attributes:
+        utilization_pct: mean GPU utilisation of its GPUs in the heartbeat's sample (``None``: unknown).
+        idle_s: event seconds every one of its GPUs has been idle (below 1% in each of the agent's samples
+            since then), ``0.0`` when one is busy now, ``None`` when unknown (an older agent, or no sample).
+        idle: ``idle_s`` reached the node's ``idle_after_s`` setting (Beaker's IDLE): the run holds GPUs it
+            does not use.
+    """
 
     job_id: str
     attempt: int
     replica: int
     gpus: tuple[int, ...]
+    utilization_pct: float | None = None
+    idle_s: float | None = None
+    idle: bool = False
 
 
 class BudgetUsage(_Model):
@@ -298,6 +311,52 @@ class RankedBudget(_Model):
 MAX_SECONDS = 1e9
 
 
+#: Most variables a submission's ``env`` may set.
+MAX_ENV_VARS = 128
+
+#: Most bytes of a submission's ``env``: names and values, UTF-8, together.
+MAX_ENV_BYTES = 32 * 1024
+
+#: What a variable name of ``env`` looks like (POSIX shell names).
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+#: Names a submission may not set: the node agent sets them (the GPUs, ``APPORTION_*``), or they would
+#: change which programs and libraries the command runs with.
+RESERVED_ENV = frozenset(
+    {"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "PATH", "HOME", "USER", "LD_PRELOAD", "LD_LIBRARY_PATH"}
+)
+
+#: Prefix of the variables the node agent gives every workload (``APPORTION_JOB_ID``...): not a submission's.
+RESERVED_ENV_PREFIX = "APPORTION_"
+
+
+def check_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` when a submission may set it for its workload: the one home of the rule.
+
+    Raises:
+        ValueError: a name that is not ``[A-Za-z_][A-Za-z0-9_]*``, starts with ``APPORTION_`` or is one of
+            :data:`RESERVED_ENV`; a value with a NUL character; more than :data:`MAX_ENV_VARS` variables or
+            :data:`MAX_ENV_BYTES` bytes. The message names the variable.
+    """
+    if len(env) > MAX_ENV_VARS:
+        raise ValueError(f"env sets {len(env)} variables, at most {MAX_ENV_VARS} are allowed")
+    size = 0
+    for name, value in env.items():
+        if not ENV_NAME_RE.fullmatch(name):
+            raise ValueError(f"env name {name!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        if name.startswith(RESERVED_ENV_PREFIX) or name in RESERVED_ENV:
+            raise ValueError(
+                f"env name {name!r} is reserved: the node agent sets it, or it changes what runs "
+                f"(APPORTION_*, {', '.join(sorted(RESERVED_ENV))})"
+            )
+        if "\x00" in value:
+            raise ValueError(f"env value of {name!r} contains a NUL character")
+        size += len(name.encode()) + len(value.encode())
+    if size > MAX_ENV_BYTES:
+        raise ValueError(f"env is {size} bytes (names and values), at most {MAX_ENV_BYTES} are allowed")
+    return env
+
+
 def is_allocated(min_runtime_s: float) -> bool:
     """Whether a job of this minimum runtime (seconds) is allocated: the one home of DESIGN section 1's definition.
 
@@ -313,7 +372,7 @@ def is_allocated(min_runtime_s: float) -> bool:
 
 
 class JobSubmitted(Event):
-    """A user asks to run a job (schema version 3).
+    """A user asks to run a job (schema version 4).
 
     Attributes:
         job_id: unique id chosen by the submitter.
@@ -331,6 +390,13 @@ class JobSubmitted(Event):
             later attempt resumes from, seconds (v3). ``None``: the contract's
             default, once per minimum runtime (DESIGN section 1); see
             :attr:`checkpoint_every_s`.
+        hold: submit the job held (v4): it is queued but never placed until
+            a :class:`JobReleaseRequested` releases it.
+        env: environment variables of the workload (v4; :func:`check_env`), passed to each replica
+            in ``StartWorkload.env``; ``None``: none.
+        time_limit_s: the most event seconds a run of the job may last (v4; Slurm's ``--time``): the node
+            agent stops a replica at its limit and reports ``JobFailed`` reason ``time_limit``. ``None``: its
+            budget's ``default_time_limit_s``, if any.
         signer_key, signature: the submitter's proof of ``user`` (DESIGN
             section 10; :mod:`apportion.identity`): the base64 Ed25519 public
             key and its base64 signature over the canonical bytes of the
@@ -350,7 +416,7 @@ class JobSubmitted(Event):
     )
 
     type: Literal["JobSubmitted"] = "JobSubmitted"
-    schema_version: Literal[3] = 3
+    schema_version: Literal[4] = 4
     job_id: str = Field(min_length=1, max_length=200)
     budget: str = Field(min_length=1)
     user: str = Field(min_length=1)
@@ -362,8 +428,16 @@ class JobSubmitted(Event):
     duration_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     submitted_at: datetime
     checkpoint_interval_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    hold: bool = False
+    env: dict[str, str] | None = None
+    time_limit_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     signer_key: str | None = None
     signature: str | None = None
+
+    @field_validator("env")
+    @classmethod
+    def _env_allowed(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        return None if v is None else check_env(v)
 
     @model_validator(mode="after")
     def _has_work(self) -> JobSubmitted:
@@ -405,14 +479,13 @@ def checkpoint_interval_of(declared_s: float | None, min_runtime_s: float) -> fl
     return min_runtime_s if is_allocated(min_runtime_s) else None
 
 
-class JobCancelRequested(Event):
-    """A user asks to cancel a pending or running job.
+class JobRequest(Event):
+    """A signed request of a ``user`` on an existing job (cancel, hold, release).
 
     ``signer_key``/``signature``: the proof of ``user``, as on :class:`JobSubmitted`.
-    A user may cancel only their own jobs; a principal with role ``ops`` any.
+    A user may make one only on their own jobs; a principal with role ``ops`` on any.
     """
 
-    type: Literal["JobCancelRequested"] = "JobCancelRequested"
     job_id: str
     user: str
     reason: str = ""
@@ -420,7 +493,56 @@ class JobCancelRequested(Event):
     signature: str | None = None
 
 
+class JobCancelRequested(JobRequest):
+    """A user asks to cancel a pending or running job; signed, by the job's user or ops (:class:`JobRequest`)."""
+
+    type: Literal["JobCancelRequested"] = "JobCancelRequested"
+
+
+class JobHoldRequested(JobRequest):
+    """A user asks to hold a pending job (:class:`JobRequest`): it stays queued, keeps its ``submitted_at``, and
+    is never placed until released."""
+
+    type: Literal["JobHoldRequested"] = "JobHoldRequested"
+
+
+class JobReleaseRequested(JobRequest):
+    """A user asks to release a held job back into its budget's queue order (:class:`JobRequest`)."""
+
+    type: Literal["JobReleaseRequested"] = "JobReleaseRequested"
+
+
 # --------------------------------------------------------------------------- jobs
+
+
+class JobHeld(Event):
+    """The dispatcher holds a pending job: no cycle places it until :class:`JobReleased`.
+
+    Attributes:
+        by: the user whose request held it (the submitter for ``submit --hold``).
+        reason: the request's reason.
+        request_id: the ``event_id`` of the request it answers (a ``JobHoldRequested`` or the
+            ``JobSubmitted`` with ``hold``).
+    """
+
+    type: Literal["JobHeld"] = "JobHeld"
+    job_id: str
+    by: str
+    reason: str = ""
+    request_id: uuid.UUID | None = None
+
+
+class JobReleased(Event):
+    """The dispatcher released a held job: it is placed again in fair-share order (its ``submitted_at`` kept).
+
+    Attributes as :class:`JobHeld`'s (``request_id``: the ``JobReleaseRequested`` it answers).
+    """
+
+    type: Literal["JobReleased"] = "JobReleased"
+    job_id: str
+    by: str
+    reason: str = ""
+    request_id: uuid.UUID | None = None
 
 
 class JobQueued(Event):
@@ -442,14 +564,20 @@ class JobQueued(Event):
     checkpoint_interval_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     """Checkpoint interval in force (:attr:`JobSubmitted.checkpoint_every_s`), seconds; ``None``: the job
     does not checkpoint, or the record predates the field (read as: no checkpoint expected)."""
+    env: dict[str, str] | None = None
+    """The submission's ``env`` (each replica's ``StartWorkload.env``); ``None``: none."""
+    time_limit_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    """The time limit in force (the submission's, else its budget's default: :func:`time_limit_in_force`),
+    seconds per run; ``None``: none."""
 
 
 class JobRejected(Event):
-    """A submission (or a cancel request) was refused; ``reason`` is machine-readable.
+    """A submission (or a cancel, hold or release request) was refused; ``reason`` is machine-readable.
 
     ``request`` names what was refused: ``JobSubmitted`` (the default: the job
-    is refused) or ``JobCancelRequested`` (only the request is; the job goes
-    on). ``refused_event_id`` is the refused request's id when known.
+    is refused) or ``JobCancelRequested``, ``JobHoldRequested``,
+    ``JobReleaseRequested`` (only the request is; the job goes on).
+    ``refused_event_id`` is the refused request's id when known.
     """
 
     type: Literal["JobRejected"] = "JobRejected"
@@ -458,7 +586,7 @@ class JobRejected(Event):
     user: str
     reason: RejectReason
     message: str
-    request: Literal["JobSubmitted", "JobCancelRequested"] = "JobSubmitted"
+    request: Literal["JobSubmitted", "JobCancelRequested", "JobHoldRequested", "JobReleaseRequested"] = "JobSubmitted"
     refused_event_id: uuid.UUID | None = None
 
 
@@ -543,13 +671,29 @@ class JobPreempted(Event):
 
 
 class JobRequeued(Event):
-    """A run ended without finishing; the job waits again as ``attempt``."""
+    """A run ended without finishing; the job waits again as ``attempt``.
+
+    The previous attempt's run ends here in every occupancy reader, at ``refused_at`` when set, else at ``ts``
+    (a replica ends at the earliest end reported for it, so a preemption's or a loss's earlier end stands).
+
+    Attributes:
+        refused_by: the node whose ``WorkloadRefused`` undid the previous attempt's start
+            (``D3.refused-starts``); ``None`` for any other end.
+        refused_at: that refusal's event time: the run is charged up to it and no further.
+        refusals: starts of this job refused so far, this one included (0 when ``refused_by`` is ``None``).
+        not_before: no cycle places the job before this time (the refusal backoff,
+            :func:`apportion.domain.dispatch.refusal_backoff_s`); ``None``: no backoff.
+    """
 
     type: Literal["JobRequeued"] = "JobRequeued"
     job_id: str
     attempt: int
     submitted_at: datetime
     reason: str
+    refused_by: str | None = None
+    refused_at: datetime | None = None
+    refusals: int = Field(default=0, ge=0)
+    not_before: datetime | None = None
 
 
 class JobCompleted(Event):
@@ -717,6 +861,14 @@ class StartWorkload(Event):
             A simulated workload with ``progress_s`` set sleeps ``duration_s - progress_s`` event seconds,
             reports ``JobCheckpointed`` at each multiple of the interval it passes, and saves its progress
             on SIGTERM (``docs/checkpoints.md``).
+        user: the job's proven user (the signed submission's ``user``): the node agent runs a process as that
+            user's Unix account (``docs/security.md``, "Node boundary"). ``None``: a record that does not name
+            one; a node agent that isolates jobs refuses to run its process (``no_account``).
+        env: the job's environment variables (``JobSubmitted.env``, checked by
+            :func:`check_env`); the agent sets its own (``CUDA_VISIBLE_DEVICES``, ``APPORTION_*``) over them.
+        time_limit_s: the job's time limit in force (``JobQueued.time_limit_s``), event seconds from the
+            replica's start: the agent stops the replica then (SIGTERM, the grace, SIGKILL) and reports
+            ``JobFailed`` reason ``time_limit``. ``None``: no limit.
     """
 
     type: Literal["StartWorkload"] = "StartWorkload"
@@ -731,6 +883,8 @@ class StartWorkload(Event):
     fencing_token: int | None = None
     progress_s: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
     checkpoint_interval_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    user: str | None = None
+    time_limit_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
 
 
 class StopWorkload(Event):
@@ -758,6 +912,9 @@ class BudgetSet(Event):
             (at the root: anyone).
         max_min_runtime_s: largest minimum runtime allowed, seconds; ``None``
             inherits.
+        default_time_limit_s: time limit of its jobs that set none, seconds; ``None`` inherits.
+        max_time_limit_s: largest time limit in force a job may have, seconds; ``None`` inherits
+            (a job over it is rejected ``time_limit_above_max``).
     """
 
     type: Literal["BudgetSet"] = "BudgetSet"
@@ -765,6 +922,8 @@ class BudgetSet(Event):
     share: float = Field(gt=0, le=1)
     members: tuple[str, ...] | None = None
     max_min_runtime_s: float | None = Field(default=None, ge=0)
+    default_time_limit_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    max_time_limit_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     by: str = ""
 
 
@@ -783,6 +942,8 @@ class BudgetSpec(_Model):
     share: float = Field(gt=0, le=1)
     members: tuple[str, ...] | None = None
     max_min_runtime_s: float | None = Field(default=None, ge=0)
+    default_time_limit_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    max_time_limit_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
 
 
 class BudgetBatch(Event):
@@ -927,6 +1088,10 @@ class DispatcherConfigured(Event):
             dispatcher could not read the log before it (its start after a gap in the log's heartbeats,
             or the end of a broker outage it led through), so silence before it proves nothing.
             ``None``: no such grace (and in records written before it existed).
+        refusal_backoff_s, refusal_backoff_cap_s: ``DispatchConfig.refusal_backoff_s`` and its cap, seconds;
+            0 in records written before they existed (those dispatchers placed a refused job again at once).
+        cordon_after_refusals: ``DispatchConfig.cordon_after_refusals``; ``None`` in records written before it
+            existed (those dispatchers never cordoned a refusing node).
     """
 
     type: Literal["DispatcherConfigured"] = "DispatcherConfigured"
@@ -946,6 +1111,9 @@ class DispatcherConfigured(Event):
     gang_rule: bool = False
     dispatcher_producer: str = "dispatcher"
     heartbeats_from: datetime | None = None
+    refusal_backoff_s: float = Field(default=0.0, ge=0)
+    refusal_backoff_cap_s: float = Field(default=0.0, ge=0)
+    cordon_after_refusals: int | None = Field(default=None, ge=1)
 
 
 class FairShareRanking(Event):
@@ -988,6 +1156,10 @@ def dead_letter_id(topic: str, partition: int | None, offset: int | None) -> uui
 AnyEvent: TypeAlias = Annotated[
     JobSubmitted
     | JobCancelRequested
+    | JobHoldRequested
+    | JobReleaseRequested
+    | JobHeld
+    | JobReleased
     | JobQueued
     | JobRejected
     | JobPlaced
@@ -1038,10 +1210,12 @@ def _current_version(cls: type[Event]) -> int:
 
 #: Event type -> topic it is written to (DESIGN section 4 table).
 TOPIC_OF: dict[str, topics.Topic] = {}
-for _name in ("JobSubmitted", "JobCancelRequested"):
+for _name in ("JobSubmitted", "JobCancelRequested", "JobHoldRequested", "JobReleaseRequested"):
     TOPIC_OF[_name] = topics.SUBMISSIONS
 for _name in (
     "JobQueued",
+    "JobHeld",
+    "JobReleased",
     "JobRejected",
     "JobPlaced",
     "JobStarted",
@@ -1133,10 +1307,25 @@ def upcast_job_submitted_v2_v3(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def upcast_job_submitted_v3_v4(d: dict[str, Any]) -> dict[str, Any]:
+    """JobSubmitted v3 -> v4: v4 adds the request fields a reader must not ignore (a v3 job is not held,
+    sets no ``env`` and no ``time_limit_s``).
+
+    A reader that knows only v3 dead-letters a v4 submission rather than run a job it cannot honour
+    (placing a held job)."""
+    out = dict(d)
+    out.setdefault("hold", False)
+    out.setdefault("env", None)
+    out.setdefault("time_limit_s", None)
+    out["schema_version"] = 4
+    return out
+
+
 #: (type, from_version) -> function producing the payload of from_version + 1.
 UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("JobSubmitted", 1): upcast_job_submitted_v1_v2,
     ("JobSubmitted", 2): upcast_job_submitted_v2_v3,
+    ("JobSubmitted", 3): upcast_job_submitted_v3_v4,
 }
 
 

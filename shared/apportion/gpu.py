@@ -21,6 +21,8 @@ Nothing is imported from pynvml or initialised at import time.
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -30,6 +32,15 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SIM_MODEL = "sim-a100-80gb"
 """GPU model name of simulated inventories unless one is declared."""
+
+#: Device files of the NVIDIA driver every process using a GPU opens, whichever GPUs it was given (the node
+#: agent allows those present to every replica with GPUs).
+NVIDIA_CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+
+
+def control_devices(candidates: Sequence[str] = NVIDIA_CONTROL_DEVICES) -> tuple[str, ...]:
+    """The NVIDIA control devices present on this node."""
+    return tuple(p for p in candidates if os.path.exists(p))
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +52,15 @@ class Inventory:
         model: the model name when every GPU is the same model, else ``None``.
         simulated: True for a declared (not discovered) inventory.
         source: ``"nvml"`` or ``"simulated: <why>"``, for logs and events.
+        device_files: GPU index -> its device file (``/dev/nvidia<minor>`` from NVML; a declared inventory's
+            are configured, or none): the node agent lets a replica open only its own GPUs' files.
     """
 
     gpus: tuple[GpuInfo, ...]
     model: str | None
     simulated: bool
     source: str
+    device_files: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def gpu_count(self) -> int:
@@ -70,17 +84,24 @@ def sim_node_ids(prefix: str, count: int, start: int = 0) -> list[str]:
 
 
 def simulated_inventory(
-    gpu_count: int, model: str = DEFAULT_SIM_MODEL, memory_mb: int | None = 81920, reason: str = "declared"
+    gpu_count: int,
+    model: str = DEFAULT_SIM_MODEL,
+    memory_mb: int | None = 81920,
+    reason: str = "declared",
+    device_files: Sequence[str] | None = None,
 ) -> Inventory:
-    """A declared inventory of ``gpu_count`` identical GPUs (indices 0..n-1).
+    """A declared inventory of ``gpu_count`` identical GPUs (indices 0..n-1), GPU ``i`` with device file
+    ``device_files[i]`` when given.
 
     Raises:
-        ValueError: ``gpu_count < 0``.
+        ValueError: ``gpu_count < 0``, or ``device_files`` does not name one file per GPU.
     """
     if gpu_count < 0:
         raise ValueError(f"gpu_count must be >= 0, got {gpu_count}")
+    if device_files is not None and len(device_files) != gpu_count:
+        raise ValueError(f"{len(device_files)} device file(s) declared for {gpu_count} GPU(s)")
     gpus = tuple(GpuInfo(index=i, uuid=None, name=model, memory_mb=memory_mb) for i in range(gpu_count))
-    return Inventory(gpus, model, True, f"simulated: {reason}")
+    return Inventory(gpus, model, True, f"simulated: {reason}", dict(enumerate(device_files or ())))
 
 
 @runtime_checkable
@@ -148,17 +169,18 @@ class NvmlProbe:
         nvml.nvmlInit()
         try:
             n = nvml.nvmlDeviceGetCount()
-            handles, gpus = [], []
+            handles, gpus, files = [], [], {}
             for i in range(n):
                 h = nvml.nvmlDeviceGetHandleByIndex(i)
                 handles.append(h)
+                files[i] = f"/dev/nvidia{int(nvml.nvmlDeviceGetMinorNumber(h))}"
                 name = _text(nvml.nvmlDeviceGetName(h))
                 uuid = _text(nvml.nvmlDeviceGetUUID(h))
                 mem = nvml.nvmlDeviceGetMemoryInfo(h)
                 gpus.append(GpuInfo(index=i, uuid=uuid, name=name, memory_mb=int(mem.total // (1 << 20))))
             names = {g.name for g in gpus}
             model = names.pop() if len(names) == 1 else None
-            return cls(nvml, Inventory(tuple(gpus), model, False, "nvml"), handles)
+            return cls(nvml, Inventory(tuple(gpus), model, False, "nvml", files), handles)
         except BaseException:
             nvml.nvmlShutdown()
             raise
@@ -241,6 +263,7 @@ def open_probe(
     *,
     force_simulated: bool = False,
     nvml: Any | None = None,
+    device_files: Sequence[str] | None = None,
 ) -> GpuProbe:
     """The real GPUs when an NVIDIA driver answers, else the declared inventory.
 
@@ -249,13 +272,14 @@ def open_probe(
         fallback_model: model name of the declared inventory.
         force_simulated: skip NVML (simulated nodes on a GPU machine).
         nvml: a pynvml stand-in (tests); default imports ``pynvml``.
+        device_files: the declared inventory's device files, one per GPU in index order.
 
     Returns:
         An open probe; the caller closes it. Logs one line saying whether
         the inventory is real (NVML) or simulated, and why.
     """
     if force_simulated:
-        inv = simulated_inventory(fallback_gpus, fallback_model, reason="requested")
+        inv = simulated_inventory(fallback_gpus, fallback_model, reason="requested", device_files=device_files)
         log.info("GPU inventory: simulated (requested), %d x %s", inv.gpu_count, fallback_model)
         return SimulatedProbe(inv)
     try:
@@ -267,7 +291,7 @@ def open_probe(
     else:
         log.info("GPU inventory: NVML, %d GPU(s), model %s", p.inventory.gpu_count, p.inventory.model)
         return p
-    inv = simulated_inventory(fallback_gpus, fallback_model, reason=why)
+    inv = simulated_inventory(fallback_gpus, fallback_model, reason=why, device_files=device_files)
     log.warning("GPU inventory: SIMULATED %d x %s because %s", inv.gpu_count, fallback_model, why)
     return SimulatedProbe(inv)
 

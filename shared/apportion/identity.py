@@ -1,6 +1,6 @@
 """Proven users (DESIGN section 10): Ed25519 signatures over the canonical bytes of a request.
 
-A ``JobSubmitted`` or ``JobCancelRequested`` names a ``user``; the
+A ``JobSubmitted``, ``JobCancelRequested``, ``JobHoldRequested`` or ``JobReleaseRequested`` names a ``user``; the
 dispatcher believes that name only when the request carries a valid
 signature by a key that ops registered for that user
 (:class:`~apportion.events.UserKeyRegistered`, not revoked by a
@@ -69,7 +69,9 @@ from nacl.signing import VerifyKey
 from apportion import events
 from apportion.domain.admission import (
     DISPATCHER,
+    JOB_REQUESTS,
     NODE_REQUEST_TYPES,
+    OWNER_REQUESTS,
     REPORT_TYPES,
     RUN_REPORT_TYPES,
     Principal,
@@ -104,7 +106,7 @@ __all__ = [
 ]
 
 #: Event types whose ``user`` must be proven by a signature.
-SIGNED_TYPES = ("JobSubmitted", "JobCancelRequested")
+SIGNED_TYPES = ("JobSubmitted", "JobCancelRequested", "JobHoldRequested", "JobReleaseRequested")
 
 #: Ops' requests on a node: signed like a request, by a key registered with role ``ops`` (:meth:`Identity.sign`).
 NODE_REQUEST_NAMES = tuple(cls.__name__ for cls in NODE_REQUEST_TYPES)
@@ -921,13 +923,14 @@ class RequestGate(ReportGate):
 
         if isinstance(ev, NODE_REQUEST_TYPES):
             # position 0 (before any record): the revocations folded with a place count by event time only
-            signer = self.keys.principal(signer_of(raw), to_us(ev.ts), 0 if rebuild else position)
+            # the appended form too: the dispatcher's own cordon (of a node refusing starts) is signed as a decision
+            signer = self.keys.principal(signer_of(raw, appended=True), to_us(ev.ts), 0 if rebuild else position)
             refused = authorize_node_request(ev, signer)
             if refused is None:
                 return None
             self.refused += 1
             return refused_node_request_event(ev, refused, ts=from_us(now_us), producer=self.producer)
-        if not isinstance(ev, (events.JobSubmitted, events.JobCancelRequested)):
+        if not isinstance(ev, JOB_REQUESTS):
             return None
         rejection = self.check(raw, ev, jobs, position)
         if rejection is None:
@@ -943,7 +946,7 @@ class RequestGate(ReportGate):
     def check(
         self,
         raw: bytes | None,
-        ev: events.JobSubmitted | events.JobCancelRequested,
+        ev: events.JobSubmitted | events.JobCancelRequested | events.JobHoldRequested | events.JobReleaseRequested,
         jobs: Mapping[str, Any],
         position: int | None = None,
     ) -> Rejection | None:
@@ -953,7 +956,7 @@ class RequestGate(ReportGate):
         """
         signer = self.keys.principal(signer_of(raw), to_us(ev.ts), position)
         owner = None
-        if isinstance(ev, events.JobCancelRequested):
+        if isinstance(ev, OWNER_REQUESTS):
             rec = jobs.get(ev.job_id)
             owner = rec.spec.user if rec is not None else None
         return authorize(ev, signer, owner)
@@ -982,9 +985,10 @@ def check_requests(records: Iterable[Any]) -> tuple[list[RequestFinding], int]:
 
     A request is *accepted* when the log holds no ``JobRejected`` refusing it
     (id ``det_id("JobRejected", job_id, request id)``) and, for a cancel, a
-    ``JobCancelled`` of its job. Each accepted request must carry a valid
+    ``JobCancelled`` of its job, for a hold or release the ``JobHeld`` or ``JobReleased`` answering it
+    (``request_id``). Each accepted request must carry a valid
     signature (:func:`signer_of` of its stored bytes) by a key registered for
-    its user at its event time, and an accepted cancel of another user's job
+    its user at its event time, and an accepted cancel, hold or release of another user's job
     must be signed by ops (:func:`~apportion.domain.admission.authorize`).
     Refused requests are not findings: refusing a forgery is the stack working.
     Nor is a request the reader edge dead-lettered as ``event_id reused``
@@ -1010,6 +1014,7 @@ def check_requests(records: Iterable[Any]) -> tuple[list[RequestFinding], int]:
     reg = KeyRegistry()
     refused: set[Any] = set()
     cancelled: set[str] = set()
+    answered: set[Any] = set()  # requests a JobHeld or JobReleased carried out
     owner: dict[str, str] = {}
     for r in recs:
         ev = r.event
@@ -1020,6 +1025,8 @@ def check_requests(records: Iterable[Any]) -> tuple[list[RequestFinding], int]:
             refused.add(ev.event_id)
         elif isinstance(ev, events.JobCancelled):
             cancelled.add(ev.job_id)
+        elif isinstance(ev, (events.JobHeld, events.JobReleased)) and ev.request_id is not None:
+            answered.add(ev.request_id)
     if not len(reg):
         return [], 0
     from apportion.bus.intake import IdLedger
@@ -1028,7 +1035,7 @@ def check_requests(records: Iterable[Any]) -> tuple[list[RequestFinding], int]:
     ledgers: dict[tuple[str, int], IdLedger] = {}
     for i in sorted(range(len(recs)), key=lambda i: (recs[i].topic, recs[i].partition, recs[i].offset)):
         ev = recs[i].event
-        if isinstance(ev, (events.JobSubmitted, events.JobCancelRequested)):
+        if isinstance(ev, JOB_REQUESTS):
             try:
                 ledgers.setdefault((recs[i].topic, recs[i].partition), IdLedger()).check(ev)
             except events.DecodeError:
@@ -1037,14 +1044,16 @@ def check_requests(records: Iterable[Any]) -> tuple[list[RequestFinding], int]:
     checked = 0
     for i, r in enumerate(recs):
         ev = r.event
-        if not isinstance(ev, (events.JobSubmitted, events.JobCancelRequested)) or i in reused:
+        if not isinstance(ev, JOB_REQUESTS) or i in reused:
             continue
         if events.det_id("JobRejected", ev.job_id, ev.event_id) in refused:
             continue
         if isinstance(ev, events.JobSubmitted):
             owner.setdefault(ev.job_id, ev.user)
-        elif ev.job_id not in cancelled:
+        elif isinstance(ev, events.JobCancelRequested) and ev.job_id not in cancelled:
             continue  # a cancel that changed nothing proves nothing
+        elif not isinstance(ev, (events.JobSubmitted, events.JobCancelRequested)) and ev.event_id not in answered:
+            continue  # nor does a hold or release
         checked += 1
         key = signer_of(r.raw)
         if key is None:

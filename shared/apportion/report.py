@@ -4,7 +4,8 @@ Two pieces, both pure (events in, numbers out):
 
 * :class:`JobLedger`, a fold over job events (``JobSubmitted``,
   ``JobPlaced``, ``JobStarted``, ``JobCheckpointed``, ``JobPreempted``,
-  ``JobLost``, ``JobCompleted``, ``JobFailed``, ``JobCancelled``): per job its
+  ``JobLost``, ``JobCompleted``, ``JobFailed``, ``JobCancelled``, and the
+  ``JobRequeued`` that ends a refused start): per job its
   submission, first placement, completion and preemptions; per run (attempt)
   its GPUs, start, checkpoints and how it ended; and every stop that lost
   work (:class:`Stop`). It reads the log only, so it gives the same figures
@@ -50,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apportion.domain.budgets import BudgetTree
+from apportion.domain.occupancy import requeued_end_us
 from apportion.events import (
     Event,
     JobCancelled,
@@ -59,6 +61,7 @@ from apportion.events import (
     JobLost,
     JobPlaced,
     JobPreempted,
+    JobRequeued,
     JobStarted,
     JobSubmitted,
 )
@@ -293,6 +296,14 @@ class JobLedger:
         if run is not None and run.stop is None:
             self._ended(run, t)
 
+    def _requeued(self, ev: JobRequeued, t: Micros) -> None:
+        """A requeue ends a run nothing else ended: a refused start, at the refusal (``D3.refused-starts``)."""
+        key = (ev.job_id, ev.attempt - 1)
+        run = self._runs.get(key)
+        if run is not None and run.stop is None and run.open:
+            self._ended(run, requeued_end_us(ev))
+            del self._runs[key]
+
     def _ended(self, run: _Run, t: Micros) -> None:
         self._run_us[run.budget] = self._run_us.get(run.budget, 0) + max(0, t - run.placed)
         run.open = set()
@@ -344,6 +355,7 @@ _HANDLERS: dict[type, Any] = {
     JobCompleted: JobLedger._report,
     JobFailed: JobLedger._report,
     JobCancelled: JobLedger._cancelled,
+    JobRequeued: JobLedger._requeued,
 }
 
 

@@ -11,6 +11,7 @@ file, then `stack down`, and checks that no process it started is left.
 from __future__ import annotations
 
 import json
+import pwd
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 
 from apportion.settings import topic_name
 from tests.narrowing import narrow
+from tests.node_boundary import ALICE, job_accounts  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -377,6 +379,31 @@ def test_node_commands_refuse_unknown_nodes_and_show_the_reason(budgets: Stack) 
     budgets.run("undrain", node)
 
 
+def test_a_job_submitted_held_waits_until_its_owner_releases_it(budgets: Stack) -> None:
+    """hold/release on the real stack: the held job shows pending reason held, eve may not release it, the owner
+    does and it starts; a second release is refused by the dispatcher (not held)."""
+    budgets.run(
+        "submit", "-b", "lab/vision", "-g", "1", "-m", "1h", "--duration", "1h", "-u", "hd", "--job-id", "hd1", "--hold"
+    )
+    row = budgets.until(
+        lambda: [r for r in budgets.json("queue", "--user", "hd") if r.get("reason", "").startswith("held: ")],
+        "hd1 held",
+    )[0]
+    assert (row["state"], row["position"], row["reason_detail"]["by"]) == ("pending", None, "hd")
+    res = budgets.run("release", "hd1", "-u", "eve", code=1)
+    assert _error(res) == "error: refused: not_owner: job 'hd1' belongs to 'hd'; 'eve' may release only their own jobs"
+    assert budgets.run("release", "hd1", "-u", "hd").stdout.strip() == "released hd1"
+    budgets.until(
+        lambda: [r for r in budgets.json("queue", "--user", "hd") if r["state"] == "running" and r["started_at"]],
+        "hd1 started",
+    )
+    res = budgets.run("hold", "hd1", "-u", "hd", code=1)
+    assert _error(res) == (
+        "error: refused: invalid: job 'hd1' is running: only a pending job can be held (cancel stops a running one)"
+    )
+    budgets.run("cancel", "hd1", "-u", "hd")
+
+
 def test_history_lists_finished_jobs_like_sacct(budgets: Stack) -> None:
     budgets.run("submit", "-b", "lab/vision", "-g", "2", "-m", "0", "--duration", "2s", "-u", "hx", "--job-id", "hx1")
     rows = budgets.until(lambda: budgets.json("history", "--user", "hx"), "hx1 finished")
@@ -416,12 +443,13 @@ def test_cancel_of_a_completed_job_is_refused_at_once_by_the_cli_and_by_the_disp
     )  # fmt: skip
 
 
-def test_logs_shows_a_jobs_output(budgets: Stack) -> None:
+def test_logs_shows_a_jobs_output(budgets: Stack, job_accounts: dict[str, pwd.struct_passwd]) -> None:
+    # a command runs as its user's Unix account (docs/security.md, "Node boundary"): submit as a test account
     budgets.run(
-        "submit", "-b", "lab/vision", "-g", "1", "-m", "0", "-u", "lx", "--job-id", "lx1",
+        "submit", "-b", "lab/vision", "-g", "1", "-m", "0", "-u", ALICE, "--job-id", "lx1",
         "--", "sh", "-c", "echo hello from lx1; echo oops >&2",
     )  # fmt: skip
-    budgets.until(lambda: budgets.json("history", "--user", "lx"), "lx1 finished")
+    budgets.until(lambda: budgets.json("history", "--user", ALICE), "lx1 finished")
     assert budgets.run("logs", "lx1").stdout == "hello from lx1\n"
     assert budgets.run("logs", "lx1", "--stderr").stdout == "oops\n"
     res = budgets.run("logs", "lx1", "--attempt", "2", code=1)
@@ -521,7 +549,7 @@ def test_a_hand_written_json_line_from_kafkas_console_producer_is_placed(budgets
     now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
     job = f"cp-{uuid.uuid4().hex[:8]}"
     line = (
-        f'{{"event_id": "{uuid.uuid4()}", "type": "JobSubmitted", "schema_version": 3, "ts": "{now}", '
+        f'{{"event_id": "{uuid.uuid4()}", "type": "JobSubmitted", "schema_version": 4, "ts": "{now}", '
         f'"producer": "console", "job_id": "{job}", "budget": "lab/vision", "user": "console", '
         f'"gpus_per_replica": 1, "min_runtime_s": 60, "duration_s": 3600, "submitted_at": "{now}"}}'
     )

@@ -32,6 +32,9 @@ import pytest
 
 from apportion.bus.security import redis_auth
 from apportion.settings import topic_name
+from tests.node_boundary import ALICE, job_accounts, running, shared_dir, write_script
+
+__all__ = ["job_accounts", "shared_dir"]  # fixtures used by name
 
 pytestmark = pytest.mark.integration
 
@@ -298,18 +301,13 @@ def test_the_log_floor_counts_only_tokens_the_dispatchers_registered_key_signed(
 WAITER = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\n"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 async def test_agent_killed_and_restarted_inside_the_heartbeat_timeout_loses_no_run(
-    kafka_bootstrap, monkeypatch, tmp_path
+    kafka_bootstrap, monkeypatch, tmp_path, job_accounts, shared_dir
 ):
-    """kill -9 the agent with three runs; one process dies meanwhile; restart: adopted, adopted, JobLost."""
+    """kill -9 the agent with three runs; one process dies meanwhile; restart: adopted, adopted, JobLost.
+
+    The processes run as they do on a node, as their user in cgroups of their own: the adopted one is
+    stopped through its cgroup after the restart."""
     from apportion import events
     from apportion.bus.producer import EventProducer
     from apportion.bus.provision import provision
@@ -321,8 +319,7 @@ async def test_agent_killed_and_restarted_inside_the_heartbeat_timeout_loses_no_
     monkeypatch.setenv("APPORTION_TOPIC_PREFIX", ns)
     await asyncio.to_thread(provision, kafka_bootstrap)
     node = f"real{tag}"
-    script = tmp_path / "waiter.py"
-    script.write_text(WAITER)
+    script = write_script(shared_dir, "waiter.py", WAITER)
     env = dict(
         os.environ,
         APPORTION_TOPIC_PREFIX=ns,
@@ -332,7 +329,7 @@ async def test_agent_killed_and_restarted_inside_the_heartbeat_timeout_loses_no_
     )
     argv = [
         sys.executable, "-m", "services.node_agent", "--node-id", node, "--force-simulated", "--gpus-per-node", "4",
-        "--heartbeat-interval-s", "1", "--state-dir", str(tmp_path / "state"),
+        "--heartbeat-interval-s", "1", "--state-dir", str(shared_dir / "state"),
     ]  # fmt: skip
     logf = open(tmp_path / "agent.log", "ab")
 
@@ -349,8 +346,8 @@ async def test_agent_killed_and_restarted_inside_the_heartbeat_timeout_loses_no_
     try:
         await until(kafka_bootstrap, [topic_name(NODES)], lambda e: regs(e), "the agent to register")
         for job, gpus, cmd, dur in [
-            ("keep", (0,), (sys.executable, str(script), str(tmp_path / "keep.go")), None),
-            ("dies", (1,), (sys.executable, str(script), str(tmp_path / "never")), None),
+            ("keep", (0,), ("python3", str(script), str(shared_dir / "keep.go")), None),
+            ("dies", (1,), ("python3", str(script), str(shared_dir / "never")), None),
             ("sim", (2,), None, HUGE_S),
         ]:
             producer.publish(
@@ -363,6 +360,7 @@ async def test_agent_killed_and_restarted_inside_the_heartbeat_timeout_loses_no_
                     command=cmd,
                     duration_s=dur,
                     fencing_token=3,
+                    user=ALICE,
                 )
             )
         evs = await until(kafka_bootstrap, [topic_name(JOBS)], lambda e: len(of(e, "JobStarted")) == 3, "three starts")
@@ -374,10 +372,10 @@ async def test_agent_killed_and_restarted_inside_the_heartbeat_timeout_loses_no_
         agent.wait(10)
         os.killpg(dies_pid, signal.SIGKILL)  # this one dies while its agent is down
         end = time.monotonic() + DEADLINE_S
-        while _alive(dies_pid):
+        while running(dies_pid):
             assert time.monotonic() < end, "the process did not die"
             await asyncio.sleep(0.05)
-        assert _alive(keep_pid)
+        assert running(keep_pid)
 
         restarted_at = time.monotonic()
         again = spawn()
@@ -417,7 +415,7 @@ async def test_agent_killed_and_restarted_inside_the_heartbeat_timeout_loses_no_
         )
         assert of(evs, "JobFailed", "keep")[0].reason == "stopped"
         end = time.monotonic() + DEADLINE_S
-        while _alive(keep_pid):
+        while running(keep_pid):
             assert time.monotonic() < end, "the adopted process was not stopped"
             await asyncio.sleep(0.05)
         reg2 = regs(await asyncio.to_thread(_log, kafka_bootstrap, [topic_name(NODES)]))[1]
@@ -442,7 +440,7 @@ async def test_agent_killed_and_restarted_inside_the_heartbeat_timeout_loses_no_
                 p.terminate()
                 p.wait(20)
         for pid in (locals().get("keep_pid"), locals().get("dies_pid")):
-            if pid and _alive(pid):
+            if pid and running(pid):
                 os.killpg(pid, signal.SIGKILL)
         producer.close()
         logf.close()

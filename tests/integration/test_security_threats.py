@@ -379,3 +379,27 @@ def test_a_node_agent_cannot_fence_another_agents_node_with_a_forged_loss(stack:
     (row,) = [r for r in stack.json("queue") if r["job_id"] == "th-lost1"]
     assert row["state"] == "running"
     assert {n["node_id"]: n["state"] for n in stack.json("nodes")}[node] != "lost"
+
+
+def test_audit_verify_is_clean_after_the_threats_and_names_each_refused_forgery(stack: Stack) -> None:
+    """Run last: after the threats above, `apportion audit verify` reads the dead letters with the log and reports
+    every forgery the services refused as a refused attack, not a mismatch (DESIGN section 10). One forgery of its
+    own first (an unsigned node registration), so that it has one to find when run alone. The read models are
+    left out (``--no-redis``): the stack's jobs still run, and the check here is of what the log holds."""
+    ghost = events.NodeRegistered(node_id="ghost-v", gpu_count=8, ts=datetime.now(UTC), producer="node-agent")
+    _send(stack, "node-agent", ghost)
+
+    def letters() -> list[events.DeadLetter]:
+        return [r.event for r in _log(stack, "apportion.deadletter") if isinstance(r.event, events.DeadLetter)]
+
+    stack.until(
+        lambda: {d.producer for d in letters() if d.source_key == "ghost-v"} == {"dispatcher", "accounting"},
+        "both services dead-letter the ghost",
+    )
+    refused_positions = {(d.source_topic, d.source_partition, d.source_offset) for d in letters()}
+    rep = json.loads(stack.run("audit", "verify", "--no-redis", "--json").stdout)  # exit 0: Stack.run checks it
+    assert rep["ok"] and rep["mismatches"] == []
+    refused = rep["refused_attacks"]
+    # each record a service dead-lettered is one refused attack, however many services refused it
+    assert refused["count"] >= len(refused_positions)
+    assert refused["by_reason"].get("unauthenticated_node", 0) >= 1 and refused["not_in_log"] == 0

@@ -12,6 +12,9 @@ import pytest
 
 from apportion.settings import topic_name
 from tests.checkpoint_workload import WORKLOAD
+from tests.node_boundary import ALICE, job_accounts, shared_dir, write_script
+
+__all__ = ["job_accounts", "shared_dir"]  # fixtures used by name
 
 pytestmark = pytest.mark.integration
 
@@ -84,14 +87,15 @@ async def test_node_agent_runs_commands_from_kafka(kafka_bootstrap, monkeypatch)
         producer.close()
 
 
-async def test_live_checkpoint_preempt_and_resume(kafka_bootstrap, monkeypatch, tmp_path):
-    """A real process checkpoints, is stopped, checkpoints on SIGTERM, and attempt 2 resumes from it.
+async def test_live_checkpoint_preempt_and_resume(kafka_bootstrap, monkeypatch, job_accounts, shared_dir):
+    """A real process checkpoints, is stopped, checkpoints on SIGTERM, and attempt 2 resumes from it, running
+    as its user (``apportion-t-alice``) in its cgroup, in a directory that is hers.
 
     Every step waits for the events it needs in the log (bounded); the
     expected progress values are exactly what the script writes.
     """
     import json
-    import sys
+    import os
 
     from apportion import events
     from apportion.bus.producer import EventProducer
@@ -104,8 +108,8 @@ async def test_live_checkpoint_preempt_and_resume(kafka_bootstrap, monkeypatch, 
 
     monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"t{uuid.uuid4().hex[:8]}.")
     await asyncio.to_thread(provision, kafka_bootstrap)
-    script = tmp_path / "workload.py"
-    script.write_text(WORKLOAD)
+    tmp_path = shared_dir  # the job's account must reach its script and its directories
+    script = write_script(shared_dir, "workload.py", WORKLOAD)
     settings = NodeAgentSettings(
         kafka_bootstrap=kafka_bootstrap,
         sim_nodes=1,
@@ -147,8 +151,9 @@ async def test_live_checkpoint_preempt_and_resume(kafka_bootstrap, monkeypatch, 
             job_id=job,
             attempt=attempt,
             gpus=(0, 1),
-            command=(sys.executable, str(script)),
+            command=("python3", str(script)),
             fencing_token=1,
+            user=ALICE,
         )
 
     try:
@@ -185,6 +190,10 @@ async def test_live_checkpoint_preempt_and_resume(kafka_bootstrap, monkeypatch, 
         ]
         out = tmp_path / "logs" / job / "attempt-2.replica-0.out"
         assert out.read_text() == "attempt 2 resumed from 25.0\n"
+        alice = job_accounts[ALICE]
+        assert [(os.stat(d).st_uid, os.stat(d).st_mode & 0o777) for d in (ckpt, out.parent)] == [
+            (alice.pw_uid, 0o700)
+        ] * 2
     finally:
         stop.set()
         await asyncio.wait_for(task, DEADLINE_S)

@@ -137,7 +137,7 @@ def test_checkpoint_round_trips_state_snapshot_and_offsets():
     assert restored.acc.keys.principal(node_identity("n0").public_key, h(5)) == Principal("node:n0")
     # the header is plain JSON an operator can read
     header = json.loads(fields[checkpoint.HEADER])
-    assert (header["format"], header["window_s"], header["clock_us"]) == (2, WINDOW_S, h(5))
+    assert (header["format"], header["window_s"], header["clock_us"]) == (3, WINDOW_S, h(5))
     # j1 8 GPUs x 4 h on lab/a; j2 4 x 3 h on lab/b
     occ = restored.acc.ledger.occupancy(h(5))
     assert (occ["lab/a"], occ["lab/b"]) == (32 * GPU_H, 12 * GPU_H)
@@ -316,7 +316,7 @@ BROKEN = [
         lambda f: _with_header(f, format=0),
         None,
         WINDOW_S,
-        "format: stored format 0, this code reads 2",
+        "format: stored format 0, this code reads 3",
     ),
     ("class layout changed", lambda f: _with_header(f, layout="0" * 16), None, WINDOW_S, "layout: "),
     ("other window", lambda f: f, None, 3600.0, "window: stored for W=86400.0 s, running with W=3600.0 s"),

@@ -471,3 +471,127 @@ def test_the_rebuild_floors_only_on_tokens_the_dispatchers_key_signed() -> None:
     assert svc.gate.keys.knows(DISPATCHER) is False  # nothing read yet
     svc.bootstrap(log.read())
     assert svc.log_token == 5
+
+
+# --------------------------------------------------------------------------- hold and release (owner or ops)
+
+
+def hold(job_id: str, user: str, minutes: int = 2) -> events.JobHoldRequested:
+    return events.JobHoldRequested(
+        event_id=events.det_id("hold", job_id, user, minutes),
+        job_id=job_id,
+        user=user,
+        ts=T0 + timedelta(minutes=minutes),
+    )
+
+
+def release(job_id: str, user: str, minutes: int = 3) -> events.JobReleaseRequested:
+    return events.JobReleaseRequested(
+        event_id=events.det_id("release", job_id, user, minutes),
+        job_id=job_id,
+        user=user,
+        ts=T0 + timedelta(minutes=minutes),
+    )
+
+
+def test_eve_cannot_hold_or_release_carols_job() -> None:
+    """carol's j1 runs, her j2 was submitted held: eve may neither hold the one nor release the other."""
+    svc, out = run(
+        [CAROL.sign(sub("j1")), CAROL.sign(sub("j2", minutes=1).model_copy(update={"hold": True}))],
+        [EVE.sign(hold("j1", "eve")), EVE.sign(release("j2", "eve"))],
+    )
+    assert rejections(out) == [("j1", "not_owner", "JobHoldRequested"), ("j2", "not_owner", "JobReleaseRequested")]
+    assert [m.message for m in out if isinstance(m, events.JobRejected)][0] == (
+        "job 'j1' belongs to 'carol'; 'eve' may hold only their own jobs"
+    )
+    assert set(svc.state.held) == {"j2"}
+
+
+def test_the_owner_and_ops_may_hold_and_release() -> None:
+    sub2 = sub("j2", minutes=1).model_copy(update={"hold": True})
+    _, own = run([CAROL.sign(sub2)], [CAROL.sign(release("j2", "carol"))])
+    _, ops = run([CAROL.sign(sub2)], [OPS.sign(release("j2", "root"))])
+    for out in (own, ops):
+        assert rejections(out) == []
+        assert [e.type for e in out] == ["JobQueued", "JobHeld", "JobReleased", "JobPlaced", "StartWorkload"]
+
+
+def _held_log(*, leader_answers: bool) -> tuple[ListLog, DispatcherService]:
+    """carol's j1 runs (2 of the 8 GPUs), her j3 (8 GPUs) waits; then carol's hold of j3 and eve's of j1, answered
+    by the first leader when ``leader_answers``, else appended while no leader runs."""
+    log = ListLog()
+    first = service(log, echoes=True)
+    big = sub("j3", minutes=1).model_copy(update={"gpus_per_replica": 8})
+    log.put(*setup(), CAROL.sign(sub("j1")), CAROL.sign(big))
+    drive(first, log)
+    log.put(CAROL.sign(hold("j3", "carol")), EVE.sign(hold("j1", "eve")))
+    if leader_answers:
+        drive(first, log)
+    return log, service(log, echoes=True, token=8)
+
+
+def test_a_hold_sent_while_no_leader_ran_is_decided_by_the_next_leader() -> None:
+    log, nxt = _held_log(leader_answers=False)
+    decided = nxt.bootstrap([r for r in log.records if r.topic in INPUTS])
+    assert [(e.type, e.job_id) for e in decided if isinstance(e, events.JobHeld | events.JobRejected)] == [
+        ("JobHeld", "j3"),
+        ("JobRejected", "j1"),
+    ]
+    assert set(nxt.state.held) == {"j3"}
+
+
+def test_a_hold_a_leader_answered_is_not_decided_again() -> None:
+    log, nxt = _held_log(leader_answers=True)
+    answered = [events.decode(v) for _, v in log.published]
+    assert [(e.type, e.job_id) for e in answered if isinstance(e, events.JobHeld | events.JobRejected)] == [
+        ("JobHeld", "j3"),
+        ("JobRejected", "j1"),
+    ]
+    decided = nxt.bootstrap([r for r in log.records if r.topic in INPUTS])
+    assert [e for e in decided if isinstance(e, events.JobHeld | events.JobRejected)] == []
+    assert set(nxt.state.held) == {"j3"}
+
+
+def test_the_audit_checks_the_signature_of_every_hold_the_dispatcher_carried_out() -> None:
+    """An accepted hold of carol's job whose record is signed by eve (a dispatcher that skipped the check) is a
+    finding; the holds this dispatcher carried out are not."""
+    from apportion.identity import check_requests
+
+    log = ListLog()
+    svc = service(log, echoes=True)
+    log.put(
+        *setup(), CAROL.sign(sub("j0")), CAROL.sign(sub("j1", minutes=1).model_copy(update={"gpus_per_replica": 8}))
+    )
+    drive(svc, log)
+    log.put(CAROL.sign(hold("j1", "carol")))
+    drive(svc, log)
+    log.put(CAROL.sign(release("j1", "carol", minutes=4)))
+    drive(svc, log)
+    assert svc.state.held == {}
+    findings, checked = check_requests([log_record(r) for r in log.records])
+    assert (findings, checked) == ([], 4)
+    from apportion.audit.verify import verify
+    from apportion.bus.reader import log_order
+
+    assert verify(sorted((log_record(r) for r in log.records), key=log_order)).mismatches == []
+    forged = EVE.sign(release("j1", "carol", minutes=5))
+    log.put(
+        forged,
+        events.JobReleased(
+            event_id=events.det_id("JobReleased", "j1", forged.event_id),
+            job_id="j1",
+            by="carol",
+            request_id=forged.event_id,
+            ts=forged.ts,
+            producer="dispatcher",
+        ),
+    )
+    findings, checked = check_requests([log_record(r) for r in log.records])
+    assert checked == 5
+    assert [(f.job_id, f.detail) for f in findings] == [
+        (
+            "j1",
+            "JobReleaseRequested accepted, but unauthenticated: signed with a key of 'eve', not of the user "
+            "'carol' the request names",
+        )
+    ]

@@ -26,6 +26,7 @@ from services.node_agent.logic import NodeSpec, ProgressWatch, Workload
 from services.node_agent.service import NodeAgent
 from services.node_agent.store import Journal
 from tests.checkpoint_workload import WORKLOAD
+from tests.node_boundary import running
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
 WAIT_S = 20.0
@@ -113,9 +114,12 @@ def test_job_files_layout_and_process_env():
     other = logic.job_files("/ckpt", None, logic.replace(w, replica=2))
     assert other == logic.JobFiles("/ckpt/j1", "/ckpt/j1/progress.2", None, None)
     assert logic.replace(w, files=files).process_env() == {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
         "LR": "0.1",
         "APPORTION_ATTEMPT": "3",  # the agent's value wins over the job's env
         "CUDA_VISIBLE_DEVICES": "2,3",
+        "NVIDIA_VISIBLE_DEVICES": "2,3",
         "APPORTION_JOB_ID": "j1",
         "APPORTION_REPLICA": "0",
         "APPORTION_NODE_ID": "n1",
@@ -123,6 +127,17 @@ def test_job_files_layout_and_process_env():
         "APPORTION_PROGRESS_FILE": "/ckpt/j1/progress",
     }
     assert "APPORTION_CHECKPOINT_DIR" not in w.process_env()
+    alice = logic.Account("alice", 2001, 2001, (2001,), "/home/alice")
+    job_env = {"PATH": "/opt/conda/bin", "HOME": "/root", "USER": "root"}
+    env = logic.replace(w, env=job_env, account=alice).process_env("/bin", "en_GB.UTF-8")
+    # the job's PATH wins over the node's; HOME and USER are always the account's
+    assert (env["PATH"], env["LANG"], env["HOME"], env["USER"]) == (
+        "/opt/conda/bin",
+        "en_GB.UTF-8",
+        "/home/alice",
+        "alice",
+    )
+    assert set(env) == set(logic.JOB_ENV_ALLOWED) - {"APPORTION_CHECKPOINT_DIR", "APPORTION_PROGRESS_FILE"}
 
 
 # --------------------------------------------------------------------------- once per new value
@@ -434,12 +449,12 @@ async def test_restarted_agent_publishes_the_orphans_last_checkpoint_and_adopts_
     assert kinds == [("JobCheckpointed", 55.0, None), ("JobStarted", None, pid), ("NodeRegistered", None, None)]
     assert sink2.events[0].event_id == logic.checkpointed_event(("n1", "j1", 1, 0), 55.0, T0).event_id
     assert sink2.events[1] == sink.of(JobStarted)[0]
-    assert _alive(pid) and agent2.state.running[("n1", "j1", 1, 0)].adopted
+    assert running(pid) and agent2.state.running[("n1", "j1", 1, 0)].adopted
     await agent2.on_event(stop())
     await asyncio.wait_for(agent2.idle(), WAIT_S)
     (failed,) = sink2.of(JobFailed)
     assert (failed.reason, failed.exit_code) == ("stopped", None)
-    await until(lambda: not _alive(pid), "the adopted process to be stopped")
+    await until(lambda: not running(pid), "the adopted process to be stopped")
 
 
 async def test_restarted_agent_republishes_an_already_published_checkpoint_with_the_same_id(tmp_path):
@@ -456,7 +471,7 @@ async def test_restarted_agent_republishes_an_already_published_checkpoint_with_
     (again,) = sink2.of(JobCheckpointed)
     assert again.event_id == sink.of(JobCheckpointed)[0].event_id  # readers de-duplicate it
     await agent2.shutdown(grace_s=0)
-    await until(lambda: not _alive(pid), "the adopted process to be stopped")
+    await until(lambda: not running(pid), "the adopted process to be stopped")
 
 
 async def test_restarted_agent_publishes_nothing_when_the_orphan_never_reported(tmp_path):
@@ -473,7 +488,7 @@ async def test_restarted_agent_publishes_nothing_when_the_orphan_never_reported(
     await agent2.start(heartbeats=False, poll_progress=False)
     assert [type(e).__name__ for e in sink2.events] == ["JobStarted", "NodeRegistered"]
     await agent2.shutdown(grace_s=0)
-    await until(lambda: not _alive(pid), "the adopted process to be stopped")
+    await until(lambda: not running(pid), "the adopted process to be stopped")
 
 
 async def test_orphan_whose_process_died_is_reported_lost_with_its_last_checkpoint(tmp_path):
@@ -518,14 +533,6 @@ async def test_adopted_process_that_exits_on_its_own_is_reported_lost(tmp_path):
     await asyncio.wait_for(agent2.idle(), WAIT_S)
     assert [type(e).__name__ for e in sink2.events] == ["JobStarted", "NodeRegistered", "JobLost"]
     assert not sink2.of(JobFailed)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_settings_default_roots(tmp_path, monkeypatch):

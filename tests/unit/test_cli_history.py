@@ -109,3 +109,58 @@ def test_a_refused_resubmission_of_the_id_leaves_the_running_job_as_it_was() -> 
         [submitted("j", gpus=2, at=s(0)), placed("j", gpus=2, at=s(29)), started("j", at=s(30)), dup]
     ).values()
     assert job.state == "running"
+
+
+# --------------------------------------------------------------------------- the table at 80 columns
+
+
+def _rows() -> list:
+    from datetime import UTC, datetime, timedelta
+
+    from apportion.cli.history import JobHistory
+
+    t = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+    done = JobHistory("alice-3f9c2a1b7d0e", "alice", "lab/prior/robotics", 8, 4, 3600.0, t, state="completed")
+    done.attempts, done.preemptions, done.first_start = 2, 1, t + timedelta(minutes=12)
+    done.ended_at, done.run_s, done.lost_gpu_s = t + timedelta(hours=5), 4.5 * 3600, 1800.0
+    oom = JobHistory("bob-99aa00bb11cc", "bob", "lab/vision", 1, 1, 0.0, t, state="failed", attempts=1)
+    oom.first_start, oom.ended_at, oom.run_s = t + timedelta(seconds=5), t + timedelta(hours=1), 3595.0
+    oom.reason = "exit 1: CUDA out of memory while allocating 20.00 GiB on device 0"
+    return [done, oom]
+
+
+def _render(table, width: int) -> list[str]:
+    import io
+
+    from rich.console import Console
+
+    c = Console(width=width, record=True, file=io.StringIO())
+    c.print(table)
+    return c.export_text().splitlines()
+
+
+def test_history_fits_80_columns_with_every_cell_whole_but_the_reason() -> None:
+    from apportion.cli.history import history_table
+
+    lines = _render(history_table(_rows(), width=80), 80)
+    assert [ln.rstrip() for ln in lines] == [
+        "                           history (2 finished jobs)",
+        "job                user  state     GPUs wait    run end         reason",
+        "alice-3f9c2a1b7d0e alice completed 4x8   12m  4h30m 12-01 14:00 -",
+        "bob-99aa00bb11cc   bob   failed    1x1    5s 59m55s 12-01 10:00 exit 1: CUDA o…",
+    ]
+    assert max(len(ln) for ln in lines) <= 80
+
+
+def test_history_wide_has_every_column_and_the_whole_reason() -> None:
+    from apportion.cli.history import history_table
+
+    lines = [ln.rstrip() for ln in _render(history_table(_rows(), wide=True, width=1 << 16), 200)]
+    assert lines[1].split() == [
+        "job", "user", "budget", "state", "GPUs", "att", "pre", "wait", "run", "GPU-h", "lost", "GPU-h", "end", "reason"
+    ]  # fmt: skip
+    assert lines[2].split()[:12] == [
+        "alice-3f9c2a1b7d0e", "alice", "lab/prior/robotics", "completed", "4x8", "2", "1", "12m", "4h30m", "144.00",
+        "0.50", "2026-12-01",
+    ]  # fmt: skip
+    assert lines[3].endswith("exit 1: CUDA out of memory while allocating 20.00 GiB on device 0")

@@ -51,6 +51,8 @@ def drain(node: str = "n1", minutes: int = 1) -> NodeDrainRequested:
 )
 @pytest.mark.parametrize("kind", [NodeCordoned, NodeDrainRequested, NodeUncordoned])
 def test_only_an_ops_key_may_cordon_drain_or_uncordon(kind, signer, detail) -> None:
+    if kind is NodeCordoned and signer == Principal("service:dispatcher"):
+        detail = None  # the one exception: test_the_dispatcher_may_cordon_but_neither_drain_nor_uncordon
     req = kind(event_id=events.det_id("r", kind.__name__), node_id="n1", ts=T0, producer="t")
     got = authorize_node_request(req, signer)
     edge = authorize_report(req, signer)
@@ -60,6 +62,18 @@ def test_only_an_ops_key_may_cordon_drain_or_uncordon(kind, signer, detail) -> N
     assert got is not None and got.reason is RejectReason.UNAUTHENTICATED and detail in got.message
     assert got.message.startswith(f"{kind.__name__} of node 'n1': ")
     assert edge == f"unauthenticated: {got.message}"  # one rule: the readers' reason is the verdict's
+
+
+def test_the_dispatcher_may_cordon_but_neither_drain_nor_uncordon() -> None:
+    # it cordons a node that refused several starts in a row (DESIGN section 3, refused starts)
+    dispatcher = Principal("service:dispatcher")
+    for kind, allowed in ((NodeCordoned, True), (NodeDrainRequested, False), (NodeUncordoned, False)):
+        req = kind(event_id=events.det_id("r", kind.__name__), node_id="n1", ts=T0, producer="dispatcher")
+        assert (authorize_node_request(req, dispatcher) is None) is allowed, kind.__name__
+        assert (authorize_report(req, dispatcher) is None) is allowed, kind.__name__
+    # another service's key may not cordon
+    req = NodeCordoned(event_id=events.det_id("r", "policy"), node_id="n1", ts=T0, producer="policy")
+    assert authorize_node_request(req, Principal("service:policy")) is not None
 
 
 def test_the_verdict_names_the_refused_request_and_its_id_is_deterministic() -> None:

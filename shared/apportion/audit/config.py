@@ -46,6 +46,9 @@ def configured_event(
         churn_bound=e.churn_bound,
         gang_rule=e.gang_rule,
         dispatcher_producer=cfg.producer,
+        refusal_backoff_s=cfg.refusal_backoff_s,
+        refusal_backoff_cap_s=cfg.refusal_backoff_cap_s,
+        cordon_after_refusals=cfg.cordon_after_refusals,
     )
 
 
@@ -85,6 +88,9 @@ def config_from_event(ev: events.DispatcherConfigured) -> DispatchConfig:
         ),
         heartbeat_timeout_s=ev.heartbeat_timeout_s,
         producer=ev.dispatcher_producer,
+        refusal_backoff_s=ev.refusal_backoff_s,
+        refusal_backoff_cap_s=ev.refusal_backoff_cap_s,
+        cordon_after_refusals=ev.cordon_after_refusals,
     )
 
 

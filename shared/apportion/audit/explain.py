@@ -245,12 +245,19 @@ def _entry(rec: LogRecord, job_id: str) -> TimelineEntry | None:
             },
         )
     if isinstance(ev, events.JobRequeued):
+        refused = ""
+        if ev.refused_by is not None:  # DESIGN section 3, refused starts
+            until = ev.refused_at.isoformat() if ev.refused_at is not None else at
+            refused = f"; {ev.refused_by} refused attempt {ev.attempt - 1}, charged until {until}"
+            if ev.not_before is not None:
+                refused += f"; refusal {ev.refusals}: not placed before {ev.not_before.isoformat()}"
         return TimelineEntry(
             at,
             where,
             t,
             attempt,
-            f"requeued as attempt {ev.attempt} ({ev.reason}), keeping submitted_at {ev.submitted_at.isoformat()}",
+            f"requeued as attempt {ev.attempt} ({ev.reason}), keeping submitted_at {ev.submitted_at.isoformat()}"
+            + refused,
         )
     if isinstance(ev, events.JobStarted):
         return TimelineEntry(

@@ -41,7 +41,11 @@ def decoded(records: Iterable[LogRecord | events.Event]) -> list[events.Event]:
 
 
 def occupancy_at(
-    records: Sequence[LogRecord], at: Micros, *, window_s: float = WEEK_S, progress: Callable[[int], None] | None = None
+    records: Sequence[LogRecord | events.Event],
+    at: Micros,
+    *,
+    window_s: float = WEEK_S,
+    progress: Callable[[int], None] | None = None,
 ) -> tuple[events.OccupancySnapshot, dict[str, int]]:
     """Rebuild the windows from the log and evaluate them at event time ``at``.
 

@@ -38,6 +38,15 @@ def audit_topics() -> tuple[str, ...]:
     return tuple(topic_name(t) for t in topics.ALL_TOPICS if t is not topics.DEADLETTER)
 
 
+def verify_topics() -> tuple[str, ...]:
+    """Topics ``audit verify`` reads and ``log export`` writes: every registry topic, the dead letters too.
+
+    A forgery a service refused is in ``apportion.deadletter``; without it ``audit verify`` could not tell a
+    refused attack from a forgery no service refused (DESIGN section 10).
+    """
+    return tuple(topic_name(t) for t in topics.ALL_TOPICS)
+
+
 class ExportFormatError(ValueError):
     """The file is not an apportion export (or a newer format)."""
 

@@ -32,6 +32,15 @@ from Redis):
     (``unauthenticated``, ``unauthenticated_node``) by the services, and the
     rebuilds of (a)-(c) leave it out as they did. ``signed_reports`` says how
     many were checked.
+(f) :func:`refused_records` - the records the services refused, from the
+    dead letters (``apportion.deadletter``, matched to the refused record by
+    its topic, partition and offset) and the dispatcher's verdicts on
+    forged requests (``JobRejected`` ``unauthenticated``/``not_owner``,
+    ``NodeRequestRefused``): each is a refused attack (or refused invalid
+    input), reported by reason, never a mismatch (DESIGN section 10). A
+    dead letter whose bytes are not those of the record at its position is
+    a mismatch (``deadletter``). The dead letters themselves are no input
+    of the rebuilds.
 
 What the re-run folds (the reconstruction rule). The dispatcher decides
 with the state after folding everything *it* had processed, which is not a
@@ -78,12 +87,14 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from apportion import events, topics
+from apportion.bus.intake import APPLY_FAILED, EVENT_ID_REUSED, UNDECODABLE
 from apportion.bus.reader import LogRecord, log_order
+from apportion.domain.admission import NODE_REQUEST_TYPES, UNAUTHENTICATED, UNAUTHENTICATED_NODE
 from apportion.domain.budgets import BUDGET_CHANGES, fold_budget_log
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, emit_rank, evolve, maintenance, step
 from apportion.domain.fairshare import budget_order
@@ -108,6 +119,9 @@ __all__ = [
     "term_cut_short",
     "DECISION_TYPES",
     "dispatcher_input_topics",
+    "Refusal",
+    "refused_records",
+    "refusal_reason",
 ]
 
 #: Recorded events that are scheduling decisions (re-run by :func:`rerun_decisions`).
@@ -147,7 +161,8 @@ class Mismatch:
     """One divergence between the log's rebuild and what was recorded.
 
     Attributes:
-        check: ``read_model``, ``snapshot``, ``decision`` or ``signature``.
+        check: ``read_model``, ``snapshot``, ``decision``, ``signature`` or
+            ``deadletter`` (a dead letter that does not hold the bytes of the record it names).
         offset: ``topic:partition@offset`` of the first record where it
             appears (``None`` when no record can be named, e.g. a Redis row
             for an entity the log never mentions).
@@ -948,6 +963,181 @@ def read_models_from_redis(r: Any) -> dict[str, dict[str, dict[str, Any]]]:
     }
 
 
+# --------------------------------------------------------------------------- (f) refused attacks
+
+#: Kinds of refusal (:func:`refusal_reason`), most specific first: the reason prefixes the services write.
+REFUSAL_KINDS = (UNAUTHENTICATED_NODE, UNAUTHENTICATED, EVENT_ID_REUSED, APPLY_FAILED, UNDECODABLE)
+
+#: The kind of a record the codec refused (not JSON of an event, a bad field, a wrong key or topic).
+INVALID = "invalid"
+
+#: How many refused records a report names one by one (all are counted by reason).
+REFUSED_LISTED = 10
+
+#: Verdicts of the dispatcher that refuse a request for who sent it (DESIGN section 10).
+_FORGERY_REASONS = (events.RejectReason.UNAUTHENTICATED, events.RejectReason.NOT_OWNER)
+
+
+def refusal_reason(error: str) -> str:
+    """The kind of a refusal reason: one of :data:`REFUSAL_KINDS`, or :data:`INVALID` for the codec's.
+
+    Example: ``"unauthenticated_node: JobCompleted of j1 signed by ..."`` -> ``"unauthenticated_node"``.
+    """
+    return next((k for k in REFUSAL_KINDS if error.startswith(k)), INVALID)
+
+
+@dataclass
+class Refusal:
+    """A record the services refused: a finding of an attack (or of invalid input), not a mismatch.
+
+    Attributes:
+        offset: ``topic:partition@offset`` of the refused record.
+        at: its event time (ISO); ``None`` when it does not decode.
+        reason: the kind of refusal (:func:`refusal_reason`; a verdict's reason).
+        detail: the first refusal's reason in full.
+        what: the event type and the job (``#attempt``) or node it names; ``undecodable`` when it does not decode.
+        who: whom it claims to come from: a request's ``user``, else its ``producer`` (a claim: the reason says
+            whose key signed it).
+        by: the services that refused it (dead letters and verdicts of the same record are one refusal).
+        how: ``dead-lettered``, ``rejected`` (a verdict), or both.
+        in_log: False when the refused record is not among the records read (read ``--since`` a later time,
+            say): ``at``, ``what`` and ``who`` then come from the dead letter's copy of its bytes or the verdict.
+    """
+
+    offset: str
+    at: str | None
+    reason: str
+    detail: str
+    what: str
+    who: str
+    by: list[str] = field(default_factory=list)
+    how: list[str] = field(default_factory=list)
+    in_log: bool = True
+    order: tuple = field(default=(), repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        return {
+            "offset": self.offset,
+            "at": self.at,
+            "reason": self.reason,
+            "detail": self.detail,
+            "what": self.what,
+            "who": self.who,
+            "by": self.by,
+            "how": self.how,
+            "in_log": self.in_log,
+        }
+
+
+def _claims(ev: events.Event | None) -> tuple[str, str, str | None]:
+    """``(what, who, event time)`` of a refused event (:class:`Refusal`); ``None``: it does not decode."""
+    if ev is None:
+        return "undecodable", "-", None
+    subject = getattr(ev, "job_id", None)
+    attempt = getattr(ev, "attempt", None)
+    if subject is not None and attempt is not None:
+        subject = f"{subject}#{attempt}"
+    subject = subject or getattr(ev, "node_id", None)
+    who = ev.user if isinstance(ev, (events.JobSubmitted, events.JobCancelRequested)) else ev.producer
+    return f"{ev.type} {subject}" if subject else ev.type, who, ev.ts.isoformat()
+
+
+def _copy_of(letter: events.DeadLetter) -> events.Event | None:
+    """The event in a dead letter's copy of the refused bytes, when they decode."""
+    try:
+        return events.decode(letter.original_bytes())
+    except (events.DecodeError, ValueError):
+        return None
+
+
+#: Requests a verdict of the dispatcher refuses.
+_REQUEST_TYPES = (events.JobSubmitted, events.JobCancelRequested, *NODE_REQUEST_TYPES)
+
+
+def _events_of(records: Iterable[LogRecord], kinds: Any) -> Iterator[Any]:
+    """The events of ``records`` that are of ``kinds``."""
+    return (r.event for r in records if isinstance(r.event, kinds))
+
+
+def refused_records(records: Sequence[LogRecord]) -> tuple[list[Refusal], list[Mismatch]]:
+    """The records the services refused (check (f) of the module docstring; ``D10.node-boundary``), one
+    :class:`Refusal` each.
+
+    A dead letter names its record by topic, partition and offset (:func:`apportion.bus.intake.dead_letter`);
+    a verdict names the request by its ``event_id`` (``refused_event_id``). The same record refused by
+    several services, or dead-lettered again after a restart, is one refusal naming each service once. A
+    refused record that is not among ``records`` is still a refusal (``in_log`` False), told from the dead
+    letter's copy of its bytes or from the verdict.
+
+    Args:
+        records: the log in log order, the dead-letter topic included.
+
+    Returns:
+        ``(refusals, mismatches)``: the refusals in log order of the refused record (of its first refusal
+        when it is not in the log), and a ``deadletter`` mismatch for each dead letter whose bytes are not
+        those of the record at its position.
+    """
+    letters_topic = topic_name(topics.DEADLETTER)
+    refusals = [
+        r
+        for r in records
+        if isinstance(r.event, (events.DeadLetter, events.NodeRequestRefused))
+        or (isinstance(r.event, events.JobRejected) and r.event.reason in _FORGERY_REASONS)
+    ]
+    named = {(e.source_topic, e.source_partition, e.source_offset) for e in _events_of(refusals, events.DeadLetter)}
+    asked = {e.refused_event_id for e in _events_of(refusals, (events.JobRejected, events.NodeRequestRefused))}
+    at_pos: dict[tuple[str, int | None, int | None], LogRecord] = {}  # the records the dead letters name
+    requests: dict[Any, LogRecord] = {}  # the requests the verdicts name, by id (the first record of each)
+    for r in records:
+        if r.topic == letters_topic:
+            continue
+        if (r.topic, r.partition, r.offset) in named:
+            at_pos[(r.topic, r.partition, r.offset)] = r
+        if r.event is not None and r.event.event_id in asked and isinstance(r.event, _REQUEST_TYPES):
+            requests.setdefault(r.event.event_id, r)
+    found: dict[tuple, Refusal] = {}
+    mism: list[Mismatch] = []
+    for r in refusals:
+        ev = r.event
+        if isinstance(ev, events.DeadLetter):
+            where: tuple = (ev.source_topic, ev.source_partition, ev.source_offset)
+            src = at_pos.get(where)
+            if src is not None and (src.raw or b"") != ev.original_bytes():
+                detail = f"the dead letter by {ev.producer} holds other bytes than the record it names"
+                mism.append(Mismatch("deadletter", position(r), ev.ts.isoformat(), position(src), detail, log_order(r)))
+                continue
+            claims = _claims(src.event if src is not None else _copy_of(ev))
+            offset = f"{ev.source_topic}:{ev.source_partition}@{ev.source_offset}"
+            reason, detail, how = refusal_reason(ev.error), ev.error, "dead-lettered"
+        else:
+            assert isinstance(ev, (events.JobRejected, events.NodeRequestRefused))
+            src = requests.get(ev.refused_event_id)
+            if src is not None:
+                where, offset, claims = (src.topic, src.partition, src.offset), position(src), _claims(src.event)
+            else:  # the request was not read: the verdict says what it was
+                subject = ev.job_id if isinstance(ev, events.JobRejected) else ev.node_id
+                who = ev.user if isinstance(ev, events.JobRejected) else "-"
+                where, offset, claims = (
+                    ("?", ev.request, subject, ev.refused_event_id),
+                    "-",
+                    (f"{ev.request} {subject}", who, None),
+                )
+            reason, detail, how = ev.reason.value, ev.message, "rejected"
+        got = found.get(where)
+        if got is None:
+            what, who, at = claims
+            order = log_order(src) if src is not None else log_order(r)
+            got = found[where] = Refusal(offset, at, reason, detail, what, who, in_log=src is not None, order=order)
+        if ev.producer not in got.by:
+            got.by.append(ev.producer)
+        if how not in got.how:
+            got.how.append(how)
+    for got in found.values():
+        got.by.sort()
+    return sorted(found.values(), key=lambda f: f.order), mism
+
+
 # --------------------------------------------------------------------------- all
 
 
@@ -962,6 +1152,7 @@ class VerifyReport:
         decisions: decision ticks re-run; ``decision_basis`` counts them by basis.
         read_models: whether Redis rows were compared.
         records: log records read.
+        refused: the records the services refused (:func:`refused_records`): findings, not mismatches.
     """
 
     mismatches: list[Mismatch]
@@ -972,6 +1163,7 @@ class VerifyReport:
     records: int
     signed_requests: int = 0
     signed_reports: int = 0
+    refused: list[Refusal] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -996,6 +1188,19 @@ class VerifyReport:
             "signed_reports": self.signed_reports,
             "first_offset": self.first.offset if self.first else None,
             "mismatches": [m.to_dict() for m in self.mismatches],
+            "refused_attacks": self.refused_summary(),
+        }
+
+    def refused_summary(self, listed: int = REFUSED_LISTED) -> dict[str, Any]:
+        """The refused attacks: ``count``, ``by_reason``, ``not_in_log`` and the ``first`` ``listed`` of them."""
+        by_reason: dict[str, int] = defaultdict(int)
+        for f in self.refused:
+            by_reason[f.reason] += 1
+        return {
+            "count": len(self.refused),
+            "by_reason": dict(sorted(by_reason.items())),
+            "not_in_log": sum(1 for f in self.refused if not f.in_log),
+            "first": [f.to_dict() for f in self.refused[:listed]],
         }
 
 
@@ -1006,22 +1211,26 @@ def verify(
     config: DispatchConfig | None = None,
     producer: str = "dispatcher",
 ) -> VerifyReport:
-    """Run the four checks (read models only when ``read_models`` is given).
+    """Run the checks (read models only when ``read_models`` is given).
 
     Args:
-        records: the log in log order.
+        records: the log in log order; with the dead-letter topic, so that what the services refused is
+            reported as refused (and a forgery no service refused as a mismatch).
         read_models: rows from :func:`read_models_from_redis`, or ``None``.
         config: the dispatcher's knobs.
         producer: the dispatcher's ``producer`` name.
     """
-    mism: list[Mismatch] = []
+    refused, mism = refused_records(records)
+    n_records = len(records)
     reports = check_reports(records)
     for f in reports.findings:
         rec = records[f.index]
         at = rec.event.ts.isoformat() if rec.event is not None else None
         mism.append(Mismatch("signature", position(rec), at, f.job_id, f.detail, log_order(rec)))
-    if reports.ignored:  # the services ignored them (unauthenticated, unauthenticated_node): so do the rebuilds
-        records = [r for i, r in enumerate(records) if i not in reports.ignored]
+    # the services ignored the ones the rebuilds leave out (unauthenticated, unauthenticated_node); the dead
+    # letters are no input of any service's fold
+    letters_topic = topic_name(topics.DEADLETTER)
+    records = [r for i, r in enumerate(records) if i not in reports.ignored and r.topic != letters_topic]
     if read_models is not None:
         mism += check_read_models(records, read_models, config)
     snaps = check_snapshots(records)
@@ -1052,7 +1261,7 @@ def verify(
     mism.sort(key=lambda m: (m.order == (), m.order))
     n_snaps = sum(1 for r in records if isinstance(r.event, events.OccupancySnapshot))
     return VerifyReport(
-        mism, n_snaps, len(checks), dict(basis), read_models is not None, len(records), signed, reports.checked
+        mism, n_snaps, len(checks), dict(basis), read_models is not None, n_records, signed, reports.checked, refused
     )
 
 

@@ -61,8 +61,11 @@ def _dur(text: str, option: str) -> float:
     return value
 
 
-def _load(bootstrap: str | None, from_file: Path | None, since: datetime | None = None) -> list[Any]:
-    from apportion.audit.source import load_log
+def _load(
+    bootstrap: str | None, from_file: Path | None, since: datetime | None = None, *, dead_letters: bool = False
+) -> list[Any]:
+    """The log from Kafka or an export, in log order: the audit's topics, and the dead letters when asked."""
+    from apportion.audit.source import load_log, verify_topics
     from apportion.cli.main import fail
 
     conn = Connection.resolve(bootstrap=bootstrap)
@@ -78,6 +81,7 @@ def _load(bootstrap: str | None, from_file: Path | None, since: datetime | None 
             # the file's namespace, not the environment's: an export of another stack must not read as empty
             os.environ["APPORTION_TOPIC_PREFIX"] = prefix
     since_ms = int(since.timestamp() * 1000) if since else None
+    names = verify_topics() if dead_letters else None  # after the export's namespace is in force
     t0 = time.perf_counter()
     with Progress(
         SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True, console=_err()
@@ -91,6 +95,7 @@ def _load(bootstrap: str | None, from_file: Path | None, since: datetime | None 
             recs = load_log(
                 bootstrap=None if from_file else conn.bootstrap,
                 from_file=from_file,
+                topic_names=names,
                 since_ms=since_ms,
                 progress=progress,
             )
@@ -132,21 +137,22 @@ def export(
     bootstrap: Bootstrap = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Export every apportion topic (with topic, partition, offset, key) to a compressed file.
+    """Export every apportion topic, the dead letters included (with topic, partition, offset, key), to a
+    compressed file.
 
     Example: apportion log export -o week44.jsonl.gz --since 2026-11-01T00:00:00Z
     """
-    from apportion.audit.source import audit_topics, write_export
+    from apportion.audit.source import verify_topics, write_export
 
     since_dt = parse_time(since) if since else None
-    recs = _load(bootstrap, None, since_dt)
+    recs = _load(bootstrap, None, since_dt, dead_letters=True)
     if until:
         limit = parse_time(until).timestamp() * 1000
         recs = [r for r in recs if r.timestamp_ms <= limit]
     from apportion.cli.main import fail
 
     try:
-        n = write_export(recs, output, topic_names=audit_topics(), exported_at=datetime.now(UTC).isoformat())
+        n = write_export(recs, output, topic_names=verify_topics(), exported_at=datetime.now(UTC).isoformat())
     except OSError as exc:
         fail(f"cannot write {output}: {exc.strerror or exc}")
     if as_json:
@@ -463,11 +469,13 @@ def verify_cmd(
 
     Exit code 1 on any mismatch; each is reported with the first offset where it appears.
     The read-model check is skipped with --no-redis (default with --from-file).
+    Records the services refused (dead-lettered, or forged requests the dispatcher rejected) are listed as
+    refused attacks, by reason: the stack working, not a mismatch (--json: ``refused_attacks``).
     """
     from apportion.audit.verify import read_models_from_redis, verify
     from apportion.cli.main import _print_json
 
-    recs = _load(bootstrap, from_file)
+    recs = _load(bootstrap, from_file, dead_letters=True)
     cfg = _dispatch_config(recs, delta, grace, reservation_after, heartbeat_timeout, window)
     rows = None
     if not no_redis and (from_file is None or redis_url is not None):
@@ -492,6 +500,7 @@ def verify_cmd(
             f"{rep.decision_basis}; read models: {'checked' if rep.read_models else 'skipped'}; "
             f"signed requests re-checked: {rep.signed_requests}"
         )
+        _print_refused(rep)
         if rep.ok:
             _out().print("[green]OK[/]: the live state is what the log says")
         else:
@@ -503,6 +512,25 @@ def verify_cmd(
             _out().print(table)
     if not rep.ok:
         raise typer.Exit(1)
+
+
+def _print_refused(rep: Any) -> None:
+    """The refused-attacks section of ``audit verify``: the count by reason, then the first few, one a row."""
+    summary = rep.refused_summary()
+    _out().print(
+        f"refused attacks: {summary['count']} ({counts_text(summary['by_reason'])})", highlight=False, soft_wrap=True
+    )
+    if not summary["first"]:
+        return
+    shown = len(summary["first"])
+    table = Table(title=f"the services refused these records (not mismatches): the first {shown} of {summary['count']}")
+    for col in ("offset", "event time", "what", "claims to be", "refused by", "reason"):
+        table.add_column(col, overflow="fold")
+    for f in summary["first"]:
+        by = ", ".join(f["by"]) + ("" if f["in_log"] else " (record not read)")
+        at = f["at"][:19].replace("T", " ") if f["at"] else "-"
+        table.add_row(f["offset"], at, f["what"], f["who"], by, f["detail"])
+    _out().print(table)
 
 
 def whatif_cmd(

@@ -154,6 +154,80 @@ def fold_jobs(evts: Iterable[events.Event]) -> dict[str, JobHistory]:
     return jobs
 
 
+#: Marks a user's part of a budget in the per-user occupancy fold (:func:`usage_by_user`); budget segments
+#: never hold it (``domain.budgets.validate_path``).
+_USER_MARK = "/@"
+
+
+@dataclass(frozen=True)
+class UserUsage:
+    """GPU-hours a user's runs held under one leaf budget over a window (``apportion usage --by-user``).
+
+    Attributes:
+        budget: the leaf; ``user``: the submitting user (``""``: the budget's total row).
+        allocated_gpu_h: held by allocated runs (charged: the user's part of the budget's O_b).
+        unallocated_gpu_h: held by unallocated runs (the user's part of U_b; never charged).
+        share_of_budget: ``allocated_gpu_h`` over the budget's allocated GPU-hours (0 when it has none).
+    """
+
+    budget: str
+    user: str
+    allocated_gpu_h: float
+    unallocated_gpu_h: float
+    share_of_budget: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "budget": self.budget,
+            "user": self.user,
+            "allocated_gpu_h": self.allocated_gpu_h,
+            "unallocated_gpu_h": self.unallocated_gpu_h,
+            "share_of_budget": self.share_of_budget,
+        }
+
+
+def usage_by_user(evts: Iterable[events.Event], window_s: float, at_us: int | None = None) -> list[UserUsage]:
+    """Per leaf budget and user, the GPU-hours their runs held over the trailing window at ``at_us`` (default:
+    the log's last event), like Slurm's ``sshare -a``.
+
+    The same fold as the accounting and ``audit occupancy``
+    (:class:`~apportion.domain.occupancy.OccupancyLedger`, so every run ends where every reader ends it:
+    completions, preemptions, losses charged to the last heartbeat, refused starts), with each run's series
+    keyed by its budget and its user (``JobPlaced.user``, else the job's ``JobQueued``). Rows: per budget,
+    first its total (``user=""``), then its users by allocated GPU-hours, most first. An ``at_us`` before the
+    log's last event is answered as of that event.
+    """
+    from apportion.domain.occupancy import OccupancyLedger
+
+    ledger = OccupancyLedger(window_s)
+    user_of: dict[str, str] = {}
+    for ev in evts:
+        if isinstance(ev, (events.JobSubmitted, events.JobQueued)):
+            user_of.setdefault(ev.job_id, ev.user)
+        elif isinstance(ev, events.JobPlaced):
+            who = ev.user or user_of.get(ev.job_id, "")
+            ev = ev.model_copy(update={"budget": f"{ev.budget}{_USER_MARK}{who}"})
+        ledger.apply(ev)
+    if ledger.clock is None:
+        return []
+    at = max(at_us if at_us is not None else ledger.clock, ledger.clock)
+    occ, una = ledger.occupancy_us(at), ledger.unallocated_us(at)
+    parts: dict[str, dict[str, tuple[int, int]]] = {}
+    for key in sorted(set(occ) | set(una)):
+        budget, mark, who = key.partition(_USER_MARK)
+        if mark and _USER_MARK not in budget:
+            parts.setdefault(budget, {})[who] = (occ.get(key, 0), una.get(key, 0))
+    rows: list[UserUsage] = []
+    for budget in sorted(parts):
+        users = parts[budget]
+        alloc = sum(a for a, _ in users.values())
+        unalloc = sum(u for _, u in users.values())
+        rows.append(UserUsage(budget, "", alloc / 3.6e9, unalloc / 3.6e9, 1.0 if alloc else 0.0))
+        for who, (a, u) in sorted(users.items(), key=lambda kv: (-kv[1][0], -kv[1][1], kv[0])):
+            rows.append(UserUsage(budget, who, a / 3.6e9, u / 3.6e9, a / alloc if alloc else 0.0))
+    return rows
+
+
 def _hours(s: float | None) -> str:
     from apportion.durations import format_duration
 
@@ -173,14 +247,18 @@ def history(
     bootstrap: Annotated[
         str | None, typer.Option("--bootstrap", help="Kafka bootstrap (host:port).", envvar="APPORTION_KAFKA_BOOTSTRAP")
     ] = None,
+    wide: Annotated[
+        bool, typer.Option("--wide", "-w", help="Every column: budget, attempts, preemptions, work lost, full end.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")] = False,
 ) -> None:
-    """Finished jobs, like sacct: user, budget, state, attempts, preemptions, wait, run time, GPU-hours, work lost.
+    """Finished jobs, like sacct: user, state, GPUs, wait, run time, GPU-hours, end and why it ended.
 
-    Built from the log (apportion.submissions and apportion.jobs); times are event times.
+    Fits 80 columns (the reason is shortened to the width left); --wide adds budget, attempts, preemptions,
+    work lost and the full end time. Built from the log (apportion.submissions and apportion.jobs); times are
+    event times.
     """
     from rich.console import Console
-    from rich.table import Table
 
     from apportion import topics
     from apportion.bus.reader import read_log
@@ -206,25 +284,56 @@ def history(
     if as_json:
         _print_json([j.to_dict() for j in rows])
         return
-    t = Table(title=f"history ({len(rows)} finished jobs)")
-    for col in ("job", "user", "budget", "state", "GPUs", "att", "pre", "wait", "run", "GPU-h", "lost GPU-h", "end"):
-        t.add_column(col, justify="right" if col in ("att", "pre", "GPU-h", "lost GPU-h") else "left")
-    for j in rows:
-        t.add_row(
-            j.job_id,
-            j.user,
-            j.budget,
-            j.state,
-            f"{j.replicas}x{j.gpus_per_replica}",
-            str(j.attempts),
-            str(j.preemptions),
-            _hours(j.wait_s),
-            _hours(j.run_s),
-            f"{j.gpu_hours:.2f}",
-            "-" if j.lost_gpu_s is None else f"{j.lost_gpu_s / 3600:.2f}",
-            j.ended_at.strftime("%Y-%m-%d %H:%M:%S") if j.ended_at else "-",
-        )
-    Console().print(t)
+    console = Console()
+    if wide:  # every column whole, however wide: the terminal wraps what it cannot show
+        t = history_table(rows, wide=True, width=1 << 16)
+        Console(width=max(console.width, console.measure(t).maximum)).print(t)
+    else:
+        console.print(history_table(rows, width=console.width))
+
+
+def history_table(rows: list[JobHistory], *, wide: bool = False, width: int = 80) -> Any:
+    """The ``history`` table: by default job, user, state, GPUs, wait, run, end (``MM-DD HH:MM``) and the
+    reason, laid out for 80 columns (every cell whole but the reason, shortened with an ellipsis to the width
+    left of ``width``, the terminal's, and never below 6); ``wide`` adds budget, attempts, preemptions,
+    GPU-hours, work lost and the end with its year and seconds."""
+    from rich.table import Table
+
+    gap = 1
+    t = Table(title=f"history ({len(rows)} finished jobs)", box=None, padding=(0, gap, 0, 0), header_style="bold")
+    cols = ["job", "user", *(["budget"] if wide else []), "state", "GPUs"]
+    cols += ["att", "pre"] if wide else []
+    cols += ["wait", "run", *(["GPU-h", "lost GPU-h"] if wide else []), "end", "reason"]
+    right = {"att", "pre", "GPU-h", "lost GPU-h", "wait", "run"}
+    table = [
+        {
+            "job": j.job_id,
+            "user": j.user,
+            "budget": j.budget,
+            "state": j.state,
+            "GPUs": f"{j.replicas}x{j.gpus_per_replica}",
+            "att": str(j.attempts),
+            "pre": str(j.preemptions),
+            "wait": _hours(j.wait_s),
+            "run": _hours(j.run_s),
+            "GPU-h": f"{j.gpu_hours:.2f}",
+            "lost GPU-h": "-" if j.lost_gpu_s is None else f"{j.lost_gpu_s / 3600:.2f}",
+            "end": j.ended_at.strftime("%Y-%m-%d %H:%M:%S" if wide else "%m-%d %H:%M") if j.ended_at else "-",
+            "reason": j.reason or "-",
+        }
+        for j in rows
+    ]
+    widths = {c: max([len(c), *(len(r[c]) for r in table)]) for c in cols if c != "reason"}
+    # the one column that gives way: the reason, shortened with an ellipsis to the width the others leave
+    room = max(6, width - sum(widths.values()) - gap * (len(cols) - 1) - 1)
+    for col in cols:
+        if col == "reason":
+            t.add_column(col, overflow="ellipsis", no_wrap=True, max_width=room)
+        else:  # whole: as wide as its widest cell
+            t.add_column(col, justify="right" if col in right else "left", no_wrap=True, min_width=widths[col])
+    for r in table:
+        t.add_row(*(r[c] if c != "reason" or len(r[c]) <= room else r[c][: room - 1] + "…" for c in cols))
+    return t
 
 
 def _when(text: str | None, flag: str) -> datetime | None:
@@ -248,6 +357,83 @@ def _when(text: str | None, flag: str) -> datetime | None:
     except ValueError:
         fail(f"{flag}: not an ISO time or a duration: {text!r}")
     return None
+
+
+def usage(
+    by_user: Annotated[
+        bool, typer.Option("--by-user", "-a", help="A row per user under each budget (sshare -a).")
+    ] = False,
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's rows.")] = None,
+    budget: Annotated[str | None, typer.Option("--budget", "-b", help="Only this budget (and below).")] = None,
+    window: Annotated[str, typer.Option("--window", help="Trailing window (7d, 24h).")] = "7d",
+    bootstrap: Annotated[
+        str | None, typer.Option("--bootstrap", help="Kafka bootstrap (host:port).", envvar="APPORTION_KAFKA_BOOTSTRAP")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")] = False,
+) -> None:
+    """GPU-hours per leaf budget over the trailing window, with --by-user a row per user (like sshare -a).
+
+    Alloc is what allocated runs held (charged: the budget's O), unalloc what unallocated runs held (its U);
+    share is a user's part of the budget's alloc. Built from the log (apportion.jobs) with the accounting's
+    own fold, at the stack's event time.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from apportion import topics
+    from apportion.bus.reader import read_log
+    from apportion.cli.main import _checked, _print_json, _require_topics, check_budget_filter, fail
+    from apportion.durations import parse_duration
+    from apportion.settings import event_clock
+    from apportion.timeutil import to_us
+
+    check_budget_filter(budget)
+    try:
+        window_s = parse_duration(window)
+    except ValueError as exc:
+        fail(f"--window: {exc}")
+    if window_s <= 0:
+        fail("--window must be longer than 0")
+    conn = _require_topics(bootstrap, topic_name(topics.JOBS))
+    recs = _checked(lambda: read_log(conn.bootstrap, [topic_name(topics.JOBS)]))
+    rows = usage_rows(
+        usage_by_user((r.event for r in recs if r.event is not None), window_s, to_us(event_clock().now())),
+        by_user=by_user,
+        user=user,
+        budget=budget,
+    )
+    if as_json:
+        _print_json({"window_s": window_s, "rows": [r.to_dict() for r in rows]})
+        return
+    t = Table(title=f"usage over the last {window} (GPU-hours)")
+    for col in ("budget", "user", "alloc", "unalloc", "share"):
+        t.add_column(col, justify="left" if col in ("budget", "user") else "right")
+    for r in rows:
+        t.add_row(
+            r.budget if not r.user else "",
+            r.user or "(all)",
+            f"{r.allocated_gpu_h:.2f}",
+            f"{r.unallocated_gpu_h:.2f}",
+            f"{100 * r.share_of_budget:.1f}%",
+        )
+    Console().print(t)
+
+
+def usage_rows(
+    rows: list[UserUsage], *, by_user: bool, user: str | None = None, budget: str | None = None
+) -> list[UserUsage]:
+    """The rows ``usage`` shows: budget totals (and with ``by_user`` each user's), filtered by ``user`` (that
+    user's rows only) and ``budget`` (that budget and below)."""
+    out = []
+    for r in rows:
+        if budget is not None and not (r.budget == budget or r.budget.startswith(budget + "/")):
+            continue
+        if user is not None:
+            if r.user == user:
+                out.append(r)
+        elif r.user == "" or by_user:
+            out.append(r)
+    return out
 
 
 #: Job ids the node agent uses as directory names unchanged (``services.node_agent.logic.job_dir_name``).
@@ -334,6 +520,7 @@ def logs(
 
 
 def register(app: typer.Typer) -> None:
-    """Attach ``apportion history`` and ``apportion logs``."""
+    """Attach ``apportion history``, ``apportion usage`` and ``apportion logs``."""
     app.command("history")(history)
+    app.command("usage")(usage)
     app.command("logs")(logs)

@@ -38,8 +38,9 @@ app = typer.Typer(
     name="apportion",
     help=(
         "Budgeted, hierarchical fair-share GPU scheduling.\n\n"
-        "Researchers: `keys init`, `submit`, `cancel`, `queue`, `history`, `share` (requests are signed with your "
-        "key). Ops: `nodes`, `drain`, `cordon`, `undrain`, `budget`, `audit`, `keys register`. Everyone: "
+        "Researchers: `keys init`, `submit`, `cancel`, `hold`, `release`, `queue`, `history`, `share` (requests are "
+        "signed with your key). Ops: `nodes`, `drain`, `cordon`, `undrain`, `budget`, `audit`, `keys register`. "
+        "Everyone: "
         "`simulate`, `whatif`, `stack` (a local stack in one command).\n\n"
         "Change commands wait for the owning service's verdict. Exit codes: 0 done, 1 refused or not found, "
         "2 bad input, 3 stack unreachable or no verdict in time (docs/operations.md).\n\n"
@@ -66,6 +67,11 @@ Timeout = Annotated[
     float, typer.Option("--timeout", min=0.1, help="Wall seconds to wait for the owning service's verdict.")
 ]
 DEFAULT_WAIT_S = 15.0
+RequestReason = Annotated[str, typer.Option("--reason", help="Why (kept in the log; a hold's is its pending reason).")]
+RequestUser = Annotated[
+    str | None,
+    typer.Option("--user", "-u", help="Requesting user (default: your identity's; the request is signed)."),
+]
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -232,6 +238,26 @@ def submit(
         typer.Option("--user", "-u", help="Submitting user (default: your identity's; the request is signed)."),
     ] = None,
     job_id: Annotated[str | None, typer.Option("--job-id", help="Job id (default: generated).")] = None,
+    hold: Annotated[
+        bool, typer.Option("--hold", help="Submit it held: queued, never placed until `apportion release JOB`.")
+    ] = False,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", "-e", help="KEY=VALUE for the workload's environment (repeatable; wins over the file)."),
+    ] = None,
+    env_file: Annotated[
+        Path | None,
+        typer.Option("--env-file", help="File of KEY=VALUE lines (# comments) for the workload's environment."),
+    ] = None,
+    time_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--time",
+            "-t",
+            help="Time limit of each run (90m, 4h, 2d): the node agent stops it then (JobFailed time_limit). "
+            "Default: the budget's default_time_limit, if any; at most its max_time_limit.",
+        ),
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and print the event; publish nothing.")] = False,
     wait: Annotated[
         float,
@@ -257,9 +283,16 @@ def submit(
 
     Its GPU-hours show as the budget's U, never in its r (docs/security.md).
     """
-    from pydantic import ValidationError
 
     from apportion import client
+
+    try:
+        text = env_file.read_text(encoding="utf-8") if env_file is not None else None
+        job_env = client.parse_env(env or (), text, file_name=str(env_file))
+    except OSError as exc:
+        fail(f"--env-file: cannot read {env_file}: {exc.strerror or exc}")
+    except ValueError as exc:
+        fail(f"invalid submission: {exc}")
 
     def build(who: str) -> Any:
         try:
@@ -274,12 +307,13 @@ def submit(
                 gpu_model=gpu_model,
                 job_id=job_id,
                 checkpoint_interval_s=parse_duration(checkpoint_interval) if checkpoint_interval is not None else None,
+                hold=hold,
+                env=job_env,
+                time_limit_s=parse_duration(time_limit) if time_limit is not None else None,
                 producer="cli",
             )
-        except ValidationError as exc:
-            e = exc.errors(include_url=False)[0]
-            msg = str(e["msg"]).removeprefix("Value error, ")  # pydantic's wrapper of our own message
-            fail(f"invalid submission: {'.'.join(str(p) for p in e['loc']) or 'job'}: {msg}")
+        except client.InvalidSubmission as exc:
+            fail(exc.message if exc.field == "job_id" else str(exc))
         except ValueError as exc:
             fail(str(exc))
 
@@ -324,7 +358,8 @@ def submit(
             f"({ev.replicas}x{ev.gpus_per_replica} GPUs, {kind}, budget {ev.budget})"
         )
         if isinstance(verdict, events.JobQueued):
-            out.print("queued by the dispatcher (see `apportion queue`)")
+            held = " held (`apportion release " + ev.job_id + "` lets it run)" if ev.hold else ""
+            out.print(f"queued by the dispatcher{held} (see `apportion queue`)")
     if isinstance(verdict, events.JobRejected):
         err.print(f"[bold red]rejected:[/] {verdict.reason.value}: {verdict.message}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
@@ -335,11 +370,8 @@ def submit(
 @app.command()
 def cancel(
     job_id: Annotated[str, typer.Argument(help="Job to cancel.")],
-    reason: Annotated[str, typer.Option(help="Why (kept in the log).")] = "",
-    user: Annotated[
-        str | None,
-        typer.Option("--user", "-u", help="Requesting user (default: your identity's; the request is signed)."),
-    ] = None,
+    reason: RequestReason = "",
+    user: RequestUser = None,
     no_wait: NoWait = False,
     timeout: Timeout = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
@@ -350,9 +382,70 @@ def cancel(
     Exit 1 when the log has no such job or it already finished; 3 when Kafka
     cannot be reached or the dispatcher gives no verdict within --timeout.
     """
+    _job_request(events.JobCancelRequested, job_id, reason, user, no_wait, timeout, bootstrap, as_json)
+
+
+@app.command()
+def hold(
+    job_id: Annotated[str, typer.Argument(help="Pending job to hold.")],
+    reason: RequestReason = "",
+    user: RequestUser = None,
+    no_wait: NoWait = False,
+    timeout: Timeout = DEFAULT_WAIT_S,
+    bootstrap: Bootstrap = None,
+    as_json: JsonOut = False,
+) -> None:
+    """Hold a pending job: it stays queued in its place (its submission time kept) and is never placed
+    until `apportion release`. Waits for the dispatcher's JobHeld.
+
+    Only the job's user or ops may hold it. Exit 1 when refused (not pending, already held, not yours) or the
+    log has no such job; 3 when Kafka cannot be reached or no verdict comes within --timeout.
+    """
+    _job_request(events.JobHoldRequested, job_id, reason, user, no_wait, timeout, bootstrap, as_json)
+
+
+@app.command()
+def release(
+    job_id: Annotated[str, typer.Argument(help="Held job to release.")],
+    reason: RequestReason = "",
+    user: RequestUser = None,
+    no_wait: NoWait = False,
+    timeout: Timeout = DEFAULT_WAIT_S,
+    bootstrap: Bootstrap = None,
+    as_json: JsonOut = False,
+) -> None:
+    """Release a held job back into its budget's fair-share order. Waits for the dispatcher's JobReleased.
+
+    Only the job's user or ops may release it. Exit 1 when refused (not held, not yours) or the log has no
+    such job; 3 when Kafka cannot be reached or no verdict comes within --timeout.
+    """
+    _job_request(events.JobReleaseRequested, job_id, reason, user, no_wait, timeout, bootstrap, as_json)
+
+
+#: A request on a job -> (its verb, the dispatcher's answer, the verdict word once carried out).
+JOB_REQUESTS: dict[str, tuple[str, str, str]] = {
+    "JobCancelRequested": ("cancel", "JobCancelled", "cancelled"),
+    "JobHoldRequested": ("hold", "JobHeld", "held"),
+    "JobReleaseRequested": ("release", "JobReleased", "released"),
+}
+
+
+def _job_request(
+    cls: type[events.JobCancelRequested] | type[events.JobHoldRequested] | type[events.JobReleaseRequested],
+    job_id: str,
+    reason: str,
+    user: str | None,
+    no_wait: bool,
+    timeout: float,
+    bootstrap: str | None,
+    as_json: bool,
+) -> None:
+    """``cancel``, ``hold`` and ``release``: check the job is live in the log, sign and publish the request,
+    wait for the dispatcher's answer (:data:`JOB_REQUESTS`) or its refusal of the request."""
     from apportion.cli import verdicts
     from apportion.topics import JOBS, SUBMISSIONS
 
+    verb, answer, done_word = JOB_REQUESTS[cls.model_fields["type"].default]
     conn = _require_topics(bootstrap, topic_name(SUBMISSIONS), topic_name(JOBS))
     status = _checked(lambda: verdicts.job_status(conn.bootstrap, job_id))
     if status.state == "unknown":
@@ -360,18 +453,18 @@ def cancel(
     if status.state != "live":
         done = status.state
         refuse(
-            f"job {job_id} already {done}{f' ({status.detail})' if status.detail else ''}: nothing to cancel",
+            f"job {job_id} already {done}{f' ({status.detail})' if status.detail else ''}: nothing to {verb}",
             as_json=as_json,
             reason="finished",
             job_id=job_id,
             state=done,
         )
     ident = _identity(user, bootstrap)
-    ev = ident.sign(events.JobCancelRequested(job_id=job_id, user=ident.user, reason=reason, ts=_now(), producer="cli"))
-    watcher = None if no_wait else _checked(lambda: verdicts.JobWatcher(conn.bootstrap, job_id, ["JobCancelled"]))
+    ev = ident.sign(cls(job_id=job_id, user=ident.user, reason=reason, ts=_now(), producer="cli"))
+    watcher = None if no_wait else _checked(lambda: verdicts.JobWatcher(conn.bootstrap, job_id, [answer]))
     _publish([ev], bootstrap)
     if watcher is None:
-        _published([ev], as_json, f"cancel requested for [bold]{job_id}[/] (not waiting for the dispatcher)")
+        _published([ev], as_json, f"{verb} requested for [bold]{job_id}[/] (not waiting for the dispatcher)")
         return
     verdict = watcher.wait(timeout, request_id=ev.event_id)
     refused = isinstance(verdict, events.JobRejected)
@@ -380,7 +473,7 @@ def cancel(
             {
                 "ok": verdict is not None and not refused,
                 "published": [events.to_dict(ev)],
-                "verdict": "refused" if refused else "cancelled" if verdict is not None else "no_verdict",
+                "verdict": "refused" if refused else done_word if verdict is not None else "no_verdict",
                 "reason": verdict.reason.value if isinstance(verdict, events.JobRejected) else "",
                 "event": events.to_dict(verdict) if verdict is not None else None,
             }
@@ -390,7 +483,7 @@ def cancel(
     if isinstance(verdict, events.JobRejected):
         fail(f"refused: {verdict.reason.value}: {verdict.message}", 1)
     if not as_json:
-        out.print(f"cancelled [bold]{job_id}[/]")
+        out.print(f"{done_word} [bold]{job_id}[/]")
 
 
 LIVE_STATES = ("pending", "placed", "running", "stopping", "preempting", "cancelling", "lost")
@@ -570,7 +663,8 @@ def queue(
     The position is the place in the fair-share order a scheduling cycle walks now (pending jobs only;
     `-` for running ones). The pending reason comes from the engine's own cycle (`kind: facts`; kinds
     budget_ahead, reserved_by, protected_until, no_node_shape, no_free_gpus, budget_unknown, patience,
-    checkpoint_soon, placeable);
+    checkpoint_soon, placeable; from the dispatcher: refused_backoff, for a job whose start a node refused, and
+    held, for a job held until `apportion release`);
     `--json` rows also carry `reason_detail`, the reason's fields.
     """
     check_states(state, all_states)
@@ -1169,6 +1263,16 @@ def _tree_in_force(bootstrap: str | None) -> Any:
     return fold_budget_log(rec.event for rec in recs if rec.event is not None)
 
 
+def _limit_option(text: str | None, current: float | None) -> float | None:
+    """A budget's time limit from ``--default-time-limit`` / ``--max-time-limit``: ``None`` keeps ``current``,
+    ``inherit`` drops the budget's own, else a duration (``ValueError`` when it is not one)."""
+    if text is None:
+        return current
+    if text.strip().lower() == "inherit":
+        return None
+    return parse_duration(text)
+
+
 @budget_app.command("set")
 def budget_set(
     path: Annotated[str, typer.Argument(help="Budget path, e.g. lab/prior/robotics.")],
@@ -1190,6 +1294,21 @@ def budget_set(
         bool,
         typer.Option("--inherit-max-min-runtime", help="Drop this budget's own limit (inherit the parent's)."),
     ] = False,
+    default_time_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--default-time-limit",
+            help="Time limit of its jobs that give none, e.g. 24h; 'inherit' drops it (default: keep the current).",
+        ),
+    ] = None,
+    max_time_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--max-time-limit",
+            help="Largest time limit a job may have (its own or the default), e.g. 7d; 'inherit' drops it "
+            "(default: keep the current).",
+        ),
+    ] = None,
     no_wait: NoWait = False,
     timeout: Timeout = DEFAULT_WAIT_S,
     bootstrap: Bootstrap = None,
@@ -1248,6 +1367,10 @@ def budget_set(
                 if max_min_runtime is not None
                 else (current.max_min_runtime_s if current is not None else None)
             ),
+            default_time_limit_s=_limit_option(
+                default_time_limit, current.default_time_limit_s if current is not None else None
+            ),
+            max_time_limit_s=_limit_option(max_time_limit, current.max_time_limit_s if current is not None else None),
             by="cli",
             ts=_now(),
             producer="cli",

@@ -157,14 +157,14 @@ class JobStatus:
 def refuses_request_only(ev: events.Event, queued: bool) -> bool:
     """True for a ``JobRejected`` that refuses a request and says nothing about the job (which may be running).
 
-    That is the refusal of a cancel request (``request="JobCancelRequested"``:
+    That is the refusal of a cancel, hold or release request (``request`` not ``JobSubmitted``:
     ``not_owner``, ``unauthenticated``), and any refusal of a later submission
     reusing the id of a job that was queued (``duplicate_job``, or an
     ``unauthenticated`` copy).
     """
     if not isinstance(ev, events.JobRejected):
         return False
-    return ev.request == "JobCancelRequested" or queued
+    return ev.request != "JobSubmitted" or queued
 
 
 def job_status(bootstrap: str, job_id: str) -> JobStatus:
@@ -388,6 +388,8 @@ def _fields(b: Any) -> dict[str, Any]:
         "share": b.share,
         "members": sorted(b.members) if b.members is not None else None,
         "max_min_runtime_s": b.max_min_runtime_s,
+        "default_time_limit_s": b.default_time_limit_s,
+        "max_time_limit_s": b.max_time_limit_s,
     }
 
 
@@ -432,6 +434,8 @@ def batch_of(current: Any, wanted: Mapping[str, Any], prune: bool, now: Any) -> 
             share=b.share,
             members=tuple(sorted(b.members)) if b.members is not None else None,
             max_min_runtime_s=b.max_min_runtime_s,
+            default_time_limit_s=b.default_time_limit_s,
+            max_time_limit_s=b.max_time_limit_s,
         )
         for p, b in sorted(wanted.items())
         if current.get(p) is None or _fields(current.get(p)) != _fields(b)

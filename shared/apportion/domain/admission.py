@@ -22,7 +22,10 @@ Checks, first failure wins, in this order:
    from preemption, and protection longer than the window that measures
    fairness would let one job hold GPUs past every fair-share correction
    (DESIGN sections 1-3; grown protection is capped by W as well);
-6. ``shape_impossible``: fewer than ``replicas`` declared nodes have at least
+6. ``time_limit_above_max``: the job's time limit in force (its ``time_limit_s``,
+   else its budget's inherited ``default_time_limit_s``: :func:`time_limit_in_force`)
+   is above its budget's inherited ``max_time_limit_s``;
+7. ``shape_impossible``: fewer than ``replicas`` declared nodes have at least
    ``gpus_per_replica`` GPUs of the requested model (any model when the job
    names none; a node of unknown model never matches a named model).
    Skipped while no node has registered at all (cold start): an empty
@@ -34,14 +37,14 @@ is not a member of. Shape applies to every job: a gang that no inventory can
 hold would wait forever.
 
 Before any of these, the dispatcher asks :func:`authorize` whether a request
-(``JobSubmitted`` or ``JobCancelRequested``) comes from the user it names
+(:data:`JOB_REQUESTS`: a submission, a cancel, a hold or a release) comes from the user it names
 (DESIGN section 10): ``unauthenticated`` when no registered key of that user
-signed it, ``not_owner`` for a cancel of another user's job by a principal
+signed it, ``not_owner`` for a cancel, hold or release of another user's job by a principal
 that is not ops. The signature itself is checked by :mod:`apportion.identity`
 (crypto is not domain code); this module gets the principal that signed.
 Ops' requests on a node (:data:`NODE_REQUEST_TYPES`: cordon, drain,
-uncordon) must be signed by a key registered with role ``ops``
-(:func:`authorize_node_request`); the dispatcher answers any other with
+uncordon) must be signed by a key registered with role ``ops``, or, for a
+cordon only, by the dispatcher's (:func:`authorize_node_request`); the dispatcher answers any other with
 ``NodeRequestRefused`` reason ``unauthenticated``
 (:func:`refused_node_request_event`) and folds nothing of it.
 
@@ -86,11 +89,15 @@ from apportion.events import (
     JobCheckpointed,
     JobCompleted,
     JobFailed,
+    JobHeld,
+    JobHoldRequested,
     JobLost,
     JobPlaced,
     JobPreempted,
     JobQueued,
     JobRejected,
+    JobReleased,
+    JobReleaseRequested,
     JobRequeued,
     JobStarted,
     JobSubmitted,
@@ -119,6 +126,8 @@ __all__ = [
     "DISPATCHER",
     "NODE_PREFIX",
     "NODE_REQUEST_TYPES",
+    "JOB_REQUESTS",
+    "OWNER_REQUESTS",
     "REPORT_TYPES",
     "RUN_REPORT_TYPES",
     "UNAUTHENTICATED",
@@ -133,7 +142,17 @@ __all__ = [
     "refused_request_event",
     "rejected_event",
     "shape_possible",
+    "time_limit_in_force",
 ]
+
+#: Requests on a job a user signs (:func:`authorize`); all but the submission act on an existing job (its owner).
+JOB_REQUESTS = (JobSubmitted, JobCancelRequested, JobHoldRequested, JobReleaseRequested)
+
+#: Requests on an existing job: only its owner or ops may make them.
+OWNER_REQUESTS = (JobCancelRequested, JobHoldRequested, JobReleaseRequested)
+
+#: What each owner request asks, in a refusal's words.
+_VERB = {"JobCancelRequested": "cancel", "JobHoldRequested": "hold", "JobReleaseRequested": "release"}
 
 #: The role of a principal that may cancel any job (a key registered with ``role="ops"``).
 OPS = "ops"
@@ -170,6 +189,8 @@ DISPATCHER_TYPES = (
     JobPreempted,
     JobRequeued,
     JobCancelled,
+    JobHeld,
+    JobReleased,
     NodeLost,
     NodeDrained,
     NodeRequestRefused,
@@ -288,6 +309,16 @@ def admit(
                 f"min_runtime_s {job.min_runtime_s:g} is above the occupancy window {window_s:g} s, the limit "
                 f"where no budget above {path!r} sets max_min_runtime",
             )
+    default_s, max_s = tree.time_limits_s(path)
+    in_force = time_limit_in_force(tree, job)
+    if max_s is not None and in_force is not None and in_force > max_s:
+        whose = (
+            "its time_limit_s" if job.time_limit_s is not None else f"the default {default_s:g} s of budget {path!r}"
+        )
+        return Rejection(
+            RejectReason.TIME_LIMIT_TOO_LONG,
+            f"time limit {in_force:g} s ({whose}) is above the max_time_limit {max_s:g} s of budget {path!r}",
+        )
     shapes = list(node_shapes)
     # An empty inventory (cold start: no node has registered yet) says nothing about what fits;
     # the job is queued and waits for nodes rather than being refused for good.
@@ -302,25 +333,40 @@ def admit(
     return None
 
 
+def time_limit_in_force(tree: BudgetTree, job: JobSubmitted) -> float | None:
+    """The time limit of ``job``, seconds per run (``D1.job``'s optional ``time_limit_s``): the one home of the
+    rule (``JobQueued.time_limit_s``).
+
+    The submission's ``time_limit_s`` when it gives one, else its budget's (inherited)
+    ``default_time_limit_s``; ``None``: no limit. Admission refuses a limit in force above the budget's
+    ``max_time_limit_s`` (``time_limit_above_max``), so a queued job's limit never exceeds it.
+    """
+    if job.time_limit_s is not None:
+        return job.time_limit_s
+    return tree.time_limits_s(job.budget)[0]
+
+
 def authorize(
-    request: JobSubmitted | JobCancelRequested, signer: Principal | None, owner: str | None = None
+    request: JobSubmitted | JobCancelRequested | JobHoldRequested | JobReleaseRequested,
+    signer: Principal | None,
+    owner: str | None = None,
 ) -> Rejection | None:
     """May this request act in the name of its ``user`` (DESIGN section 10)?
 
     Args:
-        request: a submission or a cancel request.
+        request: a submission, or a cancel, hold or release request (:data:`JOB_REQUESTS`).
         signer: the principal whose registered, unrevoked key made a valid
             signature of the request at its event time
             (:meth:`apportion.identity.KeyRegistry.principal`), or ``None``
             when there is none (unsigned, a bad signature, an unknown or
             revoked key).
-        owner: for a cancel, the user of the job it names (``None`` when the
+        owner: for a cancel, hold or release, the user of the job it names (``None`` when the
             dispatcher knows no such job: there is nothing to protect).
 
     Returns:
         ``None`` when allowed; else ``unauthenticated`` (no signer, or the
         signer is another user than ``request.user``; ops sign as themselves
-        too) or ``not_owner`` (a cancel of another user's job by a principal
+        too) or ``not_owner`` (a cancel, hold or release of another user's job by a principal
         whose role is not ``ops``).
     """
     if signer is None:
@@ -337,10 +383,11 @@ def authorize(
             RejectReason.UNAUTHENTICATED,
             f"signed with a key of {signer.user!r}, not of the user {request.user!r} the request names",
         )
-    if isinstance(request, JobCancelRequested) and owner is not None and owner != signer.user and signer.role != OPS:
+    if isinstance(request, OWNER_REQUESTS) and owner is not None and owner != signer.user and signer.role != OPS:
         return Rejection(
             RejectReason.NOT_OWNER,
-            f"job {request.job_id!r} belongs to {owner!r}; {signer.user!r} may cancel only their own jobs",
+            f"job {request.job_id!r} belongs to {owner!r}; "
+            f"{signer.user!r} may {_VERB[request.type]} only their own jobs",
         )
     return None
 
@@ -357,11 +404,15 @@ def authorize_node_request(
             a bad signature, an unknown or revoked key).
 
     Returns:
-        ``None`` when a key registered with role ``ops`` signed it; else
-        ``unauthenticated``: no signer, a node's or a service's key, or a
-        researcher's key (role ``user``: proven, but not ops).
+        ``None`` when a key registered with role ``ops`` signed it, or for a
+        ``NodeCordoned`` the dispatcher's key (it cordons a node that refused
+        several starts in a row, DESIGN section 3, refused starts; it never
+        drains nor uncordons); else ``unauthenticated``: no signer, a node's or
+        another service's key, or a researcher's key (role ``user``: proven, but not ops).
     """
     what = f"{request.type} of node {request.node_id!r}"
+    if isinstance(request, NodeCordoned) and signer is not None and signer.user == DISPATCHER:
+        return None
     if signer is None:
         return Rejection(
             RejectReason.UNAUTHENTICATED,
@@ -462,7 +513,7 @@ def authorize_report(
 
 
 def refused_request_event(
-    request: JobSubmitted | JobCancelRequested,
+    request: JobSubmitted | JobCancelRequested | JobHoldRequested | JobReleaseRequested,
     rejection: Rejection,
     *,
     budget: str,
@@ -472,7 +523,7 @@ def refused_request_event(
     """The ``JobRejected`` of a refused request (id deterministic in the request's id).
 
     Args:
-        request: the refused submission or cancel request.
+        request: the refused submission, or cancel, hold or release request.
         rejection: what :func:`authorize` returned.
         budget: the submission's budget, or the cancelled job's (``""`` when unknown).
         ts: event time of the decision (aware UTC).

@@ -14,9 +14,9 @@ The tree is immutable: :meth:`BudgetTree.apply` folds a ``BudgetSet``,
 ``BudgetRemoved`` or ``BudgetBatch`` (changes applied together, validated as
 a whole: :meth:`BudgetTree.with_batch`) into a new tree, raising
 :class:`BudgetError` with a machine-readable reason when the change is
-invalid. ``members`` and
-``max_min_runtime_s`` are inherited down the tree: a node that does not set
-them takes its nearest ancestor's (at the root: anyone, no limit).
+invalid. ``members``,
+``max_min_runtime_s``, ``default_time_limit_s`` and ``max_time_limit_s`` are inherited down the tree: a node
+that does not set them takes its nearest ancestor's (at the root: anyone, no limit).
 """
 
 from __future__ import annotations
@@ -85,12 +85,16 @@ class Budget:
         share: fraction of the parent, in (0, 1].
         members: users allowed to charge it, or ``None`` to inherit.
         max_min_runtime_s: largest allowed minimum runtime in seconds, or ``None`` to inherit.
+        default_time_limit_s: time limit of jobs that set none, seconds, or ``None`` to inherit.
+        max_time_limit_s: largest time limit in force allowed, seconds, or ``None`` to inherit.
     """
 
     path: str
     share: float
     members: frozenset[str] | None = None
     max_min_runtime_s: float | None = None
+    default_time_limit_s: float | None = None
+    max_time_limit_s: float | None = None
 
 
 def validate_path(path: str) -> None:
@@ -150,7 +154,7 @@ class BudgetTree:
     reads; derived values are precomputed at construction.
     """
 
-    __slots__ = ("_nodes", "_children", "_abs", "_members", "_max_rt", "_leaves", "version")
+    __slots__ = ("_nodes", "_children", "_abs", "_members", "_max_rt", "_limits", "_leaves", "version")
 
     def __init__(self, nodes: Mapping[str, Budget] | None = None, version: int = 0) -> None:
         self._nodes: dict[str, Budget] = dict(sorted((nodes or {}).items()))
@@ -164,15 +168,22 @@ class BudgetTree:
         abs_share: dict[str, float] = {ROOT: 1.0}
         members: dict[str, frozenset[str] | None] = {ROOT: None}
         max_rt: dict[str, float | None] = {ROOT: None}
+        limits: dict[str, tuple[float | None, float | None]] = {ROOT: (None, None)}
         for p in self._nodes:  # sorted: parents come before children
             b = self._nodes[p]
             par = parent_of(p)
             abs_share[p] = abs_share[par] * b.share
             members[p] = b.members if b.members is not None else members[par]
             max_rt[p] = b.max_min_runtime_s if b.max_min_runtime_s is not None else max_rt[par]
+            d, m = limits[par]
+            limits[p] = (
+                b.default_time_limit_s if b.default_time_limit_s is not None else d,
+                b.max_time_limit_s if b.max_time_limit_s is not None else m,
+            )
         self._abs = abs_share
         self._members = members
         self._max_rt = max_rt
+        self._limits = limits
         self._leaves = tuple(p for p in self._nodes if not self._children[p])
 
     # ------------------------------------------------------------------ construction
@@ -198,7 +209,8 @@ class BudgetTree:
 
     @classmethod
     def from_mapping(cls, spec: Mapping[str, Any]) -> BudgetTree:
-        """Build from ``{path: share}`` or ``{path: {share, members, max_min_runtime_s}}``.
+        """Build from ``{path: share}`` or ``{path: {share, members, max_min_runtime_s, default_time_limit_s,
+        max_time_limit_s}}``.
 
         Paths may come in any order; parents must be present.
 
@@ -214,6 +226,8 @@ class BudgetTree:
                     float(v["share"]),
                     frozenset(v["members"]) if v.get("members") is not None else None,
                     v.get("max_min_runtime_s"),
+                    v.get("default_time_limit_s"),
+                    v.get("max_time_limit_s"),
                 )
             else:
                 b = Budget(path, float(v))
@@ -417,6 +431,10 @@ class BudgetTree:
         """Effective minimum-runtime limit of ``path`` in seconds; ``None`` means no limit."""
         return self._max_rt.get(path)
 
+    def time_limits_s(self, path: str) -> tuple[float | None, float | None]:
+        """Effective ``(default_time_limit_s, max_time_limit_s)`` of ``path`` (inherited); ``None``: none."""
+        return self._limits.get(path, (None, None))
+
     def to_mapping(self) -> dict[str, dict[str, Any]]:
         """Plain dict form (inverse of :meth:`from_mapping`), for YAML/JSON output."""
         out: dict[str, dict[str, Any]] = {}
@@ -426,6 +444,9 @@ class BudgetTree:
                 d["members"] = sorted(b.members)
             if b.max_min_runtime_s is not None:
                 d["max_min_runtime_s"] = b.max_min_runtime_s
+            for name in ("default_time_limit_s", "max_time_limit_s"):
+                if getattr(b, name) is not None:
+                    d[name] = getattr(b, name)
             out[p] = d
         return out
 
@@ -433,7 +454,14 @@ class BudgetTree:
 def budget_of(change: Any) -> Budget:
     """The :class:`Budget` a ``BudgetSet`` (or a batch's ``BudgetSpec``) sets."""
     members = frozenset(change.members) if change.members is not None else None
-    return Budget(change.path, change.share, members, change.max_min_runtime_s)
+    return Budget(
+        change.path,
+        change.share,
+        members,
+        change.max_min_runtime_s,
+        change.default_time_limit_s,
+        change.max_time_limit_s,
+    )
 
 
 def fold_budget_event(tree: BudgetTree, event: Event) -> BudgetTree:

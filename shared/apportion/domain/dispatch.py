@@ -12,6 +12,14 @@ What ``decide`` does per input (DESIGN sections 2 and 3):
 * ``JobSubmitted`` -> admission (``admit``): ``JobQueued`` (attempt 1) or
   ``JobRejected`` with a machine-readable reason; a job id seen before is
   rejected as ``duplicate_job``.
+* ``JobSubmitted`` with ``hold`` -> ``JobQueued`` then ``JobHeld``.
+* ``JobHoldRequested`` of a pending job -> ``JobHeld``: the job stays in its
+  queue (its ``submitted_at`` and place in the order kept) and no cycle
+  places it (:meth:`DispatchState.pending_now`); ``JobReleaseRequested`` of a
+  held job -> ``JobReleased``, and cycles see it again in fair-share order.
+  A hold of a job that is not pending (running, already held) or a release of
+  one that is not held -> ``JobRejected`` of the request (reason ``invalid``);
+  of an ended job too; of a job never seen -> nothing.
 * ``JobCancelRequested`` -> ``JobCancelled``; a running job also gets
   ``StopWorkload`` per replica (its GPUs are free at once). A cancel of a job
   that already ended (within the window) -> ``JobRejected`` of the request
@@ -55,7 +63,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from apportion.domain.admission import NodeShape, Rejection, admit, refused_request_event
+from apportion.domain.admission import NodeShape, Rejection, admit, refused_request_event, time_limit_in_force
 from apportion.domain.budgets import BudgetTree, fold_budget_event
 from apportion.domain.cluster import (
     PROTECTION_UNTIL_DONE_S,
@@ -92,19 +100,26 @@ from apportion.events import (
     JobCancelRequested,
     JobCompleted,
     JobFailed,
+    JobHeld,
+    JobHoldRequested,
     JobLost,
     JobPlaced,
     JobPreempted,
     JobQueued,
     JobRejected,
+    JobReleased,
+    JobReleaseRequested,
     JobRequeued,
+    JobStarted,
     JobSubmitted,
+    NodeCordoned,
     NodeDrained,
     NodeDrainRequested,
     NodeHeartbeat,
     NodeLost,
     NodeUncordoned,
     RejectReason,
+    StartWorkload,
     StopWorkload,
     WorkloadRefused,
     det_id,
@@ -127,8 +142,19 @@ UNDO_ON_REFUSAL = frozenset(
         "unknown_gpus",
         "no_workload",
         "gpus_busy",
+        "no_account",
     }
 )
+
+#: ``WorkloadRefused`` codes that say the node cannot run what it was given (its GPUs are held by something else, or
+#: it does not have them): only these count toward cordoning it (``DispatchConfig.cordon_after_refusals``). The
+#: other codes of :data:`UNDO_ON_REFUSAL` are not the node's doing: a command from before its latest registration
+#: (the agent restarted), an expired one, a run it already lost, a token problem, a node it does not host, a job
+#: without workload.
+NODE_FAULT_REFUSALS = frozenset({"gpus_busy", "unknown_gpus"})
+
+#: How the reason of a ``JobRequeued`` that undid a refused start begins; the refusal's code follows.
+REFUSED_START = "start refused: "
 
 #: Kinds of the dispatcher's own events of one instant in the order :func:`decide` makes them: a tick's
 #: maintenance (nodes lost, then their runs lost, then requeues and the other job verdicts), then its
@@ -141,7 +167,7 @@ UNDO_ON_REFUSAL = frozenset(
 EMIT_ORDER: tuple[tuple[str, ...], ...] = (
     ("NodeLost",),
     ("JobLost",),
-    ("JobRequeued", "JobQueued", "JobRejected", "JobCancelled", "JobFailed"),
+    ("JobRequeued", "JobQueued", "JobHeld", "JobReleased", "JobRejected", "JobCancelled", "JobFailed"),
     ("JobPreempted",),
     ("StopWorkload",),
     ("NodeDrained",),
@@ -171,12 +197,33 @@ __all__ = [
     "heartbeat_deadline_us",
     "wakeups",
     "admit_submission",
+    "hold_events",
+    "held_event",
+    "hold_answered",
+    "with_job_settings",
+    "Backoff",
+    "refusal_backoff_s",
+    "undo_refused_start",
+    "DEFAULT_REFUSAL_BACKOFF_S",
+    "DEFAULT_REFUSAL_BACKOFF_CAP_S",
+    "DEFAULT_CORDON_AFTER_REFUSALS",
+    "NODE_FAULT_REFUSALS",
 ]
 
 
 DEFAULT_HEARTBEAT_TIMEOUT_S: float = 30.0
 """Default ``heartbeat_timeout``, seconds of event time without a heartbeat before a node is lost
 (DESIGN section 3). Its one home: the dispatcher's settings and the local stack read it."""
+
+
+DEFAULT_REFUSAL_BACKOFF_S: float = 30.0
+"""Default ``DispatchConfig.refusal_backoff_s``: the wait after a job's first refused start, event seconds."""
+
+DEFAULT_REFUSAL_BACKOFF_CAP_S: float = 900.0
+"""Default ``DispatchConfig.refusal_backoff_cap_s``: the longest wait after refused starts (15 minutes)."""
+
+DEFAULT_CORDON_AFTER_REFUSALS: int = 3
+"""Default ``DispatchConfig.cordon_after_refusals``: refused starts in a row after which a node is cordoned."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +248,13 @@ class DispatchConfig:
             listed by as many but unknown there is stopped; ``None`` disables
             it (simulations whose heartbeats list nothing). The dispatcher
             service runs with 2.
+        refusal_backoff_s: a job whose start a node refused waits this long before a cycle
+            may place it again, doubled for each further refusal of the job
+            (:func:`refusal_backoff_s`); 0 turns the backoff off.
+        refusal_backoff_cap_s: the longest such wait.
+        cordon_after_refusals: a node that refuses this many starts in a row (no
+            ``JobStarted`` of it in between) is cordoned by the dispatcher with
+            the refusal as its reason; ``None`` never cordons.
         scheduler: the cycle function ``(snapshot, now_us, engine_config) ->
             events``; ``None`` is the engine's :func:`engine.run_cycle` (the simulator's
             baselines swap it). A function with the attribute
@@ -216,6 +270,9 @@ class DispatchConfig:
     heartbeat_timeout_s: float | None = DEFAULT_HEARTBEAT_TIMEOUT_S
     producer: str = "dispatcher"
     reconcile_misses: int | None = None
+    refusal_backoff_s: float = DEFAULT_REFUSAL_BACKOFF_S
+    refusal_backoff_cap_s: float = DEFAULT_REFUSAL_BACKOFF_CAP_S
+    cordon_after_refusals: int | None = DEFAULT_CORDON_AFTER_REFUSALS
     scheduler: Callable[[CycleSnapshot, Micros, EngineConfig], list[Event]] | None = None
 
 
@@ -262,6 +319,25 @@ class _Stopping:
     completed_by: Micros | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """A job's refused starts (DESIGN section 3, refused starts), from its latest refused ``JobRequeued``.
+
+    Attributes:
+        refusals: starts of the job refused so far.
+        not_before_us: no cycle places the job before this time, µs (``None``: no backoff).
+        node_id: the node that refused the latest start.
+        reason: the requeue's reason, :data:`REFUSED_START` and the refusal's code.
+        budget: the job's leaf (its pending list).
+    """
+
+    refusals: int
+    not_before_us: Micros | None
+    node_id: str
+    reason: str
+    budget: str
+
+
 class DispatchState:
     """Queue, budgets, nodes and runs as the dispatcher sees them (a fold of events).
 
@@ -287,6 +363,12 @@ class DispatchState:
         heartbeats_from_us: heartbeat timeouts count from this event time at the earliest, µs
             (``DispatcherConfigured.heartbeats_from``, the latest folded; ``None``: no grace). See
             :func:`heartbeat_deadline_us`.
+        backoff: job id -> its refused starts and backoff (:class:`Backoff`), while the job is active.
+        held: job id -> its ``JobHeld``, for pending jobs on hold (until ``JobReleased`` or the job ends):
+            they stay in ``pending`` and no cycle sees them (:meth:`pending_now`).
+        node_refusals: node id -> starts it refused in a row for a fault of its own
+            (:data:`NODE_FAULT_REFUSALS`, undone by a refused ``JobRequeued``; a ``JobStarted`` of the
+            node or its ``NodeUncordoned`` resets it).
     """
 
     __slots__ = (
@@ -304,6 +386,9 @@ class DispatchState:
         "clock_us",
         "stale",
         "heartbeats_from_us",
+        "backoff",
+        "held",
+        "node_refusals",
         "window_us",
         "_kept",
         "_ledger_on",
@@ -328,6 +413,9 @@ class DispatchState:
         self.clock_us: Micros | None = None
         self.stale = 0
         self.heartbeats_from_us: Micros | None = None
+        self.backoff: dict[str, Backoff] = {}
+        self.held: dict[str, JobHeld] = {}
+        self.node_refusals: dict[str, int] = {}
         self.window_us = s_to_us(window_s)
         self._kept = 0  # size of ``seen`` after the last forget_old
         self._ledger_on = True
@@ -347,6 +435,7 @@ class DispatchState:
 
     def __setstate__(self, st: dict[str, Any]) -> None:
         self.heartbeats_from_us = None
+        self.backoff, self.node_refusals, self.held = {}, {}, {}
         for k, v in st.items():
             setattr(self, k, v)
         self._shapes, self._memo, self._victims, self._free = None, CycleMemo(), None, None
@@ -373,6 +462,8 @@ class DispatchState:
         other.absences = Absences()  # a scratch cycle folds no heartbeats
         other.clock_us, other.stale, other.window_us, other._kept = self.clock_us, 0, self.window_us, 0
         other.heartbeats_from_us = self.heartbeats_from_us
+        other.backoff, other.node_refusals = dict(self.backoff), dict(self.node_refusals)
+        other.held = dict(self.held)
         other._shapes = None
         other._memo = self._memo  # entries are keyed by list identity: safe to share
         other._victims = None  # a scratch cycle indexes its own runs and nodes
@@ -390,7 +481,7 @@ class DispatchState:
         cycle (built on first use).
         """
         t = max(now_us, self.ledger.clock or now_us)
-        pending = dict(self.pending)
+        pending = self.pending_now(now_us)
         memo = self._memo
         if len(memo) > 2 * len(pending) + 16:  # keep only entries of the current lists
             cur = {id(lst) for lst in pending.values()}
@@ -411,6 +502,37 @@ class DispatchState:
             victims=victims,
             free=free,
         )
+
+    def pending_now(self, now_us: Micros) -> dict[str, list[PendingJob]]:
+        """The pending lists a cycle at ``now_us`` may place from: jobs on hold (:attr:`held`) and jobs
+        backing off after a refused start (:attr:`backoff`, ``not_before_us > now_us``) are left out, until
+        released or their backoff ends."""
+        pending = dict(self.pending)
+        waiting: dict[str, set[str]] = {}
+        for job_id in self.held:
+            rec = self.jobs.get(job_id)
+            if rec is not None:
+                waiting.setdefault(rec.spec.budget, set()).add(job_id)
+        for job_id, b in self.backoff.items():
+            if b.not_before_us is not None and b.not_before_us > now_us:
+                rec = self.jobs.get(job_id)
+                if rec is not None and rec.status == "pending":
+                    waiting.setdefault(b.budget, set()).add(job_id)
+        for budget, ids in waiting.items():
+            lst = [j for j in pending.get(budget, ()) if j.job_id not in ids]
+            if lst:
+                pending[budget] = lst
+            else:
+                pending.pop(budget, None)
+        return pending
+
+    def backoff_until(self, job_id: str, now_us: Micros) -> Backoff | None:
+        """The backoff that keeps pending job ``job_id`` out of a cycle at ``now_us``, or ``None``."""
+        b = self.backoff.get(job_id)
+        rec = self.jobs.get(job_id)
+        if b is None or b.not_before_us is None or b.not_before_us <= now_us or rec is None:
+            return None
+        return b if rec.status == "pending" else None
 
     def is_stale(self, ev: Event) -> bool:
         """True when ``ev`` is older than the window: its time is before the latest folded minus W.
@@ -607,6 +729,7 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         rec = jobs.get(ev.job_id)
         if rec is not None and rec.status == "pending" and rec.attempt == ev.attempt:
             state._dequeue(rec.spec.job_id)
+            state.held.pop(rec.spec.job_id, None)
             jobs[rec.spec.job_id] = JobRecord(rec.spec, rec.attempt, "running", rec.submitted_at_us, rec.queued_at_us)
             vics = frozenset(
                 (v.job_id, v.attempt) for v in ev.decision.victims if (v.job_id, v.attempt) in state.stopping
@@ -631,6 +754,11 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
     elif isinstance(ev, JobRequeued):
         rec = jobs.get(ev.job_id)
         _stop_done(state, (ev.job_id, ev.attempt - 1))
+        if rec is not None and ev.refused_by is not None:
+            until = None if ev.not_before is None else to_us(ev.not_before)
+            state.backoff[ev.job_id] = Backoff(ev.refusals, until, ev.refused_by, ev.reason, rec.spec.budget)
+            if ev.reason.removeprefix(REFUSED_START) in NODE_FAULT_REFUSALS:
+                state.node_refusals[ev.refused_by] = state.node_refusals.get(ev.refused_by, 0) + 1
         if rec is not None:
             t = to_us(ev.ts)
             sub = to_us(ev.submitted_at)
@@ -662,6 +790,7 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
                 state.cluster.finish(key)
                 del jobs[ev.job_id]
                 state.finished[ev.job_id] = t_ev
+                state.backoff.pop(ev.job_id, None)
         else:
             rec = jobs.get(ev.job_id)
             if (
@@ -673,15 +802,24 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
                 del jobs[ev.job_id]
                 state.finished[ev.job_id] = t_ev
                 state.awaiting.pop(key, None)
+                state.backoff.pop(ev.job_id, None)
+    elif isinstance(ev, JobHeld):
+        rec = jobs.get(ev.job_id)
+        if rec is not None and rec.status == "pending":
+            state.held[ev.job_id] = ev
+    elif isinstance(ev, JobReleased):
+        state.held.pop(ev.job_id, None)
     elif isinstance(ev, JobCancelled):
         rec = jobs.get(ev.job_id)
         if rec is not None:
+            state.held.pop(ev.job_id, None)
             if rec.status == "pending":
                 state._dequeue(ev.job_id)
             _stop_done(state, (ev.job_id, rec.attempt))
             state.awaiting.pop((ev.job_id, rec.attempt), None)
             del jobs[ev.job_id]
             state.finished[ev.job_id] = t_ev
+            state.backoff.pop(ev.job_id, None)
     elif isinstance(ev, JobRejected) and ev.request == "JobSubmitted":
         state.finished[ev.job_id] = t_ev  # a refused cancel leaves the job as it was
     elif isinstance(ev, JobLost):
@@ -697,10 +835,14 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
                 state.stopping[key] = _Stopping(to_us(ev.ts), run.open_replicas, True, plus_grace=True)
             else:
                 jobs[ev.job_id] = replace(rec, status="lost")
+    elif isinstance(ev, JobStarted):
+        state.node_refusals.pop(ev.node_id, None)  # a start there: its refusals are no longer in a row
     elif isinstance(ev, NodeDrainRequested):
         state.draining.add(ev.node_id)
     elif isinstance(ev, (NodeDrained, NodeLost, NodeUncordoned)):
         state.draining.discard(ev.node_id)
+        if isinstance(ev, NodeUncordoned):
+            state.node_refusals.pop(ev.node_id, None)
     elif isinstance(ev, (BudgetSet, BudgetRemoved, BudgetBatch)):
         state.tree = fold_budget_event(state.tree, ev)
     elif isinstance(ev, DispatcherConfigured) and ev.heartbeats_from is not None:
@@ -791,7 +933,7 @@ def decide(
                     message=msg,
                 )
             ]
-        return [
+        queued: list[Event] = [
             JobQueued(
                 event_id=det_id("JobQueued", job.job_id, 1),
                 ts=ts,
@@ -809,8 +951,15 @@ def decide(
                 submitted_at=job.submitted_at,
                 attempt=1,
                 checkpoint_interval_s=job.checkpoint_every_s,
+                env=job.env,
+                time_limit_s=time_limit_in_force(state.tree, job),
             )
         ]
+        if job.hold:
+            queued.append(held_event(job.job_id, job.user, "submitted held", job.event_id, ts, prod))
+        return queued
+    if isinstance(inp, (JobHoldRequested, JobReleaseRequested)):
+        return hold_events(state, inp, ts, prod)
     if isinstance(inp, JobCancelRequested):
         rec = state.jobs.get(inp.job_id)
         if rec is None:
@@ -872,12 +1021,69 @@ def decide(
     if isinstance(inp, JobLost) and inp.producer != prod:
         return requeue_lost_run(state, inp, ts, prod, grace)
     if isinstance(inp, WorkloadRefused):
-        return undo_refused_start(state, inp, ts, prod)
+        return undo_refused_start(state, inp, ts, prod, cfg)
     if isinstance(inp, NodeLost):
         return _node_lost(state, inp.node_id, to_us(inp.last_heartbeat), ts, prod, emit_lost=None, grace_s=grace)
     if isinstance(inp, NodeHeartbeat) and cfg.reconcile_misses is not None:
         return reconcile_events(state, inp, ts, prod, cfg.reconcile_misses, grace)
     return out
+
+
+def held_event(job_id: str, by: str, reason: str, request_id: Any, ts: Any, prod: str) -> JobHeld:
+    """``JobHeld`` of ``job_id`` answering the request ``request_id`` (id deterministic in the request)."""
+    return JobHeld(
+        event_id=det_id("JobHeld", job_id, request_id),
+        ts=ts,
+        producer=prod,
+        job_id=job_id,
+        by=by,
+        reason=reason,
+        request_id=request_id,
+    )
+
+
+def hold_events(state: DispatchState, req: JobHoldRequested | JobReleaseRequested, ts: Any, prod: str) -> list[Event]:
+    """The answer to a hold or release request (module docstring): ``JobHeld``, ``JobReleased`` or the
+    request's ``JobRejected`` (reason ``invalid``, the job's state named); nothing for a job never seen."""
+    rec = state.jobs.get(req.job_id)
+    hold = isinstance(req, JobHoldRequested)
+    verb = "hold" if hold else "release"
+    why: str | None = None
+    if rec is None:
+        if req.job_id not in state.finished:
+            return []
+        why = f"job {req.job_id!r} already finished: nothing to {verb}"
+    elif hold and req.job_id in state.held:
+        why = f"job {req.job_id!r} is already held"
+    elif hold and rec.status != "pending":
+        why = f"job {req.job_id!r} is {rec.status}: only a pending job can be held (cancel stops a running one)"
+    elif not hold and req.job_id not in state.held:
+        why = f"job {req.job_id!r} is not held: nothing to release"
+    if why is not None:
+        budget = rec.spec.budget if rec is not None else ""
+        return [refused_request_event(req, Rejection(RejectReason.INVALID, why), budget=budget, ts=ts, producer=prod)]
+    reason = req.reason or ("held" if hold else "released")
+    if hold:
+        return [held_event(req.job_id, req.user, reason, req.event_id, ts, prod)]
+    return [
+        JobReleased(
+            event_id=det_id("JobReleased", req.job_id, req.event_id),
+            ts=ts,
+            producer=prod,
+            job_id=req.job_id,
+            by=req.user,
+            reason=reason,
+            request_id=req.event_id,
+        )
+    ]
+
+
+def hold_answered(state: DispatchState, req: JobHoldRequested | JobReleaseRequested) -> bool:
+    """Whether ``state`` has folded the answer to a hold or release request (its ``JobHeld``, ``JobReleased``
+    or ``JobRejected``, ids deterministic in the request): a rebuild decides only the others."""
+    kind = "JobHeld" if isinstance(req, JobHoldRequested) else "JobReleased"
+    ids = (det_id(kind, req.job_id, req.event_id), det_id("JobRejected", req.job_id, req.event_id))
+    return any(i in state.seen for i in ids)
 
 
 def step(state: DispatchState, inp: Event | Tick, now_us: Micros, config: DispatchConfig | None = None) -> list[Event]:
@@ -909,9 +1115,24 @@ def _cycle(state: DispatchState, now_us: Micros, config: DispatchConfig | None =
     fn = cfg.scheduler
     if fn is None:
         # the engine reads the snapshot during the call only and never writes: no copies needed
-        return run_cycle(state.cycle_snapshot(now_us, copy=False), now_us, cfg.engine).events
+        return with_job_settings(state, run_cycle(state.cycle_snapshot(now_us, copy=False), now_us, cfg.engine).events)
     view = getattr(fn, "reads_snapshot_only", False) is True
-    return fn(state.cycle_snapshot(now_us, copy=not view), now_us, cfg.engine)
+    return with_job_settings(state, fn(state.cycle_snapshot(now_us, copy=not view), now_us, cfg.engine))
+
+
+def with_job_settings(state: DispatchState, out: list[Event]) -> list[Event]:
+    """``out`` with each ``StartWorkload`` carrying its job's settings for the node agent: the submission's
+    ``env`` and the time limit in force (``JobQueued.env``, ``JobQueued.time_limit_s``). Events of jobs
+    without settings pass as they are (no copy)."""
+    res = out
+    for i, e in enumerate(out):
+        if type(e) is StartWorkload:
+            rec = state.jobs.get(e.job_id)
+            if rec is not None and (rec.spec.env or rec.spec.time_limit_s is not None):
+                if res is out:
+                    res = list(out)
+                res[i] = e.model_copy(update={"env": dict(rec.spec.env or {}), "time_limit_s": rec.spec.time_limit_s})
+    return res
 
 
 def maintenance(state: DispatchState, now_us: Micros, config: DispatchConfig | None = None) -> list[Event]:
@@ -1012,9 +1233,10 @@ def _start_waiting(
                         prod,
                         progress_s=run.resumed_from_s,
                         checkpoint_interval_s=prec.spec.checkpoint_interval_s,
+                        user=prec.spec.user,
                     )
                 )
-    return out
+    return with_job_settings(state, out)
 
 
 def _drain(
@@ -1209,15 +1431,39 @@ def requeue_lost_run(state: DispatchState, ev: JobLost, ts: Any, prod: str, grac
     ]
 
 
-def undo_refused_start(state: DispatchState, ev: WorkloadRefused, ts: Any, prod: str) -> list[Event]:
+def refusal_backoff_s(refusals: int, config: DispatchConfig | None = None) -> float:
+    """Seconds a job waits after its ``refusals``-th refused start (DESIGN section 3, refused starts).
+
+    ``refusal_backoff_s x 2^(refusals - 1)``, capped at ``refusal_backoff_cap_s``: with the defaults
+    30 s, 60 s, 120 s, 240 s, 480 s, then 900 s from the sixth refusal on. 0 when the backoff is off or nothing was refused.
+    """
+    cfg = config or DispatchConfig()
+    if refusals <= 0 or cfg.refusal_backoff_s <= 0:
+        return 0.0
+    return float(min(cfg.refusal_backoff_s * 2.0 ** min(refusals - 1, 64), cfg.refusal_backoff_cap_s))
+
+
+def undo_refused_start(
+    state: DispatchState, ev: WorkloadRefused, ts: Any, prod: str, config: DispatchConfig | None = None
+) -> list[Event]:
     """A node agent refused to start a replica of a placed run: undo the placement and requeue.
 
     Only for refusals after which the start will never happen (:data:`UNDO_ON_REFUSAL`), and
     only while the refused attempt is the job's current, running one (a refusal of an old
     attempt, or of a run already stopping, changes nothing). The other replicas are stopped at
     once (grace 0: they never ran as a gang) and ``JobRequeued`` (keeping ``submitted_at``)
-    frees the run's GPUs.
+    frees the run's GPUs. DESIGN section 3, refused starts:
+
+    * the requeue records the refusal (``refused_by``, ``refused_at``): the run's occupancy ends
+      at the refusal's event time in every reader (``D3.refused-starts``,
+      :func:`apportion.domain.occupancy.requeued_end_us`);
+    * the job backs off: ``not_before`` is :func:`refusal_backoff_s` of its refusals so far after
+      the decision, and no cycle places it before then (:meth:`DispatchState.pending_now`);
+    * a ready node that has now refused ``cordon_after_refusals`` starts in a row for a fault of
+      its own (:data:`NODE_FAULT_REFUSALS`; :attr:`DispatchState.node_refusals`) is cordoned:
+      ``NodeCordoned`` by the dispatcher, the refusal as its reason.
     """
+    cfg = config or DispatchConfig()
     code = ev.reason.split(":", 1)[0].strip()
     rec = state.jobs.get(ev.job_id)
     run = state.cluster.runs.get((ev.job_id, ev.attempt))
@@ -1232,7 +1478,40 @@ def undo_refused_start(state: DispatchState, ev: WorkloadRefused, ts: Any, prod:
         for r in sorted(run.open_replicas)
         if run.placements[r].node_id != ev.node_id
     ]
-    out.append(requeue_event(rec, ev.attempt, ts, prod, f"start refused: {code}"))
+    prior = state.backoff.get(ev.job_id)
+    refusals = (prior.refusals if prior is not None else 0) + 1
+    wait_s = refusal_backoff_s(refusals, cfg)
+    requeue = requeue_event(rec, ev.attempt, ts, prod, REFUSED_START + code)
+    out.append(
+        requeue.model_copy(
+            update={
+                "refused_by": ev.node_id,
+                "refused_at": min(ev.ts, ts),
+                "refusals": refusals,
+                "not_before": from_us(to_us(ts) + s_to_us(wait_s)) if wait_s > 0 else None,
+            }
+        )
+    )
+    in_a_row = state.node_refusals.get(ev.node_id, 0) + 1
+    node = state.cluster.nodes.get(ev.node_id)
+    limit = cfg.cordon_after_refusals
+    if (
+        limit is not None
+        and code in NODE_FAULT_REFUSALS
+        and in_a_row >= limit
+        and node is not None
+        and node.state == "ready"
+    ):
+        out.append(
+            NodeCordoned(
+                event_id=det_id("NodeCordoned", ev.node_id, "refused", ev.event_id),
+                ts=ts,
+                producer=prod,
+                node_id=ev.node_id,
+                reason=f"refused {in_a_row} starts in a row, the last {ev.job_id}#{ev.attempt}: {ev.reason}",
+                by=prod,
+            )
+        )
     return out
 
 
@@ -1242,7 +1521,7 @@ def wakeups(ev: Event, config: DispatchConfig | None = None) -> list[Micros]:
     For drivers that tick on demand (the simulator): protection expiry of a
     placed allocated run (its recorded protection, :func:`placed_protection_us`),
     end of the grace period of a preemption or of a lost gang's survivors,
-    ``reservation_after`` of a queued job, heartbeat deadline of a node.
+    ``reservation_after`` of a queued job, the end of a refused job's backoff, heartbeat deadline of a node.
     """
     cfg = config or DispatchConfig()
     t = to_us(ev.ts)
@@ -1253,6 +1532,8 @@ def wakeups(ev: Event, config: DispatchConfig | None = None) -> list[Micros]:
         return [t + s_to_us(ev.grace_s)]
     if isinstance(ev, JobLost):  # a gang's surviving replicas stop within the grace period
         return [t + s_to_us(cfg.engine.grace_s)]
+    if isinstance(ev, JobRequeued) and ev.not_before is not None:  # the refusal backoff ends: it may be placed
+        return [t + s_to_us(cfg.engine.reservation_after_s), to_us(ev.not_before)]
     if isinstance(ev, (JobQueued, JobRequeued)):
         return [t + s_to_us(cfg.engine.reservation_after_s)]
     if isinstance(ev, NodeHeartbeat) and cfg.heartbeat_timeout_s is not None:

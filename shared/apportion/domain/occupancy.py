@@ -50,7 +50,14 @@ Event semantics (the fold contract):
 * The run, or one replica, ends at the event's ``ts`` on ``JobCompleted`` /
   ``JobFailed`` (``replica`` set: that replica only; ``None``: all remaining
   replicas), ``JobPreempted``, ``JobCancelled`` (with an ``attempt``).
-  ``JobRequeued`` is not an end (the end was an earlier event).
+* ``JobRequeued`` (attempt a) ends every replica of run ``(job_id, a - 1)``
+  still open, at ``refused_at`` when the requeue undid a refused start, else
+  at its ``ts`` (``D3.refused-starts``, ``docs/design/README.md``). After a
+  preemption or a loss the run already ended earlier, and that end stands;
+  after a ``WorkloadRefused`` the requeue is the run's only end, so a refused
+  start is charged from its placement up to the refusal's event time and no
+  further, in every reader that folds the log (the dispatcher's state, the
+  accounting, the audit, the simulator).
 * ``JobLost`` ends the whole run at ``charged_until`` (the node's last
   heartbeat, DESIGN section 3), clamped into [run start, its own time]. The change
   is applied retroactively: breakpoints after ``charged_until`` are corrected.
@@ -109,12 +116,13 @@ from apportion.events import (
     JobLost,
     JobPlaced,
     JobPreempted,
+    JobRequeued,
     NodeLost,
     NodeRegistered,
 )
 from apportion.timeutil import US_PER_S, WEEK_S, Micros, s_to_us, to_us
 
-__all__ = ["OccupancyLedger", "rebuild", "LEDGER_EVENT_TYPES"]
+__all__ = ["OccupancyLedger", "rebuild", "LEDGER_EVENT_TYPES", "requeued_end_us"]
 
 # pragma: any value below every event time is the same sentinel (`2 << 62`, `1 << 63`, `1 >> 62` = 0: event times
 # are µs since 1970 and positive), so its mutants are equivalent
@@ -129,9 +137,21 @@ LEDGER_EVENT_TYPES: tuple[type[Event], ...] = (
     JobPreempted,
     JobCancelled,
     JobLost,
+    JobRequeued,
     *NODE_EVENT_TYPES,
 )
 _FOLDED = frozenset(LEDGER_EVENT_TYPES)
+
+
+def requeued_end_us(ev: JobRequeued) -> Micros:
+    """``D3.refused-starts`` (DESIGN section 3): when a requeue ends the previous attempt's run, µs.
+
+    A start a node refused ends its run at the refusal's event time (``refused_at``), never later: the run is
+    charged from its placement up to then and no further. Any other requeue ends the run at its own time, which
+    only ever confirms an earlier end (the preemption or the loss that stopped it). The ledger folds this; every
+    occupancy reader folds the ledger.
+    """
+    return to_us(ev.ts if ev.refused_at is None else min(ev.refused_at, ev.ts))
 
 
 class _Series:
@@ -353,7 +373,7 @@ class OccupancyLedger:
                 docstring change the ledger.
         """
         if type(event) not in _FOLDED:
-            return  # JobStarted, JobRequeued, heartbeats, ...: not occupancy facts
+            return  # JobStarted, WorkloadRefused, heartbeats, ...: not occupancy facts
         now = to_us(event.ts)
         clock = self.clock
         if clock is None or now > clock:
@@ -377,6 +397,8 @@ class OccupancyLedger:
             if run is not None:
                 x = min(max(to_us(event.charged_until), run.start), now)
                 self._end(event.job_id, event.attempt, None, x)
+        elif isinstance(event, JobRequeued):
+            self._end(event.job_id, event.attempt - 1, None, min(requeued_end_us(event), now))
         elif isinstance(event, NODE_EVENT_TYPES):
             self._node_event(event, now)
 

@@ -42,6 +42,7 @@ def start_events(
     *,
     progress_s: float = 0.0,
     checkpoint_interval_s: float | None = None,
+    user: str | None = None,
 ) -> list[Event]:
     """``StartWorkload`` for every replica of a run (ids by :func:`det_id`).
 
@@ -50,7 +51,8 @@ def start_events(
     interval in force, seconds (``JobQueued.checkpoint_interval_s``, i.e.
     :func:`~apportion.events.checkpoint_interval_of`), ``None`` when it does not checkpoint. A simulated
     workload runs ``duration_s - progress_s`` and checkpoints at each multiple of the interval
-    (``docs/checkpoints.md``).
+    (``docs/checkpoints.md``). ``user``: the job's proven user, for a command the node agent runs as that user's
+    account (``docs/security.md``, "Node boundary"); a simulated workload names none.
     """
     return [
         StartWorkload(
@@ -66,6 +68,7 @@ def start_events(
             duration_s=duration_s,
             progress_s=progress_s,
             checkpoint_interval_s=checkpoint_interval_s,
+            user=user if command is not None else None,
         )
         for i, p in enumerate(placements)
     ]
@@ -85,6 +88,7 @@ def pending_start_events(job: PendingJob, placements: Sequence[Placement], ts: A
         producer,
         progress_s=job.progress_s,
         checkpoint_interval_s=job.checkpoint_interval_s,
+        user=job.user,
     )
 
 

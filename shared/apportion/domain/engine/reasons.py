@@ -67,11 +67,13 @@ __all__ = [
     "BudgetAhead",
     "BudgetUnknown",
     "CheckpointSoon",
+    "Held",
     "NoFreeGpus",
     "NoNodeShape",
     "Patience",
     "PendingReason",
     "ProtectedUntil",
+    "RefusedBackoff",
     "ReservedBy",
     "explain_pending",
     "reason_dict",
@@ -280,8 +282,67 @@ class CheckpointSoon:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class RefusedBackoff:
+    """A node refused the job's latest start: it backs off before a cycle may place it again (DESIGN section 3,
+    refused starts). Not a cycle's judgement: the dispatcher leaves the job out of its cycles until ``until_us``
+    (``domain.dispatch.DispatchState.pending_now``), and says so ahead of anything a cycle would say.
+
+    Attributes:
+        node_id: the node that refused the start; ``refusal``: the requeue's reason (``start refused: <code>``).
+        refusals: starts of the job refused so far.
+        until_us: when the backoff ends and a cycle may place it again, µs UTC.
+    """
+
+    kind: ClassVar[str] = "refused_backoff"
+    node_id: str
+    refusal: str
+    refusals: int
+    until_us: Micros
+
+    def text(self) -> str:
+        """One line for people, ``kind: facts``."""
+        return (
+            f"{self.kind}: node {self.node_id} refused its start ({self.refusal}; {self.refusals} refused so far); "
+            f"it may be placed again from {from_us(self.until_us).isoformat()}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """The job is on hold (``apportion hold``, ``submit --hold``): it keeps its place in its budget's queue
+    order, and no cycle places it until it is released. Not a cycle's judgement: the dispatcher leaves held
+    jobs out of its cycles (``domain.dispatch.DispatchState.pending_now``) and says so ahead of anything else.
+
+    Attributes:
+        by: the user who held it; ``note``: the hold's reason.
+        since_us: when it was held, µs UTC.
+    """
+
+    kind: ClassVar[str] = "held"
+    by: str
+    note: str
+    since_us: Micros
+
+    def text(self) -> str:
+        """One line for people, ``kind: facts``."""
+        return (
+            f"{self.kind}: held by {self.by} at {from_us(self.since_us).isoformat()} ({self.note}); "
+            "never placed until released (apportion release JOB)"
+        )
+
+
 PendingReason = (
-    BudgetUnknown | NoNodeShape | ReservedBy | NoFreeGpus | BudgetAhead | ProtectedUntil | Patience | CheckpointSoon
+    BudgetUnknown
+    | NoNodeShape
+    | ReservedBy
+    | NoFreeGpus
+    | BudgetAhead
+    | ProtectedUntil
+    | Patience
+    | CheckpointSoon
+    | RefusedBackoff
+    | Held
 )
 """One reason a job is pending (the ``kind`` of each class is stable for scripts)."""
 
@@ -291,8 +352,8 @@ def reason_dict(reason: PendingReason) -> dict[str, object]:
     out: dict[str, object] = {"kind": reason.kind, "text": reason.text()}
     for f in fields(reason):
         v = getattr(reason, f.name)
-        if f.name == "until_us":
-            out["until"] = from_us(v).isoformat() if v is not None else None
+        if f.name in ("until_us", "since_us"):
+            out[f.name.removesuffix("_us")] = from_us(v).isoformat() if v is not None else None
         else:
             out[f.name] = list(v) if isinstance(v, tuple) else v
     return out

@@ -1,0 +1,635 @@
+"""The node boundary: each process replica runs as its user, with a clean environment, in a cgroup of its own.
+
+A real workload is untrusted code (DESIGN sections 5 and 10; ``docs/security.md``, "Node boundary"). For
+each process replica the agent:
+
+* resolves the Unix account of the job's proven user (:class:`Accounts`: the same name, or the one the
+  ops' account map names); none, uid or gid 0, or the agent's own account: the start is refused
+  (``no_account``, rule 10a of :mod:`services.node_agent.logic`), never run as the agent;
+* gives it only the documented environment (:data:`services.node_agent.logic.JOB_ENV_ALLOWED` and the
+  job's own ``env``: :meth:`services.node_agent.logic.Workload.process_env`);
+* creates its checkpoint and output directories owned by that account, mode 0700 (:func:`own_dir`);
+* creates its cgroup (:class:`CgroupV1` where the node mounts the v1 controllers, :class:`CgroupV2` on a
+  pure v2 hierarchy: :func:`cgroups`) with a memory limit, CPU weight and process limit from the node
+  settings (:class:`Limits`) and device access to its own GPUs' device files, the shared NVIDIA control
+  devices present and the usual pseudo devices only (:func:`device_rules`: v1 ``devices.allow``, v2 a BPF
+  program, :mod:`services.node_agent.devfilter`);
+* places the child in that cgroup, then drops to the account (supplementary groups, gid, uid; umask 077),
+  in the child between fork and exec (:func:`child_setup`), inside a new session;
+* on a stop signals every process of the cgroup, and when the replica ends kills whatever is left of it
+  (v1: freeze, SIGKILL each, thaw; v2: ``cgroup.kill``), reads whether the OOM killer struck (reported
+  ``oom``), and removes the cgroup.
+
+The agent's own files (node keys, the Kafka password file, the keyring, the stack.env, its state
+directory and journal) are made unreadable to others when it starts (:func:`protect_agent_files`).
+
+Where the kernel refuses a v2 device program (no BPF, no privilege) the agent says so at start: fence the
+devices with the NVIDIA container runtime or systemd's ``DevicePolicy=closed`` there.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import pwd
+import signal
+import stat
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from services.node_agent import devfilter
+from services.node_agent.logic import Account, RunKey, job_dir_name
+
+log = logging.getLogger("apportion.node_agent")
+
+# --------------------------------------------------------------------------- accounts
+
+
+class Accounts:
+    """Which Unix account runs a job of a proven user.
+
+    Args:
+        account_map: user -> account name, for users whose account is not named as they are (the ops'
+            account map file, :meth:`read_map`); any other user runs as the account of the same name.
+        agent_uid: the agent's own uid: never given to a job.
+    """
+
+    def __init__(self, account_map: Mapping[str, str] | None = None, agent_uid: int | None = None) -> None:
+        self.account_map = dict(account_map or {})
+        self.agent_uid = os.geteuid() if agent_uid is None else agent_uid
+
+    @staticmethod
+    def read_map(path: Path) -> dict[str, str]:
+        """The account map in ``path``: one ``<user> <account>`` per line; blank lines and ``#`` comments skipped.
+
+        Raises:
+            OSError: the file cannot be read.
+            ValueError: a line is not two names, or a user is mapped twice (line number in the message).
+        """
+        out: dict[str, str] = {}
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            words = line.split("#", 1)[0].split()
+            if not words:
+                continue
+            if len(words) != 2:
+                raise ValueError(f"{path}:{n}: expected '<user> <account>', got {line.strip()!r}")
+            if words[0] in out:
+                raise ValueError(f"{path}:{n}: user {words[0]!r} is mapped twice")
+            out[words[0]] = words[1]
+        return out
+
+    def resolve(self, user: str | None) -> Account | str:
+        """The account of ``user``, or why there is none (the detail of a ``no_account`` refusal)."""
+        if not user:
+            return "the start names no user"
+        if self.agent_uid != 0:
+            return f"the node agent is not root (uid {self.agent_uid}): it cannot run a job as user {user!r}"
+        name = self.account_map.get(user, user)
+        try:
+            pw = pwd.getpwnam(name)
+        except (KeyError, ValueError):
+            return f"no Unix account {name!r} for user {user!r} on this node"
+        if pw.pw_uid == 0 or pw.pw_gid == 0:
+            return f"account {name!r} of user {user!r} has uid or gid 0"
+        if pw.pw_uid == self.agent_uid:
+            return f"account {name!r} of user {user!r} is the node agent's own (uid {pw.pw_uid})"
+        groups = tuple(sorted(set(os.getgrouplist(name, pw.pw_gid))))
+        if 0 in groups:
+            return f"account {name!r} of user {user!r} is in group 0"
+        return Account(name, pw.pw_uid, pw.pw_gid, groups, pw.pw_dir or "/")
+
+
+# --------------------------------------------------------------------------- files
+
+
+def own_dir(path: str, account: Account | None) -> None:
+    """Create directory ``path`` (mode 0700) if missing, and hand it to ``account`` (owner uid and gid, 0700).
+
+    Raises:
+        OSError: it cannot be made, or it is not a directory (a link planted there is not followed).
+    """
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(errno.ENOTDIR, "not a directory", path)
+    if account is not None:
+        os.chown(path, account.uid, account.gid, follow_symlinks=False)
+    os.chmod(path, 0o700)
+
+
+def protect(path: Path | str | None, dir_mode: int = 0o700) -> None:
+    """Take every permission of group and others from ``path`` (a file: 0600 at most; a directory: ``dir_mode``,
+    and each file directly in it 0600 at most). Missing: nothing to do. A file that cannot be changed (a
+    read-only mount, as a container's secrets are) is left as it is, with a warning when others can read it."""
+    if path is None:
+        return
+    p = Path(path)
+    try:
+        st = p.lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        return
+    targets = [(p, dir_mode if stat.S_ISDIR(st.st_mode) else stat.S_IMODE(st.st_mode) & 0o700)]
+    if stat.S_ISDIR(st.st_mode):
+        for child in p.iterdir():
+            cst = child.lstat()
+            if stat.S_ISREG(cst.st_mode):
+                targets.append((child, stat.S_IMODE(cst.st_mode) & 0o700))
+    for target, mode in targets:
+        try:
+            target.chmod(mode)
+        except OSError as exc:
+            if target.stat().st_mode & 0o007:
+                log.warning("%s stays readable by others (%s): job accounts may read it", target, exc.strerror)
+
+
+def protect_agent_files(
+    secrets: Iterable[Path | str | None], state_dir: Path, job_roots: Sequence[Path], journal: Path | None
+) -> None:
+    """Make the agent's own files unreadable to job accounts.
+
+    ``secrets`` (key directories, password files, the keyring, the stack.env): 0700 / 0600. The state
+    directory: 0700, or 0711 when a job root lies inside it (job accounts must pass through it to their own
+    directories, never list it). The job roots (checkpoint root, job output): created if missing, 0711 (each
+    job's directory in them is its user's, 0700). The journal: 0600.
+    """
+    for s in secrets:
+        protect(s)
+    for root in job_roots:
+        root.mkdir(parents=True, exist_ok=True)
+        root.chmod(0o711)
+    inside = any(state_dir in r.parents for r in job_roots)
+    if state_dir.is_dir():
+        state_dir.chmod(0o711 if inside else 0o700)
+    protect(journal)
+
+
+# --------------------------------------------------------------------------- devices
+
+#: Pseudo devices every process may use (the OCI runtime's default set): mknod of anything (opening it is
+#: what the rules decide), null, zero, full, random, urandom, tty, ptmx and the pseudo terminals.
+BASE_DEVICE_RULES = (
+    "c *:* m",
+    "b *:* m",
+    "c 1:3 rwm",
+    "c 1:5 rwm",
+    "c 1:7 rwm",
+    "c 1:8 rwm",
+    "c 1:9 rwm",
+    "c 5:0 rwm",
+    "c 5:2 rwm",
+    "c 136:* rwm",
+)
+
+
+def device_rule(path: str) -> str | None:
+    """The v1 ``devices.allow`` rule of the device file ``path`` (``c 195:0 rwm``); ``None`` when it is missing or
+    not a device."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    kind = "c" if stat.S_ISCHR(st.st_mode) else "b" if stat.S_ISBLK(st.st_mode) else None
+    if kind is None:
+        return None
+    return f"{kind} {os.major(st.st_rdev)}:{os.minor(st.st_rdev)} rwm"
+
+
+def device_rules(gpu_files: Iterable[str], shared_files: Iterable[str]) -> tuple[str, ...]:
+    """What a replica may open: :data:`BASE_DEVICE_RULES`, its own GPUs' device files and the shared control
+    devices present (any other GPU of the node is denied)."""
+    extra = [r for r in (device_rule(p) for p in (*gpu_files, *shared_files)) if r is not None]
+    return BASE_DEVICE_RULES + tuple(dict.fromkeys(extra))
+
+
+# --------------------------------------------------------------------------- cgroups
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one replica's cgroup allows (``None``: no limit).
+
+    Attributes:
+        memory_bytes: memory (and, on v1, memory plus swap) limit.
+        cpu_weight: CPU weight, cgroup v2 scale (1-10000, 100 = a default process); v1 ``cpu.shares`` is
+            ``weight * 1024 / 100``.
+        pids_max: processes and threads.
+    """
+
+    memory_bytes: int | None = None
+    cpu_weight: int | None = None
+    pids_max: int | None = None
+
+    @classmethod
+    def per_gpu(cls, gpus: int, memory_mb: int | None, cpu_weight: int | None, pids_max: int | None) -> Limits:
+        """A replica of ``gpus`` GPUs: ``gpus * memory_mb`` MiB, weight ``gpus * cpu_weight`` (capped at 10000),
+        ``pids_max`` processes (node settings ``sandbox_memory_mb_per_gpu``, ``sandbox_cpu_weight_per_gpu``,
+        ``sandbox_pids_max``). A replica always holds at least one GPU."""
+        n = max(1, gpus)
+        return cls(
+            memory_bytes=None if memory_mb is None else n * memory_mb * 1024 * 1024,
+            cpu_weight=None if cpu_weight is None else max(1, min(10_000, n * cpu_weight)),
+            pids_max=pids_max,
+        )
+
+
+class Cgroup(Protocol):
+    """One replica's cgroup."""
+
+    name: str
+
+    def procs_files(self) -> tuple[str, ...]:
+        """The ``cgroup.procs`` files a child writes its pid to (one per hierarchy)."""
+        ...
+
+    def pids(self) -> set[int]:
+        """The processes in it now."""
+        ...
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to every process in it."""
+        ...
+
+    def kill(self) -> None:
+        """SIGKILL every process in it, including any forking meanwhile."""
+        ...
+
+    def oom_kills(self) -> int:
+        """How many processes the OOM killer killed in it."""
+        ...
+
+    def remove(self) -> bool:
+        """Remove it once empty; ``False`` while processes remain."""
+        ...
+
+
+class CgroupDriver(Protocol):
+    """Makes replica cgroups under the agent's parent cgroup."""
+
+    version: int
+    #: whether :meth:`create` fences devices (v1: the devices controller is mounted; v2: a BPF program loads)
+    filters_devices: bool
+
+    def create(self, name: str, limits: Limits, devices: Sequence[str]) -> Cgroup:
+        """A new (or the existing) cgroup ``name`` with ``limits`` and device rules."""
+        ...
+
+    def open(self, name: str) -> Cgroup | None:
+        """The existing cgroup ``name`` (an adopted replica's), or ``None``."""
+        ...
+
+    def release(self) -> None:
+        """Remove the agent's parent cgroup and its ancestors that are empty (the agent's shutdown)."""
+        ...
+
+
+def _rmdirs(base: Path, parent: str) -> None:
+    """``rmdir`` ``base/parent`` and each of its ancestors below ``base`` until one is not empty."""
+    parts = parent.split("/") if parent else []
+    while parts:
+        try:
+            (base / "/".join(parts)).rmdir()
+        except OSError:
+            return
+        parts.pop()
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _read_pids(path: Path) -> set[int]:
+    try:
+        return {int(x) for x in path.read_text().split()}
+    except FileNotFoundError:
+        return set()
+
+
+def _counter(path: Path, key: str) -> int:
+    """The value of ``key`` in a flat-keyed cgroup file (``memory.events``, ``memory.oom_control``); 0 if absent."""
+    try:
+        for line in path.read_text().splitlines():
+            k, _, v = line.partition(" ")
+            if k == key:
+                return int(v)
+    except (FileNotFoundError, ValueError):
+        pass
+    return 0
+
+
+def _kill_each(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_for(check: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll ``check`` (every millisecond) for at most ``timeout_s`` wall seconds: the kernel's freezer and
+    process teardown finish on their own time, with nothing to wait on but the files."""
+    end = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+class CgroupV1:
+    """A replica's cgroup in each v1 hierarchy (:data:`CgroupV1Driver.CONTROLLERS`)."""
+
+    def __init__(self, name: str, dirs: Mapping[str, Path]) -> None:
+        self.name = name
+        self.dirs = dict(dirs)
+
+    def procs_files(self) -> tuple[str, ...]:
+        return tuple(str(d / "cgroup.procs") for d in self.dirs.values())
+
+    def pids(self) -> set[int]:
+        out: set[int] = set()
+        for d in self.dirs.values():
+            out |= _read_pids(d / "cgroup.procs")
+        return out
+
+    def signal(self, sig: int) -> None:
+        _kill_each(self.pids(), sig)
+
+    def kill(self) -> None:
+        """Freeze (no fork can escape), SIGKILL every process, thaw (they die). Removed already: nothing to do."""
+        freezer = self.dirs.get("freezer")
+        if freezer is not None and not freezer.is_dir():
+            return
+        if freezer is not None:
+            _write(freezer / "freezer.state", "FROZEN")
+            _wait_for(lambda: (freezer / "freezer.state").read_text().strip() == "FROZEN", 2.0)
+        try:
+            _kill_each(self.pids(), signal.SIGKILL)
+        finally:
+            if freezer is not None:
+                _write(freezer / "freezer.state", "THAWED")
+        if freezer is None:  # without a freezer a fork may race the kill: repeat until none is left
+
+            def none_left() -> bool:
+                left = self.pids()
+                _kill_each(left, signal.SIGKILL)
+                return not left
+
+            _wait_for(none_left, 2.0)
+
+    def oom_kills(self) -> int:
+        mem = self.dirs.get("memory")
+        return 0 if mem is None else _counter(mem / "memory.oom_control", "oom_kill")
+
+    def remove(self) -> bool:
+        if not _wait_for(lambda: not self.pids(), 5.0):
+            return False
+        for d in self.dirs.values():
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+        return True
+
+
+class CgroupV1Driver:
+    """Replica cgroups ``<root>/<controller>/<parent>/<name>`` on a node with the v1 controllers mounted.
+
+    Args:
+        root: where the hierarchies are mounted (``/sys/fs/cgroup``).
+        parent: the agent's cgroup path under each (``apportion/<agent>``).
+    """
+
+    version = 1
+    CONTROLLERS = ("devices", "memory", "pids", "cpu", "freezer")
+
+    def __init__(self, root: Path, parent: str) -> None:
+        self.root = root
+        self.parent = parent.strip("/")
+        self.controllers = tuple(c for c in self.CONTROLLERS if (root / c / "cgroup.procs").exists())
+        self.filters_devices = "devices" in self.controllers
+
+    def _dirs(self, name: str) -> dict[str, Path]:
+        return {c: self.root / c / self.parent / name for c in self.controllers}
+
+    def create(self, name: str, limits: Limits, devices: Sequence[str]) -> CgroupV1:
+        dirs = self._dirs(name)
+        for d in dirs.values():
+            d.mkdir(parents=True, exist_ok=True)
+        if "devices" in dirs:
+            d = dirs["devices"]
+            _write(d / "devices.deny", "a")
+            for rule in devices:
+                _write(d / "devices.allow", rule)
+        if "memory" in dirs and limits.memory_bytes is not None:
+            d = dirs["memory"]
+            _write(d / "memory.limit_in_bytes", str(limits.memory_bytes))
+            if (d / "memory.memsw.limit_in_bytes").exists():  # no escape into swap
+                _write(d / "memory.memsw.limit_in_bytes", str(limits.memory_bytes))
+        if "cpu" in dirs and limits.cpu_weight is not None:
+            _write(dirs["cpu"] / "cpu.shares", str(max(2, limits.cpu_weight * 1024 // 100)))
+        if "pids" in dirs and limits.pids_max is not None:
+            _write(dirs["pids"] / "pids.max", str(limits.pids_max))
+        return CgroupV1(name, dirs)
+
+    def open(self, name: str) -> CgroupV1 | None:
+        dirs = {c: d for c, d in self._dirs(name).items() if d.is_dir()}
+        return CgroupV1(name, dirs) if dirs else None
+
+    def release(self) -> None:
+        for c in self.controllers:
+            _rmdirs(self.root / c, self.parent)
+
+
+class CgroupV2:
+    """A replica's cgroup in the unified (v2) hierarchy."""
+
+    def __init__(self, name: str, path: Path) -> None:
+        self.name = name
+        self.path = path
+
+    def procs_files(self) -> tuple[str, ...]:
+        return (str(self.path / "cgroup.procs"),)
+
+    def pids(self) -> set[int]:
+        return _read_pids(self.path / "cgroup.procs")
+
+    def signal(self, sig: int) -> None:
+        _kill_each(self.pids(), sig)
+
+    def kill(self) -> None:
+        """``cgroup.kill`` (Linux 5.14+); else freeze, SIGKILL each, thaw. Removed already: nothing to do."""
+        if not self.path.is_dir():
+            return
+        if (self.path / "cgroup.kill").exists():
+            _write(self.path / "cgroup.kill", "1")
+            return
+        _write(self.path / "cgroup.freeze", "1")
+        try:
+            _kill_each(self.pids(), signal.SIGKILL)
+        finally:
+            _write(self.path / "cgroup.freeze", "0")
+
+    def oom_kills(self) -> int:
+        return _counter(self.path / "memory.events", "oom_kill")
+
+    def remove(self) -> bool:
+        if not _wait_for(lambda: not self.pids(), 5.0):
+            return False
+        try:
+            self.path.rmdir()
+        except FileNotFoundError:
+            pass
+        return True
+
+
+class CgroupV2Driver:
+    """Replica cgroups ``<root>/<parent>/<name>`` in a unified (v2) hierarchy.
+
+    The memory, cpu and pids controllers the hierarchy offers are enabled down to the agent's parent; a
+    limit whose controller is missing is not enforced (said once in the log). Devices are filtered by a BPF
+    program attached to each replica's cgroup (:mod:`services.node_agent.devfilter`); where the kernel
+    refuses to load one (no BPF, no privilege) they are not, which the log says at start.
+    """
+
+    version = 2
+    WANTED = ("memory", "cpu", "pids")
+
+    def __init__(self, root: Path, parent: str) -> None:
+        self.root = root
+        self.parent = parent.strip("/")
+        offered = set((root / "cgroup.controllers").read_text().split())
+        self.controllers = tuple(c for c in self.WANTED if c in offered)
+        missing = [c for c in self.WANTED if c not in offered]
+        if missing:
+            log.warning("cgroup v2 at %s: no %s controller: those limits are not enforced", root, ", ".join(missing))
+        try:
+            os.close(devfilter.load(BASE_DEVICE_RULES))
+            self.filters_devices = True
+        except OSError as exc:
+            self.filters_devices = False
+            log.error(
+                "cgroup v2 at %s: cannot load a BPF device filter (%s): device access is not filtered (fence GPUs "
+                "with the NVIDIA container runtime or systemd DevicePolicy=closed)",
+                root,
+                exc,
+            )
+        enable = " ".join(f"+{c}" for c in self.controllers)
+        path = root
+        for part in self.parent.split("/") if self.parent else []:
+            if enable:
+                _write(path / "cgroup.subtree_control", enable)
+            path = path / part
+            path.mkdir(exist_ok=True)
+        if enable:
+            _write(path / "cgroup.subtree_control", enable)
+
+    def create(self, name: str, limits: Limits, devices: Sequence[str]) -> CgroupV2:
+        path = self.root / self.parent / name
+        path.mkdir(exist_ok=True)
+        if "memory" in self.controllers and limits.memory_bytes is not None:
+            _write(path / "memory.max", str(limits.memory_bytes))
+            if (path / "memory.swap.max").exists():
+                _write(path / "memory.swap.max", "0")
+        if "cpu" in self.controllers and limits.cpu_weight is not None:
+            _write(path / "cpu.weight", str(limits.cpu_weight))
+        if "pids" in self.controllers and limits.pids_max is not None:
+            _write(path / "pids.max", str(limits.pids_max))
+        if self.filters_devices:
+            devfilter.attach(str(path), devices)
+        return CgroupV2(name, path)
+
+    def open(self, name: str) -> CgroupV2 | None:
+        path = self.root / self.parent / name
+        return CgroupV2(name, path) if path.is_dir() else None
+
+    def release(self) -> None:
+        _rmdirs(self.root, self.parent)
+
+
+def cgroups(root: Path, parent: str, version: str = "auto") -> CgroupDriver | None:
+    """The cgroup driver of this node: v2 when ``root`` is a unified hierarchy (``cgroup.controllers`` there),
+    v1 when the v1 devices controller is mounted under it; ``version`` ``"1"`` or ``"2"`` forces one. ``None``:
+    neither (the agent refuses to isolate without one: :class:`Sandbox`)."""
+    if version == "2" or (version == "auto" and (root / "cgroup.controllers").exists()):
+        return CgroupV2Driver(root, parent)
+    if version == "1" or (version == "auto" and (root / "devices" / "devices.allow").exists()):
+        return CgroupV1Driver(root, parent)
+    return None
+
+
+def cgroup_name(key: RunKey) -> str:
+    """The cgroup of a replica: ``<node>.<job>.<attempt>.<replica>``, each name made safe
+    (:func:`~services.node_agent.logic.job_dir_name`), the same after an agent restart (adoption)."""
+    node, job, attempt, replica = key
+    return f"{job_dir_name(node)}.{job_dir_name(job)}.{attempt}.{replica}"
+
+
+# --------------------------------------------------------------------------- the child
+
+
+def child_setup(procs_files: Sequence[str], account: Account | None) -> Callable[[], None]:
+    """What the child runs between fork and exec (``preexec_fn``, after ``setsid``): join the cgroup while
+    still privileged, then umask 077 and drop to ``account`` (supplementary groups, gid, uid: real, effective
+    and saved). Nothing here allocates a lock another thread could hold (no NSS lookups: the groups were
+    resolved before the fork)."""
+    targets = tuple(procs_files)
+
+    def setup() -> None:
+        pid = str(os.getpid()).encode()
+        for f in targets:
+            fd = os.open(f, os.O_WRONLY)
+            try:
+                os.write(fd, pid)
+            finally:
+                os.close(fd)
+        os.umask(0o077)
+        if account is not None:
+            os.setgroups(list(account.groups))
+            os.setgid(account.gid)
+            os.setuid(account.uid)
+
+    return setup
+
+
+# --------------------------------------------------------------------------- the sandbox
+
+
+@dataclass
+class Sandbox:
+    """How the agent isolates its process replicas (built by :meth:`NodeAgent.from_settings` from the node
+    settings; service tests build it with their own cgroup parent and accounts).
+
+    Attributes:
+        accounts: who runs what.
+        driver: the cgroup driver; ``None``: no cgroups (only where the node has none: said at start).
+        memory_mb_per_gpu, cpu_weight_per_gpu, pids_max: the per-replica limits (:meth:`Limits.per_gpu`).
+        job_path, job_lang: ``PATH`` and ``LANG`` of a process.
+        shared_devices: device files every replica with a GPU may open (the NVIDIA control devices present).
+    """
+
+    accounts: Accounts
+    driver: CgroupDriver | None
+    memory_mb_per_gpu: int | None = None
+    cpu_weight_per_gpu: int | None = 100
+    pids_max: int | None = 4096
+    job_path: str = "/usr/local/bin:/usr/bin:/bin"
+    job_lang: str = "C.UTF-8"
+    shared_devices: tuple[str, ...] = ()
+
+    def cgroup_for(self, key: RunKey, gpus: int, gpu_files: Sequence[str]) -> Cgroup | None:
+        """Create the cgroup of replica ``key`` holding ``gpus`` GPUs whose device files are ``gpu_files``."""
+        if self.driver is None:
+            return None
+        limits = Limits.per_gpu(gpus, self.memory_mb_per_gpu, self.cpu_weight_per_gpu, self.pids_max)
+        return self.driver.create(cgroup_name(key), limits, device_rules(gpu_files, self.shared_devices))
+
+    def reopen(self, key: RunKey) -> Cgroup | None:
+        """The cgroup of an adopted replica, if it still exists."""
+        return None if self.driver is None else self.driver.open(cgroup_name(key))

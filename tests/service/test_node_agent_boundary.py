@@ -1,0 +1,397 @@
+"""The node boundary (DESIGN section 10; ``docs/security.md``, "Node boundary"), each threat fed to the real agent.
+
+The agent is built as production builds it (:meth:`NodeAgent.from_settings`: file protection, accounts,
+cgroups, the declared inventory's device files) with a list sink for its events and a :class:`ManualClock`.
+Its jobs are real processes run as the throwaway accounts of :mod:`tests.node_boundary`, in cgroups under a
+parent of the test's own; the fake GPUs are character devices ``c 195:i``. Every wait is bounded.
+
+Needs root and the v1 cgroup controllers of the CI machines (a pure v2 host runs the v2 driver's test only:
+it does not filter devices, see :mod:`services.node_agent.sandbox`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import struct
+import subprocess
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from apportion.clock import ManualClock
+from apportion.events import JobCompleted, JobFailed, JobStarted, StartWorkload, StopWorkload, WorkloadRefused
+from apportion.metrics import node_agent_metrics
+from services.node_agent import devfilter, logic
+from services.node_agent.config import NodeAgentSettings
+from services.node_agent.sandbox import Accounts, Limits, cgroup_name, cgroups, child_setup, device_rules, protect
+from services.node_agent.service import NodeAgent, SignedSender, hosted_nodes
+from tests.node_boundary import ALICE, EVE, PROBE, job_accounts, make_fake_gpus, running, shared_dir, write_script
+from tests.service.test_node_agent_checkpoints import WAIT_S, until
+
+__all__ = ["job_accounts", "shared_dir"]  # fixtures used by name
+
+T0 = datetime(2026, 1, 5, tzinfo=UTC)
+CGROUPS = Path("/sys/fs/cgroup")
+
+AGENT_SECRETS = {  # variables of the agent's environment a job must never see
+    "APPORTION_KAFKA_USER": "node-agent.local",
+    "APPORTION_KAFKA_PASSWORD": "hunter2",
+    "APPORTION_TEST_AGENT_ONLY": "agent",
+}
+
+
+class _Sent:
+    def add_errback(self, *args: Any) -> None:
+        return None
+
+
+class _Producer:
+    """What :class:`SignedSender` needs of a producer: the events it was handed, in order."""
+
+    def __init__(self) -> None:
+        self.events: list = []
+
+    def send(self, ev: Any, value: bytes) -> _Sent:
+        self.events.append(ev)
+        return _Sent()
+
+    def flush(self, timeout_s: float) -> None:
+        return None
+
+    def of(self, cls: type) -> list:
+        return [e for e in self.events if isinstance(e, cls)]
+
+
+class _Signer:
+    def value(self, ev: Any) -> bytes:
+        return b""
+
+
+class Node:
+    """A real node of the agent: fake GPUs, the agent's own secret files, its checkpoint and output roots."""
+
+    def __init__(self, base: Path, monkeypatch: pytest.MonkeyPatch, **overrides: Any) -> None:
+        self.base = base
+        self.gpus = make_fake_gpus(base / "dev", 2)
+        keys = base / "keys"
+        keys.mkdir(mode=0o755)
+        self.node_key = keys / "n1.json"
+        self.node_key.write_text('{"private_key": "not for jobs"}')
+        self.node_key.chmod(0o644)  # carelessly readable: the agent's start must close it
+        self.password = base / "kafka.password"
+        self.password.write_text("hunter2")
+        self.password.chmod(0o644)
+        monkeypatch.setenv("APPORTION_KAFKA_PASSWORD_FILE", str(self.password))
+        for k, v in AGENT_SECRETS.items():
+            monkeypatch.setenv(k, v)
+        self.parent = f"apportion-test/{uuid.uuid4().hex[:12]}"
+        settings = NodeAgentSettings(
+            node_id="n1",
+            force_simulated=True,
+            gpus_per_node=2,
+            gpu_device_files=self.gpus,
+            state_dir=base / "state",
+            node_key_dir=keys,
+            cgroup_parent=self.parent,
+            sandbox_memory_mb_per_gpu=overrides.pop("memory_mb", 512),
+            **overrides,
+        )
+        nodes, prefix = hosted_nodes(settings)
+        self.producer = _Producer()
+        metrics = node_agent_metrics(CollectorRegistry())
+        sender = SignedSender(self.producer, _Signer(), metrics)
+        self.clock = ManualClock(T0)
+        self.agent = NodeAgent.from_settings(settings, nodes, prefix, sender, self.clock, metrics)
+        self.ckpt = settings.checkpoint_root_path()
+
+    def start(self, job: str, user: str | None, command: tuple[str, ...], gpus=(0,), env=None) -> StartWorkload:
+        return StartWorkload(
+            ts=T0,
+            node_id="n1",
+            job_id=job,
+            attempt=1,
+            gpus=gpus,
+            command=command,
+            env=env or {},
+            fencing_token=1,
+            user=user,
+        )
+
+    async def ended(self, job: str) -> JobCompleted | JobFailed:
+        def done() -> list:
+            return [e for e in self.producer.of(JobCompleted) + self.producer.of(JobFailed) if e.job_id == job]
+
+        await until(done, f"{job} to end")
+        return done()[0]
+
+    def report(self, job: str) -> dict:
+        return json.loads((self.ckpt / job / "report.json").read_text())
+
+    def cgroup_dirs(self) -> list[Path]:
+        """The replica cgroups left under the agent's parent, in every v1 hierarchy."""
+        controllers = ("devices", "memory", "pids", "cpu", "freezer")
+        return [p for c in controllers for p in (CGROUPS / c / self.parent).glob("*") if p.is_dir()]
+
+    async def close(self) -> None:
+        await self.agent.shutdown(grace_s=0.0)
+        assert not any((CGROUPS / c / self.parent).exists() for c in ("devices", "memory")), "cgroups left behind"
+
+
+@pytest.fixture
+async def node(job_accounts, shared_dir, monkeypatch):
+    n = Node(shared_dir, monkeypatch)
+    await n.agent.start(heartbeats=False, poll_progress=False)
+    try:
+        yield n
+    finally:
+        await n.close()
+
+
+async def test_a_job_runs_as_its_user_with_none_of_the_agents_variables_files_gpus_or_signals(node, job_accounts):
+    """Alice's job on GPU 0 probes everything the agent holds: every attempt is refused by the kernel."""
+    probe = write_script(node.base, "probe.py", PROBE)
+    alice = job_accounts[ALICE]
+    environ = f"/proc/{os.getpid()}/environ"  # the agent's environment through /proc
+    targets = [
+        node.gpus[0],
+        node.gpus[1],
+        str(node.node_key),
+        str(node.password),
+        str(node.agent.journal.path),
+        environ,
+    ]
+    env = {"PROBE_OPEN": ":".join(targets), "PROBE_PID": str(os.getpid()), "PROBE_LIST": str(node.base / "state")}
+    await node.agent.on_event(node.start("j-alice", ALICE, ("python3", str(probe)), env=env))
+    assert isinstance(await node.ended("j-alice"), JobCompleted)
+
+    r = node.report("j-alice")
+    assert (r["uid"], r["euid"], r["gid"]) == (alice.pw_uid, alice.pw_uid, alice.pw_gid)
+    assert r["groups"] == sorted(set(os.getgrouplist(ALICE, alice.pw_gid)))
+    assert set(r["env"]) <= set(logic.JOB_ENV_ALLOWED) | set(env), "a variable the job was not given"
+    assert not set(AGENT_SECRETS) & set(r["env"]) and "APPORTION_KAFKA_PASSWORD_FILE" not in r["env"]
+    assert (r["env"]["USER"], r["env"]["HOME"]) == (ALICE, "/nonexistent")
+    assert r["env"]["CUDA_VISIBLE_DEVICES"] == r["env"]["NVIDIA_VISIBLE_DEVICES"] == "0"
+    assert r["open"] == {
+        node.gpus[0]: "ENXIO",  # its own GPU: the cgroup lets it through to the driver (absent here)
+        node.gpus[1]: "EPERM",  # another replica's GPU: the cgroup refuses the device
+        str(node.node_key): "EACCES",
+        str(node.password): "EACCES",
+        str(node.agent.journal.path): "EACCES",
+        environ: "EACCES",
+    }
+    assert r["list"] == {str(node.base / "state"): "EACCES"}  # the agent's state directory: 0711
+    assert r["kill"] == "EPERM"  # cannot signal the agent
+    st = os.stat(node.ckpt / "j-alice")
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (alice.pw_uid, alice.pw_gid, 0o700)
+    out = node.base / "state" / "job-logs" / "j-alice"
+    assert (os.stat(out).st_uid, os.stat(out).st_mode & 0o777) == (alice.pw_uid, 0o700)
+    assert not node.cgroup_dirs(), "the replica's cgroup outlived it"
+
+
+async def test_a_job_cannot_read_another_users_checkpoint_directory(node, job_accounts):
+    secret = "open(os.path.join(os.environ['APPORTION_CHECKPOINT_DIR'], 'weights'), 'w').write('alice')\n"
+    saver = write_script(node.base, "saver.py", "import os\n" + secret)
+    await node.agent.on_event(node.start("j-alice", ALICE, ("python3", str(saver))))
+    assert isinstance(await node.ended("j-alice"), JobCompleted)
+    probe = write_script(node.base, "probe.py", PROBE)
+    alices = node.ckpt / "j-alice"
+    env = {"PROBE_OPEN": str(alices / "weights"), "PROBE_LIST": str(alices)}
+    await node.agent.on_event(node.start("j-eve", EVE, ("python3", str(probe)), gpus=(1,), env=env))
+    assert isinstance(await node.ended("j-eve"), JobCompleted)
+    r = node.report("j-eve")
+    assert (r["uid"], r["open"], r["list"]) == (
+        job_accounts[EVE].pw_uid,
+        {str(alices / "weights"): "EACCES"},
+        {str(alices): "EACCES"},
+    )
+
+
+async def test_a_fifo_planted_at_the_next_attempts_output_is_refused_without_blocking_the_agent(node):
+    """Attempt 1 makes its next attempt's stdout a FIFO (its output directory is its own): attempt 2 is a spawn
+    failure at once, and the agent goes on (a blocking open would have hung it)."""
+    out_dir = node.base / "state" / "job-logs" / "j-fifo"
+    plant = "import os, sys\nos.mkfifo(os.path.join(sys.argv[1], 'attempt-2.replica-0.out'))\n"
+    script = write_script(node.base, "plant.py", plant)
+    await node.agent.on_event(node.start("j-fifo", ALICE, ("python3", str(script), str(out_dir))))
+    assert isinstance(await node.ended("j-fifo"), JobCompleted)
+    second = node.start("j-fifo", ALICE, ("true",)).model_copy(update={"attempt": 2})
+    await asyncio.wait_for(node.agent.on_event(second), WAIT_S)
+    (failed,) = [e for e in node.producer.of(JobFailed) if e.attempt == 2]
+    assert failed.reason == f"spawn failed: [Errno 6] No such device or address: '{out_dir}/attempt-2.replica-0.out'"
+
+
+DOUBLE_FORK = r"""
+import os, signal, time
+if os.fork() == 0:
+    os.setsid()                      # its own session: out of the replica's process group
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # and deaf to the stop's SIGTERM
+        with open("escaped.pid.tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace("escaped.pid.tmp", "escaped.pid")
+        while True:
+            time.sleep(1)
+    os._exit(0)
+while True:
+    time.sleep(1)
+"""
+
+
+async def test_after_preemption_no_process_of_the_replica_survives(node):
+    """A job double-forks a child into its own session that ignores SIGTERM; the stop leaves nothing alive."""
+    script = write_script(node.base, "escape.py", DOUBLE_FORK)
+    await node.agent.on_event(node.start("j-escape", ALICE, ("python3", str(script))))
+    pid_file = node.ckpt / "j-escape" / "escaped.pid"
+    await until(pid_file.exists, "the escaped child")
+    escaped = int(pid_file.read_text())
+    main = node.producer.of(JobStarted)[0].pid
+    assert os.getsid(escaped) != os.getsid(main) and running(escaped)
+
+    await node.agent.on_event(StopWorkload(ts=T0, node_id="n1", job_id="j-escape", attempt=1, grace_s=30.0))
+    ended = await node.ended("j-escape")
+    assert isinstance(ended, JobFailed) and ended.reason == "stopped"
+    assert not running(escaped), "a process of the preempted replica survived"
+    assert not node.cgroup_dirs()
+
+
+async def test_a_replica_killed_for_memory_is_reported_oom(job_accounts, shared_dir, monkeypatch):
+    node = Node(shared_dir, monkeypatch, memory_mb=64)
+    await node.agent.start(heartbeats=False, poll_progress=False)
+    try:
+        hog = write_script(shared_dir, "hog.py", "x = b'\\x01' * (512 << 20)\n")
+        await node.agent.on_event(node.start("j-hog", ALICE, ("python3", str(hog))))
+        ended = await node.ended("j-hog")
+        assert isinstance(ended, JobFailed) and (ended.reason, ended.exit_code) == ("oom", -signal.SIGKILL)
+    finally:
+        await node.close()
+
+
+REFUSALS = [
+    # id, user on the bus, the refusal's reason
+    ("no user named", None, "no_account: the start names no user"),
+    ("no such account", "apportion-t-nobody", "no_account: no Unix account 'apportion-t-nobody' for user 'apportion-t-nobody' on this node"),
+    ("root", "root", "no_account: account 'root' of user 'root' has uid or gid 0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case_id,user,reason", REFUSALS, ids=[c[0] for c in REFUSALS])
+async def test_a_start_without_a_proper_account_is_refused_and_never_runs_as_the_agent(node, case_id, user, reason):
+    await node.agent.on_event(node.start("j-x", user, ("true",)))
+    assert [(type(e), e.reason) for e in node.producer.events if e.type != "NodeRegistered"] == [
+        (WorkloadRefused, reason)
+    ]
+
+
+def test_the_agents_own_account_and_the_account_map(tmp_path, job_accounts):
+    alice = job_accounts[ALICE]
+    path = tmp_path / "accounts"
+    path.write_text("# ops' map\nalice apportion-t-alice\n\nmallory root  # never\n")
+    accounts = Accounts(Accounts.read_map(path), agent_uid=0)
+    got = accounts.resolve("alice")
+    assert isinstance(got, logic.Account) and (got.name, got.uid) == (ALICE, alice.pw_uid)
+    assert accounts.resolve("mallory") == "account 'root' of user 'mallory' has uid or gid 0"
+    assert Accounts({}, agent_uid=alice.pw_uid).resolve(ALICE) == (
+        f"the node agent is not root (uid {alice.pw_uid}): it cannot run a job as user '{ALICE}'"
+    )
+    path.write_text("alice\n")
+    with pytest.raises(ValueError, match="accounts:1: expected '<user> <account>'"):
+        Accounts.read_map(path)
+
+
+def test_limits_per_gpu():
+    assert Limits.per_gpu(2, 1024, 100, 4096) == Limits(2 * 1024 * 1024 * 1024, 200, 4096)
+    assert Limits.per_gpu(0, None, 9_000, None) == Limits(None, 9_000, None)  # at least one GPU
+    assert Limits.per_gpu(8, None, 2_000, None).cpu_weight == 10_000  # v2's maximum
+
+
+async def test_the_v2_driver_fences_devices_places_kills_and_removes_on_a_unified_hierarchy(shared_dir):
+    """On the unified hierarchy (pure v2 at /sys/fs/cgroup, or the v2 mount beside v1 on the CI machines): the
+    replica's BPF device program lets its GPU through (ENXIO: no driver here) and refuses another (EPERM) and
+    /dev/zero (not in the rules); ``cgroup.kill`` kills the process and its child in a session of its own; the
+    cgroup is removed."""
+    root = CGROUPS if (CGROUPS / "cgroup.controllers").exists() else CGROUPS / "unified"
+    assert (root / "cgroup.controllers").exists(), "no cgroup v2 hierarchy on this machine"
+    gpus = make_fake_gpus(shared_dir / "dev", 2)
+    parent = f"apportion-test/{uuid.uuid4().hex[:12]}"
+    driver = cgroups(root, parent, "2")
+    assert driver is not None and (driver.version, driver.filters_devices) == (2, True)
+    rules = tuple(r for r in device_rules(gpus[:1], ()) if r != "c 1:5 rwm")  # /dev/zero left out, to be refused
+    cg = driver.create(cgroup_name(("n1", "j", 1, 0)), Limits(pids_max=64), rules)
+    opener = (
+        "import errno, os, sys, time\n"
+        "for p in sys.argv[1:]:\n"
+        "    try:\n"
+        "        os.close(os.open(p, os.O_RDONLY)); print(p, 'ok', flush=True)\n"
+        "    except OSError as e:\n"
+        "        print(p, errno.errorcode[e.errno], flush=True)\n"
+        "if os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\ntime.sleep(60)\n"
+    )
+    argv = ["python3", "-c", opener, gpus[0], gpus[1], "/dev/zero", "/dev/null"]
+    proc = subprocess.Popen(argv, preexec_fn=child_setup(cg.procs_files(), None), stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = [await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), WAIT_S) for _ in range(4)]
+        assert lines == [f"{gpus[0]} ENXIO\n", f"{gpus[1]} EPERM\n", "/dev/zero EPERM\n", "/dev/null ok\n"]
+        await until(lambda: len(cg.pids()) == 2, "the child's fork")
+        assert proc.pid in cg.pids()
+        cg.kill()
+        assert await asyncio.to_thread(proc.wait, WAIT_S) == -signal.SIGKILL
+        assert cg.remove() and not (root / parent / cg.name).exists()
+    finally:
+        proc.kill()
+        cg.kill()
+        cg.remove()
+        driver.release()
+    assert not (root / parent).exists()
+
+
+DEVICE_RULES = [
+    # id, rule, (type, major, minor, access): type 1 block, 2 char; access 1 mknod, 2 read, 4 write
+    ("one char device", "c 195:0 rwm", (2, 195, 0, 7)),
+    ("any block device, mknod only", "b *:* m", (1, None, None, 1)),
+    ("every minor of a major, read", "c 136:* r", (2, 136, None, 2)),
+    ("everything", "a", (None, None, None, 7)),
+]
+
+
+@pytest.mark.parametrize("case_id,rule,parsed", DEVICE_RULES, ids=[c[0] for c in DEVICE_RULES])
+def test_device_rules_parse(case_id, rule, parsed):
+    assert devfilter.parse(rule) == parsed
+
+
+@pytest.mark.parametrize("bad", ["", "x 1:3 rwm", "c 1:3", "c 13 rwm", "c 1:3 rwx"])
+def test_a_bad_device_rule_is_an_error(bad):
+    with pytest.raises(ValueError, match="not a device rule"):
+        devfilter.parse(bad)
+
+
+def test_the_device_program_has_one_block_per_rule():
+    """6 loads and shifts; ``c 195:0 rwm``: type, major, minor tests and ``r0 = 1; exit`` (5); ``c *:* m``:
+    the type test, 3 for the access and the return (6); ``r0 = 0; exit`` (2): 19 instructions of 8 bytes.
+    Each test jumps past the rest of its block: the first block's type test by 4."""
+    code = devfilter.program(["c 195:0 rwm", "c *:* m"])
+    assert len(code) == 19 * 8
+    opcode, regs, off, imm = struct.unpack("<BBhi", code[6 * 8 : 7 * 8])
+    assert (opcode, regs, off, imm) == (0x55, 2, 4, 2)  # if r2 != 2 (char) skip the 4 left of this block
+
+
+def test_a_secret_the_agent_cannot_change_is_left_with_a_warning(shared_dir, caplog):
+    """A read-only secret (as a container's mounted secrets are; here an immutable file) does not stop the agent:
+    it is left as it is, and the log says that job accounts may read it."""
+    secret = shared_dir / "kafka.password"
+    secret.write_text("hunter2")
+    secret.chmod(0o644)
+    subprocess.run(["chattr", "+i", str(secret)], check=True)
+    try:
+        protect(secret)
+        assert secret.stat().st_mode & 0o777 == 0o644
+        assert f"{secret} stays readable by others (Operation not permitted): job accounts may read it" in caplog.text
+    finally:
+        subprocess.run(["chattr", "-i", str(secret)], check=True)

@@ -1,0 +1,142 @@
+"""``apportion.client.submit``: typed arguments, the verdict when asked to wait, typed errors, nothing published
+for a submission the schema refuses. Kafka is replaced by recorders (the client's two edges: ``publish`` and
+``VerdictWatcher``)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from apportion import client, events
+from apportion.identity import signer_of
+from tests.signing import identity
+
+ALICE = identity("alice")
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+class Recorder:
+    """Stands in for Kafka: records what is published and answers the watcher with ``answer``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, answer: events.Event | None = None) -> None:
+        self.published: list[events.JobSubmitted] = []
+        self.watched: list[str] = []
+        self.closed = 0
+        rec = self
+
+        class Watcher:
+            def __init__(self, job_id: str, *, bootstrap: str | None = None) -> None:
+                rec.watched.append(job_id)
+
+            def wait(self, timeout_s: float) -> events.Event | None:
+                return None if answer is None else answer.model_copy(update={"job_id": rec.watched[-1]})
+
+            def close(self) -> None:
+                rec.closed += 1
+
+        def publish(*evts: events.Event, bootstrap: str | None = None) -> list[int]:
+            self.published.extend(e for e in evts if isinstance(e, events.JobSubmitted))
+            return list(range(len(evts)))
+
+        def no_identity(*_: Any, **__: Any) -> Any:
+            raise AssertionError("the identity is looked up only for a valid submission")
+
+        monkeypatch.setattr(client, "publish", publish)
+        monkeypatch.setattr(client, "VerdictWatcher", Watcher)
+        monkeypatch.setattr(client, "identity_for", no_identity)
+
+
+def test_without_wait_it_returns_the_signed_submission_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    kafka = Recorder(monkeypatch)
+    ev = client.submit(
+        budget="lab/a",
+        gpus=2,
+        min_runtime="2h",
+        command=["python", "train.py"],
+        time_limit="4h",
+        env={"SEED": "7"},
+        hold=True,
+        job_id="alice-1",
+        identity=ALICE,
+        now=NOW,
+    )
+    assert kafka.published == [ev] and kafka.watched == []
+    assert (ev.job_id, ev.user, ev.gpus_per_replica, ev.min_runtime_s, ev.time_limit_s) == (
+        "alice-1",
+        "alice",
+        2,
+        7200.0,
+        14400.0,
+    )
+    assert (ev.env, ev.hold, ev.command) == ({"SEED": "7"}, True, ("python", "train.py"))
+    assert signer_of(events.encode(ev)) == ALICE.public_key
+
+
+def test_with_wait_it_returns_the_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    queued = events.JobQueued(
+        job_id="x",
+        budget="lab/a",
+        user="alice",
+        allocated=True,
+        gpus_per_replica=1,
+        replicas=1,
+        min_runtime_s=60.0,
+        duration_s=60.0,
+        submitted_at=NOW,
+        ts=NOW,
+    )
+    kafka = Recorder(monkeypatch, queued)
+    verdict = client.submit(budget="lab/a", gpus=1, min_runtime=60, duration=60, identity=ALICE, wait=5)
+    assert isinstance(verdict, events.JobQueued) and verdict.job_id == kafka.watched[0] == kafka.published[0].job_id
+
+
+def test_a_rejection_is_returned_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    rejected = events.JobRejected(
+        job_id="x",
+        budget="lab/a",
+        user="alice",
+        reason=events.RejectReason.NOT_A_MEMBER,
+        message="user 'alice' is not a member of budget 'lab/a'",
+        ts=NOW,
+    )
+    Recorder(monkeypatch, rejected)
+    verdict = client.submit(budget="lab/a", gpus=1, min_runtime=60, duration=60, identity=ALICE, wait=5)
+    assert isinstance(verdict, events.JobRejected) and verdict.reason.value == "not_a_member"
+
+
+def test_no_verdict_in_time_raises_naming_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    kafka = Recorder(monkeypatch, None)
+    with pytest.raises(client.NoVerdict) as err:
+        client.submit(budget="lab/a", gpus=1, duration=60, job_id="alice-9", identity=ALICE, wait=0.5)
+    assert isinstance(err.value, client.ApportionError) and err.value.job_id == "alice-9"
+    assert str(err.value) == "no verdict from the dispatcher within 0.5 s for alice-9; the submission is in the log"
+    assert [e.job_id for e in kafka.published] == ["alice-9"]
+
+
+@pytest.mark.parametrize(
+    "kwargs,field,message",
+    [
+        ({"gpus": 0, "duration": 60}, "gpus_per_replica", "Input should be greater than or equal to 1"),
+        ({"gpus": 1}, "job", "a job needs a command (real workload) or duration_s (simulated workload)"),
+        (
+            {"gpus": 1, "duration": 60, "min_runtime": "soon"},
+            "min_runtime_s",
+            "bad duration 'soon': use seconds or forms like 90s, 30m, 2h, 1d12h",
+        ),
+        ({"gpus": 1, "duration": 60, "env": {"PATH": "/x"}}, "env", "env name 'PATH' is reserved"),
+        ({"gpus": 1, "duration": 60, "time_limit": "1h", "time_limit_s": 60.0}, "time_limit_s", "give time_limit"),
+        ({"gpus": 1, "duration": 60, "job_id": "a b"}, "job_id", "invalid job id 'a b'"),
+    ],
+)
+def test_an_invalid_submission_raises_the_field_and_publishes_nothing(
+    monkeypatch: pytest.MonkeyPatch, kwargs: dict[str, Any], field: str, message: str
+) -> None:
+    kafka = Recorder(monkeypatch)
+    with pytest.raises(client.InvalidSubmission) as err:
+        client.submit(budget="lab/a", user="alice", wait=5, **kwargs)
+    assert isinstance(err.value, client.ApportionError) and isinstance(err.value, ValueError)
+    assert err.value.field == field and err.value.message.startswith(message)
+    assert str(err.value) == f"invalid submission: {field}: {err.value.message}"
+    assert kafka.published == [] and kafka.watched == []

@@ -1,0 +1,100 @@
+"""A submission's environment: checked where it is written and where it is read, carried to every replica."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from apportion import events as ev
+from apportion.cli.main import app
+from apportion.client import parse_env
+from apportion.domain.budgets import BudgetTree
+from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, fold, step
+from apportion.timeutil import from_us, to_us
+from services.dispatcher.logic import resend_starts
+from tests.narrowing import narrow
+from tests.unit.builders import T0, m, submitted
+
+TREE = BudgetTree.from_mapping({"lab": 1.0, "lab/b": 1.0})
+CFG = DispatchConfig(heartbeat_timeout_s=None)
+
+
+def test_env_file_and_pairs_are_parsed_with_the_pairs_winning() -> None:
+    text = "# run settings\n\nexport WANDB_PROJECT=\"robotics\"\nSEED=7\nNOTE='a b'\nEMPTY=\n"
+    assert parse_env(["SEED=8", "LR=3e-4"], text) == {
+        "WANDB_PROJECT": "robotics",
+        "SEED": "8",
+        "NOTE": "a b",
+        "EMPTY": "",
+        "LR": "3e-4",
+    }
+
+
+@pytest.mark.parametrize(
+    "pairs,text,message",
+    [
+        (["A"], None, "--env 'A' is not KEY=VALUE"),
+        ([], "A=1\nnot a pair\n", "env file, line 2: 'not a pair' is not KEY=VALUE"),
+        (["1A=x"], None, "env name '1A' is not a variable name ([A-Za-z_][A-Za-z0-9_]*)"),
+        (["A-B=x"], None, "env name 'A-B' is not a variable name ([A-Za-z_][A-Za-z0-9_]*)"),
+        (["APPORTION_JOB_ID=x"], None, "env name 'APPORTION_JOB_ID' is reserved"),
+        (["CUDA_VISIBLE_DEVICES=0"], None, "env name 'CUDA_VISIBLE_DEVICES' is reserved"),
+        (["LD_PRELOAD=/tmp/x.so"], None, "env name 'LD_PRELOAD' is reserved"),
+        ([f"V{i}=x" for i in range(129)], None, "env sets 129 variables, at most 128 are allowed"),
+        (["BIG=" + "x" * (32 * 1024)], None, "env is 32771 bytes (names and values), at most 32768 are allowed"),
+    ],
+)
+def test_bad_env_is_refused_naming_the_variable(pairs: list[str], text: str | None, message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        parse_env(pairs, text)
+    assert str(err.value).startswith(message)
+
+
+def test_a_record_with_a_reserved_name_is_refused_by_the_reader_naming_the_field() -> None:
+    """A producer that skips the client: the decoder refuses the record (so it is dead-lettered, never queued)."""
+    obj = json.loads(ev.encode(submitted("j1", budget="lab/b")))
+    obj["env"] = {"PATH": "/tmp/evil"}
+    with pytest.raises(ev.DecodeError) as err:
+        ev.decode(json.dumps(obj))
+    assert err.value.field == "env"
+    assert "env name 'PATH' is reserved" in err.value.reason
+
+
+def test_cli_submit_refuses_bad_env_before_publishing_exit_2() -> None:
+    res = CliRunner().invoke(
+        app,
+        ["submit", "--dry-run", "-b", "lab/b", "-g", "1", "-m", "1h", "--duration", "1h", "-u", "bob", "-e", "PATH=/x"],
+    )
+    assert res.exit_code == 2
+    assert "invalid submission: env name 'PATH' is reserved" in res.output
+
+
+def test_every_replica_of_a_gang_gets_the_env_and_a_fold_agrees() -> None:
+    env = {"WANDB_PROJECT": "robotics", "SEED": "7"}
+    state = DispatchState(TREE)
+    log: list[ev.Event] = []
+    regs = [
+        ev.NodeRegistered(node_id=n, gpu_count=4, ts=from_us(T0), event_id=ev.det_id("reg", n)) for n in ("n0", "n1")
+    ]
+    sub = submitted("j1", budget="lab/b", user="bob", gpus=4, replicas=2).model_copy(update={"env": env})
+    plain = submitted("j2", budget="lab/b", user="bob", gpus=1, at=m(1))
+    for e in (*regs, sub, plain):
+        log += [e, *step(state, e, to_us(e.ts), CFG)]
+    assert narrow(ev.JobQueued, log[3]).env == env
+    out = step(state, Tick(m(2)), m(2), CFG)
+    starts = [e for e in out if isinstance(e, ev.StartWorkload)]
+    assert [(s.job_id, s.replica, s.env) for s in starts] == [("j1", 0, env), ("j1", 1, env)]
+    # what a rebuild sends again (a leader that died before its StartWorkload) carries it too
+    resent = resend_starts(fold([*log, *(e for e in out if not isinstance(e, ev.StartWorkload))], TREE), m(3), CFG)
+    assert [(narrow(ev.StartWorkload, s).replica, narrow(ev.StartWorkload, s).env) for s in resent] == [
+        (0, env),
+        (1, env),
+    ]
+    # a job without env: the start carries none
+    state2 = DispatchState(TREE)
+    for e in (regs[0], plain):
+        step(state2, e, to_us(e.ts), CFG)
+    only = [e for e in step(state2, Tick(m(2)), m(2), CFG) if isinstance(e, ev.StartWorkload)]
+    assert [s.env for s in only] == [{}]
