@@ -9,7 +9,8 @@
 # once and kept in DATADIR/cluster.ports ("node port controller-port" lines;
 # PORT, when given, is node 1's client port), so a node restarted later comes
 # back on the same addresses; the cluster id (DATADIR/cluster.id) and the
-# secrets (DATADIR/secrets/, SASL/SCRAM as start.sh sets it up) are shared.
+# secrets (DATADIR/secrets/, SASL/SCRAM as start.sh sets it up) and the TLS
+# directory (tls/ beside DATADIR: one CA and server certificate) are shared.
 # Replication: min(3, BROKERS) replicas of the internal topics and by default,
 # min.insync.replicas one less (at least 1).
 #

@@ -1,10 +1,13 @@
 """Kafka authentication and ACLs on the real broker (DESIGN section 10; ``apportion.bus.security``).
 
-The session broker runs SASL/SCRAM-SHA-512 with KRaft's StandardAuthorizer
+The session broker runs SASL_SSL (SCRAM-SHA-512 over TLS) with KRaft's StandardAuthorizer
 (``infra/kafka/start.sh``) and the ACL table provisioned for this test's
 namespace. Each principal writes only the topics the table grants it: the
 forbidden write fails with Kafka's ``TopicAuthorizationFailedError`` and
 nothing reaches the topic; a client without credentials is not let in.
+Transport: a plaintext request gets no answer, a client that does not trust the
+stack's CA (or expects another name) fails on Kafka's and Redis' ports, and the
+broker runs no plaintext listener.
 """
 
 from __future__ import annotations

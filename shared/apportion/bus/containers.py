@@ -87,7 +87,7 @@ def make_secrets(root: Path, infra_dir: Path = DEFAULT_INFRA_DIR) -> Path:
 
 
 def kafka_spec(host_port: int, secrets: Path, infra_dir: Path = DEFAULT_INFRA_DIR) -> ContainerSpec:
-    """The single-node Kafka container: SASL/SCRAM and ACLs on, advertised at ``127.0.0.1:host_port``."""
+    """The single-node Kafka container: TLS, SASL/SCRAM and ACLs on, advertised at ``127.0.0.1:host_port``."""
     cluster_id = "-"
     while cluster_id.startswith("-"):  # a leading "-" would read as an option of the storage tool
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
