@@ -19,6 +19,12 @@ fresh topic namespace, and the services as processes on the wall clock:
    CRC-32C every service uses (:func:`apportion.bus.crc.use_compiled_crc32c`),
    a stricter baseline the target does not name.
 
+Every connection is TLS (Kafka SASL_SSL, Redis ``rediss://``: DESIGN section
+10). ``--no-tls`` runs the same stack with the same authentication and ACLs
+without TLS (``APPORTION_NO_TLS=1``, development only); ``--tls-cost`` runs
+both, one after the other, and prints each figure with and without TLS side
+by side.
+
 Prints figures; exits 1 when a target is missed. Sizes: ``--jobs``,
 ``--events``; ``--quick`` for a smoke run.
 """
@@ -133,9 +139,68 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=200_000, help="job events for the accounting ingest run")
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
     ap.add_argument("--ingest-only", action="store_true", help="only the accounting ingest (3), not the services")
+    tls = ap.add_mutually_exclusive_group()
+    tls.add_argument("--no-tls", action="store_true", help="Kafka SASL_PLAINTEXT and plaintext Redis (development)")
+    tls.add_argument("--tls-cost", action="store_true", help="run with TLS, then without; print both side by side")
     args = ap.parse_args()
     if args.quick:
         args.latency_jobs, args.jobs, args.events = 30, 500, 20_000
+    if not args.tls_cost:
+        return 0 if bench(args, tls=not args.no_tls, figures={}) else 1
+    with_tls: dict[str, float] = {}
+    without: dict[str, float] = {}
+    print("== with TLS")
+    ok = bench(args, tls=True, figures=with_tls)
+    print("== without TLS (APPORTION_NO_TLS=1)")
+    bench(args, tls=False, figures=without)
+    print(tls_cost_table(with_tls, without))
+    return 0 if ok else 1
+
+
+#: How each figure reads, and whether more is better (the sign of TLS's cost).
+FIGURES = {
+    "latency_p50_ms": ("submit-to-StartWorkload p50, ms", False),
+    "latency_p99_ms": ("submit-to-StartWorkload p99, ms", False),
+    "placements_per_s": ("sustained placements/s", True),
+    "broker_cpu_s_per_1000": ("broker CPU s per 1,000 placed", False),
+    "services_cpu_s_per_1000": ("services' CPU s per 1,000 placed", False),
+    "raw_consume_per_s": ("raw kafka-python consume, events/s", True),
+    "accounting_per_s": ("accounting rebuild, events/s", True),
+}
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes ``pids`` have used so far (``/proc/PID/stat``; a gone one counts 0)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime and stime, fields 14 and 15 of proc(5)
+    return total
+
+
+def tls_cost_table(with_tls: dict[str, float], without: dict[str, float]) -> str:
+    """The figures of both runs and what TLS costs in each, one line per figure both runs measured."""
+    lines = [f"{'figure':<40} {'with TLS':>12} {'without':>12} {'TLS costs':>10}"]
+    for key, (label, more_is_better) in FIGURES.items():
+        if key not in with_tls or key not in without:
+            continue
+        a, b = with_tls[key], without[key]
+        cost = (b - a) / b if more_is_better else (a - b) / b
+        lines.append(f"{label:<40} {a:>12,.2f} {b:>12,.2f} {100 * cost:>9.0f}%")
+    return "\n".join(lines)
+
+
+def bench(args: argparse.Namespace, *, tls: bool, figures: dict[str, float]) -> bool:
+    """One run of the benchmarks on a fresh local stack (with TLS or without); fills ``figures``; true when every
+    target is met."""
+    if tls:
+        os.environ.pop("APPORTION_NO_TLS", None)
+    else:
+        os.environ["APPORTION_NO_TLS"] = "1"  # infra/ starts the servers without TLS; the clients follow
 
     from apportion import events
     from apportion.bus.producer import EventProducer
@@ -152,10 +217,10 @@ def main() -> int:
         stack = LocalStack(tmp / "stack").start()
         bootstrap, redis_url = stack.bootstrap, stack.redis_url
     if args.ingest_only:
-        ok = accounting_ingest(bootstrap, redis_url, args.events)
+        ok = accounting_ingest(bootstrap, redis_url, args.events, figures)
         if stack is not None:
             stack.stop()
-        return 0 if ok else 1
+        return ok
     ns = f"bench{uuid.uuid4().hex[:6]}."
     os.environ["APPORTION_TOPIC_PREFIX"] = ns
     provision(bootstrap)
@@ -192,7 +257,7 @@ def main() -> int:
         while watcher.count("NodeRegistered") < nodes:
             if time.perf_counter() > deadline:
                 print(f"FAIL: only {watcher.count('NodeRegistered')} of {nodes} nodes registered within 120 s")
-                return 1
+                return False
             time.sleep(0.05)
 
         def submit(job_id: str, budget: str, duration: float, gpus: int = 1) -> None:
@@ -217,7 +282,7 @@ def main() -> int:
         producer.flush()
         if watcher.wait_for(("StartWorkload", "probe"), 120) is None:
             print("FAIL: the stack did not place a probe job within 120 s")
-            return 1
+            return False
 
         # ---- 1. latency on an idle cluster
         lat = []
@@ -229,9 +294,12 @@ def main() -> int:
             t1 = watcher.wait_for(("StartWorkload", jid), 30)
             if t1 is None:
                 print(f"FAIL: no StartWorkload for {jid} within 30 s")
-                return 1
+                return False
             lat.append((t1 - t0) * 1000)
         p50, p99 = statistics.median(lat), percentile(lat, 99)
+        figures["latency_p50_ms"] = p50
+        if p99 is not None:  # percentile of a non-empty list
+            figures["latency_p99_ms"] = p99
         print(
             f"submit-to-StartWorkload latency over {len(lat)} jobs: p50 {p50:.1f} ms, p99 {p99:.1f} ms "
             f"(target p50 <= 100 ms)"
@@ -240,6 +308,9 @@ def main() -> int:
 
         # ---- 2. sustained throughput
         base = watcher.count("JobPlaced")
+        broker = [pid for pid in [stack.node_pid(1) if stack is not None else None] if pid is not None]
+        services = [p.pid for p in procs]
+        cpu0 = (cpu_seconds(broker), cpu_seconds(services))
         t0 = time.perf_counter()
         for i in range(args.jobs):
             submit(f"thr{i}", "bench/a" if i % 2 else "bench/b", 3600.0)
@@ -250,12 +321,22 @@ def main() -> int:
         while watcher.count("JobPlaced") < base + args.jobs and time.perf_counter() < deadline:
             time.sleep(0.05)
         placed = watcher.count("JobPlaced") - base
+        broker_cpu, services_cpu = cpu_seconds(broker) - cpu0[0], cpu_seconds(services) - cpu0[1]
         t_end = max(v for k, v in watcher.seen.items() if k[0] == "JobPlaced")
         rate = placed / (t_end - t0) if last else 0.0
+        figures["placements_per_s"] = rate
         print(
             f"sustained: {args.jobs} submissions published in {t_pub:.2f} s ({args.jobs / t_pub:,.0f}/s); "
             f"{placed} placed in {t_end - t0:.2f} s -> {rate:,.0f} placements/s (target >= 1,000/s)"
         )
+        if placed and broker:
+            figures["broker_cpu_s_per_1000"] = 1000 * broker_cpu / placed
+            figures["services_cpu_s_per_1000"] = 1000 * services_cpu / placed
+            print(
+                f"  CPU per 1,000 placed jobs (from the first submission until the last placement was seen): broker "
+                f"{figures['broker_cpu_s_per_1000']:.2f} s, the four services "
+                f"{figures['services_cpu_s_per_1000']:.2f} s"
+            )
         ok &= rate >= 1000
     finally:
         for p in procs:
@@ -268,14 +349,14 @@ def main() -> int:
         producer.close()
 
     # ---- 3. accounting ingest vs raw consume, on a fresh namespace
-    ok &= accounting_ingest(bootstrap, redis_url, args.events)
+    ok &= accounting_ingest(bootstrap, redis_url, args.events, figures)
     if stack is not None:
         stack.stop()
     print("all targets met" if ok else "SOME TARGETS MISSED")
-    return 0 if ok else 1
+    return ok
 
 
-def accounting_ingest(bootstrap: str, redis_url: str, n: int) -> bool:
+def accounting_ingest(bootstrap: str, redis_url: str, n: int, figures: dict[str, float]) -> bool:
     """Produce ``n`` job events, then time raw consumption and the accounting rebuild of them."""
     from kafka import KafkaConsumer, TopicPartition
 
@@ -394,6 +475,7 @@ def accounting_ingest(bootstrap: str, redis_url: str, n: int) -> bool:
     crc = use_compiled_crc32c()
     got_c, raw_c, raw_c_cpu = raw_consume()
     raw_rate, acc_rate = got / raw, n / acc
+    figures.update(raw_consume_per_s=raw_rate, accounting_per_s=acc_rate)
     print(
         f"accounting ingest: {n:,} job events; raw kafka-python consume {raw_rate:,.0f} events/s "
         f"({raw:.2f} s); accounting start-up rebuild (read + decode + fold + first snapshot) "

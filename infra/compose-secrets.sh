@@ -12,6 +12,11 @@
 #                               per node agent of docker-compose.yml, signs its reports), ops.json (role ops, for
 #                               the operator's CLI: APPORTION_IDENTITY=DIR/keys/ops.json); DIR/keys/public/ their
 #                               public halves, which the provision container registers (--register-keys)
+#   DIR/tls/                    the local CA and the servers' certificate (apportion.bus.tls, through
+#                               infra/tls.sh): ca.pem (every client's APPORTION_TLS_CA), server.pem, server.key,
+#                               keystore.pem (Kafka's) for the compose service names, localhost and 127.0.0.1;
+#                               ca.key (mode 0600) is mounted nowhere.  Bring your own CA: put its ca.pem and a
+#                               server.pem/server.key/keystore.pem it issued for those names there first
 #
 # Files are mode 0644 so a container's user can read its bind-mounted secret; the directories are 0700, so
 # other users of the host cannot.  Idempotent: existing passwords are kept (rotate by deleting a file, then
@@ -45,5 +50,9 @@ for node in node-1 node-2 node-3; do
     bash "$key" "$dir/keys/nodes/$node/$node.json" "$dir/keys/public/node-$node.json" "node:$node" user 0644
 done
 bash "$key" "$dir/keys/ops.json" "$dir/keys/public/ops.json" ops ops 0600
-chmod 0700 "$dir/kafka" "$dir/redis" "$dir/grafana" "$dir/keys" "$dir/keys/public" "$dir/keys/nodes" "$dir/keys/nodes/"*
-echo "secrets in $dir (Kafka principals, Redis ACL users, Grafana admin, signing keys); next: docker compose up --build"
+# the names clients reach the servers by: the compose services (Kafka's nodes, Redis, the dashboard), and the host
+bash "$here/tls.sh" "$dir/tls" --mode 0644 --host kafka-1 --host kafka-2 --host kafka-3 --host redis --host web \
+    > /dev/null
+chmod 0700 "$dir/kafka" "$dir/redis" "$dir/grafana" "$dir/tls" "$dir/keys" "$dir/keys/public" "$dir/keys/nodes" "$dir/keys/nodes/"*
+echo "secrets in $dir (Kafka principals, Redis ACL users, Grafana admin, signing keys, TLS CA and certificate);" \
+    "next: docker compose up --build"

@@ -4,9 +4,14 @@ Where they come from, first match wins (DESIGN section 8):
 
 1. ``KAFKA_BOOTSTRAP`` / ``REDIS_URL`` from the environment;
 2. testcontainers (apache/kafka, redis) when a Docker engine answers, secured as
-   the native stack (SASL/SCRAM, ACLs, Redis ACL users: :mod:`apportion.bus.containers`);
+   the native stack (TLS with SASL/SCRAM and ACLs, Redis TLS and ACL users: :mod:`apportion.bus.containers`);
 3. the native stack from ``infra/`` (Kafka from Maven jars, Debian
    redis-server) on free ports in a temp dir, stopped after the session.
+
+Every path is encrypted (DESIGN section 10, "Transport"): the stack makes its
+CA and the servers' certificate once (:mod:`apportion.bus.tls`), Kafka listens
+SASL_SSL only and Redis TLS only (``rediss://``), and ``APPORTION_TLS_CA`` in
+the environment makes every client of the session verify them.
 
 Registry topics are provisioned in every case. Tests that use either fixture
 are marked ``integration`` automatically.
@@ -159,7 +164,7 @@ class KafkaCluster:
 
 @pytest.fixture(scope="module")
 def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
-    """A native 3-broker KRaft cluster with SASL/SCRAM and ACLs, topics provisioned (replication 3,
+    """A native 3-broker KRaft cluster with TLS, SASL/SCRAM and ACLs, topics provisioned (replication 3,
     ``min.insync.replicas`` 2), and its own Redis; stopped after the module that asked for it (three idle JVMs
     for the rest of the session slowed every later test). Only for tests that need more than one broker (it
     costs about a minute to start on the shared machine)."""

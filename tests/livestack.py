@@ -51,7 +51,7 @@ def live_stack(
     db_url = redis_url.rsplit("/", 1)[0] + f"/{db}"
     from apportion.bus.security import redis_auth
 
-    redis_lib.Redis.from_url(db_url, **redis_auth()).flushdb()
+    redis_lib.Redis.from_url(db_url, **redis_auth(db_url)).flushdb()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_STATE_HOME", str(state))
         for v in ("APPORTION_KAFKA_BOOTSTRAP", "APPORTION_REDIS_URL", "APPORTION_TOPIC_PREFIX", "APPORTION_STACK_DIR"):

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Start one Kafka node inside the official apache/kafka image the way start.sh starts it natively:
-# server.properties.template + security.properties.template (SASL/SCRAM-SHA-512, ACLs with KRaft's
-# StandardAuthorizer, admin and controller super users), formatted once with admin's SCRAM credential,
-# then listeners for the container network.  Used by docker-compose.yml (three nodes) and by the
+# server.properties.template + security.properties.template (SASL_SSL: TLS with SCRAM-SHA-512, ACLs with
+# KRaft's StandardAuthorizer, admin and controller super users), formatted once with admin's SCRAM credential,
+# then listeners for the container network, every one SASL_SSL.  Used by docker-compose.yml (three nodes) and by the
 # testcontainers fixture (apportion.bus.containers, one node); mounted read-only with infra/kafka at
 # /opt/apportion/kafka.  Not run on the development machines (no Docker engine): tests/unit/test_compose.py
 # and tests/unit/test_containers.py render and check what it writes (KAFKA_RENDER_ONLY=1).
@@ -15,6 +15,8 @@
 #   KAFKA_ADVERTISED         host:port other containers reach this node at (default localhost:9092)
 #   KAFKA_HOST_ADVERTISED    host:port the host reaches the HOST listener (:29092) at; empty: no HOST listener
 #   KAFKA_ADMIN_PASSWORD_FILE, KAFKA_CONTROLLER_PASSWORD_FILE   the super users' passwords (secrets)
+#   KAFKA_TLS_KEYSTORE_FILE  the server's key and certificate chain, PEM (apportion.bus.tls's keystore.pem)
+#   KAFKA_TLS_CA_FILE        the CA the nodes verify each other with (ca.pem)
 #   KAFKA_DATA_DIR           log dirs (default /var/lib/kafka/data); KAFKA_CONFIG the file written
 #                            (default /tmp/apportion-server.properties, mode 0600)
 #   KAFKA_RENDER_ONLY=1      write the configuration and stop (the tests)
@@ -32,23 +34,26 @@ advertised="${KAFKA_ADVERTISED:-localhost:9092}"
 : "${KAFKA_CLUSTER_ID:?set KAFKA_CLUSTER_ID (a base64 UUID, the same on every node)}"
 admin_pw="$(cat "${KAFKA_ADMIN_PASSWORD_FILE:?set KAFKA_ADMIN_PASSWORD_FILE}")"
 controller_pw="$(cat "${KAFKA_CONTROLLER_PASSWORD_FILE:?set KAFKA_CONTROLLER_PASSWORD_FILE}")"
+keystore="${KAFKA_TLS_KEYSTORE_FILE:?set KAFKA_TLS_KEYSTORE_FILE}"
+ca="${KAFKA_TLS_CA_FILE:?set KAFKA_TLS_CA_FILE}"
 
-listeners="SASL_PLAINTEXT://0.0.0.0:9092,CONTROLLER://0.0.0.0:9093"
-adv="SASL_PLAINTEXT://$advertised"
-protocols="CONTROLLER:SASL_PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT"
+listeners="SASL_SSL://0.0.0.0:9092,CONTROLLER://0.0.0.0:9093"
+adv="SASL_SSL://$advertised"
+protocols="CONTROLLER:SASL_SSL,SASL_SSL:SASL_SSL"
 if [[ -n "${KAFKA_HOST_ADVERTISED:-}" ]]; then
     listeners+=",HOST://0.0.0.0:29092"
     adv+=",HOST://$KAFKA_HOST_ADVERTISED"
-    protocols+=",HOST:SASL_PLAINTEXT"
+    protocols+=",HOST:SASL_SSL"
 fi
 (
     sed -e "s|@PORT@|9092|g" -e "s|@CONTROLLER_PORT@|9093|g" -e "s|@LOG_DIR@|$data|g" \
         -e "s|@NODE_ID@|$node_id|g" -e "s|@VOTERS@|$voters|g" -e "s|@RF@|$rf|g" -e "s|@MIN_ISR@|$min_isr|g" \
         "$here/server.properties.template"
     sed -e "s|@PORT@|9092|g" -e "s|@CONTROLLER_PORT@|9093|g" -e "s|@ADMIN_PASSWORD@|$admin_pw|g" \
-        -e "s|@CONTROLLER_PASSWORD@|$controller_pw|g" "$here/security.properties.template"
+        -e "s|@CONTROLLER_PASSWORD@|$controller_pw|g" -e "s|@TLS_KEYSTORE@|$keystore|g" -e "s|@TLS_CA@|$ca|g" \
+        "$here/security.properties.template"
     echo
-    echo "# The container's listeners (container-start.sh): every one SASL; later lines win."
+    echo "# The container's listeners (container-start.sh): every one SASL_SSL; later lines win."
     echo "listeners=$listeners"
     echo "advertised.listeners=$adv"
     echo "listener.security.protocol.map=$protocols"
@@ -59,7 +64,9 @@ fi
 ) > "$props"
 # what the healthcheck connects with (kafka-broker-api-versions.sh --command-config)
 (
-    echo "security.protocol=SASL_PLAINTEXT"
+    echo "security.protocol=SASL_SSL"
+    echo "ssl.truststore.type=PEM"
+    echo "ssl.truststore.location=$ca"
     echo "sasl.mechanism=SCRAM-SHA-512"
     echo "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username=\"admin\" password=\"$admin_pw\";"
 ) > "${props%.properties}-admin-client.properties"

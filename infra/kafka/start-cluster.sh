@@ -9,7 +9,8 @@
 # once and kept in DATADIR/cluster.ports ("node port controller-port" lines;
 # PORT, when given, is node 1's client port), so a node restarted later comes
 # back on the same addresses; the cluster id (DATADIR/cluster.id) and the
-# secrets (DATADIR/secrets/, SASL/SCRAM as start.sh sets it up) are shared.
+# secrets (DATADIR/secrets/, SASL/SCRAM as start.sh sets it up) and the TLS
+# directory (tls/ beside DATADIR: one CA and server certificate) are shared.
 # Replication: min(3, BROKERS) replicas of the internal topics and by default,
 # min.insync.replicas one less (at least 1).
 #
@@ -68,8 +69,9 @@ voters="$(awk '{printf "%s%s@127.0.0.1:%s", (NR > 1 ? "," : ""), $1, $3}' "$port
 rf=$(( brokers < 3 ? brokers : 3 ))
 bootstrap="$(awk '{printf "%s127.0.0.1:%s", (NR > 1 ? "," : ""), $2}' "$ports_file")"
 
+tls="${APPORTION_TLS_DIR:-$(dirname "$datadir")/tls}"  # beside DATADIR: one CA and certificate for every node
 start_node() {  # node port cport -> start.sh's output in DATADIR/broker-N.start.log
-    KAFKA_NODE_ID="$1" KAFKA_CONTROLLER_PORT="$3" KAFKA_QUORUM_VOTERS="$voters" \
+    APPORTION_TLS_DIR="$tls" KAFKA_NODE_ID="$1" KAFKA_CONTROLLER_PORT="$3" KAFKA_QUORUM_VOTERS="$voters" \
         KAFKA_REPLICATION="$rf" KAFKA_SECRETS_DIR="$datadir/secrets" KAFKA_CLUSTER_ID_FILE="$datadir/cluster.id" \
         KAFKA_NO_WAIT=1 bash "$here/start.sh" "$2" "$datadir/broker-$1" > "$datadir/broker-$1.start.log" 2>&1
 }
@@ -101,6 +103,8 @@ done
 
 probe=()
 [[ -f "$datadir/broker-1/plaintext" ]] || probe=(--sasl SCRAM-SHA-512)
+with_tls=0
+if [[ ${#probe[@]} -gt 0 && ! -f "$datadir/broker-1/no-tls" ]]; then with_tls=1; probe+=(--tls "$tls/ca.pem"); fi
 t0="$(date +%s%N)"
 for entry in "${started[@]}"; do
     read -r node port <<< "$entry"
@@ -120,3 +124,4 @@ printf 'kafka %s cluster of %s ready on %s (%s started) in %d.%02ds, replication
     "${#started[@]}" $(( (t1 - t0) / 1000000000 )) $(( (t1 - t0) / 10000000 % 100 )) "$rf" $(( rf > 1 ? rf - 1 : 1 ))
 echo "KAFKA_BOOTSTRAP=$bootstrap"
 if [[ ${#probe[@]} -gt 0 ]]; then echo "KAFKA_SECRETS=$datadir/secrets"; fi
+if [[ "$with_tls" == 1 ]]; then echo "KAFKA_TLS=$tls"; fi

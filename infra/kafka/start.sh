@@ -9,13 +9,17 @@
 # fixed sleeps.  Prints startup time and resident memory, and a last line
 # KAFKA_BOOTSTRAP=127.0.0.1:PORT.  Stop it with infra/kafka/stop.sh DATADIR.
 #
-# Security (DESIGN section 10, docs/security.md): SASL_PLAINTEXT with
-# SCRAM-SHA-512 on 127.0.0.1 and ACLs (StandardAuthorizer), from
-# security.properties.template.  The passwords of the super users admin and
-# controller are made once in DATADIR/secrets/ (mode 0600); admin's SCRAM
-# credential is stored when the storage is formatted (--add-scram).
-# APPORTION_KAFKA_PLAINTEXT=1 starts a plaintext broker without ACLs instead
-# (development only; the mode is fixed when the storage is formatted).
+# Security (DESIGN section 10, docs/security.md): SASL_SSL (TLS, SCRAM-SHA-512)
+# on 127.0.0.1 and ACLs (StandardAuthorizer), from security.properties.template.
+# The passwords of the super users admin and controller are made once in
+# DATADIR/secrets/ (mode 0600); admin's SCRAM credential is stored when the
+# storage is formatted (--add-scram).  The certificates are in APPORTION_TLS_DIR
+# (default tls/ beside DATADIR, shared with Redis; apportion.bus.tls makes a local CA and the server
+# certificate there when they are missing).  APPORTION_KAFKA_PLAINTEXT=1 starts
+# a plaintext broker without ACLs instead, and APPORTION_NO_TLS=1 the same
+# SASL/SCRAM and ACLs without TLS (SASL_PLAINTEXT: to measure what TLS costs,
+# bench/bench_live.py --no-tls); both development only, fixed when the storage
+# is formatted.
 #
 # Environment: KAFKA_HEAP_OPTS (default -Xms256m -Xmx512m), KAFKA_JVM_OPTS
 # (extra flags), KAFKA_CONTROLLER_PORT (default: a free port),
@@ -58,6 +62,13 @@ if [[ -f "$datadir/plaintext" || ( ! -f "$datadir/kraft-logs/meta.properties" &&
     secure=0
 fi
 secrets="${KAFKA_SECRETS_DIR:-$datadir/secrets}"
+tls="${APPORTION_TLS_DIR:-$(dirname "$datadir")/tls}"  # beside DATADIR: what Kafka and Redis of a stack share
+if [[ ! -f "$datadir/kraft-logs/meta.properties" ]]; then
+    rm -f "$datadir/no-tls"
+    if [[ "${APPORTION_NO_TLS:-}" == 1 ]]; then touch "$datadir/no-tls"; fi
+fi
+with_tls=1
+if [[ -f "$datadir/no-tls" ]]; then with_tls=0; fi
 
 if [[ -f "$pidfile" ]] && is_our_broker "$(cat "$pidfile")"; then
     running_port="$(cat "$datadir/kafka.port" 2>/dev/null || echo '?')"
@@ -67,7 +78,8 @@ if [[ -f "$pidfile" ]] && is_our_broker "$(cat "$pidfile")"; then
     fi
     echo "kafka already running on 127.0.0.1:$port (pid $(cat "$pidfile"))"
     echo "KAFKA_BOOTSTRAP=127.0.0.1:$port"
-if [[ "$secure" == 1 ]]; then echo "KAFKA_SECRETS=$secrets"; fi
+    if [[ "$secure" == 1 ]]; then echo "KAFKA_SECRETS=$secrets"; fi
+    if [[ "$secure$with_tls" == 11 ]]; then echo "KAFKA_TLS=$tls"; fi
     exit 0
 fi
 
@@ -92,10 +104,19 @@ scram=()
 probe=()
 if [[ "$secure" == 1 ]]; then
     admin_pw="$(password admin)"
-    sed -e "s|@PORT@|$port|g" -e "s|@CONTROLLER_PORT@|$cport|g" -e "s|@ADMIN_PASSWORD@|$admin_pw|g" \
-        -e "s|@CONTROLLER_PASSWORD@|$(password controller)|g" "$here/security.properties.template" >> "$props"
-    scram=(--add-scram "SCRAM-SHA-512=[name=admin,password=$admin_pw]")
+    no_tls=()  # APPORTION_NO_TLS: the same listeners as SASL_PLAINTEXT, no ssl.* settings
     probe=(--sasl SCRAM-SHA-512)
+    if [[ "$with_tls" == 1 ]]; then
+        bash "$here/../tls.sh" "$tls" > /dev/null
+        probe+=(--tls "$tls/ca.pem")
+    else
+        no_tls=(-e "s|SASL_SSL|SASL_PLAINTEXT|g" -e "s|sasl_ssl|sasl_plaintext|g" -e "/^ssl\./d")
+    fi
+    sed -e "s|@PORT@|$port|g" -e "s|@CONTROLLER_PORT@|$cport|g" -e "s|@ADMIN_PASSWORD@|$admin_pw|g" \
+        -e "s|@CONTROLLER_PASSWORD@|$(password controller)|g" \
+        -e "s|@TLS_KEYSTORE@|$tls/keystore.pem|g" -e "s|@TLS_CA@|$tls/ca.pem|g" "${no_tls[@]}" \
+        "$here/security.properties.template" >> "$props"
+    scram=(--add-scram "SCRAM-SHA-512=[name=admin,password=$admin_pw]")
 fi
 
 java_log=(-Dlog4j2.configurationFile="$here/log4j2.properties")
@@ -149,3 +170,4 @@ printf 'kafka %s ready on 127.0.0.1:%s (pid %s) in %d.%02ds, RSS %d MiB\n' \
     "$port" "$pid" $(( (t1 - t0) / 1000000000 )) $(( (t1 - t0) / 10000000 % 100 )) $(( rss_kb / 1024 ))
 echo "KAFKA_BOOTSTRAP=127.0.0.1:$port"
 if [[ "$secure" == 1 ]]; then echo "KAFKA_SECRETS=$secrets"; fi
+if [[ "$secure$with_tls" == 11 ]]; then echo "KAFKA_TLS=$tls"; fi

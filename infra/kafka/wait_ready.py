@@ -7,16 +7,19 @@ counts the process ready when the response lists at least one broker and a
 controller.  With ``--sasl MECHANISM`` (a SASL listener, which answers
 nothing before authentication) it sends a SaslHandshake v1 instead and counts
 the broker ready when it accepts the mechanism: a KRaft broker opens its
-client listeners only once it is registered and unfenced.  Exits 0 when
-ready, 1 when the process died, 2 on timeout.
+client listeners only once it is registered and unfenced.  With ``--tls
+CAFILE`` (a SASL_SSL listener) the connection is TLS, the broker's certificate
+verified against CAFILE and HOST.  Exits 0 when ready, 1 when the process
+died, 2 on timeout.
 
-    wait_ready.py HOST PORT --pid PID --timeout SECONDS [--sasl SCRAM-SHA-512]
+    wait_ready.py HOST PORT --pid PID --timeout SECONDS [--sasl SCRAM-SHA-512 [--tls CAFILE]]
 """
 
 from __future__ import annotations
 
 import argparse
 import socket
+import ssl
 import struct
 import sys
 import time
@@ -69,13 +72,14 @@ def metadata_brokers(host: str, port: int, timeout: float = 2.0) -> tuple[int, i
     return n_brokers, controller
 
 
-def sasl_accepts(host: str, port: int, mechanism: str, timeout: float = 2.0) -> bool:
-    """True when a SaslHandshake v1 for ``mechanism`` is answered with error code 0."""
+def sasl_accepts(host: str, port: int, mechanism: str, timeout: float = 2.0, cafile: str = "") -> bool:
+    """True when a SaslHandshake v1 for ``mechanism`` is answered with error code 0 (over TLS with ``cafile``)."""
     client_id = b"apportion-wait-ready"
     mech = mechanism.encode()
     body = struct.pack(">hhih", SASL_HANDSHAKE_API_KEY, SASL_HANDSHAKE_VERSION, 1, len(client_id))
     body += client_id + struct.pack(">h", len(mech)) + mech
-    with socket.create_connection((host, port), timeout=timeout) as sock:
+    with socket.create_connection((host, port), timeout=timeout) as raw:
+        sock = ssl.create_default_context(cafile=cafile).wrap_socket(raw, server_hostname=host) if cafile else raw
         sock.sendall(struct.pack(">i", len(body)) + body)
         (size,) = struct.unpack(">i", _recv_exact(sock, 4))
         resp = _recv_exact(sock, size)
@@ -90,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pid", type=int, required=True)
     ap.add_argument("--timeout", type=float, default=90.0)
     ap.add_argument("--sasl", default="", help="probe a SASL listener with a handshake for this mechanism")
+    ap.add_argument("--tls", default="", metavar="CAFILE", help="the listener is TLS: verify it with this CA")
     args = ap.parse_args(argv)
 
     deadline = time.monotonic() + args.timeout
@@ -100,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         try:
             if args.sasl:
-                if sasl_accepts(args.host, args.port, args.sasl):
+                if sasl_accepts(args.host, args.port, args.sasl, cafile=args.tls):
                     return 0
                 last_error = f"SASL handshake: {args.sasl} not enabled"
             else:

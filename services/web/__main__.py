@@ -4,11 +4,13 @@ Examples::
 
     python -m services.web --port 8080
     python -m services.web --port 8080 --simulate-json week44.json
-    python -m services.web --host 0.0.0.0 --port 8080      # reachable from other hosts: put auth in front
+    python -m services.web --host 0.0.0.0 --port 8443 --tls-cert server.pem --tls-key server.key
+                                                           # reachable from other hosts: TLS, and auth in front
 
 Reads Redis (the read models) and Kafka (the log) as the CLI does (``APPORTION_*`` variables, else the
 local stack's ``stack.env``); writes nothing. Every flag has an ``APPORTION_<NAME>`` environment variable
-(``APPORTION_WEB_PORT``, ``APPORTION_WEB_HOST``); flags win.
+(``APPORTION_WEB_PORT``, ``APPORTION_WEB_HOST``, ``APPORTION_WEB_TLS_CERT``, ``APPORTION_WEB_TLS_KEY``);
+flags win. Any address but loopback is served over TLS only: without a certificate and key it does not start.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ def parse_args(argv: list[str] | None = None) -> dict:
         "nodes; simulate --json comparisons.",
     )
     ap.add_argument("--port", dest="web_port", type=int, help="HTTP port (0: a free one)")
-    ap.add_argument("--host", dest="web_host", help="interface to bind")
+    ap.add_argument("--host", dest="web_host", help="interface to bind (not loopback: TLS only)")
+    ap.add_argument("--tls-cert", dest="web_tls_cert", help="server certificate chain (PEM): serve HTTPS")
+    ap.add_argument("--tls-key", dest="web_tls_key", help="the certificate's private key (PEM)")
     ap.add_argument(
         "--simulate-json",
         dest="simulate_json",

@@ -7,6 +7,7 @@ and while one is down its pages answer 503 (docs/reliability.md).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import threading
 from typing import Any
@@ -39,6 +40,34 @@ def create_app(settings: WebSettings, sources: Sources | None = None) -> Any:
     return app
 
 
+def server_tls(settings: WebSettings) -> dict[str, Any]:
+    """uvicorn's TLS settings for the dashboard (DESIGN section 10, "Transport"): HTTPS with the certificate and
+    key given; loopback may stay HTTP; any other address without them is refused.
+
+    Raises:
+        ValueError: ``web_host`` is not loopback and no certificate and key are given, or only one of them.
+    """
+    if bool(settings.web_tls_cert) != bool(settings.web_tls_key):
+        raise ValueError("give both --tls-cert and --tls-key (APPORTION_WEB_TLS_CERT, APPORTION_WEB_TLS_KEY)")
+    if settings.web_tls_cert:
+        return {"ssl_certfile": settings.web_tls_cert, "ssl_keyfile": settings.web_tls_key}
+    if not _loopback(settings.web_host):
+        raise ValueError(
+            f"the dashboard binds {settings.web_host}, beyond loopback, over TLS only: give --tls-cert and "
+            "--tls-key (APPORTION_WEB_TLS_CERT, APPORTION_WEB_TLS_KEY), or bind 127.0.0.1"
+        )
+    return {}
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost: it may resolve to anything
+        return False
+
+
 def serve(settings: WebSettings) -> None:
     """Run the dashboard with uvicorn until SIGTERM/SIGINT (JSON logs like every service)."""
     import uvicorn
@@ -46,9 +75,11 @@ def serve(settings: WebSettings) -> None:
     from apportion.bus.service import setup_logging
 
     setup_logging("web", settings.log_level, settings.log_json)
+    tls = server_tls(settings)
     app = create_app(settings)
     log.info(
-        "dashboard on http://%s:%d/ (Kafka %s, Redis %s)",
+        "dashboard on %s://%s:%d/ (Kafka %s, Redis %s)",
+        "https" if tls else "http",
         settings.web_host,
         settings.web_port,
         app.state.sources.conn.bootstrap,
@@ -57,7 +88,7 @@ def serve(settings: WebSettings) -> None:
     # pages answer 503 while a source is down; say so once at start, with a line per try, and never exit
     threading.Thread(target=_wait_logged, args=(app.state.readiness,), name="wait-sources", daemon=True).start()
     try:
-        uvicorn.run(app, host=settings.web_host, port=settings.web_port, log_config=None, access_log=False)
+        uvicorn.run(app, host=settings.web_host, port=settings.web_port, log_config=None, access_log=False, **tls)
     finally:
         app.state.sources.close()
 

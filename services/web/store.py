@@ -47,7 +47,9 @@ class Sources:
         self.cache_s = cache_s
         from apportion.bus.security import redis_auth
 
-        self.redis = redis_client or redis.Redis.from_url(conn.redis_url, socket_connect_timeout=3, **redis_auth())
+        self.redis = redis_client or redis.Redis.from_url(
+            conn.redis_url, socket_connect_timeout=3, **redis_auth(conn.redis_url)
+        )
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, Any]] = {}
 

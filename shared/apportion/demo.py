@@ -274,7 +274,7 @@ def audit_verify(records: list[Any], redis_url: str, export: Path, con: Any) -> 
     wanted = set(verify_topics())  # the dead letters too: what a service refused is a refused attack
     log = [r for r in records if r.topic in wanted]
     write_export(log, export, topic_names=wanted, exported_at=datetime.now(UTC).isoformat())
-    r = redis_lib.Redis.from_url(redis_url, **redis_auth())
+    r = redis_lib.Redis.from_url(redis_url, **redis_auth(redis_url))
     try:
         rows = read_models_from_redis(r)
     finally:

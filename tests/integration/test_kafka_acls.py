@@ -1,15 +1,20 @@
 """Kafka authentication and ACLs on the real broker (DESIGN section 10; ``apportion.bus.security``).
 
-The session broker runs SASL/SCRAM-SHA-512 with KRaft's StandardAuthorizer
+The session broker runs SASL_SSL (SCRAM-SHA-512 over TLS) with KRaft's StandardAuthorizer
 (``infra/kafka/start.sh``) and the ACL table provisioned for this test's
 namespace. Each principal writes only the topics the table grants it: the
 forbidden write fails with Kafka's ``TopicAuthorizationFailedError`` and
 nothing reaches the topic; a client without credentials is not let in.
+Transport: a plaintext request gets no answer, a client that does not trust the
+stack's CA (or expects another name) fails on Kafka's and Redis' ports, and the
+broker runs no plaintext listener.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import struct
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,15 +51,12 @@ def producer_as(principal: str, bootstrap: str, password_of: str | None = None, 
     """A producer signed in as ``principal``, with the password of ``password_of`` when given."""
     from kafka import KafkaProducer
 
-    from apportion.bus.security import MECHANISM
+    from apportion.bus.security import sasl_ssl
 
     secrets = Path(os.environ["APPORTION_KAFKA_SECRETS_DIR"])
     return KafkaProducer(
         bootstrap_servers=bootstrap,
-        security_protocol="SASL_PLAINTEXT",
-        sasl_mechanism=MECHANISM,
-        sasl_plain_username=principal,
-        sasl_plain_password=(secrets / f"{password_of or principal}.password").read_text().strip(),
+        **sasl_ssl(principal, (secrets / f"{password_of or principal}.password").read_text().strip()),
         max_block_ms=10_000,
         bootstrap_timeout_ms=bootstrap_timeout_ms,
         retries=0,
@@ -127,6 +129,7 @@ def test_each_principal_writes_only_its_topics(
 
 
 def test_a_client_without_credentials_is_not_let_in(kafka_bootstrap: str, namespace: str) -> None:
+    """kafka-python without TLS or SASL (the client settings of a plaintext broker): not let in."""
     from kafka import KafkaProducer
     from kafka.errors import KafkaError
 
@@ -136,6 +139,89 @@ def test_a_client_without_credentials_is_not_let_in(kafka_bootstrap: str, namesp
             p.send(topic_name(topics.SUBMISSIONS), value=b"{}").get(timeout=5)
         finally:
             p.close(timeout=2)
+
+
+def _host_port(bootstrap: str) -> tuple[str, int]:
+    host, port = bootstrap.split(",", 1)[0].rsplit(":", 1)
+    return host, int(port)
+
+
+#: A Kafka ApiVersions v0 request (api key 18, correlation id 7, client id "probe"), framed.
+API_VERSIONS = struct.pack(">ihhih5s", 2 + 2 + 4 + 2 + 5, 18, 0, 7, 5, b"probe")
+
+
+def test_the_client_listener_answers_no_plaintext_request(kafka_bootstrap: str) -> None:
+    """A Kafka request in clear on the client port gets no Kafka answer: the broker reads it as a TLS record,
+    answers with a TLS alert (content type 21) at most, and closes."""
+    with socket.create_connection(_host_port(kafka_bootstrap), timeout=10) as sock:
+        sock.sendall(API_VERSIONS)
+        got = b""
+        while chunk := sock.recv(4096):
+            got += chunk
+    assert got == b"" or got[0] == 21, got[:16]
+    assert got[8:12] != struct.pack(">i", 7), "a plaintext ApiVersions request was answered"
+
+
+@pytest.mark.parametrize(
+    ("trust", "name", "error"),
+    [
+        ("the system's CAs, not the stack's", "127.0.0.1", "certificate verify failed"),
+        ("the stack's CA, another host name", "kafka.example.org", "Hostname mismatch"),
+    ],
+)
+def test_a_client_that_does_not_trust_the_servers_certificate_fails(
+    kafka_bootstrap: str, redis_url: str, trust: str, name: str, error: str
+) -> None:
+    """The TLS handshake fails on both servers' client ports for a client that does not trust the stack's CA
+    or that expects another name; the stack's own client context (``bus/security.tls_context``) succeeds."""
+    import ssl
+
+    from apportion.bus.security import tls_context
+
+    ctx = tls_context() if "stack's CA" in trust else ssl.create_default_context()
+    redis_host, redis_port = redis_url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    for address in (_host_port(kafka_bootstrap), (redis_host, int(redis_port))):
+        with socket.create_connection(address, timeout=10) as sock:
+            with pytest.raises(ssl.SSLCertVerificationError, match=error):
+                ctx.wrap_socket(sock, server_hostname=name)
+        with (
+            socket.create_connection(address, timeout=10) as sock,
+            tls_context().wrap_socket(sock, server_hostname=address[0]) as tls,
+        ):
+            assert tls.version() in ("TLSv1.2", "TLSv1.3")
+    assert tls_context().check_hostname and tls_context().verify_mode == ssl.CERT_REQUIRED
+
+
+def test_the_broker_has_no_plaintext_listener(kafka_bootstrap: str) -> None:
+    """Every listener the broker runs, as it reports them, is TLS (``SASL_SSL``): none is ``PLAINTEXT`` or
+    ``SASL_PLAINTEXT``, and clients' settings ask for TLS."""
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    from apportion.bus.provision import admin_client
+    from apportion.bus.security import kafka_auth
+
+    admin = admin_client(kafka_bootstrap)
+    try:
+        got = admin.describe_configs([ConfigResource(ConfigResourceType.BROKER, "1")], config_filter="all")
+    finally:
+        admin.close()
+    cfg = {k: v["value"] if isinstance(v, dict) else v for k, v in got["broker"]["1"].items()}
+    protocols = dict(kv.split(":", 1) for kv in cfg["listener.security.protocol.map"].split(","))
+    listeners = [ln.split("://", 1)[0] for ln in cfg["listeners"].split(",")]
+    assert listeners and {protocols[n] for n in listeners} == {"SASL_SSL"}, cfg["listeners"]
+    assert cfg["advertised.listeners"].startswith("SASL_SSL://"), cfg["advertised.listeners"]
+    assert kafka_auth()["security_protocol"] == "SASL_SSL"
+    # and what infra/kafka/start.sh wrote for the test run's broker (the native stack: beside its secrets)
+    written = Path(os.environ["APPORTION_KAFKA_SECRETS_DIR"]).parent / "server.properties"
+    if written.is_file():
+        last = {}  # later lines win, as in Kafka's loader
+        for line in written.read_text().splitlines():
+            if "=" in line and not line.startswith("#"):
+                key, value = line.split("=", 1)
+                last[key] = value
+        assert "PLAINTEXT" not in last["listeners"] + last["advertised.listeners"], last["listeners"]
+        assert "PLAINTEXT" not in last["listener.security.protocol.map"], last["listener.security.protocol.map"]
+        assert last["inter.broker.listener.name"] == "SASL_SSL"
 
 
 def test_provisioning_twice_changes_nothing(kafka_bootstrap: str, namespace: str) -> None:
@@ -155,16 +241,13 @@ def test_only_the_dispatcher_may_take_over_its_transactional_id(
     from kafka import KafkaProducer
     from kafka.errors import TransactionalIdAuthorizationFailedError
 
-    from apportion.bus.security import MECHANISM
+    from apportion.bus.security import sasl_ssl
     from services.dispatcher.config import DispatcherSettings
 
     secrets = Path(os.environ["APPORTION_KAFKA_SECRETS_DIR"])
     p = KafkaProducer(
         bootstrap_servers=kafka_bootstrap,
-        security_protocol="SASL_PLAINTEXT",
-        sasl_mechanism=MECHANISM,
-        sasl_plain_username=principal,
-        sasl_plain_password=(secrets / f"{principal}.password").read_text().strip(),
+        **sasl_ssl(principal, (secrets / f"{principal}.password").read_text().strip()),
         transactional_id=DispatcherSettings().transactional_id(),
         max_block_ms=10_000,
     )

@@ -19,17 +19,41 @@ pytestmark = pytest.mark.integration
 def as_user(redis_url: str, user: str):
     import redis
 
+    from apportion.bus.security import redis_tls
+
     secrets = Path(os.environ["APPORTION_REDIS_SECRETS_DIR"])
-    return redis.Redis.from_url(
-        redis_url, username=user, password=(secrets / f"{user}.password").read_text().strip(), decode_responses=True
-    )
+    password = (secrets / f"{user}.password").read_text().strip()
+    return redis.Redis.from_url(redis_url, username=user, password=password, decode_responses=True, **redis_tls())
 
 
 def test_a_client_without_credentials_is_refused(redis_url: str) -> None:
     import redis
 
+    from apportion.bus.security import redis_tls
+
     with pytest.raises(redis.exceptions.AuthenticationError):
-        redis.Redis.from_url(redis_url).ping()
+        redis.Redis.from_url(redis_url, **redis_tls(redis_url)).ping()
+
+
+def test_redis_serves_tls_only_and_a_plaintext_client_is_not_answered(redis_url: str) -> None:
+    """The plaintext port is off (``port 0``), the URL's port is the TLS port, and a client speaking plaintext
+    to it (the same user and password, ``redis://``) gets no answer."""
+    import redis
+
+    assert redis_url.startswith("rediss://")
+    admin = as_user(redis_url, "admin")
+    assert admin.config_get("port") == {"port": "0"}
+    port = redis_url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1]
+    assert admin.config_get("tls-port") == {"tls-port": port}
+    secrets = Path(os.environ["APPORTION_REDIS_SECRETS_DIR"])
+    plain = redis.Redis.from_url(
+        "redis://" + redis_url.split("://", 1)[1],
+        username="admin",
+        password=(secrets / "admin.password").read_text().strip(),
+        socket_timeout=5,
+    )
+    with pytest.raises(redis.exceptions.ConnectionError):
+        plain.ping()
 
 
 @pytest.mark.parametrize("user", ["cli", "web"])

@@ -100,17 +100,24 @@ def test_each_kafka_node_runs_sasl_scram_with_acls_and_three_replicas(
     svc = compose["services"][node]
     secrets = make_secrets(tmp_path / "secrets")
     env = dict(svc["environment"])
-    for k in ("KAFKA_ADMIN_PASSWORD_FILE", "KAFKA_CONTROLLER_PASSWORD_FILE"):
+    for k in (
+        "KAFKA_ADMIN_PASSWORD_FILE",
+        "KAFKA_CONTROLLER_PASSWORD_FILE",
+        "KAFKA_TLS_KEYSTORE_FILE",
+        "KAFKA_TLS_CA_FILE",
+    ):
         name = env[k].rsplit("/", 1)[1]  # /run/secrets/<secret>
         assert name in svc["secrets"]
-        env[k] = str(secrets / "kafka" / (compose["secrets"][name]["file"].rsplit("/", 1)[1]))
+        folder, file = compose["secrets"][name]["file"].rsplit("/", 2)[1:]  # ./.secrets/<folder>/<file>
+        env[k] = str(secrets / folder / file)
     spec = ContainerSpec(svc["image"], env, svc["command"], {str(ROOT / "infra" / "kafka"): "/opt/apportion/kafka"})
     props, text = render(spec, tmp_path / "server.properties")
     assert_secured(props, text)
     n = env["KAFKA_NODE_ID"]
     host_port = {"1": 29092, "2": 29093, "3": 29094}[n]
     assert props["node.id"] == n
-    assert props["advertised.listeners"] == f"SASL_PLAINTEXT://{node}:9092,HOST://127.0.0.1:{host_port}"
+    assert props["advertised.listeners"] == f"SASL_SSL://{node}:9092,HOST://127.0.0.1:{host_port}"
+    assert props["ssl.keystore.location"] == str(secrets / "tls" / "keystore.pem")
     assert f"127.0.0.1:{host_port}:29092" in svc["ports"]
     rf, isr = replication(3)
     assert (props["default.replication.factor"], props["min.insync.replicas"]) == (str(rf), str(isr))
@@ -129,10 +136,44 @@ def test_no_secret_is_in_the_compose_file_and_every_secret_is_generated(compose:
         path = sec["file"]
         assert path.startswith("./.secrets/"), f"{name}: secrets live in the generated .secrets/"
         sub, fname = path[len("./.secrets/") :].split("/")
-        made = {"kafka": "password.sh", "redis": "acl.sh", "grafana": "password.sh", "keys": "signing-key.sh"}[sub]
+        made = {
+            "kafka": "password.sh",
+            "redis": "acl.sh",
+            "grafana": "password.sh",
+            "keys": "signing-key.sh",
+            "tls": "tls.sh",
+        }[sub]
         assert made in script and (f'"$dir/{sub}"' in script or f'"$dir/{sub}/' in script), name
     assert ".secrets/" in (ROOT / ".gitignore").read_text().splitlines()
     assert ".secrets" in (ROOT / ".dockerignore").read_text().splitlines()
+
+
+def test_every_client_verifies_the_compose_ca_and_no_server_listens_in_clear(compose: dict[str, Any]) -> None:
+    """Transport (DESIGN section 10): each container that connects to Kafka or Redis trusts the compose CA, Redis
+    serves TLS only, the dashboard HTTPS, and the server certificate names every host the clients dial."""
+    services = compose["services"]
+    clients = {n: s for n, s in services.items() if "APPORTION_KAFKA_BOOTSTRAP" in s.get("environment", {})}
+    assert {"provision", "dispatcher", "accounting", "policy", "web", "node-agent-1"} <= set(clients)
+    for name, svc in clients.items():
+        env = svc["environment"]
+        assert env["APPORTION_TLS_CA"] == "/run/secrets/tls_ca" and "tls_ca" in svc["secrets"], name
+        assert env.get("APPORTION_REDIS_URL", "rediss://").startswith("rediss://"), name
+    redis = services["redis"]["command"]
+    assert redis[redis.index("--port") + 1] == "0" and redis[redis.index("--tls-port") + 1] == "6379"
+    assert "--tls --cacert /run/secrets/tls_ca" in services["redis"]["healthcheck"]["test"][1]
+    web = services["web"]["environment"]
+    assert (web["APPORTION_WEB_TLS_CERT"], web["APPORTION_WEB_TLS_KEY"]) == (
+        "/run/secrets/tls_server_cert",
+        "/run/secrets/tls_server_key",
+    )
+    dialled = {
+        a.rsplit(":", 1)[0] for a in clients["dispatcher"]["environment"]["APPORTION_KAFKA_BOOTSTRAP"].split(",")
+    }
+    script = (ROOT / "infra/compose-secrets.sh").read_text()
+    named = set(re.findall(r"--host (\S+)", script))
+    assert dialled | {"redis", "web"} <= named, named
+    assert compose["secrets"]["tls_ca"]["file"] == "./.secrets/tls/ca.pem"
+    assert not any(sec["file"].endswith("ca.key") for sec in compose["secrets"].values()), "the CA key stays home"
 
 
 def test_the_generated_kafka_principals_are_the_declared_ones() -> None:

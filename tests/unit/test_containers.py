@@ -50,11 +50,14 @@ def render(spec: containers.ContainerSpec, out: Path, **extra: str) -> tuple[dic
 
 
 def assert_secured(props: dict[str, str], text: str) -> None:
-    """Every listener SASL, SCRAM-SHA-512 for clients and brokers, ACLs deny by default, nothing left unfilled."""
+    """Every listener TLS with SASL (SASL_SSL), the PEM keystore and truststore filled in, SCRAM-SHA-512 for
+    clients and brokers, ACLs deny by default, nothing left unfilled."""
     protocols = dict(p.split(":") for p in props["listener.security.protocol.map"].split(","))
     listeners = [entry.split("://")[0] for entry in props["listeners"].split(",")]
-    assert listeners and all(protocols[name] == "SASL_PLAINTEXT" for name in listeners), props["listeners"]
-    assert "PLAINTEXT://" not in props["advertised.listeners"].replace("SASL_PLAINTEXT://", "")
+    assert listeners and all(protocols[name] == "SASL_SSL" for name in listeners), props["listeners"]
+    assert "PLAINTEXT" not in props["advertised.listeners"] and "PLAINTEXT" not in protocols.values()
+    assert (props["ssl.keystore.type"], props["ssl.truststore.type"]) == ("PEM", "PEM")
+    assert props["ssl.endpoint.identification.algorithm"] == "https"
     assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
     assert props["sasl.mechanism.inter.broker.protocol"] == "SCRAM-SHA-512"
     assert props["authorizer.class.name"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
@@ -81,18 +84,18 @@ def test_kafka_container_config_is_sasl_scram_with_acls(tmp_path: Path) -> None:
     secrets = containers.make_secrets(tmp_path / "secrets")
     props, text = render(containers.kafka_spec(29999, secrets), tmp_path / "server.properties")
     assert_secured(props, text)
-    assert props["listeners"] == "SASL_PLAINTEXT://0.0.0.0:9092,CONTROLLER://0.0.0.0:9093"
-    assert props["advertised.listeners"] == "SASL_PLAINTEXT://127.0.0.1:29999"
+    assert props["listeners"] == "SASL_SSL://0.0.0.0:9092,CONTROLLER://0.0.0.0:9093"
+    assert props["advertised.listeners"] == "SASL_SSL://127.0.0.1:29999"
+    assert props["ssl.keystore.location"] == str(secrets / "tls" / "keystore.pem")
+    assert props["ssl.truststore.location"] == str(secrets / "tls" / "ca.pem")
     assert props["node.id"] == "1" and props["controller.quorum.voters"] == "1@localhost:9093"
     assert (props["default.replication.factor"], props["min.insync.replicas"]) == ("1", "1")
     admin_pw = (secrets / "kafka" / "admin.password").read_text().strip()
-    assert (
-        f'username="admin" password="{admin_pw}"'
-        in props["listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config"]
-    )
+    assert f'username="admin" password="{admin_pw}"' in props["listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config"]
     assert stat.S_IMODE((tmp_path / "server.properties").stat().st_mode) == 0o600
     client = parse_properties((tmp_path / "server-admin-client.properties").read_text())
-    assert client["security.protocol"] == "SASL_PLAINTEXT" and client["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert client["security.protocol"] == "SASL_SSL" and client["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert client["ssl.truststore.location"] == str(secrets / "tls" / "ca.pem")
 
 
 def test_redis_container_has_acl_users_and_no_default_user(tmp_path: Path) -> None:
@@ -114,6 +117,20 @@ def test_redis_container_has_acl_users_and_no_default_user(tmp_path: Path) -> No
     assert stat.S_IMODE((secrets / "redis" / "users.acl").stat().st_mode) == 0o644
     assert stat.S_IMODE((secrets / "redis").stat().st_mode) == 0o700
     assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
+
+
+def test_redis_container_serves_tls_only_with_the_secrets_certificate(tmp_path: Path) -> None:
+    secrets = containers.make_secrets(tmp_path / "secrets")
+    cmd = containers.redis_spec(26379, secrets).command
+    flags = dict(zip(cmd[1::2], cmd[2::2], strict=True))
+    inside = f"{containers.SECRETS}/tls"
+    assert (flags["--port"], flags["--tls-port"], flags["--tls-auth-clients"]) == ("0", "6379", "no")
+    assert (flags["--tls-cert-file"], flags["--tls-key-file"], flags["--tls-ca-cert-file"]) == (
+        f"{inside}/server.pem",
+        f"{inside}/server.key",
+        f"{inside}/ca.pem",
+    )
+    assert containers.client_env(secrets)["APPORTION_TLS_CA"] == str(secrets / "tls" / "ca.pem")
 
 
 def test_clients_of_the_containers_are_the_admin_with_password_files(tmp_path: Path) -> None:

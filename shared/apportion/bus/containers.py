@@ -9,11 +9,12 @@ Secured as the native stack is (DESIGN section 10, ``docs/security.md``):
 Kafka runs the official ``apache/kafka`` image (the version of
 ``infra/kafka/pom.xml``) in KRaft combined mode, started by
 ``infra/kafka/container-start.sh`` (mounted read-only) from the same
-templates as ``infra/kafka/start.sh``: SASL/SCRAM-SHA-512 on every
+templates as ``infra/kafka/start.sh``: SASL_SSL (TLS, SCRAM-SHA-512) on every
 listener, ACLs with KRaft's StandardAuthorizer, the super users ``admin``
-and ``controller``. Redis runs with the ACL file of ``infra/redis/acl.sh``
-(the default user off). The passwords are made in a temporary secrets
-directory (``kafka/``, ``redis/``; mounted read-only, never in the image
+and ``controller``. Redis runs TLS only with the ACL file of ``infra/redis/acl.sh``
+(the default user off). The passwords and the local CA with the servers'
+certificate (:mod:`apportion.bus.tls`) are made in a temporary secrets
+directory (``kafka/``, ``redis/``, ``tls/``; mounted read-only, never in the image
 or the repo). Kafka's client port is bound to a free host port chosen up
 front, so the advertised listener is known before the container starts.
 
@@ -59,10 +60,14 @@ class ContainerSpec:
 
 
 def make_secrets(root: Path, infra_dir: Path = DEFAULT_INFRA_DIR) -> Path:
-    """Passwords for the containers under ``root``: ``kafka/admin.password``, ``kafka/controller.password``
-    (``infra/password.sh``) and ``redis/users.acl`` with its users' passwords (``infra/redis/acl.sh``), each file
-    mode 0644 in directories of mode 0700 (a container's user must read them). Returns ``root``."""
+    """Secrets for the containers under ``root``: ``kafka/admin.password``, ``kafka/controller.password``
+    (``infra/password.sh``), ``redis/users.acl`` with its users' passwords (``infra/redis/acl.sh``) and ``tls/``
+    (:func:`apportion.bus.tls.ensure`), each file mode 0644 in directories of mode 0700 (a container's user must
+    read them; the CA's key stays 0600). Returns ``root``."""
+    from apportion.bus.tls import ensure
+
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    ensure(root / "tls", mode=0o644)
     for name in ("admin", "controller"):
         subprocess.run(
             ["bash", str(infra_dir / "password.sh"), str(root / "kafka"), name, "0644"],
@@ -82,7 +87,7 @@ def make_secrets(root: Path, infra_dir: Path = DEFAULT_INFRA_DIR) -> Path:
 
 
 def kafka_spec(host_port: int, secrets: Path, infra_dir: Path = DEFAULT_INFRA_DIR) -> ContainerSpec:
-    """The single-node Kafka container: SASL/SCRAM and ACLs on, advertised at ``127.0.0.1:host_port``."""
+    """The single-node Kafka container: TLS, SASL/SCRAM and ACLs on, advertised at ``127.0.0.1:host_port``."""
     cluster_id = "-"
     while cluster_id.startswith("-"):  # a leading "-" would read as an option of the storage tool
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
@@ -94,6 +99,8 @@ def kafka_spec(host_port: int, secrets: Path, infra_dir: Path = DEFAULT_INFRA_DI
         "KAFKA_ADVERTISED": f"127.0.0.1:{host_port}",
         "KAFKA_ADMIN_PASSWORD_FILE": f"{SECRETS}/kafka/admin.password",
         "KAFKA_CONTROLLER_PASSWORD_FILE": f"{SECRETS}/kafka/controller.password",
+        "KAFKA_TLS_KEYSTORE_FILE": f"{SECRETS}/tls/keystore.pem",
+        "KAFKA_TLS_CA_FILE": f"{SECRETS}/tls/ca.pem",
         "KAFKA_HEAP_OPTS": "-Xms256m -Xmx512m",
     }
     return ContainerSpec(
@@ -106,21 +113,27 @@ def kafka_spec(host_port: int, secrets: Path, infra_dir: Path = DEFAULT_INFRA_DI
 
 
 def redis_spec(host_port: int, secrets: Path) -> ContainerSpec:
-    """The Redis container: the ACL file of ``infra/redis/acl.sh`` (default user off), no persistence."""
+    """The Redis container: TLS only (``port 0``), the ACL file of ``infra/redis/acl.sh`` (default user off), no
+    persistence."""
     return ContainerSpec(
         REDIS_IMAGE,
         {},
-        ["redis-server", "--aclfile", f"{SECRETS}/redis/users.acl", "--save", "", "--appendonly", "no"],
+        ["redis-server", "--aclfile", f"{SECRETS}/redis/users.acl", "--save", "", "--appendonly", "no"]
+        + ["--port", "0", "--tls-port", "6379", "--tls-auth-clients", "no"]
+        + ["--tls-cert-file", f"{SECRETS}/tls/server.pem", "--tls-key-file", f"{SECRETS}/tls/server.key"]
+        + ["--tls-ca-cert-file", f"{SECRETS}/tls/ca.pem"],
         {str(secrets): SECRETS},
         {6379: host_port},
     )
 
 
 def client_env(secrets: Path) -> dict[str, str]:
-    """The environment that makes Kafka and Redis clients the containers' super user ``admin``."""
-    from apportion.bus.security import ADMIN, principal_env, redis_env
+    """The environment that makes Kafka and Redis clients the containers' super user ``admin``, over TLS
+    verified against the containers' CA."""
+    from apportion.bus.security import ADMIN, TLS_CA_SETTING, principal_env, redis_env
 
     return {
+        TLS_CA_SETTING: str(secrets / "tls" / "ca.pem"),
         **principal_env(ADMIN, secrets / "kafka"),
         "APPORTION_KAFKA_SECRETS_DIR": str(secrets / "kafka"),
         **redis_env(ADMIN, secrets / "redis"),
@@ -209,4 +222,4 @@ def start_containers(secrets_root: Path) -> Containers:
     except BaseException:
         Containers(kafka, redis, "", "").stop()
         raise
-    return Containers(kafka, redis, bootstrap, f"redis://127.0.0.1:{redis_port}/0", env)
+    return Containers(kafka, redis, bootstrap, f"rediss://127.0.0.1:{redis_port}/0", env)

@@ -140,7 +140,7 @@ def make_app(
         conf["datadir"] = str(datadir)
     from apportion.bus.security import faust_auth
 
-    conf.update(faust_auth())  # SASL/SCRAM as APPORTION_KAFKA_USER (apportion.bus.security)
+    conf.update(faust_auth())  # SASL_SSL (SCRAM over TLS) as APPORTION_KAFKA_USER (apportion.bus.security)
     conf.update(settings)
     return faust.App(app_id, **conf)
 

@@ -113,7 +113,7 @@ def redis_probe(url: str) -> Probe:
         from apportion.bus.security import redis_auth
 
         r = redis.Redis.from_url(
-            url, socket_timeout=PROBE_TIMEOUT_S, socket_connect_timeout=PROBE_TIMEOUT_S, **redis_auth()
+            url, socket_timeout=PROBE_TIMEOUT_S, socket_connect_timeout=PROBE_TIMEOUT_S, **redis_auth(url)
         )
         try:
             r.ping()

@@ -1,13 +1,21 @@
 """Kafka principals, their credentials and their ACLs (DESIGN section 10; ``docs/security.md``).
 
-Credentials. Every Kafka client apportion builds takes :func:`kafka_auth`:
-SASL_PLAINTEXT with SCRAM-SHA-512 as the principal named by
-``APPORTION_KAFKA_USER``, with the password from ``APPORTION_KAFKA_PASSWORD``
-or the file ``APPORTION_KAFKA_PASSWORD_FILE`` (each from the environment,
-else from the stack's ``stack.env``: files or the environment, never the
-repo; the password is never logged). Without a user the client speaks
+Credentials and transport: the one home of how a client connects. Every Kafka
+client apportion builds takes :func:`kafka_auth`: SASL_SSL (TLS) with
+SCRAM-SHA-512 as the principal named by ``APPORTION_KAFKA_USER``, with the
+password from ``APPORTION_KAFKA_PASSWORD`` or the file
+``APPORTION_KAFKA_PASSWORD_FILE`` (each from the environment, else from the
+stack's ``stack.env``: files or the environment, never the repo; the password is
+never logged). The server's certificate is verified, host name included, against
+the CA file ``APPORTION_TLS_CA`` (env, else stack.env; without it the system's
+trust store), through one shared context per process
+(:func:`apportion.bus.tls.client_context`). Without a user the client speaks
 plaintext, which only a broker started with ``APPORTION_KAFKA_PLAINTEXT=1``
-accepts (``infra/kafka/start.sh``).
+accepts (``infra/kafka/start.sh``); with ``APPORTION_NO_TLS=1`` it signs in
+without TLS (SASL_PLAINTEXT), which only a broker started with the same
+development flag accepts (it measures what TLS costs: ``bench/bench_live.py
+--no-tls``). Redis clients take :func:`redis_auth` (TLS for a ``rediss://``
+URL, verified against the same CA).
 
 Principals (:data:`PRINCIPALS`) and what each may do (:data:`GRANTS`, one
 declared table, applied per topic namespace like the topics):
@@ -46,6 +54,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import ssl
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -185,6 +194,20 @@ def _setting(name: str) -> str | None:
     return os.environ.get(name) or stack_env().get(name) or None
 
 
+#: The CA file every client verifies the servers against (env, else stack.env; ``apportion.bus.tls``).
+TLS_CA_SETTING = "APPORTION_TLS_CA"
+
+#: The development flag of a stack without TLS (``infra/kafka/start.sh``, ``infra/redis/start.sh``).
+NO_TLS_SETTING = "APPORTION_NO_TLS"
+
+
+def tls_context() -> ssl.SSLContext:
+    """The process's client TLS context for :data:`TLS_CA_SETTING`'s CA (the system's trust store without one)."""
+    from apportion.bus.tls import client_context
+
+    return client_context(_setting(TLS_CA_SETTING) or "")
+
+
 def kafka_auth() -> dict[str, Any]:
     """Keyword settings for a kafka-python or aiokafka client (module docstring); ``{}`` for plaintext.
 
@@ -204,17 +227,45 @@ def kafka_auth() -> dict[str, Any]:
                 "(or APPORTION_KAFKA_PASSWORD)"
             )
         password = Path(path).read_text().strip()
+    return sasl_ssl(user, password)
+
+
+def sasl_ssl(user: str, password: str) -> dict[str, Any]:
+    """Client settings that sign in as ``user`` with ``password`` (SCRAM) over TLS verified by :func:`tls_context`:
+    what :func:`kafka_auth` returns for the configured principal (tests sign in as each principal with it).
+    Without TLS under :data:`NO_TLS_SETTING`."""
+    if _setting(NO_TLS_SETTING) == "1":
+        return {
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": MECHANISM,
+            "sasl_plain_username": user,
+            "sasl_plain_password": password,
+        }
     return {
-        "security_protocol": "SASL_PLAINTEXT",
+        "security_protocol": "SASL_SSL",
+        "ssl_context": tls_context(),
         "sasl_mechanism": MECHANISM,
         "sasl_plain_username": user,
         "sasl_plain_password": password,
     }
 
 
-def redis_auth() -> dict[str, Any]:
-    """``username``/``password`` for ``redis.Redis.from_url`` (``APPORTION_REDIS_USER`` with
-    ``APPORTION_REDIS_PASSWORD`` or ``APPORTION_REDIS_PASSWORD_FILE``; env, else stack.env); ``{}`` without a user.
+def redis_tls(url: str | None = None) -> dict[str, Any]:
+    """The TLS settings of a Redis client of ``url``: for a ``rediss://`` URL (or none given) while
+    :data:`TLS_CA_SETTING` names a CA, verify the server against it, host name included; else ``{}``
+    (a ``redis://`` URL is plaintext, which only a Redis started with ``APPORTION_NO_TLS=1`` serves; under that
+    flag nothing asks for TLS). A caller that gives no URL gets the CA whenever one is set: with a CA, Redis is
+    ``rediss://``."""
+    ca = _setting(TLS_CA_SETTING)
+    if not ca or _setting(NO_TLS_SETTING) == "1" or (url is not None and not url.startswith("rediss://")):
+        return {}
+    return {"ssl_ca_certs": ca, "ssl_cert_reqs": "required", "ssl_check_hostname": True}
+
+
+def redis_auth(url: str | None = None) -> dict[str, Any]:
+    """Keywords for ``redis.Redis.from_url(url, ...)``: ``username``/``password`` (``APPORTION_REDIS_USER``
+    with ``APPORTION_REDIS_PASSWORD`` or ``APPORTION_REDIS_PASSWORD_FILE``; env, else stack.env) and
+    :func:`redis_tls` of ``url``; ``{}`` without either.
 
     The URL stays free of secrets, so logging it leaks nothing.
 
@@ -223,14 +274,14 @@ def redis_auth() -> dict[str, Any]:
     """
     user = _setting("APPORTION_REDIS_USER")
     if not user:
-        return {}
+        return redis_tls(url)
     password = _setting("APPORTION_REDIS_PASSWORD")
     if password is None:
         path = _setting("APPORTION_REDIS_PASSWORD_FILE")
         if path is None or not Path(path).is_file():
             raise RuntimeError(f"APPORTION_REDIS_USER={user} but no password: set APPORTION_REDIS_PASSWORD_FILE")
         password = Path(path).read_text().strip()
-    return {"username": user, "password": password}
+    return {"username": user, "password": password, **redis_tls(url)}
 
 
 def redis_env(user: str, secrets_dir: Path) -> dict[str, str]:
@@ -247,7 +298,10 @@ def faust_auth() -> dict[str, Any]:
 
     return {
         "broker_credentials": faust.SASLCredentials(
-            username=auth["sasl_plain_username"], password=auth["sasl_plain_password"], mechanism=MECHANISM
+            username=auth["sasl_plain_username"],
+            password=auth["sasl_plain_password"],
+            mechanism=MECHANISM,
+            ssl_context=auth.get("ssl_context"),  # SASL_SSL (None: SASL_PLAINTEXT, APPORTION_NO_TLS)
         )
     }
 

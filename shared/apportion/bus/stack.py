@@ -7,14 +7,19 @@ job. Each stack lives in one data directory::
                         (a cluster, ``brokers`` > 1: DATADIR/kafka/broker-N/ each, cluster.ports)
     DATADIR/kafka/secrets/   Kafka passwords (mode 0600): admin, controller, one per principal
     DATADIR/redis/      redis.log, redis.pid
-    DATADIR/stack.env   KAFKA_BOOTSTRAP=..., REDIS_URL=... and the admin credentials' file (shell-sourceable)
+    DATADIR/tls/        the local CA and the servers' certificate (:mod:`apportion.bus.tls`, mode 0600)
+    DATADIR/stack.env   KAFKA_BOOTSTRAP=..., REDIS_URL=..., the CA and the admin credentials' file
+                        (shell-sourceable)
 
-Kafka runs with SASL/SCRAM and ACLs (``docs/security.md``) unless
-``APPORTION_KAFKA_PLAINTEXT=1`` (development only). :meth:`LocalStack.start`
-puts the super user's credentials in this process's environment
-(:meth:`LocalStack.client_env`: the file, never the password), so what this
-process and its children connect with is ``admin``; ``apportion stack up``
-gives each service its own principal instead.
+Kafka runs with TLS, SASL/SCRAM and ACLs (SASL_SSL; ``docs/security.md``)
+unless ``APPORTION_KAFKA_PLAINTEXT=1``, and Redis with TLS only (``rediss://``)
+and ACL users unless ``APPORTION_REDIS_NOAUTH=1``; ``APPORTION_NO_TLS=1`` keeps
+the authentication and ACLs without TLS (development only, to measure TLS). :meth:`LocalStack.start` makes the CA and the certificate
+both servers present (``DATADIR/tls``) and puts the CA and the super user's
+credentials in this process's environment (:meth:`LocalStack.client_env`: the
+files, never the password), so what this process and its children connect
+with is ``admin`` over TLS; ``apportion stack up`` gives each service its own
+principal instead.
 
 Python::
 
@@ -128,6 +133,10 @@ class LocalStack:
         self.kafka_secrets: Path | None = None
         #: Redis's secrets directory (``None``: the open default user)
         self.redis_secrets: Path | None = None
+        #: the CA both servers' certificates chain to (``None``: neither speaks TLS)
+        self.tls_ca: Path | None = None
+        #: Kafka's listeners are TLS (false for a plaintext or an ``APPORTION_NO_TLS`` broker)
+        self.kafka_tls = False
 
     @property
     def bootstrap(self) -> str:
@@ -164,9 +173,15 @@ class LocalStack:
         return self._run("kafka/start.sh", str(self.kafka_port), str(self.datadir / "kafka"))
 
     @property
+    def tls_dir(self) -> Path:
+        """The CA and the servers' certificate (:mod:`apportion.bus.tls`), shared by Kafka and Redis."""
+        return self.datadir / "tls"
+
+    @property
     def redis_url(self) -> str:
-        """Redis URL, ``redis://127.0.0.1:PORT/0``."""
-        return f"redis://127.0.0.1:{self.redis_port}/0"
+        """Redis URL, ``rediss://127.0.0.1:PORT/0`` (TLS; ``redis://`` for a plaintext development Redis)."""
+        plain = (self.datadir / "redis" / "plaintext").is_file()
+        return f"{'redis' if plain else 'rediss'}://127.0.0.1:{self.redis_port}/0"
 
     @property
     def env_file(self) -> Path:
@@ -174,8 +189,15 @@ class LocalStack:
 
     def _run(self, script: str, *args: str) -> str:
         cmd = ["bash", str(self.infra_dir / script), *args]
+        env = {**os.environ, "APPORTION_TLS_DIR": str(self.tls_dir)}
         proc = subprocess.run(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            check=False,
+            env=env,
         )
         if self.echo and proc.stdout:
             print(proc.stdout, end="", flush=True)
@@ -184,12 +206,15 @@ class LocalStack:
         return proc.stdout
 
     def start(self) -> LocalStack:
-        """Start Redis, then Kafka; provision topics; write ``stack.env``.
+        """Make the CA and the servers' certificate; start Redis, then Kafka; provision topics; write ``stack.env``.
 
         On failure whatever was started is stopped again before raising.
         """
+        from apportion.bus.tls import ensure
+
         self.datadir.mkdir(parents=True, exist_ok=True)
         try:
+            ensure(self.tls_dir)
             out = self._run("redis/start.sh", str(self.redis_port), str(self.datadir / "redis"))
             out += self.start_kafka()
             self.startup_report = [ln for ln in out.splitlines() if " ready on " in ln]
@@ -197,6 +222,13 @@ class LocalStack:
             self.kafka_secrets = Path(found[-1]) if found else None
             found = [ln.split("=", 1)[1] for ln in out.splitlines() if ln.startswith("REDIS_SECRETS=")]
             self.redis_secrets = Path(found[-1]) if found else None
+            tls = any(ln.startswith(("KAFKA_TLS=", "REDIS_TLS=")) for ln in out.splitlines())
+            self.tls_ca = self.tls_dir / "ca.pem" if tls else None
+            self.kafka_tls = any(ln.startswith("KAFKA_TLS=") for ln in out.splitlines())
+            if self.kafka_tls:
+                os.environ.pop("APPORTION_NO_TLS", None)  # the broker speaks TLS, whatever asked otherwise
+            if self.tls_ca is None:
+                os.environ.pop("APPORTION_TLS_CA", None)  # another stack's CA: nothing here speaks TLS
             os.environ.update(self.client_env())
             if self.provision_topics:
                 from apportion.bus.provision import provision
@@ -219,10 +251,13 @@ class LocalStack:
         return self
 
     def client_env(self) -> dict[str, str]:
-        """The environment that makes Kafka and Redis clients the super user ``admin`` (``{}``: no security)."""
-        from apportion.bus.security import ADMIN, principal_env, redis_env
+        """The environment that makes Kafka and Redis clients the super user ``admin`` over TLS, verifying the
+        stack's CA (``{}``: no security)."""
+        from apportion.bus.security import ADMIN, NO_TLS_SETTING, TLS_CA_SETTING, principal_env, redis_env
 
-        env: dict[str, str] = {}
+        env: dict[str, str] = {TLS_CA_SETTING: str(self.tls_ca)} if self.tls_ca is not None else {}
+        if self.kafka_secrets is not None and not self.kafka_tls:
+            env[NO_TLS_SETTING] = "1"  # SASL without TLS: the clients must not ask for it
         if self.kafka_secrets is not None:
             env.update(principal_env(ADMIN, self.kafka_secrets), APPORTION_KAFKA_SECRETS_DIR=str(self.kafka_secrets))
         if self.redis_secrets is not None:

@@ -483,7 +483,8 @@ def verify_cmd(
 
         from apportion.bus.security import redis_auth
 
-        r = redis_lib.Redis.from_url(Connection.resolve(redis_url=redis_url).redis_url, **redis_auth())
+        url = Connection.resolve(redis_url=redis_url).redis_url
+        r = redis_lib.Redis.from_url(url, **redis_auth(url))
         try:
             rows = read_models_from_redis(r)
         finally:

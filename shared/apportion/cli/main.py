@@ -143,7 +143,7 @@ def _redis(redis_url: str | None) -> Any:
     conn = Connection.resolve(redis_url=redis_url)
     from apportion.bus.security import redis_auth
 
-    r = redis.Redis.from_url(conn.redis_url, socket_connect_timeout=3, **redis_auth())
+    r = redis.Redis.from_url(conn.redis_url, socket_connect_timeout=3, **redis_auth(conn.redis_url))
     try:
         r.ping()
     except redis.RedisError as exc:
@@ -1480,9 +1480,8 @@ def _await_read_model(redis_url: str | None, offset: int, timeout_s: float) -> b
     from apportion.cli import verdicts
 
     try:
-        r = redis.Redis.from_url(
-            Connection.resolve(redis_url=redis_url).redis_url, socket_connect_timeout=3, **redis_auth()
-        )
+        url = Connection.resolve(redis_url=redis_url).redis_url
+        r = redis.Redis.from_url(url, socket_connect_timeout=3, **redis_auth(url))
         return bool(verdicts.wait_for(lambda: verdicts.read_model_folded(r, offset), max(timeout_s, 0.0)))
     except redis.RedisError:
         return False

@@ -16,6 +16,8 @@ finds the stack from any folder::
     RUN_DIR/logs/NAME.log      each service's log (plain text)
     RUN_DIR/node_agent/        the node agent's journal, the jobs' checkpoints/ and job-logs/
     RUN_DIR/kafka, RUN_DIR/redis   broker and Redis data, logs and pid files (when started here)
+    RUN_DIR/tls/               the local CA and the certificate Kafka and Redis present (when started here;
+                               stack.env's APPORTION_TLS_CA names the CA every client verifies them against)
 
 ``down`` stops every process ``up`` started (SIGTERM, then SIGKILL after a
 grace period), then Kafka and Redis if ``up`` started them, and removes both
@@ -45,7 +47,14 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from apportion.bus.security import NODE_AGENTS_SETTING, principal_env, redis_env, service_credentials
+from apportion.bus.security import (
+    NO_TLS_SETTING,
+    NODE_AGENTS_SETTING,
+    TLS_CA_SETTING,
+    principal_env,
+    redis_env,
+    service_credentials,
+)
 from apportion.domain.dispatch import DEFAULT_HEARTBEAT_TIMEOUT_S
 
 #: The services in start order (the policy first: the others read the tree it validates); the dashboard last,
@@ -108,6 +117,8 @@ class StackInfo:
     keyring: str = ""  # the development keyring (apportion.identity): users enrolled on first use
     kafka_secrets: str = ""  # the broker's password files; the CLI connects as ops (apportion.bus.security)
     redis_secrets: str = ""  # Redis's password files; the CLI reads as cli
+    tls_ca: str = ""  # the CA file every client verifies Kafka and Redis against (apportion.bus.tls)
+    no_tls: bool = False  # a development stack without TLS (APPORTION_NO_TLS=1 when it was started)
 
     @property
     def web_url(self) -> str:
@@ -141,6 +152,10 @@ class StackInfo:
             lines.append(f"{NODE_AGENTS_SETTING}={STACK_AGENT}")  # later provisioning keeps its principal
         if self.redis_secrets:
             lines += [f"{k}={v}" for k, v in redis_env("cli", Path(self.redis_secrets)).items()]
+        if self.tls_ca:
+            lines.append(f"{TLS_CA_SETTING}={self.tls_ca}")
+        if self.no_tls:
+            lines.append(f"{NO_TLS_SETTING}=1")
         lines += [f"{k}={v}" for k, v in sorted(self.clock.items())]
         lines += [f"PID_{n.upper()}={p}" for n, p in sorted(self.pids.items())]
         lines += [f"METRICS_{n.upper()}=127.0.0.1:{p}" for n, p in sorted(self.metrics.items())]
@@ -168,6 +183,8 @@ class StackInfo:
             redis_secrets=str(Path(env["APPORTION_REDIS_PASSWORD_FILE"]).parent)
             if env.get("APPORTION_REDIS_PASSWORD_FILE")
             else "",
+            tls_ca=env.get(TLS_CA_SETTING, ""),
+            no_tls=env.get(NO_TLS_SETTING) == "1",
         )
         for k, v in env.items():
             if k.startswith("PID_"):
@@ -248,7 +265,7 @@ def probe(info: StackInfo, timeout_s: float = 3.0) -> dict[str, Probe]:
         out["kafka"] = Probe(False, f"{type(exc).__name__}: {exc}"[:200])
     try:
         r = redis_lib.Redis.from_url(
-            info.redis_url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, **redis_auth()
+            info.redis_url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, **redis_auth(info.redis_url)
         )
         r.ping()
         out["redis"] = Probe(True)
@@ -447,6 +464,9 @@ def up(
         info.kafka_secrets = str(local.kafka_secrets)
     if local is not None and local.redis_secrets is not None:
         info.redis_secrets = str(local.redis_secrets)
+    # the CA the clients verify the servers against: the stack's own, else the caller's
+    info.tls_ca = str(local.tls_ca or "") if local is not None else os.environ.get(TLS_CA_SETTING, "")
+    info.no_tls = NO_TLS_SETTING in (local.client_env() if local is not None else os.environ)
     info.log_dir.mkdir(exist_ok=True)
     (run_dir / "services").mkdir(exist_ok=True)
     saved = os.environ.get("APPORTION_TOPIC_PREFIX")
@@ -486,6 +506,10 @@ def up(
         APPORTION_LOG_JSON="false",
         PYTHONUNBUFFERED="1",
     )
+    if info.tls_ca:
+        base[TLS_CA_SETTING] = info.tls_ca
+    if info.no_tls:
+        base[NO_TLS_SETTING] = "1"
     if time_scale != 1.0:
         info.clock = {
             "APPORTION_TIME_SCALE": str(time_scale),
