@@ -1,0 +1,150 @@
+"""Start-time forecasts (DESIGN section 12, D12.job-forecast) on hand-built histories.
+
+Each history is played through the dispatcher's own ``step`` (a node agent
+answering ``StartWorkload`` with ``JobStarted`` at once), so the state the
+forecast reads is the one the dispatcher would hold. Tree ``lab`` with ``a``
+and ``b`` at 0.5 each; engine defaults (grace 30 s) unless said.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import pytest
+
+from apportion import events as ev
+from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, step
+from apportion.events import DEFAULT_GRACE_S
+from apportion.forecast import forecast, run_end, user_history
+from apportion.timeutil import from_us
+from tests.unit.builders import T0, completed, h, m, started, submitted, tree
+
+CFG = DispatchConfig(heartbeat_timeout_s=None)
+
+
+class History:
+    """A dispatcher fed by hand: nodes, submissions, ticks; starts answered at once; every event kept."""
+
+    def __init__(self) -> None:
+        self.state = DispatchState(tree({"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5}))
+        self.log: list[ev.Event] = []
+
+    def feed(self, e: ev.Event | Tick, at: int) -> History:
+        if not isinstance(e, Tick):
+            self.log.append(e)
+        out = step(self.state, e, at, CFG)
+        self.log.extend(out)
+        for o in out:
+            if isinstance(o, ev.StartWorkload):
+                self.feed(started(o.job_id, attempt=o.attempt, replica=o.replica, node=o.node_id, at=at), at)
+        return self
+
+    def node(self, node_id: str, gpus: int) -> History:
+        e = ev.NodeRegistered(
+            event_id=ev.det_id("t", "node", node_id), ts=from_us(T0), producer="agent", node_id=node_id, gpu_count=gpus
+        )
+        return self.feed(e, T0)
+
+    def submit(self, job_id: str, at: int, *, tick: bool = True, **kw: Any) -> History:
+        self.feed(submitted(job_id, at=at, **kw), at)
+        return self.feed(Tick(at), at) if tick else self
+
+    def complete(self, job_id: str, at: int) -> History:
+        self.feed(completed(job_id, replica=0, node="n0", at=at), at)
+        return self.feed(Tick(at), at)
+
+
+def test_a_job_behind_a_simulated_run_starts_when_that_run_ends() -> None:
+    # one 1-GPU node; r1 (lab/a, 1 GPU, 3 h of simulated work) starts at T0; p1 (lab/a) is queued at T0 + 10 min
+    # behind its own budget's run (no preemption within a leaf). r1 ends at T0 + 3 h: p1 starts then.
+    hist = History().node("n0", 1).submit("r1", T0, duration_s=3 * 3600.0).submit("p1", m(10))
+    now = m(20)
+    fc = forecast(hist.state, now, CFG)
+    (p1,) = fc.jobs
+    assert p1.job_id == "p1" and p1.start_us == h(3)
+    assert p1.wait_s == 3 * 3600 - 20 * 60  # 10,800 - 1,200 = 9,600 s after now
+    assert p1.basis == "simulated"
+    assert [(c.kind, c.job_id, c.at_us, c.basis) for c in p1.chain] == [("run_ends", "r1", h(3), "simulated")]
+    assert fc.runs[("r1", 1)].end_us == h(3)
+    assert p1.reason.startswith("no_free_gpus")
+
+
+def test_a_job_that_preempts_an_expired_run_starts_at_its_protection_end_plus_the_grace() -> None:
+    # one 1-GPU node; b1 (lab/b, min runtime 1 h, 10 h of work) runs from T0, so lab/b's r is far above lab/a's
+    # (0): behind by more than delta. a1 (lab/a, allocated) is queued at T0 + 10 min; b1 is protected until
+    # T0 + 1 h (protection = its minimum runtime, no earlier preemptions). b1's checkpoint interval is its
+    # minimum runtime, so it saves at T0 + 1 h and loses nothing: no checkpoint wait. At T0 + 1 h a1 preempts
+    # b1 and starts when b1's stop ends, the grace period later: T0 + 3,600 s + 30 s.
+    hist = History().node("n0", 1).submit("b1", T0, budget="lab/b", duration_s=36_000.0).submit("a1", m(10))
+    fc = forecast(hist.state, m(10), CFG, job_ids=["a1"])
+    (a1,) = fc.jobs
+    assert DEFAULT_GRACE_S == 30.0
+    assert a1.start_us == h(1) + 30_000_000
+    assert a1.basis == "rules"
+    kinds = [(c.kind, c.job_id, c.at_us) for c in a1.chain]
+    assert kinds == [("protection_ends", "b1", h(1)), ("preempts", "b1", h(1))]
+    assert a1.reason.startswith("protected_until") and a1.reason_detail is not None
+    assert a1.reason_detail["until"] == from_us(h(1)).isoformat()
+
+
+def test_a_run_without_duration_ends_at_its_users_median_run_time() -> None:
+    # alice's completed runs of real commands (no declared duration): 1 h, 2 h and 4 h -> median 2 h.
+    # r4 (alice) starts at T0 + 8 h; p5 waits behind it in lab/a. At now = T0 + 8.5 h r4 has run 0.5 h,
+    # shorter than all three, so its end = T0 + 8 h + 2 h = T0 + 10 h, and p5 starts then.
+    hist = History().node("n0", 1)
+    cmd: dict[str, Any] = {"duration_s": None, "command": ["python", "train.py"]}
+    for job, start, hours in (("r1", 0.0, 1.0), ("r2", 1.0, 2.0), ("r3", 3.0, 4.0)):
+        hist.submit(job, h(start), **cmd).complete(job, h(start + hours))
+    hist.submit("r4", h(8), **cmd).submit("p5", h(8.25), **cmd)
+    history = user_history(hist.log)
+    assert history == {"alice": (3600.0, 7200.0, 14_400.0)}
+    fc = forecast(hist.state, h(8.5), CFG, history=history)
+    (p5,) = fc.jobs
+    assert p5.start_us == h(10)
+    assert p5.basis == "history"
+    end = fc.runs[("r4", 1)]
+    assert (end.end_us, end.basis) == (h(10), "history")
+    assert end.note == "median run time of 3 completed run(s) of alice longer than 1800 s: 7200 s"
+
+
+def test_a_runs_end_counts_only_the_history_longer_than_it_has_run() -> None:
+    # the run started at T0 and it is T0 + 1.5 h: of 1 h, 2 h, 4 h only 2 h and 4 h are longer -> median 3 h
+    spec = ev.JobQueued(
+        event_id=ev.det_id("t", "q"),
+        ts=from_us(T0),
+        producer="t",
+        job_id="r",
+        budget="lab/a",
+        user="alice",
+        allocated=True,
+        gpus_per_replica=1,
+        replicas=1,
+        min_runtime_s=60.0,
+        submitted_at=from_us(T0),
+    )
+    hist = {"alice": (3600.0, 7200.0, 14_400.0)}
+    assert run_end(spec, 1, T0, 0.0, h(1.5), hist, 7 * 86_400.0).end_us == h(3)
+    # nothing longer, no limit: W/4 from its start (W = 7 d: 42 h), said to be unknown
+    end = run_end(spec, 1, T0, 0.0, h(5), hist, 7 * 86_400.0)
+    assert (end.end_us, end.basis) == (h(42), "unknown")
+    # past W/4: no end (only a preemption frees it)
+    assert run_end(spec, 1, T0, 0.0, h(43), hist, 7 * 86_400.0).end_us is None
+
+
+def test_a_job_with_free_gpus_and_nothing_running_starts_now() -> None:
+    # two idle GPUs; q1 (1 GPU) is queued at T0 + 5 min, no cycle has run yet: the first cycle, now, places it
+    hist = History().node("n0", 2).submit("q1", m(5), tick=False)
+    fc = forecast(hist.state, m(5), CFG)
+    (q1,) = fc.jobs
+    assert (q1.start_us, q1.wait_s, q1.basis, q1.chain) == (m(5), 0.0, "now", ())
+    assert q1.reason == ""  # a cycle now places it
+
+
+def test_the_callers_state_is_left_as_it_was_and_an_unknown_job_is_a_key_error() -> None:
+    hist = History().node("n0", 1).submit("r1", T0, duration_s=3600.0).submit("p1", m(10))
+    before = pickle.dumps(hist.state)
+    forecast(hist.state, m(10), CFG)
+    assert pickle.dumps(hist.state) == before
+    with pytest.raises(KeyError):
+        forecast(hist.state, m(10), CFG, job_ids=["r1"])  # running, not pending
