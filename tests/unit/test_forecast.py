@@ -18,7 +18,7 @@ from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, step
 from apportion.events import DEFAULT_GRACE_S
 from apportion.forecast import forecast, run_end, user_history
 from apportion.timeutil import from_us
-from tests.unit.builders import T0, completed, h, m, started, submitted, tree
+from tests.unit.builders import T0, budget_set, completed, h, m, started, submitted
 
 CFG = DispatchConfig(heartbeat_timeout_s=None)
 
@@ -27,8 +27,10 @@ class History:
     """A dispatcher fed by hand: nodes, submissions, ticks; starts answered at once; every event kept."""
 
     def __init__(self) -> None:
-        self.state = DispatchState(tree({"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5}))
+        self.state = DispatchState()
         self.log: list[ev.Event] = []
+        for path, share in (("lab", 1.0), ("lab/a", 0.5), ("lab/b", 0.5)):
+            self.feed(budget_set(path, share), T0)
 
     def feed(self, e: ev.Event | Tick, at: int) -> History:
         if not isinstance(e, Tick):
