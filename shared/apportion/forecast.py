@@ -11,7 +11,8 @@ jobs wait (the dispatcher's periodic cycle); ``StartWorkload`` is answered
 by ``JobStarted`` at once; a run that ends is answered by ``JobCompleted``
 per replica; a preempted run sends no report, so its stop ends at its grace
 deadline (the dispatcher's own rule for a run that never reports). Runs
-checkpoint at their interval, as the simulator's workloads do. Future
+checkpoint at their interval, and an unallocated run saves its progress when
+it is preempted, as the simulator's workloads do by default. Future
 submissions are left out.
 
 Where each run's end is taken from (its ``basis``), the first that applies:
@@ -262,13 +263,15 @@ def run_end(
     now_us: Micros,
     history: Mapping[str, Sequence[float]],
     window_s: float,
+    declared: bool = True,
 ) -> RunEnd:
     """The end of a run of ``job`` that started at ``start_us`` resuming from ``progress_s`` (module docstring).
 
     ``now_us``: the time of the question (a history estimate only counts runs longer than this one has run).
+    ``declared=False`` ignores a declared duration, as for a real command (the benchmark's second forecast).
     """
     who = (job.job_id, attempt, job.budget, job.user)
-    if job.duration_s is not None:
+    if declared and job.duration_s is not None:
         left = max(0.0, job.duration_s - progress_s)
         return RunEnd(*who, start_us + s_to_us(left), "simulated", f"simulated duration: {left:g} s of work left")
     limit = getattr(job, "time_limit_s", None)
@@ -303,7 +306,9 @@ class _Forward:
         history: Mapping[str, Sequence[float]],
         horizon_us: Micros,
         cycle_s: float | None,
+        declared: bool = True,
     ) -> None:
+        self.declared = declared
         self.state = state
         self.now = now_us
         self.cfg = cfg
@@ -360,7 +365,7 @@ class _Forward:
         self.push(now, self._TICK)
 
     def _begin(self, key: RunKey, spec: JobQueued, start: Micros, progress: float, every_us: Micros | None) -> None:
-        end = run_end(spec, key[1], start, progress, self.now, self.history, self.window_s)
+        end = run_end(spec, key[1], start, progress, self.now, self.history, self.window_s, self.declared)
         self.ends[key] = end
         self.live[key] = (start, progress, every_us)
         if end.end_us is not None:
@@ -444,8 +449,11 @@ class _Forward:
                 self.placed[e.job_id] = e
             elif type(e) is JobPreempted:
                 key = (e.job_id, e.attempt)
-                self.live.pop(key, None)
+                live = self.live.pop(key, None)
                 self.freed.append((t, key, self.nodes_of.get(key, frozenset())))
+                if live is not None and not e.allocated and e.grace_s > 0:
+                    # an unallocated workload saves its progress on SIGTERM (as the simulator's default)
+                    self.push(t, self._EV, self._checkpointed(key, live[1] + us_to_s(max(0, t - live[0])), t))
 
     def _start(self, e: StartWorkload, t: Micros) -> None:
         key = (e.job_id, e.attempt)
@@ -482,22 +490,22 @@ class _Forward:
                 ),
             )
 
+    def _checkpointed(self, key: RunKey, progress: float, t: Micros) -> JobCheckpointed:
+        return JobCheckpointed(
+            event_id=det_id(_PRODUCER, "JobCheckpointed", key[0], key[1], progress),
+            ts=from_us(t),
+            producer=f"{_PRODUCER}/agent",
+            job_id=key[0],
+            attempt=key[1],
+            progress_s=progress,
+        )
+
     def _checkpoint(self, payload: tuple[RunKey, float], t: Micros) -> None:
         key, progress = payload
         live = self.live.get(key)
         if live is None:
             return
-        self._feed(
-            JobCheckpointed(
-                event_id=det_id(_PRODUCER, "JobCheckpointed", key[0], key[1], progress),
-                ts=from_us(t),
-                producer=f"{_PRODUCER}/agent",
-                job_id=key[0],
-                attempt=key[1],
-                progress_s=progress,
-            ),
-            t,
-        )
+        self._feed(self._checkpointed(key, progress, t), t)
         start, base, every = live
         if every:
             end = self.ends.get(key)
@@ -519,6 +527,7 @@ def forecast(
     history: Mapping[str, Sequence[float]] | None = None,
     horizon_s: float = HORIZON_S,
     cycle_s: float | None = CYCLE_S,
+    declared_durations: bool = True,
 ) -> Forecast:
     """Estimated start of each pending job of ``state`` (or of ``job_ids``) at event time ``now_us``.
 
@@ -530,6 +539,8 @@ def forecast(
         history: :func:`user_history` of the log (``None``: no history estimates).
         horizon_s: how far ahead to look.
         cycle_s: the periodic cycle while jobs wait; ``None``: cycles on events and wake-ups only.
+        declared_durations: ``False`` ignores the jobs' declared durations (basis ``simulated``), as if every
+            job ran a real command: what a forecast of real work would know.
 
     Raises:
         KeyError: a job of ``job_ids`` is not pending.
@@ -554,7 +565,7 @@ def forecast(
     if targets and cfg.scheduler is None:
         res = run_cycle(state.cycle_snapshot(now_us), now_us, cfg.engine, explain=True)
         reasons = res.reasons
-    fwd = _Forward(_copy(state), now_us, cfg, history or {}, horizon, cycle_s)
+    fwd = _Forward(_copy(state), now_us, cfg, history or {}, horizon, cycle_s, declared_durations)
     fwd.seed()
     fwd.run({j.job_id for j in targets})
     result = Forecast(now_us, horizon, runs=dict(fwd.ends), cycles=fwd.cycles)
