@@ -150,3 +150,19 @@ def test_the_callers_state_is_left_as_it_was_and_an_unknown_job_is_a_key_error()
     assert pickle.dumps(hist.state) == before
     with pytest.raises(KeyError):
         forecast(hist.state, m(10), CFG, job_ids=["r1"])  # running, not pending
+
+
+def test_an_unallocated_run_preempted_in_the_forward_run_resumes_from_its_progress() -> None:
+    # one 1-GPU node; u1 (lab/a, unallocated, 2 h of work) runs from T0; q1 (lab/a, unallocated, 1 h) is queued at
+    # T0 + 20 min; a1 (lab/b, allocated, 1 h) at T0 + 30 min, before any cycle. Now = T0 + 30 min: a1 preempts u1
+    # (an unallocated run), which saves 1,800 s of progress on SIGTERM; a1 starts at the grace end, T0 + 30 min
+    # 30 s, and ends 1 h later, T0 + 1 h 30 min 30 s. Then u1 (attempt 2, submitted first) runs its last 5,400 s,
+    # to T0 + 3 h 0 min 30 s, and q1 starts then. (Were the progress lost, q1 would start 30 min later.)
+    hist = History().node("n0", 1).submit("u1", T0, min_runtime_s=0.0, duration_s=7200.0)
+    hist.submit("q1", m(20), min_runtime_s=0.0, duration_s=3600.0)
+    hist.submit("a1", m(30), budget="lab/b", tick=False)
+    fc = forecast(hist.state, m(30), CFG)
+    starts = {j.job_id: j.start_us for j in fc.jobs}
+    assert starts == {"a1": m(30) + 30_000_000, "q1": h(3) + 30_000_000}
+    end = fc.runs[("u1", 2)]
+    assert (end.end_us, end.note) == (h(3) + 30_000_000, "simulated duration: 5400 s of work left")
