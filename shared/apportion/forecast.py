@@ -63,7 +63,9 @@ from apportion.events import (
     JobPlaced,
     JobPreempted,
     JobQueued,
+    JobRejected,
     JobStarted,
+    JobSubmitted,
     StartWorkload,
     det_id,
 )
@@ -78,6 +80,7 @@ __all__ = [
     "forecast",
     "run_end",
     "user_history",
+    "with_submission",
 ]
 
 #: Bases of a run's end, most certain first (module docstring); a job's basis is the last of its chain's.
@@ -598,6 +601,20 @@ def forecast(
             )
         )
     return result
+
+
+def with_submission(
+    state: DispatchState, job: JobSubmitted, now_us: Micros, config: DispatchConfig | None = None
+) -> tuple[DispatchState, JobRejected | None]:
+    """A copy of ``state`` with ``job`` submitted at ``now_us`` (``forecast --submit``: "if I submit this now").
+
+    The submission goes through the dispatcher's own admission (:func:`~apportion.domain.dispatch.step`):
+    returns the copy, with the job queued, and ``None``; or the copy unchanged and the ``JobRejected``
+    admission gives. ``state`` is not changed.
+    """
+    copy = _copy(state)
+    out = step(copy, job, now_us, config or DispatchConfig(heartbeat_timeout_s=None))
+    return copy, next((e for e in out if isinstance(e, JobRejected)), None)
 
 
 def _no_start(fwd: _Forward, horizon: Micros) -> str:

@@ -16,7 +16,7 @@ import pytest
 from apportion import events as ev
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, step
 from apportion.events import DEFAULT_GRACE_S
-from apportion.forecast import forecast, run_end, user_history
+from apportion.forecast import forecast, run_end, user_history, with_submission
 from apportion.timeutil import from_us
 from tests.unit.builders import T0, budget_set, completed, h, m, started, submitted
 
@@ -166,3 +166,16 @@ def test_an_unallocated_run_preempted_in_the_forward_run_resumes_from_its_progre
     assert starts == {"a1": m(30) + 30_000_000, "q1": h(3) + 30_000_000}
     end = fc.runs[("u1", 2)]
     assert (end.end_us, end.note) == (h(3) + 30_000_000, "simulated duration: 5400 s of work left")
+
+
+def test_a_job_not_yet_submitted_is_forecast_as_if_submitted_now_or_its_rejection_given() -> None:
+    # r1 (lab/a, 3 h of work) runs from T0 on the only GPU; "if I submit s1 (lab/a, 1 GPU) at T0 + 1 h": it waits
+    # behind its own budget's run and starts when r1 ends, T0 + 3 h. A job of 2 GPUs fits no node: rejected.
+    hist = History().node("n0", 1).submit("r1", T0, duration_s=3 * 3600.0)
+    before = pickle.dumps(hist.state)
+    state, rejected = with_submission(hist.state, submitted("s1", at=h(1)), h(1), CFG)
+    assert rejected is None and pickle.dumps(hist.state) == before
+    (s1,) = forecast(state, h(1), CFG, job_ids=["s1"]).jobs
+    assert (s1.start_us, s1.basis) == (h(3), "simulated")
+    _, rejected = with_submission(hist.state, submitted("s2", gpus=2, at=h(1)), h(1), CFG)
+    assert rejected is not None and rejected.reason.value == "shape_impossible"

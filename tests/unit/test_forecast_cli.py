@@ -80,3 +80,18 @@ def test_filters_keep_the_budgets_jobs_and_an_at_before_the_log_is_bad_input(log
     assert code == 0 and json.loads(stdout)["jobs"] == []
     code, _, stderr = run("--at", "2023-12-31T00:00:00Z", "--from-file", log_file)
     assert code == 2 and "before the log's latest event" in stderr
+
+
+def test_submit_forecasts_a_job_before_it_is_submitted_and_says_when_it_would_be_rejected(log_file: str) -> None:
+    # at T0 + 20 min, "s" (lab/a, 1 GPU, 30 min of work) would queue behind p1 (same budget, submitted at
+    # T0 + 10 min): r1 ends at T0 + 3 h, p1 runs its 1 h of work to T0 + 4 h, then s starts.
+    at = from_us(m(20)).isoformat()
+    args = ["--submit", "-b", "lab/a", "-u", "alice", "-g", "1", "-m", "30m", "--duration", "30m", "--at", at]
+    code, stdout, _ = run(*args, "--json", "--from-file", log_file)
+    assert code == 0
+    (job,) = json.loads(stdout)["jobs"]
+    assert job["start"] == from_us(h(4)).isoformat() and job["budget"] == "lab/a"
+    code, _, stderr = run("--submit", "-b", "lab/a", "-u", "alice", "-g", "2", "-m", "1h", "--from-file", log_file)
+    assert code == 1 and "it would be rejected: shape_impossible" in stderr
+    code, _, stderr = run("--submit", "-b", "lab/a", "--from-file", log_file)
+    assert code == 2 and "--submit needs" in stderr

@@ -695,6 +695,26 @@ def forecast(
         str | None, typer.Option("--at", help="Event time of the forecast (ISO). Default: the log's latest event.")
     ] = None,
     horizon: Annotated[str, typer.Option("--horizon", help="How far ahead to look (e.g. 14d, 36h).")] = "14d",
+    submit_: Annotated[
+        bool,
+        typer.Option(
+            "--submit",
+            help="Forecast a job not yet submitted, as if submitted now: -b, -u, -g, -m, -k, --duration, --gpu-model, "
+            "--checkpoint-interval as for `submit` (-u defaults to your login name).",
+        ),
+    ] = False,
+    gpus: Annotated[int | None, typer.Option("--gpus", "-g", min=1, help="With --submit: GPUs per replica.")] = None,
+    min_runtime: Annotated[
+        str | None, typer.Option("--min-runtime", "-m", help="With --submit: minimum runtime (0 = unallocated).")
+    ] = None,
+    replicas: Annotated[int, typer.Option("--replicas", "-k", min=1, help="With --submit: gang size.")] = 1,
+    duration: Annotated[
+        str | None, typer.Option("--duration", help="With --submit: simulated run time (demo clusters).")
+    ] = None,
+    gpu_model: Annotated[str | None, typer.Option("--gpu-model", help="With --submit: required GPU model.")] = None,
+    checkpoint_interval: Annotated[
+        str | None, typer.Option("--checkpoint-interval", help="With --submit: checkpoint interval.")
+    ] = None,
     bootstrap: Bootstrap = None,
     from_file: Annotated[
         Path | None,
@@ -725,6 +745,8 @@ def forecast(
     apportion forecast -b lab/vision -u alice --json
 
     apportion forecast --from-file log.jsonl.gz --at 2024-05-01T12:00:00Z --horizon 3d
+
+    apportion forecast --submit -b lab/vision -g 8 -k 2 -m 2h  (if I submit this now; exit 1 if it would be rejected)
     """
     from apportion.audit.replay import decoded
     from apportion.audit.verify import dispatcher_fold
@@ -734,6 +756,8 @@ def forecast(
     from apportion.timeutil import from_us, to_us
 
     check_budget_filter(budget)
+    if submit_ and (job_id is not None or budget is None or gpus is None or min_runtime is None):
+        fail("--submit needs -b BUDGET, -g GPUS and -m MIN_RUNTIME, and no JOB_ID")
     horizon_s = _dur(horizon, "--horizon")
     when = parse_time(at) if at is not None else None
     recs = _load(bootstrap, from_file)
@@ -744,7 +768,14 @@ def forecast(
     now = to_us(when) if when is not None else state.clock_us
     if now < state.clock_us:
         fail(f"--at {at} is before the log's latest event ({from_us(state.clock_us).isoformat()})")
-    if job_id is not None:
+    if submit_:
+        import getpass
+
+        assert budget is not None and gpus is not None and min_runtime is not None  # checked above
+        sub = dict(budget=budget, user=user or getpass.getuser(), gpus=gpus, replicas=replicas, min_runtime=min_runtime)
+        state, job_id = _forecast_submission(state, now, cfg, sub, duration, gpu_model, checkpoint_interval)
+        wanted = [job_id]
+    elif job_id is not None:
         _forecastable(state, job_id)
         wanted = [job_id]
     else:
@@ -760,6 +791,46 @@ def forecast(
         _print_json(fc.to_dict())
         return
     out.print(forecast_table(fc, out.width, detail=job_id is not None))
+
+
+def _forecast_submission(
+    state: Any,
+    now: int,
+    cfg: Any,
+    sub: dict[str, Any],
+    duration: str | None,
+    gpu_model: str | None,
+    checkpoint_interval: str | None,
+) -> tuple[Any, str]:
+    """``forecast --submit``: the state with the job submitted at ``now`` and its id; exit 2 for an invalid
+    submission, 1 when the dispatcher's admission would reject it (the reason said)."""
+    from pydantic import ValidationError
+
+    from apportion import client
+    from apportion.forecast import with_submission
+    from apportion.timeutil import from_us
+
+    try:
+        every = parse_duration(checkpoint_interval) if checkpoint_interval is not None else None
+        job = client.build_submission(
+            **sub,
+            duration=duration,
+            command=None if duration is not None else ["<command>"],  # a real command: its end is not needed
+            gpu_model=gpu_model,
+            checkpoint_interval_s=every,
+            now=from_us(now),
+            producer="cli",
+        )
+    except ValidationError as exc:
+        e = exc.errors(include_url=False)[0]
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        fail(f"invalid submission: {'.'.join(str(p) for p in e['loc']) or 'job'}: {msg}")
+    except ValueError as exc:
+        fail(str(exc))
+    state, rejected = with_submission(state, job, now, cfg)
+    if rejected is not None:
+        fail(f"it would be rejected: {rejected.reason.value}: {rejected.message}", 1)
+    return state, job.job_id
 
 
 def _forecastable(state: Any, job_id: str) -> None:
