@@ -276,7 +276,9 @@ def run_end(
     who = (job.job_id, attempt, job.budget, job.user)
     if declared and job.duration_s is not None:
         left = max(0.0, job.duration_s - progress_s)
-        return RunEnd(*who, start_us + s_to_us(left), "simulated", f"simulated duration: {left:g} s of work left")
+        return RunEnd(
+            *who, start_us + s_to_us(left), "simulated", f"simulated duration: {left:g} s of work in this attempt"
+        )
     limit = getattr(job, "time_limit_s", None)
     if limit:
         return RunEnd(*who, start_us + s_to_us(limit), "time_limit", f"time limit {limit:g} s")

@@ -165,7 +165,7 @@ def test_an_unallocated_run_preempted_in_the_forward_run_resumes_from_its_progre
     starts = {j.job_id: j.start_us for j in fc.jobs}
     assert starts == {"a1": m(30) + 30_000_000, "q1": h(3) + 30_000_000}
     end = fc.runs[("u1", 2)]
-    assert (end.end_us, end.note) == (h(3) + 30_000_000, "simulated duration: 5400 s of work left")
+    assert (end.end_us, end.note) == (h(3) + 30_000_000, "simulated duration: 5400 s of work in this attempt")
 
 
 def test_a_job_not_yet_submitted_is_forecast_as_if_submitted_now_or_its_rejection_given() -> None:

@@ -49,8 +49,8 @@ def test_json_gives_the_start_the_wait_and_the_chain(log_file: str) -> None:
     assert [(c["kind"], c["job_id"]) for c in job["chain"]] == [("run_ends", "r1")]
     # the end taken for every run the forward run met: r1, and p1 itself (1 h of work from T0 + 3 h)
     assert [(r["job_id"], r["end"], r["basis"], r["note"]) for r in got["runs"]] == [
-        ("p1", from_us(h(4)).isoformat(), "simulated", "simulated duration: 3600 s of work left"),
-        ("r1", from_us(h(3)).isoformat(), "simulated", "simulated duration: 10800 s of work left"),
+        ("p1", from_us(h(4)).isoformat(), "simulated", "simulated duration: 3600 s of work in this attempt"),
+        ("r1", from_us(h(3)).isoformat(), "simulated", "simulated duration: 10800 s of work in this attempt"),
     ]
 
 
@@ -61,7 +61,9 @@ def test_the_table_fits_80_columns_with_the_chain_for_one_job(log_file: str) -> 
     row = next(line for line in stdout.splitlines() if line.startswith("p1"))
     assert row.split() == ["p1", "lab/a", "01-01", "03:00", "2h50m", "simulated", "no_free_gpus"]
     chain = " ".join(stdout.split())  # wrapped at 80 columns, uncut
-    assert "2024-01-01 03:00:00 r1 (attempt 1, lab/a) ends: simulated duration: 10800 s of work left" in chain
+    assert (
+        "2024-01-01 03:00:00 r1 (attempt 1, lab/a) ends: simulated duration: 10800 s of work in this attempt" in chain
+    )
 
 
 def test_a_running_job_is_refused_with_its_start(log_file: str) -> None:
