@@ -18,6 +18,8 @@ Each is compared with the start the job got in the simulation (its first ``JobSt
 estimate: jobs with an estimate, median and p90 absolute error (hours), mean signed error (bias, hours;
 positive = later than it started), share within 1 h and within 25% of the job's actual wait, and the same
 shares for the jobs that waited more than 1 h. Future submissions are unknown to every estimate.
+With ``--while-waiting N`` the forecast is made again every hour while each sampled job waits (at most N
+times a job) and its median error is printed by how long before the start it was made (convergence).
 Figures only: nothing is asserted.
 
 Run: ``.venv/bin/python bench/bench_forecast.py [--slice 2017-10-30..2017-10-31] [--sample 200] [--seed 1]``
@@ -33,6 +35,7 @@ import argparse
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from apportion.domain.dispatch import DispatchConfig, DispatchState, evolve
 from apportion.domain.engine import EngineConfig
@@ -158,6 +161,9 @@ def main() -> None:
     ap.add_argument("--sample", type=int, default=200, help="forecasts, evenly spread over the submissions")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--horizon-d", type=float, default=14.0, help="how far each forecast looks, days")
+    ap.add_argument(
+        "--while-waiting", type=int, default=0, metavar="N", help="also forecast every hour while a job waits, N times"
+    )
     args = ap.parse_args()
 
     bf = load_budget_file(args.budgets)
@@ -236,6 +242,48 @@ def main() -> None:
     for name in times:
         print(summary(samples, name))
     print("errors in hours; '>1h': the jobs that waited more than 1 h, and their shares")
+    if args.while_waiting:
+        converge(log, bf, dcfg, samples, args)
+
+
+#: ``--while-waiting`` buckets: hours before the job's start (lower bound, label)
+BUCKETS: tuple[tuple[float, str], ...] = ((24.0, ">= 24 h"), (6.0, "6-24 h"), (1.0, "1-6 h"), (0.0, "< 1 h"))
+
+
+def converge(log: list[Event], bf: Any, dcfg: DispatchConfig, samples: list[Sample], args: Any) -> None:
+    """The forecast again every hour while each sampled job waits (at most ``--while-waiting`` times a job),
+    from the log up to that time; median absolute error by how long before its start it was made."""
+    points = sorted(
+        (s.submitted + s_to_us(3600 * k), s.job_id, s.actual)
+        for s in samples
+        for k in range(1, args.while_waiting + 1)
+        if s.submitted + s_to_us(3600 * k) < s.actual
+    )
+    state = DispatchState(bf.tree, bf.window_s)
+    done = 0
+    errs: dict[str, list[float]] = {label: [] for _, label in BUCKETS}
+    t0 = time.perf_counter()
+    for at, job_id, actual in points:
+        while done < len(log) and to_us(log[done].ts) <= at:
+            evolve(state, log[done])
+            done += 1
+        if job_id not in {j.job_id for jobs in state.pending.values() for j in jobs}:
+            continue  # placed, waiting for its victims' stop: started in all but the report
+        start = forecast(state, at, dcfg, job_ids=[job_id], horizon_s=args.horizon_d * 86_400).jobs[0].start_us
+        if start is None:
+            continue
+        ahead = us_to_s(actual - at) / 3600
+        label = next(lb for lo, lb in BUCKETS if ahead >= lo)
+        errs[label].append(abs(us_to_s(start - actual)) / 3600)
+    print(
+        f"\nforecast while waiting: {len(points)} forecasts, every hour up to {args.while_waiting} h after submission "
+        f"({time.perf_counter() - t0:.1f} s); median |e| (h) by time before the start:"
+    )
+    for _, label in BUCKETS:
+        xs = errs[label]
+        print(
+            f"  {label:>8}: {len(xs):>5} forecasts, median |e| {_quantile(xs, 0.5):6.2f}, p90 {_quantile(xs, 0.9):6.2f}"
+        )
 
 
 if __name__ == "__main__":
