@@ -385,6 +385,9 @@ class _Forward:
         every = us_to_s(every_us)
         k = max(int(progress // every), int((progress + us_to_s(after - start)) // every)) + 1
         at = start + s_to_us(k * every - progress)
+        if at <= after:  # float rounding at a multiple: the next one (a checkpoint never repeats an instant)
+            k += 1
+            at = start + s_to_us(k * every - progress)
         if (end_us is None or at < end_us) and at <= self.horizon:
             self.push(at, self._CKPT, (key, k * every))
 
