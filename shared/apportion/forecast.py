@@ -18,10 +18,11 @@ submissions are left out.
 Where each run's end is taken from (its ``basis``), the first that applies:
 
 1. ``simulated``: the job declares its work (``duration_s``, a simulated
-   workload): it ends ``duration_s`` minus the progress it resumed from
-   after its start;
-2. ``time_limit``: the job has a time limit (``time_limit_s``): it ends
-   then at the latest, taken as its end;
+   workload) and no time limit comes first: it ends ``duration_s`` minus
+   the progress it resumed from after its start;
+2. ``time_limit``: the job's time limit in force (``JobQueued.time_limit_s``)
+   from its start, where the node agent stops it: when it has no declared
+   work, or its limit comes first (then the run fails, ``time_limit``);
 3. ``history``: the median run time of its user's completed runs in the
    log that ran longer than this run has so far (:func:`user_history`);
 4. ``unknown``: none of these: it is assumed to run ``W / 4`` from its
@@ -60,6 +61,7 @@ from apportion.events import (
     Event,
     JobCheckpointed,
     JobCompleted,
+    JobFailed,
     JobPlaced,
     JobPreempted,
     JobQueued,
@@ -274,13 +276,17 @@ def run_end(
     ``declared=False`` ignores a declared duration, as for a real command (the benchmark's second forecast).
     """
     who = (job.job_id, attempt, job.budget, job.user)
+    limit = job.time_limit_s
     if declared and job.duration_s is not None:
         left = max(0.0, job.duration_s - progress_s)
+        if limit is not None and limit < left:  # the node agent stops it at its limit
+            return RunEnd(
+                *who, start_us + s_to_us(limit), "time_limit", f"time limit {limit:g} s, before its work ends"
+            )
         return RunEnd(
             *who, start_us + s_to_us(left), "simulated", f"simulated duration: {left:g} s of work in this attempt"
         )
-    limit = getattr(job, "time_limit_s", None)
-    if limit:
+    if limit is not None:
         return RunEnd(*who, start_us + s_to_us(limit), "time_limit", f"time limit {limit:g} s")
     ran = us_to_s(max(0, now_us - start_us))
     longer = [d for d in history.get(job.user, ()) if d > ran]
@@ -444,7 +450,7 @@ class _Forward:
         for w in wakeups(ev, self.cfg):
             self.push(w, self._TICK)
         self._outputs(out, t)
-        return type(ev) is JobCompleted or bool(out)
+        return type(ev) in (JobCompleted, JobFailed) or bool(out)
 
     def _outputs(self, out: list[Event], t: Micros) -> None:
         for e in out:
@@ -483,20 +489,18 @@ class _Forward:
         if run is None or run.stopping:
             return
         self.freed.append((t, key, self.nodes_of.get(key, frozenset())))
+        limited = self.ends[key].basis == "time_limit"  # stopped at its limit: the agent reports it failed
         for r in sorted(run.open_replicas):
-            self.push(
-                t,
-                self._EV,
-                JobCompleted(
-                    event_id=det_id(_PRODUCER, "JobCompleted", key[0], key[1], r),
-                    ts=from_us(t),
-                    producer=f"{_PRODUCER}/agent",
-                    job_id=key[0],
-                    attempt=key[1],
-                    replica=r,
-                    node_id=run.placements[r].node_id,
-                ),
-            )
+            common: dict[str, Any] = {
+                "event_id": det_id(_PRODUCER, "JobFailed" if limited else "JobCompleted", key[0], key[1], r),
+                "ts": from_us(t),
+                "producer": f"{_PRODUCER}/agent",
+                "job_id": key[0],
+                "attempt": key[1],
+                "replica": r,
+                "node_id": run.placements[r].node_id,
+            }
+            self.push(t, self._EV, JobFailed(**common, reason="time_limit") if limited else JobCompleted(**common))
 
     def _checkpointed(self, key: RunKey, progress: float, t: Micros) -> JobCheckpointed:
         return JobCheckpointed(
@@ -583,6 +587,8 @@ def forecast(
         chain = _chain(fwd, job.job_id, start) if start is not None else ()
         if start is None:
             basis, note = "-", _no_start(fwd, horizon)
+            if job.job_id in state.held:
+                note = "held: no start until it is released"
         elif not chain and start == now_us:
             basis, note = NOW, ""
         else:

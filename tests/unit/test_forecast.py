@@ -48,8 +48,10 @@ class History:
         )
         return self.feed(e, T0)
 
-    def submit(self, job_id: str, at: int, *, tick: bool = True, **kw: Any) -> History:
-        self.feed(submitted(job_id, at=at, **kw), at)
+    def submit(
+        self, job_id: str, at: int, *, tick: bool = True, time_limit_s: float | None = None, **kw: Any
+    ) -> History:
+        self.feed(submitted(job_id, at=at, **kw).model_copy(update={"time_limit_s": time_limit_s}), at)
         return self.feed(Tick(at), at) if tick else self
 
     def complete(self, job_id: str, at: int) -> History:
@@ -179,3 +181,25 @@ def test_a_job_not_yet_submitted_is_forecast_as_if_submitted_now_or_its_rejectio
     assert (s1.start_us, s1.basis) == (h(3), "simulated")
     _, rejected = with_submission(hist.state, submitted("s2", gpus=2, at=h(1)), h(1), CFG)
     assert rejected is not None and rejected.reason.value == "shape_impossible"
+
+
+def test_a_time_limit_ends_a_command_and_cuts_short_a_longer_simulated_run() -> None:
+    # two 1-GPU nodes. c1 (a real command, time limit 2 h) runs on one from T0: it ends at its limit, T0 + 2 h.
+    # s1 (5 h of simulated work, time limit 3 h) runs on the other from T0: the node agent stops it at T0 + 3 h
+    # (JobFailed time_limit). p1 and p2 (lab/a) wait: p1 takes the first GPU freed (T0 + 2 h), p2 the second.
+    hist = History().node("n0", 1).node("n1", 1)
+    hist.submit("c1", T0, duration_s=None, command=["train"], time_limit_s=7200.0)
+    hist.submit("s1", T0, duration_s=5 * 3600.0, time_limit_s=3 * 3600.0)
+    hist.submit("p1", m(10)).submit("p2", m(11))
+    fc = forecast(hist.state, m(11), CFG)
+    starts = {j.job_id: (j.start_us, j.basis) for j in fc.jobs}
+    assert starts == {"p1": (h(2), "time_limit"), "p2": (h(3), "time_limit")}
+    assert fc.runs[("c1", 1)].note == "time limit 7200 s"
+    assert fc.runs[("s1", 1)].note == "time limit 10800 s, before its work ends"
+
+
+def test_a_held_job_has_no_start_and_says_so() -> None:
+    hist = History().node("n0", 2)
+    hist.feed(submitted("x", at=m(5)).model_copy(update={"hold": True}), m(5))
+    (x,) = forecast(hist.state, m(5), CFG).jobs
+    assert (x.start_us, x.basis, x.note) == (None, "-", "held: no start until it is released")

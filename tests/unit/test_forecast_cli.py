@@ -97,3 +97,5 @@ def test_submit_forecasts_a_job_before_it_is_submitted_and_says_when_it_would_be
     assert code == 1 and "it would be rejected: shape_impossible" in stderr
     code, _, stderr = run("--submit", "-b", "lab/a", "--from-file", log_file)
     assert code == 2 and "--submit needs" in stderr
+    code, _, stderr = run("--submit", "-b", "lab/a", "-g", "1", "-m", "1h", "-t", "soon", "--from-file", log_file)
+    assert code == 2 and "--time" in stderr

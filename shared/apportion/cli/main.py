@@ -699,8 +699,8 @@ def forecast(
         bool,
         typer.Option(
             "--submit",
-            help="Forecast a job not yet submitted, as if submitted now: -b, -u, -g, -m, -k, --duration, --gpu-model, "
-            "--checkpoint-interval as for `submit` (-u defaults to your login name).",
+            help="Forecast a job not yet submitted, as if submitted now: -b, -u, -g, -m, -k, -t, --duration, "
+            "--gpu-model, --checkpoint-interval as for `submit` (-u defaults to your login name).",
         ),
     ] = False,
     gpus: Annotated[int | None, typer.Option("--gpus", "-g", min=1, help="With --submit: GPUs per replica.")] = None,
@@ -714,6 +714,9 @@ def forecast(
     gpu_model: Annotated[str | None, typer.Option("--gpu-model", help="With --submit: required GPU model.")] = None,
     checkpoint_interval: Annotated[
         str | None, typer.Option("--checkpoint-interval", help="With --submit: checkpoint interval.")
+    ] = None,
+    time_limit: Annotated[
+        str | None, typer.Option("--time", "-t", help="With --submit: time limit (default: the budget's).")
     ] = None,
     bootstrap: Bootstrap = None,
     from_file: Annotated[
@@ -773,6 +776,8 @@ def forecast(
 
         assert budget is not None and gpus is not None and min_runtime is not None  # checked above
         sub = dict(budget=budget, user=user or getpass.getuser(), gpus=gpus, replicas=replicas, min_runtime=min_runtime)
+        if time_limit is not None:
+            sub["time_limit_s"] = _dur(time_limit, "--time")
         state, job_id = _forecast_submission(state, now, cfg, sub, duration, gpu_model, checkpoint_interval)
         wanted = [job_id]
     elif job_id is not None:
