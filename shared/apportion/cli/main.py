@@ -678,6 +678,235 @@ def queue(
     out.print(queue_table(rows, out.width))
 
 
+#: The `apportion forecast` basis column, for its footer and help (the values of :mod:`apportion.forecast`).
+FORECAST_BASES = (
+    "now: starts at once; rules: only protection and grace ends delay it (exact); simulated: runs end at their "
+    "declared work; time_limit: at their time limit; history: at their user's median run time; unknown: "
+    "assumed to run W/4"
+)
+
+
+@app.command()
+def forecast(
+    job_id: Annotated[str | None, typer.Argument(help="One pending job (default: every pending job).")] = None,
+    budget: Annotated[str | None, typer.Option("--budget", "-b", help="Only this budget (and below).")] = None,
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's jobs.")] = None,
+    at: Annotated[
+        str | None, typer.Option("--at", help="Event time of the forecast (ISO). Default: the log's latest event.")
+    ] = None,
+    horizon: Annotated[str, typer.Option("--horizon", help="How far ahead to look (e.g. 14d, 36h).")] = "14d",
+    submit_: Annotated[
+        bool,
+        typer.Option(
+            "--submit",
+            help="Forecast a job not yet submitted, as if submitted now: -b, -u, -g, -m, -k, -t, --duration, "
+            "--gpu-model, --checkpoint-interval as for `submit` (-u defaults to your login name).",
+        ),
+    ] = False,
+    gpus: Annotated[int | None, typer.Option("--gpus", "-g", min=1, help="With --submit: GPUs per replica.")] = None,
+    min_runtime: Annotated[
+        str | None, typer.Option("--min-runtime", "-m", help="With --submit: minimum runtime (0 = unallocated).")
+    ] = None,
+    replicas: Annotated[int, typer.Option("--replicas", "-k", min=1, help="With --submit: gang size.")] = 1,
+    duration: Annotated[
+        str | None, typer.Option("--duration", help="With --submit: simulated run time (demo clusters).")
+    ] = None,
+    gpu_model: Annotated[str | None, typer.Option("--gpu-model", help="With --submit: required GPU model.")] = None,
+    checkpoint_interval: Annotated[
+        str | None, typer.Option("--checkpoint-interval", help="With --submit: checkpoint interval.")
+    ] = None,
+    time_limit: Annotated[
+        str | None, typer.Option("--time", "-t", help="With --submit: time limit (default: the budget's).")
+    ] = None,
+    bootstrap: Bootstrap = None,
+    from_file: Annotated[
+        Path | None,
+        typer.Option("--from-file", help="Read an export file instead of Kafka.", exists=True, dir_okay=False),
+    ] = None,
+    as_json: JsonOut = False,
+) -> None:
+    """When pending jobs will start: the scheduling engine run forward from the log (like squeue --start).
+
+    Reads the log (Kafka, or an export with --from-file) and runs the dispatcher's engine forward in event time.
+
+    Running work ends at its declared duration, its time limit, or its user's median run time in the log.
+
+    Without any of these a run is assumed to last W/4; future submissions are left out.
+
+    Columns: est. start (UTC), in (from the forecast's time), basis (what it rests on), reason (why it waits now).
+
+    One job also gets its chain: the runs that must end or be preempted for it.
+
+    Exit 1 when the job is not pending (running, ended, or not in the log); 2 for bad input; 3 Kafka unreachable.
+
+    Examples:
+
+    apportion forecast  (every pending job)
+
+    apportion forecast j-42  (one job, with its chain)
+
+    apportion forecast -b lab/vision -u alice --json
+
+    apportion forecast --from-file log.jsonl.gz --at 2024-05-01T12:00:00Z --horizon 3d
+
+    apportion forecast --submit -b lab/vision -g 8 -k 2 -m 2h  (if I submit this now; exit 1 if it would be rejected)
+    """
+    from apportion.audit.replay import decoded
+    from apportion.audit.verify import dispatcher_fold
+    from apportion.cli.audit import _dispatch_config, _dur, _load, parse_time
+    from apportion.forecast import forecast as run_forecast
+    from apportion.forecast import user_history
+    from apportion.timeutil import from_us, to_us
+
+    check_budget_filter(budget)
+    if submit_ and (job_id is not None or budget is None or gpus is None or min_runtime is None):
+        fail("--submit needs -b BUDGET, -g GPUS and -m MIN_RUNTIME, and no JOB_ID")
+    horizon_s = _dur(horizon, "--horizon")
+    when = parse_time(at) if at is not None else None
+    recs = _load(bootstrap, from_file)
+    cfg = _dispatch_config(recs, None, None, None, None, None)
+    state = dispatcher_fold(recs, cfg, producer=cfg.producer)
+    if state.clock_us is None:
+        fail("the log holds no events: nothing to forecast", 1)
+    now = to_us(when) if when is not None else state.clock_us
+    if now < state.clock_us:
+        fail(f"--at {at} is before the log's latest event ({from_us(state.clock_us).isoformat()})")
+    if submit_:
+        import getpass
+
+        assert budget is not None and gpus is not None and min_runtime is not None  # checked above
+        sub = dict(budget=budget, user=user or getpass.getuser(), gpus=gpus, replicas=replicas, min_runtime=min_runtime)
+        if time_limit is not None:
+            sub["time_limit_s"] = _dur(time_limit, "--time")
+        state, job_id = _forecast_submission(state, now, cfg, sub, duration, gpu_model, checkpoint_interval)
+        wanted = [job_id]
+    elif job_id is not None:
+        _forecastable(state, job_id)
+        wanted = [job_id]
+    else:
+        wanted = [
+            j.job_id
+            for leaf in sorted(state.pending)
+            for j in state.pending[leaf]
+            if (user is None or j.user == user) and (budget is None or leaf == budget or leaf.startswith(budget + "/"))
+        ]
+    fc = run_forecast(state, now, cfg, job_ids=wanted, history=user_history(decoded(recs)), horizon_s=horizon_s)
+    fc.jobs.sort(key=lambda j: (j.start_us is None, j.start_us or 0, j.job_id))
+    if as_json:
+        _print_json(fc.to_dict())
+        return
+    out.print(forecast_table(fc, out.width, detail=job_id is not None))
+
+
+def _forecast_submission(
+    state: Any,
+    now: int,
+    cfg: Any,
+    sub: dict[str, Any],
+    duration: str | None,
+    gpu_model: str | None,
+    checkpoint_interval: str | None,
+) -> tuple[Any, str]:
+    """``forecast --submit``: the state with the job submitted at ``now`` and its id; exit 2 for an invalid
+    submission, 1 when the dispatcher's admission would reject it (the reason said)."""
+    from pydantic import ValidationError
+
+    from apportion import client
+    from apportion.forecast import with_submission
+    from apportion.timeutil import from_us
+
+    try:
+        every = parse_duration(checkpoint_interval) if checkpoint_interval is not None else None
+        job = client.build_submission(
+            **sub,
+            duration=duration,
+            command=None if duration is not None else ["<command>"],  # a real command: its end is not needed
+            gpu_model=gpu_model,
+            checkpoint_interval_s=every,
+            now=from_us(now),
+            producer="cli",
+        )
+    except ValidationError as exc:
+        e = exc.errors(include_url=False)[0]
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        fail(f"invalid submission: {'.'.join(str(p) for p in e['loc']) or 'job'}: {msg}")
+    except ValueError as exc:
+        fail(str(exc))
+    state, rejected = with_submission(state, job, now, cfg)
+    if rejected is not None:
+        fail(f"it would be rejected: {rejected.reason.value}: {rejected.message}", 1)
+    return state, job.job_id
+
+
+def _forecastable(state: Any, job_id: str) -> None:
+    """Exit 1 unless ``job_id`` is pending in ``state``, saying what it is instead (running since when...)."""
+    from apportion.timeutil import from_us
+
+    rec = state.jobs.get(job_id)
+    if rec is not None and rec.status == "pending":
+        return
+    if rec is not None:
+        run = state.cluster.runs.get((job_id, rec.attempt))
+        since = run.started_at_us if run is not None else None
+        when = f"since {from_us(since).isoformat()}" if since is not None else "placed, not yet started"
+        fail(f"job {job_id!r} is {rec.status} (attempt {rec.attempt}, {when}): only pending jobs have a forecast", 1)
+    if job_id in state.finished:
+        fail(f"job {job_id!r} ended at {from_us(state.finished[job_id]).isoformat()}: nothing to forecast", 1)
+    fail(f"job {job_id!r} is not in the log (or ended more than a window ago)", 1)
+
+
+def forecast_table(fc: Any, width: int, *, detail: bool = False) -> Any:
+    """The `apportion forecast` output of a :class:`apportion.forecast.Forecast`, for a terminal ``width`` wide.
+
+    One row a job: job, budget, est. start (``MM-DD HH:MM`` UTC; the full time from :data:`QUEUE_WIDE`
+    columns), in (from the forecast's time), basis, and the kind of the reason it waits now. ``detail``
+    (one job): the reason's text and the chain follow the table, wrapped, uncut.
+    """
+    from rich import box
+    from rich.console import Group
+    from rich.text import Text
+
+    from apportion.timeutil import from_us
+
+    wide = width >= QUEUE_WIDE
+
+    def start(j: Any) -> str:
+        if j.start_us is None:
+            return "-"
+        iso = from_us(j.start_us).isoformat()
+        return (iso[:19] if wide else iso[5:16]).replace("T", " ")
+
+    def kind(j: Any) -> str:
+        return str(j.reason_detail["kind"]) if j.reason_detail else ("placeable" if j.reason == "" else "")
+
+    t = Table(
+        title=f"forecast at {from_us(fc.now_us).isoformat()} ({len(fc.jobs)} pending job(s))",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        collapse_padding=True,
+    )
+    t.add_column("job", no_wrap=True)
+    t.add_column("budget", no_wrap=True)
+    t.add_column("est. start (UTC)" if wide else "est. start", no_wrap=True)
+    t.add_column("in", justify="right", no_wrap=True)
+    t.add_column("basis", no_wrap=True)
+    t.add_column("reason now", overflow="fold")
+    for j in fc.jobs:
+        wait = "-" if j.wait_s is None else format_duration(j.wait_s)
+        t.add_row(j.job_id, j.budget, start(j), wait, j.basis, kind(j))
+    lines: list[Text] = [Text(f"basis: {FORECAST_BASES}.")]
+    if detail:
+        for j in fc.jobs:
+            if j.reason:
+                lines.append(Text.assemble(("waits now: ", "bold"), j.reason))
+            if j.note:
+                lines.append(Text.assemble(("no start: ", "bold"), j.note))
+            for c in j.chain:
+                lines.append(Text(f"{from_us(c.at_us).isoformat()[:19].replace('T', ' ')}  {c.text}"))
+    return Group(t, *lines)
+
+
 def share_data(rc: Any) -> dict[str, Any]:
     """What `apportion share --json` prints: ``{"meta": usage meta, "budgets": [row, ...]}`` by path.
 

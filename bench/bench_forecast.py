@@ -1,0 +1,290 @@
+"""Accuracy of start-time forecasts (DESIGN section 12, ``D12.accuracy``): measured on a replayed Philly slice.
+
+The slice is simulated with the fair-share engine (:mod:`apportion.sim.core`, reference budgets
+``infra/budgets/philly.yaml``, seeded). Then the simulator's log is folded again, event by event, and at the
+submission of each sampled job (right after its ``JobQueued``) three estimates of its start are made from
+that prefix alone:
+
+* ``forecast``: :func:`apportion.forecast.forecast`, the engine run forward, running work ending at its
+  declared duration (basis ``simulated``: a Philly job's duration is in the trace);
+* ``forecast, no durations``: the same with the declared durations ignored (``declared_durations=False``),
+  so that runs end at their user's median run time in the log prefix, or W/4: what a forecast of real
+  commands knows;
+* ``slurm-style``: a backfill plan as ``squeue --start`` gives it: running jobs end at their duration, no
+  preemption, the pending jobs in fair-share order at the time (budget order, then submission), each at
+  the earliest time it fits on k nodes with g free GPUs for its duration without moving the plans before it.
+
+Each is compared with the start the job got in the simulation (its first ``JobStarted``). Printed per
+estimate: jobs with an estimate, median and p90 absolute error (hours), mean signed error (bias, hours;
+positive = later than it started), share within 1 h and within 25% of the job's actual wait, and the same
+shares for the jobs that waited more than 1 h. Future submissions are unknown to every estimate.
+With ``--while-waiting N`` the forecast is made again every hour while each sampled job waits (at most N
+times a job) and its median error is printed by how long before the start it was made (convergence).
+Figures only: nothing is asserted.
+
+Run: ``.venv/bin/python bench/bench_forecast.py [--slice 2017-10-30..2017-10-31] [--sample 200] [--seed 1]``
+(defaults: Thursday of ISO week 44, 200 forecasts evenly spread over its submissions; the simulation also
+runs the submissions of the 2 days before it, so that the cluster is busy, and of the day after it, so that
+the jobs it forecasts meet the later arrivals their forecasts cannot know). The week's Monday
+(``--slice week44+1d``) measures little: with the same warm-up none of 20 of its jobs sampled waited at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from apportion.domain.dispatch import DispatchConfig, DispatchState, evolve
+from apportion.domain.engine import EngineConfig
+from apportion.domain.fairshare import budget_order
+from apportion.events import Event, JobQueued, JobStarted
+from apportion.forecast import forecast, user_history
+from apportion.sim.core import SimConfig, Simulator, default_horizon_us
+from apportion.sim.traces import load_budget_file, load_trace, parse_slice
+from apportion.timeutil import Micros, from_us, s_to_us, to_us, us_to_s
+
+TRACE = "/work/shared/data/philly/philly.csv"
+BUDGETS = "infra/budgets/philly.yaml"
+
+
+# --------------------------------------------------------------------------- slurm-style backfill plan
+
+
+@dataclass
+class _NodePlan:
+    """A node's GPUs over time: ``(start, end, gpus)`` holds, for the backfill plan."""
+
+    gpus: int
+    model: str | None
+    holds: list[tuple[Micros, Micros, int]]
+
+    def peak(self, t0: Micros, t1: Micros) -> int:
+        """Most GPUs held at once in ``[t0, t1)`` (holds change only at their starts and ends)."""
+        points = [t0] + [s for s, _, _ in self.holds if t0 < s < t1]
+        return max(sum(g for s, e, g in self.holds if s <= p < e) for p in points)
+
+
+def slurm_estimate(state: DispatchState, now: Micros, target: str) -> Micros | None:
+    """The backfill plan's start of ``target`` (module docstring); ``None`` when no node shape fits it."""
+    nodes = {
+        nid: _NodePlan(n.gpu_count, n.gpu_model, [])
+        for nid, n in sorted(state.cluster.nodes.items())
+        if n.state == "ready"
+    }
+    for run in state.cluster.runs.values():
+        rec = state.jobs.get(run.job_id)
+        dur = rec.spec.duration_s if rec is not None and rec.spec.duration_s is not None else 0.0
+        start = run.started_at_us if run.started_at_us is not None else now
+        end = max(now + 1, start + s_to_us(max(0.0, dur - run.resumed_from_s)))
+        if run.stopping:
+            stop = state.stopping.get(run.key)
+            end = max(now + 1, stop.deadline_us) if stop is not None else now + 1
+        for p in run.placements:
+            if p.node_id in nodes:
+                nodes[p.node_id].holds.append((now, end, len(p.gpus)))
+    snap = state.cycle_snapshot(now)
+    rank = {leaf: i for i, leaf in enumerate(budget_order(snap.tree, snap.occupancy, snap.capacity_gpu_s))}
+    queue = sorted(
+        (j for jobs in state.pending.values() for j in jobs),
+        key=lambda j: (rank.get(j.budget, len(rank)), j.submitted_at_us, j.job_id),
+    )
+    for job in queue:
+        dur = s_to_us(max(1.0, (job.duration_s or 0.0) - job.progress_s))
+        g, k = job.gpus_per_replica, job.replicas
+        usable = [n for n in nodes.values() if n.gpus >= g and (job.gpu_model is None or n.model == job.gpu_model)]
+        if len(usable) < k:
+            if job.job_id == target:
+                return None
+            continue
+        times = sorted({now} | {e for n in usable for _, e, _ in n.holds if e > now})
+        for t in times:
+            fits = [n for n in usable if n.peak(t, t + dur) + g <= n.gpus]
+            if len(fits) >= k:
+                for n in fits[:k]:
+                    n.holds.append((t, t + dur, g))
+                if job.job_id == target:
+                    return t
+                break
+    return None
+
+
+# --------------------------------------------------------------------------- the measurement
+
+
+@dataclass
+class Sample:
+    job_id: str
+    submitted: Micros
+    actual: Micros
+    estimates: dict[str, Micros | None]
+
+
+def _quantile(xs: Sequence[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
+
+
+def summary(samples: list[Sample], name: str) -> str:
+    """One row of figures for estimate ``name`` (module docstring)."""
+    got = [(s, s.estimates[name]) for s in samples]
+    est = [(s, e) for s, e in got if e is not None]
+    err = [us_to_s(e - s.actual) / 3600 for s, e in est]
+    absd = [abs(x) for x in err]
+    wait = [us_to_s(s.actual - s.submitted) / 3600 for s, _ in est]
+    h1 = sum(1 for x in absd if x <= 1.0)
+    q25 = sum(1 for x, w in zip(absd, wait, strict=True) if x <= 0.25 * w)
+    long = [(x, w) for x, w in zip(absd, wait, strict=True) if w > 1.0]
+    l25 = sum(1 for x, w in long if x <= 0.25 * w)
+    l1 = sum(1 for x, _ in long if x <= 1.0)
+    n = len(est) or 1
+    return (
+        f"{name:<24} {len(est):>4}/{len(samples):<4} {_quantile(absd, 0.5):>7.2f} {_quantile(absd, 0.9):>7.2f} "
+        f"{sum(err) / n:>+7.2f} {h1 / n:>6.0%} {q25 / n:>6.0%}   {len(long):>4} {l1 / (len(long) or 1):>6.0%} "
+        f"{l25 / (len(long) or 1):>6.0%}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trace", default=TRACE)
+    ap.add_argument("--budgets", default=BUDGETS)
+    ap.add_argument(
+        "--slice",
+        default="2017-11-02..2017-11-03",
+        help="forecasts for the submissions in this slice (week 44's Thursday)",
+    )
+    ap.add_argument("--warmup-d", type=float, default=2.0, help="days of submissions simulated before the slice")
+    ap.add_argument("--after-d", type=float, default=1.0, help="days of submissions simulated after the slice")
+    ap.add_argument("--sample", type=int, default=200, help="forecasts, evenly spread over the submissions")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--horizon-d", type=float, default=14.0, help="how far each forecast looks, days")
+    ap.add_argument(
+        "--while-waiting", type=int, default=0, metavar="N", help="also forecast every hour while a job waits, N times"
+    )
+    args = ap.parse_args()
+
+    bf = load_budget_file(args.budgets)
+    lo, hi = parse_slice(args.slice)
+    if lo is None or hi is None:
+        raise SystemExit("--slice: a bounded slice (week44+1d, YYYY-MM-DD..YYYY-MM-DD)")
+    first, last = lo - s_to_us(args.warmup_d * 86_400), hi + s_to_us(args.after_d * 86_400)
+    day = 86_400_000_000
+    span = f"{from_us(first // day * day):%Y-%m-%d}..{from_us(-(-last // day) * day):%Y-%m-%d}"
+    jobs = [j for j in load_trace(args.trace, bf, args.seed, span) if first <= j.submit_us < last]
+    dcfg = DispatchConfig(engine=EngineConfig(window_s=bf.window_s), heartbeat_timeout_s=None)
+    cfg = SimConfig(seed=args.seed, dispatch=dcfg, until_us=default_horizon_us(jobs, bf.nodes))
+    t0 = time.perf_counter()
+    res = Simulator(bf.tree, bf.nodes, jobs, cfg, window_s=bf.window_s).run()
+    t_sim = time.perf_counter() - t0
+    log: list[Event] = res.log
+    first_start: dict[str, Micros] = {}
+    queued_at: dict[str, int] = {}  # job -> index of its first JobQueued in the log
+    for i, e in enumerate(log):
+        if type(e) is JobStarted:
+            first_start.setdefault(e.job_id, to_us(e.ts))
+        elif type(e) is JobQueued and e.attempt == 1:
+            queued_at.setdefault(e.job_id, i)
+    candidates = sorted((i, j) for j, i in queued_at.items() if j in first_start and lo <= to_us(log[i].ts) < hi)
+    n = min(args.sample, len(candidates))
+    chosen = [candidates[i * len(candidates) // n] for i in range(n)]  # evenly spread over the slice
+    print(
+        f"trace {args.trace}: {len(jobs)} jobs submitted {from_us(first):%Y-%m-%d %H:%M} .. {from_us(last):%Y-%m-%d %H:%M}"
+        f" simulated ({len(log):,} events, {t_sim:.1f} s, seed {args.seed}); {len(chosen)} forecasts at submission "
+        f"in slice {args.slice} (of {len(candidates)} jobs queued there, evenly spread)"
+    )
+
+    state = DispatchState(bf.tree, bf.window_s)
+    done = 0
+    samples: list[Sample] = []
+    times = {"forecast": 0.0, "forecast, no durations": 0.0, "slurm-style": 0.0}
+    hist_events: list[Event] = []
+    t0 = time.perf_counter()
+    for idx, job_id in chosen:
+        while done <= idx:
+            evolve(state, log[done])
+            hist_events.append(log[done])
+            done += 1
+        now = to_us(log[idx].ts)
+        est: dict[str, Micros | None] = {}
+        history = user_history(hist_events)
+        for name, declared in (("forecast", True), ("forecast, no durations", False)):
+            t1 = time.perf_counter()
+            fc = forecast(
+                state,
+                now,
+                dcfg,
+                job_ids=[job_id],
+                history=history,
+                horizon_s=args.horizon_d * 86_400,
+                declared_durations=declared,
+            )
+            times[name] += time.perf_counter() - t1
+            est[name] = fc.jobs[0].start_us
+        t1 = time.perf_counter()
+        est["slurm-style"] = slurm_estimate(state, now, job_id)
+        times["slurm-style"] += time.perf_counter() - t1
+        samples.append(Sample(job_id, now, first_start[job_id], est))
+    wall = time.perf_counter() - t0
+    waits = sorted(us_to_s(s.actual - s.submitted) / 3600 for s in samples)
+    print(
+        f"actual waits of the sampled jobs (h): median {_quantile(waits, 0.5):.2f}, p90 {_quantile(waits, 0.9):.2f}, "
+        f"max {waits[-1] if waits else 0:.2f}; {sum(1 for w in waits if w > 1)} waited more than 1 h"
+    )
+    print(f"replay and forecasts: {wall:.1f} s (" + ", ".join(f"{k} {v:.1f} s" for k, v in times.items()) + ")")
+    print()
+    print(
+        f"{'estimate':<24} {'with est':>9} {'med |e|':>7} {'p90 |e|':>7} {'bias':>7} {'<=1h':>6} {'<=25%':>6}   "
+        f"{'>1h':>4} {'<=1h':>6} {'<=25%':>6}"
+    )
+    for name in times:
+        print(summary(samples, name))
+    print("errors in hours; '>1h': the jobs that waited more than 1 h, and their shares")
+    if args.while_waiting:
+        converge(log, bf, dcfg, samples, args)
+
+
+#: ``--while-waiting`` buckets: hours before the job's start (lower bound, label)
+BUCKETS: tuple[tuple[float, str], ...] = ((24.0, ">= 24 h"), (6.0, "6-24 h"), (1.0, "1-6 h"), (0.0, "< 1 h"))
+
+
+def converge(log: list[Event], bf: Any, dcfg: DispatchConfig, samples: list[Sample], args: Any) -> None:
+    """The forecast again every hour while each sampled job waits (at most ``--while-waiting`` times a job),
+    from the log up to that time; median absolute error by how long before its start it was made."""
+    points = sorted(
+        (s.submitted + s_to_us(3600 * k), s.job_id, s.actual)
+        for s in samples
+        for k in range(1, args.while_waiting + 1)
+        if s.submitted + s_to_us(3600 * k) < s.actual
+    )
+    state = DispatchState(bf.tree, bf.window_s)
+    done = 0
+    errs: dict[str, list[float]] = {label: [] for _, label in BUCKETS}
+    t0 = time.perf_counter()
+    for at, job_id, actual in points:
+        while done < len(log) and to_us(log[done].ts) <= at:
+            evolve(state, log[done])
+            done += 1
+        if job_id not in {j.job_id for jobs in state.pending.values() for j in jobs}:
+            continue  # placed, waiting for its victims' stop: started in all but the report
+        start = forecast(state, at, dcfg, job_ids=[job_id], horizon_s=args.horizon_d * 86_400).jobs[0].start_us
+        if start is None:
+            continue
+        ahead = us_to_s(actual - at) / 3600
+        label = next(lb for lo, lb in BUCKETS if ahead >= lo)
+        errs[label].append(abs(us_to_s(start - actual)) / 3600)
+    print(
+        f"\nforecast while waiting: {len(points)} forecasts, every hour up to {args.while_waiting} h after submission "
+        f"({time.perf_counter() - t0:.1f} s); median |e| (h) by time before the start:"
+    )
+    for _, label in BUCKETS:
+        xs = errs[label]
+        print(
+            f"  {label:>8}: {len(xs):>5} forecasts, median |e| {_quantile(xs, 0.5):6.2f}, p90 {_quantile(xs, 0.9):6.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

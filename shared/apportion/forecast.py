@@ -1,0 +1,687 @@
+"""Start-time forecasts of pending jobs (DESIGN section 12, ``D12.job-forecast``).
+
+:func:`forecast` takes the dispatcher's state folded from the log
+(:class:`~apportion.domain.dispatch.DispatchState`) and runs the same
+engine forward in event time from ``now``, as the simulator does
+(:mod:`apportion.sim.core`): every input goes through
+:func:`~apportion.domain.dispatch.step`; a :class:`Tick` at ``now``, at each
+time :func:`~apportion.domain.dispatch.wakeups` names (protection ends,
+grace ends, reservation age), at each run end and every ``cycle_s`` while
+jobs wait (the dispatcher's periodic cycle); ``StartWorkload`` is answered
+by ``JobStarted`` at once; a run that ends is answered by ``JobCompleted``
+per replica; a preempted run sends no report, so its stop ends at its grace
+deadline (the dispatcher's own rule for a run that never reports). Runs
+checkpoint at their interval, and an unallocated run saves its progress when
+it is preempted, as the simulator's workloads do by default. Future
+submissions are left out.
+
+Where each run's end is taken from (its ``basis``), the first that applies:
+
+1. ``simulated``: the job declares its work (``duration_s``, a simulated
+   workload) and no time limit comes first: it ends ``duration_s`` minus
+   the progress it resumed from after its start;
+2. ``time_limit``: the job's time limit in force (``JobQueued.time_limit_s``)
+   from its start, where the node agent stops it: when it has no declared
+   work, or its limit comes first (then the run fails, ``time_limit``);
+3. ``history``: the median run time of its user's completed runs in the
+   log that ran longer than this run has so far (:func:`user_history`);
+4. ``unknown``: none of these: it is assumed to run ``W / 4`` from its
+   start (``W`` the occupancy window), or, once that has passed, until it
+   is preempted.
+
+A pending job's forecast is the time the forward run starts it
+(``StartWorkload``), with the chain of what frees its GPUs: the runs on the
+nodes it gets that end before it starts (with their basis), the runs it
+preempts (their protection end and rule), and the reason it waits now (the
+engine's own explanation, :mod:`apportion.domain.engine.reasons`). Its
+``basis`` is the least certain basis among the run ends of its chain:
+``now`` (it starts at once), ``rules`` (only protection and grace ends,
+exact by the engine's rules), else ``simulated`` < ``time_limit`` <
+``history`` < ``unknown``. A job the forward run does not start before
+``horizon_s`` (or before nothing is left to happen) has no start.
+
+Pure: a function of the state, the log's history and ``now`` (event time);
+the caller's state is not changed (the forward run works on a copy).
+"""
+
+from __future__ import annotations
+
+import heapq
+import pickle
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any
+
+from apportion.domain.cluster import UNTIL_STARTED, Run, RunKey
+from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, step, wakeups
+from apportion.domain.engine import run_cycle
+from apportion.domain.engine.reasons import reason_dict
+from apportion.events import (
+    Event,
+    JobCheckpointed,
+    JobCompleted,
+    JobFailed,
+    JobPlaced,
+    JobPreempted,
+    JobQueued,
+    JobRejected,
+    JobStarted,
+    JobSubmitted,
+    StartWorkload,
+    det_id,
+)
+from apportion.timeutil import Micros, from_us, s_to_us, to_us, us_to_s
+
+__all__ = [
+    "BASES",
+    "ChainStep",
+    "Forecast",
+    "JobForecast",
+    "RunEnd",
+    "forecast",
+    "run_end",
+    "user_history",
+    "with_submission",
+]
+
+#: Bases of a run's end, most certain first (module docstring); a job's basis is the last of its chain's.
+BASES: tuple[str, ...] = ("simulated", "time_limit", "history", "unknown")
+#: A job's basis when its chain has no run end: it starts at once, or only protection and grace ends delay it.
+NOW, RULES = "now", "rules"
+#: The forward run's periodic cycle while jobs wait (the dispatcher service's and the simulator's default).
+CYCLE_S = 300.0
+#: How far ahead the forward run looks by default, seconds (a job not started by then has no start).
+HORIZON_S = 14 * 86_400.0
+_PRODUCER = "forecast"
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnd:
+    """When a run is taken to end, and from what.
+
+    Attributes:
+        job_id, attempt, budget, user: the run.
+        end_us: its end, µs UTC; ``None``: no known end (it runs until preempted).
+        basis: one of :data:`BASES`.
+        note: how the end was found, for people.
+    """
+
+    job_id: str
+    attempt: int
+    budget: str
+    user: str
+    end_us: Micros | None
+    basis: str
+    note: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (times ISO 8601 UTC)."""
+        return {
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "budget": self.budget,
+            "user": self.user,
+            "end": None if self.end_us is None else from_us(self.end_us).isoformat(),
+            "basis": self.basis,
+            "note": self.note,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ChainStep:
+    """One link of a job's reason chain.
+
+    ``kind``: ``run_ends`` (a run on the nodes it gets ends: ``basis`` says from what), ``preempts`` (it
+    preempts that run at ``at_us``), ``protection_ends`` (that victim's protection ended at ``at_us``).
+    """
+
+    kind: str
+    at_us: Micros
+    job_id: str
+    attempt: int
+    budget: str
+    basis: str
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        return {
+            "kind": self.kind,
+            "at": from_us(self.at_us).isoformat(),
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "budget": self.budget,
+            "basis": self.basis,
+            "text": self.text,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class JobForecast:
+    """A pending job's estimated start.
+
+    Attributes:
+        start_us: the estimated start, µs UTC; ``None``: not within the forecast (see ``note``).
+        wait_s: seconds from the forecast's ``now`` to ``start_us``.
+        basis: ``now``, ``rules`` or one of :data:`BASES` (module docstring).
+        reason: why it waits now (the engine's reason, ``kind: facts``; empty when a cycle now places it).
+        reason_detail: the reason's fields (:func:`~apportion.domain.engine.reasons.reason_dict`).
+        chain: what frees its GPUs, in time order.
+        note: for a job without a start, why.
+    """
+
+    job_id: str
+    budget: str
+    user: str
+    gpus_per_replica: int
+    replicas: int
+    start_us: Micros | None
+    wait_s: float | None
+    basis: str
+    reason: str
+    reason_detail: dict[str, Any] | None
+    chain: tuple[ChainStep, ...]
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        return {
+            "job_id": self.job_id,
+            "budget": self.budget,
+            "user": self.user,
+            "gpus_per_replica": self.gpus_per_replica,
+            "replicas": self.replicas,
+            "start": None if self.start_us is None else from_us(self.start_us).isoformat(),
+            "wait_s": self.wait_s,
+            "basis": self.basis,
+            "reason": self.reason,
+            "reason_detail": self.reason_detail,
+            "chain": [c.to_dict() for c in self.chain],
+            "note": self.note,
+        }
+
+
+@dataclass
+class Forecast:
+    """The answer: per pending job its forecast, and the end taken for every run the forward run met.
+
+    Attributes:
+        now_us: the forecast's event time.
+        horizon_us: how far the forward run looked.
+        jobs: the pending jobs asked about, in queue order (budget, then the queue's own order).
+        runs: ``(job_id, attempt)`` -> :class:`RunEnd` of each run running at ``now`` or started by the forward run.
+        cycles: scheduling cycles the forward run ran.
+    """
+
+    now_us: Micros
+    horizon_us: Micros
+    jobs: list[JobForecast] = field(default_factory=list)
+    runs: dict[RunKey, RunEnd] = field(default_factory=dict)
+    cycles: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        return {
+            "now": from_us(self.now_us).isoformat(),
+            "horizon": from_us(self.horizon_us).isoformat(),
+            "jobs": [j.to_dict() for j in self.jobs],
+            "runs": [r.to_dict() for _, r in sorted(self.runs.items())],
+        }
+
+
+def user_history(events: Iterable[Event]) -> dict[str, tuple[float, ...]]:
+    """User -> run times (seconds, sorted) of the completed runs in ``events``.
+
+    A run (job, attempt) that a ``JobCompleted`` ended: from its first ``JobStarted`` to its last
+    ``JobCompleted``; the user is its ``JobQueued``'s. Runs that failed or were preempted are left out.
+    """
+    user: dict[str, str] = {}
+    started: dict[RunKey, Micros] = {}
+    ended: dict[RunKey, Micros] = {}
+    for ev in events:
+        t = type(ev)
+        if t is JobQueued:
+            user[ev.job_id] = ev.user  # type: ignore[attr-defined]
+        elif t is JobStarted:
+            key = (ev.job_id, ev.attempt)  # type: ignore[attr-defined]
+            at = to_us(ev.ts)
+            if key not in started or at < started[key]:
+                started[key] = at
+        elif t is JobCompleted:
+            key = (ev.job_id, ev.attempt)  # type: ignore[attr-defined]
+            ended[key] = max(ended.get(key, 0), to_us(ev.ts))
+    out: dict[str, list[float]] = {}
+    for key, end in ended.items():
+        begin = started.get(key)
+        who = user.get(key[0])
+        if begin is not None and who is not None and end >= begin:
+            out.setdefault(who, []).append(us_to_s(end - begin))
+    return {u: tuple(sorted(ds)) for u, ds in out.items()}
+
+
+def run_end(
+    job: JobQueued,
+    attempt: int,
+    start_us: Micros,
+    progress_s: float,
+    now_us: Micros,
+    history: Mapping[str, Sequence[float]],
+    window_s: float,
+    declared: bool = True,
+) -> RunEnd:
+    """The end of a run of ``job`` that started at ``start_us`` resuming from ``progress_s`` (module docstring).
+
+    ``now_us``: the time of the question (a history estimate only counts runs longer than this one has run).
+    ``declared=False`` ignores a declared duration, as for a real command (the benchmark's second forecast).
+    """
+    who = (job.job_id, attempt, job.budget, job.user)
+    limit = job.time_limit_s
+    if declared and job.duration_s is not None:
+        left = max(0.0, job.duration_s - progress_s)
+        if limit is not None and limit < left:  # the node agent stops it at its limit
+            return RunEnd(
+                *who, start_us + s_to_us(limit), "time_limit", f"time limit {limit:g} s, before its work ends"
+            )
+        return RunEnd(
+            *who, start_us + s_to_us(left), "simulated", f"simulated duration: {left:g} s of work in this attempt"
+        )
+    if limit is not None:
+        return RunEnd(*who, start_us + s_to_us(limit), "time_limit", f"time limit {limit:g} s")
+    ran = us_to_s(max(0, now_us - start_us))
+    longer = [d for d in history.get(job.user, ()) if d > ran]
+    if longer:
+        m = median(longer)
+        return RunEnd(
+            *who,
+            start_us + s_to_us(m),
+            "history",
+            f"median run time of {len(longer)} completed run(s) of {job.user} longer than {ran:.0f} s: {m:.0f} s",
+        )
+    cap = start_us + s_to_us(window_s / 4)
+    if cap > now_us:
+        return RunEnd(*who, cap, "unknown", "no duration, time limit or history: assumed to run W/4")
+    return RunEnd(*who, None, "unknown", "no duration, time limit or history, past W/4: runs until preempted")
+
+
+class _Forward:
+    """The forward run: the simulator's loop, reduced to what a forecast needs (module docstring)."""
+
+    _EV, _TICK, _END, _CKPT, _PERIODIC = range(5)
+
+    def __init__(
+        self,
+        state: DispatchState,
+        now_us: Micros,
+        cfg: DispatchConfig,
+        history: Mapping[str, Sequence[float]],
+        horizon_us: Micros,
+        cycle_s: float | None,
+        declared: bool = True,
+    ) -> None:
+        self.declared = declared
+        self.state = state
+        self.now = now_us
+        self.cfg = cfg
+        self.history = history
+        self.horizon = horizon_us
+        self.cycle_us = s_to_us(cycle_s) if cycle_s else None
+        self.window_s = us_to_s(state.window_us)
+        self.heap: list[tuple[Micros, int, int, Any]] = []
+        self.seq = 0
+        self.real = 0
+        self.periodic_at: Micros | None = None
+        self.cycles = 0
+        self.ends: dict[RunKey, RunEnd] = {}
+        self.live: dict[RunKey, tuple[Micros, float, Micros | None]] = {}  # run -> (start, progress, interval)
+        self.started: dict[str, Micros] = {}  # job -> first start in the forward run
+        self.placed: dict[str, JobPlaced] = {}  # job -> its JobPlaced that started
+        self.freed: list[tuple[Micros, RunKey, frozenset[str]]] = []  # run ends: (time, run, its nodes)
+        self.nodes_of: dict[RunKey, frozenset[str]] = {}
+
+    def push(self, t: Micros, kind: int, payload: Any = None) -> None:
+        self.seq += 1
+        if kind != self._PERIODIC:
+            self.real += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, payload))
+
+    # ------------------------------------------------------------------ set-up
+
+    def seed(self) -> None:
+        """Happenings already due from the state: run ends, checkpoints, protection, grace and reservation ends."""
+        st, now = self.state, self.now
+        for key, run in sorted(st.cluster.runs.items()):
+            self.nodes_of[key] = frozenset(p.node_id for p in run.placements)
+            if run.stopping:
+                continue
+            rec = st.jobs.get(run.job_id)
+            if rec is None:
+                continue
+            missing = sorted(set(range(run.replicas)) - run.started_replicas)
+            for r in missing:  # placed, not yet reported started: taken to start now
+                self.push(now, self._EV, self._started(run, r, now))
+            start = run.started_at_us if run.started_at_us is not None and not missing else now
+            self._begin(key, rec.spec, start, run.resumed_from_s, run.checkpoint_interval_us)
+            until = run.protected_until_us
+            if run.allocated and until is not None and now < until < UNTIL_STARTED:
+                self.push(until, self._TICK)
+        for _key, stop in sorted(st.stopping.items()):
+            deadline = stop.deadline_us + (s_to_us(self.cfg.engine.grace_s) if stop.plus_grace else 0)
+            self.push(max(now, deadline), self._TICK)
+        after = s_to_us(self.cfg.engine.reservation_after_s)
+        for jobs in st.pending.values():
+            for job in jobs:
+                if job.queued_at_us + after > now:
+                    self.push(job.queued_at_us + after, self._TICK)
+        self.push(now, self._TICK)
+
+    def _begin(self, key: RunKey, spec: JobQueued, start: Micros, progress: float, every_us: Micros | None) -> None:
+        end = run_end(spec, key[1], start, progress, self.now, self.history, self.window_s, self.declared)
+        self.ends[key] = end
+        self.live[key] = (start, progress, every_us)
+        if end.end_us is not None:
+            self.push(max(self.now, end.end_us), self._END, key)
+        if every_us:
+            self._next_checkpoint(key, start, progress, every_us, end.end_us, max(start, self.now))
+
+    def _next_checkpoint(
+        self, key: RunKey, start: Micros, progress: float, every_us: Micros, end_us: Micros | None, after: Micros
+    ) -> None:
+        """Schedule the run's first checkpoint after ``after``: progress a multiple of its interval, not at its end."""
+        every = us_to_s(every_us)
+        k = max(int(progress // every), int((progress + us_to_s(after - start)) // every)) + 1
+        at = start + s_to_us(k * every - progress)
+        if at <= after:  # float rounding at a multiple: the next one (a checkpoint never repeats an instant)
+            k += 1
+            at = start + s_to_us(k * every - progress)
+        if (end_us is None or at < end_us) and at <= self.horizon:
+            self.push(at, self._CKPT, (key, k * every))
+
+    def _started(self, run: Run, replica: int, t: Micros) -> JobStarted:
+        return JobStarted(
+            event_id=det_id(_PRODUCER, "JobStarted", run.job_id, run.attempt, replica),
+            ts=from_us(t),
+            producer=f"{_PRODUCER}/agent",
+            job_id=run.job_id,
+            attempt=run.attempt,
+            replica=replica,
+            node_id=run.placements[replica].node_id,
+        )
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self, wanted: set[str]) -> None:
+        """Run until every job of ``wanted`` has started, nothing is left to happen, or the horizon."""
+        heap = self.heap
+        while heap and not wanted <= self.started.keys():
+            t = heap[0][0]
+            if t > self.horizon or self.real == 0:
+                break
+            dirty = False
+            while heap and heap[0][0] == t:
+                _, _, kind, payload = heapq.heappop(heap)
+                if kind != self._PERIODIC:
+                    self.real -= 1
+                if kind == self._EV:
+                    dirty |= self._feed(payload, t)
+                elif kind == self._END:
+                    self._end(payload, t)
+                elif kind == self._CKPT:
+                    self._checkpoint(payload, t)
+                else:
+                    dirty = True
+                    if kind == self._PERIODIC:
+                        self.periodic_at = None
+            st = self.state
+            if dirty and (st.pending or st.stopping or st.draining):
+                self.cycles += 1
+                self._outputs(step(self.state, Tick(t), t, self.cfg), t)
+            if self.cycle_us and self.state.pending and self.periodic_at is None:
+                self.periodic_at = t + self.cycle_us
+                self.push(self.periodic_at, self._PERIODIC)
+
+    def _feed(self, ev: Event, t: Micros) -> bool:
+        out = step(self.state, ev, t, self.cfg)
+        if type(ev) is JobStarted:
+            run = self.state.cluster.runs.get((ev.job_id, ev.attempt))
+            until = run.protected_until_us if run is not None and run.allocated else None
+            if until is not None and t < until < UNTIL_STARTED:
+                self.push(until, self._TICK)
+        for w in wakeups(ev, self.cfg):
+            self.push(w, self._TICK)
+        self._outputs(out, t)
+        return type(ev) in (JobCompleted, JobFailed) or bool(out)
+
+    def _outputs(self, out: list[Event], t: Micros) -> None:
+        for e in out:
+            for w in wakeups(e, self.cfg):
+                if w > t:
+                    self.push(w, self._TICK)
+            if type(e) is StartWorkload:
+                self._start(e, t)
+            elif type(e) is JobPlaced:
+                self.placed[e.job_id] = e
+            elif type(e) is JobPreempted:
+                key = (e.job_id, e.attempt)
+                live = self.live.pop(key, None)
+                self.freed.append((t, key, self.nodes_of.get(key, frozenset())))
+                if live is not None and not e.allocated and e.grace_s > 0:
+                    # an unallocated workload saves its progress on SIGTERM (as the simulator's default)
+                    self.push(t, self._EV, self._checkpointed(key, live[1] + us_to_s(max(0, t - live[0])), t))
+
+    def _start(self, e: StartWorkload, t: Micros) -> None:
+        key = (e.job_id, e.attempt)
+        run = self.state.cluster.runs.get(key)
+        rec = self.state.jobs.get(e.job_id)
+        if run is None or rec is None:
+            return
+        self.started.setdefault(e.job_id, t)
+        self.push(t, self._EV, self._started(run, e.replica, t))
+        if key not in self.live:
+            self.nodes_of[key] = frozenset(p.node_id for p in run.placements)
+            every = s_to_us(e.checkpoint_interval_s) if e.checkpoint_interval_s else None
+            self._begin(key, rec.spec, t, e.progress_s or 0.0, every)
+
+    def _end(self, key: RunKey, t: Micros) -> None:
+        if self.live.pop(key, None) is None:
+            return
+        run = self.state.cluster.runs.get(key)
+        if run is None or run.stopping:
+            return
+        self.freed.append((t, key, self.nodes_of.get(key, frozenset())))
+        limited = self.ends[key].basis == "time_limit"  # stopped at its limit: the agent reports it failed
+        for r in sorted(run.open_replicas):
+            common: dict[str, Any] = {
+                "event_id": det_id(_PRODUCER, "JobFailed" if limited else "JobCompleted", key[0], key[1], r),
+                "ts": from_us(t),
+                "producer": f"{_PRODUCER}/agent",
+                "job_id": key[0],
+                "attempt": key[1],
+                "replica": r,
+                "node_id": run.placements[r].node_id,
+            }
+            self.push(t, self._EV, JobFailed(**common, reason="time_limit") if limited else JobCompleted(**common))
+
+    def _checkpointed(self, key: RunKey, progress: float, t: Micros) -> JobCheckpointed:
+        return JobCheckpointed(
+            event_id=det_id(_PRODUCER, "JobCheckpointed", key[0], key[1], progress),
+            ts=from_us(t),
+            producer=f"{_PRODUCER}/agent",
+            job_id=key[0],
+            attempt=key[1],
+            progress_s=progress,
+        )
+
+    def _checkpoint(self, payload: tuple[RunKey, float], t: Micros) -> None:
+        key, progress = payload
+        live = self.live.get(key)
+        if live is None:
+            return
+        self._feed(self._checkpointed(key, progress, t), t)
+        start, base, every = live
+        if every:
+            end = self.ends.get(key)
+            self._next_checkpoint(key, start, base, every, end.end_us if end else None, t)
+
+
+def _copy(state: DispatchState) -> DispatchState:
+    """A deep copy of the state without its caches (as the dispatcher's snapshot pickles it)."""
+    copied: DispatchState = pickle.loads(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+    return copied
+
+
+def forecast(
+    state: DispatchState,
+    now_us: Micros,
+    config: DispatchConfig | None = None,
+    *,
+    job_ids: Iterable[str] | None = None,
+    history: Mapping[str, Sequence[float]] | None = None,
+    horizon_s: float = HORIZON_S,
+    cycle_s: float | None = CYCLE_S,
+    declared_durations: bool = True,
+) -> Forecast:
+    """Estimated start of each pending job of ``state`` (or of ``job_ids``) at event time ``now_us``.
+
+    Args:
+        state: the dispatcher's state folded from the log (not changed).
+        now_us: the event time of the question, µs UTC (not before the state's clock).
+        config: the dispatcher's knobs (the log's ``DispatcherConfigured``); defaults when ``None``.
+        job_ids: only these pending jobs (the forward run stops once they have all started).
+        history: :func:`user_history` of the log (``None``: no history estimates).
+        horizon_s: how far ahead to look.
+        cycle_s: the periodic cycle while jobs wait; ``None``: cycles on events and wake-ups only.
+        declared_durations: ``False`` ignores the jobs' declared durations (basis ``simulated``), as if every
+            job ran a real command: what a forecast of real work would know.
+
+    Raises:
+        KeyError: a job of ``job_ids`` is not pending.
+    """
+    cfg = config or DispatchConfig(heartbeat_timeout_s=None)
+    if cfg.heartbeat_timeout_s is not None:  # no heartbeats in the forward run: no node is lost for want of one
+        from dataclasses import replace
+
+        cfg = replace(cfg, heartbeat_timeout_s=None)
+    pending = [j for leaf in sorted(state.pending) for j in state.pending[leaf]]
+    by_id = {j.job_id: j for j in pending}
+    if job_ids is not None:
+        wanted = list(dict.fromkeys(job_ids))
+        missing = [j for j in wanted if j not in by_id]
+        if missing:
+            raise KeyError(missing[0])
+        targets = [by_id[j] for j in wanted]
+    else:
+        targets = pending
+    horizon = now_us + s_to_us(horizon_s)
+    reasons: dict[str, Any] = {}
+    if targets and cfg.scheduler is None:
+        res = run_cycle(state.cycle_snapshot(now_us), now_us, cfg.engine, explain=True)
+        reasons = res.reasons
+    fwd = _Forward(_copy(state), now_us, cfg, history or {}, horizon, cycle_s, declared_durations)
+    fwd.seed()
+    fwd.run({j.job_id for j in targets})
+    result = Forecast(now_us, horizon, runs=dict(fwd.ends), cycles=fwd.cycles)
+    for job in targets:
+        why = reasons.get(job.job_id)
+        start = fwd.started.get(job.job_id)
+        chain = _chain(fwd, job.job_id, start) if start is not None else ()
+        if start is None:
+            basis, note = "-", _no_start(fwd, horizon)
+            if job.job_id in state.held:
+                note = "held: no start until it is released"
+        elif not chain and start == now_us:
+            basis, note = NOW, ""
+        else:
+            bases = [c.basis for c in chain if c.kind == "run_ends"]
+            basis = max(bases, key=BASES.index) if bases else RULES
+            note = ""
+        result.jobs.append(
+            JobForecast(
+                job_id=job.job_id,
+                budget=job.budget,
+                user=job.user,
+                gpus_per_replica=job.gpus_per_replica,
+                replicas=job.replicas,
+                start_us=start,
+                wait_s=None if start is None else us_to_s(start - now_us),
+                basis=basis,
+                reason="" if why is None else why.text(),
+                reason_detail=None if why is None else reason_dict(why),
+                chain=chain,
+                note=note,
+            )
+        )
+    return result
+
+
+def with_submission(
+    state: DispatchState, job: JobSubmitted, now_us: Micros, config: DispatchConfig | None = None
+) -> tuple[DispatchState, JobRejected | None]:
+    """A copy of ``state`` with ``job`` submitted at ``now_us`` (``forecast --submit``: "if I submit this now").
+
+    The submission goes through the dispatcher's own admission (:func:`~apportion.domain.dispatch.step`):
+    returns the copy, with the job queued, and ``None``; or the copy unchanged and the ``JobRejected``
+    admission gives. ``state`` is not changed.
+    """
+    copy = _copy(state)
+    out = step(copy, job, now_us, config or DispatchConfig(heartbeat_timeout_s=None))
+    return copy, next((e for e in out if isinstance(e, JobRejected)), None)
+
+
+def _no_start(fwd: _Forward, horizon: Micros) -> str:
+    if fwd.heap and fwd.heap[0][0] > horizon:
+        return f"not started before {from_us(horizon).isoformat()} (the forecast's horizon)"
+    return "not started by the runs with a known end: it waits for runs that end only when preempted"
+
+
+_STEP_ORDER = {"protection_ends": 0, "run_ends": 1, "preempts": 2}
+
+
+def _chain(fwd: _Forward, job_id: str, start: Micros) -> tuple[ChainStep, ...]:
+    """What freed the GPUs ``job_id`` started on: run ends on its nodes before ``start``, and its victims."""
+    placed = fwd.placed.get(job_id)
+    if placed is None:
+        return ()
+    nodes = {p.node_id for p in placed.placements}
+    victims = {(v.job_id, v.attempt): v for v in placed.decision.victims}
+    steps: list[ChainStep] = []
+    for t, key, where in fwd.freed:
+        if t > start or key in victims or not (where & nodes) or key[0] == job_id:
+            continue
+        end = fwd.ends.get(key)
+        if end is None:
+            continue
+        steps.append(
+            ChainStep(
+                "run_ends",
+                t,
+                key[0],
+                key[1],
+                end.budget,
+                end.basis,
+                f"{key[0]} (attempt {key[1]}, {end.budget}) ends: {end.note}",
+            )
+        )
+    placed_at = to_us(placed.ts)
+    for _key, v in sorted(victims.items()):
+        if v.protected_until is not None:
+            until = to_us(v.protected_until)
+            steps.append(
+                ChainStep(
+                    "protection_ends", until, v.job_id, v.attempt, v.budget, RULES, f"{v.job_id}'s protection ends"
+                )
+            )
+        steps.append(
+            ChainStep(
+                "preempts",
+                placed_at,
+                v.job_id,
+                v.attempt,
+                v.budget,
+                RULES,
+                f"preempts {v.job_id} (attempt {v.attempt}, {v.budget}; rule {v.rule}), "
+                f"then waits out its grace period",
+            )
+        )
+    steps.sort(key=lambda s: (s.at_us, _STEP_ORDER[s.kind], s.job_id))
+    return tuple(steps)

@@ -1,0 +1,205 @@
+"""Start-time forecasts (DESIGN section 12, D12.job-forecast) on hand-built histories.
+
+Each history is played through the dispatcher's own ``step`` (a node agent
+answering ``StartWorkload`` with ``JobStarted`` at once), so the state the
+forecast reads is the one the dispatcher would hold. Tree ``lab`` with ``a``
+and ``b`` at 0.5 each; engine defaults (grace 30 s) unless said.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import pytest
+
+from apportion import events as ev
+from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, step
+from apportion.events import DEFAULT_GRACE_S
+from apportion.forecast import forecast, run_end, user_history, with_submission
+from apportion.timeutil import from_us
+from tests.unit.builders import T0, budget_set, completed, h, m, started, submitted
+
+CFG = DispatchConfig(heartbeat_timeout_s=None)
+
+
+class History:
+    """A dispatcher fed by hand: nodes, submissions, ticks; starts answered at once; every event kept."""
+
+    def __init__(self) -> None:
+        self.state = DispatchState()
+        self.log: list[ev.Event] = []
+        for path, share in (("lab", 1.0), ("lab/a", 0.5), ("lab/b", 0.5)):
+            self.feed(budget_set(path, share), T0)
+
+    def feed(self, e: ev.Event | Tick, at: int) -> History:
+        if not isinstance(e, Tick):
+            self.log.append(e)
+        out = step(self.state, e, at, CFG)
+        self.log.extend(out)
+        for o in out:
+            if isinstance(o, ev.StartWorkload):
+                self.feed(started(o.job_id, attempt=o.attempt, replica=o.replica, node=o.node_id, at=at), at)
+        return self
+
+    def node(self, node_id: str, gpus: int) -> History:
+        e = ev.NodeRegistered(
+            event_id=ev.det_id("t", "node", node_id), ts=from_us(T0), producer="agent", node_id=node_id, gpu_count=gpus
+        )
+        return self.feed(e, T0)
+
+    def submit(
+        self, job_id: str, at: int, *, tick: bool = True, time_limit_s: float | None = None, **kw: Any
+    ) -> History:
+        self.feed(submitted(job_id, at=at, **kw).model_copy(update={"time_limit_s": time_limit_s}), at)
+        return self.feed(Tick(at), at) if tick else self
+
+    def complete(self, job_id: str, at: int) -> History:
+        self.feed(completed(job_id, replica=0, node="n0", at=at), at)
+        return self.feed(Tick(at), at)
+
+
+def test_a_job_behind_a_simulated_run_starts_when_that_run_ends() -> None:
+    # one 1-GPU node; r1 (lab/a, 1 GPU, 3 h of simulated work) starts at T0; p1 (lab/a) is queued at T0 + 10 min
+    # behind its own budget's run (no preemption within a leaf). r1 ends at T0 + 3 h: p1 starts then.
+    hist = History().node("n0", 1).submit("r1", T0, duration_s=3 * 3600.0).submit("p1", m(10))
+    now = m(20)
+    fc = forecast(hist.state, now, CFG)
+    (p1,) = fc.jobs
+    assert p1.job_id == "p1" and p1.start_us == h(3)
+    assert p1.wait_s == 3 * 3600 - 20 * 60  # 10,800 - 1,200 = 9,600 s after now
+    assert p1.basis == "simulated"
+    assert [(c.kind, c.job_id, c.at_us, c.basis) for c in p1.chain] == [("run_ends", "r1", h(3), "simulated")]
+    assert fc.runs[("r1", 1)].end_us == h(3)
+    assert p1.reason.startswith("no_free_gpus")
+
+
+def test_a_job_that_preempts_an_expired_run_starts_at_its_protection_end_plus_the_grace() -> None:
+    # one 1-GPU node; b1 (lab/b, min runtime 1 h, 10 h of work) runs from T0, so lab/b's r is far above lab/a's
+    # (0): behind by more than delta. a1 (lab/a, allocated) is queued at T0 + 10 min; b1 is protected until
+    # T0 + 1 h (protection = its minimum runtime, no earlier preemptions). b1's checkpoint interval is its
+    # minimum runtime, so it saves at T0 + 1 h and loses nothing: no checkpoint wait. At T0 + 1 h a1 preempts
+    # b1 and starts when b1's stop ends, the grace period later: T0 + 3,600 s + 30 s.
+    hist = History().node("n0", 1).submit("b1", T0, budget="lab/b", duration_s=36_000.0).submit("a1", m(10))
+    fc = forecast(hist.state, m(10), CFG, job_ids=["a1"])
+    (a1,) = fc.jobs
+    assert DEFAULT_GRACE_S == 30.0
+    assert a1.start_us == h(1) + 30_000_000
+    assert a1.basis == "rules"
+    kinds = [(c.kind, c.job_id, c.at_us) for c in a1.chain]
+    assert kinds == [("protection_ends", "b1", h(1)), ("preempts", "b1", h(1))]
+    assert a1.reason.startswith("protected_until") and a1.reason_detail is not None
+    assert a1.reason_detail["until"] == from_us(h(1)).isoformat()
+
+
+def test_a_run_without_duration_ends_at_its_users_median_run_time() -> None:
+    # alice's completed runs of real commands (no declared duration): 1 h, 2 h and 4 h -> median 2 h.
+    # r4 (alice) starts at T0 + 8 h; p5 waits behind it in lab/a. At now = T0 + 8.5 h r4 has run 0.5 h,
+    # shorter than all three, so its end = T0 + 8 h + 2 h = T0 + 10 h, and p5 starts then.
+    hist = History().node("n0", 1)
+    cmd: dict[str, Any] = {"duration_s": None, "command": ["python", "train.py"]}
+    for job, start, hours in (("r1", 0.0, 1.0), ("r2", 1.0, 2.0), ("r3", 3.0, 4.0)):
+        hist.submit(job, h(start), **cmd).complete(job, h(start + hours))
+    hist.submit("r4", h(8), **cmd).submit("p5", h(8.25), **cmd)
+    history = user_history(hist.log)
+    assert history == {"alice": (3600.0, 7200.0, 14_400.0)}
+    fc = forecast(hist.state, h(8.5), CFG, history=history)
+    (p5,) = fc.jobs
+    assert p5.start_us == h(10)
+    assert p5.basis == "history"
+    end = fc.runs[("r4", 1)]
+    assert (end.end_us, end.basis) == (h(10), "history")
+    assert end.note == "median run time of 3 completed run(s) of alice longer than 1800 s: 7200 s"
+
+
+def test_a_runs_end_counts_only_the_history_longer_than_it_has_run() -> None:
+    # the run started at T0 and it is T0 + 1.5 h: of 1 h, 2 h, 4 h only 2 h and 4 h are longer -> median 3 h
+    spec = ev.JobQueued(
+        event_id=ev.det_id("t", "q"),
+        ts=from_us(T0),
+        producer="t",
+        job_id="r",
+        budget="lab/a",
+        user="alice",
+        allocated=True,
+        gpus_per_replica=1,
+        replicas=1,
+        min_runtime_s=60.0,
+        submitted_at=from_us(T0),
+    )
+    hist = {"alice": (3600.0, 7200.0, 14_400.0)}
+    assert run_end(spec, 1, T0, 0.0, h(1.5), hist, 7 * 86_400.0).end_us == h(3)
+    # nothing longer, no limit: W/4 from its start (W = 7 d: 42 h), said to be unknown
+    end = run_end(spec, 1, T0, 0.0, h(5), hist, 7 * 86_400.0)
+    assert (end.end_us, end.basis) == (h(42), "unknown")
+    # past W/4: no end (only a preemption frees it)
+    assert run_end(spec, 1, T0, 0.0, h(43), hist, 7 * 86_400.0).end_us is None
+
+
+def test_a_job_with_free_gpus_and_nothing_running_starts_now() -> None:
+    # two idle GPUs; q1 (1 GPU) is queued at T0 + 5 min, no cycle has run yet: the first cycle, now, places it
+    hist = History().node("n0", 2).submit("q1", m(5), tick=False)
+    fc = forecast(hist.state, m(5), CFG)
+    (q1,) = fc.jobs
+    assert (q1.start_us, q1.wait_s, q1.basis, q1.chain) == (m(5), 0.0, "now", ())
+    assert q1.reason == ""  # a cycle now places it
+
+
+def test_the_callers_state_is_left_as_it_was_and_an_unknown_job_is_a_key_error() -> None:
+    hist = History().node("n0", 1).submit("r1", T0, duration_s=3600.0).submit("p1", m(10))
+    before = pickle.dumps(hist.state)
+    forecast(hist.state, m(10), CFG)
+    assert pickle.dumps(hist.state) == before
+    with pytest.raises(KeyError):
+        forecast(hist.state, m(10), CFG, job_ids=["r1"])  # running, not pending
+
+
+def test_an_unallocated_run_preempted_in_the_forward_run_resumes_from_its_progress() -> None:
+    # one 1-GPU node; u1 (lab/a, unallocated, 2 h of work) runs from T0; q1 (lab/a, unallocated, 1 h) is queued at
+    # T0 + 20 min; a1 (lab/b, allocated, 1 h) at T0 + 30 min, before any cycle. Now = T0 + 30 min: a1 preempts u1
+    # (an unallocated run), which saves 1,800 s of progress on SIGTERM; a1 starts at the grace end, T0 + 30 min
+    # 30 s, and ends 1 h later, T0 + 1 h 30 min 30 s. Then u1 (attempt 2, submitted first) runs its last 5,400 s,
+    # to T0 + 3 h 0 min 30 s, and q1 starts then. (Were the progress lost, q1 would start 30 min later.)
+    hist = History().node("n0", 1).submit("u1", T0, min_runtime_s=0.0, duration_s=7200.0)
+    hist.submit("q1", m(20), min_runtime_s=0.0, duration_s=3600.0)
+    hist.submit("a1", m(30), budget="lab/b", tick=False)
+    fc = forecast(hist.state, m(30), CFG)
+    starts = {j.job_id: j.start_us for j in fc.jobs}
+    assert starts == {"a1": m(30) + 30_000_000, "q1": h(3) + 30_000_000}
+    end = fc.runs[("u1", 2)]
+    assert (end.end_us, end.note) == (h(3) + 30_000_000, "simulated duration: 5400 s of work in this attempt")
+
+
+def test_a_job_not_yet_submitted_is_forecast_as_if_submitted_now_or_its_rejection_given() -> None:
+    # r1 (lab/a, 3 h of work) runs from T0 on the only GPU; "if I submit s1 (lab/a, 1 GPU) at T0 + 1 h": it waits
+    # behind its own budget's run and starts when r1 ends, T0 + 3 h. A job of 2 GPUs fits no node: rejected.
+    hist = History().node("n0", 1).submit("r1", T0, duration_s=3 * 3600.0)
+    before = pickle.dumps(hist.state)
+    state, rejected = with_submission(hist.state, submitted("s1", at=h(1)), h(1), CFG)
+    assert rejected is None and pickle.dumps(hist.state) == before
+    (s1,) = forecast(state, h(1), CFG, job_ids=["s1"]).jobs
+    assert (s1.start_us, s1.basis) == (h(3), "simulated")
+    _, rejected = with_submission(hist.state, submitted("s2", gpus=2, at=h(1)), h(1), CFG)
+    assert rejected is not None and rejected.reason.value == "shape_impossible"
+
+
+def test_a_time_limit_ends_a_command_and_cuts_short_a_longer_simulated_run() -> None:
+    # two 1-GPU nodes. c1 (a real command, time limit 2 h) runs on one from T0: it ends at its limit, T0 + 2 h.
+    # s1 (5 h of simulated work, time limit 3 h) runs on the other from T0: the node agent stops it at T0 + 3 h
+    # (JobFailed time_limit). p1 and p2 (lab/a) wait: p1 takes the first GPU freed (T0 + 2 h), p2 the second.
+    hist = History().node("n0", 1).node("n1", 1)
+    hist.submit("c1", T0, duration_s=None, command=["train"], time_limit_s=7200.0)
+    hist.submit("s1", T0, duration_s=5 * 3600.0, time_limit_s=3 * 3600.0)
+    hist.submit("p1", m(10)).submit("p2", m(11))
+    fc = forecast(hist.state, m(11), CFG)
+    starts = {j.job_id: (j.start_us, j.basis) for j in fc.jobs}
+    assert starts == {"p1": (h(2), "time_limit"), "p2": (h(3), "time_limit")}
+    assert fc.runs[("c1", 1)].note == "time limit 7200 s"
+    assert fc.runs[("s1", 1)].note == "time limit 10800 s, before its work ends"
+
+
+def test_a_held_job_has_no_start_and_says_so() -> None:
+    hist = History().node("n0", 2)
+    hist.feed(submitted("x", at=m(5)).model_copy(update={"hold": True}), m(5))
+    (x,) = forecast(hist.state, m(5), CFG).jobs
+    assert (x.start_us, x.basis, x.note) == (None, "-", "held: no start until it is released")

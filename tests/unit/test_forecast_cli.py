@@ -1,0 +1,101 @@
+"""`apportion forecast` on an export of a hand-built history (the one of ``test_forecast``'s first case).
+
+One 1-GPU node; r1 (lab/a, 3 h of simulated work) runs from T0; p1 (lab/a) is queued at T0 + 10 min.
+The log's latest event is p1's queueing, so the forecast is made at T0 + 10 min: p1 starts at T0 + 3 h,
+2 h 50 min later.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from apportion.cli.main import app
+from apportion.timeutil import from_us
+from tests.unit.builders import T0, h, m
+from tests.unit.test_cli_audit_from_file import export
+from tests.unit.test_forecast import History
+
+
+@pytest.fixture(autouse=True)
+def _no_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a Kafka address: no running stack's stack.env brings its namespace; the prefix is restored after each test
+    monkeypatch.setenv("APPORTION_KAFKA_BOOTSTRAP", "127.0.0.1:1")
+    monkeypatch.setenv("APPORTION_TOPIC_PREFIX", "")
+
+
+@pytest.fixture
+def log_file(tmp_path: Path) -> str:
+    hist = History().node("n0", 1).submit("r1", T0, duration_s=3 * 3600.0).submit("p1", m(10))
+    return export(tmp_path / "log.jsonl.gz", hist.log, "")
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    res = CliRunner().invoke(app, ["forecast", *args], terminal_width=80)
+    return res.exit_code, res.stdout, res.stderr
+
+
+def test_json_gives_the_start_the_wait_and_the_chain(log_file: str) -> None:
+    code, stdout, _ = run("p1", "--json", "--from-file", log_file)
+    assert code == 0
+    got = json.loads(stdout)
+    assert got["now"] == from_us(m(10)).isoformat()
+    (job,) = got["jobs"]
+    assert job["start"] == from_us(h(3)).isoformat() and job["wait_s"] == 3 * 3600 - 600  # 10,200 s
+    assert job["basis"] == "simulated"
+    assert [(c["kind"], c["job_id"]) for c in job["chain"]] == [("run_ends", "r1")]
+    # the end taken for every run the forward run met: r1, and p1 itself (1 h of work from T0 + 3 h)
+    assert [(r["job_id"], r["end"], r["basis"], r["note"]) for r in got["runs"]] == [
+        ("p1", from_us(h(4)).isoformat(), "simulated", "simulated duration: 3600 s of work in this attempt"),
+        ("r1", from_us(h(3)).isoformat(), "simulated", "simulated duration: 10800 s of work in this attempt"),
+    ]
+
+
+def test_the_table_fits_80_columns_with_the_chain_for_one_job(log_file: str) -> None:
+    code, stdout, _ = run("p1", "--from-file", log_file)
+    assert code == 0
+    assert max(len(line) for line in stdout.splitlines()) <= 80
+    row = next(line for line in stdout.splitlines() if line.startswith("p1"))
+    assert row.split() == ["p1", "lab/a", "01-01", "03:00", "2h50m", "simulated", "no_free_gpus"]
+    chain = " ".join(stdout.split())  # wrapped at 80 columns, uncut
+    assert (
+        "2024-01-01 03:00:00 r1 (attempt 1, lab/a) ends: simulated duration: 10800 s of work in this attempt" in chain
+    )
+
+
+def test_a_running_job_is_refused_with_its_start(log_file: str) -> None:
+    code, _, stderr = run("r1", "--from-file", log_file)
+    assert code == 1
+    assert "job 'r1' is running (attempt 1, since 2024-01-01T00:00:00+00:00)" in stderr
+
+
+def test_a_job_not_in_the_log_is_refused(log_file: str) -> None:
+    code, _, stderr = run("nope", "--from-file", log_file)
+    assert code == 1 and "job 'nope' is not in the log" in stderr
+
+
+def test_filters_keep_the_budgets_jobs_and_an_at_before_the_log_is_bad_input(log_file: str) -> None:
+    code, stdout, _ = run("--json", "-b", "lab/b", "--from-file", log_file)
+    assert code == 0 and json.loads(stdout)["jobs"] == []
+    code, _, stderr = run("--at", "2023-12-31T00:00:00Z", "--from-file", log_file)
+    assert code == 2 and "before the log's latest event" in stderr
+
+
+def test_submit_forecasts_a_job_before_it_is_submitted_and_says_when_it_would_be_rejected(log_file: str) -> None:
+    # at T0 + 20 min, "s" (lab/a, 1 GPU, 30 min of work) would queue behind p1 (same budget, submitted at
+    # T0 + 10 min): r1 ends at T0 + 3 h, p1 runs its 1 h of work to T0 + 4 h, then s starts.
+    at = from_us(m(20)).isoformat()
+    args = ["--submit", "-b", "lab/a", "-u", "alice", "-g", "1", "-m", "30m", "--duration", "30m", "--at", at]
+    code, stdout, _ = run(*args, "--json", "--from-file", log_file)
+    assert code == 0
+    (job,) = json.loads(stdout)["jobs"]
+    assert job["start"] == from_us(h(4)).isoformat() and job["budget"] == "lab/a"
+    code, _, stderr = run("--submit", "-b", "lab/a", "-u", "alice", "-g", "2", "-m", "1h", "--from-file", log_file)
+    assert code == 1 and "it would be rejected: shape_impossible" in stderr
+    code, _, stderr = run("--submit", "-b", "lab/a", "--from-file", log_file)
+    assert code == 2 and "--submit needs" in stderr
+    code, _, stderr = run("--submit", "-b", "lab/a", "-g", "1", "-m", "1h", "-t", "soon", "--from-file", log_file)
+    assert code == 2 and "--time" in stderr
