@@ -230,7 +230,9 @@ def test_a_forged_submission_the_dispatcher_rejected_is_a_refused_attack() -> No
 
 
 @pytest.mark.parametrize("kind", [events.JobCancelRequested, events.JobHoldRequested, events.JobReleaseRequested])
-def test_a_forged_request_on_a_job_the_dispatcher_rejected_is_found_in_the_log(kind: type[events.JobRequest]) -> None:
+def test_a_forged_request_on_a_job_the_dispatcher_rejected_is_found_in_the_log(
+    kind: type[events.JobCancelRequested | events.JobHoldRequested | events.JobReleaseRequested],
+) -> None:
     """Eve signs a cancel, hold or release in alice's name: the refusal names the record in the log (its offset),
     whatever kind of request on a job it is."""
     log = Log()
