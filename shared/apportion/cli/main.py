@@ -1535,8 +1535,8 @@ def _tree_in_force(bootstrap: str | None) -> Any:
 
 
 def _limit_option(text: str | None, current: float | None) -> float | None:
-    """A budget's time limit from ``--default-time-limit`` / ``--max-time-limit``: ``None`` keeps ``current``,
-    ``inherit`` drops the budget's own, else a duration (``ValueError`` when it is not one)."""
+    """A budget duration from ``--default-time-limit``, ``--max-time-limit`` or ``--preempt-idle-after``: ``None``
+    keeps ``current``, ``inherit`` drops the budget's own, else a duration (``ValueError`` when it is not one)."""
     if text is None:
         return current
     if text.strip().lower() == "inherit":
@@ -1578,6 +1578,15 @@ def budget_set(
             "--max-time-limit",
             help="Largest time limit a job may have (its own or the default), e.g. 7d; 'inherit' drops it "
             "(default: keep the current).",
+        ),
+    ] = None,
+    preempt_idle_after: Annotated[
+        str | None,
+        typer.Option(
+            "--preempt-idle-after",
+            help="Preempt its allocated runs whose protection has ended once their GPUs have been idle this long "
+            "(as the node agents report), for any waiting job that fits, e.g. 2h; 'inherit' drops it "
+            "(default: keep the current; none set: never).",
         ),
     ] = None,
     no_wait: NoWait = False,
@@ -1642,6 +1651,9 @@ def budget_set(
                 default_time_limit, current.default_time_limit_s if current is not None else None
             ),
             max_time_limit_s=_limit_option(max_time_limit, current.max_time_limit_s if current is not None else None),
+            preempt_idle_after_s=_limit_option(
+                preempt_idle_after, current.preempt_idle_after_s if current is not None else None
+            ),
             by="cli",
             ts=_now(),
             producer="cli",

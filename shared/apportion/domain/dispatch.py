@@ -508,6 +508,7 @@ class DispatchState:
             memo=memo,
             victims=victims,
             free=free,
+            idle=self.idle if not copy else IdleReports(dict(self.idle.by_node), dict(self.idle.last_us)),
         )
 
     def pending_now(self, now_us: Micros) -> dict[str, list[PendingJob]]:
