@@ -508,6 +508,7 @@ class DispatchState:
             memo=memo,
             victims=victims,
             free=free,
+            # (a copy of the outer maps is a snapshot: each heartbeat replaces its node's map)
             idle=self.idle if not copy else IdleReports(dict(self.idle.by_node), dict(self.idle.last_us)),
         )
 

@@ -50,10 +50,13 @@ class IdleReports:
     Attributes:
         by_node: node id -> replica -> ``(idle_s, idle)`` (``idle_s`` ``None`` when the agent knows none).
         last_us: node id -> time of the latest heartbeat folded, µs UTC.
+        reports: heartbeats folded that carried an idle time (``idle_s``) for a replica: a reader that shows
+            idle times (the dispatcher's read model) knows from it that they moved on.
     """
 
     by_node: dict[str, dict[ReplicaKey, tuple[float | None, bool]]] = field(default_factory=dict)
     last_us: dict[str, Micros] = field(default_factory=dict)
+    reports: int = 0
 
 
 def observe_idle(reports: IdleReports, hb: NodeHeartbeat) -> None:
@@ -65,6 +68,7 @@ def observe_idle(reports: IdleReports, hb: NodeHeartbeat) -> None:
         return
     reports.last_us[nid] = t
     entries = {(w.job_id, w.attempt, w.replica): (w.idle_s, w.idle) for w in hb.running}
+    reports.reports += any(w.idle_s is not None for w in hb.running)
     if entries:
         reports.by_node[nid] = entries
     else:
