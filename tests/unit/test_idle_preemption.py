@@ -194,3 +194,17 @@ def test_explain_says_why_an_idle_run_went():
         "rule idle: its GPUs idle for 2h1m, at least its budget's preempt_idle_after, "
         f"protection ended {from_us(h(1)).isoformat()}"
     )
+
+
+def test_a_budget_file_sets_the_setting_as_a_duration_or_seconds(tmp_path):
+    from apportion.budgetfile import BudgetFileError, load_budget_tree
+
+    f = tmp_path / "b.yaml"
+    f.write_text(
+        "budgets:\n  lab: {share: 1.0, preempt_idle_after: 90m}\n  lab/a: {share: 0.5, preempt_idle_after_s: 60}\n"
+    )
+    tree = load_budget_tree(f)
+    assert [tree.preempt_idle_after_s(p) for p in ("lab", "lab/a")] == [5400.0, 60.0]
+    f.write_text("budgets:\n  lab: {share: 1.0, preempt_idle_after: 2h, preempt_idle_after_s: 60}\n")
+    with pytest.raises(BudgetFileError, match="give preempt_idle_after or preempt_idle_after_s, not both"):
+        load_budget_tree(f)
