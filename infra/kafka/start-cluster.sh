@@ -30,6 +30,9 @@ fi
 brokers="$1"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mkdir -p "$2"
+# private: the log holds every job's command and environment, the metadata every principal's SCRAM record;
+# no job account may read them past the ACLs (docs/security.md, "Node boundary")
+chmod 700 "$2"
 datadir="$(cd "$2" && pwd)"
 first_port="${3:-0}"
 if ! [[ "$brokers" =~ ^[1-9][0-9]*$ ]]; then

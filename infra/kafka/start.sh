@@ -40,6 +40,9 @@ fi
 port="$1"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mkdir -p "$2"
+# private: the log holds every job's command and environment, the metadata every principal's SCRAM record;
+# no job account may read them past the ACLs (docs/security.md, "Node boundary")
+chmod 700 "$2"
 datadir="$(cd "$2" && pwd)"
 pidfile="$datadir/kafka.pid"
 logfile="$datadir/kafka.log"

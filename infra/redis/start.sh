@@ -25,6 +25,9 @@ if [[ $# -ne 2 ]]; then
 fi
 port="$1"
 mkdir -p "$2"
+# private: the log holds every job's command and environment, the metadata every principal's SCRAM record;
+# no job account may read them past the ACLs (docs/security.md, "Node boundary")
+chmod 700 "$2"
 datadir="$(cd "$2" && pwd)"
 pidfile="$datadir/redis.pid"
 

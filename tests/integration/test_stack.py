@@ -35,3 +35,27 @@ def test_kafka_start_fails_fast_and_cleans_up_when_its_port_is_taken(tmp_path: P
     assert not (tmp_path / "kafka.pid").exists()
     ours = subprocess.run(["pgrep", "-f", f"kafka\\.Kafka {tmp_path}/"], capture_output=True)
     assert ours.returncode == 1, "no broker for this data dir may be left running"
+    assert tmp_path.stat().st_mode & 0o777 == 0o700  # private from the start (test below)
+
+
+def test_the_data_directories_are_private_to_the_stack(tmp_path: Path) -> None:
+    """The Kafka log holds every job's command and environment and the metadata every principal's SCRAM record:
+    a job account (another uid on the node) must not read them past the ACLs, so each start script makes its data
+    directory 0700 (docs/security.md, "Node boundary")."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    redis_dir = tmp_path / "redis"
+    redis_dir.mkdir(mode=0o755)
+    proc = subprocess.run(
+        ["bash", str(INFRA / "redis/start.sh"), str(port), str(redis_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        assert proc.returncode == 0, proc.stderr
+        assert redis_dir.stat().st_mode & 0o777 == 0o700
+    finally:
+        subprocess.run(["bash", str(INFRA / "redis/stop.sh"), str(redis_dir)], capture_output=True, timeout=60)

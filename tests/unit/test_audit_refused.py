@@ -229,6 +229,31 @@ def test_a_forged_submission_the_dispatcher_rejected_is_a_refused_attack() -> No
     )
 
 
+@pytest.mark.parametrize("kind", [events.JobCancelRequested, events.JobHoldRequested, events.JobReleaseRequested])
+def test_a_forged_request_on_a_job_the_dispatcher_rejected_is_found_in_the_log(kind: type[events.JobRequest]) -> None:
+    """Eve signs a cancel, hold or release in alice's name: the refusal names the record in the log (its offset),
+    whatever kind of request on a job it is."""
+    log = Log()
+    gate = RequestGate()
+    for key in (registered(ALICE, T0), registered(EVE, T0)):
+        gate.refusal(None, log.add(key).event, {}, to_us(T0))  # type: ignore[arg-type]
+    req = EVE.sign(kind(event_id=events.det_id("req", "j1"), job_id="j1", user="alice", ts=T0 + timedelta(seconds=1)))
+    rec = log.add(req)
+    verdict = gate.refusal(rec.raw, req, {}, to_us(T0 + timedelta(seconds=2)))
+    assert isinstance(verdict, events.JobRejected) and verdict.reason is events.RejectReason.UNAUTHENTICATED
+    log.add(verdict)
+    rep = verify(log.records())
+    assert rep.ok, rep.to_dict()
+    (f,) = rep.refused
+    assert (f.offset, f.what, f.who, f.by, f.how) == (
+        "apportion.submissions:0@0",
+        f"{kind.__name__} j1",
+        "alice",
+        ["dispatcher"],
+        ["rejected"],
+    )
+
+
 def test_a_drain_the_dispatcher_rejected_and_the_accounting_dead_lettered_is_one_refusal() -> None:
     """A node agent's unsigned drain: the dispatcher's verdict and the accounting's dead letter name one record."""
     log = Log()

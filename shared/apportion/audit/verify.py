@@ -94,7 +94,7 @@ from typing import Any
 from apportion import events, topics
 from apportion.bus.intake import APPLY_FAILED, EVENT_ID_REUSED, UNDECODABLE
 from apportion.bus.reader import LogRecord, log_order
-from apportion.domain.admission import NODE_REQUEST_TYPES, UNAUTHENTICATED, UNAUTHENTICATED_NODE
+from apportion.domain.admission import JOB_REQUESTS, NODE_REQUEST_TYPES, UNAUTHENTICATED, UNAUTHENTICATED_NODE
 from apportion.domain.budgets import BUDGET_CHANGES, fold_budget_log
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, emit_rank, evolve, maintenance, step
 from apportion.domain.fairshare import budget_order
@@ -1039,7 +1039,7 @@ def _claims(ev: events.Event | None) -> tuple[str, str, str | None]:
     if subject is not None and attempt is not None:
         subject = f"{subject}#{attempt}"
     subject = subject or getattr(ev, "node_id", None)
-    who = ev.user if isinstance(ev, (events.JobSubmitted, events.JobCancelRequested)) else ev.producer
+    who = ev.user if isinstance(ev, JOB_REQUESTS) else ev.producer  # the user a request claims to be
     return f"{ev.type} {subject}" if subject else ev.type, who, ev.ts.isoformat()
 
 
@@ -1051,8 +1051,8 @@ def _copy_of(letter: events.DeadLetter) -> events.Event | None:
         return None
 
 
-#: Requests a verdict of the dispatcher refuses.
-_REQUEST_TYPES = (events.JobSubmitted, events.JobCancelRequested, *NODE_REQUEST_TYPES)
+#: Requests a verdict of the dispatcher refuses: every signed request on a job, and the ops' node requests.
+_REQUEST_TYPES = (*JOB_REQUESTS, *NODE_REQUEST_TYPES)
 
 
 def _events_of(records: Iterable[LogRecord], kinds: Any) -> Iterator[Any]:

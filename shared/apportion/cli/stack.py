@@ -467,8 +467,9 @@ def up(
     # the CA the clients verify the servers against: the stack's own, else the caller's
     info.tls_ca = str(local.tls_ca or "") if local is not None else os.environ.get(TLS_CA_SETTING, "")
     info.no_tls = NO_TLS_SETTING in (local.client_env() if local is not None else os.environ)
-    info.log_dir.mkdir(exist_ok=True)
-    (run_dir / "services").mkdir(exist_ok=True)
+    for private in (info.log_dir, run_dir / "services"):  # service logs and pid files: not for job accounts
+        private.mkdir(exist_ok=True, mode=0o700)
+        private.chmod(0o700)
     saved = os.environ.get("APPORTION_TOPIC_PREFIX")
     os.environ["APPORTION_TOPIC_PREFIX"] = prefix
     try:
