@@ -31,6 +31,7 @@ from apportion.domain.dispatch import (
 from apportion.domain.engine import PendingReason, reason_dict, run_cycle
 from apportion.domain.engine.reasons import Held, RefusedBackoff
 from apportion.domain.fairshare import FairShareQueue
+from apportion.domain.idle import run_idle
 from apportion.events import (
     Event,
     JobCancelRequested,
@@ -187,6 +188,10 @@ def read_model(
     (``cfg.scheduler``, the simulator's baselines) reasons are left empty:
     only the engine explains its own decisions.
 
+    A running job's row carries ``idle_s`` and ``idle`` when its node agents report its GPU use
+    (:func:`~apportion.domain.idle.run_idle`: event seconds all its GPUs have been idle, and whether that
+    reached the nodes' ``idle_after_s``); without a report the fields are absent.
+
     Returns:
         ``(jobs, nodes)`` keyed by job id and node id.
     """
@@ -226,6 +231,9 @@ def read_model(
             row["nodes"] = [p.node_id for p in run.placements]
             if run.started_at_us is not None:
                 row["started_at"] = from_us(run.started_at_us).isoformat()
+            idle = run_idle(state.idle, run)
+            if idle is not None:  # absent while any replica's GPU use is unknown
+                row["idle_s"], row["idle"] = idle.idle_s, idle.idle
             if run.protected_until_us is not None:
                 row["protected_until"] = (
                     from_us(run.protected_until_us).isoformat()

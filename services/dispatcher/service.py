@@ -84,6 +84,10 @@ READ_MODEL_EVERY_S = 0.5
 #: Wall seconds between two updates of the nodes' newest heartbeats for the metrics.
 HEARTBEATS_EVERY_S = 1.0
 
+#: Wall seconds between two rewrites of the read model for the idle times heartbeats report alone (heartbeats
+#: are not news: without this the jobs' ``idle_s`` would wait for the next decision or request).
+IDLE_TIMES_EVERY_S = 10.0
+
 #: Producer linger, ms: decisions sent within this window leave together (one request per partition).
 LINGER_MS = 5
 
@@ -588,7 +592,8 @@ class Term:
             now,
         )
         t = now()
-        self.last_rm = self.last_beats = self.last_snap = t
+        self.last_rm = self.last_beats = self.last_snap = self.last_idle = t
+        self.idle_reports = svc.state.idle.reports  # idle reports folded when the read model last showed them
         self.rm_gap = READ_MODEL_EVERY_S
         self.unflushed = self.dirty = False
         self.pacer = TickPacer(settings.tick_wall_s, start=t)
@@ -709,6 +714,8 @@ class Term:
         if now - self.last_beats >= HEARTBEATS_EVERY_S:  # heartbeats are not news: their ages are kept apart
             self._m["queue"].heartbeats(logic.heartbeats(svc.state))
             self.last_beats = now
+        if now - self.last_idle >= IDLE_TIMES_EVERY_S and svc.state.idle.reports != self.idle_reports:
+            self.dirty, self.idle_reports, self.last_idle = True, svc.state.idle.reports, now
         if self.dirty and now - self.last_rm >= self.rm_gap:
             t0 = self.now()
             await asyncio.to_thread(self.write_read_model)

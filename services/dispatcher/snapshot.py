@@ -56,6 +56,7 @@ def _state_modules() -> tuple[str, ...]:
         "apportion.domain.budgets",
         "apportion.domain.cluster",
         "apportion.domain.dispatch",
+        "apportion.domain.idle",
         "apportion.domain.engine",
         "apportion.domain.occupancy",
         "apportion.domain.reconcile",

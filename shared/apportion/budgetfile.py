@@ -17,9 +17,10 @@ Format (YAML)::
       lab/vision:
         share: 0.4
         max_min_runtime: 8h        # a duration (8h, 90m, 3600) or max_min_runtime_s: seconds
+        preempt_idle_after: 2h     # or preempt_idle_after_s: its idle runs past protection are victims
 
-``share`` is a fraction of the parent in (0, 1]; ``members`` and
-``max_min_runtime`` are inherited down the tree unless a budget sets its own
+``share`` is a fraction of the parent in (0, 1]; ``members``, ``max_min_runtime`` and
+``preempt_idle_after`` are inherited down the tree unless a budget sets its own
 (:class:`apportion.domain.budgets.BudgetTree`). A key given twice is an error
 with its line (:mod:`apportion.yamlio`); so is an unknown key, naming the
 allowed ones.
@@ -86,32 +87,42 @@ Real = Annotated[float, Field(strict=True)]
 
 
 class BudgetEntry(StrictSchema):
-    """One budget: a bare number is its share; else ``share``, ``members`` and a limit on minimum runtimes.
+    """One budget: a bare number is its share; else ``share``, ``members``, a limit on minimum runtimes and
+    the idle time after which its runs past protection may be preempted (D3.idle-runs).
 
-    The limit is ``max_min_runtime`` (a duration: ``8h``, ``90m``, or seconds)
-    or ``max_min_runtime_s`` (seconds), not both.
+    Each duration is ``<name>`` (a duration: ``8h``, ``90m``, or seconds) or ``<name>_s`` (seconds), not both:
+    ``max_min_runtime``, ``preempt_idle_after``.
     """
 
     share: Real
     members: list[Annotated[str, Field(strict=True)]] | None = None
     max_min_runtime_s: Annotated[Real, Field(ge=0.0)] | None = None
     max_min_runtime: str | float | None = None
+    preempt_idle_after_s: Annotated[Real, Field(gt=0.0)] | None = None
+    preempt_idle_after: str | float | None = None
 
     @classmethod
     def _coerce(cls, data: Any) -> Any:
         if isinstance(data, (int, float)) and not isinstance(data, bool):
             return {"share": data}
-        if isinstance(data, Mapping) and data.get("max_min_runtime") is not None:
-            if data.get("max_min_runtime_s") is not None:
-                raise ValueError("give max_min_runtime or max_min_runtime_s, not both")
-            d = dict(data)
-            d["max_min_runtime_s"] = parse_duration(d.pop("max_min_runtime"))
-            return d
+        if isinstance(data, Mapping):
+            for name in ("max_min_runtime", "preempt_idle_after"):
+                if data.get(name) is not None:
+                    if data.get(f"{name}_s") is not None:
+                        raise ValueError(f"give {name} or {name}_s, not both")
+                    data = dict(data)
+                    data[f"{name}_s"] = parse_duration(data.pop(name))
         return data
 
     def as_mapping(self) -> dict[str, Any]:
-        """``{share, members, max_min_runtime_s}`` as :meth:`BudgetTree.from_mapping` reads it."""
-        return {"share": self.share, "members": self.members, "max_min_runtime_s": self.max_min_runtime_s}
+        """``{share, members, max_min_runtime_s, preempt_idle_after_s}`` as :meth:`BudgetTree.from_mapping`
+        reads it."""
+        return {
+            "share": self.share,
+            "members": self.members,
+            "max_min_runtime_s": self.max_min_runtime_s,
+            "preempt_idle_after_s": self.preempt_idle_after_s,
+        }
 
 
 def _key_path(loc: tuple[Any, ...]) -> str:

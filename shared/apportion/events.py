@@ -185,9 +185,11 @@ class Victim(_Model):
         gpus: GPUs it held (all replicas).
         protected_until: end of its minimum-runtime protection (UTC); ``None``
             when unallocated.
-        rule: ``"unallocated"`` or ``"expired_behind"`` (DESIGN section 3).
+        rule: ``"unallocated"``, ``"idle"`` (an allocated run past its protection, idle for its budget's
+            ``preempt_idle_after_s``: DESIGN rule D3.idle-runs) or ``"expired_behind"`` (DESIGN section 3).
         victim_ratio, preemptor_ratio: r of the two branches at their lowest
-            common ancestor ``lca`` (``None`` for rule ``unallocated``).
+            common ancestor ``lca`` (``None`` for rules ``unallocated`` and ``idle``).
+        idle_s: rule ``idle``: seconds its GPUs had been idle as its node agents reported.
     """
 
     job_id: str
@@ -196,7 +198,7 @@ class Victim(_Model):
     allocated: bool
     gpus: int
     protected_until: datetime | None = None
-    rule: Literal["unallocated", "expired_behind"]
+    rule: Literal["unallocated", "idle", "expired_behind"]
     lca: str | None = None
     victim_ratio: float | None = None
     preemptor_ratio: float | None = None
@@ -205,6 +207,7 @@ class Victim(_Model):
     preemptor_ratio_after: float | None = None
     """r of the preemptor's branch with the job's provisional charge: the after-move test of
     DESIGN section 3 requires it to be <= ``victim_ratio`` (``None`` for rule ``unallocated``)."""
+    idle_s: float | None = None
 
 
 class Decision(_Model):
@@ -915,6 +918,9 @@ class BudgetSet(Event):
         default_time_limit_s: time limit of its jobs that set none, seconds; ``None`` inherits.
         max_time_limit_s: largest time limit in force a job may have, seconds; ``None`` inherits
             (a job over it is rejected ``time_limit_above_max``).
+        preempt_idle_after_s: idle time (its node agents' report) after which an allocated run of the budget
+            whose protection has ended may be preempted for any waiting job that fits, seconds; ``None``
+            inherits (at the root: never for being idle). DESIGN rule D3.idle-runs.
     """
 
     type: Literal["BudgetSet"] = "BudgetSet"
@@ -924,6 +930,7 @@ class BudgetSet(Event):
     max_min_runtime_s: float | None = Field(default=None, ge=0)
     default_time_limit_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     max_time_limit_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    preempt_idle_after_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     by: str = ""
 
 
@@ -944,6 +951,7 @@ class BudgetSpec(_Model):
     max_min_runtime_s: float | None = Field(default=None, ge=0)
     default_time_limit_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     max_time_limit_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    preempt_idle_after_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
 
 
 class BudgetBatch(Event):

@@ -116,6 +116,14 @@ def test_squatting_names_the_simulated_idle_job_and_not_the_busy_one(fresh: Cli)
     rep = until(idle_named, "audit squatting to name the idle job", DEADLINE_S)
     assert rep["utilisation_reported"] and rep["heartbeats_with_utilisation"] >= 2
     assert [(r["job_id"], r["budget"]) for r in rep["runs"]] == [(IDLE_JOB, "lab/vision")]
+    assert rep["runs"][0]["source"] == "agent" and rep["heartbeats_with_idle_report"] >= 2
+
+    def idle_shown() -> Any:  # the dispatcher's jobs read model carries the agents' report
+        rows = {r["job_id"]: r for r in fresh.json("queue")}
+        idle, busy = rows[IDLE_JOB].get("idle_s"), rows[BUSY_JOB].get("idle_s")
+        return (idle, busy) if idle and busy == 0.0 else None
+
+    until(idle_shown, "queue to show the idle job's idle time and the busy job's 0", DEADLINE_S)
 
 
 # --------------------------------------------------------------------------- the main job, shortened

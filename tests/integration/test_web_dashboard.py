@@ -252,6 +252,7 @@ def test_queue_shows_positions_and_the_pending_reason(stack: Stack, browser: Any
             "min_runtime_s": _as_value(j["min_runtime_s"]),
             "state": j["state"],
             "attempt": _as_value(j["attempt"]),
+            "idle_s": _as_value(j.get("idle_s") if j["state"] == "running" else None),
         }
         row.update({"reason": j["reason"]} if j["state"] == "pending" else {"nodes": ",".join(j["nodes"])})
         expect[j["job_id"]] = row

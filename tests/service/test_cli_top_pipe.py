@@ -61,3 +61,23 @@ def test_top_on_a_pipe_with_iterations_prints_that_many_frames(rc: FakeRedis) ->
     res = _invoke(["top", "--iterations", "3", "--interval", "0"])
     assert res.exit_code == 0, res.output
     assert res.stdout.count("budgets at ") == 3
+
+
+def test_top_lists_the_runs_their_agents_report_idle_longest_first(rc: FakeRedis) -> None:
+    def running(job: str, idle_s: float, idle: bool) -> str:
+        return readmodel.dumps(
+            {"job_id": job, "budget": "lab", "user": "bo", "state": "running", "replicas": 1, "gpus_per_replica": 4,
+             "nodes": ["n0"], "idle_s": idle_s, "idle": idle}
+        )  # fmt: skip
+
+    rc.hset(
+        readmodel.jobs_key(),
+        {"r1": running("r1", 7200.0, True), "r2": running("r2", 90000.0, True), "r3": running("r3", 600.0, False)},
+    )
+    res = _invoke(["top"])
+    assert res.exit_code == 0, res.output
+    assert "idle runs (2)" in res.stdout
+    rows = [line.split() for line in res.stdout.splitlines() if line.split()[1:2] in (["r1"], ["r2"], ["r3"])]
+    assert [(r[1], r[9]) for r in rows] == [("r2", "1d1h"), ("r1", "2h")]  # 90000 s, 7200 s; r3 not idle yet
+    doc = _invoke(["top", "--json"])
+    assert [j["job_id"] for j in main.json.loads(doc.stdout)["idle_runs"]] == ["r2", "r1"]

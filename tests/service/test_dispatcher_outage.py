@@ -174,3 +174,35 @@ def test_polls_that_stop_coming_back_make_the_term_blind_too() -> None:
     h.poll(read=False)
     assert h.published(events.NodeLost) == []  # before the fix: all three lost at 60 s
     assert h.published(events.DispatcherConfigured)[-1].heartbeats_from == T0 + timedelta(seconds=60)
+
+
+def test_idle_times_heartbeats_report_reach_the_read_model_without_other_news() -> None:
+    from services.dispatcher.service import IDLE_TIMES_EVERY_S
+
+    h = Harness()
+    writes: list[float] = []
+    h.term.write_read_model = lambda: writes.append(h.wall)
+    h.start()
+    assert writes == [0.0]  # the term's first read model
+    writes.clear()
+    for _ in range(3):  # quiet: nothing to show
+        h.poll()
+    assert writes == []
+
+    def idle_beat() -> None:
+        w = events.RunningWorkload(job_id="j3", attempt=1, replica=0, gpus=(0,), idle_s=60.0)
+        h.log.put(
+            NodeHeartbeat(event_id=events.det_id("hb", "n3", h.clock.now_us()), node_id="n3", running=(w,),
+                          ts=h.clock.now())
+        )  # fmt: skip
+
+    h.clock.advance(10)
+    idle_beat()
+    h.poll()  # wall 4 s: IDLE_TIMES_EVERY_S (10 s) since the term began, not yet
+    assert writes == []
+    for _ in range(int(IDLE_TIMES_EVERY_S) - 4):
+        h.poll()
+    assert writes == [IDLE_TIMES_EVERY_S]  # once the 10 s passed
+    for _ in range(int(IDLE_TIMES_EVERY_S) + 2):
+        h.poll()  # no new report: no rewrite
+    assert writes == [IDLE_TIMES_EVERY_S]

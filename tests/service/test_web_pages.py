@@ -44,7 +44,10 @@ class FakeSources(Sources):
         self._check()
         return [{"job_id": "j1", "budget": "lab/vision", "user": "carol", "state": "pending", "position": 0,
                  "gpus_per_replica": 4, "replicas": 2, "min_runtime_s": 3600.0, "attempt": 1, "nodes": [],
-                 "started_at": None, "reason": "waiting_for_gpus: needs 2 node(s) with 4 free GPU(s)"}]  # fmt: skip
+                 "started_at": None, "reason": "waiting_for_gpus: needs 2 node(s) with 4 free GPU(s)"},
+                {"job_id": "j2", "budget": "lab/vision", "user": "carol", "state": "running", "position": None,
+                 "gpus_per_replica": 1, "replicas": 1, "min_runtime_s": 3600.0, "attempt": 1, "nodes": ["n1"],
+                 "started_at": "2026-01-01T00:00:00+00:00", "reason": "", "idle_s": 7260.0, "idle": True}]  # fmt: skip
 
     def nodes(self) -> list[dict[str, Any]]:
         self._check()
@@ -54,6 +57,8 @@ class FakeSources(Sources):
 
     def explain(self, job_id: str) -> Explanation:
         self._check()
+        if job_id == "j2":
+            return Explanation(job_id, True, [])
         if job_id != "j1":
             return Explanation(job_id, False, [])
         e = TimelineEntry("2026-01-01T00:00:00+00:00", "apportion.jobs:0@4", "JobPlaced", 1, "placed on n1",
@@ -86,6 +91,16 @@ def test_queue_shows_the_pending_reason_and_the_job_links_to_its_timeline(tmp_pa
     r = client(tmp_path).get("/queue")
     assert 'data-field="reason" data-value="waiting_for_gpus: needs 2 node(s) with 4 free GPU(s)"' in r.text
     assert 'href="/job/j1"' in r.text and 'data-value="2x4"' in r.text
+
+
+def test_queue_and_job_pages_show_how_long_a_running_jobs_gpus_have_been_idle(tmp_path: Path) -> None:
+    c = client(tmp_path)
+    q = c.get("/queue").text
+    assert 'data-field="idle_s" data-value="7260.0"><span class="pill st-idle">IDLE</span> 2h1m<' in q
+    assert 'data-field="idle_s" data-value="null"><' in q  # the pending job: none
+    j = c.get("/job/j2").text
+    assert 'data-field="idle_s" data-value="7260.0">2h1m<' in j and 'data-field="idle">IDLE<' in j
+    assert 'data-field="idle_s"' not in c.get("/job/j1").text
 
 
 def test_job_page_says_when_a_rerun_decision_differs_and_when_a_job_is_unknown(tmp_path: Path) -> None:

@@ -117,6 +117,7 @@ def test_squatting_on_heartbeats_without_utilisation_says_it_cannot_see(tmp_path
         "runs": [],
         "heartbeats": 2,
         "heartbeats_with_utilisation": 0,
+        "heartbeats_with_idle_report": 0,
         "utilisation_reported": False,
     }
     note = [ln for ln in res.stderr.splitlines() if ln.startswith("note:")]
@@ -140,10 +141,45 @@ def test_squatting_with_utilisation_finds_the_idle_run_and_says_nothing_more(tmp
             "budget": "lab/a",
             "idle_s": 3600.0,
             "since": "2024-01-01T00:00:00+00:00",
+            "idle": False,
+            "source": "samples",
         }
     ]
     assert (doc["heartbeats"], doc["heartbeats_with_utilisation"], doc["utilisation_reported"]) == (3, 3, True)
     assert "note:" not in res.stderr
+
+
+def agent_beat(util: float | None, at: int, idle_s: float | None, idle: bool) -> events.NodeHeartbeat:
+    """:func:`beat` whose running entry carries the agent's ``idle_s`` and ``idle``."""
+    b = beat(util, at)
+    return b.model_copy(update={"running": (b.running[0].model_copy(update={"idle_s": idle_s, "idle": idle}),)})
+
+
+def test_squatting_uses_the_agents_idle_report_where_a_heartbeat_carries_one(tmp_path: Path) -> None:
+    # the agent counts 2 h of idle GPUs at 02:00 (IDLE at its 2 h setting), though the samples read 50 %:
+    # its report wins; 02:00 - 7200 s = 00:00
+    log = export(
+        tmp_path, [placed("j", at=h(0)), agent_beat(50.0, h(1), 3600.0, False), agent_beat(50.0, h(2), 7200.0, True)]
+    )
+    res = CliRunner().invoke(app, ["audit", "squatting", "--json", "--from-file", log], env={"COLUMNS": "300"})
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert [(r["idle_s"], r["since"], r["idle"], r["source"]) for r in doc["runs"]] == [
+        (7200.0, "2024-01-01T00:00:00+00:00", True, "agent")
+    ]
+    assert (doc["heartbeats_with_idle_report"], doc["utilisation_reported"]) == (2, True)
+    table = CliRunner().invoke(app, ["audit", "squatting", "--from-file", log], env={"COLUMNS": "300"})
+    [row] = [line for line in table.stdout.splitlines() if " j " in line]
+    assert [c.strip() for c in row.strip("│ ").split("│")] == [
+        "j", "1", "lab/a", "n0", "IDLE 2h", "2024-01-01T00:00:00+00:00", "agent"
+    ]  # fmt: skip
+
+
+def test_squatting_an_agent_report_of_a_busy_run_ends_no_stretch_it_did_not_see(tmp_path: Path) -> None:
+    # the agent says busy (idle_s 0) while the samples read 1 %: no stretch, nothing from the samples either
+    log = export(tmp_path, [placed("j", at=h(0)), agent_beat(1.0, h(0), 0.0, False), agent_beat(1.0, h(1), 0.0, False)])
+    res = CliRunner().invoke(app, ["audit", "squatting", "--json", "--from-file", log], env={"COLUMNS": "300"})
+    assert json.loads(res.stdout)["runs"] == []
 
 
 def test_occupancy_at_a_future_time_answers_as_of_the_logs_end_and_says_so(tmp_path: Path) -> None:

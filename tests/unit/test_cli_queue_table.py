@@ -73,6 +73,7 @@ def test_wide_terminals_get_one_table_with_every_column() -> None:
         "att",
         "started",
         "(UTC)",
+        "idle",
         "nodes",
         "/",
         "reason",
@@ -81,3 +82,33 @@ def test_wide_terminals_get_one_table_with_every_column() -> None:
     assert row.split()[:8] == ["12", "sweep-17", "lab/nlp", "dave", "1x1", "10m", "pending", "0"]
     assert "2026-12-03 15:01:22" in "\n".join(lines)
     assert not any(line.startswith("sweep-17:") for line in lines)
+
+
+IDLE_ROWS = [{**ROWS[0], "idle_s": 7260.0, "idle": True}, {**ROWS[0], "job_id": "busy-1", "idle_s": 0.0, "idle": False}]
+
+
+def render_rows(rows: list[dict[str, Any]], width: int) -> list[str]:
+    console = Console(width=width, record=True, color_system=None)
+    console.print(queue_table(rows, width))
+    return [line.rstrip() for line in console.export_text().splitlines()]
+
+
+def test_at_80_columns_an_idle_run_shows_idle_in_place_of_running_and_its_idle_time_after_the_table() -> None:
+    lines = render_rows(IDLE_ROWS, 80)
+    assert max(map(len, lines)) <= 80
+    row = next(line for line in lines if " train-llm-7b-0042 " in line)
+    assert row.split() == ["-", "train-llm-7b-0042", "lab/vision/detect", "carol", "2x8", "IDLE", "12-03", "15:01"]
+    assert "train-llm-7b-0042: node-1,node-2 (GPUs idle 2h1m)" in lines  # 7260 s
+    busy = next(line for line in lines if " busy-1 " in line)
+    assert busy.split()[5] == "running"
+    assert "busy-1: node-1,node-2" in lines  # busy now: no idle time
+
+
+def test_wide_terminals_show_the_idle_column() -> None:
+    lines = render_rows(IDLE_ROWS, QUEUE_WIDE + 20)
+    header = next(line for line in lines if line.lstrip().startswith("pos"))
+    assert header.split()[11] == "idle"
+    row = next(line for line in lines if " train-llm-7b-0042 " in line)
+    assert row.split()[6:12] == ["running", "1", "2026-12-03", "15:01:22", "IDLE", "2h1m"]
+    busy = next(line for line in lines if " busy-1 " in line)
+    assert busy.split()[10] == "0s"

@@ -126,6 +126,7 @@ def _victim_facts(v: events.Victim) -> dict[str, Any]:
         "victim_ratio": v.victim_ratio,
         "preemptor_ratio": v.preemptor_ratio,
         "protected_until": v.protected_until.isoformat() if v.protected_until else None,
+        "idle_s": v.idle_s,
     }
 
 
@@ -133,6 +134,9 @@ def _why(v: events.Victim) -> str:
     if v.rule == "unallocated":
         return "rule unallocated (min runtime 0: preemptible at any time)"
     prot = f", protection ended {v.protected_until.isoformat()}" if v.protected_until else ""
+    if v.rule == "idle":
+        idle = "?" if v.idle_s is None else format_duration(v.idle_s)
+        return f"rule idle: its GPUs idle for {idle}, at least its budget's preempt_idle_after{prot}"
     return (
         f"rule expired_behind at LCA {v.lca or '?'}: r(victim branch) {_r(v.victim_ratio)} >= "
         f"r(preemptor branch) {_r(v.preemptor_ratio)} + delta{prot}"

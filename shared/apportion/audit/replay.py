@@ -234,17 +234,22 @@ class SquattingReport:
     """What :func:`squatting_report` found, and what it could see.
 
     Attributes:
-        rows: ``{job_id, attempt, budget, node_id, idle_s, since}`` per idle stretch
-            longer than the threshold, longest first.
+        rows: ``{job_id, attempt, budget, node_id, idle_s, since, idle, source}`` per idle stretch
+            longer than the threshold, longest first. ``source``: ``agent`` when the stretch is the node
+            agent's own ``idle_s`` report, ``samples`` when the audit computed it from utilisation samples;
+            ``idle``: the agent reported the run ``idle`` (past its node's ``idle_after_s``) in at least one
+            heartbeat (``False`` where only samples spoke).
         heartbeats: ``NodeHeartbeat`` events read.
         heartbeats_with_utilisation: those in which at least one GPU reports a
-            utilisation; 0 means the log cannot show squatting at all (no NVML,
-            or simulated nodes whose agent reports none), not that nobody squats.
+            utilisation or a running replica an ``idle_s``; 0 means the log cannot show squatting at all (no
+            NVML, or simulated nodes whose agent reports none), not that nobody squats.
+        heartbeats_with_idle_report: those in which a running replica carries the agent's ``idle_s``.
     """
 
     rows: list[dict[str, Any]]
     heartbeats: int
     heartbeats_with_utilisation: int
+    heartbeats_with_idle_report: int = 0
 
     @property
     def blind(self) -> bool:
@@ -257,27 +262,44 @@ def squatting_report(
 ) -> SquattingReport:
     """Runs whose GPUs showed near-zero utilisation for longer than a threshold.
 
-    From ``NodeHeartbeat`` events: for each running replica listed in a
-    heartbeat, a heartbeat where every GPU it holds reports utilisation
-    below ``util_below_pct`` extends its idle stretch; any other heartbeat
-    ends it. Heartbeats without utilisation (no NVML; simulated nodes whose
-    agent reports none, ``--sim-util-seed`` unset) say nothing;
-    the report counts them (:class:`SquattingReport`).
+    From ``NodeHeartbeat`` events, for each running replica listed in a heartbeat:
+
+    * where the entry carries the agent's ``idle_s`` (agents that sample utilisation), that report is
+      used as it stands: the stretch lasts ``idle_s`` up to the heartbeat (the agent counts a GPU idle
+      below 1 % in each of its samples, whatever ``util_below_pct``), and ``idle`` marks runs the agent
+      reported past its node's ``idle_after_s``;
+    * otherwise, a heartbeat where every GPU it holds reports utilisation below ``util_below_pct``
+      extends its idle stretch, as computed here from the samples; any other heartbeat ends it.
+
+    Heartbeats with neither (no NVML; simulated nodes whose agent reports none, ``--sim-util-seed``
+    unset) say nothing; the report counts them (:class:`SquattingReport`).
     """
     budget_of: dict[tuple[str, int], str] = {}
     idle_since: dict[tuple[str, int, str], Micros] = {}
     longest: dict[tuple[str, int, str], tuple[float, Micros]] = {}
-    beats = measured = 0
+    source: dict[tuple[str, int, str], str] = {}
+    flagged: set[tuple[str, int, str]] = set()
+    beats = measured = reported = 0
     for ev in decoded(records):
         if isinstance(ev, events.JobPlaced):
             budget_of[(ev.job_id, ev.attempt)] = ev.budget
         elif isinstance(ev, events.NodeHeartbeat):
             beats += 1
-            measured += any(g.utilization_pct is not None for g in ev.gpus)
+            agent = any(w.idle_s is not None for w in ev.running)
+            reported += agent
+            measured += agent or any(g.utilization_pct is not None for g in ev.gpus)
             t = to_us(ev.ts)
             util = {g.index: g.utilization_pct for g in ev.gpus}
             for w in ev.running:
                 key = (w.job_id, w.attempt, ev.node_id)
+                if w.idle_s is not None:  # the agent's own count
+                    idle_since.pop(key, None)
+                    if w.idle_s > longest.get(key, (0.0, 0))[0]:
+                        longest[key] = (w.idle_s, t - s_to_us(w.idle_s))
+                        source[key] = "agent"
+                    if w.idle:
+                        flagged.add(key)
+                    continue
                 vals = [util.get(i) for i in w.gpus]
                 known = [v for v in vals if v is not None]
                 if not vals or len(known) < len(vals):
@@ -287,6 +309,7 @@ def squatting_report(
                     dur = (t - start) / 1e6
                     if dur > longest.get(key, (0.0, 0))[0]:
                         longest[key] = (dur, start)
+                        source[key] = "samples"
                 else:
                     idle_since.pop(key, None)
     stretches = sorted(
@@ -300,7 +323,9 @@ def squatting_report(
             "budget": budget_of.get((j, a), "?"),
             "idle_s": d,
             "since": from_us(s).isoformat(),
+            "idle": (j, a, n) in flagged,
+            "source": source[(j, a, n)],
         }
         for (j, a, n), d, s in stretches
     ]
-    return SquattingReport(rows, beats, measured)
+    return SquattingReport(rows, beats, measured, reported)

@@ -316,10 +316,15 @@ def squatting(
 ) -> None:
     """Jobs whose GPUs showed near-zero utilisation in heartbeats for longer than a threshold.
 
+    Where a heartbeat carries the node agent's own idle count of a run (``idle_s``; agents that sample
+    utilisation), the stretch is that report (source ``agent``; ``IDLE`` when the agent reported the run
+    past its node's idle_after_s); otherwise it is computed here from the utilisation samples with
+    --util-below (source ``samples``).
     Simulated nodes report a seeded utilisation per job (about 5% of jobs idle: node agent --sim-util-seed).
     When no heartbeat in the log carries GPU utilisation (no NVML, or an agent reporting none),
     nothing can be found: a note on stderr says so, and --json has ``utilisation_reported: false``.
-    --json: ``{runs: [...], heartbeats, heartbeats_with_utilisation, utilisation_reported}``.
+    --json: ``{runs: [...], heartbeats, heartbeats_with_utilisation, heartbeats_with_idle_report,
+    utilisation_reported}``; each run has ``idle`` and ``source``.
     """
     from apportion.audit.replay import squatting_report
     from apportion.cli.main import _print_json
@@ -341,17 +346,17 @@ def squatting(
                 "runs": rep.rows,
                 "heartbeats": rep.heartbeats,
                 "heartbeats_with_utilisation": rep.heartbeats_with_utilisation,
+                "heartbeats_with_idle_report": rep.heartbeats_with_idle_report,
                 "utilisation_reported": not rep.blind,
             }
         )
         return
     table = Table(title=f"squatting ({len(rep.rows)} runs idle > {threshold})")
-    for col in ("job", "attempt", "budget", "node", "idle", "since"):
+    for col in ("job", "attempt", "budget", "node", "idle", "since", "source"):
         table.add_column(col)
     for r in rep.rows:
-        table.add_row(
-            r["job_id"], str(r["attempt"]), r["budget"], r["node_id"], format_duration(r["idle_s"]), r["since"]
-        )
+        idle = ("IDLE " if r["idle"] else "") + format_duration(r["idle_s"])
+        table.add_row(r["job_id"], str(r["attempt"]), r["budget"], r["node_id"], idle, r["since"], r["source"])
     _out().print(table)
 
 

@@ -585,9 +585,12 @@ def queue_table(rows: list[dict[str, Any]], width: int) -> Any:
     The job id, budget, user, shape and state are never cut (they are what a user copies into the next
     command). At :data:`QUEUE_WIDE` columns and more, one table with every column, the last one (nodes, or
     the pending reason) wrapping in the width left. Narrower (an 80-column terminal), the table leaves out
-    the minimum runtime, the attempt and the last column and shows the start time as ``MM-DD HH:MM`` (UTC);
-    each job's nodes or pending reason follow the table on a line of their own (``job: reason``), wrapped,
-    uncut. ``--json`` has every field.
+    the minimum runtime, the attempt, the idle column and the last column and shows the start time as
+    ``MM-DD HH:MM`` (UTC); each job's nodes or pending reason follow the table on a line of their own
+    (``job: reason``), wrapped, uncut, a running job's with how long its GPUs have been idle when its node
+    agents report it. A run whose GPUs stay idle past its nodes' ``idle_after_s`` (the row's ``idle``) shows
+    ``IDLE`` in place of ``running`` in the narrow table and in the idle column of the wide one.
+    ``--json`` has every field.
     """
     from rich import box
     from rich.console import Group
@@ -604,6 +607,18 @@ def queue_table(rows: list[dict[str, Any]], width: int) -> Any:
     def detail(r: dict[str, Any]) -> str:  # the nodes of a run, the reason of a pending job
         nodes = ",".join(r.get("nodes") or [])
         return str((r.get("reason") if r.get("state") == "pending" else nodes or r.get("reason")) or "")
+
+    def idle(r: dict[str, Any]) -> str:  # what the node agents report of a running job's GPU use
+        if r.get("state") != "running" or r.get("idle_s") is None:
+            return ""
+        return ("IDLE " if r.get("idle") else "") + format_duration(float(r["idle_s"]))
+
+    def state(r: dict[str, Any]) -> str:
+        return "IDLE" if not wide and r.get("state") == "running" and r.get("idle") else text(r, "state")
+
+    def where(r: dict[str, Any]) -> str:  # the line after the narrow table
+        d, i = detail(r), idle(r)
+        return f"{d} (GPUs idle {i.removeprefix('IDLE ')})" if i and i != "0s" else d
 
     def started(r: dict[str, Any]) -> str:
         at = r.get("started_at")
@@ -622,9 +637,10 @@ def queue_table(rows: list[dict[str, Any]], width: int) -> Any:
         ("user", {"min_width": widest("user", "user")}, lambda r: text(r, "user"), True),
         ("GPUs", {"min_width": 4}, lambda r: f"{r.get('replicas', 1)}x{r.get('gpus_per_replica', '?')}", True),
         ("min rt", {}, lambda r: format_duration(float(r.get("min_runtime_s", 0))), False),
-        ("state", {"min_width": widest("state", "state")}, lambda r: text(r, "state"), True),
+        ("state", {"min_width": widest("state", "state")}, state, True),
         ("att", {"justify": "right"}, lambda r: str(r.get("attempt", "")), False),
         ("started (UTC)" if wide else "started", {"min_width": 19 if wide else 11}, started, True),
+        ("idle", {}, idle, False),
         ("nodes / reason", {"overflow": "fold", "ratio": 1, "no_wrap": False}, detail, False),
     ]
     shown = [c for c in columns if wide or c[3]]
@@ -633,12 +649,12 @@ def queue_table(rows: list[dict[str, Any]], width: int) -> Any:
     )
     for title, opts, _, _ in shown:
         t.add_column(title, **({"no_wrap": True} | opts))
-    where: list[Text] = []
+    lines: list[Text] = []
     for r in rows:
         t.add_row(*(cell(r) for _, _, cell, _ in shown))
-        if not wide and (d := detail(r)):
-            where.append(Text.assemble((text(r, "job_id"), "bold"), ": ", d))
-    return Group(t, *((Text("nodes (running) / reason (pending), UTC times:"), *where) if where else ()))
+        if not wide and (d := where(r)):
+            lines.append(Text.assemble((text(r, "job_id"), "bold"), ": ", d))
+    return Group(t, *((Text("nodes (running) / reason (pending), UTC times:"), *lines) if lines else ()))
 
 
 @app.command()
@@ -959,7 +975,10 @@ def share(
 
 
 def _top_data(r: Any, head: int) -> dict[str, Any]:
-    """One frame of `top`: usage meta, budget rows with job counts, the queue head, nodes."""
+    """One frame of `top`: usage meta, budget rows with job counts, the queue head, idle runs, nodes.
+
+    ``idle_runs``: running jobs whose node agents report their GPUs idle past the nodes' ``idle_after_s``
+    (the row's ``idle``), longest idle first."""
     from collections import Counter
 
     from apportion import readmodel
@@ -979,7 +998,17 @@ def _top_data(r: Any, head: int) -> dict[str, Any]:
         (j for j in jobs if j.get("state") == "pending"),
         key=lambda j: (j.get("position") if j.get("position") is not None else 1 << 30, j.get("job_id", "")),
     )
-    return {"meta": meta, "budgets": list(budgets.values()), "queue_head": pending[:head], "nodes": nodes}
+    idle = sorted(
+        (j for j in jobs if j.get("state") == "running" and j.get("idle")),
+        key=lambda j: (-float(j.get("idle_s") or 0.0), j.get("job_id", "")),
+    )
+    return {
+        "meta": meta,
+        "budgets": list(budgets.values()),
+        "queue_head": pending[:head],
+        "idle_runs": idle,
+        "nodes": nodes,
+    }
 
 
 def _ancestors(path: str) -> list[str]:
@@ -996,7 +1025,8 @@ def top(
     as_json: JsonOut = False,
 ) -> None:
     """Live view: the budget tree (share, occupancy, r, rank, jobs), the head of the queue with its pending
-    reasons, and the nodes (those not ready with their state), refreshed until Ctrl-C. `--json`: one frame.
+    reasons, the idle runs (GPUs idle past their nodes' idle_after_s, as the node agents report) and the
+    nodes (those not ready with their state), refreshed until Ctrl-C. `--json`: one frame.
 
     When stdout is not a terminal (piped, redirected) it prints one frame and exits, or, with --iterations N,
     N frames one after the other."""
@@ -1042,6 +1072,18 @@ def top(
                 f"{j.get('replicas', 1)}x{j.get('gpus_per_replica', '?')}",
                 j.get("reason", ""),
             )
+        it = Table(title=f"idle runs ({len(d['idle_runs'])})")
+        for col in ("job", "budget", "user", "GPUs", "idle", "nodes"):
+            it.add_column(col)
+        for j in d["idle_runs"]:
+            it.add_row(
+                j.get("job_id", ""),
+                j.get("budget", ""),
+                j.get("user", ""),
+                f"{j.get('replicas', 1)}x{j.get('gpus_per_replica', '?')}",
+                format_duration(float(j.get("idle_s") or 0.0)),
+                ",".join(j.get("nodes") or []),
+            )
         ns = d["nodes"]
         states = Counter(str(n.get("state", "?")) for n in ns)
         free = sum(int(n.get("free_gpus", 0)) for n in ns)
@@ -1057,7 +1099,7 @@ def top(
                     f"{n.get('free_gpus', '?')}/{n.get('gpu_count', '?')}",
                     str(len(n.get("running") or [])),
                 )
-        return Group(bt, qt, nt)
+        return Group(bt, qt, *((it,) if d["idle_runs"] else ()), nt)
 
     if not out.is_terminal:  # a pipe: a live display would print nothing until Ctrl-C
         for i in range(max(iterations, 1)):
@@ -1493,8 +1535,8 @@ def _tree_in_force(bootstrap: str | None) -> Any:
 
 
 def _limit_option(text: str | None, current: float | None) -> float | None:
-    """A budget's time limit from ``--default-time-limit`` / ``--max-time-limit``: ``None`` keeps ``current``,
-    ``inherit`` drops the budget's own, else a duration (``ValueError`` when it is not one)."""
+    """A budget duration from ``--default-time-limit``, ``--max-time-limit`` or ``--preempt-idle-after``: ``None``
+    keeps ``current``, ``inherit`` drops the budget's own, else a duration (``ValueError`` when it is not one)."""
     if text is None:
         return current
     if text.strip().lower() == "inherit":
@@ -1536,6 +1578,15 @@ def budget_set(
             "--max-time-limit",
             help="Largest time limit a job may have (its own or the default), e.g. 7d; 'inherit' drops it "
             "(default: keep the current).",
+        ),
+    ] = None,
+    preempt_idle_after: Annotated[
+        str | None,
+        typer.Option(
+            "--preempt-idle-after",
+            help="Preempt its allocated runs whose protection has ended once their GPUs have been idle this long "
+            "(as the node agents report), for any waiting job that fits, e.g. 2h; 'inherit' drops it "
+            "(default: keep the current; none set: never).",
         ),
     ] = None,
     no_wait: NoWait = False,
@@ -1600,6 +1651,9 @@ def budget_set(
                 default_time_limit, current.default_time_limit_s if current is not None else None
             ),
             max_time_limit_s=_limit_option(max_time_limit, current.max_time_limit_s if current is not None else None),
+            preempt_idle_after_s=_limit_option(
+                preempt_idle_after, current.preempt_idle_after_s if current is not None else None
+            ),
             by="cli",
             ts=_now(),
             producer="cli",

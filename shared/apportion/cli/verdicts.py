@@ -390,6 +390,7 @@ def _fields(b: Any) -> dict[str, Any]:
         "max_min_runtime_s": b.max_min_runtime_s,
         "default_time_limit_s": b.default_time_limit_s,
         "max_time_limit_s": b.max_time_limit_s,
+        "preempt_idle_after_s": b.preempt_idle_after_s,
     }
 
 
@@ -436,6 +437,7 @@ def batch_of(current: Any, wanted: Mapping[str, Any], prune: bool, now: Any) -> 
             max_min_runtime_s=b.max_min_runtime_s,
             default_time_limit_s=b.default_time_limit_s,
             max_time_limit_s=b.max_time_limit_s,
+            preempt_idle_after_s=b.preempt_idle_after_s,
         )
         for p, b in sorted(wanted.items())
         if current.get(p) is None or _fields(current.get(p)) != _fields(b)

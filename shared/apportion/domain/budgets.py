@@ -15,8 +15,9 @@ The tree is immutable: :meth:`BudgetTree.apply` folds a ``BudgetSet``,
 a whole: :meth:`BudgetTree.with_batch`) into a new tree, raising
 :class:`BudgetError` with a machine-readable reason when the change is
 invalid. ``members``,
-``max_min_runtime_s``, ``default_time_limit_s`` and ``max_time_limit_s`` are inherited down the tree: a node
-that does not set them takes its nearest ancestor's (at the root: anyone, no limit).
+``max_min_runtime_s``, ``default_time_limit_s``, ``max_time_limit_s`` and ``preempt_idle_after_s`` are inherited
+down the tree: a node that does not set them takes its nearest ancestor's (at the root: anyone, no limit, idle
+runs not preempted).
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ class Budget:
         max_min_runtime_s: largest allowed minimum runtime in seconds, or ``None`` to inherit.
         default_time_limit_s: time limit of jobs that set none, seconds, or ``None`` to inherit.
         max_time_limit_s: largest time limit in force allowed, seconds, or ``None`` to inherit.
+        preempt_idle_after_s: idle time after which an allocated run past its protection may be preempted
+            (D3.idle-runs), seconds, or ``None`` to inherit.
     """
 
     path: str
@@ -95,6 +98,7 @@ class Budget:
     max_min_runtime_s: float | None = None
     default_time_limit_s: float | None = None
     max_time_limit_s: float | None = None
+    preempt_idle_after_s: float | None = None
 
 
 def validate_path(path: str) -> None:
@@ -154,7 +158,7 @@ class BudgetTree:
     reads; derived values are precomputed at construction.
     """
 
-    __slots__ = ("_nodes", "_children", "_abs", "_members", "_max_rt", "_limits", "_leaves", "version")
+    __slots__ = ("_nodes", "_children", "_abs", "_members", "_max_rt", "_limits", "_idle", "_leaves", "version")
 
     def __init__(self, nodes: Mapping[str, Budget] | None = None, version: int = 0) -> None:
         self._nodes: dict[str, Budget] = dict(sorted((nodes or {}).items()))
@@ -169,6 +173,7 @@ class BudgetTree:
         members: dict[str, frozenset[str] | None] = {ROOT: None}
         max_rt: dict[str, float | None] = {ROOT: None}
         limits: dict[str, tuple[float | None, float | None]] = {ROOT: (None, None)}
+        idle: dict[str, float | None] = {ROOT: None}
         for p in self._nodes:  # sorted: parents come before children
             b = self._nodes[p]
             par = parent_of(p)
@@ -180,10 +185,12 @@ class BudgetTree:
                 b.default_time_limit_s if b.default_time_limit_s is not None else d,
                 b.max_time_limit_s if b.max_time_limit_s is not None else m,
             )
+            idle[p] = b.preempt_idle_after_s if b.preempt_idle_after_s is not None else idle[par]
         self._abs = abs_share
         self._members = members
         self._max_rt = max_rt
         self._limits = limits
+        self._idle = idle
         self._leaves = tuple(p for p in self._nodes if not self._children[p])
 
     # ------------------------------------------------------------------ construction
@@ -210,7 +217,7 @@ class BudgetTree:
     @classmethod
     def from_mapping(cls, spec: Mapping[str, Any]) -> BudgetTree:
         """Build from ``{path: share}`` or ``{path: {share, members, max_min_runtime_s, default_time_limit_s,
-        max_time_limit_s}}``.
+        max_time_limit_s, preempt_idle_after_s}}``.
 
         Paths may come in any order; parents must be present.
 
@@ -228,6 +235,7 @@ class BudgetTree:
                     v.get("max_min_runtime_s"),
                     v.get("default_time_limit_s"),
                     v.get("max_time_limit_s"),
+                    v.get("preempt_idle_after_s"),
                 )
             else:
                 b = Budget(path, float(v))
@@ -435,6 +443,11 @@ class BudgetTree:
         """Effective ``(default_time_limit_s, max_time_limit_s)`` of ``path`` (inherited); ``None``: none."""
         return self._limits.get(path, (None, None))
 
+    def preempt_idle_after_s(self, path: str) -> float | None:
+        """Effective idle time after which ``path``'s allocated runs past their protection may be preempted
+        (inherited; D3.idle-runs), seconds; ``None``: never for being idle."""
+        return self._idle.get(path)
+
     def to_mapping(self) -> dict[str, dict[str, Any]]:
         """Plain dict form (inverse of :meth:`from_mapping`), for YAML/JSON output."""
         out: dict[str, dict[str, Any]] = {}
@@ -444,7 +457,7 @@ class BudgetTree:
                 d["members"] = sorted(b.members)
             if b.max_min_runtime_s is not None:
                 d["max_min_runtime_s"] = b.max_min_runtime_s
-            for name in ("default_time_limit_s", "max_time_limit_s"):
+            for name in ("default_time_limit_s", "max_time_limit_s", "preempt_idle_after_s"):
                 if getattr(b, name) is not None:
                     d[name] = getattr(b, name)
             out[p] = d
@@ -461,6 +474,7 @@ def budget_of(change: Any) -> Budget:
         change.max_min_runtime_s,
         change.default_time_limit_s,
         change.max_time_limit_s,
+        change.preempt_idle_after_s,
     )
 
 

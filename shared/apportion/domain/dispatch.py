@@ -86,6 +86,7 @@ from apportion.domain.engine import (
     start_events,
     stop_event,
 )
+from apportion.domain.idle import IdleReports, observe_idle
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.reconcile import Absences, findings, observe
 from apportion.domain.seen import forget_older, older_than_window, sweep_due
@@ -360,6 +361,8 @@ class DispatchState:
         stale: events not folded because they are older than the window
             (:meth:`is_stale`).
         absences: heartbeats that disagreed with the runs (:class:`~apportion.domain.reconcile.Absences`).
+        idle: what the latest heartbeat of each node says of its replicas' GPU use
+            (:class:`~apportion.domain.idle.IdleReports`).
         heartbeats_from_us: heartbeat timeouts count from this event time at the earliest, µs
             (``DispatcherConfigured.heartbeats_from``, the latest folded; ``None``: no grace). See
             :func:`heartbeat_deadline_us`.
@@ -383,6 +386,7 @@ class DispatchState:
         "draining",
         "seen",
         "absences",
+        "idle",
         "clock_us",
         "stale",
         "heartbeats_from_us",
@@ -410,6 +414,7 @@ class DispatchState:
         self.draining: set[str] = set()
         self.seen: dict[Any, Micros] = {}
         self.absences = Absences()
+        self.idle = IdleReports()
         self.clock_us: Micros | None = None
         self.stale = 0
         self.heartbeats_from_us: Micros | None = None
@@ -436,6 +441,7 @@ class DispatchState:
     def __setstate__(self, st: dict[str, Any]) -> None:
         self.heartbeats_from_us = None
         self.backoff, self.node_refusals, self.held = {}, {}, {}
+        self.idle = IdleReports()
         for k, v in st.items():
             setattr(self, k, v)
         self._shapes, self._memo, self._victims, self._free = None, CycleMemo(), None, None
@@ -460,6 +466,7 @@ class DispatchState:
         other.draining = set(self.draining)
         other.seen = {}
         other.absences = Absences()  # a scratch cycle folds no heartbeats
+        other.idle = self.idle  # read only: a scratch cycle folds no heartbeats
         other.clock_us, other.stale, other.window_us, other._kept = self.clock_us, 0, self.window_us, 0
         other.heartbeats_from_us = self.heartbeats_from_us
         other.backoff, other.node_refusals = dict(self.backoff), dict(self.node_refusals)
@@ -501,6 +508,8 @@ class DispatchState:
             memo=memo,
             victims=victims,
             free=free,
+            # (a copy of the outer maps is a snapshot: each heartbeat replaces its node's map)
+            idle=self.idle if not copy else IdleReports(dict(self.idle.by_node), dict(self.idle.last_us)),
         )
 
     def pending_now(self, now_us: Micros) -> dict[str, list[PendingJob]]:
@@ -717,6 +726,8 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
     state.cluster.apply(ev)
     if isinstance(ev, NodeHeartbeat):
         observe(state.absences, state.cluster, state.awaiting, ev)
+        if ev.node_id in state.cluster.nodes:  # heartbeats of nodes never registered are ignored
+            observe_idle(state.idle, ev)
     elif cls.__name__.startswith("Node"):
         state._shapes = None
     jobs = state.jobs

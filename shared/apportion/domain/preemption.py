@@ -1,9 +1,10 @@
 """The preemption rules of DESIGN section 3, as small typed functions (the engine's search calls them).
 
 * :func:`victim_rule`: may a run be preempted for a job of leaf B? Candidates
-  1 (unallocated runs) and 2 (allocated runs past their protection whose
-  branch is behind by delta at the lowest common ancestor, with the
-  after-move test and no same-cycle reversal, :func:`branch_rule`).
+  1 (unallocated runs), idle allocated runs past their protection
+  (:func:`idle_rule`, D3.idle-runs) and 2 (allocated runs past their
+  protection whose branch is behind by delta at the lowest common ancestor,
+  with the after-move test and no same-cycle reversal, :func:`branch_rule`).
 * :func:`backfill_rule`: may a lower-ranked job use a waiting reservation's
   free GPUs ("a reservation never idles GPUs")?
 * :func:`charge_of`: the provisional in-cycle charge of a placed allocated
@@ -32,6 +33,7 @@ __all__ = [
     "ALLOWING_RULES",
     "Move",
     "RULE_EXPIRED_BEHIND",
+    "RULE_IDLE",
     "RULE_UNALLOCATED",
     "ShareView",
     "VictimVerdict",
@@ -42,6 +44,7 @@ __all__ = [
     "CheckpointVerdict",
     "checkpoint_rule",
     "gang_rule",
+    "idle_rule",
     "patience_rule",
     "ran_us",
     "victim_rule",
@@ -53,6 +56,9 @@ RULE_UNALLOCATED: Final = "unallocated"  # pragma: no mutate (a rule id: tests c
 """Candidate class 1: an unallocated run (any budget), preemptible at any time."""
 RULE_EXPIRED_BEHIND: Final = "expired_behind"  # pragma: no mutate (a rule id: tests compare with the constant)
 """Candidate class 2: an allocated run past its protection whose branch is behind by delta."""
+RULE_IDLE: Final = "idle"  # pragma: no mutate (a rule id: tests compare with the constant)
+"""D3.idle-runs: an allocated run past its protection whose GPUs its node agents report idle for at least its
+budget's ``preempt_idle_after_s`` (:func:`idle_rule`), for any job that fits."""
 #: ... and the refusals, first that applies in this order:
 REFUSED_STOPPING = "stopping"  # pragma: no mutate (a rule id: tests compare with the constant)
 REFUSED_PROTECTED = "protected"  # pragma: no mutate (a rule id: tests compare with the constant)
@@ -62,7 +68,7 @@ REFUSED_ONE_LINE = "one_line"  # pragma: no mutate (a rule id: tests compare wit
 REFUSED_REVERSAL = "same_cycle_reversal"  # pragma: no mutate (a rule id: tests compare with the constant)
 REFUSED_NOT_BEHIND = "not_behind"  # pragma: no mutate (a rule id: tests compare with the constant)
 REFUSED_AFTER_MOVE = "after_move_inversion"  # pragma: no mutate (a rule id: tests compare with the constant)
-ALLOWING_RULES = frozenset({RULE_UNALLOCATED, RULE_EXPIRED_BEHIND})
+ALLOWING_RULES = frozenset({RULE_UNALLOCATED, RULE_IDLE, RULE_EXPIRED_BEHIND})
 
 #: Rule ids of :func:`patience_rule`, in the order it applies them. Allowed:
 PATIENCE_OFF = "patience_off"  # pragma: no mutate (a rule id: tests compare with the constant)
@@ -116,7 +122,7 @@ class VictimVerdict:
     """What :func:`victim_rule` says about one run.
 
     Attributes:
-        rule: a rule id: :data:`RULE_UNALLOCATED` or :data:`RULE_EXPIRED_BEHIND`
+        rule: a rule id: :data:`RULE_UNALLOCATED`, :data:`RULE_IDLE` or :data:`RULE_EXPIRED_BEHIND`
             when allowed, else the refusal (``REFUSED_*``).
         lca: lowest common ancestor of the two leaves (allocated runs of
             another line of the tree only).
@@ -133,7 +139,7 @@ class VictimVerdict:
 
     @property
     def allowed(self) -> bool:
-        """True for :data:`RULE_UNALLOCATED` and :data:`RULE_EXPIRED_BEHIND`."""
+        """True for :data:`RULE_UNALLOCATED`, :data:`RULE_IDLE` and :data:`RULE_EXPIRED_BEHIND`."""
         return self.rule in ALLOWING_RULES
 
 
@@ -187,6 +193,17 @@ def branch_rule(
     return (RULE_EXPIRED_BEHIND, rv, rb, after)
 
 
+def idle_rule(idle_s: float | None, idle_after_s: float | None) -> bool:
+    """Is a run idle long enough to be preempted for being idle? D3.idle-runs, the one home of the test.
+
+    True when its budget sets ``preempt_idle_after_s`` (inherited; ``idle_after_s``) and its node agents report
+    its GPUs idle (``idle_s``: the shortest over its replicas, as of their nodes' latest heartbeats,
+    :func:`apportion.domain.idle.run_idle`) for at least that long: at exactly the setting it may go. ``None``
+    for either (no setting, or no report): never. Protection is :func:`victim_rule`'s to check first.
+    """
+    return idle_after_s is not None and idle_s is not None and idle_s >= idle_after_s
+
+
 def victim_rule(
     run: Run,
     preemptor_leaf: str,
@@ -199,8 +216,11 @@ def victim_rule(
     *,
     ignore_protection: bool = False,
     gang_cap_us: Micros | None = None,
+    idle_s: float | None = None,
+    idle_after_s: float | None = None,
 ) -> VictimVerdict:
-    """May ``run`` be preempted for a job of ``preemptor_leaf``? DESIGN section 3, candidates 1 and 2.
+    """May ``run`` be preempted for a job of ``preemptor_leaf``? DESIGN section 3, candidates 1 and 2,
+    and idle runs (D3.idle-runs).
 
     The one home of the candidate rule: the engine's search takes its
     expired-behind leaves from :func:`branch_rule` (which this calls) and
@@ -210,7 +230,8 @@ def victim_rule(
     In order: a stopping run never (:data:`REFUSED_STOPPING`); an
     unallocated run always (:data:`RULE_UNALLOCATED`); an allocated run
     not while protected, ``now_us < started_at + protection``
-    (:data:`REFUSED_PROTECTED`: at exactly the end it may go), not a gang
+    (:data:`REFUSED_PROTECTED`: at exactly the end it may go); past its protection, an allocated run idle
+    for its budget's setting (:func:`idle_rule`) for any job (:data:`RULE_IDLE`); else not a gang
     larger than the job (:func:`gang_rule`, :data:`REFUSED_GANG_FRACTION`;
     only when ``job_gpus`` is given), never of the same leaf (:data:`REFUSED_SAME_LEAF`) or of an ancestor or descendant
     path (:data:`REFUSED_ONE_LINE`), else as :func:`branch_rule` says at the
@@ -228,6 +249,8 @@ def victim_rule(
         ignore_protection: judge the run as if its protection had ended at ``now_us`` (a reservation
             asks which runs its holder could take back once their protection ends).
         gang_cap_us: the protection cap of the run's budget, µs (:func:`gang_rule`'s bound); ``None``: none.
+        idle_s: seconds the run's GPUs have been idle as its node agents report (``None``: unknown).
+        idle_after_s: its budget's ``preempt_idle_after_s`` (``None``: not set).
     """
     if run.stopping:
         return VictimVerdict(REFUSED_STOPPING)
@@ -235,6 +258,8 @@ def victim_rule(
         return VictimVerdict(RULE_UNALLOCATED)
     if not ignore_protection and run.protected(now_us):
         return VictimVerdict(REFUSED_PROTECTED)
+    if idle_rule(idle_s, idle_after_s):
+        return VictimVerdict(RULE_IDLE)
     if job_gpus is not None and not gang_rule(run.replicas, run.gpus, job_gpus, ran_us(run, now_us), gang_cap_us):
         return VictimVerdict(REFUSED_GANG_FRACTION)
     if run.budget == preemptor_leaf:

@@ -20,7 +20,10 @@ The cycle, exactly as DESIGN section 3 says:
    models no waiting job asks for first (:func:`spare_models`).
 3. Else, for an **allocated** job J of leaf B, plan a preemption. Candidate
    victims (:func:`victim_rule`, the one home of the rule, with rule ids):
-   (1) unallocated runs of any budget; (2) allocated runs whose protection
+   (1) unallocated runs of any budget; idle runs (D3.idle-runs: allocated runs
+   past their protection whose node agents report their GPUs idle for at least
+   their budget's ``preempt_idle_after_s``, for any J that fits:
+   :func:`~apportion.domain.preemption.idle_rule`); (2) allocated runs whose protection
    has expired (``now >= started_at + protection``, :func:`protection_s`:
    the minimum runtime doubled per earlier preemption of the job, capped)
    whose leaf V is *behind* B (:func:`branch_rule`): at the lowest common
@@ -30,7 +33,7 @@ The cycle, exactly as DESIGN section 3 says:
    branch's work for V's (no same-cycle reversal); every r from the one view
    of the cycle (all provisional charges so far). Never V == B, never a
    protected run, never a run already stopping. Cost of a victim set is
-   (allocated GPUs, unallocated GPUs, GPU-seconds of work lost since each
+   (busy allocated GPUs, idle allocated GPUs, unallocated GPUs, GPU-seconds of work lost since each
    victim's last checkpoint), compared lexicographically, with each
    victim's *whole-run* GPUs (so a gang counts as large as it is;
    :func:`order_key`, :func:`~apportion.domain.cluster.work_lost_gpu_s`).
@@ -103,6 +106,7 @@ from apportion.domain.engine.search import plan_preemption
 from apportion.domain.engine.shapes import CycleMemo, blocked_run, segment_floor
 from apportion.domain.engine.victims import CycleVictims, VictimIndex
 from apportion.domain.fairshare import FairShareQueue
+from apportion.domain.idle import IdleReports
 from apportion.domain.preemption import (
     RULE_EXPIRED_BEHIND,
     Move,
@@ -154,6 +158,10 @@ class CycleSnapshot:
     runs itself. Either way the decisions are the same."""
     free: FreeIndex | None = field(default=None, compare=False, repr=False)
     """Optional :class:`FreeIndex` of ``cluster.nodes``, kept up to date the same way."""
+    idle: IdleReports | None = field(default=None, compare=False, repr=False)
+    """What the node agents' latest heartbeats say of the runs' GPU use (D3.idle-runs: an allocated run past
+    its protection, idle for its budget's ``preempt_idle_after_s``, is a victim for any job that fits);
+    ``None``: no reports (the simulator), no run is preempted for being idle."""
 
 
 @dataclass(slots=True)
@@ -402,7 +410,7 @@ def run_cycle(
             and (model is None or not (leaf in search_failures and search_failed(leaf, g, k, charge)))
         ):
             if victims is None:
-                victims = CycleVictims(cluster, now_us, snapshot.victims)
+                victims = CycleVictims(cluster, now_us, snapshot.victims, snapshot.idle, tree)
             res.searches += 1
             plan = plan_preemption(
                 job,

@@ -1,8 +1,8 @@
 """The least-cost preemption search (DESIGN section 3, step 3): :func:`plan_preemption`.
 
 Candidates come from :class:`~apportion.domain.engine.victims.CycleVictims`
-(unallocated runs per node; expired allocated runs of the leaves behind the
-preemptor by :func:`~apportion.domain.preemption.branch_rule`); every victim
+(unallocated runs per node; idle allocated runs past their protection, D3.idle-runs; expired allocated runs
+of the leaves behind the preemptor by :func:`~apportion.domain.preemption.branch_rule`); every victim
 of a returned plan is checked again by
 :func:`~apportion.domain.preemption.victim_rule`, the one home of the rule,
 whose verdict (rule id, LCA, the two r) goes into the audit record
@@ -18,10 +18,11 @@ from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import Run, RunKey, next_checkpoint_us, work_lost_gpu_s
 from apportion.domain.engine.inputs import PendingJob
 from apportion.domain.engine.placement import CycleFree
-from apportion.domain.engine.victims import Candidate, CycleVictims, Option, candidate_order, order_lost_gpu_s
+from apportion.domain.engine.victims import Candidate, CycleVictims, Option, order_lost_gpu_s
 from apportion.domain.preemption import (
     PATIENCE_WAIT,
     RULE_EXPIRED_BEHIND,
+    RULE_IDLE,
     RULE_UNALLOCATED,
     Move,
     ShareView,
@@ -63,15 +64,17 @@ def plan_preemption(
     depended on the job's charge (see :meth:`CycleVictims.behind_of`): a failure
     then says nothing about a job with a smaller charge.
 
-    Cost of a set: (allocated GPUs, unallocated GPUs, GPU-s of work lost),
-    lexicographic. Any node that needs no allocated victim is cheaper than
-    one that does, so nodes reachable with unallocated victims alone are
-    tried first and the expired-behind runs are looked at only when fewer
-    than k such nodes exist. Per node the cheapest victims are taken first,
-    then unnecessary ones dropped (most expensive first); the k cheapest
-    nodes (ties by node id) form the plan.
+    Cost of a set: (busy allocated GPUs, idle allocated GPUs, unallocated GPUs, GPU-s of work lost),
+    lexicographic, where idle runs are those of ``victims.idle_runs`` (D3.idle-runs: past their protection,
+    idle for their budget's ``preempt_idle_after_s``; any job may take them, whatever its leaf). Any node
+    that needs no allocated victim is cheaper than one that does, and one that needs only idle ones cheaper
+    than one that needs a busy one, so nodes reachable with unallocated victims alone are tried first, then
+    with idle ones too, and the expired-behind runs are looked at only when fewer than k such nodes exist.
+    Per node the cheapest victims are taken first (unallocated, then idle, then busy allocated runs), then
+    unnecessary ones dropped (most expensive first); the k cheapest nodes (ties by node id) form the plan.
 
-    The least-cost plan is then judged by :func:`patience_rule` (off with
+    The least-cost plan is then judged by :func:`patience_rule` (idle victims count as losing no work: their
+    GPUs did none for their budget's setting; off with
     ``patience_s == 0``, the default for the baselines): when it refuses,
     ``None`` is returned and the job is entered in ``victims.waits`` (the failure depends
     on the job's wait, so it says nothing about other jobs of the shape). Then by
@@ -93,6 +96,12 @@ def plan_preemption(
     g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
     taken = victims.taken
     fmodel, fcount, reserved, ffree = free.model, free.count, free.reserved, free.free
+    idle_runs = victims.idle_runs
+
+    def rank(x: Candidate) -> tuple[bool, tuple[int, int, int, str, int]]:
+        # unallocated, then idle allocated, then busy allocated runs; each by its order key
+        # (without idle runs the same order as candidate_order)
+        return (x[0][0] > 0 and x[1].key not in idle_runs, x[0])
 
     def eligible(nid: str) -> bool:
         return nid in fmodel and nid not in reserved and fcount[nid] >= g and (model is None or fmodel[nid] == model)
@@ -114,18 +123,21 @@ def plan_preemption(
                 break
             chosen.append(x)
             got += len(x[2])
-        for x in sorted(chosen, key=candidate_order, reverse=True):
+        for x in sorted(chosen, key=rank, reverse=True):
             if got - len(x[2]) >= g:
                 chosen.remove(x)
                 got -= len(x[2])
-        a = u = 0
+        a = i = u = 0
         lost = 0.0
         for x in chosen:
             c = x[0]
-            a += c[0]
+            if c[0] and x[1].key in idle_runs:
+                i += c[0]
+            else:
+                a += c[0]
             u += c[1]
             lost += (c[0] + c[1]) * (now + c[2]) / 1e6  # order_lost_gpu_s(c, now), inlined
-        return ((a, u, lost), nid, chosen)
+        return ((a, i, u, lost), nid, chosen)
 
     unalloc_nodes = victims.unalloc
     log = free.log
@@ -168,7 +180,21 @@ def plan_preemption(
                 # (unalloc_nodes lists are never empty: with nothing taken, only nodes without them qualify)
                 if nid not in unalloc_nodes or (taken and not any(x[1].key not in taken for x in unalloc_nodes[nid])):
                     if fcount[nid] >= g:
-                        options.append(((0, 0, 0.0), nid, []))
+                        options.append(((0, 0, 0, 0.0), nid, []))
+    if len(options) < k and victims.idle_on:
+        # D3.idle-runs: nodes freed with idle runs too, for any job that fits, before any busy run
+        seen = {o[1] for o in options}
+        for nid, lst in victims.idle_on.items():
+            if nid in seen or not eligible(nid):
+                continue
+            cands = [x for x in lst if x[1].key not in taken]
+            if not cands:
+                continue
+            cands.extend(x for x in unalloc_nodes.get(nid, ()) if x[1].key not in taken)
+            cands.sort(key=rank)
+            opt = evaluate(nid, cands)
+            if opt is not None:
+                options.append(opt)
     behind = None
     if len(options) < k:
         behind, victims.narrowed = victims.behind_of(leaf, view, delta, charge_count, tree, charge_gpu_s, moves)
@@ -207,7 +233,10 @@ def plan_preemption(
                 continue
             if nid in unalloc_nodes:
                 lst.extend(x for x in unalloc_nodes[nid] if x[1].key not in taken)
-            lst.sort(key=candidate_order)
+            if idle_runs:
+                lst[:] = [x for x in lst if x[1].key not in idle_runs]  # (an idle expired run: once, below)
+                lst.extend(x for x in victims.idle_on.get(nid, ()) if x[1].key not in taken)
+            lst.sort(key=rank)
             opt = evaluate(nid, lst)
             if opt is not None:
                 if nid in seen:
@@ -221,7 +250,8 @@ def plan_preemption(
         lost: dict[RunKey, tuple[float, Run]] = {}
         for _, _, chosen in best:
             for x in chosen:
-                lost[x[1].key] = (order_lost_gpu_s(x[0], now), x[1])  # a gang victim on two nodes counts once
+                # a gang victim on two nodes counts once; an idle run's GPUs did no work (D3.idle-runs)
+                lost[x[1].key] = (0.0 if x[1].key in idle_runs else order_lost_gpu_s(x[0], now), x[1])
         total = sum(v[0] for v in lost.values())
         if patience_rule(total, g * k, us_to_s(now - job.queued_at_us), view.ratio(leaf), patience_s) == PATIENCE_WAIT:
             victims.waits[job.job_id] = total
@@ -244,6 +274,7 @@ def plan_preemption(
         for x in chosen:
             run = x[1]
             if run.key not in picked:
+                idle = idle_runs.get(run.key)
                 verdict = victim_rule(
                     run,
                     leaf,
@@ -254,10 +285,12 @@ def plan_preemption(
                     moves,
                     g * k if gangs else None,
                     gang_cap_us=gang_cap(run.budget) if gangs and gang_cap is not None else None,
+                    idle_s=idle[0] if idle is not None else None,
+                    idle_after_s=idle[1] if idle is not None else None,
                 )
                 if not verdict.allowed:  # the search and the rule disagree: a bug, never a decision
                     raise AssertionError(f"victim {run.key} of {leaf}'s plan refused by victim_rule: {verdict}")
-                picked[run.key] = (run, _victim(run, now, verdict))
+                picked[run.key] = (run, _victim(run, now, verdict, idle[0] if idle is not None else None))
     return tuple(placements), [picked[key] for key in sorted(picked)]
 
 
@@ -273,11 +306,15 @@ class _CallableView:
         return self.ratio(path)
 
 
-def _victim(run: Run, now: Micros, verdict: VictimVerdict) -> Victim:
-    """The audit record of a victim the rule allowed (``verdict.allowed``: one of the two allowing rule ids)."""
+def _victim(run: Run, now: Micros, verdict: VictimVerdict, idle_s: float | None = None) -> Victim:
+    """The audit record of a victim the rule allowed (``verdict.allowed``: one of the allowing rule ids)."""
     until = run.protected_until_us
-    rule: Literal["unallocated", "expired_behind"] = (
-        RULE_UNALLOCATED if verdict.rule == RULE_UNALLOCATED else RULE_EXPIRED_BEHIND
+    rule: Literal["unallocated", "idle", "expired_behind"] = (
+        RULE_UNALLOCATED
+        if verdict.rule == RULE_UNALLOCATED
+        else RULE_IDLE
+        if verdict.rule == RULE_IDLE
+        else RULE_EXPIRED_BEHIND
     )
     return Victim(
         job_id=run.job_id,
@@ -292,4 +329,5 @@ def _victim(run: Run, now: Micros, verdict: VictimVerdict) -> Victim:
         preemptor_ratio=verdict.preemptor_ratio,
         preemptor_ratio_after=verdict.preemptor_ratio_after,
         lost_gpu_s=work_lost_gpu_s(run, now),
+        idle_s=idle_s if rule == RULE_IDLE else None,
     )

@@ -7,7 +7,8 @@
   leaf by protection end, kept across cycles by the caller
   (``DispatchState``) and updated from the runs that changed;
 * :class:`CycleVictims`: one cycle's view of it: the runs taken so far, the
-  expired runs per leaf and node, and which leaves are behind a preemptor's
+  expired runs per leaf and node, the idle ones among them (D3.idle-runs, by
+  :func:`~apportion.domain.preemption.idle_rule`), and which leaves are behind a preemptor's
   leaf (:meth:`CycleVictims.behind_of`, by
   :func:`~apportion.domain.preemption.branch_rule`).
 """
@@ -20,6 +21,7 @@ from operator import itemgetter
 
 from apportion.domain.budgets import BudgetTree, ancestors_of, parent_of
 from apportion.domain.cluster import ClusterSnapshot, ClusterState, Run, RunKey, work_ref_us
+from apportion.domain.idle import IdleReports, run_idle
 from apportion.domain.preemption import (
     REFUSED_AFTER_MOVE,
     RULE_EXPIRED_BEHIND,
@@ -27,6 +29,7 @@ from apportion.domain.preemption import (
     Move,
     ShareView,
     branch_rule,
+    idle_rule,
 )
 from apportion.domain.preemption import (
     branches_of as _branches,
@@ -60,8 +63,9 @@ Candidate = tuple[tuple[int, int, int, str, int], Run, tuple[int, ...]]
 AllocEntry = tuple[Micros, RunKey, Run]
 """An allocated run in :attr:`VictimIndex.alloc`: ``(protected_until_us, key, run)``."""
 
-Option = tuple[tuple[int, int, float], str, list[Candidate]]
-"""A way to free a node for a preemptor: ``((allocated GPUs, unallocated GPUs, GPU-s lost), node, victims)``."""
+Option = tuple[tuple[int, int, int, float], str, list[Candidate]]
+"""A way to free a node for a preemptor: ``((busy allocated GPUs, idle allocated GPUs, unallocated GPUs, GPU-s
+lost), node, victims)``; idle: the runs of :attr:`CycleVictims.idle_runs` (D3.idle-runs)."""
 
 Behind = tuple[dict[str, tuple[str, float, float, float]], bool]
 """:meth:`CycleVictims.behind_of`'s answer: ``({V: (lca, r_V branch, r_B branch, r_B after)}, narrowed)``."""
@@ -241,6 +245,11 @@ class CycleVictims:
     sorted cheapest first. Built from a :class:`VictimIndex` (kept across
     cycles by the caller, ``CycleSnapshot.victims``) or, without one, from
     the snapshot's runs.
+
+    With the node agents' idle reports (``idle``) and the budget ``tree``, ``idle_runs`` holds the
+    allocated runs past their protection that :func:`~apportion.domain.preemption.idle_rule` allows
+    (run -> ``(idle_s, preempt_idle_after_s)``) and ``idle_on[node]`` them as :data:`Candidate` entries,
+    cheapest first (D3.idle-runs); both empty without reports or without a budget that sets the setting.
     """
 
     __slots__ = (
@@ -255,11 +264,20 @@ class CycleVictims:
         "spared",
         "waits",
         "checkpoint_waits",
+        "idle_runs",
+        "idle_on",
         "_now",
         "_exp_runs",
     )
 
-    def __init__(self, cluster: ClusterSnapshot, now: Micros, index: VictimIndex | None = None) -> None:
+    def __init__(
+        self,
+        cluster: ClusterSnapshot,
+        now: Micros,
+        index: VictimIndex | None = None,
+        idle: IdleReports | None = None,
+        tree: BudgetTree | None = None,
+    ) -> None:
         if index is None:
             index = VictimIndex.build(cluster.runs)
         self.unalloc: dict[str, list[Candidate]] = index.unalloc  # read only
@@ -280,6 +298,24 @@ class CycleVictims:
                 exp[leaf] = lst[: bisect_right(lst, now, key=_UNTIL)]
         self._exp_runs = exp
         self.expired: dict[str, dict[str, list[Candidate]]] = {v: {} for v in exp}  # filled by expired_on
+        self.idle_runs: dict[RunKey, tuple[float, float]] = {}
+        self.idle_on: dict[str, list[Candidate]] = {}
+        if idle is not None and idle.by_node and tree is not None:
+            for leaf in sorted(exp):
+                after = tree.preempt_idle_after_s(leaf)
+                if after is None:
+                    continue
+                for _, key, run in exp[leaf]:
+                    ri = run_idle(idle, run)
+                    if ri is None or not idle_rule(ri.idle_s, after):
+                        continue
+                    self.idle_runs[key] = (ri.idle_s, after)
+                    order = order_key(run)
+                    for r in run.open_replicas:
+                        p = run.placements[r]
+                        self.idle_on.setdefault(p.node_id, []).append((order, run, p.gpus))
+            for lst2 in self.idle_on.values():
+                lst2.sort(key=candidate_order)
 
     def expired_on(self, leaf: str) -> dict[str, list[Candidate]]:
         """Node -> expired runs of ``leaf`` there, cheapest first (built on first use)."""
