@@ -39,7 +39,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeVar, overload
 
 from apportion import events
 from apportion.durations import parse_duration
@@ -563,6 +563,20 @@ def submit(
     return verdict
 
 
+_Request = TypeVar("_Request", events.JobCancelRequested, events.JobHoldRequested, events.JobReleaseRequested)
+
+
+def _request(
+    kind: type[_Request], job_id: str, user: str | None, reason: str, bootstrap: str | None, identity: Identity | None
+) -> _Request:
+    """Sign a request of ``kind`` on ``job_id`` as the user's identity, publish it, return it."""
+    ident = identity or identity_for(user, bootstrap=bootstrap)
+    ts = datetime.now(UTC)
+    ev = ident.sign(kind(job_id=job_id, user=ident.user, reason=reason, ts=ts, producer=f"client/{ident.user}"))
+    publish(ev, bootstrap=bootstrap)
+    return ev
+
+
 def cancel(
     job_id: str,
     *,
@@ -572,15 +586,7 @@ def cancel(
     identity: Identity | None = None,
 ) -> events.JobCancelRequested:
     """Sign and publish a request to cancel ``job_id``; returns the published request."""
-    ident = identity or identity_for(user, bootstrap=bootstrap)
-    now = datetime.now(UTC)
-    ev = ident.sign(
-        events.JobCancelRequested(
-            job_id=job_id, user=ident.user, reason=reason, ts=now, producer=f"client/{ident.user}"
-        )
-    )
-    publish(ev, bootstrap=bootstrap)
-    return ev
+    return _request(events.JobCancelRequested, job_id, user, reason, bootstrap, identity)
 
 
 def hold(
@@ -597,13 +603,7 @@ def hold(
     released) or ``JobRejected`` of the request (``request="JobHoldRequested"``: not pending, already
     held, not the user's own job).
     """
-    ident = identity or identity_for(user, bootstrap=bootstrap)
-    ts = datetime.now(UTC)
-    ev = ident.sign(
-        events.JobHoldRequested(job_id=job_id, user=ident.user, reason=reason, ts=ts, producer=f"client/{ident.user}")
-    )
-    publish(ev, bootstrap=bootstrap)
-    return ev
+    return _request(events.JobHoldRequested, job_id, user, reason, bootstrap, identity)
 
 
 def release(
@@ -615,15 +615,7 @@ def release(
     identity: Identity | None = None,
 ) -> events.JobReleaseRequested:
     """Sign and publish a request to release held job ``job_id`` (answered ``JobReleased`` or ``JobRejected``)."""
-    ident = identity or identity_for(user, bootstrap=bootstrap)
-    ts = datetime.now(UTC)
-    ev = ident.sign(
-        events.JobReleaseRequested(
-            job_id=job_id, user=ident.user, reason=reason, ts=ts, producer=f"client/{ident.user}"
-        )
-    )
-    publish(ev, bootstrap=bootstrap)
-    return ev
+    return _request(events.JobReleaseRequested, job_id, user, reason, bootstrap, identity)
 
 
 class VerdictWatcher:
