@@ -40,7 +40,7 @@ async def run(
         settings: configuration (:mod:`services.accounting.config`).
         stop: set it to shut down (SIGTERM does, from ``__main__``).
         clock: event-time source; default from settings.
-        ready: set once the first session is caught up with the log as of its start and stored its snapshot.
+        ready: set once the first connected session is caught up with the log as of its start and stored its snapshot.
         on_start: called with each session's :class:`StartReport` just before it is ready.
     """
     from apportion.bus.service import wire
@@ -49,7 +49,7 @@ async def run(
     w = wire(settings, clock)
     metrics = accounting_metrics(w.registry)
     w.watch_reader(metrics["reader"])
-    rebuild = [settings.rebuild]  # --rebuild applies to the first session only; later ones resume
+    rebuild = [settings.rebuild]  # --rebuild applies to the first connected session only; later ones resume
 
     def started(report: StartReport) -> None:
         rebuild[0] = False

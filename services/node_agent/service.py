@@ -243,8 +243,8 @@ class SignedSender:
         """``ev`` could not be delivered (after the producer's own retries): logged and counted.
 
         The event comes first: kafka-python's ``Future.add_errback(f, *args)`` calls ``f(*args, exception)``.
-        (Until the seventh session the errback took the exception first, so every failed delivery raised
-        inside kafka-python's errback handler instead of being counted.)
+        (An errback that took the exception first would raise inside kafka-python's errback handler on every
+        failed delivery instead of counting it.)
         """
         log.error("could not publish %s %s: %s", ev.type, getattr(ev, "job_id", getattr(ev, "node_id", "")), exc)
         self._metrics["send_errors"].inc()

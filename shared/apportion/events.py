@@ -955,7 +955,7 @@ class BudgetSpec(_Model):
 
 
 class BudgetBatch(Event):
-    """Budget changes applied together, all or nothing (``budget apply``, issue 13).
+    """Budget changes applied together, all or nothing (``budget apply``).
 
     The policy validates the tree *after* the whole batch (sets and removals
     together), so a change valid only as a whole (one sibling's share moved
@@ -1747,7 +1747,7 @@ def payload_digest(event: Event) -> int:
     accounting checkpoint still tells a reused id from a duplicate after a restart. (It was the process's
     ``hash``, salted per process, so a restored ledger had to drop its digests and took every reuse of an id
     read before the restart for a duplicate: the chaos campaign's dispatcher kills let 267 of its 909 reused
-    ids through undead-lettered, thirteenth session.) About 1-2 µs an event.
+    ids through undead-lettered.) About 1-2 µs an event.
     """
     raw = event.__pydantic_serializer__.to_json(event, exclude=_DIGEST_EXCLUDE)
     return int.from_bytes(hashlib.blake2b(raw, digest_size=8, person=b"apportion-id").digest(), "little", signed=True)

@@ -448,7 +448,7 @@ def dispatcher_fold(
     with its preemption times, so a completion stamped before a preemption whose requeue the dispatcher
     made first is folded after that requeue, where it changes nothing, as the dispatcher folded it. (A plain
     fold of the log by event time finished such a job, and the check reported the dispatcher's row of its
-    next attempt as "a job the log says is not active": the main job, fourteenth session.)
+    next attempt as "a job the log says is not active".)
 
     Args:
         records: the log in log order.

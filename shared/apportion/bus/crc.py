@@ -16,7 +16,7 @@ the bytes on the wire, do not change; only the CPU spent on them does.
 
 Scope: a process calls it explicitly: every service does at start, in
 :func:`apportion.bus.service.wire` (the dispatcher and the node agent did
-before; accounting and the policy since the fourteenth session,
+before; accounting and the policy as well,
 which cut accounting's rebuild CPU the most). Nothing here runs at import
 time. It changes a module global of kafka-python for the whole calling
 process, so it is *not* called from the shared producer or consumer

@@ -1,8 +1,8 @@
 """The reader edge: every record becomes an event or a dead letter with its reason.
 
 One home for what every reader of the log does with a record before any
-domain code sees it (issue 17, "poison-proof readers"; issue 11, "one
-home for dead-letter construction"). The services (dispatcher, accounting,
+domain code sees it (poison-proof readers; one home for dead-letter
+construction). The services (dispatcher, accounting,
 policy, through :class:`Intake`), :class:`~apportion.bus.consumer.EventConsumer`,
 the faust agents (:func:`apportion.bus.faust_app.decoded`), the audit's log
 reader (:func:`apportion.bus.reader.iter_topic_records`) and the export
@@ -131,7 +131,7 @@ def apply_failure(exc: BaseException) -> str:
 
 
 #: Marks an id remembered without its payload digest (read back from a snapshot written before digests were the
-#: same in every process, thirteenth session).
+#: same in every process).
 _NO_DIGEST = -1
 
 
@@ -141,7 +141,7 @@ class IdLedger:
     :meth:`check` tells a new id, a duplicate (same id, same payload) and a
     reused id (same id, another payload).
 
-    Bounds (issue 18): ids are kept in two generations by event time. The
+    Bounds: ids are kept in two generations by event time. The
     current one takes every id remembered; once an event's time is ``window_s``
     past the start of the current generation, the current becomes the old one
     and the old is dropped. So an id is remembered for at least W and at most
@@ -364,8 +364,8 @@ class Intake:
     def _unknown_run(self, rec: Any, ev: events.Event) -> None:
         """Count (and log: the first 10, then every 1,000th) a report its node signed of a run never placed here.
 
-        Its node's key proved it, so it is passed on; the folds know no such run and change nothing (issue 17:
-        an event naming an unknown run is never dropped silently). Also a report of a run placed more than
+        Its node's key proved it, so it is passed on; the folds know no such run and change nothing (an event
+        naming an unknown run is never dropped silently). Also a report of a run placed more than
         :data:`apportion.identity.PLACEMENTS_KEPT` placements ago.
         """
         self.stats.unknown_run += 1

@@ -1,9 +1,9 @@
 """Keep a long-running service's resident memory flat: fewer malloc arenas, free pages handed back.
 
-What grew (issue 18, fourteenth session). ``bench/bench_rss.py --trace accounting`` showed the Python
+What grew. ``bench/bench_rss.py --trace accounting`` showed the Python
 allocations of accounting flat over the second half of a 15-minute run (tracemalloc: +0.6 MiB of live
 blocks, most of it the bounded signature caches), while its resident set had grown by 10.4% (75 -> 83 MiB)
-over the same half of the thirteenth session's 20-minute run. The difference is the C allocator: glibc
+over the same half of a 20-minute run. The difference is the C allocator: glibc
 gives each thread that allocates its own arena (up to 8 per core), a service runs several threads
 (``asyncio.to_thread`` workers, kafka-python's, the metrics server's), and the large short-lived buffers of
 a checkpoint or a snapshot (a pickle of the whole state, its checksum and the Redis command built from it,

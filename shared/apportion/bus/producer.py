@@ -39,7 +39,7 @@ READ_COMMITTED = {"isolation_level": "read_committed"}
 
 #: Transactional producers retry after this many ms (kafka-python's default is 100): each commit is an
 #: AddPartitions, an EndTxn and their retries, and a one-record transaction took 122 ms at 100 against
-#: 21 ms at 5 (fifteenth session, docs/leadership.md).
+#: 21 ms at 5 (docs/leadership.md).
 RETRY_BACKOFF_MS = 5
 
 #: Wall seconds a commit may take before the writer gives up on it (the term then ends and the next

@@ -108,22 +108,21 @@ PROTECTION_CAP_W = 0.25
 """Default cap of the protection growth, as a fraction of the window W (``EngineConfig.protection_cap_w``):
 ``W / 4``, DESIGN section 3's example, since policy ``fairtree-6``. Policies ``fairtree-4`` and ``fairtree-5``
 capped at the whole window W, because without a churn bound a job longer than the sum of its protections was
-preempted every 42 h once the W / 4 cap was reached (six times for a 187 h job of Philly week 44, sixth
-session); with :data:`PROTECTION_CHURN_BOUND` that job is protected until done after its fifth preemption,
+preempted every 42 h once the W / 4 cap was reached (six times for a 187 h job of Philly week 44); with :data:`PROTECTION_CHURN_BOUND` that job is protected until done after its fifth preemption,
 and the shorter cap holds long jobs' GPUs for less time between preemptions: weeks 39-45 mean share deficit
-0.51 pp against 0.69 pp with the cap W (``docs/simulation.md``, tenth and thirteenth sessions)."""
+0.51 pp against 0.69 pp with the cap W (``CHANGELOG.md``, "Scheduling rules")."""
 
 
 PROTECTION_DOUBLINGS = 3
 """Default ``EngineConfig.protection_doublings`` (policy ``fairtree-5``): the protection doubles for a job's first
 3 preemptions (``min_runtime`` x 1, 2, 4, 8) and is the cap from its 4th on. With doubling to the cap (up to
 ``fairtree-4``) a 2 h minimum runtime needs 7 preemptions to reach a 7-day window, so the longest Philly jobs
-(560-730 h) were preempted up to 8 times on weeks 39-45; see ``docs/simulation.md``, ninth session."""
+(560-730 h) were preempted up to 8 times on weeks 39-45 (``CHANGELOG.md``, "Engine policy versions")."""
 
 
 PROTECTION_CHURN_BOUND: int | None = 5
 """Default ``EngineConfig.churn_bound``: preemptions after which a job is protected until it completes
-(:data:`PROTECTION_UNTIL_DONE_S`), so no allocated job is preempted more than 5 times (issue 12's target);
+(:data:`PROTECTION_UNTIL_DONE_S`), so no allocated job is preempted more than 5 times;
 5 since policy ``fairtree-6``, ``None`` (off) up to ``fairtree-5``."""
 
 PROTECTION_UNTIL_DONE_S = 100 * 365.0 * 86400

@@ -91,9 +91,9 @@ set of events is the same whatever order their partitions were merged in
 agrees with a replay that sorts them (``audit verify``). Within one entity an
 event never takes effect before the entity's previous one (a run's end is
 clamped to its start, a node's change to its latest change), since its
-writers' clocks may disagree. (Until the sixth session a late event was
-clamped up to the clock, which made the fold depend on the poll batches: the
-main job's snapshots and decisions failed ``audit verify`` by a few GPU-s.)
+writers' clocks may disagree. (Clamping a late event up to the
+clock instead would make the fold depend on the poll batches: snapshots and
+decisions would fail ``audit verify`` by a few GPU-s.)
 Queries must be at ``t >= clock`` (:class:`ValueError` otherwise): the
 answer for an earlier time is whatever a rebuild from the events up to that
 time says.

@@ -32,18 +32,18 @@ known fit keeps no GPU free) and :func:`~apportion.domain.preemption.gang_rule` 
 past it is a victim like any other run): DESIGN section 3, ``docs/simulation.md``, "Current results". Its decisions
 differ from fairtree-7's with no knob to turn the two back, so fairtree-7 logs are not re-run by this engine.
 fairtree-7: fairtree-6 and :func:`~apportion.domain.preemption.gang_rule` (``EngineConfig.gang_rule``: an
-allocated gang is never preempted for a job smaller than it); ``docs/simulation.md``, fifteenth session.
+allocated gang is never preempted for a job smaller than it); ``docs/simulation.md``, "The gang rule".
 fairtree-6: fairtree-5 with a churn bound of 5 (``EngineConfig.churn_bound``: a job preempted 5 times is
 protected until it completes) and protection growth capped at W / 4 again (``EngineConfig.protection_cap_w``,
 DESIGN section 3's example); weeks 39-45 of Philly: at most 5 preemptions of any allocated job (6 before) and
-mean share deficit 0.51 pp (0.53), ``docs/simulation.md``, tenth and thirteenth sessions.
+mean share deficit 0.51 pp (0.53), ``CHANGELOG.md``, "Engine policy versions".
 fairtree-5: fairtree-4 and protection that doubles for a job's first 3 preemptions, then is the cap
 (``EngineConfig.protection_doublings``).
 fairtree-4: fairtree-3 and :func:`~apportion.domain.preemption.checkpoint_rule` (``EngineConfig.checkpoint_wait_s``),
 protection growth capped by W instead of W / 4 (``EngineConfig.protection_cap_w``).
 fairtree-3: fairtree-2 and :func:`~apportion.domain.preemption.patience_rule` (``EngineConfig.patience_s``).
 fairtree-2: after-move test, no same-cycle reversal, protection grown per preemption,
-cold-start capacity floor, reservation backfill, spare models first (issue 12)."""
+cold-start capacity floor, reservation backfill, spare models first."""
 
 PATIENCE_S = 7200.0
 """Default ``EngineConfig.patience_s`` (seconds), chosen on Philly (``docs/simulation.md``)."""
