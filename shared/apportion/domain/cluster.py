@@ -110,7 +110,7 @@ PROTECTION_CAP_W = 0.25
 capped at the whole window W, because without a churn bound a job longer than the sum of its protections was
 preempted every 42 h once the W / 4 cap was reached (six times for a 187 h job of Philly week 44); with :data:`PROTECTION_CHURN_BOUND` that job is protected until done after its fifth preemption,
 and the shorter cap holds long jobs' GPUs for less time between preemptions: weeks 39-45 mean share deficit
-0.51 pp against 0.69 pp with the cap W (``CHANGELOG.md``, "Scheduling rules")."""
+0.51 pp against 0.69 pp with the cap W (``CHANGELOG.md``, "Engine policy versions")."""
 
 
 PROTECTION_DOUBLINGS = 3

@@ -32,7 +32,7 @@ known fit keeps no GPU free) and :func:`~apportion.domain.preemption.gang_rule` 
 past it is a victim like any other run): DESIGN section 3, ``docs/simulation.md``, "Current results". Its decisions
 differ from fairtree-7's with no knob to turn the two back, so fairtree-7 logs are not re-run by this engine.
 fairtree-7: fairtree-6 and :func:`~apportion.domain.preemption.gang_rule` (``EngineConfig.gang_rule``: an
-allocated gang is never preempted for a job smaller than it); ``docs/simulation.md``, "The gang rule".
+allocated gang is never preempted for a job smaller than it); ``docs/simulation.md``, "Fair share's preemption rules".
 fairtree-6: fairtree-5 with a churn bound of 5 (``EngineConfig.churn_bound``: a job preempted 5 times is
 protected until it completes) and protection growth capped at W / 4 again (``EngineConfig.protection_cap_w``,
 DESIGN section 3's example); weeks 39-45 of Philly: at most 5 preemptions of any allocated job (6 before) and
