@@ -124,7 +124,6 @@ def resend_starts(state: DispatchState, now_us: Micros, cfg: DispatchConfig) -> 
                 cfg.producer,
                 progress_s=run.resumed_from_s,
                 checkpoint_interval_s=rec.spec.checkpoint_interval_s,
-                user=rec.spec.user,
             )
             out += [starts[r] for r in missing]
     return with_job_settings(state, out)

@@ -1133,16 +1133,21 @@ def _cycle(state: DispatchState, now_us: Micros, config: DispatchConfig | None =
 
 def with_job_settings(state: DispatchState, out: list[Event]) -> list[Event]:
     """``out`` with each ``StartWorkload`` carrying its job's settings for the node agent: the submission's
-    ``env`` and the time limit in force (``JobQueued.env``, ``JobQueued.time_limit_s``). Events of jobs
-    without settings pass as they are (no copy)."""
+    ``env``, the time limit in force (``JobQueued.env``, ``JobQueued.time_limit_s``) and, for a command, the
+    job's proven user, whose Unix account the agent runs it as (``docs/security.md``, "Node boundary"; a
+    simulated workload names none). Events of jobs without settings pass as they are (no copy)."""
     res = out
     for i, e in enumerate(out):
         if type(e) is StartWorkload:
             rec = state.jobs.get(e.job_id)
-            if rec is not None and (rec.spec.env or rec.spec.time_limit_s is not None):
+            if rec is None:
+                continue
+            user = rec.spec.user if e.command is not None else None
+            if rec.spec.env or rec.spec.time_limit_s is not None or user is not None:
                 if res is out:
                     res = list(out)
-                res[i] = e.model_copy(update={"env": dict(rec.spec.env or {}), "time_limit_s": rec.spec.time_limit_s})
+                update = {"env": dict(rec.spec.env or {}), "time_limit_s": rec.spec.time_limit_s, "user": user}
+                res[i] = e.model_copy(update=update)
     return res
 
 
@@ -1244,7 +1249,6 @@ def _start_waiting(
                         prod,
                         progress_s=run.resumed_from_s,
                         checkpoint_interval_s=prec.spec.checkpoint_interval_s,
-                        user=prec.spec.user,
                     )
                 )
     return with_job_settings(state, out)

@@ -50,7 +50,6 @@ def start_events(
     *,
     progress_s: float = 0.0,
     checkpoint_interval_s: float | None = None,
-    user: str | None = None,
 ) -> list[Event]:
     """``StartWorkload`` for every replica of a run (ids by :func:`det_id`).
 
@@ -59,8 +58,8 @@ def start_events(
     interval in force, seconds (``JobQueued.checkpoint_interval_s``, i.e.
     :func:`~apportion.events.checkpoint_interval_of`), ``None`` when it does not checkpoint. A simulated
     workload runs ``duration_s - progress_s`` and checkpoints at each multiple of the interval
-    (``docs/checkpoints.md``). ``user``: the job's proven user, for a command the node agent runs as that user's
-    account (``docs/security.md``, "Node boundary"); a simulated workload names none.
+    (``docs/checkpoints.md``). The dispatcher adds the job's settings for the node agent (its user, ``env``,
+    time limit) with :func:`apportion.domain.dispatch.with_job_settings`.
     """
     return [
         StartWorkload(
@@ -76,7 +75,6 @@ def start_events(
             duration_s=duration_s,
             progress_s=progress_s,
             checkpoint_interval_s=checkpoint_interval_s,
-            user=user if command is not None else None,
         )
         for i, p in enumerate(placements)
     ]
@@ -96,7 +94,6 @@ def pending_start_events(job: PendingJob, placements: Sequence[Placement], ts: A
         producer,
         progress_s=job.progress_s,
         checkpoint_interval_s=job.checkpoint_interval_s,
-        user=job.user,
     )
 
 
