@@ -136,8 +136,8 @@ class CpuBudget:
     def per_1000(self, before: dict[str, float], after: dict[str, float], jobs: int) -> dict[str, float]:
         """CPU seconds per 1,000 jobs of each component between two samples, and their ``total`` (measurement
         left out)."""
-        got = {k: 1000 * (after[k] - before[k]) / jobs for k in before}
-        got["total"] = sum(v for k, v in got.items() if k not in self.measurement)
+        got = {k: round(1000 * (after[k] - before[k]) / jobs, 4) for k in before}
+        got["total"] = round(sum(v for k, v in got.items() if k not in self.measurement), 4)
         return got
 
 

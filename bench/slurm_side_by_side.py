@@ -4,9 +4,9 @@
 Runs the same N one-GPU jobs through both, alternated in one window (Slurm, apportion, Slurm, apportion, ...
 ``--rounds`` times), and prints for each round and system:
 
-- **placements/s**: N / (the moment every job was placed - the submission). Slurm: the moment ``squeue`` shows
-  none of the array's tasks pending any more (polled every ``--poll-s``, so a slightly low rate); apportion: the
-  N-th ``JobPlaced``.
+- **placements/s**: N / (the moment every job was placed - the submission). Slurm: when the first ``squeue``
+  that shows none of the array's tasks pending was started (polled every ``--poll-s``: the moment is known to
+  within one poll and one ``squeue``); apportion: when the N-th ``JobPlaced`` arrived.
 - **time to the last real start**: Slurm: the last job script's start, stamped by the script itself
   (``$EPOCHREALTIME``); apportion: the N-th ``JobStarted`` of a simulated workload.
 - **CPU seconds per 1,000 jobs by component**, to the last placement and to the last start (``/proc``, the helper
@@ -298,9 +298,10 @@ def slurm_round(cluster: SlurmCluster, jobs: int, rnd: int, poll_s: float, timeo
     t_placed = 0.0
     while True:
         if at_placed is None:
+            t_poll = time.time()  # slurmctld answers after this: the last placement came before the answer
             q = client.run("squeue", "-h", "-t", "PD", "-j", job, "-o", "%i")
             if q.returncode == 0 and not q.stdout.strip():
-                t_placed = time.time() - t0
+                t_placed = t_poll - t0
                 at_placed = cpu.sample()
         if at_placed is not None and len(os.listdir(stamps)) >= jobs:
             at_started = cpu.sample()
