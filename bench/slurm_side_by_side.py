@@ -360,7 +360,8 @@ def main() -> int:
     if set(systems) - {"slurm", "apportion"} or not systems:
         ap.error(f"--systems: slurm and/or apportion, got {args.systems!r}")
     nodes = args.nodes or args.jobs // GPUS_PER_NODE + 1
-    signal.signal(signal.SIGTERM, _interrupt)  # stop as on Ctrl-C: the finally blocks stop what was started
+    for sig in (signal.SIGTERM, signal.SIGINT):  # SIGINT too: a shell's background job starts with it ignored
+        signal.signal(sig, _interrupt)  # the finally blocks stop what was started
     tmp = Path(tempfile.mkdtemp(prefix="apportion-vs-slurm-"))
     found: dict[str, Any] = {"jobs": args.jobs, "nodes": nodes, "gpus_per_node": GPUS_PER_NODE, "rounds": []}
     try:
@@ -379,8 +380,9 @@ def main() -> int:
 
                 os.environ.pop("APPORTION_NO_TLS", None)
                 log("starting Kafka and Redis (TLS)")
-                stack = LocalStack(tmp / "stack").start()
-                stop.callback(stack.stop)
+                stack = LocalStack(tmp / "stack")
+                stop.callback(stack.stop)  # before start: an interrupted start is stopped too
+                stack.start()
             for rnd in range(1, args.rounds + 1):
                 for system in systems:
                     log(f"round {rnd}: {system}, {args.jobs} jobs")
@@ -392,7 +394,7 @@ def main() -> int:
                     got.update(system=system, round=rnd)
                     found["rounds"].append(got)
                     log(one_line(got))
-            found["load_avg"] = os.getloadavg()
+            found["load_avg"] = [round(x, 1) for x in os.getloadavg()]
     except SlurmUnavailable as exc:
         print(f"bench-slurm: Slurm unavailable: {exc}", file=sys.stderr)
         return 2
@@ -451,7 +453,7 @@ def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 def report(found: dict[str, Any]) -> str:
     lines = [
         f"{found['jobs']} one-GPU jobs, {found['nodes']} nodes x {found['gpus_per_node']} GPUs on each side; "
-        f"{found.get('slurm_version', '')}; load average at the end {found.get('load_avg', ('?',))[0]}",
+        f"{found.get('slurm_version', '')}; load average at the end {found.get('load_avg', ['?'])[0]}",
         f"{'round':<6}{'system':<11}{'placements/s':>14}{'last placed s':>15}{'last start s':>14}"
         f"{'CPU/1000 placed':>17}{'CPU/1000 started':>18}",
     ]
