@@ -62,7 +62,7 @@ from apportion.settings import topic_name
 REPO = Path(__file__).resolve().parents[1]
 
 
-# ---- CPU budget: CPU seconds per component, sampled at chosen moments (bench_slurm uses the same)
+# ---- CPU budget: CPU seconds per component, sampled at chosen moments (slurm_side_by_side.py uses the same)
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
