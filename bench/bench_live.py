@@ -136,9 +136,9 @@ class CpuBudget:
     def per_1000(self, before: dict[str, float], after: dict[str, float], jobs: int) -> dict[str, float]:
         """CPU seconds per 1,000 jobs of each component between two samples, and their ``total`` (measurement
         left out)."""
-        got = {k: round(1000 * (after[k] - before[k]) / jobs, 4) for k in before}
-        got["total"] = round(sum(v for k, v in got.items() if k not in self.measurement), 4)
-        return got
+        got = {k: 1000 * (after[k] - before[k]) / jobs for k in before}
+        got["total"] = sum(v for k, v in got.items() if k not in self.measurement)
+        return {k: round(v, 4) for k, v in got.items()}
 
 
 def budget_table(columns: dict[str, dict[str, float]], measurement: tuple[str, ...] = ()) -> str:
@@ -193,15 +193,18 @@ class CommandWatcher(threading.Thread):
                         key = (kind, d["job_id"] if kind in self.KINDS else d.get("node_id"))
                         if (kind in self.KINDS or kind == "NodeRegistered") and key not in self.seen:
                             self.seen[key] = now
-                            self.counts[kind] += 1
-                            mark = (kind, self.counts[kind])
-                            if mark in self.marks:
-                                self.marked[mark] = self.marks.pop(mark)()
+                            # by kind, and by kind and id prefix ("JobPlaced:thr"): one run's records apart
+                            for tally in (kind, f"{kind}:{str(key[1]).rstrip('0123456789')}"):
+                                self.counts[tally] += 1
+                                mark = (tally, self.counts[tally])
+                                if mark in self.marks:
+                                    self.marked[mark] = self.marks.pop(mark)()
                 self.cond.notify_all()
         self.kc.close()
 
     def at_count(self, kind: str, n: int, fn: Callable[[], object]) -> None:
-        """Call ``fn`` (on this thread) when the ``n``-th ``kind`` arrives; its result lands in ``marked``."""
+        """Call ``fn`` (on this thread) when the ``n``-th ``kind`` arrives (a kind, or ``kind:prefix`` for the ids
+        that are the prefix and a number); its result lands in ``marked``."""
         with self.cond:
             self.marks[(kind, n)] = fn
 
@@ -230,10 +233,10 @@ class CommandWatcher(threading.Thread):
         with self.cond:
             return self.counts[kind]
 
-    def last(self, kind: str) -> float:
-        """Wall time (``perf_counter``) the latest ``kind`` arrived."""
+    def last(self, kind: str, prefix: str = "") -> float:
+        """Wall time (``perf_counter``) the latest ``kind`` (with an id starting ``prefix``) arrived."""
         with self.cond:
-            return max(v for k, v in self.seen.items() if k[0] == kind)
+            return max(v for k, v in self.seen.items() if k[0] == kind and k[1].startswith(prefix))
 
 
 def start_services(env: dict[str, str], logs: Path, nodes: int) -> dict[str, subprocess.Popen[bytes]]:
@@ -385,24 +388,25 @@ def throughput(run: LiveRun, jobs: int, timeout: float = 600) -> dict[str, Any]:
     ``JobStarted`` arrive. Raises :class:`BenchError` when they do not all arrive within ``timeout`` s."""
     w = run.watcher
     assert w is not None
-    placed0, started0 = w.count("JobPlaced"), w.count("JobStarted")
-    w.at_count("JobPlaced", placed0 + jobs, run.cpu.sample)
-    w.at_count("JobStarted", started0 + jobs, run.cpu.sample)
+    placed, started = "JobPlaced:thr", "JobStarted:thr"  # this run's jobs only, not a late latency probe's
+    placed0, started0 = w.count(placed), w.count(started)
+    w.at_count(placed, placed0 + jobs, run.cpu.sample)
+    w.at_count(started, started0 + jobs, run.cpu.sample)
     cpu0 = run.cpu.sample()
     t0 = time.perf_counter()
     for i in range(jobs):
         run.submit(f"thr{i}", "bench/a" if i % 2 else "bench/b", 3600.0)
     run.producer.flush()
     t_pub = time.perf_counter() - t0
-    if not w.wait_count("JobPlaced", placed0 + jobs, timeout):
-        raise BenchError(f"{w.count('JobPlaced') - placed0} of {jobs} placed in {timeout:.0f} s")
-    t_placed = w.last("JobPlaced") - t0
-    if not w.wait_count("JobStarted", started0 + jobs, timeout):
-        raise BenchError(f"{w.count('JobStarted') - started0} of {jobs} started in {timeout:.0f} s")
-    t_started = w.last("JobStarted") - t0
+    if not w.wait_count(placed, placed0 + jobs, timeout):
+        raise BenchError(f"{w.count(placed) - placed0} of {jobs} placed in {timeout:.0f} s")
+    t_placed = w.last("JobPlaced", "thr") - t0
+    if not w.wait_count(started, started0 + jobs, timeout):
+        raise BenchError(f"{w.count(started) - started0} of {jobs} started in {timeout:.0f} s")
+    t_started = w.last("JobStarted", "thr") - t0
     with w.cond:  # the callbacks ran on the watcher's thread just before the counts were seen
-        at_placed = w.marked[("JobPlaced", placed0 + jobs)]
-        at_started = w.marked[("JobStarted", started0 + jobs)]
+        at_placed = w.marked[(placed, placed0 + jobs)]
+        at_started = w.marked[(started, started0 + jobs)]
     assert isinstance(at_placed, dict) and isinstance(at_started, dict)
     return {
         "jobs": jobs,
