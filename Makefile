@@ -7,6 +7,7 @@
 #   make infra-up   only Kafka + Redis in .run/ (addresses printed, also in .run/stack.env)
 #   make mutate     mutation testing of the rule modules (score and survivors printed)
 #   make chaos      the chaos campaign (kills, broker and Redis restarts, hostile records; ARGS="--quick")
+#   make bench-slurm  Slurm 22.05 (Debian's, installed when missing) and the live stack side by side (ARGS="--jobs 2000")
 #   make bench-rss  RSS of each service over a long run (ARGS="--duration-s 1200": the documented 20 minutes)
 #   make gpu-check  the node agent on this machine's NVIDIA GPUs: inventory, utilisation, device isolation, idle
 #
@@ -20,7 +21,7 @@ PYTEST_ARGS ?=
 SIM_NODES ?= 8
 BROKERS ?= 1
 
-.PHONY: help prereqs venv kafka-jars up down status infra-up lint test test-unit test-integration bench bench-rss gpu-check chaos chaos-test mutate run clean distclean
+.PHONY: help prereqs venv kafka-jars up down status infra-up lint test test-unit test-integration bench bench-slurm bench-rss gpu-check chaos chaos-test mutate run clean distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -87,6 +88,12 @@ test-integration: venv
 
 bench: venv
 	$(PY) bench/run_all.py
+
+# Slurm and the live stack on the same jobs, alternated (docs/performance.md): placements/s, time to the last start,
+# CPU per 1,000 jobs by component. Installs Slurm from Debian's packages when missing (root). Not part of `make test`.
+# Options: make bench-slurm ARGS="--jobs 2000 --nodes 251 --rounds 3 --json"
+bench-slurm: venv kafka-jars
+	$(PY) bench/slurm_side_by_side.py $(ARGS)
 
 # Resident memory per service over a long steady run, slope and growth over the second half (docs/reliability.md);
 # `make bench` runs it too, at its default 300 s. Options: ARGS="--duration-s 1200 --trace dispatcher"
