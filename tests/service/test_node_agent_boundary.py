@@ -273,6 +273,102 @@ async def test_a_replica_killed_for_memory_is_reported_oom(job_accounts, shared_
         await node.close()
 
 
+async def test_a_fork_bomb_stops_at_the_pids_limit(job_accounts, shared_dir, monkeypatch):
+    """A replica with ``sandbox_pids_max`` 8 forks until the kernel refuses: 7 children beside itself, then
+    ``EAGAIN``; the agent's stop at its end leaves none of them."""
+    node = Node(shared_dir, monkeypatch, sandbox_pids_max=8)
+    await node.agent.start(heartbeats=False, poll_progress=False)
+    bomb = (
+        "import errno, json, os, time\n"
+        "children, refused = [], None\n"
+        "while refused is None:\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError as exc:\n"
+        "        refused = errno.errorcode[exc.errno]\n"
+        "        break\n"
+        "    if pid == 0:\n"
+        "        os.setsid()\n"
+        "        time.sleep(60)\n"
+        "        os._exit(0)\n"
+        "    children.append(pid)\n"
+        "json.dump({'forks': len(children), 'refused': refused, 'pids': children}, open('bomb.json', 'w'))\n"
+    )
+    try:
+        script = write_script(shared_dir, "bomb.py", bomb)
+        await node.agent.on_event(node.start("j-bomb", ALICE, ("python3", str(script))))
+        assert isinstance(await node.ended("j-bomb"), JobCompleted)
+        r = json.loads((node.ckpt / "j-bomb" / "bomb.json").read_text())
+        assert (r["forks"], r["refused"]) == (7, "EAGAIN")
+        await until(lambda: not any(running(p) for p in r["pids"]), "the bomb's children to be killed")
+    finally:
+        await node.close()
+
+
+#: A unified hierarchy's files as the kernel shows them at its root (every controller offered).
+V2_CONTROLLERS = "cpuset cpu io memory hugetlb pids rdma misc"
+
+V2_LIMITS = [
+    # id, GPUs of the replica, node settings (MiB per GPU, CPU weight per GPU, pids max), the replica's files
+    ("one GPU", 1, (1024, 100, 4096),
+     {"memory.max": "1073741824", "memory.swap.max": "0", "cpu.weight": "100", "pids.max": "4096"}),
+    ("four GPUs: memory and weight x 4", 4, (1024, 150, 512),
+     {"memory.max": "4294967296", "memory.swap.max": "0", "cpu.weight": "600", "pids.max": "512"}),
+    ("eight GPUs: weight capped at v2's 10000", 8, (2048, 2000, 64),
+     {"memory.max": "17179869184", "memory.swap.max": "0", "cpu.weight": "10000", "pids.max": "64"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case_id,gpus,node,files", V2_LIMITS, ids=[c[0] for c in V2_LIMITS])
+def test_the_v2_limits_written_from_the_node_settings(tmp_path, case_id, gpus, node, files):
+    """On a unified hierarchy offering every controller (a cgroupfs laid out in a directory): memory, cpu and
+    pids are enabled in ``cgroup.subtree_control`` from the root down to the agent's cgroup, and each replica's
+    cgroup gets ``memory.max`` (GPUs x MiB per GPU), ``memory.swap.max`` 0, ``cpu.weight`` (GPUs x weight per GPU)
+    and ``pids.max`` from the node settings. ``memory.events``' ``oom_kill`` is what reports ``oom``."""
+    from services.node_agent.service import sandbox_of
+
+    (tmp_path / "cgroup.controllers").write_text(V2_CONTROLLERS + "\n")
+    memory_mb, weight, pids = node
+    settings = NodeAgentSettings(
+        node_id="n1",
+        cgroup_root=tmp_path,
+        cgroup_version="2",
+        cgroup_parent="apportion/agent-1",
+        sandbox_memory_mb_per_gpu=memory_mb,
+        sandbox_cpu_weight_per_gpu=weight,
+        sandbox_pids_max=pids,
+    )
+    box = sandbox_of(settings, [])
+    assert box.driver is not None and box.driver.version == 2
+    box.driver.filters_devices = False  # a directory takes no BPF program (the device fence: the tests above)
+    name = cgroup_name(("n1", "j", 1, 0))
+    replica = tmp_path / "apportion" / "agent-1" / name
+    replica.mkdir()
+    (replica / "memory.swap.max").write_text("max\n")  # the kernel makes it where swap is accounted
+    cg = box.cgroup_for(("n1", "j", 1, 0), gpus, [])
+    assert cg is not None and cg.procs_files() == (str(replica / "cgroup.procs"),)
+    assert {f.name: f.read_text() for f in replica.iterdir()} == files
+    for level in (tmp_path, tmp_path / "apportion", tmp_path / "apportion" / "agent-1"):
+        assert (level / "cgroup.subtree_control").read_text() == "+memory +cpu +pids"
+    assert cg.oom_kills() == 0
+    (replica / "memory.events").write_text("low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n")
+    assert cg.oom_kills() == 1
+
+
+def test_a_v2_hierarchy_without_the_controllers_writes_no_limit_and_says_so(tmp_path, caplog):
+    """The v2 hierarchy of the CI machines offers only ``hugetlb`` (memory, cpu and pids are bound to v1): no
+    limit file is written, none is enabled, and the log says which limits are not enforced."""
+    (tmp_path / "cgroup.controllers").write_text("hugetlb\n")
+    driver = cgroups(tmp_path, "apportion/agent-1", "2")
+    assert driver is not None
+    driver.filters_devices = False
+    cg = driver.create("r", Limits.per_gpu(2, 1024, 100, 64), ())
+    assert list((tmp_path / "apportion" / "agent-1" / "r").iterdir()) == []
+    assert not list(tmp_path.rglob("cgroup.subtree_control"))
+    assert "no memory, cpu, pids controller: those limits are not enforced" in caplog.text
+    assert cg.pids() == set()
+
+
 REFUSALS = [
     # id, user on the bus, the refusal's reason
     ("no user named", None, "no_account: the start names no user"),
