@@ -89,11 +89,16 @@ def job_accounts() -> dict[str, pwd.struct_passwd]:
     return {n: _account(n) for n in (ALICE, EVE)}
 
 
+#: Where :func:`shared_dir` makes its directories: not under ``/tmp``, which a job sees as a fresh tmpfs of
+#: its own (its scripts would not be there).
+SHARED_BASE = "/var/tmp"
+
+
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
-    """A directory every account may traverse (mode 0711), under the system's temporary directory: a
-    pytest ``tmp_path`` lies inside root's private base, which no job account can enter."""
-    d = Path(tempfile.mkdtemp(prefix="apportion-boundary-"))
+    """A directory every account may traverse (mode 0711), under :data:`SHARED_BASE`: a pytest ``tmp_path``
+    lies inside root's private base, which no job account can enter."""
+    d = Path(tempfile.mkdtemp(prefix="apportion-boundary-", dir=SHARED_BASE))
     d.chmod(0o711)
     try:
         yield d

@@ -191,6 +191,7 @@ JOB_ENV_ALLOWED = (
     "APPORTION_NODE_ID",
     "APPORTION_CHECKPOINT_DIR",
     "APPORTION_PROGRESS_FILE",
+    "TMPDIR",
     "CUDA_VISIBLE_DEVICES",
     "NVIDIA_VISIBLE_DEVICES",
 )
@@ -214,12 +215,14 @@ class JobFiles:
         progress_file: the file the replica writes its progress seconds to.
         stdout, stderr: files the process's output is appended to, or ``None``
             to inherit the agent's.
+        tmp_dir: the replica's own temporary directory (``TMPDIR``), removed when it ends.
     """
 
     checkpoint_dir: str
     progress_file: str
     stdout: str | None = None
     stderr: str | None = None
+    tmp_dir: str | None = None
 
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -254,6 +257,7 @@ def job_files(checkpoint_root: str, log_dir: str | None, w: Workload) -> JobFile
         <checkpoint_root>/<job>/                          checkpoint dir and working directory
         <checkpoint_root>/<job>/progress[.<replica>]      progress report
         <log_dir>/<job>/attempt-<a>.replica-<r>.out|.err  stdout, stderr
+        <log_dir>/<job>/tmp.attempt-<a>.replica-<r>/      TMPDIR (:func:`tmp_dir`)
 
     ``<job>`` is :func:`job_dir_name` of the job id.
     """
@@ -263,7 +267,16 @@ def job_files(checkpoint_root: str, log_dir: str | None, w: Workload) -> JobFile
     if log_dir is not None:
         stem = posixpath.join(log_dir, name, f"attempt-{w.attempt}.replica-{w.replica}")
         out, err = f"{stem}.out", f"{stem}.err"
-    return JobFiles(ckpt, posixpath.join(ckpt, progress_file_name(w.replica)), out, err)
+    tmp = tmp_dir(checkpoint_root, log_dir, w.key)
+    return JobFiles(ckpt, posixpath.join(ckpt, progress_file_name(w.replica)), out, err, tmp)
+
+
+def tmp_dir(checkpoint_root: str, log_dir: str | None, key: RunKey) -> str:
+    """The temporary directory of replica ``key``: ``<log_dir>/<job>/tmp.attempt-<a>.replica-<r>``, under the
+    checkpoint root's ``<job>`` when there is no ``log_dir`` (the node's local output, not a checkpoint root
+    that may be shared)."""
+    _, job_id, attempt, replica = key
+    return posixpath.join(log_dir or checkpoint_root, job_dir_name(job_id), f"tmp.attempt-{attempt}.replica-{replica}")
 
 
 #: Largest progress file read, bytes; a bigger one is rejected unread beyond this.
@@ -586,6 +599,8 @@ class Workload:
         if self.files is not None:
             env["APPORTION_CHECKPOINT_DIR"] = self.files.checkpoint_dir
             env["APPORTION_PROGRESS_FILE"] = self.files.progress_file
+            if self.files.tmp_dir is not None:
+                env["TMPDIR"] = self.files.tmp_dir
         return env
 
 

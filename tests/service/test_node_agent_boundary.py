@@ -97,7 +97,7 @@ class Node:
             force_simulated=True,
             gpus_per_node=2,
             gpu_device_files=self.gpus,
-            state_dir=base / "state",
+            state_dir=overrides.pop("state_dir", base / "state"),
             node_key_dir=keys,
             cgroup_parent=self.parent,
             sandbox_memory_mb_per_gpu=overrides.pop("memory_mb", 512),
@@ -305,6 +305,73 @@ async def test_a_fork_bomb_stops_at_the_pids_limit(job_accounts, shared_dir, mon
         await node.close()
 
 
+#: A job that writes ``argv[1]`` into ``/tmp``, ``/dev/shm`` and its ``TMPDIR``, reports what it sees there
+#: and whether it can open the paths of ``OTHER`` (``:``-separated), and, given ``wait``, stays until a file
+#: ``go`` appears in its working directory.
+TMP_JOB = r"""
+import errno, json, os, sys, time
+
+def outcome(fn):
+    try:
+        fn()
+        return "ok"
+    except OSError as exc:
+        return errno.errorcode[exc.errno]
+
+mark, tmp = sys.argv[1], os.environ["TMPDIR"]
+st = os.stat(tmp)
+report = {
+    "tmpdir": [tmp, st.st_uid, st.st_mode & 0o777],
+    "written": {d: outcome(lambda d=d: open(os.path.join(d, mark), "w").write("x")) for d in ("/tmp", "/dev/shm", tmp)},
+    "seen": {d: sorted(os.listdir(d)) for d in ("/tmp", "/dev/shm")},
+    "other": {p: outcome(lambda p=p: open(p).close()) for p in os.environ.get("OTHER", "").split(":") if p},
+}
+json.dump(report, open("tmp.json", "w"))
+while sys.argv[2:] == ["wait"] and not os.path.exists("go"):
+    time.sleep(0.01)
+"""
+
+
+async def test_a_jobs_tmp_is_its_own_and_gone_after_it(job_accounts, shared_dir, monkeypatch):
+    """Alice's job writes a file to ``/tmp``, ``/dev/shm`` and its ``TMPDIR``; while it runs, eve's job sees
+    none of them (``ENOENT``), nor does the node's ``/tmp``; each sees in its ``/tmp`` only its own file and
+    the way to its own directories (the agent's state directory is under ``/tmp`` here, as by default). When
+    alice's job ends its ``TMPDIR`` is removed."""
+    import shutil
+    import tempfile
+
+    state = Path(tempfile.mkdtemp(prefix="apportion-tmp-state-"))  # under /tmp, as the default state directory
+    node = Node(shared_dir, monkeypatch, state_dir=state)
+    await node.agent.start(heartbeats=False, poll_progress=False)
+    assert node.agent.sandbox is not None and node.agent.sandbox.private_mounts is not None, "no mount namespace"
+    script = write_script(shared_dir, "tmpjob.py", TMP_JOB)
+    a, b = f"mark-{uuid.uuid4().hex[:8]}", f"mark-{uuid.uuid4().hex[:8]}"
+    alice = job_accounts[ALICE]
+    tmp_a = state / "job-logs" / "j-a" / "tmp.attempt-1.replica-0"
+    try:
+        await node.agent.on_event(node.start("j-a", ALICE, ("python3", str(script), a, "wait")))
+        await until(lambda: (node.ckpt / "j-a" / "tmp.json").exists(), "alice's job to write")
+        other = f"/tmp/{a}:/dev/shm/{a}"
+        await node.agent.on_event(node.start("j-b", EVE, ("python3", str(script), b), gpus=(1,), env={"OTHER": other}))
+        assert isinstance(await node.ended("j-b"), JobCompleted)
+        ra = json.loads((node.ckpt / "j-a" / "tmp.json").read_text())
+        rb = json.loads((node.ckpt / "j-b" / "tmp.json").read_text())
+        assert ra["tmpdir"] == [str(tmp_a), alice.pw_uid, 0o700]
+        assert ra["written"] == {"/tmp": "ok", "/dev/shm": "ok", str(tmp_a): "ok"}
+        assert ra["seen"] == {"/tmp": sorted([a, state.name]), "/dev/shm": [a]}
+        assert rb["seen"] == {"/tmp": sorted([b, state.name]), "/dev/shm": [b]}
+        assert rb["other"] == {f"/tmp/{a}": "ENOENT", f"/dev/shm/{a}": "ENOENT"}
+        assert not any(os.path.exists(f"{d}/{m}") for d in ("/tmp", "/dev/shm") for m in (a, b))  # the node's
+        assert (tmp_a / a).read_text() == "x"  # alice's TMPDIR while her job runs
+        assert not (state / "job-logs" / "j-b" / "tmp.attempt-1.replica-0").exists()  # eve's, gone with her job
+        (node.ckpt / "j-a" / "go").touch()
+        assert isinstance(await node.ended("j-a"), JobCompleted)
+        assert not tmp_a.exists()
+    finally:
+        await node.close()
+        shutil.rmtree(state, ignore_errors=True)
+
+
 #: A unified hierarchy's files as the kernel shows them at its root (every controller offered).
 V2_CONTROLLERS = "cpuset cpu io memory hugetlb pids rdma misc"
 
@@ -339,7 +406,7 @@ def test_the_v2_limits_written_from_the_node_settings(tmp_path, case_id, gpus, n
         sandbox_pids_max=pids,
     )
     box = sandbox_of(settings, [])
-    assert box.driver is not None and box.driver.version == 2
+    assert box is not None and box.driver is not None and box.driver.version == 2
     box.driver.filters_devices = False  # a directory takes no BPF program (the device fence: the tests above)
     name = cgroup_name(("n1", "j", 1, 0))
     replica = tmp_path / "apportion" / "agent-1" / name
