@@ -38,7 +38,9 @@ Fencing rules 2-4 and the event-time rules 6-8 are in ``docs/leadership.md``:
 10a. **no account** - a process (not a simulated workload) on an agent that isolates jobs, whose proven
     user (``StartWorkload.user``) has no Unix account it may run as (none named, none on the node, uid 0,
     the agent's own account: :func:`services.node_agent.sandbox.Accounts.resolve`): refused
-    (``no_account``). It never runs as the agent (``docs/security.md``, "Node boundary").
+    (``no_account``), a cause the job cannot outrun (the dispatcher fails it). An agent that cannot switch
+    accounts at all (not root: :class:`Unisolated`) refuses every process (``cannot_isolate``): the node's
+    fault, not the job's. It never runs as the agent (``docs/security.md``, "Node boundary").
 11. **GPUs busy** - a GPU is held by a replica that is being stopped: the
     start waits (:class:`Defer`) and runs when that replica exits (DESIGN
     section 3: the victim's GPUs are reserved for the preemptor after its
@@ -141,6 +143,7 @@ RUN_LOST = "run_lost"
 BEFORE_REGISTRATION = "before_registration"
 EXPIRED = "expired_command"
 NO_ACCOUNT = "no_account"
+CANNOT_ISOLATE = "cannot_isolate"
 
 #: Valid fencing tokens are integers in [TOKEN_MIN, TOKEN_MAX] (the dispatcher lease's range,
 #: ``services.dispatcher.lease``; repeated here because services do not import each other).
@@ -774,14 +777,24 @@ def token_problem(state: AgentState, token: int | None) -> tuple[str, str] | Non
     return None
 
 
-def decide_start(state: AgentState, cmd: StartWorkload, now: datetime, account: Account | str | None = None) -> Action:
+@dataclass(frozen=True, slots=True)
+class Unisolated:
+    """Why an agent that isolates jobs cannot run any process as its user (rule 10a: it is not root)."""
+
+    detail: str
+
+
+def decide_start(
+    state: AgentState, cmd: StartWorkload, now: datetime, account: Account | str | Unisolated | None = None
+) -> Action:
     """What to do with a StartWorkload (rules in the module docstring).
 
     Args:
         state: the agent's state before the command.
         cmd: the command.
         now: event time for any event emitted.
-        account: the account its process would run as; a string: why there is none (rule 10a); ``None``:
+        account: the account its process would run as; a string: why the job's user has none, an
+            :class:`Unisolated`: why the agent can run no process as its user (rule 10a); ``None``:
             the agent does not isolate jobs.
 
     Returns:
@@ -813,8 +826,10 @@ def decide_start(state: AgentState, cmd: StartWorkload, now: datetime, account: 
     if cmd.command is None and cmd.duration_s is None:
         return _refuse(cmd, now, NO_WORKLOAD, "neither command nor duration_s")
     simulate = cmd.duration_s is not None and (node.simulated or not cmd.command)
+    if not simulate and isinstance(account, Unisolated):
+        return _refuse(cmd, now, CANNOT_ISOLATE, account.detail)
     if not simulate and isinstance(account, str):
-        return _refuse(cmd, now, NO_ACCOUNT, account)
+        return _refuse(cmd, now, NO_ACCOUNT, f"{account} on node {cmd.node_id}")
     w = Workload(
         cmd.node_id,
         cmd.job_id,

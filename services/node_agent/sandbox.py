@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Protocol
 
 from services.node_agent import devfilter
-from services.node_agent.logic import Account, RunKey, job_dir_name
+from services.node_agent.logic import Account, RunKey, Unisolated, job_dir_name
 
 log = logging.getLogger("apportion.node_agent")
 
@@ -87,17 +87,18 @@ class Accounts:
             out[words[0]] = words[1]
         return out
 
-    def resolve(self, user: str | None) -> Account | str:
-        """The account of ``user``, or why there is none (the detail of a ``no_account`` refusal)."""
+    def resolve(self, user: str | None) -> Account | str | Unisolated:
+        """The account of ``user``, or why there is none (the detail of a ``no_account`` refusal), or why this
+        agent can run no job as its user (:class:`~services.node_agent.logic.Unisolated`: ``cannot_isolate``)."""
+        if self.agent_uid != 0:
+            return Unisolated(f"the node agent is not root (uid {self.agent_uid}): it cannot run a job as its user")
         if not user:
             return "the start names no user"
-        if self.agent_uid != 0:
-            return f"the node agent is not root (uid {self.agent_uid}): it cannot run a job as user {user!r}"
         name = self.account_map.get(user, user)
         try:
             pw = pwd.getpwnam(name)
         except (KeyError, ValueError):
-            return f"no Unix account {name!r} for user {user!r} on this node"
+            return f"no Unix account {name!r} for user {user!r}"
         if pw.pw_uid == 0 or pw.pw_gid == 0:
             return f"account {name!r} of user {user!r} has uid or gid 0"
         if pw.pw_uid == self.agent_uid:

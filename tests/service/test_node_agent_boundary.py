@@ -438,9 +438,9 @@ def test_a_v2_hierarchy_without_the_controllers_writes_no_limit_and_says_so(tmp_
 
 REFUSALS = [
     # id, user on the bus, the refusal's reason
-    ("no user named", None, "no_account: the start names no user"),
-    ("no such account", "apportion-t-nobody", "no_account: no Unix account 'apportion-t-nobody' for user 'apportion-t-nobody' on this node"),
-    ("root", "root", "no_account: account 'root' of user 'root' has uid or gid 0"),
+    ("no user named", None, "no_account: the start names no user on node n1"),
+    ("no such account", "apportion-t-nobody", "no_account: no Unix account 'apportion-t-nobody' for user 'apportion-t-nobody' on node n1"),
+    ("root", "root", "no_account: account 'root' of user 'root' has uid or gid 0 on node n1"),
 ]  # fmt: skip
 
 
@@ -452,6 +452,17 @@ async def test_a_start_without_a_proper_account_is_refused_and_never_runs_as_the
     ]
 
 
+async def test_an_agent_that_cannot_switch_accounts_refuses_as_its_own_fault_not_the_jobs(node):
+    """Not root (here: accounts resolved as by uid 4242), the agent refuses every process ``cannot_isolate``
+    (a node fault the dispatcher counts toward cordoning it), not ``no_account`` (which fails the job)."""
+    assert node.agent.sandbox is not None
+    node.agent.sandbox.accounts = Accounts({}, agent_uid=4242)
+    await node.agent.on_event(node.start("j-x", ALICE, ("true",)))
+    assert [(type(e), e.reason) for e in node.producer.events if e.type != "NodeRegistered"] == [
+        (WorkloadRefused, "cannot_isolate: the node agent is not root (uid 4242): it cannot run a job as its user")
+    ]
+
+
 def test_the_agents_own_account_and_the_account_map(tmp_path, job_accounts):
     alice = job_accounts[ALICE]
     path = tmp_path / "accounts"
@@ -460,8 +471,8 @@ def test_the_agents_own_account_and_the_account_map(tmp_path, job_accounts):
     got = accounts.resolve("alice")
     assert isinstance(got, logic.Account) and (got.name, got.uid) == (ALICE, alice.pw_uid)
     assert accounts.resolve("mallory") == "account 'root' of user 'mallory' has uid or gid 0"
-    assert Accounts({}, agent_uid=alice.pw_uid).resolve(ALICE) == (
-        f"the node agent is not root (uid {alice.pw_uid}): it cannot run a job as user '{ALICE}'"
+    assert Accounts({}, agent_uid=alice.pw_uid).resolve(ALICE) == logic.Unisolated(
+        f"the node agent is not root (uid {alice.pw_uid}): it cannot run a job as its user"
     )
     path.write_text("alice\n")
     with pytest.raises(ValueError, match="accounts:1: expected '<user> <account>'"):
