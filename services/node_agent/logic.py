@@ -38,7 +38,9 @@ Fencing rules 2-4 and the event-time rules 6-8 are in ``docs/leadership.md``:
 10a. **no account** - a process (not a simulated workload) on an agent that isolates jobs, whose proven
     user (``StartWorkload.user``) has no Unix account it may run as (none named, none on the node, uid 0,
     the agent's own account: :func:`services.node_agent.sandbox.Accounts.resolve`): refused
-    (``no_account``). It never runs as the agent (``docs/security.md``, "Node boundary").
+    (``no_account``), a cause the job cannot outrun (the dispatcher fails it). An agent that cannot switch
+    accounts at all (not root: :class:`Unisolated`) refuses every process (``cannot_isolate``): the node's
+    fault, not the job's. It never runs as the agent (``docs/security.md``, "Node boundary").
 11. **GPUs busy** - a GPU is held by a replica that is being stopped: the
     start waits (:class:`Defer`) and runs when that replica exits (DESIGN
     section 3: the victim's GPUs are reserved for the preemptor after its
@@ -141,6 +143,7 @@ RUN_LOST = "run_lost"
 BEFORE_REGISTRATION = "before_registration"
 EXPIRED = "expired_command"
 NO_ACCOUNT = "no_account"
+CANNOT_ISOLATE = "cannot_isolate"
 
 #: Valid fencing tokens are integers in [TOKEN_MIN, TOKEN_MAX] (the dispatcher lease's range,
 #: ``services.dispatcher.lease``; repeated here because services do not import each other).
@@ -191,6 +194,7 @@ JOB_ENV_ALLOWED = (
     "APPORTION_NODE_ID",
     "APPORTION_CHECKPOINT_DIR",
     "APPORTION_PROGRESS_FILE",
+    "TMPDIR",
     "CUDA_VISIBLE_DEVICES",
     "NVIDIA_VISIBLE_DEVICES",
 )
@@ -214,12 +218,14 @@ class JobFiles:
         progress_file: the file the replica writes its progress seconds to.
         stdout, stderr: files the process's output is appended to, or ``None``
             to inherit the agent's.
+        tmp_dir: the replica's own temporary directory (``TMPDIR``), removed when it ends.
     """
 
     checkpoint_dir: str
     progress_file: str
     stdout: str | None = None
     stderr: str | None = None
+    tmp_dir: str | None = None
 
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -254,6 +260,7 @@ def job_files(checkpoint_root: str, log_dir: str | None, w: Workload) -> JobFile
         <checkpoint_root>/<job>/                          checkpoint dir and working directory
         <checkpoint_root>/<job>/progress[.<replica>]      progress report
         <log_dir>/<job>/attempt-<a>.replica-<r>.out|.err  stdout, stderr
+        <log_dir>/<job>/tmp.attempt-<a>.replica-<r>/      TMPDIR (:func:`tmp_dir`)
 
     ``<job>`` is :func:`job_dir_name` of the job id.
     """
@@ -263,7 +270,16 @@ def job_files(checkpoint_root: str, log_dir: str | None, w: Workload) -> JobFile
     if log_dir is not None:
         stem = posixpath.join(log_dir, name, f"attempt-{w.attempt}.replica-{w.replica}")
         out, err = f"{stem}.out", f"{stem}.err"
-    return JobFiles(ckpt, posixpath.join(ckpt, progress_file_name(w.replica)), out, err)
+    tmp = tmp_dir(checkpoint_root, log_dir, w.key)
+    return JobFiles(ckpt, posixpath.join(ckpt, progress_file_name(w.replica)), out, err, tmp)
+
+
+def tmp_dir(checkpoint_root: str, log_dir: str | None, key: RunKey) -> str:
+    """The temporary directory of replica ``key``: ``<log_dir>/<job>/tmp.attempt-<a>.replica-<r>``, under the
+    checkpoint root's ``<job>`` when there is no ``log_dir`` (the node's local output, not a checkpoint root
+    that may be shared)."""
+    _, job_id, attempt, replica = key
+    return posixpath.join(log_dir or checkpoint_root, job_dir_name(job_id), f"tmp.attempt-{attempt}.replica-{replica}")
 
 
 #: Largest progress file read, bytes; a bigger one is rejected unread beyond this.
@@ -586,6 +602,8 @@ class Workload:
         if self.files is not None:
             env["APPORTION_CHECKPOINT_DIR"] = self.files.checkpoint_dir
             env["APPORTION_PROGRESS_FILE"] = self.files.progress_file
+            if self.files.tmp_dir is not None:
+                env["TMPDIR"] = self.files.tmp_dir
         return env
 
 
@@ -759,14 +777,24 @@ def token_problem(state: AgentState, token: int | None) -> tuple[str, str] | Non
     return None
 
 
-def decide_start(state: AgentState, cmd: StartWorkload, now: datetime, account: Account | str | None = None) -> Action:
+@dataclass(frozen=True, slots=True)
+class Unisolated:
+    """Why an agent that isolates jobs cannot run any process as its user (rule 10a: it is not root)."""
+
+    detail: str
+
+
+def decide_start(
+    state: AgentState, cmd: StartWorkload, now: datetime, account: Account | str | Unisolated | None = None
+) -> Action:
     """What to do with a StartWorkload (rules in the module docstring).
 
     Args:
         state: the agent's state before the command.
         cmd: the command.
         now: event time for any event emitted.
-        account: the account its process would run as; a string: why there is none (rule 10a); ``None``:
+        account: the account its process would run as; a string: why the job's user has none, an
+            :class:`Unisolated`: why the agent can run no process as its user (rule 10a); ``None``:
             the agent does not isolate jobs.
 
     Returns:
@@ -798,8 +826,10 @@ def decide_start(state: AgentState, cmd: StartWorkload, now: datetime, account: 
     if cmd.command is None and cmd.duration_s is None:
         return _refuse(cmd, now, NO_WORKLOAD, "neither command nor duration_s")
     simulate = cmd.duration_s is not None and (node.simulated or not cmd.command)
+    if not simulate and isinstance(account, Unisolated):
+        return _refuse(cmd, now, CANNOT_ISOLATE, account.detail)
     if not simulate and isinstance(account, str):
-        return _refuse(cmd, now, NO_ACCOUNT, account)
+        return _refuse(cmd, now, NO_ACCOUNT, f"{account} on node {cmd.node_id}")
     w = Workload(
         cmd.node_id,
         cmd.job_id,

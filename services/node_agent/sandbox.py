@@ -14,8 +14,12 @@ each process replica the agent:
   settings (:class:`Limits`) and device access to its own GPUs' device files, the shared NVIDIA control
   devices present and the usual pseudo devices only (:func:`device_rules`: v1 ``devices.allow``, v2 a BPF
   program, :mod:`services.node_agent.devfilter`);
-* places the child in that cgroup, then drops to the account (supplementary groups, gid, uid; umask 077),
-  in the child between fork and exec (:func:`child_setup`), inside a new session;
+* gives it a temporary directory of its own (``TMPDIR``, 0700, its account's, removed when it ends) and,
+  where the kernel lets the agent make mount namespaces, a private ``/tmp`` and ``/dev/shm`` (fresh tmpfs
+  mounts in a mount namespace of its own, gone with its last process: :class:`PrivateMounts`);
+* places the child in that cgroup, enters its mount namespace, then drops to the account (supplementary
+  groups, gid, uid; umask 077), in the child between fork and exec (:func:`child_setup`), inside a new
+  session;
 * on a stop signals every process of the cgroup, and when the replica ends kills whatever is left of it
   (v1: freeze, SIGKILL each, thaw; v2: ``cgroup.kill``), reads whether the OOM killer struck (reported
   ``oom``), and removes the cgroup.
@@ -29,6 +33,7 @@ devices with the NVIDIA container runtime or systemd's ``DevicePolicy=closed`` t
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
@@ -42,7 +47,7 @@ from pathlib import Path
 from typing import Protocol
 
 from services.node_agent import devfilter
-from services.node_agent.logic import Account, RunKey, job_dir_name
+from services.node_agent.logic import Account, RunKey, Unisolated, job_dir_name
 
 log = logging.getLogger("apportion.node_agent")
 
@@ -82,17 +87,18 @@ class Accounts:
             out[words[0]] = words[1]
         return out
 
-    def resolve(self, user: str | None) -> Account | str:
-        """The account of ``user``, or why there is none (the detail of a ``no_account`` refusal)."""
+    def resolve(self, user: str | None) -> Account | str | Unisolated:
+        """The account of ``user``, or why there is none (the detail of a ``no_account`` refusal), or why this
+        agent can run no job as its user (:class:`~services.node_agent.logic.Unisolated`: ``cannot_isolate``)."""
+        if self.agent_uid != 0:
+            return Unisolated(f"the node agent is not root (uid {self.agent_uid}): it cannot run a job as its user")
         if not user:
             return "the start names no user"
-        if self.agent_uid != 0:
-            return f"the node agent is not root (uid {self.agent_uid}): it cannot run a job as user {user!r}"
         name = self.account_map.get(user, user)
         try:
             pw = pwd.getpwnam(name)
         except (KeyError, ValueError):
-            return f"no Unix account {name!r} for user {user!r} on this node"
+            return f"no Unix account {name!r} for user {user!r}"
         if pw.pw_uid == 0 or pw.pw_gid == 0:
             return f"account {name!r} of user {user!r} has uid or gid 0"
         if pw.pw_uid == self.agent_uid:
@@ -574,11 +580,13 @@ def cgroup_name(key: RunKey) -> str:
 # --------------------------------------------------------------------------- the child
 
 
-def child_setup(procs_files: Sequence[str], account: Account | None) -> Callable[[], None]:
+def child_setup(
+    procs_files: Sequence[str], account: Account | None, mounts: Callable[[], None] | None = None
+) -> Callable[[], None]:
     """What the child runs between fork and exec (``preexec_fn``, after ``setsid``): join the cgroup while
-    still privileged, then umask 077 and drop to ``account`` (supplementary groups, gid, uid: real, effective
-    and saved). Nothing here allocates a lock another thread could hold (no NSS lookups: the groups were
-    resolved before the fork)."""
+    still privileged, enter its own mount namespace (``mounts``: :meth:`PrivateMounts.setup`), then umask 077
+    and drop to ``account`` (supplementary groups, gid, uid: real, effective and saved). Nothing here
+    allocates a lock another thread could hold (no NSS lookups: the groups were resolved before the fork)."""
     targets = tuple(procs_files)
 
     def setup() -> None:
@@ -589,6 +597,8 @@ def child_setup(procs_files: Sequence[str], account: Account | None) -> Callable
                 os.write(fd, pid)
             finally:
                 os.close(fd)
+        if mounts is not None:
+            mounts()
         os.umask(0o077)
         if account is not None:
             os.setgroups(list(account.groups))
@@ -596,6 +606,80 @@ def child_setup(procs_files: Sequence[str], account: Account | None) -> Callable
             os.setuid(account.uid)
 
     return setup
+
+
+# --------------------------------------------------------------------------- mount namespaces
+
+_CLONE_NEWNS = 0x00020000
+_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.unshare.argtypes = [ctypes.c_int]
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+
+#: Where a replica gets a fresh tmpfs of its own (those present on the node).
+PRIVATE_TARGETS = ("/tmp", "/dev/shm")
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+@dataclass(frozen=True, slots=True)
+class PrivateMounts:
+    """A replica's own ``/tmp`` and ``/dev/shm``: in a new mount namespace (nothing propagates back to the
+    node's), a fresh tmpfs (mode 1777, ``nosuid``, ``nodev``) on each of ``targets``; its pages are charged
+    to the replica's memory cgroup, and it is gone with the namespace's last process.
+
+    The replica's own directories that lie under a target (``keep``: its working directory and ``TMPDIR`` on
+    an agent whose state directory is under ``/tmp``) are bind-mounted back at their paths; nothing else of
+    the node's ``/tmp`` is in its reach.
+    """
+
+    targets: tuple[str, ...] = PRIVATE_TARGETS
+    keep: tuple[str, ...] = ()
+
+    def for_dirs(self, dirs: Iterable[str]) -> PrivateMounts:
+        """These mounts, keeping those of ``dirs`` (real paths) that lie under a target."""
+        real = [os.path.realpath(d) for d in dirs]
+        keep = tuple(d for d in real if any(d.startswith(t.rstrip("/") + "/") for t in self.targets))
+        return PrivateMounts(self.targets, keep)
+
+    def setup(self) -> None:
+        """In the child, still root: unshare the mount namespace, make every mount private to it, mount the
+        tmpfs, bind the kept directories back (opened before the tmpfs hides them).
+
+        Raises:
+            OSError: the kernel refused one step (the start fails; nothing ran).
+        """
+        _check(_libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        _check(_libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
+        held = [os.open(d, os.O_PATH | os.O_DIRECTORY) for d in self.keep]
+        for t in self.targets:
+            _check(_libc.mount(b"tmpfs", t.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=1777"), f"tmpfs {t}")
+        os.umask(0o022)  # the path down to a kept directory: passable by the replica's account
+        for d, fd in zip(self.keep, held):
+            os.makedirs(d, mode=0o755, exist_ok=True)
+            _check(_libc.mount(f"/proc/self/fd/{fd}".encode(), d.encode(), None, _MS_BIND | _MS_REC, None), d)
+            os.close(fd)
+
+    @classmethod
+    def available(cls) -> PrivateMounts | None:
+        """The mounts of this node's targets present (``/dev/shm`` may be missing in a container), when a child
+        of the agent can make them (root, a kernel and runtime that allow mount namespaces); else ``None``."""
+        mounts = cls(tuple(t for t in PRIVATE_TARGETS if os.path.isdir(t)))
+        if not mounts.targets:
+            return None
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child; its exit status is the answer
+            try:
+                mounts.setup()
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        return mounts if os.waitstatus_to_exitcode(status) == 0 else None
 
 
 # --------------------------------------------------------------------------- the sandbox
@@ -612,6 +696,8 @@ class Sandbox:
         memory_mb_per_gpu, cpu_weight_per_gpu, pids_max: the per-replica limits (:meth:`Limits.per_gpu`).
         job_path, job_lang: ``PATH`` and ``LANG`` of a process.
         shared_devices: device files every replica with a GPU may open (the NVIDIA control devices present).
+        private_mounts: a private ``/tmp`` and ``/dev/shm`` per replica; ``None`` where the node cannot make
+            mount namespaces (said at start): the replicas share the node's.
     """
 
     accounts: Accounts
@@ -622,6 +708,7 @@ class Sandbox:
     job_path: str = "/usr/local/bin:/usr/bin:/bin"
     job_lang: str = "C.UTF-8"
     shared_devices: tuple[str, ...] = ()
+    private_mounts: PrivateMounts | None = None
 
     def cgroup_for(self, key: RunKey, gpus: int, gpu_files: Sequence[str]) -> Cgroup | None:
         """Create the cgroup of replica ``key`` holding ``gpus`` GPUs whose device files are ``gpu_files``."""

@@ -60,6 +60,7 @@ import asyncio
 import errno
 import logging
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -79,6 +80,7 @@ from services.node_agent.logic import AgentState, NodeSpec, ProgressWatch, RunKe
 from services.node_agent.sandbox import (
     Accounts,
     Cgroup,
+    PrivateMounts,
     Sandbox,
     cgroups,
     child_setup,
@@ -180,6 +182,11 @@ def sandbox_of(settings: NodeAgentSettings, probes: list[GpuProbe]) -> Sandbox |
         gpus = max((p.inventory.gpu_count for p in probes), default=0)
         total_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
         memory = max(1, total_mb // max(1, gpus))
+    mounts = PrivateMounts.available()
+    if mounts is None:
+        log.warning(
+            "no mount namespace for jobs here: replicas share the node's /tmp and /dev/shm (each has its TMPDIR)"
+        )
     box = Sandbox(
         accounts,
         driver,
@@ -189,6 +196,7 @@ def sandbox_of(settings: NodeAgentSettings, probes: list[GpuProbe]) -> Sandbox |
         job_path=settings.job_path,
         job_lang=settings.job_lang,
         shared_devices=control_devices(),
+        private_mounts=mounts,
     )
     log.info(
         "job isolation: accounts of the jobs' users%s, cgroup v%s under %s, %d MiB and CPU weight %d per GPU, "
@@ -469,6 +477,8 @@ class NodeAgent:
             if o.pid and self.sandbox is not None and (cg := self.sandbox.reopen(o.key)) is not None:
                 self._cgroups[o.key] = cg  # what it left behind (a child in its own session) goes with it
                 await self._clear_cgroup(o.key)
+            if o.pid:
+                await self._clear_tmp(o.key)
             log.warning("replica %s was running when the agent stopped and is gone: reported lost", o.key)
             if (node_id, job_id, attempt) not in {(k[0], k[1], k[2]) for k, lost in reported if lost}:
                 await self._emit(logic.lost_event(node_id, job_id, attempt, now))
@@ -819,9 +829,14 @@ class NodeAgent:
                     raise OSError("no account to run it as")
                 outputs = _open_outputs(w.files, w.account)
                 try:
+                    mounts = box.private_mounts if box is not None else None
                     if w.files is not None:
                         own_dir(w.files.checkpoint_dir, w.account)
+                        if w.files.tmp_dir is not None:
+                            own_dir(w.files.tmp_dir, w.account)
                         self._progress[w.key] = logic.ProgressWatch(stamp=_stamp(w.files.progress_file))
+                        if mounts is not None:
+                            mounts = mounts.for_dirs(d for d in (w.files.checkpoint_dir, w.files.tmp_dir) if d)
                     if box is not None:
                         cgroup = box.cgroup_for(w.key, len(w.gpus), self._gpu_files(w))
                     proc = await asyncio.create_subprocess_exec(
@@ -832,7 +847,9 @@ class NodeAgent:
                         stdin=asyncio.subprocess.DEVNULL,
                         stdout=outputs[0],
                         stderr=outputs[1],
-                        preexec_fn=child_setup(cgroup.procs_files() if cgroup else (), w.account)
+                        preexec_fn=child_setup(
+                            cgroup.procs_files() if cgroup else (), w.account, mounts.setup if mounts else None
+                        )
                         if box is not None
                         else None,
                     )
@@ -844,6 +861,7 @@ class NodeAgent:
                 if cgroup is not None:
                     cgroup.kill()
                     cgroup.remove()
+                await self._clear_tmp(w.key)
                 self._progress.pop(w.key, None)
                 self.journal.ended(w.key, now)
                 self.state = replace(
@@ -904,6 +922,8 @@ class NodeAgent:
                 code = await self._procs[w.key].wait()
         finally:
             oom = await self._clear_cgroup(w.key)
+            if w.command is not None:
+                await self._clear_tmp(w.key)
             self._sleeping.discard(w.key)
             self._procs.pop(w.key, None)
             self._adopted.pop(w.key, None)
@@ -1057,6 +1077,20 @@ class NodeAgent:
         except OSError as exc:
             log.error("could not clear the cgroup %s of %s: %s", cgroup.name, key, exc)
         return oom
+
+    async def _clear_tmp(self, key: RunKey) -> None:
+        """Remove a process replica's ``TMPDIR`` once none of its processes is left (a link planted at its name
+        is not followed: left in place, logged)."""
+        if self.checkpoint_root is None:
+            return
+        log_dir = str(self.job_log_dir) if self.job_log_dir is not None else None
+        path = logic.tmp_dir(str(self.checkpoint_root), log_dir, key)
+        try:
+            await asyncio.to_thread(shutil.rmtree, path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.error("could not remove the temporary directory %s of %s: %s", path, key, exc)
 
     def _gauge(self) -> None:
         if "running" in self._metrics:

@@ -1100,6 +1100,9 @@ class DispatcherConfigured(Event):
             0 in records written before they existed (those dispatchers placed a refused job again at once).
         cordon_after_refusals: ``DispatchConfig.cordon_after_refusals``; ``None`` in records written before it
             existed (those dispatchers never cordoned a refusing node).
+        fail_on_no_account, refusal_detail: ``DispatchConfig.fail_on_no_account`` and ``.refusal_detail``;
+            False in records written before they existed (those dispatchers requeued a start refused
+            ``no_account`` and wrote only the refusal's code in a requeue's reason).
     """
 
     type: Literal["DispatcherConfigured"] = "DispatcherConfigured"
@@ -1122,6 +1125,8 @@ class DispatcherConfigured(Event):
     refusal_backoff_s: float = Field(default=0.0, ge=0)
     refusal_backoff_cap_s: float = Field(default=0.0, ge=0)
     cordon_after_refusals: int | None = Field(default=None, ge=1)
+    fail_on_no_account: bool = False
+    refusal_detail: bool = False
 
 
 class FairShareRanking(Event):

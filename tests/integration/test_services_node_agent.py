@@ -7,18 +7,25 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path
 
 import pytest
 
+from apportion.bus.producer import EventProducer
 from apportion.settings import topic_name
 from tests.checkpoint_workload import WORKLOAD
-from tests.node_boundary import ALICE, job_accounts, shared_dir, write_script
+from tests.node_boundary import ALICE, KAFKA_PROBE, job_accounts, shared_dir, write_script
 
 __all__ = ["job_accounts", "shared_dir"]  # fixtures used by name
 
 pytestmark = pytest.mark.integration
 
 DEADLINE_S = 60.0
+
+#: The Kafka probe's bound: each of its refused sign-ins is a TLS handshake and a SCRAM exchange the broker answers
+#: after its failed-authentication delay (100 ms); a few seconds on an idle machine, half a minute seen on a
+#: loaded one.
+PROBE_DEADLINE_S = 180.0
 
 
 async def test_node_agent_runs_commands_from_kafka(kafka_bootstrap, monkeypatch):
@@ -198,3 +205,151 @@ async def test_live_checkpoint_preempt_and_resume(kafka_bootstrap, monkeypatch, 
         stop.set()
         await asyncio.wait_for(task, DEADLINE_S)
         producer.close()
+
+
+#: The names a job can guess from the docs that would let it write what matters: the node agents' (the
+#: undeclared one, the one ``stack up`` runs, one named after this node), the dispatcher, ops, the dashboard and
+#: the broker's super user.
+GUESSED_PRINCIPALS = ("node-agent", "node-agent.local", "node-agent.kafka-0", "dispatcher", "ops", "web", "admin")
+
+
+async def test_a_job_cannot_publish_to_kafka_with_anything_it_finds_on_the_node(
+    kafka_bootstrap, monkeypatch, job_accounts, shared_dir
+):
+    """Alice's command job collects its environment and every file it can read where the agent and the stack
+    keep theirs, then tries to publish to ``apportion.jobs``: in clear, over TLS without signing in, and over
+    TLS with SCRAM as every principal it can guess with every value it found as the password. Every attempt
+    is refused and nothing of it reaches the topic. The same probe run as root with the agent's password file
+    in reach does publish (the probe and the read-back can tell)."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from apportion import events
+    from apportion.bus.provision import provision
+    from apportion.bus.reader import read_log
+    from apportion.client import enrol
+    from apportion.clock import make_clock
+    from apportion.topics import JOBS
+    from services.node_agent.app import run
+    from services.node_agent.config import NodeAgentSettings
+
+    monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"t{uuid.uuid4().hex[:8]}.")
+    await asyncio.to_thread(provision, kafka_bootstrap)
+    secrets = Path(os.environ["APPORTION_KAFKA_SECRETS_DIR"])  # the session stack's: <datadir>/kafka/secrets
+    stack_dir = secrets.parents[1]
+    # the agent's own files, carelessly readable before it starts (its start must close them): its Kafka
+    # password, a copy of the development keyring (node keys, ops and dispatcher keys), the stack.env in force
+    agent = shared_dir / "agent"
+    agent.mkdir(mode=0o755)
+    password = agent / "kafka.password"
+    password.write_text((secrets / "node-agent.password").read_text())
+    password.chmod(0o644)
+    keyring = agent / "keyring"
+    shutil.copytree(os.environ["APPORTION_KEYRING"], keyring)
+    await asyncio.to_thread(enrol, ["node:kafka-0"], bootstrap=kafka_bootstrap, ring=keyring)  # as admin
+    for p in (keyring, *keyring.rglob("*")):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    run_dir = shared_dir / "run"
+    run_dir.mkdir(mode=0o755)
+    (run_dir / "stack.env").write_text((stack_dir / "stack.env").read_text())
+    (run_dir / "stack.env").chmod(0o644)
+    producer = EventProducer(kafka_bootstrap, client_id="test")  # admin: the dispatcher's command
+    as_agent = pytest.MonkeyPatch()  # the agent connects as its own principal; the test reads as admin
+    as_agent.setenv("APPORTION_KAFKA_USER", "node-agent")
+    as_agent.setenv("APPORTION_KAFKA_PASSWORD_FILE", str(password))
+    as_agent.setenv("APPORTION_KEYRING", str(keyring))
+    as_agent.setenv("APPORTION_STACK_DIR", str(run_dir))
+    probe = write_script(shared_dir, "kafka_probe.py", KAFKA_PROBE)
+    topic = topic_name(JOBS)
+    settings = NodeAgentSettings(
+        kafka_bootstrap=kafka_bootstrap,
+        sim_nodes=1,
+        gpus_per_node=1,
+        node_prefix="kafka-",
+        heartbeat_interval_s=60,
+        state_dir=agent / "state",
+    )
+    roots = [
+        probe,
+        shared_dir,
+        agent,
+        run_dir,
+        str(stack_dir),
+        os.environ.get("APPORTION_TLS_CA", ""),
+        "/etc/apportion",
+        "/root",
+    ]
+    probe_env = {
+        "PROBE_ROOTS": ":".join(str(r) for r in roots if r),
+        "PROBE_BOOTSTRAP": kafka_bootstrap.split(",")[0],
+        "PROBE_TOPIC": topic,
+        "PROBE_KEY": "forged-by-a-job",
+        "PROBE_PRINCIPALS": ":".join(GUESSED_PRINCIPALS),
+    }
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(run(settings, stop, clock=make_clock(1.0), ready=ready))
+    loop = asyncio.get_running_loop()
+
+    def records() -> list:
+        return [r for r in read_log(kafka_bootstrap, [topic]) if r.key in ("probe", "forged-by-a-job")]
+
+    try:
+        await asyncio.wait_for(ready.wait(), DEADLINE_S)
+        as_agent.undo()
+        assert password.stat().st_mode & 0o777 == 0o600 and keyring.stat().st_mode & 0o777 == 0o700
+        await asyncio.to_thread(
+            producer.publish,
+            events.StartWorkload(
+                ts=make_clock(1.0).now(),
+                node_id="kafka-0",
+                job_id="probe",
+                attempt=1,
+                gpus=(0,),
+                command=("python3", str(probe)),
+                env=probe_env,
+                fencing_token=1,
+                user=ALICE,
+            ),
+        )
+        end = loop.time() + PROBE_DEADLINE_S
+        while not any(
+            isinstance(r.event, (events.JobCompleted, events.JobFailed)) for r in await asyncio.to_thread(records)
+        ):
+            assert loop.time() < end, "the probe job did not end"
+            await asyncio.sleep(0.1)
+    finally:
+        as_agent.undo()
+        stop.set()
+        await asyncio.wait_for(task, DEADLINE_S)
+        producer.close()
+
+    report = json.loads((settings.checkpoint_root_path() / "probe" / "kafka.json").read_text())
+    read = sorted(p for p, v in report["found"].items() if v == "read")
+    assert read == [str(probe)], report["found"]  # its own script: nothing of the agent's or the stack's
+    for secret in (password, keyring, run_dir / "stack.env"):
+        assert report["found"].get(str(secret)) == "EACCES", (secret, report["found"])
+    # the session stack's directory, its CA inside: under the node's /tmp, which the job does not see at all
+    assert report["found"].get(str(stack_dir)) in ("ENOENT", "EACCES"), report["found"]
+    # every value of its environment and its script, as the password of every guessed principal
+    scram = [a for a in report["attempts"] if a["kind"] == "scram"]
+    assert {"PATH", "HOME", "USER", "CUDA_VISIBLE_DEVICES", "APPORTION_CHECKPOINT_DIR", str(probe)} <= set(
+        report["sources"]
+    )
+    assert len(scram) == report["passwords"] * len(GUESSED_PRINCIPALS)
+    assert [a["verdict"] for a in report["attempts"][:2]] == ["no_kafka_answer", "closed_unauthenticated"]
+    assert {a["verdict"] for a in scram} == {"SASL_AUTHENTICATION_FAILED"}
+    ran = [type(r.event).__name__ for r in await asyncio.to_thread(records)]
+    assert ran == ["JobStarted", "JobCompleted"], ran  # the agent's reports of the run; no record of the job's
+
+    # the control: the same probe, as root, with the agent's password file in reach, publishes one record
+    control = shared_dir / "control"
+    control.mkdir()
+    env = {**probe_env, "PROBE_ROOTS": str(password), "PROBE_PRINCIPALS": "node-agent", "PATH": "/usr/bin:/bin"}
+    await asyncio.to_thread(subprocess.run, [sys.executable, str(probe)], cwd=control, env=env, check=True)
+    verdicts = {a["verdict"] for a in json.loads((control / "kafka.json").read_text())["attempts"]}
+    assert "produced" in verdicts
+    forged = [r for r in await asyncio.to_thread(records) if r.key == "forged-by-a-job"]
+    assert len(forged) == 1

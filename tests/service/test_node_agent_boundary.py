@@ -97,7 +97,7 @@ class Node:
             force_simulated=True,
             gpus_per_node=2,
             gpu_device_files=self.gpus,
-            state_dir=base / "state",
+            state_dir=overrides.pop("state_dir", base / "state"),
             node_key_dir=keys,
             cgroup_parent=self.parent,
             sandbox_memory_mb_per_gpu=overrides.pop("memory_mb", 512),
@@ -273,11 +273,174 @@ async def test_a_replica_killed_for_memory_is_reported_oom(job_accounts, shared_
         await node.close()
 
 
+async def test_a_fork_bomb_stops_at_the_pids_limit(job_accounts, shared_dir, monkeypatch):
+    """A replica with ``sandbox_pids_max`` 8 forks until the kernel refuses: 7 children beside itself, then
+    ``EAGAIN``; the agent's stop at its end leaves none of them."""
+    node = Node(shared_dir, monkeypatch, sandbox_pids_max=8)
+    await node.agent.start(heartbeats=False, poll_progress=False)
+    bomb = (
+        "import errno, json, os, time\n"
+        "children, refused = [], None\n"
+        "while refused is None:\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError as exc:\n"
+        "        refused = errno.errorcode[exc.errno]\n"
+        "        break\n"
+        "    if pid == 0:\n"
+        "        os.setsid()\n"
+        "        time.sleep(60)\n"
+        "        os._exit(0)\n"
+        "    children.append(pid)\n"
+        "json.dump({'forks': len(children), 'refused': refused, 'pids': children}, open('bomb.json', 'w'))\n"
+    )
+    try:
+        script = write_script(shared_dir, "bomb.py", bomb)
+        await node.agent.on_event(node.start("j-bomb", ALICE, ("python3", str(script))))
+        assert isinstance(await node.ended("j-bomb"), JobCompleted)
+        r = json.loads((node.ckpt / "j-bomb" / "bomb.json").read_text())
+        assert (r["forks"], r["refused"]) == (7, "EAGAIN")
+        await until(lambda: not any(running(p) for p in r["pids"]), "the bomb's children to be killed")
+    finally:
+        await node.close()
+
+
+#: A job that writes ``argv[1]`` into ``/tmp``, ``/dev/shm`` and its ``TMPDIR``, reports what it sees there
+#: and whether it can open the paths of ``OTHER`` (``:``-separated), and, given ``wait``, stays until a file
+#: ``go`` appears in its working directory.
+TMP_JOB = r"""
+import errno, json, os, sys, time
+
+def outcome(fn):
+    try:
+        fn()
+        return "ok"
+    except OSError as exc:
+        return errno.errorcode[exc.errno]
+
+mark, tmp = sys.argv[1], os.environ["TMPDIR"]
+st = os.stat(tmp)
+report = {
+    "tmpdir": [tmp, st.st_uid, st.st_mode & 0o777],
+    "written": {d: outcome(lambda d=d: open(os.path.join(d, mark), "w").write("x")) for d in ("/tmp", "/dev/shm", tmp)},
+    "seen": {d: sorted(os.listdir(d)) for d in ("/tmp", "/dev/shm")},
+    "other": {p: outcome(lambda p=p: open(p).close()) for p in os.environ.get("OTHER", "").split(":") if p},
+}
+json.dump(report, open("tmp.json", "w"))
+while sys.argv[2:] == ["wait"] and not os.path.exists("go"):
+    time.sleep(0.01)
+"""
+
+
+async def test_a_jobs_tmp_is_its_own_and_gone_after_it(job_accounts, shared_dir, monkeypatch):
+    """Alice's job writes a file to ``/tmp``, ``/dev/shm`` and its ``TMPDIR``; while it runs, eve's job sees
+    none of them (``ENOENT``), nor does the node's ``/tmp``; each sees in its ``/tmp`` only its own file and
+    the way to its own directories (the agent's state directory is under ``/tmp`` here, as by default). When
+    alice's job ends its ``TMPDIR`` is removed."""
+    import shutil
+    import tempfile
+
+    state = Path(tempfile.mkdtemp(prefix="apportion-tmp-state-"))  # under /tmp, as the default state directory
+    node = Node(shared_dir, monkeypatch, state_dir=state)
+    await node.agent.start(heartbeats=False, poll_progress=False)
+    assert node.agent.sandbox is not None and node.agent.sandbox.private_mounts is not None, "no mount namespace"
+    script = write_script(shared_dir, "tmpjob.py", TMP_JOB)
+    a, b = f"mark-{uuid.uuid4().hex[:8]}", f"mark-{uuid.uuid4().hex[:8]}"
+    alice = job_accounts[ALICE]
+    tmp_a = state / "job-logs" / "j-a" / "tmp.attempt-1.replica-0"
+    try:
+        await node.agent.on_event(node.start("j-a", ALICE, ("python3", str(script), a, "wait")))
+        await until(lambda: (node.ckpt / "j-a" / "tmp.json").exists(), "alice's job to write")
+        other = f"/tmp/{a}:/dev/shm/{a}"
+        await node.agent.on_event(node.start("j-b", EVE, ("python3", str(script), b), gpus=(1,), env={"OTHER": other}))
+        assert isinstance(await node.ended("j-b"), JobCompleted)
+        ra = json.loads((node.ckpt / "j-a" / "tmp.json").read_text())
+        rb = json.loads((node.ckpt / "j-b" / "tmp.json").read_text())
+        assert ra["tmpdir"] == [str(tmp_a), alice.pw_uid, 0o700]
+        assert ra["written"] == {"/tmp": "ok", "/dev/shm": "ok", str(tmp_a): "ok"}
+        assert ra["seen"] == {"/tmp": sorted([a, state.name]), "/dev/shm": [a]}
+        assert rb["seen"] == {"/tmp": sorted([b, state.name]), "/dev/shm": [b]}
+        assert rb["other"] == {f"/tmp/{a}": "ENOENT", f"/dev/shm/{a}": "ENOENT"}
+        assert not any(os.path.exists(f"{d}/{m}") for d in ("/tmp", "/dev/shm") for m in (a, b))  # the node's
+        assert (tmp_a / a).read_text() == "x"  # alice's TMPDIR while her job runs
+        assert not (state / "job-logs" / "j-b" / "tmp.attempt-1.replica-0").exists()  # eve's, gone with her job
+        (node.ckpt / "j-a" / "go").touch()
+        assert isinstance(await node.ended("j-a"), JobCompleted)
+        assert not tmp_a.exists()
+    finally:
+        await node.close()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+#: A unified hierarchy's files as the kernel shows them at its root (every controller offered).
+V2_CONTROLLERS = "cpuset cpu io memory hugetlb pids rdma misc"
+
+V2_LIMITS = [
+    # id, GPUs of the replica, node settings (MiB per GPU, CPU weight per GPU, pids max), the replica's files
+    ("one GPU", 1, (1024, 100, 4096),
+     {"memory.max": "1073741824", "memory.swap.max": "0", "cpu.weight": "100", "pids.max": "4096"}),
+    ("four GPUs: memory and weight x 4", 4, (1024, 150, 512),
+     {"memory.max": "4294967296", "memory.swap.max": "0", "cpu.weight": "600", "pids.max": "512"}),
+    ("eight GPUs: weight capped at v2's 10000", 8, (2048, 2000, 64),
+     {"memory.max": "17179869184", "memory.swap.max": "0", "cpu.weight": "10000", "pids.max": "64"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case_id,gpus,node,files", V2_LIMITS, ids=[c[0] for c in V2_LIMITS])
+def test_the_v2_limits_written_from_the_node_settings(tmp_path, case_id, gpus, node, files):
+    """On a unified hierarchy offering every controller (a cgroupfs laid out in a directory): memory, cpu and
+    pids are enabled in ``cgroup.subtree_control`` from the root down to the agent's cgroup, and each replica's
+    cgroup gets ``memory.max`` (GPUs x MiB per GPU), ``memory.swap.max`` 0, ``cpu.weight`` (GPUs x weight per GPU)
+    and ``pids.max`` from the node settings. ``memory.events``' ``oom_kill`` is what reports ``oom``."""
+    from services.node_agent.service import sandbox_of
+
+    (tmp_path / "cgroup.controllers").write_text(V2_CONTROLLERS + "\n")
+    memory_mb, weight, pids = node
+    settings = NodeAgentSettings(
+        node_id="n1",
+        cgroup_root=tmp_path,
+        cgroup_version="2",
+        cgroup_parent="apportion/agent-1",
+        sandbox_memory_mb_per_gpu=memory_mb,
+        sandbox_cpu_weight_per_gpu=weight,
+        sandbox_pids_max=pids,
+    )
+    box = sandbox_of(settings, [])
+    assert box is not None and box.driver is not None and box.driver.version == 2
+    box.driver.filters_devices = False  # a directory takes no BPF program (the device fence: the tests above)
+    name = cgroup_name(("n1", "j", 1, 0))
+    replica = tmp_path / "apportion" / "agent-1" / name
+    replica.mkdir()
+    (replica / "memory.swap.max").write_text("max\n")  # the kernel makes it where swap is accounted
+    cg = box.cgroup_for(("n1", "j", 1, 0), gpus, [])
+    assert cg is not None and cg.procs_files() == (str(replica / "cgroup.procs"),)
+    assert {f.name: f.read_text() for f in replica.iterdir()} == files
+    for level in (tmp_path, tmp_path / "apportion", tmp_path / "apportion" / "agent-1"):
+        assert (level / "cgroup.subtree_control").read_text() == "+memory +cpu +pids"
+    assert cg.oom_kills() == 0
+    (replica / "memory.events").write_text("low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n")
+    assert cg.oom_kills() == 1
+
+
+def test_a_v2_hierarchy_without_the_controllers_writes_no_limit_and_says_so(tmp_path, caplog):
+    """The v2 hierarchy of the CI machines offers only ``hugetlb`` (memory, cpu and pids are bound to v1): no
+    limit file is written, none is enabled, and the log says which limits are not enforced."""
+    (tmp_path / "cgroup.controllers").write_text("hugetlb\n")
+    driver = cgroups(tmp_path, "apportion/agent-1", "2")
+    assert driver is not None
+    driver.filters_devices = False
+    cg = driver.create("r", Limits.per_gpu(2, 1024, 100, 64), ())
+    assert list((tmp_path / "apportion" / "agent-1" / "r").iterdir()) == []
+    assert not list(tmp_path.rglob("cgroup.subtree_control"))
+    assert "no memory, cpu, pids controller: those limits are not enforced" in caplog.text
+    assert cg.pids() == set()
+
+
 REFUSALS = [
     # id, user on the bus, the refusal's reason
-    ("no user named", None, "no_account: the start names no user"),
-    ("no such account", "apportion-t-nobody", "no_account: no Unix account 'apportion-t-nobody' for user 'apportion-t-nobody' on this node"),
-    ("root", "root", "no_account: account 'root' of user 'root' has uid or gid 0"),
+    ("no user named", None, "no_account: the start names no user on node n1"),
+    ("no such account", "apportion-t-nobody", "no_account: no Unix account 'apportion-t-nobody' for user 'apportion-t-nobody' on node n1"),
+    ("root", "root", "no_account: account 'root' of user 'root' has uid or gid 0 on node n1"),
 ]  # fmt: skip
 
 
@@ -289,6 +452,17 @@ async def test_a_start_without_a_proper_account_is_refused_and_never_runs_as_the
     ]
 
 
+async def test_an_agent_that_cannot_switch_accounts_refuses_as_its_own_fault_not_the_jobs(node):
+    """Not root (here: accounts resolved as by uid 4242), the agent refuses every process ``cannot_isolate``
+    (a node fault the dispatcher counts toward cordoning it), not ``no_account`` (which fails the job)."""
+    assert node.agent.sandbox is not None
+    node.agent.sandbox.accounts = Accounts({}, agent_uid=4242)
+    await node.agent.on_event(node.start("j-x", ALICE, ("true",)))
+    assert [(type(e), e.reason) for e in node.producer.events if e.type != "NodeRegistered"] == [
+        (WorkloadRefused, "cannot_isolate: the node agent is not root (uid 4242): it cannot run a job as its user")
+    ]
+
+
 def test_the_agents_own_account_and_the_account_map(tmp_path, job_accounts):
     alice = job_accounts[ALICE]
     path = tmp_path / "accounts"
@@ -297,8 +471,8 @@ def test_the_agents_own_account_and_the_account_map(tmp_path, job_accounts):
     got = accounts.resolve("alice")
     assert isinstance(got, logic.Account) and (got.name, got.uid) == (ALICE, alice.pw_uid)
     assert accounts.resolve("mallory") == "account 'root' of user 'mallory' has uid or gid 0"
-    assert Accounts({}, agent_uid=alice.pw_uid).resolve(ALICE) == (
-        f"the node agent is not root (uid {alice.pw_uid}): it cannot run a job as user '{ALICE}'"
+    assert Accounts({}, agent_uid=alice.pw_uid).resolve(ALICE) == logic.Unisolated(
+        f"the node agent is not root (uid {alice.pw_uid}): it cannot run a job as its user"
     )
     path.write_text("alice\n")
     with pytest.raises(ValueError, match="accounts:1: expected '<user> <account>'"):

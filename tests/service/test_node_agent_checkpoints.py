@@ -109,10 +109,14 @@ def test_job_files_layout_and_process_env():
     w = Workload("n1", "j1", 3, 0, (2, 3), ("train",), None, {"APPORTION_ATTEMPT": "99", "LR": "0.1"})
     files = logic.job_files("/ckpt", "/logs", w)
     assert files == logic.JobFiles(
-        "/ckpt/j1", "/ckpt/j1/progress", "/logs/j1/attempt-3.replica-0.out", "/logs/j1/attempt-3.replica-0.err"
+        "/ckpt/j1",
+        "/ckpt/j1/progress",
+        "/logs/j1/attempt-3.replica-0.out",
+        "/logs/j1/attempt-3.replica-0.err",
+        "/logs/j1/tmp.attempt-3.replica-0",
     )
     other = logic.job_files("/ckpt", None, logic.replace(w, replica=2))
-    assert other == logic.JobFiles("/ckpt/j1", "/ckpt/j1/progress.2", None, None)
+    assert other == logic.JobFiles("/ckpt/j1", "/ckpt/j1/progress.2", None, None, "/ckpt/j1/tmp.attempt-3.replica-2")
     assert logic.replace(w, files=files).process_env() == {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "LANG": "C.UTF-8",
@@ -125,6 +129,7 @@ def test_job_files_layout_and_process_env():
         "APPORTION_NODE_ID": "n1",
         "APPORTION_CHECKPOINT_DIR": "/ckpt/j1",
         "APPORTION_PROGRESS_FILE": "/ckpt/j1/progress",
+        "TMPDIR": "/logs/j1/tmp.attempt-3.replica-0",
     }
     assert "APPORTION_CHECKPOINT_DIR" not in w.process_env()
     alice = logic.Account("alice", 2001, 2001, (2001,), "/home/alice")
@@ -137,7 +142,7 @@ def test_job_files_layout_and_process_env():
         "/home/alice",
         "alice",
     )
-    assert set(env) == set(logic.JOB_ENV_ALLOWED) - {"APPORTION_CHECKPOINT_DIR", "APPORTION_PROGRESS_FILE"}
+    assert set(env) == set(logic.JOB_ENV_ALLOWED) - {"APPORTION_CHECKPOINT_DIR", "APPORTION_PROGRESS_FILE", "TMPDIR"}
 
 
 # --------------------------------------------------------------------------- once per new value

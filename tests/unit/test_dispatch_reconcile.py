@@ -77,7 +77,7 @@ def test_a_refused_start_is_undone_and_requeued():
     out = step(state, _refused(node, "before_registration: sent 1, node registered 2"), m(1), CFG)
     assert types(out) == ["JobRequeued:j1"]
     requeued = narrow(ev.JobRequeued, out[0])
-    assert (requeued.attempt, requeued.reason) == (2, "start refused: before_registration")
+    assert (requeued.attempt, requeued.reason) == (2, "start refused: before_registration: sent 1, node registered 2")
     free = {n.node_id: len(n.free) for n in state.cluster.nodes.values()}
     assert free == {"n0": 4, "n1": 4}  # the refused run's GPUs are free again
 

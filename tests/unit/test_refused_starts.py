@@ -24,6 +24,7 @@ from apportion.audit.explain import explain
 from apportion.audit.replay import occupancy_at
 from apportion.audit.verify import records_from_events, verify
 from apportion.domain.dispatch import (
+    NO_ACCOUNT,
     NODE_FAULT_REFUSALS,
     UNDO_ON_REFUSAL,
     DispatchConfig,
@@ -167,6 +168,18 @@ def stale_refusal_of_an_old_attempt(c: Cluster) -> None:
     assert c.feed(refused("j1", node, s(30)), s(120)) == []
 
 
+def gang_refused_for_want_of_an_account(c: Cluster) -> None:
+    # replica 0 starts at 10 s; replica 1's node has no account for the user at 60 s (read at 300 s): the job
+    # fails at 60 s; replica 0 is stopped and reports at 310 s
+    c.feed(submitted("j1", gpus=4, replicas=2), T0)
+    c.feed(Tick(T0), T0)
+    p = c.placed("j1").placements
+    c.feed(started("j1", replica=0, node=p[0].node_id, at=s(10)), s(10))
+    out = c.feed(refused("j1", p[1].node_id, s(60), code=NO_ACCOUNT), s(300))
+    assert [e.type for e in out] == ["StopWorkload", "JobFailed"]
+    c.feed(failed("j1", replica=0, node=p[0].node_id, at=s(310)), s(310))
+
+
 def refused_then_started_later(c: Cluster) -> None:
     # attempt 1 refused at 60 s; attempt 2 placed at 90 s, started at 95 s, completed at 300 s
     c.feed(submitted("j1", gpus=2), T0)
@@ -193,6 +206,8 @@ def refused_then_started_later(c: Cluster) -> None:
         pytest.param(stale_refusal_of_an_old_attempt, (1140.0, 0.0), id="stale refusal of an old attempt"),
         # 2 x 60 (attempt 1) + 2 x (300 - 90) (attempt 2) = 120 + 420
         pytest.param(refused_then_started_later, (540.0, 0.0), id="refused, then a later attempt runs"),
+        # 8 GPUs x 60 s: the failure is stamped at the refusal, not at the dispatcher's reading (300 s)
+        pytest.param(gang_refused_for_want_of_an_account, (480.0, 0.0), id="failed for want of an account"),
     ],
 )
 def test_a_refused_start_is_charged_up_to_the_refusal_in_every_reader(
@@ -210,7 +225,11 @@ def test_the_requeue_records_the_refusal_it_ends_the_run_at() -> None:
     allocated_gang_refused(c)
     requeued = narrow(ev.JobRequeued, c.log[-1])
     assert (requeued.refused_by, requeued.refused_at, requeued.ts) == ("n1", from_us(s(60)), from_us(s(300)))
-    assert (requeued.attempt, requeued.reason, requeued.refusals) == (2, "start refused: gpus_busy", 1)
+    assert (requeued.attempt, requeued.reason, requeued.refusals) == (
+        2,
+        "start refused: gpus_busy: refused by the test",
+        1,
+    )
 
 
 def test_a_refusal_stamped_after_the_decision_ends_the_run_at_the_decision() -> None:
@@ -236,7 +255,7 @@ def test_audit_explain_tells_the_refusal_its_charge_and_the_backoff() -> None:
     ex = explain(records_from_events(c.log), "j1", CFG)
     requeued = next(e for e in ex.timeline if e.kind == "JobRequeued")
     assert requeued.summary == (
-        "requeued as attempt 2 (start refused: gpus_busy), keeping submitted_at 2024-01-01T00:00:00+00:00; "
+        "requeued as attempt 2 (start refused: gpus_busy: refused by the test), keeping submitted_at 2024-01-01T00:00:00+00:00; "
         "n1 refused attempt 1, charged until 2024-01-01T00:01:00+00:00; "
         "refusal 1: not placed before 2024-01-01T00:05:30+00:00"
     )
@@ -275,14 +294,14 @@ def test_a_refused_job_waits_out_its_backoff_and_says_why() -> None:
     assert c.feed(Tick(s(89)), s(89)) == []
     jobs, _ = read_model(c.state, s(70), CFG)
     assert jobs["j1"]["reason"] == (
-        "refused_backoff: node n0 refused its start (start refused: gpus_busy; 1 refused so far); "
+        "refused_backoff: node n0 refused its start (start refused: gpus_busy: refused by the test; 1 refused so far); "
         "it may be placed again from 2024-01-01T00:01:30+00:00"
     )
     assert jobs["j1"]["reason_detail"] == {
         "kind": "refused_backoff",
         "text": jobs["j1"]["reason"],
         "node_id": "n0",
-        "refusal": "start refused: gpus_busy",
+        "refusal": "start refused: gpus_busy: refused by the test",
         "refusals": 1,
         "until": "2024-01-01T00:01:30+00:00",
     }
@@ -327,7 +346,7 @@ def test_a_node_refusing_three_starts_in_a_row_is_cordoned_with_the_refusal() ->
     assert c.feed(Tick(s(600)), s(600)) == []  # nothing lands there any more
 
 
-@pytest.mark.parametrize("code", sorted(UNDO_ON_REFUSAL - NODE_FAULT_REFUSALS))
+@pytest.mark.parametrize("code", sorted(UNDO_ON_REFUSAL - NODE_FAULT_REFUSALS - {NO_ACCOUNT}))
 def test_refusals_that_are_not_the_nodes_fault_back_off_but_never_cordon(code: str) -> None:
     # e.g. before_registration: commands queued while the agent restarted, refused at once when it is back
     c = Cluster(nodes=("n0",))
@@ -339,7 +358,42 @@ def test_refusals_that_are_not_the_nodes_fault_back_off_but_never_cordon(code: s
 
 
 def test_the_nodes_faults_are_refusals_that_undo_a_start() -> None:
-    assert NODE_FAULT_REFUSALS == {"gpus_busy", "unknown_gpus"} and NODE_FAULT_REFUSALS <= UNDO_ON_REFUSAL
+    assert NODE_FAULT_REFUSALS == {"gpus_busy", "unknown_gpus", "cannot_isolate"}
+    assert NODE_FAULT_REFUSALS <= UNDO_ON_REFUSAL and NO_ACCOUNT in UNDO_ON_REFUSAL - NODE_FAULT_REFUSALS
+
+
+NO_CAROL = "no_account: no Unix account 'carol' for user 'carol' on node n0"
+
+
+def test_a_start_refused_for_want_of_an_account_fails_the_job_with_the_agents_reason() -> None:
+    """The user has no account on the node: no retry can outrun that, so the job fails (no backoff, no
+    requeue, no cordon), at the refusal's event time, the agent's reason and node in the failure."""
+    c = Cluster(nodes=("n0",))
+    c.feed(submitted("j1", gpus=4), T0)
+    c.feed(Tick(T0), T0)
+    refusal = refused("j1", "n0", s(60), code=NO_ACCOUNT).model_copy(update={"reason": NO_CAROL})
+    out = c.feed(refusal, s(65))
+    fail = narrow(ev.JobFailed, out[0])
+    assert len(out) == 1
+    assert (fail.job_id, fail.attempt, fail.replica, fail.node_id, fail.reason, fail.ts, fail.producer) == (
+        "j1", 1, None, "n0", NO_CAROL, from_us(s(60)), "dispatcher"
+    )  # fmt: skip
+    assert "j1" not in c.state.jobs and "j1" not in c.state.backoff and c.state.node_refusals == {}
+    assert c.feed(Tick(s(100)), s(100)) == []  # never placed again
+    assert c.feed(refusal, s(70)) == []  # the same refusal again: nothing more
+    assert c.audit_mismatches() == []
+
+
+def test_a_log_whose_dispatcher_requeued_no_account_refusals_is_re_run_as_it_decided() -> None:
+    """A dispatcher recorded before the rule (``fail_on_no_account``, ``refusal_detail`` False in its
+    ``DispatcherConfigured``) requeued such a start with the code only; the audit re-runs it so."""
+    old = DispatchConfig(heartbeat_timeout_s=None, fail_on_no_account=False, refusal_detail=False)
+    c = Cluster(cfg=old, nodes=("n0",))
+    c.feed(submitted("j1", gpus=4), T0)
+    c.feed(Tick(T0), T0)
+    out = c.feed(refused("j1", "n0", s(60), code=NO_ACCOUNT), s(60))
+    assert [(e.type, getattr(e, "reason", None)) for e in out] == [("JobRequeued", "start refused: no_account")]
+    assert c.audit_mismatches() == []
 
 
 def test_a_start_on_the_node_breaks_the_row() -> None:

@@ -53,3 +53,14 @@ def test_the_metrics_endpoint_listens_on_loopback_only() -> None:
         assert _listening(port) == ["0.0.0.0"]
     finally:
         stop()
+
+
+def test_faust_web_server_is_off_by_default_and_binds_loopback_when_enabled() -> None:
+    """faust's own web server listens on every interface unless told otherwise: the policy service's app leaves it
+    off, and one given a port binds 127.0.0.1."""
+    from apportion.bus.faust_app import make_app
+
+    off = make_app("bind-test-off", "127.0.0.1:1")
+    on = make_app("bind-test-on", "127.0.0.1:1", web_port=6066)
+    assert (off.conf.web_enabled, on.conf.web_enabled, on.conf.web_port) == (False, True, 6066)
+    assert on.conf.web_bind == "127.0.0.1"

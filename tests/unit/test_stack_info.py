@@ -148,3 +148,36 @@ def test_restart_refuses_without_a_stack_a_service_or_a_record_of_its_start(tmp_
         restart(tmp_path, "web", say=lambda *_: None)
     with pytest.raises(StackUpError, match="no record of how policy was started .*`apportion stack down` and `up`"):
         restart(tmp_path, "policy", say=lambda *_: None)
+
+
+def test_other_users_get_a_stack_env_without_credentials_and_a_readable_ca(tmp_path: Path, monkeypatch) -> None:
+    """``stack up`` made by root: other users' CLI reads ``RUN_DIR/researcher/stack.env`` (0644): the addresses,
+    namespace, clock, dashboard and a copy of the CA (0644), and none of the owner's credentials, keyring or
+    secrets directories, which stay in ``RUN_DIR/stack.env``."""
+    from apportion.bus.stack import read_env_file
+    from apportion.cli.stack import _write_state
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    ca = tmp_path / "tls" / "ca.pem"
+    ca.parent.mkdir(mode=0o700)
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    ca.chmod(0o600)
+    info = _info(tmp_path, web=True)
+    info.kafka_secrets, info.redis_secrets = str(tmp_path / "kafka"), str(tmp_path / "redis")
+    info.keyring, info.tls_ca = str(tmp_path / "keyring"), str(ca)
+    info.clock = {"APPORTION_TIME_SCALE": "60"}
+    _write_state(info)
+    shared = tmp_path / "researcher"
+    assert read_env_file(shared / "stack.env") == {
+        "KAFKA_BOOTSTRAP": "127.0.0.1:9092",
+        "REDIS_URL": "redis://127.0.0.1:6379/0",
+        "APPORTION_TOPIC_PREFIX": "p.",
+        "APPORTION_TLS_CA": str(shared / "ca.pem"),
+        "APPORTION_TIME_SCALE": "60",
+        "WEB_URL": "http://127.0.0.1:7004/",
+    }
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (shared, shared / "stack.env", shared / "ca.pem")}
+    assert modes == {"researcher": 0o755, "stack.env": 0o644, "ca.pem": 0o644}
+    assert (shared / "ca.pem").read_text() == ca.read_text()
+    owner = read_env_file(tmp_path / "stack.env")  # the owner's: what the researcher file leaves out
+    assert {"APPORTION_KAFKA_USER", "APPORTION_KAFKA_PASSWORD_FILE", "APPORTION_KEYRING"} <= set(owner)

@@ -49,6 +49,8 @@ def configured_event(
         refusal_backoff_s=cfg.refusal_backoff_s,
         refusal_backoff_cap_s=cfg.refusal_backoff_cap_s,
         cordon_after_refusals=cfg.cordon_after_refusals,
+        fail_on_no_account=cfg.fail_on_no_account,
+        refusal_detail=cfg.refusal_detail,
     )
 
 
@@ -91,6 +93,8 @@ def config_from_event(ev: events.DispatcherConfigured) -> DispatchConfig:
         refusal_backoff_s=ev.refusal_backoff_s,
         refusal_backoff_cap_s=ev.refusal_backoff_cap_s,
         cordon_after_refusals=ev.cordon_after_refusals,
+        fail_on_no_account=ev.fail_on_no_account,
+        refusal_detail=ev.refusal_detail,
     )
 
 

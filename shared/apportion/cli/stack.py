@@ -18,6 +18,8 @@ finds the stack from any folder::
     RUN_DIR/kafka, RUN_DIR/redis   broker and Redis data, logs and pid files (when started here)
     RUN_DIR/tls/               the local CA and the certificate Kafka and Redis present (when started here;
                                stack.env's APPORTION_TLS_CA names the CA every client verifies them against)
+    RUN_DIR/researcher/        for the CLI of other users (modes 0755, 0644): stack.env with the addresses,
+                               namespace, clock and dashboard but no credential, and ca.pem, a copy of the CA
 
 ``down`` stops every process ``up`` started (SIGTERM, then SIGKILL after a
 grace period), then Kafka and Redis if ``up`` started them, and removes both
@@ -129,6 +131,30 @@ class StackInfo:
     @property
     def log_dir(self) -> Path:
         return self.run_dir / "logs"
+
+    @property
+    def researcher_dir(self) -> Path:
+        """What users other than the stack's own may read (``docs/security.md``, "Other users of a local stack")."""
+        return self.run_dir / "researcher"
+
+    def researcher_lines(self) -> list[str]:
+        """The researcher-facing ``stack.env``: where the servers are, the namespace, the clock, the dashboard and
+        the CA copy to verify them with. No credential, no keyring, no secrets directory: each user brings their
+        own (:meth:`env_lines` holds the stack owner's)."""
+        lines = [
+            "# written by `apportion stack up` for users other than its owner: no credentials (bring your own)",
+            f"KAFKA_BOOTSTRAP={self.bootstrap}",
+            f"REDIS_URL={self.redis_url}",
+            f"APPORTION_TOPIC_PREFIX={self.prefix}",
+        ]
+        if self.tls_ca:
+            lines.append(f"{TLS_CA_SETTING}={self.researcher_dir / 'ca.pem'}")
+        if self.no_tls:
+            lines.append(f"{NO_TLS_SETTING}=1")
+        lines += [f"{k}={v}" for k, v in sorted(self.clock.items())]
+        if self.web_url:
+            lines.append(f"WEB_URL={self.web_url}")
+        return lines
 
     @property
     def agent_dir(self) -> Path:
@@ -303,6 +329,14 @@ def _write_state(info: StackInfo) -> None:
     user = user_stack_env()
     user.parent.mkdir(parents=True, exist_ok=True)
     user.write_text(text)
+    shared = info.researcher_dir
+    shared.mkdir(exist_ok=True)
+    shared.chmod(0o755)
+    if info.tls_ca:
+        (shared / "ca.pem").write_bytes(Path(info.tls_ca).read_bytes())  # a certificate: public
+        (shared / "ca.pem").chmod(0o644)
+    (shared / "stack.env").write_text("\n".join(info.researcher_lines()) + "\n")
+    (shared / "stack.env").chmod(0o644)
 
 
 def _ready(info: StackInfo, name: str, since: int = 0) -> bool:

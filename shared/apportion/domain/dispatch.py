@@ -144,6 +144,7 @@ UNDO_ON_REFUSAL = frozenset(
         "no_workload",
         "gpus_busy",
         "no_account",
+        "cannot_isolate",
     }
 )
 
@@ -152,9 +153,15 @@ UNDO_ON_REFUSAL = frozenset(
 #: other codes of :data:`UNDO_ON_REFUSAL` are not the node's doing: a command from before its latest registration
 #: (the agent restarted), an expired one, a run it already lost, a token problem, a node it does not host, a job
 #: without workload.
-NODE_FAULT_REFUSALS = frozenset({"gpus_busy", "unknown_gpus"})
+NODE_FAULT_REFUSALS = frozenset({"gpus_busy", "unknown_gpus", "cannot_isolate"})
 
-#: How the reason of a ``JobRequeued`` that undid a refused start begins; the refusal's code follows.
+#: The ``WorkloadRefused`` code of a job whose user has no account the node may run it as (none on the node, uid or
+#: gid 0, the agent's own): the same on any other try, so with ``DispatchConfig.fail_on_no_account`` the
+#: dispatcher fails the job (``JobFailed``, the refusal as its reason) instead of requeueing it.
+NO_ACCOUNT = "no_account"
+
+#: How the reason of a ``JobRequeued`` that undid a refused start begins; the refusal's code follows (with
+#: ``DispatchConfig.refusal_detail`` the agent's whole reason: ``gpus_busy: GPUs [0] are held by ...``).
 REFUSED_START = "start refused: "
 
 #: Kinds of the dispatcher's own events of one instant in the order :func:`decide` makes them: a tick's
@@ -256,6 +263,10 @@ class DispatchConfig:
         cordon_after_refusals: a node that refuses this many starts in a row (no
             ``JobStarted`` of it in between) is cordoned by the dispatcher with
             the refusal as its reason; ``None`` never cordons.
+        fail_on_no_account: a start refused ``no_account`` fails the job (``JobFailed``, the agent's reason)
+            instead of requeueing it; False (records written before it existed) requeues it.
+        refusal_detail: the requeue of a refused start carries the agent's whole reason (``start refused:
+            gpus_busy: GPUs [0] are held by ...``), so the pending reason names it; False: the code only.
         scheduler: the cycle function ``(snapshot, now_us, engine_config) ->
             events``; ``None`` is the engine's :func:`engine.run_cycle` (the simulator's
             baselines swap it). A function with the attribute
@@ -274,6 +285,8 @@ class DispatchConfig:
     refusal_backoff_s: float = DEFAULT_REFUSAL_BACKOFF_S
     refusal_backoff_cap_s: float = DEFAULT_REFUSAL_BACKOFF_CAP_S
     cordon_after_refusals: int | None = DEFAULT_CORDON_AFTER_REFUSALS
+    fail_on_no_account: bool = True
+    refusal_detail: bool = True
     scheduler: Callable[[CycleSnapshot, Micros, EngineConfig], list[Event]] | None = None
 
 
@@ -328,7 +341,8 @@ class Backoff:
         refusals: starts of the job refused so far.
         not_before_us: no cycle places the job before this time, µs (``None``: no backoff).
         node_id: the node that refused the latest start.
-        reason: the requeue's reason, :data:`REFUSED_START` and the refusal's code.
+        reason: the requeue's reason, :data:`REFUSED_START` and the refusal (its code, or the agent's
+            whole reason: ``DispatchConfig.refusal_detail``).
         budget: the job's leaf (its pending list).
     """
 
@@ -768,7 +782,7 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         if rec is not None and ev.refused_by is not None:
             until = None if ev.not_before is None else to_us(ev.not_before)
             state.backoff[ev.job_id] = Backoff(ev.refusals, until, ev.refused_by, ev.reason, rec.spec.budget)
-            if ev.reason.removeprefix(REFUSED_START) in NODE_FAULT_REFUSALS:
+            if ev.reason.removeprefix(REFUSED_START).split(":", 1)[0] in NODE_FAULT_REFUSALS:
                 state.node_refusals[ev.refused_by] = state.node_refusals.get(ev.refused_by, 0) + 1
         if rec is not None:
             t = to_us(ev.ts)
@@ -1476,7 +1490,10 @@ def undo_refused_start(
       the decision, and no cycle places it before then (:meth:`DispatchState.pending_now`);
     * a ready node that has now refused ``cordon_after_refusals`` starts in a row for a fault of
       its own (:data:`NODE_FAULT_REFUSALS`; :attr:`DispatchState.node_refusals`) is cordoned:
-      ``NodeCordoned`` by the dispatcher, the refusal as its reason.
+      ``NodeCordoned`` by the dispatcher, the refusal as its reason;
+    * a refusal no retry can outrun (:data:`NO_ACCOUNT`, with ``fail_on_no_account``) fails the job
+      instead: ``JobFailed`` of the run at the refusal's event time (its occupancy ends there, as a
+      requeue's would), the agent's reason as its reason.
     """
     cfg = config or DispatchConfig()
     code = ev.reason.split(":", 1)[0].strip()
@@ -1493,10 +1510,21 @@ def undo_refused_start(
         for r in sorted(run.open_replicas)
         if run.placements[r].node_id != ev.node_id
     ]
+    if code == NO_ACCOUNT and cfg.fail_on_no_account:
+        failed = JobFailed(
+            event_id=det_id("JobFailed", ev.job_id, ev.attempt, "refused", ev.event_id),
+            ts=min(ev.ts, ts),
+            producer=prod,
+            job_id=ev.job_id,
+            attempt=ev.attempt,
+            node_id=ev.node_id,
+            reason=ev.reason,
+        )
+        return [*out, failed]
     prior = state.backoff.get(ev.job_id)
     refusals = (prior.refusals if prior is not None else 0) + 1
     wait_s = refusal_backoff_s(refusals, cfg)
-    requeue = requeue_event(rec, ev.attempt, ts, prod, REFUSED_START + code)
+    requeue = requeue_event(rec, ev.attempt, ts, prod, REFUSED_START + (ev.reason if cfg.refusal_detail else code))
     out.append(
         requeue.model_copy(
             update={
