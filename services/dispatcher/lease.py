@@ -53,6 +53,10 @@ TOKEN_MIN = 1
 TOKEN_MAX = 2**53
 
 
+class LeadershipLost(RuntimeError):
+    """The lease was lost; this instance must stop deciding."""
+
+
 class TokenRangeError(ValueError):
     """A token, counter or floor outside the valid range; ``str(exc)`` says which."""
 
@@ -337,7 +341,7 @@ def highest_token_in_log(
     carrying a huge token must not raise the floor (it would depose every
     later leader). The keys are those registered in ``keys_topic`` (default
     ``apportion.budgets``), read whole, each record judged at its place in the
-    log (:func:`apportion.identity.log_position`): after a rotation of the
+    log (:func:`apportion.logrecord.log_position`): after a rotation of the
     dispatcher's key, the tokens its old key signed before the revocation
     still count. Records that do not decode are
     skipped. Reads with manual assignment (no consumer group, nothing
@@ -353,7 +357,8 @@ def highest_token_in_log(
 
     from apportion.bus.security import kafka_auth
     from apportion.events import decode
-    from apportion.identity import ReportGate, log_position
+    from apportion.identity import ReportGate
+    from apportion.logrecord import log_position
     from apportion.topics import BUDGETS
 
     keys_at = keys_topic or topic_name(BUDGETS)
@@ -451,14 +456,12 @@ async def lead_when_elected(
     term: Callable[[], Awaitable[None]],
 ) -> None:
     """Until ``stop``: :func:`stand_by` (a try every third of the TTL), then lead one ``term()``; a term
-    ended by :class:`~services.dispatcher.service.LeadershipLost` goes back to standby.
+    ended by :class:`LeadershipLost` goes back to standby.
 
     While a term runs, ``leader_gauge`` is 1 (else 0) and ``readiness`` says "rebuilding as the leader"
     until the term marks itself ready. What the term raises otherwise propagates (the caller's supervisor
     starts the standby loop again after a backoff).
     """
-    from services.dispatcher.service import LeadershipLost
-
     while token := await stand_by(lease, bootstrap, readiness, stop, lease.ttl_s / 3):
         log.info("leading with fencing token %d", token)
         leader_gauge.set(1)

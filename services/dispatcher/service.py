@@ -60,12 +60,14 @@ from apportion.events import (
     NodeRequestRefused,
     WorkloadRefused,
 )
-from apportion.identity import RequestGate, log_position
+from apportion.identity import RequestGate
+from apportion.logrecord import log_position
 from apportion.metrics import count_preemptions
 from apportion.settings import topic_name
 from apportion.timeutil import from_us, s_to_us, to_us
-from services.dispatcher import logic
+from services.dispatcher import logic, store
 from services.dispatcher.config import DispatcherSettings
+from services.dispatcher.lease import LeadershipLost, highest_token
 
 log = logging.getLogger("apportion.dispatcher")
 
@@ -171,10 +173,6 @@ def broker_answers(bootstrap: str) -> Callable[[], bool]:
         return True
 
     return answers
-
-
-class LeadershipLost(RuntimeError):
-    """The lease was lost; this instance must stop deciding."""
 
 
 def _same(pair: Any) -> Any:
@@ -413,8 +411,6 @@ class DispatcherService:
         from now (:func:`apportion.audit.config.resumed_event`), so that no
         node is lost on the log's silence.
         """
-        from services.dispatcher.lease import highest_token
-
         pairs = self._decoded(records)  # without the decisions the dispatcher's key did not sign
         self.log_token = max(self.log_token, highest_token(ev for _, ev in pairs))
         state, now, cfg, apply = self.state, self.now_us(), self.cfg, self.intake.apply
@@ -754,7 +750,6 @@ def lead_term(
     ``r`` (:mod:`services.dispatcher.store`); ``now``: ``loop.time``.
     Its blindness probe (``reachable``) asks the broker of ``settings``' connection (:func:`broker_answers`)."""
     from apportion.bus.service import commit_quietly
-    from services.dispatcher import store
 
     def check_lease() -> None:  # by the keeper, and by the local lease clock (it counts through a SIGSTOP)
         if not keeper.holds():
@@ -785,7 +780,6 @@ async def rebuild_and_start(
     Returns False when ``stop`` was set before the log was read up to its end (nothing started).
     """
     from apportion.audit.config import configured_event
-    from services.dispatcher import store
 
     svc = term.svc
     t_start = term.now()

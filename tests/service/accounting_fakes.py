@@ -22,7 +22,7 @@ class Rec:
     """A kafka-python ``ConsumerRecord`` with the fields the services read.
 
     ``timestamp_type`` 1 is a broker's append time (``LogAppendTime``, the signed topics'), 0 a producer's
-    ``CreateTime`` (its place in the log is unknown to the readers' key rule: :func:`apportion.identity.log_position`).
+    ``CreateTime`` (its place in the log is unknown to the readers' key rule: :func:`apportion.logrecord.log_position`).
     """
 
     topic: str

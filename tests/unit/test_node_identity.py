@@ -244,7 +244,8 @@ def test_keys_init_node_writes_the_key_file_the_agent_loads(tmp_path, monkeypatc
     from typer.testing import CliRunner
 
     from apportion.cli.main import app
-    from apportion.identity import Identity, report_signer
+    from apportion.identity import Identity
+    from apportion.signers import report_signer
 
     monkeypatch.setenv("APPORTION_NODE_KEY_DIR", str(tmp_path))
     res = CliRunner().invoke(app, ["keys", "init", "--node", "gpu-07"])

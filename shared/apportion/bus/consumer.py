@@ -428,7 +428,7 @@ class AssignedConsumer:
         before the key registration published (and acknowledged) just before
         it, or a report before its key's revocation; the reader would judge it
         by keys the log's order contradicts, and the audit, which judges every
-        record by the keys as of its own place (:func:`apportion.identity.log_position`),
+        record by the keys as of its own place (:func:`apportion.logrecord.log_position`),
         would disagree.
         """
         batch = self._kc.poll(timeout_ms=timeout_ms, max_records=max_records)
