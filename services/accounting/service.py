@@ -66,13 +66,13 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from apportion.bus.consumer import record_order
 from apportion.bus.intake import Intake
 from apportion.bus.memory import trim
 from apportion.bus.resilience import publish_until_acked
 from apportion.clock import Clock
 from apportion.events import DeadLetter, Event, OccupancySnapshot
 from apportion.identity import ReportGate
+from apportion.logrecord import record_order
 from apportion.timeutil import to_us
 from services.accounting import checkpoint, logic
 from services.accounting.config import AccountingSettings

@@ -61,7 +61,7 @@ from apportion.events import (
     WorkloadRefused,
 )
 from apportion.identity import RequestGate
-from apportion.logrecord import log_position
+from apportion.logrecord import log_position, record_order
 from apportion.metrics import count_preemptions
 from apportion.settings import topic_name
 from apportion.timeutil import from_us, s_to_us, to_us
@@ -285,8 +285,6 @@ class DispatcherService:
         seen is the cost this avoids: the fold and the decisions are exactly
         those of decoding every record. Its offset still counts as read.
         """
-        from apportion.bus.consumer import record_order
-
         pairs = []
         echoes = self._echoes
         admit = self.intake.admit

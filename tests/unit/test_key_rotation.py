@@ -30,10 +30,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from apportion import events, topics
 from apportion.bus.intake import Intake
-from apportion.bus.reader import LogRecord, log_order
 from apportion.domain.admission import DISPATCHER_TYPES, NODE_REQUEST_TYPES, REPORT_TYPES, UNAUTHENTICATED_NODE
 from apportion.identity import Identity, ReportGate, check_reports
-from apportion.logrecord import LOG_APPEND_TIME, log_position
+from apportion.logrecord import LOG_APPEND_TIME, LogRecord, log_order, log_position
 from tests.service.accounting_fakes import Rec, log_record
 from tests.signing import node_identity, registered
 

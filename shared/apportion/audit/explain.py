@@ -23,9 +23,9 @@ from typing import Any
 
 from apportion import events
 from apportion.audit.verify import DecisionCheck, position, rerun_decisions
-from apportion.bus.reader import LogRecord
 from apportion.domain.dispatch import DispatchConfig
 from apportion.durations import format_duration
+from apportion.logrecord import LogRecord
 from apportion.timeutil import to_us
 
 __all__ = ["TimelineEntry", "Explanation", "explain"]

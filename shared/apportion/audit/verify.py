@@ -1,7 +1,7 @@
 """``audit verify``: rebuild from the log and compare with what the services recorded.
 
 Three checks, each a pure function of a log in
-:func:`apportion.bus.reader.log_order` (plus, for the first, the rows read
+:func:`apportion.logrecord.log_order` (plus, for the first, the rows read
 from Redis):
 
 (a) :func:`check_read_models` - the accounting read model (``usage`` meta and
@@ -93,7 +93,6 @@ from typing import Any
 
 from apportion import events, topics
 from apportion.bus.intake import APPLY_FAILED, EVENT_ID_REUSED, UNDECODABLE
-from apportion.bus.reader import LogRecord, log_order
 from apportion.domain.admission import JOB_REQUESTS, NODE_REQUEST_TYPES, UNAUTHENTICATED, UNAUTHENTICATED_NODE
 from apportion.domain.budgets import BUDGET_CHANGES, fold_budget_log
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, emit_rank, evolve, maintenance, step
@@ -101,6 +100,7 @@ from apportion.domain.fairshare import budget_order
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.usage import usage_snapshot
 from apportion.identity import check_reports, check_requests
+from apportion.logrecord import LogRecord, log_order
 from apportion.settings import topic_name, topic_prefix
 from apportion.timeutil import WEEK_S, Micros, from_us, to_us
 

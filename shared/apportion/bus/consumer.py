@@ -538,15 +538,3 @@ class AssignedConsumer:
 def _in_partition_order(batch: dict[Any, list[Any]]) -> list[Any]:
     """A kafka-python poll result as one list: partition by partition (topic, partition), each in offset order."""
     return [r for tp in sorted(batch, key=lambda tp: (tp.topic, tp.partition)) for r in batch[tp]]
-
-
-def record_order(rec: Any, event: Any) -> tuple:
-    """Deterministic merge order of records from several topics.
-
-    Same as :func:`apportion.bus.reader.log_order`: (event time, topic,
-    partition, offset); undecodable records by their Kafka timestamp.
-    """
-    from apportion.timeutil import to_us
-
-    t = to_us(event.ts) if event is not None else rec.timestamp * 1000
-    return (t, rec.topic, rec.partition, rec.offset)
