@@ -60,7 +60,7 @@ status: venv
 
 # Static checks: lint and format (ruff), types (mypy on shared, services, bench and tests; strict on the domain).
 # `make test` runs them first.
-LINT_PATHS := shared services tests bench infra
+LINT_PATHS := shared services tests bench infra tools
 # dead code (vulture): tests count as users, their own pytest-style names are not reported; names used only by
 # decorators, pydantic or the event contract are not dead
 VULTURE_ARGS := --ignore-decorators "@*.command,@app.callback,@model_validator,@field_validator,@property,@*.agent" \
@@ -68,7 +68,7 @@ VULTURE_ARGS := --ignore-decorators "@*.command,@app.callback,@model_validator,@
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
-	$(VENV)/bin/mypy shared services bench tests
+	$(VENV)/bin/mypy shared services bench tests tools
 	@out="$$($(VENV)/bin/vulture $(LINT_PATHS) tests/vulture_whitelist.py $(VULTURE_ARGS) | grep -v '^tests/')"; \
 	if [ -n "$$out" ]; then echo "$$out"; echo "dead code (vulture): remove it, or name it in tests/vulture_whitelist.py"; exit 1; fi; \
 	echo "vulture: no dead code outside tests/"
@@ -114,9 +114,9 @@ mutate: venv
 	$(PY) bench/mutate.py $(ARGS)
 
 # The main job starts (and stops) its own Kafka and Redis unless KAFKA_BOOTSTRAP/REDIS_URL are set.
-# Options: make run ARGS="--slice week44 --time-scale 1440" (see: .venv/bin/python -m apportion.demo --help)
+# Options: make run ARGS="--slice week44 --time-scale 1440" (see: .venv/bin/python tools/demo.py --help)
 run: venv kafka-jars
-	$(PY) -m apportion.demo $(ARGS)
+	$(PY) tools/demo.py $(ARGS)
 
 clean: down
 	rm -rf $(RUN_DIR) .pytest_cache .hypothesis out build dist infra/kafka/lib infra/kafka/target

@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("apportion.clock", "apportion.settings", "apportion.readmodel", "apportion.gpu", "apportion.metrics")
         + ("apportion.identity", "apportion.bus", "apportion.client", "apportion.signers", "apportion.audit"),
     ),
-    ("entrypoints", ("apportion.cli", "apportion.demo", "services")),
+    ("entrypoints", ("apportion.cli", "services")),
 )
 
 
