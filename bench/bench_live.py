@@ -123,7 +123,7 @@ def start_services(env: dict[str, str], logs: Path, nodes: int) -> list[subproce
     ]
     procs = []
     for cmd in cmds:
-        f = open(logs / f"{cmd[0].split('.')[1]}.log", "ab")  # noqa: SIM115
+        f = open(logs / f"{cmd[0].split('.')[1]}.log", "ab")
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", *cmd], env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=f, stderr=f

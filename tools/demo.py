@@ -160,7 +160,7 @@ def start_services(
     }
     procs = {}
     for name, cmd in cmds.items():
-        f = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - kept open for the child
+        f = open(logs / f"{name}.log", "ab")  # kept open for the child
         own = env
         if principals is not None:
             own = {k: v for k, v in env.items() if not k.startswith(("APPORTION_KAFKA_", "APPORTION_REDIS_"))}

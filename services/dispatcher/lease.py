@@ -240,7 +240,7 @@ class Lease:
                     args=[self.owner, max(1, int(self.ttl_s * 1000)), self.floor, TOKEN_MAX],
                 )
             )
-        except Exception as exc:  # redis.RedisError, OSError: any failure means we cannot know we lead
+        except Exception as exc:  # noqa: BLE001 - redis.RedisError, OSError: any failure means we cannot know we lead
             return self._not_leader(f"Redis unavailable: {type(exc).__name__}: {exc}")
         if got == 0:
             return self._not_leader("another instance holds the lease")
@@ -266,7 +266,7 @@ class Lease:
         asked = time.monotonic()
         try:
             ok = int(self._renew(keys=[lease_key()], args=[self.owner, self.token, max(1, int(self.ttl_s * 1000))]))
-        except Exception as exc:  # redis.RedisError, OSError: we cannot know we still lead
+        except Exception as exc:  # noqa: BLE001 - redis.RedisError, OSError: we cannot know we still lead
             self._not_leader(f"Redis unavailable: {type(exc).__name__}: {exc}")
             return False
         if not ok:
@@ -290,7 +290,7 @@ class Lease:
         if self.token:
             try:
                 self._release(keys=[lease_key()], args=[self.owner, self.token])
-            except Exception as exc:  # the lease then simply runs out
+            except Exception as exc:  # noqa: BLE001 - the lease then simply runs out
                 log.warning("could not release the lease (it expires in %.1fs): %s", self.ttl_s, exc)
             self.token = 0
 
@@ -300,7 +300,7 @@ class Lease:
         for the floor of a take-over (reading the log's newest token)."""
         try:
             cur = self.redis.get(lease_key())
-        except Exception:  # redis.RedisError, OSError: try_acquire says why
+        except Exception:  # noqa: BLE001 - redis.RedisError, OSError: try_acquire says why
             return False
         if cur is None:
             return False
@@ -561,7 +561,7 @@ class LeaseKeeper:
             return True
         try:
             token = self.lease.try_acquire()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a renewal that fails is a lost lease, never a dead keeper
             logging.getLogger("apportion.dispatcher").error("lease renewal failed: %s", exc)
             token = 0
         if token != self.token:

@@ -517,7 +517,7 @@ class DispatcherService:
         t0 = time.perf_counter()
         try:
             decided = step(self.state, Tick(now), now, self.cfg)
-        except Exception:  # noqa: BLE001 - never stop the service (issue 17); loud instead
+        except Exception:  # never stop the service (issue 17); loud instead
             self.tick_errors += 1
             log.exception("scheduling cycle failed at event time %d µs; nothing decided", now)
             if "tick_errors" in self._m:

@@ -143,7 +143,7 @@ async def test_faust_agent_round_trip_and_dead_letter(
     received: asyncio.Queue[events.Event] = asyncio.Queue()
 
     @agent(app, source)
-    async def collect(stream):  # noqa: ANN001 - faust stream
+    async def collect(stream):  # faust stream
         async for event in decoded(app, stream, producer="faust-test"):
             await received.put(event)
 

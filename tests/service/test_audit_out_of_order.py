@@ -48,7 +48,7 @@ from tests.service.test_dispatcher import INPUTS, T0, USER, ListLog, submit
 from tests.signing import registered
 
 
-def at(s: float):  # noqa: ANN201 - a datetime
+def at(s: float):  # a datetime
     return T0 + timedelta(seconds=s)
 
 

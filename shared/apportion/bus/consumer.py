@@ -115,7 +115,7 @@ class LagMeter:
         self._at = now
         try:
             lag = partition_lag(kc, partitions())
-        except Exception:  # noqa: BLE001 - a rebalance or a slow broker: metrics only, measured next time
+        except Exception:  # a rebalance or a slow broker: metrics only, measured next time
             log.debug("could not measure the consumer lag", exc_info=True)
             return
         self.sink(lag)

@@ -581,7 +581,7 @@ def whatif_cmd(
         a, b, df = row["recorded"] or {}, row["new"] or {}, row["diff"] or {}
 
         def cell(k: str, kind: str) -> str:
-            return f"{f(a.get(k), kind)} -> {f(b.get(k), kind)} ({d(df.get(k), kind)})"  # noqa: B023 (called in this iteration)
+            return f"{f(a.get(k), kind)} -> {f(b.get(k), kind)} ({d(df.get(k), kind)})"  # noqa: B023 - called in this iteration
 
         table.add_row(
             row["path"],
