@@ -9,6 +9,7 @@
 #   make chaos      the chaos campaign (kills, broker and Redis restarts, hostile records; ARGS="--quick")
 #   make bench-rss  RSS of each service over a long run (ARGS="--duration-s 1200": the documented 20 minutes)
 #   make gpu-check  the node agent on this machine's NVIDIA GPUs: inventory, utilisation, device isolation, idle
+#   make docs       the documentation site in .run/site (MkDocs, --strict: broken links and orphan pages fail)
 #
 # Prerequisites: Python 3.11+, Java 17+, Maven, redis-server (or root, to apt-get it).
 
@@ -20,7 +21,7 @@ PYTEST_ARGS ?=
 SIM_NODES ?= 8
 BROKERS ?= 1
 
-.PHONY: help prereqs venv kafka-jars up down status infra-up lint test test-unit test-integration bench bench-rss gpu-check chaos chaos-test mutate run clean distclean
+.PHONY: help prereqs venv kafka-jars up down status infra-up lint docs test test-unit test-integration bench bench-rss gpu-check chaos chaos-test mutate run clean distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -58,8 +59,8 @@ down:
 status: venv
 	$(VENV)/bin/apportion stack status --dir $(RUN_DIR)
 
-# Static checks: lint and format (ruff), types (mypy on shared, services, bench and tests; strict on the domain).
-# `make test` runs them first.
+# Static checks: lint and format (ruff), types (mypy on shared, services, bench, tests and tools; strict on the
+# domain), dead code (vulture), the documentation site (mkdocs --strict). `make test` runs them first.
 LINT_PATHS := shared services tests bench infra tools
 # dead code (vulture): tests count as users, their own pytest-style names are not reported; names used only by
 # decorators, pydantic or the event contract are not dead
@@ -72,6 +73,11 @@ lint: venv
 	@out="$$($(VENV)/bin/vulture $(LINT_PATHS) tests/vulture_whitelist.py $(VULTURE_ARGS) | grep -v '^tests/')"; \
 	if [ -n "$$out" ]; then echo "$$out"; echo "dead code (vulture): remove it, or name it in tests/vulture_whitelist.py"; exit 1; fi; \
 	echo "vulture: no dead code outside tests/"
+	@$(MAKE) --no-print-directory docs
+
+# The site's reference pages (CLI, events, configuration) are generated at build time by tools/docs_hooks.py.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # pytest exit 5 means "no tests collected": reported, not a failure.
 test: prereqs venv lint
