@@ -517,7 +517,7 @@ class DispatcherService:
         t0 = time.perf_counter()
         try:
             decided = step(self.state, Tick(now), now, self.cfg)
-        except Exception:  # never stop the service (issue 17); loud instead
+        except Exception:  # never stop the service; loud instead
             self.tick_errors += 1
             log.exception("scheduling cycle failed at event time %d µs; nothing decided", now)
             if "tick_errors" in self._m:
@@ -551,7 +551,7 @@ class Term:
             without a record: while it says no, the term is *blind* and runs no tick (no decision,
             above all no node lost on heartbeats it could not read); when it answers again, and
             again when the first records come, :meth:`DispatcherService.resume` grants the heartbeats
-            a grace of one timeout (issue 18).
+            a grace of one timeout.
         pending: True while records sent are not yet committed (a transactional writer,
             ``Unacked.open``): then every iteration that sent anything ends with ``flush`` (the commit),
             after the lease is checked, so readers on ``read_committed`` see each iteration's decisions at

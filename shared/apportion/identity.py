@@ -253,7 +253,7 @@ _ROOTS_CAP = 4096
 #: A record whose leaf (or a node of its path) is here needs no more hashing: by collision resistance its bytes
 #: are those the key signed. Cleared past :data:`_GOOD_CAP` entries (about 120 bytes each, the key strings
 #: shared: 2 MiB). Both caches are only a shortcut (a record missed is hashed or verified again); a larger cap
-#: made them most of a reader's memory growth over hours (issue 18: 1,000,000 hashes, about 200 MiB).
+#: made them most of a reader's memory growth over hours (1,000,000 hashes, about 200 MiB).
 _GOOD: dict[bytes, str] = {}
 _GOOD_CAP = 16_384
 
