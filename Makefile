@@ -10,6 +10,7 @@
 #   make bench-slurm  Slurm 22.05 (Debian's, installed when missing) and the live stack side by side (ARGS="--jobs 2000")
 #   make bench-rss  RSS of each service over a long run (ARGS="--duration-s 1200": the documented 20 minutes)
 #   make gpu-check  the node agent on this machine's NVIDIA GPUs: inventory, utilisation, device isolation, idle
+#   make docs       the documentation site in .run/site (MkDocs, --strict: broken links and orphan pages fail)
 #
 # Prerequisites: Python 3.11+, Java 17+, Maven, redis-server (or root, to apt-get it).
 
@@ -21,7 +22,7 @@ PYTEST_ARGS ?=
 SIM_NODES ?= 8
 BROKERS ?= 1
 
-.PHONY: help prereqs venv kafka-jars up down status infra-up lint test test-unit test-integration bench bench-slurm bench-rss gpu-check chaos chaos-test mutate run clean distclean
+.PHONY: help prereqs venv kafka-jars up down status infra-up lint docs test test-unit test-integration bench bench-slurm bench-rss gpu-check chaos chaos-test mutate run clean distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -59,9 +60,9 @@ down:
 status: venv
 	$(VENV)/bin/apportion stack status --dir $(RUN_DIR)
 
-# Static checks: lint and format (ruff), types (mypy on shared, services, bench and tests; strict on the domain).
-# `make test` runs them first.
-LINT_PATHS := shared services tests bench infra
+# Static checks: lint and format (ruff), types (mypy on shared, services, bench, tests and tools; strict on the
+# domain), dead code (vulture), the documentation site (mkdocs --strict). `make test` runs them first.
+LINT_PATHS := shared services tests bench infra tools
 # dead code (vulture): tests count as users, their own pytest-style names are not reported; names used only by
 # decorators, pydantic or the event contract are not dead
 VULTURE_ARGS := --ignore-decorators "@*.command,@app.callback,@model_validator,@field_validator,@property,@*.agent" \
@@ -69,10 +70,15 @@ VULTURE_ARGS := --ignore-decorators "@*.command,@app.callback,@model_validator,@
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
-	$(VENV)/bin/mypy shared services bench tests
+	$(VENV)/bin/mypy shared services bench tests tools
 	@out="$$($(VENV)/bin/vulture $(LINT_PATHS) tests/vulture_whitelist.py $(VULTURE_ARGS) | grep -v '^tests/')"; \
 	if [ -n "$$out" ]; then echo "$$out"; echo "dead code (vulture): remove it, or name it in tests/vulture_whitelist.py"; exit 1; fi; \
 	echo "vulture: no dead code outside tests/"
+	@$(MAKE) --no-print-directory docs
+
+# The site's reference pages (CLI, events, configuration) are generated at build time by tools/docs_hooks.py.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # pytest exit 5 means "no tests collected": reported, not a failure.
 test: prereqs venv lint
@@ -121,9 +127,9 @@ mutate: venv
 	$(PY) bench/mutate.py $(ARGS)
 
 # The main job starts (and stops) its own Kafka and Redis unless KAFKA_BOOTSTRAP/REDIS_URL are set.
-# Options: make run ARGS="--slice week44 --time-scale 1440" (see: .venv/bin/python -m apportion.demo --help)
+# Options: make run ARGS="--slice week44 --time-scale 1440" (see: .venv/bin/python tools/demo.py --help)
 run: venv kafka-jars
-	$(PY) -m apportion.demo $(ARGS)
+	$(PY) tools/demo.py $(ARGS)
 
 clean: down
 	rm -rf $(RUN_DIR) .pytest_cache .hypothesis out build dist infra/kafka/lib infra/kafka/target

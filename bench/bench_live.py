@@ -259,7 +259,7 @@ def start_services(env: dict[str, str], logs: Path, nodes: int) -> dict[str, sub
     }
     procs = {}
     for name, cmd in cmds.items():
-        f = open(logs / f"{cmd[0].split('.')[1]}.log", "ab")  # noqa: SIM115
+        f = open(logs / f"{cmd[0].split('.')[1]}.log", "ab")
         procs[name] = subprocess.Popen(
             [sys.executable, "-m", *cmd], env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=f, stderr=f
         )

@@ -147,7 +147,7 @@ def generate(days: float, nodes_n: int, heartbeat_s: float, seed: int) -> list[t
             next_hb = t + step
     merged = [e for e in merged if topic_name(TOPIC_OF[e.type]) != topic_name(COMMANDS)]
 
-    def by_dispatcher(e) -> bool:  # noqa: ANN001
+    def by_dispatcher(e) -> bool:
         return isinstance(e, DISPATCHER_TYPES) or (isinstance(e, _SHARED_REPORTS) and e.producer == DISPATCHER_PRODUCER)
 
     # the simulator's reports of a run may name no node (a live agent always names its own): the replica's
@@ -200,7 +200,7 @@ def records(log: list[tuple[str, bytes, bytes, int]]) -> list[Rec]:
     return out
 
 
-def service(now: datetime):  # noqa: ANN201 - DispatcherService
+def service(now: datetime):  # DispatcherService
     from apportion.clock import ManualClock
     from services.dispatcher.config import DispatcherSettings
     from services.dispatcher.service import DispatcherService
@@ -209,7 +209,7 @@ def service(now: datetime):  # noqa: ANN201 - DispatcherService
     return DispatcherService(settings, ManualClock(now), lambda sent: None)
 
 
-def summary(svc) -> str:  # noqa: ANN001
+def summary(svc) -> str:
     st = svc.state
     facts = (
         sorted((j, r.status, r.attempt) for j, r in st.jobs.items()),

@@ -273,7 +273,7 @@ class Stack:
     def start(self, name: str) -> None:
         n = self.starts.get(name, 0)
         self.starts[name] = n + 1
-        logf = open(self.root / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - kept by the child
+        logf = open(self.root / "logs" / f"{name}.log", "ab")  # kept by the child
         logf.write(f"\n=== start {n + 1} at {datetime.now(UTC).isoformat()}\n".encode())
         logf.flush()
         run = ["-m", f"services.{name}"]

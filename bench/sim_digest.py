@@ -65,9 +65,9 @@ class DigestSimulator(Simulator):
 
 
 def _philly(a: argparse.Namespace) -> None:
-    from apportion.demo import default_data_dir
     from apportion.domain.dispatch import DispatchConfig
     from apportion.domain.engine import EngineConfig
+    from apportion.settings import default_data_dir
     from apportion.sim.baselines import POLICIES
     from apportion.sim.traces import load_budget_file, load_trace
 

@@ -47,8 +47,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_live  # noqa: E402  (the script's folder, on the path above)
-from bench_live import BenchError, CpuBudget, LiveRun, budget_table, descendants, throughput  # noqa: E402
+import bench_live
+from bench_live import BenchError, CpuBudget, LiveRun, budget_table, descendants, throughput
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 BINARIES = ["slurmctld", "slurmd", "slurmstepd", "sbatch", "squeue", "sinfo", "munged"]
@@ -183,7 +183,7 @@ PartitionName=bench Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         )
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
-        out = open(self.root / "log" / f"{name}.out", "ab")  # noqa: SIM115
+        out = open(self.root / "log" / f"{name}.out", "ab")
         self.procs[name] = subprocess.Popen(
             cmd, env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
         )

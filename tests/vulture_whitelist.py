@@ -16,3 +16,5 @@ used.description  # topics.Topic: documentation of the registry
 used.closed  # gpu.FakeGpuProbe: the test double records close() (no test reads it since test_occupancy dropped a same-named dict)
 used.log_message  # http.server calls it for each request (the metrics endpoint silences it: bus/service)
 used.daemon_threads  # socketserver reads it (request threads do not hold the process at exit)
+used.on_files  # mkdocs calls its hooks by name (tools/docs_hooks.py)
+used.HAS_RICH  # typer reads it when it formats help (tools/docs_hooks.cli_page: plain text)

@@ -66,13 +66,13 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from apportion.bus.consumer import record_order
 from apportion.bus.intake import Intake
 from apportion.bus.memory import trim
 from apportion.bus.resilience import publish_until_acked
 from apportion.clock import Clock
 from apportion.events import DeadLetter, Event, OccupancySnapshot
 from apportion.identity import ReportGate
+from apportion.logrecord import record_order
 from apportion.timeutil import to_us
 from services.accounting import checkpoint, logic
 from services.accounting.config import AccountingSettings
@@ -212,7 +212,7 @@ class AccountingService:
         keys = self.acc.keys
         try:
             self.acc = logic.rebuild(evs, self.settings.window_s, keys)
-        except Exception:  # noqa: BLE001 - find the record at fault: fold one by one, dead-lettering it
+        except Exception:  # find the record at fault: fold one by one, dead-lettering it
             log.exception("bulk rebuild failed: folding event by event")
             self.acc = logic.Accounting(self.settings.window_s, keys=keys)
             for _, rec, ev in decoded:
@@ -452,7 +452,7 @@ class AccountingService:
         try:  # graceful stop: the next start resumes exactly here
             if await asyncio.to_thread(self.checkpoint_now):
                 await asyncio.to_thread(commit_quietly, consumer, dict(self.offsets))
-        except Exception:  # noqa: BLE001 - a failed final checkpoint only costs a longer catch-up
+        except Exception:  # a failed final checkpoint only costs a longer catch-up
             log.exception("final checkpoint failed; the next start resumes from the previous one")
 
     async def follow(self, batch: list[Any]) -> bool:

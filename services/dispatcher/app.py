@@ -17,11 +17,11 @@ from typing import Any
 from apportion.clock import Clock
 from apportion.settings import topic_name
 from services.dispatcher.config import DispatcherSettings
+from services.dispatcher.lease import LeadershipLost
 from services.dispatcher.service import (
     BATCH_BYTES,
     LINGER_MS,
     DispatcherService,
-    LeadershipLost,
     lead_term,
     rebuild_and_start,
 )
@@ -77,7 +77,7 @@ async def _lead(
     from apportion.bus.consumer import AssignedConsumer
     from apportion.bus.producer import EventProducer, Unacked, is_fenced
     from apportion.bus.service import close_quietly, follow
-    from apportion.identity import decision_signer
+    from apportion.signers import decision_signer
     from apportion.topics import BUDGETS, JOBS, NODES, SUBMISSIONS
     from services.dispatcher.lease import LeaseKeeper
 

@@ -53,6 +53,10 @@ TOKEN_MIN = 1
 TOKEN_MAX = 2**53
 
 
+class LeadershipLost(RuntimeError):
+    """The lease was lost; this instance must stop deciding."""
+
+
 class TokenRangeError(ValueError):
     """A token, counter or floor outside the valid range; ``str(exc)`` says which."""
 
@@ -236,7 +240,7 @@ class Lease:
                     args=[self.owner, max(1, int(self.ttl_s * 1000)), self.floor, TOKEN_MAX],
                 )
             )
-        except Exception as exc:  # redis.RedisError, OSError: any failure means we cannot know we lead
+        except Exception as exc:  # noqa: BLE001 - redis.RedisError, OSError: any failure means we cannot know we lead
             return self._not_leader(f"Redis unavailable: {type(exc).__name__}: {exc}")
         if got == 0:
             return self._not_leader("another instance holds the lease")
@@ -262,7 +266,7 @@ class Lease:
         asked = time.monotonic()
         try:
             ok = int(self._renew(keys=[lease_key()], args=[self.owner, self.token, max(1, int(self.ttl_s * 1000))]))
-        except Exception as exc:  # redis.RedisError, OSError: we cannot know we still lead
+        except Exception as exc:  # noqa: BLE001 - redis.RedisError, OSError: we cannot know we still lead
             self._not_leader(f"Redis unavailable: {type(exc).__name__}: {exc}")
             return False
         if not ok:
@@ -286,7 +290,7 @@ class Lease:
         if self.token:
             try:
                 self._release(keys=[lease_key()], args=[self.owner, self.token])
-            except Exception as exc:  # the lease then simply runs out
+            except Exception as exc:  # noqa: BLE001 - the lease then simply runs out
                 log.warning("could not release the lease (it expires in %.1fs): %s", self.ttl_s, exc)
             self.token = 0
 
@@ -296,7 +300,7 @@ class Lease:
         for the floor of a take-over (reading the log's newest token)."""
         try:
             cur = self.redis.get(lease_key())
-        except Exception:  # redis.RedisError, OSError: try_acquire says why
+        except Exception:  # noqa: BLE001 - redis.RedisError, OSError: try_acquire says why
             return False
         if cur is None:
             return False
@@ -337,7 +341,7 @@ def highest_token_in_log(
     carrying a huge token must not raise the floor (it would depose every
     later leader). The keys are those registered in ``keys_topic`` (default
     ``apportion.budgets``), read whole, each record judged at its place in the
-    log (:func:`apportion.identity.log_position`): after a rotation of the
+    log (:func:`apportion.logrecord.log_position`): after a rotation of the
     dispatcher's key, the tokens its old key signed before the revocation
     still count. Records that do not decode are
     skipped. Reads with manual assignment (no consumer group, nothing
@@ -353,7 +357,8 @@ def highest_token_in_log(
 
     from apportion.bus.security import kafka_auth
     from apportion.events import decode
-    from apportion.identity import ReportGate, log_position
+    from apportion.identity import ReportGate
+    from apportion.logrecord import log_position
     from apportion.topics import BUDGETS
 
     keys_at = keys_topic or topic_name(BUDGETS)
@@ -451,14 +456,12 @@ async def lead_when_elected(
     term: Callable[[], Awaitable[None]],
 ) -> None:
     """Until ``stop``: :func:`stand_by` (a try every third of the TTL), then lead one ``term()``; a term
-    ended by :class:`~services.dispatcher.service.LeadershipLost` goes back to standby.
+    ended by :class:`LeadershipLost` goes back to standby.
 
     While a term runs, ``leader_gauge`` is 1 (else 0) and ``readiness`` says "rebuilding as the leader"
     until the term marks itself ready. What the term raises otherwise propagates (the caller's supervisor
     starts the standby loop again after a backoff).
     """
-    from services.dispatcher.service import LeadershipLost
-
     while token := await stand_by(lease, bootstrap, readiness, stop, lease.ttl_s / 3):
         log.info("leading with fencing token %d", token)
         leader_gauge.set(1)
@@ -558,7 +561,7 @@ class LeaseKeeper:
             return True
         try:
             token = self.lease.try_acquire()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a renewal that fails is a lost lease, never a dead keeper
             logging.getLogger("apportion.dispatcher").error("lease renewal failed: %s", exc)
             token = 0
         if token != self.token:

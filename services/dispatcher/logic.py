@@ -66,7 +66,7 @@ def recover(state: DispatchState, log: Sequence[Event], now_us: Micros, cfg: Dis
     Args:
         state: a fresh state.
         log: the events of the submissions, jobs, nodes and budgets topics in
-            log order (:func:`apportion.bus.reader.log_order`).
+            log order (:func:`apportion.logrecord.log_order`).
         now_us: event time of the recovery decisions.
         cfg: dispatcher knobs.
 

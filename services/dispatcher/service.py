@@ -60,12 +60,14 @@ from apportion.events import (
     NodeRequestRefused,
     WorkloadRefused,
 )
-from apportion.identity import RequestGate, log_position
+from apportion.identity import RequestGate
+from apportion.logrecord import log_position, record_order
 from apportion.metrics import count_preemptions
 from apportion.settings import topic_name
 from apportion.timeutil import from_us, s_to_us, to_us
-from services.dispatcher import logic
+from services.dispatcher import logic, store
 from services.dispatcher.config import DispatcherSettings
+from services.dispatcher.lease import LeadershipLost, highest_token
 
 log = logging.getLogger("apportion.dispatcher")
 
@@ -171,10 +173,6 @@ def broker_answers(bootstrap: str) -> Callable[[], bool]:
         return True
 
     return answers
-
-
-class LeadershipLost(RuntimeError):
-    """The lease was lost; this instance must stop deciding."""
 
 
 def _same(pair: Any) -> Any:
@@ -287,8 +285,6 @@ class DispatcherService:
         seen is the cost this avoids: the fold and the decisions are exactly
         those of decoding every record. Its offset still counts as read.
         """
-        from apportion.bus.consumer import record_order
-
         pairs = []
         echoes = self._echoes
         admit = self.intake.admit
@@ -413,8 +409,6 @@ class DispatcherService:
         from now (:func:`apportion.audit.config.resumed_event`), so that no
         node is lost on the log's silence.
         """
-        from services.dispatcher.lease import highest_token
-
         pairs = self._decoded(records)  # without the decisions the dispatcher's key did not sign
         self.log_token = max(self.log_token, highest_token(ev for _, ev in pairs))
         state, now, cfg, apply = self.state, self.now_us(), self.cfg, self.intake.apply
@@ -523,7 +517,7 @@ class DispatcherService:
         t0 = time.perf_counter()
         try:
             decided = step(self.state, Tick(now), now, self.cfg)
-        except Exception:  # noqa: BLE001 - never stop the service (issue 17); loud instead
+        except Exception:  # never stop the service; loud instead
             self.tick_errors += 1
             log.exception("scheduling cycle failed at event time %d µs; nothing decided", now)
             if "tick_errors" in self._m:
@@ -557,7 +551,7 @@ class Term:
             without a record: while it says no, the term is *blind* and runs no tick (no decision,
             above all no node lost on heartbeats it could not read); when it answers again, and
             again when the first records come, :meth:`DispatcherService.resume` grants the heartbeats
-            a grace of one timeout (issue 18).
+            a grace of one timeout.
         pending: True while records sent are not yet committed (a transactional writer,
             ``Unacked.open``): then every iteration that sent anything ends with ``flush`` (the commit),
             after the lease is checked, so readers on ``read_committed`` see each iteration's decisions at
@@ -754,7 +748,6 @@ def lead_term(
     ``r`` (:mod:`services.dispatcher.store`); ``now``: ``loop.time``.
     Its blindness probe (``reachable``) asks the broker of ``settings``' connection (:func:`broker_answers`)."""
     from apportion.bus.service import commit_quietly
-    from services.dispatcher import store
 
     def check_lease() -> None:  # by the keeper, and by the local lease clock (it counts through a SIGSTOP)
         if not keeper.holds():
@@ -785,7 +778,6 @@ async def rebuild_and_start(
     Returns False when ``stop`` was set before the log was read up to its end (nothing started).
     """
     from apportion.audit.config import configured_event
-    from services.dispatcher import store
 
     svc = term.svc
     t_start = term.now()

@@ -18,6 +18,7 @@ from typing import Any
 from apportion.bus.memory import trim
 from services.dispatcher import logic
 from services.dispatcher.config import DispatcherSettings
+from services.dispatcher.lease import LeadershipLost
 
 log = logging.getLogger("apportion.dispatcher")
 
@@ -62,10 +63,8 @@ def restore_snapshot(r: Any, settings: DispatcherSettings, svc: Any, consumer: A
     ``consumer`` to the snapshot's offsets; the snapshot, or ``None`` (rebuild from offset 0). Blocking.
 
     Raises:
-        services.dispatcher.service.LeadershipLost: a newer leader stored it (its token is above ``lease``'s).
+        services.dispatcher.lease.LeadershipLost: a newer leader stored it (its token is above ``lease``'s).
     """
-    from services.dispatcher.service import LeadershipLost
-
     snap = load_snapshot(r, settings, *consumer.offsets_at_start())
     if snap is None:
         return None

@@ -38,8 +38,8 @@ async def run(
     from apportion.bus.producer import EventProducer
     from apportion.bus.resilience import connect
     from apportion.bus.service import consume, wire
-    from apportion.identity import report_signer
     from apportion.metrics import node_agent_metrics
+    from apportion.signers import report_signer
     from apportion.topics import COMMANDS, NODES
 
     w = wire(settings, clock, redis=False)

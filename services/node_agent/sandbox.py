@@ -676,7 +676,7 @@ class PrivateMounts:
             try:
                 mounts.setup()
                 os._exit(0)
-            except BaseException:
+            except BaseException:  # noqa: BLE001 - a forked child: any failure is the answer "no", never a traceback
                 os._exit(1)
         _, status = os.waitpid(pid, 0)
         return mounts if os.waitstatus_to_exitcode(status) == 0 else None

@@ -487,7 +487,7 @@ class NodeAgent:
             try:
                 if self._flush is not None:
                     await self._flush()
-            except Exception as exc:  # reported again on the next start (same ids)
+            except Exception as exc:  # noqa: BLE001 - reported again on the next start (same ids)
                 log.error("could not flush the restart reports (%s): they are sent again on the next start", exc)
             else:
                 for key, lost in reported:

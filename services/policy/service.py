@@ -264,7 +264,7 @@ class PolicyApp:
         while True:  # metrics only: a failed measurement is logged and retried
             try:
                 reader.set_lag(await consumer_lag(self.app, (topic_name(BUDGETS), topic_name(USAGE))))
-            except Exception:  # noqa: BLE001 - never let the lag gauge stop the service
+            except Exception:  # never let the lag gauge stop the service
                 log.warning("could not measure the consumer lag", exc_info=True)
             await asyncio.sleep(LAG_EVERY_S)
 
@@ -298,7 +298,7 @@ class PolicyApp:
                 async with self.lock:
                     try:
                         self.svc.apply(event)
-                    except Exception as exc:  # noqa: BLE001 - a pure fold's error is this record's poison
+                    except Exception as exc:  # a pure fold's error is this record's poison
                         log.error("applying %s failed", event.type, exc_info=exc)
                         msg = stream.current_event.message
                         await refuse(

@@ -41,7 +41,7 @@ def templates() -> Any:
     (UTC to the second), ``pct`` (one decimal) and ``num`` (``d`` decimals, ``-`` for none)."""
     from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-    from apportion.cli.main import _ratio  # the share table's r format, so page and table read alike
+    from apportion.cli.common import _ratio  # the share table's r format, so page and table read alike
     from apportion.durations import format_duration
 
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]))

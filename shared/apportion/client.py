@@ -351,7 +351,7 @@ def enrol(
     gets its ``UserKeyRegistered`` (event time ``now``, default the wall
     clock), all published together in the name of the keyring's ops identity
     (``ops.json``) and acknowledged before this returns. Names ``node:<id>``
-    are node agents' principals (:func:`apportion.identity.report_signer`).
+    are node agents' principals (:func:`apportion.signers.report_signer`).
 
     Args:
         names: user names (``node:<id>`` for nodes).

@@ -286,7 +286,7 @@ def open_probe(
         p = NvmlProbe.open(nvml)
     except ImportError as exc:
         why = f"pynvml not importable ({exc})"
-    except Exception as exc:  # pynvml.NVMLError_* (no driver, driver not loaded, ...)
+    except Exception as exc:  # noqa: BLE001 - pynvml.NVMLError_* (no driver, driver not loaded, ...)
         why = f"NVML unavailable: {type(exc).__name__}: {exc}"
     else:
         log.info("GPU inventory: NVML, %d GPU(s), model %s", p.inventory.gpu_count, p.inventory.model)

@@ -67,6 +67,7 @@ from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
 from apportion import events
+from apportion.bus.intake import IdLedger
 from apportion.domain.admission import (
     DISPATCHER,
     JOB_REQUESTS,
@@ -80,10 +81,10 @@ from apportion.domain.admission import (
     authorize_node_request,
     authorize_report,
     is_attributed,
-    node_principal,
     refused_node_request_event,
     refused_request_event,
 )
+from apportion.logrecord import log_position
 from apportion.timeutil import Micros, to_us
 
 __all__ = [
@@ -97,11 +98,8 @@ __all__ = [
     "canonical_bytes",
     "check_reports",
     "check_requests",
-    "decision_signer",
     "identity_file",
     "keyring_dir",
-    "log_position",
-    "report_signer",
     "signer_of",
 ]
 
@@ -255,7 +253,7 @@ _ROOTS_CAP = 4096
 #: A record whose leaf (or a node of its path) is here needs no more hashing: by collision resistance its bytes
 #: are those the key signed. Cleared past :data:`_GOOD_CAP` entries (about 120 bytes each, the key strings
 #: shared: 2 MiB). Both caches are only a shortcut (a record missed is hashed or verified again); a larger cap
-#: made them most of a reader's memory growth over hours (issue 18: 1,000,000 hashes, about 200 MiB).
+#: made them most of a reader's memory growth over hours (1,000,000 hashes, about 200 MiB).
 _GOOD: dict[bytes, str] = {}
 _GOOD_CAP = 16_384
 
@@ -546,86 +544,6 @@ def node_key_file(key_dir: Path, node_id: str) -> Path:
     return key_dir / f"{node_id}.json"
 
 
-def report_signer(
-    node_ids: Iterable[str],
-    *,
-    key_dir: Path | None = None,
-    bootstrap: str | None = None,
-    now: Any = None,
-) -> ReportSigner:
-    """The signer of a node agent's reports: one key per hosted node, from settings.
-
-    With ``key_dir`` (the agent's ``APPORTION_NODE_KEY_DIR``): each node's
-    identity file ``<key_dir>/<node_id>.json`` (user ``node:<node_id>``; made
-    by ``apportion keys init --node NODE_ID``, its public key registered by ops
-    with ``apportion keys register node:NODE_ID PUBKEY``). Otherwise the
-    development keyring (:func:`keyring_dir`), which makes and registers the
-    missing ones (:func:`apportion.client.enrol`, event time ``now``: the agent's clock).
-
-    Raises:
-        LookupError: no key directory and no keyring, or a node's key file is missing.
-        ValueError: a key file is not that node's identity.
-    """
-    ids = list(node_ids)
-    if key_dir is not None:
-        out = {}
-        for nid in ids:
-            path = node_key_file(key_dir, nid)
-            if not path.is_file():
-                raise LookupError(
-                    f"no key file {path} for node {nid!r}: make it with `apportion keys init --node {nid} "
-                    f"--file {path}` and have ops register its public key"
-                )
-            ident = Identity.load(path)
-            if ident.user != node_principal(nid):
-                raise ValueError(f"{path} signs as {ident.user!r}, not {node_principal(nid)!r}")
-            out[nid] = ident
-        return ReportSigner(out)
-    if keyring_dir() is None:
-        raise LookupError(
-            "a node agent signs its reports: set APPORTION_NODE_KEY_DIR to the directory of its nodes' key "
-            "files (or, on a development stack, APPORTION_KEYRING)"
-        )
-    from apportion.client import enrol
-
-    return ReportSigner(dict(zip(ids, enrol([node_principal(n) for n in ids], bootstrap=bootstrap, now=now))))
-
-
-def decision_signer(*, key_file: Path | None = None, bootstrap: str | None = None, now: Any = None) -> BatchSigner:
-    """The signer of the dispatcher's decisions and commands (principal ``service:dispatcher``), from settings.
-
-    With ``key_file`` (the dispatcher's ``APPORTION_DISPATCHER_KEY``): that
-    identity file (made by ``apportion keys init --service dispatcher``, its
-    public key registered by ops with ``apportion keys register
-    service:dispatcher PUBKEY``); every instance (leader and standbys) holds
-    the same key. Otherwise the development keyring (:func:`keyring_dir`),
-    which makes and registers it on first use (:func:`apportion.client.enrol`;
-    a stack registers it as ops before the dispatcher starts).
-
-    Raises:
-        LookupError: no key file and no keyring, or the key file is missing.
-        ValueError: the key file is not the dispatcher's identity.
-    """
-    if key_file is not None:
-        if not key_file.is_file():
-            raise LookupError(
-                f"no key file {key_file} for the dispatcher: make it with `apportion keys init --service "
-                f"dispatcher --file {key_file}` and have ops register its public key"
-            )
-        ident = Identity.load(key_file)
-        if ident.user != DISPATCHER:
-            raise ValueError(f"{key_file} signs as {ident.user!r}, not {DISPATCHER!r}")
-        return BatchSigner(ident)
-    if keyring_dir() is None:
-        raise LookupError(
-            "the dispatcher signs its decisions: set APPORTION_DISPATCHER_KEY to its key file (or, on a "
-            "development stack, APPORTION_KEYRING)"
-        )
-    from apportion.client import enrol
-
-    return BatchSigner(enrol([DISPATCHER], bootstrap=bootstrap, now=now)[0])
-
-
 # --------------------------------------------------------------------------- the registry (pure)
 
 
@@ -644,33 +562,6 @@ class _Grant:
 class _Revocation:
     ts_us: Micros
     position: int | None  # where it is in the log (its record's broker timestamp, ms: log_position); None: unknown
-
-
-#: kafka-python's ``ConsumerRecord.timestamp_type`` of a timestamp the broker set at append
-#: (``message.timestamp.type=LogAppendTime``, the signed topics' config: :data:`apportion.topics.BROKER_TIME`).
-LOG_APPEND_TIME = 1
-
-
-def log_position(rec: Any, ev: events.Event | None = None) -> int | None:
-    """A record's place in the log for :class:`KeyRegistry`: a broker timestamp (ms since the epoch), or ``None``.
-
-    * An audit record (:class:`apportion.bus.reader.LogRecord`, an export's line): its ``timestamp_ms``.
-    * A kafka-python ``ConsumerRecord`` (the services' reader edge, the standby's token floor): its
-      ``timestamp`` when the broker set it (``timestamp_type`` :data:`LOG_APPEND_TIME`); a producer's
-      ``CreateTime`` is ``None`` (a signer chooses it), except on a key event (``ev`` a registration or
-      revocation): only ops may write ``apportion.budgets`` (Kafka ACL), so their clock is trusted there, and
-      a revocation written before its topic got ``LogAppendTime`` still has a place.
-    * A record without a timestamp: ``None``.
-    """
-    ms = getattr(rec, "timestamp_ms", None)
-    if ms is not None:
-        return int(ms)
-    ms = getattr(rec, "timestamp", None)
-    if ms is None or ms < 0:
-        return None
-    if getattr(rec, "timestamp_type", None) == LOG_APPEND_TIME:
-        return int(ms)
-    return int(ms) if isinstance(ev, (events.UserKeyRegistered, events.UserKeyRevoked)) else None
 
 
 class KeyRegistry:
@@ -1029,8 +920,6 @@ def check_requests(records: Iterable[Any]) -> tuple[list[RequestFinding], int]:
             answered.add(ev.request_id)
     if not len(reg):
         return [], 0
-    from apportion.bus.intake import IdLedger
-
     reused: set[int] = set()
     ledgers: dict[tuple[str, int], IdLedger] = {}
     for i in sorted(range(len(recs)), key=lambda i: (recs[i].topic, recs[i].partition, recs[i].offset)):

@@ -323,7 +323,7 @@ class ReaderCollector:
       because the dispatcher's key did not sign them (``unauthenticated``, a forgery); in the accounting also
       ops' requests on nodes no ops key signed (the dispatcher answers those with ``NodeRequestRefused``);
     * ``apportion_unknown_run_reports_total``: reports signed by their node's key of a run the reader knows no
-      placement of (passed on; the folds change nothing; logged; issue 17);
+      placement of (passed on; the folds change nothing; logged);
     * ``apportion_consumer_lag_records{topic,partition}``: records between the consumer's position and the
       partition's end (high watermark), as last measured by the poll thread (:meth:`set_lag`).
 

@@ -12,7 +12,7 @@ Two pieces, both pure (events in, numbers out):
   whether or not ``JobPreempted.lost_gpu_s`` / ``JobLost.lost_gpu_s`` are
   filled; when they are, :meth:`JobLedger.disagreements` lists the stops where
   the recorded value and the log's differ.
-* :func:`budget_rows`, the per-budget table (issue 11: one function for
+* :func:`budget_rows`, the per-budget table (one function for
   :func:`apportion.sim.report.summarise` and
   :func:`apportion.audit.report.log_report`).
 

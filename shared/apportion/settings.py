@@ -41,6 +41,12 @@ def user_state_dir() -> Path:
     return Path(base) / "apportion"
 
 
+def default_data_dir() -> Path:
+    """Where the traces are: ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the checkout."""
+    env = os.environ.get("APPORTION_DATA_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
 def user_stack_env() -> Path:
     """The per-user ``stack.env`` that ``apportion stack up`` writes (rule 3)."""
     return user_state_dir() / "stack.env"

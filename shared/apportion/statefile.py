@@ -165,7 +165,7 @@ def unseal(data: Any, header: Mapping[str, Any], modules: Iterable[str]) -> Any:
         raise CheckpointError("corrupt", f"state checksum mismatch ({len(data)} bytes)")
     try:
         return _Unpickler(data, frozenset(modules)).load()
-    except Exception as exc:  # any unpickling failure is a corrupt checkpoint, never a crash
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure is a corrupt checkpoint, never a crash
         raise CheckpointError("corrupt", f"state does not unpickle ({type(exc).__name__}: {exc})") from None
 
 

@@ -44,7 +44,7 @@ def load_yaml(text: str) -> Any:
     Raises:
         yaml.YAMLError: a syntax error or a duplicate key (``problem_mark`` gives the line and column).
     """
-    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass
 
 
 def where(exc: yaml.YAMLError) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from apportion.bus.security import redis_auth
-from tests.integration.test_end_to_end import Cluster, cluster, of_job  # noqa: F401  (fixture)
+from tests.integration.test_end_to_end import Cluster, cluster, of_job  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ import pytest
 
 from apportion.settings import topic_name
 from tests.narrowing import narrow
-from tests.node_boundary import ALICE, job_accounts  # noqa: F401 (a fixture)
+from tests.node_boundary import ALICE, job_accounts  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.integration
 
@@ -492,7 +492,7 @@ def _console(tool: str, stack: Stack, topic: str, lines: list[str], *args: str) 
     auth = kafka_auth()  # a secured broker: the tool authenticates as the session's principal (docs/security.md)
     config: list[str] = []
     if auth:
-        props = tempfile.NamedTemporaryFile("w", suffix=".properties", delete=False)  # noqa: SIM115
+        props = tempfile.NamedTemporaryFile("w", suffix=".properties", delete=False)
         props.write(
             f"security.protocol={auth['security_protocol']}\nsasl.mechanism={auth['sasl_mechanism']}\n"
             "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "

@@ -143,7 +143,7 @@ async def test_faust_agent_round_trip_and_dead_letter(
     received: asyncio.Queue[events.Event] = asyncio.Queue()
 
     @agent(app, source)
-    async def collect(stream):  # noqa: ANN001 - faust stream
+    async def collect(stream):  # faust stream
         async for event in decoded(app, stream, producer="faust-test"):
             await received.put(event)
 
@@ -212,12 +212,12 @@ def test_config_drift_is_reported_then_fixed(kafka_bootstrap: str) -> None:
 def test_signed_topics_get_the_brokers_time_and_provisioning_sets_it_on_an_existing_topic(kafka_bootstrap: str) -> None:
     """``message.timestamp.type=LogAppendTime`` (``topics.BROKER_TIME``): described on the registry's signed topics;
     a record sent with an old producer time is read back stamped by the broker (what the readers' key rule,
-    ``identity.log_position``, takes as its place); and plain provisioning (no ``fix``) puts it back on an
+    ``logrecord.log_position``, takes as its place); and plain provisioning (no ``fix``) puts it back on an
     existing topic without touching its other configs."""
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
     from kafka.admin import ConfigResource, ConfigResourceType
 
-    from apportion.identity import LOG_APPEND_TIME, log_position
+    from apportion.logrecord import LOG_APPEND_TIME, log_position
     from apportion.topics import BROKER_TIME
 
     key = "message.timestamp.type"

@@ -7,7 +7,7 @@ Three logs, all on the session's real Kafka and Redis:
 * the same stack a little later: the job submitted is one that simulated workloads leave idle (seed 0, see
   ``services.node_agent.logic.simulated_utilisation``), a second one is busy, and `audit squatting` names the
   idle one only;
-* a shortened main job (``python -m apportion.demo``: its own trace of 40 jobs over one day on 4 nodes, at
+* a shortened main job (``python tools/demo.py``: its own trace of 40 jobs over one day on 4 nodes, at
   2,880x), which runs verify at the end of its replay and exits non-zero when it fails.
 """
 
@@ -173,7 +173,7 @@ def _demo_env(kafka_bootstrap: str, redis_url: str, monkeypatch: pytest.MonkeyPa
 def test_a_shortened_main_job_runs_audit_verify_and_it_passes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from apportion import demo
+    from tools import demo
 
     budgets = tmp_path / "budgets.yaml"
     budgets.write_text(BUDGETS_YAML)

@@ -83,7 +83,7 @@ class Stack:
 
     def start(self, name: str) -> None:
         args, env = self.spawn[name]
-        log = open(self.run_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
+        log = open(self.run_dir / "logs" / f"{name}.log", "ab")  # handed to the child
         try:
             self.procs[name] = subprocess.Popen(
                 args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True

@@ -267,7 +267,7 @@ async def test_policy_killed_with_sigkill_restarts_without_waiting_for_its_old_s
     )
 
     def spawn(n: int) -> subprocess.Popen:
-        logf = open(tmp_path / f"policy-{n}.log", "wb")  # noqa: SIM115 - kept open by the child
+        logf = open(tmp_path / f"policy-{n}.log", "wb")  # kept open by the child
         return subprocess.Popen(
             [sys.executable, "-m", "services.policy"], env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf
         )

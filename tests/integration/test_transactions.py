@@ -88,7 +88,7 @@ def test_a_fenced_writer_can_not_commit_and_no_committed_reader_returns_its_reco
     old.flush()  # on the broker, in a transaction still open: a paused leader's decisions
     new = writers()
     new.init_transactions()  # the next leader takes the id over: the open transaction is aborted
-    with pytest.raises(Exception) as raised:  # noqa: PT011 - the type is what is_fenced judges
+    with pytest.raises(Exception) as raised:  # the type is what is_fenced judges
         old.commit()
     assert is_fenced(raised.value), repr(raised.value)
     new.begin()
@@ -114,9 +114,9 @@ def test_a_writer_that_meets_the_fence_before_its_commit_knows_it_is_fenced(
     old.flush()
     assert not old.fenced()
     writers().init_transactions()
-    with pytest.raises(Exception):  # noqa: B017, PT011 - the producer's state is what is checked
+    with pytest.raises(Exception):  # noqa: B017 - the producer's state is what is checked
         old.send_raw(topic, b"late").get(timeout=DEADLINE_S)
-    with pytest.raises(Exception):  # noqa: B017, PT011
+    with pytest.raises(Exception):  # noqa: B017
         old.commit()
     until(old.fenced, "the producer to learn it is fenced", DEADLINE_S)
     assert read_all(kafka_bootstrap, topic, committed=True) == []

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from apportion import events
-from apportion.bus.reader import LogRecord
+from apportion.logrecord import LogRecord
 from apportion.settings import topic_prefix
 from tests.signing import node_value, with_node_keys
 
@@ -22,7 +22,7 @@ class Rec:
     """A kafka-python ``ConsumerRecord`` with the fields the services read.
 
     ``timestamp_type`` 1 is a broker's append time (``LogAppendTime``, the signed topics'), 0 a producer's
-    ``CreateTime`` (its place in the log is unknown to the readers' key rule: :func:`apportion.identity.log_position`).
+    ``CreateTime`` (its place in the log is unknown to the readers' key rule: :func:`apportion.logrecord.log_position`).
     """
 
     topic: str
@@ -52,7 +52,7 @@ class ConsumerRecordLike(Protocol):
 
 
 def log_record(r: ConsumerRecordLike) -> LogRecord:
-    """``r`` as the audit reads it (:class:`apportion.bus.reader.LogRecord`: the key as str, the value decoded)."""
+    """``r`` as the audit reads it (:class:`apportion.logrecord.LogRecord`: the key as str, the value decoded)."""
     key = r.key.decode() if r.key is not None else None
     return LogRecord(r.topic, r.partition, r.offset, key, r.timestamp, r.value, events.decode(r.value))
 

@@ -29,7 +29,6 @@ from typing import Any
 
 from apportion import events
 from apportion.audit.verify import rerun_decisions
-from apportion.bus.reader import LogRecord, log_order
 from apportion.clock import ManualClock
 from apportion.events import (
     BudgetSet,
@@ -42,13 +41,14 @@ from apportion.events import (
     NodeLost,
     NodeRegistered,
 )
+from apportion.logrecord import LogRecord, log_order
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.service import DispatcherService
 from tests.service.test_dispatcher import INPUTS, T0, USER, ListLog, submit
 from tests.signing import registered
 
 
-def at(s: float):  # noqa: ANN201 - a datetime
+def at(s: float):  # a datetime
     return T0 + timedelta(seconds=s)
 
 

@@ -4,6 +4,7 @@ Redis is the in-memory fake of the accounting tests, holding read-model rows as 
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -80,4 +81,4 @@ def test_top_lists_the_runs_their_agents_report_idle_longest_first(rc: FakeRedis
     rows = [line.split() for line in res.stdout.splitlines() if line.split()[1:2] in (["r1"], ["r2"], ["r3"])]
     assert [(r[1], r[9]) for r in rows] == [("r2", "1d1h"), ("r1", "2h")]  # 90000 s, 7200 s; r3 not idle yet
     doc = _invoke(["top", "--json"])
-    assert [j["job_id"] for j in main.json.loads(doc.stdout)["idle_runs"]] == ["r2", "r1"]
+    assert [j["job_id"] for j in json.loads(doc.stdout)["idle_runs"]] == ["r2", "r1"]

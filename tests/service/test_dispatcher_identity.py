@@ -116,9 +116,9 @@ def test_a_revoked_key_signs_nothing_after_the_revocation() -> None:
 def test_a_request_is_judged_by_the_keys_as_of_its_record_as_the_audit_judges_it() -> None:
     """In one poll: carol's j1 appended before her key's revocation (ts before it), the revocation, then j2 she
     signed after it, backdated before it. The edge folds the poll's key events first, yet j1 stands: its record
-    precedes the revocation (the broker's time, ``identity.log_position``), as ``audit verify`` counts it."""
+    precedes the revocation (the broker's time, ``logrecord.log_position``), as ``audit verify`` counts it."""
     from apportion.audit.verify import verify
-    from apportion.bus.reader import log_order
+    from apportion.logrecord import log_order
 
     log = ListLog()
     svc = service(log, echoes=True)
@@ -571,7 +571,7 @@ def test_the_audit_checks_the_signature_of_every_hold_the_dispatcher_carried_out
     findings, checked = check_requests([log_record(r) for r in log.records])
     assert (findings, checked) == ([], 4)
     from apportion.audit.verify import verify
-    from apportion.bus.reader import log_order
+    from apportion.logrecord import log_order
 
     assert verify(sorted((log_record(r) for r in log.records), key=log_order)).mismatches == []
     forged = EVE.sign(release("j1", "carol", minutes=5))

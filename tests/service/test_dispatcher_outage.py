@@ -14,9 +14,9 @@ from typing import Any
 
 from apportion import events
 from apportion.audit.verify import rerun_decisions
-from apportion.bus.reader import LogRecord
 from apportion.clock import ManualClock
 from apportion.events import NodeHeartbeat
+from apportion.logrecord import LogRecord
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.service import DispatcherService, Term
 from tests.service.test_dispatcher import INPUTS, T0, ListLog, history, submit
@@ -99,7 +99,7 @@ class Harness:
         return out
 
     def records(self) -> list[LogRecord]:
-        from apportion.bus.reader import log_order
+        from apportion.logrecord import log_order
 
         out = []
         for r in self.log.records:

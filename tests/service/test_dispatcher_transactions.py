@@ -20,7 +20,8 @@ from apportion.audit.config import configured_event
 from apportion.bus.producer import Unacked
 from apportion.clock import ManualClock
 from services.dispatcher.config import DispatcherSettings
-from services.dispatcher.service import DispatcherService, LeadershipLost, Term
+from services.dispatcher.lease import LeadershipLost
+from services.dispatcher.service import DispatcherService, Term
 from tests.service.test_dispatcher import INPUTS, T0, ListLog, history, submit
 from tests.service.test_dispatcher_outage import Lease, Queue
 

@@ -16,8 +16,7 @@ from apportion.topics import COMMANDS, JOBS, NODES
 from services.dispatcher import lease as lease_mod
 from services.dispatcher import store
 from services.dispatcher.config import DispatcherSettings
-from services.dispatcher.lease import Lease, LeaseKeeper, lead_when_elected, stand_by
-from services.dispatcher.service import LeadershipLost
+from services.dispatcher.lease import LeadershipLost, Lease, LeaseKeeper, lead_when_elected, stand_by
 
 
 class ScriptedLease(Lease):

@@ -81,7 +81,7 @@ def test_a_fold_that_raises_is_dead_lettered_and_the_batch_goes_on(monkeypatch: 
     svc, log = started_log()
     real = app.step
 
-    def step(state, inp, now_us, cfg):  # noqa: ANN001 - the domain's signature
+    def step(state, inp, now_us, cfg):  # the domain's signature
         if getattr(inp, "job_id", None) == "boom":
             raise OverflowError("cannot convert float infinity to integer")
         return real(state, inp, now_us, cfg)
@@ -98,7 +98,7 @@ def test_a_fold_that_raises_is_dead_lettered_and_the_batch_goes_on(monkeypatch: 
 def test_a_cycle_that_raises_is_counted_and_the_service_goes_on() -> None:
     svc, log = started_log()
 
-    def broken(snapshot, now_us, engine):  # noqa: ANN001 - the scheduler's signature
+    def broken(snapshot, now_us, engine):  # the scheduler's signature
         raise ZeroDivisionError("boom")
 
     good_cfg = svc.cfg
@@ -167,7 +167,7 @@ def test_policy_dead_letters_poison_and_a_failing_fold_and_goes_on(monkeypatch: 
     svc = policy_app.PolicyService(ManualClock(T0), published.append)
     real = policy_app.logic.evolve
 
-    def evolve(state, event):  # noqa: ANN001 - logic.evolve's signature
+    def evolve(state, event):  # logic.evolve's signature
         if getattr(event, "path", None) == "lab/a":
             raise RuntimeError("boom")
         return real(state, event)

@@ -10,10 +10,10 @@ import matplotlib
 import numpy as np
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from apportion.domain.budgets import BudgetTree  # noqa: E402
-from apportion.sim.report import (  # noqa: E402
+from apportion.domain.budgets import BudgetTree
+from apportion.sim.report import (
     PolicyReport,
     draw_shares,
     from_json,

@@ -86,3 +86,16 @@ def test_the_checks_see_a_forbidden_import(tmp_path: Path) -> None:
     f = tmp_path / "x.py"
     f.write_text("import os\nfrom apportion.bus.producer import EventProducer\nfrom services.policy import logic\n")
     assert [m for _, m in _imports(f)] == ["os", "apportion.bus.producer", "services.policy"]
+
+
+def test_only_the_audit_source_reads_kafka() -> None:
+    """Log records and their order are pure (``apportion.logrecord``): the audit reads Kafka in one module."""
+    kafka = ("kafka", "aiokafka", "apportion.bus.reader", "apportion.bus.consumer", "apportion.bus.producer")
+    bad = [
+        f"{_rel(f)}:{line}: {mod}"
+        for f in sorted((PKG / "audit").rglob("*.py"))
+        if f.name != "source.py"
+        for line, mod in _imports(f)
+        if any(mod == k or mod.startswith(k + ".") for k in kafka)
+    ]
+    assert bad == []

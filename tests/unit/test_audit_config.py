@@ -12,7 +12,7 @@ from tests.unit.builders import dt, h
 LIVE = DispatchConfig(engine=EngineConfig(delta=0.1, grace_s=5.0, reservation_after_s=600.0), heartbeat_timeout_s=600.0)
 
 
-def _rec(cfg: DispatchConfig, token: int, at: int):  # noqa: ANN202
+def _rec(cfg: DispatchConfig, token: int, at: int):
     return configured_event(cfg, instance=f"d{token}", fencing_token=token, ts=dt(at), producer="dispatcher")
 
 

@@ -21,9 +21,9 @@ from apportion import events, topics
 from apportion.audit.source import verify_topics, write_export
 from apportion.audit.verify import REFUSED_LISTED, records_from_events, refusal_reason, verify
 from apportion.bus.intake import Intake, dead_letter
-from apportion.bus.reader import LogRecord, log_order
 from apportion.cli.main import app
 from apportion.identity import ReportGate, RequestGate
+from apportion.logrecord import LogRecord, log_order
 from apportion.timeutil import from_us, to_us
 from tests.service.accounting_fakes import Rec
 from tests.signing import identity, node_identity, registered

@@ -202,3 +202,37 @@ def test_read_model_of_a_snapshot_that_had_read_a_budget_set_after_its_at_verifi
     budgets["lab/b"] = budgets["lab/b"] | {"rank": 0}  # lab/a and lab/b tie at 0 GPU-s: by path, lab/a first
     (m,) = check_read_models(recs, rows, CFG)
     assert m.subject == "budgets[lab/b]" and "rank" in m.detail
+
+
+@pytest.mark.parametrize(
+    "change,detail",
+    [
+        ({"free_gpus": 99}, "free_gpus: Redis 99"),
+        ({"state": "drained"}, "state: Redis 'drained'"),
+        (None, "row missing in Redis"),
+    ],
+    ids=["free GPUs", "state", "missing row"],
+)
+def test_dispatcher_node_row_that_disagrees_is_reported(change: dict[str, object] | None, detail: str) -> None:
+    recs = records_from_events(history())
+    from apportion.domain.dispatch import fold
+
+    state = fold(r.event for r in recs if r.event is not None)
+    nodes: dict[str, dict[str, object]] = {
+        nid: {
+            "state": n.state,
+            "gpu_count": n.gpu_count,
+            "gpu_model": n.gpu_model,
+            "free_gpus": len(n.free),
+            "running": sorted(f"{k[0]}#{k[1]}" for k in state.cluster.node_runs.get(nid, ())),
+        }
+        for nid, n in state.cluster.nodes.items()
+    }
+    assert check_read_models(recs, {"nodes": nodes}, CFG) == []
+    nid = sorted(nodes)[0]
+    if change is None:
+        del nodes[nid]
+    else:
+        nodes[nid] = nodes[nid] | change
+    (m,) = check_read_models(recs, {"nodes": nodes}, CFG)
+    assert m.subject == f"nodes[{nid}]" and detail in m.detail and m.offset is not None

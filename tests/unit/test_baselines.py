@@ -37,6 +37,7 @@ from apportion.domain.engine import (
 )
 from apportion.events import Event, Placement
 from apportion.sim import baselines as bl
+from apportion.sim import capacity
 from apportion.sim.core import SimConfig, SimJob, SimNode, simulate
 from apportion.timeutil import from_us
 
@@ -71,38 +72,38 @@ def pj(
 
 
 def test_covers_needs_smaller_or_equal_g_and_k_and_a_matching_or_any_model() -> None:
-    assert bl._covers((2, 1, None), 2, 1, None) is True
-    assert bl._covers((2, 1, None), 4, 3, "A100") is True
-    assert bl._covers((2, 1, "A100"), 4, 3, "A100") is True
-    assert bl._covers((2, 1, "A100"), 4, 3, None) is False  # a job of any model has more options
-    assert bl._covers((2, 1, "A100"), 4, 3, "V100") is False
-    assert bl._covers((2, 2, None), 4, 1, None) is False
-    assert bl._covers((3, 1, None), 2, 5, None) is False
+    assert capacity.covers((2, 1, None), 2, 1, None) is True
+    assert capacity.covers((2, 1, None), 4, 3, "A100") is True
+    assert capacity.covers((2, 1, "A100"), 4, 3, "A100") is True
+    assert capacity.covers((2, 1, "A100"), 4, 3, None) is False  # a job of any model has more options
+    assert capacity.covers((2, 1, "A100"), 4, 3, "V100") is False
+    assert capacity.covers((2, 2, None), 4, 1, None) is False
+    assert capacity.covers((3, 1, None), 2, 5, None) is False
 
 
 def test_blocked_asks_every_shape() -> None:
     shapes = [(4, 1, None), (1, 3, "V100")]
-    assert bl._blocked(shapes, 4, 1, "A100") is True
-    assert bl._blocked(shapes, 1, 3, "V100") is True
-    assert bl._blocked(shapes, 2, 4, "V100") is True
-    assert bl._blocked(shapes, 2, 4, None) is False
-    assert bl._blocked(shapes, 3, 2, "V100") is False
-    assert bl._blocked([], 1, 1, None) is False
+    assert capacity.is_blocked(shapes, 4, 1, "A100") is True
+    assert capacity.is_blocked(shapes, 1, 3, "V100") is True
+    assert capacity.is_blocked(shapes, 2, 4, "V100") is True
+    assert capacity.is_blocked(shapes, 2, 4, None) is False
+    assert capacity.is_blocked(shapes, 3, 2, "V100") is False
+    assert capacity.is_blocked([], 1, 1, None) is False
 
 
 def test_add_blocked_keeps_an_antichain() -> None:
     shapes: list = []
-    bl._add_blocked(shapes, (4, 2, "V100"))
+    capacity.add_blocked(shapes, (4, 2, "V100"))
     assert shapes == [(4, 2, "V100")]
-    bl._add_blocked(shapes, (8, 2, "V100"))  # covered: not added
+    capacity.add_blocked(shapes, (8, 2, "V100"))  # covered: not added
     assert shapes == [(4, 2, "V100")]
-    bl._add_blocked(shapes, (2, 4, None))  # neither covers the other
+    capacity.add_blocked(shapes, (2, 4, None))  # neither covers the other
     assert shapes == [(4, 2, "V100"), (2, 4, None)]
-    bl._add_blocked(shapes, (2, 2, None))  # covers both: replaces them
+    capacity.add_blocked(shapes, (2, 2, None))  # covers both: replaces them
     assert shapes == [(2, 2, None)]
-    bl._add_blocked(shapes, (1, 1, "A100"))
+    capacity.add_blocked(shapes, (1, 1, "A100"))
     assert shapes == [(2, 2, None), (1, 1, "A100")]
-    bl._add_blocked(shapes, (1, 1, None))
+    capacity.add_blocked(shapes, (1, 1, None))
     assert shapes == [(1, 1, None)]
 
 

@@ -9,8 +9,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-import bench_live  # noqa: E402
-from bench_live import CpuBudget, _proc_times, descendants, tree_cpu_seconds  # noqa: E402
+import bench_live
+from bench_live import CpuBudget, _proc_times, descendants, tree_cpu_seconds
 
 TICK = bench_live.CLK_TCK
 

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from apportion import events
 from apportion.audit.source import write_export
-from apportion.bus.reader import LogRecord
 from apportion.cli.main import app
+from apportion.logrecord import LogRecord
 from tests.unit.builders import dt, h, placed, preempted
 
 

@@ -26,7 +26,7 @@ from apportion.bus.intake import (
     dead_letter,
     screen,
 )
-from apportion.bus.reader import LogRecord
+from apportion.logrecord import LogRecord
 from apportion.settings import topic_name
 from apportion.topics import JOBS, SUBMISSIONS
 from tests.narrowing import narrow

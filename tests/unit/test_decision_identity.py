@@ -19,7 +19,6 @@ import pytest
 from apportion import events
 from apportion.audit.verify import records_from_events, verify
 from apportion.bus.intake import Intake
-from apportion.bus.reader import LogRecord, log_order
 from apportion.domain.admission import (
     DISPATCHER,
     UNAUTHENTICATED,
@@ -28,6 +27,7 @@ from apportion.domain.admission import (
     authorize_report,
 )
 from apportion.identity import BATCH_MAX, BatchSigner, KeyRegistry, ReportGate, signer_of
+from apportion.logrecord import LogRecord, log_order
 from tests.service.accounting_fakes import Rec
 from tests.signing import dispatcher_identity, dispatcher_signer, node_identity, registered
 

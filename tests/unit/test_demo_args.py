@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from apportion import demo
+from tools import demo
 
 
 @pytest.fixture(autouse=True)

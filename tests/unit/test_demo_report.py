@@ -11,9 +11,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from apportion import demo
 from apportion.audit.report import LogReport
 from apportion.report import BudgetRow
+from tools import demo
 
 
 def row(lost: float, held: float, completed: int) -> BudgetRow:

@@ -14,7 +14,7 @@ from tests.unit.builders import T0, m, submitted
 from tests.unit.test_dispatch import CFG, TREE, given, reg, types
 
 
-def _running(gpus: int = 2, replicas: int = 1):  # noqa: ANN202
+def _running(gpus: int = 2, replicas: int = 1):
     state = given(reg("n0"), reg("n1"))
     step(state, submitted("j1", budget="lab/a", user="alice", gpus=gpus, replicas=replicas), T0, CFG)
     out = step(state, Tick(T0), T0, CFG)

@@ -95,7 +95,7 @@ def test_prometheus_scrapes_every_service_container_on_its_metrics_port(compose:
         if not build or "apportion.bus.provision" in (svc.get("command") or []):
             continue  # not built here, or the one-shot topic provisioning
         env = svc.get("environment") or {}
-        if "web" in build["dockerfile"]:
+        if build.get("args", {}).get("SERVICE") == "web":
             port = env["APPORTION_WEB_PORT"]
         else:
             port = env["APPORTION_METRICS_PORT"]

@@ -19,7 +19,7 @@ from tests.unit.test_dispatch import CFG, given, reg, types
 REC = replace(CFG, reconcile_misses=2)
 
 
-def _running(gpus: int = 2, replicas: int = 1, started: bool = True):  # noqa: ANN202
+def _running(gpus: int = 2, replicas: int = 1, started: bool = True):
     state = given(reg("n0"), reg("n1"))
     step(state, submitted("j1", budget="lab/a", user="alice", gpus=gpus, replicas=replicas), T0, REC)
     out = step(state, Tick(T0), T0, REC)

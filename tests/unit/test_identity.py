@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from apportion import events
-from apportion.bus.reader import LogRecord
 from apportion.domain.admission import Principal, authorize
 from apportion.events import JobCancelRequested, JobSubmitted, RejectReason
 from apportion.identity import Identity, KeyRegistry, canonical_bytes, signer_of
+from apportion.logrecord import LogRecord
 from apportion.timeutil import to_us
 from tests.narrowing import narrow
 from tests.signing import identity, registered

@@ -2,7 +2,7 @@
 
 The reader edge (:meth:`apportion.bus.intake.Intake.authenticate`) judges each
 record against the keys as of its record's place in the log, the broker's
-append time (:func:`apportion.identity.log_position`; the signed topics are
+append time (:func:`apportion.logrecord.log_position`; the signed topics are
 ``LogAppendTime``, :data:`apportion.topics.BROKER_TIME`), with the audit's rule
 (:meth:`apportion.identity.KeyRegistry.principal`). So a rebuild reading the
 whole log as one batch keeps what the live reader kept one poll at a time.
@@ -30,9 +30,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from apportion import events, topics
 from apportion.bus.intake import Intake
-from apportion.bus.reader import LogRecord, log_order
 from apportion.domain.admission import DISPATCHER_TYPES, NODE_REQUEST_TYPES, REPORT_TYPES, UNAUTHENTICATED_NODE
-from apportion.identity import LOG_APPEND_TIME, Identity, ReportGate, check_reports, log_position
+from apportion.identity import Identity, ReportGate, check_reports
+from apportion.logrecord import LOG_APPEND_TIME, LogRecord, log_order, log_position
 from tests.service.accounting_fakes import Rec, log_record
 from tests.signing import node_identity, registered
 

@@ -17,10 +17,10 @@ import pytest
 from apportion import events
 from apportion.audit.verify import verify
 from apportion.bus.intake import Intake
-from apportion.bus.reader import LogRecord, log_order
 from apportion.domain.admission import UNAUTHENTICATED_NODE, Principal, authorize, authorize_report
 from apportion.events import JobLost, JobSubmitted, NodeHeartbeat, NodeRegistered, RejectReason, UserKeyRevoked
 from apportion.identity import ReportGate, ReportSigner, check_requests, signer_of
+from apportion.logrecord import LogRecord, log_order
 from tests.service.accounting_fakes import Rec
 from tests.signing import identity, node_identity, registered
 from tests.unit import builders
@@ -244,7 +244,8 @@ def test_keys_init_node_writes_the_key_file_the_agent_loads(tmp_path, monkeypatc
     from typer.testing import CliRunner
 
     from apportion.cli.main import app
-    from apportion.identity import Identity, report_signer
+    from apportion.identity import Identity
+    from apportion.signers import report_signer
 
     monkeypatch.setenv("APPORTION_NODE_KEY_DIR", str(tmp_path))
     res = CliRunner().invoke(app, ["keys", "init", "--node", "gpu-07"])

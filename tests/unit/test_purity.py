@@ -1,7 +1,8 @@
-"""The domain core is pure (STYLE rule 1, DESIGN section 6).
+"""The domain core and each service's logic are pure (STYLE rules 1 and 7, DESIGN section 6).
 
 Modules under ``shared/apportion/domain/`` plus ``events.py``,
-``timeutil.py`` and ``topics.py`` must not import I/O libraries (Kafka,
+``timeutil.py``, ``topics.py`` and ``logrecord.py``, and every ``services/<name>/logic.py``, must not import
+I/O libraries (Kafka,
 Redis, faust, NVML, sockets), must not read the wall clock and must not read
 the environment (the topic namespace is read at the settings edge,
 ``apportion.settings.topic_prefix``). Checked statically with ``ast``, so a
@@ -15,8 +16,13 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parents[2] / "shared" / "apportion"
-PURE = sorted((PKG / "domain").rglob("*.py")) + [PKG / "events.py", PKG / "timeutil.py", PKG / "topics.py"]
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "shared" / "apportion"
+PURE = (
+    sorted((PKG / "domain").rglob("*.py"))
+    + [PKG / "events.py", PKG / "timeutil.py", PKG / "topics.py", PKG / "logrecord.py"]
+    + sorted((ROOT / "services").glob("*/logic.py"))
+)
 
 FORBIDDEN_MODULES = {
     "kafka",
@@ -88,9 +94,14 @@ def violations(source: str) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("path", PURE, ids=[str(p.relative_to(PKG)) for p in PURE])
+@pytest.mark.parametrize("path", PURE, ids=[str(p.relative_to(ROOT)) for p in PURE])
 def test_module_is_pure(path: Path) -> None:
     assert violations(path.read_text(encoding="utf-8")) == []
+
+
+def test_every_service_logic_is_checked() -> None:
+    services = {p.name for p in (ROOT / "services").iterdir() if (p / "__main__.py").is_file()}
+    assert {p.parent.name for p in PURE if p.name == "logic.py"} == services
 
 
 @pytest.mark.parametrize(

@@ -96,7 +96,7 @@ def _serve(status: int, body: bytes) -> tuple[ThreadingHTTPServer, int]:
     from http.server import BaseHTTPRequestHandler
 
     class H(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the http.server name)
+        def do_GET(self) -> None:  # the http.server name
             self.send_response(status)
             self.end_headers()
             self.wfile.write(body)

@@ -14,9 +14,9 @@ from dataclasses import replace
 from datetime import datetime
 
 from apportion import events
-from apportion.bus.reader import LogRecord
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import POLICY_VERSION, EngineConfig
+from apportion.logrecord import LogRecord
 from apportion.timeutil import Micros, to_us
 
 __all__ = ["configured_event", "resumed_event", "config_from_event", "config_from_log", "with_overrides"]

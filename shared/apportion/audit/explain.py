@@ -17,15 +17,15 @@ and the same content).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from apportion import events
 from apportion.audit.verify import DecisionCheck, position, rerun_decisions
-from apportion.bus.reader import LogRecord
 from apportion.domain.dispatch import DispatchConfig
 from apportion.durations import format_duration
+from apportion.logrecord import LogRecord
 from apportion.timeutil import to_us
 
 __all__ = ["TimelineEntry", "Explanation", "explain"]
@@ -144,167 +144,225 @@ def _why(v: events.Victim) -> str:
 
 
 def _entry(rec: LogRecord, job_id: str) -> TimelineEntry | None:
+    """The timeline entry of ``rec`` for ``job_id``: its own event, or a preemption it caused; else None."""
     ev = rec.event
     if ev is None:
         return None
     at, where = ev.ts.isoformat(), position(rec)
-    attempt = getattr(ev, "attempt", None)
-    t = ev.type
     if getattr(ev, "job_id", None) != job_id:
         if isinstance(ev, events.JobPreempted) and ev.by_job_id == job_id:
-            why = _why(ev.victim) if ev.victim else ev.reason
-            return TimelineEntry(
-                at,
-                where,
-                "Preempts",
-                attempt,
-                f"preempted {ev.job_id}#{ev.attempt} ({ev.budget}): {why}",
-                {
-                    "victim": _victim_facts(ev.victim) if ev.victim else None,
-                    "victim_job": ev.job_id,
-                    "victim_budget": ev.budget,
-                },
-            )
+            return _preempts(ev, at, where)
         return None
-    if isinstance(ev, events.JobSubmitted):
-        s = (
-            f"submitted to {ev.budget} by {ev.user}: {ev.replicas} x {ev.gpus_per_replica} GPU, "
-            f"min runtime {ev.min_runtime_s:g} s ({'allocated' if ev.allocated else 'unallocated'})"
-        )
-        return TimelineEntry(
-            at,
-            where,
-            t,
-            None,
-            s,
-            {
-                "budget": ev.budget,
-                "user": ev.user,
-                "gpus_per_replica": ev.gpus_per_replica,
-                "replicas": ev.replicas,
-                "min_runtime_s": ev.min_runtime_s,
-                "duration_s": ev.duration_s,
-                "submitted_at": ev.submitted_at.isoformat(),
-            },
-        )
-    if isinstance(ev, events.JobQueued):
-        return TimelineEntry(at, where, t, attempt, f"queued (attempt {ev.attempt}) in {ev.budget}")
-    if isinstance(ev, events.JobRejected):
-        return TimelineEntry(
-            at,
-            where,
-            t,
-            None,
-            f"rejected: {ev.reason.value}: {ev.message}",
-            {"reason": ev.reason.value, "message": ev.message},
-        )
-    if isinstance(ev, events.JobPlaced):
-        d = ev.decision
-        where_s = ", ".join(f"{p.node_id}{list(p.gpus)}" for p in ev.placements)
-        s = (
-            f"placed (attempt {ev.attempt}) on {where_s} at rank {d.rank}, budget rank {d.budget_rank}, "
-            f"r {_r(d.ratio)}"
-            + (f", preempting {', '.join(v.job_id for v in d.victims)}" if d.victims else "")
-            + (" using its reservation" if d.reservation else "")
-        )
-        return TimelineEntry(
-            at,
-            where,
-            t,
-            attempt,
-            s,
-            {
-                "placements": [p.model_dump(mode="json") for p in ev.placements],
-                "rank": d.rank,
-                "budget_rank": d.budget_rank,
-                "ratio": d.ratio,
-                "reservation": d.reservation,
-                "policy_version": d.policy_version,
-                "victims": [_victim_facts(v) for v in d.victims],
-                "fencing_token": ev.fencing_token,
-                "inputs": d.inputs,
-            },
-        )
-    if isinstance(ev, events.JobPreempted):
-        if ev.by_job_id:
-            why = _why(ev.victim) if ev.victim else ev.reason
-            s = f"preempted by {ev.by_job_id} ({ev.by_budget}): {why}; grace {ev.grace_s:g} s"
-        else:
-            s = f"preempted ({ev.reason}); grace {ev.grace_s:g} s"
-        if ev.lost_gpu_s is not None:
-            s += f"; work lost {ev.lost_gpu_s / 3600:.2f} GPU-h since its last checkpoint"
-        return TimelineEntry(
-            at,
-            where,
-            t,
-            attempt,
-            s,
-            {
-                "by_job_id": ev.by_job_id,
-                "by_budget": ev.by_budget,
-                "reason": ev.reason,
-                "victim": _victim_facts(ev.victim) if ev.victim else None,
-                "grace_s": ev.grace_s,
-                "lost_gpu_s": ev.lost_gpu_s,
-            },
-        )
-    if isinstance(ev, events.JobRequeued):
-        refused = ""
-        if ev.refused_by is not None:  # DESIGN section 3, refused starts
-            until = ev.refused_at.isoformat() if ev.refused_at is not None else at
-            refused = f"; {ev.refused_by} refused attempt {ev.attempt - 1}, charged until {until}"
-            if ev.not_before is not None:
-                refused += f"; refusal {ev.refusals}: not placed before {ev.not_before.isoformat()}"
-        return TimelineEntry(
-            at,
-            where,
-            t,
-            attempt,
-            f"requeued as attempt {ev.attempt} ({ev.reason}), keeping submitted_at {ev.submitted_at.isoformat()}"
-            + refused,
-        )
-    if isinstance(ev, events.JobStarted):
-        return TimelineEntry(
-            at, where, t, attempt, f"replica {ev.replica} started on {ev.node_id} GPUs {list(ev.gpus)}"
-        )
-    if isinstance(ev, (events.JobCompleted, events.JobFailed)):
-        rep = "" if ev.replica is None else f"replica {ev.replica} "
-        extra = f": {ev.reason}" if isinstance(ev, events.JobFailed) and getattr(ev, "reason", None) else ""
-        return TimelineEntry(at, where, t, attempt, f"{rep}{'completed' if t == 'JobCompleted' else 'failed'}{extra}")
-    if isinstance(ev, (events.StartWorkload, events.StopWorkload)):
-        verb = "start" if t == "StartWorkload" else "stop"
-        return TimelineEntry(at, where, t, attempt, f"command: {verb} on {ev.node_id}")
-    if isinstance(ev, events.JobCheckpointed):
-        rep = "" if ev.replica is None else f" by replica {ev.replica}"
-        on = f" on {ev.node_id}" if ev.node_id else ""
-        return TimelineEntry(
-            at,
-            where,
-            t,
-            attempt,
-            f"checkpoint{rep}{on}: {format_duration(ev.progress_s)} of progress saved",
-            {"progress_s": ev.progress_s},
-        )
-    if isinstance(ev, events.JobLost):
-        charged = f" (charged until {ev.charged_until.isoformat()})" if ev.charged_until else ""
-        lost = "" if ev.lost_gpu_s is None else f"; work lost {ev.lost_gpu_s / 3600:.2f} GPU-h"
-        return TimelineEntry(
-            at,
-            where,
-            t,
-            attempt,
-            f"lost on {ev.node_id}{charged}{lost}",
-            {"node_id": ev.node_id, "lost_gpu_s": ev.lost_gpu_s},
-        )
-    if isinstance(ev, events.WorkloadRefused):
-        return TimelineEntry(at, where, t, attempt, f"{ev.node_id} refused the start: {ev.reason}")
-    if isinstance(ev, events.JobCancelRequested):
-        why = f" ({ev.reason})" if ev.reason else ""
-        return TimelineEntry(at, where, t, None, f"cancel requested by {ev.user}{why}")
-    if isinstance(ev, events.JobCancelled):
-        why = f" ({ev.reason})" if ev.reason else ""
-        return TimelineEntry(at, where, t, attempt, f"cancelled{why}")
-    return TimelineEntry(at, where, t, attempt, t)
+    for kinds, describe in _DESCRIBE:
+        if isinstance(ev, kinds):
+            return describe(ev, at, where)
+    return TimelineEntry(at, where, ev.type, _attempt(ev), ev.type)
+
+
+def _attempt(ev: events.Event) -> int | None:
+    """The run's attempt, when the event has one."""
+    return getattr(ev, "attempt", None)
+
+
+def _preempts(ev: events.JobPreempted, at: str, where: str) -> TimelineEntry:
+    why = _why(ev.victim) if ev.victim else ev.reason
+    return TimelineEntry(
+        at,
+        where,
+        "Preempts",
+        _attempt(ev),
+        f"preempted {ev.job_id}#{ev.attempt} ({ev.budget}): {why}",
+        {
+            "victim": _victim_facts(ev.victim) if ev.victim else None,
+            "victim_job": ev.job_id,
+            "victim_budget": ev.budget,
+        },
+    )
+
+
+def _submitted(ev: events.JobSubmitted, at: str, where: str) -> TimelineEntry:
+    s = (
+        f"submitted to {ev.budget} by {ev.user}: {ev.replicas} x {ev.gpus_per_replica} GPU, "
+        f"min runtime {ev.min_runtime_s:g} s ({'allocated' if ev.allocated else 'unallocated'})"
+    )
+    return TimelineEntry(
+        at,
+        where,
+        ev.type,
+        None,
+        s,
+        {
+            "budget": ev.budget,
+            "user": ev.user,
+            "gpus_per_replica": ev.gpus_per_replica,
+            "replicas": ev.replicas,
+            "min_runtime_s": ev.min_runtime_s,
+            "duration_s": ev.duration_s,
+            "submitted_at": ev.submitted_at.isoformat(),
+        },
+    )
+
+
+def _queued(ev: events.JobQueued, at: str, where: str) -> TimelineEntry:
+    return TimelineEntry(at, where, ev.type, _attempt(ev), f"queued (attempt {ev.attempt}) in {ev.budget}")
+
+
+def _rejected(ev: events.JobRejected, at: str, where: str) -> TimelineEntry:
+    return TimelineEntry(
+        at,
+        where,
+        ev.type,
+        None,
+        f"rejected: {ev.reason.value}: {ev.message}",
+        {"reason": ev.reason.value, "message": ev.message},
+    )
+
+
+def _placed(ev: events.JobPlaced, at: str, where: str) -> TimelineEntry:
+    d = ev.decision
+    where_s = ", ".join(f"{p.node_id}{list(p.gpus)}" for p in ev.placements)
+    s = (
+        f"placed (attempt {ev.attempt}) on {where_s} at rank {d.rank}, budget rank {d.budget_rank}, "
+        f"r {_r(d.ratio)}"
+        + (f", preempting {', '.join(v.job_id for v in d.victims)}" if d.victims else "")
+        + (" using its reservation" if d.reservation else "")
+    )
+    return TimelineEntry(
+        at,
+        where,
+        ev.type,
+        _attempt(ev),
+        s,
+        {
+            "placements": [p.model_dump(mode="json") for p in ev.placements],
+            "rank": d.rank,
+            "budget_rank": d.budget_rank,
+            "ratio": d.ratio,
+            "reservation": d.reservation,
+            "policy_version": d.policy_version,
+            "victims": [_victim_facts(v) for v in d.victims],
+            "fencing_token": ev.fencing_token,
+            "inputs": d.inputs,
+        },
+    )
+
+
+def _preempted(ev: events.JobPreempted, at: str, where: str) -> TimelineEntry:
+    if ev.by_job_id:
+        why = _why(ev.victim) if ev.victim else ev.reason
+        s = f"preempted by {ev.by_job_id} ({ev.by_budget}): {why}; grace {ev.grace_s:g} s"
+    else:
+        s = f"preempted ({ev.reason}); grace {ev.grace_s:g} s"
+    if ev.lost_gpu_s is not None:
+        s += f"; work lost {ev.lost_gpu_s / 3600:.2f} GPU-h since its last checkpoint"
+    return TimelineEntry(
+        at,
+        where,
+        ev.type,
+        _attempt(ev),
+        s,
+        {
+            "by_job_id": ev.by_job_id,
+            "by_budget": ev.by_budget,
+            "reason": ev.reason,
+            "victim": _victim_facts(ev.victim) if ev.victim else None,
+            "grace_s": ev.grace_s,
+            "lost_gpu_s": ev.lost_gpu_s,
+        },
+    )
+
+
+def _requeued(ev: events.JobRequeued, at: str, where: str) -> TimelineEntry:
+    refused = ""
+    if ev.refused_by is not None:  # D3.refused-starts
+        until = ev.refused_at.isoformat() if ev.refused_at is not None else at
+        refused = f"; {ev.refused_by} refused attempt {ev.attempt - 1}, charged until {until}"
+        if ev.not_before is not None:
+            refused += f"; refusal {ev.refusals}: not placed before {ev.not_before.isoformat()}"
+    return TimelineEntry(
+        at,
+        where,
+        ev.type,
+        _attempt(ev),
+        f"requeued as attempt {ev.attempt} ({ev.reason}), keeping submitted_at {ev.submitted_at.isoformat()}" + refused,
+    )
+
+
+def _started(ev: events.JobStarted, at: str, where: str) -> TimelineEntry:
+    return TimelineEntry(
+        at, where, ev.type, _attempt(ev), f"replica {ev.replica} started on {ev.node_id} GPUs {list(ev.gpus)}"
+    )
+
+
+def _ended(ev: events.JobCompleted | events.JobFailed, at: str, where: str) -> TimelineEntry:
+    rep = "" if ev.replica is None else f"replica {ev.replica} "
+    extra = f": {ev.reason}" if isinstance(ev, events.JobFailed) and getattr(ev, "reason", None) else ""
+    done = "completed" if ev.type == "JobCompleted" else "failed"
+    return TimelineEntry(at, where, ev.type, _attempt(ev), f"{rep}{done}{extra}")
+
+
+def _command(ev: events.StartWorkload | events.StopWorkload, at: str, where: str) -> TimelineEntry:
+    verb = "start" if ev.type == "StartWorkload" else "stop"
+    return TimelineEntry(at, where, ev.type, _attempt(ev), f"command: {verb} on {ev.node_id}")
+
+
+def _checkpointed(ev: events.JobCheckpointed, at: str, where: str) -> TimelineEntry:
+    rep = "" if ev.replica is None else f" by replica {ev.replica}"
+    on = f" on {ev.node_id}" if ev.node_id else ""
+    return TimelineEntry(
+        at,
+        where,
+        ev.type,
+        _attempt(ev),
+        f"checkpoint{rep}{on}: {format_duration(ev.progress_s)} of progress saved",
+        {"progress_s": ev.progress_s},
+    )
+
+
+def _lost(ev: events.JobLost, at: str, where: str) -> TimelineEntry:
+    charged = f" (charged until {ev.charged_until.isoformat()})" if ev.charged_until else ""
+    lost = "" if ev.lost_gpu_s is None else f"; work lost {ev.lost_gpu_s / 3600:.2f} GPU-h"
+    return TimelineEntry(
+        at,
+        where,
+        ev.type,
+        _attempt(ev),
+        f"lost on {ev.node_id}{charged}{lost}",
+        {"node_id": ev.node_id, "lost_gpu_s": ev.lost_gpu_s},
+    )
+
+
+def _refused(ev: events.WorkloadRefused, at: str, where: str) -> TimelineEntry:
+    return TimelineEntry(at, where, ev.type, _attempt(ev), f"{ev.node_id} refused the start: {ev.reason}")
+
+
+def _cancel_requested(ev: events.JobCancelRequested, at: str, where: str) -> TimelineEntry:
+    why = f" ({ev.reason})" if ev.reason else ""
+    return TimelineEntry(at, where, ev.type, None, f"cancel requested by {ev.user}{why}")
+
+
+def _cancelled(ev: events.JobCancelled, at: str, where: str) -> TimelineEntry:
+    why = f" ({ev.reason})" if ev.reason else ""
+    return TimelineEntry(at, where, ev.type, _attempt(ev), f"cancelled{why}")
+
+
+#: One describer per event type of a job's own timeline, asked in this order; other types get their name.
+_DESCRIBE: tuple[tuple[type | tuple[type, ...], Callable[[Any, str, str], TimelineEntry]], ...] = (
+    (events.JobSubmitted, _submitted),
+    (events.JobQueued, _queued),
+    (events.JobRejected, _rejected),
+    (events.JobPlaced, _placed),
+    (events.JobPreempted, _preempted),
+    (events.JobRequeued, _requeued),
+    (events.JobStarted, _started),
+    ((events.JobCompleted, events.JobFailed), _ended),
+    ((events.StartWorkload, events.StopWorkload), _command),
+    (events.JobCheckpointed, _checkpointed),
+    (events.JobLost, _lost),
+    (events.WorkloadRefused, _refused),
+    (events.JobCancelRequested, _cancel_requested),
+    (events.JobCancelled, _cancelled),
+)
 
 
 def explain(

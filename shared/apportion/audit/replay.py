@@ -1,6 +1,6 @@
 """Pure replays over a decoded log: occupancy at T, preemptions, squatting.
 
-Inputs are :class:`~apportion.bus.reader.LogRecord` lists in log order (see
+Inputs are :class:`~apportion.logrecord.LogRecord` lists in log order (see
 :mod:`apportion.audit.source`); outputs are plain rows for tables and JSON.
 The same code answers for Kafka and for export files.
 """
@@ -13,7 +13,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from apportion import events
-from apportion.bus.reader import LogRecord
 from apportion.domain.budgets import BUDGET_CHANGES, BudgetTree, fold_budget_event, fold_budget_log
 from apportion.domain.cluster import (
     PROTECTION_CAP_W,
@@ -26,6 +25,7 @@ from apportion.domain.cluster import (
 from apportion.domain.fairshare import budget_order
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.usage import usage_snapshot
+from apportion.logrecord import LogRecord
 from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us, to_us
 
 

@@ -27,7 +27,8 @@ from typing import Any
 
 from apportion import events, topics
 from apportion.bus.intake import screen
-from apportion.bus.reader import LogRecord, iter_topic_records, log_order
+from apportion.bus.reader import iter_topic_records
+from apportion.logrecord import LogRecord, log_order
 from apportion.settings import topic_name
 
 FORMAT_VERSION = 1
@@ -148,7 +149,7 @@ def load_log(
     since_ms: int | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> list[LogRecord]:
-    """The log in :func:`apportion.bus.reader.log_order`, from a file or Kafka.
+    """The log in :func:`apportion.logrecord.log_order`, from a file or Kafka.
 
     Args:
         bootstrap: Kafka bootstrap, used when ``from_file`` is None.

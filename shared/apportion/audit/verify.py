@@ -1,7 +1,7 @@
 """``audit verify``: rebuild from the log and compare with what the services recorded.
 
 Three checks, each a pure function of a log in
-:func:`apportion.bus.reader.log_order` (plus, for the first, the rows read
+:func:`apportion.logrecord.log_order` (plus, for the first, the rows read
 from Redis):
 
 (a) :func:`check_read_models` - the accounting read model (``usage`` meta and
@@ -93,7 +93,6 @@ from typing import Any
 
 from apportion import events, topics
 from apportion.bus.intake import APPLY_FAILED, EVENT_ID_REUSED, UNDECODABLE
-from apportion.bus.reader import LogRecord, log_order
 from apportion.domain.admission import JOB_REQUESTS, NODE_REQUEST_TYPES, UNAUTHENTICATED, UNAUTHENTICATED_NODE
 from apportion.domain.budgets import BUDGET_CHANGES, fold_budget_log
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, emit_rank, evolve, maintenance, step
@@ -101,6 +100,7 @@ from apportion.domain.fairshare import budget_order
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.usage import usage_snapshot
 from apportion.identity import check_reports, check_requests
+from apportion.logrecord import LogRecord, log_order
 from apportion.settings import topic_name, topic_prefix
 from apportion.timeutil import WEEK_S, Micros, from_us, to_us
 
@@ -793,9 +793,10 @@ def check_read_models(
 
     Checks: the usage meta names a snapshot present in the log and its
     ``at``; every budget row (O, U, E, r, abs share, rank) equals the
-    windows rebuilt at that ``at``. Every job row (state, attempt, budget,
+    windows rebuilt at that ``at`` (:func:`_usage_mismatches`). Every job row (state, attempt, budget,
     nodes) and node row (state, GPUs, free GPUs, running) equals the
-    dispatcher state folded from the whole log in its order (:func:`dispatcher_fold`). The offset named is the
+    dispatcher state folded from the whole log in its order (:func:`dispatcher_fold`; :func:`_job_mismatches`,
+    :func:`_node_mismatches`). The offset named is the
     snapshot the usage rows claim to show, or the latest record of the job
     or node.
     """
@@ -805,143 +806,176 @@ def check_read_models(
     budgets = rows.get("budgets")
     meta = usage.get("meta")
     if meta is not None and budgets is not None:
-        from apportion.audit.replay import occupancy_at
+        out += _usage_mismatches(records, meta, budgets)
+    jobs, nodes = rows.get("jobs"), rows.get("nodes")
+    if jobs is not None or nodes is not None:
+        state = dispatcher_fold(records, cfg)
+        if jobs is not None:
+            out += _job_mismatches(records, jobs, state)
+        if nodes is not None:
+            out += _node_mismatches(records, nodes, state)
+    return out
 
-        snap_rec = next(
-            (
-                r
-                for r in records
-                if isinstance(r.event, events.OccupancySnapshot) and str(r.event.event_id) == meta.get("snapshot_id")
-            ),
-            None,
-        )
-        where = position(snap_rec) if snap_rec else None
-        order = log_order(snap_rec) if snap_rec else ()
-        at = to_us(events.utc(_parse(meta["at"])))
-        if snap_rec is None:
-            out.append(
-                Mismatch(
-                    "read_model",
-                    None,
-                    meta["at"],
-                    "usage.meta",
-                    f"snapshot {meta.get('snapshot_id')} is not in the log",
-                )
+
+def _usage_mismatches(
+    records: Sequence[LogRecord], meta: Mapping[str, Any], budgets: Mapping[str, Mapping[str, Any]]
+) -> list[Mismatch]:
+    """The usage meta and budget rows against the snapshot they name (:func:`check_read_models`)."""
+    from apportion.audit.replay import occupancy_at
+
+    out: list[Mismatch] = []
+    snap_rec = next(
+        (
+            r
+            for r in records
+            if isinstance(r.event, events.OccupancySnapshot) and str(r.event.event_id) == meta.get("snapshot_id")
+        ),
+        None,
+    )
+    where = position(snap_rec) if snap_rec else None
+    order = log_order(snap_rec) if snap_rec else ()
+    at = to_us(events.utc(_parse(meta["at"])))
+    if snap_rec is None:
+        out.append(
+            Mismatch(
+                "read_model",
+                None,
+                meta["at"],
+                "usage.meta",
+                f"snapshot {meta.get('snapshot_id')} is not in the log",
             )
-        if snap_rec is not None and _snap(snap_rec).inputs is not None:
-            # the rows are the snapshot they name, which check_snapshots rebuilds from exactly the records its
-            # accounting had read (its inputs); the ranks are of the budget tree those records give. Rebuilding
-            # by event time instead took a budget set after the snapshot's `at` (accounting's ledger clock, which
-            # only job and node events move) but folded before it for absent (seen on `budget set` right after
-            # an accounting restart: "row not in the rebuilt tree").
-            snap = _snap(snap_rec)
-            tree = fold_budget_log(_covered(records, snap.inputs or {}, _BUDGET_TYPES))
-            occ = {u.path: u.occupancy_gpu_s for u in snap.budgets}
-            ranks = {p: i for i, p in enumerate(budget_order(tree, occ, snap.capacity_gpu_s))}
-        else:
-            snap, ranks = occupancy_at(records, at, window_s=float(meta.get("window_s", WEEK_S)))
-        exp = {u.path: u.model_dump(mode="json") | {"rank": ranks.get(u.path)} for u in snap.budgets}
-        for path in sorted(set(exp) | set(budgets)):
-            got, want = budgets.get(path), exp.get(path)
-            if got is None or want is None:
-                out.append(
-                    Mismatch(
-                        "read_model",
-                        where,
-                        meta["at"],
-                        f"budgets[{path}]",
-                        "row missing in Redis" if got is None else "row not in the rebuilt tree",
-                        order,
-                    )
-                )
-                continue
-            diffs = []
-            for f in ("occupancy_gpu_s", "unallocated_gpu_s", "entitlement_gpu_s"):
-                if not _close(float(got.get(f, math.nan)), float(want[f]), abs_tol=ABS_GPU_S):
-                    diffs.append(f"{f}: Redis {got.get(f)!r}, rebuilt {want[f]!r}")
-            for f in ("ratio", "abs_share"):
-                g = got.get(f)
-                g = math.inf if g == "Infinity" else g
-                w = math.inf if want[f] == "Infinity" else want[f]
-                if not isinstance(g, (int, float)) or not _close(float(g), float(w)):
-                    diffs.append(f"{f}: Redis {got.get(f)!r}, rebuilt {want[f]!r}")
-            if got.get("rank") != want["rank"]:
-                diffs.append(f"rank: Redis {got.get('rank')!r}, rebuilt {want['rank']!r}")
-            if diffs:
-                out.append(Mismatch("read_model", where, meta["at"], f"budgets[{path}]", "; ".join(diffs), order))
-        if not _close(float(meta.get("capacity_gpu_s", math.nan)), snap.capacity_gpu_s, abs_tol=ABS_GPU_S):
+        )
+    if snap_rec is not None and _snap(snap_rec).inputs is not None:
+        # the rows are the snapshot they name, which check_snapshots rebuilds from exactly the records its
+        # accounting had read (its inputs); the ranks are of the budget tree those records give. Rebuilding
+        # by event time instead took a budget set after the snapshot's `at` (accounting's ledger clock, which
+        # only job and node events move) but folded before it for absent (seen on `budget set` right after
+        # an accounting restart: "row not in the rebuilt tree").
+        snap = _snap(snap_rec)
+        tree = fold_budget_log(_covered(records, snap.inputs or {}, _BUDGET_TYPES))
+        occ = {u.path: u.occupancy_gpu_s for u in snap.budgets}
+        ranks = {p: i for i, p in enumerate(budget_order(tree, occ, snap.capacity_gpu_s))}
+    else:
+        snap, ranks = occupancy_at(records, at, window_s=float(meta.get("window_s", WEEK_S)))
+    exp = {u.path: u.model_dump(mode="json") | {"rank": ranks.get(u.path)} for u in snap.budgets}
+    for path in sorted(set(exp) | set(budgets)):
+        got, want = budgets.get(path), exp.get(path)
+        if got is None or want is None:
             out.append(
                 Mismatch(
                     "read_model",
                     where,
                     meta["at"],
-                    "usage.meta",
-                    f"capacity_gpu_s: Redis {meta.get('capacity_gpu_s')!r}, rebuilt {snap.capacity_gpu_s!r}",
+                    f"budgets[{path}]",
+                    "row missing in Redis" if got is None else "row not in the rebuilt tree",
                     order,
                 )
             )
-    jobs, nodes = rows.get("jobs"), rows.get("nodes")
-    if jobs is not None or nodes is not None:
-        state = dispatcher_fold(records, cfg)
-        if jobs is not None:
-            last = _last_record_of(records, "job_id")
-            for jid in sorted(set(jobs) | set(state.jobs)):
-                got = jobs.get(jid)
-                rec = state.jobs.get(jid)
-                lr = last.get(jid)
-                where, at_s, order = _located(lr)
-                if got is None or rec is None:
-                    out.append(
-                        Mismatch(
-                            "read_model",
-                            where,
-                            at_s,
-                            f"jobs[{jid}]",
-                            "row missing in Redis" if got is None else "Redis lists a job the log says is not active",
-                            order,
-                        )
-                    )
-                    continue
-                run = state.cluster.runs.get((jid, rec.attempt))
-                want = {
-                    "state": rec.status,
-                    "attempt": rec.attempt,
-                    "budget": rec.spec.budget,
-                    "nodes": [p.node_id for p in run.placements] if run is not None else [],
-                }
-                diffs = [f"{k}: Redis {got.get(k)!r}, rebuilt {v!r}" for k, v in want.items() if got.get(k) != v]
-                if diffs:
-                    out.append(Mismatch("read_model", where, at_s, f"jobs[{jid}]", "; ".join(diffs), order))
-        if nodes is not None:
-            last = _last_record_of([r for r in records if not isinstance(r.event, events.NodeHeartbeat)], "node_id")
-            for nid in sorted(set(nodes) | set(state.cluster.nodes)):
-                got = nodes.get(nid)
-                n = state.cluster.nodes.get(nid)
-                lr = last.get(nid)
-                where, at_s, order = _located(lr)
-                if got is None or n is None:
-                    out.append(
-                        Mismatch(
-                            "read_model",
-                            where,
-                            at_s,
-                            f"nodes[{nid}]",
-                            "row missing in Redis" if got is None else "Redis lists an unknown node",
-                            order,
-                        )
-                    )
-                    continue
-                running = sorted(f"{k[0]}#{k[1]}" for k in state.cluster.node_runs.get(nid, ()))
-                want = {
-                    "state": n.state,
-                    "gpu_count": n.gpu_count,
-                    "gpu_model": n.gpu_model,
-                    "free_gpus": len(n.free),
-                    "running": running,
-                }
-                diffs = [f"{k}: Redis {got.get(k)!r}, rebuilt {v!r}" for k, v in want.items() if got.get(k) != v]
-                if diffs:
-                    out.append(Mismatch("read_model", where, at_s, f"nodes[{nid}]", "; ".join(diffs), order))
+            continue
+        diffs = _budget_row_diffs(got, want)
+        if diffs:
+            out.append(Mismatch("read_model", where, meta["at"], f"budgets[{path}]", "; ".join(diffs), order))
+    if not _close(float(meta.get("capacity_gpu_s", math.nan)), snap.capacity_gpu_s, abs_tol=ABS_GPU_S):
+        out.append(
+            Mismatch(
+                "read_model",
+                where,
+                meta["at"],
+                "usage.meta",
+                f"capacity_gpu_s: Redis {meta.get('capacity_gpu_s')!r}, rebuilt {snap.capacity_gpu_s!r}",
+                order,
+            )
+        )
+    return out
+
+
+def _budget_row_diffs(got: Mapping[str, Any], want: Mapping[str, Any]) -> list[str]:
+    """What differs between a budget row in Redis and the rebuilt one (GPU-seconds within :data:`ABS_GPU_S`)."""
+    diffs = []
+    for f in ("occupancy_gpu_s", "unallocated_gpu_s", "entitlement_gpu_s"):
+        if not _close(float(got.get(f, math.nan)), float(want[f]), abs_tol=ABS_GPU_S):
+            diffs.append(f"{f}: Redis {got.get(f)!r}, rebuilt {want[f]!r}")
+    for f in ("ratio", "abs_share"):
+        g = got.get(f)
+        g = math.inf if g == "Infinity" else g
+        w = math.inf if want[f] == "Infinity" else want[f]
+        if not isinstance(g, (int, float)) or not _close(float(g), float(w)):
+            diffs.append(f"{f}: Redis {got.get(f)!r}, rebuilt {want[f]!r}")
+    if got.get("rank") != want["rank"]:
+        diffs.append(f"rank: Redis {got.get('rank')!r}, rebuilt {want['rank']!r}")
+    return diffs
+
+
+def _job_mismatches(
+    records: Sequence[LogRecord], jobs: Mapping[str, Mapping[str, Any]], state: DispatchState
+) -> list[Mismatch]:
+    """The job rows against the dispatcher state folded from the log (:func:`check_read_models`)."""
+    out: list[Mismatch] = []
+    last = _last_record_of(records, "job_id")
+    for jid in sorted(set(jobs) | set(state.jobs)):
+        got = jobs.get(jid)
+        rec = state.jobs.get(jid)
+        lr = last.get(jid)
+        where, at_s, order = _located(lr)
+        if got is None or rec is None:
+            out.append(
+                Mismatch(
+                    "read_model",
+                    where,
+                    at_s,
+                    f"jobs[{jid}]",
+                    "row missing in Redis" if got is None else "Redis lists a job the log says is not active",
+                    order,
+                )
+            )
+            continue
+        run = state.cluster.runs.get((jid, rec.attempt))
+        want = {
+            "state": rec.status,
+            "attempt": rec.attempt,
+            "budget": rec.spec.budget,
+            "nodes": [p.node_id for p in run.placements] if run is not None else [],
+        }
+        diffs = [f"{k}: Redis {got.get(k)!r}, rebuilt {v!r}" for k, v in want.items() if got.get(k) != v]
+        if diffs:
+            out.append(Mismatch("read_model", where, at_s, f"jobs[{jid}]", "; ".join(diffs), order))
+    return out
+
+
+def _node_mismatches(
+    records: Sequence[LogRecord], nodes: Mapping[str, Mapping[str, Any]], state: DispatchState
+) -> list[Mismatch]:
+    """The node rows against the dispatcher state folded from the log (:func:`check_read_models`)."""
+    out: list[Mismatch] = []
+    last = _last_record_of([r for r in records if not isinstance(r.event, events.NodeHeartbeat)], "node_id")
+    for nid in sorted(set(nodes) | set(state.cluster.nodes)):
+        got = nodes.get(nid)
+        n = state.cluster.nodes.get(nid)
+        lr = last.get(nid)
+        where, at_s, order = _located(lr)
+        if got is None or n is None:
+            out.append(
+                Mismatch(
+                    "read_model",
+                    where,
+                    at_s,
+                    f"nodes[{nid}]",
+                    "row missing in Redis" if got is None else "Redis lists an unknown node",
+                    order,
+                )
+            )
+            continue
+        running = sorted(f"{k[0]}#{k[1]}" for k in state.cluster.node_runs.get(nid, ()))
+        want = {
+            "state": n.state,
+            "gpu_count": n.gpu_count,
+            "gpu_model": n.gpu_model,
+            "free_gpus": len(n.free),
+            "running": running,
+        }
+        diffs = [f"{k}: Redis {got.get(k)!r}, rebuilt {v!r}" for k, v in want.items() if got.get(k) != v]
+        if diffs:
+            out.append(Mismatch("read_model", where, at_s, f"nodes[{nid}]", "; ".join(diffs), order))
     return out
 
 

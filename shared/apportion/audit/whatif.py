@@ -31,10 +31,10 @@ from typing import Any
 
 from apportion import events
 from apportion.budgetfile import load_budget_tree
-from apportion.bus.reader import LogRecord
 from apportion.domain.budgets import BudgetTree, fold_budget_log
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import EngineConfig
+from apportion.logrecord import LogRecord
 from apportion.sim.core import SimConfig, SimJob, SimNode, simulate
 from apportion.sim.report import PolicyReport, summarise
 from apportion.timeutil import WEEK_S, to_us

@@ -115,7 +115,7 @@ class LagMeter:
         self._at = now
         try:
             lag = partition_lag(kc, partitions())
-        except Exception:  # noqa: BLE001 - a rebalance or a slow broker: metrics only, measured next time
+        except Exception:  # a rebalance or a slow broker: metrics only, measured next time
             log.debug("could not measure the consumer lag", exc_info=True)
             return
         self.sink(lag)
@@ -428,7 +428,7 @@ class AssignedConsumer:
         before the key registration published (and acknowledged) just before
         it, or a report before its key's revocation; the reader would judge it
         by keys the log's order contradicts, and the audit, which judges every
-        record by the keys as of its own place (:func:`apportion.identity.log_position`),
+        record by the keys as of its own place (:func:`apportion.logrecord.log_position`),
         would disagree.
         """
         batch = self._kc.poll(timeout_ms=timeout_ms, max_records=max_records)
@@ -538,15 +538,3 @@ class AssignedConsumer:
 def _in_partition_order(batch: dict[Any, list[Any]]) -> list[Any]:
     """A kafka-python poll result as one list: partition by partition (topic, partition), each in offset order."""
     return [r for tp in sorted(batch, key=lambda tp: (tp.topic, tp.partition)) for r in batch[tp]]
-
-
-def record_order(rec: Any, event: Any) -> tuple:
-    """Deterministic merge order of records from several topics.
-
-    Same as :func:`apportion.bus.reader.log_order`: (event time, topic,
-    partition, offset); undecodable records by their Kafka timestamp.
-    """
-    from apportion.timeutil import to_us
-
-    t = to_us(event.ts) if event is not None else rec.timestamp * 1000
-    return (t, rec.topic, rec.partition, rec.offset)

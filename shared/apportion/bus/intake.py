@@ -50,7 +50,7 @@ from uuid import UUID
 
 from apportion import events
 from apportion.domain.admission import RUN_REPORT_TYPES, UNAUTHENTICATED_NODE
-from apportion.identity import log_position
+from apportion.logrecord import log_position
 from apportion.settings import topic_prefix
 from apportion.timeutil import WEEK_S
 
@@ -317,7 +317,7 @@ class Intake:
 
         The batch's identity events (key registrations and revocations) are
         folded first, each at its record's place in the log
-        (:func:`apportion.identity.log_position`: the broker's append time),
+        (:func:`apportion.logrecord.log_position`: the broker's append time),
         then each decision, command and node report is checked in batch order
         (a run's placement before its reports) against the keys as of *its*
         record's place: a revocation counts only for records appended after it

@@ -10,36 +10,13 @@ services.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from apportion import events
 from apportion.bus.intake import screen
+from apportion.logrecord import LogRecord, log_order
 
-
-@dataclass(frozen=True, slots=True)
-class LogRecord:
-    """One record of the log, decoded when possible.
-
-    Attributes:
-        topic, partition, offset: where it is.
-        key: record key (str) or None.
-        timestamp_ms: Kafka record timestamp (ms since epoch).
-        raw: the value bytes as stored (None for a null value, a tombstone).
-        event: the decoded event, or None when a reader refuses the record
-            (:func:`apportion.bus.intake.screen`: it does not decode, or its
-            key or topic disagrees with the event).
-        error: the reason (``str(DecodeError)``) when ``event`` is None.
-    """
-
-    topic: str
-    partition: int
-    offset: int
-    key: str | None
-    timestamp_ms: int
-    raw: bytes | None
-    event: events.Event | None
-    error: str | None = None
+__all__ = ["iter_topic_records", "read_log"]
 
 
 def iter_topic_records(
@@ -126,23 +103,6 @@ def iter_topic_records(
                     remaining.discard(tp)
     finally:
         consumer.close()
-
-
-def log_order(rec: LogRecord) -> tuple:
-    """The documented total order of an audit replay.
-
-    Records sort by (event time ``ts``, topic, partition, offset); records
-    that do not decode sort by their Kafka timestamp. Per-key order on one
-    partition is preserved because offsets break ties within a partition
-    and producers of one key write event times in order.
-    """
-    if rec.event is not None:
-        from apportion.timeutil import to_us
-
-        t = to_us(rec.event.ts)
-    else:
-        t = rec.timestamp_ms * 1000
-    return (t, rec.topic, rec.partition, rec.offset)
 
 
 def read_log(bootstrap: str, topics: Iterable[str], **kwargs: Any) -> list[LogRecord]:

@@ -1,4 +1,4 @@
-"""Staying up: wait for Kafka and Redis, retry with backoff, report readiness (issues 13 and 18).
+"""Staying up: wait for Kafka and Redis, retry with backoff, report readiness.
 
 Every service runs its connected part as a *session* under :func:`supervise`: a session that raises
 (broker or Redis gone, a publish that timed out, a consumer that cannot commit) is logged with what it

@@ -166,7 +166,7 @@ def start_metrics(
             self.wfile.write(body)
             return None
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        def log_message(self, format: str, *args: Any) -> None:  # the base class's name
             pass  # no access log on stderr (the service's log is JSON lines)
 
     server = ThreadingHTTPServer((host, port), Handler)

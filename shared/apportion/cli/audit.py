@@ -17,6 +17,7 @@ import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from apportion.cli.common import _print_json, _ratio, _tree_from_file, check_budget_filter, err, fail, out
 from apportion.settings import Connection
 
 audit_app = typer.Typer(
@@ -66,7 +67,6 @@ def _load(
 ) -> list[Any]:
     """The log from Kafka or an export, in log order: the audit's topics, and the dead letters when asked."""
     from apportion.audit.source import load_log, verify_topics
-    from apportion.cli.main import fail
 
     conn = Connection.resolve(bootstrap=bootstrap)
     if from_file is not None:
@@ -118,14 +118,10 @@ def _load(
 
 
 def _err() -> Any:
-    from apportion.cli.main import err
-
     return err
 
 
 def _out() -> Any:
-    from apportion.cli.main import out
-
     return out
 
 
@@ -149,15 +145,11 @@ def export(
     if until:
         limit = parse_time(until).timestamp() * 1000
         recs = [r for r in recs if r.timestamp_ms <= limit]
-    from apportion.cli.main import fail
-
     try:
         n = write_export(recs, output, topic_names=verify_topics(), exported_at=datetime.now(UTC).isoformat())
     except OSError as exc:
         fail(f"cannot write {output}: {exc.strerror or exc}")
     if as_json:
-        from apportion.cli.main import _print_json
-
         _print_json({"records": n, "output": str(output)})
     else:
         _out().print(f"wrote {n:,} records to {output}")
@@ -178,7 +170,6 @@ def occupancy(
     ``requested_at`` is the T asked for, ``at`` the time answered for).
     """
     from apportion.audit.replay import occupancy_at
-    from apportion.cli.main import _print_json, _ratio, check_budget_filter
     from apportion.timeutil import to_us
 
     check_budget_filter(budget)
@@ -259,7 +250,6 @@ def preemptions(
     Exit code 1 when any protection violation is found.
     """
     from apportion.audit.replay import preemption_report
-    from apportion.cli.main import _print_json
     from apportion.timeutil import to_us
 
     recs = _load(bootstrap, from_file)
@@ -327,7 +317,6 @@ def squatting(
     utilisation_reported}``; each run has ``idle`` and ``source``.
     """
     from apportion.audit.replay import squatting_report
-    from apportion.cli.main import _print_json
     from apportion.durations import format_duration
 
     rep = squatting_report(
@@ -376,7 +365,6 @@ def _dispatch_config(
     Without a record (a log older than it) the built-in defaults are used, and a note says so.
     """
     from apportion.audit.config import config_from_log, with_overrides
-    from apportion.cli.main import fail
     from apportion.domain.dispatch import DispatchConfig
 
     try:
@@ -428,7 +416,6 @@ def explain_cmd(
     Exit code 1 when the job is not in the log or a re-run decision differs from the recorded one.
     """
     from apportion.audit.explain import explain
-    from apportion.cli.main import _print_json, fail
 
     recs = _load(bootstrap, from_file)
     cfg = _dispatch_config(recs, delta, grace, reservation_after, heartbeat_timeout, window)
@@ -478,7 +465,6 @@ def verify_cmd(
     refused attacks, by reason: the stack working, not a mismatch (--json: ``refused_attacks``).
     """
     from apportion.audit.verify import read_models_from_redis, verify
-    from apportion.cli.main import _print_json
 
     recs = _load(bootstrap, from_file, dead_letters=True)
     cfg = _dispatch_config(recs, delta, grace, reservation_after, heartbeat_timeout, window)
@@ -558,7 +544,6 @@ def whatif_cmd(
 ) -> None:
     """Re-run the log's submissions under another budget tree and the recorded one, side by side."""
     from apportion.audit.whatif import whatif
-    from apportion.cli.main import _print_json, _tree_from_file, fail
 
     tree = _tree_from_file(budgets)  # a bad file is bad input (exit 2), told before the log is read
     recs = _load(bootstrap, from_file)
@@ -596,7 +581,7 @@ def whatif_cmd(
         a, b, df = row["recorded"] or {}, row["new"] or {}, row["diff"] or {}
 
         def cell(k: str, kind: str) -> str:
-            return f"{f(a.get(k), kind)} -> {f(b.get(k), kind)} ({d(df.get(k), kind)})"  # noqa: B023 (called in this iteration)
+            return f"{f(a.get(k), kind)} -> {f(b.get(k), kind)} ({d(df.get(k), kind)})"  # noqa: B023 - called in this iteration
 
         table.add_row(
             row["path"],

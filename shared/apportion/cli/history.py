@@ -23,10 +23,23 @@ from typing import Annotated, Any
 import typer
 
 from apportion import events
-from apportion.cli.verdicts import refuses_request_only
+from apportion.cli.common import _checked, _print_json, _require_topics, check_budget_filter, fail, refuse
 from apportion.settings import topic_name
 
 FINISHED = ("completed", "failed", "cancelled", "rejected")
+
+
+def refuses_request_only(ev: events.Event, queued: bool) -> bool:
+    """True for a ``JobRejected`` that refuses a request and says nothing about the job (which may be running).
+
+    That is the refusal of a cancel, hold or release request (``request`` not ``JobSubmitted``:
+    ``not_owner``, ``unauthenticated``), and any refusal of a later submission
+    reusing the id of a job that was queued (``duplicate_job``, or an
+    ``unauthenticated`` copy).
+    """
+    if not isinstance(ev, events.JobRejected):
+        return False
+    return ev.request != "JobSubmitted" or queued
 
 
 @dataclass
@@ -262,7 +275,6 @@ def history(
 
     from apportion import topics
     from apportion.bus.reader import read_log
-    from apportion.cli.main import _checked, _print_json, _require_topics, check_budget_filter, fail
 
     if state is not None and state not in FINISHED:
         fail(f"--state must be one of {', '.join(FINISHED)}, got {state!r}")
@@ -340,7 +352,6 @@ def _when(text: str | None, flag: str) -> datetime | None:
     """An ISO time, or a duration meaning that long before now (``2h`` = two hours ago)."""
     from datetime import UTC, timedelta
 
-    from apportion.cli.main import fail
     from apportion.durations import parse_duration
     from apportion.settings import event_clock
 
@@ -382,7 +393,6 @@ def usage(
 
     from apportion import topics
     from apportion.bus.reader import read_log
-    from apportion.cli.main import _checked, _print_json, _require_topics, check_budget_filter, fail
     from apportion.durations import parse_duration
     from apportion.settings import event_clock
     from apportion.timeutil import to_us
@@ -465,7 +475,6 @@ def logs(
     import re
     import sys
 
-    from apportion.cli.main import _print_json, fail, refuse
     from apportion.settings import stack_env
 
     base = log_dir or (

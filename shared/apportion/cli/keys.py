@@ -23,6 +23,7 @@ from typing import Annotated
 import typer
 
 from apportion import events
+from apportion.cli.common import _publish, _published, _require_topics, fail, out
 from apportion.settings import topic_name
 
 app = typer.Typer(help="Signing keys: init (researchers), register/revoke (ops).", no_args_is_help=True)
@@ -49,7 +50,6 @@ def init_key(
     """Make a key pair in your identity file (or a node's or service's key file); print the public key for ops."""
     import os
 
-    from apportion.cli.main import fail, out
     from apportion.domain.admission import DISPATCHER, node_principal
     from apportion.identity import Identity, identity_file, node_key_file
 
@@ -84,7 +84,6 @@ def show_key(
     file: Annotated[Path | None, typer.Option("--file", help="Identity file (default: APPORTION_IDENTITY).")] = None,
 ) -> None:
     """Print the user, role and public key of your identity file (never the private key)."""
-    from apportion.cli.main import fail
     from apportion.identity import Identity, identity_file
 
     path = file or identity_file()
@@ -96,7 +95,6 @@ def show_key(
 
 
 def _publish_identity_event(ev: events.Event, bootstrap: str | None, as_json: bool, message: str) -> None:
-    from apportion.cli.main import _publish, _published, _require_topics
     from apportion.topics import BUDGETS
 
     _require_topics(bootstrap, topic_name(BUDGETS))
@@ -116,7 +114,6 @@ def register_key(
     from datetime import UTC, datetime
 
     from apportion import client
-    from apportion.cli.main import fail
 
     if role not in ("user", "ops"):
         fail(f"--role must be user or ops, not {role!r}")
@@ -139,8 +136,6 @@ def revoke_key(
     from datetime import UTC, datetime
 
     from pydantic import ValidationError
-
-    from apportion.cli.main import fail
 
     try:
         ev = events.UserKeyRevoked(

@@ -13,20 +13,31 @@ time. Change commands check, publish, then wait for the verdict
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from apportion import events
+from apportion.cli.common import (
+    _checked,
+    _print_json,
+    _publish,
+    _published,
+    _ratio,
+    _require_topics,
+    _tree_from_file,
+    check_budget_filter,
+    err,
+    fail,
+    out,
+    refuse,
+)
 from apportion.durations import format_duration, parse_duration
 from apportion.settings import Connection, topic_name, topic_prefix
 
@@ -54,9 +65,6 @@ app = typer.Typer(
 budget_app = typer.Typer(help="Show and change the budget tree (ops).", no_args_is_help=True)
 app.add_typer(budget_app, name="budget")
 
-out = Console()
-err = Console(stderr=True)
-
 Bootstrap = Annotated[
     str | None, typer.Option("--bootstrap", help="Kafka bootstrap (host:port).", envvar="APPORTION_KAFKA_BOOTSTRAP")
 ]
@@ -72,28 +80,6 @@ RequestUser = Annotated[
     str | None,
     typer.Option("--user", "-u", help="Requesting user (default: your identity's; the request is signed)."),
 ]
-
-
-def fail(message: str, code: int = 2) -> NoReturn:
-    """Print ``error: message`` on stderr and exit with ``code``."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
-
-
-def refuse(
-    message: str, *, as_json: bool, verdict: str = "refused", reason: str = "", code: int = 1, **fields: Any
-) -> NoReturn:
-    """A change command's refusal: with ``--json`` first the verdict object on stdout,
-    ``{"ok": false, "verdict": verdict, "reason": reason, "message": message, **fields}``; then, as
-    :func:`fail`, ``error: message`` on stderr and exit ``code``.
-
-    ``verdict`` is ``refused`` (the change breaks a rule), ``not_found`` (it names nothing that exists),
-    ``rejected`` (the owning service said no) or ``no_verdict``; ``reason`` is the rule's code when there is one
-    (``in_use``, ``sum_exceeds``...).
-    """
-    if as_json:
-        _print_json({"ok": False, "verdict": verdict, "reason": reason, "message": message, **fields})
-    fail(message, code)
 
 
 def _now() -> datetime:
@@ -117,26 +103,6 @@ def _identity(user: str | None, bootstrap: str | None, *, ops: bool = False) -> 
         raise
 
 
-def _publish(evts: list[events.Event], bootstrap: str | None) -> None:
-    from apportion import client
-
-    try:
-        client.publish(*evts, bootstrap=bootstrap)
-    except Exception as exc:  # kafka errors have many types; report them plainly
-        if type(exc).__module__.startswith("kafka"):
-            conn = Connection.resolve(bootstrap=bootstrap)
-            fail(f"cannot publish to Kafka at {conn.bootstrap}: {exc} (is the stack up? `apportion stack up`)", 3)
-        raise
-
-
-def _published(evts: list[events.Event], as_json: bool, message: str) -> None:
-    """Report published events: ``message`` for people, or ``{"published": [event, ...]}`` with ``--json``."""
-    if as_json:
-        _print_json({"published": [events.to_dict(e) for e in evts]})
-    else:
-        out.print(message, soft_wrap=True)
-
-
 def _redis(redis_url: str | None) -> Any:
     import redis
 
@@ -149,57 +115,6 @@ def _redis(redis_url: str | None) -> Any:
     except redis.RedisError as exc:
         fail(f"cannot reach Redis at {conn.redis_url}: {exc} (is the stack up? `apportion stack up`)", 3)
     return r
-
-
-def _checked(fn: Any) -> Any:
-    """Run ``fn()``; an unreachable Kafka (:class:`verdicts.Unreachable` or a kafka error) exits 3 with one line."""
-    from apportion.cli import verdicts
-
-    try:
-        return fn()
-    except verdicts.Unreachable as exc:
-        fail(f"{exc} (is the stack up? `apportion stack up`)", 3)
-    except Exception as exc:
-        if verdicts.is_kafka_error(exc):
-            fail(f"cannot reach Kafka at {Connection.resolve().bootstrap}: {exc} (is the stack up?)", 3)
-        raise
-
-
-def _require_topics(bootstrap: str | None, *names: str) -> Connection:
-    """The connection, after checking Kafka answers and the namespace has ``names`` (else one line, exit 3)."""
-    from apportion.cli import verdicts
-    from apportion.settings import topic_prefix
-
-    conn = Connection.resolve(bootstrap=bootstrap)
-    for name in names:
-        if _checked(lambda n=name: verdicts.partitions_of(conn.bootstrap, n)) == 0:
-            ns = f"namespace {topic_prefix()!r}" if topic_prefix() else "the default namespace"
-            fail(
-                f"topic {name} does not exist at {conn.bootstrap}: {ns} is not provisioned "
-                f"(`python -m apportion.bus.provision --bootstrap {conn.bootstrap}`, or `apportion stack up`)",
-                3,
-            )
-    return conn
-
-
-def _print_json(obj: Any) -> None:
-    def default(o: Any) -> Any:
-        if isinstance(o, float) and math.isinf(o):
-            return "Infinity"
-        return str(o)
-
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=default) + "\n")
-
-
-def _ratio(r: Any) -> str:
-    """A usage ratio r for a table: 3 decimals, ``inf``, ``-`` for none; from 1e6 up in 3 significant digits
-    (``1.23e+299``), so a budget with a tiny share does not print a 300-digit number."""
-    if r is None:
-        return "-"
-    r = float(r)
-    if math.isinf(r):
-        return "inf"
-    return f"{r:.3f}" if abs(r) < 1e6 else f"{r:.3g}"
 
 
 # --------------------------------------------------------------------------- researchers
@@ -505,17 +420,6 @@ def check_states(state: str | None, all_states: bool) -> set[str] | None:
     if done and not all_states:
         fail(f"--state {', '.join(done)}: finished jobs come from the log: add --all (or use `apportion history`)")
     return wanted
-
-
-def check_budget_filter(budget: str | None) -> None:
-    """Exit 2 when a ``--budget`` filter is not a well-formed budget path (it could match no job)."""
-    from apportion.domain.budgets import BudgetError, validate_path
-
-    if budget is not None:
-        try:
-            validate_path(budget)
-        except BudgetError as exc:
-            fail(f"--budget: {exc.message}")
 
 
 def queue_rows(
@@ -1491,16 +1395,6 @@ def schemas_(
 
 
 # --------------------------------------------------------------------------- budgets
-
-
-def _tree_from_file(path: Path) -> Any:
-    """The :class:`BudgetTree` of budget file ``path`` (:mod:`apportion.budgetfile`); a bad file is one line, exit 2."""
-    from apportion.budgetfile import BudgetFileError, load_budget_tree
-
-    try:
-        return load_budget_tree(path)
-    except BudgetFileError as exc:
-        fail(str(exc))
 
 
 def parse_members(text: str) -> tuple[str, ...]:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from apportion.cli.common import err, fail
 from apportion.domain.cluster import PROTECTION_CAP_W, PROTECTION_CHURN_BOUND, PROTECTION_DOUBLINGS
 from apportion.domain.engine import CHECKPOINT_WAIT_S, PATIENCE_S
 
@@ -225,7 +226,6 @@ def simulate(
     ),
 ) -> None:
     """Run the simulation(s) and report utilisation, goodput, work lost, share deficit, waits, completions."""
-    from apportion.cli.main import err, fail
     from apportion.sim.traces import TraceError, load_budget_file, load_trace, trace_format
 
     try:

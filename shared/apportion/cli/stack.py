@@ -287,7 +287,7 @@ def probe(info: StackInfo, timeout_s: float = 3.0) -> dict[str, Probe]:
         finally:
             kc.close()
         out["kafka"] = Probe(True)
-    except Exception as exc:  # kafka errors have many types; any is "does not answer"
+    except Exception as exc:  # noqa: BLE001 - kafka errors have many types; any is "does not answer"
         out["kafka"] = Probe(False, f"{type(exc).__name__}: {exc}"[:200])
     try:
         r = redis_lib.Redis.from_url(
@@ -365,7 +365,7 @@ def _save_launch(info: StackInfo, name: str, args: Sequence[str], env: Mapping[s
 
 def _spawn(info: StackInfo, name: str, args: Sequence[str], env: Mapping[str, str]) -> int:
     """Start service ``name`` (its own session, output appended to its log, pid file written); its pid."""
-    logf = open(info.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
+    logf = open(info.log_dir / f"{name}.log", "ab")  # handed to the child
     try:
         proc = subprocess.Popen(
             list(args), env=dict(env), stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True

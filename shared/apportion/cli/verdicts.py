@@ -32,37 +32,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from apportion import events
+from apportion.cli.common import Unreachable, _consumer, is_kafka_error, partitions_of
+from apportion.cli.history import FINISHED, fold_jobs
 from apportion.settings import topic_name
 
 #: Wall seconds a change command waits for its verdict by default.
 DEFAULT_WAIT_S = 15.0
-
-
-class Unreachable(RuntimeError):
-    """Kafka or Redis did not answer (exit 3)."""
-
-
-def is_kafka_error(exc: BaseException) -> bool:
-    """True for the exceptions kafka-python raises (they have many types)."""
-    return type(exc).__module__.startswith("kafka")
-
-
-def _consumer(bootstrap: str) -> Any:
-    from kafka import KafkaConsumer
-
-    from apportion.bus.producer import READ_COMMITTED
-    from apportion.bus.security import kafka_auth
-
-    return KafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        request_timeout_ms=10_000,
-        bootstrap_timeout_ms=5_000,
-        consumer_timeout_ms=1000,
-        **READ_COMMITTED,
-        **kafka_auth(),
-    )
 
 
 def partition_of(key: str, partitions: int) -> int:
@@ -112,26 +87,6 @@ def read_partition(
     return out
 
 
-def partitions_of(bootstrap: str, topic: str) -> int:
-    """Number of partitions of ``topic``; 0 when it does not exist (an unprovisioned namespace).
-
-    Raises:
-        Unreachable: Kafka did not answer.
-    """
-    try:
-        kc = _consumer(bootstrap)
-        try:
-            if topic not in kc.topics():
-                return 0
-            return len(kc.partitions_for_topic(topic) or ())
-        finally:
-            kc.close()
-    except Exception as exc:
-        if is_kafka_error(exc):
-            raise Unreachable(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
-        raise
-
-
 def key_events(bootstrap: str, topic: str, key: str) -> list[events.Event]:
     """Every event with record key ``key`` on ``topic`` (only its partition is read), in offset order."""
     n = partitions_of(bootstrap, topic)
@@ -154,24 +109,10 @@ class JobStatus:
     detail: str = ""
 
 
-def refuses_request_only(ev: events.Event, queued: bool) -> bool:
-    """True for a ``JobRejected`` that refuses a request and says nothing about the job (which may be running).
-
-    That is the refusal of a cancel, hold or release request (``request`` not ``JobSubmitted``:
-    ``not_owner``, ``unauthenticated``), and any refusal of a later submission
-    reusing the id of a job that was queued (``duplicate_job``, or an
-    ``unauthenticated`` copy).
-    """
-    if not isinstance(ev, events.JobRejected):
-        return False
-    return ev.request != "JobSubmitted" or queued
-
-
 def job_status(bootstrap: str, job_id: str) -> JobStatus:
     """The job's status from its records on ``apportion.submissions`` and ``apportion.jobs``, folded as
     ``apportion history`` folds them (:func:`apportion.cli.history.fold_jobs`: a run ends with its last
     replica's report, which the node agents publish per replica)."""
-    from apportion.cli.history import FINISHED, fold_jobs
     from apportion.topics import JOBS, SUBMISSIONS
 
     subs = key_events(bootstrap, topic_name(SUBMISSIONS), job_id)

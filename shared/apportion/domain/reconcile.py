@@ -1,4 +1,4 @@
-"""Reconciliation of the dispatcher's runs with what node agents report in their heartbeats (issue 18).
+"""Reconciliation of the dispatcher's runs with what node agents report in their heartbeats.
 
 A node agent's ``NodeHeartbeat`` lists the replicas it runs (``running``). Two disagreements with the
 dispatcher's view (:class:`~apportion.domain.cluster.ClusterState`) are repaired:

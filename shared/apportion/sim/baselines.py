@@ -35,6 +35,10 @@ from apportion.domain.engine.shapes import CycleMemo, segment_floor
 from apportion.domain.engine.victims import CycleVictims
 from apportion.domain.nodes import COUNTED_STATES
 from apportion.events import Event, Placement
+from apportion.sim.capacity import Shape, add_blocked, is_blocked, largest_free
+from apportion.sim.peers.kai import Kai
+from apportion.sim.peers.kueue import Kueue
+from apportion.sim.peers.slurm import Slurm
 from apportion.timeutil import Micros, from_us
 
 __all__ = ["fifo", "static_partitions", "strict_priority", "POLICIES"]
@@ -109,54 +113,6 @@ def _rank(segs: list[Segment], job: PendingJob) -> int:
     return sum(bisect_left(lst, k, lo, hi, key=_fifo_key) - lo for _, lst, lo, hi in segs)
 
 
-def _largest_free(free: CycleFree) -> int:
-    """The most free GPUs any node has in this cycle (over all models), 0 when none is free."""
-    best = 0
-    for b in free.buckets.values():
-        for c in range(len(b) - 1, best, -1):
-            if b[c]:
-                best = c
-                break
-    return best
-
-
-Shape = tuple[int, int, "str | None"]
-"""``(gpus_per_replica, replicas, gpu_model)`` of a job; model ``None`` = any model."""
-
-
-def _covers(shape: Shape, g: int, k: int, model: str | None) -> bool:
-    """Whether a job of shape ``(g, k, model)`` needs at least what ``shape`` needs.
-
-    True when ``shape`` is ``(fg, fk, fm)`` with ``fg <= g``, ``fk <= k`` and
-    ``fm`` either ``None`` (any model) or ``model``: every gang placement of
-    the job (k distinct nodes of that model, g GPUs each) contains one of
-    ``shape``, so if ``shape`` cannot be placed, neither can the job.
-    """
-    fg, fk, fm = shape
-    return fg <= g and fk <= k and (fm is None or fm == model)
-
-
-def _blocked(shapes: list[Shape], g: int, k: int, model: str | None) -> bool:
-    """Whether some shape in ``shapes`` covers ``(g, k, model)`` (:func:`_covers`)."""
-    for fg, fk, fm in shapes:
-        if fg <= g and fk <= k and (fm is None or fm == model):
-            return True
-    return False
-
-
-def _add_blocked(shapes: list[Shape], shape: Shape) -> None:
-    """Add ``shape`` to the blocked ``shapes`` unless one already covers it; drop those it covers.
-
-    The list stays an antichain (no entry covers another), so :func:`_blocked`
-    gives the same answer as over every shape ever added, on a shorter list.
-    """
-    g, k, m = shape
-    if _blocked(shapes, g, k, m):
-        return
-    shapes[:] = [s for s in shapes if not _covers(shape, *s)]
-    shapes.append(shape)
-
-
 def _greedy(
     snapshot: CycleSnapshot,
     now_us: Micros,
@@ -195,7 +151,7 @@ def _greedy(
     unallocated runs that may be preempted only go (``victims.taken`` grows)
     and a leaf's room only shrinks. So a shape whose fit on free GPUs failed,
     or whose preemption plan failed, stays failed for the rest of the cycle,
-    and so does every shape it covers (:func:`_covers`; a plan failure implies
+    and so does every shape it covers (:func:`covers`; a plan failure implies
     a fit failure, since the nodes a fit would pick are plan options); a job
     wider per replica than any node's free GPUs, or larger than its leaf's
     room, cannot be placed later in the cycle either. Such jobs are passed
@@ -237,21 +193,21 @@ def _greedy(
         plive = [True] * len(preemptors)
         for _, job in _merge(preemptors, plive):
             g, k, m = job.gpus_per_replica, job.replicas, job.gpu_model
-            if _blocked(no_plan, g, k, m):
+            if is_blocked(no_plan, g, k, m):
                 continue
-            nodes = None if _blocked(no_fit, g, k, m) else free.fit(g, k, m)
+            nodes = None if is_blocked(no_fit, g, k, m) else free.fit(g, k, m)
             if nodes is not None:
                 place_free(job, nodes, _rank(preemptors, job))
                 continue
-            _add_blocked(no_fit, (g, k, m))
+            add_blocked(no_fit, (g, k, m))
             if victims is None:
                 victims = CycleVictims(snapshot.cluster, now_us, snapshot.victims)
                 victims.expired = {}  # priority classes: only the low class is preemptible
             plan = plan_preemption(job, job.budget, free, victims, now_us, lambda p: 0.0, 0.0)
             if plan is None:
-                _add_blocked(no_plan, (g, k, m))
+                add_blocked(no_plan, (g, k, m))
                 for i, (fg, fk) in enumerate(pfloors):
-                    if plive[i] and _blocked(no_plan, fg, fk, None):  # covers every job of the segment
+                    if plive[i] and is_blocked(no_plan, fg, fk, None):  # covers every job of the segment
                         plive[i] = False
                 continue
             pl, chosen = plan
@@ -265,7 +221,7 @@ def _greedy(
             emit_placed(
                 out, job, pl, tuple(v for _, v in chosen), job.budget, _rank(preemptors, job), {}, 0.0, False, ts, cfg
             )
-    largest = _largest_free(free)
+    largest = largest_free(free)
     if largest == 0:  # every job wants >= 1 GPU per replica: nothing more can be placed
         return out
     floors = [_floor_of(memo, sg) for sg in segs]
@@ -273,7 +229,7 @@ def _greedy(
     def dead(i: int) -> bool:
         fg, fk = floors[i]
         return (
-            fg > largest or (room is not None and fg * fk > room.get(segs[i][0], 0)) or _blocked(no_fit, fg, fk, None)
+            fg > largest or (room is not None and fg * fk > room.get(segs[i][0], 0)) or is_blocked(no_fit, fg, fk, None)
         )
 
     live = [not dead(i) for i in range(len(segs))]
@@ -281,14 +237,14 @@ def _greedy(
         g, k, m = job.gpus_per_replica, job.replicas, job.gpu_model
         if g > largest or (room is not None and g * k > room.get(job.budget, 0)):
             continue
-        nodes = None if _blocked(no_fit, g, k, m) else free.fit(g, k, m)
+        nodes = None if is_blocked(no_fit, g, k, m) else free.fit(g, k, m)
         if nodes is None:
-            _add_blocked(no_fit, (g, k, m))
+            add_blocked(no_fit, (g, k, m))
         else:
             place_free(job, nodes, start + _rank(segs, job))
             if room is not None:
                 room[job.budget] = room.get(job.budget, 0) - g * k
-            largest = _largest_free(free)
+            largest = largest_free(free)
             if largest == 0:
                 break
         for i in range(len(segs)):
@@ -332,14 +288,9 @@ POLICIES: dict[str, Callable[[CycleSnapshot, Micros, EngineConfig], list[Event]]
     "fifo": fifo,
     "static": static_partitions,
     "priority": strict_priority,
+    # the peers: one instance each, with per-simulation memory (PeerPolicy: reset when a cycle comes from
+    # another simulation's dispatcher state)
+    "slurm": Slurm(),
+    "kueue": Kueue(),
+    "kai": Kai(),
 }
-
-# The peers (apportion.sim.peers): Slurm, Kueue and KAI, each one instance with per-simulation memory
-# (PeerPolicy: reset when a cycle comes from another simulation's dispatcher state).
-from apportion.sim.peers.kai import Kai  # noqa: E402
-from apportion.sim.peers.kueue import Kueue  # noqa: E402
-from apportion.sim.peers.slurm import Slurm  # noqa: E402
-
-POLICIES["slurm"] = Slurm()
-POLICIES["kueue"] = Kueue()
-POLICIES["kai"] = Kai()

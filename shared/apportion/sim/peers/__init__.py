@@ -6,7 +6,3 @@
 
 Each module's docstring cites the documentation it follows, the formulas, and what was simplified.
 """
-
-# The registry (apportion.sim.baselines.POLICIES) holds one instance of each peer and the peers use the
-# baselines' shape helpers: load it first, so that importing a peer module directly finds both complete.
-import apportion.sim.baselines  # noqa: E402, F401

@@ -31,7 +31,7 @@ from apportion.domain.engine.shapes import blocked_run
 from apportion.domain.nodes import COUNTED_STATES
 from apportion.domain.preemption import branches_of
 from apportion.events import Event, Placement, Victim
-from apportion.sim.baselines import Shape, _add_blocked, _blocked, _largest_free
+from apportion.sim.capacity import Shape, add_blocked, is_blocked, largest_free
 from apportion.timeutil import Micros, from_us
 
 __all__ = [
@@ -93,16 +93,16 @@ class Cycle:
         self.taken: set[RunKey] = set()
         self.no_fit: list[Shape] = []
         self.considered = 0
-        self.largest = _largest_free(self.free)
+        self.largest = largest_free(self.free)
 
     def fit(self, job: PendingJob) -> list[str] | None:
         """Nodes for ``job`` on free GPUs (gang best fit), ``None`` when it does not fit (remembered)."""
         g, k, m = job.gpus_per_replica, job.replicas, job.gpu_model
-        if g > self.largest or _blocked(self.no_fit, g, k, m):
+        if g > self.largest or is_blocked(self.no_fit, g, k, m):
             return None
         nodes = self.free.fit(g, k, m)
         if nodes is None:
-            _add_blocked(self.no_fit, (g, k, m))
+            add_blocked(self.no_fit, (g, k, m))
         return nodes
 
     def place_free(self, job: PendingJob, nodes: list[str], ratio: float = 0.0) -> None:
@@ -111,7 +111,7 @@ class Cycle:
         emit_placed(self.out, job, pl, (), job.budget, self.considered, {}, ratio, False, self.ts, self.cfg)
         self.out.extend(pending_start_events(job, pl, self.ts, self.cfg.producer))
         self.held[job.budget] = self.held.get(job.budget, 0) + job.gpus
-        self.largest = _largest_free(self.free)
+        self.largest = largest_free(self.free)
 
     def place_over(
         self, job: PendingJob, placements: tuple[Placement, ...], victims: list[Run], ratio: float = 0.0
@@ -154,7 +154,7 @@ class Cycle:
             self.out, job, placements, tuple(recs), job.budget, self.considered, {}, ratio, False, self.ts, self.cfg
         )
         self.held[job.budget] = self.held.get(job.budget, 0) + job.gpus
-        self.largest = _largest_free(self.free)
+        self.largest = largest_free(self.free)
 
     def candidates(self, leaf: str) -> list[Run]:
         """The leaf's runs that may still be chosen as victims in this cycle (not taken, not stopping)."""
@@ -381,7 +381,7 @@ def admission_loop(
         by_leaf.setdefault(s.leaf, []).append(i)
 
     def blocked(g: int, k: int, m: str | None) -> bool:
-        return g > cyc.largest or _blocked(cyc.no_fit, g, k, m)
+        return g > cyc.largest or is_blocked(cyc.no_fit, g, k, m)
 
     def skip(s: Seg) -> None:
         if s.pos >= s.hi:

@@ -26,7 +26,7 @@
    comparison agrees and verify passes.
 7. Stops Kafka and Redis if it started them.
 
-Run ``python -m apportion.demo --help`` for the options.
+Run ``python tools/demo.py --help`` for the options.
 """
 
 from __future__ import annotations
@@ -44,21 +44,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
-from apportion.settings import topic_name
+from apportion.settings import default_data_dir, topic_name
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def default_data_dir() -> Path:
-    """``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the checkout."""
-    env = os.environ.get("APPORTION_DATA_DIR")
-    return Path(env) if env else REPO.parent / "shared" / "data"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options of the main job."""
     ap = argparse.ArgumentParser(
-        prog="python -m apportion.demo",
+        prog="python tools/demo.py",
         description="apportion main job: the live stack (Kafka, Redis, four services, 32 simulated 8-GPU nodes) "
         "replays a slice of the real Philly GPU trace on an accelerated clock and compares the outcome "
         "with the simulator.",
@@ -166,7 +160,7 @@ def start_services(
     }
     procs = {}
     for name, cmd in cmds.items():
-        f = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - kept open for the child
+        f = open(logs / f"{name}.log", "ab")  # kept open for the child
         own = env
         if principals is not None:
             own = {k: v for k, v in env.items() if not k.startswith(("APPORTION_KAFKA_", "APPORTION_REDIS_"))}

@@ -1,0 +1,179 @@
+"""What every command of the CLI shares: output, exit codes, and the first checks against Kafka.
+
+Exit codes: 0 done, 1 refused or names nothing that exists (:func:`refuse`), 2 bad input (:func:`fail`), 3 the
+stack is unreachable (:class:`Unreachable`, :func:`checked`). The command modules (:mod:`apportion.cli.main`,
+``history``, ``audit``, ``keys``, ``simulate``, ``verdicts``) import from here; this module imports none of them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+
+from apportion import events
+from apportion.settings import Connection, topic_prefix
+
+out = Console()
+err = Console(stderr=True)
+
+
+class Unreachable(RuntimeError):
+    """Kafka or Redis did not answer (exit 3)."""
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print ``error: message`` on stderr and exit with ``code``."""
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def refuse(
+    message: str, *, as_json: bool, verdict: str = "refused", reason: str = "", code: int = 1, **fields: Any
+) -> NoReturn:
+    """A change command's refusal: with ``--json`` first the verdict object on stdout,
+    ``{"ok": false, "verdict": verdict, "reason": reason, "message": message, **fields}``; then, as
+    :func:`fail`, ``error: message`` on stderr and exit ``code``.
+
+    ``verdict`` is ``refused`` (the change breaks a rule), ``not_found`` (it names nothing that exists),
+    ``rejected`` (the owning service said no) or ``no_verdict``; ``reason`` is the rule's code when there is one
+    (``in_use``, ``sum_exceeds``...).
+    """
+    if as_json:
+        _print_json({"ok": False, "verdict": verdict, "reason": reason, "message": message, **fields})
+    fail(message, code)
+
+
+def _print_json(obj: Any) -> None:
+    def default(o: Any) -> Any:
+        if isinstance(o, float) and math.isinf(o):
+            return "Infinity"
+        return str(o)
+
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=default) + "\n")
+
+
+def _ratio(r: Any) -> str:
+    """A usage ratio r for a table: 3 decimals, ``inf``, ``-`` for none; from 1e6 up in 3 significant digits
+    (``1.23e+299``), so a budget with a tiny share does not print a 300-digit number."""
+    if r is None:
+        return "-"
+    r = float(r)
+    if math.isinf(r):
+        return "inf"
+    return f"{r:.3f}" if abs(r) < 1e6 else f"{r:.3g}"
+
+
+def check_budget_filter(budget: str | None) -> None:
+    """Exit 2 when a ``--budget`` filter is not a well-formed budget path (it could match no job)."""
+    from apportion.domain.budgets import BudgetError, validate_path
+
+    if budget is not None:
+        try:
+            validate_path(budget)
+        except BudgetError as exc:
+            fail(f"--budget: {exc.message}")
+
+
+def _tree_from_file(path: Path) -> Any:
+    """The :class:`BudgetTree` of budget file ``path`` (:mod:`apportion.budgetfile`); a bad file is one line, exit 2."""
+    from apportion.budgetfile import BudgetFileError, load_budget_tree
+
+    try:
+        return load_budget_tree(path)
+    except BudgetFileError as exc:
+        fail(str(exc))
+
+
+def _publish(evts: list[events.Event], bootstrap: str | None) -> None:
+    from apportion import client
+
+    try:
+        client.publish(*evts, bootstrap=bootstrap)
+    except Exception as exc:  # kafka errors have many types; report them plainly
+        if type(exc).__module__.startswith("kafka"):
+            conn = Connection.resolve(bootstrap=bootstrap)
+            fail(f"cannot publish to Kafka at {conn.bootstrap}: {exc} (is the stack up? `apportion stack up`)", 3)
+        raise
+
+
+def _published(evts: list[events.Event], as_json: bool, message: str) -> None:
+    """Report published events: ``message`` for people, or ``{"published": [event, ...]}`` with ``--json``."""
+    if as_json:
+        _print_json({"published": [events.to_dict(e) for e in evts]})
+    else:
+        out.print(message, soft_wrap=True)
+
+
+def _checked(fn: Any) -> Any:
+    """Run ``fn()``; an unreachable Kafka (:class:`Unreachable` or a kafka error) exits 3 with one line."""
+    try:
+        return fn()
+    except Unreachable as exc:
+        fail(f"{exc} (is the stack up? `apportion stack up`)", 3)
+    except Exception as exc:
+        if is_kafka_error(exc):
+            fail(f"cannot reach Kafka at {Connection.resolve().bootstrap}: {exc} (is the stack up?)", 3)
+        raise
+
+
+def _require_topics(bootstrap: str | None, *names: str) -> Connection:
+    """The connection, after checking Kafka answers and the namespace has ``names`` (else one line, exit 3)."""
+    conn = Connection.resolve(bootstrap=bootstrap)
+    for name in names:
+        if _checked(lambda n=name: partitions_of(conn.bootstrap, n)) == 0:
+            ns = f"namespace {topic_prefix()!r}" if topic_prefix() else "the default namespace"
+            fail(
+                f"topic {name} does not exist at {conn.bootstrap}: {ns} is not provisioned "
+                f"(`python -m apportion.bus.provision --bootstrap {conn.bootstrap}`, or `apportion stack up`)",
+                3,
+            )
+    return conn
+
+
+def is_kafka_error(exc: BaseException) -> bool:
+    """True for the exceptions kafka-python raises (they have many types)."""
+    return type(exc).__module__.startswith("kafka")
+
+
+def _consumer(bootstrap: str) -> Any:
+    from kafka import KafkaConsumer
+
+    from apportion.bus.producer import READ_COMMITTED
+    from apportion.bus.security import kafka_auth
+
+    return KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        request_timeout_ms=10_000,
+        bootstrap_timeout_ms=5_000,
+        consumer_timeout_ms=1000,
+        **READ_COMMITTED,
+        **kafka_auth(),
+    )
+
+
+def partitions_of(bootstrap: str, topic: str) -> int:
+    """Number of partitions of ``topic``; 0 when it does not exist (an unprovisioned namespace).
+
+    Raises:
+        Unreachable: Kafka did not answer.
+    """
+    try:
+        kc = _consumer(bootstrap)
+        try:
+            if topic not in kc.topics():
+                return 0
+            return len(kc.partitions_for_topic(topic) or ())
+        finally:
+            kc.close()
+    except Exception as exc:
+        if is_kafka_error(exc):
+            raise Unreachable(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+        raise
