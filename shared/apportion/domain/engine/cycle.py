@@ -276,6 +276,7 @@ class _Cycle:
     memo: CycleMemo | None
     reservation_after_us: Micros
     victims: CycleVictims | None = None  # built by the first preemption search
+    request: PreemptionRequest | None = None  # the searches' request: the job's fields change per search
     free_fail: dict[str | None, list[tuple[int, int]]] = field(default_factory=dict)  # model -> shapes (g, k)
     search_failures: dict[str, _Failures] = field(default_factory=dict)  # failure key (leaf, or leaf NUL model)
     moves: set[Move] = field(default_factory=set)  # preemptions of allocated work (no same-cycle reversal)
@@ -510,13 +511,11 @@ def _preempt_for(
     """The least-cost preemption for ``job`` (D3.victims, D3.consistent-view): its victims' ``JobPreempted``
     and ``StopWorkload``, then its ``JobPlaced`` on the freed GPUs (reserved for it); the nodes, or ``None``."""
     cfg = cx.cfg
-    victims = cx.victims
-    if victims is None:
+    req = cx.request
+    if req is None:
         snap = cx.snapshot
         victims = cx.victims = CycleVictims(snap.cluster, cx.now_us, snap.victims, snap.idle, cx.tree)
-    cx.res.searches += 1
-    plan = plan_preemption(
-        PreemptionRequest(
+        req = cx.request = PreemptionRequest(
             job=job,
             leaf=leaf,
             free=cx.free,
@@ -524,16 +523,17 @@ def _preempt_for(
             now=cx.now_us,
             ratio=cx.queue,
             delta=cfg.delta,
-            charge_count=cx.charges,
             tree=cx.tree,
-            charge_gpu_s=charge,
             moves=cx.moves,
             patience_s=cfg.patience_s,
             checkpoint_wait_s=cfg.checkpoint_wait_s,
             gangs=cfg.gang_rule,
             gang_cap=cx.gang_cap,
         )
-    )
+    victims = req.victims
+    req.job, req.leaf, req.charge_count, req.charge_gpu_s = job, leaf, cx.charges, charge
+    cx.res.searches += 1
+    plan = plan_preemption(req)
     if plan is None:
         # (a refusal by patience_rule or checkpoint_rule depends on this job's wait or victims' timing)
         # (and one that spared a gang larger than the job says nothing about larger jobs: gang_rule)

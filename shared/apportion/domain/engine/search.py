@@ -44,9 +44,11 @@ def _no_ratio(path: str) -> float:
     return 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class PreemptionRequest:
-    """What one preemption search is asked (:func:`plan_preemption`).
+    """What a preemption search is asked (:func:`plan_preemption`, which never changes it). Not frozen: a cycle
+    makes one and changes only the job's fields (``job``, ``leaf``, ``charge_count``, ``charge_gpu_s``)
+    from one search to the next, which costs less than building one per search.
 
     Attributes:
         job: the allocated job J to place.
@@ -164,17 +166,20 @@ class _Search:
     @classmethod
     def of(cls, req: PreemptionRequest) -> _Search:
         free, ratio = req.free, req.ratio
+        job, victims = req.job, req.victims
+        view = _CallableView(ratio) if callable(ratio) else ratio
+        # (positional: this runs once per search)
         return cls(
-            req=req,
-            view=_CallableView(ratio) if callable(ratio) else ratio,
-            g=req.job.gpus_per_replica,
-            model=req.job.gpu_model,
-            taken=req.victims.taken,
-            fmodel=free.model,
-            fcount=free.count,
-            reserved=free.reserved,
-            ffree=free.free,
-            idle_runs=req.victims.idle_runs,
+            req,
+            view,
+            job.gpus_per_replica,
+            job.gpu_model,
+            victims.taken,
+            free.model,
+            free.count,
+            free.reserved,
+            free.free,
+            victims.idle_runs,
         )
 
     def rank(self, x: Candidate) -> tuple[bool, tuple[int, int, int, str, int]]:
