@@ -100,7 +100,7 @@ from apportion.domain.engine.emit import (
 )
 from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
 from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
-from apportion.domain.engine.reasons import PendingReason, explain_pending
+from apportion.domain.engine.reasons import CycleLeft, PendingReason, explain_pending
 from apportion.domain.engine.reservation import earliest_fit_us, reservation_nodes
 from apportion.domain.engine.search import PreemptionRequest, plan_preemption
 from apportion.domain.engine.shapes import CycleMemo, blocked_run, segment_floor
@@ -233,9 +233,7 @@ def run_cycle(
     pending = {leaf: jobs for leaf, jobs in snapshot.pending.items() if jobs and tree.is_leaf(leaf)}
     if not pending:
         if explain:
-            res.reasons = explain_pending(
-                snapshot.pending, tree, snapshot.cluster, now_us, cfg, None, set(), None, {}, None, set(), set()
-            )
+            res.reasons = explain_pending(snapshot.pending, tree, snapshot.cluster, now_us, cfg, CycleLeft())
         return res
     cx = _open(snapshot, now_us, cfg, res, pending)
     _pass_allocated(cx)
@@ -721,20 +719,15 @@ def _fits_nowhere(
 def _explain(cx: _Cycle) -> dict[str, PendingReason]:
     """:func:`explain_pending` on what the cycle left (its free index, preempted runs, view of r, reservation)."""
     res, victims, snap = cx.res, cx.victims, cx.snapshot
-    placed = {e.job_id for e in res.events if type(e) is JobPlaced}
-    return explain_pending(
-        snap.pending,
-        snap.tree,
-        snap.cluster,
-        cx.now_us,
-        cx.cfg,
-        cx.free,
-        victims.taken if victims is not None else set(),
-        cx.queue,
-        cx.budget_rank,
-        res.reservation,
-        cx.moves,
-        placed,
-        victims.waits if victims is not None else {},
-        victims.checkpoint_waits if victims is not None else {},
+    left = CycleLeft(
+        free=cx.free,
+        view=cx.queue,
+        taken=victims.taken if victims is not None else frozenset(),
+        budget_rank=cx.budget_rank,
+        reservation=res.reservation,
+        moves=cx.moves,
+        placed={e.job_id for e in res.events if type(e) is JobPlaced},
+        waits=victims.waits if victims is not None else {},
+        checkpoint_waits=victims.checkpoint_waits if victims is not None else {},
     )
+    return explain_pending(snap.pending, snap.tree, snap.cluster, cx.now_us, cx.cfg, left)
