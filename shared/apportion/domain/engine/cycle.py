@@ -78,6 +78,12 @@ Speed (the benchmark is 10,000 GPUs, 20,000 pending jobs, 200 leaves):
 
 Event ids come from :func:`det_id`, times from ``now_us``: the same snapshot
 and time always give the same events, byte for byte.
+
+The phases, each a function of one per-cycle context (:class:`_Cycle`, built by
+:func:`_open`): :func:`_pass_allocated` takes each allocated job
+(:func:`_take_allocated`: :func:`_fit_free`, :func:`_backfill_reservation`,
+:func:`_preempt_for`, then :func:`_reserve` or :func:`_pass_over_blocked`);
+:func:`_pass_unallocated` is step 4; :func:`_explain` answers ``explain``.
 """
 
 from __future__ import annotations
