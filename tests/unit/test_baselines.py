@@ -30,6 +30,7 @@ from apportion.domain.engine import (
     CycleVictims,
     EngineConfig,
     PendingJob,
+    PreemptionRequest,
     emit_placed,
     pending_start_events,
     plan_preemption,
@@ -223,7 +224,7 @@ def _ref_greedy(
             if victims is None:
                 victims = CycleVictims(snapshot.cluster, now_us)
                 victims.expired = {}
-            plan = plan_preemption(job, job.budget, free, victims, now_us, lambda p: 0.0, 0.0)
+            plan = plan_preemption(PreemptionRequest(job, job.budget, free, victims, now_us))
             if plan is None:
                 continue
             pl, chosen = plan

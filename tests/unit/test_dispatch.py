@@ -267,19 +267,19 @@ def test_memo_of_pending_lists_is_carried_exactly_through_enqueue_and_dequeue():
         lst = state.pending.get("lab/a")
         if not lst:
             continue
-        ent = state._memo.get(id(lst))
+        ent = state._engine.memo.get(id(lst))
         if ent is not None:
             b = allocated_count(lst)
             assert ent[0] is lst
-            assert ent[2] == state._memo.shapes.codes(lst)
+            assert ent[2] == state._engine.memo.shapes.codes(lst)
             for (lo, hi), f in ent[1].items():
                 assert (lo, hi) in ((0, b), (b, len(lst))) and f == shape_floor(lst, lo, hi)
         # seed the memo as the engine would, so that the next change is carried
         b = allocated_count(lst)
-        state._memo[id(lst)] = [
+        state._engine.memo[id(lst)] = [
             lst,
             {(0, b): shape_floor(lst, 0, b), (b, len(lst)): shape_floor(lst, b, len(lst))},
-            state._memo.shapes.codes(lst),
+            state._engine.memo.shapes.codes(lst),
         ]
 
 

@@ -73,13 +73,10 @@ from apportion.domain.cluster import (
     work_lost_gpu_s,
 )
 from apportion.domain.engine import (
-    CycleMemo,
     CycleSnapshot,
+    EngineCaches,
     EngineConfig,
-    FreeIndex,
     PendingJob,
-    VictimIndex,
-    allocated_count,
     pending_order,
     preempt_events,
     run_cycle,
@@ -411,9 +408,7 @@ class DispatchState:
         "_kept",
         "_ledger_on",
         "_shapes",
-        "_memo",
-        "_victims",
-        "_free",
+        "_engine",
     )
 
     def __init__(self, tree: BudgetTree | None = None, window_s: float = float(WEEK_S)) -> None:
@@ -439,14 +434,11 @@ class DispatchState:
         self._kept = 0  # size of ``seen`` after the last forget_old
         self._ledger_on = True
         self._shapes: list[NodeShape] | None = None
-        # engine memo across cycles, keyed by pending-list identity (lists are copy-on-write), with its shape table
-        self._memo = CycleMemo()
-        # preemption candidates of self.cluster, kept across cycles (built on the first cycle)
-        self._victims: VictimIndex | None = None
-        self._free: FreeIndex | None = None
+        # what the engine keeps across cycles (its memo of the copy-on-write pending lists, its live indices)
+        self._engine = EngineCaches()
 
     #: Slots that are caches (rebuilt on demand): left out of a pickle (:mod:`services.dispatcher.snapshot`).
-    _CACHES = ("_shapes", "_memo", "_victims", "_free")
+    _CACHES = ("_shapes", "_engine")
 
     def __getstate__(self) -> dict[str, Any]:
         """The state without its caches (the memo is keyed by list identity, which a copy does not keep)."""
@@ -458,7 +450,7 @@ class DispatchState:
         self.idle = IdleReports()
         for k, v in st.items():
             setattr(self, k, v)
-        self._shapes, self._memo, self._victims, self._free = None, CycleMemo(), None, None
+        self._shapes, self._engine = None, EngineCaches()
 
     def fork(self) -> DispatchState:
         """A scratch copy for planning (shares the ledger read-only; never fold into both)."""
@@ -486,9 +478,7 @@ class DispatchState:
         other.backoff, other.node_refusals = dict(self.backoff), dict(self.node_refusals)
         other.held = dict(self.held)
         other._shapes = None
-        other._memo = self._memo  # entries are keyed by list identity: safe to share
-        other._victims = None  # a scratch cycle indexes its own runs and nodes
-        other._free = None
+        other._engine = self._engine.fork()
         return other
 
     def cycle_snapshot(self, now_us: Micros, *, copy: bool = True) -> CycleSnapshot:
@@ -503,16 +493,8 @@ class DispatchState:
         """
         t = max(now_us, self.ledger.clock or now_us)
         pending = self.pending_now(now_us)
-        memo = self._memo
-        if len(memo) > 2 * len(pending) + 16:  # keep only entries of the current lists
-            cur = {id(lst) for lst in pending.values()}
-            memo = self._memo = memo.keeping(cur)
-        victims = free = None
-        if not copy:
-            if self._victims is None or self._free is None:
-                self._victims, self._free = VictimIndex(), FreeIndex()
-            victims = self._victims.sync(self.cluster)
-            free = self._free.sync(self.cluster)
+        memo = self._engine.memo_for(pending)
+        victims, free = self._engine.live(self.cluster) if not copy else (None, None)
         return CycleSnapshot(
             cluster=self.cluster.snapshot() if copy else self.cluster.view(),
             pending=pending,
@@ -605,56 +587,7 @@ class DispatchState:
         lst.insert(i, job)  # = insort(lst, job, key=_order)
         self.pending[job.budget] = lst
         if old:
-            self._memo_carry(old, lst, job, 1, i)
-
-    def _memo_carry(self, old: list[PendingJob], new: list[PendingJob], job: PendingJob, sign: int, i: int) -> None:
-        """Carry the engine's memo of ``old`` over to ``new`` (``job`` added at / removed from index ``i``).
-
-        The memo entry is ``[list, floors, codes]``. Floors: segments are the
-        allocated jobs ``[0, b)`` and the unallocated ones ``[b, n)``; a floor
-        is ``(min g, min k)``. Adding a job lowers its segment's floor to the
-        job's shape at most; removing one keeps the floor when the job attains
-        neither minimum, else the entry is dropped (the engine recomputes it).
-        Codes (:meth:`ShapeTable.codes` in the memo's table, or ``b""`` when
-        unavailable): one byte is inserted or deleted at ``i``.
-        """
-        ent = self._memo.get(id(old))
-        if ent is None or ent[0] is not old:
-            return
-        codes = ent[2]
-        if codes:
-            if sign > 0:
-                c = self._memo.shapes.code(job.gpus_per_replica, job.replicas, job.gpu_model)
-                codes = None if c is None else codes[:i] + bytes((c,)) + codes[i:]
-            else:
-                codes = codes[:i] + codes[i + 1 :]
-        else:
-            codes = None
-        if not ent[1]:
-            if codes is not None:
-                self._memo[id(new)] = [new, {}, codes]
-            return
-        b_old = allocated_count(old)
-        alloc = job.allocated
-        g, k = job.gpus_per_replica, job.replicas
-        b_new = b_old + sign if alloc else b_old
-        n_new = len(old) + sign
-        segs: dict[tuple[int, int], tuple[int, int]] = {}
-        for (lo, hi), f in ent[1].items():
-            if (lo, hi) == (0, b_old):
-                nk, mine = (0, b_new), alloc
-            elif (lo, hi) == (b_old, len(old)):
-                nk, mine = (b_new, n_new), not alloc
-            else:
-                continue
-            if not mine:
-                segs[nk] = f
-            elif sign > 0:
-                segs[nk] = (min(f[0], g), min(f[1], k))
-            elif g > f[0] and k > f[1]:
-                segs[nk] = f
-        if segs or codes is not None:
-            self._memo[id(new)] = [new, segs, codes]
+            self._engine.carry(old, lst, job, True, i)
 
     def _dequeue(self, job_id: str) -> None:
         rec = self.jobs.get(job_id)
@@ -669,7 +602,7 @@ class DispatchState:
             old, lst = lst, lst[:i] + lst[i + 1 :]
             if lst:
                 self.pending[rec.spec.budget] = lst
-                self._memo_carry(old, lst, old[i], -1, i)
+                self._engine.carry(old, lst, old[i], False, i)
             else:
                 del self.pending[rec.spec.budget]
 

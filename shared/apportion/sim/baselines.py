@@ -30,7 +30,7 @@ from apportion.domain.engine.cycle import CycleSnapshot
 from apportion.domain.engine.emit import emit_placed, pending_start_events, preempt_events
 from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
 from apportion.domain.engine.placement import CycleFree
-from apportion.domain.engine.search import plan_preemption
+from apportion.domain.engine.search import PreemptionRequest, plan_preemption
 from apportion.domain.engine.shapes import CycleMemo, segment_floor
 from apportion.domain.engine.victims import CycleVictims
 from apportion.domain.nodes import COUNTED_STATES
@@ -203,7 +203,7 @@ def _greedy(
             if victims is None:
                 victims = CycleVictims(snapshot.cluster, now_us, snapshot.victims)
                 victims.expired = {}  # priority classes: only the low class is preemptible
-            plan = plan_preemption(job, job.budget, free, victims, now_us, lambda p: 0.0, 0.0)
+            plan = plan_preemption(PreemptionRequest(job, job.budget, free, victims, now_us))
             if plan is None:
                 add_blocked(no_plan, (g, k, m))
                 for i, (fg, fk) in enumerate(pfloors):

@@ -11,6 +11,7 @@ module                 role
 ``reservation``        reservation nodes and the holder's earliest fit (:func:`earliest_fit_us`)
 ``emit``               the events a cycle emits (:func:`preempt_events`, :func:`start_events`, ...)
 ``reasons``            why a job is still pending after a cycle (:func:`explain_pending`, on request)
+``caches``             what the engine keeps across cycles for a caller (:class:`EngineCaches`; speed only)
 ``shapes``             shape codes (:class:`ShapeTable`, owned by a :class:`CycleMemo`) and bulk skips (speed only)
 =====================  ==========================================================================
 
@@ -22,6 +23,7 @@ re-exported here for the callers that import them from the engine.
 
 from __future__ import annotations
 
+from apportion.domain.engine.caches import EngineCaches
 from apportion.domain.engine.cycle import CycleResult, CycleSnapshot, run_cycle
 from apportion.domain.engine.emit import (
     emit_placed,
@@ -45,6 +47,7 @@ from apportion.domain.engine.reasons import (
     BudgetAhead,
     BudgetUnknown,
     CheckpointSoon,
+    CycleLeft,
     NoFreeGpus,
     NoNodeShape,
     Patience,
@@ -55,7 +58,7 @@ from apportion.domain.engine.reasons import (
     reason_dict,
 )
 from apportion.domain.engine.reservation import earliest_fit_us, reservation_nodes
-from apportion.domain.engine.search import plan_preemption
+from apportion.domain.engine.search import PreemptionRequest, plan_preemption
 from apportion.domain.engine.shapes import (
     CycleMemo,
     ShapeTable,
@@ -83,6 +86,7 @@ __all__ = [
     "NoNodeShape",
     "Patience",
     "CheckpointSoon",
+    "CycleLeft",
     "PendingReason",
     "ProtectedUntil",
     "ReservedBy",
@@ -95,6 +99,7 @@ __all__ = [
     "RULE_UNALLOCATED",
     "CycleFree",
     "CycleMemo",
+    "EngineCaches",
     "CycleResult",
     "CycleSnapshot",
     "CycleVictims",
@@ -117,6 +122,7 @@ __all__ = [
     "order_key",
     "order_lost_gpu_s",
     "pending_order",
+    "PreemptionRequest",
     "plan_preemption",
     "preempt_events",
     "reservation_nodes",

@@ -78,16 +78,22 @@ Speed (the benchmark is 10,000 GPUs, 20,000 pending jobs, 200 leaves):
 
 Event ids come from :func:`det_id`, times from ``now_us``: the same snapshot
 and time always give the same events, byte for byte.
+
+The phases, each a function of one per-cycle context (:class:`_Cycle`, built by
+:func:`_open`): :func:`_pass_allocated` takes each allocated job
+(:func:`_take_allocated`: :func:`_fit_free`, :func:`_backfill_reservation`,
+:func:`_preempt_for`, then :func:`_reserve` or :func:`_pass_over_blocked`);
+:func:`_pass_unallocated` is step 4; :func:`_explain` answers ``explain``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from itertools import islice
 from operator import attrgetter
-from typing import Any
 
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import UNTIL_STARTED, ClusterSnapshot, Run
@@ -100,9 +106,9 @@ from apportion.domain.engine.emit import (
 )
 from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
 from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
-from apportion.domain.engine.reasons import PendingReason, explain_pending
+from apportion.domain.engine.reasons import CycleLeft, PendingReason, explain_pending
 from apportion.domain.engine.reservation import earliest_fit_us, reservation_nodes
-from apportion.domain.engine.search import plan_preemption
+from apportion.domain.engine.search import PreemptionRequest, plan_preemption
 from apportion.domain.engine.shapes import CycleMemo, blocked_run, segment_floor
 from apportion.domain.engine.victims import CycleVictims, VictimIndex
 from apportion.domain.fairshare import FairShareQueue
@@ -118,7 +124,7 @@ from apportion.domain.preemption import (
 from apportion.domain.preemption import (
     branches_of as _branches,
 )
-from apportion.events import Event, JobPlaced, Placement
+from apportion.events import Event, JobPlaced, Placement, Victim
 from apportion.timeutil import Micros, from_us, s_to_us
 
 __all__ = ["CycleResult", "CycleSnapshot", "run_cycle"]
@@ -198,7 +204,7 @@ def _dominated(shapes: Sequence[tuple[int, int]], g: int, k: int) -> bool:
 def run_cycle(
     snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | None = None, *, explain: bool = False
 ) -> CycleResult:
-    """Run one scheduling cycle (DESIGN section 3); see the module docstring.
+    """Run one scheduling cycle (D3.scheduling-cycle); see the module docstring.
 
     Args:
         snapshot: the frozen inputs.
@@ -219,12 +225,13 @@ def run_cycle(
     the decisions are the same either way.
 
     Two passes over the fair-share order: first the allocated jobs (free GPUs,
-    else preemption, provisional charge, reservation), then the unallocated
-    jobs on whatever is still free, in the budget order the first pass left
-    (they are not charged, so that order no longer changes). A GPU that an
-    allocated job can use in this cycle is not idle, so an unallocated job
-    placed there would only be preempted in the next cycle: in the Philly
-    replay this ordering removes that churn (docs/simulation.md).
+    else preemption, provisional charge, reservation: :func:`_pass_allocated`),
+    then the unallocated jobs on whatever is still free, in the budget order the
+    first pass left (they are not charged, so that order no longer changes:
+    :func:`_pass_unallocated`). A GPU that an allocated job can use in this cycle
+    is not idle, so an unallocated job placed there would only be preempted in
+    the next cycle: in the Philly replay this ordering removes that churn
+    (docs/simulation.md).
     """
     cfg = config or EngineConfig()
     res = CycleResult()
@@ -232,381 +239,461 @@ def run_cycle(
     pending = {leaf: jobs for leaf, jobs in snapshot.pending.items() if jobs and tree.is_leaf(leaf)}
     if not pending:
         if explain:
-            res.reasons = explain_pending(
-                snapshot.pending, tree, snapshot.cluster, now_us, cfg, None, set(), None, {}, None, set(), set()
-            )
+            res.reasons = explain_pending(snapshot.pending, tree, snapshot.cluster, now_us, cfg, CycleLeft())
         return res
-    cluster = snapshot.cluster
-    ts = from_us(now_us)
-    reservation_after_us = s_to_us(cfg.reservation_after_s)
-    # leaf -> end of its allocated jobs: pending[leaf][:allocated_end[leaf]] are allocated, the rest unallocated
-    allocated_end = {leaf: allocated_count(jobs) for leaf, jobs in pending.items()}
-    queue: FairShareQueue[int] = FairShareQueue(
-        tree, snapshot.occupancy, snapshot.capacity_gpu_s, {leaf: range(b) for leaf, b in allocated_end.items() if b}
-    )
-    budget_rank = {leaf: i for i, leaf in enumerate(queue.initial_order)}
-    free = CycleFree(cluster, snapshot.free)
-    if len(free.buckets) > 1:
-        free.prefer = spare_models(list(free.buckets), pending)
-    victims: CycleVictims | None = None
-    out = res.events
-    free_fail: dict[str | None, list[tuple[int, int]]] = {}  # model -> shapes (g, k) that did not fit free GPUs
-    # failure key (leaf, or leaf NUL model) -> (shapes whose preemption search failed for any charge,
-    #   charges at record time, own charges at record time, (g, k, charge) failed for charges of at least that much)
-    search_failures: dict[str, tuple[list[tuple[int, int]], int, int, list[tuple[int, int, float]]]] = {}
-    moves: set[Move] = set()  # this cycle's preemptions of allocated work (no same-cycle reversal)
-    hold_fit: Micros = 0  # earliest_fit_us of this cycle's reservation when its nodes have free GPUs
-    hold_leaf, hold_charge = "", 0.0  # the reservation holder's leaf and provisional charge
-    min_rt: dict[str, float] = {}  # leaf -> smallest min_runtime_s of its allocated jobs (while hold_fit)
+    cx = _open(snapshot, now_us, cfg, res, pending)
+    _pass_allocated(cx)
+    if any(b < len(pending[leaf]) for leaf, b in cx.allocated_end.items()):
+        _pass_unallocated(cx)
+    if explain:
+        res.reasons = _explain(cx)
+    return res
 
-    def may_backfill(leaf: str, g: int, model: str | None) -> bool:
+
+# shapes whose search failed for any charge, charges at record time, own charges at record time,
+# (g, k, charge) whose search failed for charges of at least that much
+_Failures = tuple[list[tuple[int, int]], int, int, list[tuple[int, int, float]]]
+
+
+@dataclass(slots=True, eq=False)
+class _Cycle:
+    """One cycle's working state: built from the snapshot by :func:`_open`, read and changed by every phase.
+
+    Only speed depends on the memo fields (``free_fail``, ``search_failures``,
+    ``floors``, ``min_rt``, ``caps``): they remember what the cycle already
+    found out, so that a later job of at least the same shape is not looked at
+    again; the decisions are those of the rules alone.
+    """
+
+    snapshot: CycleSnapshot
+    now_us: Micros
+    cfg: EngineConfig
+    res: CycleResult
+    tree: BudgetTree
+    ts: datetime
+    # leaf -> its pending jobs; pending[leaf][:allocated_end[leaf]] are allocated, the rest unallocated
+    pending: dict[str, Sequence[PendingJob]]
+    allocated_end: dict[str, int]
+    queue: FairShareQueue[int]
+    budget_rank: dict[str, int]
+    free: CycleFree
+    memo: CycleMemo | None
+    reservation_after_us: Micros
+    victims: CycleVictims | None = None  # built by the first preemption search
+    request: PreemptionRequest | None = None  # the searches' request: the job's fields change per search
+    free_fail: dict[str | None, list[tuple[int, int]]] = field(default_factory=dict)  # model -> shapes (g, k)
+    search_failures: dict[str, _Failures] = field(default_factory=dict)  # failure key (leaf, or leaf NUL model)
+    moves: set[Move] = field(default_factory=set)  # preemptions of allocated work (no same-cycle reversal)
+    charges: int = 0  # provisional charges so far
+    own_charges: dict[str, int] = field(default_factory=dict)  # leaf -> its provisional charges so far
+    rank: int = -1  # rank of the last job taken from the queue
+    reserved_for: str | None = None  # the reservation holder's job id
+    hold_fit: Micros = 0  # earliest_fit_us of the reservation while its nodes have free GPUs, else 0
+    hold_leaf: str = ""  # the reservation holder's leaf
+    hold_charge: float = 0.0  # and its provisional charge
+    min_rt: dict[str, float] = field(default_factory=dict)  # leaf -> least min_runtime_s of its allocated jobs
+    caps: dict[str, Micros | None] = field(default_factory=dict)  # budget -> protection cap
+    floors: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+
+    def gang_cap(self, budget: str) -> Micros | None:
+        """The protection cap of ``budget``'s runs (:func:`protection_cap_us`), once per cycle and budget."""
+        caps = self.caps
+        if budget not in caps:
+            caps[budget] = protection_cap_us(budget, self.tree, self.cfg)
+        return caps[budget]
+
+    def floor_shape(self, leaf: str, lo: int, hi: int) -> tuple[int, int]:
+        """Smallest g and smallest k in pending[leaf][lo:hi]: a lower bound of any job left there."""
+        key = (leaf, lo)
+        f = self.floors.get(key)
+        if f is None:
+            f = self.floors[key] = segment_floor(self.memo, self.pending[leaf], lo, hi)
+        return f
+
+    def fit_failed(self, g: int, k: int, model: str | None) -> bool:
+        """Free GPUs are known not to fit (g, k, model): a shape at most as large failed (free only shrinks)."""
+        ff = self.free_fail
+        fit_failures = ff.get(model)
+        return bool(fit_failures and _dominated(fit_failures, g, k)) or (
+            model is not None and _dominated(ff.get(None, ()), g, k)
+        )
+
+    def may_backfill(self, leaf: str, g: int, model: str | None) -> bool:
         """Some job of ``leaf`` of at least ``g`` GPUs might still backfill the reservation: a reserved
         node fits ``g`` and the leaf's shortest minimum runtime (a lower bound of any protection)
         ends by the holder's fit time."""
-        if not hold_fit or not free.reserved_fits(g, model):
+        if not self.hold_fit or not self.free.reserved_fits(g, model):
             return False
-        m = min_rt.get(leaf)
+        m = self.min_rt.get(leaf)
         if m is None:
-            m = min_rt[leaf] = min(map(_MIN_RT, islice(pending[leaf], 0, allocated_end[leaf])), default=0.0)
-        return backfill_rule(True, s_to_us(m), now_us, hold_fit)
+            jobs = islice(self.pending[leaf], 0, self.allocated_end[leaf])
+            m = self.min_rt[leaf] = min(map(_MIN_RT, jobs), default=0.0)
+        return backfill_rule(True, s_to_us(m), self.now_us, self.hold_fit)
 
-    caps: dict[str, Micros | None] = {}
+    def fresh(self, key: str, ent: _Failures) -> bool:
+        """A remembered failure still holds: no other leaf was charged since it was recorded."""
+        return self.charges - ent[1] == self.own_charges.get(key, 0) - ent[2]
 
-    def gang_cap(budget: str) -> Micros | None:
-        """The protection cap of ``budget``'s runs (:func:`protection_cap_us`), once per cycle and budget."""
-        if budget not in caps:
-            caps[budget] = protection_cap_us(budget, tree, cfg)
-        return caps[budget]
+    def covers_leaf(self, leaf: str, ent: _Failures) -> bool:
+        """A failure for any charge of a shape at most the floor of ``leaf``'s allocated jobs: it holds for all."""
+        return (1, 1) in ent[0] or _dominated(ent[0], *self.floor_shape(leaf, 0, self.allocated_end[leaf]))
 
-    charges = 0
-    own_charges: dict[str, int] = {}
-    floors: dict[tuple[str, int], tuple[int, int]] = {}
-    reserved_for: str | None = None
-    memo = snapshot.memo
-    rank = -1
-    ratio = queue.ratio
-
-    def search_failed(leaf: str, g: int, k: int, charge: float | None = None) -> bool:
+    def search_failed(self, key: str, g: int, k: int, charge: float | None = None) -> bool:
         """Known to fail: a search of a shape <= (g, k) failed for any charge, or (with ``charge``)
-        for a charge <= this one (the after-move test only gets stricter as the charge grows)."""
-        ent = search_failures.get(leaf)
+        for a charge <= this one (the after-move test only gets stricter as the charge grows).
+        A stale entry is dropped."""
+        ent = self.search_failures.get(key)
         if ent is None:
             return False
-        shapes, c0, o0, charged = ent
-        if charges - c0 != own_charges.get(leaf, 0) - o0:
-            del search_failures[leaf]  # another leaf was charged since: stale
+        if not self.fresh(key, ent):
+            del self.search_failures[key]
             return False
-        if _dominated(shapes, g, k):
+        if _dominated(ent[0], g, k):
             return True
-        if charge is None or not charged:
+        if charge is None:
             return False
-        for fg, fk, fc in charged:
+        for fg, fk, fc in ent[3]:
             if fg <= g and fk <= k and fc <= charge:
                 return True
         return False
 
-    def record_search_failure(leaf: str, g: int, k: int, charge: float | None = None) -> None:
+    def known_to_fail(self, leaf: str, key: str, g: int, k: int, charge: float) -> bool:
+        """The preemption search for (g, k) of ``leaf`` (failure ``key``: with its model) is known to fail."""
+        sf = self.search_failures
+        if key in sf and self.search_failed(key, g, k, charge):
+            return True
+        return key != leaf and leaf in sf and self.search_failed(leaf, g, k, charge)
+
+    def record_search_failure(self, key: str, g: int, k: int, charge: float | None = None) -> None:
         """Remember a failed search; ``charge``: it failed only for charges of at least this much."""
-        ent = search_failures.get(leaf)
-        if ent is None or charges - ent[1] != own_charges.get(leaf, 0) - ent[2]:
-            ent = search_failures[leaf] = ([], charges, own_charges.get(leaf, 0), [])
+        ent = self.search_failures.get(key)
+        if ent is None or not self.fresh(key, ent):
+            ent = self.search_failures[key] = ([], self.charges, self.own_charges.get(key, 0), [])
         if charge is None:
             ent[0].append((g, k))
         else:
             ent[3].append((g, k, charge))
 
-    def floor_shape(leaf: str, lo: int, hi: int) -> tuple[int, int]:
-        """Smallest g and smallest k in pending[leaf][lo:hi]: a lower bound of any job left there."""
-        key = (leaf, lo)
-        f = floors.get(key)
-        if f is None:
-            f = floors[key] = segment_floor(memo, pending[leaf], lo, hi)
-        return f
 
-    def blocked_shape(leaf: str) -> Callable[[int, int, str | None], bool]:
-        """Whether a job of ``leaf`` with shape (g, k, model), taken now, would be blocked with no effect.
-
-        Pass 1 for such a job: the free GPUs are known not to fit it
-        (``free_fail``), its preemption search is known to fail
-        (``search_failed``, not stale), no reservation is left to take, and it
-        does not end the leaf (``drop``). It then changes nothing but
-        ``rank``. A stale entry is dropped, as the job itself would drop it.
-        """
-        ent = search_failures.get(leaf)
-        drop = (
-            ent is not None
-            and charges - ent[1] == own_charges.get(leaf, 0) - ent[2]
-            and ((1, 1) in ent[0] or _dominated(ent[0], *floor_shape(leaf, 0, allocated_end[leaf])))
-        )
-
-        def blocked(g: int, k: int, model: str | None) -> bool:
-            if may_backfill(leaf, g, model):
-                return False  # it may backfill the reservation's free GPUs (depending on its protection)
-            fit_failures = free_fail.get(model)
-            if not (
-                (fit_failures and _dominated(fit_failures, g, k))
-                or (model is not None and _dominated(free_fail.get(None, ()), g, k))
-            ):
-                return False
-            if model is None:
-                return not drop and leaf in search_failures and search_failed(leaf, g, k)
-            failure_key = leaf + "\x00" + model
-            return (failure_key in search_failures and search_failed(failure_key, g, k)) or (
-                leaf in search_failures and search_failed(leaf, g, k)
-            )
-
-        return blocked
-
-    # ---------------------------------------------------------------- pass 1: allocated jobs
-    while True:
-        item = queue.pop()
-        if item is None:
-            break
-        leaf, idx = item
-        job = pending[leaf][idx]
-        rank += 1
-        res.considered += 1
-        g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
-        nodes: list[str] | None = None
-        fit_failures = free_fail.get(model)
-        if not (
-            (fit_failures and _dominated(fit_failures, g, k))
-            or (model is not None and _dominated(free_fail.get(None, ()), g, k))
-        ):
-            nodes = free.fit(g, k, model)
-            if nodes is None:
-                if fit_failures is None:
-                    free_fail[model] = [(g, k)]
-                else:
-                    fit_failures.append((g, k))
-        if (
-            nodes is None
-            and hold_fit
-            and now_us + s_to_us(job.min_runtime_s) <= hold_fit  # protection >= min_runtime: else no chance
-            and free.reserved_fits(g, model)
-        ):
-            # backfill the waiting reservation's free GPUs (DESIGN section 3: a reservation never idles GPUs)
-            prot = job_protection_s(job, tree, cfg)
-            br = _branches(leaf, hold_leaf)
-            may = br is not None and (
-                branch_rule(br[0], br[1], br[2], queue, cfg.delta, hold_charge, moves)[0] == RULE_EXPIRED_BEHIND
-            )
-            if backfill_rule(True, s_to_us(prot), now_us, hold_fit, may):
-                nodes = free.fit_with_reserved(g, k, model)
-                if nodes is not None and not free.reserved_free():
-                    hold_fit = 0  # the reservation's GPUs are all lent: nothing more to backfill
-        holds_reservation = reserved_for is None and now_us - job.queued_at_us >= reservation_after_us
-        failure_key = leaf if model is None else leaf + "\x00" + model
-        charge = charge_of(g, k, job.min_runtime_s, cfg.window_s)
-        if nodes is not None:
-            placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
-            emit_placed(
-                out, job, placements, (), leaf, rank, budget_rank, ratio(leaf), holds_reservation, ts, cfg, tree
-            )
-            out.extend(pending_start_events(job, placements, ts, cfg.producer))
-        elif (
-            cfg.preemption
-            and not (failure_key in search_failures and search_failed(failure_key, g, k, charge))
-            and (model is None or not (leaf in search_failures and search_failed(leaf, g, k, charge)))
-        ):
-            if victims is None:
-                victims = CycleVictims(cluster, now_us, snapshot.victims, snapshot.idle, tree)
-            res.searches += 1
-            plan = plan_preemption(
-                job,
-                leaf,
-                free,
-                victims,
-                now_us,
-                queue,
-                cfg.delta,
-                charges,
-                tree,
-                charge,
-                moves,
-                cfg.patience_s,
-                cfg.checkpoint_wait_s,
-                cfg.gang_rule,
-                gang_cap,
-            )
-            if plan is None:
-                # (a refusal by patience_rule or checkpoint_rule depends on this job's wait or victims' timing)
-                # (and one that spared a gang larger than the job says nothing about larger jobs: gang_rule)
-                if (
-                    job.job_id not in victims.waits
-                    and job.job_id not in victims.checkpoint_waits
-                    and not victims.spared
-                ):
-                    record_search_failure(failure_key, g, k, charge if victims.narrowed else None)
-            else:
-                placements, chosen = plan
-                vics = []
-                for run, vic in chosen:
-                    victims.taken.add(run.key)
-                    if vic.rule == RULE_EXPIRED_BEHIND:
-                        br = _branches(run.budget, leaf)
-                        if br is not None:
-                            moves.add(br)
-                    out.extend(
-                        preempt_events(
-                            run, ts, cfg.grace_s, cfg.producer, victim=vic, by_job_id=job.job_id, by_budget=leaf
-                        )
-                    )
-                    vics.append(vic)
-                emit_placed(
-                    out,
-                    job,
-                    placements,
-                    tuple(vics),
-                    leaf,
-                    rank,
-                    budget_rank,
-                    ratio(leaf),
-                    holds_reservation,
-                    ts,
-                    cfg,
-                    tree,
-                )
-                nodes = [p.node_id for p in placements]
-        elif not cfg.preemption:
-            record_search_failure(failure_key, g, k)
-        if nodes is not None:
-            queue.charge(leaf, charge)
-            charges += 1
-            own_charges[leaf] = own_charges.get(leaf, 0) + 1
-            continue
-        # blocked
-        if holds_reservation:
-            reserved_for = job.job_id
-            unalloc_gpus: dict[str, int] | None = None
-            if victims is not None:
-                taken = victims.taken
-                unalloc_gpus = {
-                    n: sum(len(x[2]) for x in lst if x[1].key not in taken) for n, lst in victims.unalloc.items()
-                }
-            chosen_nodes = reservation_nodes(free, g, k, model, unalloc_gpus)
-            for n in chosen_nodes:
-                free.reserve(n)
-            res.reservation = (job.job_id, tuple(chosen_nodes))
-            if free.reserved_free():
-
-                def may_take(
-                    run: Run, at_us: Micros, leaf: str = leaf, charge: float = charge, gpus: int = g * k
-                ) -> bool:
-                    return victim_rule(
-                        run,
-                        leaf,
-                        at_us,
-                        queue,
-                        cfg.delta,
-                        charge,
-                        moves,
-                        gpus if cfg.gang_rule else None,
-                        ignore_protection=True,
-                        gang_cap_us=gang_cap(run.budget),
-                    ).allowed
-
-                hold_fit = earliest_fit_us(
-                    cluster, chosen_nodes, g, now_us, victims.taken if victims else set(), may_take
-                )
-                if hold_fit >= UNTIL_STARTED:
-                    # no known time to fit (it waits on runs it may not take back): it keeps no GPU free
-                    # for itself (DESIGN section 3), lower-ranked work may use them as any other
-                    free.unreserve_all()
-                    hold_fit = 0
-                else:
-                    hold_leaf, hold_charge = leaf, charge
-            continue  # the reservation changed free capacity: no bulk skip on its account
-        if model is None:
-            ent = search_failures.get(leaf)  # search_failed(leaf, 1, 1) or search_failed(leaf, *floor), inlined
-            if ent is not None:
-                if charges - ent[1] != own_charges.get(leaf, 0) - ent[2]:
-                    del search_failures[leaf]  # another leaf was charged since: stale
-                elif (
-                    (1, 1) in ent[0] or _dominated(ent[0], *floor_shape(leaf, 0, allocated_end[leaf]))
-                ) and not may_backfill(leaf, 1, None):
-                    queue.drop_leaf(leaf)
-                    continue
-        if reserved_for is not None and cfg.preemption and idx + 1 < allocated_end[leaf]:
-            # The leaf's next jobs come next (nothing was charged). Pass over those that
-            # would be blocked exactly like this one, with no effect but their rank.
-            jobs = pending[leaf]
-            skipped = blocked_run(jobs, idx + 1, allocated_end[leaf], blocked_shape(leaf), memo)
-            if skipped:
-                queue.skip(leaf, skipped)
-                rank += skipped
-                res.considered += skipped
-                res.passed_over += skipped
-
-    # ---------------------------------------------------------------- pass 2: unallocated jobs
-    if any(b < len(pending[leaf]) for leaf, b in allocated_end.items()):
-        _place_unallocated(
-            res, pending, allocated_end, queue, free, free_fail, floor_shape, memo, rank, budget_rank, ts, cfg, tree
-        )
-    if explain:
-        res.reasons = _explain(snapshot, now_us, cfg, res, free, victims, queue, budget_rank, moves)
-    return res
-
-
-def _place_unallocated(
-    res: CycleResult,
-    pending: Mapping[str, Sequence[PendingJob]],
-    allocated_end: Mapping[str, int],
-    queue: FairShareQueue[int],
-    free: CycleFree,
-    free_fail: dict[str | None, list[tuple[int, int]]],
-    floor_shape: Callable[[str, int, int], tuple[int, int]],
-    memo: CycleMemo | None,
-    rank: int,
-    budget_rank: Mapping[str, int],
-    ts: datetime,
+def _open(
+    snapshot: CycleSnapshot,
+    now_us: Micros,
     cfg: EngineConfig,
-    tree: BudgetTree,
+    res: CycleResult,
+    pending: dict[str, Sequence[PendingJob]],
+) -> _Cycle:
+    """The cycle's context: the fair-share queue of the allocated jobs and the free index of the snapshot."""
+    tree = snapshot.tree
+    allocated_end = {leaf: allocated_count(jobs) for leaf, jobs in pending.items()}
+    queue: FairShareQueue[int] = FairShareQueue(
+        tree, snapshot.occupancy, snapshot.capacity_gpu_s, {leaf: range(b) for leaf, b in allocated_end.items() if b}
+    )
+    free = CycleFree(snapshot.cluster, snapshot.free)
+    if len(free.buckets) > 1:
+        free.prefer = spare_models(list(free.buckets), pending)
+    return _Cycle(
+        snapshot=snapshot,
+        now_us=now_us,
+        cfg=cfg,
+        res=res,
+        tree=tree,
+        ts=from_us(now_us),
+        pending=pending,
+        allocated_end=allocated_end,
+        queue=queue,
+        budget_rank={leaf: i for i, leaf in enumerate(queue.initial_order)},
+        free=free,
+        memo=snapshot.memo,
+        reservation_after_us=s_to_us(cfg.reservation_after_s),
+    )
+
+
+# ---------------------------------------------------------------- pass 1: allocated jobs
+
+
+def _pass_allocated(cx: _Cycle) -> None:
+    """Pass 1 (D3.scheduling-cycle): the allocated jobs in fair-share order, each charged when placed
+    (D2.provisional-charge) before the rest are ranked."""
+    pop = cx.queue.pop
+    while (item := pop()) is not None:
+        _take_allocated(cx, item[0], item[1])
+
+
+def _take_allocated(cx: _Cycle, leaf: str, idx: int) -> None:
+    """One allocated job: free GPUs (D3.placement), the reservation's free GPUs, else a preemption
+    (D3.victims); placed: charged; blocked: it reserves or the jobs blocked like it are passed over."""
+    job = cx.pending[leaf][idx]
+    cx.rank += 1
+    cx.res.considered += 1
+    g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
+    nodes = _fit_free(cx, g, k, model)
+    if (
+        nodes is None
+        and cx.hold_fit
+        and cx.now_us + s_to_us(job.min_runtime_s) <= cx.hold_fit  # protection >= min_runtime: else no chance
+        and cx.free.reserved_fits(g, model)
+    ):
+        nodes = _backfill_reservation(cx, job, leaf)
+    cfg = cx.cfg
+    holds_reservation = cx.reserved_for is None and cx.now_us - job.queued_at_us >= cx.reservation_after_us
+    failure_key = leaf if model is None else leaf + "\x00" + model
+    charge = charge_of(g, k, job.min_runtime_s, cfg.window_s)
+    if nodes is not None:
+        _place_on_free(cx, job, leaf, nodes, holds_reservation)
+    elif cfg.preemption and not cx.known_to_fail(leaf, failure_key, g, k, charge):
+        nodes = _preempt_for(cx, job, leaf, failure_key, charge, holds_reservation)
+    elif not cfg.preemption:
+        cx.record_search_failure(failure_key, g, k)
+    if nodes is not None:
+        cx.queue.charge(leaf, charge)
+        cx.charges += 1
+        cx.own_charges[leaf] = cx.own_charges.get(leaf, 0) + 1
+    elif holds_reservation:
+        _reserve(cx, job, leaf, charge)  # (it changed free capacity: no bulk skip on its account)
+    else:
+        _pass_over_blocked(cx, leaf, idx, model)
+
+
+def _fit_free(cx: _Cycle, g: int, k: int, model: str | None) -> list[str] | None:
+    """Best-fit gang placement on free GPUs (D3.placement), unless a shape at most as large already failed."""
+    if cx.fit_failed(g, k, model):
+        return None
+    nodes = cx.free.fit(g, k, model)
+    if nodes is None:
+        cx.free_fail.setdefault(model, []).append((g, k))
+    return nodes
+
+
+def _backfill_reservation(cx: _Cycle, job: PendingJob, leaf: str) -> list[str] | None:
+    """The waiting reservation's free GPUs, for a job whose protection ends by the holder's fit time and
+    that the holder could take back (D3.scheduling-cycle: a reservation never idles GPUs)."""
+    prot = job_protection_s(job, cx.tree, cx.cfg)
+    br = _branches(leaf, cx.hold_leaf)
+    may = br is not None and (
+        branch_rule(br[0], br[1], br[2], cx.queue, cx.cfg.delta, cx.hold_charge, cx.moves)[0] == RULE_EXPIRED_BEHIND
+    )
+    if not backfill_rule(True, s_to_us(prot), cx.now_us, cx.hold_fit, may):
+        return None
+    free = cx.free
+    nodes = free.fit_with_reserved(job.gpus_per_replica, job.replicas, job.gpu_model)
+    if nodes is not None and not free.reserved_free():
+        cx.hold_fit = 0  # the reservation's GPUs are all lent: nothing more to backfill
+    return nodes
+
+
+def _emit_placed(
+    cx: _Cycle, job: PendingJob, leaf: str, placements: tuple[Placement, ...], victims: tuple[Victim, ...], held: bool
 ) -> None:
-    """Pass 2 of :func:`run_cycle`: the unallocated jobs on whatever is still free (DESIGN section 3, step 4).
+    """The ``JobPlaced`` of ``job`` at the cycle's rank, with its budget's r in the cycle's view."""
+    emit_placed(
+        cx.res.events,
+        job,
+        placements,
+        victims,
+        leaf,
+        cx.rank,
+        cx.budget_rank,
+        cx.queue.ratio(leaf),
+        held,
+        cx.ts,
+        cx.cfg,
+        cx.tree,
+    )
+
+
+def _place_on_free(cx: _Cycle, job: PendingJob, leaf: str, nodes: list[str], held: bool) -> None:
+    """Take ``job``'s GPUs on ``nodes``; ``JobPlaced``, then its ``StartWorkload`` per replica."""
+    g = job.gpus_per_replica
+    placements = tuple(Placement(node_id=n, gpus=cx.free.take(n, g)) for n in nodes)
+    _emit_placed(cx, job, leaf, placements, (), held)
+    cx.res.events.extend(pending_start_events(job, placements, cx.ts, cx.cfg.producer))
+
+
+def _preempt_for(
+    cx: _Cycle, job: PendingJob, leaf: str, failure_key: str, charge: float, held: bool
+) -> list[str] | None:
+    """The least-cost preemption for ``job`` (D3.victims, D3.consistent-view): its victims' ``JobPreempted``
+    and ``StopWorkload``, then its ``JobPlaced`` on the freed GPUs (reserved for it); the nodes, or ``None``."""
+    cfg = cx.cfg
+    req = cx.request
+    if req is None:
+        snap = cx.snapshot
+        victims = cx.victims = CycleVictims(snap.cluster, cx.now_us, snap.victims, snap.idle, cx.tree)
+        req = cx.request = PreemptionRequest(
+            job=job,
+            leaf=leaf,
+            free=cx.free,
+            victims=victims,
+            now=cx.now_us,
+            ratio=cx.queue,
+            delta=cfg.delta,
+            tree=cx.tree,
+            moves=cx.moves,
+            patience_s=cfg.patience_s,
+            checkpoint_wait_s=cfg.checkpoint_wait_s,
+            gangs=cfg.gang_rule,
+            gang_cap=cx.gang_cap,
+        )
+    victims = req.victims
+    req.job, req.leaf, req.charge_count, req.charge_gpu_s = job, leaf, cx.charges, charge
+    cx.res.searches += 1
+    plan = plan_preemption(req)
+    if plan is None:
+        # (a refusal by patience_rule or checkpoint_rule depends on this job's wait or victims' timing)
+        # (and one that spared a gang larger than the job says nothing about larger jobs: gang_rule)
+        if job.job_id not in victims.waits and job.job_id not in victims.checkpoint_waits and not victims.spared:
+            cx.record_search_failure(
+                failure_key, job.gpus_per_replica, job.replicas, charge if victims.narrowed else None
+            )
+        return None
+    placements, chosen = plan
+    out = cx.res.events
+    vics = []
+    for run, vic in chosen:
+        victims.taken.add(run.key)
+        if vic.rule == RULE_EXPIRED_BEHIND:
+            br = _branches(run.budget, leaf)
+            if br is not None:
+                cx.moves.add(br)
+        out.extend(
+            preempt_events(run, cx.ts, cfg.grace_s, cfg.producer, victim=vic, by_job_id=job.job_id, by_budget=leaf)
+        )
+        vics.append(vic)
+    _emit_placed(cx, job, leaf, placements, tuple(vics), held)
+    return [p.node_id for p in placements]
+
+
+def _reserve(cx: _Cycle, job: PendingJob, leaf: str, charge: float) -> None:
+    """The highest-ranked blocked allocated job that has waited ``reservation_after`` reserves k nodes
+    (D3.scheduling-cycle). A holder with no known fit time (it waits on runs it may not take back) keeps
+    no GPU free for itself: its nodes are unreserved for the rest of the cycle."""
+    g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
+    cx.reserved_for = job.job_id
+    free, victims = cx.free, cx.victims
+    unalloc_gpus: dict[str, int] | None = None
+    if victims is not None:
+        taken = victims.taken
+        unalloc_gpus = {n: sum(len(x[2]) for x in lst if x[1].key not in taken) for n, lst in victims.unalloc.items()}
+    chosen_nodes = reservation_nodes(free, g, k, model, unalloc_gpus)
+    for n in chosen_nodes:
+        free.reserve(n)
+    cx.res.reservation = (job.job_id, tuple(chosen_nodes))
+    if not free.reserved_free():
+        return
+    may_take = partial(_may_take_back, cx, leaf, charge, g * k)
+    taken_runs = victims.taken if victims else set()
+    hold_fit = earliest_fit_us(cx.snapshot.cluster, chosen_nodes, g, cx.now_us, taken_runs, may_take)
+    if hold_fit >= UNTIL_STARTED:
+        # no known time to fit: lower-ranked work may use its nodes as any other
+        free.unreserve_all()
+        cx.hold_fit = 0
+    else:
+        cx.hold_fit, cx.hold_leaf, cx.hold_charge = hold_fit, leaf, charge
+
+
+def _may_take_back(cx: _Cycle, leaf: str, charge: float, gpus: int, run: Run, at_us: Micros) -> bool:
+    """The reservation holder of ``leaf`` may take ``run`` back at ``at_us`` (:func:`victim_rule`, protection aside)."""
+    return victim_rule(
+        run,
+        leaf,
+        at_us,
+        cx.queue,
+        cx.cfg.delta,
+        charge,
+        cx.moves,
+        gpus if cx.cfg.gang_rule else None,
+        ignore_protection=True,
+        gang_cap_us=cx.gang_cap(run.budget),
+    ).allowed
+
+
+def _pass_over_blocked(cx: _Cycle, leaf: str, idx: int, model: str | None) -> None:
+    """After a blocked job of ``leaf`` (speed only): drop the leaf when all its jobs are known to be blocked,
+    else pass over its next jobs that would be blocked exactly like this one, with no effect but their rank."""
+    if model is None:
+        ent = cx.search_failures.get(leaf)  # search_failed(leaf, 1, 1) or search_failed(leaf, *floor), inlined
+        if ent is not None:
+            if not cx.fresh(leaf, ent):
+                del cx.search_failures[leaf]  # another leaf was charged since: stale
+            elif cx.covers_leaf(leaf, ent) and not cx.may_backfill(leaf, 1, None):
+                cx.queue.drop_leaf(leaf)
+                return
+    end = cx.allocated_end[leaf]
+    if cx.reserved_for is None or not cx.cfg.preemption or idx + 1 >= end:
+        return
+    # the leaf's next jobs come next (nothing was charged)
+    ent = cx.search_failures.get(leaf)
+    drop = ent is not None and cx.fresh(leaf, ent) and cx.covers_leaf(leaf, ent)
+    skipped = blocked_run(cx.pending[leaf], idx + 1, end, partial(_blocked_like, cx, leaf, drop), cx.memo)
+    if skipped:
+        cx.queue.skip(leaf, skipped)
+        cx.rank += skipped
+        cx.res.considered += skipped
+        cx.res.passed_over += skipped
+
+
+def _blocked_like(cx: _Cycle, leaf: str, drop: bool, g: int, k: int, model: str | None) -> bool:
+    """Whether a job of ``leaf`` with shape (g, k, model), taken now, would be blocked with no effect.
+
+    Pass 1 for such a job: the free GPUs are known not to fit it, its preemption search is known to fail
+    (not stale), no reservation is left to take, and it does not end the leaf (``drop``). It then changes
+    nothing but ``rank``. A stale entry is dropped, as the job itself would drop it.
+    """
+    if cx.may_backfill(leaf, g, model):
+        return False  # it may backfill the reservation's free GPUs (depending on its protection)
+    if not cx.fit_failed(g, k, model):
+        return False
+    sf = cx.search_failures
+    if model is None:
+        return not drop and leaf in sf and cx.search_failed(leaf, g, k)
+    failure_key = leaf + "\x00" + model
+    return (failure_key in sf and cx.search_failed(failure_key, g, k)) or (leaf in sf and cx.search_failed(leaf, g, k))
+
+
+# ---------------------------------------------------------------- pass 2: unallocated jobs
+
+
+def _pass_unallocated(cx: _Cycle) -> None:
+    """Pass 2: the unallocated jobs on whatever is still free (D3.scheduling-cycle, D1.unallocated-job).
 
     In the budget order pass 1 left (unallocated jobs are not charged, so it
-    no longer changes); ``rank`` continues from pass 1. Jobs of a shape known
+    no longer changes); the rank continues from pass 1. Jobs of a shape known
     not to fit are passed over in bulk.
     """
-    out = res.events
-    order = queue.order()  # = budget_order of the occupancy after the provisional charges
+    free, free_fail, res = cx.free, cx.free_fail, cx.res
+    order = cx.queue.order()  # = budget_order of the occupancy after the provisional charges
     if free.reserved and free.reserved_free():
         # unallocated work may use a waiting reservation's free GPUs: the holder's preemption
-        # search evicts it the moment it can start (DESIGN section 3)
+        # search evicts it the moment it can start
         free.unreserve_all()
         free_fail.clear()
     any_free = free_fail.get(None, [])
     if _dominated(any_free, 1, 1):
         return  # not even one GPU was free for a 1-GPU job: no unallocated job fits
     for leaf in order:
-        jobs = pending.get(leaf)
-        if not jobs or allocated_end[leaf] >= len(jobs):
+        jobs = cx.pending.get(leaf)
+        start = cx.allocated_end.get(leaf, 0)
+        if not jobs or start >= len(jobs):
             continue
         if _dominated(any_free, 1, 1):
             break  # not one GPU is left for a 1-GPU job
-        r_leaf = queue.ratio(leaf)
-        mg, mk = floor_shape(leaf, allocated_end[leaf], len(jobs))
+        r_leaf = cx.queue.ratio(leaf)
+        mg, mk = cx.floor_shape(leaf, start, len(jobs))
         if _dominated(any_free, mg, mk):
             continue  # nothing of this leaf fits on what is free
         end = len(jobs)
-        idx = allocated_end[leaf] - 1
+        idx = start - 1
         while idx + 1 < end:
             idx += 1
             job = jobs[idx]
-            rank += 1
+            cx.rank += 1
             res.considered += 1
             g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
             if _dominated(free_fail.get(model, ()), g, k) or (model is not None and _dominated(any_free, g, k)):
                 # known not to fit, and so are the next jobs of a shape that does not fit: pass over them
-                def still_blocked(
-                    g2: int, k2: int, m2: str | None, ff_now: Any = free_fail, af_now: Any = any_free
-                ) -> bool:
-                    return _dominated(ff_now.get(m2, ()), g2, k2) or (m2 is not None and _dominated(af_now, g2, k2))
-
-                n = blocked_run(jobs, idx + 1, end, still_blocked, memo)
+                n = blocked_run(jobs, idx + 1, end, partial(_fits_nowhere, free_fail, any_free), cx.memo)
                 idx += n
-                rank += n
+                cx.rank += n
                 res.considered += n
                 res.passed_over += n
                 continue
@@ -618,37 +705,35 @@ def _place_unallocated(
                     break
                 continue
             placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
-            emit_placed(out, job, placements, (), leaf, rank, budget_rank, r_leaf, False, ts, cfg, tree)
-            out.extend(pending_start_events(job, placements, ts, cfg.producer))
+            emit_placed(
+                res.events, job, placements, (), leaf, cx.rank, cx.budget_rank, r_leaf, False, cx.ts, cx.cfg, cx.tree
+            )
+            res.events.extend(pending_start_events(job, placements, cx.ts, cx.cfg.producer))
 
 
-def _explain(
-    snapshot: CycleSnapshot,
-    now_us: Micros,
-    cfg: EngineConfig,
-    res: CycleResult,
-    free: CycleFree,
-    victims: CycleVictims | None,
-    queue: FairShareQueue[int],
-    budget_rank: Mapping[str, int],
-    moves: set[Move],
-) -> dict[str, PendingReason]:
+def _fits_nowhere(
+    free_fail: Mapping[str | None, Sequence[tuple[int, int]]],
+    any_free: Sequence[tuple[int, int]],
+    g: int,
+    k: int,
+    model: str | None,
+) -> bool:
+    """Free GPUs are known not to fit an unallocated job of shape (g, k, model)."""
+    return _dominated(free_fail.get(model, ()), g, k) or (model is not None and _dominated(any_free, g, k))
+
+
+def _explain(cx: _Cycle) -> dict[str, PendingReason]:
     """:func:`explain_pending` on what the cycle left (its free index, preempted runs, view of r, reservation)."""
-    placed = {e.job_id for e in res.events if type(e) is JobPlaced}
-    taken = victims.taken if victims is not None else set()
-    return explain_pending(
-        snapshot.pending,
-        snapshot.tree,
-        snapshot.cluster,
-        now_us,
-        cfg,
-        free,
-        taken,
-        queue,
-        budget_rank,
-        res.reservation,
-        moves,
-        placed,
-        victims.waits if victims is not None else {},
-        victims.checkpoint_waits if victims is not None else {},
+    res, victims, snap = cx.res, cx.victims, cx.snapshot
+    left = CycleLeft(
+        free=cx.free,
+        view=cx.queue,
+        taken=victims.taken if victims is not None else frozenset(),
+        budget_rank=cx.budget_rank,
+        reservation=res.reservation,
+        moves=cx.moves,
+        placed={e.job_id for e in res.events if type(e) is JobPlaced},
+        waits=victims.waits if victims is not None else {},
+        checkpoint_waits=victims.checkpoint_waits if victims is not None else {},
     )
+    return explain_pending(snap.pending, snap.tree, snap.cluster, cx.now_us, cx.cfg, left)

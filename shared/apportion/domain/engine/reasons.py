@@ -45,7 +45,7 @@ The first of these that applies is the reason (``kind``, stable for scripts):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Set
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 from apportion.domain.budgets import BudgetTree
@@ -67,6 +67,7 @@ __all__ = [
     "BudgetAhead",
     "BudgetUnknown",
     "CheckpointSoon",
+    "CycleLeft",
     "Held",
     "NoFreeGpus",
     "NoNodeShape",
@@ -359,28 +360,14 @@ def reason_dict(reason: PendingReason) -> dict[str, object]:
     return out
 
 
-def explain_pending(
-    pending: Mapping[str, Sequence[PendingJob]],
-    tree: BudgetTree,
-    cluster: ClusterSnapshot,
-    now_us: Micros,
-    cfg: EngineConfig,
-    free: CycleFree | None,
-    taken: Set[RunKey],
-    view: ShareView | None,
-    budget_rank: Mapping[str, int],
-    reservation: tuple[str, tuple[str, ...]] | None,
-    moves: frozenset[Move] | set[Move],
-    placed: Set[str],
-    waits: Mapping[str, float] | None = None,
-    checkpoint_waits: Mapping[str, CheckpointVerdict] | None = None,
-) -> dict[str, PendingReason]:
-    """Job id -> :data:`PendingReason` for each job of ``pending`` not in ``placed`` (see the module doc).
+@dataclass(frozen=True, slots=True)
+class CycleLeft:
+    """What a cycle left, for :func:`explain_pending`.
 
-    Args:
-        pending: the snapshot's pending lists (leaf -> jobs; keys that are not leaves too).
+    Attributes:
         free: the cycle's free index as the cycle left it (``None``: the cycle had no leaf to look at).
-        taken: runs the cycle preempted. ``view``: its r (``None`` with ``free``).
+        view: its r (``None`` with ``free``).
+        taken: runs the cycle preempted.
         budget_rank: leaf -> place in the cycle's first budget order.
         reservation: ``(holder job id, node ids)`` of the cycle's reservation.
         moves: the cycle's preemptions of allocated work, ``(lca, victim branch, preemptor branch)``.
@@ -389,18 +376,44 @@ def explain_pending(
             refused for it in the cycle.
         checkpoint_waits: job id -> the :func:`~apportion.domain.preemption.checkpoint_rule` verdict
             that made it wait for its victims' checkpoint in the cycle.
+    """
+
+    free: CycleFree | None = None
+    view: ShareView | None = None
+    taken: Set[RunKey] = frozenset()
+    budget_rank: Mapping[str, int] = field(default_factory=dict)
+    reservation: tuple[str, tuple[str, ...]] | None = None
+    moves: frozenset[Move] | set[Move] = frozenset()
+    placed: Set[str] = frozenset()
+    waits: Mapping[str, float] = field(default_factory=dict)
+    checkpoint_waits: Mapping[str, CheckpointVerdict] = field(default_factory=dict)
+
+
+def explain_pending(
+    pending: Mapping[str, Sequence[PendingJob]],
+    tree: BudgetTree,
+    cluster: ClusterSnapshot,
+    now_us: Micros,
+    cfg: EngineConfig,
+    left: CycleLeft,
+) -> dict[str, PendingReason]:
+    """Job id -> :data:`PendingReason` for each job of ``pending`` not in ``left.placed`` (see the module doc).
+
+    ``pending`` is the snapshot's pending lists (leaf -> jobs; keys that are not leaves too); ``left``, what
+    the cycle left (:class:`CycleLeft`).
 
     Cost: one pass over the usable nodes' runs per distinct (g, model), one
     :func:`branch_rule` per leaf with expired runs there per distinct (leaf,
     shape, minimum runtime): only for the caller that asks.
     """
     out: dict[str, PendingReason] = {}
-    holder, res_nodes = reservation if reservation is not None else (None, ())
+    free, view, placed, waits, checkpoint_waits = left.free, left.view, left.placed, left.waits, left.checkpoint_waits
+    holder, res_nodes = left.reservation if left.reservation is not None else (None, ())
     # pass 2 gives a waiting reservation's free GPUs to unallocated work: then they are not held from it
     lent = free is not None and not free.reserved
     cache: dict[tuple[str, int, int, str | None, float, bool], PendingReason] = {}
     scans: dict[tuple[int, str | None, bool], _Scan] = {}
-    pairs: dict[tuple[frozenset[str], str], list[tuple[float, str, str, str, str]]] = {}  # shared by the scans
+    ctx: _Explain | None = None
     for leaf, jobs in pending.items():
         for job in jobs:
             if job.job_id in placed:
@@ -408,7 +421,7 @@ def explain_pending(
             if free is None or view is None or not tree.is_leaf(leaf):
                 out[job.job_id] = BudgetUnknown(leaf)
                 continue
-            if waits and job.job_id in waits:
+            if job.job_id in waits:
                 out[job.job_id] = Patience(
                     waits[job.job_id],
                     job.gpus,
@@ -416,7 +429,7 @@ def explain_pending(
                     job.queued_at_us + s_to_us(cfg.patience_s),
                 )
                 continue
-            soon = checkpoint_waits.get(job.job_id) if checkpoint_waits else None
+            soon = checkpoint_waits.get(job.job_id)
             if soon is not None and soon.until_us is not None:
                 out[job.job_id] = CheckpointSoon(soon.saved_gpu_s, job.gpus, soon.until_us)
                 continue
@@ -424,16 +437,32 @@ def explain_pending(
             key = (leaf, job.gpus_per_replica, job.replicas, job.gpu_model, job.min_runtime_s, own)
             got = cache.get(key)
             if got is None:
+                if ctx is None:
+                    ctx = _Explain(cluster, free, view, now_us, cfg, left, holder, res_nodes)
                 skip = () if own or (lent and not job.allocated) else res_nodes
                 sk = (job.gpus_per_replica, job.gpu_model, bool(skip))
                 scan = scans.get(sk)
                 if scan is None:
-                    scan = scans[sk] = _Scan(
-                        cluster, free, job.gpus_per_replica, job.gpu_model, skip, taken, now_us, pairs
-                    )
-                got = cache[key] = _classify(job, leaf, scan, cfg, view, budget_rank, holder, res_nodes, moves)
+                    scan = scans[sk] = _Scan(ctx, job.gpus_per_replica, job.gpu_model, skip)
+                got = cache[key] = _classify(job, leaf, scan, ctx)
             out[job.job_id] = got
     return out
+
+
+@dataclass(slots=True, eq=False)
+class _Explain:
+    """What every :class:`_Scan` and :func:`_classify` of one :func:`explain_pending` read."""
+
+    cluster: ClusterSnapshot
+    free: CycleFree
+    view: ShareView
+    now_us: Micros
+    cfg: EngineConfig
+    left: CycleLeft
+    holder: str | None
+    res_nodes: tuple[str, ...]
+    # the cache of :meth:`_Scan.pairs_of`, shared by the scans
+    pairs: dict[tuple[frozenset[str], str], list[tuple[float, str, str, str, str]]] = field(default_factory=dict)
 
 
 class _Scan:
@@ -451,17 +480,8 @@ class _Scan:
 
     __slots__ = ("shape", "usable", "fitting", "in_reserved", "expired", "protected", "_cluster", "_pairs", "_holders")
 
-    def __init__(
-        self,
-        cluster: ClusterSnapshot,
-        free: CycleFree,
-        g: int,
-        model: str | None,
-        skip: tuple[str, ...],
-        taken: Set[RunKey],
-        now_us: Micros,
-        pairs: dict[tuple[frozenset[str], str], list[tuple[float, str, str, str, str]]],
-    ) -> None:
+    def __init__(self, ctx: _Explain, g: int, model: str | None, skip: tuple[str, ...]) -> None:
+        cluster, free, taken, now_us = ctx.cluster, ctx.free, ctx.left.taken, ctx.now_us
         self.shape = [n for n, m in free.model.items() if free.count[n] >= g and (model is None or m == model)]
         held = set(skip)
         self.usable = [n for n in self.shape if n not in held]
@@ -482,7 +502,7 @@ class _Scan:
                     self.expired[run.budget] = self.expired.get(run.budget, 0) + 1
         self.protected = sorted(protected)
         self._cluster = cluster
-        self._pairs: dict[tuple[frozenset[str], str], list[tuple[float, str, str, str, str]]] = pairs
+        self._pairs = ctx.pairs
         self._holders = frozenset(self.expired)
 
     def pairs_of(self, leaf: str, view: ShareView) -> list[tuple[float, str, str, str, str]]:
@@ -510,17 +530,9 @@ class _Scan:
         )
 
 
-def _classify(
-    job: PendingJob,
-    leaf: str,
-    scan: _Scan,
-    cfg: EngineConfig,
-    view: ShareView,
-    budget_rank: Mapping[str, int],
-    holder: str | None,
-    res_nodes: tuple[str, ...],
-    moves: frozenset[Move] | set[Move],
-) -> PendingReason:
+def _classify(job: PendingJob, leaf: str, scan: _Scan, ctx: _Explain) -> PendingReason:
+    cfg, view, holder, res_nodes = ctx.cfg, ctx.view, ctx.holder, ctx.res_nodes
+    budget_rank, moves = ctx.left.budget_rank, ctx.left.moves
     g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
     if len(scan.shape) < k:
         return NoNodeShape(g, k, model, len(scan.shape), scan.total(g, model))

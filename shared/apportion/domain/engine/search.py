@@ -11,7 +11,8 @@ whose verdict (rule id, LCA, the two r) goes into the audit record
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from apportion.domain.budgets import BudgetTree
@@ -36,42 +37,75 @@ from apportion.domain.preemption import (
 from apportion.events import Placement, Victim
 from apportion.timeutil import Micros, from_us, us_to_s
 
-__all__ = ["plan_preemption"]
+__all__ = ["Plan", "PreemptionRequest", "plan_preemption"]
 
 
-def plan_preemption(
-    job: PendingJob,
-    leaf: str,
-    free: CycleFree,
-    victims: CycleVictims,
-    now: Micros,
-    ratio: ShareView | Callable[[str], float],
-    delta: float,
-    charge_count: int = 0,
-    tree: BudgetTree | None = None,
-    charge_gpu_s: float = 0.0,
-    moves: frozenset[Move] | set[Move] = frozenset(),
-    patience_s: float = 0.0,
-    checkpoint_wait_s: float = 0.0,
-    gangs: bool = False,
-    gang_cap: Callable[[str], Micros | None] | None = None,
-) -> tuple[tuple[Placement, ...], list[tuple[Run, Victim]]] | None:
-    """Least-cost preemption plan for allocated ``job`` of ``leaf``, or ``None`` (DESIGN section 3).
+def _no_ratio(path: str) -> float:
+    return 0.0
 
-    ``ratio`` is the cycle's :class:`ShareView` (or a plain ``path -> r``
-    callable, for which a charge changes no r: the baselines). After the
-    call, ``victims.narrowed`` tells whether the expired-behind candidates
-    depended on the job's charge (see :meth:`CycleVictims.behind_of`): a failure
-    then says nothing about a job with a smaller charge.
+
+@dataclass(slots=True, eq=False)
+class PreemptionRequest:
+    """What a preemption search is asked (:func:`plan_preemption`, which never changes it). Not frozen: a cycle
+    makes one and changes only the job's fields (``job``, ``leaf``, ``charge_count``, ``charge_gpu_s``)
+    from one search to the next, which costs less than building one per search.
+
+    Attributes:
+        job: the allocated job J to place.
+        leaf: J's leaf budget B.
+        free: the cycle's free index (J's GPUs are taken from it when a plan is returned).
+        victims: the cycle's candidate index (its ``taken``, ``waits``, ... are updated).
+        now: event time, µs.
+        ratio: the cycle's :class:`ShareView`, or a plain ``path -> r`` callable, for which a charge
+            changes no r (the baselines; default: 0 for every path).
+        delta: the hysteresis of D3.victims.
+        charge_count: provisional charges of the cycle so far (keys the behind-leaves memo).
+        tree: the budget tree (``None``: the baselines, no expired-behind candidates by branch).
+        charge_gpu_s: J's provisional charge (D2.provisional-charge), for the after-move test.
+        moves: this cycle's preemptions of allocated work (no same-cycle reversal, D3.consistent-view).
+        patience_s: :func:`patience_rule`'s setting (0: off).
+        checkpoint_wait_s: :func:`checkpoint_rule`'s setting (0: off).
+        gangs: apply :func:`gang_rule` (D3.gangs).
+        gang_cap: budget -> its protection cap, µs, or ``None`` (the gang rule's bound).
+    """
+
+    job: PendingJob
+    leaf: str
+    free: CycleFree
+    victims: CycleVictims
+    now: Micros
+    ratio: ShareView | Callable[[str], float] = _no_ratio
+    delta: float = 0.0
+    charge_count: int = 0
+    tree: BudgetTree | None = None
+    charge_gpu_s: float = 0.0
+    moves: frozenset[Move] | set[Move] = frozenset()
+    patience_s: float = 0.0
+    checkpoint_wait_s: float = 0.0
+    gangs: bool = False
+    gang_cap: Callable[[str], Micros | None] | None = None
+
+
+Plan = tuple[tuple[Placement, ...], list[tuple[Run, Victim]]]
+
+
+def plan_preemption(req: PreemptionRequest) -> Plan | None:
+    """Least-cost preemption plan for allocated ``req.job`` of ``req.leaf``, or ``None`` (D3.victims).
+
+    After the call, ``victims.narrowed`` tells whether the expired-behind
+    candidates depended on the job's charge (see :meth:`CycleVictims.behind_of`):
+    a failure then says nothing about a job with a smaller charge.
 
     Cost of a set: (busy allocated GPUs, idle allocated GPUs, unallocated GPUs, GPU-s of work lost),
     lexicographic, where idle runs are those of ``victims.idle_runs`` (D3.idle-runs: past their protection,
     idle for their budget's ``preempt_idle_after_s``; any job may take them, whatever its leaf). Any node
     that needs no allocated victim is cheaper than one that does, and one that needs only idle ones cheaper
-    than one that needs a busy one, so nodes reachable with unallocated victims alone are tried first, then
-    with idle ones too, and the expired-behind runs are looked at only when fewer than k such nodes exist.
-    Per node the cheapest victims are taken first (unallocated, then idle, then busy allocated runs), then
-    unnecessary ones dropped (most expensive first); the k cheapest nodes (ties by node id) form the plan.
+    than one that needs a busy one, so nodes reachable with unallocated victims alone are tried first
+    (:func:`_unallocated_options`, :func:`_free_options`), then with idle ones too (:func:`_idle_options`),
+    and the expired-behind runs are looked at only when fewer than k such nodes exist
+    (:func:`_behind_options`). Per node the cheapest victims are taken first (unallocated, then idle, then
+    busy allocated runs), then unnecessary ones dropped (most expensive first); the k cheapest nodes (ties
+    by node id) form the plan.
 
     The least-cost plan is then judged by :func:`patience_rule` (idle victims count as losing no work: their
     GPUs did none for their budget's setting; off with
@@ -79,35 +113,94 @@ def plan_preemption(
     ``None`` is returned and the job is entered in ``victims.waits`` (the failure depends
     on the job's wait, so it says nothing about other jobs of the shape). Then by
     :func:`checkpoint_rule` (off with ``checkpoint_wait_s == 0``): when the victims
-    checkpoint soon enough, ``None`` and the job in ``victims.checkpoint_waits``.
+    checkpoint soon enough, ``None`` and the job in ``victims.checkpoint_waits`` (:func:`_refused`).
 
     With ``gangs`` (``EngineConfig.gang_rule``), an allocated gang larger than J is not a candidate
-    (:func:`gang_rule`) until it has run for its budget's protection cap (``gang_cap``: budget -> cap, µs,
-    or ``None``); ``victims.spared`` then tells that the search left one out, so its failure says nothing
-    about a larger job.
+    (:func:`gang_rule`) until it has run for its budget's protection cap (``gang_cap``); ``victims.spared``
+    then tells that the search left one out, so its failure says nothing about a larger job.
 
     Returns the placements of J (free GPUs first, then victims' GPUs) and the
     victims with their :class:`Victim` audit records; the free index is
-    updated (J's GPUs taken) when a plan is returned.
+    updated (J's GPUs taken) when a plan is returned (:func:`_commit`).
     """
-    view = _CallableView(ratio) if callable(ratio) else ratio
-    victims.narrowed = False
-    victims.spared = False
-    g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
-    taken = victims.taken
-    fmodel, fcount, reserved, ffree = free.model, free.count, free.reserved, free.free
-    idle_runs = victims.idle_runs
+    s = _Search.of(req)
+    req.victims.narrowed = False
+    req.victims.spared = False
+    options = _unallocated_options(s)
+    _free_options(s, options)
+    k = req.job.replicas
+    if len(options) < k and req.victims.idle_on:
+        _idle_options(s, options)
+    if len(options) < k:
+        found = _behind_options(s, options)
+        if found is None or len(found) < k:
+            return None
+        options = found
+    options.sort(key=_option_order)
+    best = options[:k]
+    if (req.patience_s > 0 or req.checkpoint_wait_s > 0) and _refused(s, best):
+        return None
+    return _commit(s, best)
 
-    def rank(x: Candidate) -> tuple[bool, tuple[int, int, int, str, int]]:
-        # unallocated, then idle allocated, then busy allocated runs; each by its order key
-        # (without idle runs the same order as candidate_order)
-        return (x[0][0] > 0 and x[1].key not in idle_runs, x[0])
 
-    def eligible(nid: str) -> bool:
-        return nid in fmodel and nid not in reserved and fcount[nid] >= g and (model is None or fmodel[nid] == model)
+def _option_order(o: Option) -> tuple[tuple[int, int, int, float], str]:
+    return (o[0], o[1])
 
-    def evaluate(nid: str, lst: list[Candidate]) -> Option | None:
-        have = len(ffree[nid])
+
+@dataclass(slots=True, eq=False)
+class _Search:
+    """One search's view of its request: J's shape and the indices it reads (per node: model, free count,
+    reserved, free GPU indices; runs already taken; idle runs)."""
+
+    req: PreemptionRequest
+    view: ShareView
+    g: int
+    model: str | None
+    taken: set[RunKey]
+    fmodel: dict[str, str | None]
+    fcount: dict[str, int]
+    reserved: set[str]
+    ffree: dict[str, Any]
+    idle_runs: dict[RunKey, Any]
+
+    @classmethod
+    def of(cls, req: PreemptionRequest) -> _Search:
+        free, ratio = req.free, req.ratio
+        job, victims = req.job, req.victims
+        view = _CallableView(ratio) if callable(ratio) else ratio
+        # (positional: this runs once per search)
+        return cls(
+            req,
+            view,
+            job.gpus_per_replica,
+            job.gpu_model,
+            victims.taken,
+            free.model,
+            free.count,
+            free.reserved,
+            free.free,
+            victims.idle_runs,
+        )
+
+    def rank(self, x: Candidate) -> tuple[bool, tuple[int, int, int, str, int]]:
+        """Unallocated, then idle allocated, then busy allocated runs; each by its order key
+        (without idle runs the same order as candidate_order)."""
+        return (x[0][0] > 0 and x[1].key not in self.idle_runs, x[0])
+
+    def eligible(self, nid: str) -> bool:
+        """J may use node ``nid``: known, not reserved, of J's model, with at least g GPUs."""
+        model = self.model
+        return (
+            nid in self.fmodel
+            and nid not in self.reserved
+            and self.fcount[nid] >= self.g
+            and (model is None or self.fmodel[nid] == model)
+        )
+
+    def evaluate(self, nid: str, lst: list[Candidate]) -> Option | None:
+        """The least-cost set of ``lst`` (cheapest first) that frees g GPUs on ``nid``, with its cost."""
+        g = self.g
+        have = len(self.ffree[nid])
         reach = have
         for x in lst:
             reach += len(x[2])
@@ -123,12 +216,14 @@ def plan_preemption(
                 break
             chosen.append(x)
             got += len(x[2])
-        for x in sorted(chosen, key=rank, reverse=True):
+        for x in sorted(chosen, key=self.rank, reverse=True):
             if got - len(x[2]) >= g:
                 chosen.remove(x)
                 got -= len(x[2])
         a = i = u = 0
         lost = 0.0
+        now = self.req.now
+        idle_runs = self.idle_runs
         for x in chosen:
             c = x[0]
             if c[0] and x[1].key in idle_runs:
@@ -139,17 +234,21 @@ def plan_preemption(
             lost += (c[0] + c[1]) * (now + c[2]) / 1e6  # order_lost_gpu_s(c, now), inlined
         return ((a, i, u, lost), nid, chosen)
 
+
+def _unallocated_options(s: _Search) -> list[Option]:
+    """Nodes that unallocated victims alone can free for J, from the cycle's cache of them.
+
+    Options depend on g, the model and each node's state, not on the preemptor: only the nodes
+    touched (``free.log``) since they were last looked at are evaluated again."""
+    victims, log = s.req.victims, s.req.free.log
     unalloc_nodes = victims.unalloc
-    log = free.log
-    ckey = (g, model)
+    ckey = (s.g, s.model)
     cached = victims.unalloc_options.get(ckey)
     todo: Any
     if cached is None:
         todo = unalloc_nodes
         cached = victims.unalloc_options[ckey] = {}
     else:
-        # options depend on g, the model and each node's state, not on the preemptor:
-        # re-evaluate only the nodes touched (free.log) since they were last looked at
         pos = victims.unalloc_seen[ckey]
         if pos == len(log):
             todo = ()
@@ -159,8 +258,9 @@ def plan_preemption(
                 cached.pop(nid, None)
             todo = [nid for nid in touched if nid in unalloc_nodes]
     victims.unalloc_seen[ckey] = len(log)
+    taken = s.taken
     for nid in todo:
-        if not eligible(nid):  # (static in a cycle but for reservations, which are logged)
+        if not s.eligible(nid):  # (static in a cycle but for reservations, which are logged)
             continue
         lst = unalloc_nodes[nid]
         if taken:
@@ -168,10 +268,16 @@ def plan_preemption(
         else:
             cands = lst  # evaluate() only reads it
         if cands:
-            opt = evaluate(nid, cands)
+            opt = s.evaluate(nid, cands)
             if opt is not None:
                 cached[nid] = opt
-    options = list(cached.values())
+    return list(cached.values())
+
+
+def _free_options(s: _Search, options: list[Option]) -> None:
+    """Add the nodes with g free GPUs and no unallocated victim left on them (no victim needed)."""
+    free, unalloc_nodes, taken, model = s.req.free, s.req.victims.unalloc, s.taken, s.model
+    fcount, g = s.fcount, s.g
     for c in range(g, free.maxc + 1):
         for m, b in free.buckets.items():
             if model is not None and m != model:
@@ -181,85 +287,121 @@ def plan_preemption(
                 if nid not in unalloc_nodes or (taken and not any(x[1].key not in taken for x in unalloc_nodes[nid])):
                     if fcount[nid] >= g:
                         options.append(((0, 0, 0, 0.0), nid, []))
-    if len(options) < k and victims.idle_on:
-        # D3.idle-runs: nodes freed with idle runs too, for any job that fits, before any busy run
-        seen = {o[1] for o in options}
-        for nid, lst in victims.idle_on.items():
-            if nid in seen or not eligible(nid):
+
+
+def _idle_options(s: _Search, options: list[Option]) -> None:
+    """D3.idle-runs: nodes freed with idle runs too, for any job that fits, before any busy run."""
+    victims, taken = s.req.victims, s.taken
+    seen = {o[1] for o in options}
+    for nid, lst in victims.idle_on.items():
+        if nid in seen or not s.eligible(nid):
+            continue
+        cands = [x for x in lst if x[1].key not in taken]
+        if not cands:
+            continue
+        cands.extend(x for x in victims.unalloc.get(nid, ()) if x[1].key not in taken)
+        cands.sort(key=s.rank)
+        opt = s.evaluate(nid, cands)
+        if opt is not None:
+            options.append(opt)
+
+
+def _behind_candidates(s: _Search, behind: Iterable[str]) -> dict[str, list[Candidate]]:
+    """Per eligible node, the expired allocated runs of the leaves ``behind`` J's (D3.victims rule 2), less
+    the gangs :func:`gang_rule` spares (D3.gangs)."""
+    req = s.req
+    victims, taken, now, gang_cap = req.victims, s.taken, req.now, req.gang_cap
+    gpus = s.g * req.job.replicas
+    per_node: dict[str, list[Candidate]] = {}
+    for v in behind:
+        for nid, lst in victims.expired_on(v).items():
+            if not s.eligible(nid):
                 continue
-            cands = [x for x in lst if x[1].key not in taken]
-            if not cands:
-                continue
-            cands.extend(x for x in unalloc_nodes.get(nid, ()) if x[1].key not in taken)
-            cands.sort(key=rank)
-            opt = evaluate(nid, cands)
-            if opt is not None:
-                options.append(opt)
-    behind = None
-    if len(options) < k:
-        behind, victims.narrowed = victims.behind_of(leaf, view, delta, charge_count, tree, charge_gpu_s, moves)
-        if not behind:
-            return None
-        per_node: dict[str, list[Candidate]] = {}
-        for v in behind:
-            for nid, lst in victims.expired_on(v).items():
-                if not eligible(nid):
+            bucket = per_node.get(nid)
+            if bucket is None:
+                bucket = per_node[nid] = []
+            for x in lst:
+                if x[1].key in taken:
                     continue
-                bucket = per_node.get(nid)
-                if bucket is None:
-                    bucket = per_node[nid] = []
-                for x in lst:
-                    if x[1].key in taken:
-                        continue
-                    if (
-                        gangs
-                        and x[1].replicas > 1  # (a single-node run always may: gang_rule's age test is not needed)
-                        and not gang_rule(
-                            x[1].replicas,
-                            x[0][0],
-                            g * k,
-                            ran_us(x[1], now),
-                            gang_cap(x[1].budget) if gang_cap is not None else None,
-                        )
-                    ):
-                        victims.spared = True  # (the failure says nothing about a larger job)
-                        continue
-                    bucket.append(x)
-        if not per_node:
-            return None
-        seen = {o[1] for o in options}
-        for nid, lst in per_node.items():
-            if not lst:
-                continue
-            if nid in unalloc_nodes:
-                lst.extend(x for x in unalloc_nodes[nid] if x[1].key not in taken)
-            if idle_runs:
-                lst[:] = [x for x in lst if x[1].key not in idle_runs]  # (an idle expired run: once, below)
-                lst.extend(x for x in victims.idle_on.get(nid, ()) if x[1].key not in taken)
-            lst.sort(key=rank)
-            opt = evaluate(nid, lst)
-            if opt is not None:
-                if nid in seen:
-                    options = [o for o in options if o[1] != nid]
-                options.append(opt)
-        if len(options) < k:
-            return None
-    options.sort(key=lambda o: (o[0], o[1]))
-    best = options[:k]
-    if patience_s > 0 or checkpoint_wait_s > 0:
-        lost: dict[RunKey, tuple[float, Run]] = {}
-        for _, _, chosen in best:
-            for x in chosen:
-                # a gang victim on two nodes counts once; an idle run's GPUs did no work (D3.idle-runs)
-                lost[x[1].key] = (0.0 if x[1].key in idle_runs else order_lost_gpu_s(x[0], now), x[1])
-        total = sum(v[0] for v in lost.values())
-        if patience_rule(total, g * k, us_to_s(now - job.queued_at_us), view.ratio(leaf), patience_s) == PATIENCE_WAIT:
-            victims.waits[job.job_id] = total
-            return None
-        soon = checkpoint_rule(((w, next_checkpoint_us(r)) for w, r in lost.values()), g * k, now, checkpoint_wait_s)
-        if soon.wait:
-            victims.checkpoint_waits[job.job_id] = soon
-            return None
+                if (
+                    req.gangs
+                    and x[1].replicas > 1  # (a single-node run always may: gang_rule's age test is not needed)
+                    and not gang_rule(
+                        x[1].replicas,
+                        x[0][0],
+                        gpus,
+                        ran_us(x[1], now),
+                        gang_cap(x[1].budget) if gang_cap is not None else None,
+                    )
+                ):
+                    victims.spared = True  # (the failure says nothing about a larger job)
+                    continue
+                bucket.append(x)
+    return per_node
+
+
+def _behind_options(s: _Search, options: list[Option]) -> list[Option] | None:
+    """``options`` with the nodes that expired-behind runs (with unallocated and idle ones) can free for J;
+    ``None`` when no leaf is behind J's or none of their runs is on an eligible node."""
+    req = s.req
+    victims, taken, idle_runs = req.victims, s.taken, s.idle_runs
+    behind, victims.narrowed = victims.behind_of(
+        req.leaf, s.view, req.delta, req.charge_count, req.tree, req.charge_gpu_s, req.moves
+    )
+    if not behind:
+        return None
+    per_node = _behind_candidates(s, behind)
+    if not per_node:
+        return None
+    seen = {o[1] for o in options}
+    for nid, lst in per_node.items():
+        if not lst:
+            continue
+        if nid in victims.unalloc:
+            lst.extend(x for x in victims.unalloc[nid] if x[1].key not in taken)
+        if idle_runs:
+            lst[:] = [x for x in lst if x[1].key not in idle_runs]  # (an idle expired run: once, below)
+            lst.extend(x for x in victims.idle_on.get(nid, ()) if x[1].key not in taken)
+        lst.sort(key=s.rank)
+        opt = s.evaluate(nid, lst)
+        if opt is not None:
+            if nid in seen:
+                options = [o for o in options if o[1] != nid]
+            options.append(opt)
+    return options
+
+
+def _refused(s: _Search, best: list[Option]) -> bool:
+    """The least-cost plan waits: :func:`patience_rule` (the job in ``victims.waits``), then
+    :func:`checkpoint_rule` (the job in ``victims.checkpoint_waits``)."""
+    req = s.req
+    now, job, victims, idle_runs = req.now, req.job, req.victims, s.idle_runs
+    gpus = job.gpus_per_replica * job.replicas
+    lost: dict[RunKey, tuple[float, Run]] = {}
+    for _, _, chosen in best:
+        for x in chosen:
+            # a gang victim on two nodes counts once; an idle run's GPUs did no work (D3.idle-runs)
+            lost[x[1].key] = (0.0 if x[1].key in idle_runs else order_lost_gpu_s(x[0], now), x[1])
+    total = sum(v[0] for v in lost.values())
+    waited_s = us_to_s(now - job.queued_at_us)
+    if patience_rule(total, gpus, waited_s, s.view.ratio(req.leaf), req.patience_s) == PATIENCE_WAIT:
+        victims.waits[job.job_id] = total
+        return True
+    soon = checkpoint_rule(((w, next_checkpoint_us(r)) for w, r in lost.values()), gpus, now, req.checkpoint_wait_s)
+    if soon.wait:
+        victims.checkpoint_waits[job.job_id] = soon
+        return True
+    return False
+
+
+def _commit(s: _Search, best: list[Option]) -> Plan:
+    """Take J's GPUs on the ``best`` nodes (free first, then the victims', lowest indices) and check every
+    victim again by :func:`victim_rule`, the one home of the rule, for its audit record."""
+    req = s.req
+    free, g, leaf, now, idle_runs = req.free, s.g, req.leaf, req.now, s.idle_runs
+    gangs, gang_cap = req.gangs, req.gang_cap
+    gpus = g * req.job.replicas
+    log = free.log
     placements = []
     picked: dict[RunKey, tuple[Run, Victim]] = {}
     for _, nid, chosen in best:
@@ -267,30 +409,31 @@ def plan_preemption(
             for p in x[1].placements:
                 log.append(p.node_id)
         log.append(nid)
-        gpus = list(free.take(nid, min(g, len(ffree[nid]))))
+        taken_gpus = list(free.take(nid, min(g, len(s.ffree[nid]))))
         extra = sorted(gg for x in chosen for gg in x[2])
-        gpus.extend(extra[: g - len(gpus)])
-        placements.append(Placement(node_id=nid, gpus=tuple(sorted(gpus))))
+        taken_gpus.extend(extra[: g - len(taken_gpus)])
+        placements.append(Placement(node_id=nid, gpus=tuple(sorted(taken_gpus))))
         for x in chosen:
             run = x[1]
-            if run.key not in picked:
-                idle = idle_runs.get(run.key)
-                verdict = victim_rule(
-                    run,
-                    leaf,
-                    now,
-                    view,
-                    delta,
-                    charge_gpu_s,
-                    moves,
-                    g * k if gangs else None,
-                    gang_cap_us=gang_cap(run.budget) if gangs and gang_cap is not None else None,
-                    idle_s=idle[0] if idle is not None else None,
-                    idle_after_s=idle[1] if idle is not None else None,
-                )
-                if not verdict.allowed:  # the search and the rule disagree: a bug, never a decision
-                    raise AssertionError(f"victim {run.key} of {leaf}'s plan refused by victim_rule: {verdict}")
-                picked[run.key] = (run, _victim(run, now, verdict, idle[0] if idle is not None else None))
+            if run.key in picked:
+                continue
+            idle = idle_runs.get(run.key)
+            verdict = victim_rule(
+                run,
+                leaf,
+                now,
+                s.view,
+                req.delta,
+                req.charge_gpu_s,
+                req.moves,
+                gpus if gangs else None,
+                gang_cap_us=gang_cap(run.budget) if gangs and gang_cap is not None else None,
+                idle_s=idle[0] if idle is not None else None,
+                idle_after_s=idle[1] if idle is not None else None,
+            )
+            if not verdict.allowed:  # the search and the rule disagree: a bug, never a decision
+                raise AssertionError(f"victim {run.key} of {leaf}'s plan refused by victim_rule: {verdict}")
+            picked[run.key] = (run, _victim(run, now, verdict, idle[0] if idle is not None else None))
     return tuple(placements), [picked[key] for key in sorted(picked)]
 
 

@@ -63,7 +63,7 @@ from apportion.domain.budgets import ROOT, BudgetTree, ancestors_of
 from apportion.domain.cluster import RunKey
 from apportion.domain.engine.cycle import CycleSnapshot
 from apportion.domain.engine.inputs import EngineConfig, PendingJob
-from apportion.domain.engine.search import plan_preemption
+from apportion.domain.engine.search import PreemptionRequest, plan_preemption
 from apportion.domain.engine.victims import CycleVictims
 from apportion.events import Event
 from apportion.sim.peers._loop import Cycle, PeerPolicy, Seg, admission_loop, leaf_segments, run_gpus
@@ -231,7 +231,7 @@ class Slurm(PeerPolicy):
                 v.expired = {}  # only the scavenger QOS is preemptible
                 v.taken = c.taken
                 victims.append(v)
-            plan = plan_preemption(job, job.budget, c.free, victims[0], now_us, lambda p: 0.0, 0.0)
+            plan = plan_preemption(PreemptionRequest(job, job.budget, c.free, victims[0], now_us))
             if plan is None:
                 return None
             return plan[0], [run for run, _ in plan[1]]
