@@ -11,6 +11,8 @@ One node of 8 GPUs; every element asks for 1 GPU for 10 minutes.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from apportion import events as ev
@@ -180,8 +182,10 @@ def test_cancel_of_the_array_cancels_every_pending_and_running_element() -> None
         "JobCancelled:s_1",
         "JobCancelled:s_2",
         "JobCancelled:s_3",
+        "JobCancelled:s",
     ]
-    assert [narrow(ev.JobCancelled, e).attempt for e in out[1:]] == [1, None, None]
+    assert narrow(ev.JobCancelled, out[-1]).reason == "cancelled (array of 3 active elements)"
+    assert [narrow(ev.JobCancelled, e).attempt for e in out[1:]] == [1, None, None, None]
     assert state.jobs == {} and state.arrays == {} and "s" in state.finished
     again = feed(state, log, cancel("s", m(12)), m(12))
     rej = narrow(ev.JobRejected, again[0])
@@ -260,3 +264,100 @@ def test_stepping_the_same_submission_twice_changes_nothing() -> None:
     n = len(state.jobs)
     assert step(state, sub, to_us(sub.ts), CFG) == []  # folded once already: de-duplicated by event id
     assert len(state.jobs) == n
+
+
+# --------------------------------------------------------------------------- readers of submissions
+
+
+def test_history_shows_each_element_as_a_job_and_a_rejected_array_as_one_row() -> None:
+    from apportion.cli.history import fold_jobs
+
+    _, log, _ = queued_array("0-2")
+    rows = fold_jobs(log)
+    assert {j: (r.state, r.user, r.budget) for j, r in rows.items()} == {
+        "s_0": ("pending", "bob", "lab/b"),
+        "s_1": ("pending", "bob", "lab/b"),
+        "s_2": ("pending", "bob", "lab/b"),
+    }
+    state = DispatchState(TREE)
+    bad: list[ev.Event] = []
+    feed(state, bad, array_sub("r", "0-9").model_copy(update={"budget": "lab/nope"}), T0)  # unknown_budget
+    assert {j: r.state for j, r in fold_jobs(bad).items()} == {"r": "rejected"}
+
+
+def test_the_ledger_and_whatif_count_every_element() -> None:
+    from apportion.audit.whatif import jobs_from_log
+    from apportion.bus.reader import LogRecord
+    from apportion.report import JobLedger
+
+    _, log, _ = queued_array("0-4:2")
+    assert sorted(JobLedger().apply_all(log).submitted) == ["s_0", "s_2", "s_4"]
+    recs = [LogRecord("t", 0, i, None, 0, b"", e) for i, e in enumerate(log)]
+    jobs, skipped = jobs_from_log(recs)
+    assert ([(j.job_id, j.budget, j.gpus_per_replica, j.duration_s) for j in jobs], skipped) == (
+        [("s_0", "lab/b", 1, 600.0), ("s_2", "lab/b", 1, 600.0), ("s_4", "lab/b", 1, 600.0)],
+        [],
+    )
+
+
+# --------------------------------------------------------------------------- forecast
+
+
+def test_the_forecast_respects_the_throttle() -> None:
+    """Array 0-3%2 of 1-GPU, 1 h simulated elements on an empty 4-GPU node, queued at T0 + 10 min: 0 and 1
+    start at once (basis ``now``: the forecast is made at T0 + 10 min, before any cycle), 2 and 3 when they
+    end, 1 h later (basis ``simulated``: their declared work), though the node has room for all four."""
+    from apportion.forecast import forecast
+    from tests.unit.test_forecast import CFG as FCFG
+    from tests.unit.test_forecast import History
+
+    hist = History().node("n0", 4)
+    hist.feed(submitted("a", at=m(10)).model_copy(update={"array": "0-3%2"}), m(10))
+    fc = forecast(hist.state, m(10), FCFG)
+    assert [(j.job_id, j.start_us, j.basis) for j in fc.jobs] == [
+        ("a_0", m(10), "now"),
+        ("a_1", m(10), "now"),
+        ("a_2", m(70), "simulated"),
+        ("a_3", m(70), "simulated"),
+    ]
+
+
+def test_forecast_of_an_array_id_and_of_an_array_not_yet_submitted(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from apportion.cli.main import app
+    from tests.unit.test_cli_audit_from_file import export
+    from tests.unit.test_forecast import History
+
+    hist = History().node("n0", 1).submit("r1", T0, duration_s=3 * 3600.0)
+    hist.feed(submitted("a", at=m(10), duration_s=1800.0).model_copy(update={"array": "5,7"}), m(10))
+    path = export(tmp_path / "log.jsonl.gz", hist.log, "")
+    env = {"APPORTION_KAFKA_BOOTSTRAP": "127.0.0.1:1", "APPORTION_TOPIC_PREFIX": ""}
+    res = CliRunner().invoke(app, ["forecast", "a", "--json", "--from-file", path], env=env)
+    assert res.exit_code == 0, res.output
+    got = [(j["job_id"], j["start"]) for j in json.loads(res.stdout)["jobs"]]
+    # r1 holds the only GPU until T0 + 3 h; then a_5 (30 min), then a_7
+    assert got == [("a_5", from_us(m(180)).isoformat()), ("a_7", from_us(m(210)).isoformat())]
+    args = ["forecast", "--submit", "-b", "lab/b", "-u", "bob", "-g", "1", "-m", "1h", "--duration", "1h"]
+    res = CliRunner().invoke(app, [*args, "--array", "0-1", "--json", "--from-file", path], env=env)
+    assert res.exit_code == 0, res.output
+    jobs = json.loads(res.stdout)["jobs"]
+    assert [j["job_id"].rsplit("_", 1)[1] for j in jobs] == ["0", "1"] and len({j["job_id"] for j in jobs}) == 2
+
+
+def test_submit_array_dry_run_says_what_it_would_ask_for_and_refuses_a_bad_expression() -> None:
+    from typer.testing import CliRunner
+
+    from apportion.cli.main import app
+
+    env = {"APPORTION_KAFKA_BOOTSTRAP": "127.0.0.1:1", "APPORTION_TOPIC_PREFIX": ""}
+    base = ["submit", "-b", "lab/a", "-g", "1", "-m", "30m", "--duration", "1h", "--user", "bob", "--dry-run"]
+    res = CliRunner().invoke(app, [*base, "--job-id", "sw", "--array", "0-9:3%2"], env=env, terminal_width=200)
+    assert res.exit_code == 0
+    assert " ".join(res.stdout.split()) == (
+        "validated sw (1x1 GPUs, allocated; array of 4: sw_0 .. sw_9, at most 2 running, budget lab/a)"
+    )
+    bad = CliRunner().invoke(app, [*base, "--array", "9-0"], env=env, terminal_width=200)
+    assert bad.exit_code == 2 and "array '9-0': range '9-0' ends below its start" in bad.stderr

@@ -24,6 +24,7 @@ from typing import Any
 from apportion import events
 from apportion.audit.verify import DecisionCheck, position, rerun_decisions
 from apportion.bus.reader import LogRecord
+from apportion.domain.arrays import split_element_id
 from apportion.domain.dispatch import DispatchConfig
 from apportion.durations import format_duration
 from apportion.timeutil import to_us
@@ -143,6 +144,14 @@ def _why(v: events.Victim) -> str:
     )
 
 
+def _array_of(ev: events.Event, job_id: str) -> bool:
+    """Whether ``ev`` is the submission of the job array ``job_id`` is an element of (one record, N jobs)."""
+    if not isinstance(ev, events.JobSubmitted) or ev.array is None:
+        return False
+    parts = split_element_id(job_id)
+    return parts is not None and parts[0] == ev.job_id and job_id in ev.job_ids
+
+
 def _entry(rec: LogRecord, job_id: str) -> TimelineEntry | None:
     ev = rec.event
     if ev is None:
@@ -150,7 +159,7 @@ def _entry(rec: LogRecord, job_id: str) -> TimelineEntry | None:
     at, where = ev.ts.isoformat(), position(rec)
     attempt = getattr(ev, "attempt", None)
     t = ev.type
-    if getattr(ev, "job_id", None) != job_id:
+    if getattr(ev, "job_id", None) != job_id and not _array_of(ev, job_id):
         if isinstance(ev, events.JobPreempted) and ev.by_job_id == job_id:
             why = _why(ev.victim) if ev.victim else ev.reason
             return TimelineEntry(
@@ -170,6 +179,7 @@ def _entry(rec: LogRecord, job_id: str) -> TimelineEntry | None:
         s = (
             f"submitted to {ev.budget} by {ev.user}: {ev.replicas} x {ev.gpus_per_replica} GPU, "
             f"min runtime {ev.min_runtime_s:g} s ({'allocated' if ev.allocated else 'unallocated'})"
+            + (f", an element of array {ev.job_id} ({ev.array})" if ev.job_id != job_id else "")
         )
         return TimelineEntry(
             at,

@@ -258,6 +258,15 @@ def submit(
             "Default: the budget's default_time_limit, if any; at most its max_time_limit.",
         ),
     ] = None,
+    array: Annotated[
+        str | None,
+        typer.Option(
+            "--array",
+            "-a",
+            help="A job array, Slurm's syntax: 0-99 (range), 1,3,5 (list), 0-99:2 (step), %N (at most N running): "
+            "one job per index, JOB_ID_INDEX, each with APPORTION_ARRAY_INDEX set.",
+        ),
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and print the event; publish nothing.")] = False,
     wait: Annotated[
         float,
@@ -278,6 +287,8 @@ def submit(
       apportion submit -b lab/vision -g 8 -k 4 -m 4h --duration 6h   (simulated gang)
 
       apportion submit -b lab/vision -g 1 -m 0 -- python sweep.py     (unallocated)
+
+      apportion submit -b lab/vision -g 1 -m 30m --array 0-99%8 -- python sweep.py   (100 jobs, 8 at a time)
 
     Unallocated work (-m 0) charges nothing: any user may run it under any leaf budget, member or not.
 
@@ -311,6 +322,7 @@ def submit(
                 env=job_env,
                 time_limit_s=parse_duration(time_limit) if time_limit is not None else None,
                 producer="cli",
+                array=array,
             )
         except client.InvalidSubmission as exc:
             fail(exc.message if exc.field == "job_id" else str(exc))
@@ -339,7 +351,7 @@ def submit(
         watcher = None
         if wait > 0:
             try:
-                watcher = client.VerdictWatcher(ev.job_id, bootstrap=bootstrap)
+                watcher = client.VerdictWatcher.for_submissions([ev], bootstrap=bootstrap)
             except Exception as exc:  # cannot read: publishing will say why
                 if not type(exc).__module__.startswith("kafka"):
                     raise
@@ -353,6 +365,10 @@ def submit(
         _print_json(doc)
     elif not isinstance(verdict, events.JobRejected):  # a rejected job was not submitted: say only that
         kind = "allocated" if ev.allocated else "unallocated"
+        spec = ev.array_spec
+        if spec is not None:
+            most = f", at most {spec.throttle} running" if spec.throttle is not None else ""
+            kind += f"; array of {len(spec.indices)}: {ev.job_ids[0]} .. {ev.job_ids[-1]}{most}"
         out.print(
             f"{'validated' if dry_run else 'submitted'} [bold]{ev.job_id}[/] "
             f"({ev.replicas}x{ev.gpus_per_replica} GPUs, {kind}, budget {ev.budget})"
@@ -716,7 +732,7 @@ def forecast(
         typer.Option(
             "--submit",
             help="Forecast a job not yet submitted, as if submitted now: -b, -u, -g, -m, -k, -t, --duration, "
-            "--gpu-model, --checkpoint-interval as for `submit` (-u defaults to your login name).",
+            "--gpu-model, --checkpoint-interval, --array as for `submit` (-u defaults to your login name).",
         ),
     ] = False,
     gpus: Annotated[int | None, typer.Option("--gpus", "-g", min=1, help="With --submit: GPUs per replica.")] = None,
@@ -733,6 +749,9 @@ def forecast(
     ] = None,
     time_limit: Annotated[
         str | None, typer.Option("--time", "-t", help="With --submit: time limit (default: the budget's).")
+    ] = None,
+    array: Annotated[
+        str | None, typer.Option("--array", "-a", help="With --submit: a job array (as for `submit`).")
     ] = None,
     bootstrap: Bootstrap = None,
     from_file: Annotated[
@@ -760,6 +779,8 @@ def forecast(
     apportion forecast  (every pending job)
 
     apportion forecast j-42  (one job, with its chain)
+
+    apportion forecast sweep-7  (a job array: each pending element)
 
     apportion forecast -b lab/vision -u alice --json
 
@@ -794,8 +815,14 @@ def forecast(
         sub = dict(budget=budget, user=user or getpass.getuser(), gpus=gpus, replicas=replicas, min_runtime=min_runtime)
         if time_limit is not None:
             sub["time_limit_s"] = _dur(time_limit, "--time")
-        state, job_id = _forecast_submission(state, now, cfg, sub, duration, gpu_model, checkpoint_interval)
-        wanted = [job_id]
+        if array is not None:
+            sub["array"] = array
+        state, wanted = _forecast_submission(state, now, cfg, sub, duration, gpu_model, checkpoint_interval)
+    elif job_id is not None and job_id in state.arrays:  # a job array: its pending elements
+        members = state.arrays[job_id].members
+        wanted = [j for j in sorted(members, key=members.__getitem__) if state.jobs[j].status == "pending"]
+        if not wanted:
+            fail(f"no element of array {job_id!r} is pending: nothing to forecast", 1)
     elif job_id is not None:
         _forecastable(state, job_id)
         wanted = [job_id]
@@ -811,7 +838,7 @@ def forecast(
     if as_json:
         _print_json(fc.to_dict())
         return
-    out.print(forecast_table(fc, out.width, detail=job_id is not None))
+    out.print(forecast_table(fc, out.width, detail=len(wanted) == 1 and (job_id is not None or submit_)))
 
 
 def _forecast_submission(
@@ -822,9 +849,9 @@ def _forecast_submission(
     duration: str | None,
     gpu_model: str | None,
     checkpoint_interval: str | None,
-) -> tuple[Any, str]:
-    """``forecast --submit``: the state with the job submitted at ``now`` and its id; exit 2 for an invalid
-    submission, 1 when the dispatcher's admission would reject it (the reason said)."""
+) -> tuple[Any, list[str]]:
+    """``forecast --submit``: the state with the job submitted at ``now`` and its ids (an array's elements);
+    exit 2 for an invalid submission, 1 when the dispatcher's admission would reject it (the reason said)."""
     from pydantic import ValidationError
 
     from apportion import client
@@ -851,7 +878,7 @@ def _forecast_submission(
     state, rejected = with_submission(state, job, now, cfg)
     if rejected is not None:
         fail(f"it would be rejected: {rejected.reason.value}: {rejected.message}", 1)
-    return state, job.job_id
+    return state, list(job.job_ids)
 
 
 def _forecastable(state: Any, job_id: str) -> None:

@@ -1196,12 +1196,20 @@ def decide(
 
 def cancel_array(state: DispatchState, req: JobCancelRequested, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
     """The cancel of a job array (``req.job_id`` an active array's id): each active element's cancel, in
-    index order, as a cancel of that element alone would be (its stops first when it runs)."""
+    index order, as a cancel of that element alone would be (its stops first when it runs), then a
+    ``JobCancelled`` of the array id itself (``attempt`` ``None``), the verdict a requester waits for
+    under the request's key."""
     arr = state.arrays[req.job_id]
     out: list[Event] = []
     for job_id, _ in sorted(arr.members.items(), key=lambda m: m[1]):
         out += decide(state, replace_request(req, job_id), now_us, cfg)
-    return out
+    n = len(arr.members)
+    reason = f"{req.reason or 'cancelled'} (array of {n} active element{'s' if n != 1 else ''})"
+    done = JobCancelled(
+        event_id=det_id("JobCancelled", req.job_id), ts=from_us(now_us), producer=cfg.producer, job_id=req.job_id,
+        attempt=None, reason=reason,
+    )  # fmt: skip
+    return [*out, done]
 
 
 def replace_request(req: JobCancelRequested, job_id: str) -> JobCancelRequested:
