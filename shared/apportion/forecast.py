@@ -74,6 +74,12 @@ from apportion.events import (
 from apportion.timeutil import Micros, from_us, s_to_us, to_us, us_to_s
 
 __all__ = [
+    "BudgetForecast",
+    "BudgetPoint",
+    "budget_forecast",
+    "protection_notice",
+    "protection_of",
+    "with_starts",
     "BASES",
     "ChainStep",
     "Forecast",
@@ -410,12 +416,14 @@ class _Forward:
 
     # ------------------------------------------------------------------ loop
 
-    def run(self, wanted: set[str]) -> None:
-        """Run until every job of ``wanted`` has started, nothing is left to happen, or the horizon."""
+    def run(self, wanted: set[str] | None, until_us: Micros | None = None) -> None:
+        """Run until every job of ``wanted`` has started, nothing is left to happen, or the horizon; with
+        ``wanted`` ``None``, until every happening up to ``until_us`` (default the horizon) is done."""
         heap = self.heap
-        while heap and not wanted <= self.started.keys():
+        until = self.horizon if until_us is None else min(until_us, self.horizon)
+        while heap and (wanted is None or not wanted <= self.started.keys()):
             t = heap[0][0]
-            if t > self.horizon or self.real == 0:
+            if t > until or self.real == 0:
                 break
             dirty = False
             while heap and heap[0][0] == t:
@@ -685,3 +693,199 @@ def _chain(fwd: _Forward, job_id: str, start: Micros) -> tuple[ChainStep, ...]:
         )
     steps.sort(key=lambda s: (s.at_us, _STEP_ORDER[s.kind], s.job_id))
     return tuple(steps)
+
+
+# --------------------------------------------------------------------------- queue --start, protection notice
+
+
+def with_starts(rows: Sequence[Mapping[str, Any]], fc: Forecast) -> list[dict[str, Any]]:
+    """``apportion queue --start``: the queue's rows, each pending one with its forecast start (``est_start``,
+    ISO UTC, ``None`` when not within the forecast) and ``est_basis`` (:attr:`JobForecast.basis`); other rows
+    as they are. A pending row the forecast does not cover (it came after the log read) gets ``None`` and
+    basis ``""``."""
+    by_id = {j.job_id: j for j in fc.jobs}
+    out = []
+    for row in rows:
+        r = dict(row)
+        if r.get("state") == "pending":
+            j = by_id.get(str(r.get("job_id")))
+            r["est_start"] = None if j is None or j.start_us is None else from_us(j.start_us).isoformat()
+            r["est_basis"] = "" if j is None else j.basis
+        out.append(r)
+    return out
+
+
+def protection_of(state: DispatchState, job_id: str, now_us: Micros) -> str:
+    """:func:`protection_notice` of ``job_id``'s current run in ``state`` (``""`` when it is not running)."""
+    rec = state.jobs.get(job_id)
+    run = state.cluster.runs.get((job_id, rec.attempt)) if rec is not None else None
+    if rec is None or run is None or rec.status != "running":
+        return ""
+    until = run.protected_until_us
+    row = {
+        "state": "running",
+        "allocated": run.allocated,
+        "protected_until": None
+        if until is None
+        else ("until started" if until >= UNTIL_STARTED else from_us(until).isoformat()),
+    }
+    return protection_notice(row, now_us)
+
+
+def protection_notice(row: Mapping[str, Any], now_us: Micros) -> str:
+    """What a running job's protection promises (DESIGN ``D1.allocated-job``, ``D3.victims``), for ``queue`` and
+    ``explain``: ``protected until T; preemptible after`` while it lasts, ``preemptible since T`` once it has
+    ended, ``protected until started`` for a run not yet started; ``""`` for a row without protection (an
+    unallocated run: preemptible at any time, said as ``unallocated: preemptible at any time``).
+
+    ``row``: a queue row (``state``, ``allocated``, ``protected_until``: ISO UTC or ``"until started"``).
+    """
+    if row.get("state") != "running":
+        return ""
+    if row.get("allocated") is False:
+        return "unallocated: preemptible at any time"
+    until = row.get("protected_until")
+    if until is None:
+        return ""
+    if until == "until started":
+        return "protected until started"
+    from datetime import datetime
+
+    t = to_us(datetime.fromisoformat(str(until)))
+    stamp = from_us(t).strftime("%Y-%m-%d %H:%M:%S")
+    return f"protected until {stamp} UTC; preemptible after" if t > now_us else f"preemptible since {stamp} UTC"
+
+
+# --------------------------------------------------------------------------- budget forecast
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetPoint:
+    """One budget at one time of a budget forecast.
+
+    Attributes:
+        path: the budget.
+        at_us: the time, µs UTC.
+        ratio: its usage ratio r (``D2.usage-ratio``) as the window stands then.
+        rank: its place in the fair-share order of leaves (0 first), ``None`` for an inner budget.
+        can_preempt: leaves whose branch at the lowest common ancestor is then ahead of this leaf's by at least
+            delta and that hold allocated GPUs (``D3.victims``, rule 2: their runs are victims for this budget's
+            jobs once their protection ends); empty for an inner budget.
+    """
+
+    path: str
+    at_us: Micros
+    ratio: float
+    rank: int | None
+    can_preempt: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (``ratio`` ``"inf"`` when infinite)."""
+        return {
+            "path": self.path,
+            "at": from_us(self.at_us).isoformat(),
+            "ratio": self.ratio if self.ratio != float("inf") else "inf",
+            "rank": self.rank,
+            "can_preempt": list(self.can_preempt),
+        }
+
+
+@dataclass
+class BudgetForecast:
+    """Each budget's r and rank at each sample time (``D12.budget-forecast``).
+
+    Attributes:
+        now_us: the forecast's time; ``step_s``: seconds between samples.
+        times: the sample times, ``now_us`` first.
+        points: budget path -> its :class:`BudgetPoint` per sample time, in ``times`` order.
+    """
+
+    now_us: Micros
+    step_s: float
+    times: list[Micros] = field(default_factory=list)
+    points: dict[str, list[BudgetPoint]] = field(default_factory=dict)
+
+    def first_preempting(self, path: str) -> BudgetPoint | None:
+        """The first sample at which leaf ``path`` can preempt another budget's expired runs, or ``None``."""
+        return next((p for p in self.points.get(path, ()) if p.can_preempt), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        out = []
+        for path, pts in self.points.items():
+            first = self.first_preempting(path)
+            out.append(
+                {
+                    "path": path,
+                    "points": [p.to_dict() for p in pts],
+                    "can_preempt_from": None if first is None else from_us(first.at_us).isoformat(),
+                }
+            )
+        return {
+            "now": from_us(self.now_us).isoformat(),
+            "step_s": self.step_s,
+            "times": [from_us(t).isoformat() for t in self.times],
+            "budgets": out,
+        }
+
+
+def budget_forecast(
+    state: DispatchState,
+    now_us: Micros,
+    config: DispatchConfig | None = None,
+    *,
+    days: float = 7.0,
+    step_s: float = 86_400.0,
+    history: Mapping[str, Sequence[float]] | None = None,
+    cycle_s: float | None = CYCLE_S,
+) -> BudgetForecast:
+    """Each budget's r and rank every ``step_s`` from ``now_us`` for ``days`` as its window slides
+    (``D12.budget-forecast``; ``apportion share --forecast 7d``).
+
+    The same forward run as :func:`forecast`: running work ends per its basis (declared work, time limit, its
+    user's median, W/4), pending jobs start as the engine would start them, and nothing new is submitted. At
+    each sample time the occupancy windows (``D2.occupancy``) and the capacity integral (``D2.entitlement``)
+    are read from the forward run's ledger, so work that ended days ago drops out of the window as it would.
+    Pure; ``state`` is not changed.
+
+    Raises:
+        ValueError: ``now_us`` before the state's clock, or ``step_s``/``days`` not positive.
+    """
+    from apportion.domain.fairshare import branches_at_lca, budget_order, ratios
+
+    if state.clock_us is not None and now_us < state.clock_us:
+        raise ValueError("a budget forecast cannot start before the state's latest event")
+    if step_s <= 0 or days <= 0:
+        raise ValueError("--forecast and its step must be positive")
+    cfg = config or DispatchConfig(heartbeat_timeout_s=None)
+    end_us = now_us + s_to_us(days * 86_400.0)
+    fwd = _Forward(_copy(state), now_us, cfg, history or {}, end_us, cycle_s)
+    fwd.seed()
+    delta = cfg.engine.delta
+    result = BudgetForecast(now_us, step_s)
+    k = 0
+    while (t := now_us + s_to_us(k * step_s)) <= end_us:
+        fwd.run(None, t)
+        st = fwd.state
+        tree = st.tree
+        occ, cap = st.ledger.occupancy(t), st.ledger.capacity_gpu_s(t)
+        r = ratios(tree, occ, cap)
+        order = budget_order(tree, occ, cap)
+        rank = {p: i for i, p in enumerate(order)}
+        holding = {run.budget for run in st.cluster.runs.values() if run.allocated and not run.stopping}
+        result.times.append(t)
+        for path in tree.paths():
+            can: list[str] = []
+            if path in rank:
+                for other in order:
+                    if other == path or other not in holding:
+                        continue
+                    try:
+                        _, mine, theirs = branches_at_lca(path, other)
+                    except ValueError:
+                        continue
+                    if r.get(theirs, 0.0) - r.get(mine, 0.0) >= delta:
+                        can.append(other)
+            result.points.setdefault(path, []).append(BudgetPoint(path, t, r[path], rank.get(path), tuple(can)))
+        k += 1
+    return result

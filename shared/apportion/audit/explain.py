@@ -76,11 +76,14 @@ class Explanation:
         job_id: the job.
         found: False when the log never mentions it.
         timeline: entries in log order.
+        protection: what the protection of its current run promises as of the log's end
+            (:func:`apportion.forecast.protection_notice`; empty when it is not running).
     """
 
     job_id: str
     found: bool
     timeline: list[TimelineEntry]
+    protection: str = ""
 
     @property
     def decisions_match(self) -> bool:
@@ -94,6 +97,7 @@ class Explanation:
             "found": self.found,
             "decisions_match": self.decisions_match,
             "timeline": [e.to_dict() for e in self.timeline],
+            "protection": self.protection,
         }
 
 

@@ -605,7 +605,10 @@ def queue_table(rows: list[dict[str, Any]], width: int) -> Any:
     ``MM-DD HH:MM`` (UTC); each job's nodes or pending reason follow the table on a line of their own
     (``job: reason``), wrapped, uncut, a running job's with how long its GPUs have been idle when its node
     agents report it. A run whose GPUs stay idle past its nodes' ``idle_after_s`` (the row's ``idle``) shows
-    ``IDLE`` in place of ``running`` in the narrow table and in the idle column of the wide one.
+    ``IDLE`` in place of ``running`` in the narrow table and in the idle column of the wide one. A running
+    job's protection notice (the row's ``protection``) follows its nodes. Rows with a forecast (``queue
+    --start``: ``est_start``, ``est_basis``) show a pending job's estimated start in the start column, marked
+    ``~``, and its basis in a column of its own.
     ``--json`` has every field.
     """
     from rich import box
@@ -620,8 +623,10 @@ def queue_table(rows: list[dict[str, Any]], width: int) -> Any:
     def widest(key: str, title: str) -> int:
         return max([len(title), *(len(text(r, key)) for r in rows)])
 
-    def detail(r: dict[str, Any]) -> str:  # the nodes of a run, the reason of a pending job
+    def detail(r: dict[str, Any]) -> str:  # the nodes of a run and its protection, the reason of a pending job
         nodes = ",".join(r.get("nodes") or [])
+        if r.get("state") == "running" and r.get("protection"):
+            nodes = f"{nodes} ({r['protection']})" if nodes else str(r["protection"])
         return str((r.get("reason") if r.get("state") == "pending" else nodes or r.get("reason")) or "")
 
     def idle(r: dict[str, Any]) -> str:  # what the node agents report of a running job's GPU use
@@ -636,9 +641,12 @@ def queue_table(rows: list[dict[str, Any]], width: int) -> Any:
         d, i = detail(r), idle(r)
         return f"{d} (GPUs idle {i.removeprefix('IDLE ')})" if i and i != "0s" else d
 
-    def started(r: dict[str, Any]) -> str:
-        at = r.get("started_at")
-        return (at[:19] if wide else at[5:16]).replace("T", " ") if at else "-"
+    def started(r: dict[str, Any]) -> str:  # a pending job's estimated start with --start, marked ~
+        at = r.get("started_at") or r.get("est_start")
+        mark = "~" if r.get("state") == "pending" and at else ""
+        return mark + (at[:19] if wide else at[5:16]).replace("T", " ") if at else "-"
+
+    starts = any("est_basis" in r for r in rows)
 
     # (title, rich column options, cell, in the narrow table too): one list for the header and the cells
     columns: list[tuple[str, dict[str, Any], Callable[[dict[str, Any]], str], bool]] = [
@@ -656,6 +664,7 @@ def queue_table(rows: list[dict[str, Any]], width: int) -> Any:
         ("state", {"min_width": widest("state", "state")}, state, True),
         ("att", {"justify": "right"}, lambda r: str(r.get("attempt", "")), False),
         ("started (UTC)" if wide else "started", {"min_width": 19 if wide else 11}, started, True),
+        *([("basis", {}, lambda r: text(r, "est_basis"), True)] if starts else []),
         ("idle", {}, idle, False),
         ("nodes / reason", {"overflow": "fold", "ratio": 1, "no_wrap": False}, detail, False),
     ]
@@ -686,6 +695,14 @@ def queue(
     all_states: Annotated[
         bool, typer.Option("--all", help="Include finished jobs (from the log, as `apportion history`).")
     ] = False,
+    start: Annotated[
+        bool,
+        typer.Option(
+            "--start",
+            help="Each pending job's estimated start and its basis (like squeue --start), from the log as "
+            "`apportion forecast` finds them.",
+        ),
+    ] = False,
     redis_url: RedisUrl = None,
     bootstrap: Bootstrap = None,
     as_json: JsonOut = False,
@@ -698,16 +715,43 @@ def queue(
     checkpoint_soon, placeable; from the dispatcher: refused_backoff, for a job whose start a node refused, and
     held, for a job held until `apportion release`);
     `--json` rows also carry `reason_detail`, the reason's fields.
+
+    A running job shows what its protection promises: protected until T (preemptible after), or preemptible since.
+
+    With --start, each pending job gets its estimated start (est_start, est_basis in --json): the log read and the
+    engine run forward as `apportion forecast` does (basis: now, rules, simulated, time_limit, history, unknown).
     """
+    from apportion.forecast import protection_notice
+    from apportion.timeutil import to_us
+
     check_states(state, all_states)
     check_budget_filter(budget)
     rows = queue_rows(
         _redis(redis_url), budget=budget, user=user, state=state, all_states=all_states, bootstrap=bootstrap
     )
+    now_us = to_us(_now())
+    for r in rows:
+        notice = protection_notice(r, now_us)
+        if notice:
+            r["protection"] = notice
+    if start:
+        rows = _with_forecast_starts(rows, bootstrap)
     if as_json:
         _print_json(rows)
         return
     out.print(queue_table(rows, out.width))
+
+
+def _with_forecast_starts(rows: list[dict[str, Any]], bootstrap: str | None) -> list[dict[str, Any]]:
+    """``queue --start``: the rows with each pending job's forecast start (:func:`apportion.forecast.with_starts`)."""
+    from apportion.audit.replay import decoded
+    from apportion.forecast import forecast as run_forecast
+    from apportion.forecast import user_history, with_starts
+
+    recs, cfg, state, now = _forecast_input(bootstrap, None, None)
+    wanted = [str(r["job_id"]) for r in rows if r.get("state") == "pending" and r.get("job_id") in state.jobs]
+    fc = run_forecast(state, now, cfg, job_ids=wanted, history=user_history(decoded(recs)))
+    return with_starts(rows, fc)
 
 
 #: The `apportion forecast` basis column, for its footer and help (the values of :mod:`apportion.forecast`).
@@ -789,25 +833,15 @@ def forecast(
     apportion forecast --submit -b lab/vision -g 8 -k 2 -m 2h  (if I submit this now; exit 1 if it would be rejected)
     """
     from apportion.audit.replay import decoded
-    from apportion.audit.verify import dispatcher_fold
-    from apportion.cli.audit import _dispatch_config, _dur, _load, parse_time
+    from apportion.cli.audit import _dur
     from apportion.forecast import forecast as run_forecast
     from apportion.forecast import user_history
-    from apportion.timeutil import from_us, to_us
 
     check_budget_filter(budget)
     if submit_ and (job_id is not None or budget is None or gpus is None or min_runtime is None):
         fail("--submit needs -b BUDGET, -g GPUS and -m MIN_RUNTIME, and no JOB_ID")
     horizon_s = _dur(horizon, "--horizon")
-    when = parse_time(at) if at is not None else None
-    recs = _load(bootstrap, from_file)
-    cfg = _dispatch_config(recs, None, None, None, None, None)
-    state = dispatcher_fold(recs, cfg, producer=cfg.producer)
-    if state.clock_us is None:
-        fail("the log holds no events: nothing to forecast", 1)
-    now = to_us(when) if when is not None else state.clock_us
-    if now < state.clock_us:
-        fail(f"--at {at} is before the log's latest event ({from_us(state.clock_us).isoformat()})")
+    recs, cfg, state, now = _forecast_input(bootstrap, from_file, at)
     if submit_:
         import getpass
 
@@ -839,6 +873,26 @@ def forecast(
         _print_json(fc.to_dict())
         return
     out.print(forecast_table(fc, out.width, detail=len(wanted) == 1 and (job_id is not None or submit_)))
+
+
+def _forecast_input(bootstrap: str | None, from_file: Path | None, at: str | None) -> tuple[list[Any], Any, Any, int]:
+    """The log (Kafka, or an export), the dispatcher's configuration and state folded from it, and the forecast's
+    time (``--at``, default the log's latest event): what ``forecast``, ``queue --start`` and ``share --forecast``
+    run forward. Exit 1 for an empty log, 2 for an ``--at`` before its latest event."""
+    from apportion.audit.verify import dispatcher_fold
+    from apportion.cli.audit import _dispatch_config, _load, parse_time
+    from apportion.timeutil import from_us, to_us
+
+    when = parse_time(at) if at is not None else None
+    recs = _load(bootstrap, from_file)
+    cfg = _dispatch_config(recs, None, None, None, None, None)
+    state = dispatcher_fold(recs, cfg, producer=cfg.producer)
+    if state.clock_us is None:
+        fail("the log holds no events: nothing to forecast", 1)
+    now = to_us(when) if when is not None else state.clock_us
+    if now < state.clock_us:
+        fail(f"--at {at} is before the log's latest event ({from_us(state.clock_us).isoformat()})")
+    return recs, cfg, state, now
 
 
 def _forecast_submission(
@@ -966,12 +1020,34 @@ def share_data(rc: Any) -> dict[str, Any]:
 @app.command()
 def share(
     redis_url: RedisUrl = None,
+    forecast_: Annotated[
+        str | None,
+        typer.Option(
+            "--forecast",
+            help="Each budget's r and rank over the next days (e.g. 7d) as its window slides: running work ends as "
+            "`apportion forecast` takes it, queued jobs start as the engine would start them, nothing new arrives.",
+        ),
+    ] = None,
+    step: Annotated[str, typer.Option("--step", help="With --forecast: time between samples.")] = "1d",
+    at: Annotated[str | None, typer.Option("--at", help="With --forecast: its start (default: the log's end).")] = None,
+    bootstrap: Bootstrap = None,
+    from_file: Annotated[
+        Path | None,
+        typer.Option("--from-file", help="With --forecast: read an export file.", exists=True, dir_okay=False),
+    ] = None,
     as_json: JsonOut = False,
 ) -> None:
     """The budget tree with share, occupancy, unallocated use, entitlement, r and rank (like sshare).
 
     O, U and E are GPU-hours over the trailing window; r = O / E, lower is served first.
+
+    With --forecast 7d: r/rank of every budget each --step from now (read from the log), and from when each leaf
+    is behind enough to preempt another budget's runs once their protection ends (r lower by at least delta at
+    their common ancestor, the other holding allocated GPUs).
     """
+    if forecast_ is not None:
+        _share_forecast(forecast_, step, at, bootstrap, from_file, as_json)
+        return
     data = share_data(_redis(redis_url))
     meta, rows = data["meta"], {row["path"]: row for row in data["budgets"]}
     if as_json:
@@ -998,6 +1074,40 @@ def share(
             _ratio(row.get("ratio")),
             "" if row.get("rank") is None else str(row["rank"]),
         )
+    out.print(t)
+
+
+def _share_forecast(
+    span: str, step: str, at: str | None, bootstrap: str | None, from_file: Path | None, as_json: bool
+) -> None:
+    """``share --forecast``: :func:`apportion.forecast.budget_forecast` of the log, as a table or ``--json``."""
+    from apportion.audit.replay import decoded
+    from apportion.cli.audit import _dur
+    from apportion.forecast import budget_forecast, user_history
+    from apportion.timeutil import from_us
+
+    days, step_s = _dur(span, "--forecast") / 86_400, _dur(step, "--step")
+    if days <= 0 or step_s <= 0:
+        fail("--forecast and --step must be longer than 0")
+    recs, cfg, state, now = _forecast_input(bootstrap, from_file, at)
+    fc = budget_forecast(state, now, cfg, days=days, step_s=step_s, history=user_history(decoded(recs)))
+    if as_json:
+        _print_json(fc.to_dict())
+        return
+    t = Table(
+        title=f"r/rank from {from_us(now).isoformat()[:16]} UTC, every {format_duration(step_s)}",
+        box=None,
+        pad_edge=False,
+    )
+    t.add_column("budget")
+    for i in range(len(fc.times)):
+        t.add_column(f"+{format_duration(i * step_s)}" if i else "now", justify="right")
+    t.add_column("can preempt from")
+    for path, pts in fc.points.items():
+        cells = [f"{_ratio(p.ratio)}" + ("" if p.rank is None else f"/{p.rank}") for p in pts]
+        first = fc.first_preempting(path)
+        when = "-" if first is None else f"{from_us(first.at_us).isoformat()[5:16].replace('T', ' ')}"
+        t.add_row("  " * path.count("/") + path.rsplit("/", 1)[-1], *cells, when)
     out.print(t)
 
 
