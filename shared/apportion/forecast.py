@@ -29,6 +29,11 @@ Where each run's end is taken from (its ``basis``), the first that applies:
    start (``W`` the occupancy window), or, once that has passed, until it
    is preempted.
 
+With ``arrivals`` (``--with-arrivals``: :func:`recent_arrivals`), the submissions of the day before ``now``
+are assumed to come again, each a day after its own time and every day after that, copies of those jobs
+(their budget, user, shape and declared work): later arrivals of budgets ahead in the fair-share order then
+go first in the forecast as they will in fact.
+
 A pending job's forecast is the time the forward run starts it
 (``StartWorkload``), with the chain of what frees its GPUs: the runs on the
 nodes it gets that end before it starts (with their basis), the runs it
@@ -87,6 +92,7 @@ __all__ = [
     "RunEnd",
     "forecast",
     "run_end",
+    "recent_arrivals",
     "user_history",
     "with_submission",
 ]
@@ -95,6 +101,8 @@ __all__ = [
 BASES: tuple[str, ...] = ("simulated", "time_limit", "history", "unknown")
 #: A job's basis when its chain has no run end: it starts at once, or only protection and grace ends delay it.
 NOW, RULES = "now", "rules"
+#: ``--with-arrivals``: the submissions of this many seconds before the forecast are replayed, every as many seconds.
+ARRIVAL_LOOKBACK_S = 86_400.0
 #: The forward run's periodic cycle while jobs wait (the dispatcher service's and the simulator's default).
 CYCLE_S = 300.0
 #: How far ahead the forward run looks by default, seconds (a job not started by then has no start).
@@ -266,6 +274,23 @@ def user_history(events: Iterable[Event]) -> dict[str, tuple[float, ...]]:
     return {u: tuple(sorted(ds)) for u, ds in out.items()}
 
 
+def recent_arrivals(
+    events: Iterable[Event], now_us: Micros, lookback_s: float = ARRIVAL_LOOKBACK_S
+) -> list[tuple[Micros, JobQueued]]:
+    """The arrival pattern to replay (``forecast --with-arrivals``): each job first queued (``JobQueued``, attempt 1)
+    in the ``lookback_s`` before ``now_us``, at its time plus ``lookback_s`` (the recent arrival rate, budgets,
+    users and shapes carried forward), in time order."""
+    lb = s_to_us(lookback_s)
+    out: list[tuple[Micros, JobQueued]] = []
+    for ev in events:
+        if isinstance(ev, JobQueued) and ev.attempt == 1:
+            t = to_us(ev.ts)
+            if now_us - lb <= t < now_us:
+                out.append((t + lb, ev))
+    out.sort(key=lambda a: (a[0], a[1].job_id))
+    return out
+
+
 def run_end(
     job: JobQueued,
     attempt: int,
@@ -313,7 +338,7 @@ def run_end(
 class _Forward:
     """The forward run: the simulator's loop, reduced to what a forecast needs (module docstring)."""
 
-    _EV, _TICK, _END, _CKPT, _PERIODIC = range(5)
+    _EV, _TICK, _END, _CKPT, _PERIODIC, _ARRIVAL = range(6)
 
     def __init__(
         self,
@@ -344,6 +369,38 @@ class _Forward:
         self.placed: dict[str, JobPlaced] = {}  # job -> its JobPlaced that started
         self.freed: list[tuple[Micros, RunKey, frozenset[str]]] = []  # run ends: (time, run, its nodes)
         self.nodes_of: dict[RunKey, frozenset[str]] = {}
+        self.period_us: Micros = 0  # arrivals replayed every period (``arrive``)
+
+    def arrive(self, arrivals: Sequence[tuple[Micros, JobQueued]], period_s: float) -> None:
+        """Replay ``arrivals`` (their first time, the job they copy) every ``period_s`` until the horizon."""
+        self.period_us = s_to_us(period_s)
+        for t, job in arrivals:
+            if self.now <= t <= self.horizon:
+                self.push(t, self._ARRIVAL, (job, 1))
+
+    def _arrival(self, payload: tuple[JobQueued, int], t: Micros) -> bool:
+        job, k = payload
+        jid = f"{job.job_id}~{k}"
+        sub = JobSubmitted(
+            event_id=det_id(_PRODUCER, "arrival", job.job_id, k),
+            ts=from_us(t),
+            producer=_PRODUCER,
+            job_id=jid if len(jid) <= 200 else f"~{det_id(_PRODUCER, jid)}",
+            budget=job.budget,
+            user=job.user,
+            gpus_per_replica=job.gpus_per_replica,
+            replicas=job.replicas,
+            min_runtime_s=job.min_runtime_s,
+            gpu_model=job.gpu_model,
+            command=job.command,
+            duration_s=job.duration_s if job.duration_s is not None or job.command is not None else 1.0,
+            submitted_at=from_us(t),
+            checkpoint_interval_s=job.checkpoint_interval_s,
+            time_limit_s=job.time_limit_s,
+        )
+        if self.period_us and t + self.period_us <= self.horizon:
+            self.push(t + self.period_us, self._ARRIVAL, (job, k + 1))
+        return self._feed(sub, t)
 
     def push(self, t: Micros, kind: int, payload: Any = None) -> None:
         self.seq += 1
@@ -436,6 +493,8 @@ class _Forward:
                     self._end(payload, t)
                 elif kind == self._CKPT:
                     self._checkpoint(payload, t)
+                elif kind == self._ARRIVAL:
+                    dirty |= self._arrival(payload, t)
                 else:
                     dirty = True
                     if kind == self._PERIODIC:
@@ -548,6 +607,8 @@ def forecast(
     horizon_s: float = HORIZON_S,
     cycle_s: float | None = CYCLE_S,
     declared_durations: bool = True,
+    arrivals: Sequence[tuple[Micros, JobQueued]] = (),
+    arrival_period_s: float = ARRIVAL_LOOKBACK_S,
 ) -> Forecast:
     """Estimated start of each pending job of ``state`` (or of ``job_ids``) at event time ``now_us``.
 
@@ -561,6 +622,8 @@ def forecast(
         cycle_s: the periodic cycle while jobs wait; ``None``: cycles on events and wake-ups only.
         declared_durations: ``False`` ignores the jobs' declared durations (basis ``simulated``), as if every
             job ran a real command: what a forecast of real work would know.
+        arrivals: future submissions to assume (``--with-arrivals``; :func:`recent_arrivals`): each is submitted
+            at its time, then again every ``arrival_period_s``, as a copy of the job it names; none by default.
 
     Raises:
         KeyError: a job of ``job_ids`` is not pending.
@@ -587,6 +650,7 @@ def forecast(
         reasons = res.reasons
     fwd = _Forward(_copy(state), now_us, cfg, history or {}, horizon, cycle_s, declared_durations)
     fwd.seed()
+    fwd.arrive(arrivals, arrival_period_s)
     fwd.run({j.job_id for j in targets})
     result = Forecast(now_us, horizon, runs=dict(fwd.ends), cycles=fwd.cycles)
     for job in targets:

@@ -158,3 +158,62 @@ def test_explain_says_what_a_running_jobs_protection_promises(tmp_path: Path) ->
     res = CliRunner().invoke(app, ["audit", "explain", "a1", "--json", "--from-file", path], env=env)
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["protection"] == "protected until 2024-01-01 01:00:00 UTC; preemptible after"
+
+
+# --------------------------------------------------------------------------- arrivals replayed
+
+
+def test_a_replayed_arrival_of_a_budget_ahead_goes_first() -> None:
+    """One 1-GPU node: r1 (lab/a, 3 h, min runtime and checkpoint interval 1 h) runs from T0, p1 (lab/a) waits
+    from T0 + 10 min. Without arrivals p1 starts when r1 ends (3 h). A copy of b0 (lab/b, r = 0: ahead of
+    lab/a by more than delta, 2 h of work) arriving at 2 h preempts r1 (protection ended at 1 h; checkpointed
+    at 2 h, so 1 h left) and starts after the 30 s grace; it ends at 4 h 30 s; then r1's second attempt
+    (submitted before p1) runs its last hour: p1 starts at 5 h 30 s."""
+    from apportion import events as ev
+    from apportion.forecast import forecast
+
+    hist = History().node("n0", 1).submit("r1", T0, duration_s=3 * 3600.0).submit("p1", m(10))
+    b0 = ev.JobQueued(
+        job_id="b0", budget="lab/b", user="bob", allocated=True, gpus_per_replica=1, replicas=1, min_runtime_s=3600.0,
+        duration_s=7200.0, submitted_at=from_us(T0 - d(1) + h(2)), ts=from_us(T0 - d(1) + h(2)),
+    )  # fmt: skip
+    assert forecast(hist.state, m(10), CFG, job_ids=["p1"]).jobs[0].start_us == h(3)
+    fc = forecast(hist.state, m(10), CFG, job_ids=["p1"], arrivals=[(h(2), b0)])
+    assert fc.jobs[0].start_us == h(5) + 30_000_000
+    assert fc.runs[("b0~1", 1)].end_us == h(4) + 30_000_000 and ("b0~2", 1) not in fc.runs  # next copy: a day on
+    chain = [(c.kind, c.job_id, c.attempt) for c in fc.jobs[0].chain]
+    assert chain == [("run_ends", "r1", 1), ("run_ends", "b0~1", 1), ("run_ends", "r1", 2)]
+
+
+def test_recent_arrivals_are_the_last_days_first_queueings_a_day_on() -> None:
+    from apportion import events as ev
+    from apportion.forecast import recent_arrivals
+
+    def queued(job_id: str, at: int, attempt: int = 1) -> ev.JobQueued:
+        return ev.JobQueued(
+            job_id=job_id, budget="lab/a", user="u", allocated=True, gpus_per_replica=1, replicas=1,
+            min_runtime_s=60.0, duration_s=60.0, submitted_at=from_us(at), ts=from_us(at), attempt=attempt,
+        )  # fmt: skip
+
+    hour = h(1) - T0
+    log = [queued("old", d(1) - 1), queued("x", d(1)), queued("y", d(1) + 5 * hour), queued("x", d(1) + 6 * hour, 2)]
+    log.append(queued("late", d(2)))
+    got = recent_arrivals(log, d(2))
+    assert [(t, j.job_id) for t, j in got] == [(d(2), "x"), (d(2) + 5 * hour, "y")]
+
+
+def test_forecast_with_arrivals_from_an_export(tmp_path: Path) -> None:
+    """r1 and p1 were queued within the last day: their copies come a day later, after p1 starts (3 h)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from apportion.cli.main import app
+    from tests.unit.test_cli_audit_from_file import export
+
+    hist = History().node("n0", 1).submit("r1", T0, duration_s=3 * 3600.0).submit("p1", m(10))
+    path = export(tmp_path / "log.jsonl.gz", hist.log, "")
+    env = {"APPORTION_KAFKA_BOOTSTRAP": "127.0.0.1:1", "APPORTION_TOPIC_PREFIX": ""}
+    res = CliRunner().invoke(app, ["forecast", "p1", "--with-arrivals", "--json", "--from-file", path], env=env)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["jobs"][0]["start"] == from_us(h(3)).isoformat()

@@ -797,6 +797,14 @@ def forecast(
     array: Annotated[
         str | None, typer.Option("--array", "-a", help="With --submit: a job array (as for `submit`).")
     ] = None,
+    with_arrivals: Annotated[
+        bool,
+        typer.Option(
+            "--with-arrivals",
+            help="Assume the last day's submissions come again, a day later and every day after (the recent "
+            "arrival rate): later work of budgets ahead goes first, as it will.",
+        ),
+    ] = False,
     bootstrap: Bootstrap = None,
     from_file: Annotated[
         Path | None,
@@ -810,7 +818,8 @@ def forecast(
 
     Running work ends at its declared duration, its time limit, or its user's median run time in the log.
 
-    Without any of these a run is assumed to last W/4; future submissions are left out.
+    Without any of these a run is assumed to last W/4; future submissions are left out (--with-arrivals: the
+    last day's come again).
 
     Columns: est. start (UTC), in (from the forecast's time), basis (what it rests on), reason (why it waits now).
 
@@ -835,7 +844,7 @@ def forecast(
     from apportion.audit.replay import decoded
     from apportion.cli.audit import _dur
     from apportion.forecast import forecast as run_forecast
-    from apportion.forecast import user_history
+    from apportion.forecast import recent_arrivals, user_history
 
     check_budget_filter(budget)
     if submit_ and (job_id is not None or budget is None or gpus is None or min_runtime is None):
@@ -867,7 +876,11 @@ def forecast(
             for j in state.pending[leaf]
             if (user is None or j.user == user) and (budget is None or leaf == budget or leaf.startswith(budget + "/"))
         ]
-    fc = run_forecast(state, now, cfg, job_ids=wanted, history=user_history(decoded(recs)), horizon_s=horizon_s)
+    evs = decoded(recs)
+    arrivals = recent_arrivals(evs, now) if with_arrivals else ()
+    fc = run_forecast(
+        state, now, cfg, job_ids=wanted, history=user_history(evs), horizon_s=horizon_s, arrivals=arrivals
+    )
     fc.jobs.sort(key=lambda j: (j.start_us is None, j.start_us or 0, j.job_id))
     if as_json:
         _print_json(fc.to_dict())
