@@ -297,6 +297,7 @@ def submit(
 
     from apportion import client
 
+    check_budget_filter(budget)  # a malformed path is refused here (exit 2), as queue --budget refuses it
     try:
         text = env_file.read_text(encoding="utf-8") if env_file is not None else None
         job_env = client.parse_env(env or (), text, file_name=str(env_file))
