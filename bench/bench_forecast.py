@@ -10,6 +10,8 @@ that prefix alone:
 * ``forecast, no durations``: the same with the declared durations ignored (``declared_durations=False``),
   so that runs end at their user's median run time in the log prefix, or W/4: what a forecast of real
   commands knows;
+* ``forecast + arrivals``: ``forecast`` with the submissions of the day before replayed, a day later and
+  every day after (``forecast --with-arrivals``, :func:`apportion.forecast.recent_arrivals`);
 * ``slurm-style``: a backfill plan as ``squeue --start`` gives it: running jobs end at their duration, no
   preemption, the pending jobs in fair-share order at the time (budget order, then submission), each at
   the earliest time it fits on k nodes with g free GPUs for its duration without moving the plans before it.
@@ -17,7 +19,9 @@ that prefix alone:
 Each is compared with the start the job got in the simulation (its first ``JobStarted``). Printed per
 estimate: jobs with an estimate, median and p90 absolute error (hours), mean signed error (bias, hours;
 positive = later than it started), share within 1 h and within 25% of the job's actual wait, and the same
-shares for the jobs that waited more than 1 h. Future submissions are unknown to every estimate.
+shares for the jobs that waited more than 1 h. Future submissions are unknown to every estimate but
+``forecast + arrivals``. Below the table, what the misses have in common: of the jobs that waited more than
+1 h and whose estimate is off by more than 25% of the wait, how many were estimated too early.
 With ``--while-waiting N`` the forecast is made again every hour while each sampled job waits (at most N
 times a job) and its median error is printed by how long before the start it was made (convergence).
 Figures only: nothing is asserted.
@@ -41,9 +45,9 @@ from apportion.domain.dispatch import DispatchConfig, DispatchState, evolve
 from apportion.domain.engine import EngineConfig
 from apportion.domain.fairshare import budget_order
 from apportion.events import Event, JobQueued, JobStarted
-from apportion.forecast import forecast, user_history
+from apportion.forecast import forecast, recent_arrivals, user_history
 from apportion.sim.core import SimConfig, Simulator, default_horizon_us
-from apportion.sim.traces import load_budget_file, load_trace, parse_slice
+from apportion.sim.traces import ITP_T0, load_budget_file, load_trace, parse_itp_slice, parse_slice, trace_format
 from apportion.timeutil import Micros, from_us, s_to_us, to_us, us_to_s
 
 TRACE = "/work/shared/data/philly/philly.csv"
@@ -147,6 +151,22 @@ def summary(samples: list[Sample], name: str) -> str:
     )
 
 
+def misses(samples: list[Sample], name: str) -> str:
+    """What the misses of ``name`` have in common: of the jobs that waited more than 1 h and whose estimate is off
+    by more than 25% of the wait (or missing), how many were estimated too early, too late, or not at all."""
+    early = late = none = 0
+    for s in samples:
+        wait = s.actual - s.submitted
+        if wait <= s_to_us(3600):
+            continue
+        e = s.estimates[name]
+        if e is None:
+            none += 1
+        elif abs(e - s.actual) > 0.25 * wait:
+            early, late = early + (e < s.actual), late + (e > s.actual)
+    return f"misses of {name:<24} (waited > 1 h, off by > 25%): {early} too early, {late} too late, {none} no estimate"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", default=TRACE)
@@ -167,12 +187,16 @@ def main() -> None:
     args = ap.parse_args()
 
     bf = load_budget_file(args.budgets)
-    lo, hi = parse_slice(args.slice)
+    itp = trace_format(args.trace) == "itp"  # its slices count trace days from t = 0 (ITP_T0), not dates
+    lo, hi = (parse_itp_slice if itp else parse_slice)(args.slice)
     if lo is None or hi is None:
-        raise SystemExit("--slice: a bounded slice (week44+1d, YYYY-MM-DD..YYYY-MM-DD)")
+        raise SystemExit("--slice: a bounded slice (week44+1d, YYYY-MM-DD..YYYY-MM-DD; ITP: week5, days35-38)")
     first, last = lo - s_to_us(args.warmup_d * 86_400), hi + s_to_us(args.after_d * 86_400)
     day = 86_400_000_000
-    span = f"{from_us(first // day * day):%Y-%m-%d}..{from_us(-(-last // day) * day):%Y-%m-%d}"
+    if itp:
+        span = f"days{max(0, (first - ITP_T0) // day)}-{-(-(last - ITP_T0) // day)}"
+    else:
+        span = f"{from_us(first // day * day):%Y-%m-%d}..{from_us(-(-last // day) * day):%Y-%m-%d}"
     jobs = [j for j in load_trace(args.trace, bf, args.seed, span) if first <= j.submit_us < last]
     dcfg = DispatchConfig(engine=EngineConfig(window_s=bf.window_s), heartbeat_timeout_s=None)
     cfg = SimConfig(seed=args.seed, dispatch=dcfg, until_us=default_horizon_us(jobs, bf.nodes))
@@ -199,7 +223,7 @@ def main() -> None:
     state = DispatchState(bf.tree, bf.window_s)
     done = 0
     samples: list[Sample] = []
-    times = {"forecast": 0.0, "forecast, no durations": 0.0, "slurm-style": 0.0}
+    times = {"forecast": 0.0, "forecast, no durations": 0.0, "forecast + arrivals": 0.0, "slurm-style": 0.0}
     hist_events: list[Event] = []
     t0 = time.perf_counter()
     for idx, job_id in chosen:
@@ -210,7 +234,12 @@ def main() -> None:
         now = to_us(log[idx].ts)
         est: dict[str, Micros | None] = {}
         history = user_history(hist_events)
-        for name, declared in (("forecast", True), ("forecast, no durations", False)):
+        runs = (
+            ("forecast", True, False),
+            ("forecast, no durations", False, False),
+            ("forecast + arrivals", True, True),
+        )
+        for name, declared, arriving in runs:
             t1 = time.perf_counter()
             fc = forecast(
                 state,
@@ -220,6 +249,7 @@ def main() -> None:
                 history=history,
                 horizon_s=args.horizon_d * 86_400,
                 declared_durations=declared,
+                arrivals=recent_arrivals(hist_events, now) if arriving else (),
             )
             times[name] += time.perf_counter() - t1
             est[name] = fc.jobs[0].start_us
@@ -242,6 +272,8 @@ def main() -> None:
     for name in times:
         print(summary(samples, name))
     print("errors in hours; '>1h': the jobs that waited more than 1 h, and their shares")
+    for name in times:
+        print(misses(samples, name))
     if args.while_waiting:
         converge(log, bf, dcfg, samples, args)
 

@@ -26,6 +26,7 @@ from apportion.domain.dispatch import (
     decide,
     evolve,
     hold_answered,
+    submission_decided,
     with_job_settings,
 )
 from apportion.domain.engine import PendingReason, reason_dict, run_cycle
@@ -79,13 +80,13 @@ def recover(state: DispatchState, log: Sequence[Event], now_us: Micros, cfg: Dis
     for ev in log:
         if state.is_stale(ev):
             continue  # older than the window: not folded, and its job's end may be forgotten
-        if isinstance(ev, JobSubmitted) and ev.job_id not in state.jobs and ev.job_id not in state.finished:
+        if isinstance(ev, JobSubmitted) and not submission_decided(state, ev):
             out.extend(_decide_folded(state, ev, now_us, cfg))
         elif isinstance(ev, WorkloadRefused) or (isinstance(ev, JobLost) and ev.producer != cfg.producer):
             # an agent's report the old leader may not have answered (it arrived while nobody led, or
             # during this rebuild): the domain acts only if the run it names is still the job's current one
             out.extend(_decide_folded(state, ev, now_us, cfg))
-        elif isinstance(ev, JobCancelRequested) and ev.job_id in state.jobs:
+        elif isinstance(ev, JobCancelRequested) and (ev.job_id in state.jobs or ev.job_id in state.arrays):
             out.extend(_decide_folded(state, ev, now_us, cfg))  # JobCancelled ends the job: decided once
         elif isinstance(ev, (JobHoldRequested, JobReleaseRequested)) and not hold_answered(state, ev):
             out.extend(_decide_folded(state, ev, now_us, cfg))  # answered once: its verdict's id is the request's

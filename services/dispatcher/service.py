@@ -45,7 +45,15 @@ from apportion.audit.config import resumed_event
 from apportion.bus.intake import Intake
 from apportion.clock import Clock
 from apportion.domain.admission import NODE_REQUEST_TYPES
-from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, hold_answered, step
+from apportion.domain.dispatch import (
+    DispatchConfig,
+    DispatchState,
+    Tick,
+    evolve,
+    hold_answered,
+    step,
+    submission_decided,
+)
 from apportion.domain.engine import EngineConfig
 from apportion.events import (
     DispatcherConfigured,
@@ -421,7 +429,7 @@ class DispatcherService:
             if isinstance(ev, NODE_REQUEST_TYPES):  # not ops' (DESIGN section 10): never folded
                 if ev.event_id in refused:
                     continue
-                if (no := self.gate.refusal(rec.value, ev, state.jobs, now, rebuild=True)) is not None:
+                if (no := self.gate.refusal(rec.value, ev, state.requests_view(), now, rebuild=True)) is not None:
                     undecided.append((rec, no))
                     continue
             apply(rec, lambda e: evolve(state, e), ev)
@@ -438,15 +446,19 @@ class DispatcherService:
         # what recover() decides (submissions, cancels, holds, releases, agents' refusals and losses), in log order
         for rec, ev in pairs:
             if isinstance(ev, (JobSubmitted, JobCancelRequested, WorkloadRefused, JobLost, *HOLD_REQUESTS)):
-                if isinstance(ev, JobCancelRequested) and (ev.job_id not in state.jobs or ev.event_id in answered):
+                if isinstance(ev, JobCancelRequested) and (
+                    (ev.job_id not in state.jobs and ev.job_id not in state.arrays) or ev.event_id in answered
+                ):
                     continue  # carried out (the job ended) or refused by a leader: decided
                 if isinstance(ev, HOLD_REQUESTS) and hold_answered(state, ev):
                     continue  # held, released or refused by a leader: decided
-                undecided_submission = isinstance(ev, JobSubmitted) and ev.job_id not in state.jobs
+                undecided_submission = isinstance(ev, JobSubmitted) and not submission_decided(state, ev)
                 owner_request = isinstance(ev, (JobCancelRequested, *HOLD_REQUESTS))
-                if owner_request or undecided_submission and ev.job_id not in state.finished:
+                if owner_request or undecided_submission:
                     place = log_position(rec, ev)  # the keys as of its record, not the log's end
-                    if (refused := self.gate.refusal(rec.value, ev, state.jobs, now, position=place)) is not None:
+                    if (
+                        refused := self.gate.refusal(rec.value, ev, state.requests_view(), now, position=place)
+                    ) is not None:
                         out += apply(rec, lambda e: [e, *step(state, e, now, cfg)], refused) or []
                         continue
                 out += apply(rec, lambda e: logic.recover(state, [e], now, cfg), ev) or []
@@ -495,7 +507,9 @@ class DispatcherService:
                 continue  # our own decision coming back (not recognised as an echo), or a redelivery
             news |= type(ev) is not NodeHeartbeat
             place = log_position(rec, ev)
-            if (refused := self.gate.refusal(rec.value, ev, state.jobs, self.now_us(), position=place)) is not None:
+            if (
+                refused := self.gate.refusal(rec.value, ev, state.requests_view(), self.now_us(), position=place)
+            ) is not None:
                 # a request not proven (DESIGN section 10): its refusal is published and folded instead
                 out += apply(rec, lambda e: [e, *step(state, e, self.now_us(), cfg)], refused) or []
                 continue

@@ -195,6 +195,8 @@ JOB_ENV_ALLOWED = (
     "APPORTION_CHECKPOINT_DIR",
     "APPORTION_PROGRESS_FILE",
     "TMPDIR",
+    "APPORTION_ARRAY_ID",  # an array element's, from its StartWorkload.env (the dispatcher sets them)
+    "APPORTION_ARRAY_INDEX",
     "CUDA_VISIBLE_DEVICES",
     "NVIDIA_VISIBLE_DEVICES",
 )

@@ -113,3 +113,23 @@ def data_value(v: Any) -> str:
     if isinstance(v, str):
         return v
     return json.dumps(v)
+
+
+def for_user(rows: Iterable[Mapping[str, Any]], user: str | None) -> list[dict[str, Any]]:
+    """``?user=U`` ("my jobs"): the rows of that user, in their order; every row when ``user`` is empty."""
+    return [dict(r) for r in rows if not user or r.get("user") == user]
+
+
+def history_rows(
+    jobs: Iterable[Mapping[str, Any]], *, user: str | None = None, budget: str | None = None
+) -> list[dict[str, Any]]:
+    """``/history``: every job the log tells (``apportion history --json`` rows: :meth:`JobHistory.to_dict`),
+    newest submission first (ties by job id), of ``user`` and of ``budget`` or below when given."""
+    rows = [
+        dict(j)
+        for j in jobs
+        if (not user or j.get("user") == user)
+        and (not budget or j.get("budget") == budget or str(j.get("budget", "")).startswith(budget + "/"))
+    ]
+    rows.sort(key=lambda r: (str(r.get("submitted_at", "")), str(r.get("job_id", ""))), reverse=True)
+    return rows

@@ -5,7 +5,8 @@ Read-only: every page is a GET, nothing is published or written. Pages (:meth:`D
 ==========================  ==========================================================================
 ``/``                       the budget tree: share, abs share, O, U, E (GPU-h), r, rank (``apportion share``)
 ``/budget?path=P``          one budget's row and its occupancy share against its share over the window
-``/queue``                  live jobs, running first, pending by position, with pending reasons
+``/queue?user=U``           live jobs, running first, pending by position, with pending reasons (``user``: "my jobs")
+``/history?user=U&budget=B``  every job of the log, newest first: state, wait, run time, GPU-h, reason
 ``/job/{job_id}``           the timeline ``apportion audit explain`` builds, each decision re-run
 ``/nodes``                  nodes with state, reason, model, free/total GPUs, running, heartbeat age
 ``/simulate``               the comparison of each ``--simulate-json`` file given at start
@@ -87,6 +88,7 @@ class Dashboard:
             ("/", self.tree),
             ("/budget", self.budget),
             ("/queue", self.queue),
+            ("/history", self.history),
             ("/job/{job_id:path}", self.job),
             ("/nodes", self.nodes),
             ("/simulate", self.simulate),
@@ -140,8 +142,21 @@ class Dashboard:
         return self.lazy(request, "budget", "budget.html", ctx)
 
     def queue(self, request: Any) -> Any:
-        """``/queue``: live jobs with pending reasons."""
-        return self.lazy(request, "queue", "queue.html", lambda: {"rows": self.sources.queue()})
+        """``/queue``: live jobs with pending reasons; ``?user=U`` only that user's."""
+        user = request.query_params.get("user", "")
+        return self.lazy(
+            request, "queue", "queue.html", lambda: {"rows": logic.for_user(self.sources.queue(), user), "user": user}
+        )
+
+    def history(self, request: Any) -> Any:
+        """``/history``: every job the log tells, newest first; ``?user=U``, ``?budget=B`` filter it."""
+        user, budget = request.query_params.get("user", ""), request.query_params.get("budget", "")
+
+        def ctx() -> dict[str, Any]:
+            rows = logic.history_rows(self.sources.history(), user=user, budget=budget)
+            return {"rows": rows, "user": user, "budget": budget}
+
+        return self.lazy(request, "history", "history.html", ctx)
 
     def job(self, request: Any) -> Any:
         """``/job/{job_id}``: the explained timeline; 404 for a job the log does not name."""

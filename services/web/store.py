@@ -118,6 +118,12 @@ class Sources:
         cfg = config_from_log(recs) or DispatchConfig()
         return explain(recs, job_id, cfg, producer=cfg.producer)
 
+    def history(self) -> list[dict[str, Any]]:
+        """``apportion history --json``'s rows: every job the log's submissions and job events tell, folded."""
+        from apportion.cli.history import fold_jobs
+
+        return [j.to_dict() for j in fold_jobs(r.event for r in self.log() if r.event is not None).values()]
+
     def snapshots(self) -> list[Any]:
         """Every ``OccupancySnapshot`` of ``apportion.usage``, in log order."""
         from apportion.bus.reader import read_log

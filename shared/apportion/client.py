@@ -130,6 +130,7 @@ def build_submission(
     time_limit_s: float | None = None,
     now: datetime | None = None,
     producer: str | None = None,
+    array: str | None = None,
 ) -> events.JobSubmitted:
     """Build and validate a ``JobSubmitted`` without publishing it.
 
@@ -151,6 +152,9 @@ def build_submission(
             budget's default (if any).
         now: submission time (UTC); defaults to the wall clock (this is an
             edge adapter, not domain code).
+        array: a job array, Slurm's index expression (``"0-99%8"``: elements 0 to 99, at most 8 running;
+            :func:`apportion.domain.arrays.parse_array`): one record for one job per index, each with the id
+            ``<job_id>_<index>``.
 
     Raises:
         InvalidSubmission: the submission breaks the schema (``field`` and ``message`` say where and why),
@@ -162,7 +166,7 @@ def build_submission(
     try:
         return _submission(
             ts, budget, user, gpus, replicas, min_runtime, command, duration, gpu_model, job_id,
-            checkpoint_interval_s, hold, env, time_limit_s, producer,
+            checkpoint_interval_s, hold, env, time_limit_s, producer, array,
         )  # fmt: skip
     except ValidationError as exc:
         e = exc.errors(include_url=False)[0]
@@ -186,6 +190,7 @@ def _submission(
     env: dict[str, str] | None,
     time_limit_s: float | None,
     producer: str | None,
+    array: str | None = None,
 ) -> events.JobSubmitted:
     def seconds(name: str, value: str | float | None) -> float | None:
         try:
@@ -211,6 +216,7 @@ def _submission(
         hold=hold,
         env=dict(env) if env else None,
         time_limit_s=time_limit_s,
+        array=array,
         submitted_at=ts,
         ts=ts,
         producer=producer or f"client/{user}",
@@ -450,6 +456,7 @@ def submit(
     env: dict[str, str] | None = None,
     time_limit: str | float | None = None,
     time_limit_s: float | None = None,
+    array: str | None = None,
     wait: None = None,
     bootstrap: str | None = None,
     identity: Identity | None = None,
@@ -475,6 +482,7 @@ def submit(
     env: dict[str, str] | None = None,
     time_limit: str | float | None = None,
     time_limit_s: float | None = None,
+    array: str | None = None,
     wait: float,
     bootstrap: str | None = None,
     identity: Identity | None = None,
@@ -499,6 +507,7 @@ def submit(
     env: dict[str, str] | None = None,
     time_limit: str | float | None = None,
     time_limit_s: float | None = None,
+    array: str | None = None,
     wait: float | None = None,
     bootstrap: str | None = None,
     identity: Identity | None = None,
@@ -509,26 +518,19 @@ def submit(
 
     The job's fields are those of :func:`build_submission`; ``time_limit`` also takes a duration string
     (``"4h"``; ``time_limit_s`` is the same in seconds). ``user`` defaults to the identity's; ``identity``
-    to :func:`identity_for` of ``user``.
+    to :func:`identity_for` of ``user``. With ``array`` it submits a job array (:func:`submit_array`).
 
     Args:
         wait: ``None`` (the default): publish and return the signed ``JobSubmitted``. Seconds: wait that
-            long for the dispatcher's verdict and return it: ``JobQueued`` (accepted) or ``JobRejected``
-            (``reason``, ``message``).
+            long for the dispatcher's verdict and return it: ``JobQueued`` (accepted; of an array's first
+            element) or ``JobRejected`` (``reason``, ``message``).
 
     Raises:
         InvalidSubmission: the submission is refused before publishing (``field``, ``message``).
         NoVerdict: ``wait`` seconds passed without a verdict (the submission is in the log).
         LookupError, ValueError: no identity to sign with (:func:`identity_for`).
     """
-    if time_limit is not None and time_limit_s is not None:
-        raise InvalidSubmission("time_limit_s", "give time_limit or time_limit_s, not both")
-    limit_s = time_limit_s
-    if time_limit is not None:
-        try:
-            limit_s = parse_duration(time_limit)
-        except ValueError as exc:
-            raise InvalidSubmission("time_limit_s", str(exc)) from None
+    limit_s = _time_limit_s(time_limit, time_limit_s)
     fields: dict[str, Any] = {
         "budget": budget,
         "gpus": gpus,
@@ -544,23 +546,115 @@ def submit(
         "time_limit_s": limit_s,
         "now": now,
         "producer": producer,
+        "array": array,
     }
     build_submission(user=user or "validation", **fields)  # the request's own errors first, before any key or broker
     ident = identity or identity_for(user, bootstrap=bootstrap)
     ev = ident.sign(build_submission(user=user or ident.user, **fields))
-    watcher = VerdictWatcher(ev.job_id, bootstrap=bootstrap) if wait is not None else None
+    got = _publish_submissions([ev], wait, bootstrap)
+    return got[0]
+
+
+def _time_limit_s(time_limit: str | float | None, time_limit_s: float | None) -> float | None:
+    if time_limit is not None and time_limit_s is not None:
+        raise InvalidSubmission("time_limit_s", "give time_limit or time_limit_s, not both")
+    if time_limit is None:
+        return time_limit_s
     try:
-        publish(ev, bootstrap=bootstrap)
+        return parse_duration(time_limit)
+    except ValueError as exc:
+        raise InvalidSubmission("time_limit_s", str(exc)) from None
+
+
+def _publish_submissions(
+    subs: Sequence[events.JobSubmitted], wait: float | None, bootstrap: str | None
+) -> list[events.JobSubmitted | events.JobQueued | events.JobRejected]:
+    """Publish signed submissions (one producer, one flush); with ``wait``, each one's verdict (one watcher).
+
+    Raises:
+        NoVerdict: ``wait`` seconds passed before every verdict came (naming the first submission without one).
+    """
+    watcher = VerdictWatcher.for_submissions(subs, bootstrap=bootstrap) if wait is not None else None
+    try:
+        publish(*subs, bootstrap=bootstrap)
     except BaseException:
         if watcher is not None:
             watcher.close()
         raise
     if watcher is None or wait is None:
-        return ev
-    verdict = watcher.wait(wait)
-    if not isinstance(verdict, (events.JobQueued, events.JobRejected)):
-        raise NoVerdict(ev.job_id, wait)
-    return verdict
+        return list(subs)
+    verdicts = watcher.wait_all(wait)
+    out: list[events.JobSubmitted | events.JobQueued | events.JobRejected] = []
+    for sub, v in zip(subs, verdicts, strict=True):
+        if not isinstance(v, (events.JobQueued, events.JobRejected)):
+            raise NoVerdict(sub.job_id, wait)
+        out.append(v)
+    return out
+
+
+def submit_array(
+    indices: str,
+    *,
+    budget: str,
+    gpus: int,
+    min_runtime: str | float = 0,
+    command: Sequence[str] | None = None,
+    duration: str | float | None = None,
+    wait: float | None = None,
+    **fields: Any,
+) -> events.JobSubmitted | events.JobQueued | events.JobRejected:
+    """Submit a job array: one signed record for one job per index (Slurm's ``sbatch --array``).
+
+    ``indices`` is Slurm's expression: ``"0-99%8"`` (0 to 99, at most 8 running at once), ``"1,3,5"``,
+    ``"0-98:2"`` (:func:`apportion.domain.arrays.parse_array`). Each element is a job of its own, with
+    the id ``<job_id>_<index>`` and ``APPORTION_ARRAY_ID``/``APPORTION_ARRAY_INDEX`` in its environment;
+    :func:`cancel` of ``job_id`` cancels every element still pending or running. The other arguments are
+    :func:`submit`'s; with ``wait`` the verdict is the first element's ``JobQueued`` or the array's
+    ``JobRejected``.
+
+    Example::
+
+        client.submit_array("0-99%8", budget="lab/vision", gpus=1, min_runtime="30m",
+                            command=["python", "sweep.py"], job_id="sweep-7", wait=10)
+    """
+    return submit(
+        budget=budget, gpus=gpus, min_runtime=min_runtime, command=command, duration=duration, array=indices,
+        wait=wait, **fields,
+    )  # fmt: skip
+
+
+def submit_many(
+    jobs: Sequence[dict[str, Any]],
+    *,
+    user: str | None = None,
+    wait: float | None = None,
+    bootstrap: str | None = None,
+    identity: Identity | None = None,
+) -> list[events.JobSubmitted | events.JobQueued | events.JobRejected]:
+    """Submit several jobs at once: each validated and signed, all published with one flush, and with
+    ``wait`` all verdicts awaited together (one watcher), in the order given.
+
+    Each dict holds :func:`build_submission`'s fields but ``user`` (``budget``, ``gpus``, ``min_runtime``,
+    ``command`` or ``duration``, ...; ``time_limit`` takes a duration string as in :func:`submit`).
+
+    Raises:
+        InvalidSubmission: one of them is refused before anything is published (``field`` is prefixed
+            with its position, ``jobs[3].gpus_per_replica``).
+        NoVerdict: ``wait`` passed before every verdict came; every submission is in the log.
+    """
+    built: list[dict[str, Any]] = []
+    for i, job in enumerate(jobs):
+        fields = dict(job)
+        limit = fields.pop("time_limit", None)
+        try:
+            fields["time_limit_s"] = _time_limit_s(limit, fields.get("time_limit_s"))
+            build_submission(user=user or "validation", **fields)
+        except InvalidSubmission as exc:
+            raise InvalidSubmission(f"jobs[{i}].{exc.field}", exc.message) from None
+        built.append(fields)
+    ident = identity or identity_for(user, bootstrap=bootstrap)
+    signed = [ident.sign(build_submission(user=user or ident.user, **f)) for f in built]
+    return _publish_submissions(signed, wait, bootstrap)
 
 
 _Request = TypeVar("_Request", events.JobCancelRequested, events.JobHoldRequested, events.JobReleaseRequested)
@@ -628,20 +722,35 @@ class VerdictWatcher:
     Args:
         job_id: the submission's job id (the record key on ``apportion.jobs``).
         bootstrap: Kafka bootstrap (resolved as :mod:`apportion.settings`).
+        also: other job ids whose verdict answers too (a job array's first element: its ``JobQueued``).
 
     Raises:
         LookupError: ``apportion.jobs`` does not exist (the namespace was never provisioned).
     """
 
-    def __init__(self, job_id: str, *, bootstrap: str | None = None) -> None:
+    def __init__(self, job_id: str, *, bootstrap: str | None = None, also: Sequence[str] = ()) -> None:
+        self.job_id = job_id
+        self._groups: list[tuple[str, ...]] = [(job_id, *also)]
+        self._open(bootstrap)
+
+    @classmethod
+    def for_submissions(cls, subs: Sequence[events.JobSubmitted], *, bootstrap: str | None = None) -> VerdictWatcher:
+        """A watcher of the verdicts of ``subs`` (:meth:`wait_all`): each one's ``JobQueued`` (an array's first
+        element's) or ``JobRejected``."""
+        self = cls.__new__(cls)
+        self.job_id = subs[0].job_id
+        self._groups = [(s.job_id, s.job_ids[0]) if s.array is not None else (s.job_id,) for s in subs]
+        self._open(bootstrap)
+        return self
+
+    def _open(self, bootstrap: str | None) -> None:
         from kafka import KafkaConsumer, TopicPartition
 
         from apportion.bus.producer import READ_COMMITTED
         from apportion.bus.security import kafka_auth
         from apportion.topics import JOBS
 
-        self.job_id = job_id
-        self._key = job_id.encode("utf-8")
+        self._keys = {j.encode("utf-8") for g in self._groups for j in g}
         conn = Connection.resolve(bootstrap=bootstrap)
         self._kc = KafkaConsumer(
             bootstrap_servers=conn.bootstrap,
@@ -673,22 +782,33 @@ class VerdictWatcher:
 
     def wait(self, timeout_s: float) -> events.Event | None:
         """The verdict, or ``None`` when none arrived within ``timeout_s`` wall seconds."""
+        return self.wait_all(timeout_s)[0]
+
+    def wait_all(self, timeout_s: float) -> list[events.Event | None]:
+        """Each watched submission's verdict, in order (``None`` where none arrived within ``timeout_s``)."""
         import time
 
+        group_of = {j: i for i, g in enumerate(self._groups) for j in g}
+        got: list[events.Event | None] = [None] * len(self._groups)
+        left_n = len(got)
         end = time.monotonic() + timeout_s
         try:
-            while (left := end - time.monotonic()) > 0:
+            while left_n and (left := end - time.monotonic()) > 0:
                 batch = self._kc.poll(timeout_ms=int(min(left, 0.5) * 1000))
                 for recs in batch.values():
                     for rec in recs:
-                        if rec.key != self._key:
+                        if rec.key not in self._keys:
                             continue
                         try:
                             ev = events.decode(rec.value)
                         except events.DecodeError:
                             continue
-                        if isinstance(ev, (events.JobQueued, events.JobRejected)) and ev.job_id == self.job_id:
-                            return ev
-            return None
+                        if not isinstance(ev, (events.JobQueued, events.JobRejected)):
+                            continue
+                        i = group_of.get(ev.job_id)
+                        if i is not None and got[i] is None:
+                            got[i] = ev
+                            left_n -= 1
+            return got
         finally:
             self._kc.close()

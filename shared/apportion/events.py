@@ -48,6 +48,7 @@ from pydantic import (
 )
 
 from apportion import topics
+from apportion.domain.arrays import ArraySpec, element_id, parse_array
 
 #: Namespace for deterministic event ids (uuid5); see :func:`det_id`.
 EVENT_NAMESPACE = uuid.UUID("6f1c2f7e-3b0a-5d7e-9a61-2c4e8b1d0a55")
@@ -375,7 +376,7 @@ def is_allocated(min_runtime_s: float) -> bool:
 
 
 class JobSubmitted(Event):
-    """A user asks to run a job (schema version 4).
+    """A user asks to run a job, or a job array (schema version 5).
 
     Attributes:
         job_id: unique id chosen by the submitter.
@@ -400,6 +401,10 @@ class JobSubmitted(Event):
         time_limit_s: the most event seconds a run of the job may last (v4; Slurm's ``--time``): the node
             agent stops a replica at its limit and reports ``JobFailed`` reason ``time_limit``. ``None``: its
             budget's ``default_time_limit_s``, if any.
+        array: a job array (v5): Slurm's index expression (``"0-99%8"``,
+            :func:`apportion.domain.arrays.parse_array`). The record then asks for one job per index, each
+            with the id ``<job_id>_<index>`` and these fields, at most the throttle of them running at once;
+            the one signature covers them all. ``None``: one job.
         signer_key, signature: the submitter's proof of ``user`` (DESIGN
             section 10; :mod:`apportion.identity`): the base64 Ed25519 public
             key and its base64 signature over the canonical bytes of the
@@ -419,7 +424,7 @@ class JobSubmitted(Event):
     )
 
     type: Literal["JobSubmitted"] = "JobSubmitted"
-    schema_version: Literal[4] = 4
+    schema_version: Literal[5] = 5
     job_id: str = Field(min_length=1, max_length=200)
     budget: str = Field(min_length=1)
     user: str = Field(min_length=1)
@@ -434,8 +439,29 @@ class JobSubmitted(Event):
     hold: bool = False
     env: dict[str, str] | None = None
     time_limit_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    array: str | None = Field(default=None, min_length=1, max_length=1000)
     signer_key: str | None = None
     signature: str | None = None
+
+    @field_validator("array")
+    @classmethod
+    def _array_valid(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_array(v)
+        return v
+
+    @property
+    def array_spec(self) -> ArraySpec | None:
+        """The parsed :attr:`array`, or ``None`` for one job."""
+        return None if self.array is None else parse_array(self.array)
+
+    @property
+    def job_ids(self) -> tuple[str, ...]:
+        """The ids of the jobs this record asks for: ``job_id``, or each array element's derived id."""
+        spec = self.array_spec
+        if spec is None:
+            return (self.job_id,)
+        return tuple(element_id(self.job_id, i) for i in spec.indices)
 
     @field_validator("env")
     @classmethod
@@ -572,6 +598,12 @@ class JobQueued(Event):
     time_limit_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     """The time limit in force (the submission's, else its budget's default: :func:`time_limit_in_force`),
     seconds per run; ``None``: none."""
+    array_id: str | None = None
+    """For an element of a job array: the array's id (the submission's ``job_id``); ``None``: not an element."""
+    array_index: int | None = Field(default=None, ge=0)
+    """For an element of a job array: its index (``job_id`` is ``<array_id>_<array_index>``)."""
+    array_throttle: int | None = Field(default=None, ge=1)
+    """For an element of a job array: the most elements of the array running at once; ``None``: no limit."""
 
 
 class JobRejected(Event):
@@ -1334,11 +1366,23 @@ def upcast_job_submitted_v3_v4(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def upcast_job_submitted_v4_v5(d: dict[str, Any]) -> dict[str, Any]:
+    """JobSubmitted v4 -> v5: v5 adds ``array`` (a v4 record asks for one job).
+
+    A reader that knows only v4 dead-letters a v5 submission rather than run one job where an array
+    of them was asked for."""
+    out = dict(d)
+    out.setdefault("array", None)
+    out["schema_version"] = 5
+    return out
+
+
 #: (type, from_version) -> function producing the payload of from_version + 1.
 UPCASTERS: dict[tuple[str, int], Upcaster] = {
     ("JobSubmitted", 1): upcast_job_submitted_v1_v2,
     ("JobSubmitted", 2): upcast_job_submitted_v2_v3,
     ("JobSubmitted", 3): upcast_job_submitted_v3_v4,
+    ("JobSubmitted", 4): upcast_job_submitted_v4_v5,
 }
 
 

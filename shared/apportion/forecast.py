@@ -29,6 +29,11 @@ Where each run's end is taken from (its ``basis``), the first that applies:
    start (``W`` the occupancy window), or, once that has passed, until it
    is preempted.
 
+With ``arrivals`` (``--with-arrivals``: :func:`recent_arrivals`), the submissions of the day before ``now``
+are assumed to come again, each a day after its own time and every day after that, copies of those jobs
+(their budget, user, shape and declared work): later arrivals of budgets ahead in the fair-share order then
+go first in the forecast as they will in fact.
+
 A pending job's forecast is the time the forward run starts it
 (``StartWorkload``), with the chain of what frees its GPUs: the runs on the
 nodes it gets that end before it starts (with their basis), the runs it
@@ -74,6 +79,12 @@ from apportion.events import (
 from apportion.timeutil import Micros, from_us, s_to_us, to_us, us_to_s
 
 __all__ = [
+    "BudgetForecast",
+    "BudgetPoint",
+    "budget_forecast",
+    "protection_notice",
+    "protection_of",
+    "with_starts",
     "BASES",
     "ChainStep",
     "Forecast",
@@ -81,6 +92,7 @@ __all__ = [
     "RunEnd",
     "forecast",
     "run_end",
+    "recent_arrivals",
     "user_history",
     "with_submission",
 ]
@@ -89,6 +101,8 @@ __all__ = [
 BASES: tuple[str, ...] = ("simulated", "time_limit", "history", "unknown")
 #: A job's basis when its chain has no run end: it starts at once, or only protection and grace ends delay it.
 NOW, RULES = "now", "rules"
+#: ``--with-arrivals``: the submissions of this many seconds before the forecast are replayed, every as many seconds.
+ARRIVAL_LOOKBACK_S = 86_400.0
 #: The forward run's periodic cycle while jobs wait (the dispatcher service's and the simulator's default).
 CYCLE_S = 300.0
 #: How far ahead the forward run looks by default, seconds (a job not started by then has no start).
@@ -260,6 +274,23 @@ def user_history(events: Iterable[Event]) -> dict[str, tuple[float, ...]]:
     return {u: tuple(sorted(ds)) for u, ds in out.items()}
 
 
+def recent_arrivals(
+    events: Iterable[Event], now_us: Micros, lookback_s: float = ARRIVAL_LOOKBACK_S
+) -> list[tuple[Micros, JobQueued]]:
+    """The arrival pattern to replay (``forecast --with-arrivals``): each job first queued (``JobQueued``, attempt 1)
+    in the ``lookback_s`` before ``now_us``, at its time plus ``lookback_s`` (the recent arrival rate, budgets,
+    users and shapes carried forward), in time order."""
+    lb = s_to_us(lookback_s)
+    out: list[tuple[Micros, JobQueued]] = []
+    for ev in events:
+        if isinstance(ev, JobQueued) and ev.attempt == 1:
+            t = to_us(ev.ts)
+            if now_us - lb <= t < now_us:
+                out.append((t + lb, ev))
+    out.sort(key=lambda a: (a[0], a[1].job_id))
+    return out
+
+
 def run_end(
     job: JobQueued,
     attempt: int,
@@ -307,7 +338,7 @@ def run_end(
 class _Forward:
     """The forward run: the simulator's loop, reduced to what a forecast needs (module docstring)."""
 
-    _EV, _TICK, _END, _CKPT, _PERIODIC = range(5)
+    _EV, _TICK, _END, _CKPT, _PERIODIC, _ARRIVAL = range(6)
 
     def __init__(
         self,
@@ -338,6 +369,38 @@ class _Forward:
         self.placed: dict[str, JobPlaced] = {}  # job -> its JobPlaced that started
         self.freed: list[tuple[Micros, RunKey, frozenset[str]]] = []  # run ends: (time, run, its nodes)
         self.nodes_of: dict[RunKey, frozenset[str]] = {}
+        self.period_us: Micros = 0  # arrivals replayed every period (``arrive``)
+
+    def arrive(self, arrivals: Sequence[tuple[Micros, JobQueued]], period_s: float) -> None:
+        """Replay ``arrivals`` (their first time, the job they copy) every ``period_s`` until the horizon."""
+        self.period_us = s_to_us(period_s)
+        for t, job in arrivals:
+            if self.now <= t <= self.horizon:
+                self.push(t, self._ARRIVAL, (job, 1))
+
+    def _arrival(self, payload: tuple[JobQueued, int], t: Micros) -> bool:
+        job, k = payload
+        jid = f"{job.job_id}~{k}"
+        sub = JobSubmitted(
+            event_id=det_id(_PRODUCER, "arrival", job.job_id, k),
+            ts=from_us(t),
+            producer=_PRODUCER,
+            job_id=jid if len(jid) <= 200 else f"~{det_id(_PRODUCER, jid)}",
+            budget=job.budget,
+            user=job.user,
+            gpus_per_replica=job.gpus_per_replica,
+            replicas=job.replicas,
+            min_runtime_s=job.min_runtime_s,
+            gpu_model=job.gpu_model,
+            command=job.command,
+            duration_s=job.duration_s if job.duration_s is not None or job.command is not None else 1.0,
+            submitted_at=from_us(t),
+            checkpoint_interval_s=job.checkpoint_interval_s,
+            time_limit_s=job.time_limit_s,
+        )
+        if self.period_us and t + self.period_us <= self.horizon:
+            self.push(t + self.period_us, self._ARRIVAL, (job, k + 1))
+        return self._feed(sub, t)
 
     def push(self, t: Micros, kind: int, payload: Any = None) -> None:
         self.seq += 1
@@ -410,12 +473,14 @@ class _Forward:
 
     # ------------------------------------------------------------------ loop
 
-    def run(self, wanted: set[str]) -> None:
-        """Run until every job of ``wanted`` has started, nothing is left to happen, or the horizon."""
+    def run(self, wanted: set[str] | None, until_us: Micros | None = None) -> None:
+        """Run until every job of ``wanted`` has started, nothing is left to happen, or the horizon; with
+        ``wanted`` ``None``, until every happening up to ``until_us`` (default the horizon) is done."""
         heap = self.heap
-        while heap and not wanted <= self.started.keys():
+        until = self.horizon if until_us is None else min(until_us, self.horizon)
+        while heap and (wanted is None or not wanted <= self.started.keys()):
             t = heap[0][0]
-            if t > self.horizon or self.real == 0:
+            if t > until or self.real == 0:
                 break
             dirty = False
             while heap and heap[0][0] == t:
@@ -428,6 +493,8 @@ class _Forward:
                     self._end(payload, t)
                 elif kind == self._CKPT:
                     self._checkpoint(payload, t)
+                elif kind == self._ARRIVAL:
+                    dirty |= self._arrival(payload, t)
                 else:
                     dirty = True
                     if kind == self._PERIODIC:
@@ -540,6 +607,8 @@ def forecast(
     horizon_s: float = HORIZON_S,
     cycle_s: float | None = CYCLE_S,
     declared_durations: bool = True,
+    arrivals: Sequence[tuple[Micros, JobQueued]] = (),
+    arrival_period_s: float = ARRIVAL_LOOKBACK_S,
 ) -> Forecast:
     """Estimated start of each pending job of ``state`` (or of ``job_ids``) at event time ``now_us``.
 
@@ -553,6 +622,8 @@ def forecast(
         cycle_s: the periodic cycle while jobs wait; ``None``: cycles on events and wake-ups only.
         declared_durations: ``False`` ignores the jobs' declared durations (basis ``simulated``), as if every
             job ran a real command: what a forecast of real work would know.
+        arrivals: future submissions to assume (``--with-arrivals``; :func:`recent_arrivals`): each is submitted
+            at its time, then again every ``arrival_period_s``, as a copy of the job it names; none by default.
 
     Raises:
         KeyError: a job of ``job_ids`` is not pending.
@@ -579,6 +650,7 @@ def forecast(
         reasons = res.reasons
     fwd = _Forward(_copy(state), now_us, cfg, history or {}, horizon, cycle_s, declared_durations)
     fwd.seed()
+    fwd.arrive(arrivals, arrival_period_s)
     fwd.run({j.job_id for j in targets})
     result = Forecast(now_us, horizon, runs=dict(fwd.ends), cycles=fwd.cycles)
     for job in targets:
@@ -685,3 +757,199 @@ def _chain(fwd: _Forward, job_id: str, start: Micros) -> tuple[ChainStep, ...]:
         )
     steps.sort(key=lambda s: (s.at_us, _STEP_ORDER[s.kind], s.job_id))
     return tuple(steps)
+
+
+# --------------------------------------------------------------------------- queue --start, protection notice
+
+
+def with_starts(rows: Sequence[Mapping[str, Any]], fc: Forecast) -> list[dict[str, Any]]:
+    """``apportion queue --start``: the queue's rows, each pending one with its forecast start (``est_start``,
+    ISO UTC, ``None`` when not within the forecast) and ``est_basis`` (:attr:`JobForecast.basis`); other rows
+    as they are. A pending row the forecast does not cover (it came after the log read) gets ``None`` and
+    basis ``""``."""
+    by_id = {j.job_id: j for j in fc.jobs}
+    out = []
+    for row in rows:
+        r = dict(row)
+        if r.get("state") == "pending":
+            j = by_id.get(str(r.get("job_id")))
+            r["est_start"] = None if j is None or j.start_us is None else from_us(j.start_us).isoformat()
+            r["est_basis"] = "" if j is None else j.basis
+        out.append(r)
+    return out
+
+
+def protection_of(state: DispatchState, job_id: str, now_us: Micros) -> str:
+    """:func:`protection_notice` of ``job_id``'s current run in ``state`` (``""`` when it is not running)."""
+    rec = state.jobs.get(job_id)
+    run = state.cluster.runs.get((job_id, rec.attempt)) if rec is not None else None
+    if rec is None or run is None or rec.status != "running":
+        return ""
+    until = run.protected_until_us
+    row = {
+        "state": "running",
+        "allocated": run.allocated,
+        "protected_until": None
+        if until is None
+        else ("until started" if until >= UNTIL_STARTED else from_us(until).isoformat()),
+    }
+    return protection_notice(row, now_us)
+
+
+def protection_notice(row: Mapping[str, Any], now_us: Micros) -> str:
+    """What a running job's protection promises (DESIGN ``D1.allocated-job``, ``D3.victims``), for ``queue`` and
+    ``explain``: ``protected until T; preemptible after`` while it lasts, ``preemptible since T`` once it has
+    ended, ``protected until started`` for a run not yet started; ``""`` for a row without protection (an
+    unallocated run: preemptible at any time, said as ``unallocated: preemptible at any time``).
+
+    ``row``: a queue row (``state``, ``allocated``, ``protected_until``: ISO UTC or ``"until started"``).
+    """
+    if row.get("state") != "running":
+        return ""
+    if row.get("allocated") is False:
+        return "unallocated: preemptible at any time"
+    until = row.get("protected_until")
+    if until is None:
+        return ""
+    if until == "until started":
+        return "protected until started"
+    from datetime import datetime
+
+    t = to_us(datetime.fromisoformat(str(until)))
+    stamp = from_us(t).strftime("%Y-%m-%d %H:%M:%S")
+    return f"protected until {stamp} UTC; preemptible after" if t > now_us else f"preemptible since {stamp} UTC"
+
+
+# --------------------------------------------------------------------------- budget forecast
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetPoint:
+    """One budget at one time of a budget forecast.
+
+    Attributes:
+        path: the budget.
+        at_us: the time, µs UTC.
+        ratio: its usage ratio r (``D2.usage-ratio``) as the window stands then.
+        rank: its place in the fair-share order of leaves (0 first), ``None`` for an inner budget.
+        can_preempt: leaves whose branch at the lowest common ancestor is then ahead of this leaf's by at least
+            delta and that hold allocated GPUs (``D3.victims``, rule 2: their runs are victims for this budget's
+            jobs once their protection ends); empty for an inner budget.
+    """
+
+    path: str
+    at_us: Micros
+    ratio: float
+    rank: int | None
+    can_preempt: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (``ratio`` ``"inf"`` when infinite)."""
+        return {
+            "path": self.path,
+            "at": from_us(self.at_us).isoformat(),
+            "ratio": self.ratio if self.ratio != float("inf") else "inf",
+            "rank": self.rank,
+            "can_preempt": list(self.can_preempt),
+        }
+
+
+@dataclass
+class BudgetForecast:
+    """Each budget's r and rank at each sample time (``D12.budget-forecast``).
+
+    Attributes:
+        now_us: the forecast's time; ``step_s``: seconds between samples.
+        times: the sample times, ``now_us`` first.
+        points: budget path -> its :class:`BudgetPoint` per sample time, in ``times`` order.
+    """
+
+    now_us: Micros
+    step_s: float
+    times: list[Micros] = field(default_factory=list)
+    points: dict[str, list[BudgetPoint]] = field(default_factory=dict)
+
+    def first_preempting(self, path: str) -> BudgetPoint | None:
+        """The first sample at which leaf ``path`` can preempt another budget's expired runs, or ``None``."""
+        return next((p for p in self.points.get(path, ()) if p.can_preempt), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        out = []
+        for path, pts in self.points.items():
+            first = self.first_preempting(path)
+            out.append(
+                {
+                    "path": path,
+                    "points": [p.to_dict() for p in pts],
+                    "can_preempt_from": None if first is None else from_us(first.at_us).isoformat(),
+                }
+            )
+        return {
+            "now": from_us(self.now_us).isoformat(),
+            "step_s": self.step_s,
+            "times": [from_us(t).isoformat() for t in self.times],
+            "budgets": out,
+        }
+
+
+def budget_forecast(
+    state: DispatchState,
+    now_us: Micros,
+    config: DispatchConfig | None = None,
+    *,
+    days: float = 7.0,
+    step_s: float = 86_400.0,
+    history: Mapping[str, Sequence[float]] | None = None,
+    cycle_s: float | None = CYCLE_S,
+) -> BudgetForecast:
+    """Each budget's r and rank every ``step_s`` from ``now_us`` for ``days`` as its window slides
+    (``D12.budget-forecast``; ``apportion share --forecast 7d``).
+
+    The same forward run as :func:`forecast`: running work ends per its basis (declared work, time limit, its
+    user's median, W/4), pending jobs start as the engine would start them, and nothing new is submitted. At
+    each sample time the occupancy windows (``D2.occupancy``) and the capacity integral (``D2.entitlement``)
+    are read from the forward run's ledger, so work that ended days ago drops out of the window as it would.
+    Pure; ``state`` is not changed.
+
+    Raises:
+        ValueError: ``now_us`` before the state's clock, or ``step_s``/``days`` not positive.
+    """
+    from apportion.domain.fairshare import branches_at_lca, budget_order, ratios
+
+    if state.clock_us is not None and now_us < state.clock_us:
+        raise ValueError("a budget forecast cannot start before the state's latest event")
+    if step_s <= 0 or days <= 0:
+        raise ValueError("--forecast and its step must be positive")
+    cfg = config or DispatchConfig(heartbeat_timeout_s=None)
+    end_us = now_us + s_to_us(days * 86_400.0)
+    fwd = _Forward(_copy(state), now_us, cfg, history or {}, end_us, cycle_s)
+    fwd.seed()
+    delta = cfg.engine.delta
+    result = BudgetForecast(now_us, step_s)
+    k = 0
+    while (t := now_us + s_to_us(k * step_s)) <= end_us:
+        fwd.run(None, t)
+        st = fwd.state
+        tree = st.tree
+        occ, cap = st.ledger.occupancy(t), st.ledger.capacity_gpu_s(t)
+        r = ratios(tree, occ, cap)
+        order = budget_order(tree, occ, cap)
+        rank = {p: i for i, p in enumerate(order)}
+        holding = {run.budget for run in st.cluster.runs.values() if run.allocated and not run.stopping}
+        result.times.append(t)
+        for path in tree.paths():
+            can: list[str] = []
+            if path in rank:
+                for other in order:
+                    if other == path or other not in holding:
+                        continue
+                    try:
+                        _, mine, theirs = branches_at_lca(path, other)
+                    except ValueError:
+                        continue
+                    if r.get(theirs, 0.0) - r.get(mine, 0.0) >= delta:
+                        can.append(other)
+            result.points.setdefault(path, []).append(BudgetPoint(path, t, r[path], rank.get(path), tuple(can)))
+        k += 1
+    return result

@@ -915,7 +915,7 @@ def check_requests(records: Iterable[Any]) -> tuple[list[RequestFinding], int]:
         if isinstance(ev, events.JobRejected):
             refused.add(ev.event_id)
         elif isinstance(ev, events.JobCancelled):
-            cancelled.add(ev.job_id)
+            cancelled.add(ev.job_id)  # a job array's cancel ends with the JobCancelled of the array id
         elif isinstance(ev, (events.JobHeld, events.JobReleased)) and ev.request_id is not None:
             answered.add(ev.request_id)
     if not len(reg):
@@ -938,7 +938,8 @@ def check_requests(records: Iterable[Any]) -> tuple[list[RequestFinding], int]:
         if events.det_id("JobRejected", ev.job_id, ev.event_id) in refused:
             continue
         if isinstance(ev, events.JobSubmitted):
-            owner.setdefault(ev.job_id, ev.user)
+            for job_id in {ev.job_id, *ev.job_ids}:  # one signed record covers every element of an array
+                owner.setdefault(job_id, ev.user)
         elif isinstance(ev, events.JobCancelRequested) and ev.job_id not in cancelled:
             continue  # a cancel that changed nothing proves nothing
         elif not isinstance(ev, (events.JobSubmitted, events.JobCancelRequested)) and ev.event_id not in answered:

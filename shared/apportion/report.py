@@ -203,7 +203,8 @@ class JobLedger:
         return self
 
     def _submitted(self, ev: JobSubmitted, t: Micros) -> None:
-        self.submitted.setdefault(ev.job_id, (to_us(ev.submitted_at), ev.budget, ev.allocated))
+        for job_id in ev.job_ids:  # an array's elements, each its own job
+            self.submitted.setdefault(job_id, (to_us(ev.submitted_at), ev.budget, ev.allocated))
 
     def _placed(self, ev: JobPlaced, t: Micros) -> None:
         key = (ev.job_id, ev.attempt)

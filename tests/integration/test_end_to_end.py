@@ -283,6 +283,48 @@ async def test_submit_place_start_complete(cluster: Cluster) -> None:
 
 
 @pytest.mark.parametrize("cluster", [{"nodes": 1, "gpus": 4}], indirect=True)
+async def test_a_job_array_runs_throttled_and_cancels_as_one(cluster: Cluster) -> None:
+    """`submit --array 0-3%2`: one record, four jobs, never more than two running though the node has room for
+    four, each start carrying its index; `cancel` of a second array's id cancels all its elements."""
+    from typer.testing import CliRunner
+
+    from apportion import events
+    from apportion.cli.main import app
+
+    env = {"APPORTION_KAFKA_BOOTSTRAP": cluster.bootstrap}
+    runner = CliRunner()
+    base = ["submit", "-b", "lab/a", "-g", "1", "-m", "60s", "--user", "alice"]
+    res = await asyncio.to_thread(
+        runner.invoke, app, [*base, "--duration", "30s", "--job-id", "sw", "--array", "0-3%2"], env=env
+    )
+    assert res.exit_code == 0 and "queued by the dispatcher" in res.output, res.output
+    ids = [f"sw_{i}" for i in range(4)]
+    evs = await cluster.until(lambda evs: all("JobCompleted" in of_job(evs, j) for j in ids), "the array to end")
+    assert sum(isinstance(e, events.JobSubmitted) for e in evs) == 1
+    running, most = set(), 0
+    for e in evs:  # the log's order: each start after its placement, each completion after its start
+        if isinstance(e, events.JobPlaced):
+            running.add(e.job_id)
+            most = max(most, len(running))
+        elif isinstance(e, events.JobCompleted):
+            running.discard(e.job_id)
+    assert most == 2
+    starts = {e.job_id: e.env for e in evs if isinstance(e, events.StartWorkload)}
+    assert starts == {j: {"APPORTION_ARRAY_ID": "sw", "APPORTION_ARRAY_INDEX": j[3:]} for j in ids}
+    res = await asyncio.to_thread(
+        runner.invoke, app, [*base, "--duration", "1h", "--job-id", "long", "--array", "0-5"], env=env
+    )
+    assert res.exit_code == 0, res.output
+    await cluster.until(lambda evs: sum("JobStarted" in of_job(evs, f"long_{i}") for i in range(6)) == 4, "4 starts")
+    res = await asyncio.to_thread(runner.invoke, app, ["cancel", "long", "--user", "alice"], env=env)
+    assert res.exit_code == 0 and "cancelled long" in res.output, res.output
+    evs = await cluster.until(
+        lambda evs: all("JobCancelled" in of_job(evs, f"long_{i}") for i in range(6)), "every element cancelled"
+    )
+    assert sum(isinstance(e, events.StopWorkload) and e.job_id.startswith("long_") for e in evs) == 4
+
+
+@pytest.mark.parametrize("cluster", [{"nodes": 1, "gpus": 4}], indirect=True)
 async def test_unallocated_job_is_preempted_for_an_allocated_one(cluster: Cluster) -> None:
     """One node, 4 GPUs: an unallocated job holding all of them yields to an allocated job and is requeued."""
     from apportion import events

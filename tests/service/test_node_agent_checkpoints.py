@@ -142,7 +142,13 @@ def test_job_files_layout_and_process_env():
         "/home/alice",
         "alice",
     )
-    assert set(env) == set(logic.JOB_ENV_ALLOWED) - {"APPORTION_CHECKPOINT_DIR", "APPORTION_PROGRESS_FILE", "TMPDIR"}
+    array_vars = {"APPORTION_ARRAY_ID", "APPORTION_ARRAY_INDEX"}  # an array element's only
+    assert (
+        set(env)
+        == set(logic.JOB_ENV_ALLOWED) - {"APPORTION_CHECKPOINT_DIR", "APPORTION_PROGRESS_FILE", "TMPDIR"} - array_vars
+    )
+    element = logic.replace(w, env={"APPORTION_ARRAY_ID": "sweep", "APPORTION_ARRAY_INDEX": "7"}).process_env()
+    assert (element["APPORTION_ARRAY_ID"], element["APPORTION_ARRAY_INDEX"]) == ("sweep", "7")
 
 
 # --------------------------------------------------------------------------- once per new value

@@ -69,6 +69,19 @@ class FakeSources(Sources):
         self._check()
         return []
 
+    def history(self) -> list[dict[str, Any]]:
+        self._check()
+        row = {"budget": "lab/vision", "state": "completed", "gpus_per_replica": 1, "replicas": 1,
+               "min_runtime_s": 60.0, "first_start": None, "ended_at": None, "attempts": 1, "preemptions": 0,
+               "wait_s": 90.0, "run_s": 3600.0, "gpu_hours": 1.0, "lost_gpu_s": None, "reason": ""}  # fmt: skip
+        return [
+            {**row, "job_id": "h1", "user": "carol", "submitted_at": "2026-01-01T00:00:00+00:00"},
+            {**row, "job_id": "h2", "user": "dave", "submitted_at": "2026-01-02T00:00:00+00:00"},
+            {**row, "job_id": "h3", "user": "carol", "budget": "lab/nlp", "submitted_at": "2026-01-03T00:00:00+00:00",
+             "state": "rejected", "wait_s": None, "run_s": 0.0, "gpu_hours": 0.0, "attempts": 0,
+             "reason": "unknown_budget: no budget 'lab/nlp'"},
+        ]  # fmt: skip
+
     def close(self) -> None:
         pass
 
@@ -158,3 +171,31 @@ def test_metrics_count_each_page_served_by_page_and_status_and_ready_answers_jso
     assert 'apportion_web_requests_total{page="nodes",status="503"} 1.0' in down.get("/metrics").text
     r = up.get("/ready")  # fake sources: nothing to probe, ready from the start
     assert (r.status_code, r.json()) == (200, {"ready": True, "service": "ready"})
+
+
+def test_history_page_lists_every_job_newest_first_with_the_cli_values(tmp_path: Path) -> None:
+    r = client(tmp_path).get("/history")
+    assert r.status_code == 200
+    assert [line.split('"')[1] for line in r.text.splitlines() if "<tr data-job=" in line] == ["h3", "h2", "h1"]
+    assert 'data-field="wait_s" data-value="90.0">1m30s<' in r.text
+    assert 'data-field="wait_s" data-value="null">-<' in r.text  # never started
+    assert 'data-field="reason" data-value="unknown_budget: no budget &#39;lab/nlp&#39;"' in r.text
+    assert 'href="/history" class="on"' in r.text
+
+
+def test_my_jobs_filters_history_and_queue_by_user_and_budget(tmp_path: Path) -> None:
+    c = client(tmp_path)
+    mine = c.get("/history?user=carol").text
+    assert [x.split('"')[1] for x in mine.splitlines() if "<tr data-job=" in x] == ["h3", "h1"]
+    assert "(2 jobs of carol)" in mine
+    vision = c.get("/history?user=carol&budget=lab/vision").text
+    assert [x.split('"')[1] for x in vision.splitlines() if "<tr data-job=" in x] == ["h1"]
+    assert "(2 jobs of carol)" in c.get("/queue?user=carol").text
+    nobody = c.get("/queue?user=nobody").text
+    assert "(0 jobs of nobody)" in nobody and "<tr data-job=" not in nobody
+    assert "(2 jobs)" in c.get("/queue").text
+
+
+def test_the_history_page_of_an_unreachable_stack_is_a_503(tmp_path: Path) -> None:
+    r = client(tmp_path, down=True).get("/history")
+    assert r.status_code == 503 and "cannot be read" in r.text

@@ -49,6 +49,7 @@ def test_queue_good_states_pass_the_check_and_reach_redis() -> None:
     "args",
     [
         ("queue", "--budget", "lab//x"),
+        ("submit", "-b", "lab//x", "-g", "1", "-m", "1h", "--duration", "1h", "--user", "bob", "--dry-run"),
         ("history", "--budget", "/lab"),
         ("audit", "occupancy", "--budget", "lab/"),
     ],

@@ -27,11 +27,16 @@ class Recorder:
         rec = self
 
         class Watcher:
-            def __init__(self, job_id: str, *, bootstrap: str | None = None) -> None:
-                rec.watched.append(job_id)
+            def __init__(self, job_ids: list[str]) -> None:
+                self.job_ids = job_ids
+                rec.watched.extend(job_ids)
 
-            def wait(self, timeout_s: float) -> events.Event | None:
-                return None if answer is None else answer.model_copy(update={"job_id": rec.watched[-1]})
+            @classmethod
+            def for_submissions(cls, subs: list[events.JobSubmitted], *, bootstrap: str | None = None) -> Watcher:
+                return cls([s.job_id for s in subs])
+
+            def wait_all(self, timeout_s: float) -> list[events.Event | None]:
+                return [None if answer is None else answer.model_copy(update={"job_id": j}) for j in self.job_ids]
 
             def close(self) -> None:
                 rec.closed += 1
@@ -140,3 +145,49 @@ def test_an_invalid_submission_raises_the_field_and_publishes_nothing(
     assert err.value.field == field and err.value.message.startswith(message)
     assert str(err.value) == f"invalid submission: {field}: {err.value.message}"
     assert kafka.published == [] and kafka.watched == []
+
+
+def test_submit_array_publishes_one_signed_record_for_every_element(monkeypatch: pytest.MonkeyPatch) -> None:
+    kafka = Recorder(monkeypatch)
+    ev = client.submit_array(
+        "0-99%8", budget="lab/a", gpus=1, min_runtime="30m", command=["python", "sweep.py"], job_id="sweep-7",
+        identity=ALICE, now=NOW,
+    )  # fmt: skip
+    assert kafka.published == [ev] and isinstance(ev, events.JobSubmitted)
+    assert (ev.array, len(ev.job_ids), ev.job_ids[:2], ev.array_spec and ev.array_spec.throttle) == (
+        "0-99%8",
+        100,
+        ("sweep-7_0", "sweep-7_1"),
+        8,
+    )
+    assert signer_of(events.encode(ev)) == ALICE.public_key
+    with pytest.raises(client.InvalidSubmission) as err:
+        client.submit_array("9-0", budget="lab/a", gpus=1, duration=60, identity=ALICE)
+    assert err.value.field == "array" and "ends below its start" in err.value.message
+
+
+def test_submit_many_publishes_once_and_returns_each_verdict_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    queued = events.JobQueued(
+        job_id="x", budget="lab/a", user="alice", allocated=True, gpus_per_replica=1, replicas=1, min_runtime_s=60.0,
+        duration_s=60.0, submitted_at=NOW, ts=NOW,
+    )  # fmt: skip
+    calls: list[int] = []
+    kafka = Recorder(monkeypatch, queued)
+    inner = client.publish
+
+    def counted(*evts: events.Event, bootstrap: str | None = None) -> list[int]:
+        calls.append(len(evts))
+        return inner(*evts)
+
+    monkeypatch.setattr(client, "publish", counted)
+    jobs = [{"budget": "lab/a", "gpus": 1, "duration": 60, "job_id": f"m-{i}", "now": NOW} for i in range(3)]
+    verdicts = client.submit_many(jobs, identity=ALICE, wait=5)
+    assert calls == [3] and [e.job_id for e in kafka.published] == ["m-0", "m-1", "m-2"]
+    assert [(type(v).__name__, v.job_id) for v in verdicts] == [
+        ("JobQueued", "m-0"),
+        ("JobQueued", "m-1"),
+        ("JobQueued", "m-2"),
+    ]
+    with pytest.raises(client.InvalidSubmission) as err:
+        client.submit_many([*jobs, {"budget": "lab/a", "gpus": 0, "duration": 60}], identity=ALICE)
+    assert err.value.field == "jobs[3].gpus_per_replica"

@@ -48,7 +48,7 @@ def _submission(**over: object) -> dict:
     doc = {
         "event_id": "6c07c248-0be4-5cf4-8717-d755e0cc6125",
         "type": "JobSubmitted",
-        "schema_version": 4,
+        "schema_version": 5,
         "ts": "2026-12-01T12:00:00Z",
         "job_id": "j-42",
         "budget": "lab/vision",

@@ -76,3 +76,18 @@ def test_tree_rows_depth_and_name_in_path_order() -> None:
 def test_gpu_totals_and_hours() -> None:
     assert gpu_totals([{"free_gpus": 3, "gpu_count": 8}, {"free_gpus": 0, "gpu_count": 4}]) == (3, 12)
     assert (fmt_gpu_h(5400.0), fmt_gpu_h(90.0), fmt_gpu_h(36000.0 * 12.34)) == ("1.50", "0.03", "123.4")
+
+
+def test_for_user_and_history_rows_filter_and_order_exactly() -> None:
+    from services.web.logic import for_user, history_rows
+
+    rows = [
+        {"job_id": "a", "user": "u1", "budget": "lab/x", "submitted_at": "2026-01-01T00:00:00+00:00"},
+        {"job_id": "b", "user": "u2", "budget": "lab/x/y", "submitted_at": "2026-01-02T00:00:00+00:00"},
+        {"job_id": "c", "user": "u1", "budget": "lab/xy", "submitted_at": "2026-01-02T00:00:00+00:00"},
+    ]
+    assert [r["job_id"] for r in for_user(rows, "u1")] == ["a", "c"]
+    assert [r["job_id"] for r in for_user(rows, "")] == ["a", "b", "c"]
+    assert [r["job_id"] for r in history_rows(rows)] == ["c", "b", "a"]  # newest first, ties by id (descending)
+    assert [r["job_id"] for r in history_rows(rows, budget="lab/x")] == ["b", "a"]  # not lab/xy
+    assert [r["job_id"] for r in history_rows(rows, user="u1", budget="lab/x")] == ["a"]

@@ -18,11 +18,12 @@ and the same content).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from apportion import events
 from apportion.audit.verify import DecisionCheck, position, rerun_decisions
+from apportion.domain.arrays import split_element_id
 from apportion.domain.dispatch import DispatchConfig
 from apportion.durations import format_duration
 from apportion.logrecord import LogRecord
@@ -75,11 +76,14 @@ class Explanation:
         job_id: the job.
         found: False when the log never mentions it.
         timeline: entries in log order.
+        protection: what the protection of its current run promises as of the log's end
+            (:func:`apportion.forecast.protection_notice`; empty when it is not running).
     """
 
     job_id: str
     found: bool
     timeline: list[TimelineEntry]
+    protection: str = ""
 
     @property
     def decisions_match(self) -> bool:
@@ -93,6 +97,7 @@ class Explanation:
             "found": self.found,
             "decisions_match": self.decisions_match,
             "timeline": [e.to_dict() for e in self.timeline],
+            "protection": self.protection,
         }
 
 
@@ -143,16 +148,27 @@ def _why(v: events.Victim) -> str:
     )
 
 
+def _array_of(ev: events.Event, job_id: str) -> bool:
+    """Whether ``ev`` is the submission of the job array ``job_id`` is an element of (one record, N jobs)."""
+    if not isinstance(ev, events.JobSubmitted) or ev.array is None:
+        return False
+    parts = split_element_id(job_id)
+    return parts is not None and parts[0] == ev.job_id and job_id in ev.job_ids
+
+
 def _entry(rec: LogRecord, job_id: str) -> TimelineEntry | None:
     """The timeline entry of ``rec`` for ``job_id``: its own event, or a preemption it caused; else None."""
     ev = rec.event
     if ev is None:
         return None
     at, where = ev.ts.isoformat(), position(rec)
-    if getattr(ev, "job_id", None) != job_id:
+    if getattr(ev, "job_id", None) != job_id and not _array_of(ev, job_id):
         if isinstance(ev, events.JobPreempted) and ev.by_job_id == job_id:
             return _preempts(ev, at, where)
         return None
+    if isinstance(ev, events.JobSubmitted) and ev.job_id != job_id:  # the array's one record, for an element
+        entry = _submitted(ev, at, where)
+        return replace(entry, summary=f"{entry.summary}, an element of array {ev.job_id} ({ev.array})")
     for kinds, describe in _DESCRIBE:
         if isinstance(ev, kinds):
             return describe(ev, at, where)

@@ -65,7 +65,8 @@ def jobs_from_log(records: Sequence[LogRecord]) -> tuple[list[SimJob], list[str]
     for r in records:
         ev = r.event
         if isinstance(ev, events.JobSubmitted):
-            subs.setdefault(ev.job_id, ev)
+            for job_id in ev.job_ids:  # an array's elements, each its own job (its throttle is not re-run)
+                subs.setdefault(job_id, ev)
         elif isinstance(ev, events.JobStarted):
             started.setdefault((ev.job_id, ev.attempt), to_us(ev.ts))
         elif isinstance(ev, events.JobCompleted):

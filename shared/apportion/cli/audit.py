@@ -422,6 +422,11 @@ def explain_cmd(
     ex = explain(recs, job_id, cfg, producer=producer or cfg.producer)
     if not ex.found:
         fail(f"job {job_id!r} is not in the log", 1)
+    from apportion.audit.verify import dispatcher_fold
+    from apportion.forecast import protection_of
+
+    state = dispatcher_fold(recs, cfg, producer=producer or cfg.producer)
+    ex.protection = protection_of(state, job_id, state.clock_us or 0)
     if as_json:
         _print_json(ex.to_dict())
     else:
@@ -437,6 +442,8 @@ def explain_cmd(
                 _out().print(f"[red]{e.kind} at {e.offset}:[/] " + "; ".join(e.check["diffs"]))
         n = sum(1 for e in ex.timeline if e.check is not None)
         _out().print(f"{n} decisions re-run: " + ("all identical" if ex.decisions_match else "[red]mismatch[/]"))
+        if ex.protection:
+            _out().print(f"at the log's end: {ex.protection}")
     if not ex.decisions_match:
         raise typer.Exit(1)
 

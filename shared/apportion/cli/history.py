@@ -9,7 +9,9 @@ start minus submission), the run time (event seconds its attempts held GPUs,
 from the first replica's start to the run's end: the last replica's exit, the
 preemption, the loss or the cancel), GPU-hours (run time x GPUs) and the work
 lost (``lost_gpu_s`` of its preemptions and losses; ``None`` when the log
-never recorded it).
+never recorded it). Each element of a job array is a job of its own
+(``<array id>_<index>``); the array has a row of its own only while none of
+its elements is queued (a rejected array, or one not yet answered).
 """
 
 from __future__ import annotations
@@ -109,20 +111,30 @@ class JobHistory:
         }
 
 
+def _history_of(sub: events.JobSubmitted, job_id: str) -> JobHistory:
+    return JobHistory(
+        job_id, sub.user, sub.budget, sub.gpus_per_replica, sub.replicas, sub.min_runtime_s, sub.submitted_at
+    )
+
+
 def fold_jobs(evts: Iterable[events.Event]) -> dict[str, JobHistory]:
     """Fold submissions and job events (log order) into one :class:`JobHistory` per job id."""
     jobs: dict[str, JobHistory] = {}
+    arrays: dict[str, events.JobSubmitted] = {}  # a job array's submission, by its id
     seen: set[Any] = set()
     for ev in evts:
         if ev.event_id in seen:
             continue
         seen.add(ev.event_id)
         if isinstance(ev, events.JobSubmitted):
-            if ev.job_id not in jobs:
-                jobs[ev.job_id] = JobHistory(
-                    ev.job_id, ev.user, ev.budget, ev.gpus_per_replica, ev.replicas, ev.min_runtime_s, ev.submitted_at
-                )
+            if ev.job_id not in jobs and ev.job_id not in arrays:
+                jobs[ev.job_id] = _history_of(ev, ev.job_id)  # an array's own row until its elements are queued
+                if ev.array is not None:
+                    arrays[ev.job_id] = ev
             continue
+        if isinstance(ev, events.JobQueued) and ev.array_id in arrays and ev.job_id not in jobs:
+            jobs.pop(ev.array_id, None)  # accepted: each element is its own job from now on
+            jobs[ev.job_id] = _history_of(arrays[ev.array_id], ev.job_id)
         job = jobs.get(getattr(ev, "job_id", ""))
         if job is None:
             continue

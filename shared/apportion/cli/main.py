@@ -173,6 +173,15 @@ def submit(
             "Default: the budget's default_time_limit, if any; at most its max_time_limit.",
         ),
     ] = None,
+    array: Annotated[
+        str | None,
+        typer.Option(
+            "--array",
+            "-a",
+            help="A job array, Slurm's syntax: 0-99 (range), 1,3,5 (list), 0-99:2 (step), %N (at most N running): "
+            "one job per index, JOB_ID_INDEX, each with APPORTION_ARRAY_INDEX set.",
+        ),
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and print the event; publish nothing.")] = False,
     wait: Annotated[
         float,
@@ -194,6 +203,8 @@ def submit(
 
       apportion submit -b lab/vision -g 1 -m 0 -- python sweep.py     (unallocated)
 
+      apportion submit -b lab/vision -g 1 -m 30m --array 0-99%8 -- python sweep.py   (100 jobs, 8 at a time)
+
     Unallocated work (-m 0) charges nothing: any user may run it under any leaf budget, member or not.
 
     Its GPU-hours show as the budget's U, never in its r (docs/security.md).
@@ -201,6 +212,7 @@ def submit(
 
     from apportion import client
 
+    check_budget_filter(budget)  # a malformed path is refused here (exit 2), as queue --budget refuses it
     try:
         text = env_file.read_text(encoding="utf-8") if env_file is not None else None
         job_env = client.parse_env(env or (), text, file_name=str(env_file))
@@ -226,6 +238,7 @@ def submit(
                 env=job_env,
                 time_limit_s=parse_duration(time_limit) if time_limit is not None else None,
                 producer="cli",
+                array=array,
             )
         except client.InvalidSubmission as exc:
             fail(exc.message if exc.field == "job_id" else str(exc))
@@ -254,7 +267,7 @@ def submit(
         watcher = None
         if wait > 0:
             try:
-                watcher = client.VerdictWatcher(ev.job_id, bootstrap=bootstrap)
+                watcher = client.VerdictWatcher.for_submissions([ev], bootstrap=bootstrap)
             except Exception as exc:  # cannot read: publishing will say why
                 if not type(exc).__module__.startswith("kafka"):
                     raise
@@ -268,6 +281,10 @@ def submit(
         _print_json(doc)
     elif not isinstance(verdict, events.JobRejected):  # a rejected job was not submitted: say only that
         kind = "allocated" if ev.allocated else "unallocated"
+        spec = ev.array_spec
+        if spec is not None:
+            most = f", at most {spec.throttle} running" if spec.throttle is not None else ""
+            kind += f"; array of {len(spec.indices)}: {ev.job_ids[0]} .. {ev.job_ids[-1]}{most}"
         out.print(
             f"{'validated' if dry_run else 'submitted'} [bold]{ev.job_id}[/] "
             f"({ev.replicas}x{ev.gpus_per_replica} GPUs, {kind}, budget {ev.budget})"
@@ -493,7 +510,10 @@ def queue_table(rows: list[dict[str, Any]], width: int) -> Any:
     ``MM-DD HH:MM`` (UTC); each job's nodes or pending reason follow the table on a line of their own
     (``job: reason``), wrapped, uncut, a running job's with how long its GPUs have been idle when its node
     agents report it. A run whose GPUs stay idle past its nodes' ``idle_after_s`` (the row's ``idle``) shows
-    ``IDLE`` in place of ``running`` in the narrow table and in the idle column of the wide one.
+    ``IDLE`` in place of ``running`` in the narrow table and in the idle column of the wide one. A running
+    job's protection notice (the row's ``protection``) follows its nodes. Rows with a forecast (``queue
+    --start``: ``est_start``, ``est_basis``) show a pending job's estimated start in the start column, marked
+    ``~``, and its basis in a column of its own.
     ``--json`` has every field.
     """
     from rich import box
@@ -508,8 +528,10 @@ def queue_table(rows: list[dict[str, Any]], width: int) -> Any:
     def widest(key: str, title: str) -> int:
         return max([len(title), *(len(text(r, key)) for r in rows)])
 
-    def detail(r: dict[str, Any]) -> str:  # the nodes of a run, the reason of a pending job
+    def detail(r: dict[str, Any]) -> str:  # the nodes of a run and its protection, the reason of a pending job
         nodes = ",".join(r.get("nodes") or [])
+        if r.get("state") == "running" and r.get("protection"):
+            nodes = f"{nodes} ({r['protection']})" if nodes else str(r["protection"])
         return str((r.get("reason") if r.get("state") == "pending" else nodes or r.get("reason")) or "")
 
     def idle(r: dict[str, Any]) -> str:  # what the node agents report of a running job's GPU use
@@ -524,9 +546,12 @@ def queue_table(rows: list[dict[str, Any]], width: int) -> Any:
         d, i = detail(r), idle(r)
         return f"{d} (GPUs idle {i.removeprefix('IDLE ')})" if i and i != "0s" else d
 
-    def started(r: dict[str, Any]) -> str:
-        at = r.get("started_at")
-        return (at[:19] if wide else at[5:16]).replace("T", " ") if at else "-"
+    def started(r: dict[str, Any]) -> str:  # a pending job's estimated start with --start, marked ~
+        at = r.get("started_at") or r.get("est_start")
+        mark = "~" if r.get("state") == "pending" and at else ""
+        return mark + (at[:19] if wide else at[5:16]).replace("T", " ") if at else "-"
+
+    starts = any("est_basis" in r for r in rows)
 
     # (title, rich column options, cell, in the narrow table too): one list for the header and the cells
     columns: list[tuple[str, dict[str, Any], Callable[[dict[str, Any]], str], bool]] = [
@@ -544,6 +569,7 @@ def queue_table(rows: list[dict[str, Any]], width: int) -> Any:
         ("state", {"min_width": widest("state", "state")}, state, True),
         ("att", {"justify": "right"}, lambda r: str(r.get("attempt", "")), False),
         ("started (UTC)" if wide else "started", {"min_width": 19 if wide else 11}, started, True),
+        *([("basis", {}, lambda r: text(r, "est_basis"), True)] if starts else []),
         ("idle", {}, idle, False),
         ("nodes / reason", {"overflow": "fold", "ratio": 1, "no_wrap": False}, detail, False),
     ]
@@ -574,6 +600,14 @@ def queue(
     all_states: Annotated[
         bool, typer.Option("--all", help="Include finished jobs (from the log, as `apportion history`).")
     ] = False,
+    start: Annotated[
+        bool,
+        typer.Option(
+            "--start",
+            help="Each pending job's estimated start and its basis (like squeue --start), from the log as "
+            "`apportion forecast` finds them.",
+        ),
+    ] = False,
     redis_url: RedisUrl = None,
     bootstrap: Bootstrap = None,
     as_json: JsonOut = False,
@@ -586,16 +620,43 @@ def queue(
     checkpoint_soon, placeable; from the dispatcher: refused_backoff, for a job whose start a node refused, and
     held, for a job held until `apportion release`);
     `--json` rows also carry `reason_detail`, the reason's fields.
+
+    A running job shows what its protection promises: protected until T (preemptible after), or preemptible since.
+
+    With --start, each pending job gets its estimated start (est_start, est_basis in --json): the log read and the
+    engine run forward as `apportion forecast` does (basis: now, rules, simulated, time_limit, history, unknown).
     """
+    from apportion.forecast import protection_notice
+    from apportion.timeutil import to_us
+
     check_states(state, all_states)
     check_budget_filter(budget)
     rows = queue_rows(
         _redis(redis_url), budget=budget, user=user, state=state, all_states=all_states, bootstrap=bootstrap
     )
+    now_us = to_us(_now())
+    for r in rows:
+        notice = protection_notice(r, now_us)
+        if notice:
+            r["protection"] = notice
+    if start:
+        rows = _with_forecast_starts(rows, bootstrap)
     if as_json:
         _print_json(rows)
         return
     out.print(queue_table(rows, out.width))
+
+
+def _with_forecast_starts(rows: list[dict[str, Any]], bootstrap: str | None) -> list[dict[str, Any]]:
+    """``queue --start``: the rows with each pending job's forecast start (:func:`apportion.forecast.with_starts`)."""
+    from apportion.audit.replay import decoded
+    from apportion.forecast import forecast as run_forecast
+    from apportion.forecast import user_history, with_starts
+
+    recs, cfg, state, now = _forecast_input(bootstrap, None, None)
+    wanted = [str(r["job_id"]) for r in rows if r.get("state") == "pending" and r.get("job_id") in state.jobs]
+    fc = run_forecast(state, now, cfg, job_ids=wanted, history=user_history(decoded(recs)))
+    return with_starts(rows, fc)
 
 
 #: The `apportion forecast` basis column, for its footer and help (the values of :mod:`apportion.forecast`).
@@ -620,7 +681,7 @@ def forecast(
         typer.Option(
             "--submit",
             help="Forecast a job not yet submitted, as if submitted now: -b, -u, -g, -m, -k, -t, --duration, "
-            "--gpu-model, --checkpoint-interval as for `submit` (-u defaults to your login name).",
+            "--gpu-model, --checkpoint-interval, --array as for `submit` (-u defaults to your login name).",
         ),
     ] = False,
     gpus: Annotated[int | None, typer.Option("--gpus", "-g", min=1, help="With --submit: GPUs per replica.")] = None,
@@ -638,6 +699,17 @@ def forecast(
     time_limit: Annotated[
         str | None, typer.Option("--time", "-t", help="With --submit: time limit (default: the budget's).")
     ] = None,
+    array: Annotated[
+        str | None, typer.Option("--array", "-a", help="With --submit: a job array (as for `submit`).")
+    ] = None,
+    with_arrivals: Annotated[
+        bool,
+        typer.Option(
+            "--with-arrivals",
+            help="Assume the last day's submissions come again, a day later and every day after (the recent "
+            "arrival rate): later work of budgets ahead goes first, as it will.",
+        ),
+    ] = False,
     bootstrap: Bootstrap = None,
     from_file: Annotated[
         Path | None,
@@ -651,7 +723,8 @@ def forecast(
 
     Running work ends at its declared duration, its time limit, or its user's median run time in the log.
 
-    Without any of these a run is assumed to last W/4; future submissions are left out.
+    Without any of these a run is assumed to last W/4; future submissions are left out (--with-arrivals: the
+    last day's come again).
 
     Columns: est. start (UTC), in (from the forecast's time), basis (what it rests on), reason (why it waits now).
 
@@ -665,6 +738,8 @@ def forecast(
 
     apportion forecast j-42  (one job, with its chain)
 
+    apportion forecast sweep-7  (a job array: each pending element)
+
     apportion forecast -b lab/vision -u alice --json
 
     apportion forecast --from-file log.jsonl.gz --at 2024-05-01T12:00:00Z --horizon 3d
@@ -672,25 +747,15 @@ def forecast(
     apportion forecast --submit -b lab/vision -g 8 -k 2 -m 2h  (if I submit this now; exit 1 if it would be rejected)
     """
     from apportion.audit.replay import decoded
-    from apportion.audit.verify import dispatcher_fold
-    from apportion.cli.audit import _dispatch_config, _dur, _load, parse_time
+    from apportion.cli.audit import _dur
     from apportion.forecast import forecast as run_forecast
-    from apportion.forecast import user_history
-    from apportion.timeutil import from_us, to_us
+    from apportion.forecast import recent_arrivals, user_history
 
     check_budget_filter(budget)
     if submit_ and (job_id is not None or budget is None or gpus is None or min_runtime is None):
         fail("--submit needs -b BUDGET, -g GPUS and -m MIN_RUNTIME, and no JOB_ID")
     horizon_s = _dur(horizon, "--horizon")
-    when = parse_time(at) if at is not None else None
-    recs = _load(bootstrap, from_file)
-    cfg = _dispatch_config(recs, None, None, None, None, None)
-    state = dispatcher_fold(recs, cfg, producer=cfg.producer)
-    if state.clock_us is None:
-        fail("the log holds no events: nothing to forecast", 1)
-    now = to_us(when) if when is not None else state.clock_us
-    if now < state.clock_us:
-        fail(f"--at {at} is before the log's latest event ({from_us(state.clock_us).isoformat()})")
+    recs, cfg, state, now = _forecast_input(bootstrap, from_file, at)
     if submit_:
         import getpass
 
@@ -698,8 +763,14 @@ def forecast(
         sub = dict(budget=budget, user=user or getpass.getuser(), gpus=gpus, replicas=replicas, min_runtime=min_runtime)
         if time_limit is not None:
             sub["time_limit_s"] = _dur(time_limit, "--time")
-        state, job_id = _forecast_submission(state, now, cfg, sub, duration, gpu_model, checkpoint_interval)
-        wanted = [job_id]
+        if array is not None:
+            sub["array"] = array
+        state, wanted = _forecast_submission(state, now, cfg, sub, duration, gpu_model, checkpoint_interval)
+    elif job_id is not None and job_id in state.arrays:  # a job array: its pending elements
+        members = state.arrays[job_id].members
+        wanted = [j for j in sorted(members, key=members.__getitem__) if state.jobs[j].status == "pending"]
+        if not wanted:
+            fail(f"no element of array {job_id!r} is pending: nothing to forecast", 1)
     elif job_id is not None:
         _forecastable(state, job_id)
         wanted = [job_id]
@@ -710,12 +781,36 @@ def forecast(
             for j in state.pending[leaf]
             if (user is None or j.user == user) and (budget is None or leaf == budget or leaf.startswith(budget + "/"))
         ]
-    fc = run_forecast(state, now, cfg, job_ids=wanted, history=user_history(decoded(recs)), horizon_s=horizon_s)
+    evs = decoded(recs)
+    arrivals = recent_arrivals(evs, now) if with_arrivals else ()
+    fc = run_forecast(
+        state, now, cfg, job_ids=wanted, history=user_history(evs), horizon_s=horizon_s, arrivals=arrivals
+    )
     fc.jobs.sort(key=lambda j: (j.start_us is None, j.start_us or 0, j.job_id))
     if as_json:
         _print_json(fc.to_dict())
         return
-    out.print(forecast_table(fc, out.width, detail=job_id is not None))
+    out.print(forecast_table(fc, out.width, detail=len(wanted) == 1 and (job_id is not None or submit_)))
+
+
+def _forecast_input(bootstrap: str | None, from_file: Path | None, at: str | None) -> tuple[list[Any], Any, Any, int]:
+    """The log (Kafka, or an export), the dispatcher's configuration and state folded from it, and the forecast's
+    time (``--at``, default the log's latest event): what ``forecast``, ``queue --start`` and ``share --forecast``
+    run forward. Exit 1 for an empty log, 2 for an ``--at`` before its latest event."""
+    from apportion.audit.verify import dispatcher_fold
+    from apportion.cli.audit import _dispatch_config, _load, parse_time
+    from apportion.timeutil import from_us, to_us
+
+    when = parse_time(at) if at is not None else None
+    recs = _load(bootstrap, from_file)
+    cfg = _dispatch_config(recs, None, None, None, None, None)
+    state = dispatcher_fold(recs, cfg, producer=cfg.producer)
+    if state.clock_us is None:
+        fail("the log holds no events: nothing to forecast", 1)
+    now = to_us(when) if when is not None else state.clock_us
+    if now < state.clock_us:
+        fail(f"--at {at} is before the log's latest event ({from_us(state.clock_us).isoformat()})")
+    return recs, cfg, state, now
 
 
 def _forecast_submission(
@@ -726,9 +821,9 @@ def _forecast_submission(
     duration: str | None,
     gpu_model: str | None,
     checkpoint_interval: str | None,
-) -> tuple[Any, str]:
-    """``forecast --submit``: the state with the job submitted at ``now`` and its id; exit 2 for an invalid
-    submission, 1 when the dispatcher's admission would reject it (the reason said)."""
+) -> tuple[Any, list[str]]:
+    """``forecast --submit``: the state with the job submitted at ``now`` and its ids (an array's elements);
+    exit 2 for an invalid submission, 1 when the dispatcher's admission would reject it (the reason said)."""
     from pydantic import ValidationError
 
     from apportion import client
@@ -755,7 +850,7 @@ def _forecast_submission(
     state, rejected = with_submission(state, job, now, cfg)
     if rejected is not None:
         fail(f"it would be rejected: {rejected.reason.value}: {rejected.message}", 1)
-    return state, job.job_id
+    return state, list(job.job_ids)
 
 
 def _forecastable(state: Any, job_id: str) -> None:
@@ -843,12 +938,34 @@ def share_data(rc: Any) -> dict[str, Any]:
 @app.command()
 def share(
     redis_url: RedisUrl = None,
+    forecast_: Annotated[
+        str | None,
+        typer.Option(
+            "--forecast",
+            help="Each budget's r and rank over the next days (e.g. 7d) as its window slides: running work ends as "
+            "`apportion forecast` takes it, queued jobs start as the engine would start them, nothing new arrives.",
+        ),
+    ] = None,
+    step: Annotated[str, typer.Option("--step", help="With --forecast: time between samples.")] = "1d",
+    at: Annotated[str | None, typer.Option("--at", help="With --forecast: its start (default: the log's end).")] = None,
+    bootstrap: Bootstrap = None,
+    from_file: Annotated[
+        Path | None,
+        typer.Option("--from-file", help="With --forecast: read an export file.", exists=True, dir_okay=False),
+    ] = None,
     as_json: JsonOut = False,
 ) -> None:
     """The budget tree with share, occupancy, unallocated use, entitlement, r and rank (like sshare).
 
     O, U and E are GPU-hours over the trailing window; r = O / E, lower is served first.
+
+    With --forecast 7d: r/rank of every budget each --step from now (read from the log), and from when each leaf
+    is behind enough to preempt another budget's runs once their protection ends (r lower by at least delta at
+    their common ancestor, the other holding allocated GPUs).
     """
+    if forecast_ is not None:
+        _share_forecast(forecast_, step, at, bootstrap, from_file, as_json)
+        return
     data = share_data(_redis(redis_url))
     meta, rows = data["meta"], {row["path"]: row for row in data["budgets"]}
     if as_json:
@@ -875,6 +992,40 @@ def share(
             _ratio(row.get("ratio")),
             "" if row.get("rank") is None else str(row["rank"]),
         )
+    out.print(t)
+
+
+def _share_forecast(
+    span: str, step: str, at: str | None, bootstrap: str | None, from_file: Path | None, as_json: bool
+) -> None:
+    """``share --forecast``: :func:`apportion.forecast.budget_forecast` of the log, as a table or ``--json``."""
+    from apportion.audit.replay import decoded
+    from apportion.cli.audit import _dur
+    from apportion.forecast import budget_forecast, user_history
+    from apportion.timeutil import from_us
+
+    days, step_s = _dur(span, "--forecast") / 86_400, _dur(step, "--step")
+    if days <= 0 or step_s <= 0:
+        fail("--forecast and --step must be longer than 0")
+    recs, cfg, state, now = _forecast_input(bootstrap, from_file, at)
+    fc = budget_forecast(state, now, cfg, days=days, step_s=step_s, history=user_history(decoded(recs)))
+    if as_json:
+        _print_json(fc.to_dict())
+        return
+    t = Table(
+        title=f"r/rank from {from_us(now).isoformat()[:16]} UTC, every {format_duration(step_s)}",
+        box=None,
+        pad_edge=False,
+    )
+    t.add_column("budget")
+    for i in range(len(fc.times)):
+        t.add_column(f"+{format_duration(i * step_s)}" if i else "now", justify="right")
+    t.add_column("can preempt from")
+    for path, pts in fc.points.items():
+        cells = [f"{_ratio(p.ratio)}" + ("" if p.rank is None else f"/{p.rank}") for p in pts]
+        first = fc.first_preempting(path)
+        when = "-" if first is None else f"{from_us(first.at_us).isoformat()[5:16].replace('T', ' ')}"
+        t.add_row("  " * path.count("/") + path.rsplit("/", 1)[-1], *cells, when)
     out.print(t)
 
 

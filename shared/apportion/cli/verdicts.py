@@ -34,6 +34,7 @@ from typing import Any
 from apportion import events
 from apportion.cli.common import Unreachable, _consumer, is_kafka_error, partitions_of
 from apportion.cli.history import FINISHED, fold_jobs
+from apportion.domain.arrays import split_element_id
 from apportion.settings import topic_name
 
 #: Wall seconds a change command waits for its verdict by default.
@@ -112,14 +113,22 @@ class JobStatus:
 def job_status(bootstrap: str, job_id: str) -> JobStatus:
     """The job's status from its records on ``apportion.submissions`` and ``apportion.jobs``, folded as
     ``apportion history`` folds them (:func:`apportion.cli.history.fold_jobs`: a run ends with its last
-    replica's report, which the node agents publish per replica)."""
+    replica's report, which the node agents publish per replica). An element of a job array
+    (``<array id>_<index>``) is found by its array's submission; an array's own id is live until its
+    cancel or rejection (the dispatcher refuses a request on an array whose elements all ended)."""
     from apportion.topics import JOBS, SUBMISSIONS
 
     subs = key_events(bootstrap, topic_name(SUBMISSIONS), job_id)
     submitted = [e for e in subs if isinstance(e, events.JobSubmitted) and e.job_id == job_id]
+    parts = split_element_id(job_id)
+    if not submitted and parts is not None:  # an element of a job array: its submission is the array's
+        arr = key_events(bootstrap, topic_name(SUBMISSIONS), parts[0])
+        submitted = [e for e in arr if isinstance(e, events.JobSubmitted) and job_id in e.job_ids]
     if not submitted:
         return JobStatus(job_id, "unknown")
-    job = fold_jobs([submitted[0], *key_events(bootstrap, topic_name(JOBS), job_id)])[job_id]
+    job = fold_jobs([submitted[0], *key_events(bootstrap, topic_name(JOBS), job_id)]).get(job_id)
+    if job is None:
+        return JobStatus(job_id, "live", submitted[0].user)  # an element whose JobQueued is not in yet
     if job.state not in FINISHED:
         return JobStatus(job_id, "live", job.user)
     return JobStatus(job_id, job.state, job.user, job.reason)

@@ -13,6 +13,11 @@ What ``decide`` does per input (DESIGN sections 2 and 3):
   ``JobRejected`` with a machine-readable reason; a job id seen before is
   rejected as ``duplicate_job``.
 * ``JobSubmitted`` with ``hold`` -> ``JobQueued`` then ``JobHeld``.
+* ``JobSubmitted`` of a job array (``array``) -> one ``JobQueued`` per element
+  (:func:`array_events`), or one ``JobRejected`` of the array id; a cycle sees
+  at most the array's throttle minus its running elements of its pending ones,
+  lowest indices first (:meth:`DispatchState.pending_now`); a
+  ``JobCancelRequested`` of the array id cancels every element still active.
 * ``JobHoldRequested`` of a pending job -> ``JobHeld``: the job stays in its
   queue (its ``submitted_at`` and place in the order kept) and no cycle
   places it (:meth:`DispatchState.pending_now`); ``JobReleaseRequested`` of a
@@ -59,11 +64,12 @@ frozen values (copy-on-write lists and dict copies).
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from apportion.domain.admission import NodeShape, Rejection, admit, refused_request_event, time_limit_in_force
+from apportion.domain.arrays import element_id, split_element_id
 from apportion.domain.budgets import BudgetTree, fold_budget_event
 from apportion.domain.cluster import (
     PROTECTION_UNTIL_DONE_S,
@@ -202,6 +208,10 @@ __all__ = [
     "heartbeat_deadline_us",
     "wakeups",
     "admit_submission",
+    "submission_decided",
+    "array_events",
+    "cancel_array",
+    "ArrayRecord",
     "hold_events",
     "held_event",
     "hold_answered",
@@ -330,6 +340,19 @@ class _Stopping:
     completed_by: Micros | None = None
 
 
+@dataclass(slots=True)
+class ArrayRecord:
+    """A job array while any of its elements is active (the fold of its elements' ``JobQueued``).
+
+    Attributes:
+        throttle: the most elements running at once (``JobQueued.array_throttle``), or ``None``.
+        members: element job id -> index, of the elements still active (an ended one is dropped).
+    """
+
+    throttle: int | None
+    members: dict[str, int]
+
+
 @dataclass(frozen=True, slots=True)
 class Backoff:
     """A job's refused starts (DESIGN section 3, refused starts), from its latest refused ``JobRequeued``.
@@ -383,6 +406,7 @@ class DispatchState:
         node_refusals: node id -> starts it refused in a row for a fault of its own
             (:data:`NODE_FAULT_REFUSALS`, undone by a refused ``JobRequeued``; a ``JobStarted`` of the
             node or its ``NodeUncordoned`` resets it).
+        arrays: array id -> its elements still active (:class:`ArrayRecord`), while any is.
     """
 
     __slots__ = (
@@ -404,6 +428,7 @@ class DispatchState:
         "backoff",
         "held",
         "node_refusals",
+        "arrays",
         "window_us",
         "_kept",
         "_ledger_on",
@@ -430,6 +455,7 @@ class DispatchState:
         self.backoff: dict[str, Backoff] = {}
         self.held: dict[str, JobHeld] = {}
         self.node_refusals: dict[str, int] = {}
+        self.arrays: dict[str, ArrayRecord] = {}
         self.window_us = s_to_us(window_s)
         self._kept = 0  # size of ``seen`` after the last forget_old
         self._ledger_on = True
@@ -447,6 +473,7 @@ class DispatchState:
     def __setstate__(self, st: dict[str, Any]) -> None:
         self.heartbeats_from_us = None
         self.backoff, self.node_refusals, self.held = {}, {}, {}
+        self.arrays = {}
         self.idle = IdleReports()
         for k, v in st.items():
             setattr(self, k, v)
@@ -477,6 +504,7 @@ class DispatchState:
         other.heartbeats_from_us = self.heartbeats_from_us
         other.backoff, other.node_refusals = dict(self.backoff), dict(self.node_refusals)
         other.held = dict(self.held)
+        other.arrays = {a: ArrayRecord(r.throttle, dict(r.members)) for a, r in self.arrays.items()}
         other._shapes = None
         other._engine = self._engine.fork()
         return other
@@ -523,6 +551,9 @@ class DispatchState:
                 rec = self.jobs.get(job_id)
                 if rec is not None and rec.status == "pending":
                     waiting.setdefault(b.budget, set()).add(job_id)
+        for rec_a in self.arrays.values():
+            if rec_a.throttle is not None:
+                self._throttle(rec_a, waiting)
         for budget, ids in waiting.items():
             lst = [j for j in pending.get(budget, ()) if j.job_id not in ids]
             if lst:
@@ -530,6 +561,42 @@ class DispatchState:
             else:
                 pending.pop(budget, None)
         return pending
+
+    def _throttle(self, arr: ArrayRecord, waiting: dict[str, set[str]]) -> None:
+        """Add to ``waiting`` the pending elements of ``arr`` beyond its throttle: of those not already
+        waiting, a cycle sees the lowest indices, as many as the throttle minus the elements running
+        (or stopping). The filter is here, not in the engine: the engine places what it is given."""
+        assert arr.throttle is not None
+        running = 0
+        ready: list[tuple[int, str, str]] = []
+        for job_id, index in arr.members.items():
+            rec = self.jobs.get(job_id)
+            if rec is None:
+                continue
+            if rec.status != "pending":
+                running += 1
+            elif job_id not in waiting.get(rec.spec.budget, ()):
+                ready.append((index, job_id, rec.spec.budget))
+        room = max(arr.throttle - running, 0)
+        if len(ready) <= room:
+            return
+        ready.sort()
+        for _, job_id, budget in ready[room:]:
+            waiting.setdefault(budget, set()).add(job_id)
+
+    def array_of(self, job_id: str) -> str | None:
+        """The id of the active array whose element ``job_id`` is, or ``None``."""
+        parts = split_element_id(job_id)
+        if parts is None:
+            return None
+        arr = self.arrays.get(parts[0])
+        return parts[0] if arr is not None and job_id in arr.members else None
+
+    def requests_view(self) -> Mapping[str, JobRecord]:
+        """The jobs a request may name, by id (what the identity gate reads a request's owner from): the
+        active jobs, and each active array by its id, as the record of its lowest active element (all
+        elements share the user and budget)."""
+        return _RequestTargets(self)
 
     def backoff_until(self, job_id: str, now_us: Micros) -> Backoff | None:
         """The backoff that keeps pending job ``job_id`` out of a cycle at ``now_us``, or ``None``."""
@@ -610,6 +677,32 @@ class DispatchState:
 _order = pending_order
 
 
+class _RequestTargets(Mapping[str, JobRecord]):
+    """:meth:`DispatchState.requests_view`."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self, state: DispatchState) -> None:
+        self._state = state
+
+    def __getitem__(self, job_id: str) -> JobRecord:
+        st = self._state
+        rec = st.jobs.get(job_id)
+        if rec is not None:
+            return rec
+        arr = st.arrays.get(job_id)
+        if arr is None:
+            raise KeyError(job_id)
+        return st.jobs[min(arr.members, key=arr.members.__getitem__)]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._state.jobs
+        yield from self._state.arrays
+
+    def __len__(self) -> int:
+        return len(self._state.jobs) + len(self._state.arrays)
+
+
 def _pending_job(
     spec: JobQueued,
     attempt: int,
@@ -683,6 +776,11 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         sub = to_us(ev.submitted_at)
         state.jobs[ev.job_id] = JobRecord(ev, ev.attempt, "pending", sub, t)
         state._enqueue(_pending_job(ev, ev.attempt, sub, t))
+        if ev.array_id is not None and ev.array_index is not None:
+            arr = state.arrays.get(ev.array_id)
+            if arr is None:
+                arr = state.arrays[ev.array_id] = ArrayRecord(ev.array_throttle, {})
+            arr.members[ev.job_id] = ev.array_index
     elif isinstance(ev, JobPlaced):
         rec = jobs.get(ev.job_id)
         if rec is not None and rec.status == "pending" and rec.attempt == ev.attempt:
@@ -807,7 +905,26 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         t = to_us(ev.heartbeats_from)
         if state.heartbeats_from_us is None or t > state.heartbeats_from_us:
             state.heartbeats_from_us = t
+    if state.arrays and cls in _ENDS_JOB and ev.job_id not in jobs:  # type: ignore[attr-defined]
+        _array_forget(state, ev.job_id, t_ev)  # type: ignore[attr-defined]
     return state
+
+
+#: Events after which a job may have ended (left ``DispatchState.jobs``).
+_ENDS_JOB = frozenset({JobCompleted, JobFailed, JobCancelled})
+
+
+def _array_forget(state: DispatchState, job_id: str, t_us: Micros) -> None:
+    """An element that ended leaves its array; an array without active elements has ended (its id is in
+    ``finished``, as an ended job's is: a cancel of it is answered, a new submission of it is a duplicate)."""
+    aid = state.array_of(job_id)
+    if aid is None:
+        return
+    arr = state.arrays[aid]
+    del arr.members[job_id]
+    if not arr.members:
+        del state.arrays[aid]
+        state.finished[aid] = t_us
 
 
 def _stop_done(state: DispatchState, victim: RunKey) -> None:
@@ -833,13 +950,46 @@ def admit_submission(state: DispatchState, job: JobSubmitted) -> tuple[RejectRea
     registered (not lost) nodes, plus the dispatcher's own check: a job id
     seen before is a ``duplicate_job``.
     """
-    if job.job_id in state.jobs or job.job_id in state.finished:
+    if job.job_id in state.jobs or job.job_id in state.finished or job.job_id in state.arrays:
         return (RejectReason.DUPLICATE_JOB, f"job {job.job_id!r} was already submitted")
+    if job.array is not None:
+        taken = next((j for j in job.job_ids if j in state.jobs or j in state.finished), None)
+        if taken is not None:
+            return (RejectReason.DUPLICATE_JOB, f"job {taken!r} of array {job.job_id!r} was already submitted")
     shapes = state.node_shapes()
     rejection = admit(state.tree, job, shapes, us_to_s(state.window_us))
     if rejection is not None:
         return (rejection.reason, rejection.message)
     return None
+
+
+def submission_decided(state: DispatchState, job: JobSubmitted) -> bool:
+    """Whether ``state`` has folded the verdict on ``job``: its ``JobQueued`` (of the first element, for an
+    array) or its ``JobRejected``. A rebuild decides only the others."""
+    first = job.job_ids[0]
+    return any(j in state.jobs or j in state.finished for j in (job.job_id, first)) or job.job_id in state.arrays
+
+
+def array_events(job: JobSubmitted, queued: JobQueued, ts: Any, prod: str) -> list[Event]:
+    """The admission of an admitted job array: ``queued`` (the array's ``JobQueued`` as one job) once per
+    element, with the element's id and index and the array's throttle, each followed by its ``JobHeld``
+    when the array was submitted held. Ids are deterministic in the element."""
+    spec = job.array_spec
+    assert spec is not None
+    out: list[Event] = []
+    for i in spec.indices:
+        eid = element_id(job.job_id, i)
+        update = {
+            "event_id": det_id("JobQueued", eid, 1),
+            "job_id": eid,
+            "array_id": job.job_id,
+            "array_index": i,
+            "array_throttle": spec.throttle,
+        }
+        out.append(queued.model_copy(update=update))
+        if job.hold:
+            out.append(held_event(eid, job.user, "submitted held", job.event_id, ts, prod))
+    return out
 
 
 def decide(
@@ -913,6 +1063,8 @@ def decide(
                 time_limit_s=time_limit_in_force(state.tree, job),
             )
         ]
+        if job.array is not None:
+            return array_events(job, queued[0], ts, prod)  # type: ignore[arg-type]
         if job.hold:
             queued.append(held_event(job.job_id, job.user, "submitted held", job.event_id, ts, prod))
         return queued
@@ -920,6 +1072,8 @@ def decide(
         return hold_events(state, inp, ts, prod)
     if isinstance(inp, JobCancelRequested):
         rec = state.jobs.get(inp.job_id)
+        if rec is None and inp.job_id in state.arrays:
+            return cancel_array(state, inp, now_us, cfg)
         if rec is None:
             if inp.job_id in state.finished:  # a prompt answer rather than none (the requester would wait it out)
                 why = Rejection(RejectReason.INVALID, f"job {inp.job_id!r} already finished: nothing to cancel")
@@ -985,6 +1139,29 @@ def decide(
     if isinstance(inp, NodeHeartbeat) and cfg.reconcile_misses is not None:
         return reconcile_events(state, inp, ts, prod, cfg.reconcile_misses, grace)
     return out
+
+
+def cancel_array(state: DispatchState, req: JobCancelRequested, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
+    """The cancel of a job array (``req.job_id`` an active array's id): each active element's cancel, in
+    index order, as a cancel of that element alone would be (its stops first when it runs), then a
+    ``JobCancelled`` of the array id itself (``attempt`` ``None``), the verdict a requester waits for
+    under the request's key."""
+    arr = state.arrays[req.job_id]
+    out: list[Event] = []
+    for job_id, _ in sorted(arr.members.items(), key=lambda m: m[1]):
+        out += decide(state, replace_request(req, job_id), now_us, cfg)
+    n = len(arr.members)
+    reason = f"{req.reason or 'cancelled'} (array of {n} active element{'s' if n != 1 else ''})"
+    done = JobCancelled(
+        event_id=det_id("JobCancelled", req.job_id), ts=from_us(now_us), producer=cfg.producer, job_id=req.job_id,
+        attempt=None, reason=reason,
+    )  # fmt: skip
+    return [*out, done]
+
+
+def replace_request(req: JobCancelRequested, job_id: str) -> JobCancelRequested:
+    """``req`` naming ``job_id`` instead (an element of the array it names); same id and signature fields."""
+    return req.model_copy(update={"job_id": job_id})
 
 
 def held_event(job_id: str, by: str, reason: str, request_id: Any, ts: Any, prod: str) -> JobHeld:
@@ -1090,10 +1267,15 @@ def with_job_settings(state: DispatchState, out: list[Event]) -> list[Event]:
             if rec is None:
                 continue
             user = rec.spec.user if e.command is not None else None
-            if rec.spec.env or rec.spec.time_limit_s is not None or user is not None:
+            spec = rec.spec
+            if spec.env or spec.time_limit_s is not None or user is not None or spec.array_id is not None:
                 if res is out:
                     res = list(out)
-                update = {"env": dict(rec.spec.env or {}), "time_limit_s": rec.spec.time_limit_s, "user": user}
+                env = dict(spec.env or {})
+                if spec.array_id is not None:
+                    env["APPORTION_ARRAY_ID"] = spec.array_id
+                    env["APPORTION_ARRAY_INDEX"] = str(spec.array_index)
+                update = {"env": env, "time_limit_s": spec.time_limit_s, "user": user}
                 res[i] = e.model_copy(update=update)
     return res
 
