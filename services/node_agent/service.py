@@ -90,6 +90,7 @@ from services.node_agent.store import Journal, Orphan
 log = logging.getLogger("apportion.node_agent")
 
 Emit = Callable[[Event], Awaitable[None]]
+EmitMany = Callable[[list[Event]], Awaitable[None]]
 
 SHUTDOWN_GRACE_S = 5.0
 
@@ -235,6 +236,11 @@ class SignedSender:
             return
         fut.add_errback(self.failed, ev)  # kafka-python calls failed(ev, exception)
 
+    async def emit_many(self, evs: list[Event]) -> None:
+        """Queue ``evs`` in order, each as :meth:`emit` does."""
+        for ev in evs:
+            await self.emit(ev)
+
     async def flush(self) -> None:
         """Wait (at most 30 wall seconds) until every queued event is acknowledged."""
         await asyncio.to_thread(self._producer.flush, 30.0)
@@ -286,6 +292,12 @@ class NodeAgent:
         sandbox: how process replicas are isolated (:mod:`services.node_agent.sandbox`: their user's
             account, a cgroup each); ``None``: processes run as the agent, with the clean environment but no
             other fence (tests of other concerns; never on a node that runs other people's code).
+        group_commit: a command opens a group (:meth:`end_group` closes it, the consumer does before it
+            commits its offsets): the group's journal lines are written with one write and one fsync, and
+            every report made while it is open (heartbeats included) is published after that, in order.
+            ``False``: each line is fsynced and each report published as it comes.
+        emit_many: coroutine publishing a group's reports in order (one signature per node's share of
+            them: :meth:`SignedSender.emit_many`); default ``emit`` on each.
     """
 
     def __init__(
@@ -310,8 +322,14 @@ class NodeAgent:
         dispatcher_key: str | None = None,
         sandbox: Sandbox | None = None,
         idle_after_s: float = logic.IDLE_AFTER_S,
+        group_commit: bool = False,
+        emit_many: EmitMany | None = None,
     ) -> None:
         self.sandbox = sandbox
+        self.group_commit = group_commit
+        self._emit_many = emit_many
+        #: reports made while a group is open, published once its journal lines are on disk (None: no group)
+        self._held: list[Event] | None = None
         #: event seconds a replica's GPUs stay idle before its heartbeat calls it idle
         self.idle_after_s = idle_after_s
         self._idle: dict[RunKey, datetime] = {}
@@ -338,7 +356,7 @@ class NodeAgent:
         #: simulated replicas signalled -> event time of their SIGTERM (the progress a stop saves)
         self._sigterm_at: dict[RunKey, datetime] = {}
         self._probes = {n.node_id: p for n, p in nodes}
-        self._emit = emit
+        self._send = emit
         self.clock = clock
         self.heartbeat_interval_s = heartbeat_interval_s
         self.heartbeat_min_wall_s = heartbeat_min_wall_s
@@ -402,6 +420,8 @@ class NodeAgent:
             nodes,
             sender.emit,
             clock,
+            group_commit=True,
+            emit_many=sender.emit_many,
             journal=journal,
             claim_prefix=claim_prefix,
             heartbeat_interval_s=settings.heartbeat_interval_s,
@@ -582,8 +602,9 @@ class NodeAgent:
         """Stop heartbeats and every workload (SIGTERM, SIGKILL after ``grace_s``); wait for them.
 
         Progress polling stops too; each workload's progress file is still read
-        once after it exits, so a checkpoint written on SIGTERM is published.
+        once after it exits, so a checkpoint written on SIGTERM is published. An open group is closed first.
         """
+        await self.end_group()
         for t in (self._hb_task, self._poll_task):
             if t is not None:
                 t.cancel()
@@ -676,6 +697,7 @@ class NodeAgent:
             return
         if not isinstance(event, (StartWorkload, StopWorkload)):
             return
+        self._open_group()
         async with self._lock:
             now = self.clock.now()
             if isinstance(event, StartWorkload):
@@ -692,6 +714,51 @@ class NodeAgent:
             if event.node_id in self.state.nodes:
                 self._saw_token(event.fencing_token)
             await self._act(action)
+
+    # ------------------------------------------------------------------ group commit
+
+    def _open_group(self) -> None:
+        if self.group_commit and self._held is None:
+            self.journal.hold()
+            self._held = []
+
+    async def _emit(self, ev: Event) -> None:
+        """Publish ``ev``, or hold it until the open group's journal lines are on disk."""
+        if self._held is not None:
+            self._held.append(ev)
+        else:
+            await self._send(ev)
+
+    async def end_group(self) -> None:
+        """Close the open group: its journal lines in one write and fsync (off the event loop), then its reports.
+
+        Lines and reports that arrive while the write is under way (a workload ending, a heartbeat) join the
+        group and go out in a further round, so no report is ever published before its journal line and the
+        file keeps the order in which the agent acted. Returns once everything held is written and published
+        (queued on the producer); the consumer commits the group's commands after that.
+        """
+        if self._held is None:
+            return
+        loop = asyncio.get_running_loop()
+        while True:
+            lines = self.journal.take()
+            held, self._held = self._held, []
+            if not lines and not held:
+                break
+            if lines:
+                try:
+                    await loop.run_in_executor(None, self.journal.append, lines)
+                except BaseException:  # not on disk: nothing of it is published; the next close tries again
+                    self.journal.put_back(lines)
+                    self._held[:0] = held
+                    raise
+            if self._emit_many is not None and held:
+                await self._emit_many(held)
+            else:
+                for ev in held:
+                    await self._send(ev)
+        self._held = None
+        self.journal.release()
 
     def _saw_token(self, token: int | None) -> None:
         """Remember a newer valid token, in the journal first (fsynced), so a restart keeps refusing older ones."""
@@ -748,6 +815,7 @@ class NodeAgent:
                 if "refused" in self._metrics:
                     self._metrics["refused"].labels(reason=UNAUTHENTICATED).inc()
                 return
+        self._open_group()
         async with self._lock:
             action = logic.decide_lost(self.state, event, self.clock.now(), SHUTDOWN_GRACE_S)
             if event.node_id in self.state.nodes:
