@@ -63,7 +63,7 @@ import os
 import signal
 import stat
 import subprocess
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -90,7 +90,7 @@ from services.node_agent.store import Journal, Orphan
 log = logging.getLogger("apportion.node_agent")
 
 Emit = Callable[[Event], Awaitable[None]]
-EmitMany = Callable[[list[Event]], Awaitable[None]]
+EmitMany = Callable[[Sequence[Event]], Awaitable[None]]
 
 SHUTDOWN_GRACE_S = 5.0
 
@@ -218,7 +218,8 @@ class SignedSender:
     Args:
         producer: ``send(event, value) -> future`` with ``add_errback``, and ``flush(timeout_s)``
             (:class:`apportion.bus.producer.EventProducer`).
-        signer: ``value(event) -> bytes``, the signed record value (:class:`apportion.identity.ReportSigner`).
+        signer: ``value(event) -> bytes``, the signed record value, and ``values(events) -> [bytes]``, those of
+            a group (:class:`apportion.identity.ReportSigner`).
         metrics: the agent's metrics (``send_errors`` is counted).
     """
 
@@ -229,17 +230,26 @@ class SignedSender:
 
     async def emit(self, ev: Event) -> None:
         """Queue ``ev`` signed; a send refused at once (the buffer stayed full through an outage) is counted."""
-        try:
-            fut = self._producer.send(ev, self._signer.value(ev))
-        except Exception as exc:  # noqa: BLE001 - the buffer stayed full through an outage: never stop the agent
-            self.failed(ev, exc)
-            return
-        fut.add_errback(self.failed, ev)  # kafka-python calls failed(ev, exception)
+        self._queue([ev], lambda: [self._signer.value(ev)])
 
-    async def emit_many(self, evs: list[Event]) -> None:
-        """Queue ``evs`` in order, each as :meth:`emit` does."""
-        for ev in evs:
-            await self.emit(ev)
+    async def emit_many(self, evs: Sequence[Event]) -> None:
+        """Queue ``evs`` in order, each node's reports among them under one batch signature (``signer.values``)."""
+        self._queue(evs, lambda: self._signer.values(evs))
+
+    def _queue(self, evs: Sequence[Event], sign: Callable[[], list[bytes]]) -> None:
+        try:
+            values = sign()
+        except Exception as exc:  # noqa: BLE001 - counted and logged: never stop the agent
+            for ev in evs:
+                self.failed(ev, exc)
+            return
+        for ev, value in zip(evs, values, strict=True):
+            try:
+                fut = self._producer.send(ev, value)
+            except Exception as exc:  # noqa: BLE001 - the buffer stayed full through an outage: never stop the agent
+                self.failed(ev, exc)
+                continue
+            fut.add_errback(self.failed, ev)  # kafka-python calls failed(ev, exception)
 
     async def flush(self) -> None:
         """Wait (at most 30 wall seconds) until every queued event is acknowledged."""

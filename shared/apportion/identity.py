@@ -218,9 +218,10 @@ def signer_of(raw: bytes | str | None, *, appended: bool = False) -> str | None:
 # ``"signer_key":"<base64 key>"`` and no ``signature``, and S signs exactly ``body`` (the value with its last
 # member removed), so a reader checks it on the bytes it read, without parsing or re-serialising. S is either
 #
-# * the base64 Ed25519 signature of ``body`` (a node agent's report, one signature each; its body is the
+# * the base64 Ed25519 signature of ``body`` (a node agent's report made on its own; its body is the
 #   canonical form, so the canonical check accepts it too), or
-# * ``m.<i>.<n>.<sig>.<h>...`` (the dispatcher's batches, :class:`BatchSigner`): record ``i`` of a batch of
+# * ``m.<i>.<n>.<sig>.<h>...`` (the dispatcher's batches and a node agent's groups of reports of one node,
+#   :class:`BatchSigner`, :meth:`ReportSigner.values`): record ``i`` of a batch of
 #   ``n``; ``sig`` signs ``BATCH_DOMAIN + "<n>:" + root`` once for the batch, where ``root`` is the root of a
 #   binary hash tree over the batch's bodies (leaf ``SHA-256(0x00 || body)``, inner node
 #   ``SHA-256(0x01 || left || right)``, an odd last node moved up unchanged, RFC 6962's domain separation);
@@ -526,6 +527,30 @@ class ReportSigner:
 
     def __init__(self, identities: Mapping[str, Identity]) -> None:
         self.identities = dict(identities)
+        self._batchers: dict[str, BatchSigner] = {}
+
+    def values(self, evs: Sequence[events.Event]) -> list[bytes]:
+        """The record values of ``evs``, in order: each node's reports among them signed together.
+
+        One Ed25519 signature per node and per :data:`BATCH_MAX` of its reports (the appended batch form of
+        :class:`BatchSigner`, which every reader checks with :func:`signer_of` and ``audit verify`` re-checks
+        record by record); what :meth:`value` leaves unsigned stays unsigned.
+        """
+        out = [b""] * len(evs)
+        mine: dict[str, list[int]] = {}
+        for i, ev in enumerate(evs):
+            nid = getattr(ev, "node_id", None) or ""
+            if nid in self.identities and isinstance(ev, REPORT_TYPES):
+                mine.setdefault(nid, []).append(i)
+            else:
+                out[i] = events.encode(ev)
+        for nid, idx in mine.items():
+            batcher = self._batchers.get(nid)
+            if batcher is None:
+                batcher = self._batchers[nid] = BatchSigner(self.identities[nid])
+            for i, v in zip(idx, batcher.values([events.encode(evs[i]) for i in idx]), strict=True):
+                out[i] = v
+        return out
 
     def value(self, event: events.Event) -> bytes:
         """The record value to publish: signed by the node's key for a report of a node it holds, else plain.

@@ -317,6 +317,29 @@ def test_signed_sender_queues_each_signed_value_and_counts_a_refused_send_and_a_
     assert producer.flushed == [30.0]
 
 
+def test_signed_sender_signs_a_group_together_in_order_and_counts_what_it_cannot_send():
+    from prometheus_client import CollectorRegistry
+
+    from apportion.identity import ReportSigner, signer_of
+    from apportion.metrics import node_agent_metrics
+    from tests.signing import node_identity
+
+    metrics = node_agent_metrics(CollectorRegistry())
+    producer = FakeProducer(refuse=("j2",))
+    key = node_identity("n1")
+    sender = SignedSender(producer, ReportSigner({"n1": key}), metrics)
+    started = [
+        logic.started_event(narrow(logic.Launch, logic.decide_start(EMPTY, start(j, gpus=(g,)), T0)).workload, T0)
+        for j, g in (("j1", 0), ("j2", 1), ("j3", 2))
+    ]
+    asyncio.run(sender.emit_many(started))
+    assert [eid for eid, _ in producer.sent] == [started[0].event_id, started[2].event_id]  # j2 refused, counted
+    assert metrics["send_errors"]._value.get() == 1
+    assert {signer_of(v, appended=True) for _, v in producer.sent} == {key.public_key}
+    roots = {v.rsplit(b'"signature":"', 1)[1].split(b".")[3] for _, v in producer.sent}
+    assert len(roots) == 1  # one signature for the three
+
+
 # --------------------------------------------------------------------------- runtime
 
 
