@@ -442,7 +442,7 @@ class Identity:
             kinds = ", ".join(SIGNED_TYPES + NODE_REQUEST_NAMES)
             raise TypeError(f"{event.type} is not a signed request type ({kinds})")
         keyed = event.model_copy(update={"signer_key": self.public_key, SIGNATURE: None})
-        payload = json.loads(events.encode(keyed))
+        payload = keyed.model_dump(mode="json")  # the values json.loads(events.encode(keyed)) reads, without the JSON
         sig = self.private_key.sign(canonical_bytes(payload))
         return keyed.model_copy(update={SIGNATURE: _b64(sig)})
 
@@ -558,12 +558,11 @@ class ReportSigner:
         A report of a node the agent holds no key for (a ``WorkloadRefused``
         ``unknown_node`` answering a command for an id of its claimed prefix
         that it does not host) goes out unsigned: the readers ignore it, as
-        they must, since no agent holds that node.
+        they must, since no agent holds that node. A signed one is in the appended form, its body the JSON of
+        :func:`apportion.events.encode` with ``signer_key`` added (a group of one of :meth:`values`: no
+        canonical re-serialisation).
         """
-        ident = self.identities.get(getattr(event, "node_id", None) or "")
-        if ident is None or not isinstance(event, REPORT_TYPES):
-            return events.encode(event)
-        return ident.signed_value(event)
+        return self.values([event])[0]
 
 
 def node_key_file(key_dir: Path, node_id: str) -> Path:

@@ -62,8 +62,8 @@ def test_a_signed_report_decodes_as_before_and_its_signature_names_its_key() -> 
 
 def test_the_agent_signs_each_report_with_its_node_key_and_nothing_else() -> None:
     signer = ReportSigner({"n0": N0, "n1": N1})
-    assert signer_of(signer.value(beat("n1"))) == N1.public_key
-    assert signer_of(signer.value(reg_node("n0"))) == N0.public_key
+    assert signer_of(signer.value(beat("n1")), appended=True) == N1.public_key
+    assert signer_of(signer.value(reg_node("n0")), appended=True) == N0.public_key
     dead = events.DeadLetter(source_topic="t", original="", error="x", ts=T0)
     assert signer.value(dead) == events.encode(dead)  # not a report: published as is
     assert signer.value(beat("n7")) == events.encode(beat("n7"))  # not its node: unsigned, so readers ignore it
@@ -293,7 +293,7 @@ def test_keys_init_node_writes_the_key_file_the_agent_loads(tmp_path, monkeypatc
     assert ident.user == "node:gpu-07" and ident.public_key in res.output
     assert "apportion keys register node:gpu-07 PUBKEY" in " ".join(res.output.split())
     signer = report_signer(["gpu-07"], key_dir=tmp_path)
-    assert signer_of(signer.value(beat("gpu-07"))) == ident.public_key
+    assert signer_of(signer.value(beat("gpu-07")), appended=True) == ident.public_key
     with pytest.raises(LookupError, match="keys init --node gpu-08"):
         report_signer(["gpu-08"], key_dir=tmp_path)  # a node without its key file: the agent does not start
     (tmp_path / "gpu-09.json").write_text((tmp_path / "gpu-07.json").read_text())
