@@ -771,7 +771,8 @@ class NodeAgent:
         self.journal.release()
 
     def _saw_token(self, token: int | None) -> None:
-        """Remember a newer valid token, in the journal first (fsynced), so a restart keeps refusing older ones."""
+        """Remember a newer valid token, in the journal first (fsynced, with its group when one is open, before the
+        command is committed), so a restart keeps refusing older ones."""
         before = self.state.fencing_token
         self.state = logic.with_token(self.state, token)
         if self.state.fencing_token != before and self.state.fencing_token is not None:
