@@ -66,7 +66,8 @@ async def run(
             producer.close()
         w.stop_metrics()
         return
-    agent = NodeAgent.from_settings(settings, nodes, prefix, SignedSender(producer, signer, metrics), clock, metrics)
+    sender = SignedSender(producer, signer, metrics)
+    agent = NodeAgent.from_settings(settings, nodes, prefix, sender, clock, metrics, group_commit=True)
 
     loop = asyncio.get_running_loop()
 

@@ -392,6 +392,8 @@ class NodeAgent:
         sender: SignedSender,
         clock: Clock,
         metrics: dict,
+        *,
+        group_commit: bool = False,
     ) -> NodeAgent:
         """The agent the settings describe: its journal, checkpoint and job-output directories (logged, with a
         warning when a real node's checkpoints would land in a temporary directory), timers and limits.
@@ -402,6 +404,8 @@ class NodeAgent:
             sender: publishes and flushes the agent's events.
             clock: event-time source.
             metrics: :func:`apportion.metrics.node_agent_metrics`.
+            group_commit: journal and report per poll of commands (the caller closes each group before it
+                commits the poll: :meth:`end_group`).
         """
         journal = Journal(settings.journal_path())  # makes the state directory, which is protected next
         protect_agent_files(
@@ -430,7 +434,7 @@ class NodeAgent:
             nodes,
             sender.emit,
             clock,
-            group_commit=True,
+            group_commit=group_commit,
             emit_many=sender.emit_many,
             journal=journal,
             claim_prefix=claim_prefix,
