@@ -66,7 +66,13 @@ async def run(
             producer.close()
         w.stop_metrics()
         return
-    agent = NodeAgent.from_settings(settings, nodes, prefix, SignedSender(producer, signer, metrics), clock, metrics)
+    sender = SignedSender(producer, signer, metrics)
+    agent = NodeAgent.from_settings(settings, nodes, prefix, sender, clock, metrics, group_commit=True)
+
+    loop = asyncio.get_running_loop()
+
+    def journaled() -> None:  # before the commands' offsets are committed: their group on disk, then reported
+        asyncio.run_coroutine_threadsafe(agent.end_group(), loop).result()
 
     def make_consumer(handler):  # runs in a worker thread
         c = EventConsumer(
@@ -80,6 +86,7 @@ async def run(
             clock=clock.now,
             auto_offset_reset="latest",
             group_instance_id=settings.instance_id(),
+            before_commit=journaled,
         )
         w.watch_consumer(metrics["reader"], c)
         return c

@@ -64,7 +64,7 @@ import shutil
 import signal
 import stat
 import subprocess
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -92,6 +92,7 @@ from services.node_agent.store import Journal, Orphan
 log = logging.getLogger("apportion.node_agent")
 
 Emit = Callable[[Event], Awaitable[None]]
+EmitMany = Callable[[Sequence[Event]], Awaitable[None]]
 
 SHUTDOWN_GRACE_S = 5.0
 
@@ -225,7 +226,8 @@ class SignedSender:
     Args:
         producer: ``send(event, value) -> future`` with ``add_errback``, and ``flush(timeout_s)``
             (:class:`apportion.bus.producer.EventProducer`).
-        signer: ``value(event) -> bytes``, the signed record value (:class:`apportion.identity.ReportSigner`).
+        signer: ``value(event) -> bytes``, the signed record value, and ``values(events) -> [bytes]``, those of
+            a group (:class:`apportion.identity.ReportSigner`).
         metrics: the agent's metrics (``send_errors`` is counted).
     """
 
@@ -236,12 +238,26 @@ class SignedSender:
 
     async def emit(self, ev: Event) -> None:
         """Queue ``ev`` signed; a send refused at once (the buffer stayed full through an outage) is counted."""
+        self._queue([ev], lambda: [self._signer.value(ev)])
+
+    async def emit_many(self, evs: Sequence[Event]) -> None:
+        """Queue ``evs`` in order, each node's reports among them under one batch signature (``signer.values``)."""
+        self._queue(evs, lambda: self._signer.values(evs))
+
+    def _queue(self, evs: Sequence[Event], sign: Callable[[], list[bytes]]) -> None:
         try:
-            fut = self._producer.send(ev, self._signer.value(ev))
-        except Exception as exc:  # noqa: BLE001 - the buffer stayed full through an outage: never stop the agent
-            self.failed(ev, exc)
+            values = sign()
+        except Exception as exc:  # noqa: BLE001 - counted and logged: never stop the agent
+            for ev in evs:
+                self.failed(ev, exc)
             return
-        fut.add_errback(self.failed, ev)  # kafka-python calls failed(ev, exception)
+        for ev, value in zip(evs, values, strict=True):
+            try:
+                fut = self._producer.send(ev, value)
+            except Exception as exc:  # noqa: BLE001 - the buffer stayed full through an outage: never stop the agent
+                self.failed(ev, exc)
+                continue
+            fut.add_errback(self.failed, ev)  # kafka-python calls failed(ev, exception)
 
     async def flush(self) -> None:
         """Wait (at most 30 wall seconds) until every queued event is acknowledged."""
@@ -294,6 +310,12 @@ class NodeAgent:
         sandbox: how process replicas are isolated (:mod:`services.node_agent.sandbox`: their user's
             account, a cgroup each); ``None``: processes run as the agent, with the clean environment but no
             other fence (tests of other concerns; never on a node that runs other people's code).
+        group_commit: a command opens a group (:meth:`end_group` closes it, the consumer does before it
+            commits its offsets): the group's journal lines are written with one write and one fsync, and
+            every report made while it is open (heartbeats included) is published after that, in order.
+            ``False``: each line is fsynced and each report published as it comes.
+        emit_many: coroutine publishing a group's reports in order (one signature per node's share of
+            them: :meth:`SignedSender.emit_many`); default ``emit`` on each.
     """
 
     def __init__(
@@ -318,8 +340,14 @@ class NodeAgent:
         dispatcher_key: str | None = None,
         sandbox: Sandbox | None = None,
         idle_after_s: float = logic.IDLE_AFTER_S,
+        group_commit: bool = False,
+        emit_many: EmitMany | None = None,
     ) -> None:
         self.sandbox = sandbox
+        self.group_commit = group_commit
+        self._emit_many = emit_many
+        #: reports made while a group is open, published once its journal lines are on disk (None: no group)
+        self._held: list[Event] | None = None
         #: event seconds a replica's GPUs stay idle before its heartbeat calls it idle
         self.idle_after_s = idle_after_s
         self._idle: dict[RunKey, datetime] = {}
@@ -346,7 +374,7 @@ class NodeAgent:
         #: simulated replicas signalled -> event time of their SIGTERM (the progress a stop saves)
         self._sigterm_at: dict[RunKey, datetime] = {}
         self._probes = {n.node_id: p for n, p in nodes}
-        self._emit = emit
+        self._send = emit
         self.clock = clock
         self.heartbeat_interval_s = heartbeat_interval_s
         self.heartbeat_min_wall_s = heartbeat_min_wall_s
@@ -372,6 +400,8 @@ class NodeAgent:
         sender: SignedSender,
         clock: Clock,
         metrics: dict,
+        *,
+        group_commit: bool = False,
     ) -> NodeAgent:
         """The agent the settings describe: its journal, checkpoint and job-output directories (logged, with a
         warning when a real node's checkpoints would land in a temporary directory), timers and limits.
@@ -382,6 +412,8 @@ class NodeAgent:
             sender: publishes and flushes the agent's events.
             clock: event-time source.
             metrics: :func:`apportion.metrics.node_agent_metrics`.
+            group_commit: journal and report per poll of commands (the caller closes each group before it
+                commits the poll: :meth:`end_group`).
         """
         journal = Journal(settings.journal_path())  # makes the state directory, which is protected next
         protect_agent_files(
@@ -410,6 +442,8 @@ class NodeAgent:
             nodes,
             sender.emit,
             clock,
+            group_commit=group_commit,
+            emit_many=sender.emit_many,
             journal=journal,
             claim_prefix=claim_prefix,
             heartbeat_interval_s=settings.heartbeat_interval_s,
@@ -592,8 +626,9 @@ class NodeAgent:
         """Stop heartbeats and every workload (SIGTERM, SIGKILL after ``grace_s``); wait for them.
 
         Progress polling stops too; each workload's progress file is still read
-        once after it exits, so a checkpoint written on SIGTERM is published.
+        once after it exits, so a checkpoint written on SIGTERM is published. An open group is closed first.
         """
+        await self.end_group()
         for t in (self._hb_task, self._poll_task):
             if t is not None:
                 t.cancel()
@@ -686,6 +721,7 @@ class NodeAgent:
             return
         if not isinstance(event, (StartWorkload, StopWorkload)):
             return
+        self._open_group()
         async with self._lock:
             now = self.clock.now()
             if isinstance(event, StartWorkload):
@@ -703,8 +739,54 @@ class NodeAgent:
                 self._saw_token(event.fencing_token)
             await self._act(action)
 
+    # ------------------------------------------------------------------ group commit
+
+    def _open_group(self) -> None:
+        if self.group_commit and self._held is None:
+            self.journal.hold()
+            self._held = []
+
+    async def _emit(self, ev: Event) -> None:
+        """Publish ``ev``, or hold it until the open group's journal lines are on disk."""
+        if self._held is not None:
+            self._held.append(ev)
+        else:
+            await self._send(ev)
+
+    async def end_group(self) -> None:
+        """Close the open group: its journal lines in one write and fsync (off the event loop), then its reports.
+
+        Lines and reports that arrive while the write is under way (a workload ending, a heartbeat) join the
+        group and go out in a further round, so no report is ever published before its journal line and the
+        file keeps the order in which the agent acted. Returns once everything held is written and published
+        (queued on the producer); the consumer commits the group's commands after that.
+        """
+        if self._held is None:
+            return
+        loop = asyncio.get_running_loop()
+        while True:
+            lines = self.journal.take()
+            held, self._held = self._held, []
+            if not lines and not held:
+                break
+            if lines:
+                try:
+                    await loop.run_in_executor(None, self.journal.append, lines)
+                except BaseException:  # not on disk: nothing of it is published; the next close tries again
+                    self.journal.put_back(lines)
+                    self._held[:0] = held
+                    raise
+            if self._emit_many is not None and held:
+                await self._emit_many(held)
+            else:
+                for ev in held:
+                    await self._send(ev)
+        self._held = None
+        self.journal.release()
+
     def _saw_token(self, token: int | None) -> None:
-        """Remember a newer valid token, in the journal first (fsynced), so a restart keeps refusing older ones."""
+        """Remember a newer valid token, in the journal first (fsynced, with its group when one is open, before the
+        command is committed), so a restart keeps refusing older ones."""
         before = self.state.fencing_token
         self.state = logic.with_token(self.state, token)
         if self.state.fencing_token != before and self.state.fencing_token is not None:
@@ -758,6 +840,7 @@ class NodeAgent:
                 if "refused" in self._metrics:
                     self._metrics["refused"].labels(reason=UNAUTHENTICATED).inc()
                 return
+        self._open_group()
         async with self._lock:
             action = logic.decide_lost(self.state, event, self.clock.now(), SHUTDOWN_GRACE_S)
             if event.node_id in self.state.nodes:

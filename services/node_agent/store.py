@@ -33,6 +33,14 @@ skipped. :meth:`Journal.compact` rewrites the file with only what is still
 needed (open starts, ends within the window, the token), atomically, so the
 file stays bounded like the memory. With ``path=None`` the journal lives in
 memory only (tests, throwaway demos).
+
+Group commit: between :meth:`Journal.hold` and :meth:`Journal.release` the
+lines are kept in memory; :meth:`Journal.take` hands them over and
+:meth:`Journal.append` writes them with one write and one fsync (from a
+worker thread if the caller likes: it touches nothing but the file). The
+agent publishes the reports of a group only after its lines are on disk, and
+the consumer commits the group's offsets after that, so the guarantee above
+holds per group instead of per line.
 """
 
 from __future__ import annotations
@@ -157,6 +165,7 @@ class Journal:
     _ended: OrderedDict[RunKey, datetime | None] = field(default_factory=OrderedDict)
     _lost: set[RunKey] = field(default_factory=set)
     _lines: int = 0
+    _held: list[str] | None = None
 
     def __post_init__(self) -> None:
         if self.path is None:
@@ -210,11 +219,49 @@ class Journal:
     def _write(self, rec: dict) -> None:
         if self.path is None:
             return
+        line = json.dumps(rec) + "\n"
+        if self._held is not None:
+            self._held.append(line)
+            return
+        self.append([line])
+
+    def hold(self) -> None:
+        """Keep the lines written from now on in memory until :meth:`take` (a group commit opens)."""
+        if self._held is None:
+            self._held = []
+
+    def holding(self) -> bool:
+        """A group is open: lines written wait for :meth:`take`."""
+        return self._held is not None
+
+    def take(self) -> list[str]:
+        """The lines held since :meth:`hold` or the last take (the group stays open)."""
+        if self._held is None:
+            return []
+        lines, self._held = self._held, []
+        return lines
+
+    def put_back(self, lines: list[str]) -> None:
+        """Hold ``lines`` (taken, then not appended) again, before those held since."""
+        if self._held is None:
+            self._held = []
+        self._held[:0] = lines
+
+    def release(self) -> None:
+        """Close the group: lines are written at once again. Call it after the last :meth:`take` was appended."""
+        if self._held:
+            raise RuntimeError(f"{len(self._held)} journal line(s) held and not appended")
+        self._held = None
+
+    def append(self, lines: list[str]) -> None:
+        """Append ``lines`` (JSON lines, each ending in a newline) with one write and one fsync."""
+        if self.path is None or not lines:
+            return
         with open(self.path, "a", encoding="utf-8", opener=_private) as f:
-            f.write(json.dumps(rec) + "\n")
+            f.write("".join(lines))
             f.flush()
             os.fsync(f.fileno())
-        self._lines += 1
+        self._lines += len(lines)
 
     def started(
         self,
@@ -300,12 +347,18 @@ class Journal:
     def needs_compaction(self) -> bool:
         """The file holds many more lines than the state it describes."""
         live = len(self._open) + len(self._ended) + 1
-        return self.path is not None and self._lines > 2 * live + 1000
+        return self.path is not None and self._held is None and self._lines > 2 * live + 1000
 
     def compact(self) -> None:
-        """Rewrite the file with only the token, the ended replicas kept and the open starts (atomic rename)."""
+        """Rewrite the file with only the token, the ended replicas kept and the open starts (atomic rename).
+
+        Raises:
+            RuntimeError: a group is open (its lines may be on their way to the file).
+        """
         if self.path is None:
             return
+        if self._held is not None:
+            raise RuntimeError("cannot compact the journal while a group commit is open")
         tmp = self.path.with_name(self.path.name + ".compact")
         lines = []
         if self.fencing_token is not None:

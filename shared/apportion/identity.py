@@ -216,9 +216,10 @@ def signer_of(raw: bytes | str | None, *, appended: bool = False) -> str | None:
 # ``"signer_key":"<base64 key>"`` and no ``signature``, and S signs exactly ``body`` (the value with its last
 # member removed), so a reader checks it on the bytes it read, without parsing or re-serialising. S is either
 #
-# * the base64 Ed25519 signature of ``body`` (a node agent's report, one signature each; its body is the
+# * the base64 Ed25519 signature of ``body`` (a node agent's report made on its own; its body is the
 #   canonical form, so the canonical check accepts it too), or
-# * ``m.<i>.<n>.<sig>.<h>...`` (the dispatcher's batches, :class:`BatchSigner`): record ``i`` of a batch of
+# * ``m.<i>.<n>.<sig>.<h>...`` (the dispatcher's batches and a node agent's groups of reports of one node,
+#   :class:`BatchSigner`, :meth:`ReportSigner.values`): record ``i`` of a batch of
 #   ``n``; ``sig`` signs ``BATCH_DOMAIN + "<n>:" + root`` once for the batch, where ``root`` is the root of a
 #   binary hash tree over the batch's bodies (leaf ``SHA-256(0x00 || body)``, inner node
 #   ``SHA-256(0x01 || left || right)``, an odd last node moved up unchanged, RFC 6962's domain separation);
@@ -439,7 +440,7 @@ class Identity:
             kinds = ", ".join(SIGNED_TYPES + NODE_REQUEST_NAMES)
             raise TypeError(f"{event.type} is not a signed request type ({kinds})")
         keyed = event.model_copy(update={"signer_key": self.public_key, SIGNATURE: None})
-        payload = json.loads(events.encode(keyed))
+        payload = keyed.model_dump(mode="json")  # the values json.loads(events.encode(keyed)) reads, without the JSON
         sig = self.private_key.sign(canonical_bytes(payload))
         return keyed.model_copy(update={SIGNATURE: _b64(sig)})
 
@@ -524,6 +525,30 @@ class ReportSigner:
 
     def __init__(self, identities: Mapping[str, Identity]) -> None:
         self.identities = dict(identities)
+        self._batchers: dict[str, BatchSigner] = {}
+
+    def values(self, evs: Sequence[events.Event]) -> list[bytes]:
+        """The record values of ``evs``, in order: each node's reports among them signed together.
+
+        One Ed25519 signature per node and per :data:`BATCH_MAX` of its reports (the appended batch form of
+        :class:`BatchSigner`, which every reader checks with :func:`signer_of` and ``audit verify`` re-checks
+        record by record); what :meth:`value` leaves unsigned stays unsigned.
+        """
+        out = [b""] * len(evs)
+        mine: dict[str, list[int]] = {}
+        for i, ev in enumerate(evs):
+            nid = getattr(ev, "node_id", None) or ""
+            if nid in self.identities and isinstance(ev, REPORT_TYPES):
+                mine.setdefault(nid, []).append(i)
+            else:
+                out[i] = events.encode(ev)
+        for nid, idx in mine.items():
+            batcher = self._batchers.get(nid)
+            if batcher is None:
+                batcher = self._batchers[nid] = BatchSigner(self.identities[nid])
+            for i, v in zip(idx, batcher.values([events.encode(evs[i]) for i in idx]), strict=True):
+                out[i] = v
+        return out
 
     def value(self, event: events.Event) -> bytes:
         """The record value to publish: signed by the node's key for a report of a node it holds, else plain.
@@ -531,12 +556,11 @@ class ReportSigner:
         A report of a node the agent holds no key for (a ``WorkloadRefused``
         ``unknown_node`` answering a command for an id of its claimed prefix
         that it does not host) goes out unsigned: the readers ignore it, as
-        they must, since no agent holds that node.
+        they must, since no agent holds that node. A signed one is in the appended form, its body the JSON of
+        :func:`apportion.events.encode` with ``signer_key`` added (a group of one of :meth:`values`: no
+        canonical re-serialisation).
         """
-        ident = self.identities.get(getattr(event, "node_id", None) or "")
-        if ident is None or not isinstance(event, REPORT_TYPES):
-            return events.encode(event)
-        return ident.signed_value(event)
+        return self.values([event])[0]
 
 
 def node_key_file(key_dir: Path, node_id: str) -> Path:

@@ -317,6 +317,29 @@ def test_signed_sender_queues_each_signed_value_and_counts_a_refused_send_and_a_
     assert producer.flushed == [30.0]
 
 
+def test_signed_sender_signs_a_group_together_in_order_and_counts_what_it_cannot_send():
+    from prometheus_client import CollectorRegistry
+
+    from apportion.identity import ReportSigner, signer_of
+    from apportion.metrics import node_agent_metrics
+    from tests.signing import node_identity
+
+    metrics = node_agent_metrics(CollectorRegistry())
+    producer = FakeProducer(refuse=("j2",))
+    key = node_identity("n1")
+    sender = SignedSender(producer, ReportSigner({"n1": key}), metrics)
+    started = [
+        logic.started_event(narrow(logic.Launch, logic.decide_start(EMPTY, start(j, gpus=(g,)), T0)).workload, T0)
+        for j, g in (("j1", 0), ("j2", 1), ("j3", 2))
+    ]
+    asyncio.run(sender.emit_many(started))
+    assert [eid for eid, _ in producer.sent] == [started[0].event_id, started[2].event_id]  # j2 refused, counted
+    assert metrics["send_errors"]._value.get() == 1
+    assert {signer_of(v, appended=True) for _, v in producer.sent} == {key.public_key}
+    roots = {v.rsplit(b'"signature":"', 1)[1].split(b".")[3] for _, v in producer.sent}
+    assert len(roots) == 1  # one signature for the three
+
+
 # --------------------------------------------------------------------------- runtime
 
 
@@ -476,6 +499,111 @@ async def test_journal_makes_restart_refuse_redelivered_start_and_adopt_orphans(
     await asyncio.wait_for(agent2.idle(), 5)
     (done,) = sink2.of(JobCompleted)
     assert (done.job_id, done.ts) == ("orphan", T0 + timedelta(seconds=999))
+
+
+class CountingJournal(Journal):
+    """A journal that counts its writes to the file (each one write and one fsync)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.appends: list[int] = []
+
+    def append(self, lines: list[str]) -> None:
+        self.appends.append(len(lines))
+        super().append(lines)
+
+
+def _journal_ops(path) -> list[tuple[str, str]]:
+    import json
+
+    if not path.exists():
+        return []
+    return [
+        (r["op"], r["key"][1] if "key" in r else str(r["token"]))
+        for r in map(json.loads, path.read_text().splitlines())
+    ]
+
+
+def group_agent(clock: ManualClock, journal: Journal, emit_many=None) -> tuple[NodeAgent, Sink]:
+    sink = Sink()
+    probe = FakeGpuProbe.with_gpus(4)
+    agent = NodeAgent(
+        [(spec(), probe)], sink, clock, journal=journal, claim_prefix="n", group_commit=True, emit_many=emit_many
+    )
+    return agent, sink
+
+
+async def test_group_commit_journals_a_batch_with_one_write_and_reports_only_after_it(tmp_path):
+    """Three starts of one poll: nothing on disk or published until the group closes; then one write, three reports."""
+    clock = ManualClock(T0)
+    path = tmp_path / "agent.journal"
+    journal = CountingJournal(path)
+    agent, sink = group_agent(clock, journal)
+    for job, gpu in (("a", 0), ("b", 1), ("c", 2)):
+        await agent.on_event(start(job=job, gpus=(gpu,), duration_s=600))
+    await agent.heartbeat()  # a heartbeat made while the group is open waits for it too
+    assert sink.events == [] and _journal_ops(path) == [] and journal.appends == []
+    await agent.end_group()
+    assert journal.appends == [4]  # one write (and one fsync) for the group: the fencing token and three starts
+    assert _journal_ops(path) == [("token", "1"), ("start", "a"), ("start", "b"), ("start", "c")]
+    assert [type(e).__name__ for e in sink.events] == ["JobStarted"] * 3 + ["NodeHeartbeat"]
+    assert [e.job_id for e in sink.of(JobStarted)] == ["a", "b", "c"]
+    await agent.on_event(stop(job="b", grace_s=30))  # a later poll: its own group
+    await agent.end_group()
+    await asyncio.wait_for(_until(lambda: len(sink.of(JobFailed)) == 1), 5)
+    assert _journal_ops(path)[-1] == ("end", "b") and sink.events[-1] == sink.of(JobFailed)[0]
+    await agent.shutdown()
+
+
+async def test_crash_between_group_journal_and_publish_replays_the_same_reports(tmp_path):
+    """The group's lines are on disk, the process dies publishing: the restarted agent reports exactly those starts."""
+    clock = ManualClock(T0)
+    path = tmp_path / "agent.journal"
+    lost_in_crash: list = []
+
+    async def crash(evs) -> None:
+        lost_in_crash.extend(evs)
+        raise ConnectionError("agent died while publishing")
+
+    agent, sink = group_agent(clock, Journal(path), emit_many=crash)
+    for job, gpu in (("a", 0), ("b", 1)):
+        await agent.on_event(start(job=job, gpus=(gpu,), duration_s=600))
+    with pytest.raises(ConnectionError):
+        await agent.end_group()
+    assert sink.events == [] and [e.job_id for e in lost_in_crash] == ["a", "b"]
+    for t in list(agent._tasks.values()):
+        t.cancel()
+    agent2, sink2 = group_agent(clock, Journal(path))
+    await agent2.start(heartbeats=False)
+    assert sink2.of(JobStarted) == lost_in_crash  # same ids and times: nothing lost, nothing new
+    await agent2.on_event(start(job="a", gpus=(0,), duration_s=600))  # the command redelivered: refused
+    await agent2.end_group()
+    assert sink2.of(WorkloadRefused)[0].reason.startswith(logic.DUPLICATE_START)
+    await agent2.shutdown()
+
+
+async def test_failed_group_write_publishes_nothing_and_is_written_by_the_next_close(tmp_path):
+    """A write that fails keeps the group's lines and reports; nothing is published before a later write succeeds."""
+    clock = ManualClock(T0)
+    path = tmp_path / "agent.journal"
+
+    class FailingOnce(Journal):
+        failed = False
+
+        def append(self, lines: list[str]) -> None:
+            if not self.failed:
+                self.failed = True
+                raise OSError("disk full")
+            super().append(lines)
+
+    agent, sink = group_agent(clock, FailingOnce(path))
+    await agent.on_event(start(job="a", gpus=(0,), duration_s=600))
+    with pytest.raises(OSError):
+        await agent.end_group()
+    assert sink.events == [] and _journal_ops(path) == []
+    await agent.end_group()
+    assert _journal_ops(path) == [("token", "1"), ("start", "a")] and [e.job_id for e in sink.of(JobStarted)] == ["a"]
+    await agent.shutdown()
 
 
 def lost(node: str = "n1", at_s: float = 100.0, last_hb_s: float = 10.0) -> NodeLost:

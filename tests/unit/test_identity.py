@@ -54,6 +54,24 @@ def test_a_signed_request_verifies_on_its_published_bytes() -> None:
     assert signer_of(events.encode(events.decode(events.encode(ev)))) == ALICE.public_key
 
 
+@pytest.mark.parametrize(
+    "update",
+    [
+        pytest.param({}, id="plain"),
+        pytest.param({"min_runtime_s": 0.1, "duration_s": 1e-7, "time_limit_s": 123456789.125}, id="awkward floats"),
+        pytest.param({"command": ("python", "-c", 'print("é\\n\\t\x01")'), "duration_s": None}, id="escapes, unicode"),
+        pytest.param({"env": {"Z": "ü", "A": "1"}, "gpu_model": "H100", "replicas": 4096, "hold": True}, id="env"),
+    ],
+)
+def test_a_request_is_signed_over_the_canonical_bytes_of_its_published_json(update) -> None:
+    """What the signer signs (built from the model) is what a reader rebuilds from the record it reads."""
+    ev = ALICE.sign(submission().model_copy(update=update))
+    raw = events.encode(ev)
+    read = json.loads(raw)
+    assert canonical_bytes(read) == canonical_bytes(ev.model_dump(mode="json"))
+    assert signer_of(raw) == ALICE.public_key
+
+
 def test_the_signature_covers_a_producer_that_writes_integers_and_fields_this_reader_does_not_know() -> None:
     """Another language's producer: its own JSON (ints for floats, an extra field), signed as documented."""
     obj = json.loads(events.encode(submission()))

@@ -62,11 +62,51 @@ def test_a_signed_report_decodes_as_before_and_its_signature_names_its_key() -> 
 
 def test_the_agent_signs_each_report_with_its_node_key_and_nothing_else() -> None:
     signer = ReportSigner({"n0": N0, "n1": N1})
-    assert signer_of(signer.value(beat("n1"))) == N1.public_key
-    assert signer_of(signer.value(reg_node("n0"))) == N0.public_key
+    assert signer_of(signer.value(beat("n1")), appended=True) == N1.public_key
+    assert signer_of(signer.value(reg_node("n0")), appended=True) == N0.public_key
     dead = events.DeadLetter(source_topic="t", original="", error="x", ts=T0)
     assert signer.value(dead) == events.encode(dead)  # not a report: published as is
     assert signer.value(beat("n7")) == events.encode(beat("n7"))  # not its node: unsigned, so readers ignore it
+
+
+def test_a_group_of_reports_is_signed_once_per_node_and_every_record_still_proves_its_node() -> None:
+    signer = ReportSigner({"n0": N0, "n1": N1})
+    dead = events.DeadLetter(source_topic="t", original="", error="x", ts=T0)
+    evs = [beat("n0", tag="a"), beat("n1"), reg_node("n0"), dead, beat("n7"), beat("n0", tag="b")]
+    values = signer.values(evs)
+    assert [events.decode(v) for v in values] == evs
+    assert [signer_of(v, appended=True) for v in values] == [N0.public_key, N1.public_key, N0.public_key, None, None,
+                                                              N0.public_key]  # fmt: skip
+    assert values[3] == events.encode(dead) and values[4] == events.encode(beat("n7"))
+    # n0's three reports: one batch, one root signature (the 4th dot-separated part of the signature string)
+    sigs = [json.loads(values[i])["signature"].split(".") for i in (0, 2, 5)]
+    assert [s[:3] for s in sigs] == [["m", "0", "3"], ["m", "1", "3"], ["m", "2", "3"]]
+    assert len({s[3] for s in sigs}) == 1
+    assert json.loads(values[1])["signature"].count(".") == 0  # n1's one report: a plain signature
+
+
+def test_a_batched_report_altered_or_given_another_records_proof_does_not_verify() -> None:
+    signer = ReportSigner({"n0": N0})
+    a, b = signer.values([beat("n0", tag="x"), beat("n0", tag="y")])
+    altered = a.replace(b'"node_id":"n0"', b'"node_id":"n1"')
+    assert altered != a and signer_of(altered, appended=True) is None
+    proof_of_b = b[b.rfind(b',"signature"') :]
+    swapped = a[: a.rfind(b',"signature"')] + proof_of_b  # a's bytes with b's path: not what the root commits
+    assert signer_of(swapped, appended=True) is None
+    forged = ReportSigner({"n0": N1}).values([beat("n0", tag="x"), beat("n0", tag="y")])
+    assert {signer_of(v, appended=True) for v in forged} == {N1.public_key}  # n1's key: the gate refuses it
+
+
+def test_audit_verify_rechecks_each_record_of_a_batch_and_names_the_one_altered() -> None:
+    ok, bad = beat("n0", T0 + timedelta(seconds=5), "ok"), beat("n0", T0 + timedelta(seconds=6), "bad")
+    v_ok, v_bad = ReportSigner({"n0": N0}).values([ok, bad])
+    tampered = bad.model_copy(update={"producer": "someone"})
+    v_tampered = v_bad.replace(b'"producer":"node-agent"', b'"producer":"someone"')
+    recs = _log((registered(N0, T0), None, 0), (ok, v_ok, 1), (tampered, v_tampered, 2))
+    rep = verify(recs)
+    assert rep.signed_reports == 2
+    assert [(m.check, m.subject) for m in rep.mismatches] == [("signature", "n0")]
+    assert verify(_log((registered(N0, T0), None, 0), (ok, v_ok, 1), (bad, v_bad, 2))).ok
 
 
 # --------------------------------------------------------------------------- the rule
@@ -254,7 +294,7 @@ def test_keys_init_node_writes_the_key_file_the_agent_loads(tmp_path, monkeypatc
     assert ident.user == "node:gpu-07" and ident.public_key in res.output
     assert "apportion keys register node:gpu-07 PUBKEY" in " ".join(res.output.split())
     signer = report_signer(["gpu-07"], key_dir=tmp_path)
-    assert signer_of(signer.value(beat("gpu-07"))) == ident.public_key
+    assert signer_of(signer.value(beat("gpu-07")), appended=True) == ident.public_key
     with pytest.raises(LookupError, match="keys init --node gpu-08"):
         report_signer(["gpu-08"], key_dir=tmp_path)  # a node without its key file: the agent does not start
     (tmp_path / "gpu-09.json").write_text((tmp_path / "gpu-07.json").read_text())

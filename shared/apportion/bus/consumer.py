@@ -145,6 +145,9 @@ class EventConsumer:
             the first undecodable record.
         name: written as ``producer`` on the dead letters this consumer emits.
         clock: wall clock for dead-letter timestamps (inject a fake in tests).
+        before_commit: called once per poll that returned records, after the handler saw them and before
+            their offsets are committed (the node agent closes its journal group there); if it raises,
+            nothing of the poll is committed and the exception propagates.
         **kafka_config: extra :class:`kafka.KafkaConsumer` settings.
             ``auto_offset_reset`` defaults to ``"earliest"`` (rebuild from the
             log); ``enable_auto_commit`` is always False.
@@ -167,6 +170,7 @@ class EventConsumer:
         dead_letters: EventProducer | None = None,
         name: str = "consumer",
         clock: Callable[[], datetime] = _utcnow,
+        before_commit: Callable[[], None] | None = None,
         **kafka_config: Any,
     ) -> None:
         from kafka import KafkaConsumer
@@ -184,6 +188,7 @@ class EventConsumer:
         self._owns_dead_letters = dead_letters is None
         self._name = name
         self._clock = clock
+        self._before_commit = before_commit
         self.stats = Stats()
         #: consumer lag per assigned partition, measured after polls once its ``sink`` is set
         self.lag = LagMeter()
@@ -227,6 +232,8 @@ class EventConsumer:
                     done[tp] = OffsetAndMetadata(rec.offset + 1, "", -1)
                     count += 1
         finally:
+            if pending and self._before_commit is not None:
+                self._before_commit()
             if done:
                 self._consumer.commit(offsets=done)
         self.lag.after_poll(self._consumer, self._consumer.assignment)
