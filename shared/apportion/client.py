@@ -153,7 +153,7 @@ def build_submission(
         now: submission time (UTC); defaults to the wall clock (this is an
             edge adapter, not domain code).
         array: a job array, Slurm's index expression (``"0-99%8"``: elements 0 to 99, at most 8 running;
-            :func:`apportion.domain.arrays.parse_array`): one record for one job per index, each with the id
+            :func:`apportion.arrays.parse_array`): one record for one job per index, each with the id
             ``<job_id>_<index>``.
 
     Raises:
@@ -606,7 +606,7 @@ def submit_array(
     """Submit a job array: one signed record for one job per index (Slurm's ``sbatch --array``).
 
     ``indices`` is Slurm's expression: ``"0-99%8"`` (0 to 99, at most 8 running at once), ``"1,3,5"``,
-    ``"0-98:2"`` (:func:`apportion.domain.arrays.parse_array`). Each element is a job of its own, with
+    ``"0-98:2"`` (:func:`apportion.arrays.parse_array`). Each element is a job of its own, with
     the id ``<job_id>_<index>`` and ``APPORTION_ARRAY_ID``/``APPORTION_ARRAY_INDEX`` in its environment;
     :func:`cancel` of ``job_id`` cancels every element still pending or running. The other arguments are
     :func:`submit`'s; with ``wait`` the verdict is the first element's ``JobQueued`` or the array's

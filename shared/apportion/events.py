@@ -48,7 +48,7 @@ from pydantic import (
 )
 
 from apportion import topics
-from apportion.domain.arrays import ArraySpec, element_id, parse_array
+from apportion.arrays import ArraySpec, element_id, parse_array
 
 #: Namespace for deterministic event ids (uuid5); see :func:`det_id`.
 EVENT_NAMESPACE = uuid.UUID("6f1c2f7e-3b0a-5d7e-9a61-2c4e8b1d0a55")
@@ -402,7 +402,7 @@ class JobSubmitted(Event):
             agent stops a replica at its limit and reports ``JobFailed`` reason ``time_limit``. ``None``: its
             budget's ``default_time_limit_s``, if any.
         array: a job array (v5): Slurm's index expression (``"0-99%8"``,
-            :func:`apportion.domain.arrays.parse_array`). The record then asks for one job per index, each
+            :func:`apportion.arrays.parse_array`). The record then asks for one job per index, each
             with the id ``<job_id>_<index>`` and these fields, at most the throttle of them running at once;
             the one signature covers them all. ``None``: one job.
         signer_key, signature: the submitter's proof of ``user`` (DESIGN

@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "contract",
         ("apportion", "apportion.timeutil", "apportion.topics", "apportion.durations", "apportion.events")
-        + ("apportion.logrecord",),
+        + ("apportion.logrecord", "apportion.arrays"),
     ),
     ("domain", ("apportion.domain",)),
     (

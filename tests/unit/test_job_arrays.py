@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from apportion import events as ev
-from apportion.domain.arrays import ArraySpec, element_id, parse_array, split_element_id
+from apportion.arrays import ArraySpec, element_id, parse_array, split_element_id
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, fold, step, submission_decided
 from apportion.timeutil import from_us, to_us

@@ -1,7 +1,7 @@
 """The domain core and each service's logic are pure (STYLE rules 1 and 7, DESIGN section 6).
 
 Modules under ``shared/apportion/domain/`` plus ``events.py``,
-``timeutil.py``, ``topics.py`` and ``logrecord.py``, and every ``services/<name>/logic.py``, must not import
+``timeutil.py``, ``topics.py``, ``logrecord.py`` and ``arrays.py``, and every ``services/<name>/logic.py``, must not import
 I/O libraries (Kafka,
 Redis, faust, NVML, sockets), must not read the wall clock and must not read
 the environment (the topic namespace is read at the settings edge,
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "shared" / "apportion"
 PURE = (
     sorted((PKG / "domain").rglob("*.py"))
-    + [PKG / "events.py", PKG / "timeutil.py", PKG / "topics.py", PKG / "logrecord.py"]
+    + [PKG / "events.py", PKG / "timeutil.py", PKG / "topics.py", PKG / "logrecord.py", PKG / "arrays.py"]
     + sorted((ROOT / "services").glob("*/logic.py"))
 )
 

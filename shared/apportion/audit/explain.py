@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from apportion import events
+from apportion.arrays import split_element_id
 from apportion.audit.verify import DecisionCheck, position, rerun_decisions
-from apportion.domain.arrays import split_element_id
 from apportion.domain.dispatch import DispatchConfig
 from apportion.durations import format_duration
 from apportion.logrecord import LogRecord

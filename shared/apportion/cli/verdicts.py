@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from apportion import events
+from apportion.arrays import split_element_id
 from apportion.cli.common import Unreachable, _consumer, is_kafka_error, partitions_of
 from apportion.cli.history import FINISHED, fold_jobs
-from apportion.domain.arrays import split_element_id
 from apportion.settings import topic_name
 
 #: Wall seconds a change command waits for its verdict by default.

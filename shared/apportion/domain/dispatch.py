@@ -68,8 +68,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from apportion.arrays import element_id, split_element_id
 from apportion.domain.admission import NodeShape, Rejection, admit, refused_request_event, time_limit_in_force
-from apportion.domain.arrays import element_id, split_element_id
 from apportion.domain.budgets import BudgetTree, fold_budget_event
 from apportion.domain.cluster import (
     PROTECTION_UNTIL_DONE_S,
