@@ -19,6 +19,9 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 RUN_DIR ?= .run
 PYTEST_ARGS ?=
+# two workers: the tests that need Kafka, Redis or the machine run in order on one (xdist group "serial",
+# tests/conftest.py), the unit, service and simulator tiers beside them; PYTEST_XDIST= runs everything in one process
+PYTEST_XDIST ?= -n 2 --dist loadgroup
 SIM_NODES ?= 8
 BROKERS ?= 1
 
@@ -82,7 +85,7 @@ docs: venv
 
 # pytest exit 5 means "no tests collected": reported, not a failure.
 test: prereqs venv lint
-	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	@$(PY) -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 
 test-unit: venv

@@ -37,9 +37,12 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 INFRA_FIXTURES = {"kafka_bootstrap", "redis_url", "kafka_topic_factory", "kafka_cluster"}
 
@@ -57,10 +60,26 @@ except ImportError:  # pragma: no cover - hypothesis is a test dependency
     pass
 
 
+#: Test files that act on the machine itself (Unix accounts, cgroups, device files, their own stacks) without the
+#: infra fixtures: they run in the serial group with the integration tests.
+SERIAL_FILES = (
+    "tests/chaos/",
+    "tests/service/test_node_agent_boundary.py",
+    "tests/service/test_node_agent_checkpoints.py",
+    "tests/service/test_gpu_check.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests that need Kafka and Redis ``integration``; put them, and the tests that act on the machine,
+    in one xdist group: ``make test`` runs pytest-xdist with ``--dist loadgroup``, so they run one after the
+    other on one worker (one broker, one set of test accounts) while the other worker takes the pure tiers."""
     for item in items:
         if INFRA_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+        path = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
+        if item.get_closest_marker("integration") or path.startswith(SERIAL_FILES):
+            item.add_marker(pytest.mark.xdist_group("serial"))
 
 
 @pytest.fixture(scope="session", autouse=True)
