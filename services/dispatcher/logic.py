@@ -30,7 +30,6 @@ from apportion.domain.dispatch import (
     with_job_settings,
 )
 from apportion.domain.engine import PendingReason, reason_dict, run_cycle
-from apportion.domain.engine.reasons import Held, RefusedBackoff
 from apportion.domain.fairshare import FairShareQueue
 from apportion.domain.idle import run_idle
 from apportion.events import (
@@ -46,7 +45,7 @@ from apportion.events import (
     StopWorkload,
     WorkloadRefused,
 )
-from apportion.timeutil import Micros, from_us, s_to_us, to_us
+from apportion.timeutil import Micros, from_us, s_to_us
 
 FENCED = (JobPlaced, StartWorkload, StopWorkload, NodeLost)
 
@@ -242,13 +241,7 @@ def read_model(
                 )
         if rec.status == "pending":
             row["position"] = position.get(job_id)
-            why = reasons.get(job_id)
-            backoff = state.backoff_until(job_id, now_us)
-            if backoff is not None and backoff.not_before_us is not None:
-                why = RefusedBackoff(backoff.node_id, backoff.reason, backoff.refusals, backoff.not_before_us)
-            hold = state.held.get(job_id)
-            if hold is not None:
-                why = Held(hold.by, hold.reason, to_us(hold.ts))
+            why = state.waiting_reason(job_id, now_us) or reasons.get(job_id)
             if why is not None:
                 row["reason"] = why.text()
                 row["reason_detail"] = reason_dict(why)

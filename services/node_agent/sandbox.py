@@ -115,16 +115,26 @@ class Accounts:
 def own_dir(path: str, account: Account | None) -> None:
     """Create directory ``path`` (mode 0700) if missing, and hand it to ``account`` (owner uid and gid, 0700).
 
+    The owner and mode are set through one descriptor opened without following links, so a job that swaps
+    the name for a link between the check and the change (its own directory holds the name) changes nothing
+    but its own directory.
+
     Raises:
         OSError: it cannot be made, or it is not a directory (a link planted there is not followed).
     """
     os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise OSError(errno.ENOTDIR, "not a directory", path)
-    if account is not None:
-        os.chown(path, account.uid, account.gid, follow_symlinks=False)
-    os.chmod(path, 0o700)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise OSError(errno.ENOTDIR, "not a directory", path) from exc
+        raise
+    try:
+        if account is not None:
+            os.fchown(fd, account.uid, account.gid)
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
 
 
 def protect(path: Path | str | None, dir_mode: int = 0o700) -> None:

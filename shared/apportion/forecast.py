@@ -654,7 +654,7 @@ def forecast(
     fwd.run({j.job_id for j in targets})
     result = Forecast(now_us, horizon, runs=dict(fwd.ends), cycles=fwd.cycles)
     for job in targets:
-        why = reasons.get(job.job_id)
+        why = state.waiting_reason(job.job_id, now_us) or reasons.get(job.job_id)
         start = fwd.started.get(job.job_id)
         chain = _chain(fwd, job.job_id, start) if start is not None else ()
         if start is None:

@@ -30,7 +30,16 @@ from apportion.events import JobCompleted, JobFailed, JobStarted, StartWorkload,
 from apportion.metrics import node_agent_metrics
 from services.node_agent import devfilter, logic
 from services.node_agent.config import NodeAgentSettings
-from services.node_agent.sandbox import Accounts, Limits, cgroup_name, cgroups, child_setup, device_rules, protect
+from services.node_agent.sandbox import (
+    Accounts,
+    Limits,
+    cgroup_name,
+    cgroups,
+    child_setup,
+    device_rules,
+    own_dir,
+    protect,
+)
 from services.node_agent.service import NodeAgent, SignedSender, hosted_nodes
 from tests.node_boundary import ALICE, EVE, PROBE, job_accounts, make_fake_gpus, running, shared_dir, write_script
 from tests.service.test_node_agent_checkpoints import WAIT_S, until
@@ -569,3 +578,34 @@ def test_a_secret_the_agent_cannot_change_is_left_with_a_warning(shared_dir, cap
         assert f"{secret} stays readable by others (Operation not permitted): job accounts may read it" in caplog.text
     finally:
         subprocess.run(["chattr", "-i", str(secret)], check=True)
+
+
+def test_a_directory_swapped_for_a_link_while_it_is_handed_over_changes_nothing_else(tmp_path, monkeypatch):
+    # The job owns the folder that holds a later attempt's TMPDIR, so it can swap that name for a link to a
+    # directory it does not own at any moment: here, just after the agent has looked at it.
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o755)
+    victim.chmod(0o755)
+    target = tmp_path / "job" / "tmp.attempt-2.replica-0"
+    real_lstat, real_fstat = os.lstat, os.fstat
+
+    def swap() -> None:
+        if target.is_dir() and not target.is_symlink():
+            target.rmdir()
+            target.symlink_to(victim)
+
+    def lstat_then_swap(path: Any, *a: Any, **kw: Any) -> os.stat_result:
+        st = real_lstat(path, *a, **kw)
+        if str(path) == str(target):
+            swap()
+        return st
+
+    def fstat_then_swap(fd: int) -> os.stat_result:
+        st = real_fstat(fd)
+        swap()
+        return st
+
+    monkeypatch.setattr(os, "lstat", lstat_then_swap)
+    monkeypatch.setattr(os, "fstat", fstat_then_swap)
+    own_dir(str(target), None)
+    assert real_lstat(victim).st_mode & 0o777 == 0o755

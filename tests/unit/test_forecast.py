@@ -203,3 +203,15 @@ def test_a_held_job_has_no_start_and_says_so() -> None:
     hist.feed(submitted("x", at=m(5)).model_copy(update={"hold": True}), m(5))
     (x,) = forecast(hist.state, m(5), CFG).jobs
     assert (x.start_us, x.basis, x.note) == (None, "-", "held: no start until it is released")
+
+
+def test_a_held_job_waits_for_its_release_not_for_a_cycle() -> None:
+    # Two free GPUs: a cycle would place it at once; the reason it waits is the hold, as `apportion queue` says.
+    hist = History().node("n0", 2)
+    hist.feed(submitted("x", at=m(5)).model_copy(update={"hold": True}), m(5))
+    (x,) = forecast(hist.state, m(5), CFG).jobs
+    assert x.reason_detail is not None and x.reason_detail["kind"] == "held"
+    assert x.reason == (
+        f"held: held by alice at {from_us(m(5)).isoformat()} (submitted held); "
+        "never placed until released (apportion release JOB)"
+    )

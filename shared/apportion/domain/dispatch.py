@@ -89,6 +89,7 @@ from apportion.domain.engine import (
     start_events,
     stop_event,
 )
+from apportion.domain.engine.reasons import Held, RefusedBackoff
 from apportion.domain.idle import IdleReports, observe_idle
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.reconcile import Absences, findings, observe
@@ -605,6 +606,20 @@ class DispatchState:
         if b is None or b.not_before_us is None or b.not_before_us <= now_us or rec is None:
             return None
         return b if rec.status == "pending" else None
+
+    def waiting_reason(self, job_id: str, now_us: Micros) -> Held | RefusedBackoff | None:
+        """Why pending job ``job_id`` is kept out of every cycle at ``now_us`` (:meth:`pending_now`), or ``None``.
+
+        A hold comes before a backoff: a held job waits for its release whatever else holds it back. The
+        dispatcher's read model and the forecast both say it in place of a cycle's reason.
+        """
+        hold = self.held.get(job_id)
+        if hold is not None:
+            return Held(hold.by, hold.reason, to_us(hold.ts))
+        b = self.backoff_until(job_id, now_us)
+        if b is not None and b.not_before_us is not None:
+            return RefusedBackoff(b.node_id, b.reason, b.refusals, b.not_before_us)
+        return None
 
     def is_stale(self, ev: Event) -> bool:
         """True when ``ev`` is older than the window: its time is before the latest folded minus W.
