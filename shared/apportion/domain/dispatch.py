@@ -122,6 +122,8 @@ from apportion.events import (
     NodeDrainRequested,
     NodeHeartbeat,
     NodeLost,
+    NodeRegistered,
+    NodeRequestRefused,
     NodeUncordoned,
     RejectReason,
     StartWorkload,
@@ -783,146 +785,208 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         observe(state.absences, state.cluster, state.awaiting, ev)
         if ev.node_id in state.cluster.nodes:  # heartbeats of nodes never registered are ignored
             observe_idle(state.idle, ev)
-    elif cls.__name__.startswith("Node"):
-        state._shapes = None
+    elif cls in _NODE_CHANGES:
+        state._shapes = None  # the declared inventory may have changed
+    fold = _FOLDS.get(cls)
+    if fold is not None:
+        fold(state, ev, t_ev)
+    if state.arrays and cls in _ENDS_JOB and ev.job_id not in state.jobs:  # type: ignore[attr-defined]
+        _array_forget(state, ev.job_id, t_ev)  # type: ignore[attr-defined]
+    return state
+
+
+#: Node events that may change the declared inventory (:meth:`DispatchState.node_shapes`); heartbeats do not.
+_NODE_CHANGES: frozenset[type[Event]] = frozenset(
+    {NodeRegistered, NodeCordoned, NodeDrainRequested, NodeDrained, NodeUncordoned, NodeRequestRefused, NodeLost}
+)
+
+
+def _fold_queued(state: DispatchState, ev: JobQueued, t_ev: Micros) -> None:
+    """The job joins its budget's queue (an array member joins its array's record)."""
+    t = to_us(ev.ts)
+    sub = to_us(ev.submitted_at)
+    state.jobs[ev.job_id] = JobRecord(ev, ev.attempt, "pending", sub, t)
+    state._enqueue(_pending_job(ev, ev.attempt, sub, t))
+    if ev.array_id is not None and ev.array_index is not None:
+        arr = state.arrays.get(ev.array_id)
+        if arr is None:
+            arr = state.arrays[ev.array_id] = ArrayRecord(ev.array_throttle, {})
+        arr.members[ev.job_id] = ev.array_index
+
+
+def _fold_placed(state: DispatchState, ev: JobPlaced, t_ev: Micros) -> None:
+    """The job leaves the queue and runs; with victims still stopping, it awaits them."""
     jobs = state.jobs
-    if isinstance(ev, JobQueued):
-        t = to_us(ev.ts)
-        sub = to_us(ev.submitted_at)
-        state.jobs[ev.job_id] = JobRecord(ev, ev.attempt, "pending", sub, t)
-        state._enqueue(_pending_job(ev, ev.attempt, sub, t))
-        if ev.array_id is not None and ev.array_index is not None:
-            arr = state.arrays.get(ev.array_id)
-            if arr is None:
-                arr = state.arrays[ev.array_id] = ArrayRecord(ev.array_throttle, {})
-            arr.members[ev.job_id] = ev.array_index
-    elif isinstance(ev, JobPlaced):
+    rec = jobs.get(ev.job_id)
+    if rec is not None and rec.status == "pending" and rec.attempt == ev.attempt:
+        state._dequeue(rec.spec.job_id)
+        state.held.pop(rec.spec.job_id, None)
+        jobs[rec.spec.job_id] = JobRecord(rec.spec, rec.attempt, "running", rec.submitted_at_us, rec.queued_at_us)
+        vics = frozenset((v.job_id, v.attempt) for v in ev.decision.victims if (v.job_id, v.attempt) in state.stopping)
+        if vics:
+            state.awaiting[(rec.spec.job_id, rec.attempt)] = vics
+
+
+def _fold_preempted(state: DispatchState, ev: JobPreempted, t_ev: Micros) -> None:
+    """The run is stopping, until its replicas report or its grace period ends."""
+    jobs = state.jobs
+    key = (ev.job_id, ev.attempt)
+    rec = jobs.get(ev.job_id)
+    run = state.cluster.runs.get(key)
+    if rec is not None and rec.attempt == ev.attempt and run is not None:
+        jobs[ev.job_id] = JobRecord(rec.spec, rec.attempt, "stopping", rec.submitted_at_us, rec.queued_at_us)
+        state.stopping[key] = _Stopping(
+            to_us(ev.ts) + s_to_us(ev.grace_s), run.open_replicas, True, completed_by=to_us(ev.ts)
+        )
+
+
+def _fold_requeued(state: DispatchState, ev: JobRequeued, t_ev: Micros) -> None:
+    """The stop is done; the job is back in the queue (after a refused start: backing off, D3.refused-starts)."""
+    jobs = state.jobs
+    rec = jobs.get(ev.job_id)
+    _stop_done(state, (ev.job_id, ev.attempt - 1))
+    if rec is None:
+        return
+    if ev.refused_by is not None:
+        until = None if ev.not_before is None else to_us(ev.not_before)
+        state.backoff[ev.job_id] = Backoff(ev.refusals, until, ev.refused_by, ev.reason, rec.spec.budget)
+        if ev.reason.removeprefix(REFUSED_START).split(":", 1)[0] in NODE_FAULT_REFUSALS:
+            state.node_refusals[ev.refused_by] = state.node_refusals.get(ev.refused_by, 0) + 1
+    t = to_us(ev.ts)
+    sub = to_us(ev.submitted_at)
+    jobs[ev.job_id] = JobRecord(rec.spec, ev.attempt, "pending", sub, t)
+    c = state.cluster  # its fold of this event already ran: counts and progress are current
+    state._enqueue(
+        _pending_job(rec.spec, ev.attempt, sub, t, c.preemptions.get(ev.job_id, 0), c.progress.get(ev.job_id, 0.0))
+    )
+
+
+def _fold_report(state: DispatchState, ev: JobCompleted | JobFailed, t_ev: Micros) -> None:
+    """A replica's end: of a stopping run, one replica fewer to wait for; of a running run that ended, the job
+    is finished."""
+    jobs = state.jobs
+    key = (ev.job_id, ev.attempt)
+    st = state.stopping.get(key)
+    if st is not None:
+        left = frozenset() if ev.replica is None else st.replicas_left - {ev.replica}
+        by = st.completed_by
+        done = by is not None and isinstance(ev, JobCompleted) and t_ev <= by
+        state.stopping[key] = _Stopping(st.deadline_us, left, st.requeue, st.plus_grace, by if done else None)
         rec = jobs.get(ev.job_id)
-        if rec is not None and rec.status == "pending" and rec.attempt == ev.attempt:
-            state._dequeue(rec.spec.job_id)
-            state.held.pop(rec.spec.job_id, None)
-            jobs[rec.spec.job_id] = JobRecord(rec.spec, rec.attempt, "running", rec.submitted_at_us, rec.queued_at_us)
-            vics = frozenset(
-                (v.job_id, v.attempt) for v in ev.decision.victims if (v.job_id, v.attempt) in state.stopping
-            )
-            if vics:
-                state.awaiting[(rec.spec.job_id, rec.attempt)] = vics
-    elif isinstance(ev, JobPreempted):
-        key = (ev.job_id, ev.attempt)
-        rec = jobs.get(ev.job_id)
-        run = state.cluster.runs.get(key)
-        if rec is not None and rec.attempt == ev.attempt and run is not None:
-            jobs[ev.job_id] = JobRecord(
-                rec.spec,
-                rec.attempt,
-                "stopping",
-                rec.submitted_at_us,
-                rec.queued_at_us,
-            )
-            state.stopping[key] = _Stopping(
-                to_us(ev.ts) + s_to_us(ev.grace_s), run.open_replicas, True, completed_by=to_us(ev.ts)
-            )
-    elif isinstance(ev, JobRequeued):
-        rec = jobs.get(ev.job_id)
-        _stop_done(state, (ev.job_id, ev.attempt - 1))
-        if rec is not None and ev.refused_by is not None:
-            until = None if ev.not_before is None else to_us(ev.not_before)
-            state.backoff[ev.job_id] = Backoff(ev.refusals, until, ev.refused_by, ev.reason, rec.spec.budget)
-            if ev.reason.removeprefix(REFUSED_START).split(":", 1)[0] in NODE_FAULT_REFUSALS:
-                state.node_refusals[ev.refused_by] = state.node_refusals.get(ev.refused_by, 0) + 1
-        if rec is not None:
-            t = to_us(ev.ts)
-            sub = to_us(ev.submitted_at)
-            jobs[ev.job_id] = JobRecord(rec.spec, ev.attempt, "pending", sub, t)
-            c = state.cluster  # its fold of this event already ran: counts and progress are current
-            state._enqueue(
-                _pending_job(
-                    rec.spec,
-                    ev.attempt,
-                    sub,
-                    t,
-                    c.preemptions.get(ev.job_id, 0),
-                    c.progress.get(ev.job_id, 0.0),
-                )
-            )
-    elif isinstance(ev, (JobCompleted, JobFailed)):
-        key = (ev.job_id, ev.attempt)
-        st = state.stopping.get(key)
-        if st is not None:
-            left = frozenset() if ev.replica is None else st.replicas_left - {ev.replica}
-            by = st.completed_by
-            done = by is not None and isinstance(ev, JobCompleted) and t_ev <= by
-            state.stopping[key] = _Stopping(st.deadline_us, left, st.requeue, st.plus_grace, by if done else None)
-            rec = jobs.get(ev.job_id)
-            if done and not left and rec is not None and rec.attempt == ev.attempt:
-                # the run had finished its work when the dispatcher preempted it (the agent's report, stamped
-                # earlier, was in flight): the job is done, as a replay in event-time order, which folds the report
-                # first, says. The stop entry stays until _finish_stop has started the preemptors waiting for it.
-                state.cluster.finish(key)
-                del jobs[ev.job_id]
-                state.finished[ev.job_id] = t_ev
-                state.backoff.pop(ev.job_id, None)
-        else:
-            rec = jobs.get(ev.job_id)
-            if (
-                rec is not None
-                and rec.attempt == ev.attempt
-                and rec.status == "running"
-                and key not in state.cluster.runs
-            ):
-                del jobs[ev.job_id]
-                state.finished[ev.job_id] = t_ev
-                state.awaiting.pop(key, None)
-                state.backoff.pop(ev.job_id, None)
-    elif isinstance(ev, JobHeld):
-        rec = jobs.get(ev.job_id)
-        if rec is not None and rec.status == "pending":
-            state.held[ev.job_id] = ev
-    elif isinstance(ev, JobReleased):
-        state.held.pop(ev.job_id, None)
-    elif isinstance(ev, JobCancelled):
-        rec = jobs.get(ev.job_id)
-        if rec is not None:
-            state.held.pop(ev.job_id, None)
-            if rec.status == "pending":
-                state._dequeue(ev.job_id)
-            _stop_done(state, (ev.job_id, rec.attempt))
-            state.awaiting.pop((ev.job_id, rec.attempt), None)
+        if done and not left and rec is not None and rec.attempt == ev.attempt:
+            # the run had finished its work when the dispatcher preempted it (the agent's report, stamped
+            # earlier, was in flight): the job is done, as a replay in event-time order, which folds the report
+            # first, says. The stop entry stays until _finish_stop has started the preemptors waiting for it.
+            state.cluster.finish(key)
             del jobs[ev.job_id]
             state.finished[ev.job_id] = t_ev
             state.backoff.pop(ev.job_id, None)
-    elif isinstance(ev, JobRejected) and ev.request == "JobSubmitted":
+        return
+    rec = jobs.get(ev.job_id)
+    if rec is not None and rec.attempt == ev.attempt and rec.status == "running" and key not in state.cluster.runs:
+        del jobs[ev.job_id]
+        state.finished[ev.job_id] = t_ev
+        state.awaiting.pop(key, None)
+        state.backoff.pop(ev.job_id, None)
+
+
+def _fold_held(state: DispatchState, ev: JobHeld, t_ev: Micros) -> None:
+    rec = state.jobs.get(ev.job_id)
+    if rec is not None and rec.status == "pending":
+        state.held[ev.job_id] = ev
+
+
+def _fold_released(state: DispatchState, ev: JobReleased, t_ev: Micros) -> None:
+    state.held.pop(ev.job_id, None)
+
+
+def _fold_cancelled(state: DispatchState, ev: JobCancelled, t_ev: Micros) -> None:
+    """The job is finished, out of the queue or its stop done."""
+    jobs = state.jobs
+    rec = jobs.get(ev.job_id)
+    if rec is None:
+        return
+    state.held.pop(ev.job_id, None)
+    if rec.status == "pending":
+        state._dequeue(ev.job_id)
+    _stop_done(state, (ev.job_id, rec.attempt))
+    state.awaiting.pop((ev.job_id, rec.attempt), None)
+    del jobs[ev.job_id]
+    state.finished[ev.job_id] = t_ev
+    state.backoff.pop(ev.job_id, None)
+
+
+def _fold_rejected(state: DispatchState, ev: JobRejected, t_ev: Micros) -> None:
+    if ev.request == "JobSubmitted":
         state.finished[ev.job_id] = t_ev  # a refused cancel leaves the job as it was
-    elif isinstance(ev, JobLost):
-        rec = jobs.get(ev.job_id)
-        if rec is not None and rec.attempt == ev.attempt:
-            key = (ev.job_id, ev.attempt)
-            state.awaiting.pop(key, None)
-            _stop_done(state, key)
-            run = state.cluster.runs.get(key)
-            if run is not None:
-                # a gang's replicas on other nodes are stopping, with the configured grace period
-                jobs[ev.job_id] = replace(rec, status="stopping")
-                state.stopping[key] = _Stopping(to_us(ev.ts), run.open_replicas, True, plus_grace=True)
-            else:
-                jobs[ev.job_id] = replace(rec, status="lost")
-    elif isinstance(ev, JobStarted):
-        state.node_refusals.pop(ev.node_id, None)  # a start there: its refusals are no longer in a row
-    elif isinstance(ev, NodeDrainRequested):
-        state.draining.add(ev.node_id)
-    elif isinstance(ev, (NodeDrained, NodeLost, NodeUncordoned)):
-        state.draining.discard(ev.node_id)
-        if isinstance(ev, NodeUncordoned):
-            state.node_refusals.pop(ev.node_id, None)
-    elif isinstance(ev, (BudgetSet, BudgetRemoved, BudgetBatch)):
-        state.tree = fold_budget_event(state.tree, ev)
-    elif isinstance(ev, DispatcherConfigured) and ev.heartbeats_from is not None:
+
+
+def _fold_lost(state: DispatchState, ev: JobLost, t_ev: Micros) -> None:
+    """D3.node-lost: the run ends; a gang's replicas on other nodes are stopping, with the grace period."""
+    jobs = state.jobs
+    rec = jobs.get(ev.job_id)
+    if rec is None or rec.attempt != ev.attempt:
+        return
+    key = (ev.job_id, ev.attempt)
+    state.awaiting.pop(key, None)
+    _stop_done(state, key)
+    run = state.cluster.runs.get(key)
+    if run is not None:
+        jobs[ev.job_id] = replace(rec, status="stopping")
+        state.stopping[key] = _Stopping(to_us(ev.ts), run.open_replicas, True, plus_grace=True)
+    else:
+        jobs[ev.job_id] = replace(rec, status="lost")
+
+
+def _fold_started(state: DispatchState, ev: JobStarted, t_ev: Micros) -> None:
+    state.node_refusals.pop(ev.node_id, None)  # a start there: its refusals are no longer in a row
+
+
+def _fold_drain_requested(state: DispatchState, ev: NodeDrainRequested, t_ev: Micros) -> None:
+    state.draining.add(ev.node_id)
+
+
+def _fold_drain_ended(state: DispatchState, ev: NodeDrained | NodeLost | NodeUncordoned, t_ev: Micros) -> None:
+    state.draining.discard(ev.node_id)
+    if isinstance(ev, NodeUncordoned):
+        state.node_refusals.pop(ev.node_id, None)
+
+
+def _fold_budget(state: DispatchState, ev: BudgetSet | BudgetRemoved | BudgetBatch, t_ev: Micros) -> None:
+    state.tree = fold_budget_event(state.tree, ev)
+
+
+def _fold_configured(state: DispatchState, ev: DispatcherConfigured, t_ev: Micros) -> None:
+    if ev.heartbeats_from is not None:
         t = to_us(ev.heartbeats_from)
         if state.heartbeats_from_us is None or t > state.heartbeats_from_us:
             state.heartbeats_from_us = t
-    if state.arrays and cls in _ENDS_JOB and ev.job_id not in jobs:  # type: ignore[attr-defined]
-        _array_forget(state, ev.job_id, t_ev)  # type: ignore[attr-defined]
-    return state
+
+
+#: Event class -> how :func:`evolve` folds it into the queue and job bookkeeping (after the ledger and the
+#: cluster state, which fold every event).
+_FOLDS: dict[type[Event], Callable[[DispatchState, Any, Micros], None]] = {
+    JobQueued: _fold_queued,
+    JobPlaced: _fold_placed,
+    JobPreempted: _fold_preempted,
+    JobRequeued: _fold_requeued,
+    JobCompleted: _fold_report,
+    JobFailed: _fold_report,
+    JobHeld: _fold_held,
+    JobReleased: _fold_released,
+    JobCancelled: _fold_cancelled,
+    JobRejected: _fold_rejected,
+    JobLost: _fold_lost,
+    JobStarted: _fold_started,
+    NodeDrainRequested: _fold_drain_requested,
+    NodeDrained: _fold_drain_ended,
+    NodeLost: _fold_drain_ended,
+    NodeUncordoned: _fold_drain_ended,
+    BudgetSet: _fold_budget,
+    BudgetRemoved: _fold_budget,
+    BudgetBatch: _fold_budget,
+    DispatcherConfigured: _fold_configured,
+}
 
 
 #: Events after which a job may have ended (left ``DispatchState.jobs``).
