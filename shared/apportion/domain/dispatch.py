@@ -1089,135 +1089,171 @@ def decide(
         New events in emission order, ``ts`` = ``now_us``.
     """
     cfg = config or DispatchConfig()
-    ts = from_us(now_us)
-    prod = cfg.producer
-    grace = cfg.engine.grace_s
-    out: list[Event] = []
-    if isinstance(inp, Tick):
-        out = maintenance(state, now_us, cfg)
-        if out:
-            scratch = state.fork()
-            for e in out:
-                evolve(scratch, e)
-            out.extend(_cycle(scratch, now_us, cfg))
-        else:
-            out = _cycle(state, now_us, cfg)
-        return out
-    if isinstance(inp, JobSubmitted):
-        job: JobSubmitted = inp
-        verdict = admit_submission(state, job)
-        if verdict is not None:
-            reason, msg = verdict
-            return [
-                JobRejected(
-                    event_id=det_id("JobRejected", job.job_id, inp.event_id),
-                    ts=ts,
-                    producer=prod,
-                    job_id=job.job_id,
-                    budget=job.budget,
-                    user=job.user,
-                    reason=reason,
-                    message=msg,
-                )
-            ]
-        queued: list[Event] = [
-            JobQueued(
-                event_id=det_id("JobQueued", job.job_id, 1),
+    handler = _DECISIONS.get(type(inp))
+    return handler(state, inp, now_us, cfg) if handler is not None else []
+
+
+def _decide_tick(state: DispatchState, tick: Tick, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
+    """Maintenance, then the scheduling cycle on the state with the maintenance folded in."""
+    out = maintenance(state, now_us, cfg)
+    if not out:
+        return _cycle(state, now_us, cfg)
+    scratch = state.fork()
+    for e in out:
+        evolve(scratch, e)
+    out.extend(_cycle(scratch, now_us, cfg))
+    return out
+
+
+def _decide_submitted(state: DispatchState, job: JobSubmitted, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
+    """Admission (D2.rejection): ``JobRejected``, or ``JobQueued`` (an array's members; ``JobHeld`` after a
+    held submission)."""
+    ts, prod = from_us(now_us), cfg.producer
+    verdict = admit_submission(state, job)
+    if verdict is not None:
+        reason, msg = verdict
+        return [
+            JobRejected(
+                event_id=det_id("JobRejected", job.job_id, job.event_id),
                 ts=ts,
                 producer=prod,
                 job_id=job.job_id,
                 budget=job.budget,
                 user=job.user,
-                allocated=job.allocated,
-                gpus_per_replica=job.gpus_per_replica,
-                replicas=job.replicas,
-                min_runtime_s=job.min_runtime_s,
-                gpu_model=job.gpu_model,
-                duration_s=job.duration_s,
-                command=job.command,
-                submitted_at=job.submitted_at,
-                attempt=1,
-                checkpoint_interval_s=job.checkpoint_every_s,
-                env=job.env,
-                time_limit_s=time_limit_in_force(state.tree, job),
+                reason=reason,
+                message=msg,
             )
         ]
-        if job.array is not None:
-            return array_events(job, queued[0], ts, prod)  # type: ignore[arg-type]
-        if job.hold:
-            queued.append(held_event(job.job_id, job.user, "submitted held", job.event_id, ts, prod))
-        return queued
-    if isinstance(inp, (JobHoldRequested, JobReleaseRequested)):
-        return hold_events(state, inp, ts, prod)
-    if isinstance(inp, JobCancelRequested):
-        rec = state.jobs.get(inp.job_id)
-        if rec is None and inp.job_id in state.arrays:
-            return cancel_array(state, inp, now_us, cfg)
-        if rec is None:
-            if inp.job_id in state.finished:  # a prompt answer rather than none (the requester would wait it out)
-                why = Rejection(RejectReason.INVALID, f"job {inp.job_id!r} already finished: nothing to cancel")
-                return [refused_request_event(inp, why, budget="", ts=ts, producer=prod)]
-            return []
-        cid = det_id("JobCancelled", rec.spec.job_id)
-        if rec.status == "pending":
-            return [
-                JobCancelled(
-                    event_id=cid,
-                    ts=ts,
-                    producer=prod,
-                    job_id=rec.spec.job_id,
-                    attempt=None,
-                    reason=inp.reason or "cancelled",
-                )
-            ]
-        run = state.cluster.runs.get((rec.spec.job_id, rec.attempt))
-        if run is not None and rec.status == "running":
-            out = preempt_events(run, ts, grace, prod, reason="cancelled")[1:]  # stops only
-        elif rec.status == "stopping":
-            out = _start_waiting(state, (rec.spec.job_id, rec.attempt), ts, prod)
-        return out + [
-            JobCancelled(
-                event_id=cid,
-                ts=ts,
-                producer=prod,
-                job_id=rec.spec.job_id,
-                attempt=rec.attempt,
-                reason=inp.reason or "cancelled",
-            )
-        ]
-    if isinstance(inp, (JobCompleted, JobFailed)):
-        key = (inp.job_id, inp.attempt)
-        st = state.stopping.get(key)
-        if st is not None:
-            if not st.replicas_left:
-                return _finish_stop(state, key, ts, prod)
-            return []
-        run = state.cluster.runs.get(key)
-        if isinstance(inp, JobFailed) and run is not None and not run.stopping and inp.replica is not None:
-            stops = preempt_events(run, ts, grace, prod, reason="gang replica failed")[1:]
-            return stops + [
-                JobFailed(
-                    event_id=det_id("JobFailed", run.job_id, run.attempt, "gang"),
-                    ts=ts,
-                    producer=prod,
-                    job_id=run.job_id,
-                    attempt=run.attempt,
-                    replica=None,
-                    reason="gang replica failed",
-                )
-            ]
+    queued: list[Event] = [
+        JobQueued(
+            event_id=det_id("JobQueued", job.job_id, 1),
+            ts=ts,
+            producer=prod,
+            job_id=job.job_id,
+            budget=job.budget,
+            user=job.user,
+            allocated=job.allocated,
+            gpus_per_replica=job.gpus_per_replica,
+            replicas=job.replicas,
+            min_runtime_s=job.min_runtime_s,
+            gpu_model=job.gpu_model,
+            duration_s=job.duration_s,
+            command=job.command,
+            submitted_at=job.submitted_at,
+            attempt=1,
+            checkpoint_interval_s=job.checkpoint_every_s,
+            env=job.env,
+            time_limit_s=time_limit_in_force(state.tree, job),
+        )
+    ]
+    if job.array is not None:
+        return array_events(job, queued[0], ts, prod)  # type: ignore[arg-type]
+    if job.hold:
+        queued.append(held_event(job.job_id, job.user, "submitted held", job.event_id, ts, prod))
+    return queued
+
+
+def _decide_hold(
+    state: DispatchState, req: JobHoldRequested | JobReleaseRequested, now_us: Micros, cfg: DispatchConfig
+) -> list[Event]:
+    return hold_events(state, req, from_us(now_us), cfg.producer)
+
+
+def _decide_cancel(state: DispatchState, req: JobCancelRequested, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
+    """``JobCancelled``; a running job's replicas also get ``StopWorkload``; an ended job: a refusal."""
+    ts, prod = from_us(now_us), cfg.producer
+    rec = state.jobs.get(req.job_id)
+    if rec is None and req.job_id in state.arrays:
+        return cancel_array(state, req, now_us, cfg)
+    if rec is None:
+        if req.job_id in state.finished:  # a prompt answer rather than none (the requester would wait it out)
+            why = Rejection(RejectReason.INVALID, f"job {req.job_id!r} already finished: nothing to cancel")
+            return [refused_request_event(req, why, budget="", ts=ts, producer=prod)]
         return []
-    if isinstance(inp, NodeDrainRequested):
-        return _drain(state, inp.node_id, now_us, ts, cfg)
-    if isinstance(inp, JobLost) and inp.producer != prod:
-        return requeue_lost_run(state, inp, ts, prod, grace)
-    if isinstance(inp, WorkloadRefused):
-        return undo_refused_start(state, inp, ts, prod, cfg)
-    if isinstance(inp, NodeLost):
-        return _node_lost(state, inp.node_id, to_us(inp.last_heartbeat), ts, prod, emit_lost=None, grace_s=grace)
-    if isinstance(inp, NodeHeartbeat) and cfg.reconcile_misses is not None:
-        return reconcile_events(state, inp, ts, prod, cfg.reconcile_misses, grace)
-    return out
+    cid = det_id("JobCancelled", rec.spec.job_id)
+    reason = req.reason or "cancelled"
+    if rec.status == "pending":
+        return [JobCancelled(event_id=cid, ts=ts, producer=prod, job_id=rec.spec.job_id, attempt=None, reason=reason)]
+    out: list[Event] = []
+    run = state.cluster.runs.get((rec.spec.job_id, rec.attempt))
+    if run is not None and rec.status == "running":
+        out = preempt_events(run, ts, cfg.engine.grace_s, prod, reason="cancelled")[1:]  # stops only
+    elif rec.status == "stopping":
+        out = _start_waiting(state, (rec.spec.job_id, rec.attempt), ts, prod)
+    return out + [
+        JobCancelled(event_id=cid, ts=ts, producer=prod, job_id=rec.spec.job_id, attempt=rec.attempt, reason=reason)
+    ]
+
+
+def _decide_report(
+    state: DispatchState, rep: JobCompleted | JobFailed, now_us: Micros, cfg: DispatchConfig
+) -> list[Event]:
+    """The last replica of a stopping run: the stop is finished; a failed replica of a running gang: the
+    other replicas are stopped and the whole run fails."""
+    ts, prod = from_us(now_us), cfg.producer
+    key = (rep.job_id, rep.attempt)
+    st = state.stopping.get(key)
+    if st is not None:
+        return _finish_stop(state, key, ts, prod) if not st.replicas_left else []
+    run = state.cluster.runs.get(key)
+    if not isinstance(rep, JobFailed) or run is None or run.stopping or rep.replica is None:
+        return []
+    stops = preempt_events(run, ts, cfg.engine.grace_s, prod, reason="gang replica failed")[1:]
+    return stops + [
+        JobFailed(
+            event_id=det_id("JobFailed", run.job_id, run.attempt, "gang"),
+            ts=ts,
+            producer=prod,
+            job_id=run.job_id,
+            attempt=run.attempt,
+            replica=None,
+            reason="gang replica failed",
+        )
+    ]
+
+
+def _decide_drain(state: DispatchState, req: NodeDrainRequested, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
+    return _drain(state, req.node_id, now_us, from_us(now_us), cfg)
+
+
+def _decide_job_lost(state: DispatchState, ev: JobLost, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
+    """A run lost by another producer's word (the dispatcher's own JobLost is handled where it is made)."""
+    if ev.producer == cfg.producer:
+        return []
+    return requeue_lost_run(state, ev, from_us(now_us), cfg.producer, cfg.engine.grace_s)
+
+
+def _decide_refused(state: DispatchState, ev: WorkloadRefused, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
+    return undo_refused_start(state, ev, from_us(now_us), cfg.producer, cfg)
+
+
+def _decide_node_lost(state: DispatchState, ev: NodeLost, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
+    ts = from_us(now_us)
+    last = to_us(ev.last_heartbeat)
+    return _node_lost(state, ev.node_id, last, ts, cfg.producer, emit_lost=None, grace_s=cfg.engine.grace_s)
+
+
+def _decide_heartbeat(state: DispatchState, hb: NodeHeartbeat, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
+    if cfg.reconcile_misses is None:
+        return []
+    return reconcile_events(state, hb, from_us(now_us), cfg.producer, cfg.reconcile_misses, cfg.engine.grace_s)
+
+
+#: Input class -> what :func:`decide` makes of it (other inputs: nothing).
+_DECISIONS: dict[type[Event] | type[Tick], Callable[[DispatchState, Any, Micros, DispatchConfig], list[Event]]] = {
+    Tick: _decide_tick,
+    JobSubmitted: _decide_submitted,
+    JobHoldRequested: _decide_hold,
+    JobReleaseRequested: _decide_hold,
+    JobCancelRequested: _decide_cancel,
+    JobCompleted: _decide_report,
+    JobFailed: _decide_report,
+    NodeDrainRequested: _decide_drain,
+    JobLost: _decide_job_lost,
+    WorkloadRefused: _decide_refused,
+    NodeLost: _decide_node_lost,
+    NodeHeartbeat: _decide_heartbeat,
+}
 
 
 def cancel_array(state: DispatchState, req: JobCancelRequested, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
