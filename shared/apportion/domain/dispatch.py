@@ -122,6 +122,8 @@ from apportion.events import (
     NodeDrainRequested,
     NodeHeartbeat,
     NodeLost,
+    NodeRegistered,
+    NodeRequestRefused,
     NodeUncordoned,
     RejectReason,
     StartWorkload,
@@ -783,146 +785,208 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         observe(state.absences, state.cluster, state.awaiting, ev)
         if ev.node_id in state.cluster.nodes:  # heartbeats of nodes never registered are ignored
             observe_idle(state.idle, ev)
-    elif cls.__name__.startswith("Node"):
-        state._shapes = None
+    elif cls in _NODE_CHANGES:
+        state._shapes = None  # the declared inventory may have changed
+    fold = _FOLDS.get(cls)
+    if fold is not None:
+        fold(state, ev, t_ev)
+    if state.arrays and cls in _ENDS_JOB and ev.job_id not in state.jobs:  # type: ignore[attr-defined]
+        _array_forget(state, ev.job_id, t_ev)  # type: ignore[attr-defined]
+    return state
+
+
+#: Node events that may change the declared inventory (:meth:`DispatchState.node_shapes`); heartbeats do not.
+_NODE_CHANGES: frozenset[type[Event]] = frozenset(
+    {NodeRegistered, NodeCordoned, NodeDrainRequested, NodeDrained, NodeUncordoned, NodeRequestRefused, NodeLost}
+)
+
+
+def _fold_queued(state: DispatchState, ev: JobQueued, t_ev: Micros) -> None:
+    """The job joins its budget's queue (an array member joins its array's record)."""
+    t = to_us(ev.ts)
+    sub = to_us(ev.submitted_at)
+    state.jobs[ev.job_id] = JobRecord(ev, ev.attempt, "pending", sub, t)
+    state._enqueue(_pending_job(ev, ev.attempt, sub, t))
+    if ev.array_id is not None and ev.array_index is not None:
+        arr = state.arrays.get(ev.array_id)
+        if arr is None:
+            arr = state.arrays[ev.array_id] = ArrayRecord(ev.array_throttle, {})
+        arr.members[ev.job_id] = ev.array_index
+
+
+def _fold_placed(state: DispatchState, ev: JobPlaced, t_ev: Micros) -> None:
+    """The job leaves the queue and runs; with victims still stopping, it awaits them."""
     jobs = state.jobs
-    if isinstance(ev, JobQueued):
-        t = to_us(ev.ts)
-        sub = to_us(ev.submitted_at)
-        state.jobs[ev.job_id] = JobRecord(ev, ev.attempt, "pending", sub, t)
-        state._enqueue(_pending_job(ev, ev.attempt, sub, t))
-        if ev.array_id is not None and ev.array_index is not None:
-            arr = state.arrays.get(ev.array_id)
-            if arr is None:
-                arr = state.arrays[ev.array_id] = ArrayRecord(ev.array_throttle, {})
-            arr.members[ev.job_id] = ev.array_index
-    elif isinstance(ev, JobPlaced):
+    rec = jobs.get(ev.job_id)
+    if rec is not None and rec.status == "pending" and rec.attempt == ev.attempt:
+        state._dequeue(rec.spec.job_id)
+        state.held.pop(rec.spec.job_id, None)
+        jobs[rec.spec.job_id] = JobRecord(rec.spec, rec.attempt, "running", rec.submitted_at_us, rec.queued_at_us)
+        vics = frozenset((v.job_id, v.attempt) for v in ev.decision.victims if (v.job_id, v.attempt) in state.stopping)
+        if vics:
+            state.awaiting[(rec.spec.job_id, rec.attempt)] = vics
+
+
+def _fold_preempted(state: DispatchState, ev: JobPreempted, t_ev: Micros) -> None:
+    """The run is stopping, until its replicas report or its grace period ends."""
+    jobs = state.jobs
+    key = (ev.job_id, ev.attempt)
+    rec = jobs.get(ev.job_id)
+    run = state.cluster.runs.get(key)
+    if rec is not None and rec.attempt == ev.attempt and run is not None:
+        jobs[ev.job_id] = JobRecord(rec.spec, rec.attempt, "stopping", rec.submitted_at_us, rec.queued_at_us)
+        state.stopping[key] = _Stopping(
+            to_us(ev.ts) + s_to_us(ev.grace_s), run.open_replicas, True, completed_by=to_us(ev.ts)
+        )
+
+
+def _fold_requeued(state: DispatchState, ev: JobRequeued, t_ev: Micros) -> None:
+    """The stop is done; the job is back in the queue (after a refused start: backing off, D3.refused-starts)."""
+    jobs = state.jobs
+    rec = jobs.get(ev.job_id)
+    _stop_done(state, (ev.job_id, ev.attempt - 1))
+    if rec is None:
+        return
+    if ev.refused_by is not None:
+        until = None if ev.not_before is None else to_us(ev.not_before)
+        state.backoff[ev.job_id] = Backoff(ev.refusals, until, ev.refused_by, ev.reason, rec.spec.budget)
+        if ev.reason.removeprefix(REFUSED_START).split(":", 1)[0] in NODE_FAULT_REFUSALS:
+            state.node_refusals[ev.refused_by] = state.node_refusals.get(ev.refused_by, 0) + 1
+    t = to_us(ev.ts)
+    sub = to_us(ev.submitted_at)
+    jobs[ev.job_id] = JobRecord(rec.spec, ev.attempt, "pending", sub, t)
+    c = state.cluster  # its fold of this event already ran: counts and progress are current
+    state._enqueue(
+        _pending_job(rec.spec, ev.attempt, sub, t, c.preemptions.get(ev.job_id, 0), c.progress.get(ev.job_id, 0.0))
+    )
+
+
+def _fold_report(state: DispatchState, ev: JobCompleted | JobFailed, t_ev: Micros) -> None:
+    """A replica's end: of a stopping run, one replica fewer to wait for; of a running run that ended, the job
+    is finished."""
+    jobs = state.jobs
+    key = (ev.job_id, ev.attempt)
+    st = state.stopping.get(key)
+    if st is not None:
+        left = frozenset() if ev.replica is None else st.replicas_left - {ev.replica}
+        by = st.completed_by
+        done = by is not None and isinstance(ev, JobCompleted) and t_ev <= by
+        state.stopping[key] = _Stopping(st.deadline_us, left, st.requeue, st.plus_grace, by if done else None)
         rec = jobs.get(ev.job_id)
-        if rec is not None and rec.status == "pending" and rec.attempt == ev.attempt:
-            state._dequeue(rec.spec.job_id)
-            state.held.pop(rec.spec.job_id, None)
-            jobs[rec.spec.job_id] = JobRecord(rec.spec, rec.attempt, "running", rec.submitted_at_us, rec.queued_at_us)
-            vics = frozenset(
-                (v.job_id, v.attempt) for v in ev.decision.victims if (v.job_id, v.attempt) in state.stopping
-            )
-            if vics:
-                state.awaiting[(rec.spec.job_id, rec.attempt)] = vics
-    elif isinstance(ev, JobPreempted):
-        key = (ev.job_id, ev.attempt)
-        rec = jobs.get(ev.job_id)
-        run = state.cluster.runs.get(key)
-        if rec is not None and rec.attempt == ev.attempt and run is not None:
-            jobs[ev.job_id] = JobRecord(
-                rec.spec,
-                rec.attempt,
-                "stopping",
-                rec.submitted_at_us,
-                rec.queued_at_us,
-            )
-            state.stopping[key] = _Stopping(
-                to_us(ev.ts) + s_to_us(ev.grace_s), run.open_replicas, True, completed_by=to_us(ev.ts)
-            )
-    elif isinstance(ev, JobRequeued):
-        rec = jobs.get(ev.job_id)
-        _stop_done(state, (ev.job_id, ev.attempt - 1))
-        if rec is not None and ev.refused_by is not None:
-            until = None if ev.not_before is None else to_us(ev.not_before)
-            state.backoff[ev.job_id] = Backoff(ev.refusals, until, ev.refused_by, ev.reason, rec.spec.budget)
-            if ev.reason.removeprefix(REFUSED_START).split(":", 1)[0] in NODE_FAULT_REFUSALS:
-                state.node_refusals[ev.refused_by] = state.node_refusals.get(ev.refused_by, 0) + 1
-        if rec is not None:
-            t = to_us(ev.ts)
-            sub = to_us(ev.submitted_at)
-            jobs[ev.job_id] = JobRecord(rec.spec, ev.attempt, "pending", sub, t)
-            c = state.cluster  # its fold of this event already ran: counts and progress are current
-            state._enqueue(
-                _pending_job(
-                    rec.spec,
-                    ev.attempt,
-                    sub,
-                    t,
-                    c.preemptions.get(ev.job_id, 0),
-                    c.progress.get(ev.job_id, 0.0),
-                )
-            )
-    elif isinstance(ev, (JobCompleted, JobFailed)):
-        key = (ev.job_id, ev.attempt)
-        st = state.stopping.get(key)
-        if st is not None:
-            left = frozenset() if ev.replica is None else st.replicas_left - {ev.replica}
-            by = st.completed_by
-            done = by is not None and isinstance(ev, JobCompleted) and t_ev <= by
-            state.stopping[key] = _Stopping(st.deadline_us, left, st.requeue, st.plus_grace, by if done else None)
-            rec = jobs.get(ev.job_id)
-            if done and not left and rec is not None and rec.attempt == ev.attempt:
-                # the run had finished its work when the dispatcher preempted it (the agent's report, stamped
-                # earlier, was in flight): the job is done, as a replay in event-time order, which folds the report
-                # first, says. The stop entry stays until _finish_stop has started the preemptors waiting for it.
-                state.cluster.finish(key)
-                del jobs[ev.job_id]
-                state.finished[ev.job_id] = t_ev
-                state.backoff.pop(ev.job_id, None)
-        else:
-            rec = jobs.get(ev.job_id)
-            if (
-                rec is not None
-                and rec.attempt == ev.attempt
-                and rec.status == "running"
-                and key not in state.cluster.runs
-            ):
-                del jobs[ev.job_id]
-                state.finished[ev.job_id] = t_ev
-                state.awaiting.pop(key, None)
-                state.backoff.pop(ev.job_id, None)
-    elif isinstance(ev, JobHeld):
-        rec = jobs.get(ev.job_id)
-        if rec is not None and rec.status == "pending":
-            state.held[ev.job_id] = ev
-    elif isinstance(ev, JobReleased):
-        state.held.pop(ev.job_id, None)
-    elif isinstance(ev, JobCancelled):
-        rec = jobs.get(ev.job_id)
-        if rec is not None:
-            state.held.pop(ev.job_id, None)
-            if rec.status == "pending":
-                state._dequeue(ev.job_id)
-            _stop_done(state, (ev.job_id, rec.attempt))
-            state.awaiting.pop((ev.job_id, rec.attempt), None)
+        if done and not left and rec is not None and rec.attempt == ev.attempt:
+            # the run had finished its work when the dispatcher preempted it (the agent's report, stamped
+            # earlier, was in flight): the job is done, as a replay in event-time order, which folds the report
+            # first, says. The stop entry stays until _finish_stop has started the preemptors waiting for it.
+            state.cluster.finish(key)
             del jobs[ev.job_id]
             state.finished[ev.job_id] = t_ev
             state.backoff.pop(ev.job_id, None)
-    elif isinstance(ev, JobRejected) and ev.request == "JobSubmitted":
+        return
+    rec = jobs.get(ev.job_id)
+    if rec is not None and rec.attempt == ev.attempt and rec.status == "running" and key not in state.cluster.runs:
+        del jobs[ev.job_id]
+        state.finished[ev.job_id] = t_ev
+        state.awaiting.pop(key, None)
+        state.backoff.pop(ev.job_id, None)
+
+
+def _fold_held(state: DispatchState, ev: JobHeld, t_ev: Micros) -> None:
+    rec = state.jobs.get(ev.job_id)
+    if rec is not None and rec.status == "pending":
+        state.held[ev.job_id] = ev
+
+
+def _fold_released(state: DispatchState, ev: JobReleased, t_ev: Micros) -> None:
+    state.held.pop(ev.job_id, None)
+
+
+def _fold_cancelled(state: DispatchState, ev: JobCancelled, t_ev: Micros) -> None:
+    """The job is finished, out of the queue or its stop done."""
+    jobs = state.jobs
+    rec = jobs.get(ev.job_id)
+    if rec is None:
+        return
+    state.held.pop(ev.job_id, None)
+    if rec.status == "pending":
+        state._dequeue(ev.job_id)
+    _stop_done(state, (ev.job_id, rec.attempt))
+    state.awaiting.pop((ev.job_id, rec.attempt), None)
+    del jobs[ev.job_id]
+    state.finished[ev.job_id] = t_ev
+    state.backoff.pop(ev.job_id, None)
+
+
+def _fold_rejected(state: DispatchState, ev: JobRejected, t_ev: Micros) -> None:
+    if ev.request == "JobSubmitted":
         state.finished[ev.job_id] = t_ev  # a refused cancel leaves the job as it was
-    elif isinstance(ev, JobLost):
-        rec = jobs.get(ev.job_id)
-        if rec is not None and rec.attempt == ev.attempt:
-            key = (ev.job_id, ev.attempt)
-            state.awaiting.pop(key, None)
-            _stop_done(state, key)
-            run = state.cluster.runs.get(key)
-            if run is not None:
-                # a gang's replicas on other nodes are stopping, with the configured grace period
-                jobs[ev.job_id] = replace(rec, status="stopping")
-                state.stopping[key] = _Stopping(to_us(ev.ts), run.open_replicas, True, plus_grace=True)
-            else:
-                jobs[ev.job_id] = replace(rec, status="lost")
-    elif isinstance(ev, JobStarted):
-        state.node_refusals.pop(ev.node_id, None)  # a start there: its refusals are no longer in a row
-    elif isinstance(ev, NodeDrainRequested):
-        state.draining.add(ev.node_id)
-    elif isinstance(ev, (NodeDrained, NodeLost, NodeUncordoned)):
-        state.draining.discard(ev.node_id)
-        if isinstance(ev, NodeUncordoned):
-            state.node_refusals.pop(ev.node_id, None)
-    elif isinstance(ev, (BudgetSet, BudgetRemoved, BudgetBatch)):
-        state.tree = fold_budget_event(state.tree, ev)
-    elif isinstance(ev, DispatcherConfigured) and ev.heartbeats_from is not None:
+
+
+def _fold_lost(state: DispatchState, ev: JobLost, t_ev: Micros) -> None:
+    """D3.node-lost: the run ends; a gang's replicas on other nodes are stopping, with the grace period."""
+    jobs = state.jobs
+    rec = jobs.get(ev.job_id)
+    if rec is None or rec.attempt != ev.attempt:
+        return
+    key = (ev.job_id, ev.attempt)
+    state.awaiting.pop(key, None)
+    _stop_done(state, key)
+    run = state.cluster.runs.get(key)
+    if run is not None:
+        jobs[ev.job_id] = replace(rec, status="stopping")
+        state.stopping[key] = _Stopping(to_us(ev.ts), run.open_replicas, True, plus_grace=True)
+    else:
+        jobs[ev.job_id] = replace(rec, status="lost")
+
+
+def _fold_started(state: DispatchState, ev: JobStarted, t_ev: Micros) -> None:
+    state.node_refusals.pop(ev.node_id, None)  # a start there: its refusals are no longer in a row
+
+
+def _fold_drain_requested(state: DispatchState, ev: NodeDrainRequested, t_ev: Micros) -> None:
+    state.draining.add(ev.node_id)
+
+
+def _fold_drain_ended(state: DispatchState, ev: NodeDrained | NodeLost | NodeUncordoned, t_ev: Micros) -> None:
+    state.draining.discard(ev.node_id)
+    if isinstance(ev, NodeUncordoned):
+        state.node_refusals.pop(ev.node_id, None)
+
+
+def _fold_budget(state: DispatchState, ev: BudgetSet | BudgetRemoved | BudgetBatch, t_ev: Micros) -> None:
+    state.tree = fold_budget_event(state.tree, ev)
+
+
+def _fold_configured(state: DispatchState, ev: DispatcherConfigured, t_ev: Micros) -> None:
+    if ev.heartbeats_from is not None:
         t = to_us(ev.heartbeats_from)
         if state.heartbeats_from_us is None or t > state.heartbeats_from_us:
             state.heartbeats_from_us = t
-    if state.arrays and cls in _ENDS_JOB and ev.job_id not in jobs:  # type: ignore[attr-defined]
-        _array_forget(state, ev.job_id, t_ev)  # type: ignore[attr-defined]
-    return state
+
+
+#: Event class -> how :func:`evolve` folds it into the queue and job bookkeeping (after the ledger and the
+#: cluster state, which fold every event).
+_FOLDS: dict[type[Event], Callable[[DispatchState, Any, Micros], None]] = {
+    JobQueued: _fold_queued,
+    JobPlaced: _fold_placed,
+    JobPreempted: _fold_preempted,
+    JobRequeued: _fold_requeued,
+    JobCompleted: _fold_report,
+    JobFailed: _fold_report,
+    JobHeld: _fold_held,
+    JobReleased: _fold_released,
+    JobCancelled: _fold_cancelled,
+    JobRejected: _fold_rejected,
+    JobLost: _fold_lost,
+    JobStarted: _fold_started,
+    NodeDrainRequested: _fold_drain_requested,
+    NodeDrained: _fold_drain_ended,
+    NodeLost: _fold_drain_ended,
+    NodeUncordoned: _fold_drain_ended,
+    BudgetSet: _fold_budget,
+    BudgetRemoved: _fold_budget,
+    BudgetBatch: _fold_budget,
+    DispatcherConfigured: _fold_configured,
+}
 
 
 #: Events after which a job may have ended (left ``DispatchState.jobs``).
@@ -1025,135 +1089,171 @@ def decide(
         New events in emission order, ``ts`` = ``now_us``.
     """
     cfg = config or DispatchConfig()
-    ts = from_us(now_us)
-    prod = cfg.producer
-    grace = cfg.engine.grace_s
-    out: list[Event] = []
-    if isinstance(inp, Tick):
-        out = maintenance(state, now_us, cfg)
-        if out:
-            scratch = state.fork()
-            for e in out:
-                evolve(scratch, e)
-            out.extend(_cycle(scratch, now_us, cfg))
-        else:
-            out = _cycle(state, now_us, cfg)
-        return out
-    if isinstance(inp, JobSubmitted):
-        job: JobSubmitted = inp
-        verdict = admit_submission(state, job)
-        if verdict is not None:
-            reason, msg = verdict
-            return [
-                JobRejected(
-                    event_id=det_id("JobRejected", job.job_id, inp.event_id),
-                    ts=ts,
-                    producer=prod,
-                    job_id=job.job_id,
-                    budget=job.budget,
-                    user=job.user,
-                    reason=reason,
-                    message=msg,
-                )
-            ]
-        queued: list[Event] = [
-            JobQueued(
-                event_id=det_id("JobQueued", job.job_id, 1),
+    handler = _DECISIONS.get(type(inp))
+    return handler(state, inp, now_us, cfg) if handler is not None else []
+
+
+def _decide_tick(state: DispatchState, tick: Tick, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
+    """Maintenance, then the scheduling cycle on the state with the maintenance folded in."""
+    out = maintenance(state, now_us, cfg)
+    if not out:
+        return _cycle(state, now_us, cfg)
+    scratch = state.fork()
+    for e in out:
+        evolve(scratch, e)
+    out.extend(_cycle(scratch, now_us, cfg))
+    return out
+
+
+def _decide_submitted(state: DispatchState, job: JobSubmitted, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
+    """Admission (D2.rejection): ``JobRejected``, or ``JobQueued`` (an array's members; ``JobHeld`` after a
+    held submission)."""
+    ts, prod = from_us(now_us), cfg.producer
+    verdict = admit_submission(state, job)
+    if verdict is not None:
+        reason, msg = verdict
+        return [
+            JobRejected(
+                event_id=det_id("JobRejected", job.job_id, job.event_id),
                 ts=ts,
                 producer=prod,
                 job_id=job.job_id,
                 budget=job.budget,
                 user=job.user,
-                allocated=job.allocated,
-                gpus_per_replica=job.gpus_per_replica,
-                replicas=job.replicas,
-                min_runtime_s=job.min_runtime_s,
-                gpu_model=job.gpu_model,
-                duration_s=job.duration_s,
-                command=job.command,
-                submitted_at=job.submitted_at,
-                attempt=1,
-                checkpoint_interval_s=job.checkpoint_every_s,
-                env=job.env,
-                time_limit_s=time_limit_in_force(state.tree, job),
+                reason=reason,
+                message=msg,
             )
         ]
-        if job.array is not None:
-            return array_events(job, queued[0], ts, prod)  # type: ignore[arg-type]
-        if job.hold:
-            queued.append(held_event(job.job_id, job.user, "submitted held", job.event_id, ts, prod))
-        return queued
-    if isinstance(inp, (JobHoldRequested, JobReleaseRequested)):
-        return hold_events(state, inp, ts, prod)
-    if isinstance(inp, JobCancelRequested):
-        rec = state.jobs.get(inp.job_id)
-        if rec is None and inp.job_id in state.arrays:
-            return cancel_array(state, inp, now_us, cfg)
-        if rec is None:
-            if inp.job_id in state.finished:  # a prompt answer rather than none (the requester would wait it out)
-                why = Rejection(RejectReason.INVALID, f"job {inp.job_id!r} already finished: nothing to cancel")
-                return [refused_request_event(inp, why, budget="", ts=ts, producer=prod)]
-            return []
-        cid = det_id("JobCancelled", rec.spec.job_id)
-        if rec.status == "pending":
-            return [
-                JobCancelled(
-                    event_id=cid,
-                    ts=ts,
-                    producer=prod,
-                    job_id=rec.spec.job_id,
-                    attempt=None,
-                    reason=inp.reason or "cancelled",
-                )
-            ]
-        run = state.cluster.runs.get((rec.spec.job_id, rec.attempt))
-        if run is not None and rec.status == "running":
-            out = preempt_events(run, ts, grace, prod, reason="cancelled")[1:]  # stops only
-        elif rec.status == "stopping":
-            out = _start_waiting(state, (rec.spec.job_id, rec.attempt), ts, prod)
-        return out + [
-            JobCancelled(
-                event_id=cid,
-                ts=ts,
-                producer=prod,
-                job_id=rec.spec.job_id,
-                attempt=rec.attempt,
-                reason=inp.reason or "cancelled",
-            )
-        ]
-    if isinstance(inp, (JobCompleted, JobFailed)):
-        key = (inp.job_id, inp.attempt)
-        st = state.stopping.get(key)
-        if st is not None:
-            if not st.replicas_left:
-                return _finish_stop(state, key, ts, prod)
-            return []
-        run = state.cluster.runs.get(key)
-        if isinstance(inp, JobFailed) and run is not None and not run.stopping and inp.replica is not None:
-            stops = preempt_events(run, ts, grace, prod, reason="gang replica failed")[1:]
-            return stops + [
-                JobFailed(
-                    event_id=det_id("JobFailed", run.job_id, run.attempt, "gang"),
-                    ts=ts,
-                    producer=prod,
-                    job_id=run.job_id,
-                    attempt=run.attempt,
-                    replica=None,
-                    reason="gang replica failed",
-                )
-            ]
+    queued: list[Event] = [
+        JobQueued(
+            event_id=det_id("JobQueued", job.job_id, 1),
+            ts=ts,
+            producer=prod,
+            job_id=job.job_id,
+            budget=job.budget,
+            user=job.user,
+            allocated=job.allocated,
+            gpus_per_replica=job.gpus_per_replica,
+            replicas=job.replicas,
+            min_runtime_s=job.min_runtime_s,
+            gpu_model=job.gpu_model,
+            duration_s=job.duration_s,
+            command=job.command,
+            submitted_at=job.submitted_at,
+            attempt=1,
+            checkpoint_interval_s=job.checkpoint_every_s,
+            env=job.env,
+            time_limit_s=time_limit_in_force(state.tree, job),
+        )
+    ]
+    if job.array is not None:
+        return array_events(job, queued[0], ts, prod)  # type: ignore[arg-type]
+    if job.hold:
+        queued.append(held_event(job.job_id, job.user, "submitted held", job.event_id, ts, prod))
+    return queued
+
+
+def _decide_hold(
+    state: DispatchState, req: JobHoldRequested | JobReleaseRequested, now_us: Micros, cfg: DispatchConfig
+) -> list[Event]:
+    return hold_events(state, req, from_us(now_us), cfg.producer)
+
+
+def _decide_cancel(state: DispatchState, req: JobCancelRequested, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
+    """``JobCancelled``; a running job's replicas also get ``StopWorkload``; an ended job: a refusal."""
+    ts, prod = from_us(now_us), cfg.producer
+    rec = state.jobs.get(req.job_id)
+    if rec is None and req.job_id in state.arrays:
+        return cancel_array(state, req, now_us, cfg)
+    if rec is None:
+        if req.job_id in state.finished:  # a prompt answer rather than none (the requester would wait it out)
+            why = Rejection(RejectReason.INVALID, f"job {req.job_id!r} already finished: nothing to cancel")
+            return [refused_request_event(req, why, budget="", ts=ts, producer=prod)]
         return []
-    if isinstance(inp, NodeDrainRequested):
-        return _drain(state, inp.node_id, now_us, ts, cfg)
-    if isinstance(inp, JobLost) and inp.producer != prod:
-        return requeue_lost_run(state, inp, ts, prod, grace)
-    if isinstance(inp, WorkloadRefused):
-        return undo_refused_start(state, inp, ts, prod, cfg)
-    if isinstance(inp, NodeLost):
-        return _node_lost(state, inp.node_id, to_us(inp.last_heartbeat), ts, prod, emit_lost=None, grace_s=grace)
-    if isinstance(inp, NodeHeartbeat) and cfg.reconcile_misses is not None:
-        return reconcile_events(state, inp, ts, prod, cfg.reconcile_misses, grace)
-    return out
+    cid = det_id("JobCancelled", rec.spec.job_id)
+    reason = req.reason or "cancelled"
+    if rec.status == "pending":
+        return [JobCancelled(event_id=cid, ts=ts, producer=prod, job_id=rec.spec.job_id, attempt=None, reason=reason)]
+    out: list[Event] = []
+    run = state.cluster.runs.get((rec.spec.job_id, rec.attempt))
+    if run is not None and rec.status == "running":
+        out = preempt_events(run, ts, cfg.engine.grace_s, prod, reason="cancelled")[1:]  # stops only
+    elif rec.status == "stopping":
+        out = _start_waiting(state, (rec.spec.job_id, rec.attempt), ts, prod)
+    return out + [
+        JobCancelled(event_id=cid, ts=ts, producer=prod, job_id=rec.spec.job_id, attempt=rec.attempt, reason=reason)
+    ]
+
+
+def _decide_report(
+    state: DispatchState, rep: JobCompleted | JobFailed, now_us: Micros, cfg: DispatchConfig
+) -> list[Event]:
+    """The last replica of a stopping run: the stop is finished; a failed replica of a running gang: the
+    other replicas are stopped and the whole run fails."""
+    ts, prod = from_us(now_us), cfg.producer
+    key = (rep.job_id, rep.attempt)
+    st = state.stopping.get(key)
+    if st is not None:
+        return _finish_stop(state, key, ts, prod) if not st.replicas_left else []
+    run = state.cluster.runs.get(key)
+    if not isinstance(rep, JobFailed) or run is None or run.stopping or rep.replica is None:
+        return []
+    stops = preempt_events(run, ts, cfg.engine.grace_s, prod, reason="gang replica failed")[1:]
+    return stops + [
+        JobFailed(
+            event_id=det_id("JobFailed", run.job_id, run.attempt, "gang"),
+            ts=ts,
+            producer=prod,
+            job_id=run.job_id,
+            attempt=run.attempt,
+            replica=None,
+            reason="gang replica failed",
+        )
+    ]
+
+
+def _decide_drain(state: DispatchState, req: NodeDrainRequested, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
+    return _drain(state, req.node_id, now_us, from_us(now_us), cfg)
+
+
+def _decide_job_lost(state: DispatchState, ev: JobLost, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
+    """A run lost by another producer's word (the dispatcher's own JobLost is handled where it is made)."""
+    if ev.producer == cfg.producer:
+        return []
+    return requeue_lost_run(state, ev, from_us(now_us), cfg.producer, cfg.engine.grace_s)
+
+
+def _decide_refused(state: DispatchState, ev: WorkloadRefused, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
+    return undo_refused_start(state, ev, from_us(now_us), cfg.producer, cfg)
+
+
+def _decide_node_lost(state: DispatchState, ev: NodeLost, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
+    ts = from_us(now_us)
+    last = to_us(ev.last_heartbeat)
+    return _node_lost(state, ev.node_id, last, ts, cfg.producer, emit_lost=None, grace_s=cfg.engine.grace_s)
+
+
+def _decide_heartbeat(state: DispatchState, hb: NodeHeartbeat, now_us: Micros, cfg: DispatchConfig) -> list[Event]:
+    if cfg.reconcile_misses is None:
+        return []
+    return reconcile_events(state, hb, from_us(now_us), cfg.producer, cfg.reconcile_misses, cfg.engine.grace_s)
+
+
+#: Input class -> what :func:`decide` makes of it (other inputs: nothing).
+_DECISIONS: dict[type[Event] | type[Tick], Callable[[DispatchState, Any, Micros, DispatchConfig], list[Event]]] = {
+    Tick: _decide_tick,
+    JobSubmitted: _decide_submitted,
+    JobHoldRequested: _decide_hold,
+    JobReleaseRequested: _decide_hold,
+    JobCancelRequested: _decide_cancel,
+    JobCompleted: _decide_report,
+    JobFailed: _decide_report,
+    NodeDrainRequested: _decide_drain,
+    JobLost: _decide_job_lost,
+    WorkloadRefused: _decide_refused,
+    NodeLost: _decide_node_lost,
+    NodeHeartbeat: _decide_heartbeat,
+}
 
 
 def cancel_array(state: DispatchState, req: JobCancelRequested, now_us: Micros, cfg: DispatchConfig) -> list[Event]:

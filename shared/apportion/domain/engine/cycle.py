@@ -88,7 +88,7 @@ The phases, each a function of one per-cycle context (:class:`_Cycle`, built by
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -260,7 +260,7 @@ class _Cycle:
     """One cycle's working state: built from the snapshot by :func:`_open`, read and changed by every phase.
 
     Only speed depends on the memo fields (``free_fail``, ``search_failures``,
-    ``floors``, ``min_rt``, ``caps``): they remember what the cycle already
+    ``floors``, ``min_rt``, ``gang_cap``'s): they remember what the cycle already
     found out, so that a later job of at least the same shape is not looked at
     again; the decisions are those of the rules alone.
     """
@@ -279,6 +279,9 @@ class _Cycle:
     free: CycleFree
     memo: CycleMemo | None
     reservation_after_us: Micros
+    # budget -> the protection cap of its runs, once per cycle and budget (not a method: the search request
+    # holds it, and a bound method would make the context a reference cycle)
+    gang_cap: Callable[[str], Micros | None]
     victims: CycleVictims | None = None  # built by the first preemption search
     request: PreemptionRequest | None = None  # the searches' request: the job's fields change per search
     free_fail: dict[str | None, list[tuple[int, int]]] = field(default_factory=dict)  # model -> shapes (g, k)
@@ -292,15 +295,7 @@ class _Cycle:
     hold_leaf: str = ""  # the reservation holder's leaf
     hold_charge: float = 0.0  # and its provisional charge
     min_rt: dict[str, float] = field(default_factory=dict)  # leaf -> least min_runtime_s of its allocated jobs
-    caps: dict[str, Micros | None] = field(default_factory=dict)  # budget -> protection cap
     floors: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
-
-    def gang_cap(self, budget: str) -> Micros | None:
-        """The protection cap of ``budget``'s runs (:func:`protection_cap_us`), once per cycle and budget."""
-        caps = self.caps
-        if budget not in caps:
-            caps[budget] = protection_cap_us(budget, self.tree, self.cfg)
-        return caps[budget]
 
     def floor_shape(self, leaf: str, lo: int, hi: int) -> tuple[int, int]:
         """Smallest g and smallest k in pending[leaf][lo:hi]: a lower bound of any job left there."""
@@ -405,7 +400,15 @@ def _open(
         free=free,
         memo=snapshot.memo,
         reservation_after_us=s_to_us(cfg.reservation_after_s),
+        gang_cap=partial(_gang_cap, {}, tree, cfg),
     )
+
+
+def _gang_cap(caps: dict[str, Micros | None], tree: BudgetTree, cfg: EngineConfig, budget: str) -> Micros | None:
+    """The protection cap of ``budget``'s runs (:func:`protection_cap_us`), kept in ``caps``."""
+    if budget not in caps:
+        caps[budget] = protection_cap_us(budget, tree, cfg)
+    return caps[budget]
 
 
 # ---------------------------------------------------------------- pass 1: allocated jobs
