@@ -41,6 +41,7 @@ import random
 import resource
 import statistics
 import time
+from itertools import islice
 
 from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
@@ -99,13 +100,16 @@ def build(
     jid = 0
     target_busy = int(nodes * gpn * 0.97)
     busy = 0
+    lo = 0
     while busy < target_busy:
         shape = rng.choices([(1, 1), (2, 1), (4, 1), (8, 1), (8, 2)], [40, 20, 20, 15, 5])[0]
         g, k = shape
-        cands = [n for n in order if len(free[n]) >= g]
+        while lo < len(order) and not free[order[lo]]:
+            lo += 1  # nodes before lo are full: the walk for the first 64 eligible starts here
+        cands = list(islice((n for n in islice(order, lo, None) if len(free[n]) >= g), 64))
         if len(cands) < k:
             break
-        picks = rng.sample(cands[:64], k) if len(cands) >= 64 else cands[:k]
+        picks = rng.sample(cands, k) if len(cands) >= 64 else cands[:k]
         places = []
         for nid in picks:
             gpus, free[nid] = free[nid][:g], free[nid][g:]
