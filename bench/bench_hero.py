@@ -28,7 +28,7 @@ from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import EngineConfig
 from apportion.sim.baselines import POLICIES
 from apportion.sim.core import SimConfig
-from apportion.sim.hero import HeroSimulator, hero_rows, hero_scenario
+from apportion.sim.hero import DEFAULT_HEROES, HeroSimulator, hero_rows, hero_scenario
 from apportion.sim.report import summarise
 from apportion.sim.traces import load_budget_file, load_trace
 
@@ -38,7 +38,11 @@ ROOT = Path(__file__).resolve().parent.parent
 def run(a: argparse.Namespace) -> list[dict[str, Any]]:
     bf = load_budget_file(ROOT / "infra/budgets/philly.yaml")
     src = load_trace(a.trace or default_data_dir() / "philly" / "philly.csv", bf, a.seed, a.slice)
-    sc = hero_scenario(src, bf.tree, a.seed, days=a.days, size=a.size)
+    heroes = DEFAULT_HEROES
+    if a.hero_days:
+        days = [float(d) for d in a.hero_days.split(",")]
+        heroes = tuple(dataclasses.replace(h, submit_day=d) for h, d in zip(DEFAULT_HEROES, days, strict=True))
+    sc = hero_scenario(src, bf.tree, a.seed, days=a.days, size=a.size, heroes=heroes)
     if a.no_heroes:
         sc = dataclasses.replace(sc, jobs=tuple(j for j in sc.jobs if j.job_id not in sc.heroes), heroes=())
     gpus = sum(n.gpus for n in sc.nodes)
@@ -79,7 +83,7 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
                 f"gather_idle_gpu_h={_f(r.gathering_idle_gpu_h)} ({_f(r.gathering_idle_pct_first_day)}% of day 1) "
                 f"preemptions={r.preemptions} lost_gpu_h={r.lost_gpu_h:.0f} "
                 f"max_lost_per_preemption_h={r.max_lost_per_preemption_h:.2f} completion_d={_f(r.completion_d)} "
-                f"progress={r.progress_pct:.0f}%",
+                f"progress={r.progress_pct:.0f}% start_d={_f(r.start_d)} stops_d={[round(d, 2) for d in r.stops_d]}",
                 flush=True,
             )
         if a.json:
@@ -100,6 +104,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--policy", default="fairshare,slurm,kueue,kai,fifo")
     ap.add_argument("--no-heroes", action="store_true")
+    ap.add_argument("--hero-days", default=None, help="submission days of hero-a,b,c (default 2,3,4)")
     ap.add_argument("--json", default=None)
     run(ap.parse_args())
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from apportion.domain.budgets import BudgetTree
@@ -221,7 +221,8 @@ class HeroSimulator(Simulator):
 
 @dataclass(frozen=True, slots=True)
 class HeroRow:
-    """Figures of one hero job in one run (``None``: did not happen within the run)."""
+    """Figures of one hero job in one run (``None``: did not happen within the run); ``stops_d`` and
+    ``start_d``: when it was stopped (preempted) and first placed, days since the scenario's start."""
 
     job_id: str
     gpus: int
@@ -234,7 +235,8 @@ class HeroRow:
     max_lost_per_preemption_h: float
     completion_d: float | None
     progress_pct: float
-    extra: dict[str, float] = field(default_factory=dict)
+    stops_d: tuple[float, ...] = ()
+    start_d: float | None = None
 
 
 def hero_rows(
@@ -273,6 +275,8 @@ def hero_rows(
                 max_lost_per_preemption_h=max((s.lost_gpu_s / gpus / 3600 for s in stops), default=0.0),
                 completion_d=None if done is None else us_to_s(done - spec.submit_us) / DAY_S,
                 progress_pct=100 * progress / spec.duration_s,
+                stops_d=tuple(us_to_s(s.at_us - scenario.start_us) / DAY_S for s in stops),
+                start_d=None if placed is None else us_to_s(placed - scenario.start_us) / DAY_S,
             )
         )
     return rows
