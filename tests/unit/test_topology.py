@@ -10,13 +10,14 @@ The labelled cluster of most cases, 8 nodes of 8 GPUs::
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
 from apportion.domain.cluster import ClusterSnapshot, ClusterState, Node
 from apportion.domain.engine.placement import CycleFree, FreeIndex, topology_pick
 from apportion.events import JobSubmitted, NodeRegistered
-from apportion.sim.traces import topology_of
+from apportion.sim.traces import load_budget_file, topology_of
 
 RACK = {"n0": "r0", "n1": "r0", "n2": "r1", "n3": "r1", "n4": "r2", "n5": "r2", "n6": "r3", "n7": "r3"}
 BLOCK = {"r0": "b0", "r1": "b0", "r2": "b1", "r3": "b1"}
@@ -117,3 +118,13 @@ def test_simulated_inventory_labels() -> None:
     got = [topology_of(i, 2048, 32, 4) for i in (0, 63, 64, 511, 512, 2047)]
     assert got == [("b0", "r0"), ("b0", "r0"), ("b0", "r1"), ("b0", "r7"), ("b1", "r8"), ("b3", "r31")]
     assert topology_of(5, 10, None, None) == (None, None)
+
+
+def test_budget_file_cluster_labels(tmp_path: Path) -> None:
+    f = tmp_path / "b.yaml"
+    f.write_text(
+        "cluster:\n- {prefix: n, count: 8, gpus: 8, racks: 4, blocks: 2}\n- {prefix: m, count: 2, gpus: 8}\nbudgets:\n  a: 1.0\n"
+    )
+    got = [(n.node_id, n.block, n.rack) for n in load_budget_file(f).nodes]
+    assert got[:4] == [("n000", "nb0", "nr0"), ("n001", "nb0", "nr0"), ("n002", "nb0", "nr1"), ("n003", "nb0", "nr1")]
+    assert got[7] == ("n007", "nb1", "nr3") and got[8:] == [("m000", None, None), ("m001", None, None)]
