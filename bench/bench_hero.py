@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from apportion.demo import default_data_dir
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import EngineConfig
+from apportion.settings import default_data_dir
 from apportion.sim.baselines import POLICIES
 from apportion.sim.core import SimConfig
 from apportion.sim.hero import DEFAULT_HEROES, HeroSimulator, hero_rows, hero_scenario
