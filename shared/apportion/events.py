@@ -375,6 +375,10 @@ def is_allocated(min_runtime_s: float) -> bool:
     return min_runtime_s > 0
 
 
+TopologyBound = Literal["block", "rack"]
+"""The network domain a gang may be required to fit in (``JobSubmitted.topology_bound``, DESIGN ``D1.topology``)."""
+
+
 class JobSubmitted(Event):
     """A user asks to run a job, or a job array (schema version 5).
 
@@ -405,6 +409,8 @@ class JobSubmitted(Event):
             :func:`apportion.arrays.parse_array`). The record then asks for one job per index, each
             with the id ``<job_id>_<index>`` and these fields, at most the throttle of them running at once;
             the one signature covers them all. ``None``: one job.
+        topology_bound: ``"block"`` or ``"rack"``: every replica on nodes of one block (one rack), DESIGN
+            ``D1.topology``; ``None``: any nodes (a gang still prefers the fewest blocks, then racks).
         signer_key, signature: the submitter's proof of ``user`` (DESIGN
             section 10; :mod:`apportion.identity`): the base64 Ed25519 public
             key and its base64 signature over the canonical bytes of the
@@ -440,6 +446,7 @@ class JobSubmitted(Event):
     env: dict[str, str] | None = None
     time_limit_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     array: str | None = Field(default=None, min_length=1, max_length=1000)
+    topology_bound: TopologyBound | None = None
     signer_key: str | None = None
     signature: str | None = None
 
@@ -789,7 +796,12 @@ class WorkloadRefused(Event):
 
 
 class NodeRegistered(Event):
-    """A node agent announced its GPU inventory (NVML or simulated)."""
+    """A node agent announced its GPU inventory (NVML or simulated).
+
+    ``block`` and ``rack``: the node's place in the network (DESIGN ``D1.topology``), labels set by ops in
+    the agent's settings or by the simulated inventory; ``None`` when unknown. A rack lies within one
+    block; gangs larger than one node prefer the fewest blocks, then racks.
+    """
 
     type: Literal["NodeRegistered"] = "NodeRegistered"
     node_id: str
@@ -797,6 +809,8 @@ class NodeRegistered(Event):
     gpu_model: str | None = None
     gpus: tuple[GpuInfo, ...] = ()
     simulated: bool = False
+    block: str | None = Field(default=None, min_length=1, max_length=200)
+    rack: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 class NodeHeartbeat(Event):

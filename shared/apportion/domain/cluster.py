@@ -242,6 +242,7 @@ class Node:
         state: one of :data:`~apportion.domain.nodes.NODE_STATES` (:func:`~apportion.domain.nodes.node_transition`).
         free: GPU indices held by no run (stopping runs still hold theirs).
         last_heartbeat_us: last heartbeat (or registration), µs UTC.
+        block, rack: its place in the network as registered (DESIGN ``D1.topology``), or ``None``.
     """
 
     node_id: str
@@ -250,6 +251,8 @@ class Node:
     state: NodeState
     free: frozenset[int]
     last_heartbeat_us: Micros | None = None
+    block: str | None = None
+    rack: str | None = None
 
     @property
     def schedulable(self) -> bool:
@@ -603,7 +606,7 @@ class ClusterState:
         free = frozenset(i for i in range(ev.gpu_count) if i not in held)
         prev = self.nodes.get(ev.node_id)
         state = node_transition(None if prev is None else prev.state, ev)
-        self._set_node(Node(ev.node_id, ev.gpu_count, ev.gpu_model, state, free, to_us(ev.ts)))
+        self._set_node(Node(ev.node_id, ev.gpu_count, ev.gpu_model, state, free, to_us(ev.ts), ev.block, ev.rack))
         self.node_runs.setdefault(ev.node_id, frozenset())
 
     def _placed(self, ev: JobPlaced) -> None:
@@ -643,6 +646,8 @@ class ClusterState:
                     node.state,
                     node.free.difference(p.gpus),
                     node.last_heartbeat_us,
+                    node.block,
+                    node.rack,
                 )
                 if self.changed_nodes is not None:
                     self.changed_nodes.add(p.node_id)
@@ -669,6 +674,8 @@ class ClusterState:
                     node.state,
                     node.free.union(g for g in mine if g < node.gpu_count),
                     node.last_heartbeat_us,
+                    node.block,
+                    node.rack,
                 )
                 if self.changed_nodes is not None:
                     self.changed_nodes.add(p.node_id)

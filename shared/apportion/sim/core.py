@@ -181,11 +181,13 @@ def default_horizon_us(jobs: Sequence[SimJob], nodes: Sequence[SimNode]) -> Micr
 
 @dataclass(frozen=True, slots=True)
 class SimNode:
-    """A simulated node: ``gpus`` GPUs of ``model``."""
+    """A simulated node: ``gpus`` GPUs of ``model``, in ``block`` and ``rack`` (DESIGN ``D1.topology``; ``None``: unknown)."""
 
     node_id: str
     gpus: int
     model: str | None = None
+    block: str | None = None
+    rack: str | None = None
 
 
 StopCheckpoint = Literal["unallocated", "all", "none"]
@@ -413,6 +415,8 @@ class Simulator:
                     gpu_count=n.gpus,
                     gpu_model=n.model,
                     simulated=True,
+                    block=n.block,
+                    rack=n.rack,
                 ),
             )
             if cfg.heartbeat_s:

@@ -149,12 +149,38 @@ class TraceError(ValueError):
 
 
 class ClusterGroup(_Schema):
-    """``count`` nodes of ``gpus`` GPUs (of ``model``), ids ``<prefix><index>`` (index zero-padded to 3+ digits)."""
+    """``count`` nodes of ``gpus`` GPUs (of ``model``), ids ``<prefix><index>`` (index zero-padded to 3+ digits).
+
+    ``racks`` and ``blocks`` (optional): the group's nodes in id order split evenly into that many racks, the
+    racks into that many blocks (:func:`topology_of`); without them the nodes carry no labels.
+    """
 
     prefix: Annotated[str, Field(strict=True)] = "n"
     count: Annotated[int, Field(strict=True, ge=1, le=MAX_NODES)] = 1
     gpus: Annotated[int, Field(strict=True, ge=1, le=MAX_GPUS_PER_REPLICA)]
     model: Annotated[str, Field(strict=True, min_length=1)] | None = None
+    racks: Annotated[int, Field(strict=True, ge=1, le=MAX_NODES)] | None = None
+    blocks: Annotated[int, Field(strict=True, ge=1, le=MAX_NODES)] | None = None
+
+
+def topology_of(
+    i: int, count: int, racks: int | None, blocks: int | None, prefix: str = ""
+) -> tuple[str | None, str | None]:
+    """``(block, rack)`` labels of node ``i`` of ``count`` split evenly into ``racks`` racks and ``blocks`` blocks.
+
+    Rack ``i * racks // count`` (label ``<prefix>r<rack>``), block ``rack * blocks // racks`` (``<prefix>b<block>``):
+    consecutive nodes share a rack, consecutive racks a block, so a rack never spans two blocks. ``racks``
+    ``None``: one rack per block (``blocks`` given) or no labels (neither given).
+
+    >>> topology_of(0, 8, 4, 2), topology_of(3, 8, 4, 2), topology_of(7, 8, 4, 2)
+    (('b0', 'r0'), ('b0', 'r1'), ('b1', 'r3'))
+    """
+    if racks is None and blocks is None:
+        return None, None
+    r = min(count, racks if racks is not None else blocks or 1)
+    rack = i * r // count
+    block = rack * min(r, blocks or 1) // r
+    return f"{prefix}b{block}", f"{prefix}r{rack}"
 
 
 class MinRuntimeRule(_Schema):
@@ -247,7 +273,8 @@ def load_budget_file(path: str | Path) -> BudgetFile:
                     "(give each group its own prefix)"
                 )
             seen[node_id] = gi
-            nodes.append(SimNode(node_id, grp.gpus, grp.model))
+            block, rack = topology_of(i, grp.count, grp.racks, grp.blocks, grp.prefix)
+            nodes.append(SimNode(node_id, grp.gpus, grp.model, block, rack))
     try:
         tree = tree_of(path, spec.budgets)
     except BudgetFileError as exc:

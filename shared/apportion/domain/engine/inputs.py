@@ -117,6 +117,8 @@ class PendingJob:
         progress_s: progress its last checkpoint saved, seconds (where this attempt resumes).
         checkpoint_interval_s: the job's checkpoint interval in force (``JobQueued.checkpoint_interval_s``),
             seconds, or ``None`` (no checkpoint expected); recorded in ``JobPlaced``.
+        topology_bound: ``"block"``/``"rack"``: all replicas within one (``JobSubmitted.topology_bound``,
+            DESIGN ``D1.topology``), or ``None``.
     """
 
     job_id: str
@@ -134,6 +136,7 @@ class PendingJob:
     preemptions: int = 0
     progress_s: float = 0.0
     checkpoint_interval_s: float | None = None
+    topology_bound: str | None = None
 
     @property
     def allocated(self) -> bool:

@@ -1,0 +1,113 @@
+"""The hero scenario under every policy (docs/hero.md): per hero job and per budget figures.
+
+Run::
+
+    .venv/bin/python bench/bench_hero.py [--days 21] [--size 16] [--slice week44] [--seed 1]
+        [--policy fairshare,slurm,kueue,kai,fifo] [--no-heroes] [--json out.json]
+
+Builds :func:`apportion.sim.hero.hero_scenario` from the Philly jobs of
+``--slice`` (``infra/budgets/philly.yaml``'s tree and minimum-runtime rule)
+and runs each policy on it, one after another. Prints one line per policy
+(wall time, utilisation, the background budgets' mean share deficit) and one
+per hero job (time to start, GPU-hours idled while it gathered, preemptions,
+work lost, completion). ``--no-heroes``: the same run without the hero jobs
+(same tree), the reference of the background budgets' deficit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from apportion.domain.dispatch import DispatchConfig
+from apportion.domain.engine import EngineConfig
+from apportion.settings import default_data_dir
+from apportion.sim.baselines import POLICIES
+from apportion.sim.core import SimConfig
+from apportion.sim.hero import DEFAULT_HEROES, HeroSimulator, hero_rows, hero_scenario
+from apportion.sim.report import summarise
+from apportion.sim.traces import load_budget_file, load_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(a: argparse.Namespace) -> list[dict[str, Any]]:
+    bf = load_budget_file(ROOT / "infra/budgets/philly.yaml")
+    src = load_trace(a.trace or default_data_dir() / "philly" / "philly.csv", bf, a.seed, a.slice)
+    heroes = DEFAULT_HEROES
+    if a.hero_days:
+        days = [float(d) for d in a.hero_days.split(",")]
+        heroes = tuple(dataclasses.replace(h, submit_day=d) for h, d in zip(DEFAULT_HEROES, days, strict=True))
+    sc = hero_scenario(src, bf.tree, a.seed, days=a.days, size=a.size, heroes=heroes)
+    if a.no_heroes:
+        sc = dataclasses.replace(sc, jobs=tuple(j for j in sc.jobs if j.job_id not in sc.heroes), heroes=())
+    gpus = sum(n.gpus for n in sc.nodes)
+    print(f"# {len(sc.nodes)} nodes, {gpus} GPUs, {len(sc.jobs)} jobs, {a.days} days, heroes {list(sc.heroes)}")
+    out = []
+    for name in a.policy.split(","):
+        dcfg = DispatchConfig(
+            engine=EngineConfig(window_s=bf.window_s), heartbeat_timeout_s=None, scheduler=POLICIES[name]
+        )
+        cfg = SimConfig(seed=a.seed, dispatch=dcfg, keep_log=False, until_us=sc.until_us, sample_s=3600.0)
+        t = time.perf_counter()
+        sim = HeroSimulator(sc.tree, sc.nodes, sc.jobs, cfg, window_s=bf.window_s, heroes=sc.heroes)
+        res = sim.run()
+        wall = time.perf_counter() - t
+        rep = summarise(res, sc.tree, name, a.seed, wall_s=wall)
+        bg = [r.mean_deficit_pp for r in rep.budgets if r.path.startswith("bg/") and r.mean_deficit_pp is not None]
+        rows = hero_rows(res, sc, sim.gathering_idle_gpu_s, gpus, sim._saved)
+        doc = {
+            "policy": name,
+            "wall_s": round(wall, 1),
+            "utilisation": round(rep.utilisation, 4),
+            "goodput": round(rep.goodput, 4),
+            "bg_mean_deficit_pp": round(sum(bg) / len(bg), 2) if bg else 0.0,
+            "mean_deficit_pp": round(rep.mean_deficit_pp, 2),
+            "violations": rep.violations,
+            "budgets": {r.path: r.mean_deficit_pp for r in rep.budgets},
+            "heroes": [dataclasses.asdict(r) for r in rows],
+        }
+        out.append(doc)
+        print(
+            f"{name}: wall {wall:.0f} s, utilisation {rep.utilisation:.3f}, goodput {rep.goodput:.3f}, "
+            f"background mean deficit {doc['bg_mean_deficit_pp']} pp, violations {rep.violations}",
+            flush=True,
+        )
+        for r in rows:
+            print(
+                f"  {r.job_id} {r.gpus} GPUs covers={r.budget_covers} start_h={_f(r.start_h)} "
+                f"gather_idle_gpu_h={_f(r.gathering_idle_gpu_h)} ({_f(r.gathering_idle_pct_first_day)}% of day 1) "
+                f"preemptions={r.preemptions} lost_gpu_h={r.lost_gpu_h:.0f} "
+                f"max_lost_per_preemption_h={r.max_lost_per_preemption_h:.2f} completion_d={_f(r.completion_d)} "
+                f"progress={r.progress_pct:.0f}% start_d={_f(r.start_d)} stops_d={[round(d, 2) for d in r.stops_d]}",
+                flush=True,
+            )
+        if a.json:
+            Path(a.json).write_text(json.dumps(out, indent=1))
+    return out
+
+
+def _f(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", default=None, help="default: <data dir>/philly/philly.csv (APPORTION_DATA_DIR)")
+    ap.add_argument("--slice", default="week44")
+    ap.add_argument("--days", type=float, default=21.0)
+    ap.add_argument("--size", type=int, default=16, help="each background job's GPUs multiplied by this")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--policy", default="fairshare,slurm,kueue,kai,fifo")
+    ap.add_argument("--no-heroes", action="store_true")
+    ap.add_argument("--hero-days", default=None, help="submission days of hero-a,b,c (default 2,3,4)")
+    ap.add_argument("--json", default=None)
+    run(ap.parse_args())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,282 @@
+"""The hero scenario: gangs of thousands of GPUs for weeks on a 16,384-GPU cluster (docs/hero.md).
+
+Pure and seeded: :func:`hero_scenario` builds the cluster, the budget tree and
+the trace from a background trace (the Philly jobs, loaded by the caller) and
+a seed; :class:`HeroSimulator` is the simulator with one more measure, the
+GPUs idled while each hero job gathered; :func:`hero_rows` reads the per-job
+figures from a finished run.
+
+* Cluster: ``nodes`` nodes of 8 GPUs, in ``racks`` racks and ``blocks``
+  blocks (:func:`~apportion.sim.traces.topology_of`; default 2,048 nodes,
+  32 racks, 4 blocks).
+* Budgets: ``bg`` (share 1 - ``hero_share``) holds the background trace's
+  leaf budgets at their relative shares (``philly/<vc>`` becomes
+  ``bg/<vc>``); ``hero`` holds one leaf per hero job at the share given.
+* Background: every background job, its GPUs multiplied by ``size`` (8 GPUs
+  per replica once it passes a node), the trace tiled (its span repeated)
+  until ``days``, each copy's submit time shifted by a seeded offset of at
+  most one hour; budgets, minimum runtimes and durations as loaded.
+* Hero jobs: :data:`DEFAULT_HEROES`: g = 8, k = GPUs / 8, checkpointing
+  every ``checkpoint_s`` (default hourly), minimum runtime ``min_runtime_s``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from apportion.domain.budgets import BudgetTree
+from apportion.events import Event, JobPlaced, JobSubmitted
+from apportion.sim.core import SimJob, SimNode, SimResult, Simulator
+from apportion.sim.traces import topology_of
+from apportion.timeutil import Micros, s_to_us, us_to_s
+
+__all__ = [
+    "DEFAULT_HEROES",
+    "HeroJob",
+    "HeroRow",
+    "HeroScenario",
+    "HeroSimulator",
+    "hero_nodes",
+    "hero_rows",
+    "hero_scenario",
+]
+
+DAY_S = 86_400
+
+
+@dataclass(frozen=True, slots=True)
+class HeroJob:
+    """One hero job: ``gpus`` GPUs (a multiple of 8) for ``days`` days, submitted ``submit_day`` days in,
+    charged to leaf ``hero/<name>`` of absolute share ``share``."""
+
+    name: str
+    gpus: int
+    days: float
+    submit_day: float
+    share: float
+
+
+#: Two budgets whose share covers their job (0.10 x 16,384 = 1,638 >= 1,024; 0.30 x 16,384 = 4,915 >= 4,096)
+#: and one that does not (0.10 x 16,384 = 1,638 < 8,192).
+DEFAULT_HEROES: tuple[HeroJob, ...] = (
+    HeroJob("a", 1024, 14.0, 2.0, 0.10),
+    HeroJob("b", 4096, 30.0, 3.0, 0.30),
+    HeroJob("c", 8192, 60.0, 4.0, 0.10),
+)
+
+
+@dataclass(frozen=True)
+class HeroScenario:
+    """A built scenario: the inputs of :class:`~apportion.sim.core.Simulator` and the hero job ids."""
+
+    tree: BudgetTree
+    nodes: tuple[SimNode, ...]
+    jobs: tuple[SimJob, ...]
+    heroes: tuple[str, ...]
+    start_us: Micros
+    until_us: Micros
+
+
+def hero_nodes(nodes: int = 2048, gpus: int = 8, racks: int = 32, blocks: int = 4) -> list[SimNode]:
+    """``nodes`` nodes ``h0000``.. of ``gpus`` GPUs, labelled by :func:`~apportion.sim.traces.topology_of`."""
+    width = max(4, len(str(nodes - 1)))
+    out = []
+    for i in range(nodes):
+        block, rack = topology_of(i, nodes, racks, blocks)
+        out.append(SimNode(f"h{i:0{width}d}", gpus, None, block, rack))
+    return out
+
+
+def _scaled_shape(gpus: int, size: int, per_node: int) -> tuple[int, int]:
+    """``(g, k)`` of a job of ``gpus * size`` GPUs: one replica while it fits a node, else replicas of a node each.
+
+    >>> _scaled_shape(1, 4, 8), _scaled_shape(4, 16, 8), _scaled_shape(3, 4, 8)
+    ((4, 1), (8, 8), (8, 2))
+    """
+    total = gpus * size
+    if total <= per_node:
+        return total, 1
+    return per_node, -(-total // per_node)
+
+
+def hero_scenario(
+    background: Sequence[SimJob],
+    background_tree: BudgetTree,
+    seed: int,
+    *,
+    days: float = 21.0,
+    size: int = 16,
+    heroes: Sequence[HeroJob] = DEFAULT_HEROES,
+    nodes: int = 2048,
+    racks: int = 32,
+    blocks: int = 4,
+    checkpoint_s: float = 3600.0,
+    min_runtime_s: float = 24 * 3600.0,
+) -> HeroScenario:
+    """The scenario of the module docstring. ``background`` and its tree: e.g. the Philly jobs of a slice.
+
+    Raises:
+        ValueError: no background job, a hero share that leaves the background nothing, a hero
+            larger than the cluster or not a multiple of 8 GPUs.
+    """
+    if not background:
+        raise ValueError("hero scenario: no background jobs")
+    per_node = 8
+    hero_share = sum(h.share for h in heroes)
+    if not 0 <= hero_share < 1:
+        raise ValueError(f"hero scenario: hero shares sum to {hero_share}, must be in [0, 1)")
+    for h in heroes:
+        if h.gpus % per_node or h.gpus > nodes * per_node:
+            raise ValueError(f"hero scenario: hero {h.name}: {h.gpus} GPUs is not a multiple of 8 within the cluster")
+    rng = random.Random(seed)
+    leaves = sorted({j.budget for j in background})
+    bg_total = sum(background_tree.abs_share(leaf) for leaf in leaves) or 1.0
+    spec: dict[str, Any] = {"bg": 1 - hero_share}
+    for leaf in leaves:
+        spec["bg/" + leaf.rsplit("/", 1)[-1]] = background_tree.abs_share(leaf) / bg_total or 1e-6
+    if heroes:
+        spec["hero"] = hero_share
+        for h in heroes:
+            spec[f"hero/{h.name}"] = h.share / hero_share
+    tree = BudgetTree.from_mapping(spec)
+    src = sorted(background, key=lambda j: (j.submit_us, j.job_id))
+    start = src[0].submit_us
+    span = max(src[-1].submit_us - start, s_to_us(3600))
+    until = start + s_to_us(days * DAY_S)
+    jobs: list[SimJob] = []
+    copy = 0
+    while start + copy * span < until:
+        for j in src:
+            t = j.submit_us + copy * span + s_to_us(rng.uniform(0, 3600))
+            if t >= until:
+                continue
+            g, k = _scaled_shape(j.gpus_per_replica * j.replicas, size, per_node)
+            jobs.append(
+                replace(
+                    j,
+                    job_id=f"{j.job_id}~{copy}",
+                    budget="bg/" + j.budget.rsplit("/", 1)[-1],
+                    submit_us=t,
+                    gpus_per_replica=g,
+                    replicas=k,
+                    gpu_model=None,
+                )
+            )
+        copy += 1
+    ids = []
+    for h in heroes:
+        job_id = f"hero-{h.name}"
+        ids.append(job_id)
+        jobs.append(
+            SimJob(
+                job_id=job_id,
+                budget=f"hero/{h.name}",
+                user=f"hero-{h.name}",
+                submit_us=start + s_to_us(h.submit_day * DAY_S),
+                gpus_per_replica=per_node,
+                replicas=h.gpus // per_node,
+                min_runtime_s=min_runtime_s,
+                duration_s=h.days * DAY_S,
+                checkpoint_interval_s=checkpoint_s,
+            )
+        )
+    return HeroScenario(tree, tuple(hero_nodes(nodes, per_node, racks, blocks)), tuple(jobs), tuple(ids), start, until)
+
+
+class HeroSimulator(Simulator):
+    """A :class:`~apportion.sim.core.Simulator` that also measures each hero job's gathering.
+
+    ``gathering_idle_gpu_s[job]``: the simulator's idle-while-waiting integral
+    (:mod:`apportion.sim.conservation`, allocated and unallocated waiting
+    jobs together) between the job's submission and its first placement:
+    GPUs that sat free while some waiting job could have used them. Two
+    heroes gathering at once are each charged the whole of that span's idle.
+    """
+
+    def __init__(self, *args: Any, heroes: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._heroes = frozenset(heroes)
+        self._gather_from: dict[str, float] = {}
+        self.gathering_idle_gpu_s: dict[str, float] = {}
+
+    def _idle_so_far(self, t: Micros) -> float:
+        """The idle-while-waiting integral up to ``t`` (the current ``I`` is constant since its last measure)."""
+        self.idle.until(t)
+        return self.idle.gpu_s[0] + self.idle.gpu_s[1]
+
+    def _feed(self, ev: Event, t: Micros) -> bool:
+        if type(ev) is JobSubmitted and ev.job_id in self._heroes:
+            self._gather_from.setdefault(ev.job_id, self._idle_so_far(t))
+        return super()._feed(ev, t)
+
+    def _outputs(self, out: list[Event], t: Micros) -> None:
+        for e in out:
+            if type(e) is JobPlaced and e.job_id in self._gather_from and e.job_id not in self.gathering_idle_gpu_s:
+                self.gathering_idle_gpu_s[e.job_id] = self._idle_so_far(t) - self._gather_from[e.job_id]
+        super()._outputs(out, t)
+
+
+@dataclass(frozen=True, slots=True)
+class HeroRow:
+    """Figures of one hero job in one run (``None``: did not happen within the run); ``stops_d`` and
+    ``start_d``: when it was stopped (preempted) and first placed, days since the scenario's start."""
+
+    job_id: str
+    gpus: int
+    budget_covers: bool
+    start_h: float | None
+    gathering_idle_gpu_h: float | None
+    gathering_idle_pct_first_day: float | None
+    preemptions: int
+    lost_gpu_h: float
+    max_lost_per_preemption_h: float
+    completion_d: float | None
+    progress_pct: float
+    stops_d: tuple[float, ...] = ()
+    start_d: float | None = None
+
+
+def hero_rows(
+    result: SimResult,
+    scenario: HeroScenario,
+    gathering_idle_gpu_s: Mapping[str, float],
+    capacity_gpus: int,
+    saved: Mapping[str, float] | None = None,
+) -> list[HeroRow]:
+    """Per hero job: hours from submission to first start, GPU-hours idled while it gathered (and as a
+    percentage of the GPU-hours it then runs in its first day), preemptions, GPU-hours of work lost (and the
+    most one preemption lost, in hours of the whole gang), days from submission to completion, and the part
+    of its work done (saved by checkpoints, or completed) when the run ended."""
+    ledger = result.jobs_ledger
+    specs = {j.job_id: j for j in scenario.jobs}
+    rows = []
+    for job_id in scenario.heroes:
+        spec = specs[job_id]
+        gpus = spec.gpus_per_replica * spec.replicas
+        placed = ledger.first_placed.get(job_id)
+        done = ledger.completed.get(job_id)
+        stops = [s for s in ledger.stops if s.job_id == job_id]
+        lost = sum(s.lost_gpu_s for s in stops)
+        idle = gathering_idle_gpu_s.get(job_id)
+        progress = spec.duration_s if done is not None else (saved or {}).get(job_id, 0.0)
+        rows.append(
+            HeroRow(
+                job_id=job_id,
+                gpus=gpus,
+                budget_covers=scenario.tree.abs_share(spec.budget) * capacity_gpus >= gpus,
+                start_h=None if placed is None else us_to_s(placed - spec.submit_us) / 3600,
+                gathering_idle_gpu_h=None if idle is None else idle / 3600,
+                gathering_idle_pct_first_day=None if idle is None else 100 * idle / (gpus * DAY_S),
+                preemptions=ledger.preempted.get(job_id, 0),
+                lost_gpu_h=lost / 3600,
+                max_lost_per_preemption_h=max((s.lost_gpu_s / gpus / 3600 for s in stops), default=0.0),
+                completion_d=None if done is None else us_to_s(done - spec.submit_us) / DAY_S,
+                progress_pct=100 * progress / spec.duration_s,
+                stops_d=tuple(us_to_s(s.at_us - scenario.start_us) / DAY_S for s in stops),
+                start_d=None if placed is None else us_to_s(placed - scenario.start_us) / DAY_S,
+            )
+        )
+    return rows

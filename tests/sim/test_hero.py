@@ -1,0 +1,90 @@
+"""The hero scenario generator and its per-hero figures (docs/hero.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from apportion.domain.budgets import BudgetTree
+from apportion.domain.dispatch import DispatchConfig
+from apportion.domain.engine import CycleSnapshot, EngineConfig, run_cycle
+from apportion.events import Event
+from apportion.sim.core import SimConfig, SimJob
+from apportion.sim.hero import HeroJob, HeroScenario, HeroSimulator, hero_nodes, hero_rows, hero_scenario
+from apportion.timeutil import Micros, s_to_us
+
+H = 3600
+T0 = s_to_us(1_700_000_000)
+
+
+def _bg(job_id: str, at_h: float, gpus: int, budget: str = "philly/x") -> SimJob:
+    return SimJob(job_id, budget, "u", T0 + s_to_us(at_h * H), gpus, 1, 2 * H, 3 * H)
+
+
+def test_scenario_is_seeded_scaled_and_tiled() -> None:
+    src = [_bg("j1", 0, 1), _bg("j2", 10, 4, "philly/y"), _bg("j3", 24, 8)]
+    tree = BudgetTree.from_mapping({"philly": 1.0, "philly/x": 0.75, "philly/y": 0.25})
+    heroes = (HeroJob("a", 1024, 14, 1, 0.1), HeroJob("c", 8192, 60, 2, 0.1))
+    sc = hero_scenario(src, tree, 7, days=3, size=4, heroes=heroes)
+    assert sc == hero_scenario(src, tree, 7, days=3, size=4, heroes=heroes)  # same seed, same scenario
+    assert len(sc.nodes) == 2048 and sum(n.gpus for n in sc.nodes) == 16_384
+    assert {n.block for n in sc.nodes} == {"b0", "b1", "b2", "b3"} and len({n.rack for n in sc.nodes}) == 32
+    # shares: background 0.8 split 3:1, heroes 0.1 each of the cluster
+    assert sc.tree.abs_share("bg/x") == pytest.approx(0.6) and sc.tree.abs_share("bg/y") == pytest.approx(0.2)
+    assert sc.tree.abs_share("hero/a") == pytest.approx(0.1)
+    # span 24 h, 3 days: copies 0, 1, 2 (copy 2's j3 falls at 72 h + offset >= the end), shapes x4
+    bg = [j for j in sc.jobs if j.budget.startswith("bg/")]
+    assert sorted(j.job_id for j in bg) == ["j1~0", "j1~1", "j1~2", "j2~0", "j2~1", "j2~2", "j3~0", "j3~1"]
+    shapes = {j.job_id.split("~")[0]: (j.gpus_per_replica, j.replicas) for j in bg}
+    assert shapes == {"j1": (4, 1), "j2": (8, 2), "j3": (8, 4)}
+    assert all(
+        0 <= j.submit_us - s.submit_us - c * s_to_us(24 * H) <= s_to_us(H)
+        for s in src
+        for c in range(3)
+        for j in bg
+        if j.job_id == f"{s.job_id}~{c}"
+    )
+    a = next(j for j in sc.jobs if j.job_id == "hero-a")
+    assert (a.gpus_per_replica, a.replicas, a.duration_s, a.checkpoint_interval_s) == (8, 128, 14 * 86400, 3600)
+    assert a.submit_us == T0 + s_to_us(86400)
+
+
+def test_scenario_refuses_bad_heroes() -> None:
+    tree = BudgetTree.from_mapping({"philly": 1.0, "philly/x": 1.0})
+    with pytest.raises(ValueError, match="multiple of 8"):
+        hero_scenario([_bg("j", 0, 1)], tree, 1, heroes=(HeroJob("z", 12, 1, 0, 0.1),))
+    with pytest.raises(ValueError, match="no background"):
+        hero_scenario([], tree, 1)
+
+
+def _hiding(job_id: str):  # a cycle that never places one job: a fitting job left waiting (the fault)
+    def cycle(snap: CycleSnapshot, now_us: Micros, cfg: EngineConfig) -> list[Event]:
+        pending = {leaf: [j for j in jobs if j.job_id != job_id] for leaf, jobs in snap.pending.items()}
+        return run_cycle(dataclasses.replace(snap, pending=pending, memo=None), now_us, cfg).events
+
+    return cycle
+
+
+def test_hero_figures_on_a_two_node_cluster() -> None:
+    # n0 runs bg's 8-GPU job for 2 h, protected to its end; the 2-node hero arrives at 0.5 h and starts at
+    # 2 h when n0 is free (every protection honoured). A 1-GPU job that fits n0's neighbour waits
+    # unplaced all along (the cycle hides it): 8 GPUs of n1 idle, min(8, 1) = 1 counted, for 1.5 h of
+    # gathering -> 1.5 GPU-h, 1.5 / (16 x 24) = 0.390625% of the hero's first day.
+    tree = BudgetTree.from_mapping({"bg": 0.5, "bg/x": 1.0, "hero": 0.5, "hero/a": 1.0})
+    nodes = tuple(hero_nodes(2, 8, 1, 1))
+    big = SimJob("bg-big", "bg/x", "u", T0, 8, 1, 2 * H, 2 * H)
+    small = SimJob("bg-small", "bg/x", "u", T0, 1, 1, 2 * H, H)
+    hero = SimJob("hero-a", "hero/a", "h", T0 + s_to_us(H / 2), 8, 2, H, 4 * H, None, 3600.0)
+    sc = HeroScenario(tree, nodes, (big, small, hero), ("hero-a",), T0, T0 + s_to_us(10 * H))
+    dcfg = DispatchConfig(heartbeat_timeout_s=None, scheduler=_hiding("bg-small"))
+    cfg = SimConfig(seed=1, dispatch=dcfg, stop_delay_s=0.0, until_us=sc.until_us, keep_log=False)
+    sim = HeroSimulator(tree, nodes, sc.jobs, cfg, heroes=sc.heroes)
+    res = sim.run()
+    (row,) = hero_rows(res, sc, sim.gathering_idle_gpu_s, 16, sim._saved)
+    assert row.start_h == pytest.approx(1.5)
+    assert row.gathering_idle_gpu_h == pytest.approx(1.5)
+    assert row.gathering_idle_pct_first_day == pytest.approx(100 * 1.5 / (16 * 24))
+    assert (row.preemptions, row.lost_gpu_h, row.budget_covers) == (0, 0.0, False)  # 0.5 x 16 GPUs < 16
+    assert row.completion_d == pytest.approx((1.5 + 4) / 24)
+    assert row.progress_pct == 100

@@ -1,0 +1,130 @@
+"""Topology-aware gang placement (DESIGN ``D1.topology``, ``D3.placement``): exact node choices.
+
+The labelled cluster of most cases, 8 nodes of 8 GPUs::
+
+    block b0                 block b1
+    ├── rack r0: n0 n1       ├── rack r2: n4 n5
+    └── rack r1: n2 n3       └── rack r3: n6 n7
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from apportion.domain.cluster import ClusterSnapshot, ClusterState, Node
+from apportion.domain.engine.placement import CycleFree, FreeIndex, topology_pick
+from apportion.events import JobSubmitted, NodeRegistered
+from apportion.sim.traces import load_budget_file, topology_of
+
+RACK = {"n0": "r0", "n1": "r0", "n2": "r1", "n3": "r1", "n4": "r2", "n5": "r2", "n6": "r3", "n7": "r3"}
+BLOCK = {"r0": "b0", "r1": "b0", "r2": "b1", "r3": "b1"}
+
+
+def cluster(free: dict[str, int] | None = None, labels: bool = True, model: dict[str, str] | None = None) -> CycleFree:
+    """8 nodes of 8 GPUs; ``free``: node -> free GPUs (default 8); ``labels``: the tree above, else none."""
+    nodes = {}
+    for nid, rack in RACK.items():
+        f = (free or {}).get(nid, 8)
+        nodes[nid] = Node(
+            nid,
+            8,
+            (model or {}).get(nid),
+            "ready",
+            frozenset(range(f)),
+            None,
+            BLOCK[rack] if labels else None,
+            rack if labels else None,
+        )
+    return CycleFree(ClusterSnapshot(nodes, {}, {}, tuple(sorted(nodes))))
+
+
+CASES = [
+    # (case id, free GPUs per node, labels, g, k, bound, expected nodes)
+    ("one node: best fit, as without topology", {"n5": 2}, True, 2, 1, None, ["n5"]),
+    ("fewest blocks beat best fit across blocks", {"n0": 4, "n4": 4}, True, 4, 2, None, ["n0", "n1"]),
+    ("unlabelled: best fit across the cluster", {"n0": 4, "n4": 4}, False, 4, 2, None, ["n0", "n4"]),
+    ("tightest block that holds the gang", {"n0": 0, "n1": 0}, True, 8, 2, None, ["n2", "n3"]),
+    ("fewest racks: a whole rack, then the rest", {}, True, 8, 3, None, ["n0", "n1", "n2"]),
+    ("larger than a block: a whole block, then one rack", {}, True, 8, 5, None, ["n0", "n1", "n2", "n3", "n4"]),
+    ("whole block first, the rest in the tightest rack", {"n6": 0}, True, 8, 5, None, ["n0", "n1", "n2", "n3", "n7"]),
+    ("within one block: the tightest that holds it", {"n0": 0}, True, 8, 3, "block", ["n2", "n3", "n1"]),
+    ("within one block: the other block", {"n0": 0, "n1": 0}, True, 8, 3, "block", ["n4", "n5", "n6"]),
+    ("within one block: none holds it", {}, True, 8, 5, "block", None),
+    ("within one rack", {"n0": 0}, True, 8, 2, "rack", ["n2", "n3"]),
+    ("within one rack: none holds it", {}, True, 8, 3, "rack", None),
+    ("a bound on unlabelled nodes: no known block", {}, False, 8, 2, "block", None),
+    ("too few nodes", {"n0": 0}, True, 8, 8, None, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("free", "labels", "g", "k", "bound", "want"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_gang_choice(
+    free: dict[str, int], labels: bool, g: int, k: int, bound: str | None, want: list[str] | None
+) -> None:
+    assert cluster(free, labels).fit(g, k, None, bound) == want
+
+
+def test_scarce_model_rule_still_first() -> None:
+    # b0 holds model "a", b1 model "b"; a waiting job asks for "b": a job of any model takes "a" nodes
+    free = cluster(model={n: ("a" if BLOCK[r] == "b0" else "b") for n, r in RACK.items()})
+    free.prefer = ["a"]
+    assert free.fit(8, 2, None) == ["n0", "n1"]
+    assert free.fit(8, 2, "b") == ["n4", "n5"]
+
+
+def test_reserved_nodes_join_the_topology_choice() -> None:
+    free = cluster({"n0": 4, "n4": 4})
+    free.reserve("n1")
+    assert free.fit(4, 2, None) == ["n2", "n3"]  # n1 reserved: one rack of b0 (r1) over two
+    assert free.fit_with_reserved(4, 2, None) == ["n0", "n1"]
+
+
+def test_unlabelled_node_is_its_own_block() -> None:
+    place = {"a": ("b0", "b0\x00r0"), "b": ("b0", "b0\x00r0")}
+    assert topology_pick(["x", "a", "b"], 2, place) == ["a", "b"]
+    assert topology_pick(["x", "y"], 2, {}) == ["x", "y"]
+
+
+def test_registration_labels_reach_the_free_index() -> None:
+    cs = ClusterState()
+    cs.changed_nodes = set()
+    ts = datetime(2026, 1, 1, tzinfo=UTC)
+    cs.apply(NodeRegistered(ts=ts, producer="t", node_id="n0", gpu_count=8))
+    idx = FreeIndex().sync(cs)
+    assert idx.place == {}
+    cs.apply(NodeRegistered(ts=ts, producer="t", node_id="n0", gpu_count=8, block="b0", rack="r0"))
+    assert cs.nodes["n0"].block == "b0" and cs.nodes["n0"].rack == "r0"
+    assert idx.sync(cs).place == {"n0": ("b0", "b0\x00r0")}
+
+
+def test_labels_and_bound_are_optional_fields() -> None:
+    ts = datetime(2026, 1, 1, tzinfo=UTC)
+    assert NodeRegistered(ts=ts, producer="t", node_id="n0", gpu_count=8).block is None
+    job = {"ts": ts, "producer": "t", "job_id": "j", "budget": "a", "user": "u", "gpus_per_replica": 8}
+    job |= {"replicas": 2, "min_runtime_s": 60, "duration_s": 60, "submitted_at": ts}
+    assert JobSubmitted.model_validate(job | {"topology_bound": "block"}).topology_bound == "block"
+    assert JobSubmitted.model_validate(job).topology_bound is None
+    with pytest.raises(ValueError, match="topology_bound"):
+        JobSubmitted.model_validate(job | {"topology_bound": "row"})
+
+
+def test_simulated_inventory_labels() -> None:
+    # 2,048 nodes, 32 racks of 64, 4 blocks of 8 racks
+    got = [topology_of(i, 2048, 32, 4) for i in (0, 63, 64, 511, 512, 2047)]
+    assert got == [("b0", "r0"), ("b0", "r0"), ("b0", "r1"), ("b0", "r7"), ("b1", "r8"), ("b3", "r31")]
+    assert topology_of(5, 10, None, None) == (None, None)
+
+
+def test_budget_file_cluster_labels(tmp_path: Path) -> None:
+    f = tmp_path / "b.yaml"
+    f.write_text(
+        "cluster:\n- {prefix: n, count: 8, gpus: 8, racks: 4, blocks: 2}\n- {prefix: m, count: 2, gpus: 8}\nbudgets:\n  a: 1.0\n"
+    )
+    got = [(n.node_id, n.block, n.rack) for n in load_budget_file(f).nodes]
+    assert got[:4] == [("n000", "nb0", "nr0"), ("n001", "nb0", "nr0"), ("n002", "nb0", "nr1"), ("n003", "nb0", "nr1")]
+    assert got[7] == ("n007", "nb1", "nr3") and got[8:] == [("m000", None, None), ("m001", None, None)]
