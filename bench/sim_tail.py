@@ -6,9 +6,9 @@ Usage (traces from ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the c
     .venv/bin/python bench/sim_tail.py run itp week5 slurm OUT.json [--budgets infra/budgets/itp-hetero.yaml]
     .venv/bin/python bench/sim_tail.py compare FAIR.json PEER.json
 
-``run`` simulates one policy as ``apportion simulate`` does (same defaults) and writes one row per job:
-budget, allocated, shape g x k, duration, submit, first placement, completion (µs; null when not reached)
-and preemptions. ``compare`` reads two such files of the same slice and seed and prints, for the first
+``run`` simulates one policy as ``apportion simulate`` does (same defaults), writes the policy's report (the ``--json`` document) beside OUT
+(``.json`` replaced by ``.report.json``) and one row per job to OUT: budget, allocated, shape g x k, duration,
+submit, first placement, completion (µs; null when not reached) and preemptions. ``compare`` reads two such files of the same slice and seed and prints, for the first
 policy against the second: the jobs that make the JCT tail (completion time above the first policy's p95)
 and the never-placed jobs, by GPUs asked for (1, 2-4, 5-8, gangs of 16 and more), by budget, and by the
 preemptions they suffered, with the same jobs' figures under the second policy; then the allocated waits
