@@ -2,14 +2,15 @@
 
 Usage (traces from ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the checkout)::
 
-    .venv/bin/python bench/sim_tail.py run philly week44 fairshare OUT.json [--seed N] [--tail-h H]
+    .venv/bin/python bench/sim_tail.py run philly week44 fairshare OUT.json [--seed N] [--tail-h H] [--churn-bound N]
     .venv/bin/python bench/sim_tail.py run itp week5 slurm OUT.json [--budgets infra/budgets/itp-hetero.yaml]
     .venv/bin/python bench/sim_tail.py compare FAIR.json PEER.json
 
-``run`` simulates one policy as ``apportion simulate`` does (same defaults), writes the policy's report (the ``--json`` document) beside OUT
+``run`` simulates one policy as ``apportion simulate`` does (same defaults; ``--churn-bound N`` sets
+``EngineConfig.churn_bound``, 0 = none), writes the policy's report (the ``--json`` document) beside OUT
 (``.json`` replaced by ``.report.json``) and one row per job to OUT: budget, allocated, shape g x k, duration,
-submit, first placement, completion (µs; null when not reached) and preemptions. ``compare`` reads two such files of the same slice and seed and prints, for the first
-policy against the second: the jobs that make the JCT tail (completion time above the first policy's p95)
+submit, first placement, completion (µs; null when not reached) and preemptions. ``compare`` reads two such
+files of the same slice and seed and prints, for the first policy against the second: the jobs that make the JCT tail (completion time above the first policy's p95)
 and the never-placed jobs, by GPUs asked for (1, 2-4, 5-8, gangs of 16 and more), by budget, and by the
 preemptions they suffered, with the same jobs' figures under the second policy; then the allocated waits
 above the first policy's p95 by size and budget. Not part of ``make bench`` (a study, not a target).
@@ -44,7 +45,7 @@ def run(argv: list[str]) -> int:
     trace, slice_, policy, out = argv[:4]
     seed = int(_opt(argv, "--seed", "1") or 1)
     tail = _opt(argv, "--tail-h", None)
-    from apportion.demo import default_data_dir
+    from apportion.settings import default_data_dir
 
     path, budgets = TRACES[trace]
     bf = load_budget_file(ROOT / (_opt(argv, "--budgets", budgets) or budgets))
@@ -66,6 +67,7 @@ def run(argv: list[str]) -> int:
             seed,
             300.0,
             None if tail is None else float(tail),
+            **({"churn_bound": int(churn) or None} if (churn := _opt(argv, "--churn-bound", None)) else {}),
         )
     finally:
         core.Simulator.run = orig  # type: ignore[method-assign]
