@@ -40,6 +40,7 @@ def run(argv: list[str]) -> int:
     """Simulate one policy on a slice and write the per-job rows."""
     import apportion.sim.core as core
     from apportion.cli.simulate import _run
+    from apportion.domain.cluster import PROTECTION_CHURN_BOUND
     from apportion.sim.traces import load_budget_file, load_trace
 
     trace, slice_, policy, out = argv[:4]
@@ -58,6 +59,7 @@ def run(argv: list[str]) -> int:
         kept.append(res)
         return res
 
+    churn = _opt(argv, "--churn-bound", None)
     core.Simulator.run = keep  # type: ignore[method-assign]  # the study keeps the result _run drops
     try:
         rep = _run(
@@ -67,7 +69,7 @@ def run(argv: list[str]) -> int:
             seed,
             300.0,
             None if tail is None else float(tail),
-            **({"churn_bound": int(churn) or None} if (churn := _opt(argv, "--churn-bound", None)) else {}),
+            churn_bound=PROTECTION_CHURN_BOUND if churn is None else int(churn) or None,
         )
     finally:
         core.Simulator.run = orig  # type: ignore[method-assign]
