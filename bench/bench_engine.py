@@ -21,7 +21,8 @@ Two scenarios:
 
 Sizes (rule ``D9.scale``): ``--nodes`` (8 GPUs each), ``--pending`` and
 ``--leaves`` (in groups of 20) change the cluster, the queue and the tree;
-``--hero N`` labels the nodes with 32 racks in 4 blocks (rule ``D1.topology``) and puts N pending gangs of ``--hero-gpus`` GPUs (8 per
+``--hero N`` labels the nodes with 32 racks in 4 blocks (rule ``D1.topology``) and puts N pending gangs of
+``--hero-gpus`` GPUs (8 per
 replica) at the head of the fair-share order (their leaves at half their
 share), each waiting past ``reservation_after`` so the first one reserves
 its nodes. Peak RSS of the process is printed at the end.

@@ -27,7 +27,8 @@ fresh topic namespace, and the services as processes on the wall clock:
    CRC-32C every service uses (:func:`apportion.bus.crc.use_compiled_crc32c`),
    a stricter baseline the target does not name.
 
-Every connection is TLS (Kafka SASL_SSL, Redis ``rediss://``: rule D10.transport). ``--no-tls`` runs the same stack with the same authentication and ACLs
+Every connection is TLS (Kafka SASL_SSL, Redis ``rediss://``: rule D10.transport). ``--no-tls`` runs the same stack
+with the same authentication and ACLs
 without TLS (``APPORTION_NO_TLS=1``, development only); ``--tls-cost`` runs
 both, one after the other, and prints each figure with and without TLS side
 by side.

@@ -60,7 +60,8 @@ class DispatcherSettings(ServiceSettings):
             (a leader killed mid-commit): until then readers on ``read_committed`` wait at it.
         dispatcher_key: the identity file of ``service:dispatcher``
             (``APPORTION_DISPATCHER_KEY``; ``apportion keys init --service
-            dispatcher``); every value published is signed with it (rule D10.authentication). ``None``: the development keyring (``APPORTION_KEYRING``).
+            dispatcher``); every value published is signed with it (rule D10.authentication). ``None``: the
+            development keyring (``APPORTION_KEYRING``).
     """
 
     instance_id: str = ""

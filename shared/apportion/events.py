@@ -409,8 +409,10 @@ class JobSubmitted(Event):
             :func:`apportion.arrays.parse_array`). The record then asks for one job per index, each
             with the id ``<job_id>_<index>`` and these fields, at most the throttle of them running at once;
             the one signature covers them all. ``None``: one job.
-        topology_bound: ``"block"`` or ``"rack"``: every replica on nodes of one block (one rack), rule ``D1.topology``; ``None``: any nodes (a gang still prefers the fewest blocks, then racks).
-        signer_key, signature: the submitter's proof of ``user`` (rule D10.proven-user; :mod:`apportion.identity`): the base64 Ed25519 public
+        topology_bound: ``"block"`` or ``"rack"``: every replica on nodes of one block (one rack),
+        rule ``D1.topology``; ``None``: any nodes (a gang still prefers the fewest blocks, then racks).
+        signer_key, signature: the submitter's proof of ``user`` (rule D10.proven-user; :mod:`apportion.identity`):
+        the base64 Ed25519 public
             key and its base64 signature over the canonical bytes of the
             record value without ``signature``. ``None`` when unsigned (the
             dispatcher rejects it as ``unauthenticated``; the simulator does
@@ -824,7 +826,9 @@ class NodeCordoned(Event):
     """No new work may land on the node.
 
     An ops request (as are :class:`NodeDrainRequested` and :class:`NodeUncordoned`): ``signer_key``/``signature``
-    prove it, as on :class:`JobSubmitted`; only a key registered with role ``ops`` may sign one (rule D10.authentication), else the dispatcher answers with :class:`NodeRequestRefused` and no reader folds it. ``by``: the
+    prove it, as on :class:`JobSubmitted`; only a key registered with role ``ops`` may sign one
+    (rule D10.authentication), else the dispatcher answers with :class:`NodeRequestRefused` and no reader folds it.
+    ``by``: the
     operator's name (the signer's user, for humans).
     """
 
@@ -963,7 +967,7 @@ class BudgetSet(Event):
             (a job over it is rejected ``time_limit_above_max``).
         preempt_idle_after_s: idle time (its node agents' report) after which an allocated run of the budget
             whose protection has ended may be preempted for any waiting job that fits, seconds; ``None``
-            inherits (at the root: never for being idle). rule D3.idle-runs.
+            inherits (at the root: never for being idle). Rule D3.idle-runs.
     """
 
     type: Literal["BudgetSet"] = "BudgetSet"
@@ -1264,7 +1268,7 @@ def _current_version(cls: type[Event]) -> int:
     return int(cls.model_fields["schema_version"].default)
 
 
-#: Event type -> topic it is written to (rule D4.topics table).
+#: Event type -> topic it is written to (the table of rule D4.topics).
 TOPIC_OF: dict[str, topics.Topic] = {}
 for _name in ("JobSubmitted", "JobCancelRequested", "JobHoldRequested", "JobReleaseRequested"):
     TOPIC_OF[_name] = topics.SUBMISSIONS

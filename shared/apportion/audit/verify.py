@@ -20,7 +20,8 @@ from Redis):
 (d) :func:`apportion.identity.check_requests` - every submission and cancel
     request the dispatcher accepted carries a valid signature (re-checked on
     its stored bytes) by a key registered for its user at its event time,
-    and an accepted cancel of another user's job was signed by ops (rule D10.proven-user). A log without any ``UserKeyRegistered`` (a stack without
+    and an accepted cancel of another user's job was signed by ops (rule D10.proven-user). A log without any
+    ``UserKeyRegistered`` (a stack without
     identity, a simulator log) is not checked; ``signed_requests`` says how
     many were. A key revoked earlier in the log (by record timestamp) proves
     nothing, whatever the signed event's ``ts``.

@@ -143,7 +143,8 @@ def protection_s(
 
     ``min_runtime * 2**preemptions`` for the first ``doublings`` preemptions and the cap from then on
     (``None``: doubling all the way, as up to policy ``fairtree-4``), capped by the budget's ``max_min_runtime``
-    and by ``W x window_fraction`` (default :data:`PROTECTION_CAP_W`, ``W / 4``, the example of rule D3.bounded-churn, as up to policy
+    and by ``W x window_fraction`` (default :data:`PROTECTION_CAP_W`, ``W / 4``, the example of rule D3.bounded-churn,
+    as up to policy
     ``fairtree-3`` and since ``fairtree-6``; the whole window in ``fairtree-4`` and ``-5``), and never below ``min_runtime`` (the caps bound the
     growth, not the promise of the contract: "protected for min_runtime
     after each start"). ``preemptions`` counts how many times the job was

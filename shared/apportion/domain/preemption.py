@@ -277,7 +277,8 @@ def gang_rule(replicas: int, gpus: int, job_gpus: int, ran_us: Micros = 0, cap_u
 
     A gang (``replicas >= 2``) is not preempted for a job smaller than it
     (``gpus > job_gpus``) until it has run for the protection cap; a
-    single-node run, or a gang no larger than the job, may be (rule D3.gangs: a gang is not preempted whole for a job a fraction of its
+    single-node run, or a gang no larger than the job, may be (rule D3.gangs: a gang is not preempted whole for a job
+    a fraction of its
     size). The cost order alone counts a gang as large as it is, but when it
     is the only feasible victim it still went: on Philly weeks 39-45 a
     16-GPU gang of a budget under its share was preempted for 1- and 2-GPU

@@ -285,7 +285,8 @@ class CheckpointSoon:
 
 @dataclass(frozen=True, slots=True)
 class RefusedBackoff:
-    """A node refused the job's latest start: it backs off before a cycle may place it again (rule D3.refused-starts). Not a cycle's judgement: the dispatcher leaves the job out of its cycles until ``until_us``
+    """A node refused the job's latest start: it backs off before a cycle may place it again (rule D3.refused-starts).
+    Not a cycle's judgement: the dispatcher leaves the job out of its cycles until ``until_us``
     (``domain.dispatch.DispatchState.pending_now``), and says so ahead of anything a cycle would say.
 
     Attributes:
