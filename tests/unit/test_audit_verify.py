@@ -9,7 +9,7 @@ History (tree drawn below; two 1-GPU nodes, delta 0.01)::
                    move r_b = 3600 / 3600 = 1.0 <= 2.0); b2 at 2:00 -> preempts a2
                    (r_a = 2 * 10800 / 7200 = 3.0, r_b = 1.0, after 2.0)
 
-(Before the after-move test of DESIGN section 3 this history was a1 alone on one GPU,
+(Before the after-move test of rule D3.consistent-view this history was a1 alone on one GPU,
 b1 on the other and b2 preempting a1 at 1:00: b taking both GPUs from an even split,
 the swap the rule now refuses.)
 """
