@@ -70,15 +70,16 @@ SERIAL_FILES = (
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns ``xdist_group`` marks into the group's node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the tests that need Kafka and Redis ``integration``; put them, and the tests that act on the machine,
-    in one xdist group: ``make test`` runs pytest-xdist with ``--dist loadgroup``, so they run one after the
+    in one xdist group, ``serial``: under ``make test`` (pytest-xdist, ``--dist loadgroup``) they run one after the
     other on one worker (one broker, one set of test accounts) while the other worker takes the pure tiers."""
     for item in items:
         if INFRA_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
         path = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
-        if item.get_closest_marker("integration") or path.startswith(SERIAL_FILES):
+        if item.get_closest_marker("integration") is not None or path.startswith(SERIAL_FILES):
             item.add_marker(pytest.mark.xdist_group("serial"))
 
 
