@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from apportion import events
 from apportion.domain.admission import DISPATCHER, DISPATCHER_TYPES, NODE_REQUEST_TYPES, REPORT_TYPES, node_principal
-from apportion.identity import BatchSigner, Identity
+from apportion.identity.keys import BatchSigner, Identity
 
 
 def identity(user: str, role: str = "user") -> Identity:

@@ -12,7 +12,9 @@ import pytest
 from apportion import events
 from apportion.domain.admission import Principal, authorize
 from apportion.events import JobCancelRequested, JobSubmitted, RejectReason
-from apportion.identity import Identity, KeyRegistry, canonical_bytes, signer_of
+from apportion.identity.canonical import canonical_bytes, signer_of
+from apportion.identity.keys import Identity
+from apportion.identity.registry import KeyRegistry
 from apportion.logrecord import LogRecord
 from apportion.timeutil import to_us
 from tests.narrowing import narrow
