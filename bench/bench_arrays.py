@@ -63,7 +63,7 @@ def main() -> int:
     from apportion.bus.provision import provision
     from apportion.bus.stack import LocalStack
     from apportion.cli.stack import dev_keyring
-    from apportion.identity import Identity
+    from apportion.identity.keys import Identity
     from apportion.settings import topic_name
     from apportion.topics import COMMANDS, JOBS, NODES
 

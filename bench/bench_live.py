@@ -291,7 +291,7 @@ class LiveRun:
         from apportion.bus.producer import EventProducer
         from apportion.bus.provision import provision
         from apportion.cli.stack import dev_keyring
-        from apportion.identity import Identity
+        from apportion.identity.keys import Identity
         from apportion.topics import COMMANDS, JOBS, NODES
 
         self.ns = f"bench{uuid.uuid4().hex[:6]}."
@@ -594,7 +594,7 @@ def accounting_ingest(bootstrap: str, redis_url: str, n: int, figures: dict[str,
     from datetime import timedelta
 
     from apportion.domain.admission import DISPATCHER, node_principal
-    from apportion.identity import BatchSigner, Identity
+    from apportion.identity.keys import BatchSigner, Identity
 
     # each node's key and the dispatcher's, registered as ops would: the accounting checks the signature of every
     # placement (the dispatcher's) and every completion (its node's)

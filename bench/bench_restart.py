@@ -6,7 +6,7 @@ arrivals at ~1.1x capacity over ``--days`` event days, gangs, preemptions) with 
 ``--heartbeat-s`` event seconds, signed as a live stack signs it (rule D10.authentication; docs/security.md):
 ops register a key for the user, for each node (``node:<id>``) and for the dispatcher
 (``service:dispatcher``); submissions are signed by the user, decisions in batches of up to 32 by the
-dispatcher (:class:`apportion.identity.BatchSigner`), node reports (registrations, heartbeats, starts,
+dispatcher (:class:`apportion.identity.keys.BatchSigner`), node reports (registrations, heartbeats, starts,
 completions) by their node. Every event the dispatcher reads (submissions, jobs, nodes and budgets
 topics; its commands left out) is a Kafka record value. Each measurement runs in a fresh process (its peak
 RSS is its own):
@@ -97,7 +97,7 @@ def generate(days: float, nodes_n: int, heartbeat_s: float, seed: int) -> list[t
         encode,
         key_of,
     )
-    from apportion.identity import SIGNED_TYPES, BatchSigner, Identity
+    from apportion.identity.keys import SIGNED_TYPES, BatchSigner, Identity
     from apportion.sim.core import SimNode, Simulator
     from apportion.timeutil import from_us, s_to_us, to_us
     from apportion.topics import COMMANDS

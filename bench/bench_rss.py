@@ -103,7 +103,7 @@ def main() -> int:
     from apportion.bus.producer import EventProducer
     from apportion.cli.stack import dev_keyring
     from apportion.client import key_registration
-    from apportion.identity import Identity
+    from apportion.identity.keys import Identity
 
     raise_on_sigterm()  # a SIGTERM stops the services, the broker and Redis through the finally below
     rng = random.Random(a.seed)

@@ -512,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     from apportion import events as ev
     from apportion.bus.producer import EventProducer
     from apportion.client import key_registration
-    from apportion.identity import Identity
+    from apportion.identity.keys import Identity
 
     rng = random.Random(a.seed)
     # the campaign's user signs every submission with a key ops registered (rule D10.proven-user): unsigned, the

@@ -1,4 +1,4 @@
-"""Deterministic signing identities for tests (DESIGN section 10; :mod:`apportion.identity`).
+"""Deterministic signing identities for tests (rule D10.proven-user; :mod:`apportion.identity`).
 
 ``identity("alice")`` is the same key pair in every run (the private key is
 the SHA-256 of the name), so logs built in tests are byte-identical;
@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from apportion import events
 from apportion.domain.admission import DISPATCHER, DISPATCHER_TYPES, NODE_REQUEST_TYPES, REPORT_TYPES, node_principal
-from apportion.identity import BatchSigner, Identity
+from apportion.identity.keys import BatchSigner, Identity
 
 
 def identity(user: str, role: str = "user") -> Identity:

@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     from apportion.clock import ScaledClock
     from apportion.domain.admission import DISPATCHER, node_principal
     from apportion.gpu import sim_node_ids
-    from apportion.identity import Identity
+    from apportion.identity.keys import Identity
     from apportion.sim.core import SimConfig, simulate
     from apportion.sim.traces import load_budget_file, load_trace, parse_slice
     from apportion.timeutil import from_us, s_to_us, to_us

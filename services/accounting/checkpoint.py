@@ -114,8 +114,9 @@ class Checkpoint:
 @functools.cache
 def layout() -> str:
     """Digest (16 hex digits) of the attribute layout of every class a checkpoint pickles."""
-    from apportion import events, identity
+    from apportion import events
     from apportion.domain import budgets, occupancy
+    from apportion.identity import registry
 
     classes: list[type] = [
         occupancy.OccupancyLedger,
@@ -132,9 +133,9 @@ def layout() -> str:
         events.BudgetFailure,
         events.OccupancySnapshot,
         events.BudgetUsage,
-        identity.KeyRegistry,  # the node keys (rule D10.authentication)
-        identity._Grant,
-        identity._Revocation,
+        registry.KeyRegistry,  # the node keys (rule D10.authentication)
+        registry._Grant,
+        registry._Revocation,
         IdLedger,  # the reader edge's de-duplication ids
     ]
     acc_attrs = tuple(sorted(vars(logic.Accounting(1.0))))
@@ -148,7 +149,7 @@ _STATE_MODULES = frozenset(
         "apportion.domain.budgets",
         "apportion.domain.occupancy",
         "apportion.events",
-        "apportion.identity",
+        "apportion.identity.registry",
         "services.accounting.logic",
     }
 )

@@ -33,7 +33,7 @@ from apportion.events import (
     Event,
     OccupancySnapshot,
 )
-from apportion.identity import KeyRegistry
+from apportion.identity.registry import KeyRegistry
 from apportion.timeutil import WEEK_S, Micros, from_us, s_to_us, to_us
 
 PRODUCER = "accounting"
@@ -63,7 +63,7 @@ class Accounting:
         self._budget_ids: set[uuid.UUID] = set()
         self.tree: BudgetTree = BudgetTree.empty()
         #: the node keys in force and the runs placed (rule D10.authentication): the reader edge checks node reports
-        #: with them and places each run it authenticated (:class:`apportion.identity.ReportGate`)
+        #: with them and places each run it authenticated (:class:`apportion.identity.gates.ReportGate`)
         self.keys = keys if keys is not None else KeyRegistry()
 
     def apply(self, event: Event) -> bool:

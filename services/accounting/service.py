@@ -71,7 +71,7 @@ from apportion.bus.memory import trim
 from apportion.bus.resilience import publish_until_acked
 from apportion.clock import Clock
 from apportion.events import DeadLetter, Event, OccupancySnapshot
-from apportion.identity import ReportGate
+from apportion.identity.gates import ReportGate
 from apportion.logrecord import record_order
 from apportion.timeutil import to_us
 from services.accounting import checkpoint, logic

@@ -357,7 +357,7 @@ def highest_token_in_log(
 
     from apportion.bus.security import kafka_auth
     from apportion.events import decode
-    from apportion.identity import ReportGate
+    from apportion.identity.gates import ReportGate
     from apportion.logrecord import log_position
     from apportion.topics import BUDGETS
 

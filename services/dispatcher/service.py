@@ -68,7 +68,7 @@ from apportion.events import (
     NodeRequestRefused,
     WorkloadRefused,
 )
-from apportion.identity import RequestGate
+from apportion.identity.gates import RequestGate
 from apportion.logrecord import log_position, record_order
 from apportion.metrics import count_preemptions
 from apportion.settings import topic_name
@@ -231,7 +231,7 @@ class DispatcherService:
         consumed: physical names of the topics this instance reads; its own
             events on them come back as echoes (see :meth:`ingest`).
             Default: none (every record is decoded).
-        signer: signs every value published (:class:`apportion.identity.BatchSigner`, the
+        signer: signs every value published (:class:`apportion.identity.keys.BatchSigner`, the
             ``service:dispatcher`` key; readers ignore decisions it did not sign); ``None``: unsigned.
     """
 

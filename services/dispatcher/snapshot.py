@@ -62,7 +62,7 @@ def _state_modules() -> tuple[str, ...]:
         "apportion.domain.reconcile",
         "apportion.events",
         "apportion.bus.intake",
-        "apportion.identity",  # the request gate's key registry (rule D10.proven-user)
+        "apportion.identity.registry",  # the request gate's key registry (rule D10.proven-user)
     )
     subs = tuple(sorted(f"apportion.domain.engine.{m.name}" for m in pkgutil.iter_modules(engine.__path__)))
     return base + subs
@@ -96,7 +96,7 @@ class Snapshot:
     ledger: IdLedger | None
     fencing_token: int
     keys: Any = None
-    """The request gate's :class:`apportion.identity.KeyRegistry` (``None``: none stored)."""
+    """The request gate's :class:`apportion.identity.registry.KeyRegistry` (``None``: none stored)."""
 
 
 @functools.cache

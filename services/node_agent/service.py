@@ -144,7 +144,7 @@ def hosted_nodes(settings: NodeAgentSettings) -> tuple[list[tuple[NodeSpec, GpuP
 def agent_secrets(settings: NodeAgentSettings) -> list[Path | str | None]:
     """The agent's own secret files and directories: its nodes' key directory, the Kafka password file, the
     development keyring and the stack.env in force (made unreadable to others at start)."""
-    from apportion.identity import keyring_dir
+    from apportion.identity.keys import keyring_dir
     from apportion.settings import stack_env, stack_env_path
 
     password = os.environ.get("APPORTION_KAFKA_PASSWORD_FILE") or stack_env().get("APPORTION_KAFKA_PASSWORD_FILE")
@@ -227,7 +227,7 @@ class SignedSender:
         producer: ``send(event, value) -> future`` with ``add_errback``, and ``flush(timeout_s)``
             (:class:`apportion.bus.producer.EventProducer`).
         signer: ``value(event) -> bytes``, the signed record value, and ``values(events) -> [bytes]``, those of
-            a group (:class:`apportion.identity.ReportSigner`).
+            a group (:class:`apportion.identity.keys.ReportSigner`).
         metrics: the agent's metrics (``send_errors`` is counted).
     """
 
@@ -833,7 +833,7 @@ class NodeAgent:
         write ``apportion.nodes`` (rule D10.authentication).
         """
         if self.dispatcher_key is not None and event.node_id in self.state.nodes:
-            from apportion.identity import signer_of
+            from apportion.identity.canonical import signer_of
 
             if signer_of(raw, appended=True) != self.dispatcher_key:
                 log.warning("disregarded NodeLost of %s: not signed by the dispatcher's key", event.node_id)

@@ -43,7 +43,7 @@ from typing import Any, Literal, TypeVar, overload
 
 from apportion import events
 from apportion.durations import parse_duration
-from apportion.identity import Identity, identity_file, keyring_dir
+from apportion.identity.keys import Identity, identity_file, keyring_dir
 from apportion.settings import Connection, topic_name
 
 #: Job ids the client accepts: they appear in shell commands, log lines, file names and metric labels.
@@ -288,13 +288,13 @@ def check_user(user: str) -> str:
 def identity_for(user: str | None = None, *, bootstrap: str | None = None) -> Identity:
     """The identity that signs ``user``'s requests.
 
-    With a development keyring (:func:`apportion.identity.keyring_dir`),
+    With a development keyring (:func:`apportion.identity.keys.keyring_dir`),
     ``<keyring>/<user>.json``; a user without one is enrolled on first use: a
     key pair is made there, and its ``UserKeyRegistered`` is published once
     per topic namespace, in the name of the keyring's ops identity
     (``ops.json``; a development convenience: whoever can read the keyring is
     ops). Otherwise the identity file
-    (:func:`apportion.identity.identity_file`), which must be ``user``'s when
+    (:func:`apportion.identity.keys.identity_file`), which must be ``user``'s when
     ``user`` is given.
 
     Args:
@@ -363,7 +363,7 @@ def enrol(
         names: user names (``node:<id>`` for nodes).
         bootstrap: Kafka.
         now: event time of the registrations (default the wall clock).
-        ring: the keyring (default :func:`apportion.identity.keyring_dir`).
+        ring: the keyring (default :func:`apportion.identity.keys.keyring_dir`).
 
     Raises:
         LookupError: no keyring, or a keyring without ``ops.json``.

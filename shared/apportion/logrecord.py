@@ -21,7 +21,7 @@ LOG_APPEND_TIME = 1
 
 
 def log_position(rec: Any, ev: events.Event | None = None) -> int | None:
-    """A record's place in the log for :class:`apportion.identity.KeyRegistry`: a broker timestamp (ms), or ``None``.
+    """A record's place in the log for :class:`apportion.identity.registry.KeyRegistry`: a broker timestamp (ms), or ``None``.
 
     * An audit record (:class:`LogRecord`, an export's line): its ``timestamp_ms``.
     * A kafka-python ``ConsumerRecord`` (the services' reader edge, the standby's token floor): its

@@ -15,7 +15,7 @@ from typing import Any
 
 from apportion.client import enrol
 from apportion.domain.admission import DISPATCHER, node_principal
-from apportion.identity import BatchSigner, Identity, ReportSigner, keyring_dir, node_key_file
+from apportion.identity.keys import BatchSigner, Identity, ReportSigner, keyring_dir, node_key_file
 
 
 def report_signer(
@@ -31,7 +31,7 @@ def report_signer(
     identity file ``<key_dir>/<node_id>.json`` (user ``node:<node_id>``; made
     by ``apportion keys init --node NODE_ID``, its public key registered by ops
     with ``apportion keys register node:NODE_ID PUBKEY``). Otherwise the
-    development keyring (:func:`apportion.identity.keyring_dir`), which makes and registers the
+    development keyring (:func:`apportion.identity.keys.keyring_dir`), which makes and registers the
     missing ones (:func:`apportion.client.enrol`, event time ``now``: the agent's clock).
 
     Raises:
@@ -68,7 +68,7 @@ def decision_signer(*, key_file: Path | None = None, bootstrap: str | None = Non
     identity file (made by ``apportion keys init --service dispatcher``, its
     public key registered by ops with ``apportion keys register
     service:dispatcher PUBKEY``); every instance (leader and standbys) holds
-    the same key. Otherwise the development keyring (:func:`apportion.identity.keyring_dir`),
+    the same key. Otherwise the development keyring (:func:`apportion.identity.keys.keyring_dir`),
     which makes and registers it on first use (:func:`apportion.client.enrol`;
     a stack registers it as ops before the dispatcher starts).
 

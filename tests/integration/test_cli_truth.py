@@ -343,7 +343,7 @@ def test_a_user_cannot_cancel_another_users_job_and_the_owner_can(budgets: Stack
 def test_a_researcher_cannot_drain_a_node_and_the_refusal_is_shown(budgets: Stack, tmp_path: Path) -> None:
     """Rule D10.authentication on the real stack: a drain signed by a researcher's registered key is refused, node ready."""
     from apportion import client
-    from apportion.identity import Identity
+    from apportion.identity.keys import Identity
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("APPORTION_TOPIC_PREFIX", budgets.env["APPORTION_TOPIC_PREFIX"] or "")
@@ -532,7 +532,7 @@ def _signed(ident, line: str) -> str:
     """``line`` with ``signer_key`` and ``signature`` added as docs/producing.md ("Signing") says."""
     import base64
 
-    from apportion.identity import canonical_bytes
+    from apportion.identity.canonical import canonical_bytes
 
     obj = json.loads(line)
     obj["signer_key"] = ident.public_key

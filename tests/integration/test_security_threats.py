@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from apportion import events
-from apportion.identity import Identity
+from apportion.identity.keys import Identity
 from tests.integration.test_cli_truth import Stack
 from tests.integration.test_kafka_acls import producer_as
 
@@ -318,7 +318,8 @@ def test_provisioning_registers_the_compose_keys_once_however_often_it_runs(stac
     import subprocess
 
     from apportion.bus.provision import main
-    from apportion.identity import Identity, KeyRegistry
+    from apportion.identity.keys import Identity
+    from apportion.identity.registry import KeyRegistry
 
     subprocess.run(["bash", str(ROOT / "infra/compose-secrets.sh"), str(tmp_path)], check=True, capture_output=True)
     mp = _ns(stack)

@@ -6,9 +6,9 @@ One node of 8 GPUs; every element asks for 2 GPUs (``sub`` of the identity tests
 from __future__ import annotations
 
 from apportion import events
+from apportion.audit.signatures import check_requests
 from apportion.audit.verify import verify
 from apportion.bus.reader import log_order
-from apportion.identity import check_requests
 from services.dispatcher.service import DispatcherService
 from tests.service.accounting_fakes import log_record
 from tests.service.test_dispatcher import INPUTS, ListLog, drive, service

@@ -401,7 +401,7 @@ def test_a_dispatcher_rebuilt_from_offset_0_after_a_node_key_rotation_keeps_the_
 
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from apportion.identity import Identity
+    from apportion.identity.keys import Identity
 
     k1 = node_identity("n1")
     k2 = Identity(k1.user, k1.role, Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"n1, rotated").digest()))
@@ -555,7 +555,7 @@ def test_a_hold_a_leader_answered_is_not_decided_again() -> None:
 def test_the_audit_checks_the_signature_of_every_hold_the_dispatcher_carried_out() -> None:
     """An accepted hold of carol's job whose record is signed by eve (a dispatcher that skipped the check) is a
     finding; the holds this dispatcher carried out are not."""
-    from apportion.identity import check_requests
+    from apportion.audit.signatures import check_requests
 
     log = ListLog()
     svc = service(log, echoes=True)

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from apportion import events
 from apportion.clock import ManualClock
-from apportion.identity import ReportGate
+from apportion.identity.gates import ReportGate
 from apportion.settings import topic_name
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.service import DispatcherService

@@ -320,7 +320,8 @@ def test_signed_sender_queues_each_signed_value_and_counts_a_refused_send_and_a_
 def test_signed_sender_signs_a_group_together_in_order_and_counts_what_it_cannot_send():
     from prometheus_client import CollectorRegistry
 
-    from apportion.identity import ReportSigner, signer_of
+    from apportion.identity.canonical import signer_of
+    from apportion.identity.keys import ReportSigner
     from apportion.metrics import node_agent_metrics
     from tests.signing import node_identity
 

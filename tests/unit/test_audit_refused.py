@@ -1,8 +1,8 @@
 """`audit verify` reads the dead letters: what the services refused is a refused attack, not a mismatch.
 
 Rule D10.node-boundary. The logs are built by hand; the dead letters are made by the services' own reader edge
-(:class:`apportion.bus.intake.Intake` with :class:`apportion.identity.ReportGate`), the verdict on a forged
-request by the dispatcher's :class:`apportion.identity.RequestGate`. Check (f) of
+(:class:`apportion.bus.intake.Intake` with :class:`apportion.identity.gates.ReportGate`), the verdict on a forged
+request by the dispatcher's :class:`apportion.identity.gates.RequestGate`. Check (f) of
 :mod:`apportion.audit.verify` classifies them; ``apportion audit verify`` prints them and sets the exit code.
 """
 
@@ -22,7 +22,7 @@ from apportion.audit.source import verify_topics, write_export
 from apportion.audit.verify import REFUSED_LISTED, records_from_events, refusal_reason, verify
 from apportion.bus.intake import Intake, dead_letter
 from apportion.cli.main import app
-from apportion.identity import ReportGate, RequestGate
+from apportion.identity.gates import ReportGate, RequestGate
 from apportion.logrecord import LogRecord, log_order
 from apportion.timeutil import from_us, to_us
 from tests.service.accounting_fakes import Rec

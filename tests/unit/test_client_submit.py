@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from apportion import client, events
-from apportion.identity import signer_of
+from apportion.identity.canonical import signer_of
 from tests.signing import identity
 
 ALICE = identity("alice")

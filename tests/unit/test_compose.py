@@ -270,7 +270,7 @@ def test_compose_secrets_makes_keys_the_services_load_and_provisioning_registers
     import subprocess
 
     from apportion.bus.provision import key_registrations
-    from apportion.identity import Identity
+    from apportion.identity.keys import Identity
 
     assert shutil.which("openssl"), "infra/signing-key.sh needs openssl"
     subprocess.run(["bash", str(ROOT / "infra/compose-secrets.sh"), str(tmp_path)], check=True, capture_output=True)

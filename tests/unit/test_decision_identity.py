@@ -3,10 +3,10 @@
 The rule is :func:`apportion.domain.admission.authorize_report`: a decision or
 command counts only when signed by ``service:dispatcher``; a node's report of
 a run only when its node holds that run. The signer's side is
-:class:`apportion.identity.BatchSigner` (one signature per batch, a hash tree
-over the batch); the readers' :class:`apportion.identity.ReportGate` through
+:class:`apportion.identity.keys.BatchSigner` (one signature per batch, a hash tree
+over the batch); the readers' :class:`apportion.identity.gates.ReportGate` through
 :meth:`apportion.bus.intake.Intake.authenticate`; the audit's
-:func:`apportion.identity.check_reports`.
+:func:`apportion.audit.signatures.check_reports`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ from apportion.domain.admission import (
     Principal,
     authorize_report,
 )
-from apportion.identity import BATCH_MAX, BatchSigner, KeyRegistry, ReportGate, signer_of
+from apportion.identity.canonical import BATCH_MAX, signer_of
+from apportion.identity.gates import ReportGate
+from apportion.identity.keys import BatchSigner
+from apportion.identity.registry import KeyRegistry
 from apportion.logrecord import LogRecord, log_order
 from tests.service.accounting_fakes import Rec
 from tests.signing import dispatcher_identity, dispatcher_signer, node_identity, registered
@@ -114,16 +117,16 @@ def test_an_altered_byte_a_moved_signature_or_a_reserialised_record_proves_nothi
 
 
 def test_the_verified_hash_caches_stay_bounded_and_a_record_past_a_clear_still_proves_its_key(monkeypatch) -> None:
-    from apportion import identity
+    from apportion.identity import canonical
 
-    monkeypatch.setattr(identity, "_GOOD", {})
-    monkeypatch.setattr(identity, "_ROOTS", {})
-    monkeypatch.setattr(identity, "_GOOD_CAP", 64)
-    monkeypatch.setattr(identity, "_ROOTS_CAP", 4)
+    monkeypatch.setattr(canonical, "_GOOD", {})
+    monkeypatch.setattr(canonical, "_ROOTS", {})
+    monkeypatch.setattr(canonical, "_GOOD_CAP", 64)
+    monkeypatch.setattr(canonical, "_ROOTS_CAP", 4)
     values = BatchSigner(D).values([events.encode(placed(f"cap{i}")) for i in range(20 * BATCH_MAX)])
     for v in values:
         assert signer_of(v, appended=True) == D.public_key
-        assert len(identity._GOOD) <= 64 + 2 * 5 + 1 and len(identity._ROOTS) <= 4  # a path adds at most 11
+        assert len(canonical._GOOD) <= 64 + 2 * 5 + 1 and len(canonical._ROOTS) <= 4  # a path adds at most 11
     # the first batch was forgotten long ago: its records are proven again from their signature, not taken
     assert signer_of(values[0], appended=True) == D.public_key
     assert signer_of(values[0].replace(b'"lab/a"', b'"lab/b"'), appended=True) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -12,7 +13,9 @@ import pytest
 from apportion import events
 from apportion.domain.admission import Principal, authorize
 from apportion.events import JobCancelRequested, JobSubmitted, RejectReason
-from apportion.identity import Identity, KeyRegistry, canonical_bytes, signer_of
+from apportion.identity.canonical import canonical_bytes, signer_of
+from apportion.identity.keys import BatchSigner, Identity
+from apportion.identity.registry import KeyRegistry
 from apportion.logrecord import LogRecord
 from apportion.timeutil import to_us
 from tests.narrowing import narrow
@@ -44,6 +47,21 @@ def cancel(user: str, job_id: str = "j1") -> JobCancelRequested:
 def test_canonical_bytes_sort_keys_drop_only_the_signature_and_keep_unicode() -> None:
     payload = {"b": 1, "a": {"z": 1.5, "y": "é"}, "signature": "x", "signer_key": "k"}
     assert canonical_bytes(payload) == '{"a":{"y":"é","z":1.5},"b":1,"signer_key":"k"}'.encode()
+
+
+def test_the_signers_write_the_same_bytes_for_a_fixed_key_and_event() -> None:
+    """A request, a report and a batch of decisions signed by fixed keys: the bytes never change.
+
+    Ed25519 is deterministic, so the SHA-256 of the values is fixed; a signer that wrote other bytes (another
+    canonical form, another batch layout) would leave every signature already in a log unverifiable.
+    """
+    dispatcher = identity("service:dispatcher", "ops")
+    request = JobCancelRequested(event_id=events.det_id("cancel", "j1", "alice"), job_id="j1", user="alice", ts=T0)
+    values = [events.encode(ALICE.sign(request)), ALICE.signed_value(registered(ALICE, T0))]
+    values += BatchSigner(dispatcher).values([events.encode(registered(identity(f"u{i}"), T0)) for i in range(5)])
+    digest = hashlib.sha256(b"\n".join(values)).hexdigest()
+    assert digest == "5e75451cf085b7fb4efb3068b528d39fb4f8eb2d3dc499b9c361e06f8d652621"
+    assert [signer_of(v, appended=True) for v in values] == [ALICE.public_key] * 2 + [dispatcher.public_key] * 5
 
 
 def test_a_signed_request_verifies_on_its_published_bytes() -> None:

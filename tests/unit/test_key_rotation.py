@@ -4,7 +4,7 @@ The reader edge (:meth:`apportion.bus.intake.Intake.authenticate`) judges each
 record against the keys as of its record's place in the log, the broker's
 append time (:func:`apportion.logrecord.log_position`; the signed topics are
 ``LogAppendTime``, :data:`apportion.topics.BROKER_TIME`), with the audit's rule
-(:meth:`apportion.identity.KeyRegistry.principal`). So a rebuild reading the
+(:meth:`apportion.identity.registry.KeyRegistry.principal`). So a rebuild reading the
 whole log as one batch keeps what the live reader kept one poll at a time.
 
 The log of a node's key rotation (broker ms; event ts in minutes after T0):
@@ -29,9 +29,11 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from apportion import events, topics
+from apportion.audit.signatures import check_reports
 from apportion.bus.intake import Intake
 from apportion.domain.admission import DISPATCHER_TYPES, NODE_REQUEST_TYPES, REPORT_TYPES, UNAUTHENTICATED_NODE
-from apportion.identity import Identity, ReportGate, check_reports
+from apportion.identity.gates import ReportGate
+from apportion.identity.keys import Identity
 from apportion.logrecord import LOG_APPEND_TIME, LogRecord, log_order, log_position
 from tests.service.accounting_fakes import Rec, log_record
 from tests.signing import node_identity, registered
@@ -153,7 +155,7 @@ def test_every_topic_of_a_signed_record_or_a_key_event_has_the_brokers_time() ->
 
 def test_a_revocation_without_a_place_counts_for_every_record_and_folding_it_again_keeps_its_earliest_place() -> None:
     """A registry restored from a snapshot older than the places holds revocations without one: conservative."""
-    from apportion.identity import KeyRegistry
+    from apportion.identity.registry import KeyRegistry
     from apportion.timeutil import to_us
 
     rev, before = revoked(K1, T0 + 2 * M), to_us(T0 + M)  # a report with ts before the revocation's

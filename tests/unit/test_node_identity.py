@@ -1,10 +1,10 @@
 """Node reports proven by their node's key, and revocations by log position (rule D10.authentication).
 
 The rule is :func:`apportion.domain.admission.authorize_report`; the signer's
-side :meth:`apportion.identity.Identity.signed_value`; the readers' side
-:class:`apportion.identity.ReportGate` through
+side :meth:`apportion.identity.keys.Identity.signed_value`; the readers' side
+:class:`apportion.identity.gates.ReportGate` through
 :meth:`apportion.bus.intake.Intake.authenticate`; the audit's
-:func:`apportion.identity.check_reports` in ``audit verify``.
+:func:`apportion.audit.signatures.check_reports` in ``audit verify``.
 """
 
 from __future__ import annotations
@@ -15,11 +15,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from apportion import events
+from apportion.audit.signatures import check_requests
 from apportion.audit.verify import verify
 from apportion.bus.intake import Intake
 from apportion.domain.admission import UNAUTHENTICATED_NODE, Principal, authorize, authorize_report
 from apportion.events import JobLost, JobSubmitted, NodeHeartbeat, NodeRegistered, RejectReason, UserKeyRevoked
-from apportion.identity import ReportGate, ReportSigner, check_requests, signer_of
+from apportion.identity.canonical import signer_of
+from apportion.identity.gates import ReportGate
+from apportion.identity.keys import ReportSigner
 from apportion.logrecord import LogRecord, log_order
 from tests.service.accounting_fakes import Rec
 from tests.signing import identity, node_identity, registered
@@ -284,7 +287,7 @@ def test_keys_init_node_writes_the_key_file_the_agent_loads(tmp_path, monkeypatc
     from typer.testing import CliRunner
 
     from apportion.cli.main import app
-    from apportion.identity import Identity
+    from apportion.identity.keys import Identity
     from apportion.signers import report_signer
 
     monkeypatch.setenv("APPORTION_NODE_KEY_DIR", str(tmp_path))

@@ -1,7 +1,7 @@
 """docs/producing.md's JavaScript signing example, run as written under Node (issue 14: another language signs).
 
 The ``js`` block of the "Signing" section runs with an identity from ``apportion keys init``'s format and a
-stand-in ``producer`` that prints what it would send; the record must verify with ``apportion.identity.signer_of``
+stand-in ``producer`` that prints what it would send; the record must verify with ``apportion.identity.canonical.signer_of``
 (the key it names, the user's) and decode as the ``JobSubmitted`` the block writes. A changed byte must not.
 """
 
@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 from apportion import events
-from apportion.identity import signer_of
+from apportion.identity.canonical import signer_of
 from tests.signing import identity
 
 DOC = (Path(__file__).resolve().parents[2] / "docs/producing.md").read_text()

@@ -21,6 +21,7 @@ PKG = ROOT / "shared" / "apportion"
 PURE = (
     sorted((PKG / "domain").rglob("*.py"))
     + [PKG / "events.py", PKG / "timeutil.py", PKG / "topics.py", PKG / "logrecord.py", PKG / "arrays.py"]
+    + [PKG / "identity" / "canonical.py", PKG / "identity" / "registry.py", PKG / "identity" / "gates.py"]
     + sorted((ROOT / "services").glob("*/logic.py"))
 )
 

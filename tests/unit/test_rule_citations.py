@@ -23,19 +23,6 @@ SECTION_CITE = re.compile(r"\bdesign (D\d+)\b(?!\.[a-z])")
 ANCHOR = re.compile(r'<a id="(D\d+(?:\.[a-z0-9-]+)?)"></a>')
 OLD_CITATION = re.compile(r"DESIGN(?:\s+#:?)?\s+sections?\b|DESIGN\.md")
 
-#: Files other work is moving right now; their old citations go when they land. Each entry names a file
-#: that still cites "DESIGN section N" and must be emptied as soon as that file is rewritten.
-ALLOWED_OLD_CITATIONS: frozenset[str] = frozenset(
-    {
-        "shared/apportion/cli/main.py",
-        "shared/apportion/identity.py",
-        "tests/livestack.py",
-        "tests/node_boundary.py",
-        "tests/signing.py",
-        "tests/browser.py",
-        "tests/narrowing.py",
-    }
-)
 #: History is allowed to name what was cited before.
 HISTORY = frozenset({"CHANGELOG.md"})
 THIS_FILE = "tests/unit/test_rule_citations.py"
@@ -57,10 +44,10 @@ def unknown_citations(files: dict[str, str], ids: set[str]) -> list[tuple[str, s
 
 
 def old_citations(files: dict[str, str]) -> list[tuple[str, int]]:
-    """``(path, line)`` of every "DESIGN section N" or "DESIGN.md" outside the history and the allow-list."""
+    """``(path, line)`` of every "DESIGN section N" or "DESIGN.md" outside the history."""
     found = []
     for path, text in files.items():
-        if path in HISTORY or path in ALLOWED_OLD_CITATIONS or path == THIS_FILE:
+        if path in HISTORY or path == THIS_FILE:
             continue
         for m in OLD_CITATION.finditer(text):
             found.append((path, text.count("\n", 0, m.start()) + 1))
@@ -130,7 +117,6 @@ def test_unknown_citation_is_found(text: str, expected: list[tuple[str, str]]) -
         pytest.param({"docs/x.md": "how DESIGN.md is implemented"}, [("docs/x.md", 1)], id="file-name"),
         pytest.param({"a.py": "# (rule D3.gangs)"}, [], id="rule-id"),
         pytest.param({"CHANGELOG.md": "cited DESIGN section 3"}, [], id="history"),
-        pytest.param({"tests/signing.py": "(DESIGN section 10)"}, [], id="allow-listed"),
     ],
 )
 def test_old_citation_is_found(files: dict[str, str], expected: list[tuple[str, int]]) -> None:

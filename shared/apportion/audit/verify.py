@@ -17,7 +17,7 @@ from Redis):
 (c) :func:`rerun_decisions` - every recorded scheduling decision
     (``JobPlaced``/``JobPreempted``) re-run with
     :func:`apportion.domain.dispatch.step` on ``Tick(decision.ts)``.
-(d) :func:`apportion.identity.check_requests` - every submission and cancel
+(d) :func:`apportion.audit.signatures.check_requests` - every submission and cancel
     request the dispatcher accepted carries a valid signature (re-checked on
     its stored bytes) by a key registered for its user at its event time,
     and an accepted cancel of another user's job was signed by ops (rule D10.proven-user). A log without any
@@ -25,7 +25,7 @@ from Redis):
     identity, a simulator log) is not checked; ``signed_requests`` says how
     many were. A key revoked earlier in the log (by record timestamp) proves
     nothing, whatever the signed event's ``ts``.
-(e) :func:`apportion.identity.check_reports` - every decision and command
+(e) :func:`apportion.audit.signatures.check_reports` - every decision and command
     is signed by the dispatcher's key (``service:dispatcher``) and every node
     report by a key registered for its node (``node:<node_id>``), of a run
     placed on that node; one that is not must have been dead-lettered
@@ -92,6 +92,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apportion import events, topics
+from apportion.audit.signatures import check_reports, check_requests
 from apportion.bus.intake import APPLY_FAILED, EVENT_ID_REUSED, UNDECODABLE
 from apportion.domain.admission import JOB_REQUESTS, NODE_REQUEST_TYPES, UNAUTHENTICATED, UNAUTHENTICATED_NODE
 from apportion.domain.budgets import BUDGET_CHANGES, fold_budget_log
@@ -99,7 +100,6 @@ from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, emit_
 from apportion.domain.fairshare import budget_order
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.usage import usage_snapshot
-from apportion.identity import check_reports, check_requests
 from apportion.logrecord import LogRecord, log_order
 from apportion.settings import topic_name, topic_prefix
 from apportion.timeutil import WEEK_S, Micros, from_us, to_us

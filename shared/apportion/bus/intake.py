@@ -263,7 +263,7 @@ class Intake:
             counted, for a fold that is idempotent itself and must see it as a
             restarted reader would (accounting: its late-record count); a
             reused id is dead-lettered either way.
-        gate: the check of who wrote what (:class:`apportion.identity.ReportGate`,
+        gate: the check of who wrote what (:class:`apportion.identity.gates.ReportGate`,
             rule D10.authentication) that :meth:`authenticate` applies; ``None``: none.
         window_s: the window W (event seconds) of the default ledger (:class:`IdLedger`).
 
@@ -324,7 +324,7 @@ class Intake:
         (or whose own ``ts`` is after it), wherever the batch holds it, so a
         rebuild reading the whole log as one batch judges every record as the
         live reader did one poll at a time, and a rotated key voids nothing it
-        signed before its revocation (:class:`apportion.identity.KeyRegistry`,
+        signed before its revocation (:class:`apportion.identity.registry.KeyRegistry`,
         the audit's rule too). A registration counts from its ``ts`` wherever
         it is in the batch (one in another partition, read in the same poll).
         A record whose place is unknown (a producer's ``CreateTime``: a topic
@@ -366,7 +366,7 @@ class Intake:
 
         Its node's key proved it, so it is passed on; the folds know no such run and change nothing (an event
         naming an unknown run is never dropped silently). Also a report of a run placed more than
-        :data:`apportion.identity.PLACEMENTS_KEPT` placements ago.
+        :data:`apportion.identity.registry.PLACEMENTS_KEPT` placements ago.
         """
         self.stats.unknown_run += 1
         n = self.stats.unknown_run

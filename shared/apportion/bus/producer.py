@@ -114,7 +114,7 @@ class EventProducer:
             value: ``events.encode(event)`` when the caller already has it
                 (the dispatcher encodes once and remembers the bytes), or the
                 same event signed (a node agent's report:
-                :meth:`apportion.identity.ReportSigner.value`); encoded here
+                :meth:`apportion.identity.keys.ReportSigner.value`); encoded here
                 when ``None``. Passing anything else is a caller bug.
         """
         topic = topic_name(events.TOPIC_OF[event.type])

@@ -51,7 +51,7 @@ def init_key(
     import os
 
     from apportion.domain.admission import DISPATCHER, node_principal
-    from apportion.identity import Identity, identity_file, node_key_file
+    from apportion.identity.keys import Identity, identity_file, node_key_file
 
     if role not in ("user", "ops"):
         fail(f"--role must be user or ops, not {role!r}")
@@ -84,7 +84,7 @@ def show_key(
     file: Annotated[Path | None, typer.Option("--file", help="Identity file (default: APPORTION_IDENTITY).")] = None,
 ) -> None:
     """Print the user, role and public key of your identity file (never the private key)."""
-    from apportion.identity import Identity, identity_file
+    from apportion.identity.keys import Identity, identity_file
 
     path = file or identity_file()
     try:

@@ -43,7 +43,7 @@ from apportion.settings import Connection, topic_name, topic_prefix
 
 if TYPE_CHECKING:
     from apportion.domain.nodes import NodeEvent
-    from apportion.identity import Identity
+    from apportion.identity.keys import Identity
 
 app = typer.Typer(
     name="apportion",

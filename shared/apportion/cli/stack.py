@@ -427,7 +427,7 @@ def dev_keyring(path: Path) -> Path:
     so a local stack runs with signature checks on and no key ceremony. Whoever can read it is ops: it
     is for development stacks only (docs/security.md).
     """
-    from apportion.identity import Identity
+    from apportion.identity.keys import Identity
 
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     if not (path / "ops.json").is_file():

@@ -357,7 +357,7 @@ def authorize(
         request: a submission, or a cancel, hold or release request (:data:`JOB_REQUESTS`).
         signer: the principal whose registered, unrevoked key made a valid
             signature of the request at its event time
-            (:meth:`apportion.identity.KeyRegistry.principal`), or ``None``
+            (:meth:`apportion.identity.registry.KeyRegistry.principal`), or ``None``
             when there is none (unsigned, a bad signature, an unknown or
             revoked key).
         owner: for a cancel, hold or release, the user of the job it names (``None`` when the
@@ -452,7 +452,7 @@ def authorize_report(
     Args:
         event: a decoded event (anything not :func:`is_attributed` passes).
         signer: the principal whose registered, unrevoked key made a valid
-            signature of the record (:meth:`apportion.identity.KeyRegistry.principal`),
+            signature of the record (:meth:`apportion.identity.registry.KeyRegistry.principal`),
             or ``None`` (unsigned, a bad signature, an unknown or revoked key).
         placement: for a report of a run (:data:`RUN_REPORT_TYPES`), the node
             of each replica of the run (``JobPlaced.placements`` in replica
