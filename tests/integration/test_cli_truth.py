@@ -178,7 +178,7 @@ def test_a_batch_the_policy_rejects_changes_nothing_and_names_each_failing_path(
     """As if someone changed the tree between the check and the publish: the CLI checked the file against a
     tree where lab/prior/language is 0.3 (it is 0.5), so robotics 0.5 -> 0.7 overfills lab/prior; the policy
     rejects the whole batch, the valid moves of lab/prior and lab/vision included."""
-    from apportion.cli import main
+    from apportion.cli import budgets as main
     from apportion.domain.budgets import Budget
 
     real = main._tree_in_force

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from apportion import readmodel
-from apportion.cli import main
+from apportion.cli import main, nodes
 from tests.service.accounting_fakes import FakeRedis
 
 
@@ -35,7 +35,7 @@ def rc(monkeypatch: pytest.MonkeyPatch) -> FakeRedis:
         {"n0": readmodel.dumps({"node_id": "n0", "state": "ready", "free_gpus": 8, "gpu_count": 8})},
     )
     r.hset(readmodel.usage_key(), {"meta": readmodel.dumps({"at": "2026-12-01T00:00:00+00:00", "capacity_gpus": 8})})
-    monkeypatch.setattr(main, "_redis", lambda url: r)
+    monkeypatch.setattr(nodes, "_redis", lambda url: r)
     return r
 
 

@@ -104,7 +104,7 @@ def test_budget_set_share_out_of_range_is_refused_before_the_stack_is_asked() ->
     ],
 )
 def test_share_prints_r_in_bounded_width(r: float | None, shown: str) -> None:
-    from apportion.cli.main import _ratio
+    from apportion.cli.common import _ratio
 
     assert _ratio(r) == shown
 

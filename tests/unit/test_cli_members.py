@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import typer
 
-from apportion.cli.main import parse_members
+from apportion.cli.budgets import parse_members
 
 
 def test_names_are_split_on_commas_and_trimmed() -> None:

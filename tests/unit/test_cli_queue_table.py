@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.console import Console
 
-from apportion.cli.main import QUEUE_WIDE, queue_table
+from apportion.cli.jobs import QUEUE_WIDE, queue_table
 
 REASON = "budget_ahead: lab/vision (r 0.42) is served before lab/nlp (r 0.61)"
 ROWS: list[dict[str, Any]] = [

@@ -167,11 +167,11 @@ def test_the_setting_is_inherited_and_none_at_the_root():
 def test_budget_set_preempt_idle_after_takes_a_duration_keeps_it_and_inherit_drops_it(monkeypatch):
     from typer.testing import CliRunner
 
-    from apportion.cli import main
+    from apportion.cli import budgets, main
 
     sent: list[ev.BudgetSet] = []
-    monkeypatch.setattr(main, "_tree_in_force", lambda bootstrap: TREE)
-    monkeypatch.setattr(main, "_budget_changes", lambda evts, *a, **k: sent.extend(evts))
+    monkeypatch.setattr(budgets, "_tree_in_force", lambda bootstrap: TREE)
+    monkeypatch.setattr(budgets, "_budget_changes", lambda evts, *a, **k: sent.extend(evts))
 
     def budget_set(*args: str) -> float | None:
         res = CliRunner().invoke(main.app, ["budget", "set", *args])

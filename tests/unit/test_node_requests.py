@@ -140,7 +140,7 @@ def test_nodes_shows_the_reason_of_the_last_request_the_dispatcher_did_not_refus
     """``apportion nodes`` (and the dashboard) read the reason from the log: a refused forgery's reason is not shown."""
     from collections import namedtuple
 
-    from apportion.cli.main import node_notes
+    from apportion.cli.nodes import node_notes
 
     rec = namedtuple("rec", "key raw")
     ops = OPS.sign(NodeCordoned(node_id="n1", reason="bios", by="root", ts=T0, producer="cli"))

@@ -16,7 +16,7 @@ import json
 import pytest
 
 from apportion import events as ev
-from apportion.cli.main import _limit_option
+from apportion.cli.budgets import _limit_option
 from apportion.domain.admission import admit, time_limit_in_force
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, step

@@ -2,7 +2,9 @@
 
 Exit codes: 0 done, 1 refused or names nothing that exists (:func:`refuse`), 2 bad input (:func:`fail`), 3 the
 stack is unreachable (:class:`Unreachable`, :func:`checked`). The command modules (:mod:`apportion.cli.main`,
-``history``, ``audit``, ``keys``, ``simulate``, ``verdicts``) import from here; this module imports none of them.
+``jobs``, ``budgets``, ``nodes``, ``history``, ``audit``, ``keys``, ``simulate``, ``verdicts``) import from here; this
+module imports none of them. The option types every command shares (``--bootstrap``, ``--redis``, ``--json``,
+``--no-wait``, ``--timeout``, ``--reason``, ``--user``) live here too.
 """
 
 from __future__ import annotations
@@ -10,14 +12,18 @@ from __future__ import annotations
 import json
 import math
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 
 from apportion import events
 from apportion.settings import Connection, topic_prefix
+
+if TYPE_CHECKING:
+    from apportion.identity.keys import Identity
 
 out = Console()
 err = Console(stderr=True)
@@ -177,3 +183,55 @@ def partitions_of(bootstrap: str, topic: str) -> int:
         if is_kafka_error(exc):
             raise Unreachable(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
         raise
+
+
+Bootstrap = Annotated[
+    str | None, typer.Option("--bootstrap", help="Kafka bootstrap (host:port).", envvar="APPORTION_KAFKA_BOOTSTRAP")
+]
+RedisUrl = Annotated[str | None, typer.Option("--redis", help="Redis URL.", envvar="APPORTION_REDIS_URL")]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
+NoWait = Annotated[bool, typer.Option("--no-wait", help="Publish and exit 0 without waiting for the verdict.")]
+Timeout = Annotated[
+    float, typer.Option("--timeout", min=0.1, help="Wall seconds to wait for the owning service's verdict.")
+]
+DEFAULT_WAIT_S = 15.0
+RequestReason = Annotated[str, typer.Option("--reason", help="Why (kept in the log; a hold's is its pending reason).")]
+RequestUser = Annotated[
+    str | None,
+    typer.Option("--user", "-u", help="Requesting user (default: your identity's; the request is signed)."),
+]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _identity(user: str | None, bootstrap: str | None, *, ops: bool = False) -> Identity:
+    """The identity that signs ``user``'s requests (:func:`apportion.client.identity_for`); exit 2 without one.
+
+    ``ops``: the operator's instead, for requests on nodes (:func:`apportion.client.ops_identity`).
+    """
+    from apportion import client
+
+    try:
+        return client.ops_identity(bootstrap=bootstrap) if ops else client.identity_for(user, bootstrap=bootstrap)
+    except (LookupError, ValueError) as exc:
+        fail(str(exc))
+    except Exception as exc:  # the enrolment of a development keyring publishes
+        if type(exc).__module__.startswith("kafka"):
+            fail(f"cannot register {user or 'your'} key at Kafka: {exc}", 3)
+        raise
+
+
+def _redis(redis_url: str | None) -> Any:
+    import redis
+
+    conn = Connection.resolve(redis_url=redis_url)
+    from apportion.bus.security import redis_auth
+
+    r = redis.Redis.from_url(conn.redis_url, socket_connect_timeout=3, **redis_auth(conn.redis_url))
+    try:
+        r.ping()
+    except redis.RedisError as exc:
+        fail(f"cannot reach Redis at {conn.redis_url}: {exc} (is the stack up? `apportion stack up`)", 3)
+    return r
