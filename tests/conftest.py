@@ -42,6 +42,10 @@ from typing import Any
 
 import pytest
 
+# The CLI's rich consoles fix their width at import when COLUMNS is set, and pytest-xdist's workers start with
+# COLUMNS=80: without it the width follows each invocation's COLUMNS, as the CLI tests set it.
+os.environ.pop("COLUMNS", None)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 INFRA_FIXTURES = {"kafka_bootstrap", "redis_url", "kafka_topic_factory", "kafka_cluster"}
