@@ -31,8 +31,8 @@ from services.dispatcher import logic
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.lease import Lease
 from services.dispatcher.service import ECHO_LEN, DispatcherService, TickPacer
-from tests.narrowing import narrow, narrow_each
-from tests.signing import identity, node_value, registered, with_node_keys
+from tests.kit.narrowing import narrow, narrow_each
+from tests.kit.signing import identity, node_value, registered, with_node_keys
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
 USER = identity("u")
@@ -73,7 +73,7 @@ class ListLog:
         self.records.append(Rec(topic, 0, off, key, value, len(self.records) + 1, 1))
 
     def put(self, *evts: Event) -> None:
-        """Append outside input; node reports signed by their node's key, registered first (tests.signing)."""
+        """Append outside input; node reports signed by their node's key, registered first (tests.kit.signing)."""
         for e in with_node_keys(evts, self.nodes):
             self.append(topic_name(events.TOPIC_OF[e.type]), node_value(e), events.key_of(e).encode())
 

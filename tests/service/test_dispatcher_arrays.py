@@ -10,7 +10,7 @@ from apportion.audit.verify import verify
 from apportion.bus.reader import log_order
 from apportion.identity import check_requests
 from services.dispatcher.service import DispatcherService
-from tests.service.accounting_fakes import log_record
+from tests.kit.fakes import log_record
 from tests.service.test_dispatcher import INPUTS, ListLog, drive, service
 from tests.service.test_dispatcher_identity import CAROL, EVE, cancel, setup, sub
 

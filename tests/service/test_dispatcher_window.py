@@ -12,7 +12,7 @@ from apportion.timeutil import to_us
 from apportion.topics import DEADLETTER
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.service import FUTURE, STALE, DispatcherService
-from tests.narrowing import narrow_each
+from tests.kit.narrowing import narrow_each
 from tests.service.test_dispatcher import INPUTS, T0, USER, ListLog, drive, history, submit
 
 

@@ -31,8 +31,8 @@ from apportion.audit.verify import (
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import EngineConfig
 from apportion.timeutil import from_us
-from tests.narrowing import narrow
-from tests.sim.simkit import T0, at, job, nodes, run
+from tests.kit.narrowing import narrow
+from tests.kit.simkit import T0, at, job, nodes, run
 
 AB = {"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5}
 CFG = DispatchConfig(engine=EngineConfig(delta=0.01), heartbeat_timeout_s=None)

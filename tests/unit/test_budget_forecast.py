@@ -19,7 +19,7 @@ import pytest
 
 from apportion.forecast import JobForecast, budget_forecast, protection_notice, with_starts
 from apportion.timeutil import from_us
-from tests.unit.builders import T0, d, h, m
+from tests.kit.builders import T0, d, h, m
 from tests.unit.test_forecast import CFG, History
 
 DAY = 86_400

@@ -15,8 +15,8 @@ from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import EMIT_ORDER, DispatchConfig, DispatchState, Tick, emit_rank, evolve, fold, step
 from apportion.timeutil import from_us
-from tests.narrowing import narrow
-from tests.unit.builders import T0, h, m, s, submitted
+from tests.kit.builders import T0, h, m, s, submitted
+from tests.kit.narrowing import narrow
 
 TREE = BudgetTree.from_mapping({"lab": 1.0, "lab/a": {"share": 0.5, "members": ["alice"]}, "lab/b": 0.5})
 CFG = DispatchConfig(heartbeat_timeout_s=None)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from apportion import events as ev
 from apportion.domain.dispatch import UNDO_ON_REFUSAL, Tick, step
 from apportion.timeutil import from_us
-from tests.narrowing import narrow, narrow_each
-from tests.unit.builders import T0, m, submitted
+from tests.kit.builders import T0, m, submitted
+from tests.kit.narrowing import narrow, narrow_each
 from tests.unit.test_dispatch import CFG, TREE, given, reg, types
 
 

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
 from apportion import events as ev
-from tests.narrowing import narrow
+from tests.kit.narrowing import narrow
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "events"
 GOLDEN_FILES = sorted(GOLDEN.glob("*.json"))

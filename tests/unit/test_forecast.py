@@ -18,7 +18,7 @@ from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, step
 from apportion.events import DEFAULT_GRACE_S
 from apportion.forecast import forecast, run_end, user_history, with_submission
 from apportion.timeutil import from_us
-from tests.unit.builders import T0, budget_set, completed, h, m, started, submitted
+from tests.kit.builders import T0, budget_set, completed, h, m, started, submitted
 
 CFG = DispatchConfig(heartbeat_timeout_s=None)
 

@@ -12,8 +12,8 @@ from dataclasses import replace
 from apportion import events as ev
 from apportion.domain.dispatch import Tick, step
 from apportion.timeutil import from_us
-from tests.narrowing import narrow, narrow_each
-from tests.unit.builders import T0, m, submitted
+from tests.kit.builders import T0, m, submitted
+from tests.kit.narrowing import narrow, narrow_each
 from tests.unit.test_dispatch import CFG, given, reg, types
 
 REC = replace(CFG, reconcile_misses=2)

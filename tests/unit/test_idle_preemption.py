@@ -32,8 +32,8 @@ from apportion.domain.preemption import (
     victim_rule,
 )
 from apportion.timeutil import from_us
-from tests.narrowing import narrow
-from tests.unit.builders import T0, h, submitted
+from tests.kit.builders import T0, h, submitted
+from tests.kit.narrowing import narrow
 from tests.unit.test_dispatch import reg
 from tests.unit.test_heartbeat_reconcile import hb
 from tests.unit.test_preemption_rules import NOW, run_of, view

@@ -1,0 +1,16 @@
+"""The test kit: what tests of every tier share. Fixtures stay in ``tests/conftest.py`` (pytest reads it there).
+
+- ``builders``: domain events in one line each, at domain time relative to ``T0`` (``placed``, ``submitted``,
+  ``node``, ``budget_set``, ``h``/``m``/``s``).
+- ``fakes``: kafka-python-like records (``Rec``, ``records``, ``log_record``) and a transactional ``FakeRedis``.
+- ``simkit``: seeded simulator scenarios as compact event lines (``at``, ``job``, ``nodes``, ``run``,
+  ``decisions``).
+- ``reference_cycle``: the slow, literal placement and preemption cycle the fast one is compared with.
+- ``narrowing``: ``narrow``/``narrow_each``, a value checked to be of one kind and typed as it for mypy.
+- ``signing``: deterministic signing identities, node keys and their registration events.
+- ``livestack``: ``apportion stack up`` on the test Kafka and Redis (``live_stack``) and the bounded poller
+  ``until``.
+- ``node_boundary``: throwaway Unix accounts, a directory job accounts can reach, fake GPUs, job scripts.
+- ``checkpoint_workload``: the real workload of the checkpoint tests, as the text of a script.
+- ``browser``: chromium and chromedriver found on ``PATH`` (``require_browser``) for the dashboard tests.
+"""
