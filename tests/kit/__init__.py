@@ -12,5 +12,7 @@
   ``until``.
 - ``node_boundary``: throwaway Unix accounts, a directory job accounts can reach, fake GPUs, job scripts.
 - ``checkpoint_workload``: the real workload of the checkpoint tests, as the text of a script.
+- ``fixtures/events``: golden JSON of every event type and schema version (``fixtures/make_golden.py`` writes
+  them).
 - ``browser``: chromium and chromedriver found on ``PATH`` (``require_browser``) for the dashboard tests.
 """
