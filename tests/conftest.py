@@ -36,11 +36,11 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from tests.kit.infra import KafkaCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -161,24 +161,6 @@ def kafka_topic_factory(kafka_bootstrap: str) -> Callable[..., str]:
         return name
 
     return make
-
-
-@dataclass
-class KafkaCluster:
-    """The ``kafka_cluster`` fixture: a local multi-broker stack and the environment that connects to it.
-
-    Attributes:
-        stack: the :class:`apportion.bus.stack.LocalStack` (``node_ports``, ``node_pid``, ``start_kafka``).
-        env: the variables that make a client the cluster's super user (set them with ``monkeypatch``; the
-            session's own broker keeps the process environment).
-    """
-
-    stack: Any
-    env: dict[str, str]
-
-    @property
-    def bootstrap(self) -> str:
-        return str(self.stack.bootstrap)
 
 
 @pytest.fixture(scope="module")

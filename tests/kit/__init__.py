@@ -8,6 +8,7 @@
 - ``reference_cycle``: the slow, literal placement and preemption cycle the fast one is compared with.
 - ``narrowing``: ``narrow``/``narrow_each``, a value checked to be of one kind and typed as it for mypy.
 - ``signing``: deterministic signing identities, node keys and their registration events.
+- ``infra``: ``KafkaCluster``, what the ``kafka_cluster`` fixture yields (its stack and client environment).
 - ``livestack``: ``apportion stack up`` on the test Kafka and Redis (``live_stack``) and the bounded poller
   ``until``.
 - ``node_boundary``: throwaway Unix accounts, a directory job accounts can reach, fake GPUs, job scripts.
