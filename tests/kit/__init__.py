@@ -3,6 +3,8 @@
 - ``builders``: domain events in one line each, at domain time relative to ``T0`` (``placed``, ``submitted``,
   ``node``, ``budget_set``, ``h``/``m``/``s``).
 - ``fakes``: kafka-python-like records (``Rec``, ``records``, ``log_record``) and a transactional ``FakeRedis``.
+- ``dispatcher``: the dispatcher service without Kafka: an in-memory log (``ListLog``), ``service``, ``drive``,
+  ``submit`` and a short ``history``.
 - ``simkit``: seeded simulator scenarios as compact event lines (``at``, ``job``, ``nodes``, ``run``,
   ``decisions``).
 - ``reference_cycle``: the slow, literal placement and preemption cycle the fast one is compared with.

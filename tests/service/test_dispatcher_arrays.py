@@ -10,8 +10,8 @@ from apportion.audit.verify import verify
 from apportion.bus.reader import log_order
 from apportion.identity import check_requests
 from services.dispatcher.service import DispatcherService
+from tests.kit.dispatcher import INPUTS, ListLog, drive, service
 from tests.kit.fakes import log_record
-from tests.service.test_dispatcher import INPUTS, ListLog, drive, service
 from tests.service.test_dispatcher_identity import CAROL, EVE, cancel, setup, sub
 
 

@@ -20,9 +20,9 @@ from apportion.events import BudgetSet, JobCancelRequested, JobSubmitted, NodeRe
 from apportion.settings import topic_name
 from apportion.topics import JOBS, NODES
 from services.dispatcher.service import DispatcherService
+from tests.kit.dispatcher import INPUTS, T0, ListLog, drive, service
 from tests.kit.fakes import log_record
 from tests.kit.signing import identity, node_identity, registered
-from tests.service.test_dispatcher import INPUTS, T0, ListLog, drive, service
 
 ALICE, CAROL, EVE, OPS = identity("alice"), identity("carol"), identity("eve"), identity("root", "ops")
 
