@@ -3,6 +3,8 @@
 - ``builders``: domain events in one line each, at domain time relative to ``T0`` (``placed``, ``submitted``,
   ``node``, ``budget_set``, ``h``/``m``/``s``).
 - ``fakes``: kafka-python-like records (``Rec``, ``records``, ``log_record``) and a transactional ``FakeRedis``.
+- ``domain_dispatch``: given/when/then for the pure dispatcher: ``TREE``, ``CFG``, ``given`` (a state folded from
+  a history), ``reg`` (a node registration) and ``types`` (emitted events as ``type:id``).
 - ``dispatcher``: the dispatcher service without Kafka: an in-memory log (``ListLog``), ``service``, ``drive``,
   ``submit`` and a short ``history``.
 - ``simkit``: seeded simulator scenarios as compact event lines (``at``, ``job``, ``nodes``, ``run``,

@@ -13,8 +13,8 @@ from apportion import events as ev
 from apportion.domain.dispatch import Tick, step
 from apportion.timeutil import from_us
 from tests.kit.builders import T0, m, submitted
+from tests.kit.domain_dispatch import CFG, given, reg, types
 from tests.kit.narrowing import narrow, narrow_each
-from tests.unit.test_dispatch import CFG, given, reg, types
 
 REC = replace(CFG, reconcile_misses=2)
 

@@ -42,8 +42,8 @@ from apportion.timeutil import US_PER_S, Micros, from_us
 from services.accounting import logic as accounting
 from services.dispatcher.logic import read_model
 from tests.kit.builders import T0, budget_set, completed, failed, s, started, submitted
+from tests.kit.domain_dispatch import reg
 from tests.kit.narrowing import narrow
-from tests.unit.test_dispatch import reg
 
 CFG = DispatchConfig(heartbeat_timeout_s=None)
 K = TypeVar("K", bound=Event)
