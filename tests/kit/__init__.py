@@ -1,5 +1,6 @@
 """The test kit: what tests of every tier share. Fixtures stay in ``tests/conftest.py`` (pytest reads it there).
 
+- ``audit_history``: a short simulated log (budgets, decisions, accounting snapshots) for the audit tests.
 - ``builders``: domain events in one line each, at domain time relative to ``T0`` (``placed``, ``submitted``,
   ``node``, ``budget_set``, ``h``/``m``/``s``).
 - ``fakes``: kafka-python-like records (``Rec``, ``records``, ``log_record``) and a transactional ``FakeRedis``.

@@ -14,7 +14,7 @@ from apportion import events
 from apportion.audit.source import ExportFormatError, export_prefix, write_export
 from apportion.audit.verify import records_from_events, verify
 from apportion.cli.main import app
-from tests.unit.test_audit_verify import history
+from tests.kit.audit_history import history
 
 
 @pytest.fixture(autouse=True)
