@@ -1,13 +1,7 @@
 """audit verify on hand-built logs: a clean simulated log passes; a tampered snapshot,
 decision or read-model row is reported at the offset where it appears.
 
-History (tree drawn below; two 1-GPU nodes, delta 0.01)::
-
-    lab (1.0)
-    ├── a  0.5     a1, a2 at 0:00 (1 h protection, run 10 h): a holds both GPUs
-    └── b  0.5     b1 at 0:01 -> at 1:00 b1 preempts a1 (r_a 2.0 vs r_b 0; after the
-                   move r_b = 3600 / 3600 = 1.0 <= 2.0); b2 at 2:00 -> preempts a2
-                   (r_a = 2 * 10800 / 7200 = 3.0, r_b = 1.0, after 2.0)
+History: :mod:`tests.kit.audit_history` (two 1-GPU nodes, b preempting a twice).
 
 (Before the after-move test of DESIGN section 3 this history was a1 alone on one GPU,
 b1 on the other and b2 preempting a1 at 1:00: b taking both GPUs from an even split,
