@@ -1,8 +1,10 @@
 """The test kit: what tests of every tier share. Fixtures stay in ``tests/conftest.py`` (pytest reads it there).
 
-- ``audit_history``: a short simulated log (budgets, decisions, accounting snapshots) for the audit tests.
+- ``audit_history``: a short simulated log (budgets, decisions, accounting snapshots) for the audit tests, and
+  ``export`` (a log written as an export file under a topic namespace).
 - ``builders``: domain events in one line each, at domain time relative to ``T0`` (``placed``, ``submitted``,
   ``node``, ``budget_set``, ``h``/``m``/``s``).
+- ``forecast_history``: ``History``, a dispatcher fed by hand (nodes, submissions, ticks) for forecasts.
 - ``fakes``: kafka-python-like records (``Rec``, ``records``, ``log_record``) and a transactional ``FakeRedis``.
 - ``domain_dispatch``: given/when/then for the pure dispatcher: ``TREE``, ``CFG``, ``given`` (a state folded from
   a history), ``reg`` (a node registration) and ``types`` (emitted events as ``type:id``).

@@ -1,4 +1,5 @@
-"""A short simulated log for the audit tests: budgets, the dispatcher's decisions, accounting snapshots.
+"""A short simulated log for the audit tests (budgets, the dispatcher's decisions, accounting snapshots) and
+``export``, which writes a log as an export file under a topic namespace.
 
 History (tree drawn below; two 1-GPU nodes, delta 0.01)::
 
@@ -11,8 +12,12 @@ History (tree drawn below; two 1-GPU nodes, delta 0.01)::
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 from apportion import events
 from apportion.audit.replay import occupancy_at
+from apportion.audit.source import write_export
 from apportion.audit.verify import records_from_events
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import EngineConfig
@@ -41,3 +46,10 @@ def history(snapshot_times: tuple[int, ...] = ()) -> list[events.Event]:
         snap, _ = occupancy_at(base, t)
         log.append(snap.model_copy(update={"producer": "accounting"}))
     return log
+
+
+def export(path: Path, evts: list[events.Event], prefix: str, topic_names: list[str] | None = None) -> str:
+    recs = [dataclasses.replace(r, topic=prefix + r.topic) for r in records_from_events(evts)]
+    names = topic_names if topic_names is not None else sorted({r.topic for r in recs})
+    write_export(recs, path, topic_names=names, exported_at="now")
+    return str(path)
