@@ -7,7 +7,8 @@
 - ``forecast_history``: ``History``, a dispatcher fed by hand (nodes, submissions, ticks) for forecasts.
 - ``fakes``: kafka-python-like records (``Rec``, ``records``, ``log_record``) and a transactional ``FakeRedis``.
 - ``domain_dispatch``: given/when/then for the pure dispatcher: ``TREE``, ``CFG``, ``given`` (a state folded from
-  a history), ``reg`` (a node registration) and ``types`` (emitted events as ``type:id``).
+  a history), ``reg`` (a node registration) and ``types`` (emitted events as ``type:id``); ``REC``, ``_running`` and ``hb`` for
+  heartbeat reconciliation.
 - ``dispatcher``: the dispatcher service without Kafka: an in-memory log (``ListLog``), ``service``, ``drive``,
   ``submit`` and a short ``history``.
 - ``simkit``: seeded simulator scenarios as compact event lines (``at``, ``job``, ``nodes``, ``run``,

@@ -33,9 +33,8 @@ from apportion.domain.preemption import (
 )
 from apportion.timeutil import from_us
 from tests.kit.builders import T0, h, submitted
-from tests.kit.domain_dispatch import reg
+from tests.kit.domain_dispatch import hb, reg
 from tests.kit.narrowing import narrow
-from tests.unit.test_heartbeat_reconcile import hb
 from tests.unit.test_preemption_rules import NOW, run_of, view
 
 AFTER_S = 7200.0
