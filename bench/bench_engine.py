@@ -1,4 +1,4 @@
-"""One scheduling cycle at scale (DESIGN section 9): p50/p99 wall time.
+"""One scheduling cycle at scale (rule D9.cycle): p50/p99 wall time.
 
 Cluster: 1,250 nodes x 8 GPUs = 10,000 GPUs, ~97% busy with runs of 1, 2,
 4, 8 GPUs and 2x8 gangs, about half of the allocated ones past their
@@ -19,10 +19,10 @@ Two scenarios:
   runs unallocated, so about 2,000 runs are preempted in one cycle. Reported
   for honesty; the event construction alone is tens of ms here.
 
-Sizes (DESIGN ``D9.scale``): ``--nodes`` (8 GPUs each), ``--pending`` and
+Sizes (rule ``D9.scale``): ``--nodes`` (8 GPUs each), ``--pending`` and
 ``--leaves`` (in groups of 20) change the cluster, the queue and the tree;
-``--hero N`` labels the nodes with 32 racks in 4 blocks (DESIGN
-``D1.topology``) and puts N pending gangs of ``--hero-gpus`` GPUs (8 per
+``--hero N`` labels the nodes with 32 racks in 4 blocks (rule ``D1.topology``) and puts N pending gangs of
+``--hero-gpus`` GPUs (8 per
 replica) at the head of the fair-share order (their leaves at half their
 share), each waiting past ``reservation_after`` so the first one reserves
 its nodes. Peak RSS of the process is printed at the end.

@@ -1,4 +1,4 @@
-"""Accuracy of start-time forecasts (DESIGN section 12, ``D12.accuracy``): measured on a replayed Philly slice.
+"""Accuracy of start-time forecasts (design D12, ``D12.accuracy``): measured on a replayed Philly slice.
 
 The slice is simulated with the fair-share engine (:mod:`apportion.sim.core`, reference budgets
 ``infra/budgets/philly.yaml``, seeded). Then the simulator's log is folded again, event by event, and at the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Live stack benchmarks (DESIGN section 9, ``D9.live-stack``): latency, throughput, CPU, accounting ingest.
+"""Live stack benchmarks (design D9, ``D9.live-stack``): latency, throughput, CPU, accounting ingest.
 
 Starts a local Kafka and Redis (or uses ``KAFKA_BOOTSTRAP``/``REDIS_URL``), a
 fresh topic namespace, and the services as processes on the wall clock:
@@ -27,8 +27,8 @@ fresh topic namespace, and the services as processes on the wall clock:
    CRC-32C every service uses (:func:`apportion.bus.crc.use_compiled_crc32c`),
    a stricter baseline the target does not name.
 
-Every connection is TLS (Kafka SASL_SSL, Redis ``rediss://``: DESIGN section
-10). ``--no-tls`` runs the same stack with the same authentication and ACLs
+Every connection is TLS (Kafka SASL_SSL, Redis ``rediss://``: rule D10.transport). ``--no-tls`` runs the same stack
+with the same authentication and ACLs
 without TLS (``APPORTION_NO_TLS=1``, development only); ``--tls-cost`` runs
 both, one after the other, and prints each figure with and without TLS side
 by side.
@@ -272,7 +272,7 @@ class BenchError(RuntimeError):
 
 class LiveRun:
     """The four services on a fresh topic namespace of a running Kafka and Redis, with the bench's signed client,
-    a :class:`CommandWatcher` and a :class:`CpuBudget` of every component (DESIGN section 9, ``D9.live-stack``).
+    a :class:`CommandWatcher` and a :class:`CpuBudget` of every component (design D9, ``D9.live-stack``).
 
     ``broker_pid``/``redis_pid``: the servers' processes when this machine runs them (else not in the budget).
     """

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Occupancy rebuild benchmark (DESIGN section 9): 1,000,000 job events into windows.
+"""Occupancy rebuild benchmark (rule D9.occupancy-rebuild): 1,000,000 job events into windows.
 
 A busy week of a 10,000-GPU cluster (1,250 nodes x 8 GPUs, every GPU busy
 back-to-back), 200 leaf budgets in a 3-level tree (5 orgs x 5 groups x 8

@@ -3,7 +3,7 @@
 
 The log is a simulated busy cluster (the trace of ``bench_sim.py`` on ``--nodes`` nodes x 8 GPUs, Poisson
 arrivals at ~1.1x capacity over ``--days`` event days, gangs, preemptions) with node heartbeats every
-``--heartbeat-s`` event seconds, signed as a live stack signs it (DESIGN section 10; docs/security.md):
+``--heartbeat-s`` event seconds, signed as a live stack signs it (rule D10.authentication; docs/security.md):
 ops register a key for the user, for each node (``node:<id>``) and for the dispatcher
 (``service:dispatcher``); submissions are signed by the user, decisions in batches of up to 32 by the
 dispatcher (:class:`apportion.identity.BatchSigner`), node reports (registrations, heartbeats, starts,

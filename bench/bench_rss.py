@@ -9,7 +9,7 @@ the second half and at the end, the growth over the second half, and the least-s
 second half in MiB/h (the first half is warm-up: imports, caches, the window filling).
 
 Each submission is signed by the bench's user (a key ops registered) and the node agent signs its reports
-with the keys of a development keyring of the bench's own (DESIGN section 10), so the jobs are placed, run
+with the keys of a development keyring of the bench's own (rule D10.proven-user), so the jobs are placed, run
 and complete: unsigned, the dispatcher would reject every one and the run would measure an idle stack. At
 the end the log is read and the jobs' outcomes are printed (completed, rejected, dead letters); a run in
 which fewer than 90% of the submissions completed fails, as a run in which a service exited.

@@ -1,4 +1,4 @@
-"""Simulator throughput (DESIGN section 9): 100,000 jobs on 1,000 GPUs, target <= 60 s.
+"""Simulator throughput (rule D9.simulator): 100,000 jobs on 1,000 GPUs, target <= 60 s.
 
 Synthetic, seeded trace: 125 nodes x 8 GPUs; 10 budgets (shares 0.05-0.15);
 Poisson arrivals at ~1.1x capacity; GPUs per job 1 (60%), 2, 4, 8 or a

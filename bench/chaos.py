@@ -515,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     from apportion.identity import Identity
 
     rng = random.Random(a.seed)
-    # the campaign's user signs every submission with a key ops registered (DESIGN section 10): unsigned, the
+    # the campaign's user signs every submission with a key ops registered (rule D10.proven-user): unsigned, the
     # dispatcher rejects each as `unauthenticated` and the replay would place nothing
     user = Identity.generate("u")
     root = Path(tempfile.mkdtemp(prefix=f"apportion-chaos-{a.seed}-"))
@@ -524,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     from apportion.cli.stack import dev_keyring
 
     # a development keyring of its own (as `apportion stack up`): the node agent makes and registers each node's
-    # key there, so its reports are signed (DESIGN section 10); without one every report is refused
+    # key there, so its reports are signed (rule D10.authentication); without one every report is refused
     ring = str(dev_keyring(root / "keyring"))
     local, stack, clock = open_stack(
         root, f"chaos{a.seed}x{uuid.uuid4().hex[:4]}.", a.time_scale, APPORTION_KEYRING=ring

@@ -1,4 +1,4 @@
-"""Fair share on a Philly slice under protection-growth variants (evidence for DESIGN section 3's bounded churn).
+"""Fair share on a Philly slice under protection-growth variants (evidence for rule D3.bounded-churn).
 
 Usage::
 
@@ -9,7 +9,8 @@ Variants of ``cluster.protection_s`` (swapped in for the run; everything else as
 force: min_runtime x 2**p for the first ``protection_doublings`` preemptions, then the cap: max_min_runtime and
 W x ``protection_cap_w``), ``growN`` (min_runtime x N**p, same caps), ``flat`` (min_runtime), ``linear``
 (min_runtime x (1 + p)), ``double_capN`` / ``linear_capN`` (also capped at N x min_runtime). Options after
-commas: ``w=F`` sets ``EngineConfig.protection_cap_w`` (default 0.25, DESIGN's W / 4; 1 is the whole window),
+commas: ``w=F`` sets ``EngineConfig.protection_cap_w`` (default 0.25, W / 4 as in rule D3.bounded-churn; 1 is the
+whole window),
 ``dbl=N`` ``EngineConfig.protection_doublings`` (default 3; -1 doubles to the cap, policy fairtree-4),
 ``hard=N`` ``EngineConfig.churn_bound`` (a job preempted N times is protected until it completes; default 5,
 0 = no bound; ``double,w=1,hard=0`` is policy fairtree-5), ``seed=N`` the seed of the trace rule and of the

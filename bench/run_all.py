@@ -2,7 +2,7 @@
 """Run every ``bench/bench_*.py`` in name order and report which passed.
 
 Each benchmark is a script that prints its own figures and exits non-zero
-when it misses its target (DESIGN section 9). Run with the project's venv:
+when it misses its target (design D9). Run with the project's venv:
 ``make bench`` or ``.venv/bin/python bench/run_all.py [NAME_SUBSTRING ...]``.
 """
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Slurm and apportion side by side on this machine (DESIGN section 9, ``D9.live-stack``): ``make bench-slurm``.
+"""Slurm and apportion side by side on this machine (design D9, ``D9.live-stack``): ``make bench-slurm``.
 
 Runs the same N one-GPU jobs through both, alternated in one window (Slurm, apportion, Slurm, apportion, ...
 ``--rounds`` times), and prints for each round and system:

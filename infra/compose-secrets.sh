@@ -7,7 +7,7 @@
 #                               their SCRAM users from these files; each service reads its own)
 #   DIR/redis/users.acl         the Redis ACL file (infra/redis/acl.sh) and DIR/redis/<user>.password
 #   DIR/grafana/admin.password  Grafana's admin password
-#   DIR/keys/                   signing identities (infra/signing-key.sh, DESIGN section 10): dispatcher.json
+#   DIR/keys/                   signing identities (infra/signing-key.sh, rule D10.proven-user): dispatcher.json
 #                               (service:dispatcher, signs every decision), nodes/<id>/<id>.json (node:<id>, one
 #                               per node agent of docker-compose.yml, signs its reports), ops.json (role ops, for
 #                               the operator's CLI: APPORTION_IDENTITY=DIR/keys/ops.json); DIR/keys/public/ their

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make an apportion signing identity (DESIGN section 10) once, with openssl: FILE (the identity file
+# Make an apportion signing identity (rule D10.proven-user) once, with openssl: FILE (the identity file
 # `apportion keys init` writes: user, role, the base64 raw Ed25519 public key and 32-byte seed) and PUBLIC
 # (the same without the private key, for provisioning to register). Mode MODE (default 0600; 0644 for a
 # file a container must read, in a directory of mode 0700). An existing FILE is kept (rotate by deleting it,

@@ -1,6 +1,6 @@
 """Session fixtures for real infrastructure: ``kafka_bootstrap`` and ``redis_url``.
 
-Where they come from, first match wins (DESIGN section 8):
+Where they come from, first match wins (rule D8.tests):
 
 1. ``KAFKA_BOOTSTRAP`` / ``REDIS_URL`` from the environment;
 2. testcontainers (apache/kafka, redis) when a Docker engine answers, secured as
@@ -8,7 +8,7 @@ Where they come from, first match wins (DESIGN section 8):
 3. the native stack from ``infra/`` (Kafka from Maven jars, Debian
    redis-server) on free ports in a temp dir, stopped after the session.
 
-Every path is encrypted (DESIGN section 10, "Transport"): the stack makes its
+Every path is encrypted (rule D10.transport): the stack makes its
 CA and the servers' certificate once (:mod:`apportion.bus.tls`), Kafka listens
 SASL_SSL only and Redis TLS only (``rediss://``), and ``APPORTION_TLS_CA`` in
 the environment makes every client of the session verify them.
@@ -24,7 +24,7 @@ stopped after its last, so the rest of the suite stays on the single fast
 broker and does not share the machine with three idle brokers. Only infra fixtures live here; put
 tier-specific fixtures in the tier's own conftest.py.
 
-Identity (DESIGN section 10): the dispatcher checks every signature in every
+Identity (rule D10.proven-user): the dispatcher checks every signature in every
 test. ``dev_keyring`` (autouse, session) points ``APPORTION_KEYRING`` at a
 fresh development keyring with an ops identity, so the CLI and the client
 (and the processes tests start, which inherit the environment) enrol each

@@ -21,7 +21,7 @@
    through the deterministic simulator with the same seed, and says whether
    they agree within ``--tolerance-pp`` percentage points.
 6. Runs ``audit verify`` on the run's log and read models
-   (:func:`audit_verify`: DESIGN section 11, "verify passes on every log the
+   (:func:`audit_verify`: rule D11.verify-clean, "verify passes on every log the
    stack writes") and prints its verdict; the exit code is 0 only when the
    comparison agrees and verify passes.
 7. Stops Kafka and Redis if it started them.

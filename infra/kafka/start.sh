@@ -9,7 +9,7 @@
 # fixed sleeps.  Prints startup time and resident memory, and a last line
 # KAFKA_BOOTSTRAP=127.0.0.1:PORT.  Stop it with infra/kafka/stop.sh DATADIR.
 #
-# Security (DESIGN section 10, docs/security.md): SASL_SSL (TLS, SCRAM-SHA-512)
+# Security (rules D10.authentication and D10.transport, docs/security.md): SASL_SSL (TLS, SCRAM-SHA-512)
 # on 127.0.0.1 and ACLs (StandardAuthorizer), from security.properties.template.
 # The passwords of the super users admin and controller are made once in
 # DATADIR/secrets/ (mode 0600); admin's SCRAM credential is stored when the

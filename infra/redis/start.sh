@@ -9,7 +9,7 @@
 # deadline) until PING answers; prints REDIS_URL=rediss://127.0.0.1:PORT/0 and,
 # when secured, REDIS_SECRETS=DIR.
 #
-# Security (DESIGN section 10, docs/security.md): ACL users with passwords
+# Security (rules D10.authentication and D10.transport, docs/security.md): ACL users with passwords
 # (DATADIR/secrets/<user>.password, mode 0600, made once; DATADIR/users.acl
 # from infra/redis/acl.sh, which declares the users and what each may do).  APPORTION_REDIS_NOAUTH=1 keeps
 # the open default user instead (development only).  TLS only: PORT is Redis' tls-port and the plaintext

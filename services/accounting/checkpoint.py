@@ -132,7 +132,7 @@ def layout() -> str:
         events.BudgetFailure,
         events.OccupancySnapshot,
         events.BudgetUsage,
-        identity.KeyRegistry,  # the node keys (DESIGN section 10)
+        identity.KeyRegistry,  # the node keys (rule D10.authentication)
         identity._Grant,
         identity._Revocation,
         IdLedger,  # the reader edge's de-duplication ids

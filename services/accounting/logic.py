@@ -62,7 +62,7 @@ class Accounting:
         self.budget_log: list[Event] = []
         self._budget_ids: set[uuid.UUID] = set()
         self.tree: BudgetTree = BudgetTree.empty()
-        #: the node keys in force and the runs placed (DESIGN section 10): the reader edge checks node reports
+        #: the node keys in force and the runs placed (rule D10.authentication): the reader edge checks node reports
         #: with them and places each run it authenticated (:class:`apportion.identity.ReportGate`)
         self.keys = keys if keys is not None else KeyRegistry()
 

@@ -154,7 +154,7 @@ class AccountingService:
         self._ckpt_cost = 0.0
         #: the reader edge: screen, de-duplicate by id and payload, dead-letter (published at once)
         # duplicates go on to the fold (idempotent), so a resumed service counts late records as this one
-        # node reports count only when signed by their node's key (DESIGN section 10); the registry is the state's
+        # node reports count only when signed by their node's key (rule D10.authentication); the registry is the state's
         self.intake = Intake(
             settings.producer_name,
             clock.now,

@@ -4,7 +4,7 @@ Durations in event seconds (scaled by the clock) unless they say wall. The decis
 ``delta``, ``grace_s``, ``heartbeat_timeout_s``, ``reservation_after_s``, ``patience_s``, ``checkpoint_wait_s``)
 default to the domain's own defaults (:class:`apportion.domain.engine.EngineConfig`,
 :class:`apportion.domain.dispatch.DispatchConfig`), never retyped here; what a running dispatcher uses is
-in its ``DispatcherConfigured`` record (DESIGN section 4).
+in its ``DispatcherConfigured`` record (rule D4.configured).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class DispatcherSettings(ServiceSettings):
         tick_wall_s: wall seconds between timer ticks (heartbeat timeouts,
             protection expiry for drains, grace periods, reservations).
         window_s: occupancy window W (default 7 days).
-        delta: preemption hysteresis in r (DESIGN section 3).
+        delta: preemption hysteresis in r (rule D3.victims).
         grace_s: SIGTERM-to-SIGKILL grace for preempted runs.
         heartbeat_timeout_s: no heartbeat for this long -> NodeLost.
         reservation_after_s: a blocked allocated job waiting this long reserves nodes.
@@ -60,8 +60,8 @@ class DispatcherSettings(ServiceSettings):
             (a leader killed mid-commit): until then readers on ``read_committed`` wait at it.
         dispatcher_key: the identity file of ``service:dispatcher``
             (``APPORTION_DISPATCHER_KEY``; ``apportion keys init --service
-            dispatcher``); every value published is signed with it (DESIGN
-            section 10). ``None``: the development keyring (``APPORTION_KEYRING``).
+            dispatcher``); every value published is signed with it (rule D10.authentication). ``None``: the
+            development keyring (``APPORTION_KEYRING``).
     """
 
     instance_id: str = ""

@@ -336,7 +336,7 @@ def highest_token_in_log(
     the log yet (a standby about to take over): every leader's first writes
     (its ``DispatcherConfigured``, commands, placements) carry its token, so
     the tail of ``apportion.commands`` and ``apportion.jobs`` holds the newest
-    one. Only a record the dispatcher's key signed counts (DESIGN section 10,
+    one. Only a record the dispatcher's key signed counts (rule D10.authentication,
     :func:`apportion.domain.admission.authorize_report`): a forged decision
     carrying a huge token must not raise the floor (it would depose every
     later leader). The keys are those registered in ``keys_topic`` (default

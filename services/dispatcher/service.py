@@ -258,7 +258,7 @@ class DispatcherService:
         # value heads (ECHO_LEN bytes) of events we published to a topic we read, not read back yet
         self._echoes: dict[bytes, None] = {}
         self.echoes_skipped = 0
-        #: who may act in whose name (DESIGN section 10): refusals replace the request they refuse
+        #: who may act in whose name (rule D10.proven-user): refusals replace the request they refuse
         self.gate = RequestGate(settings.producer_name)
         #: the reader edge: screen, de-duplicate by id and payload, dead-letter (published at once),
         #: ignore node reports their node's key did not sign (the gate's)
@@ -342,7 +342,7 @@ class DispatcherService:
                     remember(e)  # our ids: another payload under one of them is a reused id
             self.gate.emitted(e)  # a run's placement, for the reports of it (its echo is never checked)
             sent.append((e, value))
-        if self.signer is not None:  # one signature per batch of decisions (DESIGN section 10)
+        if self.signer is not None:  # one signature per batch of decisions (rule D10.authentication)
             sent = list(zip([e for e, _ in sent], self.signer.values([v for _, v in sent]), strict=True))
         if len(echoes) > ECHO_CAP:  # echoes that never came back (a lost send): forget the oldest half
             for k in list(echoes)[: len(echoes) // 2]:
@@ -426,7 +426,7 @@ class DispatcherService:
             self.gate.observe(ev)
             if self._refused_stale(rec, ev):
                 continue
-            if isinstance(ev, NODE_REQUEST_TYPES):  # not ops' (DESIGN section 10): never folded
+            if isinstance(ev, NODE_REQUEST_TYPES):  # not ops' (rule D10.authentication): never folded
                 if ev.event_id in refused:
                     continue
                 if (no := self.gate.refusal(rec.value, ev, state.requests_view(), now, rebuild=True)) is not None:
@@ -510,7 +510,7 @@ class DispatcherService:
             if (
                 refused := self.gate.refusal(rec.value, ev, state.requests_view(), self.now_us(), position=place)
             ) is not None:
-                # a request not proven (DESIGN section 10): its refusal is published and folded instead
+                # a request not proven (rule D10.proven-user): its refusal is published and folded instead
                 out += apply(rec, lambda e: [e, *step(state, e, self.now_us(), cfg)], refused) or []
                 continue
             out += apply(rec, lambda e: step(state, e, self.now_us(), cfg), ev) or []
@@ -617,7 +617,7 @@ class Term:
     async def start(self, backlog: list[Any], late: list[Any], configured: DispatcherConfigured, lease: Any) -> None:
         """Rebuild from the log as of the start (``backlog``), fold ``late``, publish the recovery decisions.
 
-        ``configured`` (the knobs it decides with, DESIGN section 4) goes first, so the audit needs no
+        ``configured`` (the knobs it decides with, rule D4.configured) goes first, so the audit needs no
         flags. Raises :class:`LeadershipLost` when the log shows a newer leader's token than ``lease``'s.
         """
         svc = self.svc

@@ -62,7 +62,7 @@ def _state_modules() -> tuple[str, ...]:
         "apportion.domain.reconcile",
         "apportion.events",
         "apportion.bus.intake",
-        "apportion.identity",  # the request gate's key registry (DESIGN section 10)
+        "apportion.identity",  # the request gate's key registry (rule D10.proven-user)
     )
     subs = tuple(sorted(f"apportion.domain.engine.{m.name}" for m in pkgutil.iter_modules(engine.__path__)))
     return base + subs

@@ -53,7 +53,7 @@ async def run(
         w.readiness,
         stop,
     )
-    # every report is signed with its node's key (DESIGN section 10; readers ignore what is not)
+    # every report is signed with its node's key (rule D10.authentication; readers ignore what is not)
     node_ids = [n.node_id for n, _ in nodes]
     signer = await connect(
         lambda: report_signer(node_ids, key_dir=settings.node_key_dir, bootstrap=conn.bootstrap, now=clock.now()),

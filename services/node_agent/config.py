@@ -76,7 +76,7 @@ class NodeAgentSettings(ServiceSettings):
         producer_name: written as ``producer`` on events.
         node_key_dir: directory of the hosted nodes' key files ``<node_id>.json``
             (``apportion keys init --node``); every report is signed with its
-            node's key (DESIGN section 10). ``None``: the development keyring
+            node's key (rule D10.authentication). ``None``: the development keyring
             (``APPORTION_KEYRING``) makes and registers them.
         dispatcher_public_key_file: a file holding the dispatcher's public key (a JSON object with
             ``public_key``: the public half ``infra/signing-key.sh`` writes, or the keyring's

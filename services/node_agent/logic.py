@@ -42,8 +42,8 @@ Fencing rules 2-4 and the event-time rules 6-8 are in ``docs/leadership.md``:
     accounts at all (not root: :class:`Unisolated`) refuses every process (``cannot_isolate``): the node's
     fault, not the job's. It never runs as the agent (``docs/security.md``, "Node boundary").
 11. **GPUs busy** - a GPU is held by a replica that is being stopped: the
-    start waits (:class:`Defer`) and runs when that replica exits (DESIGN
-    section 3: the victim's GPUs are reserved for the preemptor after its
+    start waits (:class:`Defer`) and runs when that replica exits (rule D3.victims: the victim's GPUs are reserved for
+    the preemptor after its
     grace period). Held by a replica that is *not* stopping: refused
     (``gpus_busy``).
 

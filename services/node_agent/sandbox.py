@@ -1,6 +1,7 @@
 """The node boundary: each process replica runs as its user, with a clean environment, in a cgroup of its own.
 
-A real workload is untrusted code (DESIGN sections 5 and 10; ``docs/security.md``, "Node boundary"). For
+A real workload is untrusted code (rules D5.node-agent and D10.node-boundary; ``docs/security.md``, "Node boundary").
+For
 each process replica the agent:
 
 * resolves the Unix account of the job's proven user (:class:`Accounts`: the same name, or the one the

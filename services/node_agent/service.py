@@ -830,7 +830,7 @@ class NodeAgent:
 
         With :attr:`dispatcher_key` set, a loss whose record value ``raw`` that key did not sign is
         disregarded (``unauthenticated``), before its token is looked at: another node's agent may
-        write ``apportion.nodes`` (DESIGN section 10).
+        write ``apportion.nodes`` (rule D10.authentication).
         """
         if self.dispatcher_key is not None and event.node_id in self.state.nodes:
             from apportion.identity import signer_of

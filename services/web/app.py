@@ -41,7 +41,7 @@ def create_app(settings: WebSettings, sources: Sources | None = None) -> Any:
 
 
 def server_tls(settings: WebSettings) -> dict[str, Any]:
-    """uvicorn's TLS settings for the dashboard (DESIGN section 10, "Transport"): HTTPS with the certificate and
+    """uvicorn's TLS settings for the dashboard (rule D10.transport): HTTPS with the certificate and
     key given; loopback may stay HTTP; any other address without them is refused.
 
     Raises:

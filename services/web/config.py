@@ -11,7 +11,7 @@ class WebSettings(ServiceSettings):
     """Settings of the read-only web dashboard.
 
     Attributes:
-        web_host: interface the HTTP server binds to (127.0.0.1 by default, DESIGN section 10). Anything
+        web_host: interface the HTTP server binds to (127.0.0.1 by default, rule D10.loopback). Anything
             but loopback is served over TLS only (``web_tls_cert``/``web_tls_key``; refused without them).
         web_tls_cert, web_tls_key: the server certificate (chain, PEM) and its key; HTTPS when given.
         web_port: HTTP port (0 picks a free one; the log says which).

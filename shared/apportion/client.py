@@ -25,7 +25,7 @@ landing in the dead-letter topic.
 
 Every submission and cancel request is signed with the user's key, and
 every cordon, drain and uncordon with an operator's (:func:`ops_identity`),
-(:mod:`apportion.identity`, DESIGN section 10): the identity file
+(:mod:`apportion.identity`, rule D10.proven-user): the identity file
 (``~/.config/apportion/identity.json`` or ``APPORTION_IDENTITY``; made by
 ``apportion keys init``, its public key registered by ops with ``apportion
 keys register``), or, on a development stack, the keyring that
@@ -325,7 +325,7 @@ def identity_for(user: str | None = None, *, bootstrap: str | None = None) -> Id
 
 
 def ops_identity(*, bootstrap: str | None = None) -> Identity:
-    """The identity that signs ops' requests on nodes (``cordon``, ``drain``, ``undrain``; DESIGN section 10).
+    """The identity that signs ops' requests on nodes (``cordon``, ``drain``, ``undrain``; rule D10.authentication).
 
     ``APPORTION_IDENTITY`` when it is set (an operator's own file, whose key ops registered with
     ``--role ops``: it wins over a development keyring); else a development keyring's ``ops.json``

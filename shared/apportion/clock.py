@@ -1,6 +1,6 @@
 """Clocks: the ONE place outside tests that reads the wall clock.
 
-Domain code never reads time; it is handed event time (DESIGN section 6).
+Domain code never reads time; it is handed event time (rule D6.event-time).
 Services get event time from a :class:`Clock` injected at the composition
 root (``app.py``), so tests drive time by hand and demos run faster than
 real time:

@@ -7,7 +7,7 @@ and ``producer``. Facts are past tense (``JobPlaced``); requests to act are
 commands on their own topic (``StartWorkload``) or requests on the
 submissions topic (``JobCancelRequested``).
 
-Compatibility rules (DESIGN section 4):
+Compatibility rules (rule D4.events):
 
 * readers ignore unknown fields (``extra='ignore'``), so a newer writer can
   add optional fields without breaking older readers;
@@ -53,7 +53,7 @@ from apportion.arrays import ArraySpec, element_id, parse_array
 #: Namespace for deterministic event ids (uuid5); see :func:`det_id`.
 EVENT_NAMESPACE = uuid.UUID("6f1c2f7e-3b0a-5d7e-9a61-2c4e8b1d0a55")
 
-#: Grace period of a stop, seconds: SIGTERM, then SIGKILL after it (DESIGN section 3, default 30 s); the one
+#: Grace period of a stop, seconds: SIGTERM, then SIGKILL after it (rule D3.grace, default 30 s); the one
 #: default of ``JobPreempted.grace_s``, ``StopWorkload.grace_s``, the engine's and the node agent's.
 DEFAULT_GRACE_S: float = 30.0
 
@@ -158,7 +158,7 @@ class Placement(_Model):
 
 
 class RejectReason(str, enum.Enum):
-    """Machine-readable reasons for :class:`JobRejected` (DESIGN section 2)."""
+    """Machine-readable reasons for :class:`JobRejected` (rule D2.rejection)."""
 
     UNKNOWN_BUDGET = "unknown_budget"
     NOT_A_LEAF = "not_a_leaf"
@@ -169,9 +169,9 @@ class RejectReason(str, enum.Enum):
     DUPLICATE_JOB = "duplicate_job"
     INVALID = "invalid"
     UNAUTHENTICATED = "unauthenticated"
-    """No valid signature by a key registered (not revoked) for the request's user at its event time (DESIGN section 10)."""
+    """No valid signature by a key registered (not revoked) for the request's user at its event time (rule D10.proven-user)."""
     NOT_OWNER = "not_owner"
-    """A cancel, hold or release of another user's job by a principal that is not ops (DESIGN section 10)."""
+    """A cancel, hold or release of another user's job by a principal that is not ops (rule D10.proven-user)."""
     TIME_LIMIT_TOO_LONG = "time_limit_above_max"
     """The job's time limit in force (its own, or its budget's default) is above its budget's ``max_time_limit_s``."""
 
@@ -187,7 +187,7 @@ class Victim(_Model):
         protected_until: end of its minimum-runtime protection (UTC); ``None``
             when unallocated.
         rule: ``"unallocated"``, ``"idle"`` (an allocated run past its protection, idle for its budget's
-            ``preempt_idle_after_s``: DESIGN rule D3.idle-runs) or ``"expired_behind"`` (DESIGN section 3).
+            ``preempt_idle_after_s``: rule D3.idle-runs) or ``"expired_behind"`` (rule D3.victims).
         victim_ratio, preemptor_ratio: r of the two branches at their lowest
             common ancestor ``lca`` (``None`` for rules ``unallocated`` and ``idle``).
         idle_s: rule ``idle``: seconds its GPUs had been idle as its node agents reported.
@@ -204,10 +204,10 @@ class Victim(_Model):
     victim_ratio: float | None = None
     preemptor_ratio: float | None = None
     lost_gpu_s: float | None = None
-    """Work the victim loses (GPU-seconds since its last checkpoint): a cost term of DESIGN section 3."""
+    """Work the victim loses (GPU-seconds since its last checkpoint): a cost term of rule D3.victims."""
     preemptor_ratio_after: float | None = None
     """r of the preemptor's branch with the job's provisional charge: the after-move test of
-    DESIGN section 3 requires it to be <= ``victim_ratio`` (``None`` for rule ``unallocated``)."""
+    Rule D3.consistent-view requires it to be <= ``victim_ratio`` (``None`` for rule ``unallocated``)."""
     idle_s: float | None = None
 
 
@@ -362,7 +362,7 @@ def check_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def is_allocated(min_runtime_s: float) -> bool:
-    """Whether a job of this minimum runtime (seconds) is allocated: the one home of DESIGN section 1's definition.
+    """Whether a job of this minimum runtime (seconds) is allocated: the one home of the definition in rule D1.allocated-job.
 
     Allocated (``min_runtime > 0``): charged to its budget and protected for its
     minimum runtime; unallocated (``min_runtime == 0``): free, runs only on idle
@@ -376,7 +376,7 @@ def is_allocated(min_runtime_s: float) -> bool:
 
 
 TopologyBound = Literal["block", "rack"]
-"""The network domain a gang may be required to fit in (``JobSubmitted.topology_bound``, DESIGN ``D1.topology``)."""
+"""The network domain a gang may be required to fit in (``JobSubmitted.topology_bound``, rule ``D1.topology``)."""
 
 
 class JobSubmitted(Event):
@@ -396,7 +396,7 @@ class JobSubmitted(Event):
         submitted_at: queue order time (UTC); kept across requeues.
         checkpoint_interval_s: how often the workload saves a checkpoint that a
             later attempt resumes from, seconds (v3). ``None``: the contract's
-            default, once per minimum runtime (DESIGN section 1); see
+            default, once per minimum runtime (rule D1.checkpoint); see
             :attr:`checkpoint_every_s`.
         hold: submit the job held (v4): it is queued but never placed until
             a :class:`JobReleaseRequested` releases it.
@@ -409,10 +409,10 @@ class JobSubmitted(Event):
             :func:`apportion.arrays.parse_array`). The record then asks for one job per index, each
             with the id ``<job_id>_<index>`` and these fields, at most the throttle of them running at once;
             the one signature covers them all. ``None``: one job.
-        topology_bound: ``"block"`` or ``"rack"``: every replica on nodes of one block (one rack), DESIGN
-            ``D1.topology``; ``None``: any nodes (a gang still prefers the fewest blocks, then racks).
-        signer_key, signature: the submitter's proof of ``user`` (DESIGN
-            section 10; :mod:`apportion.identity`): the base64 Ed25519 public
+        topology_bound: ``"block"`` or ``"rack"``: every replica on nodes of one block (one rack),
+        rule ``D1.topology``; ``None``: any nodes (a gang still prefers the fewest blocks, then racks).
+        signer_key, signature: the submitter's proof of ``user`` (rule D10.proven-user; :mod:`apportion.identity`):
+        the base64 Ed25519 public
             key and its base64 signature over the canonical bytes of the
             record value without ``signature``. ``None`` when unsigned (the
             dispatcher rejects it as ``unauthenticated``; the simulator does
@@ -498,7 +498,7 @@ class JobSubmitted(Event):
 
 
 def checkpoint_interval_of(declared_s: float | None, min_runtime_s: float) -> float | None:
-    """The checkpoint interval of a job, seconds: the one home of DESIGN section 1's default.
+    """The checkpoint interval of a job, seconds: the one home of the default of rule D1.checkpoint.
 
     Args:
         declared_s: ``JobSubmitted.checkpoint_interval_s`` (``None`` when not declared).
@@ -694,7 +694,7 @@ class JobCheckpointed(Event):
 class JobPreempted(Event):
     """A run was chosen for preemption; its GPUs now belong to ``by_job_id``.
 
-    ``lost_gpu_s`` is the work lost (DESIGN section 1): GPU-seconds of the run
+    ``lost_gpu_s`` is the work lost (rule D1.work-lost): GPU-seconds of the run
     since its last checkpoint (or its start) at this event's time; ``None`` in
     records written before it was recorded.
     """
@@ -798,7 +798,7 @@ class WorkloadRefused(Event):
 class NodeRegistered(Event):
     """A node agent announced its GPU inventory (NVML or simulated).
 
-    ``block`` and ``rack``: the node's place in the network (DESIGN ``D1.topology``), labels set by ops in
+    ``block`` and ``rack``: the node's place in the network (rule ``D1.topology``), labels set by ops in
     the agent's settings or by the simulated inventory; ``None`` when unknown. A rack lies within one
     block; gangs larger than one node prefer the fewest blocks, then racks.
     """
@@ -826,8 +826,9 @@ class NodeCordoned(Event):
     """No new work may land on the node.
 
     An ops request (as are :class:`NodeDrainRequested` and :class:`NodeUncordoned`): ``signer_key``/``signature``
-    prove it, as on :class:`JobSubmitted`; only a key registered with role ``ops`` may sign one (DESIGN section
-    10), else the dispatcher answers with :class:`NodeRequestRefused` and no reader folds it. ``by``: the
+    prove it, as on :class:`JobSubmitted`; only a key registered with role ``ops`` may sign one
+    (rule D10.authentication), else the dispatcher answers with :class:`NodeRequestRefused` and no reader folds it.
+    ``by``: the
     operator's name (the signer's user, for humans).
     """
 
@@ -868,7 +869,7 @@ class NodeUncordoned(Event):
 
 
 class NodeRequestRefused(Event):
-    """The dispatcher refused an ops request on a node (DESIGN section 10): the request changed nothing.
+    """The dispatcher refused an ops request on a node (rule D10.authentication): the request changed nothing.
 
     Written instead of folding a ``NodeCordoned``, ``NodeDrainRequested`` or ``NodeUncordoned`` that no key
     registered with role ``ops`` signed (``reason`` ``unauthenticated``); ``refused_event_id`` is the refused
@@ -966,7 +967,7 @@ class BudgetSet(Event):
             (a job over it is rejected ``time_limit_above_max``).
         preempt_idle_after_s: idle time (its node agents' report) after which an allocated run of the budget
             whose protection has ended may be preempted for any waiting job that fits, seconds; ``None``
-            inherits (at the root: never for being idle). DESIGN rule D3.idle-runs.
+            inherits (at the root: never for being idle). Rule D3.idle-runs.
     """
 
     type: Literal["BudgetSet"] = "BudgetSet"
@@ -1052,7 +1053,7 @@ class BudgetRejected(Event):
     failures: tuple[BudgetFailure, ...] = ()
 
 
-# --------------------------------------------------------------------------- identity (DESIGN section 10)
+# --------------------------------------------------------------------------- identity (design D10)
 
 
 class UserKeyRegistered(Event):
@@ -1111,7 +1112,7 @@ class OccupancySnapshot(Event):
 
 
 class DispatcherConfigured(Event):
-    """The configuration a dispatcher decides with, recorded when it starts leading (DESIGN section 4).
+    """The configuration a dispatcher decides with, recorded when it starts leading (rule D4.configured).
 
     The audit (``audit verify``, ``audit explain``) re-runs each decision with
     the latest record at or before it, so it needs no flags.
@@ -1267,7 +1268,7 @@ def _current_version(cls: type[Event]) -> int:
     return int(cls.model_fields["schema_version"].default)
 
 
-#: Event type -> topic it is written to (DESIGN section 4 table).
+#: Event type -> topic it is written to (the table of rule D4.topics).
 TOPIC_OF: dict[str, topics.Topic] = {}
 for _name in ("JobSubmitted", "JobCancelRequested", "JobHoldRequested", "JobReleaseRequested"):
     TOPIC_OF[_name] = topics.SUBMISSIONS
@@ -1444,7 +1445,7 @@ def upcast(d: dict[str, Any]) -> dict[str, Any]:
 # * floats: every float field of the event is finite (not a non-finite
 #   string, not a literal that overflows such as 1e999), except that a ratio
 #   field (RATIO_FIELDS) may be +inf, which the encoder writes as the string
-#   "Infinity" (DESIGN section 2: r = +inf when E_b = 0 < O_b);
+#   "Infinity" (rule D2.usage-ratio: r = +inf when E_b = 0 < O_b);
 # * times: every datetime field is a JSON string in ISO-8601 with a date, a
 #   time and a timezone offset ("Z" or "+hh:mm"); not a number, not a
 #   numeric string, not a naive time (NOT_ISO_TIME);
@@ -1756,7 +1757,7 @@ def check_record(event: Event, key: bytes | str | None, topic: str | None = None
     (:func:`apportion.topics.by_name`; the reader edge passes
     :func:`apportion.settings.topic_prefix`).
 
-    Per-entity order rests on the key (DESIGN section 4): a record keyed
+    Per-entity order rests on the key (rule D4.topics): a record keyed
     otherwise may sit on another partition than its entity's other events.
     A record read from a registry topic must hold an event type routed to
     that topic (:data:`TOPIC_OF`); a topic outside the registry (tests,

@@ -1,4 +1,4 @@
-"""Start-time forecasts of pending jobs (DESIGN section 12, ``D12.job-forecast``).
+"""Start-time forecasts of pending jobs (design D12, ``D12.job-forecast``).
 
 :func:`forecast` takes the dispatcher's state folded from the log
 (:class:`~apportion.domain.dispatch.DispatchState`) and runs the same
@@ -797,7 +797,7 @@ def protection_of(state: DispatchState, job_id: str, now_us: Micros) -> str:
 
 
 def protection_notice(row: Mapping[str, Any], now_us: Micros) -> str:
-    """What a running job's protection promises (DESIGN ``D1.allocated-job``, ``D3.victims``), for ``queue`` and
+    """What a running job's protection promises (rules ``D1.allocated-job``, ``D3.victims``), for ``queue`` and
     ``explain``: ``protected until T; preemptible after`` while it lasts, ``preemptible since T`` once it has
     ended, ``protected until started`` for a run not yet started; ``""`` for a row without protection (an
     unallocated run: preemptible at any time, said as ``unallocated: preemptible at any time``).

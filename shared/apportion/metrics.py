@@ -318,7 +318,7 @@ class ReaderCollector:
     * ``apportion_dead_letters_total``: records dead-lettered (undecodable, reused id, apply failed);
     * ``apportion_unauthenticated_node_reports_total``: node reports ignored (and dead-lettered) because no
       key registered for their node signed them, or their node does not hold the run (``unauthenticated_node``,
-      DESIGN section 10);
+      rule D10.authentication);
     * ``apportion_unauthenticated_decisions_total``: decisions and commands ignored (and dead-lettered)
       because the dispatcher's key did not sign them (``unauthenticated``, a forgery); in the accounting also
       ops' requests on nodes no ops key signed (the dispatcher answers those with ``NodeRequestRefused``);

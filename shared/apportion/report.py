@@ -16,7 +16,7 @@ Two pieces, both pure (events in, numbers out):
   :func:`apportion.sim.report.summarise` and
   :func:`apportion.audit.report.log_report`).
 
-Definitions (DESIGN section 1):
+Definitions (design D1):
 
 * **Work lost** of a run stopped by preemption, drain (``JobPreempted``) or
   node loss (``JobLost``): ``GPUs x (stop - mark)`` GPU-seconds, where the
@@ -39,7 +39,7 @@ Definitions (DESIGN section 1):
   hours runs held GPUs (one per run, whatever its GPUs, placement to end);
   ``max_preemptions_per_job`` = the most any one job had;
   ``max_preemptions_allocated`` = the most any one allocated job had (the
-  bounded-churn promise of DESIGN section 3 is about those: an unallocated
+  bounded-churn promise of rule D3.bounded-churn is about those: an unallocated
   job is preemptible at any time).
 """
 

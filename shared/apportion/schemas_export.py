@@ -1,7 +1,7 @@
 """Export the JSON Schema of every event to ``schemas/<Type>.json``.
 
 Any Kafka producer, in any language, can validate what it publishes against
-these files (DESIGN section 4). They are generated from the pydantic models
+these files (rule D4.events). They are generated from the pydantic models
 in :mod:`apportion.events`, never edited by hand; a unit test
 (``tests/unit/test_schemas_current.py``) fails when they are stale.
 

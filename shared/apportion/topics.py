@@ -64,12 +64,12 @@ class Topic:
 KEEP_FOREVER = -1
 
 #: The broker stamps each record with its append time (``message.timestamp.type=LogAppendTime``), on every
-#: topic that holds signed records or key events (DESIGN section 10): the readers judge a signature by the keys
+#: topic that holds signed records or key events (rule D10.proven-user): the readers judge a signature by the keys
 #: as of its record's place in the log (:func:`apportion.logrecord.log_position`), which a producer's
 #: ``CreateTime`` (the signer's choice) would let a holder of a revoked key backdate.
 BROKER_TIME: tuple[tuple[str, str], ...] = (("message.timestamp.type", "LogAppendTime"),)
 
-#: Most replicas a registry topic gets (DESIGN section 4: a cluster of three survives the loss of one broker).
+#: Most replicas a registry topic gets (rule D4.log: a cluster of three survives the loss of one broker).
 MAX_REPLICAS = 3
 
 

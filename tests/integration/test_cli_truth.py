@@ -1,4 +1,4 @@
-"""Operations tell the truth (DESIGN section 11, issue 13), on a live stack started by `apportion stack up`.
+"""Operations tell the truth (design D11), on a live stack started by `apportion stack up`.
 
 One stack for the module: the four services as processes (8 simulated 8-GPU nodes, as the README's) started by
 ``stack up`` on the session's Kafka and Redis. Every command is run through typer's CliRunner and its exit code
@@ -327,7 +327,7 @@ def test_cancel_waits_for_the_dispatcher_and_refuses_what_is_not_there(budgets: 
 
 
 def test_a_user_cannot_cancel_another_users_job_and_the_owner_can(budgets: Stack) -> None:
-    """DESIGN section 10 on the real stack: eve's signed cancel of own1's job is refused, the job goes on."""
+    """Rule D10.proven-user on the real stack: eve's signed cancel of own1's job is refused, the job goes on."""
     budgets.run(
         "submit", "-b", "lab/vision", "-g", "1", "-m", "1h", "--duration", "2h", "-u", "own1", "--job-id", "ow1"
     )
@@ -341,7 +341,7 @@ def test_a_user_cannot_cancel_another_users_job_and_the_owner_can(budgets: Stack
 
 
 def test_a_researcher_cannot_drain_a_node_and_the_refusal_is_shown(budgets: Stack, tmp_path: Path) -> None:
-    """DESIGN section 10 on the real stack: a drain signed by a researcher's registered key is refused, node ready."""
+    """Rule D10.authentication on the real stack: a drain signed by a researcher's registered key is refused, node ready."""
     from apportion import client
     from apportion.identity import Identity
 

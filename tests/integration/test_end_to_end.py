@@ -392,7 +392,7 @@ async def test_drain_waits_for_protection_then_drains(cluster: Cluster) -> None:
     node_id = _first(evs, "JobStarted", "p1").node_id
     from apportion.client import ops_identity
 
-    ops = ops_identity(bootstrap=cluster.bootstrap)  # only an ops key may drain (DESIGN section 10)
+    ops = ops_identity(bootstrap=cluster.bootstrap)  # only an ops key may drain (rule D10.authentication)
     now = cluster.clock.now()
     cluster.publish(
         ops.sign(events.NodeDrainRequested(node_id=node_id, reason="test", by=ops.user, ts=now, producer="test"))

@@ -1,4 +1,4 @@
-"""Kafka authentication and ACLs on the real broker (DESIGN section 10; ``apportion.bus.security``).
+"""Kafka authentication and ACLs on the real broker (rule D10.authentication; ``apportion.bus.security``).
 
 The session broker runs SASL_SSL (SCRAM-SHA-512 over TLS) with KRaft's StandardAuthorizer
 (``infra/kafka/start.sh``) and the ACL table provisioned for this test's

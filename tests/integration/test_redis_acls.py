@@ -1,4 +1,4 @@
-"""Redis ACL users on the real server (DESIGN section 10; ``infra/redis/start.sh``).
+"""Redis ACL users on the real server (rule D10.authentication; ``infra/redis/start.sh``).
 
 The session's Redis runs with its default user off and one user per role:
 a client without credentials is refused, the CLI's user reads the read

@@ -383,7 +383,7 @@ def test_a_node_agent_cannot_fence_another_agents_node_with_a_forged_loss(stack:
 
 def test_audit_verify_is_clean_after_the_threats_and_names_each_refused_forgery(stack: Stack) -> None:
     """Run last: after the threats above, `apportion audit verify` reads the dead letters with the log and reports
-    every forgery the services refused as a refused attack, not a mismatch (DESIGN section 10). One forgery of its
+    every forgery the services refused as a refused attack, not a mismatch (rule D10.node-boundary). One forgery of its
     own first (an unsigned node registration), so that it has one to find when run alone. The read models are
     left out (``--no-redis``): the stack's jobs still run, and the check here is of what the log holds."""
     ghost = events.NodeRegistered(node_id="ghost-v", gpu_count=8, ts=datetime.now(UTC), producer="node-agent")

@@ -1,4 +1,4 @@
-"""Deterministic signing identities for tests (DESIGN section 10; :mod:`apportion.identity`).
+"""Deterministic signing identities for tests (design D10, rule D10.proven-user; :mod:`apportion.identity`).
 
 ``identity("alice")`` is the same key pair in every run (the private key is
 the SHA-256 of the name), so logs built in tests are byte-identical;

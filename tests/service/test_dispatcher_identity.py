@@ -1,4 +1,4 @@
-"""The dispatcher's intake check of requests (DESIGN section 10), on an in-memory log.
+"""The dispatcher's intake check of requests (rule D10.proven-user), on an in-memory log.
 
 Each threat of docs/security.md that the signature stops, fed to the real
 :class:`~services.dispatcher.service.DispatcherService`: the forbidden request is

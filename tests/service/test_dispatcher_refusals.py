@@ -1,5 +1,5 @@
 """The dispatcher service cordons a node that refuses starts in a row, and every reader takes that cordon
-(DESIGN section 3, refused starts; section 10: the dispatcher's key may sign a cordon, nothing else may but ops').
+(rule D3.refused-starts; rule D10.authentication: the dispatcher's key may sign a cordon, nothing else may but ops').
 
 The real ``DispatcherService`` on an in-memory log, signing what it publishes with the dispatcher's key, as
 ``services/dispatcher/app.py`` makes it do; node n1 (8 GPUs) refuses every start.

@@ -1,4 +1,4 @@
-"""The node boundary (DESIGN section 10; ``docs/security.md``, "Node boundary"), each threat fed to the real agent.
+"""The node boundary (rule D10.node-boundary; ``docs/security.md``, "Node boundary"), each threat fed to the real agent.
 
 The agent is built as production builds it (:meth:`NodeAgent.from_settings`: file protection, accounts,
 cgroups, the declared inventory's device files) with a list sink for its events and a :class:`ManualClock`.

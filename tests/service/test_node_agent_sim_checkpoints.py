@@ -1,4 +1,4 @@
-"""Simulated workloads checkpoint like the simulator's (``docs/checkpoints.md``, DESIGN sections 1 and 3).
+"""Simulated workloads checkpoint like the simulator's (``docs/checkpoints.md``, rules D1.checkpoint and D3.checkpoints).
 
 A ``StartWorkload`` with ``progress_s`` (the job's last saved progress) and
 ``checkpoint_interval_s`` runs ``duration_s - progress_s`` event seconds,

@@ -1,4 +1,4 @@
-"""Fair-share convergence: saturating budgets end near their shares (DESIGN sections 2-3).
+"""Fair-share convergence: saturating budgets end near their shares (design D2 and D3).
 
 Tree::
 

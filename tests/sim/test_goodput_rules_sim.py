@@ -1,4 +1,4 @@
-"""Simulated scenarios of the goodput rules (DESIGN sections 2 and 3), on the real engine.
+"""Simulated scenarios of the goodput rules (design D2 and D3), on the real engine.
 
 The simulator here does not yet resume a requeued job from its checkpoint
 (that is the simulator's own change); these scenarios check the domain

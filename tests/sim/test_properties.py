@@ -1,4 +1,4 @@
-"""Property tests on random clusters and job streams (DESIGN section 3 invariants).
+"""Property tests on random clusters and job streams (rule D3.invariants).
 
 * no GPU is held by two runs, and no two workloads run on one GPU at once;
 * no protected run is preempted;

@@ -1,4 +1,4 @@
-"""Seeded scenarios with the exact sequence of dispatcher decisions (DESIGN section 3).
+"""Seeded scenarios with the exact sequence of dispatcher decisions (rule D3.scheduling-cycle).
 
 Budget tree used unless stated::
 
@@ -125,7 +125,7 @@ def test_no_preemption_after_expiry_when_inside_hysteresis():
 def test_after_move_rule_refuses_a_swap_that_inverts_the_pair():
     # Same history with delta 0.01: at 1 h r_a = 1.0 >= r_b 0.983 + 0.01 (hysteresis holds), but
     # b2's charge (1 GPU x min(1 h, W) = 3600 GPU-s) gives B r = (3540 + 3600) / 3600 = 1.98 after
-    # the move, ahead of r_a = 1.0: the move would invert the pair (DESIGN section 3, the
+    # the move, ahead of r_a = 1.0: the move would invert the pair (rule D3.consistent-view, the
     # "LessThanOrEqualToFinalShare" test of engine.branch_rule), so nobody is preempted.
     r = run(AB, [*nodes(*TWO)], _hysteresis_jobs(at(0, 1)), until_us=at(3), delta=0.01)
     assert decisions(r) == [

@@ -1,4 +1,4 @@
-"""Checkpoints in the simulator and the work lost measured from the log (DESIGN sections 1 and 3, issue 12).
+"""Checkpoints in the simulator and the work lost measured from the log (rules D1.work-lost and D3.checkpoints).
 
 One scenario throughout, on one node of 4 GPUs (tree: ``lab`` -> ``a`` 0.5, ``b`` 0.5)::
 

@@ -1,4 +1,4 @@
-"""The gang rule is bounded by the protection cap (DESIGN section 3): a week-long 2 x 8 gang against a smaller job."""
+"""The gang rule is bounded by the protection cap (rule D3.gangs): a week-long 2 x 8 gang against a smaller job."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The run ends when the last job ends (DESIGN section 7): a wake-up that can decide nothing more does not
+"""The run ends when the last job ends (rule D7.simulator): a wake-up that can decide nothing more does not
 keep the clock going, whatever the policy and however far out the wake-up lies."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Admission checks (DESIGN section 2): a table of named cases.
+"""Admission checks (rule D2.rejection): a table of named cases.
 
 The tree used by every case::
 

@@ -1,4 +1,4 @@
-"""The dispatcher's recorded configuration is what the audit re-runs with (DESIGN section 4)."""
+"""The dispatcher's recorded configuration is what the audit re-runs with (rule D4.configured)."""
 
 from __future__ import annotations
 

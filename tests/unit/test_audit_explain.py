@@ -10,7 +10,7 @@ Same history as test_audit_verify.py (delta 0.01, two 1-GPU nodes)::
 At 1:00 a1's protection has ended: O_a = 7200, O_b = 0, K = 7200 -> r_a = 2.0 >=
 r_b = 0 + 0.01, and after the move r_b = 3600 / 3600 = 1.0 <= 2.0, so b1 preempts a1
 (rule expired_behind, LCA lab). a1's second attempt never takes the GPU back (a stays
-ahead of b); before the after-move test of DESIGN section 3 the history ended in that
+ahead of b); before the after-move test of rule D3.consistent-view the history ended in that
 swap.
 """
 

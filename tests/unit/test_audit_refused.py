@@ -1,6 +1,6 @@
 """`audit verify` reads the dead letters: what the services refused is a refused attack, not a mismatch.
 
-DESIGN section 10. The logs are built by hand; the dead letters are made by the services' own reader edge
+Rule D10.node-boundary. The logs are built by hand; the dead letters are made by the services' own reader edge
 (:class:`apportion.bus.intake.Intake` with :class:`apportion.identity.ReportGate`), the verdict on a forged
 request by the dispatcher's :class:`apportion.identity.RequestGate`. Check (f) of
 :mod:`apportion.audit.verify` classifies them; ``apportion audit verify`` prints them and sets the exit code.

@@ -3,7 +3,7 @@ decision or read-model row is reported at the offset where it appears.
 
 History: :mod:`tests.kit.audit_history` (two 1-GPU nodes, b preempting a twice).
 
-(Before the after-move test of DESIGN section 3 this history was a1 alone on one GPU,
+(Before the after-move test of rule D3.consistent-view this history was a1 alone on one GPU,
 b1 on the other and b2 preempting a1 at 1:00: b taking both GPUs from an even split,
 the swap the rule now refuses.)
 """

@@ -1,4 +1,4 @@
-"""Cluster state fold (DESIGN sections 1 and 3): free GPUs, runs, stopping victims, protection."""
+"""Cluster state fold (design D1 and D3): free GPUs, runs, stopping victims, protection."""
 
 from __future__ import annotations
 

@@ -151,7 +151,7 @@ def test_no_secret_is_in_the_compose_file_and_every_secret_is_generated(compose:
 
 
 def test_every_client_verifies_the_compose_ca_and_no_server_listens_in_clear(compose: dict[str, Any]) -> None:
-    """Transport (DESIGN section 10): each container that connects to Kafka or Redis trusts the compose CA, Redis
+    """Transport (rule D10.transport): each container that connects to Kafka or Redis trusts the compose CA, Redis
     serves TLS only, the dashboard HTTPS, and the server certificate names every host the clients dial."""
     services = compose["services"]
     clients = {n: s for n, s in services.items() if "APPORTION_KAFKA_BOOTSTRAP" in s.get("environment", {})}
@@ -235,7 +235,7 @@ def test_every_service_is_its_own_principal_with_its_password_from_a_secret(comp
 
 
 def test_every_signer_gets_its_key_and_provisioning_registers_them(compose: dict[str, Any]) -> None:
-    """DESIGN section 10: the dispatcher signs decisions, each agent its node's reports; without their key files
+    """Rule D10.authentication: the dispatcher signs decisions, each agent its node's reports; without their key files
     neither runs (the dispatcher does not lead, the agent does not start), and readers need the registrations."""
     svcs = compose["services"]
     disp = svcs["dispatcher"]

@@ -1,4 +1,4 @@
-"""DESIGN section 3's invariants, property-tested on random cycles of the real engine with the audit's detectors.
+"""The invariants of rule D3.invariants, property-tested on random cycles of the real engine with the audit's detectors.
 
 Each example is a random cluster (nodes of 4 or 8 GPUs, models ``a`` and ``b``, some cordoned), random runs
 already on it (allocated or not, started at random hours, gangs of one replica), a random queue (gangs of 1-2
@@ -9,7 +9,7 @@ window occupancy. One :func:`run_cycle` later, the log (the set-up events, then 
 * every placement a whole gang on distinct nodes (:func:`apportion.audit.invariants.partial_gangs`);
 * no protected run preempted (:func:`apportion.audit.replay.preemption_report`, the audit's protection check);
 * no GPU idle while a placeable job waits (:func:`apportion.audit.invariants.idle_while_waiting` on the nodes
-  after the cycle, the cycle's reservation excepted: DESIGN section 3 lets it keep its nodes' free GPUs from
+  after the cycle, the cycle's reservation excepted: rule D3.scheduling-cycle lets it keep its nodes' free GPUs from
   lower-ranked allocated work).
 
 The detectors themselves are fed their faults in ``test_invariants.py`` and ``test_replay_protection.py``; this

@@ -1,4 +1,4 @@
-"""Decisions proven by the dispatcher's key, and reports tied to the run's placement (DESIGN section 10).
+"""Decisions proven by the dispatcher's key, and reports tied to the run's placement (rule D10.authentication).
 
 The rule is :func:`apportion.domain.admission.authorize_report`: a decision or
 command counts only when signed by ``service:dispatcher``; a node's report of

@@ -266,7 +266,7 @@ def test_memo_of_pending_lists_is_carried_exactly_through_enqueue_and_dequeue():
 
 
 def test_the_checkpoint_interval_in_force_travels_from_submission_to_the_run():
-    # declared 900 s; undeclared: the minimum runtime (DESIGN section 1); unallocated and undeclared: none
+    # declared 900 s; undeclared: the minimum runtime (rule D1.checkpoint); unallocated and undeclared: none
     state = given(reg("n0", 8))
     sub = submitted("j1", budget="lab/b", gpus=2).model_copy(update={"checkpoint_interval_s": 900.0})
     queued = [

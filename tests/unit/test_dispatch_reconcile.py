@@ -1,5 +1,5 @@
 """The dispatcher reconciles with what node agents report: a run an agent lost is requeued, a start it
-refused is undone (DESIGN section 3, node lost; issue 18). Given / when / then, exact events.
+refused is undone (rule D3.node-lost). Given / when / then, exact events.
 
 Tree: lab (1.0) -> a 0.5 (members: alice), b 0.5; nodes n0, n1 with 4 GPUs each.
 """

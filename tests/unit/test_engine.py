@@ -1,4 +1,4 @@
-"""Table cases for one scheduling cycle (DESIGN section 3).
+"""Table cases for one scheduling cycle (rule D3.scheduling-cycle).
 
 Tree for every case unless stated (shares of parent, window capacity K given)::
 
@@ -570,7 +570,7 @@ def test_blocked_run_by_byte_search_equals_the_scan(shapes, blocked, lo):
 
 def test_behind_set_by_tree_walk_equals_the_lca_rule():
     # The engine groups candidate leaves by their branch at the LCA; it must give exactly
-    # the pairwise rule r(V branch) >= r(B branch) + delta of DESIGN section 3.
+    # the pairwise rule r(V branch) >= r(B branch) + delta of rule D3.victims.
     import random
 
     from apportion.domain.engine import CycleVictims

@@ -1,4 +1,4 @@
-"""The event contract (DESIGN section 4): golden files, round trips, compatibility rules.
+"""The event contract (rule D4.events): golden files, round trips, compatibility rules.
 
 * every golden fixture in ``tests/kit/fixtures/events/`` decodes, forever (old
   versions through the upcasters);

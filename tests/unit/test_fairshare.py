@@ -1,6 +1,6 @@
 """Fair-share order: usage ratio edge cases, Fair-Tree ordering, provisional charge.
 
-Every expected order below is worked by hand from DESIGN section 2:
+Every expected order below is worked by hand from design D2:
 r_b = O_b / (abs(b) * K); at each node children sort by (r, path).
 """
 
@@ -234,7 +234,7 @@ def test_queue_yields_leaf_order_then_item_order() -> None:
 
 
 def test_provisional_charge_alternates_budgets() -> None:
-    """One cycle must not hand everything to one budget (DESIGN section 2).
+    """One cycle must not hand everything to one budget (rule D2.provisional-charge).
 
     a, b: share 0.5 each, K = 1000 -> E = 500 each. Both idle: tie, a first.
     After a1 is placed and charged 300: r_a = 0.6 > r_b = 0 -> b1 next;
@@ -261,7 +261,7 @@ def test_queue_skips_leaves_without_items_and_rejects_inner_keys() -> None:
 
 
 def test_usage_ratio_in_the_queue_is_occupancy_over_share_times_capacity() -> None:
-    """r = O / (abs * K) before any charge, and ``ratio_after`` adds the GPU-seconds to O (DESIGN section 2).
+    """r = O / (abs * K) before any charge, and ``ratio_after`` adds the GPU-seconds to O (rule D2.usage-ratio).
 
     a, b: share 0.5, K = 1000 -> E = 500 each; O_a = 400 -> r_a = 0.8; r_b = 0.
     """

@@ -1,4 +1,4 @@
-"""Start-time forecasts (DESIGN section 12, D12.job-forecast) on hand-built histories.
+"""Start-time forecasts (design D12, D12.job-forecast) on hand-built histories.
 
 Each history is played through the dispatcher's own ``step`` (a node agent
 answering ``StartWorkload`` with ``JobStarted`` at once), so the state the

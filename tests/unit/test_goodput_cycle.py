@@ -1,4 +1,4 @@
-"""Exact scheduling cycles for the goodput rules (DESIGN sections 2 and 3).
+"""Exact scheduling cycles for the goodput rules (design D2 and D3).
 
 Each case builds a cluster by folding events, a queue and window occupancy,
 runs one :func:`run_cycle` at ``NOW`` and compares the decisions with values
@@ -131,7 +131,7 @@ def preempted(res) -> list[str]:
     return [f"{e.job_id}<-{e.by_job_id}" for e in res.events if isinstance(e, ev.JobPreempted)]
 
 
-# ---------------------------------------------------------------- cold start (DESIGN section 2)
+# ---------------------------------------------------------------- cold start (rule D2.cold-start)
 
 
 def test_cold_start_splits_equal_demand_by_share_from_the_first_cycle():
@@ -162,7 +162,7 @@ def test_cold_start_splits_by_unequal_shares():
     assert Counter(j[0] for j in got) == {"a": 6, "b": 2}
 
 
-# ---------------------------------------------------------------- loop-free preemption (DESIGN section 3)
+# ---------------------------------------------------------------- loop-free preemption (rule D3.consistent-view)
 
 
 def test_same_cycle_reversal_is_refused():

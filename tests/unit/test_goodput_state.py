@@ -1,4 +1,4 @@
-"""Checkpoints, work lost, preemption counts and node loss as folded state (DESIGN sections 1 and 3).
+"""Checkpoints, work lost, preemption counts and node loss as folded state (rules D1.work-lost and D3.checkpoints).
 
 Hand-computed cases for :func:`work_lost_gpu_s`, :func:`protection_s`, the
 checkpoint fold of :class:`ClusterState` and the dispatcher's node-loss

@@ -109,7 +109,8 @@ def test_the_grace_survives_a_snapshot_pickle() -> None:
 
 
 def test_the_default_heartbeat_timeout_is_design_section_3s_30_s_in_every_reader() -> None:
-    # DESIGN section 3: "no heartbeat for heartbeat_timeout, default 30 s"; one home, read by the config and the service
+    # rule D3.node-lost: "no heartbeat for heartbeat_timeout, default 30 s"; one home, read by the config and the
+    # service
     assert DEFAULT_HEARTBEAT_TIMEOUT_S == 30.0
     assert DispatchConfig().heartbeat_timeout_s == DEFAULT_HEARTBEAT_TIMEOUT_S
     assert DispatcherSettings.model_fields["heartbeat_timeout_s"].default == DEFAULT_HEARTBEAT_TIMEOUT_S

@@ -1,4 +1,4 @@
-"""Signatures and the key registry (DESIGN section 10; :mod:`apportion.identity`)."""
+"""Signatures and the key registry (rule D10.proven-user; :mod:`apportion.identity`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A key's rotation voids nothing it signed before its revocation, live or rebuilt (DESIGN section 10).
+"""A key's rotation voids nothing it signed before its revocation, live or rebuilt (rule D10.proven-user).
 
 The reader edge (:meth:`apportion.bus.intake.Intake.authenticate`) judges each
 record against the keys as of its record's place in the log, the broker's

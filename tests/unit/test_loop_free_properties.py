@@ -1,4 +1,4 @@
-"""Property tests of loop-free preemption in one cycle (DESIGN section 3).
+"""Property tests of loop-free preemption in one cycle (rule D3.consistent-view).
 
 Random clusters, runs, queues and window occupancy on the tree::
 

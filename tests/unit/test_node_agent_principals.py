@@ -1,4 +1,4 @@
-"""One Kafka principal per node agent (DESIGN section 10; ``apportion.bus.security``): the names, the
+"""One Kafka principal per node agent (rule D10.authentication; ``apportion.bus.security``): the names, the
 declaration, and the ACL rows each declared agent gets (the node-agent role's, under its own principal)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Node reports proven by their node's key, and revocations by log position (DESIGN section 10).
+"""Node reports proven by their node's key, and revocations by log position (rule D10.authentication).
 
 The rule is :func:`apportion.domain.admission.authorize_report`; the signer's
 side :meth:`apportion.identity.Identity.signed_value`; the readers' side

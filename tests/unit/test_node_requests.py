@@ -1,4 +1,4 @@
-"""Ops' requests on nodes (cordon, drain, uncordon) are proven by an ops key (DESIGN section 10).
+"""Ops' requests on nodes (cordon, drain, uncordon) are proven by an ops key (rule D10.authentication).
 
 The rule is :func:`apportion.domain.admission.authorize_node_request` (through
 ``authorize_report`` for every reader edge); the dispatcher's verdict is
@@ -65,7 +65,7 @@ def test_only_an_ops_key_may_cordon_drain_or_uncordon(kind, signer, detail) -> N
 
 
 def test_the_dispatcher_may_cordon_but_neither_drain_nor_uncordon() -> None:
-    # it cordons a node that refused several starts in a row (DESIGN section 3, refused starts)
+    # it cordons a node that refused several starts in a row (rule D3.refused-starts)
     dispatcher = Principal("service:dispatcher")
     for kind, allowed in ((NodeCordoned, True), (NodeDrainRequested, False), (NodeUncordoned, False)):
         req = kind(event_id=events.det_id("r", kind.__name__), node_id="n1", ts=T0, producer="dispatcher")

@@ -1,7 +1,7 @@
-"""The node state machine (DESIGN section 1): every transition of ``node_transition``, and its two folds.
+"""The node state machine (rule D1.node): every transition of ``node_transition``, and its two folds.
 
 The table lists each (state before, event) pair: 6 states before (``None`` is a node not registered yet)
-x 6 node events = 36 rows, written out by hand from DESIGN section 1 and the module docstring of
+x 6 node events = 36 rows, written out by hand from rule D1.node and the module docstring of
 ``apportion.domain.nodes``.
 """
 

@@ -1,4 +1,4 @@
-"""Occupancy windows O_b(t), U_b(t) and the capacity integral K(t) (DESIGN section 2).
+"""Occupancy windows O_b(t), U_b(t) and the capacity integral K(t) (rule D2.occupancy).
 
 A table of named cases with hand-computed values, then hypothesis
 properties: the incremental fold, the bulk rebuild and a brute-force

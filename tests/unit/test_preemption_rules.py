@@ -1,4 +1,4 @@
-"""The preemption candidate rule, :func:`victim_rule` (DESIGN section 3), as a table.
+"""The preemption candidate rule, :func:`victim_rule` (rule D3.victims), as a table.
 
 Tree for every case::
 

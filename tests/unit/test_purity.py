@@ -1,4 +1,4 @@
-"""The domain core and each service's logic are pure (STYLE rules 1 and 7, DESIGN section 6).
+"""The domain core and each service's logic are pure (STYLE rules 1 and 7; rules D6.event-time and D13.pure-logic).
 
 Modules under ``shared/apportion/domain/`` plus ``events.py``,
 ``timeutil.py``, ``topics.py``, ``logrecord.py`` and ``arrays.py``, and every ``services/<name>/logic.py``, must not import

@@ -1,4 +1,4 @@
-"""Refused starts (DESIGN section 3): a start a node agent refuses ends its run at the refusal's event time in
+"""Refused starts (rule D3.refused-starts): a start a node agent refuses ends its run at the refusal's event time in
 every occupancy reader (``D3.refused-starts``), the job backs off, and a node refusing starts in a row is cordoned.
 
 Given / when / then on the dispatcher's pure ``step`` with event time driven by hand. Tree::

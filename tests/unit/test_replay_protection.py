@@ -1,4 +1,4 @@
-"""The audit's protection check uses the scheduler's protection function (DESIGN section 3).
+"""The audit's protection check uses the scheduler's protection function (rule D3.bounded-churn).
 
 Log: job ``j`` (min_runtime 60 s) is preempted once, requeued, placed again
 with the protection the engine recorded (2 x 60 = 120 s), started at 1 h,

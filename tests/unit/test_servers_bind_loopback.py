@@ -1,4 +1,4 @@
-"""Every server apportion starts binds 127.0.0.1 by default (DESIGN section 10; docs/security.md, "Servers").
+"""Every server apportion starts binds 127.0.0.1 by default (rule D10.loopback; docs/security.md, "Servers").
 
 The dashboard's default is tested in tests/service/test_web_pages.py; this covers every service's Prometheus
 endpoint: the settings' default, and the socket the endpoint actually listens on (read from the kernel's table).

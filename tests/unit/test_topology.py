@@ -1,4 +1,4 @@
-"""Topology-aware gang placement (DESIGN ``D1.topology``, ``D3.placement``): exact node choices.
+"""Topology-aware gang placement (rules ``D1.topology``, ``D3.placement``): exact node choices.
 
 The labelled cluster of most cases, 8 nodes of 8 GPUs::
 

@@ -3,7 +3,7 @@
 * after any sequence of placements, starts, completions, preemptions,
   requeues, cancels and node state changes, indices kept up to date with
   ``sync`` equal ones built from scratch from the same runs and nodes;
-* its order key sorts candidates exactly as the cost of DESIGN section 3
+* its order key sorts candidates exactly as the cost of rule D3.victims
   (allocated GPUs, unallocated GPUs, GPU-seconds of work lost at ``now``,
   job id, attempt) for any ``now`` after the starts.
 """
@@ -198,7 +198,7 @@ def test_order_key_sorts_as_the_cost_at_any_later_now(rs, after_us):
 
     def cost(r: Run) -> tuple:
         gpus = r.gpus_per_replica * r.replicas
-        lost = gpus * (now - r.started_at_us) / 1e6  # the DESIGN section 3 cost, computed at now
+        lost = gpus * (now - r.started_at_us) / 1e6  # the rule D3.victims cost, computed at now
         return (gpus, 0, lost, r.job_id, r.attempt) if r.allocated else (0, gpus, lost, r.job_id, r.attempt)
 
     assert sorted(rs, key=order_key) == sorted(rs, key=cost)
@@ -207,7 +207,7 @@ def test_order_key_sorts_as_the_cost_at_any_later_now(rs, after_us):
 
 
 def test_reservation_nodes_walk_the_buckets_as_the_sort_rule():
-    # DESIGN section 3 reservation: eligible nodes (not reserved, model, >= g GPUs) by most free
+    # rule D3.scheduling-cycle reservation: eligible nodes (not reserved, model, >= g GPUs) by most free
     # GPUs, ties by id. The engine walks its free buckets; check it against the plain sort.
     import random
 

@@ -1,4 +1,4 @@
-"""The dashboard leaves loopback over TLS only (DESIGN section 10, "Transport"; ``services.web.app.server_tls``)."""
+"""The dashboard leaves loopback over TLS only (rule D10.transport; ``services.web.app.server_tls``)."""
 
 from __future__ import annotations
 

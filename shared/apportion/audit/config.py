@@ -1,4 +1,4 @@
-"""The dispatcher's configuration as its log records it (DESIGN section 4): the audit needs no flags.
+"""The dispatcher's configuration as its log records it (rule D4.configured): the audit needs no flags.
 
 A leading dispatcher publishes :class:`~apportion.events.DispatcherConfigured`
 (:func:`configured_event`) before its first decision. :func:`config_from_log`
@@ -57,7 +57,7 @@ def configured_event(
 def resumed_event(configured: events.DispatcherConfigured, at: datetime) -> events.DispatcherConfigured:
     """``configured`` again at ``at``, granting heartbeats a grace from then (``heartbeats_from=at``).
 
-    What a dispatcher publishes when it can read the log again after it could not (DESIGN section 4:
+    What a dispatcher publishes when it can read the log again after it could not (rule D4.configured:
     the audit re-runs its decisions with the same grace). Its id: one per instance, token and time.
     """
     return configured.model_copy(

@@ -1,4 +1,4 @@
-"""Detectors of the invariants of DESIGN section 3, as pure functions over events or a cycle's state.
+"""Detectors of the invariants of rule D3.invariants, as pure functions over events or a cycle's state.
 
 Each detector names every breach it finds (never just a count), so a test can
 feed it a log with one injected fault and check that it names exactly that
@@ -105,7 +105,7 @@ def partial_gangs(evts: Iterable[Event]) -> list[Breach]:
     """``JobPlaced`` events that do not place a whole gang.
 
     A gang of k replicas of g GPUs is placed whole: k placements, on k
-    distinct nodes, each with g distinct GPUs (DESIGN section 3).
+    distinct nodes, each with g distinct GPUs (rule D3.placement).
     """
     out: list[Breach] = []
     for ev in evts:
@@ -145,7 +145,7 @@ def idle_while_waiting(
         nodes: the cluster's nodes after the cycle's decisions.
         waiting: jobs still pending after the cycle.
         reserved: nodes held by the cycle's reservation (their free GPUs are
-            kept for its holder; DESIGN section 3).
+            kept for its holder; rule D3.scheduling-cycle).
 
     Returns:
         One :class:`Breach` per waiting job whose gang fits on distinct

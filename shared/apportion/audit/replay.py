@@ -89,7 +89,7 @@ class PreemptionReport:
         jobs: one row per ``JobPreempted`` in the range, in log order: ``{job_id, attempt,
             budget, by_job_id, by_budget, rule, lost_gpu_h, at}``; ``lost_gpu_h`` is the
             event's ``lost_gpu_s`` / 3600 (the victim's work lost since its last checkpoint,
-            DESIGN section 1), ``None`` in records written before it was recorded.
+            rule D1.work-lost), ``None`` in records written before it was recorded.
     """
 
     pairs: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -142,7 +142,7 @@ def preemption_report(
     records no ``protection_s`` was decided before protection grew with
     preemptions: its protection is the minimum runtime. A placement whose
     recorded ``protection_s`` differs from the recomputed one is listed in
-    ``mismatches``. DESIGN section 3: neither may happen.
+    ``mismatches``. Rule D3.bounded-churn: neither may happen.
 
     Args:
         records: the log in log order.

@@ -43,7 +43,7 @@ def verify_topics() -> tuple[str, ...]:
     """Topics ``audit verify`` reads and ``log export`` writes: every registry topic, the dead letters too.
 
     A forgery a service refused is in ``apportion.deadletter``; without it ``audit verify`` could not tell a
-    refused attack from a forgery no service refused (DESIGN section 10).
+    refused attack from a forgery no service refused (rule D10.node-boundary).
     """
     return tuple(topic_name(t) for t in topics.ALL_TOPICS)
 

@@ -20,8 +20,8 @@ from Redis):
 (d) :func:`apportion.identity.check_requests` - every submission and cancel
     request the dispatcher accepted carries a valid signature (re-checked on
     its stored bytes) by a key registered for its user at its event time,
-    and an accepted cancel of another user's job was signed by ops (DESIGN
-    section 10). A log without any ``UserKeyRegistered`` (a stack without
+    and an accepted cancel of another user's job was signed by ops (rule D10.proven-user). A log without any
+    ``UserKeyRegistered`` (a stack without
     identity, a simulator log) is not checked; ``signed_requests`` says how
     many were. A key revoked earlier in the log (by record timestamp) proves
     nothing, whatever the signed event's ``ts``.
@@ -37,7 +37,7 @@ from Redis):
     its topic, partition and offset) and the dispatcher's verdicts on
     forged requests (``JobRejected`` ``unauthenticated``/``not_owner``,
     ``NodeRequestRefused``): each is a refused attack (or refused invalid
-    input), reported by reason, never a mismatch (DESIGN section 10). A
+    input), reported by reason, never a mismatch (rule D10.node-boundary). A
     dead letter whose bytes are not those of the record at its position is
     a mismatch (``deadletter``). The dead letters themselves are no input
     of the rebuilds.
@@ -127,7 +127,7 @@ __all__ = [
 #: Recorded events that are scheduling decisions (re-run by :func:`rerun_decisions`).
 DECISION_TYPES = (events.JobPlaced, events.JobPreempted)
 
-#: Tolerances of the snapshot check (DESIGN section 2: exact to 1 GPU-second).
+#: Tolerances of the snapshot check (rule D2.occupancy: exact to 1 GPU-second).
 REL_TOL = 1e-6
 ABS_GPU_S = 1.0
 
@@ -1008,7 +1008,7 @@ INVALID = "invalid"
 #: How many refused records a report names one by one (all are counted by reason).
 REFUSED_LISTED = 10
 
-#: Verdicts of the dispatcher that refuse a request for who sent it (DESIGN section 10).
+#: Verdicts of the dispatcher that refuse a request for who sent it (rule D10.proven-user).
 _FORGERY_REASONS = (events.RejectReason.UNAUTHENTICATED, events.RejectReason.NOT_OWNER)
 
 

@@ -59,7 +59,7 @@ class Delivery:
     key: str | None
     timestamp_ms: int
     value: bytes | None = None
-    """The record value as read (a signature is checked on these bytes, DESIGN section 10)."""
+    """The record value as read (a signature is checked on these bytes, rule D10.proven-user)."""
 
 
 Handler = Callable[[events.Event, Delivery], None]
@@ -337,11 +337,10 @@ class AssignedConsumer:
             topics not listed start at offset 0.
         deadline_s: how long to wait for the topics' metadata.
         read_ahead: when ``topics`` hold the topic of the key registrations
-            and revocations (:data:`apportion.topics.BUDGETS`, DESIGN section 4),
+            and revocations (:data:`apportion.topics.BUDGETS`, rule D4.topics),
             each :meth:`poll` that returns a record of another topic also reads
             that one to its end (:meth:`read_identity_to_end`), so that a signed
-            record is judged with every key event appended before it (DESIGN
-            section 10). False: no read-ahead.
+            record is judged with every key event appended before it (rule D10.proven-user). False: no read-ahead.
 
     Raises:
         TimeoutError: a topic has no partitions after ``deadline_s``.

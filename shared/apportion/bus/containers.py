@@ -5,7 +5,7 @@ before the native stack. Without a Docker engine the container constructor
 raises :class:`docker.errors.DockerException`; :func:`start_containers`
 lets it propagate so the caller can fall back. Nothing is built at import.
 
-Secured as the native stack is (DESIGN section 10, ``docs/security.md``):
+Secured as the native stack is (rules D10.authentication and D10.transport, ``docs/security.md``):
 Kafka runs the official ``apache/kafka`` image (the version of
 ``infra/kafka/pom.xml``) in KRaft combined mode, started by
 ``infra/kafka/container-start.sh`` (mounted read-only) from the same

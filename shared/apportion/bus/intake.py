@@ -264,7 +264,7 @@ class Intake:
             restarted reader would (accounting: its late-record count); a
             reused id is dead-lettered either way.
         gate: the check of who wrote what (:class:`apportion.identity.ReportGate`,
-            DESIGN section 10) that :meth:`authenticate` applies; ``None``: none.
+            rule D10.authentication) that :meth:`authenticate` applies; ``None``: none.
         window_s: the window W (event seconds) of the default ledger (:class:`IdLedger`).
 
     Example::

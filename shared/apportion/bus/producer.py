@@ -1,6 +1,6 @@
 """Kafka producer wrapper: every apportion event goes out through here.
 
-Idempotent with ``acks=all`` (DESIGN section 4), JSON via
+Idempotent with ``acks=all`` (rule D4.log), JSON via
 :func:`apportion.events.encode`, record key from :func:`apportion.events.key_of`
 and topic from :data:`apportion.events.TOPIC_OF`, so no service spells a
 topic name or a key itself.

@@ -1,4 +1,4 @@
-"""Kafka principals, their credentials and their ACLs (DESIGN section 10; ``docs/security.md``).
+"""Kafka principals, their credentials and their ACLs (rule D10.authentication; ``docs/security.md``).
 
 Credentials and transport: the one home of how a client connects. Every Kafka
 client apportion builds takes :func:`kafka_auth`: SASL_SSL (TLS) with
@@ -40,7 +40,7 @@ Every service's consumer group is its own (a ``PREFIXED`` group ACL on its
 name). :func:`provision_security` creates the SCRAM users (passwords made
 once in the broker's secrets directory) and the ACLs, idempotently.
 
-One principal per node agent (DESIGN section 10): the agents declared by name in
+One principal per node agent (rule D10.authentication): the agents declared by name in
 ``APPORTION_KAFKA_NODE_AGENTS`` (comma-separated; env, else stack.env) are each their own
 principal, ``node-agent.<name>`` (:func:`node_agent_principal`), with the ``node-agent`` rows of
 the table: one agent's password is not another's, and ops can lock one agent out (its SCRAM

@@ -1,4 +1,4 @@
-"""Transport security (DESIGN section 10, "Transport"): a CA, the servers' certificate, the clients' TLS context.
+"""Transport security (rule D10.transport): a CA, the servers' certificate, the clients' TLS context.
 
 A TLS directory holds (:class:`TlsFiles`; mode 0600, or the mode asked for except the CA's key)::
 
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from cryptography import x509
     from cryptography.hazmat.primitives.asymmetric import ec
 
-#: The names every server certificate covers (everything binds loopback by default: DESIGN section 10).
+#: The names every server certificate covers (everything binds loopback by default: rule D10.loopback).
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 
 CA_DAYS = 3650

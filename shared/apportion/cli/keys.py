@@ -1,4 +1,4 @@
-"""``apportion keys``: signing keys (DESIGN section 10; :mod:`apportion.identity`).
+"""``apportion keys``: signing keys (rule D10.proven-user; :mod:`apportion.identity`).
 
 Researchers run ``keys init`` once: it makes an Ed25519 key pair in their
 identity file (``~/.config/apportion/identity.json``, mode 0600, or

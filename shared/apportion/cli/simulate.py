@@ -200,7 +200,7 @@ def simulate(
         "--protection-cap-w",
         min=0.001,
         help="Cap of the protection growth after each preemption, as a fraction of the window W "
-        "(min_runtime x 2^preemptions, capped; 0.25 = DESIGN's W / 4, the default since policy fairtree-6; "
+        "(min_runtime x 2^preemptions, capped; 0.25 = W / 4 as in rule D3.bounded-churn, the default since policy fairtree-6; "
         "1 = the whole window, as in fairtree-5).",
     ),
     protection_doublings: int = typer.Option(

@@ -1,6 +1,6 @@
 """What the CLI's change commands check before publishing, and how they learn the owning service's verdict.
 
-DESIGN section 11: a change command exits 0 only when the change happened.
+Rule D11.verdicts: a change command exits 0 only when the change happened.
 This module is the CLI side of that rule; the commands in
 :mod:`apportion.cli.main` call it. Everything reads the log or a read model
 and never joins a consumer group, so checking disturbs no service.

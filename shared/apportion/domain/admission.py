@@ -1,4 +1,4 @@
-"""Admission: may a submitted job ever enter the queue? (DESIGN section 2).
+"""Admission: may a submitted job ever enter the queue? (rule D2.rejection).
 
 :func:`admit` checks a ``JobSubmitted`` against the budget tree and the
 declared node shapes and returns ``None`` (admitted) or a
@@ -21,7 +21,7 @@ Checks, first failure wins, in this order:
    sets one, above the occupancy window W: a minimum runtime is protection
    from preemption, and protection longer than the window that measures
    fairness would let one job hold GPUs past every fair-share correction
-   (DESIGN sections 1-3; grown protection is capped by W as well);
+   (rules D1.allocated-job, D2.rejection and D3.bounded-churn; grown protection is capped by W as well);
 6. ``time_limit_above_max``: the job's time limit in force (its ``time_limit_s``,
    else its budget's inherited ``default_time_limit_s``: :func:`time_limit_in_force`)
    is above its budget's inherited ``max_time_limit_s``;
@@ -38,7 +38,7 @@ hold would wait forever.
 
 Before any of these, the dispatcher asks :func:`authorize` whether a request
 (:data:`JOB_REQUESTS`: a submission, a cancel, a hold or a release) comes from the user it names
-(DESIGN section 10): ``unauthenticated`` when no registered key of that user
+(rule D10.proven-user): ``unauthenticated`` when no registered key of that user
 signed it, ``not_owner`` for a cancel, hold or release of another user's job by a principal
 that is not ops. The signature itself is checked by :mod:`apportion.identity`
 (crypto is not domain code); this module gets the principal that signed.
@@ -49,7 +49,7 @@ cordon only, by the dispatcher's (:func:`authorize_node_request`); the dispatche
 (:func:`refused_node_request_event`) and folds nothing of it.
 
 Everything else a reader folds from ``apportion.jobs`` and ``apportion.nodes``
-must be attributable to its writer (DESIGN section 10: "only node agents
+must be attributable to its writer (rule D10.authentication: "only node agents
 write node reports and workload outcomes; only the dispatcher writes decisions
 and commands"), by one rule, :func:`authorize_report`, applied by the
 dispatcher's and the accounting's reader edge and by ``audit verify`` alike:
@@ -270,7 +270,7 @@ def shape_possible(
 def admit(
     tree: BudgetTree, job: JobSubmitted, node_shapes: Iterable[ShapeLike], window_s: float = WEEK_S
 ) -> Rejection | None:
-    """Check a submission against the tree and node shapes (DESIGN section 2).
+    """Check a submission against the tree and node shapes (rule D2.rejection).
 
     Args:
         tree: the budget tree in force at the submission's event time.
@@ -351,7 +351,7 @@ def authorize(
     signer: Principal | None,
     owner: str | None = None,
 ) -> Rejection | None:
-    """May this request act in the name of its ``user`` (DESIGN section 10)?
+    """May this request act in the name of its ``user`` (rule D10.proven-user)?
 
     Args:
         request: a submission, or a cancel, hold or release request (:data:`JOB_REQUESTS`).
@@ -395,7 +395,7 @@ def authorize(
 def authorize_node_request(
     request: NodeCordoned | NodeDrainRequested | NodeUncordoned, signer: Principal | None
 ) -> Rejection | None:
-    """May this cordon, drain or uncordon change the node (DESIGN section 10: only ops drain or cordon nodes)?
+    """May this cordon, drain or uncordon change the node (rule D10.authentication: only ops drain or cordon nodes)?
 
     Args:
         request: the ops request.
@@ -406,7 +406,7 @@ def authorize_node_request(
     Returns:
         ``None`` when a key registered with role ``ops`` signed it, or for a
         ``NodeCordoned`` the dispatcher's key (it cordons a node that refused
-        several starts in a row, DESIGN section 3, refused starts; it never
+        several starts in a row, rule D3.refused-starts; it never
         drains nor uncordons); else ``unauthenticated``: no signer, a node's or
         another service's key, or a researcher's key (role ``user``: proven, but not ops).
     """
@@ -443,7 +443,7 @@ def authorize_report(
     *,
     dispatcher_keyed: bool = True,
 ) -> str | None:
-    """May this event of the jobs, nodes or commands log change anything (DESIGN section 10)?
+    """May this event of the jobs, nodes or commands log change anything (rule D10.authentication)?
 
     The one rule of who writes what (module docstring): a decision or command
     must be the dispatcher's; a node report must be its node's, and a report

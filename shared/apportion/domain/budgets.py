@@ -1,4 +1,4 @@
-"""The budget tree: org units addressed by slash paths (DESIGN section 1).
+"""The budget tree: org units addressed by slash paths (rule D1.budget-tree).
 
 A budget node ``lab/prior/robotics`` has a ``share`` in (0, 1] of its
 parent's capacity; siblings' shares sum to at most 1 (the remainder is

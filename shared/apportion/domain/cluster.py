@@ -1,4 +1,4 @@
-"""Cluster state folded from node and job events (DESIGN sections 1 and 3).
+"""Cluster state folded from node and job events (design D1 and D3).
 
 :class:`ClusterState` is the dispatcher's live view of the machines: every
 node (GPU count, model, state, free GPU indices, last heartbeat) and every
@@ -106,7 +106,7 @@ _MAX_DOUBLINGS = 60
 
 PROTECTION_CAP_W = 0.25
 """Default cap of the protection growth, as a fraction of the window W (``EngineConfig.protection_cap_w``):
-``W / 4``, DESIGN section 3's example, since policy ``fairtree-6``. Policies ``fairtree-4`` and ``fairtree-5``
+``W / 4``, the example of rule D3.bounded-churn, since policy ``fairtree-6``. Policies ``fairtree-4`` and ``fairtree-5``
 capped at the whole window W, because without a churn bound a job longer than the sum of its protections was
 preempted every 42 h once the W / 4 cap was reached (six times for a 187 h job of Philly week 44); with :data:`PROTECTION_CHURN_BOUND` that job is protected until done after its fifth preemption,
 and the shorter cap holds long jobs' GPUs for less time between preemptions: weeks 39-45 mean share deficit
@@ -139,12 +139,12 @@ def protection_s(
     doublings: int | None = PROTECTION_DOUBLINGS,
     churn_bound: int | None = PROTECTION_CHURN_BOUND,
 ) -> float:
-    """Length of a run's preemption protection, seconds: the one home of DESIGN section 3's
-    "bounded churn" rule.
+    """Length of a run's preemption protection, seconds: the one home of rule D3.bounded-churn.
 
     ``min_runtime * 2**preemptions`` for the first ``doublings`` preemptions and the cap from then on
     (``None``: doubling all the way, as up to policy ``fairtree-4``), capped by the budget's ``max_min_runtime``
-    and by ``W x window_fraction`` (default :data:`PROTECTION_CAP_W`, ``W / 4``, DESIGN's example, as up to policy
+    and by ``W x window_fraction`` (default :data:`PROTECTION_CAP_W`, ``W / 4``, the example of rule D3.bounded-churn,
+    as up to policy
     ``fairtree-3`` and since ``fairtree-6``; the whole window in ``fairtree-4`` and ``-5``), and never below ``min_runtime`` (the caps bound the
     growth, not the promise of the contract: "protected for min_runtime
     after each start"). ``preemptions`` counts how many times the job was
@@ -242,7 +242,7 @@ class Node:
         state: one of :data:`~apportion.domain.nodes.NODE_STATES` (:func:`~apportion.domain.nodes.node_transition`).
         free: GPU indices held by no run (stopping runs still hold theirs).
         last_heartbeat_us: last heartbeat (or registration), µs UTC.
-        block, rack: its place in the network as registered (DESIGN ``D1.topology``), or ``None``.
+        block, rack: its place in the network as registered (rule ``D1.topology``), or ``None``.
     """
 
     node_id: str
@@ -325,7 +325,7 @@ class Run:
 
         Protection runs for :attr:`protection_us` (:func:`protection_s`: the
         minimum runtime, grown with the job's preemptions) from the latest
-        replica start (DESIGN section 3: "protected from preemption for
+        replica start (rule D1.allocated-job: "protected from preemption for
         min_runtime after each start"). Until every replica has reported ``JobStarted`` the run
         is protected outright (:data:`UNTIL_STARTED`): a start that the
         dispatcher has not yet read must not shorten the promise. (Counting
@@ -344,7 +344,7 @@ class Run:
         """Time of the run's last checkpoint, µs UTC, or ``None``.
 
         A gang has a checkpoint only when every replica reported one; it is
-        then the earliest of the replicas' latest (DESIGN section 1: work
+        then the earliest of the replicas' latest (rule D1.work-lost: work
         after it is not saved by every replica).
         """
         cps = self.checkpoints
@@ -384,7 +384,7 @@ def next_checkpoint_us(run: Run) -> Micros | None:
 
     :func:`work_ref_us` (its start or last checkpoint) plus its checkpoint
     interval in force (``JobPlaced.checkpoint_interval_s``: declared, else the
-    minimum runtime, DESIGN section 1). A prediction, not a promise: a run
+    minimum runtime, rule D1.checkpoint). A prediction, not a promise: a run
     that misses it is simply overdue (the time is then in the past), which
     :func:`~apportion.domain.preemption.checkpoint_rule` reads as "nothing to
     wait for".
@@ -394,7 +394,7 @@ def next_checkpoint_us(run: Run) -> Micros | None:
 
 
 def work_lost_gpu_s(run: Run, at_us: Micros) -> float:
-    """Work lost if ``run`` stops at event time ``at_us`` (DESIGN section 1), GPU-seconds.
+    """Work lost if ``run`` stops at event time ``at_us`` (rule D1.work-lost), GPU-seconds.
 
     ``g * k * (at - ref) / 1e6`` with ``ref`` = :func:`work_ref_us` (the
     later of its start and last checkpoint); 0 when ``at_us <= ref``. The

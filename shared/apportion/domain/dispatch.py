@@ -7,7 +7,7 @@ two run identical logic. All time comes from events and ticks (int µs UTC),
 all ids from :func:`det_id`; the same inputs give the same outputs, byte
 for byte.
 
-What ``decide`` does per input (DESIGN sections 2 and 3):
+What ``decide`` does per input (design D2 and D3):
 
 * ``JobSubmitted`` -> admission (``admit``): ``JobQueued`` (attempt 1) or
   ``JobRejected`` with a machine-readable reason; a job id seen before is
@@ -231,7 +231,7 @@ __all__ = [
 
 DEFAULT_HEARTBEAT_TIMEOUT_S: float = 30.0
 """Default ``heartbeat_timeout``, seconds of event time without a heartbeat before a node is lost
-(DESIGN section 3). Its one home: the dispatcher's settings and the local stack read it."""
+(rule D3.node-lost). Its one home: the dispatcher's settings and the local stack read it."""
 
 
 DEFAULT_REFUSAL_BACKOFF_S: float = 30.0
@@ -358,7 +358,7 @@ class ArrayRecord:
 
 @dataclass(frozen=True, slots=True)
 class Backoff:
-    """A job's refused starts (DESIGN section 3, refused starts), from its latest refused ``JobRequeued``.
+    """A job's refused starts (rule D3.refused-starts), from its latest refused ``JobRequeued``.
 
     Attributes:
         refusals: starts of the job refused so far.
@@ -1023,7 +1023,7 @@ def _stop_done(state: DispatchState, victim: RunKey) -> None:
 
 
 def admit_submission(state: DispatchState, job: JobSubmitted) -> tuple[RejectReason, str] | None:
-    """Admission of a submission (DESIGN section 2): ``None`` to queue it, else ``(reason, message)``.
+    """Admission of a submission (rule D2.rejection): ``None`` to queue it, else ``(reason, message)``.
 
     :func:`apportion.domain.admission.admit` against the shapes of the
     registered (not lost) nodes, plus the dispatcher's own check: a job id
@@ -1539,7 +1539,7 @@ def _node_lost(
     ``JobLost.lost_gpu_s`` is the work lost up to the last heartbeat
     (:func:`~apportion.domain.cluster.work_lost_gpu_s`). A gang's replicas on
     other nodes get ``StopWorkload`` with the normal grace period
-    (``grace_s``, DESIGN section 3: so they can checkpoint); the job is then
+    (``grace_s``, rule D3.node-lost: so they can checkpoint); the job is then
     requeued when they have stopped or the grace has passed, as after a
     preemption. A run with no replica elsewhere is requeued at once.
 
@@ -1671,7 +1671,7 @@ def requeue_lost_run(state: DispatchState, ev: JobLost, ts: Any, prod: str, grac
     """A node agent reports a run of its node lost (its own restart or shutdown): requeue the job.
 
     The dispatcher's own losses (``NodeLost``) are handled by :func:`_node_lost`; this is the
-    same for one run reported by the agent (DESIGN section 3, node lost): replicas of a gang on
+    same for one run reported by the agent (rule D3.node-lost): replicas of a gang on
     other nodes get ``StopWorkload`` with the normal grace period, and the job is requeued when
     they have stopped (the stopping machinery); a run with no replica elsewhere is requeued at
     once. A report for another attempt than the job's current one changes nothing.
@@ -1691,7 +1691,7 @@ def requeue_lost_run(state: DispatchState, ev: JobLost, ts: Any, prod: str, grac
 
 
 def refusal_backoff_s(refusals: int, config: DispatchConfig | None = None) -> float:
-    """Seconds a job waits after its ``refusals``-th refused start (DESIGN section 3, refused starts).
+    """Seconds a job waits after its ``refusals``-th refused start (rule D3.refused-starts).
 
     ``refusal_backoff_s x 2^(refusals - 1)``, capped at ``refusal_backoff_cap_s``: with the defaults
     30 s, 60 s, 120 s, 240 s, 480 s, then 900 s from the sixth refusal on. 0 when the backoff is off or nothing was refused.
@@ -1711,7 +1711,7 @@ def undo_refused_start(
     only while the refused attempt is the job's current, running one (a refusal of an old
     attempt, or of a run already stopping, changes nothing). The other replicas are stopped at
     once (grace 0: they never ran as a gang) and ``JobRequeued`` (keeping ``submitted_at``)
-    frees the run's GPUs. DESIGN section 3, refused starts:
+    frees the run's GPUs. Rule D3.refused-starts:
 
     * the requeue records the refusal (``refused_by``, ``refused_at``): the run's occupancy ends
       at the refusal's event time in every reader (``D3.refused-starts``,

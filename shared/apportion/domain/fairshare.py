@@ -1,13 +1,13 @@
 """Hierarchical fair share: usage ratios and the Fair-Tree-style order.
 
-Formulas (DESIGN section 2):
+Formulas (design D2):
 
 * entitlement ``E_b = abs(b) * K`` where ``K`` is the capacity integral over
   the window (GPU-seconds): :func:`entitlement`;
 * usage ratio ``r_b = O_b / E_b``, with the named edge cases
   ``r = 0`` when ``O_b = E_b = 0`` (:data:`ZERO_USAGE`) and ``r = +inf``
   when ``E_b = 0 < O_b`` (:data:`OVER_NOTHING`);
-* cold start (DESIGN section 2): the capacity integral is floored at
+* cold start (rule D2.cold-start): the capacity integral is floored at
   :data:`MIN_CAPACITY_GPU_S` (1 GPU-second), ``E_b = abs(b) * max(K, 1)``
   (:func:`effective_capacity`). Every budget shares the factor K, so the
   order by r is the order by ``O_b / abs(b)`` (occupancy per unit of
@@ -47,7 +47,7 @@ OVER_NOTHING = INF
 """r when a budget has occupancy but no entitlement (zero share or zero capacity)."""
 
 MIN_CAPACITY_GPU_S = 1.0
-"""Floor of the capacity integral K in every ratio, GPU-seconds (cold start, DESIGN section 2)."""
+"""Floor of the capacity integral K in every ratio, GPU-seconds (cold start, rule D2.cold-start)."""
 
 T = TypeVar("T")  # pragma: no mutate (its name string is read by nobody)
 
@@ -55,7 +55,7 @@ T = TypeVar("T")  # pragma: no mutate (its name string is read by nobody)
 def effective_capacity(capacity_gpu_s: float) -> float:
     """The K every entitlement is computed from: ``max(K, MIN_CAPACITY_GPU_S)`` GPU-seconds.
 
-    Cold start (DESIGN section 2). With an empty or short window K is 0 or
+    Cold start (rule D2.cold-start). With an empty or short window K is 0 or
     tiny; ``r = O / (abs * K)`` would then be ``+inf`` for every budget that
     has occupancy (or a provisional charge) and 0/0 for the others, and the
     order would fall back to the path tie-break. All budgets share K, so
@@ -72,7 +72,7 @@ def effective_capacity(capacity_gpu_s: float) -> float:
 
 
 def entitlement(tree: BudgetTree, path: str, capacity_gpu_s: float) -> float:
-    """Entitlement ``E_b = abs(b) * K`` of budget ``path`` in GPU-seconds (DESIGN section 2).
+    """Entitlement ``E_b = abs(b) * K`` of budget ``path`` in GPU-seconds (rule D2.entitlement).
 
     ``capacity_gpu_s`` is the capacity integral K over the window, GPU-seconds: the ratios pass it floored
     (:func:`effective_capacity`), the occupancy snapshot's rows report it as measured
@@ -185,7 +185,7 @@ class FairShareQueue(Generic[T]):
 
     Yields pending items (jobs) in the order (budget order, then each
     leaf's own item order), where the budget order is recomputed after each
-    :meth:`charge` (the provisional charge of DESIGN section 2). Items a
+    :meth:`charge` (the provisional charge of rule D2.provisional-charge). Items a
     caller takes and cannot place are simply not revisited (backfill walks
     on).
 
@@ -256,7 +256,7 @@ class FairShareQueue(Generic[T]):
         """r of ``path`` with ``gpu_s`` more GPU-seconds of occupancy than now (charges included).
 
         What a provisional charge of ``gpu_s`` to a leaf at or below ``path``
-        would make it: the preemption rule's after-move test (DESIGN section 3).
+        would make it: the preemption rule's after-move test (rule D3.consistent-view).
         """
         if path not in self._occ:
             return ZERO_USAGE
@@ -370,7 +370,7 @@ class FairShareQueue(Generic[T]):
         """Add ``gpu_s`` GPU-seconds of provisional occupancy to ``leaf`` and its ancestors.
 
         The caller computes ``gpu_s = g * k * min(min_runtime, W)`` for an
-        allocated job just placed (DESIGN section 2); unallocated jobs are
+        allocated job just placed (rule D2.provisional-charge); unallocated jobs are
         never charged. The order of the remaining items changes accordingly.
         """
         if gpu_s == 0.0:

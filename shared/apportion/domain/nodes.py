@@ -1,4 +1,4 @@
-"""The node state machine (DESIGN section 1): the one home of node-state transitions.
+"""The node state machine (rule D1.node): the one home of node-state transitions.
 
 States: ``ready`` (takes new work), ``cordoned`` (no new work),
 ``draining`` (cordoned, running work being moved off), ``drained``
@@ -23,7 +23,7 @@ any node event       unknown / ``lost``            unchanged
 A lost node returns only by registering again (its agent restarts); every
 other event for an unknown or lost node is ignored, so duplicates and late
 deliveries are harmless. Capacity C(t) counts the GPUs of the nodes in
-:data:`COUNTED_STATES` (DESIGN section 1); only :data:`SCHEDULABLE` nodes
+:data:`COUNTED_STATES` (rule D1.capacity); only :data:`SCHEDULABLE` nodes
 take new work.
 
 Callers: :class:`apportion.domain.cluster.ClusterState` (the dispatcher's
@@ -57,18 +57,18 @@ __all__ = [
 ]
 
 NodeState: TypeAlias = Literal["ready", "cordoned", "draining", "drained", "lost"]  # pragma: no mutate
-"""A node's state (DESIGN section 1)."""
+"""A node's state (rule D1.node)."""
 
 NodeEvent: TypeAlias = NodeRegistered | NodeCordoned | NodeDrainRequested | NodeDrained | NodeUncordoned | NodeLost
 """The events that drive :func:`node_transition` (heartbeats do not change the state)."""
 
-#: Every node state, in the order DESIGN section 1 lists them.
+#: Every node state, in the order rule D1.node lists them.
 NODE_STATES: tuple[NodeState, ...] = ("ready", "cordoned", "draining", "drained", "lost")
 
 #: The event types of :data:`NodeEvent` (for ``isinstance`` filters).
 NODE_EVENT_TYPES = (NodeRegistered, NodeCordoned, NodeDrainRequested, NodeDrained, NodeUncordoned, NodeLost)
 
-#: States whose GPUs count toward capacity C(t) (DESIGN section 1: ready and draining).
+#: States whose GPUs count toward capacity C(t) (rule D1.capacity: ready and draining).
 COUNTED_STATES: frozenset[str] = frozenset({"ready", "draining"})
 
 #: The one state in which a node takes new work.

@@ -1,4 +1,4 @@
-"""Occupancy windows: O_b(t), U_b(t) and the capacity integral K(t) (DESIGN section 2).
+"""Occupancy windows: O_b(t), U_b(t) and the capacity integral K(t) (rule D2.occupancy).
 
 Definitions (all over the trailing window (t - W, t], W = ``window_s``):
 
@@ -7,7 +7,7 @@ Definitions (all over the trailing window (t - W, t], W = ``window_s``):
 * U_b(t) = the same for **unallocated** runs (``min_runtime_s == 0``);
   reported, never charged;
 * K(t)   = integral of the capacity C(tau), the GPUs on ``ready`` and
-  ``draining`` nodes (DESIGN section 1).
+  ``draining`` nodes (rule D1.capacity).
 
 Exactness. Time is integer microseconds (:mod:`apportion.timeutil`) and every
 integral is kept as an integer number of GPU-microseconds, so the incremental
@@ -59,7 +59,7 @@ Event semantics (the fold contract):
   further, in every reader that folds the log (the dispatcher's state, the
   accounting, the audit, the simulator).
 * ``JobLost`` ends the whole run at ``charged_until`` (the node's last
-  heartbeat, DESIGN section 3), clamped into [run start, its own time]. The change
+  heartbeat, rule D3.node-lost), clamped into [run start, its own time]. The change
   is applied retroactively: breakpoints after ``charged_until`` are corrected.
 * Nodes: ``NodeRegistered`` -> ready with ``gpu_count`` (a re-registration
   updates the count); ``NodeCordoned`` -> cordoned; ``NodeDrainRequested``
@@ -144,7 +144,7 @@ _FOLDED = frozenset(LEDGER_EVENT_TYPES)
 
 
 def requeued_end_us(ev: JobRequeued) -> Micros:
-    """``D3.refused-starts`` (DESIGN section 3): when a requeue ends the previous attempt's run, µs.
+    """``D3.refused-starts`` (design D3): when a requeue ends the previous attempt's run, µs.
 
     A start a node refused ends its run at the refusal's event time (``refused_at``), never later: the run is
     charged from its placement up to then and no further. Any other requeue ends the run at its own time, which
@@ -307,7 +307,7 @@ class _Node:
 
 
 class OccupancyLedger:
-    """Incremental occupancy windows per budget and the capacity integral (DESIGN section 2).
+    """Incremental occupancy windows per budget and the capacity integral (rule D2.occupancy).
 
     Fold events with :meth:`apply`; query at event time ``t`` (int µs since
     the epoch, UTC) with :meth:`occupancy`, :meth:`unallocated`,
@@ -615,7 +615,7 @@ class OccupancyLedger:
         return self._totals_us(self._unalloc, t)
 
     def occupancy(self, t: Micros | None = None) -> dict[str, float]:
-        """Allocated occupancy O_b(t) in GPU-seconds (DESIGN section 2).
+        """Allocated occupancy O_b(t) in GPU-seconds (rule D2.occupancy).
 
         Args:
             t: event time in µs since the epoch (UTC); default the ledger clock.
@@ -640,7 +640,7 @@ class OccupancyLedger:
         return 0 if t is None else self._cap.window(t, self.window_us)
 
     def capacity_gpu_s(self, t: Micros | None = None) -> float:
-        """K(t) = integral of C over (t - W, t] in GPU-seconds (DESIGN section 2).
+        """K(t) = integral of C over (t - W, t] in GPU-seconds (rule D2.entitlement).
 
         Entitlement of budget b is ``abs_share(b) * capacity_gpu_s(t)``.
 

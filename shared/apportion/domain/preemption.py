@@ -1,4 +1,4 @@
-"""The preemption rules of DESIGN section 3, as small typed functions (the engine's search calls them).
+"""The preemption rules of design D3, as small typed functions (the engine's search calls them).
 
 * :func:`victim_rule`: may a run be preempted for a job of leaf B? Candidates
   1 (unallocated runs), idle allocated runs past their protection
@@ -8,7 +8,7 @@
 * :func:`backfill_rule`: may a lower-ranked job use a waiting reservation's
   free GPUs ("a reservation never idles GPUs")?
 * :func:`charge_of`: the provisional in-cycle charge of a placed allocated
-  job (DESIGN section 2).
+  job (rule D2.provisional-charge).
 * :func:`patience_rule`: is the least-cost victim set worth the work it
   throws away now, or should a job of a budget at or over its share wait?
 * :func:`checkpoint_rule`: would waiting for the victims' next checkpoint
@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 
-#: Rule ids of :func:`victim_rule` (DESIGN section 3). The two that allow a preemption:
+#: Rule ids of :func:`victim_rule` (rule D3.victims). The two that allow a preemption:
 RULE_UNALLOCATED: Final = "unallocated"  # pragma: no mutate (a rule id: tests compare with the constant)
 """Candidate class 1: an unallocated run (any budget), preemptible at any time."""
 RULE_EXPIRED_BEHIND: Final = "expired_behind"  # pragma: no mutate (a rule id: tests compare with the constant)
@@ -104,7 +104,7 @@ class ShareView(Protocol):
     """The one view of r a cycle decides on (:class:`~apportion.domain.fairshare.FairShareQueue`).
 
     Both methods include every provisional charge of the cycle so far, for
-    every budget (DESIGN section 3: "the r of both branches includes the
+    every budget (rule D3.consistent-view: "the r of both branches includes the
     same in-cycle provisional charges").
     """
 
@@ -152,7 +152,7 @@ def branch_rule(
     charge_gpu_s: float,
     moves: frozenset[Move] | set[Move] = frozenset(),
 ) -> tuple[str, float, float, float]:
-    """The branch comparison of DESIGN section 3's rule 2, at the LCA: ``(rule id, r_V, r_B, r_B_after)``.
+    """The branch comparison of candidate 2 of rule D3.victims, at the LCA: ``(rule id, r_V, r_B, r_B_after)``.
 
     Allowed (:data:`RULE_EXPIRED_BEHIND`) when all hold, in this order of
     refusal:
@@ -219,7 +219,7 @@ def victim_rule(
     idle_s: float | None = None,
     idle_after_s: float | None = None,
 ) -> VictimVerdict:
-    """May ``run`` be preempted for a job of ``preemptor_leaf``? DESIGN section 3, candidates 1 and 2,
+    """May ``run`` be preempted for a job of ``preemptor_leaf``? rule D3.victims, candidates 1 and 2,
     and idle runs (D3.idle-runs).
 
     The one home of the candidate rule: the engine's search takes its
@@ -277,8 +277,8 @@ def gang_rule(replicas: int, gpus: int, job_gpus: int, ran_us: Micros = 0, cap_u
 
     A gang (``replicas >= 2``) is not preempted for a job smaller than it
     (``gpus > job_gpus``) until it has run for the protection cap; a
-    single-node run, or a gang no larger than the job, may be (DESIGN
-    section 3: a gang is not preempted whole for a job a fraction of its
+    single-node run, or a gang no larger than the job, may be (rule D3.gangs: a gang is not preempted whole for a job
+    a fraction of its
     size). The cost order alone counts a gang as large as it is, but when it
     is the only feasible victim it still went: on Philly weeks 39-45 a
     16-GPU gang of a budget under its share was preempted for 1- and 2-GPU
@@ -287,7 +287,7 @@ def gang_rule(replicas: int, gpus: int, job_gpus: int, ran_us: Micros = 0, cap_u
     9.0% of a 17.8% share (``docs/simulation.md``). The small job waits
     instead for other victims.
 
-    Bounded like every protection (DESIGN section 3: "no rule protects any
+    Bounded like every protection (rule D3.gangs: "no rule protects any
     run past the protection cap"): once the gang has run ``ran_us >=
     cap_us`` since its latest start, where ``cap_us`` is the cap of its
     budget's protections (:func:`~apportion.domain.engine.protection_cap_us`:
@@ -323,7 +323,7 @@ def backfill_rule(
     holder_fit_us: Micros,
     holder_may_preempt: bool = True,
 ) -> bool:
-    """May a lower-ranked job use the free GPUs of a waiting reservation? DESIGN section 3.
+    """May a lower-ranked job use the free GPUs of a waiting reservation? rule D3.scheduling-cycle.
 
     "A reservation never idles GPUs": unallocated work always may (it is
     preempted the moment the holder can start); allocated work only when its
@@ -347,15 +347,15 @@ def backfill_rule(
 
 
 def charge_of(g: int, k: int, min_runtime_s: float, window_s: float) -> float:
-    """Provisional charge of a placed allocated job, GPU-seconds: ``g * k * min(min_runtime, W)`` (DESIGN section 2)."""
+    """Provisional charge of a placed allocated job, GPU-seconds: ``g * k * min(min_runtime, W)`` (rule D2.provisional-charge)."""
     return float(g * k) * min(min_runtime_s, window_s)
 
 
 def patience_rule(lost_gpu_s: float, gpus: int, waited_s: float, ratio: float, patience_s: float) -> str:
     """Is a preemption plan worth the work it throws away now? Returns a ``PATIENCE_*`` rule id.
 
-    The engine finds the least-cost victim set first (DESIGN section 3's cost
-    order, unchanged) and then asks this rule; on :data:`PATIENCE_WAIT` the
+    The engine finds the least-cost victim set first (the cost order of rule D3.victims,
+    unchanged) and then asks this rule; on :data:`PATIENCE_WAIT` the
     job stays queued this cycle and tries again in a later one, when GPUs may
     have freed up on their own (on Philly half the jobs end within 20 min) or
     its wait has grown. In this order:
@@ -421,7 +421,7 @@ class CheckpointVerdict:
 def checkpoint_rule(
     victims: Iterable[tuple[float, Micros | None]], gpus: int, now_us: Micros, wait_s: float
 ) -> CheckpointVerdict:
-    """Should a preemption plan wait for its victims' next checkpoint? (goodput, DESIGN section 3's cost order).
+    """Should a preemption plan wait for its victims' next checkpoint? (goodput, the cost order of rule D3.victims).
 
     The engine finds the least-cost victim set first (the cost order is
     unchanged) and then asks this rule when to take it. A victim stopped

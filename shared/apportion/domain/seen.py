@@ -1,4 +1,4 @@
-"""De-duplication bounded by the window W (DESIGN section 4): the one home of the rule.
+"""De-duplication bounded by the window W (rule D4.log): the one home of the rule.
 
 A reader that de-duplicates by event id keeps ``id -> event time (µs)`` of what it folded. Two rules, used
 together so that de-duplication does not depend on when ids are forgotten:

@@ -23,7 +23,7 @@ def usage_snapshot(
 ) -> OccupancySnapshot:
     """The ``OccupancySnapshot`` of every budget node at event time ``at``.
 
-    Per budget b (DESIGN section 2): O_b and U_b from the ledger (GPU-s,
+    Per budget b (rule D2.occupancy): O_b and U_b from the ledger (GPU-s,
     descendants included), ``E_b = abs(b) * K(at)``, ``r_b = O_b / E_b`` with
     the edge cases of :func:`apportion.domain.fairshare.usage_ratio`.
     Budgets the ledger has charged but the tree no longer holds are not

@@ -1,4 +1,4 @@
-"""Baseline policies for side-by-side comparison (DESIGN section 7).
+"""Baseline policies for side-by-side comparison (rule D7.baselines).
 
 Each is a cycle function ``(snapshot, now_us, config) -> events`` (the
 events of :func:`apportion.domain.engine.run_cycle`), plugged into the same

@@ -1,4 +1,4 @@
-"""Work conservation: GPUs left idle while a job that fits them waits (DESIGN sections 3 and 7).
+"""Work conservation: GPUs left idle while a job that fits them waits (rules D3.scheduling-cycle and D7.simulator).
 
 The figure every simulator report carries, per policy, for allocated and
 unallocated waiting jobs separately. At an instant t, with ``f_n`` the free
@@ -22,7 +22,7 @@ GPUs of node ``n`` (0 unless the node is ``ready``) and ``m_n`` its model:
   each instant's cycle.
 
 A scheduler that never idles a GPU a waiting job could use now scores 0
-(DESIGN section 3: "no GPU idles while a placeable job waits"); a static
+(rule D3.invariants: "no GPU idles while a placeable job waits"); a static
 partition, which keeps a budget's slice empty while another budget's jobs
 wait, does not.
 """

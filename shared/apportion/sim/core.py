@@ -1,4 +1,4 @@
-"""Deterministic discrete-event simulator around the real dispatcher core (DESIGN section 7).
+"""Deterministic discrete-event simulator around the real dispatcher core (rule D7.simulator).
 
 The simulator owns a clock and a heap of future happenings ordered by
 ``(time_us, seq)``; ``seq`` is a counter, so two happenings at the same
@@ -15,7 +15,7 @@ What the simulator plays itself:
   ``JobStarted`` at once and ``JobCompleted`` when the job's work is done;
   on ``StopWorkload``, ``JobFailed`` (exit -15, "stopped") after a stop
   delay drawn from the seeded RNG in ``[0, grace]``; optional heartbeats;
-* workloads that checkpoint (DESIGN sections 1 and 3): a run makes one
+* workloads that checkpoint (rules D1.checkpoint and D3.checkpoints): a run makes one
   second of progress per second; it saves a checkpoint, ``JobCheckpointed``
   (``progress_s`` = seconds of the job's work, counted across attempts,
   ``replica=None``: the whole gang), each time its progress reaches a
@@ -30,7 +30,7 @@ What the simulator plays itself:
   exit within the grace period; never when the grace is 0 (SIGKILL at once):
   ``"unallocated"`` (the default: a job that declares minimum runtime 0
   accepts preemption at any moment, so its workload is taken to save on
-  SIGTERM, DESIGN section 3's grace period; see ``docs/design-notes.md``),
+  SIGTERM, the grace period of rule D3.grace; see ``docs/design-notes.md``),
   ``"all"`` (every workload), ``"none"``.
   ``SimConfig.checkpoints=False`` is the old model: every attempt restarts
   from scratch and no ``JobCheckpointed`` is emitted;
@@ -181,7 +181,7 @@ def default_horizon_us(jobs: Sequence[SimJob], nodes: Sequence[SimNode]) -> Micr
 
 @dataclass(frozen=True, slots=True)
 class SimNode:
-    """A simulated node: ``gpus`` GPUs of ``model``, in ``block`` and ``rack`` (DESIGN ``D1.topology``; ``None``: unknown)."""
+    """A simulated node: ``gpus`` GPUs of ``model``, in ``block`` and ``rack`` (rule ``D1.topology``; ``None``: unknown)."""
 
     node_id: str
     gpus: int

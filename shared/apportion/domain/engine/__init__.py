@@ -1,4 +1,4 @@
-"""The scheduling engine (DESIGN section 3), one module per role; the entry point is :func:`run_cycle`.
+"""The scheduling engine (design D3), one module per role; the entry point is :func:`run_cycle`.
 
 =====================  ==========================================================================
 module                 role

@@ -1,4 +1,4 @@
-"""One scheduling cycle, the one entry point: :func:`run_cycle` (DESIGN section 3).
+"""One scheduling cycle, the one entry point: :func:`run_cycle` (rule D3.scheduling-cycle).
 
 :func:`run_cycle` takes an immutable :class:`CycleSnapshot` (cluster, pending
 jobs per leaf budget, budget tree, window occupancy) and the cycle's event
@@ -6,7 +6,7 @@ time, and returns the decision events (:attr:`CycleResult.events`). It
 never mutates its input: a cycle works on its own scratch indices built
 from the snapshot.
 
-The cycle, exactly as DESIGN section 3 says:
+The cycle, exactly as rule D3.scheduling-cycle says:
 
 1. Walk pending jobs in fair-share order (:class:`FairShareQueue`: leaf
    budgets by Fair-Tree order of r, jobs of one leaf by (submitted_at,

@@ -111,7 +111,7 @@ def preempt_events(
     """``JobPreempted`` for ``run`` then ``StopWorkload`` to each open replica's node.
 
     ``JobPreempted.lost_gpu_s`` is :func:`~apportion.domain.cluster.work_lost_gpu_s`
-    of the run at ``ts`` (DESIGN section 1).
+    of the run at ``ts`` (rule D1.work-lost).
     """
     out: list[Event] = [
         JobPreempted(
@@ -169,7 +169,7 @@ def job_protection_s(job: PendingJob, tree: BudgetTree, cfg: EngineConfig) -> fl
 def protection_cap_us(budget: str, tree: BudgetTree, cfg: EngineConfig) -> Micros | None:
     """The cap of every protection of a run of ``budget``, µs, or ``None`` (no cap): what :func:`protection_s`
     grows a protection to past its doublings, ``W x cfg.protection_cap_w`` or the budget's ``max_min_runtime``
-    when lower (DESIGN section 3). The gang rule's bound (:func:`~apportion.domain.preemption.gang_rule`)."""
+    when lower (rule D3.gangs). The gang rule's bound (:func:`~apportion.domain.preemption.gang_rule`)."""
     cap = protection_s(1.0, 1, tree.max_min_runtime_s(budget), cfg.window_s, cfg.protection_cap_w, 0, None)
     return None if math.isinf(cap) else s_to_us(cap)
 

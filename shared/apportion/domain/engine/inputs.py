@@ -29,13 +29,13 @@ __all__ = [
 POLICY_VERSION = "fairtree-8"
 """fairtree-8: fairtree-7 with a reservation holder's fit counting only the runs it may take back (a holder with no
 known fit keeps no GPU free) and :func:`~apportion.domain.preemption.gang_rule` bounded by the protection cap (a gang
-past it is a victim like any other run): DESIGN section 3, ``docs/simulation.md``, "Current results". Its decisions
+past it is a victim like any other run): rule D3.gangs, ``docs/simulation.md``, "Current results". Its decisions
 differ from fairtree-7's with no knob to turn the two back, so fairtree-7 logs are not re-run by this engine.
 fairtree-7: fairtree-6 and :func:`~apportion.domain.preemption.gang_rule` (``EngineConfig.gang_rule``: an
 allocated gang is never preempted for a job smaller than it); ``docs/simulation.md``, "Fair share's preemption rules".
 fairtree-6: fairtree-5 with a churn bound of 5 (``EngineConfig.churn_bound``: a job preempted 5 times is
 protected until it completes) and protection growth capped at W / 4 again (``EngineConfig.protection_cap_w``,
-DESIGN section 3's example); weeks 39-45 of Philly: at most 5 preemptions of any allocated job (6 before) and
+the example of rule D3.bounded-churn); weeks 39-45 of Philly: at most 5 preemptions of any allocated job (6 before) and
 mean share deficit 0.51 pp (0.53), ``CHANGELOG.md``, "Engine policy versions".
 fairtree-5: fairtree-4 and protection that doubles for a job's first 3 preemptions, then is the cap
 (``EngineConfig.protection_doublings``).
@@ -118,7 +118,7 @@ class PendingJob:
         checkpoint_interval_s: the job's checkpoint interval in force (``JobQueued.checkpoint_interval_s``),
             seconds, or ``None`` (no checkpoint expected); recorded in ``JobPlaced``.
         topology_bound: ``"block"``/``"rack"``: all replicas within one (``JobSubmitted.topology_bound``,
-            DESIGN ``D1.topology``), or ``None``.
+            rule ``D1.topology``), or ``None``.
     """
 
     job_id: str

@@ -1,4 +1,4 @@
-"""Free capacity and best fit (DESIGN section 3, step 2).
+"""Free capacity and best fit (rule D3.placement).
 
 Free GPUs of the ``ready`` nodes are indexed by (GPU model, free GPU count)
 -> sorted node ids, so a fit is a walk over at most 9 buckets, not all
@@ -9,7 +9,7 @@ GPUs that fit, ties by node id; within a node the lowest free GPU indices.
 A job without a model constraint tries nodes of models no waiting job asks
 for first (:func:`spare_models`).
 
-Topology (DESIGN ``D1.topology``): when nodes carry ``block``/``rack``
+Topology (rule ``D1.topology``): when nodes carry ``block``/``rack``
 labels, a gang of k > 1 replicas is spread over the fewest blocks, and
 within them the fewest racks (:func:`topology_pick`); best fit orders the
 nodes inside each rack and picks the tightest group that holds the rest. A
@@ -31,7 +31,7 @@ _MODEL = attrgetter("gpu_model")
 
 
 def spare_models(models: Sequence[str | None], pending: Mapping[str, Sequence[PendingJob]]) -> list[str | None] | None:
-    """Models a job without a model constraint should try first (DESIGN section 3), or ``None``.
+    """Models a job without a model constraint should try first (rule D3.scheduling-cycle), or ``None``.
 
     "Jobs without a model constraint prefer nodes of models that no waiting
     job asks for, so scarce models stay free for the jobs that need them":
@@ -95,7 +95,7 @@ def _cover(groups: Mapping[str, list[str]], k: int) -> list[tuple[str, int]] | N
 def topology_pick(
     cands: Sequence[str], k: int, place: Mapping[str, Place], bound: str | None = None
 ) -> list[str] | None:
-    """k of ``cands`` (eligible nodes in best-fit order) on the fewest blocks, then racks (DESIGN ``D1.topology``).
+    """k of ``cands`` (eligible nodes in best-fit order) on the fewest blocks, then racks (rule ``D1.topology``).
 
     Blocks are chosen by :func:`_cover`, then racks within each chosen block
     the same way, then nodes within each rack in ``cands``' order. ``bound``:

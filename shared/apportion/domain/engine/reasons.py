@@ -1,4 +1,4 @@
-"""Why a job is still pending after a cycle (DESIGN section 3), from the cycle's own indices.
+"""Why a job is still pending after a cycle (rule D3.scheduling-cycle), from the cycle's own indices.
 
 :func:`~apportion.domain.engine.cycle.run_cycle` with ``explain=True`` ends
 with :func:`explain_pending`: for every job of the snapshot that the cycle
@@ -285,8 +285,8 @@ class CheckpointSoon:
 
 @dataclass(frozen=True, slots=True)
 class RefusedBackoff:
-    """A node refused the job's latest start: it backs off before a cycle may place it again (DESIGN section 3,
-    refused starts). Not a cycle's judgement: the dispatcher leaves the job out of its cycles until ``until_us``
+    """A node refused the job's latest start: it backs off before a cycle may place it again (rule D3.refused-starts).
+    Not a cycle's judgement: the dispatcher leaves the job out of its cycles until ``until_us``
     (``domain.dispatch.DispatchState.pending_now``), and says so ahead of anything a cycle would say.
 
     Attributes:

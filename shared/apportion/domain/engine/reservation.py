@@ -1,4 +1,4 @@
-"""Reservations (DESIGN section 3, step 5): where a long-blocked job reserves, and when it could start there.
+"""Reservations (rule D3.scheduling-cycle): where a long-blocked job reserves, and when it could start there.
 
 The highest-ranked blocked allocated job that has waited at least
 ``reservation_after`` reserves k nodes (:func:`reservation_nodes`); jobs
@@ -30,7 +30,7 @@ def earliest_fit_us(
     taken: set[RunKey] | frozenset[RunKey],
     may_take: Callable[[Run, Micros], bool] | None = None,
 ) -> Micros:
-    """A lower bound of when a reservation's holder can start on its ``nodes``, µs UTC (DESIGN section 3).
+    """A lower bound of when a reservation's holder can start on its ``nodes``, µs UTC (rule D3.scheduling-cycle).
 
     Per node: the GPUs not held by running allocated runs are available now
     (free, unallocated work - evicted the moment the holder can start -,

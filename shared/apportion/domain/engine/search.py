@@ -1,4 +1,4 @@
-"""The least-cost preemption search (DESIGN section 3, step 3): :func:`plan_preemption`.
+"""The least-cost preemption search (rule D3.victims): :func:`plan_preemption`.
 
 Candidates come from :class:`~apportion.domain.engine.victims.CycleVictims`
 (unallocated runs per node; idle allocated runs past their protection, D3.idle-runs; expired allocated runs

@@ -1,4 +1,4 @@
-"""Preemption candidates: the victim cost order and the indices the search walks (DESIGN section 3, step 3).
+"""Preemption candidates: the victim cost order and the indices the search walks (rule D3.victims).
 
 * :func:`order_key`: the cost order of one victim (allocated GPUs,
   unallocated GPUs, work lost since its last checkpoint), independent of
@@ -72,7 +72,7 @@ Behind = tuple[dict[str, tuple[str, float, float, float]], bool]
 
 
 def order_key(run: Run) -> tuple[int, int, int, str, int]:
-    """Victim cost order of one run (DESIGN section 3), independent of the time of asking.
+    """Victim cost order of one run (rule D3.victims), independent of the time of asking.
 
     ``(allocated GPUs, unallocated GPUs, -ref, job_id, attempt)`` of the whole
     run (g * k GPUs, not only those on one node, so a gang counts as large as

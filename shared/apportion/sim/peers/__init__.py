@@ -1,4 +1,4 @@
-"""The schedulers a lab would pick instead of ours, re-implemented on the engine's primitives (DESIGN section 7).
+"""The schedulers a lab would pick instead of ours, re-implemented on the engine's primitives (rule D7.baselines).
 
 * :mod:`~apportion.sim.peers.slurm`: multifactor priority with Fair Tree, decayed usage, QOS preemption.
 * :mod:`~apportion.sim.peers.kueue`: Kueue fair sharing (share values, borrowing, preemption strategies).
