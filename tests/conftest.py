@@ -36,11 +36,11 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from tests.kit.infra import KafkaCluster
 
 # The CLI's rich consoles fix their width at import when COLUMNS is set, and pytest-xdist's workers start with
 # COLUMNS=80: without it the width follows each invocation's COLUMNS, as the CLI tests set it.
@@ -166,24 +166,6 @@ def kafka_topic_factory(kafka_bootstrap: str) -> Callable[..., str]:
         return name
 
     return make
-
-
-@dataclass
-class KafkaCluster:
-    """The ``kafka_cluster`` fixture: a local multi-broker stack and the environment that connects to it.
-
-    Attributes:
-        stack: the :class:`apportion.bus.stack.LocalStack` (``node_ports``, ``node_pid``, ``start_kafka``).
-        env: the variables that make a client the cluster's super user (set them with ``monkeypatch``; the
-            session's own broker keeps the process environment).
-    """
-
-    stack: Any
-    env: dict[str, str]
-
-    @property
-    def bootstrap(self) -> str:
-        return str(self.stack.bootstrap)
 
 
 @pytest.fixture(scope="module")

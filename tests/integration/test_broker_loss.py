@@ -58,8 +58,8 @@ def in_sync_everywhere(admin: Any, node: int) -> bool:
 
 
 def poll(fn: Any, what: str, deadline_s: float = DEADLINE_S) -> Any:
-    """The live-stack tests' one bounded poller (``tests.livestack.until``) with this module's deadline."""
-    from tests.livestack import until
+    """The live-stack tests' one bounded poller (``tests.kit.livestack.until``) with this module's deadline."""
+    from tests.kit.livestack import until
 
     return until(fn, what, deadline_s)
 

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from apportion.settings import topic_name
-from tests.narrowing import narrow
-from tests.node_boundary import ALICE, job_accounts  # noqa: F401 - a fixture
+from tests.kit.narrowing import narrow
+from tests.kit.node_boundary import ALICE, job_accounts  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +50,7 @@ class Stack:
         return json.loads(self.run(*args, "--json").stdout)
 
     def until(self, fn: Callable[[], Any], what: str) -> Any:
-        from tests.livestack import until
+        from tests.kit.livestack import until
 
         return until(fn, what, DEADLINE_S)
 
@@ -65,7 +65,7 @@ def _error(res: Any) -> str:
 @pytest.fixture(scope="module")
 def stack(kafka_bootstrap: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """`stack up` of the services on the session's Kafka and Redis (a fresh namespace and Redis db)."""
-    from tests.livestack import live_stack
+    from tests.kit.livestack import live_stack
 
     with live_stack(
         kafka_bootstrap, redis_url, tmp_path_factory, name="truth", db=11, sim_nodes=8, gpus_per_node=8

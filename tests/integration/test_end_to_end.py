@@ -22,7 +22,7 @@ import pytest
 
 from apportion.bus.security import redis_auth
 from apportion.settings import topic_name
-from tests.narrowing import narrow
+from tests.kit.narrowing import narrow
 
 pytestmark = pytest.mark.integration
 

@@ -32,7 +32,7 @@ import pytest
 
 from apportion.bus.security import redis_auth
 from apportion.settings import topic_name
-from tests.node_boundary import ALICE, job_accounts, running, shared_dir, write_script
+from tests.kit.node_boundary import ALICE, job_accounts, running, shared_dir, write_script
 
 __all__ = ["job_accounts", "shared_dir"]  # fixtures used by name
 
@@ -271,7 +271,7 @@ def test_the_log_floor_counts_only_tokens_the_dispatchers_registered_key_signed(
     from apportion.bus.provision import provision
     from apportion.topics import COMMANDS, JOBS, NODES
     from services.dispatcher.lease import highest_token_in_log
-    from tests.signing import dispatcher_identity, dispatcher_signer, node_identity, registered
+    from tests.kit.signing import dispatcher_identity, dispatcher_signer, node_identity, registered
 
     monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"forged{uuid.uuid4().hex[:6]}.")
     provision(kafka_bootstrap)

@@ -23,7 +23,7 @@ from apportion.bus.provision import admin_client, find_drift, provision
 from apportion.bus.security import kafka_auth
 from apportion.settings import topic_name
 from apportion.topics import ALL_TOPICS, Topic
-from tests.narrowing import narrow
+from tests.kit.narrowing import narrow
 
 pytestmark = pytest.mark.integration
 

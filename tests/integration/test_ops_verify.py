@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.livestack import until
+from tests.kit.livestack import until
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +53,7 @@ class Cli:
 
 @pytest.fixture(scope="module")
 def fresh(kafka_bootstrap: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
-    from tests.livestack import live_stack
+    from tests.kit.livestack import live_stack
 
     with live_stack(
         kafka_bootstrap, redis_url, tmp_path_factory, name="verify", db=15, sim_nodes=2, gpus_per_node=8

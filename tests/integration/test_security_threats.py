@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def stack(kafka_bootstrap: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """`stack up` (two simulated nodes of 4 GPUs) with the example budgets; lab/prior/robotics: alice and bob."""
-    from tests.livestack import live_stack
+    from tests.kit.livestack import live_stack
 
     with live_stack(
         kafka_bootstrap, redis_url, tmp_path_factory, name="threats", db=13, sim_nodes=2, gpus_per_node=4

@@ -145,7 +145,7 @@ class Stack:
 
 
 def until(fn: Any, what: str, deadline_s: float = DEADLINE_S) -> Any:
-    from tests.livestack import until as poll
+    from tests.kit.livestack import until as poll
 
     return poll(fn, what, deadline_s)
 

@@ -20,8 +20,8 @@ import pytest
 
 from apportion.bus.security import kafka_auth, redis_auth
 from apportion.settings import topic_name
-from tests.signing import node_value, with_node_keys
-from tests.unit.builders import budget_set, completed, cordoned, h, node, placed
+from tests.kit.builders import budget_set, completed, cordoned, h, node, placed
+from tests.kit.signing import node_value, with_node_keys
 
 pytestmark = pytest.mark.integration
 

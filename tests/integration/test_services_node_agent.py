@@ -13,8 +13,8 @@ import pytest
 
 from apportion.bus.producer import EventProducer
 from apportion.settings import topic_name
-from tests.checkpoint_workload import WORKLOAD
-from tests.node_boundary import ALICE, KAFKA_PROBE, job_accounts, shared_dir, write_script
+from tests.kit.checkpoint_workload import WORKLOAD
+from tests.kit.node_boundary import ALICE, KAFKA_PROBE, job_accounts, shared_dir, write_script
 
 __all__ = ["job_accounts", "shared_dir"]  # fixtures used by name
 

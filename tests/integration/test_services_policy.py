@@ -17,7 +17,7 @@ import pytest
 
 from apportion.bus.security import kafka_auth
 from apportion.settings import topic_name, topic_prefix
-from tests.unit.builders import budget_set, h, node, placed
+from tests.kit.builders import budget_set, h, node, placed
 
 pytestmark = pytest.mark.integration
 

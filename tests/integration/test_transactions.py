@@ -20,7 +20,7 @@ import pytest
 
 from apportion import events
 from apportion.bus.producer import READ_COMMITTED, EventProducer, Unacked, is_fenced
-from tests.livestack import until
+from tests.kit.livestack import until
 
 pytestmark = pytest.mark.integration
 

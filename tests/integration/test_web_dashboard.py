@@ -8,7 +8,7 @@ story on it: the example budget tree, two allocated jobs filling both nodes (pro
 that must wait (a pending reason), one node cordoned with a reason.
 
 Pages are loaded by Debian's chromium (headless, driven by selenium through the system chromedriver, both found
-on ``PATH`` by ``tests/browser.py``; no browser is downloaded) and every number is read from the page's
+on ``PATH`` by ``tests/kit/browser.py``; no browser is downloaded) and every number is read from the page's
 ``data-value`` attributes and compared with what the CLI's ``--json`` prints for the same stack at the same
 moment. A screenshot of each page is saved under ``.run/screenshots/``. Without chromium the tests fail with
 one line saying what is missing and how to install it.
@@ -45,8 +45,8 @@ SIM_BUDGETS = "cluster: [{count: 1, gpus: 8}]\nbudgets: {lab: 1.0, lab/a: 0.5, l
 
 
 def until(fn: Callable[[], Any], what: str, deadline_s: float = DEADLINE_S) -> Any:
-    """:func:`tests.livestack.until` with this module's deadline."""
-    from tests.livestack import until as poll
+    """:func:`tests.kit.livestack.until` with this module's deadline."""
+    from tests.kit.livestack import until as poll
 
     return poll(fn, what, deadline_s)
 
@@ -81,7 +81,7 @@ def _get(url: str) -> str:
 @pytest.fixture(scope="module")
 def stack(kafka_bootstrap: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """`stack up` on the session's Kafka and Redis, the story above, and the dashboard serving it."""
-    from tests.livestack import live_stack
+    from tests.kit.livestack import live_stack
 
     sim = tmp_path_factory.mktemp("web-sim")
     (sim / "t.csv").write_text(TRACE)
@@ -142,7 +142,7 @@ def _states(s: Stack) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """Headless Debian chromium through the system chromedriver (selenium never downloads one)."""
-    from tests.browser import require_browser
+    from tests.kit.browser import require_browser
 
     chromium, chromedriver = require_browser()  # fails the tests with one line when either is missing
     from selenium import webdriver

@@ -44,10 +44,10 @@ from services.accounting import checkpoint
 from services.accounting.config import AccountingSettings
 from services.accounting.service import AccountingService
 from services.accounting.store import ReadModelStore
-from tests.narrowing import narrow
-from tests.service.accounting_fakes import FakeRedis, Rec, partition_offsets, records
-from tests.signing import node_identity
-from tests.unit.builders import budget_set, completed, cordoned, h, job_lost, node, placed
+from tests.kit.builders import budget_set, completed, cordoned, h, job_lost, node, placed
+from tests.kit.fakes import FakeRedis, Rec, partition_offsets, records
+from tests.kit.narrowing import narrow
+from tests.kit.signing import node_identity
 
 WINDOW_S = 24 * 3600.0
 TOPICS = [topic_name(JOBS), topic_name(NODES), topic_name(BUDGETS)]

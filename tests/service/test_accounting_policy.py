@@ -23,8 +23,8 @@ from services.accounting.service import AccountingService
 from services.accounting.store import ReadModelStore
 from services.policy import logic as pol_logic
 from services.policy.service import PolicyService
-from tests.service.accounting_fakes import FakeRedis, Rec, records
-from tests.unit.builders import budget_set, completed, h, node, placed
+from tests.kit.builders import budget_set, completed, h, node, placed
+from tests.kit.fakes import FakeRedis, Rec, records
 
 WINDOW_S = 24 * 3600.0
 
@@ -277,7 +277,7 @@ def test_nodes_registering_at_one_instant_across_two_polls_never_reuse_a_snapsho
 def test_accounting_ignores_node_reports_their_node_did_not_sign():
     """A fake 64-GPU node and a forged completion of j1 (signed by eve's key): capacity and occupancy unchanged."""
     from apportion.domain.admission import UNAUTHENTICATED_NODE
-    from tests.signing import identity, node_identity
+    from tests.kit.signing import identity, node_identity
 
     svc, published, _ = make_accounting()
     fake = events.NodeRegistered(node_id="n9", gpu_count=64, ts=from_us(h(1)), producer="x")

@@ -23,8 +23,8 @@ from apportion.events import JobPlaced
 from apportion.timeutil import to_us
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.service import DispatcherService
+from tests.kit.dispatcher import INPUTS, T0, ListLog
 from tests.service.test_audit_out_of_order import at, lab, records, submission
-from tests.service.test_dispatcher import INPUTS, T0, ListLog
 
 SETTINGS = DispatcherSettings(heartbeat_timeout_s=0, kafka_bootstrap="unused:1", redis_url="redis://unused")
 

@@ -44,8 +44,8 @@ from apportion.events import (
 from apportion.logrecord import LogRecord, log_order
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.service import DispatcherService
-from tests.service.test_dispatcher import INPUTS, T0, USER, ListLog, submit
-from tests.signing import registered
+from tests.kit.dispatcher import INPUTS, T0, USER, ListLog, submit
+from tests.kit.signing import registered
 
 
 def at(s: float):  # a datetime

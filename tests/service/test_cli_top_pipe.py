@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from apportion import readmodel
 from apportion.cli import main, nodes
-from tests.service.accounting_fakes import FakeRedis
+from tests.kit.fakes import FakeRedis
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from apportion.audit.signatures import check_requests
 from apportion.audit.verify import verify
 from apportion.bus.reader import log_order
 from services.dispatcher.service import DispatcherService
-from tests.service.accounting_fakes import log_record
-from tests.service.test_dispatcher import INPUTS, ListLog, drive, service
+from tests.kit.dispatcher import INPUTS, ListLog, drive, service
+from tests.kit.fakes import log_record
 from tests.service.test_dispatcher_identity import CAROL, EVE, cancel, setup, sub
 
 

@@ -20,9 +20,9 @@ from apportion.events import BudgetSet, JobCancelRequested, JobSubmitted, NodeRe
 from apportion.settings import topic_name
 from apportion.topics import JOBS, NODES
 from services.dispatcher.service import DispatcherService
-from tests.service.accounting_fakes import log_record
-from tests.service.test_dispatcher import INPUTS, T0, ListLog, drive, service
-from tests.signing import identity, node_identity, registered
+from tests.kit.dispatcher import INPUTS, T0, ListLog, drive, service
+from tests.kit.fakes import log_record
+from tests.kit.signing import identity, node_identity, registered
 
 ALICE, CAROL, EVE, OPS = identity("alice"), identity("carol"), identity("eve"), identity("root", "ops")
 
@@ -232,7 +232,7 @@ def test_a_node_report_signed_by_another_nodes_key_is_dead_lettered_and_changes_
     """Forged node reports: a fake node registered with n1's key, and a completion of carol's job on n1 by it."""
     from apportion.domain.admission import UNAUTHENTICATED_NODE
     from apportion.topics import JOBS, NODES
-    from tests.signing import node_identity
+    from tests.kit.signing import node_identity
 
     svc, _ = run([CAROL.sign(sub("j1"))])
     nodes_before = set(svc.state.cluster.nodes)
@@ -257,7 +257,7 @@ def test_a_node_report_signed_by_another_nodes_key_is_dead_lettered_and_changes_
 
 def test_a_report_signed_by_its_nodes_key_counts() -> None:
     from apportion.topics import NODES
-    from tests.signing import node_identity
+    from tests.kit.signing import node_identity
 
     new = NodeRegistered(event_id=events.det_id("t", "n2"), node_id="n2", gpu_count=8, ts=T0, producer="x")
     svc, out = run([registered(node_identity("n2"), T0)], [(topic_name(NODES), node_identity("n2").signed_value(new))])
@@ -451,7 +451,7 @@ def test_a_dispatcher_rebuilt_from_offset_0_after_a_node_key_rotation_keeps_the_
 def test_the_rebuild_floors_only_on_tokens_the_dispatchers_key_signed() -> None:
     """A forged decision with token 2**62 (and one in range, 2**40) in the log must not raise the floor."""
     from apportion.domain.admission import DISPATCHER
-    from tests.signing import dispatcher_identity, dispatcher_signer
+    from tests.kit.signing import dispatcher_identity, dispatcher_signer
 
     def configured(token: int, tag: str) -> events.DispatcherConfigured:
         return events.DispatcherConfigured(

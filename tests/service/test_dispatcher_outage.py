@@ -19,7 +19,7 @@ from apportion.events import NodeHeartbeat
 from apportion.logrecord import LogRecord
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.service import DispatcherService, Term
-from tests.service.test_dispatcher import INPUTS, T0, ListLog, history, submit
+from tests.kit.dispatcher import INPUTS, T0, ListLog, history, submit
 
 
 class Queue:

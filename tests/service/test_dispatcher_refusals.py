@@ -15,9 +15,9 @@ from apportion.identity.gates import ReportGate
 from apportion.settings import topic_name
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.service import DispatcherService
-from tests.service.test_dispatcher import INPUTS, T0, ListLog, drive
+from tests.kit.dispatcher import INPUTS, T0, ListLog, drive
+from tests.kit.signing import dispatcher_identity, dispatcher_signer, registered
 from tests.service.test_dispatcher_identity import CAROL, setup, sub
-from tests.signing import dispatcher_identity, dispatcher_signer, registered
 
 
 class SignedLog(ListLog):

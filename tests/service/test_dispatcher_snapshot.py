@@ -18,8 +18,8 @@ from apportion.settings import topic_name
 from apportion.statefile import CheckpointError, check_offsets
 from apportion.timeutil import to_us
 from services.dispatcher import snapshot as snapmod
-from tests.narrowing import narrow_each
-from tests.service.test_dispatcher import INPUTS, T0, ListLog, drive, history, service, submit
+from tests.kit.dispatcher import INPUTS, T0, ListLog, drive, history, service, submit
+from tests.kit.narrowing import narrow_each
 
 PREFIX = "snap-test."
 

@@ -22,7 +22,7 @@ from apportion.clock import ManualClock
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.lease import LeadershipLost
 from services.dispatcher.service import DispatcherService, Term
-from tests.service.test_dispatcher import INPUTS, T0, ListLog, history, submit
+from tests.kit.dispatcher import INPUTS, T0, ListLog, history, submit
 from tests.service.test_dispatcher_outage import Lease, Queue
 
 

@@ -12,8 +12,8 @@ from apportion.timeutil import to_us
 from apportion.topics import DEADLETTER
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.service import FUTURE, STALE, DispatcherService
-from tests.narrowing import narrow_each
-from tests.service.test_dispatcher import INPUTS, T0, USER, ListLog, drive, history, submit
+from tests.kit.dispatcher import INPUTS, T0, USER, ListLog, drive, history, submit
+from tests.kit.narrowing import narrow_each
 
 
 def test_a_submission_two_windows_late_is_dead_lettered_and_the_next_one_queued() -> None:

@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 
 from apportion.gpu import FakeGpuProbe, SimulatedProbe, simulated_inventory
-from tests.node_boundary import job_accounts, shared_dir
+from tests.kit.node_boundary import job_accounts, shared_dir
 
 __all__ = ["job_accounts", "shared_dir"]  # fixtures used by name
 

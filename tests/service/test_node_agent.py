@@ -30,7 +30,7 @@ from services.node_agent.config import NodeAgentSettings
 from services.node_agent.logic import NodeSpec
 from services.node_agent.service import NodeAgent, SignedSender, hosted_nodes
 from services.node_agent.store import Journal
-from tests.narrowing import narrow
+from tests.kit.narrowing import narrow
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
 
@@ -323,7 +323,7 @@ def test_signed_sender_signs_a_group_together_in_order_and_counts_what_it_cannot
     from apportion.identity.canonical import signer_of
     from apportion.identity.keys import ReportSigner
     from apportion.metrics import node_agent_metrics
-    from tests.signing import node_identity
+    from tests.kit.signing import node_identity
 
     metrics = node_agent_metrics(CollectorRegistry())
     producer = FakeProducer(refuse=("j2",))

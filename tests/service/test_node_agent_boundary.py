@@ -2,7 +2,7 @@
 
 The agent is built as production builds it (:meth:`NodeAgent.from_settings`: file protection, accounts,
 cgroups, the declared inventory's device files) with a list sink for its events and a :class:`ManualClock`.
-Its jobs are real processes run as the throwaway accounts of :mod:`tests.node_boundary`, in cgroups under a
+Its jobs are real processes run as the throwaway accounts of :mod:`tests.kit.node_boundary`, in cgroups under a
 parent of the test's own; the fake GPUs are character devices ``c 195:i``. Every wait is bounded.
 
 Needs root and the v1 cgroup controllers of the CI machines (a pure v2 host runs the v2 driver's test only:
@@ -41,7 +41,7 @@ from services.node_agent.sandbox import (
     protect,
 )
 from services.node_agent.service import NodeAgent, SignedSender, hosted_nodes
-from tests.node_boundary import ALICE, EVE, PROBE, job_accounts, make_fake_gpus, running, shared_dir, write_script
+from tests.kit.node_boundary import ALICE, EVE, PROBE, job_accounts, make_fake_gpus, running, shared_dir, write_script
 from tests.service.test_node_agent_checkpoints import WAIT_S, until
 
 __all__ = ["job_accounts", "shared_dir"]  # fixtures used by name

@@ -25,8 +25,8 @@ from services.node_agent import logic
 from services.node_agent.logic import NodeSpec, ProgressWatch, Workload
 from services.node_agent.service import NodeAgent
 from services.node_agent.store import Journal
-from tests.checkpoint_workload import WORKLOAD
-from tests.node_boundary import running
+from tests.kit.checkpoint_workload import WORKLOAD
+from tests.kit.node_boundary import running
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
 WAIT_S = 20.0

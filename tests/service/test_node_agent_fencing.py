@@ -30,7 +30,7 @@ from services.node_agent import logic
 from services.node_agent.logic import NodeSpec
 from services.node_agent.service import NodeAgent
 from services.node_agent.store import Journal
-from tests.narrowing import narrow
+from tests.kit.narrowing import narrow
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
 WAIT_S = 10.0
@@ -457,7 +457,7 @@ async def test_a_loss_the_dispatchers_key_did_not_sign_neither_fences_nor_raises
     """Another agent (the node-agent principal may write apportion.nodes) forges a loss of n1 with token 2**53:
     disregarded, n1's run goes on, and the real leader's token 6 still starts work; the signed loss is obeyed."""
     from apportion import events
-    from tests.signing import dispatcher_signer, node_identity
+    from tests.kit.signing import dispatcher_signer, node_identity
 
     clock, sink = ManualClock(T0), Sink()
     key = dispatcher_signer().identity.public_key
@@ -492,7 +492,7 @@ async def test_without_a_dispatcher_key_a_loss_is_judged_on_its_token_only(tmp_p
 
 def test_the_dispatchers_public_key_comes_from_a_key_file_or_is_not_checked(tmp_path):
     from services.node_agent.config import NodeAgentSettings
-    from tests.signing import dispatcher_identity
+    from tests.kit.signing import dispatcher_identity
 
     ident = dispatcher_identity()
     ident.save(tmp_path / "service:dispatcher.json")  # the keyring's file (private key too: only public_key is read)

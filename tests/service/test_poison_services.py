@@ -16,9 +16,9 @@ from apportion import events
 from apportion.clock import ManualClock
 from apportion.settings import topic_name
 from apportion.topics import BUDGETS, DEADLETTER, JOBS, SUBMISSIONS
-from tests.narrowing import narrow_each
-from tests.service.accounting_fakes import FakeRedis, Rec, records
-from tests.service.test_dispatcher import T0, ListLog, drive, history, service, submit
+from tests.kit.dispatcher import T0, ListLog, drive, history, service, submit
+from tests.kit.fakes import FakeRedis, Rec, records
+from tests.kit.narrowing import narrow_each
 
 
 def letters(log: ListLog) -> list[events.DeadLetter]:

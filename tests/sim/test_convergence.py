@@ -20,7 +20,7 @@ import pytest
 
 from apportion.domain.budgets import BudgetTree
 from apportion.sim.core import SimConfig, SimJob, SimNode, simulate
-from tests.sim.simkit import at
+from tests.kit.simkit import at
 
 pytestmark = pytest.mark.sim
 

@@ -22,7 +22,7 @@ from apportion.events import (
 )
 from apportion.report import JobLedger
 from apportion.timeutil import from_us
-from tests.sim.simkit import T0, at
+from tests.kit.simkit import T0, at
 
 pytestmark = pytest.mark.sim
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from apportion import events as ev
 from apportion.audit.replay import preemption_report
 from apportion.timeutil import to_us
-from tests.sim.simkit import T0, at, job, nodes, run
+from tests.kit.simkit import T0, at, job, nodes, run
 
 H = 3600
 AB = {"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5}

@@ -24,7 +24,7 @@ from apportion.domain.dispatch import DispatchConfig
 from apportion.events import JobPreempted
 from apportion.sim.baselines import POLICIES
 from apportion.sim.core import SimConfig, simulate
-from tests.sim.simkit import at
+from tests.kit.simkit import at
 from tests.sim.test_properties import TREE, _check_log, worlds
 
 PEERS = ("slurm", "kueue", "kai")

@@ -18,7 +18,7 @@ from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import DispatchConfig
 from apportion.sim.core import SimConfig, simulate
 from apportion.sim.peers.kueue import Kueue, share_value
-from tests.sim.simkit import at, decisions, job, nodes
+from tests.kit.simkit import at, decisions, job, nodes
 
 ABC = {"lab": 1.0, "lab/a": 0.25, "lab/b": 0.25, "lab/c": 0.5}
 H = 3600.0

@@ -17,7 +17,7 @@ from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import DispatchConfig
 from apportion.sim.core import SimConfig, simulate
 from apportion.sim.peers.slurm import Slurm, SlurmConfig, fair_tree_factors, level_fairshare
-from tests.sim.simkit import at, decisions, job, nodes
+from tests.kit.simkit import at, decisions, job, nodes
 
 AB = {"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5}
 H = 3600.0

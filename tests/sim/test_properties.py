@@ -34,7 +34,7 @@ from apportion.events import (
 from apportion.sim.baselines import POLICIES
 from apportion.sim.core import SimConfig, SimJob, SimNode, simulate
 from apportion.timeutil import s_to_us, to_us
-from tests.sim.simkit import at
+from tests.kit.simkit import at
 
 TREE = {"org": 1.0, "org/x": 0.6, "org/x/p": 0.5, "org/x/q": 0.5, "org/y": 0.4}
 LEAVES = ["org/x/p", "org/x/q", "org/y"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from apportion.events import JobPlaced, JobRequeued
-from tests.sim.simkit import at, decisions, job, nodes, run
+from tests.kit.simkit import at, decisions, job, nodes, run
 
 pytestmark = pytest.mark.sim
 

@@ -8,7 +8,7 @@ import pytest
 from apportion.domain.budgets import BudgetTree
 from apportion.sim.core import SimConfig, SimJob, SimNode, simulate, usable_fraction
 from apportion.sim.report import summarise
-from tests.sim.simkit import at
+from tests.kit.simkit import at
 
 H = 3600
 MODELS: dict[str | None, int] = {"x": 8, "y": 24}  # GPUs per model

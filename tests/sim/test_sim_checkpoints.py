@@ -19,7 +19,7 @@ from apportion.report import JobLedger
 from apportion.sim.core import SimJob, SimResult
 from apportion.sim.report import summarise
 from apportion.timeutil import US_PER_S, to_us
-from tests.sim.simkit import _off, at, decisions, job, nodes, run
+from tests.kit.simkit import _off, at, decisions, job, nodes, run
 
 pytestmark = pytest.mark.sim
 

@@ -6,7 +6,7 @@ from apportion.domain.budgets import BudgetTree
 from apportion.sim.baselines import static_partitions
 from apportion.sim.core import SimConfig, simulate
 from apportion.sim.report import summarise
-from tests.sim.simkit import at, job, nodes
+from tests.kit.simkit import at, job, nodes
 
 H = 3600
 AB = {"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5}

@@ -25,7 +25,7 @@ from apportion.domain.engine import CycleSnapshot, EngineConfig, preempt_events,
 from apportion.events import Event
 from apportion.sim.core import SimConfig, simulate
 from apportion.timeutil import Micros, from_us
-from tests.sim.simkit import T0, at, job, nodes
+from tests.kit.simkit import T0, at, job, nodes
 
 TREE = {"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5}
 

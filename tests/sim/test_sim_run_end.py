@@ -11,7 +11,7 @@ from apportion.domain.engine import EngineConfig
 from apportion.sim.baselines import fifo
 from apportion.sim.core import SimConfig, simulate
 from apportion.timeutil import to_us
-from tests.sim.simkit import T0, at, job, nodes, run
+from tests.kit.simkit import T0, at, job, nodes, run
 
 H = 3600
 AB = {"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5}

@@ -22,7 +22,7 @@ import pytest
 from apportion.domain.admission import NodeShape, ShapeLike, admit, rejected_event, shape_possible
 from apportion.domain.budgets import Budget, BudgetTree
 from apportion.events import RejectReason
-from tests.unit.builders import dt, h, submitted, tree
+from tests.kit.builders import dt, h, submitted, tree
 
 TREE = tree(
     {

@@ -7,7 +7,7 @@ import pytest
 from apportion.audit.config import config_from_log, configured_event, with_overrides
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import EngineConfig
-from tests.unit.builders import dt, h
+from tests.kit.builders import dt, h
 
 LIVE = DispatchConfig(engine=EngineConfig(delta=0.1, grace_s=5.0, reservation_after_s=600.0), heartbeat_timeout_s=600.0)
 

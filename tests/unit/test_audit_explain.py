@@ -19,7 +19,7 @@ from __future__ import annotations
 from apportion import events
 from apportion.audit.explain import explain
 from apportion.audit.verify import records_from_events
-from tests.unit.test_audit_verify import CFG, history
+from tests.kit.audit_history import CFG, history
 
 
 def test_preempted_job_names_preemptor_rule_and_ratios() -> None:

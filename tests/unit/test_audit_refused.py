@@ -25,10 +25,10 @@ from apportion.cli.main import app
 from apportion.identity.gates import ReportGate, RequestGate
 from apportion.logrecord import LogRecord, log_order
 from apportion.timeutil import from_us, to_us
-from tests.service.accounting_fakes import Rec
-from tests.signing import identity, node_identity, registered
-from tests.sim.simkit import at
-from tests.unit.test_audit_verify import CFG, history
+from tests.kit.audit_history import CFG, history
+from tests.kit.fakes import Rec
+from tests.kit.signing import identity, node_identity, registered
+from tests.kit.simkit import at
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 N0, N1 = node_identity("n0"), node_identity("n1")

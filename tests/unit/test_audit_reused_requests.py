@@ -12,7 +12,7 @@ from dataclasses import replace
 from apportion import events
 from apportion.audit.verify import records_from_events, verify
 from apportion.events import JobSubmitted
-from tests.signing import registered
+from tests.kit.signing import registered
 from tests.unit.test_identity import ALICE, T0, _queued, submission
 
 

@@ -1,13 +1,7 @@
 """audit verify on hand-built logs: a clean simulated log passes; a tampered snapshot,
 decision or read-model row is reported at the offset where it appears.
 
-History (tree drawn below; two 1-GPU nodes, delta 0.01)::
-
-    lab (1.0)
-    ├── a  0.5     a1, a2 at 0:00 (1 h protection, run 10 h): a holds both GPUs
-    └── b  0.5     b1 at 0:01 -> at 1:00 b1 preempts a1 (r_a 2.0 vs r_b 0; after the
-                   move r_b = 3600 / 3600 = 1.0 <= 2.0); b2 at 2:00 -> preempts a2
-                   (r_a = 2 * 10800 / 7200 = 3.0, r_b = 1.0, after 2.0)
+History: :mod:`tests.kit.audit_history` (two 1-GPU nodes, b preempting a twice).
 
 (Before the after-move test of rule D3.consistent-view this history was a1 alone on one GPU,
 b1 on the other and b2 preempting a1 at 1:00: b taking both GPUs from an even split,
@@ -28,34 +22,10 @@ from apportion.audit.verify import (
     rerun_decisions,
     verify,
 )
-from apportion.domain.dispatch import DispatchConfig
-from apportion.domain.engine import EngineConfig
 from apportion.timeutil import from_us
-from tests.narrowing import narrow
-from tests.sim.simkit import T0, at, job, nodes, run
-
-AB = {"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5}
-CFG = DispatchConfig(engine=EngineConfig(delta=0.01), heartbeat_timeout_s=None)
-
-
-def history(snapshot_times: tuple[int, ...] = ()) -> list[events.Event]:
-    """Budgets, the simulated scenario, and accounting snapshots at the given times."""
-    jobs = [
-        job("a1", "lab/a", min_runtime_s=3600, duration_s=10 * 3600),
-        job("a2", "lab/a", min_runtime_s=3600, duration_s=10 * 3600),
-        job("b1", "lab/b", submit=at(0, 1), min_runtime_s=3600, duration_s=10 * 3600),
-        job("b2", "lab/b", submit=at(2), min_runtime_s=3600, duration_s=3600),
-    ]
-    r = run(AB, nodes(("n0", 1), ("n1", 1)), jobs, until_us=at(3), delta=0.01)
-    log: list[events.Event] = [
-        events.BudgetSet(path=p, share=s, ts=from_us(T0 - 1), producer="ops") for p, s in AB.items()
-    ]
-    log += r.log
-    base = records_from_events(log)
-    for t in snapshot_times:
-        snap, _ = occupancy_at(base, t)
-        log.append(snap.model_copy(update={"producer": "accounting"}))
-    return log
+from tests.kit.audit_history import AB, CFG, history
+from tests.kit.narrowing import narrow
+from tests.kit.simkit import T0, at
 
 
 def test_clean_log_every_decision_reruns_identically() -> None:

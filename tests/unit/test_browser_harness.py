@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser import INSTALL, require_browser
+from tests.kit.browser import INSTALL, require_browser
 
 
 def _exe(folder: Path, name: str) -> str:

@@ -19,8 +19,8 @@ import pytest
 
 from apportion.forecast import JobForecast, budget_forecast, protection_notice, with_starts
 from apportion.timeutil import from_us
-from tests.unit.builders import T0, d, h, m
-from tests.unit.test_forecast import CFG, History
+from tests.kit.builders import T0, d, h, m
+from tests.kit.forecast_history import CFG, History
 
 DAY = 86_400
 
@@ -121,7 +121,7 @@ def test_share_forecast_and_queue_start_from_an_export(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from apportion.cli.main import app
-    from tests.unit.test_cli_audit_from_file import export
+    from tests.kit.audit_history import export
 
     path = export(tmp_path / "log.jsonl.gz", history().log, "")
     env = {"APPORTION_KAFKA_BOOTSTRAP": "127.0.0.1:1", "APPORTION_TOPIC_PREFIX": ""}
@@ -147,7 +147,7 @@ def test_explain_says_what_a_running_jobs_protection_promises(tmp_path: Path) ->
 
     from apportion.cli.main import app
     from apportion.forecast import protection_of
-    from tests.unit.test_cli_audit_from_file import export
+    from tests.kit.audit_history import export
 
     hist = history()
     assert protection_of(hist.state, "a1", m(30)) == "protected until 2024-01-01 01:00:00 UTC; preemptible after"
@@ -209,7 +209,7 @@ def test_forecast_with_arrivals_from_an_export(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from apportion.cli.main import app
-    from tests.unit.test_cli_audit_from_file import export
+    from tests.kit.audit_history import export
 
     hist = History().node("n0", 1).submit("r1", T0, duration_s=3 * 3600.0).submit("p1", m(10))
     path = export(tmp_path / "log.jsonl.gz", hist.log, "")

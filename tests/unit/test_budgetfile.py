@@ -9,7 +9,7 @@ import pytest
 from apportion.audit.whatif import load_tree
 from apportion.budgetfile import BudgetFileError, load_budget_tree
 from apportion.domain.budgets import Budget
-from tests.narrowing import narrow
+from tests.kit.narrowing import narrow
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import json
 from pathlib import Path
@@ -10,11 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from apportion import events
-from apportion.audit.source import ExportFormatError, export_prefix, write_export
+from apportion.audit.source import ExportFormatError, export_prefix
 from apportion.audit.verify import records_from_events, verify
 from apportion.cli.main import app
-from tests.unit.test_audit_verify import history
+from tests.kit.audit_history import export, history
 
 
 @pytest.fixture(autouse=True)
@@ -22,13 +20,6 @@ def _no_stack(monkeypatch: pytest.MonkeyPatch) -> None:
     # a Kafka address: no running stack's stack.env brings its namespace; the prefix is restored after each test
     monkeypatch.setenv("APPORTION_KAFKA_BOOTSTRAP", "127.0.0.1:1")
     monkeypatch.setenv("APPORTION_TOPIC_PREFIX", "")
-
-
-def export(path: Path, evts: list[events.Event], prefix: str, topic_names: list[str] | None = None) -> str:
-    recs = [dataclasses.replace(r, topic=prefix + r.topic) for r in records_from_events(evts)]
-    names = topic_names if topic_names is not None else sorted({r.topic for r in recs})
-    write_export(recs, path, topic_names=names, exported_at="now")
-    return str(path)
 
 
 def test_export_prefix_is_the_namespace_of_the_headers_topics(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from apportion import events
 from apportion.audit.source import write_export
 from apportion.cli.main import app
 from apportion.logrecord import LogRecord
-from tests.unit.builders import dt, h, placed, preempted
+from tests.kit.builders import dt, h, placed, preempted
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from apportion.cli.history import fold_jobs
-from tests.unit.builders import (
+from tests.kit.builders import (
     cancelled,
     completed,
     dt,

@@ -7,7 +7,7 @@ from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, step
 from apportion.events import Event, JobPlaced
 from apportion.timeutil import from_us
 from services.dispatcher.logic import read_model
-from tests.unit.builders import budget_set, cordoned, node, s, started, submitted
+from tests.kit.builders import budget_set, cordoned, node, s, started, submitted
 
 CFG = DispatchConfig(heartbeat_timeout_s=None)
 

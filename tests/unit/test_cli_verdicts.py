@@ -7,7 +7,7 @@ import pytest
 from apportion import events
 from apportion.cli.verdicts import batch_of, budget_diff, partition_of
 from apportion.domain.budgets import Budget, BudgetBatchError, BudgetTree
-from tests.unit.builders import T0_DT
+from tests.kit.builders import T0_DT
 
 #   lab (1.0)
 #   ├── prior (0.6) ── robotics (0.5, members alice,bob)

@@ -11,7 +11,7 @@ import pytest
 
 from apportion import client, events
 from apportion.identity.canonical import signer_of
-from tests.signing import identity
+from tests.kit.signing import identity
 
 ALICE = identity("alice")
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

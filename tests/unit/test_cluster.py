@@ -5,7 +5,7 @@ from __future__ import annotations
 from apportion import events as ev
 from apportion.domain.cluster import UNTIL_STARTED, ClusterState
 from apportion.timeutil import from_us
-from tests.unit.builders import T0, completed, h, placed, preempted, requeued, started
+from tests.kit.builders import T0, completed, h, placed, preempted, requeued, started
 
 
 def reg(nid: str, gpus: int = 4, at: int = T0) -> ev.NodeRegistered:

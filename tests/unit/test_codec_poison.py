@@ -29,10 +29,10 @@ from apportion.bus.intake import (
 from apportion.logrecord import LogRecord
 from apportion.settings import topic_name
 from apportion.topics import JOBS, SUBMISSIONS
-from tests.narrowing import narrow
+from tests.kit.narrowing import narrow
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "events"
+FIXTURES = Path(__file__).resolve().parents[1] / "kit" / "fixtures" / "events"
 
 
 def submitted(**over: Any) -> dict[str, Any]:

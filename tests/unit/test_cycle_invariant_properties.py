@@ -28,7 +28,7 @@ from apportion.domain.budgets import BudgetTree, ancestors_of
 from apportion.domain.cluster import ClusterState
 from apportion.domain.engine import CycleSnapshot, EngineConfig, PendingJob, pending_order, run_cycle
 from apportion.timeutil import from_us
-from tests.unit.builders import T0, h
+from tests.kit.builders import T0, h
 
 TREE = BudgetTree.from_mapping({"lab": 1.0, "lab/x": 0.5, "lab/x/p": 0.5, "lab/x/q": 0.5, "lab/y": 0.5})
 LEAVES = ["lab/x/p", "lab/x/q", "lab/y"]

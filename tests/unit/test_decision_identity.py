@@ -31,8 +31,8 @@ from apportion.identity.gates import ReportGate
 from apportion.identity.keys import BatchSigner
 from apportion.identity.registry import KeyRegistry
 from apportion.logrecord import LogRecord, log_order
-from tests.service.accounting_fakes import Rec
-from tests.signing import dispatcher_identity, dispatcher_signer, node_identity, registered
+from tests.kit.fakes import Rec
+from tests.kit.signing import dispatcher_identity, dispatcher_signer, node_identity, registered
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 D = dispatcher_identity()
@@ -289,7 +289,7 @@ def _signed_log(evs: list[events.Event], values: dict[int, bytes]) -> list[LogRe
 
 
 def test_audit_verify_flags_a_forged_decision_no_service_dead_lettered() -> None:
-    from tests.signing import node_value, with_node_keys
+    from tests.kit.signing import node_value, with_node_keys
 
     p, forged = placed(), lost()
     evs = with_node_keys([p, completed("n0")])

@@ -13,9 +13,9 @@ from apportion import events as ev
 from apportion.domain.dispatch import DispatchState, Tick, evolve, step
 from apportion.domain.seen import FORGET_MIN
 from apportion.timeutil import from_us
-from tests.narrowing import narrow_each
-from tests.unit.builders import T0, h, s, submitted
-from tests.unit.test_dispatch import CFG, TREE, reg
+from tests.kit.builders import T0, h, s, submitted
+from tests.kit.domain_dispatch import CFG, TREE, reg
+from tests.kit.narrowing import narrow_each
 
 W_S = 3600.0
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from apportion import events as ev
 from apportion.domain.dispatch import UNDO_ON_REFUSAL, Tick, step
 from apportion.timeutil import from_us
-from tests.narrowing import narrow, narrow_each
-from tests.unit.builders import T0, m, submitted
-from tests.unit.test_dispatch import CFG, TREE, given, reg, types
+from tests.kit.builders import T0, m, submitted
+from tests.kit.domain_dispatch import CFG, TREE, given, reg, types
+from tests.kit.narrowing import narrow, narrow_each
 
 
 def _running(gpus: int = 2, replicas: int = 1):

@@ -35,7 +35,7 @@ from apportion.domain.engine import (
     shape_floor,
 )
 from apportion.timeutil import from_us, s_to_us
-from tests.unit.builders import T0, h
+from tests.kit.builders import T0, h
 
 NOW = h(10)
 TREE = BudgetTree.from_mapping({"lab": 1.0, "lab/a": 0.5, "lab/b": 0.25, "lab/c": 0.25})

@@ -1,6 +1,6 @@
 """The event contract (rule D4.events): golden files, round trips, compatibility rules.
 
-* every golden fixture in ``tests/fixtures/events/`` decodes, forever (old
+* every golden fixture in ``tests/kit/fixtures/events/`` decodes, forever (old
   versions through the upcasters);
 * every event type has a golden file for its current version;
 * every event round-trips through JSON (hypothesis, strategies derived from
@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
 from apportion import events as ev
-from tests.narrowing import narrow
+from tests.kit.narrowing import narrow
 
-GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "events"
+GOLDEN = Path(__file__).resolve().parents[1] / "kit" / "fixtures" / "events"
 GOLDEN_FILES = sorted(GOLDEN.glob("*.json"))
 
 

@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 
 from apportion.cli.main import app
 from apportion.timeutil import from_us
-from tests.unit.builders import T0, h, m
-from tests.unit.test_cli_audit_from_file import export
-from tests.unit.test_forecast import History
+from tests.kit.audit_history import export
+from tests.kit.builders import T0, h, m
+from tests.kit.forecast_history import History
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,7 @@ from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import ClusterState
 from apportion.domain.engine import CycleSnapshot, EngineConfig, PendingJob, pending_order, run_cycle
 from apportion.timeutil import from_us, s_to_us
-from tests.unit.builders import T0, h
+from tests.kit.builders import T0, h
 
 NOW = h(10)
 AB = BudgetTree.from_mapping({"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5})

@@ -24,8 +24,8 @@ from apportion.domain.cluster import (
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, step, wakeups
 from apportion.domain.engine import order_key
 from apportion.timeutil import from_us, to_us
-from tests.narrowing import narrow
-from tests.unit.builders import T0, h, m, placed, preempted, requeued, s, started, submitted
+from tests.kit.builders import T0, h, m, placed, preempted, requeued, s, started, submitted
+from tests.kit.narrowing import narrow
 
 
 def ckpt(job_id: str, at: int, progress_s: float, *, attempt: int = 1, replica: int | None = 0) -> ev.JobCheckpointed:

@@ -7,43 +7,12 @@ nodes n0, n1 with 4 GPUs each, registered at T0; the run of j1 is placed at T0. 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from apportion import events as ev
-from apportion.domain.dispatch import Tick, step
+from apportion.domain.dispatch import step
 from apportion.timeutil import from_us
-from tests.narrowing import narrow, narrow_each
-from tests.unit.builders import T0, m, submitted
-from tests.unit.test_dispatch import CFG, given, reg, types
-
-REC = replace(CFG, reconcile_misses=2)
-
-
-def _running(gpus: int = 2, replicas: int = 1, started: bool = True):
-    state = given(reg("n0"), reg("n1"))
-    step(state, submitted("j1", budget="lab/a", user="alice", gpus=gpus, replicas=replicas), T0, REC)
-    out = step(state, Tick(T0), T0, REC)
-    placed = next(e for e in out if isinstance(e, ev.JobPlaced))
-    for r, p in enumerate(placed.placements if started else ()):
-        step(state, _started(r, p.node_id, p.gpus), T0, REC)
-    return state, placed
-
-
-def _started(replica: int, node: str, gpus: tuple[int, ...]) -> ev.JobStarted:
-    return ev.JobStarted(
-        job_id="j1", attempt=1, replica=replica, node_id=node, gpus=gpus, ts=from_us(T0), producer="node-agent",
-        event_id=ev.det_id("test-started", replica),
-    )  # fmt: skip
-
-
-def hb(node: str, at: int, *running: tuple[str, int, int]) -> ev.NodeHeartbeat:
-    return ev.NodeHeartbeat(
-        node_id=node,
-        running=tuple(ev.RunningWorkload(job_id=j, attempt=a, replica=r, gpus=(0,)) for j, a, r in running),
-        ts=from_us(at),
-        producer="node-agent",
-        event_id=ev.det_id("test-hb", node, at),
-    )
+from tests.kit.builders import T0, m
+from tests.kit.domain_dispatch import CFG, REC, _running, _started, hb, types
+from tests.kit.narrowing import narrow, narrow_each
 
 
 def test_a_replica_missing_from_two_heartbeats_in_a_row_is_lost_and_requeued():

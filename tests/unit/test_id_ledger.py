@@ -20,7 +20,7 @@ import pytest
 from apportion import events
 from apportion.bus.intake import _NO_DIGEST, IdLedger
 from apportion.timeutil import from_us
-from tests.unit.builders import s, submitted
+from tests.kit.builders import s, submitted
 
 
 def sub(i: int, t_s: float) -> events.JobSubmitted:
@@ -97,7 +97,7 @@ def test_a_ledger_pickled_in_another_process_still_tells_a_reused_id_from_a_dupl
     # another hash seed (the dispatcher before its restart) is restored with them, so a reuse is still caught
     code = (
         "import base64, pickle, sys, uuid; sys.path[:0] = ['shared', '.']; "
-        "from apportion.bus.intake import IdLedger; from tests.unit.builders import s, submitted; "
+        "from apportion.bus.intake import IdLedger; from tests.kit.builders import s, submitted; "
         "led = IdLedger(window_s=100); led.check(submitted('j1', at=s(0), event_id=uuid.UUID(int=2))); "
         "print(base64.b64encode(pickle.dumps(led)).decode())"
     )

@@ -18,8 +18,8 @@ from apportion.identity.keys import BatchSigner, Identity
 from apportion.identity.registry import KeyRegistry
 from apportion.logrecord import LogRecord
 from apportion.timeutil import to_us
-from tests.narrowing import narrow
-from tests.signing import identity, registered
+from tests.kit.narrowing import narrow
+from tests.kit.signing import identity, registered
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 ALICE, CAROL, OPS = identity("alice"), identity("carol"), identity("root", "ops")

@@ -32,10 +32,9 @@ from apportion.domain.preemption import (
     victim_rule,
 )
 from apportion.timeutil import from_us
-from tests.narrowing import narrow
-from tests.unit.builders import T0, h, submitted
-from tests.unit.test_dispatch import reg
-from tests.unit.test_heartbeat_reconcile import hb
+from tests.kit.builders import T0, h, submitted
+from tests.kit.domain_dispatch import hb, reg
+from tests.kit.narrowing import narrow
 from tests.unit.test_preemption_rules import NOW, run_of, view
 
 AFTER_S = 7200.0

@@ -13,8 +13,8 @@ from apportion import events as ev
 from apportion.domain.dispatch import step
 from apportion.domain.idle import RunIdle, run_idle
 from services.dispatcher.logic import read_model
-from tests.unit.builders import m
-from tests.unit.test_heartbeat_reconcile import REC, _running, hb
+from tests.kit.builders import m
+from tests.kit.domain_dispatch import REC, _running, hb
 
 
 def idle_hb(node: str, at: int, *running: tuple[int, float | None, bool]) -> ev.NodeHeartbeat:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from apportion import events as ev
 from apportion.audit.invariants import Waiting, double_bookings, idle_while_waiting, partial_gangs
 from apportion.domain.cluster import ClusterState
-from tests.unit.builders import completed, cordoned, h, node, placed, preempted
+from tests.kit.builders import completed, cordoned, h, node, placed, preempted
 
 
 def _on(e: ev.JobPlaced, *placements: tuple[str, tuple[int, ...]]) -> ev.JobPlaced:

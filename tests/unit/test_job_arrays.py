@@ -20,8 +20,8 @@ from apportion.arrays import ArraySpec, element_id, parse_array, split_element_i
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, fold, step, submission_decided
 from apportion.timeutil import from_us, to_us
-from tests.narrowing import narrow
-from tests.unit.builders import T0, completed, m, submitted
+from tests.kit.builders import T0, completed, m, submitted
+from tests.kit.narrowing import narrow
 
 TREE = BudgetTree.from_mapping({"lab": 1.0, "lab/a": {"share": 0.5, "members": ["alice"]}, "lab/b": 0.5})
 CFG = DispatchConfig(heartbeat_timeout_s=None)
@@ -308,8 +308,8 @@ def test_the_forecast_respects_the_throttle() -> None:
     start at once (basis ``now``: the forecast is made at T0 + 10 min, before any cycle), 2 and 3 when they
     end, 1 h later (basis ``simulated``: their declared work), though the node has room for all four."""
     from apportion.forecast import forecast
-    from tests.unit.test_forecast import CFG as FCFG
-    from tests.unit.test_forecast import History
+    from tests.kit.forecast_history import CFG as FCFG
+    from tests.kit.forecast_history import History
 
     hist = History().node("n0", 4)
     hist.feed(submitted("a", at=m(10)).model_copy(update={"array": "0-3%2"}), m(10))
@@ -328,8 +328,8 @@ def test_forecast_of_an_array_id_and_of_an_array_not_yet_submitted(tmp_path: Pat
     from typer.testing import CliRunner
 
     from apportion.cli.main import app
-    from tests.unit.test_cli_audit_from_file import export
-    from tests.unit.test_forecast import History
+    from tests.kit.audit_history import export
+    from tests.kit.forecast_history import History
 
     hist = History().node("n0", 1).submit("r1", T0, duration_s=3 * 3600.0)
     hist.feed(submitted("a", at=m(10), duration_s=1800.0).model_copy(update={"array": "5,7"}), m(10))

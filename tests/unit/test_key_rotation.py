@@ -35,8 +35,8 @@ from apportion.domain.admission import DISPATCHER_TYPES, NODE_REQUEST_TYPES, REP
 from apportion.identity.gates import ReportGate
 from apportion.identity.keys import Identity
 from apportion.logrecord import LOG_APPEND_TIME, LogRecord, log_order, log_position
-from tests.service.accounting_fakes import Rec, log_record
-from tests.signing import node_identity, registered
+from tests.kit.fakes import Rec, log_record
+from tests.kit.signing import node_identity, registered
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 M = timedelta(minutes=1)

@@ -8,7 +8,7 @@ from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import EngineConfig
 from apportion.sim.core import SimConfig, SimResult, simulate
-from tests.sim.simkit import T0, at, job, nodes
+from tests.kit.simkit import T0, at, job, nodes
 
 H = 3600
 WEEK = 7 * 24 * H

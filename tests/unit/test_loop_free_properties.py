@@ -33,7 +33,7 @@ from apportion.domain.cluster import ClusterState
 from apportion.domain.engine import CycleSnapshot, EngineConfig, PendingJob, pending_order, run_cycle
 from apportion.domain.fairshare import branches_at_lca, effective_capacity
 from apportion.timeutil import WEEK_S, from_us, to_us
-from tests.unit.builders import T0, h
+from tests.kit.builders import T0, h
 
 TREE = BudgetTree.from_mapping(
     {"lab": 1.0, "lab/x": 0.5, "lab/x/p": 0.5, "lab/x/q": 0.5, "lab/y": 0.5, "lab/y/r": 0.6, "lab/y/s": 0.4}

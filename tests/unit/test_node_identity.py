@@ -24,9 +24,9 @@ from apportion.identity.canonical import signer_of
 from apportion.identity.gates import ReportGate
 from apportion.identity.keys import ReportSigner
 from apportion.logrecord import LogRecord, log_order
-from tests.service.accounting_fakes import Rec
-from tests.signing import identity, node_identity, registered
-from tests.unit import builders
+from tests.kit import builders
+from tests.kit.fakes import Rec
+from tests.kit.signing import identity, node_identity, registered
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 N0, N1 = node_identity("n0"), node_identity("n1")

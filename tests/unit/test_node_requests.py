@@ -25,7 +25,7 @@ from apportion.domain.admission import (
 from apportion.domain.occupancy import LEDGER_EVENT_TYPES
 from apportion.events import NodeCordoned, NodeDrainRequested, NodeUncordoned, RejectReason
 from apportion.identity.gates import ReportGate
-from tests.signing import identity, node_identity, registered
+from tests.kit.signing import identity, node_identity, registered
 from tests.unit.test_node_identity import _log, reg_node
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)

@@ -12,7 +12,7 @@ import pytest
 from apportion.domain.cluster import ClusterState
 from apportion.domain.nodes import COUNTED_STATES, NODE_STATES, NodeEvent, is_node_state, node_transition
 from apportion.domain.occupancy import OccupancyLedger
-from tests.unit.builders import T0, cordoned, drain, drained, h, node, node_lost, uncordoned
+from tests.kit.builders import T0, cordoned, drain, drained, h, node, node_lost, uncordoned
 
 EVENTS: dict[str, NodeEvent] = {
     "registered": node("n0", 4, at=h(1)),

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from apportion import events as ev
 from apportion.domain.occupancy import OccupancyLedger, rebuild
 from apportion.timeutil import US_PER_S, s_to_us, to_us
-from tests.unit.builders import (
+from tests.kit.builders import (
     T0,
     cancelled,
     completed,
@@ -794,7 +794,7 @@ def event_logs(draw):
     n = draw(st.integers(1, 60))
     now = T0
     out: list[ev.Event] = []
-    from tests.unit.builders import node as b_node
+    from tests.kit.builders import node as b_node
 
     for i in range(n):
         step = draw(st.sampled_from([0, 1, 7, 13_000, 500_000, 3_000_000, 40_000_000]))

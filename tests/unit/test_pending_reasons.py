@@ -28,7 +28,7 @@ from apportion.domain.engine import (
     run_cycle,
 )
 from apportion.timeutil import from_us, s_to_us
-from tests.unit.builders import T0, h
+from tests.kit.builders import T0, h
 from tests.unit.test_goodput_cycle import NOW, World
 
 

@@ -16,8 +16,8 @@ from apportion.domain.seen import FORGET_MIN, forget_older, older_than_window, s
 from apportion.events import Event
 from apportion.timeutil import s_to_us
 from services.policy.logic import PolicyState, evolve
-from tests.narrowing import narrow
-from tests.unit.builders import budget_set, h
+from tests.kit.builders import budget_set, h
+from tests.kit.narrowing import narrow
 
 HOUR_US = s_to_us(3600)
 

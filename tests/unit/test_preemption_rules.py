@@ -52,7 +52,7 @@ from apportion.domain.preemption import (
     victim_rule,
 )
 from apportion.timeutil import from_us
-from tests.unit.builders import T0, h
+from tests.kit.builders import T0, h
 
 K = 1_000_000.0
 DELTA = 0.125

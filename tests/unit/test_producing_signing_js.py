@@ -15,7 +15,7 @@ from pathlib import Path
 
 from apportion import events
 from apportion.identity.canonical import signer_of
-from tests.signing import identity
+from tests.kit.signing import identity
 
 DOC = (Path(__file__).resolve().parents[2] / "docs/producing.md").read_text()
 

@@ -20,8 +20,8 @@ from apportion.domain.budgets import BudgetTree, ancestors_of
 from apportion.domain.cluster import ClusterState
 from apportion.domain.engine import CycleSnapshot, EngineConfig, PendingJob, pending_order, run_cycle
 from apportion.timeutil import from_us
-from tests.unit.builders import T0, h
-from tests.unit.reference_cycle import Placed, cost, reference_cycle
+from tests.kit.builders import T0, h
+from tests.kit.reference_cycle import Placed, cost, reference_cycle
 
 #   lab
 #   ├── x (0.5)

@@ -41,9 +41,9 @@ from apportion.report import JobLedger
 from apportion.timeutil import US_PER_S, Micros, from_us
 from services.accounting import logic as accounting
 from services.dispatcher.logic import read_model
-from tests.narrowing import narrow
-from tests.unit.builders import T0, budget_set, completed, failed, s, started, submitted
-from tests.unit.test_dispatch import reg
+from tests.kit.builders import T0, budget_set, completed, failed, s, started, submitted
+from tests.kit.domain_dispatch import reg
+from tests.kit.narrowing import narrow
 
 CFG = DispatchConfig(heartbeat_timeout_s=None)
 K = TypeVar("K", bound=Event)

@@ -11,7 +11,7 @@ import pytest
 
 from apportion.audit.replay import preemption_report
 from apportion.events import Event
-from tests.unit.builders import budget_set, h, placed, preempted, requeued, started
+from tests.kit.builders import budget_set, h, placed, preempted, requeued, started
 
 
 def placed_with(job_id, protection, **kw):

@@ -7,7 +7,7 @@ import pytest
 from apportion import topics
 from apportion.bus.producer import RELIABLE, EventProducer
 from apportion.bus.provision import declared_configs
-from tests.narrowing import narrow
+from tests.kit.narrowing import narrow
 
 
 @pytest.mark.parametrize(("brokers", "want"), [(1, (1, 1)), (2, (2, 1)), (3, (3, 2)), (5, (3, 2))])

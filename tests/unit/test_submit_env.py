@@ -14,8 +14,8 @@ from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, fold, step
 from apportion.timeutil import from_us, to_us
 from services.dispatcher.logic import resend_starts
-from tests.narrowing import narrow
-from tests.unit.builders import T0, m, submitted
+from tests.kit.builders import T0, m, submitted
+from tests.kit.narrowing import narrow
 
 TREE = BudgetTree.from_mapping({"lab": 1.0, "lab/b": 1.0})
 CFG = DispatchConfig(heartbeat_timeout_s=None)

@@ -21,8 +21,8 @@ from apportion.domain.admission import admit, time_limit_in_force
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, step
 from apportion.timeutil import from_us, to_us
-from tests.narrowing import narrow
-from tests.unit.builders import T0, m, submitted
+from tests.kit.builders import T0, m, submitted
+from tests.kit.narrowing import narrow
 
 TREE = BudgetTree.from_mapping(
     {

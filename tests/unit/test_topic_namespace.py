@@ -13,7 +13,7 @@ import pytest
 from apportion import events, topics
 from apportion.bus.intake import screen
 from apportion.settings import topic_name, topic_prefix
-from tests.unit.builders import submitted
+from tests.kit.builders import submitted
 
 NS = "ns1."
 

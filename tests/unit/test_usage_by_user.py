@@ -17,7 +17,7 @@ import pytest
 
 from apportion import events as ev
 from apportion.cli.history import UserUsage, usage_by_user, usage_rows
-from tests.unit.builders import completed, dt, h, job_lost, placed
+from tests.kit.builders import completed, dt, h, job_lost, placed
 
 
 def queued(job_id: str, user: str, budget: str) -> ev.JobQueued:

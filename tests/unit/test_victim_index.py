@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from apportion.domain.cluster import ClusterState, Run
 from apportion.domain.engine import FreeIndex, VictimIndex, order_key, order_lost_gpu_s
 from apportion.domain.nodes import NodeState
-from tests.unit.builders import (
+from tests.kit.builders import (
     T0,
     cancelled,
     completed,

@@ -1,6 +1,6 @@
 """What the node-boundary tests share: throwaway Unix accounts, a directory job accounts can reach, fake GPUs.
 
-Import the fixtures into a test module (``from tests.node_boundary import job_accounts, shared_dir  # noqa``).
+Import the fixtures into a test module (``from tests.kit.node_boundary import job_accounts, shared_dir  # noqa``).
 The accounts are made with ``useradd --system --no-create-home`` when missing and kept (they cost nothing and
 the next run reuses them); the tests need root, and say so plainly when they do not have it.
 """

@@ -2,7 +2,7 @@
 
 No index, no cache, no memo: every question is answered by looking at every node and every run again. It
 is the yardstick the fast cycle (:func:`apportion.domain.engine.run_cycle`) is compared with on small
-random clusters (``test_reference_cycle.py``); what it leaves out, it says.
+random clusters (``tests/unit/test_reference_cycle.py``); what it leaves out, it says.
 
 What it takes from the product rather than restating:
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from apportion import events
 from apportion.logrecord import LogRecord
 from apportion.settings import topic_prefix
-from tests.signing import node_value, with_node_keys
+from tests.kit.signing import node_value, with_node_keys
 
 
 @dataclass
@@ -61,7 +61,7 @@ def records(evs, *, partitions: int = 3, start: dict[tuple[str, int], int] | Non
     """Encode events as records on their topics, partitioned by key, offsets in order.
 
     Node reports are signed by their node's key, whose registration goes before the node's first report
-    (:func:`tests.signing.with_node_keys`).
+    (:func:`tests.kit.signing.with_node_keys`).
 
     Args:
         evs: events in production order.

@@ -1,0 +1,27 @@
+"""The test kit: what tests of every tier share. Fixtures stay in ``tests/conftest.py`` (pytest reads it there).
+
+- ``audit_history``: a short simulated log (budgets, decisions, accounting snapshots) for the audit tests, and
+  ``export`` (a log written as an export file under a topic namespace).
+- ``builders``: domain events in one line each, at domain time relative to ``T0`` (``placed``, ``submitted``,
+  ``node``, ``budget_set``, ``h``/``m``/``s``).
+- ``forecast_history``: ``History``, a dispatcher fed by hand (nodes, submissions, ticks) for forecasts.
+- ``fakes``: kafka-python-like records (``Rec``, ``records``, ``log_record``) and a transactional ``FakeRedis``.
+- ``domain_dispatch``: given/when/then for the pure dispatcher: ``TREE``, ``CFG``, ``given`` (a state folded from
+  a history), ``reg`` (a node registration) and ``types`` (emitted events as ``type:id``); ``REC``, ``_running`` and ``hb`` for
+  heartbeat reconciliation.
+- ``dispatcher``: the dispatcher service without Kafka: an in-memory log (``ListLog``), ``service``, ``drive``,
+  ``submit`` and a short ``history``.
+- ``simkit``: seeded simulator scenarios as compact event lines (``at``, ``job``, ``nodes``, ``run``,
+  ``decisions``).
+- ``reference_cycle``: the slow, literal placement and preemption cycle the fast one is compared with.
+- ``narrowing``: ``narrow``/``narrow_each``, a value checked to be of one kind and typed as it for mypy.
+- ``signing``: deterministic signing identities, node keys and their registration events.
+- ``infra``: ``KafkaCluster``, what the ``kafka_cluster`` fixture yields (its stack and client environment).
+- ``livestack``: ``apportion stack up`` on the test Kafka and Redis (``live_stack``) and the bounded poller
+  ``until``.
+- ``node_boundary``: throwaway Unix accounts, a directory job accounts can reach, fake GPUs, job scripts.
+- ``checkpoint_workload``: the real workload of the checkpoint tests, as the text of a script.
+- ``fixtures/events``: golden JSON of every event type and schema version (``fixtures/make_golden.py`` writes
+  them).
+- ``browser``: chromium and chromedriver found on ``PATH`` (``require_browser``) for the dashboard tests.
+"""
