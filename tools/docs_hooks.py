@@ -5,6 +5,8 @@
   linked to its JSON Schema (:func:`apportion.events.json_schemas`, the files in ``schemas/``).
 * ``reference/configuration.md``: each service's settings (``services/<name>/config.py``): environment
   variable, type, default and meaning (the models' docstrings).
+* ``reference/rules.md``: each rule of the design contract (``docs/design/README.md``) -> the code that cites
+  it (its home) -> the tests that name it (:func:`rules_page`).
 
 Nothing generated is committed, so no page can go stale.
 """
@@ -16,6 +18,7 @@ import inspect
 import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from mkdocs.config.defaults import MkDocsConfig
@@ -167,6 +170,45 @@ def configuration_page() -> str:
     return "\n".join(out)
 
 
+ROOT = Path(__file__).resolve().parents[1]
+#: a rule id (``D3.refused-starts``) and a rule's anchor in the design contract
+RULE_ID = re.compile(r"\bD\d+\.[a-z][a-z0-9]*(?:-[a-z0-9]+)*\b")
+RULE_ANCHOR = re.compile(r'<a id="(D\d+\.[a-z0-9-]+)"></a>`[^`]+`\s*([^.:]*)')
+
+
+def _citing(roots: tuple[str, ...]) -> dict[str, set[str]]:
+    """Rule id -> the Python files under ``roots`` (repository-relative) that cite it."""
+    out: dict[str, set[str]] = {}
+    for root in roots:
+        for path in sorted((ROOT / root).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            for rid in set(RULE_ID.findall(path.read_text())):
+                out.setdefault(rid, set()).add(rel)
+    return out
+
+
+def rules_page() -> str:
+    """Rule id -> its home (the library and service files that cite it) -> the tests that name it, for every
+    rule the design contract defines (its anchors), in the contract's order."""
+    design = (ROOT / "docs" / "design" / "README.md").read_text()
+    homes, tests = _citing(("shared", "services")), _citing(("tests",))
+    out = [
+        "# Design rules: where each lives and which tests name it",
+        "",
+        "Every rule of the [design contract](../design/README.md), the code that cites it by id (its home) and the",
+        "tests that name it; generated from the sources at each build of these pages. A rule with no test here is",
+        "checked by tests that do not cite it by id, or not yet.",
+        "",
+        "| rule | what | home | tests |",
+        "|---|---|---|---|",
+    ]
+    for rid, what in RULE_ANCHOR.findall(design):
+        home = "<br>".join(f"`{f}`" for f in sorted(homes.get(rid, ()))) or "-"
+        named = "<br>".join(f"`{f}`" for f in sorted(tests.get(rid, ()))) or "-"
+        out.append(f"| [`{rid}`](../design/README.md#{rid}) | {_cell(what.strip()[:80])} | {home} | {named} |")
+    return "\n".join(out) + "\n"
+
+
 def on_files(files: Files, config: MkDocsConfig) -> Files:
     """Add the generated reference pages (and the JSON Schemas they link) to the site."""
     from apportion import events
@@ -176,6 +218,7 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
         "reference/cli.md": cli_page(),
         "reference/events.md": events_page(schemas),
         "reference/configuration.md": configuration_page(),
+        "reference/rules.md": rules_page(),
     }
     for uri, text in pages.items():
         files.append(File.generated(config, uri, content=text))
