@@ -294,7 +294,10 @@ def test_encoding_and_headers(tmp_path):
             B2 + "min_runtime: {cap: 5}\n",
             "b.yaml: min_runtime: unknown key 'cap'; allowed keys: unallocated_fraction, cap_s",
         ),
-        (B2.replace("gpus", "gpu"), "b.yaml: cluster[0]: unknown key 'gpu'; allowed keys: prefix, count, gpus, model, racks, blocks"),
+        (
+            B2.replace("gpus", "gpu"),
+            "b.yaml: cluster[0]: unknown key 'gpu'; allowed keys: prefix, count, gpus, model, racks, blocks",
+        ),
         (
             B2.replace("lab/a: 0.6", "lab/a: {share: 0.6, bogus: 1}"),
             "b.yaml: budgets.lab/a: unknown key 'bogus'; allowed keys: share, members, max_min_runtime_s, max_min_runtime, "
