@@ -74,16 +74,28 @@ SERIAL_FILES = (
 )
 
 
+#: Integration tests that start a stack of their own (broker, Redis and services in their own directory) and use
+#: no session fixture, Unix account or cgroup: their own xdist group, so they run beside the serial one.
+OWN_STACK_FILES = (
+    "tests/integration/test_service_outages.py",
+    "tests/integration/test_broker_loss.py",
+    "tests/chaos/test_chaos_campaign.py",
+)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns ``xdist_group`` marks into the group's node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the tests that need Kafka and Redis ``integration``; put them, and the tests that act on the machine,
     in one xdist group, ``serial``: under ``make test`` (pytest-xdist, ``--dist loadgroup``) they run one after the
-    other on one worker (one broker, one set of test accounts) while the other worker takes the pure tiers."""
+    other on one worker (one broker, one set of test accounts) while the other worker takes the pure tiers and the
+    tests with stacks of their own (group ``own-stack``)."""
     for item in items:
         if INFRA_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
         path = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
-        if item.get_closest_marker("integration") is not None or path.startswith(SERIAL_FILES):
+        if path in OWN_STACK_FILES:
+            item.add_marker(pytest.mark.xdist_group("own-stack"))
+        elif item.get_closest_marker("integration") is not None or path.startswith(SERIAL_FILES):
             item.add_marker(pytest.mark.xdist_group("serial"))
 
 
