@@ -41,22 +41,7 @@ def main() -> int:
     class Watcher(CommandWatcher):
         """``bench_live``'s watcher, also timing each job's first ``JobCompleted``."""
 
-        def run(self) -> None:
-            import json
-
-            while not self.stop.is_set():
-                batch = self.kc.poll(timeout_ms=20)
-                now = time.perf_counter()
-                with self.cond:
-                    for recs in batch.values():
-                        for r in recs:
-                            d = json.loads(r.value)
-                            if d.get("type") in ("StartWorkload", "JobPlaced", "JobRejected", "JobCompleted"):
-                                self.seen.setdefault((d["type"], d["job_id"]), now)
-                            elif d.get("type") == "NodeRegistered":
-                                self.seen.setdefault((d["type"], d["node_id"]), now)
-                    self.cond.notify_all()
-            self.kc.close()
+        KINDS = (*CommandWatcher.KINDS, "JobCompleted")
 
     from apportion import events
     from apportion.bus.producer import EventProducer

@@ -155,7 +155,7 @@ class CommandWatcher(threading.Thread):
     """Records the wall time each StartWorkload, JobPlaced, JobRejected, JobStarted (by job id) and NodeRegistered
     (by node) arrives; runs a callback the moment a kind's count reaches a mark (:meth:`at_count`)."""
 
-    KINDS = ("StartWorkload", "JobPlaced", "JobRejected", "JobStarted")
+    KINDS: tuple[str, ...] = ("StartWorkload", "JobPlaced", "JobRejected", "JobStarted")
 
     def __init__(self, bootstrap: str, topics: list[str]) -> None:
         super().__init__(daemon=True)
