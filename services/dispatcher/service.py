@@ -574,8 +574,8 @@ class Term:
             only when idle.
         ends, positions: the input partitions' end offsets asked of the broker now, and how far the
             consumer has read each (``"topic:partition"`` -> offset; run in a worker thread). A tick that
-            would declare a node lost by heartbeat timeout waits until the positions reach the end offsets
-            taken when it first came due (rule D3.loss-barrier, :meth:`read_barrier`). ``None``: no barrier.
+            would declare a node lost by heartbeat timeout waits until the positions reach end offsets
+            taken after that node came due (rule D3.loss-barrier, :meth:`read_barrier`). ``None``: no barrier.
     """
 
     def __init__(
@@ -601,6 +601,7 @@ class Term:
         self.pending = pending
         self.ends, self.positions = ends, positions
         self.barrier: Mapping[str, int] | None = None  # the end offsets a loss waits for (read_barrier)
+        self.barrier_for: frozenset[str] = frozenset()  # the nodes due when they were taken
         self.check_lease, self.lost, self.flush, self.check_delivered = check_lease, lost, flush, check_delivered
         self.write_read_model, self.write_snapshot, self.commit, self.now = (
             write_read_model,
@@ -753,25 +754,29 @@ class Term:
 
         Yes when it would declare no node lost by heartbeat timeout
         (:func:`apportion.domain.dispatch.overdue_nodes`). Else the input partitions' end offsets are
-        taken (once per wait) and the tick waits until the consumer has read up to them: a loss is
-        declared only on a view that holds every heartbeat and report appended before it came due, so a
-        node is not lost, nor a completed run requeued, on records the dispatcher had not read yet. A
-        broker that does not give its end offsets leaves the tick waiting (logged).
+        taken (again whenever a node comes due after they were) and the tick waits until the consumer
+        has read up to them: a node is declared lost only on a view that holds every heartbeat and
+        report appended before it came due, so a node is not lost, nor a completed run requeued, on
+        records the dispatcher had not read yet. A broker that does not give its end offsets leaves the
+        tick waiting (logged).
         """
         if self.ends is None or self.positions is None:
             return True
         svc = self.svc
-        if not overdue_nodes(svc.state, svc.now_us(), svc.cfg):
-            self.barrier = None
+        due = frozenset(overdue_nodes(svc.state, svc.now_us(), svc.cfg))
+        if not due:
+            self.barrier, self.barrier_for = None, frozenset()
             return True
-        if self.barrier is None:
+        if self.barrier is None or not due <= self.barrier_for:  # a node came due after these ends were taken
             try:
                 self.barrier = await asyncio.to_thread(self.ends)
             except Exception as exc:  # noqa: BLE001 - any failure to ask means no loss on an unchecked view
                 log.warning("a node is due lost, but the log's end is not known (%s): waiting", exc)
+                self.barrier = None
                 return False
+            self.barrier_for = due
         if logic.read_to(await asyncio.to_thread(self.positions), self.barrier):
-            self.barrier = None
+            self.barrier, self.barrier_for = None, frozenset()
             return True
         return False
 

@@ -51,13 +51,16 @@ class LaggingLog(ListLog):
     def __init__(self) -> None:
         super().__init__()
         self.held: set[str] = set()
+        self.upto: dict[str, int] = {}  # a held topic's records below this offset are fetched all the same
         self.pos: dict[str, int] = {}
 
     def read(self) -> list[Any]:
         batch = [
             r
             for r in self.records
-            if r.topic in INPUTS and r.topic not in self.held and r.offset >= self.pos.get(r.topic, 0)
+            if r.topic in INPUTS
+            and (r.topic not in self.held or r.offset < self.upto.get(r.topic, 0))
+            and r.offset >= self.pos.get(r.topic, 0)
         ]
         for r in batch:
             self.pos[r.topic] = r.offset + 1
@@ -192,3 +195,36 @@ def test_without_the_barrier_the_lagging_term_loses_the_node_and_runs_the_comple
     h.poll_at(52)  # the completion, read after the next attempt was placed, changes nothing
     assert (h.svc.state.jobs["x1"].attempt, h.svc.state.jobs["x1"].status) == (2, "running")
     audited(h)  # the audit agrees with what the dispatcher did
+
+
+def test_a_node_that_comes_due_while_the_term_waits_is_judged_on_end_offsets_taken_after_it_did() -> None:
+    """n2's heartbeats after 30 s are late: none is in the log when the term takes its end offsets for n1 at
+    51 s; its heartbeat stamped 55 s is appended after them. Reading up to those offsets (62 s), the term
+    finds n2 due too (30 s + 30 s < 62 s): it takes the end offsets again and waits for n2's heartbeat."""
+    h = Harness()
+    h.start()
+    h.log.put(submit("x1", "lab/a", 4, min_runtime_s=0))
+    h.poll_at(0)
+    h.agent(JobStarted, 0, node_id="n1", gpus=(0, 1, 2, 3))
+    for t in (10, 20, 30):
+        if t < 30:
+            h.heartbeat("n1", t)
+        h.heartbeat("n2", t)
+        h.poll_at(t)
+    h.log.held = {topic_name(JOBS), topic_name(NODES)}
+    h.agent(JobCompleted, 25, node_id="n1")
+    for t in (40, 50, 51):  # the term polls on (a poll 15 s apart would read as an outage: a grace)
+        h.poll_at(t)
+    first = h.term.barrier
+    assert first is not None and h.term.barrier_for == {"n1"}
+    h.heartbeat("n2", 55)  # appended after the end offsets were taken
+    h.log.upto = {t.split(":")[0]: off for t, off in first.items()}  # the reader gets as far as those
+    h.poll_at(62)
+    assert h.log.positions() == first  # read up to them: before the rule's second half, n1 and n2 lost here
+    assert h.term.barrier_for == {"n1", "n2"} and h.term.barrier == h.log.ends() != first
+    assert h.published(events.NodeLost) == []
+    h.log.held = set()
+    h.poll_at(63)
+    assert [(e.node_id, e.last_heartbeat, e.ts) for e in h.published(events.NodeLost)] == [("n1", at(20), at(63))]
+    assert h.published(events.JobLost) == [] and "x1" in h.svc.state.finished
+    audited(h)
