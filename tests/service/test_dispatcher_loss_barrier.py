@@ -1,8 +1,7 @@
 """Rule D3.loss-barrier: a dispatcher whose reading lags declares no node lost on what it has not read.
 
-Found by ``make run`` at load average ~30 on 2 cores: the dispatcher lost a node by heartbeat timeout and
-requeued its run before reading the run's ``JobCompleted``, already in the log 47 offsets before its own
-``JobLost``; the job was placed again, and the audit, folding by event time, listed 64 read-model mismatches.
+The fault: a dispatcher reading late loses a node by heartbeat timeout and requeues its run before it has
+read the run's ``JobCompleted``, already in the log before its own ``JobLost``; the job is placed again.
 
 The term (:class:`services.dispatcher.service.Term`) on an in-memory log whose reader can hold a topic back
 (a consumer lagging on it), a manual event clock and one wall second per poll. Heartbeat timeout 30 s; times
@@ -220,7 +219,7 @@ def test_a_node_that_comes_due_while_the_term_waits_is_judged_on_end_offsets_tak
     h.heartbeat("n2", 55)  # appended after the end offsets were taken
     h.log.upto = {t.split(":")[0]: off for t, off in first.items()}  # the reader gets as far as those
     h.poll_at(62)
-    assert h.log.positions() == first  # read up to them: before the rule's second half, n1 and n2 lost here
+    assert h.log.positions() == first  # read up to them: ticking now would lose n1 and n2
     assert h.term.barrier_for == {"n1", "n2"} and h.term.barrier == h.log.ends() != first
     assert h.published(events.NodeLost) == []
     h.log.held = set()
