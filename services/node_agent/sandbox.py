@@ -120,8 +120,14 @@ def own_dir(path: str, account: Account | None) -> None:
     the name for a link between the check and the change (its own directory holds the name) changes nothing
     but its own directory.
 
+    A directory that already belongs to another account (neither ``account`` nor the agent's, which made
+    it) is never handed over: another user's job made it, under an id whose directory name is this job's
+    (:func:`services.node_agent.logic.job_dir_name`), so what it holds (files, or hard links to them kept
+    elsewhere) would reach into this job's working directory.
+
     Raises:
-        OSError: it cannot be made, or it is not a directory (a link planted there is not followed).
+        OSError: it cannot be made, it is not a directory (a link planted there is not followed), or
+            (``EPERM``) it belongs to another account.
     """
     os.makedirs(path, mode=0o700, exist_ok=True)
     try:
@@ -132,6 +138,9 @@ def own_dir(path: str, account: Account | None) -> None:
         raise
     try:
         if account is not None:
+            owner = os.fstat(fd).st_uid
+            if owner not in (account.uid, os.geteuid()):
+                raise OSError(errno.EPERM, f"belongs to uid {owner}, not to account {account.name!r}", path)
             os.fchown(fd, account.uid, account.gid)
         os.fchmod(fd, 0o700)
     finally:

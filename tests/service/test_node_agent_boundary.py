@@ -222,6 +222,30 @@ async def test_a_job_cannot_read_another_users_checkpoint_directory(node, job_ac
     )
 
 
+async def test_a_job_never_gets_a_directory_another_users_job_made_under_an_id_mapped_to_its_name(node, job_accounts):
+    """Eve's job takes, as its id, the directory name Alice's id with a ``:`` maps to, and leaves a file anyone may
+    write there (and could keep a hard link to it elsewhere). Alice's job is refused at its start (``EPERM``) rather
+    than run in Eve's directory: Eve's file and directories stay as they were, nothing of Alice's reaches them."""
+    alices_id = "j:alice"
+    eves_id = logic.job_dir_name(alices_id)  # a plain file name, so Eve's id is its own directory name
+    plant = "import os\nopen('weights', 'w').write('eve')\nos.chmod('weights', 0o666)\n"
+    await node.agent.on_event(node.start(eves_id, EVE, ("python3", str(write_script(node.base, "plant.py", plant)))))
+    assert isinstance(await node.ended(eves_id), JobCompleted)
+    write = "open('weights', 'w').write('alice')\n"
+    await node.agent.on_event(
+        node.start(alices_id, ALICE, ("python3", str(write_script(node.base, "w.py", write))), gpus=(1,))
+    )
+    failed = await node.ended(alices_id)
+    out_dir = node.base / "state" / "job-logs" / eves_id
+    eve = job_accounts[EVE]
+    assert isinstance(failed, JobFailed) and failed.reason == (
+        f"spawn failed: [Errno 1] belongs to uid {eve.pw_uid}, not to account {ALICE!r}: '{out_dir}'"
+    )
+    assert (node.ckpt / eves_id / "weights").read_text() == "eve"
+    for d in (node.ckpt / eves_id, out_dir):
+        assert (os.stat(d).st_uid, os.stat(d).st_mode & 0o777) == (eve.pw_uid, 0o700)
+
+
 async def test_a_fifo_planted_at_the_next_attempts_output_is_refused_without_blocking_the_agent(node):
     """Attempt 1 makes its next attempt's stdout a FIFO (its output directory is its own): attempt 2 is a spawn
     failure at once, and the agent goes on (a blocking open would have hung it)."""
