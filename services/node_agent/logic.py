@@ -126,6 +126,7 @@ from apportion.events import (
     WorkloadRefused,
     det_id,
 )
+from apportion.jobdirs import job_dir_name
 
 PRODUCER = "node-agent"
 
@@ -228,25 +229,6 @@ class JobFiles:
     stdout: str | None = None
     stderr: str | None = None
     tmp_dir: str | None = None
-
-
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-
-
-def job_dir_name(job_id: str) -> str:
-    """A directory name for ``job_id``: the id itself when it is a safe file name, else a sanitised form.
-
-    Safe: 1-100 characters of ``[A-Za-z0-9._-]`` not starting with ``.`` or
-    ``-``. Anything else (slashes, ``..``, spaces, non-ASCII, empty, long) maps
-    to its safe characters (``_`` for the others, at most 60) plus ``-`` and 16
-    hex digits of the id's SHA-256, so distinct ids never share a directory and
-    the same id always gets the same one.
-    """
-    if _SAFE_NAME.fullmatch(job_id):
-        return job_id
-    digest = hashlib.sha256(job_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    stem = re.sub(r"[^A-Za-z0-9._-]", "_", job_id)[:60].lstrip(".-")
-    return f"{stem}-{digest}" if stem else f"job-{digest}"
 
 
 def progress_file_name(replica: int) -> str:

@@ -47,8 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from apportion.jobdirs import job_dir_name
 from services.node_agent import devfilter
-from services.node_agent.logic import Account, RunKey, Unisolated, job_dir_name
+from services.node_agent.logic import Account, RunKey, Unisolated
 
 log = logging.getLogger("apportion.node_agent")
 
@@ -122,7 +123,7 @@ def own_dir(path: str, account: Account | None) -> None:
 
     A directory that already belongs to another account (neither ``account`` nor the agent's, which made
     it) is never handed over: another user's job made it, under an id whose directory name is this job's
-    (:func:`services.node_agent.logic.job_dir_name`), so what it holds (files, or hard links to them kept
+    (:func:`apportion.jobdirs.job_dir_name`), so what it holds (files, or hard links to them kept
     elsewhere) would reach into this job's working directory.
 
     Raises:
@@ -592,7 +593,7 @@ def cgroups(root: Path, parent: str, version: str = "auto") -> CgroupDriver | No
 
 def cgroup_name(key: RunKey) -> str:
     """The cgroup of a replica: ``<node>.<job>.<attempt>.<replica>``, each name made safe
-    (:func:`~services.node_agent.logic.job_dir_name`), the same after an agent restart (adoption)."""
+    (:func:`apportion.jobdirs.job_dir_name`), the same after an agent restart (adoption)."""
     node, job, attempt, replica = key
     return f"{job_dir_name(node)}.{job_dir_name(job)}.{attempt}.{replica}"
 

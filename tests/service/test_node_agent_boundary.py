@@ -12,6 +12,7 @@ it does not filter devices, see :mod:`services.node_agent.sandbox`).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import signal
@@ -222,12 +223,12 @@ async def test_a_job_cannot_read_another_users_checkpoint_directory(node, job_ac
     )
 
 
-async def test_a_job_never_gets_a_directory_another_users_job_made_under_an_id_mapped_to_its_name(node, job_accounts):
+async def test_an_id_chosen_equal_to_another_ids_directory_name_gets_a_directory_of_its_own(node, job_accounts):
     """Eve's job takes, as its id, the directory name Alice's id with a ``:`` maps to, and leaves a file anyone may
-    write there (and could keep a hard link to it elsewhere). Alice's job is refused at its start (``EPERM``) rather
-    than run in Eve's directory: Eve's file and directories stay as they were, nothing of Alice's reaches them."""
+    write there (and could keep a hard link to it elsewhere). That id looks hashed, so it is hashed again: Eve's
+    job runs in a directory of its own, Alice's job runs in hers, and neither sees the other's file."""
     alices_id = "j:alice"
-    eves_id = logic.job_dir_name(alices_id)  # a plain file name, so Eve's id is its own directory name
+    eves_id = logic.job_dir_name(alices_id)  # a plain file name
     plant = "import os\nopen('weights', 'w').write('eve')\nos.chmod('weights', 0o666)\n"
     await node.agent.on_event(node.start(eves_id, EVE, ("python3", str(write_script(node.base, "plant.py", plant)))))
     assert isinstance(await node.ended(eves_id), JobCompleted)
@@ -235,15 +236,14 @@ async def test_a_job_never_gets_a_directory_another_users_job_made_under_an_id_m
     await node.agent.on_event(
         node.start(alices_id, ALICE, ("python3", str(write_script(node.base, "w.py", write))), gpus=(1,))
     )
-    failed = await node.ended(alices_id)
-    out_dir = node.base / "state" / "job-logs" / eves_id
-    eve = job_accounts[EVE]
-    assert isinstance(failed, JobFailed) and failed.reason == (
-        f"spawn failed: [Errno 1] belongs to uid {eve.pw_uid}, not to account {ALICE!r}: '{out_dir}'"
-    )
-    assert (node.ckpt / eves_id / "weights").read_text() == "eve"
-    for d in (node.ckpt / eves_id, out_dir):
-        assert (os.stat(d).st_uid, os.stat(d).st_mode & 0o777) == (eve.pw_uid, 0o700)
+    assert isinstance(await node.ended(alices_id), JobCompleted)
+    eves_dir, alices_dir = logic.job_dir_name(eves_id), eves_id
+    assert eves_dir == f"{eves_id}-{hashlib.sha256(eves_id.encode()).hexdigest()[:16]}"
+    assert (node.ckpt / eves_dir / "weights").read_text() == "eve"
+    assert (node.ckpt / alices_dir / "weights").read_text() == "alice"
+    for name, who in ((eves_dir, EVE), (alices_dir, ALICE)):
+        for d in (node.ckpt / name, node.base / "state" / "job-logs" / name):
+            assert (os.stat(d).st_uid, os.stat(d).st_mode & 0o777) == (job_accounts[who].pw_uid, 0o700)
 
 
 async def test_a_fifo_planted_at_the_next_attempts_output_is_refused_without_blocking_the_agent(node):

@@ -51,3 +51,20 @@ def test_logs_json_refusals_are_verdict_objects_with_exit_1(tmp_path: Path) -> N
     doc = json.loads(res.stdout)
     assert (doc["ok"], doc["verdict"], doc["reason"]) == (False, "not_found", "no_output")
     assert res.stderr.strip() == "error: " + doc["message"]
+
+
+def test_logs_reads_the_directory_the_agent_names_so_an_id_shaped_like_a_hashed_name_never_reads_anothers(
+    tmp_path: Path,
+) -> None:
+    """``carol:exp1`` lives in ``carol_exp1-<16 hex of its sha256>``; the plain id equal to that name lives in a
+    directory hashed again, so neither reads the other's output."""
+    carols = tmp_path / "carol_exp1-a69867c53fd6dbaa"
+    carols.mkdir()
+    (carols / "attempt-1.replica-0.out").write_text("carol\n")
+    res = run("logs", "carol:exp1", "--dir", str(tmp_path))
+    assert (res.exit_code, res.stdout) == (0, "carol\n")
+    res = run("logs", "carol_exp1-a69867c53fd6dbaa", "--dir", str(tmp_path), "--json")
+    assert res.exit_code == 1
+    assert json.loads(res.stdout)["message"] == (
+        f"no output of job carol_exp1-a69867c53fd6dbaa (replica 0) under {tmp_path}"
+    )

@@ -26,6 +26,7 @@ import typer
 
 from apportion import events
 from apportion.cli.common import _checked, _print_json, _require_topics, check_budget_filter, fail, refuse
+from apportion.jobdirs import job_dir_name
 from apportion.settings import topic_name
 
 FINISHED = ("completed", "failed", "cancelled", "rejected")
@@ -458,10 +459,6 @@ def usage_rows(
     return out
 
 
-#: Job ids the node agent uses as directory names unchanged (``services.node_agent.logic.job_dir_name``).
-SAFE_JOB_DIR = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
-
-
 def logs(
     job_id: Annotated[str, typer.Argument(help="The job.")],
     attempt: Annotated[int | None, typer.Option("--attempt", "-a", help="Attempt (default: the latest).")] = None,
@@ -484,7 +481,6 @@ def logs(
     ``{"ok": true, "job_id", "attempt", "attempts", "replica", "stream", "path", "text"}``.
     """
     import os
-    import re
     import sys
 
     from apportion.settings import stack_env
@@ -498,9 +494,7 @@ def logs(
     )
     if base is None:
         fail("no job log directory known: give --dir, set APPORTION_JOB_LOG_DIR, or start the stack with `stack up`")
-    if not re.fullmatch(SAFE_JOB_DIR, job_id):
-        fail(f"job id {job_id!r} is not a plain file name: look for its directory under {base}")
-    folder = base / job_id
+    folder = base / job_dir_name(job_id)
     stream = "err" if stderr else "out"
     files = sorted(folder.glob(f"attempt-*.replica-{replica}.{stream}")) if folder.is_dir() else []
     if not files:
