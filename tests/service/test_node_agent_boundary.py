@@ -41,7 +41,7 @@ from services.node_agent.sandbox import (
     own_dir,
     protect,
 )
-from services.node_agent.service import NodeAgent, SignedSender, hosted_nodes
+from services.node_agent.service import NodeAgent, SignedSender, _open_owned, hosted_nodes
 from tests.kit.node_boundary import ALICE, EVE, PROBE, job_accounts, make_fake_gpus, running, shared_dir, write_script
 from tests.service.test_node_agent_checkpoints import WAIT_S, until
 
@@ -244,6 +244,48 @@ async def test_an_id_chosen_equal_to_another_ids_directory_name_gets_a_directory
     for name, who in ((eves_dir, EVE), (alices_dir, ALICE)):
         for d in (node.ckpt / name, node.base / "state" / "job-logs" / name):
             assert (os.stat(d).st_uid, os.stat(d).st_mode & 0o777) == (job_accounts[who].pw_uid, 0o700)
+
+
+async def test_a_hard_link_planted_at_the_next_attempts_output_is_refused_before_the_file_is_changed(node):
+    """Attempt 1 hard-links a world-writable file of root's at its next attempt's stdout name (its output
+    directory is its own): attempt 2 is a spawn failure, and the file keeps its owner, mode and content (handing
+    it to the job's account would have given the job root's file)."""
+    out_dir = node.base / "state" / "job-logs" / "j-link"
+    roots = node.base / "roots-file"
+    roots.write_text("root's\n")
+    roots.chmod(0o666)
+    plant = "import os, sys\nos.link(sys.argv[1], os.path.join(sys.argv[2], 'attempt-2.replica-0.out'))\n"
+    script = write_script(node.base, "link.py", plant)
+    await node.agent.on_event(node.start("j-link", ALICE, ("python3", str(script), str(roots), str(out_dir))))
+    assert isinstance(await node.ended("j-link"), JobCompleted)
+    second = node.start("j-link", ALICE, ("echo", "alice")).model_copy(update={"attempt": 2})
+    await asyncio.wait_for(node.agent.on_event(second), WAIT_S)
+    (failed,) = [e for e in node.producer.of(JobFailed) if e.attempt == 2]
+    path = out_dir / "attempt-2.replica-0.out"
+    assert failed.reason == f"spawn failed: [Errno 1] has 2 links (a hard link): '{path}'"
+    st = os.stat(roots)
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777, st.st_nlink) == (0, 0, 0o666, 2)
+    assert roots.read_text() == "root's\n"
+
+
+def test_an_output_file_of_another_account_is_refused_before_it_is_changed(tmp_path, job_accounts):
+    """A file at the output's name owned by neither the agent nor the job's account is never handed over nor
+    written; the job's own file and the agent's are."""
+    alice, eve = job_accounts[ALICE], job_accounts[EVE]
+    account = Accounts().resolve(ALICE)
+    assert not isinstance(account, str)
+    eves = tmp_path / "eves.out"
+    eves.write_text("eve\n")
+    os.chown(eves, eve.pw_uid, eve.pw_gid)
+    with pytest.raises(PermissionError, match=rf"belongs to uid {eve.pw_uid}"):
+        _open_owned(str(eves), account)
+    assert (os.stat(eves).st_uid, eves.read_text()) == (eve.pw_uid, "eve\n")
+    for name, owner in (("alices.out", alice.pw_uid), ("agents.out", 0)):
+        (tmp_path / name).write_text("")
+        os.chown(tmp_path / name, owner, 0)
+        with _open_owned(str(tmp_path / name), account) as f:
+            f.write(b"x")
+        assert (os.stat(tmp_path / name).st_uid, (tmp_path / name).read_text()) == (alice.pw_uid, "x")
 
 
 async def test_a_fifo_planted_at_the_next_attempts_output_is_refused_without_blocking_the_agent(node):
