@@ -16,6 +16,10 @@ its elements is queued (a rejected array, or one not yet answered).
 
 from __future__ import annotations
 
+import errno
+import os
+import re
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -459,6 +463,54 @@ def usage_rows(
     return out
 
 
+def output_files(folder: Path, replica: int, stream: str) -> dict[int, Path]:
+    """The output files of ``replica`` in a job's output directory, by attempt: the names the node agent writes
+    (``attempt-<a>.replica-<r>.out|.err``; the directory is :func:`apportion.jobdirs.job_dir_name`'s) that are
+    regular files with one link. The directory is the job's: anything else a job left there (a symbolic link
+    to ``/etc/shadow`` named as a later attempt, a hard link, a FIFO) is not the agent's output and is
+    skipped. ``{}`` when the directory is missing or is not a directory (a link is not followed)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    pattern = re.compile(rf"attempt-([1-9][0-9]{{0,8}})\.replica-{replica}\.{re.escape(stream)}")
+    out: dict[int, Path] = {}
+    try:
+        for name in os.listdir(fd):
+            m = pattern.fullmatch(name)
+            if m is None:
+                continue
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                out[int(m.group(1))] = folder / name
+    finally:
+        os.close(fd)
+    return out
+
+
+def read_output(path: Path) -> str:
+    """The text of a job's output file, read without following a link or waiting on a FIFO.
+
+    The directory is the job's, so what lies at the name is the job's choice, and it may change it after
+    :func:`output_files` looked: a symbolic link (to ``/etc/shadow``, read by root's ``apportion logs``), a hard
+    link, a FIFO or a device is refused on the descriptor read.
+
+    Raises:
+        OSError: not a regular file with one link (``strerror`` says which), or it cannot be opened.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if st.st_nlink != 1:
+            raise OSError(errno.EPERM, f"it has {st.st_nlink} links (a hard link)", str(path))
+        return f.read().decode(errors="replace")
+
+
 def logs(
     job_id: Annotated[str, typer.Argument(help="The job.")],
     attempt: Annotated[int | None, typer.Option("--attempt", "-a", help="Attempt (default: the latest).")] = None,
@@ -480,7 +532,6 @@ def logs(
     with --json the refusal is a ``{"ok": false, ...}`` object on stdout too. --json on success:
     ``{"ok": true, "job_id", "attempt", "attempts", "replica", "stream", "path", "text"}``.
     """
-    import os
     import sys
 
     from apportion.settings import stack_env
@@ -496,8 +547,8 @@ def logs(
         fail("no job log directory known: give --dir, set APPORTION_JOB_LOG_DIR, or start the stack with `stack up`")
     folder = base / job_dir_name(job_id)
     stream = "err" if stderr else "out"
-    files = sorted(folder.glob(f"attempt-*.replica-{replica}.{stream}")) if folder.is_dir() else []
-    if not files:
+    by_attempt = output_files(folder, replica, stream)
+    if not by_attempt:
         refuse(
             f"no output of job {job_id} (replica {replica}) under {base}",
             as_json=as_json,
@@ -505,7 +556,6 @@ def logs(
             reason="no_output",
             job_id=job_id,
         )
-    by_attempt = {int(f.name.split(".", 1)[0].removeprefix("attempt-")): f for f in files}
     pick = max(by_attempt) if attempt is None else attempt
     if pick not in by_attempt:
         refuse(
@@ -516,7 +566,16 @@ def logs(
             job_id=job_id,
             attempts=sorted(by_attempt),
         )
-    text = by_attempt[pick].read_text(errors="replace")
+    try:
+        text = read_output(by_attempt[pick])
+    except OSError as exc:
+        refuse(
+            f"job {job_id}'s output {by_attempt[pick]} is not read: {exc.strerror}",
+            as_json=as_json,
+            reason="not_a_plain_file",
+            job_id=job_id,
+            path=str(by_attempt[pick]),
+        )
     if as_json:
         _print_json(
             {
