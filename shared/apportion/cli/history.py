@@ -70,6 +70,7 @@ class JobHistory:
     reason: str = ""
     _started: datetime | None = None
     _done: set[int] = field(default_factory=set)
+    _preempted: int = 0  # the latest attempt preempted: its stopped replicas' failures end nothing
 
     @property
     def gpus(self) -> int:
@@ -161,6 +162,7 @@ def fold_jobs(evts: Iterable[events.Event]) -> dict[str, JobHistory]:
                 job.first_start = ev.ts
         elif isinstance(ev, events.JobPreempted):
             job.preemptions += 1
+            job._preempted = ev.attempt
             job._lose(ev.lost_gpu_s)
             job._end_run(ev.ts)
         elif isinstance(ev, events.JobLost):
@@ -177,11 +179,18 @@ def fold_jobs(evts: Iterable[events.Event]) -> dict[str, JobHistory]:
             if ev.replica is None or len(job._done) >= job.replicas:
                 job._end_run(ev.ts)
                 job.state, job.ended_at = "completed", ev.ts
-        elif isinstance(ev, events.JobFailed) and ev.attempt == job.attempts and job.state == "running":
+        elif isinstance(ev, events.JobFailed) and _ends_the_job(job, ev):
             if ev.replica is None or job.replicas == 1:
                 job._end_run(ev.ts)
                 job.state, job.ended_at, job.reason = "failed", ev.ts, ev.reason
     return jobs
+
+
+def _ends_the_job(job: JobHistory, ev: events.JobFailed) -> bool:
+    """Whether ``ev`` fails ``job``: a failure of its current attempt, placed or running (a start that failed,
+    ``no_account`` or a spawn failure, ends a job that never ran), unless that attempt was preempted (its
+    stopped replicas fail, and the dispatcher requeues the job)."""
+    return ev.attempt == job.attempts and job.state in ("pending", "running") and ev.attempt != job._preempted
 
 
 #: Marks a user's part of a budget in the per-user occupancy fold (:func:`usage_by_user`); budget segments
