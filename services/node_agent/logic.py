@@ -37,7 +37,7 @@ Fencing rules 2-4 and the event-time rules 6-8 are in ``docs/leadership.md``:
 10. **no workload** - neither ``command`` nor ``duration_s``: refused (``no_workload``).
 10a. **no account** - a process (not a simulated workload) on an agent that isolates jobs, whose proven
     user (``StartWorkload.user``) has no Unix account it may run as (none named, none on the node, uid 0,
-    the agent's own account: :func:`services.node_agent.sandbox.Accounts.resolve`): refused
+    the agent's own account, a system account the ops' account map does not name: :func:`services.node_agent.sandbox.Accounts.resolve`): refused
     (``no_account``), a cause the job cannot outrun (the dispatcher fails it). An agent that cannot switch
     accounts at all (not root: :class:`Unisolated`) refuses every process (``cannot_isolate``): the node's
     fault, not the job's. It never runs as the agent (``docs/security.md``, "Node boundary").

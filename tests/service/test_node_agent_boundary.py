@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import json
 import os
+import pwd
 import signal
 import struct
 import subprocess
@@ -38,6 +39,7 @@ from services.node_agent.sandbox import (
     cgroups,
     child_setup,
     device_rules,
+    login_uid_min,
     own_dir,
     protect,
 )
@@ -273,7 +275,7 @@ def test_an_output_file_of_another_account_is_refused_before_it_is_changed(tmp_p
     written; the job's own file and the agent's are."""
     alice, eve = job_accounts[ALICE], job_accounts[EVE]
     account = Accounts().resolve(ALICE)
-    assert not isinstance(account, str)
+    assert isinstance(account, logic.Account)
     eves = tmp_path / "eves.out"
     eves.write_text("eve\n")
     os.chown(eves, eve.pw_uid, eve.pw_gid)
@@ -514,8 +516,9 @@ def test_a_v2_hierarchy_without_the_controllers_writes_no_limit_and_says_so(tmp_
 REFUSALS = [
     # id, user on the bus, the refusal's reason
     ("no user named", None, "no_account: the start names no user on node n1"),
-    ("no such account", "apportion-t-nobody", "no_account: no Unix account 'apportion-t-nobody' for user 'apportion-t-nobody' on node n1"),
+    ("no such account", "apportion-u-nobody", "no_account: no Unix account 'apportion-u-nobody' for user 'apportion-u-nobody' on node n1"),
     ("root", "root", "no_account: account 'root' of user 'root' has uid or gid 0 on node n1"),
+    ("system account", "daemon", f"no_account: account 'daemon' of user 'daemon' is a system account (uid {pwd.getpwnam('daemon').pw_uid}, below UID_MIN {login_uid_min()}) that the account map does not name on node n1"),
 ]  # fmt: skip
 
 
@@ -541,7 +544,7 @@ async def test_an_agent_that_cannot_switch_accounts_refuses_as_its_own_fault_not
 def test_the_agents_own_account_and_the_account_map(tmp_path, job_accounts):
     alice = job_accounts[ALICE]
     path = tmp_path / "accounts"
-    path.write_text("# ops' map\nalice apportion-t-alice\n\nmallory root  # never\n")
+    path.write_text("# ops' map\nalice apportion-u-alice\n\nmallory root  # never\n")
     accounts = Accounts(Accounts.read_map(path), agent_uid=0)
     got = accounts.resolve("alice")
     assert isinstance(got, logic.Account) and (got.name, got.uid) == (ALICE, alice.pw_uid)
@@ -552,6 +555,36 @@ def test_the_agents_own_account_and_the_account_map(tmp_path, job_accounts):
     path.write_text("alice\n")
     with pytest.raises(ValueError, match="accounts:1: expected '<user> <account>'"):
         Accounts.read_map(path)
+
+
+def test_a_system_account_runs_jobs_only_when_the_account_map_names_it():
+    """``daemon`` (uid below UID_MIN) is refused under its own name, and runs a job once ops map a user to it."""
+    daemon = pwd.getpwnam("daemon")
+    refusal = f"account 'daemon' of user 'daemon' is a system account (uid {daemon.pw_uid}, below UID_MIN 1000) that the account map does not name"
+    assert Accounts({}, agent_uid=0, uid_min=1000).resolve("daemon") == refusal
+    for mapped in ({"svc": "daemon"}, {"daemon": "daemon"}):
+        got = Accounts(mapped, agent_uid=0, uid_min=1000).resolve(next(iter(mapped)))
+        assert isinstance(got, logic.Account) and (got.name, got.uid) == ("daemon", daemon.pw_uid)
+    assert isinstance(Accounts({}, agent_uid=0, uid_min=daemon.pw_uid).resolve("daemon"), logic.Account)
+
+
+LOGIN_DEFS = [
+    # id, /etc/login.defs text (None: no file), UID_MIN
+    ("set", "UID_MIN\t\t\t 500\nUID_MAX 60000\n", 500),
+    ("commented out", "#UID_MIN 500\n", 1000),
+    ("last one counts", "UID_MIN 500\nUID_MIN 2000 # later\n", 2000),
+    ("not a number", "UID_MIN lots\n", 1000),
+    ("not set", "SYS_UID_MIN 100\n", 1000),
+    ("no file", None, 1000),
+]
+
+
+@pytest.mark.parametrize("case_id,text,uid_min", LOGIN_DEFS, ids=[c[0] for c in LOGIN_DEFS])
+def test_login_uid_min(tmp_path, case_id, text, uid_min):
+    path = tmp_path / "login.defs"
+    if text is not None:
+        path.write_text(text)
+    assert login_uid_min(path) == uid_min
 
 
 def test_limits_per_gpu():
