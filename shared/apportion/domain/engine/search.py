@@ -11,8 +11,9 @@ whose verdict (rule id, LCA, the two r) goes into the audit record
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+import heapq
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from apportion.domain.budgets import BudgetTree
@@ -84,6 +85,9 @@ class PreemptionRequest:
     checkpoint_wait_s: float = 0.0
     gangs: bool = False
     gang_cap: Callable[[str], Micros | None] | None = None
+    memo: dict[Any, Any] = field(default_factory=dict)
+    """What the searches of this request found out that a later one may reuse (speed only): kept while the
+    request lives, so one request serves one cycle's free index and candidates."""
 
 
 Plan = tuple[tuple[Placement, ...], list[tuple[Run, Victim]]]
@@ -306,69 +310,144 @@ def _idle_options(s: _Search, options: list[Option]) -> None:
             options.append(opt)
 
 
-def _behind_candidates(s: _Search, behind: Iterable[str]) -> dict[str, list[Candidate]]:
-    """Per eligible node, the expired allocated runs of the leaves ``behind`` J's (D3.victims rule 2), less
-    the gangs :func:`gang_rule` spares (D3.gangs)."""
+def _expired_by_node(req: PreemptionRequest) -> dict[str, list[tuple[str, list[Candidate]]]]:
+    """Node -> ``(leaf, its expired runs there)`` for every leaf with expired runs (built once per request)."""
+    by_node = req.memo.get(_BY_NODE)
+    if by_node is None:
+        by_node = req.memo[_BY_NODE] = {}
+        victims = req.victims
+        for v in sorted(victims.expired):
+            for nid, lst in victims.expired_on(v).items():
+                ent = by_node.get(nid)
+                if ent is None:
+                    by_node[nid] = [(v, lst)]
+                else:
+                    ent.append((v, lst))
+    return by_node
+
+
+def _node_option(
+    s: _Search, nid: str, behind: Mapping[str, object], mine: list[tuple[str, list[Candidate]]], gpus: int
+) -> tuple[Option | None, bool]:
+    """The least-cost way to free ``nid`` for J with the expired runs there of the leaves ``behind`` J's
+    (D3.victims rule 2; less the gangs :func:`gang_rule` spares, D3.gangs), with the unallocated and idle
+    runs there; and whether a gang was spared. ``(None, ...)``: no such run, or not enough GPUs."""
+    if not s.eligible(nid):
+        return None, False
     req = s.req
-    victims, taken, now, gang_cap = req.victims, s.taken, req.now, req.gang_cap
-    gpus = s.g * req.job.replicas
-    per_node: dict[str, list[Candidate]] = {}
-    for v in behind:
-        for nid, lst in victims.expired_on(v).items():
-            if not s.eligible(nid):
+    victims, taken, now, gang_cap, idle_runs = req.victims, s.taken, req.now, req.gang_cap, s.idle_runs
+    lst: list[Candidate] = []
+    spared = False
+    for v, cands in mine:
+        if v not in behind:
+            continue
+        for x in cands:
+            if x[1].key in taken:
                 continue
-            bucket = per_node.get(nid)
-            if bucket is None:
-                bucket = per_node[nid] = []
-            for x in lst:
-                if x[1].key in taken:
-                    continue
-                if (
-                    req.gangs
-                    and x[1].replicas > 1  # (a single-node run always may: gang_rule's age test is not needed)
-                    and not gang_rule(
-                        x[1].replicas,
-                        x[0][0],
-                        gpus,
-                        ran_us(x[1], now),
-                        gang_cap(x[1].budget) if gang_cap is not None else None,
-                    )
-                ):
-                    victims.spared = True  # (the failure says nothing about a larger job)
-                    continue
-                bucket.append(x)
-    return per_node
+            if (
+                req.gangs
+                and x[1].replicas > 1  # (a single-node run always may: gang_rule's age test is not needed)
+                and not gang_rule(
+                    x[1].replicas,
+                    x[0][0],
+                    gpus,
+                    ran_us(x[1], now),
+                    gang_cap(x[1].budget) if gang_cap is not None else None,
+                )
+            ):
+                spared = True  # (the failure says nothing about a larger job)
+                continue
+            lst.append(x)
+    if not lst:
+        return None, spared
+    if nid in victims.unalloc:
+        lst.extend(x for x in victims.unalloc[nid] if x[1].key not in taken)
+    if idle_runs:
+        lst[:] = [x for x in lst if x[1].key not in idle_runs]  # (an idle expired run: once, below)
+        lst.extend(x for x in victims.idle_on.get(nid, ()) if x[1].key not in taken)
+    lst.sort(key=s.rank)  # (order keys are unique: the order does not depend on the leaves' order)
+    return s.evaluate(nid, lst), spared
+
+
+@dataclass(slots=True, eq=False)
+class _BehindMemo:
+    """The expired-behind options of one job shape in one request's searches (speed only).
+
+    ``opts``: node -> ``(seq, option)`` for the leaves ``behind`` at the last search, nodes without an
+    option absent; ``heap``: ``(cost, node, seq)`` of the options, stale entries (a node's seq moved on)
+    dropped when met; ``spared``: the nodes where a gang was spared. A node's option depends only on the
+    behind set, J's shape and the node's own state, so a search re-evaluates only the nodes touched since
+    the last one (``free.log`` from ``pos``: GPUs taken, victims taken, reservations) and the nodes of the
+    leaves that joined or left the behind set.
+    """
+
+    behind: set[str] = field(default_factory=set)
+    pos: int = 0
+    opts: dict[str, tuple[int, Option]] = field(default_factory=dict)
+    heap: list[tuple[tuple[int, int, int, float], str, int]] = field(default_factory=list)
+    spared: set[str] = field(default_factory=set)
+    seq: int = 0
+
+
+_BY_NODE = "expired_by_node"
 
 
 def _behind_options(s: _Search, options: list[Option]) -> list[Option] | None:
-    """``options`` with the nodes that expired-behind runs (with unallocated and idle ones) can free for J;
-    ``None`` when no leaf is behind J's or none of their runs is on an eligible node."""
+    """The k cheapest of ``options`` and of the nodes that expired-behind runs (with unallocated and idle
+    ones) can free for J, a node's expired-behind option in place of its other one; ``None`` when no leaf
+    is behind J's."""
     req = s.req
-    victims, taken, idle_runs = req.victims, s.taken, s.idle_runs
+    victims, k = req.victims, req.job.replicas
     behind, victims.narrowed = victims.behind_of(
         req.leaf, s.view, req.delta, req.charge_count, req.tree, req.charge_gpu_s, req.moves
     )
     if not behind:
         return None
-    per_node = _behind_candidates(s, behind)
-    if not per_node:
-        return None
-    seen = {o[1] for o in options}
-    for nid, lst in per_node.items():
-        if not lst:
+    by_node = _expired_by_node(req)
+    gpus = s.g * k
+    key = (s.g, s.model, gpus if req.gangs else 0)
+    memo = req.memo.get(key)
+    if memo is None:
+        memo = req.memo[key] = _BehindMemo()
+    log = req.free.log
+    dirty = set(log[memo.pos :])
+    memo.pos = len(log)
+    if memo.behind != behind.keys():
+        for v in memo.behind.symmetric_difference(behind):
+            dirty.update(victims.expired_on(v))
+        memo.behind = set(behind)
+    opts, heap, spared = memo.opts, memo.heap, memo.spared
+    for nid in dirty:  # (in any order: the options do not depend on it)
+        mine = by_node.get(nid)
+        if mine is None:
             continue
-        if nid in victims.unalloc:
-            lst.extend(x for x in victims.unalloc[nid] if x[1].key not in taken)
-        if idle_runs:
-            lst[:] = [x for x in lst if x[1].key not in idle_runs]  # (an idle expired run: once, below)
-            lst.extend(x for x in victims.idle_on.get(nid, ()) if x[1].key not in taken)
-        lst.sort(key=s.rank)
-        opt = s.evaluate(nid, lst)
-        if opt is not None:
-            if nid in seen:
-                options = [o for o in options if o[1] != nid]
-            options.append(opt)
-    return options
+        opt, sp = _node_option(s, nid, behind, mine, gpus)
+        if sp:
+            spared.add(nid)
+        else:
+            spared.discard(nid)
+        if opt is None:
+            opts.pop(nid, None)
+        else:
+            memo.seq += 1
+            opts[nid] = (memo.seq, opt)
+            heapq.heappush(heap, (opt[0], nid, memo.seq))
+    if spared:
+        victims.spared = True
+    if len(heap) > 2 * len(opts) + 64:
+        heap[:] = [(o[0], nid, q) for nid, (q, o) in opts.items()]
+        heapq.heapify(heap)
+    best: list[Option] = [o for o in options if o[1] not in opts]
+    kept: list[tuple[tuple[int, int, int, float], str, int]] = []
+    while heap and len(kept) < k:
+        e = heapq.heappop(heap)
+        cur = opts.get(e[1])
+        if cur is not None and cur[0] == e[2]:
+            kept.append(e)
+            best.append(cur[1])
+    for e in kept:
+        heapq.heappush(heap, e)
+    return best
 
 
 def _refused(s: _Search, best: list[Option]) -> bool:
