@@ -130,12 +130,14 @@ def plan_preemption(req: PreemptionRequest) -> Plan | None:
     s = _Search.of(req)
     req.victims.narrowed = False
     req.victims.spared = False
-    options = _unallocated_options(s)
-    _free_options(s, options)
     k = req.job.replicas
-    if len(options) < k and req.victims.idle_on:
+    cached = _unallocated_options(s)
+    options = _cheapest_unallocated(s, cached, k)  # (all of them when fewer than k)
+    n = len(cached) - len(options)  # options not in the list
+    _free_options(s, options)
+    if len(options) + n < k and req.victims.idle_on:
         _idle_options(s, options)
-    if len(options) < k:
+    if len(options) + n < k:
         found = _behind_options(s, options)
         if found is None or len(found) < k:
             return None
@@ -239,7 +241,7 @@ class _Search:
         return ((a, i, u, lost), nid, chosen)
 
 
-def _unallocated_options(s: _Search) -> list[Option]:
+def _unallocated_options(s: _Search) -> dict[str, Option]:
     """Nodes that unallocated victims alone can free for J, from the cycle's cache of them.
 
     Options depend on g, the model and each node's state, not on the preemptor: only the nodes
@@ -263,6 +265,7 @@ def _unallocated_options(s: _Search) -> list[Option]:
             todo = [nid for nid in touched if nid in unalloc_nodes]
     victims.unalloc_seen[ckey] = len(log)
     taken = s.taken
+    heap = _unallocated_heap(s.req, ckey, cached)
     for nid in todo:
         if not s.eligible(nid):  # (static in a cycle but for reservations, which are logged)
             continue
@@ -275,7 +278,41 @@ def _unallocated_options(s: _Search) -> list[Option]:
             opt = s.evaluate(nid, cands)
             if opt is not None:
                 cached[nid] = opt
-    return list(cached.values())
+                heapq.heappush(heap, (opt[0], nid, id(opt), opt))
+    return cached
+
+
+def _unallocated_heap(
+    req: PreemptionRequest, ckey: tuple[int, str | None], cached: dict[str, Option]
+) -> list[tuple[tuple[int, int, int, float], str, int, Option]]:
+    """A heap ``(cost, node, id, option)`` of the cached unallocated options of ``ckey`` (kept in ``req.memo``
+    while the cache is the same dict); entries whose option is no longer the node's are stale."""
+    hkey = ("unallocated", ckey)
+    ent = req.memo.get(hkey)
+    if ent is None or ent[0] is not cached:
+        heap = [(o[0], nid, id(o), o) for nid, o in cached.items()]
+        heapq.heapify(heap)
+        ent = req.memo[hkey] = (cached, heap)
+    heap = ent[1]
+    if len(heap) > 2 * len(cached) + 64:
+        heap[:] = [(o[0], nid, id(o), o) for nid, o in cached.items()]
+        heapq.heapify(heap)
+    return heap
+
+
+def _cheapest_unallocated(s: _Search, cached: dict[str, Option], k: int) -> list[Option]:
+    """The k cheapest (cost, then node id) of the cached unallocated options, all of them when fewer."""
+    if len(cached) <= k:
+        return list(cached.values())
+    heap = _unallocated_heap(s.req, (s.g, s.model), cached)
+    kept: list[tuple[tuple[int, int, int, float], str, int, Option]] = []
+    while heap and len(kept) < k:
+        e = heapq.heappop(heap)
+        if cached.get(e[1]) is e[3]:
+            kept.append(e)
+    for e in kept:
+        heapq.heappush(heap, e)
+    return [e[3] for e in kept]
 
 
 def _free_options(s: _Search, options: list[Option]) -> None:
@@ -311,10 +348,12 @@ def _idle_options(s: _Search, options: list[Option]) -> None:
 
 
 def _expired_by_node(req: PreemptionRequest) -> dict[str, list[tuple[str, list[Candidate]]]]:
-    """Node -> ``(leaf, its expired runs there)`` for every leaf with expired runs (built once per request)."""
+    """Node -> ``(leaf, its expired runs there)`` for every leaf with expired runs (built once per request),
+    and the shapes ``(replicas, GPUs)`` of the expired gangs among them (in ``req.memo``)."""
     by_node = req.memo.get(_BY_NODE)
     if by_node is None:
         by_node = req.memo[_BY_NODE] = {}
+        shapes: set[tuple[int, int]] = set()
         victims = req.victims
         for v in sorted(victims.expired):
             for nid, lst in victims.expired_on(v).items():
@@ -323,7 +362,18 @@ def _expired_by_node(req: PreemptionRequest) -> dict[str, list[tuple[str, list[C
                     by_node[nid] = [(v, lst)]
                 else:
                     ent.append((v, lst))
+                shapes.update((x[1].replicas, x[0][0]) for x in lst if x[1].replicas > 1)
+        req.memo[_GANG_SHAPES] = sorted(shapes)
     return by_node
+
+
+def _memo_key(req: PreemptionRequest, g: int, model: str | None, gpus: int) -> tuple[object, ...]:
+    """What a node's expired-behind option depends on beside the node and the behind set: g, the model and,
+    with the gang rule, which expired gang shapes are too large for J (the one place the job's size enters
+    :func:`gang_rule`; the gang's age does not depend on J), so that jobs of one g share their options."""
+    if not req.gangs:
+        return (g, model)
+    return (g, model, tuple(gang_rule(r, n, gpus) for r, n in req.memo[_GANG_SHAPES]))
 
 
 def _node_option(
@@ -390,6 +440,7 @@ class _BehindMemo:
 
 
 _BY_NODE = "expired_by_node"
+_GANG_SHAPES = "gang_shapes"
 
 
 def _behind_options(s: _Search, options: list[Option]) -> list[Option] | None:
@@ -405,7 +456,7 @@ def _behind_options(s: _Search, options: list[Option]) -> list[Option] | None:
         return None
     by_node = _expired_by_node(req)
     gpus = s.g * k
-    key = (s.g, s.model, gpus if req.gangs else 0)
+    key = _memo_key(req, s.g, s.model, gpus)
     memo = req.memo.get(key)
     if memo is None:
         memo = req.memo[key] = _BehindMemo()
