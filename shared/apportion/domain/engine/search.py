@@ -12,11 +12,11 @@ whose verdict (rule id, LCA, the two r) goes into the audit record
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from apportion.domain.budgets import BudgetTree
+from apportion.domain.budgets import BudgetTree, ancestors_of
 from apportion.domain.cluster import Run, RunKey, next_checkpoint_us, work_lost_gpu_s
 from apportion.domain.engine.inputs import PendingJob
 from apportion.domain.engine.placement import CycleFree
@@ -85,6 +85,9 @@ class PreemptionRequest:
     checkpoint_wait_s: float = 0.0
     gangs: bool = False
     gang_cap: Callable[[str], Micros | None] | None = None
+    charged: list[str] = field(default_factory=list)
+    """The leaves provisionally charged since the request was made, in order (one entry per charge): the
+    only budgets whose r moved (speed only, for :func:`_nothing_behind`)."""
     memo: dict[Any, Any] = field(default_factory=dict)
     """What the searches of this request found out that a later one may reuse (speed only): kept while the
     request lives, so one request serves one cycle's free index and candidates."""
@@ -347,15 +350,23 @@ def _idle_options(s: _Search, options: list[Option]) -> None:
             options.append(opt)
 
 
-def _expired_by_node(req: PreemptionRequest) -> dict[str, list[tuple[str, list[Candidate]]]]:
-    """Node -> ``(leaf, its expired runs there)`` for every leaf with expired runs (built once per request),
-    and the shapes ``(replicas, GPUs)`` of the expired gangs among them (in ``req.memo``)."""
-    by_node = req.memo.get(_BY_NODE)
+def _expired_by_node(req: PreemptionRequest, behind: Iterable[str]) -> dict[str, list[tuple[str, list[Candidate]]]]:
+    """Node -> ``(leaf, its expired runs there)`` for every leaf that was ever ``behind`` in this request's
+    searches, and the shapes ``(replicas, GPUs)`` of the expired gangs among them (in ``req.memo``): a leaf
+    is indexed the first time it is behind, so a cycle reads only the expired runs it may preempt."""
+    memo = req.memo
+    by_node = memo.get(_BY_NODE)
     if by_node is None:
-        by_node = req.memo[_BY_NODE] = {}
-        shapes: set[tuple[int, int]] = set()
+        by_node = memo[_BY_NODE] = {}
+        memo[_SEEN] = set()
+        memo[_GANG_SHAPES] = []
+    seen = memo[_SEEN]
+    new = [v for v in behind if v not in seen]
+    if new:
+        shapes = set(memo[_GANG_SHAPES])
         victims = req.victims
-        for v in sorted(victims.expired):
+        for v in new:
+            seen.add(v)
             for nid, lst in victims.expired_on(v).items():
                 ent = by_node.get(nid)
                 if ent is None:
@@ -363,14 +374,15 @@ def _expired_by_node(req: PreemptionRequest) -> dict[str, list[tuple[str, list[C
                 else:
                     ent.append((v, lst))
                 shapes.update((x[1].replicas, x[0][0]) for x in lst if x[1].replicas > 1)
-        req.memo[_GANG_SHAPES] = sorted(shapes)
+        memo[_GANG_SHAPES] = sorted(shapes)
     return by_node
 
 
 def _memo_key(req: PreemptionRequest, g: int, model: str | None, gpus: int) -> tuple[object, ...]:
     """What a node's expired-behind option depends on beside the node and the behind set: g, the model and,
-    with the gang rule, which expired gang shapes are too large for J (the one place the job's size enters
-    :func:`gang_rule`; the gang's age does not depend on J), so that jobs of one g share their options."""
+    with the gang rule, which expired gang shapes (of the leaves indexed so far) are too large for J (the one
+    place the job's size enters :func:`gang_rule`; the gang's age does not depend on J), so that jobs of one g
+    share their options. A new shape makes new keys: their options start afresh."""
     if not req.gangs:
         return (g, model)
     return (g, model, tuple(gang_rule(r, n, gpus) for r, n in req.memo[_GANG_SHAPES]))
@@ -440,7 +452,37 @@ class _BehindMemo:
 
 
 _BY_NODE = "expired_by_node"
+_SEEN = "expired_indexed"
 _GANG_SHAPES = "gang_shapes"
+_MAX_R = "max_ratio"
+
+
+def _nothing_behind(s: _Search) -> bool:
+    """No branch is behind J's by delta at any ancestor (so :meth:`CycleVictims.behind_of` finds no leaf):
+    the largest r of any budget is below r + delta of each of J's leaf's ancestors. A bound kept per request
+    (speed only): the largest r at its first use, raised by the r of the ancestors of each leaf charged since
+    (a charge only raises r, and only theirs)."""
+    req = s.req
+    tree = req.tree
+    if tree is None or callable(req.ratio):
+        return False
+    ratio = s.view.ratio
+    got = req.memo.get(_MAX_R)
+    if got is None:
+        top = max((ratio(p) for p in tree.paths()), default=0.0)
+    else:
+        pos, top = got
+        for leaf in req.charged[pos:]:
+            for a in ancestors_of(leaf):
+                r = ratio(a)
+                if r > top:
+                    top = r
+    req.memo[_MAX_R] = (len(req.charged), top)
+    delta = req.delta
+    for a in ancestors_of(req.leaf):
+        if not top < ratio(a) + delta:  # (the same sum as behind_of's filter)
+            return False
+    return True
 
 
 def _behind_options(s: _Search, options: list[Option]) -> list[Option] | None:
@@ -449,12 +491,15 @@ def _behind_options(s: _Search, options: list[Option]) -> list[Option] | None:
     is behind J's."""
     req = s.req
     victims, k = req.victims, req.job.replicas
+    if _nothing_behind(s):
+        victims.narrowed = False
+        return None
     behind, victims.narrowed = victims.behind_of(
         req.leaf, s.view, req.delta, req.charge_count, req.tree, req.charge_gpu_s, req.moves
     )
     if not behind:
         return None
-    by_node = _expired_by_node(req)
+    by_node = _expired_by_node(req, behind)
     gpus = s.g * k
     key = _memo_key(req, s.g, s.model, gpus)
     memo = req.memo.get(key)
