@@ -134,6 +134,11 @@ def plan_preemption(req: PreemptionRequest) -> Plan | None:
     req.victims.narrowed = False
     req.victims.spared = False
     k = req.job.replicas
+    # too few nodes without expired-behind runs, as found by a search of this shape with nothing touched since
+    short_key = (_SHORT, s.g, s.model, k)
+    log_len = len(req.free.log)
+    if req.memo.get(short_key) == log_len and _nothing_behind(s):
+        return None
     cached = _unallocated_options(s)
     options = _cheapest_unallocated(s, cached, k)  # (all of them when fewer than k)
     n = len(cached) - len(options)  # options not in the list
@@ -141,6 +146,7 @@ def plan_preemption(req: PreemptionRequest) -> Plan | None:
     if len(options) + n < k and req.victims.idle_on:
         _idle_options(s, options)
     if len(options) + n < k:
+        req.memo[short_key] = log_len  # (the same for any leaf: free, unallocated and idle options)
         found = _behind_options(s, options)
         if found is None or len(found) < k:
             return None
@@ -455,6 +461,7 @@ _BY_NODE = "expired_by_node"
 _SEEN = "expired_indexed"
 _GANG_SHAPES = "gang_shapes"
 _MAX_R = "max_ratio"
+_SHORT = "short"
 
 
 def _nothing_behind(s: _Search) -> bool:
