@@ -449,6 +449,8 @@ def _take_allocated(cx: _Cycle, leaf: str, idx: int) -> None:
         cx.record_search_failure(failure_key, g, k)
     if nodes is not None:
         cx.queue.charge(leaf, charge)
+        if cx.request is not None:
+            cx.request.charged.append(leaf)
         cx.charges += 1
         cx.own_charges[leaf] = cx.own_charges.get(leaf, 0) + 1
     elif holds_reservation:

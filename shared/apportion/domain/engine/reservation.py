@@ -82,6 +82,8 @@ def earliest_fit_us(
             if avail >= g:
                 t = until
                 break
+        if t >= UNTIL_STARTED:
+            return UNTIL_STARTED  # no known time for this node: none for the holder (the other nodes need not be read)
         if t > latest:
             latest = t
     return max(latest, now_us)
