@@ -8,8 +8,10 @@ Run::
 Builds :func:`apportion.sim.hero.hero_scenario` from the Philly jobs of
 ``--slice`` (``infra/budgets/philly.yaml``'s tree and minimum-runtime rule)
 and runs each policy on it, one after another. Prints one line per policy
-(wall time, utilisation, the background budgets' mean share deficit) and one
-per hero job (time to start, GPU-hours idled while it gathered, preemptions,
+(wall time, utilisation, the background budgets' share deficit: the mean over the
+(sample, budget) pairs with allocated work waiting, the report's definition, and the
+mean of the per-budget means), one line per simulated day (the deficit, the budgets
+behind, the GPUs the hero and background budgets run) and one per hero job (time to start, GPU-hours idled while it gathered, preemptions,
 work lost, completion). ``--no-heroes``: the same run without the hero jobs
 (same tree), the reference of the background budgets' deficit.
 """
@@ -25,6 +27,7 @@ from typing import Any
 
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import EngineConfig
+from apportion.report import share_deficit_pp
 from apportion.settings import default_data_dir
 from apportion.sim.baselines import POLICIES
 from apportion.sim.core import SimConfig
@@ -59,22 +62,34 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
         wall = time.perf_counter() - t
         rep = summarise(res, sc.tree, name, a.seed, wall_s=wall)
         bg = [r.mean_deficit_pp for r in rep.budgets if r.path.startswith("bg/") and r.mean_deficit_pp is not None]
+        bg_pairs = [
+            share_deficit_pp(sc.tree.abs_share(leaf), v[0])
+            for t, row in res.samples
+            if t >= res.start_us
+            for leaf, v in row.items()
+            if leaf.startswith("bg/") and v[3]
+        ]
         rows = hero_rows(res, sc, sim.gathering_idle_gpu_s, gpus, sim._saved)
+        daily = deficit_by_day(res, sc, gpus)
         doc = {
             "policy": name,
             "wall_s": round(wall, 1),
             "utilisation": round(rep.utilisation, 4),
             "goodput": round(rep.goodput, 4),
-            "bg_mean_deficit_pp": round(sum(bg) / len(bg), 2) if bg else 0.0,
+            "bg_deficit_pp": round(sum(bg_pairs) / len(bg_pairs), 2) if bg_pairs else 0.0,
+            "bg_backlogged_pairs": len(bg_pairs),
+            "bg_mean_of_budget_means_pp": round(sum(bg) / len(bg), 2) if bg else 0.0,
             "mean_deficit_pp": round(rep.mean_deficit_pp, 2),
             "violations": rep.violations,
             "budgets": {r.path: r.mean_deficit_pp for r in rep.budgets},
             "heroes": [dataclasses.asdict(r) for r in rows],
+            "by_day": daily,
         }
         out.append(doc)
         print(
             f"{name}: wall {wall:.0f} s, utilisation {rep.utilisation:.3f}, goodput {rep.goodput:.3f}, "
-            f"background mean deficit {doc['bg_mean_deficit_pp']} pp, violations {rep.violations}",
+            f"background deficit {doc['bg_deficit_pp']} pp over {len(bg_pairs)} backlogged (sample, budget) pairs "
+            f"(mean of the budgets' means {doc['bg_mean_of_budget_means_pp']} pp), violations {rep.violations}",
             flush=True,
         )
         for r in rows:
@@ -86,8 +101,45 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
                 f"progress={r.progress_pct:.0f}% start_d={_f(r.start_d)} stops_d={[round(d, 2) for d in r.stops_d]}",
                 flush=True,
             )
+        for d in daily:
+            print(
+                f"  day {d['day']}: background deficit {d['bg_deficit_pp']} pp over {d['bg_backlogged']} "
+                f"backlogged (sample, budget) pairs, behind {d['behind']}, hero GPUs {d['hero_gpus']}, "
+                f"background GPUs {d['bg_gpus']}",
+                flush=True,
+            )
         if a.json:
             Path(a.json).write_text(json.dumps(out, indent=1))
+    return out
+
+
+def deficit_by_day(res: Any, sc: Any, gpus: int) -> list[dict[str, Any]]:
+    """Per simulated day: the background budgets' mean share deficit over the (sample, budget) pairs with
+    allocated work waiting (the report's definition), the budgets behind (mean deficit pp over their
+    backlogged samples), and the mean GPUs running for the hero and background budgets."""
+    days: dict[int, dict[str, Any]] = {}
+    for t, row in res.samples:
+        d = days.setdefault(int((t - sc.start_us) // 86_400_000_000), {"defs": {}, "hero": [], "bg": []})
+        d["hero"].append(sum(v[1] for leaf, v in row.items() if leaf.startswith("hero/")))
+        d["bg"].append(sum(v[1] for leaf, v in row.items() if leaf.startswith("bg/")))
+        for leaf, (share_now, _running, _pending, pending_alloc) in row.items():
+            if leaf.startswith("bg/") and pending_alloc:
+                deficit = share_deficit_pp(sc.tree.abs_share(leaf), share_now)
+                d["defs"].setdefault(leaf, []).append(deficit)
+    out = []
+    for day, d in sorted(days.items()):
+        pairs = [x for v in d["defs"].values() for x in v]
+        behind = {leaf: round(sum(v) / len(v), 2) for leaf, v in d["defs"].items() if sum(v) > 0}
+        out.append(
+            {
+                "day": day,
+                "bg_deficit_pp": round(sum(pairs) / len(pairs), 2) if pairs else 0.0,
+                "bg_backlogged": len(pairs),
+                "behind": behind,
+                "hero_gpus": round(sum(d["hero"]) / len(d["hero"])),
+                "bg_gpus": round(sum(d["bg"]) / len(d["bg"])),
+            }
+        )
     return out
 
 
