@@ -25,7 +25,7 @@ from operator import attrgetter
 from apportion.domain.cluster import ClusterSnapshot, ClusterState, Node
 from apportion.domain.engine.inputs import PendingJob
 
-__all__ = ["CycleFree", "FreeIndex", "spare_models", "topology_pick"]
+__all__ = ["CycleFree", "FreeIndex", "spare_models", "topology_pick", "within_bound"]
 
 _MODEL = attrgetter("gpu_model")
 
@@ -135,6 +135,21 @@ def topology_pick(
         for r, m in _cover(mine, take) or ():
             out.extend(mine[r][:m])
     return out
+
+
+def within_bound(nodes: Sequence[str], place: Mapping[str, Place], bound: str | None) -> bool:
+    """``nodes`` lie within one block (``bound == "block"``) or one rack (``"rack"``) (rule ``D1.topology``);
+    any nodes do for ``None``. A node without labels is a block and a rack of its own, so a gang of
+    several unlabelled nodes is within no bound.
+
+    >>> p = {"n0": ("b0", "b0\x00r0"), "n1": ("b0", "b0\x00r1")}
+    >>> within_bound(["n0", "n1"], p, "block"), within_bound(["n0", "n1"], p, "rack"), within_bound(["n0"], p, "rack")
+    (True, False, True)
+    """
+    if bound is None or len(nodes) <= 1:
+        return True
+    i = 0 if bound == "block" else 1
+    return len({(place.get(n) or ("\x00" + n, "\x00" + n))[i] for n in nodes}) == 1
 
 
 FreeTuple = tuple[
@@ -358,10 +373,11 @@ class CycleFree:
                 return True
         return False
 
-    def fit_with_reserved(self, g: int, k: int, model: str | None) -> list[str] | None:
-        """:meth:`fit` over the unreserved nodes and the reserved ones together (best fit, then id)."""
+    def fit_with_reserved(self, g: int, k: int, model: str | None, bound: str | None = None) -> list[str] | None:
+        """:meth:`fit` over the unreserved nodes and the reserved ones together (best fit, then id);
+        ``bound`` as in :meth:`fit`."""
         if not self.reserved_fits(g, model):
-            return self.fit(g, k, model)
+            return self.fit(g, k, model, bound)
         cand: list[tuple[int, str]] = []
         models = [model] if model is not None else list(self.buckets)
         for c in range(g, self.maxc + 1):
@@ -376,6 +392,6 @@ class CycleFree:
         if len(cand) < k:
             return None
         cand.sort()
-        if k > 1 and self.place:
-            return topology_pick([n for _, n in cand], k, self.place)
+        if k > 1 and (self.place or bound is not None):
+            return topology_pick([n for _, n in cand], k, self.place, bound)
         return [n for _, n in cand[:k]]
