@@ -3,7 +3,7 @@
 Run::
 
     .venv/bin/python bench/bench_hero.py [--days 21] [--size 16] [--slice week44] [--seed 1]
-        [--policy fairshare,slurm,kueue,kai,fifo] [--no-heroes] [--json out.json]
+        [--policy fairshare,slurm,kueue,kai,fifo] [--no-heroes] [--hero-min-gpus N|none] [--json out.json]
 
 Builds :func:`apportion.sim.hero.hero_scenario` from the Philly jobs of
 ``--slice`` (``infra/budgets/philly.yaml``'s tree and minimum-runtime rule)
@@ -27,6 +27,7 @@ from typing import Any
 
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import EngineConfig
+from apportion.domain.engine.inputs import HERO_MIN_GPUS
 from apportion.report import share_deficit_pp
 from apportion.settings import default_data_dir
 from apportion.sim.baselines import POLICIES
@@ -52,8 +53,11 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
     print(f"# {len(sc.nodes)} nodes, {gpus} GPUs, {len(sc.jobs)} jobs, {a.days} days, heroes {list(sc.heroes)}")
     out = []
     for name in a.policy.split(","):
+        least = None if a.hero_min_gpus == "none" else int(a.hero_min_gpus)
         dcfg = DispatchConfig(
-            engine=EngineConfig(window_s=bf.window_s), heartbeat_timeout_s=None, scheduler=POLICIES[name]
+            engine=EngineConfig(window_s=bf.window_s, hero_min_gpus=least),
+            heartbeat_timeout_s=None,
+            scheduler=POLICIES[name],
         )
         cfg = SimConfig(seed=a.seed, dispatch=dcfg, keep_log=False, until_us=sc.until_us, sample_s=3600.0)
         t = time.perf_counter()
@@ -157,6 +161,11 @@ def main() -> None:
     ap.add_argument("--policy", default="fairshare,slurm,kueue,kai,fifo")
     ap.add_argument("--no-heroes", action="store_true")
     ap.add_argument("--hero-days", default=None, help="submission days of hero-a,b,c (default 2,3,4)")
+    ap.add_argument(
+        "--hero-min-gpus",
+        default=str(HERO_MIN_GPUS),
+        help="EngineConfig.hero_min_gpus (rule D3.hero-cover), 'none': the rule off",
+    )
     ap.add_argument("--json", default=None)
     run(ap.parse_args())
 
