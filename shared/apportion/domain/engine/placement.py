@@ -25,7 +25,7 @@ from operator import attrgetter
 from apportion.domain.cluster import ClusterSnapshot, ClusterState, Node
 from apportion.domain.engine.inputs import PendingJob
 
-__all__ = ["CycleFree", "FreeIndex", "spare_models", "topology_pick", "within_bound"]
+__all__ = ["CycleFree", "FreeIndex", "spare_models", "topology_pick"]
 
 _MODEL = attrgetter("gpu_model")
 
@@ -135,21 +135,6 @@ def topology_pick(
         for r, m in _cover(mine, take) or ():
             out.extend(mine[r][:m])
     return out
-
-
-def within_bound(nodes: Sequence[str], place: Mapping[str, Place], bound: str | None) -> bool:
-    """``nodes`` lie within one block (``bound == "block"``) or one rack (``"rack"``) (rule ``D1.topology``);
-    any nodes do for ``None``. A node without labels is a block and a rack of its own, so a gang of
-    several unlabelled nodes is within no bound.
-
-    >>> p = {"n0": ("b0", "b0\x00r0"), "n1": ("b0", "b0\x00r1")}
-    >>> within_bound(["n0", "n1"], p, "block"), within_bound(["n0", "n1"], p, "rack"), within_bound(["n0"], p, "rack")
-    (True, False, True)
-    """
-    if bound is None or len(nodes) <= 1:
-        return True
-    i = 0 if bound == "block" else 1
-    return len({(place.get(n) or ("\x00" + n, "\x00" + n))[i] for n in nodes}) == 1
 
 
 FreeTuple = tuple[
