@@ -767,6 +767,7 @@ def _pending_job(
         preemptions=preemptions,
         progress_s=progress_s,
         checkpoint_interval_s=spec.checkpoint_interval_s,
+        topology_bound=spec.topology_bound,
     )
 
 
@@ -1199,6 +1200,7 @@ def _decide_submitted(state: DispatchState, job: JobSubmitted, now_us: Micros, c
             checkpoint_interval_s=job.checkpoint_every_s,
             env=job.env,
             time_limit_s=time_limit_in_force(state.tree, job),
+            topology_bound=job.topology_bound,
         )
     ]
     if job.array is not None:
