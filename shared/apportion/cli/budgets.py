@@ -27,6 +27,7 @@ from apportion.cli.common import (
     _tree_from_file,
     err,
     fail,
+    kafka_failure,
     out,
     refuse,
 )
@@ -358,7 +359,7 @@ def _budget_changes(
         offsets = client.publish(*evts, bootstrap=conn.bootstrap)
     except Exception as exc:
         if verdicts.is_kafka_error(exc):
-            fail(f"cannot publish to Kafka at {conn.bootstrap}: {exc} (is the stack up?)", 3)
+            kafka_failure(exc, conn.bootstrap, "publish to")
         raise
     if no_wait:
         _published(evts, as_json, message + " (not waiting for the policy's verdict)")
