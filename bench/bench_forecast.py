@@ -21,7 +21,15 @@ estimate: jobs with an estimate, median and p90 absolute error (hours), mean sig
 positive = later than it started), share within 1 h and within 25% of the job's actual wait, and the same
 shares for the jobs that waited more than 1 h. Future submissions are unknown to every estimate but
 ``forecast + arrivals``. Below the table, what the misses have in common: of the jobs that waited more than
-1 h and whose estimate is off by more than 25% of the wait, how many were estimated too early.
+1 h and whose estimate is off by more than 25% of the wait, how many were estimated too early or too late, how
+many are unallocated (``min_runtime_s`` 0: they run only on idle GPUs, after every allocated job and behind
+the unallocated jobs of budgets ahead in the fair-share order) and how many were overtaken (a job submitted
+after them started before them).
+
+Sampling, for a loaded machine: ``--sample N`` (N forecasts evenly spread over the slice's submissions) or
+``--every K`` (every K-th); ``--estimates`` makes only some of the four (names separated by ``;``); ``--dump
+FILE`` writes each sample as one JSON line as soon as it is made (times in µs), so a run cut short still leaves
+its samples; a progress line goes to stderr every 20 forecasts.
 With ``--while-waiting N`` the forecast is made again every hour while each sampled job waits (at most N
 times a job) and its median error is printed by how long before the start it was made (convergence).
 Figures only: nothing is asserted.
@@ -36,6 +44,8 @@ the jobs it forecasts meet the later arrivals their forecasts cannot know). The 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -117,6 +127,9 @@ def slurm_estimate(state: DispatchState, now: Micros, target: str) -> Micros | N
 
 # --------------------------------------------------------------------------- the measurement
 
+#: The estimates made of each sampled job (module docstring), in the order they are printed.
+ESTIMATES: tuple[str, ...] = ("forecast", "forecast, no durations", "forecast + arrivals", "slurm-style")
+
 
 @dataclass
 class Sample:
@@ -124,6 +137,21 @@ class Sample:
     submitted: Micros
     actual: Micros
     estimates: dict[str, Micros | None]
+    basis: str = ""
+    overtaken: int = 0
+    allocated: bool = True
+
+    def row(self) -> dict[str, Any]:
+        """The sample as one line of ``--dump`` (times in µs)."""
+        return {
+            "job_id": self.job_id,
+            "submitted": self.submitted,
+            "actual": self.actual,
+            "estimates": self.estimates,
+            "basis": self.basis,
+            "overtaken": self.overtaken,
+            "allocated": self.allocated,
+        }
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:
@@ -154,17 +182,22 @@ def summary(samples: list[Sample], name: str) -> str:
 def misses(samples: list[Sample], name: str) -> str:
     """What the misses of ``name`` have in common: of the jobs that waited more than 1 h and whose estimate is off
     by more than 25% of the wait (or missing), how many were estimated too early, too late, or not at all."""
-    early = late = none = 0
+    early = late = none = unalloc = overtaken = 0
     for s in samples:
         wait = s.actual - s.submitted
         if wait <= s_to_us(3600):
             continue
         e = s.estimates[name]
-        if e is None:
-            none += 1
-        elif abs(e - s.actual) > 0.25 * wait:
-            early, late = early + (e < s.actual), late + (e > s.actual)
-    return f"misses of {name:<24} (waited > 1 h, off by > 25%): {early} too early, {late} too late, {none} no estimate"
+        if e is not None and abs(e - s.actual) <= 0.25 * wait:
+            continue
+        none += e is None
+        early, late = early + (e is not None and e < s.actual), late + (e is not None and e > s.actual)
+        unalloc += not s.allocated
+        overtaken += s.overtaken > 0
+    return (
+        f"misses of {name:<24} (waited > 1 h, off by > 25%): {early} too early, {late} too late, {none} no estimate;"
+        f" {unalloc} unallocated, {overtaken} overtaken by later submissions"
+    )
 
 
 def main() -> None:
@@ -179,6 +212,15 @@ def main() -> None:
     ap.add_argument("--warmup-d", type=float, default=2.0, help="days of submissions simulated before the slice")
     ap.add_argument("--after-d", type=float, default=1.0, help="days of submissions simulated after the slice")
     ap.add_argument("--sample", type=int, default=200, help="forecasts, evenly spread over the submissions")
+    ap.add_argument(
+        "--every", type=int, default=0, metavar="K", help="instead of --sample: every K-th submission of the slice"
+    )
+    ap.add_argument(
+        "--estimates",
+        default=";".join(ESTIMATES),
+        help=f"which estimates to make, separated by ';' (default all: {'; '.join(ESTIMATES)})",
+    )
+    ap.add_argument("--dump", metavar="FILE", help="write each sample as a JSON line to FILE as it is made")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--horizon-d", type=float, default=14.0, help="how far each forecast looks, days")
     ap.add_argument(
@@ -186,6 +228,10 @@ def main() -> None:
     )
     args = ap.parse_args()
 
+    wanted = [e.strip() for e in args.estimates.split(";") if e.strip()]
+    unknown = sorted(set(wanted) - set(ESTIMATES))
+    if unknown or not wanted:
+        raise SystemExit(f"--estimates: unknown {unknown}; choose from {'; '.join(ESTIMATES)}")
     bf = load_budget_file(args.budgets)
     itp = trace_format(args.trace) == "itp"  # its slices count trace days from t = 0 (ITP_T0), not dates
     lo, hi = (parse_itp_slice if itp else parse_slice)(args.slice)
@@ -212,18 +258,23 @@ def main() -> None:
         elif type(e) is JobQueued and e.attempt == 1:
             queued_at.setdefault(e.job_id, i)
     candidates = sorted((i, j) for j, i in queued_at.items() if j in first_start and lo <= to_us(log[i].ts) < hi)
-    n = min(args.sample, len(candidates))
-    chosen = [candidates[i * len(candidates) // n] for i in range(n)]  # evenly spread over the slice
+    if args.every > 0:
+        chosen = candidates[:: args.every]
+    else:
+        n = min(args.sample, len(candidates))
+        chosen = [candidates[i * len(candidates) // n] for i in range(n)]  # evenly spread over the slice
     print(
         f"trace {args.trace}: {len(jobs)} jobs submitted {from_us(first):%Y-%m-%d %H:%M} .. {from_us(last):%Y-%m-%d %H:%M}"
         f" simulated ({len(log):,} events, {t_sim:.1f} s, seed {args.seed}); {len(chosen)} forecasts at submission "
-        f"in slice {args.slice} (of {len(candidates)} jobs queued there, evenly spread)"
+        f"in slice {args.slice} (of {len(candidates)} jobs queued there, "
+        f"{f'every {args.every}th' if args.every > 0 else 'evenly spread'})"
     )
+    dump = open(args.dump, "w", encoding="utf-8") if args.dump else None
 
     state = DispatchState(bf.tree, bf.window_s)
     done = 0
     samples: list[Sample] = []
-    times = {"forecast": 0.0, "forecast, no durations": 0.0, "forecast + arrivals": 0.0, "slurm-style": 0.0}
+    times = dict.fromkeys(wanted, 0.0)
     hist_events: list[Event] = []
     t0 = time.perf_counter()
     for idx, job_id in chosen:
@@ -239,7 +290,10 @@ def main() -> None:
             ("forecast, no durations", False, False),
             ("forecast + arrivals", True, True),
         )
+        basis = ""
         for name, declared, arriving in runs:
+            if name not in times:
+                continue
             t1 = time.perf_counter()
             fc = forecast(
                 state,
@@ -253,10 +307,22 @@ def main() -> None:
             )
             times[name] += time.perf_counter() - t1
             est[name] = fc.jobs[0].start_us
-        t1 = time.perf_counter()
-        est["slurm-style"] = slurm_estimate(state, now, job_id)
-        times["slurm-style"] += time.perf_counter() - t1
-        samples.append(Sample(job_id, now, first_start[job_id], est))
+            basis = basis or fc.jobs[0].basis
+        if "slurm-style" in times:
+            t1 = time.perf_counter()
+            est["slurm-style"] = slurm_estimate(state, now, job_id)
+            times["slurm-style"] += time.perf_counter() - t1
+        actual = first_start[job_id]
+        overtaken = sum(1 for j, i in queued_at.items() if i > idx and first_start.get(j, actual) < actual)
+        allocated = log[idx].min_runtime_s > 0  # type: ignore[attr-defined]
+        samples.append(Sample(job_id, now, actual, est, basis, overtaken, allocated))
+        if dump is not None:
+            dump.write(json.dumps(samples[-1].row()) + "\n")
+            dump.flush()
+        if len(samples) % 20 == 0:
+            print(f"  {len(samples)}/{len(chosen)} forecasts, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    if dump is not None:
+        dump.close()
     wall = time.perf_counter() - t0
     waits = sorted(us_to_s(s.actual - s.submitted) / 3600 for s in samples)
     print(
