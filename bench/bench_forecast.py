@@ -30,6 +30,10 @@ Sampling, for a loaded machine: ``--sample N`` (N forecasts evenly spread over t
 ``--every K`` (every K-th); ``--estimates`` makes only some of the four (names separated by ``;``); ``--dump
 FILE`` writes each sample as one JSON line as soon as it is made (times in µs), so a run cut short still leaves
 its samples; a progress line goes to stderr every 20 forecasts.
+
+Speed (``--timing``): ``bench_engine``'s steady snapshot (10,000 GPUs, 20,000 pending jobs) folded into a
+dispatcher state, then the wall time of ``forecast`` of one job (the head of the fair-share order, and the middle
+of the queue) and of ``queue --start`` (every pending job), against the targets 2 s and 10 s.
 With ``--while-waiting N`` the forecast is made again every hour while each sampled job waits (at most N
 times a job) and its median error is printed by how long before the start it was made (convergence).
 Figures only: nothing is asserted.
@@ -54,7 +58,7 @@ from typing import Any
 from apportion.domain.dispatch import DispatchConfig, DispatchState, evolve
 from apportion.domain.engine import EngineConfig
 from apportion.domain.fairshare import budget_order
-from apportion.events import Event, JobQueued, JobStarted
+from apportion.events import Decision, Event, JobQueued, JobStarted
 from apportion.forecast import forecast, recent_arrivals, user_history
 from apportion.sim.core import SimConfig, Simulator, default_horizon_us
 from apportion.sim.traces import ITP_T0, load_budget_file, load_trace, parse_itp_slice, parse_slice, trace_format
@@ -62,6 +66,7 @@ from apportion.timeutil import Micros, from_us, s_to_us, to_us, us_to_s
 
 TRACE = "/work/shared/data/philly/philly.csv"
 BUDGETS = "infra/budgets/philly.yaml"
+_DECISION = Decision(rank=0, budget_rank=0, ratio=0.0)
 
 
 # --------------------------------------------------------------------------- slurm-style backfill plan
@@ -226,7 +231,15 @@ def main() -> None:
     ap.add_argument(
         "--while-waiting", type=int, default=0, metavar="N", help="also forecast every hour while a job waits, N times"
     )
+    ap.add_argument(
+        "--timing",
+        action="store_true",
+        help="only time forecast JOB and queue --start on bench_engine's 10,000-GPU snapshot (targets 2 s, 10 s)",
+    )
     args = ap.parse_args()
+    if args.timing:
+        timings(args.seed)
+        return
 
     wanted = [e.strip() for e in args.estimates.split(";") if e.strip()]
     unknown = sorted(set(wanted) - set(ESTIMATES))
@@ -342,6 +355,91 @@ def main() -> None:
         print(misses(samples, name))
     if args.while_waiting:
         converge(log, bf, dcfg, samples, args)
+
+
+def scale_state(seed: int) -> tuple[DispatchState, Micros]:
+    """``bench_engine``'s steady snapshot (10,000 GPUs ~97% busy, 20,000 pending over 200 leaves) as a dispatcher
+    state folded from events: each node registered, each run queued, placed and started (running 1 to 8 h in all
+    from its start), each pending job queued; the time of the question is the snapshot's."""
+    import random
+
+    from bench_engine import NOW, build  # bench/ is on the path when this file runs as a script
+
+    from apportion.events import JobPlaced, NodeRegistered
+
+    snap = build(seed, "steady")
+    rng = random.Random(seed)
+    state = DispatchState(snap.tree, 7 * 86_400.0)
+    t0 = from_us(NOW - s_to_us(86_400))
+    for nid in sorted(snap.cluster.nodes):
+        evolve(state, NodeRegistered(node_id=nid, gpu_count=snap.cluster.nodes[nid].gpu_count, ts=t0))
+    for key, run in sorted(snap.cluster.runs.items()):
+        at = from_us(run.started_at_us if run.started_at_us is not None else NOW)
+        g, k = run.gpus_per_replica, run.replicas
+        common: dict[str, Any] = {"job_id": key[0], "budget": run.budget, "allocated": run.allocated}
+        common |= {"gpus_per_replica": g}
+        common |= {"replicas": k, "min_runtime_s": us_to_s(run.min_runtime_us), "submitted_at": at, "ts": at}
+        evolve(state, JobQueued(**common, user="u", duration_s=rng.uniform(3600, 8 * 3600)))
+        evolve(state, JobPlaced(**common, attempt=1, placements=run.placements, decision=_DECISION))
+        for r, p in enumerate(run.placements):
+            evolve(state, JobStarted(job_id=key[0], attempt=1, replica=r, node_id=p.node_id, ts=at))
+    for leaf in sorted(snap.pending):
+        for j in snap.pending[leaf]:
+            at = from_us(j.submitted_at_us)
+            evolve(
+                state,
+                JobQueued(
+                    job_id=j.job_id,
+                    budget=leaf,
+                    user=j.user,
+                    allocated=j.min_runtime_s > 0,
+                    gpus_per_replica=j.gpus_per_replica,
+                    replicas=j.replicas,
+                    min_runtime_s=j.min_runtime_s,
+                    duration_s=j.duration_s,
+                    submitted_at=at,
+                    ts=at,
+                ),
+            )
+    return state, NOW
+
+
+def timings(seed: int) -> None:
+    """``--timing``: wall time of ``forecast JOB`` (the job at the head of the fair-share order, and the median
+    job of the queue) and of ``queue --start`` (every pending job) on :func:`scale_state`; targets 2 s and 10 s."""
+    from apportion.forecast import forecast as run_forecast
+
+    t0 = time.perf_counter()
+    state, now = scale_state(seed)
+    built = time.perf_counter() - t0
+    dcfg = DispatchConfig(heartbeat_timeout_s=None)
+    snap = state.cycle_snapshot(now)
+    rank = {leaf: i for i, leaf in enumerate(budget_order(snap.tree, snap.occupancy, snap.capacity_gpu_s))}
+    queue = sorted(
+        (j for jobs in state.pending.values() for j in jobs),
+        key=lambda j: (rank.get(j.budget, len(rank)), j.min_runtime_s == 0, j.submitted_at_us, j.job_id),
+    )
+    gpus = sum(n.gpu_count for n in state.cluster.nodes.values())
+    print(
+        f"scale: {gpus:,} GPUs, {len(state.cluster.runs):,} runs, {len(queue):,} pending "
+        f"(state folded from events in {built:.1f} s)"
+    )
+    for label, job in (("head of the queue", queue[0]), ("middle of the queue", queue[len(queue) // 2])):
+        t1 = time.perf_counter()
+        fc = run_forecast(state, now, dcfg, job_ids=[job.job_id])
+        took = time.perf_counter() - t1
+        j = fc.jobs[0]
+        wait = "no start" if j.wait_s is None else f"starts in {j.wait_s / 3600:.2f} h"
+        verdict = "met" if took < 2.0 else "MISSED"
+        print(f"  forecast {job.job_id} ({label}): {took:.2f} s, {fc.cycles} cycles, {wait} (target < 2 s: {verdict})")
+    t1 = time.perf_counter()
+    fc = run_forecast(state, now, dcfg)
+    took = time.perf_counter() - t1
+    started = sum(1 for j in fc.jobs if j.start_us is not None)
+    print(
+        f"  queue --start ({len(fc.jobs):,} jobs): {took:.2f} s, {fc.cycles} cycles, {started:,} with a start "
+        f"(target < 10 s: {'met' if took < 10.0 else 'MISSED'})"
+    )
 
 
 #: ``--while-waiting`` buckets: hours before the job's start (lower bound, label)
