@@ -17,6 +17,7 @@ from apportion.cli.common import (
     NoWait,
     RedisUrl,
     Timeout,
+    Unreachable,
     _checked,
     _now,
     _print_json,
@@ -25,6 +26,7 @@ from apportion.cli.common import (
     _redis,
     _require_topics,
     _tree_from_file,
+    end_offsets,
     err,
     fail,
     kafka_failure,
@@ -49,6 +51,21 @@ def share_data(rc: Any) -> dict[str, Any]:
     rows = readmodel.read_hash(rc, readmodel.budgets_key())
     meta = readmodel.read_hash(rc, readmodel.usage_key()).get("meta", {})
     return {"meta": meta, "budgets": list(rows.values())}
+
+
+def _stale(meta: dict[str, Any], bootstrap: str | None) -> str | None:
+    """The stale read-model notice of the usage ``meta`` (:func:`apportion.readmodel.stale_notice`) against the
+    log's end offsets; ``None`` when it is fresh, has no offsets, or Kafka does not answer (nothing to compare)."""
+    from apportion import readmodel
+
+    keys = sorted(meta.get("offsets") or {})
+    if not keys:
+        return None
+    try:
+        ends = end_offsets(Connection.resolve(bootstrap=bootstrap).bootstrap, keys)
+    except Unreachable:
+        return None
+    return readmodel.stale_notice(meta, ends)
 
 
 def share(
@@ -83,9 +100,12 @@ def share(
         return
     data = share_data(_redis(redis_url))
     meta, rows = data["meta"], {row["path"]: row for row in data["budgets"]}
+    data["stale"] = _stale(meta, bootstrap)
     if as_json:
         _print_json(data)
         return
+    if data["stale"]:
+        out.print(f"note: {data['stale']}", highlight=False, soft_wrap=True)
     if not rows:
         out.print("no occupancy snapshot yet (is the accounting service running?)")
         return

@@ -221,18 +221,38 @@ def partitions_of(bootstrap: str, topic: str) -> int:
     Raises:
         Unreachable: Kafka did not answer.
     """
+    return int(_ask(bootstrap, lambda kc: len(kc.partitions_for_topic(topic) or ()) if topic in kc.topics() else 0))
+
+
+def _ask(bootstrap: str, question: Any) -> Any:
+    """``question(consumer)`` on a short-lived consumer of ``bootstrap``, closed after.
+
+    Raises:
+        Unreachable: Kafka did not answer.
+    """
     try:
         kc = _consumer(bootstrap)
         try:
-            if topic not in kc.topics():
-                return 0
-            return len(kc.partitions_for_topic(topic) or ())
+            return question(kc)
         finally:
             kc.close()
     except Exception as exc:
         if is_kafka_error(exc):
             raise Unreachable(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
         raise
+
+
+def end_offsets(bootstrap: str, keys: list[str]) -> dict[str, int]:
+    """The log's end offset of each ``"topic:partition"`` of ``keys``.
+
+    Raises:
+        Unreachable: Kafka did not answer.
+    """
+    from kafka import TopicPartition
+
+    tps = {k: TopicPartition(k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1])) for k in keys}
+    ends = _ask(bootstrap, lambda kc: kc.end_offsets(list(tps.values()))) if tps else {}
+    return {k: int(ends.get(tp, 0)) for k, tp in tps.items()}
 
 
 Bootstrap = Annotated[
