@@ -3,13 +3,15 @@
 Run::
 
     .venv/bin/python bench/bench_hero.py [--days 21] [--size 16] [--slice week44] [--seed 1]
-        [--policy fairshare,slurm,kueue,kai,fifo] [--no-heroes] [--json out.json]
+        [--policy fairshare,slurm,kueue,kai,fifo] [--no-heroes] [--hero-min-gpus N|none] [--json out.json]
 
 Builds :func:`apportion.sim.hero.hero_scenario` from the Philly jobs of
 ``--slice`` (``infra/budgets/philly.yaml``'s tree and minimum-runtime rule)
 and runs each policy on it, one after another. Prints one line per policy
-(wall time, utilisation, the background budgets' mean share deficit) and one
-per hero job (time to start, GPU-hours idled while it gathered, preemptions,
+(wall time, utilisation, the background budgets' share deficit: the mean over the
+(sample, budget) pairs with allocated work waiting, the report's definition, and the
+mean of the per-budget means), one line per simulated day (the deficit, the budgets
+behind, the GPUs the hero and background budgets run) and one per hero job (time to start, GPU-hours idled while it gathered, preemptions,
 work lost, completion). ``--no-heroes``: the same run without the hero jobs
 (same tree), the reference of the background budgets' deficit.
 """
@@ -25,6 +27,8 @@ from typing import Any
 
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import EngineConfig
+from apportion.domain.engine.inputs import HERO_MIN_GPUS
+from apportion.report import share_deficit_pp
 from apportion.settings import default_data_dir
 from apportion.sim.baselines import POLICIES
 from apportion.sim.core import SimConfig
@@ -49,8 +53,11 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
     print(f"# {len(sc.nodes)} nodes, {gpus} GPUs, {len(sc.jobs)} jobs, {a.days} days, heroes {list(sc.heroes)}")
     out = []
     for name in a.policy.split(","):
+        least = None if a.hero_min_gpus == "none" else int(a.hero_min_gpus)
         dcfg = DispatchConfig(
-            engine=EngineConfig(window_s=bf.window_s), heartbeat_timeout_s=None, scheduler=POLICIES[name]
+            engine=EngineConfig(window_s=bf.window_s, hero_min_gpus=least),
+            heartbeat_timeout_s=None,
+            scheduler=POLICIES[name],
         )
         cfg = SimConfig(seed=a.seed, dispatch=dcfg, keep_log=False, until_us=sc.until_us, sample_s=3600.0)
         t = time.perf_counter()
@@ -59,22 +66,34 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
         wall = time.perf_counter() - t
         rep = summarise(res, sc.tree, name, a.seed, wall_s=wall)
         bg = [r.mean_deficit_pp for r in rep.budgets if r.path.startswith("bg/") and r.mean_deficit_pp is not None]
+        bg_pairs = [
+            share_deficit_pp(sc.tree.abs_share(leaf), v[0])
+            for t, row in res.samples
+            if t >= res.start_us
+            for leaf, v in row.items()
+            if leaf.startswith("bg/") and v[3]
+        ]
         rows = hero_rows(res, sc, sim.gathering_idle_gpu_s, gpus, sim._saved)
+        daily = deficit_by_day(res, sc, gpus)
         doc = {
             "policy": name,
             "wall_s": round(wall, 1),
             "utilisation": round(rep.utilisation, 4),
             "goodput": round(rep.goodput, 4),
-            "bg_mean_deficit_pp": round(sum(bg) / len(bg), 2) if bg else 0.0,
+            "bg_deficit_pp": round(sum(bg_pairs) / len(bg_pairs), 2) if bg_pairs else 0.0,
+            "bg_backlogged_pairs": len(bg_pairs),
+            "bg_mean_of_budget_means_pp": round(sum(bg) / len(bg), 2) if bg else 0.0,
             "mean_deficit_pp": round(rep.mean_deficit_pp, 2),
             "violations": rep.violations,
             "budgets": {r.path: r.mean_deficit_pp for r in rep.budgets},
             "heroes": [dataclasses.asdict(r) for r in rows],
+            "by_day": daily,
         }
         out.append(doc)
         print(
             f"{name}: wall {wall:.0f} s, utilisation {rep.utilisation:.3f}, goodput {rep.goodput:.3f}, "
-            f"background mean deficit {doc['bg_mean_deficit_pp']} pp, violations {rep.violations}",
+            f"background deficit {doc['bg_deficit_pp']} pp over {len(bg_pairs)} backlogged (sample, budget) pairs "
+            f"(mean of the budgets' means {doc['bg_mean_of_budget_means_pp']} pp), violations {rep.violations}",
             flush=True,
         )
         for r in rows:
@@ -86,8 +105,45 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
                 f"progress={r.progress_pct:.0f}% start_d={_f(r.start_d)} stops_d={[round(d, 2) for d in r.stops_d]}",
                 flush=True,
             )
+        for d in daily:
+            print(
+                f"  day {d['day']}: background deficit {d['bg_deficit_pp']} pp over {d['bg_backlogged']} "
+                f"backlogged (sample, budget) pairs, behind {d['behind']}, hero GPUs {d['hero_gpus']}, "
+                f"background GPUs {d['bg_gpus']}",
+                flush=True,
+            )
         if a.json:
             Path(a.json).write_text(json.dumps(out, indent=1))
+    return out
+
+
+def deficit_by_day(res: Any, sc: Any, gpus: int) -> list[dict[str, Any]]:
+    """Per simulated day: the background budgets' mean share deficit over the (sample, budget) pairs with
+    allocated work waiting (the report's definition), the budgets behind (mean deficit pp over their
+    backlogged samples), and the mean GPUs running for the hero and background budgets."""
+    days: dict[int, dict[str, Any]] = {}
+    for t, row in res.samples:
+        d = days.setdefault(int((t - sc.start_us) // 86_400_000_000), {"defs": {}, "hero": [], "bg": []})
+        d["hero"].append(sum(v[1] for leaf, v in row.items() if leaf.startswith("hero/")))
+        d["bg"].append(sum(v[1] for leaf, v in row.items() if leaf.startswith("bg/")))
+        for leaf, (share_now, _running, _pending, pending_alloc) in row.items():
+            if leaf.startswith("bg/") and pending_alloc:
+                deficit = share_deficit_pp(sc.tree.abs_share(leaf), share_now)
+                d["defs"].setdefault(leaf, []).append(deficit)
+    out = []
+    for day, d in sorted(days.items()):
+        pairs = [x for v in d["defs"].values() for x in v]
+        behind = {leaf: round(sum(v) / len(v), 2) for leaf, v in d["defs"].items() if sum(v) > 0}
+        out.append(
+            {
+                "day": day,
+                "bg_deficit_pp": round(sum(pairs) / len(pairs), 2) if pairs else 0.0,
+                "bg_backlogged": len(pairs),
+                "behind": behind,
+                "hero_gpus": round(sum(d["hero"]) / len(d["hero"])),
+                "bg_gpus": round(sum(d["bg"]) / len(d["bg"])),
+            }
+        )
     return out
 
 
@@ -105,6 +161,11 @@ def main() -> None:
     ap.add_argument("--policy", default="fairshare,slurm,kueue,kai,fifo")
     ap.add_argument("--no-heroes", action="store_true")
     ap.add_argument("--hero-days", default=None, help="submission days of hero-a,b,c (default 2,3,4)")
+    ap.add_argument(
+        "--hero-min-gpus",
+        default=str(HERO_MIN_GPUS),
+        help="EngineConfig.hero_min_gpus (rule D3.hero-cover), 'none': the rule off",
+    )
     ap.add_argument("--json", default=None)
     run(ap.parse_args())
 

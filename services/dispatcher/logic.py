@@ -16,7 +16,7 @@ Kafka or Redis:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from apportion.domain.cluster import UNTIL_STARTED
@@ -278,6 +278,13 @@ def heartbeats_behind(state: DispatchState, now_us: Micros, cfg: DispatchConfig)
         key=lambda t: t or 0,
     )
     return newest is not None and now_us - newest > s_to_us(cfg.heartbeat_timeout_s / 2)
+
+
+def read_to(positions: Mapping[str, int], ends: Mapping[str, int]) -> bool:
+    """True when every partition of ``ends`` has been read up to its offset there (``positions``: the next
+    offset to read, ``"topic:partition"`` -> offset; a partition not in it has not been read). The read
+    barrier of a loss by heartbeat timeout (rule D3.loss-barrier)."""
+    return all(positions.get(p, 0) >= end for p, end in ends.items())
 
 
 def heartbeats(state: DispatchState) -> dict[str, str]:

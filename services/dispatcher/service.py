@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from apportion.audit.config import resumed_event
@@ -51,6 +51,7 @@ from apportion.domain.dispatch import (
     Tick,
     evolve,
     hold_answered,
+    overdue_nodes,
     step,
     submission_decided,
 )
@@ -571,6 +572,10 @@ class Term:
             after the lease is checked, so readers on ``read_committed`` see each iteration's decisions at
             once and a deposed leader's never. ``None``: not transactional, ``flush`` waits for the acks
             only when idle.
+        ends, positions: the input partitions' end offsets asked of the broker now, and how far the
+            consumer has read each (``"topic:partition"`` -> offset; run in a worker thread). A tick that
+            would declare a node lost by heartbeat timeout waits until the positions reach end offsets
+            taken after that node came due (rule D3.loss-barrier, :meth:`read_barrier`). ``None``: no barrier.
     """
 
     def __init__(
@@ -589,9 +594,14 @@ class Term:
         now: Callable[[], float],
         reachable: Callable[[], bool] | None = None,
         pending: Callable[[], bool] | None = None,
+        ends: Callable[[], Mapping[str, int]] | None = None,
+        positions: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         self.svc, self.settings, self._m = svc, settings, metrics
         self.pending = pending
+        self.ends, self.positions = ends, positions
+        self.barrier: Mapping[str, int] | None = None  # the end offsets a loss waits for (read_barrier)
+        self.barrier_for: frozenset[str] = frozenset()  # the nodes due when they were taken
         self.check_lease, self.lost, self.flush, self.check_delivered = check_lease, lost, flush, check_delivered
         self.write_read_model, self.write_snapshot, self.commit, self.now = (
             write_read_model,
@@ -698,7 +708,7 @@ class Term:
         more, news = svc.ingest(batch) if batch else ([], False)
         out += more
         now = self.now()
-        if not self.blind and pacer.due(now, news):
+        if not self.blind and pacer.due(now, news) and await self.read_barrier():
             out += svc.tick()
             pacer.ticked(now, self.now())
         # The keeper thread renews the lease (LeaseKeeper). Safety does not rest on it: every decision
@@ -738,6 +748,37 @@ class Term:
             self.unflushed = False
             await asyncio.to_thread(self.write_snapshot)
             self.last_snap = self.now()
+
+    async def read_barrier(self) -> bool:
+        """Rule D3.loss-barrier: whether the tick due now may run.
+
+        Yes when it would declare no node lost by heartbeat timeout
+        (:func:`apportion.domain.dispatch.overdue_nodes`). Else the input partitions' end offsets are
+        taken (again whenever a node comes due after they were) and the tick waits until the consumer
+        has read up to them: a node is declared lost only on a view that holds every heartbeat and
+        report appended before it came due, so a node is not lost, nor a completed run requeued, on
+        records the dispatcher had not read yet. A broker that does not give its end offsets leaves the
+        tick waiting (logged).
+        """
+        if self.ends is None or self.positions is None:
+            return True
+        svc = self.svc
+        due = frozenset(overdue_nodes(svc.state, svc.now_us(), svc.cfg))
+        if not due:
+            self.barrier, self.barrier_for = None, frozenset()
+            return True
+        if self.barrier is None or not due <= self.barrier_for:  # a node came due after these ends were taken
+            try:
+                self.barrier = await asyncio.to_thread(self.ends)
+            except Exception as exc:  # noqa: BLE001 - any failure to ask means no loss on an unchecked view
+                log.warning("a node is due lost, but the log's end is not known (%s): waiting", exc)
+                self.barrier = None
+                return False
+            self.barrier_for = due
+        if logic.read_to(await asyncio.to_thread(self.positions), self.barrier):
+            self.barrier, self.barrier_for = None, frozenset()
+            return True
+        return False
 
     def close(self) -> None:
         """A clean stop (blocking): commit an open transaction while this term still leads and sees the
@@ -781,6 +822,8 @@ def lead_term(
         now=now,
         reachable=broker_answers(settings.connection().bootstrap),
         pending=(lambda: sends.open) if sends.transactional else None,
+        ends=consumer.end_offsets_now,
+        positions=consumer.positions,
     )
 
 

@@ -37,7 +37,7 @@ Fencing rules 2-4 and the event-time rules 6-8 are in ``docs/leadership.md``:
 10. **no workload** - neither ``command`` nor ``duration_s``: refused (``no_workload``).
 10a. **no account** - a process (not a simulated workload) on an agent that isolates jobs, whose proven
     user (``StartWorkload.user``) has no Unix account it may run as (none named, none on the node, uid 0,
-    the agent's own account: :func:`services.node_agent.sandbox.Accounts.resolve`): refused
+    the agent's own account, a system account the ops' account map does not name: :func:`services.node_agent.sandbox.Accounts.resolve`): refused
     (``no_account``), a cause the job cannot outrun (the dispatcher fails it). An agent that cannot switch
     accounts at all (not root: :class:`Unisolated`) refuses every process (``cannot_isolate``): the node's
     fault, not the job's. It never runs as the agent (``docs/security.md``, "Node boundary").
@@ -126,6 +126,7 @@ from apportion.events import (
     WorkloadRefused,
     det_id,
 )
+from apportion.jobdirs import job_dir_name
 
 PRODUCER = "node-agent"
 
@@ -228,25 +229,6 @@ class JobFiles:
     stdout: str | None = None
     stderr: str | None = None
     tmp_dir: str | None = None
-
-
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-
-
-def job_dir_name(job_id: str) -> str:
-    """A directory name for ``job_id``: the id itself when it is a safe file name, else a sanitised form.
-
-    Safe: 1-100 characters of ``[A-Za-z0-9._-]`` not starting with ``.`` or
-    ``-``. Anything else (slashes, ``..``, spaces, non-ASCII, empty, long) maps
-    to its safe characters (``_`` for the others, at most 60) plus ``-`` and 16
-    hex digits of the id's SHA-256, so distinct ids never share a directory and
-    the same id always gets the same one.
-    """
-    if _SAFE_NAME.fullmatch(job_id):
-        return job_id
-    digest = hashlib.sha256(job_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    stem = re.sub(r"[^A-Za-z0-9._-]", "_", job_id)[:60].lstrip(".-")
-    return f"{stem}-{digest}" if stem else f"job-{digest}"
 
 
 def progress_file_name(replica: int) -> str:

@@ -47,8 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from apportion.jobdirs import job_dir_name
 from services.node_agent import devfilter
-from services.node_agent.logic import Account, RunKey, Unisolated, job_dir_name
+from services.node_agent.logic import Account, RunKey, Unisolated
 
 log = logging.getLogger("apportion.node_agent")
 
@@ -62,11 +63,16 @@ class Accounts:
         account_map: user -> account name, for users whose account is not named as they are (the ops'
             account map file, :meth:`read_map`); any other user runs as the account of the same name.
         agent_uid: the agent's own uid: never given to a job.
+        uid_min: the lowest uid of a login account (:func:`login_uid_min`); an account below it (a system
+            account: ``daemon``, ``www-data``) runs a job only when the account map names it.
     """
 
-    def __init__(self, account_map: Mapping[str, str] | None = None, agent_uid: int | None = None) -> None:
+    def __init__(
+        self, account_map: Mapping[str, str] | None = None, agent_uid: int | None = None, uid_min: int | None = None
+    ) -> None:
         self.account_map = dict(account_map or {})
         self.agent_uid = os.geteuid() if agent_uid is None else agent_uid
+        self.uid_min = login_uid_min() if uid_min is None else uid_min
 
     @staticmethod
     def read_map(path: Path) -> dict[str, str]:
@@ -104,10 +110,35 @@ class Accounts:
             return f"account {name!r} of user {user!r} has uid or gid 0"
         if pw.pw_uid == self.agent_uid:
             return f"account {name!r} of user {user!r} is the node agent's own (uid {pw.pw_uid})"
+        if pw.pw_uid < self.uid_min and name not in self.account_map.values():
+            return (
+                f"account {name!r} of user {user!r} is a system account (uid {pw.pw_uid}, below UID_MIN "
+                f"{self.uid_min}) that the account map does not name"
+            )
         groups = tuple(sorted(set(os.getgrouplist(name, pw.pw_gid))))
         if 0 in groups:
             return f"account {name!r} of user {user!r} is in group 0"
         return Account(name, pw.pw_uid, pw.pw_gid, groups, pw.pw_dir or "/")
+
+
+#: Where the lowest uid of a login account is set (``UID_MIN``), and its value when the file does not say.
+LOGIN_DEFS = Path("/etc/login.defs")
+DEFAULT_UID_MIN = 1000
+
+
+def login_uid_min(path: Path = LOGIN_DEFS) -> int:
+    """``UID_MIN`` of ``path`` (``/etc/login.defs``: the lowest uid ``useradd`` gives a login account), or
+    :data:`DEFAULT_UID_MIN` when the file is missing, does not set it or sets it to no number."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return DEFAULT_UID_MIN
+    value = DEFAULT_UID_MIN
+    for line in text.splitlines():
+        words = line.split("#", 1)[0].split()
+        if len(words) == 2 and words[0] == "UID_MIN":
+            value = int(words[1]) if words[1].isdigit() else DEFAULT_UID_MIN
+    return value
 
 
 # --------------------------------------------------------------------------- files
@@ -120,8 +151,14 @@ def own_dir(path: str, account: Account | None) -> None:
     the name for a link between the check and the change (its own directory holds the name) changes nothing
     but its own directory.
 
+    A directory that already belongs to another account (neither ``account`` nor the agent's, which made
+    it) is never handed over: another user's job made it, under an id whose directory name is this job's
+    (:func:`apportion.jobdirs.job_dir_name`), so what it holds (files, or hard links to them kept
+    elsewhere) would reach into this job's working directory.
+
     Raises:
-        OSError: it cannot be made, or it is not a directory (a link planted there is not followed).
+        OSError: it cannot be made, it is not a directory (a link planted there is not followed), or
+            (``EPERM``) it belongs to another account.
     """
     os.makedirs(path, mode=0o700, exist_ok=True)
     try:
@@ -132,6 +169,9 @@ def own_dir(path: str, account: Account | None) -> None:
         raise
     try:
         if account is not None:
+            owner = os.fstat(fd).st_uid
+            if owner not in (account.uid, os.geteuid()):
+                raise OSError(errno.EPERM, f"belongs to uid {owner}, not to account {account.name!r}", path)
             os.fchown(fd, account.uid, account.gid)
         os.fchmod(fd, 0o700)
     finally:
@@ -583,7 +623,7 @@ def cgroups(root: Path, parent: str, version: str = "auto") -> CgroupDriver | No
 
 def cgroup_name(key: RunKey) -> str:
     """The cgroup of a replica: ``<node>.<job>.<attempt>.<replica>``, each name made safe
-    (:func:`~services.node_agent.logic.job_dir_name`), the same after an agent restart (adoption)."""
+    (:func:`apportion.jobdirs.job_dir_name`), the same after an agent restart (adoption)."""
     node, job, attempt, replica = key
     return f"{job_dir_name(node)}.{job_dir_name(job)}.{attempt}.{replica}"
 

@@ -1241,13 +1241,21 @@ def _open_owned(path: str, account: logic.Account | None) -> BinaryIO:
 
     The directory is the job's: a link, a FIFO or a device a job planted at the name of a later attempt's
     output is refused (``OSError``, a spawn failure), never followed or waited on (a FIFO without a reader
-    would block the agent).
+    would block the agent). So is a hard link (a file with more than one name: the job may have linked
+    another file there, a world-writable one of root's, to have it handed over) and a file owned by anyone
+    but the agent or ``account``; both are refused before the file is changed or written.
     """
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     fd = os.open(path, flags, 0o600)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", path)
+        if st.st_nlink != 1:
+            raise OSError(errno.EPERM, f"has {st.st_nlink} links (a hard link)", path)
+        owners = {os.geteuid()} | ({account.uid} if account is not None else set())
+        if st.st_uid not in owners:
+            raise OSError(errno.EPERM, f"belongs to uid {st.st_uid}", path)
         os.set_blocking(fd, True)
         if account is not None:
             os.fchown(fd, account.uid, account.gid)

@@ -611,6 +611,9 @@ class JobQueued(Event):
     """For an element of a job array: its index (``job_id`` is ``<array_id>_<array_index>``)."""
     array_throttle: int | None = Field(default=None, ge=1)
     """For an element of a job array: the most elements of the array running at once; ``None``: no limit."""
+    topology_bound: TopologyBound | None = None
+    """The submission's ``topology_bound`` (every replica within one block or rack, rule ``D1.topology``);
+    ``None``: any nodes."""
 
 
 class JobRejected(Event):

@@ -96,7 +96,7 @@ async def test_node_agent_runs_commands_from_kafka(kafka_bootstrap, monkeypatch)
 
 async def test_live_checkpoint_preempt_and_resume(kafka_bootstrap, monkeypatch, job_accounts, shared_dir):
     """A real process checkpoints, is stopped, checkpoints on SIGTERM, and attempt 2 resumes from it, running
-    as its user (``apportion-t-alice``) in its cgroup, in a directory that is hers.
+    as its user (``apportion-u-alice``) in its cgroup, in a directory that is hers.
 
     Every step waits for the events it needs in the log (bounded); the
     expected progress values are exactly what the script writes.

@@ -158,3 +158,51 @@ class _RawTo:
 
     def commit(self) -> None:
         self._p.commit()
+
+
+def test_a_reader_reaches_the_end_offsets_it_is_given_past_commit_markers_and_up_to_an_open_transaction(
+    kafka_bootstrap: str, kafka_topic_factory: Callable[..., str], writers: Callable[[], EventProducer]
+) -> None:
+    """The dispatcher's read barrier before a loss (rule D3.loss-barrier) on the real broker: the end offsets
+    a ``read_committed`` reader is given stop at an open transaction, and its positions pass the commit
+    markers, so the barrier is reached once every committed record is read, and not before."""
+    from apportion.bus.consumer import AssignedConsumer
+    from services.dispatcher.logic import read_to
+
+    topic = kafka_topic_factory("txn")
+    p = writers()
+    p.init_transactions()
+    for batch in ([b"a", b"b"], [b"c"]):
+        p.begin()
+        for v in batch:
+            p.send_raw(topic, v)
+        p.commit()  # three records and two commit markers: offsets 0-4
+    p.begin()
+    p.send_raw(topic, b"open")
+    p.flush()  # offset 5, in a transaction still open
+    reader = AssignedConsumer(kafka_bootstrap, [topic], f"test-barrier-{uuid.uuid4().hex[:8]}", read_ahead=False)
+    try:
+        ends = reader.end_offsets_now()
+        assert ends == {f"{topic}:0": 5}  # the last stable offset: the open transaction's first
+        assert not read_to(reader.positions(), ends)
+        got: list[bytes] = []
+        read_until(reader, ends, got)
+        assert got == [b"a", b"b", b"c"]
+        p.commit()
+        later = reader.end_offsets_now()
+        assert later == {f"{topic}:0": 7} and not read_to(reader.positions(), later)
+        read_until(reader, later, got)
+        assert got == [b"a", b"b", b"c", b"open"]
+    finally:
+        reader.close()
+
+
+def read_until(reader: Any, ends: dict[str, int], got: list[bytes]) -> None:
+    """Poll ``reader`` into ``got`` until its positions reach ``ends`` (bounded: ``DEADLINE_S``)."""
+    from services.dispatcher.logic import read_to
+
+    def reached() -> bool:
+        got.extend(r.value for r in reader.poll(100))
+        return read_to(reader.positions(), ends)
+
+    until(reached, f"the reader to reach {ends}", DEADLINE_S)

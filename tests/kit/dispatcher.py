@@ -6,8 +6,11 @@ does (ingest a batch, tick when news arrived, emit), so its own decisions come b
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from apportion import events
 from apportion.clock import ManualClock
@@ -18,10 +21,11 @@ from apportion.events import (
     JobSubmitted,
     NodeRegistered,
 )
+from apportion.logrecord import LogRecord, log_order
 from apportion.settings import topic_name
 from apportion.topics import BUDGETS, JOBS, NODES, SUBMISSIONS
 from services.dispatcher.config import DispatcherSettings
-from services.dispatcher.service import DispatcherService
+from services.dispatcher.service import DispatcherService, Term
 from tests.kit.signing import identity, node_value, registered, with_node_keys
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
@@ -78,6 +82,62 @@ class ListLog:
         batch = [r for r in self.records[self.read_upto :] if r.topic in INPUTS]
         self.read_upto = len(self.records)
         return batch
+
+
+class NoQueue:
+    """The metrics' ``queue`` of a term under test: heartbeat ages go nowhere."""
+
+    def heartbeats(self, _: Any) -> None:
+        pass
+
+
+class FixedLease:
+    """The lease a term under test starts with: token 7, never deposed by the log."""
+
+    token = 7
+
+    def observe(self, _: int) -> None:
+        pass
+
+
+def timed_out_leader(publish: Callable[[list[tuple[Event, bytes]]], Any], clock: ManualClock) -> DispatcherService:
+    """A leading dispatcher (token 7) reading :data:`INPUTS`, with a heartbeat timeout of 30 s and no
+    reconciliation (heartbeats listing no runs)."""
+    settings = DispatcherSettings(
+        heartbeat_timeout_s=30.0, reconcile_misses=0, kafka_bootstrap="unused:1", redis_url="redis://unused"
+    )
+    svc = DispatcherService(settings, clock, publish, consumed=INPUTS)
+    svc.token = 7
+    return svc
+
+
+def quiet_term(svc: DispatcherService, settings: DispatcherSettings, now: Callable[[], float], **kw: Any) -> Term:
+    """A leader's :class:`Term` with nothing of Kafka or Redis: no lease, flush, read model, snapshot or commit
+    (each a no-op), ``now`` as its wall clock, ``kw`` as given (``reachable``, ``ends``, ``positions``)."""
+    return Term(
+        svc,
+        settings,
+        {"queue": NoQueue()},
+        check_lease=lambda: None,
+        lost=threading.Event(),
+        flush=lambda: None,
+        check_delivered=lambda: None,
+        write_read_model=lambda: None,
+        write_snapshot=lambda: None,
+        commit=lambda: None,
+        now=now,
+        **kw,
+    )
+
+
+def log_records(log: ListLog) -> list[LogRecord]:
+    """Every record of ``log`` decoded, as the audit reads them (:func:`apportion.logrecord.log_order`)."""
+    out = []
+    for r in log.records:
+        ev = events.decode(r.value) if r.value is not None else None
+        out.append(LogRecord(r.topic, r.partition, r.offset, r.key.decode() if r.key else None, 0, r.value, ev))
+    out.sort(key=log_order)
+    return out
 
 
 def service(log: ListLog, *, echoes: bool, token: int = 7) -> DispatcherService:

@@ -1,8 +1,9 @@
 """What the node-boundary tests share: throwaway Unix accounts, a directory job accounts can reach, fake GPUs.
 
 Import the fixtures into a test module (``from tests.kit.node_boundary import job_accounts, shared_dir  # noqa``).
-The accounts are made with ``useradd --system --no-create-home`` when missing and kept (they cost nothing and
-the next run reuses them); the tests need root, and say so plainly when they do not have it.
+The accounts are made with ``useradd --no-create-home`` when missing and kept (they cost nothing and the next run
+reuses them): login accounts, uid ``UID_MIN`` or above, since the agent runs no job as a system account the
+account map does not name. The tests need root, and say so plainly when they do not have it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 #: The test accounts: user name on the bus -> Unix account (the same name).
-ALICE, EVE = "apportion-t-alice", "apportion-t-eve"
+ALICE, EVE = "apportion-u-alice", "apportion-u-eve"
 
 #: NVIDIA's character-device major: fake GPU ``i`` is ``c 195:i``, as ``/dev/nvidia<i>`` is on a real node.
 #: Without an NVIDIA driver an open the cgroup lets through fails ENXIO (no driver), one it refuses EPERM.
@@ -59,26 +60,20 @@ def _account(name: str) -> pwd.struct_passwd:
     try:
         return pwd.getpwnam(name)
     except KeyError:
-        subprocess.run(
-            [
-                "useradd",
-                "--system",
-                "--no-create-home",
-                "--home-dir",
-                "/nonexistent",
-                "--shell",
-                "/usr/sbin/nologin",
-                name,
-            ],
-            check=True,
+        made = subprocess.run(
+            ["useradd", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", name],
             capture_output=True,
+            text=True,
         )
-        return pwd.getpwnam(name)
+        try:
+            return pwd.getpwnam(name)  # made, or made by another test worker at the same time
+        except KeyError:
+            raise RuntimeError(f"useradd {name} failed: {made.stderr.strip()}") from None
 
 
 @pytest.fixture(scope="session")
 def job_accounts() -> dict[str, pwd.struct_passwd]:
-    """The accounts ``apportion-t-alice`` and ``apportion-t-eve`` (made when missing): name -> passwd entry."""
+    """The accounts ``apportion-u-alice`` and ``apportion-u-eve`` (made when missing): name -> passwd entry."""
     if os.geteuid() != 0:
         pytest.fail(
             "the node-boundary tests run jobs as other Unix accounts and create cgroups: run them as root "

@@ -2,12 +2,13 @@
 
 Second test: a node agent cut off from the broker; the dispatcher loses its node at 41 s (heartbeat timeout,
 in the same tick as a placement) and requeues its run; the agent comes back and reports that the run had
-completed at 35 s. The dispatcher folded the loss first, so the report is of an old attempt and changes
-nothing; its next tick places the requeued attempt. The audit must fold its own decisions of a tick before
-anything it read after that tick, whatever the event time (before this change it merged by event time: the
-completion first, the job finished, the re-run did not place it); and it must re-run the loss's tick on the
-state *before* the loss, as the dispatcher's cycle did on its fork (before, it folded the tick's own
-``NodeLost``/``JobLost`` first, and the placement of that tick re-ran to another ratio).
+completed at 35 s. Read while the requeued attempt waits, the report finishes the job (rule
+D3.completed-before-loss): it is not placed again. Read after the requeued attempt was placed, it changes
+nothing (that attempt runs). The audit must fold its own decisions of a tick before anything it read after
+that tick, whatever the event time, and the report after the requeue (or the placement) it could not have
+preceded; and it must re-run the loss's tick on the state *before* the loss, as the dispatcher's cycle did on
+its fork (folding the tick's own ``NodeLost``/``JobLost`` first, the placement of that tick re-ran to another
+ratio).
 
 First test (already held before this change, kept as a regression test of the occupancy ledger's order
 independence):
@@ -41,10 +42,11 @@ from apportion.events import (
     NodeLost,
     NodeRegistered,
 )
-from apportion.logrecord import LogRecord, log_order
+from apportion.logrecord import LogRecord
+from apportion.timeutil import to_us
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.service import DispatcherService
-from tests.kit.dispatcher import INPUTS, T0, USER, ListLog, submit
+from tests.kit.dispatcher import INPUTS, T0, USER, ListLog, log_records, submit
 from tests.kit.signing import registered
 
 
@@ -73,12 +75,7 @@ def agent(kind: type, job: str, ts_s: float, **kw: object) -> events.Event:  # o
 
 
 def records(log: ListLog) -> list[LogRecord]:
-    out = []
-    for r in log.records:
-        ev = events.decode(r.value) if r.value is not None else None
-        out.append(LogRecord(r.topic, r.partition, r.offset, r.key.decode() if r.key else None, 0, r.value, ev))
-    out.sort(key=log_order)
-    return out
+    return log_records(log)
 
 
 def run() -> tuple[DispatcherService, ListLog]:
@@ -153,7 +150,7 @@ def leader(**settings: Any) -> tuple[DispatcherService, ListLog, Callable[[float
     return svc, log, poll_at
 
 
-def run_partition() -> tuple[DispatcherService, ListLog]:
+def run_partition(*, report_after_placement: bool = False) -> tuple[DispatcherService, ListLog]:
     svc, log, poll_at = leader(heartbeat_timeout_s=30.0, reconcile_misses=0)  # the heartbeats here list no runs
     log.put(*lab("n1"), submission("x1", "lab/a", 60.0, 0))
     poll_at(0)  # x1 on n1, the only node
@@ -171,25 +168,54 @@ def run_partition() -> tuple[DispatcherService, ListLog]:
     log.put(submission("y1", "lab/b", 60.0, 41))
     poll_at(41)  # n1 lost (31 s silent), x1 lost and requeued; y1 placed on n2 in the same tick
     # n1's agent is back: x1 had completed at 35 s, while it was cut off; the node registers again
-    log.put(agent(JobCompleted, "x1", 35, node_id="n1"))
+    report = agent(JobCompleted, "x1", 35, node_id="n1")
+    if not report_after_placement:
+        log.put(report)
     log.put(NodeRegistered(event_id=events.det_id("n", "n1", 2), node_id="n1", gpu_count=4, ts=at(45)))
-    poll_at(45)  # the dispatcher requeued x1 before it read the report: attempt 2 is placed on n1
+    poll_at(45)  # x1 finished by the report; without it, attempt 2 placed on n1
+    if report_after_placement:
+        log.put(report)
+        poll_at(46)
     return svc, log
 
 
-def test_a_report_older_than_the_decisions_it_arrives_after_is_folded_after_them() -> None:
-    svc, log = run_partition()
+def check_partition(svc: DispatcherService, log: ListLog, placed_x1: list[tuple[str, int, str]]) -> None:
+    """The decisions of :func:`run_partition`, the loss, and the audit's re-runs and read-model check."""
+    from apportion.audit.verify import check_read_models
+    from services.dispatcher.logic import read_model
+
     recs = records(log)
     placed = [
         (r.event.job_id, r.event.attempt, r.event.placements[0].node_id) for r in recs if isinstance(r.event, JobPlaced)
     ]
-    assert placed == [("x1", 1, "n1"), ("z1", 1, "n2"), ("y1", 1, "n2"), ("x1", 2, "n1")]
+    assert placed == [("x1", 1, "n1"), ("z1", 1, "n2"), ("y1", 1, "n2"), *placed_x1]
     assert [r.event.node_id for r in recs if isinstance(r.event, NodeLost)] == ["n1"]
+    assert [(r.event.job_id, r.event.attempt) for r in recs if isinstance(r.event, events.JobRequeued)] == [("x1", 2)]
     checks = rerun_decisions(recs, svc.cfg)
-    assert len(checks) == 4
+    assert len(checks) == 3 + len(placed_x1)
     y1 = next(r.event for r in recs if isinstance(r.event, JobPlaced) and r.event.job_id == "y1")
     assert 0 < y1.decision.ratio < 1  # lab/b has used its GPUs: r reads the window's capacity
     assert all(c.match for c in checks), [d for c in checks for d in c.diffs]
+    jobs, nodes = read_model(svc.state, svc.state.clock_us or 0, svc.cfg)
+    assert check_read_models(recs, {"jobs": jobs, "nodes": nodes}, svc.cfg) == []
+
+
+def test_a_completion_stamped_before_the_loss_of_its_run_finishes_the_job_it_requeued() -> None:
+    """Rule D3.completed-before-loss: read while attempt 2 waits, the report (35 s, before the loss at 41 s)
+    finishes x1; it is never placed again."""
+    svc, log = run_partition()
+    assert "x1" not in svc.state.jobs and svc.state.finished["x1"] == to_us(at(35))
+    assert svc.state.pending_count() == 0
+    check_partition(svc, log, [])
+
+
+def test_a_completion_read_after_the_next_attempt_was_placed_changes_nothing() -> None:
+    """The report read at 46 s, after attempt 2 was placed on n1 at 45 s: that attempt runs; the audit folds
+    the report after the placement, as the dispatcher did (by event time it would finish x1 and call the
+    dispatcher's row of attempt 2 "a job the log says is not active")."""
+    svc, log = run_partition(report_after_placement=True)
+    assert (svc.state.jobs["x1"].attempt, svc.state.jobs["x1"].status) == (2, "running")
+    check_partition(svc, log, [("x1", 2, "n1")])
 
 
 def run_requeue_before_report() -> tuple[DispatcherService, ListLog]:

@@ -8,7 +8,6 @@ broker probe the test moves. Heartbeat timeout 30 s; times are event seconds aft
 from __future__ import annotations
 
 import asyncio
-import threading
 from datetime import timedelta
 from typing import Any
 
@@ -17,21 +16,16 @@ from apportion.audit.verify import rerun_decisions
 from apportion.clock import ManualClock
 from apportion.events import NodeHeartbeat
 from apportion.logrecord import LogRecord
-from services.dispatcher.config import DispatcherSettings
-from services.dispatcher.service import DispatcherService, Term
-from tests.kit.dispatcher import INPUTS, T0, ListLog, history, submit
-
-
-class Queue:
-    def heartbeats(self, _: Any) -> None:
-        pass
-
-
-class Lease:
-    token = 7
-
-    def observe(self, _: int) -> None:
-        pass
+from tests.kit.dispatcher import (
+    T0,
+    FixedLease,
+    ListLog,
+    history,
+    log_records,
+    quiet_term,
+    submit,
+    timed_out_leader,
+)
 
 
 class Harness:
@@ -40,11 +34,8 @@ class Harness:
     def __init__(self) -> None:
         self.log = ListLog()
         self.clock = ManualClock(T0)
-        settings = DispatcherSettings(
-            heartbeat_timeout_s=30.0, reconcile_misses=0, kafka_bootstrap="unused:1", redis_url="redis://unused"
-        )
-        self.svc = DispatcherService(settings, self.clock, self.log.publish, consumed=INPUTS)
-        self.svc.token = 7
+        self.svc = timed_out_leader(self.log.publish, self.clock)
+        settings = self.svc.settings
         self.wall = 0.0
         self.up = True
         self.probes = 0
@@ -53,20 +44,7 @@ class Harness:
             self.probes += 1
             return self.up
 
-        self.term = Term(
-            self.svc,
-            settings,
-            {"queue": Queue()},
-            check_lease=lambda: None,
-            lost=threading.Event(),
-            flush=lambda: None,
-            check_delivered=lambda: None,
-            write_read_model=lambda: None,
-            write_snapshot=lambda: None,
-            commit=lambda: None,
-            now=lambda: self.wall,
-            reachable=reachable,
-        )
+        self.term = quiet_term(self.svc, settings, lambda: self.wall, reachable=reachable)
 
     def start(self) -> None:
         from apportion.audit.config import configured_event
@@ -78,7 +56,7 @@ class Harness:
         cfg = configured_event(
             self.svc.cfg, instance="d-1", fencing_token=7, ts=self.clock.now(), producer="dispatcher"
         )
-        asyncio.run(self.term.start(self.log.read(), [], cfg, Lease()))
+        asyncio.run(self.term.start(self.log.read(), [], cfg, FixedLease()))
 
     def poll(self, *, read: bool = True) -> None:
         self.wall += 1.0
@@ -99,15 +77,7 @@ class Harness:
         return out
 
     def records(self) -> list[LogRecord]:
-        from apportion.logrecord import log_order
-
-        out = []
-        for r in self.log.records:
-            ev = events.decode(r.value) if r.value is not None else None
-            key = r.key.decode() if r.key else None
-            out.append(LogRecord(r.topic, r.partition, r.offset, key, r.timestamp, r.value, ev))
-        out.sort(key=log_order)
-        return out
+        return log_records(self.log)
 
 
 def test_a_term_blind_through_an_outage_loses_no_node_and_a_node_silent_after_it_is_lost() -> None:

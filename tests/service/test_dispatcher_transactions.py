@@ -22,8 +22,7 @@ from apportion.clock import ManualClock
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.lease import LeadershipLost
 from services.dispatcher.service import DispatcherService, Term
-from tests.kit.dispatcher import INPUTS, T0, ListLog, history, submit
-from tests.service.test_dispatcher_outage import Lease, Queue
+from tests.kit.dispatcher import INPUTS, T0, FixedLease, ListLog, NoQueue, history, submit
 
 
 class Producer:
@@ -70,7 +69,7 @@ class Harness:
         self.term = Term(
             self.svc,
             settings,
-            {"queue": Queue()},
+            {"queue": NoQueue()},
             check_lease=check_lease,
             lost=threading.Event(),
             flush=self.sends.flush,
@@ -91,7 +90,7 @@ class Harness:
         for batch in history()[:1]:
             self.log.put(*batch)
         cfg = configured_event(self.svc.cfg, instance="d-1", fencing_token=7, ts=T0, producer="dispatcher")
-        asyncio.run(self.term.start(self.log.read(), [], cfg, Lease()))
+        asyncio.run(self.term.start(self.log.read(), [], cfg, FixedLease()))
 
     def poll(self) -> None:
         self.wall += 1.0
@@ -148,7 +147,7 @@ def test_a_rebuild_sends_its_dead_letters_with_its_recovery_decisions_in_one_tra
         h.log.put(*batch)
     h.log.append(next(iter(INPUTS)), b"not json", b"k")
     cfg = configured_event(h.svc.cfg, instance="d-1", fencing_token=7, ts=T0, producer="dispatcher")
-    asyncio.run(h.term.start(h.log.read(), [], cfg, Lease()))
+    asyncio.run(h.term.start(h.log.read(), [], cfg, FixedLease()))
     assert h.producer.calls == ["begin", "DispatcherConfigured", "DeadLetter", "commit"]
     assert h.svc.held is None
 

@@ -12,8 +12,10 @@ it does not filter devices, see :mod:`services.node_agent.sandbox`).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
+import pwd
 import signal
 import struct
 import subprocess
@@ -37,10 +39,11 @@ from services.node_agent.sandbox import (
     cgroups,
     child_setup,
     device_rules,
+    login_uid_min,
     own_dir,
     protect,
 )
-from services.node_agent.service import NodeAgent, SignedSender, hosted_nodes
+from services.node_agent.service import NodeAgent, SignedSender, _open_owned, hosted_nodes
 from tests.kit.node_boundary import ALICE, EVE, PROBE, job_accounts, make_fake_gpus, running, shared_dir, write_script
 from tests.service.test_node_agent_checkpoints import WAIT_S, until
 
@@ -220,6 +223,71 @@ async def test_a_job_cannot_read_another_users_checkpoint_directory(node, job_ac
         {str(alices / "weights"): "EACCES"},
         {str(alices): "EACCES"},
     )
+
+
+async def test_an_id_chosen_equal_to_another_ids_directory_name_gets_a_directory_of_its_own(node, job_accounts):
+    """Eve's job takes, as its id, the directory name Alice's id with a ``:`` maps to, and leaves a file anyone may
+    write there (and could keep a hard link to it elsewhere). That id looks hashed, so it is hashed again: Eve's
+    job runs in a directory of its own, Alice's job runs in hers, and neither sees the other's file."""
+    alices_id = "j:alice"
+    eves_id = logic.job_dir_name(alices_id)  # a plain file name
+    plant = "import os\nopen('weights', 'w').write('eve')\nos.chmod('weights', 0o666)\n"
+    await node.agent.on_event(node.start(eves_id, EVE, ("python3", str(write_script(node.base, "plant.py", plant)))))
+    assert isinstance(await node.ended(eves_id), JobCompleted)
+    write = "open('weights', 'w').write('alice')\n"
+    await node.agent.on_event(
+        node.start(alices_id, ALICE, ("python3", str(write_script(node.base, "w.py", write))), gpus=(1,))
+    )
+    assert isinstance(await node.ended(alices_id), JobCompleted)
+    eves_dir, alices_dir = logic.job_dir_name(eves_id), eves_id
+    assert eves_dir == f"{eves_id}-{hashlib.sha256(eves_id.encode()).hexdigest()[:16]}"
+    assert (node.ckpt / eves_dir / "weights").read_text() == "eve"
+    assert (node.ckpt / alices_dir / "weights").read_text() == "alice"
+    for name, who in ((eves_dir, EVE), (alices_dir, ALICE)):
+        for d in (node.ckpt / name, node.base / "state" / "job-logs" / name):
+            assert (os.stat(d).st_uid, os.stat(d).st_mode & 0o777) == (job_accounts[who].pw_uid, 0o700)
+
+
+async def test_a_hard_link_planted_at_the_next_attempts_output_is_refused_before_the_file_is_changed(node):
+    """Attempt 1 hard-links a world-writable file of root's at its next attempt's stdout name (its output
+    directory is its own): attempt 2 is a spawn failure, and the file keeps its owner, mode and content (handing
+    it to the job's account would have given the job root's file)."""
+    out_dir = node.base / "state" / "job-logs" / "j-link"
+    roots = node.base / "roots-file"
+    roots.write_text("root's\n")
+    roots.chmod(0o666)
+    plant = "import os, sys\nos.link(sys.argv[1], os.path.join(sys.argv[2], 'attempt-2.replica-0.out'))\n"
+    script = write_script(node.base, "link.py", plant)
+    await node.agent.on_event(node.start("j-link", ALICE, ("python3", str(script), str(roots), str(out_dir))))
+    assert isinstance(await node.ended("j-link"), JobCompleted)
+    second = node.start("j-link", ALICE, ("echo", "alice")).model_copy(update={"attempt": 2})
+    await asyncio.wait_for(node.agent.on_event(second), WAIT_S)
+    (failed,) = [e for e in node.producer.of(JobFailed) if e.attempt == 2]
+    path = out_dir / "attempt-2.replica-0.out"
+    assert failed.reason == f"spawn failed: [Errno 1] has 2 links (a hard link): '{path}'"
+    st = os.stat(roots)
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777, st.st_nlink) == (0, 0, 0o666, 2)
+    assert roots.read_text() == "root's\n"
+
+
+def test_an_output_file_of_another_account_is_refused_before_it_is_changed(tmp_path, job_accounts):
+    """A file at the output's name owned by neither the agent nor the job's account is never handed over nor
+    written; the job's own file and the agent's are."""
+    alice, eve = job_accounts[ALICE], job_accounts[EVE]
+    account = Accounts().resolve(ALICE)
+    assert isinstance(account, logic.Account)
+    eves = tmp_path / "eves.out"
+    eves.write_text("eve\n")
+    os.chown(eves, eve.pw_uid, eve.pw_gid)
+    with pytest.raises(PermissionError, match=rf"belongs to uid {eve.pw_uid}"):
+        _open_owned(str(eves), account)
+    assert (os.stat(eves).st_uid, eves.read_text()) == (eve.pw_uid, "eve\n")
+    for name, owner in (("alices.out", alice.pw_uid), ("agents.out", 0)):
+        (tmp_path / name).write_text("")
+        os.chown(tmp_path / name, owner, 0)
+        with _open_owned(str(tmp_path / name), account) as f:
+            f.write(b"x")
+        assert (os.stat(tmp_path / name).st_uid, (tmp_path / name).read_text()) == (alice.pw_uid, "x")
 
 
 async def test_a_fifo_planted_at_the_next_attempts_output_is_refused_without_blocking_the_agent(node):
@@ -448,8 +516,9 @@ def test_a_v2_hierarchy_without_the_controllers_writes_no_limit_and_says_so(tmp_
 REFUSALS = [
     # id, user on the bus, the refusal's reason
     ("no user named", None, "no_account: the start names no user on node n1"),
-    ("no such account", "apportion-t-nobody", "no_account: no Unix account 'apportion-t-nobody' for user 'apportion-t-nobody' on node n1"),
+    ("no such account", "apportion-u-nobody", "no_account: no Unix account 'apportion-u-nobody' for user 'apportion-u-nobody' on node n1"),
     ("root", "root", "no_account: account 'root' of user 'root' has uid or gid 0 on node n1"),
+    ("system account", "daemon", f"no_account: account 'daemon' of user 'daemon' is a system account (uid {pwd.getpwnam('daemon').pw_uid}, below UID_MIN {login_uid_min()}) that the account map does not name on node n1"),
 ]  # fmt: skip
 
 
@@ -475,7 +544,7 @@ async def test_an_agent_that_cannot_switch_accounts_refuses_as_its_own_fault_not
 def test_the_agents_own_account_and_the_account_map(tmp_path, job_accounts):
     alice = job_accounts[ALICE]
     path = tmp_path / "accounts"
-    path.write_text("# ops' map\nalice apportion-t-alice\n\nmallory root  # never\n")
+    path.write_text("# ops' map\nalice apportion-u-alice\n\nmallory root  # never\n")
     accounts = Accounts(Accounts.read_map(path), agent_uid=0)
     got = accounts.resolve("alice")
     assert isinstance(got, logic.Account) and (got.name, got.uid) == (ALICE, alice.pw_uid)
@@ -486,6 +555,36 @@ def test_the_agents_own_account_and_the_account_map(tmp_path, job_accounts):
     path.write_text("alice\n")
     with pytest.raises(ValueError, match="accounts:1: expected '<user> <account>'"):
         Accounts.read_map(path)
+
+
+def test_a_system_account_runs_jobs_only_when_the_account_map_names_it():
+    """``daemon`` (uid below UID_MIN) is refused under its own name, and runs a job once ops map a user to it."""
+    daemon = pwd.getpwnam("daemon")
+    refusal = f"account 'daemon' of user 'daemon' is a system account (uid {daemon.pw_uid}, below UID_MIN 1000) that the account map does not name"
+    assert Accounts({}, agent_uid=0, uid_min=1000).resolve("daemon") == refusal
+    for mapped in ({"svc": "daemon"}, {"daemon": "daemon"}):
+        got = Accounts(mapped, agent_uid=0, uid_min=1000).resolve(next(iter(mapped)))
+        assert isinstance(got, logic.Account) and (got.name, got.uid) == ("daemon", daemon.pw_uid)
+    assert isinstance(Accounts({}, agent_uid=0, uid_min=daemon.pw_uid).resolve("daemon"), logic.Account)
+
+
+LOGIN_DEFS = [
+    # id, /etc/login.defs text (None: no file), UID_MIN
+    ("set", "UID_MIN\t\t\t 500\nUID_MAX 60000\n", 500),
+    ("commented out", "#UID_MIN 500\n", 1000),
+    ("last one counts", "UID_MIN 500\nUID_MIN 2000 # later\n", 2000),
+    ("not a number", "UID_MIN lots\n", 1000),
+    ("not set", "SYS_UID_MIN 100\n", 1000),
+    ("no file", None, 1000),
+]
+
+
+@pytest.mark.parametrize("case_id,text,uid_min", LOGIN_DEFS, ids=[c[0] for c in LOGIN_DEFS])
+def test_login_uid_min(tmp_path, case_id, text, uid_min):
+    path = tmp_path / "login.defs"
+    if text is not None:
+        path.write_text(text)
+    assert login_uid_min(path) == uid_min
 
 
 def test_limits_per_gpu():

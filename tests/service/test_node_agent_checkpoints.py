@@ -91,6 +91,17 @@ DIR_NAMES = [
     ("slash", "a b/c", "a_b_c-539138d518391ec4"),
     ("parent directory", "../x", "_x-d6b96a97d147daaa"),
     ("dot-dot alone", "..", "job-5ec1f7e700f37c3d"),
+    # the hashed form is <stem>-<first 16 hex digits of sha256(id)>; a plain id of that shape is hashed too
+    ("colon", "carol:exp1", "carol_exp1-a69867c53fd6dbaa"),
+    (
+        "plain id equal to another id's hashed name",
+        "carol_exp1-a69867c53fd6dbaa",
+        "carol_exp1-a69867c53fd6dbaa-8fbd81c67dd14e1a",
+    ),
+    ("plain id ending in upper-case hex", "x-0123456789ABCDEF", "x-0123456789ABCDEF-e6cbce49d550122d"),
+    ("plain id equal to the empty stem's name", "job-5ec1f7e700f37c3d", "job-5ec1f7e700f37c3d-c0e3d4e97d859dee"),
+    ("15 hex digits kept", "x-0123456789abcde", "x-0123456789abcde"),
+    ("17 hex digits kept", "x-0123456789abcdefa", "x-0123456789abcdefa"),
 ]
 
 
@@ -103,6 +114,14 @@ def test_job_dir_name(case_id, job_id, name):
 def test_job_dir_name_keeps_sanitised_ids_apart():
     assert logic.job_dir_name("a/b") != logic.job_dir_name("a_b") == "a_b"
     assert logic.job_dir_name("a/b") != logic.job_dir_name("a:b")
+
+
+@pytest.mark.parametrize("job_id", ["carol:exp1", "a b/c", "../x", "..", ""])
+def test_an_id_chosen_equal_to_another_ids_directory_gets_a_directory_of_its_own(job_id):
+    """Every hashed name is a plain file name ending in ``-`` and 16 hex digits; as an id it is hashed again."""
+    mapped = logic.job_dir_name(job_id)
+    assert logic.job_dir_name(mapped) != mapped
+    assert logic.job_dir_name(mapped) == logic.job_dir_name(mapped)
 
 
 def test_job_files_layout_and_process_env():

@@ -311,6 +311,23 @@ def test_the_metrics_port_answers_ready_503_then_200_and_still_serves_metrics() 
         stop()
 
 
+def test_the_metrics_port_answers_404_on_any_other_path() -> None:
+    from apportion.bus.stack import free_ports
+
+    [port] = free_ports(1)
+    _, stop = start_metrics(port)
+    try:
+        for path in ("/", "/admin", "/metricsx", "/metrics/", "/../etc/passwd", "/ready/x"):
+            with pytest.raises(urllib.error.HTTPError) as exc:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5)
+            assert exc.value.code == 404, path
+            assert b"process_resident_memory_bytes" not in exc.value.read(), path
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics?x=1", timeout=5) as resp:  # a query is fine
+            assert (resp.status, b"process_resident_memory_bytes" in resp.read()) == (200, True)
+    finally:
+        stop()
+
+
 def test_wire_probes_kafka_and_redis_only_when_asked_and_says_ready_once_told() -> None:
     from apportion.bus.service import ServiceSettings, wire
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
+from types import SimpleNamespace
+
 import pytest
 
 from apportion.cli.history import fold_jobs
@@ -164,3 +167,59 @@ def test_history_wide_has_every_column_and_the_whole_reason() -> None:
         "0.50", "2026-12-01",
     ]  # fmt: skip
     assert lines[3].endswith("exit 1: CUDA out of memory while allocating 20.00 GiB on device 0")
+
+
+NO_ACCOUNT = "no_account: no Unix account 'mallory' for user 'mallory' on node n0"
+
+
+def test_a_job_whose_start_failed_is_failed_not_pending() -> None:
+    #  placed at 5, never started: the dispatcher fails the whole run for want of an account at 6
+    no_account = failed("j", node="n0", at=s(6)).model_copy(update={"reason": NO_ACCOUNT})
+    job = fold_jobs([submitted("j", at=s(0)), placed("j", at=s(5)), no_account])["j"]
+    assert (job.state, job.ended_at, job.reason, job.attempts) == ("failed", dt(s(6)), NO_ACCOUNT, 1)
+    assert (job.first_start, job.wait_s, job.run_s, job.gpu_hours) == (None, None, 0.0, 0.0)
+    spawn = failed("k", replica=0, node="n0", at=s(7)).model_copy(update={"reason": "spawn failed: [Errno 1] x"})
+    job = fold_jobs([submitted("k", at=s(0)), placed("k", at=s(5)), spawn])["k"]
+    assert (job.state, job.ended_at, job.reason) == ("failed", dt(s(7)), "spawn failed: [Errno 1] x")
+
+
+def test_a_gang_replica_that_failed_to_start_fails_the_job_only_with_the_runs_failure() -> None:
+    evs = [
+        submitted("g", gpus=8, replicas=2, at=s(0)),
+        placed("g", gpus=8, replicas=2, nodes=["n0", "n1"], at=s(5)),
+        failed("g", replica=1, node="n1", at=s(6)),
+    ]
+    assert fold_jobs(evs)["g"].state == "pending"
+    job = fold_jobs([*evs, failed("g", at=s(7))])["g"]
+    assert (job.state, job.ended_at) == ("failed", dt(s(7)))
+
+
+def test_a_failure_of_an_earlier_attempt_or_a_preempted_one_leaves_the_job_pending() -> None:
+    #  attempt 1 placed at 5 and preempted at 8 before it started; its stopped replica fails at 9; requeued
+    evs = [
+        submitted("j", at=s(0)),
+        placed("j", at=s(5)),
+        preempted("j", at=s(8)),
+        failed("j", replica=0, at=s(9)),
+    ]
+    job = fold_jobs(evs)["j"]
+    assert (job.state, job.ended_at, job.reason) == ("pending", None, "")
+    late = failed("j", replica=0, at=s(12)).model_copy(update={"event_id": uuid.uuid4()})  # attempt 1, read late
+    job = fold_jobs([*evs, requeued("j", attempt=2, submitted_at=s(0), at=s(10)), late])["j"]
+    assert (job.state, job.attempts, job.ended_at) == ("pending", 2, None)
+
+
+def test_the_dashboards_history_shows_a_job_whose_start_failed_as_failed(monkeypatch) -> None:
+    from services.web.store import Sources
+
+    no_account = failed("j", node="n0", at=s(6)).model_copy(update={"reason": NO_ACCOUNT})
+    log = [SimpleNamespace(event=e) for e in (submitted("j", at=s(0)), placed("j", at=s(5)), no_account)]
+    sources = Sources.__new__(Sources)  # no Redis or Kafka: the log is given
+    monkeypatch.setattr(sources, "log", lambda: log, raising=False)
+    [row] = sources.history()
+    assert (row["job_id"], row["state"], row["reason"], row["ended_at"]) == (
+        "j",
+        "failed",
+        NO_ACCOUNT,
+        dt(s(6)).isoformat(),
+    )

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
+from apportion.cli.history import read_output
 from apportion.cli.main import app
 
 
@@ -52,3 +56,57 @@ def test_logs_json_refusals_are_verdict_objects_with_exit_1(tmp_path: Path) -> N
     doc = json.loads(res.stdout)
     assert (doc["ok"], doc["verdict"], doc["reason"]) == (False, "not_found", "no_output")
     assert res.stderr.strip() == "error: " + doc["message"]
+
+
+def test_logs_reads_the_directory_the_agent_names_so_an_id_shaped_like_a_hashed_name_never_reads_anothers(
+    tmp_path: Path,
+) -> None:
+    """``carol:exp1`` lives in ``carol_exp1-<16 hex of its sha256>``; the plain id equal to that name lives in a
+    directory hashed again, so neither reads the other's output."""
+    carols = tmp_path / "carol_exp1-a69867c53fd6dbaa"
+    carols.mkdir()
+    (carols / "attempt-1.replica-0.out").write_text("carol\n")
+    res = run("logs", "carol:exp1", "--dir", str(tmp_path))
+    assert (res.exit_code, res.stdout) == (0, "carol\n")
+    res = run("logs", "carol_exp1-a69867c53fd6dbaa", "--dir", str(tmp_path), "--json")
+    assert res.exit_code == 1
+    assert json.loads(res.stdout)["message"] == (
+        f"no output of job carol_exp1-a69867c53fd6dbaa (replica 0) under {tmp_path}"
+    )
+
+
+def test_logs_never_follows_a_link_a_job_planted_as_a_later_attempt(tmp_path: Path) -> None:
+    """The job's directory is the job's: it names a symbolic link to a secret file as attempt 9, and a hard
+    link to another file as attempt 5. The latest is still attempt 1's own output, asking for attempt 9 or 5
+    finds nothing, and nothing of the secret is printed."""
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$secret\n")
+    other = tmp_path / "other"
+    other.write_text("someone else's\n")
+    job = tmp_path / "logs" / "j1"
+    job.mkdir(parents=True)
+    (job / "attempt-1.replica-0.out").write_text("mine\n")
+    (job / "attempt-9.replica-0.out").symlink_to(secret)
+    os.link(other, job / "attempt-5.replica-0.out")
+    res = run("logs", "j1", "--dir", str(tmp_path / "logs"))
+    assert (res.exit_code, res.stdout) == (0, "mine\n")
+    for attempt in ("9", "5"):
+        res = run("logs", "j1", "--dir", str(tmp_path / "logs"), "--attempt", attempt, "--json")
+        assert res.exit_code == 1
+        assert json.loads(res.stdout)["message"] == f"job j1 has no attempt {attempt} here (attempts: 1)"
+        assert "secret" not in res.output
+
+
+def test_read_output_refuses_a_link_a_hard_link_or_a_fifo_on_the_descriptor(tmp_path: Path) -> None:
+    """What :func:`read_output` opens may have been swapped since the directory was listed."""
+    (tmp_path / "secret").write_text("secret\n")
+    (tmp_path / "link").symlink_to(tmp_path / "secret")
+    os.link(tmp_path / "secret", tmp_path / "hard")
+    os.mkfifo(tmp_path / "fifo")  # no writer: a blocking open would hang
+    for name, code in (("link", errno.ELOOP), ("hard", errno.EPERM), ("fifo", errno.EINVAL)):
+        with pytest.raises(OSError) as exc:
+            read_output(tmp_path / name)
+        assert exc.value.errno == code, name
+    assert str(exc.value) == f"[Errno 22] not a regular file: '{tmp_path / 'fifo'}'"
+    (tmp_path / "plain").write_text("plain\n")
+    assert read_output(tmp_path / "plain") == "plain\n"

@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "computation",
         ("apportion.forecast", "apportion.report", "apportion.sim", "apportion.audit.invariants")
         + ("apportion.yamlio", "apportion.budgetfile", "apportion.statefile", "apportion.schemas_export")
+        + ("apportion.jobdirs",)
         + ("apportion.identity.canonical", "apportion.identity.registry", "apportion.identity.gates"),
     ),
     (

@@ -15,9 +15,14 @@ from pathlib import Path
 import pytest
 
 from apportion.domain.cluster import ClusterSnapshot, ClusterState, Node
+from apportion.domain.dispatch import DispatchState, Tick, step
 from apportion.domain.engine.placement import CycleFree, FreeIndex, topology_pick
-from apportion.events import JobSubmitted, NodeRegistered
+from apportion.domain.engine.reservation import reservation_nodes
+from apportion.events import JobPlaced, JobQueued, JobSubmitted, NodeRegistered
 from apportion.sim.traces import load_budget_file, topology_of
+from apportion.timeutil import from_us
+from tests.kit.builders import T0, m, submitted
+from tests.kit.domain_dispatch import CFG, TREE
 
 RACK = {"n0": "r0", "n1": "r0", "n2": "r1", "n3": "r1", "n4": "r2", "n5": "r2", "n6": "r3", "n7": "r3"}
 BLOCK = {"r0": "b0", "r1": "b0", "r2": "b1", "r3": "b1"}
@@ -128,3 +133,74 @@ def test_budget_file_cluster_labels(tmp_path: Path) -> None:
     got = [(n.node_id, n.block, n.rack) for n in load_budget_file(f).nodes]
     assert got[:4] == [("n000", "nb0", "nr0"), ("n001", "nb0", "nr0"), ("n002", "nb0", "nr1"), ("n003", "nb0", "nr1")]
     assert got[7] == ("n007", "nb1", "nr3") and got[8:] == [("m000", None, None), ("m001", None, None)]
+
+
+def _labelled_dispatch() -> DispatchState:
+    """The 8-node tree of the module docstring behind a dispatcher, nodes registered with their labels."""
+    state = DispatchState(TREE)
+    for nid, rack in RACK.items():
+        reg = NodeRegistered(node_id=nid, gpu_count=8, block=BLOCK[rack], rack=rack, ts=from_us(T0))
+        step(state, reg, T0, CFG)
+    return state
+
+
+BOUND_CASES = [
+    # (case id, GPUs taken first on n0 (a one-node job), g, k, bound, expected nodes of the bound job)
+    ("within one rack: r0 lacks a node, so r1", 8, 8, 2, "rack", ["n2", "n3"]),
+    ("unbound, the same gang: best fit on r0's free node first", 4, 4, 2, None, ["n0", "n1"]),
+    ("within one rack: n0's free half beside n1", 4, 4, 2, "rack", ["n0", "n1"]),
+    ("within one block: b0 holds three, so b1", 8, 8, 4, "block", ["n4", "n5", "n6", "n7"]),
+    ("unbound, five: b1 whole, then the rack of b0 that holds one", 8, 8, 5, None, ["n4", "n5", "n6", "n7", "n1"]),
+    ("within one block, five: none holds it, not placed", 8, 8, 5, "block", None),
+    ("within one rack: no rack holds three, not placed", 8, 8, 3, "rack", None),
+]
+
+
+@pytest.mark.parametrize(
+    ("first", "g", "k", "bound", "want"), [c[1:] for c in BOUND_CASES], ids=[c[0] for c in BOUND_CASES]
+)
+def test_bound_from_submission_to_placement(
+    first: int, g: int, k: int, bound: str | None, want: list[str] | None
+) -> None:
+    # the submission's bound reaches the queue (JobQueued), the pending job and the engine's placement
+    state = _labelled_dispatch()
+    step(state, submitted("first", budget="lab/b", gpus=first), T0, CFG)
+    step(state, Tick(m(1)), m(1), CFG)
+    job = submitted("j", budget="lab/b", gpus=g, replicas=k).model_copy(update={"topology_bound": bound})
+    queued = [e for e in step(state, job, m(2), CFG) if isinstance(e, JobQueued)]
+    assert [q.topology_bound for q in queued] == [bound]
+    assert state.pending["lab/b"][0].topology_bound == bound
+    out = step(state, Tick(m(3)), m(3), CFG)
+    placed = [e for e in out if isinstance(e, JobPlaced) and e.job_id == "j"]
+    assert [[p.node_id for p in e.placements] for e in placed] == ([want] if want is not None else [])
+
+
+RESERVE_CASES = [
+    # (case id, free GPUs per node (others 0), labels, unallocated GPUs per node, k, bound, expected nodes)
+    ("most available, then one block over two", {"n0": 8, "n4": 8, "n5": 8}, True, {}, 2, None, ["n4", "n5"]),
+    ("unlabelled: most available, ties by id", {"n0": 8, "n4": 8, "n5": 8}, False, {}, 2, None, ["n0", "n4"]),
+    ("unallocated GPUs count as available", {"n0": 8}, True, {"n1": 8}, 2, None, ["n0", "n1"]),
+    (
+        "within one rack: none of the free ones, so the first rack",
+        {"n0": 8, "n2": 8, "n4": 8},
+        True,
+        {},
+        2,
+        "rack",
+        ["n0", "n1"],
+    ),
+    ("within one rack: the rack with most available", {"n0": 8, "n6": 8, "n7": 8}, True, {}, 2, "rack", ["n6", "n7"]),
+    ("within one block: larger than a block", {}, True, {}, 5, "block", []),
+]
+
+
+@pytest.mark.parametrize(
+    ("free", "labels", "unalloc", "k", "bound", "want"),
+    [c[1:] for c in RESERVE_CASES],
+    ids=[c[0] for c in RESERVE_CASES],
+)
+def test_reservation_prefers_fewest_blocks_then_racks(
+    free: dict[str, int], labels: bool, unalloc: dict[str, int], k: int, bound: str | None, want: list[str]
+) -> None:
+    cf = cluster({n: free.get(n, 0) for n in RACK}, labels)
+    assert reservation_nodes(cf, 8, k, None, unalloc, bound) == want

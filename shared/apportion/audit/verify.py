@@ -58,7 +58,9 @@ decisions of one tick at event time T (they share ``ts``):
   after it whatever that record's event time (:func:`fold_order`: a report
   stamped before a decision but read after it comes after it, as the
   dispatcher folded it; a completion stamped before its run's preemption but
-  read after the dispatcher requeued that run comes after the requeue), and
+  read after the dispatcher requeued that run comes after the requeue; one
+  stamped before its run's loss, after the requeue or the next attempt's
+  placement, rule D3.completed-before-loss), and
   same-time events in the order ``step`` emits
   them (maintenance, preemptions, then placements and starts); its own
   non-decision events *at* T that are outputs of steps on events at the
@@ -326,7 +328,7 @@ def rerun_decisions(
     for lst in ext_by_tp.values():
         lst.sort(key=lambda r: r.offset)
     last_of_term = last_fenced_us(r.event for r in own if r.event is not None)
-    preempted_at = preemption_times(own)
+    preempted_at, lost_at = preemption_times(own), loss_times(own)
     state = DispatchState(window_s=cfg.engine.window_s)
     ext_ptr: dict[str, int] = {tp: 0 for tp in ext_by_tp}
     oi = 0
@@ -368,6 +370,7 @@ def rerun_decisions(
             ext_key,
             polled_after_us=prev if watermark is not None else None,
             preempted_at=preempted_at,
+            lost_at=lost_at,
         ):
             evolve(state, _ev(r))
         prev = t if watermark is not None else None
@@ -430,10 +433,22 @@ def ext_key(r: LogRecord) -> tuple:
 def preemption_times(own: Iterable[LogRecord]) -> dict[tuple[str, int], Micros]:
     """``(job_id, attempt) ->`` event time (µs) of the dispatcher's first ``JobPreempted`` of that run
     (``fold_order``'s ``preempted_at``), from its own records ``own``."""
+    return _first_times(own, events.JobPreempted)
+
+
+def loss_times(own: Iterable[LogRecord]) -> dict[tuple[str, int], Micros]:
+    """``(job_id, attempt) ->`` event time (µs) of the dispatcher's first ``JobLost`` of that run
+    (``fold_order``'s ``lost_at``), from its own records ``own``."""
+    return _first_times(own, events.JobLost)
+
+
+def _first_times(
+    own: Iterable[LogRecord], kind: type[events.JobPreempted] | type[events.JobLost]
+) -> dict[tuple[str, int], Micros]:
     out: dict[tuple[str, int], Micros] = {}
     for r in own:
         ev = r.event
-        if isinstance(ev, events.JobPreempted):
+        if isinstance(ev, kind):
             out.setdefault((ev.job_id, ev.attempt), to_us(ev.ts))
     return out
 
@@ -458,7 +473,8 @@ def dispatcher_fold(
     cfg = config or DispatchConfig()
     own, polled = dispatcher_records(records, producer)
     state = DispatchState(window_s=cfg.engine.window_s)
-    for r in fold_order(own, polled, emitted_order, ext_key, preempted_at=preemption_times(own)):
+    order = fold_order(own, polled, emitted_order, ext_key, preempted_at=preemption_times(own), lost_at=loss_times(own))
+    for r in order:
         evolve(state, _ev(r))
     return state
 
@@ -518,6 +534,7 @@ def fold_order(
     *,
     polled_after_us: Micros | None = None,
     preempted_at: Mapping[tuple[str, int], Micros] | None = None,
+    lost_at: Mapping[tuple[str, int], Micros] | None = None,
 ) -> list[LogRecord]:
     """The order the dispatcher folded ``own`` (its events) and ``polled`` (other producers' records) in.
 
@@ -540,6 +557,13 @@ def fold_order(
     event time finished the job, so the re-run did not place its next attempt.) Every replica's
     completion of a gang goes after it too: before the requeue they only shorten the stop's wait, which
     the requeue ends anyway.
+
+    ``lost_at``: ``(job_id, attempt) ->`` event time (µs) of the dispatcher's own ``JobLost`` of that run. A
+    ``JobCompleted`` of such a run stamped at or before the loss was not folded when the dispatcher lost
+    the run (folded, it would have ended the run, and there would be nothing to lose), so it comes after
+    the dispatcher's requeue of that run, or after its placement of the next attempt when the log holds one
+    (folded while the next attempt waited, it finishes the job, rule D3.completed-before-loss, and the
+    dispatcher would not have placed it): where the dispatcher folded it, whatever its event time.
     """
     first: list[LogRecord] = []
     rest = list(own)
@@ -549,21 +573,29 @@ def fold_order(
     first.sort(key=own_key)
     keyed = [(own_key(r), r) for r in rest]
     requeued: dict[tuple[str, int], tuple] = {}
-    if preempted_at:
+    replaced: dict[tuple[str, int], tuple] = {}  # a lost run -> its requeue, or the next attempt's placement
+    if preempted_at or lost_at:
         for k, r in keyed:
             ev = _ev(r)
             if isinstance(ev, events.JobRequeued):
                 requeued[(ev.job_id, ev.attempt - 1)] = k
+                replaced.setdefault((ev.job_id, ev.attempt - 1), k)
+            elif isinstance(ev, events.JobPlaced) and ev.attempt > 1:
+                replaced[(ev.job_id, ev.attempt - 1)] = k
 
     def key_of(r: LogRecord) -> tuple:
         k = polled_key(r)
         ev = _ev(r)
-        if requeued and isinstance(ev, events.JobCompleted):
+        if replaced and isinstance(ev, events.JobCompleted):
             run = (ev.job_id, ev.attempt)
             after = requeued.get(run)
             stopped_at = preempted_at.get(run) if preempted_at is not None else None
             if after is not None and stopped_at is not None and to_us(ev.ts) <= stopped_at:
                 return (*after, k)  # right after the requeue it cannot have preceded
+            last = replaced.get(run)
+            lost = lost_at.get(run) if lost_at is not None else None
+            if last is not None and lost is not None and to_us(ev.ts) <= lost:
+                return (*last, k)  # after the requeue (and a placement) it cannot have preceded
         return k
 
     merged = sorted(keyed + [(key_of(r), r) for r in polled], key=lambda kr: kr[0])

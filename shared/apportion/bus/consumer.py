@@ -515,6 +515,19 @@ class AssignedConsumer:
             late += await asyncio.to_thread(self.read_identity_to_end)  # handled live: judged as a poll's
         return backlog, late
 
+    def end_offsets_now(self, deadline_s: float = IDENTITY_READ_AHEAD_S) -> dict[str, int]:
+        """Each partition's end offset asked of the broker now, ``"topic:partition"`` -> offset (the last
+        stable offset: the consumer reads committed records only). Raises ``KafkaError`` when the broker
+        does not answer within ``deadline_s``."""
+        ends = self._kc.end_offsets(self.partitions, timeout_ms=int(deadline_s * 1000))
+        return {f"{tp.topic}:{tp.partition}": off for tp, off in ends.items()}
+
+    def positions(self) -> dict[str, int]:
+        """Each partition's next offset to read, ``"topic:partition"`` -> offset, as far as known without
+        waiting on the broker (past the records polls returned, and past transaction markers)."""
+        known = {tp: self._kc.position(tp, timeout_ms=0) for tp in self.partitions}
+        return {f"{tp.topic}:{tp.partition}": off for tp, off in known.items() if off is not None}
+
     def caught_up(self) -> bool:
         """True once every partition's position reached its end offset at start."""
         return all(self._kc.position(tp) >= self.start_end[tp] for tp in self.partitions)

@@ -133,7 +133,7 @@ def start_metrics(
 
     The endpoint also answers ``/ready`` (200 when ``readiness`` says ready, else 503; a JSON object naming
     each dependency's state, :class:`apportion.bus.resilience.Readiness`) and ``/healthz`` (200 while the
-    process serves); every other path is the metrics.
+    process serves); the metrics are at ``/metrics``, and every other path is 404.
 
     Returns:
         ``(registry, stop)``: register metrics on ``registry``; call ``stop()``
@@ -155,8 +155,11 @@ def start_metrics(
     class Handler(MetricsHandler.factory(registry)):  # type: ignore[misc] # prometheus_client's factory is untyped
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
-            if path not in ("/ready", "/healthz"):
+            if path == "/metrics":
                 return super().do_GET()
+            if path not in ("/ready", "/healthz"):
+                self.send_error(404, "not found: the paths are /metrics, /ready and /healthz")
+                return None
             ok, details = ready.check() if path == "/ready" else (True, {"service": "serving"})
             body = (json.dumps({"ready": ok, **details}) + "\n").encode()
             self.send_response(200 if ok else 503)

@@ -16,6 +16,10 @@ its elements is queued (a rejected array, or one not yet answered).
 
 from __future__ import annotations
 
+import errno
+import os
+import re
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -26,6 +30,7 @@ import typer
 
 from apportion import events
 from apportion.cli.common import _checked, _print_json, _require_topics, check_budget_filter, fail, json_option, refuse
+from apportion.jobdirs import job_dir_name
 from apportion.settings import topic_name
 
 FINISHED = ("completed", "failed", "cancelled", "rejected")
@@ -65,6 +70,7 @@ class JobHistory:
     reason: str = ""
     _started: datetime | None = None
     _done: set[int] = field(default_factory=set)
+    _preempted: int = 0  # the latest attempt preempted: its stopped replicas' failures end nothing
 
     @property
     def gpus(self) -> int:
@@ -156,6 +162,7 @@ def fold_jobs(evts: Iterable[events.Event]) -> dict[str, JobHistory]:
                 job.first_start = ev.ts
         elif isinstance(ev, events.JobPreempted):
             job.preemptions += 1
+            job._preempted = ev.attempt
             job._lose(ev.lost_gpu_s)
             job._end_run(ev.ts)
         elif isinstance(ev, events.JobLost):
@@ -172,11 +179,18 @@ def fold_jobs(evts: Iterable[events.Event]) -> dict[str, JobHistory]:
             if ev.replica is None or len(job._done) >= job.replicas:
                 job._end_run(ev.ts)
                 job.state, job.ended_at = "completed", ev.ts
-        elif isinstance(ev, events.JobFailed) and ev.attempt == job.attempts and job.state == "running":
+        elif isinstance(ev, events.JobFailed) and _ends_the_job(job, ev):
             if ev.replica is None or job.replicas == 1:
                 job._end_run(ev.ts)
                 job.state, job.ended_at, job.reason = "failed", ev.ts, ev.reason
     return jobs
+
+
+def _ends_the_job(job: JobHistory, ev: events.JobFailed) -> bool:
+    """Whether ``ev`` fails ``job``: a failure of its current attempt, placed or running (a start that failed,
+    ``no_account`` or a spawn failure, ends a job that never ran), unless that attempt was preempted (its
+    stopped replicas fail, and the dispatcher requeues the job)."""
+    return ev.attempt == job.attempts and job.state in ("pending", "running") and ev.attempt != job._preempted
 
 
 #: Marks a user's part of a budget in the per-user occupancy fold (:func:`usage_by_user`); budget segments
@@ -458,8 +472,52 @@ def usage_rows(
     return out
 
 
-#: Job ids the node agent uses as directory names unchanged (``services.node_agent.logic.job_dir_name``).
-SAFE_JOB_DIR = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
+def output_files(folder: Path, replica: int, stream: str) -> dict[int, Path]:
+    """The output files of ``replica`` in a job's output directory, by attempt: the names the node agent writes
+    (``attempt-<a>.replica-<r>.out|.err``; the directory is :func:`apportion.jobdirs.job_dir_name`'s) that are
+    regular files with one link. The directory is the job's: anything else a job left there (a symbolic link
+    to ``/etc/shadow`` named as a later attempt, a hard link, a FIFO) is not the agent's output and is
+    skipped. ``{}`` when the directory is missing or is not a directory (a link is not followed)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    pattern = re.compile(rf"attempt-([1-9][0-9]{{0,8}})\.replica-{replica}\.{re.escape(stream)}")
+    out: dict[int, Path] = {}
+    try:
+        for name in os.listdir(fd):
+            m = pattern.fullmatch(name)
+            if m is None:
+                continue
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                out[int(m.group(1))] = folder / name
+    finally:
+        os.close(fd)
+    return out
+
+
+def read_output(path: Path) -> str:
+    """The text of a job's output file, read without following a link or waiting on a FIFO.
+
+    The directory is the job's, so what lies at the name is the job's choice, and it may change it after
+    :func:`output_files` looked: a symbolic link (to ``/etc/shadow``, read by root's ``apportion logs``), a hard
+    link, a FIFO or a device is refused on the descriptor read.
+
+    Raises:
+        OSError: not a regular file with one link (``strerror`` says which), or it cannot be opened.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if st.st_nlink != 1:
+            raise OSError(errno.EPERM, f"it has {st.st_nlink} links (a hard link)", str(path))
+        return f.read().decode(errors="replace")
 
 
 def logs(
@@ -481,8 +539,6 @@ def logs(
     with --json the refusal is a ``{"ok": false, ...}`` object on stdout too. --json on success:
     ``{"ok": true, "job_id", "attempt", "attempts", "replica", "stream", "path", "text"}``.
     """
-    import os
-    import re
     import sys
 
     from apportion.settings import stack_env
@@ -496,12 +552,10 @@ def logs(
     )
     if base is None:
         fail("no job log directory known: give --dir, set APPORTION_JOB_LOG_DIR, or start the stack with `stack up`")
-    if not re.fullmatch(SAFE_JOB_DIR, job_id):
-        fail(f"job id {job_id!r} is not a plain file name: look for its directory under {base}")
-    folder = base / job_id
+    folder = base / job_dir_name(job_id)
     stream = "err" if stderr else "out"
-    files = sorted(folder.glob(f"attempt-*.replica-{replica}.{stream}")) if folder.is_dir() else []
-    if not files:
+    by_attempt = output_files(folder, replica, stream)
+    if not by_attempt:
         refuse(
             f"no output of job {job_id} (replica {replica}) under {base}",
             as_json=as_json,
@@ -509,7 +563,6 @@ def logs(
             reason="no_output",
             job_id=job_id,
         )
-    by_attempt = {int(f.name.split(".", 1)[0].removeprefix("attempt-")): f for f in files}
     pick = max(by_attempt) if attempt is None else attempt
     if pick not in by_attempt:
         refuse(
@@ -520,7 +573,16 @@ def logs(
             job_id=job_id,
             attempts=sorted(by_attempt),
         )
-    text = by_attempt[pick].read_text(errors="replace")
+    try:
+        text = read_output(by_attempt[pick])
+    except OSError as exc:
+        refuse(
+            f"job {job_id}'s output {by_attempt[pick]} is not read: {exc.strerror}",
+            as_json=as_json,
+            reason="not_a_plain_file",
+            job_id=job_id,
+            path=str(by_attempt[pick]),
+        )
     if as_json:
         _print_json(
             {

@@ -37,6 +37,10 @@ What ``decide`` does per input (design D2 and D3):
   once; ``NodeDrained`` if it is already empty.
 * ``NodeLost`` (from outside) -> ``JobLost`` (charged to the last
   heartbeat), ``StopWorkload`` to the gang's other replicas, ``JobRequeued``.
+* A lost run (no replica elsewhere) whose every replica reports a
+  ``JobCompleted`` stamped at or before the ``JobLost``, read while its
+  requeued attempt still waits, had finished: the job is finished, not run
+  again (rule D3.completed-before-loss; ``evolve``, no output).
 * :class:`Tick` -> maintenance, then the scheduling cycle
   (:func:`apportion.domain.engine.run_cycle`) on the state with the
   maintenance folded in:
@@ -301,6 +305,21 @@ class DispatchConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LostRun:
+    """A run lost with no replica elsewhere (``JobLost``), whose completion may still be on its way.
+
+    Attributes:
+        attempt: the lost attempt.
+        at_us: the loss's event time (the ``JobLost``'s ``ts``), µs.
+        replicas_left: replicas whose ``JobCompleted`` stamped at or before ``at_us`` has not been folded.
+    """
+
+    attempt: int
+    at_us: Micros
+    replicas_left: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True)
 class JobRecord:
     """A job the dispatcher knows (active: pending, running or stopping).
 
@@ -308,9 +327,12 @@ class JobRecord:
         spec: its latest ``JobQueued`` (budget, user, shape, workload).
         attempt: current attempt (1-based).
         status: ``pending``, ``running``, ``stopping`` (preempted, waiting for
-            the stop) or ``cancelling`` (cancelled while stopping).
+            the stop), ``cancelling`` (cancelled while stopping) or ``lost``
+            (its run lost, the requeue to come).
         submitted_at_us: original submission time, µs.
         queued_at_us: when the current attempt was queued, µs.
+        lost: the previous attempt's loss while this one is lost or requeued and not placed yet
+            (rule D3.completed-before-loss); ``None`` otherwise.
     """
 
     spec: JobQueued
@@ -318,6 +340,7 @@ class JobRecord:
     status: str
     submitted_at_us: Micros
     queued_at_us: Micros
+    lost: LostRun | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -744,6 +767,7 @@ def _pending_job(
         preemptions=preemptions,
         progress_s=progress_s,
         checkpoint_interval_s=spec.checkpoint_interval_s,
+        topology_bound=spec.topology_bound,
     )
 
 
@@ -854,7 +878,8 @@ def _fold_requeued(state: DispatchState, ev: JobRequeued, t_ev: Micros) -> None:
             state.node_refusals[ev.refused_by] = state.node_refusals.get(ev.refused_by, 0) + 1
     t = to_us(ev.ts)
     sub = to_us(ev.submitted_at)
-    jobs[ev.job_id] = JobRecord(rec.spec, ev.attempt, "pending", sub, t)
+    lost = rec.lost if rec.status == "lost" and rec.attempt == ev.attempt - 1 else None
+    jobs[ev.job_id] = JobRecord(rec.spec, ev.attempt, "pending", sub, t, lost)
     c = state.cluster  # its fold of this event already ran: counts and progress are current
     state._enqueue(
         _pending_job(rec.spec, ev.attempt, sub, t, c.preemptions.get(ev.job_id, 0), c.progress.get(ev.job_id, 0.0))
@@ -883,11 +908,41 @@ def _fold_report(state: DispatchState, ev: JobCompleted | JobFailed, t_ev: Micro
             state.backoff.pop(ev.job_id, None)
         return
     rec = jobs.get(ev.job_id)
+    if rec is not None and rec.lost is not None and rec.lost.attempt == ev.attempt and rec.status == "pending":
+        _fold_lost_report(state, rec, rec.lost, ev, t_ev)
+        return
     if rec is not None and rec.attempt == ev.attempt and rec.status == "running" and key not in state.cluster.runs:
         del jobs[ev.job_id]
         state.finished[ev.job_id] = t_ev
         state.awaiting.pop(key, None)
         state.backoff.pop(ev.job_id, None)
+
+
+def _fold_lost_report(
+    state: DispatchState, rec: JobRecord, lost: LostRun, ev: JobCompleted | JobFailed, t_ev: Micros
+) -> None:
+    """Rule D3.completed-before-loss: a report of a lost run read while its requeued attempt waits.
+
+    A ``JobCompleted`` stamped at or before the loss ends the replica it names (``replica=None``: all);
+    once every replica has, the run had finished its work before it was declared lost: the job is finished
+    (out of the queue), not run again. A ``JobFailed``, or a completion stamped after the loss, leaves the
+    requeue as it is.
+    """
+    job_id = rec.spec.job_id
+    if isinstance(ev, JobFailed) or t_ev > lost.at_us:
+        state.jobs[job_id] = replace(rec, lost=None)
+        return
+    left = frozenset() if ev.replica is None else lost.replicas_left - {ev.replica}
+    if left:
+        state.jobs[job_id] = replace(rec, lost=replace(lost, replicas_left=left))
+        return
+    state._dequeue(job_id)
+    state.held.pop(job_id, None)
+    del state.jobs[job_id]
+    state.finished[job_id] = t_ev
+    state.backoff.pop(job_id, None)
+    state.cluster.preemptions.pop(job_id, None)  # what the report's fold does to a run that ends the job
+    state.cluster.progress.pop(job_id, None)
 
 
 def _fold_held(state: DispatchState, ev: JobHeld, t_ev: Micros) -> None:
@@ -934,8 +989,9 @@ def _fold_lost(state: DispatchState, ev: JobLost, t_ev: Micros) -> None:
     if run is not None:
         jobs[ev.job_id] = replace(rec, status="stopping")
         state.stopping[key] = _Stopping(to_us(ev.ts), run.open_replicas, True, plus_grace=True)
-    else:
-        jobs[ev.job_id] = replace(rec, status="lost")
+    else:  # nothing left running: its completion, if one is on its way, may still finish the job
+        lost = LostRun(ev.attempt, t_ev, frozenset(range(rec.spec.replicas)))
+        jobs[ev.job_id] = replace(rec, status="lost", lost=lost)
 
 
 def _fold_started(state: DispatchState, ev: JobStarted, t_ev: Micros) -> None:
@@ -1144,6 +1200,7 @@ def _decide_submitted(state: DispatchState, job: JobSubmitted, now_us: Micros, c
             checkpoint_interval_s=job.checkpoint_every_s,
             env=job.env,
             time_limit_s=time_limit_in_force(state.tree, job),
+            topology_bound=job.topology_bound,
         )
     ]
     if job.array is not None:
@@ -1424,16 +1481,10 @@ def maintenance(state: DispatchState, now_us: Micros, config: DispatchConfig | N
     prod = cfg.producer
     out: list[Event] = []
     handled: set[RunKey] = set()
-    if cfg.heartbeat_timeout_s is not None:
-        limit = s_to_us(cfg.heartbeat_timeout_s)
-        for nid in sorted(state.cluster.nodes):
-            n = state.cluster.nodes[nid]
-            if n.state in ("lost", "drained") or n.last_heartbeat_us is None:
-                continue
-            if now_us > heartbeat_deadline_us(n.last_heartbeat_us, state.heartbeats_from_us, limit):
-                out.extend(
-                    _node_lost(state, nid, n.last_heartbeat_us, ts, prod, emit_lost=handled, grace_s=cfg.engine.grace_s)
-                )
+    for nid in overdue_nodes(state, now_us, cfg):
+        last = state.cluster.nodes[nid].last_heartbeat_us
+        assert last is not None
+        out.extend(_node_lost(state, nid, last, ts, prod, emit_lost=handled, grace_s=cfg.engine.grace_s))
     finished: set[RunKey] = set()  # stops finished in this pass (their JobRequeued is not folded yet)
     for key in sorted(state.stopping):
         st = state.stopping[key]
@@ -1444,6 +1495,27 @@ def maintenance(state: DispatchState, now_us: Micros, config: DispatchConfig | N
     for nid in sorted(state.draining):
         out.extend(_drain(state, nid, now_us, ts, cfg, skip=handled))
     return out
+
+
+def overdue_nodes(state: DispatchState, now_us: Micros, config: DispatchConfig | None = None) -> list[str]:
+    """The nodes a tick at ``now_us`` declares lost by heartbeat timeout (rule D3.node-lost), sorted.
+
+    Nodes neither lost nor drained whose deadline (:func:`heartbeat_deadline_us`) is past; none when the
+    timeout is off. The dispatcher asks before it ticks: such a tick waits for its read barrier
+    (rule D3.loss-barrier).
+    """
+    cfg = config or DispatchConfig()
+    if cfg.heartbeat_timeout_s is None:
+        return []
+    limit = s_to_us(cfg.heartbeat_timeout_s)
+    since = state.heartbeats_from_us
+    return [
+        nid
+        for nid in sorted(state.cluster.nodes)
+        if (n := state.cluster.nodes[nid]).state not in ("lost", "drained")
+        and n.last_heartbeat_us is not None
+        and now_us > heartbeat_deadline_us(n.last_heartbeat_us, since, limit)
+    ]
 
 
 def heartbeat_deadline_us(last_heartbeat_us: Micros, heartbeats_from_us: Micros | None, limit_us: Micros) -> Micros:

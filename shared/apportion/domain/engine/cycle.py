@@ -88,6 +88,7 @@ The phases, each a function of one per-cycle context (:class:`_Cycle`, built by
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -107,7 +108,7 @@ from apportion.domain.engine.emit import (
 from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
 from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
 from apportion.domain.engine.reasons import CycleLeft, PendingReason, explain_pending
-from apportion.domain.engine.reservation import earliest_fit_us, reservation_nodes
+from apportion.domain.engine.reservation import earliest_fit_us, reservation_nodes, share_covers
 from apportion.domain.engine.search import PreemptionRequest, plan_preemption
 from apportion.domain.engine.shapes import CycleMemo, blocked_run, segment_floor
 from apportion.domain.engine.victims import CycleVictims, VictimIndex
@@ -296,6 +297,16 @@ class _Cycle:
     hold_charge: float = 0.0  # and its provisional charge
     min_rt: dict[str, float] = field(default_factory=dict)  # leaf -> least min_runtime_s of its allocated jobs
     floors: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    capacity: int = -1  # GPUs of the ready nodes, C(t) of D3.hero-cover (-1: not counted yet)
+
+    def covers(self, leaf: str, gpus: int) -> bool:
+        """D3.hero-cover: ``leaf``'s share covers a job of ``gpus`` GPUs (always below ``hero_min_gpus``)."""
+        least = self.cfg.hero_min_gpus
+        if least is None or gpus < least:
+            return True
+        if self.capacity < 0:
+            self.capacity = sum(self.free.count.values())
+        return share_covers(gpus, self.tree.abs_share(leaf), self.capacity)
 
     def floor_shape(self, leaf: str, lo: int, hi: int) -> tuple[int, int]:
         """Smallest g and smallest k in pending[leaf][lo:hi]: a lower bound of any job left there."""
@@ -429,7 +440,8 @@ def _take_allocated(cx: _Cycle, leaf: str, idx: int) -> None:
     cx.rank += 1
     cx.res.considered += 1
     g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
-    nodes = _fit_free(cx, g, k, model)
+    bound = job.topology_bound
+    nodes = _fit_free(cx, g, k, model, bound)
     if (
         nodes is None
         and cx.hold_fit
@@ -438,17 +450,23 @@ def _take_allocated(cx: _Cycle, leaf: str, idx: int) -> None:
     ):
         nodes = _backfill_reservation(cx, job, leaf)
     cfg = cx.cfg
-    holds_reservation = cx.reserved_for is None and cx.now_us - job.queued_at_us >= cx.reservation_after_us
+    holds_reservation = (
+        cx.reserved_for is None
+        and cx.now_us - job.queued_at_us >= cx.reservation_after_us
+        and cx.covers(leaf, job.gpus)  # D3.hero-cover: an uncovered job reserves nothing
+    )
     failure_key = leaf if model is None else leaf + "\x00" + model
     charge = charge_of(g, k, job.min_runtime_s, cfg.window_s)
     if nodes is not None:
         _place_on_free(cx, job, leaf, nodes, holds_reservation)
-    elif cfg.preemption and not cx.known_to_fail(leaf, failure_key, g, k, charge):
+    elif cfg.preemption and bound is None and not cx.known_to_fail(leaf, failure_key, g, k, charge):
         nodes = _preempt_for(cx, job, leaf, failure_key, charge, holds_reservation)
     elif not cfg.preemption:
         cx.record_search_failure(failure_key, g, k)
     if nodes is not None:
         cx.queue.charge(leaf, charge)
+        if cx.request is not None:
+            cx.request.charged.append(leaf)
         cx.charges += 1
         cx.own_charges[leaf] = cx.own_charges.get(leaf, 0) + 1
     elif holds_reservation:
@@ -457,12 +475,13 @@ def _take_allocated(cx: _Cycle, leaf: str, idx: int) -> None:
         _pass_over_blocked(cx, leaf, idx, model)
 
 
-def _fit_free(cx: _Cycle, g: int, k: int, model: str | None) -> list[str] | None:
-    """Best-fit gang placement on free GPUs (D3.placement), unless a shape at most as large already failed."""
+def _fit_free(cx: _Cycle, g: int, k: int, model: str | None, bound: str | None = None) -> list[str] | None:
+    """Best-fit gang placement on free GPUs (D3.placement), unless a shape at most as large already failed;
+    ``bound``: within one block or rack (D1.topology; its failure says nothing about unbound shapes)."""
     if cx.fit_failed(g, k, model):
         return None
-    nodes = cx.free.fit(g, k, model)
-    if nodes is None:
+    nodes = cx.free.fit(g, k, model, bound)
+    if nodes is None and bound is None:
         cx.free_fail.setdefault(model, []).append((g, k))
     return nodes
 
@@ -478,7 +497,7 @@ def _backfill_reservation(cx: _Cycle, job: PendingJob, leaf: str) -> list[str] |
     if not backfill_rule(True, s_to_us(prot), cx.now_us, cx.hold_fit, may):
         return None
     free = cx.free
-    nodes = free.fit_with_reserved(job.gpus_per_replica, job.replicas, job.gpu_model)
+    nodes = free.fit_with_reserved(job.gpus_per_replica, job.replicas, job.gpu_model, job.topology_bound)
     if nodes is not None and not free.reserved_free():
         cx.hold_fit = 0  # the reservation's GPUs are all lent: nothing more to backfill
     return nodes
@@ -539,8 +558,13 @@ def _preempt_for(
         )
     victims = req.victims
     req.job, req.leaf, req.charge_count, req.charge_gpu_s = job, leaf, cx.charges, charge
+    covered = cx.covers(leaf, job.gpus)
+    # D3.hero-cover: an uncovered job takes no expired run of a budget behind it (no delta is large enough)
+    req.delta = cfg.delta if covered else math.inf
     cx.res.searches += 1
     plan = plan_preemption(req)
+    if not covered:
+        victims.behind.pop(leaf, None)  # found without the behind runs: not for the leaf's covered jobs
     if plan is None:
         # (a refusal by patience_rule or checkpoint_rule depends on this job's wait or victims' timing)
         # (and one that spared a gang larger than the job says nothing about larger jobs: gang_rule)
@@ -577,7 +601,7 @@ def _reserve(cx: _Cycle, job: PendingJob, leaf: str, charge: float) -> None:
     if victims is not None:
         taken = victims.taken
         unalloc_gpus = {n: sum(len(x[2]) for x in lst if x[1].key not in taken) for n, lst in victims.unalloc.items()}
-    chosen_nodes = reservation_nodes(free, g, k, model, unalloc_gpus)
+    chosen_nodes = reservation_nodes(free, g, k, model, unalloc_gpus, job.topology_bound)
     for n in chosen_nodes:
         free.reserve(n)
     cx.res.reservation = (job.job_id, tuple(chosen_nodes))
@@ -700,7 +724,9 @@ def _pass_unallocated(cx: _Cycle) -> None:
                 res.considered += n
                 res.passed_over += n
                 continue
-            nodes = free.fit(g, k, model)
+            nodes = free.fit(g, k, model, job.topology_bound)
+            if nodes is None and job.topology_bound is not None:
+                continue  # (a bound's failure says nothing about unbound shapes)
             if nodes is None:
                 free_fail.setdefault(model, []).append((g, k))
                 any_free = free_fail.get(None, [])

@@ -53,6 +53,10 @@ CHECKPOINT_WAIT_S = 7200.0
 next checkpoint (:func:`~apportion.domain.preemption.checkpoint_rule`); Philly's longest minimum runtime."""
 
 
+HERO_MIN_GPUS = 1024
+"""Default ``EngineConfig.hero_min_gpus``: the least GPUs of a job that rule ``D3.hero-cover`` concerns."""
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """Scheduler policy knobs.
@@ -78,6 +82,10 @@ class EngineConfig:
             preempted more often (:func:`~apportion.domain.cluster.protection_s`; default 5; ``None``: no bound).
         gang_rule: apply :func:`~apportion.domain.preemption.gang_rule` (an allocated gang is never preempted
             for a job smaller than it; default True, False up to policy fairtree-6).
+        hero_min_gpus: rule ``D3.hero-cover`` applies to jobs of at least this many GPUs (a job that large and
+            larger than its budget's share of the capacity neither reserves nodes nor preempts busy allocated runs;
+            :func:`~apportion.domain.engine.reservation.share_covers`); default 1,024, so no job of a cluster of a few
+            hundred GPUs is concerned; ``None``: off.
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -93,6 +101,7 @@ class EngineConfig:
     protection_doublings: int | None = PROTECTION_DOUBLINGS
     churn_bound: int | None = PROTECTION_CHURN_BOUND
     gang_rule: bool = True
+    hero_min_gpus: int | None = HERO_MIN_GPUS
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"

@@ -358,10 +358,11 @@ class CycleFree:
                 return True
         return False
 
-    def fit_with_reserved(self, g: int, k: int, model: str | None) -> list[str] | None:
-        """:meth:`fit` over the unreserved nodes and the reserved ones together (best fit, then id)."""
+    def fit_with_reserved(self, g: int, k: int, model: str | None, bound: str | None = None) -> list[str] | None:
+        """:meth:`fit` over the unreserved nodes and the reserved ones together (best fit, then id);
+        ``bound`` as in :meth:`fit`."""
         if not self.reserved_fits(g, model):
-            return self.fit(g, k, model)
+            return self.fit(g, k, model, bound)
         cand: list[tuple[int, str]] = []
         models = [model] if model is not None else list(self.buckets)
         for c in range(g, self.maxc + 1):
@@ -376,6 +377,6 @@ class CycleFree:
         if len(cand) < k:
             return None
         cand.sort()
-        if k > 1 and self.place:
-            return topology_pick([n for _, n in cand], k, self.place)
+        if k > 1 and (self.place or bound is not None):
+            return topology_pick([n for _, n in cand], k, self.place, bound)
         return [n for _, n in cand[:k]]

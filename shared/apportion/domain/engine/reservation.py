@@ -14,12 +14,23 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from apportion.domain.cluster import PROTECTION_UNTIL_DONE_S, UNTIL_STARTED, ClusterSnapshot, Run, RunKey
-from apportion.domain.engine.placement import CycleFree
+from apportion.domain.engine.placement import CycleFree, topology_pick
 from apportion.timeutil import Micros, s_to_us
 
-__all__ = ["earliest_fit_us", "reservation_nodes"]
+__all__ = ["earliest_fit_us", "reservation_nodes", "share_covers"]
 
 _UNTIL_DONE_US = s_to_us(PROTECTION_UNTIL_DONE_S)  # a run protected until it completes: no known end
+
+
+def share_covers(gpus: int, share: float, capacity_gpus: int) -> bool:
+    """Rule ``D3.hero-cover``: a budget of absolute share ``share`` covers a job of ``gpus`` GPUs on a cluster
+    of ``capacity_gpus``: ``g x k <= abs(b) x C(t)``. A job it does not cover neither reserves nodes nor preempts
+    busy allocated runs (its reservation and preemption search in :mod:`apportion.domain.engine.cycle`).
+
+    >>> share_covers(4096, 0.30, 16384), share_covers(8192, 0.10, 16384), share_covers(1638, 0.10, 16384)
+    (True, False, True)
+    """
+    return gpus <= share * capacity_gpus
 
 
 def earliest_fit_us(
@@ -82,15 +93,26 @@ def earliest_fit_us(
             if avail >= g:
                 t = until
                 break
+        if t >= UNTIL_STARTED:
+            return UNTIL_STARTED  # no known time for this node: none for the holder (the other nodes need not be read)
         if t > latest:
             latest = t
     return max(latest, now_us)
 
 
 def reservation_nodes(
-    free: CycleFree, g: int, k: int, model: str | None, unalloc: Mapping[str, int] | None = None
+    free: CycleFree,
+    g: int,
+    k: int,
+    model: str | None,
+    unalloc: Mapping[str, int] | None = None,
+    bound: str | None = None,
 ) -> list[str]:
     """k eligible nodes for a blocked job: most GPUs available to it now first, ties by id.
+
+    On labelled nodes (or for a job with a ``bound``), a gang (k > 1) takes
+    the fewest blocks, then racks, among the nodes that free up soonest
+    (:func:`_topology_reservation`, rule ``D1.topology``).
 
     Available: free, plus (``unalloc``: node -> GPUs) those of unallocated
     runs, which the holder evicts as soon as it can start; so a node whose
@@ -101,6 +123,8 @@ def reservation_nodes(
     runs they are walked from the most free down; nodes with no free GPU are
     looked for only when fewer than k were found.
     """
+    if k > 1 and (free.place or bound is not None):
+        return _topology_reservation(free, g, k, model, unalloc or {}, bound)
     out: list[str] = []
     count = free.count
     if unalloc:
@@ -148,3 +172,28 @@ def reservation_nodes(
     )
     out.extend(zero[: k - len(out)])
     return out
+
+
+def _topology_reservation(
+    free: CycleFree, g: int, k: int, model: str | None, unalloc: Mapping[str, int], bound: str | None
+) -> list[str]:
+    """k eligible nodes on the fewest blocks, then racks, among those with the most GPUs available now
+    (rule ``D1.topology``): the candidates are the nodes with at least ``a`` available (free, plus
+    ``unalloc``'s), for ``a`` from the most any node has down to 0; the first ``a`` whose candidates hold
+    the gang (within ``bound``, if any) gives :func:`~apportion.domain.engine.placement.topology_pick`'s
+    choice among them (candidates in order of most available, ties by id). ``[]`` when no set holds it."""
+    ffree, reserved, fmodel, count = free.free, free.reserved, free.model, free.count
+    avail = sorted(
+        (-(len(ffree[n]) + unalloc.get(n, 0)), n)
+        for n, m in fmodel.items()
+        if n not in reserved and count[n] >= g and (model is None or m == model)
+    )
+    if len(avail) < k:
+        return [n for _, n in avail] if bound is None else []
+    levels = sorted({-a for a, _ in avail[k - 1 :]}, reverse=True)
+    for level in levels:
+        cands = [n for a, n in avail if -a >= level]
+        got = topology_pick(cands, k, free.place, bound)
+        if got is not None:
+            return got
+    return []

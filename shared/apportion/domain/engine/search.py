@@ -11,11 +11,12 @@ whose verdict (rule id, LCA, the two r) goes into the audit record
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+import heapq
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from apportion.domain.budgets import BudgetTree
+from apportion.domain.budgets import BudgetTree, ancestors_of
 from apportion.domain.cluster import Run, RunKey, next_checkpoint_us, work_lost_gpu_s
 from apportion.domain.engine.inputs import PendingJob
 from apportion.domain.engine.placement import CycleFree
@@ -84,6 +85,12 @@ class PreemptionRequest:
     checkpoint_wait_s: float = 0.0
     gangs: bool = False
     gang_cap: Callable[[str], Micros | None] | None = None
+    charged: list[str] = field(default_factory=list)
+    """The leaves provisionally charged since the request was made, in order (one entry per charge): the
+    only budgets whose r moved (speed only, for :func:`_nothing_behind`)."""
+    memo: dict[Any, Any] = field(default_factory=dict)
+    """What the searches of this request found out that a later one may reuse (speed only): kept while the
+    request lives, so one request serves one cycle's free index and candidates."""
 
 
 Plan = tuple[tuple[Placement, ...], list[tuple[Run, Victim]]]
@@ -126,12 +133,20 @@ def plan_preemption(req: PreemptionRequest) -> Plan | None:
     s = _Search.of(req)
     req.victims.narrowed = False
     req.victims.spared = False
-    options = _unallocated_options(s)
-    _free_options(s, options)
     k = req.job.replicas
-    if len(options) < k and req.victims.idle_on:
+    # too few nodes without expired-behind runs, as found by a search of this shape with nothing touched since
+    short_key = (_SHORT, s.g, s.model, k)
+    log_len = len(req.free.log)
+    if req.memo.get(short_key) == log_len and _nothing_behind(s):
+        return None
+    cached = _unallocated_options(s)
+    options = _cheapest_unallocated(s, cached, k)  # (all of them when fewer than k)
+    n = len(cached) - len(options)  # options not in the list
+    _free_options(s, options)
+    if len(options) + n < k and req.victims.idle_on:
         _idle_options(s, options)
-    if len(options) < k:
+    if len(options) + n < k:
+        req.memo[short_key] = log_len  # (the same for any leaf: free, unallocated and idle options)
         found = _behind_options(s, options)
         if found is None or len(found) < k:
             return None
@@ -235,7 +250,7 @@ class _Search:
         return ((a, i, u, lost), nid, chosen)
 
 
-def _unallocated_options(s: _Search) -> list[Option]:
+def _unallocated_options(s: _Search) -> dict[str, Option]:
     """Nodes that unallocated victims alone can free for J, from the cycle's cache of them.
 
     Options depend on g, the model and each node's state, not on the preemptor: only the nodes
@@ -259,6 +274,7 @@ def _unallocated_options(s: _Search) -> list[Option]:
             todo = [nid for nid in touched if nid in unalloc_nodes]
     victims.unalloc_seen[ckey] = len(log)
     taken = s.taken
+    heap = _unallocated_heap(s.req, ckey, cached)
     for nid in todo:
         if not s.eligible(nid):  # (static in a cycle but for reservations, which are logged)
             continue
@@ -271,7 +287,41 @@ def _unallocated_options(s: _Search) -> list[Option]:
             opt = s.evaluate(nid, cands)
             if opt is not None:
                 cached[nid] = opt
-    return list(cached.values())
+                heapq.heappush(heap, (opt[0], nid, id(opt), opt))
+    return cached
+
+
+def _unallocated_heap(
+    req: PreemptionRequest, ckey: tuple[int, str | None], cached: dict[str, Option]
+) -> list[tuple[tuple[int, int, int, float], str, int, Option]]:
+    """A heap ``(cost, node, id, option)`` of the cached unallocated options of ``ckey`` (kept in ``req.memo``
+    while the cache is the same dict); entries whose option is no longer the node's are stale."""
+    hkey = ("unallocated", ckey)
+    ent = req.memo.get(hkey)
+    if ent is None or ent[0] is not cached:
+        heap = [(o[0], nid, id(o), o) for nid, o in cached.items()]
+        heapq.heapify(heap)
+        ent = req.memo[hkey] = (cached, heap)
+    heap = ent[1]
+    if len(heap) > 2 * len(cached) + 64:
+        heap[:] = [(o[0], nid, id(o), o) for nid, o in cached.items()]
+        heapq.heapify(heap)
+    return heap
+
+
+def _cheapest_unallocated(s: _Search, cached: dict[str, Option], k: int) -> list[Option]:
+    """The k cheapest (cost, then node id) of the cached unallocated options, all of them when fewer."""
+    if len(cached) <= k:
+        return list(cached.values())
+    heap = _unallocated_heap(s.req, (s.g, s.model), cached)
+    kept: list[tuple[tuple[int, int, int, float], str, int, Option]] = []
+    while heap and len(kept) < k:
+        e = heapq.heappop(heap)
+        if cached.get(e[1]) is e[3]:
+            kept.append(e)
+    for e in kept:
+        heapq.heappush(heap, e)
+    return [e[3] for e in kept]
 
 
 def _free_options(s: _Search, options: list[Option]) -> None:
@@ -306,69 +356,201 @@ def _idle_options(s: _Search, options: list[Option]) -> None:
             options.append(opt)
 
 
-def _behind_candidates(s: _Search, behind: Iterable[str]) -> dict[str, list[Candidate]]:
-    """Per eligible node, the expired allocated runs of the leaves ``behind`` J's (D3.victims rule 2), less
-    the gangs :func:`gang_rule` spares (D3.gangs)."""
+def _expired_by_node(req: PreemptionRequest, behind: Iterable[str]) -> dict[str, list[tuple[str, list[Candidate]]]]:
+    """Node -> ``(leaf, its expired runs there)`` for every leaf that was ever ``behind`` in this request's
+    searches, and the shapes ``(replicas, GPUs)`` of the expired gangs among them (in ``req.memo``): a leaf
+    is indexed the first time it is behind, so a cycle reads only the expired runs it may preempt."""
+    memo = req.memo
+    by_node = memo.get(_BY_NODE)
+    if by_node is None:
+        by_node = memo[_BY_NODE] = {}
+        memo[_SEEN] = set()
+        memo[_GANG_SHAPES] = []
+    seen = memo[_SEEN]
+    new = [v for v in behind if v not in seen]
+    if new:
+        shapes = set(memo[_GANG_SHAPES])
+        victims = req.victims
+        for v in new:
+            seen.add(v)
+            for nid, lst in victims.expired_on(v).items():
+                ent = by_node.get(nid)
+                if ent is None:
+                    by_node[nid] = [(v, lst)]
+                else:
+                    ent.append((v, lst))
+                shapes.update((x[1].replicas, x[0][0]) for x in lst if x[1].replicas > 1)
+        memo[_GANG_SHAPES] = sorted(shapes)
+    return by_node
+
+
+def _memo_key(req: PreemptionRequest, g: int, model: str | None, gpus: int) -> tuple[object, ...]:
+    """What a node's expired-behind option depends on beside the node and the behind set: g, the model and,
+    with the gang rule, which expired gang shapes (of the leaves indexed so far) are too large for J (the one
+    place the job's size enters :func:`gang_rule`; the gang's age does not depend on J), so that jobs of one g
+    share their options. A new shape makes new keys: their options start afresh."""
+    if not req.gangs:
+        return (g, model)
+    return (g, model, tuple(gang_rule(r, n, gpus) for r, n in req.memo[_GANG_SHAPES]))
+
+
+def _node_option(
+    s: _Search, nid: str, behind: Mapping[str, object], mine: list[tuple[str, list[Candidate]]], gpus: int
+) -> tuple[Option | None, bool]:
+    """The least-cost way to free ``nid`` for J with the expired runs there of the leaves ``behind`` J's
+    (D3.victims rule 2; less the gangs :func:`gang_rule` spares, D3.gangs), with the unallocated and idle
+    runs there; and whether a gang was spared. ``(None, ...)``: no such run, or not enough GPUs."""
+    if not s.eligible(nid):
+        return None, False
     req = s.req
-    victims, taken, now, gang_cap = req.victims, s.taken, req.now, req.gang_cap
-    gpus = s.g * req.job.replicas
-    per_node: dict[str, list[Candidate]] = {}
-    for v in behind:
-        for nid, lst in victims.expired_on(v).items():
-            if not s.eligible(nid):
+    victims, taken, now, gang_cap, idle_runs = req.victims, s.taken, req.now, req.gang_cap, s.idle_runs
+    lst: list[Candidate] = []
+    spared = False
+    for v, cands in mine:
+        if v not in behind:
+            continue
+        for x in cands:
+            if x[1].key in taken:
                 continue
-            bucket = per_node.get(nid)
-            if bucket is None:
-                bucket = per_node[nid] = []
-            for x in lst:
-                if x[1].key in taken:
-                    continue
-                if (
-                    req.gangs
-                    and x[1].replicas > 1  # (a single-node run always may: gang_rule's age test is not needed)
-                    and not gang_rule(
-                        x[1].replicas,
-                        x[0][0],
-                        gpus,
-                        ran_us(x[1], now),
-                        gang_cap(x[1].budget) if gang_cap is not None else None,
-                    )
-                ):
-                    victims.spared = True  # (the failure says nothing about a larger job)
-                    continue
-                bucket.append(x)
-    return per_node
+            if (
+                req.gangs
+                and x[1].replicas > 1  # (a single-node run always may: gang_rule's age test is not needed)
+                and not gang_rule(
+                    x[1].replicas,
+                    x[0][0],
+                    gpus,
+                    ran_us(x[1], now),
+                    gang_cap(x[1].budget) if gang_cap is not None else None,
+                )
+            ):
+                spared = True  # (the failure says nothing about a larger job)
+                continue
+            lst.append(x)
+    if not lst:
+        return None, spared
+    if nid in victims.unalloc:
+        lst.extend(x for x in victims.unalloc[nid] if x[1].key not in taken)
+    if idle_runs:
+        lst[:] = [x for x in lst if x[1].key not in idle_runs]  # (an idle expired run: once, below)
+        lst.extend(x for x in victims.idle_on.get(nid, ()) if x[1].key not in taken)
+    lst.sort(key=s.rank)  # (order keys are unique: the order does not depend on the leaves' order)
+    return s.evaluate(nid, lst), spared
+
+
+@dataclass(slots=True, eq=False)
+class _BehindMemo:
+    """The expired-behind options of one job shape in one request's searches (speed only).
+
+    ``opts``: node -> ``(seq, option)`` for the leaves ``behind`` at the last search, nodes without an
+    option absent; ``heap``: ``(cost, node, seq)`` of the options, stale entries (a node's seq moved on)
+    dropped when met; ``spared``: the nodes where a gang was spared. A node's option depends only on the
+    behind set, J's shape and the node's own state, so a search re-evaluates only the nodes touched since
+    the last one (``free.log`` from ``pos``: GPUs taken, victims taken, reservations) and the nodes of the
+    leaves that joined or left the behind set.
+    """
+
+    behind: set[str] = field(default_factory=set)
+    pos: int = 0
+    opts: dict[str, tuple[int, Option]] = field(default_factory=dict)
+    heap: list[tuple[tuple[int, int, int, float], str, int]] = field(default_factory=list)
+    spared: set[str] = field(default_factory=set)
+    seq: int = 0
+
+
+_BY_NODE = "expired_by_node"
+_SEEN = "expired_indexed"
+_GANG_SHAPES = "gang_shapes"
+_MAX_R = "max_ratio"
+_SHORT = "short"
+
+
+def _nothing_behind(s: _Search) -> bool:
+    """No branch is behind J's by delta at any ancestor (so :meth:`CycleVictims.behind_of` finds no leaf):
+    the largest r of any budget is below r + delta of each of J's leaf's ancestors. A bound kept per request
+    (speed only): the largest r at its first use, raised by the r of the ancestors of each leaf charged since
+    (a charge only raises r, and only theirs)."""
+    req = s.req
+    tree = req.tree
+    if tree is None or callable(req.ratio):
+        return False
+    ratio = s.view.ratio
+    got = req.memo.get(_MAX_R)
+    if got is None:
+        top = max((ratio(p) for p in tree.paths()), default=0.0)
+    else:
+        pos, top = got
+        for leaf in req.charged[pos:]:
+            for a in ancestors_of(leaf):
+                r = ratio(a)
+                if r > top:
+                    top = r
+    req.memo[_MAX_R] = (len(req.charged), top)
+    delta = req.delta
+    for a in ancestors_of(req.leaf):
+        if not top < ratio(a) + delta:  # (the same sum as behind_of's filter)
+            return False
+    return True
 
 
 def _behind_options(s: _Search, options: list[Option]) -> list[Option] | None:
-    """``options`` with the nodes that expired-behind runs (with unallocated and idle ones) can free for J;
-    ``None`` when no leaf is behind J's or none of their runs is on an eligible node."""
+    """The k cheapest of ``options`` and of the nodes that expired-behind runs (with unallocated and idle
+    ones) can free for J, a node's expired-behind option in place of its other one; ``None`` when no leaf
+    is behind J's."""
     req = s.req
-    victims, taken, idle_runs = req.victims, s.taken, s.idle_runs
+    victims, k = req.victims, req.job.replicas
+    if _nothing_behind(s):
+        victims.narrowed = False
+        return None
     behind, victims.narrowed = victims.behind_of(
         req.leaf, s.view, req.delta, req.charge_count, req.tree, req.charge_gpu_s, req.moves
     )
     if not behind:
         return None
-    per_node = _behind_candidates(s, behind)
-    if not per_node:
-        return None
-    seen = {o[1] for o in options}
-    for nid, lst in per_node.items():
-        if not lst:
+    by_node = _expired_by_node(req, behind)
+    gpus = s.g * k
+    key = _memo_key(req, s.g, s.model, gpus)
+    memo = req.memo.get(key)
+    if memo is None:
+        memo = req.memo[key] = _BehindMemo()
+    log = req.free.log
+    dirty = set(log[memo.pos :])
+    memo.pos = len(log)
+    if memo.behind != behind.keys():
+        for v in memo.behind.symmetric_difference(behind):
+            dirty.update(victims.expired_on(v))
+        memo.behind = set(behind)
+    opts, heap, spared = memo.opts, memo.heap, memo.spared
+    for nid in dirty:  # (in any order: the options do not depend on it)
+        mine = by_node.get(nid)
+        if mine is None:
             continue
-        if nid in victims.unalloc:
-            lst.extend(x for x in victims.unalloc[nid] if x[1].key not in taken)
-        if idle_runs:
-            lst[:] = [x for x in lst if x[1].key not in idle_runs]  # (an idle expired run: once, below)
-            lst.extend(x for x in victims.idle_on.get(nid, ()) if x[1].key not in taken)
-        lst.sort(key=s.rank)
-        opt = s.evaluate(nid, lst)
-        if opt is not None:
-            if nid in seen:
-                options = [o for o in options if o[1] != nid]
-            options.append(opt)
-    return options
+        opt, sp = _node_option(s, nid, behind, mine, gpus)
+        if sp:
+            spared.add(nid)
+        else:
+            spared.discard(nid)
+        if opt is None:
+            opts.pop(nid, None)
+        else:
+            memo.seq += 1
+            opts[nid] = (memo.seq, opt)
+            heapq.heappush(heap, (opt[0], nid, memo.seq))
+    if spared:
+        victims.spared = True
+    if len(heap) > 2 * len(opts) + 64:
+        heap[:] = [(o[0], nid, q) for nid, (q, o) in opts.items()]
+        heapq.heapify(heap)
+    best: list[Option] = [o for o in options if o[1] not in opts]
+    kept: list[tuple[tuple[int, int, int, float], str, int]] = []
+    while heap and len(kept) < k:
+        e = heapq.heappop(heap)
+        cur = opts.get(e[1])
+        if cur is not None and cur[0] == e[2]:
+            kept.append(e)
+            best.append(cur[1])
+    for e in kept:
+        heapq.heappush(heap, e)
+    return best
 
 
 def _refused(s: _Search, best: list[Option]) -> bool:

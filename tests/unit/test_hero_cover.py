@@ -1,0 +1,98 @@
+"""Rule ``D3.hero-cover``: a job of at least ``hero_min_gpus`` GPUs larger than its budget's share of the capacity
+neither reserves nodes nor preempts busy allocated runs; a job its share covers, or a smaller one, keeps the
+ordinary rules. The cases set ``hero_min_gpus`` to 1 (the rule for every job) unless they say otherwise.
+
+Tree (``tests.unit.test_engine``): lab/a 0.5, lab/b 0.25, lab/c 0.25. Cluster: n0, n1 of 8 GPUs, so C = 16
+and lab/a covers g x k <= 0.5 x 16 = 8 GPUs. lab/c is far over its share,
+so its expired runs are behind lab/a's jobs (K = 1e6 GPU-s: r_c = 9e5 / 2.5e5 = 3.6, r_a = 0, and 8 or 16 GPUs
+for 1 h charge lab/a at most 57,600 / 5e5 = 0.12).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from apportion.domain.engine.reservation import share_covers
+from tests.kit.builders import h
+from tests.unit.test_engine import World, placed, preempted
+
+ALL = tuple(range(8))
+BUSY = {"lab/c": 9e5, "lab": 9e5}  # of K = 1e6 GPU-s in the window
+
+
+def _world(job_gpus: int, replicas: int, *, victims: str = "expired", queued: int | None = None) -> World:
+    """n0 and n1 full with lab/c's runs x (n0) and y (n1): ``expired`` (allocated, 1 h minimum runtime, started
+    at h(0), so past it at h(10)), ``protected`` (minimum runtime 1e6 s) or ``unallocated``; lab/a's job j."""
+    w = World().node("n0", 8).node("n1", 8)
+    alloc = victims != "unallocated"
+    mr = 1e6 if victims == "protected" else 3600.0
+    w.run("x", "lab/c", {"n0": ALL}, allocated=alloc, min_runtime_s=mr)
+    w.run("y", "lab/c", {"n1": ALL}, allocated=alloc, min_runtime_s=mr)
+    w.occupancy, w.capacity = dict(BUSY), 1e6
+    return w.job("j", "lab/a", job_gpus, replicas, queued=queued)
+
+
+CASES = [
+    # (case id, g, k, victims, hero_min_gpus, expected preemptions, expected placements)
+    (
+        "covered (8 <= 8): takes an expired run behind it",
+        8,
+        1,
+        "expired",
+        1,
+        ["x<-j"],
+        ["j@n0[0, 1, 2, 3, 4, 5, 6, 7]"],
+    ),
+    ("uncovered (16 > 8): takes no busy allocated run", 8, 2, "expired", 1, [], []),
+    (
+        "uncovered, the rule off: takes both",
+        8,
+        2,
+        "expired",
+        None,
+        ["x<-j", "y<-j"],
+        ["j@n0[0, 1, 2, 3, 4, 5, 6, 7]+n1[0, 1, 2, 3, 4, 5, 6, 7]"],
+    ),
+    (
+        "uncovered: unallocated work it still takes",
+        8,
+        2,
+        "unallocated",
+        1,
+        ["x<-j", "y<-j"],
+        ["j@n0[0, 1, 2, 3, 4, 5, 6, 7]+n1[0, 1, 2, 3, 4, 5, 6, 7]"],
+    ),
+    (
+        "uncovered but below hero_min_gpus (16 < 17): the ordinary rules",
+        8,
+        2,
+        "expired",
+        17,
+        ["x<-j", "y<-j"],
+        ["j@n0[0, 1, 2, 3, 4, 5, 6, 7]+n1[0, 1, 2, 3, 4, 5, 6, 7]"],
+    ),
+    ("uncovered, at hero_min_gpus (16)", 8, 2, "expired", 16, [], []),
+]
+
+
+@pytest.mark.parametrize(
+    ("g", "k", "victims", "least", "pre", "want"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_preemption_by_cover(g: int, k: int, victims: str, least: int | None, pre: list[str], want: list[str]) -> None:
+    res = _world(g, k, victims=victims).cycle(patience_s=0.0, hero_min_gpus=least)
+    assert (preempted(res), placed(res)) == (pre, want)
+
+
+@pytest.mark.parametrize(
+    ("g", "k", "least", "want"), [(8, 2, 1, None), (8, 2, None, ("j", ("n0", "n1"))), (8, 1, 1, ("j", ("n0",)))]
+)
+def test_reservation_by_cover(g: int, k: int, least: int | None, want: tuple[str, tuple[str, ...]] | None) -> None:
+    # x and y protected: no preemption; j waited 2 h (>= reservation_after): it reserves only when covered
+    res = _world(g, k, victims="protected", queued=h(8)).cycle(hero_min_gpus=least)
+    assert (res.reservation, placed(res)) == (want, [])
+
+
+def test_share_covers_at_the_boundary() -> None:
+    # 0.5 x 16 = 8: 8 GPUs covered, 9 not; the hero scenario's 8,192 GPUs on 10% of 16,384 (1,638.4) not
+    assert [share_covers(n, 0.5, 16) for n in (8, 9)] == [True, False]
+    assert (share_covers(8192, 0.10, 16384), share_covers(1024, 0.10, 16384)) == (False, True)
