@@ -21,7 +21,19 @@ estimate: jobs with an estimate, median and p90 absolute error (hours), mean sig
 positive = later than it started), share within 1 h and within 25% of the job's actual wait, and the same
 shares for the jobs that waited more than 1 h. Future submissions are unknown to every estimate but
 ``forecast + arrivals``. Below the table, what the misses have in common: of the jobs that waited more than
-1 h and whose estimate is off by more than 25% of the wait, how many were estimated too early.
+1 h and whose estimate is off by more than 25% of the wait, how many were estimated too early or too late, how
+many are unallocated (``min_runtime_s`` 0: they run only on idle GPUs, after every allocated job and behind
+the unallocated jobs of budgets ahead in the fair-share order) and how many were overtaken (a job submitted
+after them started before them).
+
+Sampling, for a loaded machine: ``--sample N`` (N forecasts evenly spread over the slice's submissions) or
+``--every K`` (every K-th); ``--estimates`` makes only some of the four (names separated by ``;``); ``--dump
+FILE`` writes each sample as one JSON line as soon as it is made (times in µs), so a run cut short still leaves
+its samples; a progress line goes to stderr every 20 forecasts.
+
+Speed (``--timing``): ``bench_engine``'s steady snapshot (10,000 GPUs, 20,000 pending jobs) folded into a
+dispatcher state, then the wall time of ``forecast`` of one job (the head of the fair-share order, and the middle
+of the queue) and of ``queue --start`` (every pending job), against the targets 2 s and 10 s.
 With ``--while-waiting N`` the forecast is made again every hour while each sampled job waits (at most N
 times a job) and its median error is printed by how long before the start it was made (convergence).
 Figures only: nothing is asserted.
@@ -36,6 +48,8 @@ the jobs it forecasts meet the later arrivals their forecasts cannot know). The 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,7 +58,7 @@ from typing import Any
 from apportion.domain.dispatch import DispatchConfig, DispatchState, evolve
 from apportion.domain.engine import EngineConfig
 from apportion.domain.fairshare import budget_order
-from apportion.events import Event, JobQueued, JobStarted
+from apportion.events import Decision, Event, JobQueued, JobStarted
 from apportion.forecast import forecast, recent_arrivals, user_history
 from apportion.sim.core import SimConfig, Simulator, default_horizon_us
 from apportion.sim.traces import ITP_T0, load_budget_file, load_trace, parse_itp_slice, parse_slice, trace_format
@@ -52,6 +66,7 @@ from apportion.timeutil import Micros, from_us, s_to_us, to_us, us_to_s
 
 TRACE = "/work/shared/data/philly/philly.csv"
 BUDGETS = "infra/budgets/philly.yaml"
+_DECISION = Decision(rank=0, budget_rank=0, ratio=0.0)
 
 
 # --------------------------------------------------------------------------- slurm-style backfill plan
@@ -117,6 +132,9 @@ def slurm_estimate(state: DispatchState, now: Micros, target: str) -> Micros | N
 
 # --------------------------------------------------------------------------- the measurement
 
+#: The estimates made of each sampled job (module docstring), in the order they are printed.
+ESTIMATES: tuple[str, ...] = ("forecast", "forecast, no durations", "forecast + arrivals", "slurm-style")
+
 
 @dataclass
 class Sample:
@@ -124,6 +142,21 @@ class Sample:
     submitted: Micros
     actual: Micros
     estimates: dict[str, Micros | None]
+    basis: str = ""
+    overtaken: int = 0
+    allocated: bool = True
+
+    def row(self) -> dict[str, Any]:
+        """The sample as one line of ``--dump`` (times in µs)."""
+        return {
+            "job_id": self.job_id,
+            "submitted": self.submitted,
+            "actual": self.actual,
+            "estimates": self.estimates,
+            "basis": self.basis,
+            "overtaken": self.overtaken,
+            "allocated": self.allocated,
+        }
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:
@@ -154,17 +187,22 @@ def summary(samples: list[Sample], name: str) -> str:
 def misses(samples: list[Sample], name: str) -> str:
     """What the misses of ``name`` have in common: of the jobs that waited more than 1 h and whose estimate is off
     by more than 25% of the wait (or missing), how many were estimated too early, too late, or not at all."""
-    early = late = none = 0
+    early = late = none = unalloc = overtaken = 0
     for s in samples:
         wait = s.actual - s.submitted
         if wait <= s_to_us(3600):
             continue
         e = s.estimates[name]
-        if e is None:
-            none += 1
-        elif abs(e - s.actual) > 0.25 * wait:
-            early, late = early + (e < s.actual), late + (e > s.actual)
-    return f"misses of {name:<24} (waited > 1 h, off by > 25%): {early} too early, {late} too late, {none} no estimate"
+        if e is not None and abs(e - s.actual) <= 0.25 * wait:
+            continue
+        none += e is None
+        early, late = early + (e is not None and e < s.actual), late + (e is not None and e > s.actual)
+        unalloc += not s.allocated
+        overtaken += s.overtaken > 0
+    return (
+        f"misses of {name:<24} (waited > 1 h, off by > 25%): {early} too early, {late} too late, {none} no estimate;"
+        f" {unalloc} unallocated, {overtaken} overtaken by later submissions"
+    )
 
 
 def main() -> None:
@@ -179,13 +217,34 @@ def main() -> None:
     ap.add_argument("--warmup-d", type=float, default=2.0, help="days of submissions simulated before the slice")
     ap.add_argument("--after-d", type=float, default=1.0, help="days of submissions simulated after the slice")
     ap.add_argument("--sample", type=int, default=200, help="forecasts, evenly spread over the submissions")
+    ap.add_argument(
+        "--every", type=int, default=0, metavar="K", help="instead of --sample: every K-th submission of the slice"
+    )
+    ap.add_argument(
+        "--estimates",
+        default=";".join(ESTIMATES),
+        help=f"which estimates to make, separated by ';' (default all: {'; '.join(ESTIMATES)})",
+    )
+    ap.add_argument("--dump", metavar="FILE", help="write each sample as a JSON line to FILE as it is made")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--horizon-d", type=float, default=14.0, help="how far each forecast looks, days")
     ap.add_argument(
         "--while-waiting", type=int, default=0, metavar="N", help="also forecast every hour while a job waits, N times"
     )
+    ap.add_argument(
+        "--timing",
+        action="store_true",
+        help="only time forecast JOB and queue --start on bench_engine's 10,000-GPU snapshot (targets 2 s, 10 s)",
+    )
     args = ap.parse_args()
+    if args.timing:
+        timings(args.seed)
+        return
 
+    wanted = [e.strip() for e in args.estimates.split(";") if e.strip()]
+    unknown = sorted(set(wanted) - set(ESTIMATES))
+    if unknown or not wanted:
+        raise SystemExit(f"--estimates: unknown {unknown}; choose from {'; '.join(ESTIMATES)}")
     bf = load_budget_file(args.budgets)
     itp = trace_format(args.trace) == "itp"  # its slices count trace days from t = 0 (ITP_T0), not dates
     lo, hi = (parse_itp_slice if itp else parse_slice)(args.slice)
@@ -212,18 +271,23 @@ def main() -> None:
         elif type(e) is JobQueued and e.attempt == 1:
             queued_at.setdefault(e.job_id, i)
     candidates = sorted((i, j) for j, i in queued_at.items() if j in first_start and lo <= to_us(log[i].ts) < hi)
-    n = min(args.sample, len(candidates))
-    chosen = [candidates[i * len(candidates) // n] for i in range(n)]  # evenly spread over the slice
+    if args.every > 0:
+        chosen = candidates[:: args.every]
+    else:
+        n = min(args.sample, len(candidates))
+        chosen = [candidates[i * len(candidates) // n] for i in range(n)]  # evenly spread over the slice
     print(
         f"trace {args.trace}: {len(jobs)} jobs submitted {from_us(first):%Y-%m-%d %H:%M} .. {from_us(last):%Y-%m-%d %H:%M}"
         f" simulated ({len(log):,} events, {t_sim:.1f} s, seed {args.seed}); {len(chosen)} forecasts at submission "
-        f"in slice {args.slice} (of {len(candidates)} jobs queued there, evenly spread)"
+        f"in slice {args.slice} (of {len(candidates)} jobs queued there, "
+        f"{f'every {args.every}th' if args.every > 0 else 'evenly spread'})"
     )
+    dump = open(args.dump, "w", encoding="utf-8") if args.dump else None
 
     state = DispatchState(bf.tree, bf.window_s)
     done = 0
     samples: list[Sample] = []
-    times = {"forecast": 0.0, "forecast, no durations": 0.0, "forecast + arrivals": 0.0, "slurm-style": 0.0}
+    times = dict.fromkeys(wanted, 0.0)
     hist_events: list[Event] = []
     t0 = time.perf_counter()
     for idx, job_id in chosen:
@@ -239,7 +303,10 @@ def main() -> None:
             ("forecast, no durations", False, False),
             ("forecast + arrivals", True, True),
         )
+        basis = ""
         for name, declared, arriving in runs:
+            if name not in times:
+                continue
             t1 = time.perf_counter()
             fc = forecast(
                 state,
@@ -253,10 +320,22 @@ def main() -> None:
             )
             times[name] += time.perf_counter() - t1
             est[name] = fc.jobs[0].start_us
-        t1 = time.perf_counter()
-        est["slurm-style"] = slurm_estimate(state, now, job_id)
-        times["slurm-style"] += time.perf_counter() - t1
-        samples.append(Sample(job_id, now, first_start[job_id], est))
+            basis = basis or fc.jobs[0].basis
+        if "slurm-style" in times:
+            t1 = time.perf_counter()
+            est["slurm-style"] = slurm_estimate(state, now, job_id)
+            times["slurm-style"] += time.perf_counter() - t1
+        actual = first_start[job_id]
+        overtaken = sum(1 for j, i in queued_at.items() if i > idx and first_start.get(j, actual) < actual)
+        allocated = log[idx].min_runtime_s > 0  # type: ignore[attr-defined]
+        samples.append(Sample(job_id, now, actual, est, basis, overtaken, allocated))
+        if dump is not None:
+            dump.write(json.dumps(samples[-1].row()) + "\n")
+            dump.flush()
+        if len(samples) % 20 == 0:
+            print(f"  {len(samples)}/{len(chosen)} forecasts, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    if dump is not None:
+        dump.close()
     wall = time.perf_counter() - t0
     waits = sorted(us_to_s(s.actual - s.submitted) / 3600 for s in samples)
     print(
@@ -276,6 +355,91 @@ def main() -> None:
         print(misses(samples, name))
     if args.while_waiting:
         converge(log, bf, dcfg, samples, args)
+
+
+def scale_state(seed: int) -> tuple[DispatchState, Micros]:
+    """``bench_engine``'s steady snapshot (10,000 GPUs ~97% busy, 20,000 pending over 200 leaves) as a dispatcher
+    state folded from events: each node registered, each run queued, placed and started (running 1 to 8 h in all
+    from its start), each pending job queued; the time of the question is the snapshot's."""
+    import random
+
+    from bench_engine import NOW, build  # bench/ is on the path when this file runs as a script
+
+    from apportion.events import JobPlaced, NodeRegistered
+
+    snap = build(seed, "steady")
+    rng = random.Random(seed)
+    state = DispatchState(snap.tree, 7 * 86_400.0)
+    t0 = from_us(NOW - s_to_us(86_400))
+    for nid in sorted(snap.cluster.nodes):
+        evolve(state, NodeRegistered(node_id=nid, gpu_count=snap.cluster.nodes[nid].gpu_count, ts=t0))
+    for key, run in sorted(snap.cluster.runs.items()):
+        at = from_us(run.started_at_us if run.started_at_us is not None else NOW)
+        g, k = run.gpus_per_replica, run.replicas
+        common: dict[str, Any] = {"job_id": key[0], "budget": run.budget, "allocated": run.allocated}
+        common |= {"gpus_per_replica": g}
+        common |= {"replicas": k, "min_runtime_s": us_to_s(run.min_runtime_us), "submitted_at": at, "ts": at}
+        evolve(state, JobQueued(**common, user="u", duration_s=rng.uniform(3600, 8 * 3600)))
+        evolve(state, JobPlaced(**common, attempt=1, placements=run.placements, decision=_DECISION))
+        for r, p in enumerate(run.placements):
+            evolve(state, JobStarted(job_id=key[0], attempt=1, replica=r, node_id=p.node_id, ts=at))
+    for leaf in sorted(snap.pending):
+        for j in snap.pending[leaf]:
+            at = from_us(j.submitted_at_us)
+            evolve(
+                state,
+                JobQueued(
+                    job_id=j.job_id,
+                    budget=leaf,
+                    user=j.user,
+                    allocated=j.min_runtime_s > 0,
+                    gpus_per_replica=j.gpus_per_replica,
+                    replicas=j.replicas,
+                    min_runtime_s=j.min_runtime_s,
+                    duration_s=j.duration_s,
+                    submitted_at=at,
+                    ts=at,
+                ),
+            )
+    return state, NOW
+
+
+def timings(seed: int) -> None:
+    """``--timing``: wall time of ``forecast JOB`` (the job at the head of the fair-share order, and the median
+    job of the queue) and of ``queue --start`` (every pending job) on :func:`scale_state`; targets 2 s and 10 s."""
+    from apportion.forecast import forecast as run_forecast
+
+    t0 = time.perf_counter()
+    state, now = scale_state(seed)
+    built = time.perf_counter() - t0
+    dcfg = DispatchConfig(heartbeat_timeout_s=None)
+    snap = state.cycle_snapshot(now)
+    rank = {leaf: i for i, leaf in enumerate(budget_order(snap.tree, snap.occupancy, snap.capacity_gpu_s))}
+    queue = sorted(
+        (j for jobs in state.pending.values() for j in jobs),
+        key=lambda j: (rank.get(j.budget, len(rank)), j.min_runtime_s == 0, j.submitted_at_us, j.job_id),
+    )
+    gpus = sum(n.gpu_count for n in state.cluster.nodes.values())
+    print(
+        f"scale: {gpus:,} GPUs, {len(state.cluster.runs):,} runs, {len(queue):,} pending "
+        f"(state folded from events in {built:.1f} s)"
+    )
+    for label, job in (("head of the queue", queue[0]), ("middle of the queue", queue[len(queue) // 2])):
+        t1 = time.perf_counter()
+        fc = run_forecast(state, now, dcfg, job_ids=[job.job_id])
+        took = time.perf_counter() - t1
+        j = fc.jobs[0]
+        wait = "no start" if j.wait_s is None else f"starts in {j.wait_s / 3600:.2f} h"
+        verdict = "met" if took < 2.0 else "MISSED"
+        print(f"  forecast {job.job_id} ({label}): {took:.2f} s, {fc.cycles} cycles, {wait} (target < 2 s: {verdict})")
+    t1 = time.perf_counter()
+    fc = run_forecast(state, now, dcfg)
+    took = time.perf_counter() - t1
+    started = sum(1 for j in fc.jobs if j.start_us is not None)
+    print(
+        f"  queue --start ({len(fc.jobs):,} jobs): {took:.2f} s, {fc.cycles} cycles, {started:,} with a start "
+        f"(target < 10 s: {'met' if took < 10.0 else 'MISSED'})"
+    )
 
 
 #: ``--while-waiting`` buckets: hours before the job's start (lower bound, label)

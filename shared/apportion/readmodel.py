@@ -38,6 +38,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+#: A read model that lags the log it folds by more than this many records is shown with a notice (``share``).
+STALE_AFTER_RECORDS = 100
+
 
 def _key(name: str) -> str:
     # the topic namespace (APPORTION_TOPIC_PREFIX) also namespaces the read models
@@ -111,3 +114,19 @@ def read_hash(r: Any, key: str) -> dict[str, dict[str, Any]]:
         name = f.decode() if isinstance(f, bytes) else f
         out[name] = loads(v)
     return dict(sorted(out.items()))
+
+
+def lag_records(folded: Mapping[str, Any], ends: Mapping[str, int]) -> int:
+    """Records of the log a read model has not folded yet: for each ``"topic:partition"`` of ``folded`` (the
+    next offset it reads, as the usage meta's ``offsets``), the log's end offset ``ends`` minus it (never
+    below 0; a partition ``ends`` lacks counts 0)."""
+    return sum(max(0, ends.get(k, 0) - int(v)) for k, v in folded.items())
+
+
+def stale_notice(meta: Mapping[str, Any], ends: Mapping[str, int], after: int = STALE_AFTER_RECORDS) -> str | None:
+    """The notice a reader shows when the read model of ``meta`` lags the log (end offsets ``ends``) by more than
+    ``after`` records, else ``None``."""
+    n = lag_records(meta.get("offsets") or {}, ends)
+    if n <= after:
+        return None
+    return f"stale: the read model (as of {meta.get('at', '?')}) is {n} records behind the log; is its service running?"

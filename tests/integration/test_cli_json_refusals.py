@@ -52,6 +52,7 @@ def test_budget_refusals_are_json_verdicts(cli: Any, tmp_path: Path) -> None:
         "verdict": "refused",
         "reason": "over_allocated",
         "message": "refused: over_allocated: shares under 'lab' would sum to 1.3 > 1",
+        "exit_code": 1,
         "path": "lab/b",
     }
     doc = _verdict(cli("budget", "set", "lab/c", "--json", code=2))
@@ -76,6 +77,7 @@ def test_node_and_cancel_refusals_are_json_verdicts(cli: Any) -> None:
             "verdict": "not_found",
             "reason": "no_node",
             "message": "no node nosuch (none known)",
+            "exit_code": 1,
             "node_id": "nosuch",
         }
     doc = _verdict(cli("cancel", "no-such-job", "--json", code=1))
@@ -84,6 +86,7 @@ def test_node_and_cancel_refusals_are_json_verdicts(cli: Any) -> None:
         "verdict": "not_found",
         "reason": "no_job",
         "message": "no job no-such-job in the log",
+        "exit_code": 1,
         "job_id": "no-such-job",
     }
 

@@ -23,5 +23,6 @@
 - ``checkpoint_workload``: the real workload of the checkpoint tests, as the text of a script.
 - ``fixtures/events``: golden JSON of every event type and schema version (``fixtures/make_golden.py`` writes
   them).
+- ``cli``: the command line with no stack (``no_stack``, ``run``).
 - ``browser``: chromium and chromedriver found on ``PATH`` (``require_browser``) for the dashboard tests.
 """

@@ -4,20 +4,13 @@ checked before the stack is asked (here nothing listens: a check that passes rea
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
 
-from apportion.cli.main import app
+from tests.kit.cli import no_stack, run
 
 
 @pytest.fixture(autouse=True)
 def _no_stack(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("APPORTION_KAFKA_BOOTSTRAP", "127.0.0.1:1")
-    monkeypatch.setenv("APPORTION_REDIS_URL", "redis://127.0.0.1:1/0")
-    monkeypatch.delenv("APPORTION_TOPIC_PREFIX", raising=False)
-
-
-def run(*args: str):
-    return CliRunner().invoke(app, list(args), env={"COLUMNS": "300"})
+    no_stack(monkeypatch)
 
 
 def test_queue_unknown_state_is_exit_2_with_the_allowed_values() -> None:

@@ -47,6 +47,7 @@ def test_logs_json_refusals_are_verdict_objects_with_exit_1(tmp_path: Path) -> N
         "verdict": "not_found",
         "reason": "no_attempt",
         "message": "job j1 has no attempt 3 here (attempts: 1)",
+        "exit_code": 1,
         "job_id": "j1",
         "attempts": [1],
     }

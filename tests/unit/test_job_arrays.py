@@ -192,6 +192,26 @@ def test_cancel_of_the_array_cancels_every_pending_and_running_element() -> None
     assert (rej.request, rej.message) == ("JobCancelRequested", "job 's' already finished: nothing to cancel")
 
 
+def test_hold_of_the_array_holds_every_pending_element_and_release_lets_them_all_go() -> None:
+    """Four elements, %2: s_0 and s_1 run, s_2 and s_3 wait; a hold of ``s`` holds the two pending ones (not the
+    running), answered last by a JobHeld of ``s`` itself; its release releases both, and they run as before."""
+    state, log, _ = queued_array("0-3%2")
+    feed(state, log, Tick(T0), T0)
+    held = feed(state, log, ev.JobHoldRequested(event_id=ev.det_id("h"), job_id="s", user="bob", ts=from_us(T0)), T0)
+    assert kinds(held) == ["JobHeld:s_2", "JobHeld:s_3", "JobHeld:s"]
+    assert narrow(ev.JobHeld, held[-1]).reason == "held (array: 2 elements)"
+    assert (sorted(state.held), state.pending_now(m(1))) == (["s_2", "s_3"], {})
+    again = feed(state, log, ev.JobHoldRequested(event_id=ev.det_id("h2"), job_id="s", user="bob", ts=from_us(T0)), T0)
+    assert narrow(ev.JobRejected, again[0]).message == "array 's' has no pending element to hold"
+    rel = ev.JobReleaseRequested(event_id=ev.det_id("r"), job_id="s", user="bob", ts=from_us(m(1)))
+    assert kinds(feed(state, log, rel, m(1))) == ["JobReleased:s_2", "JobReleased:s_3", "JobReleased:s"]
+    assert state.held == {}
+    feed(state, log, completed("s_0", at=m(10), node="n0"), m(10))
+    assert "JobPlaced:s_2" in kinds(feed(state, log, Tick(m(10)), m(10)))  # released: next under the throttle
+    rel2 = ev.JobReleaseRequested(event_id=ev.det_id("r2"), job_id="s", user="bob", ts=from_us(m(2)))
+    assert narrow(ev.JobRejected, feed(state, log, rel2, m(2))[0]).message == "array 's' has no held element to release"
+
+
 def test_a_cancel_of_one_element_leaves_the_others() -> None:
     state, log, _ = queued_array("0-2")
     out = feed(state, log, cancel("s_1", m(1)), m(1))

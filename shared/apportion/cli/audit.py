@@ -17,7 +17,7 @@ import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from apportion.cli.common import _print_json, _ratio, _tree_from_file, check_budget_filter, err, fail, out
+from apportion.cli.common import _print_json, _ratio, _tree_from_file, check_budget_filter, err, fail, json_option, out
 from apportion.settings import Connection
 
 audit_app = typer.Typer(
@@ -31,7 +31,7 @@ Bootstrap = Annotated[
 FromFile = Annotated[
     Path | None, typer.Option("--from-file", help="Read an export file instead of Kafka.", exists=True, dir_okay=False)
 ]
-JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+JsonOut = Annotated[bool, json_option("Print JSON for scripts.")]
 
 
 def parse_time(text: str) -> datetime:

@@ -17,6 +17,7 @@ from apportion.cli.common import (
     NoWait,
     RedisUrl,
     Timeout,
+    Unreachable,
     _checked,
     _now,
     _print_json,
@@ -25,8 +26,10 @@ from apportion.cli.common import (
     _redis,
     _require_topics,
     _tree_from_file,
+    end_offsets,
     err,
     fail,
+    kafka_failure,
     out,
     refuse,
 )
@@ -48,6 +51,21 @@ def share_data(rc: Any) -> dict[str, Any]:
     rows = readmodel.read_hash(rc, readmodel.budgets_key())
     meta = readmodel.read_hash(rc, readmodel.usage_key()).get("meta", {})
     return {"meta": meta, "budgets": list(rows.values())}
+
+
+def _stale(meta: dict[str, Any], bootstrap: str | None) -> str | None:
+    """The stale read-model notice of the usage ``meta`` (:func:`apportion.readmodel.stale_notice`) against the
+    log's end offsets; ``None`` when it is fresh, has no offsets, or Kafka does not answer (nothing to compare)."""
+    from apportion import readmodel
+
+    keys = sorted(meta.get("offsets") or {})
+    if not keys:
+        return None
+    try:
+        ends = end_offsets(Connection.resolve(bootstrap=bootstrap).bootstrap, keys)
+    except Unreachable:
+        return None
+    return readmodel.stale_notice(meta, ends)
 
 
 def share(
@@ -82,9 +100,12 @@ def share(
         return
     data = share_data(_redis(redis_url))
     meta, rows = data["meta"], {row["path"]: row for row in data["budgets"]}
+    data["stale"] = _stale(meta, bootstrap)
     if as_json:
         _print_json(data)
         return
+    if data["stale"]:
+        out.print(f"note: {data['stale']}", highlight=False, soft_wrap=True)
     if not rows:
         out.print("no occupancy snapshot yet (is the accounting service running?)")
         return
@@ -243,8 +264,9 @@ def budget_set(
     Fields not given keep their values in the tree in force; use
     ``--inherit-members`` / ``--inherit-max-min-runtime`` to drop a budget's own
     setting. The change is checked against the tree in force first (exit 1,
-    e.g. siblings summing above 1), then published, then the policy's verdict
-    is awaited (exit 1 when it rejects, 3 when it does not answer).
+    e.g. siblings summing above 1, or a new budget under a leaf that queued or
+    running jobs charge: only leaves take jobs), then published, then the policy's
+    verdict is awaited (exit 1 when it rejects, 3 when it does not answer).
     """
     from pydantic import ValidationError
 
@@ -310,6 +332,21 @@ def budget_set(
         after = tree.apply(ev)
     except BudgetError as exc:
         refuse(f"refused: {exc.reason}: {exc.message}", as_json=as_json, reason=exc.reason, path=path)
+    parent = parent_of(path)
+    if current is None and parent is not None and tree.get(parent) is not None and tree.is_leaf(parent):
+        # its first child makes the parent an inner budget, which no job can charge: not while jobs charge it
+        waiting = _jobs_of(redis_url, parent)
+        if waiting:
+            refuse(
+                f"refused: in_use: {parent} is a leaf with {_job_counts(waiting)} job(s) "
+                f"({_some_ids(waiting)}): a budget with queued or running jobs cannot get children "
+                f"({path}); let them end or cancel them first",
+                as_json=as_json,
+                reason="in_use",
+                path=path,
+                parent=parent,
+                jobs=sorted(str(j.get("job_id")) for j in waiting),
+            )
     above = after.max_min_runtime_s(parent_of(path)) if parent_of(path) else None
     if ev.max_min_runtime_s is not None and above is not None and ev.max_min_runtime_s > above:
         err.print(  # a limit is inherited, not capped: say what the change means rather than hide it
@@ -358,7 +395,7 @@ def _budget_changes(
         offsets = client.publish(*evts, bootstrap=conn.bootstrap)
     except Exception as exc:
         if verdicts.is_kafka_error(exc):
-            fail(f"cannot publish to Kafka at {conn.bootstrap}: {exc} (is the stack up?)", 3)
+            kafka_failure(exc, conn.bootstrap, "publish to")
         raise
     if no_wait:
         _published(evts, as_json, message + " (not waiting for the policy's verdict)")
@@ -502,6 +539,28 @@ def _print_diff(diff: list[Any]) -> None:
             out.print(f"  {sign} {c.path} {c.field}: {show(c.old)} -> {show(c.new)}", highlight=False)
 
 
+def _jobs_of(redis_url: str | None, path: str) -> list[dict[str, Any]]:
+    """The queued or running jobs that charge budget ``path`` (the dispatcher's jobs read model), by job id."""
+    from apportion import readmodel
+
+    jobs = readmodel.read_hash(_redis(redis_url), readmodel.jobs_key()).values()
+    return [j for j in jobs if j.get("budget") == path]
+
+
+def _job_counts(jobs: list[dict[str, Any]]) -> str:
+    """``1 pending, 2 running``: the jobs counted by state, states in name order."""
+    states: dict[str, int] = {}
+    for j in jobs:
+        states[str(j.get("state"))] = states.get(str(j.get("state")), 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+
+
+def _some_ids(jobs: list[dict[str, Any]], most: int = 5) -> str:
+    """The jobs' ids in order, the first ``most`` of them and how many more."""
+    ids = sorted(str(j.get("job_id")) for j in jobs)
+    return ", ".join(ids[:most]) + (f" and {len(ids) - most} more" if len(ids) > most else "")
+
+
 @budget_app.command("rm")
 def budget_rm(
     path: Annotated[str, typer.Argument(help="Budget path to remove (children first).")],
@@ -513,22 +572,15 @@ def budget_rm(
 ) -> None:
     """Remove a budget. Refused (exit 1) when it is not in the tree in force, has children, or has queued or
     running jobs (the dispatcher's jobs read model)."""
-    from apportion import readmodel
     from apportion.domain.budgets import BudgetError
 
     tree = _tree_in_force(bootstrap)
-    jobs = readmodel.read_hash(_redis(redis_url), readmodel.jobs_key()).values()
-    in_use = [j for j in jobs if j.get("budget") == path]
+    in_use = _jobs_of(redis_url, path)
     ev = events.BudgetRemoved(path=path, by="cli", ts=_now(), producer="cli")
     try:
         tree.apply(ev, in_use=frozenset({path}) if in_use else frozenset())
     except BudgetError as exc:
-        msg = exc.message
-        if exc.reason == "in_use":
-            states: dict[str, int] = {}
-            for j in in_use:
-                states[str(j.get("state"))] = states.get(str(j.get("state")), 0) + 1
-            msg = f"{path!r} has {', '.join(f'{n} {s}' for s, n in sorted(states.items()))} job(s)"
+        msg = f"{path!r} has {_job_counts(in_use)} job(s)" if exc.reason == "in_use" else exc.message
         refuse(f"refused: {exc.reason}: {msg}", as_json=as_json, reason=exc.reason, path=path)
     _budget_changes([ev], no_wait, timeout, bootstrap, redis_url, as_json, f"removed budget [bold]{path}[/]")
 

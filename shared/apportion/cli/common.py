@@ -33,8 +33,42 @@ class Unreachable(RuntimeError):
     """Kafka or Redis did not answer (exit 3)."""
 
 
+#: The ``verdict`` of the JSON error object :func:`fail` prints under ``--json``, by exit code.
+ERROR_VERDICTS: dict[int, str] = {1: "refused", 2: "bad_input", 3: "unreachable"}
+#: Whether the command running was given ``--json`` (set by the root callback, :func:`json_errors`).
+_json_errors = False
+
+
+def json_errors(on: bool) -> None:
+    """Whether :func:`fail` also prints the JSON error object on stdout: on for a command given ``--json``."""
+    global _json_errors
+    _json_errors = on
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
-    """Print ``error: message`` on stderr and exit with ``code``."""
+    """Print ``error: message`` on stderr and exit with ``code``.
+
+    Under ``--json`` (:func:`json_errors`) the same error first goes to stdout as one object,
+    ``{"ok": false, "verdict": ERROR_VERDICTS[code], "reason": "", "message": message, "exit_code": code}``,
+    so a script reads every failure from stdout whatever its exit code.
+    """
+    if _json_errors:
+        _print_json(_error_object(message, code))
+    _exit(message, code)
+
+
+def _error_object(message: str, code: int, verdict: str = "", reason: str = "", **fields: Any) -> dict[str, Any]:
+    return {
+        "ok": False,
+        "verdict": verdict or ERROR_VERDICTS.get(code, "error"),
+        "reason": reason,
+        "message": message,
+        "exit_code": code,
+        **fields,
+    }
+
+
+def _exit(message: str, code: int) -> NoReturn:
     err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
@@ -50,9 +84,9 @@ def refuse(
     ``rejected`` (the owning service said no) or ``no_verdict``; ``reason`` is the rule's code when there is one
     (``in_use``, ``sum_exceeds``...).
     """
-    if as_json:
-        _print_json({"ok": False, "verdict": verdict, "reason": reason, "message": message, **fields})
-    fail(message, code)
+    if as_json or _json_errors:
+        _print_json(_error_object(message, code, verdict, reason, **fields))
+    _exit(message, code)
 
 
 def _print_json(obj: Any) -> None:
@@ -96,15 +130,31 @@ def _tree_from_file(path: Path) -> Any:
         fail(str(exc))
 
 
+def kafka_failure(exc: BaseException, bootstrap: str, doing: str) -> NoReturn:
+    """Report a kafka error met while ``doing`` (e.g. ``publish to``): the broker's ACLs refusing the principal
+    (an ``...AuthorizationFailedError``) is a refusal, exit 1, reason ``not_authorized``; anything else means the
+    stack is unreachable, exit 3."""
+    if type(exc).__name__.endswith("AuthorizationFailedError"):
+        from apportion.bus.security import _setting
+
+        who = _setting("APPORTION_KAFKA_USER") or "the anonymous principal"
+        refuse(
+            f"refused: not authorized: the broker's ACLs do not let {who} {doing} it ({type(exc).__name__}); "
+            "see docs/security.md for who may do what",
+            as_json=False,
+            reason="not_authorized",
+        )
+    fail(f"cannot {doing} Kafka at {bootstrap}: {exc} (is the stack up? `apportion stack up`)", 3)
+
+
 def _publish(evts: list[events.Event], bootstrap: str | None) -> None:
     from apportion import client
 
     try:
         client.publish(*evts, bootstrap=bootstrap)
     except Exception as exc:  # kafka errors have many types; report them plainly
-        if type(exc).__module__.startswith("kafka"):
-            conn = Connection.resolve(bootstrap=bootstrap)
-            fail(f"cannot publish to Kafka at {conn.bootstrap}: {exc} (is the stack up? `apportion stack up`)", 3)
+        if is_kafka_error(exc):
+            kafka_failure(exc, Connection.resolve(bootstrap=bootstrap).bootstrap, "publish to")
         raise
 
 
@@ -124,7 +174,7 @@ def _checked(fn: Any) -> Any:
         fail(f"{exc} (is the stack up? `apportion stack up`)", 3)
     except Exception as exc:
         if is_kafka_error(exc):
-            fail(f"cannot reach Kafka at {Connection.resolve().bootstrap}: {exc} (is the stack up?)", 3)
+            kafka_failure(exc, Connection.resolve().bootstrap, "read from")
         raise
 
 
@@ -171,12 +221,19 @@ def partitions_of(bootstrap: str, topic: str) -> int:
     Raises:
         Unreachable: Kafka did not answer.
     """
+    return int(_ask(bootstrap, lambda kc: len(kc.partitions_for_topic(topic) or ()) if topic in kc.topics() else 0))
+
+
+def _ask(bootstrap: str, question: Any) -> Any:
+    """``question(consumer)`` on a short-lived consumer of ``bootstrap``, closed after.
+
+    Raises:
+        Unreachable: Kafka did not answer.
+    """
     try:
         kc = _consumer(bootstrap)
         try:
-            if topic not in kc.topics():
-                return 0
-            return len(kc.partitions_for_topic(topic) or ())
+            return question(kc)
         finally:
             kc.close()
     except Exception as exc:
@@ -185,11 +242,36 @@ def partitions_of(bootstrap: str, topic: str) -> int:
         raise
 
 
+def end_offsets(bootstrap: str, keys: list[str]) -> dict[str, int]:
+    """The log's end offset of each ``"topic:partition"`` of ``keys``.
+
+    Raises:
+        Unreachable: Kafka did not answer.
+    """
+    from kafka import TopicPartition
+
+    tps = {k: TopicPartition(k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1])) for k in keys}
+    ends = _ask(bootstrap, lambda kc: kc.end_offsets(list(tps.values()))) if tps else {}
+    return {k: int(ends.get(tp, 0)) for k, tp in tps.items()}
+
+
 Bootstrap = Annotated[
     str | None, typer.Option("--bootstrap", help="Kafka bootstrap (host:port).", envvar="APPORTION_KAFKA_BOOTSTRAP")
 ]
 RedisUrl = Annotated[str | None, typer.Option("--redis", help="Redis URL.", envvar="APPORTION_REDIS_URL")]
-JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
+
+
+def _json_on(on: bool) -> bool:
+    json_errors(bool(on))
+    return on
+
+
+def json_option(help: str = "Print JSON for scripts instead of a table.") -> Any:
+    """Every command's ``--json``: parsed first, it also makes the command's errors JSON (:func:`fail`)."""
+    return typer.Option("--json", help=f"{help} Errors too: an object on stdout.", is_eager=True, callback=_json_on)
+
+
+JsonOut = Annotated[bool, json_option()]
 NoWait = Annotated[bool, typer.Option("--no-wait", help="Publish and exit 0 without waiting for the verdict.")]
 Timeout = Annotated[
     float, typer.Option("--timeout", min=0.1, help="Wall seconds to wait for the owning service's verdict.")
@@ -218,8 +300,12 @@ def _identity(user: str | None, bootstrap: str | None, *, ops: bool = False) -> 
     except (LookupError, ValueError) as exc:
         fail(str(exc))
     except Exception as exc:  # the enrolment of a development keyring publishes
-        if type(exc).__module__.startswith("kafka"):
-            fail(f"cannot register {user or 'your'} key at Kafka: {exc}", 3)
+        if is_kafka_error(exc):
+            kafka_failure(
+                exc,
+                Connection.resolve(bootstrap=bootstrap).bootstrap,
+                f"register {user}'s key at" if user else "register your key at",
+            )
         raise
 
 

@@ -29,7 +29,7 @@ from typing import Annotated, Any
 import typer
 
 from apportion import events
-from apportion.cli.common import _checked, _print_json, _require_topics, check_budget_filter, fail, refuse
+from apportion.cli.common import _checked, _print_json, _require_topics, check_budget_filter, fail, json_option, refuse
 from apportion.jobdirs import job_dir_name
 from apportion.settings import topic_name
 
@@ -289,7 +289,7 @@ def history(
     wide: Annotated[
         bool, typer.Option("--wide", "-w", help="Every column: budget, attempts, preemptions, work lost, full end.")
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Finished jobs, like sacct: user, state, GPUs, wait, run time, GPU-hours, end and why it ended.
 
@@ -406,7 +406,7 @@ def usage(
     bootstrap: Annotated[
         str | None, typer.Option("--bootstrap", help="Kafka bootstrap (host:port).", envvar="APPORTION_KAFKA_BOOTSTRAP")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """GPU-hours per leaf budget over the trailing window, with --by-user a row per user (like sshare -a).
 
@@ -531,9 +531,7 @@ def logs(
             "--dir", help="The node agent's job log directory (default: APPORTION_JOB_LOG_DIR or the stack's)."
         ),
     ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print JSON for scripts: the file, its attempts, the text.")
-    ] = False,
+    as_json: Annotated[bool, json_option("Print JSON for scripts: the file, its attempts, the text.")] = False,
 ) -> None:
     """A job's output: the stdout (or stderr) file the node agent writes per attempt and replica.
 

@@ -23,7 +23,7 @@ from typing import Annotated
 import typer
 
 from apportion import events
-from apportion.cli.common import _publish, _published, _require_topics, fail, out
+from apportion.cli.common import _publish, _published, _require_topics, fail, json_option, out
 from apportion.settings import topic_name
 
 app = typer.Typer(help="Signing keys: init (researchers), register/revoke (ops).", no_args_is_help=True)
@@ -108,7 +108,7 @@ def register_key(
     public_key: Annotated[str, typer.Argument(help="Base64 Ed25519 public key (from `apportion keys init`).")],
     role: Annotated[str, typer.Option(help="user, or ops (may cancel any job).")] = "user",
     bootstrap: Annotated[str | None, typer.Option("--bootstrap", envvar="APPORTION_KAFKA_BOOTSTRAP")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+    as_json: Annotated[bool, json_option("Print JSON for scripts.")] = False,
 ) -> None:
     """(ops) Register USER's public key: from now on their signed requests are accepted."""
     from datetime import UTC, datetime
@@ -130,7 +130,7 @@ def revoke_key(
     public_key: Annotated[str, typer.Argument(help="The base64 public key to revoke.")],
     reason: Annotated[str, typer.Option(help="Why (kept in the log).")] = "",
     bootstrap: Annotated[str | None, typer.Option("--bootstrap", envvar="APPORTION_KAFKA_BOOTSTRAP")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+    as_json: Annotated[bool, json_option("Print JSON for scripts.")] = False,
 ) -> None:
     """(ops) Revoke USER's key: what it signs is refused from when the readers read this, whatever its event time."""
     from datetime import UTC, datetime

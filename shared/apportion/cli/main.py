@@ -29,6 +29,7 @@ from apportion.cli.common import (
     _print_json,
     _require_topics,
     fail,
+    json_errors,
     out,
 )
 from apportion.cli.jobs import queue_rows
@@ -185,6 +186,7 @@ def _root(ctx: typer.Context) -> None:
 
     if apply_stack_prefix() is not None:  # the namespace of the stack found: for this command only
         ctx.call_on_close(lambda: os.environ.pop("APPORTION_TOPIC_PREFIX", None))
+    ctx.call_on_close(lambda: json_errors(False))  # a command's ``--json`` turns JSON errors on for it alone
 
 
 def main() -> None:

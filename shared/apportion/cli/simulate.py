@@ -31,11 +31,11 @@ import os
 import time
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from apportion.cli.common import err, fail
+from apportion.cli.common import err, fail, json_option
 from apportion.domain.cluster import PROTECTION_CAP_W, PROTECTION_CHURN_BOUND, PROTECTION_DOUBLINGS
 from apportion.domain.engine import CHECKPOINT_WAIT_S, PATIENCE_S
 
@@ -143,7 +143,7 @@ def simulate(
         help="all, week44, weeks39-45, week44+3d, YYYY-MM-DD..YYYY-MM-DD (end exclusive); ITP traces: trace "
         "weeks and days from t = 0, week5, weeks0-7, days35-38 (end exclusive), week5+3d.",
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    as_json: Annotated[bool, json_option("Print JSON instead of tables.")] = False,
     plot_to_end: bool = typer.Option(
         False, "--plot-to-end", help="Draw the plot past the last submission, until the run ends."
     ),

@@ -57,6 +57,7 @@ from apportion.bus.security import (
     redis_env,
     service_credentials,
 )
+from apportion.cli.common import json_option
 from apportion.domain.dispatch import DEFAULT_HEARTBEAT_TIMEOUT_S
 
 #: The services in start order (the policy first: the others read the tree it validates); the dashboard last,
@@ -786,7 +787,7 @@ def restart_cmd(
 @stack_app.command("status")
 def status_cmd(
     run_dir: RunDir = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+    as_json: Annotated[bool, json_option("Print JSON for scripts.")] = False,
 ) -> None:
     """Where the stack is and whether each part runs and answers (Kafka, Redis, each service's /ready); exit 1
     when something is down or not ready, 3 when no stack was started."""

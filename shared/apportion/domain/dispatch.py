@@ -1338,15 +1338,14 @@ def replace_request(req: JobCancelRequested, job_id: str) -> JobCancelRequested:
 
 def held_event(job_id: str, by: str, reason: str, request_id: Any, ts: Any, prod: str) -> JobHeld:
     """``JobHeld`` of ``job_id`` answering the request ``request_id`` (id deterministic in the request)."""
-    return JobHeld(
-        event_id=det_id("JobHeld", job_id, request_id),
-        ts=ts,
-        producer=prod,
-        job_id=job_id,
-        by=by,
-        reason=reason,
-        request_id=request_id,
-    )
+    fields = {"ts": ts, "producer": prod, "job_id": job_id, "by": by, "reason": reason, "request_id": request_id}
+    return JobHeld(event_id=det_id("JobHeld", job_id, request_id), **fields)
+
+
+def released_event(job_id: str, by: str, reason: str, request_id: Any, ts: Any, prod: str) -> JobReleased:
+    """``JobReleased`` of ``job_id`` answering the request ``request_id`` (as :func:`held_event`)."""
+    fields = {"ts": ts, "producer": prod, "job_id": job_id, "by": by, "reason": reason, "request_id": request_id}
+    return JobReleased(event_id=det_id("JobReleased", job_id, request_id), **fields)
 
 
 def hold_events(state: DispatchState, req: JobHoldRequested | JobReleaseRequested, ts: Any, prod: str) -> list[Event]:
@@ -1356,6 +1355,8 @@ def hold_events(state: DispatchState, req: JobHoldRequested | JobReleaseRequeste
     hold = isinstance(req, JobHoldRequested)
     verb = "hold" if hold else "release"
     why: str | None = None
+    if rec is None and req.job_id in state.arrays:
+        return _array_hold_events(state, req, ts, prod)
     if rec is None:
         if req.job_id not in state.finished:
             return []
@@ -1370,19 +1371,40 @@ def hold_events(state: DispatchState, req: JobHoldRequested | JobReleaseRequeste
         budget = rec.spec.budget if rec is not None else ""
         return [refused_request_event(req, Rejection(RejectReason.INVALID, why), budget=budget, ts=ts, producer=prod)]
     reason = req.reason or ("held" if hold else "released")
+    answer = held_event if hold else released_event
+    return [answer(req.job_id, req.user, reason, req.event_id, ts, prod)]
+
+
+def _array_hold_events(
+    state: DispatchState, req: JobHoldRequested | JobReleaseRequested, ts: Any, prod: str
+) -> list[Event]:
+    """A hold or release of a job array (``req.job_id`` an active array's id), as :func:`cancel_array` does a
+    cancel: each element it applies to (a hold: every pending element not held; a release: every held one), in
+    index order, as a request on that element alone would be answered, then the same answer of the array id
+    itself (the verdict the requester waits for under the request's key; no job of that id, so the fold keeps
+    nothing of it). None applies: the request's ``JobRejected`` (``invalid``)."""
+    hold = isinstance(req, JobHoldRequested)
+    arr = state.arrays[req.job_id]
+    elements = [j for j, _ in sorted(arr.members.items(), key=lambda m: m[1])]
     if hold:
-        return [held_event(req.job_id, req.user, reason, req.event_id, ts, prod)]
-    return [
-        JobReleased(
-            event_id=det_id("JobReleased", req.job_id, req.event_id),
-            ts=ts,
-            producer=prod,
-            job_id=req.job_id,
-            by=req.user,
-            reason=reason,
-            request_id=req.event_id,
-        )
-    ]
+        todo = [j for j in elements if j not in state.held and (r := state.jobs.get(j)) and r.status == "pending"]
+    else:
+        todo = [j for j in elements if j in state.held]
+    if not todo:
+        what = "pending element to hold" if hold else "held element to release"
+        why = Rejection(RejectReason.INVALID, f"array {req.job_id!r} has no {what}")
+        first = state.jobs.get(elements[0]) if elements else None
+        budget = first.spec.budget if first is not None else ""
+        return [refused_request_event(req, why, budget=budget, ts=ts, producer=prod)]
+    out: list[Event] = []
+    for job_id in [*todo, req.job_id]:
+        n = len(todo)
+        reason = req.reason or ("held" if hold else "released")
+        if job_id == req.job_id:
+            reason += f" (array: {n} element{'s' if n != 1 else ''})"
+        answer = held_event if hold else released_event
+        out.append(answer(job_id, req.user, reason, req.event_id, ts, prod))
+    return out
 
 
 def hold_answered(state: DispatchState, req: JobHoldRequested | JobReleaseRequested) -> bool:

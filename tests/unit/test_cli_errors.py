@@ -1,0 +1,106 @@
+"""Every command's errors under ``--json``: one object on stdout besides the stderr line, whatever the exit code
+(``docs/operations.md``, exit codes); a change the broker's ACLs refuse is a refusal (exit 1), not an unreachable
+stack (exit 3). Nothing listens at the addresses below: a command that gets past its checks exits 3."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from kafka.errors import KafkaTimeoutError, TopicAuthorizationFailedError
+
+from apportion.cli import common
+from tests.kit.cli import no_stack, run
+
+BAD_SEGMENT = "--budget: bad segment '' in 'lab//x': use 1-64 of [A-Za-z0-9_.-], not starting with . - or _"
+
+
+@pytest.fixture(autouse=True)
+def _no_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    no_stack(monkeypatch)
+
+
+def test_bad_input_under_json_is_an_object_on_stdout_and_the_line_on_stderr() -> None:
+    res = run("queue", "--budget", "lab//x", "--json")
+    assert res.exit_code == 2
+    assert json.loads(res.stdout) == {
+        "ok": False,
+        "verdict": "bad_input",
+        "reason": "",
+        "message": BAD_SEGMENT,
+        "exit_code": 2,
+    }
+    assert res.stderr == f"error: {BAD_SEGMENT}\n"
+
+
+def test_without_json_stdout_stays_empty_even_after_a_json_command() -> None:
+    run("queue", "--budget", "lab//x", "--json")
+    res = run("queue", "--budget", "lab//x")
+    assert (res.exit_code, res.stdout, res.stderr) == (2, "", f"error: {BAD_SEGMENT}\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "starts"),
+    [
+        (("queue", "--json"), "cannot reach Redis at redis://127.0.0.1:1/0: "),
+        (("share", "--json"), "cannot reach Redis at redis://127.0.0.1:1/0: "),
+    ],
+    ids=["queue", "share"],
+)
+def test_unreachable_stack_under_json_is_an_object_with_exit_3(args: tuple[str, ...], starts: str) -> None:
+    res = run(*args)
+    assert res.exit_code == 3
+    doc = json.loads(res.stdout)
+    assert (doc["ok"], doc["verdict"], doc["exit_code"]) == (False, "unreachable", 3)
+    assert doc["message"].startswith(starts)
+    assert res.stderr.startswith(f"error: {starts}")
+
+
+def _publish_raising(monkeypatch: pytest.MonkeyPatch, exc: Exception) -> None:
+    from apportion import client
+
+    def publish(*_evts: object, bootstrap: str | None = None) -> list[int]:
+        raise exc
+
+    monkeypatch.setattr(client, "publish", publish)
+
+
+def test_a_publish_the_acls_refuse_exits_1_naming_the_principal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("APPORTION_KAFKA_USER", "alice")
+    _publish_raising(monkeypatch, TopicAuthorizationFailedError({"apportion.budgets"}))
+    with pytest.raises(typer.Exit) as got:
+        common._publish([], None)
+    assert got.value.exit_code == 1
+    assert capsys.readouterr().err == (
+        "error: refused: not authorized: the broker's ACLs do not let alice publish to it "
+        "(TopicAuthorizationFailedError); see docs/security.md for who may do what\n"
+    )
+
+
+def test_an_acl_refusal_under_json_says_not_authorized(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("APPORTION_KAFKA_USER", "bob")
+    _publish_raising(monkeypatch, TopicAuthorizationFailedError({"apportion.nodes"}))
+    common.json_errors(True)
+    try:
+        with pytest.raises(typer.Exit):
+            common._publish([], None)
+    finally:
+        common.json_errors(False)
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["ok"], doc["verdict"], doc["reason"], doc["exit_code"]) == (False, "refused", "not_authorized", 1)
+    assert "do not let bob publish to it" in doc["message"]
+
+
+def test_any_other_kafka_error_on_publish_is_unreachable_exit_3(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _publish_raising(monkeypatch, KafkaTimeoutError("no metadata"))
+    with pytest.raises(typer.Exit) as got:
+        common._publish([], None)
+    assert got.value.exit_code == 3
+    assert capsys.readouterr().err.startswith("error: cannot publish to Kafka at 127.0.0.1:1: ")
