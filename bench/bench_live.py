@@ -348,7 +348,8 @@ class LiveRun:
             raise BenchError("the stack did not place a probe job within 120 s")
         return self
 
-    def submit(self, job_id: str, budget: str, duration: float, gpus: int = 1) -> None:
+    def submit(self, job_id: str, budget: str, duration: float, gpus: int = 1, array: str | None = None) -> None:
+        """One signed submission; with ``array`` (Slurm's index expression), one record for the array's jobs."""
         from apportion import events
 
         t = datetime.now(UTC)
@@ -364,6 +365,7 @@ class LiveRun:
                     submitted_at=t,
                     ts=t,
                     producer="bench",
+                    array=array,
                 )
             )
         )
@@ -388,29 +390,33 @@ def _self_cpu() -> float:
     return _proc_times(Path("/proc/self/stat").read_text())[1]
 
 
-def throughput(run: LiveRun, jobs: int, timeout: float = 600) -> dict[str, Any]:
+def throughput(run: LiveRun, jobs: int, timeout: float = 600, *, array: bool = False) -> dict[str, Any]:
     """``jobs`` one-GPU submissions published as fast as the client goes, then waited for until every one is
     placed and started (simulated workloads). Placements/s = jobs / (N-th ``JobPlaced`` - first submission); the
     CPU budget is sampled at the first submission and the moments the last ``JobPlaced`` and the last
-    ``JobStarted`` arrive. Raises :class:`BenchError` when they do not all arrive within ``timeout`` s."""
+    ``JobStarted`` arrive. ``array``: the jobs as one job array (one signed record, elements ``thra_0`` ...).
+    Raises :class:`BenchError` when they do not all arrive within ``timeout`` s."""
     w = run.watcher
     assert w is not None
-    placed, started = "JobPlaced:thr", "JobStarted:thr"  # this run's jobs only, not a late latency probe's
+    tag = "thra_" if array else "thr"  # this run's jobs only, not a late latency probe's
+    placed, started = f"JobPlaced:{tag}", f"JobStarted:{tag}"
     placed0, started0 = w.count(placed), w.count(started)
     w.at_count(placed, placed0 + jobs, run.cpu.sample)
     w.at_count(started, started0 + jobs, run.cpu.sample)
     cpu0 = run.cpu.sample()
     t0 = time.perf_counter()
-    for i in range(jobs):
+    if array:
+        run.submit("thra", "bench/a", 3600.0, array=f"0-{jobs - 1}")
+    for i in range(0 if array else jobs):
         run.submit(f"thr{i}", "bench/a" if i % 2 else "bench/b", 3600.0)
     run.producer.flush()
     t_pub = time.perf_counter() - t0
     if not w.wait_count(placed, placed0 + jobs, timeout):
         raise BenchError(f"{w.count(placed) - placed0} of {jobs} placed in {timeout:.0f} s")
-    t_placed = w.last("JobPlaced", "thr") - t0
+    t_placed = w.last("JobPlaced", tag) - t0
     if not w.wait_count(started, started0 + jobs, timeout):
         raise BenchError(f"{w.count(started) - started0} of {jobs} started in {timeout:.0f} s")
-    t_started = w.last("JobStarted", "thr") - t0
+    t_started = w.last("JobStarted", tag) - t0
     with w.cond:  # the callbacks ran on the watcher's thread just before the counts were seen
         at_placed = w.marked[(placed, placed0 + jobs)]
         at_started = w.marked[(started, started0 + jobs)]
@@ -432,7 +438,7 @@ def main() -> int:
     ap.add_argument("--latency-jobs", type=int, default=200)
     ap.add_argument("--jobs", type=int, default=5000, help="submissions for the throughput run")
     ap.add_argument("--events", type=int, default=200_000, help="job events for the accounting ingest run")
-    ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
+    ap.add_argument("--quick", action="store_true", help="50 latency jobs, 1,000 jobs, 20,000 events (minutes)")
     ap.add_argument("--ingest-only", action="store_true", help="only the accounting ingest (3), not the services")
     ap.add_argument("--latency-only", action="store_true", help="only the latency and its hops (1)")
     ap.add_argument("--json", action="store_true", help="figures as one JSON object on stdout (text on stderr)")
@@ -440,8 +446,8 @@ def main() -> int:
     tls.add_argument("--no-tls", action="store_true", help="Kafka SASL_PLAINTEXT and plaintext Redis (development)")
     tls.add_argument("--tls-cost", action="store_true", help="run with TLS, then without; print both side by side")
     args = ap.parse_args()
-    if args.quick:
-        args.latency_jobs, args.jobs, args.events = 30, 500, 20_000
+    if args.quick:  # a few minutes
+        args.latency_jobs, args.jobs, args.events = 50, 1000, 20_000
     global OUT
     OUT = sys.stderr if args.json else sys.stdout
     with_tls: dict[str, Any] = {}
