@@ -313,7 +313,9 @@ class LiveRun:
             # the node agent signs every report with its nodes' keys, made and registered here on first use
             APPORTION_KEYRING=str(dev_keyring(self.tmp / "keyring")),
         )
-        self.producer = EventProducer(self.bootstrap, client_id="bench", linger_ms=0)
+        # the client's own produce settings (apportion.client.publish: linger 2 ms, then one flush); a latency
+        # probe's flush sends at once
+        self.producer = EventProducer(self.bootstrap, client_id="bench")
         now = datetime.now(UTC)
         for path, share in (("bench", 1.0), ("bench/a", 0.5), ("bench/b", 0.5)):
             self.producer.publish(events.BudgetSet(path=path, share=share, ts=now, producer="bench"))
