@@ -36,7 +36,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="array/records pairs, alternated (default 2)")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
-    from bench_live import CommandWatcher, start_services, tree_cpu_seconds
+    from bench_live import CommandWatcher, CpuBudget, start_services
 
     class Watcher(CommandWatcher):
         """``bench_live``'s watcher, also timing each job's first ``JobCompleted``."""
@@ -109,7 +109,7 @@ def main() -> int:
             print("FAIL: the stack did not place a probe job within 120 s")
             return 1
         broker = [pid for pid in [stack.node_pid(1) if stack is not None else None] if pid is not None]
-        services = [p.pid for p in procs.values()]
+        cpu = CpuBudget({**{name: [p.pid] for name, p in procs.items()}, "broker": broker})
         done: list[str] = []
         for r in range(args.rounds):
             for kind in ("array", "records"):
@@ -119,7 +119,7 @@ def main() -> int:
                 while not all(("JobCompleted", j) in watcher.seen for j in done) and time.perf_counter() < end:
                     time.sleep(0.1)  # the previous run's jobs (2 s each) have ended: an idle cluster
                 time.sleep(2.0)
-                cpu0 = (tree_cpu_seconds(broker), tree_cpu_seconds(services))
+                cpu0 = cpu.sample()
                 t0 = time.perf_counter()
                 if kind == "array":
                     producer.send(record(tag, f"0-{n - 1}"))
@@ -136,13 +136,14 @@ def main() -> int:
                     print(f"FAIL: {kind}: {len(placed)} of {n} placed within 300 s")
                     return 1
                 span = max(placed) - t0
-                b_cpu, s_cpu = tree_cpu_seconds(broker) - cpu0[0], tree_cpu_seconds(services) - cpu0[1]
-                rows.append((kind, n / t_pub, n / span, 1000 * b_cpu / n, 1000 * s_cpu / n))
+                per = cpu.per_1000(cpu0, cpu.sample(), n)
+                rows.append((kind, n / t_pub, n / span, per["broker"], per["total"] - per["broker"]))
                 done = ids
                 print(
                     f"{kind:8} {n} jobs: client {n / t_pub:>9,.0f} submissions/s ({t_pub * 1000:.0f} ms); "
-                    f"{n / span:>6,.0f} placements/s ({span:.2f} s to the last JobPlaced); CPU per 1,000: "
-                    f"broker {1000 * b_cpu / n:.2f} s, services {1000 * s_cpu / n:.2f} s",
+                    f"{n / span:>6,.0f} placements/s ({span:.2f} s to the last JobPlaced; load average "
+                    f"{os.getloadavg()[0]:.1f}); CPU s per 1,000 to the last JobPlaced: "
+                    + ", ".join(f"{k} {v:.2f}" for k, v in per.items()),
                     flush=True,
                 )
     finally:

@@ -155,7 +155,7 @@ class CommandWatcher(threading.Thread):
     """Records the wall time each StartWorkload, JobPlaced, JobRejected, JobStarted (by job id) and NodeRegistered
     (by node) arrives; runs a callback the moment a kind's count reaches a mark (:meth:`at_count`)."""
 
-    KINDS: tuple[str, ...] = ("StartWorkload", "JobPlaced", "JobRejected", "JobStarted")
+    KINDS: tuple[str, ...] = ("StartWorkload", "JobQueued", "JobPlaced", "JobRejected", "JobStarted")
 
     def __init__(self, bootstrap: str, topics: list[str]) -> None:
         super().__init__(daemon=True)
@@ -173,6 +173,8 @@ class CommandWatcher(threading.Thread):
         for tp in parts:
             self.kc.position(tp)
         self.seen: dict[tuple[str, str], float] = {}
+        #: per key: (wall time it arrived, its Kafka record timestamp in s, its event ``ts`` as written)
+        self.stamps: dict[tuple[str, str], tuple[float, float, str]] = {}
         self.counts: Counter[str] = Counter()
         self.marks: dict[tuple[str, int], Callable[[], object]] = {}
         self.marked: dict[tuple[str, int], object] = {}
@@ -184,7 +186,7 @@ class CommandWatcher(threading.Thread):
 
         while not self.stop.is_set():
             batch = self.kc.poll(timeout_ms=20)
-            now = time.perf_counter()
+            now, wall = time.perf_counter(), time.time()
             with self.cond:
                 for recs in batch.values():
                     for r in recs:
@@ -193,6 +195,7 @@ class CommandWatcher(threading.Thread):
                         key = (kind, d["job_id"] if kind in self.KINDS else d.get("node_id"))
                         if (kind in self.KINDS or kind == "NodeRegistered") and key not in self.seen:
                             self.seen[key] = now
+                            self.stamps[key] = (wall, r.timestamp / 1000, d.get("ts", ""))
                             # by kind, and by kind and id prefix ("JobPlaced:thr"): one run's records apart
                             for tally in (kind, f"{kind}:{str(key[1]).rstrip('0123456789')}"):
                                 self.counts[tally] += 1
@@ -266,6 +269,10 @@ def start_services(env: dict[str, str], logs: Path, nodes: int) -> dict[str, sub
     return procs
 
 
+class StopAfter(Exception):
+    """The run asked for stops here (``--latency-only``): the stack is stopped, nothing else is measured."""
+
+
 class BenchError(RuntimeError):
     """The stack did not come up or did not finish a run: the message says what was missing."""
 
@@ -306,7 +313,9 @@ class LiveRun:
             # the node agent signs every report with its nodes' keys, made and registered here on first use
             APPORTION_KEYRING=str(dev_keyring(self.tmp / "keyring")),
         )
-        self.producer = EventProducer(self.bootstrap, client_id="bench", linger_ms=0)
+        # the client's own produce settings (apportion.client.publish: linger 2 ms, then one flush); a latency
+        # probe's flush sends at once
+        self.producer = EventProducer(self.bootstrap, client_id="bench")
         now = datetime.now(UTC)
         for path, share in (("bench", 1.0), ("bench/a", 0.5), ("bench/b", 0.5)):
             self.producer.publish(events.BudgetSet(path=path, share=share, ts=now, producer="bench"))
@@ -341,7 +350,8 @@ class LiveRun:
             raise BenchError("the stack did not place a probe job within 120 s")
         return self
 
-    def submit(self, job_id: str, budget: str, duration: float, gpus: int = 1) -> None:
+    def submit(self, job_id: str, budget: str, duration: float, gpus: int = 1, array: str | None = None) -> None:
+        """One signed submission; with ``array`` (Slurm's index expression), one record for the array's jobs."""
         from apportion import events
 
         t = datetime.now(UTC)
@@ -357,6 +367,7 @@ class LiveRun:
                     submitted_at=t,
                     ts=t,
                     producer="bench",
+                    array=array,
                 )
             )
         )
@@ -381,29 +392,33 @@ def _self_cpu() -> float:
     return _proc_times(Path("/proc/self/stat").read_text())[1]
 
 
-def throughput(run: LiveRun, jobs: int, timeout: float = 600) -> dict[str, Any]:
+def throughput(run: LiveRun, jobs: int, timeout: float = 600, *, array: bool = False) -> dict[str, Any]:
     """``jobs`` one-GPU submissions published as fast as the client goes, then waited for until every one is
     placed and started (simulated workloads). Placements/s = jobs / (N-th ``JobPlaced`` - first submission); the
     CPU budget is sampled at the first submission and the moments the last ``JobPlaced`` and the last
-    ``JobStarted`` arrive. Raises :class:`BenchError` when they do not all arrive within ``timeout`` s."""
+    ``JobStarted`` arrive. ``array``: the jobs as one job array (one signed record, elements ``thra_0`` ...).
+    Raises :class:`BenchError` when they do not all arrive within ``timeout`` s."""
     w = run.watcher
     assert w is not None
-    placed, started = "JobPlaced:thr", "JobStarted:thr"  # this run's jobs only, not a late latency probe's
+    tag = "thra_" if array else "thr"  # this run's jobs only, not a late latency probe's
+    placed, started = f"JobPlaced:{tag}", f"JobStarted:{tag}"
     placed0, started0 = w.count(placed), w.count(started)
     w.at_count(placed, placed0 + jobs, run.cpu.sample)
     w.at_count(started, started0 + jobs, run.cpu.sample)
     cpu0 = run.cpu.sample()
     t0 = time.perf_counter()
-    for i in range(jobs):
+    if array:
+        run.submit("thra", "bench/a", 3600.0, array=f"0-{jobs - 1}")
+    for i in range(0 if array else jobs):
         run.submit(f"thr{i}", "bench/a" if i % 2 else "bench/b", 3600.0)
     run.producer.flush()
     t_pub = time.perf_counter() - t0
     if not w.wait_count(placed, placed0 + jobs, timeout):
         raise BenchError(f"{w.count(placed) - placed0} of {jobs} placed in {timeout:.0f} s")
-    t_placed = w.last("JobPlaced", "thr") - t0
+    t_placed = w.last("JobPlaced", tag) - t0
     if not w.wait_count(started, started0 + jobs, timeout):
         raise BenchError(f"{w.count(started) - started0} of {jobs} started in {timeout:.0f} s")
-    t_started = w.last("JobStarted", "thr") - t0
+    t_started = w.last("JobStarted", tag) - t0
     with w.cond:  # the callbacks ran on the watcher's thread just before the counts were seen
         at_placed = w.marked[(placed, placed0 + jobs)]
         at_started = w.marked[(started, started0 + jobs)]
@@ -425,15 +440,16 @@ def main() -> int:
     ap.add_argument("--latency-jobs", type=int, default=200)
     ap.add_argument("--jobs", type=int, default=5000, help="submissions for the throughput run")
     ap.add_argument("--events", type=int, default=200_000, help="job events for the accounting ingest run")
-    ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
+    ap.add_argument("--quick", action="store_true", help="50 latency jobs, 1,000 jobs, 20,000 events (minutes)")
     ap.add_argument("--ingest-only", action="store_true", help="only the accounting ingest (3), not the services")
+    ap.add_argument("--latency-only", action="store_true", help="only the latency and its hops (1)")
     ap.add_argument("--json", action="store_true", help="figures as one JSON object on stdout (text on stderr)")
     tls = ap.add_mutually_exclusive_group()
     tls.add_argument("--no-tls", action="store_true", help="Kafka SASL_PLAINTEXT and plaintext Redis (development)")
     tls.add_argument("--tls-cost", action="store_true", help="run with TLS, then without; print both side by side")
     args = ap.parse_args()
-    if args.quick:
-        args.latency_jobs, args.jobs, args.events = 30, 500, 20_000
+    if args.quick:  # a few minutes
+        args.latency_jobs, args.jobs, args.events = 50, 1000, 20_000
     global OUT
     OUT = sys.stderr if args.json else sys.stdout
     with_tls: dict[str, Any] = {}
@@ -462,6 +478,7 @@ def say(line: str) -> None:
 #: How each figure reads, and whether more is better (the sign of TLS's cost).
 FIGURES = {
     "latency_p50_ms": ("submit-to-StartWorkload p50, ms", False),
+    "latency_p95_ms": ("submit-to-StartWorkload p95, ms", False),
     "latency_p99_ms": ("submit-to-StartWorkload p99, ms", False),
     "placements_per_s": ("sustained placements/s", True),
     "last_started_s": ("last JobStarted after first submission, s", False),
@@ -493,7 +510,6 @@ def bench(args: argparse.Namespace, *, tls: bool, figures: dict[str, Any]) -> bo
         os.environ["APPORTION_NO_TLS"] = "1"  # infra/ starts the servers without TLS; the clients follow
 
     from apportion.bus.stack import LocalStack
-    from apportion.sim.report import percentile
 
     tmp = Path(tempfile.mkdtemp(prefix="apportion-bench-"))
     stack = None
@@ -506,34 +522,17 @@ def bench(args: argparse.Namespace, *, tls: bool, figures: dict[str, Any]) -> bo
         if stack is not None:
             stack.stop()
         return ok
-    nodes = max(8, (args.jobs + 7) // 8 + 1)
+    nodes = 8 if args.latency_only else max(8, (args.jobs + 7) // 8 + 1)  # one job at a time needs few
     ok = True
     run = LiveRun(bootstrap, redis_url, tmp, nodes, *server_pids(stack))
     try:
         run.start()
         say(f"stack {bootstrap}; namespace {run.ns}; {nodes} simulated nodes x 8 GPUs; logs in {tmp / 'logs'}")
 
-        # ---- 1. latency on an idle cluster
-        lat = []
-        for i in range(args.latency_jobs):
-            jid = f"lat{i}"
-            run.submit(jid, "bench/a" if i % 2 else "bench/b", 1.0)
-            run.producer.flush()
-            t0 = time.perf_counter()
-            assert run.watcher is not None
-            t1 = run.watcher.wait_for(("StartWorkload", jid), 30)
-            if t1 is None:
-                raise BenchError(f"no StartWorkload for {jid} within 30 s")
-            lat.append((t1 - t0) * 1000)
-        p50, p99 = statistics.median(lat), percentile(lat, 99)
-        figures["latency_p50_ms"] = p50
-        if p99 is not None:  # percentile of a non-empty list
-            figures["latency_p99_ms"] = p99
-        say(
-            f"submit-to-StartWorkload latency over {len(lat)} jobs: p50 {p50:.1f} ms, p99 {p99:.1f} ms "
-            f"(target p50 <= 15 ms)"
-        )
-        ok &= p50 <= 15
+        # ---- 1. latency on an idle cluster, and where it goes
+        ok &= latency(run, args.latency_jobs, figures)
+        if args.latency_only:
+            raise StopAfter()
 
         # ---- 2. sustained throughput, and the CPU it took
         got = throughput(run, args.jobs)
@@ -551,12 +550,14 @@ def bench(args: argparse.Namespace, *, tls: bool, figures: dict[str, Any]) -> bo
     except BenchError as exc:
         say(f"FAIL: {exc}")
         ok = False
+    except StopAfter:
+        args.events = 0
     finally:
         run.close()
-    if not ok and "placements_per_s" not in figures:
+    if (not ok and "placements_per_s" not in figures) or not args.events:
         if stack is not None:
             stack.stop()
-        return False
+        return ok and "latency_p50_ms" in figures
 
     # ---- 3. accounting ingest vs raw consume, on a fresh namespace
     ok &= accounting_ingest(bootstrap, redis_url, args.events, figures)
@@ -564,6 +565,77 @@ def bench(args: argparse.Namespace, *, tls: bool, figures: dict[str, Any]) -> bo
         stack.stop()
     say("all targets met" if ok else "SOME TARGETS MISSED")
     return ok
+
+
+#: The hops of one submission, in order: the moments :func:`moments` reads from the records.
+HOPS = (
+    ("client send -> ack (broker append)", "sent", "acked"),
+    ("ack -> dispatcher read (JobQueued ts)", "acked", "queued"),
+    ("read -> decision (JobPlaced ts)", "queued", "placed"),
+    ("decision -> StartWorkload appended", "placed", "command_appended"),
+    ("appended -> visible to a reader (commit)", "command_appended", "command_seen"),
+    ("StartWorkload seen -> JobStarted appended", "command_seen", "started_appended"),
+    ("JobStarted appended -> visible", "started_appended", "started_seen"),
+)
+
+
+def moments(w: CommandWatcher, jid: str, sent: float, acked: float) -> dict[str, float] | None:
+    """Wall times (epoch s) of one job's hops from its records: the client's send and ack, the dispatcher's
+    event times (``JobQueued`` at the read, ``JobPlaced`` at the decision), the broker's append times (the
+    signed topics are ``LogAppendTime``, ms) and the watcher's arrival times. ``None`` when one is missing."""
+    keys = {k: (k, jid) for k in ("JobQueued", "JobPlaced", "StartWorkload", "JobStarted")}
+    if any(k not in w.stamps for k in keys.values()):
+        return None
+    st = {k: w.stamps[v] for k, v in keys.items()}
+    return {
+        "sent": sent,
+        "acked": acked,
+        "queued": datetime.fromisoformat(st["JobQueued"][2]).timestamp(),
+        "placed": datetime.fromisoformat(st["JobPlaced"][2]).timestamp(),
+        "command_appended": st["StartWorkload"][1],
+        "command_seen": st["StartWorkload"][0],
+        "started_appended": st["JobStarted"][1],
+        "started_seen": st["JobStarted"][0],
+    }
+
+
+def latency(run: LiveRun, n: int, figures: dict[str, Any]) -> bool:
+    """``n`` one-GPU submissions one at a time on an idle cluster: wall ms from the producer's ack to the
+    ``StartWorkload`` at a reader, p50 and p99 (target p50 <= 15 ms), then each hop's median and p95 from the
+    records' times (:data:`HOPS`). Sets ``latency_*`` figures; true when the target is met."""
+    from apportion.sim.report import percentile
+
+    w = run.watcher
+    assert w is not None
+    lat, times = [], []
+    for i in range(n):
+        jid = f"lat{i}"
+        sent = time.time()
+        run.submit(jid, "bench/a" if i % 2 else "bench/b", 1.0)
+        run.producer.flush()
+        acked, t0 = time.time(), time.perf_counter()
+        t1 = w.wait_for(("StartWorkload", jid), 30)
+        if t1 is None:
+            raise BenchError(f"no StartWorkload for {jid} within 30 s")
+        lat.append((t1 - t0) * 1000)
+        if w.wait_for(("JobStarted", jid), 30) is None:
+            raise BenchError(f"no JobStarted for {jid} within 30 s")
+        times.append((jid, sent, acked))
+    p50, p95, p99 = statistics.median(lat), percentile(lat, 95), percentile(lat, 99)
+    figures.update(latency_p50_ms=p50, latency_p95_ms=p95, latency_p99_ms=p99)
+    say(
+        f"submit-to-StartWorkload latency over {len(lat)} jobs: p50 {p50:.1f} ms, p95 {p95:.1f} ms, "
+        f"p99 {p99:.1f} ms (target p50 <= 15 ms; load average {os.getloadavg()[0]:.1f})"
+    )
+    rows = [m for jid, sent, acked in times if (m := moments(w, jid, sent, acked)) is not None]
+    hops = {}
+    say(f"  {'hop (record times; broker times are ms)':<44}{'p50 ms':>9}{'p95 ms':>9}")
+    for label, a, b in HOPS:
+        d = [1000 * (m[b] - m[a]) for m in rows]
+        hops[label] = (statistics.median(d), percentile(d, 95))
+        say(f"  {label:<44}{hops[label][0]:>9.1f}{hops[label][1] or 0:>9.1f}")
+    figures["latency_hops_ms"] = hops
+    return p50 <= 15
 
 
 def server_pids(stack: Any) -> tuple[int | None, int | None]:

@@ -335,11 +335,15 @@ def read_stamps(folder: Path, jobs: int) -> list[float]:
     raise SlurmUnavailable(f"a job script in {folder} left an empty start stamp")
 
 
-def apportion_round(stack: Any, tmp: Path, nodes: int, jobs: int, timeout: float) -> dict[str, Any]:
+#: apportion's ways of submitting the jobs: one signed record per job, or one job array (one record).
+APPORTION = ("apportion", "apportion-array")
+
+
+def apportion_round(stack: Any, tmp: Path, nodes: int, jobs: int, timeout: float, array: bool) -> dict[str, Any]:
     run = LiveRun(stack.bootstrap, stack.redis_url, tmp, nodes, *bench_live.server_pids(stack))
     try:
         run.start()
-        return throughput(run, jobs, timeout)
+        return throughput(run, jobs, timeout, array=array)
     finally:
         run.close()
 
@@ -351,14 +355,21 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds of each system, alternated (default 3)")
     ap.add_argument("--poll-s", type=float, default=0.05, help="Slurm: squeue / start-stamp poll interval")
     ap.add_argument("--timeout-s", type=float, default=600, help="per round")
-    ap.add_argument("--systems", default="slurm,apportion", help="which to run (default both)")
+    ap.add_argument(
+        "--systems",
+        default="slurm,apportion,apportion-array",
+        help="which to run (default all three; apportion-array: the same jobs as one job array)",
+    )
+    ap.add_argument("--quick", action="store_true", help="one round of each (a few minutes at 1,000 jobs)")
     ap.add_argument("--no-install", action="store_true", help="fail instead of apt-get installing Slurm")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (configs, logs)")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the text figures")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds = 1
     systems = [s for s in args.systems.split(",") if s]
-    if set(systems) - {"slurm", "apportion"} or not systems:
-        ap.error(f"--systems: slurm and/or apportion, got {args.systems!r}")
+    if set(systems) - {"slurm", *APPORTION} or not systems:
+        ap.error(f"--systems: slurm, apportion and/or apportion-array, got {args.systems!r}")
     nodes = args.nodes or args.jobs // GPUS_PER_NODE + 1
     for sig in (signal.SIGTERM, signal.SIGINT):  # SIGINT too: a shell's background job starts with it ignored
         signal.signal(sig, _interrupt)  # the finally blocks stop what was started
@@ -375,7 +386,7 @@ def main() -> int:
                 cluster.start()
                 found["slurm_gres"] = cluster.gres_note
                 log(f"slurm up: {nodes} nodes idle; GPUs: {cluster.gres_note}")
-            if "apportion" in systems:
+            if set(APPORTION) & set(systems):
                 from apportion.bus.stack import LocalStack
 
                 os.environ.pop("APPORTION_NO_TLS", None)
@@ -390,7 +401,10 @@ def main() -> int:
                         assert cluster is not None
                         got = slurm_round(cluster, args.jobs, rnd, args.poll_s, args.timeout_s)
                     else:
-                        got = apportion_round(stack, tmp / f"live{rnd}", nodes, args.jobs, args.timeout_s)
+                        where = tmp / f"live{rnd}{system[9:]}"
+                        got = apportion_round(
+                            stack, where, nodes, args.jobs, args.timeout_s, system == "apportion-array"
+                        )
                     got.update(system=system, round=rnd)
                     found["rounds"].append(got)
                     log(one_line(got))
@@ -438,15 +452,17 @@ def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         for col in ("cpu_per_1000_to_last_placed", "cpu_per_1000_to_last_started"):
             m[col] = {c: statistics.median(r[col][c] for r in mine) for c in mine[0][col]}
         out[system] = m
-    if {"slurm", "apportion"} <= out.keys():
-        a, s = out["apportion"], out["slurm"]
-        out["apportion_over_slurm"] = {
-            "placements_per_s": a["placements_per_s"] / s["placements_per_s"],
-            "last_started_s": a["last_started_s"] / s["last_started_s"],
-            "cpu_to_last_placed": a["cpu_per_1000_to_last_placed"]["total"] / s["cpu_per_1000_to_last_placed"]["total"],
-            "cpu_to_last_started": a["cpu_per_1000_to_last_started"]["total"]
-            / s["cpu_per_1000_to_last_started"]["total"],
-        }
+    for system in APPORTION:
+        if {"slurm", system} <= out.keys():
+            a, s = out[system], out["slurm"]
+            out[f"{system.replace('-', '_')}_over_slurm"] = {
+                "placements_per_s": a["placements_per_s"] / s["placements_per_s"],
+                "last_started_s": a["last_started_s"] / s["last_started_s"],
+                "cpu_to_last_placed": a["cpu_per_1000_to_last_placed"]["total"]
+                / s["cpu_per_1000_to_last_placed"]["total"],
+                "cpu_to_last_started": a["cpu_per_1000_to_last_started"]["total"]
+                / s["cpu_per_1000_to_last_started"]["total"],
+            }
     return out
 
 
@@ -454,17 +470,17 @@ def report(found: dict[str, Any]) -> str:
     lines = [
         f"{found['jobs']} one-GPU jobs, {found['nodes']} nodes x {found['gpus_per_node']} GPUs on each side; "
         f"{found.get('slurm_version', '')}; load average at the end {found.get('load_avg', ['?'])[0]}",
-        f"{'round':<6}{'system':<11}{'placements/s':>14}{'last placed s':>15}{'last start s':>14}"
+        f"{'round':<6}{'system':<16}{'placements/s':>14}{'last placed s':>15}{'last start s':>14}"
         f"{'CPU/1000 placed':>17}{'CPU/1000 started':>18}",
     ]
     for r in found["rounds"]:
         lines.append(
-            f"{r['round']:<6}{r['system']:<11}{r['placements_per_s']:>14,.0f}{r['last_placed_s']:>15.2f}"
+            f"{r['round']:<6}{r['system']:<16}{r['placements_per_s']:>14,.0f}{r['last_placed_s']:>15.2f}"
             f"{r['last_started_s']:>14.2f}{r['cpu_per_1000_to_last_placed']['total']:>17.2f}"
             f"{r['cpu_per_1000_to_last_started']['total']:>18.2f}"
         )
     med = found["medians"]
-    for system in ("slurm", "apportion"):
+    for system in ("slurm", *APPORTION):
         if system in med:
             m = med[system]
             lines.append(
@@ -481,10 +497,12 @@ def report(found: dict[str, Any]) -> str:
                     measurement=meas,
                 )
             )
-    if "apportion_over_slurm" in med:
-        q = med["apportion_over_slurm"]
+    for system in APPORTION:
+        q = med.get(f"{system.replace('-', '_')}_over_slurm")
+        if q is None:
+            continue
         lines.append(
-            f"apportion / Slurm (medians): placements/s {q['placements_per_s']:.2f}x; time to the last start "
+            f"{system} / Slurm (medians): placements/s {q['placements_per_s']:.2f}x; time to the last start "
             f"{q['last_started_s']:.2f}x; CPU to the last placement {q['cpu_to_last_placed']:.2f}x, to the last "
             f"start {q['cpu_to_last_started']:.2f}x (Slurm runs real job scripts; apportion simulated workloads)"
         )

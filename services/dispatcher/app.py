@@ -110,6 +110,7 @@ async def _lead(
     )
     svc.token = lease.token
     consumer.lag.sink = metrics["reader"].set_lag
+    consumer.own = svc.is_echo  # a poll of only our own decisions coming back needs no key read-ahead
     keeper = LeaseKeeper.for_ttl(lease, settings.lease_ttl_wall_s).start()
     term = lead_term(svc, settings, metrics, keeper, sends, consumer, r, loop.time)
     beating = asyncio.create_task(keeper.beats(), name="lease-beats")

@@ -317,6 +317,12 @@ class DispatcherService:
         pairs.sort(key=lambda p: record_order(p[0], p[1]))
         return self.intake.authenticate(pairs, _same)
 
+    def is_echo(self, rec: Any) -> bool:
+        """True when ``rec`` is one of this instance's own records coming back (:meth:`_decoded` drops it
+        unjudged): the reader needs no read-ahead of the key registrations for it."""
+        value = rec.value
+        return value is not None and value[:ECHO_LEN] in self._echoes
+
     def _dead_letter(self, letter: Event) -> None:
         if self.held is not None:  # a rebuild: published with its recovery decisions (Term.start)
             self.held.append(letter)
@@ -715,12 +721,13 @@ class Term:
         # carries the fencing token and agents refuse stale tokens.
         if out:
             self.check_lease()
-            await asyncio.to_thread(svc._emit, out)
-            self.unflushed = True
+            # one worker-thread call sends and, transactional, commits: a thread hand-off less per decision
+            await asyncio.to_thread(self._emit_and_commit, out)
+            self.unflushed = self.pending is None
         elif self.lost.is_set():
             raise LeadershipLost()
         if self.pending is not None:
-            if self.pending():  # decisions or dead letters in an open transaction: commit them now
+            if self.pending():  # dead letters in an open transaction (published by the intake): commit them
                 self.check_lease()  # a deposed leader's transaction is never committed (aborted by the next)
                 await asyncio.to_thread(self.flush)
             self.unflushed = False
@@ -779,6 +786,16 @@ class Term:
             self.barrier, self.barrier_for = None, frozenset()
             return True
         return False
+
+    def _emit_and_commit(self, out: list[Event]) -> None:
+        """Publish ``out``; when transactional, commit what is open at once (in the caller's thread).
+
+        The lease is checked before the commit, as before the send: a deposed leader's transaction is
+        never committed (aborted by the next leader's ``init_transactions``)."""
+        self.svc._emit(out)
+        if self.pending is not None and self.pending():
+            self.check_lease()
+            self.flush()
 
     def close(self) -> None:
         """A clean stop (blocking): commit an open transaction while this term still leads and sees the

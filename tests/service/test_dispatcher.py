@@ -97,6 +97,24 @@ def test_only_heads_this_instance_published_are_skipped() -> None:
     assert list(svc._echoes) == [lost]
 
 
+def test_is_echo_marks_the_own_records_of_a_batch_and_nothing_else() -> None:
+    """The reader's ``own``: a batch of only echoes needs no key read-ahead; a submission still does."""
+    log = ListLog()
+    svc = service(log, echoes=True)
+    log.put(*history()[0])
+    drive(svc, log)
+    log.put(submit("j9", "lab/a", 1))
+    batch = log.read()
+    assert [svc.is_echo(r) for r in batch] == [False]  # the submission: judged by its user's key
+    out, _ = svc.ingest(batch)
+    svc._emit(out + svc.tick())
+    echoes = log.read()
+    assert [events.decode(r.value).type for r in echoes] == ["JobQueued", "JobPlaced"]
+    assert [svc.is_echo(r) for r in echoes] == [True, True]
+    svc.ingest(echoes)
+    assert [svc.is_echo(r) for r in echoes] == [False, False]  # read back: forgotten
+
+
 @pytest.mark.parametrize(
     "token, inputs, expect_copy",
     [

@@ -99,3 +99,20 @@ def test_side_by_side_medians_and_ratios() -> None:
     assert got["apportion_over_slurm"]["placements_per_s"] == 3.0
     assert got["apportion_over_slurm"]["last_started_s"] == 0.5
     assert got["apportion_over_slurm"]["cpu_to_last_started"] == pytest.approx(2 / 11)
+    assert "apportion_array_over_slurm" not in got  # no array rounds
+
+
+def test_side_by_side_ratio_of_the_array_rounds_stands_apart() -> None:
+    from slurm_side_by_side import medians, report
+
+    def rnd(system: str, rate: float) -> dict[str, object]:
+        col = {"a": 1.0, "total": 1.0}
+        return {"system": system, "round": 1, "placements_per_s": rate, "last_placed_s": 1000 / rate,
+                "last_started_s": 2.0, "cpu_per_1000_to_last_placed": col, "cpu_per_1000_to_last_started": col}  # fmt: skip
+
+    got = medians([rnd("slurm", 500), rnd("apportion", 1000), rnd("apportion-array", 1600)])
+    assert got["apportion_over_slurm"]["placements_per_s"] == 2.0  # 1000 / 500
+    assert got["apportion_array_over_slurm"]["placements_per_s"] == 3.2  # 1600 / 500
+    text = report({"jobs": 1000, "nodes": 126, "gpus_per_node": 8, "rounds": [], "medians": got})
+    assert "apportion-array / Slurm (medians): placements/s 3.20x" in text
+    assert "apportion / Slurm (medians): placements/s 2.00x" in text

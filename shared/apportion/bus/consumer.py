@@ -391,6 +391,9 @@ class AssignedConsumer:
         self._identity_topic = identity_topic
         #: polls that had to read the identity topic ahead (they found it behind its end)
         self.identity_read_aheads = 0
+        #: ``own(record)``: true for a record the reader wrote itself and drops unjudged (the dispatcher's
+        #: echoes); a batch of only those needs no read-ahead, which costs a round trip to the broker
+        self.own: Callable[[Any], bool] | None = None
         from apportion.bus.consumer import LagMeter
 
         #: consumer lag per partition, measured after polls once its ``sink`` is set
@@ -445,8 +448,14 @@ class AssignedConsumer:
         return out
 
     def _needs_identity(self, records: list[Any]) -> bool:
-        """True when ``records`` hold a record of a topic other than the identity topic (one to read ahead)."""
-        return bool(self.identity_parts) and any(r.topic != self._identity_topic for r in records)
+        """True when ``records`` hold a record of a topic other than the identity topic that is not the reader's
+        own (:attr:`own`): one judged by keys, so the identity topic is read ahead."""
+        if not self.identity_parts:
+            return False
+        own, identity = self.own, self._identity_topic
+        if own is None:
+            return any(r.topic != identity for r in records)
+        return any(r.topic != identity and not own(r) for r in records)
 
     def read_identity_to_end(self, deadline_s: float = IDENTITY_READ_AHEAD_S) -> list[Any]:
         """The identity topic's records from its positions to its end offsets, asked of the broker now.
