@@ -182,6 +182,9 @@ def test_a_reader_reaches_the_end_offsets_it_is_given_past_commit_markers_and_up
     p.flush()  # offset 5, in a transaction still open
     reader = AssignedConsumer(kafka_bootstrap, [topic], f"test-barrier-{uuid.uuid4().hex[:8]}", read_ahead=False)
     try:
+        # A commit returns once the coordinator has decided it; the partition's marker follows, so the last
+        # stable offset moves a moment later: wait for it (bounded), then it stays at the open transaction.
+        until(lambda: reader.end_offsets_now() == {f"{topic}:0": 5}, "the second commit's marker", DEADLINE_S)
         ends = reader.end_offsets_now()
         assert ends == {f"{topic}:0": 5}  # the last stable offset: the open transaction's first
         assert not read_to(reader.positions(), ends)
@@ -189,6 +192,7 @@ def test_a_reader_reaches_the_end_offsets_it_is_given_past_commit_markers_and_up
         read_until(reader, ends, got)
         assert got == [b"a", b"b", b"c"]
         p.commit()
+        until(lambda: reader.end_offsets_now() == {f"{topic}:0": 7}, "the third commit's marker", DEADLINE_S)
         later = reader.end_offsets_now()
         assert later == {f"{topic}:0": 7} and not read_to(reader.positions(), later)
         read_until(reader, later, got)
