@@ -78,6 +78,9 @@ class EngineConfig:
             preempted more often (:func:`~apportion.domain.cluster.protection_s`; default 5; ``None``: no bound).
         gang_rule: apply :func:`~apportion.domain.preemption.gang_rule` (an allocated gang is never preempted
             for a job smaller than it; default True, False up to policy fairtree-6).
+        free_order: place unallocated jobs by rule D3.free-order (the leaf with the fewest unallocated GPUs
+            in use per unit of share first, one job at a time; :func:`~apportion.domain.fairshare.free_order_key`);
+            False: leaf by leaf in the budget order of the allocated pass.
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -93,6 +96,7 @@ class EngineConfig:
     protection_doublings: int | None = PROTECTION_DOUBLINGS
     churn_bound: int | None = PROTECTION_CHURN_BOUND
     gang_rule: bool = True
+    free_order: bool = False
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"
