@@ -118,10 +118,10 @@ def test_a_fairtree_5_record_re_runs_with_no_churn_bound_and_the_cap_w() -> None
     assert (got.engine.churn_bound, got.engine.protection_cap_w, got.engine.policy_version) == (None, 1.0, "fairtree-5")
 
 
-def test_the_default_record_is_fairtree_8_with_the_gang_rule_churn_bound_5_and_the_cap_w_over_4() -> None:
+def test_the_default_record_is_fairtree_9_with_the_gang_rule_churn_bound_5_and_the_cap_w_over_4() -> None:
     rec = _rec(DispatchConfig(), 1, h(0))
     assert (rec.policy_version, rec.gang_rule, rec.churn_bound, rec.protection_cap_w, rec.protection_doublings) == (
-        "fairtree-8",
+        "fairtree-9",
         True,
         5,
         0.25,
