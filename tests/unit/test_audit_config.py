@@ -145,3 +145,15 @@ def test_the_record_carries_the_checkpoint_wait() -> None:
     cfg = DispatchConfig(engine=EngineConfig(checkpoint_wait_s=900.0))
     assert _rec(cfg, 1, h(0)).checkpoint_wait_s == 900.0
     assert config_from_log([_rec(cfg, 1, h(0))]) == cfg
+
+
+def test_a_fairtree_8_record_re_runs_with_the_free_order_off() -> None:
+    # fairtree-8 is fairtree-9 without rule D3.free-order; the record carries no free_order, the version says it
+    raw = _rec(DispatchConfig(), 1, h(0)).model_dump(mode="json")
+    raw["policy_version"] = "fairtree-8"
+    from apportion import events
+
+    got = config_from_log([events.DispatcherConfigured.model_validate(raw)])
+    assert got is not None
+    assert (got.engine.free_order, got.engine.policy_version) == (False, "fairtree-8")
+    assert config_from_log([_rec(DispatchConfig(), 1, h(0))]).engine.free_order is True  # type: ignore[union-attr]
