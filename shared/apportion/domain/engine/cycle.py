@@ -43,7 +43,7 @@ The cycle, exactly as rule D3.scheduling-cycle says:
    placed at once on the freed GPUs (``JobPlaced`` with the victims in its
    :class:`Decision`), so they are reserved for it; its ``StartWorkload``
    follows when the victims have stopped (dispatch).
-4. Unallocated jobs only go on free GPUs.
+4. Unallocated jobs only go on free GPUs, shared among the leaves by rule D3.free-order.
 5. A job that cannot be placed does not block the ones behind it
    (backfill), except: the highest-ranked blocked allocated job that has
    waited (since it was queued) at least ``reservation_after`` reserves k
@@ -227,8 +227,8 @@ def run_cycle(
 
     Two passes over the fair-share order: first the allocated jobs (free GPUs,
     else preemption, provisional charge, reservation: :func:`_pass_allocated`),
-    then the unallocated jobs on whatever is still free, in the budget order the
-    first pass left (they are not charged, so that order no longer changes:
+    then the unallocated jobs on whatever is still free, one at a time to the leaf
+    with the fewest unallocated GPUs in use per unit of share (rule D3.free-order:
     :func:`_pass_unallocated`). A GPU that an allocated job can use in this cycle
     is not idle, so an unallocated job placed there would only be preempted in
     the next cycle: in the Philly replay this ordering removes that churn
