@@ -71,7 +71,7 @@ def run(argv: list[str]) -> int:
             300.0,
             None if tail is None else float(tail),
             churn_bound=PROTECTION_CHURN_BOUND if churn is None else int(churn) or None,
-            free_order=_opt(argv, "--free-order", "1") != "0",
+            free_order=_opt(argv, "--free-order", "0") != "0",
         )
     finally:
         core.Simulator.run = orig  # type: ignore[method-assign]

@@ -118,10 +118,10 @@ def test_a_fairtree_5_record_re_runs_with_no_churn_bound_and_the_cap_w() -> None
     assert (got.engine.churn_bound, got.engine.protection_cap_w, got.engine.policy_version) == (None, 1.0, "fairtree-5")
 
 
-def test_the_default_record_is_fairtree_9_with_the_gang_rule_churn_bound_5_and_the_cap_w_over_4() -> None:
+def test_the_default_record_is_fairtree_8_with_the_gang_rule_churn_bound_5_and_the_cap_w_over_4() -> None:
     rec = _rec(DispatchConfig(), 1, h(0))
     assert (rec.policy_version, rec.gang_rule, rec.churn_bound, rec.protection_cap_w, rec.protection_doublings) == (
-        "fairtree-9",
+        "fairtree-8",
         True,
         5,
         0.25,
@@ -145,15 +145,3 @@ def test_the_record_carries_the_checkpoint_wait() -> None:
     cfg = DispatchConfig(engine=EngineConfig(checkpoint_wait_s=900.0))
     assert _rec(cfg, 1, h(0)).checkpoint_wait_s == 900.0
     assert config_from_log([_rec(cfg, 1, h(0))]) == cfg
-
-
-def test_a_fairtree_8_record_re_runs_with_the_free_order_off() -> None:
-    # fairtree-8 is fairtree-9 without rule D3.free-order; the record carries no free_order, the version says it
-    raw = _rec(DispatchConfig(), 1, h(0)).model_dump(mode="json")
-    raw["policy_version"] = "fairtree-8"
-    from apportion import events
-
-    got = config_from_log([events.DispatcherConfigured.model_validate(raw)])
-    assert got is not None
-    assert (got.engine.free_order, got.engine.policy_version) == (False, "fairtree-8")
-    assert config_from_log([_rec(DispatchConfig(), 1, h(0))]).engine.free_order is True  # type: ignore[union-attr]

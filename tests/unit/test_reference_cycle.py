@@ -12,6 +12,8 @@ Derandomized: the same examples every run, so the test cannot flake.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -204,6 +206,13 @@ def test_the_fast_and_reference_cycles_share_free_gpus_among_unallocated_work_al
     runs = [("lab/x/p", 4, 1, 0.0, 0, 0)]
     jobs = [("lab/x/p", 1, 1, 0.0, None)] * 2 + [("lab/y", 1, 1, 0.0, None)] * 3
     snap = world([(8, "a", False)], runs, jobs, dict.fromkeys(LEAVES, 0.0))
+    cfg = replace(CFG, free_order=True)
     want = ["j2", "j3", "j4", "j0"]
-    assert [p.job_id for p in reference_cycle(snap, NOW, CFG)] == want
-    assert [p.job_id for p in fast(snap)] == want
+    assert [p.job_id for p in reference_cycle(snap, NOW, cfg)] == want
+    assert [e.job_id for e in run_cycle(snap, NOW, cfg).events if isinstance(e, ev.JobPlaced)] == want
+    # without the rule, leaf by leaf in the budget order (x/p, x/q, y): j0, j1, then y's j2 and j3
+    assert (
+        [p.job_id for p in reference_cycle(snap, NOW, CFG)]
+        == [p.job_id for p in fast(snap)]
+        == ["j0", "j1", "j2", "j3"]
+    )

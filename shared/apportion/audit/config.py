@@ -83,7 +83,6 @@ def config_from_event(ev: events.DispatcherConfigured) -> DispatchConfig:
             protection_doublings=ev.protection_doublings,
             churn_bound=ev.churn_bound,
             gang_rule=ev.gang_rule,
-            free_order=ev.policy_version not in COMPATIBLE_VERSIONS,
             window_s=ev.window_s,
             grace_s=ev.grace_s,
             policy_version=ev.policy_version,
@@ -99,16 +98,15 @@ def config_from_event(ev: events.DispatcherConfigured) -> DispatchConfig:
     )
 
 
-#: Older policy versions whose decisions this engine re-runs exactly with the configuration their record gives,
-#: each with rule D3.free-order off (``EngineConfig.free_order``, which the record does not carry): ``fairtree-8``
-#: is ``fairtree-9`` without it; ``fairtree-6`` is ``fairtree-7`` without :func:`~apportion.domain.preemption.gang_rule` (its records carry no
+#: Older policy versions whose decisions this engine re-runs exactly with the configuration their record gives:
+#: ``fairtree-6`` is ``fairtree-7`` without :func:`~apportion.domain.preemption.gang_rule` (its records carry no
 #: ``gang_rule``, read as False); ``fairtree-5`` is ``fairtree-6`` with protection growth capped at W and no churn bound (its records carry
 #: ``protection_cap_w`` 1.0 and no ``churn_bound``, read as ``None``); ``fairtree-4`` is ``fairtree-5`` with the protection doubled up to its cap (no ``protection_doublings``,
 #: read as ``None``); ``fairtree-3`` is ``fairtree-4`` without :func:`~apportion.domain.preemption.checkpoint_rule` and with
 #: protection growth capped at W / 4 (its records carry no ``checkpoint_wait_s``, read as 0, which turns the
 #: rule off, and no ``protection_cap_w``, read as 0.25); ``fairtree-2`` is ``fairtree-3`` without
 #: :func:`~apportion.domain.preemption.patience_rule` (no ``patience_s``, read as 0).
-COMPATIBLE_VERSIONS = ("fairtree-8", "fairtree-6", "fairtree-5", "fairtree-4", "fairtree-3", "fairtree-2")
+COMPATIBLE_VERSIONS = ("fairtree-6", "fairtree-5", "fairtree-4", "fairtree-3", "fairtree-2")
 
 
 def config_from_log(records: Iterable[LogRecord | events.Event], at_us: Micros | None = None) -> DispatchConfig | None:

@@ -225,11 +225,11 @@ def simulate(
         "--no-gang-rule: fairtree-6).",
     ),
     free_order: bool = typer.Option(
-        True,
+        False,
         "--free-order/--no-free-order",
         help="Unallocated jobs go on free GPUs one at a time to the leaf with the fewest unallocated GPUs in use "
-        "per unit of share (rule D3.free-order, since policy fairtree-9); --no-free-order: leaf by leaf in the "
-        "allocated pass's budget order (fairtree-8).",
+        "per unit of share (rule D3.free-order, a measured variant, not part of the policy); --no-free-order (the "
+        "default): leaf by leaf in the allocated pass's budget order.",
     ),
 ) -> None:
     """Run the simulation(s) and report utilisation, goodput, work lost, share deficit, waits, completions."""
@@ -348,7 +348,7 @@ def _run(
     churn_bound: int | None = PROTECTION_CHURN_BOUND,
     reservation_after_s: float | None = None,
     gang_rule: bool = True,
-    free_order: bool = True,
+    free_order: bool = False,
 ) -> Any:
     """One policy's run and report; admission rejections are counted by reason.
 

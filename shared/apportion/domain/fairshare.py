@@ -87,9 +87,9 @@ def entitlement(tree: BudgetTree, path: str, capacity_gpu_s: float) -> float:
 def free_order_key(unallocated_gpus: int, abs_share: float) -> float:
     """Rank of a leaf for the free GPUs (rule D3.free-order): its unallocated GPUs in use per unit of share.
 
-    Pass 2 of the cycle gives the next free GPUs to the leaf with unallocated work whose key is lowest,
-    one job at a time (max-min fairness of the unallocated capacity), ties by the fair-share order. A leaf
-    of share 0 ranks last (``+inf``), even with nothing in use.
+    With ``EngineConfig.free_order``, pass 2 of the cycle gives the next free GPUs to the leaf with unallocated
+    work whose key is lowest, one job at a time (max-min fairness of the unallocated capacity), ties by the
+    fair-share order. A leaf of share 0 ranks last (``+inf``), even with nothing in use.
 
     >>> free_order_key(4, 0.5), free_order_key(1, 0.1), free_order_key(0, 0.0)
     (8.0, 10.0, inf)

@@ -43,7 +43,8 @@ The cycle, exactly as rule D3.scheduling-cycle says:
    placed at once on the freed GPUs (``JobPlaced`` with the victims in its
    :class:`Decision`), so they are reserved for it; its ``StartWorkload``
    follows when the victims have stopped (dispatch).
-4. Unallocated jobs only go on free GPUs, shared among the leaves by rule D3.free-order.
+4. Unallocated jobs only go on free GPUs (with ``EngineConfig.free_order``, shared among the
+   leaves by rule D3.free-order).
 5. A job that cannot be placed does not block the ones behind it
    (backfill), except: the highest-ranked blocked allocated job that has
    waited (since it was queued) at least ``reservation_after`` reserves k
@@ -227,9 +228,9 @@ def run_cycle(
 
     Two passes over the fair-share order: first the allocated jobs (free GPUs,
     else preemption, provisional charge, reservation: :func:`_pass_allocated`),
-    then the unallocated jobs on whatever is still free, one at a time to the leaf
-    with the fewest unallocated GPUs in use per unit of share (rule D3.free-order:
-    :func:`_pass_unallocated`). A GPU that an allocated job can use in this cycle
+    then the unallocated jobs on whatever is still free, in the budget order the
+    first pass left (they are not charged, so that order no longer changes), or by
+    rule D3.free-order when ``EngineConfig.free_order`` is on (:func:`_pass_unallocated`). A GPU that an allocated job can use in this cycle
     is not idle, so an unallocated job placed there would only be preempted in
     the next cycle: in the Philly replay this ordering removes that churn
     (docs/simulation.md).
@@ -660,10 +661,10 @@ def _blocked_like(cx: _Cycle, leaf: str, drop: bool, g: int, k: int, model: str 
 def _pass_unallocated(cx: _Cycle) -> None:
     """Pass 2: the unallocated jobs on whatever is still free (D3.scheduling-cycle, D1.unallocated-job).
 
-    Leaves in the order of rule D3.free-order (:func:`~apportion.domain.fairshare.free_order_key`): one job
-    at a time to the leaf with the fewest unallocated GPUs in use per unit of share, ties by the budget order
-    pass 1 left; with ``EngineConfig.free_order`` off, every job of a leaf in that budget order before the
-    next leaf's. The rank continues from pass 1. Jobs of a shape known not to fit are passed over in bulk.
+    Leaf by leaf in the budget order pass 1 left, every job of a leaf before the next leaf's; with
+    ``EngineConfig.free_order``, by rule D3.free-order (:func:`~apportion.domain.fairshare.free_order_key`):
+    one job at a time to the leaf with the fewest unallocated GPUs in use per unit of share, ties by that
+    budget order. The rank continues from pass 1. Jobs of a shape known not to fit are passed over in bulk.
     """
     free, free_fail = cx.free, cx.free_fail
     order = cx.queue.order()  # = budget_order of the occupancy after the provisional charges

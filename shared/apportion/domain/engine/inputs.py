@@ -26,11 +26,8 @@ __all__ = [
     "pending_order",
 ]
 
-POLICY_VERSION = "fairtree-9"
-"""fairtree-9: fairtree-8 with unallocated jobs placed by rule D3.free-order (``EngineConfig.free_order``: free
-GPUs one job at a time to the leaf with the fewest unallocated GPUs in use per unit of share), ``docs/simulation.md``,
-"Current results"; ``free_order=False`` is fairtree-8.
-fairtree-8: fairtree-7 with a reservation holder's fit counting only the runs it may take back (a holder with no
+POLICY_VERSION = "fairtree-8"
+"""fairtree-8: fairtree-7 with a reservation holder's fit counting only the runs it may take back (a holder with no
 known fit keeps no GPU free) and :func:`~apportion.domain.preemption.gang_rule` bounded by the protection cap (a gang
 past it is a victim like any other run): rule D3.gangs, ``docs/simulation.md``, "Current results". Its decisions
 differ from fairtree-7's with no knob to turn the two back, so fairtree-7 logs are not re-run by this engine.
@@ -83,7 +80,8 @@ class EngineConfig:
             for a job smaller than it; default True, False up to policy fairtree-6).
         free_order: place unallocated jobs by rule D3.free-order (the leaf with the fewest unallocated GPUs
             in use per unit of share first, one job at a time; :func:`~apportion.domain.fairshare.free_order_key`);
-            default True; False: leaf by leaf in the budget order of the allocated pass, as up to fairtree-8.
+            default False: leaf by leaf in the budget order of the allocated pass. Measured and not adopted
+            (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -99,7 +97,7 @@ class EngineConfig:
     protection_doublings: int | None = PROTECTION_DOUBLINGS
     churn_bound: int | None = PROTECTION_CHURN_BOUND
     gang_rule: bool = True
-    free_order: bool = True
+    free_order: bool = False
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"
