@@ -37,7 +37,7 @@ from itertools import combinations
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import ClusterSnapshot, Run, RunKey, work_lost_gpu_s
 from apportion.domain.engine import CycleSnapshot, EngineConfig, PendingJob, protection_cap_us
-from apportion.domain.fairshare import FairShareQueue
+from apportion.domain.fairshare import FairShareQueue, free_order_key
 from apportion.domain.preemption import RULE_EXPIRED_BEHIND, Move, branches_of, charge_of, victim_rule
 from apportion.timeutil import Micros
 
@@ -69,7 +69,8 @@ def reference_cycle(snapshot: CycleSnapshot, now_us: Micros, cfg: EngineConfig) 
     out: list[Placed] = []
 
     # AMBIGUOUS (D3.scheduling-cycle says "walk pending jobs in fair-share order"): the engine walks the
-    # allocated jobs first, then the unallocated ones in the budget order the first walk left; so does this.
+    # allocated jobs first, then the unallocated ones (D3.free-order, or without it in the budget order the
+    # first walk left); so does this.
     done: set[str] = set()
     while (job := _next_allocated(view, pending, done)) is not None:
         done.add(job.job_id)
@@ -94,14 +95,35 @@ def reference_cycle(snapshot: CycleSnapshot, now_us: Micros, cfg: EngineConfig) 
         else:
             continue
         view.charge(leaf, charge)  # D2.provisional-charge
-    for leaf in view.order():
-        for job in pending.get(leaf, ()):
-            if job.allocated:
-                continue
+    order = view.order()
+    if not cfg.free_order:
+        for leaf in order:
+            for job in pending.get(leaf, ()):
+                if job.allocated:
+                    continue
+                nodes = _best_fit(cluster, free, job, spare)  # D1.unallocated-job: idle GPUs only
+                if nodes is not None:
+                    out.append(Placed(job.job_id, tuple(sorted(_take_free(free, nodes, job.gpus_per_replica))), ()))
+        return out
+    # D3.free-order: one job at a time to the leaf with unallocated work left whose unallocated GPUs in use per
+    # unit of abs share are fewest, ties by the budget order; a job looked at and not placed is not looked at again
+    in_use = {leaf: 0 for leaf in order}
+    for run in cluster.runs.values():
+        if not run.allocated and not run.stopping and run.key not in taken:
+            in_use[run.budget] = in_use.get(run.budget, 0) + sum(len(run.placements[r].gpus) for r in run.open_replicas)
+    left = {leaf: [j for j in pending.get(leaf, ()) if not j.allocated] for leaf in order}
+    while True:
+        cands = [leaf for leaf in order if left[leaf]]
+        if not cands:
+            return out
+        leaf = min(cands, key=lambda lf: (free_order_key(in_use[lf], tree.abs_share(lf)), order.index(lf)))
+        while left[leaf]:
+            job = left[leaf].pop(0)
             nodes = _best_fit(cluster, free, job, spare)  # D1.unallocated-job: idle GPUs only
             if nodes is not None:
                 out.append(Placed(job.job_id, tuple(sorted(_take_free(free, nodes, job.gpus_per_replica))), ()))
-    return out
+                in_use[leaf] += job.gpus_per_replica * job.replicas
+                break
 
 
 def _next_allocated(

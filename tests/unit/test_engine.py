@@ -29,6 +29,7 @@ from apportion.domain.engine import (
     EngineConfig,
     PendingJob,
     ShapeTable,
+    VictimIndex,
     blocked_run,
     pending_order,
     run_cycle,
@@ -428,8 +429,10 @@ def test_unallocated_jobs_are_not_charged():
     for i in (1, 2):
         w.job(f"a{i}", "lab/a", min_runtime_s=0, submitted=h(i))
     w.job("b1", "lab/b", min_runtime_s=0, submitted=h(3))
-    # r stays 0 for both: a (tie by path) keeps the lead for both of its jobs
+    # r stays 0 for both: leaf by leaf in budget order, a (tie by path) keeps the lead for both of its jobs
     assert [p.split("@")[0] for p in placed(w.cycle())] == ["a1", "a2", "b1"]
+    # D3.free-order: a 0 and b 0 tie, a first -> a1 (a: 1 / 0.5 = 2); b 0 -> b1 (b: 4); a 2 -> a2
+    assert [p.split("@")[0] for p in placed(w.cycle(free_order=True))] == ["a1", "b1", "a2"]
 
 
 def test_reservation_keeps_lower_ranked_work_off_the_reserved_nodes():
@@ -653,3 +656,42 @@ def test_each_shape_table_interns_its_own_codes_in_order_of_first_sight():
     assert [full.code(g, 1, None) for g in range(1, 257)] == list(range(256))
     assert full.code(300, 1, None) is None and full.code(256, 1, None) == 255
     assert ShapeTable().code(300, 1, None) == 0  # a full table fills no other
+
+
+def _free_order_world() -> World:
+    # n0 (8 GPUs): lab/a's unallocated u holds 4, 4 are free. Pending, all unallocated, 1 GPU each:
+    # a1, a2 (lab/a, share 0.5), b1..b3 (lab/b, 0.25), c1 (lab/c, 0.25). Occupancy 0: budget order a, b, c.
+    w = World().node("n0", 8).run("u", "lab/a", {"n0": (0, 1, 2, 3)}, allocated=False)
+    for leaf, names in (("lab/a", ("a1", "a2")), ("lab/b", ("b1", "b2", "b3")), ("lab/c", ("c1",))):
+        for i, name in enumerate(names):
+            w.job(name, leaf, min_runtime_s=0, submitted=h(1) + i)
+    return w
+
+
+@pytest.mark.parametrize("indexed", [False, True], ids=["runs walked", "victim index kept by the caller"])
+def test_free_order_gives_free_gpus_to_the_leaf_with_the_fewest_unallocated_gpus_per_share(indexed):
+    # D3.free-order, key = unallocated GPUs in use / abs share, ties by budget order (a, b, c):
+    # a 4 / 0.5 = 8, b 0, c 0 -> b1 (b: 1 / 0.25 = 4); c 0 -> c1 (c has no more); b 4 -> b2 (b: 8);
+    # a 8 and b 8 tie, a first in budget order -> a1. The 4 free GPUs are gone.
+    w = _free_order_world()
+    cs = w.cluster.snapshot()
+    snap = CycleSnapshot(
+        cs, w.pending, TREE, w.occupancy, w.capacity, victims=VictimIndex.build(cs.runs) if indexed else None
+    )
+    res = run_cycle(snap, NOW, EngineConfig(free_order=True))
+    assert [p.split("@")[0] for p in placed(res)] == ["b1", "c1", "b2", "a1"]
+
+
+def test_without_free_order_unallocated_jobs_go_leaf_by_leaf_in_budget_order():
+    assert [p.split("@")[0] for p in placed(_free_order_world().cycle(free_order=False))] == ["a1", "a2", "b1", "b2"]
+
+
+def test_free_order_does_not_count_stopping_unallocated_runs():
+    # u is stopping: lab/a holds 0 unallocated GPUs, so a, b, c all start at key 0 and the
+    # budget order breaks the ties: a1 (a: 2), b1 (b: 4), c1; then a (2) before b (4): a2.
+    # u's 4 GPUs are still held while it stops, so only 4 are free.
+    w = World().node("n0", 8).run("u", "lab/a", {"n0": (0, 1, 2, 3)}, allocated=False, stopping=True)
+    for leaf, names in (("lab/a", ("a1", "a2")), ("lab/b", ("b1", "b2", "b3")), ("lab/c", ("c1",))):
+        for i, name in enumerate(names):
+            w.job(name, leaf, min_runtime_s=0, submitted=h(1) + i)
+    assert [p.split("@")[0] for p in placed(w.cycle(free_order=True))] == ["a1", "b1", "c1", "a2"]

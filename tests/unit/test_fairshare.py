@@ -19,6 +19,7 @@ from apportion.domain.fairshare import (
     branches_at_lca,
     budget_order,
     entitlement,
+    free_order_key,
     lowest_common_ancestor,
     ratios,
     usage_ratio,
@@ -52,6 +53,20 @@ def occ_of(leaf_occ: dict[str, float]) -> dict[str, float]:
 )
 def test_usage_ratio_edge_cases(o: float, e: float, expected: float) -> None:
     assert usage_ratio(o, e) == expected
+
+
+@pytest.mark.parametrize(
+    "gpus,share,expected",
+    [
+        pytest.param(4, 0.5, 8.0, id="4 GPUs at abs share 0.5: 8 per unit of share"),
+        pytest.param(1, 0.1, 10.0, id="1 GPU at 0.1 ranks after 4 at 0.5"),
+        pytest.param(0, 0.25, 0.0, id="nothing in use: first"),
+        pytest.param(0, 0.0, math.inf, id="share 0: last, even with nothing in use"),
+    ],
+)
+def test_free_order_key_is_unallocated_gpus_per_unit_of_share(gpus: int, share: float, expected: float) -> None:
+    # D3.free-order
+    assert free_order_key(gpus, share) == expected
 
 
 @pytest.mark.parametrize(

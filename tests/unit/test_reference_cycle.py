@@ -12,6 +12,8 @@ Derandomized: the same examples every run, so the test cannot flake.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -195,3 +197,22 @@ def test_known_divergence_a_gang_victim_on_two_freed_nodes_counts_once_per_node(
     snap = world([(4, "a", False)] * 3, runs, [("lab/x/p", 1, 2, 60.0, None)], dict.fromkeys(LEAVES, 0.0))
     assert reference_cycle(snap, NOW, CFG) == [Placed("j0", (("n1", (0,)), ("n2", (0,))), (("r4", 1),))]
     assert fast(snap) == [Placed("j0", (("n0", (0,)), ("n1", (0,))), (("r0", 1), ("r4", 1)))]
+
+
+def test_the_fast_and_reference_cycles_share_free_gpus_among_unallocated_work_alike():
+    # D3.free-order. One 8-GPU node: lab/x/p's unallocated r0 holds 4 GPUs, 4 are free. Unallocated 1-GPU jobs:
+    # j0, j1 of lab/x/p (abs 0.25: key 4 / 0.25 = 16), j2, j3, j4 of lab/y (abs 0.5: 0). lab/y first:
+    # j2 (y: 2), j3 (4), j4 (6); y is out of jobs; lab/x/p gets the last free GPU: j0.
+    runs = [("lab/x/p", 4, 1, 0.0, 0, 0)]
+    jobs = [("lab/x/p", 1, 1, 0.0, None)] * 2 + [("lab/y", 1, 1, 0.0, None)] * 3
+    snap = world([(8, "a", False)], runs, jobs, dict.fromkeys(LEAVES, 0.0))
+    cfg = replace(CFG, free_order=True)
+    want = ["j2", "j3", "j4", "j0"]
+    assert [p.job_id for p in reference_cycle(snap, NOW, cfg)] == want
+    assert [e.job_id for e in run_cycle(snap, NOW, cfg).events if isinstance(e, ev.JobPlaced)] == want
+    # without the rule, leaf by leaf in the budget order (x/p, x/q, y): j0, j1, then y's j2 and j3
+    assert (
+        [p.job_id for p in reference_cycle(snap, NOW, CFG)]
+        == [p.job_id for p in fast(snap)]
+        == ["j0", "j1", "j2", "j3"]
+    )

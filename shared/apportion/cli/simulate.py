@@ -224,6 +224,13 @@ def simulate(
         help="An allocated gang is never preempted for a job smaller than it (since policy fairtree-7; "
         "--no-gang-rule: fairtree-6).",
     ),
+    free_order: bool = typer.Option(
+        False,
+        "--free-order/--no-free-order",
+        help="Unallocated jobs go on free GPUs one at a time to the leaf with the fewest unallocated GPUs in use "
+        "per unit of share (rule D3.free-order, a measured variant, not part of the policy); --no-free-order (the "
+        "default): leaf by leaf in the allocated pass's budget order.",
+    ),
 ) -> None:
     """Run the simulation(s) and report utilisation, goodput, work lost, share deficit, waits, completions."""
     from apportion.sim.traces import TraceError, load_budget_file, load_trace, trace_format
@@ -267,6 +274,7 @@ def simulate(
             protection_doublings=None if protection_doublings < 0 else protection_doublings,
             churn_bound=churn_bound or None,
             gang_rule=gang_rule,
+            free_order=free_order,
         )
         for name in names
     ]
@@ -340,6 +348,7 @@ def _run(
     churn_bound: int | None = PROTECTION_CHURN_BOUND,
     reservation_after_s: float | None = None,
     gang_rule: bool = True,
+    free_order: bool = False,
 ) -> Any:
     """One policy's run and report; admission rejections are counted by reason.
 
@@ -375,6 +384,7 @@ def _run(
         protection_doublings=protection_doublings,
         churn_bound=churn_bound,
         gang_rule=gang_rule,
+        free_order=free_order,
     )
     dcfg = DispatchConfig(
         engine=replace(

@@ -84,6 +84,19 @@ def entitlement(tree: BudgetTree, path: str, capacity_gpu_s: float) -> float:
     return tree.abs_share(path) * capacity_gpu_s
 
 
+def free_order_key(unallocated_gpus: int, abs_share: float) -> float:
+    """Rank of a leaf for the free GPUs (rule D3.free-order): its unallocated GPUs in use per unit of share.
+
+    With ``EngineConfig.free_order``, pass 2 of the cycle gives the next free GPUs to the leaf with unallocated
+    work whose key is lowest, one job at a time (max-min fairness of the unallocated capacity), ties by the
+    fair-share order. A leaf of share 0 ranks last (``+inf``), even with nothing in use.
+
+    >>> free_order_key(4, 0.5), free_order_key(1, 0.1), free_order_key(0, 0.0)
+    (8.0, 10.0, inf)
+    """
+    return unallocated_gpus / abs_share if abs_share > 0 else INF
+
+
 def usage_ratio(occupancy_gpu_s: float, entitlement_gpu_s: float) -> float:
     """Usage ratio ``r = O / E`` with the named edge cases.
 

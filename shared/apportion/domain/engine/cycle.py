@@ -43,7 +43,8 @@ The cycle, exactly as rule D3.scheduling-cycle says:
    placed at once on the freed GPUs (``JobPlaced`` with the victims in its
    :class:`Decision`), so they are reserved for it; its ``StartWorkload``
    follows when the victims have stopped (dispatch).
-4. Unallocated jobs only go on free GPUs.
+4. Unallocated jobs only go on free GPUs (with ``EngineConfig.free_order``, shared among the
+   leaves by rule D3.free-order).
 5. A job that cannot be placed does not block the ones behind it
    (backfill), except: the highest-ranked blocked allocated job that has
    waited (since it was queued) at least ``reservation_after`` reserves k
@@ -88,6 +89,7 @@ The phases, each a function of one per-cycle context (:class:`_Cycle`, built by
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -112,7 +114,7 @@ from apportion.domain.engine.reservation import earliest_fit_us, reservation_nod
 from apportion.domain.engine.search import PreemptionRequest, plan_preemption
 from apportion.domain.engine.shapes import CycleMemo, blocked_run, segment_floor
 from apportion.domain.engine.victims import CycleVictims, VictimIndex
-from apportion.domain.fairshare import FairShareQueue
+from apportion.domain.fairshare import FairShareQueue, free_order_key
 from apportion.domain.idle import IdleReports
 from apportion.domain.preemption import (
     RULE_EXPIRED_BEHIND,
@@ -228,8 +230,8 @@ def run_cycle(
     Two passes over the fair-share order: first the allocated jobs (free GPUs,
     else preemption, provisional charge, reservation: :func:`_pass_allocated`),
     then the unallocated jobs on whatever is still free, in the budget order the
-    first pass left (they are not charged, so that order no longer changes:
-    :func:`_pass_unallocated`). A GPU that an allocated job can use in this cycle
+    first pass left (they are not charged, so that order no longer changes), or by
+    rule D3.free-order when ``EngineConfig.free_order`` is on (:func:`_pass_unallocated`). A GPU that an allocated job can use in this cycle
     is not idle, so an unallocated job placed there would only be preempted in
     the next cycle: in the Philly replay this ordering removes that churn
     (docs/simulation.md).
@@ -683,61 +685,108 @@ def _blocked_like(cx: _Cycle, leaf: str, drop: bool, g: int, k: int, model: str 
 def _pass_unallocated(cx: _Cycle) -> None:
     """Pass 2: the unallocated jobs on whatever is still free (D3.scheduling-cycle, D1.unallocated-job).
 
-    In the budget order pass 1 left (unallocated jobs are not charged, so it
-    no longer changes); the rank continues from pass 1. Jobs of a shape known
-    not to fit are passed over in bulk.
+    Leaf by leaf in the budget order pass 1 left, every job of a leaf before the next leaf's; with
+    ``EngineConfig.free_order``, by rule D3.free-order (:func:`~apportion.domain.fairshare.free_order_key`):
+    one job at a time to the leaf with the fewest unallocated GPUs in use per unit of share, ties by that
+    budget order. The rank continues from pass 1. Jobs of a shape known not to fit are passed over in bulk.
     """
-    free, free_fail, res = cx.free, cx.free_fail, cx.res
+    free, free_fail = cx.free, cx.free_fail
     order = cx.queue.order()  # = budget_order of the occupancy after the provisional charges
     if free.reserved and free.reserved_free():
         # unallocated work may use a waiting reservation's free GPUs: the holder's preemption
         # search evicts it the moment it can start
         free.unreserve_all()
         free_fail.clear()
+    if _dominated(free_fail.get(None, []), 1, 1):
+        return  # not even one GPU was free for a 1-GPU job: no unallocated job fits
+    todo = [leaf for leaf in order if cx.allocated_end.get(leaf, 0) < len(cx.pending.get(leaf, ()))]
+    if not cx.cfg.free_order:
+        for leaf in todo:
+            if _place_unallocated(cx, leaf, cx.allocated_end.get(leaf, 0), False)[0] < 0:
+                break  # not one GPU is left for a 1-GPU job
+        return
+    in_use = _unallocated_in_use(cx)
+    abs_share = cx.tree.abs_share
+    heap = [
+        (free_order_key(in_use.get(leaf, 0), abs_share(leaf)), pos, leaf, cx.allocated_end.get(leaf, 0))
+        for pos, leaf in enumerate(todo)
+    ]
+    heapq.heapify(heap)
+    while heap:
+        _, pos, leaf, idx = heapq.heappop(heap)
+        nxt, gpus = _place_unallocated(cx, leaf, idx, True)
+        if nxt < 0:
+            break  # not one GPU is left for a 1-GPU job
+        if gpus and nxt < len(cx.pending[leaf]):
+            used = in_use[leaf] = in_use.get(leaf, 0) + gpus
+            heapq.heappush(heap, (free_order_key(used, abs_share(leaf)), pos, leaf, nxt))
+
+
+def _unallocated_in_use(cx: _Cycle) -> dict[str, int]:
+    """Leaf -> GPUs its unallocated runs hold (open replicas of runs not stopping) that this cycle does not
+    preempt (D3.free-order); from the victim index when the caller keeps one (the same runs, fewer to walk)."""
+    taken = cx.victims.taken if cx.victims is not None else frozenset()
+    out: dict[str, int] = {}
+    index = cx.snapshot.victims
+    if index is not None:
+        for lst in index.unalloc.values():
+            for _, run, gpus in lst:
+                if run.key not in taken:
+                    out[run.budget] = out.get(run.budget, 0) + len(gpus)
+        return out
+    for run in cx.snapshot.cluster.runs.values():
+        if not run.allocated and not run.stopping and run.key not in taken:
+            placements = run.placements
+            out[run.budget] = out.get(run.budget, 0) + sum(len(placements[r].gpus) for r in run.open_replicas)
+    return out
+
+
+def _place_unallocated(cx: _Cycle, leaf: str, start: int, one: bool) -> tuple[int, int]:
+    """Place ``leaf``'s unallocated jobs from ``pending[leaf][start]`` on free GPUs, in their order; with
+    ``one``, stop after the first placed. Returns (index of the next job to look at, GPUs placed), the
+    index ``len(jobs)`` when nothing more of the leaf fits, -1 when not one GPU is free for a 1-GPU job."""
+    free, free_fail, res = cx.free, cx.free_fail, cx.res
+    jobs = cx.pending[leaf]
+    end = len(jobs)
     any_free = free_fail.get(None, [])
     if _dominated(any_free, 1, 1):
-        return  # not even one GPU was free for a 1-GPU job: no unallocated job fits
-    for leaf in order:
-        jobs = cx.pending.get(leaf)
-        start = cx.allocated_end.get(leaf, 0)
-        if not jobs or start >= len(jobs):
+        return -1, 0
+    r_leaf = cx.queue.ratio(leaf)
+    mg, mk = cx.floor_shape(leaf, cx.allocated_end.get(leaf, 0), end)
+    if _dominated(any_free, mg, mk):
+        return end, 0  # nothing of this leaf fits on what is free
+    idx = start - 1
+    while idx + 1 < end:
+        idx += 1
+        job = jobs[idx]
+        cx.rank += 1
+        res.considered += 1
+        g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
+        if _dominated(free_fail.get(model, ()), g, k) or (model is not None and _dominated(any_free, g, k)):
+            # known not to fit, and so are the next jobs of a shape that does not fit: pass over them
+            n = blocked_run(jobs, idx + 1, end, partial(_fits_nowhere, free_fail, any_free), cx.memo)
+            idx += n
+            cx.rank += n
+            res.considered += n
+            res.passed_over += n
             continue
-        if _dominated(any_free, 1, 1):
-            break  # not one GPU is left for a 1-GPU job
-        r_leaf = cx.queue.ratio(leaf)
-        mg, mk = cx.floor_shape(leaf, start, len(jobs))
-        if _dominated(any_free, mg, mk):
-            continue  # nothing of this leaf fits on what is free
-        end = len(jobs)
-        idx = start - 1
-        while idx + 1 < end:
-            idx += 1
-            job = jobs[idx]
-            cx.rank += 1
-            res.considered += 1
-            g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
-            if _dominated(free_fail.get(model, ()), g, k) or (model is not None and _dominated(any_free, g, k)):
-                # known not to fit, and so are the next jobs of a shape that does not fit: pass over them
-                n = blocked_run(jobs, idx + 1, end, partial(_fits_nowhere, free_fail, any_free), cx.memo)
-                idx += n
-                cx.rank += n
-                res.considered += n
-                res.passed_over += n
-                continue
-            nodes = free.fit(g, k, model, job.topology_bound)
-            if nodes is None and job.topology_bound is not None:
-                continue  # (a bound's failure says nothing about unbound shapes)
-            if nodes is None:
-                free_fail.setdefault(model, []).append((g, k))
-                any_free = free_fail.get(None, [])
-                if model is None and _dominated(any_free, mg, mk):
-                    break
-                continue
-            placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
-            emit_placed(
-                res.events, job, placements, (), leaf, cx.rank, cx.budget_rank, r_leaf, False, cx.ts, cx.cfg, cx.tree
-            )
-            res.events.extend(pending_start_events(job, placements, cx.ts, cx.cfg.producer))
+        nodes = free.fit(g, k, model, job.topology_bound)
+        if nodes is None and job.topology_bound is not None:
+            continue  # (a bound's failure says nothing about unbound shapes)
+        if nodes is None:
+            free_fail.setdefault(model, []).append((g, k))
+            any_free = free_fail.get(None, [])
+            if model is None and _dominated(any_free, mg, mk):
+                return end, 0
+            continue
+        placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
+        emit_placed(
+            res.events, job, placements, (), leaf, cx.rank, cx.budget_rank, r_leaf, False, cx.ts, cx.cfg, cx.tree
+        )
+        res.events.extend(pending_start_events(job, placements, cx.ts, cx.cfg.producer))
+        if one:
+            return idx + 1, g * k
+    return end, 0
 
 
 def _fits_nowhere(

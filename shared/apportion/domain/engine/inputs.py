@@ -86,6 +86,10 @@ class EngineConfig:
             larger than its budget's share of the capacity neither reserves nodes nor preempts busy allocated runs;
             :func:`~apportion.domain.engine.reservation.share_covers`); default 1,024, so no job of a cluster of a few
             hundred GPUs is concerned; ``None``: off.
+        free_order: place unallocated jobs by rule D3.free-order (the leaf with the fewest unallocated GPUs
+            in use per unit of share first, one job at a time; :func:`~apportion.domain.fairshare.free_order_key`);
+            default False: leaf by leaf in the budget order of the allocated pass. Measured and not adopted
+            (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -102,6 +106,7 @@ class EngineConfig:
     churn_bound: int | None = PROTECTION_CHURN_BOUND
     gang_rule: bool = True
     hero_min_gpus: int | None = HERO_MIN_GPUS
+    free_order: bool = False
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"
