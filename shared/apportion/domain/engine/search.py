@@ -130,15 +130,16 @@ def plan_preemption(req: PreemptionRequest) -> Plan | None:
     victims with their :class:`Victim` audit records; the free index is
     updated (J's GPUs taken) when a plan is returned (:func:`_commit`).
     """
-    s = _Search.of(req)
-    req.victims.narrowed = False
-    req.victims.spared = False
-    k = req.job.replicas
+    victims, job = req.victims, req.job
+    victims.narrowed = False
+    victims.spared = False
+    k = job.replicas
     # too few nodes without expired-behind runs, as found by a search of this shape with nothing touched since
-    short_key = (_SHORT, s.g, s.model, k)
+    short_key = (_SHORT, job.gpus_per_replica, job.gpu_model, k)
     log_len = len(req.free.log)
-    if req.memo.get(short_key) == log_len and _nothing_behind(s):
+    if req.memo.get(short_key) == log_len and _nothing_behind(req):
         return None
+    s = _Search.of(req)
     cached = _unallocated_options(s)
     options = _cheapest_unallocated(s, cached, k)  # (all of them when fewer than k)
     n = len(cached) - len(options)  # options not in the list
@@ -464,17 +465,18 @@ _MAX_R = "max_ratio"
 _SHORT = "short"
 
 
-def _nothing_behind(s: _Search) -> bool:
+def _nothing_behind(req: PreemptionRequest) -> bool:
     """No branch is behind J's by delta at any ancestor (so :meth:`CycleVictims.behind_of` finds no leaf):
     the largest r of any budget is below r + delta of each of J's leaf's ancestors. A bound kept per request
     (speed only): the largest r at its first use, raised by the r of the ancestors of each leaf charged since
     (a charge only raises r, and only theirs)."""
-    req = s.req
     tree = req.tree
-    if tree is None or callable(req.ratio):
+    ratio_of = req.ratio
+    if tree is None or callable(ratio_of):
         return False
-    ratio = s.view.ratio
-    got = req.memo.get(_MAX_R)
+    memo = req.memo
+    ratio = ratio_of.ratio
+    got = memo.get(_MAX_R)
     if got is None:
         top = max((ratio(p) for p in tree.paths()), default=0.0)
     else:
@@ -484,7 +486,7 @@ def _nothing_behind(s: _Search) -> bool:
                 r = ratio(a)
                 if r > top:
                     top = r
-    req.memo[_MAX_R] = (len(req.charged), top)
+    memo[_MAX_R] = (len(req.charged), top)
     delta = req.delta
     for a in ancestors_of(req.leaf):
         if not top < ratio(a) + delta:  # (the same sum as behind_of's filter)
@@ -498,7 +500,7 @@ def _behind_options(s: _Search, options: list[Option]) -> list[Option] | None:
     is behind J's."""
     req = s.req
     victims, k = req.victims, req.job.replicas
-    if _nothing_behind(s):
+    if _nothing_behind(req):
         victims.narrowed = False
         return None
     behind, victims.narrowed = victims.behind_of(
