@@ -104,3 +104,67 @@ def test_any_other_kafka_error_on_publish_is_unreachable_exit_3(
         common._publish([], None)
     assert got.value.exit_code == 3
     assert capsys.readouterr().err.startswith("error: cannot publish to Kafka at 127.0.0.1:1: ")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("budget", "set", "x", "--share", "abc"),
+            "Invalid value for '--share' / '-s': Input should be a valid number, unable to parse string as a number; "
+            "see `apportion budget set --help`",
+        ),
+        (
+            ("submit", "-g", "0", "-b", "lab", "--", "echo"),
+            "Invalid value for '--gpus' / '-g': Input should be greater than or equal to 1; "
+            "see `apportion submit --help`",
+        ),
+        (("queue", "--bogus"), "No such option: --bogus (Possible options: --user); see `apportion queue --help`"),
+        (("nosuch",), "No such command 'nosuch'; see `apportion --help`"),
+        (("budget", "set"), "Missing argument 'path'; see `apportion budget set --help`"),
+    ],
+    ids=["bad-float", "out-of-range", "unknown-option", "unknown-command", "missing-argument"],
+)
+def test_a_usage_error_is_one_error_line_exit_2(args: tuple[str, ...], message: str) -> None:
+    res = run(*args)
+    assert (res.exit_code, res.stdout, res.stderr) == (2, "", f"error: {message}\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (  # the eager --json is processed before the bad value
+            ("submit", "-g", "0", "-b", "lab", "--json", "--", "echo"),
+            "Invalid value for '--gpus' / '-g': Input should be greater than or equal to 1; "
+            "see `apportion submit --help`",
+        ),
+        (  # the parser stops at --bogus: --json is never processed
+            ("queue", "--bogus", "--json"),
+            "No such option: --bogus (Possible options: --user); see `apportion queue --help`",
+        ),
+    ],
+    ids=["bad-value", "unknown-option"],
+)
+def test_a_usage_error_under_json_is_the_bad_input_object(args: tuple[str, ...], message: str) -> None:
+    res = run(*args)
+    assert res.exit_code == 2
+    assert res.stderr == f"error: {message}\n"
+    assert json.loads(res.stdout) == {
+        "ok": False,
+        "verdict": "bad_input",
+        "reason": "",
+        "message": message,
+        "exit_code": 2,
+    }
+
+
+def test_json_after_the_dashes_is_the_workload_s_argument_not_the_option() -> None:
+    res = run("submit", "-g", "0", "-b", "lab", "--", "echo", "--json")
+    assert (res.exit_code, res.stdout) == (2, "")
+
+
+def test_a_group_given_no_command_still_prints_its_help() -> None:
+    res = run("budget")
+    assert res.exit_code == 2
+    assert "Usage: apportion budget [OPTIONS] COMMAND [ARGS]..." in res.stdout + res.stderr
+    assert "error:" not in res.stderr

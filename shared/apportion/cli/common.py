@@ -18,6 +18,12 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
+
+try:  # typer vendors click from 0.2x on; before, it used click itself
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+except ImportError:  # pragma: no cover
+    from click.exceptions import NoArgsIsHelpError, UsageError  # type: ignore[assignment]
 
 from apportion import events
 from apportion.settings import Connection, topic_prefix
@@ -71,6 +77,44 @@ def _error_object(message: str, code: int, verdict: str = "", reason: str = "", 
 def _exit(message: str, code: int) -> NoReturn:
     err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+class OneLineErrors(TyperGroup):
+    """The root command: a usage error (an option or argument Typer cannot parse, a value out of its range, an
+    unknown option) is ``error: <message>; see `<command> --help```, one line on stderr, exit 2, and under
+    ``--json`` the JSON error object of :func:`fail`, not Typer's boxed panel. ``--json`` counts wherever it stands
+    before ``--``: a usage error can come before the eager ``--json`` option is processed."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        argv = list(args)
+        try:
+            ctx = super().make_context(info_name, args, parent, **extra)
+        except UsageError as exc:
+            _usage_error(exc, argv)
+        ctx.meta[_ARGV] = argv
+        return ctx
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UsageError as exc:
+            _usage_error(exc, ctx.meta.get(_ARGV, []))
+
+
+_ARGV = "apportion.argv"
+
+
+def _usage_error(exc: UsageError, argv: list[str]) -> NoReturn:
+    if isinstance(exc, NoArgsIsHelpError):  # a group given no command: its help, as Typer prints it
+        raise exc
+    command = exc.ctx.command_path if exc.ctx is not None else "apportion"
+    message = " ".join(exc.format_message().split()).rstrip(".")
+    before_dashes = argv[: argv.index("--")] if "--" in argv else argv
+    json_errors(_json_errors or "--json" in before_dashes)
+    try:
+        fail(f"{message}; see `{command} --help`")
+    finally:
+        json_errors(False)
 
 
 def refuse(

@@ -25,6 +25,7 @@ from apportion.cli.budgets import budget_app, share_data
 from apportion.cli.common import (
     Bootstrap,
     JsonOut,
+    OneLineErrors,
     _checked,
     _print_json,
     _require_topics,
@@ -38,6 +39,7 @@ from apportion.settings import topic_name, topic_prefix
 
 app = typer.Typer(
     name="apportion",
+    cls=OneLineErrors,
     help=(
         "Budgeted, hierarchical fair-share GPU scheduling.\n\n"
         "Researchers: `keys init`, `submit`, `cancel`, `hold`, `release`, `queue`, `history`, `share` (requests are "
