@@ -168,3 +168,34 @@ def test_a_group_given_no_command_still_prints_its_help() -> None:
     assert res.exit_code == 2
     assert "Usage: apportion budget [OPTIONS] COMMAND [ARGS]..." in res.stdout + res.stderr
     assert "error:" not in res.stderr
+
+
+def _topics(monkeypatch: pytest.MonkeyPatch, error_code: int) -> None:
+    """A broker that lists no topic and answers ``error_code`` for the one asked about."""
+    monkeypatch.setattr(common, "partitions_of", lambda _bootstrap, _topic: 0)
+    monkeypatch.setattr(common, "topic_error", lambda _bootstrap, _topic: error_code)
+
+
+def test_a_topic_the_acls_hide_is_not_authorized_exit_1_not_unprovisioned(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("APPORTION_KAFKA_USER", "researcher")
+    _topics(monkeypatch, TopicAuthorizationFailedError.errno)
+    res = run("deadletter")
+    assert (res.exit_code, res.stdout) == (1, "")
+    assert res.stderr == (
+        "error: refused: not authorized: the broker's ACLs do not let researcher read from it "
+        "(TopicAuthorizationFailedError); see docs/security.md for who may do what\n"
+    )
+    doc = json.loads(run("deadletter", "--json").stdout)
+    assert (doc["verdict"], doc["reason"], doc["exit_code"]) == ("refused", "not_authorized", 1)
+
+
+def test_a_topic_that_does_not_exist_is_still_an_unprovisioned_namespace_exit_3(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _topics(monkeypatch, 3)  # UNKNOWN_TOPIC_OR_PARTITION
+    res = run("deadletter")
+    assert (res.exit_code, res.stdout) == (3, "")
+    assert res.stderr == (
+        "error: topic apportion.deadletter does not exist at 127.0.0.1:1: the default namespace is not provisioned "
+        "(`python -m apportion.bus.provision --bootstrap 127.0.0.1:1`, or `apportion stack up`)\n"
+    )

@@ -223,10 +223,16 @@ def _checked(fn: Any) -> Any:
 
 
 def _require_topics(bootstrap: str | None, *names: str) -> Connection:
-    """The connection, after checking Kafka answers and the namespace has ``names`` (else one line, exit 3)."""
+    """The connection, after checking Kafka answers and the namespace has ``names`` (else one line, exit 3; a topic
+    the broker's ACLs do not let the principal describe is a refusal, :func:`kafka_failure`, exit 1)."""
     conn = Connection.resolve(bootstrap=bootstrap)
     for name in names:
         if _checked(lambda n=name: partitions_of(conn.bootstrap, n)) == 0:
+            # a topic the principal may not describe is left out of the topic list as if it did not exist
+            from kafka.errors import TopicAuthorizationFailedError
+
+            if _checked(lambda n=name: topic_error(conn.bootstrap, n)) == TopicAuthorizationFailedError.errno:
+                kafka_failure(TopicAuthorizationFailedError(name), conn.bootstrap, "read from")
             ns = f"namespace {topic_prefix()!r}" if topic_prefix() else "the default namespace"
             fail(
                 f"topic {name} does not exist at {conn.bootstrap}: {ns} is not provisioned "
@@ -268,14 +274,33 @@ def partitions_of(bootstrap: str, topic: str) -> int:
     return int(_ask(bootstrap, lambda kc: len(kc.partitions_for_topic(topic) or ()) if topic in kc.topics() else 0))
 
 
-def _ask(bootstrap: str, question: Any) -> Any:
-    """``question(consumer)`` on a short-lived consumer of ``bootstrap``, closed after.
+def topic_error(bootstrap: str, topic: str) -> int:
+    """The broker's error code for ``topic`` when asked about it alone: 0 none, 3 it does not exist,
+    29 (``TopicAuthorizationFailedError.errno``) the principal may not describe it (whether or not it exists).
+
+    Raises:
+        Unreachable: Kafka did not answer.
+    """
+    return int(_ask(bootstrap, lambda admin: admin.describe_topics([topic])[0]["error_code"], client=_admin))
+
+
+def _admin(bootstrap: str) -> Any:
+    from kafka.admin import KafkaAdminClient
+
+    from apportion.bus.security import kafka_auth
+
+    return KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000, **kafka_auth())
+
+
+def _ask(bootstrap: str, question: Any, client: Any = _consumer) -> Any:
+    """``question(consumer)`` on a short-lived consumer of ``bootstrap`` (or another ``client(bootstrap)``), closed
+    after.
 
     Raises:
         Unreachable: Kafka did not answer.
     """
     try:
-        kc = _consumer(bootstrap)
+        kc = client(bootstrap)
         try:
             return question(kc)
         finally:
