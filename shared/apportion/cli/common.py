@@ -12,12 +12,15 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 from typer.core import TyperGroup
 
 try:  # typer vendors click from 0.2x on; before, it used click itself
@@ -151,6 +154,46 @@ def _ratio(r: Any) -> str:
     if math.isinf(r):
         return "inf"
     return f"{r:.3f}" if abs(r) < 1e6 else f"{r:.3g}"
+
+
+#: A table column: its title, rich's column options, and its cell of a row.
+Column = tuple[str, dict[str, Any], Callable[[Any], str]]
+
+
+def fitted_table(
+    title: str, columns: Sequence[Column], rows: Sequence[Any], width: int, movable: Sequence[str]
+) -> tuple[Table, list[str]]:
+    """A table of ``rows`` no wider than ``width`` columns whose cells are never cut: the columns titled in
+    ``movable`` leave it, in that order, until it fits (or none is left to move). Returns the table and the titles
+    of the columns left out, whose values the caller prints elsewhere (:func:`left_out`, a line per row after the
+    table). Columns are ``no_wrap`` unless their options say otherwise; titles and cells are plain text, not
+    markup (``topic[partition]`` is no style); a rule under the header, no edges, two spaces between columns."""
+    from rich import box
+
+    moved: list[str] = []
+    while True:
+        t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+        shown = [c for c in columns if c[0] not in moved]
+        for name, opts, _ in shown:
+            options: dict[str, Any] = {"no_wrap": True, **opts}
+            t.add_column(Text(name), **options)
+        for r in rows:
+            t.add_row(*(Text(cell(r)) for _, _, cell in shown))
+        left = [m for m in movable if m not in moved]
+        if not left or _natural_width(t) <= width:
+            return t, moved
+        moved.append(left[0])
+
+
+def left_out(columns: Sequence[Column], moved: Sequence[str], row: Any, *, bare: Sequence[str] = ()) -> list[str]:
+    """``title value`` of each column of ``row`` that :func:`fitted_table` left out, in column order; the value
+    alone for a column titled in ``bare``."""
+    return [cell(row) if name in bare else f"{name} {cell(row)}" for name, _, cell in columns if name in moved]
+
+
+def _natural_width(renderable: Any) -> int:
+    wide = Console(width=100_000)
+    return int(wide.measure(renderable).maximum)
 
 
 def check_budget_filter(budget: str | None) -> None:
