@@ -170,15 +170,16 @@ def test_a_group_given_no_command_still_prints_its_help() -> None:
     assert "error:" not in res.stderr
 
 
-def _topics(monkeypatch: pytest.MonkeyPatch, error_code: int) -> None:
-    """A broker that lists no topic and answers ``error_code`` for the one asked about."""
-    monkeypatch.setattr(common, "partitions_of", lambda _bootstrap, _topic: 0)
-    monkeypatch.setattr(common, "topic_error", lambda _bootstrap, _topic: error_code)
+def _topics(monkeypatch: pytest.MonkeyPatch, error_code: int, *listed: str) -> None:
+    """A broker that lists only the topics ``listed`` (3 partitions each) and answers ``error_code`` for any
+    other asked about alone."""
+    monkeypatch.setattr(common, "partitions_of", lambda _bootstrap, topic: 3 if topic in listed else 0)
+    monkeypatch.setattr(common, "topic_error", lambda _bootstrap, topic: 0 if topic in listed else error_code)
 
 
 def test_a_topic_the_acls_hide_is_not_authorized_exit_1_not_unprovisioned(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("APPORTION_KAFKA_USER", "researcher")
-    _topics(monkeypatch, TopicAuthorizationFailedError.errno)
+    _topics(monkeypatch, TopicAuthorizationFailedError.errno, "apportion.submissions")  # the namespace is there
     res = run("deadletter")
     assert (res.exit_code, res.stdout) == (1, "")
     assert res.stderr == (
@@ -189,10 +190,16 @@ def test_a_topic_the_acls_hide_is_not_authorized_exit_1_not_unprovisioned(monkey
     assert (doc["verdict"], doc["reason"], doc["exit_code"]) == ("refused", "not_authorized", 1)
 
 
-def test_a_topic_that_does_not_exist_is_still_an_unprovisioned_namespace_exit_3(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    "error_code",
+    [3, TopicAuthorizationFailedError.errno],  # UNKNOWN_TOPIC_OR_PARTITION; a namespace with no ACLs at all
+    ids=["unknown", "namespace-without-acls"],
+)
+def test_a_topic_of_a_namespace_not_there_is_still_an_unprovisioned_namespace_exit_3(
+    monkeypatch: pytest.MonkeyPatch, error_code: int
 ) -> None:
-    _topics(monkeypatch, 3)  # UNKNOWN_TOPIC_OR_PARTITION
+    monkeypatch.setenv("APPORTION_KAFKA_USER", "researcher")
+    _topics(monkeypatch, error_code)
     res = run("deadletter")
     assert (res.exit_code, res.stdout) == (3, "")
     assert res.stderr == (

@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover
     from click.exceptions import NoArgsIsHelpError, UsageError  # type: ignore[assignment]
 
 from apportion import events
-from apportion.settings import Connection, topic_prefix
+from apportion.settings import Connection, topic_name, topic_prefix
 
 if TYPE_CHECKING:
     from apportion.identity.keys import Identity
@@ -271,10 +271,9 @@ def _require_topics(bootstrap: str | None, *names: str) -> Connection:
     conn = Connection.resolve(bootstrap=bootstrap)
     for name in names:
         if _checked(lambda n=name: partitions_of(conn.bootstrap, n)) == 0:
-            # a topic the principal may not describe is left out of the topic list as if it did not exist
-            from kafka.errors import TopicAuthorizationFailedError
+            if _hidden(conn.bootstrap, name):
+                from kafka.errors import TopicAuthorizationFailedError
 
-            if _checked(lambda n=name: topic_error(conn.bootstrap, n)) == TopicAuthorizationFailedError.errno:
                 kafka_failure(TopicAuthorizationFailedError(name), conn.bootstrap, "read from")
             ns = f"namespace {topic_prefix()!r}" if topic_prefix() else "the default namespace"
             fail(
@@ -283,6 +282,25 @@ def _require_topics(bootstrap: str | None, *names: str) -> Connection:
                 3,
             )
     return conn
+
+
+def _hidden(bootstrap: str, name: str) -> bool:
+    """Whether topic ``name``, left out of the topics the principal may list, exists but its ACLs hide it.
+
+    The broker answers "not authorized" for a topic the principal may not describe whether or not it exists, and
+    the ACLs are granted per namespace: so the topic is taken as hidden when the namespace's submissions topic,
+    which every user of the CLI may read, is listed (the namespace is provisioned), else as not provisioned.
+    """
+    from kafka.errors import TopicAuthorizationFailedError
+
+    from apportion import topics
+
+    submissions = topic_name(topics.SUBMISSIONS)
+    return (
+        name != submissions
+        and _checked(lambda: topic_error(bootstrap, name)) == TopicAuthorizationFailedError.errno
+        and _checked(lambda: partitions_of(bootstrap, submissions)) > 0
+    )
 
 
 def is_kafka_error(exc: BaseException) -> bool:
