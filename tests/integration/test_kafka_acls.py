@@ -328,3 +328,22 @@ def test_each_declared_node_agent_is_its_own_principal_and_can_be_locked_out_alo
     _refused(caplog, two, kafka_bootstrap, topics.NODES)
     _write(one, kafka_bootstrap, topics.NODES)
     assert end_offset(kafka_bootstrap, topic_name(topics.NODES)) == before + 2
+
+
+def test_a_topic_the_acls_hide_answers_not_authorized_and_a_missing_one_unknown(
+    kafka_bootstrap: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A researcher may not describe the dead letters: the topic list leaves it out as if it did not exist, and
+    asked about alone the broker answers 29, which the CLI reports as not authorized, not as unprovisioned."""
+    from kafka.errors import TopicAuthorizationFailedError, UnknownTopicOrPartitionError
+
+    from apportion.cli import common
+
+    dead = topic_name(topics.DEADLETTER)
+    assert common.topic_error(kafka_bootstrap, f"{namespace}nosuch") == UnknownTopicOrPartitionError.errno
+    secrets = Path(os.environ["APPORTION_KAFKA_SECRETS_DIR"])
+    monkeypatch.setenv("APPORTION_KAFKA_USER", "researcher")
+    monkeypatch.setenv("APPORTION_KAFKA_PASSWORD_FILE", str(secrets / "researcher.password"))
+    monkeypatch.delenv("APPORTION_KAFKA_PASSWORD", raising=False)
+    assert common.partitions_of(kafka_bootstrap, dead) == 0
+    assert common.topic_error(kafka_bootstrap, dead) == TopicAuthorizationFailedError.errno

@@ -104,3 +104,105 @@ def test_any_other_kafka_error_on_publish_is_unreachable_exit_3(
         common._publish([], None)
     assert got.value.exit_code == 3
     assert capsys.readouterr().err.startswith("error: cannot publish to Kafka at 127.0.0.1:1: ")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("budget", "set", "x", "--share", "abc"),
+            "Invalid value for '--share' / '-s': Input should be a valid number, unable to parse string as a number; "
+            "see `apportion budget set --help`",
+        ),
+        (
+            ("submit", "-g", "0", "-b", "lab", "--", "echo"),
+            "Invalid value for '--gpus' / '-g': Input should be greater than or equal to 1; "
+            "see `apportion submit --help`",
+        ),
+        (("queue", "--bogus"), "No such option: --bogus (Possible options: --user); see `apportion queue --help`"),
+        (("nosuch",), "No such command 'nosuch'; see `apportion --help`"),
+        (("budget", "set"), "Missing argument 'path'; see `apportion budget set --help`"),
+    ],
+    ids=["bad-float", "out-of-range", "unknown-option", "unknown-command", "missing-argument"],
+)
+def test_a_usage_error_is_one_error_line_exit_2(args: tuple[str, ...], message: str) -> None:
+    res = run(*args)
+    assert (res.exit_code, res.stdout, res.stderr) == (2, "", f"error: {message}\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (  # the eager --json is processed before the bad value
+            ("submit", "-g", "0", "-b", "lab", "--json", "--", "echo"),
+            "Invalid value for '--gpus' / '-g': Input should be greater than or equal to 1; "
+            "see `apportion submit --help`",
+        ),
+        (  # the parser stops at --bogus: --json is never processed
+            ("queue", "--bogus", "--json"),
+            "No such option: --bogus (Possible options: --user); see `apportion queue --help`",
+        ),
+    ],
+    ids=["bad-value", "unknown-option"],
+)
+def test_a_usage_error_under_json_is_the_bad_input_object(args: tuple[str, ...], message: str) -> None:
+    res = run(*args)
+    assert res.exit_code == 2
+    assert res.stderr == f"error: {message}\n"
+    assert json.loads(res.stdout) == {
+        "ok": False,
+        "verdict": "bad_input",
+        "reason": "",
+        "message": message,
+        "exit_code": 2,
+    }
+
+
+def test_json_after_the_dashes_is_the_workload_s_argument_not_the_option() -> None:
+    res = run("submit", "-g", "0", "-b", "lab", "--", "echo", "--json")
+    assert (res.exit_code, res.stdout) == (2, "")
+
+
+def test_a_group_given_no_command_still_prints_its_help() -> None:
+    res = run("budget")
+    assert res.exit_code == 2
+    assert "Usage: apportion budget [OPTIONS] COMMAND [ARGS]..." in res.stdout + res.stderr
+    assert "error:" not in res.stderr
+
+
+def _topics(monkeypatch: pytest.MonkeyPatch, error_code: int, *listed: str) -> None:
+    """A broker that lists only the topics ``listed`` (3 partitions each) and answers ``error_code`` for any
+    other asked about alone."""
+    monkeypatch.setattr(common, "partitions_of", lambda _bootstrap, topic: 3 if topic in listed else 0)
+    monkeypatch.setattr(common, "topic_error", lambda _bootstrap, topic: 0 if topic in listed else error_code)
+
+
+def test_a_topic_the_acls_hide_is_not_authorized_exit_1_not_unprovisioned(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("APPORTION_KAFKA_USER", "researcher")
+    _topics(monkeypatch, TopicAuthorizationFailedError.errno, "apportion.submissions")  # the namespace is there
+    res = run("deadletter")
+    assert (res.exit_code, res.stdout) == (1, "")
+    assert res.stderr == (
+        "error: refused: not authorized: the broker's ACLs do not let researcher read from it "
+        "(TopicAuthorizationFailedError); see docs/security.md for who may do what\n"
+    )
+    doc = json.loads(run("deadletter", "--json").stdout)
+    assert (doc["verdict"], doc["reason"], doc["exit_code"]) == ("refused", "not_authorized", 1)
+
+
+@pytest.mark.parametrize(
+    "error_code",
+    [3, TopicAuthorizationFailedError.errno],  # UNKNOWN_TOPIC_OR_PARTITION; a namespace with no ACLs at all
+    ids=["unknown", "namespace-without-acls"],
+)
+def test_a_topic_of_a_namespace_not_there_is_still_an_unprovisioned_namespace_exit_3(
+    monkeypatch: pytest.MonkeyPatch, error_code: int
+) -> None:
+    monkeypatch.setenv("APPORTION_KAFKA_USER", "researcher")
+    _topics(monkeypatch, error_code)
+    res = run("deadletter")
+    assert (res.exit_code, res.stdout) == (3, "")
+    assert res.stderr == (
+        "error: topic apportion.deadletter does not exist at 127.0.0.1:1: the default namespace is not provisioned "
+        "(`python -m apportion.bus.provision --bootstrap 127.0.0.1:1`, or `apportion stack up`)\n"
+    )

@@ -181,3 +181,42 @@ def test_other_users_get_a_stack_env_without_credentials_and_a_readable_ca(tmp_p
     assert (shared / "ca.pem").read_text() == ca.read_text()
     owner = read_env_file(tmp_path / "stack.env")  # the owner's: what the researcher file leaves out
     assert {"APPORTION_KAFKA_USER", "APPORTION_KAFKA_PASSWORD_FILE", "APPORTION_KEYRING"} <= set(owner)
+
+
+#: What the dispatcher logged in an earlier `up` of the same run directory (its log is appended to).
+EARLIER_RUN = (
+    "dispatcher: leading with fencing token 1\n"
+    "dispatcher: started from offset 0: 90 records read, rebuilt in 0.20 s\n"
+    "dispatcher: stopped\n"
+)
+
+
+def test_up_in_a_used_run_directory_waits_for_this_starts_rebuild_not_the_earlier_runs_line(tmp_path: Path) -> None:
+    import os
+
+    from apportion.cli.stack import StackUpError, _log_end, wait_ready
+
+    info = _info(tmp_path, web=False)
+    info.pids["dispatcher"] = os.getpid()  # alive
+    info.log_dir.mkdir(parents=True)
+    log = info.log_dir / "dispatcher.log"
+    log.write_text(EARLIER_RUN)
+    since = {"dispatcher": _log_end(info, "dispatcher")}
+    with log.open("a") as f:  # this start: elected, its read models not yet rebuilt
+        f.write("dispatcher: leading with fencing token 2\n")
+    with pytest.raises(StackUpError) as got:
+        wait_ready(info, since, timeout_s=0)
+    assert str(got.value) == f"dispatcher not ready within 0 s; see the logs in {info.log_dir}"
+    with log.open("a") as f:
+        f.write("dispatcher: started from a snapshot: 12 records read, rebuilt in 0.31 s\n")
+    wait_ready(info, since, timeout_s=0)
+
+
+def test_a_service_that_exits_before_it_is_ready_is_named_with_its_log(tmp_path: Path) -> None:
+    from apportion.cli.stack import StackUpError, wait_ready
+
+    info = _info(tmp_path, web=False)
+    info.pids["policy"] = 2**22 + 1  # above pid_max's default: no such process
+    with pytest.raises(StackUpError) as got:
+        wait_ready(info, {"policy": 0})
+    assert str(got.value) == f"policy exited at start; see {info.log_dir / 'policy.log'}"

@@ -12,15 +12,24 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+from typer.core import TyperGroup
+
+try:  # typer vendors click from 0.2x on; before, it used click itself
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+except ImportError:  # pragma: no cover
+    from click.exceptions import NoArgsIsHelpError, UsageError  # type: ignore[assignment]
 
 from apportion import events
-from apportion.settings import Connection, topic_prefix
+from apportion.settings import Connection, topic_name, topic_prefix
 
 if TYPE_CHECKING:
     from apportion.identity.keys import Identity
@@ -73,6 +82,44 @@ def _exit(message: str, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
+class OneLineErrors(TyperGroup):
+    """The root command: a usage error (an option or argument Typer cannot parse, a value out of its range, an
+    unknown option) is ``error: <message>; see `<command> --help```, one line on stderr, exit 2, and under
+    ``--json`` the JSON error object of :func:`fail`, not Typer's boxed panel. ``--json`` counts wherever it stands
+    before ``--``: a usage error can come before the eager ``--json`` option is processed."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        argv = list(args)
+        try:
+            ctx = super().make_context(info_name, args, parent, **extra)
+        except UsageError as exc:
+            _usage_error(exc, argv)
+        ctx.meta[_ARGV] = argv
+        return ctx
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UsageError as exc:
+            _usage_error(exc, ctx.meta.get(_ARGV, []))
+
+
+_ARGV = "apportion.argv"
+
+
+def _usage_error(exc: UsageError, argv: list[str]) -> NoReturn:
+    if isinstance(exc, NoArgsIsHelpError):  # a group given no command: its help, as Typer prints it
+        raise exc
+    command = exc.ctx.command_path if exc.ctx is not None else "apportion"
+    message = " ".join(exc.format_message().split()).rstrip(".")
+    before_dashes = argv[: argv.index("--")] if "--" in argv else argv
+    json_errors(_json_errors or "--json" in before_dashes)
+    try:
+        fail(f"{message}; see `{command} --help`")
+    finally:
+        json_errors(False)
+
+
 def refuse(
     message: str, *, as_json: bool, verdict: str = "refused", reason: str = "", code: int = 1, **fields: Any
 ) -> NoReturn:
@@ -107,6 +154,46 @@ def _ratio(r: Any) -> str:
     if math.isinf(r):
         return "inf"
     return f"{r:.3f}" if abs(r) < 1e6 else f"{r:.3g}"
+
+
+#: A table column: its title, rich's column options, and its cell of a row.
+Column = tuple[str, dict[str, Any], Callable[[Any], str]]
+
+
+def fitted_table(
+    title: str, columns: Sequence[Column], rows: Sequence[Any], width: int, movable: Sequence[str]
+) -> tuple[Table, list[str]]:
+    """A table of ``rows`` no wider than ``width`` columns whose cells are never cut: the columns titled in
+    ``movable`` leave it, in that order, until it fits (or none is left to move). Returns the table and the titles
+    of the columns left out, whose values the caller prints elsewhere (:func:`left_out`, a line per row after the
+    table). Columns are ``no_wrap`` unless their options say otherwise; titles and cells are plain text, not
+    markup (``topic[partition]`` is no style); a rule under the header, no edges, two spaces between columns."""
+    from rich import box
+
+    moved: list[str] = []
+    while True:
+        t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+        shown = [c for c in columns if c[0] not in moved]
+        for name, opts, _ in shown:
+            options: dict[str, Any] = {"no_wrap": True, **opts}
+            t.add_column(Text(name), **options)
+        for r in rows:
+            t.add_row(*(Text(cell(r)) for _, _, cell in shown))
+        left = [m for m in movable if m not in moved]
+        if not left or _natural_width(t) <= width:
+            return t, moved
+        moved.append(left[0])
+
+
+def left_out(columns: Sequence[Column], moved: Sequence[str], row: Any, *, bare: Sequence[str] = ()) -> list[str]:
+    """``title value`` of each column of ``row`` that :func:`fitted_table` left out, in column order; the value
+    alone for a column titled in ``bare``."""
+    return [cell(row) if name in bare else f"{name} {cell(row)}" for name, _, cell in columns if name in moved]
+
+
+def _natural_width(renderable: Any) -> int:
+    wide = Console(width=100_000)
+    return int(wide.measure(renderable).maximum)
 
 
 def check_budget_filter(budget: str | None) -> None:
@@ -179,10 +266,15 @@ def _checked(fn: Any) -> Any:
 
 
 def _require_topics(bootstrap: str | None, *names: str) -> Connection:
-    """The connection, after checking Kafka answers and the namespace has ``names`` (else one line, exit 3)."""
+    """The connection, after checking Kafka answers and the namespace has ``names`` (else one line, exit 3; a topic
+    the broker's ACLs do not let the principal describe is a refusal, :func:`kafka_failure`, exit 1)."""
     conn = Connection.resolve(bootstrap=bootstrap)
     for name in names:
         if _checked(lambda n=name: partitions_of(conn.bootstrap, n)) == 0:
+            if _hidden(conn.bootstrap, name):
+                from kafka.errors import TopicAuthorizationFailedError
+
+                kafka_failure(TopicAuthorizationFailedError(name), conn.bootstrap, "read from")
             ns = f"namespace {topic_prefix()!r}" if topic_prefix() else "the default namespace"
             fail(
                 f"topic {name} does not exist at {conn.bootstrap}: {ns} is not provisioned "
@@ -190,6 +282,25 @@ def _require_topics(bootstrap: str | None, *names: str) -> Connection:
                 3,
             )
     return conn
+
+
+def _hidden(bootstrap: str, name: str) -> bool:
+    """Whether topic ``name``, left out of the topics the principal may list, exists but its ACLs hide it.
+
+    The broker answers "not authorized" for a topic the principal may not describe whether or not it exists, and
+    the ACLs are granted per namespace: so the topic is taken as hidden when the namespace's submissions topic,
+    which every user of the CLI may read, is listed (the namespace is provisioned), else as not provisioned.
+    """
+    from kafka.errors import TopicAuthorizationFailedError
+
+    from apportion import topics
+
+    submissions = topic_name(topics.SUBMISSIONS)
+    return (
+        name != submissions
+        and _checked(lambda: topic_error(bootstrap, name)) == TopicAuthorizationFailedError.errno
+        and _checked(lambda: partitions_of(bootstrap, submissions)) > 0
+    )
 
 
 def is_kafka_error(exc: BaseException) -> bool:
@@ -224,14 +335,33 @@ def partitions_of(bootstrap: str, topic: str) -> int:
     return int(_ask(bootstrap, lambda kc: len(kc.partitions_for_topic(topic) or ()) if topic in kc.topics() else 0))
 
 
-def _ask(bootstrap: str, question: Any) -> Any:
-    """``question(consumer)`` on a short-lived consumer of ``bootstrap``, closed after.
+def topic_error(bootstrap: str, topic: str) -> int:
+    """The broker's error code for ``topic`` when asked about it alone: 0 none, 3 it does not exist,
+    29 (``TopicAuthorizationFailedError.errno``) the principal may not describe it (whether or not it exists).
+
+    Raises:
+        Unreachable: Kafka did not answer.
+    """
+    return int(_ask(bootstrap, lambda admin: admin.describe_topics([topic])[0]["error_code"], client=_admin))
+
+
+def _admin(bootstrap: str) -> Any:
+    from kafka.admin import KafkaAdminClient
+
+    from apportion.bus.security import kafka_auth
+
+    return KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000, **kafka_auth())
+
+
+def _ask(bootstrap: str, question: Any, client: Any = _consumer) -> Any:
+    """``question(consumer)`` on a short-lived consumer of ``bootstrap`` (or another ``client(bootstrap)``), closed
+    after.
 
     Raises:
         Unreachable: Kafka did not answer.
     """
     try:
-        kc = _consumer(bootstrap)
+        kc = client(bootstrap)
         try:
             return question(kc)
         finally:

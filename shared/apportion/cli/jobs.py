@@ -13,6 +13,7 @@ from apportion import events
 from apportion.cli.common import (
     DEFAULT_WAIT_S,
     Bootstrap,
+    Column,
     JsonOut,
     NoWait,
     RedisUrl,
@@ -30,6 +31,8 @@ from apportion.cli.common import (
     check_budget_filter,
     err,
     fail,
+    fitted_table,
+    left_out,
     out,
     refuse,
 )
@@ -426,8 +429,9 @@ def queue_table(rows: list[dict[str, Any]], width: int) -> Any:
     command). At :data:`QUEUE_WIDE` columns and more, one table with every column, the last one (nodes, or
     the pending reason) wrapping in the width left. Narrower (an 80-column terminal), the table leaves out
     the minimum runtime, the attempt, the idle column and the last column and shows the start time as
-    ``MM-DD HH:MM`` (UTC); each job's nodes or pending reason follow the table on a line of their own
-    (``job: reason``), wrapped, uncut, a running job's with how long its GPUs have been idle when its node
+    ``MM-DD HH:MM`` (UTC); when a row still does not fit, the budget, then the user, then the start and the basis
+    leave the table too (no cell is ever cut); each job's columns left out and its nodes or pending reason follow
+    the table on a line of their own (``job: budget B; reason``), wrapped at word boundaries, uncut, a running job's with how long its GPUs have been idle when its node
     agents report it. A run whose GPUs stay idle past its nodes' ``idle_after_s`` (the row's ``idle``) shows
     ``IDLE`` in place of ``running`` in the narrow table and in the idle column of the wide one. A running
     job's protection notice (the row's ``protection``) follows its nodes. Rows with a forecast (``queue
@@ -435,7 +439,6 @@ def queue_table(rows: list[dict[str, Any]], width: int) -> Any:
     ``~``, and its basis in a column of its own.
     ``--json`` has every field.
     """
-    from rich import box
     from rich.console import Group
     from rich.text import Text
 
@@ -492,18 +495,22 @@ def queue_table(rows: list[dict[str, Any]], width: int) -> Any:
         ("idle", {}, idle, False),
         ("nodes / reason", {"overflow": "fold", "ratio": 1, "no_wrap": False}, detail, False),
     ]
-    shown = [c for c in columns if wide or c[3]]
-    t = Table(
-        title=f"queue ({len(rows)} jobs)", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True
+    shown = [(title, opts, cell) for title, opts, cell, narrow in columns if wide or narrow]
+    t, moved = fitted_table(
+        f"queue ({len(rows)} jobs)",
+        shown,
+        rows,
+        width,
+        () if wide else ("budget", "user", "started", "basis"),
     )
-    for title, opts, _, _ in shown:
-        t.add_column(title, **({"no_wrap": True} | opts))
     lines: list[Text] = []
     for r in rows:
-        t.add_row(*(cell(r) for _, _, cell, _ in shown))
-        if not wide and (d := where(r)):
-            lines.append(Text.assemble((text(r, "job_id"), "bold"), ": ", d))
-    return Group(t, *((Text("nodes (running) / reason (pending), UTC times:"), *lines) if lines else ()))
+        d = "" if wide else where(r)
+        parts = [x for x in (", ".join(left_out(shown, moved, r)), d) if x]
+        if parts:
+            lines.append(Text.assemble((text(r, "job_id"), "bold"), ": ", "; ".join(parts)))
+    head = ", ".join([*moved, "nodes (running) / reason (pending)"])
+    return Group(t, *((Text(f"{head}, UTC times:"), *lines) if lines else ()))
 
 
 def queue(
@@ -577,11 +584,15 @@ def _with_forecast_starts(rows: list[dict[str, Any]], bootstrap: str | None) -> 
     return with_starts(rows, fc)
 
 
-#: The `apportion forecast` basis column, for its footer and help (the values of :mod:`apportion.forecast`).
+#: The `apportion forecast` basis column's values and what each means, for its footer (one a line), as
+#: :mod:`apportion.forecast` takes them.
 FORECAST_BASES = (
-    "now: starts at once; rules: only protection and grace ends delay it (exact); simulated: runs end at their "
-    "declared work; time_limit: at their time limit; history: at their user's median run time; unknown: "
-    "assumed to run W/4"
+    ("now", "starts at once"),
+    ("rules", "only protection and grace ends delay it (exact)"),
+    ("simulated", "runs end at their declared work"),
+    ("time_limit", "at their time limit"),
+    ("history", "at their user's median run time"),
+    ("unknown", "assumed to run W/4"),
 )
 
 
@@ -791,10 +802,11 @@ def forecast_table(fc: Any, width: int, *, detail: bool = False) -> Any:
     """The `apportion forecast` output of a :class:`apportion.forecast.Forecast`, for a terminal ``width`` wide.
 
     One row a job: job, budget, est. start (``MM-DD HH:MM`` UTC; the full time from :data:`QUEUE_WIDE`
-    columns), in (from the forecast's time), basis, and the kind of the reason it waits now. ``detail``
-    (one job): the reason's text and the chain follow the table, wrapped, uncut.
+    columns), in (from the forecast's time), basis, and the kind of the reason it waits now; no cell is cut: when
+    the row does not fit ``width``, the reason's kind, then the basis, then the budget leave the table for a line
+    per job after it. Then what each basis means, one a line. ``detail`` (one job): the reason's text and the
+    chain follow, wrapped at word boundaries, uncut.
     """
-    from rich import box
     from rich.console import Group
     from rich.text import Text
 
@@ -811,23 +823,30 @@ def forecast_table(fc: Any, width: int, *, detail: bool = False) -> Any:
     def kind(j: Any) -> str:
         return str(j.reason_detail["kind"]) if j.reason_detail else ("placeable" if j.reason == "" else "")
 
-    t = Table(
-        title=f"forecast at {from_us(fc.now_us).isoformat()} ({len(fc.jobs)} pending job(s))",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        show_edge=False,
-        collapse_padding=True,
+    columns: list[Column] = [
+        ("job", {}, lambda j: j.job_id),
+        ("budget", {}, lambda j: j.budget),
+        ("est. start (UTC)" if wide else "est. start", {}, start),
+        ("in", {"justify": "right"}, lambda j: "-" if j.wait_s is None else format_duration(j.wait_s)),
+        ("basis", {}, lambda j: j.basis),
+        ("reason now", {}, kind),
+    ]
+    t, moved = fitted_table(
+        f"forecast at {from_us(fc.now_us).isoformat()} ({len(fc.jobs)} pending job(s))",
+        columns,
+        fc.jobs,
+        width,
+        ("reason now", "basis", "budget"),
     )
-    t.add_column("job", no_wrap=True)
-    t.add_column("budget", no_wrap=True)
-    t.add_column("est. start (UTC)" if wide else "est. start", no_wrap=True)
-    t.add_column("in", justify="right", no_wrap=True)
-    t.add_column("basis", no_wrap=True)
-    t.add_column("reason now", overflow="fold")
-    for j in fc.jobs:
-        wait = "-" if j.wait_s is None else format_duration(j.wait_s)
-        t.add_row(j.job_id, j.budget, start(j), wait, j.basis, kind(j))
-    lines: list[Text] = [Text(f"basis: {FORECAST_BASES}.")]
+    lines: list[Any] = []
+    for j in fc.jobs if moved else ():
+        lines.append(Text.assemble((j.job_id, "bold"), ": ", ", ".join(left_out(columns, moved, j))))
+    bases = Table.grid(padding=(0, 2, 0, 0))
+    for _ in range(3):
+        bases.add_column(no_wrap=True)
+    for i, (name, meaning) in enumerate(FORECAST_BASES):
+        bases.add_row("basis:" if i == 0 else "", name, meaning)
+    lines.append(bases)
     if detail:
         for j in fc.jobs:
             if j.reason:

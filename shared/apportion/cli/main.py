@@ -24,20 +24,25 @@ from apportion.cli import budgets, jobs, nodes
 from apportion.cli.budgets import budget_app, share_data
 from apportion.cli.common import (
     Bootstrap,
+    Column,
     JsonOut,
+    OneLineErrors,
     _checked,
     _print_json,
     _require_topics,
     fail,
+    fitted_table,
     json_errors,
+    left_out,
     out,
 )
-from apportion.cli.jobs import queue_rows
+from apportion.cli.jobs import QUEUE_WIDE, queue_rows
 from apportion.cli.nodes import node_rows
 from apportion.settings import topic_name, topic_prefix
 
 app = typer.Typer(
     name="apportion",
+    cls=OneLineErrors,
     help=(
         "Budgeted, hierarchical fair-share GPU scheduling.\n\n"
         "Researchers: `keys init`, `submit`, `cancel`, `hold`, `release`, `queue`, `history`, `share` (requests are "
@@ -94,13 +99,41 @@ def deadletter(
     if as_json:
         _print_json(rows)
         return
-    t = Table(title=f"dead letters ({len(rows)})")
-    for col in ("time", "by", "topic[partition]@offset", "key", "reason"):
-        t.add_column(col)
-    for r in rows:
-        where = f"{r['topic']}[{r['partition'] if r['partition'] is not None else '?'}]@{r['offset']}"
-        t.add_row(r["ts"][:19].replace("T", " "), r["producer"], where, str(r["key"] or "-"), r["error"])
-    out.print(t)
+    out.print(deadletter_table(rows, out.width))
+
+
+def deadletter_table(rows: list[dict[str, Any]], width: int) -> Any:
+    """``deadletter``'s table of its rows for a terminal ``width`` wide: time (UTC; ``MM-DD HH:MM:SS`` below
+    :data:`~apportion.cli.jobs.QUEUE_WIDE` columns), by, topic[partition]@offset, key, reason. No cell is cut:
+    when a row does not fit, the reason, then the key, then the producer leave the table for a line per letter
+    after it (``topic[partition]@offset: key K; reason``), wrapped at word boundaries."""
+    from rich.console import Group
+    from rich.text import Text
+
+    wide = width >= QUEUE_WIDE
+
+    def where(r: dict[str, Any]) -> str:
+        return f"{r['topic']}[{r['partition'] if r['partition'] is not None else '?'}]@{r['offset']}"
+
+    columns: list[Column] = [
+        ("time (UTC)", {}, lambda r: (r["ts"][:19] if wide else r["ts"][5:19]).replace("T", " ")),
+        ("by", {}, lambda r: r["producer"]),
+        ("topic[partition]@offset", {}, where),
+        ("key", {}, lambda r: str(r["key"] or "-")),
+        ("reason", {}, lambda r: r["error"]),
+    ]
+    t, moved = fitted_table(
+        f"dead letters ({len(rows)})",
+        columns,
+        rows,
+        width,
+        ("reason", "key", "by"),
+    )
+    lines = [
+        Text.assemble((where(r), "bold"), ": ", "; ".join(left_out(columns, moved, r, bare=("reason",))))
+        for r in (rows if moved else ())
+    ]
+    return Group(t, *lines)
 
 
 def schemas_(

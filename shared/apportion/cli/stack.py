@@ -74,11 +74,12 @@ WEB = "web"
 #: Names of the stack's simulated nodes: ``sim-0`` .. (``apportion.gpu.sim_node_ids``).
 SIM_PREFIX = "sim-"
 
-#: A line each service logs once it is ready.
+#: A line each service logs once it is ready (looked for in what it logged since its start: a log is appended to).
 READY_LINE = {
     "policy": "caught up:",
     "accounting": "started by",
-    "dispatcher": "leading with fencing token",
+    # once it leads with its state rebuilt and its read models written: `queue` right after `up` shows the jobs
+    "dispatcher": "started from ",
     "node_agent": "registered ",
     "web": "Uvicorn running on",  # uvicorn's line once the socket is bound
 }
@@ -351,6 +352,33 @@ def _ready(info: StackInfo, name: str, since: int = 0) -> bool:
         return False
 
 
+def wait_ready(info: StackInfo, since: Mapping[str, int], timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Wait until each service of ``since`` has logged its :data:`READY_LINE` after byte ``since[name]`` of its log
+    (where its start began logging, :func:`_log_end`).
+
+    Raises:
+        StackUpError: one exited (its pid in ``info.pids`` is gone), or not all were ready within ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    waiting = list(since)
+    while waiting:
+        for name in list(waiting):
+            if _ready(info, name, since[name]):
+                waiting.remove(name)
+            elif not alive(info.pids[name]):
+                raise StackUpError(f"{name} exited at start; see {info.log_dir / (name + '.log')}")
+        if waiting and time.monotonic() > deadline:
+            raise StackUpError(f"{', '.join(waiting)} not ready within {timeout_s:g} s; see the logs in {info.log_dir}")
+        if waiting:
+            time.sleep(0.2)
+
+
+def _log_end(info: StackInfo, name: str) -> int:
+    """The size of ``name``'s log: where what a start logs begins (:func:`_ready`'s ``since``)."""
+    log = info.log_dir / f"{name}.log"
+    return log.stat().st_size if log.exists() else 0
+
+
 def _launch_file(info: StackInfo, name: str) -> Path:
     return info.run_dir / "services" / f"{name}.launch.json"
 
@@ -405,18 +433,11 @@ def restart(run_dir: Path, name: str, *, say: Callable[[str], object] = print) -
     if alive(old):
         killed = _stop_pid(old, STOP_GRACE_S)
         say(f"stopped {name} (pid {old}{', killed after the grace period' if killed else ''})")
-    log = info.log_dir / f"{name}.log"
-    since = log.stat().st_size if log.exists() else 0
+    since = {name: _log_end(info, name)}
     pid = _spawn(info, name, launch["args"], launch["env"])
     info.pids[name] = pid
     _write_state(info)
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while not _ready(info, name, since):
-        if not alive(pid):
-            raise StackUpError(f"{name} exited at start; see {log}")
-        if time.monotonic() > deadline:
-            raise StackUpError(f"{name} not ready within {READY_TIMEOUT_S:g} s; see {log}")
-        time.sleep(0.2)
+    wait_ready(info, since)
     say(f"restarted {name} (pid {pid}), ready")
     return pid
 
@@ -553,6 +574,7 @@ def up(
             "APPORTION_CLOCK_EPOCH_EVENT": epoch,
         }
         base.update(info.clock)
+    since: dict[str, int] = {}
     try:
         for name, port in zip(names, ports, strict=True):
             args = [sys.executable, "-m", f"services.{name}"]
@@ -577,23 +599,11 @@ def up(
                 # the dispatcher's public key (enrolled above): a NodeLost it did not sign is disregarded
                 env["APPORTION_DISPATCHER_PUBLIC_KEY_FILE"] = str(Path(info.keyring) / f"{DISPATCHER}.json")
             _save_launch(info, name, args, env)  # `stack restart` starts it again the same way
+            since[name] = _log_end(info, name)  # an `up` in a run directory used before appends to its logs
             info.pids[name] = _spawn(info, name, args, env)
             info.metrics[name] = port
         _write_state(info)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        waiting = list(names)
-        while waiting:
-            for name in list(waiting):
-                if _ready(info, name):
-                    waiting.remove(name)
-                elif not alive(info.pids[name]):
-                    raise StackUpError(f"{name} exited at start; see {info.log_dir / (name + '.log')}")
-            if waiting and time.monotonic() > deadline:
-                raise StackUpError(
-                    f"{', '.join(waiting)} not ready within {READY_TIMEOUT_S:g} s; see the logs in {info.log_dir}"
-                )
-            if waiting:
-                time.sleep(0.2)
+        wait_ready(info, since)
     except BaseException:
         down(run_dir, say=lambda *_: None)
         raise
