@@ -582,10 +582,9 @@ class Term:
             consumer has read each (``"topic:partition"`` -> offset; run in a worker thread). A tick that
             would declare a node lost by heartbeat timeout waits until the positions reach end offsets
             taken after that node came due (rule D3.loss-barrier, :meth:`read_barrier`). ``None``: no barrier.
-        ahead: the transactions opened ahead of the next decisions (``Unacked`` with ``ahead``): an
-            iteration that sees the log and sent nothing opens the next one (``open_ahead``), or ends one
-            that stayed empty long enough (``stale``, ``renew``) before the broker's transaction timeout
-            would. Under load every iteration commits and none is opened ahead. ``None``: none opened.
+        stale, renew: whether a transaction opened ahead of the next decisions has stayed empty long enough
+            to be ended, and ending it (``Unacked.stale``, ``Unacked.renew``; blocking): an idle iteration
+            that sees the log ends it before the broker's transaction timeout would. ``None``: none opened.
     """
 
     def __init__(
@@ -606,10 +605,11 @@ class Term:
         pending: Callable[[], bool] | None = None,
         ends: Callable[[], Mapping[str, int]] | None = None,
         positions: Callable[[], Mapping[str, int]] | None = None,
-        ahead: Any | None = None,
+        stale: Callable[[], bool] | None = None,
+        renew: Callable[[], None] | None = None,
     ) -> None:
         self.svc, self.settings, self._m = svc, settings, metrics
-        self.pending, self.ahead = pending, ahead
+        self.pending, self.stale, self.renew = pending, stale, renew
         self.ends, self.positions = ends, positions
         self.barrier: Mapping[str, int] | None = None  # the end offsets a loss waits for (read_barrier)
         self.barrier_for: frozenset[str] = frozenset()  # the nodes due when they were taken
@@ -735,11 +735,8 @@ class Term:
             if self.pending():  # dead letters in an open transaction (published by the intake): commit them
                 self.check_lease()  # a deposed leader's transaction is never committed (aborted by the next)
                 await asyncio.to_thread(self.flush)
-            elif self.ahead is not None and not out and not self.blind:  # sent nothing: after the last commit
-                if self.ahead.stale():
-                    await asyncio.to_thread(self.ahead.renew)
-                elif self.ahead.may_open_ahead():
-                    await asyncio.to_thread(self.ahead.open_ahead)
+            elif self.stale is not None and self.renew is not None and not self.blind and self.stale():
+                await asyncio.to_thread(self.renew)
             self.unflushed = False
         elif self.unflushed and not batch:  # idle: nothing to decide, so waiting for the acks costs nothing
             await asyncio.to_thread(self.flush)
@@ -851,7 +848,8 @@ def lead_term(
         pending=(lambda: sends.open) if sends.transactional else None,
         ends=consumer.end_offsets_now,
         positions=consumer.positions,
-        ahead=sends if sends.ahead else None,
+        stale=sends.stale if sends.ahead else None,
+        renew=sends.renew if sends.ahead else None,
     )
 
 

@@ -144,38 +144,6 @@ def test_unacked_makes_what_one_flush_covers_visible_at_once(
     assert not sends.open
 
 
-def test_a_transaction_opened_ahead_holds_no_reader_back_and_is_renewed_empty(
-    kafka_bootstrap: str, kafka_topic_factory: Callable[..., str], writers: Callable[[], EventProducer]
-) -> None:
-    """The dispatcher's transactions opened ahead (docs/leadership.md, item 4) on the real broker: opened with
-    the topic's partitions added and holding no record, it holds no ``read_committed`` reader back (another
-    writer's record is read past it), an empty one commits when renewed, and a record sent into the next one
-    opened ahead is visible at its commit."""
-    topic = kafka_topic_factory("txn")
-    p = writers()
-    p.init_transactions()
-    wall = [0.0]
-    sends = Unacked(_RawTo(p, topic), transactional=True, ahead=[topic], renew_after_s=5.0, now=lambda: wall[0])
-    cordon = events.NodeCordoned(node_id="n1", ts=datetime(2026, 1, 5, tzinfo=UTC))
-    sends.send_all([(cordon, b"a")])
-    sends.flush()
-    sends.open_ahead()
-    assert sends.begun and not sends.open
-    with EventProducer(kafka_bootstrap, client_id="txn-test-plain") as other:
-        other.send_raw(topic, b"x").get(timeout=DEADLINE_S)
-    assert read_all(kafka_bootstrap, topic, committed=True) == [b"a", b"x"]
-    wall[0] = 4.9
-    assert not sends.stale()
-    wall[0] = 5.0
-    sends.renew()  # empty: committed with its markers only
-    assert not sends.begun
-    sends.open_ahead()
-    assert sends.begun and sends.begun_at == 5.0
-    sends.send_all([(cordon, b"b")])
-    sends.flush()
-    assert read_all(kafka_bootstrap, topic, committed=True) == [b"a", b"x", b"b"]
-
-
 class _RawTo:
     """``send(event, value)`` of :class:`EventProducer` to one test topic (the values as given)."""
 
@@ -190,9 +158,6 @@ class _RawTo:
 
     def commit(self) -> None:
         self._p.commit()
-
-    def add_partitions(self, topics: list[str]) -> None:
-        self._p.add_partitions(topics)
 
 
 def test_a_reader_reaches_the_end_offsets_it_is_given_past_commit_markers_and_up_to_an_open_transaction(

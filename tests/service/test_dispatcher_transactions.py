@@ -87,7 +87,8 @@ class Harness:
             commit=lambda: None,
             now=lambda: self.wall,
             pending=lambda: self.sends.open,
-            ahead=self.sends if ahead else None,
+            stale=self.sends.stale if ahead else None,
+            renew=self.sends.renew if ahead else None,
         )
 
     def _publish(self, sent: list[tuple[Any, bytes]]) -> None:
@@ -184,49 +185,49 @@ AHEAD = ("apportion.jobs", "apportion.commands")
 OPEN_AHEAD = ["begin", "add apportion.jobs,apportion.commands"]
 
 
-def test_the_iteration_after_a_commit_opens_the_next_transaction_with_the_decision_topics_added() -> None:
-    """Adding the partitions is a round trip to the coordinator: made by the iteration after the commit
-    (the one that reads the decisions back), it is off the way of the next decision, which is sent into the
-    open transaction without a begin of its own."""
+def test_each_commit_opens_the_next_transaction_with_the_decision_topics_added() -> None:
+    """Adding the partitions is a round trip to the coordinator: made right after the commit, it is off
+    the way of the next decision, which is sent into the open transaction without a begin of its own."""
     h = Harness(ahead=AHEAD)
     h.start()
-    assert h.producer.calls == ["begin", "DispatcherConfigured", "commit"]
-    h.producer.calls.clear()
-    h.poll()  # sent nothing: opens ahead
-    assert h.producer.calls == OPEN_AHEAD
-    h.poll()  # one is open: nothing more
-    assert h.producer.calls == OPEN_AHEAD
+    assert h.producer.calls == ["begin", "DispatcherConfigured", "commit", *OPEN_AHEAD]
     h.producer.calls.clear()
     h.log.put(submit("j1", "lab/a", 2))
     h.poll()
-    assert h.producer.calls == ["JobQueued", "JobPlaced", "StartWorkload", "commit"]  # no begin, nothing ahead
-    assert not h.sends.begun and not h.sends.open
+    assert h.producer.calls == ["JobQueued", "JobPlaced", "StartWorkload", "commit", *OPEN_AHEAD]
+    assert h.sends.begun and not h.sends.open
 
 
 def test_a_transaction_opened_ahead_and_left_empty_is_ended_before_the_broker_would_abort_it() -> None:
     h = Harness(ahead=AHEAD)
-    h.start()
-    h.wall = -1.0
-    h.poll()  # wall 0: opened ahead
+    h.start()  # opened ahead at wall 0
     h.producer.calls.clear()
     h.wall = 1.5
     h.poll()  # wall 2.5: younger than RENEW_S, kept
     assert h.producer.calls == []
-    h.poll()  # wall 3.5: ended (it holds no record)
-    assert h.producer.calls == ["commit"]
-    h.poll()  # wall 4.5: the next opened
+    h.poll()  # wall 3.5: ended (it holds no record) and the next opened
     assert h.producer.calls == ["commit", *OPEN_AHEAD]
-    assert h.sends.begun_at == 4.5
+    assert h.sends.begun_at == 3.5
+    h.producer.calls.clear()
+    h.poll()  # wall 4.5: the new one is 1 s old
+    assert h.producer.calls == []
 
 
 def test_a_decision_sent_into_a_stale_transaction_opened_ahead_renews_it_first() -> None:
     """An iteration longer than the renewal age must not send into a transaction the broker may abort."""
     h = Harness(ahead=AHEAD)
     h.start()
-    h.wall = -1.0
-    h.poll()  # wall 0: opened ahead
     h.producer.calls.clear()
-    h.wall = RENEW_S - 1.0
+    h.term.stale = None  # only the send path here: the idle renewal is the test above
+    h.wall = RENEW_S
     h.log.put(submit("j1", "lab/a", 2))
-    h.poll()  # wall RENEW_S: stale when the decisions are sent
-    assert h.producer.calls == ["commit", "begin", "JobQueued", "JobPlaced", "StartWorkload", "commit"]
+    h.poll()  # wall RENEW_S + 1
+    assert h.producer.calls == [
+        "commit",
+        *OPEN_AHEAD,
+        "JobQueued",
+        "JobPlaced",
+        "StartWorkload",
+        "commit",
+        *OPEN_AHEAD,
+    ]

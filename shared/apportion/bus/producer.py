@@ -223,12 +223,11 @@ class Unacked:
             ``transactional``, also ``begin()`` and ``commit()``; with ``ahead``, ``add_partitions(topics)``.
         transactional: the first send after a :meth:`flush` opens a transaction and :meth:`flush` commits
             it, so what one flush covers becomes visible to :data:`READ_COMMITTED` readers at once or never.
-        ahead: physical topics the writer sends to in nearly every transaction. :meth:`open_ahead`, called
-            while the writer waits for work, opens the next transaction and adds their partitions to it, so
-            the coordinator's answer arrives while nothing waits on it and a send to them is produced
-            without that round trip first. A transaction opened ahead and still without records after
-            ``renew_after_s`` wall seconds is ended (:meth:`renew`), before the broker's transaction timeout
-            would abort it.
+        ahead: physical topics the writer sends to in nearly every transaction. Each commit opens the next
+            transaction at once and adds their partitions to it, so the coordinator's answer arrives
+            while nothing waits on it and a send to them is produced without that round trip first. A
+            transaction opened ahead and still without records after ``renew_after_s`` wall seconds is
+            ended (:meth:`renew`), before the broker's transaction timeout would abort it.
         renew_after_s: see ``ahead``; below the producer's transaction timeout.
         now: wall seconds (monotonic), for ``renew_after_s``.
 
@@ -270,16 +269,9 @@ class Unacked:
             self._producer.begin()
             self.begun, self.begun_at = True, self._now()
 
-    def may_open_ahead(self) -> bool:
-        """True when :meth:`open_ahead` would open a transaction (``ahead`` given, none open)."""
-        return bool(self.ahead) and not self.begun
-
-    def open_ahead(self) -> None:
-        """Open the next transaction and add the ``ahead`` topics' partitions to it; nothing when one is open
-        or no ``ahead`` was given. Best called once the last commit's markers are written (the writer read
-        its own records back): the coordinator answers an add to a transaction still completing with a
-        retry."""
-        if self.may_open_ahead():
+    def _open_ahead(self) -> None:
+        """Open the next transaction and add the ``ahead`` topics' partitions to it (none: nothing)."""
+        if self.ahead:
             self._begin()
             self._producer.add_partitions(self.ahead)
 
@@ -288,12 +280,14 @@ class Unacked:
         commit raised (a fenced writer: ``ProducerFencedError``, :func:`is_fenced`), or :meth:`check`'s
         error when a record sent was not delivered although the commit returned (kafka-python commits
         what is left after a transaction the broker aborted on its timeout: the lost records are only
-        known from their futures)."""
+        known from their futures). With ``ahead``, the next transaction is opened after the commit."""
         if not self.transactional:
             self._producer.flush()
         elif self.open:
             self.open = self.begun = False  # a failed commit leaves the producer in an error state: no retry
             self._producer.commit()
+            self.check()
+            self._open_ahead()
         self.check()
 
     def stale(self) -> bool:
@@ -302,10 +296,11 @@ class Unacked:
 
     def renew(self) -> None:
         """End a transaction opened ahead that holds no record (it carries nothing: only the partitions'
-        commit markers are written); nothing when it holds records or is not stale."""
+        commit markers are written) and open the next; nothing when it holds records or is not stale."""
         if self.stale():
             self.begun = False
             self._producer.commit()
+            self._open_ahead()
 
     def check(self) -> None:
         """Raise ``RuntimeError`` naming the first failure when a record sent was not delivered (raised
