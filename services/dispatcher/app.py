@@ -78,7 +78,7 @@ async def _lead(
     from apportion.bus.producer import EventProducer, Unacked, is_fenced
     from apportion.bus.service import close_quietly, follow
     from apportion.signers import decision_signer
-    from apportion.topics import BUDGETS, COMMANDS, JOBS, NODES, SUBMISSIONS
+    from apportion.topics import BUDGETS, JOBS, NODES, SUBMISSIONS
     from services.dispatcher.lease import LeaseKeeper
 
     conn, loop, inputs = w.conn, asyncio.get_running_loop(), list(map(topic_name, (SUBMISSIONS, JOBS, NODES, BUDGETS)))
@@ -100,14 +100,7 @@ async def _lead(
         # aborted, its next send or commit fails), so what the rebuild reads is all a stale leader will
         # ever have made visible (docs/leadership.md).
         await asyncio.to_thread(producer.init_transactions)
-        # one transaction per loop iteration (Term.handle); the next is opened at each commit with the
-        # partitions of the decisions' topics already added, so a decision goes out without that round trip
-        sends = Unacked(
-            producer,
-            transactional=True,
-            ahead=[topic_name(JOBS), topic_name(COMMANDS)],
-            renew_after_s=settings.transaction_timeout_wall_s / 3,
-        )
+        sends = Unacked(producer, transactional=True)  # one transaction per loop iteration (Term.handle)
         consumer = await asyncio.to_thread(AssignedConsumer, conn.bootstrap, inputs, "dispatcher")
     except BaseException:
         await close_quietly(consumer, producer)

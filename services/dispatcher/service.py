@@ -582,9 +582,6 @@ class Term:
             consumer has read each (``"topic:partition"`` -> offset; run in a worker thread). A tick that
             would declare a node lost by heartbeat timeout waits until the positions reach end offsets
             taken after that node came due (rule D3.loss-barrier, :meth:`read_barrier`). ``None``: no barrier.
-        stale, renew: whether a transaction opened ahead of the next decisions has stayed empty long enough
-            to be ended, and ending it (``Unacked.stale``, ``Unacked.renew``; blocking): an idle iteration
-            that sees the log ends it before the broker's transaction timeout would. ``None``: none opened.
     """
 
     def __init__(
@@ -605,11 +602,9 @@ class Term:
         pending: Callable[[], bool] | None = None,
         ends: Callable[[], Mapping[str, int]] | None = None,
         positions: Callable[[], Mapping[str, int]] | None = None,
-        stale: Callable[[], bool] | None = None,
-        renew: Callable[[], None] | None = None,
     ) -> None:
         self.svc, self.settings, self._m = svc, settings, metrics
-        self.pending, self.stale, self.renew = pending, stale, renew
+        self.pending = pending
         self.ends, self.positions = ends, positions
         self.barrier: Mapping[str, int] | None = None  # the end offsets a loss waits for (read_barrier)
         self.barrier_for: frozenset[str] = frozenset()  # the nodes due when they were taken
@@ -735,8 +730,6 @@ class Term:
             if self.pending():  # dead letters in an open transaction (published by the intake): commit them
                 self.check_lease()  # a deposed leader's transaction is never committed (aborted by the next)
                 await asyncio.to_thread(self.flush)
-            elif self.stale is not None and self.renew is not None and not self.blind and self.stale():
-                await asyncio.to_thread(self.renew)
             self.unflushed = False
         elif self.unflushed and not batch:  # idle: nothing to decide, so waiting for the acks costs nothing
             await asyncio.to_thread(self.flush)
@@ -848,8 +841,6 @@ def lead_term(
         pending=(lambda: sends.open) if sends.transactional else None,
         ends=consumer.end_offsets_now,
         positions=consumer.positions,
-        stale=sends.stale if sends.ahead else None,
-        renew=sends.renew if sends.ahead else None,
     )
 
 

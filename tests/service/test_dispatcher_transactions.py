@@ -24,9 +24,6 @@ from services.dispatcher.lease import LeadershipLost
 from services.dispatcher.service import DispatcherService, Term
 from tests.kit.dispatcher import INPUTS, T0, FixedLease, ListLog, NoQueue, history, submit
 
-#: Wall seconds after which a transaction opened ahead and still empty is ended (``Unacked.renew_after_s``).
-RENEW_S = 3.0
-
 
 class Producer:
     """Records ``begin``/``send``/``commit`` in order; every send is acknowledged at once."""
@@ -48,18 +45,12 @@ class Producer:
     def commit(self) -> None:
         self.calls.append("commit")
 
-    def add_partitions(self, topics: Any) -> None:
-        self.calls.append("add " + ",".join(topics))
-
 
 class Harness:
-    def __init__(self, ahead: tuple[str, ...] = ()) -> None:
+    def __init__(self) -> None:
         self.log = ListLog()
         self.producer = Producer(self.log)
-        self.wall = 0.0
-        self.sends = Unacked(
-            self.producer, transactional=True, ahead=ahead, renew_after_s=RENEW_S, now=lambda: self.wall
-        )
+        self.sends = Unacked(self.producer, transactional=True)
         self.deposed = False
         self.checks = 0
         settings = DispatcherSettings(
@@ -68,6 +59,7 @@ class Harness:
         self.svc = DispatcherService(settings, ManualClock(T0), self._publish, consumed=INPUTS)
         self.svc.token = 7
         self.depose_on_send = False
+        self.wall = 0.0
 
         def check_lease() -> None:
             self.checks += 1
@@ -87,8 +79,6 @@ class Harness:
             commit=lambda: None,
             now=lambda: self.wall,
             pending=lambda: self.sends.open,
-            stale=self.sends.stale if ahead else None,
-            renew=self.sends.renew if ahead else None,
         )
 
     def _publish(self, sent: list[tuple[Any, bytes]]) -> None:
@@ -179,55 +169,3 @@ def test_a_start_whose_decisions_were_not_delivered_writes_no_read_model_nor_sna
         h.start()
     assert h.producer.calls == ["begin", "DispatcherConfigured", "commit"]
     assert writes == []
-
-
-AHEAD = ("apportion.jobs", "apportion.commands")
-OPEN_AHEAD = ["begin", "add apportion.jobs,apportion.commands"]
-
-
-def test_each_commit_opens_the_next_transaction_with_the_decision_topics_added() -> None:
-    """Adding the partitions is a round trip to the coordinator: made right after the commit, it is off
-    the way of the next decision, which is sent into the open transaction without a begin of its own."""
-    h = Harness(ahead=AHEAD)
-    h.start()
-    assert h.producer.calls == ["begin", "DispatcherConfigured", "commit", *OPEN_AHEAD]
-    h.producer.calls.clear()
-    h.log.put(submit("j1", "lab/a", 2))
-    h.poll()
-    assert h.producer.calls == ["JobQueued", "JobPlaced", "StartWorkload", "commit", *OPEN_AHEAD]
-    assert h.sends.begun and not h.sends.open
-
-
-def test_a_transaction_opened_ahead_and_left_empty_is_ended_before_the_broker_would_abort_it() -> None:
-    h = Harness(ahead=AHEAD)
-    h.start()  # opened ahead at wall 0
-    h.producer.calls.clear()
-    h.wall = 1.5
-    h.poll()  # wall 2.5: younger than RENEW_S, kept
-    assert h.producer.calls == []
-    h.poll()  # wall 3.5: ended (it holds no record) and the next opened
-    assert h.producer.calls == ["commit", *OPEN_AHEAD]
-    assert h.sends.begun_at == 3.5
-    h.producer.calls.clear()
-    h.poll()  # wall 4.5: the new one is 1 s old
-    assert h.producer.calls == []
-
-
-def test_a_decision_sent_into_a_stale_transaction_opened_ahead_renews_it_first() -> None:
-    """An iteration longer than the renewal age must not send into a transaction the broker may abort."""
-    h = Harness(ahead=AHEAD)
-    h.start()
-    h.producer.calls.clear()
-    h.term.stale = None  # only the send path here: the idle renewal is the test above
-    h.wall = RENEW_S
-    h.log.put(submit("j1", "lab/a", 2))
-    h.poll()  # wall RENEW_S + 1
-    assert h.producer.calls == [
-        "commit",
-        *OPEN_AHEAD,
-        "JobQueued",
-        "JobPlaced",
-        "StartWorkload",
-        "commit",
-        *OPEN_AHEAD,
-    ]

@@ -17,8 +17,7 @@ Nothing connects at import time; :class:`EventProducer` connects when built.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from apportion import events
@@ -142,19 +141,6 @@ class EventProducer:
         """Open a transaction (local: nothing is sent until the first record)."""
         self._producer.begin_transaction()
 
-    def add_partitions(self, topics: Sequence[str]) -> None:
-        """Add every partition of ``topics`` (physical names) to the open transaction now, before a record
-        is sent to them: the producer's sender asks the coordinator in the background, so a later send to
-        them goes out without that round trip first. Blocking only while the topics' metadata is fetched
-        once. kafka-python has no public call for this: its transaction manager's, as its ``send`` uses."""
-        from kafka import TopicPartition
-
-        manager = self._producer._transaction_manager
-        for topic in topics:
-            for p in sorted(self._producer.partitions_for(topic)):
-                manager.maybe_add_partition_to_transaction(TopicPartition(topic, p))
-        self._producer._sender.wakeup()
-
     def fenced(self) -> bool:
         """True when this producer's transactions failed because a newer instance took the id over.
 
@@ -220,87 +206,41 @@ class Unacked:
 
     Args:
         producer: ``send(event, value) -> future`` and ``flush()`` (:class:`EventProducer`); with
-            ``transactional``, also ``begin()`` and ``commit()``; with ``ahead``, ``add_partitions(topics)``.
+            ``transactional``, also ``begin()`` and ``commit()``.
         transactional: the first send after a :meth:`flush` opens a transaction and :meth:`flush` commits
             it, so what one flush covers becomes visible to :data:`READ_COMMITTED` readers at once or never.
-        ahead: physical topics the writer sends to in nearly every transaction. Each commit opens the next
-            transaction at once and adds their partitions to it, so the coordinator's answer arrives
-            while nothing waits on it and a send to them is produced without that round trip first. A
-            transaction opened ahead and still without records after ``renew_after_s`` wall seconds is
-            ended (:meth:`renew`), before the broker's transaction timeout would abort it.
-        renew_after_s: see ``ahead``; below the producer's transaction timeout.
-        now: wall seconds (monotonic), for ``renew_after_s``.
 
     Attributes:
-        open: a transaction holds records (records were sent since the last :meth:`flush`).
-        begun: a transaction is open, with or without records.
+        open: a transaction is open (records were sent since the last :meth:`flush`).
         failed: the delivery errors seen so far.
     """
 
-    def __init__(
-        self,
-        producer: Any,
-        *,
-        transactional: bool = False,
-        ahead: Sequence[str] = (),
-        renew_after_s: float = 5.0,
-        now: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, producer: Any, *, transactional: bool = False) -> None:
         self._producer = producer
         self.transactional = transactional
-        self.ahead = tuple(ahead) if transactional else ()
-        self.renew_after_s, self._now = renew_after_s, now
-        self.open = self.begun = False
-        self.begun_at = 0.0
+        self.open = False
         self.failed: list[BaseException] = []
 
     def send_all(self, sent: Sequence[tuple[events.Event, bytes | None]]) -> None:
-        """Queue each ``(event, value)``; a delivery that fails later is kept in :attr:`failed`. A transaction
-        opened ahead that went stale meanwhile (a long iteration) is renewed first (:meth:`renew`)."""
-        if sent and self.transactional:
-            self.renew()
-            self._begin()
+        """Queue each ``(event, value)``; a delivery that fails later is kept in :attr:`failed`."""
+        if sent and self.transactional and not self.open:
+            self._producer.begin()
             self.open = True
         for e, value in sent:
             self._producer.send(e, value).add_errback(self.failed.append)
-
-    def _begin(self) -> None:
-        if not self.begun:
-            self._producer.begin()
-            self.begun, self.begun_at = True, self._now()
-
-    def _open_ahead(self) -> None:
-        """Open the next transaction and add the ``ahead`` topics' partitions to it (none: nothing)."""
-        if self.ahead:
-            self._begin()
-            self._producer.add_partitions(self.ahead)
 
     def flush(self) -> None:
         """Block until every record sent is acknowledged; in a transaction, commit it. Raises what the
         commit raised (a fenced writer: ``ProducerFencedError``, :func:`is_fenced`), or :meth:`check`'s
         error when a record sent was not delivered although the commit returned (kafka-python commits
         what is left after a transaction the broker aborted on its timeout: the lost records are only
-        known from their futures). With ``ahead``, the next transaction is opened after the commit."""
+        known from their futures)."""
         if not self.transactional:
             self._producer.flush()
         elif self.open:
-            self.open = self.begun = False  # a failed commit leaves the producer in an error state: no retry
+            self.open = False  # a failed commit leaves the producer in an error state: no retry of it
             self._producer.commit()
-            self.check()
-            self._open_ahead()
         self.check()
-
-    def stale(self) -> bool:
-        """True when a transaction opened ahead has held no record for ``renew_after_s`` (:meth:`renew`)."""
-        return self.begun and not self.open and self._now() - self.begun_at >= self.renew_after_s
-
-    def renew(self) -> None:
-        """End a transaction opened ahead that holds no record (it carries nothing: only the partitions'
-        commit markers are written) and open the next; nothing when it holds records or is not stale."""
-        if self.stale():
-            self.begun = False
-            self._producer.commit()
-            self._open_ahead()
 
     def check(self) -> None:
         """Raise ``RuntimeError`` naming the first failure when a record sent was not delivered (raised
