@@ -592,8 +592,12 @@ class _Forward:
 
 
 def _copy(state: DispatchState) -> DispatchState:
-    """A deep copy of the state without its caches (as the dispatcher's snapshot pickles it)."""
-    copied: DispatchState = pickle.loads(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+    """A copy of the state the forward run may fold into without changing ``state``: its copy-on-write fork
+    (:meth:`~apportion.domain.dispatch.DispatchState.fork`: records, runs and pending lists are immutable and
+    shared) with its own occupancy ledger, which the forward run folds (the one part that changes in place)."""
+    copied = state.fork()
+    copied.ledger = pickle.loads(pickle.dumps(state.ledger, protocol=pickle.HIGHEST_PROTOCOL))
+    copied._ledger_on = True
     return copied
 
 
