@@ -645,6 +645,8 @@ def forecast(
             job ran a real command: what a forecast of real work would know.
         arrivals: future submissions to assume (``--with-arrivals``; :func:`recent_arrivals`): each is submitted
             at its time, then again every ``arrival_period_s``, as a copy of the job it names; none by default.
+        min_gap_s: the forward run's debounce (:data:`MIN_GAP_S`): a cycle wanted less than ``min_gap_s`` after
+            the last one runs at the gap's end; 0 (the default) cycles at every run end, as the dispatcher does.
 
     Raises:
         KeyError: a job of ``job_ids`` is not pending.
