@@ -646,7 +646,7 @@ def forecast(
         arrivals: future submissions to assume (``--with-arrivals``; :func:`recent_arrivals`): each is submitted
             at its time, then again every ``arrival_period_s``, as a copy of the job it names; none by default.
         min_gap_s: the forward run's debounce (:data:`MIN_GAP_S`): a cycle wanted less than ``min_gap_s`` after
-            the last one runs at the gap's end; 0 (the default) cycles at every run end, as the dispatcher does.
+            the last one runs at the gap's end; 0 (the default) cycles at every run end, as the simulator does by default.
 
     Raises:
         KeyError: a job of ``job_ids`` is not pending.
