@@ -107,6 +107,9 @@ ARRIVAL_LOOKBACK_S = 86_400.0
 CYCLE_S = 300.0
 #: How far ahead the forward run looks by default, seconds (a job not started by then has no start).
 HORIZON_S = 14 * 86_400.0
+#: The forward run's debounce: a cycle wanted at t runs at ``max(t, last cycle + MIN_GAP_S)`` (a dispatcher
+#: batching its input, as the simulator's ``min_gap_s``); runs ending within it are answered by one cycle.
+MIN_GAP_S = 0.0
 _PRODUCER = "forecast"
 
 
@@ -349,8 +352,12 @@ class _Forward:
         horizon_us: Micros,
         cycle_s: float | None,
         declared: bool = True,
+        min_gap_s: float = 0.0,
     ) -> None:
         self.declared = declared
+        self.gap_us = s_to_us(min_gap_s)
+        self.last_cycle: Micros | None = None
+        self.deferred_at: Micros | None = None
         self.state = state
         self.now = now_us
         self.cfg = cfg
@@ -501,8 +508,17 @@ class _Forward:
                         self.periodic_at = None
             st = self.state
             if dirty and (st.pending or st.stopping or st.draining):
-                self.cycles += 1
-                self._outputs(step(self.state, Tick(t), t, self.cfg), t)
+                last = self.last_cycle
+                if self.gap_us and last is not None and t < last + self.gap_us:
+                    if self.deferred_at is None:  # debounce: the cycle runs at the gap's end
+                        self.deferred_at = last + self.gap_us
+                        self.push(self.deferred_at, self._TICK)
+                else:
+                    if self.deferred_at is not None and self.deferred_at <= t:
+                        self.deferred_at = None
+                    self.last_cycle = t
+                    self.cycles += 1
+                    self._outputs(step(self.state, Tick(t), t, self.cfg), t)
             if self.cycle_us and self.state.pending and self.periodic_at is None:
                 self.periodic_at = t + self.cycle_us
                 self.push(self.periodic_at, self._PERIODIC)
@@ -592,8 +608,12 @@ class _Forward:
 
 
 def _copy(state: DispatchState) -> DispatchState:
-    """A deep copy of the state without its caches (as the dispatcher's snapshot pickles it)."""
-    copied: DispatchState = pickle.loads(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+    """A copy of the state the forward run may fold into without changing ``state``: its copy-on-write fork
+    (:meth:`~apportion.domain.dispatch.DispatchState.fork`: records, runs and pending lists are immutable and
+    shared) with its own occupancy ledger, which the forward run folds (the one part that changes in place)."""
+    copied = state.fork()
+    copied.ledger = pickle.loads(pickle.dumps(state.ledger, protocol=pickle.HIGHEST_PROTOCOL))
+    copied._ledger_on = True
     return copied
 
 
@@ -609,6 +629,7 @@ def forecast(
     declared_durations: bool = True,
     arrivals: Sequence[tuple[Micros, JobQueued]] = (),
     arrival_period_s: float = ARRIVAL_LOOKBACK_S,
+    min_gap_s: float = MIN_GAP_S,
 ) -> Forecast:
     """Estimated start of each pending job of ``state`` (or of ``job_ids``) at event time ``now_us``.
 
@@ -624,6 +645,8 @@ def forecast(
             job ran a real command: what a forecast of real work would know.
         arrivals: future submissions to assume (``--with-arrivals``; :func:`recent_arrivals`): each is submitted
             at its time, then again every ``arrival_period_s``, as a copy of the job it names; none by default.
+        min_gap_s: the forward run's debounce (:data:`MIN_GAP_S`): a cycle wanted less than ``min_gap_s`` after
+            the last one runs at the gap's end; 0 (the default) cycles at every run end, as the simulator does by default.
 
     Raises:
         KeyError: a job of ``job_ids`` is not pending.
@@ -644,19 +667,21 @@ def forecast(
     else:
         targets = pending
     horizon = now_us + s_to_us(horizon_s)
-    reasons: dict[str, Any] = {}
-    if targets and cfg.scheduler is None:
-        res = run_cycle(state.cycle_snapshot(now_us), now_us, cfg.engine, explain=True)
-        reasons = res.reasons
-    fwd = _Forward(_copy(state), now_us, cfg, history or {}, horizon, cycle_s, declared_durations)
+    fwd = _Forward(_copy(state), now_us, cfg, history or {}, horizon, cycle_s, declared_durations, min_gap_s)
     fwd.seed()
     fwd.arrive(arrivals, arrival_period_s)
     fwd.run({j.job_id for j in targets})
     result = Forecast(now_us, horizon, runs=dict(fwd.ends), cycles=fwd.cycles)
+    starts = {j.job_id: fwd.started.get(j.job_id) for j in targets}
+    chains = {j: () if t is None else _chain(fwd, j, t) for j, t in starts.items()}
+    reasons: dict[str, Any] = {}
+    if cfg.scheduler is None and any(t != now_us or chains[j] for j, t in starts.items()):
+        # why the jobs that do not start at once wait: the engine's explanation of a cycle at now on the
+        # caller's state (the forward run left it unchanged); not needed when every one starts at once
+        reasons = run_cycle(state.cycle_snapshot(now_us), now_us, cfg.engine, explain=True).reasons
     for job in targets:
         why = state.waiting_reason(job.job_id, now_us) or reasons.get(job.job_id)
-        start = fwd.started.get(job.job_id)
-        chain = _chain(fwd, job.job_id, start) if start is not None else ()
+        start, chain = starts[job.job_id], chains[job.job_id]
         if start is None:
             basis, note = "-", _no_start(fwd, horizon)
             if job.job_id in state.held:

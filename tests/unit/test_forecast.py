@@ -132,6 +132,40 @@ def test_an_unallocated_run_preempted_in_the_forward_run_resumes_from_its_progre
     assert (end.end_us, end.note) == (h(3) + 30_000_000, "simulated duration: 5400 s of work in this attempt")
 
 
+def test_a_forward_run_that_preempts_requeues_and_checkpoints_leaves_the_state_byte_identical() -> None:
+    # the forward run works on a copy-on-write fork with its own ledger: preemptions, requeues, checkpoints and
+    # run ends in it reach neither the caller's pickled state nor its occupancy, and a second forecast of the
+    # same state gives the same starts as the first (the scenario of the unallocated-run test above)
+    hist = History().node("n0", 1).submit("u1", T0, min_runtime_s=0.0, duration_s=7200.0)
+    hist.submit("q1", m(20), min_runtime_s=0.0, duration_s=3600.0)
+    hist.submit("a1", m(30), budget="lab/b", tick=False)
+    before, occupancy = pickle.dumps(hist.state), hist.state.ledger.occupancy(m(30))
+    first = {j.job_id: j.start_us for j in forecast(hist.state, m(30), CFG).jobs}
+    assert pickle.dumps(hist.state) == before
+    assert hist.state.ledger.occupancy(m(30)) == occupancy
+    again = {j.job_id: j.start_us for j in forecast(hist.state, m(30), CFG).jobs}
+    assert first == again == {"a1": m(30) + 30_000_000, "q1": h(3) + 30_000_000}
+
+
+@pytest.mark.parametrize(
+    ("min_gap_s", "p2_start"),
+    [
+        pytest.param(0.0, h(1) + 60_000_000, id="no debounce: a cycle at each run end"),
+        pytest.param(300.0, h(1) + 300_000_000, id="debounce: r2's end waits for the gap after the cycle at r1's"),
+    ],
+)
+def test_the_debounce_answers_run_ends_within_its_gap_by_one_cycle_at_the_gaps_end(
+    min_gap_s: float, p2_start: int
+) -> None:
+    # one 2-GPU node; r1 (1 h of work) and r2 (1 h 1 min) run from T0; p1 and p2 (1 GPU each, lab/a) wait.
+    # No periodic cycle. r1 ends at T0 + 1 h: a cycle starts p1. r2 ends 60 s later: without a debounce a cycle
+    # starts p2 at once; with a 300 s gap the cycle waits until 300 s after the last one, T0 + 1 h 5 min.
+    hist = History().node("n0", 2).submit("r1", T0, duration_s=3600.0).submit("r2", T0, duration_s=3660.0)
+    hist.submit("p1", m(10)).submit("p2", m(11))
+    fc = forecast(hist.state, m(20), CFG, cycle_s=None, min_gap_s=min_gap_s)
+    assert {j.job_id: j.start_us for j in fc.jobs} == {"p1": h(1), "p2": p2_start}
+
+
 def test_a_job_not_yet_submitted_is_forecast_as_if_submitted_now_or_its_rejection_given() -> None:
     # r1 (lab/a, 3 h of work) runs from T0 on the only GPU; "if I submit s1 (lab/a, 1 GPU) at T0 + 1 h": it waits
     # behind its own budget's run and starts when r1 ends, T0 + 3 h. A job of 2 GPUs fits no node: rejected.
