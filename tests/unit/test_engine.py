@@ -14,7 +14,7 @@ each case's comment.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 from hypothesis import given, settings
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
-from apportion.domain.cluster import ClusterState
+from apportion.domain.cluster import PROTECTION_UNTIL_DONE_S, ClusterState
 from apportion.domain.engine import (
     CycleMemo,
     CycleSnapshot,
@@ -695,3 +695,33 @@ def test_free_order_does_not_count_stopping_unallocated_runs():
         for i, name in enumerate(names):
             w.job(name, leaf, min_runtime_s=0, submitted=h(1) + i)
     assert [p.split("@")[0] for p in placed(w.cycle(free_order=True))] == ["a1", "b1", "c1", "a2"]
+
+
+def test_progress_after_records_the_progress_saved_as_the_protection():
+    # a job of min_runtime 2 h preempted once, its last checkpoint 30 h of work: placed on a free GPU, its decision
+    # records 2 h x 2 = 4 h by default, and with EngineConfig.progress_after = 1 the 30 h saved (under W / 4 = 42 h)
+    w = World().node("n0", 1).job("j", "lab/a", min_runtime_s=7200.0)
+    w.pending["lab/a"] = [replace(w.pending["lab/a"][0], attempt=2, preemptions=1, progress_s=30 * 3600.0)]
+
+    def recorded(**cfg) -> list[float | None]:
+        return [e.decision.protection_s for e in w.cycle(**cfg).events if isinstance(e, ev.JobPlaced)]
+
+    assert recorded() == [4 * 3600.0]
+    assert recorded(progress_after=1) == [30 * 3600.0]
+
+
+def test_at_share_bound_protects_a_job_under_its_share_until_done():
+    # min_runtime 2 h, preempted 3 times: 2 h x 8 = 16 h by default. K = 1000, lab/a's entitlement 500 GPU-s:
+    # with no occupancy its r when the job is placed is 0 (under its share): until done with at_share_bound 3;
+    # with 7200 GPU-s its r is 7200 / 500 = 14.4 (over its share): still 16 h
+    def recorded(occupancy: float, **cfg) -> list[tuple[float, float | None]]:
+        w = World().node("n0", 1).job("j", "lab/a", min_runtime_s=7200.0)
+        w.pending["lab/a"] = [replace(w.pending["lab/a"][0], attempt=4, preemptions=3)]
+        w.occupancy = {"lab/a": occupancy, "lab": occupancy}
+        return [
+            (e.decision.ratio, e.decision.protection_s) for e in w.cycle(**cfg).events if isinstance(e, ev.JobPlaced)
+        ]
+
+    assert recorded(0.0) == [(0.0, 16 * 3600.0)]
+    assert recorded(0.0, at_share_bound=3) == [(0.0, PROTECTION_UNTIL_DONE_S)]
+    assert recorded(7200.0, at_share_bound=3) == [(14.4, 16 * 3600.0)]

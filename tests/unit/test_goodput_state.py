@@ -391,3 +391,60 @@ def test_a_lost_gangs_grace_replays_from_the_jobs_topic_alone():
     assert step(recovered, Tick(m(11) + 29_000_000), m(11) + 29_000_000, CFG) == []
     out = step(recovered, Tick(m(11) + 30_000_000), m(11) + 30_000_000, CFG)
     assert types(out)[0] == "JobRequeued:g"
+
+
+# EngineConfig.progress_after (a measured variant of D3.bounded-churn, off by default): from the given preemption on
+# the protection is at least the checkpointed progress, under the same caps. Defaults otherwise (3 doublings, W / 4 =
+# 42 h of a 7-day window, churn bound 5); min_runtime 2 h, so the doubled protection is 2 h x 2**n.
+PROGRESS_FLOOR = [
+    pytest.param(0, 1, 30.0, 2.0, id="first attempt: the minimum runtime, whatever the progress"),
+    pytest.param(1, 1, 30.0, 30.0, id="once preempted after 30 h of work: 30 h, not 2 h x 2 = 4 h"),
+    pytest.param(1, 1, 3.0, 4.0, id="once preempted after 3 h of work: the doubling (4 h) is longer"),
+    pytest.param(1, 1, 100.0, 42.0, id="100 h of work: capped at W / 4 = 42 h"),
+    pytest.param(2, 1, 20.0, 20.0, id="twice preempted after 20 h: 20 h, not 2 h x 4 = 8 h"),
+    pytest.param(1, 2, 30.0, 4.0, id="from the second preemption on: once preempted, the doubling"),
+    pytest.param(2, 2, 30.0, 30.0, id="from the second preemption on: twice preempted, the progress"),
+    pytest.param(5, 1, 30.0, UNTIL_DONE_H, id="the churn bound still applies: until done"),
+    pytest.param(1, None, 30.0, 4.0, id="off (the default): the doubling"),
+]
+
+
+@pytest.mark.parametrize("n, after, progress_h, hours", PROGRESS_FLOOR)
+def test_protection_s_at_least_the_progress_saved(n, after, progress_h, hours):
+    got = protection_s(7200.0, n, None, W7, progress_after=after, progress_s=progress_h * 3600.0)
+    assert got / 3600.0 == hours
+
+
+def test_protection_s_progress_floor_keeps_the_budget_cap_and_skips_unallocated_jobs():
+    # a budget max_min_runtime of 10 h caps the floor too; an unallocated job (min_runtime 0) has no protection
+    assert protection_s(7200.0, 1, 36000.0, W7, progress_after=1, progress_s=30 * 3600.0) == 36000.0
+    assert protection_s(0.0, 1, None, W7, progress_after=1, progress_s=30 * 3600.0) == 0.0
+
+
+# EngineConfig.at_share_bound (a measured variant of D3.bounded-churn, off by default): a job whose budget's r is at
+# most 1 when placed is protected until done from at_share_bound preemptions on; over its share it keeps the churn
+# bound 5. Defaults otherwise: min_runtime 2 h, doublings 2, 4, 8, 16 h, then W / 4 = 42 h.
+AT_SHARE = [
+    pytest.param(3, 0.5, UNTIL_DONE_H, id="under its share, preempted 3 times: until done"),
+    pytest.param(3, 1.0, UNTIL_DONE_H, id="exactly at its share (r = 1): until done"),
+    pytest.param(3, 1.01, 16.0, id="over its share (r = 1.01), 3 times: 2 h x 8, the bound is still 5"),
+    pytest.param(4, 1.5, 42.0, id="over its share, 4 times: the cap W / 4"),
+    pytest.param(5, 1.5, UNTIL_DONE_H, id="over its share, 5 times: the churn bound 5"),
+    pytest.param(2, 0.5, 8.0, id="under its share, twice: 2 h x 4, before the bound"),
+    pytest.param(3, None, 16.0, id="r unknown: as over its share"),
+]
+
+
+@pytest.mark.parametrize("n, ratio, hours", AT_SHARE)
+def test_protection_s_churn_bound_at_or_under_share(n, ratio, hours):
+    assert protection_s(7200.0, n, None, W7, at_share_bound=3, ratio=ratio) / 3600.0 == hours
+
+
+def test_protection_s_at_share_bound_never_raises_the_churn_bound():
+    # a bound above churn_bound changes nothing (5 stays); with no churn bound at all it is the only one
+    assert protection_s(7200.0, 5, None, W7, at_share_bound=7, ratio=0.5) == PROTECTION_UNTIL_DONE_S
+    assert protection_s(7200.0, 6, None, W7, at_share_bound=7, ratio=0.5) == PROTECTION_UNTIL_DONE_S
+    assert protection_s(7200.0, 6, None, W7, churn_bound=None, at_share_bound=7, ratio=0.5) == 151200.0
+    assert protection_s(7200.0, 7, None, W7, churn_bound=None, at_share_bound=7, ratio=0.5) == PROTECTION_UNTIL_DONE_S
+    # off (the default): r does not matter
+    assert protection_s(7200.0, 3, None, W7, ratio=0.5) == 57600.0

@@ -231,6 +231,13 @@ def simulate(
         "per unit of share (rule D3.free-order, a measured variant, not part of the policy); --no-free-order (the "
         "default): leaf by leaf in the allocated pass's budget order.",
     ),
+    at_share_bound: int = typer.Option(
+        0,
+        "--at-share-bound",
+        min=0,
+        help="Churn bound of an allocated job whose budget is at or under its share when placed, where lower than "
+        "--churn-bound (a measured variant of rule D3.bounded-churn, not part of the policy); 0 (the default): off.",
+    ),
 ) -> None:
     """Run the simulation(s) and report utilisation, goodput, work lost, share deficit, waits, completions."""
     from apportion.sim.traces import TraceError, load_budget_file, load_trace, trace_format
@@ -275,6 +282,7 @@ def simulate(
             churn_bound=churn_bound or None,
             gang_rule=gang_rule,
             free_order=free_order,
+            at_share_bound=at_share_bound or None,
         )
         for name in names
     ]
@@ -349,13 +357,16 @@ def _run(
     reservation_after_s: float | None = None,
     gang_rule: bool = True,
     free_order: bool = False,
+    progress_after: int | None = None,
+    at_share_bound: int | None = None,
 ) -> Any:
     """One policy's run and report; admission rejections are counted by reason.
 
     ``bursts``: when given, ``bursts[name]`` gets the run's bursting rows
     (:func:`apportion.sim.bursting.burst_rows`). ``delta``: the engine's hysteresis
     (``EngineConfig.delta``; ``None``: its default); ``reservation_after_s`` the same for
-    ``EngineConfig.reservation_after_s``.
+    ``EngineConfig.reservation_after_s``. ``progress_after`` and ``at_share_bound``: the engine's job-dependent
+    churn bounds (``EngineConfig``; ``None``: off).
     """
     from dataclasses import replace
 
@@ -385,6 +396,8 @@ def _run(
         churn_bound=churn_bound,
         gang_rule=gang_rule,
         free_order=free_order,
+        progress_after=progress_after,
+        at_share_bound=at_share_bound,
     )
     dcfg = DispatchConfig(
         engine=replace(

@@ -138,6 +138,10 @@ def protection_s(
     window_fraction: float = PROTECTION_CAP_W,
     doublings: int | None = PROTECTION_DOUBLINGS,
     churn_bound: int | None = PROTECTION_CHURN_BOUND,
+    progress_after: int | None = None,
+    progress_s: float = 0.0,
+    at_share_bound: int | None = None,
+    ratio: float | None = None,
 ) -> float:
     """Length of a run's preemption protection, seconds: the one home of rule D3.bounded-churn.
 
@@ -172,6 +176,14 @@ def protection_s(
             job is preempted more than ``churn_bound`` times (default :data:`PROTECTION_CHURN_BOUND`, 5);
             ``None``: no such bound. A budget's
             ``max_min_runtime`` still caps it (an admin who sets one chooses turnover over the bound).
+        progress_after: preemptions from which the protection is at least ``progress_s`` (the work the job has
+            saved so far), under the same caps (``EngineConfig.progress_after``; ``None``, the default: off), so a
+            long job that has done much work is protected for longer than a short one preempted as often.
+        progress_s: the job's checkpointed progress, seconds (where this attempt resumes).
+        at_share_bound: the churn bound of a job whose budget is at or under its share (``ratio <= 1``) when
+            placed, in place of ``churn_bound`` when lower (``EngineConfig.at_share_bound``; ``None``, the default:
+            off), so a job over its share keeps the longer bound and gives borrowed GPUs back sooner.
+        ratio: the r of the job's budget when placed (its ``Decision.ratio``), or ``None`` (unknown: over).
 
     The jump cannot be gamed into more than the contract allows: the cap is the budget's ``max_min_runtime``
     (or W), which is what the job could have declared as its minimum runtime at admission, and no job can
@@ -196,11 +208,17 @@ def protection_s(
     (115200.0, inf)
     >>> protection_s(7200.0, 5, window_s=604800.0), protection_s(7200.0, 5, churn_bound=None)
     (3153600000.0, inf)
+    >>> protection_s(7200.0, 1, window_s=604800.0, progress_after=1, progress_s=90000.0)
+    90000.0
+    >>> protection_s(7200.0, 3, window_s=604800.0, at_share_bound=3, ratio=0.9)
+    3153600000.0
     """
     if not is_allocated(min_runtime_s):
         return 0.0
     if preemptions <= 0:
         return min_runtime_s  # the common case: every cap is >= min_runtime's promise
+    if at_share_bound is not None and ratio is not None and ratio <= 1.0:
+        churn_bound = at_share_bound if churn_bound is None or at_share_bound < churn_bound else churn_bound
     if churn_bound is not None and preemptions >= churn_bound:
         # the most the job could have declared at admission: max_min_runtime, else any length (no limit)
         if max_min_runtime_s is None:
@@ -210,6 +228,8 @@ def protection_s(
         grown = math.inf  # past the doublings: the caps alone
     else:
         grown = min_runtime_s * 2.0 ** (preemptions if preemptions < _MAX_DOUBLINGS else _MAX_DOUBLINGS)
+    if progress_after is not None and preemptions >= progress_after and progress_s > grown:
+        grown = progress_s  # the work done so far, under the same caps
     cap = math.inf if max_min_runtime_s is None else max_min_runtime_s
     if window_s is not None and window_s * window_fraction < cap:
         cap = window_s * window_fraction

@@ -491,7 +491,7 @@ def _fit_free(cx: _Cycle, g: int, k: int, model: str | None, bound: str | None =
 def _backfill_reservation(cx: _Cycle, job: PendingJob, leaf: str) -> list[str] | None:
     """The waiting reservation's free GPUs, for a job whose protection ends by the holder's fit time and
     that the holder could take back (D3.scheduling-cycle: a reservation never idles GPUs)."""
-    prot = job_protection_s(job, cx.tree, cx.cfg)
+    prot = job_protection_s(job, cx.tree, cx.cfg, cx.queue.ratio(leaf))
     br = _branches(leaf, cx.hold_leaf)
     may = br is not None and (
         branch_rule(br[0], br[1], br[2], cx.queue, cx.cfg.delta, cx.hold_charge, cx.moves)[0] == RULE_EXPIRED_BEHIND

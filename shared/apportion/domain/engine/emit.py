@@ -152,9 +152,11 @@ def stop_event(run: Run, replica: int, ts: Any, grace_s: float, producer: str, r
     )
 
 
-def job_protection_s(job: PendingJob, tree: BudgetTree, cfg: EngineConfig) -> float:
+def job_protection_s(job: PendingJob, tree: BudgetTree, cfg: EngineConfig, ratio: float | None = None) -> float:
     """:func:`protection_s` of ``job`` placed now, seconds: its preemptions so far, its budget's
-    ``max_min_runtime`` and the cap ``cfg.window_s x cfg.protection_cap_w`` (what its ``JobPlaced`` records)."""
+    ``max_min_runtime``, the cap ``cfg.window_s x cfg.protection_cap_w``, with ``cfg.progress_after`` its
+    checkpointed progress and with ``cfg.at_share_bound`` its budget's r ``ratio`` in the cycle's view
+    (what its ``JobPlaced`` records)."""
     return protection_s(
         job.min_runtime_s,
         job.preemptions,
@@ -163,6 +165,10 @@ def job_protection_s(job: PendingJob, tree: BudgetTree, cfg: EngineConfig) -> fl
         cfg.protection_cap_w,
         cfg.protection_doublings,
         cfg.churn_bound,
+        cfg.progress_after,
+        job.progress_s,
+        cfg.at_share_bound,
+        ratio,
     )
 
 
@@ -194,7 +200,7 @@ def emit_placed(
     protection is then the minimum runtime."""
     protection = None
     if job.allocated and tree is not None:
-        protection = job_protection_s(job, tree, cfg)
+        protection = job_protection_s(job, tree, cfg, r)
     out.append(
         JobPlaced(
             event_id=det_id("JobPlaced", job.job_id, job.attempt),

@@ -90,6 +90,14 @@ class EngineConfig:
             in use per unit of share first, one job at a time; :func:`~apportion.domain.fairshare.free_order_key`);
             default False: leaf by leaf in the budget order of the allocated pass. Measured and not adopted
             (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
+        progress_after: preemptions from which a job's protection is at least the progress its last checkpoint
+            saved, capped as every protection (:func:`~apportion.domain.cluster.protection_s`; rule
+            D3.bounded-churn's job-dependent variant); default ``None``: off. Measured and not adopted
+            (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
+        at_share_bound: the churn bound of a job whose budget is at or under its share (r <= 1 in the cycle's
+            view) when placed, where lower than ``churn_bound``; a job over its share keeps ``churn_bound``
+            (:func:`~apportion.domain.cluster.protection_s`); default ``None``: off. Measured and not adopted
+            (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -107,6 +115,8 @@ class EngineConfig:
     gang_rule: bool = True
     hero_min_gpus: int | None = HERO_MIN_GPUS
     free_order: bool = False
+    progress_after: int | None = None
+    at_share_bound: int | None = None
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"
