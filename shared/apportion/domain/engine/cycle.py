@@ -107,12 +107,12 @@ from apportion.domain.engine.emit import (
     preempt_events,
     protection_cap_us,
 )
-from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
+from apportion.domain.engine.inputs import EngineConfig, PendingJob
 from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
 from apportion.domain.engine.reasons import CycleLeft, PendingReason, explain_pending
 from apportion.domain.engine.reservation import earliest_fit_us, reservation_nodes, share_covers
 from apportion.domain.engine.search import PreemptionRequest, plan_preemption
-from apportion.domain.engine.shapes import CycleMemo, blocked_run, segment_floor
+from apportion.domain.engine.shapes import CycleMemo, blocked_run, memo_allocated, segment_floor
 from apportion.domain.engine.victims import CycleVictims, VictimIndex
 from apportion.domain.fairshare import FairShareQueue, free_order_key
 from apportion.domain.idle import IdleReports
@@ -392,7 +392,8 @@ def _open(
 ) -> _Cycle:
     """The cycle's context: the fair-share queue of the allocated jobs and the free index of the snapshot."""
     tree = snapshot.tree
-    allocated_end = {leaf: allocated_count(jobs) for leaf, jobs in pending.items()}
+    memo = snapshot.memo
+    allocated_end = {leaf: memo_allocated(memo, jobs) for leaf, jobs in pending.items()}
     queue: FairShareQueue[int] = FairShareQueue(
         tree, snapshot.occupancy, snapshot.capacity_gpu_s, {leaf: range(b) for leaf, b in allocated_end.items() if b}
     )
