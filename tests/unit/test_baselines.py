@@ -129,13 +129,13 @@ def test_floor_of_reads_and_fills_the_engine_memo() -> None:
     memo = CycleMemo()
     assert bl._floor_of(memo, ("org/a", lst, 2, 4)) == (3, 1)
     # the shape codes of the list are kept with it (the floor came from its distinct shapes)
-    assert memo == {id(lst): [lst, {(2, 4): (3, 1)}, memo.shapes.codes(lst)]}
+    assert memo == {id(lst): [lst, {(2, 4): (3, 1)}, memo.shapes.codes(lst), -1]}
     memo[id(lst)][1][(0, 2)] = (1, 1)  # a kept entry is used as it is
     assert bl._floor_of(memo, ("org/a", lst, 0, 2)) == (1, 1)
     other = list(lst)
     memo[id(other)] = [lst, {(0, 2): (7, 7)}, None]  # an entry of another list under a reused id
     assert bl._floor_of(memo, ("org/a", other, 0, 2)) == (2, 2)
-    assert memo[id(other)] == [other, {(0, 2): (2, 2)}, memo.shapes.codes(other)]
+    assert memo[id(other)] == [other, {(0, 2): (2, 2)}, memo.shapes.codes(other), -1]
 
 
 def test_merge_orders_by_submit_then_id_and_drops_dead_segments() -> None:

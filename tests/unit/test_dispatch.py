@@ -254,6 +254,7 @@ def test_memo_of_pending_lists_is_carried_exactly_through_enqueue_and_dequeue():
             b = allocated_count(lst)
             assert ent[0] is lst
             assert ent[2] == state._engine.memo.shapes.codes(lst)
+            assert ent[3] == b  # the allocated count moved with the job
             for (lo, hi), f in ent[1].items():
                 assert (lo, hi) in ((0, b), (b, len(lst))) and f == shape_floor(lst, lo, hi)
         # seed the memo as the engine would, so that the next change is carried
@@ -262,6 +263,7 @@ def test_memo_of_pending_lists_is_carried_exactly_through_enqueue_and_dequeue():
             lst,
             {(0, b): shape_floor(lst, 0, b), (b, len(lst)): shape_floor(lst, b, len(lst))},
             state._engine.memo.shapes.codes(lst),
+            b,
         ]
 
 

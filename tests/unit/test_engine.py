@@ -35,6 +35,7 @@ from apportion.domain.engine import (
     run_cycle,
     shape_floor,
 )
+from apportion.domain.engine.shapes import memo_allocated
 from apportion.timeutil import from_us, s_to_us
 from tests.kit.builders import T0, h
 
@@ -725,3 +726,28 @@ def test_at_share_bound_protects_a_job_under_its_share_until_done():
     assert recorded(0.0) == [(0.0, 16 * 3600.0)]
     assert recorded(0.0, at_share_bound=3) == [(0.0, PROTECTION_UNTIL_DONE_S)]
     assert recorded(7200.0, at_share_bound=3) == [(14.4, 16 * 3600.0)]
+
+
+def test_allocated_count_is_kept_in_the_memo_and_read_from_it():
+    def job(i: int, rt: float) -> PendingJob:
+        return PendingJob(
+            job_id=f"j{i}",
+            attempt=1,
+            budget="lab/a",
+            user="u",
+            gpus_per_replica=1,
+            replicas=1,
+            min_runtime_s=rt,
+            submitted_at_us=i,
+            queued_at_us=i,
+        )
+
+    jobs = [job(0, 60.0), job(1, 60.0), job(2, 60.0), job(3, 0.0), job(4, 0.0)]
+    assert memo_allocated(None, jobs) == 3
+    memo = CycleMemo()
+    assert memo_allocated(memo, jobs) == 3
+    assert memo[id(jobs)][3] == 3  # kept with the list
+    memo[id(jobs)][3] = 1
+    assert memo_allocated(memo, jobs) == 1  # a kept count is used as it is
+    memo[id(jobs)] = [list(jobs), {}, None, 1]  # an entry of another list under a reused id
+    assert memo_allocated(memo, jobs) == 3

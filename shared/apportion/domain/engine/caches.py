@@ -56,7 +56,8 @@ class EngineCaches:
         """Carry the memo of pending list ``old`` over to ``new``: ``job`` added at (``added``) or
         removed from index ``i``.
 
-        The memo entry is ``[list, floors, codes]``. Floors: segments are the
+        The memo entry is ``[list, floors, codes, allocated count]``; the count moves by one when ``job`` is
+        allocated. Floors: segments are the
         allocated jobs ``[0, b)`` and the unallocated ones ``[b, n)``; a floor
         is ``(min g, min k)``. Adding a job lowers its segment's floor to the
         job's shape at most; removing one keeps the floor when the job attains
@@ -77,15 +78,14 @@ class EngineCaches:
                 codes = codes[:i] + codes[i + 1 :]
         else:
             codes = None
-        if not ent[1]:
-            if codes is not None:
-                memo[id(new)] = [new, {}, codes]
-            return
         sign = 1 if added else -1
-        b_old = allocated_count(old)
+        b_old = ent[3] if len(ent) > 3 and ent[3] >= 0 else allocated_count(old)
         alloc = job.allocated
-        g, k = job.gpus_per_replica, job.replicas
         b_new = b_old + sign if alloc else b_old
+        if not ent[1]:
+            memo[id(new)] = [new, {}, codes, b_new]
+            return
+        g, k = job.gpus_per_replica, job.replicas
         n_new = len(old) + sign
         segs: dict[tuple[int, int], tuple[int, int]] = {}
         for (lo, hi), f in ent[1].items():
@@ -101,5 +101,4 @@ class EngineCaches:
                 segs[nk] = (min(f[0], g), min(f[1], k))
             elif g > f[0] and k > f[1]:
                 segs[nk] = f
-        if segs or codes is not None:
-            memo[id(new)] = [new, segs, codes]
+        memo[id(new)] = [new, segs, codes, b_new]

@@ -107,12 +107,12 @@ from apportion.domain.engine.emit import (
     preempt_events,
     protection_cap_us,
 )
-from apportion.domain.engine.inputs import EngineConfig, PendingJob, allocated_count
+from apportion.domain.engine.inputs import EngineConfig, PendingJob
 from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
 from apportion.domain.engine.reasons import CycleLeft, PendingReason, explain_pending
 from apportion.domain.engine.reservation import earliest_fit_us, reservation_nodes, share_covers
 from apportion.domain.engine.search import PreemptionRequest, plan_preemption
-from apportion.domain.engine.shapes import CycleMemo, blocked_run, segment_floor
+from apportion.domain.engine.shapes import CycleMemo, blocked_run, memo_allocated, segment_floor
 from apportion.domain.engine.victims import CycleVictims, VictimIndex
 from apportion.domain.fairshare import FairShareQueue, free_order_key
 from apportion.domain.idle import IdleReports
@@ -392,7 +392,8 @@ def _open(
 ) -> _Cycle:
     """The cycle's context: the fair-share queue of the allocated jobs and the free index of the snapshot."""
     tree = snapshot.tree
-    allocated_end = {leaf: allocated_count(jobs) for leaf, jobs in pending.items()}
+    memo = snapshot.memo
+    allocated_end = {leaf: memo_allocated(memo, jobs) for leaf, jobs in pending.items()}
     queue: FairShareQueue[int] = FairShareQueue(
         tree, snapshot.occupancy, snapshot.capacity_gpu_s, {leaf: range(b) for leaf, b in allocated_end.items() if b}
     )
@@ -439,38 +440,41 @@ def _take_allocated(cx: _Cycle, leaf: str, idx: int) -> None:
     """One allocated job: free GPUs (D3.placement), the reservation's free GPUs, else a preemption
     (D3.victims); placed: charged; blocked: it reserves or the jobs blocked like it are passed over."""
     job = cx.pending[leaf][idx]
+    res = cx.res
     cx.rank += 1
-    cx.res.considered += 1
+    res.considered += 1
     g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
     bound = job.topology_bound
     nodes = _fit_free(cx, g, k, model, bound)
+    now_us = cx.now_us
     if (
         nodes is None
         and cx.hold_fit
-        and cx.now_us + s_to_us(job.min_runtime_s) <= cx.hold_fit  # protection >= min_runtime: else no chance
+        and now_us + s_to_us(job.min_runtime_s) <= cx.hold_fit  # protection >= min_runtime: else no chance
         and cx.free.reserved_fits(g, model)
     ):
         nodes = _backfill_reservation(cx, job, leaf)
     cfg = cx.cfg
     holds_reservation = (
         cx.reserved_for is None
-        and cx.now_us - job.queued_at_us >= cx.reservation_after_us
+        and now_us - job.queued_at_us >= cx.reservation_after_us
         and cx.covers(leaf, job.gpus)  # D3.hero-cover: an uncovered job reserves nothing
     )
     failure_key = leaf if model is None else leaf + "\x00" + model
     charge = charge_of(g, k, job.min_runtime_s, cfg.window_s)
     if nodes is not None:
         _place_on_free(cx, job, leaf, nodes, holds_reservation)
-    elif cfg.preemption and bound is None and not cx.known_to_fail(leaf, failure_key, g, k, charge):
-        nodes = _preempt_for(cx, job, leaf, failure_key, charge, holds_reservation)
     elif not cfg.preemption:
         cx.record_search_failure(failure_key, g, k)
+    elif bound is None and not cx.known_to_fail(leaf, failure_key, g, k, charge):
+        nodes = _preempt_for(cx, job, leaf, failure_key, charge, holds_reservation)
     if nodes is not None:
         cx.queue.charge(leaf, charge)
         if cx.request is not None:
             cx.request.charged.append(leaf)
         cx.charges += 1
-        cx.own_charges[leaf] = cx.own_charges.get(leaf, 0) + 1
+        own = cx.own_charges
+        own[leaf] = own.get(leaf, 0) + 1
     elif holds_reservation:
         _reserve(cx, job, leaf, charge)  # (it changed free capacity: no bulk skip on its account)
     else:
@@ -480,11 +484,14 @@ def _take_allocated(cx: _Cycle, leaf: str, idx: int) -> None:
 def _fit_free(cx: _Cycle, g: int, k: int, model: str | None, bound: str | None = None) -> list[str] | None:
     """Best-fit gang placement on free GPUs (D3.placement), unless a shape at most as large already failed;
     ``bound``: within one block or rack (D1.topology; its failure says nothing about unbound shapes)."""
-    if cx.fit_failed(g, k, model):
-        return None
+    ff = cx.free_fail
+    if ff:  # cx.fit_failed(g, k, model), inlined (once per job taken)
+        failed = ff.get(model)
+        if (failed and _dominated(failed, g, k)) or (model is not None and _dominated(ff.get(None, ()), g, k)):
+            return None
     nodes = cx.free.fit(g, k, model, bound)
     if nodes is None and bound is None:
-        cx.free_fail.setdefault(model, []).append((g, k))
+        ff.setdefault(model, []).append((g, k))
     return nodes
 
 
@@ -639,20 +646,24 @@ def _may_take_back(cx: _Cycle, leaf: str, charge: float, gpus: int, run: Run, at
 def _pass_over_blocked(cx: _Cycle, leaf: str, idx: int, model: str | None) -> None:
     """After a blocked job of ``leaf`` (speed only): drop the leaf when all its jobs are known to be blocked,
     else pass over its next jobs that would be blocked exactly like this one, with no effect but their rank."""
-    if model is None:
-        ent = cx.search_failures.get(leaf)  # search_failed(leaf, 1, 1) or search_failed(leaf, *floor), inlined
-        if ent is not None:
-            if not cx.fresh(leaf, ent):
-                del cx.search_failures[leaf]  # another leaf was charged since: stale
-            elif cx.covers_leaf(leaf, ent) and not cx.may_backfill(leaf, 1, None):
+    sf = cx.search_failures
+    ent = sf.get(leaf)
+    covers = False  # a fresh failure of the leaf covers every job of it
+    if ent is not None:
+        if not cx.fresh(leaf, ent):
+            del sf[leaf]  # another leaf was charged since: stale
+            ent = None
+        else:
+            covers = cx.covers_leaf(leaf, ent)
+            # search_failed(leaf, 1, 1) or search_failed(leaf, *floor), inlined
+            if covers and model is None and not cx.may_backfill(leaf, 1, None):
                 cx.queue.drop_leaf(leaf)
                 return
     end = cx.allocated_end[leaf]
     if cx.reserved_for is None or not cx.cfg.preemption or idx + 1 >= end:
         return
     # the leaf's next jobs come next (nothing was charged)
-    ent = cx.search_failures.get(leaf)
-    drop = ent is not None and cx.fresh(leaf, ent) and cx.covers_leaf(leaf, ent)
+    drop = covers
     skipped = blocked_run(cx.pending[leaf], idx + 1, end, partial(_blocked_like, cx, leaf, drop), cx.memo)
     if skipped:
         cx.queue.skip(leaf, skipped)

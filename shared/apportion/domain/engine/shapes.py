@@ -18,13 +18,14 @@ from itertools import islice
 from operator import attrgetter
 from typing import Any, cast
 
-from apportion.domain.engine.inputs import PendingJob
+from apportion.domain.engine.inputs import PendingJob, allocated_count
 
 __all__ = [
     "CycleMemo",
     "Shape",
     "ShapeTable",
     "blocked_run",
+    "memo_allocated",
     "memo_codes",
     "segment_floor",
     "shape_floor",
@@ -104,7 +105,8 @@ class ShapeTable:
 class CycleMemo(dict[int, list[Any]]):
     """What a caller keeps across cycles (``CycleSnapshot.memo``) for its pending lists.
 
-    ``id(list) -> [list, {(lo, hi): (min g, min k) of list[lo:hi]}, shape codes or None]``,
+    ``id(list) -> [list, {(lo, hi): (min g, min k) of list[lo:hi]}, shape codes or None, allocated count or -1]``
+    (the allocated count: :func:`~apportion.domain.engine.inputs.allocated_count` of the list),
     for callers whose pending lists are never changed in place (``DispatchState``:
     copy-on-write, and it carries entries over to the list that replaces one), and
     :attr:`shapes`, the :class:`ShapeTable` the codes are written in.
@@ -196,11 +198,25 @@ def shape_floor(jobs: Sequence[PendingJob], lo: int, hi: int) -> tuple[int, int]
 
 
 def _memo_entry(memo: CycleMemo, jobs: Sequence[PendingJob]) -> list[Any]:
-    """The memo entry ``[jobs, {(lo, hi): floor}, codes or None]`` of a pending list (created empty)."""
+    """The memo entry ``[jobs, {(lo, hi): floor}, codes or None, allocated count or -1]`` of a pending list
+    (created empty)."""
     ent = memo.get(id(jobs))
     if ent is None or ent[0] is not jobs:
-        ent = memo[id(jobs)] = [jobs, {}, None]
+        ent = memo[id(jobs)] = [jobs, {}, None, -1]
     return ent
+
+
+def memo_allocated(memo: CycleMemo | None, jobs: Sequence[PendingJob]) -> int:
+    """:func:`~apportion.domain.engine.inputs.allocated_count` of ``jobs``, kept in ``memo`` when there is one."""
+    if memo is None:
+        return allocated_count(jobs)
+    ent = _memo_entry(memo, jobs)
+    if len(ent) < 4:
+        ent.append(-1)
+    b: int = ent[3]
+    if b < 0:
+        b = ent[3] = allocated_count(jobs)
+    return b
 
 
 def memo_codes(memo: CycleMemo | None, jobs: Sequence[PendingJob]) -> bytes | None:
