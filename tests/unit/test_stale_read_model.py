@@ -12,7 +12,8 @@ from apportion.readmodel import STALE_AFTER_RECORDS, lag_records, stale_notice
 from tests.kit.cli import no_stack, run
 from tests.kit.fakes import FakeRedis
 
-META = {"at": "2026-01-05T10:00:00+00:00", "offsets": {"apportion.jobs:0": 400, "apportion.budgets:0": 7}}
+OFFSETS = {"apportion.jobs:0": 400, "apportion.budgets:0": 7}
+META = {"at": "2026-01-05T10:00:00+00:00", "offsets": OFFSETS}
 
 
 @pytest.mark.parametrize(
@@ -25,7 +26,7 @@ META = {"at": "2026-01-05T10:00:00+00:00", "offsets": {"apportion.jobs:0": 400, 
     ids=["caught-up", "behind", "never-negative"],
 )
 def test_lag_is_the_records_not_yet_folded(ends: dict[str, int], lag: int) -> None:
-    assert lag_records(META["offsets"], ends) == lag
+    assert lag_records(OFFSETS, ends) == lag
 
 
 def test_the_notice_starts_past_the_threshold() -> None:
