@@ -206,3 +206,25 @@ def test_a_topic_of_a_namespace_not_there_is_still_an_unprovisioned_namespace_ex
         "error: topic apportion.deadletter does not exist at 127.0.0.1:1: the default namespace is not provisioned "
         "(`python -m apportion.bus.provision --bootstrap 127.0.0.1:1`, or `apportion stack up`)\n"
     )
+
+
+def test_a_verdict_already_printed_is_the_only_json_document(capsys: pytest.CaptureFixture[str]) -> None:
+    # cancel/hold/release print the dispatcher's verdict object, then exit 1 through fail(): stdout must stay one
+    # JSON document (the verdict), not the verdict followed by fail()'s error object
+    common.json_errors(True)
+    try:
+        common._print_json({"ok": False, "verdict": "refused", "reason": "not_owner"})
+        with pytest.raises(typer.Exit) as exc:
+            common.fail("refused: not_owner: job 'ow1' belongs to 'own1'", 1)
+    finally:
+        common.json_errors(False)
+    assert exc.value.exit_code == 1
+    assert json.loads(capsys.readouterr().out) == {"ok": False, "verdict": "refused", "reason": "not_owner"}
+    # the next command starts afresh: its own failure prints its error object
+    common.json_errors(True)
+    try:
+        with pytest.raises(typer.Exit):
+            common.fail("bad", 2)
+    finally:
+        common.json_errors(False)
+    assert json.loads(capsys.readouterr().out)["verdict"] == "bad_input"

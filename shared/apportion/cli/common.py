@@ -46,12 +46,15 @@ class Unreachable(RuntimeError):
 ERROR_VERDICTS: dict[int, str] = {1: "refused", 2: "bad_input", 3: "unreachable"}
 #: Whether the command running was given ``--json`` (set by the root callback, :func:`json_errors`).
 _json_errors = False
+#: Whether the command running has already printed its JSON object (a verdict that carries the refusal).
+_json_printed = False
 
 
 def json_errors(on: bool) -> None:
     """Whether :func:`fail` also prints the JSON error object on stdout: on for a command given ``--json``."""
-    global _json_errors
+    global _json_errors, _json_printed
     _json_errors = on
+    _json_printed = False
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -59,9 +62,10 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
     Under ``--json`` (:func:`json_errors`) the same error first goes to stdout as one object,
     ``{"ok": false, "verdict": ERROR_VERDICTS[code], "reason": "", "message": message, "exit_code": code}``,
-    so a script reads every failure from stdout whatever its exit code.
+    so a script reads every failure from stdout whatever its exit code; stdout stays one JSON document: a
+    command that already printed its object (a verdict naming the refusal) prints no second one.
     """
-    if _json_errors:
+    if _json_errors and not _json_printed:
         _print_json(_error_object(message, code))
     _exit(message, code)
 
@@ -137,6 +141,9 @@ def refuse(
 
 
 def _print_json(obj: Any) -> None:
+    global _json_printed
+    _json_printed = True
+
     def default(o: Any) -> Any:
         if isinstance(o, float) and math.isinf(o):
             return "Infinity"
