@@ -314,6 +314,11 @@ class EventConsumer:
         self.close()
 
 
+def tp_key(tp: Any) -> str:
+    """A partition's key in offset maps, ``"topic:partition"``."""
+    return f"{tp.topic}:{tp.partition}"
+
+
 class AssignedConsumer:
     """Read whole topics from a chosen start, outside any group rebalance (kafka-python).
 
@@ -412,8 +417,8 @@ class AssignedConsumer:
     def offsets_at_start(self) -> tuple[dict[str, int], dict[str, int]]:
         """``(begin, end)``: each partition's log start and end offsets at start, keyed ``"topic:partition"``."""
         return (
-            {f"{tp.topic}:{tp.partition}": off for tp, off in self.start_begin.items()},
-            {f"{tp.topic}:{tp.partition}": off for tp, off in self.start_end.items()},
+            {tp_key(tp): off for tp, off in self.start_begin.items()},
+            {tp_key(tp): off for tp, off in self.start_end.items()},
         )
 
     def seek(self, offsets: dict[str, int]) -> None:
@@ -423,7 +428,7 @@ class AssignedConsumer:
         :meth:`catch_up` (e.g. to resume from a checkpoint's offsets).
         """
         for tp in self.partitions:
-            off = offsets.get(f"{tp.topic}:{tp.partition}")
+            off = offsets.get(tp_key(tp))
             if off is not None:
                 self._kc.seek(tp, off)
 
@@ -529,13 +534,17 @@ class AssignedConsumer:
         stable offset: the consumer reads committed records only). Raises ``KafkaError`` when the broker
         does not answer within ``deadline_s``."""
         ends = self._kc.end_offsets(self.partitions, timeout_ms=int(deadline_s * 1000))
-        return {f"{tp.topic}:{tp.partition}": off for tp, off in ends.items()}
+        return {tp_key(tp): off for tp, off in ends.items()}
 
     def positions(self) -> dict[str, int]:
         """Each partition's next offset to read, ``"topic:partition"`` -> offset, as far as known without
         waiting on the broker (past the records polls returned, and past transaction markers)."""
+        return {tp_key(tp): off for tp, off in self._known_positions().items()}
+
+    def _known_positions(self) -> dict[Any, int]:
+        """Each partition's position known now (asked without waiting on the broker); unknown ones left out."""
         known = {tp: self._kc.position(tp, timeout_ms=0) for tp in self.partitions}
-        return {f"{tp.topic}:{tp.partition}": off for tp, off in known.items() if off is not None}
+        return {tp: off for tp, off in known.items() if off is not None}
 
     def caught_up(self) -> bool:
         """True once every partition's position reached its end offset at start."""
@@ -552,10 +561,9 @@ class AssignedConsumer:
         from kafka.structs import OffsetAndMetadata
 
         if offsets is None:
-            known = {tp: self._kc.position(tp, timeout_ms=0) for tp in self.partitions}
-            pos = {tp: off for tp, off in known.items() if off is not None}
+            pos = self._known_positions()
         else:
-            pos = {tp: offsets[k] for tp in self.partitions if (k := f"{tp.topic}:{tp.partition}") in offsets}
+            pos = {tp: offsets[k] for tp in self.partitions if (k := tp_key(tp)) in offsets}
         self._kc.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in pos.items()})
 
     def close(self) -> None:
