@@ -387,7 +387,9 @@ def end_offsets(bootstrap: str, keys: list[str]) -> dict[str, int]:
     """
     from kafka import TopicPartition
 
-    tps = {k: TopicPartition(k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1])) for k in keys}
+    from apportion.bus.reader import tp_of_key
+
+    tps = {k: TopicPartition(*tp_of_key(k)) for k in keys}
     ends = _ask(bootstrap, lambda kc: kc.end_offsets(list(tps.values()))) if tps else {}
     return {k: int(ends.get(tp, 0)) for k, tp in tps.items()}
 
