@@ -229,9 +229,9 @@ def kafka_failure(exc: BaseException, bootstrap: str, doing: str) -> NoReturn:
     (an ``...AuthorizationFailedError``) is a refusal, exit 1, reason ``not_authorized``; anything else means the
     stack is unreachable, exit 3."""
     if type(exc).__name__.endswith("AuthorizationFailedError"):
-        from apportion.bus.security import _setting
+        from apportion.bus.security import kafka_user
 
-        who = _setting("APPORTION_KAFKA_USER") or "the anonymous principal"
+        who = kafka_user() or "the anonymous principal"
         refuse(
             f"refused: not authorized: the broker's ACLs do not let {who} {doing} it ({type(exc).__name__}); "
             "see docs/security.md for who may do what",
