@@ -23,7 +23,6 @@ from apportion.domain.cluster import UNTIL_STARTED
 from apportion.domain.dispatch import (
     DispatchConfig,
     DispatchState,
-    completed_before_loss_events,
     decide,
     evolve,
     hold_answered,
@@ -60,10 +59,8 @@ def recover(state: DispatchState, log: Sequence[Event], now_us: Micros, cfg: Dis
     and ``JobLost`` (a start refused by an agent that restarted while no
     leader ran is undone and the job requeued), for a ``JobCancelRequested``
     whose job is still active once the log is folded (sent while no leader ran:
-    it is carried out now, not lost), for a hold or release request no
-    verdict answers yet, and for a job whose lost run's reports show it had finished
-    while its next attempt runs (rule D3.completed-before-loss: that attempt is
-    stopped and cancelled). Decision ids are deterministic, so if the old
+    it is carried out now, not lost), and for a hold or release request no
+    verdict answers yet. Decision ids are deterministic, so if the old
     leader's decision did reach the log after all, readers de-duplicate.
 
     Args:
@@ -92,12 +89,6 @@ def recover(state: DispatchState, log: Sequence[Event], now_us: Micros, cfg: Dis
             out.extend(_decide_folded(state, ev, now_us, cfg))  # JobCancelled ends the job: decided once
         elif isinstance(ev, (JobHoldRequested, JobReleaseRequested)) and not hold_answered(state, ev):
             out.extend(_decide_folded(state, ev, now_us, cfg))  # answered once: its verdict's id is the request's
-    done = sorted(j for j, rec in state.jobs.items() if rec.lost is not None and not rec.lost.replicas_left)
-    for job_id in done:  # the report was folded, the old leader died before its verdict reached the log
-        new = completed_before_loss_events(state, job_id, from_us(now_us), cfg.producer)
-        for e in new:
-            evolve(state, e)
-        out += new
     return out
 
 

@@ -188,21 +188,3 @@ def test_the_loss_survives_a_snapshot_of_the_state() -> None:
     assert restored.jobs["j"].lost == state.jobs["j"].lost == LostRun(1, L, frozenset({0}))
     assert step(restored, completed(T0 + 20 * S), L + 5 * S, CFG) == []
     assert "j" not in restored.jobs and restored.finished["j"] == T0 + 20 * S
-
-
-def test_a_new_leader_ends_the_attempt_its_predecessor_read_the_report_for_but_did_not_stop() -> None:
-    """The leader folded the report (after attempt 2's placement) and died before its verdict reached the log:
-    its successor's rebuild stops and cancels attempt 2; a rebuild of the log with that verdict decides nothing."""
-    from services.dispatcher.logic import recover
-
-    state, log = lost_and_requeued()
-    log += step(state, Tick(L + S), L + S, CFG)  # attempt 2 placed on n2
-    log.append(completed(T0 + 20 * S))
-    fresh = DispatchState(TREE)
-    out = recover(fresh, log, L + 5 * S, CFG)
-    assert endings(out) == [
-        ("StopWorkload", 2, "n2", 0.0, "completed_before_loss"),
-        ("JobCancelled", 2, None, None, "completed_before_loss"),
-    ]
-    assert "j" not in fresh.jobs and fresh.finished["j"] == L + 5 * S
-    assert recover(DispatchState(TREE), [*log, *out], L + 6 * S, CFG) == []
