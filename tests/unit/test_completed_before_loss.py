@@ -188,3 +188,35 @@ def test_the_loss_survives_a_snapshot_of_the_state() -> None:
     assert restored.jobs["j"].lost == state.jobs["j"].lost == LostRun(1, L, frozenset({0}))
     assert step(restored, completed(T0 + 20 * S), L + 5 * S, CFG) == []
     assert "j" not in restored.jobs and restored.finished["j"] == T0 + 20 * S
+
+
+@pytest.mark.parametrize(
+    ("stamp", "finished"),
+    [(T0 + 10 * S, True), (T0 + 12 * S, False)],
+    ids=["a completion stamped before the preemption finishes the job", "one between preemption and loss does not"],
+)
+def test_a_run_preempted_then_lost_counts_only_completions_before_its_preemption(stamp: Micros, finished: bool) -> None:
+    """j (placed at T0 on n0, no heartbeat timeout) is preempted at P = T0 + 10 s (drain, grace 30 s); its agent
+    reports it lost at T0 + 15 s, within the grace: requeued at once. A completion stamped after the preemption
+    may be the workload's answer to SIGTERM, so only one stamped at or before P shows the work was done."""
+    cfg = DispatchConfig(heartbeat_timeout_s=None)
+    state = DispatchState(TREE)
+    for e in (reg("n0"), submitted("j", budget="lab/b", gpus=4, min_runtime_s=0)):
+        step(state, e, T0, cfg)
+    step(state, Tick(T0), T0, cfg)
+    preempted = ev.JobPreempted(
+        job_id="j", attempt=1, budget="lab/b", allocated=False, reason="drain", ts=from_us(T0 + 10 * S),
+        event_id=ev.det_id("preempted"),
+    )  # fmt: skip
+    step(state, preempted, T0 + 10 * S, cfg)
+    lost = ev.JobLost(
+        job_id="j", attempt=1, node_id="n0", charged_until=from_us(T0 + 14 * S), ts=from_us(T0 + 15 * S),
+        producer="node-agent", event_id=ev.det_id("agent-lost"),
+    )  # fmt: skip
+    assert types(step(state, lost, T0 + 15 * S, cfg)) == ["JobRequeued:j"]
+    assert state.jobs["j"].lost == LostRun(1, T0 + 10 * S, frozenset({0}))
+    assert step(state, completed(stamp), T0 + 16 * S, cfg) == []
+    if finished:
+        assert "j" not in state.jobs and state.finished["j"] == stamp
+    else:
+        assert (state.jobs["j"].attempt, state.jobs["j"].status, state.jobs["j"].lost) == (2, "pending", None)
