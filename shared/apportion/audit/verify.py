@@ -561,9 +561,12 @@ def fold_order(
     ``lost_at``: ``(job_id, attempt) ->`` event time (µs) of the dispatcher's own ``JobLost`` of that run. A
     ``JobCompleted`` of such a run stamped at or before the loss was not folded when the dispatcher lost
     the run (folded, it would have ended the run, and there would be nothing to lose), so it comes after
-    the dispatcher's requeue of that run, or after its placement of the next attempt when the log holds one
-    (folded while the next attempt waited, it finishes the job, rule D3.completed-before-loss, and the
-    dispatcher would not have placed it): where the dispatcher folded it, whatever its event time.
+    the loss; after the dispatcher's requeue of that run when the log holds one; after its placement of
+    the next attempt when the log holds one (rule D3.completed-before-loss: read while a gang's survivors
+    stopped or the next attempt waited, the last of them would have finished the job, and the dispatcher
+    would not have placed it; read after, it stopped that attempt): where the dispatcher folded it,
+    whatever its event time. Before the requeue, while the survivors stop, such reports only count the
+    replicas that had finished, as they do after it.
     """
     first: list[LogRecord] = []
     rest = list(own)
@@ -573,15 +576,18 @@ def fold_order(
     first.sort(key=own_key)
     keyed = [(own_key(r), r) for r in rest]
     requeued: dict[tuple[str, int], tuple] = {}
-    replaced: dict[tuple[str, int], tuple] = {}  # a lost run -> its requeue, or the next attempt's placement
+    replaced: dict[tuple[str, int], tuple] = {}  # a lost run -> its loss, its requeue, or the next placement
     if preempted_at or lost_at:
         for k, r in keyed:
             ev = _ev(r)
             if isinstance(ev, events.JobRequeued):
                 requeued[(ev.job_id, ev.attempt - 1)] = k
-                replaced.setdefault((ev.job_id, ev.attempt - 1), k)
+                if replaced.get((ev.job_id, ev.attempt - 1), (None, "lost"))[-1] == "lost":
+                    replaced[(ev.job_id, ev.attempt - 1)] = (*k, "requeued")
             elif isinstance(ev, events.JobPlaced) and ev.attempt > 1:
-                replaced[(ev.job_id, ev.attempt - 1)] = k
+                replaced[(ev.job_id, ev.attempt - 1)] = (*k, "placed")
+            elif isinstance(ev, events.JobLost):
+                replaced.setdefault((ev.job_id, ev.attempt), (*k, "lost"))
 
     def key_of(r: LogRecord) -> tuple:
         k = polled_key(r)
@@ -595,7 +601,7 @@ def fold_order(
             last = replaced.get(run)
             lost = lost_at.get(run) if lost_at is not None else None
             if last is not None and lost is not None and to_us(ev.ts) <= lost:
-                return (*last, k)  # after the requeue (and a placement) it cannot have preceded
+                return (*last[:-1], k)  # after the loss, its requeue or a placement it cannot have preceded
         return k
 
     merged = sorted(keyed + [(key_of(r), r) for r in polled], key=lambda kr: kr[0])

@@ -229,9 +229,9 @@ def kafka_failure(exc: BaseException, bootstrap: str, doing: str) -> NoReturn:
     (an ``...AuthorizationFailedError``) is a refusal, exit 1, reason ``not_authorized``; anything else means the
     stack is unreachable, exit 3."""
     if type(exc).__name__.endswith("AuthorizationFailedError"):
-        from apportion.bus.security import _setting
+        from apportion.bus.security import kafka_user
 
-        who = _setting("APPORTION_KAFKA_USER") or "the anonymous principal"
+        who = kafka_user() or "the anonymous principal"
         refuse(
             f"refused: not authorized: the broker's ACLs do not let {who} {doing} it ({type(exc).__name__}); "
             "see docs/security.md for who may do what",
@@ -387,7 +387,9 @@ def end_offsets(bootstrap: str, keys: list[str]) -> dict[str, int]:
     """
     from kafka import TopicPartition
 
-    tps = {k: TopicPartition(k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1])) for k in keys}
+    from apportion.bus.reader import tp_of_key
+
+    tps = {k: TopicPartition(*tp_of_key(k)) for k in keys}
     ends = _ask(bootstrap, lambda kc: kc.end_offsets(list(tps.values()))) if tps else {}
     return {k: int(ends.get(tp, 0)) for k, tp in tps.items()}
 
