@@ -39,7 +39,7 @@ from services.node_agent.sandbox import (
     cgroups,
     child_setup,
     device_rules,
-    login_uid_min,
+    login_uid_range,
     own_dir,
     protect,
 )
@@ -518,7 +518,8 @@ REFUSALS = [
     ("no user named", None, "no_account: the start names no user on node n1"),
     ("no such account", "apportion-u-nobody", "no_account: no Unix account 'apportion-u-nobody' for user 'apportion-u-nobody' on node n1"),
     ("root", "root", "no_account: account 'root' of user 'root' has uid or gid 0 on node n1"),
-    ("system account", "daemon", f"no_account: account 'daemon' of user 'daemon' is a system account (uid {pwd.getpwnam('daemon').pw_uid}, below UID_MIN {login_uid_min()}) that the account map does not name on node n1"),
+    ("system account", "daemon", f"no_account: account 'daemon' of user 'daemon' is a system account (uid {pwd.getpwnam('daemon').pw_uid}, below UID_MIN {login_uid_range()[0]}) that the account map does not name on node n1"),
+    ("above UID_MAX", "nobody", f"no_account: account 'nobody' of user 'nobody' is a system account (uid 65534, above UID_MAX {login_uid_range()[1]}) that the account map does not name on node n1"),
 ]  # fmt: skip
 
 
@@ -568,23 +569,37 @@ def test_a_system_account_runs_jobs_only_when_the_account_map_names_it():
     assert isinstance(Accounts({}, agent_uid=0, uid_min=daemon.pw_uid).resolve("daemon"), logic.Account)
 
 
+def test_nobody_above_uid_max_runs_jobs_only_when_the_account_map_names_it():
+    """``nobody`` (uid 65534, above UID_MAX: the overflow and NFS anonymous uid that daemons run as) is a
+    system account too: a user named ``nobody`` does not get its uid (a job there could signal or read what
+    those daemons own); ops may still map a user to it."""
+    nobody = pwd.getpwnam("nobody")
+    assert nobody.pw_uid == 65534
+    refusal = "account 'nobody' of user 'nobody' is a system account (uid 65534, above UID_MAX 60000) that the account map does not name"
+    assert Accounts({}, agent_uid=0, uid_min=1000, uid_max=60000).resolve("nobody") == refusal
+    got = Accounts({"anon": "nobody"}, agent_uid=0, uid_min=1000, uid_max=60000).resolve("anon")
+    assert isinstance(got, logic.Account) and (got.name, got.uid) == ("nobody", 65534)
+    assert isinstance(Accounts({}, agent_uid=0, uid_min=1000, uid_max=65534).resolve("nobody"), logic.Account)
+
+
 LOGIN_DEFS = [
-    # id, /etc/login.defs text (None: no file), UID_MIN
-    ("set", "UID_MIN\t\t\t 500\nUID_MAX 60000\n", 500),
-    ("commented out", "#UID_MIN 500\n", 1000),
-    ("last one counts", "UID_MIN 500\nUID_MIN 2000 # later\n", 2000),
-    ("not a number", "UID_MIN lots\n", 1000),
-    ("not set", "SYS_UID_MIN 100\n", 1000),
-    ("no file", None, 1000),
+    # id, /etc/login.defs text (None: no file), (UID_MIN, UID_MAX)
+    ("set", "UID_MIN\t\t\t 500\nUID_MAX 60000\n", (500, 60000)),
+    ("max set", "UID_MAX\t\t29999\n", (1000, 29999)),
+    ("commented out", "#UID_MIN 500\n#UID_MAX 100\n", (1000, 60000)),
+    ("last one counts", "UID_MIN 500\nUID_MIN 2000 # later\nUID_MAX 7\nUID_MAX 9000\n", (2000, 9000)),
+    ("not a number", "UID_MIN lots\nUID_MAX -1\n", (1000, 60000)),
+    ("not set", "SYS_UID_MIN 100\nSYS_UID_MAX 999\n", (1000, 60000)),
+    ("no file", None, (1000, 60000)),
 ]
 
 
-@pytest.mark.parametrize("case_id,text,uid_min", LOGIN_DEFS, ids=[c[0] for c in LOGIN_DEFS])
-def test_login_uid_min(tmp_path, case_id, text, uid_min):
+@pytest.mark.parametrize("case_id,text,uids", LOGIN_DEFS, ids=[c[0] for c in LOGIN_DEFS])
+def test_login_uid_range(tmp_path, case_id, text, uids):
     path = tmp_path / "login.defs"
     if text is not None:
         path.write_text(text)
-    assert login_uid_min(path) == uid_min
+    assert login_uid_range(path) == uids
 
 
 def test_limits_per_gpu():
