@@ -98,7 +98,8 @@ class NodeAgentSettings(ServiceSettings):
         sandbox_cpu_weight_per_gpu: CPU weight of a replica per GPU it holds (cgroup v2 scale, 100 = one
             ordinary process; v1 ``cpu.shares`` = weight * 1024 / 100).
         sandbox_pids_max: most processes and threads in one replica.
-        job_path, job_lang: ``PATH`` and ``LANG`` of a process unless its job's ``env`` sets them.
+        job_path, job_lang: ``PATH`` of every process (a submission may not set it: ``RESERVED_ENV``) and ``LANG``
+            unless its job's ``env`` sets it.
         idle_after_s: event seconds a running replica's GPUs stay idle (below 1% in every heartbeat's sample)
             before its heartbeat reports it ``idle`` (``RunningWorkload.idle``).
         gpu_device_files: the device files of a declared (simulated) inventory's GPUs, in index order (NVML
