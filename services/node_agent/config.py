@@ -48,7 +48,8 @@ class NodeAgentSettings(ServiceSettings):
         heartbeat_interval_s: event seconds between heartbeats.
         heartbeat_min_wall_s: minimum wall seconds between heartbeats.
         state_dir: where the run journal lives; default a per-agent
-            temporary directory (:meth:`data_dir`), so a restarted agent keeps
+            temporary directory (:meth:`data_dir`; the agent starts only when that
+            one is its own: ``sandbox.private_dir``), so a restarted agent keeps
             its runs, its newest fencing token and its ended replicas. Point it
             at persistent storage (``/var/lib/apportion``) on a real node.
         memory_journal: keep the journal in memory only (tests, throwaway

@@ -190,6 +190,37 @@ def own_dir(path: str, account: Account | None) -> None:
         os.close(fd)
 
 
+def private_dir(path: Path) -> None:
+    """Make directory ``path`` (mode 0700) unless it exists; one that exists must be a directory (a link at the
+    name is not followed) of the agent's own uid that neither group nor others may write.
+
+    For a directory at a name anyone could have taken first (the default state directory in the shared
+    temporary directory): a local account that made it, or planted a link there, would otherwise have the
+    agent (root) write its journal, or change the mode of its job roots, through links of that account's
+    choosing, and could swap the journal for one naming other processes to kill.
+
+    Raises:
+        OSError: it cannot be made, it is not a directory, it belongs to another uid, or group or others may
+            write it (the message says which, and how to go on).
+    """
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(errno.ENOTDIR, "not a directory (a link there is not followed): remove it", str(path))
+    if st.st_uid != os.geteuid():
+        raise OSError(
+            errno.EPERM,
+            f"belongs to uid {st.st_uid}, not to the agent's uid {os.geteuid()}: another account made it; "
+            "remove it, or set --state-dir to a directory of the agent's own",
+            str(path),
+        )
+    if st.st_mode & 0o022:
+        raise OSError(errno.EPERM, f"mode {stat.S_IMODE(st.st_mode):04o}: group or others may write it", str(path))
+
+
 def protect(path: Path | str | None, dir_mode: int = 0o700) -> None:
     """Take every permission of group and others from ``path`` (a file: 0600 at most; a directory: ``dir_mode``,
     and each file directly in it 0600 at most). Missing: nothing to do. A file that cannot be changed (a

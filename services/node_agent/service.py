@@ -85,6 +85,7 @@ from services.node_agent.sandbox import (
     cgroups,
     child_setup,
     own_dir,
+    private_dir,
     protect_agent_files,
 )
 from services.node_agent.store import Journal, Orphan
@@ -415,6 +416,8 @@ class NodeAgent:
             group_commit: journal and report per poll of commands (the caller closes each group before it
                 commits the poll: :meth:`end_group`).
         """
+        if settings.state_dir is None:  # the temporary default, at a name another account could take first
+            private_dir(settings.data_dir())
         journal = Journal(settings.journal_path())  # makes the state directory, which is protected next
         protect_agent_files(
             agent_secrets(settings),

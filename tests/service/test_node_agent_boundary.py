@@ -409,6 +409,68 @@ while sys.argv[2:] == ["wait"] and not os.path.exists("go"):
 """
 
 
+DEFAULT_STATE_DIRS = [
+    # id, how eve (or a careless root) left the default state directory's name, the refusal
+    ("eve's directory with links at the journal and the checkpoint root", "eve", "belongs to uid"),
+    ("a link at the directory's name to a directory of root's", "link", "not a directory"),
+    ("root's, but anyone may write it", "0777", "mode 0777: group or others may write it"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case_id,planted,refusal", DEFAULT_STATE_DIRS, ids=[c[0] for c in DEFAULT_STATE_DIRS])
+def test_a_default_state_directory_taken_first_by_another_account_is_refused(
+    job_accounts, shared_dir, monkeypatch, case_id, planted, refusal
+):
+    """Without ``--state-dir`` the agent's state directory is a fixed name in the shared temporary directory,
+    where any account can make it first. Eve makes it (mode 0777) with links at the journal's name to a file
+    of root's and at the checkpoint root's name to a directory of root's: the agent, root, would write the
+    journal into that file and make that directory 0711. It refuses to start instead, and neither changes."""
+    import tempfile
+
+    eve = job_accounts[EVE]
+    tmp = shared_dir / "tmp"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    data = NodeAgentSettings(node_id="n1").data_dir()
+    assert data.parent == tmp
+    victim, target = shared_dir / "victim", shared_dir / "target"
+    victim.write_text("root's\n")
+    victim.chmod(0o644)
+    target.mkdir(mode=0o755)
+    if planted == "link":
+        data.symlink_to(target)
+    else:
+        data.mkdir()
+        data.chmod(0o777)
+        if planted == "eve":
+            for name, to in (("n1.journal", victim), ("checkpoints", target)):
+                (data / name).symlink_to(to)
+                os.lchown(data / name, eve.pw_uid, eve.pw_gid)
+            os.chown(data, eve.pw_uid, eve.pw_gid)
+    with pytest.raises(OSError, match=refusal):
+        Node(shared_dir, monkeypatch, state_dir=None)
+    assert victim.read_text() == "root's\n" and (victim.stat().st_mode & 0o777) == 0o644
+    assert (target.stat().st_mode & 0o777) == 0o755 and list(target.iterdir()) == []
+
+
+async def test_a_default_state_directory_is_made_the_agents_own(job_accounts, shared_dir, monkeypatch):
+    """Absent, the default state directory is made by the agent: root's, passable by the job accounts only."""
+    import tempfile
+
+    tmp = shared_dir / "tmp"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    node = Node(shared_dir, monkeypatch, state_dir=None)
+    try:
+        st = (tmp / "apportion-node-agent-n1").lstat()
+        assert (st.st_uid, oct(st.st_mode & 0o7777)) == (0, "0o711")
+        assert node.ckpt == tmp / "apportion-node-agent-n1" / "checkpoints"
+    finally:
+        await node.close()
+
+
 async def test_a_jobs_tmp_is_its_own_and_gone_after_it(job_accounts, shared_dir, monkeypatch):
     """Alice's job writes a file to ``/tmp``, ``/dev/shm`` and its ``TMPDIR``; while it runs, eve's job sees
     none of them (``ENOENT``), nor does the node's ``/tmp``; each sees in its ``/tmp`` only its own file and
