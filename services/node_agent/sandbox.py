@@ -221,6 +221,28 @@ def private_dir(path: Path) -> None:
         raise OSError(errno.EPERM, f"mode {stat.S_IMODE(st.st_mode):04o}: group or others may write it", str(path))
 
 
+def not_world_writable(path: Path, setting: str) -> None:
+    """Refuse a configured directory of the agent (``setting`` names it) that everyone may write: a shared
+    temporary or scratch directory (``/tmp``, mode 1777). The agent would make it 0700 or 0711 (its state
+    directory, a job root), taking it from every other user of the node, and keep its journal or the jobs'
+    directories where any account can take their names first. Missing: nothing to check (it is made 0700).
+
+    Raises:
+        OSError: ``EPERM``, the mode and the setting to change in the message.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    if st.st_mode & 0o002:
+        raise OSError(
+            errno.EPERM,
+            f"mode {stat.S_IMODE(st.st_mode):04o}: anyone may write it (a shared temporary directory?); "
+            f"set {setting} to a directory of the agent's own",
+            str(path),
+        )
+
+
 def protect(path: Path | str | None, dir_mode: int = 0o700) -> None:
     """Take every permission of group and others from ``path`` (a file: 0600 at most; a directory: ``dir_mode``,
     and each file directly in it 0600 at most). Missing: nothing to do. A file that cannot be changed (a

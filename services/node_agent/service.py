@@ -84,6 +84,7 @@ from services.node_agent.sandbox import (
     Sandbox,
     cgroups,
     child_setup,
+    not_world_writable,
     own_dir,
     private_dir,
     protect_agent_files,
@@ -416,6 +417,13 @@ class NodeAgent:
             group_commit: journal and report per poll of commands (the caller closes each group before it
                 commits the poll: :meth:`end_group`).
         """
+        for configured, setting in (
+            (settings.state_dir, "--state-dir"),
+            (settings.checkpoint_root, "--checkpoint-root"),
+            (settings.job_log_dir, "--job-log-dir"),
+        ):
+            if configured is not None:
+                not_world_writable(configured, setting)
         if settings.state_dir is None:  # the temporary default, at a name another account could take first
             private_dir(settings.data_dir())
         journal = Journal(settings.journal_path())  # makes the state directory, which is protected next

@@ -454,6 +454,28 @@ def test_a_default_state_directory_taken_first_by_another_account_is_refused(
     assert (target.stat().st_mode & 0o777) == 0o755 and list(target.iterdir()) == []
 
 
+WORLD_WRITABLE = [
+    ("state_dir", "--state-dir"),
+    ("checkpoint_root", "--checkpoint-root"),
+    ("job_log_dir", "--job-log-dir"),
+]
+
+
+@pytest.mark.parametrize("field,flag", WORLD_WRITABLE, ids=[c[0] for c in WORLD_WRITABLE])
+def test_a_shared_scratch_directory_configured_for_the_agent_is_refused_and_left_as_it_is(
+    shared_dir, monkeypatch, field, flag
+):
+    """Ops point a setting at the node's shared scratch (mode 1777, as ``/tmp``): the agent would make it 0700
+    or 0711, shutting every other user out of it, and keep its journal or the jobs' directories where anyone
+    can take their names first. It refuses to start, the setting named, and the directory keeps its mode."""
+    scratch = shared_dir / "scratch"
+    scratch.mkdir()
+    scratch.chmod(0o1777)
+    with pytest.raises(OSError, match=f"mode 1777: anyone may write it .*set {flag} to a directory"):
+        Node(shared_dir, monkeypatch, **{field: scratch})
+    assert oct(scratch.stat().st_mode & 0o7777) == "0o1777"
+
+
 async def test_a_default_state_directory_is_made_the_agents_own(job_accounts, shared_dir, monkeypatch):
     """Absent, the default state directory is made by the agent: root's, passable by the job accounts only."""
     import tempfile
