@@ -29,7 +29,16 @@ from typing import Annotated, Any
 import typer
 
 from apportion import events
-from apportion.cli.common import _checked, _print_json, _require_topics, check_budget_filter, fail, json_option, refuse
+from apportion.cli.common import (
+    _checked,
+    _print_json,
+    _require_topics,
+    check_budget_filter,
+    err,
+    fail,
+    json_option,
+    refuse,
+)
 from apportion.jobdirs import job_dir_name
 from apportion.settings import topic_name
 
@@ -500,8 +509,26 @@ def output_files(folder: Path, replica: int, stream: str) -> dict[int, Path]:
     return out
 
 
-def read_output(path: Path) -> str:
-    """The text of a job's output file, read without following a link or waiting on a FIFO.
+#: What ``apportion logs`` shows of an output file by default: its last MiB (a job's file can be of any size,
+#: sparse ones of terabytes included, and is never read whole into memory).
+TAIL_BYTES = 1 << 20
+#: The chunk ``logs --all`` copies the file in.
+CHUNK_BYTES = 1 << 16
+
+
+@dataclass(frozen=True)
+class OutputTail:
+    """The end of an output file that :func:`read_output` read: ``text`` begins at byte ``offset`` of a file of
+    ``size`` bytes; ``cut`` when bytes before it (or lines, with a line limit) were left out."""
+
+    text: str
+    size: int
+    offset: int
+    cut: bool
+
+
+def open_output(path: Path) -> Any:
+    """A job's output file opened for reading (binary), without following a link or waiting on a FIFO.
 
     The directory is the job's, so what lies at the name is the job's choice, and it may change it after
     :func:`output_files` looked: a symbolic link (to ``/etc/shadow``, read by root's ``apportion logs``), a hard
@@ -511,13 +538,50 @@ def read_output(path: Path) -> str:
         OSError: not a regular file with one link (``strerror`` says which), or it cannot be opened.
     """
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        if st.st_nlink != 1:
-            raise OSError(errno.EPERM, f"it has {st.st_nlink} links (a hard link)", str(path))
-        return f.read().decode(errors="replace")
+    f = os.fdopen(fd, "rb")
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        f.close()
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    if st.st_nlink != 1:
+        f.close()
+        raise OSError(errno.EPERM, f"it has {st.st_nlink} links (a hard link)", str(path))
+    return f
+
+
+def read_output(path: Path, *, max_bytes: int = TAIL_BYTES, lines: int | None = None) -> OutputTail:
+    """The end of a job's output file (:func:`open_output`): its last ``max_bytes`` bytes, and of those the last
+    ``lines`` lines when given; at most ``max_bytes`` are read, whatever the file's size.
+
+    Raises:
+        OSError: as :func:`open_output`.
+    """
+    with open_output(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        offset = max(0, size - max_bytes)
+        f.seek(offset)
+        data = f.read(max_bytes)
+    if lines is not None:
+        keep = data.splitlines(keepends=True)[-lines:] if lines > 0 else []
+        dropped = len(data) - sum(map(len, keep))
+        offset, data = offset + dropped, data[dropped:]
+    return OutputTail(data.decode(errors="replace"), size, offset, offset > 0)
+
+
+def copy_output(path: Path, out: Any) -> int:
+    """Copy a whole output file (:func:`open_output`) to the binary stream ``out`` in chunks of
+    :data:`CHUNK_BYTES`; returns the bytes copied.
+
+    Raises:
+        OSError: as :func:`open_output`.
+    """
+    n = 0
+    with open_output(path) as f:
+        while chunk := f.read(CHUNK_BYTES):
+            out.write(chunk)
+            n += len(chunk)
+    out.flush()
+    return n
 
 
 def logs(
@@ -531,18 +595,31 @@ def logs(
             "--dir", help="The node agent's job log directory (default: APPORTION_JOB_LOG_DIR or the stack's)."
         ),
     ] = None,
+    tail_bytes: Annotated[
+        int, typer.Option("--bytes", "-c", min=1, help="Show at most the last N bytes (default 1 MiB).")
+    ] = TAIL_BYTES,
+    lines: Annotated[
+        int | None, typer.Option("--lines", "-n", min=0, help="Show the last N lines (of the last --bytes).")
+    ] = None,
+    whole: Annotated[bool, typer.Option("--all", help="The whole file, copied in chunks (not with --json).")] = False,
     as_json: Annotated[bool, json_option("Print JSON for scripts: the file, its attempts, the text.")] = False,
 ) -> None:
     """A job's output: the stdout (or stderr) file the node agent writes per attempt and replica.
 
-    Exit 1 when the job has no output there (never ran on this machine's agent, or another directory);
-    with --json the refusal is a ``{"ok": false, ...}`` object on stdout too. --json on success:
-    ``{"ok": true, "job_id", "attempt", "attempts", "replica", "stream", "path", "text"}``.
+    Shows the file's last MiB (--bytes N, and --lines N of those), with a note on stderr when the start was
+    left out; --all copies the whole file. Exit 1 when the job has no output there (never ran on this machine's
+    agent, or another directory); with --json the refusal is a ``{"ok": false, ...}`` object on stdout too.
+    --json on success: ``{"ok": true, "job_id", "attempt", "attempts", "replica", "stream", "path", "text",
+    "size", "offset", "cut"}`` (``text`` begins at byte ``offset`` of the ``size`` bytes).
     """
     import sys
 
     from apportion.settings import stack_env
 
+    if whole and as_json:
+        fail("--all copies the whole file to stdout; with --json give --bytes N (the last N bytes) instead")
+    if whole and lines is not None:
+        fail("--all and --lines exclude each other")
     base = log_dir or (
         Path(os.environ["APPORTION_JOB_LOG_DIR"])
         if os.environ.get("APPORTION_JOB_LOG_DIR")
@@ -574,7 +651,10 @@ def logs(
             attempts=sorted(by_attempt),
         )
     try:
-        text = read_output(by_attempt[pick])
+        if whole:
+            copy_output(by_attempt[pick], sys.stdout.buffer)
+            return
+        tail = read_output(by_attempt[pick], max_bytes=tail_bytes, lines=lines)
     except OSError as exc:
         refuse(
             f"job {job_id}'s output {by_attempt[pick]} is not read: {exc.strerror}",
@@ -593,11 +673,21 @@ def logs(
                 "replica": replica,
                 "stream": "stderr" if stderr else "stdout",
                 "path": str(by_attempt[pick]),
-                "text": text,
+                "text": tail.text,
+                "size": tail.size,
+                "offset": tail.offset,
+                "cut": tail.cut,
             }
         )
         return
-    sys.stdout.write(text)
+    if tail.cut:
+        err.print(
+            f"note: output cut: the last {tail.size - tail.offset:,} of {tail.size:,} bytes shown "
+            "(--bytes N or --lines N for another tail, --all for the whole file)",
+            highlight=False,
+            soft_wrap=True,
+        )
+    sys.stdout.write(tail.text)
 
 
 def register(app: typer.Typer) -> None:
