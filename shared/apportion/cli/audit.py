@@ -468,8 +468,9 @@ def verify_cmd(
 
     Exit code 1 on any mismatch; each is reported with the first offset where it appears.
     The read-model check is skipped with --no-redis (default with --from-file).
-    Records the services refused (dead-lettered, or forged requests the dispatcher rejected) are listed as
-    refused attacks, by reason: the stack working, not a mismatch (--json: ``refused_attacks``).
+    Records the services refused (dead-lettered, or requests the dispatcher rejected for who sent them) are
+    listed by what the refusal makes of them (a forgery, a refused request such as another user's job to
+    cancel, invalid input) and by reason: the stack working, not a mismatch (--json: ``refused_attacks``).
     """
     from apportion.audit.verify import read_models_from_redis, verify
 
@@ -513,23 +514,69 @@ def verify_cmd(
         raise typer.Exit(1)
 
 
-def _print_refused(rep: Any) -> None:
-    """The refused-attacks section of ``audit verify``: the count by reason, then the first few, one a row."""
-    summary = rep.refused_summary()
-    _out().print(
-        f"refused attacks: {summary['count']} ({counts_text(summary['by_reason'])})", highlight=False, soft_wrap=True
+#: How ``audit verify`` names the kinds of refusal (:func:`apportion.audit.verify.refusal_kind`): one, many.
+_KIND_WORDS = {
+    "forgery": ("forgery", "forgeries"),
+    "refused request": ("refused request", "refused requests"),
+    "invalid input": ("invalid record", "invalid records"),
+}
+
+
+def refused_line(summary: dict[str, Any]) -> str:
+    """The count line of ``audit verify``'s refused records, by what the refusal makes of each (a forgery, a
+    refused request, invalid input) with its reasons: ``refused by the services: 2 (1 forgery:
+    unauthenticated_node 1; 1 refused request: not_owner 1)``."""
+    from apportion.audit.verify import refusal_kind
+
+    if not summary["count"]:
+        return "refused by the services: none"
+    parts = []
+    for kind, n in summary["by_kind"].items():
+        reasons = {r: c for r, c in summary["by_reason"].items() if refusal_kind(r) == kind}
+        parts.append(f"{n} {_KIND_WORDS[kind][n != 1]}: {counts_text(reasons)}")
+    return f"refused by the services: {summary['count']} ({'; '.join(parts)})"
+
+
+def refused_table(summary: dict[str, Any], width: int) -> Any:
+    """The first refused records of ``audit verify``, fitted to ``width`` columns with no cell cut
+    (:func:`apportion.cli.common.fitted_table`): offset, event time, kind, what, claims to be, refused by,
+    reason; the reason, then who refused it, whom it claims to be and the event time leave the table for a line
+    per record after it (``offset: by dispatcher; <reason>``)."""
+    from rich.console import Group
+    from rich.text import Text
+
+    from apportion.cli.common import Column, fitted_table, left_out
+
+    columns: list[Column] = [
+        ("offset", {}, lambda f: f["offset"]),
+        ("event time", {}, lambda f: f["at"][:19].replace("T", " ") if f["at"] else "-"),
+        ("kind", {}, lambda f: f["kind"]),
+        ("what", {}, lambda f: f["what"]),
+        ("claims to be", {}, lambda f: f["who"]),
+        ("refused by", {}, lambda f: ", ".join(f["by"]) + ("" if f["in_log"] else " (record not read)")),
+        ("reason", {}, lambda f: f["detail"]),
+    ]
+    rows = summary["first"]
+    t, moved = fitted_table(
+        f"refused records (not mismatches): the first {len(rows)} of {summary['count']}",
+        columns,
+        rows,
+        width,
+        ("reason", "refused by", "claims to be", "event time"),
     )
-    if not summary["first"]:
-        return
-    shown = len(summary["first"])
-    table = Table(title=f"the services refused these records (not mismatches): the first {shown} of {summary['count']}")
-    for col in ("offset", "event time", "what", "claims to be", "refused by", "reason"):
-        table.add_column(col, overflow="fold")
-    for f in summary["first"]:
-        by = ", ".join(f["by"]) + ("" if f["in_log"] else " (record not read)")
-        at = f["at"][:19].replace("T", " ") if f["at"] else "-"
-        table.add_row(f["offset"], at, f["what"], f["who"], by, f["detail"])
-    _out().print(table)
+    lines = [
+        Text.assemble((f["offset"], "bold"), ": ", "; ".join(left_out(columns, moved, f, bare=("reason",))))
+        for f in (rows if moved else ())
+    ]
+    return Group(t, *lines)
+
+
+def _print_refused(rep: Any) -> None:
+    """The refused records of ``audit verify``: the count by kind and reason, then the first few, one a row."""
+    summary = rep.refused_summary()
+    _out().print(refused_line(summary), highlight=False, soft_wrap=True)
+    if summary["first"]:
+        _out().print(refused_table(summary, _out().width))
 
 
 def whatif_cmd(
