@@ -37,6 +37,7 @@ from apportion.cli.common import (
     err,
     fail,
     json_option,
+    natural_width,
     refuse,
 )
 from apportion.jobdirs import job_dir_name
@@ -302,8 +303,8 @@ def history(
 ) -> None:
     """Finished jobs, like sacct: user, state, GPUs, wait, run time, GPU-hours, end and why it ended.
 
-    Fits 80 columns (the reason is shortened to the width left); --wide adds budget, attempts, preemptions,
-    work lost and the full end time. Built from the log (apportion.submissions and apportion.jobs); times are
+    Fits the terminal (80 columns: where a row does not fit, its reason follows the table, never cut); --wide
+    adds budget, attempts, preemptions, work lost and the full end time, every column in the table. Built from the log (apportion.submissions and apportion.jobs); times are
     event times.
     """
     from rich.console import Console
@@ -333,54 +334,58 @@ def history(
         return
     console = Console()
     if wide:  # every column whole, however wide: the terminal wraps what it cannot show
-        t = history_table(rows, wide=True, width=1 << 16)
-        Console(width=max(console.width, console.measure(t).maximum)).print(t)
+        t = history_table(rows, wide=True)
+        Console(width=max(console.width, natural_width(t))).print(t)
     else:
         console.print(history_table(rows, width=console.width))
 
 
 def history_table(rows: list[JobHistory], *, wide: bool = False, width: int = 80) -> Any:
     """The ``history`` table: by default job, user, state, GPUs, wait, run, end (``MM-DD HH:MM``) and the
-    reason, laid out for 80 columns (every cell whole but the reason, shortened with an ellipsis to the width
-    left of ``width``, the terminal's, and never below 6); ``wide`` adds budget, attempts, preemptions,
-    GPU-hours, work lost and the end with its year and seconds."""
-    from rich.table import Table
+    reason, fitted to ``width`` columns, the terminal's, with no cell cut
+    (:func:`apportion.cli.common.fitted_table`): where a row does not fit, the reason, then the end, then the
+    user leave the table for a line per job after it (``job: end 12-01 14:00; exit 1: ...``). ``wide`` adds
+    budget, attempts, preemptions, GPU-hours, work lost and the end with its year and seconds, and keeps every
+    column in the table, however wide (the terminal wraps what it cannot show)."""
+    from rich.console import Group
+    from rich.text import Text
 
-    gap = 1
-    t = Table(title=f"history ({len(rows)} finished jobs)", box=None, padding=(0, gap, 0, 0), header_style="bold")
-    cols = ["job", "user", *(["budget"] if wide else []), "state", "GPUs"]
-    cols += ["att", "pre"] if wide else []
-    cols += ["wait", "run", *(["GPU-h", "lost GPU-h"] if wide else []), "end", "reason"]
-    right = {"att", "pre", "GPU-h", "lost GPU-h", "wait", "run"}
-    table = [
-        {
-            "job": j.job_id,
-            "user": j.user,
-            "budget": j.budget,
-            "state": j.state,
-            "GPUs": f"{j.replicas}x{j.gpus_per_replica}",
-            "att": str(j.attempts),
-            "pre": str(j.preemptions),
-            "wait": _hours(j.wait_s),
-            "run": _hours(j.run_s),
-            "GPU-h": f"{j.gpu_hours:.2f}",
-            "lost GPU-h": "-" if j.lost_gpu_s is None else f"{j.lost_gpu_s / 3600:.2f}",
-            "end": j.ended_at.strftime("%Y-%m-%d %H:%M:%S" if wide else "%m-%d %H:%M") if j.ended_at else "-",
-            "reason": j.reason or "-",
-        }
-        for j in rows
+    from apportion.cli.common import Column, fitted_table, left_out
+
+    def cell(name: str, value: Any) -> Column:
+        return (
+            name,
+            {"justify": "right"} if name in {"att", "pre", "GPU-h", "lost GPU-h", "wait", "run"} else {},
+            value,
+        )
+
+    end = "%Y-%m-%d %H:%M:%S" if wide else "%m-%d %H:%M"
+    columns: list[Column] = [
+        cell("job", lambda j: j.job_id),
+        cell("user", lambda j: j.user),
+        *([cell("budget", lambda j: j.budget)] if wide else []),
+        cell("state", lambda j: j.state),
+        cell("GPUs", lambda j: f"{j.replicas}x{j.gpus_per_replica}"),
+        *([cell("att", lambda j: str(j.attempts)), cell("pre", lambda j: str(j.preemptions))] if wide else []),
+        cell("wait", lambda j: _hours(j.wait_s)),
+        cell("run", lambda j: _hours(j.run_s)),
+        *(
+            [
+                cell("GPU-h", lambda j: f"{j.gpu_hours:.2f}"),
+                cell("lost GPU-h", lambda j: "-" if j.lost_gpu_s is None else f"{j.lost_gpu_s / 3600:.2f}"),
+            ]
+            if wide
+            else []
+        ),
+        cell("end", lambda j: j.ended_at.strftime(end) if j.ended_at else "-"),
+        cell("reason", lambda j: j.reason or "-"),
     ]
-    widths = {c: max([len(c), *(len(r[c]) for r in table)]) for c in cols if c != "reason"}
-    # the one column that gives way: the reason, shortened with an ellipsis to the width the others leave
-    room = max(6, width - sum(widths.values()) - gap * (len(cols) - 1) - 1)
-    for col in cols:
-        if col == "reason":
-            t.add_column(col, overflow="ellipsis", no_wrap=True, max_width=room)
-        else:  # whole: as wide as its widest cell
-            t.add_column(col, justify="right" if col in right else "left", no_wrap=True, min_width=widths[col])
-    for r in table:
-        t.add_row(*(r[c] if c != "reason" or len(r[c]) <= room else r[c][: room - 1] + "…" for c in cols))
-    return t
+    t, moved = fitted_table(
+        f"history ({len(rows)} finished jobs)", columns, rows, width, () if wide else ("reason", "end", "user")
+    )
+    parts = [(j, left_out(columns, moved, j, bare=("reason",))) for j in (rows if moved else ())]
+    lines = [Text.assemble((j.job_id, "bold"), ": ", "; ".join(p)) for j, p in parts if p != ["-"]]
+    return Group(t, *lines)
 
 
 def _when(text: str | None, flag: str) -> datetime | None:
