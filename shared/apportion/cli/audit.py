@@ -430,13 +430,7 @@ def explain_cmd(
     if as_json:
         _print_json(ex.to_dict())
     else:
-        table = Table(title=f"job {job_id}")
-        for col in ("event time", "offset", "event", "what happened", "re-run"):
-            table.add_column(col, overflow="fold")
-        for e in ex.timeline:
-            check = "" if e.check is None else ("[green]same[/]" if e.check["match"] else "[red]DIFFERS[/]")
-            table.add_row(e.at, e.offset, e.kind, e.summary, check)
-        _out().print(table)
+        _out().print(explain_table(ex, _out().width))
         for e in ex.timeline:
             if e.check is not None and not e.check["match"]:
                 _out().print(f"[red]{e.kind} at {e.offset}:[/] " + "; ".join(e.check["diffs"]))
@@ -446,6 +440,64 @@ def explain_cmd(
             _out().print(f"at the log's end: {ex.protection}")
     if not ex.decisions_match:
         raise typer.Exit(1)
+
+
+def explain_table(ex: Any, width: int) -> Any:
+    """``audit explain``'s timeline, fitted to ``width`` columns with no cell cut
+    (:func:`apportion.cli.common.fitted_table`): step, event time (UTC), offset, event, re-run (``same`` or
+    ``DIFFERS``; empty for what is no decision) and what happened; what happened, then the offset leave the table
+    for a line per step after it (``#3: replica 0 started on n0 GPUs [0]``)."""
+    from rich.console import Group
+    from rich.text import Text
+
+    from apportion.cli.common import Column, fitted_table, left_out
+
+    steps = list(enumerate(ex.timeline, 1))
+    columns: list[Column] = [
+        ("#", {"justify": "right"}, lambda s: str(s[0])),
+        ("event time (UTC)", {}, lambda s: s[1].at[:19].replace("T", " ")),
+        ("offset", {}, lambda s: s[1].offset),
+        ("event", {}, lambda s: s[1].kind),
+        ("re-run", {}, lambda s: "" if s[1].check is None else ("same" if s[1].check["match"] else "DIFFERS")),
+        ("what happened", {}, lambda s: s[1].summary),
+    ]
+    t, moved = fitted_table(f"job {ex.job_id}", columns, steps, width, ("what happened", "offset"))
+    lines = [
+        Text.assemble((f"#{s[0]}", "bold"), ": ", "; ".join(left_out(columns, moved, s, bare=("what happened",))))
+        for s in (steps if moved else ())
+    ]
+    return Group(t, *lines)
+
+
+def mismatch_table(mismatches: list[Any], first: str, width: int) -> Any:
+    """``audit verify``'s mismatches, fitted to ``width`` columns with no cell cut
+    (:func:`apportion.cli.common.fitted_table`): check, first offset, event time, subject, difference; the
+    difference, then the subject and the event time leave the table for a line per mismatch after it
+    (``offset: difference``)."""
+    from rich.console import Group
+    from rich.text import Text
+
+    from apportion.cli.common import Column, fitted_table, left_out
+
+    columns: list[Column] = [
+        ("check", {}, lambda m: m.check),
+        ("first offset", {}, lambda m: m.offset or "-"),
+        ("event time", {}, lambda m: (m.at or "-")[:19].replace("T", " ")),
+        ("subject", {}, lambda m: m.subject),
+        ("difference", {}, lambda m: m.detail),
+    ]
+    t, moved = fitted_table(
+        f"{len(mismatches)} mismatches (first at {first})",
+        columns,
+        mismatches,
+        width,
+        ("difference", "subject", "event time"),
+    )
+    lines = [
+        Text.assemble((m.offset or m.check, "bold"), ": ", "; ".join(left_out(columns, moved, m, bare=("difference",))))
+        for m in (mismatches if moved else ())
+    ]
+    return Group(t, *lines)
 
 
 @audit_app.command("verify")
@@ -504,12 +556,8 @@ def verify_cmd(
         if rep.ok:
             _out().print("[green]OK[/]: the live state is what the log says")
         else:
-            table = Table(title=f"{len(rep.mismatches)} mismatches (first at {rep.first.offset if rep.first else '-'})")
-            for col in ("check", "first offset", "event time", "subject", "difference"):
-                table.add_column(col, overflow="fold")
-            for m in rep.mismatches:
-                table.add_row(m.check, m.offset or "-", m.at or "-", m.subject, m.detail)
-            _out().print(table)
+            first = rep.first.offset if rep.first and rep.first.offset else "-"
+            _out().print(mismatch_table(rep.mismatches, first, _out().width))
     if not rep.ok:
         raise typer.Exit(1)
 
