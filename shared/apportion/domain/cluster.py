@@ -58,6 +58,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime
 
 from apportion.domain.nodes import NODE_EVENT_TYPES, SCHEDULABLE, NodeState, node_transition
 from apportion.events import (
@@ -470,7 +471,7 @@ class ClusterState:
         "preemptions",
         "progress",
         "worked_us",
-        "_folding",
+        "_folding_ts",
     )
 
     def __init__(self) -> None:
@@ -497,7 +498,7 @@ class ClusterState:
         #: its last replica, kept until the job ends: with the run in progress, the bound of a reported
         #: progress (:func:`progress_bound_s`).
         self.worked_us: dict[str, Micros] = {}
-        self._folding: Event | None = None  # the event :meth:`apply` folds (its time ends a run)
+        self._folding_ts: datetime | None = None  # the time of the event :meth:`apply` folds (it ends a run)
 
     # ------------------------------------------------------------------ queries
 
@@ -521,7 +522,7 @@ class ClusterState:
 
     def apply(self, ev: Event) -> None:
         """Fold one event (unknown types are ignored). See the module docstring."""
-        self._folding = ev
+        self._folding_ts = ev.ts
         if isinstance(ev, JobPlaced):
             self._placed(ev)
         elif isinstance(ev, JobStarted):
@@ -732,6 +733,6 @@ class ClusterState:
             self.runs[key] = replace(run, open_replicas=left)
         else:
             del self.runs[key]
-            if self._folding is not None:
-                ran = max(0, to_us(self._folding.ts) - run.placed_at_us)
+            if self._folding_ts is not None:
+                ran = max(0, to_us(self._folding_ts) - run.placed_at_us)
                 self.worked_us[run.job_id] = self.worked_us.get(run.job_id, 0) + ran
