@@ -187,7 +187,7 @@ def fitted_table(
         for r in rows:
             t.add_row(*(Text(cell(r)) for _, _, cell in shown))
         left = [m for m in movable if m not in moved]
-        if not left or _natural_width(t) <= width:
+        if not left or natural_width(t) <= width:
             return t, moved
         moved.append(left[0])
 
@@ -198,7 +198,8 @@ def left_out(columns: Sequence[Column], moved: Sequence[str], row: Any, *, bare:
     return [cell(row) if name in bare else f"{name} {cell(row)}" for name, _, cell in columns if name in moved]
 
 
-def _natural_width(renderable: Any) -> int:
+def natural_width(renderable: Any) -> int:
+    """The width ``renderable`` takes when nothing limits it (a console's own measure stops at its width)."""
     wide = Console(width=100_000)
     return int(wide.measure(renderable).maximum)
 

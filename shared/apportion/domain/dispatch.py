@@ -529,6 +529,7 @@ class DispatchState:
         c.nodes, c.runs, c.node_runs = dict(self.cluster.nodes), dict(self.cluster.runs), dict(self.cluster.node_runs)
         c._owner = dict(self.cluster._owner)
         c.preemptions, c.progress = dict(self.cluster.preemptions), dict(self.cluster.progress)
+        c.worked_us = dict(self.cluster.worked_us)
         c._order = None
         other.cluster = c
         other.jobs = dict(self.jobs)
@@ -948,6 +949,7 @@ def _finish_job(state: DispatchState, job_id: str, t_ev: Micros, stopping: RunKe
     state.backoff.pop(job_id, None)
     state.cluster.preemptions.pop(job_id, None)  # what the report's fold does to a run that ends the job
     state.cluster.progress.pop(job_id, None)
+    state.cluster.worked_us.pop(job_id, None)
 
 
 def _fold_lost_report(
