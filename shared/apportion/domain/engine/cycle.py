@@ -74,7 +74,7 @@ Speed (the benchmark is 10,000 GPUs, 20,000 pending jobs, 200 leaves):
   another leaf is charged (a charge elsewhere can put more runs behind);
 * when every remaining job of a leaf is at least as large as a remembered
   failure, the whole leaf is skipped for the rest of the cycle
-  (:meth:`FairShareQueue.drop_leaf`); the next cycle looks again;
+  (:meth:`FairShareQueue.skip` of all it has left); the next cycle looks again;
 * the preemption search looks only at nodes holding candidate victims.
 
 Event ids come from :func:`det_id`, times from ``now_us``: the same snapshot
@@ -104,6 +104,7 @@ from apportion.domain.engine.emit import (
     emit_placed,
     job_protection_s,
     pending_start_events,
+    placement,
     preempt_events,
     protection_cap_us,
 )
@@ -535,7 +536,8 @@ def _emit_placed(
 def _place_on_free(cx: _Cycle, job: PendingJob, leaf: str, nodes: list[str], held: bool) -> None:
     """Take ``job``'s GPUs on ``nodes``; ``JobPlaced``, then its ``StartWorkload`` per replica."""
     g = job.gpus_per_replica
-    placements = tuple(Placement(node_id=n, gpus=cx.free.take(n, g)) for n in nodes)
+    take = cx.free.take
+    placements = tuple([placement(n, take(n, g)) for n in nodes])
     _emit_placed(cx, job, leaf, placements, (), held)
     cx.res.events.extend(pending_start_events(job, placements, cx.ts, cx.cfg.producer))
 
@@ -657,7 +659,8 @@ def _pass_over_blocked(cx: _Cycle, leaf: str, idx: int, model: str | None) -> No
             covers = cx.covers_leaf(leaf, ent)
             # search_failed(leaf, 1, 1) or search_failed(leaf, *floor), inlined
             if covers and model is None and not cx.may_backfill(leaf, 1, None):
-                cx.queue.drop_leaf(leaf)
+                # drop the leaf: pass over all it has left (drop_leaf would also copy them out)
+                cx.queue.skip(leaf, cx.allocated_end[leaf] - idx - 1)
                 return
     end = cx.allocated_end[leaf]
     if cx.reserved_for is None or not cx.cfg.preemption or idx + 1 >= end:
