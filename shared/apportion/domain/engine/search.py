@@ -218,6 +218,17 @@ class _Search:
         """The least-cost set of ``lst`` (cheapest first) that frees g GPUs on ``nid``, with its cost."""
         g = self.g
         have = len(self.ffree[nid])
+        if len(lst) == 1:  # (most nodes hold one candidate: the loops below, unrolled)
+            x = lst[0]
+            if have >= g:
+                return ((0, 0, 0, 0.0), nid, [])
+            if have + len(x[2]) < g:
+                return None
+            c = x[0]
+            lost1 = (c[0] + c[1]) * (self.req.now + c[2]) / 1e6  # order_lost_gpu_s(c, now), inlined
+            if c[0] and x[1].key in self.idle_runs:
+                return ((0, c[0], c[1], lost1), nid, [x])
+            return ((c[0], 0, c[1], lost1), nid, [x])
         reach = have
         for x in lst:
             reach += len(x[2])
