@@ -17,7 +17,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from apportion.domain.cluster import Run
-from apportion.domain.engine.emit import built, emit_placed, placement, preempt_events, start_events, stop_event
+from apportion.domain.engine.emit import built, emit_placed, preempt_events, start_events, stop_event
 from apportion.domain.engine.inputs import EngineConfig, PendingJob
 from apportion.events import (
     EVENT_NAMESPACE,
@@ -100,7 +100,6 @@ VICTIM: dict[str, Any] = {
     "idle_s": None,
 }
 PLAIN: list[tuple[type[Any], dict[str, Any]]] = [
-    (Placement, {"node_id": "n1", "gpus": (0, 1)}),
     (Victim, VICTIM),
     (
         Decision,
@@ -156,8 +155,8 @@ def test_built_without_validation_is_the_validated_instance(cls: type[Any], valu
 
 
 def test_a_default_factory_gives_each_instance_its_own_value() -> None:
-    a = built(StartWorkload, PLAIN[3][1], True)
-    b = built(StartWorkload, PLAIN[3][1], True)
+    a = built(StartWorkload, dict(PLAIN)[StartWorkload], True)
+    b = built(StartWorkload, dict(PLAIN)[StartWorkload], True)
     assert a.env == {} and a.env is not b.env
 
 
@@ -212,7 +211,6 @@ BUILDERS = [
     pytest.param(lambda: start_events("j1", 2, PLACED, TS, 7200.0, None, "dispatcher", progress_s=600.0), id="starts"),
     pytest.param(lambda: preempt_events(RUN, TS, 30.0, "dispatcher", by_job_id="j1", by_budget="lab/a"), id="stops"),
     pytest.param(lambda: [stop_event(RUN, 1, TS, 0.0, "dispatcher", "drain")], id="one stop"),
-    pytest.param(lambda: [placement("n9", (1, 2, 3))], id="placement"),
 ]
 
 
@@ -263,7 +261,6 @@ def _int_job() -> PendingJob:
             lambda: start_events("j1", 1, PLACED, TS, 1.0, None, "d", checkpoint_interval_s=0.0), id="a zero interval"
         ),
         pytest.param(lambda: preempt_events(RUN, TS, 30.0, "d", victim="x"), id="a victim that is not one"),  # type: ignore[arg-type]
-        pytest.param(lambda: placement("n1", (0, "one")), id="a GPU index that is not one"),  # type: ignore[arg-type]
     ],
 )
 def test_invalid_values_are_refused_as_before(make: Any) -> None:
@@ -291,7 +288,7 @@ def test_the_checks_cover_every_field_the_engine_fills() -> None:
     for cls_name, fields in got.items():
         for name, (_, meta) in fields.items():
             assert meta == bounded.get((cls_name, name), []), (cls_name, name)
-    for cls in (Placement, Victim, Decision, JobPlaced, JobPreempted, StartWorkload, StopWorkload):
+    for cls in (Victim, Decision, JobPlaced, JobPreempted, StartWorkload, StopWorkload):
         dec = cls.__pydantic_decorators__
         assert not dec.model_validators
         assert {n for d in dec.field_validators.values() for n in d.info.fields} <= {

@@ -104,7 +104,6 @@ from apportion.domain.engine.emit import (
     emit_placed,
     job_protection_s,
     pending_start_events,
-    placement,
     preempt_events,
     protection_cap_us,
 )
@@ -536,8 +535,7 @@ def _emit_placed(
 def _place_on_free(cx: _Cycle, job: PendingJob, leaf: str, nodes: list[str], held: bool) -> None:
     """Take ``job``'s GPUs on ``nodes``; ``JobPlaced``, then its ``StartWorkload`` per replica."""
     g = job.gpus_per_replica
-    take = cx.free.take
-    placements = tuple([placement(n, take(n, g)) for n in nodes])
+    placements = tuple(Placement(node_id=n, gpus=cx.free.take(n, g)) for n in nodes)
     _emit_placed(cx, job, leaf, placements, (), held)
     cx.res.events.extend(pending_start_events(job, placements, cx.ts, cx.cfg.producer))
 

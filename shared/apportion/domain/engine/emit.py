@@ -40,7 +40,6 @@ from apportion.timeutil import Micros, from_us, s_to_us, to_us
 __all__ = [
     "built",
     "emit_placed",
-    "placement",
     "pending_start_events",
     "preempt_events",
     "protection_cap_us",
@@ -51,7 +50,7 @@ __all__ = [
 ]
 
 
-M = TypeVar("M", Placement, Victim, Decision, JobPlaced, JobPreempted, StartWorkload, StopWorkload)
+M = TypeVar("M", Victim, Decision, JobPlaced, JobPreempted, StartWorkload, StopWorkload)
 
 _new = object.__new__
 _setattr = object.__setattr__
@@ -67,7 +66,7 @@ def _fields_of(cls: type[Any]) -> tuple[dict[str, Any], tuple[tuple[str, Any], .
 
 
 _FIELDS: dict[type[Any], tuple[dict[str, Any], tuple[tuple[str, Any], ...]]] = {
-    cls: _fields_of(cls) for cls in (Placement, Victim, Decision, JobPlaced, JobPreempted, StartWorkload, StopWorkload)
+    cls: _fields_of(cls) for cls in (Victim, Decision, JobPlaced, JobPreempted, StartWorkload, StopWorkload)
 }
 
 
@@ -106,24 +105,9 @@ def _interval(v: object) -> bool:
     return v is None or (type(v) is float and 0.0 < v <= MAX_SECONDS)
 
 
-def _ints(v: object) -> bool:
-    """A ``tuple[int, ...]`` as validation returns it."""
-    if type(v) is not tuple:
-        return False
-    for x in v:
-        if type(x) is not int:
-            return False
-    return True
-
-
 def _run_fields(job_id: object, attempt: object, ts: object, producer: object) -> bool:
     """The envelope and the run of an event as validation returns them."""
     return type(job_id) is str and type(attempt) is int and type(producer) is str and utc_time(ts)
-
-
-def placement(node_id: str, gpus: tuple[int, ...]) -> Placement:
-    """``Placement(node_id=..., gpus=...)`` (:func:`built`)."""
-    return built(Placement, {"node_id": node_id, "gpus": gpus}, type(node_id) is str and _ints(gpus))
 
 
 def start_events(

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from apportion.domain.budgets import BudgetTree, ancestors_of
 from apportion.domain.cluster import Run, RunKey, next_checkpoint_us, work_lost_gpu_s
-from apportion.domain.engine.emit import built, placement, real_or_none, utc_time
+from apportion.domain.engine.emit import built, real_or_none, utc_time
 from apportion.domain.engine.inputs import PendingJob
 from apportion.domain.engine.placement import CycleFree
 from apportion.domain.engine.victims import Candidate, CycleVictims, Option, order_lost_gpu_s
@@ -608,7 +608,7 @@ def _commit(s: _Search, best: list[Option]) -> Plan:
         taken_gpus = list(free.take(nid, min(g, len(s.ffree[nid]))))
         extra = sorted(gg for x in chosen for gg in x[2])
         taken_gpus.extend(extra[: g - len(taken_gpus)])
-        placements.append(placement(nid, tuple(sorted(taken_gpus))))
+        placements.append(Placement(node_id=nid, gpus=tuple(sorted(taken_gpus))))
         for x in chosen:
             run = x[1]
             if run.key in picked:
