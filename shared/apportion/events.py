@@ -72,13 +72,22 @@ def det_id(*parts: object) -> uuid.UUID:
         A UUID version 5 in :data:`EVENT_NAMESPACE`: ``uuid.uuid5(EVENT_NAMESPACE,
         "\\x1f".join(map(str, parts)))``, computed without ``uuid5``'s per-call
         namespace conversion and ``UUID.__init__`` checks (the same bits; tested
-        against ``uuid.uuid5``).
+        against ``uuid.uuid5``). The ids of runs' events have three or four parts
+        (kind, job, attempt, replica), joined by one f-string with ``str()`` of each.
     """
-    digest = _sha1(_NS_BYTES + "\x1f".join(map(str, parts)).encode("utf-8")).digest()
-    n = (int.from_bytes(digest[:16], "big") & _UUID5_CLEAR) | _UUID5_SET  # RFC 4122 variant, version 5
+    n = len(parts)
+    if n == 3:
+        a, b, c = parts
+        text = f"{a!s}\x1f{b!s}\x1f{c!s}"
+    elif n == 4:
+        a, b, c, d = parts
+        text = f"{a!s}\x1f{b!s}\x1f{c!s}\x1f{d!s}"
+    else:
+        text = "\x1f".join(map(str, parts))
+    digest = _sha1(_NS_BYTES + text.encode("utf-8")).digest()
     u = _new_uuid(uuid.UUID)
-    _setattr(u, "int", n)
-    _setattr(u, "is_safe", uuid.SafeUUID.unknown)
+    _set_int(u, (int.from_bytes(digest[:16], "big") & _UUID5_CLEAR) | _UUID5_SET)  # RFC 4122 variant, version 5
+    _set_safe(u, _SAFE_UNKNOWN)
     return u
 
 
@@ -87,7 +96,10 @@ _NS_BYTES = EVENT_NAMESPACE.bytes
 _UUID5_CLEAR = ~((0xC000 << 48) | (0xF000 << 64))
 _UUID5_SET = (0x8000 << 48) | (5 << 76)
 _new_uuid = object.__new__
-_setattr = object.__setattr__
+# (the slots' own setters: UUID.__setattr__ refuses)
+_set_int: Callable[[uuid.UUID, int], None] = uuid.UUID.__dict__["int"].__set__
+_set_safe: Callable[[uuid.UUID, uuid.SafeUUID], None] = uuid.UUID.__dict__["is_safe"].__set__
+_SAFE_UNKNOWN = uuid.SafeUUID.unknown
 
 
 def utc(dt: datetime) -> datetime:

@@ -74,7 +74,7 @@ Speed (the benchmark is 10,000 GPUs, 20,000 pending jobs, 200 leaves):
   another leaf is charged (a charge elsewhere can put more runs behind);
 * when every remaining job of a leaf is at least as large as a remembered
   failure, the whole leaf is skipped for the rest of the cycle
-  (:meth:`FairShareQueue.drop_leaf`); the next cycle looks again;
+  (:meth:`FairShareQueue.skip` of all it has left); the next cycle looks again;
 * the preemption search looks only at nodes holding candidate victims.
 
 Event ids come from :func:`det_id`, times from ``now_us``: the same snapshot
@@ -657,7 +657,8 @@ def _pass_over_blocked(cx: _Cycle, leaf: str, idx: int, model: str | None) -> No
             covers = cx.covers_leaf(leaf, ent)
             # search_failed(leaf, 1, 1) or search_failed(leaf, *floor), inlined
             if covers and model is None and not cx.may_backfill(leaf, 1, None):
-                cx.queue.drop_leaf(leaf)
+                # drop the leaf: pass over all it has left (drop_leaf would also copy them out)
+                cx.queue.skip(leaf, cx.allocated_end[leaf] - idx - 1)
                 return
     end = cx.allocated_end[leaf]
     if cx.reserved_for is None or not cx.cfg.preemption or idx + 1 >= end:

@@ -5,18 +5,26 @@ Event ids come from :func:`~apportion.events.det_id` and times from the
 cycle's event time, so the same snapshot and time always give the same
 events, byte for byte. The dispatcher's own stops (drain, node lost,
 cancel) use the same constructors.
+
+An event whose every value is already what validation would return for its field (the exact type, within
+the field's bounds: an ``int`` where an ``int`` goes, a ``float`` where a ``float`` goes, aware UTC times,
+nested models already built) is made as validation would make it without running validation again
+(:func:`built`): the same fields, the same values, the same JSON. Any other value (an ``int`` for a
+``float`` field, a bound crossed) goes through validation, which converts it or raises as before.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import Run, protection_s, work_lost_gpu_s
 from apportion.domain.engine.inputs import EngineConfig, PendingJob
 from apportion.events import (
+    MAX_SECONDS,
     Decision,
     Event,
     JobPlaced,
@@ -30,13 +38,76 @@ from apportion.events import (
 from apportion.timeutil import Micros, from_us, s_to_us, to_us
 
 __all__ = [
+    "built",
     "emit_placed",
     "pending_start_events",
     "preempt_events",
     "protection_cap_us",
+    "real_or_none",
     "start_events",
     "stop_event",
+    "utc_time",
 ]
+
+
+M = TypeVar("M", Victim, Decision, JobPlaced, JobPreempted, StartWorkload, StopWorkload)
+
+_new = object.__new__
+_setattr = object.__setattr__
+
+
+def _fields_of(cls: type[Any]) -> tuple[dict[str, Any], tuple[tuple[str, Any], ...]]:
+    """Every field of ``cls`` in its order with its default (``None`` for a default factory), and the factories."""
+    fields = cls.model_fields
+    return (
+        {name: None if f.default_factory is not None else f.default for name, f in fields.items()},
+        tuple((name, f.default_factory) for name, f in fields.items() if f.default_factory is not None),
+    )
+
+
+_FIELDS: dict[type[Any], tuple[dict[str, Any], tuple[tuple[str, Any], ...]]] = {
+    cls: _fields_of(cls) for cls in (Victim, Decision, JobPlaced, JobPreempted, StartWorkload, StopWorkload)
+}
+
+
+def built(cls: type[M], values: dict[str, Any], plain: bool) -> M:
+    """``cls(**values)``. With ``plain`` (the caller checked that every value is exactly what validation
+    returns for its field: :func:`utc_time`, :func:`real_or_none`, ...) the instance validation would build, made
+    without validating again: the other fields at their defaults, ``values``' keys as the fields set."""
+    if not plain:
+        return cls(**values)
+    template, factories = _FIELDS[cls]
+    fields = template.copy()
+    fields.update(values)
+    for name, factory in factories:
+        if name not in values:
+            fields[name] = factory()
+    obj = _new(cls)
+    _setattr(obj, "__dict__", fields)
+    _setattr(obj, "__pydantic_fields_set__", set(values))
+    _setattr(obj, "__pydantic_extra__", None)
+    _setattr(obj, "__pydantic_private__", None)
+    return obj
+
+
+def utc_time(v: object) -> bool:
+    """An aware UTC ``datetime``: what a time field's validation returns unchanged."""
+    return type(v) is datetime and v.tzinfo is UTC
+
+
+def real_or_none(v: object) -> bool:
+    """A ``float | None`` field's value as validation returns it (an ``int`` would become a ``float``)."""
+    return v is None or type(v) is float
+
+
+def _interval(v: object) -> bool:
+    """A ``float | None`` field of bounds (0, MAX_SECONDS] as validation returns it."""
+    return v is None or (type(v) is float and 0.0 < v <= MAX_SECONDS)
+
+
+def _run_fields(job_id: object, attempt: object, ts: object, producer: object) -> bool:
+    """The envelope and the run of an event as validation returns them."""
+    return type(job_id) is str and type(attempt) is int and type(producer) is str and utc_time(ts)
 
 
 def start_events(
@@ -61,20 +132,31 @@ def start_events(
     (``docs/checkpoints.md``). The dispatcher adds the job's settings for the node agent (its user, ``env``,
     time limit) with :func:`apportion.domain.dispatch.with_job_settings`.
     """
+    plain = (
+        _run_fields(job_id, attempt, ts, producer)
+        and (command is None or (type(command) is tuple and all(type(c) is str for c in command)))
+        and real_or_none(duration_s)
+        and (progress_s is None or (type(progress_s) is float and 0.0 <= progress_s <= MAX_SECONDS))
+        and _interval(checkpoint_interval_s)
+    )
     return [
-        StartWorkload(
-            event_id=det_id("StartWorkload", job_id, attempt, i),
-            ts=ts,
-            producer=producer,
-            node_id=p.node_id,
-            job_id=job_id,
-            attempt=attempt,
-            replica=i,
-            gpus=p.gpus,
-            command=command,
-            duration_s=duration_s,
-            progress_s=progress_s,
-            checkpoint_interval_s=checkpoint_interval_s,
+        built(
+            StartWorkload,
+            {
+                "event_id": det_id("StartWorkload", job_id, attempt, i),
+                "ts": ts,
+                "producer": producer,
+                "node_id": p.node_id,
+                "job_id": job_id,
+                "attempt": attempt,
+                "replica": i,
+                "gpus": p.gpus,
+                "command": command,
+                "duration_s": duration_s,
+                "progress_s": progress_s,
+                "checkpoint_interval_s": checkpoint_interval_s,
+            },
+            plain and type(p) is Placement,
         )
         for i, p in enumerate(placements)
     ]
@@ -113,21 +195,39 @@ def preempt_events(
     ``JobPreempted.lost_gpu_s`` is :func:`~apportion.domain.cluster.work_lost_gpu_s`
     of the run at ``ts`` (rule D1.work-lost).
     """
+    lost = work_lost_gpu_s(run, to_us(ts))
+    job_id, attempt = run.job_id, run.attempt
+    plain = (
+        _run_fields(job_id, attempt, ts, producer)
+        and type(grace_s) is float
+        and type(reason) is str
+        and type(run.budget) is str
+        and type(run.allocated) is bool
+        and (by_job_id is None or type(by_job_id) is str)
+        and (by_budget is None or type(by_budget) is str)
+        and (victim is None or type(victim) is Victim)
+        and type(lost) is float
+        and lost >= 0.0
+    )
     out: list[Event] = [
-        JobPreempted(
-            event_id=det_id("JobPreempted", run.job_id, run.attempt),
-            ts=ts,
-            producer=producer,
-            job_id=run.job_id,
-            attempt=run.attempt,
-            budget=run.budget,
-            allocated=run.allocated,
-            by_job_id=by_job_id,
-            by_budget=by_budget,
-            victim=victim,
-            grace_s=grace_s,
-            reason=reason,
-            lost_gpu_s=work_lost_gpu_s(run, to_us(ts)),
+        built(
+            JobPreempted,
+            {
+                "event_id": det_id("JobPreempted", job_id, attempt),
+                "ts": ts,
+                "producer": producer,
+                "job_id": job_id,
+                "attempt": attempt,
+                "budget": run.budget,
+                "allocated": run.allocated,
+                "by_job_id": by_job_id,
+                "by_budget": by_budget,
+                "victim": victim,
+                "grace_s": grace_s,
+                "reason": reason,
+                "lost_gpu_s": lost,
+            },
+            plain,
         )
     ]
     out.extend(stop_event(run, r, ts, grace_s, producer, reason) for r in sorted(run.open_replicas))
@@ -140,15 +240,23 @@ def stop_event(run: Run, replica: int, ts: Any, grace_s: float, producer: str, r
     Args:
         grace_s: SIGTERM-to-SIGKILL grace, seconds.
     """
-    return StopWorkload(
-        event_id=det_id("StopWorkload", run.job_id, run.attempt, replica),
-        ts=ts,
-        producer=producer,
-        node_id=run.placements[replica].node_id,
-        job_id=run.job_id,
-        attempt=run.attempt,
-        grace_s=grace_s,
-        reason=reason,
+    job_id, attempt, node_id = run.job_id, run.attempt, run.placements[replica].node_id
+    return built(
+        StopWorkload,
+        {
+            "event_id": det_id("StopWorkload", job_id, attempt, replica),
+            "ts": ts,
+            "producer": producer,
+            "node_id": node_id,
+            "job_id": job_id,
+            "attempt": attempt,
+            "grace_s": grace_s,
+            "reason": reason,
+        },
+        _run_fields(job_id, attempt, ts, producer)
+        and type(node_id) is str
+        and type(grace_s) is float
+        and type(reason) is str,
     )
 
 
@@ -198,34 +306,72 @@ def emit_placed(
     protection (:func:`protection_s` of the job's preemptions, capped by the budget's
     ``max_min_runtime`` and ``W x protection_cap_w``); without (baseline policies), none: the
     protection is then the minimum runtime."""
+    allocated = job.allocated
     protection = None
-    if job.allocated and tree is not None:
+    if allocated and tree is not None:
         protection = job_protection_s(job, tree, cfg, r)
+    preemptions = job.preemptions if protection is not None else None
+    b_rank = budget_rank.get(leaf, -1)
+    policy = cfg.policy_version
+    decision = built(
+        Decision,
+        {
+            "rank": rank,
+            "budget_rank": b_rank,
+            "ratio": r,
+            "victims": victims,
+            "reservation": reservation,
+            "policy_version": policy,
+            "protection_s": protection,
+            "preemptions": preemptions,
+        },
+        type(rank) is int
+        and type(b_rank) is int
+        and type(r) is float
+        and type(victims) is tuple
+        and all(type(v) is Victim for v in victims)
+        and type(reservation) is bool
+        and type(policy) is str
+        and real_or_none(protection)
+        and (preemptions is None or type(preemptions) is int),
+    )
+    job_id, attempt, producer, mr = job.job_id, job.attempt, cfg.producer, job.min_runtime_s
+    g, k, ckpt, submitted_at = (
+        job.gpus_per_replica,
+        job.replicas,
+        job.checkpoint_interval_s,
+        from_us(job.submitted_at_us),
+    )
     out.append(
-        JobPlaced(
-            event_id=det_id("JobPlaced", job.job_id, job.attempt),
-            ts=ts,
-            producer=cfg.producer,
-            job_id=job.job_id,
-            attempt=job.attempt,
-            budget=job.budget,
-            user=job.user,
-            allocated=job.allocated,
-            gpus_per_replica=job.gpus_per_replica,
-            replicas=job.replicas,
-            min_runtime_s=job.min_runtime_s,
-            placements=placements,
-            submitted_at=from_us(job.submitted_at_us),
-            checkpoint_interval_s=job.checkpoint_interval_s,
-            decision=Decision(
-                rank=rank,
-                budget_rank=budget_rank.get(leaf, -1),
-                ratio=r,
-                victims=victims,
-                reservation=reservation,
-                policy_version=cfg.policy_version,
-                protection_s=protection,
-                preemptions=job.preemptions if protection is not None else None,
-            ),
+        built(
+            JobPlaced,
+            {
+                "event_id": det_id("JobPlaced", job_id, attempt),
+                "ts": ts,
+                "producer": producer,
+                "job_id": job_id,
+                "attempt": attempt,
+                "budget": job.budget,
+                "user": job.user,
+                "allocated": allocated,
+                "gpus_per_replica": g,
+                "replicas": k,
+                "min_runtime_s": mr,
+                "placements": placements,
+                "submitted_at": submitted_at,
+                "checkpoint_interval_s": ckpt,
+                "decision": decision,
+            },
+            _run_fields(job_id, attempt, ts, producer)
+            and type(job.budget) is str
+            and type(job.user) is str
+            and type(allocated) is bool
+            and type(g) is int
+            and type(k) is int
+            and type(mr) is float
+            and type(placements) is tuple
+            and all(type(p) is Placement for p in placements)
+            and utc_time(submitted_at)
+            and _interval(ckpt),
         )
     )

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from apportion.domain.budgets import BudgetTree, ancestors_of
 from apportion.domain.cluster import Run, RunKey, next_checkpoint_us, work_lost_gpu_s
+from apportion.domain.engine.emit import built, real_or_none, utc_time
 from apportion.domain.engine.inputs import PendingJob
 from apportion.domain.engine.placement import CycleFree
 from apportion.domain.engine.victims import Candidate, CycleVictims, Option, order_lost_gpu_s
@@ -217,6 +218,17 @@ class _Search:
         """The least-cost set of ``lst`` (cheapest first) that frees g GPUs on ``nid``, with its cost."""
         g = self.g
         have = len(self.ffree[nid])
+        if len(lst) == 1:  # (most nodes hold one candidate: the loops below, unrolled)
+            x = lst[0]
+            if have >= g:
+                return ((0, 0, 0, 0.0), nid, [])
+            if have + len(x[2]) < g:
+                return None
+            c = x[0]
+            lost1 = (c[0] + c[1]) * (self.req.now + c[2]) / 1e6  # order_lost_gpu_s(c, now), inlined
+            if c[0] and x[1].key in self.idle_runs:
+                return ((0, c[0], c[1], lost1), nid, [x])
+            return ((c[0], 0, c[1], lost1), nid, [x])
         reach = have
         for x in lst:
             reach += len(x[2])
@@ -643,18 +655,38 @@ def _victim(run: Run, now: Micros, verdict: VictimVerdict, idle_s: float | None 
         if verdict.rule == RULE_IDLE
         else RULE_EXPIRED_BEHIND
     )
-    return Victim(
-        job_id=run.job_id,
-        attempt=run.attempt,
-        budget=run.budget,
-        allocated=run.allocated,
-        gpus=run.gpus,
-        protected_until=from_us(until) if until is not None else None,
-        rule=rule,
-        lca=verdict.lca,
-        victim_ratio=verdict.victim_ratio,
-        preemptor_ratio=verdict.preemptor_ratio,
-        preemptor_ratio_after=verdict.preemptor_ratio_after,
-        lost_gpu_s=work_lost_gpu_s(run, now),
-        idle_s=idle_s if rule == RULE_IDLE else None,
+    values = {
+        "job_id": run.job_id,
+        "attempt": run.attempt,
+        "budget": run.budget,
+        "allocated": run.allocated,
+        "gpus": run.gpus,
+        "protected_until": from_us(until) if until is not None else None,
+        "rule": rule,
+        "lca": verdict.lca,
+        "victim_ratio": verdict.victim_ratio,
+        "preemptor_ratio": verdict.preemptor_ratio,
+        "preemptor_ratio_after": verdict.preemptor_ratio_after,
+        "lost_gpu_s": work_lost_gpu_s(run, now),
+        "idle_s": idle_s if rule == RULE_IDLE else None,
+    }
+    return built(Victim, values, _plain_victim(values))
+
+
+def _plain_victim(v: dict[str, Any]) -> bool:
+    """Every value of a :class:`Victim` is what its validation returns (:func:`~apportion.domain.engine.emit.built`)."""
+    lca, until = v["lca"], v["protected_until"]
+    return (
+        type(v["job_id"]) is str
+        and type(v["attempt"]) is int
+        and type(v["budget"]) is str
+        and type(v["allocated"]) is bool
+        and type(v["gpus"]) is int
+        and (until is None or utc_time(until))
+        and (lca is None or type(lca) is str)
+        and real_or_none(v["victim_ratio"])
+        and real_or_none(v["preemptor_ratio"])
+        and real_or_none(v["preemptor_ratio_after"])
+        and real_or_none(v["lost_gpu_s"])
+        and real_or_none(v["idle_s"])
     )
