@@ -94,3 +94,37 @@ def test_fetch_cover_proves_the_key_end_only_from_a_response_read_after_the_reco
         cover.saw(node, answers)
     ends = cover.bounds(asked)
     assert ends == (None if expected is None else {(k.topic, k.partition): v for k, v in expected.items()})
+
+
+def test_a_response_that_cannot_be_read_still_delivers_and_nothing_is_proven_after_it() -> None:
+    # the hook into kafka-python's fetcher: a response without the fields it reads is handed on unchanged
+    # (its records are returned), and from then on every read-ahead asks the broker
+    from types import SimpleNamespace
+
+    from apportion.bus.consumer import _watch_fetches
+
+    handled: list[object] = []
+    moved: list[TP] = []
+    subs = SimpleNamespace(move_partition_to_end=moved.append)
+    fetcher = SimpleNamespace(_handle_fetch_response=lambda *a: handled.append(a[3]), _subscriptions=subs)
+    cover = FetchCover([KEYS])
+    assert _watch_fetches(SimpleNamespace(_fetcher=fetcher), cover, [KEYS])
+    assert moved == [KEYS]  # the key partition goes last at once
+
+    def partition(tp: tuple[str, int], lso: int, records: bytes) -> SimpleNamespace:
+        return SimpleNamespace(partition_index=tp[1], error_code=0, last_stable_offset=lso, records=records)
+
+    good = SimpleNamespace(
+        responses=[
+            SimpleNamespace(topic=SUB[0], partitions=[partition(SUB, 9, b"r")]),
+            SimpleNamespace(topic=KEYS.topic, partitions=[partition((KEYS.topic, 0), 7, b"")]),
+        ]
+    )
+    fetcher._handle_fetch_response(1, {}, 0.0, good)
+    assert cover.bounds([SUB]) == {(KEYS.topic, KEYS.partition): 7}
+    subs.move_partition_to_end(TP(*SUB))  # a drained partition goes last, the key partition after it
+    assert moved[-2:] == [TP(*SUB), KEYS]
+    odd = SimpleNamespace(responses=[SimpleNamespace(topic=SUB[0])])  # no partitions: cannot be read
+    fetcher._handle_fetch_response(1, {}, 0.0, odd)
+    assert handled == [good, odd]
+    assert cover.bounds([SUB]) is None

@@ -352,6 +352,12 @@ class FetchCover:
         #: other partition -> (response number, {identity partition: end read after it}) of the newest
         #: response that carried records of it
         self._data: dict[tuple[str, int], tuple[int, dict[tuple[str, int], int]]] = {}
+        self._blind = False  # a response could not be noted: nothing is proven from then on
+
+    def lost(self) -> None:
+        """A response could not be noted (its records may still be returned): prove nothing from now on."""
+        with self._lock:
+            self._blind = True
 
     def saw(self, node_id: int, answers: Iterable[tuple[str, int, int, int, bool]]) -> None:
         """Note one fetch response of broker ``node_id``: ``(topic, partition, error code, last stable
@@ -374,7 +380,7 @@ class FetchCover:
         """Identity partition -> an end that covers every record of ``partitions`` returned so far (the
         records must already have been returned), or ``None`` when no response proves one."""
         with self._lock:
-            if len(self._nodes) != 1:
+            if self._blind or len(self._nodes) != 1:
                 return None
             out: dict[tuple[str, int], int] = {}
             for tp in partitions:
@@ -406,14 +412,17 @@ def _watch_fetches(kc: Any, cover: FetchCover, identity: list[Any]) -> bool:
         return False
 
     def handled(node_id: int, fetch_offsets: Any, send_time: float, response: Any) -> None:
-        cover.saw(  # before the records can reach a poll
-            node_id,
-            (
+        try:  # before the records can reach a poll
+            answers = [
                 (t.topic, p.partition_index, p.error_code, p.last_stable_offset, bool(p.records))
                 for t in response.responses
                 for p in t.partitions
-            ),
-        )
+            ]
+        except (AttributeError, TypeError):  # shaped otherwise: its records still count, the broker is asked
+            log.warning("a fetch response could not be read for the key topic's end: asking the broker from now on")
+            cover.lost()
+        else:
+            cover.saw(node_id, answers)
         handle(node_id, fetch_offsets, send_time, response)
 
     def moved(tp: Any) -> None:
