@@ -34,7 +34,14 @@ from apportion.report import share_deficit_pp
 from apportion.settings import default_data_dir
 from apportion.sim.baselines import POLICIES
 from apportion.sim.core import SimConfig
-from apportion.sim.hero import DEFAULT_HEROES, HeroSimulator, hero_rows, hero_scenario
+from apportion.sim.hero import (
+    DEFAULT_HEROES,
+    HeroSimulator,
+    backlogged_pairs,
+    deficit_by_budget,
+    hero_rows,
+    hero_scenario,
+)
 from apportion.sim.report import summarise
 from apportion.sim.traces import load_budget_file, load_trace
 
@@ -71,9 +78,9 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
         wall = time.perf_counter() - t
         rep = summarise(res, sc.tree, name, a.seed, wall_s=wall)
         bg = [r.mean_deficit_pp for r in rep.budgets if r.path.startswith("bg/") and r.mean_deficit_pp is not None]
-        pairs = backlogged_pairs(res, sc)
+        pairs = backlogged_pairs(res.samples, res.start_us, sc.tree)
         bg_pairs = [d for _t, _leaf, d in pairs]
-        per_budget = by_budget(pairs)
+        per_budget = deficit_by_budget(pairs)
         rows = hero_rows(res, sc, sim.gathering_idle_gpu_s, gpus, sim._saved)
         daily = deficit_by_day(res, sc, gpus)
         doc = {
@@ -125,33 +132,6 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
         if a.json:
             Path(a.json).write_text(json.dumps(out, indent=1))
     return out
-
-
-def backlogged_pairs(res: Any, sc: Any) -> list[tuple[int, str, float]]:
-    """``(t_us, leaf, deficit pp)`` of every hourly sample at which a background budget had allocated work
-    waiting (the report's definition of the share deficit's pairs), in sample order."""
-    return [
-        (t, leaf, share_deficit_pp(sc.tree.abs_share(leaf), v[0]))
-        for t, row in res.samples
-        if t >= res.start_us
-        for leaf, v in sorted(row.items())
-        if leaf.startswith("bg/") and v[3]
-    ]
-
-
-def by_budget(pairs: list[tuple[int, str, float]]) -> dict[str, dict[str, Any]]:
-    """Per background budget: its backlogged pairs, how many of them were behind (deficit > 0), the sum of
-    their deficits (pp; the pairs' mean is the sum over all budgets over the pairs' count) and their mean."""
-    out: dict[str, dict[str, Any]] = {}
-    for _t, leaf, d in pairs:
-        b = out.setdefault(leaf, {"pairs": 0, "behind": 0, "sum_pp": 0.0})
-        b["pairs"] += 1
-        b["behind"] += d > 0
-        b["sum_pp"] += d
-    for b in out.values():
-        b["mean_pp"] = round(b["sum_pp"] / b["pairs"], 2)
-        b["sum_pp"] = round(b["sum_pp"], 1)
-    return dict(sorted(out.items()))
 
 
 def deficit_by_day(res: Any, sc: Any, gpus: int) -> list[dict[str, Any]]:
