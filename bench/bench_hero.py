@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import json
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,8 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
         )
         cfg = SimConfig(seed=a.seed, dispatch=dcfg, keep_log=False, until_us=sc.until_us, sample_s=3600.0)
         t = time.perf_counter()
-        sim = HeroSimulator(sc.tree, sc.nodes, sc.jobs, cfg, window_s=bf.window_s, heroes=sc.heroes)
+        on_day = _progress_writer(a.progress, name, sc, gpus) if a.progress else None
+        sim = HeroSimulator(sc.tree, sc.nodes, sc.jobs, cfg, window_s=bf.window_s, heroes=sc.heroes, on_day=on_day)
         res = sim.run()
         wall = time.perf_counter() - t
         rep = summarise(res, sc.tree, name, a.seed, wall_s=wall)
@@ -134,6 +136,27 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
+def _progress_writer(path: str, policy: str, sc: Any, gpus: int) -> Any:
+    """An ``on_day`` of :class:`HeroSimulator` that appends one JSON line a simulated day to ``path``: the hero
+    rows and the background deficit so far (a long run cut short still tells how far it got)."""
+
+    def write(sim: HeroSimulator, t: int) -> None:
+        res = types.SimpleNamespace(jobs_ledger=sim.jobs_ledger)
+        rows = hero_rows(res, sc, sim.gathering_idle_gpu_s, gpus, sim._saved)  # type: ignore[arg-type]
+        pairs = [d for _t, _leaf, d in backlogged_pairs(sim.samples, sc.start_us, sc.tree)]
+        doc = {
+            "policy": policy,
+            "day": round((t - sc.start_us) / 86_400e6, 2),
+            "bg_deficit_pp": round(sum(pairs) / len(pairs), 2) if pairs else 0.0,
+            "bg_backlogged_pairs": len(pairs),
+            "heroes": [dataclasses.asdict(r) for r in rows],
+        }
+        with open(path, "a") as f:
+            f.write(json.dumps(doc) + "\n")
+
+    return write
+
+
 def deficit_by_day(res: Any, sc: Any, gpus: int) -> list[dict[str, Any]]:
     """Per simulated day: the background budgets' mean share deficit over the (sample, budget) pairs with
     allocated work waiting (the report's definition), the budgets behind (mean deficit pp over their
@@ -185,6 +208,7 @@ def main() -> None:
         help="EngineConfig.hero_min_gpus (rule D3.hero-cover), 'none': the rule off",
     )
     ap.add_argument("--json", default=None)
+    ap.add_argument("--progress", default=None, help="append a JSON line a simulated day: the figures so far")
     run(ap.parse_args())
 
 

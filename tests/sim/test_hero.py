@@ -115,3 +115,23 @@ def test_backlogged_pairs_and_the_deficit_by_budget() -> None:
         "bg/x": {"pairs": 2, "behind": 1, "sum_pp": 25.0, "mean_pp": 12.5},
         "bg/y": {"pairs": 1, "behind": 1, "sum_pp": 6.2, "mean_pp": 6.25},
     }
+
+
+def test_on_day_reports_the_figures_so_far_once_a_day() -> None:
+    # one 8-GPU node, hourly samples from T0: the first sample of day 1 is T0 + 24 h, of day 2 T0 + 48 h; the
+    # 8-GPU job of 30 h is running at the first and has completed by the second (a later job of 20 h from
+    # 40 h keeps the run going past it)
+    tree = BudgetTree.from_mapping({"bg": 1.0, "bg/x": 1.0})
+    nodes = tuple(hero_nodes(1, 8, 1, 1))
+    jobs = (
+        SimJob("j", "bg/x", "u", T0, 8, 1, H, 30 * H),
+        SimJob("k", "bg/x", "u", T0 + s_to_us(40 * H), 8, 1, H, 20 * H),
+    )
+    told: list[tuple[float, bool]] = []
+
+    def on_day(sim: HeroSimulator, t: Micros) -> None:
+        told.append(((t - T0) / s_to_us(H), "j" in sim.jobs_ledger.completed))
+
+    cfg = SimConfig(seed=1, dispatch=DispatchConfig(heartbeat_timeout_s=None), until_us=T0 + s_to_us(50 * H))
+    HeroSimulator(tree, nodes, jobs, dataclasses.replace(cfg, sample_s=3600.0), on_day=on_day).run()
+    assert told == [(24.0, False), (48.0, True)]

@@ -23,7 +23,7 @@ figures from a finished run.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -199,11 +199,33 @@ class HeroSimulator(Simulator):
     heroes gathering at once are each charged the whole of that span's idle.
     """
 
-    def __init__(self, *args: Any, heroes: Sequence[str] = (), **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        heroes: Sequence[str] = (),
+        on_day: Callable[[HeroSimulator, Micros], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """``on_day(sim, t)``: called at the first sample of each simulated day after the first (a long run's
+        figures so far: ``sim.jobs_ledger``, ``sim.samples``); ``None``: not called."""
         super().__init__(*args, **kwargs)
         self._heroes = frozenset(heroes)
         self._gather_from: dict[str, float] = {}
         self.gathering_idle_gpu_s: dict[str, float] = {}
+        self._on_day = on_day
+        self._day0: Micros | None = None
+        self._days_told = 0
+
+    def _sample(self, t: Micros) -> None:
+        super()._sample(t)
+        if self._on_day is None:
+            return
+        if self._day0 is None:
+            self._day0 = t
+        day = int((t - self._day0) // s_to_us(DAY_S))
+        if day > self._days_told:
+            self._days_told = day
+            self._on_day(self, t)
 
     def _idle_so_far(self, t: Micros) -> float:
         """The idle-while-waiting integral up to ``t`` (the current ``I`` is constant since its last measure)."""
