@@ -44,6 +44,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
+from apportion.privatefiles import open_private_append, private_dir, write_private
 from apportion.settings import default_data_dir, topic_name
 
 REPO = Path(__file__).resolve().parents[1]
@@ -133,7 +134,7 @@ def start_services(
     ``principals``: per service name, the environment that makes it its own Kafka (and Redis) principal
     (:func:`service_principals`), replacing the caller's credentials in ``env``; ``None``: ``env`` as it is.
     """
-    logs.mkdir(parents=True, exist_ok=True)
+    private_dir(logs)  # the services' logs hold every job's command and environment: 0700, files 0600
     hb_wall = HEARTBEAT_WALL_S
     cmds = {
         "policy": ["services.policy"],
@@ -160,7 +161,7 @@ def start_services(
     }
     procs = {}
     for name, cmd in cmds.items():
-        f = open(logs / f"{name}.log", "ab")  # kept open for the child
+        f = open_private_append(logs / f"{name}.log")  # kept open for the child
         own = env
         if principals is not None:
             own = {k: v for k, v in env.items() if not k.startswith(("APPORTION_KAFKA_", "APPORTION_REDIS_"))}
@@ -273,7 +274,7 @@ def audit_verify(records: list[Any], redis_url: str, export: Path, con: Any) -> 
         rows = read_models_from_redis(r)
     finally:
         r.close()
-    (export.parent / "read_models.json").write_text(dumps(rows))
+    write_private(export.parent / "read_models.json", dumps(rows).encode())
     t0 = time.perf_counter()
     cfg = config_from_log(log)
     rep = verify(log, read_models=rows, config=cfg, producer=cfg.producer if cfg else "dispatcher")
@@ -336,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
 
     run_dir = args.dir
     shutil.rmtree(run_dir / "logs", ignore_errors=True)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(run_dir)  # the export, the logs and the stack's data hold every job's command and environment
     stack = None
     bootstrap, redis_url = os.environ.get("KAFKA_BOOTSTRAP"), os.environ.get("REDIS_URL")
     services: Services | None = None
@@ -538,7 +539,7 @@ def _report(
         "simulator_wall_s": sim_wall,
         "audit_verify": verdict,
     }
-    (args.dir / "report.json").write_text(json.dumps(doc, indent=2))
+    write_private(args.dir / "report.json", json.dumps(doc, indent=2).encode())
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return 0 if agree and verdict["ok"] else 1

@@ -48,7 +48,8 @@ class NodeAgentSettings(ServiceSettings):
         heartbeat_interval_s: event seconds between heartbeats.
         heartbeat_min_wall_s: minimum wall seconds between heartbeats.
         state_dir: where the run journal lives; default a per-agent
-            temporary directory (:meth:`data_dir`), so a restarted agent keeps
+            temporary directory (:meth:`data_dir`; the agent starts only when that
+            one is its own: ``sandbox.private_dir``), so a restarted agent keeps
             its runs, its newest fencing token and its ended replicas. Point it
             at persistent storage (``/var/lib/apportion``) on a real node.
         memory_journal: keep the journal in memory only (tests, throwaway
@@ -98,7 +99,8 @@ class NodeAgentSettings(ServiceSettings):
         sandbox_cpu_weight_per_gpu: CPU weight of a replica per GPU it holds (cgroup v2 scale, 100 = one
             ordinary process; v1 ``cpu.shares`` = weight * 1024 / 100).
         sandbox_pids_max: most processes and threads in one replica.
-        job_path, job_lang: ``PATH`` and ``LANG`` of a process unless its job's ``env`` sets them.
+        job_path, job_lang: ``PATH`` of every process (a submission may not set it: ``RESERVED_ENV``) and ``LANG``
+            unless its job's ``env`` sets it.
         idle_after_s: event seconds a running replica's GPUs stay idle (below 1% in every heartbeat's sample)
             before its heartbeat reports it ``idle`` (``RunningWorkload.idle``).
         gpu_device_files: the device files of a declared (simulated) inventory's GPUs, in index order (NVML

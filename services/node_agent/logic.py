@@ -567,8 +567,8 @@ class Workload:
     def process_env(self, path: str = DEFAULT_JOB_PATH, lang: str = DEFAULT_JOB_LANG) -> dict[str, str]:
         """The whole environment of the process: :data:`JOB_ENV_ALLOWED` and the job's own ``env``, nothing else.
 
-        ``PATH`` and ``LANG`` (``path``, ``lang``) first, then the job's ``env`` (it may set those two and
-        anything of its own), then the agent's values, which win over a submitted variable of the same name:
+        ``PATH`` and ``LANG`` (``path``, ``lang``) first, then the job's ``env`` (``LANG`` and anything of its own;
+        the event contract refuses ``PATH`` in it, ``apportion.events.RESERVED_ENV``), then the agent's values, which win over a submitted variable of the same name:
         ``HOME`` and ``USER`` of its :attr:`account` (left out without one), the job variables and the GPU
         indices. The variables are documented in ``docs/checkpoints.md``.
         """

@@ -63,16 +63,23 @@ class Accounts:
         account_map: user -> account name, for users whose account is not named as they are (the ops'
             account map file, :meth:`read_map`); any other user runs as the account of the same name.
         agent_uid: the agent's own uid: never given to a job.
-        uid_min: the lowest uid of a login account (:func:`login_uid_min`); an account below it (a system
-            account: ``daemon``, ``www-data``) runs a job only when the account map names it.
+        uid_min, uid_max: the range of login accounts' uids (:func:`login_uid_range`); an account outside it (a
+            system account: ``daemon``, ``www-data`` below it, ``nobody`` above it) runs a job only when the
+            account map names it.
     """
 
     def __init__(
-        self, account_map: Mapping[str, str] | None = None, agent_uid: int | None = None, uid_min: int | None = None
+        self,
+        account_map: Mapping[str, str] | None = None,
+        agent_uid: int | None = None,
+        uid_min: int | None = None,
+        uid_max: int | None = None,
     ) -> None:
         self.account_map = dict(account_map or {})
         self.agent_uid = os.geteuid() if agent_uid is None else agent_uid
-        self.uid_min = login_uid_min() if uid_min is None else uid_min
+        login_min, login_max = login_uid_range()
+        self.uid_min = login_min if uid_min is None else uid_min
+        self.uid_max = login_max if uid_max is None else uid_max
 
     @staticmethod
     def read_map(path: Path) -> dict[str, str]:
@@ -110,10 +117,11 @@ class Accounts:
             return f"account {name!r} of user {user!r} has uid or gid 0"
         if pw.pw_uid == self.agent_uid:
             return f"account {name!r} of user {user!r} is the node agent's own (uid {pw.pw_uid})"
-        if pw.pw_uid < self.uid_min and name not in self.account_map.values():
+        if not self.uid_min <= pw.pw_uid <= self.uid_max and name not in self.account_map.values():
+            where = f"below UID_MIN {self.uid_min}" if pw.pw_uid < self.uid_min else f"above UID_MAX {self.uid_max}"
             return (
-                f"account {name!r} of user {user!r} is a system account (uid {pw.pw_uid}, below UID_MIN "
-                f"{self.uid_min}) that the account map does not name"
+                f"account {name!r} of user {user!r} is a system account (uid {pw.pw_uid}, {where}) "
+                "that the account map does not name"
             )
         groups = tuple(sorted(set(os.getgrouplist(name, pw.pw_gid))))
         if 0 in groups:
@@ -121,24 +129,28 @@ class Accounts:
         return Account(name, pw.pw_uid, pw.pw_gid, groups, pw.pw_dir or "/")
 
 
-#: Where the lowest uid of a login account is set (``UID_MIN``), and its value when the file does not say.
+#: Where the range of login accounts' uids is set (``UID_MIN``, ``UID_MAX``), and its bounds when the file does
+#: not say. Above it lie ``nobody`` (65534), the kernel's overflow uid and NFS's anonymous one, which daemons share.
 LOGIN_DEFS = Path("/etc/login.defs")
 DEFAULT_UID_MIN = 1000
+DEFAULT_UID_MAX = 60000
 
 
-def login_uid_min(path: Path = LOGIN_DEFS) -> int:
-    """``UID_MIN`` of ``path`` (``/etc/login.defs``: the lowest uid ``useradd`` gives a login account), or
-    :data:`DEFAULT_UID_MIN` when the file is missing, does not set it or sets it to no number."""
+def login_uid_range(path: Path = LOGIN_DEFS) -> tuple[int, int]:
+    """``(UID_MIN, UID_MAX)`` of ``path`` (``/etc/login.defs``: the uids ``useradd`` gives login accounts); each
+    is :data:`DEFAULT_UID_MIN` or :data:`DEFAULT_UID_MAX` when the file is missing, does not set it or sets it to
+    no number (the last setting counts)."""
+    defaults = {"UID_MIN": DEFAULT_UID_MIN, "UID_MAX": DEFAULT_UID_MAX}
+    bounds = dict(defaults)
     try:
         text = path.read_text(errors="replace")
     except OSError:
-        return DEFAULT_UID_MIN
-    value = DEFAULT_UID_MIN
+        text = ""
     for line in text.splitlines():
         words = line.split("#", 1)[0].split()
-        if len(words) == 2 and words[0] == "UID_MIN":
-            value = int(words[1]) if words[1].isdigit() else DEFAULT_UID_MIN
-    return value
+        if len(words) == 2 and words[0] in bounds:
+            bounds[words[0]] = int(words[1]) if words[1].isdigit() else defaults[words[0]]
+    return bounds["UID_MIN"], bounds["UID_MAX"]
 
 
 # --------------------------------------------------------------------------- files
@@ -176,6 +188,59 @@ def own_dir(path: str, account: Account | None) -> None:
         os.fchmod(fd, 0o700)
     finally:
         os.close(fd)
+
+
+def private_dir(path: Path) -> None:
+    """Make directory ``path`` (mode 0700) unless it exists; one that exists must be a directory (a link at the
+    name is not followed) of the agent's own uid that neither group nor others may write.
+
+    For a directory at a name anyone could have taken first (the default state directory in the shared
+    temporary directory): a local account that made it, or planted a link there, would otherwise have the
+    agent (root) write its journal, or change the mode of its job roots, through links of that account's
+    choosing, and could swap the journal for one naming other processes to kill.
+
+    Raises:
+        OSError: it cannot be made, it is not a directory, it belongs to another uid, or group or others may
+            write it (the message says which, and how to go on).
+    """
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(errno.ENOTDIR, "not a directory (a link there is not followed): remove it", str(path))
+    if st.st_uid != os.geteuid():
+        raise OSError(
+            errno.EPERM,
+            f"belongs to uid {st.st_uid}, not to the agent's uid {os.geteuid()}: another account made it; "
+            "remove it, or set --state-dir to a directory of the agent's own",
+            str(path),
+        )
+    if st.st_mode & 0o022:
+        raise OSError(errno.EPERM, f"mode {stat.S_IMODE(st.st_mode):04o}: group or others may write it", str(path))
+
+
+def not_world_writable(path: Path, setting: str) -> None:
+    """Refuse a configured directory of the agent (``setting`` names it) that everyone may write: a shared
+    temporary or scratch directory (``/tmp``, mode 1777). The agent would make it 0700 or 0711 (its state
+    directory, a job root), taking it from every other user of the node, and keep its journal or the jobs'
+    directories where any account can take their names first. Missing: nothing to check (it is made 0700).
+
+    Raises:
+        OSError: ``EPERM``, the mode and the setting to change in the message.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    if st.st_mode & 0o002:
+        raise OSError(
+            errno.EPERM,
+            f"mode {stat.S_IMODE(st.st_mode):04o}: anyone may write it (a shared temporary directory?); "
+            f"set {setting} to a directory of the agent's own",
+            str(path),
+        )
 
 
 def protect(path: Path | str | None, dir_mode: int = 0o700) -> None:

@@ -84,7 +84,9 @@ from services.node_agent.sandbox import (
     Sandbox,
     cgroups,
     child_setup,
+    not_world_writable,
     own_dir,
+    private_dir,
     protect_agent_files,
 )
 from services.node_agent.store import Journal, Orphan
@@ -415,6 +417,15 @@ class NodeAgent:
             group_commit: journal and report per poll of commands (the caller closes each group before it
                 commits the poll: :meth:`end_group`).
         """
+        for configured, setting in (
+            (settings.state_dir, "--state-dir"),
+            (settings.checkpoint_root, "--checkpoint-root"),
+            (settings.job_log_dir, "--job-log-dir"),
+        ):
+            if configured is not None:
+                not_world_writable(configured, setting)
+        if settings.state_dir is None:  # the temporary default, at a name another account could take first
+            private_dir(settings.data_dir())
         journal = Journal(settings.journal_path())  # makes the state directory, which is protected next
         protect_agent_files(
             agent_secrets(settings),
@@ -564,6 +575,7 @@ class NodeAgent:
             adopted=o.pid is not None,
             progress_s=progress,
             checkpoint_interval_s=every,
+            time_limit_s=o.time_limit_s,
         )
 
     async def _adopt(self, o: Orphan, sim_s: float | None) -> None:
@@ -578,6 +590,11 @@ class NodeAgent:
                 self._progress[o.key] = ProgressWatch(stamp=_stamp(w.files.progress_file))
         self.state = logic.with_launched(self.state, w)
         self._tasks[o.key] = asyncio.create_task(self._watch(w), name=f"workload {o.key}")
+        if o.time_limit_s is not None:  # counted from its start, not from the adoption
+            ran = (self.clock.now() - o.started_at).total_seconds() if o.started_at is not None else 0.0
+            self._limits[o.key] = asyncio.create_task(
+                self._limit(o.key, o.time_limit_s, max(o.time_limit_s - ran, 0.0)), name=f"limit {o.key}"
+            )
         self._gauge()
         if o.started_at is not None:  # the same event as before the restart: readers de-duplicate it
             await self._emit(logic.started_event(w, o.started_at, o.pid))
@@ -969,6 +986,7 @@ class NodeAgent:
             sim_until=now + timedelta(seconds=logic.sim_remaining_s(w)) if w.simulated else None,
             sim_progress=w.progress_s if w.simulated else None,
             sim_every=w.checkpoint_interval_s if w.simulated else None,
+            time_limit_s=w.time_limit_s,
         )
         self.state = logic.with_launched(self.state, w)
         self._tasks[w.key] = asyncio.create_task(self._watch(w), name=f"workload {w.key}")
@@ -1047,10 +1065,12 @@ class NodeAgent:
             self._gauge()
         self._tasks.pop(w.key, None)
 
-    async def _limit(self, key: RunKey, limit_s: float) -> None:
+    async def _limit(self, key: RunKey, limit_s: float, left_s: float | None = None) -> None:
         """Stop replica ``key`` when it has run ``limit_s`` event seconds (its time limit): SIGTERM, the default
-        grace, SIGKILL, as a preemption does; its exit is reported ``JobFailed`` reason ``time_limit``."""
-        await self.clock.sleep(limit_s)
+        grace, SIGKILL, as a preemption does; its exit is reported ``JobFailed`` reason ``time_limit``.
+        ``left_s``: the event seconds still to wait (an adopted replica's limit runs from its start), default
+        ``limit_s``."""
+        await self.clock.sleep(limit_s if left_s is None else left_s)
         async with self._lock:
             self.state, w = logic.with_timed_out(self.state, key)
             if w is not None:

@@ -22,12 +22,12 @@ Format: JSON lines, appended and fsynced::
     {"op": "start", "key": [node, job, attempt, replica], "pid": int|null, "pstart": int|null,
      "progress_file": str|null, "progress_stamp": [inode, size, mtime_ns]|null,
      "ts": iso|null, "gpus": [int], "sim_until": iso|null, "sim_progress": float|null,
-     "sim_every": float|null}
+     "sim_every": float|null, "time_limit_s": float|null}
     {"op": "end", "key": [...], "ts": iso|null, "lost": bool}
     {"op": "token", "token": int}
 
 Fields added over time (``progress_*``, ``ts``, ``gpus``, ``sim_until``,
-``sim_progress``, ``sim_every``, ``lost``, the ``token`` op) are optional: older journals load, with
+``sim_progress``, ``sim_every``, ``time_limit_s``, ``lost``, the ``token`` op) are optional: older journals load, with
 ``null``/absent read as unknown. A torn last line (a crash mid-write) is
 skipped. :meth:`Journal.compact` rewrites the file with only what is still
 needed (open starts, ends within the window, the token), atomically, so the
@@ -104,6 +104,8 @@ class Orphan:
         sim_progress: for a simulated workload started with ``StartWorkload.progress_s``, that progress
             (seconds); ``None``: it runs without checkpoints (an older command or journal).
         sim_every: its checkpoint interval in force, seconds, or ``None``.
+        time_limit_s: its time limit (``StartWorkload.time_limit_s``), event seconds from ``started_at``;
+            ``None``: none (or an older journal). An adopted replica is stopped at it all the same.
     """
 
     key: RunKey
@@ -116,6 +118,7 @@ class Orphan:
     sim_until: datetime | None = None
     sim_progress: float | None = None
     sim_every: float | None = None
+    time_limit_s: float | None = None
 
     def record(self) -> dict:
         """Its journal line."""
@@ -132,6 +135,8 @@ class Orphan:
         if self.sim_progress is not None:
             rec["sim_progress"] = self.sim_progress
             rec["sim_every"] = self.sim_every
+        if self.time_limit_s is not None:
+            rec["time_limit_s"] = self.time_limit_s
         return rec
 
 
@@ -199,6 +204,7 @@ class Journal:
                     _time_of(rec.get("sim_until")),
                     _seconds_of(rec.get("sim_progress"), positive=False),
                     _seconds_of(rec.get("sim_every"), positive=True),
+                    _seconds_of(rec.get("time_limit_s"), positive=True),
                 )
             elif op == "end":
                 self._open.pop(key, None)
@@ -275,6 +281,7 @@ class Journal:
         sim_until: datetime | None = None,
         sim_progress: float | None = None,
         sim_every: float | None = None,
+        time_limit_s: float | None = None,
     ) -> None:
         """Record that replica ``key`` started (as process ``pid``, or simulated).
 
@@ -287,9 +294,22 @@ class Journal:
             gpus: GPU indices it holds.
             sim_until: event time a simulated workload ends.
             sim_progress, sim_every: a simulated workload's resume point and checkpoint interval, seconds.
+            time_limit_s: its time limit, event seconds from ``ts`` (``None``: none).
         """
         pstart = process_start_time(pid) if pid else None
-        o = Orphan(key, pid, pstart, progress_file, progress_stamp, ts, tuple(gpus), sim_until, sim_progress, sim_every)
+        o = Orphan(
+            key,
+            pid,
+            pstart,
+            progress_file,
+            progress_stamp,
+            ts,
+            tuple(gpus),
+            sim_until,
+            sim_progress,
+            sim_every,
+            time_limit_s,
+        )
         self._open[key] = o
         self._write(o.record())
 

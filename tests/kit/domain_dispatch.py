@@ -67,3 +67,16 @@ def hb(node: str, at: int, *running: tuple[str, int, int]) -> ev.NodeHeartbeat:
         producer="node-agent",
         event_id=ev.det_id("test-hb", node, at),
     )
+
+
+def endings(out: list[ev.Event]) -> list[tuple[str, int | None, str | None, float | None, str]]:
+    """``(type, attempt, node, grace_s, reason)`` of each ``StopWorkload`` and ``JobCancelled`` in ``out`` (node
+    and grace ``None`` for a ``JobCancelled``); any other event fails the test."""
+    rows: list[tuple[str, int | None, str | None, float | None, str]] = []
+    for e in out:
+        if isinstance(e, ev.StopWorkload):
+            rows.append((e.type, e.attempt, e.node_id, e.grace_s, e.reason))
+        else:
+            assert isinstance(e, ev.JobCancelled), e
+            rows.append((e.type, e.attempt, None, None, e.reason))
+    return rows

@@ -2,7 +2,7 @@
 
 Import the fixtures into a test module (``from tests.kit.node_boundary import job_accounts, shared_dir  # noqa``).
 The accounts are made with ``useradd --no-create-home`` when missing and kept (they cost nothing and the next run
-reuses them): login accounts, uid ``UID_MIN`` or above, since the agent runs no job as a system account the
+reuses them): login accounts, uid from ``UID_MIN`` to ``UID_MAX``, since the agent runs no job as a system account the
 account map does not name. The tests need root, and say so plainly when they do not have it.
 """
 

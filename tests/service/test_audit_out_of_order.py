@@ -3,8 +3,8 @@
 Second test: a node agent cut off from the broker; the dispatcher loses its node at 41 s (heartbeat timeout,
 in the same tick as a placement) and requeues its run; the agent comes back and reports that the run had
 completed at 35 s. Read while the requeued attempt waits, the report finishes the job (rule
-D3.completed-before-loss): it is not placed again. Read after the requeued attempt was placed, it changes
-nothing (that attempt runs). The audit must fold its own decisions of a tick before anything it read after
+D3.completed-before-loss): it is not placed again. Read after the requeued attempt was placed, it stops and
+cancels that attempt. A gang whose other replica's node survives: the same, both replicas' reports needed. The audit must fold its own decisions of a tick before anything it read after
 that tick, whatever the event time, and the report after the requeue (or the placement) it could not have
 preceded; and it must re-run the loss's tick on the state *before* the loss, as the dispatcher's cycle did on
 its fork (folding the tick's own ``NodeLost``/``JobLost`` first, the placement of that tick re-ran to another
@@ -209,13 +209,90 @@ def test_a_completion_stamped_before_the_loss_of_its_run_finishes_the_job_it_req
     check_partition(svc, log, [])
 
 
-def test_a_completion_read_after_the_next_attempt_was_placed_changes_nothing() -> None:
-    """The report read at 46 s, after attempt 2 was placed on n1 at 45 s: that attempt runs; the audit folds
-    the report after the placement, as the dispatcher did (by event time it would finish x1 and call the
-    dispatcher's row of attempt 2 "a job the log says is not active")."""
+def test_a_completion_read_after_the_next_attempt_was_placed_stops_that_attempt() -> None:
+    """The report read at 46 s, after attempt 2 was placed on n1 at 45 s: x1 is done, so attempt 2 is stopped at
+    once and cancelled (``completed_before_loss``); the audit folds the report after the placement, as the
+    dispatcher did (by event time it would finish x1 before attempt 2 was placed), and agrees with both the
+    placement and the rows."""
     svc, log = run_partition(report_after_placement=True)
-    assert (svc.state.jobs["x1"].attempt, svc.state.jobs["x1"].status) == (2, "running")
+    assert "x1" not in svc.state.jobs and svc.state.finished["x1"] == to_us(at(46))
+    recs = records(log)
+    ended = [
+        (r.event.type, r.event.attempt, r.event.reason)
+        for r in recs
+        if isinstance(r.event, (events.StopWorkload, events.JobCancelled)) and r.event.job_id == "x1"
+    ]
+    assert ended == [("StopWorkload", 2, "completed_before_loss"), ("JobCancelled", 2, "completed_before_loss")]
     check_partition(svc, log, [("x1", 2, "n1")])
+
+
+def gang_report(replica: int, node: str, ts_s: float) -> events.JobCompleted:
+    return JobCompleted(
+        event_id=events.det_id("agent", "gang", replica), job_id="g1", attempt=1, replica=replica, node_id=node,
+        ts=at(ts_s),
+    )  # fmt: skip
+
+
+def run_lost_gang(*, survivor_first: bool) -> tuple[DispatcherService, ListLog]:
+    """g1 (lab/a, 2 x 4 GPUs, protected for an hour) on n1 and n2; n1's agent is cut off after 10 s, n2's
+    heartbeats on. y1 (lab/b, 4 GPUs) waits from 40 s. At 41 s n1 is lost: ``JobLost`` of g1 and a stop of its
+    replica on n2 (grace 30 s). Both replicas had completed at 35 s; their reports are read at 42 s and 43 s,
+    the lost replica's first unless ``survivor_first``."""
+    svc, log, poll_at = leader(heartbeat_timeout_s=30.0, reconcile_misses=0)
+    gang = USER.sign(
+        JobSubmitted(
+            event_id=events.det_id("test", "g1"), job_id="g1", budget="lab/a", user="u", gpus_per_replica=4,
+            replicas=2, min_runtime_s=3600.0, duration_s=600.0, submitted_at=at(0), ts=at(0), producer="test",
+        )
+    )  # fmt: skip
+    log.put(*lab("n1", "n2"), gang)
+    poll_at(0)
+    for r, n in enumerate(("n1", "n2")):
+        log.put(
+            JobStarted(
+                event_id=events.det_id("agent", "started", r), job_id="g1", attempt=1, replica=r, node_id=n,
+                gpus=(0, 1, 2, 3), ts=at(0),
+            )
+        )  # fmt: skip
+    log.put(heartbeat("n1", 10))
+    for t in (10, 20, 30):
+        log.put(heartbeat("n2", t))
+        poll_at(t)
+    log.put(heartbeat("n2", 40), submission("y1", "lab/b", 60.0, 40))
+    poll_at(40)  # y1 waits: g1 holds both nodes and is protected
+    poll_at(41)  # n1 lost
+    reports = [gang_report(0, "n1", 35), gang_report(1, "n2", 35)]
+    if survivor_first:
+        reports.reverse()
+    log.put(reports[0])
+    poll_at(42)
+    log.put(reports[1])
+    poll_at(43)
+    log.put(NodeRegistered(event_id=events.det_id("n", "n1", 2), node_id="n1", gpu_count=4, ts=at(45)))
+    poll_at(45)  # n1 back: a requeued g1 would fit again
+    return svc, log
+
+
+def test_a_lost_gang_whose_replicas_all_completed_before_the_loss_is_not_run_again() -> None:
+    """Rule D3.completed-before-loss with a surviving replica. The lost replica's report first: read while the
+    survivor stops, the pair finishes g1 (never requeued), which frees n2 for y1 at 43 s. The survivor's
+    first: its stop ends at 42 s (requeue, y1 placed on n2), then the lost replica's report finishes the waiting
+    attempt. Either way g1 is not placed again, and the audit re-runs every decision and agrees with the rows."""
+    from apportion.audit.verify import check_read_models
+    from services.dispatcher.logic import read_model
+
+    for survivor_first, requeued, y1_at in ((False, [], 43), (True, [("g1", 2)], 42)):
+        svc, log = run_lost_gang(survivor_first=survivor_first)
+        recs = records(log)
+        assert [r.event.node_id for r in recs if isinstance(r.event, NodeLost)] == ["n1"]
+        assert [(r.event.job_id, r.event.attempt) for r in recs if isinstance(r.event, events.JobRequeued)] == requeued
+        placed = [(r.event.job_id, r.event.attempt, r.event.ts) for r in recs if isinstance(r.event, JobPlaced)]
+        assert placed == [("g1", 1, at(0)), ("y1", 1, at(y1_at))]
+        assert "g1" not in svc.state.jobs and svc.state.finished["g1"] == to_us(at(35))
+        checks = rerun_decisions(recs, svc.cfg)
+        assert len(checks) == 2 and all(c.match for c in checks), [d for c in checks for d in c.diffs]
+        jobs, nodes = read_model(svc.state, svc.state.clock_us or 0, svc.cfg)
+        assert check_read_models(recs, {"jobs": jobs, "nodes": nodes}, svc.cfg) == []
 
 
 def run_requeue_before_report() -> tuple[DispatcherService, ListLog]:

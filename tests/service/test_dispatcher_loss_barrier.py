@@ -112,7 +112,7 @@ class Harness:
     def agent(self, kind: type, s: float, **kw: Any) -> None:
         self.log.put(kind(event_id=events.det_id("agent", kind.__name__), job_id="x1", attempt=1, ts=at(s), **kw))
 
-    def published(self, kind: type) -> list[Any]:
+    def published(self, kind: type | tuple[type, ...]) -> list[Any]:
         return [e for _, v in self.log.published if isinstance(e := events.decode(v), kind)]
 
     def records(self) -> list[LogRecord]:
@@ -180,8 +180,9 @@ def test_a_silent_node_is_lost_only_after_the_reader_has_caught_up_and_its_compl
     audited(h)
 
 
-def test_without_the_barrier_the_lagging_term_loses_the_node_and_runs_the_completed_job_again() -> None:
-    """The fault as it was: the same story on a term without end offsets."""
+def test_without_the_barrier_the_lagging_term_loses_the_node_and_places_the_completed_job_again() -> None:
+    """The fault as it was: the same story on a term without end offsets. The completion, read once the next
+    attempt is placed, stops that attempt at once (rule D3.completed-before-loss)."""
     h = Harness(barrier=False)
     lagging(h, n1_beats_on=False)
     assert [e.node_id for e in h.published(events.NodeLost)] == ["n1"]
@@ -191,8 +192,10 @@ def test_without_the_barrier_the_lagging_term_loses_the_node_and_runs_the_comple
         ("x1", 2, "n2"),  # the completed job placed again, in the loss's own tick
     ]
     h.log.held = set()
-    h.poll_at(52)  # the completion, read after the next attempt was placed, changes nothing
-    assert (h.svc.state.jobs["x1"].attempt, h.svc.state.jobs["x1"].status) == (2, "running")
+    h.poll_at(52)  # the completion, read after the next attempt was placed, stops and cancels that attempt
+    assert "x1" not in h.svc.state.jobs and ("x1", 2) not in h.svc.state.cluster.runs
+    ended = [(e.type, e.attempt, e.reason) for e in h.published((events.StopWorkload, events.JobCancelled))]
+    assert ended == [("StopWorkload", 2, "completed_before_loss"), ("JobCancelled", 2, "completed_before_loss")]
     audited(h)  # the audit agrees with what the dispatcher did
 
 

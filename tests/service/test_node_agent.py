@@ -7,6 +7,9 @@ sink for events, a :class:`ManualClock` and :class:`FakeGpuProbe`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import sys
 from datetime import UTC, datetime, timedelta
 
@@ -704,6 +707,46 @@ async def test_run_that_ends_before_its_limit_completes_and_a_stop_before_the_li
     await asyncio.wait_for(agent.idle(), 5)
     assert [c.job_id for c in sink.of(JobCompleted)] == ["short"]
     assert [(f.job_id, f.reason) for f in sink.of(JobFailed)] == [("stopped", "stopped")]
+
+
+async def test_an_adopted_process_is_stopped_at_the_time_limit_counted_from_its_start(tmp_path):
+    """A process with a 100 s limit runs 40 s, then its agent dies (no shutdown) and a new one adopts it from
+    the journal: the limit still holds, counted from the start, so the process is stopped at T0 + 100 s and
+    reported ``time_limit``. The journal kept no limit before, and an adopted process ran on unlimited."""
+    clock, sink = ManualClock(T0), Sink()
+    path = tmp_path / "agent.journal"
+    agent = make_agent(clock, sink, simulated=False, journal=Journal(path))
+    ready = tmp_path / "ready"
+    code = f"import time; open({str(ready)!r},'w').close(); time.sleep(60)"
+    await agent.on_event(_limited(start(duration_s=None, command=(sys.executable, "-c", code)), 100.0))
+    await asyncio.wait_for(_until(ready.exists), 20)
+    (started,) = sink.of(JobStarted)
+    try:
+        await settle(clock, 1)
+        clock.advance(40)
+        for t in [*agent._tasks.values(), *agent._limits.values()]:  # "crash": no shutdown, the process lives
+            t.cancel()
+        sink2 = Sink()
+        agent2 = make_agent(clock, sink2, simulated=False, journal=Journal(path))
+        agent2.progress_poll_wall_s = 0.01
+        await agent2.start(heartbeats=False)
+        assert sink2.of(JobStarted) == [started]  # adopted: the same event again
+        await settle(clock, 1)  # the limit, re-armed for the 60 s left
+        clock.advance(59)
+        await asyncio.sleep(0.05)
+        assert not sink2.of(JobFailed)
+        os.kill(started.pid, 0)  # still running (ProcessLookupError otherwise)
+        clock.advance(1)
+        await asyncio.wait_for(agent2.idle(), 20)
+        (failed,) = sink2.of(JobFailed)
+        assert (failed.job_id, failed.reason, failed.ts) == (
+            started.job_id,
+            logic.TIME_LIMIT,
+            T0 + timedelta(seconds=100),
+        )
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(started.pid, signal.SIGKILL)
 
 
 async def test_real_process_that_ignores_sigterm_at_its_time_limit_is_killed_after_the_grace(tmp_path):

@@ -39,7 +39,7 @@ from services.node_agent.sandbox import (
     cgroups,
     child_setup,
     device_rules,
-    login_uid_min,
+    login_uid_range,
     own_dir,
     protect,
 )
@@ -409,6 +409,90 @@ while sys.argv[2:] == ["wait"] and not os.path.exists("go"):
 """
 
 
+DEFAULT_STATE_DIRS = [
+    # id, how eve (or a careless root) left the default state directory's name, the refusal
+    ("eve's directory with links at the journal and the checkpoint root", "eve", "belongs to uid"),
+    ("a link at the directory's name to a directory of root's", "link", "not a directory"),
+    ("root's, but anyone may write it", "0777", "mode 0777: group or others may write it"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case_id,planted,refusal", DEFAULT_STATE_DIRS, ids=[c[0] for c in DEFAULT_STATE_DIRS])
+def test_a_default_state_directory_taken_first_by_another_account_is_refused(
+    job_accounts, shared_dir, monkeypatch, case_id, planted, refusal
+):
+    """Without ``--state-dir`` the agent's state directory is a fixed name in the shared temporary directory,
+    where any account can make it first. Eve makes it (mode 0777) with links at the journal's name to a file
+    of root's and at the checkpoint root's name to a directory of root's: the agent, root, would write the
+    journal into that file and make that directory 0711. It refuses to start instead, and neither changes."""
+    import tempfile
+
+    eve = job_accounts[EVE]
+    tmp = shared_dir / "tmp"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    data = NodeAgentSettings(node_id="n1").data_dir()
+    assert data.parent == tmp
+    victim, target = shared_dir / "victim", shared_dir / "target"
+    victim.write_text("root's\n")
+    victim.chmod(0o644)
+    target.mkdir(mode=0o755)
+    if planted == "link":
+        data.symlink_to(target)
+    else:
+        data.mkdir()
+        data.chmod(0o777)
+        if planted == "eve":
+            for name, to in (("n1.journal", victim), ("checkpoints", target)):
+                (data / name).symlink_to(to)
+                os.lchown(data / name, eve.pw_uid, eve.pw_gid)
+            os.chown(data, eve.pw_uid, eve.pw_gid)
+    with pytest.raises(OSError, match=refusal):
+        Node(shared_dir, monkeypatch, state_dir=None)
+    assert victim.read_text() == "root's\n" and (victim.stat().st_mode & 0o777) == 0o644
+    assert (target.stat().st_mode & 0o777) == 0o755 and list(target.iterdir()) == []
+
+
+WORLD_WRITABLE = [
+    ("state_dir", "--state-dir"),
+    ("checkpoint_root", "--checkpoint-root"),
+    ("job_log_dir", "--job-log-dir"),
+]
+
+
+@pytest.mark.parametrize("field,flag", WORLD_WRITABLE, ids=[c[0] for c in WORLD_WRITABLE])
+def test_a_shared_scratch_directory_configured_for_the_agent_is_refused_and_left_as_it_is(
+    shared_dir, monkeypatch, field, flag
+):
+    """Ops point a setting at the node's shared scratch (mode 1777, as ``/tmp``): the agent would make it 0700
+    or 0711, shutting every other user out of it, and keep its journal or the jobs' directories where anyone
+    can take their names first. It refuses to start, the setting named, and the directory keeps its mode."""
+    scratch = shared_dir / "scratch"
+    scratch.mkdir()
+    scratch.chmod(0o1777)
+    with pytest.raises(OSError, match=f"mode 1777: anyone may write it .*set {flag} to a directory"):
+        Node(shared_dir, monkeypatch, **{field: scratch})
+    assert oct(scratch.stat().st_mode & 0o7777) == "0o1777"
+
+
+async def test_a_default_state_directory_is_made_the_agents_own(job_accounts, shared_dir, monkeypatch):
+    """Absent, the default state directory is made by the agent: root's, passable by the job accounts only."""
+    import tempfile
+
+    tmp = shared_dir / "tmp"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    node = Node(shared_dir, monkeypatch, state_dir=None)
+    try:
+        st = (tmp / "apportion-node-agent-n1").lstat()
+        assert (st.st_uid, oct(st.st_mode & 0o7777)) == (0, "0o711")
+        assert node.ckpt == tmp / "apportion-node-agent-n1" / "checkpoints"
+    finally:
+        await node.close()
+
+
 async def test_a_jobs_tmp_is_its_own_and_gone_after_it(job_accounts, shared_dir, monkeypatch):
     """Alice's job writes a file to ``/tmp``, ``/dev/shm`` and its ``TMPDIR``; while it runs, eve's job sees
     none of them (``ENOENT``), nor does the node's ``/tmp``; each sees in its ``/tmp`` only its own file and
@@ -518,7 +602,8 @@ REFUSALS = [
     ("no user named", None, "no_account: the start names no user on node n1"),
     ("no such account", "apportion-u-nobody", "no_account: no Unix account 'apportion-u-nobody' for user 'apportion-u-nobody' on node n1"),
     ("root", "root", "no_account: account 'root' of user 'root' has uid or gid 0 on node n1"),
-    ("system account", "daemon", f"no_account: account 'daemon' of user 'daemon' is a system account (uid {pwd.getpwnam('daemon').pw_uid}, below UID_MIN {login_uid_min()}) that the account map does not name on node n1"),
+    ("system account", "daemon", f"no_account: account 'daemon' of user 'daemon' is a system account (uid {pwd.getpwnam('daemon').pw_uid}, below UID_MIN {login_uid_range()[0]}) that the account map does not name on node n1"),
+    ("above UID_MAX", "nobody", f"no_account: account 'nobody' of user 'nobody' is a system account (uid 65534, above UID_MAX {login_uid_range()[1]}) that the account map does not name on node n1"),
 ]  # fmt: skip
 
 
@@ -568,23 +653,37 @@ def test_a_system_account_runs_jobs_only_when_the_account_map_names_it():
     assert isinstance(Accounts({}, agent_uid=0, uid_min=daemon.pw_uid).resolve("daemon"), logic.Account)
 
 
+def test_nobody_above_uid_max_runs_jobs_only_when_the_account_map_names_it():
+    """``nobody`` (uid 65534, above UID_MAX: the overflow and NFS anonymous uid that daemons run as) is a
+    system account too: a user named ``nobody`` does not get its uid (a job there could signal or read what
+    those daemons own); ops may still map a user to it."""
+    nobody = pwd.getpwnam("nobody")
+    assert nobody.pw_uid == 65534
+    refusal = "account 'nobody' of user 'nobody' is a system account (uid 65534, above UID_MAX 60000) that the account map does not name"
+    assert Accounts({}, agent_uid=0, uid_min=1000, uid_max=60000).resolve("nobody") == refusal
+    got = Accounts({"anon": "nobody"}, agent_uid=0, uid_min=1000, uid_max=60000).resolve("anon")
+    assert isinstance(got, logic.Account) and (got.name, got.uid) == ("nobody", 65534)
+    assert isinstance(Accounts({}, agent_uid=0, uid_min=1000, uid_max=65534).resolve("nobody"), logic.Account)
+
+
 LOGIN_DEFS = [
-    # id, /etc/login.defs text (None: no file), UID_MIN
-    ("set", "UID_MIN\t\t\t 500\nUID_MAX 60000\n", 500),
-    ("commented out", "#UID_MIN 500\n", 1000),
-    ("last one counts", "UID_MIN 500\nUID_MIN 2000 # later\n", 2000),
-    ("not a number", "UID_MIN lots\n", 1000),
-    ("not set", "SYS_UID_MIN 100\n", 1000),
-    ("no file", None, 1000),
+    # id, /etc/login.defs text (None: no file), (UID_MIN, UID_MAX)
+    ("set", "UID_MIN\t\t\t 500\nUID_MAX 60000\n", (500, 60000)),
+    ("max set", "UID_MAX\t\t29999\n", (1000, 29999)),
+    ("commented out", "#UID_MIN 500\n#UID_MAX 100\n", (1000, 60000)),
+    ("last one counts", "UID_MIN 500\nUID_MIN 2000 # later\nUID_MAX 7\nUID_MAX 9000\n", (2000, 9000)),
+    ("not a number", "UID_MIN lots\nUID_MAX -1\n", (1000, 60000)),
+    ("not set", "SYS_UID_MIN 100\nSYS_UID_MAX 999\n", (1000, 60000)),
+    ("no file", None, (1000, 60000)),
 ]
 
 
-@pytest.mark.parametrize("case_id,text,uid_min", LOGIN_DEFS, ids=[c[0] for c in LOGIN_DEFS])
-def test_login_uid_min(tmp_path, case_id, text, uid_min):
+@pytest.mark.parametrize("case_id,text,uids", LOGIN_DEFS, ids=[c[0] for c in LOGIN_DEFS])
+def test_login_uid_range(tmp_path, case_id, text, uids):
     path = tmp_path / "login.defs"
     if text is not None:
         path.write_text(text)
-    assert login_uid_min(path) == uid_min
+    assert login_uid_range(path) == uids
 
 
 def test_limits_per_gpu():

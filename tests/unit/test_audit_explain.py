@@ -93,3 +93,21 @@ def test_every_job_event_gets_a_sentence_not_its_type_name() -> None:
         "JobCancelled": "cancelled (wrong data)",
     }
     assert all(e.summary != e.kind for e in ex.timeline)
+
+
+def test_a_checkpoint_reported_beyond_the_run_time_reads_as_the_run_time() -> None:
+    """Rule D3.checkpoints: a1's attempt 1 was placed at 0:00; a report of 1e300 s of progress at 0:30 counts as
+    the 30 minutes it has run (1,800 s), as the dispatcher's fold counts it, not as a 300-digit duration."""
+    from datetime import UTC, datetime
+
+    log = history()
+    at = datetime(2024, 1, 1, 0, 30, tzinfo=UTC)
+    i = next(k for k, e in enumerate(log) if e.ts > at)
+    log.insert(i, events.JobCheckpointed(job_id="a1", attempt=1, progress_s=1e300, replica=0, node_id="n0", ts=at))
+    ex = explain(records_from_events(log), "a1", CFG, check=False)
+    (cp,) = [e for e in ex.timeline if e.at == at.isoformat()]
+    assert cp.summary == (
+        "checkpoint by replica 0 on n0: 30m of progress saved "
+        "(reported 1e+300 s, more than the job has run: counted as its run time)"
+    )
+    assert cp.details == {"progress_s": 1800.0, "reported_progress_s": 1e300}

@@ -15,12 +15,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from apportion import events, topics
 from apportion.audit.source import verify_topics, write_export
-from apportion.audit.verify import REFUSED_LISTED, records_from_events, refusal_reason, verify
+from apportion.audit.verify import REFUSED_LISTED, records_from_events, refusal_kind, refusal_reason, verify
 from apportion.bus.intake import Intake, dead_letter
+from apportion.cli.audit import refused_line, refused_table
 from apportion.cli.main import app
 from apportion.identity.gates import ReportGate, RequestGate
 from apportion.logrecord import LogRecord, log_order
@@ -128,6 +130,7 @@ def test_a_forgery_both_services_dead_lettered_is_one_refused_attack_and_verify_
         "offset": "apportion.nodes:0@1",
         "at": FORGED_AT.isoformat(),
         "reason": "unauthenticated_node",
+        "kind": "forgery",
         "detail": letter.error,
         "what": "NodeHeartbeat n0",
         "who": "node-agent",
@@ -307,7 +310,7 @@ def test_the_command_exits_0_and_prints_the_refused_attacks_when_every_forgery_w
     log.read_by("dispatcher", FORGED_AT + timedelta(seconds=1))
     code, out = cli_verify(tmp_path, log.records())
     assert code == 0, out
-    assert "refused attacks: 1 (unauthenticated_node 1)" in out
+    assert "refused by the services: 1 (1 forgery: unauthenticated_node 1)" in out
     assert "OK" in out
     code, out = cli_verify(tmp_path, log.records(), "--json")
     refused = json.loads(out)["refused_attacks"]
@@ -349,4 +352,70 @@ def test_the_dispatchers_dead_letters_are_no_input_of_the_re_runs() -> None:
     assert (rep.decisions, rep.snapshots, rep.records) == (3, 3, len(log))
     assert [(f.offset, f.reason, f.in_log, f.by) for f in rep.refused] == [
         ("apportion.jobs:0@99", "invalid", False, ["dispatcher"])
+    ]
+
+
+def not_owner_log() -> Log:
+    """alice submits j1 and bob, signing with his own key, asks to cancel it: a refused request, not a forgery."""
+    from types import SimpleNamespace
+
+    log = Log()
+    gate = RequestGate()
+    bob = identity("bob")
+    for key in (registered(ALICE, T0), registered(bob, T0)):
+        gate.refusal(None, log.add(key).event, {}, to_us(T0))  # type: ignore[arg-type]
+    req = bob.sign(
+        events.JobCancelRequested(
+            event_id=events.det_id("req", "j1"), job_id="j1", user="bob", ts=T0 + timedelta(days=1)
+        )
+    )
+    rec = log.add(req)
+    jobs = {"j1": SimpleNamespace(spec=SimpleNamespace(user="alice", budget="lab/a"))}
+    verdict = gate.refusal(rec.raw, req, jobs, to_us(T0 + timedelta(days=1, seconds=1)))
+    assert isinstance(verdict, events.JobRejected) and verdict.reason is events.RejectReason.NOT_OWNER
+    log.add(verdict)
+    return log
+
+
+@pytest.mark.parametrize(
+    "reason, kind",
+    [
+        pytest.param("unauthenticated_node", "forgery", id="a node report no key of its node signed"),
+        pytest.param("unauthenticated", "forgery", id="a request no key of its user signed"),
+        pytest.param("event_id reused", "forgery", id="a replay"),
+        pytest.param("not_owner", "refused request", id="a signed request on another user's job"),
+        pytest.param("apply failed", "invalid input", id="the fold raised"),
+        pytest.param("undecodable", "invalid input", id="the codec raised"),
+        pytest.param("invalid", "invalid input", id="a bad field"),
+    ],
+)
+def test_refusal_kind_tells_a_forgery_from_a_refused_request(reason: str, kind: str) -> None:
+    assert refusal_kind(reason) == kind
+
+
+def test_an_operators_cancel_of_another_users_job_is_a_refused_request_not_an_attack(tmp_path: Path) -> None:
+    """bob's own signed cancel of alice's job is refused ``not_owner``: the report calls it a refused request
+    and lists no forgery; at 80 columns the table keeps every cell whole and the long reason follows it."""
+    log = not_owner_log()
+    rep = verify(log.records())
+    assert rep.ok, rep.to_dict()
+    (f,) = rep.refused
+    assert (f.reason, f.kind, f.who, f.how) == ("not_owner", "refused request", "bob", ["rejected"])
+    summary = rep.refused_summary()
+    assert (summary["by_kind"], summary["first"][0]["kind"]) == ({"refused request": 1}, "refused request")
+    assert refused_line(summary) == "refused by the services: 1 (1 refused request: not_owner 1)"
+    code, out = cli_verify(tmp_path, log.records())
+    assert code == 0, out
+    assert "refused by the services: 1 (1 refused request: not_owner 1)" in out
+    assert "attack" not in out and "forger" not in out
+    console = Console(width=80, record=True)
+    console.print(refused_table(summary, 80))
+    assert [line.rstrip() for line in console.export_text().splitlines()] == [
+        "       refused records (not mismatches): the first 1 of 1",
+        "offset                     kind             what",
+        "─────────────────────────────────────────────────────────────────",
+        "apportion.submissions:0@0  refused request  JobCancelRequested j1",
+        "apportion.submissions:0@0: event time 2026-03-03 09:00:00; claims to be bob;",
+        "refused by dispatcher; job 'j1' belongs to 'alice'; 'bob' may cancel only their",
+        "own jobs",
     ]

@@ -206,3 +206,39 @@ def test_dispatcher_node_row_that_disagrees_is_reported(change: dict[str, object
         nodes[nid] = nodes[nid] | change
     (m,) = check_read_models(recs, {"nodes": nodes}, CFG)
     assert m.subject == f"nodes[{nid}]" and detail in m.detail and m.offset is not None
+
+
+def test_a_completion_stamped_before_a_loss_the_log_holds_no_requeue_for_is_folded_after_the_loss() -> None:
+    """Rule D3.completed-before-loss: a gang's replica reports (stamped 35 s) of a run the dispatcher lost at 41 s,
+    whose survivors' stop they ended (no requeue, no next placement in the log), are folded after the loss, where
+    the dispatcher read them; a report stamped after the loss, and one of a run never lost, keep event time."""
+    from apportion.audit.verify import emitted_order, ext_key, fold_order, loss_times
+    from apportion.logrecord import LogRecord
+
+    def sec(s: float):  # a datetime, s seconds after T0
+        return from_us(T0 + int(s * 1_000_000))
+
+    def rec(e: events.Event, topic: str, offset: int) -> LogRecord:
+        return LogRecord(topic, 0, offset, None, 0, None, e)
+
+    lost = events.JobLost(
+        job_id="g", attempt=1, node_id="n1", charged_until=sec(10), ts=sec(41), producer="dispatcher",
+        event_id=events.det_id("lost"),
+    )  # fmt: skip
+
+    def done(job: str, replica: int, s: float) -> events.JobCompleted:
+        return events.JobCompleted(
+            job_id=job, attempt=1, replica=replica, ts=sec(s), event_id=events.det_id(job, replica)
+        )
+
+    own = [rec(lost, "jobs", 0)]
+    polled = [rec(done("g", 0, 35), "nodes", 0), rec(done("h", 0, 36), "nodes", 1), rec(done("g", 1, 42), "nodes", 2)]
+    order = fold_order(own, polled, emitted_order, ext_key, lost_at=loss_times(own))
+    assert [
+        (type(r.event).__name__, getattr(r.event, "job_id", ""), narrow(events.Event, r.event).ts) for r in order
+    ] == [
+        ("JobCompleted", "h", sec(36)),
+        ("JobLost", "g", sec(41)),
+        ("JobCompleted", "g", sec(35)),
+        ("JobCompleted", "g", sec(42)),
+    ]

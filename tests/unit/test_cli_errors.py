@@ -80,6 +80,19 @@ def test_a_publish_the_acls_refuse_exits_1_naming_the_principal(
     )
 
 
+def test_a_refusal_without_a_kafka_user_names_the_anonymous_principal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from apportion import settings
+
+    monkeypatch.delenv("APPORTION_KAFKA_USER", raising=False)
+    monkeypatch.setattr(settings, "stack_env", lambda: {})  # no stack.env names one either
+    _publish_raising(monkeypatch, TopicAuthorizationFailedError({"apportion.budgets"}))
+    with pytest.raises(typer.Exit):
+        common._publish([], None)
+    assert "the broker's ACLs do not let the anonymous principal publish to it" in capsys.readouterr().err
+
+
 def test_an_acl_refusal_under_json_says_not_authorized(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

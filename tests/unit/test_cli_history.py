@@ -142,31 +142,49 @@ def _render(table, width: int) -> list[str]:
     return c.export_text().splitlines()
 
 
-def test_history_fits_80_columns_with_every_cell_whole_but_the_reason() -> None:
+def test_history_fits_80_columns_and_a_reason_that_does_not_fit_follows_the_table_whole() -> None:
+    """At 80 columns bob's reason (65 characters) does not fit: the reason leaves the table for a line after it,
+    whole (it was cut to ``exit 1: CUDA o…``); alice's ``-`` gets no line."""
     from apportion.cli.history import history_table
 
     lines = _render(history_table(_rows(), width=80), 80)
     assert [ln.rstrip() for ln in lines] == [
-        "                           history (2 finished jobs)",
-        "job                user  state     GPUs wait    run end         reason",
-        "alice-3f9c2a1b7d0e alice completed 4x8   12m  4h30m 12-01 14:00 -",
-        "bob-99aa00bb11cc   bob   failed    1x1    5s 59m55s 12-01 10:00 exit 1: CUDA o…",
+        "                      history (2 finished jobs)",
+        "job                 user   state      GPUs  wait     run  end",
+        "─────────────────────────────────────────────────────────────────────",
+        "alice-3f9c2a1b7d0e  alice  completed  4x8    12m   4h30m  12-01 14:00",
+        "bob-99aa00bb11cc    bob    failed     1x1     5s  59m55s  12-01 10:00",
+        "bob-99aa00bb11cc: exit 1: CUDA out of memory while allocating 20.00 GiB on",
+        "device 0",
     ]
     assert max(len(ln) for ln in lines) <= 80
 
 
-def test_history_wide_has_every_column_and_the_whole_reason() -> None:
-    from apportion.cli.history import history_table
+def test_history_wide_on_an_80_column_terminal_keeps_every_column_and_the_whole_reason(monkeypatch) -> None:
+    """``history --wide`` on an 80-column terminal: the table is laid out at its own width (194 columns) and the
+    terminal wraps it; laid out at the console's measure (capped at 80) it dropped columns and cut the reason."""
+    from typer.testing import CliRunner
 
-    lines = [ln.rstrip() for ln in _render(history_table(_rows(), wide=True, width=1 << 16), 200)]
-    assert lines[1].split() == [
-        "job", "user", "budget", "state", "GPUs", "att", "pre", "wait", "run", "GPU-h", "lost", "GPU-h", "end", "reason"
-    ]  # fmt: skip
-    assert lines[2].split()[:12] == [
-        "alice-3f9c2a1b7d0e", "alice", "lab/prior/robotics", "completed", "4x8", "2", "1", "12m", "4h30m", "144.00",
-        "0.50", "2026-12-01",
-    ]  # fmt: skip
-    assert lines[3].endswith("exit 1: CUDA out of memory while allocating 20.00 GiB on device 0")
+    import apportion.bus.reader
+    import apportion.cli.history as hist
+    from apportion.cli.main import app
+
+    rows = {j.job_id: j for j in _rows()}
+    monkeypatch.setattr(hist, "_require_topics", lambda *a: type("C", (), {"bootstrap": "x"})())
+    monkeypatch.setattr(apportion.bus.reader, "read_log", lambda *a, **k: [])
+    monkeypatch.setattr(hist, "fold_jobs", lambda evts: rows)
+    res = CliRunner().invoke(app, ["history", "--wide"], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    lines = [ln.rstrip() for ln in res.stdout.splitlines()]
+    assert lines[1:] == [
+        "job                 user   budget              state      GPUs  att  pre  wait     run   GPU-h  lost GPU-h  "
+        "end                  reason",
+        "─" * 194,
+        "bob-99aa00bb11cc    bob    lab/vision          failed     1x1     1    0    5s  59m55s    1.00           -  "
+        "2026-12-01 10:00:00  exit 1: CUDA out of memory while allocating 20.00 GiB on device 0",
+        "alice-3f9c2a1b7d0e  alice  lab/prior/robotics  completed  4x8     2    1   12m   4h30m  144.00        0.50  "
+        "2026-12-01 14:00:00  -",
+    ]
 
 
 NO_ACCOUNT = "no_account: no Unix account 'mallory' for user 'mallory' on node n0"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from apportion.cli.history import read_output
+from apportion.cli.history import TAIL_BYTES, OutputTail, read_output
 from apportion.cli.main import app
 
 
@@ -34,6 +34,9 @@ def test_logs_json_gives_the_latest_attempt_and_its_text(tmp_path: Path) -> None
         "stream": "stdout",
         "path": str(job / "attempt-2.replica-0.out"),
         "text": "second\n",
+        "size": 7,
+        "offset": 0,
+        "cut": False,
     }
 
 
@@ -109,4 +112,57 @@ def test_read_output_refuses_a_link_a_hard_link_or_a_fifo_on_the_descriptor(tmp_
         assert exc.value.errno == code, name
     assert str(exc.value) == f"[Errno 22] not a regular file: '{tmp_path / 'fifo'}'"
     (tmp_path / "plain").write_text("plain\n")
-    assert read_output(tmp_path / "plain") == "plain\n"
+    assert read_output(tmp_path / "plain") == OutputTail("plain\n", size=6, offset=0, cut=False)
+
+
+def _sparse_output(tmp_path: Path, size: int, head: bytes, tail: bytes) -> Path:
+    """A job's attempt-1 stdout of ``size`` bytes: ``head``, a hole of zero bytes, ``tail`` (a sparse file, as
+    ``os.ftruncate(1, size)`` in the job makes one: no disk, any size)."""
+    job = tmp_path / "j1"
+    job.mkdir()
+    path = job / "attempt-1.replica-0.out"
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(size - len(tail))
+        f.seek(size - len(tail))
+        f.write(tail)
+    assert path.stat().st_size == size
+    return path
+
+
+def test_logs_of_a_50_gib_sparse_output_reads_its_tail_and_says_it_was_cut(tmp_path: Path) -> None:
+    """A job that truncated its stdout to 50 GiB: ``logs`` reads 1 MiB, not 50 GiB (it died of MemoryError), and
+    says on stderr what it left out; ``--lines 2`` gives the last two lines; ``--json`` says so in fields."""
+    size = 50 * 2**30
+    _sparse_output(tmp_path, size, b"first line\n", b"\nsecond to last\nlast\n")
+    res = run("logs", "j1", "--dir", str(tmp_path))
+    assert res.exit_code == 0, res.stderr
+    assert len(res.stdout) == TAIL_BYTES == 1_048_576
+    assert res.stdout.endswith("\0\nsecond to last\nlast\n")
+    assert res.stderr == (
+        "note: output cut: the last 1,048,576 of 53,687,091,200 bytes shown (--bytes N or --lines N for another "
+        "tail, --all for the whole file)\n"
+    )
+    res = run("logs", "j1", "--dir", str(tmp_path), "--lines", "2", "--json")
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert (doc["text"], doc["size"], doc["offset"], doc["cut"]) == ("second to last\nlast\n", size, size - 20, True)
+    res = run("logs", "j1", "--dir", str(tmp_path), "--bytes", "5")
+    assert (res.exit_code, res.stdout) == (0, "last\n")
+
+
+def test_logs_all_copies_the_whole_file_in_chunks_and_refuses_json(tmp_path: Path) -> None:
+    """``--all`` streams the whole file (3 MiB + 3 bytes, 49 chunks) to stdout unchanged;
+    with ``--json`` it would have to hold the file: exit 2."""
+    body = b"x" * (3 * 2**20) + b"end"
+    _sparse_output(tmp_path, len(body), body, b"")
+    res = run("logs", "j1", "--dir", str(tmp_path), "--all")
+    assert (res.exit_code, res.stdout_bytes, res.stderr) == (0, body, "")
+    res = run("logs", "j1", "--dir", str(tmp_path))
+    assert (len(res.stdout), res.stderr.startswith("note: output cut: the last 1,048,576 of 3,145,731 bytes")) == (
+        TAIL_BYTES,
+        True,
+    )
+    res = run("logs", "j1", "--dir", str(tmp_path), "--all", "--json")
+    assert res.exit_code == 2
+    assert json.loads(res.stdout)["reason"] == ""

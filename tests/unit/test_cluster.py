@@ -91,3 +91,27 @@ def test_snapshot_is_not_changed_by_later_events():
     snap = cs.snapshot()
     cs.apply(completed("j", at=h(2)))
     assert snap.nodes["n0"].free == {2, 3} and ("j", 1) in snap.runs
+
+
+def checkpointed(job: str, progress: float, at: int, attempt: int = 1, replica: int | None = 0):
+    return ev.JobCheckpointed(job_id=job, attempt=attempt, progress_s=progress, replica=replica, ts=from_us(at))
+
+
+def test_a_reported_progress_is_bounded_by_the_work_time_the_job_has_had():
+    """Rule D3.checkpoints. Attempt 1 runs 1 h (placed h(1), preempted h(1.5), requeued h(2): its run ends at
+    the requeue); attempt 2 is placed at h(3). A report of 1e300 s at h(3.25) counts as 1 h + 0.25 h = 4,500 s;
+    one within the bound (300 s) keeps its word; after the job ends its worked time is gone."""
+    cs = fold(reg("n0"), placed("j", nodes=["n0"], at=h(1)))
+    cs.apply(checkpointed("j", 1e300, at=h(1.25)))
+    assert cs.runs[("j", 1)].checkpoint_progress_s == 900.0 and cs.progress["j"] == 900.0
+    cs.apply(preempted("j", at=h(1.5)))
+    cs.apply(requeued("j", attempt=2, at=h(2)))
+    assert cs.worked_us["j"] == 3_600_000_000
+    cs.apply(placed("j", attempt=2, nodes=["n0"], at=h(3)))
+    assert cs.progress_bound_s("j", 2, h(3.25)) == 4500.0
+    cs.apply(checkpointed("j", 1e300, attempt=2, at=h(3.25)))
+    assert cs.runs[("j", 2)].checkpoints == ((0, h(3.25), 4500.0),) and cs.progress["j"] == 4500.0
+    cs.apply(checkpointed("j", 300.0, attempt=2, at=h(3.5)))
+    assert cs.runs[("j", 2)].checkpoint_progress_s == 300.0
+    cs.apply(completed("j", attempt=2, at=h(4)))
+    assert ("j" in cs.worked_us, "j" in cs.progress) == (False, False)

@@ -2,9 +2,10 @@
 
 Given: j (4 GPUs, lab/b, one replica) placed at T0 on n0, heartbeat timeout 30 s, no heartbeat after the
 registrations at T0. The tick at L = T0 + 30 s + 1 µs loses n0 and n1: ``NodeLost``, ``JobLost`` of j#1 at L,
-``JobRequeued`` j#2; n2 and n3 register at L. When: the agent's report of j#1 is read after that.
-Then: as the table says; the same log folded in event-time order (the audit's order for the read models, the
-report first) ends in the same jobs, queue and finished set.
+``JobRequeued`` j#2; n2 and n3 register at L. When: the agent's report of j#1 is read after that, while
+attempt 2 waits or once it was placed on n2. Then: as the tables say; the same log folded in event-time order
+(the audit's order for the read models, the report first) ends in the same jobs, queue and finished set.
+A gang with a replica on a node that survives: ``tests/unit/test_completed_before_loss_gang.py``.
 
 Tree::
 
@@ -23,7 +24,8 @@ from apportion import events as ev
 from apportion.domain.dispatch import DispatchConfig, DispatchState, LostRun, Tick, fold, step
 from apportion.timeutil import Micros, from_us
 from tests.kit.builders import T0, submitted
-from tests.kit.domain_dispatch import TREE, types
+from tests.kit.domain_dispatch import TREE, endings, types
+from tests.kit.narrowing import narrow
 
 CFG = DispatchConfig(heartbeat_timeout_s=30)
 L: Micros = T0 + 30_000_001  # the loss: 30 s and 1 µs after the last heartbeat (the registration)
@@ -103,12 +105,58 @@ def test_a_report_of_a_lost_run_read_while_its_next_attempt_waits(case: Case) ->
         )
 
 
-def test_a_completion_read_after_the_next_attempt_was_placed_changes_nothing() -> None:
+def placed_again(started: bool) -> DispatchState:
+    """Attempt 2 of j placed on n2 at L + 1 s (started there at once when ``started``)."""
     state, _ = lost_and_requeued()
-    assert types(step(state, Tick(L + S), L + S, CFG)) == ["JobPlaced:j", "StartWorkload:j"]
-    assert step(state, completed(T0 + 20 * S), L + 2 * S, CFG) == []
-    assert (state.jobs["j"].attempt, state.jobs["j"].status) == (2, "running")
-    assert state.jobs["j"].lost is None
+    out = step(state, Tick(L + S), L + S, CFG)
+    assert types(out) == ["JobPlaced:j", "StartWorkload:j"]
+    assert narrow(ev.JobPlaced, out[0]).placements[0].node_id == "n2"
+    if started:
+        step(state, ev.JobStarted(
+            job_id="j", attempt=2, replica=0, node_id="n2", gpus=(0, 1, 2, 3), ts=from_us(L + S),
+            producer="node-agent", event_id=ev.det_id("started", 2),
+        ), L + S, CFG)  # fmt: skip
+    return state
+
+
+@pytest.mark.parametrize("started", [False, True], ids=["placed, not started", "started"])
+def test_a_completion_read_after_the_next_attempt_was_placed_ends_that_attempt_at_once(started: bool) -> None:
+    """Read at L + 2 s, one second after attempt 2 was placed: the job is done. Attempt 2 is stopped with no
+    grace and cancelled with reason ``completed_before_loss``; its GPUs are free and its charge ends at the
+    read: 4 GPUs x 1 s (attempt 1 is charged up to n0's last heartbeat, T0: nothing)."""
+    state = placed_again(started)
+    out = step(state, completed(T0 + 20 * S), L + 2 * S, CFG)
+    assert endings(out) == [
+        ("StopWorkload", 2, "n2", 0.0, "completed_before_loss"),
+        ("JobCancelled", 2, None, None, "completed_before_loss"),
+    ]
+    assert "j" not in state.jobs and state.finished["j"] == L + 2 * S
+    assert ("j", 2) not in state.cluster.runs and state.cluster.nodes["n2"].free == frozenset({0, 1, 2, 3})
+    assert state.ledger.occupancy_us(L + 10 * S)["lab/b"] == 4 * S
+    assert types(step(state, Tick(L + 3 * S), L + 3 * S, CFG)) == []  # not placed again
+
+
+PARTIAL = {
+    "a completion stamped 1 µs after the loss": (completed(L + 1),),
+    "a failure": (failed(T0 + 20 * S),),
+    "a completion of the running attempt's own replica is that attempt's": (completed(T0 + S, attempt=2),),
+}
+
+
+@pytest.mark.parametrize("reports", PARTIAL.values(), ids=PARTIAL.keys())
+def test_a_report_that_does_not_show_the_lost_run_finished_leaves_the_next_attempt_running(
+    reports: tuple[ev.Event, ...],
+) -> None:
+    state = placed_again(started=True)
+    for i, r in enumerate(reports):
+        step(state, r, L + (2 + i) * S, CFG)
+    if "j" in state.jobs:
+        assert (state.jobs["j"].attempt, state.jobs["j"].status) == (2, "running")
+        assert state.jobs["j"].lost is None
+        assert step(state, completed(T0 + 20 * S), L + 9 * S, CFG) == []  # a later completion no longer counts
+        assert (state.jobs["j"].attempt, state.jobs["j"].status) == (2, "running")
+    else:  # attempt 2's own completion ended the job: nothing to stop
+        assert state.finished["j"] == T0 + S
 
 
 def test_a_completion_before_an_agents_own_loss_report_finishes_the_job_too() -> None:
@@ -140,3 +188,35 @@ def test_the_loss_survives_a_snapshot_of_the_state() -> None:
     assert restored.jobs["j"].lost == state.jobs["j"].lost == LostRun(1, L, frozenset({0}))
     assert step(restored, completed(T0 + 20 * S), L + 5 * S, CFG) == []
     assert "j" not in restored.jobs and restored.finished["j"] == T0 + 20 * S
+
+
+@pytest.mark.parametrize(
+    ("stamp", "finished"),
+    [(T0 + 10 * S, True), (T0 + 12 * S, False)],
+    ids=["a completion stamped before the preemption finishes the job", "one between preemption and loss does not"],
+)
+def test_a_run_preempted_then_lost_counts_only_completions_before_its_preemption(stamp: Micros, finished: bool) -> None:
+    """j (placed at T0 on n0, no heartbeat timeout) is preempted at P = T0 + 10 s (drain, grace 30 s); its agent
+    reports it lost at T0 + 15 s, within the grace: requeued at once. A completion stamped after the preemption
+    may be the workload's answer to SIGTERM, so only one stamped at or before P shows the work was done."""
+    cfg = DispatchConfig(heartbeat_timeout_s=None)
+    state = DispatchState(TREE)
+    for e in (reg("n0"), submitted("j", budget="lab/b", gpus=4, min_runtime_s=0)):
+        step(state, e, T0, cfg)
+    step(state, Tick(T0), T0, cfg)
+    preempted = ev.JobPreempted(
+        job_id="j", attempt=1, budget="lab/b", allocated=False, reason="drain", ts=from_us(T0 + 10 * S),
+        event_id=ev.det_id("preempted"),
+    )  # fmt: skip
+    step(state, preempted, T0 + 10 * S, cfg)
+    lost = ev.JobLost(
+        job_id="j", attempt=1, node_id="n0", charged_until=from_us(T0 + 14 * S), ts=from_us(T0 + 15 * S),
+        producer="node-agent", event_id=ev.det_id("agent-lost"),
+    )  # fmt: skip
+    assert types(step(state, lost, T0 + 15 * S, cfg)) == ["JobRequeued:j"]
+    assert state.jobs["j"].lost == LostRun(1, T0 + 10 * S, frozenset({0}))
+    assert step(state, completed(stamp), T0 + 16 * S, cfg) == []
+    if finished:
+        assert "j" not in state.jobs and state.finished["j"] == stamp
+    else:
+        assert (state.jobs["j"].attempt, state.jobs["j"].status, state.jobs["j"].lost) == (2, "pending", None)

@@ -33,7 +33,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "adapters",
         ("apportion.clock", "apportion.settings", "apportion.readmodel", "apportion.gpu", "apportion.metrics")
-        + ("apportion.identity", "apportion.bus", "apportion.client", "apportion.signers", "apportion.audit"),
+        + ("apportion.identity", "apportion.bus", "apportion.client", "apportion.signers", "apportion.audit")
+        + ("apportion.privatefiles",),
     ),
     ("entrypoints", ("apportion.cli", "services")),
 )

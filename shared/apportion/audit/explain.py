@@ -24,6 +24,7 @@ from typing import Any
 from apportion import events
 from apportion.arrays import split_element_id
 from apportion.audit.verify import DecisionCheck, position, rerun_decisions
+from apportion.domain.cluster import ClusterState
 from apportion.domain.dispatch import DispatchConfig
 from apportion.durations import format_duration
 from apportion.logrecord import LogRecord
@@ -335,6 +336,21 @@ def _checkpointed(ev: events.JobCheckpointed, at: str, where: str) -> TimelineEn
     )
 
 
+def _bounded(e: TimelineEntry, ev: events.JobCheckpointed, bound: float | None) -> TimelineEntry:
+    """``e``, a checkpoint's entry, with its progress bounded by the work time the job has had (``bound``,
+    :func:`apportion.domain.cluster.progress_bound_s`, rule D3.checkpoints); ``e`` itself when within it."""
+    if bound is None or ev.progress_s <= bound:
+        return e
+    rep = "" if ev.replica is None else f" by replica {ev.replica}"
+    on = f" on {ev.node_id}" if ev.node_id else ""
+    return replace(
+        e,
+        summary=f"checkpoint{rep}{on}: {format_duration(bound)} of progress saved (reported {ev.progress_s:.4g} s, "
+        "more than the job has run: counted as its run time)",
+        details={"progress_s": bound, "reported_progress_s": ev.progress_s},
+    )
+
+
 def _lost(ev: events.JobLost, at: str, where: str) -> TimelineEntry:
     charged = f" (charged until {ev.charged_until.isoformat()})" if ev.charged_until else ""
     lost = "" if ev.lost_gpu_s is None else f"; work lost {ev.lost_gpu_s / 3600:.2f} GPU-h"
@@ -400,12 +416,17 @@ def explain(
     """
     timeline: list[TimelineEntry] = []
     decision_at: dict[int, list[TimelineEntry]] = {}
+    runs = ClusterState()  # the job's own runs: a reported progress is bounded as every fold bounds it
     for rec in records:
         e = _entry(rec, job_id)
         if e is None:
             continue
-        timeline.append(e)
         ev = rec.event
+        if isinstance(ev, events.JobCheckpointed) and ev.job_id == job_id:
+            e = _bounded(e, ev, runs.progress_bound_s(ev.job_id, ev.attempt, to_us(ev.ts)))
+        if ev is not None and getattr(ev, "job_id", None) == job_id:
+            runs.apply(ev)
+        timeline.append(e)
         if isinstance(ev, events.JobPlaced) or (isinstance(ev, events.JobPreempted) and ev.producer == producer):
             decision_at.setdefault(to_us(ev.ts), []).append(e)
     # same-instant records sort by topic in log order; show them in causal order instead

@@ -13,13 +13,16 @@ records Kafka holds. Reading a file screens each record as every reader of
 Kafka does (:func:`apportion.bus.intake.screen`): a record refused keeps its
 bytes and gets the reason in ``error``, so an audit of the file sees what
 the services saw. The first line is a header
-``{"apportion_export": 1, "topics": [...], "exported_at": ...}``.
+``{"apportion_export": 1, "topics": [...], "exported_at": ...}``. The file holds
+every job's command and ``--env`` values: it is written mode 0600, complete or not
+at all, never through a symbolic link (:mod:`apportion.privatefiles`).
 """
 
 from __future__ import annotations
 
 import base64
 import gzip
+import io
 import json
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -29,6 +32,7 @@ from apportion import events, topics
 from apportion.bus.intake import screen
 from apportion.bus.reader import iter_topic_records
 from apportion.logrecord import LogRecord, log_order
+from apportion.privatefiles import private_file
 from apportion.settings import topic_name
 
 FORMAT_VERSION = 1
@@ -62,9 +66,18 @@ def _decode(raw: bytes | None, key: str | None, topic: str) -> tuple[events.Even
 def write_export(
     records: Iterable[LogRecord], path: str | Path, *, topic_names: Iterable[str], exported_at: str
 ) -> int:
-    """Write records to a gzip JSON Lines export; returns how many were written."""
+    """Write records to a gzip JSON Lines export, mode 0600 (:func:`apportion.privatefiles.private_file`);
+    returns how many were written.
+
+    Raises:
+        OSError: ``path`` is a symbolic link (``ELOOP``), or it cannot be written.
+    """
     n = 0
-    with gzip.open(path, "wt", encoding="utf-8", compresslevel=6) as f:
+    with (
+        private_file(path) as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=6) as gz,
+        io.TextIOWrapper(gz, encoding="utf-8") as f,
+    ):
         f.write(
             json.dumps({"apportion_export": FORMAT_VERSION, "topics": sorted(topic_names), "exported_at": exported_at})
             + "\n"

@@ -35,9 +35,11 @@ from Redis):
 (f) :func:`refused_records` - the records the services refused, from the
     dead letters (``apportion.deadletter``, matched to the refused record by
     its topic, partition and offset) and the dispatcher's verdicts on
-    forged requests (``JobRejected`` ``unauthenticated``/``not_owner``,
-    ``NodeRequestRefused``): each is a refused attack (or refused invalid
-    input), reported by reason, never a mismatch (rule D10.node-boundary). A
+    requests it refused for who sent them (``JobRejected``
+    ``unauthenticated``/``not_owner``, ``NodeRequestRefused``), reported by
+    reason and by what the reason makes of the record (:func:`refusal_kind`:
+    a forgery, a refused request, invalid input), never a mismatch (rule
+    D10.node-boundary). A
     dead letter whose bytes are not those of the record at its position is
     a mismatch (``deadletter``). The dead letters themselves are no input
     of the rebuilds.
@@ -561,9 +563,12 @@ def fold_order(
     ``lost_at``: ``(job_id, attempt) ->`` event time (µs) of the dispatcher's own ``JobLost`` of that run. A
     ``JobCompleted`` of such a run stamped at or before the loss was not folded when the dispatcher lost
     the run (folded, it would have ended the run, and there would be nothing to lose), so it comes after
-    the dispatcher's requeue of that run, or after its placement of the next attempt when the log holds one
-    (folded while the next attempt waited, it finishes the job, rule D3.completed-before-loss, and the
-    dispatcher would not have placed it): where the dispatcher folded it, whatever its event time.
+    the loss; after the dispatcher's requeue of that run when the log holds one; after its placement of
+    the next attempt when the log holds one (rule D3.completed-before-loss: read while a gang's survivors
+    stopped or the next attempt waited, the last of them would have finished the job, and the dispatcher
+    would not have placed it; read after, it stopped that attempt): where the dispatcher folded it,
+    whatever its event time. Before the requeue, while the survivors stop, such reports only count the
+    replicas that had finished, as they do after it.
     """
     first: list[LogRecord] = []
     rest = list(own)
@@ -573,15 +578,18 @@ def fold_order(
     first.sort(key=own_key)
     keyed = [(own_key(r), r) for r in rest]
     requeued: dict[tuple[str, int], tuple] = {}
-    replaced: dict[tuple[str, int], tuple] = {}  # a lost run -> its requeue, or the next attempt's placement
+    replaced: dict[tuple[str, int], tuple] = {}  # a lost run -> its loss, its requeue, or the next placement
     if preempted_at or lost_at:
         for k, r in keyed:
             ev = _ev(r)
             if isinstance(ev, events.JobRequeued):
                 requeued[(ev.job_id, ev.attempt - 1)] = k
-                replaced.setdefault((ev.job_id, ev.attempt - 1), k)
+                if replaced.get((ev.job_id, ev.attempt - 1), (None, "lost"))[-1] == "lost":
+                    replaced[(ev.job_id, ev.attempt - 1)] = (*k, "requeued")
             elif isinstance(ev, events.JobPlaced) and ev.attempt > 1:
-                replaced[(ev.job_id, ev.attempt - 1)] = k
+                replaced[(ev.job_id, ev.attempt - 1)] = (*k, "placed")
+            elif isinstance(ev, events.JobLost):
+                replaced.setdefault((ev.job_id, ev.attempt), (*k, "lost"))
 
     def key_of(r: LogRecord) -> tuple:
         k = polled_key(r)
@@ -595,7 +603,7 @@ def fold_order(
             last = replaced.get(run)
             lost = lost_at.get(run) if lost_at is not None else None
             if last is not None and lost is not None and to_us(ev.ts) <= lost:
-                return (*last, k)  # after the requeue (and a placement) it cannot have preceded
+                return (*last[:-1], k)  # after the loss, its requeue or a placement it cannot have preceded
         return k
 
     merged = sorted(keyed + [(key_of(r), r) for r in polled], key=lambda kr: kr[0])
@@ -1029,7 +1037,7 @@ def read_models_from_redis(r: Any) -> dict[str, dict[str, dict[str, Any]]]:
     }
 
 
-# --------------------------------------------------------------------------- (f) refused attacks
+# --------------------------------------------------------------------------- (f) refused records
 
 #: Kinds of refusal (:func:`refusal_reason`), most specific first: the reason prefixes the services write.
 REFUSAL_KINDS = (UNAUTHENTICATED_NODE, UNAUTHENTICATED, EVENT_ID_REUSED, APPLY_FAILED, UNDECODABLE)
@@ -1044,6 +1052,23 @@ REFUSED_LISTED = 10
 _FORGERY_REASONS = (events.RejectReason.UNAUTHENTICATED, events.RejectReason.NOT_OWNER)
 
 
+#: What a refusal makes of its record (:func:`refusal_kind`).
+FORGERY, REFUSED_REQUEST, INVALID_INPUT = "forgery", "refused request", "invalid input"
+
+#: Reasons that say the record is not what it claims (rule D10.proven-user): no key of the one it names signed
+#: it, or its id was read before (a replay).
+_FORGED = frozenset({UNAUTHENTICATED_NODE, UNAUTHENTICATED, EVENT_ID_REUSED})
+
+
+def refusal_kind(reason: str) -> str:
+    """What a refusal of ``reason`` (:func:`refusal_reason`, or a verdict's reason) makes of its record:
+    :data:`FORGERY` (a forgery or a replay), :data:`REFUSED_REQUEST` (``not_owner``: signed by the user it names,
+    who may not do it; an operator's mistake as likely as an attack) or :data:`INVALID_INPUT` (the rest)."""
+    if reason in _FORGED:
+        return FORGERY
+    return REFUSED_REQUEST if reason == events.RejectReason.NOT_OWNER.value else INVALID_INPUT
+
+
 def refusal_reason(error: str) -> str:
     """The kind of a refusal reason: one of :data:`REFUSAL_KINDS`, or :data:`INVALID` for the codec's.
 
@@ -1054,7 +1079,8 @@ def refusal_reason(error: str) -> str:
 
 @dataclass
 class Refusal:
-    """A record the services refused: a finding of an attack (or of invalid input), not a mismatch.
+    """A record the services refused (a forgery, a refused request or invalid input: :attr:`kind`), not a
+    mismatch.
 
     Attributes:
         offset: ``topic:partition@offset`` of the refused record.
@@ -1081,12 +1107,18 @@ class Refusal:
     in_log: bool = True
     order: tuple = field(default=(), repr=False, compare=False)
 
+    @property
+    def kind(self) -> str:
+        """What the refusal makes of the record (:func:`refusal_kind`)."""
+        return refusal_kind(self.reason)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
         return {
             "offset": self.offset,
             "at": self.at,
             "reason": self.reason,
+            "kind": self.kind,
             "detail": self.detail,
             "what": self.what,
             "who": self.who,
@@ -1258,13 +1290,17 @@ class VerifyReport:
         }
 
     def refused_summary(self, listed: int = REFUSED_LISTED) -> dict[str, Any]:
-        """The refused attacks: ``count``, ``by_reason``, ``not_in_log`` and the ``first`` ``listed`` of them."""
+        """The refused records: ``count``, ``by_reason``, ``by_kind`` (:func:`refusal_kind`), ``not_in_log`` and
+        the ``first`` ``listed`` of them."""
         by_reason: dict[str, int] = defaultdict(int)
+        by_kind: dict[str, int] = defaultdict(int)
         for f in self.refused:
             by_reason[f.reason] += 1
+            by_kind[f.kind] += 1
         return {
             "count": len(self.refused),
             "by_reason": dict(sorted(by_reason.items())),
+            "by_kind": dict(sorted(by_kind.items())),
             "not_in_log": sum(1 for f in self.refused if not f.in_log),
             "first": [f.to_dict() for f in self.refused[:listed]],
         }

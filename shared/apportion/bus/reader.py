@@ -16,7 +16,20 @@ from apportion import events
 from apportion.bus.intake import screen
 from apportion.logrecord import LogRecord, log_order
 
-__all__ = ["iter_topic_records", "read_log"]
+__all__ = ["iter_topic_records", "read_log", "tp_of_key"]
+
+
+def tp_of_key(key: str) -> tuple[str, int]:
+    """``(topic, partition)`` of an offset map's ``"topic:partition"`` key (the inverse of
+    :func:`apportion.bus.consumer.tp_key`).
+
+    Raises:
+        ValueError: ``key`` is not ``topic:partition`` with a whole-number partition.
+    """
+    topic, sep, part = key.rpartition(":")
+    if not sep or not topic or not part.isdigit():
+        raise ValueError(f"not a topic:partition key: {key!r}")
+    return topic, int(part)
 
 
 def iter_topic_records(

@@ -201,6 +201,12 @@ TLS_CA_SETTING = "APPORTION_TLS_CA"
 NO_TLS_SETTING = "APPORTION_NO_TLS"
 
 
+def kafka_user() -> str | None:
+    """The Kafka user this process authenticates as (``APPORTION_KAFKA_USER``: env, else stack.env); ``None``: it
+    connects as the anonymous principal (plaintext, no SASL)."""
+    return _setting("APPORTION_KAFKA_USER")
+
+
 def tls_context() -> ssl.SSLContext:
     """The process's client TLS context for :data:`TLS_CA_SETTING`'s CA (the system's trust store without one)."""
     from apportion.bus.tls import client_context
@@ -215,7 +221,7 @@ def kafka_auth() -> dict[str, Any]:
         RuntimeError: a user is set but no password (neither ``APPORTION_KAFKA_PASSWORD`` nor a readable
             ``APPORTION_KAFKA_PASSWORD_FILE``).
     """
-    user = _setting("APPORTION_KAFKA_USER")
+    user = kafka_user()
     if not user:
         return {}
     password = _setting("APPORTION_KAFKA_PASSWORD")

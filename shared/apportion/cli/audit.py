@@ -430,13 +430,7 @@ def explain_cmd(
     if as_json:
         _print_json(ex.to_dict())
     else:
-        table = Table(title=f"job {job_id}")
-        for col in ("event time", "offset", "event", "what happened", "re-run"):
-            table.add_column(col, overflow="fold")
-        for e in ex.timeline:
-            check = "" if e.check is None else ("[green]same[/]" if e.check["match"] else "[red]DIFFERS[/]")
-            table.add_row(e.at, e.offset, e.kind, e.summary, check)
-        _out().print(table)
+        _out().print(explain_table(ex, _out().width))
         for e in ex.timeline:
             if e.check is not None and not e.check["match"]:
                 _out().print(f"[red]{e.kind} at {e.offset}:[/] " + "; ".join(e.check["diffs"]))
@@ -446,6 +440,64 @@ def explain_cmd(
             _out().print(f"at the log's end: {ex.protection}")
     if not ex.decisions_match:
         raise typer.Exit(1)
+
+
+def explain_table(ex: Any, width: int) -> Any:
+    """``audit explain``'s timeline, fitted to ``width`` columns with no cell cut
+    (:func:`apportion.cli.common.fitted_table`): step, event time (UTC), offset, event, re-run (``same`` or
+    ``DIFFERS``; empty for what is no decision) and what happened; what happened, then the offset leave the table
+    for a line per step after it (``#3: replica 0 started on n0 GPUs [0]``)."""
+    from rich.console import Group
+    from rich.text import Text
+
+    from apportion.cli.common import Column, fitted_table, left_out
+
+    steps = list(enumerate(ex.timeline, 1))
+    columns: list[Column] = [
+        ("#", {"justify": "right"}, lambda s: str(s[0])),
+        ("event time (UTC)", {}, lambda s: s[1].at[:19].replace("T", " ")),
+        ("offset", {}, lambda s: s[1].offset),
+        ("event", {}, lambda s: s[1].kind),
+        ("re-run", {}, lambda s: "" if s[1].check is None else ("same" if s[1].check["match"] else "DIFFERS")),
+        ("what happened", {}, lambda s: s[1].summary),
+    ]
+    t, moved = fitted_table(f"job {ex.job_id}", columns, steps, width, ("what happened", "offset"))
+    lines = [
+        Text.assemble((f"#{s[0]}", "bold"), ": ", "; ".join(left_out(columns, moved, s, bare=("what happened",))))
+        for s in (steps if moved else ())
+    ]
+    return Group(t, *lines)
+
+
+def mismatch_table(mismatches: list[Any], first: str, width: int) -> Any:
+    """``audit verify``'s mismatches, fitted to ``width`` columns with no cell cut
+    (:func:`apportion.cli.common.fitted_table`): check, first offset, event time, subject, difference; the
+    difference, then the subject and the event time leave the table for a line per mismatch after it
+    (``offset: difference``)."""
+    from rich.console import Group
+    from rich.text import Text
+
+    from apportion.cli.common import Column, fitted_table, left_out
+
+    columns: list[Column] = [
+        ("check", {}, lambda m: m.check),
+        ("first offset", {}, lambda m: m.offset or "-"),
+        ("event time", {}, lambda m: (m.at or "-")[:19].replace("T", " ")),
+        ("subject", {}, lambda m: m.subject),
+        ("difference", {}, lambda m: m.detail),
+    ]
+    t, moved = fitted_table(
+        f"{len(mismatches)} mismatches (first at {first})",
+        columns,
+        mismatches,
+        width,
+        ("difference", "subject", "event time"),
+    )
+    lines = [
+        Text.assemble((m.offset or m.check, "bold"), ": ", "; ".join(left_out(columns, moved, m, bare=("difference",))))
+        for m in (mismatches if moved else ())
+    ]
+    return Group(t, *lines)
 
 
 @audit_app.command("verify")
@@ -468,8 +520,9 @@ def verify_cmd(
 
     Exit code 1 on any mismatch; each is reported with the first offset where it appears.
     The read-model check is skipped with --no-redis (default with --from-file).
-    Records the services refused (dead-lettered, or forged requests the dispatcher rejected) are listed as
-    refused attacks, by reason: the stack working, not a mismatch (--json: ``refused_attacks``).
+    Records the services refused (dead-lettered, or requests the dispatcher rejected for who sent them) are
+    listed by what the refusal makes of them (a forgery, a refused request such as another user's job to
+    cancel, invalid input) and by reason: the stack working, not a mismatch (--json: ``refused_attacks``).
     """
     from apportion.audit.verify import read_models_from_redis, verify
 
@@ -503,33 +556,75 @@ def verify_cmd(
         if rep.ok:
             _out().print("[green]OK[/]: the live state is what the log says")
         else:
-            table = Table(title=f"{len(rep.mismatches)} mismatches (first at {rep.first.offset if rep.first else '-'})")
-            for col in ("check", "first offset", "event time", "subject", "difference"):
-                table.add_column(col, overflow="fold")
-            for m in rep.mismatches:
-                table.add_row(m.check, m.offset or "-", m.at or "-", m.subject, m.detail)
-            _out().print(table)
+            first = rep.first.offset if rep.first and rep.first.offset else "-"
+            _out().print(mismatch_table(rep.mismatches, first, _out().width))
     if not rep.ok:
         raise typer.Exit(1)
 
 
-def _print_refused(rep: Any) -> None:
-    """The refused-attacks section of ``audit verify``: the count by reason, then the first few, one a row."""
-    summary = rep.refused_summary()
-    _out().print(
-        f"refused attacks: {summary['count']} ({counts_text(summary['by_reason'])})", highlight=False, soft_wrap=True
+#: How ``audit verify`` names the kinds of refusal (:func:`apportion.audit.verify.refusal_kind`): one, many.
+_KIND_WORDS = {
+    "forgery": ("forgery", "forgeries"),
+    "refused request": ("refused request", "refused requests"),
+    "invalid input": ("invalid record", "invalid records"),
+}
+
+
+def refused_line(summary: dict[str, Any]) -> str:
+    """The count line of ``audit verify``'s refused records, by what the refusal makes of each (a forgery, a
+    refused request, invalid input) with its reasons: ``refused by the services: 2 (1 forgery:
+    unauthenticated_node 1; 1 refused request: not_owner 1)``."""
+    from apportion.audit.verify import refusal_kind
+
+    if not summary["count"]:
+        return "refused by the services: none"
+    parts = []
+    for kind, n in summary["by_kind"].items():
+        reasons = {r: c for r, c in summary["by_reason"].items() if refusal_kind(r) == kind}
+        parts.append(f"{n} {_KIND_WORDS[kind][n != 1]}: {counts_text(reasons)}")
+    return f"refused by the services: {summary['count']} ({'; '.join(parts)})"
+
+
+def refused_table(summary: dict[str, Any], width: int) -> Any:
+    """The first refused records of ``audit verify``, fitted to ``width`` columns with no cell cut
+    (:func:`apportion.cli.common.fitted_table`): offset, event time, kind, what, claims to be, refused by,
+    reason; the reason, then who refused it, whom it claims to be and the event time leave the table for a line
+    per record after it (``offset: by dispatcher; <reason>``)."""
+    from rich.console import Group
+    from rich.text import Text
+
+    from apportion.cli.common import Column, fitted_table, left_out
+
+    columns: list[Column] = [
+        ("offset", {}, lambda f: f["offset"]),
+        ("event time", {}, lambda f: f["at"][:19].replace("T", " ") if f["at"] else "-"),
+        ("kind", {}, lambda f: f["kind"]),
+        ("what", {}, lambda f: f["what"]),
+        ("claims to be", {}, lambda f: f["who"]),
+        ("refused by", {}, lambda f: ", ".join(f["by"]) + ("" if f["in_log"] else " (record not read)")),
+        ("reason", {}, lambda f: f["detail"]),
+    ]
+    rows = summary["first"]
+    t, moved = fitted_table(
+        f"refused records (not mismatches): the first {len(rows)} of {summary['count']}",
+        columns,
+        rows,
+        width,
+        ("reason", "refused by", "claims to be", "event time"),
     )
-    if not summary["first"]:
-        return
-    shown = len(summary["first"])
-    table = Table(title=f"the services refused these records (not mismatches): the first {shown} of {summary['count']}")
-    for col in ("offset", "event time", "what", "claims to be", "refused by", "reason"):
-        table.add_column(col, overflow="fold")
-    for f in summary["first"]:
-        by = ", ".join(f["by"]) + ("" if f["in_log"] else " (record not read)")
-        at = f["at"][:19].replace("T", " ") if f["at"] else "-"
-        table.add_row(f["offset"], at, f["what"], f["who"], by, f["detail"])
-    _out().print(table)
+    lines = [
+        Text.assemble((f["offset"], "bold"), ": ", "; ".join(left_out(columns, moved, f, bare=("reason",))))
+        for f in (rows if moved else ())
+    ]
+    return Group(t, *lines)
+
+
+def _print_refused(rep: Any) -> None:
+    """The refused records of ``audit verify``: the count by kind and reason, then the first few, one a row."""
+    summary = rep.refused_summary()
+    _out().print(refused_line(summary), highlight=False, soft_wrap=True)
+    if summary["first"]:
+        _out().print(refused_table(summary, _out().width))
 
 
 def whatif_cmd(

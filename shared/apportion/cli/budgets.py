@@ -137,7 +137,6 @@ def _share_forecast(
     from apportion.audit.replay import decoded
     from apportion.cli.audit import _dur
     from apportion.forecast import budget_forecast, user_history
-    from apportion.timeutil import from_us
 
     days, step_s = _dur(span, "--forecast") / 86_400, _dur(step, "--step")
     if days <= 0 or step_s <= 0:
@@ -147,21 +146,48 @@ def _share_forecast(
     if as_json:
         _print_json(fc.to_dict())
         return
-    t = Table(
-        title=f"r/rank from {from_us(now).isoformat()[:16]} UTC, every {format_duration(step_s)}",
-        box=None,
-        pad_edge=False,
-    )
-    t.add_column("budget")
-    for i in range(len(fc.times)):
-        t.add_column(f"+{format_duration(i * step_s)}" if i else "now", justify="right")
-    t.add_column("can preempt from")
-    for path, pts in fc.points.items():
-        cells = [f"{_ratio(p.ratio)}" + ("" if p.rank is None else f"/{p.rank}") for p in pts]
+    out.print(forecast_table(fc, now, step_s, out.width))
+
+
+def forecast_table(fc: Any, now: int, step_s: float, width: int) -> Any:
+    """``share --forecast``'s table of :func:`apportion.forecast.budget_forecast`'s ``fc`` for a terminal
+    ``width`` wide, with no cell cut (:func:`apportion.cli.common.fitted_table`): budget (indented by depth),
+    r/rank now and at each step, and when it can first preempt; where a row does not fit, the latest step, then
+    the one before, ..., then the preempting time leave the table for a line per budget after it
+    (``lab/nlp: +6d 0.812/2, +7d 0.900/2``)."""
+    from rich.console import Group
+    from rich.text import Text
+
+    from apportion.cli.common import Column, fitted_table, left_out
+    from apportion.timeutil import from_us
+
+    def at_step(i: int) -> Column:
+        def cell(path: str) -> str:
+            p = fc.points[path][i]
+            return _ratio(p.ratio) + ("" if p.rank is None else f"/{p.rank}")
+
+        return (f"+{format_duration(i * step_s)}" if i else "now", {"justify": "right"}, cell)
+
+    def preempting(path: str) -> str:
         first = fc.first_preempting(path)
-        when = "-" if first is None else f"{from_us(first.at_us).isoformat()[5:16].replace('T', ' ')}"
-        t.add_row("  " * path.count("/") + path.rsplit("/", 1)[-1], *cells, when)
-    out.print(t)
+        return "-" if first is None else from_us(first.at_us).isoformat()[5:16].replace("T", " ")
+
+    steps = [at_step(i) for i in range(len(fc.times))]
+    columns: list[Column] = [
+        ("budget", {}, lambda path: "  " * path.count("/") + path.rsplit("/", 1)[-1]),
+        *steps,
+        ("can preempt from", {}, preempting),
+    ]
+    paths = list(fc.points)
+    t, moved = fitted_table(
+        f"r/rank from {from_us(now).isoformat()[:16]} UTC, every {format_duration(step_s)}",
+        columns,
+        paths,
+        width,
+        [c[0] for c in reversed(steps[1:])] + ["can preempt from"],
+    )
+    lines = [Text.assemble((path, "bold"), ": ", ", ".join(left_out(columns, moved, path))) for path in paths if moved]
+    return Group(t, *lines)
 
 
 # --------------------------------------------------------------------------- budgets

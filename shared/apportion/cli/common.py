@@ -187,7 +187,7 @@ def fitted_table(
         for r in rows:
             t.add_row(*(Text(cell(r)) for _, _, cell in shown))
         left = [m for m in movable if m not in moved]
-        if not left or _natural_width(t) <= width:
+        if not left or natural_width(t) <= width:
             return t, moved
         moved.append(left[0])
 
@@ -198,7 +198,8 @@ def left_out(columns: Sequence[Column], moved: Sequence[str], row: Any, *, bare:
     return [cell(row) if name in bare else f"{name} {cell(row)}" for name, _, cell in columns if name in moved]
 
 
-def _natural_width(renderable: Any) -> int:
+def natural_width(renderable: Any) -> int:
+    """The width ``renderable`` takes when nothing limits it (a console's own measure stops at its width)."""
     wide = Console(width=100_000)
     return int(wide.measure(renderable).maximum)
 
@@ -229,9 +230,9 @@ def kafka_failure(exc: BaseException, bootstrap: str, doing: str) -> NoReturn:
     (an ``...AuthorizationFailedError``) is a refusal, exit 1, reason ``not_authorized``; anything else means the
     stack is unreachable, exit 3."""
     if type(exc).__name__.endswith("AuthorizationFailedError"):
-        from apportion.bus.security import _setting
+        from apportion.bus.security import kafka_user
 
-        who = _setting("APPORTION_KAFKA_USER") or "the anonymous principal"
+        who = kafka_user() or "the anonymous principal"
         refuse(
             f"refused: not authorized: the broker's ACLs do not let {who} {doing} it ({type(exc).__name__}); "
             "see docs/security.md for who may do what",
@@ -387,7 +388,9 @@ def end_offsets(bootstrap: str, keys: list[str]) -> dict[str, int]:
     """
     from kafka import TopicPartition
 
-    tps = {k: TopicPartition(k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1])) for k in keys}
+    from apportion.bus.reader import tp_of_key
+
+    tps = {k: TopicPartition(*tp_of_key(k)) for k in keys}
     ends = _ask(bootstrap, lambda kc: kc.end_offsets(list(tps.values()))) if tps else {}
     return {k: int(ends.get(tp, 0)) for k, tp in tps.items()}
 

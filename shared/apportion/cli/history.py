@@ -29,7 +29,17 @@ from typing import Annotated, Any
 import typer
 
 from apportion import events
-from apportion.cli.common import _checked, _print_json, _require_topics, check_budget_filter, fail, json_option, refuse
+from apportion.cli.common import (
+    _checked,
+    _print_json,
+    _require_topics,
+    check_budget_filter,
+    err,
+    fail,
+    json_option,
+    natural_width,
+    refuse,
+)
 from apportion.jobdirs import job_dir_name
 from apportion.settings import topic_name
 
@@ -293,8 +303,8 @@ def history(
 ) -> None:
     """Finished jobs, like sacct: user, state, GPUs, wait, run time, GPU-hours, end and why it ended.
 
-    Fits 80 columns (the reason is shortened to the width left); --wide adds budget, attempts, preemptions,
-    work lost and the full end time. Built from the log (apportion.submissions and apportion.jobs); times are
+    Fits the terminal (80 columns: where a row does not fit, its reason follows the table, never cut); --wide
+    adds budget, attempts, preemptions, work lost and the full end time, every column in the table. Built from the log (apportion.submissions and apportion.jobs); times are
     event times.
     """
     from rich.console import Console
@@ -324,54 +334,58 @@ def history(
         return
     console = Console()
     if wide:  # every column whole, however wide: the terminal wraps what it cannot show
-        t = history_table(rows, wide=True, width=1 << 16)
-        Console(width=max(console.width, console.measure(t).maximum)).print(t)
+        t = history_table(rows, wide=True)
+        Console(width=max(console.width, natural_width(t))).print(t)
     else:
         console.print(history_table(rows, width=console.width))
 
 
 def history_table(rows: list[JobHistory], *, wide: bool = False, width: int = 80) -> Any:
     """The ``history`` table: by default job, user, state, GPUs, wait, run, end (``MM-DD HH:MM``) and the
-    reason, laid out for 80 columns (every cell whole but the reason, shortened with an ellipsis to the width
-    left of ``width``, the terminal's, and never below 6); ``wide`` adds budget, attempts, preemptions,
-    GPU-hours, work lost and the end with its year and seconds."""
-    from rich.table import Table
+    reason, fitted to ``width`` columns, the terminal's, with no cell cut
+    (:func:`apportion.cli.common.fitted_table`): where a row does not fit, the reason, then the end, then the
+    user leave the table for a line per job after it (``job: end 12-01 14:00; exit 1: ...``). ``wide`` adds
+    budget, attempts, preemptions, GPU-hours, work lost and the end with its year and seconds, and keeps every
+    column in the table, however wide (the terminal wraps what it cannot show)."""
+    from rich.console import Group
+    from rich.text import Text
 
-    gap = 1
-    t = Table(title=f"history ({len(rows)} finished jobs)", box=None, padding=(0, gap, 0, 0), header_style="bold")
-    cols = ["job", "user", *(["budget"] if wide else []), "state", "GPUs"]
-    cols += ["att", "pre"] if wide else []
-    cols += ["wait", "run", *(["GPU-h", "lost GPU-h"] if wide else []), "end", "reason"]
-    right = {"att", "pre", "GPU-h", "lost GPU-h", "wait", "run"}
-    table = [
-        {
-            "job": j.job_id,
-            "user": j.user,
-            "budget": j.budget,
-            "state": j.state,
-            "GPUs": f"{j.replicas}x{j.gpus_per_replica}",
-            "att": str(j.attempts),
-            "pre": str(j.preemptions),
-            "wait": _hours(j.wait_s),
-            "run": _hours(j.run_s),
-            "GPU-h": f"{j.gpu_hours:.2f}",
-            "lost GPU-h": "-" if j.lost_gpu_s is None else f"{j.lost_gpu_s / 3600:.2f}",
-            "end": j.ended_at.strftime("%Y-%m-%d %H:%M:%S" if wide else "%m-%d %H:%M") if j.ended_at else "-",
-            "reason": j.reason or "-",
-        }
-        for j in rows
+    from apportion.cli.common import Column, fitted_table, left_out
+
+    def cell(name: str, value: Any) -> Column:
+        return (
+            name,
+            {"justify": "right"} if name in {"att", "pre", "GPU-h", "lost GPU-h", "wait", "run"} else {},
+            value,
+        )
+
+    end = "%Y-%m-%d %H:%M:%S" if wide else "%m-%d %H:%M"
+    columns: list[Column] = [
+        cell("job", lambda j: j.job_id),
+        cell("user", lambda j: j.user),
+        *([cell("budget", lambda j: j.budget)] if wide else []),
+        cell("state", lambda j: j.state),
+        cell("GPUs", lambda j: f"{j.replicas}x{j.gpus_per_replica}"),
+        *([cell("att", lambda j: str(j.attempts)), cell("pre", lambda j: str(j.preemptions))] if wide else []),
+        cell("wait", lambda j: _hours(j.wait_s)),
+        cell("run", lambda j: _hours(j.run_s)),
+        *(
+            [
+                cell("GPU-h", lambda j: f"{j.gpu_hours:.2f}"),
+                cell("lost GPU-h", lambda j: "-" if j.lost_gpu_s is None else f"{j.lost_gpu_s / 3600:.2f}"),
+            ]
+            if wide
+            else []
+        ),
+        cell("end", lambda j: j.ended_at.strftime(end) if j.ended_at else "-"),
+        cell("reason", lambda j: j.reason or "-"),
     ]
-    widths = {c: max([len(c), *(len(r[c]) for r in table)]) for c in cols if c != "reason"}
-    # the one column that gives way: the reason, shortened with an ellipsis to the width the others leave
-    room = max(6, width - sum(widths.values()) - gap * (len(cols) - 1) - 1)
-    for col in cols:
-        if col == "reason":
-            t.add_column(col, overflow="ellipsis", no_wrap=True, max_width=room)
-        else:  # whole: as wide as its widest cell
-            t.add_column(col, justify="right" if col in right else "left", no_wrap=True, min_width=widths[col])
-    for r in table:
-        t.add_row(*(r[c] if c != "reason" or len(r[c]) <= room else r[c][: room - 1] + "…" for c in cols))
-    return t
+    t, moved = fitted_table(
+        f"history ({len(rows)} finished jobs)", columns, rows, width, () if wide else ("reason", "end", "user")
+    )
+    parts = [(j, left_out(columns, moved, j, bare=("reason",))) for j in (rows if moved else ())]
+    lines = [Text.assemble((j.job_id, "bold"), ": ", "; ".join(p)) for j, p in parts if p != ["-"]]
+    return Group(t, *lines)
 
 
 def _when(text: str | None, flag: str) -> datetime | None:
@@ -500,8 +514,26 @@ def output_files(folder: Path, replica: int, stream: str) -> dict[int, Path]:
     return out
 
 
-def read_output(path: Path) -> str:
-    """The text of a job's output file, read without following a link or waiting on a FIFO.
+#: What ``apportion logs`` shows of an output file by default: its last MiB (a job's file can be of any size,
+#: sparse ones of terabytes included, and is never read whole into memory).
+TAIL_BYTES = 1 << 20
+#: The chunk ``logs --all`` copies the file in.
+CHUNK_BYTES = 1 << 16
+
+
+@dataclass(frozen=True)
+class OutputTail:
+    """The end of an output file that :func:`read_output` read: ``text`` begins at byte ``offset`` of a file of
+    ``size`` bytes; ``cut`` when bytes before it (or lines, with a line limit) were left out."""
+
+    text: str
+    size: int
+    offset: int
+    cut: bool
+
+
+def open_output(path: Path) -> Any:
+    """A job's output file opened for reading (binary), without following a link or waiting on a FIFO.
 
     The directory is the job's, so what lies at the name is the job's choice, and it may change it after
     :func:`output_files` looked: a symbolic link (to ``/etc/shadow``, read by root's ``apportion logs``), a hard
@@ -511,13 +543,50 @@ def read_output(path: Path) -> str:
         OSError: not a regular file with one link (``strerror`` says which), or it cannot be opened.
     """
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        if st.st_nlink != 1:
-            raise OSError(errno.EPERM, f"it has {st.st_nlink} links (a hard link)", str(path))
-        return f.read().decode(errors="replace")
+    f = os.fdopen(fd, "rb")
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        f.close()
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    if st.st_nlink != 1:
+        f.close()
+        raise OSError(errno.EPERM, f"it has {st.st_nlink} links (a hard link)", str(path))
+    return f
+
+
+def read_output(path: Path, *, max_bytes: int = TAIL_BYTES, lines: int | None = None) -> OutputTail:
+    """The end of a job's output file (:func:`open_output`): its last ``max_bytes`` bytes, and of those the last
+    ``lines`` lines when given; at most ``max_bytes`` are read, whatever the file's size.
+
+    Raises:
+        OSError: as :func:`open_output`.
+    """
+    with open_output(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        offset = max(0, size - max_bytes)
+        f.seek(offset)
+        data = f.read(max_bytes)
+    if lines is not None:
+        keep = data.splitlines(keepends=True)[-lines:] if lines > 0 else []
+        dropped = len(data) - sum(map(len, keep))
+        offset, data = offset + dropped, data[dropped:]
+    return OutputTail(data.decode(errors="replace"), size, offset, offset > 0)
+
+
+def copy_output(path: Path, out: Any) -> int:
+    """Copy a whole output file (:func:`open_output`) to the binary stream ``out`` in chunks of
+    :data:`CHUNK_BYTES`; returns the bytes copied.
+
+    Raises:
+        OSError: as :func:`open_output`.
+    """
+    n = 0
+    with open_output(path) as f:
+        while chunk := f.read(CHUNK_BYTES):
+            out.write(chunk)
+            n += len(chunk)
+    out.flush()
+    return n
 
 
 def logs(
@@ -531,18 +600,31 @@ def logs(
             "--dir", help="The node agent's job log directory (default: APPORTION_JOB_LOG_DIR or the stack's)."
         ),
     ] = None,
+    tail_bytes: Annotated[
+        int, typer.Option("--bytes", "-c", min=1, help="Show at most the last N bytes (default 1 MiB).")
+    ] = TAIL_BYTES,
+    lines: Annotated[
+        int | None, typer.Option("--lines", "-n", min=0, help="Show the last N lines (of the last --bytes).")
+    ] = None,
+    whole: Annotated[bool, typer.Option("--all", help="The whole file, copied in chunks (not with --json).")] = False,
     as_json: Annotated[bool, json_option("Print JSON for scripts: the file, its attempts, the text.")] = False,
 ) -> None:
     """A job's output: the stdout (or stderr) file the node agent writes per attempt and replica.
 
-    Exit 1 when the job has no output there (never ran on this machine's agent, or another directory);
-    with --json the refusal is a ``{"ok": false, ...}`` object on stdout too. --json on success:
-    ``{"ok": true, "job_id", "attempt", "attempts", "replica", "stream", "path", "text"}``.
+    Shows the file's last MiB (--bytes N, and --lines N of those), with a note on stderr when the start was
+    left out; --all copies the whole file. Exit 1 when the job has no output there (never ran on this machine's
+    agent, or another directory); with --json the refusal is a ``{"ok": false, ...}`` object on stdout too.
+    --json on success: ``{"ok": true, "job_id", "attempt", "attempts", "replica", "stream", "path", "text",
+    "size", "offset", "cut"}`` (``text`` begins at byte ``offset`` of the ``size`` bytes).
     """
     import sys
 
     from apportion.settings import stack_env
 
+    if whole and as_json:
+        fail("--all copies the whole file to stdout; with --json give --bytes N (the last N bytes) instead")
+    if whole and lines is not None:
+        fail("--all and --lines exclude each other")
     base = log_dir or (
         Path(os.environ["APPORTION_JOB_LOG_DIR"])
         if os.environ.get("APPORTION_JOB_LOG_DIR")
@@ -574,7 +656,10 @@ def logs(
             attempts=sorted(by_attempt),
         )
     try:
-        text = read_output(by_attempt[pick])
+        if whole:
+            copy_output(by_attempt[pick], sys.stdout.buffer)
+            return
+        tail = read_output(by_attempt[pick], max_bytes=tail_bytes, lines=lines)
     except OSError as exc:
         refuse(
             f"job {job_id}'s output {by_attempt[pick]} is not read: {exc.strerror}",
@@ -593,11 +678,21 @@ def logs(
                 "replica": replica,
                 "stream": "stderr" if stderr else "stdout",
                 "path": str(by_attempt[pick]),
-                "text": text,
+                "text": tail.text,
+                "size": tail.size,
+                "offset": tail.offset,
+                "cut": tail.cut,
             }
         )
         return
-    sys.stdout.write(text)
+    if tail.cut:
+        err.print(
+            f"note: output cut: the last {tail.size - tail.offset:,} of {tail.size:,} bytes shown "
+            "(--bytes N or --lines N for another tail, --all for the whole file)",
+            highlight=False,
+            soft_wrap=True,
+        )
+    sys.stdout.write(tail.text)
 
 
 def register(app: typer.Typer) -> None:

@@ -26,8 +26,9 @@ Fold rules:
   node's free set; GPUs of a *stopping* victim are taken over).
 * ``JobStarted`` -> ``started_at`` (the latest replica start; protection
   runs from there, for :func:`protection_s` recorded by the decision).
-* ``JobCheckpointed`` -> the replica's latest checkpoint (time, progress);
-  a gang's checkpoint is the smallest over its replicas' latest ones
+* ``JobCheckpointed`` -> the replica's latest checkpoint (time, progress,
+  the progress bounded by the work time the job has had: :func:`progress_bound_s`,
+  rule D3.checkpoints); a gang's checkpoint is the smallest over its replicas' latest ones
   (:attr:`Run.checkpoint_us`, :attr:`Run.checkpoint_progress_s`), and the
   job's resume point (:attr:`ClusterState.progress`) follows it across
   attempts. Work lost is :func:`work_lost_gpu_s`.
@@ -57,6 +58,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime
 
 from apportion.domain.nodes import NODE_EVENT_TYPES, SCHEDULABLE, NodeState, node_transition
 from apportion.events import (
@@ -413,6 +415,13 @@ def next_checkpoint_us(run: Run) -> Micros | None:
     return None if every is None else work_ref_us(run) + every
 
 
+def progress_bound_s(worked_us: Micros, run: Run, at_us: Micros) -> float:
+    """The most progress a replica of ``run`` can report at event time ``at_us``, seconds (rule D3.checkpoints):
+    the work time the job has had, ``worked_us`` (its earlier attempts' run time) plus the time since ``run`` was
+    placed; a report above it counts as this much."""
+    return (worked_us + max(0, at_us - run.placed_at_us)) / 1e6
+
+
 def work_lost_gpu_s(run: Run, at_us: Micros) -> float:
     """Work lost if ``run`` stops at event time ``at_us`` (rule D1.work-lost), GPU-seconds.
 
@@ -461,6 +470,8 @@ class ClusterState:
         "changed_nodes",
         "preemptions",
         "progress",
+        "worked_us",
+        "_folding_ts",
     )
 
     def __init__(self) -> None:
@@ -483,6 +494,11 @@ class ClusterState:
         #: job id -> progress (seconds of work) of its last checkpoint, across attempts
         #: (the gang minimum of the last attempt that checkpointed): where a requeued job resumes.
         self.progress: dict[str, float] = {}
+        #: job id -> run time (µs) of its attempts that ended, each from its placement to the event that freed
+        #: its last replica, kept until the job ends: with the run in progress, the bound of a reported
+        #: progress (:func:`progress_bound_s`).
+        self.worked_us: dict[str, Micros] = {}
+        self._folding_ts: datetime | None = None  # the time of the event :meth:`apply` folds (it ends a run)
 
     # ------------------------------------------------------------------ queries
 
@@ -506,6 +522,7 @@ class ClusterState:
 
     def apply(self, ev: Event) -> None:
         """Fold one event (unknown types are ignored). See the module docstring."""
+        self._folding_ts = ev.ts
         if isinstance(ev, JobPlaced):
             self._placed(ev)
         elif isinstance(ev, JobStarted):
@@ -594,6 +611,12 @@ class ClusterState:
     def _job_ended(self, job_id: str) -> None:
         self.preemptions.pop(job_id, None)
         self.progress.pop(job_id, None)
+        self.worked_us.pop(job_id, None)
+
+    def progress_bound_s(self, job_id: str, attempt: int, at_us: Micros) -> float | None:
+        """:func:`progress_bound_s` of run ``(job_id, attempt)`` at ``at_us``; ``None`` when the run is not held."""
+        run = self.runs.get((job_id, attempt))
+        return None if run is None else progress_bound_s(self.worked_us.get(job_id, 0), run, at_us)
 
     def _checkpointed(self, ev: JobCheckpointed) -> None:
         """A replica (``replica=None``: every replica) saved a checkpoint; stopping runs too (SIGTERM's last one)."""
@@ -601,6 +624,8 @@ class ClusterState:
         if run is None:
             return
         t = to_us(ev.ts)
+        # the workload's word, bounded by the work time the job has had (rule D3.checkpoints)
+        progress = min(ev.progress_s, progress_bound_s(self.worked_us.get(run.job_id, 0), run, t))
         which = range(run.replicas) if ev.replica is None else (ev.replica,)
         cps = {c[0]: c for c in run.checkpoints}
         moved = False
@@ -608,8 +633,8 @@ class ClusterState:
             if not 0 <= r < run.replicas:
                 continue
             old = cps.get(r)
-            if old is None or t > old[1] or (t == old[1] and ev.progress_s > old[2]):
-                cps[r] = (r, t, ev.progress_s)
+            if old is None or t > old[1] or (t == old[1] and progress > old[2]):
+                cps[r] = (r, t, progress)
                 moved = True
         if not moved:
             return  # a duplicate or an older report
@@ -708,3 +733,6 @@ class ClusterState:
             self.runs[key] = replace(run, open_replicas=left)
         else:
             del self.runs[key]
+            if self._folding_ts is not None:
+                ran = max(0, to_us(self._folding_ts) - run.placed_at_us)
+                self.worked_us[run.job_id] = self.worked_us.get(run.job_id, 0) + ran

@@ -37,10 +37,12 @@ What ``decide`` does per input (design D2 and D3):
   once; ``NodeDrained`` if it is already empty.
 * ``NodeLost`` (from outside) -> ``JobLost`` (charged to the last
   heartbeat), ``StopWorkload`` to the gang's other replicas, ``JobRequeued``.
-* A lost run (no replica elsewhere) whose every replica reports a
-  ``JobCompleted`` stamped at or before the ``JobLost``, read while its
-  requeued attempt still waits, had finished: the job is finished, not run
-  again (rule D3.completed-before-loss; ``evolve``, no output).
+* A lost run whose every replica reports a ``JobCompleted`` stamped at or
+  before the ``JobLost`` had finished (rule D3.completed-before-loss): read
+  while a gang's surviving replicas stop or while the requeued attempt
+  waits, the job is finished, not run again (``evolve``, no output); read
+  once the next attempt is placed, that attempt gets ``StopWorkload`` per
+  replica (grace 0) and ``JobCancelled`` (reason ``completed_before_loss``).
 * :class:`Tick` -> maintenance, then the scheduling cycle
   (:func:`apportion.domain.engine.run_cycle`) on the state with the
   maintenance folded in:
@@ -304,14 +306,24 @@ class DispatchConfig:
     scheduler: Callable[[CycleSnapshot, Micros, EngineConfig], list[Event]] | None = None
 
 
+#: Reason of the ``StopWorkload`` and ``JobCancelled`` that end a job's next attempt once a report shows the lost
+#: one had finished (rule D3.completed-before-loss).
+COMPLETED_BEFORE_LOSS = "completed_before_loss"
+
+
 @dataclass(frozen=True, slots=True)
 class LostRun:
-    """A run lost with no replica elsewhere (``JobLost``), whose completion may still be on its way.
+    """A lost run (``JobLost``) whose completion may still be on its way (rule D3.completed-before-loss).
+
+    Kept on the job's record while its survivors stop, while the next attempt waits and while that attempt runs;
+    dropped when a report shows the run had not finished, or when the next attempt ends in another way.
 
     Attributes:
         attempt: the lost attempt.
-        at_us: the loss's event time (the ``JobLost``'s ``ts``), µs.
-        replicas_left: replicas whose ``JobCompleted`` stamped at or before ``at_us`` has not been folded.
+        at_us: the loss's event time (the ``JobLost``'s ``ts``; a run preempted before it was lost: the
+            preemption's), µs.
+        replicas_left: replicas whose ``JobCompleted`` stamped at or before ``at_us`` has not been folded (a
+            replica that completed while the run still ran is not among them); empty: the run had finished.
     """
 
     attempt: int
@@ -331,8 +343,9 @@ class JobRecord:
             (its run lost, the requeue to come).
         submitted_at_us: original submission time, µs.
         queued_at_us: when the current attempt was queued, µs.
-        lost: the previous attempt's loss while this one is lost or requeued and not placed yet
-            (rule D3.completed-before-loss); ``None`` otherwise.
+        lost: the lost run while its survivors stop, the next attempt waits or that attempt runs
+            (:class:`LostRun`, rule D3.completed-before-loss); ``None`` otherwise.
+        completed: replicas of this attempt that reported a ``JobCompleted`` while the rest of its gang ran.
     """
 
     spec: JobQueued
@@ -341,6 +354,7 @@ class JobRecord:
     submitted_at_us: Micros
     queued_at_us: Micros
     lost: LostRun | None = None
+    completed: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -515,6 +529,7 @@ class DispatchState:
         c.nodes, c.runs, c.node_runs = dict(self.cluster.nodes), dict(self.cluster.runs), dict(self.cluster.node_runs)
         c._owner = dict(self.cluster._owner)
         c.preemptions, c.progress = dict(self.cluster.preemptions), dict(self.cluster.progress)
+        c.worked_us = dict(self.cluster.worked_us)
         c._order = None
         other.cluster = c
         other.jobs = dict(self.jobs)
@@ -847,7 +862,9 @@ def _fold_placed(state: DispatchState, ev: JobPlaced, t_ev: Micros) -> None:
     if rec is not None and rec.status == "pending" and rec.attempt == ev.attempt:
         state._dequeue(rec.spec.job_id)
         state.held.pop(rec.spec.job_id, None)
-        jobs[rec.spec.job_id] = JobRecord(rec.spec, rec.attempt, "running", rec.submitted_at_us, rec.queued_at_us)
+        jobs[rec.spec.job_id] = JobRecord(
+            rec.spec, rec.attempt, "running", rec.submitted_at_us, rec.queued_at_us, rec.lost
+        )  # the lost run's report may still end it (rule D3.completed-before-loss)
         vics = frozenset((v.job_id, v.attempt) for v in ev.decision.victims if (v.job_id, v.attempt) in state.stopping)
         if vics:
             state.awaiting[(rec.spec.job_id, rec.attempt)] = vics
@@ -880,7 +897,7 @@ def _fold_requeued(state: DispatchState, ev: JobRequeued, t_ev: Micros) -> None:
             state.node_refusals[ev.refused_by] = state.node_refusals.get(ev.refused_by, 0) + 1
     t = to_us(ev.ts)
     sub = to_us(ev.submitted_at)
-    lost = rec.lost if rec.status == "lost" and rec.attempt == ev.attempt - 1 else None
+    lost = rec.lost if rec.lost is not None and rec.lost.attempt == ev.attempt - 1 else None
     jobs[ev.job_id] = JobRecord(rec.spec, ev.attempt, "pending", sub, t, lost)
     c = state.cluster  # its fold of this event already ran: counts and progress are current
     state._enqueue(
@@ -890,54 +907,43 @@ def _fold_requeued(state: DispatchState, ev: JobRequeued, t_ev: Micros) -> None:
 
 def _fold_report(state: DispatchState, ev: JobCompleted | JobFailed, t_ev: Micros) -> None:
     """A replica's end: of a stopping run, one replica fewer to wait for; of a running run that ended, the job
-    is finished."""
+    is finished; of a lost run, rule D3.completed-before-loss (:func:`_fold_lost_report`)."""
     jobs = state.jobs
     key = (ev.job_id, ev.attempt)
+    rec = jobs.get(ev.job_id)
+    lost = rec.lost if rec is not None and rec.lost is not None and rec.lost.attempt == ev.attempt else None
     st = state.stopping.get(key)
     if st is not None:
         left = frozenset() if ev.replica is None else st.replicas_left - {ev.replica}
         by = st.completed_by
         done = by is not None and isinstance(ev, JobCompleted) and t_ev <= by
         state.stopping[key] = _Stopping(st.deadline_us, left, st.requeue, st.plus_grace, by if done else None)
-        rec = jobs.get(ev.job_id)
         if done and not left and rec is not None and rec.attempt == ev.attempt:
             # the run had finished its work when the dispatcher preempted it (the agent's report, stamped
             # earlier, was in flight): the job is done, as a replay in event-time order, which folds the report
             # first, says. The stop entry stays until _finish_stop has started the preemptors waiting for it.
-            state.cluster.finish(key)
+            _finish_job(state, ev.job_id, t_ev, key)
+            return
+    if rec is not None and lost is not None:
+        _fold_lost_report(state, rec, lost, ev, t_ev)
+        return
+    if st is not None:
+        return
+    if rec is not None and rec.attempt == ev.attempt and rec.status == "running":
+        if key not in state.cluster.runs:
             del jobs[ev.job_id]
             state.finished[ev.job_id] = t_ev
+            state.awaiting.pop(key, None)
             state.backoff.pop(ev.job_id, None)
-        return
-    rec = jobs.get(ev.job_id)
-    if rec is not None and rec.lost is not None and rec.lost.attempt == ev.attempt and rec.status == "pending":
-        _fold_lost_report(state, rec, rec.lost, ev, t_ev)
-        return
-    if rec is not None and rec.attempt == ev.attempt and rec.status == "running" and key not in state.cluster.runs:
-        del jobs[ev.job_id]
-        state.finished[ev.job_id] = t_ev
-        state.awaiting.pop(key, None)
-        state.backoff.pop(ev.job_id, None)
+        elif isinstance(ev, JobCompleted) and ev.replica is not None:  # one replica of a gang that runs on
+            jobs[ev.job_id] = replace(rec, completed=rec.completed | {ev.replica})
 
 
-def _fold_lost_report(
-    state: DispatchState, rec: JobRecord, lost: LostRun, ev: JobCompleted | JobFailed, t_ev: Micros
-) -> None:
-    """Rule D3.completed-before-loss: a report of a lost run read while its requeued attempt waits.
-
-    A ``JobCompleted`` stamped at or before the loss ends the replica it names (``replica=None``: all);
-    once every replica has, the run had finished its work before it was declared lost: the job is finished
-    (out of the queue), not run again. A ``JobFailed``, or a completion stamped after the loss, leaves the
-    requeue as it is.
-    """
-    job_id = rec.spec.job_id
-    if isinstance(ev, JobFailed) or t_ev > lost.at_us:
-        state.jobs[job_id] = replace(rec, lost=None)
-        return
-    left = frozenset() if ev.replica is None else lost.replicas_left - {ev.replica}
-    if left:
-        state.jobs[job_id] = replace(rec, lost=replace(lost, replicas_left=left))
-        return
+def _finish_job(state: DispatchState, job_id: str, t_ev: Micros, stopping: RunKey | None = None) -> None:
+    """The job is done at ``t_ev``: out of the queue and the job table; ``stopping``: its run whose stop was under
+    way, freed (its stop entry stays until :func:`_finish_stop` has started the preemptors waiting for it)."""
+    if stopping is not None:
+        state.cluster.finish(stopping)
     state._dequeue(job_id)
     state.held.pop(job_id, None)
     del state.jobs[job_id]
@@ -945,6 +951,30 @@ def _fold_lost_report(
     state.backoff.pop(job_id, None)
     state.cluster.preemptions.pop(job_id, None)  # what the report's fold does to a run that ends the job
     state.cluster.progress.pop(job_id, None)
+    state.cluster.worked_us.pop(job_id, None)
+
+
+def _fold_lost_report(
+    state: DispatchState, rec: JobRecord, lost: LostRun, ev: JobCompleted | JobFailed, t_ev: Micros
+) -> None:
+    """Rule D3.completed-before-loss: a report of a lost run read after its loss.
+
+    A ``JobCompleted`` stamped at or before the loss ends the replica it names (``replica=None``: all); once every
+    replica has, the run had finished its work before it was declared lost. Read while a gang's survivors stop
+    or the requeued attempt waits, the job is finished (out of the queue), not run again; read while the next
+    attempt runs, the record keeps the finished :class:`LostRun` and :func:`decide` ends that attempt
+    (:func:`completed_before_loss_events`). A ``JobFailed``, or a completion stamped after the loss, drops the
+    lost run: the requeue (or the next attempt) stands.
+    """
+    job_id = rec.spec.job_id
+    if isinstance(ev, JobFailed) or t_ev > lost.at_us:
+        state.jobs[job_id] = replace(rec, lost=None)
+        return
+    left = frozenset() if ev.replica is None else lost.replicas_left - {ev.replica}
+    if left or rec.status == "running":
+        state.jobs[job_id] = replace(rec, lost=replace(lost, replicas_left=left))
+        return
+    _finish_job(state, job_id, t_ev, (job_id, lost.attempt) if rec.status == "stopping" else None)
 
 
 def _fold_held(state: DispatchState, ev: JobHeld, t_ev: Micros) -> None:
@@ -979,20 +1009,30 @@ def _fold_rejected(state: DispatchState, ev: JobRejected, t_ev: Micros) -> None:
 
 
 def _fold_lost(state: DispatchState, ev: JobLost, t_ev: Micros) -> None:
-    """D3.node-lost: the run ends; a gang's replicas on other nodes are stopping, with the grace period."""
+    """D3.node-lost: the run ends; a gang's replicas on other nodes are stopping, with the grace period. The run's
+    completion may still be on its way (:class:`LostRun`, rule D3.completed-before-loss)."""
     jobs = state.jobs
     rec = jobs.get(ev.job_id)
     if rec is None or rec.attempt != ev.attempt:
         return
     key = (ev.job_id, ev.attempt)
+    prior = state.stopping.get(key)
+    lost: LostRun | None
+    if rec.lost is not None and rec.lost.attempt == ev.attempt:  # a second report of the same loss
+        lost = rec.lost
+    elif prior is None:
+        lost = LostRun(ev.attempt, t_ev, frozenset(range(rec.spec.replicas)) - rec.completed)
+    elif prior.completed_by is not None:  # preempted first: only a completion before the preemption counts
+        lost = LostRun(ev.attempt, min(t_ev, prior.completed_by), prior.replicas_left)
+    else:  # its stop already had a report that was no completion before it
+        lost = None
     state.awaiting.pop(key, None)
     _stop_done(state, key)
     run = state.cluster.runs.get(key)
     if run is not None:
-        jobs[ev.job_id] = replace(rec, status="stopping")
+        jobs[ev.job_id] = replace(rec, status="stopping", lost=lost)
         state.stopping[key] = _Stopping(to_us(ev.ts), run.open_replicas, True, plus_grace=True)
-    else:  # nothing left running: its completion, if one is on its way, may still finish the job
-        lost = LostRun(ev.attempt, t_ev, frozenset(range(rec.spec.replicas)))
+    else:
         jobs[ev.job_id] = replace(rec, status="lost", lost=lost)
 
 
@@ -1254,6 +1294,9 @@ def _decide_report(
     st = state.stopping.get(key)
     if st is not None:
         return _finish_stop(state, key, ts, prod) if not st.replicas_left else []
+    rec = state.jobs.get(rep.job_id)
+    if rec is not None and rec.lost is not None and rec.lost.attempt == rep.attempt:
+        return completed_before_loss_events(state, rep.job_id, ts, prod)
     run = state.cluster.runs.get(key)
     if not isinstance(rep, JobFailed) or run is None or run.stopping or rep.replica is None:
         return []
@@ -1267,6 +1310,35 @@ def _decide_report(
             attempt=run.attempt,
             replica=None,
             reason="gang replica failed",
+        )
+    ]
+
+
+def completed_before_loss_events(state: DispatchState, job_id: str, ts: Any, prod: str) -> list[Event]:
+    """Rule D3.completed-before-loss: the job's lost run had finished, and its next attempt already runs.
+
+    That attempt ends at once: ``StopWorkload`` (grace 0, reason :data:`COMPLETED_BEFORE_LOSS`) to each open
+    replica that was sent its start (a run still waiting for its victims has none), then ``JobCancelled`` of
+    the attempt with the same reason, which frees its GPUs and ends its charge at ``ts``. Nothing for a job
+    whose lost run has not finished (every replica's completion stamped at or before the loss folded) or
+    whose next attempt is not running.
+    """
+    rec = state.jobs.get(job_id)
+    if rec is None or rec.lost is None or rec.lost.replicas_left or rec.status != "running":
+        return []
+    key = (job_id, rec.attempt)
+    run = state.cluster.runs.get(key)
+    out: list[Event] = []
+    if run is not None and key not in state.awaiting:
+        out = [stop_event(run, r, ts, 0.0, prod, COMPLETED_BEFORE_LOSS) for r in sorted(run.open_replicas)]
+    return out + [
+        JobCancelled(
+            event_id=det_id("JobCancelled", job_id),
+            ts=ts,
+            producer=prod,
+            job_id=job_id,
+            attempt=rec.attempt,
+            reason=COMPLETED_BEFORE_LOSS,
         )
     ]
 
