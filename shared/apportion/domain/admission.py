@@ -90,7 +90,7 @@ record claims.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import NamedTuple
 
@@ -282,12 +282,16 @@ def shape_possible(
     Returns:
         ``(possible, fitting)``: whether at least k nodes fit, and how many do.
     """
-    fitting = 0
+    fitting = sum(ns.nodes for ns in _fitting(gpus_per_replica, gpu_model, node_shapes))
+    return fitting >= replicas, fitting
+
+
+def _fitting(gpus_per_replica: int, gpu_model: str | None, node_shapes: Iterable[ShapeLike]) -> Iterator[NodeShape]:
+    """The shapes whose nodes each give ``gpus_per_replica`` GPUs of ``gpu_model`` (any model when ``None``)."""
     for shape in node_shapes:
         ns = shape if isinstance(shape, NodeShape) else NodeShape(*shape)
         if ns.gpus >= gpus_per_replica and (gpu_model is None or ns.model == gpu_model):
-            fitting += ns.nodes
-    return fitting >= replicas, fitting
+            yield ns
 
 
 def bound_possible(
@@ -305,9 +309,8 @@ def bound_possible(
     """
     domains: dict[tuple[str, str | None], int] = {}
     most = 0
-    for shape in node_shapes:
-        ns = shape if isinstance(shape, NodeShape) else NodeShape(*shape)
-        if ns.gpus < gpus_per_replica or (gpu_model is not None and ns.model != gpu_model) or ns.nodes <= 0:
+    for ns in _fitting(gpus_per_replica, gpu_model, node_shapes):
+        if ns.nodes <= 0:
             continue
         if ns.block is None or (bound == "rack" and ns.rack is None):
             most = max(most, 1)  # each node a domain of its own
