@@ -3,14 +3,16 @@
 Run::
 
     .venv/bin/python bench/bench_hero.py [--days 21] [--size 16] [--slice week44] [--seed 1]
-        [--policy fairshare,slurm,kueue,kai,fifo] [--no-heroes] [--hero-min-gpus N|none] [--json out.json]
+        [--policy fairshare,slurm,kueue,kai,fifo] [--no-heroes] [--hero-days 2,3,4] [--hero-shares 0.1,0.3,0.1]
+        [--hero-min-gpus N|none] [--json out.json]
 
 Builds :func:`apportion.sim.hero.hero_scenario` from the Philly jobs of
 ``--slice`` (``infra/budgets/philly.yaml``'s tree and minimum-runtime rule)
 and runs each policy on it, one after another. Prints one line per policy
 (wall time, utilisation, the background budgets' share deficit: the mean over the
 (sample, budget) pairs with allocated work waiting, the report's definition, and the
-mean of the per-budget means), one line per simulated day (the deficit, the budgets
+mean of the per-budget means), one line per background budget (its backlogged pairs, how many
+behind, the sum and mean of its deficit), one line per simulated day (the deficit, the budgets
 behind, the GPUs the hero and background budgets run) and one per hero job (time to start, GPU-hours idled while it gathered, preemptions,
 work lost, completion). ``--no-heroes``: the same run without the hero jobs
 (same tree), the reference of the background budgets' deficit.
@@ -22,6 +24,7 @@ import argparse
 import dataclasses
 import json
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,14 @@ from apportion.report import share_deficit_pp
 from apportion.settings import default_data_dir
 from apportion.sim.baselines import POLICIES
 from apportion.sim.core import SimConfig
-from apportion.sim.hero import DEFAULT_HEROES, HeroSimulator, hero_rows, hero_scenario
+from apportion.sim.hero import (
+    DEFAULT_HEROES,
+    HeroSimulator,
+    backlogged_pairs,
+    deficit_by_budget,
+    hero_rows,
+    hero_scenario,
+)
 from apportion.sim.report import summarise
 from apportion.sim.traces import load_budget_file, load_trace
 
@@ -45,7 +55,10 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
     heroes = DEFAULT_HEROES
     if a.hero_days:
         days = [float(d) for d in a.hero_days.split(",")]
-        heroes = tuple(dataclasses.replace(h, submit_day=d) for h, d in zip(DEFAULT_HEROES, days, strict=True))
+        heroes = tuple(dataclasses.replace(h, submit_day=d) for h, d in zip(heroes, days, strict=True))
+    if a.hero_shares:
+        shares = [float(x) for x in a.hero_shares.split(",")]
+        heroes = tuple(dataclasses.replace(h, share=x) for h, x in zip(heroes, shares, strict=True))
     sc = hero_scenario(src, bf.tree, a.seed, days=a.days, size=a.size, heroes=heroes)
     if a.no_heroes:
         sc = dataclasses.replace(sc, jobs=tuple(j for j in sc.jobs if j.job_id not in sc.heroes), heroes=())
@@ -61,18 +74,15 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
         )
         cfg = SimConfig(seed=a.seed, dispatch=dcfg, keep_log=False, until_us=sc.until_us, sample_s=3600.0)
         t = time.perf_counter()
-        sim = HeroSimulator(sc.tree, sc.nodes, sc.jobs, cfg, window_s=bf.window_s, heroes=sc.heroes)
+        on_day = _progress_writer(a.progress, name, sc, gpus) if a.progress else None
+        sim = HeroSimulator(sc.tree, sc.nodes, sc.jobs, cfg, window_s=bf.window_s, heroes=sc.heroes, on_day=on_day)
         res = sim.run()
         wall = time.perf_counter() - t
         rep = summarise(res, sc.tree, name, a.seed, wall_s=wall)
         bg = [r.mean_deficit_pp for r in rep.budgets if r.path.startswith("bg/") and r.mean_deficit_pp is not None]
-        bg_pairs = [
-            share_deficit_pp(sc.tree.abs_share(leaf), v[0])
-            for t, row in res.samples
-            if t >= res.start_us
-            for leaf, v in row.items()
-            if leaf.startswith("bg/") and v[3]
-        ]
+        pairs = backlogged_pairs(res.samples, res.start_us, sc.tree)
+        bg_pairs = [d for _t, _leaf, d in pairs]
+        per_budget = deficit_by_budget(pairs)
         rows = hero_rows(res, sc, sim.gathering_idle_gpu_s, gpus, sim._saved)
         daily = deficit_by_day(res, sc, gpus)
         doc = {
@@ -83,6 +93,9 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
             "bg_deficit_pp": round(sum(bg_pairs) / len(bg_pairs), 2) if bg_pairs else 0.0,
             "bg_backlogged_pairs": len(bg_pairs),
             "bg_mean_of_budget_means_pp": round(sum(bg) / len(bg), 2) if bg else 0.0,
+            "bg_deficit_sum_pp": round(sum(bg_pairs), 1),
+            "bg_by_budget": per_budget,
+            "bg_pairs": [(round((t - sc.start_us) / 86_400e6, 3), leaf, round(d, 3)) for t, leaf, d in pairs],
             "mean_deficit_pp": round(rep.mean_deficit_pp, 2),
             "violations": rep.violations,
             "budgets": {r.path: r.mean_deficit_pp for r in rep.budgets},
@@ -105,6 +118,12 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
                 f"progress={r.progress_pct:.0f}% start_d={_f(r.start_d)} stops_d={[round(d, 2) for d in r.stops_d]}",
                 flush=True,
             )
+        for leaf, b in per_budget.items():
+            print(
+                f"  {leaf}: {b['pairs']} backlogged pairs, {b['behind']} behind, deficit sum {b['sum_pp']} pp, "
+                f"mean {b['mean_pp']} pp",
+                flush=True,
+            )
         for d in daily:
             print(
                 f"  day {d['day']}: background deficit {d['bg_deficit_pp']} pp over {d['bg_backlogged']} "
@@ -115,6 +134,27 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
         if a.json:
             Path(a.json).write_text(json.dumps(out, indent=1))
     return out
+
+
+def _progress_writer(path: str, policy: str, sc: Any, gpus: int) -> Any:
+    """An ``on_day`` of :class:`HeroSimulator` that appends one JSON line a simulated day to ``path``: the hero
+    rows and the background deficit so far (a long run cut short still tells how far it got)."""
+
+    def write(sim: HeroSimulator, t: int) -> None:
+        res = types.SimpleNamespace(jobs_ledger=sim.jobs_ledger)
+        rows = hero_rows(res, sc, sim.gathering_idle_gpu_s, gpus, sim._saved)  # type: ignore[arg-type]
+        pairs = [d for _t, _leaf, d in backlogged_pairs(sim.samples, sc.start_us, sc.tree)]
+        doc = {
+            "policy": policy,
+            "day": round((t - sc.start_us) / 86_400e6, 2),
+            "bg_deficit_pp": round(sum(pairs) / len(pairs), 2) if pairs else 0.0,
+            "bg_backlogged_pairs": len(pairs),
+            "heroes": [dataclasses.asdict(r) for r in rows],
+        }
+        with open(path, "a") as f:
+            f.write(json.dumps(doc) + "\n")
+
+    return write
 
 
 def deficit_by_day(res: Any, sc: Any, gpus: int) -> list[dict[str, Any]]:
@@ -161,12 +201,14 @@ def main() -> None:
     ap.add_argument("--policy", default="fairshare,slurm,kueue,kai,fifo")
     ap.add_argument("--no-heroes", action="store_true")
     ap.add_argument("--hero-days", default=None, help="submission days of hero-a,b,c (default 2,3,4)")
+    ap.add_argument("--hero-shares", default=None, help="absolute shares of hero-a,b,c (default 0.10,0.30,0.10)")
     ap.add_argument(
         "--hero-min-gpus",
         default=str(HERO_MIN_GPUS),
         help="EngineConfig.hero_min_gpus (rule D3.hero-cover), 'none': the rule off",
     )
     ap.add_argument("--json", default=None)
+    ap.add_argument("--progress", default=None, help="append a JSON line a simulated day: the figures so far")
     run(ap.parse_args())
 
 

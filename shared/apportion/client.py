@@ -39,7 +39,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, cast, overload
 
 from apportion import events
 from apportion.durations import parse_duration
@@ -131,6 +131,7 @@ def build_submission(
     now: datetime | None = None,
     producer: str | None = None,
     array: str | None = None,
+    topology_bound: str | None = None,
 ) -> events.JobSubmitted:
     """Build and validate a ``JobSubmitted`` without publishing it.
 
@@ -155,6 +156,8 @@ def build_submission(
         array: a job array, Slurm's index expression (``"0-99%8"``: elements 0 to 99, at most 8 running;
             :func:`apportion.arrays.parse_array`): one record for one job per index, each with the id
             ``<job_id>_<index>``.
+        topology_bound: ``"block"`` or ``"rack"``: every replica within one block (rack) of the network
+            (rule D1.topology); a gang no registered block (rack) can hold is rejected ``unsatisfiable_topology``.
 
     Raises:
         InvalidSubmission: the submission breaks the schema (``field`` and ``message`` say where and why),
@@ -166,7 +169,7 @@ def build_submission(
     try:
         return _submission(
             ts, budget, user, gpus, replicas, min_runtime, command, duration, gpu_model, job_id,
-            checkpoint_interval_s, hold, env, time_limit_s, producer, array,
+            checkpoint_interval_s, hold, env, time_limit_s, producer, array, topology_bound,
         )  # fmt: skip
     except ValidationError as exc:
         e = exc.errors(include_url=False)[0]
@@ -191,6 +194,7 @@ def _submission(
     time_limit_s: float | None,
     producer: str | None,
     array: str | None = None,
+    topology_bound: str | None = None,
 ) -> events.JobSubmitted:
     def seconds(name: str, value: str | float | None) -> float | None:
         try:
@@ -217,6 +221,7 @@ def _submission(
         env=dict(env) if env else None,
         time_limit_s=time_limit_s,
         array=array,
+        topology_bound=cast("events.TopologyBound | None", topology_bound),  # the model refuses any other value
         submitted_at=ts,
         ts=ts,
         producer=producer or f"client/{user}",
@@ -457,6 +462,7 @@ def submit(
     time_limit: str | float | None = None,
     time_limit_s: float | None = None,
     array: str | None = None,
+    topology_bound: str | None = None,
     wait: None = None,
     bootstrap: str | None = None,
     identity: Identity | None = None,
@@ -483,6 +489,7 @@ def submit(
     time_limit: str | float | None = None,
     time_limit_s: float | None = None,
     array: str | None = None,
+    topology_bound: str | None = None,
     wait: float,
     bootstrap: str | None = None,
     identity: Identity | None = None,
@@ -508,6 +515,7 @@ def submit(
     time_limit: str | float | None = None,
     time_limit_s: float | None = None,
     array: str | None = None,
+    topology_bound: str | None = None,
     wait: float | None = None,
     bootstrap: str | None = None,
     identity: Identity | None = None,
@@ -547,6 +555,7 @@ def submit(
         "now": now,
         "producer": producer,
         "array": array,
+        "topology_bound": topology_bound,
     }
     build_submission(user=user or "validation", **fields)  # the request's own errors first, before any key or broker
     ident = identity or identity_for(user, bootstrap=bootstrap)

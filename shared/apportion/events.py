@@ -186,6 +186,8 @@ class RejectReason(str, enum.Enum):
     """A cancel, hold or release of another user's job by a principal that is not ops (rule D10.proven-user)."""
     TIME_LIMIT_TOO_LONG = "time_limit_above_max"
     """The job's time limit in force (its own, or its budget's default) is above its budget's ``max_time_limit_s``."""
+    UNSATISFIABLE_TOPOLOGY = "unsatisfiable_topology"
+    """A gang whose ``topology_bound`` no single block (rack) of the registered nodes can hold (rule D1.topology)."""
 
 
 class Victim(_Model):

@@ -11,7 +11,16 @@ from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import CycleSnapshot, EngineConfig, run_cycle
 from apportion.events import Event
 from apportion.sim.core import SimConfig, SimJob
-from apportion.sim.hero import HeroJob, HeroScenario, HeroSimulator, hero_nodes, hero_rows, hero_scenario
+from apportion.sim.hero import (
+    HeroJob,
+    HeroScenario,
+    HeroSimulator,
+    backlogged_pairs,
+    deficit_by_budget,
+    hero_nodes,
+    hero_rows,
+    hero_scenario,
+)
 from apportion.timeutil import Micros, s_to_us
 
 H = 3600
@@ -88,3 +97,41 @@ def test_hero_figures_on_a_two_node_cluster() -> None:
     assert (row.preemptions, row.lost_gpu_h, row.budget_covers) == (0, 0.0, False)  # 0.5 x 16 GPUs < 16
     assert row.completion_d == pytest.approx((1.5 + 4) / 24)
     assert row.progress_pct == 100
+
+
+def test_backlogged_pairs_and_the_deficit_by_budget() -> None:
+    # bg/x (abs share 0.5 x 0.75 = 0.375) and bg/y (0.125); a sample row: leaf -> (O_b/K, running, pending,
+    # allocated pending). Before start: ignored; a leaf without allocated work waiting: not a pair; hero/
+    # leaves: not background. Deficits: max(0, share - O_b/K) x 100.
+    tree = BudgetTree.from_mapping({"bg": 0.5, "bg/x": 0.75, "bg/y": 0.25, "hero": 0.5, "hero/a": 1.0})
+    samples = [
+        (T0 - 1, {"bg/x": (0.0, 0, 1, 1)}),
+        (T0, {"bg/x": (0.125, 8, 2, 1), "bg/y": (0.5, 8, 1, 0), "hero/a": (0.0, 0, 1, 1)}),
+        (T0 + 1, {"bg/y": (0.0625, 8, 1, 1), "bg/x": (0.5, 8, 1, 1)}),
+    ]
+    pairs = backlogged_pairs(samples, T0, tree)
+    assert pairs == [(T0, "bg/x", pytest.approx(25.0)), (T0 + 1, "bg/x", 0.0), (T0 + 1, "bg/y", pytest.approx(6.25))]
+    assert deficit_by_budget(pairs) == {
+        "bg/x": {"pairs": 2, "behind": 1, "sum_pp": 25.0, "mean_pp": 12.5},
+        "bg/y": {"pairs": 1, "behind": 1, "sum_pp": 6.2, "mean_pp": 6.25},
+    }
+
+
+def test_on_day_reports_the_figures_so_far_once_a_day() -> None:
+    # one 8-GPU node, hourly samples from T0: the first sample of day 1 is T0 + 24 h, of day 2 T0 + 48 h; the
+    # 8-GPU job of 30 h is running at the first and has completed by the second (a later job of 20 h from
+    # 40 h keeps the run going past it)
+    tree = BudgetTree.from_mapping({"bg": 1.0, "bg/x": 1.0})
+    nodes = tuple(hero_nodes(1, 8, 1, 1))
+    jobs = (
+        SimJob("j", "bg/x", "u", T0, 8, 1, H, 30 * H),
+        SimJob("k", "bg/x", "u", T0 + s_to_us(40 * H), 8, 1, H, 20 * H),
+    )
+    told: list[tuple[float, bool]] = []
+
+    def on_day(sim: HeroSimulator, t: Micros) -> None:
+        told.append(((t - T0) / s_to_us(H), "j" in sim.jobs_ledger.completed))
+
+    cfg = SimConfig(seed=1, dispatch=DispatchConfig(heartbeat_timeout_s=None), until_us=T0 + s_to_us(50 * H))
+    HeroSimulator(tree, nodes, jobs, dataclasses.replace(cfg, sample_s=3600.0), on_day=on_day).run()
+    assert told == [(24.0, False), (48.0, True)]

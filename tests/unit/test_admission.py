@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from apportion.domain.admission import NodeShape, ShapeLike, admit, rejected_event, shape_possible
+from apportion.domain.admission import NodeShape, ShapeLike, admit, bound_possible, rejected_event, shape_possible
 from apportion.domain.budgets import Budget, BudgetTree
 from apportion.events import RejectReason
 from tests.kit.builders import dt, h, submitted, tree
@@ -183,3 +183,71 @@ def test_without_a_budget_limit_the_window_caps_a_minimum_runtime() -> None:
     assert admit(TREE, submitted("j1", budget="lab/vision", min_runtime_s=7200), SHAPES, window_s=3600) is None
     # unallocated jobs have no protection to cap
     assert admit(TREE, submitted("j1", budget="open", min_runtime_s=0), SHAPES, window_s=3600) is None
+
+
+# The labelled inventory of the topology cases (rule D1.topology), 11 nodes::
+#
+#     block b0                          block b1                           no labels
+#     ├── rack r0: 3 nodes x 8 GPUs     ├── rack r0: 2 nodes x 8 GPUs      2 nodes x 8 GPUs
+#     └── rack r1: 2 nodes x 8 GPUs     └── rack r1: 2 nodes x 4 GPUs
+TOPO: list[ShapeLike] = [
+    NodeShape(8, None, 3, "b0", "r0"),
+    NodeShape(8, None, 2, "b0", "r1"),
+    NodeShape(8, None, 2, "b1", "r0"),
+    NodeShape(4, None, 2, "b1", "r1"),
+    NodeShape(8, None, 2),
+]
+
+TOPO_CASES = [
+    # (case id, g, k, bound, expected reason, the most fitting nodes one domain holds)
+    ("within one block: b0 holds 5 x 8", 8, 5, "block", None, 5),
+    ("within one block: 6 x 8, b0 holds 5, b1 2, each unlabelled node 1", 8, 6, "block", "unsatisfiable_topology", 5),
+    ("within one block: the 4-GPU nodes count for 4 x 4 (b0 5, b1 4)", 4, 6, "block", "unsatisfiable_topology", 5),
+    ("within one rack: b0/r0 holds 3 x 8", 8, 3, "rack", None, 3),
+    (
+        "within one rack: racks are named within their block (r0: 3 + 2 is not one rack)",
+        4,
+        4,
+        "rack",
+        "unsatisfiable_topology",
+        3,
+    ),
+    ("one replica: any node is within one rack", 8, 1, "rack", None, 3),
+    ("unbound, 11 x 4: the cluster holds it across blocks", 4, 11, None, None, None),
+    ("shape is judged first: 12 x 4 fits no inventory", 4, 12, "block", "shape_impossible", 5),
+]
+
+
+@pytest.mark.parametrize(
+    ("g", "k", "bound", "want", "most"), [c[1:] for c in TOPO_CASES], ids=[c[0] for c in TOPO_CASES]
+)
+def test_topology_bound_at_admission(g: int, k: int, bound: str | None, want: str | None, most: int | None) -> None:
+    job = submitted("j1", budget="open", gpus=g, replicas=k).model_copy(update={"topology_bound": bound})
+    got = admit(TREE, job, TOPO)
+    assert (got.reason.value if got is not None else None) == want
+    if bound is not None:
+        assert bound_possible(g, k, None, bound, TOPO)[1] == most
+
+
+def test_topology_refusal_says_what_the_nodes_hold() -> None:
+    job = submitted("j1", budget="open", gpus=8, replicas=4).model_copy(update={"topology_bound": "rack"})
+    got = admit(TREE, job, TOPO)
+    assert got == (
+        RejectReason.UNSATISFIABLE_TOPOLOGY,
+        "needs 4 node(s) with >= 8 GPUs each within one rack (topology_bound); the most such nodes any one rack "
+        "of the registered nodes has is 3",
+    )
+
+
+def test_topology_bound_on_unlabelled_nodes_and_cold_start() -> None:
+    # a node without labels is a block and a rack of its own: a bound gang of 2 never fits 4 unlabelled nodes
+    job = submitted("j1", budget="open", gpus=8, replicas=2).model_copy(update={"topology_bound": "block"})
+    got = admit(TREE, job, [NodeShape(8, None, 4)])
+    assert got is not None and got.reason is RejectReason.UNSATISFIABLE_TOPOLOGY
+    # a block without rack labels: one block holds the gang, no rack does (each node is its own rack)
+    assert admit(TREE, job, [NodeShape(8, None, 2, "b0")]) is None
+    rack = job.model_copy(update={"topology_bound": "rack"})
+    got = admit(TREE, rack, [NodeShape(8, None, 2, "b0")])
+    assert got is not None and got.reason is RejectReason.UNSATISFIABLE_TOPOLOGY
+    # no node registered yet: nothing to judge, the job is queued
+    assert admit(TREE, job, []) is None

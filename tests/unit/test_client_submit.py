@@ -97,18 +97,21 @@ def test_with_wait_it_returns_the_verdict(monkeypatch: pytest.MonkeyPatch) -> No
     assert isinstance(verdict, events.JobQueued) and verdict.job_id == kafka.watched[0] == kafka.published[0].job_id
 
 
-def test_a_rejection_is_returned_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:
-    rejected = events.JobRejected(
-        job_id="x",
-        budget="lab/a",
-        user="alice",
-        reason=events.RejectReason.NOT_A_MEMBER,
-        message="user 'alice' is not a member of budget 'lab/a'",
-        ts=NOW,
-    )
-    Recorder(monkeypatch, rejected)
-    verdict = client.submit(budget="lab/a", gpus=1, min_runtime=60, duration=60, identity=ALICE, wait=5)
-    assert isinstance(verdict, events.JobRejected) and verdict.reason.value == "not_a_member"
+@pytest.mark.parametrize(
+    "reason,kwargs,bound",
+    [
+        (events.RejectReason.NOT_A_MEMBER, {"gpus": 1}, None),
+        (events.RejectReason.UNSATISFIABLE_TOPOLOGY, {"gpus": 8, "replicas": 5, "topology_bound": "block"}, "block"),
+    ],
+)
+def test_a_rejection_is_returned_with_its_reason(
+    monkeypatch: pytest.MonkeyPatch, reason: events.RejectReason, kwargs: dict[str, Any], bound: str | None
+) -> None:
+    rejected = events.JobRejected(job_id="x", budget="lab/a", user="alice", reason=reason, message="why", ts=NOW)
+    kafka = Recorder(monkeypatch, rejected)
+    verdict = client.submit(budget="lab/a", min_runtime=60, duration=60, identity=ALICE, wait=5, **kwargs)
+    assert [e.topology_bound for e in kafka.published] == [bound]
+    assert isinstance(verdict, events.JobRejected) and verdict.reason is reason
 
 
 def test_no_verdict_in_time_raises_naming_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -133,6 +136,7 @@ def test_no_verdict_in_time_raises_naming_the_job(monkeypatch: pytest.MonkeyPatc
         ({"gpus": 1, "duration": 60, "env": {"PATH": "/x"}}, "env", "env name 'PATH' is reserved"),
         ({"gpus": 1, "duration": 60, "time_limit": "1h", "time_limit_s": 60.0}, "time_limit_s", "give time_limit"),
         ({"gpus": 1, "duration": 60, "job_id": "a b"}, "job_id", "invalid job id 'a b'"),
+        ({"gpus": 8, "replicas": 2, "duration": 60, "topology_bound": "row"}, "topology_bound", "Input should be"),
     ],
 )
 def test_an_invalid_submission_raises_the_field_and_publishes_nothing(

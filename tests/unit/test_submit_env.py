@@ -71,6 +71,14 @@ def test_cli_submit_refuses_bad_env_before_publishing_exit_2() -> None:
     assert "invalid submission: env name 'PATH' is reserved" in res.output
 
 
+def test_cli_submit_carries_a_topology_bound_and_refuses_an_unknown_one_exit_2() -> None:
+    args = ["submit", "--dry-run", "-b", "lab/b", "-g", "8", "-k", "2", "-m", "1h", "--duration", "1h", "-u", "bob"]
+    res = CliRunner().invoke(app, [*args, "--topology", "rack", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["topology_bound"] == "rack"
+    res = CliRunner().invoke(app, [*args, "--topology", "row"])
+    assert res.exit_code == 2 and "topology_bound: Input should be 'block' or 'rack'" in res.stderr
+
+
 def test_every_replica_of_a_gang_gets_the_env_and_a_fold_agrees() -> None:
     env = {"WANDB_PROJECT": "robotics", "SEED": "7"}
     state = DispatchState(TREE)

@@ -18,7 +18,7 @@ from apportion.domain.cluster import ClusterSnapshot, ClusterState, Node
 from apportion.domain.dispatch import DispatchState, Tick, step
 from apportion.domain.engine.placement import CycleFree, FreeIndex, topology_pick
 from apportion.domain.engine.reservation import reservation_nodes
-from apportion.events import JobPlaced, JobQueued, JobSubmitted, NodeRegistered
+from apportion.events import JobPlaced, JobQueued, JobRejected, JobSubmitted, NodeRegistered
 from apportion.sim.traces import load_budget_file, topology_of
 from apportion.timeutil import from_us
 from tests.kit.builders import T0, m, submitted
@@ -151,8 +151,7 @@ BOUND_CASES = [
     ("within one rack: n0's free half beside n1", 4, 4, 2, "rack", ["n0", "n1"]),
     ("within one block: b0 holds three, so b1", 8, 8, 4, "block", ["n4", "n5", "n6", "n7"]),
     ("unbound, five: b1 whole, then the rack of b0 that holds one", 8, 8, 5, None, ["n4", "n5", "n6", "n7", "n1"]),
-    ("within one block, five: none holds it, not placed", 8, 8, 5, "block", None),
-    ("within one rack: no rack holds three, not placed", 8, 8, 3, "rack", None),
+    ("within one block, four: b0 lacks n0's GPUs and b1 is whole", 8, 8, 4, "block", ["n4", "n5", "n6", "n7"]),
 ]
 
 
@@ -173,6 +172,40 @@ def test_bound_from_submission_to_placement(
     out = step(state, Tick(m(3)), m(3), CFG)
     placed = [e for e in out if isinstance(e, JobPlaced) and e.job_id == "j"]
     assert [[p.node_id for p in e.placements] for e in placed] == ([want] if want is not None else [])
+
+
+REFUSED_CASES = [
+    # (case id, g, k, bound, expected verdict): judged on the 8 registered nodes, whatever runs on them
+    ("within one block, five: no block has five nodes", 8, 5, "block", "unsatisfiable_topology"),
+    ("within one rack, three: no rack has three nodes", 1, 3, "rack", "unsatisfiable_topology"),
+    ("within one block, four: b0 and b1 each have four", 8, 4, "block", None),
+    ("unbound, five: across the blocks", 8, 5, None, None),
+]
+
+
+@pytest.mark.parametrize(("g", "k", "bound", "want"), [c[1:] for c in REFUSED_CASES], ids=[c[0] for c in REFUSED_CASES])
+def test_bound_no_registered_domain_holds_is_rejected(g: int, k: int, bound: str | None, want: str | None) -> None:
+    state = _labelled_dispatch()
+    job = submitted("j", budget="lab/b", gpus=g, replicas=k).model_copy(update={"topology_bound": bound})
+    out = step(state, job, m(1), CFG)
+    verdicts = [
+        e.reason.value if isinstance(e, JobRejected) else "queued"
+        for e in out
+        if isinstance(e, (JobRejected, JobQueued))
+    ]
+    assert verdicts == [want or "queued"]
+    if want is None:
+        return
+    assert "j" not in state.jobs and state.pending.get("lab/b", []) == []
+    # a verdict is final: nodes that register later (a third block) do not bring the refused job back
+    for i in range(5):
+        reg = NodeRegistered(node_id=f"x{i}", gpu_count=8, block="b2", rack="r9", ts=from_us(m(2)))
+        step(state, reg, m(2), CFG)
+    assert "j" not in state.jobs
+    again = submitted("j2", budget="lab/b", gpus=g, replicas=k, at=m(3)).model_copy(update={"topology_bound": bound})
+    assert [type(e).__name__ for e in step(state, again, m(3), CFG) if isinstance(e, (JobRejected, JobQueued))] == [
+        "JobQueued"
+    ]
 
 
 RESERVE_CASES = [

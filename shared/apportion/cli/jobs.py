@@ -107,6 +107,14 @@ def submit(
             "one job per index, JOB_ID_INDEX, each with APPORTION_ARRAY_INDEX set.",
         ),
     ] = None,
+    topology: Annotated[
+        str | None,
+        typer.Option(
+            "--topology",
+            help="block or rack: every replica within one block (rack) of the network; a gang that no "
+            "registered block (rack) can hold is rejected (unsatisfiable_topology).",
+        ),
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and print the event; publish nothing.")] = False,
     wait: Annotated[
         float,
@@ -164,6 +172,7 @@ def submit(
                 time_limit_s=parse_duration(time_limit) if time_limit is not None else None,
                 producer="cli",
                 array=array,
+                topology_bound=topology,
             )
         except client.InvalidSubmission as exc:
             fail(exc.message if exc.field == "job_id" else str(exc))

@@ -29,7 +29,21 @@ Checks, first failure wins, in this order:
    ``gpus_per_replica`` GPUs of the requested model (any model when the job
    names none; a node of unknown model never matches a named model).
    Skipped while no node has registered at all (cold start): an empty
-   inventory cannot judge a shape, so the job is queued and waits.
+   inventory cannot judge a shape, so the job is queued and waits;
+8. ``unsatisfiable_topology``: a gang (``replicas`` > 1) with a
+   ``topology_bound`` (rule D1.topology) that no single block (rack) of the
+   declared nodes can hold: fewer than ``replicas`` of the nodes that fit its
+   shape share one block (one rack; a rack is named within its block). A node
+   without a block label is a block and a rack of its own, as placement
+   treats it. Skipped on an empty inventory, as check 7.
+
+The declared inventory of checks 7 and 8 is the nodes registered and not
+lost at the submission's event time (ready, cordoned or draining: a
+cordoned node is expected back), with their labels as registered. A verdict
+is final: a job refused because its block or rack is not there yet is not
+reconsidered when more nodes register later (its user submits it again); a
+job admitted whose nodes are lost later waits in the queue, its pending
+reason saying why, until nodes return.
 
 Unallocated jobs (``min_runtime_s == 0``) are free and never charged, so
 checks 3-5 do not apply: they may name any existing leaf, even one the user
@@ -76,7 +90,7 @@ record claims.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import NamedTuple
 
@@ -136,6 +150,7 @@ __all__ = [
     "authorize",
     "authorize_node_request",
     "authorize_report",
+    "bound_possible",
     "is_attributed",
     "node_principal",
     "refused_node_request_event",
@@ -226,15 +241,23 @@ class Principal(NamedTuple):
 
 
 class NodeShape(NamedTuple):
-    """``nodes`` nodes of ``gpus`` GPUs of ``model`` each (``model=None``: unknown)."""
+    """``nodes`` nodes of ``gpus`` GPUs of ``model`` each (``model=None``: unknown), in ``block`` and ``rack``
+    (rule D1.topology; ``None``: not labelled)."""
 
     gpus: int
     model: str | None = None
     nodes: int = 1
+    block: str | None = None
+    rack: str | None = None
 
 
-ShapeLike = NodeShape | tuple[int, str | None] | tuple[int, str | None, int]
-"""A :class:`NodeShape` or a plain ``(gpus, model[, nodes])`` tuple."""
+ShapeLike = (
+    NodeShape
+    | tuple[int, str | None]
+    | tuple[int, str | None, int]
+    | tuple[int, str | None, int, str | None, str | None]
+)
+"""A :class:`NodeShape` or a plain ``(gpus, model[, nodes[, block, rack]])`` tuple."""
 
 
 class Rejection(NamedTuple):
@@ -259,12 +282,43 @@ def shape_possible(
     Returns:
         ``(possible, fitting)``: whether at least k nodes fit, and how many do.
     """
-    fitting = 0
+    fitting = sum(ns.nodes for ns in _fitting(gpus_per_replica, gpu_model, node_shapes))
+    return fitting >= replicas, fitting
+
+
+def _fitting(gpus_per_replica: int, gpu_model: str | None, node_shapes: Iterable[ShapeLike]) -> Iterator[NodeShape]:
+    """The shapes whose nodes each give ``gpus_per_replica`` GPUs of ``gpu_model`` (any model when ``None``)."""
     for shape in node_shapes:
         ns = shape if isinstance(shape, NodeShape) else NodeShape(*shape)
         if ns.gpus >= gpus_per_replica and (gpu_model is None or ns.model == gpu_model):
-            fitting += ns.nodes
-    return fitting >= replicas, fitting
+            yield ns
+
+
+def bound_possible(
+    gpus_per_replica: int, replicas: int, gpu_model: str | None, bound: str, node_shapes: Iterable[ShapeLike]
+) -> tuple[bool, int]:
+    """Can ``replicas`` distinct nodes of one block (``bound="block"``) or one rack (``"rack"``) each give
+    ``gpus_per_replica`` GPUs of the model (rule D1.topology)?
+
+    A rack is named within its block (rack ``r1`` of two blocks is two racks); a node without a block label is
+    a block and a rack of its own, one with a block and no rack a rack of its own, as placement groups them.
+
+    Returns:
+        ``(possible, most)``: whether one block (rack) holds k fitting nodes, and the most fitting nodes any
+        one holds.
+    """
+    domains: dict[tuple[str, str | None], int] = {}
+    most = 0
+    for ns in _fitting(gpus_per_replica, gpu_model, node_shapes):
+        if ns.nodes <= 0:
+            continue
+        if ns.block is None or (bound == "rack" and ns.rack is None):
+            most = max(most, 1)  # each node a domain of its own
+            continue
+        key = (ns.block, ns.rack if bound == "rack" else None)
+        domains[key] = domains.get(key, 0) + ns.nodes
+        most = max(most, domains[key])
+    return most >= replicas, most
 
 
 def admit(
@@ -330,6 +384,16 @@ def admit(
             f"needs {job.replicas} node(s) with >= {job.gpus_per_replica}{model} "
             f"GPUs each; the declared nodes have {fitting} such node(s)",
         )
+    bound = job.topology_bound
+    if shapes and bound is not None and job.replicas > 1:
+        ok, most = bound_possible(job.gpus_per_replica, job.replicas, job.gpu_model, bound, shapes)
+        if not ok:
+            model = f" {job.gpu_model}" if job.gpu_model else ""
+            return Rejection(
+                RejectReason.UNSATISFIABLE_TOPOLOGY,
+                f"needs {job.replicas} node(s) with >= {job.gpus_per_replica}{model} GPUs each within one {bound} "
+                f"(topology_bound); the most such nodes any one {bound} of the registered nodes has is {most}",
+            )
     return None
 
 

@@ -685,14 +685,16 @@ class DispatchState:
         self._kept = len(self.seen)
 
     def node_shapes(self) -> list[NodeShape]:
-        """Declared inventory for admission: (GPUs, model, count) of nodes not lost (cached)."""
+        """Declared inventory for admission: (GPUs, model, count, block, rack) of nodes not lost (cached)."""
         if self._shapes is None:
-            counts: dict[tuple[int, str | None], int] = {}
+            counts: dict[tuple[int, str | None, str | None, str | None], int] = {}
             for n in self.cluster.nodes.values():
                 if n.state != "lost":
-                    counts[(n.gpu_count, n.gpu_model)] = counts.get((n.gpu_count, n.gpu_model), 0) + 1
+                    key = (n.gpu_count, n.gpu_model, n.block, n.rack)
+                    counts[key] = counts.get(key, 0) + 1
             self._shapes = [
-                NodeShape(c, m, cnt) for (c, m), cnt in sorted(counts.items(), key=lambda x: (x[0][0], x[0][1] or ""))
+                NodeShape(c, m, cnt, b, r)
+                for (c, m, b, r), cnt in sorted(counts.items(), key=lambda x: (x[0][0], *(v or "" for v in x[0][1:])))
             ]
         return self._shapes
 

@@ -23,12 +23,13 @@ figures from a finished run.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from apportion.domain.budgets import BudgetTree
 from apportion.events import Event, JobPlaced, JobSubmitted
+from apportion.report import share_deficit_pp
 from apportion.sim.core import SimJob, SimNode, SimResult, Simulator
 from apportion.sim.traces import topology_of
 from apportion.timeutil import Micros, s_to_us, us_to_s
@@ -39,6 +40,8 @@ __all__ = [
     "HeroRow",
     "HeroScenario",
     "HeroSimulator",
+    "backlogged_pairs",
+    "deficit_by_budget",
     "hero_nodes",
     "hero_rows",
     "hero_scenario",
@@ -196,11 +199,33 @@ class HeroSimulator(Simulator):
     heroes gathering at once are each charged the whole of that span's idle.
     """
 
-    def __init__(self, *args: Any, heroes: Sequence[str] = (), **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        heroes: Sequence[str] = (),
+        on_day: Callable[[HeroSimulator, Micros], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """``on_day(sim, t)``: called at the first sample of each simulated day after the first (a long run's
+        figures so far: ``sim.jobs_ledger``, ``sim.samples``); ``None``: not called."""
         super().__init__(*args, **kwargs)
         self._heroes = frozenset(heroes)
         self._gather_from: dict[str, float] = {}
         self.gathering_idle_gpu_s: dict[str, float] = {}
+        self._on_day = on_day
+        self._day0: Micros | None = None
+        self._days_told = 0
+
+    def _sample(self, t: Micros) -> None:
+        super()._sample(t)
+        if self._on_day is None:
+            return
+        if self._day0 is None:
+            self._day0 = t
+        day = int((t - self._day0) // s_to_us(DAY_S))
+        if day > self._days_told:
+            self._days_told = day
+            self._on_day(self, t)
 
     def _idle_so_far(self, t: Micros) -> float:
         """The idle-while-waiting integral up to ``t`` (the current ``I`` is constant since its last measure)."""
@@ -280,3 +305,37 @@ def hero_rows(
             )
         )
     return rows
+
+
+def backlogged_pairs(
+    samples: Sequence[tuple[Micros, Mapping[str, tuple[float, int, int, int]]]],
+    start_us: Micros,
+    tree: BudgetTree,
+    prefix: str = "bg/",
+) -> list[tuple[Micros, str, float]]:
+    """``(t_us, leaf, deficit pp)`` of every sample from ``start_us`` at which a leaf under ``prefix`` had
+    allocated work waiting (the simulator report's pairs of the share deficit, :func:`share_deficit_pp`), in
+    sample order, leaves by path within a sample."""
+    return [
+        (t, leaf, share_deficit_pp(tree.abs_share(leaf), v[0]))
+        for t, row in samples
+        if t >= start_us
+        for leaf, v in sorted(row.items())
+        if leaf.startswith(prefix) and v[3]
+    ]
+
+
+def deficit_by_budget(pairs: Sequence[tuple[Micros, str, float]]) -> dict[str, dict[str, Any]]:
+    """Per leaf of ``pairs``: ``pairs`` (its backlogged samples), ``behind`` (those with a deficit above 0),
+    ``sum_pp`` and ``mean_pp`` of its deficit. The pairs' mean of a run is the sum of every leaf's ``sum_pp``
+    over the sum of their ``pairs``: a leaf weighs by how often it was backlogged."""
+    out: dict[str, dict[str, Any]] = {}
+    for _t, leaf, d in pairs:
+        b = out.setdefault(leaf, {"pairs": 0, "behind": 0, "sum_pp": 0.0})
+        b["pairs"] += 1
+        b["behind"] += d > 0
+        b["sum_pp"] += d
+    for b in out.values():
+        b["mean_pp"] = round(b["sum_pp"] / b["pairs"], 2)
+        b["sum_pp"] = round(b["sum_pp"], 1)
+    return dict(sorted(out.items()))
