@@ -60,7 +60,7 @@ from apportion.domain.dispatch import DispatchConfig, DispatchState, evolve
 from apportion.domain.engine import EngineConfig
 from apportion.domain.fairshare import budget_order
 from apportion.events import Decision, Event, JobQueued, JobStarted
-from apportion.forecast import forecast, recent_arrivals, user_history
+from apportion.forecast import HORIZON_S, SPACING, forecast, recent_arrivals, recent_waits, user_history
 from apportion.sim.core import SimConfig, Simulator, default_horizon_us
 from apportion.sim.traces import ITP_T0, load_budget_file, load_trace, parse_itp_slice, parse_slice, trace_format
 from apportion.timeutil import Micros, from_us, s_to_us, to_us, us_to_s
@@ -134,7 +134,13 @@ def slurm_estimate(state: DispatchState, now: Micros, target: str) -> Micros | N
 # --------------------------------------------------------------------------- the measurement
 
 #: The estimates made of each sampled job (module docstring), in the order they are printed.
-ESTIMATES: tuple[str, ...] = ("forecast", "forecast, no durations", "forecast + arrivals", "slurm-style")
+ESTIMATES: tuple[str, ...] = (
+    "forecast",
+    "forward run",
+    "forecast, no durations",
+    "forecast + arrivals",
+    "slurm-style",
+)
 
 
 @dataclass
@@ -245,12 +251,19 @@ def main() -> None:
         help="--timing: the forward run's debounce, seconds (run ends within S of the last cycle share one cycle)",
     )
     ap.add_argument(
+        "--spacing",
+        type=float,
+        default=SPACING,
+        metavar="F",
+        help=f"the forward run's cycles spaced by F x how far ahead they look (default {SPACING:g}; 0: at every run end)",
+    )
+    ap.add_argument(
         "--skip-middle", action="store_true", help="--timing: leave out the forecast of the middle of the queue"
     )
     ap.add_argument("--skip-queue", action="store_true", help="--timing: leave out queue --start")
     args = ap.parse_args()
     if args.timing:
-        timings(args.seed, args.min_gap, not args.skip_middle, not args.skip_queue)
+        timings(args.seed, args.min_gap, not args.skip_middle, not args.skip_queue, args.spacing, args.horizon_d)
         return
 
     wanted = [e.strip() for e in args.estimates.split(";") if e.strip()]
@@ -317,7 +330,8 @@ def main() -> None:
         )
         basis = ""
         for name, declared, arriving in runs:
-            if name not in times:
+            both = name == "forecast" and "forward run" in times
+            if name not in times and not both:
                 continue
             t1 = time.perf_counter()
             fc = forecast(
@@ -329,9 +343,13 @@ def main() -> None:
                 horizon_s=args.horizon_d * 86_400,
                 declared_durations=declared,
                 arrivals=recent_arrivals(hist_events, now) if arriving else (),
+                waits=recent_waits(hist_events, now),
+                spacing=args.spacing,
             )
-            times[name] += time.perf_counter() - t1
+            times[name if name in times else "forward run"] += time.perf_counter() - t1
             est[name] = fc.jobs[0].start_us
+            if both:
+                est["forward run"] = fc.jobs[0].forward_start_us
             basis = basis or fc.jobs[0].basis
         if "slurm-style" in times:
             t1 = time.perf_counter()
@@ -362,6 +380,11 @@ def main() -> None:
     )
     for name in times:
         print(summary(samples, name))
+    for label, alloc in (("allocated", True), ("unallocated", False)):
+        part = [s for s in samples if s.allocated == alloc]
+        print(f"{label} jobs only ({len(part)}):")
+        for name in times:
+            print(summary(part, name))
     print("errors in hours; '>1h': the jobs that waited more than 1 h, and their shares")
     for name in times:
         print(misses(samples, name))
@@ -416,7 +439,14 @@ def scale_state(seed: int) -> tuple[DispatchState, Micros]:
     return state, NOW
 
 
-def timings(seed: int, min_gap_s: float = 0.0, middle: bool = True, whole: bool = True) -> None:
+def timings(
+    seed: int,
+    min_gap_s: float = 0.0,
+    middle: bool = True,
+    whole: bool = True,
+    spacing: float = SPACING,
+    horizon_d: float = HORIZON_S / 86_400,
+) -> None:
     """``--timing``: wall time of ``forecast JOB`` (the job at the head of the fair-share order, and the median
     job of the queue unless ``middle`` is false) and of ``queue --start`` (every pending job, unless ``whole`` is
     false) on :func:`scale_state`, the forward run debounced by ``min_gap_s``; targets 2 s and 10 s."""
@@ -438,10 +468,15 @@ def timings(seed: int, min_gap_s: float = 0.0, middle: bool = True, whole: bool 
         f"(state folded from events in {built:.1f} s)"
     )
     asked = [("head of the queue", queue[0])] + ([("middle of the queue", queue[len(queue) // 2])] if middle else [])
-    print(f"  debounce: {min_gap_s:g} s; load average {os.getloadavg()[0]:.1f}", flush=True)
+    print(
+        f"  debounce: {min_gap_s:g} s, spacing {spacing:g}, horizon {horizon_d:g} d; "
+        f"load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    kw: dict[str, Any] = {"min_gap_s": min_gap_s, "spacing": spacing, "horizon_s": horizon_d * 86_400}
     for label, job in asked:
         t1, c1 = time.perf_counter(), time.process_time()
-        fc = run_forecast(state, now, dcfg, job_ids=[job.job_id], min_gap_s=min_gap_s)
+        fc = run_forecast(state, now, dcfg, job_ids=[job.job_id], **kw)
         took, cpu = time.perf_counter() - t1, time.process_time() - c1
         j = fc.jobs[0]
         wait = "no start" if j.wait_s is None else f"starts in {j.wait_s / 3600:.2f} h"
@@ -453,7 +488,7 @@ def timings(seed: int, min_gap_s: float = 0.0, middle: bool = True, whole: bool 
     if not whole:
         return
     t1, c1 = time.perf_counter(), time.process_time()
-    fc = run_forecast(state, now, dcfg, min_gap_s=min_gap_s)
+    fc = run_forecast(state, now, dcfg, **kw)
     took, cpu = time.perf_counter() - t1, time.process_time() - c1
     started = sum(1 for j in fc.jobs if j.start_us is not None)
     print(

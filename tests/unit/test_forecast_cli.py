@@ -99,3 +99,34 @@ def test_submit_forecasts_a_job_before_it_is_submitted_and_says_when_it_would_be
     assert code == 2 and "--submit needs" in stderr
     code, _, stderr = run("--submit", "-b", "lab/a", "-g", "1", "-m", "1h", "-t", "soon", "--from-file", log_file)
     assert code == 2 and "--time" in stderr
+
+
+def test_a_job_not_started_within_the_horizon_starts_after_it(log_file: str) -> None:
+    # now T0 + 10 min, horizon 1 h: r1 ends at T0 + 3 h, beyond it; p1 starts after T0 + 1 h 10 min
+    code, stdout, _ = run("p1", "--json", "--horizon", "1h", "--from-file", log_file)
+    assert code == 0
+    got = json.loads(stdout)
+    (job,) = got["jobs"]
+    assert (job["start"], job["after"]) == (None, from_us(h(1) + 600_000_000).isoformat())
+    assert got["horizon"] == job["after"] and got["spacing"] == 0.02
+    code, stdout, _ = run("p1", "--horizon", "1h", "--from-file", log_file)
+    row = next(line for line in stdout.splitlines() if line.startswith("p1"))
+    assert row.split() == ["p1", "lab/a", ">01-01", "01:10", ">1h", "-", "no_free_gpus"]
+
+
+@pytest.mark.parametrize("spacing", ["-0.1", "1.5"])
+def test_a_spacing_outside_0_to_1_is_bad_input(log_file: str, spacing: str) -> None:
+    code, stdout, _ = run("p1", "--json", "--spacing", spacing, "--from-file", log_file)
+    got = json.loads(stdout)
+    assert code == 2 and got["exit_code"] == 2 and "a fraction from 0 to 1" in got["message"]
+
+
+def test_the_exact_forward_run_and_the_forward_only_estimate_give_the_same_start_here(log_file: str) -> None:
+    # p1 is allocated: the recent-waits estimate does not apply; unspaced, its start is r1's end, T0 + 3 h
+    code, stdout, _ = run("p1", "--json", "--spacing", "0", "--forward-only", "--from-file", log_file)
+    (job,) = json.loads(stdout)["jobs"]
+    assert code == 0 and (job["start"], job["forward_start"], job["forward_basis"]) == (
+        from_us(h(3)).isoformat(),
+        from_us(h(3)).isoformat(),
+        "simulated",
+    )
