@@ -6,7 +6,11 @@ submission of each sampled job (right after its ``JobQueued``) three estimates o
 that prefix alone:
 
 * ``forecast``: :func:`apportion.forecast.forecast`, the engine run forward, running work ending at its
-  declared duration (basis ``simulated``: a Philly job's duration is in the trace);
+  declared duration (basis ``simulated``: a Philly job's duration is in the trace), its cycles spaced by
+  ``--spacing`` (default :data:`apportion.forecast.SPACING`);
+* ``forecast + recent waits``: the same forward run, an unallocated job that it does not start at once given the
+  later of that start and the recent median wait of unallocated jobs of its size (``forecast --recent-waits``,
+  :func:`apportion.forecast.recent_waits`);
 * ``forecast, no durations``: the same with the declared durations ignored (``declared_durations=False``),
   so that runs end at their user's median run time in the log prefix, or W/4: what a forecast of real
   commands knows;
@@ -17,7 +21,7 @@ that prefix alone:
   the earliest time it fits on k nodes with g free GPUs for its duration without moving the plans before it.
 
 Each is compared with the start the job got in the simulation (its first ``JobStarted``). Printed per
-estimate: jobs with an estimate, median and p90 absolute error (hours), mean signed error (bias, hours;
+estimate, for all the jobs and then for the allocated and the unallocated ones apart: jobs with an estimate, median and p90 absolute error (hours), mean signed error (bias, hours;
 positive = later than it started), share within 1 h and within 25% of the job's actual wait, and the same
 shares for the jobs that waited more than 1 h. Future submissions are unknown to every estimate but
 ``forecast + arrivals``. Below the table, what the misses have in common: of the jobs that waited more than
@@ -136,7 +140,7 @@ def slurm_estimate(state: DispatchState, now: Micros, target: str) -> Micros | N
 #: The estimates made of each sampled job (module docstring), in the order they are printed.
 ESTIMATES: tuple[str, ...] = (
     "forecast",
-    "forward run",
+    "forecast + recent waits",
     "forecast, no durations",
     "forecast + arrivals",
     "slurm-style",
@@ -234,7 +238,7 @@ def main() -> None:
     )
     ap.add_argument("--dump", metavar="FILE", help="write each sample as a JSON line to FILE as it is made")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--horizon-d", type=float, default=14.0, help="how far each forecast looks, days")
+    ap.add_argument("--horizon-d", type=float, default=HORIZON_S / 86_400, help="how far each forecast looks, days")
     ap.add_argument(
         "--while-waiting", type=int, default=0, metavar="N", help="also forecast every hour while a job waits, N times"
     )
@@ -330,8 +334,8 @@ def main() -> None:
         )
         basis = ""
         for name, declared, arriving in runs:
-            both = name == "forecast" and "forward run" in times
-            if name not in times and not both:
+            waiting = name == "forecast" and "forecast + recent waits" in times
+            if name not in times and not waiting:
                 continue
             t1 = time.perf_counter()
             fc = forecast(
@@ -343,14 +347,14 @@ def main() -> None:
                 horizon_s=args.horizon_d * 86_400,
                 declared_durations=declared,
                 arrivals=recent_arrivals(hist_events, now) if arriving else (),
-                waits=recent_waits(hist_events, now),
+                waits=recent_waits(hist_events, now) if waiting else None,
                 spacing=args.spacing,
             )
-            times[name if name in times else "forward run"] += time.perf_counter() - t1
-            est[name] = fc.jobs[0].start_us
-            if both:
-                est["forward run"] = fc.jobs[0].forward_start_us
-            basis = basis or fc.jobs[0].basis
+            times[name if name in times else "forecast + recent waits"] += time.perf_counter() - t1
+            est[name] = fc.jobs[0].forward_start_us  # the forward run's start
+            if waiting:
+                est["forecast + recent waits"] = fc.jobs[0].start_us
+            basis = basis or fc.jobs[0].forward_basis
         if "slurm-style" in times:
             t1 = time.perf_counter()
             est["slurm-style"] = slurm_estimate(state, now, job_id)

@@ -121,9 +121,9 @@ def test_a_spacing_outside_0_to_1_is_bad_input(log_file: str, spacing: str) -> N
     assert code == 2 and got["exit_code"] == 2 and "a fraction from 0 to 1" in got["message"]
 
 
-def test_the_exact_forward_run_and_the_forward_only_estimate_give_the_same_start_here(log_file: str) -> None:
+def test_the_exact_forward_run_with_recent_waits_keeps_an_allocated_jobs_start(log_file: str) -> None:
     # p1 is allocated: the recent-waits estimate does not apply; unspaced, its start is r1's end, T0 + 3 h
-    code, stdout, _ = run("p1", "--json", "--spacing", "0", "--forward-only", "--from-file", log_file)
+    code, stdout, _ = run("p1", "--json", "--spacing", "0", "--recent-waits", "--from-file", log_file)
     (job,) = json.loads(stdout)["jobs"]
     assert code == 0 and (job["start"], job["forward_start"], job["forward_basis"]) == (
         from_us(h(3)).isoformat(),

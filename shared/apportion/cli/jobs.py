@@ -578,12 +578,11 @@ def _with_forecast_starts(rows: list[dict[str, Any]], bootstrap: str | None) -> 
     """``queue --start``: the rows with each pending job's forecast start (:func:`apportion.forecast.with_starts`)."""
     from apportion.audit.replay import decoded
     from apportion.forecast import forecast as run_forecast
-    from apportion.forecast import recent_waits, user_history, with_starts
+    from apportion.forecast import user_history, with_starts
 
     recs, cfg, state, now = _forecast_input(bootstrap, None, None)
     wanted = [str(r["job_id"]) for r in rows if r.get("state") == "pending" and r.get("job_id") in state.jobs]
-    evs = decoded(recs)
-    fc = run_forecast(state, now, cfg, job_ids=wanted, history=user_history(evs), waits=recent_waits(evs, now))
+    fc = run_forecast(state, now, cfg, job_ids=wanted, history=user_history(decoded(recs)))
     return with_starts(rows, fc)
 
 
@@ -619,11 +618,12 @@ def forecast(
             "every run end, the exact run). A start moves by at most this fraction of its wait per cycle.",
         ),
     ] = 0.02,
-    forward_only: Annotated[
+    with_recent_waits: Annotated[
         bool,
         typer.Option(
-            "--forward-only",
-            help="The forward run's start for every job: no recent-waits estimate for unallocated jobs.",
+            "--recent-waits",
+            help="An unallocated job the forward run does not start at once gets the later of that start and the "
+            "recent median wait of unallocated jobs of its size (basis recent_waits).",
         ),
     ] = False,
     submit_: Annotated[
@@ -673,8 +673,8 @@ def forecast(
 
     Running work ends at its declared duration, its time limit, or its user's median run time in the log.
 
-    An unallocated job (min runtime 0) that the forward run does not start at once gets the later of that start
-    and the recent median wait of unallocated jobs of its size (basis recent_waits); --forward-only: not.
+    --recent-waits: an unallocated job (min runtime 0) that the forward run does not start at once gets the later
+    of that start and the recent median wait of unallocated jobs of its size (basis recent_waits).
 
     A job not started within --horizon (default 7d) starts after it (">" before the time).
 
@@ -699,7 +699,7 @@ def forecast(
 
     apportion forecast --from-file log.jsonl.gz --at 2024-05-01T12:00:00Z --horizon 3d
 
-    apportion forecast --spacing 0 --forward-only  (the exact forward run, no recent-waits estimate)
+    apportion forecast --spacing 0  (the exact forward run: a cycle at every run end)
 
     apportion forecast --submit -b lab/vision -g 8 -k 2 -m 2h  (if I submit this now; exit 1 if it would be rejected)
     """
@@ -751,7 +751,7 @@ def forecast(
         horizon_s=horizon_s,
         arrivals=arrivals,
         spacing=spacing,
-        waits=None if forward_only else recent_waits(evs, now),
+        waits=recent_waits(evs, now) if with_recent_waits else None,
     )
     fc.jobs.sort(key=lambda j: (j.start_us is None, j.start_us or 0, j.job_id))
     if as_json:
