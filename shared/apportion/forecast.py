@@ -15,6 +15,13 @@ checkpoint at their interval, and an unallocated run saves its progress when
 it is preempted, as the simulator's workloads do by default. Future
 submissions are left out.
 
+The cycles are spaced by how far ahead they look (``spacing``, :data:`SPACING`;
+:class:`~apportion.sim.core.Debounce`, the simulator's ``min_gap_s`` debounce):
+after a cycle at ``t`` the next runs no earlier than ``t + spacing x (t - now)``,
+and what it was wanted for waits for it. A stop's end (a preemption's grace) is
+not spaced. The run stops once every job asked about has started, or at the
+horizon: a job not started by then starts after it (``after_us``).
+
 Where each run's end is taken from (its ``basis``), the first that applies:
 
 1. ``simulated``: the job declares its work (``duration_s``, a simulated
@@ -44,6 +51,14 @@ engine's own explanation, :mod:`apportion.domain.engine.reasons`). Its
 exact by the engine's rules), else ``simulated`` < ``time_limit`` <
 ``history`` < ``unknown``. A job the forward run does not start before
 ``horizon_s`` (or before nothing is left to happen) has no start.
+
+With ``waits`` (``forecast --recent-waits``: :func:`recent_waits`), an
+unallocated job (``D1.unallocated-job``: it runs only on idle GPUs, so later
+allocated submissions overtake it and a forward run without them is early) that
+the forward run does not start at once gets the later of that start and its
+queueing plus the median wait (:func:`median_wait`) of the unallocated jobs of
+its size queued in the day before ``now`` that waited longer than it has so far:
+basis ``recent_waits``, the forward run's start and basis kept beside it.
 
 Pure: a function of the state, the log's history and ``now`` (event time);
 the caller's state is not changed (the forward run works on a copy).
