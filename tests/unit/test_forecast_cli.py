@@ -130,3 +130,29 @@ def test_the_exact_forward_run_with_recent_waits_keeps_an_allocated_jobs_start(l
         from_us(h(3)).isoformat(),
         "simulated",
     )
+
+
+def test_recent_waits_put_an_unallocated_job_no_earlier_than_its_sizes_median_wait(tmp_path: Path) -> None:
+    # one 1-GPU node. r0 (allocated, 2 h) runs from T0; u1..u5 (unallocated, 1 min each) queue at T0 + 1..5 min
+    # and run one after another from r0's end: each waited 2 h - 1 min = 7,140 s. r6 (allocated, 1 h) starts at
+    # T0 + 2 h 6 min; q (unallocated) queues at T0 + 2 h 7 min, the log's end. The forward run starts q at r6's
+    # end, T0 + 3 h 6 min; the median of the 5 recent waits puts it at T0 + 2 h 7 min + 7,140 s = T0 + 4 h 6 min.
+    hist = History().node("n0", 1).submit("r0", T0, duration_s=7200.0)
+    for i in range(1, 6):
+        hist.submit(f"u{i}", m(i), min_runtime_s=0.0, duration_s=60.0)
+    hist.complete("r0", h(2))
+    for i in range(1, 6):
+        hist.complete(f"u{i}", h(2) + m(i) - T0)
+    hist.submit("r6", h(2) + m(6) - T0, duration_s=3600.0).submit("q", h(2) + m(7) - T0, min_runtime_s=0.0)
+    log = export(tmp_path / "log.jsonl.gz", hist.log, "")
+    code, stdout, _ = run("q", "--json", "--spacing", "0", "--recent-waits", "--from-file", log)
+    (job,) = json.loads(stdout)["jobs"]
+    assert code == 0 and (job["start"], job["basis"]) == (from_us(h(4) + m(6) - T0).isoformat(), "recent_waits")
+    assert (job["forward_start"], job["forward_basis"]) == (from_us(h(3) + m(6) - T0).isoformat(), "simulated")
+    assert (
+        "the median wait of 5 recent unallocated job(s) of its size that waited longer than 0 s is 1.98 h"
+        in (job["note"])
+    )
+    code, stdout, _ = run("q", "--json", "--spacing", "0", "--from-file", log)  # without: the forward run's start
+    (job,) = json.loads(stdout)["jobs"]
+    assert (job["start"], job["basis"]) == (from_us(h(3) + m(6) - T0).isoformat(), "simulated")
