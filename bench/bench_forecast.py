@@ -37,7 +37,8 @@ its samples; a progress line goes to stderr every 20 forecasts.
 
 Speed (``--timing``): ``bench_engine``'s steady snapshot (10,000 GPUs, 20,000 pending jobs) folded into a
 dispatcher state, then the wall time of ``forecast`` of one job (the head of the fair-share order, and the middle
-of the queue) and of ``queue --start`` (every pending job), against the targets 2 s and 10 s.
+of the queue) and of ``queue --start`` (every pending job), against the targets 2 s and 10 s, the forward run
+spaced by ``--spacing`` and ``--min-gap`` and looking ``--horizon-d`` days ahead.
 With ``--while-waiting N`` the forecast is made again every hour while each sampled job waits (at most N
 times a job) and its median error is printed by how long before the start it was made (convergence).
 Figures only: nothing is asserted.
