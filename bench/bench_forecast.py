@@ -6,7 +6,11 @@ submission of each sampled job (right after its ``JobQueued``) three estimates o
 that prefix alone:
 
 * ``forecast``: :func:`apportion.forecast.forecast`, the engine run forward, running work ending at its
-  declared duration (basis ``simulated``: a Philly job's duration is in the trace);
+  declared duration (basis ``simulated``: a Philly job's duration is in the trace), its cycles spaced by
+  ``--spacing`` (default :data:`apportion.forecast.SPACING`);
+* ``forecast + recent waits``: the same forward run, an unallocated job that it does not start at once given the
+  later of that start and the recent median wait of unallocated jobs of its size (``forecast --recent-waits``,
+  :func:`apportion.forecast.recent_waits`);
 * ``forecast, no durations``: the same with the declared durations ignored (``declared_durations=False``),
   so that runs end at their user's median run time in the log prefix, or W/4: what a forecast of real
   commands knows;
@@ -17,7 +21,7 @@ that prefix alone:
   the earliest time it fits on k nodes with g free GPUs for its duration without moving the plans before it.
 
 Each is compared with the start the job got in the simulation (its first ``JobStarted``). Printed per
-estimate: jobs with an estimate, median and p90 absolute error (hours), mean signed error (bias, hours;
+estimate, for all the jobs and then for the allocated and the unallocated ones apart: jobs with an estimate, median and p90 absolute error (hours), mean signed error (bias, hours;
 positive = later than it started), share within 1 h and within 25% of the job's actual wait, and the same
 shares for the jobs that waited more than 1 h. Future submissions are unknown to every estimate but
 ``forecast + arrivals``. Below the table, what the misses have in common: of the jobs that waited more than
@@ -33,7 +37,8 @@ its samples; a progress line goes to stderr every 20 forecasts.
 
 Speed (``--timing``): ``bench_engine``'s steady snapshot (10,000 GPUs, 20,000 pending jobs) folded into a
 dispatcher state, then the wall time of ``forecast`` of one job (the head of the fair-share order, and the middle
-of the queue) and of ``queue --start`` (every pending job), against the targets 2 s and 10 s.
+of the queue) and of ``queue --start`` (every pending job), against the targets 2 s and 10 s, the forward run
+spaced by ``--spacing`` and ``--min-gap`` and looking ``--horizon-d`` days ahead.
 With ``--while-waiting N`` the forecast is made again every hour while each sampled job waits (at most N
 times a job) and its median error is printed by how long before the start it was made (convergence).
 Figures only: nothing is asserted.
@@ -60,7 +65,7 @@ from apportion.domain.dispatch import DispatchConfig, DispatchState, evolve
 from apportion.domain.engine import EngineConfig
 from apportion.domain.fairshare import budget_order
 from apportion.events import Decision, Event, JobQueued, JobStarted
-from apportion.forecast import forecast, recent_arrivals, user_history
+from apportion.forecast import HORIZON_S, SPACING, forecast, recent_arrivals, recent_waits, user_history
 from apportion.sim.core import SimConfig, Simulator, default_horizon_us
 from apportion.sim.traces import ITP_T0, load_budget_file, load_trace, parse_itp_slice, parse_slice, trace_format
 from apportion.timeutil import Micros, from_us, s_to_us, to_us, us_to_s
@@ -134,7 +139,13 @@ def slurm_estimate(state: DispatchState, now: Micros, target: str) -> Micros | N
 # --------------------------------------------------------------------------- the measurement
 
 #: The estimates made of each sampled job (module docstring), in the order they are printed.
-ESTIMATES: tuple[str, ...] = ("forecast", "forecast, no durations", "forecast + arrivals", "slurm-style")
+ESTIMATES: tuple[str, ...] = (
+    "forecast",
+    "forecast + recent waits",
+    "forecast, no durations",
+    "forecast + arrivals",
+    "slurm-style",
+)
 
 
 @dataclass
@@ -228,7 +239,7 @@ def main() -> None:
     )
     ap.add_argument("--dump", metavar="FILE", help="write each sample as a JSON line to FILE as it is made")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--horizon-d", type=float, default=14.0, help="how far each forecast looks, days")
+    ap.add_argument("--horizon-d", type=float, default=HORIZON_S / 86_400, help="how far each forecast looks, days")
     ap.add_argument(
         "--while-waiting", type=int, default=0, metavar="N", help="also forecast every hour while a job waits, N times"
     )
@@ -245,12 +256,19 @@ def main() -> None:
         help="--timing: the forward run's debounce, seconds (run ends within S of the last cycle share one cycle)",
     )
     ap.add_argument(
+        "--spacing",
+        type=float,
+        default=SPACING,
+        metavar="F",
+        help=f"the forward run's cycles spaced by F x how far ahead they look (default {SPACING:g}; 0: at every run end)",
+    )
+    ap.add_argument(
         "--skip-middle", action="store_true", help="--timing: leave out the forecast of the middle of the queue"
     )
     ap.add_argument("--skip-queue", action="store_true", help="--timing: leave out queue --start")
     args = ap.parse_args()
     if args.timing:
-        timings(args.seed, args.min_gap, not args.skip_middle, not args.skip_queue)
+        timings(args.seed, args.min_gap, not args.skip_middle, not args.skip_queue, args.spacing, args.horizon_d)
         return
 
     wanted = [e.strip() for e in args.estimates.split(";") if e.strip()]
@@ -317,7 +335,8 @@ def main() -> None:
         )
         basis = ""
         for name, declared, arriving in runs:
-            if name not in times:
+            waiting = name == "forecast" and "forecast + recent waits" in times
+            if name not in times and not waiting:
                 continue
             t1 = time.perf_counter()
             fc = forecast(
@@ -329,10 +348,14 @@ def main() -> None:
                 horizon_s=args.horizon_d * 86_400,
                 declared_durations=declared,
                 arrivals=recent_arrivals(hist_events, now) if arriving else (),
+                waits=recent_waits(hist_events, now) if waiting else None,
+                spacing=args.spacing,
             )
-            times[name] += time.perf_counter() - t1
-            est[name] = fc.jobs[0].start_us
-            basis = basis or fc.jobs[0].basis
+            times[name if name in times else "forecast + recent waits"] += time.perf_counter() - t1
+            est[name] = fc.jobs[0].forward_start_us  # the forward run's start
+            if waiting:
+                est["forecast + recent waits"] = fc.jobs[0].start_us
+            basis = basis or fc.jobs[0].forward_basis
         if "slurm-style" in times:
             t1 = time.perf_counter()
             est["slurm-style"] = slurm_estimate(state, now, job_id)
@@ -362,6 +385,11 @@ def main() -> None:
     )
     for name in times:
         print(summary(samples, name))
+    for label, alloc in (("allocated", True), ("unallocated", False)):
+        part = [s for s in samples if s.allocated == alloc]
+        print(f"{label} jobs only ({len(part)}):")
+        for name in times:
+            print(summary(part, name))
     print("errors in hours; '>1h': the jobs that waited more than 1 h, and their shares")
     for name in times:
         print(misses(samples, name))
@@ -416,7 +444,14 @@ def scale_state(seed: int) -> tuple[DispatchState, Micros]:
     return state, NOW
 
 
-def timings(seed: int, min_gap_s: float = 0.0, middle: bool = True, whole: bool = True) -> None:
+def timings(
+    seed: int,
+    min_gap_s: float = 0.0,
+    middle: bool = True,
+    whole: bool = True,
+    spacing: float = SPACING,
+    horizon_d: float = HORIZON_S / 86_400,
+) -> None:
     """``--timing``: wall time of ``forecast JOB`` (the job at the head of the fair-share order, and the median
     job of the queue unless ``middle`` is false) and of ``queue --start`` (every pending job, unless ``whole`` is
     false) on :func:`scale_state`, the forward run debounced by ``min_gap_s``; targets 2 s and 10 s."""
@@ -438,10 +473,15 @@ def timings(seed: int, min_gap_s: float = 0.0, middle: bool = True, whole: bool 
         f"(state folded from events in {built:.1f} s)"
     )
     asked = [("head of the queue", queue[0])] + ([("middle of the queue", queue[len(queue) // 2])] if middle else [])
-    print(f"  debounce: {min_gap_s:g} s; load average {os.getloadavg()[0]:.1f}", flush=True)
+    print(
+        f"  debounce: {min_gap_s:g} s, spacing {spacing:g}, horizon {horizon_d:g} d; "
+        f"load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    kw: dict[str, Any] = {"min_gap_s": min_gap_s, "spacing": spacing, "horizon_s": horizon_d * 86_400}
     for label, job in asked:
         t1, c1 = time.perf_counter(), time.process_time()
-        fc = run_forecast(state, now, dcfg, job_ids=[job.job_id], min_gap_s=min_gap_s)
+        fc = run_forecast(state, now, dcfg, job_ids=[job.job_id], **kw)
         took, cpu = time.perf_counter() - t1, time.process_time() - c1
         j = fc.jobs[0]
         wait = "no start" if j.wait_s is None else f"starts in {j.wait_s / 3600:.2f} h"
@@ -453,7 +493,7 @@ def timings(seed: int, min_gap_s: float = 0.0, middle: bool = True, whole: bool 
     if not whole:
         return
     t1, c1 = time.perf_counter(), time.process_time()
-    fc = run_forecast(state, now, dcfg, min_gap_s=min_gap_s)
+    fc = run_forecast(state, now, dcfg, **kw)
     took, cpu = time.perf_counter() - t1, time.process_time() - c1
     started = sum(1 for j in fc.jobs if j.start_us is not None)
     print(

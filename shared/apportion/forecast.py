@@ -15,6 +15,13 @@ checkpoint at their interval, and an unallocated run saves its progress when
 it is preempted, as the simulator's workloads do by default. Future
 submissions are left out.
 
+The cycles are spaced by how far ahead they look (``spacing``, :data:`SPACING`;
+:class:`~apportion.sim.core.Debounce`, the simulator's ``min_gap_s`` debounce):
+after a cycle at ``t`` the next runs no earlier than ``t + spacing x (t - now)``,
+and what it was wanted for waits for it. A stop's end (a preemption's grace) is
+not spaced. The run stops once every job asked about has started, or at the
+horizon: a job not started by then starts after it (``after_us``).
+
 Where each run's end is taken from (its ``basis``), the first that applies:
 
 1. ``simulated``: the job declares its work (``duration_s``, a simulated
@@ -45,6 +52,14 @@ exact by the engine's rules), else ``simulated`` < ``time_limit`` <
 ``history`` < ``unknown``. A job the forward run does not start before
 ``horizon_s`` (or before nothing is left to happen) has no start.
 
+With ``waits`` (``forecast --recent-waits``: :func:`recent_waits`), an
+unallocated job (``D1.unallocated-job``: it runs only on idle GPUs, so later
+allocated submissions overtake it and a forward run without them is early) that
+the forward run does not start at once gets the later of that start and its
+queueing plus the median wait (:func:`median_wait`) of the unallocated jobs of
+its size queued in the day before ``now`` that waited longer than it has so far:
+basis ``recent_waits``, the forward run's start and basis kept beside it.
+
 Pure: a function of the state, the log's history and ``now`` (event time);
 the caller's state is not changed (the forward run works on a copy).
 """
@@ -64,9 +79,11 @@ from apportion.domain.engine import run_cycle
 from apportion.domain.engine.reasons import reason_dict
 from apportion.events import (
     Event,
+    JobCancelled,
     JobCheckpointed,
     JobCompleted,
     JobFailed,
+    JobLost,
     JobPlaced,
     JobPreempted,
     JobQueued,
@@ -76,6 +93,7 @@ from apportion.events import (
     StartWorkload,
     det_id,
 )
+from apportion.sim.core import Debounce
 from apportion.timeutil import Micros, from_us, s_to_us, to_us, us_to_s
 
 __all__ = [
@@ -99,6 +117,8 @@ __all__ = [
 
 #: Bases of a run's end, most certain first (module docstring); a job's basis is the last of its chain's.
 BASES: tuple[str, ...] = ("simulated", "time_limit", "history", "unknown")
+#: A job's basis when its start is the recent median wait of unallocated jobs, later than the forward run's.
+RECENT_WAITS = "recent_waits"
 #: A job's basis when its chain has no run end: it starts at once, or only protection and grace ends delay it.
 NOW, RULES = "now", "rules"
 #: ``--with-arrivals``: the submissions of this many seconds before the forecast are replayed, every as many seconds.
@@ -106,11 +126,24 @@ ARRIVAL_LOOKBACK_S = 86_400.0
 #: The forward run's periodic cycle while jobs wait (the dispatcher service's and the simulator's default).
 CYCLE_S = 300.0
 #: How far ahead the forward run looks by default, seconds (a job not started by then has no start).
-HORIZON_S = 14 * 86_400.0
+HORIZON_S = 7 * 86_400.0
 #: The forward run's debounce: a cycle wanted at t runs at ``max(t, last cycle + MIN_GAP_S)`` (a dispatcher
 #: batching its input, as the simulator's ``min_gap_s``); runs ending within it are answered by one cycle.
 MIN_GAP_S = 0.0
+#: The forward run's spacing (``--spacing``): after a cycle at t the next runs no earlier than
+#: ``t + max(MIN_GAP_S, SPACING x (t - now))`` (:class:`~apportion.sim.core.Debounce`). A start found by the spaced
+#: run is later than the unspaced run's by at most the gap before it, so at most ``SPACING`` of its wait for the
+#: cycle that starts it (the work placed in earlier deferred cycles moves by as little); the error it adds to a
+#: start is small next to the 25% of its wait the forecast is measured by (``D12.accuracy``).
+SPACING = 0.02
+#: ``recent_waits``: the trailing window of the log whose unallocated jobs' waits are used, seconds.
+WAITS_LOOKBACK_S = 86_400.0
+#: ``recent_waits``: a job that started within this many seconds of its queueing did not wait (left out).
+WAITED_S = 60.0
+#: ``recent_waits``: the fewest waits a median is taken of (fewer of its size: every size's).
+WAITS_MIN_JOBS = 5
 _PRODUCER = "forecast"
+_GONE = (JobCancelled, JobRejected)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +218,11 @@ class JobForecast:
         reason: why it waits now (the engine's reason, ``kind: facts``; empty when a cycle now places it).
         reason_detail: the reason's fields (:func:`~apportion.domain.engine.reasons.reason_dict`).
         chain: what frees its GPUs, in time order.
-        note: for a job without a start, why.
+        note: for a job without a start, why; for basis ``recent_waits``, what the estimate rests on.
+        forward_start_us, forward_basis: the forward run's start and its basis (``start_us`` and ``basis`` but
+            for basis ``recent_waits``: an unallocated job whose recent median wait is later; module docstring).
+        after_us: for a job the forward run did not start before its horizon, the horizon (it starts after it,
+            as ``squeue --start`` says N/A beyond its backfill window); ``None`` otherwise.
     """
 
     job_id: str
@@ -200,6 +237,9 @@ class JobForecast:
     reason_detail: dict[str, Any] | None
     chain: tuple[ChainStep, ...]
     note: str = ""
+    forward_start_us: Micros | None = None
+    forward_basis: str = ""
+    after_us: Micros | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
@@ -216,6 +256,9 @@ class JobForecast:
             "reason_detail": self.reason_detail,
             "chain": [c.to_dict() for c in self.chain],
             "note": self.note,
+            "forward_start": None if self.forward_start_us is None else from_us(self.forward_start_us).isoformat(),
+            "forward_basis": self.forward_basis,
+            "after": None if self.after_us is None else from_us(self.after_us).isoformat(),
         }
 
 
@@ -229,6 +272,7 @@ class Forecast:
         jobs: the pending jobs asked about, in queue order (budget, then the queue's own order).
         runs: ``(job_id, attempt)`` -> :class:`RunEnd` of each run running at ``now`` or started by the forward run.
         cycles: scheduling cycles the forward run ran.
+        spacing: the forward run's spacing (:data:`SPACING`; 0: a cycle at every run end).
     """
 
     now_us: Micros
@@ -236,12 +280,14 @@ class Forecast:
     jobs: list[JobForecast] = field(default_factory=list)
     runs: dict[RunKey, RunEnd] = field(default_factory=dict)
     cycles: int = 0
+    spacing: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
         return {
             "now": from_us(self.now_us).isoformat(),
             "horizon": from_us(self.horizon_us).isoformat(),
+            "spacing": self.spacing,
             "jobs": [j.to_dict() for j in self.jobs],
             "runs": [r.to_dict() for _, r in sorted(self.runs.items())],
         }
@@ -294,6 +340,76 @@ def recent_arrivals(
     return out
 
 
+def recent_waits(
+    events: Iterable[Event], now_us: Micros, lookback_s: float = WAITS_LOOKBACK_S
+) -> dict[int, tuple[tuple[float, bool], ...]]:
+    """Size (GPUs, g x k) -> the waits of the unallocated jobs first queued in the ``lookback_s`` before
+    ``now_us`` that did not start within :data:`WAITED_S` (the module docstring's ``recent_waits`` estimate).
+
+    Each wait is ``(seconds, ended)``: from its first ``JobQueued`` to its first ``JobStarted`` (``ended``); for a
+    job not started by ``now_us``, ``now_us`` minus its queueing (``ended`` false: it waits at least that).
+    Jobs cancelled or rejected before they started are left out. Sorted by seconds, ended waits first.
+    """
+    lb = s_to_us(lookback_s)
+    queued: dict[str, tuple[Micros, int]] = {}
+    gone: set[str] = set()
+    begun: dict[str, Micros] = {}
+    for ev in events:
+        t = type(ev)
+        if t is JobQueued:
+            q = to_us(ev.ts)
+            if ev.attempt == 1 and not ev.allocated and now_us - lb <= q < now_us:  # type: ignore[attr-defined]
+                queued.setdefault(ev.job_id, (q, ev.gpus_per_replica * ev.replicas))  # type: ignore[attr-defined]
+        elif t is JobStarted:
+            begun.setdefault(ev.job_id, to_us(ev.ts))  # type: ignore[attr-defined]
+        elif t in _GONE:
+            gone.add(ev.job_id)  # type: ignore[attr-defined]
+    out: dict[int, list[tuple[float, bool]]] = {}
+    waited = s_to_us(WAITED_S)
+    for job_id, (q, size) in queued.items():
+        start = begun.get(job_id)
+        if start is not None and start <= now_us:
+            wait, ended = start - q, True
+        elif job_id in gone:
+            continue
+        else:
+            wait, ended = now_us - q, False
+        if wait > waited:
+            out.setdefault(size, []).append((us_to_s(wait), ended))
+    return {k: tuple(sorted(v, key=lambda w: (w[0], not w[1]))) for k, v in sorted(out.items())}
+
+
+def median_wait(waits: Sequence[tuple[float, bool]]) -> float | None:
+    """The median of ``waits`` (:func:`recent_waits`: ``(seconds, ended)``, sorted) with the waits not ended
+    counted as at least as long (the Kaplan-Meier estimate): the first ended wait at which the share of jobs
+    still waiting falls to one half or below; ``None`` when it never does (too many still waiting, or none)."""
+    at_risk, surviving = len(waits), 1.0
+    for secs, ended in waits:
+        if ended:
+            surviving *= 1.0 - 1.0 / at_risk
+            if surviving <= 0.5:
+                return secs
+        at_risk -= 1
+    return None
+
+
+def waits_for(waits: Mapping[int, Sequence[tuple[float, bool]]], size: int) -> tuple[float, int, str] | None:
+    """The recent median wait for an unallocated job of ``size`` GPUs: ``(seconds, jobs, which)``, from the
+    jobs of that size when at least :data:`WAITS_MIN_JOBS` waited, else from every size (``which``: ``"of its
+    size"`` or ``"of any size"``); ``None`` when neither gives a median (:func:`median_wait`)."""
+    same = waits.get(size, ())
+    if len(same) >= WAITS_MIN_JOBS:
+        m = median_wait(same)
+        if m is not None:
+            return m, len(same), "of its size"
+    every = sorted((w for ws in waits.values() for w in ws), key=lambda w: (w[0], not w[1]))
+    if len(every) >= WAITS_MIN_JOBS:
+        m = median_wait(every)
+        if m is not None:
+            return m, len(every), "of any size"
+    return None
+
+
 def run_end(
     job: JobQueued,
     attempt: int,
@@ -341,7 +457,7 @@ def run_end(
 class _Forward:
     """The forward run: the simulator's loop, reduced to what a forecast needs (module docstring)."""
 
-    _EV, _TICK, _END, _CKPT, _PERIODIC, _ARRIVAL = range(6)
+    _EV, _TICK, _END, _CKPT, _PERIODIC, _ARRIVAL, _STOP = range(7)
 
     def __init__(
         self,
@@ -353,11 +469,10 @@ class _Forward:
         cycle_s: float | None,
         declared: bool = True,
         min_gap_s: float = 0.0,
+        spacing: float = 0.0,
     ) -> None:
         self.declared = declared
-        self.gap_us = s_to_us(min_gap_s)
-        self.last_cycle: Micros | None = None
-        self.deferred_at: Micros | None = None
+        self.debounce = Debounce(s_to_us(min_gap_s), spacing, now_us)
         self.state = state
         self.now = now_us
         self.cfg = cfg
@@ -437,7 +552,7 @@ class _Forward:
                 self.push(until, self._TICK)
         for _key, stop in sorted(st.stopping.items()):
             deadline = stop.deadline_us + (s_to_us(self.cfg.engine.grace_s) if stop.plus_grace else 0)
-            self.push(max(now, deadline), self._TICK)
+            self.push(max(now, deadline), self._STOP)
         after = s_to_us(self.cfg.engine.reservation_after_s)
         for jobs in st.pending.values():
             for job in jobs:
@@ -480,6 +595,11 @@ class _Forward:
 
     # ------------------------------------------------------------------ loop
 
+    @property
+    def cut(self) -> bool:
+        """The run stopped at its horizon with happenings left after it."""
+        return bool(self.heap) and self.heap[0][0] > self.horizon and self.real > 0
+
     def run(self, wanted: set[str] | None, until_us: Micros | None = None) -> None:
         """Run until every job of ``wanted`` has started, nothing is left to happen, or the horizon; with
         ``wanted`` ``None``, until every happening up to ``until_us`` (default the horizon) is done."""
@@ -489,7 +609,7 @@ class _Forward:
             t = heap[0][0]
             if t > until or self.real == 0:
                 break
-            dirty = False
+            dirty = exact = False
             while heap and heap[0][0] == t:
                 _, _, kind, payload = heapq.heappop(heap)
                 if kind != self._PERIODIC:
@@ -504,19 +624,15 @@ class _Forward:
                     dirty |= self._arrival(payload, t)
                 else:
                     dirty = True
+                    exact |= kind == self._STOP
                     if kind == self._PERIODIC:
                         self.periodic_at = None
             st = self.state
             if dirty and (st.pending or st.stopping or st.draining):
-                last = self.last_cycle
-                if self.gap_us and last is not None and t < last + self.gap_us:
-                    if self.deferred_at is None:  # debounce: the cycle runs at the gap's end
-                        self.deferred_at = last + self.gap_us
-                        self.push(self.deferred_at, self._TICK)
-                else:
-                    if self.deferred_at is not None and self.deferred_at <= t:
-                        self.deferred_at = None
-                    self.last_cycle = t
+                now, tick_at = self.debounce.want(t, force=exact)
+                if tick_at is not None:  # spaced: one cycle at the gap's end
+                    self.push(tick_at, self._TICK)
+                if now:
                     self.cycles += 1
                     self._outputs(step(self.state, Tick(t), t, self.cfg), t)
             if self.cycle_us and self.state.pending and self.periodic_at is None:
@@ -531,7 +647,7 @@ class _Forward:
             if until is not None and t < until < UNTIL_STARTED:
                 self.push(until, self._TICK)
         for w in wakeups(ev, self.cfg):
-            self.push(w, self._TICK)
+            self.push(w, self._wake_kind(ev))
         self._outputs(out, t)
         return type(ev) in (JobCompleted, JobFailed) or bool(out)
 
@@ -539,7 +655,7 @@ class _Forward:
         for e in out:
             for w in wakeups(e, self.cfg):
                 if w > t:
-                    self.push(w, self._TICK)
+                    self.push(w, self._wake_kind(e))
             if type(e) is StartWorkload:
                 self._start(e, t)
             elif type(e) is JobPlaced:
@@ -551,6 +667,12 @@ class _Forward:
                 if live is not None and not e.allocated and e.grace_s > 0:
                     # an unallocated workload saves its progress on SIGTERM (as the simulator's default)
                     self.push(t, self._EV, self._checkpointed(key, live[1] + us_to_s(max(0, t - live[0])), t))
+
+    def _wake_kind(self, e: Event) -> int:
+        """A stop's end (a preemption's or a lost gang's grace) runs its cycle when due, not spaced: it starts
+        the job placed on the stopped run's GPUs, at a time the engine's rules fix (basis ``rules``), and there
+        is one per stop; every other wake-up is spaced."""
+        return self._STOP if type(e) in (JobPreempted, JobLost) else self._TICK
 
     def _start(self, e: StartWorkload, t: Micros) -> None:
         key = (e.job_id, e.attempt)
@@ -630,6 +752,8 @@ def forecast(
     arrivals: Sequence[tuple[Micros, JobQueued]] = (),
     arrival_period_s: float = ARRIVAL_LOOKBACK_S,
     min_gap_s: float = MIN_GAP_S,
+    spacing: float = SPACING,
+    waits: Mapping[int, Sequence[tuple[float, bool]]] | None = None,
 ) -> Forecast:
     """Estimated start of each pending job of ``state`` (or of ``job_ids``) at event time ``now_us``.
 
@@ -647,6 +771,11 @@ def forecast(
             at its time, then again every ``arrival_period_s``, as a copy of the job it names; none by default.
         min_gap_s: the forward run's debounce (:data:`MIN_GAP_S`): a cycle wanted less than ``min_gap_s`` after
             the last one runs at the gap's end; 0 (the default) cycles at every run end, as the simulator does by default.
+        waits: :func:`recent_waits` of the log: an unallocated job the forward run does not start at once gets
+            the later of that start and its queueing plus the recent median wait (``estimate``
+            ``recent_waits``); ``None``: the forward run's start for every job (``estimate`` ``forward``).
+        spacing: the forward run's cycles spaced by how far ahead they look (:data:`SPACING`): after a cycle at
+            ``t`` the next runs no earlier than ``t + max(min_gap_s, spacing x (t - now))``; 0: not spaced.
 
     Raises:
         KeyError: a job of ``job_ids`` is not pending.
@@ -667,11 +796,13 @@ def forecast(
     else:
         targets = pending
     horizon = now_us + s_to_us(horizon_s)
-    fwd = _Forward(_copy(state), now_us, cfg, history or {}, horizon, cycle_s, declared_durations, min_gap_s)
+    if spacing < 0 or min_gap_s < 0 or horizon_s <= 0:
+        raise ValueError("spacing and min_gap_s must not be negative, horizon_s must be positive")
+    fwd = _Forward(_copy(state), now_us, cfg, history or {}, horizon, cycle_s, declared_durations, min_gap_s, spacing)
     fwd.seed()
     fwd.arrive(arrivals, arrival_period_s)
     fwd.run({j.job_id for j in targets})
-    result = Forecast(now_us, horizon, runs=dict(fwd.ends), cycles=fwd.cycles)
+    result = Forecast(now_us, horizon, runs=dict(fwd.ends), cycles=fwd.cycles, spacing=spacing)
     starts = {j.job_id: fwd.started.get(j.job_id) for j in targets}
     chains = {j: () if t is None else _chain(fwd, j, t) for j, t in starts.items()}
     reasons: dict[str, Any] = {}
@@ -682,6 +813,11 @@ def forecast(
     for job in targets:
         why = state.waiting_reason(job.job_id, now_us) or reasons.get(job.job_id)
         start, chain = starts[job.job_id], chains[job.job_id]
+        forward, why_later = start, ""
+        if waits is not None and start is not None and start > now_us and job.min_runtime_s <= 0:
+            later = _recent_start(waits, job, now_us)
+            if later is not None and later[0] > start:
+                start, why_later = later
         if start is None:
             basis, note = "-", _no_start(fwd, horizon)
             if job.job_id in state.held:
@@ -692,6 +828,9 @@ def forecast(
             bases = [c.basis for c in chain if c.kind == "run_ends"]
             basis = max(bases, key=BASES.index) if bases else RULES
             note = ""
+        forward_basis = basis
+        if why_later:
+            basis, note = RECENT_WAITS, why_later
         result.jobs.append(
             JobForecast(
                 job_id=job.job_id,
@@ -706,9 +845,30 @@ def forecast(
                 reason_detail=None if why is None else reason_dict(why),
                 chain=chain,
                 note=note,
+                forward_start_us=forward,
+                forward_basis=forward_basis,
+                after_us=horizon if start is None and fwd.cut else None,
             )
         )
     return result
+
+
+def _recent_start(
+    waits: Mapping[int, Sequence[tuple[float, bool]]], job: Any, now_us: Micros
+) -> tuple[Micros, str] | None:
+    """An unallocated pending job's start from the recent waits (:func:`waits_for`): its queueing plus the
+    median of the waits longer than it has waited so far, with why (``None``: no such median)."""
+    waited = us_to_s(now_us - job.queued_at_us)
+    longer = {k: [w for w in ws if w[0] > waited] for k, ws in waits.items()}
+    got = waits_for(longer, job.gpus_per_replica * job.replicas)
+    if got is None:
+        return None
+    secs, n, which = got
+    return job.queued_at_us + s_to_us(secs), (
+        f"unallocated: runs only on idle GPUs, behind later allocated work; the median wait of {n} recent "
+        f"unallocated job(s) {which} that waited longer than {waited:.0f} s is {secs / 3600:.2f} h, later than the "
+        "forward run's start"
+    )
 
 
 def with_submission(
@@ -726,7 +886,7 @@ def with_submission(
 
 
 def _no_start(fwd: _Forward, horizon: Micros) -> str:
-    if fwd.heap and fwd.heap[0][0] > horizon:
+    if fwd.cut:
         return f"not started before {from_us(horizon).isoformat()} (the forecast's horizon)"
     return "not started by the runs with a known end: it waits for runs that end only when preempted"
 
@@ -789,7 +949,8 @@ def _chain(fwd: _Forward, job_id: str, start: Micros) -> tuple[ChainStep, ...]:
 
 def with_starts(rows: Sequence[Mapping[str, Any]], fc: Forecast) -> list[dict[str, Any]]:
     """``apportion queue --start``: the queue's rows, each pending one with its forecast start (``est_start``,
-    ISO UTC, ``None`` when not within the forecast) and ``est_basis`` (:attr:`JobForecast.basis`); other rows
+    ISO UTC, ``None`` when not within the forecast), ``est_basis`` (:attr:`JobForecast.basis`) and ``est_after``
+    (the horizon, ISO UTC, for a job not started within it, else ``None``); other rows
     as they are. A pending row the forecast does not cover (it came after the log read) gets ``None`` and
     basis ``""``."""
     by_id = {j.job_id: j for j in fc.jobs}
@@ -800,6 +961,7 @@ def with_starts(rows: Sequence[Mapping[str, Any]], fc: Forecast) -> list[dict[st
             j = by_id.get(str(r.get("job_id")))
             r["est_start"] = None if j is None or j.start_us is None else from_us(j.start_us).isoformat()
             r["est_basis"] = "" if j is None else j.basis
+            r["est_after"] = None if j is None or j.after_us is None else from_us(j.after_us).isoformat()
         out.append(r)
     return out
 

@@ -178,7 +178,7 @@ def test_a_replayed_arrival_of_a_budget_ahead_goes_first() -> None:
         duration_s=7200.0, submitted_at=from_us(T0 - d(1) + h(2)), ts=from_us(T0 - d(1) + h(2)),
     )  # fmt: skip
     assert forecast(hist.state, m(10), CFG, job_ids=["p1"]).jobs[0].start_us == h(3)
-    fc = forecast(hist.state, m(10), CFG, job_ids=["p1"], arrivals=[(h(2), b0)])
+    fc = forecast(hist.state, m(10), CFG, job_ids=["p1"], arrivals=[(h(2), b0)], spacing=0.0)  # the exact run
     assert fc.jobs[0].start_us == h(5) + 30_000_000
     assert fc.runs[("b0~1", 1)].end_us == h(4) + 30_000_000 and ("b0~2", 1) not in fc.runs  # next copy: a day on
     chain = [(c.kind, c.job_id, c.attempt) for c in fc.jobs[0].chain]

@@ -125,7 +125,7 @@ def test_an_unallocated_run_preempted_in_the_forward_run_resumes_from_its_progre
     hist = History().node("n0", 1).submit("u1", T0, min_runtime_s=0.0, duration_s=7200.0)
     hist.submit("q1", m(20), min_runtime_s=0.0, duration_s=3600.0)
     hist.submit("a1", m(30), budget="lab/b", tick=False)
-    fc = forecast(hist.state, m(30), CFG)
+    fc = forecast(hist.state, m(30), CFG, spacing=0.0)  # every cycle when due: the exact run
     starts = {j.job_id: j.start_us for j in fc.jobs}
     assert starts == {"a1": m(30) + 30_000_000, "q1": h(3) + 30_000_000}
     end = fc.runs[("u1", 2)]
@@ -140,10 +140,10 @@ def test_a_forward_run_that_preempts_requeues_and_checkpoints_leaves_the_state_b
     hist.submit("q1", m(20), min_runtime_s=0.0, duration_s=3600.0)
     hist.submit("a1", m(30), budget="lab/b", tick=False)
     before, occupancy = pickle.dumps(hist.state), hist.state.ledger.occupancy(m(30))
-    first = {j.job_id: j.start_us for j in forecast(hist.state, m(30), CFG).jobs}
+    first = {j.job_id: j.start_us for j in forecast(hist.state, m(30), CFG, spacing=0.0).jobs}
     assert pickle.dumps(hist.state) == before
     assert hist.state.ledger.occupancy(m(30)) == occupancy
-    again = {j.job_id: j.start_us for j in forecast(hist.state, m(30), CFG).jobs}
+    again = {j.job_id: j.start_us for j in forecast(hist.state, m(30), CFG, spacing=0.0).jobs}
     assert first == again == {"a1": m(30) + 30_000_000, "q1": h(3) + 30_000_000}
 
 

@@ -99,3 +99,60 @@ def test_submit_forecasts_a_job_before_it_is_submitted_and_says_when_it_would_be
     assert code == 2 and "--submit needs" in stderr
     code, _, stderr = run("--submit", "-b", "lab/a", "-g", "1", "-m", "1h", "-t", "soon", "--from-file", log_file)
     assert code == 2 and "--time" in stderr
+
+
+def test_a_job_not_started_within_the_horizon_starts_after_it(log_file: str) -> None:
+    # now T0 + 10 min, horizon 1 h: r1 ends at T0 + 3 h, beyond it; p1 starts after T0 + 1 h 10 min
+    code, stdout, _ = run("p1", "--json", "--horizon", "1h", "--from-file", log_file)
+    assert code == 0
+    got = json.loads(stdout)
+    (job,) = got["jobs"]
+    assert (job["start"], job["after"]) == (None, from_us(h(1) + 600_000_000).isoformat())
+    assert got["horizon"] == job["after"] and got["spacing"] == 0.02
+    code, stdout, _ = run("p1", "--horizon", "1h", "--from-file", log_file)
+    row = next(line for line in stdout.splitlines() if line.startswith("p1"))
+    assert row.split() == ["p1", "lab/a", ">01-01", "01:10", ">1h", "-", "no_free_gpus"]
+
+
+@pytest.mark.parametrize("spacing", ["-0.1", "1.5"])
+def test_a_spacing_outside_0_to_1_is_bad_input(log_file: str, spacing: str) -> None:
+    code, stdout, _ = run("p1", "--json", "--spacing", spacing, "--from-file", log_file)
+    got = json.loads(stdout)
+    assert code == 2 and got["exit_code"] == 2 and "a fraction from 0 to 1" in got["message"]
+
+
+def test_the_exact_forward_run_with_recent_waits_keeps_an_allocated_jobs_start(log_file: str) -> None:
+    # p1 is allocated: the recent-waits estimate does not apply; unspaced, its start is r1's end, T0 + 3 h
+    code, stdout, _ = run("p1", "--json", "--spacing", "0", "--recent-waits", "--from-file", log_file)
+    (job,) = json.loads(stdout)["jobs"]
+    assert code == 0 and (job["start"], job["forward_start"], job["forward_basis"]) == (
+        from_us(h(3)).isoformat(),
+        from_us(h(3)).isoformat(),
+        "simulated",
+    )
+
+
+def test_recent_waits_put_an_unallocated_job_no_earlier_than_its_sizes_median_wait(tmp_path: Path) -> None:
+    # one 1-GPU node. r0 (allocated, 2 h) runs from T0; u1..u5 (unallocated, 1 min each) queue at T0 + 1..5 min
+    # and run one after another from r0's end: each waited 2 h - 1 min = 7,140 s. r6 (allocated, 1 h) starts at
+    # T0 + 2 h 6 min; q (unallocated) queues at T0 + 2 h 7 min, the log's end. The forward run starts q at r6's
+    # end, T0 + 3 h 6 min; the median of the 5 recent waits puts it at T0 + 2 h 7 min + 7,140 s = T0 + 4 h 6 min.
+    hist = History().node("n0", 1).submit("r0", T0, duration_s=7200.0)
+    for i in range(1, 6):
+        hist.submit(f"u{i}", m(i), min_runtime_s=0.0, duration_s=60.0)
+    hist.complete("r0", h(2))
+    for i in range(1, 6):
+        hist.complete(f"u{i}", h(2) + m(i) - T0)
+    hist.submit("r6", h(2) + m(6) - T0, duration_s=3600.0).submit("q", h(2) + m(7) - T0, min_runtime_s=0.0)
+    log = export(tmp_path / "log.jsonl.gz", hist.log, "")
+    code, stdout, _ = run("q", "--json", "--spacing", "0", "--recent-waits", "--from-file", log)
+    (job,) = json.loads(stdout)["jobs"]
+    assert code == 0 and (job["start"], job["basis"]) == (from_us(h(4) + m(6) - T0).isoformat(), "recent_waits")
+    assert (job["forward_start"], job["forward_basis"]) == (from_us(h(3) + m(6) - T0).isoformat(), "simulated")
+    assert (
+        "the median wait of 5 recent unallocated job(s) of its size that waited longer than 0 s is 1.98 h"
+        in (job["note"])
+    )
+    code, stdout, _ = run("q", "--json", "--spacing", "0", "--from-file", log)  # without: the forward run's start
+    (job,) = json.loads(stdout)["jobs"]
+    assert (job["start"], job["basis"]) == (from_us(h(3) + m(6) - T0).isoformat(), "simulated")

@@ -480,6 +480,8 @@ def queue_table(rows: list[dict[str, Any]], width: int) -> Any:
     def started(r: dict[str, Any]) -> str:  # a pending job's estimated start with --start, marked ~
         at = r.get("started_at") or r.get("est_start")
         mark = "~" if r.get("state") == "pending" and at else ""
+        if not at and r.get("est_after"):  # not started within the forecast's horizon: after it
+            at, mark = r["est_after"], ">"
         return mark + (at[:19] if wide else at[5:16]).replace("T", " ") if at else "-"
 
     starts = any("est_basis" in r for r in rows)
@@ -602,6 +604,7 @@ FORECAST_BASES = (
     ("time_limit", "at their time limit"),
     ("history", "at their user's median run time"),
     ("unknown", "assumed to run W/4"),
+    ("recent_waits", "unallocated: recent median wait of its size, later than the forward run"),
 )
 
 
@@ -612,7 +615,26 @@ def forecast(
     at: Annotated[
         str | None, typer.Option("--at", help="Event time of the forecast (ISO). Default: the log's latest event.")
     ] = None,
-    horizon: Annotated[str, typer.Option("--horizon", help="How far ahead to look (e.g. 14d, 36h).")] = "14d",
+    horizon: Annotated[
+        str,
+        typer.Option("--horizon", help="How far ahead to look (e.g. 7d, 36h); a job not started by then: after it."),
+    ] = "7d",
+    spacing: Annotated[
+        float,
+        typer.Option(
+            "--spacing",
+            help="Space the forward run's cycles by this fraction of how far ahead they are (0 to 1; 0: a cycle at "
+            "every run end, the exact run). A start moves by at most this fraction of its wait per cycle.",
+        ),
+    ] = 0.02,
+    with_recent_waits: Annotated[
+        bool,
+        typer.Option(
+            "--recent-waits",
+            help="An unallocated job the forward run does not start at once gets the later of that start and the "
+            "recent median wait of unallocated jobs of its size (basis recent_waits).",
+        ),
+    ] = False,
     submit_: Annotated[
         bool,
         typer.Option(
@@ -660,6 +682,11 @@ def forecast(
 
     Running work ends at its declared duration, its time limit, or its user's median run time in the log.
 
+    --recent-waits: an unallocated job (min runtime 0) that the forward run does not start at once gets the later
+    of that start and the recent median wait of unallocated jobs of its size (basis recent_waits).
+
+    A job not started within --horizon (default 7d) starts after it (">" before the time).
+
     Without any of these a run is assumed to last W/4; future submissions are left out (--with-arrivals: the
     last day's come again).
 
@@ -681,14 +708,18 @@ def forecast(
 
     apportion forecast --from-file log.jsonl.gz --at 2024-05-01T12:00:00Z --horizon 3d
 
+    apportion forecast --spacing 0  (the exact forward run: a cycle at every run end)
+
     apportion forecast --submit -b lab/vision -g 8 -k 2 -m 2h  (if I submit this now; exit 1 if it would be rejected)
     """
     from apportion.audit.replay import decoded
     from apportion.cli.audit import _dur
     from apportion.forecast import forecast as run_forecast
-    from apportion.forecast import recent_arrivals, user_history
+    from apportion.forecast import recent_arrivals, recent_waits, user_history
 
     check_budget_filter(budget)
+    if not 0.0 <= spacing <= 1.0:
+        fail(f"--spacing {spacing:g}: a fraction from 0 to 1")
     if submit_ and (job_id is not None or budget is None or gpus is None or min_runtime is None):
         fail("--submit needs -b BUDGET, -g GPUS and -m MIN_RUNTIME, and no JOB_ID")
     horizon_s = _dur(horizon, "--horizon")
@@ -721,7 +752,15 @@ def forecast(
     evs = decoded(recs)
     arrivals = recent_arrivals(evs, now) if with_arrivals else ()
     fc = run_forecast(
-        state, now, cfg, job_ids=wanted, history=user_history(evs), horizon_s=horizon_s, arrivals=arrivals
+        state,
+        now,
+        cfg,
+        job_ids=wanted,
+        history=user_history(evs),
+        horizon_s=horizon_s,
+        arrivals=arrivals,
+        spacing=spacing,
+        waits=recent_waits(evs, now) if with_recent_waits else None,
     )
     fc.jobs.sort(key=lambda j: (j.start_us is None, j.start_us or 0, j.job_id))
     if as_json:
@@ -819,15 +858,21 @@ def forecast_table(fc: Any, width: int, *, detail: bool = False) -> Any:
     from rich.console import Group
     from rich.text import Text
 
-    from apportion.timeutil import from_us
+    from apportion.timeutil import from_us, us_to_s
 
     wide = width >= QUEUE_WIDE
 
     def start(j: Any) -> str:
-        if j.start_us is None:
+        at = j.start_us if j.start_us is not None else j.after_us
+        if at is None:
             return "-"
-        iso = from_us(j.start_us).isoformat()
-        return (iso[:19] if wide else iso[5:16]).replace("T", " ")
+        iso = from_us(at).isoformat()
+        return ("" if j.start_us is not None else ">") + (iso[:19] if wide else iso[5:16]).replace("T", " ")
+
+    def wait(j: Any) -> str:
+        if j.wait_s is not None:
+            return format_duration(j.wait_s)
+        return "-" if j.after_us is None else ">" + format_duration(us_to_s(j.after_us - fc.now_us))
 
     def kind(j: Any) -> str:
         return str(j.reason_detail["kind"]) if j.reason_detail else ("placeable" if j.reason == "" else "")
@@ -836,7 +881,7 @@ def forecast_table(fc: Any, width: int, *, detail: bool = False) -> Any:
         ("job", {}, lambda j: j.job_id),
         ("budget", {}, lambda j: j.budget),
         ("est. start (UTC)" if wide else "est. start", {}, start),
-        ("in", {"justify": "right"}, lambda j: "-" if j.wait_s is None else format_duration(j.wait_s)),
+        ("in", {"justify": "right"}, wait),
         ("basis", {}, lambda j: j.basis),
         ("reason now", {}, kind),
     ]
@@ -861,7 +906,7 @@ def forecast_table(fc: Any, width: int, *, detail: bool = False) -> Any:
             if j.reason:
                 lines.append(Text.assemble(("waits now: ", "bold"), j.reason))
             if j.note:
-                lines.append(Text.assemble(("no start: ", "bold"), j.note))
+                lines.append(Text.assemble(("no start: " if j.start_us is None else "estimate: ", "bold"), j.note))
             for c in j.chain:
                 lines.append(Text(f"{from_us(c.at_us).isoformat()[:19].replace('T', ' ')}  {c.text}"))
     return Group(t, *lines)

@@ -96,6 +96,7 @@ __all__ = [
     "Simulator",
     "simulate",
     "default_horizon_us",
+    "Debounce",
     "usable_fraction",
 ]
 
@@ -177,6 +178,51 @@ def default_horizon_us(jobs: Sequence[SimJob], nodes: Sequence[SimNode]) -> Micr
     work = sum(j.gpus_per_replica * j.replicas * j.duration_s for j in jobs)
     longest = max(j.duration_s for j in jobs)
     return max(j.submit_us for j in jobs) + s_to_us(2 * (work / gpus + longest))
+
+
+@dataclass
+class Debounce:
+    """When a wanted scheduling cycle runs: a dispatcher batching its input (:attr:`SimConfig.min_gap_s`), and
+    the forecast's forward run spacing its cycles by how far ahead it looks (:mod:`apportion.forecast`).
+
+    After a cycle at ``last`` the next one runs no earlier than ``last + gap``, where ``gap = max(min_gap,
+    spacing x (last - origin))``: a cycle wanted at ``t`` runs at once when ``t`` is at or past that, else one
+    cycle runs at the gap's end, shared by every cycle wanted before it. With ``spacing`` 0 the gap is
+    ``min_gap``; with both 0 every cycle runs when wanted.
+
+    Attributes:
+        min_gap_us: the least gap, µs.
+        spacing: the gap's growth, a fraction of the time since ``origin_us`` (0: none).
+        origin_us: where the growing gap counts from (the forecast's time).
+        last_us: the last cycle's time (``None``: none yet).
+        deferred_us: the time of the cycle waiting for the gap's end (``None``: none).
+    """
+
+    min_gap_us: Micros = 0
+    spacing: float = 0.0
+    origin_us: Micros = 0
+    last_us: Micros | None = None
+    deferred_us: Micros | None = None
+
+    def gap_us(self, last: Micros) -> Micros:
+        """The gap after a cycle at ``last``."""
+        return max(self.min_gap_us, int(self.spacing * max(0, last - self.origin_us)))
+
+    def want(self, t: Micros, force: bool = False) -> tuple[bool, Micros | None]:
+        """A cycle is wanted at ``t``: ``(True, None)`` when it runs now (recorded as the last), else ``(False,
+        at)`` with ``at`` the gap's end where a wake-up must be set, or ``(False, None)`` when one already is.
+        ``force``: it runs now whatever the gap."""
+        last = self.last_us
+        if not force and last is not None and (self.min_gap_us or self.spacing) and t < last + self.gap_us(last):
+            if self.deferred_us is not None and self.deferred_us > t:
+                return False, None  # its wake-up is set
+            # none set, or it came before the gap's end (a cycle run whatever the gap moved the last one on)
+            self.deferred_us = last + self.gap_us(last)
+            return False, self.deferred_us
+        if self.deferred_us is not None and self.deferred_us <= t:
+            self.deferred_us = None
+        self.last_us = t
+        return True, None
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,8 +404,7 @@ class Simulator:
         self._periodic_at: Micros | None = None
         self._real = 0
         self._ticks = 0  # of ``_real``: wake-ups (a tick only matters while the dispatcher has something to act on)
-        self._last_cycle: Micros = -(1 << 62)
-        self._deferred_at: Micros | None = None
+        self._debounce = Debounce(s_to_us(config.min_gap_s))
         self.jobs_ledger = JobLedger()
         self.idle = IdleWhileWaiting()
         self.usable: list[dict[str, float]] = []  # per sample: leaf -> usable_fraction of its waiting work
@@ -455,7 +500,7 @@ class Simulator:
         self.total = total
         now = start
         heap = self._heap
-        gap = s_to_us(cfg.min_gap_s)
+        debounce = self._debounce
         measure = self.jobs[-1].submit_us if self.jobs else start
         self.measured: tuple[dict[str, float], dict[str, float], float] | None = None
         live = self._live
@@ -539,14 +584,10 @@ class Simulator:
                 or self.state.stopping
                 or self.dcfg.heartbeat_timeout_s is not None
             ):
-                if gap and t < self._last_cycle + gap:
-                    if self._deferred_at is None:
-                        self._deferred_at = self._last_cycle + gap
-                        self._push(self._deferred_at, self._TICK)
-                else:
-                    if self._deferred_at is not None and self._deferred_at <= t:
-                        self._deferred_at = None
-                    self._last_cycle = t
+                now_, tick_at = debounce.want(t)
+                if tick_at is not None:
+                    self._push(tick_at, self._TICK)
+                if now_:
                     self.cycles += 1
                     self._outputs(step(self.state, Tick(t), t, self.dcfg), t)
             if sample_now:
