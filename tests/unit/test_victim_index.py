@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apportion.domain.cluster import ClusterState, Run
-from apportion.domain.engine import FreeIndex, VictimIndex, order_key, order_lost_gpu_s
+from apportion.domain.engine import CycleVictims, FreeIndex, VictimIndex, order_key, order_lost_gpu_s
 from apportion.domain.nodes import NodeState
 from tests.kit.builders import (
     T0,
@@ -165,6 +165,27 @@ def test_index_of_a_small_cluster_by_hand():
     cs.apply(completed("u1", at=s(60)))
     u, a = idx.sync(cs).as_lists()
     assert u == {} and a == {"lab/a": [(s(40) + 600_000_000, ("a1", 1))]}
+
+
+def test_a_cycle_reads_only_the_runs_expired_at_its_time_and_leaves_the_index_as_it_was():
+    cs = ClusterState()
+    cs.apply(node("n0", gpus=8))
+    cs.apply(node("n1", gpus=8))
+    # lab/a: a1 protected until s(100) + 600 s, a2 until s(200) + 600 s; lab/b: b1 until s(300) + 600 s
+    for job, budget, n, at in [("a1", "lab/a", "n0", 100), ("a2", "lab/a", "n1", 200), ("b1", "lab/b", "n0", 300)]:
+        cs.apply(placed(job, budget=budget, gpus=2, min_runtime_s=600.0, nodes=[n], at=s(at - 1)))
+        cs.apply(started(job, node=n, at=s(at)))
+    idx = VictimIndex().sync(cs)
+    before = idx.as_lists()
+    # at s(750): a1's protection ended (s(700)), a2's not yet (s(800)), b1's not (s(900))
+    vic = CycleVictims(cs.view(), s(750), idx)
+    assert sorted(vic.expired) == ["lab/a"]  # lab/b has nothing expired at s(750)
+    a1 = cs.runs[("a1", 1)]
+    assert vic.expired_on("lab/a") == {"n0": [(order_key(a1), a1, (0, 1))]}  # a2 (until s(800)) left out
+    assert vic.expired_on("lab/a") == {"n0": [(order_key(a1), a1, (0, 1))]}  # asked again: the same
+    later = CycleVictims(cs.view(), s(800), idx)  # a2's protection ends at s(800): expired then
+    assert sorted(later.expired_on("lab/a")) == ["n0", "n1"]
+    assert idx.as_lists() == before  # the index's lists are read, never cut
 
 
 runs = st.builds(

@@ -243,16 +243,23 @@ class FairShareQueue(Generic[T]):
                 raise KeyError(f"{leaf!r} is not a leaf budget")
             if items:
                 self._queues[leaf] = [items, 0]
-        self._ver: dict[str, int] = {}
-        self._heaps: dict[str, list[tuple[float, str, int]]] = {}
-        # activate nodes with pending work, bottom-up
+        # activate nodes with pending work: each in its parent's heap at version 0 (the keys are unique,
+        # so a heap made in one go pops in the same order as one pushed to node by node)
         self._active: set[str] = set()
         for leaf in self._queues:
-            for anc in ancestors_of(leaf):
-                self._active.add(anc)
-        for node in sorted(self._active):
-            self._ver[node] = 0
-            heapq.heappush(self._heaps.setdefault(parent_of(node), []), (self._ratio[node], node, 0))
+            self._active.update(ancestors_of(leaf))
+        self._ver: dict[str, int] = dict.fromkeys(self._active, 0)
+        self._heaps: dict[str, list[tuple[float, str, int]]] = {}
+        ratio = self._ratio
+        for node in self._active:
+            par = parent_of(node)
+            heap = self._heaps.get(par)
+            if heap is None:
+                self._heaps[par] = [(ratio[node], node, 0)]
+            else:
+                heap.append((ratio[node], node, 0))
+        for heap in self._heaps.values():
+            heapq.heapify(heap)
         self._current: str | None  # pragma: no mutate (an annotation only: `str & None` is never evaluated)
         self._current = None
         # the same ratios budget_order(tree, self._occ, capacity_gpu_s) would compute

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Mapping
+from itertools import islice
 from operator import itemgetter
 
 from apportion.domain.budgets import BudgetTree, ancestors_of, parent_of
@@ -292,10 +293,12 @@ class CycleVictims:
         self.waits: dict[str, float] = {}  # job id -> work lost (GPU-s) of the plan patience_rule refused
         self.checkpoint_waits: dict[str, CheckpointVerdict] = {}  # job id -> checkpoint_rule's wait verdict
         self._now = now
+        # leaf -> its allocated runs (the index's list, read only), whose prefix up to now has expired;
+        # the prefix is cut where it is used (expired_on, the idle runs), not for every leaf here
         exp: dict[str, list[AllocEntry]] = {}
         for leaf, lst in index.alloc.items():
             if lst[0][0] <= now:  # protection expired: now >= protected_until_us
-                exp[leaf] = lst[: bisect_right(lst, now, key=_UNTIL)]
+                exp[leaf] = lst
         self._exp_runs = exp
         self.expired: dict[str, dict[str, list[Candidate]]] = {v: {} for v in exp}  # filled by expired_on
         self.idle_runs: dict[RunKey, tuple[float, float]] = {}
@@ -305,7 +308,8 @@ class CycleVictims:
                 after = tree.preempt_idle_after_s(leaf)
                 if after is None:
                     continue
-                for _, key, run in exp[leaf]:
+                ents = exp[leaf]
+                for _, key, run in islice(ents, bisect_right(ents, now, key=_UNTIL)):
                     ri = run_idle(idle, run)
                     if ri is None or not idle_rule(ri.idle_s, after):
                         continue
@@ -320,16 +324,15 @@ class CycleVictims:
     def expired_on(self, leaf: str) -> dict[str, list[Candidate]]:
         """Node -> expired runs of ``leaf`` there, cheapest first (built on first use)."""
         by_node = self.expired[leaf]
-        ents = self._exp_runs.get(leaf)
+        ents = self._exp_runs.pop(leaf, None)
         if ents:
-            for _, _, run in ents:
+            for _, _, run in islice(ents, bisect_right(ents, self._now, key=_UNTIL)):
                 order = order_key(run)
                 for r in run.open_replicas:
                     p = run.placements[r]
                     by_node.setdefault(p.node_id, []).append((order, run, p.gpus))
             for lst in by_node.values():
                 lst.sort(key=candidate_order)
-            self._exp_runs[leaf] = []
         return by_node
 
     def behind_of(
