@@ -818,10 +818,10 @@ def _place_unallocated(cx: _Cycle, leaf: str, start: int, one: bool, room: float
     if _dominated(any_free, mg, mk):
         return end, 0  # nothing of this leaf fits on what is free
     idx = start - 1
+    owner = cx.owner_placed
     while idx + 1 < end:
         idx += 1
         job = jobs[idx]
-        owner = cx.owner_placed
         if owner and job.job_id in owner:
             continue
         cx.rank += 1
