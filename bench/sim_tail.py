@@ -4,13 +4,13 @@ Usage (traces from ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the c
 
     .venv/bin/python bench/sim_tail.py run philly week44 fairshare OUT.json [--seed N] [--tail-h H] [--churn-bound N]
         [--free-order 0|1] [--progress-after N]
-        [--at-share-bound N]
+        [--at-share-bound N] [--owner-free 0|1]
     .venv/bin/python bench/sim_tail.py run itp week5 slurm OUT.json [--budgets infra/budgets/itp-hetero.yaml]
     .venv/bin/python bench/sim_tail.py compare FAIR.json PEER.json
 
 ``run`` simulates one policy as ``apportion simulate`` does (same defaults; ``--churn-bound N`` sets
 ``EngineConfig.churn_bound``, 0 = none; ``--free-order`` sets ``EngineConfig.free_order``, ``--progress-after N``
-``EngineConfig.progress_after``, ``--at-share-bound N`` ``EngineConfig.at_share_bound``, 0 = off), writes the policy's report (the ``--json`` document) beside OUT
+``EngineConfig.progress_after``, ``--at-share-bound N`` ``EngineConfig.at_share_bound``, 0 = off, ``--owner-free`` ``EngineConfig.owner_free``), writes the policy's report (the ``--json`` document) beside OUT
 (``.json`` replaced by ``.report.json``) and one row per job to OUT: budget, allocated, shape g x k, duration,
 submit, first placement, completion (µs; null when not reached) and preemptions. ``compare`` reads two such
 files of the same slice and seed and prints, for the first policy against the second: the jobs that make the JCT tail (completion time above the first policy's p95)
@@ -76,6 +76,7 @@ def run(argv: list[str]) -> int:
             free_order=_opt(argv, "--free-order", "0") != "0",
             progress_after=int(_opt(argv, "--progress-after", "0") or 0) or None,
             at_share_bound=int(_opt(argv, "--at-share-bound", "0") or 0) or None,
+            owner_free=_opt(argv, "--owner-free", "0") != "0",
         )
     finally:
         core.Simulator.run = orig  # type: ignore[method-assign]

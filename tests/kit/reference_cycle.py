@@ -37,7 +37,7 @@ from itertools import combinations
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import ClusterSnapshot, Run, RunKey, work_lost_gpu_s
 from apportion.domain.engine import CycleSnapshot, EngineConfig, PendingJob, protection_cap_us
-from apportion.domain.fairshare import FairShareQueue, free_order_key
+from apportion.domain.fairshare import FairShareQueue, free_order_key, owner_headroom
 from apportion.domain.preemption import RULE_EXPIRED_BEHIND, Move, branches_of, charge_of, victim_rule
 from apportion.timeutil import Micros
 
@@ -72,7 +72,12 @@ def reference_cycle(snapshot: CycleSnapshot, now_us: Micros, cfg: EngineConfig) 
     # allocated jobs first, then the unallocated ones (D3.free-order, or without it in the budget order the
     # first walk left); so does this.
     done: set[str] = set()
+    owner_done = not cfg.owner_free
     while (job := _next_allocated(view, pending, done)) is not None:
+        if not owner_done and view.ratio(job.budget) > 1.0:
+            # D3.owner-free: the walk reaches a leaf over its share
+            owner_done = True
+            out.extend(_owner_free(view, tree, pending, cluster, free, spare, taken, out))
         done.add(job.job_id)
         leaf = job.budget
         charge = charge_of(job.gpus_per_replica, job.replicas, job.min_runtime_s, cfg.window_s)
@@ -95,6 +100,10 @@ def reference_cycle(snapshot: CycleSnapshot, now_us: Micros, cfg: EngineConfig) 
         else:
             continue
         view.charge(leaf, charge)  # D2.provisional-charge
+    if not owner_done:
+        out.extend(_owner_free(view, tree, pending, cluster, free, spare, taken, out))
+    placed_free = {p.job_id for p in out}
+    pending = {leaf: [j for j in jobs if j.job_id not in placed_free] for leaf, jobs in pending.items()}
     order = view.order()
     if not cfg.free_order:
         for leaf in order:
@@ -124,6 +133,42 @@ def reference_cycle(snapshot: CycleSnapshot, now_us: Micros, cfg: EngineConfig) 
                 out.append(Placed(job.job_id, tuple(sorted(_take_free(free, nodes, job.gpus_per_replica))), ()))
                 in_use[leaf] += job.gpus_per_replica * job.replicas
                 break
+
+
+def _owner_free(
+    view: FairShareQueue[PendingJob],
+    tree: BudgetTree,
+    pending: Mapping[str, Sequence[PendingJob]],
+    cluster: ClusterSnapshot,
+    free: dict[str, list[int]],
+    spare: set[str | None],
+    taken: set[RunKey],
+    out: Sequence[Placed],
+) -> list[Placed]:
+    """D3.owner-free: each leaf at or under its share with unallocated work, in the budget order, places its
+    unallocated jobs on free GPUs while each fits its headroom: abs share x the ready nodes' GPUs, less the GPUs
+    its runs hold (not stopping, not preempted in this cycle) and those placed for it in this cycle."""
+    capacity = sum(n.gpu_count for n in cluster.nodes.values() if n.state == "ready")
+    in_use: dict[str, int] = {}
+    for run in cluster.runs.values():
+        if not run.stopping and run.key not in taken:
+            in_use[run.budget] = in_use.get(run.budget, 0) + sum(len(run.placements[r].gpus) for r in run.open_replicas)
+    budget_of = {j.job_id: j.budget for jobs in pending.values() for j in jobs}
+    for p in out:
+        in_use[budget_of[p.job_id]] = in_use.get(budget_of[p.job_id], 0) + sum(len(g) for _, g in p.placements)
+    got: list[Placed] = []
+    for leaf in view.order():
+        if view.ratio(leaf) > 1.0:
+            continue
+        room = owner_headroom(tree.abs_share(leaf), capacity, in_use.get(leaf, 0))
+        for job in pending.get(leaf, ()):
+            if job.allocated or job.gpus_per_replica * job.replicas > room:
+                continue
+            nodes = _best_fit(cluster, free, job, spare)
+            if nodes is not None:
+                got.append(Placed(job.job_id, tuple(sorted(_take_free(free, nodes, job.gpus_per_replica))), ()))
+                room -= job.gpus_per_replica * job.replicas
+    return got
 
 
 def _next_allocated(

@@ -129,7 +129,7 @@ def world(nodes, runs, jobs, leaf_occ) -> CycleSnapshot:
     return CycleSnapshot(cs.snapshot(), pending, TREE, occ, 400_000.0)
 
 
-def fast(snap: CycleSnapshot) -> list[Placed]:
+def fast(snap: CycleSnapshot, cfg: EngineConfig = CFG) -> list[Placed]:
     """The fast cycle's placements, as the reference writes them."""
     return [
         Placed(
@@ -137,7 +137,7 @@ def fast(snap: CycleSnapshot) -> list[Placed]:
             tuple(sorted((p.node_id, p.gpus) for p in e.placements)),
             tuple((v.job_id, v.attempt) for v in e.decision.victims),
         )
-        for e in run_cycle(snap, NOW, CFG).events
+        for e in run_cycle(snap, NOW, cfg).events
         if isinstance(e, ev.JobPlaced)
     ]
 
@@ -216,3 +216,13 @@ def test_the_fast_and_reference_cycles_share_free_gpus_among_unallocated_work_al
         == [p.job_id for p in fast(snap)]
         == ["j0", "j1", "j2", "j3"]
     )
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(nodes_st, runs_st, jobs_st, occ_st)
+def test_the_fast_and_reference_cycles_run_a_leafs_free_work_within_its_share_alike(nodes, runs, jobs, leaf_occ):
+    # D3.owner-free on random clusters: the same placements and victims, in the same order
+    snap = world(nodes, runs, jobs, leaf_occ)
+    cfg = replace(CFG, owner_free=True)
+    diff = first_difference(fast(snap, cfg), reference_cycle(snap, NOW, cfg))
+    assert diff is None or split_gang_overcounted(snap, *diff), diff

@@ -359,6 +359,7 @@ def _run(
     free_order: bool = False,
     progress_after: int | None = None,
     at_share_bound: int | None = None,
+    owner_free: bool = False,
 ) -> Any:
     """One policy's run and report; admission rejections are counted by reason.
 
@@ -398,6 +399,7 @@ def _run(
         free_order=free_order,
         progress_after=progress_after,
         at_share_bound=at_share_bound,
+        owner_free=owner_free,
     )
     dcfg = DispatchConfig(
         engine=replace(

@@ -97,6 +97,19 @@ def free_order_key(unallocated_gpus: int, abs_share: float) -> float:
     return unallocated_gpus / abs_share if abs_share > 0 else INF
 
 
+def owner_headroom(abs_share: float, capacity_gpus: int, in_use_gpus: int) -> float:
+    """GPUs a leaf at or under its share may still fill with its own unallocated work (rule D3.owner-free).
+
+    Its share of the ready GPUs, ``abs_share * C(t)``, less the GPUs its runs hold (allocated and unallocated,
+    not stopping, not preempted in this cycle) and those placed for it in this cycle. Its own unallocated runs
+    count, so the headroom is not granted again each cycle. At most 0 means none; a leaf of share 0 has none.
+
+    >>> owner_headroom(0.25, 256, 40), owner_headroom(0.25, 256, 64), owner_headroom(0.0, 256, 0)
+    (24.0, 0.0, 0.0)
+    """
+    return abs_share * capacity_gpus - in_use_gpus
+
+
 def usage_ratio(occupancy_gpu_s: float, entitlement_gpu_s: float) -> float:
     """Usage ratio ``r = O / E`` with the named edge cases.
 

@@ -44,7 +44,9 @@ The cycle, exactly as rule D3.scheduling-cycle says:
    :class:`Decision`), so they are reserved for it; its ``StartWorkload``
    follows when the victims have stopped (dispatch).
 4. Unallocated jobs only go on free GPUs (with ``EngineConfig.free_order``, shared among the
-   leaves by rule D3.free-order).
+   leaves by rule D3.free-order). With ``EngineConfig.owner_free`` (rule D3.owner-free), when the
+   walk first reaches a leaf over its share, the leaves at or under theirs first place their
+   unallocated jobs on free GPUs up to their headroom (:func:`_pass_owner_free`).
 5. A job that cannot be placed does not block the ones behind it
    (backfill), except: the highest-ranked blocked allocated job that has
    waited (since it was queued) at least ``reservation_after`` reserves k
@@ -114,7 +116,7 @@ from apportion.domain.engine.reservation import earliest_fit_us, reservation_nod
 from apportion.domain.engine.search import PreemptionRequest, plan_preemption
 from apportion.domain.engine.shapes import CycleMemo, blocked_run, memo_allocated, segment_floor
 from apportion.domain.engine.victims import CycleVictims, VictimIndex
-from apportion.domain.fairshare import FairShareQueue, free_order_key
+from apportion.domain.fairshare import FairShareQueue, free_order_key, owner_headroom
 from apportion.domain.idle import IdleReports
 from apportion.domain.preemption import (
     RULE_EXPIRED_BEHIND,
@@ -300,6 +302,7 @@ class _Cycle:
     min_rt: dict[str, float] = field(default_factory=dict)  # leaf -> least min_runtime_s of its allocated jobs
     floors: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
     capacity: int = -1  # GPUs of the ready nodes, C(t) of D3.hero-cover (-1: not counted yet)
+    owner_placed: set[str] = field(default_factory=set)  # unallocated jobs placed by rule D3.owner-free
 
     def covers(self, leaf: str, gpus: int) -> bool:
         """D3.hero-cover: ``leaf``'s share covers a job of ``gpus`` GPUs (always below ``hero_min_gpus``)."""
@@ -432,6 +435,14 @@ def _pass_allocated(cx: _Cycle) -> None:
     """Pass 1 (D3.scheduling-cycle): the allocated jobs in fair-share order, each charged when placed
     (D2.provisional-charge) before the rest are ranked."""
     pop = cx.queue.pop
+    if cx.cfg.owner_free:
+        # D3.owner-free: the leaves at or under their share come first, then their free work, then the rest
+        peek, ratio = cx.queue.peek_leaf, cx.queue.ratio
+        while (leaf := peek()) is not None and ratio(leaf) <= 1.0:
+            item = pop()
+            assert item is not None  # (peek found one)
+            _take_allocated(cx, item[0], item[1])
+        _pass_owner_free(cx)
     while (item := pop()) is not None:
         _take_allocated(cx, item[0], item[1])
 
@@ -691,6 +702,44 @@ def _blocked_like(cx: _Cycle, leaf: str, drop: bool, g: int, k: int, model: str 
     return (failure_key in sf and cx.search_failed(failure_key, g, k)) or (leaf in sf and cx.search_failed(leaf, g, k))
 
 
+def _pass_owner_free(cx: _Cycle) -> None:
+    """Rule D3.owner-free: each leaf at or under its share (r <= 1 in the cycle's view) with unallocated work,
+    in the current budget order, places its unallocated jobs on free GPUs (in their order) up to its headroom
+    (:func:`~apportion.domain.fairshare.owner_headroom`), before the allocated jobs of leaves over their share.
+    Not charged; preemptible as any unallocated run (D3.victims)."""
+    q = cx.queue
+    leaves = [
+        leaf
+        for leaf in q.order()
+        if cx.allocated_end.get(leaf, 0) < len(cx.pending.get(leaf, ())) and q.ratio(leaf) <= 1.0
+    ]
+    if not leaves:
+        return
+    if cx.capacity < 0:
+        cx.capacity = sum(cx.free.count.values())
+    in_use = _gpus_in_use(cx)
+    abs_share = cx.tree.abs_share
+    for leaf in leaves:
+        room = owner_headroom(abs_share(leaf), cx.capacity, in_use.get(leaf, 0))
+        if room >= 1 and _place_unallocated(cx, leaf, cx.allocated_end.get(leaf, 0), False, room)[0] < 0:
+            return  # not one GPU is left for a 1-GPU job
+
+
+def _gpus_in_use(cx: _Cycle) -> dict[str, int]:
+    """Leaf -> GPUs its runs hold (open replicas of runs not stopping, less those this cycle preempts) plus the
+    GPUs placed for it so far in this cycle (rule D3.owner-free's headroom)."""
+    taken = cx.victims.taken if cx.victims is not None else frozenset()
+    out: dict[str, int] = {}
+    for run in cx.snapshot.cluster.runs.values():
+        if not run.stopping and run.key not in taken:
+            placements = run.placements
+            out[run.budget] = out.get(run.budget, 0) + sum(len(placements[r].gpus) for r in run.open_replicas)
+    for e in cx.res.events:
+        if type(e) is JobPlaced:
+            out[e.budget] = out.get(e.budget, 0) + sum(len(p.gpus) for p in e.placements)
+    return out
+
+
 # ---------------------------------------------------------------- pass 2: unallocated jobs
 
 
@@ -753,10 +802,12 @@ def _unallocated_in_use(cx: _Cycle) -> dict[str, int]:
     return out
 
 
-def _place_unallocated(cx: _Cycle, leaf: str, start: int, one: bool) -> tuple[int, int]:
+def _place_unallocated(cx: _Cycle, leaf: str, start: int, one: bool, room: float | None = None) -> tuple[int, int]:
     """Place ``leaf``'s unallocated jobs from ``pending[leaf][start]`` on free GPUs, in their order; with
-    ``one``, stop after the first placed. Returns (index of the next job to look at, GPUs placed), the
-    index ``len(jobs)`` when nothing more of the leaf fits, -1 when not one GPU is free for a 1-GPU job."""
+    ``one``, stop after the first placed; with ``room``, only jobs of at most that many GPUs in all (rule
+    D3.owner-free), remembered in ``owner_placed``. Jobs already placed that way are passed over. Returns
+    (index of the next job to look at, GPUs placed), the index ``len(jobs)`` when nothing more of the leaf
+    fits, -1 when not one GPU is free for a 1-GPU job."""
     free, free_fail, res = cx.free, cx.free_fail, cx.res
     jobs = cx.pending[leaf]
     end = len(jobs)
@@ -768,12 +819,17 @@ def _place_unallocated(cx: _Cycle, leaf: str, start: int, one: bool) -> tuple[in
     if _dominated(any_free, mg, mk):
         return end, 0  # nothing of this leaf fits on what is free
     idx = start - 1
+    owner = cx.owner_placed
     while idx + 1 < end:
         idx += 1
         job = jobs[idx]
+        if owner and job.job_id in owner:
+            continue
         cx.rank += 1
         res.considered += 1
         g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
+        if room is not None and g * k > room:
+            continue
         if _dominated(free_fail.get(model, ()), g, k) or (model is not None and _dominated(any_free, g, k)):
             # known not to fit, and so are the next jobs of a shape that does not fit: pass over them
             n = blocked_run(jobs, idx + 1, end, partial(_fits_nowhere, free_fail, any_free), cx.memo)
@@ -796,6 +852,11 @@ def _place_unallocated(cx: _Cycle, leaf: str, start: int, one: bool) -> tuple[in
             res.events, job, placements, (), leaf, cx.rank, cx.budget_rank, r_leaf, False, cx.ts, cx.cfg, cx.tree
         )
         res.events.extend(pending_start_events(job, placements, cx.ts, cx.cfg.producer))
+        if room is not None:
+            owner.add(job.job_id)
+            room -= g * k
+            if room < 1:
+                return idx + 1, 0
         if one:
             return idx + 1, g * k
     return end, 0

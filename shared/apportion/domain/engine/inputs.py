@@ -98,6 +98,10 @@ class EngineConfig:
             view) when placed, where lower than ``churn_bound``; a job over its share keeps ``churn_bound``
             (:func:`~apportion.domain.cluster.protection_s`); default ``None``: off. Measured and not adopted
             (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
+        owner_free: rule D3.owner-free: when the allocated pass first reaches a leaf over its share, each leaf at
+            or under its share (r <= 1 in the cycle's view) first places its unallocated jobs on free GPUs, up to
+            its headroom (:func:`~apportion.domain.fairshare.owner_headroom`); they stay free and preemptible.
+            Default False.
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -117,6 +121,7 @@ class EngineConfig:
     free_order: bool = False
     progress_after: int | None = None
     at_share_bound: int | None = None
+    owner_free: bool = False
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"
