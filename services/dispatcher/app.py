@@ -131,12 +131,7 @@ async def _lead(
     finally:
         beating.cancel()
         await asyncio.to_thread(keeper.stop)
-        log.info(
-            "stopped leading: %d own decisions read back without decoding; the key topic's end asked of the broker "
-            "%d times (else proven by the fetches, rule D10.proven-user)",
-            svc.echoes_skipped,
-            consumer.identity_end_asks if consumer is not None else 0,
-        )
+        log.info("stopped leading: %d own decisions read back without decoding", svc.echoes_skipped)
         await close_quietly(consumer, producer)
 
 

@@ -319,124 +319,6 @@ def tp_key(tp: Any) -> str:
     return f"{tp.topic}:{tp.partition}"
 
 
-class FetchCover:
-    """The identity partitions' ends that fetch responses prove, so a poll is judged without asking the broker.
-
-    Rule D10.proven-user's read-ahead needs, for each record judged, the identity partitions' end (the last
-    stable offset: readers see committed records only) as of some moment after that record was appended;
-    :meth:`AssignedConsumer.read_identity_to_end` asks the broker for it (a round trip per poll). A fetch
-    response carries that figure for every partition it answers, read when the response was served:
-
-    - a response served after the one that delivered a record was served after the record was appended;
-      on one broker that is every later response (kafka-python keeps one fetch in flight per broker and a
-      connection answers in order), so the newest response that answered an identity partition proves its
-      end for the records of every partition whose records came in an earlier response;
-    - within one response the broker reads the partitions one after another in the order it answers them,
-      so an identity partition answered after a partition with records proves its end for those records.
-
-    :meth:`saw` notes each response (called before its records can be returned); :meth:`bounds` gives the
-    ends that cover the records returned so far of the partitions named, or ``None`` where nothing proves
-    them: a partition whose records no response noted, an identity partition not answered (records of it
-    buffered, an error, no last stable offset), or responses from more than one broker (their order is
-    unknown). The caller then asks the broker. Thread-safe: responses are noted on kafka-python's
-    network thread, bounds asked on the polling one.
-    """
-
-    def __init__(self, identity: Iterable[Any]) -> None:
-        self._identity = frozenset((tp.topic, tp.partition) for tp in identity)
-        self._lock = threading.Lock()
-        self._seq = 0
-        self._nodes: set[int] = set()
-        #: identity partition -> (response number, end) of the newest response that answered it
-        self._cover: dict[tuple[str, int], tuple[int, int]] = {}
-        #: other partition -> (response number, {identity partition: end read after it}) of the newest
-        #: response that carried records of it
-        self._data: dict[tuple[str, int], tuple[int, dict[tuple[str, int], int]]] = {}
-        self._blind = False  # a response could not be noted: nothing is proven from then on
-
-    def lost(self) -> None:
-        """A response could not be noted (its records may still be returned): prove nothing from now on."""
-        with self._lock:
-            self._blind = True
-
-    def saw(self, node_id: int, answers: Iterable[tuple[str, int, int, int, bool]]) -> None:
-        """Note one fetch response of broker ``node_id``: ``(topic, partition, error code, last stable
-        offset, has records)`` per partition, in the response's order."""
-        answers = list(answers)
-        with self._lock:
-            self._seq += 1
-            self._nodes.add(node_id)
-            later: dict[tuple[str, int], int] = {}  # identity ends answered after the partition at hand
-            for topic, partition, error, lso, has_records in reversed(answers):
-                tp = (topic, partition)
-                if tp in self._identity:
-                    if error == 0 and lso >= 0:
-                        later[tp] = lso
-                        self._cover[tp] = (self._seq, lso)
-                elif has_records:
-                    self._data[tp] = (self._seq, dict(later))
-
-    def bounds(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int] | None:
-        """Identity partition -> an end that covers every record of ``partitions`` returned so far (the
-        records must already have been returned), or ``None`` when no response proves one."""
-        with self._lock:
-            if self._blind or len(self._nodes) != 1:
-                return None
-            out: dict[tuple[str, int], int] = {}
-            for tp in partitions:
-                noted = self._data.get(tp)
-                if noted is None:
-                    return None
-                seq, later = noted
-                for ident in self._identity:
-                    newer = self._cover.get(ident)
-                    if newer is not None and newer[0] > seq:
-                        end = newer[1]
-                    elif ident in later:
-                        end = later[ident]
-                    else:
-                        return None
-                    out[ident] = max(end, out.get(ident, end))
-            return out
-
-
-def _watch_fetches(kc: Any, cover: FetchCover, identity: list[Any]) -> bool:
-    """Feed ``cover`` every fetch response of kafka-python consumer ``kc`` and keep ``identity`` last in its
-    fetch requests (so a response answers them after the partitions with records). False, and nothing
-    changed, where this kafka-python lacks the hooks: the read-ahead then always asks the broker."""
-    fetcher: Any = getattr(kc, "_fetcher", None)
-    handle = getattr(fetcher, "_handle_fetch_response", None)
-    subs: Any = getattr(fetcher, "_subscriptions", None)
-    move = getattr(subs, "move_partition_to_end", None)
-    if handle is None or move is None:
-        return False
-
-    def handled(node_id: int, fetch_offsets: Any, send_time: float, response: Any) -> None:
-        try:  # before the records can reach a poll
-            answers = [
-                (t.topic, p.partition_index, p.error_code, p.last_stable_offset, bool(p.records))
-                for t in response.responses
-                for p in t.partitions
-            ]
-        except (AttributeError, TypeError):  # shaped otherwise: its records still count, the broker is asked
-            log.warning("a fetch response could not be read for the key topic's end: asking the broker from now on")
-            cover.lost()
-        else:
-            cover.saw(node_id, answers)
-        handle(node_id, fetch_offsets, send_time, response)
-
-    def moved(tp: Any) -> None:
-        move(tp)
-        for ident in identity:
-            move(ident)
-
-    fetcher._handle_fetch_response = handled
-    subs.move_partition_to_end = moved
-    for ident in identity:
-        move(ident)
-    return True
-
-
 class AssignedConsumer:
     """Read whole topics from a chosen start, outside any group rebalance (kafka-python).
 
@@ -484,18 +366,13 @@ class AssignedConsumer:
         from kafka import KafkaConsumer, TopicPartition
 
         from apportion.bus.security import kafka_auth
-        from apportion.topics import BUDGETS
 
-        identity_topic = topic_name(BUDGETS) if read_ahead and topic_name(BUDGETS) in topics else None
         self._kc = KafkaConsumer(
             bootstrap_servers=bootstrap,
             group_id=group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_partition_fetch_bytes=8 * 1024 * 1024,
-            # a full fetch answers every partition asked, the identity topic's included (FetchCover); an
-            # incremental one leaves out those that did not change
-            enable_incremental_fetch_sessions=identity_topic is None,
             **KAFKA_RECONNECT,
             **READ_COMMITTED,
             **kafka_auth(),
@@ -510,14 +387,15 @@ class AssignedConsumer:
                 self._kc.poll(timeout_ms=100)  # refreshes metadata
             parts += [TopicPartition(t, p) for p in sorted(ps)]
         self.partitions = parts
+        from apportion.topics import BUDGETS
+
+        identity_topic = topic_name(BUDGETS) if read_ahead else None
         #: the identity topic's partitions (read ahead by :meth:`poll`), and the others (paused meanwhile)
         self.identity_parts = [tp for tp in parts if tp.topic == identity_topic]
         self._other_parts = [tp for tp in parts if tp.topic != identity_topic]
         self._identity_topic = identity_topic
         #: polls that had to read the identity topic ahead (they found it behind its end)
         self.identity_read_aheads = 0
-        #: read-aheads that asked the broker for the identity topic's end (no fetch response proved it)
-        self.identity_end_asks = 0
         #: ``own(record)``: true for a record the reader wrote itself and drops unjudged (the dispatcher's
         #: echoes); a batch of only those needs no read-ahead, which costs a round trip to the broker
         self.own: Callable[[Any], bool] | None = None
@@ -526,9 +404,6 @@ class AssignedConsumer:
         #: consumer lag per partition, measured after polls once its ``sink`` is set
         self.lag = LagMeter()
         self._kc.assign(parts)
-        self._cover: FetchCover | None = FetchCover(self.identity_parts)
-        if not self.identity_parts or not _watch_fetches(self._kc, self._cover, self.identity_parts):
-            self._cover = None
         self.start_end = self._kc.end_offsets(parts)
         begin = self._kc.beginning_offsets(parts)
         #: log start offsets at start (records below them were deleted).
@@ -573,31 +448,28 @@ class AssignedConsumer:
         batch = self._kc.poll(timeout_ms=timeout_ms, max_records=max_records)
         self.lag.after_poll(self._kc, lambda: self.partitions)
         out = _in_partition_order(batch)
-        if read_ahead and (judged := self._judged(out)):
-            out += self.read_identity_to_end(judged=judged)
+        if read_ahead and self._needs_identity(out):
+            out += self.read_identity_to_end()
         return out
 
-    def _judged(self, records: list[Any]) -> set[tuple[str, int]]:
-        """The partitions of ``records`` that hold a record judged by keys: of a topic other than the identity
-        topic and not the reader's own (:attr:`own`); the identity topic is read ahead for them."""
+    def _needs_identity(self, records: list[Any]) -> bool:
+        """True when ``records`` hold a record of a topic other than the identity topic that is not the reader's
+        own (:attr:`own`): one judged by keys, so the identity topic is read ahead."""
         if not self.identity_parts:
-            return set()
+            return False
         own, identity = self.own, self._identity_topic
-        return {(r.topic, r.partition) for r in records if r.topic != identity and (own is None or not own(r))}
+        if own is None:
+            return any(r.topic != identity for r in records)
+        return any(r.topic != identity and not own(r) for r in records)
 
-    def read_identity_to_end(
-        self, deadline_s: float = IDENTITY_READ_AHEAD_S, *, judged: Iterable[tuple[str, int]] = ()
-    ) -> list[Any]:
-        """The identity topic's records from its positions to its end offsets as of after ``judged``'s records.
+    def read_identity_to_end(self, deadline_s: float = IDENTITY_READ_AHEAD_S) -> list[Any]:
+        """The identity topic's records from its positions to its end offsets, asked of the broker now.
 
-        The ends are those the fetch responses prove for the records of the
-        ``judged`` partitions returned so far (:class:`FetchCover`); where
-        they prove none (or ``judged`` is empty), they are asked of the broker
-        now, after the batch that needs them was read. Either way they cover
-        every identity record acknowledged before any record of that batch
-        was appended. The other partitions are paused meanwhile (what they
-        fetched is kept for the next poll), so this ends. Gives up (logged;
-        the batch is judged with the keys read so far, as without the
+        The other partitions are paused meanwhile (what they fetched is kept
+        for the next poll), so this ends. The end offsets are asked after the
+        batch that needs them was read, so they cover every identity record
+        acknowledged before any record of that batch was appended. Gives up
+        (logged; the batch is judged with the keys read so far, as without the
         read-ahead) when the broker does not answer within ``deadline_s``.
 
         Returns:
@@ -608,17 +480,11 @@ class AssignedConsumer:
         from kafka.errors import KafkaError
 
         parts = self.identity_parts
-        judged = list(judged)
-        proven = self._cover.bounds(judged) if self._cover is not None and judged else None
-        if proven is not None:
-            ends = {tp: proven[(tp.topic, tp.partition)] for tp in parts}
-        else:
-            self.identity_end_asks += 1
-            try:
-                ends = self._kc.end_offsets(parts, timeout_ms=int(deadline_s * 1000))
-            except KafkaError as exc:
-                log.warning("identity topic's end offsets not known (%s): judging with the keys read so far", exc)
-                return []
+        try:
+            ends = self._kc.end_offsets(parts, timeout_ms=int(deadline_s * 1000))
+        except KafkaError as exc:
+            log.warning("identity topic's end offsets not known (%s): judging with the keys read so far", exc)
+            return []
 
         def behind() -> list[Any]:
             return [tp for tp in parts if (self._kc.position(tp, timeout_ms=0) or 0) < ends[tp]]
@@ -659,8 +525,8 @@ class AssignedConsumer:
             # no read-ahead: a rebuild judges the records once it has read the whole log to its end
             for rec in await asyncio.to_thread(partial(self.poll, 200, read_ahead=False)):
                 (backlog if rec.offset < ends[(rec.topic, rec.partition)] else late).append(rec)
-        if judged := self._judged(late):  # handled live: judged as a poll's
-            late += await asyncio.to_thread(partial(self.read_identity_to_end, judged=judged))
+        if self._needs_identity(late):
+            late += await asyncio.to_thread(self.read_identity_to_end)  # handled live: judged as a poll's
         return backlog, late
 
     def end_offsets_now(self, deadline_s: float = IDENTITY_READ_AHEAD_S) -> dict[str, int]:
