@@ -1,7 +1,7 @@
 """The audit on a log produced by the live services (in-process, real Kafka and Redis).
 
 One scenario, run once per test on a fresh namespace (the ``cluster``
-fixture of test_end_to_end.py): one node with 4 GPUs; an unallocated job
+fixture of the live cluster kit): one node with 4 GPUs; an unallocated job
 ``free`` (lab/b) takes all of them, then an allocated job ``paid`` (lab/a)
 preempts it (rule ``unallocated``), runs 30 s and completes, and ``free``
 comes back as attempt 2.
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from apportion.bus.security import redis_auth
-from tests.integration.test_end_to_end import Cluster, cluster, of_job  # noqa: F401 - a fixture
+from tests.kit.live_cluster import Cluster, cluster, of_job  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.integration
 

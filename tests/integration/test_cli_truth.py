@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import pwd
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from apportion.settings import topic_name
+from tests.kit.livestack import Stack
 from tests.kit.narrowing import narrow
 from tests.kit.node_boundary import ALICE, job_accounts  # noqa: F401 - a fixture
 
@@ -27,32 +28,6 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 60.0
-
-
-class Stack:
-    """The module's stack and a CLI runner bound to it."""
-
-    def __init__(self, info: Any, env: dict[str, str | None]) -> None:
-        from typer.testing import CliRunner
-
-        self.info = info
-        self.env = env
-        self.runner = CliRunner()
-
-    def run(self, *args: str, code: int = 0, env: dict[str, str | None] | None = None) -> Any:
-        from apportion.cli.main import app
-
-        res = self.runner.invoke(app, list(args), env=env if env is not None else self.env)
-        assert res.exit_code == code, f"exit {res.exit_code} != {code}: {res.output}"
-        return res
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self.run(*args, "--json").stdout)
-
-    def until(self, fn: Callable[[], Any], what: str) -> Any:
-        from tests.kit.livestack import until
-
-        return until(fn, what, DEADLINE_S)
 
 
 def _error(res: Any) -> str:

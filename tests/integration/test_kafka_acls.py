@@ -23,6 +23,7 @@ import pytest
 
 from apportion import topics
 from apportion.settings import topic_name
+from tests.kit.principals import end_offset, producer_as
 
 pytestmark = pytest.mark.integration
 
@@ -45,35 +46,6 @@ def namespace(kafka_bootstrap: str) -> Iterator[str]:
 #: 5 s is several refused attempts (the first within milliseconds), and :func:`_refused` checks the broker
 #: did drop at least one, so the verdict is the refusal's, not a slow broker's.
 REFUSED_BOOTSTRAP_MS = 5_000
-
-
-def producer_as(principal: str, bootstrap: str, password_of: str | None = None, bootstrap_timeout_ms: int = 30_000):
-    """A producer signed in as ``principal``, with the password of ``password_of`` when given."""
-    from kafka import KafkaProducer
-
-    from apportion.bus.security import sasl_ssl
-
-    secrets = Path(os.environ["APPORTION_KAFKA_SECRETS_DIR"])
-    return KafkaProducer(
-        bootstrap_servers=bootstrap,
-        **sasl_ssl(principal, (secrets / f"{password_of or principal}.password").read_text().strip()),
-        max_block_ms=10_000,
-        bootstrap_timeout_ms=bootstrap_timeout_ms,
-        retries=0,
-    )
-
-
-def end_offset(bootstrap: str, topic: str) -> int:
-    from kafka import KafkaConsumer, TopicPartition
-
-    from apportion.bus.security import kafka_auth
-
-    kc = KafkaConsumer(bootstrap_servers=bootstrap, **kafka_auth())  # the session's admin
-    try:
-        parts = [TopicPartition(topic, p) for p in kc.partitions_for_topic(topic) or ()]
-        return sum(kc.end_offsets(parts).values())
-    finally:
-        kc.close()
 
 
 CASES = [

@@ -9,7 +9,7 @@ accounting and policy read and checks that both dead-letter them and keep
 publishing.
 
 The services run in-process, started once for the module by
-``test_end_to_end.running_cluster`` (a topic namespace and Redis database
+``running_cluster`` of the live cluster kit (a topic namespace and Redis database
 of the module's own) on a module-scoped event loop: each test's records
 have ids and keys of their own, so the classes stay separate tests without
 starting the four services nine times. Every wait is bounded by a deadline
@@ -29,7 +29,7 @@ import pytest_asyncio
 from apportion import events, topics
 from apportion.client import identity_for
 from apportion.settings import topic_name
-from tests.integration.test_end_to_end import Cluster, of_job, running_cluster
+from tests.kit.live_cluster import Cluster, of_job, running_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 

@@ -13,17 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.kit.principals import as_user
+
 pytestmark = pytest.mark.integration
-
-
-def as_user(redis_url: str, user: str):
-    import redis
-
-    from apportion.bus.security import redis_tls
-
-    secrets = Path(os.environ["APPORTION_REDIS_SECRETS_DIR"])
-    password = (secrets / f"{user}.password").read_text().strip()
-    return redis.Redis.from_url(redis_url, username=user, password=password, decode_responses=True, **redis_tls())
 
 
 def test_a_client_without_credentials_is_refused(redis_url: str) -> None:

@@ -23,8 +23,8 @@ import pytest
 
 from apportion import events
 from apportion.identity.keys import Identity
-from tests.integration.test_cli_truth import Stack
-from tests.integration.test_kafka_acls import producer_as
+from tests.kit.livestack import Stack
+from tests.kit.principals import producer_as
 
 pytestmark = pytest.mark.integration
 

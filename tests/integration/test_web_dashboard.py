@@ -346,8 +346,7 @@ def test_the_dashboard_is_the_web_principal_whose_writes_are_refused_and_whose_p
     from kafka.errors import TopicAuthorizationFailedError
 
     from apportion import topics
-    from tests.integration.test_kafka_acls import end_offset, producer_as
-    from tests.integration.test_redis_acls import as_user
+    from tests.kit.principals import as_user, end_offset, producer_as
 
     env = _environ(stack.info.pids["web"])
     assert (env["APPORTION_KAFKA_USER"], env["APPORTION_REDIS_USER"]) == ("web", "web")

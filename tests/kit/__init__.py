@@ -17,12 +17,26 @@
 - ``narrowing``: ``narrow``/``narrow_each``, a value checked to be of one kind and typed as it for mypy.
 - ``signing``: deterministic signing identities, node keys and their registration events.
 - ``infra``: ``KafkaCluster``, what the ``kafka_cluster`` fixture yields (its stack and client environment).
-- ``livestack``: ``apportion stack up`` on the test Kafka and Redis (``live_stack``) and the bounded poller
-  ``until``.
+- ``livestack``: ``apportion stack up`` on the test Kafka and Redis (``live_stack``), a CLI bound to it
+  (``Stack``) and the bounded poller ``until``.
 - ``node_boundary``: throwaway Unix accounts, a directory job accounts can reach, fake GPUs, job scripts.
 - ``checkpoint_workload``: the real workload of the checkpoint tests, as the text of a script.
 - ``fixtures/events``: golden JSON of every event type and schema version (``fixtures/make_golden.py`` writes
   them).
-- ``cli``: the command line with no stack (``no_stack``, ``run``).
+- ``cli``: the command line with no stack (``no_stack``, its autouse fixture ``stackless``, ``run``).
+- ``engine_world``: ``World``, a fluent cluster and queue for one scheduling cycle over ``TREE`` at ``NOW``, and
+  ``placed``/``preempted``; ``goodput_world``: the same for the goodput rules over ``AB``, with ``explained``.
+- ``preemption``: the preemption rules' inputs: ``view`` (a fair-share queue set by ratios) and ``run_of``.
+- ``sim_worlds``: random clusters and job streams (``worlds``) and the decision log check ``check_log``.
+- ``occupancy_logs``: random plausible occupancy logs (``event_logs``) over the window ``PROP_W``.
+- ``signed_requests``: ``ALICE``'s ``submission`` and its ``queued``; ``dispatcher_identity``: the dispatcher's
+  signed requests (``setup``, ``sub``, ``cancel``, ``CAROL``, ``EVE``); ``node_reports``: ``reg_node``, ``log_of``.
+- ``audit_replay``: a two-leaf lab (``lab``, ``submission``, ``at``) for re-running decisions.
+- ``node_agent``: the node agent's ``Sink`` and the bounded ``until``.
+- ``queue_rows``: rows of ``apportion queue --json``; ``broker_config``: the container broker configuration
+  rendered and checked (``render``, ``assert_secured``).
+- ``live_cluster``: the four services in-process on real Kafka and Redis (``running_cluster``, the ``cluster``
+  fixture, ``Cluster``, ``of_job``); ``principals``: clients signed in as one principal (``producer_as``,
+  ``as_user``, ``end_offset``).
 - ``browser``: chromium and chromedriver found on ``PATH`` (``require_browser``) for the dashboard tests.
 """

@@ -2,7 +2,8 @@
 
 It plays a history through the dispatcher's own ``step`` (a node agent answering ``StartWorkload`` with
 ``JobStarted`` at once), so the state a forecast reads is the one the dispatcher would hold. Tree ``lab`` with
-``a`` and ``b`` at 0.5 each.
+``a`` and ``b`` at 0.5 each. ``one_job`` is the shortest such history: one node of 4 GPUs and a1 (lab/a, 4 GPUs,
+2 days of work) running on it from ``T0``.
 """
 
 from __future__ import annotations
@@ -51,3 +52,7 @@ class History:
     def complete(self, job_id: str, at: int) -> History:
         self.feed(completed(job_id, replica=0, node="n0", at=at), at)
         return self.feed(Tick(at), at)
+
+
+def one_job() -> History:
+    return History().node("n0", 4).submit("a1", T0, gpus=4, duration_s=2.0 * 86_400)

@@ -1,9 +1,10 @@
 """A live stack for integration tests: `apportion stack up` of the four services and the web dashboard on the
-session's Kafka and Redis, in a namespace and Redis db of its own, stopped on exit (used by test_cli_truth and
-test_web_dashboard)."""
+session's Kafka and Redis, in a namespace and Redis db of its own, stopped on exit, and :class:`Stack`, a CLI runner
+bound to such a stack."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -76,3 +77,27 @@ def live_stack(
             yield info, env, run_dir
         finally:
             stack_mod.down(run_dir, say=lambda *_: None)
+
+
+class Stack:
+    """A live stack and a CLI runner bound to it."""
+
+    def __init__(self, info: Any, env: dict[str, str | None]) -> None:
+        from typer.testing import CliRunner
+
+        self.info = info
+        self.env = env
+        self.runner = CliRunner()
+
+    def run(self, *args: str, code: int = 0, env: dict[str, str | None] | None = None) -> Any:
+        from apportion.cli.main import app
+
+        res = self.runner.invoke(app, list(args), env=env if env is not None else self.env)
+        assert res.exit_code == code, f"exit {res.exit_code} != {code}: {res.output}"
+        return res
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.run(*args, "--json").stdout)
+
+    def until(self, fn: Callable[[], Any], what: str) -> Any:
+        return until(fn, what)

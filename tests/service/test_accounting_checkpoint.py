@@ -47,6 +47,7 @@ from services.accounting.store import ReadModelStore
 from tests.kit.builders import budget_set, completed, cordoned, h, job_lost, node, placed
 from tests.kit.fakes import FakeRedis, Rec, partition_offsets, records
 from tests.kit.narrowing import narrow
+from tests.kit.occupancy_logs import PROP_W, event_logs
 from tests.kit.signing import node_identity
 
 WINDOW_S = 24 * 3600.0
@@ -496,8 +497,6 @@ def _prop_service(redis: FakeRedis, window_s: float) -> AccountingService:
 
 
 def _prop_case(log, cut: int, batch: int, later: int) -> None:
-    from tests.unit.test_occupancy import PROP_W
-
     recs = records(log)
     cut = min(cut, len(recs))
     begin = {p: 0 for p in partition_offsets([], TOPICS)}
@@ -540,8 +539,6 @@ def test_property_resume_equals_the_uninterrupted_service_and_in_order_the_rebui
     """
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
-
-    from tests.unit.test_occupancy import event_logs
 
     @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(

@@ -23,8 +23,8 @@ from apportion.events import JobPlaced
 from apportion.timeutil import to_us
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.service import DispatcherService
-from tests.kit.dispatcher import INPUTS, T0, ListLog
-from tests.service.test_audit_out_of_order import at, lab, records, submission
+from tests.kit.audit_replay import at, lab, submission
+from tests.kit.dispatcher import INPUTS, T0, ListLog, log_records
 
 SETTINGS = DispatcherSettings(heartbeat_timeout_s=0, kafka_bootstrap="unused:1", redis_url="redis://unused")
 
@@ -46,7 +46,7 @@ def cut_after_first_placement(log: ListLog) -> Any:
 
 
 def placed(log: ListLog) -> list[tuple[str, int | None]]:
-    return [(r.event.job_id, r.event.fencing_token) for r in records(log) if isinstance(r.event, JobPlaced)]
+    return [(r.event.job_id, r.event.fencing_token) for r in log_records(log) if isinstance(r.event, JobPlaced)]
 
 
 def test_a_tick_cut_short_by_its_leaders_death_lists_the_missing_decisions_and_is_no_mismatch() -> None:
@@ -60,7 +60,7 @@ def test_a_tick_cut_short_by_its_leaders_death_lists_the_missing_decisions_and_i
     new = leader(log, clock, 8)
     new._emit(new.bootstrap(log.records))  # rebuild from the log, x1's start sent again, y1 placed
     assert placed(log) == [("x1", 7), ("y1", 8)]
-    checks = rerun_decisions(records(log), old.cfg)
+    checks = rerun_decisions(log_records(log), old.cfg)
     assert [(c.at_us, c.match) for c in checks] == [(to_us(at(0)), True), (to_us(at(1)), True)]
     assert checks[0].cut_short == ["JobPlaced y1#1: the re-run decides it, but it was not recorded"]
     assert checks[1].cut_short == []
@@ -78,6 +78,6 @@ def test_the_same_gap_in_a_tick_its_term_published_after_is_a_mismatch() -> None
     out, _ = old.ingest(log.read())
     old._emit(out + old.tick())
     assert placed(log) == [("x1", 7), ("z1", 7)]
-    checks = rerun_decisions(records(log), old.cfg)
+    checks = rerun_decisions(log_records(log), old.cfg)
     assert checks[0].cut_short == [] and not checks[0].match
     assert checks[0].diffs == ["JobPlaced y1#1: the re-run decides it, but it was not recorded"]

@@ -25,14 +25,12 @@ other way by event time; an audit that merged its input by event time alone char
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 from apportion import events
 from apportion.audit.verify import rerun_decisions
 from apportion.clock import ManualClock
 from apportion.events import (
-    BudgetSet,
     JobCompleted,
     JobPlaced,
     JobPreempted,
@@ -42,40 +40,15 @@ from apportion.events import (
     NodeLost,
     NodeRegistered,
 )
-from apportion.logrecord import LogRecord
 from apportion.timeutil import to_us
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.service import DispatcherService
-from tests.kit.dispatcher import INPUTS, T0, USER, ListLog, log_records, submit
-from tests.kit.signing import registered
-
-
-def at(s: float):  # a datetime
-    return T0 + timedelta(seconds=s)
-
-
-def submission(job: str, budget: str, min_runtime_s: float, ts_s: float) -> JobSubmitted:
-    return submit(job, budget, 4, min_runtime_s, at(ts_s))
-
-
-def lab(*nodes: str) -> list[events.Event]:
-    """Budgets lab/a and lab/b (half each), 4-GPU nodes registered at T0, the test user's key."""
-    return [
-        *[
-            BudgetSet(event_id=events.det_id("b", p), path=p, share=s, ts=T0)
-            for p, s in (("lab", 1.0), ("lab/a", 0.5), ("lab/b", 0.5))
-        ],
-        *[NodeRegistered(event_id=events.det_id("n", n), node_id=n, gpu_count=4, ts=T0) for n in nodes],
-        registered(USER, T0),
-    ]
+from tests.kit.audit_replay import at, lab, submission
+from tests.kit.dispatcher import INPUTS, T0, USER, ListLog, log_records
 
 
 def agent(kind: type, job: str, ts_s: float, **kw: object) -> events.Event:  # one report of each kind per job
     return kind(event_id=events.det_id("agent", kind.__name__, job), job_id=job, attempt=1, ts=at(ts_s), **kw)
-
-
-def records(log: ListLog) -> list[LogRecord]:
-    return log_records(log)
 
 
 def run() -> tuple[DispatcherService, ListLog]:
@@ -120,7 +93,7 @@ def run() -> tuple[DispatcherService, ListLog]:
 
 def test_a_report_that_arrives_after_the_preemption_it_predates_re_runs_to_the_same_ratio() -> None:
     svc, log = run()
-    recs = records(log)
+    recs = log_records(log)
     placed = {r.event.job_id: r.event for r in recs if isinstance(r.event, JobPlaced)}
     assert any(isinstance(r.event, JobPreempted) and r.event.job_id == "a1" for r in recs)
     assert set(placed) == {"a1", "x1", "b1", "a2"}
@@ -184,7 +157,7 @@ def check_partition(svc: DispatcherService, log: ListLog, placed_x1: list[tuple[
     from apportion.audit.verify import check_read_models
     from services.dispatcher.logic import read_model
 
-    recs = records(log)
+    recs = log_records(log)
     placed = [
         (r.event.job_id, r.event.attempt, r.event.placements[0].node_id) for r in recs if isinstance(r.event, JobPlaced)
     ]
@@ -216,7 +189,7 @@ def test_a_completion_read_after_the_next_attempt_was_placed_stops_that_attempt(
     placement and the rows."""
     svc, log = run_partition(report_after_placement=True)
     assert "x1" not in svc.state.jobs and svc.state.finished["x1"] == to_us(at(46))
-    recs = records(log)
+    recs = log_records(log)
     ended = [
         (r.event.type, r.event.attempt, r.event.reason)
         for r in recs
@@ -283,7 +256,7 @@ def test_a_lost_gang_whose_replicas_all_completed_before_the_loss_is_not_run_aga
 
     for survivor_first, requeued, y1_at in ((False, [], 43), (True, [("g1", 2)], 42)):
         svc, log = run_lost_gang(survivor_first=survivor_first)
-        recs = records(log)
+        recs = log_records(log)
         assert [r.event.node_id for r in recs if isinstance(r.event, NodeLost)] == ["n1"]
         assert [(r.event.job_id, r.event.attempt) for r in recs if isinstance(r.event, events.JobRequeued)] == requeued
         placed = [(r.event.job_id, r.event.attempt, r.event.ts) for r in recs if isinstance(r.event, JobPlaced)]
@@ -318,7 +291,7 @@ def run_requeue_before_report() -> tuple[DispatcherService, ListLog]:
 
 def test_a_completion_read_after_the_requeue_of_its_attempt_is_folded_after_it() -> None:
     svc, log = run_requeue_before_report()
-    recs = records(log)
+    recs = log_records(log)
     requeued = [(r.event.job_id, r.event.attempt, r.event.ts) for r in recs if isinstance(r.event, events.JobRequeued)]
     assert requeued == [("a1", 2, at(131))]
     placed = [(r.event.job_id, r.event.attempt) for r in recs if isinstance(r.event, JobPlaced)]
@@ -335,7 +308,7 @@ def test_the_read_model_check_folds_that_completion_after_the_requeue_too() -> N
     from services.dispatcher.logic import read_model
 
     svc, log = run_requeue_before_report()
-    recs = records(log)
+    recs = log_records(log)
     jobs, nodes = read_model(svc.state, svc.state.clock_us or 0, svc.cfg)
     assert (jobs["a1"]["state"], jobs["a1"]["attempt"]) == ("running", 2)
     assert check_read_models(recs, {"jobs": jobs, "nodes": nodes}, svc.cfg) == []

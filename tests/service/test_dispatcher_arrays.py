@@ -11,8 +11,8 @@ from apportion.audit.verify import verify
 from apportion.bus.reader import log_order
 from services.dispatcher.service import DispatcherService
 from tests.kit.dispatcher import INPUTS, ListLog, drive, service
+from tests.kit.dispatcher_identity import CAROL, EVE, cancel, setup, sub
 from tests.kit.fakes import log_record
-from tests.service.test_dispatcher_identity import CAROL, EVE, cancel, setup, sub
 
 
 def array(job_id: str, spec: str, user: str = "carol") -> events.JobSubmitted:

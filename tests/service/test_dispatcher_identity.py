@@ -16,50 +16,14 @@ from datetime import timedelta
 import pytest
 
 from apportion import events
-from apportion.events import BudgetSet, JobCancelRequested, JobSubmitted, NodeRegistered, UserKeyRevoked
+from apportion.events import NodeRegistered, UserKeyRevoked
 from apportion.settings import topic_name
 from apportion.topics import JOBS, NODES
 from services.dispatcher.service import DispatcherService
 from tests.kit.dispatcher import INPUTS, T0, ListLog, drive, service
+from tests.kit.dispatcher_identity import CAROL, EVE, OPS, cancel, setup, sub
 from tests.kit.fakes import log_record
 from tests.kit.signing import identity, node_identity, registered
-
-ALICE, CAROL, EVE, OPS = identity("alice"), identity("carol"), identity("eve"), identity("root", "ops")
-
-
-def setup() -> list[events.Event]:
-    return [
-        BudgetSet(event_id=events.det_id("t", "lab"), path="lab", share=1.0, ts=T0, producer="test"),
-        BudgetSet(event_id=events.det_id("t", "lab/a"), path="lab/a", share=1.0, ts=T0, producer="test"),
-        NodeRegistered(event_id=events.det_id("t", "n1"), node_id="n1", gpu_count=8, ts=T0, producer="test"),
-        *(registered(i, T0) for i in (ALICE, CAROL, EVE, OPS)),
-    ]
-
-
-def sub(job_id: str, user: str = "carol", minutes: int = 1) -> JobSubmitted:
-    ts = T0 + timedelta(minutes=minutes)
-    return JobSubmitted(
-        event_id=events.det_id("sub", job_id, user, minutes),
-        job_id=job_id,
-        budget="lab/a",
-        user=user,
-        gpus_per_replica=2,
-        min_runtime_s=600.0,
-        duration_s=3600.0,
-        submitted_at=ts,
-        ts=ts,
-        producer="test",
-    )
-
-
-def cancel(job_id: str, user: str, minutes: int = 2) -> JobCancelRequested:
-    return JobCancelRequested(
-        event_id=events.det_id("cancel", job_id, user, minutes),
-        job_id=job_id,
-        user=user,
-        ts=T0 + timedelta(minutes=minutes),
-        producer="test",
-    )
 
 
 def run(*rounds: Sequence[events.Event | tuple[str, bytes]]) -> tuple[DispatcherService, list[events.Event]]:

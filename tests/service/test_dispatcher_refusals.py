@@ -16,8 +16,8 @@ from apportion.settings import topic_name
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.service import DispatcherService
 from tests.kit.dispatcher import INPUTS, T0, ListLog, drive
+from tests.kit.dispatcher_identity import CAROL, setup, sub
 from tests.kit.signing import dispatcher_identity, dispatcher_signer, registered
-from tests.service.test_dispatcher_identity import CAROL, setup, sub
 
 
 class SignedLog(ListLog):

@@ -34,6 +34,7 @@ from services.node_agent.logic import NodeSpec
 from services.node_agent.service import NodeAgent, SignedSender, hosted_nodes
 from services.node_agent.store import Journal
 from tests.kit.narrowing import narrow
+from tests.kit.node_agent import Sink
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
 
@@ -345,17 +346,6 @@ def test_signed_sender_signs_a_group_together_in_order_and_counts_what_it_cannot
 
 
 # --------------------------------------------------------------------------- runtime
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.events: list = []
-
-    async def __call__(self, ev) -> None:
-        self.events.append(ev)
-
-    def of(self, cls):
-        return [e for e in self.events if isinstance(e, cls)]
 
 
 def make_agent(

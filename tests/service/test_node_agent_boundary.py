@@ -44,8 +44,8 @@ from services.node_agent.sandbox import (
     protect,
 )
 from services.node_agent.service import NodeAgent, SignedSender, _open_owned, hosted_nodes
+from tests.kit.node_agent import WAIT_S, until
 from tests.kit.node_boundary import ALICE, EVE, PROBE, job_accounts, make_fake_gpus, running, shared_dir, write_script
-from tests.service.test_node_agent_checkpoints import WAIT_S, until
 
 __all__ = ["job_accounts", "shared_dir"]  # fixtures used by name
 

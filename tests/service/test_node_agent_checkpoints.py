@@ -26,11 +26,10 @@ from services.node_agent.logic import NodeSpec, ProgressWatch, Workload
 from services.node_agent.service import NodeAgent
 from services.node_agent.store import Journal
 from tests.kit.checkpoint_workload import WORKLOAD
+from tests.kit.node_agent import WAIT_S, Sink, until
 from tests.kit.node_boundary import running
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
-WAIT_S = 20.0
-
 # --------------------------------------------------------------------------- parsing
 
 VALID = [
@@ -234,17 +233,6 @@ def test_baseline_stamp_hides_the_previous_attempts_report():
 # --------------------------------------------------------------------------- runtime with real processes
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.events: list = []
-
-    async def __call__(self, ev) -> None:
-        self.events.append(ev)
-
-    def of(self, cls):
-        return [e for e in self.events if isinstance(e, cls)]
-
-
 def make_agent(clock: ManualClock, sink: Sink, root: Path) -> NodeAgent:
     probe = FakeGpuProbe.with_gpus(4)
     node = NodeSpec("n1", probe.inventory.gpus, "sim", False)
@@ -264,14 +252,6 @@ def start(command: tuple[str, ...], attempt: int = 1, job: str = "j1") -> StartW
 
 def stop(attempt: int = 1, job: str = "j1") -> StopWorkload:
     return StopWorkload(ts=T0, node_id="n1", job_id=job, attempt=attempt, grace_s=30.0)
-
-
-async def until(pred, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + WAIT_S
-    while not pred():
-        assert loop.time() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
 
 
 def content_is(path: Path, text: str):

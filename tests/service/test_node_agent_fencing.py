@@ -31,6 +31,7 @@ from services.node_agent.logic import NodeSpec
 from services.node_agent.service import NodeAgent
 from services.node_agent.store import Journal
 from tests.kit.narrowing import narrow
+from tests.kit.node_agent import Sink
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
 WAIT_S = 10.0
@@ -236,17 +237,6 @@ def test_fenced_node_refuses_a_late_start_for_a_run_it_lost():
 
 
 # --------------------------------------------------------------------------- runtime
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.events: list = []
-
-    async def __call__(self, ev) -> None:
-        self.events.append(ev)
-
-    def of(self, cls):
-        return [e for e in self.events if isinstance(e, cls)]
 
 
 def agent_at(tmp_path, clock, sink, **kw) -> NodeAgent:

@@ -16,7 +16,7 @@ from apportion.gpu import FakeGpuProbe
 from services.node_agent import logic
 from services.node_agent.logic import NodeSpec, Workload
 from services.node_agent.service import NodeAgent
-from tests.service.test_node_agent_checkpoints import Sink
+from tests.kit.node_agent import Sink
 
 T0 = datetime(2026, 1, 5, tzinfo=UTC)
 EARLIER = T0 - timedelta(hours=1)

@@ -27,6 +27,7 @@ from services.node_agent import logic
 from services.node_agent.logic import NodeSpec, Workload
 from services.node_agent.service import NodeAgent
 from services.node_agent.store import Journal
+from tests.kit.node_agent import Sink
 
 T0 = datetime(2025, 3, 1, tzinfo=UTC)
 KEY = ("n1", "j1", 2, 0)
@@ -152,17 +153,6 @@ def test_old_start_records_decode_without_the_fields():
 
 
 # --------------------------------------------------------------------------- runtime
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.events: list = []
-
-    async def __call__(self, ev) -> None:
-        self.events.append(ev)
-
-    def of(self, cls):
-        return [e for e in self.events if isinstance(e, cls)]
 
 
 def spec(simulated: bool = True) -> NodeSpec:

@@ -2,7 +2,7 @@
 
 * no double booking: a GPU is given to a run only when free or held by one of
   the decision's own stopping victims; one workload per GPU
-  (``test_properties._check_log``);
+  (``tests.kit.sim_worlds.check_log``);
 * its own protection rule: Slurm preempts only min-runtime-0 (scavenger QOS)
   runs for a job (drains aside); KAI never reclaims an allocated run before
   its minimum runtime (reclaim-min-runtime, the simulator's violation list);
@@ -24,8 +24,8 @@ from apportion.domain.dispatch import DispatchConfig
 from apportion.events import JobPreempted
 from apportion.sim.baselines import POLICIES
 from apportion.sim.core import SimConfig, simulate
+from tests.kit.sim_worlds import TREE, check_log, worlds
 from tests.kit.simkit import at
-from tests.sim.test_properties import TREE, _check_log, worlds
 
 PEERS = ("slurm", "kueue", "kai")
 
@@ -47,7 +47,7 @@ def test_no_double_booking_and_the_peer_keeps_its_own_protection_rule(policy, wo
     specs = {j.job_id: j for j in jobs}
     if policy == "kueue":  # no minimum runtime in Kueue: check the booking only
         specs = {k: replace(j, min_runtime_s=0.0) for k, j in specs.items()}
-    _check_log(r.log, specs)
+    check_log(r.log, specs)
     for_a_job = [e for e in r.log if isinstance(e, JobPreempted) and e.by_job_id is not None]
     if policy == "slurm":
         assert all(not e.allocated for e in for_a_job)

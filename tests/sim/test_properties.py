@@ -24,51 +24,14 @@ from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import CycleSnapshot, EngineConfig, run_cycle
 from apportion.events import (
     JobCompleted,
-    JobFailed,
     JobPlaced,
-    JobPreempted,
-    JobStarted,
     StartWorkload,
-    is_allocated,
 )
 from apportion.sim.baselines import POLICIES
 from apportion.sim.core import SimConfig, SimJob, SimNode, simulate
-from apportion.timeutil import s_to_us, to_us
+from apportion.timeutil import to_us
+from tests.kit.sim_worlds import LEAVES, TREE, check_log, worlds
 from tests.kit.simkit import at
-
-TREE = {"org": 1.0, "org/x": 0.6, "org/x/p": 0.5, "org/x/q": 0.5, "org/y": 0.4}
-LEAVES = ["org/x/p", "org/x/q", "org/y"]
-
-
-@st.composite
-def worlds(draw):
-    n_nodes = draw(st.integers(1, 4))
-    nodes = [SimNode(f"n{i}", draw(st.sampled_from([1, 2, 4, 8]))) for i in range(n_nodes)]
-    biggest = max(n.gpus for n in nodes)
-    jobs = []
-    for i in range(draw(st.integers(1, 25))):
-        g = draw(st.integers(1, biggest))
-        fitting = sum(1 for n in nodes if n.gpus >= g)
-        k = draw(st.integers(1, fitting))
-        jobs.append(
-            SimJob(
-                job_id=f"j{i:02d}",
-                budget=draw(st.sampled_from(LEAVES)),
-                user="u",
-                submit_us=at(0, draw(st.integers(0, 180))),
-                gpus_per_replica=g,
-                replicas=k,
-                min_runtime_s=draw(st.sampled_from([0.0, 0.0, 600.0, 1800.0, 3600.0])),
-                duration_s=float(draw(st.integers(60, 3 * 3600))),
-            )
-        )
-    drains = tuple(
-        (f"n{i}", at(0, draw(st.integers(0, 240))))
-        for i in range(n_nodes)
-        if draw(st.booleans()) and draw(st.booleans())
-    )
-    seed = draw(st.integers(0, 2**16))
-    return nodes, jobs, drains, seed
 
 
 def _work_conserving(snapshot: CycleSnapshot, now_us: int, cfg: EngineConfig):
@@ -90,48 +53,6 @@ def _work_conserving(snapshot: CycleSnapshot, now_us: int, cfg: EngineConfig):
     return first.events
 
 
-def _check_log(log, specs):
-    held: dict[tuple[str, int], tuple[str, int]] = {}  # (node, gpu) -> run holding it
-    stopping: set[tuple[str, int]] = set()
-    running: dict[tuple[str, int], tuple[str, int, int]] = {}  # (node, gpu) -> workload replica
-    started: dict[tuple[str, int], int] = {}
-    for e in log:
-        if isinstance(e, JobPreempted):
-            key = (e.job_id, e.attempt)
-            stopping.add(key)
-            spec = specs[e.job_id]
-            if is_allocated(spec.min_runtime_s) and key in started:
-                assert to_us(e.ts) >= started[key] + s_to_us(spec.min_runtime_s), f"protected {key} preempted"
-        elif isinstance(e, JobPlaced):
-            key = (e.job_id, e.attempt)
-            victims = {(v.job_id, v.attempt) for v in e.decision.victims}
-            for p in e.placements:
-                for g in p.gpus:
-                    holder = held.get((p.node_id, g))
-                    assert holder is None or (holder in victims and holder in stopping), (
-                        f"{key} placed on {p.node_id}:{g} held by {holder}"
-                    )
-                    held[(p.node_id, g)] = key
-        elif isinstance(e, StartWorkload):
-            for g in e.gpus:
-                assert (e.node_id, g) not in running, f"two workloads on {e.node_id}:{g}"
-                running[(e.node_id, g)] = (e.job_id, e.attempt, e.replica)
-        elif isinstance(e, JobStarted):
-            started[(e.job_id, e.attempt)] = to_us(e.ts)
-        elif isinstance(e, (JobCompleted, JobFailed)) and e.producer.startswith("sim"):
-            for slot, w in list(running.items()):
-                if w == (e.job_id, e.attempt, e.replica):
-                    del running[slot]
-        if e.type in ("JobCompleted", "JobFailed", "JobRequeued", "JobCancelled", "JobLost"):
-            attempt = e.attempt - 1 if e.type == "JobRequeued" else e.attempt
-            key = (e.job_id, attempt)
-            if e.type in ("JobCompleted", "JobFailed") and key in stopping:
-                continue
-            for slot, k in list(held.items()):
-                if k == key and (getattr(e, "replica", None) is None or e.node_id == slot[0]):
-                    del held[slot]
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(worlds())
 def test_invariants_on_random_clusters_and_streams(world):
@@ -140,7 +61,7 @@ def test_invariants_on_random_clusters_and_streams(world):
     cfg = SimConfig(seed=seed, dispatch=dcfg, drains=drains, sample_s=0, until_us=at(12))
     r = simulate(BudgetTree.from_mapping(TREE), nodes, jobs, cfg)
     assert r.violations == []
-    _check_log(r.log, {j.job_id: j for j in jobs})
+    check_log(r.log, {j.job_id: j for j in jobs})
     # nothing is lost: every job is finished or still known to the dispatcher
     assert {j.job_id for j in jobs} <= set(r.state.jobs) | set(r.state.finished)
 

@@ -12,8 +12,8 @@ from dataclasses import replace
 from apportion import events
 from apportion.audit.verify import records_from_events, verify
 from apportion.events import JobSubmitted
+from tests.kit.signed_requests import ALICE, T0, queued, submission
 from tests.kit.signing import registered
-from tests.unit.test_identity import ALICE, T0, _queued, submission
 
 
 def forged_copy(s: JobSubmitted) -> JobSubmitted:
@@ -23,7 +23,7 @@ def forged_copy(s: JobSubmitted) -> JobSubmitted:
 
 def test_a_reused_id_after_the_accepted_request_on_its_partition_is_not_a_finding() -> None:
     s = ALICE.sign(submission())
-    recs = records_from_events([registered(ALICE, T0), s, _queued(s), forged_copy(s)])
+    recs = records_from_events([registered(ALICE, T0), s, queued(s), forged_copy(s)])
     rep = verify(recs)
     assert rep.ok, rep.mismatches
     assert rep.signed_requests == 1
@@ -31,7 +31,7 @@ def test_a_reused_id_after_the_accepted_request_on_its_partition_is_not_a_findin
 
 def test_the_forged_copy_first_on_the_partition_is_what_was_accepted_and_is_flagged() -> None:
     s = ALICE.sign(submission())
-    recs = records_from_events([registered(ALICE, T0), forged_copy(s), s, _queued(s)])
+    recs = records_from_events([registered(ALICE, T0), forged_copy(s), s, queued(s)])
     rep = verify(recs)
     assert [(m.check, m.subject) for m in rep.mismatches] == [("signature", "j1")]
     assert "of user 'mallory' accepted, but unsigned" in rep.mismatches[0].detail
@@ -39,7 +39,7 @@ def test_the_forged_copy_first_on_the_partition_is_what_was_accepted_and_is_flag
 
 def test_a_reused_id_on_another_partition_is_still_checked() -> None:
     s = ALICE.sign(submission())
-    recs = records_from_events([registered(ALICE, T0), s, _queued(s), forged_copy(s)])
+    recs = records_from_events([registered(ALICE, T0), s, queued(s), forged_copy(s)])
     i = next(k for k, r in enumerate(recs) if isinstance(r.event, JobSubmitted) and r.event.user == "mallory")
     recs[i] = replace(recs[i], partition=1, offset=0)
     rep = verify(recs)

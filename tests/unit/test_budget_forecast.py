@@ -20,17 +20,13 @@ import pytest
 from apportion.forecast import JobForecast, budget_forecast, protection_notice, with_starts
 from apportion.timeutil import from_us
 from tests.kit.builders import T0, d, h, m
-from tests.kit.forecast_history import CFG, History
+from tests.kit.forecast_history import CFG, History, one_job
 
 DAY = 86_400
 
 
-def history() -> History:
-    return History().node("n0", 4).submit("a1", T0, gpus=4, duration_s=2.0 * DAY)
-
-
 def test_r_and_rank_slide_with_the_window_and_running_work_ends_at_its_declared_end() -> None:
-    fc = budget_forecast(history().state, T0, CFG, days=3, step_s=DAY)
+    fc = budget_forecast(one_job().state, T0, CFG, days=3, step_s=DAY)
     assert fc.times == [T0, d(1), d(2), d(3)]
     a, b, lab = fc.points["lab/a"], fc.points["lab/b"], fc.points["lab"]
     assert [p.ratio for p in a] == [0.0, 2.0, 2.0, pytest.approx(4 / 3)]
@@ -51,7 +47,7 @@ def test_r_and_rank_slide_with_the_window_and_running_work_ends_at_its_declared_
 
 
 def test_the_callers_state_is_not_changed_and_bad_arguments_are_refused() -> None:
-    hist = history()
+    hist = one_job()
     before = (dict(hist.state.jobs), hist.state.clock_us)
     budget_forecast(hist.state, T0, CFG, days=1, step_s=DAY)
     assert (dict(hist.state.jobs), hist.state.clock_us) == before
@@ -123,7 +119,7 @@ def test_share_forecast_and_queue_start_from_an_export(tmp_path: Path) -> None:
     from apportion.cli.main import app
     from tests.kit.audit_history import export
 
-    path = export(tmp_path / "log.jsonl.gz", history().log, "")
+    path = export(tmp_path / "log.jsonl.gz", one_job().log, "")
     env = {"APPORTION_KAFKA_BOOTSTRAP": "127.0.0.1:1", "APPORTION_TOPIC_PREFIX": ""}
     res = CliRunner().invoke(app, ["share", "--forecast", "3d", "--json", "--from-file", path], env=env)
     assert res.exit_code == 0, res.output
@@ -149,7 +145,7 @@ def test_explain_says_what_a_running_jobs_protection_promises(tmp_path: Path) ->
     from apportion.forecast import protection_of
     from tests.kit.audit_history import export
 
-    hist = history()
+    hist = one_job()
     assert protection_of(hist.state, "a1", m(30)) == "protected until 2024-01-01 01:00:00 UTC; preemptible after"
     assert protection_of(hist.state, "a1", h(2)) == "preemptible since 2024-01-01 01:00:00 UTC"
     assert protection_of(hist.state, "nope", T0) == ""

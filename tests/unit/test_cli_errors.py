@@ -11,14 +11,9 @@ import typer
 from kafka.errors import KafkaTimeoutError, TopicAuthorizationFailedError
 
 from apportion.cli import common
-from tests.kit.cli import no_stack, run
+from tests.kit.cli import run, stackless  # noqa: F401 - autouse: no stack answers
 
 BAD_SEGMENT = "--budget: bad segment '' in 'lab//x': use 1-64 of [A-Za-z0-9_.-], not starting with . - or _"
-
-
-@pytest.fixture(autouse=True)
-def _no_stack(monkeypatch: pytest.MonkeyPatch) -> None:
-    no_stack(monkeypatch)
 
 
 def test_bad_input_under_json_is_an_object_on_stdout_and_the_line_on_stderr() -> None:

@@ -5,12 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.kit.cli import no_stack, run
-
-
-@pytest.fixture(autouse=True)
-def _no_stack(monkeypatch: pytest.MonkeyPatch) -> None:
-    no_stack(monkeypatch)
+from tests.kit.cli import run, stackless  # noqa: F401 - autouse: no stack answers
 
 
 def test_queue_unknown_state_is_exit_2_with_the_allowed_values() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from apportion import client
-from tests.unit.test_cli_filters import _no_stack, run  # noqa: F401 - autouse: no stack answers; the CLI runner
+from tests.kit.cli import run, stackless  # noqa: F401 - autouse: no stack answers
 
 NEG = "budgets:\n  lab: 1.0\n  lab/prior: 0.6\n  lab/prior/language: -0.5\n"
 

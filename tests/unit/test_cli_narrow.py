@@ -13,7 +13,7 @@ from rich.console import Console
 from apportion.cli.jobs import forecast_table, queue_table
 from apportion.cli.main import deadletter_table
 from apportion.timeutil import to_us
-from tests.unit.test_cli_queue_table import ROWS
+from tests.kit.queue_rows import ROWS
 
 LONG_JOB = "alice-resnet50-sweep-lr3e4-seed1"
 LONG_BUDGET = "research/vision/detection"

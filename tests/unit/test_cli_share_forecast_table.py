@@ -9,11 +9,11 @@ from typer.testing import CliRunner
 
 from apportion.cli.main import app
 from tests.kit.audit_history import export
-from tests.unit.test_budget_forecast import history
+from tests.kit.forecast_history import one_job
 
 
 def test_share_forecast_7d_at_80_columns_cuts_no_cell(tmp_path: Path) -> None:
-    path = export(tmp_path / "log.jsonl.gz", history().log, "")
+    path = export(tmp_path / "log.jsonl.gz", one_job().log, "")
     env = {"APPORTION_KAFKA_BOOTSTRAP": "127.0.0.1:1", "APPORTION_TOPIC_PREFIX": ""}
     res = CliRunner().invoke(app, ["share", "--forecast", "7d", "--from-file", path], env=env, terminal_width=80)
     assert res.exit_code == 0, res.output

@@ -94,10 +94,10 @@ def test_kafka_is_three_official_kraft_nodes_at_the_pinned_version(compose: dict
 def test_each_kafka_node_runs_sasl_scram_with_acls_and_three_replicas(
     compose: dict[str, Any], node: str, tmp_path: Path
 ) -> None:
-    """Render what container-start.sh writes in the container (test_containers' helpers) and check it."""
+    """Render what container-start.sh writes in the container and check it."""
     from apportion.bus.containers import ContainerSpec, make_secrets
     from apportion.topics import replication
-    from tests.unit.test_containers import assert_secured, render
+    from tests.kit.broker_config import assert_secured, render
 
     svc = compose["services"][node]
     secrets = make_secrets(tmp_path / "secrets")

@@ -14,7 +14,7 @@ each case's comment.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
-from apportion.domain.cluster import PROTECTION_UNTIL_DONE_S, ClusterState
+from apportion.domain.cluster import PROTECTION_UNTIL_DONE_S
 from apportion.domain.engine import (
     CycleMemo,
     CycleSnapshot,
@@ -31,117 +31,13 @@ from apportion.domain.engine import (
     ShapeTable,
     VictimIndex,
     blocked_run,
-    pending_order,
     run_cycle,
     shape_floor,
 )
 from apportion.domain.engine.shapes import memo_allocated
-from apportion.timeutil import from_us, s_to_us
-from tests.kit.builders import T0, h
-
-NOW = h(10)
-TREE = BudgetTree.from_mapping({"lab": 1.0, "lab/a": 0.5, "lab/b": 0.25, "lab/c": 0.25})
-
-
-@dataclass
-class World:
-    """Fluent cluster + queue builder."""
-
-    cluster: ClusterState = field(default_factory=ClusterState)
-    pending: dict[str, list[PendingJob]] = field(default_factory=dict)
-    occupancy: dict[str, float] = field(default_factory=dict)
-    capacity: float = 1000.0
-
-    def node(self, nid: str, gpus: int = 8, model: str | None = None, state: str = "ready") -> World:
-        self.cluster.apply(ev.NodeRegistered(node_id=nid, gpu_count=gpus, gpu_model=model, ts=from_us(T0)))
-        if state == "draining":
-            self.cluster.apply(ev.NodeDrainRequested(node_id=nid, ts=from_us(T0)))
-        elif state == "cordoned":
-            self.cluster.apply(ev.NodeCordoned(node_id=nid, ts=from_us(T0)))
-        return self
-
-    def run(
-        self,
-        job_id: str,
-        budget: str,
-        where: dict[str, tuple[int, ...]],
-        *,
-        allocated: bool = True,
-        min_runtime_s: float = 3600.0,
-        started: int = h(0),
-        stopping: bool = False,
-    ) -> World:
-        places = tuple(ev.Placement(node_id=n, gpus=g) for n, g in where.items())
-        g = len(places[0].gpus)
-        self.cluster.apply(
-            ev.JobPlaced(
-                job_id=job_id,
-                attempt=1,
-                budget=budget,
-                allocated=allocated,
-                gpus_per_replica=g,
-                replicas=len(places),
-                min_runtime_s=min_runtime_s if allocated else 0.0,
-                placements=places,
-                submitted_at=from_us(T0),
-                decision=ev.Decision(rank=0, budget_rank=0, ratio=0.0),
-                ts=from_us(started),
-            )
-        )
-        self.cluster.apply(ev.JobStarted(job_id=job_id, attempt=1, node_id=places[0].node_id, ts=from_us(started)))
-        if stopping:
-            self.cluster.apply(
-                ev.JobPreempted(job_id=job_id, attempt=1, budget=budget, allocated=allocated, ts=from_us(started))
-            )
-        return self
-
-    def job(
-        self,
-        job_id: str,
-        budget: str,
-        gpus: int = 1,
-        replicas: int = 1,
-        *,
-        min_runtime_s: float = 3600.0,
-        submitted: int = h(1),
-        queued: int | None = None,
-        model: str | None = None,
-    ) -> World:
-        pj = PendingJob(
-            job_id=job_id,
-            attempt=1,
-            budget=budget,
-            user="u",
-            gpus_per_replica=gpus,
-            replicas=replicas,
-            min_runtime_s=min_runtime_s,
-            submitted_at_us=submitted,
-            queued_at_us=queued if queued is not None else NOW,
-            gpu_model=model,
-            duration_s=60.0,
-        )
-        lst = self.pending.setdefault(budget, [])
-        lst.append(pj)
-        lst.sort(key=pending_order)
-        return self
-
-    def cycle(self, **cfg):
-        snap = CycleSnapshot(self.cluster.snapshot(), self.pending, TREE, self.occupancy, self.capacity)
-        return run_cycle(snap, NOW, EngineConfig(**cfg))
-
-
-def placed(res) -> list[str]:
-    """``job@node[gpus]+node[gpus]`` per JobPlaced, in order."""
-    return [
-        "{}@{}".format(e.job_id, "+".join(f"{p.node_id}{list(p.gpus)}" for p in e.placements))
-        for e in res.events
-        if isinstance(e, ev.JobPlaced)
-    ]
-
-
-def preempted(res) -> list[str]:
-    return [f"{e.job_id}<-{e.by_job_id}" for e in res.events if isinstance(e, ev.JobPreempted)]
-
+from apportion.timeutil import s_to_us
+from tests.kit.builders import h
+from tests.kit.engine_world import NOW, TREE, World, placed, preempted
 
 # ---------------------------------------------------------------- placement on free GPUs
 

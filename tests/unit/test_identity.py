@@ -6,7 +6,7 @@ import base64
 import hashlib
 import json
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
@@ -19,25 +19,10 @@ from apportion.identity.registry import KeyRegistry
 from apportion.logrecord import LogRecord
 from apportion.timeutil import to_us
 from tests.kit.narrowing import narrow
+from tests.kit.signed_requests import ALICE, T0, queued, submission
 from tests.kit.signing import identity, registered
 
-T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
-ALICE, CAROL, OPS = identity("alice"), identity("carol"), identity("root", "ops")
-
-
-def submission(user: str = "alice", job_id: str = "j1", ts: datetime = T0) -> JobSubmitted:
-    return JobSubmitted(
-        event_id=events.det_id("sub", job_id, user),
-        job_id=job_id,
-        budget="lab/a",
-        user=user,
-        gpus_per_replica=1,
-        min_runtime_s=60.0,
-        duration_s=30.0,
-        submitted_at=ts,
-        ts=ts,
-        producer="test",
-    )
+CAROL = identity("carol")
 
 
 def cancel(user: str, job_id: str = "j1") -> JobCancelRequested:
@@ -198,23 +183,6 @@ def test_authorize(request_, signer, owner, reason) -> None:
     assert (got.reason if got is not None else None) == reason
 
 
-def _queued(sub: JobSubmitted) -> events.JobQueued:
-    return events.JobQueued(
-        event_id=events.det_id("JobQueued", sub.job_id, 1),
-        job_id=sub.job_id,
-        budget=sub.budget,
-        user=sub.user,
-        allocated=True,
-        gpus_per_replica=1,
-        replicas=1,
-        min_runtime_s=60.0,
-        duration_s=30.0,
-        submitted_at=sub.submitted_at,
-        ts=sub.ts + timedelta(seconds=1),
-        producer="dispatcher",
-    )
-
-
 def _log(*evs: events.Event) -> list[LogRecord]:
     from apportion.audit.verify import records_from_events
 
@@ -225,7 +193,7 @@ def test_audit_verify_passes_a_log_of_signed_requests() -> None:
     from apportion.audit.verify import verify
 
     s = ALICE.sign(submission())
-    rep = verify(_log(registered(ALICE, T0), s, _queued(s)))
+    rep = verify(_log(registered(ALICE, T0), s, queued(s)))
     assert rep.ok and rep.signed_requests == 1
 
 
@@ -235,7 +203,7 @@ def test_audit_verify_names_an_altered_byte_of_an_accepted_submission() -> None:
     from apportion.audit.verify import verify
 
     s = ALICE.sign(submission())
-    recs = _log(registered(ALICE, T0), s, _queued(s))
+    recs = _log(registered(ALICE, T0), s, queued(s))
     i = next(k for k, r in enumerate(recs) if isinstance(r.event, JobSubmitted))
     raw = bytearray(narrow(bytes, recs[i].raw))
     raw[raw.index(b'"gpus_per_replica":1') + len('"gpus_per_replica":')] = ord("8")  # 1 GPU -> 8 GPUs
@@ -257,7 +225,7 @@ def test_audit_verify_flags_an_accepted_request_the_log_does_not_prove(signer, u
 
     s = submission(user)
     s = signer.sign(s) if signer is not None else s
-    rep = verify(_log(registered(ALICE, T0), registered(CAROL, T0), s, _queued(s)))
+    rep = verify(_log(registered(ALICE, T0), registered(CAROL, T0), s, queued(s)))
     assert [(m.check, m.subject) for m in rep.mismatches] == [("signature", "j1")]
 
 
@@ -276,5 +244,5 @@ def test_audit_verify_skips_logs_without_identity() -> None:
     from apportion.audit.verify import verify
 
     s = submission()
-    rep = verify(_log(s, _queued(s)))
+    rep = verify(_log(s, queued(s)))
     assert rep.ok and rep.signed_requests == 0

@@ -35,7 +35,7 @@ from apportion.timeutil import from_us
 from tests.kit.builders import T0, h, submitted
 from tests.kit.domain_dispatch import hb, reg
 from tests.kit.narrowing import narrow
-from tests.unit.test_preemption_rules import NOW, run_of, view
+from tests.kit.preemption import NOW, run_of, view
 
 AFTER_S = 7200.0
 TREE = BudgetTree.from_mapping(

@@ -19,13 +19,13 @@ from apportion.audit.signatures import check_requests
 from apportion.audit.verify import verify
 from apportion.bus.intake import Intake
 from apportion.domain.admission import UNAUTHENTICATED_NODE, Principal, authorize, authorize_report
-from apportion.events import JobLost, JobSubmitted, NodeHeartbeat, NodeRegistered, RejectReason, UserKeyRevoked
+from apportion.events import JobLost, JobSubmitted, NodeHeartbeat, RejectReason, UserKeyRevoked
 from apportion.identity.canonical import signer_of
 from apportion.identity.gates import ReportGate
 from apportion.identity.keys import ReportSigner
-from apportion.logrecord import LogRecord, log_order
 from tests.kit import builders
 from tests.kit.fakes import Rec
+from tests.kit.node_reports import log_of, reg_node
 from tests.kit.signing import identity, node_identity, registered
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
@@ -35,12 +35,6 @@ ALICE = identity("alice")
 
 def beat(node: str = "n0", at: datetime = T0, tag: str = "") -> NodeHeartbeat:
     return NodeHeartbeat(event_id=events.det_id("hb", node, at, tag), node_id=node, ts=at, producer="node-agent")
-
-
-def reg_node(node: str = "n0", at: datetime = T0) -> NodeRegistered:
-    return NodeRegistered(
-        event_id=events.det_id("reg", node, at), node_id=node, gpu_count=8, ts=at, producer="node-agent"
-    )
 
 
 def revoked(ident, at: datetime) -> UserKeyRevoked:
@@ -105,11 +99,11 @@ def test_audit_verify_rechecks_each_record_of_a_batch_and_names_the_one_altered(
     v_ok, v_bad = ReportSigner({"n0": N0}).values([ok, bad])
     tampered = bad.model_copy(update={"producer": "someone"})
     v_tampered = v_bad.replace(b'"producer":"node-agent"', b'"producer":"someone"')
-    recs = _log((registered(N0, T0), None, 0), (ok, v_ok, 1), (tampered, v_tampered, 2))
+    recs = log_of((registered(N0, T0), None, 0), (ok, v_ok, 1), (tampered, v_tampered, 2))
     rep = verify(recs)
     assert rep.signed_reports == 2
     assert [(m.check, m.subject) for m in rep.mismatches] == [("signature", "n0")]
-    assert verify(_log((registered(N0, T0), None, 0), (ok, v_ok, 1), (bad, v_bad, 2))).ok
+    assert verify(log_of((registered(N0, T0), None, 0), (ok, v_ok, 1), (bad, v_bad, 2))).ok
 
 
 # --------------------------------------------------------------------------- the rule
@@ -221,24 +215,10 @@ def test_a_revocation_in_the_same_batch_refuses_a_backdated_report_sorted_before
 # --------------------------------------------------------------------------- audit verify
 
 
-def _log(*items: tuple[events.Event, bytes | None, int]) -> list[LogRecord]:
-    """Records of ``(event, value or None for plain, broker timestamp ms)``, offsets per topic, in log order."""
-    nxt: dict[str, int] = {}
-    out = []
-    for ev, value, ms in items:
-        t = events.topic_of(ev, "")
-        off = nxt.get(t, 0)
-        nxt[t] = off + 1
-        raw = value if value is not None else events.encode(ev)
-        out.append(LogRecord(t, 0, off, events.key_of(ev), ms, raw, ev))
-    out.sort(key=log_order)
-    return out
-
-
 def test_audit_verify_checks_node_signatures_and_names_a_forged_report_no_service_ignored() -> None:
     ok = beat("n0", T0 + timedelta(seconds=5), "ok")
     forged = beat("n0", T0 + timedelta(seconds=6), "forged")
-    recs = _log((registered(N0, T0), None, 0), (ok, N0.signed_value(ok), 1), (forged, N1.signed_value(forged), 2))
+    recs = log_of((registered(N0, T0), None, 0), (ok, N0.signed_value(ok), 1), (forged, N1.signed_value(forged), 2))
     rep = verify(recs)
     assert rep.signed_reports == 2
     bad = next(r for r in recs if r.event == forged)
@@ -254,13 +234,13 @@ def test_audit_verify_accepts_a_forged_report_the_services_dead_lettered() -> No
     from apportion.bus.intake import dead_letter
 
     forged = beat("n0", T0 + timedelta(seconds=6), "forged")
-    recs = _log((registered(N0, T0), None, 0), (forged, N1.signed_value(forged), 2))
+    recs = log_of((registered(N0, T0), None, 0), (forged, N1.signed_value(forged), 2))
     bad = next(r for r in recs if r.event == forged)
     letter = dead_letter(
         topic=bad.topic, partition=0, offset=bad.offset, key=bad.key, value=bad.raw, reason="unauthenticated_node: x",
         ts=T0 + timedelta(seconds=7), producer="dispatcher",
     )  # fmt: skip
-    rep = verify(recs + _log((letter, None, 3)))
+    rep = verify(recs + log_of((letter, None, 3)))
     assert rep.ok and rep.signed_reports == 1
 
 
@@ -274,9 +254,11 @@ def test_audit_verify_refuses_a_request_backdated_before_the_revocation_of_its_k
     )  # fmt: skip
     rev = revoked(ALICE, T0 + timedelta(hours=1))
     ms_rev = 1_000_000
-    honest, _ = check_requests(_log((registered(ALICE, T0), None, 0), (sub, None, ms_rev - 1), (rev, None, ms_rev)))
+    honest, _ = check_requests(log_of((registered(ALICE, T0), None, 0), (sub, None, ms_rev - 1), (rev, None, ms_rev)))
     assert honest == []  # appended before the revocation: fine
-    late, checked = check_requests(_log((registered(ALICE, T0), None, 0), (rev, None, ms_rev), (sub, None, ms_rev + 1)))
+    late, checked = check_requests(
+        log_of((registered(ALICE, T0), None, 0), (rev, None, ms_rev), (sub, None, ms_rev + 1))
+    )
     assert checked == 1 and [f.job_id for f in late] == ["j9"] and "unauthenticated" in late[0].detail
 
 

@@ -25,8 +25,8 @@ from apportion.domain.admission import (
 from apportion.domain.occupancy import LEDGER_EVENT_TYPES
 from apportion.events import NodeCordoned, NodeDrainRequested, NodeUncordoned, RejectReason
 from apportion.identity.gates import ReportGate
+from tests.kit.node_reports import log_of, reg_node
 from tests.kit.signing import identity, node_identity, registered
-from tests.unit.test_node_identity import _log, reg_node
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 OPS, EVE, N1 = identity("root", "ops"), identity("eve"), node_identity("n1")
@@ -107,7 +107,7 @@ def _setup() -> list[tuple[events.Event, bytes | None, int]]:
 def test_audit_verify_flags_a_forged_drain_the_dispatcher_accepted() -> None:
     """The fault fed to the detector: eve's drain in the log with no NodeRequestRefused (the dispatcher folded it)."""
     forged = EVE.sign(drain())
-    recs = _log(*_setup(), (forged, None, 2))
+    recs = log_of(*_setup(), (forged, None, 2))
     rep = verify(recs)
     bad = next(r for r in recs if r.event == forged)
     assert [(m.check, m.offset, m.subject) for m in rep.mismatches] == [
@@ -122,7 +122,7 @@ def test_audit_verify_flags_a_drain_altered_after_ops_signed_it() -> None:
     obj = json.loads(events.encode(OPS.sign(drain("n2"))))
     obj["node_id"] = "n1"
     altered = events.decode(json.dumps(obj).encode())
-    rep = verify(_log(*_setup(), (altered, json.dumps(obj).encode(), 2)))
+    rep = verify(log_of(*_setup(), (altered, json.dumps(obj).encode(), 2)))
     assert [m.subject for m in rep.mismatches] == ["n1"] and "no valid signature" in rep.mismatches[0].detail
 
 
@@ -131,7 +131,7 @@ def test_audit_verify_accepts_a_forged_drain_the_dispatcher_refused_and_an_ops_d
     rejection = authorize_node_request(forged, Principal("eve"))
     assert rejection is not None
     verdict = refused_node_request_event(forged, rejection, ts=T0 + timedelta(minutes=1, seconds=1))
-    rep = verify(_log(*_setup(), (forged, None, 2), (verdict, None, 3), (ok, None, 4)))
+    rep = verify(log_of(*_setup(), (forged, None, 2), (verdict, None, 3), (ok, None, 4)))
     assert rep.ok, rep.mismatches
     assert rep.signed_reports == 4  # the node's registration, both drains, the verdict
 

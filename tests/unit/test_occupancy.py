@@ -40,6 +40,7 @@ from tests.kit.builders import (
     started,
     uncordoned,
 )
+from tests.kit.occupancy_logs import PROP_W, event_logs
 
 W10H = 10 * 3600
 GPU_H = 3600.0  # GPU-seconds in one GPU-hour
@@ -651,10 +652,6 @@ def test_query_full_tree_is_fast_enough() -> None:
 
 # --------------------------------------------------------------------------- properties
 
-BUDGETS = ("a", "a/x", "a/x/p", "a/y", "b/q")
-NODES = ("n0", "n1", "n2")
-PROP_W = 100  # seconds
-
 
 class Reference:
     """Brute-force model of the same contract: explicit intervals, integrals by overlap."""
@@ -786,83 +783,6 @@ def _answers(x, t: int | None):  # None: no occupancy fact folded yet (no clock)
         t = t or 0  # None only while the reference is empty: every t gives the same answers then
         return x.totals(t, True), x.totals(t, False), x.capacity(t)
     return x.occupancy_us(t), x.unallocated_us(t), (x.capacity_us(t), x.capacity_gpus(t))
-
-
-@st.composite
-def event_logs(draw):
-    """Random but plausible logs: mostly forward time, some skew, duplicates and losses."""
-    n = draw(st.integers(1, 60))
-    now = T0
-    out: list[ev.Event] = []
-    from tests.kit.builders import node as b_node
-
-    for i in range(n):
-        step = draw(st.sampled_from([0, 1, 7, 13_000, 500_000, 3_000_000, 40_000_000]))
-        now += step
-        at = now - draw(st.sampled_from([0, 0, 0, 0, 2_000_000]))  # occasional skew
-        kind = draw(
-            st.sampled_from(
-                [
-                    "place",
-                    "place",
-                    "place",
-                    "end",
-                    "end",
-                    "replica",
-                    "preempt",
-                    "cancel",
-                    "lost",
-                    "node",
-                    "cordon",
-                    "drain",
-                    "drained",
-                    "uncordon",
-                    "nodelost",
-                    "dup",
-                ]
-            )
-        )
-        job = f"j{draw(st.integers(0, 5))}"
-        attempt = draw(st.integers(1, 2))
-        eid = ev.det_id("prop", i)
-        if kind == "place":
-            out.append(
-                placed(
-                    job,
-                    attempt=attempt,
-                    budget=draw(st.sampled_from(BUDGETS)),
-                    gpus=draw(st.integers(1, 4)),
-                    replicas=draw(st.integers(1, 3)),
-                    allocated=draw(st.booleans()),
-                    at=at,
-                    event_id=eid,
-                )
-            )
-        elif kind == "end":
-            maker = draw(st.sampled_from([completed, failed]))
-            out.append(maker(job, attempt=attempt, at=at, event_id=eid))
-        elif kind == "replica":
-            out.append(completed(job, attempt=attempt, replica=draw(st.integers(0, 3)), at=at, event_id=eid))
-        elif kind == "preempt":
-            out.append(preempted(job, attempt=attempt, at=at, event_id=eid))
-        elif kind == "cancel":
-            out.append(cancelled(job, attempt=draw(st.sampled_from([None, attempt])), at=at, event_id=eid))
-        elif kind == "lost":
-            back = draw(st.sampled_from([0, 1_000_000, 30_000_000, 10**9]))
-            out.append(job_lost(job, attempt=attempt, charged_until=at - back, at=at, event_id=eid))
-        elif kind == "dup" and out:
-            out.append(out[draw(st.integers(0, len(out) - 1))])
-        else:
-            nid = draw(st.sampled_from(NODES))
-            if kind == "node":
-                out.append(b_node(nid, draw(st.integers(0, 8)), at=at, event_id=eid))
-            elif kind == "nodelost":
-                back = draw(st.sampled_from([0, 1_000_000, 30_000_000, 10**9]))
-                out.append(node_lost(nid, last_heartbeat=at - back, at=at, event_id=eid))
-            elif kind != "dup":
-                maker = {"cordon": cordoned, "drain": drain, "drained": drained, "uncordon": uncordoned}[kind]
-                out.append(maker(nid, at=at, event_id=eid))
-    return out
 
 
 PROPS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -19,7 +19,7 @@ import pytest
 
 from apportion.domain.fairshare import owner_headroom
 from tests.kit.builders import h
-from tests.unit.test_engine import World, placed, preempted
+from tests.kit.engine_world import World, placed, preempted
 
 BORROWING = {"lab/b": 500.0, "lab": 500.0}
 

@@ -7,8 +7,6 @@ window capacity 1,000 GPU-s (so r = O / 500 for a leaf), ``NOW`` = T0 + 10 h.
 
 from __future__ import annotations
 
-from typing import Any
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,32 +14,15 @@ from apportion import events as ev
 from apportion.domain.engine import (
     BudgetAhead,
     BudgetUnknown,
-    CycleResult,
-    CycleSnapshot,
-    EngineConfig,
     NoFreeGpus,
     NoNodeShape,
-    PendingReason,
     ProtectedUntil,
     ReservedBy,
     reason_dict,
-    run_cycle,
 )
 from apportion.timeutil import from_us, s_to_us
 from tests.kit.builders import T0, h
-from tests.unit.test_goodput_cycle import NOW, World
-
-
-def cycle(w: World, *, explain: bool = True, **cfg: Any) -> CycleResult:
-    snap = CycleSnapshot(w.cluster.snapshot(), w.pending, w.tree, w.occupancy, w.capacity)
-    return run_cycle(snap, NOW, EngineConfig(**cfg), explain=explain)
-
-
-def explained(w: World, **cfg: Any) -> dict[str, PendingReason]:
-    res = cycle(w, **cfg)
-    plain = cycle(w, explain=False, **cfg)
-    assert plain.events == res.events and plain.reasons == {}  # asking changes no decision
-    return res.reasons
+from tests.kit.goodput_world import NOW, World, cycle, explained
 
 
 def test_a_gang_larger_than_the_ready_nodes_of_its_shape_is_no_node_shape() -> None:
