@@ -27,7 +27,7 @@ def render(renderable: Any, width: int = 80) -> list[str]:
 
 def _forecast() -> Any:
     now = to_us(datetime(2026, 12, 6, 22, 1, tzinfo=UTC))
-    job = {"note": "", "chain": []}
+    job = {"note": "", "chain": [], "after_us": None}
     return SimpleNamespace(
         now_us=now,
         jobs=[
@@ -64,12 +64,13 @@ def test_forecast_at_80_columns_moves_the_basis_and_reason_below_and_lists_the_b
         "sweep-17                          lab/nlp                    -               -",
         "alice-resnet50-sweep-lr3e4-seed1: basis time_limit, reason now protected_until",
         "sweep-17: basis unknown, reason now budget_ahead",
-        "basis:  now         starts at once",
-        "        rules       only protection and grace ends delay it (exact)",
-        "        simulated   runs end at their declared work",
-        "        time_limit  at their time limit",
-        "        history     at their user's median run time",
-        "        unknown     assumed to run W/4",
+        "basis:  now           starts at once",
+        "        rules         only protection and grace ends delay it (exact)",
+        "        simulated     runs end at their declared work",
+        "        time_limit    at their time limit",
+        "        history       at their user's median run time",
+        "        unknown       assumed to run W/4",
+        "        recent_waits  unallocated: later of it and recent waits of its size",
     ]
 
 

@@ -604,7 +604,7 @@ FORECAST_BASES = (
     ("time_limit", "at their time limit"),
     ("history", "at their user's median run time"),
     ("unknown", "assumed to run W/4"),
-    ("recent_waits", "unallocated: recent median wait of its size, later than the forward run"),
+    ("recent_waits", "unallocated: later of it and recent waits of its size"),
 )
 
 
@@ -896,8 +896,9 @@ def forecast_table(fc: Any, width: int, *, detail: bool = False) -> Any:
     for j in fc.jobs if moved else ():
         lines.append(Text.assemble((j.job_id, "bold"), ": ", ", ".join(left_out(columns, moved, j))))
     bases = Table.grid(padding=(0, 2, 0, 0))
-    for _ in range(3):
-        bases.add_column(no_wrap=True)
+    bases.add_column(no_wrap=True, min_width=len("basis:"))
+    bases.add_column(no_wrap=True, min_width=max(len(name) for name, _ in FORECAST_BASES))
+    bases.add_column()  # the meaning wraps at word boundaries when the terminal is narrow; nothing is cut
     for i, (name, meaning) in enumerate(FORECAST_BASES):
         bases.add_row("basis:" if i == 0 else "", name, meaning)
     lines.append(bases)
