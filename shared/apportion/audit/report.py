@@ -35,6 +35,7 @@ from typing import Any
 
 from apportion.audit.replay import decoded, preemption_report
 from apportion.domain.budgets import BudgetTree
+from apportion.domain.dispatch import LostRun, lost_run_report
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.report import BudgetRow, JobLedger, budget_rows, percentile, share_deficit_pp
 from apportion.timeutil import WEEK_S, Micros, s_to_us, to_us, us_to_s
@@ -79,6 +80,9 @@ class LogReport:
 #: Period of the share-deficit samples, seconds (the simulator's ``SimConfig.sample_s`` default).
 DEFICIT_SAMPLE_S = 3600.0
 
+#: The stop bound of a run not stopped yet: every completion of it counts.
+OPEN_US: Micros = 2**63 - 1
+
 
 def share_deficits(
     evs: Sequence[Any],
@@ -95,9 +99,11 @@ def share_deficits(
     in event-time order): ``max(0, share - O_b/K) * 100`` with O_b and K over the trailing ``window_s``
     (:class:`~apportion.domain.occupancy.OccupancyLedger`; O_b/K is 0 while K is 0, as the simulator's
     ``_sample``). Waiting: a ``JobQueued`` or ``JobRequeued`` of an allocated job not placed (``JobPlaced``)
-    or cancelled since. A sample before the ledger's first event is skipped.
+    or cancelled since; a requeue of a job whose run had finished (every replica's ``JobCompleted`` stamped
+    while it ran, or at or before its preemption or loss: rule D3.completed-before-loss, which finishes the
+    job with no event) is no wait. A sample before the ledger's first event is skipped.
     """
-    from apportion.events import JobCancelled, JobPlaced, JobQueued, JobRequeued
+    from apportion import events as e
 
     ledger = OccupancyLedger(window_s)
     leaves = tree.leaves()
@@ -105,6 +111,8 @@ def share_deficits(
     out: dict[str, list[float]] = {leaf: [] for leaf in leaves}
     spec: dict[str, tuple[str, bool]] = {}  # job -> (budget, allocated)
     waiting: dict[str, set[str]] = {}
+    runs: dict[str, LostRun] = {}  # job -> its latest run's replicas yet to complete, and its stop (or open)
+    finished: set[str] = set()
     step = s_to_us(sample_s)
     t = start_us
 
@@ -117,7 +125,7 @@ def share_deficits(
             if waiting.get(leaf):
                 out[leaf].append(share_deficit_pp(share[leaf], occ.get(leaf, 0.0) / cap if cap > 0 else 0.0))
 
-    for ev in sorted(evs, key=lambda e: to_us(e.ts)):  # stable: same-instant events keep their log order
+    for ev in sorted(evs, key=lambda x: to_us(x.ts)):  # stable: same-instant events keep their log order
         ts = to_us(ev.ts)
         while t <= end_us and t < ts:  # a sample sees every event stamped at or before it
             sample(t)
@@ -125,14 +133,32 @@ def share_deficits(
         if ts > end_us:
             break
         ledger.apply(ev)
-        if isinstance(ev, JobQueued):
+        if isinstance(ev, e.JobQueued):
             spec[ev.job_id] = (ev.budget, ev.allocated)
             if ev.allocated:
                 waiting.setdefault(ev.budget, set()).add(ev.job_id)
-        elif isinstance(ev, JobRequeued) and spec.get(ev.job_id, ("", False))[1]:
+        elif isinstance(ev, e.JobRequeued) and spec.get(ev.job_id, ("", False))[1] and ev.job_id not in finished:
             waiting.setdefault(spec[ev.job_id][0], set()).add(ev.job_id)
-        elif isinstance(ev, JobPlaced | JobCancelled) and ev.job_id in spec:
+        elif isinstance(ev, e.JobPlaced | e.JobCancelled) and ev.job_id in spec:
             waiting.get(spec[ev.job_id][0], set()).discard(ev.job_id)
+            if isinstance(ev, e.JobPlaced):
+                runs[ev.job_id] = LostRun(ev.attempt, OPEN_US, frozenset(range(len(ev.placements) or ev.replicas)))
+        elif isinstance(ev, e.JobPreempted | e.JobLost):
+            run = runs.get(ev.job_id)
+            if run is not None and run.attempt == ev.attempt:
+                runs[ev.job_id] = replace(run, at_us=min(run.at_us, ts))
+        elif isinstance(ev, e.JobCompleted | e.JobFailed):
+            run = runs.get(ev.job_id)
+            if run is not None and run.attempt == ev.attempt:
+                after = lost_run_report(run, ev, ts)
+                if after is None:
+                    del runs[ev.job_id]
+                elif after.replicas_left:
+                    runs[ev.job_id] = after
+                else:
+                    del runs[ev.job_id]
+                    finished.add(ev.job_id)  # out of the queue too (a report stamped at its loss's instant)
+                    waiting.get(spec[ev.job_id][0], set()).discard(ev.job_id)
     while t <= end_us:
         sample(t)
         t += step
