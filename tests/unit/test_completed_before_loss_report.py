@@ -20,9 +20,10 @@ import pytest
 
 from apportion import events as ev
 from apportion.audit.report import share_deficits
+from apportion.cli.history import fold_jobs
 from apportion.domain.dispatch import COMPLETED_BEFORE_LOSS, Tick, step
 from apportion.report import JobLedger
-from apportion.timeutil import US_PER_S
+from apportion.timeutil import US_PER_S, from_us
 from tests.kit import builders as b
 from tests.kit.builders import T0
 from tests.kit.domain_dispatch import TREE, types
@@ -98,3 +99,22 @@ def test_the_audit_deficit_drops_a_job_finished_while_waiting(
     out = share_deficits(waiting_log(reports), TREE, L, L + 10 * S, sample_s=1.0)
     assert out["lab/b"] == ([] if done_at is not None else [50.0] * 11)
     assert out["lab/a"] == []
+
+
+@pytest.mark.parametrize(("reports", "done_at"), WAITING.values(), ids=WAITING.keys())
+def test_history_shows_a_job_finished_while_waiting_completed(
+    reports: tuple[ev.Event, ...], done_at: int | None
+) -> None:
+    job = fold_jobs(waiting_log(reports))["j"]
+    if done_at is None:
+        assert (job.state, job.ended_at) == ("pending", None)
+    else:
+        assert (job.state, job.ended_at, job.reason) == ("completed", from_us(done_at), COMPLETED_BEFORE_LOSS)
+
+
+def test_history_shows_a_job_whose_next_attempt_was_ended_completed() -> None:
+    state, log = lost_and_requeued()
+    log += step(state, Tick(L + S), L + S, CFG)
+    r = completed(T0 + 20 * S)
+    job = fold_jobs([*log, r, *step(state, r, L + 2 * S, CFG)])["j"]
+    assert (job.state, job.ended_at, job.reason) == ("completed", from_us(L + 2 * S), COMPLETED_BEFORE_LOSS)
