@@ -118,3 +118,29 @@ def test_history_shows_a_job_whose_next_attempt_was_ended_completed() -> None:
     r = completed(T0 + 20 * S)
     job = fold_jobs([*log, r, *step(state, r, L + 2 * S, CFG)])["j"]
     assert (job.state, job.ended_at, job.reason) == ("completed", from_us(L + 2 * S), COMPLETED_BEFORE_LOSS)
+
+
+def test_a_report_read_after_the_next_attempt_was_refused_changes_nothing_in_any_reader() -> None:
+    """The rule's limit: attempt 2, placed on n2 at L + 1 s, is refused there at L + 2 s (requeued as attempt 3);
+    the report of attempt 1 (stamped T0 + 20 s) is read at L + 3 s, after that end. The dispatcher does nothing
+    (attempt 3 waits and is placed again), and every reader agrees: not completed, waiting, pending."""
+    state, log = lost_and_requeued()
+    log += step(state, Tick(L + S), L + S, CFG)
+    refused = ev.WorkloadRefused(
+        node_id="n2", job_id="j", attempt=2, reason="gpus_busy: held by another process", ts=from_us(L + 2 * S),
+        producer="node-agent", event_id=ev.det_id("refused", 2),
+    )  # fmt: skip
+    out = step(state, refused, L + 2 * S, CFG)
+    assert [t for t in types(out) if t.startswith("Job")] == ["JobRequeued:j"]
+    log += [refused, *out]
+    r = completed(T0 + 20 * S)
+    assert step(state, r, L + 3 * S, CFG) == []
+    log.append(r)
+    assert (state.jobs["j"].attempt, state.jobs["j"].status, state.jobs["j"].lost) == (3, "pending", None)
+    assert JobLedger().apply_all(log).completed == {}
+    assert fold_jobs(log)["j"].state == "pending"
+    # lab/b waits from L to L + 1 s and again from L + 2 s: samples at L, L + 2 s, L + 3 s (the sample at L + 1 s
+    # sees the placement). (0.5 - O/K) x 100: O = attempt 2's 4 GPUs x 1 s; K = n2 and n3's 8 GPUs since L (n0 and
+    # n1 counted up to their last heartbeat, T0): 0 at L, 4/16 at L + 2 s, 4/24 at L + 3 s.
+    waits = share_deficits(log, TREE, L, L + 3 * S, sample_s=1.0)["lab/b"]
+    assert waits == pytest.approx([50.0, (0.5 - 4 / 16) * 100, (0.5 - 4 / 24) * 100])

@@ -35,7 +35,6 @@ from typing import Any
 
 from apportion.audit.replay import decoded, preemption_report
 from apportion.domain.budgets import BudgetTree
-from apportion.domain.dispatch import LostRun, lost_run_report
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.report import BudgetRow, JobLedger, budget_rows, percentile, share_deficit_pp
 from apportion.timeutil import WEEK_S, Micros, s_to_us, to_us, us_to_s
@@ -80,9 +79,6 @@ class LogReport:
 #: Period of the share-deficit samples, seconds (the simulator's ``SimConfig.sample_s`` default).
 DEFICIT_SAMPLE_S = 3600.0
 
-#: The stop bound of a run not stopped yet: every completion of it counts.
-OPEN_US: Micros = 2**63 - 1
-
 
 def share_deficits(
     evs: Sequence[Any],
@@ -99,11 +95,12 @@ def share_deficits(
     in event-time order): ``max(0, share - O_b/K) * 100`` with O_b and K over the trailing ``window_s``
     (:class:`~apportion.domain.occupancy.OccupancyLedger`; O_b/K is 0 while K is 0, as the simulator's
     ``_sample``). Waiting: a ``JobQueued`` or ``JobRequeued`` of an allocated job not placed (``JobPlaced``)
-    or cancelled since; a requeue of a job whose run had finished (every replica's ``JobCompleted`` stamped
-    while it ran, or at or before its preemption or loss: rule D3.completed-before-loss, which finishes the
-    job with no event) is no wait. A sample before the ledger's first event is skipped.
+    or cancelled since; a requeue of a job completed by then (:class:`~apportion.report.JobLedger`, in log order:
+    a lost run whose completion stamped before the loss was read while the requeued attempt waited, rule
+    D3.completed-before-loss, which finishes the job with no event) is no wait. A sample before the ledger's
+    first event is skipped.
     """
-    from apportion import events as e
+    from apportion.events import JobCancelled, JobPlaced, JobQueued, JobRequeued
 
     ledger = OccupancyLedger(window_s)
     leaves = tree.leaves()
@@ -111,8 +108,7 @@ def share_deficits(
     out: dict[str, list[float]] = {leaf: [] for leaf in leaves}
     spec: dict[str, tuple[str, bool]] = {}  # job -> (budget, allocated)
     waiting: dict[str, set[str]] = {}
-    runs: dict[str, LostRun] = {}  # job -> its latest run's replicas yet to complete, and its stop (or open)
-    finished: set[str] = set()
+    done = JobLedger().apply_all(evs).completed  # judged in log order, where the dispatcher read the reports
     step = s_to_us(sample_s)
     t = start_us
 
@@ -133,32 +129,15 @@ def share_deficits(
         if ts > end_us:
             break
         ledger.apply(ev)
-        if isinstance(ev, e.JobQueued):
+        if isinstance(ev, JobQueued):
             spec[ev.job_id] = (ev.budget, ev.allocated)
             if ev.allocated:
                 waiting.setdefault(ev.budget, set()).add(ev.job_id)
-        elif isinstance(ev, e.JobRequeued) and spec.get(ev.job_id, ("", False))[1] and ev.job_id not in finished:
-            waiting.setdefault(spec[ev.job_id][0], set()).add(ev.job_id)
-        elif isinstance(ev, e.JobPlaced | e.JobCancelled) and ev.job_id in spec:
+        elif isinstance(ev, JobRequeued) and spec.get(ev.job_id, ("", False))[1]:
+            if done.get(ev.job_id, ts + 1) > ts:  # not a job its lost run had finished
+                waiting.setdefault(spec[ev.job_id][0], set()).add(ev.job_id)
+        elif isinstance(ev, JobPlaced | JobCancelled) and ev.job_id in spec:
             waiting.get(spec[ev.job_id][0], set()).discard(ev.job_id)
-            if isinstance(ev, e.JobPlaced):
-                runs[ev.job_id] = LostRun(ev.attempt, OPEN_US, frozenset(range(len(ev.placements) or ev.replicas)))
-        elif isinstance(ev, e.JobPreempted | e.JobLost):
-            run = runs.get(ev.job_id)
-            if run is not None and run.attempt == ev.attempt:
-                runs[ev.job_id] = replace(run, at_us=min(run.at_us, ts))
-        elif isinstance(ev, e.JobCompleted | e.JobFailed):
-            run = runs.get(ev.job_id)
-            if run is not None and run.attempt == ev.attempt:
-                after = lost_run_report(run, ev, ts)
-                if after is None:
-                    del runs[ev.job_id]
-                elif after.replicas_left:
-                    runs[ev.job_id] = after
-                else:
-                    del runs[ev.job_id]
-                    finished.add(ev.job_id)  # out of the queue too (a report stamped at its loss's instant)
-                    waiting.get(spec[ev.job_id][0], set()).discard(ev.job_id)
     while t <= end_us:
         sample(t)
         t += step
