@@ -32,8 +32,12 @@ Definitions (design D1):
   lost becomes 0 (unless the job's next attempt was placed before it came:
   that attempt could not resume from it). Cancels and failures are not work lost (nobody took the
   GPUs away).
-* **Completed**: every replica of an attempt reported ``JobCompleted``;
-  **job completion time** (JCT) = that time - ``submitted_at``.
+* **Completed**: every replica of an attempt reported ``JobCompleted``; of a
+  run preempted or lost, stamped at or before the stop and read while it
+  stops or (lost) before the next attempt is placed, else the next attempt
+  cancelled with reason ``completed_before_loss`` (then at that cancel: rule
+  D3.completed-before-loss); **job completion time** (JCT) = that time -
+  ``submitted_at``.
 * **Preemptions**: ``JobPreempted`` events (drains included, ``reason ==
   "cancelled"`` excluded); ``preemptions_per_job_hour`` = preemptions / the
   hours runs held GPUs (one per run, whatever its GPUs, placement to end);
