@@ -32,8 +32,12 @@ Definitions (design D1):
   lost becomes 0 (unless the job's next attempt was placed before it came:
   that attempt could not resume from it). Cancels and failures are not work lost (nobody took the
   GPUs away).
-* **Completed**: every replica of an attempt reported ``JobCompleted``;
-  **job completion time** (JCT) = that time - ``submitted_at``.
+* **Completed**: every replica of an attempt reported ``JobCompleted``; of a
+  run preempted or lost, stamped at or before the stop and read while it
+  stops or (lost) before the next attempt is placed, else the next attempt
+  cancelled with reason ``completed_before_loss`` (then at that cancel: rule
+  D3.completed-before-loss); **job completion time** (JCT) = that time -
+  ``submitted_at``.
 * **Preemptions**: ``JobPreempted`` events (drains included, ``reason ==
   "cancelled"`` excluded); ``preemptions_per_job_hour`` = preemptions / the
   hours runs held GPUs (one per run, whatever its GPUs, placement to end);
@@ -51,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apportion.domain.budgets import BudgetTree
+from apportion.domain.dispatch import COMPLETED_BEFORE_LOSS, LostRun, lost_run_report
 from apportion.domain.occupancy import requeued_end_us
 from apportion.events import (
     Event,
@@ -123,7 +128,21 @@ class Stop:
 class _Run:
     """What the ledger keeps of one run (attempt) while it may still matter."""
 
-    __slots__ = ("budget", "allocated", "g", "replicas", "placed", "started", "ckpt", "ckpt_r", "open", "done", "stop")
+    __slots__ = (
+        "budget",
+        "allocated",
+        "g",
+        "replicas",
+        "placed",
+        "started",
+        "ckpt",
+        "ckpt_r",
+        "open",
+        "done",
+        "stop",
+        "finishing",
+        "lost",
+    )
 
     def __init__(self, ev: JobPlaced, t: Micros) -> None:
         self.budget = ev.budget
@@ -137,6 +156,11 @@ class _Run:
         self.open = set(range(self.replicas))
         self.done: set[int] = set()  # replicas that completed
         self.stop: Stop | None = None
+        # stopped: the replicas whose completion stamped at or before the stop would show the run had finished
+        # (rule D3.completed-before-loss); ``lost``: the stop was a loss (its report counts until the next
+        # placement, a preemption's only until its requeue)
+        self.finishing: LostRun | None = None
+        self.lost = False
 
     def mark(self) -> Micros:
         """Last checkpoint, else start, else placement (µs)."""
@@ -238,7 +262,9 @@ class JobLedger:
         if stop is not None:
             stop.mark_us = max(stop.mark_us, min(run.mark(), stop.at_us))
 
-    def _stopped(self, run: _Run, key: tuple[str, int], at: Micros, reason: str, recorded: float | None) -> None:
+    def _stopped(
+        self, run: _Run, key: tuple[str, int], at: Micros, reason: str, recorded: float | None, bound: Micros
+    ) -> None:
         at = max(at, run.placed)
         run.stop = Stop(
             job_id=key[0],
@@ -252,6 +278,7 @@ class JobLedger:
             recorded_lost_gpu_s=recorded,
         )
         self.stops.append(run.stop)
+        run.finishing = LostRun(key[1], bound, frozenset(run.open))
         self._ended(run, at)
 
     def _preempted(self, ev: JobPreempted, t: Micros) -> None:
@@ -266,19 +293,24 @@ class JobLedger:
         rec = ev.lost_gpu_s
         if rec is None and ev.victim is not None:
             rec = ev.victim.lost_gpu_s
-        self._stopped(run, key, t, ev.reason, rec)
+        self._stopped(run, key, t, ev.reason, rec, t)
 
     def _lost(self, ev: JobLost, t: Micros) -> None:
         key = (ev.job_id, ev.attempt)
         run = self._runs.get(key)
-        if run is None or run.stop is not None:
+        if run is None:
             return
-        self._stopped(run, key, min(to_us(ev.charged_until), t), "node lost", ev.lost_gpu_s)
+        run.lost = True  # preempted first: its completion bound stays the preemption's
+        if run.stop is None:
+            self._stopped(run, key, min(to_us(ev.charged_until), t), "node lost", ev.lost_gpu_s, t)
 
     def _report(self, ev: JobCompleted | JobFailed, t: Micros) -> None:
         key = (ev.job_id, ev.attempt)
         run = self._runs.get(key)
-        if run is None or run.stop is not None:
+        if run is None:
+            return
+        if run.stop is not None:
+            self._stopped_report(run, ev, t)
             return
         which = set(run.open) if ev.replica is None else {ev.replica} & run.open
         run.open -= which
@@ -290,7 +322,19 @@ class JobLedger:
             self._ended(run, t)
             del self._runs[key]
 
+    def _stopped_report(self, run: _Run, ev: JobCompleted | JobFailed, t: Micros) -> None:
+        """A report of a stopped run: the job is completed when every replica's completion is stamped at or
+        before the stop (rule D3.completed-before-loss; a preemption's while it stops)."""
+        if run.finishing is None:
+            return
+        after = lost_run_report(run.finishing, ev, t)
+        run.finishing = after if after is not None and after.replicas_left else None
+        if after is not None and not after.replicas_left:
+            self.completed.setdefault(ev.job_id, t)
+
     def _cancelled(self, ev: JobCancelled, t: Micros) -> None:
+        if ev.reason == COMPLETED_BEFORE_LOSS:  # the lost run had finished: this attempt ends the job, done
+            self.completed.setdefault(ev.job_id, t)
         if ev.attempt is None:
             return
         run = self._runs.pop((ev.job_id, ev.attempt), None)
@@ -301,6 +345,8 @@ class JobLedger:
         """A requeue ends a run nothing else ended: a refused start, at the refusal (``D3.refused-starts``)."""
         key = (ev.job_id, ev.attempt - 1)
         run = self._runs.get(key)
+        if run is not None and run.stop is not None and not run.lost:
+            run.finishing = None  # a preempted run's stop is done: a later report no longer ends the job
         if run is not None and run.stop is None and run.open:
             self._ended(run, requeued_end_us(ev))
             del self._runs[key]

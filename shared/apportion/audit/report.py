@@ -95,7 +95,10 @@ def share_deficits(
     in event-time order): ``max(0, share - O_b/K) * 100`` with O_b and K over the trailing ``window_s``
     (:class:`~apportion.domain.occupancy.OccupancyLedger`; O_b/K is 0 while K is 0, as the simulator's
     ``_sample``). Waiting: a ``JobQueued`` or ``JobRequeued`` of an allocated job not placed (``JobPlaced``)
-    or cancelled since. A sample before the ledger's first event is skipped.
+    or cancelled since; a requeue of a job completed by then (:class:`~apportion.report.JobLedger`, in log order:
+    a lost run whose completion stamped before the loss was read while the requeued attempt waited, rule
+    D3.completed-before-loss, which finishes the job with no event) is no wait. A sample before the ledger's
+    first event is skipped.
     """
     from apportion.events import JobCancelled, JobPlaced, JobQueued, JobRequeued
 
@@ -105,6 +108,7 @@ def share_deficits(
     out: dict[str, list[float]] = {leaf: [] for leaf in leaves}
     spec: dict[str, tuple[str, bool]] = {}  # job -> (budget, allocated)
     waiting: dict[str, set[str]] = {}
+    done = JobLedger().apply_all(evs).completed  # judged in log order, where the dispatcher read the reports
     step = s_to_us(sample_s)
     t = start_us
 
@@ -117,7 +121,7 @@ def share_deficits(
             if waiting.get(leaf):
                 out[leaf].append(share_deficit_pp(share[leaf], occ.get(leaf, 0.0) / cap if cap > 0 else 0.0))
 
-    for ev in sorted(evs, key=lambda e: to_us(e.ts)):  # stable: same-instant events keep their log order
+    for ev in sorted(evs, key=lambda x: to_us(x.ts)):  # stable: same-instant events keep their log order
         ts = to_us(ev.ts)
         while t <= end_us and t < ts:  # a sample sees every event stamped at or before it
             sample(t)
@@ -130,7 +134,8 @@ def share_deficits(
             if ev.allocated:
                 waiting.setdefault(ev.budget, set()).add(ev.job_id)
         elif isinstance(ev, JobRequeued) and spec.get(ev.job_id, ("", False))[1]:
-            waiting.setdefault(spec[ev.job_id][0], set()).add(ev.job_id)
+            if done.get(ev.job_id, ts + 1) > ts:  # not a job its lost run had finished
+                waiting.setdefault(spec[ev.job_id][0], set()).add(ev.job_id)
         elif isinstance(ev, JobPlaced | JobCancelled) and ev.job_id in spec:
             waiting.get(spec[ev.job_id][0], set()).discard(ev.job_id)
     while t <= end_us:

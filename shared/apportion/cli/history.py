@@ -40,8 +40,10 @@ from apportion.cli.common import (
     natural_width,
     refuse,
 )
+from apportion.domain.dispatch import COMPLETED_BEFORE_LOSS, LostRun, lost_run_report
 from apportion.jobdirs import job_dir_name
 from apportion.settings import topic_name
+from apportion.timeutil import to_us
 
 FINISHED = ("completed", "failed", "cancelled", "rejected")
 
@@ -81,6 +83,10 @@ class JobHistory:
     _started: datetime | None = None
     _done: set[int] = field(default_factory=set)
     _preempted: int = 0  # the latest attempt preempted: its stopped replicas' failures end nothing
+    # a stopped run whose completions stamped at or before its stop would finish the job (rule
+    # D3.completed-before-loss); ``_lost``: it was lost (counts until the next placement; preempted: its requeue)
+    _finishing: LostRun | None = None
+    _lost: bool = False
 
     @property
     def gpus(self) -> int:
@@ -164,6 +170,7 @@ def fold_jobs(evts: Iterable[events.Event]) -> dict[str, JobHistory]:
         elif isinstance(ev, events.JobPlaced):
             job.attempts = max(job.attempts, ev.attempt)
             job._done = set()
+            job._finishing, job._lost = None, False
         elif isinstance(ev, events.JobStarted):
             if job._started is None and ev.attempt == job.attempts:
                 job._started = ev.ts
@@ -175,15 +182,24 @@ def fold_jobs(evts: Iterable[events.Event]) -> dict[str, JobHistory]:
             job._preempted = ev.attempt
             job._lose(ev.lost_gpu_s)
             job._end_run(ev.ts)
+            job._finishing = _finishing(job, ev.attempt, ev.ts)
         elif isinstance(ev, events.JobLost):
             job._lose(ev.lost_gpu_s)
             job._end_run(ev.charged_until)
+            if job._finishing is None or job._finishing.attempt != ev.attempt:  # preempted first: that bound
+                job._finishing = _finishing(job, ev.attempt, ev.ts) if job._preempted != ev.attempt else None
+            job._lost = True
+        elif isinstance(ev, events.JobCompleted | events.JobFailed) and _finishing_report(job, ev):
+            job.state, job.ended_at, job.reason = "completed", ev.ts, COMPLETED_BEFORE_LOSS
         elif isinstance(ev, events.JobRequeued):
+            if not job._lost:
+                job._finishing = None  # a preempted run's stop is done
             job.state = "pending"
             job.attempts = max(job.attempts, ev.attempt)
         elif isinstance(ev, events.JobCancelled):
             job._end_run(ev.ts)
-            job.state, job.ended_at, job.reason = "cancelled", ev.ts, ev.reason
+            ended = "completed" if ev.reason == COMPLETED_BEFORE_LOSS else "cancelled"  # the lost run had finished
+            job.state, job.ended_at, job.reason = ended, ev.ts, ev.reason
         elif isinstance(ev, events.JobCompleted) and ev.attempt == job.attempts and job.state == "running":
             job._done.add(ev.replica if ev.replica is not None else -1)
             if ev.replica is None or len(job._done) >= job.replicas:
@@ -194,6 +210,25 @@ def fold_jobs(evts: Iterable[events.Event]) -> dict[str, JobHistory]:
                 job._end_run(ev.ts)
                 job.state, job.ended_at, job.reason = "failed", ev.ts, ev.reason
     return jobs
+
+
+def _finishing(job: JobHistory, attempt: int, at: datetime) -> LostRun | None:
+    """The stopped ``attempt``'s replicas not completed yet, stopped at ``at`` (``None``: not the latest)."""
+    if attempt != job.attempts:
+        return None
+    done = frozenset(range(job.replicas)) if -1 in job._done else frozenset(job._done)
+    return LostRun(attempt, to_us(at), frozenset(range(job.replicas)) - done)
+
+
+def _finishing_report(job: JobHistory, ev: events.JobCompleted | events.JobFailed) -> bool:
+    """Whether ``ev``, a report of ``job``'s stopped run, finishes the job (rule D3.completed-before-loss, judged
+    by the dispatcher's test); it updates the replicas still to report."""
+    run = job._finishing
+    if run is None or run.attempt != ev.attempt or job.state in FINISHED:
+        return False
+    after = lost_run_report(run, ev, to_us(ev.ts))
+    job._finishing = after if after is not None and after.replicas_left else None
+    return after is not None and not after.replicas_left
 
 
 def _ends_the_job(job: JobHistory, ev: events.JobFailed) -> bool:

@@ -232,6 +232,9 @@ __all__ = [
     "DEFAULT_REFUSAL_BACKOFF_CAP_S",
     "DEFAULT_CORDON_AFTER_REFUSALS",
     "NODE_FAULT_REFUSALS",
+    "COMPLETED_BEFORE_LOSS",
+    "LostRun",
+    "lost_run_report",
 ]
 
 
@@ -967,14 +970,28 @@ def _fold_lost_report(
     lost run: the requeue (or the next attempt) stands.
     """
     job_id = rec.spec.job_id
-    if isinstance(ev, JobFailed) or t_ev > lost.at_us:
+    after = lost_run_report(lost, ev, t_ev)
+    if after is None:
         state.jobs[job_id] = replace(rec, lost=None)
         return
-    left = frozenset() if ev.replica is None else lost.replicas_left - {ev.replica}
+    left = after.replicas_left
     if left or rec.status == "running":
         state.jobs[job_id] = replace(rec, lost=replace(lost, replicas_left=left))
         return
     _finish_job(state, job_id, t_ev, (job_id, lost.attempt) if rec.status == "stopping" else None)
+
+
+def lost_run_report(lost: LostRun, ev: JobCompleted | JobFailed, t_ev: Micros) -> LostRun | None:
+    """Rule D3.completed-before-loss: what a report of the lost run (``ev``, stamped ``t_ev``) leaves of it.
+
+    Returns:
+        ``lost`` less the replica a ``JobCompleted`` stamped at or before ``lost.at_us`` names (``replica=None``:
+        all; ``replicas_left`` empty: the run had finished its work); ``None`` for a ``JobFailed`` or a
+        completion stamped after the loss (the run had not finished: the requeue stands).
+    """
+    if isinstance(ev, JobFailed) or t_ev > lost.at_us:
+        return None
+    return replace(lost, replicas_left=frozenset() if ev.replica is None else lost.replicas_left - {ev.replica})
 
 
 def _fold_held(state: DispatchState, ev: JobHeld, t_ev: Micros) -> None:
