@@ -27,7 +27,7 @@ def render(renderable: Any, width: int = 80) -> list[str]:
 
 def _forecast() -> Any:
     now = to_us(datetime(2026, 12, 6, 22, 1, tzinfo=UTC))
-    job = {"note": "", "chain": [], "after_us": None}
+    job: dict[str, Any] = {"note": "", "chain": [], "after_us": None}
     return SimpleNamespace(
         now_us=now,
         jobs=[
