@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import pytest
 
+from apportion import events as ev
 from apportion.domain.engine.reservation import hero_sheltered, share_covers
+from apportion.timeutil import from_us
 from tests.kit.builders import h
 from tests.unit.test_engine import World, placed, preempted
 
@@ -163,3 +165,22 @@ def test_hero_sheltered_by_its_formula() -> None:
         False,
     )
     assert hero_sheltered(4096, 0.25, 16384, 0.5, None) is False
+
+
+def test_the_rest_from_one_hero_gang_when_one_frees_enough() -> None:
+    # C = 32 (n0..n2 of 8, n3 and n4 of 4): lab/a covers 16 GPUs, lab/b 8, hero_min_gpus 8; r as above
+    # (lab/b 0.8, within its share).
+    #   n0: hb  lab/b, 8 GPUs, started h(5): 40 GPU-h lost at h(10)
+    #   n1: x, n2: z  lab/c, protected
+    #   n3, n4: hg lab/b, a 2 x 4 gang, started h(4): 48 GPU-h lost
+    # j: 2 x 4 GPUs. No node frees without a hero; hb's n0 is the cheapest (40 < 48 GPU-h) but frees one, so
+    # least cost alone would preempt both gangs; hg alone frees n3 and n4.
+    w = World().node("n0", 8).node("n1", 8).node("n2", 8).node("n3", 4).node("n4", 4)
+    w.run("hb", "lab/b", {"n0": ALL}, started=h(5))
+    w.run("x", "lab/c", {"n1": ALL}, min_runtime_s=1e6)
+    w.run("z", "lab/c", {"n2": ALL}, min_runtime_s=1e6)
+    w.run("hg", "lab/b", {"n3": (0, 1, 2, 3), "n4": (0, 1, 2, 3)}, started=h(4))
+    w.cluster.apply(ev.JobStarted(job_id="hg", attempt=1, replica=1, node_id="n4", ts=from_us(h(4))))
+    w.occupancy, w.capacity = {"lab/c": 9e5, "lab/b": 2e5, "lab": 1.1e6}, 1e6
+    res = w.job("j", "lab/a", 4, 2).cycle(patience_s=0.0, hero_min_gpus=8)
+    assert (preempted(res), placed(res)) == (["hg<-j"], ["j@n3[0, 1, 2, 3]+n4[0, 1, 2, 3]"])

@@ -155,13 +155,10 @@ def plan_preemption(req: PreemptionRequest) -> Plan | None:
         req.memo[short_key] = log_len  # (the same for any leaf: free, unallocated and idle options)
         found = _behind_options(s, options, req.hero_min_gpus is not None)
         if found is not None and len(found) < k and s.sheltered_out:
-            # D3.hero-cover: no feasible set without a covered hero within its share. The nodes freed without
-            # one (every one there is, fewer than k) are kept; the hero runs free the rest, least cost first.
-            more = _behind_options(s, options, False, len(found))
+            # D3.hero-cover: no feasible set without a covered hero within its share
+            more = _behind_options(s, options, False, len(req.free.count))  # (every node's option)
             if more is not None:
-                have = {o[1] for o in found}
-                rest = sorted((o for o in more if o[1] not in have), key=_option_order)
-                found = found + rest[: k - len(found)]
+                found = _fewest_heroes(s, found, more, k)
         if found is None or len(found) < k:
             return None
         options = found
@@ -170,6 +167,26 @@ def plan_preemption(req: PreemptionRequest) -> Plan | None:
     if (req.patience_s > 0 or req.checkpoint_wait_s > 0) and _refused(s, best):
         return None
     return _commit(s, best)
+
+
+def _fewest_heroes(s: _Search, found: list[Option], more: list[Option], k: int) -> list[Option]:
+    """D3.hero-cover, where no feasible set without a sheltered hero run exists: every node freed without one
+    (``found``, fewer than k), then the rest from the nodes that one hero gang alone frees when one frees
+    enough (the gang of fewest GPUs, then by run key; its nodes least cost first), else the least-cost nodes
+    of ``more`` (their options with the hero runs)."""
+    have = {o[1] for o in found}
+    rest = sorted((o for o in more if o[1] not in have), key=_option_order)
+    need = k - len(found)
+    by_gang: dict[RunKey, tuple[int, list[Option]]] = {}
+    for o in rest:
+        heroes = {(x[1].key, x[0][0]) for x in o[2] if s.sheltered(x[1])}
+        if len(heroes) == 1:
+            key, gpus = heroes.pop()
+            by_gang.setdefault(key, (gpus, []))[1].append(o)
+    alone = sorted((gpus, key) for key, (gpus, opts) in by_gang.items() if len(opts) >= need)
+    if alone:
+        return found + by_gang[alone[0][1]][1][:need]
+    return found + rest[:need]
 
 
 def _option_order(o: Option) -> tuple[tuple[int, int, int, float], str]:
