@@ -477,6 +477,7 @@ def _node_option(
     victims, taken, now, gang_cap, idle_runs = req.victims, s.taken, req.now, req.gang_cap, s.idle_runs
     lst: list[Candidate] = []
     spared = sheltered = False
+    least = req.hero_min_gpus or 0  # (the run's allocated GPUs first: most runs are far smaller)
     for v, cands in mine:
         if v not in behind:
             continue
@@ -496,7 +497,7 @@ def _node_option(
             ):
                 spared = True  # (the failure says nothing about a larger job)
                 continue
-            if shelter and s.sheltered(x[1]):
+            if shelter and x[0][0] >= least and s.sheltered(x[1]):
                 sheltered = True
                 continue
             lst.append(x)
