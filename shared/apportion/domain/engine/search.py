@@ -240,6 +240,9 @@ class _Search:
             memo[None] = sum(req.free.count.values())  # C(t): the GPUs of the ready nodes
         got = memo.get(run.key)
         if got is None:
+            if not run.allocated:  # (the clause concerns allocated runs: unallocated work is victim 1)
+                memo[run.key] = False
+                return False
             assert req.tree is not None  # expired-behind runs are searched only with a tree
             got = memo[run.key] = hero_sheltered(
                 run.gpus_per_replica * run.replicas,
