@@ -16,6 +16,8 @@ What it takes from the product rather than restating:
 
 Out of its scope (the test turns them off): reservations (``reservation_after``), idle runs
 (D3.idle-runs: no heartbeats), and the engine's two waiting rules (``patience_s``, ``checkpoint_wait_s``).
+Rule D3.hero-cover concerns jobs and runs of at least ``hero_min_gpus`` GPUs (default 1,024), which the small
+random clusters never hold: the reference leaves it out.
 
 Where the design leaves a choice open, the reference follows the engine and says so (AMBIGUOUS below).
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from apportion.domain.engine.reservation import share_covers
+from apportion import events as ev
+from apportion.domain.engine.reservation import hero_sheltered, share_covers
+from apportion.timeutil import from_us
 from tests.kit.builders import h
 from tests.unit.test_engine import World, placed, preempted
 
@@ -96,3 +98,89 @@ def test_share_covers_at_the_boundary() -> None:
     # 0.5 x 16 = 8: 8 GPUs covered, 9 not; the hero scenario's 8,192 GPUs on 10% of 16,384 (1,638.4) not
     assert [share_covers(n, 0.5, 16) for n in (8, 9)] == [True, False]
     assert (share_covers(8192, 0.10, 16384), share_covers(1024, 0.10, 16384)) == (False, True)
+
+
+# D3.hero-cover, the victims' clause: a covered hero within its share is a victim only when no feasible set
+# without one exists. Tree as above; cluster n0..n3 of 8 GPUs, so C = 32: lab/a covers 16 GPUs, lab/b 8.
+# hero_min_gpus 8. K = 1e6 GPU-s; lab/c at 9e5 (r_c = 3.6); lab/b at 2e5 (r_b = 2e5 / 2.5e5 = 0.8, within
+# its share) or 3e5 (r_b = 1.2, over it); lab/a at 0, and j's 8 or 16 GPUs for 1 h charge it at most
+# 57,600 / 5e5 = 0.12 < 0.8 - delta: both lab/b and lab/c are behind lab/a by delta.
+#
+#   n0: hb  lab/b, 8 GPUs, started h(5): the covered hero (8 <= 0.25 x 32), 40 GPU-h lost at h(10)
+#   n1: x   lab/c, 8 GPUs, started h(0), expired (80 GPU-h lost) or protected
+#   n2: z   lab/c, 8 GPUs, started h(0), protected (minimum runtime 1e6 s)
+#   n3: hb2 lab/b, 8 GPUs, started h(4): a second covered hero (48 GPU-h lost)
+#
+# Without the clause the least-cost victims are the heroes (fewest GPU-s lost: 40 < 48 < 80).
+SHELTER_CASES = [
+    # (case id, lab/b occupancy, x protected, hero_min_gpus, k of j (8 GPUs a replica), preempted, placed)
+    ("hero avoided: x frees a node", 2e5, False, 8, 1, ["x<-j"], ["j@n1[0, 1, 2, 3, 4, 5, 6, 7]"]),
+    ("hero taken: no set without one (x protected)", 2e5, True, 8, 1, ["hb<-j"], ["j@n0[0, 1, 2, 3, 4, 5, 6, 7]"]),
+    (
+        "hero over its share (r_b 1.2): an ordinary victim",
+        3e5,
+        False,
+        8,
+        1,
+        ["hb<-j"],
+        ["j@n0[0, 1, 2, 3, 4, 5, 6, 7]"],
+    ),
+    ("the clause off: the hero, least work lost", 2e5, False, None, 1, ["hb<-j"], ["j@n0[0, 1, 2, 3, 4, 5, 6, 7]"]),
+    ("hero below hero_min_gpus (8 < 9): ordinary", 2e5, False, 9, 1, ["hb<-j"], ["j@n0[0, 1, 2, 3, 4, 5, 6, 7]"]),
+    (
+        "two nodes: x's node, then the cheapest hero",
+        2e5,
+        False,
+        8,
+        2,
+        ["hb<-j", "x<-j"],
+        ["j@n0[0, 1, 2, 3, 4, 5, 6, 7]+n1[0, 1, 2, 3, 4, 5, 6, 7]"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("occ_b", "x_protected", "least", "k", "pre", "want"),
+    [c[1:] for c in SHELTER_CASES],
+    ids=[c[0] for c in SHELTER_CASES],
+)
+def test_covered_hero_is_the_last_victim(
+    occ_b: float, x_protected: bool, least: int | None, k: int, pre: list[str], want: list[str]
+) -> None:
+    w = World().node("n0", 8).node("n1", 8).node("n2", 8).node("n3", 8)
+    w.run("hb", "lab/b", {"n0": ALL}, started=h(5))
+    w.run("x", "lab/c", {"n1": ALL}, min_runtime_s=1e6 if x_protected else 3600.0)
+    w.run("z", "lab/c", {"n2": ALL}, min_runtime_s=1e6)
+    w.run("hb2", "lab/b", {"n3": ALL}, started=h(4))
+    w.occupancy, w.capacity = {"lab/c": 9e5, "lab/b": occ_b, "lab": 9e5 + occ_b}, 1e6
+    res = w.job("j", "lab/a", 8, k).cycle(patience_s=0.0, hero_min_gpus=least)
+    assert (sorted(preempted(res)), placed(res)) == (pre, want)
+
+
+def test_hero_sheltered_by_its_formula() -> None:
+    # covered (g x k <= abs(b) x C), r <= 1, at least hero_min_gpus; the every-hero-covered run's hero-b
+    assert [hero_sheltered(4096, 0.25, 16384, r, 1024) for r in (0.99, 1.0, 1.01)] == [True, True, False]
+    assert (hero_sheltered(4097, 0.25, 16384, 0.5, 1024), hero_sheltered(1023, 0.25, 16384, 0.5, 1024)) == (
+        False,
+        False,
+    )
+    assert hero_sheltered(4096, 0.25, 16384, 0.5, None) is False
+
+
+def test_the_rest_from_one_hero_gang_when_one_frees_enough() -> None:
+    # C = 32 (n0..n2 of 8, n3 and n4 of 4): lab/a covers 16 GPUs, lab/b 8, hero_min_gpus 8; r as above
+    # (lab/b 0.8, within its share).
+    #   n0: hb  lab/b, 8 GPUs, started h(5): 40 GPU-h lost at h(10)
+    #   n1: x, n2: z  lab/c, protected
+    #   n3, n4: hg lab/b, a 2 x 4 gang, started h(4): 48 GPU-h lost
+    # j: 2 x 4 GPUs. No node frees without a hero; hb's n0 is the cheapest (40 < 48 GPU-h) but frees one, so
+    # least cost alone would preempt both gangs; hg alone frees n3 and n4.
+    w = World().node("n0", 8).node("n1", 8).node("n2", 8).node("n3", 4).node("n4", 4)
+    w.run("hb", "lab/b", {"n0": ALL}, started=h(5))
+    w.run("x", "lab/c", {"n1": ALL}, min_runtime_s=1e6)
+    w.run("z", "lab/c", {"n2": ALL}, min_runtime_s=1e6)
+    w.run("hg", "lab/b", {"n3": (0, 1, 2, 3), "n4": (0, 1, 2, 3)}, started=h(4))
+    w.cluster.apply(ev.JobStarted(job_id="hg", attempt=1, replica=1, node_id="n4", ts=from_us(h(4))))
+    w.occupancy, w.capacity = {"lab/c": 9e5, "lab/b": 2e5, "lab": 1.1e6}, 1e6
+    res = w.job("j", "lab/a", 4, 2).cycle(patience_s=0.0, hero_min_gpus=8)
+    assert (preempted(res), placed(res)) == (["hg<-j"], ["j@n3[0, 1, 2, 3]+n4[0, 1, 2, 3]"])

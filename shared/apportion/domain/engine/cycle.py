@@ -575,6 +575,7 @@ def _preempt_for(
             checkpoint_wait_s=cfg.checkpoint_wait_s,
             gangs=cfg.gang_rule,
             gang_cap=cx.gang_cap,
+            hero_min_gpus=cfg.hero_min_gpus,
         )
     victims = req.victims
     req.job, req.leaf, req.charge_count, req.charge_gpu_s = job, leaf, cx.charges, charge

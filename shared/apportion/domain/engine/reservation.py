@@ -17,7 +17,7 @@ from apportion.domain.cluster import PROTECTION_UNTIL_DONE_S, UNTIL_STARTED, Clu
 from apportion.domain.engine.placement import CycleFree, topology_pick
 from apportion.timeutil import Micros, s_to_us
 
-__all__ = ["earliest_fit_us", "reservation_nodes", "share_covers"]
+__all__ = ["earliest_fit_us", "hero_sheltered", "reservation_nodes", "share_covers"]
 
 _UNTIL_DONE_US = s_to_us(PROTECTION_UNTIL_DONE_S)  # a run protected until it completes: no known end
 
@@ -31,6 +31,22 @@ def share_covers(gpus: int, share: float, capacity_gpus: int) -> bool:
     (True, False, True)
     """
     return gpus <= share * capacity_gpus
+
+
+def hero_sheltered(gpus: int, share: float, capacity_gpus: int, ratio: float, hero_min_gpus: int | None) -> bool:
+    """Rule ``D3.hero-cover``, the victims' clause: an allocated run of ``gpus`` GPUs (at least ``hero_min_gpus``)
+    that its budget's share covers (:func:`share_covers`), of a budget within its share (``ratio`` r <= 1 in the
+    cycle's view), is a preemption victim only when no feasible victim set without such a run exists (the
+    preemption search, :func:`~apportion.domain.engine.search.plan_preemption`).
+
+    >>> hero_sheltered(4096, 0.25, 16384, 1.0, 1024), hero_sheltered(4096, 0.25, 16384, 1.01, 1024)
+    (True, False)
+    >>> hero_sheltered(8192, 0.25, 16384, 0.5, 1024), hero_sheltered(512, 0.25, 16384, 0.5, 1024)
+    (False, False)
+    """
+    if hero_min_gpus is None or gpus < hero_min_gpus:
+        return False
+    return share_covers(gpus, share, capacity_gpus) and ratio <= 1.0
 
 
 def earliest_fit_us(

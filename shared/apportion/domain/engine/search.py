@@ -21,6 +21,7 @@ from apportion.domain.cluster import Run, RunKey, next_checkpoint_us, work_lost_
 from apportion.domain.engine.emit import built, real_or_none, utc_time
 from apportion.domain.engine.inputs import PendingJob
 from apportion.domain.engine.placement import CycleFree
+from apportion.domain.engine.reservation import hero_sheltered
 from apportion.domain.engine.victims import Candidate, CycleVictims, Option, order_lost_gpu_s
 from apportion.domain.preemption import (
     PATIENCE_WAIT,
@@ -69,6 +70,8 @@ class PreemptionRequest:
         checkpoint_wait_s: :func:`checkpoint_rule`'s setting (0: off).
         gangs: apply :func:`gang_rule` (D3.gangs).
         gang_cap: budget -> its protection cap, µs, or ``None`` (the gang rule's bound).
+        hero_min_gpus: the least GPUs of a hero run (D3.hero-cover's victims' clause: a covered hero within
+            its share is taken only when no victim set without one exists); ``None``: no such clause.
     """
 
     job: PendingJob
@@ -86,6 +89,7 @@ class PreemptionRequest:
     checkpoint_wait_s: float = 0.0
     gangs: bool = False
     gang_cap: Callable[[str], Micros | None] | None = None
+    hero_min_gpus: int | None = None
     charged: list[str] = field(default_factory=list)
     """The leaves provisionally charged since the request was made, in order (one entry per charge): the
     only budgets whose r moved (speed only, for :func:`_nothing_behind`)."""
@@ -149,7 +153,12 @@ def plan_preemption(req: PreemptionRequest) -> Plan | None:
         _idle_options(s, options)
     if len(options) + n < k:
         req.memo[short_key] = log_len  # (the same for any leaf: free, unallocated and idle options)
-        found = _behind_options(s, options)
+        found = _behind_options(s, options, req.hero_min_gpus is not None)
+        if found is not None and len(found) < k and s.sheltered_out:
+            # D3.hero-cover: no feasible set without a covered hero within its share
+            more = _behind_options(s, options, False, len(req.free.count))  # (every node's option)
+            if more is not None:
+                found = _fewest_heroes(s, found, more, k)
         if found is None or len(found) < k:
             return None
         options = found
@@ -158,6 +167,26 @@ def plan_preemption(req: PreemptionRequest) -> Plan | None:
     if (req.patience_s > 0 or req.checkpoint_wait_s > 0) and _refused(s, best):
         return None
     return _commit(s, best)
+
+
+def _fewest_heroes(s: _Search, found: list[Option], more: list[Option], k: int) -> list[Option]:
+    """D3.hero-cover, where no feasible set without a sheltered hero run exists: every node freed without one
+    (``found``, fewer than k), then the rest from the nodes that one hero gang alone frees when one frees
+    enough (the gang of fewest GPUs, then by run key; its nodes least cost first), else the least-cost nodes
+    of ``more`` (their options with the hero runs)."""
+    have = {o[1] for o in found}
+    rest = sorted((o for o in more if o[1] not in have), key=_option_order)
+    need = k - len(found)
+    by_gang: dict[RunKey, tuple[int, list[Option]]] = {}
+    for o in rest:
+        heroes = {(x[1].key, x[0][0]) for x in o[2] if s.sheltered(x[1])}
+        if len(heroes) == 1:
+            key, gpus = heroes.pop()
+            by_gang.setdefault(key, (gpus, []))[1].append(o)
+    alone = sorted((gpus, key) for key, (gpus, opts) in by_gang.items() if len(opts) >= need)
+    if alone:
+        return found + by_gang[alone[0][1]][1][:need]
+    return found + rest[:need]
 
 
 def _option_order(o: Option) -> tuple[tuple[int, int, int, float], str]:
@@ -179,6 +208,7 @@ class _Search:
     reserved: set[str]
     ffree: dict[str, Any]
     idle_runs: dict[RunKey, Any]
+    sheltered_out: bool = False  # the last expired-behind search left out a sheltered hero run (D3.hero-cover)
 
     @classmethod
     def of(cls, req: PreemptionRequest) -> _Search:
@@ -198,6 +228,30 @@ class _Search:
             free.free,
             victims.idle_runs,
         )
+
+    def sheltered(self, run: Run) -> bool:
+        """D3.hero-cover: ``run`` is a covered hero gang within its budget's share
+        (:func:`~apportion.domain.engine.reservation.hero_sheltered`), judged once per request (one cycle's
+        view: the answer does not move within the cycle)."""
+        req = self.req
+        memo = req.memo.get(_SHELTER)
+        if memo is None:
+            memo = req.memo[_SHELTER] = {}
+            memo[None] = sum(req.free.count.values())  # C(t): the GPUs of the ready nodes
+        got = memo.get(run.key)
+        if got is None:
+            if not run.allocated:  # (the clause concerns allocated runs: unallocated work is victim 1)
+                memo[run.key] = False
+                return False
+            assert req.tree is not None  # expired-behind runs are searched only with a tree
+            got = memo[run.key] = hero_sheltered(
+                run.gpus_per_replica * run.replicas,
+                req.tree.abs_share(run.budget),
+                memo[None],
+                self.view.ratio(run.budget),
+                req.hero_min_gpus,
+            )
+        return bool(got)
 
     def rank(self, x: Candidate) -> tuple[bool, tuple[int, int, int, str, int]]:
         """Unallocated, then idle allocated, then busy allocated runs; each by its order key
@@ -397,28 +451,36 @@ def _expired_by_node(req: PreemptionRequest, behind: Iterable[str]) -> dict[str,
     return by_node
 
 
-def _memo_key(req: PreemptionRequest, g: int, model: str | None, gpus: int) -> tuple[object, ...]:
+def _memo_key(req: PreemptionRequest, g: int, model: str | None, gpus: int, shelter: bool) -> tuple[object, ...]:
     """What a node's expired-behind option depends on beside the node and the behind set: g, the model and,
     with the gang rule, which expired gang shapes (of the leaves indexed so far) are too large for J (the one
     place the job's size enters :func:`gang_rule`; the gang's age does not depend on J), so that jobs of one g
-    share their options. A new shape makes new keys: their options start afresh."""
+    share their options. A new shape makes new keys: their options start afresh. With ``shelter`` (D3.hero-cover's
+    victims' clause) the options leave out the sheltered hero runs: a key of its own."""
     if not req.gangs:
-        return (g, model)
-    return (g, model, tuple(gang_rule(r, n, gpus) for r, n in req.memo[_GANG_SHAPES]))
+        return (g, model, shelter)
+    return (g, model, shelter, tuple(gang_rule(r, n, gpus) for r, n in req.memo[_GANG_SHAPES]))
 
 
 def _node_option(
-    s: _Search, nid: str, behind: Mapping[str, object], mine: list[tuple[str, list[Candidate]]], gpus: int
-) -> tuple[Option | None, bool]:
+    s: _Search,
+    nid: str,
+    behind: Mapping[str, object],
+    mine: list[tuple[str, list[Candidate]]],
+    gpus: int,
+    shelter: bool = False,
+) -> tuple[Option | None, bool, bool]:
     """The least-cost way to free ``nid`` for J with the expired runs there of the leaves ``behind`` J's
-    (D3.victims rule 2; less the gangs :func:`gang_rule` spares, D3.gangs), with the unallocated and idle
-    runs there; and whether a gang was spared. ``(None, ...)``: no such run, or not enough GPUs."""
+    (D3.victims rule 2; less the gangs :func:`gang_rule` spares, D3.gangs; with ``shelter``, less the covered
+    hero runs within their share, D3.hero-cover), with the unallocated and idle runs there; whether a gang was
+    spared; whether a hero run was left out. ``(None, ...)``: no such run, or not enough GPUs."""
     if not s.eligible(nid):
-        return None, False
+        return None, False, False
     req = s.req
     victims, taken, now, gang_cap, idle_runs = req.victims, s.taken, req.now, req.gang_cap, s.idle_runs
     lst: list[Candidate] = []
-    spared = False
+    spared = sheltered = False
+    least = req.hero_min_gpus or 0  # (the run's allocated GPUs first: most runs are far smaller)
     for v, cands in mine:
         if v not in behind:
             continue
@@ -438,16 +500,19 @@ def _node_option(
             ):
                 spared = True  # (the failure says nothing about a larger job)
                 continue
+            if shelter and x[0][0] >= least and s.sheltered(x[1]):
+                sheltered = True
+                continue
             lst.append(x)
     if not lst:
-        return None, spared
+        return None, spared, sheltered
     if nid in victims.unalloc:
         lst.extend(x for x in victims.unalloc[nid] if x[1].key not in taken)
     if idle_runs:
         lst[:] = [x for x in lst if x[1].key not in idle_runs]  # (an idle expired run: once, below)
         lst.extend(x for x in victims.idle_on.get(nid, ()) if x[1].key not in taken)
     lst.sort(key=s.rank)  # (order keys are unique: the order does not depend on the leaves' order)
-    return s.evaluate(nid, lst), spared
+    return s.evaluate(nid, lst), spared, sheltered
 
 
 @dataclass(slots=True, eq=False)
@@ -456,7 +521,8 @@ class _BehindMemo:
 
     ``opts``: node -> ``(seq, option)`` for the leaves ``behind`` at the last search, nodes without an
     option absent; ``heap``: ``(cost, node, seq)`` of the options, stale entries (a node's seq moved on)
-    dropped when met; ``spared``: the nodes where a gang was spared. A node's option depends only on the
+    dropped when met; ``spared``: the nodes where a gang was spared; ``sheltered``: the nodes where a hero run
+    was left out (D3.hero-cover). A node's option depends only on the
     behind set, J's shape and the node's own state, so a search re-evaluates only the nodes touched since
     the last one (``free.log`` from ``pos``: GPUs taken, victims taken, reservations) and the nodes of the
     leaves that joined or left the behind set.
@@ -467,6 +533,7 @@ class _BehindMemo:
     opts: dict[str, tuple[int, Option]] = field(default_factory=dict)
     heap: list[tuple[tuple[int, int, int, float], str, int]] = field(default_factory=list)
     spared: set[str] = field(default_factory=set)
+    sheltered: set[str] = field(default_factory=set)
     seq: int = 0
 
 
@@ -475,6 +542,7 @@ _SEEN = "expired_indexed"
 _GANG_SHAPES = "gang_shapes"
 _MAX_R = "max_ratio"
 _SHORT = "short"
+_SHELTER = "sheltered"
 
 
 def _nothing_behind(req: PreemptionRequest) -> bool:
@@ -506,10 +574,12 @@ def _nothing_behind(req: PreemptionRequest) -> bool:
     return True
 
 
-def _behind_options(s: _Search, options: list[Option]) -> list[Option] | None:
+def _behind_options(s: _Search, options: list[Option], shelter: bool = False, extra: int = 0) -> list[Option] | None:
     """The k cheapest of ``options`` and of the nodes that expired-behind runs (with unallocated and idle
     ones) can free for J, a node's expired-behind option in place of its other one; ``None`` when no leaf
-    is behind J's."""
+    is behind J's. With ``shelter``, the covered hero runs within their share are left out (D3.hero-cover)
+    and ``s.sheltered_out`` tells whether one was; ``extra`` more expired-behind options than k are kept."""
+    s.sheltered_out = False
     req = s.req
     victims, k = req.victims, req.job.replicas
     if _nothing_behind(req):
@@ -522,7 +592,7 @@ def _behind_options(s: _Search, options: list[Option]) -> list[Option] | None:
         return None
     by_node = _expired_by_node(req, behind)
     gpus = s.g * k
-    key = _memo_key(req, s.g, s.model, gpus)
+    key = _memo_key(req, s.g, s.model, gpus, shelter)
     memo = req.memo.get(key)
     if memo is None:
         memo = req.memo[key] = _BehindMemo()
@@ -533,16 +603,20 @@ def _behind_options(s: _Search, options: list[Option]) -> list[Option] | None:
         for v in memo.behind.symmetric_difference(behind):
             dirty.update(victims.expired_on(v))
         memo.behind = set(behind)
-    opts, heap, spared = memo.opts, memo.heap, memo.spared
+    opts, heap, spared, sheltered = memo.opts, memo.heap, memo.spared, memo.sheltered
     for nid in dirty:  # (in any order: the options do not depend on it)
         mine = by_node.get(nid)
         if mine is None:
             continue
-        opt, sp = _node_option(s, nid, behind, mine, gpus)
+        opt, sp, sh = _node_option(s, nid, behind, mine, gpus, shelter)
         if sp:
             spared.add(nid)
         else:
             spared.discard(nid)
+        if sh:
+            sheltered.add(nid)
+        else:
+            sheltered.discard(nid)
         if opt is None:
             opts.pop(nid, None)
         else:
@@ -551,12 +625,13 @@ def _behind_options(s: _Search, options: list[Option]) -> list[Option] | None:
             heapq.heappush(heap, (opt[0], nid, memo.seq))
     if spared:
         victims.spared = True
+    s.sheltered_out = bool(sheltered)
     if len(heap) > 2 * len(opts) + 64:
         heap[:] = [(o[0], nid, q) for nid, (q, o) in opts.items()]
         heapq.heapify(heap)
     best: list[Option] = [o for o in options if o[1] not in opts]
     kept: list[tuple[tuple[int, int, int, float], str, int]] = []
-    while heap and len(kept) < k:
+    while heap and len(kept) < k + extra:
         e = heapq.heappop(heap)
         cur = opts.get(e[1])
         if cur is not None and cur[0] == e[2]:
