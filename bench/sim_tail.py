@@ -7,6 +7,7 @@ Usage (traces from ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the c
         [--at-share-bound N] [--owner-free 0|1] [--gang-wait-h H] [--runs RUNS.json]
     .venv/bin/python bench/sim_tail.py run itp week5 slurm OUT.json [--budgets infra/budgets/itp-hetero.yaml]
     .venv/bin/python bench/sim_tail.py compare FAIR.json PEER.json
+    .venv/bin/python bench/sim_tail.py decompose FAIR.json PEER.json    (both run with --runs OUT.runs.json)
 
 ``run`` simulates one policy as ``apportion simulate`` does (same defaults; ``--churn-bound N`` sets
 ``EngineConfig.churn_bound``, 0 = none; ``--free-order`` sets ``EngineConfig.free_order``, ``--progress-after N``
@@ -17,7 +18,13 @@ submit, first placement, completion (µs; null when not reached) and preemptions
 files of the same slice and seed and prints, for the first policy against the second: the jobs that make the JCT tail (completion time above the first policy's p95)
 and the never-placed jobs, by GPUs asked for (1, 2-4, 5-8, gangs of 16 and more), by budget, and by the
 preemptions they suffered, with the same jobs' figures under the second policy; then the allocated waits
-above the first policy's p95 by size and budget. Not part of ``make bench`` (a study, not a target).
+above the first policy's p95 by size and budget. ``--runs R.json`` also writes one row per run (attempt): its
+budget, GPUs, placement and end (µs), how it ended, the budget's r when placed, whether it held the reservation,
+its protection, the work its preemption lost. ``decompose`` reads two runs files (OUT with ``.json`` replaced by
+``.runs.json``) and prints where each policy's GPU-hours went (allocated and free runs by how they ended, work
+lost, protected runs, re-runs, reservation holders), the jobs completed and never placed of each class, and, at
+the moments the second policy started the free jobs it completed and the first never placed, the GPUs the first
+held by class of run and by budget. Not part of ``make bench`` (a study, not a target).
 """
 
 from __future__ import annotations
