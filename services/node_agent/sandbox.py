@@ -360,6 +360,15 @@ class Limits:
         )
 
 
+def memory_mb_per_gpu(total_mb: int, gpus_per_node: Iterable[int]) -> int:
+    """The default memory limit per GPU (``sandbox_memory_mb_per_gpu`` unset): the machine's ``total_mb`` over
+    every GPU the agent hosts on it, at least 1 MiB. An agent hosting several nodes on one machine (simulated
+    nodes) gives out their GPUs from the same memory: 8 nodes of 8 GPUs on 24,105 MiB get 376 MiB per GPU, so
+    64 one-GPU replicas fit in the machine together, where a share of one node's 8 GPUs (3,013 MiB) would let
+    them ask for eight times what it has."""
+    return max(1, total_mb // max(1, sum(gpus_per_node)))
+
+
 class Cgroup(Protocol):
     """One replica's cgroup."""
 

@@ -84,6 +84,7 @@ from services.node_agent.sandbox import (
     Sandbox,
     cgroups,
     child_setup,
+    memory_mb_per_gpu,
     not_world_writable,
     own_dir,
     private_dir,
@@ -182,9 +183,8 @@ def sandbox_of(settings: NodeAgentSettings, probes: list[GpuProbe]) -> Sandbox |
         )
     memory = settings.sandbox_memory_mb_per_gpu
     if memory is None:
-        gpus = max((p.inventory.gpu_count for p in probes), default=0)
         total_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
-        memory = max(1, total_mb // max(1, gpus))
+        memory = memory_mb_per_gpu(total_mb, (p.inventory.gpu_count for p in probes))
     mounts = PrivateMounts.available()
     if mounts is None:
         log.warning(
