@@ -358,8 +358,9 @@ async def test_invalid_reports_are_logged_and_ignored_and_agent_keeps_running(tm
     ]
 
 
-async def test_links_and_fifos_are_not_read(tmp_path):
-    """A workload cannot make the agent follow a link to another file or block on a FIFO: both count as absent."""
+async def test_links_hard_links_and_fifos_are_not_read(tmp_path):
+    """A workload cannot make the agent follow a link to another file, read a file it hard-linked there, or
+    block on a FIFO: each counts as absent."""
     clock, sink = ManualClock(T0), Sink()
     agent = make_agent(clock, sink, tmp_path)
     await agent.on_event(start((sys.executable, "-c", SLEEPER)))
@@ -367,6 +368,9 @@ async def test_links_and_fifos_are_not_read(tmp_path):
     secret = tmp_path / "secret"
     secret.write_text("77")
     progress.symlink_to(secret)
+    await agent.poll_progress()
+    progress.unlink()
+    os.link(secret, progress)  # the same file under the progress file's name
     await agent.poll_progress()
     progress.unlink()
     os.mkfifo(progress)
