@@ -957,7 +957,7 @@ class NodeAgent:
                     for f in outputs:
                         if f is not None:
                             f.close()
-            except (OSError, subprocess.SubprocessError) as exc:
+            except (OSError, ValueError, subprocess.SubprocessError) as exc:  # ValueError: a NUL in the argv
                 if cgroup is not None:
                     cgroup.kill()
                     cgroup.remove()
