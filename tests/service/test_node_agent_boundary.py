@@ -34,6 +34,8 @@ from services.node_agent import devfilter, logic
 from services.node_agent.config import NodeAgentSettings
 from services.node_agent.sandbox import (
     Accounts,
+    CgroupV1,
+    CgroupV2,
     Limits,
     cgroup_name,
     cgroups,
@@ -532,6 +534,35 @@ async def test_a_jobs_tmp_is_its_own_and_gone_after_it(job_accounts, shared_dir,
     finally:
         await node.close()
         shutil.rmtree(state, ignore_errors=True)
+
+
+async def test_a_cgroup_holding_another_runs_processes_is_never_joined(job_accounts, shared_dir, monkeypatch):
+    """Two agents on one machine under one cgroup parent (two local stacks, agent name and topic prefix alike)
+    name a replica's cgroup alike when node, job id, attempt and replica are alike, and a job id is its
+    submitter's choice. The second start (here the same sandbox asked again, for the other GPU) must not join
+    the first's cgroup: it would rewrite its device rules and limits, and its end would kill the first's
+    processes. It is refused; alice's process and limit stay as they were."""
+    node = Node(shared_dir, monkeypatch)  # 512 MiB per GPU
+    await node.agent.start(heartbeats=False, poll_progress=False)
+    key = ("n1", "j-same", 1, 0)
+    try:
+        await node.agent.on_event(node.start("j-same", ALICE, ("sleep", "60")))
+        assert node.agent.sandbox is not None
+        cg = node.agent.sandbox.reopen(key)
+        assert cg is not None
+        await until(lambda: bool(cg.pids()), "alice's process in its cgroup")
+        pids = cg.pids()
+        if isinstance(cg, CgroupV1):
+            limit = cg.dirs["memory"] / "memory.limit_in_bytes"
+        else:
+            assert isinstance(cg, CgroupV2)
+            limit = cg.path / "memory.max"
+        with pytest.raises(OSError, match=r"cgroup n1\.j-same\.1\.0 already holds processes \[\d+\] of another run"):
+            node.agent.sandbox.cgroup_for(key, 1, node.gpus[1:])
+        assert cg.pids() == pids and all(running(p) for p in pids)
+        assert limit.read_text().strip() == str(512 * 1024 * 1024)
+    finally:
+        await node.close()
 
 
 #: A unified hierarchy's files as the kernel shows them at its root (every controller offered).
