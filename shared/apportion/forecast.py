@@ -74,8 +74,8 @@ from statistics import median
 from typing import Any
 
 from apportion.domain.cluster import UNTIL_STARTED, Run, RunKey
-from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, step, wakeups
-from apportion.domain.engine import run_cycle
+from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, maintenance, step, wakeups
+from apportion.domain.engine import CycleSnapshot, EngineConfig, run_cycle
 from apportion.domain.engine.reasons import reason_dict
 from apportion.events import (
     Event,
@@ -454,6 +454,28 @@ def run_end(
     return RunEnd(*who, None, "unknown", "no duration, time limit or history, past W/4: runs until preempted")
 
 
+class _EngineCycle:
+    """The engine's cycle as the dispatcher runs it (:func:`~apportion.domain.engine.run_cycle` on the live
+    snapshot and the state's kept indices: ``reads_snapshot_only``), asked once for its explanation.
+
+    ``explain``: the next cycle also says why each job it leaves pending waits (``reasons``, then off again);
+    the decisions are the same either way.
+    """
+
+    reads_snapshot_only = True
+
+    def __init__(self) -> None:
+        self.explain = False
+        self.reasons: dict[str, Any] | None = None
+
+    def __call__(self, snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig) -> list[Event]:
+        explain, self.explain = self.explain, False
+        res = run_cycle(snapshot, now_us, config, explain=explain)
+        if explain:
+            self.reasons = res.reasons
+        return res.events
+
+
 class _Forward:
     """The forward run: the simulator's loop, reduced to what a forecast needs (module docstring)."""
 
@@ -472,6 +494,13 @@ class _Forward:
         spacing: float = 0.0,
     ) -> None:
         self.declared = declared
+        # the engine's cycle, run by the dispatcher's step on the forward state (:class:`_EngineCycle`)
+        self.engine = _EngineCycle()
+        if cfg.scheduler is None:
+            from dataclasses import replace
+
+            cfg = replace(cfg, scheduler=self.engine)
+        self.touched = False  # an event or a maintenance folded into the forward state before its first cycle
         self.debounce = Debounce(s_to_us(min_gap_s), spacing, now_us)
         self.state = state
         self.now = now_us
@@ -633,13 +662,35 @@ class _Forward:
                 if tick_at is not None:  # spaced: one cycle at the gap's end
                     self.push(tick_at, self._TICK)
                 if now:
-                    self.cycles += 1
-                    self._outputs(step(self.state, Tick(t), t, self.cfg), t)
+                    self._tick(t)
             if self.cycle_us and self.state.pending and self.periodic_at is None:
                 self.periodic_at = t + self.cycle_us
                 self.push(self.periodic_at, self._PERIODIC)
 
+    def _tick(self, t: Micros) -> None:
+        """The dispatcher's cycle at ``t`` (``step`` of a :class:`Tick`: maintenance, then the cycle), on the
+        state itself: the maintenance's events (stops that end at ``t``) are folded first, so that the cycle
+        runs on the forward state and its engine caches, not on a scratch copy that would index every run
+        and node again. The same events in the same order: the ledger's occupancy and capacity up to ``t``
+        are those of the scratch copy (a requeue of a stopped run ends it no earlier than its preemption did),
+        and the maintenance has nothing left to emit at ``t`` once its stops are folded. A state with
+        draining nodes keeps the dispatcher's own path (a drain may emit more once its preemptions are folded).
+        """
+        st, cfg = self.state, self.cfg
+        self.cycles += 1
+        out: list[Event] = []
+        if not st.draining:
+            out = maintenance(st, t, cfg)
+            for e in out:
+                evolve(st, e)
+            self.touched |= bool(out)
+        if self.cycles == 1 and t == self.now and not self.touched:
+            self.engine.explain = True  # the first cycle is a cycle at now on the caller's state: explained
+        out += step(st, Tick(t), t, cfg)
+        self._outputs(out, t)
+
     def _feed(self, ev: Event, t: Micros) -> bool:
+        self.touched = True
         out = step(self.state, ev, t, self.cfg)
         if type(ev) is JobStarted:
             run = self.state.cluster.runs.get((ev.job_id, ev.attempt))
@@ -805,10 +856,15 @@ def forecast(
     result = Forecast(now_us, horizon, runs=dict(fwd.ends), cycles=fwd.cycles, spacing=spacing)
     starts = {j.job_id: fwd.started.get(j.job_id) for j in targets}
     chains = {j: () if t is None else _chain(fwd, j, t) for j, t in starts.items()}
-    reasons: dict[str, Any] = {}
-    if cfg.scheduler is None and any(t != now_us or chains[j] for j, t in starts.items()):
+    reasons: dict[str, Any] = fwd.engine.reasons or {}
+    if (
+        fwd.engine.reasons is None
+        and cfg.scheduler is None
+        and any(t != now_us or chains[j] for j, t in starts.items())
+    ):
         # why the jobs that do not start at once wait: the engine's explanation of a cycle at now on the
-        # caller's state (the forward run left it unchanged); not needed when every one starts at once
+        # caller's state (the forward run left it unchanged); the forward run's first cycle is that cycle when
+        # nothing was folded before it (explained then); not needed when every one starts at once
         reasons = run_cycle(state.cycle_snapshot(now_us), now_us, cfg.engine, explain=True).reasons
     for job in targets:
         why = state.waiting_reason(job.job_id, now_us) or reasons.get(job.job_id)
