@@ -519,6 +519,7 @@ class _Forward:
         self.started: dict[str, Micros] = {}  # job -> first start in the forward run
         self.placed: dict[str, JobPlaced] = {}  # job -> its JobPlaced that started
         self.freed: list[tuple[Micros, RunKey, frozenset[str]]] = []  # run ends: (time, run, its nodes)
+        self.freed_on: dict[str, list[int]] = {}  # node -> the indices in ``freed`` of the run ends on it
         self.nodes_of: dict[RunKey, frozenset[str]] = {}
         self.period_us: Micros = 0  # arrivals replayed every period (``arrive``)
 
@@ -714,7 +715,7 @@ class _Forward:
             elif type(e) is JobPreempted:
                 key = (e.job_id, e.attempt)
                 live = self.live.pop(key, None)
-                self.freed.append((t, key, self.nodes_of.get(key, frozenset())))
+                self._freed(t, key)
                 if live is not None and not e.allocated and e.grace_s > 0:
                     # an unallocated workload saves its progress on SIGTERM (as the simulator's default)
                     self.push(t, self._EV, self._checkpointed(key, live[1] + us_to_s(max(0, t - live[0])), t))
@@ -744,7 +745,7 @@ class _Forward:
         run = self.state.cluster.runs.get(key)
         if run is None or run.stopping:
             return
-        self.freed.append((t, key, self.nodes_of.get(key, frozenset())))
+        self._freed(t, key)
         limited = self.ends[key].basis == "time_limit"  # stopped at its limit: the agent reports it failed
         for r in sorted(run.open_replicas):
             common: dict[str, Any] = {
@@ -757,6 +758,13 @@ class _Forward:
                 "node_id": run.placements[r].node_id,
             }
             self.push(t, self._EV, JobFailed(**common, reason="time_limit") if limited else JobCompleted(**common))
+
+    def _freed(self, t: Micros, key: RunKey) -> None:
+        """Run ``key`` ended or was preempted at ``t``: recorded for the chains, indexed by its nodes."""
+        where = self.nodes_of.get(key, frozenset())
+        for n in where:
+            self.freed_on.setdefault(n, []).append(len(self.freed))
+        self.freed.append((t, key, where))
 
     def _checkpointed(self, key: RunKey, progress: float, t: Micros) -> JobCheckpointed:
         return JobCheckpointed(
@@ -958,8 +966,9 @@ def _chain(fwd: _Forward, job_id: str, start: Micros) -> tuple[ChainStep, ...]:
     nodes = {p.node_id for p in placed.placements}
     victims = {(v.job_id, v.attempt): v for v in placed.decision.victims}
     steps: list[ChainStep] = []
-    for t, key, where in fwd.freed:
-        if t > start or key in victims or not (where & nodes) or key[0] == job_id:
+    on = sorted({i for n in nodes for i in fwd.freed_on.get(n, ())})  # the run ends on its nodes, in time order
+    for t, key, _where in (fwd.freed[i] for i in on):
+        if t > start or key in victims or key[0] == job_id:
             continue
         end = fwd.ends.get(key)
         if end is None:
