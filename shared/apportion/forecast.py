@@ -517,6 +517,7 @@ class _Forward:
         self.ends: dict[RunKey, RunEnd] = {}
         self.live: dict[RunKey, tuple[Micros, float, Micros | None]] = {}  # run -> (start, progress, interval)
         self.started: dict[str, Micros] = {}  # job -> first start in the forward run
+        self.waiting: set[str] | None = None  # the jobs asked about not started yet (``run``)
         self.placed: dict[str, JobPlaced] = {}  # job -> its JobPlaced that started
         self.freed: list[tuple[Micros, RunKey, frozenset[str]]] = []  # run ends: (time, run, its nodes)
         self.freed_on: dict[str, list[int]] = {}  # node -> the indices in ``freed`` of the run ends on it
@@ -635,7 +636,8 @@ class _Forward:
         ``wanted`` ``None``, until every happening up to ``until_us`` (default the horizon) is done."""
         heap = self.heap
         until = self.horizon if until_us is None else min(until_us, self.horizon)
-        while heap and (wanted is None or not wanted <= self.started.keys()):
+        self.waiting = None if wanted is None else wanted - self.started.keys()  # (emptied as they start)
+        while heap and (wanted is None or self.waiting):
             t = heap[0][0]
             if t > until or self.real == 0:
                 break
@@ -733,6 +735,8 @@ class _Forward:
         if run is None or rec is None:
             return
         self.started.setdefault(e.job_id, t)
+        if self.waiting:
+            self.waiting.discard(e.job_id)
         self.push(t, self._EV, self._started(run, e.replica, t))
         if key not in self.live:
             self.nodes_of[key] = frozenset(p.node_id for p in run.placements)
@@ -968,7 +972,9 @@ def _chain(fwd: _Forward, job_id: str, start: Micros) -> tuple[ChainStep, ...]:
     steps: list[ChainStep] = []
     on = sorted({i for n in nodes for i in fwd.freed_on.get(n, ())})  # the run ends on its nodes, in time order
     for t, key, _where in (fwd.freed[i] for i in on):
-        if t > start or key in victims or key[0] == job_id:
+        if t > start:
+            break  # (in time order: the rest end after it starts)
+        if key in victims or key[0] == job_id:
             continue
         end = fwd.ends.get(key)
         if end is None:

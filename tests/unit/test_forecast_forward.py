@@ -77,3 +77,19 @@ def test_a_chain_lists_the_run_ends_on_the_jobs_own_nodes_only() -> None:
     chains = {j.job_id: [(c.kind, c.job_id, c.at_us) for c in j.chain] for j in fc.jobs}
     assert {j.job_id: j.start_us for j in fc.jobs} == {"p1": h(1), "p2": h(2)}
     assert chains == {"p1": [("run_ends", "r0", h(1))], "p2": [("run_ends", "r1", h(2))]}
+
+
+def test_the_forward_run_stops_at_the_cycle_that_starts_the_last_job_asked_about() -> None:
+    # the chain scenario, no periodic cycle: cycles at now (T0 + 20 min), at r0's end (T0 + 1 h: p1 starts), when
+    # p1 and p2 have waited the reservation age (1 h after their queueing: T0 + 1 h 10 min and 1 h 11 min) and at
+    # r1's end (T0 + 2 h: p2 starts). Asked about p1 only, the run stops after its second cycle: p2 never starts
+    # in it. Asked about both, it runs all five and stops at the last.
+    hist = History().node("n0", 1).node("n1", 1)
+    hist.submit("r0", T0, duration_s=3600.0).submit("r1", T0, duration_s=7200.0)
+    hist.submit("p1", m(10), duration_s=36_000.0).submit("p2", m(11))
+    one = forecast(hist.state, m(20), CFG, job_ids=["p1"], cycle_s=None, spacing=0.0)
+    assert [(j.job_id, j.start_us) for j in one.jobs] == [("p1", h(1))]
+    assert one.cycles == 2 and ("p2", 1) not in one.runs
+    both = forecast(hist.state, m(20), CFG, job_ids=["p1", "p2"], cycle_s=None, spacing=0.0)
+    assert [(j.job_id, j.start_us) for j in both.jobs] == [("p1", h(1)), ("p2", h(2))]
+    assert both.cycles == 5 and ("p2", 1) in both.runs
