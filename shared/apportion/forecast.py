@@ -13,7 +13,9 @@ per replica; a preempted run sends no report, so its stop ends at its grace
 deadline (the dispatcher's own rule for a run that never reports). Runs
 checkpoint at their interval, and an unallocated run saves its progress when
 it is preempted, as the simulator's workloads do by default. Future
-submissions are left out.
+submissions are left out. Each cycle runs on the forward state and the engine
+caches it keeps, the tick's maintenance folded first (the same events as the
+dispatcher's scratch copy gives: design D12, the forward run's note).
 
 The cycles are spaced by how far ahead they look (``spacing``, :data:`SPACING`;
 :class:`~apportion.sim.core.Debounce`, the simulator's ``min_gap_s`` debounce):
