@@ -71,7 +71,7 @@ from __future__ import annotations
 import heapq
 import pickle
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import median
 from typing import Any
 
@@ -494,14 +494,14 @@ class _Forward:
         declared: bool = True,
         min_gap_s: float = 0.0,
         spacing: float = 0.0,
+        reasons: bool = False,
     ) -> None:
         self.declared = declared
         # the engine's cycle, run by the dispatcher's step on the forward state (:class:`_EngineCycle`)
         self.engine = _EngineCycle()
         if cfg.scheduler is None:
-            from dataclasses import replace
-
             cfg = replace(cfg, scheduler=self.engine)
+        self.reasons = reasons and cfg.scheduler is self.engine  # explain the first cycle when it is one at now
         self.touched = False  # an event or a maintenance folded into the forward state before its first cycle
         self.debounce = Debounce(s_to_us(min_gap_s), spacing, now_us)
         self.state = state
@@ -688,9 +688,10 @@ class _Forward:
             out = maintenance(st, t, cfg)
             for e in out:
                 evolve(st, e)
-            self.touched |= bool(out)
-        if self.cycles == 1 and t == self.now and not self.touched:
-            self.engine.explain = True  # the first cycle is a cycle at now on the caller's state: explained
+        # the first cycle, at now with nothing folded before it, is a cycle at now on the caller's state
+        first = self.cycles == 1 and t == self.now and not self.touched and not out and not st.draining
+        self.engine.explain = self.reasons and first
+        self.touched = True
         out += step(st, Tick(t), t, cfg)
         self._outputs(out, t)
 
@@ -847,8 +848,6 @@ def forecast(
     """
     cfg = config or DispatchConfig(heartbeat_timeout_s=None)
     if cfg.heartbeat_timeout_s is not None:  # no heartbeats in the forward run: no node is lost for want of one
-        from dataclasses import replace
-
         cfg = replace(cfg, heartbeat_timeout_s=None)
     pending = [j for leaf in sorted(state.pending) for j in state.pending[leaf]]
     by_id = {j.job_id: j for j in pending}
@@ -863,7 +862,9 @@ def forecast(
     horizon = now_us + s_to_us(horizon_s)
     if spacing < 0 or min_gap_s < 0 or horizon_s <= 0:
         raise ValueError("spacing and min_gap_s must not be negative, horizon_s must be positive")
-    fwd = _Forward(_copy(state), now_us, cfg, history or {}, horizon, cycle_s, declared_durations, min_gap_s, spacing)
+    fwd = _Forward(
+        _copy(state), now_us, cfg, history or {}, horizon, cycle_s, declared_durations, min_gap_s, spacing, True
+    )
     fwd.seed()
     fwd.arrive(arrivals, arrival_period_s)
     fwd.run({j.job_id for j in targets})
