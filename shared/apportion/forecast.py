@@ -973,10 +973,16 @@ def _chain(fwd: _Forward, job_id: str, start: Micros) -> tuple[ChainStep, ...]:
     nodes = {p.node_id for p in placed.placements}
     victims = {(v.job_id, v.attempt): v for v in placed.decision.victims}
     steps: list[ChainStep] = []
-    on = sorted({i for n in nodes for i in fwd.freed_on.get(n, ())})  # the run ends on its nodes, in time order
-    for t, key, _where in (fwd.freed[i] for i in on):
-        if t > start:
-            break  # (in time order: the rest end after it starts)
+    freed = fwd.freed
+    on: list[int] = []  # the run ends on its nodes up to its start (each node's list is in time order)
+    for n in nodes:
+        for i in fwd.freed_on.get(n, ()):
+            if freed[i][0] > start:
+                break
+            on.append(i)
+    if len(nodes) > 1:
+        on = sorted(set(on))  # a gang's: in time order, each run once
+    for t, key, _where in (freed[i] for i in on):
         if key in victims or key[0] == job_id:
             continue
         end = fwd.ends.get(key)
