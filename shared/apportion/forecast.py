@@ -13,7 +13,9 @@ per replica; a preempted run sends no report, so its stop ends at its grace
 deadline (the dispatcher's own rule for a run that never reports). Runs
 checkpoint at their interval, and an unallocated run saves its progress when
 it is preempted, as the simulator's workloads do by default. Future
-submissions are left out.
+submissions are left out. Each cycle runs on the forward state and the engine
+caches it keeps, the tick's maintenance folded first (the same events as the
+dispatcher's scratch copy gives: design D12, the forward run's note).
 
 The cycles are spaced by how far ahead they look (``spacing``, :data:`SPACING`;
 :class:`~apportion.sim.core.Debounce`, the simulator's ``min_gap_s`` debounce):
@@ -69,13 +71,13 @@ from __future__ import annotations
 import heapq
 import pickle
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import median
 from typing import Any
 
 from apportion.domain.cluster import UNTIL_STARTED, Run, RunKey
-from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, step, wakeups
-from apportion.domain.engine import run_cycle
+from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, evolve, maintenance, step, wakeups
+from apportion.domain.engine import CycleSnapshot, EngineConfig, run_cycle
 from apportion.domain.engine.reasons import reason_dict
 from apportion.events import (
     Event,
@@ -454,6 +456,28 @@ def run_end(
     return RunEnd(*who, None, "unknown", "no duration, time limit or history, past W/4: runs until preempted")
 
 
+class _EngineCycle:
+    """The engine's cycle as the dispatcher runs it (:func:`~apportion.domain.engine.run_cycle` on the live
+    snapshot and the state's kept indices: ``reads_snapshot_only``), asked once for its explanation.
+
+    ``explain``: the next cycle also says why each job it leaves pending waits (``reasons``, then off again);
+    the decisions are the same either way.
+    """
+
+    reads_snapshot_only = True
+
+    def __init__(self) -> None:
+        self.explain = False
+        self.reasons: dict[str, Any] | None = None
+
+    def __call__(self, snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig) -> list[Event]:
+        explain, self.explain = self.explain, False
+        res = run_cycle(snapshot, now_us, config, explain=explain)
+        if explain:
+            self.reasons = res.reasons
+        return res.events
+
+
 class _Forward:
     """The forward run: the simulator's loop, reduced to what a forecast needs (module docstring)."""
 
@@ -470,8 +494,15 @@ class _Forward:
         declared: bool = True,
         min_gap_s: float = 0.0,
         spacing: float = 0.0,
+        reasons: bool = False,
     ) -> None:
         self.declared = declared
+        # the engine's cycle, run by the dispatcher's step on the forward state (:class:`_EngineCycle`)
+        self.engine = _EngineCycle()
+        if cfg.scheduler is None:
+            cfg = replace(cfg, scheduler=self.engine)
+        self.reasons = reasons and cfg.scheduler is self.engine  # explain the first cycle when it is one at now
+        self.touched = False  # an event or a maintenance folded into the forward state before its first cycle
         self.debounce = Debounce(s_to_us(min_gap_s), spacing, now_us)
         self.state = state
         self.now = now_us
@@ -488,8 +519,10 @@ class _Forward:
         self.ends: dict[RunKey, RunEnd] = {}
         self.live: dict[RunKey, tuple[Micros, float, Micros | None]] = {}  # run -> (start, progress, interval)
         self.started: dict[str, Micros] = {}  # job -> first start in the forward run
+        self.waiting: set[str] | None = None  # the jobs asked about not started yet (``run``)
         self.placed: dict[str, JobPlaced] = {}  # job -> its JobPlaced that started
         self.freed: list[tuple[Micros, RunKey, frozenset[str]]] = []  # run ends: (time, run, its nodes)
+        self.freed_on: dict[str, list[int]] = {}  # node -> the indices in ``freed`` of the run ends on it
         self.nodes_of: dict[RunKey, frozenset[str]] = {}
         self.period_us: Micros = 0  # arrivals replayed every period (``arrive``)
 
@@ -605,7 +638,8 @@ class _Forward:
         ``wanted`` ``None``, until every happening up to ``until_us`` (default the horizon) is done."""
         heap = self.heap
         until = self.horizon if until_us is None else min(until_us, self.horizon)
-        while heap and (wanted is None or not wanted <= self.started.keys()):
+        self.waiting = None if wanted is None else wanted - self.started.keys()  # (emptied as they start)
+        while heap and (wanted is None or self.waiting):
             t = heap[0][0]
             if t > until or self.real == 0:
                 break
@@ -633,13 +667,36 @@ class _Forward:
                 if tick_at is not None:  # spaced: one cycle at the gap's end
                     self.push(tick_at, self._TICK)
                 if now:
-                    self.cycles += 1
-                    self._outputs(step(self.state, Tick(t), t, self.cfg), t)
+                    self._tick(t)
             if self.cycle_us and self.state.pending and self.periodic_at is None:
                 self.periodic_at = t + self.cycle_us
                 self.push(self.periodic_at, self._PERIODIC)
 
+    def _tick(self, t: Micros) -> None:
+        """The dispatcher's cycle at ``t`` (``step`` of a :class:`Tick`: maintenance, then the cycle), on the
+        state itself: the maintenance's events (stops that end at ``t``) are folded first, so that the cycle
+        runs on the forward state and its engine caches, not on a scratch copy that would index every run
+        and node again. The same events in the same order: the ledger's occupancy and capacity up to ``t``
+        are those of the scratch copy (a requeue of a stopped run ends it no earlier than its preemption did),
+        and the maintenance has nothing left to emit at ``t`` once its stops are folded. A state with
+        draining nodes keeps the dispatcher's own path (a drain may emit more once its preemptions are folded).
+        """
+        st, cfg = self.state, self.cfg
+        self.cycles += 1
+        out: list[Event] = []
+        if not st.draining:
+            out = maintenance(st, t, cfg)
+            for e in out:
+                evolve(st, e)
+        # the first cycle, at now with nothing folded before it, is a cycle at now on the caller's state
+        first = self.cycles == 1 and t == self.now and not self.touched and not out and not st.draining
+        self.engine.explain = self.reasons and first
+        self.touched = True
+        out += step(st, Tick(t), t, cfg)
+        self._outputs(out, t)
+
     def _feed(self, ev: Event, t: Micros) -> bool:
+        self.touched = True
         out = step(self.state, ev, t, self.cfg)
         if type(ev) is JobStarted:
             run = self.state.cluster.runs.get((ev.job_id, ev.attempt))
@@ -663,7 +720,7 @@ class _Forward:
             elif type(e) is JobPreempted:
                 key = (e.job_id, e.attempt)
                 live = self.live.pop(key, None)
-                self.freed.append((t, key, self.nodes_of.get(key, frozenset())))
+                self._freed(t, key)
                 if live is not None and not e.allocated and e.grace_s > 0:
                     # an unallocated workload saves its progress on SIGTERM (as the simulator's default)
                     self.push(t, self._EV, self._checkpointed(key, live[1] + us_to_s(max(0, t - live[0])), t))
@@ -681,6 +738,8 @@ class _Forward:
         if run is None or rec is None:
             return
         self.started.setdefault(e.job_id, t)
+        if self.waiting:
+            self.waiting.discard(e.job_id)
         self.push(t, self._EV, self._started(run, e.replica, t))
         if key not in self.live:
             self.nodes_of[key] = frozenset(p.node_id for p in run.placements)
@@ -693,7 +752,7 @@ class _Forward:
         run = self.state.cluster.runs.get(key)
         if run is None or run.stopping:
             return
-        self.freed.append((t, key, self.nodes_of.get(key, frozenset())))
+        self._freed(t, key)
         limited = self.ends[key].basis == "time_limit"  # stopped at its limit: the agent reports it failed
         for r in sorted(run.open_replicas):
             common: dict[str, Any] = {
@@ -706,6 +765,13 @@ class _Forward:
                 "node_id": run.placements[r].node_id,
             }
             self.push(t, self._EV, JobFailed(**common, reason="time_limit") if limited else JobCompleted(**common))
+
+    def _freed(self, t: Micros, key: RunKey) -> None:
+        """Run ``key`` ended or was preempted at ``t``: recorded for the chains, indexed by its nodes."""
+        where = self.nodes_of.get(key, frozenset())
+        for n in where:
+            self.freed_on.setdefault(n, []).append(len(self.freed))
+        self.freed.append((t, key, where))
 
     def _checkpointed(self, key: RunKey, progress: float, t: Micros) -> JobCheckpointed:
         return JobCheckpointed(
@@ -782,8 +848,6 @@ def forecast(
     """
     cfg = config or DispatchConfig(heartbeat_timeout_s=None)
     if cfg.heartbeat_timeout_s is not None:  # no heartbeats in the forward run: no node is lost for want of one
-        from dataclasses import replace
-
         cfg = replace(cfg, heartbeat_timeout_s=None)
     pending = [j for leaf in sorted(state.pending) for j in state.pending[leaf]]
     by_id = {j.job_id: j for j in pending}
@@ -798,17 +862,24 @@ def forecast(
     horizon = now_us + s_to_us(horizon_s)
     if spacing < 0 or min_gap_s < 0 or horizon_s <= 0:
         raise ValueError("spacing and min_gap_s must not be negative, horizon_s must be positive")
-    fwd = _Forward(_copy(state), now_us, cfg, history or {}, horizon, cycle_s, declared_durations, min_gap_s, spacing)
+    fwd = _Forward(
+        _copy(state), now_us, cfg, history or {}, horizon, cycle_s, declared_durations, min_gap_s, spacing, True
+    )
     fwd.seed()
     fwd.arrive(arrivals, arrival_period_s)
     fwd.run({j.job_id for j in targets})
     result = Forecast(now_us, horizon, runs=dict(fwd.ends), cycles=fwd.cycles, spacing=spacing)
     starts = {j.job_id: fwd.started.get(j.job_id) for j in targets}
     chains = {j: () if t is None else _chain(fwd, j, t) for j, t in starts.items()}
-    reasons: dict[str, Any] = {}
-    if cfg.scheduler is None and any(t != now_us or chains[j] for j, t in starts.items()):
+    reasons: dict[str, Any] = fwd.engine.reasons or {}
+    if (
+        fwd.engine.reasons is None
+        and cfg.scheduler is None
+        and any(t != now_us or chains[j] for j, t in starts.items())
+    ):
         # why the jobs that do not start at once wait: the engine's explanation of a cycle at now on the
-        # caller's state (the forward run left it unchanged); not needed when every one starts at once
+        # caller's state (the forward run left it unchanged); the forward run's first cycle is that cycle when
+        # nothing was folded before it (explained then); not needed when every one starts at once
         reasons = run_cycle(state.cycle_snapshot(now_us), now_us, cfg.engine, explain=True).reasons
     for job in targets:
         why = state.waiting_reason(job.job_id, now_us) or reasons.get(job.job_id)
@@ -902,8 +973,17 @@ def _chain(fwd: _Forward, job_id: str, start: Micros) -> tuple[ChainStep, ...]:
     nodes = {p.node_id for p in placed.placements}
     victims = {(v.job_id, v.attempt): v for v in placed.decision.victims}
     steps: list[ChainStep] = []
-    for t, key, where in fwd.freed:
-        if t > start or key in victims or not (where & nodes) or key[0] == job_id:
+    freed = fwd.freed
+    on: list[int] = []  # the run ends on its nodes up to its start (each node's list is in time order)
+    for n in nodes:
+        for i in fwd.freed_on.get(n, ()):
+            if freed[i][0] > start:
+                break
+            on.append(i)
+    if len(nodes) > 1:
+        on = sorted(set(on))  # a gang's: in time order, each run once
+    for t, key, _where in (freed[i] for i in on):
+        if key in victims or key[0] == job_id:
             continue
         end = fwd.ends.get(key)
         if end is None:

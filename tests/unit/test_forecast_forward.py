@@ -1,0 +1,95 @@
+"""The forward run of a forecast runs the dispatcher's cycle on its own state (design D12, D12.job-forecast).
+
+Hand-built histories (:mod:`tests.kit.forecast_history`: tree ``lab`` with ``a`` and ``b`` at 0.5 each, engine
+defaults: grace 30 s, minimum runtime and checkpoint interval 1 h). Starts are computed by hand.
+"""
+
+from __future__ import annotations
+
+from apportion.domain.dispatch import Tick
+from apportion.domain.engine import run_cycle
+from apportion.forecast import forecast
+from apportion.timeutil import s_to_us
+from tests.kit.builders import T0, h, m
+from tests.kit.forecast_history import CFG, History
+
+GRACE_US = s_to_us(30.0)
+
+
+def test_the_cycle_at_a_stops_end_sees_the_victim_requeued_and_places_it_on_gpus_freed_at_that_instant() -> None:
+    # nodes n0 and n1 of 1 GPU. lab/b runs b1 (10 h of work) on n0 and b2 (1 h 30 s) on n1 from T0; lab/a runs
+    # nothing, so lab/b is behind it. a1 (lab/a) is queued at T0 + 10 min. At T0 + 1 h both protections end and
+    # both runs have just checkpointed (1 h): equal cost, the tie goes to the lower node id, n0: a1 preempts b1.
+    # At T0 + 1 h 30 s b1's grace ends and b2 ends on n1: one cycle, in which the dispatcher's maintenance
+    # requeues b1 and starts a1 on n0, and the cycle (on the state with b1 requeued) places b1's attempt 2 on
+    # n1 at once; it resumes from its 3,600 s checkpoint: 32,400 s left, ending at T0 + 10 h 30 s.
+    hist = History().node("n0", 1).node("n1", 1)
+    hist.submit("b1", T0, budget="lab/b", duration_s=36_000.0).submit("b2", T0, budget="lab/b", duration_s=3630.0)
+    hist.submit("a1", m(10))
+    fc = forecast(hist.state, m(10), CFG, spacing=0.0)
+    (a1,) = fc.jobs
+    assert a1.start_us == h(1) + GRACE_US
+    assert [(c.kind, c.job_id) for c in a1.chain] == [("protection_ends", "b1"), ("preempts", "b1")]
+    again = fc.runs[("b1", 2)]
+    assert again.end_us == h(10) + GRACE_US
+    assert again.note == "simulated duration: 32400 s of work in this attempt"
+
+
+def test_the_pending_reasons_are_those_of_a_cycle_now_on_the_callers_state() -> None:
+    # one 1-GPU node running r1 (lab/a, 3 h); p1 (lab/a) and q1 (lab/b) wait. lab/b has used nothing, so it is
+    # ahead of lab/a; r1 is protected until T0 + 1 h: q1 waits for that protection, p1 for free GPUs (its own
+    # budget's run). The reasons come from the forward run's first cycle, the cycle at now on the caller's
+    # state: the engine's explanation of that cycle, run apart, says the same.
+    hist = History().node("n0", 1).submit("r1", T0, duration_s=3 * 3600.0).submit("p1", m(10))
+    hist.submit("q1", m(15), budget="lab/b")
+    now = m(20)
+    fc = forecast(hist.state, now, CFG)
+    reasons = {j.job_id: j.reason for j in fc.jobs}
+    assert reasons["p1"].startswith("no_free_gpus") and reasons["q1"].startswith("protected_until")
+    apart = run_cycle(hist.state.cycle_snapshot(now), now, CFG.engine, explain=True).reasons
+    assert reasons == {job: why.text() for job, why in apart.items()}
+
+
+def test_a_stop_due_at_now_is_folded_first_and_the_reasons_still_come_from_the_callers_state() -> None:
+    # the preemption scenario above, asked at T0 + 1 h 30 s, when b1's stop is due but not yet ended: the forward
+    # run's first cycle follows the maintenance that ends it (a1 starts at once, on n0), so it is not the cycle
+    # on the caller's state; the reasons are then taken from a cycle on the caller's state, run apart (a1 waits
+    # for b1's stop there: placed, so no reason)
+    hist = History().node("n0", 1).node("n1", 1)
+    hist.submit("b1", T0, budget="lab/b", duration_s=36_000.0).submit("b2", T0, budget="lab/b", duration_s=3630.0)
+    hist.submit("a1", m(10)).feed(Tick(h(1)), h(1))  # a1 preempts b1: its stop ends at T0 + 1 h 30 s
+    hist.submit("p2", h(1) + s_to_us(10.0), budget="lab/b")  # behind b1's requeue in lab/b's queue
+    now = h(1) + GRACE_US
+    fc = forecast(hist.state, now, CFG, job_ids=["p2"], spacing=0.0)
+    (p2,) = fc.jobs
+    apart = run_cycle(hist.state.cycle_snapshot(now), now, CFG.engine, explain=True).reasons
+    assert p2.reason == apart["p2"].text()
+
+
+def test_a_chain_lists_the_run_ends_on_the_jobs_own_nodes_only() -> None:
+    # nodes n0 and n1 of 1 GPU; r0 (1 h) on n0 and r1 (2 h) on n1 from T0, both lab/a; p1 (10 h) and p2 (lab/a)
+    # wait. p1 starts on n0 when r0 ends (T0 + 1 h), p2 on n1 when r1 ends (T0 + 2 h): r0's end, earlier but on
+    # n0, is not in p2's chain.
+    hist = History().node("n0", 1).node("n1", 1)
+    hist.submit("r0", T0, duration_s=3600.0).submit("r1", T0, duration_s=7200.0)
+    hist.submit("p1", m(10), duration_s=36_000.0).submit("p2", m(11))
+    fc = forecast(hist.state, m(20), CFG, spacing=0.0)
+    chains = {j.job_id: [(c.kind, c.job_id, c.at_us) for c in j.chain] for j in fc.jobs}
+    assert {j.job_id: j.start_us for j in fc.jobs} == {"p1": h(1), "p2": h(2)}
+    assert chains == {"p1": [("run_ends", "r0", h(1))], "p2": [("run_ends", "r1", h(2))]}
+
+
+def test_the_forward_run_stops_at_the_cycle_that_starts_the_last_job_asked_about() -> None:
+    # the chain scenario, no periodic cycle: cycles at now (T0 + 20 min), at r0's end (T0 + 1 h: p1 starts), when
+    # p1 and p2 have waited the reservation age (1 h after their queueing: T0 + 1 h 10 min and 1 h 11 min) and at
+    # r1's end (T0 + 2 h: p2 starts). Asked about p1 only, the run stops after its second cycle: p2 never starts
+    # in it. Asked about both, it runs all five and stops at the last.
+    hist = History().node("n0", 1).node("n1", 1)
+    hist.submit("r0", T0, duration_s=3600.0).submit("r1", T0, duration_s=7200.0)
+    hist.submit("p1", m(10), duration_s=36_000.0).submit("p2", m(11))
+    one = forecast(hist.state, m(20), CFG, job_ids=["p1"], cycle_s=None, spacing=0.0)
+    assert [(j.job_id, j.start_us) for j in one.jobs] == [("p1", h(1))]
+    assert one.cycles == 2 and ("p2", 1) not in one.runs
+    both = forecast(hist.state, m(20), CFG, job_ids=["p1", "p2"], cycle_s=None, spacing=0.0)
+    assert [(j.job_id, j.start_us) for j in both.jobs] == [("p1", h(1)), ("p2", h(2))]
+    assert both.cycles == 5 and ("p2", 1) in both.runs
