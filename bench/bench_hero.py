@@ -83,7 +83,7 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
         pairs = backlogged_pairs(res.samples, res.start_us, sc.tree)
         bg_pairs = [d for _t, _leaf, d in pairs]
         per_budget = deficit_by_budget(pairs)
-        rows = hero_rows(res, sc, sim.gathering_idle_gpu_s, gpus, sim._saved)
+        rows = hero_rows(res, sc, sim.gathering_idle_gpu_s, gpus, sim._saved, sim.restarts)
         daily = deficit_by_day(res, sc, gpus)
         doc = {
             "policy": name,
@@ -115,7 +115,8 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
                 f"gather_idle_gpu_h={_f(r.gathering_idle_gpu_h)} ({_f(r.gathering_idle_pct_first_day)}% of day 1) "
                 f"preemptions={r.preemptions} lost_gpu_h={r.lost_gpu_h:.0f} "
                 f"max_lost_per_preemption_h={r.max_lost_per_preemption_h:.2f} completion_d={_f(r.completion_d)} "
-                f"progress={r.progress_pct:.0f}% start_d={_f(r.start_d)} stops_d={[round(d, 2) for d in r.stops_d]}",
+                f"progress={r.progress_pct:.0f}% start_d={_f(r.start_d)} stops_d={[round(d, 2) for d in r.stops_d]} "
+                f"restart_h/protection_in_force_h={[(_f(w), _f(p)) for w, p in r.restarts_h]}",
                 flush=True,
             )
         for leaf, b in per_budget.items():
@@ -142,7 +143,7 @@ def _progress_writer(path: str, policy: str, sc: Any, gpus: int) -> Any:
 
     def write(sim: HeroSimulator, t: int) -> None:
         res = types.SimpleNamespace(jobs_ledger=sim.jobs_ledger)
-        rows = hero_rows(res, sc, sim.gathering_idle_gpu_s, gpus, sim._saved)  # type: ignore[arg-type]
+        rows = hero_rows(res, sc, sim.gathering_idle_gpu_s, gpus, sim._saved, sim.restarts)  # type: ignore[arg-type]
         pairs = [d for _t, _leaf, d in backlogged_pairs(sim.samples, sc.start_us, sc.tree)]
         doc = {
             "policy": policy,

@@ -135,3 +135,23 @@ def test_on_day_reports_the_figures_so_far_once_a_day() -> None:
     cfg = SimConfig(seed=1, dispatch=DispatchConfig(heartbeat_timeout_s=None), until_us=T0 + s_to_us(50 * H))
     HeroSimulator(tree, nodes, jobs, dataclasses.replace(cfg, sample_s=3600.0), on_day=on_day).run()
     assert told == [(24.0, False), (48.0, True)]
+
+
+def test_restart_wait_and_the_protection_in_force_at_the_preemption() -> None:
+    # One 8-GPU node. hero-a (8 GPUs, minimum runtime 1 h) runs from T0; bg/x's 8-GPU job (minimum runtime
+    # 2 h, 3 h of work) arrives at 2 h: bg/x is behind (nothing run), hero/a far ahead, the hero's protection
+    # has ended, so the same cycle preempts the hero (no grace, no stop delay) and places the job at 2 h.
+    # Longest protection in force then: the job's, placed at 2 h for 2 h -> 2 h. The hero is placed again
+    # when the job completes, at 2 + 3 = 5 h: a 3 h wait.
+    tree = BudgetTree.from_mapping({"bg": 0.5, "bg/x": 1.0, "hero": 0.5, "hero/a": 1.0})
+    nodes = tuple(hero_nodes(1, 8, 1, 1))
+    hero = SimJob("hero-a", "hero/a", "h", T0, 8, 1, H, 20 * H, None, 3600.0)
+    bg = SimJob("bg-1", "bg/x", "u", T0 + s_to_us(2 * H), 8, 1, 2 * H, 3 * H)
+    sc = HeroScenario(tree, nodes, (hero, bg), ("hero-a",), T0, T0 + s_to_us(8 * H))
+    dcfg = DispatchConfig(engine=EngineConfig(grace_s=0.0), heartbeat_timeout_s=None)
+    cfg = SimConfig(seed=1, dispatch=dcfg, stop_delay_s=0.0, until_us=sc.until_us, keep_log=False)
+    sim = HeroSimulator(tree, nodes, sc.jobs, cfg, heroes=sc.heroes)
+    res = sim.run()
+    assert sim.restarts == {"hero-a": [(3 * H, 2 * H)]}
+    (row,) = hero_rows(res, sc, sim.gathering_idle_gpu_s, 8, sim._saved, sim.restarts)
+    assert (row.preemptions, row.stops_d, row.restarts_h) == (1, (2 / 24,), ((3.0, 2.0),))

@@ -28,7 +28,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from apportion.domain.budgets import BudgetTree
-from apportion.events import Event, JobPlaced, JobSubmitted
+from apportion.domain.cluster import UNTIL_STARTED
+from apportion.domain.engine.reservation import protection_end_us
+from apportion.events import Event, JobPlaced, JobPreempted, JobSubmitted
 from apportion.report import share_deficit_pp
 from apportion.sim.core import SimJob, SimNode, SimResult, Simulator
 from apportion.sim.traces import topology_of
@@ -197,6 +199,12 @@ class HeroSimulator(Simulator):
     jobs together) between the job's submission and its first placement:
     GPUs that sat free while some waiting job could have used them. Two
     heroes gathering at once are each charged the whole of that span's idle.
+
+    ``restarts[job]``: per preemption of a hero job, ``(wait_s, protection_s)``: seconds from the
+    preemption (its requeue) to its next placement (``None`` while it still waits) and the longest
+    protection in force then, seconds: the latest :func:`~apportion.domain.engine.reservation.protection_end_us`
+    of the allocated runs that hold GPUs once the preempting cycle's decisions are in (the runs it placed
+    included), minus the preemption's time.
     """
 
     def __init__(
@@ -212,6 +220,8 @@ class HeroSimulator(Simulator):
         self._heroes = frozenset(heroes)
         self._gather_from: dict[str, float] = {}
         self.gathering_idle_gpu_s: dict[str, float] = {}
+        self.restarts: dict[str, list[tuple[float | None, float]]] = {}
+        self._requeued: dict[str, Micros] = {}
         self._on_day = on_day
         self._day0: Micros | None = None
         self._days_told = 0
@@ -241,13 +251,28 @@ class HeroSimulator(Simulator):
         for e in out:
             if type(e) is JobPlaced and e.job_id in self._gather_from and e.job_id not in self.gathering_idle_gpu_s:
                 self.gathering_idle_gpu_s[e.job_id] = self._idle_so_far(t) - self._gather_from[e.job_id]
+            elif type(e) is JobPlaced and e.job_id in self._requeued:
+                at = self._requeued.pop(e.job_id)
+                _wait, prot = self.restarts[e.job_id][-1]
+                self.restarts[e.job_id][-1] = (us_to_s(t - at), prot)
+            elif type(e) is JobPreempted and e.job_id in self._heroes and e.job_id not in self._requeued:
+                self._requeued[e.job_id] = t
+                self.restarts.setdefault(e.job_id, []).append((None, us_to_s(self._longest_protection(t) - t)))
         super()._outputs(out, t)
+
+    def _longest_protection(self, t: Micros) -> Micros:
+        """The latest end of protection of the allocated runs holding GPUs now (stopping runs aside; ``t``
+        when none is protected past it; a run protected until it completes has no known end and is left out)."""
+        ends = (protection_end_us(r) for r in self.state.cluster.runs.values() if r.allocated and not r.stopping)
+        return max((e for e in ends if e < UNTIL_STARTED), default=t)
 
 
 @dataclass(frozen=True, slots=True)
 class HeroRow:
     """Figures of one hero job in one run (``None``: did not happen within the run); ``stops_d`` and
-    ``start_d``: when it was stopped (preempted) and first placed, days since the scenario's start."""
+    ``start_d``: when it was stopped (preempted) and first placed, days since the scenario's start;
+    ``restarts_h``: per preemption, hours from it to the next placement (``None``: still waiting) and the
+    longest protection in force at it, hours (:attr:`HeroSimulator.restarts`)."""
 
     job_id: str
     gpus: int
@@ -262,6 +287,7 @@ class HeroRow:
     progress_pct: float
     stops_d: tuple[float, ...] = ()
     start_d: float | None = None
+    restarts_h: tuple[tuple[float | None, float], ...] = ()
 
 
 def hero_rows(
@@ -270,11 +296,14 @@ def hero_rows(
     gathering_idle_gpu_s: Mapping[str, float],
     capacity_gpus: int,
     saved: Mapping[str, float] | None = None,
+    restarts: Mapping[str, Sequence[tuple[float | None, float]]] | None = None,
 ) -> list[HeroRow]:
     """Per hero job: hours from submission to first start, GPU-hours idled while it gathered (and as a
     percentage of the GPU-hours it then runs in its first day), preemptions, GPU-hours of work lost (and the
     most one preemption lost, in hours of the whole gang), days from submission to completion, and the part
-    of its work done (saved by checkpoints, or completed) when the run ended."""
+    of its work done (saved by checkpoints, or completed) when the run ended; with ``restarts``
+    (:attr:`HeroSimulator.restarts`), each restart's wait and the longest protection in force at its
+    preemption, in hours."""
     ledger = result.jobs_ledger
     specs = {j.job_id: j for j in scenario.jobs}
     rows = []
@@ -302,6 +331,9 @@ def hero_rows(
                 progress_pct=100 * progress / spec.duration_s,
                 stops_d=tuple(us_to_s(s.at_us - scenario.start_us) / DAY_S for s in stops),
                 start_d=None if placed is None else us_to_s(placed - scenario.start_us) / DAY_S,
+                restarts_h=tuple(
+                    (None if w is None else w / 3600, p / 3600) for w, p in (restarts or {}).get(job_id, ())
+                ),
             )
         )
     return rows

@@ -17,7 +17,7 @@ from apportion.domain.cluster import PROTECTION_UNTIL_DONE_S, UNTIL_STARTED, Clu
 from apportion.domain.engine.placement import CycleFree, topology_pick
 from apportion.timeutil import Micros, s_to_us
 
-__all__ = ["earliest_fit_us", "hero_sheltered", "reservation_nodes", "share_covers"]
+__all__ = ["earliest_fit_us", "hero_sheltered", "protection_end_us", "reservation_nodes", "share_covers"]
 
 _UNTIL_DONE_US = s_to_us(PROTECTION_UNTIL_DONE_S)  # a run protected until it completes: no known end
 
@@ -47,6 +47,20 @@ def hero_sheltered(gpus: int, share: float, capacity_gpus: int, ratio: float, he
     if hero_min_gpus is None or gpus < hero_min_gpus:
         return False
     return share_covers(gpus, share, capacity_gpus) and ratio <= 1.0
+
+
+def protection_end_us(run: Run) -> Micros:
+    """When an allocated ``run``'s protection ends, µs UTC, as a reservation counts it: from its start
+    (:attr:`Run.protected_until_us`), or for a run not yet started from its placement (earlier: a lower
+    bound); :data:`~apportion.domain.cluster.UNTIL_STARTED` for a run protected until it completes (no
+    known end)."""
+    if run.protection_us is not None and run.protection_us >= _UNTIL_DONE_US:
+        return UNTIL_STARTED
+    until = run.protected_until_us
+    if until is None or until >= UNTIL_STARTED:
+        length = run.min_runtime_us if run.protection_us is None else run.protection_us
+        until = run.placed_at_us + length
+    return until
 
 
 def earliest_fit_us(
@@ -90,13 +104,8 @@ def earliest_fit_us(
             if run is None or run.stopping or not run.allocated or key in taken:
                 continue
             n = sum(len(run.placements[r].gpus) for r in run.open_replicas if run.placements[r].node_id == nid)
-            until = run.protected_until_us
-            if until is None or until >= UNTIL_STARTED:
-                length = run.min_runtime_us if run.protection_us is None else run.protection_us
-                until = run.placed_at_us + length
-            if (run.protection_us is not None and run.protection_us >= _UNTIL_DONE_US) or (
-                may_take is not None and not may_take(run, max(until, now_us))
-            ):
+            until = protection_end_us(run)
+            if until < UNTIL_STARTED and may_take is not None and not may_take(run, max(until, now_us)):
                 until = UNTIL_STARTED  # its GPUs come back when it ends: no known time
             held.append((until, n))
             busy += n
