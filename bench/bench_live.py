@@ -298,6 +298,7 @@ class LiveRun:
         from apportion.bus.producer import EventProducer
         from apportion.bus.provision import provision
         from apportion.cli.stack import dev_keyring
+        from apportion.client import client_linger_ms
         from apportion.identity.keys import Identity
         from apportion.topics import COMMANDS, JOBS, NODES
 
@@ -313,9 +314,9 @@ class LiveRun:
             # the node agent signs every report with its nodes' keys, made and registered here on first use
             APPORTION_KEYRING=str(dev_keyring(self.tmp / "keyring")),
         )
-        # the client's own produce settings (apportion.client.publish: linger 2 ms, then one flush); a latency
-        # probe's flush sends at once
-        self.producer = EventProducer(self.bootstrap, client_id="bench")
+        # the client's own produce settings for many submissions (apportion.client.publish: linger 2 ms, then
+        # one flush); the latency probes have a producer of their own with the client's setting for one
+        self.producer = EventProducer(self.bootstrap, client_id="bench", linger_ms=client_linger_ms(2))
         now = datetime.now(UTC)
         for path, share in (("bench", 1.0), ("bench/a", 0.5), ("bench/b", 0.5)):
             self.producer.publish(events.BudgetSet(path=path, share=share, ts=now, producer="bench"))
@@ -350,12 +351,15 @@ class LiveRun:
             raise BenchError("the stack did not place a probe job within 120 s")
         return self
 
-    def submit(self, job_id: str, budget: str, duration: float, gpus: int = 1, array: str | None = None) -> None:
-        """One signed submission; with ``array`` (Slurm's index expression), one record for the array's jobs."""
+    def submit(
+        self, job_id: str, budget: str, duration: float, gpus: int = 1, array: str | None = None, producer: Any = None
+    ) -> None:
+        """One signed submission; with ``array`` (Slurm's index expression), one record for the array's jobs;
+        ``producer``: another than the run's (the latency probes')."""
         from apportion import events
 
         t = datetime.now(UTC)
-        self.producer.send(
+        (producer or self.producer).send(
             self.signer.sign(  # the dispatcher checks every signature (docs/security.md)
                 events.JobSubmitted(
                     job_id=job_id,
@@ -603,24 +607,31 @@ def latency(run: LiveRun, n: int, figures: dict[str, Any]) -> bool:
     """``n`` one-GPU submissions one at a time on an idle cluster: wall ms from the producer's ack to the
     ``StartWorkload`` at a reader, p50 and p99 (target p50 <= 15 ms), then each hop's median and p95 from the
     records' times (:data:`HOPS`). Sets ``latency_*`` figures; true when the target is met."""
+    from apportion.bus.producer import EventProducer
+    from apportion.client import client_linger_ms
     from apportion.sim.report import percentile
 
     w = run.watcher
     assert w is not None
     lat, times = [], []
-    for i in range(n):
-        jid = f"lat{i}"
-        sent = time.time()
-        run.submit(jid, "bench/a" if i % 2 else "bench/b", 1.0)
-        run.producer.flush()
-        acked, t0 = time.time(), time.perf_counter()
-        t1 = w.wait_for(("StartWorkload", jid), 30)
-        if t1 is None:
-            raise BenchError(f"no StartWorkload for {jid} within 30 s")
-        lat.append((t1 - t0) * 1000)
-        if w.wait_for(("JobStarted", jid), 30) is None:
-            raise BenchError(f"no JobStarted for {jid} within 30 s")
-        times.append((jid, sent, acked))
+    # one submission at a time, as the CLI's submit sends it (apportion.client.publish)
+    probe = EventProducer(run.bootstrap, client_id="bench-latency", linger_ms=client_linger_ms(1))
+    try:
+        for i in range(n):
+            jid = f"lat{i}"
+            sent = time.time()
+            run.submit(jid, "bench/a" if i % 2 else "bench/b", 1.0, producer=probe)
+            probe.flush()
+            acked, t0 = time.time(), time.perf_counter()
+            t1 = w.wait_for(("StartWorkload", jid), 30)
+            if t1 is None:
+                raise BenchError(f"no StartWorkload for {jid} within 30 s")
+            lat.append((t1 - t0) * 1000)
+            if w.wait_for(("JobStarted", jid), 30) is None:
+                raise BenchError(f"no JobStarted for {jid} within 30 s")
+            times.append((jid, sent, acked))
+    finally:
+        probe.close()
     p50, p95, p99 = statistics.median(lat), percentile(lat, 95), percentile(lat, 99)
     figures.update(latency_p50_ms=p50, latency_p95_ms=p95, latency_p99_ms=p99)
     say(

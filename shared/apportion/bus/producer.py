@@ -16,7 +16,6 @@ Nothing connects at import time; :class:`EventProducer` connects when built.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -153,34 +152,32 @@ class EventProducer:
     def abort(self, timeout_s: float = COMMIT_TIMEOUT_S) -> None:
         """Abort the open transaction (its records are never returned to :data:`READ_COMMITTED` readers),
         so that readers do not wait at it until the transaction timeout; raises like :meth:`commit`."""
-        self._bounded(self._producer.abort_transaction, timeout_s, "aborted")
+        self._end_transaction(False, timeout_s)
 
     def commit(self, timeout_s: float = COMMIT_TIMEOUT_S) -> None:
         """Flush and commit the open transaction; raises what the commit raised (``ProducerFencedError``:
         a newer instance holds the id, :func:`is_fenced`), or ``TimeoutError`` after ``timeout_s`` wall
         seconds (the commit may still end later; the caller ends its term either way)."""
-        self._bounded(self._producer.commit_transaction, timeout_s, "committed")
+        self._end_transaction(True, timeout_s)
 
-    @staticmethod
-    def _bounded(call: Any, timeout_s: float, what: str) -> None:
-        """``call()`` in a helper thread, waited for at most ``timeout_s`` (kafka-python's transaction
-        calls wait without a bound); raises what it raised, or ``TimeoutError``."""
-        done: list[BaseException | None] = []
+    def _end_transaction(self, commit: bool, timeout_s: float) -> None:
+        """What kafka-python's ``commit_transaction`` (``abort_transaction``) does, with a bound on the wait.
 
-        def run() -> None:
-            try:
-                call()
-                done.append(None)
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-                done.append(exc)
+        Its own calls wait without a bound; waiting here, in the caller's thread, on the result the sender
+        thread completes keeps the bound without a helper thread (a thread start and a join per commit,
+        each a hand-off that waits for a core on a loaded machine). Raises what the transaction manager
+        raised when asked (a producer in an error state), what the commit or abort ended with, or
+        ``TimeoutError``."""
+        manager = self._producer._transaction_manager
+        if manager is None or not manager.is_transactional():
+            from kafka.errors import IllegalStateError
 
-        t = threading.Thread(target=run, name=f"txn-{what}", daemon=True)
-        t.start()
-        t.join(timeout_s)
-        if not done:
+            raise IllegalStateError("this producer has no transactional_id: no transaction to end")
+        result = manager.begin_commit() if commit else manager.begin_abort()
+        self._producer._sender.wakeup()
+        if not result.wait(timeout_ms=int(timeout_s * 1000)):
+            what = "committed" if commit else "aborted"
             raise TimeoutError(f"the transaction was not {what} within {timeout_s:.0f} s")
-        if done[0] is not None:
-            raise done[0]
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Block until every queued record is acknowledged (or ``timeout_s``)."""
