@@ -121,6 +121,34 @@ class EventProducer:
             topic, value=events.encode(event) if value is None else value, key=events.key_of(event).encode("utf-8")
         )
 
+    def send_many(self, sent: Sequence[tuple[events.Event, bytes | None]]) -> list[FutureRecordMetadata]:
+        """:meth:`send` each ``(event, value)``; in a transaction, every partition they go to is added to it
+        before the first is queued.
+
+        kafka-python adds a transaction's new partitions in one AddPartitionsToTxn request when its sender
+        thread wakes, which the first record of a new batch does; a partition met after that waits for the
+        answer and a second request, and every record of the transaction with it. Adding them all first
+        (what ``send`` itself would add, partitioned as ``send`` partitions) makes it one request. A topic whose
+        partitions the producer does not know yet is left to ``send``, as before."""
+        records = [
+            (
+                topic_name(events.TOPIC_OF[e.type]),
+                events.encode(e) if v is None else v,
+                events.key_of(e).encode("utf-8"),
+            )
+            for e, v in sent
+        ]
+        kp = self._producer
+        manager = kp._transaction_manager
+        if manager is not None and manager.is_transactional() and len(records) > 1:
+            from kafka.structs import TopicPartition
+
+            for topic, value, key in records:
+                partition = kp._partition(topic, None, key, value, key, value)
+                if partition is not None:
+                    manager.maybe_add_partition_to_transaction(TopicPartition(topic, partition))
+        return [kp.send(topic, value=value, key=key) for topic, value, key in records]
+
     def publish(self, event: events.Event, timeout_s: float = 30.0) -> RecordMetadata:
         """Send ``event`` and wait for the ack; raises the Kafka error on failure."""
         return self.send(event).get(timeout=timeout_s)
@@ -202,7 +230,7 @@ class Unacked:
     with the same deterministic id).
 
     Args:
-        producer: ``send(event, value) -> future`` and ``flush()`` (:class:`EventProducer`); with
+        producer: ``send_many(pairs) -> futures`` and ``flush()`` (:class:`EventProducer`); with
             ``transactional``, also ``begin()`` and ``commit()``.
         transactional: the first send after a :meth:`flush` opens a transaction and :meth:`flush` commits
             it, so what one flush covers becomes visible to :data:`READ_COMMITTED` readers at once or never.
@@ -223,8 +251,8 @@ class Unacked:
         if sent and self.transactional and not self.open:
             self._producer.begin()
             self.open = True
-        for e, value in sent:
-            self._producer.send(e, value).add_errback(self.failed.append)
+        for future in self._producer.send_many(sent):
+            future.add_errback(self.failed.append)
 
     def flush(self) -> None:
         """Block until every record sent is acknowledged; in a transaction, commit it. Raises what the
