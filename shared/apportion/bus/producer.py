@@ -116,9 +116,16 @@ class EventProducer:
                 :meth:`apportion.identity.keys.ReportSigner.value`); encoded here
                 when ``None``. Passing anything else is a caller bug.
         """
-        topic = topic_name(events.TOPIC_OF[event.type])
-        return self._producer.send(
-            topic, value=events.encode(event) if value is None else value, key=events.key_of(event).encode("utf-8")
+        topic, value, key = self._record(event, value)
+        return self._producer.send(topic, value=value, key=key)
+
+    @staticmethod
+    def _record(event: events.Event, value: bytes | None) -> tuple[str, bytes, bytes]:
+        """``event``'s topic, value (``value``, or the event encoded when ``None``) and key as bytes."""
+        return (
+            topic_name(events.TOPIC_OF[event.type]),
+            events.encode(event) if value is None else value,
+            events.key_of(event).encode("utf-8"),
         )
 
     def send_many(self, sent: Sequence[tuple[events.Event, bytes | None]]) -> list[FutureRecordMetadata]:
@@ -130,14 +137,7 @@ class EventProducer:
         answer and a second request, and every record of the transaction with it. Adding them all first
         (what ``send`` itself would add, partitioned as ``send`` partitions) makes it one request. A topic whose
         partitions the producer does not know yet is left to ``send``, as before."""
-        records = [
-            (
-                topic_name(events.TOPIC_OF[e.type]),
-                events.encode(e) if v is None else v,
-                events.key_of(e).encode("utf-8"),
-            )
-            for e, v in sent
-        ]
+        records = [self._record(e, v) for e, v in sent]
         kp = self._producer
         manager = kp._transaction_manager
         if manager is not None and manager.is_transactional() and len(records) > 1:
