@@ -4,19 +4,27 @@ Usage (traces from ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the c
 
     .venv/bin/python bench/sim_tail.py run philly week44 fairshare OUT.json [--seed N] [--tail-h H] [--churn-bound N]
         [--free-order 0|1] [--progress-after N]
-        [--at-share-bound N] [--owner-free 0|1]
+        [--at-share-bound N] [--owner-free 0|1] [--gang-wait-h H] [--runs RUNS.json]
     .venv/bin/python bench/sim_tail.py run itp week5 slurm OUT.json [--budgets infra/budgets/itp-hetero.yaml]
     .venv/bin/python bench/sim_tail.py compare FAIR.json PEER.json
+    .venv/bin/python bench/sim_tail.py decompose FAIR.json PEER.json    (both run with --runs OUT.runs.json)
 
 ``run`` simulates one policy as ``apportion simulate`` does (same defaults; ``--churn-bound N`` sets
 ``EngineConfig.churn_bound``, 0 = none; ``--free-order`` sets ``EngineConfig.free_order``, ``--progress-after N``
-``EngineConfig.progress_after``, ``--at-share-bound N`` ``EngineConfig.at_share_bound``, 0 = off, ``--owner-free`` ``EngineConfig.owner_free``), writes the policy's report (the ``--json`` document) beside OUT
+``EngineConfig.progress_after``, ``--at-share-bound N`` ``EngineConfig.at_share_bound``, 0 = off, ``--owner-free`` ``EngineConfig.owner_free``,
+``--gang-wait-h H`` ``EngineConfig.gang_wait_s`` in hours), writes the policy's report (the ``--json`` document) beside OUT
 (``.json`` replaced by ``.report.json``) and one row per job to OUT: budget, allocated, shape g x k, duration,
 submit, first placement, completion (µs; null when not reached) and preemptions. ``compare`` reads two such
 files of the same slice and seed and prints, for the first policy against the second: the jobs that make the JCT tail (completion time above the first policy's p95)
 and the never-placed jobs, by GPUs asked for (1, 2-4, 5-8, gangs of 16 and more), by budget, and by the
 preemptions they suffered, with the same jobs' figures under the second policy; then the allocated waits
-above the first policy's p95 by size and budget. Not part of ``make bench`` (a study, not a target).
+above the first policy's p95 by size and budget. ``--runs R.json`` also writes one row per run (attempt): its
+budget, GPUs, placement and end (µs), how it ended, the budget's r when placed, whether it held the reservation,
+its protection, the work its preemption lost. ``decompose`` reads two runs files (OUT with ``.json`` replaced by
+``.runs.json``) and prints where each policy's GPU-hours went (allocated and free runs by how they ended, work
+lost, protected runs, re-runs, reservation holders), the jobs completed and never placed of each class, and, at
+the moments the second policy started the free jobs it completed and the first never placed, the GPUs the first
+held by class of run and by budget. Not part of ``make bench`` (a study, not a target).
 """
 
 from __future__ import annotations
@@ -63,6 +71,12 @@ def run(argv: list[str]) -> int:
         return res
 
     churn = _opt(argv, "--churn-bound", None)
+    runs_out = _opt(argv, "--runs", None)
+    gang_wait = _opt(argv, "--gang-wait-h", None)
+    runs: dict[tuple[str, int], dict[str, Any]] = {}
+    ledger_apply = core.JobLedger.apply
+    if runs_out is not None:
+        core.JobLedger.apply = _recorder(ledger_apply, runs)  # type: ignore[method-assign]
     core.Simulator.run = keep  # type: ignore[method-assign]  # the study keeps the result _run drops
     try:
         rep = _run(
@@ -76,10 +90,16 @@ def run(argv: list[str]) -> int:
             free_order=_opt(argv, "--free-order", "0") != "0",
             progress_after=int(_opt(argv, "--progress-after", "0") or 0) or None,
             at_share_bound=int(_opt(argv, "--at-share-bound", "0") or 0) or None,
-            owner_free=_opt(argv, "--owner-free", "0") != "0",
+            knobs={
+                "owner_free": _opt(argv, "--owner-free", "0") != "0",
+                "gang_wait_s": None if gang_wait is None else float(gang_wait) * 3600,
+            },
         )
     finally:
         core.Simulator.run = orig  # type: ignore[method-assign]
+        core.JobLedger.apply = ledger_apply  # type: ignore[method-assign]
+    if runs_out is not None:
+        Path(runs_out).write_text(json.dumps(list(runs.values())))
     led = kept[0].jobs_ledger
     rows = [
         {
@@ -108,6 +128,52 @@ def run(argv: list[str]) -> int:
         f"wall {d['wall_s']:.0f} s -> {out}"
     )
     return 0
+
+
+def _recorder(apply: Any, runs: dict[tuple[str, int], dict[str, Any]]) -> Any:
+    """Wrap ``JobLedger.apply`` so that every run's span, size, budget, r at placement and end are kept."""
+    from apportion.events import JobCompleted, JobPlaced, JobPreempted, JobRequeued
+    from apportion.timeutil import to_us
+
+    def rec(self: Any, ev: Any) -> Any:
+        t = type(ev)
+        if t is JobPlaced:
+            d = ev.decision
+            runs[(ev.job_id, ev.attempt)] = {
+                "id": ev.job_id,
+                "att": ev.attempt,
+                "budget": ev.budget,
+                "alloc": ev.allocated,
+                "gpus": ev.gpus_per_replica * ev.replicas,
+                "placed": to_us(ev.ts),
+                "end": None,
+                "how": None,
+                "r": d.ratio,
+                "resv": d.reservation,
+                "prot_s": d.protection_s,
+                "pre": d.preemptions or 0,
+                "lost": 0.0,
+                "by": None,
+                "victims": len(d.victims),
+            }
+        elif t is JobPreempted:
+            r = runs.get((ev.job_id, ev.attempt))
+            if r is not None:
+                r["how"] = "preempted"
+                r["lost"] = ev.lost_gpu_s or 0.0
+                r["by"] = ev.by_budget
+        elif t is JobRequeued or t is JobCompleted:
+            # (a requeue names the attempt the job waits as: the run it ends is the one before)
+            r = runs.get((ev.job_id, ev.attempt - 1 if t is JobRequeued else ev.attempt))
+            if r is not None:
+                r["end"] = max(r["end"] or 0, to_us(ev.ts))
+                if t is JobCompleted:
+                    r["how"] = "done"
+                elif r["how"] is None:
+                    r["how"] = ev.reason
+        return apply(self, ev)
+
+    return rec
 
 
 def _size(r: dict[str, Any]) -> str:
@@ -174,11 +240,111 @@ def compare(argv: list[str]) -> int:
     return 0
 
 
+def _held(rows: list[dict[str, Any]], end: int) -> dict[str, float]:
+    """GPU-hours of runs by class: allocated or not, how the run ended (completed, preempted, open at the end)."""
+    out: dict[str, float] = collections.defaultdict(float)
+    for r in rows:
+        span = ((r["end"] or end) - r["placed"]) / H * r["gpus"]
+        cls = "alloc" if r["alloc"] else "unalloc"
+        how = "done" if r["how"] == "done" else "preempted" if r["how"] == "preempted" else "open"
+        out[f"{cls} {how}"] += span
+        out[f"{cls} held"] += span
+        out[f"{cls} lost"] += r["lost"] / 3600
+        if r["alloc"] and r["prot_s"] is not None:
+            out["alloc protected"] += min(span, r["gpus"] * r["prot_s"] / 3600)
+        if r["alloc"] and r["att"] > 1:
+            out["alloc re-runs"] += span
+        if r["resv"]:
+            out["alloc reservation holders"] += span
+    return out
+
+
+def _holders(rows: list[dict[str, Any]], times: list[int], end: int) -> dict[str, float]:
+    """Mean GPUs held at ``times`` by class of run: unallocated; allocated of a budget at r <= 1 or above when
+    placed, first runs or re-runs after a preemption."""
+    ev: list[tuple[int, int, str]] = []
+    for r in rows:
+        if r["alloc"]:
+            cls = ("alloc r<=1" if r["r"] <= 1 else "alloc r>1") + (" re-run" if r["att"] > 1 else "")
+        else:
+            cls = "unalloc"
+        ev.append((r["placed"], r["gpus"], cls))
+        ev.append((r["end"] or end, -r["gpus"], cls))
+    ev.sort()
+    cur: dict[str, int] = collections.defaultdict(int)
+    acc: dict[str, float] = collections.defaultdict(float)
+    i = 0
+    for t in sorted(times):
+        while i < len(ev) and ev[i][0] <= t:
+            cur[ev[i][2]] += ev[i][1]
+            i += 1
+        for k, v in cur.items():
+            acc[k] += v
+    return {k: v / max(1, len(times)) for k, v in sorted(acc.items())}
+
+
+def decompose(argv: list[str]) -> int:
+    """Where the GPU-hours went under two policies (``run ... --runs``): the completed-jobs gap by component."""
+    a, b = (json.loads(Path(p).read_text()) for p in argv[:2])
+    ra, rb = (json.loads(Path(p.removesuffix(".json") + ".runs.json").read_text()) for p in argv[:2])
+    span = (a["end"] - min(r["submit"] for r in a["jobs"])) / H
+    print(f"{a['policy']} against {b['policy']}, {a['slice']} seed {a['seed']}: span {span:.1f} h")
+    ha, hb = _held(ra, a["end"]), _held(rb, b["end"])
+    for k in sorted(set(ha) | set(hb)):
+        print(f"  {k:>28}: {ha.get(k, 0):10.0f} {hb.get(k, 0):10.0f}  diff {ha.get(k, 0) - hb.get(k, 0):+10.0f} GPU-h")
+    for doc in (a, b):
+        for cls in (True, False):
+            rs = [r for r in doc["jobs"] if r["alloc"] is cls]
+            done = [r for r in rs if r["done"]]
+            print(
+                f"  {doc['policy']} {'allocated' if cls else 'unallocated'}: jobs {len(rs)}, completed {len(done)} "
+                f"({sum(r['g'] * r['k'] * r['dur_h'] for r in done):.0f} GPU-h of work), never placed "
+                f"{sum(1 for r in rs if not r['placed'])}"
+            )
+    mine = {r["id"]: r for r in a["jobs"]}
+    miss = [r for r in b["jobs"] if not r["alloc"] and r["done"] and not mine[r["id"]]["placed"]]
+    times = [r["placed"] for r in miss]
+    print(f"  unallocated jobs {b['policy']} completed and {a['policy']} never placed: {len(miss)}")
+    print(f"    mean GPUs held at their start under {b['policy']}, by class of run: {a['policy']} / {b['policy']}")
+    ca, cb = _holders(ra, times, a["end"]), _holders(rb, times, b["end"])
+    for k in sorted(set(ca) | set(cb)):
+        print(f"    {k:>20}: {ca.get(k, 0):7.1f} {cb.get(k, 0):7.1f}")
+    by: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+    for rows, j in ((ra, 0), (rb, 1)):
+        held = _budget_holders(rows, times, a["end"] if j == 0 else b["end"])
+        for k, v in held.items():
+            by[k][j] = v
+    print("    allocated GPUs held at those times by budget: " + a["policy"] + " / " + b["policy"])
+    for k, (x, y) in sorted(by.items(), key=lambda kv: -abs(kv[1][0] - kv[1][1]))[:12]:
+        print(f"    {k:>20}: {x:7.1f} {y:7.1f}")
+    return 0
+
+
+def _budget_holders(rows: list[dict[str, Any]], times: list[int], end: int) -> dict[str, float]:
+    """Mean allocated GPUs held by each budget at ``times``."""
+    for r in rows:
+        r["_cls"] = r["budget"].rsplit("/", 1)[-1] if r["alloc"] else "(unallocated)"
+    ev = sorted(
+        [(r["placed"], r["gpus"], r["_cls"]) for r in rows] + [(r["end"] or end, -r["gpus"], r["_cls"]) for r in rows]
+    )
+    cur: dict[str, int] = collections.defaultdict(int)
+    acc: dict[str, float] = collections.defaultdict(float)
+    i = 0
+    for t in sorted(times):
+        while i < len(ev) and ev[i][0] <= t:
+            cur[ev[i][2]] += ev[i][1]
+            i += 1
+        for k, v in cur.items():
+            acc[k] += v
+    return {k: v / max(1, len(times)) for k, v in acc.items()}
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("run", "compare"):
+    cmds = {"run": run, "compare": compare, "decompose": decompose}
+    if not argv or argv[0] not in cmds:
         print(__doc__)
         return 2
-    return run(argv[1:]) if argv[0] == "run" else compare(argv[1:])
+    return cmds[argv[0]](argv[1:])
 
 
 if __name__ == "__main__":

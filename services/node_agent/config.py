@@ -94,8 +94,8 @@ class NodeAgentSettings(ServiceSettings):
         cgroup_version: ``auto`` (v2 when ``cgroup_root`` is a unified hierarchy, else the v1 controllers
             under it), ``1`` or ``2``.
         cgroup_parent: the agent's cgroup, parent of the replicas' (default ``apportion/<topic prefix><agent>``).
-        sandbox_memory_mb_per_gpu: memory limit of a replica per GPU it holds, MiB (``None``: the node's
-            memory divided by its GPU count).
+        sandbox_memory_mb_per_gpu: memory limit of a replica per GPU it holds, MiB (``None``: the machine's
+            memory divided by the GPUs of every node the agent hosts on it, :func:`services.node_agent.sandbox.memory_mb_per_gpu`).
         sandbox_cpu_weight_per_gpu: CPU weight of a replica per GPU it holds (cgroup v2 scale, 100 = one
             ordinary process; v1 ``cpu.shares`` = weight * 1024 / 100).
         sandbox_pids_max: most processes and threads in one replica.

@@ -10,7 +10,8 @@ each process replica the agent:
 * gives it only the documented environment (:data:`services.node_agent.logic.JOB_ENV_ALLOWED` and the
   job's own ``env``: :meth:`services.node_agent.logic.Workload.process_env`);
 * creates its checkpoint and output directories owned by that account, mode 0700 (:func:`own_dir`);
-* creates its cgroup (:class:`CgroupV1` where the node mounts the v1 controllers, :class:`CgroupV2` on a
+* creates its cgroup (never joining one that holds another run's processes: :func:`_refuse_occupied`;
+  :class:`CgroupV1` where the node mounts the v1 controllers, :class:`CgroupV2` on a
   pure v2 hierarchy: :func:`cgroups`) with a memory limit, CPU weight and process limit from the node
   settings (:class:`Limits`) and device access to its own GPUs' device files, the shared NVIDIA control
   devices present and the usual pseudo devices only (:func:`device_rules`: v1 ``devices.allow``, v2 a BPF
@@ -360,6 +361,15 @@ class Limits:
         )
 
 
+def memory_mb_per_gpu(total_mb: int, gpus_per_node: Iterable[int]) -> int:
+    """The default memory limit per GPU (``sandbox_memory_mb_per_gpu`` unset): the machine's ``total_mb`` over
+    every GPU the agent hosts on it, at least 1 MiB. An agent hosting several nodes on one machine (simulated
+    nodes) gives out their GPUs from the same memory: 8 nodes of 8 GPUs on 24,105 MiB get 376 MiB per GPU, so
+    64 one-GPU replicas fit in the machine together, where a share of one node's 8 GPUs (3,013 MiB) would let
+    them ask for eight times what it has."""
+    return max(1, total_mb // max(1, sum(gpus_per_node)))
+
+
 class Cgroup(Protocol):
     """One replica's cgroup."""
 
@@ -419,6 +429,21 @@ def _rmdirs(base: Path, parent: str) -> None:
         except OSError:
             return
         parts.pop()
+
+
+def _refuse_occupied(name: str, pids: set[int], where: Path) -> None:
+    """A new replica's cgroup holds no process yet; one that does belongs to another run: a second agent on this
+    machine under the same parent (two local stacks with the same agent name and topic prefix) whose replica has
+    the same name (node, job id, attempt and replica alike; a job id is its submitter's choice). Joining it
+    would rewrite that run's limits, and the end of this one would kill its processes.
+
+    Raises:
+        OSError: ``EEXIST``, the cgroup and some of its processes named (the start fails; nothing joined it).
+    """
+    if pids:
+        raise OSError(
+            errno.EEXIST, f"cgroup {name} already holds processes {sorted(pids)[:8]} of another run", str(where)
+        )
 
 
 def _write(path: Path, value: str) -> None:
@@ -542,6 +567,7 @@ class CgroupV1Driver:
 
     def create(self, name: str, limits: Limits, devices: Sequence[str]) -> CgroupV1:
         dirs = self._dirs(name)
+        _refuse_occupied(name, CgroupV1(name, dirs).pids(), self.root / "<controller>" / self.parent / name)
         for d in dirs.values():
             d.mkdir(parents=True, exist_ok=True)
         if "devices" in dirs:
@@ -654,6 +680,7 @@ class CgroupV2Driver:
 
     def create(self, name: str, limits: Limits, devices: Sequence[str]) -> CgroupV2:
         path = self.root / self.parent / name
+        _refuse_occupied(name, CgroupV2(name, path).pids(), path)
         path.mkdir(exist_ok=True)
         if "memory" in self.controllers and limits.memory_bytes is not None:
             _write(path / "memory.max", str(limits.memory_bytes))

@@ -84,6 +84,7 @@ from services.node_agent.sandbox import (
     Sandbox,
     cgroups,
     child_setup,
+    memory_mb_per_gpu,
     not_world_writable,
     own_dir,
     private_dir,
@@ -182,9 +183,8 @@ def sandbox_of(settings: NodeAgentSettings, probes: list[GpuProbe]) -> Sandbox |
         )
     memory = settings.sandbox_memory_mb_per_gpu
     if memory is None:
-        gpus = max((p.inventory.gpu_count for p in probes), default=0)
         total_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
-        memory = max(1, total_mb // max(1, gpus))
+        memory = memory_mb_per_gpu(total_mb, (p.inventory.gpu_count for p in probes))
     mounts = PrivateMounts.available()
     if mounts is None:
         log.warning(
@@ -957,7 +957,7 @@ class NodeAgent:
                     for f in outputs:
                         if f is not None:
                             f.close()
-            except (OSError, subprocess.SubprocessError) as exc:
+            except (OSError, ValueError, subprocess.SubprocessError) as exc:  # ValueError: a NUL in the argv
                 if cgroup is not None:
                     cgroup.kill()
                     cgroup.remove()
@@ -1219,9 +1219,11 @@ def _look(path: str, known: logic.FileStamp | None) -> tuple[logic.FileStamp | N
     """The progress file's stamp now, and its first ``MAX_PROGRESS_BYTES + 1`` bytes when the stamp is not ``known``.
 
     The content is ``None`` when unchanged, or when it cannot be read as a
-    regular file: it vanished, permissions, or it was swapped for a link or
-    FIFO after the stat (opened without following links and non-blocking,
-    then checked again).
+    regular file with one name: it vanished, permissions, it was swapped for a
+    link or FIFO after the stat (opened without following links and
+    non-blocking, then checked again), or it is a hard link (a file the job
+    linked there from elsewhere, which the agent, root, would read for it:
+    where ``fs.protected_hardlinks`` is off, one the job itself cannot read).
     """
     stamp = _stamp(path)
     if stamp is None or stamp == known:
@@ -1231,7 +1233,8 @@ def _look(path: str, known: logic.FileStamp | None) -> tuple[logic.FileStamp | N
     except OSError:
         return stamp, None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
             return stamp, None
         return stamp, os.read(fd, logic.MAX_PROGRESS_BYTES + 1)
     except OSError:

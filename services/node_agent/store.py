@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from apportion.privatefiles import write_private
 from services.node_agent.logic import FileStamp, RunKey, valid_token
 
 
@@ -379,7 +380,6 @@ class Journal:
             return
         if self._held is not None:
             raise RuntimeError("cannot compact the journal while a group commit is open")
-        tmp = self.path.with_name(self.path.name + ".compact")
         lines = []
         if self.fencing_token is not None:
             lines.append({"op": "token", "token": self.fencing_token})
@@ -391,17 +391,7 @@ class Journal:
                 rec["lost"] = True
             lines.append(rec)
         lines.extend(o.record() for o in self.orphans())
-        with open(tmp, "w", encoding="utf-8", opener=_private) as f:
-            for rec in lines:
-                f.write(json.dumps(rec) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_private(self.path, "".join(json.dumps(r) + "\n" for r in lines).encode(), durable=True, replace_link=True)
         self._lines = len(lines)
 
     @staticmethod

@@ -348,6 +348,39 @@ RESERVED_ENV = frozenset(
 RESERVED_ENV_PREFIX = "APPORTION_"
 
 
+#: Most arguments of a submission's ``command``.
+MAX_COMMAND_ARGS = 4096
+
+#: Most bytes of a submission's ``command``: its arguments, UTF-8, together.
+MAX_COMMAND_BYTES = 128 * 1024
+
+
+def check_command(command: tuple[str, ...]) -> tuple[str, ...]:
+    """``command`` when a node agent can run it as an argv: the one home of the rule.
+
+    Raises:
+        ValueError: no argument or an empty program name; an argument with a NUL character (``exec``
+            cannot pass one) or that is not valid UTF-8 text (a lone surrogate); more than
+            :data:`MAX_COMMAND_ARGS` arguments or :data:`MAX_COMMAND_BYTES` bytes. The message names the
+            argument by its index.
+    """
+    if not command or not command[0]:
+        raise ValueError("command needs a program name as its first argument")
+    if len(command) > MAX_COMMAND_ARGS:
+        raise ValueError(f"command has {len(command)} arguments, at most {MAX_COMMAND_ARGS} are allowed")
+    size = 0
+    for i, arg in enumerate(command):
+        if "\x00" in arg:
+            raise ValueError(f"command argument {i} contains a NUL character")
+        try:
+            size += len(arg.encode())
+        except UnicodeEncodeError:
+            raise ValueError(f"command argument {i} is not valid UTF-8 text") from None
+    if size > MAX_COMMAND_BYTES:
+        raise ValueError(f"command is {size} bytes, at most {MAX_COMMAND_BYTES} are allowed")
+    return command
+
+
 def check_env(env: dict[str, str]) -> dict[str, str]:
     """``env`` when a submission may set it for its workload: the one home of the rule.
 
@@ -488,6 +521,11 @@ class JobSubmitted(Event):
     @classmethod
     def _env_allowed(cls, v: dict[str, str] | None) -> dict[str, str] | None:
         return None if v is None else check_env(v)
+
+    @field_validator("command")
+    @classmethod
+    def _command_runnable(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return None if v is None else check_command(v)
 
     @model_validator(mode="after")
     def _has_work(self) -> JobSubmitted:

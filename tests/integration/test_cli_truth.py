@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from apportion.settings import topic_name
+from tests.kit.kafka_clients import closing_kafka_clients
 from tests.kit.livestack import Stack
 from tests.kit.narrowing import narrow
 from tests.kit.node_boundary import ALICE, job_accounts  # noqa: F401 - a fixture
@@ -439,7 +440,8 @@ def test_unreachable_or_unprovisioned_stack_is_one_line_and_exit_3(stack: Stack)
     assert "is not provisioned" in _error(res) and _error(res).startswith("error: topic ")
     res = stack.run("queue", "--redis", "redis://127.0.0.1:1/0", code=3)
     assert _error(res).startswith("error: cannot reach Redis at redis://127.0.0.1:1/0")
-    res = stack.run("budget", "show", "--bootstrap", "127.0.0.1:1", code=3)
+    with closing_kafka_clients():  # the command's client that cannot bootstrap: its network thread is stopped
+        res = stack.run("budget", "show", "--bootstrap", "127.0.0.1:1", code=3)
     assert _error(res).startswith("error: cannot reach Kafka at 127.0.0.1:1")
 
 

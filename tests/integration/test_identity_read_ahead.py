@@ -49,18 +49,19 @@ def _held_back_batch(
         tail={topic_name(BUDGETS): 0},
         read_ahead=read_ahead,
     )
-    consumer.own = own
-    while not consumer.caught_up():  # positions known, nothing old to read
-        consumer.poll(100, read_ahead=False)
-    consumer._kc.pause(*[tp for tp in consumer.partitions if tp.topic == topic_name(BUDGETS)])
-    marker = f"registration-{uuid.uuid4().hex}".encode()
-    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", **kafka_auth())
-    try:
-        producer.send(topic_name(BUDGETS), marker, key=b"read-ahead-test").get(timeout=DEADLINE_S)  # acknowledged first
-        producer.send(other, b"submission", key=b"read-ahead-test").get(timeout=DEADLINE_S)
-    finally:
-        producer.close()
-    return _first_batch_with(consumer, other), marker, consumer
+    try:  # the caller closes the consumer it is handed; one that is not handed over is closed here
+        consumer.own = own
+        while not consumer.caught_up():  # positions known, nothing old to read
+            consumer.poll(100, read_ahead=False)
+        consumer._kc.pause(*[tp for tp in consumer.partitions if tp.topic == topic_name(BUDGETS)])
+        marker = f"registration-{uuid.uuid4().hex}".encode()
+        with KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", **kafka_auth()) as producer:
+            producer.send(topic_name(BUDGETS), marker, key=b"read-ahead-test").get(timeout=DEADLINE_S)  # acked first
+            producer.send(other, b"submission", key=b"read-ahead-test").get(timeout=DEADLINE_S)
+        return _first_batch_with(consumer, other), marker, consumer
+    except BaseException:
+        consumer.close()
+        raise
 
 
 def test_a_poll_with_a_record_of_another_topic_holds_the_key_events_appended_before_it(

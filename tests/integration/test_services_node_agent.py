@@ -130,7 +130,6 @@ async def test_live_checkpoint_preempt_and_resume(kafka_bootstrap, monkeypatch, 
     clock = make_clock(1.0)
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(run(settings, stop, clock=clock, ready=ready))
-    producer = EventProducer(kafka_bootstrap, client_id="test")
     job, node = "ckpt-job", "ckpt-0"
     ckpt = tmp_path / "ckpt" / job
     loop = asyncio.get_running_loop()
@@ -163,6 +162,7 @@ async def test_live_checkpoint_preempt_and_resume(kafka_bootstrap, monkeypatch, 
             user=ALICE,
         )
 
+    producer = EventProducer(kafka_bootstrap, client_id="test")
     try:
         await asyncio.wait_for(ready.wait(), DEADLINE_S)
         producer.publish(start(1))

@@ -108,13 +108,13 @@ async def test_policy_rejects_ranks_dead_letters_and_resumes_after_restart(kafka
 
     monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"pol{uuid.uuid4().hex[:8]}.")
     await asyncio.to_thread(provision, kafka_bootstrap)
-    producer = EventProducer(kafka_bootstrap, client_id="test")
-    for e in VALID + [OVER]:
-        producer.publish(e)
     clock = ManualClock(from_us(h(3)))
     settings = PolicySettings(kafka_bootstrap=kafka_bootstrap, faust_dir=str(tmp_path), log_json=False)
     tree = fold_budget_log(VALID)
+    producer = EventProducer(kafka_bootstrap, client_id="test")
     try:
+        for e in VALID + [OVER]:
+            producer.publish(e)
         # ---- start: the change already in the log is rejected once, the tree ranked without a snapshot
         stop, task = await _start(settings, clock)
         assert len(list(tmp_path.glob("apportion-policy-*"))) == 1  # this instance's faust data dir
@@ -126,9 +126,8 @@ async def test_policy_rejects_ranks_dead_letters_and_resumes_after_restart(kafka
 
         # ---- live: an orphan change, a malformed record and a snapshot
         producer.publish(ORPHAN)
-        raw = KafkaProducer(bootstrap_servers=kafka_bootstrap, **kafka_auth())
-        bad = raw.send(topic_name(BUDGETS), key=b"bad", value=b"not json").get(timeout=DEADLINE_S)
-        raw.close()
+        with KafkaProducer(bootstrap_servers=kafka_bootstrap, **kafka_auth()) as raw:
+            bad = raw.send(topic_name(BUDGETS), key=b"bad", value=b"not json").get(timeout=DEADLINE_S)
         snap = usage_snapshot(
             tree,
             rebuild(VALID + [node("n0", 8, at=h(0)), placed("j1", budget="lab/a", gpus=8, at=h(1))], 24 * 3600.0),

@@ -25,7 +25,7 @@
   them).
 - ``cli``: the command line with no stack (``no_stack``, its autouse fixture ``stackless``, ``run``).
 - ``engine_world``: ``World``, a fluent cluster and queue for one scheduling cycle over ``TREE`` at ``NOW``, and
-  ``placed``/``preempted``; ``goodput_world``: the same for the goodput rules over ``AB``, with ``explained``.
+  ``placed``/``preempted``; ``goodput_world``: the same world over ``AB`` for the goodput rules, with ``explained``.
 - ``preemption``: the preemption rules' inputs: ``view`` (a fair-share queue set by ratios) and ``run_of``.
 - ``sim_worlds``: random clusters and job streams (``worlds``) and the decision log check ``check_log``.
 - ``occupancy_logs``: random plausible occupancy logs (``event_logs``) over the window ``PROP_W``.
@@ -39,4 +39,6 @@
   fixture, ``Cluster``, ``of_job``); ``principals``: clients signed in as one principal (``producer_as``,
   ``as_user``, ``end_offset``).
 - ``browser``: chromium and chromedriver found on ``PATH`` (``require_browser``) for the dashboard tests.
+- ``kafka_clients``: ``closing_kafka_clients``, a block whose kafka-python clients are all closed at its end, those
+  whose constructor failed to bootstrap too (their network thread would run on).
 """

@@ -1,6 +1,7 @@
 """A fluent cluster and queue for one scheduling cycle (rule D3.scheduling-cycle): ``World`` folds nodes and runs
-into a :class:`ClusterState` and queues pending jobs; ``cycle`` runs :func:`run_cycle` at ``NOW`` over ``TREE``.
-``placed`` and ``preempted`` render a cycle's events as ``job@node[gpus]`` and ``victim<-by``.
+(with their checkpoints) into a :class:`ClusterState` over its ``tree`` (``TREE`` unless given) and queues pending
+jobs; ``World.cycle`` runs :func:`run_cycle` at ``NOW``. ``placed`` and ``preempted`` render a cycle's events as
+``job@node[gpus]`` and ``victim<-by``. ``tests.kit.goodput_world`` is the same world over another tree.
 
 ``TREE``::
 
@@ -13,6 +14,7 @@ into a :class:`ClusterState` and queues pending jobs; ``cycle`` runs :func:`run_
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Self
 
 from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
@@ -29,12 +31,13 @@ TREE = BudgetTree.from_mapping({"lab": 1.0, "lab/a": 0.5, "lab/b": 0.25, "lab/c"
 class World:
     """Fluent cluster + queue builder."""
 
+    tree: BudgetTree = TREE
     cluster: ClusterState = field(default_factory=ClusterState)
     pending: dict[str, list[PendingJob]] = field(default_factory=dict)
     occupancy: dict[str, float] = field(default_factory=dict)
     capacity: float = 1000.0
 
-    def node(self, nid: str, gpus: int = 8, model: str | None = None, state: str = "ready") -> World:
+    def node(self, nid: str, gpus: int = 8, model: str | None = None, state: str = "ready") -> Self:
         self.cluster.apply(ev.NodeRegistered(node_id=nid, gpu_count=gpus, gpu_model=model, ts=from_us(T0)))
         if state == "draining":
             self.cluster.apply(ev.NodeDrainRequested(node_id=nid, ts=from_us(T0)))
@@ -52,25 +55,36 @@ class World:
         min_runtime_s: float = 3600.0,
         started: int = h(0),
         stopping: bool = False,
-    ) -> World:
+        checkpoint: int | None = None,
+        checkpoint_every_s: float | None = None,
+    ) -> Self:
+        """A run placed and started at ``started`` (each replica on its node), checkpointed at ``checkpoint``,
+        asked to stop when ``stopping``."""
         places = tuple(ev.Placement(node_id=n, gpus=g) for n, g in where.items())
-        g = len(places[0].gpus)
         self.cluster.apply(
             ev.JobPlaced(
                 job_id=job_id,
                 attempt=1,
                 budget=budget,
                 allocated=allocated,
-                gpus_per_replica=g,
+                gpus_per_replica=len(places[0].gpus),
                 replicas=len(places),
                 min_runtime_s=min_runtime_s if allocated else 0.0,
                 placements=places,
                 submitted_at=from_us(T0),
                 decision=ev.Decision(rank=0, budget_rank=0, ratio=0.0),
                 ts=from_us(started),
+                checkpoint_interval_s=checkpoint_every_s,
             )
         )
-        self.cluster.apply(ev.JobStarted(job_id=job_id, attempt=1, node_id=places[0].node_id, ts=from_us(started)))
+        for r, p in enumerate(places):
+            self.cluster.apply(
+                ev.JobStarted(job_id=job_id, attempt=1, replica=r, node_id=p.node_id, ts=from_us(started))
+            )
+        if checkpoint is not None:
+            self.cluster.apply(
+                ev.JobCheckpointed(job_id=job_id, attempt=1, progress_s=1.0, replica=None, ts=from_us(checkpoint))
+            )
         if stopping:
             self.cluster.apply(
                 ev.JobPreempted(job_id=job_id, attempt=1, budget=budget, allocated=allocated, ts=from_us(started))
@@ -88,7 +102,7 @@ class World:
         submitted: int = h(1),
         queued: int | None = None,
         model: str | None = None,
-    ) -> World:
+    ) -> Self:
         pj = PendingJob(
             job_id=job_id,
             attempt=1,
@@ -107,9 +121,9 @@ class World:
         lst.sort(key=pending_order)
         return self
 
-    def cycle(self, **cfg):
-        snap = CycleSnapshot(self.cluster.snapshot(), self.pending, TREE, self.occupancy, self.capacity)
-        return run_cycle(snap, NOW, EngineConfig(**cfg))
+    def cycle(self, now: int = NOW, *, explain: bool = False, **cfg: Any):  # untyped result: tests read its events
+        snap = CycleSnapshot(self.cluster.snapshot(), self.pending, self.tree, self.occupancy, self.capacity)
+        return run_cycle(snap, now, EngineConfig(**cfg), explain=explain)
 
 
 def placed(res) -> list[str]:

@@ -1,7 +1,6 @@
-"""A fluent cluster and queue for the goodput rules (design D2 and D3): ``World`` folds nodes, runs (with their
-checkpoints) into a :class:`ClusterState` over ``AB`` and queues pending jobs; ``World.cycle`` runs
-:func:`run_cycle` at ``NOW``. ``placed_jobs``, ``placements`` and ``preempted`` render a cycle's events;
-``cycle`` and ``explained`` run it with ``explain`` and return why each job still waits.
+"""The cluster and queue of :mod:`tests.kit.engine_world` for the goodput rules (design D2 and D3), over ``AB``:
+``placed_jobs``, ``placements`` and ``preempted`` render a cycle's events; ``cycle`` and ``explained`` run it with
+``explain`` and return why each job still waits.
 
 ``AB``::
 
@@ -12,138 +11,39 @@ checkpoints) into a :class:`ClusterState` over ``AB`` and queues pending jobs; `
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
-from apportion.domain.cluster import ClusterState
-from apportion.domain.engine import (
-    CycleResult,
-    CycleSnapshot,
-    EngineConfig,
-    PendingJob,
-    PendingReason,
-    pending_order,
-    run_cycle,
-)
-from apportion.timeutil import from_us
-from tests.kit.builders import T0, h
+from apportion.domain.engine import CycleResult, PendingReason
+from tests.kit import engine_world
+from tests.kit.engine_world import NOW, placed, preempted
 
-NOW = h(10)
+__all__ = ["AB", "NOW", "World", "cycle", "explained", "placed_jobs", "placements", "preempted"]
+
 AB = BudgetTree.from_mapping({"lab": 1.0, "lab/a": 0.5, "lab/b": 0.5})
+
+#: ``job@node[gpus]+node[gpus]`` per JobPlaced, in order
+placements = placed
 
 
 @dataclass
-class World:
-    """Fluent cluster + queue builder."""
+class World(engine_world.World):
+    """:class:`tests.kit.engine_world.World` over ``AB``."""
 
     tree: BudgetTree = AB
-    cluster: ClusterState = field(default_factory=ClusterState)
-    pending: dict[str, list[PendingJob]] = field(default_factory=dict)
-    occupancy: dict[str, float] = field(default_factory=dict)
-    capacity: float = 1000.0
-
-    def node(self, nid: str, gpus: int = 8, model: str | None = None) -> World:
-        self.cluster.apply(ev.NodeRegistered(node_id=nid, gpu_count=gpus, gpu_model=model, ts=from_us(T0)))
-        return self
-
-    def run(
-        self,
-        job_id: str,
-        budget: str,
-        where: dict[str, tuple[int, ...]],
-        *,
-        allocated: bool = True,
-        min_runtime_s: float = 3600.0,
-        started: int = h(0),
-        checkpoint: int | None = None,
-        checkpoint_every_s: float | None = None,
-    ) -> World:
-        places = tuple(ev.Placement(node_id=n, gpus=g) for n, g in where.items())
-        self.cluster.apply(
-            ev.JobPlaced(
-                job_id=job_id,
-                attempt=1,
-                budget=budget,
-                allocated=allocated,
-                gpus_per_replica=len(places[0].gpus),
-                replicas=len(places),
-                min_runtime_s=min_runtime_s if allocated else 0.0,
-                placements=places,
-                submitted_at=from_us(T0),
-                decision=ev.Decision(rank=0, budget_rank=0, ratio=0.0),
-                ts=from_us(started),
-                checkpoint_interval_s=checkpoint_every_s,
-            )
-        )
-        for r, p in enumerate(places):
-            self.cluster.apply(
-                ev.JobStarted(job_id=job_id, attempt=1, replica=r, node_id=p.node_id, ts=from_us(started))
-            )
-        if checkpoint is not None:
-            self.cluster.apply(
-                ev.JobCheckpointed(job_id=job_id, attempt=1, progress_s=1.0, replica=None, ts=from_us(checkpoint))
-            )
-        return self
-
-    def job(
-        self,
-        job_id: str,
-        budget: str,
-        gpus: int = 1,
-        replicas: int = 1,
-        *,
-        min_runtime_s: float = 3600.0,
-        submitted: int = h(1),
-        queued: int | None = None,
-        model: str | None = None,
-    ) -> World:
-        pj = PendingJob(
-            job_id=job_id,
-            attempt=1,
-            budget=budget,
-            user="u",
-            gpus_per_replica=gpus,
-            replicas=replicas,
-            min_runtime_s=min_runtime_s,
-            submitted_at_us=submitted,
-            queued_at_us=queued if queued is not None else NOW,
-            gpu_model=model,
-            duration_s=60.0,
-        )
-        lst = self.pending.setdefault(budget, [])
-        lst.append(pj)
-        lst.sort(key=pending_order)
-        return self
-
-    def cycle(self, now: int = NOW, **cfg):
-        snap = CycleSnapshot(self.cluster.snapshot(), self.pending, self.tree, self.occupancy, self.capacity)
-        return run_cycle(snap, now, EngineConfig(**cfg))
 
 
-def placed_jobs(res) -> list[str]:
+def placed_jobs(res: CycleResult) -> list[str]:
     return [e.job_id for e in res.events if isinstance(e, ev.JobPlaced)]
 
 
-def placements(res) -> list[str]:
-    return [
-        "{}@{}".format(e.job_id, "+".join(f"{p.node_id}{list(p.gpus)}" for p in e.placements))
-        for e in res.events
-        if isinstance(e, ev.JobPlaced)
-    ]
+def cycle(w: engine_world.World, *, explain: bool = True, **cfg: Any) -> CycleResult:
+    return w.cycle(explain=explain, **cfg)
 
 
-def preempted(res) -> list[str]:
-    return [f"{e.job_id}<-{e.by_job_id}" for e in res.events if isinstance(e, ev.JobPreempted)]
-
-
-def cycle(w: World, *, explain: bool = True, **cfg: Any) -> CycleResult:
-    snap = CycleSnapshot(w.cluster.snapshot(), w.pending, w.tree, w.occupancy, w.capacity)
-    return run_cycle(snap, NOW, EngineConfig(**cfg), explain=explain)
-
-
-def explained(w: World, **cfg: Any) -> dict[str, PendingReason]:
+def explained(w: engine_world.World, **cfg: Any) -> dict[str, PendingReason]:
     res = cycle(w, **cfg)
     plain = cycle(w, explain=False, **cfg)
     assert plain.events == res.events and plain.reasons == {}  # asking changes no decision

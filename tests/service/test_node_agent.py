@@ -464,6 +464,23 @@ async def test_spawn_failure_is_reported_not_raised():
     assert not agent.state.running
 
 
+async def test_a_command_with_a_nul_byte_fails_its_job_and_the_next_start_runs():
+    """A submission's argv may hold a NUL (any producer can write one); ``exec`` cannot take it. The start is a
+    spawn failure reported for that job, not an exception that the consumer retries for ever, which held every
+    later command of the agent's nodes behind it."""
+    clock, sink = ManualClock(T0), Sink()
+    agent = make_agent(clock, sink, simulated=False)
+    await agent.on_event(start(job="nul", gpus=(0,), duration_s=None, command=("/bin/echo", "a\x00b")))
+    await agent.on_event(start(job="next", gpus=(1,), duration_s=None, command=("true",)))
+    await asyncio.wait_for(agent.idle(), 20)
+    assert [(type(e).__name__, e.job_id) for e in sink.events if e.type != "NodeRegistered"] == [
+        ("JobFailed", "nul"),
+        ("JobStarted", "next"),
+        ("JobCompleted", "next"),
+    ]
+    assert sink.of(JobFailed)[0].reason == "spawn failed: embedded null byte"
+
+
 async def test_journal_makes_restart_refuse_redelivered_start_and_adopt_orphans(tmp_path):
     """A simulated orphan with time left is adopted for the rest of its duration; a redelivered start is refused."""
     clock, sink = ManualClock(T0), Sink()

@@ -34,12 +34,15 @@ from services.node_agent import devfilter, logic
 from services.node_agent.config import NodeAgentSettings
 from services.node_agent.sandbox import (
     Accounts,
+    CgroupV1,
+    CgroupV2,
     Limits,
     cgroup_name,
     cgroups,
     child_setup,
     device_rules,
     login_uid_range,
+    memory_mb_per_gpu,
     own_dir,
     protect,
 )
@@ -533,6 +536,35 @@ async def test_a_jobs_tmp_is_its_own_and_gone_after_it(job_accounts, shared_dir,
         shutil.rmtree(state, ignore_errors=True)
 
 
+async def test_a_cgroup_holding_another_runs_processes_is_never_joined(job_accounts, shared_dir, monkeypatch):
+    """Two agents on one machine under one cgroup parent (two local stacks, agent name and topic prefix alike)
+    name a replica's cgroup alike when node, job id, attempt and replica are alike, and a job id is its
+    submitter's choice. The second start (here the same sandbox asked again, for the other GPU) must not join
+    the first's cgroup: it would rewrite its device rules and limits, and its end would kill the first's
+    processes. It is refused; alice's process and limit stay as they were."""
+    node = Node(shared_dir, monkeypatch)  # 512 MiB per GPU
+    await node.agent.start(heartbeats=False, poll_progress=False)
+    key = ("n1", "j-same", 1, 0)
+    try:
+        await node.agent.on_event(node.start("j-same", ALICE, ("sleep", "60")))
+        assert node.agent.sandbox is not None
+        cg = node.agent.sandbox.reopen(key)
+        assert cg is not None
+        await until(lambda: bool(cg.pids()), "alice's process in its cgroup")
+        pids = cg.pids()
+        if isinstance(cg, CgroupV1):
+            limit = cg.dirs["memory"] / "memory.limit_in_bytes"
+        else:
+            assert isinstance(cg, CgroupV2)
+            limit = cg.path / "memory.max"
+        with pytest.raises(OSError, match=r"cgroup n1\.j-same\.1\.0 already holds processes \[\d+\] of another run"):
+            node.agent.sandbox.cgroup_for(key, 1, node.gpus[1:])
+        assert cg.pids() == pids and all(running(p) for p in pids)
+        assert limit.read_text().strip() == str(512 * 1024 * 1024)
+    finally:
+        await node.close()
+
+
 #: A unified hierarchy's files as the kernel shows them at its root (every controller offered).
 V2_CONTROLLERS = "cpuset cpu io memory hugetlb pids rdma misc"
 
@@ -690,6 +722,37 @@ def test_limits_per_gpu():
     assert Limits.per_gpu(2, 1024, 100, 4096) == Limits(2 * 1024 * 1024 * 1024, 200, 4096)
     assert Limits.per_gpu(0, None, 9_000, None) == Limits(None, 9_000, None)  # at least one GPU
     assert Limits.per_gpu(8, None, 2_000, None).cpu_weight == 10_000  # v2's maximum
+
+
+MEMORY_DEFAULTS = [
+    # id, the machine's MiB, GPUs of each node the agent hosts, MiB per GPU (MiB // all the GPUs)
+    ("one node of 8 GPUs", 24_105, [8], 3_013),
+    ("8 simulated nodes of 8 GPUs share the machine", 24_105, [8] * 8, 376),
+    ("nodes of different sizes", 16_384, [8, 4, 4], 1_024),
+    ("no GPU: the whole machine", 4_096, [], 4_096),
+    ("more GPUs than MiB: at least 1", 10, [8, 8], 1),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case_id,total_mb,gpus,per_gpu", MEMORY_DEFAULTS, ids=[c[0] for c in MEMORY_DEFAULTS])
+def test_the_default_memory_per_gpu_divides_the_machine_among_every_gpu_it_hosts(case_id, total_mb, gpus, per_gpu):
+    assert memory_mb_per_gpu(total_mb, gpus) == per_gpu
+
+
+def test_an_agent_hosting_eight_nodes_limits_their_replicas_to_the_machines_memory_together(tmp_path):
+    """The attack: 64 one-GPU replicas of an agent hosting 8 simulated 8-GPU nodes, each asking for its whole
+    limit. With the memory shared by one node's GPUs each could hold an eighth of the machine, 8 times what
+    the machine has; the default divides it by all 64."""
+    from types import SimpleNamespace
+
+    from services.node_agent.service import sandbox_of
+
+    probes = [SimpleNamespace(inventory=SimpleNamespace(gpu_count=8)) for _ in range(8)]
+    settings = NodeAgentSettings(node_id="n1", cgroup_root=tmp_path, cgroup_parent="apportion/agent-1")
+    box = sandbox_of(settings, probes)  # type: ignore[arg-type] # only the inventories' GPU counts are read
+    total_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
+    assert box is not None and box.memory_mb_per_gpu == total_mb // 64
+    assert 64 * box.memory_mb_per_gpu <= total_mb
 
 
 async def test_the_v2_driver_fences_devices_places_kills_and_removes_on_a_unified_hierarchy(shared_dir):

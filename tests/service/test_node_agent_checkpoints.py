@@ -358,26 +358,32 @@ async def test_invalid_reports_are_logged_and_ignored_and_agent_keeps_running(tm
     ]
 
 
-async def test_links_and_fifos_are_not_read(tmp_path):
-    """A workload cannot make the agent follow a link to another file or block on a FIFO: both count as absent."""
+async def test_links_hard_links_and_fifos_are_not_read(tmp_path):
+    """A workload cannot make the agent follow a link to another file, read a file it hard-linked there, or
+    block on a FIFO: each counts as absent."""
     clock, sink = ManualClock(T0), Sink()
     agent = make_agent(clock, sink, tmp_path)
     await agent.on_event(start((sys.executable, "-c", SLEEPER)))
-    progress = tmp_path / "ckpt" / "j1" / "progress"
-    secret = tmp_path / "secret"
-    secret.write_text("77")
-    progress.symlink_to(secret)
-    await agent.poll_progress()
-    progress.unlink()
-    os.mkfifo(progress)
-    await asyncio.wait_for(agent.poll_progress(), WAIT_S)
-    assert not sink.of(JobCheckpointed)
-    progress.unlink()
-    write_atomically(progress, "12")
-    await agent.poll_progress()
-    assert [e.progress_s for e in sink.of(JobCheckpointed)] == [12.0]
-    await agent.on_event(stop())
-    await asyncio.wait_for(agent.idle(), WAIT_S)
+    try:
+        progress = tmp_path / "ckpt" / "j1" / "progress"
+        secret = tmp_path / "secret"
+        secret.write_text("77")
+        progress.symlink_to(secret)
+        await agent.poll_progress()
+        progress.unlink()
+        os.link(secret, progress)  # the same file under the progress file's name
+        await agent.poll_progress()
+        progress.unlink()
+        os.mkfifo(progress)
+        await asyncio.wait_for(agent.poll_progress(), WAIT_S)
+        assert not sink.of(JobCheckpointed)
+        progress.unlink()
+        write_atomically(progress, "12")
+        await agent.poll_progress()
+        assert [e.progress_s for e in sink.of(JobCheckpointed)] == [12.0]
+    finally:  # the sleeper never outlives the test, failed or not
+        await agent.on_event(stop())
+        await asyncio.wait_for(agent.idle(), WAIT_S)
 
 
 async def test_simulated_workloads_get_no_files(tmp_path):

@@ -356,3 +356,38 @@ def test_wire_gives_every_service_the_compiled_crc32c(monkeypatch: pytest.Monkey
     monkeypatch.setattr(records, "calc_crc32c", util.calc_crc32c)  # kafka-python as shipped
     wire(ServiceSettings(kafka_bootstrap="127.0.0.1:1", redis_url="redis://127.0.0.1:2/0"), redis=False)
     assert records.calc_crc32c is crc32c_cython
+
+
+def test_idle_connections_to_the_metrics_port_are_bounded_in_number_and_in_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A local process that opens connections and sends nothing (a job flooding loopback) holds at most
+    ``METRICS_MAX_CONNECTIONS`` of the endpoint's threads, each for at most ``METRICS_IO_TIMEOUT_S``: one
+    more connection is closed unanswered, and the endpoint answers again once the idle ones time out."""
+    import socket
+
+    from apportion.bus import service
+    from apportion.bus.stack import free_ports
+
+    monkeypatch.setattr(service, "METRICS_MAX_CONNECTIONS", 3)
+    monkeypatch.setattr(service, "METRICS_IO_TIMEOUT_S", 2.0)
+    [port] = free_ports(1)
+    _, stop = start_metrics(port)
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(3)]
+    try:
+        # the server accepts in order: once the third idle one holds its slot, a fourth finds none
+        extra = socket.create_connection(("127.0.0.1", port), timeout=10)
+        extra.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+        try:
+            answer = extra.recv(1024)
+        except ConnectionResetError:  # closed with the request unread
+            answer = b""
+        assert answer == b""  # closed unanswered (with a slot it would get "HTTP/1.0 200 OK")
+        extra.close()
+        for s in idle:  # each idle connection is closed by the server at its timeout, unanswered
+            assert s.recv(1024) == b""
+        assert _get(port, "/healthz") == (200, {"ready": True, "service": "serving"})
+    finally:
+        for s in idle:
+            s.close()
+        stop()

@@ -109,11 +109,20 @@ def _serve(status: int, body: bytes) -> tuple[ThreadingHTTPServer, int]:
     return srv, srv.server_address[1]
 
 
-def test_status_probes_kafka_redis_and_each_services_ready(tmp_path: Path) -> None:
+def test_status_probes_kafka_redis_and_each_services_ready(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
+    from kafka.errors import KafkaTimeoutError
+
+    from apportion.cli import verdicts
     from apportion.cli.stack import probe
 
+    def unreachable(bootstrap: str) -> None:
+        """What kafka-python raises when nothing answers, without a real consumer: one that fails to bootstrap
+        leaves its network thread running (there is no client to close) for the rest of the test process."""
+        raise KafkaTimeoutError(f"Unable to bootstrap from {bootstrap}")
+
+    monkeypatch.setattr(verdicts, "_consumer", unreachable)
     ready, ready_port = _serve(200, b'{"ready": true}')
     busy, busy_port = _serve(503, b'{"ready": false, "kafka": "down"}')
     try:
@@ -122,6 +131,7 @@ def test_status_probes_kafka_redis_and_each_services_ready(tmp_path: Path) -> No
         info.metrics = {"policy": ready_port, "dispatcher": busy_port, "accounting": 1}
         got = probe(info, timeout_s=2.0)
         assert (got["kafka"].ok, got["redis"].ok) == (False, False)
+        assert got["kafka"].detail == "KafkaTimeoutError: KafkaTimeoutError: Unable to bootstrap from 127.0.0.1:1"
         assert (got["policy"].ok, got["policy"].detail) == (True, "200")
         assert (got["dispatcher"].ok, got["dispatcher"].detail) == (False, '503 {"ready": false, "kafka": "down"}')
         assert got["accounting"].ok is False and got["accounting"].detail.startswith("no answer at http://127.0.0.1:1/")

@@ -106,3 +106,48 @@ def test_every_replica_of_a_gang_gets_the_env_and_a_fold_agrees() -> None:
         step(state2, e, to_us(e.ts), CFG)
     only = [e for e in step(state2, Tick(m(2)), m(2), CFG) if isinstance(e, ev.StartWorkload)]
     assert [s.env for s in only] == [{}]
+
+
+@pytest.mark.parametrize(
+    "command,message",
+    [
+        ((), "command needs a program name as its first argument"),
+        (("",), "command needs a program name as its first argument"),
+        (("python", "a\x00b"), "command argument 1 contains a NUL character"),
+        (("py\x00",), "command argument 0 contains a NUL character"),
+        (("echo", "\udc80"), "command argument 1 is not valid UTF-8 text"),
+        (("true",) * 4097, "command has 4097 arguments, at most 4096 are allowed"),
+        # 2 + 131,071 bytes: one over 128 KiB
+        (("sh", "x" * (128 * 1024 - 1)), "command is 131073 bytes, at most 131072 are allowed"),
+    ],
+)
+def test_a_command_no_agent_can_run_is_refused_naming_the_argument(command: tuple[str, ...], message: str) -> None:
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        ev.check_command(command)
+
+
+def test_a_command_at_the_bounds_is_accepted() -> None:
+    assert ev.check_command(("true",) * 4096) == ("true",) * 4096
+    assert ev.check_command(("sh", "x" * (128 * 1024 - 2))) == ("sh", "x" * (128 * 1024 - 2))
+    assert ev.check_command(("echo", "café")) == ("echo", "café")
+
+
+def test_a_record_whose_command_holds_a_nul_is_refused_by_the_reader_naming_the_field() -> None:
+    """Any producer can write one; the decoder refuses it (dead-lettered with the reason, never queued), so no
+    node agent is handed an argv ``exec`` cannot take."""
+    obj = json.loads(ev.encode(submitted("j1", budget="lab/b")))
+    obj["command"] = ["python", "train\u0000.py"]
+    obj.pop("duration_s", None)
+    with pytest.raises(ev.DecodeError) as err:
+        ev.decode(json.dumps(obj))
+    assert err.value.field == "command"
+    assert "command argument 1 contains a NUL character" in err.value.reason
+
+
+def test_the_client_refuses_a_command_it_cannot_encode_with_a_clear_error() -> None:
+    from apportion.client import InvalidSubmission, build_submission
+
+    with pytest.raises(InvalidSubmission) as err:
+        build_submission(budget="lab/b", user="bob", gpus=1, min_runtime="1h", command=["echo", "\udc80"])
+    assert err.value.field == "command"
+    assert str(err.value.message) == "command argument 1 is not valid UTF-8 text"

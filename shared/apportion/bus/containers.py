@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from apportion.bus.stack import DEFAULT_INFRA_DIR, free_ports
+from apportion.privatefiles import write_private
 
 KAFKA_IMAGE = "apache/kafka:4.1.1"
 REDIS_IMAGE = "redis:7.0"
@@ -81,8 +82,7 @@ def make_secrets(root: Path, infra_dir: Path = DEFAULT_INFRA_DIR) -> Path:
         text=True,
     ).stdout
     path = root / "redis" / "users.acl"
-    path.write_text(acl)
-    path.chmod(0o644)
+    write_private(path, acl.encode(), mode=0o644)
     return root
 
 

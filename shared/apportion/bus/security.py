@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from apportion import topics
+from apportion.privatefiles import write_private
 from apportion.settings import topic_prefix
 
 MECHANISM = "SCRAM-SHA-512"
@@ -348,9 +349,7 @@ def password_of(secrets_dir: Path, name: str) -> str:
     path = secrets_dir / f"{name}.password"
     if not path.is_file():
         secrets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32) + "\n")
+        write_private(path, (secrets.token_hex(32) + "\n").encode(), exclusive=True)
     return path.read_text().strip()
 
 

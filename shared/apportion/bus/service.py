@@ -125,6 +125,49 @@ def setup_logging(service: str, level: str = "INFO", json_lines: bool = True) ->
     logging.getLogger("kafka").setLevel(max(logging.WARNING, root.level))
 
 
+#: Seconds a metrics client may take to send its request or read the answer before its connection is closed.
+METRICS_IO_TIMEOUT_S = 5.0
+
+#: Most connections the metrics endpoint serves at once; one more is closed at once, unanswered.
+METRICS_MAX_CONNECTIONS = 32
+
+
+def _bounded_http_server() -> type:
+    from http.server import ThreadingHTTPServer
+
+    class _Bounded(ThreadingHTTPServer):
+        """A threading HTTP server with a bound on its threads and on each connection's idle time: a local
+        process (a job on the node, anyone on loopback) that opens connections and sends nothing holds at most
+        :data:`METRICS_MAX_CONNECTIONS` threads, each for at most :data:`METRICS_IO_TIMEOUT_S`."""
+
+        daemon_threads = True
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.slots = threading.BoundedSemaphore(METRICS_MAX_CONNECTIONS)
+            self.refused = 0
+            super().__init__(*args, **kwargs)
+
+        def process_request(self, request: Any, client_address: Any) -> None:
+            if not self.slots.acquire(blocking=False):
+                self.refused += 1
+                self.shutdown_request(request)
+                return
+            request.settimeout(METRICS_IO_TIMEOUT_S)
+            try:
+                super().process_request(request, client_address)
+            except BaseException:
+                self.slots.release()
+                raise
+
+        def process_request_thread(self, request: Any, client_address: Any) -> None:
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                self.slots.release()
+
+    return _Bounded
+
+
 def start_metrics(
     port: int, host: str = "127.0.0.1", readiness: Readiness | None = None
 ) -> tuple[Any, Callable[[], None]]:
@@ -139,8 +182,6 @@ def start_metrics(
         ``(registry, stop)``: register metrics on ``registry``; call ``stop()``
         on shutdown (a no-op when the endpoint is off).
     """
-    from http.server import ThreadingHTTPServer
-
     from prometheus_client import CollectorRegistry
     from prometheus_client.exposition import MetricsHandler
 
@@ -172,8 +213,7 @@ def start_metrics(
         def log_message(self, format: str, *args: Any) -> None:  # the base class's name
             pass  # no access log on stderr (the service's log is JSON lines)
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
+    server = _bounded_http_server()((host, port), Handler)
     thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
     thread.start()
 

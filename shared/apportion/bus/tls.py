@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from apportion.privatefiles import write_private
+
 if TYPE_CHECKING:
     from cryptography import x509
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -77,17 +79,6 @@ class TlsFiles:
     @property
     def keystore(self) -> Path:
         return self.dir / "keystore.pem"
-
-
-def _write(path: Path, data: bytes, mode: int) -> None:
-    """Write ``data`` to ``path`` with ``mode`` from the first byte (a temporary file, then a rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(tmp, mode)  # the umask may have narrowed it
-    tmp.replace(path)
 
 
 def _name(common: str) -> x509.Name:
@@ -152,8 +143,9 @@ def _make_ca(files: TlsFiles, now: dt.datetime, mode: int) -> None:
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
-    _write(files.ca_key, _pem_key(key), 0o600)  # never read by a server, whatever the others' mode
-    _write(files.ca, cert.public_bytes(serialization.Encoding.PEM), mode)
+    # never read by a server, whatever the others' mode
+    write_private(files.ca_key, _pem_key(key), mode=0o600, replace_link=True)
+    write_private(files.ca, cert.public_bytes(serialization.Encoding.PEM), mode=mode, replace_link=True)
 
 
 def _server_fits(files: TlsFiles, hosts: Sequence[str], now: dt.datetime) -> str:
@@ -212,9 +204,9 @@ def _make_server(files: TlsFiles, hosts: Sequence[str], now: dt.datetime, mode: 
     )
     chain = cert.public_bytes(serialization.Encoding.PEM) + ca_pem
     key_pem = _pem_key(key)
-    _write(files.key, key_pem, mode)
-    _write(files.cert, chain, mode)
-    _write(files.keystore, key_pem + chain, mode)
+    write_private(files.key, key_pem, mode=mode, replace_link=True)
+    write_private(files.cert, chain, mode=mode, replace_link=True)
+    write_private(files.keystore, key_pem + chain, mode=mode, replace_link=True)
 
 
 def ensure(

@@ -359,7 +359,7 @@ def _run(
     free_order: bool = False,
     progress_after: int | None = None,
     at_share_bound: int | None = None,
-    owner_free: bool = False,
+    knobs: dict[str, Any] | None = None,
 ) -> Any:
     """One policy's run and report; admission rejections are counted by reason.
 
@@ -367,7 +367,8 @@ def _run(
     (:func:`apportion.sim.bursting.burst_rows`). ``delta``: the engine's hysteresis
     (``EngineConfig.delta``; ``None``: its default); ``reservation_after_s`` the same for
     ``EngineConfig.reservation_after_s``. ``progress_after`` and ``at_share_bound``: the engine's job-dependent
-    churn bounds (``EngineConfig``; ``None``: off).
+    churn bounds (``EngineConfig``; ``None``: off). ``knobs``: further ``EngineConfig`` fields by name (the
+    options measured and not adopted, such as ``owner_free`` and ``gang_wait_s``).
     """
     from dataclasses import replace
 
@@ -399,7 +400,7 @@ def _run(
         free_order=free_order,
         progress_after=progress_after,
         at_share_bound=at_share_bound,
-        owner_free=owner_free,
+        **(knobs or {}),
     )
     dcfg = DispatchConfig(
         engine=replace(

@@ -59,6 +59,7 @@ from apportion.bus.security import (
 )
 from apportion.cli.common import json_option
 from apportion.domain.dispatch import DEFAULT_HEARTBEAT_TIMEOUT_S
+from apportion.privatefiles import private_dir, write_private
 
 #: The services in start order (the policy first: the others read the tree it validates); the dashboard last,
 #: so ``down`` (reverse order) stops it first.
@@ -335,10 +336,8 @@ def _write_state(info: StackInfo) -> None:
     shared.mkdir(exist_ok=True)
     shared.chmod(0o755)
     if info.tls_ca:
-        (shared / "ca.pem").write_bytes(Path(info.tls_ca).read_bytes())  # a certificate: public
-        (shared / "ca.pem").chmod(0o644)
-    (shared / "stack.env").write_text("\n".join(info.researcher_lines()) + "\n")
-    (shared / "stack.env").chmod(0o644)
+        write_private(shared / "ca.pem", Path(info.tls_ca).read_bytes(), mode=0o644)  # a certificate: public
+    write_private(shared / "stack.env", ("\n".join(info.researcher_lines()) + "\n").encode(), mode=0o644)
 
 
 def _ready(info: StackInfo, name: str, since: int = 0) -> bool:
@@ -388,8 +387,7 @@ def _save_launch(info: StackInfo, name: str, args: Sequence[str], env: Mapping[s
     import json
 
     path = _launch_file(info, name)
-    path.write_text(json.dumps({"args": list(args), "env": dict(env)}))
-    path.chmod(0o600)
+    write_private(path, json.dumps({"args": list(args), "env": dict(env)}).encode())
 
 
 def _spawn(info: StackInfo, name: str, args: Sequence[str], env: Mapping[str, str]) -> int:
@@ -524,8 +522,7 @@ def up(
     info.tls_ca = str(local.tls_ca or "") if local is not None else os.environ.get(TLS_CA_SETTING, "")
     info.no_tls = NO_TLS_SETTING in (local.client_env() if local is not None else os.environ)
     for private in (info.log_dir, run_dir / "services"):  # service logs and pid files: not for job accounts
-        private.mkdir(exist_ok=True, mode=0o700)
-        private.chmod(0o700)
+        private_dir(private)
     saved = os.environ.get("APPORTION_TOPIC_PREFIX")
     os.environ["APPORTION_TOPIC_PREFIX"] = prefix
     try:

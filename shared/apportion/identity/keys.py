@@ -38,6 +38,7 @@ from apportion.identity.canonical import (
     unb64,
 )
 from apportion.identity.registry import KeyRegistry
+from apportion.privatefiles import write_private
 from apportion.timeutil import Micros
 
 __all__ = ["SIGNED_TYPES", "BatchSigner", "Identity", "ReportSigner", "identity_file", "keyring_dir", "node_key_file"]
@@ -205,10 +206,7 @@ class Identity:
             FileExistsError: ``path`` exists (a key is never overwritten silently).
         """
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.to_json(), f, indent=2)
-            f.write("\n")
+        write_private(path, (json.dumps(self.to_json(), indent=2) + "\n").encode(), exclusive=True)
         return path
 
     @classmethod

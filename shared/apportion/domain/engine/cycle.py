@@ -466,8 +466,10 @@ def _take_allocated(cx: _Cycle, leaf: str, idx: int) -> None:
     ):
         nodes = _backfill_reservation(cx, job, leaf)
     cfg = cx.cfg
-    holds_reservation = (
-        cx.reserved_for is None
+    gang_waits = k > 1 and cfg.gang_wait_s is not None and now_us - job.queued_at_us < s_to_us(cfg.gang_wait_s)
+    holds_reservation = (  # (D3.gang-wait: a gang of several nodes takes only free GPUs while it waits)
+        not gang_waits
+        and cx.reserved_for is None
         and now_us - job.queued_at_us >= cx.reservation_after_us
         and cx.covers(leaf, job.gpus)  # D3.hero-cover: an uncovered job reserves nothing
     )
@@ -477,7 +479,7 @@ def _take_allocated(cx: _Cycle, leaf: str, idx: int) -> None:
         _place_on_free(cx, job, leaf, nodes, holds_reservation)
     elif not cfg.preemption:
         cx.record_search_failure(failure_key, g, k)
-    elif bound is None and not cx.known_to_fail(leaf, failure_key, g, k, charge):
+    elif bound is None and not gang_waits and not cx.known_to_fail(leaf, failure_key, g, k, charge):
         nodes = _preempt_for(cx, job, leaf, failure_key, charge, holds_reservation)
     if nodes is not None:
         cx.queue.charge(leaf, charge)

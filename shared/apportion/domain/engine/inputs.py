@@ -102,6 +102,10 @@ class EngineConfig:
             or under its share (r <= 1 in the cycle's view) first places its unallocated jobs on free GPUs, up to
             its headroom (:func:`~apportion.domain.fairshare.owner_headroom`); they stay free and preemptible.
             Default False.
+        gang_wait_s: rule D3.gang-wait: an allocated job of several replicas (a gang across nodes) whose attempt
+            has waited less than this (seconds since queued) starts only on free GPUs (its own or a reservation's
+            lent ones): it neither reserves nodes nor preempts; default ``None``: off. Measured and not adopted
+            (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -122,6 +126,7 @@ class EngineConfig:
     progress_after: int | None = None
     at_share_bound: int | None = None
     owner_free: bool = False
+    gang_wait_s: float | None = None
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"

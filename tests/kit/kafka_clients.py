@@ -1,0 +1,36 @@
+"""``closing_kafka_clients``: every kafka-python client made inside the block is closed when it ends, those whose
+constructor failed too. A consumer or admin client that cannot bootstrap (nothing answers at its address) raises
+from its constructor with its network thread still running and no client to close; a test that drives the code
+under test to such a failure would leave the thread to every later test of its process."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+
+@contextmanager
+def closing_kafka_clients() -> Iterator[list[Any]]:
+    """Within the block, kafka-python's consumers, producers and admin clients make their network client through
+    a recorder; each recorded client is closed at the end (closing one twice is harmless). Yields the record."""
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+    from kafka.net.compat import KafkaNetClient
+
+    made: list[Any] = []
+
+    def recorded(**config: Any) -> Any:
+        made.append(KafkaNetClient(**config))
+        return made[-1]
+
+    kinds = (KafkaConsumer, KafkaProducer, KafkaAdminClient)
+    before = [k.DEFAULT_CONFIG["kafka_client"] for k in kinds]
+    for k in kinds:
+        k.DEFAULT_CONFIG["kafka_client"] = recorded
+    try:
+        yield made
+    finally:
+        for k, was in zip(kinds, before, strict=True):
+            k.DEFAULT_CONFIG["kafka_client"] = was
+        for client in made:
+            client.close()
