@@ -298,6 +298,7 @@ class LiveRun:
         from apportion.bus.producer import EventProducer
         from apportion.bus.provision import provision
         from apportion.cli.stack import dev_keyring
+        from apportion.client import client_linger_ms
         from apportion.identity.keys import Identity
         from apportion.topics import COMMANDS, JOBS, NODES
 
@@ -313,9 +314,9 @@ class LiveRun:
             # the node agent signs every report with its nodes' keys, made and registered here on first use
             APPORTION_KEYRING=str(dev_keyring(self.tmp / "keyring")),
         )
-        # the client's own produce settings (apportion.client.publish: linger 2 ms, then one flush); a latency
-        # probe's flush sends at once
-        self.producer = EventProducer(self.bootstrap, client_id="bench")
+        # the client's own produce settings for many submissions (apportion.client.publish: linger 2 ms, then
+        # one flush); the latency probes have a producer of their own with the client's setting for one
+        self.producer = EventProducer(self.bootstrap, client_id="bench", linger_ms=client_linger_ms(2))
         now = datetime.now(UTC)
         for path, share in (("bench", 1.0), ("bench/a", 0.5), ("bench/b", 0.5)):
             self.producer.publish(events.BudgetSet(path=path, share=share, ts=now, producer="bench"))
@@ -350,12 +351,15 @@ class LiveRun:
             raise BenchError("the stack did not place a probe job within 120 s")
         return self
 
-    def submit(self, job_id: str, budget: str, duration: float, gpus: int = 1, array: str | None = None) -> None:
-        """One signed submission; with ``array`` (Slurm's index expression), one record for the array's jobs."""
+    def submit(
+        self, job_id: str, budget: str, duration: float, gpus: int = 1, array: str | None = None, producer: Any = None
+    ) -> None:
+        """One signed submission; with ``array`` (Slurm's index expression), one record for the array's jobs;
+        ``producer``: another than the run's (the latency probes')."""
         from apportion import events
 
         t = datetime.now(UTC)
-        self.producer.send(
+        (producer or self.producer).send(
             self.signer.sign(  # the dispatcher checks every signature (docs/security.md)
                 events.JobSubmitted(
                     job_id=job_id,
@@ -444,6 +448,11 @@ def main() -> int:
     ap.add_argument("--ingest-only", action="store_true", help="only the accounting ingest (3), not the services")
     ap.add_argument("--latency-only", action="store_true", help="only the latency and its hops (1)")
     ap.add_argument("--json", action="store_true", help="figures as one JSON object on stdout (text on stderr)")
+    ap.add_argument(
+        "--broker-times",
+        action="store_true",
+        help="the broker logs every request's times; after the latency run, print their medians per request kind",
+    )
     tls = ap.add_mutually_exclusive_group()
     tls.add_argument("--no-tls", action="store_true", help="Kafka SASL_PLAINTEXT and plaintext Redis (development)")
     tls.add_argument("--tls-cost", action="store_true", help="run with TLS, then without; print both side by side")
@@ -515,6 +524,8 @@ def bench(args: argparse.Namespace, *, tls: bool, figures: dict[str, Any]) -> bo
     stack = None
     bootstrap, redis_url = os.environ.get("KAFKA_BOOTSTRAP"), os.environ.get("REDIS_URL")
     if not (bootstrap and redis_url):
+        if args.broker_times:  # infra/kafka/log4j2.properties: the request logger at DEBUG
+            os.environ["KAFKA_JVM_OPTS"] = f"{os.environ.get('KAFKA_JVM_OPTS', '')} {REQUEST_LOG_OPT}".strip()
         stack = LocalStack(tmp / "stack").start()
         bootstrap, redis_url = stack.bootstrap, stack.redis_url
     if args.ingest_only:
@@ -530,7 +541,15 @@ def bench(args: argparse.Namespace, *, tls: bool, figures: dict[str, Any]) -> bo
         say(f"stack {bootstrap}; namespace {run.ns}; {nodes} simulated nodes x 8 GPUs; logs in {tmp / 'logs'}")
 
         # ---- 1. latency on an idle cluster, and where it goes
+        broker_log = stack.datadir / "kafka" / "kafka.log" if stack is not None and args.broker_times else None
+        log_from = broker_log.stat().st_size if broker_log is not None else 0
         ok &= latency(run, args.latency_jobs, figures)
+        if broker_log is not None:
+            with broker_log.open("rb") as f:
+                f.seek(log_from)
+                times = broker_times(f.read().decode("utf-8", "replace").splitlines())
+            figures["broker_times_ms"] = times
+            say(broker_times_table(times))
         if args.latency_only:
             raise StopAfter()
 
@@ -565,6 +584,72 @@ def bench(args: argparse.Namespace, *, tls: bool, figures: dict[str, Any]) -> bo
         stack.stop()
     say("all targets met" if ok else "SOME TARGETS MISSED")
     return ok
+
+
+#: The JVM flag that turns the broker's request log on (infra/kafka/log4j2.properties).
+REQUEST_LOG_OPT = "-Dapportion.kafka.request.log=DEBUG"
+
+#: Request kinds :func:`broker_times_table` prints, in the order one decision meets them (a fetch's times are
+#: mostly its long poll, so it is left out).
+BROKER_REQUESTS = (
+    "PRODUCE",
+    "LIST_OFFSETS",
+    "ADD_PARTITIONS_TO_TXN",
+    "PRODUCE transactional",
+    "ADD_PARTITIONS_TO_TXN verify",
+    "END_TXN",
+    "WRITE_TXN_MARKERS",
+)
+
+#: The broker's times of a request (Kafka's request log), as :func:`broker_times` names them: in its request queue,
+#: in a request handler thread, waiting on another request or a purgatory (``remote``: for a transactional produce,
+#: the partition leader's check with the transaction coordinator), in the response queue, sending.
+BROKER_TIMES = {
+    "total": "totalTimeMs",
+    "queue": "requestQueueTimeMs",
+    "local": "localTimeMs",
+    "remote": "remoteTimeMs",
+    "respq": "responseQueueTimeMs",
+    "send": "sendTimeMs",
+}
+
+
+def broker_times(lines: list[str]) -> dict[str, dict[str, float]]:
+    """Median broker times in ms per request kind, from the broker's request log (``kafka.request.logger`` at
+    DEBUG: a line ``... Completed request:{json} (kafka.request.logger)`` per request).
+
+    The kind is the API name; a produce in a transaction is ``PRODUCE transactional`` and an
+    ``ADD_PARTITIONS_TO_TXN`` of version 4 or later (the one a partition leader sends the transaction
+    coordinator to check a transactional produce, KIP-890) is ``ADD_PARTITIONS_TO_TXN verify``. Each kind holds
+    ``n`` and the median of each of :data:`BROKER_TIMES`. Lines that are not request lines are skipped."""
+    marker, tail = "Completed request:", " (kafka.request.logger)"
+    seen: dict[str, list[dict[str, Any]]] = {}
+    for line in lines:
+        at = line.find(marker)
+        if at < 0 or not line.endswith(tail):
+            continue
+        d = json.loads(line[at + len(marker) : -len(tail)])
+        header = d["requestHeader"]
+        kind = header["requestApiKeyName"]
+        if kind == "PRODUCE" and d.get("request", {}).get("transactionalId"):
+            kind = "PRODUCE transactional"
+        elif kind == "ADD_PARTITIONS_TO_TXN" and header["requestApiVersion"] >= 4:
+            kind = "ADD_PARTITIONS_TO_TXN verify"
+        seen.setdefault(kind, []).append(d)
+    return {
+        kind: {"n": len(ds), **{name: statistics.median(d[key] for d in ds) for name, key in BROKER_TIMES.items()}}
+        for kind, ds in seen.items()
+    }
+
+
+def broker_times_table(times: dict[str, dict[str, float]]) -> str:
+    """:func:`broker_times` of :data:`BROKER_REQUESTS`, one line each (kinds the run did not send are left out)."""
+    lines = [f"  {'broker request (median ms)':<32}{'n':>6}" + "".join(f"{name:>8}" for name in BROKER_TIMES)]
+    for kind in BROKER_REQUESTS:
+        if kind in times:
+            t = times[kind]
+            lines.append(f"  {kind:<32}{t['n']:>6.0f}" + "".join(f"{t[name]:>8.2f}" for name in BROKER_TIMES))
+    return "\n".join(lines)
 
 
 #: The hops of one submission, in order: the moments :func:`moments` reads from the records.
@@ -603,24 +688,31 @@ def latency(run: LiveRun, n: int, figures: dict[str, Any]) -> bool:
     """``n`` one-GPU submissions one at a time on an idle cluster: wall ms from the producer's ack to the
     ``StartWorkload`` at a reader, p50 and p99 (target p50 <= 15 ms), then each hop's median and p95 from the
     records' times (:data:`HOPS`). Sets ``latency_*`` figures; true when the target is met."""
+    from apportion.bus.producer import EventProducer
+    from apportion.client import client_linger_ms
     from apportion.sim.report import percentile
 
     w = run.watcher
     assert w is not None
     lat, times = [], []
-    for i in range(n):
-        jid = f"lat{i}"
-        sent = time.time()
-        run.submit(jid, "bench/a" if i % 2 else "bench/b", 1.0)
-        run.producer.flush()
-        acked, t0 = time.time(), time.perf_counter()
-        t1 = w.wait_for(("StartWorkload", jid), 30)
-        if t1 is None:
-            raise BenchError(f"no StartWorkload for {jid} within 30 s")
-        lat.append((t1 - t0) * 1000)
-        if w.wait_for(("JobStarted", jid), 30) is None:
-            raise BenchError(f"no JobStarted for {jid} within 30 s")
-        times.append((jid, sent, acked))
+    # one submission at a time, as the CLI's submit sends it (apportion.client.publish)
+    probe = EventProducer(run.bootstrap, client_id="bench-latency", linger_ms=client_linger_ms(1))
+    try:
+        for i in range(n):
+            jid = f"lat{i}"
+            sent = time.time()
+            run.submit(jid, "bench/a" if i % 2 else "bench/b", 1.0, producer=probe)
+            probe.flush()
+            acked, t0 = time.time(), time.perf_counter()
+            t1 = w.wait_for(("StartWorkload", jid), 30)
+            if t1 is None:
+                raise BenchError(f"no StartWorkload for {jid} within 30 s")
+            lat.append((t1 - t0) * 1000)
+            if w.wait_for(("JobStarted", jid), 30) is None:
+                raise BenchError(f"no JobStarted for {jid} within 30 s")
+            times.append((jid, sent, acked))
+    finally:
+        probe.close()
     p50, p95, p99 = statistics.median(lat), percentile(lat, 95), percentile(lat, 99)
     figures.update(latency_p50_ms=p50, latency_p95_ms=p95, latency_p99_ms=p99)
     say(

@@ -263,13 +263,24 @@ def parse_env(
     return events.check_env(env)
 
 
+def client_linger_ms(n: int) -> int:
+    """The client producer's linger for ``n`` events published together: 0 for one (sent the moment it is
+    queued, no batch to wait for), 2 ms for several (they go out in few requests; the flush that follows sends
+    what is left at once)."""
+    return 0 if n <= 1 else 2
+
+
 def publish(*evts: events.Event, bootstrap: str | None = None) -> list[int]:
     """Publish events in order and wait for the broker's acknowledgement; returns each record's offset."""
     from apportion.bus.producer import EventProducer
 
     conn = Connection.resolve(bootstrap=bootstrap)
     producer = EventProducer(
-        conn.bootstrap, client_id="apportion-client", max_block_ms=8000, bootstrap_timeout_ms=5_000
+        conn.bootstrap,
+        client_id="apportion-client",
+        max_block_ms=8000,
+        bootstrap_timeout_ms=5_000,
+        linger_ms=client_linger_ms(len(evts)),
     )
     try:
         futures = [producer.send(ev) for ev in evts]

@@ -145,13 +145,13 @@ def test_unacked_makes_what_one_flush_covers_visible_at_once(
 
 
 class _RawTo:
-    """``send(event, value)`` of :class:`EventProducer` to one test topic (the values as given)."""
+    """``send_many([(event, value)])`` of :class:`EventProducer` to one test topic (the values as given)."""
 
     def __init__(self, producer: EventProducer, topic: str) -> None:
         self._p, self._topic = producer, topic
 
-    def send(self, _event: events.Event, value: bytes) -> Any:
-        return self._p.send_raw(self._topic, value)
+    def send_many(self, sent: list[tuple[events.Event, bytes]]) -> list[Any]:
+        return [self._p.send_raw(self._topic, value) for _, value in sent]
 
     def begin(self) -> None:
         self._p.begin()

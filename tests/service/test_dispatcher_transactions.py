@@ -35,12 +35,15 @@ class Producer:
     def begin(self) -> None:
         self.calls.append("begin")
 
-    def send(self, e: Any, value: bytes) -> Future:
-        self.calls.append(e.type)
-        self.log.publish([(e, value)])
-        f = Future()
-        f.success("acked")
-        return f
+    def send_many(self, sent: list[tuple[Any, bytes]]) -> list[Future]:
+        futures = []
+        for e, value in sent:
+            self.calls.append(e.type)
+            self.log.publish([(e, value)])
+            f = Future()
+            f.success("acked")
+            futures.append(f)
+        return futures
 
     def commit(self) -> None:
         self.calls.append("commit")
@@ -158,13 +161,16 @@ def test_a_start_whose_decisions_were_not_delivered_writes_no_read_model_nor_sna
     h.term.write_read_model = lambda: writes.append("read model")
     h.term.write_snapshot = lambda: writes.append("snapshot")
 
-    def lost(e: Any, value: bytes) -> Future:
-        h.producer.calls.append(e.type)
-        f = Future()
-        f.failure(RuntimeError("InvalidProducerEpochError"))  # the broker aborted the transaction
-        return f
+    def lost(sent: list[tuple[Any, bytes]]) -> list[Future]:
+        futures = []
+        for e, _ in sent:
+            h.producer.calls.append(e.type)
+            f = Future()
+            f.failure(RuntimeError("InvalidProducerEpochError"))  # the broker aborted the transaction
+            futures.append(f)
+        return futures
 
-    h.producer.send = lost  # type: ignore[method-assign]
+    h.producer.send_many = lost  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="not delivered"):
         h.start()
     assert h.producer.calls == ["begin", "DispatcherConfigured", "commit"]

@@ -182,10 +182,11 @@ def test_unacked_sends_each_record_and_raises_on_the_first_that_was_not_delivere
             self.sent: list[Any] = []
             self.futures: list[Future] = []
 
-        def send(self, e: Any, value: Any) -> Future:
-            self.sent.append((e, value))
-            self.futures.append(Future())
-            return self.futures[-1]
+        def send_many(self, sent: list[tuple[Any, Any]]) -> list[Future]:
+            self.sent.extend(sent)
+            futures = [Future() for _ in sent]
+            self.futures.extend(futures)
+            return futures
 
     a, b = (NodeCordoned(node_id=n, ts=datetime(2026, 1, 1, tzinfo=UTC)) for n in ("a", "b"))
     p = Producer()

@@ -195,3 +195,42 @@ def test_submit_many_publishes_once_and_returns_each_verdict_in_order(monkeypatc
     with pytest.raises(client.InvalidSubmission) as err:
         client.submit_many([*jobs, {"budget": "lab/a", "gpus": 0, "duration": 60}], identity=ALICE)
     assert err.value.field == "jobs[3].gpus_per_replica"
+
+
+class FakeProducer:
+    """Stands in for :class:`apportion.bus.producer.EventProducer` in :func:`client.publish`: keeps its settings."""
+
+    made: list[dict[str, Any]] = []
+
+    def __init__(self, bootstrap: str, **config: Any) -> None:
+        FakeProducer.made.append(config)
+        self.sent = 0
+
+    def send(self, ev: events.Event) -> Any:
+        self.sent += 1
+        offset = self.sent - 1
+
+        class Acked:
+            def get(self, timeout: float) -> Any:
+                return type("Meta", (), {"offset": offset})()
+
+        return Acked()
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("n", "linger_ms"), [(1, 0), (2, 2), (5, 2)], ids=["one is sent at once", "two", "five"])
+def test_one_event_is_published_without_linger_and_several_with_the_client_linger(
+    monkeypatch: pytest.MonkeyPatch, n: int, linger_ms: int
+) -> None:
+    from apportion.bus import producer
+
+    FakeProducer.made = []
+    monkeypatch.setattr(producer, "EventProducer", FakeProducer)
+    evs = [events.BudgetSet(path=f"lab/b{i}", share=1.0, ts=NOW, producer="test") for i in range(n)]
+    assert client.publish(*evs, bootstrap="127.0.0.1:9") == list(range(n))
+    assert [m["linger_ms"] for m in FakeProducer.made] == [linger_ms]

@@ -16,7 +16,6 @@ Nothing connects at import time; :class:`EventProducer` connects when built.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -117,10 +116,38 @@ class EventProducer:
                 :meth:`apportion.identity.keys.ReportSigner.value`); encoded here
                 when ``None``. Passing anything else is a caller bug.
         """
-        topic = topic_name(events.TOPIC_OF[event.type])
-        return self._producer.send(
-            topic, value=events.encode(event) if value is None else value, key=events.key_of(event).encode("utf-8")
+        topic, value, key = self._record(event, value)
+        return self._producer.send(topic, value=value, key=key)
+
+    @staticmethod
+    def _record(event: events.Event, value: bytes | None) -> tuple[str, bytes, bytes]:
+        """``event``'s topic, value (``value``, or the event encoded when ``None``) and key as bytes."""
+        return (
+            topic_name(events.TOPIC_OF[event.type]),
+            events.encode(event) if value is None else value,
+            events.key_of(event).encode("utf-8"),
         )
+
+    def send_many(self, sent: Sequence[tuple[events.Event, bytes | None]]) -> list[FutureRecordMetadata]:
+        """:meth:`send` each ``(event, value)``; in a transaction, every partition they go to is added to it
+        before the first is queued.
+
+        kafka-python adds a transaction's new partitions in one AddPartitionsToTxn request when its sender
+        thread wakes, which the first record of a new batch does; a partition met after that waits for the
+        answer and a second request, and every record of the transaction with it. Adding them all first
+        (what ``send`` itself would add, partitioned as ``send`` partitions) makes it one request. A topic whose
+        partitions the producer does not know yet is left to ``send``, as before."""
+        records = [self._record(e, v) for e, v in sent]
+        kp = self._producer
+        manager = kp._transaction_manager
+        if manager is not None and manager.is_transactional() and len(records) > 1:
+            from kafka.structs import TopicPartition
+
+            for topic, value, key in records:
+                partition = kp._partition(topic, None, key, value, key, value)
+                if partition is not None:
+                    manager.maybe_add_partition_to_transaction(TopicPartition(topic, partition))
+        return [kp.send(topic, value=value, key=key) for topic, value, key in records]
 
     def publish(self, event: events.Event, timeout_s: float = 30.0) -> RecordMetadata:
         """Send ``event`` and wait for the ack; raises the Kafka error on failure."""
@@ -153,34 +180,32 @@ class EventProducer:
     def abort(self, timeout_s: float = COMMIT_TIMEOUT_S) -> None:
         """Abort the open transaction (its records are never returned to :data:`READ_COMMITTED` readers),
         so that readers do not wait at it until the transaction timeout; raises like :meth:`commit`."""
-        self._bounded(self._producer.abort_transaction, timeout_s, "aborted")
+        self._end_transaction(False, timeout_s)
 
     def commit(self, timeout_s: float = COMMIT_TIMEOUT_S) -> None:
         """Flush and commit the open transaction; raises what the commit raised (``ProducerFencedError``:
         a newer instance holds the id, :func:`is_fenced`), or ``TimeoutError`` after ``timeout_s`` wall
         seconds (the commit may still end later; the caller ends its term either way)."""
-        self._bounded(self._producer.commit_transaction, timeout_s, "committed")
+        self._end_transaction(True, timeout_s)
 
-    @staticmethod
-    def _bounded(call: Any, timeout_s: float, what: str) -> None:
-        """``call()`` in a helper thread, waited for at most ``timeout_s`` (kafka-python's transaction
-        calls wait without a bound); raises what it raised, or ``TimeoutError``."""
-        done: list[BaseException | None] = []
+    def _end_transaction(self, commit: bool, timeout_s: float) -> None:
+        """What kafka-python's ``commit_transaction`` (``abort_transaction``) does, with a bound on the wait.
 
-        def run() -> None:
-            try:
-                call()
-                done.append(None)
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-                done.append(exc)
+        Its own calls wait without a bound; waiting here, in the caller's thread, on the result the sender
+        thread completes keeps the bound without a helper thread (a thread start and a join per commit,
+        each a hand-off that waits for a core on a loaded machine). Raises what the transaction manager
+        raised when asked (a producer in an error state), what the commit or abort ended with, or
+        ``TimeoutError``."""
+        manager = self._producer._transaction_manager
+        if manager is None or not manager.is_transactional():
+            from kafka.errors import IllegalStateError
 
-        t = threading.Thread(target=run, name=f"txn-{what}", daemon=True)
-        t.start()
-        t.join(timeout_s)
-        if not done:
+            raise IllegalStateError("this producer has no transactional_id: no transaction to end")
+        result = manager.begin_commit() if commit else manager.begin_abort()
+        self._producer._sender.wakeup()
+        if not result.wait(timeout_ms=int(timeout_s * 1000)):
+            what = "committed" if commit else "aborted"
             raise TimeoutError(f"the transaction was not {what} within {timeout_s:.0f} s")
-        if done[0] is not None:
-            raise done[0]
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Block until every queued record is acknowledged (or ``timeout_s``)."""
@@ -205,7 +230,7 @@ class Unacked:
     with the same deterministic id).
 
     Args:
-        producer: ``send(event, value) -> future`` and ``flush()`` (:class:`EventProducer`); with
+        producer: ``send_many(pairs) -> futures`` and ``flush()`` (:class:`EventProducer`); with
             ``transactional``, also ``begin()`` and ``commit()``.
         transactional: the first send after a :meth:`flush` opens a transaction and :meth:`flush` commits
             it, so what one flush covers becomes visible to :data:`READ_COMMITTED` readers at once or never.
@@ -226,8 +251,8 @@ class Unacked:
         if sent and self.transactional and not self.open:
             self._producer.begin()
             self.open = True
-        for e, value in sent:
-            self._producer.send(e, value).add_errback(self.failed.append)
+        for future in self._producer.send_many(sent):
+            future.add_errback(self.failed.append)
 
     def flush(self) -> None:
         """Block until every record sent is acknowledged; in a transaction, commit it. Raises what the
