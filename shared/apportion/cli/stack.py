@@ -468,6 +468,7 @@ def up(
     web: bool = True,
     simulate_json: Sequence[str] = (),
     brokers: int = 1,
+    sandbox_memory_mb_per_gpu: int | None = None,
     say: Callable[[str], object] = print,
 ) -> StackInfo:
     """Start the stack (see the module docstring); on failure stop what was started and raise.
@@ -478,6 +479,8 @@ def up(
 
     Args:
         web: start the read-only dashboard too (``services.web`` on a free 127.0.0.1 port).
+        sandbox_memory_mb_per_gpu: the node agent's memory limit of a job replica per GPU it holds, MiB
+            (``None``: the agent's default, the machine's memory over every simulated GPU).
         simulate_json: ``apportion simulate --json`` files for the dashboard's ``/simulate`` page.
 
     Raises:
@@ -590,11 +593,8 @@ def up(
                 kafka = Path(info.kafka_secrets) if info.kafka_secrets else None
                 redis = Path(info.redis_secrets) if info.redis_secrets else None
                 env.update(service_credentials(name, STACK_AGENT, kafka, redis))
-            if name == "node_agent":  # its journal, the jobs' checkpoint directories and output files
-                env["APPORTION_STATE_DIR"] = str(info.agent_dir)
-                env["APPORTION_KEYRING"] = info.keyring  # its nodes' keys, made and registered on first use
-                # the dispatcher's public key (enrolled above): a NodeLost it did not sign is disregarded
-                env["APPORTION_DISPATCHER_PUBLIC_KEY_FILE"] = str(Path(info.keyring) / f"{DISPATCHER}.json")
+            if name == "node_agent":
+                env.update(agent_env(info, sandbox_memory_mb_per_gpu))
             _save_launch(info, name, args, env)  # `stack restart` starts it again the same way
             since[name] = _log_end(info, name)  # an `up` in a run directory used before appends to its logs
             info.pids[name] = _spawn(info, name, args, env)
@@ -605,6 +605,37 @@ def up(
         down(run_dir, say=lambda *_: None)
         raise
     return info
+
+
+def agent_env(info: StackInfo, sandbox_memory_mb_per_gpu: int | None = None) -> dict[str, str]:
+    """The node agent's own settings in the stack in ``info.run_dir`` (``services.node_agent.config``): its
+    journal, the jobs' checkpoints and output files (``RUN_DIR/node_agent``), its nodes' keys, the dispatcher's
+    public key (a ``NodeLost`` it did not sign is disregarded), its cgroup parent, one per run directory
+    (:func:`stack_cgroup_parent`: two stacks on one machine never share job cgroups) and, when given, the
+    memory limit of a replica per GPU."""
+    from apportion.domain.admission import DISPATCHER
+
+    env = {
+        "APPORTION_STATE_DIR": str(info.agent_dir),
+        "APPORTION_KEYRING": info.keyring,
+        "APPORTION_DISPATCHER_PUBLIC_KEY_FILE": str(Path(info.keyring) / f"{DISPATCHER}.json"),
+        "APPORTION_CGROUP_PARENT": stack_cgroup_parent(info.run_dir, info.prefix),
+    }
+    if sandbox_memory_mb_per_gpu is not None:
+        env["APPORTION_SANDBOX_MEMORY_MB_PER_GPU"] = str(sandbox_memory_mb_per_gpu)
+    return env
+
+
+def stack_cgroup_parent(run_dir: Path, prefix: str) -> str:
+    """The cgroup parent of the node agent of the stack in ``run_dir`` with topic namespace ``prefix``:
+    ``apportion/stack-<first 12 hex digits of the SHA-256 of the run directory's absolute path>/<prefix>sim``
+    (characters outside ``[A-Za-z0-9._-]`` of the prefix made ``_``), one per run directory and namespace."""
+    import hashlib
+    import re
+
+    digest = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
+    ns = re.sub(r"[^A-Za-z0-9._-]", "_", prefix)
+    return f"apportion/stack-{digest}/{ns}{SIM_PREFIX.rstrip('-')}"
 
 
 def _as_web(info: StackInfo, env: dict[str, str]) -> None:
@@ -736,6 +767,15 @@ def up_cmd(
     brokers: Annotated[
         int, typer.Option("--brokers", min=1, help="Kafka nodes to start (3: replication 3, min.insync.replicas 2).")
     ] = 1,
+    sandbox_memory_mb_per_gpu: Annotated[
+        int | None,
+        typer.Option(
+            "--sandbox-memory-mb-per-gpu",
+            min=1,
+            help="Memory limit of a job replica per GPU it holds, MiB (default: the machine's memory over every "
+            "simulated GPU).",
+        ),
+    ] = None,
 ) -> None:
     """Start Kafka + Redis (unless given), the four services, N simulated nodes and the web dashboard; print where
     they are."""
@@ -753,6 +793,7 @@ def up_cmd(
             web=web,
             simulate_json=[str(p) for p in simulate_json or ()],
             brokers=brokers,
+            sandbox_memory_mb_per_gpu=sandbox_memory_mb_per_gpu,
             say=typer.echo,
         )
     except StackUpError as exc:
