@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover
     from click.exceptions import NoArgsIsHelpError, UsageError  # type: ignore[assignment]
 
 from apportion import events
-from apportion.settings import Connection, topic_name, topic_prefix
+from apportion.settings import Connection, StackStopped, topic_name, topic_prefix
 
 if TYPE_CHECKING:
     from apportion.identity.keys import Identity
@@ -110,6 +110,8 @@ class OneLineErrors(TyperGroup):
             return super().invoke(ctx)
         except UsageError as exc:
             _usage_error(exc, ctx.meta.get(_ARGV, []))
+        except StackStopped as exc:  # the stack.env found is that of a stopped stack: no address to try
+            fail(str(exc), 3)
 
 
 _ARGV = "apportion.argv"

@@ -22,9 +22,10 @@ finds the stack from any folder::
                                namespace, clock and dashboard but no credential, and ca.pem, a copy of the CA
 
 ``down`` stops every process ``up`` started (SIGTERM, then SIGKILL after a
-grace period), then Kafka and Redis if ``up`` started them, and removes both
-state files. Metrics endpoints and the dashboard bind 127.0.0.1 on free ports,
-printed by ``up`` and ``status``.
+grace period), then Kafka and Redis if ``up`` started them, removes both
+state files and leaves ``RUN_DIR/researcher/stack.env`` as the marker of a
+stopped stack (:func:`mark_stopped`). Metrics endpoints and the dashboard bind
+127.0.0.1 on free ports, printed by ``up`` and ``status``.
 
 Principals (``docs/security.md``): with a secured Kafka and Redis started here,
 each service connects as its own Kafka principal, and the dashboard as ``web``
@@ -709,14 +710,30 @@ def down(run_dir: Path, *, say: Callable[[str], object] = print) -> list[str]:
                 lines.append(f"stopping Kafka/Redis: {exc}")
     (run_dir / "stack.env").unlink(missing_ok=True)
     user = user_stack_env()
-    if info is not None and user.is_file():
+    if user.is_file():
         from apportion.bus.stack import read_env_file
 
         if read_env_file(user).get("RUN_DIR") == str(run_dir):
             user.unlink()
+    mark_stopped(run_dir)
     for ln in lines:
         say(ln)
     return lines
+
+
+def mark_stopped(run_dir: Path) -> None:
+    """Replace the other users' ``RUN_DIR/researcher/stack.env``, if any, by the marker of a stopped stack:
+    ``APPORTION_STACK_STOPPED`` (when, UTC) and ``RUN_DIR``, no address. Their CLI, pointed at it by
+    ``APPORTION_STACK_DIR``, then says no stack is running (:class:`apportion.settings.StackStopped`) instead of
+    trying the addresses of the stopped one, or the defaults had the file gone."""
+    from datetime import UTC, datetime
+
+    from apportion.settings import STOPPED
+
+    path = run_dir / "researcher" / "stack.env"
+    if path.is_file():
+        when = datetime.now(UTC).isoformat(timespec="seconds")
+        write_private(path, f"{STOPPED}={when}\nRUN_DIR={run_dir}\n".encode(), mode=0o644)
 
 
 # --------------------------------------------------------------------------- the `apportion stack` commands
