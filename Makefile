@@ -3,7 +3,8 @@
 #   make run        the main job (starts the local stack first)
 #   make test       everything CI runs: unit + integration tests on real Kafka and Redis
 #   make up / down  interactive stack in .run/: Kafka, Redis, the four services, SIM_NODES simulated nodes
-#                   (BROKERS=3: a 3-node KRaft cluster, topics with 3 replicas and min.insync.replicas 2)
+#                   (BROKERS=3: a 3-node KRaft cluster, topics with 3 replicas and min.insync.replicas 2;
+#                   SANDBOX_MEMORY_MB_PER_GPU=N: a job's memory limit per GPU, MiB)
 #   make infra-up   only Kafka + Redis in .run/ (addresses printed, also in .run/stack.env)
 #   make mutate     mutation testing of the rule modules (score and survivors printed)
 #   make chaos      the chaos campaign (kills, broker and Redis restarts, hostile records; ARGS="--quick")
@@ -24,6 +25,7 @@ PYTEST_ARGS ?=
 PYTEST_XDIST ?= -n 2 --dist loadgroup
 SIM_NODES ?= 8
 BROKERS ?= 1
+SANDBOX_MEMORY_MB_PER_GPU ?=
 
 .PHONY: help prereqs venv kafka-jars up down status infra-up lint docs test test-unit test-integration bench bench-slurm bench-rss gpu-check chaos chaos-test mutate run clean distclean
 
@@ -49,7 +51,8 @@ infra/kafka/lib/.complete: infra/kafka/pom.xml
 	infra/kafka/fetch.sh
 
 up: venv kafka-jars
-	$(VENV)/bin/apportion stack up --dir $(RUN_DIR) --sim-nodes $(SIM_NODES) --brokers $(BROKERS)
+	$(VENV)/bin/apportion stack up --dir $(RUN_DIR) --sim-nodes $(SIM_NODES) --brokers $(BROKERS) \
+	  $(if $(SANDBOX_MEMORY_MB_PER_GPU),--sandbox-memory-mb-per-gpu $(SANDBOX_MEMORY_MB_PER_GPU))
 
 infra-up: venv kafka-jars
 	$(PY) -m apportion.bus.stack up --dir $(RUN_DIR) --brokers $(BROKERS)

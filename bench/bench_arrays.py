@@ -21,7 +21,6 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from datetime import UTC, datetime
@@ -34,8 +33,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=2000, help="jobs per run (default 2,000)")
     ap.add_argument("--rounds", type=int, default=2, help="array/records pairs, alternated (default 2)")
+    ap.add_argument("--keep", action="store_true", help="keep the data folder (logs, broker and agent data)")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
+    from scratch import scratch_dir
+
+    with scratch_dir("apportion-bench-arrays-", args.keep) as tmp:
+        return measure(args, tmp)
+
+
+def measure(args: argparse.Namespace, tmp: Path) -> int:
+    """The runs of :func:`main`'s arguments ``args``, with their data (broker, logs, journals) in ``tmp``."""
     from bench_live import CommandWatcher, CpuBudget, start_services
 
     class Watcher(CommandWatcher):
@@ -52,7 +60,6 @@ def main() -> int:
     from apportion.settings import topic_name
     from apportion.topics import COMMANDS, JOBS, NODES
 
-    tmp = Path(tempfile.mkdtemp(prefix="apportion-bench-arrays-"))
     stack = None
     bootstrap, redis_url = os.environ.get("KAFKA_BOOTSTRAP"), os.environ.get("REDIS_URL")
     if not (bootstrap and redis_url):
@@ -68,6 +75,9 @@ def main() -> int:
         APPORTION_TOPIC_PREFIX=ns,
         APPORTION_LOG_LEVEL="WARNING",
         APPORTION_KEYRING=str(dev_keyring(tmp / "keyring")),
+        # the node agent's journal and the policy's data folders: in tmp, removed with it
+        APPORTION_STATE_DIR=str(tmp / "node_agent"),
+        APPORTION_FAUST_DIR=str(tmp),
     )
     n = args.jobs
     nodes = (n + 7) // 8 + 1
@@ -85,7 +95,9 @@ def main() -> int:
         watcher = Watcher(bootstrap, [topic_name(COMMANDS), topic_name(JOBS), topic_name(NODES)])
         watcher.start()
         procs = start_services(env, tmp / "logs", nodes)
-        print(f"stack {bootstrap}; namespace {ns}; {nodes} simulated nodes x 8 GPUs; logs in {tmp / 'logs'}")
+        print(
+            f"stack {bootstrap}; namespace {ns}; {nodes} simulated nodes x 8 GPUs; logs in {tmp / 'logs'}{'' if args.keep else ' (removed at the end; --keep)'}"
+        )
         deadline = time.perf_counter() + 180
         while watcher.count("NodeRegistered") < nodes:
             if time.perf_counter() > deadline:

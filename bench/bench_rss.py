@@ -27,10 +27,11 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
+
+from scratch import scratch_dir
 
 from apportion.settings import topic_name
 
@@ -95,7 +96,14 @@ def main() -> int:
         help="services to run under tracemalloc (comma-separated): the lines that grew over the second half "
         "are printed (slower; for finding what grows, not for the figures)",
     )
+    ap.add_argument("--keep", action="store_true", help="keep the data folder (logs, broker data, snapshots)")
     a = ap.parse_args()
+    with scratch_dir("apportion-bench-rss-", a.keep) as root:
+        return measure(a, root)
+
+
+def measure(a: argparse.Namespace, root: Path) -> int:
+    """The run of :func:`main`'s arguments ``a`` with its data (logs, broker, snapshots) in ``root``."""
     sys.path.insert(0, str(HERE))
     from chaos import SERVICES, open_stack, raise_on_sigterm
 
@@ -108,7 +116,6 @@ def main() -> int:
     raise_on_sigterm()  # a SIGTERM stops the services, the broker and Redis through the finally below
     rng = random.Random(a.seed)
     user = Identity.generate("u")
-    root = Path(tempfile.mkdtemp(prefix="apportion-bench-rss-"))
     (root / "logs").mkdir()
     ring = str(dev_keyring(root / "keyring"))  # the node agent registers and signs with its nodes' keys there
     local, stack, clock = open_stack(

@@ -357,10 +357,13 @@ def teardown(*steps: Any) -> None:
 
 def open_stack(root: Path, ns: str, time_scale: float, **extra: str) -> tuple[Any, Stack, Any]:
     """Own Kafka and Redis in ``root/stack``, namespace ``ns`` provisioned, the services' environment on a
-    ``time_scale`` clock (``extra``: more ``APPORTION_*`` variables). Returns ``(local stack, Stack, clock)``."""
+    ``time_scale`` clock (``extra``: more ``APPORTION_*`` variables), the policy's data folders in ``root/policy``
+    (a killed policy leaves its folder there, removed with ``root``, not in the system temp directory). Returns
+    ``(local stack, Stack, clock)``."""
     from apportion.bus.provision import provision
     from apportion.bus.stack import LocalStack
 
+    (root / "policy").mkdir(exist_ok=True)
     local = LocalStack(root / "stack").start()
     os.environ["APPORTION_TOPIC_PREFIX"] = ns
     provision(local.bootstrap)
@@ -376,6 +379,7 @@ def open_stack(root: Path, ns: str, time_scale: float, **extra: str) -> tuple[An
         APPORTION_LOG_JSON="false",
         APPORTION_LOG_LEVEL="WARNING",
         APPORTION_METRICS_PORT="0",
+        APPORTION_FAUST_DIR=str(root / "policy"),
         **extra,
     )
     os.environ.update({k: v for k, v in env.items() if k.startswith("APPORTION_CLOCK") or k == "APPORTION_TIME_SCALE"})

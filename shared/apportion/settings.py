@@ -13,6 +13,9 @@ Resolution order for each address (first wins):
    so the CLI finds the stack from any folder;
 4. the defaults ``127.0.0.1:9092`` and ``redis://127.0.0.1:6379/0``.
 
+A ``stack.env`` that ``apportion stack down`` left as a marker of a stopped stack (:data:`STOPPED`, no addresses)
+names no address: resolving one from it raises :class:`StackStopped` rather than trying the defaults.
+
 The topic namespace in force is ``APPORTION_TOPIC_PREFIX`` (:func:`topic_prefix`,
 the one reader of it; the registry :mod:`apportion.topics` takes the prefix
 as an argument); the stack's (in its ``stack.env``) applies when the
@@ -33,6 +36,14 @@ if TYPE_CHECKING:
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+#: The key of a ``stack.env`` left by ``apportion stack down`` for the stack it stopped: when (UTC), with its
+#: ``RUN_DIR``.
+STOPPED = "APPORTION_STACK_STOPPED"
+
+
+class StackStopped(RuntimeError):
+    """The ``stack.env`` in force is the marker of a stopped stack and nothing else names an address."""
 
 
 def user_state_dir() -> Path:
@@ -150,6 +161,14 @@ class Connection:
         """Resolve both addresses by the order in the module docstring."""
         env = os.environ
         stack = _stack_env()
+        if STOPPED in stack and not (
+            (bootstrap or env.get("APPORTION_KAFKA_BOOTSTRAP") or env.get("KAFKA_BOOTSTRAP"))
+            and (redis_url or env.get("APPORTION_REDIS_URL") or env.get("REDIS_URL"))
+        ):
+            raise StackStopped(
+                f"no stack running: the stack of {stack.get('RUN_DIR', '?')} was stopped at {stack[STOPPED]} "
+                f"({stack_env_path()}; `apportion stack up` starts one)"
+            )
         b = (
             bootstrap
             or env.get("APPORTION_KAFKA_BOOTSTRAP")

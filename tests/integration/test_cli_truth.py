@@ -71,8 +71,10 @@ def test_budget_set_says_when_a_limit_is_above_the_parents(budgets: Stack) -> No
         "note: lab/vision's max min runtime 1d is above its parent lab's effective 12h: it overrides the parent's "
         "for lab/vision and below"
     )
+    assert res.stdout.strip() == "budget lab/vision set: max min runtime 1d"  # what it set, not the share
     res = budgets.run("budget", "set", "lab/vision", "--max-min-runtime", "8h")
     assert res.stderr == ""
+    assert res.stdout.strip() == "budget lab/vision set: max min runtime 8h"
 
 
 def test_budget_set_waits_for_the_policy_and_reports_accepted(budgets: Stack) -> None:
@@ -358,8 +360,11 @@ def test_node_commands_refuse_unknown_nodes_and_show_the_reason(budgets: Stack) 
 def test_a_job_submitted_held_waits_until_its_owner_releases_it(budgets: Stack) -> None:
     """hold/release on the real stack: the held job shows pending reason held, eve may not release it, the owner
     does and it starts; a second release is refused by the dispatcher (not held)."""
-    budgets.run(
+    res = budgets.run(
         "submit", "-b", "lab/vision", "-g", "1", "-m", "1h", "--duration", "1h", "-u", "hd", "--job-id", "hd1", "--hold"
+    )
+    assert res.stdout.splitlines()[-1] == (
+        "queued, held: it will not be placed until `apportion release hd1` (see `apportion queue`)"
     )
     row = budgets.until(
         lambda: [r for r in budgets.json("queue", "--user", "hd") if r.get("reason", "").startswith("held: ")],
@@ -724,3 +729,7 @@ def test_zz_stack_serves_any_folder_and_stops_leaving_no_process(
     assert not (Path(stack.env["XDG_STATE_HOME"] or "") / "apportion" / "stack.env").exists()
     res = stack.run("stack", "status", env=bare, code=3)
     assert _error(res).startswith("error: no stack started from")
+    # other users' stack.env: a marker of the stopped stack, read as such at once, not an address to wait on
+    researcher = dict(bare, APPORTION_STACK_DIR=str(stack.info.run_dir / "researcher"))
+    res = stack.run("queue", env=researcher, code=3)
+    assert _error(res).startswith(f"error: no stack running: the stack of {stack.info.run_dir} was stopped at ")

@@ -234,6 +234,38 @@ def _limit_option(text: str | None, current: float | None) -> float | None:
     return parse_duration(text)
 
 
+#: ``budget set``'s fields in the order its message names them, each with how a value reads.
+_SET_FIELDS: tuple[tuple[str, str, Any], ...] = (
+    ("share", "share", lambda v: f"{v:g}"),
+    ("members", "members", lambda v: ",".join(sorted(v)) or "none"),
+    ("max_min_runtime_s", "max min runtime", format_duration),
+    ("default_time_limit_s", "default time limit", format_duration),
+    ("max_time_limit_s", "max time limit", format_duration),
+    ("preempt_idle_after_s", "preempt idle after", format_duration),
+)
+
+
+def budget_set_message(ev: Any, current: Any) -> str:
+    """What ``budget set`` says it did: ``budget P created: <every field set>`` for a new budget, else
+    ``budget P set: <each field whose value changed>`` (``no change`` when none did). A field set to inherit
+    reads ``inherited``."""
+
+    def text(name: str, show: Any) -> str:
+        value = getattr(ev, name)
+        return "inherited" if value is None else show(value)
+
+    if current is None:
+        done = [f"{label} {text(n, show)}" for n, label, show in _SET_FIELDS if getattr(ev, n) is not None]
+        return f"budget [bold]{ev.path}[/] created: {', '.join(done)}"
+
+    def before(name: str) -> Any:
+        value = getattr(current, name)
+        return tuple(sorted(value)) if isinstance(value, frozenset) else value
+
+    changed = [f"{label} {text(n, show)}" for n, label, show in _SET_FIELDS if getattr(ev, n) != before(n)]
+    return f"budget [bold]{ev.path}[/] set: {', '.join(changed) or 'no change'}"
+
+
 @budget_app.command("set")
 def budget_set(
     path: Annotated[str, typer.Argument(help="Budget path, e.g. lab/prior/robotics.")],
@@ -388,7 +420,7 @@ def budget_set(
         bootstrap,
         redis_url,
         as_json,
-        f"budget [bold]{path}[/] set to share {ev.share}",
+        budget_set_message(ev, current),
         read_model=after != tree,  # a change to the same values: the read model has nothing to fold
     )
 

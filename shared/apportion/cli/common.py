@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -24,12 +25,14 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 try:  # typer vendors click from 0.2x on; before, it used click itself
+    from typer._click import Context
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
 except ImportError:  # pragma: no cover
+    from click import Context  # type: ignore[assignment]
     from click.exceptions import NoArgsIsHelpError, UsageError  # type: ignore[assignment]
 
 from apportion import events
-from apportion.settings import Connection, topic_name, topic_prefix
+from apportion.settings import Connection, StackStopped, topic_name, topic_prefix
 
 if TYPE_CHECKING:
     from apportion.identity.keys import Identity
@@ -93,6 +96,7 @@ class OneLineErrors(TyperGroup):
     before ``--``: a usage error can come before the eager ``--json`` option is processed."""
 
     def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        readable_help(self)
         argv = list(args)
         try:
             ctx = super().make_context(info_name, args, parent, **extra)
@@ -106,9 +110,36 @@ class OneLineErrors(TyperGroup):
             return super().invoke(ctx)
         except UsageError as exc:
             _usage_error(exc, ctx.meta.get(_ARGV, []))
+        except StackStopped as exc:  # the stack.env found is that of a stopped stack: no address to try
+            fail(str(exc), 3)
 
 
 _ARGV = "apportion.argv"
+
+#: A reStructuredText role and its target (``:func:`~apportion.x.y```), or a double-backquoted literal.
+_RST_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
+_RST_LITERAL = re.compile(r"``(.+?)``", re.DOTALL)
+
+
+def help_text(text: str) -> str:
+    """A docstring as help: reStructuredText literals (````x````) and roles (``:func:`x```) as ```x```."""
+    return _RST_LITERAL.sub(r"`\1`", _RST_ROLE.sub(r"`\1`", text))
+
+
+def readable_help(command: Any) -> None:
+    """Make the help of ``command`` and every command under it readable, once for the whole tree: the docstrings
+    and parameter help through :func:`help_text`, and no value type (``<bool>``) after a flag, which takes none."""
+    for attr in ("help", "short_help", "epilog"):
+        if getattr(command, attr, None):
+            setattr(command, attr, help_text(getattr(command, attr)))
+    help_option = command.get_help_option(Context(command))  # made once and kept: the flag every command has
+    for param in (*getattr(command, "params", ()), *([help_option] if help_option is not None else [])):
+        if getattr(param, "help", None):
+            param.help = help_text(param.help)
+        if getattr(param, "is_flag", False) and not getattr(param, "count", False):
+            param.metavar = ""
+    for sub in getattr(command, "commands", {}).values():
+        readable_help(sub)
 
 
 def _usage_error(exc: UsageError, argv: list[str]) -> NoReturn:

@@ -224,13 +224,19 @@ def submit(
             f"({ev.replicas}x{ev.gpus_per_replica} GPUs, {kind}, budget {ev.budget})"
         )
         if isinstance(verdict, events.JobQueued):
-            held = " held (`apportion release " + ev.job_id + "` lets it run)" if ev.hold else ""
-            out.print(f"queued by the dispatcher{held} (see `apportion queue`)")
+            out.print(queued_message(ev.job_id, ev.hold), soft_wrap=True)
     if isinstance(verdict, events.JobRejected):
         err.print(f"[bold red]rejected:[/] {verdict.reason.value}: {verdict.message}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     if verdict is None and not dry_run and wait > 0:
         fail(f"no verdict from the dispatcher within {wait:g} s (is it running?); the submission is in the log", 3)
+
+
+def queued_message(job_id: str, hold: bool) -> str:
+    """What ``submit`` says once the dispatcher queued ``job_id``: held or not, and what places a held job."""
+    if hold:
+        return f"queued, held: it will not be placed until `apportion release {job_id}` (see `apportion queue`)"
+    return "queued by the dispatcher (see `apportion queue`)"
 
 
 def cancel(

@@ -22,9 +22,10 @@ finds the stack from any folder::
                                namespace, clock and dashboard but no credential, and ca.pem, a copy of the CA
 
 ``down`` stops every process ``up`` started (SIGTERM, then SIGKILL after a
-grace period), then Kafka and Redis if ``up`` started them, and removes both
-state files. Metrics endpoints and the dashboard bind 127.0.0.1 on free ports,
-printed by ``up`` and ``status``.
+grace period), then Kafka and Redis if ``up`` started them, removes both
+state files and leaves ``RUN_DIR/researcher/stack.env`` as the marker of a
+stopped stack (:func:`mark_stopped`). Metrics endpoints and the dashboard bind
+127.0.0.1 on free ports, printed by ``up`` and ``status``.
 
 Principals (``docs/security.md``): with a secured Kafka and Redis started here,
 each service connects as its own Kafka principal, and the dashboard as ``web``
@@ -468,6 +469,7 @@ def up(
     web: bool = True,
     simulate_json: Sequence[str] = (),
     brokers: int = 1,
+    sandbox_memory_mb_per_gpu: int | None = None,
     say: Callable[[str], object] = print,
 ) -> StackInfo:
     """Start the stack (see the module docstring); on failure stop what was started and raise.
@@ -478,6 +480,8 @@ def up(
 
     Args:
         web: start the read-only dashboard too (``services.web`` on a free 127.0.0.1 port).
+        sandbox_memory_mb_per_gpu: the node agent's memory limit of a job replica per GPU it holds, MiB
+            (``None``: the agent's default, the machine's memory over every simulated GPU).
         simulate_json: ``apportion simulate --json`` files for the dashboard's ``/simulate`` page.
 
     Raises:
@@ -590,11 +594,8 @@ def up(
                 kafka = Path(info.kafka_secrets) if info.kafka_secrets else None
                 redis = Path(info.redis_secrets) if info.redis_secrets else None
                 env.update(service_credentials(name, STACK_AGENT, kafka, redis))
-            if name == "node_agent":  # its journal, the jobs' checkpoint directories and output files
-                env["APPORTION_STATE_DIR"] = str(info.agent_dir)
-                env["APPORTION_KEYRING"] = info.keyring  # its nodes' keys, made and registered on first use
-                # the dispatcher's public key (enrolled above): a NodeLost it did not sign is disregarded
-                env["APPORTION_DISPATCHER_PUBLIC_KEY_FILE"] = str(Path(info.keyring) / f"{DISPATCHER}.json")
+            if name == "node_agent":
+                env.update(agent_env(info, sandbox_memory_mb_per_gpu))
             _save_launch(info, name, args, env)  # `stack restart` starts it again the same way
             since[name] = _log_end(info, name)  # an `up` in a run directory used before appends to its logs
             info.pids[name] = _spawn(info, name, args, env)
@@ -605,6 +606,37 @@ def up(
         down(run_dir, say=lambda *_: None)
         raise
     return info
+
+
+def agent_env(info: StackInfo, sandbox_memory_mb_per_gpu: int | None = None) -> dict[str, str]:
+    """The node agent's own settings in the stack in ``info.run_dir`` (``services.node_agent.config``): its
+    journal, the jobs' checkpoints and output files (``RUN_DIR/node_agent``), its nodes' keys, the dispatcher's
+    public key (a ``NodeLost`` it did not sign is disregarded), its cgroup parent, one per run directory
+    (:func:`stack_cgroup_parent`: two stacks on one machine never share job cgroups) and, when given, the
+    memory limit of a replica per GPU."""
+    from apportion.domain.admission import DISPATCHER
+
+    env = {
+        "APPORTION_STATE_DIR": str(info.agent_dir),
+        "APPORTION_KEYRING": info.keyring,
+        "APPORTION_DISPATCHER_PUBLIC_KEY_FILE": str(Path(info.keyring) / f"{DISPATCHER}.json"),
+        "APPORTION_CGROUP_PARENT": stack_cgroup_parent(info.run_dir, info.prefix),
+    }
+    if sandbox_memory_mb_per_gpu is not None:
+        env["APPORTION_SANDBOX_MEMORY_MB_PER_GPU"] = str(sandbox_memory_mb_per_gpu)
+    return env
+
+
+def stack_cgroup_parent(run_dir: Path, prefix: str) -> str:
+    """The cgroup parent of the node agent of the stack in ``run_dir`` with topic namespace ``prefix``:
+    ``apportion/stack-<first 12 hex digits of the SHA-256 of the run directory's absolute path>/<prefix>sim``
+    (characters outside ``[A-Za-z0-9._-]`` of the prefix made ``_``), one per run directory and namespace."""
+    import hashlib
+    import re
+
+    digest = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
+    ns = re.sub(r"[^A-Za-z0-9._-]", "_", prefix)
+    return f"apportion/stack-{digest}/{ns}{SIM_PREFIX.rstrip('-')}"
 
 
 def _as_web(info: StackInfo, env: dict[str, str]) -> None:
@@ -678,14 +710,30 @@ def down(run_dir: Path, *, say: Callable[[str], object] = print) -> list[str]:
                 lines.append(f"stopping Kafka/Redis: {exc}")
     (run_dir / "stack.env").unlink(missing_ok=True)
     user = user_stack_env()
-    if info is not None and user.is_file():
+    if user.is_file():
         from apportion.bus.stack import read_env_file
 
         if read_env_file(user).get("RUN_DIR") == str(run_dir):
             user.unlink()
+    mark_stopped(run_dir)
     for ln in lines:
         say(ln)
     return lines
+
+
+def mark_stopped(run_dir: Path) -> None:
+    """Replace the other users' ``RUN_DIR/researcher/stack.env``, if any, by the marker of a stopped stack:
+    ``APPORTION_STACK_STOPPED`` (when, UTC) and ``RUN_DIR``, no address. Their CLI, pointed at it by
+    ``APPORTION_STACK_DIR``, then says no stack is running (:class:`apportion.settings.StackStopped`) instead of
+    trying the addresses of the stopped one, or the defaults had the file gone."""
+    from datetime import UTC, datetime
+
+    from apportion.settings import STOPPED
+
+    path = run_dir / "researcher" / "stack.env"
+    if path.is_file():
+        when = datetime.now(UTC).isoformat(timespec="seconds")
+        write_private(path, f"{STOPPED}={when}\nRUN_DIR={run_dir}\n".encode(), mode=0o644)
 
 
 # --------------------------------------------------------------------------- the `apportion stack` commands
@@ -736,6 +784,15 @@ def up_cmd(
     brokers: Annotated[
         int, typer.Option("--brokers", min=1, help="Kafka nodes to start (3: replication 3, min.insync.replicas 2).")
     ] = 1,
+    sandbox_memory_mb_per_gpu: Annotated[
+        int | None,
+        typer.Option(
+            "--sandbox-memory-mb-per-gpu",
+            min=1,
+            help="Memory limit of a job replica per GPU it holds, MiB (default: the machine's memory over every "
+            "simulated GPU).",
+        ),
+    ] = None,
 ) -> None:
     """Start Kafka + Redis (unless given), the four services, N simulated nodes and the web dashboard; print where
     they are."""
@@ -753,6 +810,7 @@ def up_cmd(
             web=web,
             simulate_json=[str(p) for p in simulate_json or ()],
             brokers=brokers,
+            sandbox_memory_mb_per_gpu=sandbox_memory_mb_per_gpu,
             say=typer.echo,
         )
     except StackUpError as exc:

@@ -1,0 +1,50 @@
+"""Every command's `--help` reads as plain text: no reStructuredText markup, no value type after a flag."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from apportion.cli.common import help_text
+from apportion.cli.main import app
+
+
+def _paths(cmd: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    yield path
+    for name, sub in sorted(getattr(cmd, "commands", {}).items()):
+        if not getattr(sub, "hidden", False):
+            yield from _paths(sub, (*path, name))
+
+
+COMMANDS = list(_paths(typer.main.get_command(app)))
+
+
+def test_every_command_is_checked() -> None:
+    assert ("budget", "set") in COMMANDS and ("stack", "up") in COMMANDS and () in COMMANDS
+
+
+@pytest.mark.parametrize("path", COMMANDS, ids=lambda p: " ".join(p) or "apportion")
+def test_help_has_no_rst_markup_and_no_type_after_a_flag(path: tuple[str, ...]) -> None:
+    res = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "``" not in res.output
+    assert "<bool>" not in res.output
+    assert ":func:`" not in res.output and ":mod:`" not in res.output
+
+
+@pytest.mark.parametrize(
+    ("doc", "shown"),
+    [
+        pytest.param("use ``--inherit-members``", "use `--inherit-members`", id="literal"),
+        pytest.param("see :func:`apportion.forecast.job_forecast`", "see `apportion.forecast.job_forecast`", id="role"),
+        pytest.param("see :class:`~apportion.x.Y`", "see `apportion.x.Y`", id="role-short-form"),
+        pytest.param("``a`` and ``b``", "`a` and `b`", id="two-literals"),
+        pytest.param("plain `x`", "plain `x`", id="already-plain"),
+    ],
+)
+def test_help_text(doc: str, shown: str) -> None:
+    assert help_text(doc) == shown

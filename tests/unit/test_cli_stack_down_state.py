@@ -1,0 +1,69 @@
+"""What `apportion stack down` leaves for the CLI: no state file naming the stopped stack's addresses; other users'
+`researcher/stack.env` a marker of the stopped stack, which the CLI reports as no stack running (exit 3), at once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from apportion import settings
+from apportion.bus.stack import read_env_file
+from apportion.cli.main import app
+from apportion.cli.stack import StackInfo, _write_state, down
+
+ADDRESSES = ("APPORTION_KAFKA_BOOTSTRAP", "KAFKA_BOOTSTRAP", "APPORTION_REDIS_URL", "REDIS_URL")
+
+
+@pytest.fixture
+def stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stack's state as `up` writes it (an external Kafka and Redis: nothing to stop), then `down`."""
+    for v in (*ADDRESSES, "APPORTION_STACK_DIR", "APPORTION_TOPIC_PREFIX"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    _write_state(StackInfo(run_dir, "127.0.0.1:1", "redis://127.0.0.1:1/0", "dev.", "external"))
+    assert read_env_file(run_dir / "researcher" / "stack.env")["KAFKA_BOOTSTRAP"] == "127.0.0.1:1"
+    down(run_dir, say=lambda _: None)
+    return run_dir
+
+
+def test_down_removes_the_owners_files_and_marks_the_researchers(stopped: Path) -> None:
+    assert not (stopped / "stack.env").exists()
+    assert not settings.user_stack_env().exists()
+    marker = read_env_file(stopped / "researcher" / "stack.env")
+    assert set(marker) == {settings.STOPPED, "RUN_DIR"} and marker["RUN_DIR"] == str(stopped)
+    assert (stopped / "researcher" / "stack.env").stat().st_mode & 0o777 == 0o644
+
+
+def test_down_removes_the_per_user_file_of_its_run_dir_when_its_own_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    _write_state(StackInfo(run_dir, "127.0.0.1:1", "redis://127.0.0.1:1/0", "", "external"))
+    (run_dir / "stack.env").unlink()  # e.g. `make down` without the venv removed it
+    down(run_dir, say=lambda _: None)
+    assert not settings.user_stack_env().exists()
+
+
+def test_the_cli_says_no_stack_is_running(stopped: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("APPORTION_STACK_DIR", str(stopped / "researcher"))
+    res = CliRunner().invoke(app, ["queue"])
+    assert res.exit_code == 3
+    assert res.stderr.startswith(f"error: no stack running: the stack of {stopped} was stopped at ")
+    res = CliRunner().invoke(app, ["submit", "-b", "lab", "--gpus", "1", "-m", "0", "--duration", "1h", "--json"])
+    assert res.exit_code == 3
+    assert json.loads(res.stdout)["verdict"] == "unreachable"
+
+
+def test_an_address_given_is_used_whatever_the_marker(stopped: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("APPORTION_STACK_DIR", str(stopped / "researcher"))
+    with pytest.raises(settings.StackStopped):
+        settings.Connection.resolve(bootstrap="k:1")  # Redis still from the marker: none
+    monkeypatch.setenv("APPORTION_REDIS_URL", "redis://r:2/0")
+    assert settings.Connection.resolve(bootstrap="k:1") == settings.Connection("k:1", "redis://r:2/0")
