@@ -23,6 +23,16 @@ do I/O (the node agent's); a pure fold should not raise, and the services
 whose folds are pure dead-letter an apply error instead
 (:meth:`apportion.bus.intake.Intake.apply`).
 
+Redelivery is bounded (rule D4.dead-letters): when the handler raises on the
+same record :data:`HANDLER_TRIES` times in a row (counted per partition; the
+tries are the loop's backoff apart), the last time is not raised: the record
+is dead-lettered with the reason ``handler failed 5 times: <class>: <message>``
+(:func:`handler_failure`), logged at ERROR, counted (``dead_lettered``,
+``handler_gave_up``), and consumption goes on with the next record. Failures
+that say the broker or Redis is away (:func:`apportion.bus.resilience.is_outage`),
+and a handler cancelled because the service stops, are not counted: an outage
+never dead-letters a record, however long.
+
 Nothing connects at import time.
 """
 
@@ -32,6 +42,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -40,13 +51,24 @@ from typing import Any
 from apportion import events
 from apportion.bus.intake import IdLedger, dead_letter, screen
 from apportion.bus.producer import READ_COMMITTED, EventProducer
-from apportion.bus.resilience import KAFKA_RECONNECT
+from apportion.bus.resilience import KAFKA_RECONNECT, describe, is_outage
 from apportion.settings import topic_name
 
 log = logging.getLogger(__name__)
 
 #: how long :meth:`AssignedConsumer.read_identity_to_end` waits for the broker (seconds)
 IDENTITY_READ_AHEAD_S = 5.0
+
+#: Times in a row the handler may raise on one record (not for an outage) before it is dead-lettered (rule
+#: D4.dead-letters). With the shared loop's backoff (0.5 s doubling) the last try comes 7.5 wall seconds after the
+#: first.
+HANDLER_TRIES = 5
+
+
+def handler_failure(tries: int, exc: BaseException) -> str:
+    """The dead-letter reason of a record the handler raised on ``tries`` times, ending with ``exc``:
+    ``handler failed 5 times: ValueError: embedded null byte`` (one line)."""
+    return f"handler failed {tries} times: {describe(exc)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +150,9 @@ class Stats:
     handled: int = 0
     duplicates: int = 0
     dead_lettered: int = 0
+    handler_gave_up: int = 0
+    """Records dead-lettered because the handler raised on them :data:`HANDLER_TRIES` times (also in
+    ``dead_lettered``)."""
 
 
 class EventConsumer:
@@ -148,6 +173,10 @@ class EventConsumer:
         before_commit: called once per poll that returned records, after the handler saw them and before
             their offsets are committed (the node agent closes its journal group there); if it raises,
             nothing of the poll is committed and the exception propagates.
+        tries: times in a row the handler may raise on one record before it is dead-lettered
+            (:data:`HANDLER_TRIES`; failures that are outages not counted).
+        client: a kafka-python consumer already built (tests pass a fake); default one built here from
+            ``bootstrap``, ``topics``, ``group_id`` and ``kafka_config``.
         **kafka_config: extra :class:`kafka.KafkaConsumer` settings.
             ``auto_offset_reset`` defaults to ``"earliest"`` (rebuild from the
             log); ``enable_auto_commit`` is always False.
@@ -171,10 +200,14 @@ class EventConsumer:
         name: str = "consumer",
         clock: Callable[[], datetime] = _utcnow,
         before_commit: Callable[[], None] | None = None,
+        tries: int = HANDLER_TRIES,
+        client: Any = None,
         **kafka_config: Any,
     ) -> None:
         from kafka import KafkaConsumer
 
+        if tries < 1:
+            raise ValueError(f"tries must be at least 1, got {tries}")
         if kafka_config.pop("enable_auto_commit", False):
             raise ValueError("EventConsumer commits manually; enable_auto_commit must stay False")
         kafka_config.setdefault("auto_offset_reset", "earliest")
@@ -189,18 +222,25 @@ class EventConsumer:
         self._name = name
         self._clock = clock
         self._before_commit = before_commit
+        self._tries = tries
+        #: (topic, partition) -> (offset, failures in a row) of the record the handler last raised on there
+        self._failing: dict[tuple[str, int], tuple[int, int]] = {}
         self.stats = Stats()
         #: consumer lag per assigned partition, measured after polls once its ``sink`` is set
         self.lag = LagMeter()
         topics = list(topics)
         from apportion.bus.security import kafka_auth
 
-        self._consumer = KafkaConsumer(
-            *topics,
-            bootstrap_servers=bootstrap,
-            group_id=group_id,
-            enable_auto_commit=False,
-            **{**KAFKA_RECONNECT, **READ_COMMITTED, **kafka_auth(), **kafka_config},
+        self._consumer = (
+            client
+            if client is not None
+            else KafkaConsumer(
+                *topics,
+                bootstrap_servers=bootstrap,
+                group_id=group_id,
+                enable_auto_commit=False,
+                **{**KAFKA_RECONNECT, **READ_COMMITTED, **kafka_auth(), **kafka_config},
+            )
         )
         # Load partition metadata before the first poll joins the group, so
         # the assignment covers topics created moments ago.
@@ -221,7 +261,7 @@ class EventConsumer:
             for i, (tp, records) in enumerate(pending):
                 for rec in records:
                     try:
-                        self._process(rec)
+                        self._process_bounded(rec)
                     except BaseException:
                         # poll() moved every position past its batch: rewind the
                         # failing record and the batches not reached yet.
@@ -266,6 +306,25 @@ class EventConsumer:
         while stop is None or not stop.is_set():
             self.poll_once(timeout_ms=timeout_ms)
 
+    def _process_bounded(self, rec: Any) -> None:
+        """:meth:`_process`, but the :data:`HANDLER_TRIES`-th failure in a row on ``rec`` (not an outage)
+        dead-letters it instead of raising (rule D4.dead-letters)."""
+        where = (rec.topic, rec.partition)
+        try:
+            self._process(rec)
+        except Exception as exc:
+            if is_outage(exc) or isinstance(exc, CancelledError):
+                raise  # the broker or Redis is away, or the service is stopping: neither counted nor reset
+            offset, n = self._failing.get(where, (rec.offset, 0))
+            n = n + 1 if offset == rec.offset else 1
+            self._failing[where] = (rec.offset, n)
+            if n < self._tries:
+                raise
+            reason = handler_failure(self._tries, exc)  # the same reason however often the letter is sent
+            self._dead_letter(rec, reason, level=logging.ERROR)
+            self.stats.handler_gave_up += 1
+        self._failing.pop(where, None)
+
     def _process(self, rec: Any) -> None:
         key = rec.key.decode("utf-8", "replace") if rec.key is not None else None
         try:
@@ -282,8 +341,8 @@ class EventConsumer:
             self._ledger.remember(event)  # only once handled: a failed record is handled again
         self.stats.handled += 1
 
-    def _dead_letter(self, rec: Any, reason: str) -> None:
-        log.warning("dead-lettering %s[%d]@%d: %s", rec.topic, rec.partition, rec.offset, reason)
+    def _dead_letter(self, rec: Any, reason: str, level: int = logging.WARNING) -> None:
+        log.log(level, "dead-lettering %s[%d]@%d: %s", rec.topic, rec.partition, rec.offset, reason)
         letter = dead_letter(
             topic=rec.topic,
             partition=rec.partition,

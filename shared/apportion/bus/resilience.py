@@ -75,6 +75,24 @@ def describe(exc: BaseException) -> str:
     return f"{name}: {msg}" if msg and msg != "None" else name
 
 
+def is_outage(exc: BaseException | None) -> bool:
+    """True when ``exc`` (or an exception it was raised from) says the broker or Redis is away, not that the
+    work is at fault: any kafka-python or redis-py error, a ``ConnectionError`` or a ``TimeoutError``
+    (socket timeouts included), followed through ``raise ... from`` and the exception being handled (unless
+    ``from None`` hid it). What retries work until it passes (the consumer's bound on redelivery,
+    rule D4.dead-letters) never gives up on one of these, however long the outage."""
+    from kafka.errors import KafkaError
+    from redis.exceptions import RedisError
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KafkaError | RedisError | ConnectionError | TimeoutError):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ if exc.__cause__ is not None or exc.__suppress_context__ else exc.__context__
+    return False
+
+
 async def pause(stop: asyncio.Event, seconds: float) -> bool:
     """Wait ``seconds`` or until ``stop`` is set; True when stopped."""
     try:

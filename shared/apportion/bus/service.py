@@ -326,8 +326,9 @@ async def follow(
         backoff: waits after a failed poll (default :class:`apportion.bus.resilience.Backoff`).
 
     A poll that raises (the broker went away, a commit failed, a handler run inside the poll raised: the
-    consumer rewound to the failing record, so it comes again) is logged in one line and polled again after
-    a backoff; kafka-python reconnects by itself. What ``handle`` raises propagates (a session's failure:
+    consumer rewound to the failing record, so it comes again, until its bound on redelivery dead-letters it,
+    rule D4.dead-letters) is logged in one line and polled again after a backoff; kafka-python reconnects by
+    itself. What ``handle`` raises propagates (a session's failure:
     :func:`apportion.bus.resilience.supervise` starts another).
     """
     from apportion.bus.resilience import describe, pause
@@ -450,8 +451,9 @@ async def close_quietly(*clients: Any) -> None:
             log.debug("closing %s failed: %s", type(c).__name__, exc)
 
 
-class _Halted(Exception):
-    """Raised in the poll thread once shutdown began (the record is redelivered later)."""
+class _Halted(BaseException):
+    """Raised in the poll thread once shutdown began (the record is redelivered later). A ``BaseException``,
+    so the consumer never counts it as the handler failing on the record (rule D4.dead-letters)."""
 
 
 def add_common_flags(ap: Any, settings_cls: type[ServiceSettings] | None = None) -> None:
