@@ -7,7 +7,9 @@ logs, positions that ``poll`` moves to the end and ``seek`` moves back, commits 
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from typing import Any, cast
@@ -295,3 +297,7 @@ def test_handler_failure_is_one_line_and_is_outage_follows_the_cause_chain() -> 
         assert is_outage(exc)
     assert not is_outage(ValueError("embedded null byte"))
     assert not is_outage(FileNotFoundError("no such file"))
+    # the machine's storage away or full: the agent cannot journal a start, not the record's fault
+    for code in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS):
+        assert is_outage(OSError(code, os.strerror(code)))
+    assert not is_outage(OSError(errno.EACCES, "permission denied"))

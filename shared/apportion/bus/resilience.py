@@ -21,6 +21,7 @@ Nothing connects at import time.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import socket
 import threading
@@ -75,18 +76,25 @@ def describe(exc: BaseException) -> str:
     return f"{name}: {msg}" if msg and msg != "None" else name
 
 
+#: ``OSError`` numbers that say the machine's storage is away or full, not that the work is at fault.
+STORAGE_OUTAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
+
+
 def is_outage(exc: BaseException | None) -> bool:
-    """True when ``exc`` (or an exception it was raised from) says the broker or Redis is away, not that the
-    work is at fault: any kafka-python or redis-py error, a ``ConnectionError`` or a ``TimeoutError``
-    (socket timeouts included), followed through ``raise ... from`` and the exception being handled (unless
-    ``from None`` hid it). What retries work until it passes (the consumer's bound on redelivery,
-    rule D4.dead-letters) never gives up on one of these, however long the outage."""
+    """True when ``exc`` (or an exception it was raised from) says the broker, Redis or the machine's storage
+    is away, not that the work is at fault: any kafka-python or redis-py error, a ``ConnectionError``, a
+    ``TimeoutError`` (socket timeouts included) or an ``OSError`` of :data:`STORAGE_OUTAGE_ERRNOS` (a full
+    disk: a node agent cannot write its journal), followed through ``raise ... from`` and the exception being
+    handled (unless ``from None`` hid it). What retries work until it passes (the consumer's bound on
+    redelivery, rule D4.dead-letters) never gives up on one of these, however long the outage."""
     from kafka.errors import KafkaError
     from redis.exceptions import RedisError
 
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, KafkaError | RedisError | ConnectionError | TimeoutError):
+            return True
+        if isinstance(exc, OSError) and exc.errno in STORAGE_OUTAGE_ERRNOS:
             return True
         seen.add(id(exc))
         exc = exc.__cause__ if exc.__cause__ is not None or exc.__suppress_context__ else exc.__context__
