@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -259,18 +260,25 @@ def _held(rows: list[dict[str, Any]], end: int) -> dict[str, float]:
     return out
 
 
-def _holders(rows: list[dict[str, Any]], times: list[int], end: int) -> dict[str, float]:
-    """Mean GPUs held at ``times`` by class of run: unallocated; allocated of a budget at r <= 1 or above when
-    placed, first runs or re-runs after a preemption."""
-    ev: list[tuple[int, int, str]] = []
-    for r in rows:
-        if r["alloc"]:
-            cls = ("alloc r<=1" if r["r"] <= 1 else "alloc r>1") + (" re-run" if r["att"] > 1 else "")
-        else:
-            cls = "unalloc"
-        ev.append((r["placed"], r["gpus"], cls))
-        ev.append((r["end"] or end, -r["gpus"], cls))
-    ev.sort()
+def _run_class(r: dict[str, Any]) -> str:
+    """A run's class: unallocated; allocated of a budget at r <= 1 or above when placed, first run or re-run."""
+    if not r["alloc"]:
+        return "unalloc"
+    return ("alloc r<=1" if r["r"] <= 1 else "alloc r>1") + (" re-run" if r["att"] > 1 else "")
+
+
+def _run_budget(r: dict[str, Any]) -> str:
+    """A run's leaf budget when allocated; unallocated runs together."""
+    return r["budget"].rsplit("/", 1)[-1] if r["alloc"] else "(unallocated)"
+
+
+def _mean_held(
+    rows: list[dict[str, Any]], times: list[int], end: int, key: Callable[[dict[str, Any]], str]
+) -> dict[str, float]:
+    """Mean GPUs held at ``times`` by the runs of each ``key`` (a run still running holds its GPUs to ``end``)."""
+    ev = sorted(
+        [(r["placed"], r["gpus"], key(r)) for r in rows] + [(r["end"] or end, -r["gpus"], key(r)) for r in rows]
+    )
     cur: dict[str, int] = collections.defaultdict(int)
     acc: dict[str, float] = collections.defaultdict(float)
     i = 0
@@ -306,37 +314,18 @@ def decompose(argv: list[str]) -> int:
     times = [r["placed"] for r in miss]
     print(f"  unallocated jobs {b['policy']} completed and {a['policy']} never placed: {len(miss)}")
     print(f"    mean GPUs held at their start under {b['policy']}, by class of run: {a['policy']} / {b['policy']}")
-    ca, cb = _holders(ra, times, a["end"]), _holders(rb, times, b["end"])
+    ca, cb = _mean_held(ra, times, a["end"], _run_class), _mean_held(rb, times, b["end"], _run_class)
     for k in sorted(set(ca) | set(cb)):
         print(f"    {k:>20}: {ca.get(k, 0):7.1f} {cb.get(k, 0):7.1f}")
     by: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
     for rows, j in ((ra, 0), (rb, 1)):
-        held = _budget_holders(rows, times, a["end"] if j == 0 else b["end"])
+        held = _mean_held(rows, times, a["end"] if j == 0 else b["end"], _run_budget)
         for k, v in held.items():
             by[k][j] = v
     print("    allocated GPUs held at those times by budget: " + a["policy"] + " / " + b["policy"])
     for k, (x, y) in sorted(by.items(), key=lambda kv: -abs(kv[1][0] - kv[1][1]))[:12]:
         print(f"    {k:>20}: {x:7.1f} {y:7.1f}")
     return 0
-
-
-def _budget_holders(rows: list[dict[str, Any]], times: list[int], end: int) -> dict[str, float]:
-    """Mean allocated GPUs held by each budget at ``times``."""
-    for r in rows:
-        r["_cls"] = r["budget"].rsplit("/", 1)[-1] if r["alloc"] else "(unallocated)"
-    ev = sorted(
-        [(r["placed"], r["gpus"], r["_cls"]) for r in rows] + [(r["end"] or end, -r["gpus"], r["_cls"]) for r in rows]
-    )
-    cur: dict[str, int] = collections.defaultdict(int)
-    acc: dict[str, float] = collections.defaultdict(float)
-    i = 0
-    for t in sorted(times):
-        while i < len(ev) and ev[i][0] <= t:
-            cur[ev[i][2]] += ev[i][1]
-            i += 1
-        for k, v in cur.items():
-            acc[k] += v
-    return {k: v / max(1, len(times)) for k, v in acc.items()}
 
 
 def main(argv: list[str]) -> int:

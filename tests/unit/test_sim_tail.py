@@ -19,7 +19,7 @@ from tests.kit.builders import T0, h
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from sim_tail import _held, _holders, _recorder
+from sim_tail import _held, _mean_held, _recorder, _run_budget, _run_class
 
 
 def _placed(job: str, attempt: int, gpus: int, at: int, allocated: bool = True) -> ev.JobPlaced:
@@ -81,4 +81,7 @@ def test_gpu_hours_by_class(runs: list[dict[str, Any]]) -> None:
 
 def test_holders_at_given_times(runs: list[dict[str, Any]]) -> None:
     # at 1.5 h: a's first run (2 GPUs, r = 0.5 <= 1) and u; at 4 h: a's re-run and u
-    assert _holders(runs, [h(1.5), h(4)], h(6)) == {"alloc r<=1": 1.0, "alloc r<=1 re-run": 1.0, "unalloc": 1.0}
+    at = [h(1.5), h(4)]
+    assert _mean_held(runs, at, h(6), _run_class) == {"alloc r<=1": 1.0, "alloc r<=1 re-run": 1.0, "unalloc": 1.0}
+    # by budget: a's 2 GPUs at both times (first run, then re-run), u's 1 at both
+    assert _mean_held(runs, at, h(6), _run_budget) == {"a": 2.0, "(unallocated)": 1.0}
