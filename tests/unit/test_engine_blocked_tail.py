@@ -60,6 +60,15 @@ def test_a_cycle_decides_and_counts_the_same_with_the_blocked_tails_kept(size: d
     assert sum(1 for t in kept.values() if t) >= 30  # most of the 40 leaves end blocked
     assert without == first == second
     assert _tails(snap) == kept  # nothing new to keep
+    # two leaves' lists replaced by copies (as the dispatcher does when a job joins or leaves): no tail kept for
+    # them, so they are taken job by job while the others are passed over with theirs
+    blocked = sorted(leaf for leaf, t in kept.items() if t)
+    pending = dict(snap.pending)
+    for leaf in blocked[:2]:
+        pending[leaf] = list(pending[leaf])
+    changed = dataclasses.replace(snap, pending=pending)
+    assert _decided(changed) == without
+    assert all(_tails(changed)[leaf] == kept[leaf] for leaf in blocked[:2])  # found again, kept for the copies
 
 
 def test_the_kept_tail_is_what_the_cycle_adds() -> None:

@@ -481,22 +481,57 @@ def _pass_allocated(cx: _Cycle) -> None:
             assert item is not None  # (peek found one)
             _take_allocated(cx, item[0], item[1])
         _pass_owner_free(cx)
+    bulk = True
     while (item := pop()) is not None:
         leaf, idx = item
         tails = cx.blocked_tail(leaf)
         if tails is None:
             _take_allocated(cx, leaf, idx)
             continue
-        got = tails.get(idx)
-        if got is None:
-            tails[idx] = _take_leaf(cx, leaf, idx)
-        else:  # what taking the leaf's jobs one by one did before: every one blocked, nothing else changed
-            res = cx.res
-            res.considered += got[0]
-            cx.rank += got[1]
-            res.searches += got[2]
-            res.passed_over += got[3]
-            cx.queue.skip(leaf, cx.allocated_end[leaf] - idx - 1)
+        _take_tail(cx, leaf, idx, tails)
+        if bulk:  # the first leaf that ends blocked: the others that do so with a kept tail, at once
+            bulk = False
+            _pass_blocked_tails(cx)
+
+
+def _take_tail(cx: _Cycle, leaf: str, idx: int, tails: dict[int, tuple[int, int, int, int]]) -> None:
+    """Pass 1 from ``leaf``'s job ``idx`` (just taken from the queue), all of whose jobs are blocked: what its
+    kept tail says taking them adds (then its rest is passed over), else take them and keep the tail."""
+    got = tails.get(idx)
+    if got is None:
+        tails[idx] = _take_leaf(cx, leaf, idx)
+        return
+    _add_tail(cx, got)
+    cx.queue.skip(leaf, cx.allocated_end[leaf] - idx - 1)
+
+
+def _add_tail(cx: _Cycle, got: tuple[int, int, int, int]) -> None:
+    """Add a kept tail to the counters: what taking the leaf's jobs one by one did (nothing else changed)."""
+    res = cx.res
+    res.considered += got[0]
+    cx.rank += got[1]
+    res.searches += got[2]
+    res.passed_over += got[3]
+
+
+def _pass_blocked_tails(cx: _Cycle) -> None:
+    """Every leaf still queued whose jobs are all blocked and whose tail is kept, passed over at once (speed
+    only): nothing is placed or charged any more in pass 1, so the order in which leaves are taken no longer
+    matters to anything but the order of the counters' sums."""
+    queue = cx.queue
+    heads = queue.heads()
+    hits = []
+    for leaf, idx in heads:
+        tails = cx.blocked_tail(leaf)
+        if tails is not None and (got := tails.get(idx)) is not None:
+            hits.append((leaf, idx, got))
+    for hit in hits:
+        _add_tail(cx, hit[2])
+    if len(hits) == len(heads):
+        queue.clear()
+        return
+    for leaf, idx, _ in hits:
+        queue.skip(leaf, cx.allocated_end[leaf] - idx)
 
 
 def _take_leaf(cx: _Cycle, leaf: str, idx: int) -> tuple[int, int, int, int]:
