@@ -515,23 +515,20 @@ def _add_tail(cx: _Cycle, got: tuple[int, int, int, int]) -> None:
 
 
 def _pass_blocked_tails(cx: _Cycle) -> None:
-    """Every leaf still queued whose jobs are all blocked and whose tail is kept, passed over at once (speed
-    only): nothing is placed or charged any more in pass 1, so the order in which leaves are taken no longer
-    matters to anything but the order of the counters' sums."""
-    queue = cx.queue
-    heads = queue.heads()
-    hits = []
-    for leaf, idx in heads:
-        tails = cx.blocked_tail(leaf)
-        if tails is not None and (got := tails.get(idx)) is not None:
-            hits.append((leaf, idx, got))
-    for hit in hits:
-        _add_tail(cx, hit[2])
-    if len(hits) == len(heads):
-        queue.clear()
-        return
-    for leaf, idx, _ in hits:
-        queue.skip(leaf, cx.allocated_end[leaf] - idx)
+    """When every leaf still queued has all its jobs blocked and its tail kept, pass them over at once (speed
+    only): nothing can be placed or charged any more in pass 1, so the order in which they would be taken
+    matters to nothing but the order of the counters' sums. When one has not (it might still place a job, at
+    a rank that counts the jobs taken before it), nothing is passed over here."""
+    tails = []
+    for leaf, idx in cx.queue.heads():
+        kept = cx.blocked_tail(leaf)
+        got = kept.get(idx) if kept is not None else None
+        if got is None:
+            return
+        tails.append(got)
+    for got in tails:
+        _add_tail(cx, got)
+    cx.queue.clear()
 
 
 def _take_leaf(cx: _Cycle, leaf: str, idx: int) -> tuple[int, int, int, int]:
