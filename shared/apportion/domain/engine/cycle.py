@@ -77,7 +77,13 @@ Speed (the benchmark is 10,000 GPUs, 20,000 pending jobs, 200 leaves):
 * when every remaining job of a leaf is at least as large as a remembered
   failure, the whole leaf is skipped for the rest of the cycle
   (:meth:`FairShareQueue.skip` of all it has left); the next cycle looks again;
-* the preemption search looks only at nodes holding candidate victims.
+* the preemption search looks only at nodes holding candidate victims;
+* once pass 1 can place nothing more but by taking runs of a leaf behind (a reservation held that lends
+  nothing, no free GPU for a 1 x 1 job, no node a search could free otherwise), a leaf with no leaf behind
+  it has every job blocked: what taking them one by one adds to the counters (and to the rank) depends
+  on its pending list alone, and is kept with the list in ``CycleSnapshot.memo``
+  (:func:`~apportion.domain.engine.shapes.memo_tail`); a later cycle on the same list adds it without
+  taking the jobs, and when every leaf left has such a tail, passes them all over at once.
 
 Event ids come from :func:`det_id`, times from ``now_us``: the same snapshot
 and time always give the same events, byte for byte.
@@ -159,7 +165,7 @@ class CycleSnapshot:
     capacity_gpu_s: float
     memo: CycleMemo | None = field(default=None, compare=False, repr=False)
     """Optional :class:`CycleMemo` the caller keeps across cycles for the
-    ``pending`` lists (floors and shape codes, and the shape table of the
+    ``pending`` lists (floors, shape codes and blocked tails, and the shape table of the
     codes); only for callers whose pending sequences are never changed in
     place (``DispatchState``: copy-on-write, and it carries entries over to
     the list that replaces one)."""
