@@ -306,6 +306,17 @@ def test_drop_leaf_returns_rest() -> None:
     assert list(q) == [("b", "b1")]
 
 
+def test_heads_and_clear() -> None:
+    tree = BudgetTree.from_mapping({"a": 0.4, "b": 0.4, "c": 0.2})
+    q = FairShareQueue(tree, {"b": 100.0}, K, {"a": ["a1", "a2"], "b": ["b1"], "c": []})
+    assert q.pop() == ("a", "a1")
+    assert sorted(q.heads()) == [("a", "a2"), ("b", "b1")]  # each leaf with items left, its next one
+    before = (q.order(), q.ratio("a"), q.ratio("b"))
+    q.clear()
+    assert q.heads() == [] and not q and q.pop() is None and list(q) == []
+    assert (q.order(), q.ratio("a"), q.ratio("b")) == before  # the ratios and the order stay
+
+
 def test_skip_passes_over_items_as_pops_would() -> None:
     tree = BudgetTree.from_mapping({"a": 0.5, "b": 0.5})
     q = FairShareQueue(tree, {"b": 100.0}, K, {"a": ["a1", "a2", "a3", "a4"], "b": ["b1"]})

@@ -377,6 +377,16 @@ class FairShareQueue(Generic[T]):
         while (nxt := self.pop()) is not None:
             yield nxt
 
+    def heads(self) -> list[tuple[str, T]]:
+        """Each leaf with items left and its next item, in no particular order."""
+        return [(leaf, q[0][q[1]]) for leaf, q in self._queues.items()]
+
+    def clear(self) -> None:
+        """Stop yielding anything: every leaf's remaining items are passed over (O(leaves), no heap work)."""
+        self._queues.clear()
+        self._active.clear()
+        self._current = None
+
     def drop_leaf(self, leaf: str) -> list[T]:
         """Stop yielding ``leaf``'s remaining items; returns them (in order)."""
         q = self._queues.get(leaf)

@@ -3,9 +3,9 @@
 A caller that runs cycle after cycle on a state it folds (the dispatcher's
 state) holds one :class:`EngineCaches` and never looks inside it:
 
-* the :class:`CycleMemo` of its pending lists (floors and shape codes, keyed by
-  list identity, for lists that are never changed in place: copy-on-write);
-  :meth:`EngineCaches.carry` moves an entry to the list that replaces one;
+* the :class:`CycleMemo` of its pending lists (floors, shape codes and blocked tails, keyed
+  by list identity, for lists that are never changed in place: copy-on-write);
+  :meth:`EngineCaches.carry` moves an entry to the list that replaces one (less its tails);
 * the :class:`VictimIndex` and :class:`FreeIndex` of its live cluster, brought
   up to date with the runs and nodes that changed since the previous cycle.
 
@@ -63,7 +63,8 @@ class EngineCaches:
         job's shape at most; removing one keeps the floor when the job attains
         neither minimum, else the entry is dropped (the engine recomputes it).
         Codes (:meth:`ShapeTable.codes` in the memo's table, or ``b""`` when
-        unavailable): one byte is inserted or deleted at ``i``.
+        unavailable): one byte is inserted or deleted at ``i``. The blocked tails
+        (:func:`~apportion.domain.engine.shapes.memo_tail`) are not carried: they depend on the whole list.
         """
         memo = self.memo
         ent = memo.get(id(old))

@@ -77,7 +77,13 @@ Speed (the benchmark is 10,000 GPUs, 20,000 pending jobs, 200 leaves):
 * when every remaining job of a leaf is at least as large as a remembered
   failure, the whole leaf is skipped for the rest of the cycle
   (:meth:`FairShareQueue.skip` of all it has left); the next cycle looks again;
-* the preemption search looks only at nodes holding candidate victims.
+* the preemption search looks only at nodes holding candidate victims;
+* once pass 1 can place nothing more but by taking runs of a leaf behind (a reservation held that lends
+  nothing, no free GPU for a 1 x 1 job, no node a search could free otherwise), a leaf with no leaf behind
+  it has every job blocked: what taking them one by one adds to the counters (and to the rank) depends
+  on its pending list alone, and is kept with the list in ``CycleSnapshot.memo``
+  (:func:`~apportion.domain.engine.shapes.memo_tail`); a later cycle on the same list adds it without
+  taking the jobs, and when every leaf left has such a tail, passes them all over at once.
 
 Event ids come from :func:`det_id`, times from ``now_us``: the same snapshot
 and time always give the same events, byte for byte.
@@ -113,8 +119,8 @@ from apportion.domain.engine.inputs import EngineConfig, PendingJob
 from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
 from apportion.domain.engine.reasons import CycleLeft, PendingReason, explain_pending
 from apportion.domain.engine.reservation import earliest_fit_us, reservation_nodes, share_covers
-from apportion.domain.engine.search import PreemptionRequest, plan_preemption
-from apportion.domain.engine.shapes import CycleMemo, blocked_run, memo_allocated, segment_floor
+from apportion.domain.engine.search import PreemptionRequest, known_short, plan_preemption
+from apportion.domain.engine.shapes import CycleMemo, blocked_run, memo_allocated, memo_tail, segment_floor
 from apportion.domain.engine.victims import CycleVictims, VictimIndex
 from apportion.domain.fairshare import FairShareQueue, free_order_key, owner_headroom
 from apportion.domain.idle import IdleReports
@@ -159,7 +165,7 @@ class CycleSnapshot:
     capacity_gpu_s: float
     memo: CycleMemo | None = field(default=None, compare=False, repr=False)
     """Optional :class:`CycleMemo` the caller keeps across cycles for the
-    ``pending`` lists (floors and shape codes, and the shape table of the
+    ``pending`` lists (floors, shape codes and blocked tails, and the shape table of the
     codes); only for callers whose pending sequences are never changed in
     place (``DispatchState``: copy-on-write, and it carries entries over to
     the list that replaces one)."""
@@ -303,6 +309,8 @@ class _Cycle:
     floors: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
     capacity: int = -1  # GPUs of the ready nodes, C(t) of D3.hero-cover (-1: not counted yet)
     owner_placed: set[str] = field(default_factory=set)  # unallocated jobs placed by rule D3.owner-free
+    model_keyed: set[str] = field(default_factory=set)  # leaves with a search failure of a model-bound job
+    blocked_at: tuple[int, int] = (-1, -1)  # (free log length, charges) when all_blocked last held
 
     def covers(self, leaf: str, gpus: int) -> bool:
         """D3.hero-cover: ``leaf``'s share covers a job of ``gpus`` GPUs (always below ``hero_min_gpus``)."""
@@ -384,6 +392,42 @@ class _Cycle:
             ent[0].append((g, k))
         else:
             ent[3].append((g, k, charge))
+        if key.find("\x00") >= 0:
+            self.model_keyed.add(key.partition("\x00")[0])
+
+    def all_blocked(self) -> bool:
+        """Pass 1 can place nothing more, whatever the job, except by taking runs of a leaf behind (speed only):
+        a reservation is held and lends nothing (D3.scheduling-cycle), free GPUs fit no 1 x 1 job (nor any
+        larger one: free capacity only shrinks), and preemption is on. Nothing in pass 1 changes this but a
+        placement or a reservation, which move the free log or the charges it is kept against."""
+        req = self.request
+        if req is None or self.reserved_for is None or not self.cfg.preemption:
+            return False
+        now = (len(req.free.log), self.charges)
+        if self.blocked_at == now:
+            return True
+        ff = self.free_fail.get(None)
+        if not ff or not _dominated(ff, 1, 1) or (self.hold_fit and self.free.reserved_fits(1, None)):
+            return False
+        self.blocked_at = now
+        return True
+
+    def blocked_tail(self, leaf: str) -> dict[int, tuple[int, int, int, int]] | None:
+        """The memo of ``leaf``'s blocked tails (:func:`memo_tail`) when every job it has left is blocked and
+        taking them depends on its pending list alone: :meth:`all_blocked`, a preemption search of a 1 x 1 job
+        is known to fail for it (so is every search: no branch is behind it, and no node can be freed without
+        such runs; :func:`known_short`), and it has no failure remembered from before that still holds."""
+        memo = self.memo
+        if memo is None or leaf in self.model_keyed or not self.all_blocked():
+            return None
+        ent = self.search_failures.get(leaf)
+        if ent is not None and self.fresh(leaf, ent):
+            return None
+        req = self.request
+        assert req is not None  # (all_blocked)
+        if not known_short(req, 1, 1, None, leaf, self.cfg.delta):
+            return None
+        return memo_tail(memo, self.pending[leaf])
 
 
 def _open(
@@ -443,8 +487,68 @@ def _pass_allocated(cx: _Cycle) -> None:
             assert item is not None  # (peek found one)
             _take_allocated(cx, item[0], item[1])
         _pass_owner_free(cx)
+    bulk = True
     while (item := pop()) is not None:
-        _take_allocated(cx, item[0], item[1])
+        leaf, idx = item
+        tails = cx.blocked_tail(leaf)
+        if tails is None:
+            _take_allocated(cx, leaf, idx)
+            continue
+        _take_tail(cx, leaf, idx, tails)
+        if bulk:  # the first leaf that ends blocked: the others that do so with a kept tail, at once
+            bulk = False
+            _pass_blocked_tails(cx)
+
+
+def _take_tail(cx: _Cycle, leaf: str, idx: int, tails: dict[int, tuple[int, int, int, int]]) -> None:
+    """Pass 1 from ``leaf``'s job ``idx`` (just taken from the queue), all of whose jobs are blocked: what its
+    kept tail says taking them adds (then its rest is passed over), else take them and keep the tail."""
+    got = tails.get(idx)
+    if got is None:
+        tails[idx] = _take_leaf(cx, leaf, idx)
+        return
+    _add_tail(cx, got)
+    cx.queue.skip(leaf, cx.allocated_end[leaf] - idx - 1)
+
+
+def _add_tail(cx: _Cycle, got: tuple[int, int, int, int]) -> None:
+    """Add a kept tail to the counters: what taking the leaf's jobs one by one did (nothing else changed)."""
+    res = cx.res
+    res.considered += got[0]
+    cx.rank += got[1]
+    res.searches += got[2]
+    res.passed_over += got[3]
+
+
+def _pass_blocked_tails(cx: _Cycle) -> None:
+    """When every leaf still queued has all its jobs blocked and its tail kept, pass them over at once (speed
+    only): nothing can be placed or charged any more in pass 1, so the order in which they would be taken
+    matters to nothing but the order of the counters' sums. When one has not (it might still place a job, at
+    a rank that counts the jobs taken before it), nothing is passed over here."""
+    tails = []
+    for leaf, idx in cx.queue.heads():
+        kept = cx.blocked_tail(leaf)
+        got = kept.get(idx) if kept is not None else None
+        if got is None:
+            return
+        tails.append(got)
+    for got in tails:
+        _add_tail(cx, got)
+    cx.queue.clear()
+
+
+def _take_leaf(cx: _Cycle, leaf: str, idx: int) -> tuple[int, int, int, int]:
+    """Take ``leaf``'s allocated jobs from ``idx`` on while it heads the queue (every one blocked: nothing is
+    charged); what that added to the counters (considered, rank, searches, passed over)."""
+    res = cx.res
+    before = (res.considered, cx.rank, res.searches, res.passed_over)
+    queue = cx.queue
+    _take_allocated(cx, leaf, idx)
+    while queue.peek_leaf() == leaf:
+        item = queue.pop()
+        assert item is not None  # (peek found one)
+        _take_allocated(cx, leaf, item[1])
+    return (res.considered - before[0], cx.rank - before[1], res.searches - before[2], res.passed_over - before[3])
 
 
 def _take_allocated(cx: _Cycle, leaf: str, idx: int) -> None:
@@ -580,21 +684,24 @@ def _preempt_for(
             hero_min_gpus=cfg.hero_min_gpus,
         )
     victims = req.victims
-    req.job, req.leaf, req.charge_count, req.charge_gpu_s = job, leaf, cx.charges, charge
-    covered = cx.covers(leaf, job.gpus)
+    g, k = job.gpus_per_replica, job.replicas
+    covered = cx.covers(leaf, g * k)
     # D3.hero-cover: an uncovered job takes no expired run of a budget behind it (no delta is large enough)
-    req.delta = cfg.delta if covered else math.inf
+    delta = cfg.delta if covered else math.inf
     cx.res.searches += 1
-    plan = plan_preemption(req)
+    if known_short(req, g, k, job.gpu_model, leaf, delta):
+        plan = None  # (the search's first test, asked without setting up the request)
+        victims.narrowed = victims.spared = False
+    else:
+        req.job, req.leaf, req.charge_count, req.charge_gpu_s, req.delta = job, leaf, cx.charges, charge, delta
+        plan = plan_preemption(req)
     if not covered:
         victims.behind.pop(leaf, None)  # found without the behind runs: not for the leaf's covered jobs
     if plan is None:
         # (a refusal by patience_rule or checkpoint_rule depends on this job's wait or victims' timing)
         # (and one that spared a gang larger than the job says nothing about larger jobs: gang_rule)
         if job.job_id not in victims.waits and job.job_id not in victims.checkpoint_waits and not victims.spared:
-            cx.record_search_failure(
-                failure_key, job.gpus_per_replica, job.replicas, charge if victims.narrowed else None
-            )
+            cx.record_search_failure(failure_key, g, k, charge if victims.narrowed else None)
         return None
     placements, chosen = plan
     out = cx.res.events

@@ -40,7 +40,7 @@ from apportion.domain.preemption import (
 from apportion.events import Placement, Victim
 from apportion.timeutil import Micros, from_us, us_to_s
 
-__all__ = ["Plan", "PreemptionRequest", "plan_preemption"]
+__all__ = ["Plan", "PreemptionRequest", "known_short", "plan_preemption"]
 
 
 def _no_ratio(path: str) -> float:
@@ -139,11 +139,10 @@ def plan_preemption(req: PreemptionRequest) -> Plan | None:
     victims.narrowed = False
     victims.spared = False
     k = job.replicas
-    # too few nodes without expired-behind runs, as found by a search of this shape with nothing touched since
+    if known_short(req, job.gpus_per_replica, k, job.gpu_model, req.leaf, req.delta):
+        return None
     short_key = (_SHORT, job.gpus_per_replica, job.gpu_model, k)
     log_len = len(req.free.log)
-    if req.memo.get(short_key) == log_len and _nothing_behind(req):
-        return None
     s = _Search.of(req)
     cached = _unallocated_options(s)
     options = _cheapest_unallocated(s, cached, k)  # (all of them when fewer than k)
@@ -545,9 +544,19 @@ _SHORT = "short"
 _SHELTER = "sheltered"
 
 
-def _nothing_behind(req: PreemptionRequest) -> bool:
-    """No branch is behind J's by delta at any ancestor (so :meth:`CycleVictims.behind_of` finds no leaf):
-    the largest r of any budget is below r + delta of each of J's leaf's ancestors. A bound kept per request
+def known_short(req: PreemptionRequest, g: int, k: int, model: str | None, leaf: str, delta: float) -> bool:
+    """The search of a job of shape (g, k, model) of ``leaf`` with hysteresis ``delta`` is known to fail
+    without looking (speed only): a search of this shape found too few nodes without expired-behind runs
+    with nothing touched since (free, unallocated and idle options are the same for any leaf), and no branch
+    is behind ``leaf``'s by ``delta`` (:func:`_nothing_behind`). What :func:`plan_preemption` tests first:
+    a caller may ask it before setting up the request for the job."""
+    return req.memo.get((_SHORT, g, model, k)) == len(req.free.log) and _nothing_behind(req, leaf, delta)
+
+
+def _nothing_behind(req: PreemptionRequest, leaf: str | None = None, delta: float | None = None) -> bool:
+    """No branch is behind ``leaf``'s (default J's) by ``delta`` (default the request's) at any ancestor (so
+    :meth:`CycleVictims.behind_of` finds no leaf):
+    the largest r of any budget is below r + delta of each of the leaf's ancestors. A bound kept per request
     (speed only): the largest r at its first use, raised by the r of the ancestors of each leaf charged since
     (a charge only raises r, and only theirs)."""
     tree = req.tree
@@ -567,8 +576,9 @@ def _nothing_behind(req: PreemptionRequest) -> bool:
                 if r > top:
                     top = r
     memo[_MAX_R] = (len(req.charged), top)
-    delta = req.delta
-    for a in ancestors_of(req.leaf):
+    if delta is None:
+        delta = req.delta
+    for a in ancestors_of(req.leaf if leaf is None else leaf):
         if not top < ratio(a) + delta:  # (the same sum as behind_of's filter)
             return False
     return True

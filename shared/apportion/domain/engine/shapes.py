@@ -27,6 +27,7 @@ __all__ = [
     "blocked_run",
     "memo_allocated",
     "memo_codes",
+    "memo_tail",
     "segment_floor",
     "shape_floor",
 ]
@@ -105,8 +106,9 @@ class ShapeTable:
 class CycleMemo(dict[int, list[Any]]):
     """What a caller keeps across cycles (``CycleSnapshot.memo``) for its pending lists.
 
-    ``id(list) -> [list, {(lo, hi): (min g, min k) of list[lo:hi]}, shape codes or None, allocated count or -1]``
-    (the allocated count: :func:`~apportion.domain.engine.inputs.allocated_count` of the list),
+    ``id(list) -> [list, {(lo, hi): (min g, min k) of list[lo:hi]}, shape codes or None, allocated count or -1,
+    blocked tails]`` (the allocated count: :func:`~apportion.domain.engine.inputs.allocated_count` of the list;
+    the blocked tails: :func:`memo_tail`, made on first use and never carried to another list),
     for callers whose pending lists are never changed in place (``DispatchState``:
     copy-on-write, and it carries entries over to the list that replaces one), and
     :attr:`shapes`, the :class:`ShapeTable` the codes are written in.
@@ -217,6 +219,18 @@ def memo_allocated(memo: CycleMemo | None, jobs: Sequence[PendingJob]) -> int:
     if b < 0:
         b = ent[3] = allocated_count(jobs)
     return b
+
+
+def memo_tail(memo: CycleMemo, jobs: Sequence[PendingJob]) -> dict[int, tuple[int, int, int, int]]:
+    """The blocked tails of pending list ``jobs`` kept in ``memo``: the first index ``i`` of its allocated jobs
+    taken once nothing can be placed any more in the cycle's first pass -> what taking ``jobs[i:]`` then added
+    to the cycle's counters (considered, rank, searches, passed over). Those depend on the list alone: every
+    job is blocked, and the cycle passes over its jobs by their shapes (speed only: no decision depends on it)."""
+    ent = _memo_entry(memo, jobs)
+    while len(ent) < 5:
+        ent.append(-1 if len(ent) == 3 else {})
+    tails: dict[int, tuple[int, int, int, int]] = ent[4]
+    return tails
 
 
 def memo_codes(memo: CycleMemo | None, jobs: Sequence[PendingJob]) -> bytes | None:
