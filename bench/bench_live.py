@@ -35,7 +35,10 @@ by side.
 
 Prints figures (``--json``: also one JSON object on stdout, the text on
 stderr); exits 1 when a target is missed. Sizes: ``--jobs``, ``--events``;
-``--quick`` for a smoke run.
+``--quick`` for a smoke run. Everything a run writes (the broker's and Redis's
+data, the services' logs, the node agent's journal, the policy's data) is in
+one folder in the system temp directory, removed when the run ends, however it
+ends (``--keep`` keeps it).
 """
 
 from __future__ import annotations
@@ -47,7 +50,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -292,28 +294,19 @@ class LiveRun:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.producer: Any = None
         self.watcher: CommandWatcher | None = None
+        self.ns = f"bench{uuid.uuid4().hex[:6]}."
 
     def start(self) -> LiveRun:
         from apportion import events
         from apportion.bus.producer import EventProducer
         from apportion.bus.provision import provision
-        from apportion.cli.stack import dev_keyring
         from apportion.client import client_linger_ms
         from apportion.identity.keys import Identity
         from apportion.topics import COMMANDS, JOBS, NODES
 
-        self.ns = f"bench{uuid.uuid4().hex[:6]}."
         os.environ["APPORTION_TOPIC_PREFIX"] = self.ns
         provision(self.bootstrap)
-        env = dict(
-            os.environ,
-            APPORTION_KAFKA_BOOTSTRAP=self.bootstrap,
-            APPORTION_REDIS_URL=self.redis_url,
-            APPORTION_TOPIC_PREFIX=self.ns,
-            APPORTION_LOG_LEVEL="WARNING",
-            # the node agent signs every report with its nodes' keys, made and registered here on first use
-            APPORTION_KEYRING=str(dev_keyring(self.tmp / "keyring")),
-        )
+        env = self.service_env()
         # the client's own produce settings for many submissions (apportion.client.publish: linger 2 ms, then
         # one flush); the latency probes have a producer of their own with the client's setting for one
         self.producer = EventProducer(self.bootstrap, client_id="bench", linger_ms=client_linger_ms(2))
@@ -350,6 +343,25 @@ class LiveRun:
         if self.watcher.wait_for(("StartWorkload", "probe"), 120) is None:
             raise BenchError("the stack did not place a probe job within 120 s")
         return self
+
+    def service_env(self) -> dict[str, str]:
+        """The services' environment: this run's stack and topic namespace, and every folder they write in
+        ``tmp`` (the node agent's keys, journal and job files, the policy's data), none in the system temp
+        directory."""
+        from scratch import state_env
+
+        from apportion.cli.stack import dev_keyring
+
+        return dict(
+            os.environ,
+            APPORTION_KAFKA_BOOTSTRAP=self.bootstrap,
+            APPORTION_REDIS_URL=self.redis_url,
+            APPORTION_TOPIC_PREFIX=self.ns,
+            APPORTION_LOG_LEVEL="WARNING",
+            # the node agent signs every report with its nodes' keys, made and registered here on first use
+            APPORTION_KEYRING=str(dev_keyring(self.tmp / "keyring")),
+            **state_env(self.tmp),
+        )
 
     def submit(
         self, job_id: str, budget: str, duration: float, gpus: int = 1, array: str | None = None, producer: Any = None
@@ -456,21 +468,27 @@ def main() -> int:
     tls = ap.add_mutually_exclusive_group()
     tls.add_argument("--no-tls", action="store_true", help="Kafka SASL_PLAINTEXT and plaintext Redis (development)")
     tls.add_argument("--tls-cost", action="store_true", help="run with TLS, then without; print both side by side")
+    ap.add_argument("--keep", action="store_true", help="keep the data folder (logs, broker data, journals)")
     args = ap.parse_args()
     if args.quick:  # a few minutes
         args.latency_jobs, args.jobs, args.events = 50, 1000, 20_000
     global OUT
     OUT = sys.stderr if args.json else sys.stdout
+    from chaos import raise_on_sigterm
+    from scratch import scratch_dir
+
+    raise_on_sigterm()  # a SIGTERM stops the services, the broker and Redis and removes the data folder
     with_tls: dict[str, Any] = {}
     without: dict[str, Any] = {}
-    if not args.tls_cost:
-        ok = bench(args, tls=not args.no_tls, figures=with_tls)
-    else:
-        say("== with TLS")
-        ok = bench(args, tls=True, figures=with_tls)
-        say("== without TLS (APPORTION_NO_TLS=1)")
-        bench(args, tls=False, figures=without)
-        say(tls_cost_table(with_tls, without))
+    with scratch_dir("apportion-bench-live-", args.keep) as root:
+        if not args.tls_cost:
+            ok = bench(args, tls=not args.no_tls, figures=with_tls, tmp=root)
+        else:
+            say("== with TLS")
+            ok = bench(args, tls=True, figures=with_tls, tmp=root / "tls")
+            say("== without TLS (APPORTION_NO_TLS=1)")
+            bench(args, tls=False, figures=without, tmp=root / "no-tls")
+            say(tls_cost_table(with_tls, without))
     if args.json:
         print(json.dumps({"with_tls": with_tls, "without_tls": without} if args.tls_cost else with_tls, indent=1))
     return 0 if ok else 1
@@ -510,9 +528,10 @@ def tls_cost_table(with_tls: dict[str, Any], without: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def bench(args: argparse.Namespace, *, tls: bool, figures: dict[str, Any]) -> bool:
-    """One run of the benchmarks on a fresh local stack (with TLS or without); fills ``figures``; true when every
-    target is met."""
+def bench(args: argparse.Namespace, *, tls: bool, figures: dict[str, Any], tmp: Path) -> bool:
+    """One run of the benchmarks on a fresh local stack (with TLS or without) keeping its data in ``tmp`` (the
+    broker's and Redis's, the services' logs and state); fills ``figures``; true when every target is met. The
+    stack is stopped on every way out."""
     if tls:
         os.environ.pop("APPORTION_NO_TLS", None)
     else:
@@ -520,25 +539,36 @@ def bench(args: argparse.Namespace, *, tls: bool, figures: dict[str, Any]) -> bo
 
     from apportion.bus.stack import LocalStack
 
-    tmp = Path(tempfile.mkdtemp(prefix="apportion-bench-"))
+    tmp.mkdir(parents=True, exist_ok=True)
     stack = None
     bootstrap, redis_url = os.environ.get("KAFKA_BOOTSTRAP"), os.environ.get("REDIS_URL")
-    if not (bootstrap and redis_url):
-        if args.broker_times:  # infra/kafka/log4j2.properties: the request logger at DEBUG
-            os.environ["KAFKA_JVM_OPTS"] = f"{os.environ.get('KAFKA_JVM_OPTS', '')} {REQUEST_LOG_OPT}".strip()
-        stack = LocalStack(tmp / "stack").start()
-        bootstrap, redis_url = stack.bootstrap, stack.redis_url
-    if args.ingest_only:
-        ok = accounting_ingest(bootstrap, redis_url, args.events, figures)
+    try:
+        if not (bootstrap and redis_url):
+            if args.broker_times:  # infra/kafka/log4j2.properties: the request logger at DEBUG
+                os.environ["KAFKA_JVM_OPTS"] = f"{os.environ.get('KAFKA_JVM_OPTS', '')} {REQUEST_LOG_OPT}".strip()
+            stack = LocalStack(tmp / "stack")
+            stack.start()
+            bootstrap, redis_url = stack.bootstrap, stack.redis_url
+        if args.ingest_only:
+            return accounting_ingest(bootstrap, redis_url, args.events, figures)
+        return measure(args, bootstrap, redis_url, stack, tmp, figures)
+    finally:
         if stack is not None:
             stack.stop()
-        return ok
+
+
+def measure(
+    args: argparse.Namespace, bootstrap: str, redis_url: str, stack: Any, tmp: Path, figures: dict[str, Any]
+) -> bool:
+    """Latency, throughput and ingest (:func:`bench`) on a running Kafka and Redis (``stack``: the
+    :class:`LocalStack` this process started, or ``None``), the services' data in ``tmp``."""
     nodes = 8 if args.latency_only else max(8, (args.jobs + 7) // 8 + 1)  # one job at a time needs few
     ok = True
     run = LiveRun(bootstrap, redis_url, tmp, nodes, *server_pids(stack))
     try:
         run.start()
-        say(f"stack {bootstrap}; namespace {run.ns}; {nodes} simulated nodes x 8 GPUs; logs in {tmp / 'logs'}")
+        kept = "" if args.keep else " (removed at the end; --keep)"
+        say(f"stack {bootstrap}; namespace {run.ns}; {nodes} simulated nodes x 8 GPUs; logs in {tmp / 'logs'}{kept}")
 
         # ---- 1. latency on an idle cluster, and where it goes
         broker_log = stack.datadir / "kafka" / "kafka.log" if stack is not None and args.broker_times else None
@@ -574,14 +604,10 @@ def bench(args: argparse.Namespace, *, tls: bool, figures: dict[str, Any]) -> bo
     finally:
         run.close()
     if (not ok and "placements_per_s" not in figures) or not args.events:
-        if stack is not None:
-            stack.stop()
         return ok and "latency_p50_ms" in figures
 
     # ---- 3. accounting ingest vs raw consume, on a fresh namespace
     ok &= accounting_ingest(bootstrap, redis_url, args.events, figures)
-    if stack is not None:
-        stack.stop()
     say("all targets met" if ok else "SOME TARGETS MISSED")
     return ok
 

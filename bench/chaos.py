@@ -42,7 +42,6 @@ import random
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -266,8 +265,7 @@ class Stack:
             return ["--heartbeat-timeout-s", "1800", "--tick-wall-s", "0.2", "--lease-ttl-wall-s",
                     f"{self.lease_ttl_wall_s:g}", "--grace-s", "30"]  # fmt: skip
         if name == "node_agent":
-            return ["--sim-nodes", "8", "--gpus-per-node", "8", "--node-prefix", "c", "--heartbeat-interval-s", "15",
-                    "--state-dir", str(self.root / "agent")]  # fmt: skip
+            return ["--sim-nodes", "8", "--gpus-per-node", "8", "--node-prefix", "c", "--heartbeat-interval-s", "15"]
         return []
 
     def start(self, name: str) -> None:
@@ -357,16 +355,23 @@ def teardown(*steps: Any) -> None:
 
 def open_stack(root: Path, ns: str, time_scale: float, **extra: str) -> tuple[Any, Stack, Any]:
     """Own Kafka and Redis in ``root/stack``, namespace ``ns`` provisioned, the services' environment on a
-    ``time_scale`` clock (``extra``: more ``APPORTION_*`` variables), the policy's data folders in ``root/policy``
-    (a killed policy leaves its folder there, removed with ``root``, not in the system temp directory). Returns
-    ``(local stack, Stack, clock)``."""
+    ``time_scale`` clock (``extra``: more ``APPORTION_*`` variables), the node agent's journal and job files in
+    ``root/node_agent`` and the policy's data folders in ``root/policy`` (a killed policy leaves its folder there,
+    removed with ``root``, not in the system temp directory). Returns ``(local stack, Stack, clock)``; Kafka and
+    Redis are stopped again when the namespace cannot be provisioned."""
+    from scratch import state_env
+
     from apportion.bus.provision import provision
     from apportion.bus.stack import LocalStack
 
-    (root / "policy").mkdir(exist_ok=True)
+    dirs = state_env(root)
     local = LocalStack(root / "stack").start()
     os.environ["APPORTION_TOPIC_PREFIX"] = ns
-    provision(local.bootstrap)
+    try:
+        provision(local.bootstrap)
+    except BaseException:
+        local.stop()
+        raise
     epoch = datetime.now(UTC).isoformat()
     env = dict(
         os.environ,
@@ -379,7 +384,7 @@ def open_stack(root: Path, ns: str, time_scale: float, **extra: str) -> tuple[An
         APPORTION_LOG_JSON="false",
         APPORTION_LOG_LEVEL="WARNING",
         APPORTION_METRICS_PORT="0",
-        APPORTION_FAUST_DIR=str(root / "policy"),
+        **dirs,
         **extra,
     )
     os.environ.update({k: v for k, v in env.items() if k.startswith("APPORTION_CLOCK") or k == "APPORTION_TIME_SCALE"})
@@ -513,8 +518,11 @@ def main(argv: list[str] | None = None) -> int:
         a.jobs, a.kills, a.hostile, a.replay_s, a.drain_s = 30, 1, 300, 25.0, 240.0
     raise_on_sigterm()
 
+    from scratch import scratch_dir
+
     from apportion import events as ev
     from apportion.bus.producer import EventProducer
+    from apportion.cli.stack import dev_keyring
     from apportion.client import key_registration
     from apportion.identity.keys import Identity
 
@@ -522,90 +530,88 @@ def main(argv: list[str] | None = None) -> int:
     # the campaign's user signs every submission with a key ops registered (rule D10.proven-user): unsigned, the
     # dispatcher rejects each as `unauthenticated` and the replay would place nothing
     user = Identity.generate("u")
-    root = Path(tempfile.mkdtemp(prefix=f"apportion-chaos-{a.seed}-"))
-    (root / "logs").mkdir()
     t_begin = time.monotonic()
-    from apportion.cli.stack import dev_keyring
-
-    # a development keyring of its own (as `apportion stack up`): the node agent makes and registers each node's
-    # key there, so its reports are signed (rule D10.authentication); without one every report is refused
-    ring = str(dev_keyring(root / "keyring"))
-    local, stack, clock = open_stack(
-        root, f"chaos{a.seed}x{uuid.uuid4().hex[:4]}.", a.time_scale, APPORTION_KEYRING=ring
-    )
-    producer = EventProducer(local.bootstrap, client_id="chaos")
     kills = broker_kills = 0
     submitted: list[str] = []
     sent_hostile: list[tuple[Hostile, Any]] = []
-    try:
-        for path, share in (("lab", 1.0), ("lab/a", 0.5), ("lab/b", 0.5)):
-            producer.publish(ev.BudgetSet(path=path, share=share, ts=clock.now(), producer="chaos"))
-        producer.publish(key_registration(user.user, user.public_key, by="ops", now=clock.now()))
-        for name in SERVICES:
-            stack.start(name)
-        jobs = submissions(a.jobs, rng, clock.now())
-        # the plan: (wall offset, action, argument), seeded
-        plan: list[tuple[float, str, Any]] = []
-        span = a.replay_s
-        for i, job in enumerate(jobs):
-            plan.append((span * i / max(1, len(jobs)), "submit", job))
-        for name in SERVICES:
-            for _ in range(a.kills):
-                plan.append((rng.uniform(0.05, 0.95) * span, "kill", name))
-        for _ in range(a.broker_kills):
-            plan.append((rng.uniform(0.3, 0.7) * span, "broker", None))
-        for _ in range(a.redis_restarts):
-            plan.append((rng.uniform(0.2, 0.8) * span, "redis", None))
-        batches = 10
-        for b in range(batches):
-            plan.append((span * (b + 0.5) / batches, "hostile", b))
-        plan.sort(key=lambda p: (p[0], p[1]))
-        t0 = time.monotonic()
-        for at, action, arg in plan:
-            while time.monotonic() - t0 < at:
-                time.sleep(min(0.05, at - (time.monotonic() - t0)))  # the plan's clock: wait for the next action
+    # what was started, stopped in the reverse order (services, producer, broker and Redis) on every way out
+    # (a failed start included); then the campaign's folder goes, unless --keep
+    started: list[Any] = []
+    with scratch_dir(f"apportion-chaos-{a.seed}-", a.keep) as root:
+        try:
+            (root / "logs").mkdir()
+            # a development keyring of its own (as `apportion stack up`): the node agent makes and registers each
+            # node's key there, so its reports are signed (rule D10.authentication); without one every report is
+            # refused
+            ring = str(dev_keyring(root / "keyring"))
+            local, stack, clock = open_stack(
+                root, f"chaos{a.seed}x{uuid.uuid4().hex[:4]}.", a.time_scale, APPORTION_KEYRING=ring
+            )
+            started.append(local.stop)
+            producer = EventProducer(local.bootstrap, client_id="chaos")
+            started += [producer.close, stack.stop]
+            for path, share in (("lab", 1.0), ("lab/a", 0.5), ("lab/b", 0.5)):
+                producer.publish(ev.BudgetSet(path=path, share=share, ts=clock.now(), producer="chaos"))
+            producer.publish(key_registration(user.user, user.public_key, by="ops", now=clock.now()))
+            for name in SERVICES:
+                stack.start(name)
+            jobs = submissions(a.jobs, rng, clock.now())
+            # the plan: (wall offset, action, argument), seeded
+            plan: list[tuple[float, str, Any]] = []
+            span = a.replay_s
+            for i, job in enumerate(jobs):
+                plan.append((span * i / max(1, len(jobs)), "submit", job))
+            for name in SERVICES:
+                for _ in range(a.kills):
+                    plan.append((rng.uniform(0.05, 0.95) * span, "kill", name))
+            for _ in range(a.broker_kills):
+                plan.append((rng.uniform(0.3, 0.7) * span, "broker", None))
+            for _ in range(a.redis_restarts):
+                plan.append((rng.uniform(0.2, 0.8) * span, "redis", None))
+            batches = 10
+            for b in range(batches):
+                plan.append((span * (b + 0.5) / batches, "hostile", b))
+            plan.sort(key=lambda p: (p[0], p[1]))
+            t0 = time.monotonic()
+            for at, action, arg in plan:
+                while time.monotonic() - t0 < at:
+                    time.sleep(min(0.05, at - (time.monotonic() - t0)))  # the plan's clock: wait for the next action
+                    stack.revive()
+                if action == "submit":
+                    now = clock.now()
+                    job = user.sign(arg.model_copy(update={"ts": now, "submitted_at": now}))
+                    producer.publish(job, timeout_s=120.0)  # acknowledged (acks=all) before it counts as submitted
+                    submitted.append(job.job_id)
+                elif action == "kill":
+                    stack.kill(arg)
+                    kills += 1
+                elif action == "broker":
+                    stack.broker_kill()
+                    broker_kills += 1
+                elif action == "redis":
+                    stack.redis_restart()
+                elif action == "hostile":
+                    # ids reused: those of submissions already published
+                    published = [j for j in jobs if j.job_id in set(submitted)]
+                    hostile = hostile_records(a.hostile // batches, a.seed * 1000 + arg, published[-50:], clock.now())
+                    futs = [(h, producer.send_raw(h.topic, h.value, h.key)) for h in hostile]
+                    producer.flush(120)
+                    for h, f in futs:
+                        md = f.get(60)
+                        sent_hostile.append((h, (md.topic, md.partition, md.offset)))
+            t_replay = time.monotonic() - t0
+            # drain: every submitted job done
+            end = time.monotonic() + a.drain_s
+            while time.monotonic() < end and not drained(local.bootstrap, submitted):
+                time.sleep(2.0)  # polling the log for the drain, bounded by --drain-s
                 stack.revive()
-            if action == "submit":
-                now = clock.now()
-                job = user.sign(arg.model_copy(update={"ts": now, "submitted_at": now}))
-                producer.publish(job, timeout_s=120.0)  # acknowledged (acks=all) before it counts as submitted
-                submitted.append(job.job_id)
-            elif action == "kill":
-                stack.kill(arg)
-                kills += 1
-            elif action == "broker":
-                stack.broker_kill()
-                broker_kills += 1
-            elif action == "redis":
-                stack.redis_restart()
-            elif action == "hostile":
-                # ids reused: those of submissions already published
-                published = [j for j in jobs if j.job_id in set(submitted)]
-                hostile = hostile_records(a.hostile // batches, a.seed * 1000 + arg, published[-50:], clock.now())
-                futs = [(h, producer.send_raw(h.topic, h.value, h.key)) for h in hostile]
-                producer.flush(120)
-                for h, f in futs:
-                    md = f.get(60)
-                    sent_hostile.append((h, (md.topic, md.partition, md.offset)))
-        t_replay = time.monotonic() - t0
-        # drain: every submitted job done
-        end = time.monotonic() + a.drain_s
-        while time.monotonic() < end and not drained(local.bootstrap, submitted):
-            time.sleep(2.0)  # polling the log for the drain, bounded by --drain-s
-            stack.revive()
-        t_drain = time.monotonic() - t0
-        res = check(local.bootstrap, submitted, sent_hostile, a.save_log)
-        res["phases"] = (
-            f"replay and chaos {t_replay:.0f} s, drain {t_drain - t_replay:.0f} s, check {time.monotonic() - t0 - t_drain:.0f} s"
-        )
-    finally:
-        import shutil
-
-        def remove_root() -> None:
-            if not a.keep:
-                shutil.rmtree(root, ignore_errors=True)
-
-        teardown(stack.stop, producer.close, local.stop, remove_root)
+            t_drain = time.monotonic() - t0
+            res = check(local.bootstrap, submitted, sent_hostile, a.save_log)
+            res["phases"] = (
+                f"replay and chaos {t_replay:.0f} s, drain {t_drain - t_replay:.0f} s, check {time.monotonic() - t0 - t_drain:.0f} s"
+            )
+        finally:
+            teardown(*reversed(started))
     rep = res["verify"]
     wanted_kills = a.kills * len(SERVICES)
     line = (

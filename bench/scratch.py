@@ -23,3 +23,12 @@ def scratch_dir(prefix: str, keep: bool) -> Iterator[Path]:
             print(f"data kept in {root}", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def state_env(root: Path) -> dict[str, str]:
+    """The services' data folders inside a run's folder ``root``: the node agent's journal and job files
+    (``root/node_agent``) and the policy's faust data (``root/policy``, made here: the policy makes its own folder
+    in it). Without them a node agent and the policy keep their data in the system temp directory, where it
+    outlives the run."""
+    (root / "policy").mkdir(parents=True, exist_ok=True)
+    return {"APPORTION_STATE_DIR": str(root / "node_agent"), "APPORTION_FAUST_DIR": str(root / "policy")}

@@ -40,7 +40,6 @@ import stat
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -49,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_live
 from bench_live import BenchError, CpuBudget, LiveRun, budget_table, descendants, throughput
+from scratch import scratch_dir
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 BINARIES = ["slurmctld", "slurmd", "slurmstepd", "sbatch", "squeue", "sinfo", "munged"]
@@ -373,54 +373,51 @@ def main() -> int:
     nodes = args.nodes or args.jobs // GPUS_PER_NODE + 1
     for sig in (signal.SIGTERM, signal.SIGINT):  # SIGINT too: a shell's background job starts with it ignored
         signal.signal(sig, _interrupt)  # the finally blocks stop what was started
-    tmp = Path(tempfile.mkdtemp(prefix="apportion-vs-slurm-"))
     found: dict[str, Any] = {"jobs": args.jobs, "nodes": nodes, "gpus_per_node": GPUS_PER_NODE, "rounds": []}
-    try:
-        with contextlib.ExitStack() as stop:
-            cluster = stack = None
-            if "slurm" in systems:
-                found["slurm_version"] = ensure_slurm(not args.no_install)
-                log(f"{found['slurm_version']}: starting munged, slurmctld and {nodes} slurmd in {tmp / 'slurm'}")
-                cluster = SlurmCluster(tmp / "slurm", nodes, args.jobs)
-                stop.callback(cluster.stop)
-                cluster.start()
-                found["slurm_gres"] = cluster.gres_note
-                log(f"slurm up: {nodes} nodes idle; GPUs: {cluster.gres_note}")
-            if set(APPORTION) & set(systems):
-                from apportion.bus.stack import LocalStack
+    with scratch_dir("apportion-vs-slurm-", args.keep) as tmp:
+        try:
+            with contextlib.ExitStack() as stop:
+                cluster = stack = None
+                if "slurm" in systems:
+                    found["slurm_version"] = ensure_slurm(not args.no_install)
+                    log(f"{found['slurm_version']}: starting munged, slurmctld and {nodes} slurmd in {tmp / 'slurm'}")
+                    cluster = SlurmCluster(tmp / "slurm", nodes, args.jobs)
+                    stop.callback(cluster.stop)
+                    cluster.start()
+                    found["slurm_gres"] = cluster.gres_note
+                    log(f"slurm up: {nodes} nodes idle; GPUs: {cluster.gres_note}")
+                if set(APPORTION) & set(systems):
+                    from apportion.bus.stack import LocalStack
 
-                os.environ.pop("APPORTION_NO_TLS", None)
-                log("starting Kafka and Redis (TLS)")
-                stack = LocalStack(tmp / "stack")
-                stop.callback(stack.stop)  # before start: an interrupted start is stopped too
-                stack.start()
-            for rnd in range(1, args.rounds + 1):
-                for system in systems:
-                    log(f"round {rnd}: {system}, {args.jobs} jobs")
-                    if system == "slurm":
-                        assert cluster is not None
-                        got = slurm_round(cluster, args.jobs, rnd, args.poll_s, args.timeout_s)
-                    else:
-                        where = tmp / f"live{rnd}{system[9:]}"
-                        got = apportion_round(
-                            stack, where, nodes, args.jobs, args.timeout_s, system == "apportion-array"
-                        )
-                    got.update(system=system, round=rnd)
-                    found["rounds"].append(got)
-                    log(one_line(got))
-            found["load_avg"] = [round(x, 1) for x in os.getloadavg()]
-    except SlurmUnavailable as exc:
-        print(f"bench-slurm: Slurm unavailable: {exc}", file=sys.stderr)
-        return 2
-    except BenchError as exc:
-        print(f"bench-slurm: apportion run failed: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("bench-slurm: interrupted; everything it started is stopped", file=sys.stderr)
-        return 130
-    finally:
-        if not args.keep:
-            shutil.rmtree(tmp, ignore_errors=True)
+                    os.environ.pop("APPORTION_NO_TLS", None)
+                    log("starting Kafka and Redis (TLS)")
+                    stack = LocalStack(tmp / "stack")
+                    stop.callback(stack.stop)  # before start: an interrupted start is stopped too
+                    stack.start()
+                for rnd in range(1, args.rounds + 1):
+                    for system in systems:
+                        log(f"round {rnd}: {system}, {args.jobs} jobs")
+                        if system == "slurm":
+                            assert cluster is not None
+                            got = slurm_round(cluster, args.jobs, rnd, args.poll_s, args.timeout_s)
+                        else:
+                            where = tmp / f"live{rnd}{system[9:]}"
+                            got = apportion_round(
+                                stack, where, nodes, args.jobs, args.timeout_s, system == "apportion-array"
+                            )
+                        got.update(system=system, round=rnd)
+                        found["rounds"].append(got)
+                        log(one_line(got))
+                found["load_avg"] = [round(x, 1) for x in os.getloadavg()]
+        except SlurmUnavailable as exc:
+            print(f"bench-slurm: Slurm unavailable: {exc}", file=sys.stderr)
+            return 2
+        except BenchError as exc:
+            print(f"bench-slurm: apportion run failed: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("bench-slurm: interrupted; everything it started is stopped", file=sys.stderr)
+            return 130
     found["medians"] = medians(found["rounds"])
     if args.json:
         print(json.dumps(found, indent=1))

@@ -26,6 +26,11 @@
    comparison agrees and verify passes.
 7. Stops Kafka and Redis if it started them.
 
+Everything it writes is in its run directory (``--dir``): the logs, the
+report, the exported log, the keyring and the stack's data stay there; the
+services' own state (the node agent's journal and job files, the policy's
+data, in ``state``) is removed when the run ends.
+
 Run ``python tools/demo.py --help`` for the options.
 """
 
@@ -281,6 +286,18 @@ def audit_verify(records: list[Any], redis_url: str, export: Path, con: Any) -> 
     return rep.to_dict() | {"wall_s": time.perf_counter() - t0, "export": str(export)}
 
 
+def fresh_run_dir(run_dir: Path) -> Path:
+    """Make ``run_dir`` private (the export, the logs and the stack's data hold every job's command and
+    environment) with no logs and no service state of an earlier run (a journal of an earlier run's namespace
+    must not be read back). Returns the folder of this run's service state (the node agent's journal and job
+    files, the policy's data): ``run_dir/state``, removed again when the run ends."""
+    state = run_dir / "state"
+    for old in (run_dir / "logs", state):
+        shutil.rmtree(old, ignore_errors=True)
+    private_dir(run_dir)
+    return state
+
+
 def _terminate_as_interrupt(_signum: int, frame: Any) -> None:
     """SIGTERM handler: raise KeyboardInterrupt so the ``finally`` blocks stop the services and the stack."""
     raise KeyboardInterrupt
@@ -336,8 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     run_dir = args.dir
-    shutil.rmtree(run_dir / "logs", ignore_errors=True)
-    private_dir(run_dir)  # the export, the logs and the stack's data hold every job's command and environment
+    state = fresh_run_dir(run_dir)
     stack = None
     bootstrap, redis_url = os.environ.get("KAFKA_BOOTSTRAP"), os.environ.get("REDIS_URL")
     services: Services | None = None
@@ -368,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
             APPORTION_HEARTBEAT_MIN_WALL_S="0.5",
             # the node agent signs its reports with its nodes' keys, made and registered (as ops) on first use
             APPORTION_KEYRING=str(dev_keyring(run_dir / "keyring")),
+            APPORTION_STATE_DIR=str(state / "node_agent"),
+            APPORTION_FAUST_DIR=str(private_dir(state / "policy")),  # the policy makes its own folder in it
         )
         producer = EventProducer(bootstrap, client_id="demo", linger_ms=5)
         now = clock.now()
@@ -493,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         if services is not None and services.alive():
             con.print("stopping services ...")
             services.stop()
+        shutil.rmtree(state, ignore_errors=True)
         if stack is not None:
             con.print("stopping Kafka and Redis ...")
             stack.stop()

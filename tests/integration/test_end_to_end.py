@@ -10,7 +10,6 @@ deadline (no sleeps as synchronisation).
 from __future__ import annotations
 
 import asyncio
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -573,7 +572,7 @@ async def test_killed_accounting_resumes_to_the_bulk_rebuild(cluster: Cluster) -
     from apportion.bus.reader import read_log
     from apportion.topics import BUDGETS, JOBS, NODES
 
-    log_text = open(f"{tempfile.gettempdir()}/e2e-{cluster.tag}-accounting-{len(args)}.log").read()
+    log_text = cluster.log_path("services.accounting", args).read_text()
     starts = re.findall(r"started by (\w+) from .*?: (\d+) records read", log_text)
     assert [m for m, _ in starts] == ["rebuild", "resume"], log_text[-2000:]
     logged = await asyncio.to_thread(

@@ -1,17 +1,23 @@
 """The four services on real Kafka and Redis, in-process, on an accelerated clock (``SCALE`` event seconds per
 wall second): ``running_cluster`` starts them on a fresh topic namespace and Redis database, the ``cluster``
 fixture gives each test its own, and :class:`Cluster` is the handle a test talks to them through (submissions in,
-the log out, every wait bounded by ``DEADLINE_S``). ``of_job`` lists a job's events by type."""
+the log out, every wait bounded by ``DEADLINE_S``). ``of_job`` lists a job's events by type.
+
+Everything the services write lives in the cluster's own folder (the test's ``tmp_path``, or a temporary folder
+removed when the cluster stops): the node agents' journals and job files in ``node_agent``, the policy's data in
+``policy`` and the logs of the processes a test starts in ``logs``."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,16 +40,17 @@ class Cluster:
     stop: asyncio.Event
     tag: str
     epoch: datetime
+    root: Path
 
-    def spawn(self, module: str, *args: str, env: dict[str, str] | None = None) -> Any:
-        """Start ``python -m module args`` as a process sharing this cluster's namespace and clock."""
+    def spawn_env(self, env: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment of a process :meth:`spawn` starts: this cluster's folders (:func:`state_settings`;
+        ``env`` may name others), ``env``, then the cluster's Kafka, Redis and clock."""
         import os
-        import subprocess
-        import sys
 
-        env = dict(
-            os.environ,
-            **(env or {}),
+        dirs = state_settings(self.root)
+        out = {**os.environ, "APPORTION_STATE_DIR": str(dirs["state_dir"]), "APPORTION_FAUST_DIR": dirs["faust_dir"]}
+        out.update(env or {})
+        out.update(
             APPORTION_KAFKA_BOOTSTRAP=self.bootstrap,
             APPORTION_REDIS_URL=self.redis_url,
             APPORTION_TIME_SCALE=str(SCALE),
@@ -51,9 +58,26 @@ class Cluster:
             APPORTION_CLOCK_EPOCH_EVENT=self.epoch.isoformat(),
             APPORTION_LOG_JSON="false",
         )
-        logf = open(f"{tempfile.gettempdir()}/e2e-{self.tag}-{module.rsplit('.', 1)[-1]}-{len(args)}.log", "ab")
+        return out
+
+    def log_path(self, module: str, args: tuple[str, ...]) -> Path:
+        """Where :meth:`spawn` writes the output of ``python -m module args``: ``<root>/logs``."""
+        return self.root / "logs" / f"{module.rsplit('.', 1)[-1]}-{len(args)}.log"
+
+    def spawn(self, module: str, *args: str, env: dict[str, str] | None = None) -> Any:
+        """Start ``python -m module args`` as a process sharing this cluster's namespace, clock and folder."""
+        import subprocess
+        import sys
+
+        log = self.log_path(module, args)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        logf = open(log, "ab")
         return subprocess.Popen(
-            [sys.executable, "-m", module, *args], env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf
+            [sys.executable, "-m", module, *args],
+            env=self.spawn_env(env),
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=logf,
         )
 
     def publish(self, *evts: Any) -> None:
@@ -116,25 +140,59 @@ def of_job(evs: list[Any], job_id: str) -> list[str]:
     ]
 
 
+def state_settings(root: Path) -> dict[str, Any]:
+    """The services' folders in a cluster's folder ``root``: the node agents' (``state_dir``: journals, job files)
+    and the policy's (``faust_dir``, made here: the policy makes its own folder in it)."""
+    (root / "policy").mkdir(parents=True, exist_ok=True)
+    return {"state_dir": root / "node_agent", "faust_dir": str(root / "policy")}
+
+
+@contextlib.contextmanager
+def cluster_root(root: Path | None) -> Iterator[Path]:
+    """``root`` as it is (the test's ``tmp_path``: pytest keeps or removes it), or, with none, a new temporary
+    folder removed on leaving."""
+    if root is not None:
+        yield root
+        return
+    with tempfile.TemporaryDirectory(prefix="apportion-e2e-") as made:
+        yield Path(made)
+
+
 @pytest.fixture
 async def cluster(
-    kafka_bootstrap: str, redis_url: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+    kafka_bootstrap: str,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
 ) -> AsyncIterator[Cluster]:
-    """A cluster of its own for each test; ``request.param`` (indirect parametrization) overrides the spec
-    of :func:`running_cluster`."""
-    async with running_cluster(kafka_bootstrap, redis_url, monkeypatch, **getattr(request, "param", {})) as c:
+    """A cluster of its own for each test, its folder the test's ``tmp_path``; ``request.param`` (indirect
+    parametrization) overrides the spec of :func:`running_cluster`."""
+    spec = getattr(request, "param", {})
+    async with running_cluster(kafka_bootstrap, redis_url, monkeypatch, root=tmp_path, **spec) as c:
         yield c
 
 
 @asynccontextmanager
 async def running_cluster(
-    kafka_bootstrap: str, redis_url: str, monkeypatch: pytest.MonkeyPatch, **overrides: Any
+    kafka_bootstrap: str, redis_url: str, monkeypatch: pytest.MonkeyPatch, root: Path | None = None, **overrides: Any
 ) -> AsyncIterator[Cluster]:
     """The four services in-process on a fresh topic namespace (set with ``monkeypatch``) and Redis db 12,
-    ready and with their nodes registered; stopped on exit. ``overrides`` of the spec: ``nodes`` (2),
-    ``gpus`` (4 per node), ``heartbeat_timeout_s`` (600 event-s), and ``agent``, ``dispatcher``,
-    ``accounting`` (each ``True``; ``False``: the test runs that service itself). Used per test by the
-    ``cluster`` fixture and per module by the poison tests'."""
+    ready and with their nodes registered; stopped on exit. Their folders are in ``root``
+    (:func:`state_settings`; ``None``: a temporary folder of the cluster's own, removed once they stopped).
+    ``overrides`` of the spec: ``nodes`` (2), ``gpus`` (4 per node), ``heartbeat_timeout_s`` (600 event-s), and
+    ``agent``, ``dispatcher``, ``accounting`` (each ``True``; ``False``: the test runs that service itself).
+    Used per test by the ``cluster`` fixture and per module by the poison tests'."""
+    with cluster_root(root) as own:
+        async with _running_cluster(kafka_bootstrap, redis_url, monkeypatch, own, **overrides) as c:
+            yield c
+
+
+@asynccontextmanager
+async def _running_cluster(
+    kafka_bootstrap: str, redis_url: str, monkeypatch: pytest.MonkeyPatch, root: Path, **overrides: Any
+) -> AsyncIterator[Cluster]:
+    """:func:`running_cluster` with its folder ``root``."""
     import redis as redis_lib
 
     from apportion import events
@@ -178,7 +236,9 @@ async def running_cluster(
     for i, wanted in ((0, spec["agent"]), (1, spec["dispatcher"]), (2, spec["accounting"])):
         if not wanted:
             ready[i].set()  # the test runs this one itself (as a process it can kill)
-    tasks = [asyncio.create_task(run_policy(PolicySettings(**common), stop, clock=clock, ready=ready[3]))]
+    dirs = state_settings(root)
+    policy = PolicySettings(**common, faust_dir=dirs["faust_dir"])
+    tasks = [asyncio.create_task(run_policy(policy, stop, clock=clock, ready=ready[3]))]
     if spec["accounting"]:
         tasks.append(
             asyncio.create_task(
@@ -198,6 +258,7 @@ async def running_cluster(
                         node_prefix=f"n{tag}-",
                         group_id=f"agent-{tag}",
                         heartbeat_interval_s=30.0,
+                        state_dir=dirs["state_dir"],
                     ),
                     stop,
                     clock=clock,
@@ -226,7 +287,7 @@ async def running_cluster(
             failed = next(t for t in tasks if t in done)
             raise AssertionError("a service stopped during start-up") from failed.exception()
         all_ready.result()
-        c = Cluster(kafka_bootstrap, db_url, clock, producer, stop, tag, now)
+        c = Cluster(kafka_bootstrap, db_url, clock, producer, stop, tag, now, root)
         if spec["agent"]:
             await c.until(
                 lambda evs: sum(isinstance(e, events.NodeRegistered) for e in evs) >= nodes, "node registrations"

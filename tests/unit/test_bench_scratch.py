@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,134 @@ def test_the_chaos_stacks_policy_keeps_its_data_in_the_campaigns_folder(
     _, st, _ = chaos.open_stack(tmp_path, "chaos1.", 30.0)
     assert st.env["APPORTION_FAUST_DIR"] == str(tmp_path / "policy")
     assert (tmp_path / "policy").is_dir()
+
+
+def test_the_services_state_is_kept_in_the_runs_folder(tmp_path: Path) -> None:
+    from scratch import state_env
+
+    assert state_env(tmp_path) == {
+        "APPORTION_STATE_DIR": str(tmp_path / "node_agent"),
+        "APPORTION_FAUST_DIR": str(tmp_path / "policy"),
+    }
+    assert (tmp_path / "policy").is_dir()  # the policy makes its own folder in it: it must exist
+
+
+def test_the_live_benchmarks_services_write_only_in_the_runs_folder(tmp_path: Path) -> None:
+    """Without these a node agent and the policy keep their data in fixed-name folders of the system temp
+    directory, where it outlives the run."""
+    import bench_live
+
+    run = bench_live.LiveRun("127.0.0.1:1", "redis://127.0.0.1:2/0", tmp_path / "run", 8, None, None)
+    env = run.service_env()
+    assert env["APPORTION_STATE_DIR"] == str(tmp_path / "run" / "node_agent")
+    assert env["APPORTION_FAUST_DIR"] == str(tmp_path / "run" / "policy")
+    assert env["APPORTION_KEYRING"] == str(tmp_path / "run" / "keyring")
+    assert env["APPORTION_TOPIC_PREFIX"] == run.ns
+
+
+class FakeStack:
+    """A ``LocalStack`` that starts nothing and remembers being stopped."""
+
+    stopped: list[Path] = []
+
+    def __init__(self, datadir: Path, **_: object) -> None:
+        self.datadir = datadir
+        self.bootstrap, self.redis_url = "127.0.0.1:1", "redis://127.0.0.1:2/0"
+
+    def start(self) -> FakeStack:
+        self.datadir.mkdir(parents=True)
+        return self
+
+    def stop(self) -> None:
+        FakeStack.stopped.append(self.datadir)
+
+    def node_pid(self, node: int) -> None:
+        return None
+
+
+@pytest.fixture
+def fake_stack(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Path]]:
+    """``LocalStack`` replaced by :class:`FakeStack`, no broker or Redis named, the signal handlers and the
+    settings the benchmarks change put back afterwards; the stopped stacks' folders."""
+    import signal
+
+    from apportion.bus import stack
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for v in ("KAFKA_BOOTSTRAP", "REDIS_URL", "APPORTION_NO_TLS", "APPORTION_TOPIC_PREFIX"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setattr(stack, "LocalStack", FakeStack)
+    FakeStack.stopped = []
+    yield FakeStack.stopped
+    for sig, h in handlers.items():
+        signal.signal(sig, h)
+
+
+def failing_start(self: object) -> None:
+    """A service start that fails after the run wrote its first files."""
+    tmp: Path = self.tmp  # type: ignore[attr-defined]
+    (tmp / "logs").mkdir(parents=True)
+    (tmp / "logs" / "dispatcher.log").write_text("started")
+    raise RuntimeError("a service did not start")
+
+
+@pytest.mark.parametrize(("argv", "left"), [([], 0), (["--keep"], 1)], ids=["removed", "kept"])
+def test_a_failed_live_run_stops_its_stack_and_leaves_its_folder_only_with_keep(
+    argv: list[str], left: int, temp: Path, fake_stack: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bench_live
+
+    monkeypatch.setattr(bench_live.LiveRun, "start", failing_start)
+    monkeypatch.setattr(sys, "argv", ["bench_live", "--latency-only", *argv])
+    with pytest.raises(RuntimeError, match="a service did not start"):
+        bench_live.main()
+    assert [d.name for d in fake_stack] == ["stack"] and fake_stack[0].parent.parent == temp
+    assert len(list(temp.iterdir())) == left
+
+
+def test_a_failed_round_against_slurm_stops_the_stack_and_removes_the_folder(
+    temp: Path, fake_stack: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bench_live
+    import slurm_side_by_side
+
+    def start(self: object) -> None:
+        raise bench_live.BenchError("the stack did not place a probe job within 120 s")
+
+    monkeypatch.setattr(bench_live.LiveRun, "start", start)
+    monkeypatch.setattr(sys, "argv", ["slurm_side_by_side", "--systems", "apportion", "--quick"])
+    assert slurm_side_by_side.main() == 1
+    assert len(fake_stack) == 1
+    assert list(temp.iterdir()) == []
+
+
+@pytest.mark.parametrize(("argv", "left"), [([], 0), (["--keep"], 1)], ids=["removed", "kept"])
+def test_a_chaos_campaign_whose_stack_fails_to_start_leaves_its_folder_only_with_keep(
+    argv: list[str], left: int, temp: Path, fake_stack: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import chaos
+
+    def open_stack(root: Path, *_: object, **__: object) -> None:
+        (root / "stack").mkdir()
+        raise RuntimeError("Kafka did not start")
+
+    monkeypatch.setattr(chaos, "open_stack", open_stack)
+    with pytest.raises(RuntimeError, match="Kafka did not start"):
+        chaos.main(["--quick", *argv])
+    assert len(list(temp.iterdir())) == left
+
+
+def test_the_chaos_stack_is_stopped_when_its_namespace_cannot_be_provisioned(
+    tmp_path: Path, fake_stack: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import chaos
+
+    from apportion.bus import provision
+
+    def refuse(bootstrap: str) -> None:
+        raise RuntimeError("no broker")
+
+    monkeypatch.setattr(provision, "provision", refuse)
+    with pytest.raises(RuntimeError, match="no broker"):
+        chaos.open_stack(tmp_path, "chaos1.", 30.0)
+    assert fake_stack == [tmp_path / "stack"]
