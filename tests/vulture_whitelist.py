@@ -18,3 +18,4 @@ used.log_message  # http.server calls it for each request (the metrics endpoint 
 used.daemon_threads  # socketserver reads it (request threads do not hold the process at exit)
 used.on_files  # mkdocs calls its hooks by name (tools/docs_hooks.py)
 used.HAS_RICH  # typer reads it when it formats help (tools/docs_hooks.cli_page: plain text)
+used.metavar  # click reads a parameter's metavar when it formats help (cli/common.readable_help blanks it for flags)
