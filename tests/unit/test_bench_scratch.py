@@ -207,6 +207,9 @@ def test_the_chaos_stack_is_stopped_when_its_namespace_cannot_be_provisioned(
 
     from apportion.bus import provision
 
+    for v in ("APPORTION_TOPIC_PREFIX", "APPORTION_TIME_SCALE", "APPORTION_CLOCK_EPOCH_WALL"):
+        monkeypatch.setenv(v, "")  # restored afterwards: open_stack sets the campaign's namespace before provisioning
+
     def refuse(bootstrap: str) -> None:
         raise RuntimeError("no broker")
 
