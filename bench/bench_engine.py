@@ -194,6 +194,11 @@ def main() -> None:
     ap.add_argument(
         "--cold", action="store_true", help="no indices kept across cycles: every cycle builds its own from the runs"
     )
+    ap.add_argument(
+        "--per-rep",
+        action="store_true",
+        help="one line per cycle: wall and CPU ms, jobs considered, searches, events, collector passes in it",
+    )
     a = ap.parse_args()
     if a.leaves < 20 or a.leaves % 20 or a.hero_gpus % 8:
         ap.error("--leaves must be a multiple of 20, --hero-gpus a multiple of 8")
@@ -207,7 +212,13 @@ def main() -> None:
     ok = True
     for scenario in ["steady", "rebalance", "burst"] if a.scenario == "all" else [a.scenario]:
         p99 = bench(
-            scenario, a.seed, a.reps if scenario == "steady" else max(3, a.reps // 10), size, a.target_ms, a.cold
+            scenario,
+            a.seed,
+            a.reps if scenario == "steady" else max(3, a.reps // 10),
+            size,
+            a.target_ms,
+            a.cold,
+            a.per_rep,
         )
         if scenario == "steady" and p99 > a.target_ms:
             ok = False
@@ -223,6 +234,7 @@ def bench(
     size: dict[str, int] | None = None,
     target_ms: float = 50.0,
     cold: bool = False,
+    per_rep: bool = False,
 ) -> float:
     snap = build(seed, scenario, **(size or {}), cold=cold)
     print(f"--- scenario {scenario}")
@@ -240,12 +252,27 @@ def bench(
     gc.collect()
     gc.freeze()  # the long-lived snapshot leaves the collector's working set, as in a service
     times, cpu = [], []
-    for _ in range(reps):
+    passes = [0]  # the collector's passes (any generation) during the timed cycle
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            passes[0] += 1
+
+    for i in range(reps):
         gc.collect()
+        passes[0] = 0
+        if per_rep:
+            gc.callbacks.append(count)
         t, c = time.perf_counter(), time.process_time()
         res = run_cycle(snap, NOW, cfg)
         times.append((time.perf_counter() - t) * 1000)
         cpu.append((time.process_time() - c) * 1000)
+        if per_rep:
+            gc.callbacks.remove(count)
+            print(
+                f"rep {i}: wall {times[-1]:.1f} ms, CPU {cpu[-1]:.1f} ms, considered {res.considered}, "
+                f"searches {res.searches}, events {len(res.events)}, collector passes {passes[0]}"
+            )
     times.sort()
     cpu.sort()
     p99 = times[_p99(len(times))]

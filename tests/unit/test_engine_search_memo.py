@@ -17,6 +17,7 @@ import pytest
 
 from apportion.domain.engine import EngineConfig, run_cycle
 from apportion.domain.engine import cycle as cycle_module
+from apportion.domain.engine import search as search_module
 from apportion.domain.engine.search import PreemptionRequest, plan_preemption
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -56,3 +57,31 @@ def test_a_cycle_decides_the_same_without_the_search_memo(
     fresh = _decided(snap)
     assert kept[3] >= 20 and kept[4] >= 5  # the memo was used: many searches, preemptions between them
     assert kept == fresh
+
+
+def test_searches_of_other_sizes_read_the_kept_node_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node's expired-behind candidates, listed by one job shape's search, are read by the searches of other
+    GPU counts (with the same gang test) while the node is untouched: the hero-gang cycle lists fewer nodes than
+    its searches evaluate, and decides as it does with every search starting from an empty memo (above)."""
+    snap = bench_engine.build(7, "steady", nodes=96, heroes=1, hero_gpus=256, pending=1500, groups=2, cold=False)
+    listed = evaluated = 0
+    sizes: set[int] = set()
+    node_list, node_option = search_module._node_list, search_module._node_option
+
+    def counted_list(*a: Any) -> Any:
+        nonlocal listed
+        listed += 1
+        return node_list(*a)
+
+    def counted_option(s: Any, nid: str, *a: Any) -> Any:
+        nonlocal evaluated
+        if s.eligible(nid):
+            evaluated += 1
+            sizes.add(s.g)
+        return node_option(s, nid, *a)
+
+    monkeypatch.setattr(search_module, "_node_list", counted_list)
+    monkeypatch.setattr(search_module, "_node_option", counted_option)
+    _decided(snap)
+    assert len(sizes) >= 2  # searches of several GPU counts evaluated nodes
+    assert 0 < listed < evaluated

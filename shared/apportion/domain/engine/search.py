@@ -468,13 +468,38 @@ def _node_option(
     mine: list[tuple[str, list[Candidate]]],
     gpus: int,
     shelter: bool = False,
+    lists: dict[str, tuple[list[Candidate], bool, bool]] | None = None,
 ) -> tuple[Option | None, bool, bool]:
     """The least-cost way to free ``nid`` for J with the expired runs there of the leaves ``behind`` J's
     (D3.victims rule 2; less the gangs :func:`gang_rule` spares, D3.gangs; with ``shelter``, less the covered
     hero runs within their share, D3.hero-cover), with the unallocated and idle runs there; whether a gang was
-    spared; whether a hero run was left out. ``(None, ...)``: no such run, or not enough GPUs."""
+    spared; whether a hero run was left out. ``(None, ...)``: no such run, or not enough GPUs. ``lists``: the
+    node's candidates kept for the searches of every g sharing the gang test (:class:`_ListMemo`)."""
     if not s.eligible(nid):
         return None, False, False
+    if lists is None:
+        lst, spared, sheltered = _node_list(s, nid, behind, mine, gpus, shelter)
+    else:
+        got = lists.get(nid)
+        if got is None:
+            got = lists[nid] = _node_list(s, nid, behind, mine, gpus, shelter)
+        lst, spared, sheltered = got
+    if not lst:
+        return None, spared, sheltered
+    return s.evaluate(nid, lst), spared, sheltered
+
+
+def _node_list(
+    s: _Search,
+    nid: str,
+    behind: Mapping[str, object],
+    mine: list[tuple[str, list[Candidate]]],
+    gpus: int,
+    shelter: bool,
+) -> tuple[list[Candidate], bool, bool]:
+    """The candidates of :func:`_node_option` on ``nid``, cheapest first (empty without an expired-behind
+    run); whether a gang was spared; whether a hero run was left out. They depend on J's size only through
+    :func:`gang_rule`'s size test of the expired gang shapes (in :func:`_memo_key`), not on g or the model."""
     req = s.req
     victims, taken, now, gang_cap, idle_runs = req.victims, s.taken, req.now, req.gang_cap, s.idle_runs
     lst: list[Candidate] = []
@@ -504,14 +529,14 @@ def _node_option(
                 continue
             lst.append(x)
     if not lst:
-        return None, spared, sheltered
+        return lst, spared, sheltered
     if nid in victims.unalloc:
         lst.extend(x for x in victims.unalloc[nid] if x[1].key not in taken)
     if idle_runs:
         lst[:] = [x for x in lst if x[1].key not in idle_runs]  # (an idle expired run: once, below)
         lst.extend(x for x in victims.idle_on.get(nid, ()) if x[1].key not in taken)
     lst.sort(key=s.rank)  # (order keys are unique: the order does not depend on the leaves' order)
-    return s.evaluate(nid, lst), spared, sheltered
+    return lst, spared, sheltered
 
 
 @dataclass(slots=True, eq=False)
@@ -536,6 +561,19 @@ class _BehindMemo:
     seq: int = 0
 
 
+@dataclass(slots=True, eq=False)
+class _ListMemo:
+    """The expired-behind candidates per node shared by the searches of every g and model with one gang test
+    and shelter (speed only): ``lists`` node -> :func:`_node_list`'s answer for the leaves ``behind``;
+    a node leaves it when touched (``free.log`` from ``pos``) or when one of its leaves joins or leaves the
+    behind set, as in :class:`_BehindMemo`."""
+
+    behind: set[str] = field(default_factory=set)
+    pos: int = 0
+    lists: dict[str, tuple[list[Candidate], bool, bool]] = field(default_factory=dict)
+
+
+_LISTS = "node_lists"
 _BY_NODE = "expired_by_node"
 _SEEN = "expired_indexed"
 _GANG_SHAPES = "gang_shapes"
@@ -613,12 +651,13 @@ def _behind_options(s: _Search, options: list[Option], shelter: bool = False, ex
         for v in memo.behind.symmetric_difference(behind):
             dirty.update(victims.expired_on(v))
         memo.behind = set(behind)
+    lists = _node_lists(req, key[2:], behind, log) if dirty else None
     opts, heap, spared, sheltered = memo.opts, memo.heap, memo.spared, memo.sheltered
     for nid in dirty:  # (in any order: the options do not depend on it)
         mine = by_node.get(nid)
         if mine is None:
             continue
-        opt, sp, sh = _node_option(s, nid, behind, mine, gpus, shelter)
+        opt, sp, sh = _node_option(s, nid, behind, mine, gpus, shelter, lists)
         if sp:
             spared.add(nid)
         else:
@@ -650,6 +689,29 @@ def _behind_options(s: _Search, options: list[Option], shelter: bool = False, ex
     for e in kept:
         heapq.heappush(heap, e)
     return best
+
+
+def _node_lists(
+    req: PreemptionRequest, test: tuple[object, ...], behind: Mapping[str, object], log: list[str]
+) -> dict[str, tuple[list[Candidate], bool, bool]]:
+    """The kept candidates of the nodes for the searches sharing ``test`` (shelter and gang test), brought
+    up to date: the nodes touched since, and those of the leaves that joined or left the behind set, dropped."""
+    lkey = (_LISTS, *test)
+    lm = req.memo.get(lkey)
+    if lm is None:
+        lm = req.memo[lkey] = _ListMemo()
+    lists = lm.lists
+    if lists:
+        for nid in log[lm.pos :]:
+            lists.pop(nid, None)
+        if lm.behind != behind.keys():
+            for v in lm.behind.symmetric_difference(behind):
+                for nid in req.victims.expired_on(v):
+                    lists.pop(nid, None)
+    lm.pos = len(log)
+    if lm.behind != behind.keys():
+        lm.behind = set(behind)
+    return lists
 
 
 def _refused(s: _Search, best: list[Option]) -> bool:
