@@ -17,9 +17,9 @@ from apportion.cli.stack import StackInfo, _write_state, down
 ADDRESSES = ("APPORTION_KAFKA_BOOTSTRAP", "KAFKA_BOOTSTRAP", "APPORTION_REDIS_URL", "REDIS_URL")
 
 
-@pytest.fixture
-def stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A stack's state as `up` writes it (an external Kafka and Redis: nothing to stop), then `down`."""
+def up_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stack's state as `up` writes it (an external Kafka and Redis: nothing to stop) in ``tmp_path/run``, with
+    no address in the environment and the per-user state in ``tmp_path/state``."""
     for v in (*ADDRESSES, "APPORTION_STACK_DIR", "APPORTION_TOPIC_PREFIX"):
         monkeypatch.delenv(v, raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
@@ -27,6 +27,13 @@ def stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     run_dir.mkdir()
     _write_state(StackInfo(run_dir, "127.0.0.1:1", "redis://127.0.0.1:1/0", "dev.", "external"))
     assert read_env_file(run_dir / "researcher" / "stack.env")["KAFKA_BOOTSTRAP"] == "127.0.0.1:1"
+    return run_dir
+
+
+@pytest.fixture
+def stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """:func:`up_state`, then `down`."""
+    run_dir = up_state(tmp_path, monkeypatch)
     down(run_dir, say=lambda _: None)
     return run_dir
 
@@ -78,12 +85,7 @@ def test_make_down_without_a_venv_leaves_what_stack_down_leaves(
     import os
     import subprocess
 
-    for v in (*ADDRESSES, "APPORTION_STACK_DIR", "APPORTION_TOPIC_PREFIX"):
-        monkeypatch.delenv(v, raising=False)
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    _write_state(StackInfo(run_dir, "127.0.0.1:1", "redis://127.0.0.1:1/0", "dev.", "external"))
+    run_dir = up_state(tmp_path, monkeypatch)
     user = settings.user_stack_env()
     if owner == "other":
         user.write_text("KAFKA_BOOTSTRAP=127.0.0.1:2\nRUN_DIR=/elsewhere/run\n")
