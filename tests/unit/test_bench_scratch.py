@@ -217,3 +217,32 @@ def test_the_chaos_stack_is_stopped_when_its_namespace_cannot_be_provisioned(
     with pytest.raises(RuntimeError, match="no broker"):
         chaos.open_stack(tmp_path, "chaos1.", 30.0)
     assert fake_stack == [tmp_path / "stack"]
+
+
+def test_a_producer_that_fails_to_open_stops_the_rss_runs_services_broker_and_redis(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+    from types import SimpleNamespace
+
+    import chaos
+
+    from apportion.bus import producer
+    from apportion.cli import stack as cli_stack
+
+    stopped: list[str] = []
+    local = SimpleNamespace(bootstrap="127.0.0.1:1", stop=lambda: stopped.append("kafka and redis"))
+    services = SimpleNamespace(lease_ttl_wall_s=3.0, traced={}, procs={}, stop=lambda: stopped.append("services"))
+
+    def no_producer(*_: object, **__: object) -> None:
+        raise RuntimeError("no broker answered")
+
+    monkeypatch.setattr(chaos, "open_stack", lambda *_, **__: (local, services, None))
+    monkeypatch.setattr(chaos, "raise_on_sigterm", lambda: None)
+    monkeypatch.setattr(cli_stack, "dev_keyring", lambda path: path)
+    monkeypatch.setattr(producer, "EventProducer", no_producer)
+    monkeypatch.setattr(bench_rss, "job_outcomes", lambda bootstrap: {})
+    args = argparse.Namespace(seed=1, time_scale=1.0, trace="", every_s=5.0, duration_s=1.0, rate=1.0)
+    with pytest.raises(RuntimeError, match="no broker answered"):
+        bench_rss.measure(args, tmp_path)
+    assert stopped == ["services", "kafka and redis"]
