@@ -58,10 +58,22 @@ infra-up: venv kafka-jars
 	$(PY) -m apportion.bus.stack up --dir $(RUN_DIR) --brokers $(BROKERS)
 
 # Stops what `make up` or `make infra-up` started; without the venv, the scripts read the pid files.
+# Without a venv, the shell does what `apportion stack down` does: stop the services, Kafka and Redis, remove
+# RUN_DIR/stack.env, replace RUN_DIR/researcher/stack.env (when there is one) by the marker of a stopped stack
+# (APPORTION_STACK_STOPPED, RUN_DIR: the other users' CLI then says no stack is running) and remove the per-user
+# stack.env when it names this RUN_DIR.
 down:
 	@if [ -x $(VENV)/bin/apportion ]; then $(VENV)/bin/apportion stack down --dir $(RUN_DIR); else \
 	  for f in $(RUN_DIR)/services/*.pid; do [ -f "$$f" ] && kill "$$(cat $$f)" 2>/dev/null; rm -f "$$f"; done; \
-	  bash infra/kafka/stop.sh $(RUN_DIR)/kafka; bash infra/redis/stop.sh $(RUN_DIR)/redis; rm -f $(RUN_DIR)/stack.env; fi
+	  bash infra/kafka/stop.sh $(RUN_DIR)/kafka; bash infra/redis/stop.sh $(RUN_DIR)/redis; rm -f $(RUN_DIR)/stack.env; \
+	  if dir="$$(cd '$(RUN_DIR)' 2>/dev/null && pwd -P)"; then \
+	    m="$$dir/researcher/stack.env"; \
+	    if [ -f "$$m" ]; then \
+	      printf 'APPORTION_STACK_STOPPED=%s\nRUN_DIR=%s\n' "$$(date -u +%Y-%m-%dT%H:%M:%S+00:00)" "$$dir" >"$$m.tmp" \
+	        && chmod 644 "$$m.tmp" && mv -f "$$m.tmp" "$$m"; fi; \
+	    u="$${XDG_STATE_HOME:-$$HOME/.local/state}/apportion/stack.env"; \
+	    if grep -qxF "RUN_DIR=$$dir" "$$u" 2>/dev/null; then rm -f "$$u"; fi; \
+	  fi; fi
 
 status: venv
 	$(VENV)/bin/apportion stack status --dir $(RUN_DIR)

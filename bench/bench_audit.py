@@ -17,7 +17,9 @@ namespace and read back: **kafka, raw** is a kafka-python consume of every
 record (no decode), **kafka, rebuild** is ``load_log(bootstrap=...)`` plus
 the same fold. Without it the Kafka part is reported as skipped.
 
-Usage: ``.venv/bin/python bench/bench_audit.py [--jobs N] [--seed S]``. Prints figures; exits 0.
+The export file is written in a fresh folder of the system temp directory, removed when the run ends
+(``--keep`` keeps it). Usage: ``.venv/bin/python bench/bench_audit.py [--jobs N] [--seed S] [--keep]``.
+Prints figures; exits 0.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ import gzip
 import json
 import os
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
+
+from scratch import scratch_dir
 
 from apportion.settings import topic_name
 
@@ -151,12 +154,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=5_000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--keep", action="store_true", help="keep the export file (its folder is printed)")
     args = ap.parse_args(argv)
+    with scratch_dir("apportion-bench-audit-", args.keep) as root:
+        return measure(args, root / "log.jsonl.gz")
+
+
+def measure(args: argparse.Namespace, path: Path) -> int:
+    """The run of :func:`main`'s arguments ``args``, its export written to ``path``."""
     from apportion.audit.source import audit_topics, load_log, write_export
 
     t = time.perf_counter()
     recs = make_log(args.jobs, args.seed)
-    path = Path(tempfile.gettempdir()) / f"bench-audit-{args.jobs}-{args.seed}.jsonl.gz"
     write_export(recs, path, topic_names=audit_topics(), exported_at="bench")
     print(
         f"log: {len(recs):,} records from {args.jobs:,} simulated jobs ({time.perf_counter() - t:.1f} s to make), "

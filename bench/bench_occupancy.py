@@ -4,8 +4,8 @@
 A busy week of a 10,000-GPU cluster (1,250 nodes x 8 GPUs, every GPU busy
 back-to-back), 200 leaf budgets in a 3-level tree (5 orgs x 5 groups x 8
 teams), ~20% unallocated runs, some failures and preemptions. The log is
-generated deterministically from ``--seed`` as JSON Lines (cached in the temp
-dir), then replayed from the file through :func:`apportion.events.decode`:
+generated deterministically from ``--seed`` as JSON Lines (cached in
+``$TMPDIR/apportion-bench-cache/``; ``--no-cache`` generates it again), then replayed from the file through :func:`apportion.events.decode`:
 
 * decode only (the floor set by parsing and validation);
 * bulk :func:`~apportion.domain.occupancy.rebuild` (target <= 10 s);
@@ -25,11 +25,12 @@ import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+
+from scratch import CACHE_HELP, cache_file
 
 from apportion.domain.occupancy import OccupancyLedger, rebuild
 from apportion.events import decode
@@ -184,14 +185,15 @@ def peak_rss_mb() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="occupancy rebuild benchmark")
+    parser = argparse.ArgumentParser(description="occupancy rebuild benchmark", epilog=CACHE_HELP)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--seed", type=int, default=20240101)
     parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--no-cache", action="store_true", help="generate the log again (see below)")
     parser.add_argument("--generate-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
-    path = Path(tempfile.gettempdir()) / f"apportion-bench-occ-{args.seed}-{args.events}.jsonl"
+    path = cache_file(f"occupancy-{args.seed}-{args.events}.jsonl", fresh=args.no_cache and not args.generate_only)
     if args.generate_only:
         generate(path, args.events, args.seed)
         return 0

@@ -23,7 +23,8 @@ dead-letter a record (a record the reader edge refuses, an unsigned report or de
 be a bench that measures less than a live start does). Exit 1 when they differ, when a record was
 dead-lettered or when the snapshot start is not at least 3x faster than the full replay.
 Run: ``.venv/bin/python bench/bench_restart.py [--days 7] [--nodes 32] [--heartbeat-s 60] [--tail-s 600]``.
-The generated log is cached in the temporary directory (its name holds the parameters).
+The generated log is cached in ``$TMPDIR/apportion-bench-cache/`` (its name holds the parameters; ``--no-cache``
+generates it again).
 """
 
 from __future__ import annotations
@@ -34,12 +35,13 @@ import pickle
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import cast
+
+from scratch import CACHE_HELP, cache_file
 
 from apportion.settings import topic_name
 
@@ -275,25 +277,28 @@ def child(mode: str, path: str, tail_s: float) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=CACHE_HELP)
     ap.add_argument("--days", type=float, default=7.0, help="event days of submissions in the log")
     ap.add_argument("--nodes", type=int, default=32, help="nodes of 8 GPUs")
     ap.add_argument("--heartbeat-s", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--tail-s", type=float, default=600.0, help="event seconds of the log after the snapshot")
+    ap.add_argument("--no-cache", action="store_true", help="generate the log again (see below)")
     ap.add_argument("--child", choices=["full", "prepare", "snapshot"])
     ap.add_argument("--log")
     a = ap.parse_args()
     if a.child:
         child(a.child, a.log, a.tail_s)
         return 0
-    name = f"apportion-bench-restart-signed-{a.days:g}d-{a.nodes}-{a.heartbeat_s:g}-{a.seed}.pickle"
-    path = Path(tempfile.gettempdir()) / name
+    name = f"restart-signed-{a.days:g}d-{a.nodes}-{a.heartbeat_s:g}-{a.seed}.pickle"
+    path = cache_file(name, fresh=a.no_cache)
     if not path.exists():
         t = time.perf_counter()
         log = generate(a.days, a.nodes, a.heartbeat_s, a.seed)
-        with open(path, "wb") as f:
+        partial = path.with_name(path.name + ".partial")
+        with open(partial, "wb") as f:
             pickle.dump(log, f, protocol=5)
+        partial.replace(path)
         print(f"generated {len(log)} signed records in {time.perf_counter() - t:.1f} s ({path})", flush=True)
         del log
     res = {}

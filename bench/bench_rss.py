@@ -126,10 +126,11 @@ def measure(a: argparse.Namespace, root: Path) -> int:
     traced = [t for t in a.trace.split(",") if t]
     for name in traced:
         stack.traced[name] = (root / "tracemalloc" / name, a.every_s)
-    producer = EventProducer(local.bootstrap, client_id="bench-rss")
+    producer: EventProducer | None = None
     samples: dict[str, list[tuple[float, float]]] = {s: [] for s in SERVICES}
     outcomes: dict[str, int] = {}
-    try:
+    try:  # from here on, whatever fails stops the services, the broker and Redis
+        producer = EventProducer(local.bootstrap, client_id="bench-rss")
         for path, share in (("lab", 1.0), ("lab/a", 0.5), ("lab/b", 0.5)):
             producer.publish(ev.BudgetSet(path=path, share=share, ts=clock.now(), producer="bench"))
         producer.publish(key_registration(user.user, user.public_key, by="ops", now=clock.now()))
@@ -162,7 +163,8 @@ def measure(a: argparse.Namespace, root: Path) -> int:
     finally:
         exited = {n: p.poll() for n, p in stack.procs.items() if p.poll() is not None}
         stack.stop()
-        producer.close()
+        if producer is not None:
+            producer.close()
         try:
             outcomes = job_outcomes(local.bootstrap)
         finally:

@@ -1,4 +1,5 @@
-"""A benchmark's data folder: made fresh in the system temp directory, removed when the run ends."""
+"""A benchmark's data folder: made fresh in the system temp directory, removed when the run ends; and the one
+folder of the generated inputs benchmarks reuse across runs, ``<temp dir>/apportion-bench-cache``."""
 
 from __future__ import annotations
 
@@ -23,6 +24,30 @@ def scratch_dir(prefix: str, keep: bool) -> Iterator[Path]:
             print(f"data kept in {root}", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)
+
+
+#: The folder, in the system temp directory (``$TMPDIR``, else ``/tmp``), of the inputs benchmarks generate and
+#: reuse across runs; removing it clears them.
+CACHE_DIR = "apportion-bench-cache"
+
+
+def cache_file(name: str, *, fresh: bool) -> Path:
+    """``<temp dir>/apportion-bench-cache/name`` (the folder made if missing): an input a benchmark generates once
+    and reuses, ``name`` holding its parameters. ``fresh`` (a benchmark's ``--no-cache``): the file is removed
+    first, so the benchmark generates it again. A benchmark writes it through a temporary file it then renames, so an interrupted run leaves none to reuse."""
+    folder = Path(tempfile.gettempdir()) / CACHE_DIR
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    if fresh:
+        path.unlink(missing_ok=True)
+    return path
+
+
+#: What a benchmark that caches its input says in its ``--help``.
+CACHE_HELP = (
+    f"The generated input is cached in $TMPDIR/{CACHE_DIR}/ (default /tmp; its name holds the parameters) and "
+    f"reused by later runs: --no-cache generates it again, and removing the folder clears every benchmark's."
+)
 
 
 def state_env(root: Path) -> dict[str, str]:

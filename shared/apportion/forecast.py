@@ -956,9 +956,15 @@ def with_submission(
     return copy, next((e for e in out if isinstance(e, JobRejected)), None)
 
 
+def iso_seconds(us: Micros) -> str:
+    """``us`` as ISO 8601 UTC at whole seconds (``2024-01-01T00:10:00+00:00``): the times the text outputs of
+    ``forecast``, ``queue --start`` and ``share --forecast`` print; their ``--json`` keeps the microseconds."""
+    return from_us(us).isoformat(timespec="seconds")
+
+
 def _no_start(fwd: _Forward, horizon: Micros) -> str:
     if fwd.cut:
-        return f"not started before {from_us(horizon).isoformat()} (the forecast's horizon)"
+        return f"not started before {iso_seconds(horizon)} (the forecast's horizon)"
     return "not started by the runs with a known end: it waits for runs that end only when preempted"
 
 

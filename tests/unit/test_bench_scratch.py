@@ -217,3 +217,107 @@ def test_the_chaos_stack_is_stopped_when_its_namespace_cannot_be_provisioned(
     with pytest.raises(RuntimeError, match="no broker"):
         chaos.open_stack(tmp_path, "chaos1.", 30.0)
     assert fake_stack == [tmp_path / "stack"]
+
+
+def test_a_producer_that_fails_to_open_stops_the_rss_runs_services_broker_and_redis(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+    from types import SimpleNamespace
+
+    import chaos
+
+    from apportion.bus import producer
+    from apportion.cli import stack as cli_stack
+
+    stopped: list[str] = []
+    local = SimpleNamespace(bootstrap="127.0.0.1:1", stop=lambda: stopped.append("kafka and redis"))
+    services = SimpleNamespace(lease_ttl_wall_s=3.0, traced={}, procs={}, stop=lambda: stopped.append("services"))
+
+    def no_producer(*_: object, **__: object) -> None:
+        raise RuntimeError("no broker answered")
+
+    monkeypatch.setattr(chaos, "open_stack", lambda *_, **__: (local, services, None))
+    monkeypatch.setattr(chaos, "raise_on_sigterm", lambda: None)
+    monkeypatch.setattr(cli_stack, "dev_keyring", lambda path: path)
+    monkeypatch.setattr(producer, "EventProducer", no_producer)
+    monkeypatch.setattr(bench_rss, "job_outcomes", lambda bootstrap: {})
+    args = argparse.Namespace(seed=1, time_scale=1.0, trace="", every_s=5.0, duration_s=1.0, rate=1.0)
+    with pytest.raises(RuntimeError, match="no broker answered"):
+        bench_rss.measure(args, tmp_path)
+    assert stopped == ["services", "kafka and redis"]
+
+
+def test_a_cached_input_lives_in_one_folder_and_fresh_removes_it(temp: Path) -> None:
+    from scratch import cache_file
+
+    path = cache_file("occupancy-1-10.jsonl", fresh=False)
+    assert path == temp / "apportion-bench-cache" / "occupancy-1-10.jsonl" and path.parent.is_dir()
+    path.write_text("kept")
+    assert cache_file("occupancy-1-10.jsonl", fresh=False).read_text() == "kept"
+    assert not cache_file("occupancy-1-10.jsonl", fresh=True).exists()
+
+
+@pytest.mark.parametrize(("argv", "left"), [([], 0), (["--keep"], 1)], ids=["removed", "kept"])
+def test_the_audit_benchmark_leaves_no_export_in_the_temp_directory(
+    argv: list[str], left: int, temp: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import bench_audit
+
+    monkeypatch.delenv("KAFKA_BOOTSTRAP", raising=False)
+    assert bench_audit.main(["--jobs", "20", *argv]) == 0
+    assert "200 records from 20 simulated jobs" in capsys.readouterr().out
+    assert len(list(temp.iterdir())) == left
+    assert [p.name for p in temp.glob("*/*")] == ["log.jsonl.gz"] * left
+
+
+class Generated(Exception):
+    """Raised where a benchmark would go on to measure: its input is ready."""
+
+
+def test_the_occupancy_log_is_cached_in_the_cache_folder_and_no_cache_makes_it_again(
+    temp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    import bench_occupancy
+
+    assert bench_occupancy.main(["--generate-only", "--events", "300", "--seed", "7"]) == 0
+    path = temp / "apportion-bench-cache" / "occupancy-7-300.jsonl"
+    assert len(path.read_text().splitlines()) == 300 + bench_occupancy.NODES
+    ran: list[list[str]] = []
+
+    def run(cmd: list[str], **_: object) -> None:
+        ran.append(cmd)
+        raise Generated
+
+    monkeypatch.setattr(subprocess, "run", run)
+    with pytest.raises(Generated):
+        bench_occupancy.main(["--no-cache", "--events", "300", "--seed", "7"])
+    assert not path.exists() and "--generate-only" in ran[0]
+
+
+def test_the_restart_log_is_cached_whole_and_no_cache_makes_it_again(
+    temp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    import bench_restart
+
+    made: list[int] = []
+
+    def generate(*_: object) -> list[str]:
+        made.append(1)
+        return ["record"]
+
+    def run(cmd: list[str], **_: object) -> None:
+        raise Generated
+
+    monkeypatch.setattr(bench_restart, "generate", generate)
+    monkeypatch.setattr(subprocess, "run", run)
+    for argv, times in (([], 1), ([], 1), (["--no-cache"], 2)):
+        monkeypatch.setattr(sys, "argv", ["bench_restart", "--days", "0.5", *argv])
+        with pytest.raises(Generated):
+            bench_restart.main()
+        assert len(made) == times
+    assert [p.name for p in (temp / "apportion-bench-cache").iterdir()] == ["restart-signed-0.5d-32-60-1.pickle"]

@@ -17,9 +17,9 @@ from apportion.cli.stack import StackInfo, _write_state, down
 ADDRESSES = ("APPORTION_KAFKA_BOOTSTRAP", "KAFKA_BOOTSTRAP", "APPORTION_REDIS_URL", "REDIS_URL")
 
 
-@pytest.fixture
-def stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A stack's state as `up` writes it (an external Kafka and Redis: nothing to stop), then `down`."""
+def up_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stack's state as `up` writes it (an external Kafka and Redis: nothing to stop) in ``tmp_path/run``, with
+    no address in the environment and the per-user state in ``tmp_path/state``."""
     for v in (*ADDRESSES, "APPORTION_STACK_DIR", "APPORTION_TOPIC_PREFIX"):
         monkeypatch.delenv(v, raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
@@ -27,6 +27,13 @@ def stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     run_dir.mkdir()
     _write_state(StackInfo(run_dir, "127.0.0.1:1", "redis://127.0.0.1:1/0", "dev.", "external"))
     assert read_env_file(run_dir / "researcher" / "stack.env")["KAFKA_BOOTSTRAP"] == "127.0.0.1:1"
+    return run_dir
+
+
+@pytest.fixture
+def stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """:func:`up_state`, then `down`."""
+    run_dir = up_state(tmp_path, monkeypatch)
     down(run_dir, say=lambda _: None)
     return run_dir
 
@@ -67,3 +74,31 @@ def test_an_address_given_is_used_whatever_the_marker(stopped: Path, monkeypatch
         settings.Connection.resolve(bootstrap="k:1")  # Redis still from the marker: none
     monkeypatch.setenv("APPORTION_REDIS_URL", "redis://r:2/0")
     assert settings.Connection.resolve(bootstrap="k:1") == settings.Connection("k:1", "redis://r:2/0")
+
+
+@pytest.mark.parametrize("owner", ["this", "other"])
+def test_make_down_without_a_venv_leaves_what_stack_down_leaves(
+    owner: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Makefile's `down` fallback (no venv, shell only) leaves the files `down` leaves: no owner's files, the
+    researchers' file the marker the CLI reads as a stopped stack; a per-user file of another RUN_DIR is kept."""
+    import os
+    import subprocess
+
+    run_dir = up_state(tmp_path, monkeypatch)
+    user = settings.user_stack_env()
+    if owner == "other":
+        user.write_text("KAFKA_BOOTSTRAP=127.0.0.1:2\nRUN_DIR=/elsewhere/run\n")
+    root = Path(__file__).resolve().parents[2]
+    args = ["make", "-s", "down", f"VENV={tmp_path / 'no-venv'}", f"RUN_DIR={run_dir}"]
+    res = subprocess.run(args, cwd=root, env=dict(os.environ), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert not (run_dir / "stack.env").exists()
+    assert user.exists() == (owner == "other")
+    marker = read_env_file(run_dir / "researcher" / "stack.env")
+    assert set(marker) == {settings.STOPPED, "RUN_DIR"} and marker["RUN_DIR"] == str(run_dir.resolve())
+    assert (run_dir / "researcher" / "stack.env").stat().st_mode & 0o777 == 0o644
+    assert list((run_dir / "researcher").iterdir()) == [run_dir / "researcher" / "stack.env"]
+    monkeypatch.setenv("APPORTION_STACK_DIR", str(run_dir / "researcher"))
+    with pytest.raises(settings.StackStopped, match=f"the stack of {run_dir.resolve()} was stopped at 20"):
+        settings.Connection.resolve()

@@ -72,6 +72,55 @@ def test_a_running_job_is_refused_with_its_start(log_file: str) -> None:
     assert "job 'r1' is running (attempt 1, since 2024-01-01T00:00:00+00:00)" in stderr
 
 
+def test_a_running_job_under_json_gives_the_reason_and_its_start_and_time_limit(tmp_path: Path) -> None:
+    # r1 runs from T0 with a 4 h limit (the node agent stops it at T0 + 4 h); the JSON error object says so
+    # as the stderr line does, exit 1 (docs/operations.md: a job not pending)
+    hist = History().node("n0", 1).submit("r1", T0, duration_s=3 * 3600.0, time_limit_s=4 * 3600.0)
+    path = export(tmp_path / "log.jsonl.gz", hist.submit("p1", m(10)).log, "")
+    code, stdout, stderr = run("r1", "--json", "--from-file", path)
+    assert code == 1
+    got = json.loads(stdout)
+    message = (
+        "job 'r1' is running (attempt 1, since 2024-01-01T00:00:00+00:00, time limit at "
+        "2024-01-01T04:00:00+00:00): only pending jobs have a forecast"
+    )
+    assert got == {
+        "ok": False,
+        "verdict": "refused",
+        "reason": "running",
+        "message": message,
+        "exit_code": 1,
+        "job_id": "r1",
+        "state": "running",
+        "attempt": 1,
+        "since": "2024-01-01T00:00:00+00:00",
+        "time_limit_at": "2024-01-01T04:00:00+00:00",
+    }
+    assert message in " ".join(stderr.split())
+
+
+def test_a_running_job_without_a_time_limit_has_none_and_an_unknown_job_is_not_found(log_file: str) -> None:
+    code, stdout, _ = run("r1", "--json", "--from-file", log_file)
+    got = json.loads(stdout)
+    assert code == 1 and (got["reason"], got["since"], got["time_limit_at"]) == (
+        "running",
+        "2024-01-01T00:00:00+00:00",
+        None,
+    )
+    code, stdout, _ = run("nope", "--json", "--from-file", log_file)
+    got = json.loads(stdout)
+    assert code == 1 and (got["verdict"], got["reason"], got["job_id"]) == ("not_found", "no_job", "nope")
+
+
+def test_the_text_prints_times_at_seconds_and_the_json_keeps_the_microseconds(log_file: str) -> None:
+    at = "2024-01-01T00:20:00.123456Z"
+    code, stdout, _ = run("p1", "--at", at, "--from-file", log_file)
+    assert code == 0
+    assert stdout.splitlines()[0].strip() == "forecast at 2024-01-01T00:20:00+00:00 (1 pending job(s))"
+    code, stdout, _ = run("p1", "--json", "--at", at, "--from-file", log_file)
+    assert code == 0 and json.loads(stdout)["now"] == "2024-01-01T00:20:00.123456+00:00"
+
+
 def test_a_job_not_in_the_log_is_refused(log_file: str) -> None:
     code, _, stderr = run("nope", "--from-file", log_file)
     assert code == 1 and "job 'nope' is not in the log" in stderr

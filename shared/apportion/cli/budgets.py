@@ -159,6 +159,7 @@ def forecast_table(fc: Any, now: int, step_s: float, width: int) -> Any:
     from rich.text import Text
 
     from apportion.cli.common import Column, fitted_table, left_out
+    from apportion.forecast import iso_seconds
     from apportion.timeutil import from_us
 
     def at_step(i: int) -> Column:
@@ -180,7 +181,7 @@ def forecast_table(fc: Any, now: int, step_s: float, width: int) -> Any:
     ]
     paths = list(fc.points)
     t, moved = fitted_table(
-        f"r/rank from {from_us(now).isoformat()[:16]} UTC, every {format_duration(step_s)}",
+        f"r/rank from {iso_seconds(now)}, every {format_duration(step_s)}",
         columns,
         paths,
         width,

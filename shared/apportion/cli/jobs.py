@@ -700,7 +700,8 @@ def forecast(
 
     One job also gets its chain: the runs that must end or be preempted for it.
 
-    Exit 1 when the job is not pending (running, ended, or not in the log); 2 for bad input; 3 Kafka unreachable.
+    Exit 1 when the job is not pending (running: since when and its time limit, `--json` reason running; ended;
+    or not in the log); 2 for bad input; 3 Kafka unreachable. Text times are at seconds, --json keeps microseconds.
 
     Examples:
 
@@ -746,7 +747,7 @@ def forecast(
         if not wanted:
             fail(f"no element of array {job_id!r} is pending: nothing to forecast", 1)
     elif job_id is not None:
-        _forecastable(state, job_id)
+        _forecastable(state, job_id, as_json)
         wanted = [job_id]
     else:
         wanted = [
@@ -835,9 +836,12 @@ def _forecast_submission(
     return state, list(job.job_ids)
 
 
-def _forecastable(state: Any, job_id: str) -> None:
-    """Exit 1 unless ``job_id`` is pending in ``state``, saying what it is instead (running since when...)."""
-    from apportion.timeutil import from_us
+def _forecastable(state: Any, job_id: str, as_json: bool) -> None:
+    """Exit 1 unless ``job_id`` is pending in ``state``, saying what it is instead: running or stopping (since when,
+    until its time limit when it has one; ``--json`` reason ``running`` or ``stopping``), ended (when; reason
+    ``finished``), or not in the log (verdict ``not_found``, reason ``no_job``)."""
+    from apportion.forecast import iso_seconds
+    from apportion.timeutil import s_to_us
 
     rec = state.jobs.get(job_id)
     if rec is not None and rec.status == "pending":
@@ -845,11 +849,37 @@ def _forecastable(state: Any, job_id: str) -> None:
     if rec is not None:
         run = state.cluster.runs.get((job_id, rec.attempt))
         since = run.started_at_us if run is not None else None
-        when = f"since {from_us(since).isoformat()}" if since is not None else "placed, not yet started"
-        fail(f"job {job_id!r} is {rec.status} (attempt {rec.attempt}, {when}): only pending jobs have a forecast", 1)
+        limit = rec.spec.time_limit_s
+        until = None if since is None or limit is None else since + s_to_us(limit)
+        when = f"since {iso_seconds(since)}" if since is not None else "placed, not yet started"
+        if until is not None:
+            when += f", time limit at {iso_seconds(until)}"
+        refuse(
+            f"job {job_id!r} is {rec.status} (attempt {rec.attempt}, {when}): only pending jobs have a forecast",
+            as_json=as_json,
+            reason=rec.status,
+            job_id=job_id,
+            state=rec.status,
+            attempt=rec.attempt,
+            since=None if since is None else iso_seconds(since),
+            time_limit_at=None if until is None else iso_seconds(until),
+        )
     if job_id in state.finished:
-        fail(f"job {job_id!r} ended at {from_us(state.finished[job_id]).isoformat()}: nothing to forecast", 1)
-    fail(f"job {job_id!r} is not in the log (or ended more than a window ago)", 1)
+        ended = iso_seconds(state.finished[job_id])
+        refuse(
+            f"job {job_id!r} ended at {ended}: nothing to forecast",
+            as_json=as_json,
+            reason="finished",
+            job_id=job_id,
+            ended=ended,
+        )
+    refuse(
+        f"job {job_id!r} is not in the log (or ended more than a window ago)",
+        as_json=as_json,
+        verdict="not_found",
+        reason="no_job",
+        job_id=job_id,
+    )
 
 
 def forecast_table(fc: Any, width: int, *, detail: bool = False) -> Any:
@@ -864,6 +894,7 @@ def forecast_table(fc: Any, width: int, *, detail: bool = False) -> Any:
     from rich.console import Group
     from rich.text import Text
 
+    from apportion.forecast import iso_seconds
     from apportion.timeutil import from_us, us_to_s
 
     wide = width >= QUEUE_WIDE
@@ -892,7 +923,7 @@ def forecast_table(fc: Any, width: int, *, detail: bool = False) -> Any:
         ("reason now", {}, kind),
     ]
     t, moved = fitted_table(
-        f"forecast at {from_us(fc.now_us).isoformat()} ({len(fc.jobs)} pending job(s))",
+        f"forecast at {iso_seconds(fc.now_us)} ({len(fc.jobs)} pending job(s))",
         columns,
         fc.jobs,
         width,
