@@ -40,6 +40,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kit import environment
 from tests.kit.infra import KafkaCluster
 
 # The CLI's rich consoles fix their width at import when COLUMNS is set, and pytest-xdist's workers start with
@@ -47,6 +48,9 @@ from tests.kit.infra import KafkaCluster
 os.environ.pop("COLUMNS", None)
 
 ROOT = Path(__file__).resolve().parents[1]
+
+#: ``pytester`` runs a small test file in-process, with our fixtures, for the tests of the environment check.
+pytest_plugins = ("pytester",)
 
 INFRA_FIXTURES = {"kafka_bootstrap", "redis_url", "kafka_topic_factory", "kafka_cluster"}
 
@@ -114,6 +118,24 @@ def dev_keyring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             os.environ.pop("APPORTION_KEYRING", None)
         else:
             os.environ["APPORTION_KEYRING"] = saved
+
+
+@pytest.fixture(autouse=True)
+def environment_unchanged() -> Iterator[None]:
+    """Fail a test that leaves a watched variable (``APPORTION_*``, ``KAFKA_*``, ``REDIS_*``, ``TZ``,
+    ``COLUMNS``: :mod:`tests.kit.environment`) changed, and put it back so later tests of the worker start clean.
+
+    Autouse and defined here, it is set up before every fixture of the test's own scope and torn down after them,
+    ``monkeypatch`` included, so a variable set through ``monkeypatch`` is restored before the comparison. Fixtures
+    of a wider scope (the session's broker, Redis and keyring) are set up before this snapshot and torn down after
+    the comparison, so what they set on purpose is not a leak."""
+    before = environment.watched(os.environ)
+    yield
+    after = environment.watched(os.environ)
+    message = environment.leak_message(before, after)
+    if message is not None:
+        environment.restore(before)
+        pytest.fail(message, pytrace=False)
 
 
 @pytest.fixture(scope="session")

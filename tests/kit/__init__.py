@@ -16,6 +16,8 @@
 - ``reference_cycle``: the slow, literal placement and preemption cycle the fast one is compared with.
 - ``narrowing``: ``narrow``/``narrow_each``, a value checked to be of one kind and typed as it for mypy.
 - ``signing``: deterministic signing identities, node keys and their registration events.
+- ``environment``: the variables every test must leave as it found them (``watched``), the difference
+  (``changes``, ``leak_message``) and ``restore``, for the autouse ``environment_unchanged``.
 - ``infra``: ``KafkaCluster``, what the ``kafka_cluster`` fixture yields (its stack and client environment).
 - ``livestack``: ``apportion stack up`` on the test Kafka and Redis (``live_stack``), a CLI bound to it
   (``Stack``) and the bounded poller ``until``.
