@@ -69,7 +69,9 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
     for name in a.policy.split(","):
         least = None if a.hero_min_gpus == "none" else int(a.hero_min_gpus)
         dcfg = DispatchConfig(
-            engine=EngineConfig(window_s=bf.window_s, hero_min_gpus=least, **gang_scope(a.gang_min_gpus, a.gang_bound_x)),
+            engine=EngineConfig(
+                window_s=bf.window_s, hero_min_gpus=least, **gang_scope(a.gang_min_gpus, a.gang_bound_x)
+            ),
             heartbeat_timeout_s=None,
             scheduler=POLICIES[name],
         )
