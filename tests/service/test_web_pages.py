@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -224,3 +225,29 @@ def test_my_jobs_filters_history_and_queue_by_user_and_budget(tmp_path: Path) ->
 def test_the_history_page_of_an_unreachable_stack_is_a_503(tmp_path: Path) -> None:
     r = client(tmp_path, down=True).get("/history")
     assert r.status_code == 503 and "cannot be read" in r.text
+
+
+def test_page_loads_that_come_while_the_log_is_read_wait_for_that_read_and_read_it_once() -> None:
+    from apportion.settings import Connection
+
+    src = Sources(Connection("127.0.0.1:1", "redis://127.0.0.1:1/0"), cache_s=60.0, redis_client=object())
+    reads, release, seen = [], threading.Event(), threading.Condition()
+
+    def read() -> list[str]:
+        with seen:
+            reads.append("log")
+            seen.notify_all()
+        release.wait(10)
+        return ["the log"]
+
+    got: list[Any] = []
+    threads = [threading.Thread(target=lambda: got.append(src._cached("log", read))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    with seen:  # each load that read the log on its own would show here; a second read within 1 s fails below
+        seen.wait_for(lambda: len(reads) == len(threads), timeout=1.0)
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert reads == ["log"]
+    assert got == [["the log"]] * 8
