@@ -482,7 +482,11 @@ def _identity(user: str | None, bootstrap: str | None, *, ops: bool = False) -> 
             kafka_failure(
                 exc,
                 Connection.resolve(bootstrap=bootstrap).bootstrap,
-                f"register {user}'s key at" if user else "register your key at",
+                "register the development keyring's operator key (signing requests on nodes) at"
+                if ops
+                else f"register {user}'s key at"
+                if user
+                else "register your key at",
             )
         raise
 
