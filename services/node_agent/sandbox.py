@@ -17,11 +17,13 @@ each process replica the agent:
   devices present and the usual pseudo devices only (:func:`device_rules`: v1 ``devices.allow``, v2 a BPF
   program, :mod:`services.node_agent.devfilter`);
 * gives it a temporary directory of its own (``TMPDIR``, 0700, its account's, removed when it ends) and,
-  where the kernel lets the agent make mount namespaces, a private ``/tmp`` and ``/dev/shm`` (fresh tmpfs
-  mounts in a mount namespace of its own, gone with its last process: :class:`PrivateMounts`);
-* places the child in that cgroup, enters its mount namespace, then drops to the account (supplementary
-  groups, gid, uid; umask 077), in the child between fork and exec (:func:`child_setup`), inside a new
-  session;
+  where the kernel lets the agent make mount and IPC namespaces, a private ``/tmp``, ``/var/tmp``,
+  ``/run/lock`` and ``/dev/shm`` (fresh tmpfs mounts in a mount namespace of its own) and IPC objects of its
+  own (System V and POSIX message queues, in an IPC namespace of its own), gone with its last process
+  (:class:`PrivateMounts`);
+* places the child in that cgroup, enters its namespaces, sets ``no_new_privs`` (a setuid program gains
+  nothing), then drops to the account (supplementary groups, gid, uid; umask 077) and gives it a session
+  keyring of its own, in the child between fork and exec (:func:`child_setup`), inside a new session;
 * on a stop signals every process of the cgroup, and when the replica ends kills whatever is left of it
   (v1: freeze, SIGKILL each, thaw; v2: ``cgroup.kill``), reads whether the OOM killer struck (reported
   ``oom``), and removes the cgroup.
@@ -39,6 +41,7 @@ import ctypes
 import errno
 import logging
 import os
+import platform
 import pwd
 import signal
 import stat
@@ -727,9 +730,12 @@ def child_setup(
     procs_files: Sequence[str], account: Account | None, mounts: Callable[[], None] | None = None
 ) -> Callable[[], None]:
     """What the child runs between fork and exec (``preexec_fn``, after ``setsid``): join the cgroup while
-    still privileged, enter its own mount namespace (``mounts``: :meth:`PrivateMounts.setup`), then umask 077
-    and drop to ``account`` (supplementary groups, gid, uid: real, effective and saved). Nothing here
-    allocates a lock another thread could hold (no NSS lookups: the groups were resolved before the fork)."""
+    still privileged, enter its own mount and IPC namespaces (``mounts``: :meth:`PrivateMounts.setup`), set
+    ``no_new_privs`` (no ``exec`` of a setuid or setgid program, nor of one with file capabilities, gives it
+    more than it has: :func:`no_new_privs`), then umask 077, drop to ``account`` (supplementary groups, gid,
+    uid: real, effective and saved) and join a new session keyring of that account's (the agent's, and the
+    keys it reaches, are out of the job's possession: :func:`new_session_keyring`). Nothing here allocates
+    a lock another thread could hold (no NSS lookups: the groups were resolved before the fork)."""
     targets = tuple(procs_files)
 
     def setup() -> None:
@@ -742,25 +748,65 @@ def child_setup(
                 os.close(fd)
         if mounts is not None:
             mounts()
+        no_new_privs()
         os.umask(0o077)
         if account is not None:
             os.setgroups(list(account.groups))
             os.setgid(account.gid)
             os.setuid(account.uid)
+            new_session_keyring()
 
     return setup
 
 
+_PR_SET_NO_NEW_PRIVS = 38
+_KEYCTL_JOIN_SESSION_KEYRING = 1
+_KEYCTL_SYSCALL = {"x86_64": 250, "aarch64": 219}
+
+
+def no_new_privs() -> None:
+    """``prctl(PR_SET_NO_NEW_PRIVS, 1)`` on the calling process, inherited by every child and kept across
+    ``exec``: a setuid-root program runs with the caller's uid, file capabilities are not granted.
+
+    Raises:
+        OSError: the kernel refused (Linux before 3.5).
+    """
+    _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+
+
+def new_session_keyring() -> None:
+    """Join a new anonymous session keyring (``keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)``, as ``pam_keyinit``
+    does for a login), owned by the calling account. A child otherwise keeps its parent's session keyring, and
+    possesses it and every key linked from it (root's user keyring among them) whatever its uid. A kernel or
+    container that refuses keyrings altogether (``ENOSYS``, ``EPERM``, ``EACCES``: no keyring to inherit
+    either) is left as it is.
+
+    Raises:
+        OSError: any other refusal (``EDQUOT``: the account's key quota is spent).
+    """
+    nr = _KEYCTL_SYSCALL.get(platform.machine())
+    if nr is None:
+        raise OSError(errno.ENOSYS, f"keyctl: no system call number known for {platform.machine()}")
+    if _libc.syscall(nr, _KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EPERM, errno.EACCES):
+            raise OSError(err, f"keyctl(KEYCTL_JOIN_SESSION_KEYRING): {os.strerror(err)}")
+
+
 # --------------------------------------------------------------------------- mount namespaces
 
-_CLONE_NEWNS = 0x00020000
-_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
+_CLONE_NEWNS, _CLONE_NEWIPC = 0x00020000, 0x08000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x1000, 0x4000, 0x40000
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.unshare.argtypes = [ctypes.c_int]
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 
-#: Where a replica gets a fresh tmpfs of its own (those present on the node).
-PRIVATE_TARGETS = ("/tmp", "/dev/shm")
+#: Where a replica gets a fresh file system of its own (those present on the node): a tmpfs on each shared
+#: scratch directory, and the POSIX message queues of its own IPC namespace on ``/dev/mqueue``.
+PRIVATE_TARGETS = ("/tmp", "/var/tmp", "/run/lock", "/dev/shm", "/dev/mqueue")
+
+#: The targets that are not a tmpfs: the file system mounted there.
+_FSTYPES = {"/dev/mqueue": b"mqueue"}
 
 
 def _check(rc: int, what: str) -> None:
@@ -771,9 +817,11 @@ def _check(rc: int, what: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class PrivateMounts:
-    """A replica's own ``/tmp`` and ``/dev/shm``: in a new mount namespace (nothing propagates back to the
-    node's), a fresh tmpfs (mode 1777, ``nosuid``, ``nodev``) on each of ``targets``; its pages are charged
-    to the replica's memory cgroup, and it is gone with the namespace's last process.
+    """A replica's own ``/tmp``, ``/var/tmp``, ``/run/lock``, ``/dev/shm`` and IPC objects: in a new mount
+    namespace (nothing propagates back to the node's), a fresh tmpfs (mode 1777, ``nosuid``, ``nodev``) on each
+    of ``targets``; in a new IPC namespace, so its System V shared memory, semaphores and message queues and its
+    POSIX message queues (``/dev/mqueue``, remounted for that namespace) are its own. The tmpfs pages are charged
+    to the replica's memory cgroup, and all of it is gone with the namespaces' last process.
 
     The replica's own directories that lie under a target (``keep``: its working directory and ``TMPDIR`` on
     an agent whose state directory is under ``/tmp``) are bind-mounted back at their paths; nothing else of
@@ -790,17 +838,20 @@ class PrivateMounts:
         return PrivateMounts(self.targets, keep)
 
     def setup(self) -> None:
-        """In the child, still root: unshare the mount namespace, make every mount private to it, mount the
-        tmpfs, bind the kept directories back (opened before the tmpfs hides them).
+        """In the child, still root: unshare the mount and IPC namespaces, make every mount private to them,
+        mount the fresh file systems, bind the kept directories back (opened before the tmpfs hides them).
 
         Raises:
             OSError: the kernel refused one step (the start fails; nothing ran).
         """
-        _check(_libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        _check(_libc.unshare(_CLONE_NEWNS | _CLONE_NEWIPC), "unshare(CLONE_NEWNS | CLONE_NEWIPC)")
         _check(_libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
         held = [os.open(d, os.O_PATH | os.O_DIRECTORY) for d in self.keep]
         for t in self.targets:
-            _check(_libc.mount(b"tmpfs", t.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=1777"), f"tmpfs {t}")
+            fstype = _FSTYPES.get(t, b"tmpfs")
+            flags = _MS_NOSUID | _MS_NODEV | (_MS_NOEXEC if fstype != b"tmpfs" else 0)
+            data = b"mode=1777" if fstype == b"tmpfs" else None
+            _check(_libc.mount(fstype, t.encode(), fstype, flags, data), f"{fstype.decode()} {t}")
         os.umask(0o022)  # the path down to a kept directory: passable by the replica's account
         for d, fd in zip(self.keep, held):
             os.makedirs(d, mode=0o755, exist_ok=True)
@@ -809,8 +860,9 @@ class PrivateMounts:
 
     @classmethod
     def available(cls) -> PrivateMounts | None:
-        """The mounts of this node's targets present (``/dev/shm`` may be missing in a container), when a child
-        of the agent can make them (root, a kernel and runtime that allow mount namespaces); else ``None``."""
+        """The mounts of this node's targets present (``/dev/shm``, ``/run/lock``, ``/dev/mqueue`` may be missing
+        in a container), when a child of the agent can make them (root, a kernel and runtime that allow mount and
+        IPC namespaces); else ``None``."""
         mounts = cls(tuple(t for t in PRIVATE_TARGETS if os.path.isdir(t)))
         if not mounts.targets:
             return None
@@ -839,8 +891,9 @@ class Sandbox:
         memory_mb_per_gpu, cpu_weight_per_gpu, pids_max: the per-replica limits (:meth:`Limits.per_gpu`).
         job_path, job_lang: ``PATH`` and ``LANG`` of a process.
         shared_devices: device files every replica with a GPU may open (the NVIDIA control devices present).
-        private_mounts: a private ``/tmp`` and ``/dev/shm`` per replica; ``None`` where the node cannot make
-            mount namespaces (said at start): the replicas share the node's.
+        private_mounts: a private ``/tmp``, ``/var/tmp``, ``/run/lock``, ``/dev/shm`` and IPC namespace per
+            replica; ``None`` where the node cannot make mount and IPC namespaces (said at start): the replicas
+            share the node's.
     """
 
     accounts: Accounts

@@ -188,7 +188,8 @@ def sandbox_of(settings: NodeAgentSettings, probes: list[GpuProbe]) -> Sandbox |
     mounts = PrivateMounts.available()
     if mounts is None:
         log.warning(
-            "no mount namespace for jobs here: replicas share the node's /tmp and /dev/shm (each has its TMPDIR)"
+            "no mount and IPC namespaces for jobs here: replicas share the node's /tmp, /var/tmp, /run/lock, "
+            "/dev/shm and IPC objects (each has its TMPDIR)"
         )
     box = Sandbox(
         accounts,

@@ -388,8 +388,11 @@ async def test_a_fork_bomb_stops_at_the_pids_limit(job_accounts, shared_dir, mon
 #: A job that writes ``argv[1]`` into ``/tmp``, ``/dev/shm`` and its ``TMPDIR``, reports what it sees there
 #: and whether it can open the paths of ``OTHER`` (``:``-separated), and, given ``wait``, stays until a file
 #: ``go`` appears in its working directory.
+#: The node's shared scratch directories a job gets a fresh one of, in the order a job lists them.
+SCRATCH = ("/tmp", "/var/tmp", "/run/lock", "/dev/shm")
+
 TMP_JOB = r"""
-import errno, json, os, sys, time
+import ctypes, errno, json, os, sys, time
 
 def outcome(fn):
     try:
@@ -398,18 +401,35 @@ def outcome(fn):
     except OSError as exc:
         return errno.errorcode[exc.errno]
 
-mark, tmp = sys.argv[1], os.environ["TMPDIR"]
+libc = ctypes.CDLL(None, use_errno=True)
+
+def shm():  # System V shared memory under SHM_KEY: made (SHM_MAKE set, mode 0666) or looked up
+    flags = 0o1000 | 0o666 if os.environ.get("SHM_MAKE") else 0
+    if libc.shmget(int(os.environ["SHM_KEY"]), 4096, flags) < 0:
+        raise OSError(ctypes.get_errno(), "shmget")
+
+mark, tmp, scratch = sys.argv[1], os.environ["TMPDIR"], os.environ["SCRATCH"].split(":")
 st = os.stat(tmp)
 report = {
     "tmpdir": [tmp, st.st_uid, st.st_mode & 0o777],
-    "written": {d: outcome(lambda d=d: open(os.path.join(d, mark), "w").write("x")) for d in ("/tmp", "/dev/shm", tmp)},
-    "seen": {d: sorted(os.listdir(d)) for d in ("/tmp", "/dev/shm")},
+    "written": {d: outcome(lambda d=d: open(os.path.join(d, mark), "w").write("x")) for d in (*scratch, tmp)},
+    "seen": {d: sorted(os.listdir(d)) for d in scratch},
     "other": {p: outcome(lambda p=p: open(p).close()) for p in os.environ.get("OTHER", "").split(":") if p},
+    "shm": outcome(shm),
 }
 json.dump(report, open("tmp.json", "w"))
 while sys.argv[2:] == ["wait"] and not os.path.exists("go"):
     time.sleep(0.01)
 """
+
+
+def _node_shm(key: int) -> str:
+    """``ok`` when the node's IPC namespace holds a System V shared memory segment under ``key``, else the errno."""
+    import ctypes
+    import errno
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    return "ok" if libc.shmget(key, 0, 0) >= 0 else errno.errorcode[ctypes.get_errno()]
 
 
 DEFAULT_STATE_DIRS = [
@@ -497,10 +517,12 @@ async def test_a_default_state_directory_is_made_the_agents_own(job_accounts, sh
 
 
 async def test_a_jobs_tmp_is_its_own_and_gone_after_it(job_accounts, shared_dir, monkeypatch):
-    """Alice's job writes a file to ``/tmp``, ``/dev/shm`` and its ``TMPDIR``; while it runs, eve's job sees
-    none of them (``ENOENT``), nor does the node's ``/tmp``; each sees in its ``/tmp`` only its own file and
-    the way to its own directories (the agent's state directory is under ``/tmp`` here, as by default). When
-    alice's job ends its ``TMPDIR`` is removed."""
+    """Alice's job writes a file to ``/tmp``, ``/var/tmp``, ``/run/lock``, ``/dev/shm`` and its ``TMPDIR``, and
+    makes a System V shared memory segment anyone may open; while it runs, eve's job sees none of them
+    (``ENOENT``), nor does the node; each sees in each scratch directory only its own file (and in ``/tmp`` the
+    way to its own directories: the agent's state directory is under ``/tmp`` here, as by default). When
+    alice's job ends its ``TMPDIR`` is removed, and its segment is gone with its IPC namespace."""
+    import random
     import shutil
     import tempfile
 
@@ -510,30 +532,120 @@ async def test_a_jobs_tmp_is_its_own_and_gone_after_it(job_accounts, shared_dir,
     assert node.agent.sandbox is not None and node.agent.sandbox.private_mounts is not None, "no mount namespace"
     script = write_script(shared_dir, "tmpjob.py", TMP_JOB)
     a, b = f"mark-{uuid.uuid4().hex[:8]}", f"mark-{uuid.uuid4().hex[:8]}"
+    key = random.randrange(1 << 20, 1 << 30)
+    assert _node_shm(key) == "ENOENT"
     alice = job_accounts[ALICE]
     tmp_a = state / "job-logs" / "j-a" / "tmp.attempt-1.replica-0"
+    env = {"SCRATCH": ":".join(SCRATCH), "SHM_KEY": str(key)}
     try:
-        await node.agent.on_event(node.start("j-a", ALICE, ("python3", str(script), a, "wait")))
+        await node.agent.on_event(
+            node.start("j-a", ALICE, ("python3", str(script), a, "wait"), env={**env, "SHM_MAKE": "1"})
+        )
         await until(lambda: (node.ckpt / "j-a" / "tmp.json").exists(), "alice's job to write")
-        other = f"/tmp/{a}:/dev/shm/{a}"
-        await node.agent.on_event(node.start("j-b", EVE, ("python3", str(script), b), gpus=(1,), env={"OTHER": other}))
+        other = ":".join(f"{d}/{a}" for d in SCRATCH)
+        await node.agent.on_event(
+            node.start("j-b", EVE, ("python3", str(script), b), gpus=(1,), env={**env, "OTHER": other})
+        )
         assert isinstance(await node.ended("j-b"), JobCompleted)
         ra = json.loads((node.ckpt / "j-a" / "tmp.json").read_text())
         rb = json.loads((node.ckpt / "j-b" / "tmp.json").read_text())
         assert ra["tmpdir"] == [str(tmp_a), alice.pw_uid, 0o700]
-        assert ra["written"] == {"/tmp": "ok", "/dev/shm": "ok", str(tmp_a): "ok"}
-        assert ra["seen"] == {"/tmp": sorted([a, state.name]), "/dev/shm": [a]}
-        assert rb["seen"] == {"/tmp": sorted([b, state.name]), "/dev/shm": [b]}
-        assert rb["other"] == {f"/tmp/{a}": "ENOENT", f"/dev/shm/{a}": "ENOENT"}
-        assert not any(os.path.exists(f"{d}/{m}") for d in ("/tmp", "/dev/shm") for m in (a, b))  # the node's
+        assert ra["written"] == {**dict.fromkeys(SCRATCH, "ok"), str(tmp_a): "ok"}
+        assert ra["seen"] == {"/tmp": sorted([a, state.name]), "/var/tmp": [a], "/run/lock": [a], "/dev/shm": [a]}
+        assert rb["seen"] == {"/tmp": sorted([b, state.name]), "/var/tmp": [b], "/run/lock": [b], "/dev/shm": [b]}
+        assert rb["other"] == {f"{d}/{a}": "ENOENT" for d in SCRATCH}
+        assert (ra["shm"], rb["shm"], _node_shm(key)) == ("ok", "ENOENT", "ENOENT")  # alice's, in her namespace
+        assert not any(os.path.exists(f"{d}/{m}") for d in SCRATCH for m in (a, b))  # the node's
         assert (tmp_a / a).read_text() == "x"  # alice's TMPDIR while her job runs
         assert not (state / "job-logs" / "j-b" / "tmp.attempt-1.replica-0").exists()  # eve's, gone with her job
         (node.ckpt / "j-a" / "go").touch()
         assert isinstance(await node.ended("j-a"), JobCompleted)
         assert not tmp_a.exists()
+        assert _node_shm(key) == "ENOENT"
     finally:
         await node.close()
         shutil.rmtree(state, ignore_errors=True)
+
+
+#: A job that runs the setuid-root program ``argv[1]`` (a copy of ``id``) and reports the effective uid it
+#: printed and its own ``NoNewPrivs``.
+SETUID_JOB = r"""
+import json, subprocess, sys
+euid = subprocess.run([sys.argv[1], "-u"], capture_output=True, text=True).stdout.strip()
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+json.dump({"euid": euid, "no_new_privs": status["NoNewPrivs"].strip()}, open("setuid.json", "w"))
+"""
+
+
+async def test_a_setuid_root_program_run_by_a_job_gains_nothing(node, job_accounts):
+    """A setuid-root copy of ``id`` (owned by root, mode 4755, on a file system without ``nosuid``) prints 0 when
+    alice runs it outside the sandbox; run by her job it prints her uid, and the job has ``NoNewPrivs: 1``."""
+    import shutil
+
+    alice = job_accounts[ALICE]
+    setuid_id = node.base / "setuid-id"
+    shutil.copy2("/usr/bin/id", setuid_id)
+    os.chown(setuid_id, 0, 0)
+    setuid_id.chmod(0o4755)
+
+    def as_alice() -> None:
+        os.setgroups([])
+        os.setgid(alice.pw_gid)
+        os.setuid(alice.pw_uid)
+
+    outside = subprocess.run([str(setuid_id), "-u"], preexec_fn=as_alice, capture_output=True, text=True, check=True)
+    assert outside.stdout.strip() == "0", "the file system ignores setuid bits: the attack cannot be fed here"
+    script = write_script(node.base, "setuid_job.py", SETUID_JOB)
+    await node.agent.on_event(node.start("j-setuid", ALICE, ("python3", str(script), str(setuid_id))))
+    assert isinstance(await node.ended("j-setuid"), JobCompleted)
+    r = json.loads((node.ckpt / "j-setuid" / "setuid.json").read_text())
+    assert r == {"euid": str(alice.pw_uid), "no_new_privs": "1"}
+
+
+#: Run as root: joins a session keyring of its own, adds a ``user`` key to it, then runs the sandbox's child
+#: setup for the account ``argv[1]`` (uid, gid) and prints whether it still holds that session keyring and the
+#: errno (or ``ok``) of reading the key.
+KEYRING_CHILD = r"""
+import ctypes, errno, json, platform, sys
+from services.node_agent.logic import Account
+from services.node_agent.sandbox import child_setup
+
+libc = ctypes.CDLL(None, use_errno=True)
+nr = {"x86_64": 250, "aarch64": 219}[platform.machine()]
+JOIN, GET_ID, READ, SESSION = 1, 0, 11, -3
+
+def keyctl(*args):
+    r = libc.syscall(nr, *args)
+    if r < 0:
+        raise OSError(ctypes.get_errno(), "keyctl")
+    return r
+
+keyctl(JOIN, b"apportion-agent-session")
+ring = keyctl(GET_ID, SESSION, 0)
+add_key = {"x86_64": 248, "aarch64": 217}[platform.machine()]
+secret = libc.syscall(add_key, b"user", b"agent-secret", b"hunter2", 7, SESSION)
+assert secret > 0, ctypes.get_errno()
+uid, gid = int(sys.argv[1]), int(sys.argv[2])
+child_setup((), Account("job", uid, gid, (gid,), "/"))()
+buf = ctypes.create_string_buffer(64)
+try:
+    keyctl(READ, secret, buf, 64)
+    read = "ok"
+except OSError as exc:
+    read = errno.errorcode[exc.errno]
+print(json.dumps({"same_session": keyctl(GET_ID, SESSION, 0) == ring, "read": read}))
+"""
+
+
+def test_a_job_does_not_possess_the_agents_session_keyring(job_accounts):
+    """The agent's session keyring holds a key only its possessors may read; a child set up for alice holds a
+    session keyring of its own, and reading the agent's key is refused (``EACCES``)."""
+    import sys
+
+    alice = job_accounts[ALICE]
+    argv = [sys.executable, "-c", KEYRING_CHILD, str(alice.pw_uid), str(alice.pw_gid)]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2])
+    assert json.loads(out.stdout) == {"same_session": False, "read": "EACCES"}
 
 
 async def test_a_cgroup_holding_another_runs_processes_is_never_joined(job_accounts, shared_dir, monkeypatch):
