@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Protocol
 
 from apportion.jobdirs import job_dir_name
-from services.node_agent import devfilter
+from services.node_agent import connfilter, devfilter
 from services.node_agent.logic import Account, RunKey, Unisolated
 
 log = logging.getLogger("apportion.node_agent")
@@ -409,9 +409,13 @@ class CgroupDriver(Protocol):
     version: int
     #: whether :meth:`create` fences devices (v1: the devices controller is mounted; v2: a BPF program loads)
     filters_devices: bool
+    #: whether :meth:`create` closes ports (a v2 hierarchy, beside v1 on a hybrid node, where the connect
+    #: filter loads: :mod:`services.node_agent.connfilter`)
+    closes_ports: bool
 
-    def create(self, name: str, limits: Limits, devices: Sequence[str]) -> Cgroup:
-        """A new (or the existing) cgroup ``name`` with ``limits`` and device rules."""
+    def create(self, name: str, limits: Limits, devices: Sequence[str], closed_ports: Sequence[int] = ()) -> Cgroup:
+        """A new (or the existing) cgroup ``name`` with ``limits``, device rules, and ``closed_ports`` on loopback
+        closed to its processes (where :attr:`closes_ports`)."""
         ...
 
     def open(self, name: str) -> Cgroup | None:
@@ -421,6 +425,18 @@ class CgroupDriver(Protocol):
     def release(self) -> None:
         """Remove the agent's parent cgroup and its ancestors that are empty (the agent's shutdown)."""
         ...
+
+
+def _connect_filter_loads(where: Path) -> bool:
+    """Whether the kernel takes the connect filter (:mod:`services.node_agent.connfilter`) for the v2 hierarchy
+    at ``where``; when not, the error log says why, once."""
+    try:
+        for fd in connfilter.load([1]):
+            os.close(fd)
+        return True
+    except OSError as exc:
+        log.warning("cgroup v2 at %s: cannot load a BPF connect filter: %s", where, exc)
+        return False
 
 
 def _rmdirs(base: Path, parent: str) -> None:
@@ -557,18 +573,21 @@ class CgroupV1Driver:
     """
 
     version = 1
-    CONTROLLERS = ("devices", "memory", "pids", "cpu", "freezer")
+    #: ``unified``: the v2 hierarchy a hybrid node mounts beside the v1 controllers (``<root>/unified``),
+    #: where the connect filter is attached (:mod:`services.node_agent.connfilter`).
+    CONTROLLERS = ("devices", "memory", "pids", "cpu", "freezer", "unified")
 
     def __init__(self, root: Path, parent: str) -> None:
         self.root = root
         self.parent = parent.strip("/")
         self.controllers = tuple(c for c in self.CONTROLLERS if (root / c / "cgroup.procs").exists())
         self.filters_devices = "devices" in self.controllers
+        self.closes_ports = _connect_filter_loads(root / "unified") if "unified" in self.controllers else False
 
     def _dirs(self, name: str) -> dict[str, Path]:
         return {c: self.root / c / self.parent / name for c in self.controllers}
 
-    def create(self, name: str, limits: Limits, devices: Sequence[str]) -> CgroupV1:
+    def create(self, name: str, limits: Limits, devices: Sequence[str], closed_ports: Sequence[int] = ()) -> CgroupV1:
         dirs = self._dirs(name)
         _refuse_occupied(name, CgroupV1(name, dirs).pids(), self.root / "<controller>" / self.parent / name)
         for d in dirs.values():
@@ -587,6 +606,8 @@ class CgroupV1Driver:
             _write(dirs["cpu"] / "cpu.shares", str(max(2, limits.cpu_weight * 1024 // 100)))
         if "pids" in dirs and limits.pids_max is not None:
             _write(dirs["pids"] / "pids.max", str(limits.pids_max))
+        if closed_ports and self.closes_ports:
+            connfilter.attach(str(dirs["unified"]), closed_ports)
         return CgroupV1(name, dirs)
 
     def open(self, name: str) -> CgroupV1 | None:
@@ -660,6 +681,7 @@ class CgroupV2Driver:
         missing = [c for c in self.WANTED if c not in offered]
         if missing:
             log.warning("cgroup v2 at %s: no %s controller: those limits are not enforced", root, ", ".join(missing))
+        self.closes_ports = _connect_filter_loads(root)
         try:
             os.close(devfilter.load(BASE_DEVICE_RULES))
             self.filters_devices = True
@@ -681,7 +703,7 @@ class CgroupV2Driver:
         if enable:
             _write(path / "cgroup.subtree_control", enable)
 
-    def create(self, name: str, limits: Limits, devices: Sequence[str]) -> CgroupV2:
+    def create(self, name: str, limits: Limits, devices: Sequence[str], closed_ports: Sequence[int] = ()) -> CgroupV2:
         path = self.root / self.parent / name
         _refuse_occupied(name, CgroupV2(name, path).pids(), path)
         path.mkdir(exist_ok=True)
@@ -695,6 +717,8 @@ class CgroupV2Driver:
             _write(path / "pids.max", str(limits.pids_max))
         if self.filters_devices:
             devfilter.attach(str(path), devices)
+        if closed_ports and self.closes_ports:
+            connfilter.attach(str(path), closed_ports)
         return CgroupV2(name, path)
 
     def open(self, name: str) -> CgroupV2 | None:
@@ -894,6 +918,8 @@ class Sandbox:
         private_mounts: a private ``/tmp``, ``/var/tmp``, ``/run/lock``, ``/dev/shm`` and IPC namespace per
             replica; ``None`` where the node cannot make mount and IPC namespaces (said at start): the replicas
             share the node's.
+        closed_ports: ports on loopback no process of a replica may connect to (the control plane's: node
+            setting ``sandbox_closed_ports``), where the driver :attr:`~CgroupDriver.closes_ports`.
     """
 
     accounts: Accounts
@@ -905,13 +931,15 @@ class Sandbox:
     job_lang: str = "C.UTF-8"
     shared_devices: tuple[str, ...] = ()
     private_mounts: PrivateMounts | None = None
+    closed_ports: tuple[int, ...] = ()
 
     def cgroup_for(self, key: RunKey, gpus: int, gpu_files: Sequence[str]) -> Cgroup | None:
         """Create the cgroup of replica ``key`` holding ``gpus`` GPUs whose device files are ``gpu_files``."""
         if self.driver is None:
             return None
         limits = Limits.per_gpu(gpus, self.memory_mb_per_gpu, self.cpu_weight_per_gpu, self.pids_max)
-        return self.driver.create(cgroup_name(key), limits, device_rules(gpu_files, self.shared_devices))
+        devices = device_rules(gpu_files, self.shared_devices)
+        return self.driver.create(cgroup_name(key), limits, devices, self.closed_ports)
 
     def reopen(self, key: RunKey) -> Cgroup | None:
         """The cgroup of an adopted replica, if it still exists."""

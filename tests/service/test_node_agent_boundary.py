@@ -17,6 +17,7 @@ import json
 import os
 import pwd
 import signal
+import socket
 import struct
 import subprocess
 import uuid
@@ -151,12 +152,12 @@ class Node:
 
     def cgroup_dirs(self) -> list[Path]:
         """The replica cgroups left under the agent's parent, in every v1 hierarchy."""
-        controllers = ("devices", "memory", "pids", "cpu", "freezer")
+        controllers = ("devices", "memory", "pids", "cpu", "freezer", "unified")
         return [p for c in controllers for p in (CGROUPS / c / self.parent).glob("*") if p.is_dir()]
 
     async def close(self) -> None:
         await self.agent.shutdown(grace_s=0.0)
-        assert not any((CGROUPS / c / self.parent).exists() for c in ("devices", "memory")), "cgroups left behind"
+        assert not any((CGROUPS / c / self.parent).exists() for c in ("devices", "memory", "unified")), "cgroups left"
 
 
 @pytest.fixture
@@ -602,6 +603,76 @@ async def test_a_setuid_root_program_run_by_a_job_gains_nothing(node, job_accoun
     assert r == {"euid": str(alice.pw_uid), "no_new_privs": "1"}
 
 
+#: A job that connects to ``argv[1]`` (closed) and ``argv[2]`` (open) on each loopback address it may name, and
+#: writes ``connect.json``: ``"<address> <port>"`` -> ``ok`` or the errno.
+CONNECT_JOB = r"""
+import errno, json, socket, sys
+
+def outcome(host, port):
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        try:
+            s.connect((host, port))
+            return "ok"
+        except OSError as exc:
+            return errno.errorcode.get(exc.errno, str(exc))
+
+hosts = ["127.0.0.1", "127.1.2.3", "0.0.0.0", "::1", "::", "::ffff:127.0.0.1", "::ffff:0.0.0.0"]
+ports = [int(p) for p in sys.argv[1:]]
+json.dump({f"{h} {p}": outcome(h, p) for h in hosts for p in ports}, open("connect.json", "w"))
+"""
+
+LOOPBACK_FORMS = ("127.0.0.1", "127.1.2.3", "0.0.0.0", "::1", "::", "::ffff:127.0.0.1", "::ffff:0.0.0.0")
+
+
+def _listener() -> socket.socket:
+    """A socket listening on every address, IPv4 and IPv6, at a free port (connections wait in its backlog)."""
+    s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    s.bind(("::", 0))
+    s.listen(64)
+    return s
+
+
+async def test_a_job_cannot_connect_to_the_control_planes_ports_on_loopback(job_accounts, shared_dir, monkeypatch):
+    """The agent closes a port (here one of the test's listeners, as the Redis and Kafka ports are by default)
+    to its jobs: alice's job connecting to it on each loopback form (127.0.0.1, elsewhere in 127/8, 0.0.0.0,
+    ::1, ::, IPv4-mapped) gets ``EPERM``; the same forms reach another listening port, as the agent does the
+    closed one."""
+    with _listener() as closed, _listener() as opened:
+        shut, free = closed.getsockname()[1], opened.getsockname()[1]
+        node = Node(shared_dir, monkeypatch, sandbox_closed_ports=[shut])
+        await node.agent.start(heartbeats=False, poll_progress=False)
+        try:
+            assert node.agent.sandbox is not None and node.agent.sandbox.closed_ports == (shut,)
+            script = write_script(shared_dir, "connect_job.py", CONNECT_JOB)
+            await node.agent.on_event(node.start("j-conn", ALICE, ("python3", str(script), str(shut), str(free))))
+            assert isinstance(await node.ended("j-conn"), JobCompleted)
+            got = json.loads((node.ckpt / "j-conn" / "connect.json").read_text())
+        finally:
+            await node.close()
+        with socket.create_connection(("127.0.0.1", shut), timeout=5):
+            pass  # the agent's side of the node still reaches it
+    assert got == {
+        **{f"{h} {shut}": "EPERM" for h in LOOPBACK_FORMS},
+        **{f"{h} {free}": "ok" for h in LOOPBACK_FORMS},
+    }
+
+
+def test_the_closed_ports_default_to_the_control_planes():
+    """Unset, the ports of the agent's Kafka bootstrap servers and Redis URL (6379 when it names none)."""
+    s = NodeAgentSettings(kafka_bootstrap="127.0.0.1:9092,localhost:19093", redis_url="rediss://127.0.0.1:6390/0")
+    assert s.closed_ports() == (6390, 9092, 19093)
+    s = NodeAgentSettings(kafka_bootstrap="[::1]:9092", redis_url="redis://localhost")
+    assert s.closed_ports() == (6379, 9092)
+    assert (
+        NodeAgentSettings(sandbox_closed_ports=[], kafka_bootstrap="h:1", redis_url="redis://h:2").closed_ports() == ()
+    )
+    with pytest.raises(ValueError, match=r"\[70000\] outside 1-65535"):
+        NodeAgentSettings(sandbox_closed_ports=[70000]).closed_ports()
+
+
 #: Run as root: joins a session keyring of its own, adds a ``user`` key to it, then runs the sandbox's child
 #: setup for the account ``argv[1]`` (uid, gid) and prints whether it still holds that session keyring and the
 #: errno (or ``ok``) of reading the key.
@@ -712,7 +783,8 @@ def test_the_v2_limits_written_from_the_node_settings(tmp_path, case_id, gpus, n
     )
     box = sandbox_of(settings, [])
     assert box is not None and box.driver is not None and box.driver.version == 2
-    box.driver.filters_devices = False  # a directory takes no BPF program (the device fence: the tests above)
+    box.driver.filters_devices = False  # a directory takes no BPF program (the fences: the tests above)
+    box.driver.closes_ports = False
     name = cgroup_name(("n1", "j", 1, 0))
     replica = tmp_path / "apportion" / "agent-1" / name
     replica.mkdir()
@@ -871,30 +943,42 @@ async def test_the_v2_driver_fences_devices_places_kills_and_removes_on_a_unifie
     """On the unified hierarchy (pure v2 at /sys/fs/cgroup, or the v2 mount beside v1 on the CI machines): the
     replica's BPF device program lets its GPU through (ENXIO: no driver here) and refuses another (EPERM) and
     /dev/zero (not in the rules); ``cgroup.kill`` kills the process and its child in a session of its own; the
-    cgroup is removed."""
+    cgroup is removed. A closed port on loopback is refused (EPERM)."""
     root = CGROUPS if (CGROUPS / "cgroup.controllers").exists() else CGROUPS / "unified"
     assert (root / "cgroup.controllers").exists(), "no cgroup v2 hierarchy on this machine"
     gpus = make_fake_gpus(shared_dir / "dev", 2)
     parent = f"apportion-test/{uuid.uuid4().hex[:12]}"
     driver = cgroups(root, parent, "2")
-    assert driver is not None and (driver.version, driver.filters_devices) == (2, True)
+    assert driver is not None and (driver.version, driver.filters_devices, driver.closes_ports) == (2, True, True)
     rules = tuple(r for r in device_rules(gpus[:1], ()) if r != "c 1:5 rwm")  # /dev/zero left out, to be refused
-    cg = driver.create(cgroup_name(("n1", "j", 1, 0)), Limits(pids_max=64), rules)
+    listener = _listener()
+    port = listener.getsockname()[1]
+    cg = driver.create(cgroup_name(("n1", "j", 1, 0)), Limits(pids_max=64), rules, (port,))
     opener = (
-        "import errno, os, sys, time\n"
+        "import errno, os, socket, sys, time\n"
         "for p in sys.argv[1:]:\n"
         "    try:\n"
-        "        os.close(os.open(p, os.O_RDONLY)); print(p, 'ok', flush=True)\n"
+        "        if p.isdigit():\n"
+        "            socket.create_connection(('127.0.0.1', int(p)), timeout=5).close()\n"
+        "        else:\n"
+        "            os.close(os.open(p, os.O_RDONLY))\n"
+        "        print(p, 'ok', flush=True)\n"
         "    except OSError as e:\n"
         "        print(p, errno.errorcode[e.errno], flush=True)\n"
         "if os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\ntime.sleep(60)\n"
     )
-    argv = ["python3", "-c", opener, gpus[0], gpus[1], "/dev/zero", "/dev/null"]
+    argv = ["python3", "-c", opener, gpus[0], gpus[1], "/dev/zero", "/dev/null", str(port)]
     proc = subprocess.Popen(argv, preexec_fn=child_setup(cg.procs_files(), None), stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
-        lines = [await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), WAIT_S) for _ in range(4)]
-        assert lines == [f"{gpus[0]} ENXIO\n", f"{gpus[1]} EPERM\n", "/dev/zero EPERM\n", "/dev/null ok\n"]
+        lines = [await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), WAIT_S) for _ in range(5)]
+        assert lines == [
+            f"{gpus[0]} ENXIO\n",
+            f"{gpus[1]} EPERM\n",
+            "/dev/zero EPERM\n",
+            "/dev/null ok\n",
+            f"{port} EPERM\n",
+        ]
         await until(lambda: len(cg.pids()) == 2, "the child's fork")
         assert proc.pid in cg.pids()
         cg.kill()
@@ -905,6 +989,7 @@ async def test_the_v2_driver_fences_devices_places_kills_and_removes_on_a_unifie
         cg.kill()
         cg.remove()
         driver.release()
+        listener.close()
     assert not (root / parent).exists()
 
 
