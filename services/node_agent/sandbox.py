@@ -43,6 +43,7 @@ import logging
 import os
 import platform
 import pwd
+import re
 import signal
 import stat
 import time
@@ -850,16 +851,21 @@ class PrivateMounts:
     The replica's own directories that lie under a target (``keep``: its working directory and ``TMPDIR`` on
     an agent whose state directory is under ``/tmp``) are bind-mounted back at their paths; nothing else of
     the node's ``/tmp`` is in its reach.
+
+    With ``hide_pids`` (Linux 5.8+, where each proc mount has options of its own) its ``/proc`` is a proc mount
+    of its own with ``hidepid=invisible``: it sees only the processes of its own account, never the agent's or
+    other users' (their command lines, their ``/proc/<pid>`` files).
     """
 
     targets: tuple[str, ...] = PRIVATE_TARGETS
     keep: tuple[str, ...] = ()
+    hide_pids: bool = False
 
     def for_dirs(self, dirs: Iterable[str]) -> PrivateMounts:
         """These mounts, keeping those of ``dirs`` (real paths) that lie under a target."""
         real = [os.path.realpath(d) for d in dirs]
         keep = tuple(d for d in real if any(d.startswith(t.rstrip("/") + "/") for t in self.targets))
-        return PrivateMounts(self.targets, keep)
+        return PrivateMounts(self.targets, keep, self.hide_pids)
 
     def setup(self) -> None:
         """In the child, still root: unshare the mount and IPC namespaces, make every mount private to them,
@@ -876,6 +882,9 @@ class PrivateMounts:
             flags = _MS_NOSUID | _MS_NODEV | (_MS_NOEXEC if fstype != b"tmpfs" else 0)
             data = b"mode=1777" if fstype == b"tmpfs" else None
             _check(_libc.mount(fstype, t.encode(), fstype, flags, data), f"{fstype.decode()} {t}")
+        if self.hide_pids:
+            flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+            _check(_libc.mount(b"proc", b"/proc", b"proc", flags, b"hidepid=invisible"), "proc /proc hidepid")
         os.umask(0o022)  # the path down to a kept directory: passable by the replica's account
         for d, fd in zip(self.keep, held):
             os.makedirs(d, mode=0o755, exist_ok=True)
@@ -887,7 +896,7 @@ class PrivateMounts:
         """The mounts of this node's targets present (``/dev/shm``, ``/run/lock``, ``/dev/mqueue`` may be missing
         in a container), when a child of the agent can make them (root, a kernel and runtime that allow mount and
         IPC namespaces); else ``None``."""
-        mounts = cls(tuple(t for t in PRIVATE_TARGETS if os.path.isdir(t)))
+        mounts = cls(tuple(t for t in PRIVATE_TARGETS if os.path.isdir(t)), hide_pids=proc_mounts_have_own_options())
         if not mounts.targets:
             return None
         pid = os.fork()
@@ -899,6 +908,14 @@ class PrivateMounts:
                 os._exit(1)
         _, status = os.waitpid(pid, 0)
         return mounts if os.waitstatus_to_exitcode(status) == 0 else None
+
+
+def proc_mounts_have_own_options(release: str | None = None) -> bool:
+    """Whether the kernel (``release``, default this one's) gives each proc mount options of its own (Linux 5.8+).
+    Before, a proc mount's ``hidepid`` would be the option of every proc mount of the PID namespace, the node's
+    ``/proc`` included."""
+    m = re.match(r"(\d+)\.(\d+)", release if release is not None else os.uname().release)
+    return m is not None and (int(m[1]), int(m[2])) >= (5, 8)
 
 
 # --------------------------------------------------------------------------- the sandbox

@@ -45,6 +45,7 @@ from services.node_agent.sandbox import (
     login_uid_range,
     memory_mb_per_gpu,
     own_dir,
+    proc_mounts_have_own_options,
     protect,
 )
 from services.node_agent.service import NodeAgent, SignedSender, _open_owned, hosted_nodes
@@ -183,7 +184,9 @@ async def test_a_job_runs_as_its_user_with_none_of_the_agents_variables_files_gp
         str(node.agent.journal.path),
         environ,
     ]
-    env = {"PROBE_OPEN": ":".join(targets), "PROBE_PID": str(os.getpid()), "PROBE_LIST": str(node.base / "state")}
+    agent_proc = f"/proc/{os.getpid()}"
+    listed = f"{node.base / 'state'}:{agent_proc}"
+    env = {"PROBE_OPEN": ":".join(targets), "PROBE_PID": str(os.getpid()), "PROBE_LIST": listed}
     await node.agent.on_event(node.start("j-alice", ALICE, ("python3", str(probe)), env=env))
     assert isinstance(await node.ended("j-alice"), JobCompleted)
 
@@ -200,9 +203,9 @@ async def test_a_job_runs_as_its_user_with_none_of_the_agents_variables_files_gp
         str(node.node_key): "EACCES",
         str(node.password): "EACCES",
         str(node.agent.journal.path): "EACCES",
-        environ: "EACCES",
+        environ: "ENOENT",  # the agent's process: not in the job's /proc (hidepid=invisible)
     }
-    assert r["list"] == {str(node.base / "state"): "EACCES"}  # the agent's state directory: 0711
+    assert r["list"] == {str(node.base / "state"): "EACCES", agent_proc: "ENOENT"}  # the state directory: 0711
     assert r["kill"] == "EPERM"  # cannot signal the agent
     st = os.stat(node.ckpt / "j-alice")
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (alice.pw_uid, alice.pw_gid, 0o700)
@@ -900,6 +903,13 @@ def test_login_uid_range(tmp_path, case_id, text, uids):
     if text is not None:
         path.write_text(text)
     assert login_uid_range(path) == uids
+
+
+@pytest.mark.parametrize(
+    "release,own", [("6.18.44-fc-v1300", True), ("5.8.0", True), ("5.7.19", False), ("4.19.0-26-amd64", False)]
+)
+def test_a_proc_mount_of_its_own_is_made_only_where_its_options_are_its_own(release, own):
+    assert proc_mounts_have_own_options(release) is own
 
 
 def test_limits_per_gpu():
