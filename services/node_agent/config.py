@@ -107,7 +107,8 @@ class NodeAgentSettings(ServiceSettings):
             names a real node's: ``/dev/nvidia<minor>``).
         sandbox_closed_ports: ports on loopback that no process of a replica may connect to (``EPERM``), on a
             node with a cgroup v2 hierarchy (:mod:`services.node_agent.connfilter`); ``None``: the control
-            plane's (:meth:`closed_ports`); ``[]``: none.
+            plane's (:meth:`closed_ports`: a broker the bootstrap list does not name is not among them); ``[]``:
+            none.
     """
 
     node_id: str | None = None
