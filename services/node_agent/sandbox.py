@@ -15,7 +15,8 @@ each process replica the agent:
   pure v2 hierarchy: :func:`cgroups`) with a memory limit, CPU weight and process limit from the node
   settings (:class:`Limits`) and device access to its own GPUs' device files, the shared NVIDIA control
   devices present and the usual pseudo devices only (:func:`device_rules`: v1 ``devices.allow``, v2 a BPF
-  program, :mod:`services.node_agent.devfilter`);
+  program, :mod:`services.node_agent.devfilter`), and, in the v2 hierarchy (beside v1 on a hybrid node), the
+  control plane's ports on loopback closed to its processes (:mod:`services.node_agent.connfilter`);
 * gives it a temporary directory of its own (``TMPDIR``, 0700, its account's, removed when it ends) and,
   where the kernel lets the agent make mount and IPC namespaces, a private ``/tmp``, ``/var/tmp``,
   ``/run/lock`` and ``/dev/shm`` (fresh tmpfs mounts in a mount namespace of its own) and IPC objects of its
