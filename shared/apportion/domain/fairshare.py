@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from apportion.domain.budgets import ROOT, BudgetTree, ancestors_of, parent_of
@@ -158,23 +158,23 @@ def order_by_ratios(tree: BudgetTree, r: Mapping[str, float]) -> tuple[str, ...]
     """:func:`budget_order` from ratios already computed (``{path: r}`` for every path of ``tree``)."""
     # Depth-first with an explicit stack (children pushed in reverse order), so that a call
     # leaves no reference cycle behind (a recursive closure would: the cyclic GC's work).
+    # Ties by path: children come sorted by path and the sort is stable, so sorting by r alone and
+    # reversing pushes them by (r, path) descending, and they pop by (r, path) ascending.
     out: list[str] = []
-    key = _ratio_key(r)
-    stack = sorted(tree.children(ROOT), key=key, reverse=True)
+    key = r.__getitem__
+    stack = sorted(tree.children(ROOT), key=key)
+    stack.reverse()
     children = tree.children
     while stack:
         node = stack.pop()
         kids = children(node)
         if kids:
-            stack.extend(sorted(kids, key=key, reverse=True))
+            got = sorted(kids, key=key)
+            got.reverse()
+            stack.extend(got)
         else:
             out.append(node)
     return tuple(out)
-
-
-def _ratio_key(r: Mapping[str, float]) -> Callable[[str], tuple[float, str]]:
-    """Sort key ``(r, path)`` of the children at one node (ties by path)."""
-    return lambda c: (r[c], c)
 
 
 def lowest_common_ancestor(a: str, b: str) -> str:
