@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 from apportion.domain.budgets import BudgetTree, ancestors_of
@@ -620,20 +621,57 @@ def short_test(req: PreemptionRequest, g: int, k: int, model: str | None, delta:
     first test fails (then it fails for every leaf)."""
     if req.memo.get((_SHORT, g, model, k)) != len(req.free.log):
         return None
-    return lambda leaf: _nothing_behind(req, leaf, delta)
+    got = _behind_answers(req, delta)
+    if got is None:
+        return _never
+    top, clear, ratio = got
+    # (the loop of _nothing_behind, its bound read once: nothing moves it meanwhile)
+    return partial(_ancestors_clear, top=top, clear=clear, ratio=ratio, delta=delta)
+
+
+def _never(leaf: str) -> bool:
+    return False
 
 
 def _nothing_behind(req: PreemptionRequest, leaf: str | None = None, delta: float | None = None) -> bool:
     """No branch is behind ``leaf``'s (default J's) by ``delta`` (default the request's) at any ancestor (so
     :meth:`CycleVictims.behind_of` finds no leaf):
-    the largest r of any budget is below r + delta of each of the leaf's ancestors. A bound kept per request
-    (speed only): the largest r at its first use, raised by the r of the ancestors of each leaf charged since
-    (a charge only raises r, and only theirs). Each ancestor's answer is kept with the bound: until the next
-    charge neither the bound nor any r moves, so the leaves of one branch share their ancestors' answers."""
+    the largest r of any budget is below r + delta of each of the leaf's ancestors (:func:`_behind_answers`)."""
+    if delta is None:
+        delta = req.delta
+    got = _behind_answers(req, delta)
+    if got is None:
+        return False
+    top, clear, ratio = got
+    return _ancestors_clear(req.leaf if leaf is None else leaf, top, clear, ratio, delta)
+
+
+def _ancestors_clear(
+    leaf: str, top: float, clear: dict[str, bool], ratio: Callable[[str], float], delta: float
+) -> bool:
+    """``top`` < r + ``delta`` for every ancestor of ``leaf`` (itself included), each answer kept in ``clear``."""
+    for a in ancestors_of(leaf):
+        ok = clear.get(a)
+        if ok is None:
+            ok = clear[a] = top < ratio(a) + delta  # (the same sum as behind_of's filter)
+        if not ok:
+            return False
+    return True
+
+
+def _behind_answers(
+    req: PreemptionRequest, delta: float
+) -> tuple[float, dict[str, bool], Callable[[str], float]] | None:
+    """What :func:`_nothing_behind` reads: the bound on the largest r, the answers kept with it for ``delta``
+    (budget -> bound < its r + delta), and the view's r; ``None`` without a tree or a view that charges
+    (the baselines: nothing is known). The bound is kept per request (speed only): the largest r at its first
+    use, raised by the r of the ancestors of each leaf charged since (a charge only raises r, and only theirs).
+    Each answer is kept with the bound: until the next charge neither the bound nor any r moves, so the
+    leaves of one branch share their ancestors' answers."""
     tree = req.tree
     ratio_of = req.ratio
     if tree is None or callable(ratio_of):
-        return False
+        return None
     memo = req.memo
     ratio = ratio_of.ratio
     charged = req.charged
@@ -649,20 +687,11 @@ def _nothing_behind(req: PreemptionRequest, leaf: str | None = None, delta: floa
                     if r > top:
                         top = r
         got = memo[_MAX_R] = (len(charged), top, {})
-    top = got[1]
     answers: dict[float, dict[str, bool]] = got[2]
-    if delta is None:
-        delta = req.delta
     clear = answers.get(delta)
     if clear is None:
         clear = answers[delta] = {}
-    for a in ancestors_of(req.leaf if leaf is None else leaf):
-        ok = clear.get(a)
-        if ok is None:
-            ok = clear[a] = top < ratio(a) + delta  # (the same sum as behind_of's filter)
-        if not ok:
-            return False
-    return True
+    return got[1], clear, ratio
 
 
 def _behind_options(s: _Search, options: list[Option], shelter: bool = False, extra: int = 0) -> list[Option] | None:
