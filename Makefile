@@ -1,10 +1,13 @@
 # apportion developer commands. Python lives in .venv (made by `make venv`).
 #
 #   make run        the main job (starts the local stack first)
-#   make test       everything CI runs: unit + integration tests on real Kafka and Redis
-#   make up / down  interactive stack in .run/: Kafka, Redis, the four services, SIM_NODES simulated nodes
-#                   (BROKERS=3: a 3-node KRaft cluster, topics with 3 replicas and min.insync.replicas 2;
+#   make test       everything CI runs: lint, then the unit, service, simulator and integration tiers (real Kafka, Redis)
+#   make test-unit  the pure tier only
+#   make lint       ruff, mypy, vulture and the documentation site (--strict)
+#   make up / down  interactive stack in .run/: Kafka, Redis, the four services, the dashboard, SIM_NODES simulated
+#                   nodes (BROKERS=3: a 3-node KRaft cluster, topics with 3 replicas and min.insync.replicas 2;
 #                   SANDBOX_MEMORY_MB_PER_GPU=N: a job's memory limit per GPU, MiB)
+#   make status     what of the interactive stack runs and answers (apportion stack status)
 #   make infra-up   only Kafka + Redis in .run/ (addresses printed, also in .run/stack.env)
 #   make mutate     mutation testing of the rule modules (score and survivors printed)
 #   make chaos      the chaos campaign (kills, broker and Redis restarts, hostile records; ARGS="--quick")
@@ -12,6 +15,8 @@
 #   make bench-rss  RSS of each service over a long run (ARGS="--duration-s 1200": the documented 20 minutes)
 #   make gpu-check  the node agent on this machine's NVIDIA GPUs: inventory, utilisation, device isolation, idle
 #   make docs       the documentation site in .run/site (MkDocs, --strict: broken links and orphan pages fail)
+#   make bench      every bench/bench_*.py, with the figures against their targets
+#   make clean      stop the stack, remove run artefacts, caches and the Kafka jars
 #
 # Prerequisites: Python 3.11+, Java 17+, Maven, redis-server (or root, to apt-get it).
 

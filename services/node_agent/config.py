@@ -105,6 +105,10 @@ class NodeAgentSettings(ServiceSettings):
             before its heartbeat reports it ``idle`` (``RunningWorkload.idle``).
         gpu_device_files: the device files of a declared (simulated) inventory's GPUs, in index order (NVML
             names a real node's: ``/dev/nvidia<minor>``).
+        sandbox_closed_ports: ports on loopback that no process of a replica may connect to (``EPERM``), on a
+            node with a cgroup v2 hierarchy (:mod:`services.node_agent.connfilter`); ``None``: the control
+            plane's (:meth:`closed_ports`: a broker the bootstrap list does not name is not among them); ``[]``:
+            none.
     """
 
     node_id: str | None = None
@@ -142,6 +146,27 @@ class NodeAgentSettings(ServiceSettings):
     job_lang: str = "C.UTF-8"
     gpu_device_files: list[str] | None = None
     idle_after_s: float = Field(default=2 * 3600.0, gt=0)
+    sandbox_closed_ports: list[int] | None = None
+
+    def closed_ports(self) -> tuple[int, ...]:
+        """The ports closed to jobs on loopback, ascending: :attr:`sandbox_closed_ports`, else those of the Kafka
+        bootstrap servers and the Redis URL the agent uses (Redis's default 6379 when the URL names none).
+
+        Raises:
+            ValueError: a port outside 1-65535, or a bootstrap server without a numeric port.
+        """
+        if self.sandbox_closed_ports is not None:
+            ports = set(self.sandbox_closed_ports)
+        else:
+            from urllib.parse import urlsplit
+
+            conn = self.connection()
+            ports = {int(server.rsplit(":", 1)[1]) for server in conn.bootstrap.split(",") if server.strip()}
+            ports.add(urlsplit(conn.redis_url).port or 6379)
+        bad = sorted(p for p in ports if not 0 < p < 65536)
+        if bad:
+            raise ValueError(f"sandbox_closed_ports: {bad} outside 1-65535")
+        return tuple(sorted(ports))
 
     def cgroup_parent_path(self) -> str:
         """The agent's cgroup in force: :attr:`cgroup_parent`, else ``apportion/<topic prefix><agent>`` made safe."""

@@ -52,7 +52,7 @@ def parse(rule: str) -> Rule:
     return (_TYPES[words[0]], None if major == "*" else int(major), None if minor == "*" else int(minor), access)
 
 
-def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
+def insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
     return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
 
 
@@ -67,28 +67,28 @@ def program(rules: Iterable[str]) -> bytes:
     ``r0 = 0; exit``.
     """
     out = [
-        _insn(_LDX_W, 2, 1, 0),
-        _insn(_AND_K, 2, imm=0xFFFF),
-        _insn(_LDX_W, 3, 1, 0),
-        _insn(_RSH_K, 3, imm=16),
-        _insn(_LDX_W, 4, 1, 4),
-        _insn(_LDX_W, 5, 1, 8),
+        insn(_LDX_W, 2, 1, 0),
+        insn(_AND_K, 2, imm=0xFFFF),
+        insn(_LDX_W, 3, 1, 0),
+        insn(_RSH_K, 3, imm=16),
+        insn(_LDX_W, 4, 1, 4),
+        insn(_LDX_W, 5, 1, 8),
     ]
     for kind, major, minor, access in (parse(r) for r in rules):
         tests: list[tuple[int, int] | bytes] = []  # (register, value) for "jump to the next block unless equal"
         if kind is not None:
             tests.append((2, kind))
         if access != 7:  # the access asked must be within the rule's: (asked & ~allowed) == 0
-            tests += [_insn(_MOV_X, 1, 3), _insn(_AND_K, 1, imm=~access), (1, 0)]
+            tests += [insn(_MOV_X, 1, 3), insn(_AND_K, 1, imm=~access), (1, 0)]
         if major is not None:
             tests.append((4, major))
         if minor is not None:
             tests.append((5, minor))
         size = len(tests) + 2  # then r0 = 1; exit
         for i, t in enumerate(tests):
-            out.append(_insn(_JNE_K, t[0], off=size - i - 1, imm=t[1]) if isinstance(t, tuple) else t)
-        out += [_insn(_MOV_K, 0, imm=1), _insn(_EXIT)]
-    out += [_insn(_MOV_K, 0, imm=0), _insn(_EXIT)]
+            out.append(insn(_JNE_K, t[0], off=size - i - 1, imm=t[1]) if isinstance(t, tuple) else t)
+        out += [insn(_MOV_K, 0, imm=1), insn(_EXIT)]
+    out += [insn(_MOV_K, 0, imm=0), insn(_EXIT)]
     return b"".join(out)
 
 
@@ -105,19 +105,19 @@ def _bpf(cmd: int, attr: bytes) -> int:
     return int(fd)
 
 
-def load(rules: Sequence[str]) -> int:
-    """Load the program of ``rules``; its file descriptor (the caller closes it).
+def load_program(prog_type: int, attach_type: int, code: bytes, name: bytes) -> int:
+    """Load the eBPF instructions ``code`` as a program of ``prog_type`` for ``attach_type``; its file
+    descriptor (the caller closes it).
 
     Raises:
         OSError: the kernel refused it (no BPF, not root); the verifier's log is in the message.
     """
-    code = program(rules)
     insns = ctypes.create_string_buffer(code, len(code))
     licence = ctypes.create_string_buffer(b"Apache-2.0")
     verifier = ctypes.create_string_buffer(16384)
     attr = struct.pack(
         "<IIQQIIQII16sII",
-        BPF_PROG_TYPE_CGROUP_DEVICE,
+        prog_type,
         len(code) // 8,
         ctypes.addressof(insns),
         ctypes.addressof(licence),
@@ -126,9 +126,9 @@ def load(rules: Sequence[str]) -> int:
         ctypes.addressof(verifier),
         0,
         0,
-        b"apportion_dev",
+        name,
         0,
-        BPF_CGROUP_DEVICE,
+        attach_type,
     )
     try:
         return _bpf(BPF_PROG_LOAD, attr)
@@ -137,21 +137,37 @@ def load(rules: Sequence[str]) -> int:
         raise OSError(exc.errno, f"{exc.strerror}{': ' + log[-400:] if log else ''}") from None
 
 
+def attach_program(cgroup_dir: str, prog: int, attach_type: int) -> None:
+    """Attach the loaded program ``prog`` to the v2 cgroup ``cgroup_dir`` at ``attach_type``; it stays attached
+    until the cgroup is removed (``BPF_F_ALLOW_MULTI``: programs of an ancestor, systemd's for one, still apply).
+
+    Raises:
+        OSError: the cgroup cannot be opened, or the kernel refused.
+    """
+    cg = os.open(cgroup_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _bpf(BPF_PROG_ATTACH, struct.pack("<IIII", cg, prog, attach_type, BPF_F_ALLOW_MULTI))
+    finally:
+        os.close(cg)
+
+
+def load(rules: Sequence[str]) -> int:
+    """Load the program of ``rules``; its file descriptor (the caller closes it).
+
+    Raises:
+        OSError: the kernel refused it (no BPF, not root); the verifier's log is in the message.
+    """
+    return load_program(BPF_PROG_TYPE_CGROUP_DEVICE, BPF_CGROUP_DEVICE, program(rules), b"apportion_dev")
+
+
 def attach(cgroup_dir: str, rules: Sequence[str]) -> None:
     """Let the processes of the v2 cgroup ``cgroup_dir`` open only the devices of ``rules``.
-
-    The program stays attached until the cgroup is removed (``BPF_F_ALLOW_MULTI``: a device policy of an
-    ancestor, systemd's for one, still applies too).
 
     Raises:
         OSError: it could not be loaded or attached.
     """
     prog = load(rules)
     try:
-        cg = os.open(cgroup_dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            _bpf(BPF_PROG_ATTACH, struct.pack("<IIII", cg, prog, BPF_CGROUP_DEVICE, BPF_F_ALLOW_MULTI))
-        finally:
-            os.close(cg)
+        attach_program(cgroup_dir, prog, BPF_CGROUP_DEVICE)
     finally:
         os.close(prog)

@@ -199,8 +199,13 @@ JOB_ENV_ALLOWED = (
     "APPORTION_ARRAY_ID",  # an array element's, from its StartWorkload.env (the dispatcher sets them)
     "APPORTION_ARRAY_INDEX",
     "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
     "NVIDIA_VISIBLE_DEVICES",
 )
+
+#: The order in which CUDA numbers the GPUs ``CUDA_VISIBLE_DEVICES`` names: the PCI bus order, NVML's, in which
+#: the agent counts them. CUDA's default (``FASTEST_FIRST``) would give the indices to other GPUs of the node.
+CUDA_DEVICE_ORDER = "PCI_BUS_ID"
 
 #: ``PATH`` and ``LANG`` of a process unless its job's ``env`` sets them (node settings ``job_path``, ``job_lang``).
 DEFAULT_JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -569,8 +574,8 @@ class Workload:
 
         ``PATH`` and ``LANG`` (``path``, ``lang``) first, then the job's ``env`` (``LANG`` and anything of its own;
         the event contract refuses ``PATH`` in it, ``apportion.events.RESERVED_ENV``), then the agent's values, which win over a submitted variable of the same name:
-        ``HOME`` and ``USER`` of its :attr:`account` (left out without one), the job variables and the GPU
-        indices. The variables are documented in ``docs/checkpoints.md``.
+        ``HOME`` and ``USER`` of its :attr:`account` (left out without one), the job variables, the GPU
+        indices and :data:`CUDA_DEVICE_ORDER`. The variables are documented in ``docs/checkpoints.md``.
         """
         env = {"PATH": path, "LANG": lang}
         env.update(self.env)
@@ -578,6 +583,7 @@ class Workload:
             env["HOME"] = self.account.home
             env["USER"] = self.account.name
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
+        env["CUDA_DEVICE_ORDER"] = CUDA_DEVICE_ORDER  # a job's own value would renumber its GPUs
         env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
         env["APPORTION_JOB_ID"] = self.job_id
         env["APPORTION_ATTEMPT"] = str(self.attempt)

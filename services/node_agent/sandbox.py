@@ -15,13 +15,16 @@ each process replica the agent:
   pure v2 hierarchy: :func:`cgroups`) with a memory limit, CPU weight and process limit from the node
   settings (:class:`Limits`) and device access to its own GPUs' device files, the shared NVIDIA control
   devices present and the usual pseudo devices only (:func:`device_rules`: v1 ``devices.allow``, v2 a BPF
-  program, :mod:`services.node_agent.devfilter`);
+  program, :mod:`services.node_agent.devfilter`), and, in the v2 hierarchy (beside v1 on a hybrid node), the
+  control plane's ports on loopback closed to its processes (:mod:`services.node_agent.connfilter`);
 * gives it a temporary directory of its own (``TMPDIR``, 0700, its account's, removed when it ends) and,
-  where the kernel lets the agent make mount namespaces, a private ``/tmp`` and ``/dev/shm`` (fresh tmpfs
-  mounts in a mount namespace of its own, gone with its last process: :class:`PrivateMounts`);
-* places the child in that cgroup, enters its mount namespace, then drops to the account (supplementary
-  groups, gid, uid; umask 077), in the child between fork and exec (:func:`child_setup`), inside a new
-  session;
+  where the kernel lets the agent make mount and IPC namespaces, a private ``/tmp``, ``/var/tmp``,
+  ``/run/lock`` and ``/dev/shm`` (fresh tmpfs mounts in a mount namespace of its own) and IPC objects of its
+  own (System V and POSIX message queues, in an IPC namespace of its own), gone with its last process
+  (:class:`PrivateMounts`);
+* places the child in that cgroup, enters its namespaces, sets ``no_new_privs`` (a setuid program gains
+  nothing), then drops to the account (supplementary groups, gid, uid; umask 077) and gives it a session
+  keyring of its own, in the child between fork and exec (:func:`child_setup`), inside a new session;
 * on a stop signals every process of the cgroup, and when the replica ends kills whatever is left of it
   (v1: freeze, SIGKILL each, thaw; v2: ``cgroup.kill``), reads whether the OOM killer struck (reported
   ``oom``), and removes the cgroup.
@@ -39,7 +42,9 @@ import ctypes
 import errno
 import logging
 import os
+import platform
 import pwd
+import re
 import signal
 import stat
 import time
@@ -49,7 +54,7 @@ from pathlib import Path
 from typing import Protocol
 
 from apportion.jobdirs import job_dir_name
-from services.node_agent import devfilter
+from services.node_agent import connfilter, devfilter
 from services.node_agent.logic import Account, RunKey, Unisolated
 
 log = logging.getLogger("apportion.node_agent")
@@ -406,9 +411,13 @@ class CgroupDriver(Protocol):
     version: int
     #: whether :meth:`create` fences devices (v1: the devices controller is mounted; v2: a BPF program loads)
     filters_devices: bool
+    #: whether :meth:`create` closes ports (a v2 hierarchy, beside v1 on a hybrid node, where the connect
+    #: filter loads: :mod:`services.node_agent.connfilter`)
+    closes_ports: bool
 
-    def create(self, name: str, limits: Limits, devices: Sequence[str]) -> Cgroup:
-        """A new (or the existing) cgroup ``name`` with ``limits`` and device rules."""
+    def create(self, name: str, limits: Limits, devices: Sequence[str], closed_ports: Sequence[int] = ()) -> Cgroup:
+        """A new (or the existing) cgroup ``name`` with ``limits``, device rules, and ``closed_ports`` on loopback
+        closed to its processes (where :attr:`closes_ports`)."""
         ...
 
     def open(self, name: str) -> Cgroup | None:
@@ -418,6 +427,18 @@ class CgroupDriver(Protocol):
     def release(self) -> None:
         """Remove the agent's parent cgroup and its ancestors that are empty (the agent's shutdown)."""
         ...
+
+
+def _connect_filter_loads(where: Path) -> bool:
+    """Whether the kernel takes the connect filter (:mod:`services.node_agent.connfilter`) for the v2 hierarchy
+    at ``where``; when not, the error log says why, once."""
+    try:
+        for fd in connfilter.load([1]):
+            os.close(fd)
+        return True
+    except OSError as exc:
+        log.warning("cgroup v2 at %s: cannot load a BPF connect filter: %s", where, exc)
+        return False
 
 
 def _rmdirs(base: Path, parent: str) -> None:
@@ -554,18 +575,21 @@ class CgroupV1Driver:
     """
 
     version = 1
-    CONTROLLERS = ("devices", "memory", "pids", "cpu", "freezer")
+    #: ``unified``: the v2 hierarchy a hybrid node mounts beside the v1 controllers (``<root>/unified``),
+    #: where the connect filter is attached (:mod:`services.node_agent.connfilter`).
+    CONTROLLERS = ("devices", "memory", "pids", "cpu", "freezer", "unified")
 
     def __init__(self, root: Path, parent: str) -> None:
         self.root = root
         self.parent = parent.strip("/")
         self.controllers = tuple(c for c in self.CONTROLLERS if (root / c / "cgroup.procs").exists())
         self.filters_devices = "devices" in self.controllers
+        self.closes_ports = _connect_filter_loads(root / "unified") if "unified" in self.controllers else False
 
     def _dirs(self, name: str) -> dict[str, Path]:
         return {c: self.root / c / self.parent / name for c in self.controllers}
 
-    def create(self, name: str, limits: Limits, devices: Sequence[str]) -> CgroupV1:
+    def create(self, name: str, limits: Limits, devices: Sequence[str], closed_ports: Sequence[int] = ()) -> CgroupV1:
         dirs = self._dirs(name)
         _refuse_occupied(name, CgroupV1(name, dirs).pids(), self.root / "<controller>" / self.parent / name)
         for d in dirs.values():
@@ -584,6 +608,8 @@ class CgroupV1Driver:
             _write(dirs["cpu"] / "cpu.shares", str(max(2, limits.cpu_weight * 1024 // 100)))
         if "pids" in dirs and limits.pids_max is not None:
             _write(dirs["pids"] / "pids.max", str(limits.pids_max))
+        if closed_ports and self.closes_ports:
+            connfilter.attach(str(dirs["unified"]), closed_ports)
         return CgroupV1(name, dirs)
 
     def open(self, name: str) -> CgroupV1 | None:
@@ -657,6 +683,7 @@ class CgroupV2Driver:
         missing = [c for c in self.WANTED if c not in offered]
         if missing:
             log.warning("cgroup v2 at %s: no %s controller: those limits are not enforced", root, ", ".join(missing))
+        self.closes_ports = _connect_filter_loads(root)
         try:
             os.close(devfilter.load(BASE_DEVICE_RULES))
             self.filters_devices = True
@@ -678,7 +705,7 @@ class CgroupV2Driver:
         if enable:
             _write(path / "cgroup.subtree_control", enable)
 
-    def create(self, name: str, limits: Limits, devices: Sequence[str]) -> CgroupV2:
+    def create(self, name: str, limits: Limits, devices: Sequence[str], closed_ports: Sequence[int] = ()) -> CgroupV2:
         path = self.root / self.parent / name
         _refuse_occupied(name, CgroupV2(name, path).pids(), path)
         path.mkdir(exist_ok=True)
@@ -692,6 +719,8 @@ class CgroupV2Driver:
             _write(path / "pids.max", str(limits.pids_max))
         if self.filters_devices:
             devfilter.attach(str(path), devices)
+        if closed_ports and self.closes_ports:
+            connfilter.attach(str(path), closed_ports)
         return CgroupV2(name, path)
 
     def open(self, name: str) -> CgroupV2 | None:
@@ -727,9 +756,12 @@ def child_setup(
     procs_files: Sequence[str], account: Account | None, mounts: Callable[[], None] | None = None
 ) -> Callable[[], None]:
     """What the child runs between fork and exec (``preexec_fn``, after ``setsid``): join the cgroup while
-    still privileged, enter its own mount namespace (``mounts``: :meth:`PrivateMounts.setup`), then umask 077
-    and drop to ``account`` (supplementary groups, gid, uid: real, effective and saved). Nothing here
-    allocates a lock another thread could hold (no NSS lookups: the groups were resolved before the fork)."""
+    still privileged, enter its own mount and IPC namespaces (``mounts``: :meth:`PrivateMounts.setup`), set
+    ``no_new_privs`` (no ``exec`` of a setuid or setgid program, nor of one with file capabilities, gives it
+    more than it has: :func:`no_new_privs`), then umask 077, drop to ``account`` (supplementary groups, gid,
+    uid: real, effective and saved) and join a new session keyring of that account's (the agent's, and the
+    keys it reaches, are out of the job's possession: :func:`new_session_keyring`). Nothing here allocates
+    a lock another thread could hold (no NSS lookups: the groups were resolved before the fork)."""
     targets = tuple(procs_files)
 
     def setup() -> None:
@@ -742,25 +774,65 @@ def child_setup(
                 os.close(fd)
         if mounts is not None:
             mounts()
+        no_new_privs()
         os.umask(0o077)
         if account is not None:
             os.setgroups(list(account.groups))
             os.setgid(account.gid)
             os.setuid(account.uid)
+            new_session_keyring()
 
     return setup
 
 
+_PR_SET_NO_NEW_PRIVS = 38
+_KEYCTL_JOIN_SESSION_KEYRING = 1
+_KEYCTL_SYSCALL = {"x86_64": 250, "aarch64": 219}
+
+
+def no_new_privs() -> None:
+    """``prctl(PR_SET_NO_NEW_PRIVS, 1)`` on the calling process, inherited by every child and kept across
+    ``exec``: a setuid-root program runs with the caller's uid, file capabilities are not granted.
+
+    Raises:
+        OSError: the kernel refused (Linux before 3.5).
+    """
+    _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+
+
+def new_session_keyring() -> None:
+    """Join a new anonymous session keyring (``keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)``, as ``pam_keyinit``
+    does for a login), owned by the calling account. A child otherwise keeps its parent's session keyring, and
+    possesses it and every key linked from it (root's user keyring among them) whatever its uid. A kernel or
+    container that refuses keyrings altogether (``ENOSYS``, ``EPERM``, ``EACCES``: no keyring to inherit
+    either) is left as it is.
+
+    Raises:
+        OSError: any other refusal (``EDQUOT``: the account's key quota is spent).
+    """
+    nr = _KEYCTL_SYSCALL.get(platform.machine())
+    if nr is None:
+        raise OSError(errno.ENOSYS, f"keyctl: no system call number known for {platform.machine()}")
+    if _libc.syscall(nr, _KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EPERM, errno.EACCES):
+            raise OSError(err, f"keyctl(KEYCTL_JOIN_SESSION_KEYRING): {os.strerror(err)}")
+
+
 # --------------------------------------------------------------------------- mount namespaces
 
-_CLONE_NEWNS = 0x00020000
-_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
+_CLONE_NEWNS, _CLONE_NEWIPC = 0x00020000, 0x08000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x1000, 0x4000, 0x40000
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.unshare.argtypes = [ctypes.c_int]
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 
-#: Where a replica gets a fresh tmpfs of its own (those present on the node).
-PRIVATE_TARGETS = ("/tmp", "/dev/shm")
+#: Where a replica gets a fresh file system of its own (those present on the node): a tmpfs on each shared
+#: scratch directory, and the POSIX message queues of its own IPC namespace on ``/dev/mqueue``.
+PRIVATE_TARGETS = ("/tmp", "/var/tmp", "/run/lock", "/dev/shm", "/dev/mqueue")
+
+#: The targets that are not a tmpfs: the file system mounted there.
+_FSTYPES = {"/dev/mqueue": b"mqueue"}
 
 
 def _check(rc: int, what: str) -> None:
@@ -771,36 +843,49 @@ def _check(rc: int, what: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class PrivateMounts:
-    """A replica's own ``/tmp`` and ``/dev/shm``: in a new mount namespace (nothing propagates back to the
-    node's), a fresh tmpfs (mode 1777, ``nosuid``, ``nodev``) on each of ``targets``; its pages are charged
-    to the replica's memory cgroup, and it is gone with the namespace's last process.
+    """A replica's own ``/tmp``, ``/var/tmp``, ``/run/lock``, ``/dev/shm`` and IPC objects: in a new mount
+    namespace (nothing propagates back to the node's), a fresh tmpfs (mode 1777, ``nosuid``, ``nodev``) on each
+    of ``targets``; in a new IPC namespace, so its System V shared memory, semaphores and message queues and its
+    POSIX message queues (``/dev/mqueue``, remounted for that namespace) are its own. The tmpfs pages are charged
+    to the replica's memory cgroup, and all of it is gone with the namespaces' last process.
 
     The replica's own directories that lie under a target (``keep``: its working directory and ``TMPDIR`` on
     an agent whose state directory is under ``/tmp``) are bind-mounted back at their paths; nothing else of
     the node's ``/tmp`` is in its reach.
+
+    With ``hide_pids`` (Linux 5.8+, where each proc mount has options of its own) its ``/proc`` is a proc mount
+    of its own with ``hidepid=invisible``: it sees only the processes of its own account, never the agent's or
+    other users' (their command lines, their ``/proc/<pid>`` files).
     """
 
     targets: tuple[str, ...] = PRIVATE_TARGETS
     keep: tuple[str, ...] = ()
+    hide_pids: bool = False
 
     def for_dirs(self, dirs: Iterable[str]) -> PrivateMounts:
         """These mounts, keeping those of ``dirs`` (real paths) that lie under a target."""
         real = [os.path.realpath(d) for d in dirs]
         keep = tuple(d for d in real if any(d.startswith(t.rstrip("/") + "/") for t in self.targets))
-        return PrivateMounts(self.targets, keep)
+        return PrivateMounts(self.targets, keep, self.hide_pids)
 
     def setup(self) -> None:
-        """In the child, still root: unshare the mount namespace, make every mount private to it, mount the
-        tmpfs, bind the kept directories back (opened before the tmpfs hides them).
+        """In the child, still root: unshare the mount and IPC namespaces, make every mount private to them,
+        mount the fresh file systems, bind the kept directories back (opened before the tmpfs hides them).
 
         Raises:
             OSError: the kernel refused one step (the start fails; nothing ran).
         """
-        _check(_libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        _check(_libc.unshare(_CLONE_NEWNS | _CLONE_NEWIPC), "unshare(CLONE_NEWNS | CLONE_NEWIPC)")
         _check(_libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
         held = [os.open(d, os.O_PATH | os.O_DIRECTORY) for d in self.keep]
         for t in self.targets:
-            _check(_libc.mount(b"tmpfs", t.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=1777"), f"tmpfs {t}")
+            fstype = _FSTYPES.get(t, b"tmpfs")
+            flags = _MS_NOSUID | _MS_NODEV | (_MS_NOEXEC if fstype != b"tmpfs" else 0)
+            data = b"mode=1777" if fstype == b"tmpfs" else None
+            _check(_libc.mount(fstype, t.encode(), fstype, flags, data), f"{fstype.decode()} {t}")
+        if self.hide_pids:
+            flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+            _check(_libc.mount(b"proc", b"/proc", b"proc", flags, b"hidepid=invisible"), "proc /proc hidepid")
         os.umask(0o022)  # the path down to a kept directory: passable by the replica's account
         for d, fd in zip(self.keep, held):
             os.makedirs(d, mode=0o755, exist_ok=True)
@@ -809,9 +894,10 @@ class PrivateMounts:
 
     @classmethod
     def available(cls) -> PrivateMounts | None:
-        """The mounts of this node's targets present (``/dev/shm`` may be missing in a container), when a child
-        of the agent can make them (root, a kernel and runtime that allow mount namespaces); else ``None``."""
-        mounts = cls(tuple(t for t in PRIVATE_TARGETS if os.path.isdir(t)))
+        """The mounts of this node's targets present (``/dev/shm``, ``/run/lock``, ``/dev/mqueue`` may be missing
+        in a container), when a child of the agent can make them (root, a kernel and runtime that allow mount and
+        IPC namespaces); else ``None``."""
+        mounts = cls(tuple(t for t in PRIVATE_TARGETS if os.path.isdir(t)), hide_pids=proc_mounts_have_own_options())
         if not mounts.targets:
             return None
         pid = os.fork()
@@ -823,6 +909,14 @@ class PrivateMounts:
                 os._exit(1)
         _, status = os.waitpid(pid, 0)
         return mounts if os.waitstatus_to_exitcode(status) == 0 else None
+
+
+def proc_mounts_have_own_options(release: str | None = None) -> bool:
+    """Whether the kernel (``release``, default this one's) gives each proc mount options of its own (Linux 5.8+).
+    Before, a proc mount's ``hidepid`` would be the option of every proc mount of the PID namespace, the node's
+    ``/proc`` included."""
+    m = re.match(r"(\d+)\.(\d+)", release if release is not None else os.uname().release)
+    return m is not None and (int(m[1]), int(m[2])) >= (5, 8)
 
 
 # --------------------------------------------------------------------------- the sandbox
@@ -839,8 +933,11 @@ class Sandbox:
         memory_mb_per_gpu, cpu_weight_per_gpu, pids_max: the per-replica limits (:meth:`Limits.per_gpu`).
         job_path, job_lang: ``PATH`` and ``LANG`` of a process.
         shared_devices: device files every replica with a GPU may open (the NVIDIA control devices present).
-        private_mounts: a private ``/tmp`` and ``/dev/shm`` per replica; ``None`` where the node cannot make
-            mount namespaces (said at start): the replicas share the node's.
+        private_mounts: a private ``/tmp``, ``/var/tmp``, ``/run/lock``, ``/dev/shm`` and IPC namespace per
+            replica; ``None`` where the node cannot make mount and IPC namespaces (said at start): the replicas
+            share the node's.
+        closed_ports: ports on loopback no process of a replica may connect to (the control plane's: node
+            setting ``sandbox_closed_ports``), where the driver :attr:`~CgroupDriver.closes_ports`.
     """
 
     accounts: Accounts
@@ -852,13 +949,15 @@ class Sandbox:
     job_lang: str = "C.UTF-8"
     shared_devices: tuple[str, ...] = ()
     private_mounts: PrivateMounts | None = None
+    closed_ports: tuple[int, ...] = ()
 
     def cgroup_for(self, key: RunKey, gpus: int, gpu_files: Sequence[str]) -> Cgroup | None:
         """Create the cgroup of replica ``key`` holding ``gpus`` GPUs whose device files are ``gpu_files``."""
         if self.driver is None:
             return None
         limits = Limits.per_gpu(gpus, self.memory_mb_per_gpu, self.cpu_weight_per_gpu, self.pids_max)
-        return self.driver.create(cgroup_name(key), limits, device_rules(gpu_files, self.shared_devices))
+        devices = device_rules(gpu_files, self.shared_devices)
+        return self.driver.create(cgroup_name(key), limits, devices, self.closed_ports)
 
     def reopen(self, key: RunKey) -> Cgroup | None:
         """The cgroup of an adopted replica, if it still exists."""

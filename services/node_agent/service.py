@@ -188,7 +188,8 @@ def sandbox_of(settings: NodeAgentSettings, probes: list[GpuProbe]) -> Sandbox |
     mounts = PrivateMounts.available()
     if mounts is None:
         log.warning(
-            "no mount namespace for jobs here: replicas share the node's /tmp and /dev/shm (each has its TMPDIR)"
+            "no mount and IPC namespaces for jobs here: replicas share the node's /tmp, /var/tmp, /run/lock, "
+            "/dev/shm and IPC objects (each has its TMPDIR)"
         )
     box = Sandbox(
         accounts,
@@ -200,16 +201,26 @@ def sandbox_of(settings: NodeAgentSettings, probes: list[GpuProbe]) -> Sandbox |
         job_lang=settings.job_lang,
         shared_devices=control_devices(),
         private_mounts=mounts,
+        closed_ports=settings.closed_ports(),
     )
+    if box.closed_ports and (driver is None or not driver.closes_ports):
+        log.error(
+            "jobs may connect to the control plane's ports on loopback (%s): no cgroup v2 hierarchy here takes a "
+            "BPF connect filter; close them to job accounts with the node's firewall",
+            ", ".join(map(str, box.closed_ports)),
+        )
     log.info(
         "job isolation: accounts of the jobs' users%s, cgroup v%s under %s, %d MiB and CPU weight %d per GPU, "
-        "%d processes",
+        "%d processes%s",
         f" ({len(account_map)} mapped)" if account_map else "",
         driver.version if driver else "-",
         settings.cgroup_parent_path(),
         memory,
         settings.sandbox_cpu_weight_per_gpu,
         settings.sandbox_pids_max,
+        f", loopback ports {', '.join(map(str, box.closed_ports))} closed"
+        if box.closed_ports and driver is not None and driver.closes_ports
+        else "",
     )
     return box
 

@@ -23,6 +23,8 @@ def create_app(settings: WebSettings, sources: Sources | None = None) -> Any:
     """The Starlette application (:meth:`~services.web.service.Dashboard.pages`) reading ``sources`` (default: the
     settings' stack); ``app.state`` holds ``sources`` and ``readiness``."""
     from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
     from starlette.routing import Route
 
     from apportion.bus.resilience import readiness_for
@@ -34,7 +36,10 @@ def create_app(settings: WebSettings, sources: Sources | None = None) -> Any:
     readiness.set(True)
     principal = kafka_auth().get("sasl_plain_username", "")  # shown in the header: `web` under `stack up`
     dashboard = Dashboard(settings, src, readiness, principal)
-    app = Starlette(routes=[Route(path, page) for path, page in dashboard.pages()])
+    app = Starlette(
+        routes=[Route(path, page) for path, page in dashboard.pages()],
+        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(settings))],
+    )
     app.state.sources = src
     app.state.readiness = readiness
     return app
@@ -57,6 +62,18 @@ def server_tls(settings: WebSettings) -> dict[str, Any]:
             "--tls-key (APPORTION_WEB_TLS_CERT, APPORTION_WEB_TLS_KEY), or bind 127.0.0.1"
         )
     return {}
+
+
+def allowed_hosts(settings: WebSettings) -> list[str]:
+    """The ``Host`` names the dashboard answers (rule D10.loopback); any other gets 400 and no page.
+
+    Over plain HTTP (loopback) only the loopback names and the bound host: a web page that a browser on the
+    machine opens could otherwise point a name of its own at 127.0.0.1 (DNS rebinding) and read every page as
+    its own origin. Over HTTPS any name: the certificate binds the name the browser asked for.
+    """
+    if settings.web_tls_cert:
+        return ["*"]
+    return sorted({"127.0.0.1", "localhost", settings.web_host})
 
 
 def _loopback(host: str) -> bool:

@@ -52,6 +52,7 @@ class Sources:
         )
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, Any]] = {}
+        self._reading: dict[str, threading.Lock] = {}
 
     def _cli(self, fn: Any, *args: Any) -> Any:
         """Call a CLI data function; its exit (Kafka unreachable, namespace missing) or a Redis error -> Unavailable."""
@@ -84,19 +85,25 @@ class Sources:
         return self._cli(node_rows, self.redis, self.conn.bootstrap)
 
     def _cached(self, key: str, read: Any) -> Any:
+        """``read()``, reused for ``cache_s``; one read of ``key`` at a time: requests that come while it runs wait
+        for it and take its value, so a burst of page loads (or a job on the machine opening many at once) reads
+        the log once, not once each."""
         with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None and time.monotonic() - hit[0] < self.cache_s:
-                return hit[1]
-        try:
-            value = read()
-        except Exception as exc:
-            if type(exc).__module__.startswith("kafka"):
-                raise Unavailable(f"Kafka at {self.conn.bootstrap} cannot be read: {exc}") from None
-            raise
-        with self._lock:
-            self._cache[key] = (time.monotonic(), value)
-        return value
+            reading = self._reading.setdefault(key, threading.Lock())
+        with reading:
+            with self._lock:
+                hit = self._cache.get(key)
+                if hit is not None and time.monotonic() - hit[0] < self.cache_s:
+                    return hit[1]
+            try:
+                value = read()
+            except Exception as exc:
+                if type(exc).__module__.startswith("kafka"):
+                    raise Unavailable(f"Kafka at {self.conn.bootstrap} cannot be read: {exc}") from None
+                raise
+            with self._lock:
+                self._cache[key] = (time.monotonic(), value)
+            return value
 
     def log(self) -> list[Any]:
         """The whole log in log order (:func:`apportion.audit.source.load_log`, as ``audit explain`` reads it)."""

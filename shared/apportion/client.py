@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast, overload
@@ -84,6 +85,27 @@ class NoVerdict(ApportionError, TimeoutError):
 
 
 _ROLES: dict[str, Literal["user", "ops"]] = {"user": "user", "ops": "ops"}  # a key's role, as the model types it
+
+
+class KafkaFailure(ApportionError, ConnectionError):
+    """Kafka could not be reached, or refused the request (its ACLs do not let the principal write the topic);
+    nothing is known to be published. ``error`` is kafka-python's exception (also the ``__cause__``)."""
+
+    def __init__(self, bootstrap: str, error: BaseException) -> None:
+        self.bootstrap, self.error = bootstrap, error
+        said, kind = str(error), type(error).__name__
+        super().__init__(f"Kafka at {bootstrap}: {said if said.startswith(kind) else f'{kind}: {said}'}")
+
+
+@contextmanager
+def _kafka_failures(bootstrap: str | None) -> Iterator[None]:
+    """Turn kafka-python's exceptions (of many types) raised inside into :class:`KafkaFailure`."""
+    try:
+        yield
+    except Exception as exc:
+        if type(exc).__module__.startswith("kafka"):
+            raise KafkaFailure(Connection.resolve(bootstrap=bootstrap).bootstrap, exc) from exc
+        raise
 
 
 def check_job_id(job_id: str) -> str:
@@ -547,6 +569,7 @@ def submit(
     Raises:
         InvalidSubmission: the submission is refused before publishing (``field``, ``message``).
         NoVerdict: ``wait`` seconds passed without a verdict (the submission is in the log).
+        KafkaFailure: Kafka could not be reached or refused the request.
         LookupError, ValueError: no identity to sign with (:func:`identity_for`).
     """
     limit_s = _time_limit_s(time_limit, time_limit_s)
@@ -569,9 +592,10 @@ def submit(
         "topology_bound": topology_bound,
     }
     build_submission(user=user or "validation", **fields)  # the request's own errors first, before any key or broker
-    ident = identity or identity_for(user, bootstrap=bootstrap)
-    ev = ident.sign(build_submission(user=user or ident.user, **fields))
-    got = _publish_submissions([ev], wait, bootstrap)
+    with _kafka_failures(bootstrap):
+        ident = identity or identity_for(user, bootstrap=bootstrap)
+        ev = ident.sign(build_submission(user=user or ident.user, **fields))
+        got = _publish_submissions([ev], wait, bootstrap)
     return got[0]
 
 
@@ -661,6 +685,7 @@ def submit_many(
         InvalidSubmission: one of them is refused before anything is published (``field`` is prefixed
             with its position, ``jobs[3].gpus_per_replica``).
         NoVerdict: ``wait`` passed before every verdict came; every submission is in the log.
+        KafkaFailure: Kafka could not be reached or refused the request.
     """
     built: list[dict[str, Any]] = []
     for i, job in enumerate(jobs):
@@ -672,9 +697,10 @@ def submit_many(
         except InvalidSubmission as exc:
             raise InvalidSubmission(f"jobs[{i}].{exc.field}", exc.message) from None
         built.append(fields)
-    ident = identity or identity_for(user, bootstrap=bootstrap)
-    signed = [ident.sign(build_submission(user=user or ident.user, **f)) for f in built]
-    return _publish_submissions(signed, wait, bootstrap)
+    with _kafka_failures(bootstrap):
+        ident = identity or identity_for(user, bootstrap=bootstrap)
+        signed = [ident.sign(build_submission(user=user or ident.user, **f)) for f in built]
+        return _publish_submissions(signed, wait, bootstrap)
 
 
 _Request = TypeVar("_Request", events.JobCancelRequested, events.JobHoldRequested, events.JobReleaseRequested)
@@ -683,11 +709,16 @@ _Request = TypeVar("_Request", events.JobCancelRequested, events.JobHoldRequeste
 def _request(
     kind: type[_Request], job_id: str, user: str | None, reason: str, bootstrap: str | None, identity: Identity | None
 ) -> _Request:
-    """Sign a request of ``kind`` on ``job_id`` as the user's identity, publish it, return it."""
-    ident = identity or identity_for(user, bootstrap=bootstrap)
-    ts = datetime.now(UTC)
-    ev = ident.sign(kind(job_id=job_id, user=ident.user, reason=reason, ts=ts, producer=f"client/{ident.user}"))
-    publish(ev, bootstrap=bootstrap)
+    """Sign a request of ``kind`` on ``job_id`` as the user's identity, publish it, return it.
+
+    Raises:
+        KafkaFailure: Kafka could not be reached or refused the request.
+    """
+    with _kafka_failures(bootstrap):
+        ident = identity or identity_for(user, bootstrap=bootstrap)
+        ts = datetime.now(UTC)
+        ev = ident.sign(kind(job_id=job_id, user=ident.user, reason=reason, ts=ts, producer=f"client/{ident.user}"))
+        publish(ev, bootstrap=bootstrap)
     return ev
 
 

@@ -218,8 +218,10 @@ async def test_a_job_cannot_publish_to_kafka_with_anything_it_finds_on_the_node(
 ):
     """Alice's command job collects its environment and every file it can read where the agent and the stack
     keep theirs, then tries to publish to ``apportion.jobs``: in clear, over TLS without signing in, and over
-    TLS with SCRAM as every principal it can guess with every value it found as the password. Every attempt
-    is refused and nothing of it reaches the topic. The same probe run as root with the agent's password file
+    TLS with SCRAM as every principal it can guess with every value it found as the password. The agent leaves
+    the broker's port open to its jobs here, so that the credentials are what is tried (by default a job's
+    connect to it is refused first: ``tests/service/test_node_agent_boundary.py``). Every attempt is refused
+    and nothing of it reaches the topic. The same probe run as root with the agent's password file
     in reach does publish (the probe and the read-back can tell)."""
     import json
     import os
@@ -271,6 +273,7 @@ async def test_a_job_cannot_publish_to_kafka_with_anything_it_finds_on_the_node(
         node_prefix="kafka-",
         heartbeat_interval_s=60,
         state_dir=agent / "state",
+        sandbox_closed_ports=[],  # the credentials alone: by default the broker's port is closed to jobs as well
     )
     roots = [
         probe,

@@ -84,9 +84,9 @@ def job_accounts() -> dict[str, pwd.struct_passwd]:
     return {n: _account(n) for n in (ALICE, EVE)}
 
 
-#: Where :func:`shared_dir` makes its directories: not under ``/tmp``, which a job sees as a fresh tmpfs of
-#: its own (its scripts would not be there).
-SHARED_BASE = "/var/tmp"
+#: Where :func:`shared_dir` makes its directories: not under ``/tmp`` or ``/var/tmp``, which a job sees as
+#: fresh tmpfs mounts of its own (its scripts would not be there), on a file system that honours setuid bits.
+SHARED_BASE = "/var/lib"
 
 
 @pytest.fixture

@@ -82,3 +82,28 @@ def test_top_lists_the_runs_their_agents_report_idle_longest_first(rc: FakeRedis
     assert [(r[1], r[9]) for r in rows] == [("r2", "1d1h"), ("r1", "2h")]  # 90000 s, 7200 s; r3 not idle yet
     doc = _invoke(["top", "--json"])
     assert [j["job_id"] for j in json.loads(doc.stdout)["idle_runs"]] == ["r2", "r1"]
+
+
+def test_top_in_80_columns_cuts_no_budget_job_or_time(rc: FakeRedis) -> None:
+    # lab ── prior ── language, robotics; lab ── vision: the example tree's names, the deepest two levels down
+    rows = {p: readmodel.dumps({"path": p, "share": 0.5, "abs_share": 0.3, "rank": 0}) for p in (
+        "lab", "lab/prior", "lab/prior/language", "lab/prior/robotics", "lab/vision")}  # fmt: skip
+    rc.hset(readmodel.budgets_key(), rows)
+    reason = (
+        "protected_until: the runs it could preempt are protected; the first protection ends "
+        "2026-12-07T06:49:19.815344+00:00 (h1 of lab/vision)"
+    )
+    job = {"job_id": "carol-043701b01b60", "budget": "lab/prior/language", "user": "carol", "state": "pending",
+           "position": 0, "replicas": 8, "gpus_per_replica": 8, "reason": reason}  # fmt: skip
+    rc.hset(readmodel.jobs_key(), {"j1": readmodel.dumps(job)})
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(CliRunner().invoke(main.app, ["top"], env={"COLUMNS": "80"})))
+    t.start()
+    t.join(20)
+    out = got[0].stdout
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "…" not in out
+    words = out.split()
+    for name in ("language", "robotics", "vision", "running", "carol-043701b01b60", "lab/prior/language"):
+        assert name in words, name
+    assert "2026-12-07T06:49:19.815344+00:00" in out.replace("\n", "")

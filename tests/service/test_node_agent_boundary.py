@@ -17,6 +17,7 @@ import json
 import os
 import pwd
 import signal
+import socket
 import struct
 import subprocess
 import uuid
@@ -44,6 +45,7 @@ from services.node_agent.sandbox import (
     login_uid_range,
     memory_mb_per_gpu,
     own_dir,
+    proc_mounts_have_own_options,
     protect,
 )
 from services.node_agent.service import NodeAgent, SignedSender, _open_owned, hosted_nodes
@@ -151,12 +153,12 @@ class Node:
 
     def cgroup_dirs(self) -> list[Path]:
         """The replica cgroups left under the agent's parent, in every v1 hierarchy."""
-        controllers = ("devices", "memory", "pids", "cpu", "freezer")
+        controllers = ("devices", "memory", "pids", "cpu", "freezer", "unified")
         return [p for c in controllers for p in (CGROUPS / c / self.parent).glob("*") if p.is_dir()]
 
     async def close(self) -> None:
         await self.agent.shutdown(grace_s=0.0)
-        assert not any((CGROUPS / c / self.parent).exists() for c in ("devices", "memory")), "cgroups left behind"
+        assert not any((CGROUPS / c / self.parent).exists() for c in ("devices", "memory", "unified")), "cgroups left"
 
 
 @pytest.fixture
@@ -182,7 +184,9 @@ async def test_a_job_runs_as_its_user_with_none_of_the_agents_variables_files_gp
         str(node.agent.journal.path),
         environ,
     ]
-    env = {"PROBE_OPEN": ":".join(targets), "PROBE_PID": str(os.getpid()), "PROBE_LIST": str(node.base / "state")}
+    agent_proc = f"/proc/{os.getpid()}"
+    listed = f"{node.base / 'state'}:{agent_proc}"
+    env = {"PROBE_OPEN": ":".join(targets), "PROBE_PID": str(os.getpid()), "PROBE_LIST": listed}
     await node.agent.on_event(node.start("j-alice", ALICE, ("python3", str(probe)), env=env))
     assert isinstance(await node.ended("j-alice"), JobCompleted)
 
@@ -199,9 +203,9 @@ async def test_a_job_runs_as_its_user_with_none_of_the_agents_variables_files_gp
         str(node.node_key): "EACCES",
         str(node.password): "EACCES",
         str(node.agent.journal.path): "EACCES",
-        environ: "EACCES",
+        environ: "ENOENT",  # the agent's process: not in the job's /proc (hidepid=invisible)
     }
-    assert r["list"] == {str(node.base / "state"): "EACCES"}  # the agent's state directory: 0711
+    assert r["list"] == {str(node.base / "state"): "EACCES", agent_proc: "ENOENT"}  # the state directory: 0711
     assert r["kill"] == "EPERM"  # cannot signal the agent
     st = os.stat(node.ckpt / "j-alice")
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (alice.pw_uid, alice.pw_gid, 0o700)
@@ -388,8 +392,11 @@ async def test_a_fork_bomb_stops_at_the_pids_limit(job_accounts, shared_dir, mon
 #: A job that writes ``argv[1]`` into ``/tmp``, ``/dev/shm`` and its ``TMPDIR``, reports what it sees there
 #: and whether it can open the paths of ``OTHER`` (``:``-separated), and, given ``wait``, stays until a file
 #: ``go`` appears in its working directory.
+#: The node's shared scratch directories a job gets a fresh one of, in the order a job lists them.
+SCRATCH = ("/tmp", "/var/tmp", "/run/lock", "/dev/shm")
+
 TMP_JOB = r"""
-import errno, json, os, sys, time
+import ctypes, errno, json, os, sys, time
 
 def outcome(fn):
     try:
@@ -398,18 +405,35 @@ def outcome(fn):
     except OSError as exc:
         return errno.errorcode[exc.errno]
 
-mark, tmp = sys.argv[1], os.environ["TMPDIR"]
+libc = ctypes.CDLL(None, use_errno=True)
+
+def shm():  # System V shared memory under SHM_KEY: made (SHM_MAKE set, mode 0666) or looked up
+    flags = 0o1000 | 0o666 if os.environ.get("SHM_MAKE") else 0
+    if libc.shmget(int(os.environ["SHM_KEY"]), 4096, flags) < 0:
+        raise OSError(ctypes.get_errno(), "shmget")
+
+mark, tmp, scratch = sys.argv[1], os.environ["TMPDIR"], os.environ["SCRATCH"].split(":")
 st = os.stat(tmp)
 report = {
     "tmpdir": [tmp, st.st_uid, st.st_mode & 0o777],
-    "written": {d: outcome(lambda d=d: open(os.path.join(d, mark), "w").write("x")) for d in ("/tmp", "/dev/shm", tmp)},
-    "seen": {d: sorted(os.listdir(d)) for d in ("/tmp", "/dev/shm")},
+    "written": {d: outcome(lambda d=d: open(os.path.join(d, mark), "w").write("x")) for d in (*scratch, tmp)},
+    "seen": {d: sorted(os.listdir(d)) for d in scratch},
     "other": {p: outcome(lambda p=p: open(p).close()) for p in os.environ.get("OTHER", "").split(":") if p},
+    "shm": outcome(shm),
 }
 json.dump(report, open("tmp.json", "w"))
 while sys.argv[2:] == ["wait"] and not os.path.exists("go"):
     time.sleep(0.01)
 """
+
+
+def _node_shm(key: int) -> str:
+    """``ok`` when the node's IPC namespace holds a System V shared memory segment under ``key``, else the errno."""
+    import ctypes
+    import errno
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    return "ok" if libc.shmget(key, 0, 0) >= 0 else errno.errorcode[ctypes.get_errno()]
 
 
 DEFAULT_STATE_DIRS = [
@@ -497,10 +521,12 @@ async def test_a_default_state_directory_is_made_the_agents_own(job_accounts, sh
 
 
 async def test_a_jobs_tmp_is_its_own_and_gone_after_it(job_accounts, shared_dir, monkeypatch):
-    """Alice's job writes a file to ``/tmp``, ``/dev/shm`` and its ``TMPDIR``; while it runs, eve's job sees
-    none of them (``ENOENT``), nor does the node's ``/tmp``; each sees in its ``/tmp`` only its own file and
-    the way to its own directories (the agent's state directory is under ``/tmp`` here, as by default). When
-    alice's job ends its ``TMPDIR`` is removed."""
+    """Alice's job writes a file to ``/tmp``, ``/var/tmp``, ``/run/lock``, ``/dev/shm`` and its ``TMPDIR``, and
+    makes a System V shared memory segment anyone may open; while it runs, eve's job sees none of them
+    (``ENOENT``), nor does the node; each sees in each scratch directory only its own file (and in ``/tmp`` the
+    way to its own directories: the agent's state directory is under ``/tmp`` here, as by default). When
+    alice's job ends its ``TMPDIR`` is removed, and its segment is gone with its IPC namespace."""
+    import random
     import shutil
     import tempfile
 
@@ -510,30 +536,190 @@ async def test_a_jobs_tmp_is_its_own_and_gone_after_it(job_accounts, shared_dir,
     assert node.agent.sandbox is not None and node.agent.sandbox.private_mounts is not None, "no mount namespace"
     script = write_script(shared_dir, "tmpjob.py", TMP_JOB)
     a, b = f"mark-{uuid.uuid4().hex[:8]}", f"mark-{uuid.uuid4().hex[:8]}"
+    key = random.randrange(1 << 20, 1 << 30)
+    assert _node_shm(key) == "ENOENT"
     alice = job_accounts[ALICE]
     tmp_a = state / "job-logs" / "j-a" / "tmp.attempt-1.replica-0"
+    env = {"SCRATCH": ":".join(SCRATCH), "SHM_KEY": str(key)}
     try:
-        await node.agent.on_event(node.start("j-a", ALICE, ("python3", str(script), a, "wait")))
+        await node.agent.on_event(
+            node.start("j-a", ALICE, ("python3", str(script), a, "wait"), env={**env, "SHM_MAKE": "1"})
+        )
         await until(lambda: (node.ckpt / "j-a" / "tmp.json").exists(), "alice's job to write")
-        other = f"/tmp/{a}:/dev/shm/{a}"
-        await node.agent.on_event(node.start("j-b", EVE, ("python3", str(script), b), gpus=(1,), env={"OTHER": other}))
+        other = ":".join(f"{d}/{a}" for d in SCRATCH)
+        await node.agent.on_event(
+            node.start("j-b", EVE, ("python3", str(script), b), gpus=(1,), env={**env, "OTHER": other})
+        )
         assert isinstance(await node.ended("j-b"), JobCompleted)
         ra = json.loads((node.ckpt / "j-a" / "tmp.json").read_text())
         rb = json.loads((node.ckpt / "j-b" / "tmp.json").read_text())
         assert ra["tmpdir"] == [str(tmp_a), alice.pw_uid, 0o700]
-        assert ra["written"] == {"/tmp": "ok", "/dev/shm": "ok", str(tmp_a): "ok"}
-        assert ra["seen"] == {"/tmp": sorted([a, state.name]), "/dev/shm": [a]}
-        assert rb["seen"] == {"/tmp": sorted([b, state.name]), "/dev/shm": [b]}
-        assert rb["other"] == {f"/tmp/{a}": "ENOENT", f"/dev/shm/{a}": "ENOENT"}
-        assert not any(os.path.exists(f"{d}/{m}") for d in ("/tmp", "/dev/shm") for m in (a, b))  # the node's
+        assert ra["written"] == {**dict.fromkeys(SCRATCH, "ok"), str(tmp_a): "ok"}
+        assert ra["seen"] == {"/tmp": sorted([a, state.name]), "/var/tmp": [a], "/run/lock": [a], "/dev/shm": [a]}
+        assert rb["seen"] == {"/tmp": sorted([b, state.name]), "/var/tmp": [b], "/run/lock": [b], "/dev/shm": [b]}
+        assert rb["other"] == {f"{d}/{a}": "ENOENT" for d in SCRATCH}
+        assert (ra["shm"], rb["shm"], _node_shm(key)) == ("ok", "ENOENT", "ENOENT")  # alice's, in her namespace
+        assert not any(os.path.exists(f"{d}/{m}") for d in SCRATCH for m in (a, b))  # the node's
         assert (tmp_a / a).read_text() == "x"  # alice's TMPDIR while her job runs
         assert not (state / "job-logs" / "j-b" / "tmp.attempt-1.replica-0").exists()  # eve's, gone with her job
         (node.ckpt / "j-a" / "go").touch()
         assert isinstance(await node.ended("j-a"), JobCompleted)
         assert not tmp_a.exists()
+        assert _node_shm(key) == "ENOENT"
     finally:
         await node.close()
         shutil.rmtree(state, ignore_errors=True)
+
+
+#: A job that runs the setuid-root program ``argv[1]`` (a copy of ``id``) and reports the effective uid it
+#: printed and its own ``NoNewPrivs``.
+SETUID_JOB = r"""
+import json, subprocess, sys
+euid = subprocess.run([sys.argv[1], "-u"], capture_output=True, text=True).stdout.strip()
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+json.dump({"euid": euid, "no_new_privs": status["NoNewPrivs"].strip()}, open("setuid.json", "w"))
+"""
+
+
+async def test_a_setuid_root_program_run_by_a_job_gains_nothing(node, job_accounts):
+    """A setuid-root copy of ``id`` (owned by root, mode 4755, on a file system without ``nosuid``) prints 0 when
+    alice runs it outside the sandbox; run by her job it prints her uid, and the job has ``NoNewPrivs: 1``."""
+    import shutil
+
+    alice = job_accounts[ALICE]
+    setuid_id = node.base / "setuid-id"
+    shutil.copy2("/usr/bin/id", setuid_id)
+    os.chown(setuid_id, 0, 0)
+    setuid_id.chmod(0o4755)
+
+    def as_alice() -> None:
+        os.setgroups([])
+        os.setgid(alice.pw_gid)
+        os.setuid(alice.pw_uid)
+
+    outside = subprocess.run([str(setuid_id), "-u"], preexec_fn=as_alice, capture_output=True, text=True, check=True)
+    assert outside.stdout.strip() == "0", "the file system ignores setuid bits: the attack cannot be fed here"
+    script = write_script(node.base, "setuid_job.py", SETUID_JOB)
+    await node.agent.on_event(node.start("j-setuid", ALICE, ("python3", str(script), str(setuid_id))))
+    assert isinstance(await node.ended("j-setuid"), JobCompleted)
+    r = json.loads((node.ckpt / "j-setuid" / "setuid.json").read_text())
+    assert r == {"euid": str(alice.pw_uid), "no_new_privs": "1"}
+
+
+#: A job that connects to ``argv[1]`` (closed) and ``argv[2]`` (open) on each loopback address it may name, and
+#: writes ``connect.json``: ``"<address> <port>"`` -> ``ok`` or the errno.
+CONNECT_JOB = r"""
+import errno, json, socket, sys
+
+def outcome(host, port):
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        try:
+            s.connect((host, port))
+            return "ok"
+        except OSError as exc:
+            return errno.errorcode.get(exc.errno, str(exc))
+
+hosts = ["127.0.0.1", "127.1.2.3", "0.0.0.0", "::1", "::", "::ffff:127.0.0.1", "::ffff:0.0.0.0"]
+ports = [int(p) for p in sys.argv[1:]]
+json.dump({f"{h} {p}": outcome(h, p) for h in hosts for p in ports}, open("connect.json", "w"))
+"""
+
+LOOPBACK_FORMS = ("127.0.0.1", "127.1.2.3", "0.0.0.0", "::1", "::", "::ffff:127.0.0.1", "::ffff:0.0.0.0")
+
+
+def _listener() -> socket.socket:
+    """A socket listening on every address, IPv4 and IPv6, at a free port (connections wait in its backlog)."""
+    s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    s.bind(("::", 0))
+    s.listen(64)
+    return s
+
+
+async def test_a_job_cannot_connect_to_the_control_planes_ports_on_loopback(job_accounts, shared_dir, monkeypatch):
+    """The agent closes a port (here one of the test's listeners, as the Redis and Kafka ports are by default)
+    to its jobs: alice's job connecting to it on each loopback form (127.0.0.1, elsewhere in 127/8, 0.0.0.0,
+    ::1, ::, IPv4-mapped) gets ``EPERM``; the same forms reach another listening port, as the agent does the
+    closed one."""
+    with _listener() as closed, _listener() as opened:
+        shut, free = closed.getsockname()[1], opened.getsockname()[1]
+        node = Node(shared_dir, monkeypatch, sandbox_closed_ports=[shut])
+        await node.agent.start(heartbeats=False, poll_progress=False)
+        try:
+            assert node.agent.sandbox is not None and node.agent.sandbox.closed_ports == (shut,)
+            script = write_script(shared_dir, "connect_job.py", CONNECT_JOB)
+            await node.agent.on_event(node.start("j-conn", ALICE, ("python3", str(script), str(shut), str(free))))
+            assert isinstance(await node.ended("j-conn"), JobCompleted)
+            got = json.loads((node.ckpt / "j-conn" / "connect.json").read_text())
+        finally:
+            await node.close()
+        with socket.create_connection(("127.0.0.1", shut), timeout=5):
+            pass  # the agent's side of the node still reaches it
+    assert got == {
+        **{f"{h} {shut}": "EPERM" for h in LOOPBACK_FORMS},
+        **{f"{h} {free}": "ok" for h in LOOPBACK_FORMS},
+    }
+
+
+def test_the_closed_ports_default_to_the_control_planes():
+    """Unset, the ports of the agent's Kafka bootstrap servers and Redis URL (6379 when it names none)."""
+    s = NodeAgentSettings(kafka_bootstrap="127.0.0.1:9092,localhost:19093", redis_url="rediss://127.0.0.1:6390/0")
+    assert s.closed_ports() == (6390, 9092, 19093)
+    s = NodeAgentSettings(kafka_bootstrap="[::1]:9092", redis_url="redis://localhost")
+    assert s.closed_ports() == (6379, 9092)
+    assert (
+        NodeAgentSettings(sandbox_closed_ports=[], kafka_bootstrap="h:1", redis_url="redis://h:2").closed_ports() == ()
+    )
+    with pytest.raises(ValueError, match=r"\[70000\] outside 1-65535"):
+        NodeAgentSettings(sandbox_closed_ports=[70000]).closed_ports()
+
+
+#: Run as root: joins a session keyring of its own, adds a ``user`` key to it, then runs the sandbox's child
+#: setup for the account ``argv[1]`` (uid, gid) and prints whether it still holds that session keyring and the
+#: errno (or ``ok``) of reading the key.
+KEYRING_CHILD = r"""
+import ctypes, errno, json, platform, sys
+from services.node_agent.logic import Account
+from services.node_agent.sandbox import child_setup
+
+libc = ctypes.CDLL(None, use_errno=True)
+nr = {"x86_64": 250, "aarch64": 219}[platform.machine()]
+JOIN, GET_ID, READ, SESSION = 1, 0, 11, -3
+
+def keyctl(*args):
+    r = libc.syscall(nr, *args)
+    if r < 0:
+        raise OSError(ctypes.get_errno(), "keyctl")
+    return r
+
+keyctl(JOIN, b"apportion-agent-session")
+ring = keyctl(GET_ID, SESSION, 0)
+add_key = {"x86_64": 248, "aarch64": 217}[platform.machine()]
+secret = libc.syscall(add_key, b"user", b"agent-secret", b"hunter2", 7, SESSION)
+assert secret > 0, ctypes.get_errno()
+uid, gid = int(sys.argv[1]), int(sys.argv[2])
+child_setup((), Account("job", uid, gid, (gid,), "/"))()
+buf = ctypes.create_string_buffer(64)
+try:
+    keyctl(READ, secret, buf, 64)
+    read = "ok"
+except OSError as exc:
+    read = errno.errorcode[exc.errno]
+print(json.dumps({"same_session": keyctl(GET_ID, SESSION, 0) == ring, "read": read}))
+"""
+
+
+def test_a_job_does_not_possess_the_agents_session_keyring(job_accounts):
+    """The agent's session keyring holds a key only its possessors may read; a child set up for alice holds a
+    session keyring of its own, and reading the agent's key is refused (``EACCES``)."""
+    import sys
+
+    alice = job_accounts[ALICE]
+    argv = [sys.executable, "-c", KEYRING_CHILD, str(alice.pw_uid), str(alice.pw_gid)]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2])
+    assert json.loads(out.stdout) == {"same_session": False, "read": "EACCES"}
 
 
 async def test_a_cgroup_holding_another_runs_processes_is_never_joined(job_accounts, shared_dir, monkeypatch):
@@ -600,7 +786,8 @@ def test_the_v2_limits_written_from_the_node_settings(tmp_path, case_id, gpus, n
     )
     box = sandbox_of(settings, [])
     assert box is not None and box.driver is not None and box.driver.version == 2
-    box.driver.filters_devices = False  # a directory takes no BPF program (the device fence: the tests above)
+    box.driver.filters_devices = False  # a directory takes no BPF program (the fences: the tests above)
+    box.driver.closes_ports = False
     name = cgroup_name(("n1", "j", 1, 0))
     replica = tmp_path / "apportion" / "agent-1" / name
     replica.mkdir()
@@ -718,6 +905,13 @@ def test_login_uid_range(tmp_path, case_id, text, uids):
     assert login_uid_range(path) == uids
 
 
+@pytest.mark.parametrize(
+    "release,own", [("6.18.44-fc-v1300", True), ("5.8.0", True), ("5.7.19", False), ("4.19.0-26-amd64", False)]
+)
+def test_a_proc_mount_of_its_own_is_made_only_where_its_options_are_its_own(release, own):
+    assert proc_mounts_have_own_options(release) is own
+
+
 def test_limits_per_gpu():
     assert Limits.per_gpu(2, 1024, 100, 4096) == Limits(2 * 1024 * 1024 * 1024, 200, 4096)
     assert Limits.per_gpu(0, None, 9_000, None) == Limits(None, 9_000, None)  # at least one GPU
@@ -759,30 +953,42 @@ async def test_the_v2_driver_fences_devices_places_kills_and_removes_on_a_unifie
     """On the unified hierarchy (pure v2 at /sys/fs/cgroup, or the v2 mount beside v1 on the CI machines): the
     replica's BPF device program lets its GPU through (ENXIO: no driver here) and refuses another (EPERM) and
     /dev/zero (not in the rules); ``cgroup.kill`` kills the process and its child in a session of its own; the
-    cgroup is removed."""
+    cgroup is removed. A closed port on loopback is refused (EPERM)."""
     root = CGROUPS if (CGROUPS / "cgroup.controllers").exists() else CGROUPS / "unified"
     assert (root / "cgroup.controllers").exists(), "no cgroup v2 hierarchy on this machine"
     gpus = make_fake_gpus(shared_dir / "dev", 2)
     parent = f"apportion-test/{uuid.uuid4().hex[:12]}"
     driver = cgroups(root, parent, "2")
-    assert driver is not None and (driver.version, driver.filters_devices) == (2, True)
+    assert driver is not None and (driver.version, driver.filters_devices, driver.closes_ports) == (2, True, True)
     rules = tuple(r for r in device_rules(gpus[:1], ()) if r != "c 1:5 rwm")  # /dev/zero left out, to be refused
-    cg = driver.create(cgroup_name(("n1", "j", 1, 0)), Limits(pids_max=64), rules)
+    listener = _listener()
+    port = listener.getsockname()[1]
+    cg = driver.create(cgroup_name(("n1", "j", 1, 0)), Limits(pids_max=64), rules, (port,))
     opener = (
-        "import errno, os, sys, time\n"
+        "import errno, os, socket, sys, time\n"
         "for p in sys.argv[1:]:\n"
         "    try:\n"
-        "        os.close(os.open(p, os.O_RDONLY)); print(p, 'ok', flush=True)\n"
+        "        if p.isdigit():\n"
+        "            socket.create_connection(('127.0.0.1', int(p)), timeout=5).close()\n"
+        "        else:\n"
+        "            os.close(os.open(p, os.O_RDONLY))\n"
+        "        print(p, 'ok', flush=True)\n"
         "    except OSError as e:\n"
         "        print(p, errno.errorcode[e.errno], flush=True)\n"
         "if os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\ntime.sleep(60)\n"
     )
-    argv = ["python3", "-c", opener, gpus[0], gpus[1], "/dev/zero", "/dev/null"]
+    argv = ["python3", "-c", opener, gpus[0], gpus[1], "/dev/zero", "/dev/null", str(port)]
     proc = subprocess.Popen(argv, preexec_fn=child_setup(cg.procs_files(), None), stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
-        lines = [await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), WAIT_S) for _ in range(4)]
-        assert lines == [f"{gpus[0]} ENXIO\n", f"{gpus[1]} EPERM\n", "/dev/zero EPERM\n", "/dev/null ok\n"]
+        lines = [await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), WAIT_S) for _ in range(5)]
+        assert lines == [
+            f"{gpus[0]} ENXIO\n",
+            f"{gpus[1]} EPERM\n",
+            "/dev/zero EPERM\n",
+            "/dev/null ok\n",
+            f"{port} EPERM\n",
+        ]
         await until(lambda: len(cg.pids()) == 2, "the child's fork")
         assert proc.pid in cg.pids()
         cg.kill()
@@ -793,6 +999,7 @@ async def test_the_v2_driver_fences_devices_places_kills_and_removes_on_a_unifie
         cg.kill()
         cg.remove()
         driver.release()
+        listener.close()
     assert not (root / parent).exists()
 
 

@@ -124,7 +124,8 @@ def test_an_id_chosen_equal_to_another_ids_directory_gets_a_directory_of_its_own
 
 
 def test_job_files_layout_and_process_env():
-    w = Workload("n1", "j1", 3, 0, (2, 3), ("train",), None, {"APPORTION_ATTEMPT": "99", "LR": "0.1"})
+    job_env = {"APPORTION_ATTEMPT": "99", "LR": "0.1", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}
+    w = Workload("n1", "j1", 3, 0, (2, 3), ("train",), None, job_env)
     files = logic.job_files("/ckpt", "/logs", w)
     assert files == logic.JobFiles(
         "/ckpt/j1",
@@ -141,6 +142,7 @@ def test_job_files_layout_and_process_env():
         "LR": "0.1",
         "APPORTION_ATTEMPT": "3",  # the agent's value wins over the job's env
         "CUDA_VISIBLE_DEVICES": "2,3",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # indices in NVML's (PCI) order, whatever the job asked
         "NVIDIA_VISIBLE_DEVICES": "2,3",
         "APPORTION_JOB_ID": "j1",
         "APPORTION_REPLICA": "0",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,7 @@ class FakeSources(Sources):
 
 def client(tmp_path: Path, down: bool = False, sims: list[str] | None = None) -> TestClient:
     settings = WebSettings(simulate_json=sims or [])
-    return TestClient(create_app(settings, FakeSources(down)))
+    return TestClient(create_app(settings, FakeSources(down)), base_url="http://127.0.0.1:8080")
 
 
 def test_tree_shows_each_budget_with_the_cli_values_and_an_infinite_ratio(tmp_path: Path) -> None:
@@ -142,6 +143,31 @@ def test_an_unreachable_stack_gives_a_503_page_naming_it(tmp_path: Path) -> None
 @pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
 def test_the_dashboard_is_read_only(tmp_path: Path, method: str) -> None:
     assert client(tmp_path).request(method, "/queue").status_code == 405
+
+
+@pytest.mark.parametrize(
+    ("settings", "host", "status"),
+    [
+        pytest.param(WebSettings(), "127.0.0.1:8080", 200, id="loopback address"),
+        pytest.param(WebSettings(), "localhost:8080", 200, id="localhost"),
+        pytest.param(WebSettings(), "rebind.attacker.example:8080", 400, id="a name pointed at loopback"),
+        pytest.param(WebSettings(), "10.0.0.7:8080", 400, id="another address"),
+        pytest.param(WebSettings(web_host="127.0.0.2"), "127.0.0.2:8080", 200, id="the bound loopback address"),
+        pytest.param(
+            WebSettings(web_host="0.0.0.0", web_tls_cert="c.pem", web_tls_key="k.pem"),
+            "dash.lab.example",
+            200,
+            id="over TLS any name: the certificate binds it",
+        ),
+    ],
+)
+def test_a_page_is_served_only_to_the_hosts_the_dashboard_answers_for(
+    settings: WebSettings, host: str, status: int
+) -> None:
+    c = TestClient(create_app(settings, FakeSources()), base_url="http://127.0.0.1:8080")
+    r = c.get("/queue", headers={"Host": host})
+    assert r.status_code == status
+    assert ("carol" in r.text) == (status == 200)  # a refused request reads no page
 
 
 def test_simulate_page_reports_a_file_that_is_not_a_simulate_json(tmp_path: Path) -> None:
@@ -199,3 +225,29 @@ def test_my_jobs_filters_history_and_queue_by_user_and_budget(tmp_path: Path) ->
 def test_the_history_page_of_an_unreachable_stack_is_a_503(tmp_path: Path) -> None:
     r = client(tmp_path, down=True).get("/history")
     assert r.status_code == 503 and "cannot be read" in r.text
+
+
+def test_page_loads_that_come_while_the_log_is_read_wait_for_that_read_and_read_it_once() -> None:
+    from apportion.settings import Connection
+
+    src = Sources(Connection("127.0.0.1:1", "redis://127.0.0.1:1/0"), cache_s=60.0, redis_client=object())
+    reads, release, seen = [], threading.Event(), threading.Condition()
+
+    def read() -> list[str]:
+        with seen:
+            reads.append("log")
+            seen.notify_all()
+        release.wait(10)
+        return ["the log"]
+
+    got: list[Any] = []
+    threads = [threading.Thread(target=lambda: got.append(src._cached("log", read))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    with seen:  # each load that read the log on its own would show here; a second read within 1 s fails below
+        seen.wait_for(lambda: len(reads) == len(threads), timeout=1.0)
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert reads == ["log"]
+    assert got == [["the log"]] * 8

@@ -44,6 +44,14 @@ def test_verify_reads_an_export_of_another_namespace_and_re_runs_its_decisions(t
     assert out["ok"] is want.ok
 
 
+def test_verify_says_in_words_on_what_its_decisions_were_re_run(tmp_path: Path) -> None:
+    # the history's dispatcher records no input positions: its 3 ticks are re-run in log order
+    path = export(tmp_path / "log.jsonl.gz", history(), "")
+    res = CliRunner().invoke(app, ["audit", "verify", "--from-file", path])
+    assert "decision ticks re-run: 3 (3 in log order); read models: skipped" in " ".join(res.stdout.split())
+    assert "{" not in res.stdout  # no Python dict printed
+
+
 def test_verify_of_an_export_with_no_records_fails_with_a_reason(tmp_path: Path) -> None:
     path = export(tmp_path / "empty.jsonl.gz", [], "", topic_names=["apportion.jobs"])
     res = CliRunner().invoke(app, ["audit", "verify", "--from-file", path])

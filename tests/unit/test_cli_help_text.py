@@ -44,7 +44,21 @@ def test_help_has_no_rst_markup_and_no_type_after_a_flag(path: tuple[str, ...]) 
         pytest.param("see :class:`~apportion.x.Y`", "see `apportion.x.Y`", id="role-short-form"),
         pytest.param("``a`` and ``b``", "`a` and `b`", id="two-literals"),
         pytest.param("plain `x`", "plain `x`", id="already-plain"),
+        pytest.param("a line wrapped\nat the source's width", "a line wrapped at the source's width", id="soft-break"),
+        pytest.param("one.\n\nTwo.", "one.\n\nTwo.", id="paragraphs-kept"),
+        pytest.param(
+            "Examples:\n\n  apportion a\n  apportion b",
+            "Examples:\n\n  apportion a\n  apportion b",
+            id="indented-examples-kept",
+        ),  # fmt: skip
     ],
 )
 def test_help_text(doc: str, shown: str) -> None:
     assert help_text(doc) == shown
+
+
+def test_a_paragraph_of_help_is_wrapped_by_the_terminal_not_at_the_sources_line_breaks() -> None:
+    res = CliRunner().invoke(app, ["hold", "--help"], env={"COLUMNS": "200"})
+    lines = [" ".join(line.split()) for line in res.output.splitlines()]
+    # the docstring breaks this sentence after "or the"; 200 columns hold it on one line
+    assert any("not yours) or the log has no such job; 3 when Kafka" in line for line in lines), res.output

@@ -234,3 +234,28 @@ def test_one_event_is_published_without_linger_and_several_with_the_client_linge
     evs = [events.BudgetSet(path=f"lab/b{i}", share=1.0, ts=NOW, producer="test") for i in range(n)]
     assert client.publish(*evs, bootstrap="127.0.0.1:9") == list(range(n))
     assert [m["linger_ms"] for m in FakeProducer.made] == [linger_ms]
+
+
+def test_a_kafka_that_cannot_be_reached_is_an_apportion_error_with_kafkas_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kafka.errors import KafkaTimeoutError
+
+    kafka = Recorder(monkeypatch)
+    down = KafkaTimeoutError("Unable to bootstrap from 127.0.0.1:1")
+
+    def unreachable(*_: Any, **__: Any) -> list[int]:
+        raise down
+
+    monkeypatch.setattr(client, "publish", unreachable)
+    submit: dict[str, Any] = {"budget": "lab/a", "gpus": 1, "min_runtime": "1h", "duration": "1h"}
+    calls = [
+        lambda: client.submit(**submit, identity=ALICE, bootstrap="127.0.0.1:1"),
+        lambda: client.submit_many([submit], identity=ALICE, bootstrap="127.0.0.1:1"),
+        lambda: client.cancel("j1", identity=ALICE, bootstrap="127.0.0.1:1"),
+    ]
+    for call in calls:
+        with pytest.raises(client.ApportionError) as got:
+            call()
+        assert isinstance(got.value, client.KafkaFailure) and isinstance(got.value, ConnectionError)
+        assert got.value.error is down and got.value.__cause__ is down
+        assert str(got.value) == "Kafka at 127.0.0.1:1: KafkaTimeoutError: Unable to bootstrap from 127.0.0.1:1"
+    assert kafka.published == []

@@ -85,3 +85,74 @@ def test_searches_of_other_sizes_read_the_kept_node_candidates(monkeypatch: pyte
     _decided(snap)
     assert len(sizes) >= 2  # searches of several GPU counts evaluated nodes
     assert 0 < listed < evaluated
+
+
+# The bound on the largest r and each ancestor's answer to "is anything behind it by delta" are kept with the
+# request until the next charge. The tree (shares of the parent; K = 1,000 GPU-s, O in GPU-s):
+#
+#        root
+#       /    \
+#      a      b          a: 0.5, O 500, r 1.0     b: 0.5, O 500, r 1.0
+#     / \    / \
+#   a/x a/y b/x b/y      each 0.5 of its parent (E 250), O 250, r 1.0
+#
+# With every r at 1.0 the largest r is 1.0 < 1.0 + 0.05 for each ancestor of a/x: nothing is behind it.
+# A charge of 100 GPU-s to b/y makes its r 1.4 (b: 1.2): now 1.4 >= 1.0 + 0.05, so something is behind a/x,
+# and a kept answer must not say otherwise; with delta = inf nothing is behind it still.
+_TREE = {"a": 0.5, "b": 0.5, "a/x": 0.5, "a/y": 0.5, "b/x": 0.5, "b/y": 0.5}
+_OCC = {"a": 500.0, "b": 500.0, "a/x": 250.0, "a/y": 250.0, "b/x": 250.0, "b/y": 250.0}
+_INF = float("inf")
+
+BEHIND_CASES = [
+    # (charges before the questions, questions (leaf, delta) -> expected answer)
+    pytest.param([], [("a/x", 0.05, True), ("a/y", 0.05, True), ("a/x", 0.05, True)], id="kept-answers-reused"),
+    pytest.param(
+        [("b/y", 100.0)], [("a/x", 0.05, False), ("a/y", 0.05, False), ("b/x", 0.05, False)], id="after-a-charge"
+    ),
+    pytest.param([("b/y", 100.0)], [("a/x", 0.05, False), ("a/x", _INF, True)], id="kept-per-delta"),
+]
+
+
+def _behind_request() -> tuple[PreemptionRequest, Any]:
+    from apportion.domain.budgets import BudgetTree
+    from apportion.domain.fairshare import FairShareQueue
+
+    tree = BudgetTree.from_mapping(_TREE)
+    view: Any = FairShareQueue(tree, _OCC, 1000.0, {})
+    none: Any = None
+    return PreemptionRequest(none, "a/x", none, none, 0, view, 0.05, tree=tree), view
+
+
+@pytest.mark.parametrize(("charges", "questions"), BEHIND_CASES)
+def test_nothing_behind_keeps_answers_only_until_a_charge(
+    charges: list[tuple[str, float]], questions: list[tuple[str, float, bool]]
+) -> None:
+    req, view = _behind_request()
+    assert search_module._nothing_behind(req, "a/x", 0.05)  # answers kept before any charge
+    for leaf, gpu_s in charges:  # as the cycle charges: the view, then the request's list
+        view.charge(leaf, gpu_s)
+        req.charged.append(leaf)
+    for leaf, delta, expected in questions:
+        fresh, fresh_view = _behind_request()
+        for c, gpu_s in charges:
+            fresh_view.charge(c, gpu_s)
+        assert search_module._nothing_behind(req, leaf, delta) is expected
+        assert search_module._nothing_behind(fresh, leaf, delta) is expected  # the same with nothing kept
+
+
+def test_short_test_is_known_short_for_every_leaf() -> None:
+    """The bulk pass's test of many leaves at once answers what known_short answers of each, and nothing
+    (``None``) when the shape's search has not found too few nodes with the free index as it is now."""
+    from apportion.domain.engine.search import known_short, short_test
+
+    req, _ = _behind_request()
+    free: Any = type("Free", (), {"log": ["n1", "n2"]})()
+    req.free = free
+    assert short_test(req, 1, 1, None, 0.05) is None  # no search of the shape yet
+    req.memo[(search_module._SHORT, 1, None, 1)] = 2
+    test = short_test(req, 1, 1, None, 0.05)
+    assert test is not None
+    for leaf in ("a/x", "a/y", "b/x", "b/y"):
+        assert test(leaf) is known_short(req, 1, 1, None, leaf, 0.05) is True
+    free.log.append("n3")  # a node touched since: the first test fails for every leaf
+    assert short_test(req, 1, 1, None, 0.05) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
@@ -191,6 +192,28 @@ def test_other_users_get_a_stack_env_without_credentials_and_a_readable_ca(tmp_p
     assert (shared / "ca.pem").read_text() == ca.read_text()
     owner = read_env_file(tmp_path / "stack.env")  # the owner's: what the researcher file leaves out
     assert {"APPORTION_KAFKA_USER", "APPORTION_KAFKA_PASSWORD_FILE", "APPORTION_KEYRING"} <= set(owner)
+
+
+def test_the_owners_stack_env_and_its_per_user_copy_are_private_from_the_first_write(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The owner's ``stack.env`` names the owner's principal, password files and keyring: 0600 from the write on,
+    both the run directory's and the per-user copy, whatever the umask (the node agent narrowed only the first,
+    and only once it started)."""
+    from apportion import settings
+    from apportion.cli.stack import _write_state
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    info = _info(tmp_path, web=True)
+    info.keyring = str(tmp_path / "keyring")
+    old = os.umask(0o022)
+    try:
+        _write_state(info)
+    finally:
+        os.umask(old)
+    for path in (tmp_path / "stack.env", settings.user_stack_env()):
+        assert path.stat().st_mode & 0o777 == 0o600, path
+        assert f"APPORTION_KEYRING={info.keyring}" in path.read_text()
 
 
 #: What the dispatcher logged in an earlier `up` of the same run directory (its log is appended to).

@@ -548,8 +548,8 @@ def verify_cmd(
     else:
         _err().print(f"verified {len(recs):,} records in {dt:.2f} s ({len(recs) / dt if dt else 0:,.0f} events/s)")
         _out().print(
-            f"snapshots checked: {rep.snapshots}; decision ticks re-run: {rep.decisions} "
-            f"{rep.decision_basis}; read models: {'checked' if rep.read_models else 'skipped'}; "
+            f"snapshots checked: {rep.snapshots}; decision ticks re-run: {rep.decisions}"
+            f"{basis_words(rep.decision_basis)}; read models: {'checked' if rep.read_models else 'skipped'}; "
             f"signed requests re-checked: {rep.signed_requests}"
         )
         _print_refused(rep)
@@ -560,6 +560,17 @@ def verify_cmd(
             _out().print(mismatch_table(rep.mismatches, first, _out().width))
     if not rep.ok:
         raise typer.Exit(1)
+
+
+#: How ``audit verify`` says on what a decision tick was re-run (:class:`apportion.audit.verify.DecisionCheck`'s basis).
+_BASIS_WORDS = {"inputs": "on their recorded inputs", "log-order": "in log order"}
+
+
+def basis_words(counts: dict[str, int]) -> str:
+    """`` (6 on their recorded inputs, 2 in log order)``: the decision ticks by basis, for ``audit verify``'s
+    summary line; empty when none was re-run."""
+    parts = [f"{n} {_BASIS_WORDS.get(basis, basis)}" for basis, n in sorted(counts.items()) if n]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 #: How ``audit verify`` names the kinds of refusal (:func:`apportion.audit.verify.refusal_kind`): one, many.

@@ -121,9 +121,16 @@ _RST_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
 _RST_LITERAL = re.compile(r"``(.+?)``", re.DOTALL)
 
 
+#: A line break inside a paragraph: between two lines of text, the second not indented (an example is).
+_SOFT_BREAK = re.compile(r"(?<=\S)\n(?=\S)")
+
+
 def help_text(text: str) -> str:
-    """A docstring as help: reStructuredText literals (````x````) and roles (``:func:`x```) as ```x```."""
-    return _RST_LITERAL.sub(r"`\1`", _RST_ROLE.sub(r"`\1`", text))
+    """A docstring as help: reStructuredText literals (````x````) and roles (``:func:`x```) as ```x```, and each
+    paragraph one line, which the terminal wraps (the help printer keeps a docstring's line breaks, so a line
+    wrapped at the source's width broke again mid-sentence at the terminal's). Blank lines between paragraphs
+    and indented lines (examples) are kept."""
+    return _SOFT_BREAK.sub(" ", _RST_LITERAL.sub(r"`\1`", _RST_ROLE.sub(r"`\1`", text)))
 
 
 def readable_help(command: Any) -> None:
@@ -475,7 +482,11 @@ def _identity(user: str | None, bootstrap: str | None, *, ops: bool = False) -> 
             kafka_failure(
                 exc,
                 Connection.resolve(bootstrap=bootstrap).bootstrap,
-                f"register {user}'s key at" if user else "register your key at",
+                "register the development keyring's operator key (signing requests on nodes) at"
+                if ops
+                else f"register {user}'s key at"
+                if user
+                else "register your key at",
             )
         raise
 

@@ -13,6 +13,7 @@ from apportion import events
 from apportion.cli.common import (
     DEFAULT_WAIT_S,
     Bootstrap,
+    Column,
     JsonOut,
     NoWait,
     RedisUrl,
@@ -27,6 +28,8 @@ from apportion.cli.common import (
     _redis,
     _require_topics,
     fail,
+    fitted_table,
+    left_out,
     out,
     refuse,
 )
@@ -97,43 +100,49 @@ def top(
 
     from rich.console import Group
     from rich.live import Live
+    from rich.text import Text
 
     r = _redis(redis_url)
     if as_json:
         _print_json(_top_data(r, head))
         return
 
+    right = {"justify": "right"}
+    tree_columns: list[Column] = [
+        ("budget", {}, lambda b: "  " * str(b.get("path", "")).count("/") + str(b.get("path", "")).rsplit("/", 1)[-1]),
+        ("share", right, lambda b: f"{b.get('share', 0):.3f}"),
+        ("abs", right, lambda b: f"{b.get('abs_share', 0):.3f}"),
+        ("O GPU-h", right, lambda b: f"{b.get('occupancy_gpu_s', 0) / 3600:.1f}"),
+        ("U GPU-h", right, lambda b: f"{b.get('unallocated_gpu_s', 0) / 3600:.1f}"),
+        ("r", right, lambda b: _ratio(b.get("ratio"))),
+        ("rank", right, lambda b: "" if b.get("rank") is None else str(b["rank"])),
+        ("pending", right, lambda b: str(b["pending"] or "")),
+        ("running", right, lambda b: str(b["running"] or "")),
+    ]
+    head_columns: list[Column] = [
+        ("pos", {}, lambda j: "-" if j.get("position") is None else str(j["position"])),
+        ("job", {}, lambda j: str(j.get("job_id", ""))),
+        ("budget", {}, lambda j: str(j.get("budget", ""))),
+        ("user", {}, lambda j: str(j.get("user", ""))),
+        ("GPUs", {}, lambda j: f"{j.get('replicas', 1)}x{j.get('gpus_per_replica', '?')}"),
+        ("reason", {}, lambda j: str(j.get("reason", ""))),
+    ]
+
     def frame() -> Group:
+        # no cell is cut: the tree fits 80 columns as it is; a pending reason that does not fit the queue head's
+        # table follows it, a line per job (as in `queue`)
         d = _top_data(r, head)
         meta = d["meta"]
-        bt = Table(title=f"budgets at {meta.get('at', '?')}  capacity {meta.get('capacity_gpus', '?')} GPUs")
-        for col in ("budget", "share", "abs", "O GPU-h", "U GPU-h", "r", "rank", "pending", "running"):
-            bt.add_column(col, justify="left" if col == "budget" else "right")
-        for row in d["budgets"]:
-            path = str(row.get("path", ""))
-            bt.add_row(
-                "  " * path.count("/") + path.rsplit("/", 1)[-1],
-                f"{row.get('share', 0):.3f}",
-                f"{row.get('abs_share', 0):.3f}",
-                f"{row.get('occupancy_gpu_s', 0) / 3600:.1f}",
-                f"{row.get('unallocated_gpu_s', 0) / 3600:.1f}",
-                _ratio(row.get("ratio")),
-                "" if row.get("rank") is None else str(row["rank"]),
-                str(row["pending"] or ""),
-                str(row["running"] or ""),
-            )
-        qt = Table(title=f"queue head ({len(d['queue_head'])} shown)")
-        for col in ("pos", "job", "budget", "user", "GPUs", "reason"):
-            qt.add_column(col)
-        for j in d["queue_head"]:
-            qt.add_row(
-                "-" if j.get("position") is None else str(j["position"]),
-                j.get("job_id", ""),
-                j.get("budget", ""),
-                j.get("user", ""),
-                f"{j.get('replicas', 1)}x{j.get('gpus_per_replica', '?')}",
-                j.get("reason", ""),
-            )
+        title = f"budgets at {meta.get('at', '?')}  capacity {meta.get('capacity_gpus', '?')} GPUs"
+        bt, _ = fitted_table(title, tree_columns, d["budgets"], out.width, ())
+        qt, moved = fitted_table(
+            f"queue head ({len(d['queue_head'])} shown)", head_columns, d["queue_head"], out.width, ("reason",)
+        )
+        reasons = [
+            Text(f"{j.get('job_id', '')}: {' '.join(left_out(head_columns, moved, j, bare=('reason',)))}")
+            for j in d["queue_head"]
+            if moved and j.get("reason")
+        ]
         it = Table(title=f"idle runs ({len(d['idle_runs'])})")
         for col in ("job", "budget", "user", "GPUs", "idle", "nodes"):
             it.add_column(col)
@@ -161,7 +170,7 @@ def top(
                     f"{n.get('free_gpus', '?')}/{n.get('gpu_count', '?')}",
                     str(len(n.get("running") or [])),
                 )
-        return Group(bt, qt, *((it,) if d["idle_runs"] else ()), nt)
+        return Group(bt, qt, *reasons, *((it,) if d["idle_runs"] else ()), nt)
 
     if not out.is_terminal:  # a pipe: a live display would print nothing until Ctrl-C
         for i in range(max(iterations, 1)):

@@ -328,11 +328,11 @@ def alive(pid: int) -> bool:
 def _write_state(info: StackInfo) -> None:
     from apportion.settings import user_stack_env
 
-    text = "\n".join(info.env_lines()) + "\n"
-    (info.run_dir / "stack.env").write_text(text)
+    text = ("\n".join(info.env_lines()) + "\n").encode()  # the owner's principal, password files, keyring: 0600
+    write_private(info.run_dir / "stack.env", text)
     user = user_stack_env()
     user.parent.mkdir(parents=True, exist_ok=True)
-    user.write_text(text)
+    write_private(user, text)
     shared = info.researcher_dir
     shared.mkdir(exist_ok=True)
     shared.chmod(0o755)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from apportion.domain.budgets import ROOT, BudgetTree, ancestors_of, parent_of
@@ -158,23 +158,23 @@ def order_by_ratios(tree: BudgetTree, r: Mapping[str, float]) -> tuple[str, ...]
     """:func:`budget_order` from ratios already computed (``{path: r}`` for every path of ``tree``)."""
     # Depth-first with an explicit stack (children pushed in reverse order), so that a call
     # leaves no reference cycle behind (a recursive closure would: the cyclic GC's work).
+    # Ties by path: children come sorted by path and the sort is stable, so sorting by r alone and
+    # reversing pushes them by (r, path) descending, and they pop by (r, path) ascending.
     out: list[str] = []
-    key = _ratio_key(r)
-    stack = sorted(tree.children(ROOT), key=key, reverse=True)
+    key = r.__getitem__
+    stack = sorted(tree.children(ROOT), key=key)
+    stack.reverse()
     children = tree.children
     while stack:
         node = stack.pop()
         kids = children(node)
         if kids:
-            stack.extend(sorted(kids, key=key, reverse=True))
+            got = sorted(kids, key=key)
+            got.reverse()
+            stack.extend(got)
         else:
             out.append(node)
     return tuple(out)
-
-
-def _ratio_key(r: Mapping[str, float]) -> Callable[[str], tuple[float, str]]:
-    """Sort key ``(r, path)`` of the children at one node (ties by path)."""
-    return lambda c: (r[c], c)
 
 
 def lowest_common_ancestor(a: str, b: str) -> str:
@@ -234,7 +234,19 @@ class FairShareQueue(Generic[T]):
         KeyError: an ``items_by_leaf`` key is not a leaf of ``tree``.
     """
 
-    __slots__ = ("_tree", "_occ", "_cap", "_ratio", "_queues", "_heaps", "_ver", "_active", "_current", "initial_order")
+    __slots__ = (
+        "_tree",
+        "_occ",
+        "_cap",
+        "_ent",
+        "_ratio",
+        "_queues",
+        "_heaps",
+        "_ver",
+        "_active",
+        "_current",
+        "initial_order",
+    )
 
     def __init__(
         self,
@@ -245,10 +257,12 @@ class FairShareQueue(Generic[T]):
     ) -> None:
         self._tree = tree
         self._cap = capacity_gpu_s = effective_capacity(capacity_gpu_s)
-        self._occ: dict[str, float] = {p: float(occupancy.get(p, 0.0)) for p in tree.paths()}
-        self._ratio: dict[str, float] = {
-            p: usage_ratio(self._occ[p], entitlement(tree, p, capacity_gpu_s)) for p in tree.paths()
-        }
+        paths = tree.paths()
+        self._occ: dict[str, float] = {p: float(occupancy.get(p, 0.0)) for p in paths}
+        # E of every path, once per cycle (a charge recomputes r from it)
+        self._ent: dict[str, float] = {p: entitlement(tree, p, capacity_gpu_s) for p in paths}
+        ent = self._ent
+        self._ratio: dict[str, float] = {p: usage_ratio(o, ent[p]) for p, o in self._occ.items()}
         # leaf -> [items, next position]: a cursor, so that a cycle does not copy its queues
         self._queues: dict[str, list[Any]] = {}
         for leaf, items in items_by_leaf.items():
@@ -293,7 +307,7 @@ class FairShareQueue(Generic[T]):
         """
         if path not in self._occ:
             return ZERO_USAGE
-        return usage_ratio(self._occ[path] + gpu_s, entitlement(self._tree, path, self._cap))
+        return usage_ratio(self._occ[path] + gpu_s, self._ent[path])
 
     def order(self) -> tuple[str, ...]:
         """Leaf order by the current ratios (with provisional charges): ``budget_order`` of
@@ -418,17 +432,17 @@ class FairShareQueue(Generic[T]):
         """
         if gpu_s == 0.0:
             return
+        occ, ent, ratio, active, ver = self._occ, self._ent, self._ratio, self._active, self._ver
         for node in ancestors_of(leaf):
-            if node not in self._occ:
+            if node not in occ:
                 # `break` is the same: the tree holds every prefix of its paths, so the ancestors missing
                 # from it are a suffix of ancestors_of(leaf)
                 continue  # pragma: no mutate
-            self._occ[node] += gpu_s
-            r = usage_ratio(self._occ[node], entitlement(self._tree, node, self._cap))
-            self._ratio[node] = r
-            if node in self._active:
+            o = occ[node] = occ[node] + gpu_s
+            r = ratio[node] = usage_ratio(o, ent[node])
+            if node in active:
                 # any other step (`- 1`, `+ 2`) is the same: a version only has to differ from the older ones
-                v = self._ver[node] + 1  # pragma: no mutate
-                self._ver[node] = v
+                v = ver[node] + 1  # pragma: no mutate
+                ver[node] = v
                 heapq.heappush(self._heaps[parent_of(node)], (r, node, v))
         self._current = None

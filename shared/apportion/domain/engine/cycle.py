@@ -112,6 +112,7 @@ from apportion.domain.engine.emit import (
     emit_placed,
     job_protection_s,
     pending_start_events,
+    placement,
     preempt_events,
     protection_cap_us,
 )
@@ -119,7 +120,7 @@ from apportion.domain.engine.inputs import EngineConfig, PendingJob
 from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
 from apportion.domain.engine.reasons import CycleLeft, PendingReason, explain_pending
 from apportion.domain.engine.reservation import earliest_fit_us, reservation_nodes, share_covers
-from apportion.domain.engine.search import PreemptionRequest, known_short, plan_preemption
+from apportion.domain.engine.search import PreemptionRequest, known_short, plan_preemption, short_test
 from apportion.domain.engine.shapes import CycleMemo, blocked_run, memo_allocated, memo_tail, segment_floor
 from apportion.domain.engine.victims import CycleVictims, VictimIndex
 from apportion.domain.fairshare import FairShareQueue, free_order_key, owner_headroom
@@ -417,15 +418,25 @@ class _Cycle:
         taking them depends on its pending list alone: :meth:`all_blocked`, a preemption search of a 1 x 1 job
         is known to fail for it (so is every search: no branch is behind it, and no node can be freed without
         such runs; :func:`known_short`), and it has no failure remembered from before that still holds."""
+        if self.memo is None or leaf in self.model_keyed or not self.all_blocked():
+            return None
+        return self.leaf_tail(leaf)
+
+    def leaf_tail(
+        self, leaf: str, short: Callable[[str], bool] | None = None
+    ) -> dict[int, tuple[int, int, int, int]] | None:
+        """:meth:`blocked_tail` of ``leaf`` once the memo and :meth:`all_blocked` are known to hold (what the
+        bulk pass asks of every leaf queued: nothing changes between its questions); ``short``: the 1 x 1
+        search's :func:`short_test`, asked once for them all."""
         memo = self.memo
-        if memo is None or leaf in self.model_keyed or not self.all_blocked():
+        if memo is None or leaf in self.model_keyed:
             return None
         ent = self.search_failures.get(leaf)
         if ent is not None and self.fresh(leaf, ent):
             return None
         req = self.request
         assert req is not None  # (all_blocked)
-        if not known_short(req, 1, 1, None, leaf, self.cfg.delta):
+        if not (known_short(req, 1, 1, None, leaf, self.cfg.delta) if short is None else short(leaf)):
             return None
         return memo_tail(memo, self.pending[leaf])
 
@@ -525,9 +536,19 @@ def _pass_blocked_tails(cx: _Cycle) -> None:
     only): nothing can be placed or charged any more in pass 1, so the order in which they would be taken
     matters to nothing but the order of the counters' sums. When one has not (it might still place a job, at
     a rank that counts the jobs taken before it), nothing is passed over here."""
+    heads = cx.queue.heads()
+    short = None
+    if heads:
+        if cx.memo is None or not cx.all_blocked():
+            return  # (what blocked_tail would answer for the first one)
+        assert cx.request is not None  # (all_blocked)
+        short = short_test(cx.request, 1, 1, None, cx.cfg.delta)
+        if short is None:
+            return  # (known_short fails for every leaf)
     tails = []
-    for leaf, idx in cx.queue.heads():
-        kept = cx.blocked_tail(leaf)
+    leaf_tail = cx.leaf_tail
+    for leaf, idx in heads:
+        kept = leaf_tail(leaf, short)
         got = kept.get(idx) if kept is not None else None
         if got is None:
             return
@@ -652,7 +673,8 @@ def _emit_placed(
 def _place_on_free(cx: _Cycle, job: PendingJob, leaf: str, nodes: list[str], held: bool) -> None:
     """Take ``job``'s GPUs on ``nodes``; ``JobPlaced``, then its ``StartWorkload`` per replica."""
     g = job.gpus_per_replica
-    placements = tuple(Placement(node_id=n, gpus=cx.free.take(n, g)) for n in nodes)
+    take = cx.free.take
+    placements = tuple([placement(n, take(n, g)) for n in nodes])
     _emit_placed(cx, job, leaf, placements, (), held)
     cx.res.events.extend(pending_start_events(job, placements, cx.ts, cx.cfg.producer))
 
@@ -961,7 +983,7 @@ def _place_unallocated(cx: _Cycle, leaf: str, start: int, one: bool, room: float
             if model is None and _dominated(any_free, mg, mk):
                 return end, 0
             continue
-        placements = tuple(Placement(node_id=n, gpus=free.take(n, g)) for n in nodes)
+        placements = tuple([placement(n, free.take(n, g)) for n in nodes])
         emit_placed(
             res.events, job, placements, (), leaf, cx.rank, cx.budget_rank, r_leaf, False, cx.ts, cx.cfg, cx.tree
         )

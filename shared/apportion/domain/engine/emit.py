@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import Run, protection_s, work_lost_gpu_s
 from apportion.domain.engine.inputs import EngineConfig, PendingJob
@@ -41,6 +43,7 @@ __all__ = [
     "built",
     "emit_placed",
     "pending_start_events",
+    "placement",
     "preempt_events",
     "protection_cap_us",
     "real_or_none",
@@ -50,10 +53,14 @@ __all__ = [
 ]
 
 
-M = TypeVar("M", Victim, Decision, JobPlaced, JobPreempted, StartWorkload, StopWorkload)
+M = TypeVar("M", Victim, Decision, JobPlaced, JobPreempted, StartWorkload, StopWorkload, Placement)
 
 _new = object.__new__
-_setattr = object.__setattr__
+# the model's own slot setters (what ``object.__setattr__`` ends in, without its lookup by name)
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 def _fields_of(cls: type[Any]) -> tuple[dict[str, Any], tuple[tuple[str, Any], ...]]:
@@ -66,7 +73,7 @@ def _fields_of(cls: type[Any]) -> tuple[dict[str, Any], tuple[tuple[str, Any], .
 
 
 _FIELDS: dict[type[Any], tuple[dict[str, Any], tuple[tuple[str, Any], ...]]] = {
-    cls: _fields_of(cls) for cls in (Victim, Decision, JobPlaced, JobPreempted, StartWorkload, StopWorkload)
+    cls: _fields_of(cls) for cls in (Victim, Decision, JobPlaced, JobPreempted, StartWorkload, StopWorkload, Placement)
 }
 
 
@@ -83,11 +90,29 @@ def built(cls: type[M], values: dict[str, Any], plain: bool) -> M:
         if name not in values:
             fields[name] = factory()
     obj = _new(cls)
-    _setattr(obj, "__dict__", fields)
-    _setattr(obj, "__pydantic_fields_set__", set(values))
-    _setattr(obj, "__pydantic_extra__", None)
-    _setattr(obj, "__pydantic_private__", None)
+    _set_dict(obj, fields)
+    _set_fields_set(obj, set(values))
+    _set_extra(obj, None)
+    _set_private(obj, None)
     return obj
+
+
+def placement(node_id: str, gpus: tuple[int, ...]) -> Placement:
+    """``Placement(node_id=node_id, gpus=gpus)``, without validating again when the values are already what
+    validation returns (a ``str`` and a tuple of ``int``: :func:`built`)."""
+    return built(
+        Placement,
+        {"node_id": node_id, "gpus": gpus},
+        type(node_id) is str and type(gpus) is tuple and _all_of(int, gpus),
+    )
+
+
+def _all_of(cls: type[Any], items: Sequence[object]) -> bool:
+    """Every item is of exactly type ``cls`` (a loop: no generator per call)."""
+    for x in items:
+        if type(x) is not cls:
+            return False
+    return True
 
 
 def utc_time(v: object) -> bool:
@@ -134,32 +159,34 @@ def start_events(
     """
     plain = (
         _run_fields(job_id, attempt, ts, producer)
-        and (command is None or (type(command) is tuple and all(type(c) is str for c in command)))
+        and (command is None or (type(command) is tuple and _all_of(str, command)))
         and real_or_none(duration_s)
         and (progress_s is None or (type(progress_s) is float and 0.0 <= progress_s <= MAX_SECONDS))
         and _interval(checkpoint_interval_s)
     )
-    return [
-        built(
-            StartWorkload,
-            {
-                "event_id": det_id("StartWorkload", job_id, attempt, i),
-                "ts": ts,
-                "producer": producer,
-                "node_id": p.node_id,
-                "job_id": job_id,
-                "attempt": attempt,
-                "replica": i,
-                "gpus": p.gpus,
-                "command": command,
-                "duration_s": duration_s,
-                "progress_s": progress_s,
-                "checkpoint_interval_s": checkpoint_interval_s,
-            },
-            plain and type(p) is Placement,
+    out: list[Event] = []
+    for i, p in enumerate(placements):
+        out.append(
+            built(
+                StartWorkload,
+                {
+                    "event_id": det_id("StartWorkload", job_id, attempt, i),
+                    "ts": ts,
+                    "producer": producer,
+                    "node_id": p.node_id,
+                    "job_id": job_id,
+                    "attempt": attempt,
+                    "replica": i,
+                    "gpus": p.gpus,
+                    "command": command,
+                    "duration_s": duration_s,
+                    "progress_s": progress_s,
+                    "checkpoint_interval_s": checkpoint_interval_s,
+                },
+                plain and type(p) is Placement,
+            )
         )
-        for i, p in enumerate(placements)
-    ]
+    return out
 
 
 def pending_start_events(job: PendingJob, placements: Sequence[Placement], ts: Any, producer: str) -> list[Event]:
@@ -230,7 +257,8 @@ def preempt_events(
             plain,
         )
     ]
-    out.extend(stop_event(run, r, ts, grace_s, producer, reason) for r in sorted(run.open_replicas))
+    for r in sorted(run.open_replicas):
+        out.append(stop_event(run, r, ts, grace_s, producer, reason))
     return out
 
 
@@ -329,7 +357,7 @@ def emit_placed(
         and type(b_rank) is int
         and type(r) is float
         and type(victims) is tuple
-        and all(type(v) is Victim for v in victims)
+        and _all_of(Victim, victims)
         and type(reservation) is bool
         and type(policy) is str
         and real_or_none(protection)
@@ -370,7 +398,7 @@ def emit_placed(
             and type(k) is int
             and type(mr) is float
             and type(placements) is tuple
-            and all(type(p) is Placement for p in placements)
+            and _all_of(Placement, placements)
             and utc_time(submitted_at)
             and _interval(ckpt),
         )

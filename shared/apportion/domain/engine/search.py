@@ -14,11 +14,12 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 from apportion.domain.budgets import BudgetTree, ancestors_of
 from apportion.domain.cluster import Run, RunKey, next_checkpoint_us, work_lost_gpu_s
-from apportion.domain.engine.emit import built, real_or_none, utc_time
+from apportion.domain.engine.emit import built, placement, real_or_none, utc_time
 from apportion.domain.engine.inputs import PendingJob
 from apportion.domain.engine.placement import CycleFree
 from apportion.domain.engine.reservation import hero_sheltered
@@ -332,8 +333,9 @@ def _unallocated_options(s: _Search) -> dict[str, Option]:
     cached = victims.unalloc_options.get(ckey)
     todo: Any
     if cached is None:
-        todo = unalloc_nodes
-        cached = victims.unalloc_options[ckey] = {}
+        cached = victims.unalloc_options[ckey] = _first_unallocated_options(s)
+        victims.unalloc_seen[ckey] = len(log)
+        return cached
     else:
         pos = victims.unalloc_seen[ckey]
         if pos == len(log):
@@ -359,6 +361,28 @@ def _unallocated_options(s: _Search) -> dict[str, Option]:
             if opt is not None:
                 cached[nid] = opt
                 heapq.heappush(heap, (opt[0], nid, id(opt), opt))
+    return cached
+
+
+def _first_unallocated_options(s: _Search) -> dict[str, Option]:
+    """Every node that unallocated victims alone can free for J (the first search of its g and model in the
+    cycle: :func:`_unallocated_options` with every node to look at), and their heap made in one go."""
+    req = s.req
+    unalloc_nodes, taken, evaluate = req.victims.unalloc, s.taken, s.evaluate
+    fmodel, fcount, reserved, g, model = s.fmodel, s.fcount, s.reserved, s.g, s.model
+    cached: dict[str, Option] = {}
+    for nid, lst in unalloc_nodes.items():
+        # s.eligible(nid), inlined (once per node with unallocated runs)
+        if nid not in fmodel or nid in reserved or fcount[nid] < g or (model is not None and fmodel[nid] != model):
+            continue
+        if taken:
+            lst = [x for x in lst if (x[1].job_id, x[1].attempt) not in taken]
+            if not lst:
+                continue
+        opt = evaluate(nid, lst)
+        if opt is not None:
+            cached[nid] = opt
+    _unallocated_heap(req, (g, model), cached)
     return cached
 
 
@@ -598,35 +622,83 @@ def known_short(req: PreemptionRequest, g: int, k: int, model: str | None, leaf:
     return req.memo.get((_SHORT, g, model, k)) == len(req.free.log) and _nothing_behind(req, leaf, delta)
 
 
+def short_test(req: PreemptionRequest, g: int, k: int, model: str | None, delta: float) -> Callable[[str], bool] | None:
+    """:func:`known_short` of shape (g, k, model) with ``delta`` as a test of the leaf alone, for questions
+    asked of many leaves with nothing placed, reserved or charged between them; ``None`` when the shape's
+    first test fails (then it fails for every leaf)."""
+    if req.memo.get((_SHORT, g, model, k)) != len(req.free.log):
+        return None
+    got = _behind_answers(req, delta)
+    if got is None:
+        return _never
+    top, clear, ratio = got
+    # (the loop of _nothing_behind, its bound read once: nothing moves it meanwhile)
+    return partial(_ancestors_clear, top=top, clear=clear, ratio=ratio, delta=delta)
+
+
+def _never(leaf: str) -> bool:
+    return False
+
+
 def _nothing_behind(req: PreemptionRequest, leaf: str | None = None, delta: float | None = None) -> bool:
     """No branch is behind ``leaf``'s (default J's) by ``delta`` (default the request's) at any ancestor (so
     :meth:`CycleVictims.behind_of` finds no leaf):
-    the largest r of any budget is below r + delta of each of the leaf's ancestors. A bound kept per request
-    (speed only): the largest r at its first use, raised by the r of the ancestors of each leaf charged since
-    (a charge only raises r, and only theirs)."""
+    the largest r of any budget is below r + delta of each of the leaf's ancestors (:func:`_behind_answers`)."""
+    if delta is None:
+        delta = req.delta
+    got = _behind_answers(req, delta)
+    if got is None:
+        return False
+    top, clear, ratio = got
+    return _ancestors_clear(req.leaf if leaf is None else leaf, top, clear, ratio, delta)
+
+
+def _ancestors_clear(
+    leaf: str, top: float, clear: dict[str, bool], ratio: Callable[[str], float], delta: float
+) -> bool:
+    """``top`` < r + ``delta`` for every ancestor of ``leaf`` (itself included), each answer kept in ``clear``."""
+    for a in ancestors_of(leaf):
+        ok = clear.get(a)
+        if ok is None:
+            ok = clear[a] = top < ratio(a) + delta  # (the same sum as behind_of's filter)
+        if not ok:
+            return False
+    return True
+
+
+def _behind_answers(
+    req: PreemptionRequest, delta: float
+) -> tuple[float, dict[str, bool], Callable[[str], float]] | None:
+    """What :func:`_nothing_behind` reads: the bound on the largest r, the answers kept with it for ``delta``
+    (budget -> bound < its r + delta), and the view's r; ``None`` without a tree or a view that charges
+    (the baselines: nothing is known). The bound is kept per request (speed only): the largest r at its first
+    use, raised by the r of the ancestors of each leaf charged since (a charge only raises r, and only theirs).
+    Each answer is kept with the bound: until the next charge neither the bound nor any r moves, so the
+    leaves of one branch share their ancestors' answers."""
     tree = req.tree
     ratio_of = req.ratio
     if tree is None or callable(ratio_of):
-        return False
+        return None
     memo = req.memo
     ratio = ratio_of.ratio
+    charged = req.charged
     got = memo.get(_MAX_R)
-    if got is None:
-        top = max((ratio(p) for p in tree.paths()), default=0.0)
-    else:
-        pos, top = got
-        for leaf in req.charged[pos:]:
-            for a in ancestors_of(leaf):
-                r = ratio(a)
-                if r > top:
-                    top = r
-    memo[_MAX_R] = (len(req.charged), top)
-    if delta is None:
-        delta = req.delta
-    for a in ancestors_of(req.leaf if leaf is None else leaf):
-        if not top < ratio(a) + delta:  # (the same sum as behind_of's filter)
-            return False
-    return True
+    if got is None or got[0] != len(charged):
+        if got is None:
+            top = max((ratio(p) for p in tree.paths()), default=0.0)
+        else:
+            top = got[1]
+            for c in charged[got[0] :]:
+                for a in ancestors_of(c):
+                    r = ratio(a)
+                    if r > top:
+                        top = r
+        got = memo[_MAX_R] = (len(charged), top, {})
+    answers: dict[float, dict[str, bool]] = got[2]
+    clear = answers.get(delta)
+    if clear is None:
+        clear = answers[delta] = {}
+    return got[1], clear, ratio
 
 
 def _behind_options(s: _Search, options: list[Option], shelter: bool = False, extra: int = 0) -> list[Option] | None:
@@ -762,7 +834,7 @@ def _commit(s: _Search, best: list[Option]) -> Plan:
         taken_gpus = list(free.take(nid, min(g, len(s.ffree[nid]))))
         extra = sorted(gg for x in chosen for gg in x[2])
         taken_gpus.extend(extra[: g - len(taken_gpus)])
-        placements.append(Placement(node_id=nid, gpus=tuple(sorted(taken_gpus))))
+        placements.append(placement(nid, tuple(sorted(taken_gpus))))
         for x in chosen:
             run = x[1]
             if run.key in picked:

@@ -300,7 +300,8 @@ class CycleVictims:
             if lst[0][0] <= now:  # protection expired: now >= protected_until_us
                 exp[leaf] = lst
         self._exp_runs = exp
-        self.expired: dict[str, dict[str, list[Candidate]]] = {v: {} for v in exp}  # filled by expired_on
+        # the leaves with expired runs; each one's node -> runs made by expired_on on first use
+        self.expired: dict[str, dict[str, list[Candidate]] | None] = dict.fromkeys(exp)
         self.idle_runs: dict[RunKey, tuple[float, float]] = {}
         self.idle_on: dict[str, list[Candidate]] = {}
         if idle is not None and idle.by_node and tree is not None:
@@ -324,6 +325,8 @@ class CycleVictims:
     def expired_on(self, leaf: str) -> dict[str, list[Candidate]]:
         """Node -> expired runs of ``leaf`` there, cheapest first (built on first use)."""
         by_node = self.expired[leaf]
+        if by_node is None:
+            by_node = self.expired[leaf] = {}
         ents = self._exp_runs.pop(leaf, None)
         if ents:
             for _, _, run in islice(ents, bisect_right(ents, self._now, key=_UNTIL)):

@@ -1,0 +1,145 @@
+"""The control plane's ports on loopback, closed to a replica: ``BPF_PROG_TYPE_CGROUP_SOCK_ADDR`` programs on
+its cgroup (cgroup v2).
+
+A job shares the node's network. Its credentials keep it from signing in to Redis or Kafka, not from taking
+their connection slots (Redis counts a client before it signs in). The agent attaches two programs to each
+replica's v2 cgroup (``connect4``, ``connect6``) that refuse (``EPERM``) a ``connect`` from any process of the
+replica to one of the closed ports on a loopback address: ``127.0.0.0/8``, ``0.0.0.0``, ``::1``, ``::`` and the
+IPv4-mapped ``::ffff:127.0.0.0/104`` and ``::ffff:0.0.0.0``. Any other destination, and every other port, is let
+through. :func:`program` builds the instructions (pure, testable as bytes); :func:`attach` loads and attaches
+them (root).
+
+The context (``struct bpf_sock_addr``): ``user_ip4`` (u32 at 4), ``user_ip6`` (4 x u32 at 8), ``user_port``
+(u32 at 24); addresses and port in network byte order, as the bytes lie in memory (read here on a
+little-endian machine: x86_64, aarch64).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+from services.node_agent.devfilter import attach_program, insn, load_program
+
+#: ``linux/bpf.h``: the program type and the attach points of ``connect`` on IPv4 and IPv6 sockets.
+BPF_PROG_TYPE_CGROUP_SOCK_ADDR = 18
+BPF_CGROUP_INET4_CONNECT, BPF_CGROUP_INET6_CONNECT = 10, 11
+
+#: The comparisons are 32-bit (``BPF_JMP32``, Linux 5.1+): an immediate of 2**31 or more, sign-extended to 64
+#: bits, would never equal a zero-extended 32-bit load.
+_LDX_W, _AND_K, _MOV_K, _JEQ_K, _JNE_K, _JA, _EXIT = 0x61, 0x57, 0xB7, 0x16, 0x56, 0x05, 0x95
+
+#: One instruction before assembly: ``(code, dst, src, off, imm)``, ``off`` a label to jump to or a number;
+#: or a label's name alone, marking where it lies.
+_Asm = tuple[int, int, int, int | str, int] | str
+
+
+def _word(raw: bytes) -> int:
+    """The value a 32-bit load of the 4 bytes ``raw`` gives on a little-endian machine, as a signed immediate."""
+    value = int.from_bytes(raw, "little")
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def _assemble(items: Sequence[_Asm]) -> bytes:
+    """The instructions of ``items``, each jump's label turned into its offset (forward jumps only)."""
+    where: dict[str, int] = {}
+    n = 0
+    for item in items:
+        if isinstance(item, str):
+            where[item] = n
+        else:
+            n += 1
+    out, n = [], 0
+    for item in items:
+        if isinstance(item, str):
+            continue
+        code, dst, src, off, imm = item
+        out.append(insn(code, dst, src, where[off] - n - 1 if isinstance(off, str) else off, imm))
+        n += 1
+    return b"".join(out)
+
+
+def program(ports: Iterable[int], ipv6: bool) -> bytes:
+    """The instructions refusing a connect to any of ``ports`` on a loopback address (``ipv6``: the
+    ``connect6`` program, else ``connect4``), allowing anything else.
+
+    Registers: r2 the port; r3 (and r4, r5, r6 on IPv6) the destination address's words.
+
+    Raises:
+        ValueError: no port, or one outside 1-65535.
+    """
+    wanted = sorted(set(ports))
+    if not wanted or not all(0 < p < 65536 for p in wanted):
+        raise ValueError(f"closed ports must be 1-65535, at least one: {wanted}")
+    asm: list[_Asm] = [(_LDX_W, 2, 1, 24, 0)]
+    asm += [(_JEQ_K, 2, 0, "address", _word(p.to_bytes(2, "big") + b"\0\0")) for p in wanted]
+    asm += [(_JA, 0, 0, "allow", 0), "address"]
+    if not ipv6:
+        asm += [
+            (_LDX_W, 3, 1, 4, 0),
+            (_JEQ_K, 3, 0, "deny", 0),  # 0.0.0.0
+            (_AND_K, 3, 0, 0, 0xFF),
+            (_JEQ_K, 3, 0, "deny", 127),  # 127.0.0.0/8
+        ]
+    else:
+        asm += [(_LDX_W, r, 1, off, 0) for r, off in ((3, 8), (4, 12), (5, 16), (6, 20))]
+        asm += [
+            (_JNE_K, 3, 0, "allow", 0),
+            (_JNE_K, 4, 0, "allow", 0),
+            (_JNE_K, 5, 0, "mapped", 0),
+            (_JEQ_K, 6, 0, "deny", 0),  # ::
+            (_JEQ_K, 6, 0, "deny", _word(b"\0\0\0\1")),  # ::1
+            (_JA, 0, 0, "allow", 0),
+            "mapped",
+            (_JNE_K, 5, 0, "allow", _word(b"\0\0\xff\xff")),  # not ::ffff:a.b.c.d
+            (_JEQ_K, 6, 0, "deny", 0),  # ::ffff:0.0.0.0
+            (_AND_K, 6, 0, 0, 0xFF),
+            (_JEQ_K, 6, 0, "deny", 127),  # ::ffff:127.0.0.0/104
+        ]
+    asm += [
+        (_JA, 0, 0, "allow", 0),
+        "deny",
+        (_MOV_K, 0, 0, 0, 0),
+        (_EXIT, 0, 0, 0, 0),
+        "allow",
+        (_MOV_K, 0, 0, 0, 1),
+        (_EXIT, 0, 0, 0, 0),
+    ]
+    return _assemble(asm)
+
+
+_ATTACH = ((BPF_CGROUP_INET4_CONNECT, False, b"apportion_conn4"), (BPF_CGROUP_INET6_CONNECT, True, b"apportion_conn6"))
+
+
+def load(ports: Sequence[int]) -> list[int]:
+    """Load both programs for ``ports``: their file descriptors, IPv4's first (the caller closes them).
+
+    Raises:
+        OSError: the kernel refused one (no BPF, not root; the verifier's log in the message); none is left open.
+        ValueError: as :func:`program`.
+    """
+    fds: list[int] = []
+    try:
+        for attach_type, ipv6, name in _ATTACH:
+            fds.append(load_program(BPF_PROG_TYPE_CGROUP_SOCK_ADDR, attach_type, program(ports, ipv6), name))
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds
+
+
+def attach(cgroup_dir: str, ports: Sequence[int]) -> None:
+    """Refuse the processes of the v2 cgroup ``cgroup_dir`` a connect to ``ports`` on loopback (IPv4 and IPv6),
+    for as long as the cgroup exists.
+
+    Raises:
+        OSError: the programs could not be loaded or attached.
+    """
+    fds = load(ports)
+    try:
+        for fd, (attach_type, _, _) in zip(fds, _ATTACH):
+            attach_program(cgroup_dir, fd, attach_type)
+    finally:
+        for fd in fds:
+            os.close(fd)
