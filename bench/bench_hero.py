@@ -4,7 +4,7 @@ Run::
 
     .venv/bin/python bench/bench_hero.py [--days 21] [--size 16] [--slice week44] [--seed 1]
         [--policy fairshare,slurm,kueue,kai,fifo] [--no-heroes] [--hero-days 2,3,4] [--hero-shares 0.1,0.3,0.1]
-        [--hero-min-gpus N|none] [--json out.json]
+        [--hero-min-gpus N|none] [--gang-min-gpus N] [--gang-bound-x X] [--json out.json]
 
 Builds :func:`apportion.sim.hero.hero_scenario` from the Philly jobs of
 ``--slice`` (``infra/budgets/philly.yaml``'s tree and minimum-runtime rule)
@@ -28,6 +28,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+from apportion.cli.simulate import gang_scope
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import EngineConfig
 from apportion.domain.engine.inputs import HERO_MIN_GPUS
@@ -68,7 +69,9 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
     for name in a.policy.split(","):
         least = None if a.hero_min_gpus == "none" else int(a.hero_min_gpus)
         dcfg = DispatchConfig(
-            engine=EngineConfig(window_s=bf.window_s, hero_min_gpus=least),
+            engine=EngineConfig(
+                window_s=bf.window_s, hero_min_gpus=least, **gang_scope(a.gang_min_gpus, a.gang_bound_x)
+            ),
             heartbeat_timeout_s=None,
             scheduler=POLICIES[name],
         )
@@ -208,6 +211,10 @@ def main() -> None:
         default=str(HERO_MIN_GPUS),
         help="EngineConfig.hero_min_gpus (rule D3.hero-cover), 'none': the rule off",
     )
+    ap.add_argument(
+        "--gang-min-gpus", type=int, default=None, help="EngineConfig.gang_min_gpus (D3.gangs), 0: every gang"
+    )
+    ap.add_argument("--gang-bound-x", type=float, default=None, help="EngineConfig.gang_bound_x (D3.gangs), 0: the cap")
     ap.add_argument("--json", default=None)
     ap.add_argument("--progress", default=None, help="append a JSON line a simulated day: the figures so far")
     run(ap.parse_args())

@@ -4,7 +4,8 @@ Usage (traces from ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the c
 
     .venv/bin/python bench/sim_tail.py run philly week44 fairshare OUT.json [--seed N] [--tail-h H] [--churn-bound N]
         [--free-order 0|1] [--progress-after N]
-        [--at-share-bound N] [--owner-free 0|1] [--gang-wait-h H] [--runs RUNS.json]
+        [--at-share-bound N] [--owner-free 0|1] [--gang-wait-h H] [--gang-min-gpus N] [--gang-bound-x X]
+        [--runs RUNS.json]
     .venv/bin/python bench/sim_tail.py run itp week5 slurm OUT.json [--budgets infra/budgets/itp-hetero.yaml]
     .venv/bin/python bench/sim_tail.py compare FAIR.json PEER.json
     .venv/bin/python bench/sim_tail.py decompose FAIR.json PEER.json    (both run with --runs OUT.runs.json)
@@ -12,7 +13,8 @@ Usage (traces from ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the c
 ``run`` simulates one policy as ``apportion simulate`` does (same defaults; ``--churn-bound N`` sets
 ``EngineConfig.churn_bound``, 0 = none; ``--free-order`` sets ``EngineConfig.free_order``, ``--progress-after N``
 ``EngineConfig.progress_after``, ``--at-share-bound N`` ``EngineConfig.at_share_bound``, 0 = off, ``--owner-free`` ``EngineConfig.owner_free``,
-``--gang-wait-h H`` ``EngineConfig.gang_wait_s`` in hours), writes the policy's report (the ``--json`` document) beside OUT
+``--gang-wait-h H`` ``EngineConfig.gang_wait_s`` in hours, ``--gang-min-gpus N`` ``EngineConfig.gang_min_gpus``,
+``--gang-bound-x X`` ``EngineConfig.gang_bound_x``, 0 = none for both), writes the policy's report (the ``--json`` document) beside OUT
 (``.json`` replaced by ``.report.json``) and one row per job to OUT: budget, allocated, shape g x k, duration,
 submit, first placement, completion (µs; null when not reached) and preemptions. ``compare`` reads two such
 files of the same slice and seed and prints, for the first policy against the second: the jobs that make the JCT tail (completion time above the first policy's p95)
@@ -51,7 +53,7 @@ def _opt(argv: list[str], name: str, default: str | None) -> str | None:
 def run(argv: list[str]) -> int:
     """Simulate one policy on a slice and write the per-job rows."""
     import apportion.sim.core as core
-    from apportion.cli.simulate import _run
+    from apportion.cli.simulate import _run, gang_scope
     from apportion.domain.cluster import PROTECTION_CHURN_BOUND
     from apportion.sim.traces import load_budget_file, load_trace
 
@@ -74,6 +76,8 @@ def run(argv: list[str]) -> int:
     churn = _opt(argv, "--churn-bound", None)
     runs_out = _opt(argv, "--runs", None)
     gang_wait = _opt(argv, "--gang-wait-h", None)
+    least, times = _opt(argv, "--gang-min-gpus", None), _opt(argv, "--gang-bound-x", None)
+    scope = gang_scope(None if least is None else int(least), None if times is None else float(times))
     runs: dict[tuple[str, int], dict[str, Any]] = {}
     ledger_apply = core.JobLedger.apply
     if runs_out is not None:
@@ -94,6 +98,7 @@ def run(argv: list[str]) -> int:
             knobs={
                 "owner_free": _opt(argv, "--owner-free", "0") != "0",
                 "gang_wait_s": None if gang_wait is None else float(gang_wait) * 3600,
+                **scope,
             },
         )
     finally:

@@ -243,6 +243,8 @@ def _may_preempt(run: Run, job: PendingJob, cv: _CycleView) -> str | None:
         cv.moves,
         job.gpus_per_replica * job.replicas if cfg.gang_rule else None,
         gang_cap_us=protection_cap_us(run.budget, cv.tree, cfg),
+        gang_least_gpus=cfg.gang_min_gpus,
+        gang_times=cfg.gang_bound_x,
     )
     return verdict.rule if verdict.allowed else None
 

@@ -59,7 +59,7 @@ def run(
     **kw,
 ) -> SimResult:
     """Simulate with the fair-share engine (fixed stop delay unless ``None``)."""
-    eng = EngineConfig(delta=delta, reservation_after_s=reservation_after_s)
+    eng = EngineConfig(delta=delta, reservation_after_s=reservation_after_s, **kw.pop("engine", {}))
     hb = kw.pop("heartbeat_s", None)
     dcfg = DispatchConfig(engine=eng, heartbeat_timeout_s=30.0 if hb else None)
     cfg = SimConfig(seed=seed, dispatch=dcfg, stop_delay_s=stop_delay_s, heartbeat_s=hb, sample_s=0, **kw)

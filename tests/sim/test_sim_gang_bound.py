@@ -27,3 +27,16 @@ def test_a_week_long_gang_holds_the_other_budget_off_for_at_most_the_cap_and_one
     preempted = [e for e in r.log if isinstance(e, ev.JobPreempted)]
     assert [(e.job_id, to_us(e.ts) - T0) for e in preempted] == [("g", r.placed_first["b"] - T0)]
     assert r.violations == []
+
+
+def test_with_the_bound_at_twice_the_gangs_protection_the_other_budget_waits_that_long():
+    """The same case with ``EngineConfig.gang_bound_x = 2``: the gang (protection 2 h from 0 h) is spared for the
+    smaller job until it has run 2 x 2 h = 4 h, then goes. lab/b waits 4 h - 1 h = 3 h, within one cycle."""
+    jobs = [
+        job("g", "lab/a", gpus=8, replicas=2, min_runtime_s=2 * H, duration_s=7 * 24 * H),
+        job("b", "lab/b", gpus=8, min_runtime_s=2 * H, duration_s=10 * H, submit=at(1)),
+    ]
+    r = run(AB, nodes(("n0", 8), ("n1", 8)), jobs, until_us=at(60), engine={"gang_bound_x": 2.0})
+    waited_s = (r.placed_first["b"] - at(1)) / 1e6
+    assert 3 * H <= waited_s <= 3 * H + CYCLE_S
+    assert r.violations == []

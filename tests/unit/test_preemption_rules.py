@@ -45,6 +45,7 @@ from apportion.domain.preemption import (
     RULE_UNALLOCATED,
     VictimVerdict,
     checkpoint_rule,
+    gang_bound_us,
     gang_rule,
     patience_rule,
     victim_rule,
@@ -211,6 +212,62 @@ def test_victim_rule_applies_the_gang_bound_from_the_runs_latest_start():
     for now, rule in ((h(42) - 1, REFUSED_GANG_FRACTION), (h(42), RULE_EXPIRED_BEHIND)):
         verdict = victim_rule(gang, "lab/a", now, view(1.0, 2.0), DELTA, 0.0, frozenset(), 4, gang_cap_us=CAP)
         assert verdict.rule == rule, now
+
+
+@pytest.mark.parametrize(
+    ("replicas", "gpus", "job_gpus", "least_gpus", "allowed"),
+    [
+        pytest.param(2, 1016, 8, 1024, True, id="a gang 8 GPUs under the least size: a victim like a single-node run"),
+        pytest.param(2, 1024, 8, 1024, False, id="a gang of exactly the least size: spared"),
+        pytest.param(128, 1024, 1023, 1024, False, id="the least size, a job one GPU smaller: spared"),
+        pytest.param(128, 1024, 1024, 1024, True, id="the least size, a job of its size: a victim"),
+        pytest.param(2, 16, 8, None, False, id="no least size: every gang is spared"),
+    ],
+)
+def test_gang_rule_scoped_by_the_gangs_size(replicas, gpus, job_gpus, least_gpus, allowed):
+    # EngineConfig.gang_min_gpus (rule D3.gangs): the age is 0, so only the size decides
+    assert gang_rule(replicas, gpus, job_gpus, 0, CAP, least_gpus) is allowed
+
+
+def _gang(protection_h: float | None, min_runtime_s: float = 3600.0):
+    """2 x 4 GPUs started at 0 h; its recorded protection (``None``: none recorded, the minimum runtime counts)."""
+    g = dataclasses.replace(
+        run_of(min_runtime_s=min_runtime_s, started=h(0)), replicas=2, started_replicas=frozenset({0, 1})
+    )
+    return g if protection_h is None else dataclasses.replace(g, protection_us=int(protection_h * H_US))
+
+
+@pytest.mark.parametrize(
+    ("protection_h", "times", "cap_us", "expected"),
+    [
+        pytest.param(2.0, 2.0, CAP, 4 * H_US, id="2 h protection x 2 = 4 h, under the 42 h cap"),
+        pytest.param(21.0, 2.0, CAP, CAP, id="21 h x 2 = 42 h: exactly the cap"),
+        pytest.param(24.0, 2.0, CAP, CAP, id="24 h x 2 = 48 h: the cap, 42 h"),
+        pytest.param(2.0, None, CAP, CAP, id="no multiple: the cap alone"),
+        pytest.param(2.0, 2.0, None, 4 * H_US, id="no cap: the multiple alone"),
+        pytest.param(None, 3.0, CAP, 3 * H_US, id="no recorded protection: 3 x the 1 h minimum runtime"),
+    ],
+)
+def test_gang_bound_is_the_cap_or_a_multiple_of_the_gangs_own_protection(protection_h, times, cap_us, expected):
+    assert gang_bound_us(_gang(protection_h), cap_us, times) == expected
+
+
+def test_victim_rule_bounds_the_gang_rule_by_twice_its_protection():
+    gang = _gang(2.0)  # 2 x 4 GPUs, protection 2 h from 0 h: the gang rule's bound is 4 h (x 2), not 42 h
+    for now, rule in ((h(4) - 1, REFUSED_GANG_FRACTION), (h(4), RULE_EXPIRED_BEHIND)):
+        verdict = victim_rule(
+            gang, "lab/a", now, view(1.0, 2.0), DELTA, 0.0, frozenset(), 4, gang_cap_us=CAP, gang_times=2.0
+        )
+        assert verdict.rule == rule, now
+    # scoped by size: a gang of 8 GPUs under a least size of 9 is a victim past its protection at once
+    verdict = victim_rule(
+        gang, "lab/a", h(2), view(1.0, 2.0), DELTA, 0.0, frozenset(), 4, gang_cap_us=CAP, gang_least_gpus=9
+    )
+    assert verdict.rule == RULE_EXPIRED_BEHIND
+    verdict = victim_rule(
+        gang, "lab/a", h(2), view(1.0, 2.0), DELTA, 0.0, frozenset(), 4, gang_cap_us=CAP, gang_least_gpus=8
+    )
+    assert verdict.rule == REFUSED_GANG_FRACTION
 
 
 def test_victim_rule_refuses_a_gang_larger_than_the_job_only_when_told_the_jobs_size():

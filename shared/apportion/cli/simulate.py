@@ -338,6 +338,16 @@ def simulate(
             fail(f"--plot {plot_path}: {exc} (the results above are complete)", code=1)
 
 
+def gang_scope(min_gpus: int | None, bound_x: float | None) -> dict[str, Any]:
+    """The ``EngineConfig`` fields of the gang rule's scope given as options (0: off; ``None``: the engine's)."""
+    out: dict[str, Any] = {}
+    if min_gpus is not None:
+        out["gang_min_gpus"] = min_gpus or None
+    if bound_x is not None:
+        out["gang_bound_x"] = bound_x or None
+    return out
+
+
 def _run(
     name: str,
     bf: Any,

@@ -43,6 +43,7 @@ __all__ = [
     "charge_of",
     "CheckpointVerdict",
     "checkpoint_rule",
+    "gang_bound_us",
     "gang_rule",
     "idle_rule",
     "patience_rule",
@@ -216,6 +217,8 @@ def victim_rule(
     *,
     ignore_protection: bool = False,
     gang_cap_us: Micros | None = None,
+    gang_least_gpus: int | None = None,
+    gang_times: float | None = None,
     idle_s: float | None = None,
     idle_after_s: float | None = None,
 ) -> VictimVerdict:
@@ -249,6 +252,9 @@ def victim_rule(
         ignore_protection: judge the run as if its protection had ended at ``now_us`` (a reservation
             asks which runs its holder could take back once their protection ends).
         gang_cap_us: the protection cap of the run's budget, µs (:func:`gang_rule`'s bound); ``None``: none.
+        gang_least_gpus: the least GPUs of a gang :func:`gang_rule` spares (``EngineConfig.gang_min_gpus``).
+        gang_times: the bound as a multiple of the run's own protection, where lower than the cap
+            (:func:`gang_bound_us`, ``EngineConfig.gang_bound_x``).
         idle_s: seconds the run's GPUs have been idle as its node agents report (``None``: unknown).
         idle_after_s: its budget's ``preempt_idle_after_s`` (``None``: not set).
     """
@@ -260,7 +266,14 @@ def victim_rule(
         return VictimVerdict(REFUSED_PROTECTED)
     if idle_rule(idle_s, idle_after_s):
         return VictimVerdict(RULE_IDLE)
-    if job_gpus is not None and not gang_rule(run.replicas, run.gpus, job_gpus, ran_us(run, now_us), gang_cap_us):
+    if job_gpus is not None and not gang_rule(
+        run.replicas,
+        run.gpus,
+        job_gpus,
+        ran_us(run, now_us),
+        gang_bound_us(run, gang_cap_us, gang_times),
+        gang_least_gpus,
+    ):
         return VictimVerdict(REFUSED_GANG_FRACTION)
     if run.budget == preemptor_leaf:
         return VictimVerdict(REFUSED_SAME_LEAF)
@@ -272,7 +285,14 @@ def victim_rule(
     return VictimVerdict(rule, lca, rv, rb, after)
 
 
-def gang_rule(replicas: int, gpus: int, job_gpus: int, ran_us: Micros = 0, cap_us: Micros | None = None) -> bool:
+def gang_rule(
+    replicas: int,
+    gpus: int,
+    job_gpus: int,
+    ran_us: Micros = 0,
+    cap_us: Micros | None = None,
+    least_gpus: int | None = None,
+) -> bool:
     """May an allocated run of ``replicas`` x (``gpus`` / ``replicas``) GPUs be preempted for a job of ``job_gpus``?
 
     A gang (``replicas >= 2``) is not preempted for a job smaller than it
@@ -295,9 +315,29 @@ def gang_rule(replicas: int, gpus: int, job_gpus: int, ran_us: Micros = 0, cap_u
     lower), it is a victim like any other run, least cost first. Without
     the bound a 7-day 2 x 8 gang of a budget at share 0.5 kept the other
     budget (r = 0) waiting 167.5 h. ``cap_us=None``: no cap (the rule
-    without a bound).
+    without a bound). :func:`gang_bound_us` gives the bound of one run.
+
+    Scoped by size (``least_gpus``, ``EngineConfig.gang_min_gpus``): a gang of
+    fewer GPUs than ``least_gpus`` is not concerned (a victim like a
+    single-node run); ``None``: every gang.
     """
-    return replicas < 2 or gpus <= job_gpus or (cap_us is not None and ran_us >= cap_us)
+    return (
+        replicas < 2
+        or gpus <= job_gpus
+        or (least_gpus is not None and gpus < least_gpus)
+        or (cap_us is not None and ran_us >= cap_us)
+    )
+
+
+def gang_bound_us(run: Run, cap_us: Micros | None, times: float | None) -> Micros | None:
+    """The bound of :func:`gang_rule` for ``run``, µs: ``cap_us`` (its budget's protection cap), or ``times`` x
+    the run's own protection (:attr:`~apportion.domain.cluster.Run.protection_us`, its minimum runtime when
+    unrecorded) when that is lower (``EngineConfig.gang_bound_x``; ``None``: the cap alone)."""
+    if times is None:
+        return cap_us
+    own = run.min_runtime_us if run.protection_us is None else run.protection_us
+    bound = int(own * times)
+    return bound if cap_us is None or bound < cap_us else cap_us
 
 
 def ran_us(run: Run, now_us: Micros) -> Micros:

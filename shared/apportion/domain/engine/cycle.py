@@ -703,6 +703,8 @@ def _preempt_for(
             checkpoint_wait_s=cfg.checkpoint_wait_s,
             gangs=cfg.gang_rule,
             gang_cap=cx.gang_cap,
+            gang_least_gpus=cfg.gang_min_gpus,
+            gang_times=cfg.gang_bound_x,
             hero_min_gpus=cfg.hero_min_gpus,
         )
     victims = req.victims
@@ -783,6 +785,8 @@ def _may_take_back(cx: _Cycle, leaf: str, charge: float, gpus: int, run: Run, at
         gpus if cx.cfg.gang_rule else None,
         ignore_protection=True,
         gang_cap_us=cx.gang_cap(run.budget),
+        gang_least_gpus=cx.cfg.gang_min_gpus,
+        gang_times=cx.cfg.gang_bound_x,
     ).allowed
 
 

@@ -82,6 +82,11 @@ class EngineConfig:
             preempted more often (:func:`~apportion.domain.cluster.protection_s`; default 5; ``None``: no bound).
         gang_rule: apply :func:`~apportion.domain.preemption.gang_rule` (an allocated gang is never preempted
             for a job smaller than it; default True, False up to policy fairtree-6).
+        gang_min_gpus: the gang rule spares only gangs of at least this many GPUs (rule D3.gangs;
+            :func:`~apportion.domain.preemption.gang_rule`); default ``None``: every gang.
+        gang_bound_x: the gang rule's bound as a multiple of the gang's own protection, where lower than the
+            protection cap (rule D3.gangs; :func:`~apportion.domain.preemption.gang_bound_us`); default ``None``:
+            the cap alone.
         hero_min_gpus: rule ``D3.hero-cover`` applies to jobs of at least this many GPUs (a job that large and
             larger than its budget's share of the capacity neither reserves nodes nor preempts busy allocated runs;
             :func:`~apportion.domain.engine.reservation.share_covers`); default 1,024, so no job of a cluster of a few
@@ -121,6 +126,8 @@ class EngineConfig:
     protection_doublings: int | None = PROTECTION_DOUBLINGS
     churn_bound: int | None = PROTECTION_CHURN_BOUND
     gang_rule: bool = True
+    gang_min_gpus: int | None = None
+    gang_bound_x: float | None = None
     hero_min_gpus: int | None = HERO_MIN_GPUS
     free_order: bool = False
     progress_after: int | None = None

@@ -33,6 +33,7 @@ from apportion.domain.preemption import (
     ShareView,
     VictimVerdict,
     checkpoint_rule,
+    gang_bound_us,
     gang_rule,
     patience_rule,
     ran_us,
@@ -71,6 +72,8 @@ class PreemptionRequest:
         checkpoint_wait_s: :func:`checkpoint_rule`'s setting (0: off).
         gangs: apply :func:`gang_rule` (D3.gangs).
         gang_cap: budget -> its protection cap, µs, or ``None`` (the gang rule's bound).
+        gang_least_gpus, gang_times: ``EngineConfig.gang_min_gpus`` and ``gang_bound_x`` (the gang rule's scope,
+            :func:`gang_rule`, :func:`gang_bound_us`).
         hero_min_gpus: the least GPUs of a hero run (D3.hero-cover's victims' clause: a covered hero within
             its share is taken only when no victim set without one exists); ``None``: no such clause.
     """
@@ -90,6 +93,8 @@ class PreemptionRequest:
     checkpoint_wait_s: float = 0.0
     gangs: bool = False
     gang_cap: Callable[[str], Micros | None] | None = None
+    gang_least_gpus: int | None = None
+    gang_times: float | None = None
     hero_min_gpus: int | None = None
     charged: list[str] = field(default_factory=list)
     """The leaves provisionally charged since the request was made, in order (one entry per charge): the
@@ -482,7 +487,8 @@ def _memo_key(req: PreemptionRequest, g: int, model: str | None, gpus: int, shel
     victims' clause) the options leave out the sheltered hero runs: a key of its own."""
     if not req.gangs:
         return (g, model, shelter)
-    return (g, model, shelter, tuple(gang_rule(r, n, gpus) for r, n in req.memo[_GANG_SHAPES]))
+    least = req.gang_least_gpus
+    return (g, model, shelter, tuple(gang_rule(r, n, gpus, least_gpus=least) for r, n in req.memo[_GANG_SHAPES]))
 
 
 def _node_option(
@@ -543,7 +549,8 @@ def _node_list(
                     x[0][0],
                     gpus,
                     ran_us(x[1], now),
-                    gang_cap(x[1].budget) if gang_cap is not None else None,
+                    gang_bound_us(x[1], gang_cap(x[1].budget) if gang_cap is not None else None, req.gang_times),
+                    req.gang_least_gpus,
                 )
             ):
                 spared = True  # (the failure says nothing about a larger job)
@@ -843,6 +850,8 @@ def _commit(s: _Search, best: list[Option]) -> Plan:
                 req.moves,
                 gpus if gangs else None,
                 gang_cap_us=gang_cap(run.budget) if gangs and gang_cap is not None else None,
+                gang_least_gpus=req.gang_least_gpus,
+                gang_times=req.gang_times,
                 idle_s=idle[0] if idle is not None else None,
                 idle_after_s=idle[1] if idle is not None else None,
             )
