@@ -147,7 +147,7 @@ fi
 
 t0="$(date +%s%N)"
 # setsid: the broker outlives the shell (and a Ctrl-C in it) that started it. The parallel collector: on two
-# cores shared with the services it gave a lower latency and more placements/s than G1 (docs/performance.md,
+# cores shared with the services it gave a lower submit-to-start latency than G1 (docs/performance.md,
 # "Submit to StartWorkload").
 # shellcheck disable=SC2086
 setsid java ${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m} ${KAFKA_GC_OPTS:--XX:+UseParallelGC} -Djava.awt.headless=true \
