@@ -54,7 +54,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -577,9 +577,11 @@ def measure(
         if broker_log is not None:
             with broker_log.open("rb") as f:
                 f.seek(log_from)
-                times = broker_times(f.read().decode("utf-8", "replace").splitlines())
-            figures["broker_times_ms"] = times
+                logged = f.read().decode("utf-8", "replace").splitlines()
+            times, path = broker_times(logged), broker_path(logged)
+            figures["broker_times_ms"], figures["broker_path_ms"] = times, path
             say(broker_times_table(times))
+            say(broker_path_table(path))
         if args.latency_only:
             raise StopAfter()
 
@@ -640,16 +642,13 @@ BROKER_TIMES = {
 }
 
 
-def broker_times(lines: list[str]) -> dict[str, dict[str, float]]:
-    """Median broker times in ms per request kind, from the broker's request log (``kafka.request.logger`` at
-    DEBUG: a line ``... Completed request:{json} (kafka.request.logger)`` per request).
-
-    The kind is the API name; a produce in a transaction is ``PRODUCE transactional`` and an
-    ``ADD_PARTITIONS_TO_TXN`` of version 4 or later (the one a partition leader sends the transaction
-    coordinator to check a transactional produce, KIP-890) is ``ADD_PARTITIONS_TO_TXN verify``. Each kind holds
-    ``n`` and the median of each of :data:`BROKER_TIMES`. Lines that are not request lines are skipped."""
+def _logged(lines: list[str]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """``(line, kind, request)`` of each request line of the broker's request log (``kafka.request.logger`` at
+    DEBUG: ``[time] DEBUG Completed request:{json} (kafka.request.logger)``); other lines are skipped. The kind
+    is the API name; a produce in a transaction is ``PRODUCE transactional`` and an ``ADD_PARTITIONS_TO_TXN`` of
+    version 4 or later (the one a partition leader sends the transaction coordinator to check a transactional
+    produce, KIP-890) is ``ADD_PARTITIONS_TO_TXN verify``."""
     marker, tail = "Completed request:", " (kafka.request.logger)"
-    seen: dict[str, list[dict[str, Any]]] = {}
     for line in lines:
         at = line.find(marker)
         if at < 0 or not line.endswith(tail):
@@ -661,11 +660,126 @@ def broker_times(lines: list[str]) -> dict[str, dict[str, float]]:
             kind = "PRODUCE transactional"
         elif kind == "ADD_PARTITIONS_TO_TXN" and header["requestApiVersion"] >= 4:
             kind = "ADD_PARTITIONS_TO_TXN verify"
+        yield line, kind, d
+
+
+def broker_times(lines: list[str]) -> dict[str, dict[str, float]]:
+    """Median broker times in ms per request kind, from the broker's request log (``kafka.request.logger`` at
+    DEBUG: a line ``... Completed request:{json} (kafka.request.logger)`` per request).
+
+    Kinds as :func:`_logged` names them; each holds ``n`` and the median of each of :data:`BROKER_TIMES`."""
+    seen: dict[str, list[dict[str, Any]]] = {}
+    for _, kind, d in _logged(lines):
         seen.setdefault(kind, []).append(d)
     return {
         kind: {"n": len(ds), **{name: statistics.median(d[key] for d in ds) for name, key in BROKER_TIMES.items()}}
         for kind, ds in seen.items()
     }
+
+
+#: One submission's way through the broker (:func:`broker_path`): each step's name, and the two moments it lies
+#: between (``<request>.start``/``.end`` on the broker's clock; ``ack`` is the end of the probe's produce).
+PATH_STEPS = (
+    ("ack -> the dispatcher's fetch arrives (< 0: it waited there)", "ack", "fetch.start"),
+    ("  fetch at the broker", "fetch.start", "fetch.end"),
+    ("-> key read-ahead arrives (LIST_OFFSETS)", "fetch.end", "ends.start"),
+    ("  LIST_OFFSETS at the broker", "ends.start", "ends.end"),
+    ("-> ADD_PARTITIONS_TO_TXN arrives (decide, sign, send)", "ends.end", "add.start"),
+    ("  ADD_PARTITIONS_TO_TXN at the broker", "add.start", "add.end"),
+    ("-> transactional PRODUCE arrives", "add.end", "produce.start"),
+    ("  PRODUCE at the broker", "produce.start", "produce.end"),
+    ("-> END_TXN arrives", "produce.end", "end.start"),
+    ("  END_TXN at the broker", "end.start", "end.end"),
+    ("-> commit markers written (WRITE_TXN_MARKERS)", "end.end", "markers.end"),
+    ("ack -> commit markers written", "ack", "markers.end"),
+)
+
+
+def _requests(lines: list[str]) -> list[dict[str, Any]]:
+    """The request log's requests in order of their end: ``kind`` (as :func:`broker_times` names it), ``client``,
+    ``start`` and ``end`` (ms on the broker's clock: the line's time, milliseconds, minus the request's total
+    time) and ``submission`` (a fetch that returned records of the submissions topic)."""
+    from datetime import datetime
+
+    out = []
+    for line, kind, d in _logged(lines):
+        if not line.startswith("["):
+            continue
+        end = datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f").timestamp() * 1000
+        parts = (
+            [
+                p
+                for t in d.get("response", {}).get("responses", [])
+                if str(t.get("topic", "")).endswith("submissions")
+                for p in t.get("partitions", [])
+            ]
+            if kind == "FETCH"
+            else []
+        )
+        out.append(
+            {
+                "kind": kind,
+                "client": d["requestHeader"].get("clientId"),
+                "start": end - d["totalTimeMs"],
+                "end": end,
+                "submission": any(p.get("recordsSizeInBytes", 0) > 0 for p in parts),
+            }
+        )
+    return sorted(out, key=lambda r: r["end"])
+
+
+def broker_path(
+    lines: list[str], probe: str = "bench-latency", reader: str = "dispatcher-reader", writer: str = "dispatcher"
+) -> dict[str, tuple[int, float]]:
+    """``(n, median ms)`` of each :data:`PATH_STEPS` step of the latency probe's submissions, from the broker's
+    request log: the probe's produce (its end is the ack), the dispatcher reader's fetch that returned a
+    submission, its next ``LIST_OFFSETS`` (the key read-ahead, rule D10.proven-user), then the dispatcher's
+    ``ADD_PARTITIONS_TO_TXN``, transactional ``PRODUCE`` and ``END_TXN``, and the broker's ``WRITE_TXN_MARKERS``,
+    each the first of its kind that ends after the one before. The gaps between them are the clients' and the
+    hand-offs' time; the log's clock has milliseconds, so each figure is within about 1 ms. A submission with a
+    request missing is left out."""
+    reqs = _requests(lines)
+
+    def after(kind: str, client: str | None, t: float, submission: bool = False) -> dict[str, Any] | None:
+        return next(
+            (
+                r
+                for r in reqs
+                if r["kind"] == kind
+                and client in (None, r["client"])
+                and r["end"] > t
+                and (r["submission"] or not submission)
+            ),
+            None,
+        )
+
+    steps: dict[str, list[float]] = {name: [] for name, _, _ in PATH_STEPS}
+    for ack in (r for r in reqs if r["kind"] == "PRODUCE" and r["client"] == probe):
+        at: dict[str, float] = {"ack": ack["end"]}
+        t = ack["start"]
+        for name, kind, client in (
+            ("fetch", "FETCH", reader),
+            ("ends", "LIST_OFFSETS", reader),
+            ("add", "ADD_PARTITIONS_TO_TXN", writer),
+            ("produce", "PRODUCE transactional", writer),
+            ("end", "END_TXN", writer),
+            ("markers", "WRITE_TXN_MARKERS", None),
+        ):
+            r = after(kind, client, t, submission=name == "fetch")
+            if r is None:
+                break
+            at[f"{name}.start"], at[f"{name}.end"], t = r["start"], r["end"], r["end"]
+        else:
+            for step, a, b in PATH_STEPS:
+                steps[step].append(at[b] - at[a])
+    return {step: (len(v), statistics.median(v)) for step, v in steps.items() if v}
+
+
+def broker_path_table(path: dict[str, tuple[int, float]]) -> str:
+    """:func:`broker_path`, one line a step."""
+    lines = [f"  {'a submission at the broker (median ms)':<60}{'n':>6}{'ms':>8}"]
+    lines += [f"  {step:<60}{n:>6}{ms:>8.1f}" for step, (n, ms) in path.items()]
+    return "\n".join(lines)
 
 
 def broker_times_table(times: dict[str, dict[str, float]]) -> str:

@@ -21,8 +21,8 @@
 # bench/bench_live.py --no-tls); both development only, fixed when the storage
 # is formatted.
 #
-# Environment: KAFKA_HEAP_OPTS (default -Xms256m -Xmx512m), KAFKA_JVM_OPTS
-# (extra flags), KAFKA_CONTROLLER_PORT (default: a free port),
+# Environment: KAFKA_HEAP_OPTS (default -Xms256m -Xmx512m), KAFKA_GC_OPTS (the
+# collector, default -XX:+UseParallelGC), KAFKA_JVM_OPTS (extra flags), KAFKA_CONTROLLER_PORT (default: a free port),
 # KAFKA_START_TIMEOUT seconds (default 90), APPORTION_KAFKA_PLAINTEXT.
 # One node of a cluster (set by start-cluster.sh, which starts all of them):
 # KAFKA_NODE_ID (default 1), KAFKA_QUORUM_VOTERS (default
@@ -146,9 +146,11 @@ while True:
 fi
 
 t0="$(date +%s%N)"
-# setsid: the broker outlives the shell (and a Ctrl-C in it) that started it.
+# setsid: the broker outlives the shell (and a Ctrl-C in it) that started it. The parallel collector: on two
+# cores shared with the services it gave a lower submit-to-start latency than G1 (docs/performance.md,
+# "Submit to StartWorkload").
 # shellcheck disable=SC2086
-setsid java ${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m} -XX:+UseG1GC -Djava.awt.headless=true \
+setsid java ${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m} ${KAFKA_GC_OPTS:--XX:+UseParallelGC} -Djava.awt.headless=true \
     ${KAFKA_JVM_OPTS:-} "${java_log[@]}" -cp "$cp" kafka.Kafka "$props" \
     > "$logfile" 2>&1 < /dev/null &
 pid=$!

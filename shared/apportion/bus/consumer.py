@@ -429,6 +429,7 @@ class AssignedConsumer:
         self._kc = KafkaConsumer(
             bootstrap_servers=bootstrap,
             group_id=group_id,
+            client_id=f"{group_id}-reader",  # names its requests in the broker's request log
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_partition_fetch_bytes=8 * 1024 * 1024,
