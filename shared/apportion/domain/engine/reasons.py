@@ -64,6 +64,7 @@ from apportion.domain.preemption import (
 from apportion.timeutil import Micros, from_us, s_to_us, us_to_s
 
 __all__ = [
+    "ArrayLimit",
     "BudgetAhead",
     "BudgetUnknown",
     "CheckpointSoon",
@@ -333,6 +334,30 @@ class Held:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class ArrayLimit:
+    """The job is an element of a job array whose ``%N`` limit is reached (rule D1.job: ``--array 0-99%8``
+    runs at most 8 elements at once): the elements running, with the lower pending indices the limit lets
+    through, fill it. Not a cycle's judgement: the dispatcher leaves it out of its cycles
+    (``domain.dispatch.DispatchState.pending_now``) until an element ends.
+
+    Attributes:
+        array_id: the array; ``limit``: its ``%N``; ``running``: its elements running (or stopping) now.
+    """
+
+    kind: ClassVar[str] = "array_limit"
+    array_id: str
+    limit: int
+    running: int
+
+    def text(self) -> str:
+        """One line for people, ``kind: facts``."""
+        return (
+            f"{self.kind}: array {self.array_id} runs at most {self.limit} element(s) at once, "
+            f"{self.running} of {self.limit} running; lower indices start first, the rest as elements end"
+        )
+
+
 PendingReason = (
     BudgetUnknown
     | NoNodeShape
@@ -344,6 +369,7 @@ PendingReason = (
     | CheckpointSoon
     | RefusedBackoff
     | Held
+    | ArrayLimit
 )
 """One reason a job is pending (the ``kind`` of each class is stable for scripts)."""
 
