@@ -7,7 +7,8 @@ Resolution order for each address (first wins):
    or the plain ``KAFKA_BOOTSTRAP`` / ``REDIS_URL`` that the test fixtures use;
 3. ``stack.env`` of the local stack started by ``make up`` / ``apportion stack up``:
    in ``APPORTION_STACK_DIR`` when set, else the nearest ``.run/`` in the current
-   directory or one of its parents (as git finds ``.git``), else the per-user
+   directory or one of its parents (as git finds ``.git``; after ``apportion stack down``
+   its ``researcher/stack.env``, the marker of the stopped stack), else the per-user
    state file ``$XDG_STATE_HOME/apportion/stack.env`` (default
    ``~/.local/state/apportion/stack.env``) that ``apportion stack up`` writes,
    so the CLI finds the stack from any folder;
@@ -75,8 +76,18 @@ def stack_env_path() -> Path | None:
     for d in (here, *here.parents) if here is not None else ():
         if (d / ".run" / "stack.env").is_file():
             return d / ".run" / "stack.env"
+        if _is_stopped_marker(d / ".run" / "researcher" / "stack.env"):  # the owner's, after `down`
+            return d / ".run" / "researcher" / "stack.env"
     user = user_stack_env()
     return user if user.is_file() else None
+
+
+def _is_stopped_marker(path: Path) -> bool:
+    """True when ``path`` is the marker ``apportion stack down`` leaves of a stopped stack (:data:`STOPPED`)."""
+    try:
+        return path.is_file() and any(ln.startswith(f"{STOPPED}=") for ln in path.read_text().splitlines())
+    except OSError:
+        return False
 
 
 def stack_env() -> dict[str, str]:
