@@ -61,7 +61,7 @@ from apportion.domain.preemption import (
     branches_of,
     charge_of,
 )
-from apportion.timeutil import Micros, from_us, s_to_us, us_to_s
+from apportion.timeutil import Micros, from_us, s_to_us, us_to_s, utc_text
 
 __all__ = [
     "ArrayLimit",
@@ -229,7 +229,7 @@ class ProtectedUntil:
             return f"{self.kind}: the runs it could preempt are protected until they have started ({self.job_id})"
         return (
             f"{self.kind}: the runs it could preempt are protected; the first protection ends "
-            f"{from_us(self.until_us).isoformat()} ({self.job_id} of {self.budget})"
+            f"{utc_text(self.until_us)} ({self.job_id} of {self.budget})"
         )
 
 
@@ -256,7 +256,7 @@ class Patience:
             f"{self.kind}: its budget has its share and the cheapest preemption would throw away "
             f"{self.lost_gpu_s / 3600:.1f} GPU-h of work for a job that has waited {self.waited_s / 3600:.2f} h on "
             f"{self.gpus} GPU(s); it preempts once its wait covers that, at the latest "
-            f"{from_us(self.until_us).isoformat()}"
+            f"{utc_text(self.until_us)}"
         )
 
 
@@ -280,7 +280,7 @@ class CheckpointSoon:
         return (
             f"{self.kind}: the cheapest preemption's victims save {self.saved_gpu_s / 3600:.1f} GPU-h of work at "
             f"their next checkpoint; the job ({self.gpus} GPU(s)) waits for it and preempts at "
-            f"{from_us(self.until_us).isoformat()}"
+            f"{utc_text(self.until_us)}"
         )
 
 
@@ -306,7 +306,7 @@ class RefusedBackoff:
         """One line for people, ``kind: facts``."""
         return (
             f"{self.kind}: node {self.node_id} refused its start ({self.refusal}; {self.refusals} refused so far); "
-            f"it may be placed again from {from_us(self.until_us).isoformat()}"
+            f"it may be placed again from {utc_text(self.until_us)}"
         )
 
 
@@ -329,7 +329,7 @@ class Held:
     def text(self) -> str:
         """One line for people, ``kind: facts``."""
         return (
-            f"{self.kind}: held by {self.by} at {from_us(self.since_us).isoformat()} ({self.note}); "
+            f"{self.kind}: held by {self.by} at {utc_text(self.since_us)} ({self.note}); "
             "never placed until released (apportion release JOB)"
         )
 
