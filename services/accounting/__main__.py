@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 
 from apportion.bus.service import add_common_flags, flag_overrides, serve
+from apportion.settings import start_as
 from services.accounting.config import AccountingSettings
 
 
@@ -56,7 +57,9 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: settings from flags and environment, then run until SIGTERM."""
     from services.accounting.app import run
 
-    serve("accounting", AccountingSettings(**parse_args(argv)), run)
+    args = parse_args(argv)
+    start_as("accounting")  # its own Kafka principal, or exit 2 saying which to set
+    serve("accounting", AccountingSettings(**args), run)
 
 
 if __name__ == "__main__":

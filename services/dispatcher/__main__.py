@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 
 from apportion.bus.service import add_common_flags, flag_overrides, serve
+from apportion.settings import start_as
 from services.dispatcher.config import DispatcherSettings
 
 
@@ -43,7 +44,9 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: settings from flags and environment, then run until SIGTERM."""
     from services.dispatcher.app import run
 
-    serve("dispatcher", DispatcherSettings(**parse_args(argv)), run)
+    args = parse_args(argv)
+    start_as("dispatcher")  # its own Kafka principal, or exit 2 saying which to set
+    serve("dispatcher", DispatcherSettings(**args), run)
 
 
 if __name__ == "__main__":

@@ -183,7 +183,8 @@ def read_model(
     that cycle and its order (``position`` ``None``); its reason is
     :class:`~apportion.domain.engine.reasons.RefusedBackoff` (the node, the
     refusal, when it may be placed again), a held job's :class:`~apportion.domain.engine.reasons.Held` (who held
-    it, when, why; ahead of any other). With another scheduler than the engine
+    it, when, why; ahead of any other). An element of a job array beyond its ``%N`` limit keeps its
+    ``position`` in the order and its reason is :class:`~apportion.domain.engine.reasons.ArrayLimit`. With another scheduler than the engine
     (``cfg.scheduler``, the simulator's baselines) reasons are left empty:
     only the engine explains its own decisions.
 
@@ -195,7 +196,13 @@ def read_model(
         ``(jobs, nodes)`` keyed by job id and node id.
     """
     snap = state.cycle_snapshot(now_us)
-    pending = {leaf: jobs for leaf, jobs in snap.pending.items() if snap.tree.is_leaf(leaf)}
+    # the order counts an array's elements held back by its limit: they keep their place in it
+    pending = {
+        leaf: lst
+        for leaf, jobs in state.pending.items()
+        if snap.tree.is_leaf(leaf)
+        and (lst := [j for j in jobs if j.job_id not in state.held and state.backoff_until(j.job_id, now_us) is None])
+    }
     position: dict[str, int] = {}
     queue = FairShareQueue(snap.tree, snap.occupancy, snap.capacity_gpu_s, pending)
     for i, (_, job) in enumerate(queue):

@@ -15,6 +15,7 @@ import argparse
 from pathlib import Path
 
 from apportion.bus.service import add_common_flags, flag_overrides, serve
+from apportion.settings import start_as
 from services.node_agent.config import NodeAgentSettings
 
 
@@ -68,7 +69,9 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: settings from flags and environment, then run until SIGTERM."""
     from services.node_agent.app import run
 
-    serve("node-agent", NodeAgentSettings(**parse_args(argv)), run)
+    args = parse_args(argv)
+    start_as("node_agent")  # its own Kafka principal, or exit 2 saying which to set
+    serve("node-agent", NodeAgentSettings(**args), run)
 
 
 if __name__ == "__main__":

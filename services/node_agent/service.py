@@ -655,12 +655,23 @@ class NodeAgent:
 
         Progress polling stops too; each workload's progress file is still read
         once after it exits, so a checkpoint written on SIGTERM is published. An open group is closed first.
+
+        Before any workload is stopped, each hosted node is registered again with no GPUs (and flushed):
+        the dispatcher then places nothing on a node whose agent is going away, so the ``JobLost`` of its
+        replicas requeues them for other nodes, or until the agent registers again at its next start.
         """
         await self.end_group()
         for t in (self._hb_task, self._poll_task):
             if t is not None:
                 t.cancel()
                 await asyncio.gather(t, return_exceptions=True)
+        for ev in logic.registered_events(self.state, self.clock.now()):
+            await self._emit(ev.model_copy(update={"gpu_count": 0, "gpus": ()}))
+        if self._flush is not None:
+            try:
+                await self._flush()
+            except Exception as exc:  # noqa: BLE001 - stopping anyway: the heartbeat timeout declares the node lost
+                log.error("could not flush the withdrawal of the nodes (%s)", exc)
         async with self._lock:
             keys = [k for k, w in self.state.running.items() if not w.stopping]
             self._shutdown_keys.update(keys)  # the agent's failure, not theirs: reported lost

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 
 from apportion.bus.service import add_common_flags, flag_overrides, serve
+from apportion.settings import start_as
 from services.policy.config import PolicySettings
 
 
@@ -35,7 +36,9 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: settings from flags and environment, then run until SIGTERM."""
     from services.policy.app import run
 
-    serve("policy", PolicySettings(**parse_args(argv)), run)
+    args = parse_args(argv)
+    start_as("policy")  # its own Kafka principal, or exit 2 saying which to set
+    serve("policy", PolicySettings(**args), run)
 
 
 if __name__ == "__main__":

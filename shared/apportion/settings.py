@@ -7,7 +7,8 @@ Resolution order for each address (first wins):
    or the plain ``KAFKA_BOOTSTRAP`` / ``REDIS_URL`` that the test fixtures use;
 3. ``stack.env`` of the local stack started by ``make up`` / ``apportion stack up``:
    in ``APPORTION_STACK_DIR`` when set, else the nearest ``.run/`` in the current
-   directory or one of its parents (as git finds ``.git``), else the per-user
+   directory or one of its parents (as git finds ``.git``; after ``apportion stack down``
+   its ``researcher/stack.env``, the marker of the stopped stack), else the per-user
    state file ``$XDG_STATE_HOME/apportion/stack.env`` (default
    ``~/.local/state/apportion/stack.env``) that ``apportion stack up`` writes,
    so the CLI finds the stack from any folder;
@@ -75,8 +76,18 @@ def stack_env_path() -> Path | None:
     for d in (here, *here.parents) if here is not None else ():
         if (d / ".run" / "stack.env").is_file():
             return d / ".run" / "stack.env"
+        if _is_stopped_marker(d / ".run" / "researcher" / "stack.env"):  # the owner's, after `down`
+            return d / ".run" / "researcher" / "stack.env"
     user = user_stack_env()
     return user if user.is_file() else None
+
+
+def _is_stopped_marker(path: Path) -> bool:
+    """True when ``path`` is the marker ``apportion stack down`` leaves of a stopped stack (:data:`STOPPED`)."""
+    try:
+        return path.is_file() and any(ln.startswith(f"{STOPPED}=") for ln in path.read_text().splitlines())
+    except OSError:
+        return False
 
 
 def stack_env() -> dict[str, str]:
@@ -184,3 +195,73 @@ class Connection:
             or DEFAULT_REDIS_URL
         )
         return cls(b, r)
+
+
+class NoOwnPrincipal(RuntimeError):
+    """A service would sign in to Kafka as another principal (the stack.env's, the CLI's) than its own."""
+
+
+#: The exit status of a service that has no principal of its own (:func:`start_as`): bad input, as the CLI's 2.
+NO_OWN_PRINCIPAL_EXIT = 2
+
+
+def own_principal(service: str) -> str | None:
+    """Make this process service ``service``'s own Kafka principal before it connects (rule D10.authentication:
+    each service its own principal; ``apportion.bus.security``), and return it (``None``: nothing to do).
+
+    ``service`` is its package under ``services/`` (``node_agent``). A user in the environment
+    (``APPORTION_KAFKA_USER``) is whoever started it chose: kept. A stack.env without a user: a broker
+    without principals. Otherwise the stack.env names the CLI's principal (``ops``): the service signs in as its
+    own (``policy``, ``accounting``, ``dispatcher``, the declared node agent's ``node-agent.<name>``) with the
+    password file beside the CLI's in the broker's secrets directory, and as its own Redis user where it has
+    one (the read-model writers).
+
+    Raises:
+        NoOwnPrincipal: the stack.env's user is not the service's and its password file is not readable here.
+    """
+    from apportion.bus.security import (
+        NODE_AGENT,
+        READ_MODEL_WRITERS,
+        declared_node_agents,
+        node_agent_principal,
+        principal_env,
+        redis_env,
+    )
+
+    if os.environ.get("APPORTION_KAFKA_USER"):
+        return None
+    stack = _stack_env()
+    user = stack.get("APPORTION_KAFKA_USER")
+    if not user:
+        return None
+    agents = declared_node_agents() if service == "node_agent" else ()
+    own = (node_agent_principal(agents[0]) if agents else NODE_AGENT) if service == "node_agent" else service
+    if user == own:
+        return None
+    given = stack.get("APPORTION_KAFKA_PASSWORD_FILE")
+    secrets = Path(given).parent if given else None
+    if secrets is None or not os.access(secrets / f"{own}.password", os.R_OK):
+        where = secrets / f"{own}.password" if secrets is not None else f"DATADIR/kafka/secrets/{own}.password"
+        raise NoOwnPrincipal(
+            f"services.{service} has no Kafka principal of its own: the stack's settings ({stack_env_path()}) sign "
+            f"in as {user!r}, the CLI's; set APPORTION_KAFKA_USER={own} and "
+            f"APPORTION_KAFKA_PASSWORD_FILE={where} (docs/operations.md, one service alone)"
+        )
+    os.environ.update(principal_env(own, secrets))
+    given = stack.get("APPORTION_REDIS_PASSWORD_FILE")
+    redis = Path(given).parent if given else None
+    if redis is not None and service in READ_MODEL_WRITERS and (redis / f"{service}.password").is_file():
+        os.environ.update(redis_env(service, redis))
+    return own
+
+
+def start_as(service: str) -> None:
+    """:func:`own_principal` at a service's start; without one, one line ``error: ...`` on stderr and exit
+    :data:`NO_OWN_PRINCIPAL_EXIT` (rather than retrying what its ACLs refuse)."""
+    import sys
+
+    try:
+        own_principal(service)
+    except NoOwnPrincipal as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(NO_OWN_PRINCIPAL_EXIT) from None

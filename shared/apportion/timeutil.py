@@ -35,6 +35,11 @@ def from_us(us: Micros) -> datetime:
     return EPOCH + timedelta(microseconds=us)
 
 
+def utc_text(us: Micros) -> str:
+    """An instant for people, to the second: ``2026-12-07 06:49:19 UTC`` (pending reasons, protection notices)."""
+    return from_us(us).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def s_to_us(seconds: float) -> Micros:
     """Seconds (float) -> microseconds, rounded to the nearest microsecond."""
     return round(seconds * US_PER_S)

@@ -774,3 +774,44 @@ async def test_real_process_that_ignores_sigterm_at_its_time_limit_is_killed_aft
     await asyncio.wait_for(agent.idle(), 20)
     (failed,) = sink.of(JobFailed)
     assert (failed.reason, failed.exit_code) == (logic.TIME_LIMIT, -9)
+
+
+async def test_a_stopping_agent_withdraws_its_nodes_before_reporting_its_replicas_lost():
+    """Shutdown with j1 running on n1: first n1 registered again with 0 GPUs, then j1's JobLost. Folded by the
+    dispatcher in that order, the requeued j1 is not placed back on n1 (its agent is going away); n1's next
+    registration with its 4 GPUs places it there again."""
+    from apportion.domain.budgets import BudgetTree
+    from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, step
+    from apportion.events import JobLost, JobPlaced, det_id
+    from apportion.timeutil import to_us
+    from tests.kit.builders import submitted
+
+    clock, sink = ManualClock(T0), Sink()
+    agent = make_agent(clock, sink)
+    await agent.start(heartbeats=False)
+    (reg,) = sink.of(NodeRegistered)
+    await agent.on_event(start(job="j1", gpus=(0,), duration_s=3600))
+    await settle(clock, 1)
+    before = len(sink.events)
+    await agent.shutdown()
+    after = sink.events[before:]
+    assert [(type(e).__name__, e.node_id, getattr(e, "gpu_count", None)) for e in after] == [
+        ("NodeRegistered", "n1", 0),
+        ("JobLost", "n1", None),
+    ]
+    assert narrow(NodeRegistered, after[0]).gpus == () and narrow(JobLost, after[1]).job_id == "j1"
+
+    cfg, t0 = DispatchConfig(heartbeat_timeout_s=None), to_us(T0)
+    state = DispatchState(BudgetTree.from_mapping({"lab": 1.0, "lab/a": {"share": 1.0, "members": ["alice"]}}))
+    step(state, reg, t0, cfg)
+    step(state, submitted("j1", at=t0), t0, cfg)
+    out = step(state, Tick(t0), t0, cfg)
+    assert [(e.job_id, e.placements[0].node_id) for e in out if isinstance(e, JobPlaced)] == [("j1", "n1")]
+    lost_ev = narrow(JobLost, after[1]).model_copy(update={"attempt": 1})
+    for e in (after[0], lost_ev, Tick(t0)):
+        assert not [x for x in step(state, e, t0, cfg) if isinstance(x, JobPlaced)]
+    assert state.jobs["j1"].status == "pending"
+    again = reg.model_copy(update={"event_id": det_id("NodeRegistered", "n1", "next start")})
+    out = step(state, again, t0, cfg)
+    out += step(state, Tick(t0), t0, cfg)
+    assert [(e.job_id, e.attempt) for e in out if isinstance(e, JobPlaced)] == [("j1", 2)]

@@ -319,7 +319,11 @@ async def test_agent_shutdown_reports_its_runs_lost_not_failed(tmp_path):
     agent = agent_at(tmp_path, clock, sink)
     await agent.on_event(start())
     await agent.shutdown(grace_s=0)
-    assert [type(e).__name__ for e in sink.events] == ["JobStarted", "JobLost"]
+    assert [type(e).__name__ for e in sink.events] == [
+        "JobStarted",
+        "NodeRegistered",
+        "JobLost",
+    ]  # its node withdrawn first
     assert not sink.of(JobFailed)
 
 

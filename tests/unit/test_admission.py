@@ -174,8 +174,7 @@ def test_without_a_budget_limit_the_window_caps_a_minimum_runtime() -> None:
     got = admit(TREE, submitted("j1", budget="open", min_runtime_s=week + 1), SHAPES)
     assert got is not None and got.reason is RejectReason.MIN_RUNTIME_TOO_LONG
     assert got.message == (
-        "min_runtime_s 604801 is above the occupancy window 604800 s, the limit where no budget above 'open' "
-        "sets max_min_runtime"
+        "min_runtime 7d1s is above the occupancy window 7d, the limit where no budget above 'open' sets max_min_runtime"
     )
     # another window, another ceiling; a budget's own limit is the one that applies (lab: 1 d, under a 1 h window)
     capped = admit(TREE, submitted("j1", budget="open", min_runtime_s=7200), SHAPES, window_s=3600)
@@ -251,3 +250,10 @@ def test_topology_bound_on_unlabelled_nodes_and_cold_start() -> None:
     assert got is not None and got.reason is RejectReason.UNSATISFIABLE_TOPOLOGY
     # no node registered yet: nothing to judge, the job is queued
     assert admit(TREE, job, []) is None
+
+
+def test_a_minimum_runtime_above_the_budgets_limit_is_said_in_durations() -> None:
+    # lab sets max_min_runtime 1 d (86400 s); nlp inherits it: 9 d (777600 s) is above it
+    got = admit(TREE, submitted("j1", budget="lab/prior/nlp", user="bob", min_runtime_s=9 * 86400), SHAPES)
+    assert got is not None and got.reason is RejectReason.MIN_RUNTIME_TOO_LONG
+    assert got.message == "min_runtime 9d is above the budget's limit 1d (max_min_runtime of 'lab/prior/nlp')"

@@ -18,7 +18,14 @@ PKG = ROOT / "shared" / "apportion"
 
 #: room -> apportion modules it may import (prefixes); anything else under ``apportion`` is refused
 ALLOWED: dict[str, tuple[str, ...]] = {
-    "domain": ("apportion.domain", "apportion.events", "apportion.arrays", "apportion.timeutil", "apportion.topics"),
+    "domain": (
+        "apportion.domain",
+        "apportion.events",
+        "apportion.arrays",
+        "apportion.durations",
+        "apportion.timeutil",
+        "apportion.topics",
+    ),
     "sim": (
         "apportion.sim",
         "apportion.domain",

@@ -102,3 +102,17 @@ def test_make_down_without_a_venv_leaves_what_stack_down_leaves(
     monkeypatch.setenv("APPORTION_STACK_DIR", str(run_dir / "researcher"))
     with pytest.raises(settings.StackStopped, match=f"the stack of {run_dir.resolve()} was stopped at 20"):
         settings.Connection.resolve()
+
+
+def test_the_owners_cli_in_the_checkout_reads_the_marker_too(
+    stopped: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner's CLI in a folder whose `.run/` is the stopped stack's (no `APPORTION_STACK_DIR`): the owner's
+    `stack.env` is gone, the marker in `.run/researcher/` says the stack stopped, not a default address."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    stopped.rename(checkout / ".run")
+    monkeypatch.chdir(checkout)
+    res = CliRunner().invoke(app, ["queue"])
+    assert res.exit_code == 3
+    assert res.stderr.startswith(f"error: no stack running: the stack of {stopped} was stopped at ")

@@ -151,7 +151,7 @@ def test_the_queue_says_held_and_who_held_it() -> None:
     rows, _ = read_model(state, m(3), CFG)
     assert rows["j1"]["position"] is None and rows["j2"]["position"] == 0
     assert rows["j1"]["reason"] == (
-        "held: held by bob at 2024-01-01T00:02:00+00:00 (data not ready); never placed until released "
+        "held: held by bob at 2024-01-01 00:02:00 UTC (data not ready); never placed until released "
         "(apportion release JOB)"
     )
     assert rows["j1"]["reason_detail"] == {

@@ -381,3 +381,44 @@ def test_submit_array_dry_run_says_what_it_would_ask_for_and_refuses_a_bad_expre
     )
     bad = CliRunner().invoke(app, [*base, "--array", "9-0"], env=env, terminal_width=200)
     assert bad.exit_code == 2 and "array '9-0': range '9-0' ends below its start" in bad.stderr
+
+
+def test_elements_beyond_the_limit_keep_their_place_and_say_why_they_wait() -> None:
+    """0-3%1 on 8 free GPUs: s_0 starts, s_1..s_3 wait for the limit; each keeps its place in the order
+    (positions 0, 1, 2) and the reason says the array's limit, not an empty string."""
+    from services.dispatcher.logic import read_model
+
+    state, log, _ = queued_array("0-3%1")
+    assert kinds(feed(state, log, Tick(T0), T0)) == ["JobPlaced:s_0", "StartWorkload:s_0"]
+    jobs, _ = read_model(state, T0, CFG)
+    text = "array_limit: array s runs at most 1 element(s) at once, 1 of 1 running; lower indices start first, the rest as elements end"
+    assert [(j, jobs[j]["position"], jobs[j]["reason"]) for j in ("s_1", "s_2", "s_3")] == [
+        ("s_1", 0, text),
+        ("s_2", 1, text),
+        ("s_3", 2, text),
+    ]
+    assert jobs["s_1"]["reason_detail"] == {
+        "kind": "array_limit",
+        "text": text,
+        "array_id": "s",
+        "limit": 1,
+        "running": 1,
+    }
+    assert jobs["s_0"]["position"] is None  # running
+
+
+def test_the_forecast_says_the_limit_of_the_elements_it_holds_back() -> None:
+    """0-3%2 before any cycle: a_0 and a_1 are let through (no reason), a_2 and a_3 wait for the limit."""
+    from apportion.forecast import forecast
+    from tests.kit.forecast_history import CFG as FCFG
+    from tests.kit.forecast_history import History
+
+    hist = History().node("n0", 4)
+    hist.feed(submitted("a", at=m(10)).model_copy(update={"array": "0-3%2"}), m(10))
+    fc = forecast(hist.state, m(10), FCFG)
+    assert [(j.job_id, (j.reason_detail or {}).get("kind")) for j in fc.jobs] == [
+        ("a_0", None),
+        ("a_1", None),
+        ("a_2", "array_limit"),
+        ("a_3", "array_limit"),
+    ]

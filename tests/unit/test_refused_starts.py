@@ -295,7 +295,7 @@ def test_a_refused_job_waits_out_its_backoff_and_says_why() -> None:
     jobs, _ = read_model(c.state, s(70), CFG)
     assert jobs["j1"]["reason"] == (
         "refused_backoff: node n0 refused its start (start refused: gpus_busy: refused by the test; 1 refused so far); "
-        "it may be placed again from 2024-01-01T00:01:30+00:00"
+        "it may be placed again from 2024-01-01 00:01:30 UTC"
     )
     assert jobs["j1"]["reason_detail"] == {
         "kind": "refused_backoff",

@@ -253,3 +253,19 @@ def test_a_service_that_exits_before_it_is_ready_is_named_with_its_log(tmp_path:
     with pytest.raises(StackUpError) as got:
         wait_ready(info, {"policy": 0})
     assert str(got.value) == f"policy exited at start; see {info.log_dir / 'policy.log'}"
+
+
+def test_infra_ups_stack_env_is_private_from_the_first_write(tmp_path: Path) -> None:
+    """`make infra-up`'s ``DATADIR/stack.env`` names the admin's password file: 0600 whatever the umask."""
+    from apportion.bus.stack import LocalStack
+
+    stack = LocalStack(tmp_path / "data", kafka_port=19092, redis_port=16379, provision_topics=False)
+    stack.datadir.mkdir()
+    stack.kafka_secrets = tmp_path / "secrets"
+    old = os.umask(0o022)
+    try:
+        stack.write_env_file()
+    finally:
+        os.umask(old)
+    assert stack.env_file.stat().st_mode & 0o777 == 0o600
+    assert f"APPORTION_KAFKA_PASSWORD_FILE={tmp_path / 'secrets' / 'admin.password'}" in stack.env_file.read_text()

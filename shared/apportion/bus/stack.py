@@ -244,11 +244,17 @@ class LocalStack:
         except BaseException:
             self.stop()
             raise
-        extra = "".join(f"{k}={v}\n" for k, v in self.client_env().items())
-        self.env_file.write_text(
-            f"KAFKA_BOOTSTRAP={self.bootstrap}\nKAFKA_BROKERS={self.brokers}\nREDIS_URL={self.redis_url}\n{extra}"
-        )
+        self.write_env_file()
         return self
+
+    def write_env_file(self) -> None:
+        """Write ``DATADIR/stack.env``: the addresses and :meth:`client_env` (the admin's password file), mode
+        0600 from the first byte whatever the umask (:mod:`apportion.privatefiles`)."""
+        from apportion.privatefiles import write_private
+
+        extra = "".join(f"{k}={v}\n" for k, v in self.client_env().items())
+        text = f"KAFKA_BOOTSTRAP={self.bootstrap}\nKAFKA_BROKERS={self.brokers}\nREDIS_URL={self.redis_url}\n{extra}"
+        write_private(self.env_file, text.encode())
 
     def client_env(self) -> dict[str, str]:
         """The environment that makes Kafka and Redis clients the super user ``admin`` over TLS, verifying the

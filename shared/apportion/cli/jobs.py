@@ -560,7 +560,8 @@ def queue(
     `-` for running ones). The pending reason comes from the engine's own cycle (`kind: facts`; kinds
     budget_ahead, reserved_by, protected_until, no_node_shape, no_free_gpus, budget_unknown, patience,
     checkpoint_soon, placeable; from the dispatcher: refused_backoff, for a job whose start a node refused, and
-    held, for a job held until `apportion release`);
+    held, for a job held until `apportion release`, and array_limit, for an element of a job array beyond
+    its `%N`);
     `--json` rows also carry `reason_detail`, the reason's fields.
 
     A running job shows what its protection promises: protected until T (preemptible after), or preemptible since.

@@ -95,6 +95,7 @@ from datetime import datetime
 from typing import NamedTuple
 
 from apportion.domain.budgets import BudgetTree
+from apportion.durations import format_duration
 from apportion.events import (
     DispatcherConfigured,
     Event,
@@ -355,12 +356,14 @@ def admit(
         if limit is not None and job.min_runtime_s > limit:
             return Rejection(
                 RejectReason.MIN_RUNTIME_TOO_LONG,
-                f"min_runtime_s {job.min_runtime_s:g} is above the limit {limit:g} s of budget {path!r}",
+                f"min_runtime {format_duration(job.min_runtime_s)} is above the budget's limit "
+                f"{format_duration(limit)} (max_min_runtime of {path!r})",
             )
         if limit is None and job.min_runtime_s > window_s:
             return Rejection(
                 RejectReason.MIN_RUNTIME_TOO_LONG,
-                f"min_runtime_s {job.min_runtime_s:g} is above the occupancy window {window_s:g} s, the limit "
+                f"min_runtime {format_duration(job.min_runtime_s)} is above the occupancy window "
+                f"{format_duration(window_s)}, the limit "
                 f"where no budget above {path!r} sets max_min_runtime",
             )
     default_s, max_s = tree.time_limits_s(path)

@@ -95,7 +95,7 @@ from apportion.domain.engine import (
     start_events,
     stop_event,
 )
-from apportion.domain.engine.reasons import Held, RefusedBackoff
+from apportion.domain.engine.reasons import ArrayLimit, Held, RefusedBackoff
 from apportion.domain.idle import IdleReports, observe_idle
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.reconcile import Absences, findings, observe
@@ -650,11 +650,12 @@ class DispatchState:
             return None
         return b if rec.status == "pending" else None
 
-    def waiting_reason(self, job_id: str, now_us: Micros) -> Held | RefusedBackoff | None:
+    def waiting_reason(self, job_id: str, now_us: Micros) -> Held | RefusedBackoff | ArrayLimit | None:
         """Why pending job ``job_id`` is kept out of every cycle at ``now_us`` (:meth:`pending_now`), or ``None``.
 
-        A hold comes before a backoff: a held job waits for its release whatever else holds it back. The
-        dispatcher's read model and the forecast both say it in place of a cycle's reason.
+        A hold comes before a backoff, a backoff before its array's limit: a held job waits for its release
+        whatever else holds it back. The dispatcher's read model and the forecast both say it in place of a
+        cycle's reason.
         """
         hold = self.held.get(job_id)
         if hold is not None:
@@ -662,7 +663,22 @@ class DispatchState:
         b = self.backoff_until(job_id, now_us)
         if b is not None and b.not_before_us is not None:
             return RefusedBackoff(b.node_id, b.reason, b.refusals, b.not_before_us)
-        return None
+        array_id = self.array_of(job_id)
+        arr = self.arrays.get(array_id) if array_id is not None else None
+        if array_id is None or arr is None or arr.throttle is None:
+            return None
+        rec = self.jobs.get(job_id)
+        if rec is None or rec.status != "pending":
+            return None
+        waiting: dict[str, set[str]] = {}
+        for member in arr.members:
+            if member in self.held or self.backoff_until(member, now_us) is not None:
+                waiting.setdefault(rec.spec.budget, set()).add(member)
+        self._throttle(arr, waiting)
+        if job_id not in waiting.get(rec.spec.budget, ()):
+            return None
+        running = sum(1 for m in arr.members if (r := self.jobs.get(m)) is not None and r.status != "pending")
+        return ArrayLimit(array_id, arr.throttle, running)
 
     def is_stale(self, ev: Event) -> bool:
         """True when ``ev`` is older than the window: its time is before the latest folded minus W.

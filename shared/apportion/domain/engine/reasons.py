@@ -61,9 +61,10 @@ from apportion.domain.preemption import (
     branches_of,
     charge_of,
 )
-from apportion.timeutil import Micros, from_us, s_to_us, us_to_s
+from apportion.timeutil import Micros, from_us, s_to_us, us_to_s, utc_text
 
 __all__ = [
+    "ArrayLimit",
     "BudgetAhead",
     "BudgetUnknown",
     "CheckpointSoon",
@@ -228,7 +229,7 @@ class ProtectedUntil:
             return f"{self.kind}: the runs it could preempt are protected until they have started ({self.job_id})"
         return (
             f"{self.kind}: the runs it could preempt are protected; the first protection ends "
-            f"{from_us(self.until_us).isoformat()} ({self.job_id} of {self.budget})"
+            f"{utc_text(self.until_us)} ({self.job_id} of {self.budget})"
         )
 
 
@@ -255,7 +256,7 @@ class Patience:
             f"{self.kind}: its budget has its share and the cheapest preemption would throw away "
             f"{self.lost_gpu_s / 3600:.1f} GPU-h of work for a job that has waited {self.waited_s / 3600:.2f} h on "
             f"{self.gpus} GPU(s); it preempts once its wait covers that, at the latest "
-            f"{from_us(self.until_us).isoformat()}"
+            f"{utc_text(self.until_us)}"
         )
 
 
@@ -279,7 +280,7 @@ class CheckpointSoon:
         return (
             f"{self.kind}: the cheapest preemption's victims save {self.saved_gpu_s / 3600:.1f} GPU-h of work at "
             f"their next checkpoint; the job ({self.gpus} GPU(s)) waits for it and preempts at "
-            f"{from_us(self.until_us).isoformat()}"
+            f"{utc_text(self.until_us)}"
         )
 
 
@@ -305,7 +306,7 @@ class RefusedBackoff:
         """One line for people, ``kind: facts``."""
         return (
             f"{self.kind}: node {self.node_id} refused its start ({self.refusal}; {self.refusals} refused so far); "
-            f"it may be placed again from {from_us(self.until_us).isoformat()}"
+            f"it may be placed again from {utc_text(self.until_us)}"
         )
 
 
@@ -328,8 +329,32 @@ class Held:
     def text(self) -> str:
         """One line for people, ``kind: facts``."""
         return (
-            f"{self.kind}: held by {self.by} at {from_us(self.since_us).isoformat()} ({self.note}); "
+            f"{self.kind}: held by {self.by} at {utc_text(self.since_us)} ({self.note}); "
             "never placed until released (apportion release JOB)"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayLimit:
+    """The job is an element of a job array whose ``%N`` limit is reached (rule D1.job: ``--array 0-99%8``
+    runs at most 8 elements at once): the elements running, with the lower pending indices the limit lets
+    through, fill it. Not a cycle's judgement: the dispatcher leaves it out of its cycles
+    (``domain.dispatch.DispatchState.pending_now``) until an element ends.
+
+    Attributes:
+        array_id: the array; ``limit``: its ``%N``; ``running``: its elements running (or stopping) now.
+    """
+
+    kind: ClassVar[str] = "array_limit"
+    array_id: str
+    limit: int
+    running: int
+
+    def text(self) -> str:
+        """One line for people, ``kind: facts``."""
+        return (
+            f"{self.kind}: array {self.array_id} runs at most {self.limit} element(s) at once, "
+            f"{self.running} of {self.limit} running; lower indices start first, the rest as elements end"
         )
 
 
@@ -344,6 +369,7 @@ PendingReason = (
     | CheckpointSoon
     | RefusedBackoff
     | Held
+    | ArrayLimit
 )
 """One reason a job is pending (the ``kind`` of each class is stable for scripts)."""
 
