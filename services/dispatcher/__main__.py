@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 
+from apportion.bus.principal import start_as
 from apportion.bus.service import add_common_flags, flag_overrides, serve
-from apportion.settings import start_as
 from services.dispatcher.config import DispatcherSettings
 
 

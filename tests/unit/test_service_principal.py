@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from apportion import settings
+from apportion.bus import principal
 
 KEYS = (
     "APPORTION_KAFKA_USER",
@@ -47,7 +47,7 @@ def test_a_service_takes_its_own_password_file_beside_the_clis(tmp_path: Path, m
     import os
 
     d = stack(tmp_path, monkeypatch, "dispatcher")
-    assert settings.own_principal("dispatcher") == "dispatcher"
+    assert principal.own_principal("dispatcher") == "dispatcher"
     assert {k: os.environ.get(k) for k in KEYS[:6] if k in os.environ} == {
         "APPORTION_KAFKA_USER": "dispatcher",
         "APPORTION_KAFKA_PASSWORD_FILE": str(d / "kafka" / "dispatcher.password"),
@@ -60,7 +60,7 @@ def test_the_node_agent_is_the_declared_agents_principal(tmp_path: Path, monkeyp
     import os
 
     stack(tmp_path, monkeypatch, "node-agent.sim")
-    assert settings.own_principal("node_agent") == "node-agent.sim"
+    assert principal.own_principal("node_agent") == "node-agent.sim"
     assert os.environ["APPORTION_KAFKA_USER"] == "node-agent.sim"
     assert "APPORTION_REDIS_USER" not in os.environ  # not a read-model writer: the stack's Redis user
 
@@ -68,7 +68,7 @@ def test_the_node_agent_is_the_declared_agents_principal(tmp_path: Path, monkeyp
 def test_a_user_in_the_environment_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     stack(tmp_path, monkeypatch, "policy")
     monkeypatch.setenv("APPORTION_KAFKA_USER", "admin")
-    assert settings.own_principal("policy") is None
+    assert principal.own_principal("policy") is None
 
 
 def test_without_its_password_file_the_service_exits_2_saying_what_to_set(
