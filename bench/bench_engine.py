@@ -53,6 +53,7 @@ from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import ClusterState
 from apportion.domain.engine import CycleSnapshot, EngineCaches, EngineConfig, PendingJob, pending_order, run_cycle
+from apportion.heap import settle_heap
 from apportion.sim.traces import topology_of
 from apportion.timeutil import from_us, s_to_us
 
@@ -249,8 +250,7 @@ def bench(
     print(f"queue: {sum(len(v) for v in snap.pending.values())} pending jobs in {len(snap.pending)} leaf budgets")
     cfg = EngineConfig()
     res = run_cycle(snap, NOW, cfg)  # warm-up
-    gc.collect()
-    gc.freeze()  # the long-lived snapshot leaves the collector's working set, as in a service
+    settle_heap()  # the long-lived snapshot leaves the collector's working set, as in the dispatcher
     times, cpu = [], []
     passes = [0]  # the collector's passes (any generation) during the timed cycle
 

@@ -69,6 +69,7 @@ from apportion.events import (
     NodeRequestRefused,
     WorkloadRefused,
 )
+from apportion.heap import settle_heap
 from apportion.identity.gates import RequestGate
 from apportion.logrecord import log_position, record_order
 from apportion.metrics import count_preemptions
@@ -865,6 +866,7 @@ async def rebuild_and_start(
     )
     backlog, late = caught
     await term.start(backlog, late, configured, lease)
+    settle_heap()  # the rebuilt state leaves the collector's working set (rule D9.scale)
     took, origin = term.now() - t_start, "a snapshot" if snap else "offset 0"
     log.info("started from %s: %d records read, rebuilt in %.2f s", origin, len(backlog), took)
     return True

@@ -66,6 +66,13 @@ def test_det_id_is_uuid5_of_the_parts_joined_by_unit_separators(parts: tuple[obj
     )
 
 
+def test_det_id_reads_only_its_own_parts_call_after_call() -> None:
+    """The namespace's hash is copied per id: an id does not depend on the ids made before it."""
+    first = [det_id("JobPlaced", f"j{i}", 1) for i in range(3)]
+    again = [det_id("JobPlaced", f"j{i}", 1) for i in range(3)]
+    assert first == again == [uuid.uuid5(EVENT_NAMESPACE, f"JobPlaced\x1fj{i}\x1f1") for i in range(3)]
+
+
 def _same(a: BaseModel, b: BaseModel) -> None:
     """``a`` and ``b`` are the same instance in everything a reader or writer sees."""
     assert type(a) is type(b)
