@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "adapters",
         ("apportion.clock", "apportion.settings", "apportion.readmodel", "apportion.gpu", "apportion.metrics")
         + ("apportion.identity", "apportion.bus", "apportion.client", "apportion.signers", "apportion.audit")
-        + ("apportion.privatefiles",),
+        + ("apportion.privatefiles", "apportion.heap"),
     ),
     ("entrypoints", ("apportion.cli", "services")),
 )
