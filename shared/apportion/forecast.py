@@ -21,7 +21,8 @@ The cycles are spaced by how far ahead they look (``spacing``, :data:`SPACING`;
 :class:`~apportion.sim.core.Debounce`, the simulator's ``min_gap_s`` debounce):
 after a cycle at ``t`` the next runs no earlier than ``t + spacing x (t - now)``,
 and what it was wanted for waits for it. A stop's end (a preemption's grace) is
-not spaced. The run stops once every job asked about has started, or at the
+folded when due, not spaced: the job that waited for it starts then (exact), and
+the cycle after it is spaced like any other. The run stops once every job asked about has started, or at the
 horizon: a job not started by then starts after it (``after_us``).
 
 Where each run's end is taken from (its ``basis``), the first that applies:
@@ -70,6 +71,7 @@ from __future__ import annotations
 
 import heapq
 import pickle
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from statistics import median
@@ -145,6 +147,8 @@ WAITED_S = 60.0
 #: ``recent_waits``: the fewest waits a median is taken of (fewer of its size: every size's).
 WAITS_MIN_JOBS = 5
 _PRODUCER = "forecast"
+#: The forward run's report ids (``_Forward._id``): this prefix (not RFC 4122's variant), a counter in the low bits.
+_ID_BASE = 0xF0_7EC4_57 << 96
 _GONE = (JobCancelled, JobRejected)
 
 
@@ -525,6 +529,7 @@ class _Forward:
         self.freed_on: dict[str, list[int]] = {}  # node -> the indices in ``freed`` of the run ends on it
         self.nodes_of: dict[RunKey, frozenset[str]] = {}
         self.period_us: Micros = 0  # arrivals replayed every period (``arrive``)
+        self._ids: dict[tuple[Any, ...], uuid.UUID] = {}  # the forward run's reports' event ids (``_id``)
 
     def arrive(self, arrivals: Sequence[tuple[Micros, JobQueued]], period_s: float) -> None:
         """Replay ``arrivals`` (their first time, the job they copy) every ``period_s`` until the horizon."""
@@ -615,9 +620,19 @@ class _Forward:
         if (end_us is None or at < end_us) and at <= self.horizon:
             self.push(at, self._CKPT, (key, k * every))
 
+    def _id(self, *parts: Any) -> uuid.UUID:
+        """The event id of the forward run's report named by ``parts`` (kind, job, attempt, replica or progress):
+        the same parts give the same id, so a report made twice is folded once, as with a hashed id; the ids are
+        numbered in order of first use, outside RFC 4122's variant (a log event's id is a version 4 or 5 UUID, so
+        none equals one the state has seen). Cheaper than hashing the parts, once per replica started."""
+        got = self._ids.get(parts)
+        if got is None:
+            got = self._ids[parts] = uuid.UUID(int=_ID_BASE | len(self._ids))
+        return got
+
     def _started(self, run: Run, replica: int, t: Micros) -> JobStarted:
         return JobStarted(
-            event_id=det_id(_PRODUCER, "JobStarted", run.job_id, run.attempt, replica),
+            event_id=self._id("JobStarted", run.job_id, run.attempt, replica),
             ts=from_us(t),
             producer=f"{_PRODUCER}/agent",
             job_id=run.job_id,
@@ -643,7 +658,7 @@ class _Forward:
             t = heap[0][0]
             if t > until or self.real == 0:
                 break
-            dirty = exact = False
+            dirty = stop = False
             while heap and heap[0][0] == t:
                 _, _, kind, payload = heapq.heappop(heap)
                 if kind != self._PERIODIC:
@@ -658,12 +673,14 @@ class _Forward:
                     dirty |= self._arrival(payload, t)
                 else:
                     dirty = True
-                    exact |= kind == self._STOP
+                    stop |= kind == self._STOP
                     if kind == self._PERIODIC:
                         self.periodic_at = None
             st = self.state
+            if stop and not st.draining:
+                self._stops(t)
             if dirty and (st.pending or st.stopping or st.draining):
-                now, tick_at = self.debounce.want(t, force=exact)
+                now, tick_at = self.debounce.want(t, force=stop and bool(st.draining))
                 if tick_at is not None:  # spaced: one cycle at the gap's end
                     self.push(tick_at, self._TICK)
                 if now:
@@ -694,6 +711,19 @@ class _Forward:
         self.touched = True
         out += step(st, Tick(t), t, cfg)
         self._outputs(out, t)
+
+    def _stops(self, t: Micros) -> None:
+        """The stops that end at ``t``: the maintenance's events (each stopped run requeued, the preemptors that
+        waited only for it started: ``StartWorkload``) folded at their time, ahead of the cycle, which the
+        spacing may defer (the same events as the maintenance of a cycle at ``t`` gives; a start that only
+        protection and grace ends delay stays exact)."""
+        st = self.state
+        out = maintenance(st, t, self.cfg)
+        for e in out:
+            evolve(st, e)
+        if out:
+            self.touched = True
+            self._outputs(out, t)
 
     def _feed(self, ev: Event, t: Micros) -> bool:
         self.touched = True
@@ -726,9 +756,9 @@ class _Forward:
                     self.push(t, self._EV, self._checkpointed(key, live[1] + us_to_s(max(0, t - live[0])), t))
 
     def _wake_kind(self, e: Event) -> int:
-        """A stop's end (a preemption's or a lost gang's grace) runs its cycle when due, not spaced: it starts
-        the job placed on the stopped run's GPUs, at a time the engine's rules fix (basis ``rules``), and there
-        is one per stop; every other wake-up is spaced."""
+        """A stop's end (a preemption's or a lost gang's grace) is folded when due, not spaced (``_stops``): it
+        starts the job placed on the stopped run's GPUs, at a time the engine's rules fix (basis ``rules``); the
+        cycle it wants is spaced like every other wake-up's (it forces one only while nodes drain)."""
         return self._STOP if type(e) in (JobPreempted, JobLost) else self._TICK
 
     def _start(self, e: StartWorkload, t: Micros) -> None:
@@ -756,7 +786,7 @@ class _Forward:
         limited = self.ends[key].basis == "time_limit"  # stopped at its limit: the agent reports it failed
         for r in sorted(run.open_replicas):
             common: dict[str, Any] = {
-                "event_id": det_id(_PRODUCER, "JobFailed" if limited else "JobCompleted", key[0], key[1], r),
+                "event_id": self._id("JobFailed" if limited else "JobCompleted", key[0], key[1], r),
                 "ts": from_us(t),
                 "producer": f"{_PRODUCER}/agent",
                 "job_id": key[0],
@@ -775,7 +805,7 @@ class _Forward:
 
     def _checkpointed(self, key: RunKey, progress: float, t: Micros) -> JobCheckpointed:
         return JobCheckpointed(
-            event_id=det_id(_PRODUCER, "JobCheckpointed", key[0], key[1], progress),
+            event_id=self._id("JobCheckpointed", key[0], key[1], progress),
             ts=from_us(t),
             producer=f"{_PRODUCER}/agent",
             job_id=key[0],
