@@ -72,7 +72,8 @@ from __future__ import annotations
 import heapq
 import pickle
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from statistics import median
 from typing import Any
@@ -131,9 +132,12 @@ ARRIVAL_LOOKBACK_S = 86_400.0
 CYCLE_S = 300.0
 #: How far ahead the forward run looks by default, seconds (a job not started by then has no start).
 HORIZON_S = 7 * 86_400.0
-#: The forward run's debounce: a cycle wanted at t runs at ``max(t, last cycle + MIN_GAP_S)`` (a dispatcher
-#: batching its input, as the simulator's ``min_gap_s``); runs ending within it are answered by one cycle.
-MIN_GAP_S = 0.0
+#: The forward run's resolution (``--min-gap``): no two cycles closer than this many seconds of event time
+#: (:class:`~apportion.sim.core.Debounce`, as the simulator's ``min_gap_s``): the run ends, protection ends and
+#: deferred cycles inside a gap share one cycle at its end, so each cycle a start waits for may come up to this
+#: late (a stop's end is folded when due: a start that waits only for it is exact). Measured on Philly week 44
+#: (``D12.accuracy``): 30 s leaves the forecasts of waits over an hour as they are and halves the cycles.
+MIN_GAP_S = 30.0
 #: The forward run's spacing (``--spacing``): after a cycle at t the next runs no earlier than
 #: ``t + max(MIN_GAP_S, SPACING x (t - now))`` (:class:`~apportion.sim.core.Debounce`). A start found by the spaced
 #: run is later than the unspaced run's by at most the gap before it, so at most ``SPACING`` of its wait for the
@@ -279,6 +283,7 @@ class Forecast:
         runs: ``(job_id, attempt)`` -> :class:`RunEnd` of each run running at ``now`` or started by the forward run.
         cycles: scheduling cycles the forward run ran.
         spacing: the forward run's spacing (:data:`SPACING`; 0: a cycle at every run end).
+        min_gap_s: the forward run's least gap between two cycles, seconds (:data:`MIN_GAP_S`): its resolution.
     """
 
     now_us: Micros
@@ -287,6 +292,7 @@ class Forecast:
     runs: dict[RunKey, RunEnd] = field(default_factory=dict)
     cycles: int = 0
     spacing: float = 0.0
+    min_gap_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
@@ -294,6 +300,7 @@ class Forecast:
             "now": from_us(self.now_us).isoformat(),
             "horizon": from_us(self.horizon_us).isoformat(),
             "spacing": self.spacing,
+            "min_gap_s": self.min_gap_s,
             "jobs": [j.to_dict() for j in self.jobs],
             "runs": [r.to_dict() for _, r in sorted(self.runs.items())],
         }
@@ -850,6 +857,7 @@ def forecast(
     min_gap_s: float = MIN_GAP_S,
     spacing: float = SPACING,
     waits: Mapping[int, Sequence[tuple[float, bool]]] | None = None,
+    chains_out: bool = True,
 ) -> Forecast:
     """Estimated start of each pending job of ``state`` (or of ``job_ids``) at event time ``now_us``.
 
@@ -872,6 +880,8 @@ def forecast(
             ``recent_waits``); ``None``: the forward run's start for every job (``estimate`` ``forward``).
         spacing: the forward run's cycles spaced by how far ahead they look (:data:`SPACING`): after a cycle at
             ``t`` the next runs no earlier than ``t + max(min_gap_s, spacing x (t - now))``; 0: not spaced.
+        chains_out: ``False`` leaves each job's chain out (``chain`` empty; its basis is still its chain's), as
+            ``queue --start`` shows no chain: a chain lists every run end on the job's nodes before its start.
 
     Raises:
         KeyError: a job of ``job_ids`` is not pending.
@@ -898,14 +908,18 @@ def forecast(
     fwd.seed()
     fwd.arrive(arrivals, arrival_period_s)
     fwd.run({j.job_id for j in targets})
-    result = Forecast(now_us, horizon, runs=dict(fwd.ends), cycles=fwd.cycles, spacing=spacing)
+    result = Forecast(now_us, horizon, runs=dict(fwd.ends), cycles=fwd.cycles, spacing=spacing, min_gap_s=min_gap_s)
     starts = {j.job_id: fwd.started.get(j.job_id) for j in targets}
-    chains = {j: () if t is None else _chain(fwd, j, t) for j, t in starts.items()}
+    chains = {j: () if t is None else _chain(fwd, j, t) for j, t in starts.items()} if chains_out else {}
+    # job -> (its chain has a step, the bases of its chain's run ends)
+    links = {j: (bool(c), [x.basis for x in c if x.kind == "run_ends"]) for j, c in chains.items()} or {
+        j: (False, []) if t is None else _links(fwd, j, t) for j, t in starts.items()
+    }
     reasons: dict[str, Any] = fwd.engine.reasons or {}
     if (
         fwd.engine.reasons is None
         and cfg.scheduler is None
-        and any(t != now_us or chains[j] for j, t in starts.items())
+        and any(t != now_us or links[j][0] for j, t in starts.items())
     ):
         # why the jobs that do not start at once wait: the engine's explanation of a cycle at now on the
         # caller's state (the forward run left it unchanged); the forward run's first cycle is that cycle when
@@ -913,7 +927,7 @@ def forecast(
         reasons = run_cycle(state.cycle_snapshot(now_us), now_us, cfg.engine, explain=True).reasons
     for job in targets:
         why = state.waiting_reason(job.job_id, now_us) or reasons.get(job.job_id)
-        start, chain = starts[job.job_id], chains[job.job_id]
+        start, chain, (linked, bases) = starts[job.job_id], chains.get(job.job_id, ()), links[job.job_id]
         forward, why_later = start, ""
         if waits is not None and start is not None and start > now_us and job.min_runtime_s <= 0:
             later = _recent_start(waits, job, now_us)
@@ -923,10 +937,9 @@ def forecast(
             basis, note = "-", _no_start(fwd, horizon)
             if job.job_id in state.held:
                 note = "held: no start until it is released"
-        elif not chain and start == now_us:
+        elif not linked and start == now_us:
             basis, note = NOW, ""
         else:
-            bases = [c.basis for c in chain if c.kind == "run_ends"]
             basis = max(bases, key=BASES.index) if bases else RULES
             note = ""
         forward_basis = basis
@@ -1001,29 +1014,44 @@ def _no_start(fwd: _Forward, horizon: Micros) -> str:
 _STEP_ORDER = {"protection_ends": 0, "run_ends": 1, "preempts": 2}
 
 
+def _ends_before(fwd: _Forward, placed: JobPlaced, start: Micros) -> Iterator[tuple[Micros, RunKey, RunEnd]]:
+    """The run ends on the nodes of ``placed`` up to ``start``, in time order, each run once: neither its victims'
+    nor the job's own earlier runs'."""
+    nodes = {p.node_id for p in placed.placements}
+    victims = {(v.job_id, v.attempt) for v in placed.decision.victims}
+    freed = fwd.freed
+    on: list[int] = []
+    for n in nodes:  # each node's list is in time order
+        got = fwd.freed_on.get(n, [])
+        on += got[: bisect_right(got, start, key=lambda i: freed[i][0])]
+    if len(nodes) > 1:
+        on = sorted(set(on))  # a gang's: in time order, each run once
+    for t, key, _where in (freed[i] for i in on):
+        if key in victims or key[0] == placed.job_id:
+            continue
+        end = fwd.ends.get(key)
+        if end is not None:
+            yield t, key, end
+
+
+def _links(fwd: _Forward, job_id: str, start: Micros) -> tuple[bool, list[str]]:
+    """What a job's basis needs of its chain (:func:`_chain`) without the chain: whether it has a step, and the
+    bases of its run ends."""
+    placed = fwd.placed.get(job_id)
+    if placed is None:
+        return False, []
+    bases = [end.basis for _t, _key, end in _ends_before(fwd, placed, start)]
+    return bool(bases) or bool(placed.decision.victims), bases
+
+
 def _chain(fwd: _Forward, job_id: str, start: Micros) -> tuple[ChainStep, ...]:
     """What freed the GPUs ``job_id`` started on: run ends on its nodes before ``start``, and its victims."""
     placed = fwd.placed.get(job_id)
     if placed is None:
         return ()
-    nodes = {p.node_id for p in placed.placements}
     victims = {(v.job_id, v.attempt): v for v in placed.decision.victims}
     steps: list[ChainStep] = []
-    freed = fwd.freed
-    on: list[int] = []  # the run ends on its nodes up to its start (each node's list is in time order)
-    for n in nodes:
-        for i in fwd.freed_on.get(n, ()):
-            if freed[i][0] > start:
-                break
-            on.append(i)
-    if len(nodes) > 1:
-        on = sorted(set(on))  # a gang's: in time order, each run once
-    for t, key, _where in (freed[i] for i in on):
-        if key in victims or key[0] == job_id:
-            continue
-        end = fwd.ends.get(key)
-        if end is None:
-            continue
+    for t, key, end in _ends_before(fwd, placed, start):
         steps.append(
             ChainStep(
                 "run_ends",

@@ -598,7 +598,7 @@ def _with_forecast_starts(rows: list[dict[str, Any]], bootstrap: str | None) -> 
 
     recs, cfg, state, now = _forecast_input(bootstrap, None, None)
     wanted = [str(r["job_id"]) for r in rows if r.get("state") == "pending" and r.get("job_id") in state.jobs]
-    fc = run_forecast(state, now, cfg, job_ids=wanted, history=user_history(decoded(recs)))
+    fc = run_forecast(state, now, cfg, job_ids=wanted, history=user_history(decoded(recs)), chains_out=False)
     return with_starts(rows, fc)
 
 
@@ -634,6 +634,14 @@ def forecast(
             "every run end, the exact run). A start moves by at most this fraction of its wait per cycle.",
         ),
     ] = 0.02,
+    min_gap: Annotated[
+        float,
+        typer.Option(
+            "--min-gap",
+            help="The forward run's resolution: no two cycles closer than this many seconds of event time (0: no "
+            "least gap). Run ends inside a gap wait for its end, so a start moves by up to a gap per cycle.",
+        ),
+    ] = 30.0,
     with_recent_waits: Annotated[
         bool,
         typer.Option(
@@ -728,6 +736,8 @@ def forecast(
     check_budget_filter(budget)
     if not 0.0 <= spacing <= 1.0:
         fail(f"--spacing {spacing:g}: a fraction from 0 to 1")
+    if min_gap < 0:
+        fail(f"--min-gap {min_gap:g}: seconds, not negative")
     if submit_ and (job_id is not None or budget is None or gpus is None or min_runtime is None):
         fail("--submit needs -b BUDGET, -g GPUS and -m MIN_RUNTIME, and no JOB_ID")
     horizon_s = _dur(horizon, "--horizon")
@@ -768,6 +778,7 @@ def forecast(
         horizon_s=horizon_s,
         arrivals=arrivals,
         spacing=spacing,
+        min_gap_s=min_gap,
         waits=recent_waits(evs, now) if with_recent_waits else None,
     )
     fc.jobs.sort(key=lambda j: (j.start_us is None, j.start_us or 0, j.job_id))
