@@ -702,6 +702,9 @@ def forecast(
 
     A job not started within --horizon (default 7d) starts after it (">" before the time).
 
+    Resolution: cycles no closer than --min-gap seconds (default 30) nor --spacing of how far ahead (0.02), so a
+    start may come up to a gap late per cycle it waits for; --json gives both (min_gap_s, spacing).
+
     Without any of these a run is assumed to last W/4; future submissions are left out (--with-arrivals: the
     last day's come again).
 
@@ -724,7 +727,7 @@ def forecast(
 
     apportion forecast --from-file log.jsonl.gz --at 2024-05-01T12:00:00Z --horizon 3d
 
-    apportion forecast --spacing 0  (the exact forward run: a cycle at every run end)
+    apportion forecast --spacing 0 --min-gap 0  (the exact forward run: a cycle at every run end)
 
     apportion forecast --submit -b lab/vision -g 8 -k 2 -m 2h  (if I submit this now; exit 1 if it would be rejected)
     """
