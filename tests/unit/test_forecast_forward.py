@@ -6,9 +6,12 @@ defaults: grace 30 s, minimum runtime and checkpoint interval 1 h). Starts are c
 
 from __future__ import annotations
 
+import uuid
+
+from apportion import events as ev
 from apportion.domain.dispatch import Tick
 from apportion.domain.engine import run_cycle
-from apportion.forecast import forecast
+from apportion.forecast import _ID_BASE, _Forward, forecast
 from apportion.timeutil import s_to_us
 from tests.kit.builders import T0, h, m
 from tests.kit.forecast_history import CFG, History
@@ -112,3 +115,15 @@ def test_without_chains_the_starts_and_bases_are_those_with_them() -> None:
     assert sorted((j.job_id, j.start_us, j.basis) for j in bare.jobs) == sorted(expected)
     assert {j.job_id: len(j.chain) for j in full.jobs} == {"a1": 0, "d1": 2, "c1": 1}
     assert [j.chain for j in bare.jobs] == [(), (), ()]
+
+
+def test_the_forward_runs_reports_are_numbered_by_first_use_and_never_a_log_events_id() -> None:
+    # the same parts give the same id (a report made twice is folded once); ids count 0, 1, ... after the prefix,
+    # outside RFC 4122's variant, which every log event's id (version 4 or 5) has
+    fwd = _Forward(History().node("n0", 1).state, T0, CFG, {}, h(1), None)
+    started = fwd._id("JobStarted", "j1", 1, 0)
+    completed = fwd._id("JobCompleted", "j1", 1, 0)
+    assert fwd._id("JobStarted", "j1", 1, 0) is started
+    assert (started.int, completed.int) == (_ID_BASE, _ID_BASE | 1)
+    assert str(started) == "f07ec457-0000-0000-0000-000000000000"
+    assert started.variant != uuid.RFC_4122 and ev.det_id("JobStarted", "j1", 1, 0).variant == uuid.RFC_4122
