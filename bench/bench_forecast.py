@@ -7,7 +7,7 @@ that prefix alone:
 
 * ``forecast``: :func:`apportion.forecast.forecast`, the engine run forward, running work ending at its
   declared duration (basis ``simulated``: a Philly job's duration is in the trace), its cycles spaced by
-  ``--spacing`` (default :data:`apportion.forecast.SPACING`);
+  ``--spacing`` and ``--min-gap`` (defaults :data:`apportion.forecast.SPACING`, :data:`apportion.forecast.MIN_GAP_S`);
 * ``forecast + recent waits``: the same forward run, an unallocated job that it does not start at once given the
   later of that start and the recent median wait of unallocated jobs of its size (``forecast --recent-waits``,
   :func:`apportion.forecast.recent_waits`);
@@ -38,7 +38,8 @@ its samples; a progress line goes to stderr every 20 forecasts.
 Speed (``--timing``): ``bench_engine``'s steady snapshot (10,000 GPUs, 20,000 pending jobs) folded into a
 dispatcher state, then the wall time of ``forecast`` of one job (the head of the fair-share order, and the middle
 of the queue) and of ``queue --start`` (every pending job), against the targets 2 s and 10 s, the forward run
-spaced by ``--spacing`` and ``--min-gap`` and looking ``--horizon-d`` days ahead.
+spaced by ``--spacing`` and ``--min-gap`` and looking ``--horizon-d`` days ahead (``queue --start`` without the
+chains, as the command shows none).
 With ``--while-waiting N`` the forecast is made again every hour while each sampled job waits (at most N
 times a job) and its median error is printed by how long before the start it was made (convergence).
 Figures only: nothing is asserted.
@@ -65,7 +66,7 @@ from apportion.domain.dispatch import DispatchConfig, DispatchState, evolve
 from apportion.domain.engine import EngineConfig
 from apportion.domain.fairshare import budget_order
 from apportion.events import Decision, Event, JobQueued, JobStarted
-from apportion.forecast import HORIZON_S, SPACING, forecast, recent_arrivals, recent_waits, user_history
+from apportion.forecast import HORIZON_S, MIN_GAP_S, SPACING, forecast, recent_arrivals, recent_waits, user_history
 from apportion.sim.core import SimConfig, Simulator, default_horizon_us
 from apportion.sim.traces import ITP_T0, load_budget_file, load_trace, parse_itp_slice, parse_slice, trace_format
 from apportion.timeutil import Micros, from_us, s_to_us, to_us, us_to_s
@@ -251,9 +252,10 @@ def main() -> None:
     ap.add_argument(
         "--min-gap",
         type=float,
-        default=0.0,
+        default=MIN_GAP_S,
         metavar="S",
-        help="--timing: the forward run's debounce, seconds (run ends within S of the last cycle share one cycle)",
+        help=f"the forward run's least gap between cycles, seconds (default {MIN_GAP_S:g}; run ends within S of the "
+        "last cycle share one cycle)",
     )
     ap.add_argument(
         "--spacing",
@@ -350,6 +352,7 @@ def main() -> None:
                 arrivals=recent_arrivals(hist_events, now) if arriving else (),
                 waits=recent_waits(hist_events, now) if waiting else None,
                 spacing=args.spacing,
+                min_gap_s=args.min_gap,
             )
             times[name if name in times else "forecast + recent waits"] += time.perf_counter() - t1
             est[name] = fc.jobs[0].forward_start_us  # the forward run's start
@@ -446,7 +449,7 @@ def scale_state(seed: int) -> tuple[DispatchState, Micros]:
 
 def timings(
     seed: int,
-    min_gap_s: float = 0.0,
+    min_gap_s: float = MIN_GAP_S,
     middle: bool = True,
     whole: bool = True,
     spacing: float = SPACING,
@@ -493,7 +496,7 @@ def timings(
     if not whole:
         return
     t1, c1 = time.perf_counter(), time.process_time()
-    fc = run_forecast(state, now, dcfg, **kw)
+    fc = run_forecast(state, now, dcfg, chains_out=False, **kw)  # as queue --start runs it: no chains shown
     took, cpu = time.perf_counter() - t1, time.process_time() - c1
     started = sum(1 for j in fc.jobs if j.start_us is not None)
     print(

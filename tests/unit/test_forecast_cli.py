@@ -7,13 +7,16 @@ The log's latest event is p1's queueing, so the forecast is made at T0 + 10 min:
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from apportion.cli.jobs import forecast as cli_forecast
 from apportion.cli.main import app
+from apportion.forecast import MIN_GAP_S
 from apportion.timeutil import from_us
 from tests.kit.audit_history import export
 from tests.kit.builders import T0, h, m
@@ -157,7 +160,7 @@ def test_a_job_not_started_within_the_horizon_starts_after_it(log_file: str) -> 
     got = json.loads(stdout)
     (job,) = got["jobs"]
     assert (job["start"], job["after"]) == (None, from_us(h(1) + 600_000_000).isoformat())
-    assert got["horizon"] == job["after"] and got["spacing"] == 0.02
+    assert got["horizon"] == job["after"] and (got["spacing"], got["min_gap_s"]) == (0.02, 30.0)
     code, stdout, _ = run("p1", "--horizon", "1h", "--from-file", log_file)
     row = next(line for line in stdout.splitlines() if line.startswith("p1"))
     assert row.split() == ["p1", "lab/a", ">01-01", "01:10", ">1h", "-", "no_free_gpus"]
@@ -168,6 +171,18 @@ def test_a_spacing_outside_0_to_1_is_bad_input(log_file: str, spacing: str) -> N
     code, stdout, _ = run("p1", "--json", "--spacing", spacing, "--from-file", log_file)
     got = json.loads(stdout)
     assert code == 2 and got["exit_code"] == 2 and "a fraction from 0 to 1" in got["message"]
+
+
+def test_a_negative_min_gap_is_bad_input_and_json_names_the_one_used(log_file: str) -> None:
+    code, stdout, _ = run("p1", "--json", "--min-gap", "-1", "--from-file", log_file)
+    got = json.loads(stdout)
+    assert code == 2 and got["exit_code"] == 2 and "--min-gap -1: seconds, not negative" in got["message"]
+    code, stdout, _ = run("p1", "--json", "--min-gap", "0", "--from-file", log_file)
+    assert code == 0 and json.loads(stdout)["min_gap_s"] == 0.0
+
+
+def test_the_clis_least_gap_is_the_forecasts_default() -> None:
+    assert inspect.signature(cli_forecast).parameters["min_gap"].default == MIN_GAP_S == 30.0
 
 
 def test_the_exact_forward_run_with_recent_waits_keeps_an_allocated_jobs_start(log_file: str) -> None:

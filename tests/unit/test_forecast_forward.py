@@ -6,9 +6,12 @@ defaults: grace 30 s, minimum runtime and checkpoint interval 1 h). Starts are c
 
 from __future__ import annotations
 
+import uuid
+
+from apportion import events as ev
 from apportion.domain.dispatch import Tick
 from apportion.domain.engine import run_cycle
-from apportion.forecast import forecast
+from apportion.forecast import _ID_BASE, _Forward, forecast
 from apportion.timeutil import s_to_us
 from tests.kit.builders import T0, h, m
 from tests.kit.forecast_history import CFG, History
@@ -93,3 +96,34 @@ def test_the_forward_run_stops_at_the_cycle_that_starts_the_last_job_asked_about
     both = forecast(hist.state, m(20), CFG, job_ids=["p1", "p2"], cycle_s=None, spacing=0.0)
     assert [(j.job_id, j.start_us) for j in both.jobs] == [("p1", h(1)), ("p2", h(2))]
     assert both.cycles == 5 and ("p2", 1) in both.runs
+
+
+def test_without_chains_the_starts_and_bases_are_those_with_them() -> None:
+    # nodes n0, n1 and n2 of 1 GPU; lab/b runs b1 (10 h) on n0 and b2 (1 h 30 s) on n1 from T0, n2 is free; a1
+    # and d1 (lab/a, 1 h) and c1 (lab/b, 10 min) are queued at T0 + 10 min, now, with no cycle since. a1 takes
+    # n2 at once (basis now, no chain); d1 preempts b1 when its protection ends and starts at its grace's end,
+    # T0 + 1 h 30 s (rules: a protection end and a preemption); b1's attempt 2 takes n1 at b2's end, so c1 starts
+    # at a1's end, T0 + 1 h 10 min (simulated: its chain is that run end).
+    hist = History().node("n0", 1).node("n1", 1).node("n2", 1)
+    hist.submit("b1", T0, budget="lab/b", duration_s=36_000.0).submit("b2", T0, budget="lab/b", duration_s=3630.0)
+    hist.submit("a1", m(10), tick=False).submit("c1", m(10), budget="lab/b", duration_s=600.0, tick=False)
+    hist.submit("d1", m(10), tick=False)
+    expected = [("a1", m(10), "now"), ("d1", h(1) + GRACE_US, "rules"), ("c1", h(1) + m(10) - T0, "simulated")]
+    full = forecast(hist.state, m(10), CFG, spacing=0.0, min_gap_s=0.0, cycle_s=None)
+    bare = forecast(hist.state, m(10), CFG, spacing=0.0, min_gap_s=0.0, cycle_s=None, chains_out=False)
+    assert sorted((j.job_id, j.start_us, j.basis) for j in full.jobs) == sorted(expected)
+    assert sorted((j.job_id, j.start_us, j.basis) for j in bare.jobs) == sorted(expected)
+    assert {j.job_id: len(j.chain) for j in full.jobs} == {"a1": 0, "d1": 2, "c1": 1}
+    assert [j.chain for j in bare.jobs] == [(), (), ()]
+
+
+def test_the_forward_runs_reports_are_numbered_by_first_use_and_never_a_log_events_id() -> None:
+    # the same parts give the same id (a report made twice is folded once); ids count 0, 1, ... after the prefix,
+    # outside RFC 4122's variant, which every log event's id (version 4 or 5) has
+    fwd = _Forward(History().node("n0", 1).state, T0, CFG, {}, h(1), None)
+    started = fwd._id("JobStarted", "j1", 1, 0)
+    completed = fwd._id("JobCompleted", "j1", 1, 0)
+    assert fwd._id("JobStarted", "j1", 1, 0) is started
+    assert (started.int, completed.int) == (_ID_BASE, _ID_BASE | 1)
+    assert str(started) == "f07ec457-0000-0000-0000-000000000000"
+    assert started.variant != uuid.RFC_4122 and ev.det_id("JobStarted", "j1", 1, 0).variant == uuid.RFC_4122

@@ -93,6 +93,26 @@ def test_a_stops_end_is_not_spaced() -> None:
     assert (a1.start_us, a1.basis) == (h(1) + 30 * SEC, "rules")
 
 
+def test_a_stops_end_starts_its_preemptor_when_due_and_the_cycle_after_it_waits_for_the_gap() -> None:
+    # nodes n0 and n1 of 1 GPU; lab/b runs b1 (10 h of work) on n0 and b2 (1 h 30 s) on n1 from T0; a1 (lab/a,
+    # 1 h) and c1 (lab/b, 10 min) wait from T0 + 10 min. No periodic cycle; now T0 + 10 min. At T0 + 1 h both
+    # protections end and a1 preempts b1 (equal cost, the lower node id). At T0 + 1 h 30 s b1's grace ends (a1
+    # starts on n0: the maintenance, folded when due, spaced or not) and b2 ends on n1. Unspaced, the cycle then
+    # places b1's attempt 2 on n1 at once: resuming from its 3,600 s checkpoint, 32,400 s left, it ends at
+    # 3,630 + 32,400 = 36,030 s. Spaced 50%, the cycle at T0 + 1 h, 50 min after now, leaves a gap of 25 min: the
+    # cycle that places b1 again waits for T0 + 1 h 25 min (5,100 s; it ends at 37,500 s), and the next gap is
+    # 50% of (5,100 - 600) s = 2,250 s, so c1, which waits for a1's end at 7,230 s, starts at 7,350 s.
+    hist = History().node("n0", 1).node("n1", 1)
+    hist.submit("b1", T0, budget="lab/b", duration_s=36_000.0).submit("b2", T0, budget="lab/b", duration_s=3630.0)
+    hist.submit("a1", m(10)).submit("c1", m(10), budget="lab/b", duration_s=600.0)
+    for spacing, b1_end, c1_start in ((0.0, s(36_030), s(7230)), (0.5, s(37_500), s(7350))):
+        fc = forecast(hist.state, m(10), CFG, spacing=spacing, cycle_s=None)
+        a1, c1 = fc.jobs
+        assert (a1.job_id, a1.start_us, a1.basis) == ("a1", s(3630), "rules")
+        assert (c1.job_id, c1.start_us) == ("c1", c1_start)
+        assert fc.runs[("b1", 2)].end_us == b1_end
+
+
 def test_a_job_not_started_before_the_horizon_starts_after_it() -> None:
     # r1 (3 h of work) holds the only GPU from T0; p1 waits. Now T0 + 20 min, horizon 1 h: the forward run stops
     # at T0 + 1 h 20 min with r1's end still ahead, so p1 has no start and starts after the horizon.

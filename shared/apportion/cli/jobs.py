@@ -598,7 +598,7 @@ def _with_forecast_starts(rows: list[dict[str, Any]], bootstrap: str | None) -> 
 
     recs, cfg, state, now = _forecast_input(bootstrap, None, None)
     wanted = [str(r["job_id"]) for r in rows if r.get("state") == "pending" and r.get("job_id") in state.jobs]
-    fc = run_forecast(state, now, cfg, job_ids=wanted, history=user_history(decoded(recs)))
+    fc = run_forecast(state, now, cfg, job_ids=wanted, history=user_history(decoded(recs)), chains_out=False)
     return with_starts(rows, fc)
 
 
@@ -634,6 +634,14 @@ def forecast(
             "every run end, the exact run). A start moves by at most this fraction of its wait per cycle.",
         ),
     ] = 0.02,
+    min_gap: Annotated[
+        float,
+        typer.Option(
+            "--min-gap",
+            help="The forward run's resolution: no two cycles closer than this many seconds of event time (0: no "
+            "least gap). Run ends inside a gap wait for its end, so a start moves by up to a gap per cycle.",
+        ),
+    ] = 30.0,
     with_recent_waits: Annotated[
         bool,
         typer.Option(
@@ -694,6 +702,9 @@ def forecast(
 
     A job not started within --horizon (default 7d) starts after it (">" before the time).
 
+    Resolution: cycles no closer than --min-gap seconds (default 30) nor --spacing of how far ahead (0.02), so a
+    start may come up to a gap late per cycle it waits for; --json gives both (min_gap_s, spacing).
+
     Without any of these a run is assumed to last W/4; future submissions are left out (--with-arrivals: the
     last day's come again).
 
@@ -716,7 +727,7 @@ def forecast(
 
     apportion forecast --from-file log.jsonl.gz --at 2024-05-01T12:00:00Z --horizon 3d
 
-    apportion forecast --spacing 0  (the exact forward run: a cycle at every run end)
+    apportion forecast --spacing 0 --min-gap 0  (the exact forward run: a cycle at every run end)
 
     apportion forecast --submit -b lab/vision -g 8 -k 2 -m 2h  (if I submit this now; exit 1 if it would be rejected)
     """
@@ -728,6 +739,8 @@ def forecast(
     check_budget_filter(budget)
     if not 0.0 <= spacing <= 1.0:
         fail(f"--spacing {spacing:g}: a fraction from 0 to 1")
+    if min_gap < 0:
+        fail(f"--min-gap {min_gap:g}: seconds, not negative")
     if submit_ and (job_id is not None or budget is None or gpus is None or min_runtime is None):
         fail("--submit needs -b BUDGET, -g GPUS and -m MIN_RUNTIME, and no JOB_ID")
     horizon_s = _dur(horizon, "--horizon")
@@ -768,6 +781,7 @@ def forecast(
         horizon_s=horizon_s,
         arrivals=arrivals,
         spacing=spacing,
+        min_gap_s=min_gap,
         waits=recent_waits(evs, now) if with_recent_waits else None,
     )
     fc.jobs.sort(key=lambda j: (j.start_us is None, j.start_us or 0, j.job_id))
