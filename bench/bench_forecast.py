@@ -459,10 +459,12 @@ def timings(
     job of the queue unless ``middle`` is false) and of ``queue --start`` (every pending job, unless ``whole`` is
     false) on :func:`scale_state`, the forward run debounced by ``min_gap_s``; targets 2 s and 10 s."""
     from apportion.forecast import forecast as run_forecast
+    from apportion.heap import settle_heap
 
     t0 = time.perf_counter()
     state, now = scale_state(seed)
     built = time.perf_counter() - t0
+    settle_heap()  # as the forecast commands do once the log is folded (apportion.cli.jobs._forecast_input)
     dcfg = DispatchConfig(heartbeat_timeout_s=None)
     snap = state.cycle_snapshot(now)
     rank = {leaf: i for i, leaf in enumerate(budget_order(snap.tree, snap.occupancy, snap.capacity_gpu_s))}

@@ -138,6 +138,20 @@ def environment_unchanged() -> Iterator[None]:
         pytest.fail(message, pytrace=False)
 
 
+@pytest.fixture(autouse=True)
+def collector_restored() -> Iterator[None]:
+    """Put the cyclic collector back as the test found it: code under test that settles the heap
+    (:func:`apportion.heap.settle_heap`: the dispatcher's rebuild, the forecast commands) freezes the worker's
+    objects and raises its thresholds, which later tests of the worker must not inherit."""
+    import gc
+
+    thresholds = gc.get_threshold()
+    yield
+    if gc.get_freeze_count() or gc.get_threshold() != thresholds:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+
+
 @pytest.fixture(scope="session")
 def _started_infra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """Kafka and Redis started for this session: containers, else native."""

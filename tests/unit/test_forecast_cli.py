@@ -220,3 +220,18 @@ def test_recent_waits_put_an_unallocated_job_no_earlier_than_its_sizes_median_wa
     code, stdout, _ = run("q", "--json", "--spacing", "0", "--from-file", log)  # without: the forward run's start
     (job,) = json.loads(stdout)["jobs"]
     assert (job["start"], job["basis"]) == (from_us(h(3) + m(6) - T0).isoformat(), "simulated")
+
+
+def test_the_folded_log_is_frozen_out_of_the_forward_runs_collections(log_file: str) -> None:
+    """rule D9.scale: once the log is folded the command settles the heap (apportion.heap.settle_heap), so the
+    forward run's collections never walk the folded state again; the conftest puts the collector back after."""
+    import gc
+
+    from apportion.heap import THRESHOLDS
+
+    gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+    code, out, _ = run("--from-file", log_file, "--json")
+    assert code == 0, out
+    assert gc.get_freeze_count() > 0
+    assert gc.get_threshold() == THRESHOLDS
