@@ -73,7 +73,7 @@ import heapq
 import pickle
 import uuid
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from statistics import median
 from typing import Any
@@ -472,19 +472,20 @@ class _EngineCycle:
     """The engine's cycle as the dispatcher runs it (:func:`~apportion.domain.engine.run_cycle` on the live
     snapshot and the state's kept indices: ``reads_snapshot_only``), asked once for its explanation.
 
-    ``explain``: the next cycle also says why each job it leaves pending waits (``reasons``, then off again);
-    the decisions are the same either way.
+    ``explain``: the next cycle also says why each job it leaves pending waits (``reasons``, then off again),
+    each job of ``only`` when set; the decisions are the same either way.
     """
 
     reads_snapshot_only = True
 
     def __init__(self) -> None:
         self.explain = False
+        self.only: Set[str] | None = None
         self.reasons: dict[str, Any] | None = None
 
     def __call__(self, snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig) -> list[Event]:
         explain, self.explain = self.explain, False
-        res = run_cycle(snapshot, now_us, config, explain=explain)
+        res = run_cycle(snapshot, now_us, config, explain=explain, explain_only=self.only)
         if explain:
             self.reasons = res.reasons
         return res.events
@@ -906,6 +907,8 @@ def forecast(
     fwd = _Forward(
         _copy(state), now_us, cfg, history or {}, horizon, cycle_s, declared_durations, min_gap_s, spacing, True
     )
+    asked = None if job_ids is None else {j.job_id for j in targets}  # the jobs whose reasons are shown
+    fwd.engine.only = asked
     fwd.seed()
     fwd.arrive(arrivals, arrival_period_s)
     fwd.run({j.job_id for j in targets})
@@ -925,7 +928,7 @@ def forecast(
         # why the jobs that do not start at once wait: the engine's explanation of a cycle at now on the
         # caller's state (the forward run left it unchanged); the forward run's first cycle is that cycle when
         # nothing was folded before it (explained then); not needed when every one starts at once
-        reasons = run_cycle(state.cycle_snapshot(now_us), now_us, cfg.engine, explain=True).reasons
+        reasons = run_cycle(state.cycle_snapshot(now_us), now_us, cfg.engine, explain=True, explain_only=asked).reasons
     for job in targets:
         why = state.waiting_reason(job.job_id, now_us) or reasons.get(job.job_id)
         start, chain, (linked, bases) = starts[job.job_id], chains.get(job.job_id, ()), links[job.job_id]

@@ -121,9 +121,10 @@ class World:
         lst.sort(key=pending_order)
         return self
 
-    def cycle(self, now: int = NOW, *, explain: bool = False, **cfg: Any):  # untyped result: tests read its events
+    def cycle(self, now: int = NOW, *, explain: bool = False, explain_only: set[str] | None = None, **cfg: Any):
+        # untyped result: tests read its events
         snap = CycleSnapshot(self.cluster.snapshot(), self.pending, self.tree, self.occupancy, self.capacity)
-        return run_cycle(snap, now, EngineConfig(**cfg), explain=explain)
+        return run_cycle(snap, now, EngineConfig(**cfg), explain=explain, explain_only=explain_only)
 
 
 def placed(res) -> list[str]:

@@ -202,6 +202,11 @@ def test_every_job_a_cycle_leaves_pending_gets_one_reason_and_asking_changes_no_
     assert cycle(w, explain=False).events == res.events
     placed = {e.job_id for e in res.events if isinstance(e, ev.JobPlaced)}
     assert set(res.reasons) == {f"j{j}" for j in range(len(jobs))} - placed
+    # asked for some jobs only: theirs, each the same as when every job is asked about
+    only = {f"j{j}" for j in range(0, len(jobs), 2)}
+    some = w.cycle(explain=True, explain_only=only)
+    assert some.events == res.events
+    assert some.reasons == {j: r for j, r in res.reasons.items() if j in only}
     for reason in res.reasons.values():
         assert reason.text().startswith(reason.kind + ": ")
         assert reason_dict(reason)["kind"] == reason.kind

@@ -99,7 +99,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -214,7 +214,12 @@ def _dominated(shapes: Sequence[tuple[int, int]], g: int, k: int) -> bool:
 
 
 def run_cycle(
-    snapshot: CycleSnapshot, now_us: Micros, config: EngineConfig | None = None, *, explain: bool = False
+    snapshot: CycleSnapshot,
+    now_us: Micros,
+    config: EngineConfig | None = None,
+    *,
+    explain: bool = False,
+    explain_only: Set[str] | None = None,
 ) -> CycleResult:
     """Run one scheduling cycle (D3.scheduling-cycle); see the module docstring.
 
@@ -223,6 +228,7 @@ def run_cycle(
         now_us: cycle event time, µs since the epoch UTC.
         config: policy knobs (defaults when ``None``).
         explain: also say why each job left pending is still pending.
+        explain_only: with ``explain``, only these jobs (each job's reason is the same either way).
 
     Returns:
         A :class:`CycleResult`: its ``events`` in order: for each placement,
@@ -251,14 +257,16 @@ def run_cycle(
     pending = {leaf: jobs for leaf, jobs in snapshot.pending.items() if jobs and tree.is_leaf(leaf)}
     if not pending:
         if explain:
-            res.reasons = explain_pending(snapshot.pending, tree, snapshot.cluster, now_us, cfg, CycleLeft())
+            res.reasons = explain_pending(
+                snapshot.pending, tree, snapshot.cluster, now_us, cfg, CycleLeft(), explain_only
+            )
         return res
     cx = _open(snapshot, now_us, cfg, res, pending)
     _pass_allocated(cx)
     if any(b < len(pending[leaf]) for leaf, b in cx.allocated_end.items()):
         _pass_unallocated(cx)
     if explain:
-        res.reasons = _explain(cx)
+        res.reasons = _explain(cx, explain_only)
     return res
 
 
@@ -1009,7 +1017,7 @@ def _fits_nowhere(
     return _dominated(free_fail.get(model, ()), g, k) or (model is not None and _dominated(any_free, g, k))
 
 
-def _explain(cx: _Cycle) -> dict[str, PendingReason]:
+def _explain(cx: _Cycle, only: Set[str] | None = None) -> dict[str, PendingReason]:
     """:func:`explain_pending` on what the cycle left (its free index, preempted runs, view of r, reservation)."""
     res, victims, snap = cx.res, cx.victims, cx.snapshot
     left = CycleLeft(
@@ -1023,4 +1031,4 @@ def _explain(cx: _Cycle) -> dict[str, PendingReason]:
         waits=victims.waits if victims is not None else {},
         checkpoint_waits=victims.checkpoint_waits if victims is not None else {},
     )
-    return explain_pending(snap.pending, snap.tree, snap.cluster, cx.now_us, cx.cfg, left)
+    return explain_pending(snap.pending, snap.tree, snap.cluster, cx.now_us, cx.cfg, left, only)

@@ -422,8 +422,11 @@ def explain_pending(
     now_us: Micros,
     cfg: EngineConfig,
     left: CycleLeft,
+    only: Set[str] | None = None,
 ) -> dict[str, PendingReason]:
-    """Job id -> :data:`PendingReason` for each job of ``pending`` not in ``left.placed`` (see the module doc).
+    """Job id -> :data:`PendingReason` for each job of ``pending`` not in ``left.placed`` (see the module doc);
+    ``only``: for these jobs alone (a job's reason depends on its own fields and the cycle's indices, never on
+    the other jobs asked about, so it is the same either way).
 
     ``pending`` is the snapshot's pending lists (leaf -> jobs; keys that are not leaves too); ``left``, what
     the cycle left (:class:`CycleLeft`).
@@ -442,7 +445,7 @@ def explain_pending(
     ctx: _Explain | None = None
     for leaf, jobs in pending.items():
         for job in jobs:
-            if job.job_id in placed:
+            if job.job_id in placed or (only is not None and job.job_id not in only):
                 continue
             if free is None or view is None or not tree.is_leaf(leaf):
                 out[job.job_id] = BudgetUnknown(leaf)
