@@ -99,7 +99,7 @@ from apportion.events import (
     det_id,
 )
 from apportion.sim.core import Debounce
-from apportion.timeutil import Micros, from_us, s_to_us, to_us, us_to_s
+from apportion.timeutil import Micros, from_us, s_to_us, to_us, us_to_s, utc_text
 
 __all__ = [
     "BudgetForecast",
@@ -1151,8 +1151,8 @@ def protection_notice(row: Mapping[str, Any], now_us: Micros) -> str:
     from datetime import datetime
 
     t = to_us(datetime.fromisoformat(str(until)))
-    stamp = from_us(t).strftime("%Y-%m-%d %H:%M:%S")
-    return f"protected until {stamp} UTC; preemptible after" if t > now_us else f"preemptible since {stamp} UTC"
+    stamp = utc_text(t)
+    return f"protected until {stamp}; preemptible after" if t > now_us else f"preemptible since {stamp}"
 
 
 # --------------------------------------------------------------------------- budget forecast
