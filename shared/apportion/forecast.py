@@ -709,11 +709,7 @@ class _Forward:
         """
         st, cfg = self.state, self.cfg
         self.cycles += 1
-        out: list[Event] = []
-        if not st.draining:
-            out = maintenance(st, t, cfg)
-            for e in out:
-                evolve(st, e)
+        out = [] if st.draining else self._maintain(t)
         # the first cycle, at now with nothing folded before it, is a cycle at now on the caller's state
         first = self.cycles == 1 and t == self.now and not self.touched and not out and not st.draining
         self.engine.explain = self.reasons and first
@@ -721,15 +717,19 @@ class _Forward:
         out += step(st, Tick(t), t, cfg)
         self._outputs(out, t)
 
+    def _maintain(self, t: Micros) -> list[Event]:
+        """The maintenance's events at ``t`` (stops that end then), folded into the forward state."""
+        out = maintenance(self.state, t, self.cfg)
+        for e in out:
+            evolve(self.state, e)
+        return out
+
     def _stops(self, t: Micros) -> None:
         """The stops that end at ``t``: the maintenance's events (each stopped run requeued, the preemptors that
         waited only for it started: ``StartWorkload``) folded at their time, ahead of the cycle, which the
         spacing may defer (the same events as the maintenance of a cycle at ``t`` gives; a start that only
         protection and grace ends delay stays exact)."""
-        st = self.state
-        out = maintenance(st, t, self.cfg)
-        for e in out:
-            evolve(st, e)
+        out = self._maintain(t)
         if out:
             self.touched = True
             self._outputs(out, t)
@@ -916,9 +916,11 @@ def forecast(
     starts = {j.job_id: fwd.started.get(j.job_id) for j in targets}
     chains = {j: () if t is None else _chain(fwd, j, t) for j, t in starts.items()} if chains_out else {}
     # job -> (its chain has a step, the bases of its chain's run ends)
-    links = {j: (bool(c), [x.basis for x in c if x.kind == "run_ends"]) for j, c in chains.items()} or {
-        j: (False, []) if t is None else _links(fwd, j, t) for j, t in starts.items()
-    }
+    links = (
+        {j: (bool(c), [x.basis for x in c if x.kind == "run_ends"]) for j, c in chains.items()}
+        if chains_out
+        else {j: (False, []) if t is None else _links(fwd, j, t) for j, t in starts.items()}
+    )
     reasons: dict[str, Any] = fwd.engine.reasons or {}
     if (
         fwd.engine.reasons is None
