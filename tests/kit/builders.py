@@ -137,10 +137,11 @@ def placed(
     at: int | datetime = T0,
     submitted_at: int | datetime | None = None,
     event_id: uuid.UUID | None = None,
+    decision: ev.Decision | None = None,
 ) -> ev.JobPlaced:
     """A ``JobPlaced``: ``replicas`` replicas of ``gpus`` GPUs on nodes ``n0, n1, ...``.
 
-    ``min_runtime_s`` defaults to 3600 when allocated and 0 when not.
+    ``min_runtime_s`` defaults to 3600 when allocated and 0 when not; ``decision`` to rank 0 at r = 0.
     """
     if min_runtime_s is None:
         min_runtime_s = 3600.0 if allocated else 0.0
@@ -157,7 +158,7 @@ def placed(
         min_runtime_s=min_runtime_s,
         placements=placements,
         submitted_at=dt(submitted_at if submitted_at is not None else at),
-        decision=ev.Decision(rank=0, budget_rank=0, ratio=0.0),
+        decision=decision if decision is not None else ev.Decision(rank=0, budget_rank=0, ratio=0.0),
         ts=dt(at),
         producer="test",
         event_id=_id(event_id, "JobPlaced", job_id, attempt, at),

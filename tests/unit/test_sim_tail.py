@@ -15,7 +15,7 @@ import pytest
 
 from apportion import events as ev
 from apportion.timeutil import from_us
-from tests.kit.builders import T0, h
+from tests.kit.builders import T0, h, placed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
@@ -23,19 +23,8 @@ from sim_tail import _held, _mean_held, _recorder, _run_budget, _run_class
 
 
 def _placed(job: str, attempt: int, gpus: int, at: int, allocated: bool = True) -> ev.JobPlaced:
-    return ev.JobPlaced(
-        job_id=job,
-        attempt=attempt,
-        budget="lab/a",
-        allocated=allocated,
-        gpus_per_replica=gpus,
-        replicas=1,
-        min_runtime_s=3600.0 if allocated else 0.0,
-        placements=(ev.Placement(node_id="n0", gpus=tuple(range(gpus))),),
-        submitted_at=from_us(T0),
-        decision=ev.Decision(rank=0, budget_rank=0, ratio=0.5, protection_s=3600.0 if allocated else None),
-        ts=from_us(at),
-    )
+    decision = ev.Decision(rank=0, budget_rank=0, ratio=0.5, protection_s=3600.0 if allocated else None)
+    return placed(job, attempt=attempt, gpus=gpus, at=at, allocated=allocated, submitted_at=T0, decision=decision)
 
 
 @pytest.fixture
