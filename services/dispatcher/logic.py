@@ -197,12 +197,7 @@ def read_model(
     """
     snap = state.cycle_snapshot(now_us)
     # the order counts an array's elements held back by its limit: they keep their place in it
-    pending = {
-        leaf: lst
-        for leaf, jobs in state.pending.items()
-        if snap.tree.is_leaf(leaf)
-        and (lst := [j for j in jobs if j.job_id not in state.held and state.backoff_until(j.job_id, now_us) is None])
-    }
+    pending = {leaf: jobs for leaf, jobs in state.pending_now(now_us, arrays=False).items() if snap.tree.is_leaf(leaf)}
     position: dict[str, int] = {}
     queue = FairShareQueue(snap.tree, snap.occupancy, snap.capacity_gpu_s, pending)
     for i, (_, job) in enumerate(queue):

@@ -580,10 +580,11 @@ class DispatchState:
             idle=self.idle if not copy else IdleReports(dict(self.idle.by_node), dict(self.idle.last_us)),
         )
 
-    def pending_now(self, now_us: Micros) -> dict[str, list[PendingJob]]:
+    def pending_now(self, now_us: Micros, arrays: bool = True) -> dict[str, list[PendingJob]]:
         """The pending lists a cycle at ``now_us`` may place from: jobs on hold (:attr:`held`) and jobs
         backing off after a refused start (:attr:`backoff`, ``not_before_us > now_us``) are left out, until
-        released or their backoff ends."""
+        released or their backoff ends; with ``arrays``, so are the elements beyond their array's limit
+        (the read model keeps those: they keep their place in the order)."""
         pending = dict(self.pending)
         waiting: dict[str, set[str]] = {}
         for job_id in self.held:
@@ -595,7 +596,7 @@ class DispatchState:
                 rec = self.jobs.get(job_id)
                 if rec is not None and rec.status == "pending":
                     waiting.setdefault(b.budget, set()).add(job_id)
-        for rec_a in self.arrays.values():
+        for rec_a in self.arrays.values() if arrays else ():
             if rec_a.throttle is not None:
                 self._throttle(rec_a, waiting)
         for budget, ids in waiting.items():
