@@ -23,8 +23,11 @@ each process replica the agent:
   own (System V and POSIX message queues, in an IPC namespace of its own), gone with its last process
   (:class:`PrivateMounts`);
 * places the child in that cgroup, enters its namespaces, sets ``no_new_privs`` (a setuid program gains
-  nothing), then drops to the account (supplementary groups, gid, uid; umask 077) and gives it a session
-  keyring of its own, in the child between fork and exec (:func:`child_setup`), inside a new session;
+  nothing), enters a Landlock domain of its own where the kernel has the scopes (Linux 6.12+: abstract Unix
+  sockets and signals of processes outside the replica refused, and ``ptrace`` of them:
+  :mod:`services.node_agent.landlock`), then drops to the account (supplementary groups, gid, uid; umask 077)
+  and gives it a session keyring of its own, in the child between fork and exec (:func:`child_setup`), inside
+  a new session;
 * on a stop signals every process of the cgroup, and when the replica ends kills whatever is left of it
   (v1: freeze, SIGKILL each, thaw; v2: ``cgroup.kill``), reads whether the OOM killer struck (reported
   ``oom``), and removes the cgroup.
@@ -54,7 +57,7 @@ from pathlib import Path
 from typing import Protocol
 
 from apportion.jobdirs import job_dir_name
-from services.node_agent import connfilter, devfilter
+from services.node_agent import connfilter, devfilter, landlock
 from services.node_agent.logic import Account, RunKey, Unisolated
 
 log = logging.getLogger("apportion.node_agent")
@@ -753,12 +756,17 @@ def cgroup_name(key: RunKey) -> str:
 
 
 def child_setup(
-    procs_files: Sequence[str], account: Account | None, mounts: Callable[[], None] | None = None
+    procs_files: Sequence[str],
+    account: Account | None,
+    mounts: Callable[[], None] | None = None,
+    scopes: int = 0,
 ) -> Callable[[], None]:
     """What the child runs between fork and exec (``preexec_fn``, after ``setsid``): join the cgroup while
     still privileged, enter its own mount and IPC namespaces (``mounts``: :meth:`PrivateMounts.setup`), set
     ``no_new_privs`` (no ``exec`` of a setuid or setgid program, nor of one with file capabilities, gives it
-    more than it has: :func:`no_new_privs`), then umask 077, drop to ``account`` (supplementary groups, gid,
+    more than it has: :func:`no_new_privs`), enter a Landlock domain of its own scoped to ``scopes`` (0: none;
+    :func:`services.node_agent.landlock.restrict_self`: abstract Unix sockets, signals and ``ptrace`` of
+    processes outside the replica refused), then umask 077, drop to ``account`` (supplementary groups, gid,
     uid: real, effective and saved) and join a new session keyring of that account's (the agent's, and the
     keys it reaches, are out of the job's possession: :func:`new_session_keyring`). Nothing here allocates
     a lock another thread could hold (no NSS lookups: the groups were resolved before the fork)."""
@@ -775,6 +783,8 @@ def child_setup(
         if mounts is not None:
             mounts()
         no_new_privs()
+        if scopes:
+            landlock.restrict_self(scopes)
         os.umask(0o077)
         if account is not None:
             os.setgroups(list(account.groups))
@@ -911,6 +921,23 @@ class PrivateMounts:
         return mounts if os.waitstatus_to_exitcode(status) == 0 else None
 
 
+def landlock_scopes() -> int:
+    """The scopes of the Landlock domain each replica enters on this kernel
+    (:func:`services.node_agent.landlock.scopes_for` of its ABI); before ABI 6 (Linux 6.12) none, and the log says
+    what a job then reaches."""
+    abi = landlock.abi_version()
+    scopes = landlock.scopes_for(abi)
+    if not scopes:
+        log.warning(
+            "%s: jobs are not scoped: a job reaches the abstract Unix sockets of every process of the node, and "
+            "signals and traces its account's other processes (its user's other jobs and logins)",
+            f"Landlock ABI {abi}, scopes need ABI {landlock.SCOPES_ABI} (Linux 6.12)"
+            if abi
+            else "no Landlock in this kernel (before Linux 5.13, or not enabled at boot: lsm=)",
+        )
+    return scopes
+
+
 def proc_mounts_have_own_options(release: str | None = None) -> bool:
     """Whether the kernel (``release``, default this one's) gives each proc mount options of its own (Linux 5.8+).
     Before, a proc mount's ``hidepid`` would be the option of every proc mount of the PID namespace, the node's
@@ -938,6 +965,8 @@ class Sandbox:
             share the node's.
         closed_ports: ports on loopback no process of a replica may connect to (the control plane's: node
             setting ``sandbox_closed_ports``), where the driver :attr:`~CgroupDriver.closes_ports`.
+        landlock_scopes: the scopes of the Landlock domain each replica enters (:func:`landlock_scopes`); 0: none
+            (a kernel before Linux 6.12, said at start).
     """
 
     accounts: Accounts
@@ -950,6 +979,7 @@ class Sandbox:
     shared_devices: tuple[str, ...] = ()
     private_mounts: PrivateMounts | None = None
     closed_ports: tuple[int, ...] = ()
+    landlock_scopes: int = 0
 
     def cgroup_for(self, key: RunKey, gpus: int, gpu_files: Sequence[str]) -> Cgroup | None:
         """Create the cgroup of replica ``key`` holding ``gpus`` GPUs whose device files are ``gpu_files``."""
