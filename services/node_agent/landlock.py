@@ -10,7 +10,7 @@ Each replica's child enters a new domain of its own between fork and exec (after
 * ``LANDLOCK_SCOPE_SIGNAL``: a signal to a process outside the domain is refused, ``EPERM``.
 
 Any domain also keeps its processes from tracing a process outside it (``ptrace``, and reading its
-``/proc/<pid>/environ`` or memory). Every replica's domain is its own, so one job cannot signal, trace or reach
+``/proc/<pid>/environ`` or memory), and a ``/proc`` mounted ``hidepid=invisible`` does not list it to them. Every replica's domain is its own, so one job cannot signal, trace or reach
 the abstract sockets of another job (of its own account too), of its user's logins or of the agent, while the
 processes of one replica (its ranks, its launcher) reach each other as before. The agent, outside every domain,
 still signals them.
@@ -60,15 +60,16 @@ class _RulesetAttr(ctypes.Structure):
 
 def abi_from(rc: int, err: int) -> int:
     """The ABI version a ``landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)`` that returned ``rc``
-    (errno ``err``) tells: ``rc`` itself, or 0 when the kernel has no Landlock (``ENOSYS``: built without it, or
-    before 5.13; ``EOPNOTSUPP``: not enabled at boot, ``lsm=``).
+    (errno ``err``) tells: ``rc`` itself, or 0 when there is no Landlock to use (``ENOSYS``: a kernel built without
+    it, or before 5.13; ``EOPNOTSUPP``: not enabled at boot, ``lsm=``; ``EPERM``: a container's seccomp filter
+    refuses the call).
 
     Raises:
         OSError: any other refusal.
     """
     if rc >= 0:
         return rc
-    if err in (errno.ENOSYS, errno.EOPNOTSUPP):
+    if err in (errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
         return 0
     raise OSError(err, f"landlock_create_ruleset(VERSION): {os.strerror(err)}")
 

@@ -910,30 +910,46 @@ class PrivateMounts:
         mounts = cls(tuple(t for t in PRIVATE_TARGETS if os.path.isdir(t)), hide_pids=proc_mounts_have_own_options())
         if not mounts.targets:
             return None
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child; its exit status is the answer
-            try:
-                mounts.setup()
-                os._exit(0)
-            except BaseException:  # noqa: BLE001 - a forked child: any failure is the answer "no", never a traceback
-                os._exit(1)
-        _, status = os.waitpid(pid, 0)
-        return mounts if os.waitstatus_to_exitcode(status) == 0 else None
+        return mounts if _child_succeeds(mounts.setup) else None
+
+
+def _child_succeeds(setup: Callable[[], None]) -> bool:
+    """Whether ``setup`` returns in a forked child of the agent (as a replica's setup runs, before its exec)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child; its exit status is the answer
+        try:
+            setup()
+            os._exit(0)
+        except BaseException:  # noqa: BLE001 - a forked child: any failure is the answer "no", never a traceback
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
 
 
 def landlock_scopes() -> int:
     """The scopes of the Landlock domain each replica enters on this kernel
-    (:func:`services.node_agent.landlock.scopes_for` of its ABI); before ABI 6 (Linux 6.12) none, and the log says
-    what a job then reaches."""
+    (:func:`services.node_agent.landlock.scopes_for` of its ABI), once a child of the agent has entered such a
+    domain (a forked child, as a replica's); before ABI 6 (Linux 6.12), or when that child cannot, none, and the
+    log says what a job then reaches."""
     abi = landlock.abi_version()
     scopes = landlock.scopes_for(abi)
+    why = (
+        f"Landlock ABI {abi}, scopes need ABI {landlock.SCOPES_ABI} (Linux 6.12)"
+        if abi
+        else "no Landlock here (a kernel before Linux 5.13, not enabled at boot: lsm=, or a seccomp filter)"
+    )
+
+    def enter() -> None:
+        no_new_privs()
+        landlock.restrict_self(scopes)
+
+    if scopes and not _child_succeeds(enter):
+        scopes, why = 0, f"Landlock ABI {abi}, but a child of the agent cannot enter a scoped domain"
     if not scopes:
         log.warning(
             "%s: jobs are not scoped: a job reaches the abstract Unix sockets of every process of the node, and "
             "signals and traces its account's other processes (its user's other jobs and logins)",
-            f"Landlock ABI {abi}, scopes need ABI {landlock.SCOPES_ABI} (Linux 6.12)"
-            if abi
-            else "no Landlock in this kernel (before Linux 5.13, or not enabled at boot: lsm=)",
+            why,
         )
     return scopes
 

@@ -12,6 +12,7 @@ it does not filter devices, see :mod:`services.node_agent.sandbox`).
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import os
@@ -886,20 +887,27 @@ async def test_a_job_reaches_no_process_or_abstract_socket_outside_its_replica(j
     }
 
 
+def _refused(scopes: int) -> None:
+    raise OSError(errno.EPERM, "landlock_restrict_self: Operation not permitted")
+
+
 NO_SCOPES = [
-    # id, the ABI the probe tells, what the agent says at start
-    ("no Landlock", 0, "no Landlock in this kernel (before Linux 5.13, or not enabled at boot: lsm=): jobs are not scoped"),
-    ("ABI 5", 5, "Landlock ABI 5, scopes need ABI 6 (Linux 6.12): jobs are not scoped"),
+    # id, the ABI the probe tells, whether a child can enter a domain, what the agent says at start
+    ("no Landlock", 0, True, "no Landlock here (a kernel before Linux 5.13, not enabled at boot: lsm=, or a seccomp filter): jobs are not scoped"),
+    ("ABI 5", 5, True, "Landlock ABI 5, scopes need ABI 6 (Linux 6.12): jobs are not scoped"),
+    ("ABI 6, a child refused", 6, False, "Landlock ABI 6, but a child of the agent cannot enter a scoped domain: jobs are not scoped"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("case_id,abi,said", NO_SCOPES, ids=[c[0] for c in NO_SCOPES])
+@pytest.mark.parametrize("case_id,abi,enters,said", NO_SCOPES, ids=[c[0] for c in NO_SCOPES])
 async def test_an_agent_on_a_kernel_without_the_scopes_starts_says_so_and_runs_jobs(
-    job_accounts, shared_dir, monkeypatch, caplog, case_id, abi, said
+    job_accounts, shared_dir, monkeypatch, caplog, case_id, abi, enters, said
 ):
-    """The probe tells an older ABI (or none): the agent starts, says what jobs then reach, and runs them with no
-    domain (alice's job sees and signals her login)."""
+    """The probe tells an older ABI (or none), or a child of the agent cannot enter a domain: the agent starts,
+    says what jobs then reach, and runs them with no domain (alice's job sees and signals her login)."""
     monkeypatch.setattr(landlock, "abi_version", lambda: abi)
+    if not enters:
+        monkeypatch.setattr(landlock, "restrict_self", _refused)
     node = Node(shared_dir, monkeypatch)
     await node.agent.start(heartbeats=False, poll_progress=False)
     login = subprocess.Popen(["sleep", "60"], preexec_fn=_as(job_accounts[ALICE]))

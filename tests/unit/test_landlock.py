@@ -16,6 +16,7 @@ ABI_ANSWERS = [
     ("Linux 5.13: ABI 1", 1, 0, 1),
     ("built without Landlock", -1, errno.ENOSYS, 0),
     ("not enabled at boot", -1, errno.EOPNOTSUPP, 0),
+    ("a container's seccomp filter refuses it", -1, errno.EPERM, 0),
 ]
 
 
