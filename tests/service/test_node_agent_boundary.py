@@ -15,6 +15,7 @@ import asyncio
 import errno
 import hashlib
 import json
+import logging
 import os
 import pwd
 import signal
@@ -815,13 +816,16 @@ def _abstract(name: str, kind: int) -> socket.socket:
     return s
 
 
-async def test_a_job_reaches_no_process_or_abstract_socket_outside_its_replica(job_accounts, shared_dir, monkeypatch):
+async def test_a_job_reaches_no_process_or_abstract_socket_outside_its_replica(
+    job_accounts, shared_dir, monkeypatch, caplog
+):
     """Alice runs two jobs and is logged in (a ``sleep`` of her account). Her second job, in a Landlock domain of
     its own, cannot signal or trace her first job, her login or the agent (``EPERM``), nor see them: its
     ``/proc`` (``hidepid=invisible``) shows only the processes it may trace; nor can it connect or send to an abstract Unix socket
     that the test (outside every job) or her first job bound (``EPERM``); a socket it binds itself is reached
     by a process it starts. Her login, outside any domain, does all of it to the same targets (``ok``): without
-    the domain the same account could."""
+    the domain the same account could. The agent's start says its jobs are scoped."""
+    caplog.set_level(logging.INFO, "apportion.node_agent")
     assert landlock.abi_version() >= landlock.SCOPES_ABI, (
         f"Landlock ABI {landlock.abi_version()} here: the scopes need ABI {landlock.SCOPES_ABI} (Linux 6.12), which "
         "the CI machines have; this test fails rather than skips, since an unchecked boundary is not a passing one"
@@ -836,6 +840,7 @@ async def test_a_job_reaches_no_process_or_abstract_socket_outside_its_replica(j
     try:
         assert node.agent.sandbox is not None
         assert node.agent.sandbox.landlock_scopes == landlock.SCOPE_ABSTRACT_UNIX_SOCKET | landlock.SCOPE_SIGNAL
+        assert ", a Landlock domain each scoping abstract Unix sockets and signals" in caplog.text
         victim_job = write_script(shared_dir, "victim_job.py", VICTIM_JOB)
         scope_job = write_script(shared_dir, "scope_job.py", SCOPE_JOB)
         await node.agent.on_event(node.start("j-victim", ALICE, ("python3", str(victim_job), theirs)))
