@@ -721,12 +721,9 @@ def _preempt_for(
     # D3.hero-cover: an uncovered job takes no expired run of a budget behind it (no delta is large enough)
     delta = cfg.delta if covered else math.inf
     cx.res.searches += 1
-    if known_short(req, g, k, job.gpu_model, leaf, delta):
-        plan = None  # (the search's first test, asked without setting up the request)
-        victims.narrowed = victims.spared = False
-    else:
-        req.job, req.leaf, req.charge_count, req.charge_gpu_s, req.delta = job, leaf, cx.charges, charge, delta
-        plan = plan_preemption(req)
+    # (its first test is known_short: a search known to fail costs the request's five fields more, no more)
+    req.job, req.leaf, req.charge_count, req.charge_gpu_s, req.delta = job, leaf, cx.charges, charge, delta
+    plan = plan_preemption(req)
     if not covered:
         victims.behind.pop(leaf, None)  # found without the behind runs: not for the leaf's covered jobs
     if plan is None:

@@ -420,9 +420,20 @@ def _cheapest_unallocated(s: _Search, cached: dict[str, Option], k: int) -> list
 
 
 def _free_options(s: _Search, options: list[Option]) -> None:
-    """Add the nodes with g free GPUs and no unallocated victim left on them (no victim needed)."""
-    free, unalloc_nodes, taken, model = s.req.free, s.req.victims.unalloc, s.taken, s.model
+    """Add the nodes with g free GPUs and no unallocated victim left on them (no victim needed).
+
+    Kept in ``req.memo`` per (g, model) with the length of ``free.log``: free GPUs and taken victims change
+    only with an entry there (a victim is taken after its nodes are logged)."""
+    req = s.req
+    free = req.free
+    key = (_FREE, s.g, s.model)
+    got = req.memo.get(key)
+    if got is not None and got[0] == len(free.log):
+        options.extend(got[1])
+        return
+    unalloc_nodes, taken, model = req.victims.unalloc, s.taken, s.model
     fcount, g = s.fcount, s.g
+    found: list[Option] = []
     for c in range(g, free.maxc + 1):
         for m, b in free.buckets.items():
             if model is not None and m != model:
@@ -431,7 +442,9 @@ def _free_options(s: _Search, options: list[Option]) -> None:
                 # (unalloc_nodes lists are never empty: with nothing taken, only nodes without them qualify)
                 if nid not in unalloc_nodes or (taken and not any(x[1].key not in taken for x in unalloc_nodes[nid])):
                     if fcount[nid] >= g:
-                        options.append(((0, 0, 0, 0.0), nid, []))
+                        found.append(((0, 0, 0, 0.0), nid, []))
+    req.memo[key] = (len(free.log), found)
+    options.extend(found)
 
 
 def _idle_options(s: _Search, options: list[Option]) -> None:
@@ -611,6 +624,7 @@ _GANG_SHAPES = "gang_shapes"
 _MAX_R = "max_ratio"
 _SHORT = "short"
 _SHELTER = "sheltered"
+_FREE = "free_options"
 
 
 def known_short(req: PreemptionRequest, g: int, k: int, model: str | None, leaf: str, delta: float) -> bool:
