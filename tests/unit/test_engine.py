@@ -497,7 +497,7 @@ def test_behind_set_by_tree_walk_equals_the_lca_rule():
         view: FairShareQueue[int] = FairShareQueue(tree, occ, 1000.0, {})
         vic = CycleVictims.__new__(CycleVictims)
         vic.expired = {leaf: {} for leaf in rng.sample(leaves, 8)}
-        vic.behind, vic.under = {}, None
+        vic.behind, vic.under, vic._levels = {}, None, {}
         # with the after-move test (a random charge) and some moves already made this cycle
         moves = {m for m in [_branches(*rng.sample(leaves, 2)) for _ in range(3)] if m is not None}
         for b in leaves:
