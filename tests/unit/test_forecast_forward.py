@@ -12,7 +12,7 @@ from apportion import events as ev
 from apportion.domain.dispatch import Tick
 from apportion.domain.engine import CycleSnapshot, EngineConfig, run_cycle
 from apportion.forecast import _ID_BASE, _Forward, forecast
-from apportion.timeutil import s_to_us
+from apportion.timeutil import from_us, s_to_us
 from tests.kit.builders import T0, h, m
 from tests.kit.forecast_history import CFG, History
 
@@ -157,3 +157,30 @@ def test_the_collector_is_paused_during_a_forecast_and_enabled_after() -> None:
         gc.enable()
     assert [(j.job_id, j.start_us) for j in one.jobs] == [("p1", h(1))]
     assert seen == [False] * 4
+
+
+def test_the_forward_runs_reports_are_the_events_validation_builds() -> None:
+    # a start and a completion report made without validating again equal the validated events, field for field
+    # and in the fields set; a value validation would change (a naive time) is validated (and refused)
+    from datetime import datetime
+
+    import pytest
+    from pydantic import ValidationError
+
+    from apportion.forecast import _report
+
+    values = {
+        "event_id": uuid.UUID(int=_ID_BASE | 7),
+        "ts": from_us(T0),
+        "producer": "forecast/agent",
+        "job_id": "j1",
+        "attempt": 2,
+        "replica": 1,
+        "node_id": "n0",
+    }
+    for cls in (ev.JobStarted, ev.JobCompleted):
+        made, checked = _report(cls, dict(values)), cls(**values)
+        assert made == checked and made.model_fields_set == checked.model_fields_set
+        assert made.model_dump_json() == checked.model_dump_json()
+    with pytest.raises(ValidationError):
+        _report(ev.JobStarted, values | {"ts": datetime(2026, 1, 1)})
