@@ -7,6 +7,7 @@ defaults: grace 30 s, minimum runtime and checkpoint interval 1 h). Starts are c
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from apportion import events as ev
 from apportion.domain.dispatch import Tick
@@ -169,7 +170,7 @@ def test_the_forward_runs_reports_are_the_events_validation_builds() -> None:
 
     from apportion.forecast import _report
 
-    values = {
+    values: dict[str, Any] = {
         "event_id": uuid.UUID(int=_ID_BASE | 7),
         "ts": from_us(T0),
         "producer": "forecast/agent",
@@ -178,8 +179,11 @@ def test_the_forward_runs_reports_are_the_events_validation_builds() -> None:
         "replica": 1,
         "node_id": "n0",
     }
-    for cls in (ev.JobStarted, ev.JobCompleted):
-        made, checked = _report(cls, dict(values)), cls(**values)
+    pairs = [
+        (_report(ev.JobStarted, dict(values)), ev.JobStarted(**values)),
+        (_report(ev.JobCompleted, dict(values)), ev.JobCompleted(**values)),
+    ]
+    for made, checked in pairs:
         assert made == checked and made.model_fields_set == checked.model_fields_set
         assert made.model_dump_json() == checked.model_dump_json()
     with pytest.raises(ValidationError):
