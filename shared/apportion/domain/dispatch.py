@@ -1142,13 +1142,12 @@ def _stop_done(state: DispatchState, victim: RunKey) -> None:
     """A stopping run is gone: nobody waits for it any more."""
     if state.stopping.pop(victim, None) is None:
         return
-    for p, vs in list(state.awaiting.items()):
-        if victim in vs:
-            rest = vs - {victim}
-            if rest:
-                state.awaiting[p] = rest
-            else:
-                del state.awaiting[p]
+    for p, vs in [(p, vs) for p, vs in state.awaiting.items() if victim in vs]:
+        rest = vs - {victim}
+        if rest:
+            state.awaiting[p] = rest
+        else:
+            del state.awaiting[p]
 
 
 # --------------------------------------------------------------------------- decide
@@ -1678,25 +1677,24 @@ def _start_waiting(
     """
     out: list[Event] = []
     gone = {key} | (finished or set())
-    for p in sorted(state.awaiting):
-        vs = state.awaiting[p]
-        if key in vs and vs <= gone:
-            run = state.cluster.runs.get(p)
-            prec = state.jobs.get(p[0])
-            if run is not None and prec is not None and not run.stopping:
-                out.extend(
-                    start_events(
-                        p[0],
-                        p[1],
-                        run.placements,
-                        ts,
-                        prec.spec.duration_s,
-                        prec.spec.command,
-                        prod,
-                        progress_s=run.resumed_from_s,
-                        checkpoint_interval_s=prec.spec.checkpoint_interval_s,
-                    )
+    # (the preemptors in order; only those waiting for key are sorted)
+    for p in sorted(p for p, vs in state.awaiting.items() if key in vs and vs <= gone):
+        run = state.cluster.runs.get(p)
+        prec = state.jobs.get(p[0])
+        if run is not None and prec is not None and not run.stopping:
+            out.extend(
+                start_events(
+                    p[0],
+                    p[1],
+                    run.placements,
+                    ts,
+                    prec.spec.duration_s,
+                    prec.spec.command,
+                    prod,
+                    progress_s=run.resumed_from_s,
+                    checkpoint_interval_s=prec.spec.checkpoint_interval_s,
                 )
+            )
     return with_job_settings(state, out)
 
 
