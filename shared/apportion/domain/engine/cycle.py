@@ -905,6 +905,9 @@ def _pass_unallocated(cx: _Cycle) -> None:
     if _dominated(free_fail.get(None, []), 1, 1):
         return  # not even one GPU was free for a 1-GPU job: no unallocated job fits
     todo = [leaf for leaf in order if cx.allocated_end.get(leaf, 0) < len(cx.pending.get(leaf, ()))]
+    if cx.cfg.free_las:
+        _pass_least_attained(cx, todo)
+        return
     if not cx.cfg.free_order:
         for leaf in todo:
             if _place_unallocated(cx, leaf, cx.allocated_end.get(leaf, 0), False)[0] < 0:
@@ -925,6 +928,34 @@ def _pass_unallocated(cx: _Cycle) -> None:
         if gpus and nxt < len(cx.pending[leaf]):
             used = in_use[leaf] = in_use.get(leaf, 0) + gpus
             heapq.heappush(heap, (free_order_key(used, abs_share(leaf)), pos, leaf, nxt))
+
+
+def _pass_least_attained(cx: _Cycle, todo: list[str]) -> None:
+    """Rule D3.free-las: the unallocated jobs by least attained service (``PendingJob.attained_gpu_s``), ties in
+    the order without the rule. Every job that has not run yet (0 GPU-seconds) goes first, leaf by leaf in the
+    budget order of ``todo`` as without the rule (the bulk passes over shapes that do not fit kept); then the
+    requeued ones one at a time, fewest GPU-seconds first, ties by that order."""
+    pending, ends = cx.pending, cx.allocated_end
+    later = sorted(
+        (jobs[i].attained_gpu_s, pos, i, leaf)
+        for pos, leaf in enumerate(todo)
+        for jobs in (pending[leaf],)
+        for i in range(ends.get(leaf, 0), len(jobs))
+        if jobs[i].attained_gpu_s > 0
+    )
+    cx.owner_placed.update(pending[leaf][i].job_id for _, _, i, leaf in later)  # the leaf walk passes over them
+    for leaf in todo:
+        if _place_unallocated(cx, leaf, ends.get(leaf, 0), False)[0] < 0:
+            return  # not one GPU is left for a 1-GPU job
+    for _, _, i, leaf in later:
+        if _dominated(cx.free_fail.get(None, ()), 1, 1):
+            return
+        job = pending[leaf][i]
+        cx.rank += 1
+        cx.res.considered += 1
+        nodes = _fit_free(cx, job.gpus_per_replica, job.replicas, job.gpu_model, job.topology_bound)
+        if nodes is not None:
+            _place_on_free(cx, job, leaf, nodes, False)
 
 
 def _unallocated_in_use(cx: _Cycle) -> dict[str, int]:
