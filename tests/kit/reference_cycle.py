@@ -107,7 +107,7 @@ def reference_cycle(snapshot: CycleSnapshot, now_us: Micros, cfg: EngineConfig) 
     placed_free = {p.job_id for p in out}
     pending = {leaf: [j for j in jobs if j.job_id not in placed_free] for leaf, jobs in pending.items()}
     order = view.order()
-    if cfg.free_las:
+    if cfg.free_las and not cfg.free_order:
         # D3.free-las: every unallocated job by the GPU-seconds its earlier attempts held, ties by the budget order
         # and the job's place in its leaf
         ranked = sorted(

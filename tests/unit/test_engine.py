@@ -614,6 +614,13 @@ LAS_CASES = [
         id="off: leaf by leaf in budget order, in submission order within a leaf",
     ),
     pytest.param(
+        {"free_las": True, "free_order": True},
+        # D3.free-order decides instead (key unallocated GPUs in use / abs share): b1, c1, b2, a1 as without the
+        # GPU-seconds held
+        ["b1", "c1", "b2", "a1"],
+        id="with free_order on, rule D3.free-order orders them",
+    ),
+    pytest.param(
         {"free_las": True},
         # the jobs not yet run first in the same order (a2, b2, c1), then the requeued ones by GPU-seconds held:
         # b3 (1,800) before b1 (3,600) and a1 (7,200); 4 free GPUs: a2, b2, c1, b3
@@ -646,11 +653,6 @@ def test_free_las_requeued_job_waits_behind_the_jobs_not_yet_run():
     # never run: b2, b3 take both GPUs; the requeued a1 waits
     assert [p.split("@")[0] for p in placed(w.cycle(free_las=True))] == ["b2", "b3"]
     assert [p.split("@")[0] for p in placed(w.cycle())] == ["a1", "b2"]
-
-
-def test_free_las_and_free_order_are_refused_together():
-    with pytest.raises(ValueError, match="free_las and free_order"):
-        EngineConfig(free_las=True, free_order=True)
 
 
 def test_progress_after_records_the_progress_saved_as_the_protection():

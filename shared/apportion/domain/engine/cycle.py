@@ -44,7 +44,7 @@ The cycle, exactly as rule D3.scheduling-cycle says:
    :class:`Decision`), so they are reserved for it; its ``StartWorkload``
    follows when the victims have stopped (dispatch).
 4. Unallocated jobs only go on free GPUs (with ``EngineConfig.free_order``, shared among the
-   leaves by rule D3.free-order). With ``EngineConfig.owner_free`` (rule D3.owner-free), when the
+   leaves by rule D3.free-order; with ``EngineConfig.free_las``, least attained service first, rule D3.free-las). With ``EngineConfig.owner_free`` (rule D3.owner-free), when the
    walk first reaches a leaf over its share, the leaves at or under theirs first place their
    unallocated jobs on free GPUs up to their headroom (:func:`_pass_owner_free`).
 5. A job that cannot be placed does not block the ones behind it
@@ -893,7 +893,9 @@ def _pass_unallocated(cx: _Cycle) -> None:
     Leaf by leaf in the budget order pass 1 left, every job of a leaf before the next leaf's; with
     ``EngineConfig.free_order``, by rule D3.free-order (:func:`~apportion.domain.fairshare.free_order_key`):
     one job at a time to the leaf with the fewest unallocated GPUs in use per unit of share, ties by that
-    budget order. The rank continues from pass 1. Jobs of a shape known not to fit are passed over in bulk.
+    budget order; otherwise, with ``EngineConfig.free_las``, jobs not yet run first, by rule D3.free-las
+    (:func:`_pass_least_attained`). The rank continues from pass 1. Jobs of a shape known not to fit
+    are passed over in bulk.
     """
     free, free_fail = cx.free, cx.free_fail
     order = cx.queue.order()  # = budget_order of the occupancy after the provisional charges
@@ -905,7 +907,7 @@ def _pass_unallocated(cx: _Cycle) -> None:
     if _dominated(free_fail.get(None, []), 1, 1):
         return  # not even one GPU was free for a 1-GPU job: no unallocated job fits
     todo = [leaf for leaf in order if cx.allocated_end.get(leaf, 0) < len(cx.pending.get(leaf, ()))]
-    if cx.cfg.free_las:
+    if cx.cfg.free_las and not cx.cfg.free_order:
         _pass_least_attained(cx, todo)
         return
     if not cx.cfg.free_order:

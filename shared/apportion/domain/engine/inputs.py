@@ -114,7 +114,9 @@ class EngineConfig:
         free_las: rule D3.free-las: unallocated jobs by least attained service first (``PendingJob.attained_gpu_s``,
             the GPU-seconds the job's earlier attempts held), ties in the order without it: every job that has not
             run yet leaf by leaf in the budget order of the allocated pass, then the requeued ones, fewest
-            GPU-seconds first; default False. Not combined with ``free_order``.
+            GPU-seconds first; with ``free_order`` on, rule D3.free-order orders them instead. Default False.
+            Measured and not adopted (``docs/simulation.md``, "Levers measured"), so it is not part of any policy
+            version.
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -142,10 +144,6 @@ class EngineConfig:
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"
-
-    def __post_init__(self) -> None:
-        if self.free_las and self.free_order:
-            raise ValueError("EngineConfig: free_las and free_order are two orders of the same jobs; choose one")
 
 
 @dataclass(frozen=True, slots=True)
