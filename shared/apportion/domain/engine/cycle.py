@@ -44,9 +44,10 @@ The cycle, exactly as rule D3.scheduling-cycle says:
    :class:`Decision`), so they are reserved for it; its ``StartWorkload``
    follows when the victims have stopped (dispatch).
 4. Unallocated jobs only go on free GPUs (with ``EngineConfig.free_order``, shared among the
-   leaves by rule D3.free-order; with ``EngineConfig.free_las``, least attained service first, rule D3.free-las). With ``EngineConfig.owner_free`` (rule D3.owner-free), when the
-   walk first reaches a leaf over its share, the leaves at or under theirs first place their
-   unallocated jobs on free GPUs up to their headroom (:func:`_pass_owner_free`).
+   leaves by rule D3.free-order; with ``EngineConfig.free_las``, least attained service first,
+   rule D3.free-las). With ``EngineConfig.owner_free`` (rule D3.owner-free), when the walk first
+   reaches a leaf over its share, the leaves at or under theirs first place their unallocated
+   jobs on free GPUs up to their headroom (:func:`_pass_owner_free`).
 5. A job that cannot be placed does not block the ones behind it
    (backfill), except: the highest-ranked blocked allocated job that has
    waited (since it was queued) at least ``reservation_after`` reserves k
