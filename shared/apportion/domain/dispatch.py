@@ -787,6 +787,7 @@ def _pending_job(
     queued_at_us: Micros,
     preemptions: int = 0,
     progress_s: float = 0.0,
+    worked_us: Micros = 0,
 ) -> PendingJob:
     return PendingJob(
         job_id=spec.job_id,
@@ -805,6 +806,7 @@ def _pending_job(
         progress_s=progress_s,
         checkpoint_interval_s=spec.checkpoint_interval_s,
         topology_bound=spec.topology_bound,
+        attained_gpu_s=worked_us * spec.gpus_per_replica * spec.replicas / 1e6,
     )
 
 
@@ -921,7 +923,15 @@ def _fold_requeued(state: DispatchState, ev: JobRequeued, t_ev: Micros) -> None:
     jobs[ev.job_id] = JobRecord(rec.spec, ev.attempt, "pending", sub, t, lost)
     c = state.cluster  # its fold of this event already ran: counts and progress are current
     state._enqueue(
-        _pending_job(rec.spec, ev.attempt, sub, t, c.preemptions.get(ev.job_id, 0), c.progress.get(ev.job_id, 0.0))
+        _pending_job(
+            rec.spec,
+            ev.attempt,
+            sub,
+            t,
+            c.preemptions.get(ev.job_id, 0),
+            c.progress.get(ev.job_id, 0.0),
+            c.worked_us.get(ev.job_id, 0),
+        )
     )
 
 
