@@ -228,6 +228,8 @@ def _submission(
         jid = check_job_id(job_id) if job_id is not None else new_job_id(user)
     except ValueError as exc:
         raise InvalidSubmission("job_id", str(exc)) from None
+    if isinstance(command, (str, bytes)):  # tuple() of a string is its characters, each run as an argument
+        raise InvalidSubmission("command", f"give the command as a list of arguments, e.g. {command.split()!r}")
     return events.JobSubmitted(
         job_id=jid,
         budget=budget,
