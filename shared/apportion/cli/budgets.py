@@ -32,6 +32,7 @@ from apportion.cli.common import (
     kafka_failure,
     out,
     refuse,
+    report_verdict,
 )
 from apportion.cli.jobs import _forecast_input
 from apportion.durations import format_duration, parse_duration
@@ -464,25 +465,28 @@ def _budget_changes(
     folded = None
     if read_model and not rejected and all(v.state == "accepted" for v in got):
         folded = _await_read_model(redis_url, max(offsets), end - time.monotonic())
-    if as_json:
-        silent = any(v.state == "no_verdict" for v in got)
-        _print_json(
-            {
-                "ok": not rejected and not silent,
-                "verdict": "rejected" if rejected else "no_verdict" if silent else "accepted",
-                "reason": rejected[0].reason if rejected else "",
-                "published": [events.to_dict(e) for e in evts],
-                "verdicts": [v.to_dict() for v in got],
-                "read_model": folded,
-            }
-        )
+    silent = any(v.state == "no_verdict" for v in got)
+    error, code = None, 1
     if rejected:
         v = rejected[0]
         more = f" (and {len(rejected) - 1} more)" if len(rejected) > 1 else ""
         what = v.message if v.failures else f"{v.event.path}: {v.reason}: {v.message}"  # a batch's names each path
-        fail(f"refused by the policy: {what}{more}", 1)
-    if any(v.state == "no_verdict" for v in got):
-        fail(f"no verdict from the policy within {timeout:g} s (is it running?); the change is in the log", 3)
+        error = f"refused by the policy: {what}{more}"
+    elif silent:
+        error, code = f"no verdict from the policy within {timeout:g} s (is it running?); the change is in the log", 3
+    report_verdict(
+        {
+            "ok": not rejected and not silent,
+            "verdict": "rejected" if rejected else "no_verdict" if silent else "accepted",
+            "reason": rejected[0].reason if rejected else "",
+            "published": [events.to_dict(e) for e in evts],
+            "verdicts": [v.to_dict() for v in got],
+            "read_model": folded,
+        },
+        error,
+        code,
+        as_json=as_json,
+    )
     if not as_json:
         out.print(message, soft_wrap=True)
     if folded is False:

@@ -178,6 +178,16 @@ def refuse(
     _exit(message, code)
 
 
+def report_verdict(doc: dict[str, Any], error: str | None = None, code: int = 1, *, as_json: bool) -> None:
+    """A change command's verdict: with ``--json``, ``doc`` (``ok``, ``verdict``, ``reason``, what was published) on
+    stdout, and when the change failed (``error``) also its ``message`` and ``exit_code``, as every JSON error
+    carries them (:func:`fail`); then, on a failure, ``error: <error>`` on stderr and exit ``code``."""
+    if as_json:
+        _print_json({**doc, "message": error, "exit_code": code} if error is not None else doc)
+    if error is not None:
+        fail(error, code)
+
+
 def _print_json(obj: Any) -> None:
     global _json_printed
     _json_printed = True

@@ -29,12 +29,12 @@ from apportion.cli.common import (
     _redis,
     _require_topics,
     check_budget_filter,
-    err,
     fail,
     fitted_table,
     left_out,
     out,
     refuse,
+    report_verdict,
 )
 from apportion.durations import format_duration, parse_duration
 from apportion.settings import topic_name
@@ -208,12 +208,9 @@ def submit(
         _publish([ev], bootstrap)
         if watcher is not None:
             verdict = watcher.wait(wait)
-    if as_json:
-        doc = events.to_dict(ev)
-        if verdict is not None:
-            doc = {"submission": doc, "verdict": events.to_dict(verdict)}
-        _print_json(doc)
-    elif not isinstance(verdict, events.JobRejected):  # a rejected job was not submitted: say only that
+    if as_json and (dry_run or wait <= 0):
+        _print_json(events.to_dict(ev))
+    elif not as_json and not isinstance(verdict, events.JobRejected):  # a rejected job was not submitted: say only that
         kind = "allocated" if ev.allocated else "unallocated"
         spec = ev.array_spec
         if spec is not None:
@@ -225,11 +222,8 @@ def submit(
         )
         if isinstance(verdict, events.JobQueued):
             out.print(queued_message(ev.job_id, ev.hold), soft_wrap=True)
-    if isinstance(verdict, events.JobRejected):
-        err.print(f"[bold red]rejected:[/] {verdict.reason.value}: {verdict.message}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1)
-    if verdict is None and not dry_run and wait > 0:
-        fail(f"no verdict from the dispatcher within {wait:g} s (is it running?); the submission is in the log", 3)
+    if not dry_run and wait > 0:
+        report_verdict(*dispatcher_verdict(ev, verdict, "queued", "rejected", wait, "submission"), as_json=as_json)
 
 
 def queued_message(job_id: str, hold: bool) -> str:
@@ -336,23 +330,32 @@ def _job_request(
         _published([ev], as_json, f"{verb} requested for [bold]{job_id}[/] (not waiting for the dispatcher)")
         return
     verdict = watcher.wait(timeout, request_id=ev.event_id)
-    refused = isinstance(verdict, events.JobRejected)
-    if as_json:
-        _print_json(
-            {
-                "ok": verdict is not None and not refused,
-                "published": [events.to_dict(ev)],
-                "verdict": "refused" if refused else done_word if verdict is not None else "no_verdict",
-                "reason": verdict.reason.value if isinstance(verdict, events.JobRejected) else "",
-                "event": events.to_dict(verdict) if verdict is not None else None,
-            }
-        )
-    if verdict is None:
-        fail(f"no verdict from the dispatcher within {timeout:g} s (is it running?); the request is in the log", 3)
-    if isinstance(verdict, events.JobRejected):
-        fail(f"refused: {verdict.reason.value}: {verdict.message}", 1)
+    report_verdict(*dispatcher_verdict(ev, verdict, done_word, "refused", timeout, "request"), as_json=as_json)
     if not as_json:
         out.print(f"{done_word} [bold]{job_id}[/]")
+
+
+def dispatcher_verdict(
+    published: events.Event, verdict: events.Event | None, done_word: str, refused_word: str, timeout: float, what: str
+) -> tuple[dict[str, Any], str | None, int]:
+    """The dispatcher's answer to a submission or a request on a job, as :func:`~apportion.cli.common.report_verdict`
+    takes it: the ``--json`` object (``ok``, ``published``, ``verdict``: ``done_word``, ``refused_word`` for a
+    ``JobRejected``, or ``no_verdict``; ``reason``, ``event``, ``job_id``), the error line (``None`` when done) and
+    the exit code (1 refused, 3 no verdict within ``timeout`` seconds)."""
+    rejected = verdict if isinstance(verdict, events.JobRejected) else None
+    doc: dict[str, Any] = {
+        "ok": verdict is not None and rejected is None,
+        "published": [events.to_dict(published)],
+        "verdict": refused_word if rejected else done_word if verdict is not None else "no_verdict",
+        "reason": rejected.reason.value if rejected else "",
+        "event": events.to_dict(verdict) if verdict is not None else None,
+        "job_id": getattr(published, "job_id", None),
+    }
+    if rejected is not None:
+        return doc, f"{refused_word}: {rejected.reason.value}: {rejected.message}", 1
+    if verdict is None:
+        return doc, f"no verdict from the dispatcher within {timeout:g} s (is it running?); the {what} is in the log", 3
+    return doc, None, 0
 
 
 LIVE_STATES = ("pending", "placed", "running", "stopping", "preempting", "cancelling", "lost")

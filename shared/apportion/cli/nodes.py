@@ -27,11 +27,11 @@ from apportion.cli.common import (
     _ratio,
     _redis,
     _require_topics,
-    fail,
     fitted_table,
     left_out,
     out,
     refuse,
+    report_verdict,
 )
 from apportion.durations import format_duration
 from apportion.settings import topic_name
@@ -384,16 +384,15 @@ def _node_change(
                     reason=no.reason.value,
                     node_id=node_id,
                 )
-    if as_json:
-        _print_json(
-            {"ok": seen is not None, "published": [events.to_dict(ev)], "verdict": seen or "no_verdict", "state": seen}
-        )
-    if seen is None:
-        fail(
-            f"the dispatcher did not show {node_id} as {'/'.join(sorted(want))} within {timeout:g} s "
-            "(is it running?); the request is in the log",
-            3,
-        )
+    report_verdict(
+        {"ok": seen is not None, "published": [events.to_dict(ev)], "verdict": seen or "no_verdict", "state": seen},
+        None
+        if seen is not None
+        else f"the dispatcher did not show {node_id} as {'/'.join(sorted(want))} within {timeout:g} s "
+        "(is it running?); the request is in the log",
+        3,
+        as_json=as_json,
+    )
     if not as_json:
         out.print(done.format(node=node_id, state=seen))
 
