@@ -278,6 +278,10 @@ def parse_env(
         value = value.strip()
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
             value = value[1:-1]
+        try:
+            events.check_env({name.strip(): value})  # here, to name the line; the whole env is checked below
+        except ValueError as exc:
+            raise ValueError(f"{file_name}, line {n}: {exc}") from None
         env[name.strip()] = value
     for pair in pairs:
         name, eq, value = pair.partition("=")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -175,7 +176,7 @@ def submit(
                 topology_bound=topology,
             )
         except client.InvalidSubmission as exc:
-            fail(exc.message if exc.field == "job_id" else str(exc))
+            fail(exc.message if exc.field == "job_id" else submission_error(exc.field, exc.message))
         except ValueError as exc:
             fail(str(exc))
 
@@ -224,6 +225,35 @@ def submit(
             out.print(queued_message(ev.job_id, ev.hold), soft_wrap=True)
     if not dry_run and wait > 0:
         report_verdict(*dispatcher_verdict(ev, verdict, "queued", "rejected", wait, "submission"), as_json=as_json)
+
+
+#: A submission's field -> the ``submit`` option that sets it, for errors in the user's own words.
+SUBMIT_OPTIONS = {
+    "budget": "--budget",
+    "gpus_per_replica": "--gpus",
+    "replicas": "--replicas",
+    "min_runtime_s": "--min-runtime",
+    "duration_s": "--duration",
+    "gpu_model": "--gpu-model",
+    "checkpoint_interval_s": "--checkpoint-interval",
+    "time_limit_s": "--time",
+    "array": "--array",
+    "topology_bound": "--topology",
+    "env": "--env",
+    "command": "the command (after --)",
+}
+
+
+def submission_error(field: str, message: str) -> str:
+    """``invalid submission: <option>: <message>`` with the submission's field names said as ``submit``'s options
+    (``time_limit_s`` -> ``--time``), in the field and, for the names with an underscore, in the message
+    (``... or duration_s`` -> ``or --duration``)."""
+    for name, option in SUBMIT_OPTIONS.items():
+        if "_" not in name:  # a plain word (command, budget) reads as itself in a message
+            continue
+        message = re.sub(rf"\b{name}\b", option, message)
+    where = SUBMIT_OPTIONS.get(field, field)
+    return f"invalid submission: {message}" if field == "job" else f"invalid submission: {where}: {message}"
 
 
 def queued_message(job_id: str, hold: bool) -> str:
