@@ -385,7 +385,8 @@ def budget_set(
         )
     except ValidationError as exc:
         e = exc.errors(include_url=False)[0]
-        fail(f"invalid budget: {'.'.join(str(p) for p in e['loc'])}: {e['msg']}")
+        field = ".".join(str(p) for p in e["loc"])
+        fail(f"invalid budget: {SET_OPTIONS.get(field, field)}: {e['msg']}")
     except ValueError as exc:
         fail(str(exc))
     try:
@@ -665,6 +666,9 @@ def budget_show(
             "abs_share": tree.abs_share(p),
             "members": sorted(tree.members(p)) if tree.members(p) is not None else None,
             "max_min_runtime_s": tree.max_min_runtime_s(p),
+            "default_time_limit_s": tree.time_limits_s(p)[0],
+            "max_time_limit_s": tree.time_limits_s(p)[1],
+            "preempt_idle_after_s": tree.preempt_idle_after_s(p),
             "leaf": tree.is_leaf(p),
         }
         for p in tree.paths()
@@ -684,3 +688,34 @@ def budget_show(
             format_duration(row["max_min_runtime_s"]) if row["max_min_runtime_s"] is not None else "-",
         )
     out.print(t)
+    for line in limit_lines(rows):
+        out.print(line, highlight=False, soft_wrap=True)
+
+
+#: A ``BudgetSet`` field -> the ``budget set`` option that sets it, for errors in the user's own words.
+SET_OPTIONS = {
+    "share": "--share",
+    "max_min_runtime_s": "--max-min-runtime",
+    "default_time_limit_s": "--default-time-limit",
+    "max_time_limit_s": "--max-time-limit",
+    "preempt_idle_after_s": "--preempt-idle-after",
+}
+
+
+def limit_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Under ``budget show``'s table, a line per budget whose time limits or idle preemption differ from its
+    parent's (set there, inherited below it): ``lab/x: default time limit 2h, max time limit 8h, preempt idle
+    after none``."""
+    fields = (
+        ("default_time_limit_s", "default time limit"),
+        ("max_time_limit_s", "max time limit"),
+        ("preempt_idle_after_s", "preempt idle after"),
+    )
+    by_path = {r["path"]: r for r in rows}
+    lines = []
+    for r in rows:
+        parent = by_path.get(r["path"].rpartition("/")[0], {})
+        if any(r[f] != parent.get(f) for f, _ in fields):
+            said = [f"{name} {format_duration(r[f]) if r[f] is not None else 'none'}" for f, name in fields]
+            lines.append(f"{r['path']}: {', '.join(said)}")
+    return lines
