@@ -269,3 +269,14 @@ def test_infra_ups_stack_env_is_private_from_the_first_write(tmp_path: Path) -> 
         os.umask(old)
     assert stack.env_file.stat().st_mode & 0o777 == 0o600
     assert f"APPORTION_KAFKA_PASSWORD_FILE={tmp_path / 'secrets' / 'admin.password'}" in stack.env_file.read_text()
+
+
+def test_every_line_fits_80_columns_for_a_checkout_in_a_home_folder() -> None:
+    info = StackInfo(Path("/home/alice/apportion/.run"), "127.0.0.1:45147", "rediss://127.0.0.1:44561/0", "")
+    for i, name in enumerate(SERVICES):
+        info.pids[name] = 27372 + i
+        info.metrics[name] = 55845 + i
+    lines = info.describe()
+    assert [ln for ln in lines if len(ln) > 80] == []
+    assert "logs     /home/alice/apportion/.run/logs (services)" in lines
+    assert "job logs /home/alice/apportion/.run/node_agent/job-logs (`apportion logs JOB`)" in lines

@@ -26,6 +26,7 @@ from apportion.cli.common import (
     _redis,
     _require_topics,
     _tree_from_file,
+    at_seconds,
     end_offsets,
     err,
     fail,
@@ -111,7 +112,7 @@ def share(
         out.print("no occupancy snapshot yet (is the accounting service running?)")
         return
     t = Table(
-        title=f"fair share at {meta.get('at', '?')} (window {format_duration(float(meta.get('window_s', 0)))}, "
+        title=f"fair share at {at_seconds(meta.get('at'))} (window {format_duration(float(meta.get('window_s', 0)))}, "
         f"capacity {meta.get('capacity_gpus', '?')} GPUs)"
     )
     for col in ("budget", "share", "abs", "O GPU-h", "U GPU-h", "E GPU-h", "r", "rank"):

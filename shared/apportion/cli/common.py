@@ -178,6 +178,19 @@ def refuse(
     _exit(message, code)
 
 
+def at_seconds(at: Any) -> str:
+    """A read model's ISO time (``meta.at``) as a title prints it: ISO 8601 at whole seconds, as the forecasts'
+    titles (``2026-12-07T08:41:05+00:00``); ``?`` when missing, the text itself when it is not a time."""
+    from datetime import datetime
+
+    if at is None:
+        return "?"
+    try:
+        return datetime.fromisoformat(str(at)).isoformat(timespec="seconds")
+    except ValueError:
+        return str(at)
+
+
 def report_verdict(doc: dict[str, Any], error: str | None = None, code: int = 1, *, as_json: bool) -> None:
     """A change command's verdict: with ``--json``, ``doc`` (``ok``, ``verdict``, ``reason``, what was published) on
     stdout, and when the change failed (``error``) also its ``message`` and ``exit_code``, as every JSON error

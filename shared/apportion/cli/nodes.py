@@ -27,6 +27,7 @@ from apportion.cli.common import (
     _ratio,
     _redis,
     _require_topics,
+    at_seconds,
     fitted_table,
     left_out,
     out,
@@ -133,7 +134,7 @@ def top(
         # table follows it, a line per job (as in `queue`)
         d = _top_data(r, head)
         meta = d["meta"]
-        title = f"budgets at {meta.get('at', '?')}  capacity {meta.get('capacity_gpus', '?')} GPUs"
+        title = f"budgets at {at_seconds(meta.get('at'))}  capacity {meta.get('capacity_gpus', '?')} GPUs"
         bt, _ = fitted_table(title, tree_columns, d["budgets"], out.width, ())
         qt, moved = fitted_table(
             f"queue head ({len(d['queue_head'])} shown)", head_columns, d["queue_head"], out.width, ("reason",)

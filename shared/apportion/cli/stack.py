@@ -240,7 +240,8 @@ class StackInfo:
             f"Kafka    {self.bootstrap}" + ("" if self.infra == "local" else " (external)") + said("kafka"),
             f"Redis    {self.redis_url}" + ("" if self.infra == "local" else " (external)") + said("redis"),
             f"prefix   {self.prefix or '(none: the default namespace)'}",
-            f"logs     {self.log_dir} (services), {self.agent_dir / 'job-logs'} (jobs: `apportion logs JOB`)",
+            f"logs     {self.log_dir} (services)",  # a line each: two paths on one line overran 80 columns
+            f"job logs {self.agent_dir / 'job-logs'} (`apportion logs JOB`)",
         ]
         for name in SERVICES:
             if name in self.pids:
