@@ -674,7 +674,8 @@ def logs(
     by_attempt = output_files(folder, replica, stream)
     if not by_attempt:
         refuse(
-            f"no output of job {job_id} (replica {replica}) under {base}",
+            f"no output of job {job_id} (replica {replica}) under {base}: only a job that ran a command has "
+            f"output (a simulated --duration job has none; `apportion audit explain {job_id}` says whether it started)",
             as_json=as_json,
             verdict="not_found",
             reason="no_output",
