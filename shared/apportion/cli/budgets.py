@@ -96,6 +96,11 @@ def share(
     With --forecast 7d: r/rank of every budget each --step from now (read from the log), and from when each leaf
     is behind enough to preempt another budget's runs once their protection ends (r lower by at least delta at
     their common ancestor, the other holding allocated GPUs).
+
+    Examples:
+
+      apportion share
+      apportion share --forecast 7d      (each budget's r and rank for a week)
     """
     if forecast_ is not None:
         _share_forecast(forecast_, step, at, bootstrap, from_file, as_json)
@@ -328,6 +333,12 @@ def budget_set(
     e.g. siblings summing above 1, or a new budget under a leaf that queued or
     running jobs charge: only leaves take jobs), then published, then the policy's
     verdict is awaited (exit 1 when it rejects, 3 when it does not answer).
+
+    Examples:
+
+      apportion budget set lab/vision --share 0.4
+      apportion budget set lab/vision/new --share 0.5 --members carol,dan
+      apportion budget set lab/vision --max-time-limit 2d --default-time-limit 8h
     """
     from pydantic import ValidationError
 
@@ -539,6 +550,11 @@ def budget_apply(
     and a budget's parent may be one in force. With ``--prune`` the file is the whole tree: budgets in force
     that it does not name are removed in the same batch (refused while one has queued or running jobs).
     The batch is checked against the tree in force before publishing (exit 1).
+
+    Examples:
+
+      apportion budget apply infra/budgets/example.yaml --dry-run
+      apportion budget apply tree.yaml --prune
     """
     from apportion import readmodel
     from apportion.budgetfile import BudgetFileError, load_budgets
@@ -636,7 +652,12 @@ def budget_rm(
     as_json: JsonOut = False,
 ) -> None:
     """Remove a budget. Refused (exit 1) when it is not in the tree in force, has children, or has queued or
-    running jobs (the dispatcher's jobs read model)."""
+    running jobs (the dispatcher's jobs read model).
+
+    Examples:
+
+      apportion budget rm lab/vision/old
+    """
     from apportion.domain.budgets import BudgetError
 
     tree = _tree_in_force(bootstrap)

@@ -133,9 +133,19 @@ def help_text(text: str) -> str:
     return _SOFT_BREAK.sub(" ", _RST_LITERAL.sub(r"`\1`", _RST_ROLE.sub(r"`\1`", text)))
 
 
+#: The last line of every command's ``--help`` (docs/operations.md, "Exit codes").
+EXIT_CODES_HELP = (
+    "Exit codes: 0 done, 1 refused or not found, 2 bad input, 3 stack unreachable or no verdict in time "
+    "(docs/operations.md)."
+)
+
+
 def readable_help(command: Any) -> None:
     """Make the help of ``command`` and every command under it readable, once for the whole tree: the docstrings
-    and parameter help through :func:`help_text`, and no value type (``<bool>``) after a flag, which takes none."""
+    and parameter help through :func:`help_text`, no value type (``<bool>``) after a flag, which takes none, and
+    :data:`EXIT_CODES_HELP` at the end of each command's own."""
+    if not getattr(command, "commands", None) and not getattr(command, "epilog", None):
+        command.epilog = EXIT_CODES_HELP
     for attr in ("help", "short_help", "epilog"):
         if getattr(command, attr, None):
             setattr(command, attr, help_text(getattr(command, attr)))

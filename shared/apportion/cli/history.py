@@ -341,6 +341,11 @@ def history(
     Fits the terminal (80 columns: where a row does not fit, its reason follows the table, never cut); --wide
     adds budget, attempts, preemptions, work lost and the full end time, every column in the table. Built from the log (apportion.submissions and apportion.jobs); times are
     event times.
+
+    Examples:
+
+      apportion history -u alice --since 1d
+      apportion history -b lab/vision --state failed --wide
     """
     from rich.console import Console
 
@@ -462,6 +467,11 @@ def usage(
     Alloc is what allocated runs held (charged: the budget's O), unalloc what unallocated runs held (its U);
     share is a user's part of the budget's alloc. Built from the log (apportion.jobs) with the accounting's
     own fold, at the stack's event time.
+
+    Examples:
+
+      apportion usage --by-user
+      apportion usage -b lab/vision --window 1d
     """
     from rich.console import Console
     from rich.table import Table
@@ -651,6 +661,12 @@ def logs(
     agent, or another directory); with --json the refusal is a ``{"ok": false, ...}`` object on stdout too.
     --json on success: ``{"ok": true, "job_id", "attempt", "attempts", "replica", "stream", "path", "text",
     "size", "offset", "cut"}`` (``text`` begins at byte ``offset`` of the ``size`` bytes).
+
+    Examples:
+
+      apportion logs j-42
+      apportion logs j-42 --stderr --lines 50
+      apportion logs j-42 --attempt 1 --replica 2
     """
     import sys
 

@@ -276,6 +276,12 @@ def cancel(
 
     Exit 1 when the log has no such job or it already finished; 3 when Kafka
     cannot be reached or the dispatcher gives no verdict within --timeout.
+
+    Examples:
+
+      apportion cancel j-42
+      apportion cancel sweep             (every element of job array sweep)
+      apportion cancel j-42 -u ops --reason "wrong data"   (ops: any user's job)
     """
     _job_request(events.JobCancelRequested, job_id, reason, user, no_wait, timeout, bootstrap, as_json)
 
@@ -294,6 +300,11 @@ def hold(
 
     Only the job's user or ops may hold it. Exit 1 when refused (not pending, already held, not yours) or the
     log has no such job; 3 when Kafka cannot be reached or no verdict comes within --timeout.
+
+    Examples:
+
+      apportion hold j-42 --reason "waiting for data"
+      apportion hold sweep               (every pending element of an array)
     """
     _job_request(events.JobHoldRequested, job_id, reason, user, no_wait, timeout, bootstrap, as_json)
 
@@ -311,6 +322,10 @@ def release(
 
     Only the job's user or ops may release it. Exit 1 when refused (not held, not yours) or the log has no
     such job; 3 when Kafka cannot be reached or no verdict comes within --timeout.
+
+    Examples:
+
+      apportion release j-42
     """
     _job_request(events.JobReleaseRequested, job_id, reason, user, no_wait, timeout, bootstrap, as_json)
 
@@ -601,6 +616,12 @@ def queue(
 
     With --start, each pending job gets its estimated start (est_start, est_basis in --json): the log read and the
     engine run forward as `apportion forecast` does (basis: now, rules, simulated, time_limit, history, unknown).
+
+    Examples:
+
+      apportion queue -u alice
+      apportion queue -b lab/vision --state pending
+      apportion queue --all --json
     """
     from apportion.forecast import protection_notice
     from apportion.timeutil import to_us

@@ -286,6 +286,11 @@ def nodes(
 
     State and free GPUs are the dispatcher's; the reason and the last heartbeat come from the log
     (apportion.nodes); the age is measured on the stack's event clock (APPORTION_TIME_SCALE and epochs).
+
+    Examples:
+
+      apportion nodes
+      apportion nodes --json
     """
     rows = node_rows(_redis(redis_url), bootstrap)
     if as_json:
@@ -411,6 +416,11 @@ def drain(
 
     Waits until the dispatcher shows the node draining (or drained). Exit 1 for
     a node nobody registered or a lost node.
+
+    Examples:
+
+      apportion drain sim-7 --reason "fan swap"
+      apportion drain sim-7 --no-wait
     """
     ident = _identity(None, bootstrap, ops=True)
     ev = ident.sign(events.NodeDrainRequested(node_id=node_id, reason=reason, by=ident.user, ts=_now(), producer="cli"))
@@ -438,7 +448,12 @@ def cordon(
     redis_url: RedisUrl = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Cordon a node: no new work lands on it; running work stays. Exit 1 for an unknown or lost node."""
+    """Cordon a node: no new work lands on it; running work stays. Exit 1 for an unknown or lost node.
+
+    Examples:
+
+      apportion cordon sim-7 --reason "flaky NIC"
+    """
     ident = _identity(None, bootstrap, ops=True)
     ev = ident.sign(events.NodeCordoned(node_id=node_id, reason=reason, by=ident.user, ts=_now(), producer="cli"))
     _node_change(
@@ -464,7 +479,12 @@ def undrain(
     redis_url: RedisUrl = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Uncordon a cordoned, draining or drained node. Exit 1 for an unknown or lost node; 0 if already ready."""
+    """Uncordon a cordoned, draining or drained node. Exit 1 for an unknown or lost node; 0 if already ready.
+
+    Examples:
+
+      apportion undrain sim-7
+    """
     ident = _identity(None, bootstrap, ops=True)
     ev = ident.sign(events.NodeUncordoned(node_id=node_id, by=ident.user, ts=_now(), producer="cli"))
     _node_change(
