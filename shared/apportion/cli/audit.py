@@ -319,9 +319,8 @@ def squatting(
     from apportion.audit.replay import squatting_report
     from apportion.durations import format_duration
 
-    rep = squatting_report(
-        _load(bootstrap, from_file), threshold_s=_dur(threshold, "--threshold"), util_below_pct=util_below
-    )
+    threshold_s = _dur(threshold, "--threshold")  # bad input is exit 2 before the log is read
+    rep = squatting_report(_load(bootstrap, from_file), threshold_s=threshold_s, util_below_pct=util_below)
     if rep.blind:
         _err().print(
             f"note: none of the {rep.heartbeats:,} heartbeats in the log carries GPU utilisation "
