@@ -280,3 +280,21 @@ def test_every_line_fits_80_columns_for_a_checkout_in_a_home_folder() -> None:
     assert [ln for ln in lines if len(ln) > 80] == []
     assert "logs     /home/alice/apportion/.run/logs (services)" in lines
     assert "job logs /home/alice/apportion/.run/node_agent/job-logs (`apportion logs JOB`)" in lines
+
+
+def test_status_json_carries_every_folder_the_text_shows() -> None:
+    from apportion.cli.stack import Probe
+
+    info = StackInfo(Path("/home/alice/apportion/.run"), "127.0.0.1:45147", "rediss://127.0.0.1:44561/0", "")
+    info.pids, info.metrics = {"policy": os.getpid()}, {"policy": 55845}
+    doc = info.status_doc({"kafka": Probe(True), "redis": Probe(True), "policy": Probe(True, "200")})
+    assert (doc["log_dir"], doc["job_log_dir"]) == (
+        "/home/alice/apportion/.run/logs",
+        "/home/alice/apportion/.run/node_agent/job-logs",
+    )
+    assert doc["services"]["policy"] == {
+        "pid": os.getpid(),
+        "running": True,
+        "metrics": "http://127.0.0.1:55845/metrics",
+        "ready": {"ok": True, "detail": "200"},
+    }
