@@ -333,7 +333,7 @@ def _node_change(
     ev: NodeEvent,
     node_id: str,
     want: set[str],
-    done: str,
+    done: str | dict[str, str],
     *,
     refused: str,
     already: set[str],
@@ -347,7 +347,8 @@ def _node_change(
 
     A state the node state machine would leave unchanged (:func:`apportion.domain.nodes.node_transition`: a lost
     node ignores everything but a registration) is refused with ``refused``; one of ``already`` is a success
-    with nothing to publish.
+    with nothing to publish. ``done`` is what is printed once the node shows a state of ``want``, or a message per
+    state.
     """
     from apportion import readmodel
     from apportion.cli import verdicts
@@ -400,7 +401,16 @@ def _node_change(
         as_json=as_json,
     )
     if not as_json:
-        out.print(done.format(node=node_id, state=seen))
+        said = done if isinstance(done, str) else done[seen]
+        out.print(said.format(node=node_id, state=seen))
+
+
+#: What `drain` says once the dispatcher shows the node draining (runs left on it) or drained (none).
+DRAIN_DONE = {
+    "draining": "[bold]{node}[/] is draining: no new work lands on it, and it is drained once its runs end or are "
+    "preempted as their minimum runtimes allow (`apportion nodes`)",
+    "drained": "[bold]{node}[/] is drained: no run is left on it",
+}
 
 
 def drain(
@@ -428,7 +438,7 @@ def drain(
         ev,
         node_id,
         {"draining", "drained"},
-        "[bold]{node}[/] is {state}; it reports NodeDrained when empty (`apportion nodes`)",
+        DRAIN_DONE,
         refused="no heartbeat, nothing to drain",
         already={"draining", "drained"},
         no_wait=no_wait,
