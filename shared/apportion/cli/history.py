@@ -421,7 +421,11 @@ def history_table(rows: list[JobHistory], *, wide: bool = False, width: int = 80
         cell("reason", lambda j: j.reason or "-"),
     ]
     t, moved = fitted_table(
-        f"history ({len(rows)} finished jobs)", columns, rows, width, () if wide else ("reason", "end", "user")
+        f"history ({len(rows)} finished job{'' if len(rows) == 1 else 's'})",
+        columns,
+        rows,
+        width,
+        () if wide else ("reason", "end", "user"),
     )
     parts = [(j, left_out(columns, moved, j, bare=("reason",))) for j in (rows if moved else ())]
     lines = [Text.assemble((j.job_id, "bold"), ": ", "; ".join(p)) for j, p in parts if p != ["-"]]
