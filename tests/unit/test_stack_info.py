@@ -298,3 +298,21 @@ def test_status_json_carries_every_folder_the_text_shows() -> None:
         "metrics": "http://127.0.0.1:55845/metrics",
         "ready": {"ok": True, "detail": "200"},
     }
+
+
+def test_status_json_without_a_stack_is_the_json_error_object_exit_3(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from apportion.cli.main import app
+
+    res = CliRunner().invoke(app, ["stack", "status", "--dir", str(tmp_path), "--json"])
+    assert res.exit_code == 3
+    assert json.loads(res.stdout) == {
+        "ok": False,
+        "verdict": "unreachable",
+        "reason": "",
+        "message": f"no stack started from {tmp_path.resolve()} (`apportion stack up`)",
+        "exit_code": 3,
+    }

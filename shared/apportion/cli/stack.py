@@ -58,7 +58,7 @@ from apportion.bus.security import (
     redis_env,
     service_credentials,
 )
-from apportion.cli.common import json_option
+from apportion.cli.common import fail, json_option
 from apportion.domain.dispatch import DEFAULT_HEARTBEAT_TIMEOUT_S
 from apportion.privatefiles import private_dir, write_private
 
@@ -785,8 +785,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _err(msg: str, code: int) -> NoReturn:
-    typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(code)
+    """``error: msg`` on stderr, exit ``code``; under ``--json`` also the JSON error object on stdout (:func:`fail`)."""
+    fail(msg, code)
 
 
 @stack_app.command("up")
