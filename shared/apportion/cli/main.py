@@ -215,9 +215,13 @@ def _root(ctx: typer.Context) -> None:
     """Budgeted, hierarchical fair-share GPU scheduling."""
     import os
 
-    from apportion.settings import apply_stack_prefix
+    from apportion.settings import StackStopped, apply_stack_prefix
 
-    if apply_stack_prefix() is not None:  # the namespace of the stack found: for this command only
+    try:
+        applied = apply_stack_prefix()
+    except StackStopped:  # no namespace to bring; a command that needs the stack says so, one offline runs
+        applied = None
+    if applied is not None:  # the namespace of the stack found: for this command only
         ctx.call_on_close(lambda: os.environ.pop("APPORTION_TOPIC_PREFIX", None))
     ctx.call_on_close(lambda: json_errors(False))  # a command's ``--json`` turns JSON errors on for it alone
 
