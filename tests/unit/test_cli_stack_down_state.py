@@ -130,3 +130,16 @@ def test_an_export_is_audited_offline_whatever_the_marker(
     # it was 3, "no stack running", though no stack is needed (the kit's history has mismatches: verify says 1)
     assert res.exit_code in (0, 1) and "records in" in res.stderr, res.output
     assert "no stack running" not in res.stderr
+
+
+def test_a_kafka_given_to_the_client_is_used_whatever_the_marker(
+    stopped: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`stack up --bootstrap K --redis R` in a checkout whose stack was stopped registers the keys at K: the client
+    needs no Redis for that, so the marker (which names neither) must not refuse it."""
+    from apportion.client import kafka_address
+
+    monkeypatch.setenv("APPORTION_STACK_DIR", str(stopped / "researcher"))
+    assert kafka_address("k:1") == "k:1"
+    with pytest.raises(settings.StackStopped):
+        kafka_address(None)
