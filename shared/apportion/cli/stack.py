@@ -626,6 +626,8 @@ def up(
                 env.update(service_credentials(name, STACK_AGENT, kafka, redis))
             if name == "node_agent":
                 env.update(agent_env(info, sandbox_memory_mb_per_gpu))
+            if name == "dispatcher":
+                env.update(dispatcher_env(info))
             _save_launch(info, name, args, env)  # `stack restart` starts it again the same way
             since[name] = _log_end(info, name)  # an `up` in a run directory used before appends to its logs
             info.pids[name] = _spawn(info, name, args, env)
@@ -655,6 +657,13 @@ def agent_env(info: StackInfo, sandbox_memory_mb_per_gpu: int | None = None) -> 
     if sandbox_memory_mb_per_gpu is not None:
         env["APPORTION_SANDBOX_MEMORY_MB_PER_GPU"] = str(sandbox_memory_mb_per_gpu)
     return env
+
+
+def dispatcher_env(info: StackInfo) -> dict[str, str]:
+    """The dispatcher's own settings in the stack in ``info.run_dir``: the keyring that holds its signing key
+    (``service:dispatcher``), given outright: found through a ``stack.env`` it could be another stack's, or the
+    marker of a stopped one in the working directory's checkout, which names none."""
+    return {"APPORTION_KEYRING": info.keyring}
 
 
 def stack_cgroup_parent(run_dir: Path, prefix: str) -> str:
