@@ -143,3 +143,18 @@ def test_a_kafka_given_to_the_client_is_used_whatever_the_marker(
     assert kafka_address("k:1") == "k:1"
     with pytest.raises(settings.StackStopped):
         kafka_address(None)
+
+
+def test_a_stack_started_since_elsewhere_is_found_beside_the_marker(
+    stopped: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make down` in a checkout, then `stack up --dir ELSEWHERE`: from the checkout the CLI finds the running
+    stack through the per-user state file, not the stopped one's marker ("no stack running")."""
+    monkeypatch.chdir(stopped.parent)  # the checkout: its .run/researcher/stack.env is the marker
+    (stopped.parent / ".run").symlink_to(stopped)
+    with pytest.raises(settings.StackStopped):
+        settings.Connection.resolve()
+    other = tmp_path / "other"
+    other.mkdir()
+    _write_state(StackInfo(other, "127.0.0.1:2", "redis://127.0.0.1:2/0", "", "external"))
+    assert settings.Connection.resolve() == settings.Connection("127.0.0.1:2", "redis://127.0.0.1:2/0")
