@@ -687,11 +687,14 @@ class AssignedConsumer:
 
 
 class EndsAsker:
-    """Asks some partitions' end offsets (last stable offsets) on a connection of its own, from one thread.
+    """Asks some partitions' end offsets (last stable offsets) on a connection of its own, without waiting.
 
-    kafka-python consumers are not thread-safe, and the broker answers one connection's requests in order (a
-    ``LIST_OFFSETS`` behind a waiting fetch would wait for it): so a client of its own, no group, used only
-    by its own worker thread. The first answer is taken here, so the connection is up before the first ask.
+    The broker answers one connection's requests in order, and a reader's connection has its next fetch
+    waiting there (kafka-python sends it as a poll returns records): a ``LIST_OFFSETS`` behind it would wait
+    for it. So a client of its own, no group. kafka-python 3 runs each client's network on an IO thread of its
+    own: the request is handed to that thread (:meth:`ask` returns at once) and its answer completes the
+    returned future there; a kafka-python without that loop is asked from a worker thread instead. The first
+    answer is taken here, so the connection is up before the first ask.
 
     Args:
         bootstrap: Kafka ``host:port``.
@@ -716,6 +719,10 @@ class EndsAsker:
             **kafka_auth(),
         )
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=client_id)
+        net: Any = getattr(self._kc, "_net", None)
+        offsets_by_times: Any = getattr(getattr(self._kc, "_fetcher", None), "_fetch_offsets_by_times_async", None)
+        #: kafka-python's IO loop and its coroutine that asks for offsets (None: not this kafka-python)
+        self._loop = (net, offsets_by_times) if hasattr(net, "call_soon_with_future") and offsets_by_times else None
         if self._parts:
             self._ends()
 
@@ -727,7 +734,18 @@ class EndsAsker:
         has not started (its request is sent later than now, so its answer serves as well)."""
         if pending is not None and not pending.running() and not pending.done():
             return pending
-        return self._pool.submit(self._ends)
+        if self._loop is None:
+            return self._pool.submit(self._ends)
+        from kafka.protocol.consumer.offsets import OffsetSpec
+
+        net, offsets_by_times = self._loop
+        out: Future[dict[Any, int]] = Future()
+        out.set_running_or_notify_cancel()
+        latest = {tp: OffsetSpec.LATEST for tp in self._parts}
+        answer = net.call_soon_with_future(offsets_by_times, latest, int(IDENTITY_READ_AHEAD_S * 1000))
+        answer.add_callback(lambda got: out.set_result({tp: got[tp].offset for tp in self._parts}))
+        answer.add_errback(out.set_exception)
+        return out
 
     def close(self) -> None:
         """Stop the thread (after the request in flight) and close the connection."""
