@@ -777,8 +777,10 @@ class Term:
             self.unflushed = False
             await asyncio.to_thread(self.write_snapshot)
             self.last_snap = self.now()
-        if self.unproven:  # folded, nothing committed: proven when the answer is in (or too many are waiting)
-            await asyncio.to_thread(self.prove, len(self.unproven) > UNPROVEN_MAX)
+        if len(self.unproven) > UNPROVEN_MAX:  # folded, nothing committed: wait for the proof
+            await asyncio.to_thread(self.prove)
+        elif self.unproven:  # proven if the answer is in (no wait: on the loop)
+            self.prove(wait=False)
 
     def prove(self, wait: bool = True) -> None:
         """Rule D10.proven-user at the commit: the batches folded since the last proof were judged with every

@@ -206,3 +206,24 @@ def test_a_revocation_missed_by_a_poll_that_commits_nothing_ends_the_term_before
     with pytest.raises(KeysMoved):
         leader.poll()
     assert "commit" not in leader.producer.calls
+
+
+def test_a_poll_that_commits_nothing_does_not_wait_for_its_proof_and_the_next_commit_does() -> None:
+    from apportion.events import NodeHeartbeat
+
+    log, leader = started()
+    asked: list[bool] = []
+    settle = leader.reader.settle
+
+    def slow(wait: bool = True) -> list[Rec] | None:  # the answer is not in until someone waits for it
+        asked.append(wait)
+        return settle(wait) if wait else None
+
+    leader.term.settle = slow
+    log.put(NodeHeartbeat(node_id="n1", ts=T0 + timedelta(seconds=5), producer="agent"))
+    leader.poll()
+    assert (asked, len(leader.term.unproven)) == ([False], 1)
+    log.put(CAROL.sign(sub("j1")))
+    leader.poll()
+    assert (asked, leader.term.unproven) == ([False, True], [])
+    assert decisions_on(log, "j1") == ["JobQueued", "JobPlaced", "StartWorkload"]

@@ -690,7 +690,7 @@ class EndsAsker:
     """Asks some partitions' end offsets (last stable offsets) on a connection of its own, without waiting.
 
     The broker answers one connection's requests in order, and a reader's connection has its next fetch
-    waiting there (kafka-python sends it as a poll returns records): a ``LIST_OFFSETS`` behind it would wait
+    waiting there (kafka-python 3 may send it as a poll returns records): a ``LIST_OFFSETS`` behind it would wait
     for it. So a client of its own, no group. kafka-python 3 runs each client's network on an IO thread of its
     own: the request is handed to that thread (:meth:`ask` returns at once) and its answer completes the
     returned future there; a kafka-python without that loop is asked from a worker thread instead. The first
