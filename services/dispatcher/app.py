@@ -56,7 +56,11 @@ async def run(
 
     async def terms() -> None:  # one after another while a term ends on keys it had not read (KeysMoved)
         while await _lead(settings, stop, w, r, lease, metrics, ready):
-            log.info("leading again, rebuilt from the log with the keys read")
+            # the next term's init_transactions fences whoever holds the transactional id: only while the
+            # lease is still ours (renewed, never a new token); else back to standby, which acquires anew
+            if not await asyncio.to_thread(lease.renew):
+                return
+            log.info("leading again with token %d, rebuilt from the log with the keys read", lease.token)
 
     async def standby_and_lead() -> None:
         await lead_when_elected(lease, w.conn.bootstrap, w.readiness, stop, metrics["leader"], terms)
