@@ -11,7 +11,9 @@ Kafka or Redis:
 * :func:`read_model` - the ``apportion:rm:jobs`` / ``apportion:rm:nodes`` rows
   (:mod:`apportion.readmodel`), with each pending job's position in the
   fair-share order and its pending reason, from the engine's own cycle
-  (:mod:`apportion.domain.engine.reasons`).
+  (:mod:`apportion.domain.engine.reasons`);
+* :func:`keys_bear` - whether key events read after a batch was judged change
+  how any record of it was judged (rule D10.proven-user, at the commit).
 """
 
 from __future__ import annotations
@@ -294,3 +296,36 @@ def heartbeats(state: DispatchState) -> dict[str, str]:
     return {
         nid: from_us(n.last_heartbeat_us).isoformat() for nid, n in state.cluster.nodes.items() if n.last_heartbeat_us
     }
+
+
+def keys_bear(late: Iterable[Any], folded: Iterable[Any]) -> bool:
+    """Rule D10.proven-user at the commit: would the key records ``late`` change how a record of ``folded``
+    was judged (both kafka-python records, ``late`` read after ``folded`` was judged)?
+
+    The key registry judges a signed record only through the key that signed it
+    (:meth:`apportion.identity.registry.KeyRegistry.principal`) and, for a decision, whether the dispatcher
+    has a key at all (:func:`apportion.domain.admission.authorize_report`). So a late registration or
+    revocation bears when its key signed a record of ``folded`` (in either signed form:
+    :func:`apportion.identity.canonical.signer_of`), or when it is the dispatcher's. A late record that is
+    not a key event (undecodable, or another event of the topic) bears on nothing.
+    """
+    from apportion.domain.admission import DISPATCHER
+    from apportion.events import DecodeError, UserKeyRegistered, UserKeyRevoked, decode
+    from apportion.identity.canonical import signer_of
+
+    keys = set()
+    for rec in late:
+        try:
+            ev = decode(rec.value)
+        except DecodeError:
+            continue
+        if isinstance(ev, (UserKeyRegistered, UserKeyRevoked)):
+            if ev.user == DISPATCHER:
+                return True
+            keys.add(ev.public_key)
+    if not keys:
+        return False
+    return any(
+        rec.value is not None and (signer_of(rec.value) in keys or signer_of(rec.value, appended=True) in keys)
+        for rec in folded
+    )
