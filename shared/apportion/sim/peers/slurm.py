@@ -31,16 +31,45 @@ Re-implemented from SchedMD's documentation (slurm.schedmd.com; the same pages a
   are ``normal`` QOS, which preempts ``scavenger`` and is never preempted.
   Slurm has no fair-share preemption: an allocated job is never preempted,
   whatever its account's usage.
-* ``sched_config.shtml`` / backfill: the QOS priority puts every ``normal``
-  job before every ``scavenger`` job; within a class jobs go in priority order,
-  and a job that does not fit does not block lower ones.
+* ``sched_config.shtml``, ``slurm.conf`` ``SchedulerParameters`` and
+  ``src/plugins/sched/backfill/backfill.c`` (``SchedulerType=sched/backfill``,
+  the default): the QOS priority puts every ``normal`` job before every
+  ``scavenger`` job; within a class jobs go in priority order. Each pass looks
+  at the first ``bf_max_job_test`` (500) pending jobs in that order and gives
+  each its earliest start on a map of the nodes over the next ``bf_window``
+  (1440 minutes) (:class:`NodeSpace`): running jobs free their GPUs at their
+  start plus their time limit, rounded up to ``bf_resolution`` (60 s); a
+  ``normal`` job counts ``scavenger`` runs as gone (it may requeue them). A job
+  whose earliest start is now starts; one whose start is later, within the
+  window, reserves whole nodes (Slurm's reservations are whole nodes) from then
+  to its start plus its limit; a lower job starts now only on nodes where it
+  ends, by its limit, before any such reservation begins. A job with no start
+  within the window reserves nothing.
+* Time limits (``SlurmConfig.time_limit_s``): the trace has none. By default a
+  job's limit is its own duration (the user's estimate is exact), the most
+  favourable case for backfill: a gap is used whenever the work fits it, and a
+  reservation's start is the true one. Real estimates are longer (sites set a
+  partition ``DefaultTime``/``MaxTime`` and users ask for about that), which
+  makes starts look later and gaps shorter, so this peer is the strongest Slurm
+  the trace allows. ``time_limit_s`` set gives every job that limit (a
+  partition ``DefaultTime`` of, say, 7 days); a run past its limit is expected
+  to end at the next ``bf_resolution`` step and is not killed (the trace's work
+  is the same under every policy). A requeued job keeps its full limit
+  (it resumes from its checkpoint and ends before it).
 
 Simplified (say so when reading the figures):
 
-* Backfill does not reserve start times: Slurm's backfill starts a lower job
-  only if it does not delay the expected start of higher ones (by time
-  limits); here any job that fits starts (the ``fifo`` baseline's backfill), so
-  wide gangs can wait longer than under Slurm.
+* The backfill pass runs at every cycle of the simulator (on each event, and
+  every 5 minutes while jobs wait), not on Slurm's ``bf_interval`` timer (30 s);
+  it also stands for the main scheduler, which starts jobs strictly by
+  priority. ``bf_continue``, ``bf_max_job_user``, ``bf_min_prio_reserve`` and
+  the other per-user and per-partition limits are not modelled (their defaults
+  are off). Among the nodes free at a reserved start, the fewest free GPUs
+  first (then node id) are reserved, as best fit.
+* ``SlurmConfig(backfill_reserve=False)`` is the simplified peer of earlier
+  figures (policy ``slurm-fairtree-1``): no start times, no reservations, any
+  job that fits starts, so a wide gang starts only when whole nodes happen to be
+  free together.
 * Usage is accrued at passes from the runs present: a run that ends between
   two passes is charged up to the last pass before its end (exact while jobs
   wait, as a cycle runs at every completion; a run that ends while the queue
@@ -49,9 +78,10 @@ Simplified (say so when reading the figures):
 * Fairshare is per account (leaf budget), not per user under it; no job-size,
   partition, nice or TRES factors; the age of a requeued job counts from its
   first submission.
-* Victims among the ``scavenger`` runs are the engine's least-cost set
-  (:func:`apportion.domain.engine.search.plan_preemption`: fewest GPUs, then least work lost,
-  i.e. youngest first, as ``PreemptParameters=youngest_first``).
+* Victims among the ``scavenger`` runs: the youngest first, on the nodes that
+  fit needing fewest victim GPUs (:func:`apportion.sim.peers._loop.plan_victims`;
+  ``PreemptParameters=youngest_first``); the simplified peer takes the engine's
+  least-cost set (:func:`apportion.domain.engine.search.plan_preemption`).
 """
 
 from __future__ import annotations
