@@ -270,6 +270,7 @@ class NodeSpace:
         self.extra: dict[str, int] = {}
         self.resv: dict[str, list[tuple[Micros, Micros]]] = {}
         self._prof: dict[tuple[str, bool], tuple[int, list[Micros], list[int]]] = {}
+        self._tau: dict[str, dict[tuple[int, bool], Micros | None]] = {}
         self._eligible: dict[tuple[int, str | None], list[str]] = {}
         runs = cyc.snapshot.cluster.runs
         for key in sorted(runs):
@@ -314,11 +315,31 @@ class NodeSpace:
 
     def free_from(self, nid: str, g: int, preemptor: bool) -> Micros | None:
         """When a node first has ``g`` GPUs free (reservations aside; they stay free once free), or ``None``."""
+        memo = self._tau.setdefault(nid, {})
+        key = (g, preemptor)
+        if key in memo:
+            return memo[key]
         base, ts, cs = self._profile(nid, preemptor)
         if base >= g:
-            return self.now
-        i = bisect_left(cs, g - base)
-        return ts[i] if i < len(cs) else None
+            got: Micros | None = self.now
+        else:
+            i = bisect_left(cs, g - base)
+            got = ts[i] if i < len(cs) else None
+        memo[key] = got
+        return got
+
+    def _first(self, nid: str, cur: Micros, limit_us: Micros, stop: Micros) -> Micros | None:
+        """The first start ``>= cur`` on a node whose ``[start, start + limit)`` meets no reservation, or ``None``
+        past ``stop`` (reservations sorted by start: once one starts late enough, so do the rest)."""
+        for s, e in self.resv.get(nid, ()):
+            if e <= cur:
+                continue
+            if s - limit_us >= cur:
+                return cur
+            cur = e
+            if cur > stop:
+                return None
+        return cur if cur <= stop else None
 
     def eligible(self, g: int, model: str | None) -> list[str]:
         """Nodes that could ever hold a replica of g GPUs of ``model`` (ready, unreserved, enough GPUs)."""
@@ -339,6 +360,22 @@ class NodeSpace:
     ) -> tuple[Micros, list[str]] | None:
         """The earliest start ``t <= horizon`` at which k nodes each have g GPUs free and no reservation over
         ``[t, t + limit)``, with every node that has at ``t``; ``None`` when there is none within the horizon."""
+        if k == 1:
+            best: Micros | None = None
+            found: list[str] = []
+            for nid in self.eligible(g, model):
+                stop = horizon if best is None else best
+                cur = self.free_from(nid, g, preemptor)
+                if cur is None or cur > stop:
+                    continue
+                t = self._first(nid, cur, limit_us, stop)
+                if t is None:
+                    continue
+                if best is None or t < best:
+                    best, found = t, [nid]
+                else:
+                    found.append(nid)
+            return None if best is None else (best, found)
         events: list[tuple[Micros, int, str]] = []
         for nid in self.eligible(g, model):
             cur = self.free_from(nid, g, preemptor)
@@ -415,6 +452,7 @@ class NodeSpace:
     def _touch(self, nid: str) -> None:
         self._prof.pop((nid, False), None)
         self._prof.pop((nid, True), None)
+        self._tau.pop(nid, None)
 
 
 class Slurm(PeerPolicy):
