@@ -64,7 +64,11 @@ Simplified (say so when reading the figures):
   it also stands for the main scheduler, which starts jobs strictly by
   priority. ``bf_continue``, ``bf_max_job_user``, ``bf_min_prio_reserve`` and
   the other per-user and per-partition limits are not modelled (their defaults
-  are off). Among the nodes free at a reserved start, the fewest free GPUs
+  are off). ``bf_max_job_test`` counts every job the pass looks at; Slurm
+  counts only those it runs its will-run test on, and skips uncounted a job for
+  which the reservations leave too few nodes free over the whole window, so
+  where reservations fill the window Slurm's pass reaches deeper into the queue
+  than this one. Among the nodes free at a reserved start, the fewest free GPUs
   first (then node id) are reserved, as best fit.
 * ``SlurmConfig(backfill_reserve=False)`` is the simplified peer of earlier
   figures (policy ``slurm-fairtree-1``): no start times, no reservations, any
