@@ -289,3 +289,28 @@ def test_the_time_limit_is_the_jobs_duration_unless_a_fixed_one_is_set():
         SlurmConfig(time_limit_s=0.0)
     with pytest.raises(ValueError, match="bf_max_job_test"):
         SlurmConfig(bf_max_job_test=0)
+
+
+def test_a_normal_gang_counts_scavenger_gpus_as_free_and_requeues_them_to_start_now():
+    # u1 (scavenger) holds half of n0; the gang g (2 x 4, normal) sees it as gone ("all preemptable jobs gone"):
+    # its earliest start is now, over u1, which runs again when g is done
+    r = run_slurm(
+        AB,
+        nodes(("n0", 4), ("n1", 4)),
+        [
+            job("u1", "lab/a", gpus=2, min_runtime_s=0, duration_s=2 * H),
+            job("g", "lab/b", gpus=4, replicas=2, submit=at(0, 10)),
+        ],
+    )
+    assert decisions(r) == [
+        "00:00:00 JobPlaced u1#1 n0[0, 1]",
+        "00:00:00 StartWorkload u1#1 n0",
+        "00:10:00 JobPreempted u1#1 unallocated by=g",
+        "00:10:00 StopWorkload u1#1 n0",
+        "00:10:00 JobPlaced g#1 n0[0, 1, 2, 3] n1[0, 1, 2, 3] victims=u1#1",
+        "00:10:05 JobRequeued u1#2",
+        "00:10:05 StartWorkload g#1 n0",
+        "00:10:05 StartWorkload g#1 n1",
+        "01:10:05 JobPlaced u1#2 n0[0, 1]",
+        "01:10:05 StartWorkload u1#2 n0",
+    ]
