@@ -23,8 +23,11 @@ each process replica the agent:
   own (System V and POSIX message queues, in an IPC namespace of its own), gone with its last process
   (:class:`PrivateMounts`);
 * places the child in that cgroup, enters its namespaces, sets ``no_new_privs`` (a setuid program gains
-  nothing), then drops to the account (supplementary groups, gid, uid; umask 077) and gives it a session
-  keyring of its own, in the child between fork and exec (:func:`child_setup`), inside a new session;
+  nothing), enters a Landlock domain of its own where the kernel has the scopes (Linux 6.12+: abstract Unix
+  sockets and signals of processes outside the replica refused, and ``ptrace`` of them:
+  :mod:`services.node_agent.landlock`), then drops to the account (supplementary groups, gid, uid; umask 077)
+  and gives it a session keyring of its own, in the child between fork and exec (:func:`child_setup`), inside
+  a new session;
 * on a stop signals every process of the cgroup, and when the replica ends kills whatever is left of it
   (v1: freeze, SIGKILL each, thaw; v2: ``cgroup.kill``), reads whether the OOM killer struck (reported
   ``oom``), and removes the cgroup.
@@ -54,7 +57,7 @@ from pathlib import Path
 from typing import Protocol
 
 from apportion.jobdirs import job_dir_name
-from services.node_agent import connfilter, devfilter
+from services.node_agent import connfilter, devfilter, landlock
 from services.node_agent.logic import Account, RunKey, Unisolated
 
 log = logging.getLogger("apportion.node_agent")
@@ -753,12 +756,17 @@ def cgroup_name(key: RunKey) -> str:
 
 
 def child_setup(
-    procs_files: Sequence[str], account: Account | None, mounts: Callable[[], None] | None = None
+    procs_files: Sequence[str],
+    account: Account | None,
+    mounts: Callable[[], None] | None = None,
+    scopes: int = 0,
 ) -> Callable[[], None]:
     """What the child runs between fork and exec (``preexec_fn``, after ``setsid``): join the cgroup while
     still privileged, enter its own mount and IPC namespaces (``mounts``: :meth:`PrivateMounts.setup`), set
     ``no_new_privs`` (no ``exec`` of a setuid or setgid program, nor of one with file capabilities, gives it
-    more than it has: :func:`no_new_privs`), then umask 077, drop to ``account`` (supplementary groups, gid,
+    more than it has: :func:`no_new_privs`), enter a Landlock domain of its own scoped to ``scopes`` (0: none;
+    :func:`services.node_agent.landlock.restrict_self`: abstract Unix sockets, signals and ``ptrace`` of
+    processes outside the replica refused), then umask 077, drop to ``account`` (supplementary groups, gid,
     uid: real, effective and saved) and join a new session keyring of that account's (the agent's, and the
     keys it reaches, are out of the job's possession: :func:`new_session_keyring`). Nothing here allocates
     a lock another thread could hold (no NSS lookups: the groups were resolved before the fork)."""
@@ -775,6 +783,8 @@ def child_setup(
         if mounts is not None:
             mounts()
         no_new_privs()
+        if scopes:
+            landlock.restrict_self(scopes)
         os.umask(0o077)
         if account is not None:
             os.setgroups(list(account.groups))
@@ -900,15 +910,48 @@ class PrivateMounts:
         mounts = cls(tuple(t for t in PRIVATE_TARGETS if os.path.isdir(t)), hide_pids=proc_mounts_have_own_options())
         if not mounts.targets:
             return None
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child; its exit status is the answer
-            try:
-                mounts.setup()
-                os._exit(0)
-            except BaseException:  # noqa: BLE001 - a forked child: any failure is the answer "no", never a traceback
-                os._exit(1)
-        _, status = os.waitpid(pid, 0)
-        return mounts if os.waitstatus_to_exitcode(status) == 0 else None
+        return mounts if _child_succeeds(mounts.setup) else None
+
+
+def _child_succeeds(setup: Callable[[], None]) -> bool:
+    """Whether ``setup`` returns in a forked child of the agent (as a replica's setup runs, before its exec)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child; its exit status is the answer
+        try:
+            setup()
+            os._exit(0)
+        except BaseException:  # noqa: BLE001 - a forked child: any failure is the answer "no", never a traceback
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+def landlock_scopes() -> int:
+    """The scopes of the Landlock domain each replica enters on this kernel
+    (:func:`services.node_agent.landlock.scopes_for` of its ABI), once a child of the agent has entered such a
+    domain (a forked child, as a replica's); before ABI 6 (Linux 6.12), or when that child cannot, none, and the
+    log says what a job then reaches."""
+    abi = landlock.abi_version()
+    scopes = landlock.scopes_for(abi)
+    why = (
+        f"Landlock ABI {abi}, scopes need ABI {landlock.SCOPES_ABI} (Linux 6.12)"
+        if abi
+        else "no Landlock here (a kernel before Linux 5.13, not enabled at boot: lsm=, or a seccomp filter)"
+    )
+
+    def enter() -> None:
+        no_new_privs()
+        landlock.restrict_self(scopes)
+
+    if scopes and not _child_succeeds(enter):
+        scopes, why = 0, f"Landlock ABI {abi}, but a child of the agent cannot enter a scoped domain"
+    if not scopes:
+        log.warning(
+            "%s: jobs are not scoped: a job reaches the abstract Unix sockets of every process of the node, and "
+            "signals and traces its account's other processes (its user's other jobs and logins)",
+            why,
+        )
+    return scopes
 
 
 def proc_mounts_have_own_options(release: str | None = None) -> bool:
@@ -938,6 +981,8 @@ class Sandbox:
             share the node's.
         closed_ports: ports on loopback no process of a replica may connect to (the control plane's: node
             setting ``sandbox_closed_ports``), where the driver :attr:`~CgroupDriver.closes_ports`.
+        landlock_scopes: the scopes of the Landlock domain each replica enters (:func:`landlock_scopes`); 0: none
+            (a kernel before Linux 6.12, said at start).
     """
 
     accounts: Accounts
@@ -950,6 +995,7 @@ class Sandbox:
     shared_devices: tuple[str, ...] = ()
     private_mounts: PrivateMounts | None = None
     closed_ports: tuple[int, ...] = ()
+    landlock_scopes: int = 0
 
     def cgroup_for(self, key: RunKey, gpus: int, gpu_files: Sequence[str]) -> Cgroup | None:
         """Create the cgroup of replica ``key`` holding ``gpus`` GPUs whose device files are ``gpu_files``."""

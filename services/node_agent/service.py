@@ -74,7 +74,7 @@ from apportion.clock import Clock
 from apportion.domain.admission import UNAUTHENTICATED
 from apportion.events import Event, NodeLost, StartWorkload, StopWorkload
 from apportion.gpu import GpuProbe, SimulatedProbe, control_devices, open_probe, sim_node_ids, simulated_inventory
-from services.node_agent import logic
+from services.node_agent import landlock, logic
 from services.node_agent.config import NodeAgentSettings
 from services.node_agent.logic import AgentState, NodeSpec, ProgressWatch, RunKey, Workload
 from services.node_agent.sandbox import (
@@ -84,6 +84,7 @@ from services.node_agent.sandbox import (
     Sandbox,
     cgroups,
     child_setup,
+    landlock_scopes,
     memory_mb_per_gpu,
     not_world_writable,
     own_dir,
@@ -202,6 +203,7 @@ def sandbox_of(settings: NodeAgentSettings, probes: list[GpuProbe]) -> Sandbox |
         shared_devices=control_devices(),
         private_mounts=mounts,
         closed_ports=settings.closed_ports(),
+        landlock_scopes=landlock_scopes(),
     )
     if box.closed_ports and (driver is None or not driver.closes_ports):
         log.error(
@@ -211,7 +213,7 @@ def sandbox_of(settings: NodeAgentSettings, probes: list[GpuProbe]) -> Sandbox |
         )
     log.info(
         "job isolation: accounts of the jobs' users%s, cgroup v%s under %s, %d MiB and CPU weight %d per GPU, "
-        "%d processes%s",
+        "%d processes%s%s",
         f" ({len(account_map)} mapped)" if account_map else "",
         driver.version if driver else "-",
         settings.cgroup_parent_path(),
@@ -221,6 +223,7 @@ def sandbox_of(settings: NodeAgentSettings, probes: list[GpuProbe]) -> Sandbox |
         f", loopback ports {', '.join(map(str, box.closed_ports))} closed"
         if box.closed_ports and driver is not None and driver.closes_ports
         else "",
+        f", a Landlock domain each scoping {landlock.scope_names(box.landlock_scopes)}" if box.landlock_scopes else "",
     )
     return box
 
@@ -970,7 +973,10 @@ class NodeAgent:
                         stdout=outputs[0],
                         stderr=outputs[1],
                         preexec_fn=child_setup(
-                            cgroup.procs_files() if cgroup else (), w.account, mounts.setup if mounts else None
+                            cgroup.procs_files() if cgroup else (),
+                            w.account,
+                            mounts.setup if mounts else None,
+                            box.landlock_scopes,
                         )
                         if box is not None
                         else None,

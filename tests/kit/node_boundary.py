@@ -28,8 +28,10 @@ NVIDIA_MAJOR = 195
 #: A job that reports what it can do from inside its sandbox: ``report.json`` in its working directory with its
 #: uid, gid, groups and environment, the errno (or ``ok``) of opening each path of ``PROBE_OPEN``
 #: (``:``-separated) and of listing each directory of ``PROBE_LIST``, and of ``kill(PROBE_PID, 0)`` (the same
-#: permission check as any signal, without the harm of one that is let through).
-PROBE = r"""
+#: permission check as any signal, without the harm of one that is let through). What it and the other probing jobs
+#: start with (``PROBE_HELPERS``): ``outcome(fn)``, ``ok`` or the name of the errno ``fn`` raised, and ``split(name)``,
+#: the ``:``-separated parts of the variable ``name``.
+PROBE_HELPERS = r"""
 import errno, json, os, sys
 
 def outcome(fn):
@@ -39,10 +41,14 @@ def outcome(fn):
     except OSError as exc:
         return errno.errorcode.get(exc.errno, str(exc.errno))
 
+split = lambda name: [p for p in os.environ.get(name, "").split(":") if p]
+"""
+
+PROBE = (
+    PROBE_HELPERS
+    + r"""
 def open_close(path):
     os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
-
-split = lambda name: [p for p in os.environ.get(name, "").split(":") if p]
 report = {
     "uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": sorted(os.getgroups()),
     "env": dict(os.environ),
@@ -54,6 +60,7 @@ with open("report.json.tmp", "w") as f:
     json.dump(report, f)
 os.replace("report.json.tmp", "report.json")
 """
+)
 
 
 def _account(name: str) -> pwd.struct_passwd:

@@ -107,6 +107,20 @@ def reference_cycle(snapshot: CycleSnapshot, now_us: Micros, cfg: EngineConfig) 
     placed_free = {p.job_id for p in out}
     pending = {leaf: [j for j in jobs if j.job_id not in placed_free] for leaf, jobs in pending.items()}
     order = view.order()
+    if cfg.free_las and not cfg.free_order:
+        # D3.free-las: every unallocated job by the GPU-seconds its earlier attempts held, ties by the budget order
+        # and the job's place in its leaf
+        ranked = sorted(
+            (job.attained_gpu_s, pos, i, job)
+            for pos, leaf in enumerate(order)
+            for i, job in enumerate(pending.get(leaf, ()))
+            if not job.allocated
+        )
+        for *_, job in ranked:
+            nodes = _best_fit(cluster, free, job, spare)  # D1.unallocated-job: idle GPUs only
+            if nodes is not None:
+                out.append(Placed(job.job_id, tuple(sorted(_take_free(free, nodes, job.gpus_per_replica))), ()))
+        return out
     if not cfg.free_order:
         for leaf in order:
             for job in pending.get(leaf, ()):

@@ -12,8 +12,10 @@ it does not filter devices, see :mod:`services.node_agent.sandbox`).
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
+import logging
 import os
 import pwd
 import signal
@@ -31,7 +33,7 @@ from prometheus_client import CollectorRegistry
 from apportion.clock import ManualClock
 from apportion.events import JobCompleted, JobFailed, JobStarted, StartWorkload, StopWorkload, WorkloadRefused
 from apportion.metrics import node_agent_metrics
-from services.node_agent import devfilter, logic
+from services.node_agent import devfilter, landlock, logic
 from services.node_agent.config import NodeAgentSettings
 from services.node_agent.sandbox import (
     Accounts,
@@ -50,7 +52,17 @@ from services.node_agent.sandbox import (
 )
 from services.node_agent.service import NodeAgent, SignedSender, _open_owned, hosted_nodes
 from tests.kit.node_agent import WAIT_S, until
-from tests.kit.node_boundary import ALICE, EVE, PROBE, job_accounts, make_fake_gpus, running, shared_dir, write_script
+from tests.kit.node_boundary import (
+    ALICE,
+    EVE,
+    PROBE,
+    PROBE_HELPERS,
+    job_accounts,
+    make_fake_gpus,
+    running,
+    shared_dir,
+    write_script,
+)
 
 __all__ = ["job_accounts", "shared_dir"]  # fixtures used by name
 
@@ -720,6 +732,203 @@ def test_a_job_does_not_possess_the_agents_session_keyring(job_accounts):
     argv = [sys.executable, "-c", KEYRING_CHILD, str(alice.pw_uid), str(alice.pw_gid)]
     out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2])
     assert json.loads(out.stdout) == {"same_session": False, "read": "EACCES"}
+
+
+#: A job that waits to be attacked: it binds the abstract Unix socket ``@argv[1]``, writes ``victim.json`` (its pid)
+#: and runs until ``go`` appears in its working directory.
+VICTIM_JOB = r"""
+import json, os, socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(b"\0" + sys.argv[1].encode())
+s.listen(8)
+json.dump({"pid": os.getpid()}, open("victim.json.tmp", "w"))
+os.replace("victim.json.tmp", "victim.json")
+while not os.path.exists("go"):
+    time.sleep(0.01)
+"""
+
+#: A job (or a login: run outside the agent) that reaches for processes and abstract Unix sockets and writes
+#: ``argv[1]`` (default ``scope.json`` in its working directory): for each pid of ``PROBE_PIDS`` whether its
+#: ``/proc`` lists it, and the errno (or ``ok``) of ``kill(pid, 0)`` (the permission check of every signal), of
+#: ``ptrace(PTRACE_SEIZE)`` (the tracee is let go when its tracer exits) and of opening ``/proc/<pid>/environ``;
+#: for each abstract name of
+#: ``PROBE_STREAM`` a stream ``connect``, of ``PROBE_DGRAM`` a datagram ``sendto``; with ``OWN_SOCKET``, ``own``:
+#: a socket it binds at that name reached from a process it starts.
+SCOPE_JOB = (
+    PROBE_HELPERS
+    + r"""
+import ctypes, socket, subprocess
+
+libc = ctypes.CDLL(None, use_errno=True)
+PTRACE_SEIZE = 0x4206
+
+def seize(pid):
+    if libc.ptrace(PTRACE_SEIZE, int(pid), None, None) != 0:
+        raise OSError(ctypes.get_errno(), "ptrace")
+
+def unix(name, kind):
+    with socket.socket(socket.AF_UNIX, kind) as s:
+        if kind == socket.SOCK_STREAM:
+            s.connect(b"\0" + name.encode())
+        else:
+            s.sendto(b"x", b"\0" + name.encode())
+
+pids = split("PROBE_PIDS")
+report = {
+    "listed": {p: p in os.listdir("/proc") for p in pids},
+    "kill": {p: outcome(lambda p=p: os.kill(int(p), 0)) for p in pids},
+    "ptrace": {p: outcome(lambda p=p: seize(p)) for p in pids},
+    "environ": {p: outcome(lambda p=p: open(f"/proc/{p}/environ", "rb").close()) for p in pids},
+    "stream": {n: outcome(lambda n=n: unix(n, socket.SOCK_STREAM)) for n in split("PROBE_STREAM")},
+    "dgram": {n: outcome(lambda n=n: unix(n, socket.SOCK_DGRAM)) for n in split("PROBE_DGRAM")},
+}
+if "OWN_SOCKET" in os.environ:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as own:
+        own.bind(b"\0" + os.environ["OWN_SOCKET"].encode())
+        own.listen(1)
+        code = "import socket, sys; socket.socket(socket.AF_UNIX).connect(b'\\0' + sys.argv[1].encode())"
+        done = subprocess.run([sys.executable, "-c", code, os.environ["OWN_SOCKET"]], capture_output=True, text=True)
+        report["own"] = "ok" if done.returncode == 0 else done.stderr.strip().splitlines()[-1]
+out = sys.argv[1] if len(sys.argv) > 1 else "scope.json"
+json.dump(report, open(out + ".tmp", "w"))
+os.replace(out + ".tmp", out)
+"""
+)
+
+
+def _as(account: pwd.struct_passwd):
+    """A ``preexec_fn`` that drops a child of the test to ``account`` with no domain: one of its user's logins."""
+
+    def drop() -> None:
+        os.setgroups([])
+        os.setgid(account.pw_gid)
+        os.setuid(account.pw_uid)
+
+    return drop
+
+
+def _abstract(name: str, kind: int) -> socket.socket:
+    """A socket of ``kind`` bound at the abstract name ``@name`` (listening, for a stream)."""
+    s = socket.socket(socket.AF_UNIX, kind)
+    s.bind(b"\0" + name.encode())
+    if kind == socket.SOCK_STREAM:
+        s.listen(8)
+    return s
+
+
+async def test_a_job_reaches_no_process_or_abstract_socket_outside_its_replica(
+    job_accounts, shared_dir, monkeypatch, caplog
+):
+    """Alice runs two jobs and is logged in (a ``sleep`` of her account). Her second job, in a Landlock domain of
+    its own, cannot signal or trace her first job, her login or the agent (``EPERM``), nor see them: its
+    ``/proc`` (``hidepid=invisible``) shows only the processes it may trace; nor can it connect or send to an abstract Unix socket
+    that the test (outside every job) or her first job bound (``EPERM``); a socket it binds itself is reached
+    by a process it starts. Her login, outside any domain, does all of it to the same targets (``ok``): without
+    the domain the same account could. The agent's start says its jobs are scoped."""
+    caplog.set_level(logging.INFO, "apportion.node_agent")
+    assert landlock.abi_version() >= landlock.SCOPES_ABI, (
+        f"Landlock ABI {landlock.abi_version()} here: the scopes need ABI {landlock.SCOPES_ABI} (Linux 6.12), which "
+        "the CI machines have; this test fails rather than skips, since an unchecked boundary is not a passing one"
+    )
+    alice = job_accounts[ALICE]
+    tag = f"apportion-test-{uuid.uuid4().hex[:12]}"
+    outside_s, outside_d, theirs, own = f"{tag}-s", f"{tag}-d", f"{tag}-victim", f"{tag}-own"
+    node = Node(shared_dir, monkeypatch)
+    await node.agent.start(heartbeats=False, poll_progress=False)
+    login = subprocess.Popen(["sleep", "60"], preexec_fn=_as(alice))
+    stream, dgram = _abstract(outside_s, socket.SOCK_STREAM), _abstract(outside_d, socket.SOCK_DGRAM)
+    try:
+        assert node.agent.sandbox is not None
+        assert node.agent.sandbox.landlock_scopes == landlock.SCOPE_ABSTRACT_UNIX_SOCKET | landlock.SCOPE_SIGNAL
+        assert ", a Landlock domain each scoping abstract Unix sockets and signals" in caplog.text
+        victim_job = write_script(shared_dir, "victim_job.py", VICTIM_JOB)
+        scope_job = write_script(shared_dir, "scope_job.py", SCOPE_JOB)
+        await node.agent.on_event(node.start("j-victim", ALICE, ("python3", str(victim_job), theirs)))
+        await until(lambda: (node.ckpt / "j-victim" / "victim.json").exists(), "alice's first job to bind")
+        victim = json.loads((node.ckpt / "j-victim" / "victim.json").read_text())["pid"]
+        agent = os.getpid()
+        env = {
+            "PROBE_PIDS": f"{victim}:{login.pid}:{agent}",
+            "PROBE_STREAM": f"{outside_s}:{theirs}",
+            "PROBE_DGRAM": outside_d,
+            "OWN_SOCKET": own,
+        }
+        await node.agent.on_event(node.start("j-attack", ALICE, ("python3", str(scope_job)), gpus=(1,), env=env))
+        assert isinstance(await node.ended("j-attack"), JobCompleted)
+        inside = json.loads((node.ckpt / "j-attack" / "scope.json").read_text())
+        homes = shared_dir / "login"
+        homes.mkdir()
+        os.chown(homes, alice.pw_uid, alice.pw_gid)
+        env = {**env, "PROBE_PIDS": f"{victim}:{login.pid}", "PATH": os.environ["PATH"]}
+        del env["OWN_SOCKET"]
+        argv = ["python3", str(scope_job), str(homes / "scope.json")]
+        subprocess.run(argv, env=env, preexec_fn=_as(alice), cwd=homes, check=True, timeout=WAIT_S)
+        outside = json.loads((homes / "scope.json").read_text())
+        (node.ckpt / "j-victim" / "go").touch()
+        assert isinstance(await node.ended("j-victim"), JobCompleted)
+    finally:
+        login.kill()
+        login.wait()
+        stream.close()
+        dgram.close()
+        await node.close()
+    v, lg, ag = str(victim), str(login.pid), str(agent)
+    assert inside == {
+        "listed": {v: False, lg: False, ag: False},
+        "kill": {v: "EPERM", lg: "EPERM", ag: "EPERM"},
+        "ptrace": {v: "EPERM", lg: "EPERM", ag: "EPERM"},
+        "environ": {v: "ENOENT", lg: "ENOENT", ag: "ENOENT"},
+        "stream": {outside_s: "EPERM", theirs: "EPERM"},
+        "dgram": {outside_d: "EPERM"},
+        "own": "ok",
+    }
+    assert outside == {
+        "listed": {v: True, lg: True},
+        "kill": {v: "ok", lg: "ok"},
+        "ptrace": {v: "ok", lg: "ok"},
+        "environ": {v: "ok", lg: "ok"},
+        "stream": {outside_s: "ok", theirs: "ok"},
+        "dgram": {outside_d: "ok"},
+    }
+
+
+def _refused(scopes: int) -> None:
+    raise OSError(errno.EPERM, "landlock_restrict_self: Operation not permitted")
+
+
+NO_SCOPES = [
+    # id, the ABI the probe tells, whether a child can enter a domain, what the agent says at start
+    ("no Landlock", 0, True, "no Landlock here (a kernel before Linux 5.13, not enabled at boot: lsm=, or a seccomp filter): jobs are not scoped"),
+    ("ABI 5", 5, True, "Landlock ABI 5, scopes need ABI 6 (Linux 6.12): jobs are not scoped"),
+    ("ABI 6, a child refused", 6, False, "Landlock ABI 6, but a child of the agent cannot enter a scoped domain: jobs are not scoped"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case_id,abi,enters,said", NO_SCOPES, ids=[c[0] for c in NO_SCOPES])
+async def test_an_agent_on_a_kernel_without_the_scopes_starts_says_so_and_runs_jobs(
+    job_accounts, shared_dir, monkeypatch, caplog, case_id, abi, enters, said
+):
+    """The probe tells an older ABI (or none), or a child of the agent cannot enter a domain: the agent starts,
+    says what jobs then reach, and runs them with no domain (alice's job sees and signals her login)."""
+    monkeypatch.setattr(landlock, "abi_version", lambda: abi)
+    if not enters:
+        monkeypatch.setattr(landlock, "restrict_self", _refused)
+    node = Node(shared_dir, monkeypatch)
+    await node.agent.start(heartbeats=False, poll_progress=False)
+    login = subprocess.Popen(["sleep", "60"], preexec_fn=_as(job_accounts[ALICE]))
+    try:
+        assert node.agent.sandbox is not None and node.agent.sandbox.landlock_scopes == 0
+        assert said in caplog.text
+        scope_job = write_script(shared_dir, "scope_job.py", SCOPE_JOB)
+        env = {"PROBE_PIDS": str(login.pid)}
+        await node.agent.on_event(node.start("j-plain", ALICE, ("python3", str(scope_job)), env=env))
+        assert isinstance(await node.ended("j-plain"), JobCompleted)
+        got = json.loads((node.ckpt / "j-plain" / "scope.json").read_text())
+        assert (got["listed"], got["kill"]) == ({str(login.pid): True}, {str(login.pid): "ok"})
+    finally:
+        login.kill()
+        login.wait()
+        await node.close()
 
 
 async def test_a_cgroup_holding_another_runs_processes_is_never_joined(job_accounts, shared_dir, monkeypatch):

@@ -93,6 +93,8 @@ def test_preempted_victim_is_requeued_with_original_submitted_at_and_preemptor_s
     requeued = narrow(ev.JobRequeued, out[0])
     assert requeued.attempt == 2 and requeued.submitted_at == from_us(T0)
     assert state.jobs["u"].status == "pending" and state.pending["lab/b"][0].attempt == 2
+    # its attained service (rule D3.free-las): 4 GPUs held from its placement at T0 to its exit 1 h 3 s later
+    assert state.pending["lab/b"][0].attained_gpu_s == 4 * 3603.0
 
 
 def test_a_victim_that_completed_before_the_stop_reached_it_is_finished_not_requeued():

@@ -497,7 +497,7 @@ def test_behind_set_by_tree_walk_equals_the_lca_rule():
         view: FairShareQueue[int] = FairShareQueue(tree, occ, 1000.0, {})
         vic = CycleVictims.__new__(CycleVictims)
         vic.expired = {leaf: {} for leaf in rng.sample(leaves, 8)}
-        vic.behind, vic.under = {}, None
+        vic.behind, vic.under, vic._levels = {}, None, {}
         # with the after-move test (a random charge) and some moves already made this cycle
         moves = {m for m in [_branches(*rng.sample(leaves, 2)) for _ in range(3)] if m is not None}
         for b in leaves:
@@ -592,6 +592,67 @@ def test_free_order_does_not_count_stopping_unallocated_runs():
         for i, name in enumerate(names):
             w.job(name, leaf, min_runtime_s=0, submitted=h(1) + i)
     assert [p.split("@")[0] for p in placed(w.cycle(free_order=True))] == ["a1", "b1", "c1", "a2"]
+
+
+def _las_world() -> World:
+    # n0 (8 GPUs): lab/a's unallocated u holds 4, 4 are free. Pending, all unallocated, 1 GPU each, budget order
+    # a, b, c (occupancy 0): a1 (lab/a, 7,200 GPU-s held by its earlier attempts), a2 (0); b1 (3,600), b2 (0), b3
+    # (1,800); c1 (0). Without D3.free-las, leaf by leaf in submission order: a1, a2, b1, b2.
+    w = _free_order_world()
+    held = {"a1": 7200.0, "b1": 3600.0, "b3": 1800.0}
+    w.pending = {
+        leaf: [replace(j, attempt=2, attained_gpu_s=held[j.job_id]) if j.job_id in held else j for j in jobs]
+        for leaf, jobs in w.pending.items()
+    }
+    return w
+
+
+LAS_CASES = [
+    pytest.param(
+        {},
+        ["a1", "a2", "b1", "b2"],
+        id="off: leaf by leaf in budget order, in submission order within a leaf",
+    ),
+    pytest.param(
+        {"free_las": True, "free_order": True},
+        # D3.free-order decides instead (key unallocated GPUs in use / abs share): b1, c1, b2, a1 as without the
+        # GPU-seconds held
+        ["b1", "c1", "b2", "a1"],
+        id="with free_order on, rule D3.free-order orders them",
+    ),
+    pytest.param(
+        {"free_las": True},
+        # the jobs not yet run first in the same order (a2, b2, c1), then the requeued ones by GPU-seconds held:
+        # b3 (1,800) before b1 (3,600) and a1 (7,200); 4 free GPUs: a2, b2, c1, b3
+        ["a2", "b2", "c1", "b3"],
+        id="on: never run first in budget order, then the least GPU-seconds held",
+    ),
+]
+
+
+@pytest.mark.parametrize(("cfg", "expected"), LAS_CASES)
+def test_free_las_orders_unallocated_jobs_by_attained_service(cfg, expected):
+    assert [p.split("@")[0] for p in placed(_las_world().cycle(**cfg))] == expected
+
+
+def test_free_las_ties_in_attained_service_go_by_budget_order():
+    # every job requeued with 3,600 GPU-s: the tie keeps the order without the rule (a1, a2, b1, b2)
+    w = _free_order_world()
+    w.pending = {leaf: [replace(j, attained_gpu_s=3600.0) for j in jobs] for leaf, jobs in w.pending.items()}
+    assert [p.split("@")[0] for p in placed(w.cycle(free_las=True))] == ["a1", "a2", "b1", "b2"]
+
+
+def test_free_las_requeued_job_waits_behind_the_jobs_not_yet_run():
+    # n0 has 2 free GPUs; a1 (lab/a, first in budget order) was requeued after 7,200 GPU-s, b2 and b3 (lab/b)
+    # never ran: with D3.free-las b2 and b3 take both GPUs and a1 waits; without it a1 goes first, then b2
+    w = World().node("n0", 2)
+    w.job("a1", "lab/a", min_runtime_s=0, submitted=h(1))
+    w.job("b2", "lab/b", min_runtime_s=0, submitted=h(2))
+    w.job("b3", "lab/b", min_runtime_s=0, submitted=h(3))
+    w.pending["lab/a"] = [replace(w.pending["lab/a"][0], attempt=3, attained_gpu_s=7200.0)]
+    # never run: b2, b3 take both GPUs; the requeued a1 waits
+    assert [p.split("@")[0] for p in placed(w.cycle(free_las=True))] == ["b2", "b3"]
+    assert [p.split("@")[0] for p in placed(w.cycle())] == ["a1", "b2"]
 
 
 def test_progress_after_records_the_progress_saved_as_the_protection():

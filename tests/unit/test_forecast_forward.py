@@ -7,12 +7,13 @@ defaults: grace 30 s, minimum runtime and checkpoint interval 1 h). Starts are c
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from apportion import events as ev
 from apportion.domain.dispatch import Tick
-from apportion.domain.engine import run_cycle
+from apportion.domain.engine import CycleSnapshot, EngineConfig, run_cycle
 from apportion.forecast import _ID_BASE, _Forward, forecast
-from apportion.timeutil import s_to_us
+from apportion.timeutil import from_us, s_to_us
 from tests.kit.builders import T0, h, m
 from tests.kit.forecast_history import CFG, History
 
@@ -127,3 +128,63 @@ def test_the_forward_runs_reports_are_numbered_by_first_use_and_never_a_log_even
     assert (started.int, completed.int) == (_ID_BASE, _ID_BASE | 1)
     assert str(started) == "f07ec457-0000-0000-0000-000000000000"
     assert started.variant != uuid.RFC_4122 and ev.det_id("JobStarted", "j1", 1, 0).variant == uuid.RFC_4122
+
+
+def test_the_collector_is_paused_during_a_forecast_and_enabled_after() -> None:
+    # the chain scenario asked about p1, its cycles run by a scheduler that notes whether the collector is on:
+    # the forward run folds with it off (as the simulator's run) and it is on again after; already off, it
+    # stays off
+    import gc
+    from dataclasses import replace
+
+    hist = History().node("n0", 1).node("n1", 1)
+    hist.submit("r0", T0, duration_s=3600.0).submit("r1", T0, duration_s=7200.0)
+    hist.submit("p1", m(10), duration_s=36_000.0).submit("p2", m(11))
+    seen: list[bool] = []
+
+    def engine(snapshot: CycleSnapshot, now_us: int, config: EngineConfig) -> list[ev.Event]:
+        seen.append(gc.isenabled())
+        return run_cycle(snapshot, now_us, config).events
+
+    cfg = replace(CFG, scheduler=engine)
+    try:
+        assert gc.isenabled()
+        one = forecast(hist.state, m(20), cfg, job_ids=["p1"], cycle_s=None, spacing=0.0)
+        assert gc.isenabled()
+        gc.disable()
+        forecast(hist.state, m(20), cfg, job_ids=["p1"], cycle_s=None, spacing=0.0)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    assert [(j.job_id, j.start_us) for j in one.jobs] == [("p1", h(1))]
+    assert seen == [False] * 4
+
+
+def test_the_forward_runs_reports_are_the_events_validation_builds() -> None:
+    # a start and a completion report made without validating again equal the validated events, field for field
+    # and in the fields set; a value validation would change (a naive time) is validated (and refused)
+    from datetime import datetime
+
+    import pytest
+    from pydantic import ValidationError
+
+    from apportion.forecast import _report
+
+    values: dict[str, Any] = {
+        "event_id": uuid.UUID(int=_ID_BASE | 7),
+        "ts": from_us(T0),
+        "producer": "forecast/agent",
+        "job_id": "j1",
+        "attempt": 2,
+        "replica": 1,
+        "node_id": "n0",
+    }
+    pairs = [
+        (_report(ev.JobStarted, dict(values)), ev.JobStarted(**values)),
+        (_report(ev.JobCompleted, dict(values)), ev.JobCompleted(**values)),
+    ]
+    for made, checked in pairs:
+        assert made == checked and made.model_fields_set == checked.model_fields_set
+        assert made.model_dump_json() == checked.model_dump_json()
+    with pytest.raises(ValidationError):
+        _report(ev.JobStarted, values | {"ts": datetime(2026, 1, 1)})

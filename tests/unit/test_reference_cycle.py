@@ -220,6 +220,32 @@ def test_the_fast_and_reference_cycles_share_free_gpus_among_unallocated_work_al
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    nodes_st, runs_st, jobs_st, occ_st, st.lists(st.sampled_from([0.0, 0.0, 1800.0, 3600.0]), min_size=8, max_size=8)
+)
+@example(  # 4 free GPUs, budget order x/p, x/q, y: j2, j3, j5 never ran, then j1 (1,800 GPU-s) before j0 and j4
+    [(4, "a", False), (4, "a", True)],
+    [],
+    [("lab/x/p", 1, 1, 0.0, None)] * 3 + [("lab/y", 1, 1, 0.0, None)] * 3,
+    dict.fromkeys(LEAVES, 0.0),
+    [3600.0, 1800.0, 0.0, 0.0, 3600.0, 0.0, 0.0, 0.0],
+)
+def test_the_fast_and_reference_cycles_order_free_work_by_attained_service_alike(nodes, runs, jobs, leaf_occ, held):
+    # D3.free-las on random clusters, the pending job j<i> requeued after held[i] GPU-seconds (0: never run)
+    snap = world(nodes, runs, jobs, leaf_occ)
+    pending = {
+        leaf: [replace(j, attained_gpu_s=held[int(j.job_id[1:])]) for j in lst] for leaf, lst in snap.pending.items()
+    }
+    snap = replace(snap, pending=pending)
+    cfg = replace(CFG, free_las=True)
+    got = fast(snap, cfg)
+    diff = first_difference(got, reference_cycle(snap, NOW, cfg))
+    assert diff is None or split_gang_overcounted(snap, *diff), diff
+    if not runs:  # the example
+        assert [p.job_id for p in got] == ["j2", "j3", "j5", "j1"]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(nodes_st, runs_st, jobs_st, occ_st)
 def test_the_fast_and_reference_cycles_run_a_leafs_free_work_within_its_share_alike(nodes, runs, jobs, leaf_occ):
     # D3.owner-free on random clusters: the same placements and victims, in the same order

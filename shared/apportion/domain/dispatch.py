@@ -787,6 +787,7 @@ def _pending_job(
     queued_at_us: Micros,
     preemptions: int = 0,
     progress_s: float = 0.0,
+    worked_us: Micros = 0,
 ) -> PendingJob:
     return PendingJob(
         job_id=spec.job_id,
@@ -805,6 +806,7 @@ def _pending_job(
         progress_s=progress_s,
         checkpoint_interval_s=spec.checkpoint_interval_s,
         topology_bound=spec.topology_bound,
+        attained_gpu_s=worked_us * spec.gpus_per_replica * spec.replicas / 1e6,
     )
 
 
@@ -921,7 +923,15 @@ def _fold_requeued(state: DispatchState, ev: JobRequeued, t_ev: Micros) -> None:
     jobs[ev.job_id] = JobRecord(rec.spec, ev.attempt, "pending", sub, t, lost)
     c = state.cluster  # its fold of this event already ran: counts and progress are current
     state._enqueue(
-        _pending_job(rec.spec, ev.attempt, sub, t, c.preemptions.get(ev.job_id, 0), c.progress.get(ev.job_id, 0.0))
+        _pending_job(
+            rec.spec,
+            ev.attempt,
+            sub,
+            t,
+            c.preemptions.get(ev.job_id, 0),
+            c.progress.get(ev.job_id, 0.0),
+            c.worked_us.get(ev.job_id, 0),
+        )
     )
 
 
@@ -1142,13 +1152,12 @@ def _stop_done(state: DispatchState, victim: RunKey) -> None:
     """A stopping run is gone: nobody waits for it any more."""
     if state.stopping.pop(victim, None) is None:
         return
-    for p, vs in list(state.awaiting.items()):
-        if victim in vs:
-            rest = vs - {victim}
-            if rest:
-                state.awaiting[p] = rest
-            else:
-                del state.awaiting[p]
+    for p, vs in [(p, vs) for p, vs in state.awaiting.items() if victim in vs]:
+        rest = vs - {victim}
+        if rest:
+            state.awaiting[p] = rest
+        else:
+            del state.awaiting[p]
 
 
 # --------------------------------------------------------------------------- decide
@@ -1678,25 +1687,24 @@ def _start_waiting(
     """
     out: list[Event] = []
     gone = {key} | (finished or set())
-    for p in sorted(state.awaiting):
-        vs = state.awaiting[p]
-        if key in vs and vs <= gone:
-            run = state.cluster.runs.get(p)
-            prec = state.jobs.get(p[0])
-            if run is not None and prec is not None and not run.stopping:
-                out.extend(
-                    start_events(
-                        p[0],
-                        p[1],
-                        run.placements,
-                        ts,
-                        prec.spec.duration_s,
-                        prec.spec.command,
-                        prod,
-                        progress_s=run.resumed_from_s,
-                        checkpoint_interval_s=prec.spec.checkpoint_interval_s,
-                    )
+    # (the preemptors in order; only those waiting for key are sorted)
+    for p in sorted(p for p, vs in state.awaiting.items() if key in vs and vs <= gone):
+        run = state.cluster.runs.get(p)
+        prec = state.jobs.get(p[0])
+        if run is not None and prec is not None and not run.stopping:
+            out.extend(
+                start_events(
+                    p[0],
+                    p[1],
+                    run.placements,
+                    ts,
+                    prec.spec.duration_s,
+                    prec.spec.command,
+                    prod,
+                    progress_s=run.resumed_from_s,
+                    checkpoint_interval_s=prec.spec.checkpoint_interval_s,
                 )
+            )
     return with_job_settings(state, out)
 
 

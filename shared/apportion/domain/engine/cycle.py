@@ -44,9 +44,10 @@ The cycle, exactly as rule D3.scheduling-cycle says:
    :class:`Decision`), so they are reserved for it; its ``StartWorkload``
    follows when the victims have stopped (dispatch).
 4. Unallocated jobs only go on free GPUs (with ``EngineConfig.free_order``, shared among the
-   leaves by rule D3.free-order). With ``EngineConfig.owner_free`` (rule D3.owner-free), when the
-   walk first reaches a leaf over its share, the leaves at or under theirs first place their
-   unallocated jobs on free GPUs up to their headroom (:func:`_pass_owner_free`).
+   leaves by rule D3.free-order; with ``EngineConfig.free_las``, least attained service first,
+   rule D3.free-las). With ``EngineConfig.owner_free`` (rule D3.owner-free), when the walk first
+   reaches a leaf over its share, the leaves at or under theirs first place their unallocated
+   jobs on free GPUs up to their headroom (:func:`_pass_owner_free`).
 5. A job that cannot be placed does not block the ones behind it
    (backfill), except: the highest-ranked blocked allocated job that has
    waited (since it was queued) at least ``reservation_after`` reserves k
@@ -721,12 +722,9 @@ def _preempt_for(
     # D3.hero-cover: an uncovered job takes no expired run of a budget behind it (no delta is large enough)
     delta = cfg.delta if covered else math.inf
     cx.res.searches += 1
-    if known_short(req, g, k, job.gpu_model, leaf, delta):
-        plan = None  # (the search's first test, asked without setting up the request)
-        victims.narrowed = victims.spared = False
-    else:
-        req.job, req.leaf, req.charge_count, req.charge_gpu_s, req.delta = job, leaf, cx.charges, charge, delta
-        plan = plan_preemption(req)
+    # (its first test is known_short: a search known to fail costs the request's five fields more, no more)
+    req.job, req.leaf, req.charge_count, req.charge_gpu_s, req.delta = job, leaf, cx.charges, charge, delta
+    plan = plan_preemption(req)
     if not covered:
         victims.behind.pop(leaf, None)  # found without the behind runs: not for the leaf's covered jobs
     if plan is None:
@@ -893,7 +891,9 @@ def _pass_unallocated(cx: _Cycle) -> None:
     Leaf by leaf in the budget order pass 1 left, every job of a leaf before the next leaf's; with
     ``EngineConfig.free_order``, by rule D3.free-order (:func:`~apportion.domain.fairshare.free_order_key`):
     one job at a time to the leaf with the fewest unallocated GPUs in use per unit of share, ties by that
-    budget order. The rank continues from pass 1. Jobs of a shape known not to fit are passed over in bulk.
+    budget order; otherwise, with ``EngineConfig.free_las``, jobs not yet run first, by rule D3.free-las
+    (:func:`_pass_least_attained`). The rank continues from pass 1. Jobs of a shape known not to fit
+    are passed over in bulk.
     """
     free, free_fail = cx.free, cx.free_fail
     order = cx.queue.order()  # = budget_order of the occupancy after the provisional charges
@@ -905,6 +905,9 @@ def _pass_unallocated(cx: _Cycle) -> None:
     if _dominated(free_fail.get(None, []), 1, 1):
         return  # not even one GPU was free for a 1-GPU job: no unallocated job fits
     todo = [leaf for leaf in order if cx.allocated_end.get(leaf, 0) < len(cx.pending.get(leaf, ()))]
+    if cx.cfg.free_las and not cx.cfg.free_order:
+        _pass_least_attained(cx, todo)
+        return
     if not cx.cfg.free_order:
         for leaf in todo:
             if _place_unallocated(cx, leaf, cx.allocated_end.get(leaf, 0), False)[0] < 0:
@@ -925,6 +928,34 @@ def _pass_unallocated(cx: _Cycle) -> None:
         if gpus and nxt < len(cx.pending[leaf]):
             used = in_use[leaf] = in_use.get(leaf, 0) + gpus
             heapq.heappush(heap, (free_order_key(used, abs_share(leaf)), pos, leaf, nxt))
+
+
+def _pass_least_attained(cx: _Cycle, todo: list[str]) -> None:
+    """Rule D3.free-las: the unallocated jobs by least attained service (``PendingJob.attained_gpu_s``), ties in
+    the order without the rule. Every job that has not run yet (0 GPU-seconds) goes first, leaf by leaf in the
+    budget order of ``todo`` as without the rule (the bulk passes over shapes that do not fit kept); then the
+    requeued ones one at a time, fewest GPU-seconds first, ties by that order."""
+    pending, ends = cx.pending, cx.allocated_end
+    later = sorted(
+        (jobs[i].attained_gpu_s, pos, i, leaf)
+        for pos, leaf in enumerate(todo)
+        for jobs in (pending[leaf],)
+        for i in range(ends.get(leaf, 0), len(jobs))
+        if jobs[i].attained_gpu_s > 0
+    )
+    cx.owner_placed.update(pending[leaf][i].job_id for _, _, i, leaf in later)  # the leaf walk passes over them
+    for leaf in todo:
+        if _place_unallocated(cx, leaf, ends.get(leaf, 0), False)[0] < 0:
+            return  # not one GPU is left for a 1-GPU job
+    for _, _, i, leaf in later:
+        if _dominated(cx.free_fail.get(None, ()), 1, 1):
+            return
+        job = pending[leaf][i]
+        cx.rank += 1
+        cx.res.considered += 1
+        nodes = _fit_free(cx, job.gpus_per_replica, job.replicas, job.gpu_model, job.topology_bound)
+        if nodes is not None:
+            _place_on_free(cx, job, leaf, nodes, False)
 
 
 def _unallocated_in_use(cx: _Cycle) -> dict[str, int]:

@@ -29,8 +29,10 @@ from apportion.events import (
     MAX_SECONDS,
     Decision,
     Event,
+    JobCompleted,
     JobPlaced,
     JobPreempted,
+    JobStarted,
     Placement,
     StartWorkload,
     StopWorkload,
@@ -53,7 +55,9 @@ __all__ = [
 ]
 
 
-M = TypeVar("M", Victim, Decision, JobPlaced, JobPreempted, StartWorkload, StopWorkload, Placement)
+M = TypeVar(
+    "M", Victim, Decision, JobPlaced, JobPreempted, StartWorkload, StopWorkload, Placement, JobStarted, JobCompleted
+)
 
 _new = object.__new__
 # the model's own slot setters (what ``object.__setattr__`` ends in, without its lookup by name)
@@ -73,7 +77,18 @@ def _fields_of(cls: type[Any]) -> tuple[dict[str, Any], tuple[tuple[str, Any], .
 
 
 _FIELDS: dict[type[Any], tuple[dict[str, Any], tuple[tuple[str, Any], ...]]] = {
-    cls: _fields_of(cls) for cls in (Victim, Decision, JobPlaced, JobPreempted, StartWorkload, StopWorkload, Placement)
+    cls: _fields_of(cls)
+    for cls in (
+        Victim,
+        Decision,
+        JobPlaced,
+        JobPreempted,
+        StartWorkload,
+        StopWorkload,
+        Placement,
+        JobStarted,
+        JobCompleted,
+    )
 }
 
 

@@ -111,6 +111,12 @@ class EngineConfig:
             has waited less than this (seconds since queued) starts only on free GPUs (its own or a reservation's
             lent ones): it neither reserves nodes nor preempts; default ``None``: off. Measured and not adopted
             (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
+        free_las: rule D3.free-las: unallocated jobs by least attained service first (``PendingJob.attained_gpu_s``,
+            the GPU-seconds the job's earlier attempts held), ties in the order without it: every job that has not
+            run yet leaf by leaf in the budget order of the allocated pass, then the requeued ones, fewest
+            GPU-seconds first; with ``free_order`` on, rule D3.free-order orders them instead. Default False.
+            Measured and not adopted (``docs/simulation.md``, "Levers measured"), so it is not part of any policy
+            version.
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -134,6 +140,7 @@ class EngineConfig:
     at_share_bound: int | None = None
     owner_free: bool = False
     gang_wait_s: float | None = None
+    free_las: bool = False
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"
@@ -160,6 +167,8 @@ class PendingJob:
             seconds, or ``None`` (no checkpoint expected); recorded in ``JobPlaced``.
         topology_bound: ``"block"``/``"rack"``: all replicas within one (``JobSubmitted.topology_bound``,
             rule ``D1.topology``), or ``None``.
+        attained_gpu_s: GPU-seconds the job's earlier attempts held, each from its placement to the release of its
+            last replica (``ClusterState.worked_us`` x g x k): its attained service, the key of rule D3.free-las.
     """
 
     job_id: str
@@ -178,6 +187,7 @@ class PendingJob:
     progress_s: float = 0.0
     checkpoint_interval_s: float | None = None
     topology_bound: str | None = None
+    attained_gpu_s: float = 0.0
 
     @property
     def allocated(self) -> bool:

@@ -15,7 +15,7 @@ import heapq
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from apportion.domain.budgets import BudgetTree, ancestors_of
 from apportion.domain.cluster import Run, RunKey, next_checkpoint_us, work_lost_gpu_s
@@ -149,6 +149,22 @@ def plan_preemption(req: PreemptionRequest) -> Plan | None:
         return None
     short_key = (_SHORT, job.gpus_per_replica, job.gpu_model, k)
     log_len = len(req.free.log)
+    if req.memo.get(short_key) == log_len:
+        # the options without expired-behind runs are known to be too few (known_short's first test): only a
+        # leaf behind J's could help, and when none is, the search ends as _behind_options would end it
+        ratio = req.ratio
+        behind, narrowed = victims.behind_of(
+            req.leaf,
+            _CallableView(ratio) if callable(ratio) else ratio,
+            req.delta,
+            req.charge_count,
+            req.tree,
+            req.charge_gpu_s,
+            req.moves,
+        )
+        if not behind:
+            victims.narrowed = narrowed
+            return None
     s = _Search.of(req)
     cached = _unallocated_options(s)
     options = _cheapest_unallocated(s, cached, k)  # (all of them when fewer than k)
@@ -420,9 +436,20 @@ def _cheapest_unallocated(s: _Search, cached: dict[str, Option], k: int) -> list
 
 
 def _free_options(s: _Search, options: list[Option]) -> None:
-    """Add the nodes with g free GPUs and no unallocated victim left on them (no victim needed)."""
-    free, unalloc_nodes, taken, model = s.req.free, s.req.victims.unalloc, s.taken, s.model
+    """Add the nodes with g free GPUs and no unallocated victim left on them (no victim needed).
+
+    Kept in ``req.memo`` per (g, model) with the length of ``free.log``: free GPUs and taken victims change
+    only with an entry there (a victim is taken after its nodes are logged)."""
+    req = s.req
+    free = req.free
+    key = (_FREE, s.g, s.model)
+    got = req.memo.get(key)
+    if got is not None and got[0] == len(free.log):
+        options.extend(got[1])
+        return
+    unalloc_nodes, taken, model = req.victims.unalloc, s.taken, s.model
     fcount, g = s.fcount, s.g
+    found: list[Option] = []
     for c in range(g, free.maxc + 1):
         for m, b in free.buckets.items():
             if model is not None and m != model:
@@ -431,7 +458,9 @@ def _free_options(s: _Search, options: list[Option]) -> None:
                 # (unalloc_nodes lists are never empty: with nothing taken, only nodes without them qualify)
                 if nid not in unalloc_nodes or (taken and not any(x[1].key not in taken for x in unalloc_nodes[nid])):
                     if fcount[nid] >= g:
-                        options.append(((0, 0, 0, 0.0), nid, []))
+                        found.append(((0, 0, 0, 0.0), nid, []))
+    req.memo[key] = (len(free.log), found)
+    options.extend(found)
 
 
 def _idle_options(s: _Search, options: list[Option]) -> None:
@@ -591,6 +620,18 @@ class _BehindMemo:
     sheltered: set[str] = field(default_factory=set)
     seq: int = 0
 
+    def copy(self) -> _BehindMemo:
+        """A memo of its own with the same contents (the options are never changed in place)."""
+        return _BehindMemo(
+            set(self.behind),
+            self.pos,
+            dict(self.opts),
+            list(self.heap),
+            set(self.spared),
+            set(self.sheltered),
+            self.seq,
+        )
+
 
 @dataclass(slots=True, eq=False)
 class _ListMemo:
@@ -603,6 +644,10 @@ class _ListMemo:
     pos: int = 0
     lists: dict[str, tuple[list[Candidate], bool, bool]] = field(default_factory=dict)
 
+    def copy(self) -> _ListMemo:
+        """A memo of its own with the same contents (a node's answer is never changed in place)."""
+        return _ListMemo(set(self.behind), self.pos, dict(self.lists))
+
 
 _LISTS = "node_lists"
 _BY_NODE = "expired_by_node"
@@ -611,6 +656,8 @@ _GANG_SHAPES = "gang_shapes"
 _MAX_R = "max_ratio"
 _SHORT = "short"
 _SHELTER = "sheltered"
+_LAST = "last_used"
+_FREE = "free_options"
 
 
 def known_short(req: PreemptionRequest, g: int, k: int, model: str | None, leaf: str, delta: float) -> bool:
@@ -720,9 +767,7 @@ def _behind_options(s: _Search, options: list[Option], shelter: bool = False, ex
     by_node = _expired_by_node(req, behind)
     gpus = s.g * k
     key = _memo_key(req, s.g, s.model, gpus, shelter)
-    memo = req.memo.get(key)
-    if memo is None:
-        memo = req.memo[key] = _BehindMemo()
+    memo = _per_set(req, key, behind, _BehindMemo)
     log = req.free.log
     dirty = set(log[memo.pos :])
     memo.pos = len(log)
@@ -770,15 +815,33 @@ def _behind_options(s: _Search, options: list[Option], shelter: bool = False, ex
     return best
 
 
+_M = TypeVar("_M", "_BehindMemo", "_ListMemo")
+
+
+def _per_set(req: PreemptionRequest, key: tuple[object, ...], behind: Mapping[str, object], new: type[_M]) -> _M:
+    """The memo of ``key`` for the behind set ``behind``: one per set the request's searches meet (the behind
+    set moves with the preemptor's leaf and with each charge, and comes back), so that a set met again finds
+    its memo as it left it, brought up to date by the nodes touched since; a set met first starts from a copy
+    of the memo of ``key`` used last (then only the nodes of the leaves that joined or left are looked at again,
+    as when one memo followed the set). Speed only: each memo says what its own set's searches would find."""
+    per_set = req.memo.get(key)
+    if per_set is None:
+        per_set = req.memo[key] = {}
+    members = frozenset(behind)
+    memo = per_set.get(members)
+    if memo is None:
+        last = req.memo.get((_LAST, key))
+        memo = per_set[members] = new() if last is None else last.copy()
+    req.memo[(_LAST, key)] = memo
+    return memo
+
+
 def _node_lists(
     req: PreemptionRequest, test: tuple[object, ...], behind: Mapping[str, object], log: list[str]
 ) -> dict[str, tuple[list[Candidate], bool, bool]]:
     """The kept candidates of the nodes for the searches sharing ``test`` (shelter and gang test), brought
     up to date: the nodes touched since, and those of the leaves that joined or left the behind set, dropped."""
-    lkey = (_LISTS, *test)
-    lm = req.memo.get(lkey)
-    if lm is None:
-        lm = req.memo[lkey] = _ListMemo()
+    lm = _per_set(req, (_LISTS, *test), behind, _ListMemo)
     lists = lm.lists
     if lists:
         for nid in log[lm.pos :]:

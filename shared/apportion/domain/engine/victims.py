@@ -269,6 +269,7 @@ class CycleVictims:
         "idle_on",
         "_now",
         "_exp_runs",
+        "_levels",
     )
 
     def __init__(
@@ -286,6 +287,9 @@ class CycleVictims:
         # leaf -> (charge_count, pairs allowed at charge 0, {charge: (behind_of's answer)})
         self.behind: dict[str, tuple[int, list[tuple[str, str, str, list[str]]], dict[float, Behind]]] = {}
         self.under: dict[str, list[str]] | None = None
+        # parent -> (charge_count, its children's r in order, (r, child's index, child, leaves with expired runs
+        # under it) sorted) of the children with expired runs beneath (_behind_at_zero)
+        self._levels: dict[str, tuple[int, list[float], list[tuple[float, int, str, list[str]]]]] = {}
         self.unalloc_options: dict[tuple[int, str | None], dict[str, Option]] = {}
         self.unalloc_seen: dict[tuple[int, str | None], int] = {}  # position in the free index's log
         self.narrowed = False  # set by plan_preemption: its last search depended on the job's charge
@@ -365,7 +369,11 @@ class CycleVictims:
         """
         hit = self.behind.get(leaf)
         if hit is None or hit[0] != charge_count:
-            hit = self.behind[leaf] = (charge_count, self._behind_at_zero(leaf, view, delta, tree, moves), {})
+            hit = self.behind[leaf] = (
+                charge_count,
+                self._behind_at_zero(leaf, view, delta, tree, moves, charge_count),
+                {},
+            )
         per_charge = hit[2]
         got = per_charge.get(charge_gpu_s)
         if got is not None:
@@ -385,10 +393,21 @@ class CycleVictims:
         return got
 
     def _behind_at_zero(
-        self, leaf: str, view: ShareView, delta: float, tree: BudgetTree | None, moves: frozenset[Move] | set[Move]
+        self,
+        leaf: str,
+        view: ShareView,
+        delta: float,
+        tree: BudgetTree | None,
+        moves: frozenset[Move] | set[Move],
+        charge_count: int = -1,
     ) -> list[tuple[str, str, str, list[str]]]:
         """``(lca, victim branch, preemptor branch, leaves with expired runs under the victim branch)``
-        that :func:`branch_rule` allows with no charge (see :meth:`behind_of`)."""
+        that :func:`branch_rule` allows with no charge (see :meth:`behind_of`).
+
+        Per ancestor A of ``leaf`` (parent P), only the siblings of A with r >= r(A) + delta are judged (those
+        below are not behind by delta: branch_rule would refuse them), in P's order of children; the siblings
+        with expired runs beneath are kept sorted by r per P while ``charge_count`` stays (no r moves without
+        a charge), so that the leaves of one cycle share them (speed only; ``charge_count`` -1: not kept)."""
         out: list[tuple[str, str, str, list[str]]] = []
         if tree is None:
             for v in sorted(self.expired):
@@ -403,20 +422,26 @@ class CycleVictims:
             return out
         under = self._under()
         ratio = view.ratio
+        levels = self._levels
         for a in ancestors_of(leaf):
             par = parent_of(a)
-            bar = None
-            for sib in tree.children(par):
-                if sib == a:
-                    continue
-                vs = under.get(sib)
-                if not vs:
-                    continue
-                if bar is None:
-                    bar = ratio(a) + delta
-                if ratio(sib) < bar:
-                    continue  # not behind by delta: branch_rule would refuse (a filter, not the rule)
-                if branch_rule(par, sib, a, view, delta, 0.0, moves)[0] == RULE_EXPIRED_BEHIND:
+            level = levels.get(par) if charge_count >= 0 else None
+            if level is None or level[0] != charge_count:
+                ents = sorted(
+                    (ratio(sib), i, sib, vs) for i, sib in enumerate(tree.children(par)) if (vs := under.get(sib))
+                )
+                level = (charge_count, [e[0] for e in ents], ents)
+                if charge_count >= 0:
+                    levels[par] = level
+            ents = level[2]
+            if not ents:
+                continue
+            # not behind by delta below the bar: branch_rule would refuse them (a filter, not the rule)
+            first = bisect_left(level[1], ratio(a) + delta)
+            if first == len(ents):
+                continue
+            for _, _, sib, vs in sorted(ents[first:], key=itemgetter(1)):
+                if sib != a and branch_rule(par, sib, a, view, delta, 0.0, moves)[0] == RULE_EXPIRED_BEHIND:
                     out.append((par, sib, a, vs))
         return out
 
