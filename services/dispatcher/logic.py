@@ -173,8 +173,11 @@ def read_model(
 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """Rows of ``apportion:rm:jobs`` and ``apportion:rm:nodes`` at ``now_us``.
 
-    Pending jobs get ``position``: their 0-based place in the fair-share
-    order a cycle would walk now (budget order, then submitted_at, job_id),
+    Pending jobs get ``position``: their 0-based place in the order a cycle
+    would walk now (rule D3.scheduling-cycle): every allocated job in
+    fair-share order (budget order, then submitted_at, job_id), then every
+    unallocated one, leaf by leaf in the budget order at the start of the
+    cycle (the options D3.free-order and D3.free-las reorder these in the cycle),
     and why they wait: the engine's cycle at ``now_us`` on the same snapshot,
     asked to explain (``run_cycle(..., explain=True)``), gives each job it
     leaves pending a typed reason; ``reason`` is its one-line text
@@ -200,10 +203,10 @@ def read_model(
     snap = state.cycle_snapshot(now_us)
     # the order counts an array's elements held back by its limit: they keep their place in it
     pending = {leaf: jobs for leaf, jobs in state.pending_now(now_us, arrays=False).items() if snap.tree.is_leaf(leaf)}
-    position: dict[str, int] = {}
-    queue = FairShareQueue(snap.tree, snap.occupancy, snap.capacity_gpu_s, pending)
-    for i, (_, job) in enumerate(queue):
-        position[job.job_id] = i
+    # the order the cycle walks: every allocated job in fair-share order, then the unallocated ones (pass 2)
+    walk = [job for _, job in FairShareQueue(snap.tree, snap.occupancy, snap.capacity_gpu_s, pending)]
+    ranked = [job for job in walk if job.allocated] + [job for job in walk if not job.allocated]
+    position = {job.job_id: i for i, job in enumerate(ranked)}
     jobs: dict[str, dict[str, Any]] = {}
     reasons: dict[str, PendingReason] = {}
     placeable: set[str] = set()

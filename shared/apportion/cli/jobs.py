@@ -435,7 +435,8 @@ def queue_rows(
 ) -> list[dict[str, Any]]:
     """The rows `apportion queue --json` prints: the dispatcher's ``apportion:rm:jobs`` rows, filtered and sorted.
 
-    Running jobs first, then pending ones by ``position`` (their place in the fair-share order), then by
+    Running jobs first, then pending ones by ``position`` (their place in the order a cycle walks: allocated
+    jobs in fair-share order, then unallocated ones), then by
     submission time and id. Live states only unless ``state`` names others or ``all_states`` adds the finished
     jobs from the log (which needs Kafka at ``bootstrap``). Used by the CLI and the web dashboard.
 
@@ -604,8 +605,8 @@ def queue(
 ) -> None:
     """Jobs in the queue (like squeue): position, budget, user, GPUs, state, start time, nodes or pending reason.
 
-    The position is the place in the fair-share order a scheduling cycle walks now (pending jobs only;
-    `-` for running ones). The pending reason comes from the engine's own cycle (`kind: facts`; kinds
+    The position is the place in the order a scheduling cycle walks now (pending jobs only; `-` for running
+    ones): every allocated job in fair-share order, then the unallocated ones, which go only on GPUs left free. The pending reason comes from the engine's own cycle (`kind: facts`; kinds
     budget_ahead, reserved_by, protected_until, no_node_shape, no_free_gpus, budget_unknown, patience,
     checkpoint_soon, placeable; from the dispatcher: refused_backoff, for a job whose start a node refused, and
     held, for a job held until `apportion release`, and array_limit, for an element of a job array beyond
