@@ -428,6 +428,13 @@ def budget_set(
             highlight=False,
             soft_wrap=True,
         )
+    if ev.max_min_runtime_s == 0 and (current is None or current.max_min_runtime_s != 0):
+        err.print(  # legal (D1.unallocated-job: min runtime 0), but it turns every allocated submission away
+            f"note: with max min runtime 0s, {path} takes only unallocated work: jobs with min runtime 0 "
+            "(free, preemptible at any time); allocated jobs are rejected",
+            highlight=False,
+            soft_wrap=True,
+        )
     _budget_changes(
         [ev],
         no_wait,
@@ -710,8 +717,25 @@ def budget_show(
             format_duration(row["max_min_runtime_s"]) if row["max_min_runtime_s"] is not None else "-",
         )
     out.print(t)
-    for line in limit_lines(rows):
+    for line in limit_lines(rows) + unallocated_only_lines(rows):
         out.print(line, highlight=False, soft_wrap=True)
+
+
+def unallocated_only_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Under ``budget show``'s table, a line per budget whose max min runtime in force is 0 and whose parent's is
+    not: it (and every budget below it, which inherits the limit) takes only unallocated work (D1.unallocated-job),
+    since any allocated job's minimum runtime is above 0."""
+    by_path = {r["path"]: r for r in rows}
+    lines = []
+    for r in rows:
+        parent = by_path.get(r["path"].rpartition("/")[0], {})
+        if r["max_min_runtime_s"] == 0 and parent.get("max_min_runtime_s") != 0:
+            below = "" if r.get("leaf", True) else " and every budget below it"
+            lines.append(
+                f"{r['path']}{below}: max min runtime 0s: takes only unallocated work (jobs with min runtime 0, "
+                "free and preemptible at any time)"
+            )
+    return lines
 
 
 #: A ``BudgetSet`` field -> the ``budget set`` option that sets it, for errors in the user's own words.
