@@ -153,12 +153,16 @@ def _progress_writer(path: str, policy: str, sc: Any, gpus: int) -> Any:
     def write(sim: HeroSimulator, t: int) -> None:
         res = types.SimpleNamespace(jobs_ledger=sim.jobs_ledger)
         rows = hero_rows(res, sc, sim.gathering_idle_gpu_s, gpus, sim._saved, sim.restarts, sim.running_us)  # type: ignore[arg-type]
-        pairs = [d for _t, _leaf, d in backlogged_pairs(sim.samples, sc.start_us, sc.tree)]
+        triples = backlogged_pairs(sim.samples, sc.start_us, sc.tree)
+        pairs = [d for _t, _leaf, d in triples]
+        means = [b["mean_pp"] for b in deficit_by_budget(triples).values()]
         doc = {
             "policy": policy,
             "day": round((t - sc.start_us) / 86_400e6, 2),
             "bg_deficit_pp": round(sum(pairs) / len(pairs), 2) if pairs else 0.0,
             "bg_backlogged_pairs": len(pairs),
+            "bg_deficit_sum_pp": round(sum(pairs), 1),
+            "bg_budgets_backlogged_mean_pp": round(sum(means) / len(means), 2) if means else 0.0,
             "heroes": [dataclasses.asdict(r) for r in rows],
         }
         with open(path, "a") as f:
