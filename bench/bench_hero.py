@@ -4,7 +4,7 @@ Run::
 
     .venv/bin/python bench/bench_hero.py [--days 21] [--size 16] [--load 1] [--slice week44] [--seed 1]
         [--policy fairshare,slurm,kueue,kai,fifo] [--no-heroes] [--hero-days 2,3,4] [--hero-shares 0.1,0.3,0.1]
-        [--hero-min-gpus N|none] [--gang-min-gpus N] [--gang-bound-x X] [--json out.json]
+        [--hero-min-gpus N|none] [--gang-min-gpus N] [--gang-bound-x X] [--no-grow-over-share] [--json out.json]
 
 Builds :func:`apportion.sim.hero.hero_scenario` from the Philly jobs of
 ``--slice`` (``infra/budgets/philly.yaml``'s tree and minimum-runtime rule)
@@ -15,7 +15,8 @@ mean of the per-budget means), one line per background budget (its backlogged pa
 behind, the sum and mean of its deficit), one line per simulated day (the deficit, the budgets
 behind, the GPUs the hero and background budgets run) and one per hero job (time to start, GPU-hours idled while it gathered, preemptions,
 work lost, completion). ``--no-heroes``: the same run without the hero jobs
-(same tree), the reference of the background budgets' deficit. ``--load X``: the background's
+(same tree), the reference of the background budgets' deficit. ``--no-grow-over-share``:
+``EngineConfig.grow_over_share`` False (only a job at or under its share has its protection grown). ``--load X``: the background's
 arrivals multiplied by X (the overloaded lab, docs/hero.md); the header line gives the background's
 offered demand, its GPU-hours submitted within the horizon over the cluster's.
 """
@@ -75,7 +76,10 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
         least = None if a.hero_min_gpus == "none" else int(a.hero_min_gpus)
         dcfg = DispatchConfig(
             engine=EngineConfig(
-                window_s=bf.window_s, hero_min_gpus=least, **gang_scope(a.gang_min_gpus, a.gang_bound_x)
+                window_s=bf.window_s,
+                hero_min_gpus=least,
+                grow_over_share=not a.no_grow_over_share,
+                **gang_scope(a.gang_min_gpus, a.gang_bound_x),
             ),
             heartbeat_timeout_s=None,
             scheduler=POLICIES[name],
@@ -233,6 +237,11 @@ def main() -> None:
         "--gang-min-gpus", type=int, default=None, help="EngineConfig.gang_min_gpus (D3.gangs), 0: every gang"
     )
     ap.add_argument("--gang-bound-x", type=float, default=None, help="EngineConfig.gang_bound_x (D3.gangs), 0: the cap")
+    ap.add_argument(
+        "--no-grow-over-share",
+        action="store_true",
+        help="EngineConfig.grow_over_share False (D3.bounded-churn): only jobs at or under their share grow",
+    )
     ap.add_argument("--json", default=None)
     ap.add_argument("--progress", default=None, help="append a JSON line a simulated day: the figures so far")
     run(ap.parse_args())

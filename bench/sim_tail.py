@@ -4,8 +4,8 @@ Usage (traces from ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the c
 
     .venv/bin/python bench/sim_tail.py run philly week44 fairshare OUT.json [--seed N] [--tail-h H] [--churn-bound N]
         [--free-order 0|1] [--free-las 0|1] [--progress-after N]
-        [--at-share-bound N] [--owner-free 0|1] [--gang-wait-h H] [--gang-min-gpus N] [--gang-bound-x X]
-        [--runs RUNS.json]
+        [--at-share-bound N] [--grow-over-share 0|1] [--owner-free 0|1] [--gang-wait-h H] [--gang-min-gpus N]
+        [--gang-bound-x X] [--runs RUNS.json]
     .venv/bin/python bench/sim_tail.py run itp week5 slurm OUT.json [--budgets infra/budgets/itp-hetero.yaml]
     .venv/bin/python bench/sim_tail.py compare FAIR.json PEER.json
     .venv/bin/python bench/sim_tail.py decompose FAIR.json PEER.json    (both run with --runs OUT.runs.json)
@@ -13,7 +13,8 @@ Usage (traces from ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the c
 ``run`` simulates one policy as ``apportion simulate`` does (same defaults; ``--churn-bound N`` sets
 ``EngineConfig.churn_bound``, 0 = none; ``--free-order`` sets ``EngineConfig.free_order``, ``--free-las``
 ``EngineConfig.free_las``, ``--progress-after N``
-``EngineConfig.progress_after``, ``--at-share-bound N`` ``EngineConfig.at_share_bound``, 0 = off, ``--owner-free`` ``EngineConfig.owner_free``,
+``EngineConfig.progress_after``, ``--at-share-bound N`` ``EngineConfig.at_share_bound``, 0 = off, ``--grow-over-share 0``
+``EngineConfig.grow_over_share`` False, ``--owner-free`` ``EngineConfig.owner_free``,
 ``--gang-wait-h H`` ``EngineConfig.gang_wait_s`` in hours, ``--gang-min-gpus N`` ``EngineConfig.gang_min_gpus``,
 ``--gang-bound-x X`` ``EngineConfig.gang_bound_x``, 0 = none for both), writes the policy's report (the ``--json`` document) beside OUT
 (``.json`` replaced by ``.report.json``) and one row per job to OUT: budget, allocated, shape g x k, duration,
@@ -99,6 +100,7 @@ def run(argv: list[str]) -> int:
             knobs={
                 "owner_free": _opt(argv, "--owner-free", "0") != "0",
                 "free_las": _opt(argv, "--free-las", "0") != "0",
+                "grow_over_share": _opt(argv, "--grow-over-share", "1") != "0",
                 "gang_wait_s": None if gang_wait is None else float(gang_wait) * 3600,
                 **scope,
             },

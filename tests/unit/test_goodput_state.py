@@ -448,3 +448,28 @@ def test_protection_s_at_share_bound_never_raises_the_churn_bound():
     assert protection_s(7200.0, 7, None, W7, churn_bound=None, at_share_bound=7, ratio=0.5) == PROTECTION_UNTIL_DONE_S
     # off (the default): r does not matter
     assert protection_s(7200.0, 3, None, W7, ratio=0.5) == 57600.0
+
+
+# EngineConfig.grow_over_share = False (a measured variant of D3.bounded-churn, on by default): only a job whose
+# budget's r is at most 1 when placed has its protection grown (2 h x 2, 4, 8, 16, then W / 4 = 42 h); over its share
+# (or r unknown) it is its minimum runtime, 2 h, until the churn bound 5 protects it until done.
+NO_GROW_OVER = [
+    pytest.param(1, 1.0, 4.0, id="exactly at its share (r = 1), once: grows to 2 h x 2"),
+    pytest.param(3, 1.0, 16.0, id="at its share, 3 times: 2 h x 8"),
+    pytest.param(4, 0.5, 42.0, id="under its share, 4 times: the cap W / 4"),
+    pytest.param(1, 1.0001, 2.0, id="just over its share (r = 1.0001), once: the minimum runtime"),
+    pytest.param(4, 3.0, 2.0, id="over its share, 4 times: still the minimum runtime"),
+    pytest.param(3, None, 2.0, id="r unknown: as over its share"),
+    pytest.param(5, 3.0, UNTIL_DONE_H, id="over its share, 5 times: the churn bound still applies"),
+    pytest.param(0, 3.0, 2.0, id="never preempted: the minimum runtime either way"),
+]
+
+
+@pytest.mark.parametrize("n, ratio, hours", NO_GROW_OVER)
+def test_protection_s_grows_only_at_or_under_share(n, ratio, hours):
+    assert protection_s(7200.0, n, None, W7, ratio=ratio, grow_over_share=False) / 3600.0 == hours
+
+
+def test_protection_s_grow_over_share_default_grows_every_job():
+    # on (the default): r does not matter, 2 h x 8 = 16 h over its share as under it
+    assert protection_s(7200.0, 3, None, W7, ratio=3.0) == protection_s(7200.0, 3, None, W7, ratio=0.5) == 57600.0

@@ -144,6 +144,7 @@ def protection_s(
     progress_s: float = 0.0,
     at_share_bound: int | None = None,
     ratio: float | None = None,
+    grow_over_share: bool = True,
 ) -> float:
     """Length of a run's preemption protection, seconds: the one home of rule D3.bounded-churn.
 
@@ -186,6 +187,10 @@ def protection_s(
             placed, in place of ``churn_bound`` when lower (``EngineConfig.at_share_bound``; ``None``, the default:
             off), so a job over its share keeps the longer bound and gives borrowed GPUs back sooner.
         ratio: the r of the job's budget when placed (its ``Decision.ratio``), or ``None`` (unknown: over).
+        grow_over_share: False: only a job whose budget is at or under its share (``ratio <= 1``) when placed has
+            its protection grown with its preemptions; a job over its share (or of unknown ``ratio``) is protected
+            for its ``min_runtime`` whatever its preemption count, the churn bound still applying
+            (``EngineConfig.grow_over_share``; True, the default: every job grows).
 
     The jump cannot be gamed into more than the contract allows: the cap is the budget's ``max_min_runtime``
     (or W), which is what the job could have declared as its minimum runtime at admission, and no job can
@@ -214,6 +219,10 @@ def protection_s(
     90000.0
     >>> protection_s(7200.0, 3, window_s=604800.0, at_share_bound=3, ratio=0.9)
     3153600000.0
+    >>> [protection_s(7200.0, 2, window_s=604800.0, ratio=r, grow_over_share=False) for r in (1.0, 1.01, None)]
+    [28800.0, 7200.0, 7200.0]
+    >>> protection_s(7200.0, 5, window_s=604800.0, ratio=1.5, grow_over_share=False)
+    3153600000.0
     """
     if not is_allocated(min_runtime_s):
         return 0.0
@@ -226,6 +235,8 @@ def protection_s(
         if max_min_runtime_s is None:
             return PROTECTION_UNTIL_DONE_S
         return max_min_runtime_s if max_min_runtime_s > min_runtime_s else min_runtime_s
+    if not grow_over_share and (ratio is None or ratio > 1.0):
+        return min_runtime_s  # over its share: the contract's promise, not grown
     if doublings is not None and preemptions > doublings:
         grown = math.inf  # past the doublings: the caps alone
     else:

@@ -306,8 +306,8 @@ def stop_event(run: Run, replica: int, ts: Any, grace_s: float, producer: str, r
 def job_protection_s(job: PendingJob, tree: BudgetTree, cfg: EngineConfig, ratio: float | None = None) -> float:
     """:func:`protection_s` of ``job`` placed now, seconds: its preemptions so far, its budget's
     ``max_min_runtime``, the cap ``cfg.window_s x cfg.protection_cap_w``, with ``cfg.progress_after`` its
-    checkpointed progress and with ``cfg.at_share_bound`` its budget's r ``ratio`` in the cycle's view
-    (what its ``JobPlaced`` records)."""
+    checkpointed progress and with ``cfg.at_share_bound`` or ``cfg.grow_over_share`` its budget's r ``ratio`` in
+    the cycle's view (what its ``JobPlaced`` records)."""
     return protection_s(
         job.min_runtime_s,
         job.preemptions,
@@ -320,6 +320,7 @@ def job_protection_s(job: PendingJob, tree: BudgetTree, cfg: EngineConfig, ratio
         job.progress_s,
         cfg.at_share_bound,
         ratio,
+        cfg.grow_over_share,
     )
 
 

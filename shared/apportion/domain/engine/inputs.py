@@ -103,6 +103,11 @@ class EngineConfig:
             view) when placed, where lower than ``churn_bound``; a job over its share keeps ``churn_bound``
             (:func:`~apportion.domain.cluster.protection_s`); default ``None``: off. Measured and not adopted
             (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
+        grow_over_share: False: a job's protection grows with its preemptions only where its budget is at or under
+            its share (r <= 1 in the cycle's view) when placed; over its share it is its minimum runtime, the churn
+            bound still applying (:func:`~apportion.domain.cluster.protection_s`); default True: every job grows.
+            Measured and not adopted (``docs/simulation.md``, "Levers measured"), so it is not part of any policy
+            version.
         owner_free: rule D3.owner-free: when the allocated pass first reaches a leaf over its share, each leaf at
             or under its share (r <= 1 in the cycle's view) first places its unallocated jobs on free GPUs, up to
             its headroom (:func:`~apportion.domain.fairshare.owner_headroom`); they stay free and preemptible.
@@ -138,6 +143,7 @@ class EngineConfig:
     free_order: bool = False
     progress_after: int | None = None
     at_share_bound: int | None = None
+    grow_over_share: bool = True
     owner_free: bool = False
     gang_wait_s: float | None = None
     free_las: bool = False
