@@ -668,18 +668,20 @@ def test_progress_after_records_the_progress_saved_as_the_protection():
     assert recorded(progress_after=1) == [30 * 3600.0]
 
 
+def _thrice_preempted_placed(occupancy: float, **cfg) -> list[tuple[float, float | None]]:
+    """(r, protection_s) of the ``JobPlaced`` of lab/a's job of min_runtime 2 h preempted 3 times, lab/a and lab
+    holding ``occupancy`` GPU-s."""
+    w = World().node("n0", 1).job("j", "lab/a", min_runtime_s=7200.0)
+    w.pending["lab/a"] = [replace(w.pending["lab/a"][0], attempt=4, preemptions=3)]
+    w.occupancy = {"lab/a": occupancy, "lab": occupancy}
+    return [(e.decision.ratio, e.decision.protection_s) for e in w.cycle(**cfg).events if isinstance(e, ev.JobPlaced)]
+
+
 def test_at_share_bound_protects_a_job_under_its_share_until_done():
     # min_runtime 2 h, preempted 3 times: 2 h x 8 = 16 h by default. K = 1000, lab/a's entitlement 500 GPU-s:
     # with no occupancy its r when the job is placed is 0 (under its share): until done with at_share_bound 3;
     # with 7200 GPU-s its r is 7200 / 500 = 14.4 (over its share): still 16 h
-    def recorded(occupancy: float, **cfg) -> list[tuple[float, float | None]]:
-        w = World().node("n0", 1).job("j", "lab/a", min_runtime_s=7200.0)
-        w.pending["lab/a"] = [replace(w.pending["lab/a"][0], attempt=4, preemptions=3)]
-        w.occupancy = {"lab/a": occupancy, "lab": occupancy}
-        return [
-            (e.decision.ratio, e.decision.protection_s) for e in w.cycle(**cfg).events if isinstance(e, ev.JobPlaced)
-        ]
-
+    recorded = _thrice_preempted_placed
     assert recorded(0.0) == [(0.0, 16 * 3600.0)]
     assert recorded(0.0, at_share_bound=3) == [(0.0, PROTECTION_UNTIL_DONE_S)]
     assert recorded(7200.0, at_share_bound=3) == [(14.4, 16 * 3600.0)]
@@ -688,14 +690,7 @@ def test_at_share_bound_protects_a_job_under_its_share_until_done():
 def test_grow_over_share_off_keeps_a_job_over_its_share_at_its_minimum_runtime():
     # min_runtime 2 h, preempted 3 times: 2 h x 8 = 16 h. K = 1000, lab/a's entitlement 500 GPU-s: r 0 grows as
     # ever; with 7200 GPU-s r is 14.4 (over its share): 2 h with grow_over_share False, 16 h by default
-    def recorded(occupancy: float, **cfg) -> list[tuple[float, float | None]]:
-        w = World().node("n0", 1).job("j", "lab/a", min_runtime_s=7200.0)
-        w.pending["lab/a"] = [replace(w.pending["lab/a"][0], attempt=4, preemptions=3)]
-        w.occupancy = {"lab/a": occupancy, "lab": occupancy}
-        return [
-            (e.decision.ratio, e.decision.protection_s) for e in w.cycle(**cfg).events if isinstance(e, ev.JobPlaced)
-        ]
-
+    recorded = _thrice_preempted_placed
     assert recorded(0.0, grow_over_share=False) == [(0.0, 16 * 3600.0)]
     assert recorded(7200.0, grow_over_share=False) == [(14.4, 2 * 3600.0)]
     assert recorded(7200.0) == [(14.4, 16 * 3600.0)]
