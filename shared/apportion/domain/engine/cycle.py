@@ -56,7 +56,7 @@ The cycle, exactly as rule D3.scheduling-cycle says:
    reservation never idles GPUs): unallocated work, and allocated work the
    holder could take back whose protection ends by the holder's earliest
    fit (:func:`earliest_fit_us`, which counts only the runs the holder may
-   take back). A holder with no known fit time (it waits on runs it may not
+   take back, those placed earlier in the cycle among them). A holder with no known fit time (it waits on runs it may not
    take back) keeps no GPU free for itself: its nodes are unreserved for the
    rest of the cycle. Reservations are recomputed every cycle
    from the snapshot, so they need no events and replay identically.
@@ -108,7 +108,7 @@ from itertools import islice
 from operator import attrgetter
 
 from apportion.domain.budgets import BudgetTree
-from apportion.domain.cluster import UNTIL_STARTED, ClusterSnapshot, Run
+from apportion.domain.cluster import UNTIL_STARTED, ClusterSnapshot, Run, placed_run
 from apportion.domain.engine.emit import (
     emit_placed,
     job_protection_s,
@@ -769,7 +769,13 @@ def _reserve(cx: _Cycle, job: PendingJob, leaf: str, charge: float) -> None:
         return
     may_take = partial(_may_take_back, cx, leaf, charge, g * k)
     taken_runs = victims.taken if victims else set()
-    hold_fit = earliest_fit_us(cx.snapshot.cluster, chosen_nodes, g, cx.now_us, taken_runs, may_take)
+    mine = set(chosen_nodes)
+    placed = [  # the runs placed earlier in this cycle on its nodes hold their GPUs as any other
+        placed_run(e)
+        for e in cx.res.events
+        if type(e) is JobPlaced and e.allocated and any(p.node_id in mine for p in e.placements)
+    ]
+    hold_fit = earliest_fit_us(cx.snapshot.cluster, chosen_nodes, g, cx.now_us, taken_runs, may_take, placed)
     if hold_fit >= UNTIL_STARTED:
         # no known time to fit: lower-ranked work may use its nodes as any other
         free.unreserve_all()
