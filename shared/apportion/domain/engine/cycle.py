@@ -143,6 +143,7 @@ from apportion.timeutil import Micros, from_us, s_to_us
 __all__ = ["CycleResult", "CycleSnapshot", "run_cycle"]
 
 _MIN_RT = attrgetter("min_runtime_s")
+_ATTAINED = attrgetter("attained_gpu_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -948,13 +949,13 @@ def _pass_least_attained(cx: _Cycle, todo: list[str]) -> None:
             return  # not one GPU is left for a 1-GPU job
     if _dominated(cx.free_fail.get(None, ()), 1, 1):
         return
-    later = sorted(
-        (jobs[i].attained_gpu_s, pos, i, leaf)
-        for pos, leaf in enumerate(todo)
-        for jobs in (pending[leaf],)
-        for i in range(ends.get(leaf, 0), len(jobs))
-        if jobs[i].attained_gpu_s > 0
-    )
+    later: list[tuple[float, int, int, str]] = []
+    for pos, leaf in enumerate(todo):
+        start = ends.get(leaf, 0)
+        for i, held in enumerate(map(_ATTAINED, islice(pending[leaf], start, None)), start):
+            if held > 0:
+                later.append((held, pos, i, leaf))
+    later.sort()
     res = cx.res
     failed: set[tuple[int, int, str | None, str | None]] = set()  # shapes that did not fit (free only shrinks)
     for _, _, i, leaf in later:
