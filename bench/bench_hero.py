@@ -2,7 +2,7 @@
 
 Run::
 
-    .venv/bin/python bench/bench_hero.py [--days 21] [--size 16] [--slice week44] [--seed 1]
+    .venv/bin/python bench/bench_hero.py [--days 21] [--size 16] [--load 1] [--slice week44] [--seed 1]
         [--policy fairshare,slurm,kueue,kai,fifo] [--no-heroes] [--hero-days 2,3,4] [--hero-shares 0.1,0.3,0.1]
         [--hero-min-gpus N|none] [--gang-min-gpus N] [--gang-bound-x X] [--json out.json]
 
@@ -15,7 +15,9 @@ mean of the per-budget means), one line per background budget (its backlogged pa
 behind, the sum and mean of its deficit), one line per simulated day (the deficit, the budgets
 behind, the GPUs the hero and background budgets run) and one per hero job (time to start, GPU-hours idled while it gathered, preemptions,
 work lost, completion). ``--no-heroes``: the same run without the hero jobs
-(same tree), the reference of the background budgets' deficit.
+(same tree), the reference of the background budgets' deficit. ``--load X``: the background's
+arrivals multiplied by X (the overloaded lab, docs/hero.md); the header line gives the background's
+offered demand, its GPU-hours submitted within the horizon over the cluster's.
 """
 
 from __future__ import annotations
@@ -60,11 +62,14 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
     if a.hero_shares:
         shares = [float(x) for x in a.hero_shares.split(",")]
         heroes = tuple(dataclasses.replace(h, share=x) for h, x in zip(heroes, shares, strict=True))
-    sc = hero_scenario(src, bf.tree, a.seed, days=a.days, size=a.size, heroes=heroes)
+    sc = hero_scenario(src, bf.tree, a.seed, days=a.days, size=a.size, heroes=heroes, load=a.load)
     if a.no_heroes:
         sc = dataclasses.replace(sc, jobs=tuple(j for j in sc.jobs if j.job_id not in sc.heroes), heroes=())
     gpus = sum(n.gpus for n in sc.nodes)
-    print(f"# {len(sc.nodes)} nodes, {gpus} GPUs, {len(sc.jobs)} jobs, {a.days} days, heroes {list(sc.heroes)}")
+    print(
+        f"# {len(sc.nodes)} nodes, {gpus} GPUs, {len(sc.jobs)} jobs, {a.days} days, heroes {list(sc.heroes)}, "
+        f"background demand {offered_demand(sc, gpus):.2f} of the cluster"
+    )
     out = []
     for name in a.policy.split(","):
         least = None if a.hero_min_gpus == "none" else int(a.hero_min_gpus)
@@ -86,7 +91,7 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
         pairs = backlogged_pairs(res.samples, res.start_us, sc.tree)
         bg_pairs = [d for _t, _leaf, d in pairs]
         per_budget = deficit_by_budget(pairs)
-        rows = hero_rows(res, sc, sim.gathering_idle_gpu_s, gpus, sim._saved, sim.restarts)
+        rows = hero_rows(res, sc, sim.gathering_idle_gpu_s, gpus, sim._saved, sim.restarts, sim.running_us)
         daily = deficit_by_day(res, sc, gpus)
         doc = {
             "policy": name,
@@ -115,6 +120,7 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
         for r in rows:
             print(
                 f"  {r.job_id} {r.gpus} GPUs covers={r.budget_covers} start_h={_f(r.start_h)} "
+                f"running_h={_f(r.running_h)} "
                 f"gather_idle_gpu_h={_f(r.gathering_idle_gpu_h)} ({_f(r.gathering_idle_pct_first_day)}% of day 1) "
                 f"preemptions={r.preemptions} lost_gpu_h={r.lost_gpu_h:.0f} "
                 f"max_lost_per_preemption_h={r.max_lost_per_preemption_h:.2f} completion_d={_f(r.completion_d)} "
@@ -146,19 +152,30 @@ def _progress_writer(path: str, policy: str, sc: Any, gpus: int) -> Any:
 
     def write(sim: HeroSimulator, t: int) -> None:
         res = types.SimpleNamespace(jobs_ledger=sim.jobs_ledger)
-        rows = hero_rows(res, sc, sim.gathering_idle_gpu_s, gpus, sim._saved, sim.restarts)  # type: ignore[arg-type]
-        pairs = [d for _t, _leaf, d in backlogged_pairs(sim.samples, sc.start_us, sc.tree)]
+        rows = hero_rows(res, sc, sim.gathering_idle_gpu_s, gpus, sim._saved, sim.restarts, sim.running_us)  # type: ignore[arg-type]
+        triples = backlogged_pairs(sim.samples, sc.start_us, sc.tree)
+        pairs = [d for _t, _leaf, d in triples]
+        means = [b["mean_pp"] for b in deficit_by_budget(triples).values()]
         doc = {
             "policy": policy,
             "day": round((t - sc.start_us) / 86_400e6, 2),
             "bg_deficit_pp": round(sum(pairs) / len(pairs), 2) if pairs else 0.0,
             "bg_backlogged_pairs": len(pairs),
+            "bg_deficit_sum_pp": round(sum(pairs), 1),
+            "bg_budgets_backlogged_mean_pp": round(sum(means) / len(means), 2) if means else 0.0,
             "heroes": [dataclasses.asdict(r) for r in rows],
         }
         with open(path, "a") as f:
             f.write(json.dumps(doc) + "\n")
 
     return write
+
+
+def offered_demand(sc: Any, gpus: int) -> float:
+    """The background's GPU-hours submitted within the horizon over the cluster's GPU-hours of the horizon."""
+    bg = set(sc.heroes)
+    work = sum(j.gpus_per_replica * j.replicas * j.duration_s for j in sc.jobs if j.job_id not in bg)
+    return work / (gpus * (sc.until_us - sc.start_us) / 1e6)
 
 
 def deficit_by_day(res: Any, sc: Any, gpus: int) -> list[dict[str, Any]]:
@@ -201,6 +218,7 @@ def main() -> None:
     ap.add_argument("--slice", default="week44")
     ap.add_argument("--days", type=float, default=21.0)
     ap.add_argument("--size", type=int, default=16, help="each background job's GPUs multiplied by this")
+    ap.add_argument("--load", type=float, default=1.0, help="the background's arrivals multiplied by this (>= 1)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--policy", default="fairshare,slurm,kueue,kai,fifo")
     ap.add_argument("--no-heroes", action="store_true")

@@ -682,13 +682,14 @@ def broker_times(lines: list[str]) -> dict[str, dict[str, float]]:
 PATH_STEPS = (
     ("ack -> the dispatcher's fetch arrives (< 0: it waited there)", "ack", "fetch.start"),
     ("  fetch at the broker", "fetch.start", "fetch.end"),
-    ("-> key read-ahead arrives (LIST_OFFSETS)", "fetch.end", "ends.start"),
+    ("-> key end offsets asked (LIST_OFFSETS, own connection)", "fetch.end", "ends.start"),
     ("  LIST_OFFSETS at the broker", "ends.start", "ends.end"),
-    ("-> ADD_PARTITIONS_TO_TXN arrives (decide, sign, send)", "ends.end", "add.start"),
+    ("fetch -> ADD_PARTITIONS_TO_TXN arrives (decide, sign, send)", "fetch.end", "add.start"),
     ("  ADD_PARTITIONS_TO_TXN at the broker", "add.start", "add.end"),
     ("-> transactional PRODUCE arrives", "add.end", "produce.start"),
     ("  PRODUCE at the broker", "produce.start", "produce.end"),
     ("-> END_TXN arrives", "produce.end", "end.start"),
+    ("  (LIST_OFFSETS answered -> END_TXN arrives)", "ends.end", "end.start"),
     ("  END_TXN at the broker", "end.start", "end.end"),
     ("-> commit markers written (WRITE_TXN_MARKERS)", "end.end", "markers.end"),
     ("ack -> commit markers written", "ack", "markers.end"),
@@ -729,15 +730,20 @@ def _requests(lines: list[str]) -> list[dict[str, Any]]:
 
 
 def broker_path(
-    lines: list[str], probe: str = "bench-latency", reader: str = "dispatcher-reader", writer: str = "dispatcher"
+    lines: list[str],
+    probe: str = "bench-latency",
+    reader: str = "dispatcher-reader",
+    writer: str = "dispatcher",
+    asker: str = "dispatcher-ends",
 ) -> dict[str, tuple[int, float]]:
     """``(n, median ms)`` of each :data:`PATH_STEPS` step of the latency probe's submissions, from the broker's
     request log: the probe's produce (its end is the ack), the dispatcher reader's fetch that returned a
-    submission, its next ``LIST_OFFSETS`` (the key read-ahead, rule D10.proven-user), then the dispatcher's
-    ``ADD_PARTITIONS_TO_TXN``, transactional ``PRODUCE`` and ``END_TXN``, and the broker's ``WRITE_TXN_MARKERS``,
-    each the first of its kind that ends after the one before. The gaps between them are the clients' and the
-    hand-offs' time; the log's clock has milliseconds, so each figure is within about 1 ms. A submission with a
-    request missing is left out."""
+    submission, then, both after that fetch, the key topic's ``LIST_OFFSETS`` on the reader's own connection for
+    them (``asker``: rule D10.proven-user, waited for before the commit) and the dispatcher's
+    ``ADD_PARTITIONS_TO_TXN``, then its transactional ``PRODUCE`` and ``END_TXN``, and the broker's
+    ``WRITE_TXN_MARKERS``, each the first of its kind that ends after the one it follows. The gaps between them
+    are the clients' and the hand-offs' time; the log's clock has milliseconds, so each figure is within about
+    1 ms. A submission with a request missing is left out."""
     reqs = _requests(lines)
 
     def after(kind: str, client: str | None, t: float, submission: bool = False) -> dict[str, Any] | None:
@@ -755,20 +761,19 @@ def broker_path(
 
     steps: dict[str, list[float]] = {name: [] for name, _, _ in PATH_STEPS}
     for ack in (r for r in reqs if r["kind"] == "PRODUCE" and r["client"] == probe):
-        at: dict[str, float] = {"ack": ack["end"]}
-        t = ack["start"]
-        for name, kind, client in (
-            ("fetch", "FETCH", reader),
-            ("ends", "LIST_OFFSETS", reader),
-            ("add", "ADD_PARTITIONS_TO_TXN", writer),
-            ("produce", "PRODUCE transactional", writer),
-            ("end", "END_TXN", writer),
-            ("markers", "WRITE_TXN_MARKERS", None),
+        at: dict[str, float] = {"ack": ack["end"], "ack.start": ack["start"]}
+        for name, kind, client, since in (
+            ("fetch", "FETCH", reader, "ack.start"),
+            ("ends", "LIST_OFFSETS", asker, "fetch.end"),
+            ("add", "ADD_PARTITIONS_TO_TXN", writer, "fetch.end"),
+            ("produce", "PRODUCE transactional", writer, "add.end"),
+            ("end", "END_TXN", writer, "produce.end"),
+            ("markers", "WRITE_TXN_MARKERS", None, "end.end"),
         ):
-            r = after(kind, client, t, submission=name == "fetch")
+            r = after(kind, client, at[since], submission=name == "fetch")
             if r is None:
                 break
-            at[f"{name}.start"], at[f"{name}.end"], t = r["start"], r["end"], r["end"]
+            at[f"{name}.start"], at[f"{name}.end"] = r["start"], r["end"]
         else:
             for step, a, b in PATH_STEPS:
                 steps[step].append(at[b] - at[a])

@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)  # `kill` stops what we started, as Ctrl-C does
-    con = Console(stderr=args.json, width=None if sys.stdout.isatty() else 150)
+    con = report_console(Console, args.json)
     trace = args.trace or default_data_dir() / "philly" / "philly.csv"
     if not trace.is_file():
         con.print(f"[red]error:[/] trace {trace} not found (set --trace or APPORTION_DATA_DIR)")
@@ -517,6 +517,106 @@ def main(argv: list[str] | None = None) -> int:
             stack.stop()
 
 
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _pp(x: float | None) -> str:  # no budget had allocated work waiting at a sample: no deficit to show
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _secs(x: float | None) -> str:
+    return "-" if x is None else (f"{x:.0f}s" if x < 3600 else f"{x / 3600:.1f}h")
+
+
+#: Columns the report is laid out for: its tables and lines fit an 80-column terminal.
+REPORT_WIDTH = 80
+
+
+def report_console(Console: Any, to_stderr: bool) -> Any:
+    """The console the main job prints on: the terminal's width up to :data:`REPORT_WIDTH` (80 columns when
+    not a terminal); every line it prints wraps there."""
+    return Console(stderr=to_stderr, width=min(REPORT_WIDTH, Console(stderr=to_stderr).width))
+
+
+def report_tables(slice_: str, live: Any, sim: Any, wall_replay: float, sim_wall: float, Table: Any) -> list[Any]:
+    """The report's three tables, each at most :data:`REPORT_WIDTH` columns wide for a budget path of up to 16
+    characters: per budget a ``live`` row and a ``sim`` row under it (share vs occupancy; goodput and work lost),
+    then the cluster's live and simulated figures side by side. No cell is ever cut."""
+    from rich import box
+
+    def table(title: str, *cols: str) -> Any:
+        t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, title_justify="left")
+        for col in cols:
+            t.add_column(col, justify="left" if col in ("budget", "run", "") else "right", no_wrap=True)
+        return t
+
+    t = table(
+        f"per budget over {slice_}: share vs occupancy (of capacity); preemptions (most of a job)",
+        "budget",
+        "run",
+        "share",
+        "alloc",
+        "free",
+        "wait p50/p95",
+        "preempt (most)",
+    )
+    g = table(
+        f"per budget over {slice_}: goodput and work lost (share deficit in pp)",
+        "budget",
+        "run",
+        "deficit",
+        "goodput",
+        "lost GPU-h (%)",
+        "done",
+        "JCT p50/p95",
+    )
+    for a, b in zip(live.budgets, sim.budgets):
+        for run, r in (("live", a), ("sim", b)):
+            first, last = run == "live", run == "sim"
+            t.add_row(
+                a.path if first else "",
+                run,
+                _pct(a.abs_share) if first else "",
+                _pct(r.alloc_share),
+                _pct(r.free_share),
+                f"{_secs(r.wait_p50_s)}/{_secs(r.wait_p95_s)}",
+                f"{r.preemptions} ({r.max_preemptions_per_job})",
+                end_section=last,
+            )
+            g.add_row(
+                a.path if first else "",
+                run,
+                _pp(r.mean_deficit_pp),
+                _pct(r.goodput),
+                f"{r.lost_gpu_h:,.0f} ({r.lost_pct:.1f}%)",
+                str(r.completed),
+                f"{_secs(r.jct_p50_s)}/{_secs(r.jct_p95_s)}",
+                end_section=last,
+            )
+    c = table("cluster", "", "live stack", "simulator")
+    rows: tuple[tuple[str, Any], ...] = (
+        ("jobs submitted / placed", lambda r: f"{r.jobs} / {r.placed}"),
+        ("GPU utilisation", lambda r: _pct(r.utilisation)),
+        ("wait p50 / p95", lambda r: f"{_secs(r.wait_p50_s)} / {_secs(r.wait_p95_s)}"),
+        ("share deficit mean / max (pp)", lambda r: f"{_pp(r.mean_deficit_pp)} / {_pp(r.max_deficit_pp)}"),
+        ("goodput", lambda r: _pct(r.goodput)),
+        ("work lost GPU-h (% of held)", lambda r: f"{r.lost_gpu_h:,.0f} ({r.lost_pct:.1f}%)"),
+        ("jobs completed", lambda r: str(r.completed)),
+        ("JCT p50 / p95", lambda r: f"{_secs(r.jct_p50_s)} / {_secs(r.jct_p95_s)}"),
+        ("preemptions", lambda r: str(r.preemptions)),
+        (
+            "preemptions per job-h / most of a job",
+            lambda r: f"{r.preemptions_per_job_hour:.4f} / {r.max_preemptions_per_job}",
+        ),
+        ("protection violations", lambda r: str(r.violations)),
+    )
+    for label, cell in rows:
+        c.add_row(label, cell(live), cell(sim))
+    c.add_row("wall time", f"{wall_replay:.0f} s replay", f"{sim_wall:.1f} s")
+    return [t, g, c]
+
+
 def _report(
     con: Any,
     args: argparse.Namespace,
@@ -529,15 +629,6 @@ def _report(
     verdict: dict[str, Any],
     Table: Any,
 ) -> int:
-    def pct(x: float) -> str:
-        return f"{100 * x:.1f}%"
-
-    def pp(x: float | None) -> str:  # no budget had allocated work waiting at a sample: no deficit to show
-        return "-" if x is None else f"{x:.2f}"
-
-    def secs(x: float | None) -> str:
-        return "-" if x is None else (f"{x:.0f}s" if x < 3600 else f"{x / 3600:.1f}h")
-
     diffs = [(abs(a.alloc_share - b.alloc_share) * 100, a.path) for a, b in zip(live.budgets, sim.budgets)]
     diffs.append((abs(live.utilisation - sim.utilisation) * 100, "utilisation"))
     worst, worst_what = max(diffs)
@@ -562,92 +653,8 @@ def _report(
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return 0 if agree and verdict["ok"] else 1
-    t = Table(title=f"per budget over {args.slice}: share vs occupancy (allocated / unallocated, of capacity)")
-    for col in (
-        "budget",
-        "share",
-        "live alloc",
-        "sim alloc",
-        "live free",
-        "sim free",
-        "live wait p50/p95",
-        "sim wait p50/p95",
-        "live preempt",
-        "sim preempt",
-    ):
-        t.add_column(col, justify="left" if col == "budget" else "right")
-    for a, b in zip(live.budgets, sim.budgets):
-        t.add_row(
-            a.path,
-            pct(a.abs_share),
-            pct(a.alloc_share),
-            pct(b.alloc_share),
-            pct(a.free_share),
-            pct(b.free_share),
-            f"{secs(a.wait_p50_s)}/{secs(a.wait_p95_s)}",
-            f"{secs(b.wait_p50_s)}/{secs(b.wait_p95_s)}",
-            str(a.preemptions),
-            str(b.preemptions),
-        )
-    con.print(t)
-    g = Table(title=f"per budget over {args.slice}: goodput and work lost (live / simulator)")
-    for col in (
-        "budget",
-        "share deficit pp",
-        "goodput",
-        "work lost GPU-h (% of held)",
-        "completed",
-        "JCT p50/p95",
-        "most preemptions",
-    ):
-        g.add_column(col, justify="left" if col == "budget" else "right")
-    for a, b in zip(live.budgets, sim.budgets):
-        g.add_row(
-            a.path,
-            f"{pp(a.mean_deficit_pp)} / {pp(b.mean_deficit_pp)}",
-            f"{pct(a.goodput)} / {pct(b.goodput)}",
-            f"{a.lost_gpu_h:,.0f} ({a.lost_pct:.1f}%) / {b.lost_gpu_h:,.0f} ({b.lost_pct:.1f}%)",
-            f"{a.completed} / {b.completed}",
-            f"{secs(a.jct_p50_s)}/{secs(a.jct_p95_s)} / {secs(b.jct_p50_s)}/{secs(b.jct_p95_s)}",
-            f"{a.max_preemptions_per_job} / {b.max_preemptions_per_job}",
-        )
-    con.print(g)
-    s = Table(title="cluster")
-    for col in ("", "live stack", "simulator"):
-        s.add_column(col, justify="right")
-    s.add_row("jobs submitted / placed", f"{live.jobs} / {live.placed}", f"{sim.jobs} / {sim.placed}")
-    s.add_row("GPU utilisation", pct(live.utilisation), pct(sim.utilisation))
-    s.add_row(
-        "wait p50 / p95",
-        f"{secs(live.wait_p50_s)} / {secs(live.wait_p95_s)}",
-        f"{secs(sim.wait_p50_s)} / {secs(sim.wait_p95_s)}",
-    )
-    s.add_row(
-        "share deficit mean / max (pp)",
-        f"{pp(live.mean_deficit_pp)} / {pp(live.max_deficit_pp)}",
-        f"{pp(sim.mean_deficit_pp)} / {pp(sim.max_deficit_pp)}",
-    )
-    s.add_row("goodput", pct(live.goodput), pct(sim.goodput))
-    s.add_row(
-        "work lost GPU-h (% of held)",
-        f"{live.lost_gpu_h:,.0f} ({live.lost_pct:.1f}%)",
-        f"{sim.lost_gpu_h:,.0f} ({sim.lost_pct:.1f}%)",
-    )
-    s.add_row("jobs completed", str(live.completed), str(sim.completed))
-    s.add_row(
-        "JCT p50 / p95",
-        f"{secs(live.jct_p50_s)} / {secs(live.jct_p95_s)}",
-        f"{secs(sim.jct_p50_s)} / {secs(sim.jct_p95_s)}",
-    )
-    s.add_row("preemptions", str(live.preemptions), str(sim.preemptions))
-    s.add_row(
-        "preemptions per job-hour / most of one job",
-        f"{live.preemptions_per_job_hour:.4f} / {live.max_preemptions_per_job}",
-        f"{sim.preemptions_per_job_hour:.4f} / {sim.max_preemptions_per_job}",
-    )
-    s.add_row("protection violations", str(live.violations), str(sim.violations))
-    s.add_row("wall time", f"{wall_replay:.0f} s replay", f"{sim_wall:.1f} s")
-    con.print(s)
+    for table in report_tables(args.slice, live, sim, wall_replay, sim_wall, Table):
+        con.print(table)
     con.print(
         f"{records:,} records in the log, {dead_letters} dead letters. Largest difference live vs simulator "
         f"(per-budget allocated share, utilisation): {worst:.2f} pp ({worst_what}); tolerance "
@@ -670,15 +677,16 @@ def _print_verdict(con: Any, v: dict[str, Any]) -> None:
         f"re-checked, {v['wall_s']:.1f} s"
     )
     if v["ok"]:
-        con.print(f"audit verify: [green]OK[/] ({what})", soft_wrap=True)
+        con.print(f"audit verify: [green]OK[/] ({what})")
         return
     n = len(v["mismatches"])
-    con.print(f"audit verify: [red]FAILED[/], {n} mismatches, first at {v['first_offset']} ({what})", soft_wrap=True)
+    con.print(f"audit verify: [red]FAILED[/], {n} mismatches, first at {v['first_offset']} ({what})")
     for m in v["mismatches"][:5]:
-        con.print(f"  {m['check']} {m['offset'] or '-'} {m['at'] or '-'} {m['subject']}: {m['detail']}", soft_wrap=True)
+        con.print(f"  {m['check']} {m['offset'] or '-'} {m['at'] or '-'} {m['subject']}: {m['detail']}")
     if n > 5:
         con.print(f"  ... {n - 5} more in report.json")
-    con.print(f"  offline: apportion audit verify --from-file {v['export']}", soft_wrap=True)
+    con.print("  offline:")
+    con.print(f"  apportion audit verify --from-file {v['export']}", soft_wrap=True)  # a command to copy: uncut
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from services.dispatcher.service import (
     BATCH_BYTES,
     LINGER_MS,
     DispatcherService,
+    KeysMoved,
     lead_term,
     rebuild_and_start,
 )
@@ -53,9 +54,16 @@ async def run(
     r = redis_lib.Redis.from_url(w.conn.redis_url, **redis_auth())
     lease = Lease(r, settings.owner(), settings.lease_ttl_wall_s)
 
+    async def terms() -> None:  # one after another while a term ends on keys it had not read (KeysMoved)
+        while await _lead(settings, stop, w, r, lease, metrics, ready):
+            # the next term's init_transactions fences whoever holds the transactional id: only while the
+            # lease is still ours (renewed, never a new token); else back to standby, which acquires anew
+            if not await asyncio.to_thread(lease.renew):
+                return
+            log.info("leading again with token %d, rebuilt from the log with the keys read", lease.token)
+
     async def standby_and_lead() -> None:
-        term = partial(_lead, settings, stop, w, r, lease, metrics, ready)
-        await lead_when_elected(lease, w.conn.bootstrap, w.readiness, stop, metrics["leader"], term)
+        await lead_when_elected(lease, w.conn.bootstrap, w.readiness, stop, metrics["leader"], terms)
 
     try:
         await w.supervise("dispatcher", standby_and_lead, stop)
@@ -72,8 +80,12 @@ async def _lead(
     lease: Any,
     metrics: dict,
     ready: asyncio.Event | None,
-) -> None:
-    """One term as the leader: rebuild from the snapshot (if it fits) and the log, then decide until ``stop``."""
+) -> bool:
+    """One term as the leader: rebuild from the snapshot (if it fits) and the log, then decide until ``stop``.
+
+    Returns True when the term ended on key events it had not read when it judged a batch that they bear on
+    (:class:`KeysMoved`, rule D10.proven-user): its open transaction is aborted, and the next term rebuilds
+    from the log, judging that batch with them."""
     from apportion.bus.consumer import AssignedConsumer
     from apportion.bus.producer import EventProducer, Unacked, is_fenced
     from apportion.bus.service import close_quietly, follow
@@ -101,7 +113,10 @@ async def _lead(
         # ever have made visible (docs/leadership.md).
         await asyncio.to_thread(producer.init_transactions)
         sends = Unacked(producer, transactional=True)  # one transaction per loop iteration (Term.handle)
-        consumer = await asyncio.to_thread(AssignedConsumer, conn.bootstrap, inputs, "dispatcher")
+        # the key read-ahead overlaps the decisions: each commit waits for it (Term.prove)
+        consumer = await asyncio.to_thread(
+            partial(AssignedConsumer, conn.bootstrap, inputs, "dispatcher", overlap=True)
+        )
     except BaseException:
         await close_quietly(consumer, producer)
         raise
@@ -116,10 +131,16 @@ async def _lead(
     beating = asyncio.create_task(keeper.beats(), name="lease-beats")
     try:
         if not await rebuild_and_start(term, settings, consumer, r, lease, stop):
-            return
+            return False
         w.became_ready(ready)
         await follow(consumer.poll, term.handle, stop, term.poll_ms)
         await asyncio.to_thread(term.close)  # a clean stop: commit what is open (the lease checked)
+        return False
+    except KeysMoved as exc:
+        log.warning("%s: its decisions are aborted and decided again after a rebuild", exc)
+        if sends.open:  # raises when the broker is gone (the next term's init_transactions aborts it then)
+            await asyncio.to_thread(producer.abort)
+        return not stop.is_set()
     except Exception as exc:
         # a newer leader took the transactional id over (it took the lease first, so the lease says so
         # even while kafka-python still takes the refused produce for an epoch to bump)

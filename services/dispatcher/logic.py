@@ -11,7 +11,9 @@ Kafka or Redis:
 * :func:`read_model` - the ``apportion:rm:jobs`` / ``apportion:rm:nodes`` rows
   (:mod:`apportion.readmodel`), with each pending job's position in the
   fair-share order and its pending reason, from the engine's own cycle
-  (:mod:`apportion.domain.engine.reasons`).
+  (:mod:`apportion.domain.engine.reasons`);
+* :func:`keys_bear` - whether key events read after a batch was judged change
+  how any record of it was judged (rule D10.proven-user, at the commit).
 """
 
 from __future__ import annotations
@@ -171,8 +173,11 @@ def read_model(
 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """Rows of ``apportion:rm:jobs`` and ``apportion:rm:nodes`` at ``now_us``.
 
-    Pending jobs get ``position``: their 0-based place in the fair-share
-    order a cycle would walk now (budget order, then submitted_at, job_id),
+    Pending jobs get ``position``: their 0-based place in the order a cycle
+    would walk now (rule D3.scheduling-cycle): every allocated job in
+    fair-share order (budget order, then submitted_at, job_id), then every
+    unallocated one, leaf by leaf in the budget order at the start of the
+    cycle (the options D3.free-order and D3.free-las reorder these in the cycle),
     and why they wait: the engine's cycle at ``now_us`` on the same snapshot,
     asked to explain (``run_cycle(..., explain=True)``), gives each job it
     leaves pending a typed reason; ``reason`` is its one-line text
@@ -198,10 +203,10 @@ def read_model(
     snap = state.cycle_snapshot(now_us)
     # the order counts an array's elements held back by its limit: they keep their place in it
     pending = {leaf: jobs for leaf, jobs in state.pending_now(now_us, arrays=False).items() if snap.tree.is_leaf(leaf)}
-    position: dict[str, int] = {}
-    queue = FairShareQueue(snap.tree, snap.occupancy, snap.capacity_gpu_s, pending)
-    for i, (_, job) in enumerate(queue):
-        position[job.job_id] = i
+    # the order the cycle walks: every allocated job in fair-share order, then the unallocated ones (pass 2)
+    walk = [job for _, job in FairShareQueue(snap.tree, snap.occupancy, snap.capacity_gpu_s, pending)]
+    ranked = [job for job in walk if job.allocated] + [job for job in walk if not job.allocated]
+    position = {job.job_id: i for i, job in enumerate(ranked)}
     jobs: dict[str, dict[str, Any]] = {}
     reasons: dict[str, PendingReason] = {}
     placeable: set[str] = set()
@@ -294,3 +299,36 @@ def heartbeats(state: DispatchState) -> dict[str, str]:
     return {
         nid: from_us(n.last_heartbeat_us).isoformat() for nid, n in state.cluster.nodes.items() if n.last_heartbeat_us
     }
+
+
+def keys_bear(late: Iterable[Any], folded: Iterable[Any]) -> bool:
+    """Rule D10.proven-user at the commit: would the key records ``late`` change how a record of ``folded``
+    was judged (both kafka-python records, ``late`` read after ``folded`` was judged)?
+
+    The key registry judges a signed record only through the key that signed it
+    (:meth:`apportion.identity.registry.KeyRegistry.principal`) and, for a decision, whether the dispatcher
+    has a key at all (:func:`apportion.domain.admission.authorize_report`). So a late registration or
+    revocation bears when its key signed a record of ``folded`` (in either signed form:
+    :func:`apportion.identity.canonical.signer_of`), or when it is the dispatcher's. A late record that is
+    not a key event (undecodable, or another event of the topic) bears on nothing.
+    """
+    from apportion.domain.admission import DISPATCHER
+    from apportion.events import DecodeError, UserKeyRegistered, UserKeyRevoked, decode
+    from apportion.identity.canonical import signer_of
+
+    keys = set()
+    for rec in late:
+        try:
+            ev = decode(rec.value)
+        except DecodeError:
+            continue
+        if isinstance(ev, (UserKeyRegistered, UserKeyRevoked)):
+            if ev.user == DISPATCHER:
+                return True
+            keys.add(ev.public_key)
+    if not keys:
+        return False
+    return any(
+        rec.value is not None and (signer_of(rec.value) in keys or signer_of(rec.value, appended=True) in keys)
+        for rec in folded
+    )

@@ -115,6 +115,16 @@ TICK_GAP_MAX_S = 0.1
 #: Wall seconds between two probes of the broker while nothing is read (:meth:`Term.sight`).
 PROBE_EVERY_WALL_S = 0.25
 
+#: Batches a term may fold without a proof of the keys before it waits for one (:meth:`Term.prove`): polls of
+#: heartbeats alone commit nothing, so nothing else waits for their proof.
+UNPROVEN_MAX = 100
+
+
+class KeysMoved(Exception):
+    """Key events the reader had not read when it judged a batch change how a record of it was judged (rule
+    D10.proven-user): nothing decided since the last proof may be committed; the term aborts its transaction
+    and a new one rebuilds from the log (:mod:`services.dispatcher.app`)."""
+
 
 class TickPacer:
     """When the leader loop runs a tick: on news, but cycles spaced to a share of the wall time.
@@ -583,6 +593,11 @@ class Term:
             consumer has read each (``"topic:partition"`` -> offset; run in a worker thread). A tick that
             would declare a node lost by heartbeat timeout waits until the positions reach end offsets
             taken after that node came due (rule D3.loss-barrier, :meth:`read_barrier`). ``None``: no barrier.
+        settle: the proof of the keys (rule D10.proven-user): ``settle(wait)`` waits (``wait`` False: only if
+            answered already, else returns ``None``) for the key topic's end offsets the last poll asked for
+            and returns the key records up to them that the reader had not read
+            (:meth:`apportion.bus.consumer.AssignedConsumer.settle`). Every commit waits for it
+            (:meth:`prove`). ``None``: the poll read the keys to their end itself.
     """
 
     def __init__(
@@ -603,13 +618,17 @@ class Term:
         pending: Callable[[], bool] | None = None,
         ends: Callable[[], Mapping[str, int]] | None = None,
         positions: Callable[[], Mapping[str, int]] | None = None,
+        settle: Callable[[bool], list[Any] | None] | None = None,
     ) -> None:
         self.svc, self.settings, self._m = svc, settings, metrics
+        self.settle = settle
+        self.unproven: list[list[Any]] = []  # the batches folded since the last proof of the keys (settle)
         self.pending = pending
         self.ends, self.positions = ends, positions
         self.barrier: Mapping[str, int] | None = None  # the end offsets a loss waits for (read_barrier)
         self.barrier_for: frozenset[str] = frozenset()  # the nodes due when they were taken
-        self.check_lease, self.lost, self.flush, self.check_delivered = check_lease, lost, flush, check_delivered
+        self.check_lease, self.lost, self.check_delivered = check_lease, lost, check_delivered
+        self._flush = flush
         self.write_read_model, self.write_snapshot, self.commit, self.now = (
             write_read_model,
             write_snapshot,
@@ -711,6 +730,8 @@ class Term:
         No tick while the term is blind (:meth:`sight`).
         """
         svc, pacer = self.svc, self.pacer
+        if batch and self.settle is not None:
+            self.unproven.append(batch)
         out = await self.sight(batch)
         more, news = svc.ingest(batch) if batch else ([], False)
         out += more
@@ -756,6 +777,36 @@ class Term:
             self.unflushed = False
             await asyncio.to_thread(self.write_snapshot)
             self.last_snap = self.now()
+        if len(self.unproven) > UNPROVEN_MAX:  # folded, nothing committed: wait for the proof
+            await asyncio.to_thread(self.prove)
+        elif self.unproven:  # proven if the answer is in (no wait: on the loop)
+            self.prove(wait=False)
+
+    def prove(self, wait: bool = True) -> None:
+        """Rule D10.proven-user at the commit: the batches folded since the last proof were judged with every
+        key event appended before them, or :class:`KeysMoved` is raised.
+
+        A poll returns its records without waiting for the key topic's end offsets (asked after the records
+        were read, on another connection); the term judges and decides on them meanwhile, and waits for the
+        answer here, before anything decided is committed (:meth:`flush`; a ``read_committed`` reader sees
+        nothing of a transaction before). The key records up to those end offsets that the reader had not
+        read are read now; when none of them bears on a record folded since the last proof
+        (:func:`logic.keys_bear`), every judgment stands, as if the poll had read them first, and they are
+        folded at the head of the next batch. ``wait`` False: only if the answer is in already.
+        """
+        if self.settle is None or not self.unproven:
+            return
+        late = self.settle(wait)
+        if late is None:
+            return
+        folded, self.unproven = self.unproven, []
+        if late and logic.keys_bear(late, (rec for batch in folded for rec in batch)):
+            raise KeysMoved(f"{len(late)} key records read after the batch they bear on was judged")
+
+    def flush(self) -> None:
+        """Prove the keys of what was folded (:meth:`prove`), then ``flush`` (commit) what was sent."""
+        self.prove()
+        self._flush()
 
     async def read_barrier(self) -> bool:
         """Rule D3.loss-barrier: whether the tick due now may run.
@@ -842,6 +893,7 @@ def lead_term(
         pending=(lambda: sends.open) if sends.transactional else None,
         ends=consumer.end_offsets_now,
         positions=consumer.positions,
+        settle=consumer.settle if consumer.overlap else None,
     )
 
 

@@ -97,6 +97,12 @@ class KafkaFailure(ApportionError, ConnectionError):
         super().__init__(f"Kafka at {bootstrap}: {said if said.startswith(kind) else f'{kind}: {said}'}")
 
 
+def kafka_address(bootstrap: str | None) -> str:
+    """The Kafka to talk to: ``bootstrap`` when given, else as :meth:`Connection.resolve` finds it. A Kafka given
+    needs no Redis, so the marker of a stopped stack (which names neither) does not refuse it."""
+    return bootstrap or Connection.resolve().bootstrap
+
+
 @contextmanager
 def _kafka_failures(bootstrap: str | None) -> Iterator[None]:
     """Turn kafka-python's exceptions (of many types) raised inside into :class:`KafkaFailure`."""
@@ -104,7 +110,7 @@ def _kafka_failures(bootstrap: str | None) -> Iterator[None]:
         yield
     except Exception as exc:
         if type(exc).__module__.startswith("kafka"):
-            raise KafkaFailure(Connection.resolve(bootstrap=bootstrap).bootstrap, exc) from exc
+            raise KafkaFailure(kafka_address(bootstrap), exc) from exc
         raise
 
 
@@ -228,6 +234,8 @@ def _submission(
         jid = check_job_id(job_id) if job_id is not None else new_job_id(user)
     except ValueError as exc:
         raise InvalidSubmission("job_id", str(exc)) from None
+    if isinstance(command, (str, bytes)):  # tuple() of a string is its characters, each run as an argument
+        raise InvalidSubmission("command", f"give the command as a list of arguments, e.g. {command.split()!r}")
     return events.JobSubmitted(
         job_id=jid,
         budget=budget,
@@ -276,6 +284,10 @@ def parse_env(
         value = value.strip()
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
             value = value[1:-1]
+        try:
+            events.check_env({name.strip(): value})  # here, to name the line; the whole env is checked below
+        except ValueError as exc:
+            raise ValueError(f"{file_name}, line {n}: {exc}") from None
         env[name.strip()] = value
     for pair in pairs:
         name, eq, value = pair.partition("=")
@@ -296,9 +308,8 @@ def publish(*evts: events.Event, bootstrap: str | None = None) -> list[int]:
     """Publish events in order and wait for the broker's acknowledgement; returns each record's offset."""
     from apportion.bus.producer import EventProducer
 
-    conn = Connection.resolve(bootstrap=bootstrap)
     producer = EventProducer(
-        conn.bootstrap,
+        kafka_address(bootstrap),
         client_id="apportion-client",
         max_block_ms=8000,
         bootstrap_timeout_ms=5_000,
@@ -414,7 +425,7 @@ def enrol(
     ring = ring or keyring_dir()
     if ring is None:
         raise LookupError("no development keyring (APPORTION_KEYRING)")
-    where = f"{Connection.resolve(bootstrap=bootstrap).bootstrap}|{topic_prefix()}"
+    where = f"{kafka_address(bootstrap)}|{topic_prefix()}"
     marks = ring / ".registered" / hashlib.sha256(where.encode()).hexdigest()[:16]
     out, todo = [], []
     for name in names:
@@ -802,9 +813,9 @@ class VerdictWatcher:
         from apportion.topics import JOBS
 
         self._keys = {j.encode("utf-8") for g in self._groups for j in g}
-        conn = Connection.resolve(bootstrap=bootstrap)
+        kafka = kafka_address(bootstrap)
         self._kc = KafkaConsumer(
-            bootstrap_servers=conn.bootstrap,
+            bootstrap_servers=kafka,
             group_id=None,
             enable_auto_commit=False,
             request_timeout_ms=10_000,
@@ -819,7 +830,7 @@ class VerdictWatcher:
         if not parts:
             self._kc.close()
             raise LookupError(
-                f"topic {topic_name(JOBS)} does not exist at {conn.bootstrap}: the namespace is not provisioned "
+                f"topic {topic_name(JOBS)} does not exist at {kafka}: the namespace is not provisioned "
                 "(python -m apportion.bus.provision, or apportion stack up)"
             )
         self._kc.assign(parts)

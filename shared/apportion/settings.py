@@ -8,7 +8,8 @@ Resolution order for each address (first wins):
 3. ``stack.env`` of the local stack started by ``make up`` / ``apportion stack up``:
    in ``APPORTION_STACK_DIR`` when set, else the nearest ``.run/`` in the current
    directory or one of its parents (as git finds ``.git``; after ``apportion stack down``
-   its ``researcher/stack.env``, the marker of the stopped stack), else the per-user
+   its ``researcher/stack.env``, the marker of the stopped stack, unless a stack started since
+   wrote the per-user state file), else the per-user
    state file ``$XDG_STATE_HOME/apportion/stack.env`` (default
    ``~/.local/state/apportion/stack.env``) that ``apportion stack up`` writes,
    so the CLI finds the stack from any folder;
@@ -73,12 +74,13 @@ def stack_env_path() -> Path | None:
         here = Path.cwd()
     except OSError:  # the working directory was removed
         here = None
+    user = user_stack_env()
     for d in (here, *here.parents) if here is not None else ():
         if (d / ".run" / "stack.env").is_file():
             return d / ".run" / "stack.env"
         if _is_stopped_marker(d / ".run" / "researcher" / "stack.env"):  # the owner's, after `down`
-            return d / ".run" / "researcher" / "stack.env"
-    user = user_stack_env()
+            # `down` removed the per-user file naming this stack: one there now is of a stack started since
+            return user if user.is_file() else d / ".run" / "researcher" / "stack.env"
     return user if user.is_file() else None
 
 

@@ -280,10 +280,10 @@ def test_submit_reports_the_dispatchers_rejection(budgets: Stack) -> None:
     res = budgets.run(
         "submit", "-b", "lab/prior/robotics", "-g", "1", "-m", "1h", "--duration", "1h", "-u", "mallory", code=1
     )
-    assert _error(res).startswith("rejected: not_a_member: ")
+    assert _error(res).startswith("error: rejected: not_a_member: ")
     assert res.stdout == ""  # not "submitted ..." first: the job was not taken
     res = budgets.run("submit", "-b", "lab/prior", "-g", "1", "-m", "1h", "--duration", "1h", "-u", "bob", code=1)
-    assert _error(res).startswith("rejected: not_a_leaf: ")
+    assert _error(res).startswith("error: rejected: not_a_leaf: ")
 
 
 def test_cancel_waits_for_the_dispatcher_and_refuses_what_is_not_there(budgets: Stack) -> None:

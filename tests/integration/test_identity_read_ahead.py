@@ -37,7 +37,12 @@ def _first_batch_with(consumer: AssignedConsumer, topic: str) -> list[Any]:
 
 
 def _held_back_batch(
-    kafka_bootstrap: str, other: str, *, read_ahead: bool, own: Callable[[Any], bool] | None = None
+    kafka_bootstrap: str,
+    other: str,
+    *,
+    read_ahead: bool,
+    own: Callable[[Any], bool] | None = None,
+    overlap: bool = False,
 ) -> tuple[list[Any], bytes, AssignedConsumer]:
     """Budgets held back, a registration then a record on ``other`` appended; the batch that returns the latter."""
     from kafka import KafkaProducer
@@ -48,6 +53,7 @@ def _held_back_batch(
         f"test-{uuid.uuid4().hex[:12]}",
         tail={topic_name(BUDGETS): 0},
         read_ahead=read_ahead,
+        overlap=overlap,
     )
     try:  # the caller closes the consumer it is handed; one that is not handed over is closed here
         consumer.own = own
@@ -97,5 +103,20 @@ def test_a_poll_of_only_the_readers_own_records_reads_no_keys_ahead(
     try:
         assert [r.value for r in batch] == [b"submission"]
         assert consumer.identity_read_aheads == 0
+    finally:
+        consumer.close()
+
+
+def test_overlapped_the_poll_returns_at_once_and_the_settle_reads_the_registration_for_the_next_poll(
+    kafka_bootstrap: str, kafka_topic_factory: Callable[..., str]
+) -> None:
+    # the dispatcher's way: judged meanwhile, the registration found before the commit and folded next
+    batch, marker, consumer = _held_back_batch(kafka_bootstrap, kafka_topic_factory(), read_ahead=True, overlap=True)
+    try:
+        assert [r.value for r in batch] == [b"submission"]
+        assert [r.value for r in consumer.settle() or []] == [marker]
+        assert consumer.settle() == []  # nothing asked since
+        assert [r.value for r in consumer.poll(200)] == [marker]  # at the head of the next poll, once
+        assert consumer.poll(200) == []
     finally:
         consumer.close()

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from kafka.future import Future
+
 from apportion import events
 from apportion.clock import ManualClock
 from apportion.events import (
@@ -84,6 +86,45 @@ class ListLog:
         return batch
 
 
+class Producer:
+    """Records ``begin``/``send``/``commit``/``abort`` in order; every send is acknowledged at once.
+
+    ``at_commit`` False: each record reaches the log when sent (what a reader of uncommitted records sees);
+    True: at the commit, and never after an abort (what a ``read_committed`` reader sees).
+    """
+
+    def __init__(self, log: ListLog, *, at_commit: bool = False) -> None:
+        self.log = log
+        self.at_commit = at_commit
+        self.calls: list[str] = []
+        self.staged: list[tuple[Any, bytes]] = []
+
+    def begin(self) -> None:
+        self.calls.append("begin")
+
+    def send_many(self, sent: list[tuple[Any, bytes]]) -> list[Future]:
+        futures = []
+        for e, value in sent:
+            self.calls.append(e.type)
+            if self.at_commit:
+                self.staged.append((e, value))
+            else:
+                self.log.publish([(e, value)])
+            f = Future()
+            f.success("acked")
+            futures.append(f)
+        return futures
+
+    def commit(self) -> None:
+        self.calls.append("commit")
+        staged, self.staged = self.staged, []
+        self.log.publish(staged)
+
+    def abort(self) -> None:
+        self.calls.append("abort")
+        self.staged = []
+
+
 class NoQueue:
     """The metrics' ``queue`` of a term under test: heartbeat ages go nowhere."""
 
@@ -113,21 +154,18 @@ def timed_out_leader(publish: Callable[[list[tuple[Event, bytes]]], Any], clock:
 
 def quiet_term(svc: DispatcherService, settings: DispatcherSettings, now: Callable[[], float], **kw: Any) -> Term:
     """A leader's :class:`Term` with nothing of Kafka or Redis: no lease, flush, read model, snapshot or commit
-    (each a no-op), ``now`` as its wall clock, ``kw`` as given (``reachable``, ``ends``, ``positions``)."""
-    return Term(
-        svc,
-        settings,
-        {"queue": NoQueue()},
-        check_lease=lambda: None,
-        lost=threading.Event(),
-        flush=lambda: None,
-        check_delivered=lambda: None,
-        write_read_model=lambda: None,
-        write_snapshot=lambda: None,
-        commit=lambda: None,
-        now=now,
-        **kw,
-    )
+    (each a no-op unless ``kw`` gives it), ``now`` as its wall clock, ``kw`` as given (``reachable``, ``ends``,
+    ``positions``, ``pending``, ``settle``, or one of the no-ops)."""
+    parts: dict[str, Any] = {
+        "check_lease": lambda: None,
+        "lost": threading.Event(),
+        "flush": lambda: None,
+        "check_delivered": lambda: None,
+        "write_read_model": lambda: None,
+        "write_snapshot": lambda: None,
+        "commit": lambda: None,
+    }
+    return Term(svc, settings, {"queue": NoQueue()}, now=now, **{**parts, **kw})
 
 
 def log_records(log: ListLog) -> list[LogRecord]:

@@ -291,3 +291,18 @@ def test_accounting_ignores_node_reports_their_node_did_not_sign():
     letters = [e for e in published if isinstance(e, DeadLetter)]
     assert sorted(e.error.split(":")[0] for e in letters) == [UNAUTHENTICATED_NODE] * 2
     assert svc.intake.stats.unauthenticated_node == 2
+
+
+def test_the_policy_rejects_a_default_time_limit_above_the_max_in_force():
+    t0 = fold_budget_log(LOG[:3])
+    bad = budget_set("lab/b", 0.25, at=h(1)).model_copy(
+        update={"default_time_limit_s": 7200.0, "max_time_limit_s": 3600.0}
+    )
+    t1, rej = pol_logic.check_budget_event(t0, bad)
+    assert rej is not None and t1 == t0
+    assert (rej.reason, rej.message) == (
+        "bad_time_limit",
+        "default time limit 2h of 'lab/b' is above its max time limit 1h: every job that gives no time limit "
+        "would be refused; lower the default or raise the maximum",
+    )
+    assert fold_budget_log([*LOG[:3], bad]) == t0  # every reader skips it

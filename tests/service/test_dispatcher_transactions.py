@@ -22,31 +22,7 @@ from apportion.clock import ManualClock
 from services.dispatcher.config import DispatcherSettings
 from services.dispatcher.lease import LeadershipLost
 from services.dispatcher.service import DispatcherService, Term
-from tests.kit.dispatcher import INPUTS, T0, FixedLease, ListLog, NoQueue, history, submit
-
-
-class Producer:
-    """Records ``begin``/``send``/``commit`` in order; every send is acknowledged at once."""
-
-    def __init__(self, log: ListLog) -> None:
-        self.log = log
-        self.calls: list[str] = []
-
-    def begin(self) -> None:
-        self.calls.append("begin")
-
-    def send_many(self, sent: list[tuple[Any, bytes]]) -> list[Future]:
-        futures = []
-        for e, value in sent:
-            self.calls.append(e.type)
-            self.log.publish([(e, value)])
-            f = Future()
-            f.success("acked")
-            futures.append(f)
-        return futures
-
-    def commit(self) -> None:
-        self.calls.append("commit")
+from tests.kit.dispatcher import INPUTS, T0, FixedLease, ListLog, NoQueue, Producer, history, submit
 
 
 class Harness:

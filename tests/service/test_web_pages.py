@@ -207,6 +207,7 @@ def test_history_page_lists_every_job_newest_first_with_the_cli_values(tmp_path:
     assert 'data-field="wait_s" data-value="null">-<' in r.text  # never started
     assert 'data-field="reason" data-value="unknown_budget: no budget &#39;lab/nlp&#39;"' in r.text
     assert 'href="/history" class="on"' in r.text
+    assert "pending and running ones too (<code>apportion history</code> lists the finished ones)" in r.text
 
 
 def test_my_jobs_filters_history_and_queue_by_user_and_budget(tmp_path: Path) -> None:

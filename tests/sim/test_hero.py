@@ -59,6 +59,30 @@ def test_scenario_is_seeded_scaled_and_tiled() -> None:
     assert a.submit_us == T0 + s_to_us(86400)
 
 
+def test_load_multiplies_the_background_arrivals() -> None:
+    # load 3: every job of every copy three times (ids ~c, ~c.1, ~c.2), the first as without load (same
+    # offsets), the others each with its own offset of at most an hour; load 2.5: two or three times
+    src = [_bg("j1", 0, 1), _bg("j2", 10, 4, "philly/y"), _bg("j3", 24, 8)]
+    tree = BudgetTree.from_mapping({"philly": 1.0, "philly/x": 0.75, "philly/y": 0.25})
+    one = hero_scenario(src, tree, 7, days=3, size=4, heroes=())
+    three = hero_scenario(src, tree, 7, days=3, size=4, heroes=(), load=3)
+    assert hero_scenario(src, tree, 7, days=3, size=4, heroes=(), load=1) == one
+    base = {j.job_id: j for j in one.jobs}
+    by_id = {j.job_id: j for j in three.jobs}
+    assert len(base) == 8 and len(by_id) == 24
+    assert all(by_id[i] == j for i, j in base.items())
+    for i, j in base.items():
+        for extra in (by_id[f"{i}.1"], by_id[f"{i}.2"]):
+            assert (extra.budget, extra.gpus_per_replica, extra.replicas) == (j.budget, j.gpus_per_replica, j.replicas)
+            c = int(i.split("~")[1])
+            s0 = next(s for s in src if s.job_id == i.split("~")[0])
+            assert 0 <= extra.submit_us - s0.submit_us - c * s_to_us(24 * H) <= s_to_us(H)
+    half = {j.job_id for j in hero_scenario(src, tree, 7, days=3, size=4, heroes=(), load=2.5).jobs}
+    assert set(base) | {f"{i}.1" for i in base} <= half <= set(by_id)
+    with pytest.raises(ValueError, match="load"):
+        hero_scenario(src, tree, 7, days=3, size=4, load=0.5)
+
+
 def test_scenario_refuses_bad_heroes() -> None:
     tree = BudgetTree.from_mapping({"philly": 1.0, "philly/x": 1.0})
     with pytest.raises(ValueError, match="multiple of 8"):
@@ -155,3 +179,22 @@ def test_restart_wait_and_the_protection_in_force_at_the_preemption() -> None:
     assert sim.restarts == {"hero-a": [(3 * H, 2 * H)]}
     (row,) = hero_rows(res, sc, sim.gathering_idle_gpu_s, 8, sim._saved, sim.restarts)
     assert (row.preemptions, row.stops_d, row.restarts_h) == (1, (2 / 24,), ((3.0, 2.0),))
+
+
+def test_placed_at_the_preemption_running_once_its_victims_stopped() -> None:
+    # Two 8-GPU nodes: bg/x's unallocated 8-GPU job holds one, the other is free. hero-a (2 x 8 GPUs)
+    # arrives at 1 h: the cycle preempts the unallocated job (grace 30 s) and places the hero at once, so
+    # its start is 0 h after its submission. Its replica on the free node starts at once, the other once
+    # the victim has stopped, 20 s later (stop delay 20 s): the whole gang runs 20 s after its submission.
+    tree = BudgetTree.from_mapping({"bg": 0.5, "bg/x": 1.0, "hero": 0.5, "hero/a": 1.0})
+    nodes = tuple(hero_nodes(2, 8, 1, 1))
+    free_job = SimJob("bg-free", "bg/x", "u", T0, 8, 1, 0.0, 10 * H)
+    hero = SimJob("hero-a", "hero/a", "h", T0 + s_to_us(H), 8, 2, H, 4 * H, None, 3600.0)
+    sc = HeroScenario(tree, nodes, (free_job, hero), ("hero-a",), T0, T0 + s_to_us(3 * H))
+    cfg = SimConfig(seed=1, stop_delay_s=20.0, until_us=sc.until_us, keep_log=False)
+    sim = HeroSimulator(tree, nodes, sc.jobs, cfg, heroes=sc.heroes)
+    res = sim.run()
+    (row,) = hero_rows(res, sc, sim.gathering_idle_gpu_s, 16, sim._saved, sim.restarts, sim.running_us)
+    assert row.start_h == 0.0
+    assert row.running_h == pytest.approx(20 / 3600)
+    assert sim.running_us == {"hero-a": hero.submit_us + s_to_us(20)}

@@ -10,11 +10,13 @@ Budget tree unless stated::
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import DispatchConfig
+from apportion.domain.engine.inputs import PendingJob
 from apportion.sim.core import SimConfig, simulate
 from apportion.sim.peers.slurm import Slurm, SlurmConfig, fair_tree_factors, level_fairshare
 from tests.kit.simkit import at, decisions, job, nodes
@@ -173,3 +175,142 @@ def test_fair_tree_orders_a_whole_account_before_another():
 def test_fair_tree_without_any_usage_ties_everyone_at_the_top():
     tree = BudgetTree.from_mapping(AB)
     assert fair_tree_factors(tree, {}) == {"lab/a": 1.0, "lab/b": 1.0}
+
+
+# Backfill with reservations (sched/backfill). Two 4-GPU nodes; a1 (4 GPUs) holds n0 until 02:00, a2 (3 GPUs)
+# holds n1 until 03:00; time limits are the jobs' durations. At 00:10 the gang g (2 x 4, lab/b: no usage, so
+# first by Fair Tree) can start at 03:00 at the earliest, when both nodes are whole: it reserves n0 and n1 over
+# [03:00, 04:00). x (1 GPU, 4 h) fits now on n1's free GPU but would run into 03:00; y (1 GPU, 2 h) ends at
+# 02:30, before the reservation, and is backfilled there.
+GANG_WORLD = (
+    job("a1", "lab/a", gpus=4, duration_s=2 * H),
+    job("a2", "lab/a", gpus=3, duration_s=3 * H),
+    job("g", "lab/b", gpus=4, replicas=2, duration_s=1 * H, submit=at(0, 10)),
+    job("x", "lab/a", duration_s=4 * H, submit=at(0, 20)),
+    job("y", "lab/a", duration_s=2 * H, submit=at(0, 30)),
+)
+STARTS = (
+    "00:00:00 JobPlaced a1#1 n0[0, 1, 2, 3]",
+    "00:00:00 StartWorkload a1#1 n0",
+    "00:00:00 JobPlaced a2#1 n1[0, 1, 2]",
+    "00:00:00 StartWorkload a2#1 n1",
+)
+# without a reservation (the simplified peer, or the gang's start past bf_window): x takes n1's free GPU at
+# 00:20, y waits for a1's end, and the gang for x's end at 04:20
+NO_RESERVATION = [
+    *STARTS,
+    "00:20:00 JobPlaced x#1 n1[3]",
+    "00:20:00 StartWorkload x#1 n1",
+    "02:00:00 JobPlaced y#1 n0[0]",
+    "02:00:00 StartWorkload y#1 n0",
+    "04:20:00 JobPlaced g#1 n0[0, 1, 2, 3] n1[0, 1, 2, 3]",
+    "04:20:00 StartWorkload g#1 n0",
+    "04:20:00 StartWorkload g#1 n1",
+]
+
+
+def test_a_gang_at_the_top_reserves_its_start_and_only_jobs_ending_before_it_are_backfilled():
+    r = run_slurm(AB, nodes(("n0", 4), ("n1", 4)), list(GANG_WORLD))
+    assert decisions(r) == [
+        *STARTS,
+        "00:30:00 JobPlaced y#1 n1[3]",  # ends 02:30, before the gang's 03:00
+        "00:30:00 StartWorkload y#1 n1",
+        "03:00:00 JobPlaced g#1 n0[0, 1, 2, 3] n1[0, 1, 2, 3]",  # its reserved start
+        "03:00:00 StartWorkload g#1 n0",
+        "03:00:00 StartWorkload g#1 n1",
+        "04:00:00 JobPlaced x#1 n0[0]",  # would have ended at 04:20, into the gang's reservation: after it
+        "04:00:00 StartWorkload x#1 n0",
+    ]
+    assert {e.decision.policy_version for e in r.log if e.type == "JobPlaced"} == {"slurm-fairtree-2"}
+
+
+def test_the_simplified_peer_starts_any_job_that_fits():
+    r = run_slurm(AB, nodes(("n0", 4), ("n1", 4)), list(GANG_WORLD), policy=Slurm(SlurmConfig(backfill_reserve=False)))
+    assert decisions(r) == NO_RESERVATION
+    assert {e.decision.policy_version for e in r.log if e.type == "JobPlaced"} == {"slurm-fairtree-1"}
+
+
+def test_a_start_past_bf_window_reserves_nothing():
+    # a 2 h window: at 00:10 the gang's 03:00 is 2 h 50 min ahead, so x and y go as without reservations; at
+    # 03:00 (a2's end) its start 04:20 (x's end) is within 2 h, reserved, and kept
+    r = run_slurm(AB, nodes(("n0", 4), ("n1", 4)), list(GANG_WORLD), policy=Slurm(SlurmConfig(bf_window_s=2 * H)))
+    assert decisions(r) == NO_RESERVATION
+
+
+def test_time_limits_longer_than_the_work_hold_backfill_back():
+    # every limit 10 h (a partition's DefaultTime): a2 is expected until 10:00, so at 00:10 the gang reserves
+    # [10:00, 20:00) and neither x nor y (10 h each) fits before it; when a1 and a2 really end, the gang starts
+    # at 03:00 and x and y follow it at 04:00
+    r = run_slurm(AB, nodes(("n0", 4), ("n1", 4)), list(GANG_WORLD), policy=Slurm(SlurmConfig(time_limit_s=10 * H)))
+    assert decisions(r) == [
+        *STARTS,
+        "03:00:00 JobPlaced g#1 n0[0, 1, 2, 3] n1[0, 1, 2, 3]",
+        "03:00:00 StartWorkload g#1 n0",
+        "03:00:00 StartWorkload g#1 n1",
+        "04:00:00 JobPlaced x#1 n0[0]",
+        "04:00:00 StartWorkload x#1 n0",
+        "04:00:00 JobPlaced y#1 n0[1]",
+        "04:00:00 StartWorkload y#1 n0",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("max_test", "a2_at"),
+    [
+        pytest.param(500, "00:20:00", id="default 500: a2 is looked at and ends before b1's reservation"),
+        pytest.param(1, "03:00:00", id="1: only b1 is looked at until it runs; a2 waits for its end"),
+    ],
+)
+def test_bf_max_job_test_bounds_the_jobs_looked_at_per_pass(max_test, a2_at):
+    # One 2-GPU node. a1 (1 GPU) runs 00:00-02:00; b1 (2 GPUs, lab/b first by Fair Tree) reserves [02:00, 03:00);
+    # a2 (1 GPU, 30 min) would fit now on the free GPU and end at 00:50.
+    r = run_slurm(
+        AB,
+        nodes(("n0", 2)),
+        [
+            job("a1", "lab/a", duration_s=2 * H),
+            job("b1", "lab/b", gpus=2, submit=at(0, 10)),
+            job("a2", "lab/a", duration_s=1800.0, submit=at(0, 20)),
+        ],
+        policy=Slurm(SlurmConfig(bf_max_job_test=max_test)),
+    )
+    placed = [x for x in decisions(r) if "JobPlaced" in x]
+    a2 = f"{a2_at} JobPlaced a2#1 n0[{0 if max_test == 1 else 1}]"
+    b1 = "02:00:00 JobPlaced b1#1 n0[0, 1]"
+    assert placed == ["00:00:00 JobPlaced a1#1 n0[0]", *([a2, b1] if max_test == 500 else [b1, a2])]
+
+
+def test_the_time_limit_is_the_jobs_duration_unless_a_fixed_one_is_set():
+    j = PendingJob("a", 1, "lab/a", "u", 1, 1, 3600.0, at(0), at(0), duration_s=5 * H)
+    assert SlurmConfig().limit_s(j) == 5 * H
+    assert SlurmConfig(time_limit_s=7 * 24 * H).limit_s(j) == 7 * 24 * H
+    assert SlurmConfig(default_time_s=2 * H).limit_s(replace(j, duration_s=None)) == 2 * H
+    with pytest.raises(ValueError, match="time_limit_s"):
+        SlurmConfig(time_limit_s=0.0)
+    with pytest.raises(ValueError, match="bf_max_job_test"):
+        SlurmConfig(bf_max_job_test=0)
+
+
+def test_a_normal_gang_counts_scavenger_gpus_as_free_and_requeues_them_to_start_now():
+    # u1 (scavenger) holds half of n0; the gang g (2 x 4, normal) sees it as gone ("all preemptable jobs gone"):
+    # its earliest start is now, over u1, which runs again when g is done
+    r = run_slurm(
+        AB,
+        nodes(("n0", 4), ("n1", 4)),
+        [
+            job("u1", "lab/a", gpus=2, min_runtime_s=0, duration_s=2 * H),
+            job("g", "lab/b", gpus=4, replicas=2, submit=at(0, 10)),
+        ],
+    )
+    assert decisions(r) == [
+        "00:00:00 JobPlaced u1#1 n0[0, 1]",
+        "00:00:00 StartWorkload u1#1 n0",
+        "00:10:00 JobPreempted u1#1 unallocated by=g",
+        "00:10:00 StopWorkload u1#1 n0",
+        "00:10:00 JobPlaced g#1 n0[0, 1, 2, 3] n1[0, 1, 2, 3] victims=u1#1",
+        "00:10:05 JobRequeued u1#2",
+        "00:10:05 StartWorkload g#1 n0",
+        "00:10:05 StartWorkload g#1 n1",
+        "01:10:05 JobPlaced u1#2 n0[0, 1]",
+        "01:10:05 StartWorkload u1#2 n0",
+    ]

@@ -257,3 +257,15 @@ def test_a_minimum_runtime_above_the_budgets_limit_is_said_in_durations() -> Non
     got = admit(TREE, submitted("j1", budget="lab/prior/nlp", user="bob", min_runtime_s=9 * 86400), SHAPES)
     assert got is not None and got.reason is RejectReason.MIN_RUNTIME_TOO_LONG
     assert got.message == "min_runtime 9d is above the budget's limit 1d (max_min_runtime of 'lab/prior/nlp')"
+
+
+def test_a_budget_whose_max_min_runtime_is_0_takes_only_unallocated_work_and_says_so() -> None:
+    # lab/vision sets max_min_runtime 0: any allocated job (min_runtime > 0) is above it
+    free_only = TREE.with_budget(Budget("lab/vision", 0.4, max_min_runtime_s=0.0))
+    got = admit(free_only, submitted("j1", budget="lab/vision", user="bob", min_runtime_s=3600), SHAPES)
+    assert got is not None and got.reason is RejectReason.MIN_RUNTIME_TOO_LONG
+    assert got.message == (
+        "budget 'lab/vision' takes only unallocated work (its max_min_runtime is 0s): submit with min_runtime 0 "
+        "(free, preemptible at any time), not 1h"
+    )
+    assert admit(free_only, submitted("u1", budget="lab/vision", user="bob", min_runtime_s=0), SHAPES) is None

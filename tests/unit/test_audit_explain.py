@@ -32,7 +32,7 @@ def test_preempted_job_names_preemptor_rule_and_ratios() -> None:
     v = pre.details["victim"]
     assert (v["rule"], v["lca"], v["victim_ratio"], v["preemptor_ratio"]) == ("expired_behind", "lab", 2.0, 0.0)
     assert "preempted by b1 (lab/b): rule expired_behind at LCA lab" in pre.summary
-    assert pre.summary.endswith("; grace 30 s; work lost 0.00 GPU-h since its last checkpoint")
+    assert pre.summary.endswith("; grace 30s; work lost 0.00 GPU-h since its last checkpoint")
     assert pre.check is not None
     assert pre.check == {
         "match": True,

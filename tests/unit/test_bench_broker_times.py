@@ -96,11 +96,11 @@ def test_a_submissions_way_is_split_at_the_dispatchers_requests_in_order() -> No
     lines = [
         path_line("FETCH", "dispatcher-reader", 5, 1.0, topic="ns.apportion.jobs"),  # before the ack, not a submission
         path_line("PRODUCE", "bench-latency", 10, 2.0),  # the ack at 10
-        path_line("LIST_OFFSETS", "dispatcher-reader", 11, 0.5),  # before the fetch that returns it: skipped
+        path_line("LIST_OFFSETS", "dispatcher-ends", 11, 0.5),  # before the fetch that returns it: skipped
         path_line("FETCH", "dispatcher-reader", 14, 3.0),  # arrives at 11, 1 ms after the ack
         path_line("FETCH", "accounting-reader", 15, 1.0),  # another reader's
-        path_line("LIST_OFFSETS", "dispatcher-reader", 18, 2.0),  # arrives 2 ms after the fetch ended
-        path_line("ADD_PARTITIONS_TO_TXN", "dispatcher", 22, 1.5, version=3),  # arrives at 20.5
+        path_line("ADD_PARTITIONS_TO_TXN", "dispatcher", 18, 1.5, version=3),  # arrives at 16.5, 2.5 after the fetch
+        path_line("LIST_OFFSETS", "dispatcher-ends", 19, 4.0),  # arrives at 15, 1 ms after the fetch ended
         path_line("ADD_PARTITIONS_TO_TXN", "AddPartitionsManager", 26, 0.5, version=4),  # the leader's check
         path_line("PRODUCE", "dispatcher", 28, 4.0, transactional_id="d-0"),  # arrives at 24
         path_line("END_TXN", "dispatcher", 31, 1.0),  # arrives at 30
@@ -109,13 +109,14 @@ def test_a_submissions_way_is_split_at_the_dispatchers_requests_in_order() -> No
     assert broker_path(lines) == {
         "ack -> the dispatcher's fetch arrives (< 0: it waited there)": (1, 1.0),
         "  fetch at the broker": (1, 3.0),
-        "-> key read-ahead arrives (LIST_OFFSETS)": (1, 2.0),
-        "  LIST_OFFSETS at the broker": (1, 2.0),
-        "-> ADD_PARTITIONS_TO_TXN arrives (decide, sign, send)": (1, 2.5),
+        "-> key end offsets asked (LIST_OFFSETS, own connection)": (1, 1.0),
+        "  LIST_OFFSETS at the broker": (1, 4.0),
+        "fetch -> ADD_PARTITIONS_TO_TXN arrives (decide, sign, send)": (1, 2.5),
         "  ADD_PARTITIONS_TO_TXN at the broker": (1, 1.5),
-        "-> transactional PRODUCE arrives": (1, 2.0),
+        "-> transactional PRODUCE arrives": (1, 6.0),
         "  PRODUCE at the broker": (1, 4.0),
         "-> END_TXN arrives": (1, 2.0),
+        "  (LIST_OFFSETS answered -> END_TXN arrives)": (1, 11.0),
         "  END_TXN at the broker": (1, 1.0),
         "-> commit markers written (WRITE_TXN_MARKERS)": (1, 4.0),
         "ack -> commit markers written": (1, 25.0),
@@ -126,7 +127,7 @@ def test_a_fetch_that_waited_at_the_broker_starts_before_the_ack_and_a_way_cut_s
     lines = [
         path_line("PRODUCE", "bench-latency", 10, 2.0),  # the ack at 10
         path_line("FETCH", "dispatcher-reader", 11, 400.0),  # waited at the broker from -389
-        path_line("LIST_OFFSETS", "dispatcher-reader", 13, 1.0),
+        path_line("LIST_OFFSETS", "dispatcher-ends", 13, 1.0),
         path_line("ADD_PARTITIONS_TO_TXN", "dispatcher", 15, 1.0, version=3),
         path_line("PRODUCE", "dispatcher", 17, 1.0, transactional_id="d-0"),
         path_line("END_TXN", "dispatcher", 19, 1.0),

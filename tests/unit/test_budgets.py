@@ -192,3 +192,49 @@ def test_fold_budget_log_applies_a_batch_whole_or_skips_it_whole() -> None:
     rejected = BudgetRejected(path="lab/prior", reason="x", message="x", rejected_event_id=good.event_id, ts=T0)
     tree = fold_budget_log([*start, good, rejected])  # the policy's word is final
     assert (tree.share("lab/prior"), tree.share("lab/vision")) == (0.6, 0.4)
+
+
+# lab       default 2h (set here)
+# └── vision  max 1h (set here): default in force 2h > max 1h
+def test_a_default_time_limit_above_the_max_in_force_is_refused_where_set_or_inherited() -> None:
+    tree = BudgetTree.from_mapping(LAB)
+    with pytest.raises(BudgetError) as exc:
+        tree.apply(bset("lab/vision", 0.4, default_time_limit_s=7200.0, max_time_limit_s=3600.0))
+    assert exc.value.reason == "bad_time_limit"
+    assert exc.value.message == (
+        "default time limit 2h of 'lab/vision' is above its max time limit 1h: every job that gives no time "
+        "limit would be refused; lower the default or raise the maximum"
+    )
+    # a parent's default above a child's max: refused whichever of the two is set second
+    with_default = tree.apply(bset("lab", 1.0, default_time_limit_s=7200.0))
+    with pytest.raises(BudgetError) as exc:
+        with_default.apply(bset("lab/vision", 0.4, max_time_limit_s=3600.0))
+    assert exc.value.message == (
+        "default time limit 2h (inherited from 'lab') of 'lab/vision' is above its max time limit 1h: every job "
+        "that gives no time limit would be refused; lower the default or raise the maximum"
+    )
+    with_max = tree.apply(bset("lab/vision", 0.4, max_time_limit_s=3600.0))
+    with pytest.raises(
+        BudgetError, match="bad_time_limit: default time limit 2h \\(inherited from 'lab'\\) of 'lab/vision'"
+    ):
+        with_max.apply(bset("lab", 1.0, default_time_limit_s=7200.0))
+    # equal limits, or a child default that meets its own max under the parent's larger default, are valid
+    assert tree.apply(bset("lab/vision", 0.4, default_time_limit_s=3600.0, max_time_limit_s=3600.0))
+    ok = with_default.apply(bset("lab/vision", 0.4, default_time_limit_s=1800.0, max_time_limit_s=3600.0))
+    assert ok.time_limits_s("lab/vision") == (1800.0, 3600.0)
+
+
+def test_a_batch_leaving_a_default_time_limit_above_the_max_names_each_budget() -> None:
+    tree = BudgetTree.from_mapping(LAB)
+    bad = BudgetBatch(
+        sets=(
+            BudgetSpec(path="lab", share=1.0, default_time_limit_s=7200.0),
+            BudgetSpec(path="lab/prior", share=0.6, max_time_limit_s=3600.0),
+        ),
+        ts=T0,
+    )
+    # lab/prior and robotics below it (inheriting the 1h max) both get the 2h default
+    assert _failures(tree, bad) == [("lab/prior", "bad_time_limit"), ("lab/prior/robotics", "bad_time_limit")]
+    own_default = BudgetSpec(path="lab/prior", share=0.6, max_time_limit_s=3600.0, default_time_limit_s=600.0)
+    good = BudgetBatch(sets=(bad.sets[0], own_default), ts=T0)
+    assert tree.apply(good).time_limits_s("lab/prior/robotics") == (600.0, 3600.0)

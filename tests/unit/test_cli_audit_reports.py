@@ -195,3 +195,11 @@ def test_occupancy_at_a_future_time_answers_as_of_the_logs_end_and_says_so(tmp_p
     past = CliRunner().invoke(app, ["audit", "occupancy", "--at", "2024-01-01T01:30:00Z", "--json", "--from-file", log])
     doc = json.loads(past.stdout)
     assert (doc["at"], doc["requested_at"], "note:" in past.stderr) == ("2024-01-01T01:30:00+00:00", None, False)
+
+
+def test_squatting_refuses_a_bad_threshold_before_reading_the_log(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    res = CliRunner().invoke(app, ["audit", "squatting", "--threshold", "soon", "--from-file", str(empty)])
+    assert res.exit_code == 2  # not 1 for the export without records: the threshold is checked first
+    assert "bad duration 'soon'" in res.stderr

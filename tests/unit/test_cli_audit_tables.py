@@ -30,14 +30,14 @@ def test_explain_at_80_columns_keeps_each_step_on_a_row_and_what_happened_whole_
         " 3  2024-01-01 00:00:00  apportion.jobs:0@2         JobPlaced        same",
     ]
     assert lines[13:] == [
-        "#1: submitted to lab/a by u: 1 x 1 GPU, min runtime 3600 s (allocated)",
+        "#1: submitted to lab/a by u: 1 x 1 GPU, min runtime 1h (allocated)",
         "#2: queued (attempt 1) in lab/a",
         "#3: placed (attempt 1) on n0[0] at rank 0, budget rank 0, r 0.0000",
         "#4: command: start on n0",
         "#5: replica 0 started on n0 GPUs [0]",
         "#6: preempted by b1 (lab/b): rule expired_behind at LCA lab: r(victim branch)",
         "2.0000 >= r(preemptor branch) 0.0000 + delta, protection ended",
-        "2024-01-01T01:00:00+00:00; grace 30 s; work lost 0.00 GPU-h since its last",
+        "2024-01-01T01:00:00+00:00; grace 30s; work lost 0.00 GPU-h since its last",
         "checkpoint",
         "#7: command: stop on n0",
         "#8: checkpoint: 1h of progress saved",

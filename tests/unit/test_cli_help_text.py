@@ -62,3 +62,57 @@ def test_a_paragraph_of_help_is_wrapped_by_the_terminal_not_at_the_sources_line_
     lines = [" ".join(line.split()) for line in res.output.splitlines()]
     # the docstring breaks this sentence after "or the"; 200 columns hold it on one line
     assert any("not yours) or the log has no such job; 3 when Kafka" in line for line in lines), res.output
+
+
+def _command(path: tuple[str, ...], root: Any = None) -> Any:
+    cmd: Any = root if root is not None else typer.main.get_command(app)
+    for name in path:
+        cmd = cmd.commands[name]
+    return cmd
+
+
+#: The commands a researcher or an operator types most: each help shows how, with an example.
+WITH_EXAMPLES = [
+    ("submit",), ("cancel",), ("hold",), ("release",), ("queue",), ("share",), ("history",), ("usage",), ("logs",),
+    ("nodes",), ("drain",), ("cordon",), ("undrain",), ("budget", "set"), ("budget", "apply"), ("budget", "rm"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", WITH_EXAMPLES, ids=" ".join)
+def test_the_examples_in_a_help_are_commands_the_cli_parses(path: tuple[str, ...]) -> None:
+    """Each ``apportion ...`` line under "Examples:" names options the command has (its ``(note)`` left out)."""
+    import re
+    import shlex
+
+    doc = _command(path).help or ""
+    assert "Examples:" in doc
+    examples = [re.split(r"\s{2,}\(", ln.strip())[0] for ln in doc.split("Examples:", 1)[1].splitlines()]
+    examples = [ex for ex in examples if ex.startswith("apportion ")]
+    assert examples
+    for ex in examples:
+        args = shlex.split(ex)[1:]
+        assert tuple(args[: len(path)]) == path, ex
+        # --help right after the command: the options are parsed (an unknown one fails), nothing runs
+        res = CliRunner().invoke(app, [*path, "--help", *args[len(path) :]], env={"COLUMNS": "200"})
+        assert res.exit_code == 0, (ex, res.output)
+
+
+def test_every_commands_help_ends_with_the_exit_codes() -> None:
+    from apportion.cli.common import EXIT_CODES_HELP, readable_help
+
+    root = typer.main.get_command(app)
+    readable_help(root)
+    leaves = [p for p in COMMANDS if p and not hasattr(_command(p), "commands")]
+    assert len(leaves) > 30 and EXIT_CODES_HELP.startswith("Exit codes: 0 done, 1 refused or not found, 2 bad input")
+    for path in leaves:
+        assert _command(path, root).epilog == EXIT_CODES_HELP, path
+    res = CliRunner().invoke(app, ["queue", "--help"], env={"COLUMNS": "200"})
+    assert " ".join(res.output.split()).endswith(EXIT_CODES_HELP)
+
+
+def test_the_root_help_names_every_command() -> None:
+    import re
+
+    root = _command(())
+    named = set(re.findall(r"`([a-z]+)[ `]", root.help or ""))
+    assert set(root.commands) - named == set()

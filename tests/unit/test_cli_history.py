@@ -241,3 +241,9 @@ def test_the_dashboards_history_shows_a_job_whose_start_failed_as_failed(monkeyp
         NO_ACCOUNT,
         dt(s(6)).isoformat(),
     )
+
+
+def test_the_title_counts_one_finished_job_in_the_singular() -> None:
+    from apportion.cli.history import history_table
+
+    assert _render(history_table(_rows()[:1], width=80), 80)[0].strip() == "history (1 finished job)"

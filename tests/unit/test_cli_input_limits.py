@@ -47,7 +47,7 @@ def test_submit_without_checkpoint_interval_leaves_the_default() -> None:
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("0", "invalid submission: checkpoint_interval_s: Input should be greater than 0"),
+        ("0", "invalid submission: --checkpoint-interval: Input should be greater than 0"),
         ("soon", "bad duration 'soon'"),
     ],
 )

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 import typer
 
 from apportion.cli.main import app
@@ -29,10 +30,11 @@ def commands_without_json() -> set[str]:
     return out
 
 
-def test_the_readme_names_every_command_without_json_and_no_other() -> None:
-    text = " ".join((ROOT / "README.md").read_text().split())
+@pytest.mark.parametrize("page", ["README.md", "docs/researchers.md"])
+def test_the_readme_names_every_command_without_json_and_no_other(page: str) -> None:
+    text = " ".join((ROOT / page).read_text().split())
     m = re.search(r"Every command has `--help`, and `--json` but for (.+?)\. ", text)
-    assert m, "the README says which commands have --json"
+    assert m, f"{page} says which commands have --json"
     named = set(re.findall(r"`([a-z ]+)`", m.group(1)))
     assert (
         named

@@ -59,3 +59,27 @@ def test_stack_up_passes_the_memory_option_to_the_stack(tmp_path: Path, monkeypa
     res = CliRunner().invoke(app, ["stack", "up", "--dir", str(tmp_path), "--sandbox-memory-mb-per-gpu", "3000"])
     assert res.exit_code == 3, res.output
     assert got["sandbox_memory_mb_per_gpu"] == 3000
+
+
+def test_the_dispatcher_finds_its_stacks_keyring_beside_a_stopped_stacks_marker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stack started from a checkout whose own stack was stopped: the working directory's marker names no
+    keyring, so the dispatcher, which found its signing key through a stack.env, could not start."""
+    from apportion.cli.stack import dispatcher_env
+    from apportion.identity.keys import keyring_dir
+
+    checkout = tmp_path / "checkout"
+    (checkout / ".run" / "researcher").mkdir(parents=True)
+    (checkout / ".run" / "researcher" / "stack.env").write_text(
+        f"APPORTION_STACK_STOPPED=2026-12-07T09:08:56+00:00\nRUN_DIR={checkout / '.run'}\n"
+    )
+    for v in ("APPORTION_STACK_DIR", "APPORTION_KEYRING"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.chdir(checkout)
+    assert keyring_dir() is None  # what the dispatcher found before
+    info = StackInfo(tmp_path / "run", "k:1", "redis://r:1/0", keyring=str(tmp_path / "run" / "keyring"))
+    for k, v in dispatcher_env(info).items():
+        monkeypatch.setenv(k, v)
+    assert keyring_dir() == tmp_path / "run" / "keyring"

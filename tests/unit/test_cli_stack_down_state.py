@@ -116,3 +116,45 @@ def test_the_owners_cli_in_the_checkout_reads_the_marker_too(
     res = CliRunner().invoke(app, ["queue"])
     assert res.exit_code == 3
     assert res.stderr.startswith(f"error: no stack running: the stack of {stopped} was stopped at ")
+
+
+@pytest.mark.parametrize("command", [["audit", "verify"], ["audit", "occupancy"], ["audit", "preemptions"]])
+def test_an_export_is_audited_offline_whatever_the_marker(
+    stopped: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    from tests.kit.audit_history import export, history
+
+    monkeypatch.setenv("APPORTION_STACK_DIR", str(stopped / "researcher"))
+    path = export(stopped / "log.jsonl.gz", history(), "")
+    res = CliRunner().invoke(app, [*command, "--from-file", path])
+    # it was 3, "no stack running", though no stack is needed (the kit's history has mismatches: verify says 1)
+    assert res.exit_code in (0, 1) and "records in" in res.stderr, res.output
+    assert "no stack running" not in res.stderr
+
+
+def test_a_kafka_given_to_the_client_is_used_whatever_the_marker(
+    stopped: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`stack up --bootstrap K --redis R` in a checkout whose stack was stopped registers the keys at K: the client
+    needs no Redis for that, so the marker (which names neither) must not refuse it."""
+    from apportion.client import kafka_address
+
+    monkeypatch.setenv("APPORTION_STACK_DIR", str(stopped / "researcher"))
+    assert kafka_address("k:1") == "k:1"
+    with pytest.raises(settings.StackStopped):
+        kafka_address(None)
+
+
+def test_a_stack_started_since_elsewhere_is_found_beside_the_marker(
+    stopped: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make down` in a checkout, then `stack up --dir ELSEWHERE`: from the checkout the CLI finds the running
+    stack through the per-user state file, not the stopped one's marker ("no stack running")."""
+    monkeypatch.chdir(stopped.parent)  # the checkout: its .run/researcher/stack.env is the marker
+    (stopped.parent / ".run").symlink_to(stopped)
+    with pytest.raises(settings.StackStopped):
+        settings.Connection.resolve()
+    other = tmp_path / "other"
+    other.mkdir()
+    _write_state(StackInfo(other, "127.0.0.1:2", "redis://127.0.0.1:2/0", "", "external"))
+    assert settings.Connection.resolve() == settings.Connection("127.0.0.1:2", "redis://127.0.0.1:2/0")

@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from apportion.cli.main import app
-from apportion.client import build_submission, check_job_id
+from apportion.client import InvalidSubmission, build_submission, check_job_id
 
 
 @pytest.mark.parametrize("job_id", ["alice-0123abcd", "application_1506638472019_10238", "exp.v2:seed@3+a", "x" * 200])
@@ -58,3 +58,12 @@ def test_cli_submit_refuses_a_bad_job_id_before_publishing() -> None:
 def test_generated_job_id_passes_the_check() -> None:
     ev = build_submission(budget="lab/a", user="alice", gpus=1, duration=60)
     assert check_job_id(ev.job_id) == ev.job_id and ev.job_id.startswith("alice-") and len(ev.job_id) == 18
+
+
+@pytest.mark.parametrize("command", ["python train.py", b"python train.py"])
+def test_a_command_given_as_one_string_is_refused_not_split_into_characters(command: str | bytes) -> None:
+    # tuple("python train.py") is ("p", "y", ...): the job would run "p" with one argument per character
+    with pytest.raises(InvalidSubmission) as err:
+        build_submission(budget="lab/v", user="alice", gpus=1, min_runtime="1h", command=command)  # type: ignore[arg-type]
+    assert err.value.field == "command"
+    assert "list of arguments" in err.value.message

@@ -1,13 +1,13 @@
-"""The main job's printed report shows goodput, work lost, completions, job completion time and churn for the
-cluster and per budget, live next to the simulator (issue 12's report columns), from the same figures as
-``report.json``."""
+"""The main job's report fits an 80-column terminal: compact tables, no cell cut, prose wrapped at 80."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import io
 from pathlib import Path
+from typing import Any
 
+import pytest
 from rich.console import Console
 from rich.table import Table
 
@@ -16,43 +16,110 @@ from apportion.report import BudgetRow
 from tools import demo
 
 
-def row(lost: float, held: float, completed: int) -> BudgetRow:
+def _budget(path: str) -> BudgetRow:
+    # wide figures: 4-digit counts, waits and JCTs over 100 h, thousands of GPU-hours lost
     return BudgetRow(
-        path="lab/a", share=1.0, alloc_share=0.5, free_share=0.1, goodput=(held - lost) / 1000.0, jobs=4, placed=4,
-        never=0, wait_p50_s=60.0, wait_p95_s=7200.0, preemptions=3, completed=completed, jct_p50_s=600.0,
-        jct_p95_s=9000.0, held_gpu_h=held, lost_gpu_h=lost, lost_pct=100 * lost / held,
-        preemptions_per_job_hour=0.125, max_preemptions_per_job=2, mean_deficit_pp=lost / 100,
-    )  # fmt: skip
+        path=path,
+        share=0.178181818182,
+        alloc_share=0.1234,
+        free_share=0.0456,
+        goodput=0.1567,
+        jobs=1234,
+        placed=1200,
+        never=34,
+        wait_p50_s=45296.0,
+        wait_p95_s=444240.0,
+        preemptions=1234,
+        completed=1187,
+        jct_p50_s=45296.0,
+        jct_p95_s=1644120.0,
+        held_gpu_h=100365.0,
+        lost_gpu_h=12345.0,
+        lost_pct=12.3,
+        preemptions_per_job_hour=0.0123,
+        max_preemptions_per_job=17,
+        mean_deficit_pp=12.34,
+    )
 
 
-def report(lost: float, held: float, completed: int) -> LogReport:
+def _log(paths: list[str]) -> LogReport:
     return LogReport(
-        start_us=0, end_us=3_600_000_000, capacity_gpu_s=3.6e6, utilisation=0.6, jobs=4, placed=4, never=0,
-        wait_p50_s=60.0, wait_p95_s=7200.0, preemptions=3, violations=0, budgets=[row(lost, held, completed)],
-        goodput=(held - lost) / 1000.0, completed=completed, jct_p50_s=600.0, jct_p95_s=9000.0, held_gpu_h=held,
-        lost_gpu_h=lost, lost_pct=100 * lost / held, preemptions_per_job_hour=0.125, max_preemptions_per_job=2,
-        mean_deficit_pp=lost / 100, max_deficit_pp=lost / 10,
-    )  # fmt: skip
+        start_us=0,
+        end_us=1,
+        capacity_gpu_s=1.0,
+        utilisation=0.9876,
+        jobs=12345,
+        placed=12000,
+        never=345,
+        wait_p50_s=45296.0,
+        wait_p95_s=444240.0,
+        preemptions=12345,
+        violations=0,
+        budgets=[_budget(p) for p in paths],
+        goodput=0.8765,
+        completed=11987,
+        lost_gpu_h=123456.0,
+        lost_pct=10.0,
+        jct_p50_s=45296.0,
+        jct_p95_s=1644120.0,
+        preemptions_per_job_hour=0.0123,
+        max_preemptions_per_job=17,
+        mean_deficit_pp=1.23,
+        max_deficit_pp=45.67,
+    )
 
 
-def test_the_printed_report_has_goodput_work_lost_completions_and_churn(tmp_path: Path) -> None:
-    con = Console(record=True, width=250)
-    args = argparse.Namespace(slice="week44", seed=1, time_scale=1440.0, tolerance_pp=2.0, json=False, dir=tmp_path)
-    verdict = {
-        "ok": True, "records": 10, "snapshots": 1, "decision_ticks": 2, "read_models": True, "signed_requests": 4,
-        "wall_s": 0.1,
-    }  # fmt: skip
-    code = demo._report(con, args, report(200.0, 800.0, 3), report(8.0, 800.0, 4), 1.0, 0.5, 10, 0, verdict, Table)
-    assert code == 0
-    text = con.export_text()
-    # cluster: goodput (800 - 200) / 1000 = 60.0% live, (800 - 8) / 1000 = 79.2% simulated
-    assert "goodput" in text and "60.0%" in text and "79.2%" in text
-    assert "200 (25.0%)" in text and "8 (1.0%)" in text  # work lost GPU-h (% of held)
-    assert "0.1250 / 2" in text  # preemptions per job-hour / most of one job
-    assert "2.00 / 20.00" in text and "0.08 / 0.80" in text  # share deficit mean / max, live and simulated
-    assert "2.00 / 0.08" in text  # the budget's mean deficit, live / simulator
-    assert "600s / 2.5h" in text  # JCT p50 / p95 (secs(): seconds below an hour)
-    # per budget, live / simulator in one cell
-    assert "60.0% / 79.2%" in text and "200 (25.0%) / 8 (1.0%)" in text and "3 / 4" in text
-    saved = json.loads((tmp_path / "report.json").read_text())
-    assert (saved["live"]["lost_gpu_h"], saved["simulator"]["completed"]) == (200.0, 4)
+def _render(tmp_path: Path, verdict: dict[str, Any]) -> list[str]:
+    buf = io.StringIO()
+    con = Console(file=buf, width=demo.REPORT_WIDTH)
+    args = argparse.Namespace(slice="week44+3d", seed=1, time_scale=1440.0, tolerance_pp=2.0, json=False, dir=tmp_path)
+    live, sim = _log(["philly/0e4a51", "philly/other"]), _log(["philly/0e4a51", "philly/other"])
+    demo._report(con, args, live, sim, 1234.5, 12.3, 123456, 0, verdict, Table)
+    return [line.rstrip() for line in buf.getvalue().splitlines()]
+
+
+VERDICT = {
+    "ok": False,
+    "records": 123456,
+    "snapshots": 1234,
+    "decision_ticks": 12345,
+    "read_models": True,
+    "signed_requests": 1234,
+    "wall_s": 12.3,
+    "mismatches": [
+        {
+            "check": "decision",
+            "offset": "apportion.jobs:0@123456",
+            "at": "2017-10-30T00:00:00+00:00",
+            "subject": "job j123",
+            "detail": "placed differently: n1 vs n2 at rank 3",
+        }
+    ],
+    "first_offset": "apportion.jobs:0@123456",
+    "export": "/r/.run/demo/export",
+}
+
+
+def test_the_report_fits_80_columns_with_every_cell_whole(tmp_path: Path) -> None:
+    lines = _render(tmp_path, VERDICT)
+    assert max(len(line) for line in lines) <= 80
+    # each budget: a live row, a sim row under it, in both per-budget tables; nothing cut (no "…")
+    assert not [line for line in lines if "…" in line]
+    i = lines.index(" budget         run   share  alloc  free  wait p50/p95  preempt (most)")
+    assert lines[i + 2 : i + 4] == [
+        " philly/0e4a51  live  17.8%  12.3%  4.6%  12.6h/123.4h       1234 (17)",
+        "                sim          12.3%  4.6%  12.6h/123.4h       1234 (17)",
+    ]
+    i = lines.index(" budget         run   deficit  goodput  lost GPU-h (%)  done   JCT p50/p95")
+    assert lines[i + 2] == " philly/0e4a51  live    12.34    15.7%  12,345 (12.3%)  1187  12.6h/456.7h"
+    assert " preemptions per job-h / most of a job      0.0123 / 17      0.0123 / 17" in lines
+    # the command to run offline is on a line of its own, whole
+    i = lines.index("  offline:")
+    assert lines[i + 1] == "  apportion audit verify --from-file /r/.run/demo/export"
+
+
+def test_the_console_is_at_most_80_columns_on_a_wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    assert demo.report_console(Console, False).width == 80
+    monkeypatch.setenv("COLUMNS", "60")
+    assert demo.report_console(Console, False).width == 60

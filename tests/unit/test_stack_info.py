@@ -269,3 +269,50 @@ def test_infra_ups_stack_env_is_private_from_the_first_write(tmp_path: Path) -> 
         os.umask(old)
     assert stack.env_file.stat().st_mode & 0o777 == 0o600
     assert f"APPORTION_KAFKA_PASSWORD_FILE={tmp_path / 'secrets' / 'admin.password'}" in stack.env_file.read_text()
+
+
+def test_every_line_fits_80_columns_for_a_checkout_in_a_home_folder() -> None:
+    info = StackInfo(Path("/home/alice/apportion/.run"), "127.0.0.1:45147", "rediss://127.0.0.1:44561/0", "")
+    for i, name in enumerate(SERVICES):
+        info.pids[name] = 27372 + i
+        info.metrics[name] = 55845 + i
+    lines = info.describe()
+    assert [ln for ln in lines if len(ln) > 80] == []
+    assert "logs     /home/alice/apportion/.run/logs (services)" in lines
+    assert "job logs /home/alice/apportion/.run/node_agent/job-logs (`apportion logs JOB`)" in lines
+
+
+def test_status_json_carries_every_folder_the_text_shows() -> None:
+    from apportion.cli.stack import Probe
+
+    info = StackInfo(Path("/home/alice/apportion/.run"), "127.0.0.1:45147", "rediss://127.0.0.1:44561/0", "")
+    info.pids, info.metrics = {"policy": os.getpid()}, {"policy": 55845}
+    doc = info.status_doc({"kafka": Probe(True), "redis": Probe(True), "policy": Probe(True, "200")})
+    assert (doc["log_dir"], doc["job_log_dir"]) == (
+        "/home/alice/apportion/.run/logs",
+        "/home/alice/apportion/.run/node_agent/job-logs",
+    )
+    assert doc["services"]["policy"] == {
+        "pid": os.getpid(),
+        "running": True,
+        "metrics": "http://127.0.0.1:55845/metrics",
+        "ready": {"ok": True, "detail": "200"},
+    }
+
+
+def test_status_json_without_a_stack_is_the_json_error_object_exit_3(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from apportion.cli.main import app
+
+    res = CliRunner().invoke(app, ["stack", "status", "--dir", str(tmp_path), "--json"])
+    assert res.exit_code == 3
+    assert json.loads(res.stdout) == {
+        "ok": False,
+        "verdict": "unreachable",
+        "reason": "",
+        "message": f"no stack started from {tmp_path.resolve()} (`apportion stack up`)",
+        "exit_code": 3,
+    }

@@ -37,6 +37,8 @@ def test_env_file_and_pairs_are_parsed_with_the_pairs_winning() -> None:
     [
         (["A"], None, "--env 'A' is not KEY=VALUE"),
         ([], "A=1\nnot a pair\n", "env file, line 2: 'not a pair' is not KEY=VALUE"),
+        ([], "# c\nexport BAD NAME=1\n", "env file, line 2: env name 'BAD NAME' is not a variable name"),
+        ([], "A=1\nPATH=/x\n", "env file, line 2: env name 'PATH' is reserved"),
         (["1A=x"], None, "env name '1A' is not a variable name ([A-Za-z_][A-Za-z0-9_]*)"),
         (["A-B=x"], None, "env name 'A-B' is not a variable name ([A-Za-z_][A-Za-z0-9_]*)"),
         (["APPORTION_JOB_ID=x"], None, "env name 'APPORTION_JOB_ID' is reserved"),
@@ -76,7 +78,7 @@ def test_cli_submit_carries_a_topology_bound_and_refuses_an_unknown_one_exit_2()
     res = CliRunner().invoke(app, [*args, "--topology", "rack", "--json"])
     assert res.exit_code == 0 and json.loads(res.stdout)["topology_bound"] == "rack"
     res = CliRunner().invoke(app, [*args, "--topology", "row"])
-    assert res.exit_code == 2 and "topology_bound: Input should be 'block' or 'rack'" in res.stderr
+    assert res.exit_code == 2 and "--topology: Input should be 'block' or 'rack'" in res.stderr
 
 
 def test_every_replica_of_a_gang_gets_the_env_and_a_fold_agrees() -> None:
@@ -151,3 +153,22 @@ def test_the_client_refuses_a_command_it_cannot_encode_with_a_clear_error() -> N
         build_submission(budget="lab/b", user="bob", gpus=1, min_runtime="1h", command=["echo", "\udc80"])
     assert err.value.field == "command"
     assert str(err.value.message) == "command argument 1 is not valid UTF-8 text"
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--time", "0", "--duration", "1h"], "error: invalid submission: --time: Input should be greater than 0"),
+        (["--duration", "0"], "error: invalid submission: --duration: Input should be greater than 0"),
+        (
+            ["--duration", "1h", "--checkpoint-interval", "0"],
+            "error: invalid submission: --checkpoint-interval: Input should be greater than 0",
+        ),
+        ([], "error: invalid submission: a job needs a command (real workload) or --duration (simulated workload)"),
+    ],
+)
+def test_cli_submit_errors_name_the_option_not_the_field(args: list[str], message: str) -> None:
+    base = ["submit", "--dry-run", "-b", "lab/b", "-g", "1", "-m", "1h", "-u", "bob"]
+    res = CliRunner().invoke(app, [*base, *args], env={"COLUMNS": "300"})
+    assert res.exit_code == 2
+    assert res.stderr.strip() == message

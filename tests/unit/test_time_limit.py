@@ -4,7 +4,7 @@ force carried from the queue to every replica's start.
 Tree::
 
     lab             share 1.0   default 4 h, max 24 h
-    ├── short       share 0.5   max 1 h (default 4 h inherited: above the max)
+    ├── short       share 0.5   default 30 m, max 1 h (the 4 h default inherited would be above the max)
     └── long        share 0.5   default 12 h (max 24 h inherited)
     open            (no limits)
 """
@@ -18,7 +18,7 @@ import pytest
 from apportion import events as ev
 from apportion.cli.budgets import _limit_option
 from apportion.domain.admission import admit, time_limit_in_force
-from apportion.domain.budgets import BudgetTree
+from apportion.domain.budgets import Budget, BudgetTree
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, step
 from apportion.timeutil import from_us, to_us
 from tests.kit.builders import T0, m, submitted
@@ -27,7 +27,7 @@ from tests.kit.narrowing import narrow
 TREE = BudgetTree.from_mapping(
     {
         "lab": {"share": 0.5, "default_time_limit_s": 4 * 3600.0, "max_time_limit_s": 24 * 3600.0},
-        "lab/short": {"share": 0.5, "max_time_limit_s": 3600.0},
+        "lab/short": {"share": 0.5, "default_time_limit_s": 1800.0, "max_time_limit_s": 3600.0},
         "lab/long": {"share": 0.5, "default_time_limit_s": 12 * 3600.0},
         "open": 0.5,
     }
@@ -40,10 +40,10 @@ def job(budget: str, limit_s: float | None, job_id: str = "j1") -> ev.JobSubmitt
 
 
 def test_limits_are_inherited_down_the_tree() -> None:
-    assert TREE.time_limits_s("lab/short") == (4 * 3600.0, 3600.0)
+    assert TREE.time_limits_s("lab/short") == (1800.0, 3600.0)
     assert TREE.time_limits_s("lab/long") == (12 * 3600.0, 24 * 3600.0)
     assert TREE.time_limits_s("open") == (None, None)
-    assert TREE.to_mapping()["lab/short"] == {"share": 0.5, "max_time_limit_s": 3600.0}
+    assert TREE.to_mapping()["lab/short"] == {"share": 0.5, "default_time_limit_s": 1800.0, "max_time_limit_s": 3600.0}
 
 
 @pytest.mark.parametrize(
@@ -69,7 +69,11 @@ def test_a_limit_above_the_max_is_rejected_with_a_machine_readable_reason() -> N
     assert (
         own.message == "time limit 90000 s (its time_limit_s) is above the max_time_limit 86400 s of budget 'lab/long'"
     )
-    default = admit(TREE, job("lab/short", None), [])  # the inherited default 4 h is above the leaf's max 1 h
+    # a tree where lab/short inherits the 4 h default above its 1 h max: every change that makes one is refused
+    # (BudgetTree.apply, bad_time_limit), so only the unchecked constructor builds it; admission still refuses
+    nodes = {p: b for p in TREE.paths() if (b := TREE.get(p)) is not None}
+    unchecked = BudgetTree({**nodes, "lab/short": Budget("lab/short", 0.5, max_time_limit_s=3600.0)})
+    default = admit(unchecked, job("lab/short", None), [])
     assert default is not None and default.message == (
         "time limit 14400 s (the default 14400 s of budget 'lab/short') is above the max_time_limit 3600 s of "
         "budget 'lab/short'"

@@ -200,7 +200,7 @@ def _preempts(ev: events.JobPreempted, at: str, where: str) -> TimelineEntry:
 def _submitted(ev: events.JobSubmitted, at: str, where: str) -> TimelineEntry:
     s = (
         f"submitted to {ev.budget} by {ev.user}: {ev.replicas} x {ev.gpus_per_replica} GPU, "
-        f"min runtime {ev.min_runtime_s:g} s ({'allocated' if ev.allocated else 'unallocated'})"
+        f"min runtime {format_duration(ev.min_runtime_s)} ({'allocated' if ev.allocated else 'unallocated'})"
     )
     return TimelineEntry(
         at,
@@ -267,9 +267,9 @@ def _placed(ev: events.JobPlaced, at: str, where: str) -> TimelineEntry:
 def _preempted(ev: events.JobPreempted, at: str, where: str) -> TimelineEntry:
     if ev.by_job_id:
         why = _why(ev.victim) if ev.victim else ev.reason
-        s = f"preempted by {ev.by_job_id} ({ev.by_budget}): {why}; grace {ev.grace_s:g} s"
+        s = f"preempted by {ev.by_job_id} ({ev.by_budget}): {why}; grace {format_duration(ev.grace_s)}"
     else:
-        s = f"preempted ({ev.reason}); grace {ev.grace_s:g} s"
+        s = f"preempted ({ev.reason}); grace {format_duration(ev.grace_s)}"
     if ev.lost_gpu_s is not None:
         s += f"; work lost {ev.lost_gpu_s / 3600:.2f} GPU-h since its last checkpoint"
     return TimelineEntry(

@@ -42,7 +42,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import CancelledError
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -405,6 +405,10 @@ class AssignedConsumer:
             each :meth:`poll` that returns a record of another topic also reads
             that one to its end (:meth:`read_identity_to_end`), so that a signed
             record is judged with every key event appended before it (rule D10.proven-user). False: no read-ahead.
+        overlap: with ``read_ahead``, a poll does not wait for the key topic's end offsets: it asks for them
+            on a connection of its own (:class:`EndsAsker`) and returns, and the caller waits for them
+            with :meth:`settle` before it makes anything it decided on the poll's records visible (the
+            dispatcher, at its transaction's commit). False: each poll reads the key topic to its end itself.
 
     Raises:
         TimeoutError: a topic has no partitions after ``deadline_s``.
@@ -419,6 +423,7 @@ class AssignedConsumer:
         tail: dict[str, int] | None = None,
         deadline_s: float = 30.0,
         read_ahead: bool = True,
+        overlap: bool = False,
     ) -> None:
         import time
 
@@ -463,6 +468,11 @@ class AssignedConsumer:
 
         #: consumer lag per partition, measured after polls once its ``sink`` is set
         self.lag = LagMeter()
+        #: asks the key topic's end offsets on its own connection (``overlap``), and the answer awaited
+        self._asker = EndsAsker(bootstrap, self.identity_parts, f"{group_id}-ends") if overlap else None
+        self._asked: Future[dict[Any, int]] | None = None
+        #: key records :meth:`settle` read, returned again at the head of the next poll
+        self._carried: list[Any] = []
         self._kc.assign(parts)
         self.start_end = self._kc.end_offsets(parts)
         begin = self._kc.beginning_offsets(parts)
@@ -504,13 +514,52 @@ class AssignedConsumer:
         by keys the log's order contradicts, and the audit, which judges every
         record by the keys as of its own place (:func:`apportion.logrecord.log_position`),
         would disagree.
+
+        With ``overlap`` the end offsets are asked here and the poll returns at once: :meth:`settle` waits for
+        them. Key records a settle read come first in the next poll's batch.
         """
         batch = self._kc.poll(timeout_ms=timeout_ms, max_records=max_records)
         self.lag.after_poll(self._kc, lambda: self.partitions)
         out = _in_partition_order(batch)
+        if self._carried:
+            out, self._carried = self._carried + out, []
         if read_ahead and self._needs_identity(out):
-            out += self.read_identity_to_end()
+            if self._asker is None:
+                out += self.read_identity_to_end()
+            else:
+                self._asked = self._asker.ask(self._asked)
         return out
+
+    @property
+    def overlap(self) -> bool:
+        """Do polls leave the key topic's end offsets to :meth:`settle`?"""
+        return self._asker is not None
+
+    def settle(self, wait: bool = True, deadline_s: float = IDENTITY_READ_AHEAD_S) -> list[Any] | None:
+        """Wait for the key topic's end offsets the last poll asked for (``overlap``) and read up to them.
+
+        The end offsets were asked after every record polls returned so far had been read, so they cover every
+        key event acknowledged before any of those records was appended (rule D10.proven-user). Returns the
+        key records the reader had not read yet (empty in the normal case: key events are rare); they come
+        again at the head of the next poll, to be folded before what follows them. Nothing asked since the
+        last settle: returns at once, empty. ``wait`` False: ``None`` while the answer is not in (asked again
+        by the next settle). An answer that does not come within ``deadline_s`` is logged and the records are
+        left judged with the keys read so far, as :meth:`read_identity_to_end` does.
+        """
+        asked = self._asked
+        if asked is None:
+            return []
+        if not wait and not asked.done():
+            return None
+        self._asked = None
+        try:
+            ends = asked.result(timeout=deadline_s)
+        except Exception as exc:  # noqa: BLE001 - the broker did not answer: judged with the keys read so far
+            log.warning("identity topic's end offsets not known (%s): judging with the keys read so far", exc)
+            return []
+        late = self._read_identity_to(ends, deadline_s)
+        self._carried += late
+        return late
 
     def _needs_identity(self, records: list[Any]) -> bool:
         """True when ``records`` hold a record of a topic other than the identity topic that is not the reader's
@@ -535,16 +584,20 @@ class AssignedConsumer:
         Returns:
             the records read, partition by partition in offset order (empty when it was at its end).
         """
-        import time
-
         from kafka.errors import KafkaError
 
-        parts = self.identity_parts
         try:
-            ends = self._kc.end_offsets(parts, timeout_ms=int(deadline_s * 1000))
+            ends = self._kc.end_offsets(self.identity_parts, timeout_ms=int(deadline_s * 1000))
         except KafkaError as exc:
             log.warning("identity topic's end offsets not known (%s): judging with the keys read so far", exc)
             return []
+        return self._read_identity_to(ends, deadline_s)
+
+    def _read_identity_to(self, ends: dict[Any, int], deadline_s: float) -> list[Any]:
+        """The identity topic's records from its positions up to ``ends`` (the other partitions paused)."""
+        import time
+
+        parts = self.identity_parts
 
         def behind() -> list[Any]:
             return [tp for tp in parts if (self._kc.position(tp, timeout_ms=0) or 0) < ends[tp]]
@@ -627,7 +680,76 @@ class AssignedConsumer:
         self._kc.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in pos.items()})
 
     def close(self) -> None:
-        """Close the connection."""
+        """Close the connections."""
+        self._kc.close()
+        if self._asker is not None:
+            self._asker.close()
+
+
+class EndsAsker:
+    """Asks some partitions' end offsets (last stable offsets) on a connection of its own, without waiting.
+
+    The broker answers one connection's requests in order, and a reader's connection has its next fetch
+    waiting there (kafka-python 3 may send it as a poll returns records): a ``LIST_OFFSETS`` behind it would wait
+    for it. So a client of its own, no group. kafka-python 3 runs each client's network on an IO thread of its
+    own: the request is handed to that thread (:meth:`ask` returns at once) and its answer completes the
+    returned future there; a kafka-python without that loop is asked from a worker thread instead. The first
+    answer is taken here, so the connection is up before the first ask.
+
+    Args:
+        bootstrap: Kafka ``host:port``.
+        parts: the ``TopicPartition`` s asked about.
+        client_id: names its requests in the broker's request log.
+    """
+
+    def __init__(self, bootstrap: str, parts: list[Any], client_id: str) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from kafka import KafkaConsumer
+
+        from apportion.bus.security import kafka_auth
+
+        self._parts = list(parts)
+        self._kc = KafkaConsumer(
+            bootstrap_servers=bootstrap,
+            client_id=client_id,
+            enable_auto_commit=False,
+            **KAFKA_RECONNECT,
+            **READ_COMMITTED,
+            **kafka_auth(),
+        )
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=client_id)
+        net: Any = getattr(self._kc, "_net", None)
+        offsets_by_times: Any = getattr(getattr(self._kc, "_fetcher", None), "_fetch_offsets_by_times_async", None)
+        #: kafka-python's IO loop and its coroutine that asks for offsets (None: not this kafka-python)
+        self._loop = (net, offsets_by_times) if hasattr(net, "call_soon_with_future") and offsets_by_times else None
+        if self._parts:
+            self._ends()
+
+    def _ends(self) -> dict[Any, int]:
+        return self._kc.end_offsets(self._parts, timeout_ms=int(IDENTITY_READ_AHEAD_S * 1000))
+
+    def ask(self, pending: Future[dict[Any, int]] | None = None) -> Future[dict[Any, int]]:
+        """The end offsets as of a request sent from now on. ``pending``: an earlier ask, returned itself while it
+        has not started (its request is sent later than now, so its answer serves as well)."""
+        if pending is not None and not pending.running() and not pending.done():
+            return pending
+        if self._loop is None:
+            return self._pool.submit(self._ends)
+        from kafka.protocol.consumer.offsets import OffsetSpec
+
+        net, offsets_by_times = self._loop
+        out: Future[dict[Any, int]] = Future()
+        out.set_running_or_notify_cancel()
+        latest = {tp: OffsetSpec.LATEST for tp in self._parts}
+        answer = net.call_soon_with_future(offsets_by_times, latest, int(IDENTITY_READ_AHEAD_S * 1000))
+        answer.add_callback(lambda got: out.set_result({tp: got[tp].offset for tp in self._parts}))
+        answer.add_errback(out.set_exception)
+        return out
+
+    def close(self) -> None:
+        """Stop the thread (after the request in flight) and close the connection."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
         self._kc.close()
 
 

@@ -68,7 +68,9 @@ def _load(
     """The log from Kafka or an export, in log order: the audit's topics, and the dead letters when asked."""
     from apportion.audit.source import load_log, verify_topics
 
-    conn = Connection.resolve(bootstrap=bootstrap)
+    # an export is read offline: no stack is resolved (one that was stopped must not stop the audit)
+    conn = Connection.resolve(bootstrap=bootstrap) if from_file is None else None
+    source = str(from_file) if conn is None else conn.bootstrap
     if from_file is not None:
         from apportion.audit.source import export_prefix
         from apportion.settings import topic_prefix
@@ -93,7 +95,7 @@ def _load(
 
         try:
             recs = load_log(
-                bootstrap=None if from_file else conn.bootstrap,
+                bootstrap=conn.bootstrap if conn is not None else None,
                 from_file=from_file,
                 topic_names=names,
                 since_ms=since_ms,
@@ -101,7 +103,7 @@ def _load(
             )
         except Exception as exc:
             if type(exc).__module__.startswith("kafka"):
-                fail(f"cannot read Kafka at {conn.bootstrap}: {exc}", 3)
+                fail(f"cannot read Kafka at {source}: {exc}", 3)
             if from_file is not None and isinstance(exc, (OSError, ValueError, EOFError)):
                 fail(f"{from_file}: not a readable apportion export ({exc})")
             raise
@@ -110,8 +112,7 @@ def _load(
         # nothing to check is not a pass: say so and exit 1 (an audit of 0 records once said OK)
         fail(f"{from_file}: no apportion records to read (an empty export, or none since --since)", 1)
     _err().print(
-        f"read {len(recs):,} records in {dt:.2f} s ({len(recs) / dt if dt else 0:,.0f} records/s) "
-        f"from {from_file or conn.bootstrap}",
+        f"read {len(recs):,} records in {dt:.2f} s ({len(recs) / dt if dt else 0:,.0f} records/s) from {source}",
         highlight=False,
     )
     return recs
@@ -319,9 +320,8 @@ def squatting(
     from apportion.audit.replay import squatting_report
     from apportion.durations import format_duration
 
-    rep = squatting_report(
-        _load(bootstrap, from_file), threshold_s=_dur(threshold, "--threshold"), util_below_pct=util_below
-    )
+    threshold_s = _dur(threshold, "--threshold")  # bad input is exit 2 before the log is read
+    rep = squatting_report(_load(bootstrap, from_file), threshold_s=threshold_s, util_below_pct=util_below)
     if rep.blind:
         _err().print(
             f"note: none of the {rep.heartbeats:,} heartbeats in the log carries GPU utilisation "

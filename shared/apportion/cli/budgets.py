@@ -26,12 +26,14 @@ from apportion.cli.common import (
     _redis,
     _require_topics,
     _tree_from_file,
+    at_seconds,
     end_offsets,
     err,
     fail,
     kafka_failure,
     out,
     refuse,
+    report_verdict,
 )
 from apportion.cli.jobs import _forecast_input
 from apportion.durations import format_duration, parse_duration
@@ -94,6 +96,11 @@ def share(
     With --forecast 7d: r/rank of every budget each --step from now (read from the log), and from when each leaf
     is behind enough to preempt another budget's runs once their protection ends (r lower by at least delta at
     their common ancestor, the other holding allocated GPUs).
+
+    Examples:
+
+      apportion share
+      apportion share --forecast 7d      (each budget's r and rank for a week)
     """
     if forecast_ is not None:
         _share_forecast(forecast_, step, at, bootstrap, from_file, as_json)
@@ -110,7 +117,7 @@ def share(
         out.print("no occupancy snapshot yet (is the accounting service running?)")
         return
     t = Table(
-        title=f"fair share at {meta.get('at', '?')} (window {format_duration(float(meta.get('window_s', 0)))}, "
+        title=f"fair share at {at_seconds(meta.get('at'))} (window {format_duration(float(meta.get('window_s', 0)))}, "
         f"capacity {meta.get('capacity_gpus', '?')} GPUs)"
     )
     for col in ("budget", "share", "abs", "O GPU-h", "U GPU-h", "E GPU-h", "r", "rank"):
@@ -326,6 +333,12 @@ def budget_set(
     e.g. siblings summing above 1, or a new budget under a leaf that queued or
     running jobs charge: only leaves take jobs), then published, then the policy's
     verdict is awaited (exit 1 when it rejects, 3 when it does not answer).
+
+    Examples:
+
+      apportion budget set lab/vision --share 0.4
+      apportion budget set lab/vision/new --share 0.5 --members carol,dan
+      apportion budget set lab/vision --max-time-limit 2d --default-time-limit 8h
     """
     from pydantic import ValidationError
 
@@ -384,7 +397,8 @@ def budget_set(
         )
     except ValidationError as exc:
         e = exc.errors(include_url=False)[0]
-        fail(f"invalid budget: {'.'.join(str(p) for p in e['loc'])}: {e['msg']}")
+        field = ".".join(str(p) for p in e["loc"])
+        fail(f"invalid budget: {SET_OPTIONS.get(field, field)}: {e['msg']}")
     except ValueError as exc:
         fail(str(exc))
     try:
@@ -411,6 +425,13 @@ def budget_set(
         err.print(  # a limit is inherited, not capped: say what the change means rather than hide it
             f"note: {path}'s max min runtime {format_duration(ev.max_min_runtime_s)} is above its parent "
             f"{parent_of(path)}'s effective {format_duration(above)}: it overrides the parent's for {path} and below",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if ev.max_min_runtime_s == 0 and (current is None or current.max_min_runtime_s != 0):
+        err.print(  # legal (D1.unallocated-job: min runtime 0), but it turns every allocated submission away
+            f"note: with max min runtime 0s, {path} takes only unallocated work: jobs with min runtime 0 "
+            "(free, preemptible at any time); allocated jobs are rejected",
             highlight=False,
             soft_wrap=True,
         )
@@ -464,25 +485,28 @@ def _budget_changes(
     folded = None
     if read_model and not rejected and all(v.state == "accepted" for v in got):
         folded = _await_read_model(redis_url, max(offsets), end - time.monotonic())
-    if as_json:
-        silent = any(v.state == "no_verdict" for v in got)
-        _print_json(
-            {
-                "ok": not rejected and not silent,
-                "verdict": "rejected" if rejected else "no_verdict" if silent else "accepted",
-                "reason": rejected[0].reason if rejected else "",
-                "published": [events.to_dict(e) for e in evts],
-                "verdicts": [v.to_dict() for v in got],
-                "read_model": folded,
-            }
-        )
+    silent = any(v.state == "no_verdict" for v in got)
+    error, code = None, 1
     if rejected:
         v = rejected[0]
         more = f" (and {len(rejected) - 1} more)" if len(rejected) > 1 else ""
         what = v.message if v.failures else f"{v.event.path}: {v.reason}: {v.message}"  # a batch's names each path
-        fail(f"refused by the policy: {what}{more}", 1)
-    if any(v.state == "no_verdict" for v in got):
-        fail(f"no verdict from the policy within {timeout:g} s (is it running?); the change is in the log", 3)
+        error = f"refused by the policy: {what}{more}"
+    elif silent:
+        error, code = f"no verdict from the policy within {timeout:g} s (is it running?); the change is in the log", 3
+    report_verdict(
+        {
+            "ok": not rejected and not silent,
+            "verdict": "rejected" if rejected else "no_verdict" if silent else "accepted",
+            "reason": rejected[0].reason if rejected else "",
+            "published": [events.to_dict(e) for e in evts],
+            "verdicts": [v.to_dict() for v in got],
+            "read_model": folded,
+        },
+        error,
+        code,
+        as_json=as_json,
+    )
     if not as_json:
         out.print(message, soft_wrap=True)
     if folded is False:
@@ -533,6 +557,11 @@ def budget_apply(
     and a budget's parent may be one in force. With ``--prune`` the file is the whole tree: budgets in force
     that it does not name are removed in the same batch (refused while one has queued or running jobs).
     The batch is checked against the tree in force before publishing (exit 1).
+
+    Examples:
+
+      apportion budget apply infra/budgets/example.yaml --dry-run
+      apportion budget apply tree.yaml --prune
     """
     from apportion import readmodel
     from apportion.budgetfile import BudgetFileError, load_budgets
@@ -630,7 +659,12 @@ def budget_rm(
     as_json: JsonOut = False,
 ) -> None:
     """Remove a budget. Refused (exit 1) when it is not in the tree in force, has children, or has queued or
-    running jobs (the dispatcher's jobs read model)."""
+    running jobs (the dispatcher's jobs read model).
+
+    Examples:
+
+      apportion budget rm lab/vision/old
+    """
     from apportion.domain.budgets import BudgetError
 
     tree = _tree_in_force(bootstrap)
@@ -661,6 +695,9 @@ def budget_show(
             "abs_share": tree.abs_share(p),
             "members": sorted(tree.members(p)) if tree.members(p) is not None else None,
             "max_min_runtime_s": tree.max_min_runtime_s(p),
+            "default_time_limit_s": tree.time_limits_s(p)[0],
+            "max_time_limit_s": tree.time_limits_s(p)[1],
+            "preempt_idle_after_s": tree.preempt_idle_after_s(p),
             "leaf": tree.is_leaf(p),
         }
         for p in tree.paths()
@@ -680,3 +717,51 @@ def budget_show(
             format_duration(row["max_min_runtime_s"]) if row["max_min_runtime_s"] is not None else "-",
         )
     out.print(t)
+    for line in limit_lines(rows) + unallocated_only_lines(rows):
+        out.print(line, highlight=False, soft_wrap=True)
+
+
+def unallocated_only_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Under ``budget show``'s table, a line per budget whose max min runtime in force is 0 and whose parent's is
+    not: it (and every budget below it, which inherits the limit) takes only unallocated work (D1.unallocated-job),
+    since any allocated job's minimum runtime is above 0."""
+    by_path = {r["path"]: r for r in rows}
+    lines = []
+    for r in rows:
+        parent = by_path.get(r["path"].rpartition("/")[0], {})
+        if r["max_min_runtime_s"] == 0 and parent.get("max_min_runtime_s") != 0:
+            below = "" if r.get("leaf", True) else " and every budget below it"
+            lines.append(
+                f"{r['path']}{below}: max min runtime 0s: takes only unallocated work (jobs with min runtime 0, "
+                "free and preemptible at any time)"
+            )
+    return lines
+
+
+#: A ``BudgetSet`` field -> the ``budget set`` option that sets it, for errors in the user's own words.
+SET_OPTIONS = {
+    "share": "--share",
+    "max_min_runtime_s": "--max-min-runtime",
+    "default_time_limit_s": "--default-time-limit",
+    "max_time_limit_s": "--max-time-limit",
+    "preempt_idle_after_s": "--preempt-idle-after",
+}
+
+
+def limit_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Under ``budget show``'s table, a line per budget whose time limits or idle preemption differ from its
+    parent's (set there, inherited below it): ``lab/x: default time limit 2h, max time limit 8h, preempt idle
+    after none``."""
+    fields = (
+        ("default_time_limit_s", "default time limit"),
+        ("max_time_limit_s", "max time limit"),
+        ("preempt_idle_after_s", "preempt idle after"),
+    )
+    by_path = {r["path"]: r for r in rows}
+    lines = []
+    for r in rows:
+        parent = by_path.get(r["path"].rpartition("/")[0], {})
+        if any(r[f] != parent.get(f) for f, _ in fields):
+            said = [f"{name} {format_duration(r[f]) if r[f] is not None else 'none'}" for f, name in fields]
+            lines.append(f"{r['path']}: {', '.join(said)}")
+    return lines

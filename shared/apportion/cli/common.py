@@ -133,9 +133,19 @@ def help_text(text: str) -> str:
     return _SOFT_BREAK.sub(" ", _RST_LITERAL.sub(r"`\1`", _RST_ROLE.sub(r"`\1`", text)))
 
 
+#: The last line of every command's ``--help`` (docs/operations.md, "Exit codes").
+EXIT_CODES_HELP = (
+    "Exit codes: 0 done, 1 refused or not found, 2 bad input, 3 stack unreachable or no verdict in time "
+    "(docs/operations.md)."
+)
+
+
 def readable_help(command: Any) -> None:
     """Make the help of ``command`` and every command under it readable, once for the whole tree: the docstrings
-    and parameter help through :func:`help_text`, and no value type (``<bool>``) after a flag, which takes none."""
+    and parameter help through :func:`help_text`, no value type (``<bool>``) after a flag, which takes none, and
+    :data:`EXIT_CODES_HELP` at the end of each command's own."""
+    if not getattr(command, "commands", None) and not getattr(command, "epilog", None):
+        command.epilog = EXIT_CODES_HELP
     for attr in ("help", "short_help", "epilog"):
         if getattr(command, attr, None):
             setattr(command, attr, help_text(getattr(command, attr)))
@@ -176,6 +186,29 @@ def refuse(
     if as_json or _json_errors:
         _print_json(_error_object(message, code, verdict, reason, **fields))
     _exit(message, code)
+
+
+def at_seconds(at: Any) -> str:
+    """A read model's ISO time (``meta.at``) as a title prints it: ISO 8601 at whole seconds, as the forecasts'
+    titles (``2026-12-07T08:41:05+00:00``); ``?`` when missing, the text itself when it is not a time."""
+    from datetime import datetime
+
+    if at is None:
+        return "?"
+    try:
+        return datetime.fromisoformat(str(at)).isoformat(timespec="seconds")
+    except ValueError:
+        return str(at)
+
+
+def report_verdict(doc: dict[str, Any], error: str | None = None, code: int = 1, *, as_json: bool) -> None:
+    """A change command's verdict: with ``--json``, ``doc`` (``ok``, ``verdict``, ``reason``, what was published) on
+    stdout, and when the change failed (``error``) also its ``message`` and ``exit_code``, as every JSON error
+    carries them (:func:`fail`); then, on a failure, ``error: <error>`` on stderr and exit ``code``."""
+    if as_json:
+        _print_json({**doc, "message": error, "exit_code": code} if error is not None else doc)
+    if error is not None:
+        fail(error, code)
 
 
 def _print_json(obj: Any) -> None:

@@ -341,6 +341,11 @@ def history(
     Fits the terminal (80 columns: where a row does not fit, its reason follows the table, never cut); --wide
     adds budget, attempts, preemptions, work lost and the full end time, every column in the table. Built from the log (apportion.submissions and apportion.jobs); times are
     event times.
+
+    Examples:
+
+      apportion history -u alice --since 1d
+      apportion history -b lab/vision --state failed --wide
     """
     from rich.console import Console
 
@@ -416,7 +421,11 @@ def history_table(rows: list[JobHistory], *, wide: bool = False, width: int = 80
         cell("reason", lambda j: j.reason or "-"),
     ]
     t, moved = fitted_table(
-        f"history ({len(rows)} finished jobs)", columns, rows, width, () if wide else ("reason", "end", "user")
+        f"history ({len(rows)} finished job{'' if len(rows) == 1 else 's'})",
+        columns,
+        rows,
+        width,
+        () if wide else ("reason", "end", "user"),
     )
     parts = [(j, left_out(columns, moved, j, bare=("reason",))) for j in (rows if moved else ())]
     lines = [Text.assemble((j.job_id, "bold"), ": ", "; ".join(p)) for j, p in parts if p != ["-"]]
@@ -462,6 +471,11 @@ def usage(
     Alloc is what allocated runs held (charged: the budget's O), unalloc what unallocated runs held (its U);
     share is a user's part of the budget's alloc. Built from the log (apportion.jobs) with the accounting's
     own fold, at the stack's event time.
+
+    Examples:
+
+      apportion usage --by-user
+      apportion usage -b lab/vision --window 1d
     """
     from rich.console import Console
     from rich.table import Table
@@ -651,6 +665,12 @@ def logs(
     agent, or another directory); with --json the refusal is a ``{"ok": false, ...}`` object on stdout too.
     --json on success: ``{"ok": true, "job_id", "attempt", "attempts", "replica", "stream", "path", "text",
     "size", "offset", "cut"}`` (``text`` begins at byte ``offset`` of the ``size`` bytes).
+
+    Examples:
+
+      apportion logs j-42
+      apportion logs j-42 --stderr --lines 50
+      apportion logs j-42 --attempt 1 --replica 2
     """
     import sys
 
@@ -674,7 +694,8 @@ def logs(
     by_attempt = output_files(folder, replica, stream)
     if not by_attempt:
         refuse(
-            f"no output of job {job_id} (replica {replica}) under {base}",
+            f"no output of job {job_id} (replica {replica}) under {base}: only a job that ran a command has "
+            f"output (a simulated --duration job has none; `apportion audit explain {job_id}` says whether it started)",
             as_json=as_json,
             verdict="not_found",
             reason="no_output",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -29,12 +30,12 @@ from apportion.cli.common import (
     _redis,
     _require_topics,
     check_budget_filter,
-    err,
     fail,
     fitted_table,
     left_out,
     out,
     refuse,
+    report_verdict,
 )
 from apportion.durations import format_duration, parse_duration
 from apportion.settings import topic_name
@@ -175,7 +176,7 @@ def submit(
                 topology_bound=topology,
             )
         except client.InvalidSubmission as exc:
-            fail(exc.message if exc.field == "job_id" else str(exc))
+            fail(exc.message if exc.field == "job_id" else submission_error(exc.field, exc.message))
         except ValueError as exc:
             fail(str(exc))
 
@@ -208,12 +209,9 @@ def submit(
         _publish([ev], bootstrap)
         if watcher is not None:
             verdict = watcher.wait(wait)
-    if as_json:
-        doc = events.to_dict(ev)
-        if verdict is not None:
-            doc = {"submission": doc, "verdict": events.to_dict(verdict)}
-        _print_json(doc)
-    elif not isinstance(verdict, events.JobRejected):  # a rejected job was not submitted: say only that
+    if as_json and (dry_run or wait <= 0):
+        _print_json(events.to_dict(ev))
+    elif not as_json and not isinstance(verdict, events.JobRejected):  # a rejected job was not submitted: say only that
         kind = "allocated" if ev.allocated else "unallocated"
         spec = ev.array_spec
         if spec is not None:
@@ -225,11 +223,37 @@ def submit(
         )
         if isinstance(verdict, events.JobQueued):
             out.print(queued_message(ev.job_id, ev.hold), soft_wrap=True)
-    if isinstance(verdict, events.JobRejected):
-        err.print(f"[bold red]rejected:[/] {verdict.reason.value}: {verdict.message}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1)
-    if verdict is None and not dry_run and wait > 0:
-        fail(f"no verdict from the dispatcher within {wait:g} s (is it running?); the submission is in the log", 3)
+    if not dry_run and wait > 0:
+        report_verdict(*dispatcher_verdict(ev, verdict, "queued", "rejected", wait, "submission"), as_json=as_json)
+
+
+#: A submission's field -> the ``submit`` option that sets it, for errors in the user's own words.
+SUBMIT_OPTIONS = {
+    "budget": "--budget",
+    "gpus_per_replica": "--gpus",
+    "replicas": "--replicas",
+    "min_runtime_s": "--min-runtime",
+    "duration_s": "--duration",
+    "gpu_model": "--gpu-model",
+    "checkpoint_interval_s": "--checkpoint-interval",
+    "time_limit_s": "--time",
+    "array": "--array",
+    "topology_bound": "--topology",
+    "env": "--env",
+    "command": "the command (after --)",
+}
+
+
+def submission_error(field: str, message: str) -> str:
+    """``invalid submission: <option>: <message>`` with the submission's field names said as ``submit``'s options
+    (``time_limit_s`` -> ``--time``), in the field and, for the names with an underscore, in the message
+    (``... or duration_s`` -> ``or --duration``)."""
+    for name, option in SUBMIT_OPTIONS.items():
+        if "_" not in name:  # a plain word (command, budget) reads as itself in a message
+            continue
+        message = re.sub(rf"\b{name}\b", option, message)
+    where = SUBMIT_OPTIONS.get(field, field)
+    return f"invalid submission: {message}" if field == "job" else f"invalid submission: {where}: {message}"
 
 
 def queued_message(job_id: str, hold: bool) -> str:
@@ -252,6 +276,12 @@ def cancel(
 
     Exit 1 when the log has no such job or it already finished; 3 when Kafka
     cannot be reached or the dispatcher gives no verdict within --timeout.
+
+    Examples:
+
+      apportion cancel j-42
+      apportion cancel sweep             (every element of job array sweep)
+      apportion cancel j-42 -u ops --reason "wrong data"   (ops: any user's job)
     """
     _job_request(events.JobCancelRequested, job_id, reason, user, no_wait, timeout, bootstrap, as_json)
 
@@ -270,6 +300,11 @@ def hold(
 
     Only the job's user or ops may hold it. Exit 1 when refused (not pending, already held, not yours) or the
     log has no such job; 3 when Kafka cannot be reached or no verdict comes within --timeout.
+
+    Examples:
+
+      apportion hold j-42 --reason "waiting for data"
+      apportion hold sweep               (every pending element of an array)
     """
     _job_request(events.JobHoldRequested, job_id, reason, user, no_wait, timeout, bootstrap, as_json)
 
@@ -287,6 +322,10 @@ def release(
 
     Only the job's user or ops may release it. Exit 1 when refused (not held, not yours) or the log has no
     such job; 3 when Kafka cannot be reached or no verdict comes within --timeout.
+
+    Examples:
+
+      apportion release j-42
     """
     _job_request(events.JobReleaseRequested, job_id, reason, user, no_wait, timeout, bootstrap, as_json)
 
@@ -336,23 +375,32 @@ def _job_request(
         _published([ev], as_json, f"{verb} requested for [bold]{job_id}[/] (not waiting for the dispatcher)")
         return
     verdict = watcher.wait(timeout, request_id=ev.event_id)
-    refused = isinstance(verdict, events.JobRejected)
-    if as_json:
-        _print_json(
-            {
-                "ok": verdict is not None and not refused,
-                "published": [events.to_dict(ev)],
-                "verdict": "refused" if refused else done_word if verdict is not None else "no_verdict",
-                "reason": verdict.reason.value if isinstance(verdict, events.JobRejected) else "",
-                "event": events.to_dict(verdict) if verdict is not None else None,
-            }
-        )
-    if verdict is None:
-        fail(f"no verdict from the dispatcher within {timeout:g} s (is it running?); the request is in the log", 3)
-    if isinstance(verdict, events.JobRejected):
-        fail(f"refused: {verdict.reason.value}: {verdict.message}", 1)
+    report_verdict(*dispatcher_verdict(ev, verdict, done_word, "refused", timeout, "request"), as_json=as_json)
     if not as_json:
         out.print(f"{done_word} [bold]{job_id}[/]")
+
+
+def dispatcher_verdict(
+    published: events.Event, verdict: events.Event | None, done_word: str, refused_word: str, timeout: float, what: str
+) -> tuple[dict[str, Any], str | None, int]:
+    """The dispatcher's answer to a submission or a request on a job, as :func:`~apportion.cli.common.report_verdict`
+    takes it: the ``--json`` object (``ok``, ``published``, ``verdict``: ``done_word``, ``refused_word`` for a
+    ``JobRejected``, or ``no_verdict``; ``reason``, ``event``, ``job_id``), the error line (``None`` when done) and
+    the exit code (1 refused, 3 no verdict within ``timeout`` seconds)."""
+    rejected = verdict if isinstance(verdict, events.JobRejected) else None
+    doc: dict[str, Any] = {
+        "ok": verdict is not None and rejected is None,
+        "published": [events.to_dict(published)],
+        "verdict": refused_word if rejected else done_word if verdict is not None else "no_verdict",
+        "reason": rejected.reason.value if rejected else "",
+        "event": events.to_dict(verdict) if verdict is not None else None,
+        "job_id": getattr(published, "job_id", None),
+    }
+    if rejected is not None:
+        return doc, f"{refused_word}: {rejected.reason.value}: {rejected.message}", 1
+    if verdict is None:
+        return doc, f"no verdict from the dispatcher within {timeout:g} s (is it running?); the {what} is in the log", 3
+    return doc, None, 0
 
 
 LIVE_STATES = ("pending", "placed", "running", "stopping", "preempting", "cancelling", "lost")
@@ -387,7 +435,8 @@ def queue_rows(
 ) -> list[dict[str, Any]]:
     """The rows `apportion queue --json` prints: the dispatcher's ``apportion:rm:jobs`` rows, filtered and sorted.
 
-    Running jobs first, then pending ones by ``position`` (their place in the fair-share order), then by
+    Running jobs first, then pending ones by ``position`` (their place in the order a cycle walks: allocated
+    jobs in fair-share order, then unallocated ones), then by
     submission time and id. Live states only unless ``state`` names others or ``all_states`` adds the finished
     jobs from the log (which needs Kafka at ``bootstrap``). Used by the CLI and the web dashboard.
 
@@ -556,8 +605,8 @@ def queue(
 ) -> None:
     """Jobs in the queue (like squeue): position, budget, user, GPUs, state, start time, nodes or pending reason.
 
-    The position is the place in the fair-share order a scheduling cycle walks now (pending jobs only;
-    `-` for running ones). The pending reason comes from the engine's own cycle (`kind: facts`; kinds
+    The position is the place in the order a scheduling cycle walks now (pending jobs only; `-` for running
+    ones): every allocated job in fair-share order, then the unallocated ones, which go only on GPUs left free. The pending reason comes from the engine's own cycle (`kind: facts`; kinds
     budget_ahead, reserved_by, protected_until, no_node_shape, no_free_gpus, budget_unknown, patience,
     checkpoint_soon, placeable; from the dispatcher: refused_backoff, for a job whose start a node refused, and
     held, for a job held until `apportion release`, and array_limit, for an element of a job array beyond
@@ -568,6 +617,12 @@ def queue(
 
     With --start, each pending job gets its estimated start (est_start, est_basis in --json): the log read and the
     engine run forward as `apportion forecast` does (basis: now, rules, simulated, time_limit, history, unknown).
+
+    Examples:
+
+      apportion queue -u alice
+      apportion queue -b lab/vision --state pending
+      apportion queue --all --json
     """
     from apportion.forecast import protection_notice
     from apportion.timeutil import to_us

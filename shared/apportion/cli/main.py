@@ -45,10 +45,10 @@ app = typer.Typer(
     cls=OneLineErrors,
     help=(
         "Budgeted, hierarchical fair-share GPU scheduling.\n\n"
-        "Researchers: `keys init`, `submit`, `cancel`, `hold`, `release`, `queue`, `history`, `share` (requests are "
-        "signed with your key). Ops: `nodes`, `drain`, `cordon`, `undrain`, `budget`, `audit`, `keys register`. "
-        "Everyone: "
-        "`simulate`, `whatif`, `stack` (a local stack in one command).\n\n"
+        "Researchers: `keys init`, `submit`, `cancel`, `hold`, `release`, `queue`, `forecast`, `history`, `logs`, "
+        "`share`, `usage`, `top` (requests are signed with your key). Ops: `nodes`, `drain`, `cordon`, `undrain`, "
+        "`budget`, `audit`, `log`, `deadletter`, `keys register`. Everyone: `simulate`, `whatif`, `schemas`, "
+        "`stack` (a local stack in one command).\n\n"
         "Change commands wait for the owning service's verdict. Exit codes: 0 done, 1 refused or not found, "
         "2 bad input, 3 stack unreachable or no verdict in time (docs/operations.md).\n\n"
         "Jobs with --min-runtime > 0 are charged to their budget and protected from preemption "
@@ -215,9 +215,13 @@ def _root(ctx: typer.Context) -> None:
     """Budgeted, hierarchical fair-share GPU scheduling."""
     import os
 
-    from apportion.settings import apply_stack_prefix
+    from apportion.settings import StackStopped, apply_stack_prefix
 
-    if apply_stack_prefix() is not None:  # the namespace of the stack found: for this command only
+    try:
+        applied = apply_stack_prefix()
+    except StackStopped:  # no namespace to bring; a command that needs the stack says so, one offline runs
+        applied = None
+    if applied is not None:  # the namespace of the stack found: for this command only
         ctx.call_on_close(lambda: os.environ.pop("APPORTION_TOPIC_PREFIX", None))
     ctx.call_on_close(lambda: json_errors(False))  # a command's ``--json`` turns JSON errors on for it alone
 

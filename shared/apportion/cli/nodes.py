@@ -27,11 +27,12 @@ from apportion.cli.common import (
     _ratio,
     _redis,
     _require_topics,
-    fail,
+    at_seconds,
     fitted_table,
     left_out,
     out,
     refuse,
+    report_verdict,
 )
 from apportion.durations import format_duration
 from apportion.settings import topic_name
@@ -133,7 +134,7 @@ def top(
         # table follows it, a line per job (as in `queue`)
         d = _top_data(r, head)
         meta = d["meta"]
-        title = f"budgets at {meta.get('at', '?')}  capacity {meta.get('capacity_gpus', '?')} GPUs"
+        title = f"budgets at {at_seconds(meta.get('at'))}  capacity {meta.get('capacity_gpus', '?')} GPUs"
         bt, _ = fitted_table(title, tree_columns, d["budgets"], out.width, ())
         qt, moved = fitted_table(
             f"queue head ({len(d['queue_head'])} shown)", head_columns, d["queue_head"], out.width, ("reason",)
@@ -285,6 +286,11 @@ def nodes(
 
     State and free GPUs are the dispatcher's; the reason and the last heartbeat come from the log
     (apportion.nodes); the age is measured on the stack's event clock (APPORTION_TIME_SCALE and epochs).
+
+    Examples:
+
+      apportion nodes
+      apportion nodes --json
     """
     rows = node_rows(_redis(redis_url), bootstrap)
     if as_json:
@@ -327,7 +333,7 @@ def _node_change(
     ev: NodeEvent,
     node_id: str,
     want: set[str],
-    done: str,
+    done: str | dict[str, str],
     *,
     refused: str,
     already: set[str],
@@ -341,7 +347,8 @@ def _node_change(
 
     A state the node state machine would leave unchanged (:func:`apportion.domain.nodes.node_transition`: a lost
     node ignores everything but a registration) is refused with ``refused``; one of ``already`` is a success
-    with nothing to publish.
+    with nothing to publish. ``done`` is what is printed once the node shows a state of ``want``, or a message per
+    state.
     """
     from apportion import readmodel
     from apportion.cli import verdicts
@@ -384,18 +391,26 @@ def _node_change(
                     reason=no.reason.value,
                     node_id=node_id,
                 )
-    if as_json:
-        _print_json(
-            {"ok": seen is not None, "published": [events.to_dict(ev)], "verdict": seen or "no_verdict", "state": seen}
-        )
-    if seen is None:
-        fail(
-            f"the dispatcher did not show {node_id} as {'/'.join(sorted(want))} within {timeout:g} s "
-            "(is it running?); the request is in the log",
-            3,
-        )
+    report_verdict(
+        {"ok": seen is not None, "published": [events.to_dict(ev)], "verdict": seen or "no_verdict", "state": seen},
+        None
+        if seen is not None
+        else f"the dispatcher did not show {node_id} as {'/'.join(sorted(want))} within {timeout:g} s "
+        "(is it running?); the request is in the log",
+        3,
+        as_json=as_json,
+    )
     if not as_json:
-        out.print(done.format(node=node_id, state=seen))
+        said = done if isinstance(done, str) else done[seen]
+        out.print(said.format(node=node_id, state=seen))
+
+
+#: What `drain` says once the dispatcher shows the node draining (runs left on it) or drained (none).
+DRAIN_DONE = {
+    "draining": "[bold]{node}[/] is draining: no new work lands on it, and it is drained once its runs end or are "
+    "preempted as their minimum runtimes allow (`apportion nodes`)",
+    "drained": "[bold]{node}[/] is drained: no run is left on it",
+}
 
 
 def drain(
@@ -411,6 +426,11 @@ def drain(
 
     Waits until the dispatcher shows the node draining (or drained). Exit 1 for
     a node nobody registered or a lost node.
+
+    Examples:
+
+      apportion drain sim-7 --reason "fan swap"
+      apportion drain sim-7 --no-wait
     """
     ident = _identity(None, bootstrap, ops=True)
     ev = ident.sign(events.NodeDrainRequested(node_id=node_id, reason=reason, by=ident.user, ts=_now(), producer="cli"))
@@ -418,7 +438,7 @@ def drain(
         ev,
         node_id,
         {"draining", "drained"},
-        "[bold]{node}[/] is {state}; it reports NodeDrained when empty (`apportion nodes`)",
+        DRAIN_DONE,
         refused="no heartbeat, nothing to drain",
         already={"draining", "drained"},
         no_wait=no_wait,
@@ -438,7 +458,12 @@ def cordon(
     redis_url: RedisUrl = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Cordon a node: no new work lands on it; running work stays. Exit 1 for an unknown or lost node."""
+    """Cordon a node: no new work lands on it; running work stays. Exit 1 for an unknown or lost node.
+
+    Examples:
+
+      apportion cordon sim-7 --reason "flaky NIC"
+    """
     ident = _identity(None, bootstrap, ops=True)
     ev = ident.sign(events.NodeCordoned(node_id=node_id, reason=reason, by=ident.user, ts=_now(), producer="cli"))
     _node_change(
@@ -464,7 +489,12 @@ def undrain(
     redis_url: RedisUrl = None,
     as_json: JsonOut = False,
 ) -> None:
-    """Uncordon a cordoned, draining or drained node. Exit 1 for an unknown or lost node; 0 if already ready."""
+    """Uncordon a cordoned, draining or drained node. Exit 1 for an unknown or lost node; 0 if already ready.
+
+    Examples:
+
+      apportion undrain sim-7
+    """
     ident = _identity(None, bootstrap, ops=True)
     ev = ident.sign(events.NodeUncordoned(node_id=node_id, by=ident.user, ts=_now(), producer="cli"))
     _node_change(

@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -58,7 +58,7 @@ from apportion.bus.security import (
     redis_env,
     service_credentials,
 )
-from apportion.cli.common import json_option
+from apportion.cli.common import fail, json_option
 from apportion.domain.dispatch import DEFAULT_HEARTBEAT_TIMEOUT_S
 from apportion.privatefiles import private_dir, write_private
 
@@ -165,6 +165,11 @@ class StackInfo:
         """The node agent's state dir: journal, ``checkpoints/`` and ``job-logs/`` (``docs/checkpoints.md``)."""
         return self.run_dir / "node_agent"
 
+    @property
+    def job_log_dir(self) -> Path:
+        """The jobs' output files, which `apportion logs` reads (``JOB_LOG_DIR``)."""
+        return self.agent_dir / "job-logs"
+
     def env_lines(self) -> list[str]:
         lines = [
             "# written by `apportion stack up`; read by the apportion CLI",
@@ -173,7 +178,7 @@ class StackInfo:
             f"APPORTION_TOPIC_PREFIX={self.prefix}",
             f"RUN_DIR={self.run_dir}",
             f"LOG_DIR={self.log_dir}",
-            f"JOB_LOG_DIR={self.agent_dir / 'job-logs'}",
+            f"JOB_LOG_DIR={self.job_log_dir}",
             f"INFRA={self.infra}",
             f"APPORTION_KEYRING={self.keyring}",
         ]
@@ -240,7 +245,8 @@ class StackInfo:
             f"Kafka    {self.bootstrap}" + ("" if self.infra == "local" else " (external)") + said("kafka"),
             f"Redis    {self.redis_url}" + ("" if self.infra == "local" else " (external)") + said("redis"),
             f"prefix   {self.prefix or '(none: the default namespace)'}",
-            f"logs     {self.log_dir} (services), {self.agent_dir / 'job-logs'} (jobs: `apportion logs JOB`)",
+            f"logs     {self.log_dir} (services)",  # a line each: two paths on one line overran 80 columns
+            f"job logs {self.job_log_dir} (`apportion logs JOB`)",
         ]
         for name in SERVICES:
             if name in self.pids:
@@ -254,6 +260,30 @@ class StackInfo:
         if self.web_url:
             lines.append(f"dashboard {self.web_url} (read-only, 127.0.0.1)")
         return lines
+
+    def status_doc(self, probed: Mapping[str, Probe]) -> dict[str, Any]:
+        """``stack status --json``: what :meth:`describe` prints, as fields, with each part's answer."""
+        return {
+            "run_dir": str(self.run_dir),
+            "kafka_bootstrap": self.bootstrap,
+            "redis_url": self.redis_url,
+            "prefix": self.prefix,
+            "infra": self.infra,
+            "log_dir": str(self.log_dir),
+            "job_log_dir": str(self.job_log_dir),
+            "kafka": probed["kafka"].to_dict(),
+            "redis": probed["redis"].to_dict(),
+            "services": {
+                n: {
+                    "pid": p,
+                    "running": alive(p),
+                    "metrics": f"http://127.0.0.1:{self.metrics[n]}/metrics",
+                    "ready": probed[n].to_dict() if n in probed else None,
+                }
+                for n, p in sorted(self.pids.items())
+            },
+            "web": self.web_url or None,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -596,6 +626,8 @@ def up(
                 env.update(service_credentials(name, STACK_AGENT, kafka, redis))
             if name == "node_agent":
                 env.update(agent_env(info, sandbox_memory_mb_per_gpu))
+            if name == "dispatcher":
+                env.update(dispatcher_env(info))
             _save_launch(info, name, args, env)  # `stack restart` starts it again the same way
             since[name] = _log_end(info, name)  # an `up` in a run directory used before appends to its logs
             info.pids[name] = _spawn(info, name, args, env)
@@ -625,6 +657,13 @@ def agent_env(info: StackInfo, sandbox_memory_mb_per_gpu: int | None = None) -> 
     if sandbox_memory_mb_per_gpu is not None:
         env["APPORTION_SANDBOX_MEMORY_MB_PER_GPU"] = str(sandbox_memory_mb_per_gpu)
     return env
+
+
+def dispatcher_env(info: StackInfo) -> dict[str, str]:
+    """The dispatcher's own settings in the stack in ``info.run_dir``: the keyring that holds its signing key
+    (``service:dispatcher``), given outright: found through a ``stack.env`` it could be another stack's, or the
+    marker of a stopped one in the working directory's checkout, which names none."""
+    return {"APPORTION_KEYRING": info.keyring}
 
 
 def stack_cgroup_parent(run_dir: Path, prefix: str) -> str:
@@ -755,8 +794,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _err(msg: str, code: int) -> NoReturn:
-    typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(code)
+    """``error: msg`` on stderr, exit ``code``; under ``--json`` also the JSON error object on stdout (:func:`fail`)."""
+    fail(msg, code)
 
 
 @stack_app.command("up")
@@ -864,26 +903,7 @@ def status_cmd(
         _err(f"no stack started from {d} (`apportion stack up`)", 3)
     probed = probe(info)
     if as_json:
-        doc = {
-            "run_dir": str(info.run_dir),
-            "kafka_bootstrap": info.bootstrap,
-            "redis_url": info.redis_url,
-            "prefix": info.prefix,
-            "infra": info.infra,
-            "log_dir": str(info.log_dir),
-            "kafka": probed["kafka"].to_dict(),
-            "redis": probed["redis"].to_dict(),
-            "services": {
-                n: {
-                    "pid": p,
-                    "running": alive(p),
-                    "metrics": f"http://127.0.0.1:{info.metrics[n]}/metrics",
-                    "ready": probed[n].to_dict() if n in probed else None,
-                }
-                for n, p in sorted(info.pids.items())
-            },
-            "web": info.web_url or None,
-        }
+        doc = info.status_doc(probed)
         typer.echo(json.dumps(doc, indent=2, sort_keys=True))
     else:
         for ln in info.describe(probed):

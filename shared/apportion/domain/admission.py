@@ -17,7 +17,8 @@ Checks, first failure wins, in this order:
    (inherited from the nearest ancestor that sets them; ``None`` = anyone)
    exclude the user;
 5. ``min_runtime_above_limit`` (allocated jobs only): ``min_runtime_s`` is
-   above the effective ``max_min_runtime_s`` (inherited), or, where no budget
+   above the effective ``max_min_runtime_s`` (inherited; 0: the budget takes
+   only unallocated work, and the message says so), or, where no budget
    sets one, above the occupancy window W: a minimum runtime is protection
    from preemption, and protection longer than the window that measures
    fairness would let one job hold GPUs past every fair-share correction
@@ -353,6 +354,12 @@ def admit(
         if members is not None and job.user not in members:
             return Rejection(RejectReason.NOT_A_MEMBER, f"user {job.user!r} is not a member of budget {path!r}")
         limit = tree.max_min_runtime_s(path)
+        if limit == 0.0:  # a limit of 0 admits min_runtime 0 only: unallocated work (D1.unallocated-job)
+            return Rejection(
+                RejectReason.MIN_RUNTIME_TOO_LONG,
+                f"budget {path!r} takes only unallocated work (its max_min_runtime is 0s): submit with "
+                f"min_runtime 0 (free, preemptible at any time), not {format_duration(job.min_runtime_s)}",
+            )
         if limit is not None and job.min_runtime_s > limit:
             return Rejection(
                 RejectReason.MIN_RUNTIME_TOO_LONG,

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from apportion.durations import format_duration
 from apportion.events import BudgetBatch, BudgetFailure, BudgetRemoved, BudgetSet, Event
 
 #: The events that change the tree (every fold of the budgets log folds exactly these).
@@ -50,7 +51,8 @@ class BudgetError(ValueError):
         reason: machine-readable code: ``bad_path``, ``bad_share``,
             ``no_parent``, ``over_allocated``, ``unknown_budget``,
             ``has_children``, ``in_use``, ``bad_batch`` (a batch naming a
-            path twice, or nothing).
+            path twice, or nothing), ``bad_time_limit`` (a default time limit
+            in force above the max time limit in force: :func:`time_limit_conflicts`).
         message: explanation for humans.
     """
 
@@ -275,7 +277,8 @@ class BudgetTree:
         force nor set by the batch, or the batch removes it); per removal: ``unknown_budget``, ``in_use``,
         ``has_children`` (children left after the batch); per parent whose children the batch sets: the sum of
         its children's shares after the batch at most 1 (``over_allocated``, named on each budget of the batch
-        under that parent).
+        under that parent); last, on the tree after the batch, no budget set by it or below one has a default
+        time limit in force above its max time limit in force (``bad_time_limit``, :func:`time_limit_conflicts`).
 
         Raises:
             BudgetBatchError: the failures, in the order above; the tree is unchanged.
@@ -333,7 +336,12 @@ class BudgetTree:
                         fail(b.path, "over_allocated", f"shares under {par or '(root)'!r} would sum to {total:.6g} > 1")
         if fails:
             raise BudgetBatchError(fails)
-        return BudgetTree(nodes, self.version + 1)
+        after = BudgetTree(nodes, self.version + 1)
+        for p, message in time_limit_conflicts(after, [b.path for b in ok_sets]):
+            fail(p, "bad_time_limit", message)
+        if fails:
+            raise BudgetBatchError(fails)
+        return after
 
     def with_budget(self, b: Budget) -> BudgetTree:
         """New tree with ``b`` created or replaced.
@@ -341,7 +349,9 @@ class BudgetTree:
         Raises:
             BudgetError: ``bad_path``; ``bad_share`` (not in (0, 1]);
                 ``no_parent`` (parent budget missing); ``over_allocated``
-                (siblings would sum above 1).
+                (siblings would sum above 1); ``bad_time_limit`` (``b`` or a
+                budget below it would have a default time limit in force above
+                its max time limit in force: :func:`time_limit_conflicts`).
         """
         validate_path(b.path)
         validate_share(b.path, b.share)
@@ -355,7 +365,10 @@ class BudgetTree:
             )
         nodes = dict(self._nodes)
         nodes[b.path] = b
-        return BudgetTree(nodes, self.version + 1)
+        after = BudgetTree(nodes, self.version + 1)
+        for _, message in time_limit_conflicts(after, [b.path]):
+            raise BudgetError("bad_time_limit", message)
+        return after
 
     def without(self, path: str, in_use: frozenset[str] = frozenset()) -> BudgetTree:
         """New tree without ``path``.
@@ -462,6 +475,41 @@ class BudgetTree:
                     d[name] = getattr(b, name)
             out[p] = d
         return out
+
+
+def time_limit_conflicts(tree: BudgetTree, changed: Iterable[str]) -> list[tuple[str, str]]:
+    """Budgets at or below ``changed`` whose default time limit in force is above their max time limit in force.
+
+    Both limits inherit (a budget that sets neither takes its nearest ancestor's), so a default set on a parent
+    can exceed a maximum set on its child. Such a budget would refuse every job that gives no time limit of its
+    own (admission's ``time_limit_above_max``), so the change that makes one is refused instead.
+
+    Returns:
+        ``(path, message)`` per such budget, sorted by path; the message names where each limit is set.
+    """
+    found: dict[str, str] = {}
+    seen: set[str] = set()
+    todo = [p for p in changed if p in tree]
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        todo.extend(tree.children(p))
+        default_s, max_s = tree.time_limits_s(p)
+        if default_s is None or max_s is None or default_s <= max_s:
+            continue
+
+        def where(field: str, path: str = p) -> str:
+            owner = next(a for a in reversed(ancestors_of(path)) if getattr(tree.get(a), field) is not None)
+            return "" if owner == path else f" (inherited from {owner!r})"
+
+        found[p] = (
+            f"default time limit {format_duration(default_s)}{where('default_time_limit_s')} of {p!r} is above "
+            f"its max time limit {format_duration(max_s)}{where('max_time_limit_s')}: every job that gives no time "
+            "limit would be refused; lower the default or raise the maximum"
+        )
+    return sorted(found.items())
 
 
 def budget_of(change: Any) -> Budget:

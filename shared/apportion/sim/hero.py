@@ -15,7 +15,11 @@ figures from a finished run.
 * Background: every background job, its GPUs multiplied by ``size`` (8 GPUs
   per replica once it passes a node), the trace tiled (its span repeated)
   until ``days``, each copy's submit time shifted by a seeded offset of at
-  most one hour; budgets, minimum runtimes and durations as loaded.
+  most one hour; budgets, minimum runtimes and durations as loaded. ``load``
+  multiplies the background's arrivals: each job of each copy is submitted
+  ``floor(load)`` times, and once more with probability ``load - floor(load)``
+  (each time with its own offset; the draws beyond the first come from a second
+  seeded stream, so ``load=1`` is the scenario without it).
 * Hero jobs: :data:`DEFAULT_HEROES`: g = 8, k = GPUs / 8, checkpointing
   every ``checkpoint_s`` (default hourly), minimum runtime ``min_runtime_s``.
 """
@@ -30,7 +34,7 @@ from typing import Any
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import UNTIL_STARTED
 from apportion.domain.engine.reservation import protection_end_us
-from apportion.events import Event, JobPlaced, JobPreempted, JobSubmitted
+from apportion.events import Event, JobPlaced, JobPreempted, JobStarted, JobSubmitted
 from apportion.report import share_deficit_pp
 from apportion.sim.core import SimJob, SimNode, SimResult, Simulator
 from apportion.sim.traces import topology_of
@@ -120,15 +124,18 @@ def hero_scenario(
     blocks: int = 4,
     checkpoint_s: float = 3600.0,
     min_runtime_s: float = 24 * 3600.0,
+    load: float = 1.0,
 ) -> HeroScenario:
     """The scenario of the module docstring. ``background`` and its tree: e.g. the Philly jobs of a slice.
 
     Raises:
         ValueError: no background job, a hero share that leaves the background nothing, a hero
-            larger than the cluster or not a multiple of 8 GPUs.
+            larger than the cluster or not a multiple of 8 GPUs, a ``load`` below 1.
     """
     if not background:
         raise ValueError("hero scenario: no background jobs")
+    if not load >= 1:
+        raise ValueError(f"hero scenario: load {load} must be at least 1")
     per_node = 8
     hero_share = sum(h.share for h in heroes)
     if not 0 <= hero_share < 1:
@@ -137,6 +144,7 @@ def hero_scenario(
         if h.gpus % per_node or h.gpus > nodes * per_node:
             raise ValueError(f"hero scenario: hero {h.name}: {h.gpus} GPUs is not a multiple of 8 within the cluster")
     rng = random.Random(seed)
+    more = random.Random(f"hero-load-{seed}")  # the arrivals beyond the first of each job (``load``)
     leaves = sorted({j.budget for j in background})
     bg_total = sum(background_tree.abs_share(leaf) for leaf in leaves) or 1.0
     spec: dict[str, Any] = {"bg": 1 - hero_share}
@@ -155,21 +163,25 @@ def hero_scenario(
     copy = 0
     while start + copy * span < until:
         for j in src:
-            t = j.submit_us + copy * span + s_to_us(rng.uniform(0, 3600))
-            if t >= until:
-                continue
+            times = [j.submit_us + copy * span + s_to_us(rng.uniform(0, 3600))]
+            if load > 1:
+                extra = int(load) - 1 + (more.random() < load - int(load))
+                times += [j.submit_us + copy * span + s_to_us(more.uniform(0, 3600)) for _ in range(extra)]
             g, k = _scaled_shape(j.gpus_per_replica * j.replicas, size, per_node)
-            jobs.append(
-                replace(
-                    j,
-                    job_id=f"{j.job_id}~{copy}",
-                    budget="bg/" + j.budget.rsplit("/", 1)[-1],
-                    submit_us=t,
-                    gpus_per_replica=g,
-                    replicas=k,
-                    gpu_model=None,
+            for i, t in enumerate(times):
+                if t >= until:
+                    continue
+                jobs.append(
+                    replace(
+                        j,
+                        job_id=f"{j.job_id}~{copy}" + (f".{i}" if i else ""),
+                        budget="bg/" + j.budget.rsplit("/", 1)[-1],
+                        submit_us=t,
+                        gpus_per_replica=g,
+                        replicas=k,
+                        gpu_model=None,
+                    )
                 )
-            )
         copy += 1
     ids = []
     for h in heroes:
@@ -200,6 +212,10 @@ class HeroSimulator(Simulator):
     GPUs that sat free while some waiting job could have used them. Two
     heroes gathering at once are each charged the whole of that span's idle.
 
+    ``running_us[job]``: when the job's gang first ran whole, every replica of one attempt started
+    (``JobStarted``): its placement (``JobPlaced``, the decision) plus the time its victims took to stop,
+    within their grace period.
+
     ``restarts[job]``: per preemption of a hero job, ``(wait_s, protection_s)``: seconds from the
     preemption (its requeue) to its next placement (``None`` while it still waits) and the longest
     protection in force then, seconds: the latest :func:`~apportion.domain.engine.reservation.protection_end_us`
@@ -221,6 +237,8 @@ class HeroSimulator(Simulator):
         self._gather_from: dict[str, float] = {}
         self.gathering_idle_gpu_s: dict[str, float] = {}
         self.restarts: dict[str, list[tuple[float | None, float]]] = {}
+        self.running_us: dict[str, Micros] = {}
+        self._started: dict[tuple[str, int], set[int]] = {}
         self._requeued: dict[str, Micros] = {}
         self._on_day = on_day
         self._day0: Micros | None = None
@@ -245,6 +263,11 @@ class HeroSimulator(Simulator):
     def _feed(self, ev: Event, t: Micros) -> bool:
         if type(ev) is JobSubmitted and ev.job_id in self._heroes:
             self._gather_from.setdefault(ev.job_id, self._idle_so_far(t))
+        elif type(ev) is JobStarted and ev.job_id in self._heroes and ev.job_id not in self.running_us:
+            started = self._started.setdefault((ev.job_id, ev.attempt), set())
+            started.add(ev.replica)
+            if len(started) == self._specs[ev.job_id].replicas:
+                self.running_us[ev.job_id] = t
         return super()._feed(ev, t)
 
     def _outputs(self, out: list[Event], t: Micros) -> None:
@@ -271,6 +294,7 @@ class HeroSimulator(Simulator):
 class HeroRow:
     """Figures of one hero job in one run (``None``: did not happen within the run); ``stops_d`` and
     ``start_d``: when it was stopped (preempted) and first placed, days since the scenario's start;
+    ``running_h``: hours from submission until its whole gang first ran (:attr:`HeroSimulator.running_us`);
     ``restarts_h``: per preemption, hours from it to the next placement (``None``: still waiting) and the
     longest protection in force at it, hours (:attr:`HeroSimulator.restarts`)."""
 
@@ -288,6 +312,7 @@ class HeroRow:
     stops_d: tuple[float, ...] = ()
     start_d: float | None = None
     restarts_h: tuple[tuple[float | None, float], ...] = ()
+    running_h: float | None = None
 
 
 def hero_rows(
@@ -297,8 +322,10 @@ def hero_rows(
     capacity_gpus: int,
     saved: Mapping[str, float] | None = None,
     restarts: Mapping[str, Sequence[tuple[float | None, float]]] | None = None,
+    running_us: Mapping[str, Micros] | None = None,
 ) -> list[HeroRow]:
-    """Per hero job: hours from submission to first start, GPU-hours idled while it gathered (and as a
+    """Per hero job: hours from submission to first start (its first placement, ``JobPlaced``: the time to
+    start of every policy; with ``running_us``, also until its whole gang ran), GPU-hours idled while it gathered (and as a
     percentage of the GPU-hours it then runs in its first day), preemptions, GPU-hours of work lost (and the
     most one preemption lost, in hours of the whole gang), days from submission to completion, and the part
     of its work done (saved by checkpoints, or completed) when the run ended; with ``restarts``
@@ -311,6 +338,7 @@ def hero_rows(
         spec = specs[job_id]
         gpus = spec.gpus_per_replica * spec.replicas
         placed = ledger.first_placed.get(job_id)
+        running = (running_us or {}).get(job_id)
         done = ledger.completed.get(job_id)
         stops = [s for s in ledger.stops if s.job_id == job_id]
         lost = sum(s.lost_gpu_s for s in stops)
@@ -334,6 +362,7 @@ def hero_rows(
                 restarts_h=tuple(
                     (None if w is None else w / 3600, p / 3600) for w, p in (restarts or {}).get(job_id, ())
                 ),
+                running_h=None if running is None else us_to_s(running - spec.submit_us) / 3600,
             )
         )
     return rows

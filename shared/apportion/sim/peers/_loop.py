@@ -17,7 +17,7 @@ Pure: functions of the snapshot and the cycle time; no wall clock, no I/O.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -163,7 +163,7 @@ class Cycle:
 
 
 def plan_victims(
-    cyc: Cycle, job: PendingJob, accepted: Iterable[Run]
+    cyc: Cycle, job: PendingJob, accepted: Iterable[Run], nodes: Container[str] | None = None
 ) -> tuple[tuple[Placement, ...], list[Run]] | None:
     """Victims and placements for ``job`` from runs the peer's rule accepts, in the peer's order; ``None`` if none fit.
 
@@ -178,14 +178,20 @@ def plan_victims(
     rule here is monotone in the victims removed (a victim's queue with fewer
     runs gone is only further above its share), so the subset still obeys it.
     The free index is updated (the job's free GPUs taken) only when a plan is
-    returned.
+    returned. ``nodes``: only these nodes may hold the job (``None``: any).
     """
     g, k, model = job.gpus_per_replica, job.replicas, job.gpu_model
     free = cyc.free
     fmodel, fcount, ffree, reserved = free.model, free.count, free.free, free.reserved
 
     def eligible(nid: str) -> bool:
-        return nid in fmodel and nid not in reserved and fcount[nid] >= g and (model is None or fmodel[nid] == model)
+        return (
+            nid in fmodel
+            and nid not in reserved
+            and fcount[nid] >= g
+            and (model is None or fmodel[nid] == model)
+            and (nodes is None or nid in nodes)
+        )
 
     ready = sorted(n for n in fmodel if eligible(n) and len(ffree[n]) >= g)
     n_ok = len(ready)
