@@ -12,7 +12,7 @@ Usage (traces from ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the c
 
 ``run`` simulates one policy as ``apportion simulate`` does (same defaults; ``--churn-bound N`` sets
 ``EngineConfig.churn_bound``, 0 = none; ``--free-order`` sets ``EngineConfig.free_order``, ``--free-las``
-``EngineConfig.free_las``, ``--progress-after N``
+``EngineConfig.free_las`` (default 1, the policy's), ``--progress-after N``
 ``EngineConfig.progress_after``, ``--at-share-bound N`` ``EngineConfig.at_share_bound``, 0 = off, ``--grow-over-share 0``
 ``EngineConfig.grow_over_share`` False, ``--owner-free`` ``EngineConfig.owner_free``,
 ``--gang-wait-h H`` ``EngineConfig.gang_wait_s`` in hours, ``--gang-min-gpus N`` ``EngineConfig.gang_min_gpus``,
@@ -99,7 +99,7 @@ def run(argv: list[str]) -> int:
             at_share_bound=int(_opt(argv, "--at-share-bound", "0") or 0) or None,
             knobs={
                 "owner_free": _opt(argv, "--owner-free", "0") != "0",
-                "free_las": _opt(argv, "--free-las", "0") != "0",
+                "free_las": _opt(argv, "--free-las", "1") != "0",
                 "grow_over_share": _opt(argv, "--grow-over-share", "1") != "0",
                 "gang_wait_s": None if gang_wait is None else float(gang_wait) * 3600,
                 **scope,

@@ -1195,6 +1195,8 @@ class DispatcherConfigured(Event):
         churn_bound: ``EngineConfig.churn_bound``; ``None`` (no bound) in records written before it existed.
         gang_rule: ``EngineConfig.gang_rule``; False in records written before it existed (those dispatchers
             could preempt a gang for a smaller job).
+        free_las: ``EngineConfig.free_las``; False in records written before it existed (those dispatchers
+            placed free work in the budget order only).
         dispatcher_producer: the ``producer`` of its decisions.
         heartbeats_from: heartbeat timeouts count from this event time at the earliest (a node is lost
             only when both its last heartbeat and this time are more than the timeout ago): the
@@ -1225,6 +1227,7 @@ class DispatcherConfigured(Event):
     protection_doublings: int | None = Field(default=None, ge=0, le=60)
     churn_bound: int | None = Field(default=None, ge=1)
     gang_rule: bool = False
+    free_las: bool = False
     dispatcher_producer: str = "dispatcher"
     heartbeats_from: datetime | None = None
     refusal_backoff_s: float = Field(default=0.0, ge=0)

@@ -118,15 +118,24 @@ def test_a_fairtree_5_record_re_runs_with_no_churn_bound_and_the_cap_w() -> None
     assert (got.engine.churn_bound, got.engine.protection_cap_w, got.engine.policy_version) == (None, 1.0, "fairtree-5")
 
 
-def test_the_default_record_is_fairtree_8_with_the_gang_rule_churn_bound_5_and_the_cap_w_over_4() -> None:
+def test_the_default_record_is_fairtree_9_with_free_las_the_gang_rule_churn_bound_5_and_the_cap_w_over_4() -> None:
     rec = _rec(DispatchConfig(), 1, h(0))
-    assert (rec.policy_version, rec.gang_rule, rec.churn_bound, rec.protection_cap_w, rec.protection_doublings) == (
-        "fairtree-8",
-        True,
-        5,
-        0.25,
-        3,
-    )
+    got = (rec.policy_version, rec.free_las, rec.gang_rule, rec.churn_bound, rec.protection_cap_w)
+    assert got == ("fairtree-9", True, True, 5, 0.25)
+    assert rec.protection_doublings == 3
+
+
+def test_a_record_without_free_las_reads_as_free_work_in_budget_order() -> None:
+    # before free_las existed a record carried none: read as False (free work leaf by leaf in the budget order)
+    raw = _rec(DispatchConfig(), 1, h(0)).model_dump(mode="json")
+    del raw["free_las"]
+    from apportion import events
+
+    rec = events.DispatcherConfigured.model_validate(raw)
+    assert rec.free_las is False
+    got = config_from_log([rec])
+    assert got is not None and got.engine.free_las is False
+    assert config_from_log([_rec(DispatchConfig(), 1, h(0))]) == DispatchConfig()  # on: recorded and read back
 
 
 def test_a_fairtree_6_record_re_runs_without_the_gang_rule() -> None:

@@ -14,11 +14,16 @@ from typing import Any
 import pytest
 
 from apportion import events as ev
+from apportion.domain.dispatch import DispatchConfig
+from apportion.domain.engine import EngineConfig
 from apportion.events import DEFAULT_GRACE_S
 from apportion.forecast import forecast, run_end, user_history, with_submission
 from apportion.timeutil import from_us
 from tests.kit.builders import T0, h, m, submitted
 from tests.kit.forecast_history import CFG, History
+
+#: free work in the budget order (rule D3.free-las off): a requeued free job, submitted first, runs before a later one
+BUDGET_ORDER = DispatchConfig(heartbeat_timeout_s=None, engine=EngineConfig(free_las=False))
 
 
 def test_a_job_behind_a_simulated_run_starts_when_that_run_ends() -> None:
@@ -121,13 +126,18 @@ def test_an_unallocated_run_preempted_in_the_forward_run_resumes_from_its_progre
     # T0 + 20 min; a1 (lab/b, allocated, 1 h) at T0 + 30 min, before any cycle. Now = T0 + 30 min: a1 preempts u1
     # (an unallocated run), which saves 1,800 s of progress on SIGTERM; a1 starts at the grace end, T0 + 30 min
     # 30 s, and ends 1 h later, T0 + 1 h 30 min 30 s. Then u1 (attempt 2, submitted first) runs its last 5,400 s,
-    # to T0 + 3 h 0 min 30 s, and q1 starts then. (Were the progress lost, q1 would start 30 min later.)
+    # to T0 + 3 h 0 min 30 s, and q1 starts then (in the budget order: with rule D3.free-las q1, never run, goes
+    # first). (Were the progress lost, q1 would start 30 min later.)
     hist = History().node("n0", 1).submit("u1", T0, min_runtime_s=0.0, duration_s=7200.0)
     hist.submit("q1", m(20), min_runtime_s=0.0, duration_s=3600.0)
     hist.submit("a1", m(30), budget="lab/b", tick=False)
-    fc = forecast(hist.state, m(30), CFG, spacing=0.0)  # every cycle when due: the exact run
+    fc = forecast(hist.state, m(30), BUDGET_ORDER, spacing=0.0)  # every cycle when due: the exact run
     starts = {j.job_id: j.start_us for j in fc.jobs}
     assert starts == {"a1": m(30) + 30_000_000, "q1": h(3) + 30_000_000}
+    # with the rule (the default) q1 goes at a1's end, before the requeued u1
+    assert {j.job_id: j.start_us for j in forecast(hist.state, m(30), CFG, spacing=0.0).jobs}["q1"] == m(
+        90
+    ) + 30_000_000
     end = fc.runs[("u1", 2)]
     assert (end.end_us, end.note) == (h(3) + 30_000_000, "simulated duration: 5400 s of work in this attempt")
 
@@ -140,10 +150,10 @@ def test_a_forward_run_that_preempts_requeues_and_checkpoints_leaves_the_state_b
     hist.submit("q1", m(20), min_runtime_s=0.0, duration_s=3600.0)
     hist.submit("a1", m(30), budget="lab/b", tick=False)
     before, occupancy = pickle.dumps(hist.state), hist.state.ledger.occupancy(m(30))
-    first = {j.job_id: j.start_us for j in forecast(hist.state, m(30), CFG, spacing=0.0).jobs}
+    first = {j.job_id: j.start_us for j in forecast(hist.state, m(30), BUDGET_ORDER, spacing=0.0).jobs}
     assert pickle.dumps(hist.state) == before
     assert hist.state.ledger.occupancy(m(30)) == occupancy
-    again = {j.job_id: j.start_us for j in forecast(hist.state, m(30), CFG, spacing=0.0).jobs}
+    again = {j.job_id: j.start_us for j in forecast(hist.state, m(30), BUDGET_ORDER, spacing=0.0).jobs}
     assert first == again == {"a1": m(30) + 30_000_000, "q1": h(3) + 30_000_000}
 
 

@@ -18,6 +18,7 @@ from collections import Counter
 from apportion import events as ev
 from apportion.domain.budgets import BudgetTree
 from apportion.timeutil import s_to_us
+from tests.kit import engine_world
 from tests.kit.builders import h
 from tests.kit.goodput_world import NOW, World, explained, placed_jobs, placements, preempted
 
@@ -264,6 +265,40 @@ def test_a_holder_waiting_on_its_own_leafs_run_keeps_no_gpu_free():
     res = w.cycle()
     assert res.reservation == ("H", ("n0",))
     assert placements(res) == ["a1@n0[2]"]
+
+
+def _placed_before_the_holder(a1_min_runtime_s: float, a_occupancy: float, c1_min_runtime_s: float) -> World:
+    """Tree a 0.5, b 0.25, c 0.25 (K = 1e6: E_a = 500,000, E_b = E_c = 250,000); one 8-GPU node n0, all free.
+    a1 (lab/a, 1 GPU) ranks first and takes GPU 0; then H (lab/b, r_b = 250,000 / 250,000 = 1.0, 8 GPUs, waiting
+    since 8 h) fits 7 free GPUs of 8, has nothing to preempt (a1 is placed in this cycle, not a run of the
+    snapshot) and reserves n0; then c1 (lab/c, r_c = 300,000 / 250,000 = 1.2, 1 GPU)."""
+    w = engine_world.World(capacity=1e6).node("n0", 8)
+    w.job("a1", "lab/a", 1, min_runtime_s=a1_min_runtime_s, submitted=h(1))
+    w.job("H", "lab/b", 8, queued=h(8), submitted=h(1))
+    w.job("c1", "lab/c", 1, min_runtime_s=c1_min_runtime_s, submitted=h(1))
+    w.occupancy = {"lab/a": a_occupancy, "lab/b": 250_000.0, "lab/c": 300_000.0, "lab": 550_000.0 + a_occupancy}
+    return w
+
+
+def test_a_run_placed_earlier_in_the_cycle_holds_its_gpus_against_the_holder_until_its_protection_ends():
+    """a1's run is placed in this cycle, before H reserves n0: its GPU is not H's to use now. Counted as
+    available now, H's fit time was now, so no allocated job's protection ended by it: c1 waited next to 6 free
+    GPUs, left to unallocated work alone. H may not take a1 back (r_a = 3,600 / 500,000 = 0.0072 after its
+    charge, not ahead of r_b = 1.0): H has no known time to fit and keeps no GPU free, c1 takes GPU 1."""
+    res = _placed_before_the_holder(3600.0, 0.0, 3600.0).cycle()
+    assert res.reservation == ("H", ("n0",))
+    assert placements(res) == ["a1@n0[0]", "c1@n0[1]"] and not preempted(res)
+
+
+def test_the_holder_fits_when_the_protection_of_a_run_placed_earlier_in_the_cycle_ends():
+    """a at r_a = 500,000 / 500,000 = 1.0 ties b and ranks first by path; a1 (20 h) charges 72,000 GPU-s: r_a =
+    1.144. H may take a1 back once its protection ends (1.144 >= r_b + delta = 1.05, and r_b with H's charge
+    of 8 x 3,600 = 1.1152 <= 1.144), at 10 h + 20 h = 30 h: H's fit time. c1 backfills when its protection ends
+    by then (20 h: at 30 h exactly), not after (21 h: 31 h)."""
+    for c1_h, want in ((20, ["a1@n0[0]", "c1@n0[1]"]), (21, ["a1@n0[0]"])):
+        res = _placed_before_the_holder(20 * 3600.0, 500_000.0, c1_h * 3600.0).cycle()
+        assert res.reservation == ("H", ("n0",)), c1_h
+        assert placements(res) == want, c1_h
 
 
 # ---------------------------------------------------------------- scarce models stay free

@@ -93,6 +93,7 @@ __all__ = [
     "work_ref_us",
     "work_lost_gpu_s",
     "placed_protection_us",
+    "placed_run",
 ]
 
 #: ``protected_until_us`` of an allocated run not every replica of which has started:
@@ -446,6 +447,29 @@ def work_lost_gpu_s(run: Run, at_us: Micros) -> float:
     return run.gpus_per_replica * run.replicas * d / 1e6 if d > 0 else 0.0
 
 
+def placed_run(ev: JobPlaced, preemptions: int = 0, resumed_from_s: float = 0.0) -> Run:
+    """The run ``ev`` places, as folded: every replica open, none started yet; ``preemptions``: times the job
+    had been preempted before, ``resumed_from_s``: the progress it resumes from."""
+    return Run(
+        job_id=ev.job_id,
+        attempt=ev.attempt,
+        budget=ev.budget,
+        user=ev.user,
+        allocated=ev.allocated,
+        gpus_per_replica=ev.gpus_per_replica,
+        replicas=ev.replicas,
+        min_runtime_us=s_to_us(ev.min_runtime_s),
+        placements=ev.placements,
+        placed_at_us=to_us(ev.ts),
+        submitted_at_us=to_us(ev.submitted_at),
+        open_replicas=frozenset(range(len(ev.placements))),
+        protection_us=placed_protection_us(ev) if ev.allocated else None,
+        preemptions=preemptions,
+        resumed_from_s=resumed_from_s,
+        checkpoint_interval_us=s_to_us(ev.checkpoint_interval_s) if ev.checkpoint_interval_s else None,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
     """Immutable view of the cluster for one scheduling cycle.
@@ -669,24 +693,7 @@ class ClusterState:
         key = (ev.job_id, ev.attempt)
         if key in self.runs:
             return
-        self.runs[key] = Run(
-            job_id=ev.job_id,
-            attempt=ev.attempt,
-            budget=ev.budget,
-            user=ev.user,
-            allocated=ev.allocated,
-            gpus_per_replica=ev.gpus_per_replica,
-            replicas=ev.replicas,
-            min_runtime_us=s_to_us(ev.min_runtime_s),
-            placements=ev.placements,
-            placed_at_us=to_us(ev.ts),
-            submitted_at_us=to_us(ev.submitted_at),
-            open_replicas=frozenset(range(len(ev.placements))),
-            protection_us=placed_protection_us(ev) if ev.allocated else None,
-            preemptions=self.preemptions.get(ev.job_id, 0),
-            resumed_from_s=self.progress.get(ev.job_id, 0.0),
-            checkpoint_interval_us=s_to_us(ev.checkpoint_interval_s) if ev.checkpoint_interval_s else None,
-        )
+        self.runs[key] = placed_run(ev, self.preemptions.get(ev.job_id, 0), self.progress.get(ev.job_id, 0.0))
         if self.changed is not None:
             self.changed.add(key)
         owner = self._owner

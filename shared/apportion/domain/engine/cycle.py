@@ -56,7 +56,7 @@ The cycle, exactly as rule D3.scheduling-cycle says:
    reservation never idles GPUs): unallocated work, and allocated work the
    holder could take back whose protection ends by the holder's earliest
    fit (:func:`earliest_fit_us`, which counts only the runs the holder may
-   take back). A holder with no known fit time (it waits on runs it may not
+   take back, those placed earlier in the cycle among them). A holder with no known fit time (it waits on runs it may not
    take back) keeps no GPU free for itself: its nodes are unreserved for the
    rest of the cycle. Reservations are recomputed every cycle
    from the snapshot, so they need no events and replay identically.
@@ -108,7 +108,7 @@ from itertools import islice
 from operator import attrgetter
 
 from apportion.domain.budgets import BudgetTree
-from apportion.domain.cluster import UNTIL_STARTED, ClusterSnapshot, Run
+from apportion.domain.cluster import UNTIL_STARTED, ClusterSnapshot, Run, placed_run
 from apportion.domain.engine.emit import (
     emit_placed,
     job_protection_s,
@@ -143,6 +143,7 @@ from apportion.timeutil import Micros, from_us, s_to_us
 __all__ = ["CycleResult", "CycleSnapshot", "run_cycle"]
 
 _MIN_RT = attrgetter("min_runtime_s")
+_ATTAINED = attrgetter("attained_gpu_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -769,7 +770,13 @@ def _reserve(cx: _Cycle, job: PendingJob, leaf: str, charge: float) -> None:
         return
     may_take = partial(_may_take_back, cx, leaf, charge, g * k)
     taken_runs = victims.taken if victims else set()
-    hold_fit = earliest_fit_us(cx.snapshot.cluster, chosen_nodes, g, cx.now_us, taken_runs, may_take)
+    mine = set(chosen_nodes)
+    placed = [  # the runs placed earlier in this cycle on its nodes hold their GPUs as any other
+        placed_run(e)
+        for e in cx.res.events
+        if type(e) is JobPlaced and e.allocated and any(p.node_id in mine for p in e.placements)
+    ]
+    hold_fit = earliest_fit_us(cx.snapshot.cluster, chosen_nodes, g, cx.now_us, taken_runs, may_take, placed)
     if hold_fit >= UNTIL_STARTED:
         # no known time to fit: lower-ranked work may use its nodes as any other
         free.unreserve_all()
@@ -934,28 +941,37 @@ def _pass_least_attained(cx: _Cycle, todo: list[str]) -> None:
     """Rule D3.free-las: the unallocated jobs by least attained service (``PendingJob.attained_gpu_s``), ties in
     the order without the rule. Every job that has not run yet (0 GPU-seconds) goes first, leaf by leaf in the
     budget order of ``todo`` as without the rule (the bulk passes over shapes that do not fit kept); then the
-    requeued ones one at a time, fewest GPU-seconds first, ties by that order."""
+    requeued ones one at a time, fewest GPU-seconds first, ties by that order (sorted only when a GPU is left
+    after the walk; a shape that did not fit is not tried again: free GPUs only shrink)."""
     pending, ends = cx.pending, cx.allocated_end
-    later = sorted(
-        (jobs[i].attained_gpu_s, pos, i, leaf)
-        for pos, leaf in enumerate(todo)
-        for jobs in (pending[leaf],)
-        for i in range(ends.get(leaf, 0), len(jobs))
-        if jobs[i].attained_gpu_s > 0
-    )
-    cx.owner_placed.update(pending[leaf][i].job_id for _, _, i, leaf in later)  # the leaf walk passes over them
-    for leaf in todo:
-        if _place_unallocated(cx, leaf, ends.get(leaf, 0), False)[0] < 0:
+    for leaf in todo:  # (the walk passes over the requeued ones)
+        if _place_unallocated(cx, leaf, ends.get(leaf, 0), False, fresh=True)[0] < 0:
             return  # not one GPU is left for a 1-GPU job
+    if _dominated(cx.free_fail.get(None, ()), 1, 1):
+        return
+    later: list[tuple[float, int, int, str]] = []
+    for pos, leaf in enumerate(todo):
+        start = ends.get(leaf, 0)
+        for i, held in enumerate(map(_ATTAINED, islice(pending[leaf], start, None)), start):
+            if held > 0:
+                later.append((held, pos, i, leaf))
+    later.sort()
+    res = cx.res
+    failed: set[tuple[int, int, str | None, str | None]] = set()  # shapes that did not fit (free only shrinks)
     for _, _, i, leaf in later:
-        if _dominated(cx.free_fail.get(None, ()), 1, 1):
-            return
         job = pending[leaf][i]
+        shape = (job.gpus_per_replica, job.replicas, job.gpu_model, job.topology_bound)
         cx.rank += 1
-        cx.res.considered += 1
-        nodes = _fit_free(cx, job.gpus_per_replica, job.replicas, job.gpu_model, job.topology_bound)
-        if nodes is not None:
-            _place_on_free(cx, job, leaf, nodes, False)
+        res.considered += 1
+        if shape in failed:
+            continue
+        nodes = _fit_free(cx, *shape)
+        if nodes is None:
+            if shape == (1, 1, None, None):
+                return  # not one GPU is left for a 1-GPU job
+            failed.add(shape)
+            continue
+        _place_on_free(cx, job, leaf, nodes, False)
 
 
 def _unallocated_in_use(cx: _Cycle) -> dict[str, int]:
@@ -977,10 +993,13 @@ def _unallocated_in_use(cx: _Cycle) -> dict[str, int]:
     return out
 
 
-def _place_unallocated(cx: _Cycle, leaf: str, start: int, one: bool, room: float | None = None) -> tuple[int, int]:
+def _place_unallocated(
+    cx: _Cycle, leaf: str, start: int, one: bool, room: float | None = None, fresh: bool = False
+) -> tuple[int, int]:
     """Place ``leaf``'s unallocated jobs from ``pending[leaf][start]`` on free GPUs, in their order; with
     ``one``, stop after the first placed; with ``room``, only jobs of at most that many GPUs in all (rule
-    D3.owner-free), remembered in ``owner_placed``. Jobs already placed that way are passed over. Returns
+    D3.owner-free), remembered in ``owner_placed``. Jobs already placed that way are passed over, and with
+    ``fresh`` the jobs that have run before (rule D3.free-las places them after). Returns
     (index of the next job to look at, GPUs placed), the index ``len(jobs)`` when nothing more of the leaf
     fits, -1 when not one GPU is free for a 1-GPU job."""
     free, free_fail, res = cx.free, cx.free_fail, cx.res
@@ -998,7 +1017,7 @@ def _place_unallocated(cx: _Cycle, leaf: str, start: int, one: bool, room: float
     while idx + 1 < end:
         idx += 1
         job = jobs[idx]
-        if owner and job.job_id in owner:
+        if (owner and job.job_id in owner) or (fresh and job.attained_gpu_s > 0):
             continue
         cx.rank += 1
         res.considered += 1

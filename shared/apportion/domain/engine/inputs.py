@@ -26,8 +26,13 @@ __all__ = [
     "pending_order",
 ]
 
-POLICY_VERSION = "fairtree-8"
-"""fairtree-8: fairtree-7 with a reservation holder's fit counting only the runs it may take back (a holder with no
+POLICY_VERSION = "fairtree-9"
+"""fairtree-9: fairtree-8 with free work by least attained service (``EngineConfig.free_las``, rule D3.free-las) and
+a reservation holder's fit counting the allocated runs placed earlier in the same cycle
+(:func:`~apportion.domain.engine.reservation.earliest_fit_us`): ``docs/simulation.md``, "Current results". Recorded
+in ``DispatcherConfigured.free_las`` (absent: False); the fit's change has no knob, so fairtree-8 logs are not
+re-run by this engine.
+fairtree-8: fairtree-7 with a reservation holder's fit counting only the runs it may take back (a holder with no
 known fit keeps no GPU free) and :func:`~apportion.domain.preemption.gang_rule` bounded by the protection cap (a gang
 past it is a victim like any other run): rule D3.gangs, ``docs/simulation.md``, "Current results". Its decisions
 differ from fairtree-7's with no knob to turn the two back, so fairtree-7 logs are not re-run by this engine.
@@ -119,9 +124,8 @@ class EngineConfig:
         free_las: rule D3.free-las: unallocated jobs by least attained service first (``PendingJob.attained_gpu_s``,
             the GPU-seconds the job's earlier attempts held), ties in the order without it: every job that has not
             run yet leaf by leaf in the budget order of the allocated pass, then the requeued ones, fewest
-            GPU-seconds first; with ``free_order`` on, rule D3.free-order orders them instead. Default False.
-            Measured and not adopted (``docs/simulation.md``, "Levers measured"), so it is not part of any policy
-            version.
+            GPU-seconds first; with ``free_order`` on, rule D3.free-order orders them instead. Default True
+            (policy fairtree-9); False in records written before it existed.
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -146,7 +150,7 @@ class EngineConfig:
     grow_over_share: bool = True
     owner_free: bool = False
     gang_wait_s: float | None = None
-    free_las: bool = False
+    free_las: bool = True
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"

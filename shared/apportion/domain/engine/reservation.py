@@ -70,14 +70,21 @@ def earliest_fit_us(
     now_us: Micros,
     taken: set[RunKey] | frozenset[RunKey],
     may_take: Callable[[Run, Micros], bool] | None = None,
+    placed: Sequence[Run] = (),
 ) -> Micros:
     """A lower bound of when a reservation's holder can start on its ``nodes``, µs UTC (rule D3.scheduling-cycle).
 
     Per node: the GPUs not held by running allocated runs are available now
     (free, unallocated work - evicted the moment the holder can start -,
-    stopping runs, runs preempted in this cycle (``taken``) and GPUs taken
-    earlier in this cycle, all counted as now: a lower bound); an allocated
-    run's GPUs become available no earlier than its protection ends
+    stopping runs and runs preempted in this cycle (``taken``), all counted
+    as now: a lower bound). ``placed``: the runs placed earlier in this
+    cycle (not in ``cluster`` yet), counted as the cluster's runs are: an
+    allocated one holds its GPUs until its protection ends, as any run not
+    yet started. (Counted as available now, they made the holder's fit
+    time now although it could not start: no allocated job's protection
+    ends by now, so none could use the GPUs the reservation lends, and
+    what unallocated work left of them idled while such jobs waited.) An
+    allocated run's GPUs become available no earlier than its protection ends
     (:attr:`Run.protected_until_us`; for a run not yet started, its
     placement time plus its protection, which is earlier), and then only
     when the holder may take them back (``may_take(run, protection end)``:
@@ -99,9 +106,10 @@ def earliest_fit_us(
         node = cluster.nodes[nid]
         held: list[tuple[Micros, int]] = []
         busy = 0
-        for key in cluster.node_runs.get(nid, ()):
-            run = runs.get(key)
-            if run is None or run.stopping or not run.allocated or key in taken:
+        here = [runs.get(key) for key in cluster.node_runs.get(nid, ())]
+        here.extend(run for run in placed if any(run.placements[r].node_id == nid for r in run.open_replicas))
+        for run in here:
+            if run is None or run.stopping or not run.allocated or run.key in taken:
                 continue
             n = sum(len(run.placements[r].gpus) for r in run.open_replicas if run.placements[r].node_id == nid)
             until = protection_end_us(run)
