@@ -177,7 +177,8 @@ def read_model(
     would walk now (rule D3.scheduling-cycle): every allocated job in
     fair-share order (budget order, then submitted_at, job_id), then every
     unallocated one, leaf by leaf in the budget order at the start of the
-    cycle (the options D3.free-order and D3.free-las reorder these in the cycle),
+    cycle, those that have not run yet first and then the requeued ones by least
+    attained service (rule D3.free-las; D3.free-order reorders them in the cycle),
     and why they wait: the engine's cycle at ``now_us`` on the same snapshot,
     asked to explain (``run_cycle(..., explain=True)``), gives each job it
     leaves pending a typed reason; ``reason`` is its one-line text
@@ -205,7 +206,10 @@ def read_model(
     pending = {leaf: jobs for leaf, jobs in state.pending_now(now_us, arrays=False).items() if snap.tree.is_leaf(leaf)}
     # the order the cycle walks: every allocated job in fair-share order, then the unallocated ones (pass 2)
     walk = [job for _, job in FairShareQueue(snap.tree, snap.occupancy, snap.capacity_gpu_s, pending)]
-    ranked = [job for job in walk if job.allocated] + [job for job in walk if not job.allocated]
+    free = [job for job in walk if not job.allocated]
+    if cfg.engine.free_las and not cfg.engine.free_order:  # rule D3.free-las: the fresh ones, then least attained
+        free.sort(key=lambda job: job.attained_gpu_s)  # stable: ties keep the walk's order
+    ranked = [job for job in walk if job.allocated] + free
     position = {job.job_id: i for i, job in enumerate(ranked)}
     jobs: dict[str, dict[str, Any]] = {}
     reasons: dict[str, PendingReason] = {}

@@ -267,7 +267,9 @@ def test_a_holder_waiting_on_its_own_leafs_run_keeps_no_gpu_free():
     assert placements(res) == ["a1@n0[2]"]
 
 
-def _placed_before_the_holder(a1_min_runtime_s: float, a_occupancy: float, c1_min_runtime_s: float) -> World:
+def _placed_before_the_holder(
+    a1_min_runtime_s: float, a_occupancy: float, c1_min_runtime_s: float
+) -> engine_world.World:
     """Tree a 0.5, b 0.25, c 0.25 (K = 1e6: E_a = 500,000, E_b = E_c = 250,000); one 8-GPU node n0, all free.
     a1 (lab/a, 1 GPU) ranks first and takes GPU 0; then H (lab/b, r_b = 250,000 / 250,000 = 1.0, 8 GPUs, waiting
     since 8 h) fits 7 free GPUs of 8, has nothing to preempt (a1 is placed in this cycle, not a run of the
