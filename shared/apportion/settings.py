@@ -87,9 +87,22 @@ def stack_env_path() -> Path | None:
 def _is_stopped_marker(path: Path) -> bool:
     """True when ``path`` is the marker ``apportion stack down`` leaves of a stopped stack (:data:`STOPPED`)."""
     try:
-        return path.is_file() and any(ln.startswith(f"{STOPPED}=") for ln in path.read_text().splitlines())
+        return STOPPED in read_env_file(path)
     except OSError:
         return False
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """Parse a ``KEY=value`` file such as a stack.env (blank lines and ``#`` comments ignored; ``{}`` when
+    there is no file)."""
+    out: dict[str, str] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#") and "=" in line:
+                k, v = line.split("=", 1)
+                out[k.strip()] = v.strip()
+    return out
 
 
 def stack_env() -> dict[str, str]:
@@ -148,13 +161,7 @@ def event_clock() -> WallClock | ScaledClock:
 
 def _stack_env() -> dict[str, str]:
     path = stack_env_path()
-    out: dict[str, str] = {}
-    if path is not None:
-        for line in path.read_text().splitlines():
-            if "=" in line and not line.lstrip().startswith("#"):
-                k, v = line.split("=", 1)
-                out[k.strip()] = v.strip()
-    return out
+    return read_env_file(path) if path is not None else {}
 
 
 @dataclass(frozen=True, slots=True)

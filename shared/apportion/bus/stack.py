@@ -45,6 +45,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from apportion.settings import read_env_file  # the one parser of KEY=value files; its callers import it here too
+
 #: ``infra/`` of the source checkout (the stack is a development tool; it is
 #: not used inside containers). Override with ``APPORTION_INFRA_DIR``.
 DEFAULT_INFRA_DIR = Path(__file__).resolve().parents[3] / "infra"
@@ -66,18 +68,6 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    """Parse a ``KEY=value`` file (blank lines and ``#`` comments ignored)."""
-    out: dict[str, str] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            line = line.strip()
-            if line and not line.startswith("#") and "=" in line:
-                k, v = line.split("=", 1)
-                out[k.strip()] = v.strip()
-    return out
 
 
 def _alive(pidfile: Path) -> bool:
