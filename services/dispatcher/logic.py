@@ -207,7 +207,7 @@ def read_model(
     # the order the cycle walks: every allocated job in fair-share order, then the unallocated ones (pass 2)
     walk = [job for _, job in FairShareQueue(snap.tree, snap.occupancy, snap.capacity_gpu_s, pending)]
     free = [job for job in walk if not job.allocated]
-    if cfg.engine.free_las and not cfg.engine.free_order:  # rule D3.free-las: the fresh ones, then least attained
+    if cfg.engine.least_attained_free:  # rule D3.free-las: the fresh ones, then least attained
         free.sort(key=lambda job: job.attained_gpu_s)  # stable: ties keep the walk's order
     ranked = [job for job in walk if job.allocated] + free
     position = {job.job_id: i for i, job in enumerate(ranked)}

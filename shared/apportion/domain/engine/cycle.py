@@ -912,7 +912,7 @@ def _pass_unallocated(cx: _Cycle) -> None:
     if _dominated(free_fail.get(None, []), 1, 1):
         return  # not even one GPU was free for a 1-GPU job: no unallocated job fits
     todo = [leaf for leaf in order if cx.allocated_end.get(leaf, 0) < len(cx.pending.get(leaf, ()))]
-    if cx.cfg.free_las and not cx.cfg.free_order:
+    if cx.cfg.least_attained_free:
         _pass_least_attained(cx, todo)
         return
     if not cx.cfg.free_order:

@@ -155,6 +155,12 @@ class EngineConfig:
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"
 
+    @property
+    def least_attained_free(self) -> bool:
+        """Does the unallocated pass order free work by least attained service (rule D3.free-las)? The rule
+        applies unless D3.free-order (``free_order``) shares the free GPUs instead."""
+        return self.free_las and not self.free_order
+
 
 @dataclass(frozen=True, slots=True)
 class PendingJob:
