@@ -83,3 +83,24 @@ def test_the_dispatcher_finds_its_stacks_keyring_beside_a_stopped_stacks_marker(
     for k, v in dispatcher_env(info).items():
         monkeypatch.setenv(k, v)
     assert keyring_dir() == tmp_path / "run" / "keyring"
+
+
+def test_the_agent_closes_every_port_of_the_stack_to_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bootstrap servers, Redis, every listener of every broker and controller (a cluster's brokers each have
+    their ``server.properties``), the services' metrics ports and the dashboard's: the KRaft controller's port is
+    not among the bootstrap servers, and a job that held connections to it ran the broker out of descriptors."""
+    (tmp_path / "kafka" / "broker-1").mkdir(parents=True)
+    (tmp_path / "kafka" / "server.properties").write_text(
+        "node.id=1\nlisteners=SASL_SSL://127.0.0.1:9100,CONTROLLER://127.0.0.1:9101\n# listeners=X://h:1\n"
+    )
+    (tmp_path / "kafka" / "broker-1" / "server.properties").write_text("listeners = CONTROLLER://127.0.0.1:9201\n")
+    info = StackInfo(tmp_path, "127.0.0.1:9100", "rediss://127.0.0.1:6400/0", metrics={"web": 8700})
+    env = agent_env(info, service_ports=[8601, 8602])
+    assert env["APPORTION_SANDBOX_CLOSED_PORTS"] == "[6400, 8601, 8602, 8700, 9100, 9101, 9201]"
+    assert _settings(env, monkeypatch).closed_ports() == (6400, 8601, 8602, 8700, 9100, 9101, 9201)
+
+
+def test_an_external_stack_closes_its_bootstrap_servers_and_redis(tmp_path: Path) -> None:
+    """Given with ``--bootstrap``/``--redis`` (no broker data here): its servers' ports, Redis's default 6379."""
+    info = StackInfo(tmp_path, "10.0.0.5:9092,10.0.0.6:9093", "redis://10.0.0.7/0", infra="external")
+    assert stack.closed_ports(info) == [6379, 9092, 9093]

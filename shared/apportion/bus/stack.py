@@ -70,6 +70,21 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def listener_ports(datadir: str | os.PathLike[str]) -> set[int]:
+    """Every port a broker or KRaft controller of the stack in ``datadir`` listens on: the ``listeners=`` lines
+    of each ``server.properties`` under ``DATADIR/kafka`` (one, or one per broker of a cluster). A node agent on
+    the same machine closes them all to jobs (``cli.stack.agent_env``): the controller's port is not among the
+    bootstrap servers the agent is given, and a job holding connections to it runs the broker out of file
+    descriptors."""
+    ports: set[int] = set()
+    for props in sorted((Path(datadir) / "kafka").rglob("server.properties")):
+        for line in props.read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "listeners":
+                ports.update(int(url.rsplit(":", 1)[1]) for url in value.split(",") if url.strip())
+    return ports
+
+
 def _alive(pidfile: Path) -> bool:
     try:
         pid = int(pidfile.read_text().strip())

@@ -43,7 +43,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -625,7 +625,7 @@ def up(
                 redis = Path(info.redis_secrets) if info.redis_secrets else None
                 env.update(service_credentials(name, STACK_AGENT, kafka, redis))
             if name == "node_agent":
-                env.update(agent_env(info, sandbox_memory_mb_per_gpu))
+                env.update(agent_env(info, sandbox_memory_mb_per_gpu, ports))
             if name == "dispatcher":
                 env.update(dispatcher_env(info))
             _save_launch(info, name, args, env)  # `stack restart` starts it again the same way
@@ -640,12 +640,16 @@ def up(
     return info
 
 
-def agent_env(info: StackInfo, sandbox_memory_mb_per_gpu: int | None = None) -> dict[str, str]:
+def agent_env(
+    info: StackInfo, sandbox_memory_mb_per_gpu: int | None = None, service_ports: Iterable[int] = ()
+) -> dict[str, str]:
     """The node agent's own settings in the stack in ``info.run_dir`` (``services.node_agent.config``): its
     journal, the jobs' checkpoints and output files (``RUN_DIR/node_agent``), its nodes' keys, the dispatcher's
     public key (a ``NodeLost`` it did not sign is disregarded), its cgroup parent, one per run directory
-    (:func:`stack_cgroup_parent`: two stacks on one machine never share job cgroups) and, when given, the
-    memory limit of a replica per GPU."""
+    (:func:`stack_cgroup_parent`: two stacks on one machine never share job cgroups), the loopback ports closed
+    to jobs (:func:`closed_ports`) and, when given, the memory limit of a replica per GPU."""
+    import json
+
     from apportion.domain.admission import DISPATCHER
 
     env = {
@@ -653,10 +657,28 @@ def agent_env(info: StackInfo, sandbox_memory_mb_per_gpu: int | None = None) -> 
         "APPORTION_KEYRING": info.keyring,
         "APPORTION_DISPATCHER_PUBLIC_KEY_FILE": str(Path(info.keyring) / f"{DISPATCHER}.json"),
         "APPORTION_CGROUP_PARENT": stack_cgroup_parent(info.run_dir, info.prefix),
+        "APPORTION_SANDBOX_CLOSED_PORTS": json.dumps(closed_ports(info, service_ports)),
     }
     if sandbox_memory_mb_per_gpu is not None:
         env["APPORTION_SANDBOX_MEMORY_MB_PER_GPU"] = str(sandbox_memory_mb_per_gpu)
     return env
+
+
+def closed_ports(info: StackInfo, service_ports: Iterable[int] = ()) -> list[int]:
+    """Every loopback port of the stack in ``info.run_dir``, ascending: the Kafka bootstrap servers', every
+    listener of its brokers and KRaft controllers (:func:`apportion.bus.stack.listener_ports`), Redis's, and the
+    services' metrics and dashboard ports (``service_ports`` and ``info.metrics``). The node agent closes them
+    to jobs (``D10.node-boundary``); its own default closes only the bootstrap servers and Redis, which would
+    leave a job free to flood the controller's port until the broker runs out of file descriptors."""
+    from urllib.parse import urlsplit
+
+    from apportion.bus.stack import listener_ports
+
+    ports = {int(server.rsplit(":", 1)[1]) for server in info.bootstrap.split(",") if server.strip()}
+    ports.add(urlsplit(info.redis_url).port or 6379)
+    ports |= listener_ports(info.run_dir)
+    ports |= set(service_ports) | set(info.metrics.values())
+    return sorted(ports)
 
 
 def dispatcher_env(info: StackInfo) -> dict[str, str]:
