@@ -4,9 +4,9 @@ Example::
 
     from apportion import client
 
-    verdict = client.submit(budget="lab/prior/robotics", gpus=2, min_runtime="2h",
+    verdict = client.submit(budget="lab/vision", gpus=2, min_runtime="2h",
                             command=["python", "train.py"], time_limit="4h",
-                            env={"WANDB_PROJECT": "robotics"}, wait=10)
+                            env={"WANDB_PROJECT": "vision"}, wait=10)
     if isinstance(verdict, client.events.JobRejected):
         print("rejected:", verdict.reason.value, verdict.message)
     else:

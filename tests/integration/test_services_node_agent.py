@@ -356,3 +356,45 @@ async def test_a_job_cannot_publish_to_kafka_with_anything_it_finds_on_the_node(
     assert "produced" in verdicts
     forged = [r for r in await asyncio.to_thread(records) if r.key == "forged-by-a-job"]
     assert len(forged) == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="ATTACK that succeeds: the agent closes only its Kafka bootstrap and Redis ports to jobs, so the KRaft "
+    "controller's listener of a broker on the node stays open; a job holding about 20,000 connections to it runs "
+    "the broker out of file descriptors and the broker shuts down ('all log dirs have failed'). The agent's "
+    "settings do not know the controller's port: `stack up` (cli/stack.agent_env) or the agent's default "
+    "closed ports must name it.",
+)
+async def test_a_job_cannot_connect_to_the_kafka_controllers_port_of_a_broker_on_the_node(
+    kafka_bootstrap, redis_url, monkeypatch, job_accounts, shared_dir
+):
+    """ATTACK (node boundary, the control plane's connection slots): the real agent given the stack's Kafka and
+    Redis, as `apportion stack up` gives them and with no closed ports of its own, runs alice's job, which
+    connects to the session broker's port and to its KRaft controller's port (``CONTROLLER://`` of the broker's
+    ``server.properties``) on each loopback form: every connect is refused ``EPERM``. One connection is
+    harmless; what it stands for is not: the same job holding connections to the controller's port until the
+    broker's descriptors ran out (20,000 here) stopped the broker of a `make up` stack."""
+    import json
+    import os
+    import re
+
+    from apportion.events import JobCompleted
+    from tests.service.test_node_agent_boundary import CONNECT_JOB, LOOPBACK_FORMS, Node
+
+    secrets = Path(os.environ["APPORTION_KAFKA_SECRETS_DIR"])  # the session stack's: <datadir>/kafka/secrets
+    props = (secrets.parents[1] / "kafka" / "server.properties").read_text()
+    found = re.search(r"CONTROLLER://127\.0\.0\.1:(\d+)", props)
+    assert found is not None, "the session broker's controller listener"
+    broker, controller = int(kafka_bootstrap.rsplit(":", 1)[1]), int(found.group(1))
+    node = Node(shared_dir, monkeypatch, kafka_bootstrap=kafka_bootstrap, redis_url=redis_url)
+    await node.agent.start(heartbeats=False, poll_progress=False)
+    try:
+        script = write_script(shared_dir, "connect_job.py", CONNECT_JOB)
+        command = ("python3", str(script), str(broker), str(controller))
+        await node.agent.on_event(node.start("j-ctl", ALICE, command))
+        assert isinstance(await node.ended("j-ctl"), JobCompleted)
+        got = json.loads((node.ckpt / "j-ctl" / "connect.json").read_text())
+    finally:
+        await node.close()
+    assert got == {f"{h} {p}": "EPERM" for h in LOOPBACK_FORMS for p in (broker, controller)}

@@ -69,6 +69,10 @@ __all__ = ["job_accounts", "shared_dir"]  # fixtures used by name
 T0 = datetime(2026, 1, 5, tzinfo=UTC)
 CGROUPS = Path("/sys/fs/cgroup")
 
+#: The agent's Kafka and Redis where a test names none (its sink publishes nothing): its default closed ports
+#: never come from the checkout's stack, running, stopped or absent.
+KAFKA, REDIS = "127.0.0.1:9092", "rediss://127.0.0.1:6390/0"
+
 AGENT_SECRETS = {  # variables of the agent's environment a job must never see
     "APPORTION_KAFKA_USER": "node-agent.local",
     "APPORTION_KAFKA_PASSWORD": "hunter2",
@@ -127,6 +131,8 @@ class Node:
             gpus_per_node=2,
             gpu_device_files=self.gpus,
             state_dir=overrides.pop("state_dir", base / "state"),
+            kafka_bootstrap=overrides.pop("kafka_bootstrap", KAFKA),
+            redis_url=overrides.pop("redis_url", REDIS),
             node_key_dir=keys,
             cgroup_parent=self.parent,
             sandbox_memory_mb_per_gpu=overrides.pop("memory_mb", 512),
@@ -992,6 +998,8 @@ def test_the_v2_limits_written_from_the_node_settings(tmp_path, case_id, gpus, n
         sandbox_memory_mb_per_gpu=memory_mb,
         sandbox_cpu_weight_per_gpu=weight,
         sandbox_pids_max=pids,
+        kafka_bootstrap=KAFKA,
+        redis_url=REDIS,
     )
     box = sandbox_of(settings, [])
     assert box is not None and box.driver is not None and box.driver.version == 2
@@ -1151,7 +1159,9 @@ def test_an_agent_hosting_eight_nodes_limits_their_replicas_to_the_machines_memo
     from services.node_agent.service import sandbox_of
 
     probes = [SimpleNamespace(inventory=SimpleNamespace(gpu_count=8)) for _ in range(8)]
-    settings = NodeAgentSettings(node_id="n1", cgroup_root=tmp_path, cgroup_parent="apportion/agent-1")
+    settings = NodeAgentSettings(
+        node_id="n1", cgroup_root=tmp_path, cgroup_parent="apportion/agent-1", kafka_bootstrap=KAFKA, redis_url=REDIS
+    )
     box = sandbox_of(settings, probes)  # type: ignore[arg-type] # only the inventories' GPU counts are read
     total_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
     assert box is not None and box.memory_mb_per_gpu == total_mb // 64

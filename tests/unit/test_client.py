@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 from typer.testing import CliRunner
 
+from apportion import client, events
 from apportion.cli.main import app
 from apportion.client import InvalidSubmission, build_submission, check_job_id
+
+ROOT = Path(__file__).resolve().parents[2]
+T0 = datetime(2026, 1, 5, tzinfo=UTC)
 
 
 @pytest.mark.parametrize("job_id", ["alice-0123abcd", "application_1506638472019_10238", "exp.v2:seed@3+a", "x" * 200])
@@ -67,3 +75,39 @@ def test_a_command_given_as_one_string_is_refused_not_split_into_characters(comm
         build_submission(budget="lab/v", user="alice", gpus=1, min_runtime="1h", command=command)  # type: ignore[arg-type]
     assert err.value.field == "command"
     assert "list of arguments" in err.value.message
+
+
+def _docstring_example() -> str:
+    """The indented block after ``Example::`` in the module's docstring, dedented."""
+    lines = (client.__doc__ or "").split("Example::", 1)[1].splitlines()[1:]
+    block = []
+    for line in lines:
+        if line and not line.startswith("    "):
+            break
+        block.append(line.removeprefix("    "))
+    return "\n".join(block).strip() + "\n"
+
+
+def test_the_modules_example_is_queued_for_a_newcomer_on_the_example_tree() -> None:
+    """The example of the module's docstring, run as written by a user the example tree names nowhere (a newcomer
+    after `budget apply infra/budgets/example.yaml`), is admitted: its budget takes anyone."""
+    from apportion.budgetfile import load_budget_tree
+    from apportion.domain.admission import admit
+
+    calls: list[dict] = []
+
+    def submit(**kw: object) -> SimpleNamespace:
+        calls.append(kw)
+        return SimpleNamespace(job_id="j")
+
+    example = _docstring_example()
+    assert example.startswith("from apportion import client\n") and "client.submit(" in example
+    example = example.removeprefix("from apportion import client\n")  # the client below records the call
+    fake = SimpleNamespace(submit=submit, events=events)
+    exec(compile(example, "client-example", "exec"), {"client": fake, "print": lambda *a: None})
+    (kw,) = calls
+    kw.pop("wait")
+    kw["time_limit_s"] = client._time_limit_s(kw.pop("time_limit"), None)
+    job = client.build_submission(user="newcomer", now=T0, **kw)
+    tree = load_budget_tree(ROOT / "infra/budgets/example.yaml")
+    assert admit(tree, job, node_shapes=()) is None
