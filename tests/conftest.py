@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -136,6 +137,29 @@ def environment_unchanged() -> Iterator[None]:
     if message is not None:
         environment.restore(before)
         pytest.fail(message, pytrace=False)
+
+
+class KafkaClientLeftRunning(UserWarning):
+    """A test left a kafka-python client running (:func:`kafka_clients_closed`)."""
+
+
+@pytest.fixture(autouse=True)
+def kafka_clients_closed(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Close every kafka-python client the test made and left running, and say which test left which
+    (``KafkaClientLeftRunning``, naming the client's network thread): its thread would run on under every later
+    test of the worker, drawing on the global ``random`` module (:mod:`tests.kit.kafka_clients`). Clients of
+    fixtures of a wider scope are made before this block and are theirs to close."""
+    from tests.kit.kafka_clients import closing_kafka_clients, left_running
+
+    with closing_kafka_clients() as made:
+        yield
+        left = left_running(made)
+    if left:
+        warnings.warn(
+            f"{request.node.nodeid} left kafka-python clients running ({', '.join(left)}); closed after it",
+            KafkaClientLeftRunning,
+            stacklevel=1,
+        )
 
 
 @pytest.fixture(autouse=True)

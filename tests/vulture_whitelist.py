@@ -19,3 +19,4 @@ used.daemon_threads  # socketserver reads it (request threads do not hold the pr
 used.on_files  # mkdocs calls its hooks by name (tools/docs_hooks.py)
 used.HAS_RICH  # typer reads it when it formats help (tools/docs_hooks.cli_page: plain text)
 used.metavar  # click reads a parameter's metavar when it formats help (cli/common.readable_help blanks it for flags)
+used.rich_markup_mode  # typer reads a command's when it formats help (cli/common.readable_help: click's plain layout)

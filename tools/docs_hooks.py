@@ -40,6 +40,7 @@ def cli_page() -> str:
     """The CLI reference: one section per command with its ``--help`` (click's plain layout, no colours)."""
     import typer
 
+    from apportion.cli.common import readable_help
     from apportion.cli.main import app
 
     typer.core.HAS_RICH = False  # plain text in this build process: the same options, no terminal boxes
@@ -52,6 +53,7 @@ def cli_page() -> str:
         "",
     ]
     root: Any = typer.main.get_command(app)
+    readable_help(root)  # as the command line shows it: examples line by line, each command's exit codes
     for path, text in _help_pages(root, root.context_class(root, info_name="apportion", max_content_width=110)):
         out += [f"## `{path}`", "", "```text", text.rstrip(), "```", ""]
     return "\n".join(out)

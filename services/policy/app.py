@@ -37,6 +37,7 @@ async def run(
     from apportion.metrics import policy_metrics
 
     quiet_client_logs()
+    coordinator_waits_at_info()
     w = wire(settings, clock, redis=False)
     metrics = policy_metrics(w.registry)
     w.watch_reader(metrics["reader"])
@@ -80,3 +81,50 @@ async def _session(
         if pol is not None:
             await pol.stop()
         shutil.rmtree(datadir, ignore_errors=True)
+
+
+#: The logger of aiokafka's group coordinator, under which the faust app's consumer looks for its group.
+GROUP_COORDINATOR_LOGGER = "aiokafka.consumer.group_coordinator"
+
+#: How long the coordinator may stay unavailable before a lookup's failure is a WARNING that says what to check.
+COORDINATOR_PATIENCE_S = 30.0
+
+
+class CoordinatorWait(logging.Filter):
+    """aiokafka logs each failed lookup of the group's coordinator at ERROR, those it retries too. A fresh broker
+    answers "not available" (Kafka error 15) until it has made its offsets topic, which the first lookup makes it
+    create; one that is loading the topic or has moved the group answers 14 or 16. Such a failure, retriable
+    (``KafkaError.retriable``), is part of a normal start: INFO, saying it waits. Past
+    :data:`COORDINATOR_PATIENCE_S` since the first (by the records' own times) it is a WARNING that says what
+    to check. A failure aiokafka does not retry stays an ERROR."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_s: float | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        err = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        if not (record.msg == "Group Coordinator Request failed: %s" and getattr(err, "retriable", False)):
+            return True
+        if self.first_s is None:
+            self.first_s = record.created
+        waited = record.created - self.first_s
+        if waited < COORDINATOR_PATIENCE_S:
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg = "waiting for the group coordinator (%s): the broker may still be creating its offsets topic"
+            record.args = (err,)
+        else:
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg = (
+                "no group coordinator after %.0f s (%s): check that the brokers are up and that the broker's "
+                "offsets.topic.replication.factor is at most the number of brokers; retrying"
+            )
+            record.args = (waited, err)
+        return True
+
+
+def coordinator_waits_at_info() -> None:
+    """Put :class:`CoordinatorWait` on aiokafka's group coordinator logger (once)."""
+    logger = logging.getLogger(GROUP_COORDINATOR_LOGGER)
+    if not any(isinstance(f, CoordinatorWait) for f in logger.filters):
+        logger.addFilter(CoordinatorWait())

@@ -17,11 +17,15 @@ Format (YAML)::
       lab/vision:
         share: 0.4
         max_min_runtime: 8h        # a duration (8h, 90m, 3600) or max_min_runtime_s: seconds
+        default_time_limit: 24h    # or default_time_limit_s: the time limit of its jobs that give none
+        max_time_limit: 7d         # or max_time_limit_s: the largest time limit its jobs may have
         preempt_idle_after: 2h     # or preempt_idle_after_s: its idle runs past protection are victims
 
-``share`` is a fraction of the parent in (0, 1]; ``members``, ``max_min_runtime`` and
-``preempt_idle_after`` are inherited down the tree unless a budget sets its own
-(:class:`apportion.domain.budgets.BudgetTree`). A key given twice is an error
+``share`` is a fraction of the parent in (0, 1]; ``members``, ``max_min_runtime``,
+the time limits and ``preempt_idle_after`` are inherited down the tree unless a
+budget sets its own (:class:`apportion.domain.budgets.BudgetTree`). A time limit
+is above 0, and a default in force above the maximum in force is refused, as
+``budget set`` refuses them (``bad_time_limit``). A key given twice is an error
 with its line (:mod:`apportion.yamlio`); so is an unknown key, naming the
 allowed ones.
 """
@@ -35,7 +39,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from apportion.domain.budgets import Budget, BudgetError, BudgetTree, validate_share
+from apportion.domain.budgets import Budget, BudgetError, BudgetTree, validate_share, validate_time_limits
 from apportion.durations import parse_duration
 from apportion.yamlio import load_yaml, problem, where
 
@@ -87,17 +91,22 @@ Real = Annotated[float, Field(strict=True)]
 
 
 class BudgetEntry(StrictSchema):
-    """One budget: a bare number is its share; else ``share``, ``members``, a limit on minimum runtimes and
-    the idle time after which its runs past protection may be preempted (D3.idle-runs).
+    """One budget: a bare number is its share; else ``share``, ``members``, a limit on minimum runtimes, the
+    default and the largest time limit of its jobs, and the idle time after which its runs past protection may
+    be preempted (D3.idle-runs).
 
     Each duration is ``<name>`` (a duration: ``8h``, ``90m``, or seconds) or ``<name>_s`` (seconds), not both:
-    ``max_min_runtime``, ``preempt_idle_after``.
+    ``max_min_runtime``, ``default_time_limit``, ``max_time_limit``, ``preempt_idle_after``.
     """
 
     share: Real
     members: list[Annotated[str, Field(strict=True)]] | None = None
     max_min_runtime_s: Annotated[Real, Field(ge=0.0)] | None = None
     max_min_runtime: str | float | None = None
+    default_time_limit_s: Real | None = None
+    default_time_limit: str | float | None = None
+    max_time_limit_s: Real | None = None
+    max_time_limit: str | float | None = None
     preempt_idle_after_s: Annotated[Real, Field(gt=0.0)] | None = None
     preempt_idle_after: str | float | None = None
 
@@ -106,7 +115,7 @@ class BudgetEntry(StrictSchema):
         if isinstance(data, (int, float)) and not isinstance(data, bool):
             return {"share": data}
         if isinstance(data, Mapping):
-            for name in ("max_min_runtime", "preempt_idle_after"):
+            for name in ("max_min_runtime", "default_time_limit", "max_time_limit", "preempt_idle_after"):
                 if data.get(name) is not None:
                     if data.get(f"{name}_s") is not None:
                         raise ValueError(f"give {name} or {name}_s, not both")
@@ -115,14 +124,28 @@ class BudgetEntry(StrictSchema):
         return data
 
     def as_mapping(self) -> dict[str, Any]:
-        """``{share, members, max_min_runtime_s, preempt_idle_after_s}`` as :meth:`BudgetTree.from_mapping`
-        reads it."""
+        """``{share, members, max_min_runtime_s, default_time_limit_s, max_time_limit_s, preempt_idle_after_s}``
+        as :meth:`BudgetTree.from_mapping` reads it."""
         return {
             "share": self.share,
             "members": self.members,
             "max_min_runtime_s": self.max_min_runtime_s,
+            "default_time_limit_s": self.default_time_limit_s,
+            "max_time_limit_s": self.max_time_limit_s,
             "preempt_idle_after_s": self.preempt_idle_after_s,
         }
+
+    def budget(self, path: str) -> Budget:
+        """The :class:`~apportion.domain.budgets.Budget` this entry sets at ``path``."""
+        return Budget(
+            path,
+            self.share,
+            frozenset(self.members) if self.members is not None else None,
+            self.max_min_runtime_s,
+            self.default_time_limit_s,
+            self.max_time_limit_s,
+            self.preempt_idle_after_s,
+        )
 
 
 def _key_path(loc: tuple[Any, ...]) -> str:
@@ -192,8 +215,9 @@ def budgets_section(path: str | Path, raw: Mapping[str, Any]) -> dict[str, Budge
     """The validated ``budgets`` of a file's top-level mapping (or the mapping itself when it has no such key).
 
     Raises:
-        BudgetFileError: an entry that does not fit :class:`BudgetEntry` or whose share is not in (0, 1]
-            (``bad_share``, :func:`apportion.domain.budgets.validate_share`), or
+        BudgetFileError: an entry that does not fit :class:`BudgetEntry`, whose share is not in (0, 1]
+            (``bad_share``, :func:`apportion.domain.budgets.validate_share`) or whose time limit is not a
+            positive duration (``bad_time_limit``, :func:`apportion.domain.budgets.validate_time_limits`), or
             (with a ``budgets`` key) a top-level key that no reader knows.
     """
     if "budgets" in raw:
@@ -220,8 +244,9 @@ def budgets_section(path: str | Path, raw: Mapping[str, Any]) -> dict[str, Budge
             raise BudgetFileError(line.replace(f"{path}: ", f"{path}: {at}.", 1).replace(".(top level)", "")) from None
         except ValueError as exc:  # a bad duration
             raise BudgetFileError(f"{path}: {_key_path((*prefix, key))}: {exc}") from None
-        try:  # the tree's rule, here so that a partial file (`budget apply`) is checked as a whole one is
+        try:  # the tree's rules, here so that a partial file (`budget apply`) is checked as a whole one is
             validate_share(key, out[key].share)
+            validate_time_limits(out[key].budget(key))
         except BudgetError as exc:
             raise BudgetFileError(f"{path}: {_key_path((*prefix, key))}: {exc.reason}: {exc.message}") from None
     return out
@@ -258,7 +283,4 @@ def load_budgets(path: str | Path) -> dict[str, Budget]:
         BudgetFileError: an unreadable file or a bad entry, as one line.
     """
     entries = budgets_section(path, read_yaml_mapping(path))
-    return {
-        p: Budget(p, e.share, frozenset(e.members) if e.members is not None else None, e.max_min_runtime_s)
-        for p, e in entries.items()
-    }
+    return {p: e.budget(p) for p, e in entries.items()}

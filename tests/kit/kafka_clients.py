@@ -1,7 +1,13 @@
 """``closing_kafka_clients``: every kafka-python client made inside the block is closed when it ends, those whose
 constructor failed too. A consumer or admin client that cannot bootstrap (nothing answers at its address) raises
 from its constructor with its network thread still running and no client to close; a test that drives the code
-under test to such a failure would leave the thread to every later test of its process."""
+under test to such a failure would leave the thread to every later test of its process.
+
+``left_running``: the clients of such a record whose network thread still runs (what the block's end closes).
+A client left running after its test keeps its thread busy for the rest of the worker process (metadata
+refreshes; reconnections to a broker its test stopped), and that thread draws on the global ``random`` module
+(kafka-python's jitter and node shuffles): Hypothesis then reports each property test of the worker whose draw
+it overlapped as a strategy that uses ``random`` (``HypothesisDeprecationWarning``)."""
 
 from __future__ import annotations
 
@@ -34,3 +40,9 @@ def closing_kafka_clients() -> Iterator[list[Any]]:
             k.DEFAULT_CONFIG["kafka_client"] = was
         for client in made:
             client.close()
+
+
+def left_running(made: list[Any]) -> list[str]:
+    """The names of the network threads (``kafka-io-<client_id>``) of the clients in ``made`` that still run."""
+    threads = [getattr(getattr(client, "_net", None), "_io_thread", None) for client in made]
+    return sorted(t.name for t in threads if t is not None and t.is_alive())

@@ -102,3 +102,28 @@ def test_budget_set_refuses_a_default_time_limit_above_the_max_in_force(monkeypa
     res, published = _budget_set(monkeypatch, inherited, "lab/x", "--max-time-limit", "1h")
     assert (res.exit_code, published) == (1, [])
     assert "default time limit 2h (inherited from 'lab') of 'lab/x'" in res.stderr
+
+
+def test_notes_under_the_table_are_wrapped_within_80_columns(tmp_path: Path) -> None:
+    # each note is one line of 91 and one of 119 characters: wrapped at spaces, continuations indented by two
+    f = tmp_path / "b.yaml"
+    f.write_text(
+        "budgets:\n  lab: 1.0\n"
+        "  lab/robotics-manipulation: {share: 0.5, default_time_limit: 2h, max_time_limit: 1d, preempt_idle_after: 30m}\n"
+        "  lab/vision: {share: 0.5, max_min_runtime: 0}\n"
+    )
+    for columns in ("80", "200"):
+        res = CliRunner().invoke(app, ["budget", "show", "--from-file", str(f)], env={"COLUMNS": columns})
+        assert res.exit_code == 0, res.output
+        assert res.stdout.splitlines()[-4:] == [
+            "lab/robotics-manipulation: default time limit 2h, max time limit 1d, preempt",
+            "  idle after 30m",
+            "lab/vision: max min runtime 0s: takes only unallocated work (jobs with min",
+            "  runtime 0, free and preemptible at any time)",
+        ]
+    res = CliRunner().invoke(app, ["budget", "show", "--from-file", str(f)], env={"COLUMNS": "60"})
+    assert res.stdout.splitlines()[-3:] == [
+        "lab/vision: max min runtime 0s: takes only unallocated work",
+        "  (jobs with min runtime 0, free and preemptible at any",
+        "  time)",
+    ]

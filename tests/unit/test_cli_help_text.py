@@ -48,13 +48,35 @@ def test_help_has_no_rst_markup_and_no_type_after_a_flag(path: tuple[str, ...]) 
         pytest.param("one.\n\nTwo.", "one.\n\nTwo.", id="paragraphs-kept"),
         pytest.param(
             "Examples:\n\n  apportion a\n  apportion b",
-            "Examples:\n\n  apportion a\n  apportion b",
+            "Examples:\n\n\b\n  apportion a\n  apportion b",
             id="indented-examples-kept",
         ),  # fmt: skip
+        pytest.param("  apportion a\n  apportion b", "\b\n  apportion a\n  apportion b", id="examples-first"),
     ],
 )
 def test_help_text(doc: str, shown: str) -> None:
     assert help_text(doc) == shown
+
+
+@pytest.mark.parametrize("path", COMMANDS, ids=lambda p: " ".join(p) or "apportion")
+def test_help_renders_whole_within_80_columns(path: tuple[str, ...]) -> None:
+    # rich's panels cut what did not fit their help column with an ellipsis ("APPORTION_KAFKA_BOOTS…",
+    # "--inherit-max-min-run…"), and a group's list of commands cuts each summary ("...")
+    res = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert [line for line in lines if len(line) > 80] == []
+    assert [line for line in lines if "…" in line or line.endswith("...") and not line.startswith("Usage:")] == []
+
+
+def test_a_long_name_in_a_help_at_80_columns_is_whole() -> None:
+    res = CliRunner().invoke(app, ["budget", "set", "--help"], env={"COLUMNS": "80"})
+    words = res.output.split()
+    assert "--inherit-max-min-runtime" in words and "APPORTION_KAFKA_BOOTSTRAP]" in words
+    res = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "80"})
+    assert (
+        " ".join(res.output.split()).count("cancel Cancel a pending or running job and wait for the dispatcher's") == 1
+    )
 
 
 def test_a_paragraph_of_help_is_wrapped_by_the_terminal_not_at_the_sources_line_breaks() -> None:

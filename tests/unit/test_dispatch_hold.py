@@ -161,3 +161,17 @@ def test_the_queue_says_held_and_who_held_it() -> None:
         "note": "data not ready",
         "since": "2024-01-01T00:02:00+00:00",
     }
+
+
+def test_a_hold_without_a_reason_says_none_was_given() -> None:
+    state, log = two_jobs()
+    no_reason = ev.JobHoldRequested(event_id=ev.det_id("hold", "j1"), job_id="j1", user="bob", ts=from_us(m(2)))
+    held = narrow(ev.JobHeld, feed(state, log, no_reason, m(2))[0])
+    assert held.reason == "no reason given"
+    rows, _ = read_model(state, m(3), CFG)
+    assert rows["j1"]["reason"] == (
+        "held: held by bob at 2024-01-01 00:02:00 UTC (no reason given); never placed until released "
+        "(apportion release JOB)"
+    )
+    released = feed(state, log, release("j1", m(4)), m(4))
+    assert narrow(ev.JobReleased, released[0]).reason == "no reason given"

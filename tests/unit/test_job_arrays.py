@@ -20,6 +20,7 @@ from apportion.arrays import ArraySpec, element_id, parse_array, split_element_i
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, fold, step, submission_decided
 from apportion.timeutil import from_us, to_us
+from services.dispatcher.logic import read_model
 from tests.kit.builders import T0, completed, m, submitted
 from tests.kit.narrowing import narrow
 
@@ -199,7 +200,12 @@ def test_hold_of_the_array_holds_every_pending_element_and_release_lets_them_all
     feed(state, log, Tick(T0), T0)
     held = feed(state, log, ev.JobHoldRequested(event_id=ev.det_id("h"), job_id="s", user="bob", ts=from_us(T0)), T0)
     assert kinds(held) == ["JobHeld:s_2", "JobHeld:s_3", "JobHeld:s"]
-    assert narrow(ev.JobHeld, held[-1]).reason == "held (array: 2 elements)"
+    assert narrow(ev.JobHeld, held[-1]).reason == "no reason given (array: 2 elements)"
+    rows, _ = read_model(state, m(1), CFG)  # each element held as a job held without a reason is
+    assert rows["s_2"]["reason"] == (
+        "held: held by bob at 2024-01-01 00:00:00 UTC (no reason given); never placed until released "
+        "(apportion release JOB)"
+    )
     assert (sorted(state.held), state.pending_now(m(1))) == (["s_2", "s_3"], {})
     again = feed(state, log, ev.JobHoldRequested(event_id=ev.det_id("h2"), job_id="s", user="bob", ts=from_us(T0)), T0)
     assert narrow(ev.JobRejected, again[0]).message == "array 's' has no pending element to hold"

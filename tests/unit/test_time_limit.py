@@ -66,17 +66,14 @@ def test_a_limit_above_the_max_is_rejected_with_a_machine_readable_reason() -> N
     own = admit(TREE, job("lab/long", 25 * 3600.0), [])
     assert own is not None and own.reason is ev.RejectReason.TIME_LIMIT_TOO_LONG
     assert own.reason.value == "time_limit_above_max"
-    assert (
-        own.message == "time limit 90000 s (its time_limit_s) is above the max_time_limit 86400 s of budget 'lab/long'"
-    )
+    assert own.message == "time limit 1d1h (its time_limit_s) is above the max_time_limit 1d of budget 'lab/long'"
     # a tree where lab/short inherits the 4 h default above its 1 h max: every change that makes one is refused
     # (BudgetTree.apply, bad_time_limit), so only the unchecked constructor builds it; admission still refuses
     nodes = {p: b for p in TREE.paths() if (b := TREE.get(p)) is not None}
     unchecked = BudgetTree({**nodes, "lab/short": Budget("lab/short", 0.5, max_time_limit_s=3600.0)})
     default = admit(unchecked, job("lab/short", None), [])
     assert default is not None and default.message == (
-        "time limit 14400 s (the default 14400 s of budget 'lab/short') is above the max_time_limit 3600 s of "
-        "budget 'lab/short'"
+        "time limit 4h (the default 4h of budget 'lab/short') is above the max_time_limit 1h of budget 'lab/short'"
     )
     assert admit(TREE, job("lab/short", 3600.0), []) is None  # at the max: allowed
 
@@ -99,7 +96,7 @@ def test_a_rejected_time_limit_is_answered_by_the_dispatcher() -> None:
     rej = narrow(ev.JobRejected, out[0])
     assert (rej.reason.value, rej.message) == (
         "time_limit_above_max",
-        "time limit 7200 s (its time_limit_s) is above the max_time_limit 3600 s of budget 'lab/short'",
+        "time limit 2h (its time_limit_s) is above the max_time_limit 1h of budget 'lab/short'",
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -718,7 +719,17 @@ def budget_show(
         )
     out.print(t)
     for line in limit_lines(rows) + unallocated_only_lines(rows):
-        out.print(line, highlight=False, soft_wrap=True)
+        out.print(wrap_note(line, out.width), highlight=False, soft_wrap=True)
+
+
+#: The widest a note under a table is, on any terminal (narrower terminals: their width).
+NOTE_WIDTH = 80
+
+
+def wrap_note(line: str, width: int) -> str:
+    """``line`` wrapped at spaces within ``min(width, NOTE_WIDTH)`` columns, its continuation lines indented by
+    two spaces so that each note reads as one."""
+    return textwrap.fill(line, min(width, NOTE_WIDTH), subsequent_indent="  ", break_on_hyphens=False)
 
 
 def unallocated_only_lines(rows: list[dict[str, Any]]) -> list[str]:

@@ -125,12 +125,18 @@ _RST_LITERAL = re.compile(r"``(.+?)``", re.DOTALL)
 _SOFT_BREAK = re.compile(r"(?<=\S)\n(?=\S)")
 
 
+#: The start of a paragraph whose first line is indented (examples): click's help printer keeps such a paragraph
+#: line by line when a line of ``\b`` alone opens it, rather than wrapping it as prose.
+_INDENTED_PARAGRAPH = re.compile(r"(\A|\n\n)(?=[ \t]+\S)")
+
+
 def help_text(text: str) -> str:
     """A docstring as help: reStructuredText literals (````x````) and roles (``:func:`x```) as ```x```, and each
-    paragraph one line, which the terminal wraps (the help printer keeps a docstring's line breaks, so a line
-    wrapped at the source's width broke again mid-sentence at the terminal's). Blank lines between paragraphs
-    and indented lines (examples) are kept."""
-    return _SOFT_BREAK.sub(" ", _RST_LITERAL.sub(r"`\1`", _RST_ROLE.sub(r"`\1`", text)))
+    paragraph one line, which the terminal wraps (a line wrapped at the source's width would break again
+    mid-sentence at the terminal's). Blank lines between paragraphs are kept, and indented lines (examples) are
+    kept line by line: their paragraph opens with click's ``\b`` line."""
+    text = _SOFT_BREAK.sub(" ", _RST_LITERAL.sub(r"`\1`", _RST_ROLE.sub(r"`\1`", text)))
+    return _INDENTED_PARAGRAPH.sub(lambda m: m.group(1) + "\b\n", text)
 
 
 #: The last line of every command's ``--help`` (docs/operations.md, "Exit codes").
@@ -142,13 +148,18 @@ EXIT_CODES_HELP = (
 
 def readable_help(command: Any) -> None:
     """Make the help of ``command`` and every command under it readable, once for the whole tree: the docstrings
-    and parameter help through :func:`help_text`, no value type (``<bool>``) after a flag, which takes none, and
-    :data:`EXIT_CODES_HELP` at the end of each command's own."""
+    and parameter help through :func:`help_text`, no value type (``<bool>``) after a flag, which takes none,
+    :data:`EXIT_CODES_HELP` at the end of each command's own, and click's plain layout: each option on its line,
+    its help wrapped beside it at any width. Rich's panels cut a word that does not fit their help column with an
+    ellipsis (an environment variable's name, a long option) on terminals of 80 columns."""
+    command.rich_markup_mode = None
     if not getattr(command, "commands", None) and not getattr(command, "epilog", None):
         command.epilog = EXIT_CODES_HELP
     for attr in ("help", "short_help", "epilog"):
         if getattr(command, attr, None):
             setattr(command, attr, help_text(getattr(command, attr)))
+    if getattr(command, "help", None) and not getattr(command, "short_help", None):
+        command.short_help = command.help.split("\n\n", 1)[0]  # a group's list of commands shows it whole
     help_option = command.get_help_option(Context(command))  # made once and kept: the flag every command has
     for param in (*getattr(command, "params", ()), *([help_option] if help_option is not None else [])):
         if getattr(param, "help", None):
@@ -160,8 +171,9 @@ def readable_help(command: Any) -> None:
 
 
 def _usage_error(exc: UsageError, argv: list[str]) -> NoReturn:
-    if isinstance(exc, NoArgsIsHelpError):  # a group given no command: its help, as Typer prints it
-        raise exc
+    if isinstance(exc, NoArgsIsHelpError):  # a group given no command: its help (the error's message), exit 2
+        typer.echo(exc.format_message())
+        raise typer.Exit(2)
     command = exc.ctx.command_path if exc.ctx is not None else "apportion"
     message = " ".join(exc.format_message().split()).rstrip(".")
     before_dashes = argv[: argv.index("--")] if "--" in argv else argv

@@ -133,11 +133,11 @@ def submit(
 
       apportion submit -b lab/vision -g 2 -m 2h -- python train.py --lr 3e-4
 
-      apportion submit -b lab/vision -g 8 -k 4 -m 4h --duration 6h   (simulated gang)
+    A simulated gang of 4 replicas of 8 GPUs; unallocated work; an array of 100 jobs, 8 at a time:
 
-      apportion submit -b lab/vision -g 1 -m 0 -- python sweep.py     (unallocated)
-
-      apportion submit -b lab/vision -g 1 -m 30m --array 0-99%8 -- python sweep.py   (100 jobs, 8 at a time)
+      apportion submit -b lab/vision -g 8 -k 4 -m 4h --duration 6h
+      apportion submit -b lab/vision -g 1 -m 0 -- python sweep.py
+      apportion submit -b lab/vision -g 1 -m 30m --array 0-99%8 -- python sweep.py
 
     Unallocated work (-m 0) charges nothing: any user may run it under any leaf budget, member or not.
 

@@ -373,15 +373,18 @@ def admit(
                 f"{format_duration(window_s)}, the limit "
                 f"where no budget above {path!r} sets max_min_runtime",
             )
-    default_s, max_s = tree.time_limits_s(path)
+    max_s = tree.time_limits_s(path)[1]
     in_force = time_limit_in_force(tree, job)
     if max_s is not None and in_force is not None and in_force > max_s:
         whose = (
-            "its time_limit_s" if job.time_limit_s is not None else f"the default {default_s:g} s of budget {path!r}"
+            "its time_limit_s"
+            if job.time_limit_s is not None
+            else f"the default {format_duration(in_force)} of budget {path!r}"
         )
         return Rejection(
             RejectReason.TIME_LIMIT_TOO_LONG,
-            f"time limit {in_force:g} s ({whose}) is above the max_time_limit {max_s:g} s of budget {path!r}",
+            f"time limit {format_duration(in_force)} ({whose}) is above the max_time_limit "
+            f"{format_duration(max_s)} of budget {path!r}",
         )
     shapes = list(node_shapes)
     # An empty inventory (cold start: no node has registered yet) says nothing about what fits;

@@ -30,7 +30,7 @@ from functools import lru_cache
 from typing import Any
 
 from apportion.durations import format_duration
-from apportion.events import BudgetBatch, BudgetFailure, BudgetRemoved, BudgetSet, Event
+from apportion.events import MAX_SECONDS, BudgetBatch, BudgetFailure, BudgetRemoved, BudgetSet, Event
 
 #: The events that change the tree (every fold of the budgets log folds exactly these).
 BUDGET_CHANGES = (BudgetSet, BudgetRemoved, BudgetBatch)
@@ -51,7 +51,8 @@ class BudgetError(ValueError):
         reason: machine-readable code: ``bad_path``, ``bad_share``,
             ``no_parent``, ``over_allocated``, ``unknown_budget``,
             ``has_children``, ``in_use``, ``bad_batch`` (a batch naming a
-            path twice, or nothing), ``bad_time_limit`` (a default time limit
+            path twice, or nothing), ``bad_time_limit`` (a time limit that is not
+            a positive duration, :func:`validate_time_limits`, or a default time limit
             in force above the max time limit in force: :func:`time_limit_conflicts`).
         message: explanation for humans.
     """
@@ -129,6 +130,27 @@ def validate_share(path: str, share: float) -> None:
         raise BudgetError("bad_share", f"share of {path!r} is not a number (nan): give a fraction in (0, 1]")
     if not (0.0 < share <= 1.0):
         raise BudgetError("bad_share", f"share of {path!r} must be in (0, 1], got {share}")
+
+
+#: A budget's own time limits, each with how a message names it.
+TIME_LIMIT_FIELDS = (("default_time_limit_s", "default time limit"), ("max_time_limit_s", "max time limit"))
+
+
+def validate_time_limits(b: Budget) -> None:
+    """Check the time limits ``b`` sets itself: each a duration above 0 and at most ``MAX_SECONDS`` (what a
+    ``BudgetSet`` carries); whether the default in force exceeds the maximum in force is a question of the tree
+    (:func:`time_limit_conflicts`).
+
+    Raises:
+        BudgetError: ``bad_time_limit``, naming ``b``'s path, the limit and its value.
+    """
+    for field, label in TIME_LIMIT_FIELDS:
+        seconds = getattr(b, field)
+        if seconds is not None and not (0.0 < seconds <= MAX_SECONDS):  # NaN fails both bounds
+            raise BudgetError(
+                "bad_time_limit",
+                f"{label} of {b.path!r} must be above 0 and at most {format_duration(MAX_SECONDS)}, got {seconds:g} s",
+            )
 
 
 @lru_cache(maxsize=1 << 16)
@@ -313,6 +335,7 @@ class BudgetTree:
                 continue
             try:
                 validate_share(b.path, b.share)
+                validate_time_limits(b)
             except BudgetError as exc:
                 fail(b.path, exc.reason, exc.message)
                 continue
@@ -349,12 +372,13 @@ class BudgetTree:
         Raises:
             BudgetError: ``bad_path``; ``bad_share`` (not in (0, 1]);
                 ``no_parent`` (parent budget missing); ``over_allocated``
-                (siblings would sum above 1); ``bad_time_limit`` (``b`` or a
-                budget below it would have a default time limit in force above
+                (siblings would sum above 1); ``bad_time_limit`` (a limit of ``b``
+                that is not a positive duration, or ``b`` or a budget below it would have a default time limit in force above
                 its max time limit in force: :func:`time_limit_conflicts`).
         """
         validate_path(b.path)
         validate_share(b.path, b.share)
+        validate_time_limits(b)
         par = parent_of(b.path)
         if par != ROOT and par not in self._nodes:
             raise BudgetError("no_parent", f"parent budget {par!r} of {b.path!r} does not exist")

@@ -172,6 +172,9 @@ NODE_FAULT_REFUSALS = frozenset({"gpus_busy", "unknown_gpus", "cannot_isolate"})
 #: dispatcher fails the job (``JobFailed``, the refusal as its reason) instead of requeueing it.
 NO_ACCOUNT = "no_account"
 
+#: The reason of a ``JobHeld`` or ``JobReleased`` whose request gave none (``queue`` shows a held job's reason).
+NO_REASON = "no reason given"
+
 #: How the reason of a ``JobRequeued`` that undid a refused start begins; the refusal's code follows (with
 #: ``DispatchConfig.refusal_detail`` the agent's whole reason: ``gpus_busy: GPUs [0] are held by ...``).
 REFUSED_START = "start refused: "
@@ -1487,7 +1490,7 @@ def hold_events(state: DispatchState, req: JobHoldRequested | JobReleaseRequeste
     if why is not None:
         budget = rec.spec.budget if rec is not None else ""
         return [refused_request_event(req, Rejection(RejectReason.INVALID, why), budget=budget, ts=ts, producer=prod)]
-    reason = req.reason or ("held" if hold else "released")
+    reason = req.reason or NO_REASON
     answer = held_event if hold else released_event
     return [answer(req.job_id, req.user, reason, req.event_id, ts, prod)]
 
@@ -1516,7 +1519,7 @@ def _array_hold_events(
     out: list[Event] = []
     for job_id in [*todo, req.job_id]:
         n = len(todo)
-        reason = req.reason or ("held" if hold else "released")
+        reason = req.reason or NO_REASON
         if job_id == req.job_id:
             reason += f" (array: {n} element{'s' if n != 1 else ''})"
         answer = held_event if hold else released_event

@@ -1,0 +1,80 @@
+"""The policy's start logs no ERROR for what a normal start meets: aiokafka's retried lookups of the group
+coordinator (a fresh broker answers "not available" until it has made its offsets topic) are INFO, a WARNING
+that says what to check once they last, and what aiokafka does not retry stays an ERROR."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from aiokafka import errors
+
+from services.policy.app import GROUP_COORDINATOR_LOGGER, CoordinatorWait, coordinator_waits_at_info
+
+LOOKUP = "Group Coordinator Request failed: %s"
+
+
+def record(msg: str, err: object, at_s: float) -> logging.LogRecord:
+    """A record as aiokafka's ``log.error(msg, err)`` makes it, at ``at_s`` seconds."""
+    rec = logging.LogRecord(GROUP_COORDINATOR_LOGGER, logging.ERROR, __file__, 1, msg, (err,), None)
+    rec.created = at_s
+    return rec
+
+
+def test_retried_lookups_are_info_then_a_warning_that_says_what_to_check() -> None:
+    wait = CoordinatorWait()
+    seen = []
+    for at_s in (1000.0, 1000.1, 1029.9, 1031.0):
+        rec = record(LOOKUP, errors.GroupCoordinatorNotAvailableError(), at_s)
+        assert wait.filter(rec)  # kept, at its new level
+        seen.append((rec.levelname, rec.getMessage()))
+    waiting = (
+        "INFO",
+        "waiting for the group coordinator ([Error 15] GroupCoordinatorNotAvailableError): the broker may still be "
+        "creating its offsets topic",
+    )
+    assert seen == [
+        waiting,
+        waiting,
+        waiting,
+        (
+            "WARNING",
+            "no group coordinator after 31 s ([Error 15] GroupCoordinatorNotAvailableError): check that the brokers "
+            "are up and that the broker's offsets.topic.replication.factor is at most the number of brokers; "
+            "retrying",
+        ),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("msg", "err"),
+    [
+        pytest.param(LOOKUP, errors.GroupAuthorizationFailedError(), id="lookup failure not retried"),
+        pytest.param("Heartbeat failed: %r", errors.GroupCoordinatorNotAvailableError(), id="another message"),
+    ],
+)
+def test_what_aiokafka_does_not_retry_stays_an_error(msg: str, err: object) -> None:
+    rec = record(msg, err, 1000.0)
+    assert CoordinatorWait().filter(rec)
+    assert (rec.levelno, rec.msg, rec.args) == (logging.ERROR, msg, (err,))
+
+
+def test_the_policy_puts_it_on_aiokafkas_logger_once(caplog: pytest.LogCaptureFixture) -> None:
+    logger = logging.getLogger(GROUP_COORDINATOR_LOGGER)
+    before = list(logger.filters)
+    try:
+        coordinator_waits_at_info()
+        coordinator_waits_at_info()
+        assert [f for f in logger.filters if isinstance(f, CoordinatorWait)] != []
+        assert len(logger.filters) == len(before) + 1
+        with caplog.at_level(logging.INFO):
+            logger.error(LOOKUP, errors.CoordinatorLoadInProgressError())
+        assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+            (
+                "INFO",
+                "waiting for the group coordinator ([Error 14] GroupLoadInProgressError): the broker may still be "
+                "creating its offsets topic",
+            )
+        ]
+    finally:
+        logger.filters[:] = before
