@@ -301,7 +301,8 @@ def test_encoding_and_headers(tmp_path):
         (
             B2.replace("lab/a: 0.6", "lab/a: {share: 0.6, bogus: 1}"),
             "b.yaml: budgets.lab/a: unknown key 'bogus'; allowed keys: share, members, max_min_runtime_s, max_min_runtime, "
-            "preempt_idle_after_s, preempt_idle_after",
+            "default_time_limit_s, default_time_limit, max_time_limit_s, max_time_limit, preempt_idle_after_s, "
+            "preempt_idle_after",
         ),
         (B2 + "default_budget: lab\n", "b.yaml: default_budget: 'lab' has children; it must name a leaf budget"),
         # the second lab/a starts at column 33 of line 2 ("budgets: {" 10 + "lab: 1.0, " 10 + "lab/a: 0.6, " 12, 1-based)
