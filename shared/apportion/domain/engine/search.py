@@ -425,6 +425,13 @@ def _cheapest_unallocated(s: _Search, cached: dict[str, Option], k: int) -> list
     if len(cached) <= k:
         return list(cached.values())
     heap = _unallocated_heap(s.req, (s.g, s.model), cached)
+    if k == 1:  # (most jobs: the top read in place; entries are distinct, so the heap pops them in one order)
+        while heap:
+            e = heap[0]
+            if cached.get(e[1]) is e[3]:
+                return [e[3]]
+            heapq.heappop(heap)  # stale
+        return []
     kept: list[tuple[tuple[int, int, int, float], str, int, Option]] = []
     while heap and len(kept) < k:
         e = heapq.heappop(heap)
