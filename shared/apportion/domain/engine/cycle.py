@@ -486,7 +486,7 @@ def _open(
         pending=pending,
         allocated_end=allocated_end,
         queue=queue,
-        budget_rank={leaf: i for i, leaf in enumerate(queue.initial_order)},
+        budget_rank=dict(zip(queue.initial_order, range(len(queue.initial_order)))),
         free=free,
         memo=snapshot.memo,
         reservation_after_us=s_to_us(cfg.reservation_after_s),
