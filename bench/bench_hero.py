@@ -4,7 +4,7 @@ Run::
 
     .venv/bin/python bench/bench_hero.py [--days 21] [--size 16] [--load 1] [--slice week44] [--seed 1]
         [--policy fairshare,slurm,kueue,kai,fifo] [--no-heroes] [--hero-days 2,3,4] [--hero-shares 0.1,0.3,0.1]
-        [--hero-min-gpus N|none] [--gang-min-gpus N] [--gang-bound-x X] [--no-grow-over-share] [--json out.json]
+        [--hero-min-gpus N|none] [--gang-min-gpus N] [--gang-bound-x X] [--grow-over-share] [--json out.json]
 
 Builds :func:`apportion.sim.hero.hero_scenario` from the Philly jobs of
 ``--slice`` (``infra/budgets/philly.yaml``'s tree and minimum-runtime rule)
@@ -15,8 +15,9 @@ mean of the per-budget means), one line per background budget (its backlogged pa
 behind, the sum and mean of its deficit), one line per simulated day (the deficit, the budgets
 behind, the GPUs the hero and background budgets run) and one per hero job (time to start, GPU-hours idled while it gathered, preemptions,
 work lost, completion). ``--no-heroes``: the same run without the hero jobs
-(same tree), the reference of the background budgets' deficit. ``--no-grow-over-share``:
-``EngineConfig.grow_over_share`` False (only a job at or under its share has its protection grown). ``--load X``: the background's
+(same tree), the reference of the background budgets' deficit. ``--grow-over-share``:
+``EngineConfig.grow_over_share`` True (every job's protection grown with its preemptions, as up to policy
+``fairtree-9``; by default only a job at or under its share). ``--load X``: the background's
 arrivals multiplied by X (the overloaded lab, docs/hero.md); the header line gives the background's
 offered demand, its GPU-hours submitted within the horizon over the cluster's.
 """
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from apportion.cli.simulate import gang_scope
+from apportion.domain.cluster import PROTECTION_GROW_OVER_SHARE
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import EngineConfig
 from apportion.domain.engine.inputs import HERO_MIN_GPUS
@@ -78,7 +80,7 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
             engine=EngineConfig(
                 window_s=bf.window_s,
                 hero_min_gpus=least,
-                grow_over_share=not a.no_grow_over_share,
+                grow_over_share=a.grow_over_share,
                 **gang_scope(a.gang_min_gpus, a.gang_bound_x),
             ),
             heartbeat_timeout_s=None,
@@ -238,9 +240,11 @@ def main() -> None:
     )
     ap.add_argument("--gang-bound-x", type=float, default=None, help="EngineConfig.gang_bound_x (D3.gangs), 0: the cap")
     ap.add_argument(
-        "--no-grow-over-share",
-        action="store_true",
-        help="EngineConfig.grow_over_share False (D3.bounded-churn): only jobs at or under their share grow",
+        "--grow-over-share",
+        action=argparse.BooleanOptionalAction,
+        default=PROTECTION_GROW_OVER_SHARE,
+        help="EngineConfig.grow_over_share (D3.bounded-churn); --grow-over-share grows every job's protection "
+        "(policies up to fairtree-9), the default only jobs at or under their share",
     )
     ap.add_argument("--json", default=None)
     ap.add_argument("--progress", default=None, help="append a JSON line a simulated day: the figures so far")

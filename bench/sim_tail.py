@@ -13,8 +13,8 @@ Usage (traces from ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the c
 ``run`` simulates one policy as ``apportion simulate`` does (same defaults; ``--churn-bound N`` sets
 ``EngineConfig.churn_bound``, 0 = none; ``--free-order`` sets ``EngineConfig.free_order``, ``--free-las``
 ``EngineConfig.free_las`` (default 1, the policy's), ``--progress-after N``
-``EngineConfig.progress_after``, ``--at-share-bound N`` ``EngineConfig.at_share_bound``, 0 = off, ``--grow-over-share 0``
-``EngineConfig.grow_over_share`` False, ``--owner-free`` ``EngineConfig.owner_free``,
+``EngineConfig.progress_after``, ``--at-share-bound N`` ``EngineConfig.at_share_bound``, 0 = off, ``--grow-over-share 1``
+``EngineConfig.grow_over_share`` True (default 0, the policy's), ``--owner-free`` ``EngineConfig.owner_free``,
 ``--gang-wait-h H`` ``EngineConfig.gang_wait_s`` in hours, ``--gang-min-gpus N`` ``EngineConfig.gang_min_gpus``,
 ``--gang-bound-x X`` ``EngineConfig.gang_bound_x``, 0 = none for both), writes the policy's report (the ``--json`` document) beside OUT
 (``.json`` replaced by ``.report.json``) and one row per job to OUT: budget, allocated, shape g x k, duration,
@@ -56,7 +56,7 @@ def run(argv: list[str]) -> int:
     """Simulate one policy on a slice and write the per-job rows."""
     import apportion.sim.core as core
     from apportion.cli.simulate import _run, gang_scope
-    from apportion.domain.cluster import PROTECTION_CHURN_BOUND
+    from apportion.domain.cluster import PROTECTION_CHURN_BOUND, PROTECTION_GROW_OVER_SHARE
     from apportion.sim.traces import load_budget_file, load_trace
 
     trace, slice_, policy, out = argv[:4]
@@ -100,7 +100,7 @@ def run(argv: list[str]) -> int:
             knobs={
                 "owner_free": _opt(argv, "--owner-free", "0") != "0",
                 "free_las": _opt(argv, "--free-las", "1") != "0",
-                "grow_over_share": _opt(argv, "--grow-over-share", "1") != "0",
+                "grow_over_share": _opt(argv, "--grow-over-share", "1" if PROTECTION_GROW_OVER_SHARE else "0") != "0",
                 "gang_wait_s": None if gang_wait is None else float(gang_wait) * 3600,
                 **scope,
             },

@@ -1197,6 +1197,8 @@ class DispatcherConfigured(Event):
             could preempt a gang for a smaller job).
         free_las: ``EngineConfig.free_las``; False in records written before it existed (those dispatchers
             placed free work in the budget order only).
+        grow_over_share: ``EngineConfig.grow_over_share``; True in records written before it existed (those
+            dispatchers grew every job's protection with its preemptions, over its share too).
         dispatcher_producer: the ``producer`` of its decisions.
         heartbeats_from: heartbeat timeouts count from this event time at the earliest (a node is lost
             only when both its last heartbeat and this time are more than the timeout ago): the
@@ -1228,6 +1230,7 @@ class DispatcherConfigured(Event):
     churn_bound: int | None = Field(default=None, ge=1)
     gang_rule: bool = False
     free_las: bool = False
+    grow_over_share: bool = True
     dispatcher_producer: str = "dispatcher"
     heartbeats_from: datetime | None = None
     refusal_backoff_s: float = Field(default=0.0, ge=0)

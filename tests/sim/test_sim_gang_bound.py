@@ -15,15 +15,15 @@ CYCLE_S = 300  # the simulator's periodic cycle while jobs wait
 
 @pytest.mark.parametrize(
     "engine",
-    [pytest.param({}, id="policy"), pytest.param({"grow_over_share": False}, id="grown only at or under share")],
+    [pytest.param({}, id="policy"), pytest.param({"grow_over_share": True}, id="every job grown (fairtree-9)")],
 )
 def test_a_week_long_gang_holds_the_other_budget_off_for_at_most_the_cap_and_one_cycle(engine):
     """lab/a's 2 x 8 gang (7 days of work, minimum runtime 2 h) takes both nodes at 0 h; lab/b (r = 0) asks for
     8 GPUs at 1 h. The gang's protection ends at 2 h, but the gang rule spares it for the smaller job until it
     has run W / 4 = 42 h; then it is a victim like any other. lab/b waits 42 h - 1 h = 41 h, within
     W / 4 + one cycle; without the bound it waited for the whole gang (167.5 h when measured on a 7-day gang).
-    The same with protection grown only at or under the share (``EngineConfig.grow_over_share`` False): the gang,
-    never preempted before, has its minimum runtime either way."""
+    The same with every job's protection grown (``EngineConfig.grow_over_share`` True, up to policy fairtree-9):
+    the gang, never preempted before, has its minimum runtime either way."""
     jobs = [
         job("g", "lab/a", gpus=8, replicas=2, min_runtime_s=2 * H, duration_s=7 * 24 * H),
         job("b", "lab/b", gpus=8, min_runtime_s=2 * H, duration_s=10 * H, submit=at(1)),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from apportion.audit.config import config_from_log, configured_event, with_overrides
+from apportion.audit.config import config_from_event, config_from_log, configured_event, with_overrides
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import EngineConfig
 from tests.kit.builders import dt, h
@@ -45,7 +45,7 @@ def test_another_policy_version_is_refused() -> None:
         config_from_log([rec])
 
 
-def test_a_fairtree_2_record_re_runs_with_patience_off() -> None:
+def test_a_fairtree_2_record_reads_with_patience_off() -> None:
     # a record written before patience existed: no patience_s field (read as 0, the rule off), policy fairtree-2
     raw = _rec(LIVE, 1, h(0)).model_dump(mode="json")
     del raw["patience_s"]
@@ -53,7 +53,7 @@ def test_a_fairtree_2_record_re_runs_with_patience_off() -> None:
     from apportion import events
 
     old = events.DispatcherConfigured.model_validate(raw)
-    got = config_from_log([old])
+    got = config_from_event(old)
     assert got is not None
     assert (got.engine.patience_s, got.engine.policy_version) == (0.0, "fairtree-2")
 
@@ -64,7 +64,7 @@ def test_the_record_carries_patience() -> None:
     assert config_from_log([_rec(cfg, 1, h(0))]) == cfg
 
 
-def test_a_fairtree_3_record_re_runs_with_the_checkpoint_rule_off() -> None:
+def test_a_fairtree_3_record_reads_with_the_checkpoint_rule_off() -> None:
     # written before checkpoint_rule existed: no checkpoint_wait_s field (read as 0, the rule off)
     raw = _rec(LIVE, 1, h(0)).model_dump(mode="json")
     del raw["checkpoint_wait_s"]
@@ -73,21 +73,21 @@ def test_a_fairtree_3_record_re_runs_with_the_checkpoint_rule_off() -> None:
     raw["policy_version"] = "fairtree-3"
     from apportion import events
 
-    got = config_from_log([events.DispatcherConfigured.model_validate(raw)])
+    got = config_from_event(events.DispatcherConfigured.model_validate(raw))
     assert got is not None
     assert (got.engine.checkpoint_wait_s, got.engine.policy_version) == (0.0, "fairtree-3")
     assert got.engine.protection_cap_w == 0.25  # fairtree-3 capped protection growth at W / 4
     assert got.engine.protection_doublings is None  # and doubled it all the way to that cap
 
 
-def test_a_fairtree_4_record_re_runs_with_doubling_to_the_cap() -> None:
+def test_a_fairtree_4_record_reads_with_doubling_to_the_cap() -> None:
     # written before protection_doublings existed: read as None (min_runtime x 2**p up to the cap)
     raw = _rec(LIVE, 1, h(0)).model_dump(mode="json")
     del raw["protection_doublings"]
     raw["policy_version"] = "fairtree-4"
     from apportion import events
 
-    got = config_from_log([events.DispatcherConfigured.model_validate(raw)])
+    got = config_from_event(events.DispatcherConfigured.model_validate(raw))
     assert got is not None
     assert (got.engine.protection_doublings, got.engine.policy_version) == (None, "fairtree-4")
     assert got.engine.protection_cap_w == LIVE.engine.protection_cap_w
@@ -105,7 +105,7 @@ def test_the_record_carries_the_churn_bound() -> None:
     assert config_from_log([_rec(cfg, 1, h(0))]) == cfg
 
 
-def test_a_fairtree_5_record_re_runs_with_no_churn_bound_and_the_cap_w() -> None:
+def test_a_fairtree_5_record_reads_with_no_churn_bound_and_the_cap_w() -> None:
     # a fairtree-5 dispatcher recorded protection_cap_w 1.0 and, before churn_bound existed, no churn_bound: read as
     # None (no job is protected until done), whatever this engine's defaults (fairtree-6: 0.25 and 5)
     raw = _rec(DispatchConfig(engine=EngineConfig(protection_cap_w=1.0)), 1, h(0)).model_dump(mode="json")
@@ -113,16 +113,39 @@ def test_a_fairtree_5_record_re_runs_with_no_churn_bound_and_the_cap_w() -> None
     raw["policy_version"] = "fairtree-5"
     from apportion import events
 
-    got = config_from_log([events.DispatcherConfigured.model_validate(raw)])
+    got = config_from_event(events.DispatcherConfigured.model_validate(raw))
     assert got is not None
     assert (got.engine.churn_bound, got.engine.protection_cap_w, got.engine.policy_version) == (None, 1.0, "fairtree-5")
 
 
-def test_the_default_record_is_fairtree_9_with_free_las_the_gang_rule_churn_bound_5_and_the_cap_w_over_4() -> None:
+def test_the_default_record_is_fairtree_10_with_free_las_the_gang_rule_churn_bound_5_and_the_cap_w_over_4() -> None:
     rec = _rec(DispatchConfig(), 1, h(0))
     got = (rec.policy_version, rec.free_las, rec.gang_rule, rec.churn_bound, rec.protection_cap_w)
-    assert got == ("fairtree-9", True, True, 5, 0.25)
-    assert rec.protection_doublings == 3
+    assert got == ("fairtree-10", True, True, 5, 0.25)
+    assert (rec.protection_doublings, rec.grow_over_share) == (3, False)
+
+
+def test_a_fairtree_9_record_re_runs_with_every_job_grown() -> None:
+    # before grow_over_share existed a record carried none: read as True (every job's protection grew)
+    raw = _rec(DispatchConfig(), 1, h(0)).model_dump(mode="json")
+    del raw["grow_over_share"]
+    raw["policy_version"] = "fairtree-9"
+    from apportion import events
+
+    rec = events.DispatcherConfigured.model_validate(raw)
+    got = config_from_log([rec])
+    assert got is not None
+    assert (got.engine.grow_over_share, got.engine.policy_version) == (True, "fairtree-9")
+    assert config_from_log([_rec(DispatchConfig(), 1, h(0))]) == DispatchConfig()  # off: recorded and read back
+
+
+@pytest.mark.parametrize("version", ["fairtree-8", "fairtree-7", "fairtree-6", "fairtree-2"])
+def test_a_log_of_a_policy_before_fairtree_9_is_refused(version: str) -> None:
+    # fairtree-8 and fairtree-9 changed the reservation fit with no knob to turn back: their predecessors' decisions
+    # are not re-run
+    rec = _rec(DispatchConfig(), 1, h(0)).model_copy(update={"policy_version": version})
+    with pytest.raises(ValueError, match=f"ran policy '{version}'"):
+        config_from_log([rec])
 
 
 def test_a_record_without_free_las_reads_as_free_work_in_budget_order() -> None:
@@ -138,14 +161,14 @@ def test_a_record_without_free_las_reads_as_free_work_in_budget_order() -> None:
     assert config_from_log([_rec(DispatchConfig(), 1, h(0))]) == DispatchConfig()  # on: recorded and read back
 
 
-def test_a_fairtree_6_record_re_runs_without_the_gang_rule() -> None:
+def test_a_fairtree_6_record_reads_without_the_gang_rule() -> None:
     # before gang_rule existed a record carried no gang_rule: read as False (a gang could go for a smaller job)
     raw = _rec(DispatchConfig(), 1, h(0)).model_dump(mode="json")
     del raw["gang_rule"]
     raw["policy_version"] = "fairtree-6"
     from apportion import events
 
-    got = config_from_log([events.DispatcherConfigured.model_validate(raw)])
+    got = config_from_event(events.DispatcherConfigured.model_validate(raw))
     assert got is not None
     assert (got.engine.gang_rule, got.engine.churn_bound, got.engine.policy_version) == (False, 5, "fairtree-6")
 

@@ -678,22 +678,25 @@ def _thrice_preempted_placed(occupancy: float, **cfg) -> list[tuple[float, float
 
 
 def test_at_share_bound_protects_a_job_under_its_share_until_done():
-    # min_runtime 2 h, preempted 3 times: 2 h x 8 = 16 h by default. K = 1000, lab/a's entitlement 500 GPU-s:
+    # min_runtime 2 h, preempted 3 times: 2 h x 8 = 16 h under its share. K = 1000, lab/a's entitlement 500 GPU-s:
     # with no occupancy its r when the job is placed is 0 (under its share): until done with at_share_bound 3;
-    # with 7200 GPU-s its r is 7200 / 500 = 14.4 (over its share): still 16 h
+    # with 7200 GPU-s its r is 7200 / 500 = 14.4 (over its share): the bound does not apply, and the policy
+    # (grow_over_share False) keeps it at its minimum runtime, 2 h; growing every job, 16 h
     recorded = _thrice_preempted_placed
     assert recorded(0.0) == [(0.0, 16 * 3600.0)]
     assert recorded(0.0, at_share_bound=3) == [(0.0, PROTECTION_UNTIL_DONE_S)]
-    assert recorded(7200.0, at_share_bound=3) == [(14.4, 16 * 3600.0)]
+    assert recorded(7200.0, at_share_bound=3) == [(14.4, 2 * 3600.0)]
+    assert recorded(7200.0, at_share_bound=3, grow_over_share=True) == [(14.4, 16 * 3600.0)]
 
 
-def test_grow_over_share_off_keeps_a_job_over_its_share_at_its_minimum_runtime():
-    # min_runtime 2 h, preempted 3 times: 2 h x 8 = 16 h. K = 1000, lab/a's entitlement 500 GPU-s: r 0 grows as
-    # ever; with 7200 GPU-s r is 14.4 (over its share): 2 h with grow_over_share False, 16 h by default
+def test_protection_grows_only_for_a_job_at_or_under_its_share():
+    # rule D3.bounded-churn (policy fairtree-10, grow_over_share False by default): min_runtime 2 h, preempted 3
+    # times. K = 1000, lab/a's entitlement 500 GPU-s: at r 0 it grows to 2 h x 8 = 16 h; with 7200 GPU-s r is 14.4
+    # (over its share): its minimum runtime, 2 h; with grow_over_share True (up to fairtree-9) 16 h
     recorded = _thrice_preempted_placed
-    assert recorded(0.0, grow_over_share=False) == [(0.0, 16 * 3600.0)]
-    assert recorded(7200.0, grow_over_share=False) == [(14.4, 2 * 3600.0)]
-    assert recorded(7200.0) == [(14.4, 16 * 3600.0)]
+    assert recorded(0.0) == [(0.0, 16 * 3600.0)]
+    assert recorded(7200.0) == [(14.4, 2 * 3600.0)]
+    assert recorded(7200.0, grow_over_share=True) == [(14.4, 16 * 3600.0)]
 
 
 def test_allocated_count_is_kept_in_the_memo_and_read_from_it():

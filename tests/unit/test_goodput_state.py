@@ -450,7 +450,7 @@ def test_protection_s_at_share_bound_never_raises_the_churn_bound():
     assert protection_s(7200.0, 3, None, W7, ratio=0.5) == 57600.0
 
 
-# EngineConfig.grow_over_share = False (a measured variant of D3.bounded-churn, on by default): only a job whose
+# EngineConfig.grow_over_share = False (rule D3.bounded-churn, the policy since fairtree-10): only a job whose
 # budget's r is at most 1 when placed has its protection grown (2 h x 2, 4, 8, 16, then W / 4 = 42 h); over its share
 # (or r unknown) it is its minimum runtime, 2 h, until the churn bound 5 protects it until done.
 NO_GROW_OVER = [
@@ -470,6 +470,7 @@ def test_protection_s_grows_only_at_or_under_share(n, ratio, hours):
     assert protection_s(7200.0, n, None, W7, ratio=ratio, grow_over_share=False) / 3600.0 == hours
 
 
-def test_protection_s_grow_over_share_default_grows_every_job():
-    # on (the default): r does not matter, 2 h x 8 = 16 h over its share as under it
+def test_protection_s_grow_over_share_on_grows_every_job():
+    # on (this function's default, for a caller that knows no ratio; the policy up to fairtree-9): r does not
+    # matter, 2 h x 8 = 16 h over its share as under it
     assert protection_s(7200.0, 3, None, W7, ratio=3.0) == protection_s(7200.0, 3, None, W7, ratio=0.5) == 57600.0

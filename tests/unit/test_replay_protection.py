@@ -9,26 +9,36 @@ from __future__ import annotations
 
 import pytest
 
+from apportion.audit.config import configured_event
 from apportion.audit.replay import preemption_report
+from apportion.domain.dispatch import DispatchConfig
+from apportion.domain.engine import EngineConfig
 from apportion.events import Event
-from tests.kit.builders import budget_set, h, placed, preempted, requeued, started
+from tests.kit.builders import budget_set, dt, h, placed, preempted, requeued, started
 
 
-def placed_with(job_id, protection, **kw):
+def placed_with(job_id, protection, ratio: float = 0.0, **kw):
     e = placed(job_id, **kw)
-    return e.model_copy(update={"decision": e.decision.model_copy(update={"protection_s": protection})})
+    return e.model_copy(update={"decision": e.decision.model_copy(update={"protection_s": protection, "ratio": ratio})})
 
 
-def log(second_preemption_after_s: float, recorded: float | None = 120.0, max_rt: float | None = None):
+def log(
+    second_preemption_after_s: float,
+    recorded: float | None = 120.0,
+    max_rt: float | None = None,
+    ratio: float = 0.0,
+    first: list[Event] | None = None,
+):
     us = round(second_preemption_after_s * 1e6)
     return [
+        *(first or []),
         budget_set("lab", 1.0),
         budget_set("lab/a", 1.0, max_min_runtime_s=max_rt),
         placed_with("j", 60.0, min_runtime_s=60.0, at=h(0)),
         started("j", at=h(0)),
         preempted("j", at=h(0.5)),
         requeued("j", attempt=2, at=h(0.5)),
-        placed_with("j", recorded, attempt=2, min_runtime_s=60.0, at=h(1)),
+        placed_with("j", recorded, ratio, attempt=2, min_runtime_s=60.0, at=h(1)),
         started("j", attempt=2, at=h(1)),
         preempted("j", attempt=2, at=h(1) + us),
     ]
@@ -49,6 +59,39 @@ def test_protection_violations_and_mismatches(after, recorded, max_rt, violation
     assert len(rep.violations) == violations
     assert [(m["recorded_protection_s"], m["protection_s"]) for m in rep.mismatches] == mismatches
     assert rep.total == 2
+
+
+def _record(grow_over_share: bool) -> list[Event]:
+    cfg = DispatchConfig(engine=EngineConfig(grow_over_share=grow_over_share))
+    return [configured_event(cfg, instance="d", fencing_token=1, ts=dt(h(0)), producer="dispatcher")]
+
+
+# The second placement at r = 1.5 (its budget over its share). Rule D3.bounded-churn grows the protection only at or
+# under the share (the default, and a record with grow_over_share False): 60 s, the minimum runtime; a record of a
+# dispatcher that grew every job (grow_over_share True, policy fairtree-9 and before) gives 2 x 60 = 120 s.
+OVER_SHARE_CASES = [
+    pytest.param(None, 60.0, 60.0, 0, [], id="no record: the policy, the minimum runtime"),
+    pytest.param(False, 60.0, 60.0, 0, [], id="recorded off: preempted at its end, allowed"),
+    pytest.param(False, 120.0, 100.0, 0, [(120.0, 60.0)], id="recorded off: a grown protection is a mismatch"),
+    pytest.param(True, 120.0, 119.999999, 1, [], id="recorded on: grown to 120 s, one µs before its end"),
+    pytest.param(True, 60.0, 100.0, 1, [(60.0, 120.0)], id="recorded on: the minimum runtime is a mismatch"),
+]
+
+
+@pytest.mark.parametrize("grow, recorded, after, violations, mismatches", OVER_SHARE_CASES)
+def test_a_placement_over_its_share_is_judged_by_the_recorded_growth_rule(
+    grow, recorded, after, violations, mismatches
+):
+    first = [] if grow is None else _record(grow)
+    rep = preemption_report(log(after, recorded, ratio=1.5, first=first))
+    assert len(rep.violations) == violations
+    assert [(m["recorded_protection_s"], m["protection_s"]) for m in rep.mismatches] == mismatches
+
+
+def test_a_placement_exactly_at_its_share_grows_under_the_policy():
+    # r = 1.0 is at its share: 2 x 60 = 120 s recorded and recomputed, preempted one µs early: a violation
+    rep = preemption_report(log(119.999999, 120.0, ratio=1.0, first=_record(False)))
+    assert (len(rep.violations), rep.mismatches) == (1, [])
 
 
 # A 2-replica gang ``g`` (minimum runtime 60 s, no protection_s recorded: the minimum runtime) placed at 0;

@@ -46,6 +46,7 @@ def configured_event(
         churn_bound=e.churn_bound,
         gang_rule=e.gang_rule,
         free_las=e.free_las,
+        grow_over_share=e.grow_over_share,
         dispatcher_producer=cfg.producer,
         refusal_backoff_s=cfg.refusal_backoff_s,
         refusal_backoff_cap_s=cfg.refusal_backoff_cap_s,
@@ -85,6 +86,7 @@ def config_from_event(ev: events.DispatcherConfigured) -> DispatchConfig:
             churn_bound=ev.churn_bound,
             gang_rule=ev.gang_rule,
             free_las=ev.free_las,
+            grow_over_share=ev.grow_over_share,
             window_s=ev.window_s,
             grace_s=ev.grace_s,
             policy_version=ev.policy_version,
@@ -101,14 +103,10 @@ def config_from_event(ev: events.DispatcherConfigured) -> DispatchConfig:
 
 
 #: Older policy versions whose decisions this engine re-runs exactly with the configuration their record gives:
-#: ``fairtree-6`` is ``fairtree-7`` without :func:`~apportion.domain.preemption.gang_rule` (its records carry no
-#: ``gang_rule``, read as False); ``fairtree-5`` is ``fairtree-6`` with protection growth capped at W and no churn bound (its records carry
-#: ``protection_cap_w`` 1.0 and no ``churn_bound``, read as ``None``); ``fairtree-4`` is ``fairtree-5`` with the protection doubled up to its cap (no ``protection_doublings``,
-#: read as ``None``); ``fairtree-3`` is ``fairtree-4`` without :func:`~apportion.domain.preemption.checkpoint_rule` and with
-#: protection growth capped at W / 4 (its records carry no ``checkpoint_wait_s``, read as 0, which turns the
-#: rule off, and no ``protection_cap_w``, read as 0.25); ``fairtree-2`` is ``fairtree-3`` without
-#: :func:`~apportion.domain.preemption.patience_rule` (no ``patience_s``, read as 0).
-COMPATIBLE_VERSIONS = ("fairtree-6", "fairtree-5", "fairtree-4", "fairtree-3", "fairtree-2")
+#: ``fairtree-9`` is ``fairtree-10`` with every job's protection grown with its preemptions (its records carry no
+#: ``grow_over_share``, read as True). Logs of earlier versions are refused rather than re-run with other decisions:
+#: ``fairtree-8`` and ``fairtree-9`` each changed the reservation fit with no knob to turn it back.
+COMPATIBLE_VERSIONS = ("fairtree-9",)
 
 
 def config_from_log(records: Iterable[LogRecord | events.Event], at_us: Micros | None = None) -> DispatchConfig | None:

@@ -18,6 +18,7 @@ from apportion.domain.cluster import (
     PROTECTION_CAP_W,
     PROTECTION_CHURN_BOUND,
     PROTECTION_DOUBLINGS,
+    PROTECTION_GROW_OVER_SHARE,
     UNTIL_STARTED,
     ClusterState,
     protection_s,
@@ -138,7 +139,7 @@ def preemption_report(
     runtime, how many times the fold counted it preempted before the
     placement, the budget's ``max_min_runtime`` in the budget tree folded up
     to the placement, and the window and protection knobs of the
-    ``DispatcherConfigured`` record in force. A placement whose decision
+    ``DispatcherConfigured`` record in force, with the budget's r its decision records. A placement whose decision
     records no ``protection_s`` was decided before protection grew with
     preemptions: its protection is the minimum runtime. A placement whose
     recorded ``protection_s`` differs from the recomputed one is listed in
@@ -160,18 +161,29 @@ def preemption_report(
     cap_w = PROTECTION_CAP_W  # the dispatcher's record in force says otherwise (an older policy: W / 4)
     doublings: int | None = PROTECTION_DOUBLINGS
     bound: int | None = PROTECTION_CHURN_BOUND
+    grow = PROTECTION_GROW_OVER_SHARE
     for ev in evs:
         if isinstance(ev, BUDGET_CHANGES):
             if ev.event_id not in rejected:
                 tree = fold_budget_event(tree, ev)
         elif isinstance(ev, events.DispatcherConfigured):
             window_s, cap_w, doublings = ev.window_s, ev.protection_cap_w, ev.protection_doublings
-            bound = ev.churn_bound
+            bound, grow = ev.churn_bound, ev.grow_over_share
         elif isinstance(ev, events.JobPlaced):
             if ev.allocated and ev.decision.protection_s is not None:
                 n = fold.preemptions.get(ev.job_id, 0)  # what the dispatcher's fold gives the new Run
                 mmr = tree.max_min_runtime_s(ev.budget)
-                want = protection_s(ev.min_runtime_s, n, mmr, window_s, cap_w, doublings, bound)
+                want = protection_s(
+                    ev.min_runtime_s,
+                    n,
+                    mmr,
+                    window_s,
+                    cap_w,
+                    doublings,
+                    bound,
+                    ratio=ev.decision.ratio,
+                    grow_over_share=grow,
+                )
                 if abs(want - ev.decision.protection_s) > 1e-6:
                     rep.mismatches.append(
                         {

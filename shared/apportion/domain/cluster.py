@@ -88,6 +88,7 @@ __all__ = [
     "PROTECTION_CAP_W",
     "PROTECTION_DOUBLINGS",
     "PROTECTION_CHURN_BOUND",
+    "PROTECTION_GROW_OVER_SHARE",
     "PROTECTION_UNTIL_DONE_S",
     "protection_s",
     "work_ref_us",
@@ -127,6 +128,11 @@ PROTECTION_CHURN_BOUND: int | None = 5
 """Default ``EngineConfig.churn_bound``: preemptions after which a job is protected until it completes
 (:data:`PROTECTION_UNTIL_DONE_S`), so no allocated job is preempted more than 5 times;
 5 since policy ``fairtree-6``, ``None`` (off) up to ``fairtree-5``."""
+
+PROTECTION_GROW_OVER_SHARE = False
+"""Default ``EngineConfig.grow_over_share`` (policy ``fairtree-10``): a job's protection grows with its preemptions
+only where its budget is at or under its share (r <= 1) when placed; a borrower (r > 1) is protected for its minimum
+runtime whatever its preemptions, the churn bound still applying. True (every job grows) up to ``fairtree-9``."""
 
 PROTECTION_UNTIL_DONE_S = 100 * 365.0 * 86400
 """Protection "until the job completes", seconds: 100 years, past any run, and finite so that it is a
@@ -191,7 +197,9 @@ def protection_s(
         grow_over_share: False: only a job whose budget is at or under its share (``ratio <= 1``) when placed has
             its protection grown with its preemptions; a job over its share (or of unknown ``ratio``) is protected
             for its ``min_runtime`` whatever its preemption count, the churn bound still applying
-            (``EngineConfig.grow_over_share``; True, the default: every job grows).
+            (``EngineConfig.grow_over_share``, default :data:`PROTECTION_GROW_OVER_SHARE`, False since policy
+            ``fairtree-10``). True, this function's default (a caller that knows no ratio): every job grows, as up
+            to ``fairtree-9``.
 
     The jump cannot be gamed into more than the contract allows: the cap is the budget's ``max_min_runtime``
     (or W), which is what the job could have declared as its minimum runtime at admission, and no job can

@@ -12,7 +12,12 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from apportion.domain.cluster import PROTECTION_CAP_W, PROTECTION_CHURN_BOUND, PROTECTION_DOUBLINGS
+from apportion.domain.cluster import (
+    PROTECTION_CAP_W,
+    PROTECTION_CHURN_BOUND,
+    PROTECTION_DOUBLINGS,
+    PROTECTION_GROW_OVER_SHARE,
+)
 from apportion.events import DEFAULT_GRACE_S, is_allocated
 from apportion.timeutil import WEEK_S, Micros
 
@@ -26,8 +31,11 @@ __all__ = [
     "pending_order",
 ]
 
-POLICY_VERSION = "fairtree-9"
-"""fairtree-9: fairtree-8 with free work by least attained service (``EngineConfig.free_las``, rule D3.free-las) and
+POLICY_VERSION = "fairtree-10"
+"""fairtree-10: fairtree-9 with protection grown with preemptions only for a job whose budget is at or under its share
+(r <= 1) when placed (``EngineConfig.grow_over_share`` False, rule D3.bounded-churn): ``docs/simulation.md``, "Current
+results". Recorded in ``DispatcherConfigured.grow_over_share`` (absent: True, so fairtree-9 logs are re-run exactly).
+fairtree-9: fairtree-8 with free work by least attained service (``EngineConfig.free_las``, rule D3.free-las) and
 a reservation holder's fit counting the allocated runs placed earlier in the same cycle
 (:func:`~apportion.domain.engine.reservation.earliest_fit_us`): ``docs/simulation.md``, "Current results". Recorded
 in ``DispatcherConfigured.free_las`` (absent: False); the fit's change has no knob, so fairtree-8 logs are not
@@ -108,11 +116,11 @@ class EngineConfig:
             view) when placed, where lower than ``churn_bound``; a job over its share keeps ``churn_bound``
             (:func:`~apportion.domain.cluster.protection_s`); default ``None``: off. Measured and not adopted
             (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
-        grow_over_share: False: a job's protection grows with its preemptions only where its budget is at or under
-            its share (r <= 1 in the cycle's view) when placed; over its share it is its minimum runtime, the churn
-            bound still applying (:func:`~apportion.domain.cluster.protection_s`); default True: every job grows.
-            Measured and not adopted (``docs/simulation.md``, "Levers measured"), so it is not part of any policy
-            version.
+        grow_over_share: False (policy fairtree-10, rule D3.bounded-churn): a job's protection grows with its
+            preemptions only where its budget is at or under its share (r <= 1 in the cycle's view) when placed; over
+            its share it is its minimum runtime, the churn bound still applying
+            (:func:`~apportion.domain.cluster.protection_s`). True: every job grows (policies up to fairtree-9, and
+            records written before it existed).
         owner_free: rule D3.owner-free: when the allocated pass first reaches a leaf over its share, each leaf at
             or under its share (r <= 1 in the cycle's view) first places its unallocated jobs on free GPUs, up to
             its headroom (:func:`~apportion.domain.fairshare.owner_headroom`); they stay free and preemptible.
@@ -147,7 +155,7 @@ class EngineConfig:
     free_order: bool = False
     progress_after: int | None = None
     at_share_bound: int | None = None
-    grow_over_share: bool = True
+    grow_over_share: bool = PROTECTION_GROW_OVER_SHARE
     owner_free: bool = False
     gang_wait_s: float | None = None
     free_las: bool = True
