@@ -919,7 +919,8 @@ def _commit(s: _Search, best: list[Option]) -> Plan:
                 req.charge_gpu_s,
                 req.moves,
                 gpus if gangs else None,
-                gang_cap_us=gang_cap(run.budget) if gangs and gang_cap is not None else None,
+                # (victim_rule reads the cap of allocated runs only: an unallocated one is allowed first)
+                gang_cap_us=gang_cap(run.budget) if gangs and gang_cap is not None and run.allocated else None,
                 gang_least_gpus=req.gang_least_gpus,
                 gang_times=req.gang_times,
                 idle_s=idle[0] if idle is not None else None,
