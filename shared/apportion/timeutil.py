@@ -32,7 +32,7 @@ def to_us(dt: datetime) -> Micros:
 
 def from_us(us: Micros) -> datetime:
     """Microseconds since the epoch -> aware UTC datetime (exact)."""
-    return EPOCH + timedelta(microseconds=us)
+    return EPOCH + timedelta(0, 0, us)  # (days, seconds, microseconds: positional is cheaper than by name)
 
 
 def utc_text(us: Micros) -> str:

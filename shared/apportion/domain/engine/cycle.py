@@ -461,7 +461,15 @@ def _open(
     """The cycle's context: the fair-share queue of the allocated jobs and the free index of the snapshot."""
     tree = snapshot.tree
     memo = snapshot.memo
-    allocated_end = {leaf: memo_allocated(memo, jobs) for leaf, jobs in pending.items()}
+    allocated_end: dict[str, int] = {}
+    get = memo.get if memo is not None else None
+    for leaf, jobs in pending.items():
+        # memo_allocated(memo, jobs), its kept count read inline (once per leaf with pending jobs)
+        ent = get(id(jobs)) if get is not None else None
+        if ent is not None and ent[0] is jobs and len(ent) > 3 and ent[3] >= 0:
+            allocated_end[leaf] = ent[3]
+        else:
+            allocated_end[leaf] = memo_allocated(memo, jobs)
     queue: FairShareQueue[int] = FairShareQueue(
         tree, snapshot.occupancy, snapshot.capacity_gpu_s, {leaf: range(b) for leaf, b in allocated_end.items() if b}
     )
@@ -478,7 +486,7 @@ def _open(
         pending=pending,
         allocated_end=allocated_end,
         queue=queue,
-        budget_rank={leaf: i for i, leaf in enumerate(queue.initial_order)},
+        budget_rank=dict(zip(queue.initial_order, range(len(queue.initial_order)))),
         free=free,
         memo=snapshot.memo,
         reservation_after_us=s_to_us(cfg.reservation_after_s),
@@ -556,10 +564,20 @@ def _pass_blocked_tails(cx: _Cycle) -> None:
         if short is None:
             return  # (known_short fails for every leaf)
     tails = []
-    leaf_tail = cx.leaf_tail
+    memo, pending, model_keyed, failures, fresh = cx.memo, cx.pending, cx.model_keyed, cx.search_failures, cx.fresh
     for leaf, idx in heads:
-        kept = leaf_tail(leaf, short)
-        got = kept.get(idx) if kept is not None else None
+        assert memo is not None and short is not None  # (checked above for any heads)
+        # cx.leaf_tail(leaf, short).get(idx), inlined (once per leaf queued)
+        if leaf in model_keyed:
+            return
+        ent = failures.get(leaf)
+        if (ent is not None and fresh(leaf, ent)) or not short(leaf):
+            return
+        jobs = pending[leaf]
+        kept = memo.get(id(jobs))
+        if kept is None or kept[0] is not jobs or len(kept) < 5:
+            return  # (no tail kept for this list: memo_tail would start an empty one)
+        got = kept[4].get(idx)
         if got is None:
             return
         tails.append(got)

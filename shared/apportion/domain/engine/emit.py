@@ -99,8 +99,7 @@ def built(cls: type[M], values: dict[str, Any], plain: bool) -> M:
     if not plain:
         return cls(**values)
     template, factories = _FIELDS[cls]
-    fields = template.copy()
-    fields.update(values)
+    fields = {**template, **values}
     for name, factory in factories:
         if name not in values:
             fields[name] = factory()

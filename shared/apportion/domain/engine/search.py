@@ -425,6 +425,13 @@ def _cheapest_unallocated(s: _Search, cached: dict[str, Option], k: int) -> list
     if len(cached) <= k:
         return list(cached.values())
     heap = _unallocated_heap(s.req, (s.g, s.model), cached)
+    if k == 1:  # (most jobs: the top read in place; entries are distinct, so the heap pops them in one order)
+        while heap:
+            e = heap[0]
+            if cached.get(e[1]) is e[3]:
+                return [e[3]]
+            heapq.heappop(heap)  # stale
+        return []
     kept: list[tuple[tuple[int, int, int, float], str, int, Option]] = []
     while heap and len(kept) < k:
         e = heapq.heappop(heap)
@@ -912,7 +919,8 @@ def _commit(s: _Search, best: list[Option]) -> Plan:
                 req.charge_gpu_s,
                 req.moves,
                 gpus if gangs else None,
-                gang_cap_us=gang_cap(run.budget) if gangs and gang_cap is not None else None,
+                # (victim_rule reads the cap of allocated runs only: an unallocated one is allowed first)
+                gang_cap_us=gang_cap(run.budget) if gangs and gang_cap is not None and run.allocated else None,
                 gang_least_gpus=req.gang_least_gpus,
                 gang_times=req.gang_times,
                 idle_s=idle[0] if idle is not None else None,

@@ -299,10 +299,8 @@ class CycleVictims:
         self._now = now
         # leaf -> its allocated runs (the index's list, read only), whose prefix up to now has expired;
         # the prefix is cut where it is used (expired_on, the idle runs), not for every leaf here
-        exp: dict[str, list[AllocEntry]] = {}
-        for leaf, lst in index.alloc.items():
-            if lst[0][0] <= now:  # protection expired: now >= protected_until_us
-                exp[leaf] = lst
+        # (protection expired: now >= protected_until_us)
+        exp: dict[str, list[AllocEntry]] = {leaf: lst for leaf, lst in index.alloc.items() if lst[0][0] <= now}
         self._exp_runs = exp
         # the leaves with expired runs; each one's node -> runs made by expired_on on first use
         self.expired: dict[str, dict[str, list[Candidate]] | None] = dict.fromkeys(exp)
