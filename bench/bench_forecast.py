@@ -15,11 +15,10 @@ that prefix alone:
 * ``forecast, no durations``: the same with the declared durations ignored (``declared_durations=False``),
   so that runs end at their user's median run time in the log prefix, or W/4: what a forecast of real
   commands knows;
-* ``forecast + arrivals``: ``forecast`` with the submissions of the day before replayed, a day later and
-  every day after (``forecast --with-arrivals``, :func:`apportion.forecast.recent_arrivals`; a forward run with
-  arrivals is not spaced, :func:`apportion.forecast.forecast`);
-* ``forecast + arrivals once``: the same submissions of the day before replayed a day later, once (not every
-  day after): the next day assumed like the last, nothing after it;
+* ``forecast + arrivals``: ``forecast`` with the submissions of the day before replayed once, a day later
+  (``forecast --with-arrivals``, :func:`apportion.forecast.recent_arrivals`: the next day assumed like the last,
+  nothing after it; a forward run with arrivals is not spaced, :func:`apportion.forecast.forecast`);
+* ``forecast + arrivals every day``: the same submissions replayed a day later and every day after;
 * ``forecast + actual arrivals``: a diagnostic, not an estimate: ``forecast`` given the submissions the
   simulation in fact received after the question (their times and shapes, from the rest of the log); what is
   left of its error is the forward run's own (resolution, the model of running work), the rest of
@@ -32,7 +31,7 @@ Each is compared with the start the job got in the simulation (its first ``JobSt
 estimate, for all the jobs and then for the allocated and the unallocated ones apart: jobs with an estimate, median and p90 absolute error (hours), mean signed error (bias, hours;
 positive = later than it started), share within 1 h and within 25% of the job's actual wait, and the same
 shares for the jobs that waited more than 1 h. Future submissions are unknown to every estimate but
-``forecast + arrivals``. Below the table, what the misses have in common: of the jobs that waited more than
+the arrival replays. Below the table, what the misses have in common: of the jobs that waited more than
 1 h and whose estimate is off by more than 25% of the wait, how many were estimated too early or too late, how
 many are unallocated (``min_runtime_s`` 0: they run only on idle GPUs, after every allocated job and behind
 the unallocated jobs of budgets ahead in the fair-share order) and how many were overtaken (a job submitted
@@ -163,7 +162,7 @@ ESTIMATES: tuple[str, ...] = (
     "forecast + recent waits",
     "forecast, no durations",
     "forecast + arrivals",
-    "forecast + arrivals once",
+    "forecast + arrivals every day",
     "forecast + actual arrivals",
     "slurm-style",
 )
@@ -371,8 +370,8 @@ def main() -> None:
             ("forecast", True, ""),
             ("forecast, unspaced", True, ""),
             ("forecast, no durations", False, ""),
-            ("forecast + arrivals", True, "daily"),
-            ("forecast + arrivals once", True, "once"),
+            ("forecast + arrivals", True, "once"),
+            ("forecast + arrivals every day", True, "daily"),
             ("forecast + actual arrivals", True, "actual"),
         )
         basis = ""

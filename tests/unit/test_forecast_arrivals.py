@@ -1,4 +1,4 @@
-"""The forward run with replayed arrivals is not spaced (``D12.job-forecast``, ``forecast --with-arrivals``).
+"""Replayed arrivals (``D12.job-forecast``, ``forecast --with-arrivals``): once by default, and not spaced.
 
 Hand-built states (:class:`tests.kit.forecast_history.History`: tree ``lab`` with ``a`` and ``b`` at 0.5 each);
 every expected time is worked out in the case's comment.
@@ -14,10 +14,10 @@ from tests.kit.forecast_history import CFG, History
 SEC = 1_000_000  # µs
 
 
-def _arrival(job_id: str, at: int) -> tuple[int, ev.JobQueued]:
-    """A 1-GPU job of lab/b, 10 minutes of work, submitted at ``at``: the dispatcher's ``JobQueued`` of it, as an
-    ``arrivals`` entry."""
-    log = History().submit(job_id, at, budget="lab/b", duration_s=600.0, tick=False).log
+def _arrival(job_id: str, at: int, hours: float = 1 / 6) -> tuple[int, ev.JobQueued]:
+    """A 1-GPU job of lab/b, ``hours`` of work (10 minutes), submitted at ``at``: the dispatcher's ``JobQueued`` of
+    it, as an ``arrivals`` entry."""
+    log = History().submit(job_id, at, budget="lab/b", duration_s=hours * 3600.0, tick=False).log
     return at, next(e for e in log if isinstance(e, ev.JobQueued))
 
 
@@ -34,3 +34,18 @@ def test_a_forward_run_with_arrivals_is_not_spaced() -> None:
     replayed = forecast(hist.state, m(20), CFG, cycle_s=None, spacing=0.05, arrivals=[_arrival("x1", h(5))])
     assert {j.job_id: j.start_us for j in replayed.jobs} == {"p1": h(1), "p2": h(1) + 60 * SEC}
     assert (replayed.spacing, replayed.to_dict()["spacing"]) == (0.0, 0.0)
+
+
+def test_the_last_days_arrivals_come_again_once_unless_a_period_is_given() -> None:
+    # one 2-GPU node; r1 (lab/a, 1 GPU, 30 h of work) runs from T0; p1 (lab/a, 2 GPUs) waits from T0 + 10 min
+    # for r1's end (it cannot preempt its own budget). A copy of x (lab/b, 1 GPU, 6 h of work) arrives at
+    # T0 + 1 h and runs on the free GPU until T0 + 7 h. Once (the default), nothing holds the GPU at T0 + 30 h:
+    # p1 starts then. Replayed every day, the second copy arrives at T0 + 25 h and runs until T0 + 31 h (lab/a,
+    # with 30 GPU-hours against lab/b's 11, is not behind it, so p1 does not preempt it): p1 starts at T0 + 31 h.
+    hist = History().node("n0", 2).submit("r1", T0, duration_s=30 * 3600.0)
+    hist.submit("p1", m(10), gpus=2, duration_s=3600.0)
+    x = _arrival("x", h(1), hours=6.0)
+    once = forecast(hist.state, m(10), CFG, job_ids=["p1"], arrivals=[x])
+    assert (once.jobs[0].start_us, once.runs[("x~1", 1)].end_us, ("x~2", 1) in once.runs) == (h(30), h(7), False)
+    daily = forecast(hist.state, m(10), CFG, job_ids=["p1"], arrivals=[x], arrival_period_s=86_400.0)
+    assert (daily.jobs[0].start_us, daily.runs[("x~2", 1)].end_us) == (h(31), h(31))
