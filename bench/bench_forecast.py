@@ -17,7 +17,7 @@ that prefix alone:
   commands knows;
 * ``forecast + arrivals``: ``forecast`` with the submissions of the day before replayed once, a day later
   (``forecast --with-arrivals``, :func:`apportion.forecast.recent_arrivals`: the next day assumed like the last,
-  nothing after it; a forward run with arrivals is not spaced, :func:`apportion.forecast.forecast`);
+  nothing after it; a forward run with arrivals is exact, :func:`apportion.forecast.forecast`);
 * ``forecast + arrivals every day``: the same submissions replayed a day later and every day after;
 * ``forecast + actual arrivals``: a diagnostic, not an estimate: ``forecast`` given the submissions the
   simulation in fact received after the question (their times and shapes, from the rest of the log); what is

@@ -44,11 +44,12 @@ are assumed to come again once, each a day after its own time, copies of those j
 and declared work): later arrivals of budgets ahead in the fair-share order then go first in the forecast as
 they will in fact. The next day is taken to be like the last and nothing is assumed after it (``arrival_period_s``
 replays them every period instead: a day busier than the cluster then piles up without end, and unallocated work
-it overtakes never starts). Such a run is not spaced (only the least gap applies): spaced
-cycles let the arrivals of a gap pile up and take every free GPU at one cycle, and an unallocated job, which runs
-only on GPUs idle after the allocated work, then starts far later than between arrivals spread over the gap (on
-Philly week 44, given the submissions the simulation in fact received, a job that waited 10.4 h was forecast
-96.6 h spaced and 11.0 h unspaced: ``D12.accuracy``).
+it overtakes never starts). Such a run is exact (no spacing, no least gap): cycles spaced or a gap apart let the
+arrivals of the gap pile up and take every free GPU at one cycle, and an unallocated job, which runs only on GPUs
+idle after the allocated work, then starts far later than between arrivals spread over the gap (on Philly week 44,
+given the submissions the simulation in fact received, a job that waited 10.4 h was forecast 96.6 h spaced and
+11.0 h unspaced; under ``fairtree-10`` the 30 s least gap alone made waits of 6.9 to 8.7 h 10.2 to 11.4 h:
+``D12.accuracy``).
 
 A pending job's forecast is the time the forward run starts it
 (``StartWorkload``), with the chain of what frees its GPUs: the runs on the
@@ -936,7 +937,7 @@ def forecast(
             ``recent_waits``); ``None``: the forward run's start for every job (``estimate`` ``forward``).
         spacing: the forward run's cycles spaced by how far ahead they look (:data:`SPACING`): after a cycle at
             ``t`` the next runs no earlier than ``t + max(min_gap_s, spacing x (t - now))``; 0: not spaced.
-            With ``arrivals`` the run is not spaced (0, reported in the result), ``min_gap_s`` still applies.
+            With ``arrivals`` the run is exact: spacing and least gap 0 (reported in the result).
         chains_out: ``False`` leaves each job's chain out (``chain`` empty; its basis is still its chain's), as
             ``queue --start`` shows no chain: a chain lists every run end on the job's nodes before its start.
 
@@ -960,9 +961,9 @@ def forecast(
     if spacing < 0 or min_gap_s < 0 or horizon_s <= 0:
         raise ValueError("spacing and min_gap_s must not be negative, horizon_s must be positive")
     if arrivals:
-        # replayed submissions set the pace: spaced cycles would let them pile up between cycles and take every
-        # free GPU at once, ahead of the unallocated work they in fact leave gaps for (module docstring)
-        spacing = 0.0
+        # replayed submissions set the pace: cycles spaced or a gap apart would let them pile up between cycles
+        # and take every free GPU at once, ahead of the unallocated work they in fact leave room for (module docstring)
+        spacing = min_gap_s = 0.0
     fwd = _Forward(
         _copy(state), now_us, cfg, history or {}, horizon, cycle_s, declared_durations, min_gap_s, spacing, True
     )

@@ -1,4 +1,4 @@
-"""Replayed arrivals (``D12.job-forecast``, ``forecast --with-arrivals``): once by default, and not spaced.
+"""Replayed arrivals (``D12.job-forecast``, ``forecast --with-arrivals``): once by default, and at the exact resolution.
 
 Hand-built states (:class:`tests.kit.forecast_history.History`: tree ``lab`` with ``a`` and ``b`` at 0.5 each);
 every expected time is worked out in the case's comment.
@@ -21,19 +21,27 @@ def _arrival(job_id: str, at: int, hours: float = 1 / 6) -> tuple[int, ev.JobQue
     return at, next(e for e in log if isinstance(e, ev.JobQueued))
 
 
-def test_a_forward_run_with_arrivals_is_not_spaced() -> None:
+def test_a_forward_run_with_arrivals_is_exact() -> None:
     # one 2-GPU node; r1 (1 h of work) and r2 (1 h 1 min) run from T0; p1 and p2 (1 GPU each, lab/a) wait; now
     # T0 + 20 min, no periodic cycle. Spaced 5%, the cycle at r1's end (T0 + 1 h, 40 min after now) leaves a gap of
-    # 5% of 2,400 s = 120 s, so p2, waiting for r2's end at T0 + 1 h 1 min, starts at T0 + 1 h 2 min. With an
-    # arrival (x1 at T0 + 5 h, after both have started, so it moves no decision) the run is not spaced: p2 starts
-    # at r2's end, T0 + 1 h 1 min, and the forecast says its spacing is 0.
+    # 5% of 2,400 s = 120 s, so p2, waiting for r2's end at T0 + 1 h 1 min, starts at T0 + 1 h 2 min; with a least
+    # gap of 300 s on top, at T0 + 1 h 5 min. With an arrival (x1 at T0 + 5 h, after both have started, so it
+    # moves no decision) the run is exact whatever is asked: p2 starts at r2's end, T0 + 1 h 1 min, and the
+    # forecast says its spacing and least gap are 0.
     hist = History().node("n0", 2).submit("r1", T0, duration_s=3600.0).submit("r2", T0, duration_s=3660.0)
     hist.submit("p1", m(10)).submit("p2", m(11))
-    spaced = forecast(hist.state, m(20), CFG, cycle_s=None, spacing=0.05)
-    assert ({j.job_id: j.start_us for j in spaced.jobs}, spaced.spacing) == ({"p1": h(1), "p2": h(1) + 120 * SEC}, 0.05)
-    replayed = forecast(hist.state, m(20), CFG, cycle_s=None, spacing=0.05, arrivals=[_arrival("x1", h(5))])
-    assert {j.job_id: j.start_us for j in replayed.jobs} == {"p1": h(1), "p2": h(1) + 60 * SEC}
-    assert (replayed.spacing, replayed.to_dict()["spacing"]) == (0.0, 0.0)
+    for spacing, gap, p2 in ((0.05, 0.0, h(1) + 120 * SEC), (0.05, 300.0, h(1) + 300 * SEC)):
+        fc = forecast(hist.state, m(20), CFG, cycle_s=None, spacing=spacing, min_gap_s=gap)
+        assert ({j.job_id: j.start_us for j in fc.jobs}, fc.spacing, fc.min_gap_s) == (
+            {"p1": h(1), "p2": p2},
+            spacing,
+            gap,
+        )
+        fc = forecast(
+            hist.state, m(20), CFG, cycle_s=None, spacing=spacing, min_gap_s=gap, arrivals=[_arrival("x1", h(5))]
+        )
+        assert {j.job_id: j.start_us for j in fc.jobs} == {"p1": h(1), "p2": h(1) + 60 * SEC}
+        assert (fc.spacing, fc.min_gap_s, fc.to_dict()["spacing"], fc.to_dict()["min_gap_s"]) == (0.0, 0.0, 0.0, 0.0)
 
 
 def test_the_last_days_arrivals_come_again_once_unless_a_period_is_given() -> None:
