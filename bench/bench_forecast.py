@@ -8,14 +8,21 @@ that prefix alone:
 * ``forecast``: :func:`apportion.forecast.forecast`, the engine run forward, running work ending at its
   declared duration (basis ``simulated``: a Philly job's duration is in the trace), its cycles spaced by
   ``--spacing`` and ``--min-gap`` (defaults :data:`apportion.forecast.SPACING`, :data:`apportion.forecast.MIN_GAP_S`);
+* ``forecast, unspaced``: the same forward run with ``spacing`` 0 (the least gap kept);
 * ``forecast + recent waits``: the same forward run, an unallocated job that it does not start at once given the
   later of that start and the recent median wait of unallocated jobs of its size (``forecast --recent-waits``,
   :func:`apportion.forecast.recent_waits`);
 * ``forecast, no durations``: the same with the declared durations ignored (``declared_durations=False``),
   so that runs end at their user's median run time in the log prefix, or W/4: what a forecast of real
   commands knows;
-* ``forecast + arrivals``: ``forecast`` with the submissions of the day before replayed, a day later and
-  every day after (``forecast --with-arrivals``, :func:`apportion.forecast.recent_arrivals`);
+* ``forecast + arrivals``: ``forecast`` with the submissions of the day before replayed once, a day later
+  (``forecast --with-arrivals``, :func:`apportion.forecast.recent_arrivals`: the next day assumed like the last,
+  nothing after it; a forward run with arrivals is exact, :func:`apportion.forecast.forecast`);
+* ``forecast + arrivals every day``: the same submissions replayed a day later and every day after;
+* ``forecast + actual arrivals``: a diagnostic, not an estimate: ``forecast`` given the submissions the
+  simulation in fact received after the question (their times and shapes, from the rest of the log); what is
+  left of its error is the forward run's own (resolution, the model of running work), the rest of
+  ``forecast``'s error is the later arrivals';
 * ``slurm-style``: a backfill plan as ``squeue --start`` gives it: running jobs end at their duration, no
   preemption, the pending jobs in fair-share order at the time (budget order, then submission), each at
   the earliest time it fits on k nodes with g free GPUs for its duration without moving the plans before it.
@@ -24,7 +31,7 @@ Each is compared with the start the job got in the simulation (its first ``JobSt
 estimate, for all the jobs and then for the allocated and the unallocated ones apart: jobs with an estimate, median and p90 absolute error (hours), mean signed error (bias, hours;
 positive = later than it started), share within 1 h and within 25% of the job's actual wait, and the same
 shares for the jobs that waited more than 1 h. Future submissions are unknown to every estimate but
-``forecast + arrivals``. Below the table, what the misses have in common: of the jobs that waited more than
+the arrival replays. Below the table, what the misses have in common: of the jobs that waited more than
 1 h and whose estimate is off by more than 25% of the wait, how many were estimated too early or too late, how
 many are unallocated (``min_runtime_s`` 0: they run only on idle GPUs, after every allocated job and behind
 the unallocated jobs of budgets ahead in the fair-share order) and how many were overtaken (a job submitted
@@ -66,7 +73,16 @@ from apportion.domain.dispatch import DispatchConfig, DispatchState, evolve
 from apportion.domain.engine import EngineConfig
 from apportion.domain.fairshare import budget_order
 from apportion.events import Decision, Event, JobQueued, JobStarted
-from apportion.forecast import HORIZON_S, MIN_GAP_S, SPACING, forecast, recent_arrivals, recent_waits, user_history
+from apportion.forecast import (
+    ARRIVAL_LOOKBACK_S,
+    HORIZON_S,
+    MIN_GAP_S,
+    SPACING,
+    forecast,
+    recent_arrivals,
+    recent_waits,
+    user_history,
+)
 from apportion.sim.core import SimConfig, Simulator, default_horizon_us
 from apportion.sim.traces import ITP_T0, load_budget_file, load_trace, parse_itp_slice, parse_slice, trace_format
 from apportion.timeutil import Micros, from_us, s_to_us, to_us, us_to_s
@@ -142,9 +158,12 @@ def slurm_estimate(state: DispatchState, now: Micros, target: str) -> Micros | N
 #: The estimates made of each sampled job (module docstring), in the order they are printed.
 ESTIMATES: tuple[str, ...] = (
     "forecast",
+    "forecast, unspaced",
     "forecast + recent waits",
     "forecast, no durations",
     "forecast + arrivals",
+    "forecast + arrivals every day",
+    "forecast + actual arrivals",
     "slurm-style",
 )
 
@@ -170,6 +189,23 @@ class Sample:
             "overtaken": self.overtaken,
             "allocated": self.allocated,
         }
+
+
+def actual_arrivals(log: Sequence[Event], idx: int, until: Micros) -> list[tuple[Micros, JobQueued]]:
+    """The submissions the simulation received after ``log[idx]`` and before ``until`` (first ``JobQueued`` of
+    each job), as ``forecast``'s ``arrivals``: the ``forecast + actual arrivals`` diagnostic."""
+    out: list[tuple[Micros, JobQueued]] = []
+    for e in log[idx + 1 :]:
+        t = to_us(e.ts)
+        if t >= until:
+            break
+        if type(e) is JobQueued and e.attempt == 1:
+            out.append((t, e))
+    return out
+
+
+#: The rows by actual wait (hours, lower bound exclusive, upper inclusive) printed below the table.
+WAIT_BUCKETS: tuple[tuple[float, float], ...] = ((0.0, 1.0), (1.0, 6.0), (6.0, 24.0), (24.0, 1e9))
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:
@@ -331,9 +367,12 @@ def main() -> None:
         est: dict[str, Micros | None] = {}
         history = user_history(hist_events)
         runs = (
-            ("forecast", True, False),
-            ("forecast, no durations", False, False),
-            ("forecast + arrivals", True, True),
+            ("forecast", True, ""),
+            ("forecast, unspaced", True, ""),
+            ("forecast, no durations", False, ""),
+            ("forecast + arrivals", True, "once"),
+            ("forecast + arrivals every day", True, "daily"),
+            ("forecast + actual arrivals", True, "actual"),
         )
         basis = ""
         for name, declared, arriving in runs:
@@ -349,9 +388,16 @@ def main() -> None:
                 history=history,
                 horizon_s=args.horizon_d * 86_400,
                 declared_durations=declared,
-                arrivals=recent_arrivals(hist_events, now) if arriving else (),
+                arrivals=(
+                    actual_arrivals(log, idx, now + s_to_us(args.horizon_d * 86_400))
+                    if arriving == "actual"
+                    else recent_arrivals(hist_events, now)
+                    if arriving
+                    else ()
+                ),
+                arrival_period_s=ARRIVAL_LOOKBACK_S if arriving == "daily" else 0.0,
                 waits=recent_waits(hist_events, now) if waiting else None,
-                spacing=args.spacing,
+                spacing=0.0 if name == "forecast, unspaced" else args.spacing,
                 min_gap_s=args.min_gap,
             )
             times[name if name in times else "forecast + recent waits"] += time.perf_counter() - t1
@@ -391,6 +437,12 @@ def main() -> None:
     for label, alloc in (("allocated", True), ("unallocated", False)):
         part = [s for s in samples if s.allocated == alloc]
         print(f"{label} jobs only ({len(part)}):")
+        for name in times:
+            print(summary(part, name))
+    for lo_h, hi_h in WAIT_BUCKETS:
+        part = [s for s in samples if lo_h * 3600 < us_to_s(s.actual - s.submitted) <= hi_h * 3600]
+        span = f"{lo_h:g}-{hi_h:g} h" if hi_h < 1e9 else f"more than {lo_h:g} h"
+        print(f"jobs that waited {span} ({len(part)}):")
         for name in times:
             print(summary(part, name))
     print("errors in hours; '>1h': the jobs that waited more than 1 h, and their shares")

@@ -40,9 +40,16 @@ Where each run's end is taken from (its ``basis``), the first that applies:
    is preempted.
 
 With ``arrivals`` (``--with-arrivals``: :func:`recent_arrivals`), the submissions of the day before ``now``
-are assumed to come again, each a day after its own time and every day after that, copies of those jobs
-(their budget, user, shape and declared work): later arrivals of budgets ahead in the fair-share order then
-go first in the forecast as they will in fact.
+are assumed to come again once, each a day after its own time, copies of those jobs (their budget, user, shape
+and declared work): later arrivals of budgets ahead in the fair-share order then go first in the forecast as
+they will in fact. The next day is taken to be like the last and nothing is assumed after it (``arrival_period_s``
+replays them every period instead: a day busier than the cluster then piles up without end, and unallocated work
+it overtakes never starts). Such a run is exact (no spacing, no least gap): cycles spaced or a gap apart let the
+arrivals of the gap pile up and take every free GPU at one cycle, and an unallocated job, which runs only on GPUs
+idle after the allocated work, then starts far later than between arrivals spread over the gap (on Philly week 44,
+given the submissions the simulation in fact received, a job that waited 10.4 h was forecast 96.6 h spaced and
+11.0 h unspaced; under ``fairtree-10`` the 30 s least gap alone made waits of 6.9 to 8.7 h 10.2 to 11.4 h:
+``D12.accuracy``).
 
 A pending job's forecast is the time the forward run starts it
 (``StartWorkload``), with the chain of what frees its GPUs: the runs on the
@@ -129,7 +136,7 @@ BASES: tuple[str, ...] = ("simulated", "time_limit", "history", "unknown")
 RECENT_WAITS = "recent_waits"
 #: A job's basis when its chain has no run end: it starts at once, or only protection and grace ends delay it.
 NOW, RULES = "now", "rules"
-#: ``--with-arrivals``: the submissions of this many seconds before the forecast are replayed, every as many seconds.
+#: ``--with-arrivals``: the submissions of this many seconds before the forecast are replayed, as many seconds later.
 ARRIVAL_LOOKBACK_S = 86_400.0
 #: The forward run's periodic cycle while jobs wait (the dispatcher service's and the simulator's default).
 CYCLE_S = 300.0
@@ -902,7 +909,7 @@ def forecast(
     cycle_s: float | None = CYCLE_S,
     declared_durations: bool = True,
     arrivals: Sequence[tuple[Micros, JobQueued]] = (),
-    arrival_period_s: float = ARRIVAL_LOOKBACK_S,
+    arrival_period_s: float = 0.0,
     min_gap_s: float = MIN_GAP_S,
     spacing: float = SPACING,
     waits: Mapping[int, Sequence[tuple[float, bool]]] | None = None,
@@ -921,7 +928,8 @@ def forecast(
         declared_durations: ``False`` ignores the jobs' declared durations (basis ``simulated``), as if every
             job ran a real command: what a forecast of real work would know.
         arrivals: future submissions to assume (``--with-arrivals``; :func:`recent_arrivals`): each is submitted
-            at its time, then again every ``arrival_period_s``, as a copy of the job it names; none by default.
+            at its time as a copy of the job it names (again every ``arrival_period_s`` when that is positive;
+            0, the default: once); none by default.
         min_gap_s: the forward run's debounce (:data:`MIN_GAP_S`): a cycle wanted less than ``min_gap_s`` after
             the last one runs at the gap's end; 0 (the default) cycles at every run end, as the simulator does by default.
         waits: :func:`recent_waits` of the log: an unallocated job the forward run does not start at once gets
@@ -929,6 +937,7 @@ def forecast(
             ``recent_waits``); ``None``: the forward run's start for every job (``estimate`` ``forward``).
         spacing: the forward run's cycles spaced by how far ahead they look (:data:`SPACING`): after a cycle at
             ``t`` the next runs no earlier than ``t + max(min_gap_s, spacing x (t - now))``; 0: not spaced.
+            With ``arrivals`` the run is exact: spacing and least gap 0 (reported in the result).
         chains_out: ``False`` leaves each job's chain out (``chain`` empty; its basis is still its chain's), as
             ``queue --start`` shows no chain: a chain lists every run end on the job's nodes before its start.
 
@@ -951,6 +960,10 @@ def forecast(
     horizon = now_us + s_to_us(horizon_s)
     if spacing < 0 or min_gap_s < 0 or horizon_s <= 0:
         raise ValueError("spacing and min_gap_s must not be negative, horizon_s must be positive")
+    if arrivals:
+        # replayed submissions set the pace: cycles spaced or a gap apart would let them pile up between cycles
+        # and take every free GPU at once, ahead of the unallocated work they in fact leave room for (module docstring)
+        spacing = min_gap_s = 0.0
     fwd = _Forward(
         _copy(state), now_us, cfg, history or {}, horizon, cycle_s, declared_durations, min_gap_s, spacing, True
     )

@@ -735,8 +735,8 @@ def forecast(
         bool,
         typer.Option(
             "--with-arrivals",
-            help="Assume the last day's submissions come again, a day later and every day after (the recent "
-            "arrival rate): later work of budgets ahead goes first, as it will.",
+            help="Assume the last day's submissions come again, once, a day later (the next day like the last): "
+            "later work of budgets ahead goes first, as it will.",
         ),
     ] = False,
     bootstrap: Bootstrap = None,

@@ -1,0 +1,59 @@
+"""Replayed arrivals (``D12.job-forecast``, ``forecast --with-arrivals``): once by default, and at the exact resolution.
+
+Hand-built states (:class:`tests.kit.forecast_history.History`: tree ``lab`` with ``a`` and ``b`` at 0.5 each);
+every expected time is worked out in the case's comment.
+"""
+
+from __future__ import annotations
+
+from apportion import events as ev
+from apportion.forecast import forecast
+from tests.kit.builders import T0, h, m
+from tests.kit.forecast_history import CFG, History
+
+SEC = 1_000_000  # µs
+
+
+def _arrival(job_id: str, at: int, hours: float = 1 / 6) -> tuple[int, ev.JobQueued]:
+    """A 1-GPU job of lab/b, ``hours`` of work (10 minutes), submitted at ``at``: the dispatcher's ``JobQueued`` of
+    it, as an ``arrivals`` entry."""
+    log = History().submit(job_id, at, budget="lab/b", duration_s=hours * 3600.0, tick=False).log
+    return at, next(e for e in log if isinstance(e, ev.JobQueued))
+
+
+def test_a_forward_run_with_arrivals_is_exact() -> None:
+    # one 2-GPU node; r1 (1 h of work) and r2 (1 h 1 min) run from T0; p1 and p2 (1 GPU each, lab/a) wait; now
+    # T0 + 20 min, no periodic cycle. Spaced 5%, the cycle at r1's end (T0 + 1 h, 40 min after now) leaves a gap of
+    # 5% of 2,400 s = 120 s, so p2, waiting for r2's end at T0 + 1 h 1 min, starts at T0 + 1 h 2 min; with a least
+    # gap of 300 s on top, at T0 + 1 h 5 min. With an arrival (x1 at T0 + 5 h, after both have started, so it
+    # moves no decision) the run is exact whatever is asked: p2 starts at r2's end, T0 + 1 h 1 min, and the
+    # forecast says its spacing and least gap are 0.
+    hist = History().node("n0", 2).submit("r1", T0, duration_s=3600.0).submit("r2", T0, duration_s=3660.0)
+    hist.submit("p1", m(10)).submit("p2", m(11))
+    for spacing, gap, p2 in ((0.05, 0.0, h(1) + 120 * SEC), (0.05, 300.0, h(1) + 300 * SEC)):
+        fc = forecast(hist.state, m(20), CFG, cycle_s=None, spacing=spacing, min_gap_s=gap)
+        assert ({j.job_id: j.start_us for j in fc.jobs}, fc.spacing, fc.min_gap_s) == (
+            {"p1": h(1), "p2": p2},
+            spacing,
+            gap,
+        )
+        fc = forecast(
+            hist.state, m(20), CFG, cycle_s=None, spacing=spacing, min_gap_s=gap, arrivals=[_arrival("x1", h(5))]
+        )
+        assert {j.job_id: j.start_us for j in fc.jobs} == {"p1": h(1), "p2": h(1) + 60 * SEC}
+        assert (fc.spacing, fc.min_gap_s, fc.to_dict()["spacing"], fc.to_dict()["min_gap_s"]) == (0.0, 0.0, 0.0, 0.0)
+
+
+def test_the_last_days_arrivals_come_again_once_unless_a_period_is_given() -> None:
+    # one 2-GPU node; r1 (lab/a, 1 GPU, 30 h of work) runs from T0; p1 (lab/a, 2 GPUs) waits from T0 + 10 min
+    # for r1's end (it cannot preempt its own budget). A copy of x (lab/b, 1 GPU, 6 h of work) arrives at
+    # T0 + 1 h and runs on the free GPU until T0 + 7 h. Once (the default), nothing holds the GPU at T0 + 30 h:
+    # p1 starts then. Replayed every day, the second copy arrives at T0 + 25 h and runs until T0 + 31 h (lab/a,
+    # with 30 GPU-hours against lab/b's 11, is not behind it, so p1 does not preempt it): p1 starts at T0 + 31 h.
+    hist = History().node("n0", 2).submit("r1", T0, duration_s=30 * 3600.0)
+    hist.submit("p1", m(10), gpus=2, duration_s=3600.0)
+    x = _arrival("x", h(1), hours=6.0)
+    once = forecast(hist.state, m(10), CFG, job_ids=["p1"], arrivals=[x])
+    assert (once.jobs[0].start_us, once.runs[("x~1", 1)].end_us, ("x~2", 1) in once.runs) == (h(30), h(7), False)
+    daily = forecast(hist.state, m(10), CFG, job_ids=["p1"], arrivals=[x], arrival_period_s=86_400.0)
+    assert (daily.jobs[0].start_us, daily.runs[("x~2", 1)].end_us) == (h(31), h(31))
