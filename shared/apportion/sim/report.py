@@ -40,6 +40,9 @@ Definitions (all over the simulated span ``[start, end]``):
   run (until every job is done, or the clock's stop), from the log's events
   (:mod:`apportion.report`, which defines them); ``unfinished`` counts the
   admitted jobs not completed by the end.
+* **deficit by day** (``deficit_by_day_pp``): per budget, per day of the run (day 0 from its start), the
+  deficits of its (sample, budget) pairs of that day summed and divided by the number of pairs of the whole
+  run: where the mean accrues; over every budget and day they add up to ``mean_deficit_pp``.
 * **censored job completion time** (``jct_censored_p50_s`` / ``jct_censored_p95_s``): over every
   submitted job, completion - submission for a completed one and (end of the run - submission) for one
   not completed (:func:`censored_jct_s`), so a policy that leaves jobs unplaced or unfinished is not
@@ -60,7 +63,7 @@ from typing import Any
 from apportion.domain.budgets import BudgetTree
 from apportion.report import BudgetRow, JobLedger, budget_rows, percentile, share_deficit_pp
 from apportion.sim.core import SimResult
-from apportion.timeutil import Micros, from_us, us_to_s
+from apportion.timeutil import US_PER_S, Micros, from_us, us_to_s
 
 __all__ = [
     "BudgetStats",
@@ -76,6 +79,8 @@ __all__ = [
     "plot_budget_shares",
     "draw_shares",
 ]
+
+DAY_US = 86_400 * US_PER_S
 
 #: Per-budget figures (one definition with the log report: :class:`apportion.report.BudgetRow`).
 BudgetStats = BudgetRow
@@ -123,6 +128,7 @@ class PolicyReport:
     wall_s: float | None = None
     measured_until: str | None = None
     rejected: dict[str, int] = field(default_factory=dict)
+    deficit_by_day_pp: dict[str, list[float]] = field(default_factory=dict)
     budgets: list[BudgetStats] = field(default_factory=list)
     series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
@@ -166,6 +172,7 @@ def summarise(
     warm = result.start_us
     deficits: dict[str, list[float]] = {leaf: [] for leaf in leaves}
     backlogged: dict[str, int] = {leaf: 0 for leaf in leaves}
+    by_day: dict[str, dict[int, float]] = {leaf: {} for leaf in leaves}  # leaf -> day -> deficits summed
     n_samples = 0
     for t, row in result.samples:
         n_samples += 1
@@ -173,8 +180,13 @@ def summarise(
             if pending_alloc:
                 backlogged[leaf] += 1
                 if t >= warm:
-                    deficits[leaf].append(share_deficit_pp(tree.abs_share(leaf), share_now))
+                    d = share_deficit_pp(tree.abs_share(leaf), share_now)
+                    deficits[leaf].append(d)
+                    day = (t - result.start_us) // DAY_US
+                    by_day[leaf][day] = by_day[leaf].get(day, 0.0) + d
     all_def = [d for v in deficits.values() for d in v]
+    days = 1 + max((day for v in by_day.values() for day in v), default=-1)
+    deficit_by_day = {leaf: [by_day[leaf].get(day, 0.0) / len(all_def) for day in range(days)] for leaf in leaves}
     attainable: list[float] = []  # the same (sample, budget) pairs, against the attainable share
     for i, (t, row) in enumerate(result.samples):
         bound = result.usable[i] if i < len(result.usable) else {}
@@ -240,6 +252,7 @@ def summarise(
         idle_waiting_unalloc_gpu_h=result.idle_waiting_gpu_s[1] / 3600,
         wall_s=wall_s,
         rejected=dict(sorted((rejected or {}).items())),
+        deficit_by_day_pp=deficit_by_day,
         budgets=tot.rows,
         series=series,
     )
