@@ -655,6 +655,36 @@ def test_free_las_requeued_job_waits_behind_the_jobs_not_yet_run():
     assert [p.split("@")[0] for p in placed(w.cycle(free_las=False))] == ["a1", "b2"]
 
 
+def _aged_world() -> World:
+    # n0 (3 GPUs free), now 10:00; pending, all unallocated, 1 GPU each, budget order a, b, c (occupancy 0):
+    #   lab/a: a1 submitted 6:00, never run
+    #   lab/b: b1 submitted 2:00, requeued after 7,200 GPU-s; b2 submitted 8:00, never run
+    #   lab/c: c1 submitted 1:00, requeued after 3,600 GPU-s
+    w = World().node("n0", 3)
+    w.job("a1", "lab/a", min_runtime_s=0, submitted=h(6))
+    w.job("b1", "lab/b", min_runtime_s=0, submitted=h(2)).job("b2", "lab/b", min_runtime_s=0, submitted=h(8))
+    w.job("c1", "lab/c", min_runtime_s=0, submitted=h(1))
+    held = {"b1": 7200.0, "c1": 3600.0}
+    w.pending = {
+        leaf: [replace(j, attempt=2, attained_gpu_s=held[j.job_id]) if j.job_id in held else j for j in jobs]
+        for leaf, jobs in w.pending.items()
+    }
+    return w
+
+
+AGED_CASES = [
+    pytest.param(None, ["a1", "b2", "c1"], id="off: never run first (a1, b2), then the least GPU-seconds held (c1)"),
+    pytest.param(5 * 3600.0, ["c1", "b1", "a1"], id="5 h: c1 (9 h old) and b1 (8 h) first, oldest first, then a1"),
+    pytest.param(8.5 * 3600.0, ["c1", "a1", "b2"], id="8.5 h: only c1 is aged; the rest by rule D3.free-las"),
+    pytest.param(9 * 3600.0, ["c1", "a1", "b2"], id="9 h: c1 submitted exactly 9 h ago counts as aged"),
+]
+
+
+@pytest.mark.parametrize(("age_s", "expected"), AGED_CASES)
+def test_free_age_places_aged_free_work_first_across_leaves_oldest_first(age_s, expected):
+    assert [p.split("@")[0] for p in placed(_aged_world().cycle(free_age_s=age_s))] == expected
+
+
 def test_progress_after_records_the_progress_saved_as_the_protection():
     # a job of min_runtime 2 h preempted once, its last checkpoint 30 h of work: placed on a free GPU, its decision
     # records 2 h x 2 = 4 h by default, and with EngineConfig.progress_after = 1 the 30 h saved (under W / 4 = 42 h)

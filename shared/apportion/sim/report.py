@@ -40,6 +40,13 @@ Definitions (all over the simulated span ``[start, end]``):
   run (until every job is done, or the clock's stop), from the log's events
   (:mod:`apportion.report`, which defines them); ``unfinished`` counts the
   admitted jobs not completed by the end.
+* **deficit by day** (``deficit_by_day_pp``): per budget, per day of the run (day 0 from its start), the
+  deficits of its (sample, budget) pairs of that day summed and divided by the number of pairs of the whole
+  run: where the mean accrues; over every budget and day they add up to ``mean_deficit_pp``.
+* **censored job completion time** (``jct_censored_p50_s`` / ``jct_censored_p95_s``): over every
+  submitted job, completion - submission for a completed one and (end of the run - submission) for one
+  not completed (:func:`censored_jct_s`), so a policy that leaves jobs unplaced or unfinished is not
+  rewarded by their absence from the plain figure.
 
 Per-budget rows come from :func:`apportion.report.budget_rows`, the function
 the log report (:func:`apportion.audit.report.log_report`) uses too.
@@ -48,6 +55,7 @@ the log report (:func:`apportion.audit.report.log_report`) uses too.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -55,11 +63,12 @@ from typing import Any
 from apportion.domain.budgets import BudgetTree
 from apportion.report import BudgetRow, JobLedger, budget_rows, percentile, share_deficit_pp
 from apportion.sim.core import SimResult
-from apportion.timeutil import from_us, us_to_s
+from apportion.timeutil import US_PER_S, Micros, from_us, us_to_s
 
 __all__ = [
     "BudgetStats",
     "PolicyReport",
+    "censored_jct_s",
     "percentile",
     "summarise",
     "to_json",
@@ -70,6 +79,8 @@ __all__ = [
     "plot_budget_shares",
     "draw_shares",
 ]
+
+DAY_US = 86_400 * US_PER_S
 
 #: Per-budget figures (one definition with the log report: :class:`apportion.report.BudgetRow`).
 BudgetStats = BudgetRow
@@ -101,6 +112,8 @@ class PolicyReport:
     unfinished: int = 0
     jct_p50_s: float | None = None
     jct_p95_s: float | None = None
+    jct_censored_p50_s: float | None = None
+    jct_censored_p95_s: float | None = None
     held_gpu_h: float = 0.0
     lost_gpu_h: float = 0.0
     lost_pct: float = 0.0
@@ -115,8 +128,17 @@ class PolicyReport:
     wall_s: float | None = None
     measured_until: str | None = None
     rejected: dict[str, int] = field(default_factory=dict)
+    deficit_by_day_pp: dict[str, list[float]] = field(default_factory=dict)
     budgets: list[BudgetStats] = field(default_factory=list)
     series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+
+
+def censored_jct_s(
+    submitted: Mapping[str, tuple[Micros, str, bool]], completed: Mapping[str, Micros], end_us: Micros
+) -> list[float]:
+    """Completion time of every submitted job in seconds, censored at the run's end: completion - submission
+    for a job in ``completed``, ``end_us`` - submission for any other (module docstring)."""
+    return [us_to_s(completed.get(job_id, end_us) - sub) for job_id, (sub, _budget, _alloc) in submitted.items()]
 
 
 def summarise(
@@ -150,6 +172,7 @@ def summarise(
     warm = result.start_us
     deficits: dict[str, list[float]] = {leaf: [] for leaf in leaves}
     backlogged: dict[str, int] = {leaf: 0 for leaf in leaves}
+    by_day: dict[str, dict[int, float]] = {leaf: {} for leaf in leaves}  # leaf -> day -> deficits summed
     n_samples = 0
     for t, row in result.samples:
         n_samples += 1
@@ -157,8 +180,13 @@ def summarise(
             if pending_alloc:
                 backlogged[leaf] += 1
                 if t >= warm:
-                    deficits[leaf].append(share_deficit_pp(tree.abs_share(leaf), share_now))
+                    d = share_deficit_pp(tree.abs_share(leaf), share_now)
+                    deficits[leaf].append(d)
+                    day = (t - result.start_us) // DAY_US
+                    by_day[leaf][day] = by_day[leaf].get(day, 0.0) + d
     all_def = [d for v in deficits.values() for d in v]
+    days = 1 + max((day for v in by_day.values() for day in v), default=-1)
+    deficit_by_day = {leaf: [by_day[leaf].get(day, 0.0) / len(all_def) for day in range(days)] for leaf in leaves}
     attainable: list[float] = []  # the same (sample, budget) pairs, against the attainable share
     for i, (t, row) in enumerate(result.samples):
         bound = result.usable[i] if i < len(result.usable) else {}
@@ -184,6 +212,7 @@ def summarise(
         leaf: [(us_to_s(t - result.start_us) / 86400, row[leaf][0]) for t, row in result.samples] for leaf in leaves
     }
     never = sum(1 for job_id in result.submitted if job_id not in result.placed_first)  # unknown budgets too
+    censored = censored_jct_s(jobs.submitted, jobs.completed, end)
     n_rejected = sum((rejected or {}).values())
     return PolicyReport(
         policy=policy,
@@ -210,6 +239,8 @@ def summarise(
         unfinished=len(result.submitted) - n_rejected - tot.completed,
         jct_p50_s=tot.jct_p50_s,
         jct_p95_s=tot.jct_p95_s,
+        jct_censored_p50_s=percentile(censored, 50),
+        jct_censored_p95_s=percentile(censored, 95),
         held_gpu_h=tot.held_gpu_h,
         lost_gpu_h=tot.lost_gpu_h,
         lost_pct=tot.lost_pct,
@@ -221,6 +252,7 @@ def summarise(
         idle_waiting_unalloc_gpu_h=result.idle_waiting_gpu_s[1] / 3600,
         wall_s=wall_s,
         rejected=dict(sorted((rejected or {}).items())),
+        deficit_by_day_pp=deficit_by_day,
         budgets=tot.rows,
         series=series,
     )
@@ -303,6 +335,7 @@ def render_table(reports: list[PolicyReport], console: Any = None, budgets: bool
         "unfinished",
         "JCT p50",
         "JCT p95",
+        "JCT p95 censored",
         "preempt / job-h",
         "max preempt / job",
         "max (allocated)",
@@ -324,6 +357,7 @@ def render_table(reports: list[PolicyReport], console: Any = None, budgets: bool
             str(r.unfinished),
             _fmt_s(r.jct_p50_s),
             _fmt_s(r.jct_p95_s),
+            _fmt_s(r.jct_censored_p95_s),
             f"{r.preemptions_per_job_hour:.3f}",
             str(r.max_preemptions_per_job),
             str(r.max_preemptions_allocated),

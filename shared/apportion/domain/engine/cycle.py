@@ -100,7 +100,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Mapping, Sequence, Set
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -144,6 +145,7 @@ __all__ = ["CycleResult", "CycleSnapshot", "run_cycle"]
 
 _MIN_RT = attrgetter("min_runtime_s")
 _ATTAINED = attrgetter("attained_gpu_s")
+_SUBMITTED = attrgetter("submitted_at_us")
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,7 +321,7 @@ class _Cycle:
     min_rt: dict[str, float] = field(default_factory=dict)  # leaf -> least min_runtime_s of its allocated jobs
     floors: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
     capacity: int = -1  # GPUs of the ready nodes, C(t) of D3.hero-cover (-1: not counted yet)
-    owner_placed: set[str] = field(default_factory=set)  # unallocated jobs placed by rule D3.owner-free
+    owner_placed: set[str] = field(default_factory=set)  # unallocated jobs placed by D3.owner-free or by age
     model_keyed: set[str] = field(default_factory=set)  # leaves with a search failure of a model-bound job
     blocked_at: tuple[int, int] = (-1, -1)  # (free log length, charges) when all_blocked last held
 
@@ -962,22 +964,48 @@ def _pass_least_attained(cx: _Cycle, todo: list[str]) -> None:
     requeued ones one at a time, fewest GPU-seconds first, ties by that order (sorted only when a GPU is left
     after the walk; a shape that did not fit is not tried again: free GPUs only shrink)."""
     pending, ends = cx.pending, cx.allocated_end
+    if cx.cfg.free_age_s is not None and _place_aged_free(cx, todo, cx.cfg.free_age_s):
+        return  # not one GPU is left for a 1-GPU job
     for leaf in todo:  # (the walk passes over the requeued ones)
         if _place_unallocated(cx, leaf, ends.get(leaf, 0), False, fresh=True)[0] < 0:
             return  # not one GPU is left for a 1-GPU job
     if _dominated(cx.free_fail.get(None, ()), 1, 1):
         return
     later: list[tuple[float, int, int, str]] = []
+    placed = cx.owner_placed  # (placed by the aged pass)
     for pos, leaf in enumerate(todo):
         start = ends.get(leaf, 0)
         for i, held in enumerate(map(_ATTAINED, islice(pending[leaf], start, None)), start):
-            if held > 0:
+            if held > 0 and pending[leaf][i].job_id not in placed:
                 later.append((held, pos, i, leaf))
     later.sort()
+    _place_in_turn(cx, ((leaf, pending[leaf][i]) for _, _, i, leaf in later))
+
+
+def _place_aged_free(cx: _Cycle, todo: list[str], age_s: float) -> bool:
+    """Aged free work first (``EngineConfig.free_age_s``; a variant of rule D3.free-las measured in
+    ``docs/simulation.md``, "Levers measured"): the unallocated jobs of ``todo``'s leaves submitted at least
+    ``age_s`` ago, across all leaves oldest first (ties by job id), each on free GPUs if it fits; remembered in
+    ``owner_placed``, so the rule's walk passes over them. A leaf's unallocated jobs are in submission order
+    (:func:`~apportion.domain.engine.inputs.pending_order`), so its aged ones lead them. True when not one GPU
+    is left for a 1-GPU job."""
+    cutoff = cx.now_us - s_to_us(age_s)
+    pending, ends = cx.pending, cx.allocated_end
+    heads = []
+    for leaf in todo:
+        jobs, start = pending[leaf], ends.get(leaf, 0)
+        stop = bisect_right(jobs, cutoff, start, key=_SUBMITTED)
+        if stop > start:
+            heads.append((j.submitted_at_us, j.job_id, leaf, j) for j in islice(jobs, start, stop))
+    return _place_in_turn(cx, ((leaf, job) for _, _, leaf, job in heapq.merge(*heads)), cx.owner_placed)
+
+
+def _place_in_turn(cx: _Cycle, jobs: Iterable[tuple[str, PendingJob]], placed: set[str] | None = None) -> bool:
+    """Each (leaf, unallocated job) in turn on free GPUs if it fits (remembered in ``placed`` when given); a shape
+    that did not fit is not tried again (free GPUs only shrink). True when not one GPU is left for a 1-GPU job."""
     res = cx.res
-    failed: set[tuple[int, int, str | None, str | None]] = set()  # shapes that did not fit (free only shrinks)
-    for _, _, i, leaf in later:
-        job = pending[leaf][i]
+    failed: set[tuple[int, int, str | None, str | None]] = set()
+    for leaf, job in jobs:
         shape = (job.gpus_per_replica, job.replicas, job.gpu_model, job.topology_bound)
         cx.rank += 1
         res.considered += 1
@@ -986,10 +1014,13 @@ def _pass_least_attained(cx: _Cycle, todo: list[str]) -> None:
         nodes = _fit_free(cx, *shape)
         if nodes is None:
             if shape == (1, 1, None, None):
-                return  # not one GPU is left for a 1-GPU job
+                return True
             failed.add(shape)
             continue
         _place_on_free(cx, job, leaf, nodes, False)
+        if placed is not None:
+            placed.add(job.job_id)
+    return False
 
 
 def _unallocated_in_use(cx: _Cycle) -> dict[str, int]:

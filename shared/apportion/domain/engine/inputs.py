@@ -134,6 +134,10 @@ class EngineConfig:
             run yet leaf by leaf in the budget order of the allocated pass, then the requeued ones, fewest
             GPU-seconds first; with ``free_order`` on, rule D3.free-order orders them instead. Default True
             (policy fairtree-9); False in records written before it existed.
+        free_age_s: aged free work first: with ``free_las``, unallocated jobs submitted at least this long ago
+            (seconds) are placed before the rest of the free work, across all leaves oldest first, ties by job id;
+            the rest keep rule D3.free-las's order. Default ``None``: off. Measured and not adopted
+            (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -159,6 +163,7 @@ class EngineConfig:
     owner_free: bool = False
     gang_wait_s: float | None = None
     free_las: bool = True
+    free_age_s: float | None = None
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"
