@@ -74,9 +74,9 @@ def test_logs_reads_the_directory_the_agent_names_so_an_id_shaped_like_a_hashed_
     res = run("logs", "carol_exp1-a69867c53fd6dbaa", "--dir", str(tmp_path), "--json")
     assert res.exit_code == 1
     assert json.loads(res.stdout)["message"] == (
-        f"no output of job carol_exp1-a69867c53fd6dbaa (replica 0) under {tmp_path}: only a job that ran a command "
-        "has output (a simulated --duration job has none; `apportion audit explain carol_exp1-a69867c53fd6dbaa` says "
-        "whether it started)"
+        f"no output of job carol_exp1-a69867c53fd6dbaa (replica 0) under {tmp_path}: only a job whose command "
+        "started has output (a simulated --duration job has none, nor one refused at its start; `apportion audit "
+        "explain carol_exp1-a69867c53fd6dbaa` says whether and why)"
     )
 
 

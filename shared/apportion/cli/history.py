@@ -694,8 +694,9 @@ def logs(
     by_attempt = output_files(folder, replica, stream)
     if not by_attempt:
         refuse(
-            f"no output of job {job_id} (replica {replica}) under {base}: only a job that ran a command has "
-            f"output (a simulated --duration job has none; `apportion audit explain {job_id}` says whether it started)",
+            f"no output of job {job_id} (replica {replica}) under {base}: only a job whose command started has "
+            f"output (a simulated --duration job has none, nor one refused at its start; `apportion audit explain "
+            f"{job_id}` says whether and why)",
             as_json=as_json,
             verdict="not_found",
             reason="no_output",
