@@ -258,3 +258,19 @@ def test_untakable_nodes_by_run() -> None:
     later = placed_run(placed_event("p", gpus=8, nodes=["n5"], at=h(10)))
     got = untakable_nodes(snap, h(10), {("t", 1)}, lambda run, _at: run.budget != "lab/a", [later])
     assert got == {"n0", "n4", "n5"}
+
+
+@pytest.mark.parametrize(
+    ("on", "want", "got"), [(False, ("n1", "n0"), ["l@n1[0, 1, 2, 3, 4, 5, 6, 7]"]), (True, ("n1", "n2"), [])]
+)
+def test_hero_reservation_leaves_out_a_sibling_hero_not_behind(on: bool, want: tuple[str, ...], got: list[str]) -> None:
+    # As above, n0 held by hc, a run of lab/b at r_b = 0 (no window usage): not behind lab/a by delta, so j may not
+    # take it back (the overloaded lab's running sibling hero). l: lab/c (r_c = 3.6), 8 GPUs, protected to h(15).
+    w = World().node("n0", 8).node("n1", 8).node("n2", 8).node("n3", 8)
+    w.run("hc", "lab/b", {"n0": ALL})
+    w.run("x", "lab/c", {"n2": ALL}, min_runtime_s=12 * 3600.0)
+    w.run("z", "lab/c", {"n3": ALL}, min_runtime_s=1e6)
+    w.occupancy, w.capacity = {"lab/c": 9e5, "lab": 9e5}, 1e6
+    w.job("j", "lab/a", 8, 2, queued=h(8)).job("l", "lab/c", 8, 1, min_runtime_s=5 * 3600.0)
+    res = w.cycle(patience_s=0.0, hero_min_gpus=16, hero_reserve_takable=on)
+    assert (res.reservation, placed(res)) == (("j", want), got)
