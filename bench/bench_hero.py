@@ -4,7 +4,8 @@ Run::
 
     .venv/bin/python bench/bench_hero.py [--days 21] [--size 16] [--load 1] [--slice week44] [--seed 1]
         [--policy fairshare,slurm,kueue,kai,fifo] [--no-heroes] [--hero-days 2,3,4] [--hero-shares 0.1,0.3,0.1]
-        [--hero-min-gpus N|none] [--gang-min-gpus N] [--gang-bound-x X] [--grow-over-share] [--json out.json]
+        [--hero-min-gpus N|none] [--gang-min-gpus N] [--gang-bound-x X] [--grow-over-share] [--hero-reserve-takable]
+        [--json out.json]
 
 Builds :func:`apportion.sim.hero.hero_scenario` from the Philly jobs of
 ``--slice`` (``infra/budgets/philly.yaml``'s tree and minimum-runtime rule)
@@ -17,7 +18,9 @@ behind, the GPUs the hero and background budgets run) and one per hero job (time
 work lost, completion). ``--no-heroes``: the same run without the hero jobs
 (same tree), the reference of the background budgets' deficit. ``--grow-over-share``:
 ``EngineConfig.grow_over_share`` True (every job's protection grown with its preemptions, as up to policy
-``fairtree-9``; by default only a job at or under its share). ``--load X``: the background's
+``fairtree-9``; by default only a job at or under its share). ``--hero-reserve-takable``:
+``EngineConfig.hero_reserve_takable`` (a covered hero reserves only nodes whose runs it may take back, rule
+D3.hero-cover). ``--load X``: the background's
 arrivals multiplied by X (the overloaded lab, docs/hero.md); the header line gives the background's
 offered demand, its GPU-hours submitted within the horizon over the cluster's.
 """
@@ -81,6 +84,7 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
                 window_s=bf.window_s,
                 hero_min_gpus=least,
                 grow_over_share=a.grow_over_share,
+                hero_reserve_takable=a.hero_reserve_takable,
                 **gang_scope(a.gang_min_gpus, a.gang_bound_x),
             ),
             heartbeat_timeout_s=None,
@@ -245,6 +249,11 @@ def main() -> None:
         default=PROTECTION_GROW_OVER_SHARE,
         help="EngineConfig.grow_over_share (D3.bounded-churn); --grow-over-share grows every job's protection "
         "(policies up to fairtree-9), the default only jobs at or under their share",
+    )
+    ap.add_argument(
+        "--hero-reserve-takable",
+        action="store_true",
+        help="EngineConfig.hero_reserve_takable (D3.hero-cover): a covered hero reserves only nodes it may take back",
     )
     ap.add_argument("--json", default=None)
     ap.add_argument("--progress", default=None, help="append a JSON line a simulated day: the figures so far")

@@ -13,9 +13,11 @@ from __future__ import annotations
 import pytest
 
 from apportion import events as ev
-from apportion.domain.engine.reservation import hero_sheltered, share_covers
+from apportion.domain.cluster import placed_run
+from apportion.domain.engine.reservation import hero_sheltered, share_covers, untakable_nodes
 from apportion.timeutil import from_us
 from tests.kit.builders import h
+from tests.kit.builders import placed as placed_event
 from tests.unit.test_engine import World, placed, preempted
 
 ALL = tuple(range(8))
@@ -184,3 +186,91 @@ def test_the_rest_from_one_hero_gang_when_one_frees_enough() -> None:
     w.occupancy, w.capacity = {"lab/c": 9e5, "lab/b": 2e5, "lab": 1.1e6}, 1e6
     res = w.job("j", "lab/a", 4, 2).cycle(patience_s=0.0, hero_min_gpus=8)
     assert (preempted(res), placed(res)) == (["hg<-j"], ["j@n3[0, 1, 2, 3]+n4[0, 1, 2, 3]"])
+
+
+# D3.hero-cover, the reservation clause (EngineConfig.hero_reserve_takable): a covered hero reserves only nodes
+# whose allocated runs it may take back once their protection ends. C = 32 (n0..n3 of 8 GPUs): lab/a covers 16.
+# K = 1e6 GPU-s; lab/c at 9e5 (r_c = 3.6), lab/b at 1e5 (r_b = 0.4), lab/a at 0: both behind lab/a by delta.
+#
+#   n0: mine  lab/a, 8 GPUs: j's own leaf, never taken back (no known time to fit)
+#   n1: free, 8 GPUs
+#   n2: x     lab/c, 8 GPUs, started h(0), minimum runtime 12 h: protected to h(12), then taken back
+#   n3: z     lab/c, 8 GPUs, minimum runtime 1e6 s
+#
+# j: lab/a, 2 x 8 GPUs, queued at h(8) (waited 2 h >= reservation_after): no fit, no victim set, so it reserves.
+# l: lab/b, 1 x 8 GPUs, minimum runtime 5 h (protected to h(15), past x's end at h(12)).
+# Without the clause j reserves n1 (8 available) and n0 (the first of the full nodes by id); n0 has no known fit
+# time, so the reservation lends everything and l lands on n1. With it n0 is left out: j reserves n1 and n2, its
+# earliest fit is h(12), and l, protected past it, may not use n1.
+RESERVE_CASES = [
+    # (case id, hero_reserve_takable, hero_min_gpus, reservation, placed)
+    (
+        "clause off: n0 in the reservation, which lends n1 to l",
+        False,
+        16,
+        ("j", ("n1", "n0")),
+        ["l@n1[0, 1, 2, 3, 4, 5, 6, 7]"],
+    ),
+    ("clause on: n0 left out, n1 held for j", True, 16, ("j", ("n1", "n2")), []),
+    (
+        "clause on, j below hero_min_gpus (16 < 17): as off",
+        True,
+        17,
+        ("j", ("n1", "n0")),
+        ["l@n1[0, 1, 2, 3, 4, 5, 6, 7]"],
+    ),
+    ("clause on, at hero_min_gpus (16)", True, 16, ("j", ("n1", "n2")), []),
+    ("clause on, D3.hero-cover off: as off", True, None, ("j", ("n1", "n0")), ["l@n1[0, 1, 2, 3, 4, 5, 6, 7]"]),
+]
+
+
+def _reserve_world() -> World:
+    w = World().node("n0", 8).node("n1", 8).node("n2", 8).node("n3", 8)
+    w.run("mine", "lab/a", {"n0": ALL})
+    w.run("x", "lab/c", {"n2": ALL}, min_runtime_s=12 * 3600.0)
+    w.run("z", "lab/c", {"n3": ALL}, min_runtime_s=1e6)
+    w.occupancy, w.capacity = {"lab/c": 9e5, "lab/b": 1e5, "lab": 1e6}, 1e6
+    return w.job("j", "lab/a", 8, 2, queued=h(8)).job("l", "lab/b", 8, 1, min_runtime_s=5 * 3600.0)
+
+
+@pytest.mark.parametrize(
+    ("on", "least", "want", "got"), [c[1:] for c in RESERVE_CASES], ids=[c[0] for c in RESERVE_CASES]
+)
+def test_hero_reserves_only_nodes_it_may_take_back(
+    on: bool, least: int | None, want: tuple[str, tuple[str, ...]], got: list[str]
+) -> None:
+    res = _reserve_world().cycle(patience_s=0.0, hero_min_gpus=least, hero_reserve_takable=on)
+    assert (res.reservation, placed(res)) == (want, got)
+
+
+def test_untakable_nodes_by_run() -> None:
+    # may_take: every run but lab/a's (j's own leaf). Left out: n0 (lab/a's run), n4 (protected until it completes,
+    # 2e10 s >= PROTECTION_UNTIL_DONE_S), n5 (a run placed earlier in the cycle, of lab/a); kept: n1 (x, taken back
+    # at its end), n2 (unallocated), n3 (lab/a's run, but stopping), n6 (lab/a's run, taken in this cycle).
+    w = World().node("n0").node("n1").node("n2").node("n3").node("n4").node("n5").node("n6")
+    w.run("mine", "lab/a", {"n0": ALL})
+    w.run("x", "lab/c", {"n1": ALL}, min_runtime_s=12 * 3600.0)
+    w.run("u", "lab/a", {"n2": ALL}, allocated=False)
+    w.run("s", "lab/a", {"n3": ALL}, stopping=True)
+    w.run("d", "lab/c", {"n4": ALL}, min_runtime_s=2e10)
+    w.run("t", "lab/a", {"n6": ALL})
+    snap = w.cluster.snapshot()
+    later = placed_run(placed_event("p", gpus=8, nodes=["n5"], at=h(10)))
+    got = untakable_nodes(snap, h(10), {("t", 1)}, lambda run, _at: run.budget != "lab/a", [later])
+    assert got == {"n0", "n4", "n5"}
+
+
+@pytest.mark.parametrize(
+    ("on", "want", "got"), [(False, ("n1", "n0"), ["l@n1[0, 1, 2, 3, 4, 5, 6, 7]"]), (True, ("n1", "n2"), [])]
+)
+def test_hero_reservation_leaves_out_a_sibling_hero_not_behind(on: bool, want: tuple[str, ...], got: list[str]) -> None:
+    # As above, n0 held by hc, a run of lab/b at r_b = 0 (no window usage): not behind lab/a by delta, so j may not
+    # take it back (the overloaded lab's running sibling hero). l: lab/c (r_c = 3.6), 8 GPUs, protected to h(15).
+    w = World().node("n0", 8).node("n1", 8).node("n2", 8).node("n3", 8)
+    w.run("hc", "lab/b", {"n0": ALL})
+    w.run("x", "lab/c", {"n2": ALL}, min_runtime_s=12 * 3600.0)
+    w.run("z", "lab/c", {"n3": ALL}, min_runtime_s=1e6)
+    w.occupancy, w.capacity = {"lab/c": 9e5, "lab": 9e5}, 1e6
+    w.job("j", "lab/a", 8, 2, queued=h(8)).job("l", "lab/c", 8, 1, min_runtime_s=5 * 3600.0)
+    res = w.cycle(patience_s=0.0, hero_min_gpus=16, hero_reserve_takable=on)
+    assert (res.reservation, placed(res)) == (("j", want), got)

@@ -121,7 +121,13 @@ from apportion.domain.engine.emit import (
 from apportion.domain.engine.inputs import EngineConfig, PendingJob
 from apportion.domain.engine.placement import CycleFree, FreeIndex, spare_models
 from apportion.domain.engine.reasons import CycleLeft, PendingReason, explain_pending
-from apportion.domain.engine.reservation import earliest_fit_us, reservation_nodes, share_covers
+from apportion.domain.engine.reservation import (
+    earliest_fit_us,
+    reservation_nodes,
+    share_covers,
+    takable_reservation_nodes,
+    untakable_nodes,
+)
 from apportion.domain.engine.search import PreemptionRequest, known_short, plan_preemption, short_test
 from apportion.domain.engine.shapes import CycleMemo, blocked_run, memo_allocated, memo_tail, segment_floor
 from apportion.domain.engine.victims import CycleVictims, VictimIndex
@@ -782,7 +788,10 @@ def _reserve(cx: _Cycle, job: PendingJob, leaf: str, charge: float) -> None:
     if victims is not None:
         taken = victims.taken
         unalloc_gpus = {n: sum(len(x[2]) for x in lst if x[1].key not in taken) for n, lst in victims.unalloc.items()}
-    chosen_nodes = reservation_nodes(free, g, k, model, unalloc_gpus, job.topology_bound)
+    if cx.cfg.hero_reserve_takable and g * k >= (cx.cfg.hero_min_gpus or math.inf):
+        chosen_nodes = _hero_reservation(cx, job, leaf, charge, unalloc_gpus)
+    else:
+        chosen_nodes = reservation_nodes(free, g, k, model, unalloc_gpus, job.topology_bound)
     for n in chosen_nodes:
         free.reserve(n)
     cx.res.reservation = (job.job_id, tuple(chosen_nodes))
@@ -803,6 +812,19 @@ def _reserve(cx: _Cycle, job: PendingJob, leaf: str, charge: float) -> None:
         cx.hold_fit = 0
     else:
         cx.hold_fit, cx.hold_leaf, cx.hold_charge = hold_fit, leaf, charge
+
+
+def _hero_reservation(
+    cx: _Cycle, job: PendingJob, leaf: str, charge: float, unalloc_gpus: dict[str, int] | None
+) -> list[str]:
+    """Rule D3.hero-cover's reservation clause (``EngineConfig.hero_reserve_takable``): a covered hero reserves
+    only nodes whose allocated runs (those placed earlier in the cycle included) it may take back."""
+    may_take = partial(_may_take_back, cx, leaf, charge, job.gpus)
+    placed = [placed_run(e) for e in cx.res.events if type(e) is JobPlaced and e.allocated]
+    taken = cx.victims.taken if cx.victims is not None else frozenset()
+    away = untakable_nodes(cx.snapshot.cluster, cx.now_us, taken, may_take, placed)
+    g, k = job.gpus_per_replica, job.replicas
+    return takable_reservation_nodes(cx.free, g, k, job.gpu_model, unalloc_gpus, job.topology_bound, away)
 
 
 def _may_take_back(cx: _Cycle, leaf: str, charge: float, gpus: int, run: Run, at_us: Micros) -> bool:

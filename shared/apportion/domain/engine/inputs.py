@@ -129,6 +129,11 @@ class EngineConfig:
             has waited less than this (seconds since queued) starts only on free GPUs (its own or a reservation's
             lent ones): it neither reserves nodes nor preempts; default ``None``: off. Measured and not adopted
             (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
+        hero_reserve_takable: rule D3.hero-cover's reservation clause: a covered job of at least ``hero_min_gpus`` GPUs
+            reserves only nodes whose allocated runs it may take back once their protection ends (a node with a run it
+            may not take back gives the reservation no known time to fit, which unreserves it);
+            :func:`~apportion.domain.engine.reservation.untakable_nodes`. Default False. Measured and not adopted
+            (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
         free_las: rule D3.free-las: unallocated jobs by least attained service first (``PendingJob.attained_gpu_s``,
             the GPU-seconds the job's earlier attempts held), ties in the order without it: every job that has not
             run yet leaf by leaf in the budget order of the allocated pass, then the requeued ones, fewest
@@ -162,6 +167,7 @@ class EngineConfig:
     grow_over_share: bool = PROTECTION_GROW_OVER_SHARE
     owner_free: bool = False
     gang_wait_s: float | None = None
+    hero_reserve_takable: bool = False
     free_las: bool = True
     free_age_s: float | None = None
     preemption: bool = True

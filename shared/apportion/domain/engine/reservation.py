@@ -11,13 +11,21 @@ the snapshot, so they need no events and replay identically.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 
 from apportion.domain.cluster import PROTECTION_UNTIL_DONE_S, UNTIL_STARTED, ClusterSnapshot, Run, RunKey
 from apportion.domain.engine.placement import CycleFree, topology_pick
 from apportion.timeutil import Micros, s_to_us
 
-__all__ = ["earliest_fit_us", "hero_sheltered", "protection_end_us", "reservation_nodes", "share_covers"]
+__all__ = [
+    "earliest_fit_us",
+    "hero_sheltered",
+    "protection_end_us",
+    "reservation_nodes",
+    "share_covers",
+    "takable_reservation_nodes",
+    "untakable_nodes",
+]
 
 _UNTIL_DONE_US = s_to_us(PROTECTION_UNTIL_DONE_S)  # a run protected until it completes: no known end
 
@@ -61,6 +69,31 @@ def protection_end_us(run: Run) -> Micros:
         length = run.min_runtime_us if run.protection_us is None else run.protection_us
         until = run.placed_at_us + length
     return until
+
+
+def untakable_nodes(
+    cluster: ClusterSnapshot,
+    now_us: Micros,
+    taken: Set[RunKey],
+    may_take: Callable[[Run, Micros], bool],
+    placed: Sequence[Run] = (),
+) -> set[str]:
+    """Rule ``D3.hero-cover``'s reservation clause (``EngineConfig.hero_reserve_takable``): the nodes holding an
+    allocated run (open, not stopping, not ``taken`` in this cycle; ``placed``: those placed earlier in the cycle)
+    that a covered hero holder may not take back once its protection ends (``may_take(run, protection end)``
+    false), or that is protected until it completes. On such a node :func:`earliest_fit_us` knows no time to
+    fit, so a reservation holding it would be dropped and lower-ranked work would keep landing on all its nodes;
+    the holder reserves among the other nodes instead."""
+    out: set[str] = set()
+    runs = list(cluster.runs.values())
+    runs.extend(placed)
+    for run in runs:
+        if run.stopping or not run.allocated or run.key in taken or not run.open_replicas:
+            continue
+        until = protection_end_us(run)
+        if until >= UNTIL_STARTED or not may_take(run, max(until, now_us)):
+            out.update(run.placements[r].node_id for r in run.open_replicas)
+    return out
 
 
 def earliest_fit_us(
@@ -205,6 +238,27 @@ def reservation_nodes(
     )
     out.extend(zero[: k - len(out)])
     return out
+
+
+def takable_reservation_nodes(
+    free: CycleFree,
+    g: int,
+    k: int,
+    model: str | None,
+    unalloc: Mapping[str, int] | None,
+    bound: str | None,
+    untakable: Set[str],
+) -> list[str]:
+    """:func:`reservation_nodes` among the nodes not in ``untakable`` (:func:`untakable_nodes`; rule
+    ``D3.hero-cover``'s reservation clause). ``free`` must hold no reservation yet (one per cycle): the
+    nodes left out are reserved while the choice is made, then every node is unreserved again."""
+    for n in sorted(untakable):
+        if n in free.free:
+            free.reserve(n)
+    try:
+        return reservation_nodes(free, g, k, model, unalloc, bound)
+    finally:
+        free.unreserve_all()
 
 
 def _topology_reservation(
