@@ -684,7 +684,7 @@ PATH_STEPS = (
     ("  fetch at the broker", "fetch.start", "fetch.end"),
     ("-> key end offsets asked (LIST_OFFSETS, own connection)", "fetch.end", "ends.start"),
     ("  LIST_OFFSETS at the broker", "ends.start", "ends.end"),
-    ("fetch -> ADD_PARTITIONS_TO_TXN arrives (decide, add the partitions)", "fetch.end", "add.start"),
+    ("fetch -> ADD_PARTITIONS_TO_TXN arrives (decide, sign, send)", "fetch.end", "add.start"),
     ("  ADD_PARTITIONS_TO_TXN at the broker", "add.start", "add.end"),
     ("-> transactional PRODUCE arrives", "add.end", "produce.start"),
     ("  PRODUCE at the broker", "produce.start", "produce.end"),

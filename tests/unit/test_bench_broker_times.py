@@ -111,7 +111,7 @@ def test_a_submissions_way_is_split_at_the_dispatchers_requests_in_order() -> No
         "  fetch at the broker": (1, 3.0),
         "-> key end offsets asked (LIST_OFFSETS, own connection)": (1, 1.0),
         "  LIST_OFFSETS at the broker": (1, 4.0),
-        "fetch -> ADD_PARTITIONS_TO_TXN arrives (decide, add the partitions)": (1, 2.5),
+        "fetch -> ADD_PARTITIONS_TO_TXN arrives (decide, sign, send)": (1, 2.5),
         "  ADD_PARTITIONS_TO_TXN at the broker": (1, 1.5),
         "-> transactional PRODUCE arrives": (1, 6.0),
         "  PRODUCE at the broker": (1, 4.0),
