@@ -51,27 +51,16 @@ class FakeSender:
         self.wakeups += 1
 
 
-class FakeMetadata:
-    def __init__(self, known: tuple[str, ...]) -> None:
-        self.known = known
-
-    def partitions_for_topic(self, topic: str) -> set[int] | None:
-        return {0, 1, 2} if topic in self.known else None
-
-
 class FakeKafkaProducer:
     """kafka-python's producer as far as the wrapper uses it; ``known`` topics have 3 partitions (by key length)."""
 
     def __init__(self, manager: FakeManager | None, known: tuple[str, ...] = ()) -> None:
         self._transaction_manager, self._sender, self.known = manager, FakeSender(), known
-        self._metadata = FakeMetadata(known)
         self.calls: list[str] = manager.calls if manager is not None else []
-        self.hashed: list[bytes] = []  # the keys partitioned
 
     def _partition(
-        self, topic: str, partition: int | None, key: bytes, value: bytes | None, kb: bytes, vb: bytes | None
+        self, topic: str, partition: int | None, key: bytes, value: bytes, kb: bytes, vb: bytes
     ) -> int | None:
-        self.hashed.append(key)
         return len(key) % 3 if topic in self.known else None
 
     def send(self, topic: str, value: bytes, key: bytes) -> Future:
@@ -218,16 +207,3 @@ def test_prepare_without_transactions_does_nothing() -> None:
     sends = Unacked(producer)
     sends.prepare([CORDON])
     assert producer.calls == [] and not sends.open
-
-
-def test_once_every_partition_of_a_topic_is_added_its_other_records_are_not_partitioned_again() -> None:
-    commands = topic_name(COMMANDS)
-    manager = FakeManager(TransactionalRequestResult())
-    p, kp = producer_with(manager, known=(commands,))
-    # keys of lengths 1, 4 and 2 fall in partitions 1, 1 and 2; length 3 in 0, then every partition is added
-    stops = [events.StopWorkload(job_id="j", attempt=1, node_id=n, fencing_token=1, ts=TS) for n in ("a", "abcd", "ab")]
-    stops += [events.StopWorkload(job_id="j", attempt=1, node_id=n, fencing_token=1, ts=TS) for n in ("abc", "x", "yy")]
-    p.send_many([(e, b"v") for e in stops])
-    assert kp.hashed == [b"a", b"abcd", b"ab", b"abc"]  # the fourth record completed the topic: no more hashing
-    adds = [c for c in kp.calls if c.startswith("add")]
-    assert adds == [f"add {commands}:1", f"add {commands}:2", f"add {commands}:0"]

@@ -155,22 +155,16 @@ class EventProducer:
     def _add_partitions(self, keyed: Iterable[tuple[str, bytes]]) -> bool:
         """Add the partition of each ``(topic, key)`` to the open transaction, partitioned as ``send``
         partitions; true when this producer is transactional. A topic whose partitions it does not know yet
-        is left to ``send``; once every partition of a topic is added, its other keys are not hashed (a
-        large cycle's records cost a few hashes, not one each)."""
+        is left to ``send``."""
         kp = self._producer
         manager = kp._transaction_manager
         if manager is None or not manager.is_transactional():
             return False
         from kafka.structs import TopicPartition
 
-        added: dict[str, set[int]] = {}
         for topic, key in keyed:
-            got = added.setdefault(topic, set())
-            if got and len(got) == len(kp._metadata.partitions_for_topic(topic) or ()):
-                continue
             partition = kp._partition(topic, None, key, None, key, None)
-            if partition is not None and partition not in got:
-                got.add(partition)
+            if partition is not None:
                 manager.maybe_add_partition_to_transaction(TopicPartition(topic, partition))
         return True
 
