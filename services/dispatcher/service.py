@@ -598,9 +598,6 @@ class Term:
             and returns the key records up to them that the reader had not read
             (:meth:`apportion.bus.consumer.AssignedConsumer.settle`). Every commit waits for it
             (:meth:`prove`). ``None``: the poll read the keys to their end itself.
-        prepare: ``prepare(decisions)`` adds the transaction's partitions of the decisions about to be sent,
-            on the loop before the worker thread encodes, signs and sends them, so that the producer's
-            AddPartitionsToTxn round trip runs meanwhile (``Unacked.prepare``). ``None``: nothing ahead.
     """
 
     def __init__(
@@ -622,10 +619,9 @@ class Term:
         ends: Callable[[], Mapping[str, int]] | None = None,
         positions: Callable[[], Mapping[str, int]] | None = None,
         settle: Callable[[bool], list[Any] | None] | None = None,
-        prepare: Callable[[list[Event]], None] | None = None,
     ) -> None:
         self.svc, self.settings, self._m = svc, settings, metrics
-        self.settle, self.prepare = settle, prepare
+        self.settle = settle
         self.unproven: list[list[Any]] = []  # the batches folded since the last proof of the keys (settle)
         self.pending = pending
         self.ends, self.positions = ends, positions
@@ -747,8 +743,6 @@ class Term:
         # carries the fencing token and agents refuse stale tokens.
         if out:
             self.check_lease()
-            if self.prepare is not None:
-                self.prepare(out)
             # one worker-thread call sends and, transactional, commits: a thread hand-off less per decision
             await asyncio.to_thread(self._emit_and_commit, out)
             self.unflushed = self.pending is None
@@ -900,7 +894,6 @@ def lead_term(
         ends=consumer.end_offsets_now,
         positions=consumer.positions,
         settle=consumer.settle if consumer.overlap else None,
-        prepare=sends.prepare if sends.transactional else None,
     )
 
 

@@ -98,14 +98,9 @@ class Producer:
         self.at_commit = at_commit
         self.calls: list[str] = []
         self.staged: list[tuple[Any, bytes]] = []
-        self.added: list[list[str]] = []
 
     def begin(self) -> None:
         self.calls.append("begin")
-
-    def add_partitions(self, evts: list[Any]) -> None:
-        """The partitions added ahead of a send: ``added`` keeps them (``calls`` records the sends only)."""
-        self.added.append([e.type for e in evts])
 
     def send_many(self, sent: list[tuple[Any, bytes]]) -> list[Future]:
         futures = []

@@ -58,7 +58,6 @@ class Harness:
             commit=lambda: None,
             now=lambda: self.wall,
             pending=lambda: self.sends.open,
-            prepare=self.sends.prepare,
         )
 
     def _publish(self, sent: list[tuple[Any, bytes]]) -> None:
@@ -86,8 +85,6 @@ def test_each_iteration_that_decides_ends_with_one_commit_after_the_lease_check(
     checks = h.checks
     h.poll()
     assert h.producer.calls == ["begin", "JobQueued", "JobPlaced", "StartWorkload", "commit"]
-    # the partitions of the iteration's decisions were added once, ahead of their sends, in the same transaction
-    assert h.producer.added[-1] == ["JobQueued", "JobPlaced", "StartWorkload"]
     assert h.checks == checks + 2  # before the sends and again before the commit
     assert not h.sends.open
     h.producer.calls.clear()
@@ -109,19 +106,6 @@ def test_a_leader_deposed_between_its_sends_and_its_commit_never_commits_them() 
     with pytest.raises(LeadershipLost):
         h.term.close()  # a clean stop checks the lease too
     assert "commit" not in h.producer.calls
-
-
-def test_a_leader_deposed_before_its_sends_adds_no_partition_and_opens_no_transaction() -> None:
-    h = Harness()
-    h.start()
-    h.producer.calls.clear()
-    added = len(h.producer.added)
-    h.log.put(submit("j1", "lab/a", 2))
-    h.deposed = True
-    with pytest.raises(LeadershipLost):
-        h.poll()
-    assert h.producer.calls == [] and len(h.producer.added) == added
-    assert not h.sends.open
 
 
 def test_a_dead_letter_alone_is_committed_in_its_iteration() -> None:

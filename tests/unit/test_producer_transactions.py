@@ -17,7 +17,7 @@ from kafka.producer.transaction_manager import TransactionalRequestResult
 from kafka.structs import TopicPartition
 
 from apportion import events
-from apportion.bus.producer import EventProducer, Unacked, is_fenced
+from apportion.bus.producer import EventProducer, is_fenced
 from apportion.settings import topic_name
 from apportion.topics import COMMANDS, NODES
 
@@ -156,54 +156,3 @@ def test_without_a_transaction_a_batch_is_only_sent() -> None:
     p, kp = producer_with(FakeManager(TransactionalRequestResult(), transactional=False), known=(nodes, commands))
     p.send_many([(CORDON, b"c"), (STOP, None)])
     assert kp.calls == [f"send {nodes}", f"send {commands}"]
-
-
-def test_partitions_added_ahead_are_added_once_each_and_wake_the_sender_once() -> None:
-    nodes, commands = topic_name(NODES), topic_name(COMMANDS)
-    manager = FakeManager(TransactionalRequestResult())
-    p, kp = producer_with(manager, known=(nodes, commands))
-    p.add_partitions([CORDON, STOP, STOP])
-    assert sorted(kp.calls) == [f"add {commands}:0", f"add {nodes}:2"]
-    assert kp._sender.wakeups == 1
-
-
-def test_partitions_added_ahead_outside_a_transaction_do_nothing() -> None:
-    nodes, commands = topic_name(NODES), topic_name(COMMANDS)
-    p, kp = producer_with(FakeManager(TransactionalRequestResult(), transactional=False), known=(nodes, commands))
-    p.add_partitions([CORDON, STOP])
-    assert kp.calls == [] and kp._sender.wakeups == 0
-
-
-class Recording:
-    """A producer as :class:`Unacked` uses it, recording its calls in order."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def begin(self) -> None:
-        self.calls.append("begin")
-
-    def add_partitions(self, evts: list[events.Event]) -> None:
-        self.calls.append("add " + " ".join(e.type for e in evts))
-
-    def send_many(self, sent: list[tuple[events.Event, bytes | None]]) -> list[Future]:
-        self.calls.append("send " + " ".join(e.type for e, _ in sent))
-        return [Future() for _ in sent]
-
-
-def test_prepare_opens_the_transaction_the_sends_that_follow_it_go_into() -> None:
-    producer = Recording()
-    sends = Unacked(producer, transactional=True)
-    sends.prepare([])
-    assert producer.calls == [] and not sends.open
-    sends.prepare([CORDON, STOP])
-    sends.send_all([(CORDON, b"c"), (STOP, None)])
-    assert producer.calls == ["begin", "add NodeCordoned StopWorkload", "send NodeCordoned StopWorkload"]
-    assert sends.open
-
-
-def test_prepare_without_transactions_does_nothing() -> None:
-    producer = Recording()
-    sends = Unacked(producer)
-    sends.prepare([CORDON])
-    assert producer.calls == [] and not sends.open

@@ -16,7 +16,7 @@ Nothing connects at import time; :class:`EventProducer` connects when built.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from apportion import events
@@ -138,35 +138,16 @@ class EventProducer:
         (what ``send`` itself would add, partitioned as ``send`` partitions) makes it one request. A topic whose
         partitions the producer does not know yet is left to ``send``, as before."""
         records = [self._record(e, v) for e, v in sent]
-        if len(records) > 1:
-            self._add_partitions((topic, key) for topic, _, key in records)
-        kp = self._producer
-        return [kp.send(topic, value=value, key=key) for topic, value, key in records]
-
-    def add_partitions(self, evts: Iterable[events.Event]) -> None:
-        """In a transaction, add every partition ``evts`` will be sent to and wake the sender thread, so
-        that the AddPartitionsToTxn round trip runs while the caller still encodes, signs and queues them
-        (:meth:`send_many` then adds nothing new). Outside a transaction: nothing. A partition added whose
-        record is never sent only gets the transaction's marker."""
-        keyed = {(topic_name(events.TOPIC_OF[e.type]), events.key_of(e).encode("utf-8")) for e in evts}
-        if self._add_partitions(keyed):
-            self._producer._sender.wakeup()
-
-    def _add_partitions(self, keyed: Iterable[tuple[str, bytes]]) -> bool:
-        """Add the partition of each ``(topic, key)`` to the open transaction, partitioned as ``send``
-        partitions; true when this producer is transactional. A topic whose partitions it does not know yet
-        is left to ``send``."""
         kp = self._producer
         manager = kp._transaction_manager
-        if manager is None or not manager.is_transactional():
-            return False
-        from kafka.structs import TopicPartition
+        if manager is not None and manager.is_transactional() and len(records) > 1:
+            from kafka.structs import TopicPartition
 
-        for topic, key in keyed:
-            partition = kp._partition(topic, None, key, None, key, None)
-            if partition is not None:
-                manager.maybe_add_partition_to_transaction(TopicPartition(topic, partition))
-        return True
+            for topic, value, key in records:
+                partition = kp._partition(topic, None, key, value, key, value)
+                if partition is not None:
+                    manager.maybe_add_partition_to_transaction(TopicPartition(topic, partition))
+        return [kp.send(topic, value=value, key=key) for topic, value, key in records]
 
     def publish(self, event: events.Event, timeout_s: float = 30.0) -> RecordMetadata:
         """Send ``event`` and wait for the ack; raises the Kafka error on failure."""
@@ -250,7 +231,7 @@ class Unacked:
 
     Args:
         producer: ``send_many(pairs) -> futures`` and ``flush()`` (:class:`EventProducer`); with
-            ``transactional``, also ``begin()``, ``add_partitions(events)`` and ``commit()``.
+            ``transactional``, also ``begin()`` and ``commit()``.
         transactional: the first send after a :meth:`flush` opens a transaction and :meth:`flush` commits
             it, so what one flush covers becomes visible to :data:`READ_COMMITTED` readers at once or never.
 
@@ -272,17 +253,6 @@ class Unacked:
             self.open = True
         for future in self._producer.send_many(sent):
             future.add_errback(self.failed.append)
-
-    def prepare(self, evts: Sequence[events.Event]) -> None:
-        """Transactional: open the transaction unless open and add the partitions ``evts`` will go to now
-        (:meth:`EventProducer.add_partitions`), before they are encoded, signed and sent with
-        :meth:`send_all`. Otherwise nothing."""
-        if not evts or not self.transactional:
-            return
-        if not self.open:
-            self._producer.begin()
-            self.open = True
-        self._producer.add_partitions(evts)
 
     def flush(self) -> None:
         """Block until every record sent is acknowledged; in a transaction, commit it. Raises what the
