@@ -180,6 +180,28 @@ def fix_drift(admin: Any, drift: Iterable[Drift]) -> list[Drift]:
     return fixable
 
 
+def settled_drift(
+    admin: Any,
+    topics: Sequence[Topic],
+    replication: tuple[int, int],
+    fixed: Sequence[Drift],
+    timeout_s: float = 10.0,
+) -> list[Drift]:
+    """The drift left once the broker answering describes shows the fixed settings: a KRaft broker applies a
+    config change when the controller's metadata reaches it, so a describe right after the change can still
+    read the old value. Asks again every 0.1 s until no fixed (topic, setting) reads as drifted, or
+    ``timeout_s`` passed (then the drift as last read, which names what did not take)."""
+    import time
+
+    pending = {(d.topic, d.setting) for d in fixed}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        drift = find_drift(admin, topics, replication)
+        if not pending & {(d.topic, d.setting) for d in drift} or time.monotonic() >= deadline:
+            return drift
+        time.sleep(0.1)
+
+
 def provision(
     bootstrap: str,
     topics: Iterable[Topic] = ALL_TOPICS,
@@ -215,7 +237,7 @@ def provision(
         to_fix = report.drift if fix else [d for d in report.drift if d.setting in ALWAYS_SET]
         if to_fix:
             report.fixed = fix_drift(admin, to_fix)
-            report.drift = find_drift(admin, topics, report.replication)
+            report.drift = settled_drift(admin, topics, report.replication, report.fixed)
         return report
     finally:
         admin.close()
