@@ -158,11 +158,7 @@ class NodeAgentSettings(ServiceSettings):
         if self.sandbox_closed_ports is not None:
             ports = set(self.sandbox_closed_ports)
         else:
-            from urllib.parse import urlsplit
-
-            conn = self.connection()
-            ports = {int(server.rsplit(":", 1)[1]) for server in conn.bootstrap.split(",") if server.strip()}
-            ports.add(urlsplit(conn.redis_url).port or 6379)
+            ports = self.connection().ports()
         bad = sorted(p for p in ports if not 0 < p < 65536)
         if bad:
             raise ValueError(f"sandbox_closed_ports: {bad} outside 1-65535")

@@ -204,3 +204,16 @@ class Connection:
             or DEFAULT_REDIS_URL
         )
         return cls(b, r)
+
+    def ports(self) -> set[int]:
+        """The ports of the Kafka bootstrap servers and of the Redis URL (Redis's default 6379 when it names none):
+        the control plane's ports a node agent closes to jobs by default.
+
+        Raises:
+            ValueError: a bootstrap server without a numeric port.
+        """
+        from urllib.parse import urlsplit
+
+        ports = {int(server.rsplit(":", 1)[1]) for server in self.bootstrap.split(",") if server.strip()}
+        ports.add(urlsplit(self.redis_url).port or 6379)
+        return ports

@@ -670,12 +670,10 @@ def closed_ports(info: StackInfo, service_ports: Iterable[int] = ()) -> list[int
     services' metrics and dashboard ports (``service_ports`` and ``info.metrics``). The node agent closes them
     to jobs (``D10.node-boundary``); its own default closes only the bootstrap servers and Redis, which would
     leave a job free to flood the controller's port until the broker runs out of file descriptors."""
-    from urllib.parse import urlsplit
-
     from apportion.bus.stack import listener_ports
+    from apportion.settings import Connection
 
-    ports = {int(server.rsplit(":", 1)[1]) for server in info.bootstrap.split(",") if server.strip()}
-    ports.add(urlsplit(info.redis_url).port or 6379)
+    ports = Connection(info.bootstrap, info.redis_url).ports()
     ports |= listener_ports(info.run_dir)
     ports |= set(service_ports) | set(info.metrics.values())
     return sorted(ports)
