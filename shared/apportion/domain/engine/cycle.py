@@ -109,7 +109,7 @@ from itertools import islice
 from operator import attrgetter
 
 from apportion.domain.budgets import BudgetTree
-from apportion.domain.cluster import UNTIL_STARTED, ClusterSnapshot, Run, placed_run
+from apportion.domain.cluster import UNTIL_STARTED, ClusterSnapshot, Run, RunKey, placed_run
 from apportion.domain.engine.emit import (
     emit_placed,
     job_protection_s,
@@ -785,11 +785,14 @@ def _reserve(cx: _Cycle, job: PendingJob, leaf: str, charge: float) -> None:
     cx.reserved_for = job.job_id
     free, victims = cx.free, cx.victims
     unalloc_gpus: dict[str, int] | None = None
+    taken_runs = victims.taken if victims is not None else set()
     if victims is not None:
-        taken = victims.taken
-        unalloc_gpus = {n: sum(len(x[2]) for x in lst if x[1].key not in taken) for n, lst in victims.unalloc.items()}
+        unalloc_gpus = {
+            n: sum(len(x[2]) for x in lst if x[1].key not in taken_runs) for n, lst in victims.unalloc.items()
+        }
+    may_take = partial(_may_take_back, cx, leaf, charge, g * k)
     if cx.cfg.hero_reserve_takable and g * k >= (cx.cfg.hero_min_gpus or math.inf):
-        chosen_nodes = _hero_reservation(cx, job, leaf, charge, unalloc_gpus)
+        chosen_nodes = _hero_reservation(cx, job, unalloc_gpus, taken_runs, may_take)
     else:
         chosen_nodes = reservation_nodes(free, g, k, model, unalloc_gpus, job.topology_bound)
     for n in chosen_nodes:
@@ -797,8 +800,6 @@ def _reserve(cx: _Cycle, job: PendingJob, leaf: str, charge: float) -> None:
     cx.res.reservation = (job.job_id, tuple(chosen_nodes))
     if not free.reserved_free():
         return
-    may_take = partial(_may_take_back, cx, leaf, charge, g * k)
-    taken_runs = victims.taken if victims else set()
     mine = set(chosen_nodes)
     placed = [  # the runs placed earlier in this cycle on its nodes hold their GPUs as any other
         placed_run(e)
@@ -815,13 +816,16 @@ def _reserve(cx: _Cycle, job: PendingJob, leaf: str, charge: float) -> None:
 
 
 def _hero_reservation(
-    cx: _Cycle, job: PendingJob, leaf: str, charge: float, unalloc_gpus: dict[str, int] | None
+    cx: _Cycle,
+    job: PendingJob,
+    unalloc_gpus: dict[str, int] | None,
+    taken: Set[RunKey],
+    may_take: Callable[[Run, Micros], bool],
 ) -> list[str]:
     """Rule D3.hero-cover's reservation clause (``EngineConfig.hero_reserve_takable``): a covered hero reserves
-    only nodes whose allocated runs (those placed earlier in the cycle included) it may take back."""
-    may_take = partial(_may_take_back, cx, leaf, charge, job.gpus)
+    only nodes whose allocated runs (those placed earlier in the cycle included) it may take back (``may_take``,
+    the runs ``taken`` in this cycle aside)."""
     placed = [placed_run(e) for e in cx.res.events if type(e) is JobPlaced and e.allocated]
-    taken = cx.victims.taken if cx.victims is not None else frozenset()
     away = untakable_nodes(cx.snapshot.cluster, cx.now_us, taken, may_take, placed)
     g, k = job.gpus_per_replica, job.replicas
     return takable_reservation_nodes(cx.free, g, k, job.gpu_model, unalloc_gpus, job.topology_bound, away)
