@@ -799,6 +799,8 @@ def forecast(
     if submit_ and (job_id is not None or budget is None or gpus is None or min_runtime is None):
         fail("--submit needs -b BUDGET, -g GPUS and -m MIN_RUNTIME, and no JOB_ID")
     horizon_s = _dur(horizon, "--horizon")
+    if horizon_s <= 0:
+        fail(f"--horizon {horizon}: a duration above 0")
     recs, cfg, state, now = _forecast_input(bootstrap, from_file, at)
     if submit_:
         import getpass
