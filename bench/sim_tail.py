@@ -7,6 +7,7 @@ Usage (traces from ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the c
         [--at-share-bound N] [--grow-over-share 0|1] [--owner-free 0|1] [--gang-wait-h H] [--gang-min-gpus N]
         [--gang-bound-x X] [--cover-min-gpus N] [--runs RUNS.json]
     .venv/bin/python bench/sim_tail.py run itp week5 slurm OUT.json [--budgets infra/budgets/itp-hetero.yaml]
+        [--slurm-simplified]
     .venv/bin/python bench/sim_tail.py compare FAIR.json PEER.json
     .venv/bin/python bench/sim_tail.py decompose FAIR.json PEER.json    (both run with --runs OUT.runs.json)
 
@@ -17,7 +18,8 @@ Usage (traces from ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the c
 ``EngineConfig.grow_over_share`` True (default 0, the policy's), ``--owner-free`` ``EngineConfig.owner_free``,
 ``--gang-wait-h H`` ``EngineConfig.gang_wait_s`` in hours, ``--gang-min-gpus N`` ``EngineConfig.gang_min_gpus``,
 ``--gang-bound-x X`` ``EngineConfig.gang_bound_x``, 0 = none for both; ``--cover-min-gpus N``
-``EngineConfig.cover_min_gpus``), writes the policy's report (the ``--json`` document) beside OUT
+``EngineConfig.cover_min_gpus``; ``--slurm-simplified``: policy ``slurm`` is the simplified peer,
+``SlurmConfig(backfill_reserve=False)``), writes the policy's report (the ``--json`` document) beside OUT
 (``.json`` replaced by ``.report.json``) and one row per job to OUT: budget, allocated, shape g x k, duration,
 submit, first placement, completion (µs; null when not reached) and preemptions. ``compare`` reads two such
 files of the same slice and seed and prints, for the first policy against the second: the jobs that make the JCT tail (completion time above the first policy's p95)
@@ -87,6 +89,12 @@ def run(argv: list[str]) -> int:
     if runs_out is not None:
         core.JobLedger.apply = _recorder(ledger_apply, runs)  # type: ignore[method-assign]
     core.Simulator.run = keep  # type: ignore[method-assign]  # the study keeps the result _run drops
+    from apportion.sim.baselines import POLICIES
+    from apportion.sim.peers.slurm import Slurm, SlurmConfig
+
+    slurm = POLICIES["slurm"]
+    if "--slurm-simplified" in argv:
+        POLICIES["slurm"] = Slurm(SlurmConfig(backfill_reserve=False))
     try:
         rep = _run(
             policy,
@@ -109,6 +117,7 @@ def run(argv: list[str]) -> int:
             },
         )
     finally:
+        POLICIES["slurm"] = slurm
         core.Simulator.run = orig  # type: ignore[method-assign]
         core.JobLedger.apply = ledger_apply  # type: ignore[method-assign]
     if runs_out is not None:
