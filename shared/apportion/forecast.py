@@ -897,6 +897,13 @@ def _copy(state: DispatchState) -> DispatchState:
     return copied
 
 
+def _forward_config(config: DispatchConfig | None) -> DispatchConfig:
+    """The dispatcher's knobs (the log's, defaults when ``None``) for a forward run: no heartbeat comes in it, so
+    no node is lost for want of one (the heartbeat timeout off; the rest as the dispatcher runs)."""
+    cfg = config or DispatchConfig(heartbeat_timeout_s=None)
+    return cfg if cfg.heartbeat_timeout_s is None else replace(cfg, heartbeat_timeout_s=None)
+
+
 @_collector_paused
 def forecast(
     state: DispatchState,
@@ -944,9 +951,7 @@ def forecast(
     Raises:
         KeyError: a job of ``job_ids`` is not pending.
     """
-    cfg = config or DispatchConfig(heartbeat_timeout_s=None)
-    if cfg.heartbeat_timeout_s is not None:  # no heartbeats in the forward run: no node is lost for want of one
-        cfg = replace(cfg, heartbeat_timeout_s=None)
+    cfg = _forward_config(config)
     pending = [j for leaf in sorted(state.pending) for j in state.pending[leaf]]
     by_id = {j.job_id: j for j in pending}
     if job_ids is not None:
@@ -1319,7 +1324,7 @@ def budget_forecast(
         raise ValueError("a budget forecast cannot start before the state's latest event")
     if step_s <= 0 or days <= 0:
         raise ValueError("--forecast and its step must be positive")
-    cfg = config or DispatchConfig(heartbeat_timeout_s=None)
+    cfg = _forward_config(config)
     end_us = now_us + s_to_us(days * 86_400.0)
     fwd = _Forward(_copy(state), now_us, cfg, history or {}, end_us, cycle_s)
     fwd.seed()
