@@ -148,6 +148,11 @@ class EngineConfig:
             (seconds) are placed before the rest of the free work, across all leaves oldest first, ties by job id;
             the rest keep rule D3.free-las's order. Default ``None``: off. Measured and not adopted
             (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
+        free_las_queue_gpu_s: discretized least attained service (two queues, as Tiresias's 2D-LAS): with
+            ``free_las``, a requeued unallocated job whose earlier attempts held fewer GPU-seconds than this joins
+            the jobs not yet run, in its place in its leaf's submission order; the rest keep rule D3.free-las's
+            order (:func:`~apportion.domain.engine.cycle.first_las_queue`). Default ``None``: off (every requeued
+            job after the jobs not yet run). Not part of any policy version.
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -176,6 +181,7 @@ class EngineConfig:
     hero_reserve_takable: bool = False
     free_las: bool = True
     free_age_s: float | None = None
+    free_las_queue_gpu_s: float | None = None
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"
