@@ -6,18 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Console
-
 from apportion.cli.nodes import nodes_table
+from tests.unit.test_cli_narrow import render
 
 MODEL = "sim-a100-80gb"
 REASON = "bios update, back by 18:00 (ticket OPS-1234)"
-
-
-def render(renderable: Any, width: int = 80) -> list[str]:
-    console = Console(width=width, record=True, color_system=None)
-    console.print(renderable)
-    return [line.rstrip() for line in console.export_text().splitlines()]
 
 
 def _row(node: str, state: str, reason: str, free: int, running: int, age: float | None) -> dict[str, Any]:
