@@ -170,7 +170,6 @@ class ClosingClient(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.ERROR:
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-            record.exc_info = record.exc_text = None
         return True
 
 
