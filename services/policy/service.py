@@ -165,12 +165,16 @@ CLIENT_LOGGERS = ("kafka.net.transport", "kafka.net.connection", "kafka.cluster"
 
 class ClosingClient(logging.Filter):
     """While a kafka-python client is being closed (:func:`closing_quietly`), its connections' ERROR records are
-    the close's own doing: DEBUG, not an alarm in the log of a healthy start."""
+    the close's own doing: DEBUG (left out unless the logger logs DEBUG), not an alarm in the log of a healthy
+    start."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR:
-            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-        return True
+        if record.levelno < logging.ERROR:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        # the logger let it through as an ERROR; at DEBUG it goes on only where its logger logs DEBUG (the
+        # services' handlers take every level their loggers pass)
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
 
 @contextlib.contextmanager

@@ -84,10 +84,12 @@ def test_the_catch_up_readers_close_logs_no_error_and_an_error_outside_the_close
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """kafka-python 3 logs at ERROR the connection its close aborts (the catch-up's reader is often still opening
-    its coordinator connection) and the metadata refresh the close cancels: DEBUG inside the close, ERROR after."""
+    its coordinator connection) and the metadata refresh the close cancels: DEBUG inside the close (not logged at
+    INFO), ERROR after."""
     from services.policy.service import CLIENT_LOGGERS, closing_quietly
 
     caplog.set_level(logging.INFO)
+    caplog.handler.setLevel(logging.NOTSET)  # as the services' handlers: every level the loggers pass
     transport, connection, cluster = (logging.getLogger(name) for name in CLIENT_LOGGERS)
     with closing_quietly():
         transport.error("%s: Abort (%s)", "<KafkaSSLTransport [127.0.0.1:9092<-55086]>", "KafkaConnectionError")
