@@ -1,17 +1,22 @@
 """The control plane's ports, closed to a replica on loopback and on the control plane's own addresses:
-``BPF_PROG_TYPE_CGROUP_SOCK_ADDR`` programs on its cgroup (cgroup v2).
+``BPF_PROG_TYPE_CGROUP_SOCK_ADDR`` programs on its cgroup (cgroup v2), for ``connect`` and for ``bind``.
 
 A job shares the node's network. Its credentials keep it from signing in to Redis or Kafka, not from taking
-their connection slots (Redis counts a client before it signs in). The agent attaches two programs to each
-replica's v2 cgroup (``connect4``, ``connect6``) that refuse (``EPERM``) a ``connect`` from any process of the
-replica to one of the closed ports on a loopback address: ``127.0.0.0/8``, ``0.0.0.0``, ``::1``, ``::`` and the
-IPv4-mapped ``::ffff:127.0.0.0/104`` and ``::ffff:0.0.0.0``; and on each address the control plane's hosts
-resolved to when the agent started (:func:`resolve`: the node's own non-loopback address, or another machine's;
-an IPv4 one in its IPv4-mapped form too). Any other destination, and every other port, is let through.
+their connection slots (Redis counts a client before it signs in), nor, while a server is down (a restart), from
+binding its port first and answering its clients itself. The agent attaches four programs to each replica's v2
+cgroup (``connect4``, ``connect6``, ``bind4``, ``bind6``) that refuse (``EPERM``) a ``connect`` or a ``bind``
+from any process of the replica to one of the closed ports on a loopback address: ``127.0.0.0/8``,
+``0.0.0.0``, ``::1``, ``::`` and the IPv4-mapped ``::ffff:127.0.0.0/104`` and ``::ffff:0.0.0.0``; and on each
+address the control plane's hosts resolved to when the agent started (:func:`resolve`: the node's own
+non-loopback address, or another machine's; an IPv4 one in its IPv4-mapped form too). Any other address, and
+every other port, is let through. A ``bind`` to port 0 is let through: the kernel then picks a port of its
+ephemeral range (``net.ipv4.ip_local_port_range``), so a closed port outside that range is never handed out.
 :func:`program` builds the instructions (pure, testable as bytes); :func:`attach` loads and attaches them (root).
 
-The context (``struct bpf_sock_addr``): ``user_ip4`` (u32 at 4), ``user_ip6`` (4 x u32 at 8), ``user_port``
-(u32 at 24); addresses and port in network byte order, as the bytes lie in memory (read here on a
+The context (``struct bpf_sock_addr``), the same for the connect and the bind hooks (the kernel lets ``connect4``
+and ``bind4`` read ``user_ip4``, ``connect6`` and ``bind6`` ``user_ip6``, each ``user_port``): ``user_ip4``
+(u32 at 4), ``user_ip6`` (4 x u32 at 8), ``user_port`` (u32 at 24): the destination of a connect, the local
+address of a bind; addresses and port in network byte order, as the bytes lie in memory (read here on a
 little-endian machine: x86_64, aarch64).
 """
 
@@ -30,6 +35,8 @@ log = logging.getLogger(__name__)
 #: ``linux/bpf.h``: the program type and the attach points of ``connect`` on IPv4 and IPv6 sockets.
 BPF_PROG_TYPE_CGROUP_SOCK_ADDR = 18
 BPF_CGROUP_INET4_CONNECT, BPF_CGROUP_INET6_CONNECT = 10, 11
+#: ``linux/bpf.h``: the attach points of ``bind`` on IPv4 and IPv6 sockets (the same context and fields).
+BPF_CGROUP_INET4_BIND, BPF_CGROUP_INET6_BIND = 8, 9
 
 #: The comparisons are 32-bit (``BPF_JMP32``, Linux 5.1+): an immediate of 2**31 or more, sign-extended to 64
 #: bits, would never equal a zero-extended 32-bit load.
@@ -123,7 +130,12 @@ def program(ports: Iterable[int], ipv6: bool, addresses: Iterable[str] = ()) -> 
     return _assemble(asm)
 
 
-_ATTACH = ((BPF_CGROUP_INET4_CONNECT, False, b"apportion_conn4"), (BPF_CGROUP_INET6_CONNECT, True, b"apportion_conn6"))
+_ATTACH = (
+    (BPF_CGROUP_INET4_CONNECT, False, b"apportion_conn4"),
+    (BPF_CGROUP_INET6_CONNECT, True, b"apportion_conn6"),
+    (BPF_CGROUP_INET4_BIND, False, b"apportion_bind4"),
+    (BPF_CGROUP_INET6_BIND, True, b"apportion_bind6"),
+)
 
 
 def resolve(hosts: Iterable[str]) -> tuple[str, ...]:
@@ -147,8 +159,8 @@ def resolve(hosts: Iterable[str]) -> tuple[str, ...]:
 
 
 def load(ports: Sequence[int], addresses: Sequence[str] = ()) -> list[int]:
-    """Load both programs for ``ports`` (on loopback and ``addresses``): their file descriptors, IPv4's first
-    (the caller closes them).
+    """Load the four programs for ``ports`` (on loopback and ``addresses``): their file descriptors, in the
+    order of the attach points (``connect4``, ``connect6``, ``bind4``, ``bind6``; the caller closes them).
 
     Raises:
         OSError: the kernel refused one (no BPF, not root; the verifier's log in the message); none is left open.
@@ -167,8 +179,8 @@ def load(ports: Sequence[int], addresses: Sequence[str] = ()) -> list[int]:
 
 
 def attach(cgroup_dir: str, ports: Sequence[int], addresses: Sequence[str] = ()) -> None:
-    """Refuse the processes of the v2 cgroup ``cgroup_dir`` a connect to ``ports`` on loopback and on
-    ``addresses`` (IPv4 and IPv6), for as long as the cgroup exists.
+    """Refuse the processes of the v2 cgroup ``cgroup_dir`` a connect to, and a bind of, ``ports`` on loopback
+    and on ``addresses`` (IPv4 and IPv6), for as long as the cgroup exists.
 
     Raises:
         OSError: the programs could not be loaded or attached.

@@ -1,8 +1,8 @@
 """A job may not take a closed port of the control plane on loopback while its server is down (rule
-D10.node-boundary; ``docs/security.md``, "Node boundary"): the connect filter keeps a job from connecting to
-those ports, not from binding them. A job that waits for a restart (``apportion stack restart web``, a Redis or
-broker restart) and binds the port first keeps the server from starting (``EADDRINUSE``) and answers its clients
-itself: over plain HTTP on loopback the dashboard's users get the job's page.
+D10.node-boundary; ``docs/security.md``, "Node boundary"): the connect filter refuses a job a bind of those
+ports as it refuses a connect. Without it, a job that waits for a restart (``apportion stack restart web``, a
+Redis or broker restart) and binds the port first keeps the server from starting (``EADDRINUSE``) and answers
+its clients itself: over plain HTTP on loopback the dashboard's users get the job's page.
 
 The real agent (:class:`tests.service.test_node_agent_boundary.Node`), alice's job, a closed port with nothing
 listening on it (its server between a stop and a start) and a free port that is not closed.
@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import socket
-
-import pytest
 
 from apportion.events import JobCompleted
 from tests.kit.node_boundary import ALICE, job_accounts, shared_dir, write_script
@@ -52,12 +50,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not enforced yet: the connect filter has no bind hook. The fix is two attach points more in "
-    "services/node_agent/connfilter.py's _ATTACH, BPF_CGROUP_INET4_BIND (8) and BPF_CGROUP_INET6_BIND (9) with "
-    "the same programs (the same struct bpf_sock_addr), which another change to that module owns this round",
-)
 async def test_a_job_cannot_bind_a_closed_port_on_loopback_while_its_server_is_down(
     job_accounts, shared_dir, monkeypatch
 ):
