@@ -15,7 +15,9 @@ and runs each policy on it, one after another. Prints one line per policy
 mean of the per-budget means), one line per background budget (its backlogged pairs, how many
 behind, the sum and mean of its deficit), one line per simulated day (the deficit, the budgets
 behind, the GPUs the hero and background budgets run) and one per hero job (time to start, GPU-hours idled while it gathered, preemptions,
-work lost, completion). ``--no-heroes``: the same run without the hero jobs
+work lost, completion; per preemption, the wait to the next placement and the longest protection in force, from
+the preemption and from when the hero's leaf first ranked first in the fair-share order,
+:class:`apportion.sim.hero.OrderHeads`). ``--no-heroes``: the same run without the hero jobs
 (same tree), the reference of the background budgets' deficit. ``--grow-over-share``:
 ``EngineConfig.grow_over_share`` True (every job's protection grown with its preemptions, as up to policy
 ``fairtree-9``; by default only a job at or under its share). ``--hero-reserve-takable``:
