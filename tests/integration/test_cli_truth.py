@@ -363,9 +363,7 @@ def test_a_job_submitted_held_waits_until_its_owner_releases_it(budgets: Stack) 
     res = budgets.run(
         "submit", "-b", "lab/vision", "-g", "1", "-m", "1h", "--duration", "1h", "-u", "hd", "--job-id", "hd1", "--hold"
     )
-    assert res.stdout.splitlines()[-1] == (
-        "queued, held: it will not be placed until `apportion release hd1` (see `apportion queue`)"
-    )
+    assert res.stdout.splitlines()[-1] == "queued, held until `apportion release hd1`"
     row = budgets.until(
         lambda: [r for r in budgets.json("queue", "--user", "hd") if r.get("reason", "").startswith("held: ")],
         "hd1 held",

@@ -331,8 +331,12 @@ class _Cycle:
     blocked_at: tuple[int, int] = (-1, -1)  # (free log length, charges) when all_blocked last held
 
     def covers(self, leaf: str, gpus: int) -> bool:
-        """D3.hero-cover: ``leaf``'s share covers a job of ``gpus`` GPUs (always below ``hero_min_gpus``)."""
-        least = self.cfg.hero_min_gpus
+        """D3.hero-cover: ``leaf``'s share covers a job of ``gpus`` GPUs (always below ``hero_min_gpus``, or below
+        ``cover_min_gpus`` where that is lower)."""
+        cfg = self.cfg
+        least, wide = cfg.hero_min_gpus, cfg.cover_min_gpus
+        if wide is not None and (least is None or wide < least):
+            least = wide
         if least is None or gpus < least:
             return True
         if self.capacity < 0:

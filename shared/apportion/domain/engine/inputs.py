@@ -104,6 +104,11 @@ class EngineConfig:
             larger than its budget's share of the capacity neither reserves nodes nor preempts busy allocated runs;
             :func:`~apportion.domain.engine.reservation.share_covers`); default 1,024, so no job of a cluster of a few
             hundred GPUs is concerned; ``None``: off.
+        cover_min_gpus: the least GPUs of a job that rule ``D3.hero-cover``'s reservation and preemption clause
+            concerns, where lower than ``hero_min_gpus`` (the victims' clause keeps ``hero_min_gpus``): a job of at
+            least this many GPUs that its budget's share does not cover (g x k > abs(b) x C(t)) neither reserves
+            nodes nor preempts busy allocated runs. Default ``None``: ``hero_min_gpus`` alone. Measured and not
+            adopted (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
         free_order: place unallocated jobs by rule D3.free-order (the leaf with the fewest unallocated GPUs
             in use per unit of share first, one job at a time; :func:`~apportion.domain.fairshare.free_order_key`);
             default False: leaf by leaf in the budget order of the allocated pass. Measured and not adopted
@@ -161,6 +166,7 @@ class EngineConfig:
     gang_min_gpus: int | None = None
     gang_bound_x: float | None = None
     hero_min_gpus: int | None = HERO_MIN_GPUS
+    cover_min_gpus: int | None = None
     free_order: bool = False
     progress_after: int | None = None
     at_share_bound: int | None = None
