@@ -15,7 +15,9 @@ and runs each policy on it, one after another. Prints one line per policy
 mean of the per-budget means), one line per background budget (its backlogged pairs, how many
 behind, the sum and mean of its deficit), one line per simulated day (the deficit, the budgets
 behind, the GPUs the hero and background budgets run) and one per hero job (time to start, GPU-hours idled while it gathered, preemptions,
-work lost, completion). ``--no-heroes``: the same run without the hero jobs
+work lost, completion; per preemption, the wait to the next placement and the longest protection in force, from
+the preemption and from when the hero's leaf first ranked first in the fair-share order,
+:class:`apportion.sim.hero.OrderHeads`). ``--no-heroes``: the same run without the hero jobs
 (same tree), the reference of the background budgets' deficit. ``--grow-over-share``:
 ``EngineConfig.grow_over_share`` True (every job's protection grown with its preemptions, as up to policy
 ``fairtree-9``; by default only a job at or under its share). ``--hero-reserve-takable``:
@@ -101,7 +103,7 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
         pairs = backlogged_pairs(res.samples, res.start_us, sc.tree)
         bg_pairs = [d for _t, _leaf, d in pairs]
         per_budget = deficit_by_budget(pairs)
-        rows = hero_rows(res, sc, sim.gathering_idle_gpu_s, gpus, sim._saved, sim.restarts, sim.running_us)
+        rows = hero_rows(res, sc, sim.gathering_idle_gpu_s, gpus, sim._saved, sim.restarts, sim.running_us, sim.heads_s)
         daily = deficit_by_day(res, sc, gpus)
         doc = {
             "policy": name,
@@ -135,7 +137,8 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
                 f"preemptions={r.preemptions} lost_gpu_h={r.lost_gpu_h:.0f} "
                 f"max_lost_per_preemption_h={r.max_lost_per_preemption_h:.2f} completion_d={_f(r.completion_d)} "
                 f"progress={r.progress_pct:.0f}% start_d={_f(r.start_d)} stops_d={[round(d, 2) for d in r.stops_d]} "
-                f"restart_h/protection_in_force_h={[(_f(w), _f(p)) for w, p in r.restarts_h]}",
+                f"restart_h/protection_in_force_h={[(_f(w), _f(p)) for w, p in r.restarts_h]} "
+                f"head_h/restart_from_head_h/protection_at_head_h={[tuple(_f(x) for x in h) for h in r.heads_h]}",
                 flush=True,
             )
         for leaf, b in per_budget.items():
@@ -162,7 +165,7 @@ def _progress_writer(path: str, policy: str, sc: Any, gpus: int) -> Any:
 
     def write(sim: HeroSimulator, t: int) -> None:
         res = types.SimpleNamespace(jobs_ledger=sim.jobs_ledger)
-        rows = hero_rows(res, sc, sim.gathering_idle_gpu_s, gpus, sim._saved, sim.restarts, sim.running_us)  # type: ignore[arg-type]
+        rows = hero_rows(res, sc, sim.gathering_idle_gpu_s, gpus, sim._saved, sim.restarts, sim.running_us, sim.heads_s)  # type: ignore[arg-type]
         triples = backlogged_pairs(sim.samples, sc.start_us, sc.tree)
         pairs = [d for _t, _leaf, d in triples]
         means = [b["mean_pp"] for b in deficit_by_budget(triples).values()]

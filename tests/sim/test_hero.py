@@ -10,11 +10,12 @@ from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import CycleSnapshot, EngineConfig, run_cycle
 from apportion.events import Event
-from apportion.sim.core import SimConfig, SimJob
+from apportion.sim.core import SimConfig, SimJob, SimResult
 from apportion.sim.hero import (
     HeroJob,
     HeroScenario,
     HeroSimulator,
+    OrderHeads,
     backlogged_pairs,
     deficit_by_budget,
     hero_nodes,
@@ -22,6 +23,7 @@ from apportion.sim.hero import (
     hero_scenario,
 )
 from apportion.timeutil import Micros, s_to_us
+from tests.kit import builders as b
 
 H = 3600
 T0 = s_to_us(1_700_000_000)
@@ -161,12 +163,9 @@ def test_on_day_reports_the_figures_so_far_once_a_day() -> None:
     assert told == [(24.0, False), (48.0, True)]
 
 
-def test_restart_wait_and_the_protection_in_force_at_the_preemption() -> None:
-    # One 8-GPU node. hero-a (8 GPUs, minimum runtime 1 h) runs from T0; bg/x's 8-GPU job (minimum runtime
-    # 2 h, 3 h of work) arrives at 2 h: bg/x is behind (nothing run), hero/a far ahead, the hero's protection
-    # has ended, so the same cycle preempts the hero (no grace, no stop delay) and places the job at 2 h.
-    # Longest protection in force then: the job's, placed at 2 h for 2 h -> 2 h. The hero is placed again
-    # when the job completes, at 2 + 3 = 5 h: a 3 h wait.
+def _preempted_by_bg() -> tuple[HeroSimulator, SimResult, HeroScenario]:
+    """One 8-GPU node: hero-a (8 GPUs, minimum runtime 1 h) from T0; bg/x's 8-GPU job (minimum runtime 2 h,
+    3 h of work) at 2 h; no grace, no stop delay; 8 h."""
     tree = BudgetTree.from_mapping({"bg": 0.5, "bg/x": 1.0, "hero": 0.5, "hero/a": 1.0})
     nodes = tuple(hero_nodes(1, 8, 1, 1))
     hero = SimJob("hero-a", "hero/a", "h", T0, 8, 1, H, 20 * H, None, 3600.0)
@@ -175,7 +174,16 @@ def test_restart_wait_and_the_protection_in_force_at_the_preemption() -> None:
     dcfg = DispatchConfig(engine=EngineConfig(grace_s=0.0), heartbeat_timeout_s=None)
     cfg = SimConfig(seed=1, dispatch=dcfg, stop_delay_s=0.0, until_us=sc.until_us, keep_log=False)
     sim = HeroSimulator(tree, nodes, sc.jobs, cfg, heroes=sc.heroes)
-    res = sim.run()
+    return sim, sim.run(), sc
+
+
+def test_restart_wait_and_the_protection_in_force_at_the_preemption() -> None:
+    # One 8-GPU node. hero-a (8 GPUs, minimum runtime 1 h) runs from T0; bg/x's 8-GPU job (minimum runtime
+    # 2 h, 3 h of work) arrives at 2 h: bg/x is behind (nothing run), hero/a far ahead, the hero's protection
+    # has ended, so the same cycle preempts the hero (no grace, no stop delay) and places the job at 2 h.
+    # Longest protection in force then: the job's, placed at 2 h for 2 h -> 2 h. The hero is placed again
+    # when the job completes, at 2 + 3 = 5 h: a 3 h wait.
+    sim, res, sc = _preempted_by_bg()
     assert sim.restarts == {"hero-a": [(3 * H, 2 * H)]}
     (row,) = hero_rows(res, sc, sim.gathering_idle_gpu_s, 8, sim._saved, sim.restarts)
     assert (row.preemptions, row.stops_d, row.restarts_h) == (1, (2 / 24,), ((3.0, 2.0),))
@@ -198,3 +206,44 @@ def test_placed_at_the_preemption_running_once_its_victims_stopped() -> None:
     assert row.start_h == 0.0
     assert row.running_h == pytest.approx(20 / 3600)
     assert sim.running_us == {"hero-a": hero.submit_us + s_to_us(20)}
+
+
+def test_order_heads_on_a_hand_made_log() -> None:
+    # Abs shares: bg/x 0.5, hero/a 0.25, hero/b 0.25; r compares O / abs (one capacity integral for all).
+    # From T0 bg-1 runs 32 GPUs and hero-b 16; at 2 h hero-a (16 GPUs) preempts hero-b. The hero branch is
+    # ahead of bg at the root all along (16t / 0.5 against 32t / 0.5 GPU-h). In it, at 2 h hero/a has 0,
+    # hero/b 32 GPU-h: hero/a ranks first. From 2 h, O(hero/a) = 16 (t - 2) passes 32 after 4 h (at 4 h the
+    # tie goes to hero/a by path): the first event time after it, 5 h (bg-3 placed), is hero-b's head; it is
+    # placed again at 6 h. hero-a, preempted at 7 h (O 80 against hero/b's 48), is placed again at 8 h, when
+    # hero/b holds 64: never at the head.
+    tree = BudgetTree.from_mapping({"bg": 0.5, "bg/x": 1.0, "hero": 0.5, "hero/a": 0.5, "hero/b": 0.5})
+    heads = OrderHeads(tree, {"hero-a": "hero/a", "hero-b": "hero/b"}, 7 * 86_400.0)
+    hb = {"budget": "hero/b", "gpus": 8, "replicas": 2, "nodes": ["n0", "n1"]}
+    ha = {"budget": "hero/a", "gpus": 8, "replicas": 2, "nodes": ["n0", "n1"]}
+    log: list[Event] = [
+        *(b.node(f"n{i}", 8, at=b.T0) for i in range(8)),
+        b.placed("bg-1", budget="bg/x", gpus=8, replicas=4, nodes=["n2", "n3", "n4", "n5"], at=b.T0),
+        b.placed("hero-b", **hb, at=b.T0),  # type: ignore[arg-type]
+        b.preempted("hero-b", budget="hero/b", by_job_id="hero-a", at=b.h(2)),
+        b.placed("hero-a", **ha, at=b.h(2)),  # type: ignore[arg-type]
+        b.placed("bg-2", budget="bg/x", gpus=8, nodes=["n6"], at=b.h(3)),
+        b.placed("bg-3", budget="bg/x", gpus=8, nodes=["n7"], at=b.h(5)),
+        b.placed("hero-b", **hb, attempt=2, at=b.h(6)),  # type: ignore[arg-type]
+        b.preempted("hero-a", budget="hero/a", at=b.h(7)),
+        b.placed("hero-a", **ha, attempt=2, at=b.h(8)),  # type: ignore[arg-type]
+    ]
+    reached = [(e.ts, heads.feed(e)) for e in log]
+    assert [(t, r) for t, r in reached if r] == [(b.dt(b.h(5)), ["hero-b"])]
+    assert heads.heads == {"hero-b": [[b.h(2), b.h(5), b.h(6)]], "hero-a": [[b.h(7), None, b.h(8)]]}
+
+
+def test_order_heads_at_the_preemption_and_in_the_simulator() -> None:
+    # The restart scenario below: hero-a (8 GPUs of one node) runs from T0; bg-1 preempts it at 2 h and runs
+    # 3 h. At 2 h hero/a holds 16 GPU-h and bg/x 0 (equal shares): bg/x first. bg/x's O = 8 (t - 2) passes 16
+    # after 4 h; the next event is bg-1's completion at 5 h (its protection's end at 4 h is a timer, no event),
+    # and hero-a is placed again in that cycle: 3 h to the head, 0 h from it. Longest protection in force at the
+    # head: none (bg-1 completing, hero-a not yet placed) -> 0.
+    sim, res, sc = _preempted_by_bg()
+    assert sim.heads_s("hero-a") == [(3 * H, 0.0, 0.0)]
+    (row,) = hero_rows(res, sc, sim.gathering_idle_gpu_s, 8, sim._saved, sim.restarts, None, sim.heads_s)
+    assert row.heads_h == ((3.0, 0.0, 0.0),)

@@ -237,3 +237,35 @@ def test_reservation_prefers_fewest_blocks_then_racks(
 ) -> None:
     cf = cluster({n: free.get(n, 0) for n in RACK}, labels)
     assert reservation_nodes(cf, 8, k, None, unalloc, bound) == want
+
+
+EXCLUDE_CASES = [
+    # (case id, free GPUs per node (others 0), labels, unallocated GPUs per node, excluded nodes, expected nodes;
+    # without the exclusion each would take the excluded node, as the case id says)
+    (
+        "labelled: the block of most available excluded in part",
+        {"n0": 8, "n4": 8, "n5": 8},
+        True,
+        {},
+        {"n5"},
+        ["n0", "n4"],
+    ),
+    ("unlabelled buckets: the first of most free", {"n0": 8, "n4": 8, "n5": 8}, False, {}, {"n0"}, ["n4", "n5"]),
+    ("unallocated GPUs of an excluded node", {"n0": 8}, False, {"n1": 8, "n2": 4}, {"n1"}, ["n0", "n2"]),
+    ("nodes with none free, by id", {"n0": 8}, False, {}, {"n1"}, ["n0", "n2"]),
+    ("labelled, fewer than k left: those left", {}, True, {}, set(RACK) - {"n3"}, ["n3"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("free", "labels", "unalloc", "exclude", "want"),
+    [c[1:] for c in EXCLUDE_CASES],
+    ids=[c[0] for c in EXCLUDE_CASES],
+)
+def test_reservation_leaves_out_the_excluded_nodes(
+    free: dict[str, int], labels: bool, unalloc: dict[str, int], exclude: set[str], want: list[str]
+) -> None:
+    cf = cluster({n: free.get(n, 0) for n in RACK}, labels)
+    assert reservation_nodes(cf, 8, 2, None, unalloc, None, exclude) == want
+    assert not cf.reserved and not cf.log  # the choice reserves nothing
+    assert set(reservation_nodes(cf, 8, 2, None, unalloc, None)) & exclude  # without it, an excluded node is taken

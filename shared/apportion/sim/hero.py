@@ -34,11 +34,13 @@ from typing import Any
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import UNTIL_STARTED
 from apportion.domain.engine.reservation import protection_end_us
+from apportion.domain.fairshare import budget_order
+from apportion.domain.occupancy import OccupancyLedger
 from apportion.events import Event, JobPlaced, JobPreempted, JobStarted, JobSubmitted
 from apportion.report import share_deficit_pp
 from apportion.sim.core import SimJob, SimNode, SimResult, Simulator
 from apportion.sim.traces import topology_of
-from apportion.timeutil import Micros, s_to_us, us_to_s
+from apportion.timeutil import Micros, s_to_us, to_us, us_to_s
 
 __all__ = [
     "DEFAULT_HEROES",
@@ -46,6 +48,7 @@ __all__ = [
     "HeroRow",
     "HeroScenario",
     "HeroSimulator",
+    "OrderHeads",
     "backlogged_pairs",
     "deficit_by_budget",
     "hero_nodes",
@@ -203,6 +206,60 @@ def hero_scenario(
     return HeroScenario(tree, tuple(hero_nodes(nodes, per_node, racks, blocks)), tuple(jobs), tuple(ids), start, until)
 
 
+class OrderHeads:
+    """When each watched job's leaf, after a preemption of the job, first ranks first in the fair-share order.
+
+    Pure: fed every event in processing order (inputs and dispatcher outputs), it folds them into its own
+    :class:`~apportion.domain.occupancy.OccupancyLedger` and reads the order the ``FairShareRanking`` publishes,
+    :func:`~apportion.domain.fairshare.budget_order` of every leaf (rank 0 is served first). The order is read
+    at the preemption (the events up to it folded) and then at each later event time before its events, so a
+    leaf's head time is the first event time at which it ranks first.
+
+    ``heads[job]``: per preemption, ``[preempted_us, head_us, placed_us]`` (``None``: not yet), the next
+    placement ending the record (a placement before the head leaves ``head_us`` ``None``).
+    """
+
+    def __init__(self, tree: BudgetTree, leaves: Mapping[str, str], window_s: float) -> None:
+        """``leaves``: job id -> its leaf budget, the jobs watched."""
+        self._tree = tree
+        self._leaves = dict(leaves)
+        self.ledger = OccupancyLedger(window_s)
+        self.heads: dict[str, list[list[Micros | None]]] = {}
+        self._open: set[str] = set()  # preempted, not placed again
+        self._waiting: set[str] = set()  # preempted, not placed again, not yet at the head
+        self._t: Micros | None = None
+
+    def feed(self, ev: Event) -> list[str]:
+        """Fold ``ev``; returns the watched jobs whose leaf reached the head at this event's time."""
+        t = to_us(ev.ts)
+        reached = self._check(t) if self._waiting and (self._t is None or t > self._t) else []
+        if self._t is None or t > self._t:
+            self._t = t
+        self.ledger.apply(ev)
+        job = getattr(ev, "job_id", None)
+        if job not in self._leaves:
+            return reached
+        if type(ev) is JobPreempted and job not in self._open:
+            self.heads.setdefault(job, []).append([t, None, None])
+            self._open.add(job)
+            self._waiting.add(job)
+            reached += self._check(t)
+        elif type(ev) is JobPlaced and job in self._open:
+            self.heads[job][-1][2] = t
+            self._open.discard(job)
+            self._waiting.discard(job)
+        return reached
+
+    def _check(self, t: Micros) -> list[str]:
+        led = self.ledger
+        head = budget_order(self._tree, led.occupancy(t), led.capacity_gpu_s(t))[0]
+        reached = sorted(j for j in self._waiting if self._leaves[j] == head)
+        for job in reached:
+            self.heads[job][-1][1] = t
+            self._waiting.discard(job)
+        return reached
+
+
 class HeroSimulator(Simulator):
     """A :class:`~apportion.sim.core.Simulator` that also measures each hero job's gathering.
 
@@ -221,6 +278,9 @@ class HeroSimulator(Simulator):
     protection in force then, seconds: the latest :func:`~apportion.domain.engine.reservation.protection_end_us`
     of the allocated runs that hold GPUs once the preempting cycle's decisions are in (the runs it placed
     included), minus the preemption's time.
+
+    ``heads``: :class:`OrderHeads` fed the run's events; :meth:`heads_s` reads, per preemption, when the job's
+    leaf reached the head of the fair-share order and the longest protection in force then.
     """
 
     def __init__(
@@ -243,6 +303,30 @@ class HeroSimulator(Simulator):
         self._on_day = on_day
         self._day0: Micros | None = None
         self._days_told = 0
+        leaves = {j: self._specs[j].budget for j in self._heroes}
+        self.heads = OrderHeads(self.tree, leaves, us_to_s(self.state.ledger.window_us))
+        self._head_protection: dict[tuple[str, int], float] = {}
+
+    def _watch(self, ev: Event, t: Micros) -> None:
+        for job in self.heads.feed(ev):
+            n = len(self.heads.heads[job]) - 1
+            self._head_protection[job, n] = us_to_s(self._longest_protection(t) - t)
+
+    def heads_s(self, job_id: str) -> list[tuple[float | None, float | None, float | None]]:
+        """Per preemption of ``job_id``: seconds from it until the job's leaf first ranked first in the
+        fair-share order (:class:`OrderHeads`), from then to the next placement, and the longest protection in
+        force then (as in ``restarts``); ``None``: did not happen within the run."""
+        out = []
+        for n, (pre, head, placed) in enumerate(self.heads.heads.get(job_id, ())):
+            assert pre is not None
+            out.append(
+                (
+                    None if head is None else us_to_s(head - pre),
+                    None if head is None or placed is None else us_to_s(placed - head),
+                    self._head_protection.get((job_id, n)),
+                )
+            )
+        return out
 
     def _sample(self, t: Micros) -> None:
         super()._sample(t)
@@ -261,6 +345,7 @@ class HeroSimulator(Simulator):
         return self.idle.gpu_s[0] + self.idle.gpu_s[1]
 
     def _feed(self, ev: Event, t: Micros) -> bool:
+        self._watch(ev, t)
         if type(ev) is JobSubmitted and ev.job_id in self._heroes:
             self._gather_from.setdefault(ev.job_id, self._idle_so_far(t))
         elif type(ev) is JobStarted and ev.job_id in self._heroes and ev.job_id not in self.running_us:
@@ -272,6 +357,7 @@ class HeroSimulator(Simulator):
 
     def _outputs(self, out: list[Event], t: Micros) -> None:
         for e in out:
+            self._watch(e, t)
             if type(e) is JobPlaced and e.job_id in self._gather_from and e.job_id not in self.gathering_idle_gpu_s:
                 self.gathering_idle_gpu_s[e.job_id] = self._idle_so_far(t) - self._gather_from[e.job_id]
             elif type(e) is JobPlaced and e.job_id in self._requeued:
@@ -287,7 +373,7 @@ class HeroSimulator(Simulator):
         """The latest end of protection of the allocated runs holding GPUs now (stopping runs aside; ``t``
         when none is protected past it; a run protected until it completes has no known end and is left out)."""
         ends = (protection_end_us(r) for r in self.state.cluster.runs.values() if r.allocated and not r.stopping)
-        return max((e for e in ends if e < UNTIL_STARTED), default=t)
+        return max((e for e in ends if t < e < UNTIL_STARTED), default=t)
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,7 +382,9 @@ class HeroRow:
     ``start_d``: when it was stopped (preempted) and first placed, days since the scenario's start;
     ``running_h``: hours from submission until its whole gang first ran (:attr:`HeroSimulator.running_us`);
     ``restarts_h``: per preemption, hours from it to the next placement (``None``: still waiting) and the
-    longest protection in force at it, hours (:attr:`HeroSimulator.restarts`)."""
+    longest protection in force at it, hours (:attr:`HeroSimulator.restarts`); ``heads_h``: per preemption,
+    hours from it until the job's leaf first ranked first in the fair-share order, from then to the next
+    placement, and the longest protection in force then (:meth:`HeroSimulator.heads_s`)."""
 
     job_id: str
     gpus: int
@@ -313,6 +401,7 @@ class HeroRow:
     start_d: float | None = None
     restarts_h: tuple[tuple[float | None, float], ...] = ()
     running_h: float | None = None
+    heads_h: tuple[tuple[float | None, ...], ...] = ()
 
 
 def hero_rows(
@@ -323,6 +412,7 @@ def hero_rows(
     saved: Mapping[str, float] | None = None,
     restarts: Mapping[str, Sequence[tuple[float | None, float]]] | None = None,
     running_us: Mapping[str, Micros] | None = None,
+    heads: Callable[[str], Sequence[tuple[float | None, float | None, float | None]]] | None = None,
 ) -> list[HeroRow]:
     """Per hero job: hours from submission to first start (its first placement, ``JobPlaced``: the time to
     start of every policy; with ``running_us``, also until its whole gang ran), GPU-hours idled while it gathered (and as a
@@ -330,7 +420,9 @@ def hero_rows(
     most one preemption lost, in hours of the whole gang), days from submission to completion, and the part
     of its work done (saved by checkpoints, or completed) when the run ended; with ``restarts``
     (:attr:`HeroSimulator.restarts`), each restart's wait and the longest protection in force at its
-    preemption, in hours."""
+    preemption, in hours; with ``heads`` (:meth:`HeroSimulator.heads_s`), each preemption's wait until the
+    job's leaf ranked first in the fair-share order, the wait from then and the protection in force then, in
+    hours."""
     ledger = result.jobs_ledger
     specs = {j.job_id: j for j in scenario.jobs}
     rows = []
@@ -363,6 +455,9 @@ def hero_rows(
                     (None if w is None else w / 3600, p / 3600) for w, p in (restarts or {}).get(job_id, ())
                 ),
                 running_h=None if running is None else us_to_s(running - spec.submit_us) / 3600,
+                heads_h=tuple(
+                    tuple(None if x is None else x / 3600 for x in h) for h in (heads(job_id) if heads else ())
+                ),
             )
         )
     return rows

@@ -125,7 +125,6 @@ from apportion.domain.engine.reservation import (
     earliest_fit_us,
     reservation_nodes,
     share_covers,
-    takable_reservation_nodes,
     untakable_nodes,
 )
 from apportion.domain.engine.search import PreemptionRequest, known_short, plan_preemption, short_test
@@ -832,7 +831,7 @@ def _hero_reservation(
     placed = [placed_run(e) for e in cx.res.events if type(e) is JobPlaced and e.allocated]
     away = untakable_nodes(cx.snapshot.cluster, cx.now_us, taken, may_take, placed)
     g, k = job.gpus_per_replica, job.replicas
-    return takable_reservation_nodes(cx.free, g, k, job.gpu_model, unalloc_gpus, job.topology_bound, away)
+    return reservation_nodes(cx.free, g, k, job.gpu_model, unalloc_gpus, job.topology_bound, away)
 
 
 def _may_take_back(cx: _Cycle, leaf: str, charge: float, gpus: int, run: Run, at_us: Micros) -> bool:

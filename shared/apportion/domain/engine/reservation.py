@@ -23,7 +23,6 @@ __all__ = [
     "protection_end_us",
     "reservation_nodes",
     "share_covers",
-    "takable_reservation_nodes",
     "untakable_nodes",
 ]
 
@@ -83,7 +82,7 @@ def untakable_nodes(
     that a covered hero holder may not take back once its protection ends (``may_take(run, protection end)``
     false), or that is protected until it completes. On such a node :func:`earliest_fit_us` knows no time to
     fit, so a reservation holding it would be dropped and lower-ranked work would keep landing on all its nodes;
-    the holder reserves among the other nodes instead."""
+    the holder reserves among the other nodes instead (:func:`reservation_nodes`' ``exclude``)."""
     out: set[str] = set()
     runs = list(cluster.runs.values())
     runs.extend(placed)
@@ -173,6 +172,7 @@ def reservation_nodes(
     model: str | None,
     unalloc: Mapping[str, int] | None = None,
     bound: str | None = None,
+    exclude: Set[str] = frozenset(),
 ) -> list[str]:
     """k eligible nodes for a blocked job: most GPUs available to it now first, ties by id.
 
@@ -184,13 +184,14 @@ def reservation_nodes(
     runs, which the holder evicts as soon as it can start; so a node whose
     free GPUs the reservation lent to unallocated work in the last cycle
     ranks as it did and the reservation stays put. Eligible: not reserved,
-    the model matches, at least g GPUs. Nodes with c >= 1 free GPUs that are
-    not reserved are exactly ``buckets[model][c]``, so without unallocated
-    runs they are walked from the most free down; nodes with no free GPU are
-    looked for only when fewer than k were found.
+    not in ``exclude`` (rule ``D3.hero-cover``'s reservation clause:
+    :func:`untakable_nodes`), the model matches, at least g GPUs. Nodes with
+    c >= 1 free GPUs that are not reserved are exactly ``buckets[model][c]``,
+    so without unallocated runs they are walked from the most free down;
+    nodes with no free GPU are looked for only when fewer than k were found.
     """
     if k > 1 and (free.place or bound is not None):
-        return _topology_reservation(free, g, k, model, unalloc or {}, bound)
+        return _topology_reservation(free, g, k, model, unalloc or {}, bound, exclude)
     out: list[str] = []
     count = free.count
     if unalloc:
@@ -201,10 +202,16 @@ def reservation_nodes(
                 continue
             for c in range(1, len(b)):
                 for n in b[c]:
-                    if count[n] >= g:
+                    if count[n] >= g and n not in exclude:
                         avail[n] = c
         for n, u in unalloc.items():
-            if n in fmodel and n not in reserved and count[n] >= g and (model is None or fmodel[n] == model):
+            if (
+                n in fmodel
+                and n not in reserved
+                and n not in exclude
+                and count[n] >= g
+                and (model is None or fmodel[n] == model)
+            ):
                 avail[n] = len(ffree[n]) + u
         out = [n for _, n in sorted((-a, n) for n, a in avail.items())[:k]]
         if len(out) == k:
@@ -213,7 +220,12 @@ def reservation_nodes(
         zero = sorted(
             n
             for n, m in fmodel.items()
-            if n not in have and not ffree[n] and n not in reserved and (model is None or m == model) and count[n] >= g
+            if n not in have
+            and not ffree[n]
+            and n not in reserved
+            and n not in exclude
+            and (model is None or m == model)
+            and count[n] >= g
         )
         out.extend(zero[: k - len(out)])
         return out
@@ -223,7 +235,7 @@ def reservation_nodes(
         for m, b in free.buckets.items():
             if model is not None and m != model:
                 continue
-            cand.extend(n for n in b[c] if count[n] >= g)
+            cand.extend(n for n in b[c] if count[n] >= g and n not in exclude)
         if cand:
             if several:
                 cand.sort()
@@ -234,46 +246,32 @@ def reservation_nodes(
     zero = sorted(
         n
         for n, m in free.model.items()
-        if not ffree[n] and n not in reserved and (model is None or m == model) and count[n] >= g
+        if not ffree[n] and n not in reserved and n not in exclude and (model is None or m == model) and count[n] >= g
     )
     out.extend(zero[: k - len(out)])
     return out
 
 
-def takable_reservation_nodes(
+def _topology_reservation(
     free: CycleFree,
     g: int,
     k: int,
     model: str | None,
-    unalloc: Mapping[str, int] | None,
+    unalloc: Mapping[str, int],
     bound: str | None,
-    untakable: Set[str],
-) -> list[str]:
-    """:func:`reservation_nodes` among the nodes not in ``untakable`` (:func:`untakable_nodes`; rule
-    ``D3.hero-cover``'s reservation clause). ``free`` must hold no reservation yet (one per cycle): the
-    nodes left out are reserved while the choice is made, then every node is unreserved again."""
-    for n in sorted(untakable):
-        if n in free.free:
-            free.reserve(n)
-    try:
-        return reservation_nodes(free, g, k, model, unalloc, bound)
-    finally:
-        free.unreserve_all()
-
-
-def _topology_reservation(
-    free: CycleFree, g: int, k: int, model: str | None, unalloc: Mapping[str, int], bound: str | None
+    exclude: Set[str] = frozenset(),
 ) -> list[str]:
     """k eligible nodes on the fewest blocks, then racks, among those with the most GPUs available now
     (rule ``D1.topology``): the candidates are the nodes with at least ``a`` available (free, plus
     ``unalloc``'s), for ``a`` from the most any node has down to 0; the first ``a`` whose candidates hold
     the gang (within ``bound``, if any) gives :func:`~apportion.domain.engine.placement.topology_pick`'s
-    choice among them (candidates in order of most available, ties by id). ``[]`` when no set holds it."""
+    choice among them (candidates in order of most available, ties by id), ``exclude``'s nodes left out. ``[]``
+    when no set holds it."""
     ffree, reserved, fmodel, count = free.free, free.reserved, free.model, free.count
     avail = sorted(
         (-(len(ffree[n]) + unalloc.get(n, 0)), n)
         for n, m in fmodel.items()
-        if n not in reserved and count[n] >= g and (model is None or m == model)
+        if n not in reserved and n not in exclude and count[n] >= g and (model is None or m == model)
     )
     if len(avail) < k:
         return [n for _, n in avail] if bound is None else []
