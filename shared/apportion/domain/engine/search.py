@@ -145,13 +145,13 @@ def plan_preemption(req: PreemptionRequest) -> Plan | None:
     victims.narrowed = False
     victims.spared = False
     k = job.replicas
-    if known_short(req, job.gpus_per_replica, k, job.gpu_model, req.leaf, req.delta):
-        return None
     short_key = (_SHORT, job.gpus_per_replica, job.gpu_model, k)
     log_len = len(req.free.log)
     if req.memo.get(short_key) == log_len:
         # the options without expired-behind runs are known to be too few (known_short's first test): only a
         # leaf behind J's could help, and when none is, the search ends as _behind_options would end it
+        if _nothing_behind(req, req.leaf, req.delta):
+            return None  # (known_short, its first test not asked twice)
         ratio = req.ratio
         behind, narrowed = victims.behind_of(
             req.leaf,
