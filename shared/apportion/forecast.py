@@ -126,6 +126,8 @@ __all__ = [
     "forecast",
     "run_end",
     "recent_arrivals",
+    "arrivals_ahead",
+    "mean_day_arrivals",
     "user_history",
     "with_submission",
 ]
@@ -138,6 +140,8 @@ RECENT_WAITS = "recent_waits"
 NOW, RULES = "now", "rules"
 #: ``--with-arrivals``: the submissions of this many seconds before the forecast are replayed, as many seconds later.
 ARRIVAL_LOOKBACK_S = 86_400.0
+#: ``--with-arrivals``: the days whose mean day of submissions is replayed as the next (:func:`mean_day_arrivals`).
+MEAN_DAYS = 7
 #: The forward run's periodic cycle while jobs wait (the dispatcher service's and the simulator's default).
 CYCLE_S = 300.0
 #: How far ahead the forward run looks by default, seconds (a job not started by then has no start).
@@ -371,20 +375,56 @@ def user_history(events: Iterable[Event]) -> dict[str, tuple[float, ...]]:
 
 
 def recent_arrivals(
-    events: Iterable[Event], now_us: Micros, lookback_s: float = ARRIVAL_LOOKBACK_S
+    events: Iterable[Event], now_us: Micros, lookback_s: float = ARRIVAL_LOOKBACK_S, shift_s: float | None = None
 ) -> list[tuple[Micros, JobQueued]]:
     """The arrival pattern to replay (``forecast --with-arrivals``): each job first queued (``JobQueued``, attempt 1)
-    in the ``lookback_s`` before ``now_us``, at its time plus ``lookback_s`` (the recent arrival rate, budgets,
-    users and shapes carried forward), in time order."""
+    in the ``lookback_s`` from ``shift_s`` (default ``lookback_s``) before ``now_us``, and before ``now_us``, at its
+    time plus ``shift_s`` (the recent arrival rate, budgets, users and shapes carried forward), in time order."""
     lb = s_to_us(lookback_s)
+    shift = lb if shift_s is None else s_to_us(shift_s)
     out: list[tuple[Micros, JobQueued]] = []
     for ev in events:
         if isinstance(ev, JobQueued) and ev.attempt == 1:
             t = to_us(ev.ts)
-            if now_us - lb <= t < now_us:
-                out.append((t + lb, ev))
+            if now_us - shift <= t < min(now_us, now_us - shift + lb):
+                out.append((t + shift, ev))
     out.sort(key=lambda a: (a[0], a[1].job_id))
     return out
+
+
+def mean_day_arrivals(events: Sequence[Event], now_us: Micros, days: int = MEAN_DAYS) -> list[tuple[Micros, JobQueued]]:
+    """The mean of the last ``days`` days' submissions as the next day's (``forecast --with-arrivals``): of the jobs
+    first queued (``JobQueued``, attempt 1) in the day ``k`` days before ``now_us`` (k = 1 .. n), in time order, every
+    n-th (the i-th where i mod n = k - 1), each at its time plus ``k`` days; n is ``days``, or the whole days the
+    log covers before ``now_us`` when fewer (at least 1). So the next day gets a 1/n sample of each of the last n
+    days at the same hours: the arrival rate of the week's mean day, with its daily shape; nothing after it."""
+    day = s_to_us(ARRIVAL_LOOKBACK_S)
+    first = min((to_us(e.ts) for e in events), default=now_us)
+    n = max(1, min(days, (now_us - first) // day))
+    per_day: list[list[tuple[Micros, JobQueued]]] = [[] for _ in range(n)]
+    for ev in events:
+        if isinstance(ev, JobQueued) and ev.attempt == 1:
+            t = to_us(ev.ts)
+            if now_us - n * day <= t < now_us:
+                per_day[(now_us - 1 - t) // day].append((t, ev))
+    out: list[tuple[Micros, JobQueued]] = []
+    for k, jobs in enumerate(per_day, start=1):
+        jobs.sort(key=lambda a: (a[0], a[1].job_id))
+        out.extend((t + k * day, ev) for i, (t, ev) in enumerate(jobs) if i % n == k - 1)
+    out.sort(key=lambda a: (a[0], a[1].job_id))
+    return out
+
+
+def arrivals_ahead(
+    arrivals: Sequence[tuple[Micros, JobQueued]], budget: str, allocated: bool, order: Sequence[str]
+) -> list[tuple[Micros, JobQueued]]:
+    """The ``arrivals`` that can go before a job of ``budget`` (allocated or not) in the fair-share ``order`` of the
+    leaves at the forecast's time (:func:`~apportion.domain.fairshare.budget_order`): those of leaves ahead of its
+    own, and, for an unallocated job, every allocated one (``D1.unallocated-job``: it runs only on GPUs the
+    allocated work leaves idle). A leaf not in ``order`` is taken to be behind every leaf in it."""
+    rank = {leaf: i for i, leaf in enumerate(order)}
+    mine = rank.get(budget, len(rank))
+    return [(t, j) for t, j in arrivals if rank.get(j.budget, len(rank)) < mine or (not allocated and j.allocated)]
 
 
 def recent_waits(

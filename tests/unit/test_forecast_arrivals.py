@@ -7,8 +7,9 @@ every expected time is worked out in the case's comment.
 from __future__ import annotations
 
 from apportion import events as ev
-from apportion.forecast import forecast
-from tests.kit.builders import T0, h, m
+from apportion.forecast import forecast, mean_day_arrivals, recent_arrivals
+from apportion.timeutil import from_us, to_us
+from tests.kit.builders import T0, d, h, m
 from tests.kit.forecast_history import CFG, History
 
 SEC = 1_000_000  # µs
@@ -57,3 +58,51 @@ def test_the_last_days_arrivals_come_again_once_unless_a_period_is_given() -> No
     assert (once.jobs[0].start_us, once.runs[("x~1", 1)].end_us, ("x~2", 1) in once.runs) == (h(30), h(7), False)
     daily = forecast(hist.state, m(10), CFG, job_ids=["p1"], arrivals=[x], arrival_period_s=86_400.0)
     assert (daily.jobs[0].start_us, daily.runs[("x~2", 1)].end_us) == (h(31), h(31))
+
+
+def _queued(job_id: str, at: int, budget: str = "lab/a", attempt: int = 1) -> ev.JobQueued:
+    return ev.JobQueued(
+        job_id=job_id, budget=budget, user="u", allocated=True, gpus_per_replica=1, replicas=1, min_runtime_s=60.0,
+        duration_s=60.0, submitted_at=from_us(at), ts=from_us(at), attempt=attempt,
+    )  # fmt: skip
+
+
+def test_the_mean_day_is_every_nth_submission_of_each_of_the_last_n_days_at_the_same_hours() -> None:
+    # now is T0 + 3 d 6 h; the log begins at T0 + 5 h, so it covers 3 whole days: n = 3. Each day k days back
+    # (from T0 + (3 - k) d 6 h) gives its jobs in time order whose index i has i mod 3 = k - 1, k days later:
+    #   k = 1 (a0..a3, T0 + 2 d 7..10 h): i = 0 and 3: a0 and a3 at T0 + 3 d 7 h and 3 d 10 h;
+    #   k = 2 (b0, b1, T0 + 1 d 7..8 h): i = 1: b1 at T0 + 3 d 8 h;
+    #   k = 3 (c0..c3, T0 + 7..10 h): i = 2: c2 at T0 + 3 d 9 h.
+    # "early" (T0 + 5 h) is more than 3 days before now, a0's requeue (attempt 2) is not a submission: neither
+    # counts (nor shifts an index). 4 of the 10 submissions: the mean day of the 3.
+    log = [_queued("early", h(5))]
+    log += [_queued(f"c{i}", h(7 + i)) for i in range(4)]
+    log += [_queued(f"b{i}", d(1) + h(7 + i) - T0) for i in range(2)]
+    log += [_queued(f"a{i}", d(2) + h(7 + i) - T0) for i in range(4)]
+    log.append(_queued("a0", d(2) + h(7.5) - T0, attempt=2))
+    now = d(3) + h(6) - T0
+    got = mean_day_arrivals(log, now, days=3)
+    assert [(t, j.job_id) for t, j in got] == [
+        (d(3) + h(7) - T0, "a0"),
+        (d(3) + h(8) - T0, "b1"),
+        (d(3) + h(9) - T0, "c2"),
+        (d(3) + h(10) - T0, "a3"),
+    ]
+    # a log of one day and a half covers one whole day: n = 1, the last day's submissions a day on, as the
+    # replay of the day before (recent_arrivals) gives them
+    short = [e for e in log if to_us(e.ts) >= d(1) + h(18) - T0]
+    assert [j.job_id for _, j in mean_day_arrivals(short, now, days=3)] == ["a0", "a1", "a2", "a3"]
+    assert mean_day_arrivals(short, now, days=3) == recent_arrivals(short, now)
+
+
+def test_recent_arrivals_shifted_are_the_same_hours_of_an_earlier_day() -> None:
+    # shift 2 days, lookback 1 day: the jobs queued from T0 + 1 d 6 h to T0 + 2 d 6 h (b0, b1 and a0 at
+    # T0 + 2 d 5 h), 2 days later; the day before (a1 at T0 + 2 d 7 h) is not in it
+    log = [_queued("b0", d(1) + h(7) - T0), _queued("b1", d(1) + h(8) - T0)]
+    log += [_queued("a0", d(2) + h(5) - T0), _queued("a1", d(2) + h(7) - T0)]
+    got = recent_arrivals(log, d(3) + h(6) - T0, 86_400.0, 2 * 86_400.0)
+    assert [(t, j.job_id) for t, j in got] == [
+        (d(3) + h(7) - T0, "b0"),
+        (d(3) + h(8) - T0, "b1"),
+        (d(4) + h(5) - T0, "a0"),
+    ]
