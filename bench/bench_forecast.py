@@ -16,9 +16,18 @@ that prefix alone:
   so that runs end at their user's median run time in the log prefix, or W/4: what a forecast of real
   commands knows;
 * ``forecast + arrivals``: ``forecast`` with the submissions of the day before replayed once, a day later
-  (``forecast --with-arrivals``, :func:`apportion.forecast.recent_arrivals`: the next day assumed like the last,
-  nothing after it; a forward run with arrivals is exact, :func:`apportion.forecast.forecast`);
+  (:func:`apportion.forecast.recent_arrivals`: the next day assumed like the last, nothing after it; a forward
+  run with arrivals is exact, :func:`apportion.forecast.forecast`);
 * ``forecast + arrivals every day``: the same submissions replayed a day later and every day after;
+* ``forecast + arrivals, mean day``: the mean day of the last 7 as the next (``forecast --with-arrivals``,
+  :func:`apportion.forecast.mean_day_arrivals`: one in 7 of each day's submissions at the same hours, fewer days
+  when the log prefix is shorter), once; ``... every day``: replayed every day;
+* ``forecast + arrivals ahead``: the day before replayed, only the submissions that can go before the job
+  (:func:`arrivals_ahead`: budgets ahead of its own in the fair-share order at the question, and every allocated
+  one for an unallocated job);
+* ``forecast + arrivals, median of days``: a forward run per day replayed (the day k days before, k days later,
+  k = 1 .. :data:`REPLAY_DAYS` as far as the log prefix reaches), the median start (the range in ``--dump``);
+* ``forecast + arrivals a week before``: the same hours of the week before, a week later;
 * ``forecast + actual arrivals``: a diagnostic, not an estimate: ``forecast`` given the submissions the
   simulation in fact received after the question (their times and shapes, from the rest of the log); what is
   left of its error is the forward run's own (resolution, the model of running work), the rest of
@@ -38,7 +47,9 @@ the unallocated jobs of budgets ahead in the fair-share order) and how many were
 after them started before them).
 
 Sampling, for a loaded machine: ``--sample N`` (N forecasts evenly spread over the slice's submissions) or
-``--every K`` (every K-th); ``--estimates`` makes only some of the four (names separated by ``;``); ``--dump
+``--every K`` (every K-th), ``--long-only`` (of those, only the jobs that waited more than 1 h in the simulation),
+``--skip N`` (leave out the first N: a second run's share); ``--table`` prints a row per long wait (each
+estimate's wait, the budgets whose later submissions overtook it); ``--estimates`` makes only some of the four (names separated by ``;``); ``--dump
 FILE`` writes each sample as one JSON line as soon as it is made (times in µs), so a run cut short still leaves
 its samples; a progress line goes to stderr every 20 forecasts.
 
@@ -78,7 +89,6 @@ from apportion.forecast import (
     HORIZON_S,
     MIN_GAP_S,
     SPACING,
-    arrivals_ahead,
     forecast,
     mean_day_arrivals,
     recent_arrivals,
@@ -170,6 +180,7 @@ ESTIMATES: tuple[str, ...] = (
     "forecast + arrivals, median of days",
     "forecast + arrivals a week before",
     "forecast + arrivals, mean day",
+    "forecast + arrivals, mean day every day",
     "slurm-style",
 )
 #: ``forecast + arrivals, median of days``: the days replayed (each the day k days before, k days later, k = 1..N
@@ -215,6 +226,18 @@ def actual_arrivals(log: Sequence[Event], idx: int, until: Micros) -> list[tuple
     return out
 
 
+def arrivals_ahead(
+    arrivals: Sequence[tuple[Micros, JobQueued]], budget: str, allocated: bool, order: Sequence[str]
+) -> list[tuple[Micros, JobQueued]]:
+    """The ``arrivals`` that can go before a job of ``budget`` (allocated or not) in the fair-share ``order`` of the
+    leaves at the forecast's time (:func:`~apportion.domain.fairshare.budget_order`): those of leaves ahead of its
+    own, and, for an unallocated job, every allocated one (``D1.unallocated-job``: it runs only on GPUs the
+    allocated work leaves idle). A leaf not in ``order`` is taken to be behind every leaf in it."""
+    rank = {leaf: i for i, leaf in enumerate(order)}
+    mine = rank.get(budget, len(rank))
+    return [(t, j) for t, j in arrivals if rank.get(j.budget, len(rank)) < mine or (not allocated and j.allocated)]
+
+
 def arrivals_of(
     kind: str,
     log: Sequence[Event],
@@ -231,7 +254,7 @@ def arrivals_of(
         return []
     if kind == "actual":
         return actual_arrivals(log, idx, now + s_to_us(horizon_d * 86_400))
-    if kind == "mean":
+    if kind in ("mean", "mean daily"):
         return mean_day_arrivals(hist, now)
     if kind == "week":
         return recent_arrivals(hist, now, ARRIVAL_LOOKBACK_S, 7 * 86_400.0)
@@ -382,6 +405,9 @@ def _parser() -> argparse.ArgumentParser:
         help="of the sampled jobs, forecast only those that waited more than 1 h in the simulation",
     )
     ap.add_argument(
+        "--skip", type=int, default=0, metavar="N", help="leave out the first N sampled jobs (a second run's share)"
+    )
+    ap.add_argument(
         "--table", action="store_true", help="print a row per job that waited more than 1 h: each estimate's wait"
     )
     ap.add_argument("--seed", type=int, default=1)
@@ -461,6 +487,7 @@ def main() -> None:
         sampled = len(chosen)
         chosen = [(i, j) for i, j in chosen if first_start[j] - to_us(log[i].ts) > s_to_us(3600)]
         print(f"--long-only: {len(chosen)} of the {sampled} sampled jobs waited more than 1 h")
+    chosen = chosen[args.skip :]
     print(
         f"trace {args.trace}: {len(jobs)} jobs submitted {from_us(first):%Y-%m-%d %H:%M} .. {from_us(last):%Y-%m-%d %H:%M}"
         f" simulated ({len(log):,} events, {t_sim:.1f} s, seed {args.seed}); {len(chosen)} forecasts at submission "
@@ -494,6 +521,7 @@ def main() -> None:
             ("forecast + arrivals ahead", True, "ahead"),
             ("forecast + arrivals a week before", True, "week"),
             ("forecast + arrivals, mean day", True, "mean"),
+            ("forecast + arrivals, mean day every day", True, "mean daily"),
         )
         basis = ""
         for name, declared, arriving in runs:
@@ -510,7 +538,7 @@ def main() -> None:
                 horizon_s=args.horizon_d * 86_400,
                 declared_durations=declared,
                 arrivals=arrivals_of(arriving, log, idx, hist_events, state, now, args.horizon_d),
-                arrival_period_s=ARRIVAL_LOOKBACK_S if arriving == "daily" else 0.0,
+                arrival_period_s=ARRIVAL_LOOKBACK_S if arriving.endswith("daily") else 0.0,
                 waits=recent_waits(hist_events, now) if waiting else None,
                 spacing=0.0 if name == "forecast, unspaced" else args.spacing,
                 min_gap_s=args.min_gap,

@@ -39,12 +39,13 @@ Where each run's end is taken from (its ``basis``), the first that applies:
    start (``W`` the occupancy window), or, once that has passed, until it
    is preempted.
 
-With ``arrivals`` (``--with-arrivals``: :func:`recent_arrivals`), the submissions of the day before ``now``
-are assumed to come again once, each a day after its own time, copies of those jobs (their budget, user, shape
-and declared work): later arrivals of budgets ahead in the fair-share order then go first in the forecast as
-they will in fact. The next day is taken to be like the last and nothing is assumed after it (``arrival_period_s``
-replays them every period instead: a day busier than the cluster then piles up without end, and unallocated work
-it overtakes never starts). Such a run is exact (no spacing, no least gap): cycles spaced or a gap apart let the
+With ``arrivals`` (``--with-arrivals``: :func:`mean_day_arrivals`), the next day's submissions are assumed to be
+the mean day of the last 7 (a sample of each day's submissions, one in 7, at the same hours), copies of those jobs
+(their budget, user, shape and declared work): later arrivals of budgets ahead in the fair-share order then go
+first in the forecast as they will in fact. Nothing is assumed after that day (``arrival_period_s`` replays them
+every period instead: a day busier than the cluster then piles up without end, and unallocated work it overtakes
+never starts). :func:`recent_arrivals` gives the last day's submissions a day later (or those of any earlier span).
+Such a run is exact (no spacing, no least gap): cycles spaced or a gap apart let the
 arrivals of the gap pile up and take every free GPU at one cycle, and an unallocated job, which runs only on GPUs
 idle after the allocated work, then starts far later than between arrivals spread over the gap (on Philly week 44,
 given the submissions the simulation in fact received, a job that waited 10.4 h was forecast 96.6 h spaced and
@@ -126,7 +127,6 @@ __all__ = [
     "forecast",
     "run_end",
     "recent_arrivals",
-    "arrivals_ahead",
     "mean_day_arrivals",
     "user_history",
     "with_submission",
@@ -413,18 +413,6 @@ def mean_day_arrivals(events: Sequence[Event], now_us: Micros, days: int = MEAN_
         out.extend((t + k * day, ev) for i, (t, ev) in enumerate(jobs) if i % n == k - 1)
     out.sort(key=lambda a: (a[0], a[1].job_id))
     return out
-
-
-def arrivals_ahead(
-    arrivals: Sequence[tuple[Micros, JobQueued]], budget: str, allocated: bool, order: Sequence[str]
-) -> list[tuple[Micros, JobQueued]]:
-    """The ``arrivals`` that can go before a job of ``budget`` (allocated or not) in the fair-share ``order`` of the
-    leaves at the forecast's time (:func:`~apportion.domain.fairshare.budget_order`): those of leaves ahead of its
-    own, and, for an unallocated job, every allocated one (``D1.unallocated-job``: it runs only on GPUs the
-    allocated work leaves idle). A leaf not in ``order`` is taken to be behind every leaf in it."""
-    rank = {leaf: i for i, leaf in enumerate(order)}
-    mine = rank.get(budget, len(rank))
-    return [(t, j) for t, j in arrivals if rank.get(j.budget, len(rank)) < mine or (not allocated and j.allocated)]
 
 
 def recent_waits(

@@ -106,3 +106,28 @@ def test_recent_arrivals_shifted_are_the_same_hours_of_an_earlier_day() -> None:
         (d(3) + h(8) - T0, "b1"),
         (d(4) + h(5) - T0, "a0"),
     ]
+
+
+def test_with_the_mean_day_an_unallocated_job_waits_for_the_allocated_arrivals_it_brings() -> None:
+    # one 1-GPU node. lab/b ran x0 (T0 + 10 h), x1 (T0 + 12 h 30 min) on the first day and y0 (T0 + 1 d 10 h),
+    # y1 (T0 + 1 d 11 h) on the second, 1 h each (allocated). Now, T0 + 2 d 9 h: r1 (lab/a, 3 h of work from
+    # T0 + 2 d 8 h) runs; p1 (lab/a, unallocated, 1 h) waits for it. The log covers 2 whole days: the mean day
+    # is y0 and r1 (the day before: y0, y1, r1, indices 0 and 2) at T0 + 2 d 10 h and T0 + 3 d 8 h, and x1 (the
+    # day before that, index 1) at T0 + 2 d 12 h 30 min.
+    # - no arrivals: p1 starts at r1's end, T0 + 2 d 11 h;
+    # - the mean day: y0's copy (allocated, waiting since 10 h) goes first when r1 ends, 11 h to 12 h; p1, which
+    #   runs only on idle GPUs, starts at T0 + 2 d 12 h (x1's copy comes after it has started);
+    # - the last day replayed: y0's copy 11 h to 12 h, then y1's (queued at 11 h) 12 h to 13 h: p1 at 13 h.
+    hist = History().node("n0", 1)
+    for job_id, at in (("x0", h(10)), ("x1", h(12.5)), ("y0", d(1) + h(10) - T0), ("y1", d(1) + h(11) - T0)):
+        hist.submit(job_id, at, budget="lab/b").complete(job_id, at + h(1) - T0)
+    day2 = d(2) - T0
+    hist.submit("r1", day2 + h(8), duration_s=3 * 3600.0).submit("p1", day2 + h(9), min_runtime_s=0.0)
+    now = day2 + h(9)
+    mean = mean_day_arrivals(hist.log, now)
+    assert [(t, j.job_id) for t, j in mean] == [(day2 + h(10), "y0"), (day2 + h(12.5), "x1"), (d(3) + h(8) - T0, "r1")]
+    starts = [
+        forecast(hist.state, now, CFG, job_ids=["p1"], arrivals=arr).jobs[0].start_us
+        for arr in ((), mean, recent_arrivals(hist.log, now))
+    ]
+    assert starts == [day2 + h(11), day2 + h(12), day2 + h(13)]
