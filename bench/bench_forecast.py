@@ -407,6 +407,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--skip", type=int, default=0, metavar="N", help="leave out the first N sampled jobs (a second run's share)"
     )
+    ap.add_argument("--limit", type=int, default=0, metavar="N", help="forecast at most N of the sampled jobs")
     ap.add_argument(
         "--table", action="store_true", help="print a row per job that waited more than 1 h: each estimate's wait"
     )
@@ -487,7 +488,7 @@ def main() -> None:
         sampled = len(chosen)
         chosen = [(i, j) for i, j in chosen if first_start[j] - to_us(log[i].ts) > s_to_us(3600)]
         print(f"--long-only: {len(chosen)} of the {sampled} sampled jobs waited more than 1 h")
-    chosen = chosen[args.skip :]
+    chosen = chosen[args.skip : args.skip + args.limit if args.limit > 0 else None]
     print(
         f"trace {args.trace}: {len(jobs)} jobs submitted {from_us(first):%Y-%m-%d %H:%M} .. {from_us(last):%Y-%m-%d %H:%M}"
         f" simulated ({len(log):,} events, {t_sim:.1f} s, seed {args.seed}); {len(chosen)} forecasts at submission "

@@ -377,9 +377,10 @@ def user_history(events: Iterable[Event]) -> dict[str, tuple[float, ...]]:
 def recent_arrivals(
     events: Iterable[Event], now_us: Micros, lookback_s: float = ARRIVAL_LOOKBACK_S, shift_s: float | None = None
 ) -> list[tuple[Micros, JobQueued]]:
-    """The arrival pattern to replay (``forecast --with-arrivals``): each job first queued (``JobQueued``, attempt 1)
-    in the ``lookback_s`` from ``shift_s`` (default ``lookback_s``) before ``now_us``, and before ``now_us``, at its
-    time plus ``shift_s`` (the recent arrival rate, budgets, users and shapes carried forward), in time order."""
+    """An earlier span's submissions replayed (the last day by default; ``forecast --with-arrivals`` takes the mean
+    day, :func:`mean_day_arrivals`, which is this on a log of less than two days): each job first queued
+    (``JobQueued``, attempt 1) in the ``lookback_s`` from ``shift_s`` (default ``lookback_s``) before ``now_us``, and
+    before ``now_us``, at its time plus ``shift_s`` (budgets, users and shapes carried forward), in time order."""
     lb = s_to_us(lookback_s)
     shift = lb if shift_s is None else s_to_us(shift_s)
     out: list[tuple[Micros, JobQueued]] = []
@@ -955,7 +956,7 @@ def forecast(
         cycle_s: the periodic cycle while jobs wait; ``None``: cycles on events and wake-ups only.
         declared_durations: ``False`` ignores the jobs' declared durations (basis ``simulated``), as if every
             job ran a real command: what a forecast of real work would know.
-        arrivals: future submissions to assume (``--with-arrivals``; :func:`recent_arrivals`): each is submitted
+        arrivals: future submissions to assume (``--with-arrivals``: :func:`mean_day_arrivals`): each is submitted
             at its time as a copy of the job it names (again every ``arrival_period_s`` when that is positive;
             0, the default: once); none by default.
         min_gap_s: the forward run's debounce (:data:`MIN_GAP_S`): a cycle wanted less than ``min_gap_s`` after
