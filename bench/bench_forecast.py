@@ -19,15 +19,16 @@ that prefix alone:
   (:func:`apportion.forecast.recent_arrivals`: the next day assumed like the last, nothing after it; a forward
   run with arrivals is exact, :func:`apportion.forecast.forecast`);
 * ``forecast + arrivals every day``: the same submissions replayed a day later and every day after;
-* ``forecast + arrivals, mean day``: the mean day of the last 7 as the next (``forecast --with-arrivals``,
-  :func:`apportion.forecast.mean_day_arrivals`: one in 7 of each day's submissions at the same hours, fewer days
-  when the log prefix is shorter), once; ``... every day``: replayed every day;
+* ``forecast + arrivals, mean day``: the mean day of the last 7 as the next (:func:`mean_day_arrivals`: one in 7
+  of each day's submissions at the same hours, fewer days when the log prefix is shorter), once; ``... every
+  day``: replayed every day;
 * ``forecast + arrivals ahead``: the day before replayed, only the submissions that can go before the job
   (:func:`arrivals_ahead`: budgets ahead of its own in the fair-share order at the question, and every allocated
   one for an unallocated job);
 * ``forecast + arrivals, median of days``: a forward run per day replayed (the day k days before, k days later,
   k = 1 .. :data:`REPLAY_DAYS` as far as the log prefix reaches), the median start (the range in ``--dump``);
-* ``forecast + arrivals a week before``: the same hours of the week before, a week later;
+* ``forecast + arrivals a week before``: the same hours of the week before, a week later (``forecast
+  --with-arrivals``, :func:`apportion.forecast.week_before_arrivals`; the last day on a log shorter than a week);
 * ``forecast + actual arrivals``: a diagnostic, not an estimate: ``forecast`` given the submissions the
   simulation in fact received after the question (their times and shapes, from the rest of the log); what is
   left of its error is the forward run's own (resolution, the model of running work), the rest of
@@ -90,10 +91,10 @@ from apportion.forecast import (
     MIN_GAP_S,
     SPACING,
     forecast,
-    mean_day_arrivals,
     recent_arrivals,
     recent_waits,
     user_history,
+    week_before_arrivals,
 )
 from apportion.sim.core import SimConfig, Simulator, default_horizon_us
 from apportion.sim.traces import ITP_T0, load_budget_file, load_trace, parse_itp_slice, parse_slice, trace_format
@@ -226,6 +227,29 @@ def actual_arrivals(log: Sequence[Event], idx: int, until: Micros) -> list[tuple
     return out
 
 
+def mean_day_arrivals(events: Sequence[Event], now_us: Micros, days: int = 7) -> list[tuple[Micros, JobQueued]]:
+    """The mean of the last ``days`` days' submissions as the next day's (``forecast + arrivals, mean day``): of the jobs
+    first queued (``JobQueued``, attempt 1) in the day ``k`` days before ``now_us`` (k = 1 .. n), in time order, every
+    n-th (the i-th where i mod n = k - 1), each at its time plus ``k`` days; n is ``days``, or the whole days the
+    log covers before ``now_us`` when fewer (at least 1). So the next day gets a 1/n sample of each of the last n
+    days at the same hours: the arrival rate of the week's mean day, with its daily shape; nothing after it."""
+    day = s_to_us(ARRIVAL_LOOKBACK_S)
+    first = min((to_us(e.ts) for e in events), default=now_us)
+    n = max(1, min(days, (now_us - first) // day))
+    per_day: list[list[tuple[Micros, JobQueued]]] = [[] for _ in range(n)]
+    for ev in events:
+        if isinstance(ev, JobQueued) and ev.attempt == 1:
+            t = to_us(ev.ts)
+            if now_us - n * day <= t < now_us:
+                per_day[(now_us - 1 - t) // day].append((t, ev))
+    out: list[tuple[Micros, JobQueued]] = []
+    for k, jobs in enumerate(per_day, start=1):
+        jobs.sort(key=lambda a: (a[0], a[1].job_id))
+        out.extend((t + k * day, ev) for i, (t, ev) in enumerate(jobs) if i % n == k - 1)
+    out.sort(key=lambda a: (a[0], a[1].job_id))
+    return out
+
+
 def arrivals_ahead(
     arrivals: Sequence[tuple[Micros, JobQueued]], budget: str, allocated: bool, order: Sequence[str]
 ) -> list[tuple[Micros, JobQueued]]:
@@ -257,7 +281,7 @@ def arrivals_of(
     if kind in ("mean", "mean daily"):
         return mean_day_arrivals(hist, now)
     if kind == "week":
-        return recent_arrivals(hist, now, ARRIVAL_LOOKBACK_S, 7 * 86_400.0)
+        return week_before_arrivals(hist, now)
     got = recent_arrivals(hist, now)
     if kind == "ahead":
         snap = state.cycle_snapshot(now)

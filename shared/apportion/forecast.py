@@ -39,12 +39,12 @@ Where each run's end is taken from (its ``basis``), the first that applies:
    start (``W`` the occupancy window), or, once that has passed, until it
    is preempted.
 
-With ``arrivals`` (``--with-arrivals``: :func:`mean_day_arrivals`), the next day's submissions are assumed to be
-the mean day of the last 7 (a sample of each day's submissions, one in 7, at the same hours), copies of those jobs
+With ``arrivals`` (``--with-arrivals``: :func:`week_before_arrivals`), the next day's submissions are assumed to be
+those of the same hours a week before (the last day's when the log is shorter than a week), copies of those jobs
 (their budget, user, shape and declared work): later arrivals of budgets ahead in the fair-share order then go
 first in the forecast as they will in fact. Nothing is assumed after that day (``arrival_period_s`` replays them
 every period instead: a day busier than the cluster then piles up without end, and unallocated work it overtakes
-never starts). :func:`recent_arrivals` gives the last day's submissions a day later (or those of any earlier span).
+never starts).
 Such a run is exact (no spacing, no least gap): cycles spaced or a gap apart let the
 arrivals of the gap pile up and take every free GPU at one cycle, and an unallocated job, which runs only on GPUs
 idle after the allocated work, then starts far later than between arrivals spread over the gap (on Philly week 44,
@@ -127,7 +127,7 @@ __all__ = [
     "forecast",
     "run_end",
     "recent_arrivals",
-    "mean_day_arrivals",
+    "week_before_arrivals",
     "user_history",
     "with_submission",
 ]
@@ -140,8 +140,9 @@ RECENT_WAITS = "recent_waits"
 NOW, RULES = "now", "rules"
 #: ``--with-arrivals``: the submissions of this many seconds before the forecast are replayed, as many seconds later.
 ARRIVAL_LOOKBACK_S = 86_400.0
-#: ``--with-arrivals``: the days whose mean day of submissions is replayed as the next (:func:`mean_day_arrivals`).
-MEAN_DAYS = 7
+#: ``--with-arrivals``: the submissions of the same hours this many seconds before are replayed as many seconds
+#: later (:func:`week_before_arrivals`): a week, the occupancy window's natural period.
+ARRIVAL_PERIOD_S = 7 * 86_400.0
 #: The forward run's periodic cycle while jobs wait (the dispatcher service's and the simulator's default).
 CYCLE_S = 300.0
 #: How far ahead the forward run looks by default, seconds (a job not started by then has no start).
@@ -378,7 +379,7 @@ def recent_arrivals(
     events: Iterable[Event], now_us: Micros, lookback_s: float = ARRIVAL_LOOKBACK_S, shift_s: float | None = None
 ) -> list[tuple[Micros, JobQueued]]:
     """An earlier span's submissions replayed (the last day by default; ``forecast --with-arrivals`` takes the mean
-    day, :func:`mean_day_arrivals`, which is this on a log of less than two days): each job first queued
+    day, :func:`week_before_arrivals`, which is this on a log of less than two days): each job first queued
     (``JobQueued``, attempt 1) in the ``lookback_s`` from ``shift_s`` (default ``lookback_s``) before ``now_us``, and
     before ``now_us``, at its time plus ``shift_s`` (budgets, users and shapes carried forward), in time order."""
     lb = s_to_us(lookback_s)
@@ -393,27 +394,17 @@ def recent_arrivals(
     return out
 
 
-def mean_day_arrivals(events: Sequence[Event], now_us: Micros, days: int = MEAN_DAYS) -> list[tuple[Micros, JobQueued]]:
-    """The mean of the last ``days`` days' submissions as the next day's (``forecast --with-arrivals``): of the jobs
-    first queued (``JobQueued``, attempt 1) in the day ``k`` days before ``now_us`` (k = 1 .. n), in time order, every
-    n-th (the i-th where i mod n = k - 1), each at its time plus ``k`` days; n is ``days``, or the whole days the
-    log covers before ``now_us`` when fewer (at least 1). So the next day gets a 1/n sample of each of the last n
-    days at the same hours: the arrival rate of the week's mean day, with its daily shape; nothing after it."""
-    day = s_to_us(ARRIVAL_LOOKBACK_S)
+def week_before_arrivals(
+    events: Sequence[Event], now_us: Micros, period_s: float = ARRIVAL_PERIOD_S
+) -> list[tuple[Micros, JobQueued]]:
+    """The next day's submissions assumed by ``forecast --with-arrivals``: those of the same hours a week
+    (``period_s``) before, each job first queued in the day from ``now_us - period_s``, ``period_s`` later
+    (:func:`recent_arrivals`); when the log does not reach back that far (its first event is later), the last
+    day's, a day later."""
     first = min((to_us(e.ts) for e in events), default=now_us)
-    n = max(1, min(days, (now_us - first) // day))
-    per_day: list[list[tuple[Micros, JobQueued]]] = [[] for _ in range(n)]
-    for ev in events:
-        if isinstance(ev, JobQueued) and ev.attempt == 1:
-            t = to_us(ev.ts)
-            if now_us - n * day <= t < now_us:
-                per_day[(now_us - 1 - t) // day].append((t, ev))
-    out: list[tuple[Micros, JobQueued]] = []
-    for k, jobs in enumerate(per_day, start=1):
-        jobs.sort(key=lambda a: (a[0], a[1].job_id))
-        out.extend((t + k * day, ev) for i, (t, ev) in enumerate(jobs) if i % n == k - 1)
-    out.sort(key=lambda a: (a[0], a[1].job_id))
-    return out
+    if first <= now_us - s_to_us(period_s):
+        return recent_arrivals(events, now_us, ARRIVAL_LOOKBACK_S, period_s)
+    return recent_arrivals(events, now_us)
 
 
 def recent_waits(
@@ -956,7 +947,7 @@ def forecast(
         cycle_s: the periodic cycle while jobs wait; ``None``: cycles on events and wake-ups only.
         declared_durations: ``False`` ignores the jobs' declared durations (basis ``simulated``), as if every
             job ran a real command: what a forecast of real work would know.
-        arrivals: future submissions to assume (``--with-arrivals``: :func:`mean_day_arrivals`): each is submitted
+        arrivals: future submissions to assume (``--with-arrivals``: :func:`week_before_arrivals`): each is submitted
             at its time as a copy of the job it names (again every ``arrival_period_s`` when that is positive;
             0, the default: once); none by default.
         min_gap_s: the forward run's debounce (:data:`MIN_GAP_S`): a cycle wanted less than ``min_gap_s`` after

@@ -7,7 +7,7 @@ every expected time is worked out in the case's comment.
 from __future__ import annotations
 
 from apportion import events as ev
-from apportion.forecast import forecast, mean_day_arrivals, recent_arrivals
+from apportion.forecast import forecast, recent_arrivals, week_before_arrivals
 from apportion.timeutil import from_us, to_us
 from tests.kit.builders import T0, d, h, m
 from tests.kit.forecast_history import CFG, History
@@ -67,34 +67,6 @@ def _queued(job_id: str, at: int, budget: str = "lab/a", attempt: int = 1) -> ev
     )  # fmt: skip
 
 
-def test_the_mean_day_is_every_nth_submission_of_each_of_the_last_n_days_at_the_same_hours() -> None:
-    # now is T0 + 3 d 6 h; the log begins at T0 + 5 h, so it covers 3 whole days: n = 3. Each day k days back
-    # (from T0 + (3 - k) d 6 h) gives its jobs in time order whose index i has i mod 3 = k - 1, k days later:
-    #   k = 1 (a0..a3, T0 + 2 d 7..10 h): i = 0 and 3: a0 and a3 at T0 + 3 d 7 h and 3 d 10 h;
-    #   k = 2 (b0, b1, T0 + 1 d 7..8 h): i = 1: b1 at T0 + 3 d 8 h;
-    #   k = 3 (c0..c3, T0 + 7..10 h): i = 2: c2 at T0 + 3 d 9 h.
-    # "early" (T0 + 5 h) is more than 3 days before now, a0's requeue (attempt 2) is not a submission: neither
-    # counts (nor shifts an index). 4 of the 10 submissions: the mean day of the 3.
-    log = [_queued("early", h(5))]
-    log += [_queued(f"c{i}", h(7 + i)) for i in range(4)]
-    log += [_queued(f"b{i}", d(1) + h(7 + i) - T0) for i in range(2)]
-    log += [_queued(f"a{i}", d(2) + h(7 + i) - T0) for i in range(4)]
-    log.append(_queued("a0", d(2) + h(7.5) - T0, attempt=2))
-    now = d(3) + h(6) - T0
-    got = mean_day_arrivals(log, now, days=3)
-    assert [(t, j.job_id) for t, j in got] == [
-        (d(3) + h(7) - T0, "a0"),
-        (d(3) + h(8) - T0, "b1"),
-        (d(3) + h(9) - T0, "c2"),
-        (d(3) + h(10) - T0, "a3"),
-    ]
-    # a log of one day and a half covers one whole day: n = 1, the last day's submissions a day on, as the
-    # replay of the day before (recent_arrivals) gives them
-    short = [e for e in log if to_us(e.ts) >= d(1) + h(18) - T0]
-    assert [j.job_id for _, j in mean_day_arrivals(short, now, days=3)] == ["a0", "a1", "a2", "a3"]
-    assert mean_day_arrivals(short, now, days=3) == recent_arrivals(short, now)
-
-
 def test_recent_arrivals_shifted_are_the_same_hours_of_an_earlier_day() -> None:
     # shift 2 days, lookback 1 day: the jobs queued from T0 + 1 d 6 h to T0 + 2 d 6 h (b0, b1 and a0 at
     # T0 + 2 d 5 h), 2 days later; the day before (a1 at T0 + 2 d 7 h) is not in it
@@ -108,26 +80,28 @@ def test_recent_arrivals_shifted_are_the_same_hours_of_an_earlier_day() -> None:
     ]
 
 
-def test_with_the_mean_day_an_unallocated_job_waits_for_the_allocated_arrivals_it_brings() -> None:
-    # one 1-GPU node. lab/b ran x0 (T0 + 10 h), x1 (T0 + 12 h 30 min) on the first day and y0 (T0 + 1 d 10 h),
-    # y1 (T0 + 1 d 11 h) on the second, 1 h each (allocated). Now, T0 + 2 d 9 h: r1 (lab/a, 3 h of work from
-    # T0 + 2 d 8 h) runs; p1 (lab/a, unallocated, 1 h) waits for it. The log covers 2 whole days: the mean day
-    # is y0 and r1 (the day before: y0, y1, r1, indices 0 and 2) at T0 + 2 d 10 h and T0 + 3 d 8 h, and x1 (the
-    # day before that, index 1) at T0 + 2 d 12 h 30 min.
-    # - no arrivals: p1 starts at r1's end, T0 + 2 d 11 h;
-    # - the mean day: y0's copy (allocated, waiting since 10 h) goes first when r1 ends, 11 h to 12 h; p1, which
-    #   runs only on idle GPUs, starts at T0 + 2 d 12 h (x1's copy comes after it has started);
+def test_with_the_week_before_an_unallocated_job_waits_for_the_allocated_arrivals_it_brings() -> None:
+    # one 1-GPU node. lab/b ran w0 (T0 + 10 h) on the first day and y0 (T0 + 6 d 10 h), y1 (T0 + 6 d 11 h) on the
+    # day before now, 1 h each (allocated). Now, T0 + 7 d 9 h: r1 (lab/a, 3 h of work from T0 + 7 d 8 h) runs; p1
+    # (lab/a, unallocated, 1 h) waits for it. The log reaches back a week (it begins at T0): the next day is the
+    # day from T0 + 9 h a week later, w0 at T0 + 7 d 10 h.
+    # - no arrivals: p1 starts at r1's end, T0 + 7 d 11 h;
+    # - the week before: w0's copy (allocated, waiting since 10 h) goes first when r1 ends, 11 h to 12 h; p1, which
+    #   runs only on idle GPUs, starts at T0 + 7 d 12 h;
     # - the last day replayed: y0's copy 11 h to 12 h, then y1's (queued at 11 h) 12 h to 13 h: p1 at 13 h.
     hist = History().node("n0", 1)
-    for job_id, at in (("x0", h(10)), ("x1", h(12.5)), ("y0", d(1) + h(10) - T0), ("y1", d(1) + h(11) - T0)):
+    for job_id, at in (("w0", h(10)), ("y0", d(6) + h(10) - T0), ("y1", d(6) + h(11) - T0)):
         hist.submit(job_id, at, budget="lab/b").complete(job_id, at + h(1) - T0)
-    day2 = d(2) - T0
-    hist.submit("r1", day2 + h(8), duration_s=3 * 3600.0).submit("p1", day2 + h(9), min_runtime_s=0.0)
-    now = day2 + h(9)
-    mean = mean_day_arrivals(hist.log, now)
-    assert [(t, j.job_id) for t, j in mean] == [(day2 + h(10), "y0"), (day2 + h(12.5), "x1"), (d(3) + h(8) - T0, "r1")]
+    day7 = d(7) - T0
+    hist.submit("r1", day7 + h(8), duration_s=3 * 3600.0).submit("p1", day7 + h(9), min_runtime_s=0.0)
+    now = day7 + h(9)
+    week = week_before_arrivals(hist.log, now)
+    assert [(t, j.job_id) for t, j in week] == [(day7 + h(10), "w0")]
     starts = [
         forecast(hist.state, now, CFG, job_ids=["p1"], arrivals=arr).jobs[0].start_us
-        for arr in ((), mean, recent_arrivals(hist.log, now))
+        for arr in ((), week, recent_arrivals(hist.log, now))
     ]
-    assert starts == [day2 + h(11), day2 + h(12), day2 + h(13)]
+    assert starts == [day7 + h(11), day7 + h(12), day7 + h(13)]
+    # a log that begins later than a week before now (here T0 + 1 d): the last day's submissions, a day later
+    short = [e for e in hist.log if to_us(e.ts) >= d(1)]
+    assert [j.job_id for _, j in week_before_arrivals(short, now)] == ["y0", "y1", "r1"]
