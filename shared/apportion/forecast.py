@@ -44,10 +44,9 @@ those of the same hours a week before (the last day's when the log is shorter th
 (their budget, user, shape and declared work): later arrivals of budgets ahead in the fair-share order then go
 first in the forecast as they will in fact. Nothing is assumed after that day (``arrival_period_s`` replays them
 every period instead: a day busier than the cluster then piles up without end, and unallocated work it overtakes
-never starts).
-Such a run is exact (no spacing, no least gap): cycles spaced or a gap apart let the
-arrivals of the gap pile up and take every free GPU at one cycle, and an unallocated job, which runs only on GPUs
-idle after the allocated work, then starts far later than between arrivals spread over the gap (on Philly week 44,
+never starts). Such a run is exact (no spacing, no least gap): cycles spaced or a gap apart let the arrivals of
+the gap pile up and take every free GPU at one cycle, and an unallocated job, which runs only on GPUs idle after
+the allocated work, then starts far later than between arrivals spread over the gap (on Philly week 44,
 given the submissions the simulation in fact received, a job that waited 10.4 h was forecast 96.6 h spaced and
 11.0 h unspaced; under ``fairtree-10`` the 30 s least gap alone made waits of 6.9 to 8.7 h 10.2 to 11.4 h:
 ``D12.accuracy``).
@@ -138,7 +137,7 @@ BASES: tuple[str, ...] = ("simulated", "time_limit", "history", "unknown")
 RECENT_WAITS = "recent_waits"
 #: A job's basis when its chain has no run end: it starts at once, or only protection and grace ends delay it.
 NOW, RULES = "now", "rules"
-#: ``--with-arrivals``: the submissions of this many seconds before the forecast are replayed, as many seconds later.
+#: ``--with-arrivals``: how long a span of submissions is replayed (the day assumed next), seconds.
 ARRIVAL_LOOKBACK_S = 86_400.0
 #: ``--with-arrivals``: the submissions of the same hours this many seconds before are replayed as many seconds
 #: later (:func:`week_before_arrivals`): a week, the occupancy window's natural period.
@@ -378,8 +377,8 @@ def user_history(events: Iterable[Event]) -> dict[str, tuple[float, ...]]:
 def recent_arrivals(
     events: Iterable[Event], now_us: Micros, lookback_s: float = ARRIVAL_LOOKBACK_S, shift_s: float | None = None
 ) -> list[tuple[Micros, JobQueued]]:
-    """An earlier span's submissions replayed (the last day by default; ``forecast --with-arrivals`` takes the mean
-    day, :func:`week_before_arrivals`, which is this on a log of less than two days): each job first queued
+    """An earlier span's submissions replayed (the last day by default; ``forecast --with-arrivals`` takes the same
+    hours a week before, :func:`week_before_arrivals`): each job first queued
     (``JobQueued``, attempt 1) in the ``lookback_s`` from ``shift_s`` (default ``lookback_s``) before ``now_us``, and
     before ``now_us``, at its time plus ``shift_s`` (budgets, users and shapes carried forward), in time order."""
     lb = s_to_us(lookback_s)
