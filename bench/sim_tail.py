@@ -5,8 +5,9 @@ Usage (traces from ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the c
     .venv/bin/python bench/sim_tail.py run philly week44 fairshare OUT.json [--seed N] [--tail-h H] [--churn-bound N]
         [--free-order 0|1] [--free-las 0|1] [--progress-after N]
         [--at-share-bound N] [--grow-over-share 0|1] [--owner-free 0|1] [--gang-wait-h H] [--gang-min-gpus N]
-        [--gang-bound-x X] [--runs RUNS.json]
+        [--gang-bound-x X] [--cover-min-gpus N] [--free-las-queue-gpu-s S] [--runs RUNS.json]
     .venv/bin/python bench/sim_tail.py run itp week5 slurm OUT.json [--budgets infra/budgets/itp-hetero.yaml]
+        [--slurm-simplified]
     .venv/bin/python bench/sim_tail.py compare FAIR.json PEER.json
     .venv/bin/python bench/sim_tail.py decompose FAIR.json PEER.json    (both run with --runs OUT.runs.json)
 
@@ -16,7 +17,10 @@ Usage (traces from ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the c
 ``EngineConfig.progress_after``, ``--at-share-bound N`` ``EngineConfig.at_share_bound``, 0 = off, ``--grow-over-share 1``
 ``EngineConfig.grow_over_share`` True (default 0, the policy's), ``--owner-free`` ``EngineConfig.owner_free``,
 ``--gang-wait-h H`` ``EngineConfig.gang_wait_s`` in hours, ``--gang-min-gpus N`` ``EngineConfig.gang_min_gpus``,
-``--gang-bound-x X`` ``EngineConfig.gang_bound_x``, 0 = none for both), writes the policy's report (the ``--json`` document) beside OUT
+``--gang-bound-x X`` ``EngineConfig.gang_bound_x``, 0 = none for both; ``--cover-min-gpus N``
+``EngineConfig.cover_min_gpus``; ``--free-las-queue-gpu-s S`` ``EngineConfig.free_las_queue_gpu_s``, 0 = off;
+``--slurm-simplified``: policy ``slurm`` is the simplified peer,
+``SlurmConfig(backfill_reserve=False)``), writes the policy's report (the ``--json`` document) beside OUT
 (``.json`` replaced by ``.report.json``) and one row per job to OUT: budget, allocated, shape g x k, duration,
 submit, first placement, completion (µs; null when not reached) and preemptions. ``compare`` reads two such
 files of the same slice and seed and prints, for the first policy against the second: the jobs that make the JCT tail (completion time above the first policy's p95)
@@ -78,6 +82,8 @@ def run(argv: list[str]) -> int:
     churn = _opt(argv, "--churn-bound", None)
     runs_out = _opt(argv, "--runs", None)
     gang_wait = _opt(argv, "--gang-wait-h", None)
+    cover = _opt(argv, "--cover-min-gpus", None)
+    las_queue = float(_opt(argv, "--free-las-queue-gpu-s", "0") or 0)
     least, times = _opt(argv, "--gang-min-gpus", None), _opt(argv, "--gang-bound-x", None)
     scope = gang_scope(None if least is None else int(least), None if times is None else float(times))
     runs: dict[tuple[str, int], dict[str, Any]] = {}
@@ -85,6 +91,12 @@ def run(argv: list[str]) -> int:
     if runs_out is not None:
         core.JobLedger.apply = _recorder(ledger_apply, runs)  # type: ignore[method-assign]
     core.Simulator.run = keep  # type: ignore[method-assign]  # the study keeps the result _run drops
+    from apportion.sim.baselines import POLICIES
+    from apportion.sim.peers.slurm import Slurm, SlurmConfig
+
+    slurm = POLICIES["slurm"]
+    if "--slurm-simplified" in argv:
+        POLICIES["slurm"] = Slurm(SlurmConfig(backfill_reserve=False))
     try:
         rep = _run(
             policy,
@@ -102,10 +114,13 @@ def run(argv: list[str]) -> int:
                 "free_las": _opt(argv, "--free-las", "1") != "0",
                 "grow_over_share": _opt(argv, "--grow-over-share", "1" if PROTECTION_GROW_OVER_SHARE else "0") != "0",
                 "gang_wait_s": None if gang_wait is None else float(gang_wait) * 3600,
+                "cover_min_gpus": None if cover is None else int(cover),
+                "free_las_queue_gpu_s": las_queue or None,
                 **scope,
             },
         )
     finally:
+        POLICIES["slurm"] = slurm
         core.Simulator.run = orig  # type: ignore[method-assign]
         core.JobLedger.apply = ledger_apply  # type: ignore[method-assign]
     if runs_out is not None:

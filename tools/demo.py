@@ -10,7 +10,8 @@
    wall second).
 4. Replays the submissions of the Philly trace slice (default: the first 3
    days of ISO week 44 of 2017) as ``JobSubmitted`` events at their trace
-   times, with a progress bar. Reference rules: a seeded 25% of jobs run
+   times, with a progress bar (off a terminal, a plain line at each tenth:
+   :class:`PlainProgress`). Reference rules: a seeded 25% of jobs run
    unallocated (min runtime 0), the rest min(duration, 2 h); gangs are
    ceil(n / 8) replicas.
 5. At the end of the slice stops the services (:func:`stop_settled`: the node
@@ -44,6 +45,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -423,14 +425,19 @@ def main(argv: list[str] | None = None) -> int:
 
         # ---- replay the trace at its own event times
         t_wall0 = time.monotonic()
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("event time {task.fields[at]}"),
-            TimeRemainingColumn(),
-            console=con,
-        ) as prog:
+        progress: Any = (  # bars on a terminal; a log gets plain lines, which rich would squeeze and cut
+            Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("event time {task.fields[at]}"),
+                TimeRemainingColumn(),
+                console=con,
+            )
+            if con.is_terminal
+            else PlainProgress(con.print)
+        )
+        with progress as prog:
             task = prog.add_task("submitting", total=len(jobs), at="")
             for i, j in enumerate(jobs):
                 wait_us = j.submit_us - clock.now_us()
@@ -531,6 +538,43 @@ def _secs(x: float | None) -> str:
 
 #: Columns the report is laid out for: its tables and lines fit an 80-column terminal.
 REPORT_WIDTH = 80
+
+
+class PlainProgress:
+    """The replay's progress where the output is no terminal (a log file, CI): a plain line per task at each tenth
+    of its total and at its end (``submitting: 912/9,120 (10%), event time 2026-10-30 04:00``), where rich's bars
+    would be drawn once, squeezed to 80 columns and cut (``209…``, ``0:00:…``). The part of rich's ``Progress``
+    the replay uses: a context manager, :meth:`add_task`, :meth:`update`."""
+
+    STEPS = 10
+
+    def __init__(self, say: Callable[[str], Any]) -> None:
+        self.say = say
+        self.tasks: list[dict[str, Any]] = []
+
+    def __enter__(self) -> PlainProgress:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def add_task(self, description: str, total: int, at: str = "") -> int:
+        self.tasks.append({"description": description, "total": total, "completed": 0, "at": at, "told": 0})
+        return len(self.tasks) - 1
+
+    def update(self, task: int, completed: int, at: str | None = None) -> None:
+        t = self.tasks[task]
+        t["completed"] = completed
+        if at is not None:
+            t["at"] = at
+        total = t["total"]
+        step = self.STEPS if total <= 0 else min(self.STEPS, completed * self.STEPS // total)
+        if step <= t["told"]:
+            return
+        t["told"] = step
+        pct = 100 if total <= 0 else completed * 100 // total
+        when = f", event time {t['at']}" if t["at"] else ""
+        self.say(f"{t['description']}: {completed:,}/{total:,} ({pct}%){when}")
 
 
 def report_console(Console: Any, to_stderr: bool) -> Any:

@@ -145,6 +145,9 @@ while True:
     fi
 fi
 
+# The most descriptors the broker may have (server.properties' max.connections is sized well below them).
+ulimit -Sn "$(ulimit -Hn)" 2>/dev/null || true
+
 t0="$(date +%s%N)"
 # setsid: the broker outlives the shell (and a Ctrl-C in it) that started it. The parallel collector: on two
 # cores shared with the services it gave a lower submit-to-start latency than G1 (docs/performance.md,

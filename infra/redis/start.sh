@@ -16,6 +16,9 @@
 # port is off (port 0); the server certificate and the CA are in APPORTION_TLS_DIR (default tls/ beside
 # DATADIR, shared with Kafka; made by apportion.bus.tls through infra/tls.sh when missing); clients present no
 # certificate (tls-auth-clients no: the ACL users authenticate them) and verify the server against the CA.
+# Connection limits (docs/infra.md): at most 1024 clients (one more, signed in or not, is closed at once: a
+# stack's services and CLIs use a few dozen), and a client idle for 300 s is closed (the services' pools
+# reconnect; subscribers and blocked readers are exempt).
 # APPORTION_NO_TLS=1 serves plaintext on PORT instead (development only, to measure what TLS costs; the URL is
 # then redis://).
 set -euo pipefail
@@ -79,7 +82,7 @@ fi
 
 t0="$(date +%s%N)"
 redis-server "${listen[@]}" --bind 127.0.0.1 --protected-mode yes \
-    --dir "$datadir" --save '' --appendonly "${REDIS_APPENDONLY:-no}" \
+    --dir "$datadir" --save '' --appendonly "${REDIS_APPENDONLY:-no}" --maxclients 1024 --timeout 300 \
     --daemonize yes --pidfile "$pidfile" --logfile "$datadir/redis.log" "${auth[@]}"
 
 ping() {  # PING with redis-cli (Debian's redis-tools, beside redis-server); an unauthenticated PING is NOAUTH

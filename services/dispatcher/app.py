@@ -88,7 +88,7 @@ async def _lead(
     from the log, judging that batch with them."""
     from apportion.bus.consumer import AssignedConsumer
     from apportion.bus.producer import EventProducer, Unacked, is_fenced
-    from apportion.bus.service import close_quietly, follow
+    from apportion.bus.service import close_quietly, follow, open_in_thread
     from apportion.signers import decision_signer
     from apportion.topics import BUDGETS, JOBS, NODES, SUBMISSIONS
     from services.dispatcher.lease import LeaseKeeper
@@ -97,14 +97,16 @@ async def _lead(
     signer = await asyncio.to_thread(  # every decision is signed with service:dispatcher's key (docs/security.md)
         lambda: decision_signer(key_file=settings.dispatcher_key, bootstrap=conn.bootstrap, now=w.clock.now())
     )
-    producer = await asyncio.to_thread(
-        EventProducer,
-        conn.bootstrap,
-        client_id="dispatcher",
-        transactional_id=settings.transactional_id(),
-        transaction_timeout_s=settings.transaction_timeout_wall_s,
-        linger_ms=LINGER_MS,
-        batch_size=BATCH_BYTES,
+    producer = await open_in_thread(  # a cancel meanwhile closes it once made (a stop leaves no client running)
+        partial(
+            EventProducer,
+            conn.bootstrap,
+            client_id="dispatcher",
+            transactional_id=settings.transactional_id(),
+            transaction_timeout_s=settings.transaction_timeout_wall_s,
+            linger_ms=LINGER_MS,
+            batch_size=BATCH_BYTES,
+        )
     )
     consumer = None
     try:
@@ -114,9 +116,7 @@ async def _lead(
         await asyncio.to_thread(producer.init_transactions)
         sends = Unacked(producer, transactional=True)  # one transaction per loop iteration (Term.handle)
         # the key read-ahead overlaps the decisions: each commit waits for it (Term.prove)
-        consumer = await asyncio.to_thread(
-            partial(AssignedConsumer, conn.bootstrap, inputs, "dispatcher", overlap=True)
-        )
+        consumer = await open_in_thread(partial(AssignedConsumer, conn.bootstrap, inputs, "dispatcher", overlap=True))
     except BaseException:
         await close_quietly(consumer, producer)
         raise

@@ -418,9 +418,16 @@ class CgroupDriver(Protocol):
     #: filter loads: :mod:`services.node_agent.connfilter`)
     closes_ports: bool
 
-    def create(self, name: str, limits: Limits, devices: Sequence[str], closed_ports: Sequence[int] = ()) -> Cgroup:
+    def create(
+        self,
+        name: str,
+        limits: Limits,
+        devices: Sequence[str],
+        closed_ports: Sequence[int] = (),
+        closed_addresses: Sequence[str] = (),
+    ) -> Cgroup:
         """A new (or the existing) cgroup ``name`` with ``limits``, device rules, and ``closed_ports`` on loopback
-        closed to its processes (where :attr:`closes_ports`)."""
+        and on ``closed_addresses`` closed to its processes (where :attr:`closes_ports`)."""
         ...
 
     def open(self, name: str) -> Cgroup | None:
@@ -592,7 +599,14 @@ class CgroupV1Driver:
     def _dirs(self, name: str) -> dict[str, Path]:
         return {c: self.root / c / self.parent / name for c in self.controllers}
 
-    def create(self, name: str, limits: Limits, devices: Sequence[str], closed_ports: Sequence[int] = ()) -> CgroupV1:
+    def create(
+        self,
+        name: str,
+        limits: Limits,
+        devices: Sequence[str],
+        closed_ports: Sequence[int] = (),
+        closed_addresses: Sequence[str] = (),
+    ) -> CgroupV1:
         dirs = self._dirs(name)
         _refuse_occupied(name, CgroupV1(name, dirs).pids(), self.root / "<controller>" / self.parent / name)
         for d in dirs.values():
@@ -612,7 +626,7 @@ class CgroupV1Driver:
         if "pids" in dirs and limits.pids_max is not None:
             _write(dirs["pids"] / "pids.max", str(limits.pids_max))
         if closed_ports and self.closes_ports:
-            connfilter.attach(str(dirs["unified"]), closed_ports)
+            connfilter.attach(str(dirs["unified"]), closed_ports, closed_addresses)
         return CgroupV1(name, dirs)
 
     def open(self, name: str) -> CgroupV1 | None:
@@ -708,7 +722,14 @@ class CgroupV2Driver:
         if enable:
             _write(path / "cgroup.subtree_control", enable)
 
-    def create(self, name: str, limits: Limits, devices: Sequence[str], closed_ports: Sequence[int] = ()) -> CgroupV2:
+    def create(
+        self,
+        name: str,
+        limits: Limits,
+        devices: Sequence[str],
+        closed_ports: Sequence[int] = (),
+        closed_addresses: Sequence[str] = (),
+    ) -> CgroupV2:
         path = self.root / self.parent / name
         _refuse_occupied(name, CgroupV2(name, path).pids(), path)
         path.mkdir(exist_ok=True)
@@ -723,7 +744,7 @@ class CgroupV2Driver:
         if self.filters_devices:
             devfilter.attach(str(path), devices)
         if closed_ports and self.closes_ports:
-            connfilter.attach(str(path), closed_ports)
+            connfilter.attach(str(path), closed_ports, closed_addresses)
         return CgroupV2(name, path)
 
     def open(self, name: str) -> CgroupV2 | None:
@@ -981,6 +1002,8 @@ class Sandbox:
             share the node's.
         closed_ports: ports on loopback no process of a replica may connect to (the control plane's: node
             setting ``sandbox_closed_ports``), where the driver :attr:`~CgroupDriver.closes_ports`.
+        closed_addresses: the control plane's own addresses (its hosts resolved at start,
+            :func:`services.node_agent.connfilter.resolve`), closed on ``closed_ports`` as loopback is.
         landlock_scopes: the scopes of the Landlock domain each replica enters (:func:`landlock_scopes`); 0: none
             (a kernel before Linux 6.12, said at start).
     """
@@ -995,6 +1018,7 @@ class Sandbox:
     shared_devices: tuple[str, ...] = ()
     private_mounts: PrivateMounts | None = None
     closed_ports: tuple[int, ...] = ()
+    closed_addresses: tuple[str, ...] = ()
     landlock_scopes: int = 0
 
     def cgroup_for(self, key: RunKey, gpus: int, gpu_files: Sequence[str]) -> Cgroup | None:
@@ -1003,7 +1027,7 @@ class Sandbox:
             return None
         limits = Limits.per_gpu(gpus, self.memory_mb_per_gpu, self.cpu_weight_per_gpu, self.pids_max)
         devices = device_rules(gpu_files, self.shared_devices)
-        return self.driver.create(cgroup_name(key), limits, devices, self.closed_ports)
+        return self.driver.create(cgroup_name(key), limits, devices, self.closed_ports, self.closed_addresses)
 
     def reopen(self, key: RunKey) -> Cgroup | None:
         """The cgroup of an adopted replica, if it still exists."""

@@ -74,7 +74,7 @@ from apportion.clock import Clock
 from apportion.domain.admission import UNAUTHENTICATED
 from apportion.events import Event, NodeLost, StartWorkload, StopWorkload
 from apportion.gpu import GpuProbe, SimulatedProbe, control_devices, open_probe, sim_node_ids, simulated_inventory
-from services.node_agent import landlock, logic
+from services.node_agent import connfilter, landlock, logic
 from services.node_agent.config import NodeAgentSettings
 from services.node_agent.logic import AgentState, NodeSpec, ProgressWatch, RunKey, Workload
 from services.node_agent.sandbox import (
@@ -187,6 +187,7 @@ def sandbox_of(settings: NodeAgentSettings, probes: list[GpuProbe]) -> Sandbox |
         total_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
         memory = memory_mb_per_gpu(total_mb, (p.inventory.gpu_count for p in probes))
     mounts = PrivateMounts.available()
+    closed = settings.closed_ports()
     if mounts is None:
         log.warning(
             "no mount and IPC namespaces for jobs here: replicas share the node's /tmp, /var/tmp, /run/lock, "
@@ -202,14 +203,16 @@ def sandbox_of(settings: NodeAgentSettings, probes: list[GpuProbe]) -> Sandbox |
         job_lang=settings.job_lang,
         shared_devices=control_devices(),
         private_mounts=mounts,
-        closed_ports=settings.closed_ports(),
+        closed_ports=closed,
+        closed_addresses=connfilter.resolve(settings.connection().hosts()) if closed else (),
         landlock_scopes=landlock_scopes(),
     )
     if box.closed_ports and (driver is None or not driver.closes_ports):
         log.error(
-            "jobs may connect to the control plane's ports on loopback (%s): no cgroup v2 hierarchy here takes a "
-            "BPF connect filter; close them to job accounts with the node's firewall",
+            "jobs may connect to the control plane's ports on loopback and on its addresses (%s; %s): no cgroup v2 "
+            "hierarchy here takes a BPF connect filter; close them to job accounts with the node's firewall",
             ", ".join(map(str, box.closed_ports)),
+            ", ".join(box.closed_addresses) or "none but loopback",
         )
     log.info(
         "job isolation: accounts of the jobs' users%s, cgroup v%s under %s, %d MiB and CPU weight %d per GPU, "
@@ -220,7 +223,8 @@ def sandbox_of(settings: NodeAgentSettings, probes: list[GpuProbe]) -> Sandbox |
         memory,
         settings.sandbox_cpu_weight_per_gpu,
         settings.sandbox_pids_max,
-        f", loopback ports {', '.join(map(str, box.closed_ports))} closed"
+        f", ports {', '.join(map(str, box.closed_ports))} closed on loopback"
+        + "".join(f", {a}" for a in box.closed_addresses)
         if box.closed_ports and driver is not None and driver.closes_ports
         else "",
         f", a Landlock domain each scoping {landlock.scope_names(box.landlock_scopes)}" if box.landlock_scopes else "",

@@ -12,10 +12,63 @@ Every flag has an ``APPORTION_<NAME>`` environment variable; flags win.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from apportion.bus.principal import start_as
 from apportion.bus.service import add_common_flags, flag_overrides, serve
+from apportion.settings import stack_env, topic_prefix
 from services.policy.config import PolicySettings
+
+#: The exit status of a policy that would take the place of the running stack's own (bad input: its ids).
+DUPLICATE_EXIT = 2
+
+
+def _launch_ids(args: Sequence[str], env: Mapping[str, str]) -> tuple[str, str]:
+    """The consumer group and instance id of a policy started with ``args`` and ``env`` (flags win)."""
+    fields = PolicySettings.model_fields
+    group = env.get("APPORTION_TOPIC_PREFIX", "") + env.get("APPORTION_GROUP_ID", fields["group_id"].default)
+    instance = env.get("APPORTION_INSTANCE_ID", fields["instance_id"].default)
+    for i, arg in enumerate(args):
+        if arg == "--instance-id" and i + 1 < len(args):
+            instance = args[i + 1]
+        elif arg.startswith("--instance-id="):
+            instance = arg.split("=", 1)[1]
+    return group, instance
+
+
+def stack_policy_in_the_way(settings: PolicySettings, env: Mapping[str, str] | None = None) -> str | None:
+    """Why this policy may not start, or ``None``: the local stack in force (``env``, default its ``stack.env``)
+    on the same broker runs its policy, alive (``RUN_DIR/services/policy.pid``, a process of
+    ``services.policy``) and not this process, with the same consumer group and instance id. Its membership is
+    static (``group.instance.id``): a second member with its id takes its place and fences it out of the group
+    (``member_id was not recognized`` in its log). A policy stopped or killed is no obstacle: a restart with the
+    same ids is what static membership is for. Another broker, a policy of another stack, or ids of its own: none.
+    """
+    env = stack_env() if env is None else env
+    run_dir = env.get("RUN_DIR")
+    if not run_dir or env.get("KAFKA_BOOTSTRAP") != settings.connection().bootstrap:
+        return None
+    services = Path(run_dir) / "services"
+    try:
+        pid = int((services / "policy.pid").read_text())
+        launch = json.loads((services / "policy.launch.json").read_text())
+        running = b"services.policy" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    if pid == os.getpid() or not running:
+        return None
+    group, instance = _launch_ids(launch.get("args", []), launch.get("env", {}))
+    if (group, instance) != (topic_prefix() + settings.group_id, settings.instance_id):
+        return None
+    return (
+        f"the stack of {run_dir} runs its policy (pid {pid}) as instance {instance} of group {group}: a second "
+        "one with those ids would take its place and fence it out; give this one its own, e.g. "
+        "APPORTION_GROUP_ID=policy-2 python -m services.policy --instance-id policy-2"
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> dict:
@@ -38,7 +91,11 @@ def main(argv: list[str] | None = None) -> None:
 
     args = parse_args(argv)
     start_as("policy")  # its own Kafka principal, or exit 2 saying which to set
-    serve("policy", PolicySettings(**args), run)
+    settings = PolicySettings(**args)
+    if (why := stack_policy_in_the_way(settings)) is not None:
+        print(f"error: {why}", file=sys.stderr)
+        raise SystemExit(DUPLICATE_EXIT)
+    serve("policy", settings, run)
 
 
 if __name__ == "__main__":

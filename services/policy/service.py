@@ -73,7 +73,9 @@ produces duplicates that readers drop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from apportion.clock import Clock
@@ -154,6 +156,42 @@ class PolicyService:
         return out
 
 
+#: The kafka-python 3 loggers of a client's connections and metadata: closing a client aborts the connections it
+#: has open and cancels a metadata refresh in flight, and each says so at ERROR (``Abort (KafkaConnectionError)``,
+#: ``Connection lost``, ``Metadata refresh: failed Cancelled``). The catch-up's reader is closed as soon as it has
+#: read the log, often while it is still opening its connection to the group's coordinator.
+CLIENT_LOGGERS = ("kafka.net.transport", "kafka.net.connection", "kafka.cluster")
+
+
+class ClosingClient(logging.Filter):
+    """While a kafka-python client is being closed (:func:`closing_quietly`), its connections' ERROR records are
+    the close's own doing: DEBUG (left out unless the logger logs DEBUG), not an alarm in the log of a healthy
+    start."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        # the logger let it through as an ERROR; at DEBUG it goes on only where its logger logs DEBUG (the
+        # services' handlers take every level their loggers pass)
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+@contextlib.contextmanager
+def closing_quietly() -> Iterator[None]:
+    """Put :class:`ClosingClient` on :data:`CLIENT_LOGGERS` for the block (the only kafka-python client of the
+    process then is the one it closes: the faust app speaks through aiokafka, whose loggers are not touched)."""
+    quiet = ClosingClient()
+    loggers = [logging.getLogger(name) for name in CLIENT_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
+
+
 async def catch_up(svc: PolicyService, bootstrap: str, group_id: str, stop: asyncio.Event) -> bool:
     """Fold the budgets log from offset 0 and the newest snapshot, up to the end offsets at start.
 
@@ -179,7 +217,8 @@ async def catch_up(svc: PolicyService, bootstrap: str, group_id: str, stop: asyn
         svc.fold(caught[0] + caught[1])  # the log as of the start, then what was appended meanwhile
         return True
     finally:
-        await asyncio.to_thread(consumer.close)
+        with closing_quietly():  # its close aborts a connection it may still be opening: not an error
+            await asyncio.to_thread(consumer.close)
 
 
 class PolicyApp:

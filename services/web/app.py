@@ -7,6 +7,7 @@ and while one is down its pages answer 503 (docs/reliability.md).
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import threading
@@ -17,6 +18,13 @@ from services.web.service import Dashboard
 from services.web.store import Sources
 
 log = logging.getLogger("apportion.web")
+
+#: Seconds a client may take to send a whole request (its headers) after it connects, or after the answer to its
+#: last one (keep-alive), before its connection is closed.
+WEB_IDLE_S = 5.0
+
+#: Most connections the dashboard holds at once; one more is closed at once, unanswered.
+WEB_MAX_CONNECTIONS = 64
 
 
 def create_app(settings: WebSettings, sources: Sources | None = None) -> Any:
@@ -92,7 +100,7 @@ def serve(settings: WebSettings) -> None:
     from apportion.bus.service import setup_logging
 
     setup_logging("web", settings.log_level, settings.log_json)
-    tls = server_tls(settings)
+    tls = server_tls(settings)  # refused before anything connects
     app = create_app(settings)
     log.info(
         "dashboard on %s://%s:%d/ (Kafka %s, Redis %s)",
@@ -105,9 +113,78 @@ def serve(settings: WebSettings) -> None:
     # pages answer 503 while a source is down; say so once at start, with a line per try, and never exit
     threading.Thread(target=_wait_logged, args=(app.state.readiness,), name="wait-sources", daemon=True).start()
     try:
-        uvicorn.run(app, host=settings.web_host, port=settings.web_port, log_config=None, access_log=False, **tls)
+        uvicorn.Server(server_config(app, settings)).run()
     finally:
         app.state.sources.close()
+
+
+def server_config(app: Any, settings: WebSettings) -> Any:
+    """uvicorn's configuration of the dashboard: its address, TLS (:func:`server_tls`), no access log, and the
+    bounded connections of :func:`bounded_protocol`."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=settings.web_host,
+        port=settings.web_port,
+        log_config=None,
+        access_log=False,
+        http=bounded_protocol(),
+        timeout_keep_alive=max(1, round(WEB_IDLE_S)),
+        **server_tls(settings),
+    )
+
+
+def bounded_protocol() -> type:
+    """uvicorn's HTTP/1.1 protocol with a bound on the connections held and on how long each may go without a
+    whole request (rule D10.loopback: every account of the machine reaches the dashboard on loopback).
+
+    A connection beyond :data:`WEB_MAX_CONNECTIONS` is closed as it is made, unanswered; one that has not sent
+    the headers of a request :data:`WEB_IDLE_S` after it connected, or after its last answer, is closed (a
+    client that sends nothing, or dribbles a request that never ends). Without this a local process holds as
+    many idle connections as the server has file descriptors, and the dashboard answers nobody else.
+    """
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Bounded(H11Protocol):
+        admitted = False
+        deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            if len(self.connections) >= WEB_MAX_CONNECTIONS:
+                transport.close()
+                return
+            self.admitted = True
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if not self.admitted:
+                return
+            if self.deadline is not None:
+                self.deadline.cancel()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self.admitted:
+                super().data_received(data)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def _arm(self) -> None:
+            if self.deadline is not None:
+                self.deadline.cancel()
+            self.deadline = self.loop.call_later(WEB_IDLE_S, self._idle)
+
+        def _idle(self) -> None:
+            self.deadline = None
+            if self.cycle is not None and not self.cycle.response_complete:
+                return  # a request whose headers came is being answered
+            self.timeout_keep_alive_handler()
+
+    return Bounded
 
 
 def _wait_logged(readiness: Any) -> None:

@@ -84,6 +84,7 @@ import uuid
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from statistics import median
 from typing import Any, ParamSpec, TypeVar
 
@@ -106,6 +107,7 @@ from apportion.events import (
     JobStarted,
     JobSubmitted,
     StartWorkload,
+    StopWorkload,
     det_id,
 )
 from apportion.sim.core import Debounce
@@ -561,7 +563,7 @@ class _EngineCycle:
 class _Forward:
     """The forward run: the simulator's loop, reduced to what a forecast needs (module docstring)."""
 
-    _EV, _TICK, _END, _CKPT, _PERIODIC, _ARRIVAL, _STOP = range(7)
+    _EV, _TICK, _END, _CKPT, _PERIODIC, _ARRIVAL, _STOP, _AGE = range(8)
 
     def __init__(
         self,
@@ -594,6 +596,8 @@ class _Forward:
         self.heap: list[tuple[Micros, int, int, Any]] = []
         self.seq = 0
         self.real = 0
+        self.ticks: set[Micros] = set()  # the times of the ticks in the heap (one tick a time stands for all)
+        self.ages: list[Micros] = []  # reservation ages still to come, latest first (``seed``)
         self.periodic_at: Micros | None = None
         self.cycles = 0
         self.ends: dict[RunKey, RunEnd] = {}
@@ -606,6 +610,7 @@ class _Forward:
         self.nodes_of: dict[RunKey, frozenset[str]] = {}
         self.period_us: Micros = 0  # arrivals replayed every period (``arrive``)
         self._ids: dict[tuple[Any, ...], uuid.UUID] = {}  # the forward run's reports' event ids (``_id``)
+        self._at: tuple[Micros, datetime] = (now_us, from_us(now_us))  # the last report time (``_ts``)
 
     def arrive(self, arrivals: Sequence[tuple[Micros, JobQueued]], period_s: float) -> None:
         """Replay ``arrivals`` (their first time, the job they copy) every ``period_s`` until the horizon."""
@@ -639,6 +644,10 @@ class _Forward:
         return self._feed(sub, t)
 
     def push(self, t: Micros, kind: int, payload: Any = None) -> None:
+        if kind == self._TICK:
+            if t in self.ticks:
+                return  # a cycle is wanted then already: a tick only marks its time
+            self.ticks.add(t)
         self.seq += 1
         if kind != self._PERIODIC:
             self.real += 1
@@ -668,10 +677,12 @@ class _Forward:
             deadline = stop.deadline_us + (s_to_us(self.cfg.engine.grace_s) if stop.plus_grace else 0)
             self.push(max(now, deadline), self._STOP)
         after = s_to_us(self.cfg.engine.reservation_after_s)
-        for jobs in st.pending.values():
-            for job in jobs:
-                if job.queued_at_us + after > now:
-                    self.push(job.queued_at_us + after, self._TICK)
+        # the pending jobs' reservation ages: one in the heap at a time, the next pushed as it is popped
+        ages = {job.queued_at_us + after for jobs in st.pending.values() for job in jobs}
+        self.ages = sorted((a for a in ages if a > now), reverse=True)
+        if self.ages:
+            self.push(self.ages.pop(), self._AGE)
+            self.real += len(self.ages)  # (counted as happenings while they wait their turn)
         self.push(now, self._TICK)
 
     def _begin(self, key: RunKey, spec: JobQueued, start: Micros, progress: float, every_us: Micros | None) -> None:
@@ -706,12 +717,19 @@ class _Forward:
             got = self._ids[parts] = uuid.UUID(int=_ID_BASE | len(self._ids))
         return got
 
+    def _ts(self, t: Micros) -> datetime:
+        """``from_us(t)``, made once for the reports of one instant (a datetime is immutable)."""
+        at = self._at
+        if at[0] != t:
+            at = self._at = (t, from_us(t))
+        return at[1]
+
     def _started(self, run: Run, replica: int, t: Micros) -> JobStarted:
         return _report(
             JobStarted,
             {
                 "event_id": self._id("JobStarted", run.job_id, run.attempt, replica),
-                "ts": from_us(t),
+                "ts": self._ts(t),
                 "producer": _AGENT,
                 "job_id": run.job_id,
                 "attempt": run.attempt,
@@ -752,9 +770,15 @@ class _Forward:
                     dirty |= self._arrival(payload, t)
                 else:
                     dirty = True
-                    stop |= kind == self._STOP
-                    if kind == self._PERIODIC:
+                    if kind == self._TICK:
+                        self.ticks.discard(t)
+                    elif kind == self._STOP:
+                        stop = True
+                    elif kind == self._PERIODIC:
                         self.periodic_at = None
+                    elif self.ages:  # _AGE: the next reservation age (counted in ``real`` already)
+                        self.seq += 1
+                        heapq.heappush(heap, (self.ages.pop(), self.seq, self._AGE, None))
             st = self.state
             if stop and not st.draining:
                 self._stops(t)
@@ -819,12 +843,14 @@ class _Forward:
 
     def _outputs(self, out: list[Event], t: Micros) -> None:
         for e in out:
-            for w in wakeups(e, self.cfg):
-                if w > t:
-                    self.push(w, self._wake_kind(e))
-            if type(e) is StartWorkload:
+            if type(e) is StartWorkload:  # (a command: no wake-up)
                 self._start(e, t)
-            elif type(e) is JobPlaced:
+                continue
+            if type(e) is not StopWorkload:
+                for w in wakeups(e, self.cfg):
+                    if w > t:
+                        self.push(w, self._wake_kind(e))
+            if type(e) is JobPlaced:
                 self.placed[e.job_id] = e
             elif type(e) is JobPreempted:
                 key = (e.job_id, e.attempt)
@@ -866,7 +892,7 @@ class _Forward:
         for r in sorted(run.open_replicas):
             common: dict[str, Any] = {
                 "event_id": self._id("JobFailed" if limited else "JobCompleted", key[0], key[1], r),
-                "ts": from_us(t),
+                "ts": self._ts(t),
                 "producer": _AGENT,
                 "job_id": key[0],
                 "attempt": key[1],
@@ -887,7 +913,7 @@ class _Forward:
     def _checkpointed(self, key: RunKey, progress: float, t: Micros) -> JobCheckpointed:
         return JobCheckpointed(
             event_id=self._id("JobCheckpointed", key[0], key[1], progress),
-            ts=from_us(t),
+            ts=self._ts(t),
             producer=f"{_PRODUCER}/agent",
             job_id=key[0],
             attempt=key[1],
@@ -914,6 +940,13 @@ def _copy(state: DispatchState) -> DispatchState:
     copied.ledger = pickle.loads(pickle.dumps(state.ledger, protocol=pickle.HIGHEST_PROTOCOL))
     copied._ledger_on = True
     return copied
+
+
+def _forward_config(config: DispatchConfig | None) -> DispatchConfig:
+    """The dispatcher's knobs (the log's, defaults when ``None``) for a forward run: no heartbeat comes in it, so
+    no node is lost for want of one (the heartbeat timeout off; the rest as the dispatcher runs)."""
+    cfg = config or DispatchConfig(heartbeat_timeout_s=None)
+    return cfg if cfg.heartbeat_timeout_s is None else replace(cfg, heartbeat_timeout_s=None)
 
 
 @_collector_paused
@@ -963,9 +996,7 @@ def forecast(
     Raises:
         KeyError: a job of ``job_ids`` is not pending.
     """
-    cfg = config or DispatchConfig(heartbeat_timeout_s=None)
-    if cfg.heartbeat_timeout_s is not None:  # no heartbeats in the forward run: no node is lost for want of one
-        cfg = replace(cfg, heartbeat_timeout_s=None)
+    cfg = _forward_config(config)
     pending = [j for leaf in sorted(state.pending) for j in state.pending[leaf]]
     by_id = {j.job_id: j for j in pending}
     if job_ids is not None:
@@ -1338,7 +1369,7 @@ def budget_forecast(
         raise ValueError("a budget forecast cannot start before the state's latest event")
     if step_s <= 0 or days <= 0:
         raise ValueError("--forecast and its step must be positive")
-    cfg = config or DispatchConfig(heartbeat_timeout_s=None)
+    cfg = _forward_config(config)
     end_us = now_us + s_to_us(days * 86_400.0)
     fwd = _Forward(_copy(state), now_us, cfg, history or {}, end_us, cycle_s)
     fwd.seed()

@@ -217,3 +217,13 @@ class Connection:
         ports = {int(server.rsplit(":", 1)[1]) for server in self.bootstrap.split(",") if server.strip()}
         ports.add(urlsplit(self.redis_url).port or 6379)
         return ports
+
+    def hosts(self) -> set[str]:
+        """The host names or addresses of the Kafka bootstrap servers and of the Redis URL (brackets of an IPv6
+        literal taken off): the control plane's hosts, whose addresses a node agent closes to jobs on
+        :meth:`ports` as it does loopback."""
+        from urllib.parse import urlsplit
+
+        hosts = {server.strip().rsplit(":", 1)[0].strip("[]") for server in self.bootstrap.split(",") if server.strip()}
+        hosts.add(urlsplit(self.redis_url).hostname or "localhost")
+        return hosts

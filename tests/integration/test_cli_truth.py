@@ -363,9 +363,7 @@ def test_a_job_submitted_held_waits_until_its_owner_releases_it(budgets: Stack) 
     res = budgets.run(
         "submit", "-b", "lab/vision", "-g", "1", "-m", "1h", "--duration", "1h", "-u", "hd", "--job-id", "hd1", "--hold"
     )
-    assert res.stdout.splitlines()[-1] == (
-        "queued, held: it will not be placed until `apportion release hd1` (see `apportion queue`)"
-    )
+    assert res.stdout.splitlines()[-1] == "queued, held until `apportion release hd1`"
     row = budgets.until(
         lambda: [r for r in budgets.json("queue", "--user", "hd") if r.get("reason", "").startswith("held: ")],
         "hd1 held",
@@ -436,7 +434,12 @@ def test_logs_shows_a_jobs_output(budgets: Stack, job_accounts: dict[str, pwd.st
     res = budgets.run("logs", "lx1", "--attempt", "2", code=1)
     assert _error(res) == "error: job lx1 has no attempt 2 here (attempts: 1)"
     res = budgets.run("logs", "nobody-ran-this", code=1)
-    assert _error(res).startswith("error: no output of job nobody-ran-this (replica 0) under ")
+    said = res.stderr.splitlines()
+    assert (said[0], said[2]) == (
+        "error: no output of job nobody-ran-this (replica 0) in",
+        "  only a started command has output (`apportion audit explain nobody-ran-this`)",
+    )
+    assert len(said) == 3 and said[1].endswith("/nobody-ran-this"), said
 
 
 def test_unreachable_or_unprovisioned_stack_is_one_line_and_exit_3(stack: Stack) -> None:

@@ -32,11 +32,12 @@ import pytest
 
 from apportion.bus.security import redis_auth
 from apportion.settings import topic_name
-from tests.kit.node_boundary import ALICE, job_accounts, running, shared_dir, write_script
+from tests.kit.node_boundary import ALICE, job_accounts, machine_stack_hidden, running, shared_dir, write_script
 
-__all__ = ["job_accounts", "shared_dir"]  # fixtures used by name
+__all__ = ["job_accounts", "machine_stack_hidden", "shared_dir"]  # fixtures used by name
 
-pytestmark = pytest.mark.integration
+#: an agent reads no stack of the machine (a running `make up`, or the marker `make down` left)
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("machine_stack_hidden")]
 
 DEADLINE_S = 60.0
 HUGE_S = 10.0**6  # a simulated workload that outlives the test

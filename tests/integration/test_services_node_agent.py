@@ -14,11 +14,12 @@ import pytest
 from apportion.bus.producer import EventProducer
 from apportion.settings import topic_name
 from tests.kit.checkpoint_workload import WORKLOAD
-from tests.kit.node_boundary import ALICE, KAFKA_PROBE, job_accounts, shared_dir, write_script
+from tests.kit.node_boundary import ALICE, KAFKA_PROBE, job_accounts, machine_stack_hidden, shared_dir, write_script
 
-__all__ = ["job_accounts", "shared_dir"]  # fixtures used by name
+__all__ = ["job_accounts", "machine_stack_hidden", "shared_dir"]  # fixtures used by name
 
-pytestmark = pytest.mark.integration
+#: an agent reads no stack of the machine (a running `make up`, or the marker `make down` left)
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("machine_stack_hidden")]
 
 DEADLINE_S = 60.0
 

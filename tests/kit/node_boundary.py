@@ -108,6 +108,17 @@ def shared_dir() -> Iterator[Path]:
         shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.fixture
+def machine_stack_hidden(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Hide the machine's own stack from the agents a test starts: ``APPORTION_STACK_DIR`` names an empty directory
+    and ``XDG_STATE_HOME`` another, so neither a ``stack.env`` of a running ``make up`` (whose ports the agent would
+    close and whose file it would make private) nor the marker ``make down`` leaves (which refuses an address the
+    agent was not given: the Redis port of the closed ports) is read."""
+    empty = tmp_path_factory.mktemp("no-stack")
+    monkeypatch.setenv("APPORTION_STACK_DIR", str(empty))
+    monkeypatch.setenv("XDG_STATE_HOME", str(empty / "state"))
+
+
 def make_fake_gpus(directory: Path, count: int) -> list[str]:
     """``count`` character devices ``directory/nvidia<i>`` = ``c 195:i``, mode 0666: file permissions let every
     account open them, so only the cgroup can say no."""

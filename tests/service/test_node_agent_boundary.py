@@ -640,7 +640,10 @@ def outcome(host, port):
             return errno.errorcode.get(exc.errno, str(exc))
 
 hosts = ["127.0.0.1", "127.1.2.3", "0.0.0.0", "::1", "::", "::ffff:127.0.0.1", "::ffff:0.0.0.0"]
-ports = [int(p) for p in sys.argv[1:]]
+args = sys.argv[1:]
+if args and args[0].startswith("--hosts="):
+    hosts = args.pop(0).split("=", 1)[1].split(",")
+ports = [int(p) for p in args]
 json.dump({f"{h} {p}": outcome(h, p) for h in hosts for p in ports}, open("connect.json", "w"))
 """
 
@@ -679,6 +682,68 @@ async def test_a_job_cannot_connect_to_the_control_planes_ports_on_loopback(job_
         **{f"{h} {shut}": "EPERM" for h in LOOPBACK_FORMS},
         **{f"{h} {free}": "ok" for h in LOOPBACK_FORMS},
     }
+
+
+def _node_addresses() -> tuple[str, str]:
+    """The node's own non-loopback IPv4 and IPv6 addresses (``ip -o addr show scope global``), one of each."""
+    out = subprocess.run(["ip", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True, check=True)
+    found: dict[str, list[str]] = {"inet": [], "inet6": []}
+    for line in out.stdout.splitlines():
+        fields = line.split()
+        found[fields[2]].append(fields[3].split("/")[0])
+    if not found["inet"] or not found["inet6"]:
+        pytest.fail(f"this node needs a global IPv4 and IPv6 address: {found}", pytrace=False)
+    return found["inet"][0], found["inet6"][0]
+
+
+async def test_a_job_cannot_connect_to_the_control_planes_ports_on_its_own_addresses(
+    job_accounts, shared_dir, monkeypatch
+):
+    """A control plane on the node's own non-loopback address (or another machine's, the real deployment) is
+    closed to jobs on its ports too: the agent's Kafka bootstrap server names the node's IPv4 address and its Redis
+    URL the node's IPv6 address, both at a closed port; alice's job connecting there (and to the IPv4-mapped form)
+    gets ``EPERM``, and reaches another listening port on the same addresses; the agent's side still reaches the
+    closed one."""
+    v4, v6 = _node_addresses()
+    with _listener() as closed, _listener() as opened:
+        shut, free = closed.getsockname()[1], opened.getsockname()[1]
+        node = Node(
+            shared_dir,
+            monkeypatch,
+            kafka_bootstrap=f"{v4}:{shut}",
+            redis_url=f"rediss://[{v6}]:{shut}/0",
+            sandbox_closed_ports=[shut],
+        )
+        await node.agent.start(heartbeats=False, poll_progress=False)
+        try:
+            assert node.agent.sandbox is not None and node.agent.sandbox.closed_addresses == (v4, v6)
+            script = write_script(shared_dir, "connect_job.py", CONNECT_JOB)
+            hosts = f"--hosts={v4},{v6},::ffff:{v4}"
+            await node.agent.on_event(
+                node.start("j-addr", ALICE, ("python3", str(script), hosts, str(shut), str(free)))
+            )
+            assert isinstance(await node.ended("j-addr"), JobCompleted)
+            got = json.loads((node.ckpt / "j-addr" / "connect.json").read_text())
+        finally:
+            await node.close()
+        for host in (v4, v6):
+            with socket.create_connection((host, shut), timeout=5):
+                pass  # the agent's side of the node still reaches it
+    assert got == {
+        **{f"{h} {shut}": "EPERM" for h in (v4, v6, f"::ffff:{v4}")},
+        **{f"{h} {free}": "ok" for h in (v4, v6, f"::ffff:{v4}")},
+    }
+
+
+def test_the_closed_addresses_are_the_control_planes_hosts_resolved_but_loopback():
+    """Every address of the bootstrap servers' and the Redis URL's hosts, loopback left out (always closed)."""
+    from apportion.settings import Connection
+    from services.node_agent import connfilter
+
+    conn = Connection("192.0.2.7:9092,[fd00::7]:9093,localhost:9094", "rediss://[::ffff:198.51.100.3]:6390/0")
+    assert conn.hosts() == {"192.0.2.7", "fd00::7", "localhost", "::ffff:198.51.100.3"}
+    assert connfilter.resolve(conn.hosts()) == ("192.0.2.7", "198.51.100.3", "fd00::7")
+    assert connfilter.resolve(["no-such-host.invalid", "127.0.0.2"]) == ()
 
 
 def test_the_closed_ports_default_to_the_control_planes():

@@ -213,3 +213,28 @@ def test_forecast_with_arrivals_from_an_export(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["forecast", "p1", "--with-arrivals", "--json", "--from-file", path], env=env)
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["jobs"][0]["start"] == from_us(h(3)).isoformat()
+
+
+@pytest.mark.parametrize(
+    ("time_limit_s", "ratios_a"),
+    [
+        # no limit, no history: a2 runs W/4 = 42 h from 2 h; r_a = 4 x (2 h + min(t - 2 h, 42 h)) / (0.5 x 4 x t)
+        (None, [0.0, 2.0, 44 / 24, pytest.approx(44 / 36)]),
+        # a 1-day limit: a2 runs 2 h .. 26 h; r_a = 4 x min(t, 26 h) / (2 x t)
+        (86_400.0, [0.0, 2.0, pytest.approx(26 / 24), pytest.approx(26 / 36)]),
+    ],
+    ids=["ends-at-w-over-4", "ends-at-its-time-limit"],
+)
+def test_a_plain_command_job_starts_and_is_charged_under_the_logs_heartbeat_timeout(
+    time_limit_s: float | None, ratios_a: list[float]
+) -> None:
+    """The log's dispatcher settings carry a heartbeat timeout (the stack's) and no heartbeat comes in the forward
+    run: no node is lost for want of one. a1 (lab/a, 4 GPUs, 2 h of work) runs on n0 from T0; a2, lab/a's only
+    pending job, is a command with no declared work: it starts when a1 ends and runs as D12 estimates its end."""
+    from apportion.domain.dispatch import DispatchConfig
+
+    hist = History().node("n0", 4).submit("a1", T0, gpus=4, duration_s=7200.0)
+    hist.submit("a2", T0, gpus=4, duration_s=None, command=["train"], time_limit_s=time_limit_s)
+    fc = budget_forecast(hist.state, T0, DispatchConfig(heartbeat_timeout_s=30.0), days=3, step_s=DAY)
+    assert [p.ratio for p in fc.points["lab/a"]] == ratios_a
+    assert [p.ratio for p in fc.points["lab/b"]] == [0.0] * 4

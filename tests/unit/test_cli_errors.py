@@ -70,7 +70,7 @@ def test_a_publish_the_acls_refuse_exits_1_naming_the_principal(
         common._publish([], None)
     assert got.value.exit_code == 1
     assert capsys.readouterr().err == (
-        "error: refused: not authorized: the broker's ACLs do not let alice publish to it "
+        "error: refused: not authorized: the broker's ACLs do not let alice publish to apportion.budgets "
         "(TopicAuthorizationFailedError); see docs/security.md for who may do what\n"
     )
 
@@ -85,7 +85,9 @@ def test_a_refusal_without_a_kafka_user_names_the_anonymous_principal(
     _publish_raising(monkeypatch, TopicAuthorizationFailedError({"apportion.budgets"}))
     with pytest.raises(typer.Exit):
         common._publish([], None)
-    assert "the broker's ACLs do not let the anonymous principal publish to it" in capsys.readouterr().err
+    assert (
+        "the broker's ACLs do not let the anonymous principal publish to apportion.budgets (" in capsys.readouterr().err
+    )
 
 
 def test_an_acl_refusal_under_json_says_not_authorized(
@@ -101,7 +103,8 @@ def test_an_acl_refusal_under_json_says_not_authorized(
         common.json_errors(False)
     doc = json.loads(capsys.readouterr().out)
     assert (doc["ok"], doc["verdict"], doc["reason"], doc["exit_code"]) == (False, "refused", "not_authorized", 1)
-    assert "do not let bob publish to it" in doc["message"]
+    assert "do not let bob publish to apportion.nodes (" in doc["message"]
+    assert doc["topics"] == ["apportion.nodes"]
 
 
 def test_any_other_kafka_error_on_publish_is_unreachable_exit_3(
@@ -191,7 +194,7 @@ def test_a_topic_the_acls_hide_is_not_authorized_exit_1_not_unprovisioned(monkey
     res = run("deadletter")
     assert (res.exit_code, res.stdout) == (1, "")
     assert res.stderr == (
-        "error: refused: not authorized: the broker's ACLs do not let researcher read from it "
+        "error: refused: not authorized: the broker's ACLs do not let researcher read from apportion.deadletter "
         "(TopicAuthorizationFailedError); see docs/security.md for who may do what\n"
     )
     doc = json.loads(run("deadletter", "--json").stdout)
@@ -236,3 +239,10 @@ def test_a_verdict_already_printed_is_the_only_json_document(capsys: pytest.Capt
     finally:
         common.json_errors(False)
     assert json.loads(capsys.readouterr().out)["verdict"] == "bad_input"
+
+
+def test_a_refusal_names_the_callers_topic_when_the_error_carries_none() -> None:
+    assert common.refused_topics(TopicAuthorizationFailedError(), ["apportion.budgets"]) == ["apportion.budgets"]
+    assert common.refused_topics(TopicAuthorizationFailedError({"b.t", "a.t"}), ["c.t"]) == ["a.t", "b.t"]
+    assert common.refused_topics(TopicAuthorizationFailedError("apportion.keys")) == ["apportion.keys"]
+    assert common.refused_topics(TopicAuthorizationFailedError()) == []

@@ -74,10 +74,22 @@ def test_logs_reads_the_directory_the_agent_names_so_an_id_shaped_like_a_hashed_
     res = run("logs", "carol_exp1-a69867c53fd6dbaa", "--dir", str(tmp_path), "--json")
     assert res.exit_code == 1
     assert json.loads(res.stdout)["message"] == (
-        f"no output of job carol_exp1-a69867c53fd6dbaa (replica 0) under {tmp_path}: only a job whose command "
-        "started has output (a simulated --duration job has none, nor one refused at its start; `apportion audit "
-        "explain carol_exp1-a69867c53fd6dbaa` says whether and why)"
+        "no output of job carol_exp1-a69867c53fd6dbaa (replica 0) in\n"
+        f"  {tmp_path}/carol_exp1-a69867c53fd6dbaa-8fbd81c67dd14e1a\n"
+        "  only a started command has output (`apportion audit explain carol_exp1-a69867c53fd6dbaa`)"
     )
+
+
+def test_logs_of_a_job_with_no_output_says_so_a_line_each_within_80_columns(tmp_path: Path) -> None:
+    """The folder looked in on a line of its own: one line of 260 characters ran far past the edge."""
+    res = run("logs", "j-42", "--dir", str(tmp_path / "logs"))
+    assert res.exit_code == 1
+    assert res.stderr.splitlines() == [
+        "error: no output of job j-42 (replica 0) in",
+        f"  {tmp_path / 'logs' / 'j-42'}",
+        "  only a started command has output (`apportion audit explain j-42`)",
+    ]
+    assert [len(line) for line in res.stderr.splitlines() if "logs" not in line] == [43, 68]
 
 
 def test_logs_never_follows_a_link_a_job_planted_as_a_later_attempt(tmp_path: Path) -> None:

@@ -123,3 +123,23 @@ def test_the_console_is_at_most_80_columns_on_a_wide_terminal(monkeypatch: pytes
     assert demo.report_console(Console, False).width == 80
     monkeypatch.setenv("COLUMNS", "60")
     assert demo.report_console(Console, False).width == 60
+
+
+def test_the_replays_progress_off_a_terminal_is_a_plain_line_at_each_tenth_and_at_the_end() -> None:
+    said: list[str] = []
+    with demo.PlainProgress(said.append) as prog:
+        task = prog.add_task("submitting", total=9120, at="")
+        for done, at in ((1, "2026-10-30 00:00"), (900, "2026-10-30 01:00"), (912, "2026-10-30 01:10")):
+            prog.update(task, completed=done, at=at)
+        prog.update(task, completed=5000, at="2026-10-31 12:00")  # 54%: one line, not one per tenth passed
+        prog.update(task, completed=5001)
+        prog.update(task, completed=9120)
+        hours = prog.add_task("event hours to the end of the slice", total=168, at="")
+        prog.update(hours, completed=168, at="2026-11-06 00:00")
+    assert said == [
+        "submitting: 912/9,120 (10%), event time 2026-10-30 01:10",
+        "submitting: 5,000/9,120 (54%), event time 2026-10-31 12:00",
+        "submitting: 9,120/9,120 (100%), event time 2026-10-31 12:00",
+        "event hours to the end of the slice: 168/168 (100%), event time 2026-11-06 00:00",
+    ]
+    assert max(map(len, said)) <= 80

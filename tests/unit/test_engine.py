@@ -34,6 +34,7 @@ from apportion.domain.engine import (
     run_cycle,
     shape_floor,
 )
+from apportion.domain.engine.cycle import first_las_queue
 from apportion.domain.engine.shapes import memo_allocated
 from apportion.timeutil import s_to_us
 from tests.kit.builders import h
@@ -683,6 +684,58 @@ AGED_CASES = [
 @pytest.mark.parametrize(("age_s", "expected"), AGED_CASES)
 def test_free_age_places_aged_free_work_first_across_leaves_oldest_first(age_s, expected):
     assert [p.split("@")[0] for p in placed(_aged_world().cycle(free_age_s=age_s))] == expected
+
+
+def _las_queue_world() -> World:
+    # n0 (2 GPUs free), budget order a, b (occupancy 0); pending, all unallocated, 1 GPU each:
+    #   lab/a: a1 submitted 1:00, requeued after 1,800 GPU-s; a2 submitted 5:00, never run
+    #   lab/b: b1 submitted 3:00, never run
+    w = World().node("n0", 2)
+    w.job("a1", "lab/a", min_runtime_s=0, submitted=h(1)).job("a2", "lab/a", min_runtime_s=0, submitted=h(5))
+    w.job("b1", "lab/b", min_runtime_s=0, submitted=h(3))
+    w.pending["lab/a"][0] = replace(w.pending["lab/a"][0], attempt=2, attained_gpu_s=1800.0)
+    return w
+
+
+LAS_QUEUE_CASES = [
+    pytest.param(None, ["a2", "b1"], id="off: the jobs never run (a2, b1) take both GPUs; requeued a1 waits"),
+    pytest.param(1800.0, ["a2", "b1"], id="Q = 1,800 GPU-s: a1 held exactly Q, second queue, waits"),
+    pytest.param(1801.0, ["a1", "a2"], id="Q = 1,801 GPU-s: a1 in the first queue, first of lab/a by submission"),
+    pytest.param(1e12, ["a1", "a2"], id="Q past any service: the order without rule D3.free-las"),
+]
+
+
+@pytest.mark.parametrize(("queue_gpu_s", "expected"), LAS_QUEUE_CASES)
+def test_free_las_queue_keeps_a_job_preempted_early_in_its_leafs_submission_order(queue_gpu_s, expected):
+    assert [p.split("@")[0] for p in placed(_las_queue_world().cycle(free_las_queue_gpu_s=queue_gpu_s))] == expected
+
+
+def test_free_las_queue_past_any_service_is_the_order_without_least_attained_service():
+    w = _las_queue_world()
+    assert placed(w.cycle(free_las_queue_gpu_s=1e12)) == placed(w.cycle(free_las=False))
+
+
+def test_free_las_queue_leaves_the_second_queue_by_fewest_gpu_seconds():
+    # the aged world (3 GPUs; a1 and b2 never run, b1 held 7,200 GPU-s, c1 3,600), Q = 3,601 GPU-s: c1 joins the
+    # first queue (walk a1, b2, c1: lab/c last in budget order); b1 (7,200 >= Q) is left, no GPU remaining
+    assert [p.split("@")[0] for p in placed(_aged_world().cycle(free_las_queue_gpu_s=3601.0))] == ["a1", "b2", "c1"]
+    # Q = 7,201 GPU-s: b1 too, in lab/b's submission order before b2; c1 (walked last) finds no GPU
+    assert [p.split("@")[0] for p in placed(_aged_world().cycle(free_las_queue_gpu_s=7201.0))] == ["a1", "b1", "b2"]
+
+
+FIRST_QUEUE_CASES = [
+    pytest.param(0.0, None, True, id="never run, knob off: first queue"),
+    pytest.param(0.5, None, False, id="any service held, knob off: second queue"),
+    pytest.param(3599.0, 3600.0, True, id="below Q: first queue"),
+    pytest.param(3600.0, 3600.0, False, id="exactly Q: second queue"),
+    pytest.param(0.0, 0.0, True, id="Q = 0: never run only"),
+    pytest.param(1.0, 0.0, False, id="Q = 0: as off"),
+]
+
+
+@pytest.mark.parametrize(("held", "queue_gpu_s", "expected"), FIRST_QUEUE_CASES)
+def test_first_las_queue_at_its_boundary(held, queue_gpu_s, expected):
+    assert first_las_queue(held, queue_gpu_s) is expected
 
 
 def test_progress_after_records_the_progress_saved_as_the_protection():

@@ -78,3 +78,30 @@ def test_the_policy_puts_it_on_aiokafkas_logger_once(caplog: pytest.LogCaptureFi
         ]
     finally:
         logger.filters[:] = before
+
+
+def test_the_catch_up_readers_close_logs_no_error_and_an_error_outside_the_close_stays_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """kafka-python 3 logs at ERROR the connection its close aborts (the catch-up's reader is often still opening
+    its coordinator connection) and the metadata refresh the close cancels: DEBUG inside the close (not logged at
+    INFO), ERROR after."""
+    from services.policy.service import CLIENT_LOGGERS, closing_quietly
+
+    caplog.set_level(logging.INFO)
+    caplog.handler.setLevel(logging.NOTSET)  # as the services' handlers: every level the loggers pass
+    transport, connection, cluster = (logging.getLogger(name) for name in CLIENT_LOGGERS)
+    with closing_quietly():
+        transport.error("%s: Abort (%s)", "<KafkaSSLTransport [127.0.0.1:9092<-55086]>", "KafkaConnectionError")
+        connection.error("%s: Connection lost: %s", "<KafkaConnection node_id=coordinator-1>", "KafkaConnectionError")
+        cluster.error("Metadata refresh: failed %s", "Cancelled")
+        try:
+            raise AttributeError("'NoneType' object has no attribute 'recv'")
+        except AttributeError:
+            transport.exception("%s: Error receiving network data closing socket", "<KafkaSSLTransport [none]>")
+    assert caplog.records == []
+    transport.error("%s: Abort (%s)", "<KafkaSSLTransport [127.0.0.1:9092<-55090]>", "KafkaConnectionError")
+    assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("kafka.net.transport", "ERROR", "<KafkaSSLTransport [127.0.0.1:9092<-55090]>: Abort (KafkaConnectionError)")
+    ]
+    assert all(not logging.getLogger(name).filters for name in CLIENT_LOGGERS)

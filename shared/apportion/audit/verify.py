@@ -72,6 +72,11 @@ decisions of one tick at event time T (they share ``ts``):
   cycle decided on a fork of the state before them, whose occupancy ledger
   does not see them, and the re-run's tick derives them again.
 * without ``inputs``, other producers' records with event time <= T.
+* an own event stamped at the event time of the record it answers rather than when it was made (the
+  ``JobFailed`` of a start refused ``no_account``, at the refusal's event time, rule D3.refused-starts) is
+  folded right after that record, whenever the dispatcher read it (:func:`answered_inputs`): a refusal
+  stamped before a tick but read after it is answered after that tick, not before it as its event time
+  would have it.
 
 Records are folded incrementally in one pass (each decision re-runs on a
 fork), so verifying a whole log costs one fold plus one cycle per decision
@@ -91,16 +96,26 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from uuid import UUID
 
 from apportion import events, topics
 from apportion.audit.signatures import check_reports, check_requests
 from apportion.bus.intake import APPLY_FAILED, EVENT_ID_REUSED, UNDECODABLE
 from apportion.domain.admission import JOB_REQUESTS, NODE_REQUEST_TYPES, UNAUTHENTICATED, UNAUTHENTICATED_NODE
 from apportion.domain.budgets import BUDGET_CHANGES, fold_budget_log
-from apportion.domain.dispatch import DispatchConfig, DispatchState, Tick, emit_rank, evolve, maintenance, step
+from apportion.domain.dispatch import (
+    DispatchConfig,
+    DispatchState,
+    Tick,
+    emit_rank,
+    evolve,
+    maintenance,
+    refused_failure_id,
+    step,
+)
 from apportion.domain.fairshare import budget_order
 from apportion.domain.occupancy import OccupancyLedger
 from apportion.domain.usage import usage_snapshot
@@ -119,6 +134,7 @@ __all__ = [
     "position",
     "emitted_order",
     "fold_order",
+    "answered_inputs",
     "last_fenced_us",
     "term_cut_short",
     "DECISION_TYPES",
@@ -320,6 +336,7 @@ def rerun_decisions(
     cfg = config or DispatchConfig()
     wanted = set(only_at) if only_at is not None else None
     own, polled = dispatcher_records(records, producer)
+    own, answers, polled_key = answered_inputs(own, polled)
     ext_by_tp: dict[str, list[LogRecord]] = defaultdict(list)
     groups: dict[Micros, list[LogRecord]] = defaultdict(list)
     for r in own:
@@ -350,14 +367,14 @@ def rerun_decisions(
             if watermark is not None:
                 limit = watermark.get(tp, 0)
                 while i < len(lst) and lst[i].offset < limit:
-                    fresh.append(lst[i])
+                    fresh += [lst[i], *answers.get(position(lst[i]), ())]
                     i += 1
             else:  # a JobStarted at t answers a decision of t: it is folded after this tick
                 while i < len(lst) and (
                     to_us(_ev(lst[i]).ts) < t
                     or (to_us(_ev(lst[i]).ts) == t and type(lst[i].event) is not events.JobStarted)
                 ):
-                    fresh.append(lst[i])
+                    fresh += [lst[i], *answers.get(position(lst[i]), ())]
                     i += 1
             ext_ptr[tp] = i
         fresh.sort(key=log_order)
@@ -369,7 +386,7 @@ def rerun_decisions(
             mine,
             fresh,
             emitted_order,
-            ext_key,
+            polled_key,
             polled_after_us=prev if watermark is not None else None,
             preempted_at=preempted_at,
             lost_at=lost_at,
@@ -432,6 +449,46 @@ def ext_key(r: LogRecord) -> tuple:
     return (to_us(ev.ts), rank, r.topic, r.partition, r.offset)
 
 
+def answered_inputs(
+    own: Sequence[LogRecord], polled: Sequence[LogRecord]
+) -> tuple[list[LogRecord], dict[str, list[LogRecord]], Callable[[LogRecord], tuple]]:
+    """The dispatcher's own events that are folded with the input they answer, not by their event time.
+
+    The ``JobFailed`` of a start refused ``no_account`` (:func:`apportion.domain.dispatch.refused_failure_id`)
+    is stamped at the refusal's event time, so that the run's charge ends there (rule D3.refused-starts), but
+    the dispatcher makes it when it reads the refusal, which may be after ticks stamped later than the
+    refusal. Folded by event time, it fails the job before those ticks (seen on a fresh stack: an array
+    ``%8`` whose every start was refused, the re-run of a tick started elements the dispatcher could not
+    yet start, at other ratios, on other GPUs).
+
+    Returns:
+        ``(rest, answers, key)``: ``own`` without those events; the :func:`position` of each answered input
+        record (of ``polled``, the first with that event id) -> the own records answering it, to be folded
+        right after it; and the merge key of :func:`fold_order` for ``polled`` with the answers among them:
+        :func:`ext_key`, for an answer that of its input followed by 1 (right after it).
+    """
+    by_id: dict[UUID, LogRecord] = {}
+    for r in polled:
+        if isinstance(r.event, events.WorkloadRefused):
+            by_id.setdefault(refused_failure_id(r.event), r)
+    answers: dict[str, list[LogRecord]] = defaultdict(list)
+    input_of: dict[str, LogRecord] = {}
+    rest: list[LogRecord] = []
+    for r in own:
+        answered = by_id.get(_ev(r).event_id) if isinstance(r.event, events.JobFailed) else None
+        if answered is None:
+            rest.append(r)
+        else:
+            answers[position(answered)].append(r)
+            input_of[position(r)] = answered
+
+    def key(r: LogRecord) -> tuple:
+        answered = input_of.get(position(r))
+        return ext_key(r) if answered is None else (*ext_key(answered), 1)
+
+    return rest, dict(answers), key
+
+
 def preemption_times(own: Iterable[LogRecord]) -> dict[tuple[str, int], Micros]:
     """``(job_id, attempt) ->`` event time (µs) of the dispatcher's first ``JobPreempted`` of that run
     (``fold_order``'s ``preempted_at``), from its own records ``own``."""
@@ -474,8 +531,11 @@ def dispatcher_fold(
     """
     cfg = config or DispatchConfig()
     own, polled = dispatcher_records(records, producer)
+    preempted_at, lost_at = preemption_times(own), loss_times(own)
+    own, answers, polled_key = answered_inputs(own, polled)
+    polled = [a for r in polled for a in (r, *answers.get(position(r), ()))]
     state = DispatchState(window_s=cfg.engine.window_s)
-    order = fold_order(own, polled, emitted_order, ext_key, preempted_at=preemption_times(own), lost_at=loss_times(own))
+    order = fold_order(own, polled, emitted_order, polled_key, preempted_at=preempted_at, lost_at=lost_at)
     for r in order:
         evolve(state, _ev(r))
     return state

@@ -469,7 +469,11 @@ class AssignedConsumer:
         #: consumer lag per partition, measured after polls once its ``sink`` is set
         self.lag = LagMeter()
         #: asks the key topic's end offsets on its own connection (``overlap``), and the answer awaited
-        self._asker = EndsAsker(bootstrap, self.identity_parts, f"{group_id}-ends") if overlap else None
+        try:
+            self._asker = EndsAsker(bootstrap, self.identity_parts, f"{group_id}-ends") if overlap else None
+        except BaseException:  # its first ask failed (the broker is gone): the reader is closed too, not leaked
+            self._kc.close()
+            raise
         self._asked: Future[dict[Any, int]] | None = None
         #: key records :meth:`settle` read, returned again at the head of the next poll
         self._carried: list[Any] = []
@@ -680,10 +684,12 @@ class AssignedConsumer:
         self._kc.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in pos.items()})
 
     def close(self) -> None:
-        """Close the connections."""
-        self._kc.close()
-        if self._asker is not None:
-            self._asker.close()
+        """Close the connections (the asker's even when the reader's close fails)."""
+        try:
+            self._kc.close()
+        finally:
+            if self._asker is not None:
+                self._asker.close()
 
 
 class EndsAsker:
@@ -724,7 +730,11 @@ class EndsAsker:
         #: kafka-python's IO loop and its coroutine that asks for offsets (None: not this kafka-python)
         self._loop = (net, offsets_by_times) if hasattr(net, "call_soon_with_future") and offsets_by_times else None
         if self._parts:
-            self._ends()
+            try:
+                self._ends()
+            except BaseException:  # no answer (the broker is gone): nothing made here is left running
+                self.close()
+                raise
 
     def _ends(self) -> dict[Any, int]:
         return self._kc.end_offsets(self._parts, timeout_ms=int(IDENTITY_READ_AHEAD_S * 1000))

@@ -440,6 +440,24 @@ def commit_quietly(consumer: Any, offsets: dict[str, int] | None = None) -> None
         log.warning("could not commit the group offsets (%s)", describe(exc))
 
 
+async def open_in_thread(make: Callable[[], T]) -> T:
+    """``make()`` in a worker thread, as ``asyncio.to_thread``, for a call that makes a client (a Kafka reader or
+    producer). When the awaiting task is cancelled meanwhile (a caller's timeout at shutdown), the thread runs on
+    and the client it then makes is closed (in the loop's executor) instead of being dropped with its network
+    thread running."""
+    made = asyncio.ensure_future(asyncio.to_thread(make))
+    try:
+        return await asyncio.shield(made)
+    except asyncio.CancelledError:
+        made.add_done_callback(_close_orphan)
+        raise
+
+
+def _close_orphan(made: asyncio.Future[Any]) -> None:
+    if not made.cancelled() and made.exception() is None:
+        asyncio.get_running_loop().run_in_executor(None, made.result().close)
+
+
 async def close_quietly(*clients: Any) -> None:
     """``close()`` each client not ``None`` in a worker thread; a failure (its broker is gone) is only logged."""
     for c in clients:

@@ -476,7 +476,7 @@ def _budget_changes(
         offsets = client.publish(*evts, bootstrap=conn.bootstrap)
     except Exception as exc:
         if verdicts.is_kafka_error(exc):
-            kafka_failure(exc, conn.bootstrap, "publish to")
+            kafka_failure(exc, conn.bootstrap, "publish to", [topic_name(BUDGETS)])
         raise
     if no_wait:
         _published(evts, as_json, message + " (not waiting for the policy's verdict)")

@@ -308,19 +308,35 @@ def _tree_from_file(path: Path) -> Any:
         fail(str(exc))
 
 
-def kafka_failure(exc: BaseException, bootstrap: str, doing: str) -> NoReturn:
-    """Report a kafka error met while ``doing`` (e.g. ``publish to``): the broker's ACLs refusing the principal
-    (an ``...AuthorizationFailedError``) is a refusal, exit 1, reason ``not_authorized``; anything else means the
-    stack is unreachable, exit 3."""
+def refused_topics(exc: BaseException, topics: Sequence[str] = ()) -> list[str]:
+    """The topics an ACL refusal names: those the error carries (kafka-python raises
+    ``TopicAuthorizationFailedError`` with the topic, or the set of topics, it was refused), else ``topics``."""
+    named = exc.args[0] if type(exc).__name__ == "TopicAuthorizationFailedError" and exc.args else None
+    if isinstance(named, str):
+        return [named]
+    if isinstance(named, (set, frozenset, list, tuple)) and named and all(isinstance(t, str) for t in named):
+        return sorted(named)
+    return sorted(set(topics))
+
+
+def kafka_failure(exc: BaseException, bootstrap: str, doing: str, topics: Sequence[str] = ()) -> NoReturn:
+    """Report a kafka error met while ``doing`` (e.g. ``publish to``) on ``topics``: the broker's ACLs refusing the
+    principal (an ``...AuthorizationFailedError``) is a refusal naming the topics refused
+    (:func:`refused_topics`), exit 1, reason ``not_authorized``; anything else means the stack is unreachable,
+    exit 3."""
     if type(exc).__name__.endswith("AuthorizationFailedError"):
         from apportion.bus.security import kafka_user
 
         who = kafka_user() or "the anonymous principal"
+        named = refused_topics(exc, topics)
+        what = ", ".join(named) if named else "it"
+        extra: dict[str, Any] = {"topics": named} if named else {}
         refuse(
-            f"refused: not authorized: the broker's ACLs do not let {who} {doing} it ({type(exc).__name__}); "
+            f"refused: not authorized: the broker's ACLs do not let {who} {doing} {what} ({type(exc).__name__}); "
             "see docs/security.md for who may do what",
             as_json=False,
             reason="not_authorized",
+            **extra,
         )
     fail(f"cannot {doing} Kafka at {bootstrap}: {exc} (is the stack up? `apportion stack up`)", 3)
 

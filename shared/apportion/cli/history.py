@@ -638,6 +638,17 @@ def copy_output(path: Path, out: Any) -> int:
     return n
 
 
+def no_output_message(job_id: str, replica: int, folder: Path) -> str:
+    """Why ``apportion logs`` shows nothing, a line each (the folder looked in, then where to learn why), so that
+    at 80 columns only a long path or job id runs past the edge: a simulated ``--duration`` job has no output,
+    nor one refused at its start."""
+    return (
+        f"no output of job {job_id} (replica {replica}) in\n"
+        f"  {folder}\n"
+        f"  only a started command has output (`apportion audit explain {job_id}`)"
+    )
+
+
 def logs(
     job_id: Annotated[str, typer.Argument(help="The job.")],
     attempt: Annotated[int | None, typer.Option("--attempt", "-a", help="Attempt (default: the latest).")] = None,
@@ -694,9 +705,7 @@ def logs(
     by_attempt = output_files(folder, replica, stream)
     if not by_attempt:
         refuse(
-            f"no output of job {job_id} (replica {replica}) under {base}: only a job whose command started has "
-            f"output (a simulated --duration job has none, nor one refused at its start; `apportion audit explain "
-            f"{job_id}` says whether and why)",
+            no_output_message(job_id, replica, folder),
             as_json=as_json,
             verdict="not_found",
             reason="no_output",

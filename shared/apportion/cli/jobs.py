@@ -257,9 +257,10 @@ def submission_error(field: str, message: str) -> str:
 
 
 def queued_message(job_id: str, hold: bool) -> str:
-    """What ``submit`` says once the dispatcher queued ``job_id``: held or not, and what places a held job."""
+    """What ``submit`` says once the dispatcher queued ``job_id``: held or not, and what places a held job (one line
+    within 80 columns for a generated id, printed unwrapped so that the command stays whole to copy)."""
     if hold:
-        return f"queued, held: it will not be placed until `apportion release {job_id}` (see `apportion queue`)"
+        return f"queued, held until `apportion release {job_id}`"
     return "queued by the dispatcher (see `apportion queue`)"
 
 
@@ -800,6 +801,8 @@ def forecast(
     if submit_ and (job_id is not None or budget is None or gpus is None or min_runtime is None):
         fail("--submit needs -b BUDGET, -g GPUS and -m MIN_RUNTIME, and no JOB_ID")
     horizon_s = _dur(horizon, "--horizon")
+    if horizon_s <= 0:
+        fail(f"--horizon {horizon}: a duration above 0")
     recs, cfg, state, now = _forecast_input(bootstrap, from_file, at)
     if submit_:
         import getpass

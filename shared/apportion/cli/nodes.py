@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -296,21 +296,38 @@ def nodes(
     if as_json:
         _print_json(rows)
         return
-    t = Table(title=f"nodes ({len(rows)})")
-    for col in ("node", "state", "reason", "model", "free/GPUs", "running", "heartbeat"):
-        t.add_column(col)
-    for r in rows:
-        age = r.get("heartbeat_age_s")
-        t.add_row(
-            r.get("node_id", ""),
-            r.get("state", ""),
-            r.get("reason") or "",
-            str(r.get("gpu_model") or "-"),
-            f"{r.get('free_gpus', '?')}/{r.get('gpu_count', '?')}",
-            str(len(r.get("running") or [])),
-            "-" if age is None else f"{format_duration(max(0.0, round(age)))} ago",
-        )
-    out.print(t)
+    out.print(nodes_table(rows, out.width))
+
+
+def _heartbeat_cell(r: Any) -> str:
+    age = r.get("heartbeat_age_s")
+    return "-" if age is None else f"{format_duration(max(0.0, round(age)))} ago"
+
+
+def nodes_table(rows: Sequence[Any], width: int) -> Any:
+    """``apportion nodes``' table of ``rows`` (:func:`node_rows`), fitted to ``width`` columns with no cell cut
+    (:func:`apportion.cli.common.fitted_table`): node, state, reason, model, free/GPUs, running, heartbeat. The
+    reason (a cordon's or drain's words, of any length), then the heartbeat's age, leave the table first, for a
+    line per node that has one after it (``node: reason``), so the GPU model stays whole."""
+    from rich.console import Group
+    from rich.text import Text
+
+    columns: list[Column] = [
+        ("node", {}, lambda r: str(r.get("node_id", ""))),
+        ("state", {}, lambda r: str(r.get("state", ""))),
+        ("reason", {}, lambda r: str(r.get("reason") or "")),
+        ("model", {}, lambda r: str(r.get("gpu_model") or "-")),
+        ("free/GPUs", {}, lambda r: f"{r.get('free_gpus', '?')}/{r.get('gpu_count', '?')}"),
+        ("running", {}, lambda r: str(len(r.get("running") or []))),
+        ("heartbeat", {}, _heartbeat_cell),
+    ]
+    t, moved = fitted_table(f"nodes ({len(rows)})", columns, rows, width, ("reason", "heartbeat"))
+    lines = []
+    for r in rows if moved else ():
+        said = [part for part in left_out(columns, moved, r, bare=("reason",)) if part]
+        if said:
+            lines.append(Text.assemble((str(r.get("node_id", "")), "bold"), ": ", "; ".join(said)))
+    return Group(t, *lines)
 
 
 def _node_row(r: Any, node_id: str, bootstrap: str | None) -> dict[str, Any] | None:

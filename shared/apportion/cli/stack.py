@@ -876,10 +876,19 @@ def up_cmd(
         _err(str(exc), 3)
     from apportion.settings import user_stack_env
 
-    for ln in info.describe():
+    for ln in [*info.describe(), *state_lines(d / "stack.env", user_stack_env())]:
         typer.echo(ln)
-    typer.echo(f"state    {d / 'stack.env'} and {user_stack_env()} (the CLI finds the stack from any folder)")
     typer.echo("stop with: apportion stack down   (or: make down)")
+
+
+def state_lines(run_env: Path, user_env: Path) -> list[str]:
+    """What ``up`` prints of its two state files: a line each, as the log folders are (two paths and a note on one
+    line ran past 80 columns), and a note of what they are for on a line of its own."""
+    return [
+        f"state    {run_env}",
+        f"         {user_env}",
+        "         (the CLI finds the stack from any folder)",
+    ]
 
 
 @stack_app.command("down")

@@ -73,6 +73,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
+from uuid import UUID
 
 from apportion.arrays import element_id, split_element_id
 from apportion.domain.admission import NodeShape, Rejection, admit, refused_request_event, time_limit_in_force
@@ -231,6 +232,7 @@ __all__ = [
     "Backoff",
     "refusal_backoff_s",
     "undo_refused_start",
+    "refused_failure_id",
     "DEFAULT_REFUSAL_BACKOFF_S",
     "DEFAULT_REFUSAL_BACKOFF_CAP_S",
     "DEFAULT_CORDON_AFTER_REFUSALS",
@@ -1915,6 +1917,16 @@ def refusal_backoff_s(refusals: int, config: DispatchConfig | None = None) -> fl
     return float(min(cfg.refusal_backoff_s * 2.0 ** min(refusals - 1, 64), cfg.refusal_backoff_cap_s))
 
 
+def refused_failure_id(ev: WorkloadRefused) -> UUID:
+    """The id of the ``JobFailed`` that answers the refusal ``ev`` when it fails the job (:data:`NO_ACCOUNT`).
+
+    That ``JobFailed`` is stamped at the refusal's event time, not when the dispatcher read the refusal
+    (:func:`undo_refused_start`); a reader that re-runs the dispatcher's decisions folds it where the
+    dispatcher made it, right after the refusal, and finds it by this id.
+    """
+    return det_id("JobFailed", ev.job_id, ev.attempt, "refused", ev.event_id)
+
+
 def undo_refused_start(
     state: DispatchState, ev: WorkloadRefused, ts: Any, prod: str, config: DispatchConfig | None = None
 ) -> list[Event]:
@@ -1955,7 +1967,7 @@ def undo_refused_start(
     ]
     if code == NO_ACCOUNT and cfg.fail_on_no_account:
         failed = JobFailed(
-            event_id=det_id("JobFailed", ev.job_id, ev.attempt, "refused", ev.event_id),
+            event_id=refused_failure_id(ev),
             ts=min(ev.ts, ts),
             producer=prod,
             job_id=ev.job_id,

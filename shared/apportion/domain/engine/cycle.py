@@ -332,8 +332,12 @@ class _Cycle:
     blocked_at: tuple[int, int] = (-1, -1)  # (free log length, charges) when all_blocked last held
 
     def covers(self, leaf: str, gpus: int) -> bool:
-        """D3.hero-cover: ``leaf``'s share covers a job of ``gpus`` GPUs (always below ``hero_min_gpus``)."""
-        least = self.cfg.hero_min_gpus
+        """D3.hero-cover: ``leaf``'s share covers a job of ``gpus`` GPUs (always below ``hero_min_gpus``, or below
+        ``cover_min_gpus`` where that is lower)."""
+        cfg = self.cfg
+        least, wide = cfg.hero_min_gpus, cfg.cover_min_gpus
+        if wide is not None and (least is None or wide < least):
+            least = wide
         if least is None or gpus < least:
             return True
         if self.capacity < 0:
@@ -999,13 +1003,23 @@ def _pass_least_attained(cx: _Cycle, todo: list[str]) -> None:
         return
     later: list[tuple[float, int, int, str]] = []
     placed = cx.owner_placed  # (placed by the aged pass)
+    queue_gpu_s = cx.cfg.free_las_queue_gpu_s
     for pos, leaf in enumerate(todo):
         start = ends.get(leaf, 0)
         for i, held in enumerate(map(_ATTAINED, islice(pending[leaf], start, None)), start):
-            if held > 0 and pending[leaf][i].job_id not in placed:
+            if held > 0 and not first_las_queue(held, queue_gpu_s) and pending[leaf][i].job_id not in placed:
                 later.append((held, pos, i, leaf))
     later.sort()
     _place_in_turn(cx, ((leaf, pending[leaf][i]) for _, _, i, leaf in later))
+
+
+def first_las_queue(attained_gpu_s: float, queue_gpu_s: float | None) -> bool:
+    """Is an unallocated job in rule D3.free-las's first queue, walked leaf by leaf in the budget order, each
+    leaf's jobs in submission order? A job that has not run yet (0 GPU-seconds held) always is; with
+    ``EngineConfig.free_las_queue_gpu_s`` (discretized least attained service, two queues as Tiresias's
+    2D-LAS) so is a requeued job whose earlier attempts held fewer GPU-seconds than that, so a free job
+    preempted early keeps its place among the jobs of its leaf. The others go after, fewest GPU-seconds first."""
+    return attained_gpu_s <= 0 or (queue_gpu_s is not None and attained_gpu_s < queue_gpu_s)
 
 
 def _place_aged_free(cx: _Cycle, todo: list[str], age_s: float) -> bool:
@@ -1089,10 +1103,13 @@ def _place_unallocated(
         return end, 0  # nothing of this leaf fits on what is free
     idx = start - 1
     owner = cx.owner_placed
+    queue_gpu_s = cx.cfg.free_las_queue_gpu_s
     while idx + 1 < end:
         idx += 1
         job = jobs[idx]
-        if (owner and job.job_id in owner) or (fresh and job.attained_gpu_s > 0):
+        if (owner and job.job_id in owner) or (
+            fresh and job.attained_gpu_s > 0 and not first_las_queue(job.attained_gpu_s, queue_gpu_s)
+        ):
             continue
         cx.rank += 1
         res.considered += 1

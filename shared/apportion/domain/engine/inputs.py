@@ -104,6 +104,11 @@ class EngineConfig:
             larger than its budget's share of the capacity neither reserves nodes nor preempts busy allocated runs;
             :func:`~apportion.domain.engine.reservation.share_covers`); default 1,024, so no job of a cluster of a few
             hundred GPUs is concerned; ``None``: off.
+        cover_min_gpus: the least GPUs of a job that rule ``D3.hero-cover``'s reservation and preemption clause
+            concerns, where lower than ``hero_min_gpus`` (the victims' clause keeps ``hero_min_gpus``): a job of at
+            least this many GPUs that its budget's share does not cover (g x k > abs(b) x C(t)) neither reserves
+            nodes nor preempts busy allocated runs. Default ``None``: ``hero_min_gpus`` alone. Measured and not
+            adopted (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
         free_order: place unallocated jobs by rule D3.free-order (the leaf with the fewest unallocated GPUs
             in use per unit of share first, one job at a time; :func:`~apportion.domain.fairshare.free_order_key`);
             default False: leaf by leaf in the budget order of the allocated pass. Measured and not adopted
@@ -143,6 +148,11 @@ class EngineConfig:
             (seconds) are placed before the rest of the free work, across all leaves oldest first, ties by job id;
             the rest keep rule D3.free-las's order. Default ``None``: off. Measured and not adopted
             (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
+        free_las_queue_gpu_s: discretized least attained service (two queues, as Tiresias's 2D-LAS): with
+            ``free_las``, a requeued unallocated job whose earlier attempts held fewer GPU-seconds than this joins
+            the jobs not yet run, in its place in its leaf's submission order; the rest keep rule D3.free-las's
+            order (:func:`~apportion.domain.engine.cycle.first_las_queue`). Default ``None``: off (every requeued
+            job after the jobs not yet run). Not part of any policy version.
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -161,6 +171,7 @@ class EngineConfig:
     gang_min_gpus: int | None = None
     gang_bound_x: float | None = None
     hero_min_gpus: int | None = HERO_MIN_GPUS
+    cover_min_gpus: int | None = None
     free_order: bool = False
     progress_after: int | None = None
     at_share_bound: int | None = None
@@ -170,6 +181,7 @@ class EngineConfig:
     hero_reserve_takable: bool = False
     free_las: bool = True
     free_age_s: float | None = None
+    free_las_queue_gpu_s: float | None = None
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"
