@@ -16,9 +16,19 @@ that prefix alone:
   so that runs end at their user's median run time in the log prefix, or W/4: what a forecast of real
   commands knows;
 * ``forecast + arrivals``: ``forecast`` with the submissions of the day before replayed once, a day later
-  (``forecast --with-arrivals``, :func:`apportion.forecast.recent_arrivals`: the next day assumed like the last,
-  nothing after it; a forward run with arrivals is exact, :func:`apportion.forecast.forecast`);
+  (:func:`apportion.forecast.recent_arrivals`: the next day assumed like the last, nothing after it; a forward
+  run with arrivals is exact, :func:`apportion.forecast.forecast`);
 * ``forecast + arrivals every day``: the same submissions replayed a day later and every day after;
+* ``forecast + arrivals, mean day``: the mean day of the last 7 as the next (:func:`mean_day_arrivals`: one in 7
+  of each day's submissions at the same hours, fewer days when the log prefix is shorter), once; ``... every
+  day``: replayed every day;
+* ``forecast + arrivals ahead``: the day before replayed, only the submissions that can go before the job
+  (:func:`arrivals_ahead`: budgets ahead of its own in the fair-share order at the question, and every allocated
+  one for an unallocated job);
+* ``forecast + arrivals, median of days``: a forward run per day replayed (the day k days before, k days later,
+  k = 1 .. :data:`REPLAY_DAYS` as far as the log prefix reaches), the median start (the range in ``--dump``);
+* ``forecast + arrivals a week before``: the same hours of the week before, a week later (``forecast
+  --with-arrivals``, :func:`apportion.forecast.week_before_arrivals`; the last day on a log shorter than a week);
 * ``forecast + actual arrivals``: a diagnostic, not an estimate: ``forecast`` given the submissions the
   simulation in fact received after the question (their times and shapes, from the rest of the log); what is
   left of its error is the forward run's own (resolution, the model of running work), the rest of
@@ -38,7 +48,9 @@ the unallocated jobs of budgets ahead in the fair-share order) and how many were
 after them started before them).
 
 Sampling, for a loaded machine: ``--sample N`` (N forecasts evenly spread over the slice's submissions) or
-``--every K`` (every K-th); ``--estimates`` makes only some of the four (names separated by ``;``); ``--dump
+``--every K`` (every K-th), ``--long-only`` (of those, only the jobs that waited more than 1 h in the simulation),
+``--skip N`` (leave out the first N: a second run's share); ``--table`` prints a row per long wait (each
+estimate's wait, the budgets whose later submissions overtook it); ``--estimates`` makes only some of the four (names separated by ``;``); ``--dump
 FILE`` writes each sample as one JSON line as soon as it is made (times in µs), so a run cut short still leaves
 its samples; a progress line goes to stderr every 20 forecasts.
 
@@ -82,6 +94,7 @@ from apportion.forecast import (
     recent_arrivals,
     recent_waits,
     user_history,
+    week_before_arrivals,
 )
 from apportion.sim.core import SimConfig, Simulator, default_horizon_us
 from apportion.sim.traces import ITP_T0, load_budget_file, load_trace, parse_itp_slice, parse_slice, trace_format
@@ -164,8 +177,16 @@ ESTIMATES: tuple[str, ...] = (
     "forecast + arrivals",
     "forecast + arrivals every day",
     "forecast + actual arrivals",
+    "forecast + arrivals ahead",
+    "forecast + arrivals, median of days",
+    "forecast + arrivals a week before",
+    "forecast + arrivals, mean day",
+    "forecast + arrivals, mean day every day",
     "slurm-style",
 )
+#: ``forecast + arrivals, median of days``: the days replayed (each the day k days before, k days later, k = 1..N
+#: where the log prefix reaches back that far), one forward run each; the median start is the estimate.
+REPLAY_DAYS = 3
 
 
 @dataclass
@@ -177,6 +198,7 @@ class Sample:
     basis: str = ""
     overtaken: int = 0
     allocated: bool = True
+    range_: tuple[Micros | None, Micros | None] | None = None
 
     def row(self) -> dict[str, Any]:
         """The sample as one line of ``--dump`` (times in µs)."""
@@ -188,6 +210,7 @@ class Sample:
             "basis": self.basis,
             "overtaken": self.overtaken,
             "allocated": self.allocated,
+            "range": self.range_,
         }
 
 
@@ -202,6 +225,97 @@ def actual_arrivals(log: Sequence[Event], idx: int, until: Micros) -> list[tuple
         if type(e) is JobQueued and e.attempt == 1:
             out.append((t, e))
     return out
+
+
+def mean_day_arrivals(events: Sequence[Event], now_us: Micros, days: int = 7) -> list[tuple[Micros, JobQueued]]:
+    """The mean of the last ``days`` days' submissions as the next day's (``forecast + arrivals, mean day``): of the jobs
+    first queued (``JobQueued``, attempt 1) in the day ``k`` days before ``now_us`` (k = 1 .. n), in time order, every
+    n-th (the i-th where i mod n = k - 1), each at its time plus ``k`` days; n is ``days``, or the whole days the
+    log covers before ``now_us`` when fewer (at least 1). So the next day gets a 1/n sample of each of the last n
+    days at the same hours: the arrival rate of the week's mean day, with its daily shape; nothing after it."""
+    day = s_to_us(ARRIVAL_LOOKBACK_S)
+    first = min((to_us(e.ts) for e in events), default=now_us)
+    n = max(1, min(days, (now_us - first) // day))
+    per_day: list[list[tuple[Micros, JobQueued]]] = [[] for _ in range(n)]
+    for ev in events:
+        if isinstance(ev, JobQueued) and ev.attempt == 1:
+            t = to_us(ev.ts)
+            if now_us - n * day <= t < now_us:
+                per_day[(now_us - 1 - t) // day].append((t, ev))
+    out: list[tuple[Micros, JobQueued]] = []
+    for k, jobs in enumerate(per_day, start=1):
+        jobs.sort(key=lambda a: (a[0], a[1].job_id))
+        out.extend((t + k * day, ev) for i, (t, ev) in enumerate(jobs) if i % n == k - 1)
+    out.sort(key=lambda a: (a[0], a[1].job_id))
+    return out
+
+
+def arrivals_ahead(
+    arrivals: Sequence[tuple[Micros, JobQueued]], budget: str, allocated: bool, order: Sequence[str]
+) -> list[tuple[Micros, JobQueued]]:
+    """The ``arrivals`` that can go before a job of ``budget`` (allocated or not) in the fair-share ``order`` of the
+    leaves at the forecast's time (:func:`~apportion.domain.fairshare.budget_order`): those of leaves ahead of its
+    own, and, for an unallocated job, every allocated one (``D1.unallocated-job``: it runs only on GPUs the
+    allocated work leaves idle). A leaf not in ``order`` is taken to be behind every leaf in it."""
+    rank = {leaf: i for i, leaf in enumerate(order)}
+    mine = rank.get(budget, len(rank))
+    return [(t, j) for t, j in arrivals if rank.get(j.budget, len(rank)) < mine or (not allocated and j.allocated)]
+
+
+def arrivals_of(
+    kind: str,
+    log: Sequence[Event],
+    idx: int,
+    hist: Sequence[Event],
+    state: DispatchState,
+    now: Micros,
+    horizon_d: float,
+) -> list[tuple[Micros, JobQueued]]:
+    """The future submissions an estimate assumes (module docstring): none (``""``), the day before replayed once
+    (``once``, ``daily``), those of it that can go before the job (``ahead``), the same hours of the week before
+    (``week``), or the ones the simulation in fact received (``actual``)."""
+    if not kind:
+        return []
+    if kind == "actual":
+        return actual_arrivals(log, idx, now + s_to_us(horizon_d * 86_400))
+    if kind in ("mean", "mean daily"):
+        return mean_day_arrivals(hist, now)
+    if kind == "week":
+        return week_before_arrivals(hist, now)
+    got = recent_arrivals(hist, now)
+    if kind == "ahead":
+        snap = state.cycle_snapshot(now)
+        job: JobQueued = log[idx]  # type: ignore[assignment]
+        return arrivals_ahead(
+            got, job.budget, job.allocated, budget_order(snap.tree, snap.occupancy, snap.capacity_gpu_s)
+        )
+    return got
+
+
+def median_of_days(
+    state: DispatchState,
+    now: Micros,
+    dcfg: DispatchConfig,
+    job_id: str,
+    history: dict[str, tuple[float, ...]],
+    hist: Sequence[Event],
+    args: Any,
+) -> tuple[Micros | None, tuple[Micros | None, Micros | None]]:
+    """``forecast + arrivals, median of days``: a forward run per day replayed (:data:`REPLAY_DAYS`), the median
+    start (a run that does not start the job counts as later than any), and the least and greatest start."""
+    day = 86_400.0
+    first = to_us(hist[0].ts) if hist else now
+    starts: list[Micros | None] = []
+    for k in range(1, REPLAY_DAYS + 1):
+        if now - s_to_us(k * day) < first:
+            break
+        arr = recent_arrivals(hist, now, day, k * day)
+        fc = forecast(state, now, dcfg, job_ids=[job_id], history=history, horizon_s=args.horizon_d * day, arrivals=arr)
+        starts.append(fc.jobs[0].forward_start_us)
+    if not starts:
+        return None, (None, None)
+    order = sorted(starts, key=lambda t: (t is None, t or 0))
+    return order[(len(order) - 1) // 2], (order[0], order[-1])
 
 
 #: The rows by actual wait (hours, lower bound exclusive, upper inclusive) printed below the table.
@@ -254,7 +368,41 @@ def misses(samples: list[Sample], name: str) -> str:
     )
 
 
-def main() -> None:
+def long_table(
+    samples: list[Sample],
+    names: Sequence[str],
+    log: Sequence[Event],
+    queued_at: dict[str, int],
+    first_start: dict[str, Micros],
+) -> str:
+    """A row per sampled job that waited more than 1 h: its budget, allocated or not, the actual wait and each
+    estimate's wait (hours; ``-`` none), and the budgets whose later submissions started before it (the jobs
+    that overtook it, ``a`` allocated / ``u`` unallocated, most first)."""
+    head = ["job", "budget", "a/u", "actual"] + [n.replace("forecast", "fc") for n in names] + ["overtaken by"]
+    rows = [head]
+    for s in sorted(samples, key=lambda s: s.actual - s.submitted):
+        wait = s.actual - s.submitted
+        if wait <= s_to_us(3600):
+            continue
+        q: JobQueued = log[queued_at[s.job_id]]  # type: ignore[assignment]
+        by: dict[str, int] = {}
+        for j, i in queued_at.items():
+            if i > queued_at[s.job_id] and first_start.get(j, s.actual) < s.actual:
+                e: JobQueued = log[i]  # type: ignore[assignment]
+                k = f"{e.budget} {'a' if e.min_runtime_s > 0 else 'u'}"
+                by[k] = by.get(k, 0) + 1
+        over = ", ".join(f"{k} {n}" for k, n in sorted(by.items(), key=lambda kv: (-kv[1], kv[0]))[:3])
+        ests = [
+            "-" if s.estimates.get(n) is None else f"{us_to_s(s.estimates[n] - s.submitted) / 3600:.2f}"  # type: ignore[operator]
+            for n in names
+        ]
+        rows.append([s.job_id, q.budget, "a" if s.allocated else "u", f"{us_to_s(wait) / 3600:.2f}", *ests, over])
+    widths = [max(len(r[c]) for r in rows) for c in range(len(head) - 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows)
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command line (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", default=TRACE)
     ap.add_argument("--budgets", default=BUDGETS)
@@ -275,6 +423,18 @@ def main() -> None:
         help=f"which estimates to make, separated by ';' (default all: {'; '.join(ESTIMATES)})",
     )
     ap.add_argument("--dump", metavar="FILE", help="write each sample as a JSON line to FILE as it is made")
+    ap.add_argument(
+        "--long-only",
+        action="store_true",
+        help="of the sampled jobs, forecast only those that waited more than 1 h in the simulation",
+    )
+    ap.add_argument(
+        "--skip", type=int, default=0, metavar="N", help="leave out the first N sampled jobs (a second run's share)"
+    )
+    ap.add_argument("--limit", type=int, default=0, metavar="N", help="forecast at most N of the sampled jobs")
+    ap.add_argument(
+        "--table", action="store_true", help="print a row per job that waited more than 1 h: each estimate's wait"
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--horizon-d", type=float, default=HORIZON_S / 86_400, help="how far each forecast looks, days")
     ap.add_argument(
@@ -304,7 +464,11 @@ def main() -> None:
         "--skip-middle", action="store_true", help="--timing: leave out the forecast of the middle of the queue"
     )
     ap.add_argument("--skip-queue", action="store_true", help="--timing: leave out queue --start")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = _parser().parse_args()
     if args.timing:
         timings(args.seed, args.min_gap, not args.skip_middle, not args.skip_queue, args.spacing, args.horizon_d)
         return
@@ -344,6 +508,11 @@ def main() -> None:
     else:
         n = min(args.sample, len(candidates))
         chosen = [candidates[i * len(candidates) // n] for i in range(n)]  # evenly spread over the slice
+    if args.long_only:
+        sampled = len(chosen)
+        chosen = [(i, j) for i, j in chosen if first_start[j] - to_us(log[i].ts) > s_to_us(3600)]
+        print(f"--long-only: {len(chosen)} of the {sampled} sampled jobs waited more than 1 h")
+    chosen = chosen[args.skip : args.skip + args.limit if args.limit > 0 else None]
     print(
         f"trace {args.trace}: {len(jobs)} jobs submitted {from_us(first):%Y-%m-%d %H:%M} .. {from_us(last):%Y-%m-%d %H:%M}"
         f" simulated ({len(log):,} events, {t_sim:.1f} s, seed {args.seed}); {len(chosen)} forecasts at submission "
@@ -357,6 +526,7 @@ def main() -> None:
     samples: list[Sample] = []
     times = dict.fromkeys(wanted, 0.0)
     hist_events: list[Event] = []
+    ranges: dict[str, tuple[Micros | None, Micros | None]] = {}
     t0 = time.perf_counter()
     for idx, job_id in chosen:
         while done <= idx:
@@ -373,6 +543,10 @@ def main() -> None:
             ("forecast + arrivals", True, "once"),
             ("forecast + arrivals every day", True, "daily"),
             ("forecast + actual arrivals", True, "actual"),
+            ("forecast + arrivals ahead", True, "ahead"),
+            ("forecast + arrivals a week before", True, "week"),
+            ("forecast + arrivals, mean day", True, "mean"),
+            ("forecast + arrivals, mean day every day", True, "mean daily"),
         )
         basis = ""
         for name, declared, arriving in runs:
@@ -388,14 +562,8 @@ def main() -> None:
                 history=history,
                 horizon_s=args.horizon_d * 86_400,
                 declared_durations=declared,
-                arrivals=(
-                    actual_arrivals(log, idx, now + s_to_us(args.horizon_d * 86_400))
-                    if arriving == "actual"
-                    else recent_arrivals(hist_events, now)
-                    if arriving
-                    else ()
-                ),
-                arrival_period_s=ARRIVAL_LOOKBACK_S if arriving == "daily" else 0.0,
+                arrivals=arrivals_of(arriving, log, idx, hist_events, state, now, args.horizon_d),
+                arrival_period_s=ARRIVAL_LOOKBACK_S if arriving.endswith("daily") else 0.0,
                 waits=recent_waits(hist_events, now) if waiting else None,
                 spacing=0.0 if name == "forecast, unspaced" else args.spacing,
                 min_gap_s=args.min_gap,
@@ -405,6 +573,11 @@ def main() -> None:
             if waiting:
                 est["forecast + recent waits"] = fc.jobs[0].start_us
             basis = basis or fc.jobs[0].forward_basis
+        name = "forecast + arrivals, median of days"
+        if name in times:
+            t1 = time.perf_counter()
+            est[name], ranges[job_id] = median_of_days(state, now, dcfg, job_id, history, hist_events, args)
+            times[name] += time.perf_counter() - t1
         if "slurm-style" in times:
             t1 = time.perf_counter()
             est["slurm-style"] = slurm_estimate(state, now, job_id)
@@ -412,7 +585,7 @@ def main() -> None:
         actual = first_start[job_id]
         overtaken = sum(1 for j, i in queued_at.items() if i > idx and first_start.get(j, actual) < actual)
         allocated = log[idx].min_runtime_s > 0  # type: ignore[attr-defined]
-        samples.append(Sample(job_id, now, actual, est, basis, overtaken, allocated))
+        samples.append(Sample(job_id, now, actual, est, basis, overtaken, allocated, ranges.get(job_id)))
         if dump is not None:
             dump.write(json.dumps(samples[-1].row()) + "\n")
             dump.flush()
@@ -448,6 +621,9 @@ def main() -> None:
     print("errors in hours; '>1h': the jobs that waited more than 1 h, and their shares")
     for name in times:
         print(misses(samples, name))
+    if args.table:
+        print()
+        print(long_table(samples, list(times), log, queued_at, first_start))
     if args.while_waiting:
         converge(log, bf, dcfg, samples, args)
 

@@ -39,14 +39,14 @@ Where each run's end is taken from (its ``basis``), the first that applies:
    start (``W`` the occupancy window), or, once that has passed, until it
    is preempted.
 
-With ``arrivals`` (``--with-arrivals``: :func:`recent_arrivals`), the submissions of the day before ``now``
-are assumed to come again once, each a day after its own time, copies of those jobs (their budget, user, shape
-and declared work): later arrivals of budgets ahead in the fair-share order then go first in the forecast as
-they will in fact. The next day is taken to be like the last and nothing is assumed after it (``arrival_period_s``
-replays them every period instead: a day busier than the cluster then piles up without end, and unallocated work
-it overtakes never starts). Such a run is exact (no spacing, no least gap): cycles spaced or a gap apart let the
-arrivals of the gap pile up and take every free GPU at one cycle, and an unallocated job, which runs only on GPUs
-idle after the allocated work, then starts far later than between arrivals spread over the gap (on Philly week 44,
+With ``arrivals`` (``--with-arrivals``: :func:`week_before_arrivals`), the next day's submissions are assumed to be
+those of the same hours a week before (the last day's when the log is shorter than a week), copies of those jobs
+(their budget, user, shape and declared work): later arrivals of budgets ahead in the fair-share order then go
+first in the forecast as they will in fact. Nothing is assumed after that day (``arrival_period_s`` replays them
+every period instead: a day busier than the cluster then piles up without end, and unallocated work it overtakes
+never starts). Such a run is exact (no spacing, no least gap): cycles spaced or a gap apart let the arrivals of
+the gap pile up and take every free GPU at one cycle, and an unallocated job, which runs only on GPUs idle after
+the allocated work, then starts far later than between arrivals spread over the gap (on Philly week 44,
 given the submissions the simulation in fact received, a job that waited 10.4 h was forecast 96.6 h spaced and
 11.0 h unspaced; under ``fairtree-10`` the 30 s least gap alone made waits of 6.9 to 8.7 h 10.2 to 11.4 h:
 ``D12.accuracy``).
@@ -128,6 +128,7 @@ __all__ = [
     "forecast",
     "run_end",
     "recent_arrivals",
+    "week_before_arrivals",
     "user_history",
     "with_submission",
 ]
@@ -138,8 +139,11 @@ BASES: tuple[str, ...] = ("simulated", "time_limit", "history", "unknown")
 RECENT_WAITS = "recent_waits"
 #: A job's basis when its chain has no run end: it starts at once, or only protection and grace ends delay it.
 NOW, RULES = "now", "rules"
-#: ``--with-arrivals``: the submissions of this many seconds before the forecast are replayed, as many seconds later.
+#: ``--with-arrivals``: how long a span of submissions is replayed (the day assumed next), seconds.
 ARRIVAL_LOOKBACK_S = 86_400.0
+#: ``--with-arrivals``: the submissions of the same hours this many seconds before are replayed as many seconds
+#: later (:func:`week_before_arrivals`): a week, the occupancy window's natural period.
+ARRIVAL_PERIOD_S = 7 * 86_400.0
 #: The forward run's periodic cycle while jobs wait (the dispatcher service's and the simulator's default).
 CYCLE_S = 300.0
 #: How far ahead the forward run looks by default, seconds (a job not started by then has no start).
@@ -373,20 +377,35 @@ def user_history(events: Iterable[Event]) -> dict[str, tuple[float, ...]]:
 
 
 def recent_arrivals(
-    events: Iterable[Event], now_us: Micros, lookback_s: float = ARRIVAL_LOOKBACK_S
+    events: Iterable[Event], now_us: Micros, lookback_s: float = ARRIVAL_LOOKBACK_S, shift_s: float | None = None
 ) -> list[tuple[Micros, JobQueued]]:
-    """The arrival pattern to replay (``forecast --with-arrivals``): each job first queued (``JobQueued``, attempt 1)
-    in the ``lookback_s`` before ``now_us``, at its time plus ``lookback_s`` (the recent arrival rate, budgets,
-    users and shapes carried forward), in time order."""
+    """An earlier span's submissions replayed (the last day by default; ``forecast --with-arrivals`` takes the same
+    hours a week before, :func:`week_before_arrivals`): each job first queued
+    (``JobQueued``, attempt 1) in the ``lookback_s`` from ``shift_s`` (default ``lookback_s``) before ``now_us``, and
+    before ``now_us``, at its time plus ``shift_s`` (budgets, users and shapes carried forward), in time order."""
     lb = s_to_us(lookback_s)
+    shift = lb if shift_s is None else s_to_us(shift_s)
     out: list[tuple[Micros, JobQueued]] = []
     for ev in events:
         if isinstance(ev, JobQueued) and ev.attempt == 1:
             t = to_us(ev.ts)
-            if now_us - lb <= t < now_us:
-                out.append((t + lb, ev))
+            if now_us - shift <= t < min(now_us, now_us - shift + lb):
+                out.append((t + shift, ev))
     out.sort(key=lambda a: (a[0], a[1].job_id))
     return out
+
+
+def week_before_arrivals(
+    events: Sequence[Event], now_us: Micros, period_s: float = ARRIVAL_PERIOD_S
+) -> list[tuple[Micros, JobQueued]]:
+    """The next day's submissions assumed by ``forecast --with-arrivals``: those of the same hours a week
+    (``period_s``) before, each job first queued in the day from ``now_us - period_s``, ``period_s`` later
+    (:func:`recent_arrivals`); when the log does not reach back that far (its first event is later), the last
+    day's, a day later."""
+    first = min((to_us(e.ts) for e in events), default=now_us)
+    if first <= now_us - s_to_us(period_s):
+        return recent_arrivals(events, now_us, ARRIVAL_LOOKBACK_S, period_s)
+    return recent_arrivals(events, now_us)
 
 
 def recent_waits(
@@ -960,7 +979,7 @@ def forecast(
         cycle_s: the periodic cycle while jobs wait; ``None``: cycles on events and wake-ups only.
         declared_durations: ``False`` ignores the jobs' declared durations (basis ``simulated``), as if every
             job ran a real command: what a forecast of real work would know.
-        arrivals: future submissions to assume (``--with-arrivals``; :func:`recent_arrivals`): each is submitted
+        arrivals: future submissions to assume (``--with-arrivals``: :func:`week_before_arrivals`): each is submitted
             at its time as a copy of the job it names (again every ``arrival_period_s`` when that is positive;
             0, the default: once); none by default.
         min_gap_s: the forward run's debounce (:data:`MIN_GAP_S`): a cycle wanted less than ``min_gap_s`` after

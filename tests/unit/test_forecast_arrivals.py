@@ -7,8 +7,9 @@ every expected time is worked out in the case's comment.
 from __future__ import annotations
 
 from apportion import events as ev
-from apportion.forecast import forecast
-from tests.kit.builders import T0, h, m
+from apportion.forecast import forecast, recent_arrivals, week_before_arrivals
+from apportion.timeutil import from_us, to_us
+from tests.kit.builders import T0, d, h, m
 from tests.kit.forecast_history import CFG, History
 
 SEC = 1_000_000  # µs
@@ -57,3 +58,50 @@ def test_the_last_days_arrivals_come_again_once_unless_a_period_is_given() -> No
     assert (once.jobs[0].start_us, once.runs[("x~1", 1)].end_us, ("x~2", 1) in once.runs) == (h(30), h(7), False)
     daily = forecast(hist.state, m(10), CFG, job_ids=["p1"], arrivals=[x], arrival_period_s=86_400.0)
     assert (daily.jobs[0].start_us, daily.runs[("x~2", 1)].end_us) == (h(31), h(31))
+
+
+def _queued(job_id: str, at: int, budget: str = "lab/a", attempt: int = 1) -> ev.JobQueued:
+    return ev.JobQueued(
+        job_id=job_id, budget=budget, user="u", allocated=True, gpus_per_replica=1, replicas=1, min_runtime_s=60.0,
+        duration_s=60.0, submitted_at=from_us(at), ts=from_us(at), attempt=attempt,
+    )  # fmt: skip
+
+
+def test_recent_arrivals_shifted_are_the_same_hours_of_an_earlier_day() -> None:
+    # shift 2 days, lookback 1 day: the jobs queued from T0 + 1 d 6 h to T0 + 2 d 6 h (b0, b1 and a0 at
+    # T0 + 2 d 5 h), 2 days later; the day before (a1 at T0 + 2 d 7 h) is not in it
+    log = [_queued("b0", d(1) + h(7) - T0), _queued("b1", d(1) + h(8) - T0)]
+    log += [_queued("a0", d(2) + h(5) - T0), _queued("a1", d(2) + h(7) - T0)]
+    got = recent_arrivals(log, d(3) + h(6) - T0, 86_400.0, 2 * 86_400.0)
+    assert [(t, j.job_id) for t, j in got] == [
+        (d(3) + h(7) - T0, "b0"),
+        (d(3) + h(8) - T0, "b1"),
+        (d(4) + h(5) - T0, "a0"),
+    ]
+
+
+def test_with_the_week_before_an_unallocated_job_waits_for_the_allocated_arrivals_it_brings() -> None:
+    # one 1-GPU node. lab/b ran w0 (T0 + 10 h) on the first day and y0 (T0 + 6 d 10 h), y1 (T0 + 6 d 11 h) on the
+    # day before now, 1 h each (allocated). Now, T0 + 7 d 9 h: r1 (lab/a, 3 h of work from T0 + 7 d 8 h) runs; p1
+    # (lab/a, unallocated, 1 h) waits for it. The log reaches back a week (it begins at T0): the next day is the
+    # day from T0 + 9 h a week later, w0 at T0 + 7 d 10 h.
+    # - no arrivals: p1 starts at r1's end, T0 + 7 d 11 h;
+    # - the week before: w0's copy (allocated, waiting since 10 h) goes first when r1 ends, 11 h to 12 h; p1, which
+    #   runs only on idle GPUs, starts at T0 + 7 d 12 h;
+    # - the last day replayed: y0's copy 11 h to 12 h, then y1's (queued at 11 h) 12 h to 13 h: p1 at 13 h.
+    hist = History().node("n0", 1)
+    for job_id, at in (("w0", h(10)), ("y0", d(6) + h(10) - T0), ("y1", d(6) + h(11) - T0)):
+        hist.submit(job_id, at, budget="lab/b").complete(job_id, at + h(1) - T0)
+    day7 = d(7) - T0
+    hist.submit("r1", day7 + h(8), duration_s=3 * 3600.0).submit("p1", day7 + h(9), min_runtime_s=0.0)
+    now = day7 + h(9)
+    week = week_before_arrivals(hist.log, now)
+    assert [(t, j.job_id) for t, j in week] == [(day7 + h(10), "w0")]
+    starts = [
+        forecast(hist.state, now, CFG, job_ids=["p1"], arrivals=arr).jobs[0].start_us
+        for arr in ((), week, recent_arrivals(hist.log, now))
+    ]
+    assert starts == [day7 + h(11), day7 + h(12), day7 + h(13)]
+    # a log that begins later than a week before now (here T0 + 1 d): the last day's submissions, a day later
+    short = [e for e in hist.log if to_us(e.ts) >= d(1)]
+    assert [j.job_id for _, j in week_before_arrivals(short, now)] == ["y0", "y1", "r1"]

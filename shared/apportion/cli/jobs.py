@@ -736,8 +736,9 @@ def forecast(
         bool,
         typer.Option(
             "--with-arrivals",
-            help="Assume the last day's submissions come again, once, a day later (the next day like the last): "
-            "later work of budgets ahead goes first, as it will.",
+            help="Assume the next day's submissions are those of the same hours a week before (the last day's "
+            "when the log is shorter than a week), nothing after it: later work of budgets ahead goes first, as "
+            "it will.",
         ),
     ] = False,
     bootstrap: Bootstrap = None,
@@ -762,7 +763,7 @@ def forecast(
     start may come up to a gap late per cycle it waits for; --json gives both (min_gap_s, spacing).
 
     Without any of these a run is assumed to last W/4; future submissions are left out (--with-arrivals: the
-    last day's come again).
+    same hours a week before come again).
 
     Columns: est. start (UTC), in (from the forecast's time), basis (what it rests on), reason (why it waits now).
 
@@ -790,7 +791,7 @@ def forecast(
     from apportion.audit.replay import decoded
     from apportion.cli.audit import _dur
     from apportion.forecast import forecast as run_forecast
-    from apportion.forecast import recent_arrivals, recent_waits, user_history
+    from apportion.forecast import recent_waits, user_history, week_before_arrivals
 
     check_budget_filter(budget)
     if not 0.0 <= spacing <= 1.0:
@@ -829,7 +830,7 @@ def forecast(
             if (user is None or j.user == user) and (budget is None or leaf == budget or leaf.startswith(budget + "/"))
         ]
     evs = decoded(recs)
-    arrivals = recent_arrivals(evs, now) if with_arrivals else ()
+    arrivals = week_before_arrivals(evs, now) if with_arrivals else ()
     fc = run_forecast(
         state,
         now,
