@@ -11,6 +11,8 @@ import http.client
 import socket
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -22,9 +24,18 @@ IDLE_S = 0.5  # the idle bound under test (the shipped one, web_app.WEB_IDLE_S, 
 MAX = 8  # the connection bound under test (shipped: web_app.WEB_MAX_CONNECTIONS)
 
 
+@dataclass(frozen=True)
+class Served:
+    port: int
+    server: Any  # the uvicorn.Server: its server_state holds the connections it has made
+
+    def connections(self) -> int:
+        return len(self.server.server_state.connections)
+
+
 @pytest.fixture
-def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
-    """The dashboard served as ``serve`` serves it, in a thread of its own; yields its port."""
+def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
+    """The dashboard served as ``serve`` serves it, in a thread of its own."""
     import threading
 
     import uvicorn
@@ -43,10 +54,16 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
         assert time.monotonic() < deadline, "the dashboard did not start"
         time.sleep(0.02)
     try:
-        yield port
+        yield Served(port, srv)
     finally:
         srv.should_exit = True
         thread.join(timeout=10)
+
+
+@pytest.fixture
+def server(served: Served) -> int:
+    """The port of :func:`served`."""
+    return served.port
 
 
 def closed_within(s: socket.socket, seconds: float) -> bool:
@@ -95,10 +112,14 @@ def test_a_request_dribbled_a_byte_at_a_time_is_closed_after_the_idle_bound(serv
         assert closed, "a request whose headers never end held its connection past the bound"
 
 
-def test_a_connection_beyond_the_bound_is_closed_at_once_and_the_page_answers_once_they_go(server: int) -> None:
+def test_a_connection_beyond_the_bound_is_closed_at_once_and_the_page_answers_once_they_go(served: Served) -> None:
+    server = served.port
     held = [socket.create_connection(("127.0.0.1", server)) for _ in range(MAX)]
     try:
-        time.sleep(0.1)  # the server has made each of them
+        deadline = time.monotonic() + 5
+        while served.connections() < MAX:  # the server has made each of them
+            assert time.monotonic() < deadline, f"the server made {served.connections()} of {MAX} connections"
+            time.sleep(0.01)  # poll interval, bounded by the deadline
         with socket.create_connection(("127.0.0.1", server)) as extra:
             assert closed_within(extra, 1.0), "a connection beyond the bound was kept"
     finally:
