@@ -205,6 +205,17 @@ class Connection:
         )
         return cls(b, r)
 
+    def _servers(self) -> list[tuple[str, str]]:
+        """``(host, port)`` of each Kafka bootstrap server as written (brackets of an IPv6 literal kept; port ``""``
+        where it names none) and of the Redis URL (Redis's default 6379 when it names none): the one parse of both
+        that :meth:`ports` and :meth:`hosts` read."""
+        from urllib.parse import urlsplit
+
+        servers = [server.strip().rsplit(":", 1) for server in self.bootstrap.split(",") if server.strip()]
+        redis = urlsplit(self.redis_url)
+        kafka = [(parts[0], parts[1] if len(parts) == 2 else "") for parts in servers]
+        return [*kafka, (redis.hostname or "localhost", str(redis.port or 6379))]
+
     def ports(self) -> set[int]:
         """The ports of the Kafka bootstrap servers and of the Redis URL (Redis's default 6379 when it names none):
         the control plane's ports a node agent closes to jobs by default.
@@ -212,18 +223,10 @@ class Connection:
         Raises:
             ValueError: a bootstrap server without a numeric port.
         """
-        from urllib.parse import urlsplit
-
-        ports = {int(server.rsplit(":", 1)[1]) for server in self.bootstrap.split(",") if server.strip()}
-        ports.add(urlsplit(self.redis_url).port or 6379)
-        return ports
+        return {int(port) for _, port in self._servers()}
 
     def hosts(self) -> set[str]:
         """The host names or addresses of the Kafka bootstrap servers and of the Redis URL (brackets of an IPv6
         literal taken off): the control plane's hosts, whose addresses a node agent closes to jobs on
         :meth:`ports` as it does loopback."""
-        from urllib.parse import urlsplit
-
-        hosts = {server.strip().rsplit(":", 1)[0].strip("[]") for server in self.bootstrap.split(",") if server.strip()}
-        hosts.add(urlsplit(self.redis_url).hostname or "localhost")
-        return hosts
+        return {host.strip("[]") for host, _ in self._servers()}
