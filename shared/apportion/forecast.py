@@ -945,8 +945,7 @@ def _copy(state: DispatchState) -> DispatchState:
 def _forward_config(config: DispatchConfig | None) -> DispatchConfig:
     """The dispatcher's knobs (the log's, defaults when ``None``) for a forward run: no heartbeat comes in it, so
     no node is lost for want of one (the heartbeat timeout off; the rest as the dispatcher runs)."""
-    cfg = config or DispatchConfig(heartbeat_timeout_s=None)
-    return cfg if cfg.heartbeat_timeout_s is None else replace(cfg, heartbeat_timeout_s=None)
+    return replace(config or DispatchConfig(), heartbeat_timeout_s=None)
 
 
 @_collector_paused
