@@ -451,9 +451,20 @@ def throughput(run: LiveRun, jobs: int, timeout: float = 600, *, array: bool = F
     }
 
 
+#: Submissions before the timed latency run (:func:`warm_up`): the first hundreds after the stack starts are
+#: slower (docs/performance.md, "Submit to `StartWorkload`").
+WARMUP_JOBS = 300
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--latency-jobs", type=int, default=200)
+    ap.add_argument("--latency-jobs", type=int, default=200, help="submissions timed one at a time (1)")
+    ap.add_argument(
+        "--latency-warmup",
+        type=int,
+        default=WARMUP_JOBS,
+        help=f"submissions sent the same way before them, not timed (the stack just started; default {WARMUP_JOBS})",
+    )
     ap.add_argument("--jobs", type=int, default=5000, help="submissions for the throughput run")
     ap.add_argument("--events", type=int, default=200_000, help="job events for the accounting ingest run")
     ap.add_argument("--quick", action="store_true", help="50 latency jobs, 1,000 jobs, 20,000 events (minutes)")
@@ -570,7 +581,8 @@ def measure(
         kept = "" if args.keep else " (removed at the end; --keep)"
         say(f"stack {bootstrap}; namespace {run.ns}; {nodes} simulated nodes x 8 GPUs; logs in {tmp / 'logs'}{kept}")
 
-        # ---- 1. latency on an idle cluster, and where it goes
+        # ---- 1. latency on an idle cluster (after the warm-up), and where it goes
+        warm_up(run, args.latency_warmup, figures)
         broker_log = stack.datadir / "kafka" / "kafka.log" if stack is not None and args.broker_times else None
         log_from = broker_log.stat().st_size if broker_log is not None else 0
         ok &= latency(run, args.latency_jobs, figures)
@@ -829,22 +841,27 @@ def moments(w: CommandWatcher, jid: str, sent: float, acked: float) -> dict[str,
     }
 
 
-def latency(run: LiveRun, n: int, figures: dict[str, Any]) -> bool:
-    """``n`` one-GPU submissions one at a time on an idle cluster: wall ms from the producer's ack to the
-    ``StartWorkload`` at a reader, p50 and p99 (target p50 <= 15 ms), then each hop's median and p95 from the
-    records' times (:data:`HOPS`). Sets ``latency_*`` figures; true when the target is met."""
+def quarter_medians(values: list[float]) -> list[float]:
+    """The median of each quarter of ``values`` in their order (fewer than four when there are fewer values):
+    whether a run's latencies still fall as it goes, i.e. whether the warm-up was long enough."""
+    parts = (values[k * len(values) // 4 : (k + 1) * len(values) // 4] for k in range(4))
+    return [statistics.median(q) for q in parts if q]
+
+
+def one_at_a_time(run: LiveRun, n: int, prefix: str) -> tuple[list[float], list[tuple[str, float, float]]]:
+    """``n`` one-GPU submissions (ids ``prefix0``...), each sent when the previous one's ``JobStarted`` was seen, as
+    the CLI's submit sends one (:func:`apportion.client.publish`): each one's wall ms from the producer's ack to
+    its ``StartWorkload`` at the watcher, and ``(job id, sent, acked)`` (epoch s) of each."""
     from apportion.bus.producer import EventProducer
     from apportion.client import client_linger_ms
-    from apportion.sim.report import percentile
 
     w = run.watcher
     assert w is not None
     lat, times = [], []
-    # one submission at a time, as the CLI's submit sends it (apportion.client.publish)
     probe = EventProducer(run.bootstrap, client_id="bench-latency", linger_ms=client_linger_ms(1))
     try:
         for i in range(n):
-            jid = f"lat{i}"
+            jid = f"{prefix}{i}"
             sent = time.time()
             run.submit(jid, "bench/a" if i % 2 else "bench/b", 1.0, producer=probe)
             probe.flush()
@@ -858,12 +875,42 @@ def latency(run: LiveRun, n: int, figures: dict[str, Any]) -> bool:
             times.append((jid, sent, acked))
     finally:
         probe.close()
+    return lat, times
+
+
+def warm_up(run: LiveRun, n: int, figures: dict[str, Any]) -> None:
+    """``n`` submissions as :func:`latency` sends them, before it, on the stack just started: the broker's JVM
+    compiles its hot paths and every process makes its connections and caches during the first hundreds of
+    jobs, which an idle cluster that has been running has done. Their p50 is printed and kept apart
+    (``latency_warmup_p50_ms``), out of the latency figures."""
+    if n <= 0:
+        return
+    lat, _ = one_at_a_time(run, n, "warm")
+    figures["latency_warmup_p50_ms"] = statistics.median(lat)
+    quarters = " / ".join(f"{q:.1f}" for q in quarter_medians(lat))
+    say(f"warm-up: {n} submissions one at a time on the stack just started, not counted below:")
+    say(f"  p50 {statistics.median(lat):.1f} ms; by quarter, in submission order: {quarters} ms")
+
+
+def latency(run: LiveRun, n: int, figures: dict[str, Any]) -> bool:
+    """``n`` one-GPU submissions one at a time on an idle cluster (:func:`one_at_a_time`, after
+    :func:`warm_up`): wall ms from the producer's ack to the ``StartWorkload`` at a reader, p50 and p99 (target
+    p50 <= 15 ms), then each hop's median and p95 from the records' times (:data:`HOPS`). Sets ``latency_*``
+    figures; true when the target is met."""
+    from apportion.sim.report import percentile
+
+    w = run.watcher
+    assert w is not None
+    lat, times = one_at_a_time(run, n, "lat")
     p50, p95, p99 = statistics.median(lat), percentile(lat, 95), percentile(lat, 99)
     figures.update(latency_p50_ms=p50, latency_p95_ms=p95, latency_p99_ms=p99)
     say(
         f"submit-to-StartWorkload latency over {len(lat)} jobs: p50 {p50:.1f} ms, p95 {p95:.1f} ms, "
         f"p99 {p99:.1f} ms (target p50 <= 15 ms; load average {os.getloadavg()[0]:.1f})"
     )
+    quarters = quarter_medians(lat)
+    figures["latency_p50_by_quarter_ms"] = quarters
+    say("  p50 by quarter, in submission order: " + " / ".join(f"{q:.1f}" for q in quarters) + " ms")
     rows = [m for jid, sent, acked in times if (m := moments(w, jid, sent, acked)) is not None]
     hops = {}
     say(f"  {'hop (record times; broker times are ms)':<44}{'p50 ms':>9}{'p95 ms':>9}")
