@@ -50,11 +50,18 @@ def _standby_floor() -> Any:
     return highest_token_in_log(GONE, ["apportion.jobs"])
 
 
+def _admin() -> Any:
+    from apportion.bus.clients import kafka_admin
+
+    return kafka_admin(bootstrap_servers=GONE, bootstrap_timeout_ms=200, client_id="policy-check")
+
+
 STARTS: dict[str, Callable[[], Any]] = {
     "the dispatcher's reader (AssignedConsumer with its asker)": _assigned_reader,
     "the key end-offsets asker (EndsAsker)": _ends_asker,
     "a group consumer (EventConsumer)": _group_consumer,
     "the standby's fencing floor (highest_token_in_log)": _standby_floor,
+    "an admin client (kafka_admin)": _admin,
 }
 
 
@@ -65,7 +72,7 @@ def test_a_consumer_that_cannot_bootstrap_raises_and_leaves_no_thread(
     from kafka import KafkaConsumer
     from kafka.errors import KafkaTimeoutError
 
-    monkeypatch.setitem(KafkaConsumer.DEFAULT_CONFIG, "bootstrap_timeout_ms", 200)
+    monkeypatch.setitem(KafkaConsumer.DEFAULT_CONFIG, "bootstrap_timeout_ms", 200)  # kafka_admin's is given
     before = kafka_threads()
     with closing_kafka_clients() as made:
         with pytest.raises(KafkaTimeoutError, match="Unable to bootstrap"):
