@@ -448,7 +448,10 @@ class AssignedConsumer:
         try:
             self._start(bootstrap, topics, group_id, tail or {}, deadline_s, read_ahead, overlap)
         except BaseException:  # a broker gone or a topic missing at any step: nothing made here is left running
-            self.close()
+            try:
+                self.close()
+            except Exception as exc:  # noqa: BLE001 - the start's own error is the one to raise
+                log.debug("closing a reader that did not start failed: %s", exc)
             raise
 
     def _start(
