@@ -81,8 +81,9 @@ if [[ "${APPORTION_REDIS_NOAUTH:-}" != 1 ]]; then
 fi
 
 t0="$(date +%s%N)"
-redis-server "${listen[@]}" --bind 127.0.0.1 --protected-mode yes \
-    --dir "$datadir" --save '' --appendonly "${REDIS_APPENDONLY:-no}" --maxclients 1024 --timeout 300 \
+# the connection limits: limits.conf, the one file every Redis of the stack is started with
+redis-server "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/limits.conf" "${listen[@]}" --bind 127.0.0.1 \
+    --protected-mode yes --dir "$datadir" --save '' --appendonly "${REDIS_APPENDONLY:-no}" \
     --daemonize yes --pidfile "$pidfile" --logfile "$datadir/redis.log" "${auth[@]}"
 
 ping() {  # PING with redis-cli (Debian's redis-tools, beside redis-server); an unauthenticated PING is NOAUTH

@@ -353,8 +353,9 @@ def highest_token_in_log(
         whatever the Kafka client raises when the broker is unreachable (the
         caller retries; leading without a floor would risk a stale token).
     """
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
+    from apportion.bus.clients import kafka_consumer
     from apportion.bus.security import kafka_auth
     from apportion.events import decode
     from apportion.identity.gates import ReportGate
@@ -362,7 +363,7 @@ def highest_token_in_log(
     from apportion.topics import BUDGETS
 
     keys_at = keys_topic or topic_name(BUDGETS)
-    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=500, **kafka_auth())
+    c = kafka_consumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=500, **kafka_auth())
     try:
         parts = [TopicPartition(t, p) for t in topics for p in sorted(c.partitions_for_topic(t) or ())]
         if not parts:

@@ -89,6 +89,26 @@ log = logging.getLogger("apportion.policy")
 #: Wall seconds between two measurements of the faust consumer's lag (metrics).
 LAG_EVERY_S = 1.0
 
+#: The group session of the policy's static member, seconds (faust's ``broker_session_timeout``, its
+#: default): a member that stopped stays listed in the group this long; a restart with its ids takes its place.
+SESSION_S = 60.0
+
+
+def member_client_id(pid: int | None = None, host: str | None = None) -> str:
+    """The Kafka client id a policy process runs its group member with: ``policy-<pid>-on-<host>``, so that
+    the broker's description of the group says which process on which machine holds an instance id."""
+    import os
+    import socket
+
+    return f"policy-{os.getpid() if pid is None else pid}-on-{socket.gethostname() if host is None else host}"
+
+
+def pid_on(client_id: str, host: str) -> int | None:
+    """The pid of a :func:`member_client_id` that names ``host``; ``None`` for another host or another form."""
+    head, sep, on = client_id.partition("-on-")
+    pid = head.removeprefix("policy-")
+    return int(pid) if sep and on == host and head.startswith("policy-") and pid.isdigit() else None
+
 
 class PolicyService:
     """The policy loop without Kafka: fold records or events, publish what :func:`logic.decide` says.
@@ -254,6 +274,10 @@ class PolicyApp:
             datadir=datadir,
             web_port=None,
             consumer_group_instance_id=settings.instance_id,
+            # the group's description names this process and machine, and how long a stopped member stays
+            # listed (services.policy.__main__.group_member_in_the_way)
+            broker_client_id=member_client_id(),
+            broker_session_timeout=SESSION_S,
         )
         agent(self.app, event_topic(self.app, BUDGETS), name="policy-budgets")(self._follow)
         agent(self.app, event_topic(self.app, USAGE), name="policy-usage")(self._follow)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -87,6 +88,40 @@ def test_a_reader_whose_end_offsets_asker_cannot_start_leaves_no_client_running(
     with closing_kafka_clients() as made:
         with pytest.raises(KafkaTimeoutError):
             AssignedConsumer(kafka_bootstrap, [topic_name(JOBS), topic_name(BUDGETS)], "dispatcher", overlap=True)
+        assert len(made) == 2
+        left = left_running(made)
+    assert left == []
+
+
+def test_a_reader_whose_own_end_offsets_get_no_answer_at_start_leaves_no_client_running(kafka_bootstrap, monkeypatch):
+    """FAULT (a partition's leader lost as a term starts): the leader's reader and its asker are made and the
+    asker's first ask is answered, then the reader's own ``end_offsets`` gets no answer. The constructor raises,
+    and neither client is left running: before, both (``dispatcher-reader``, ``dispatcher-ends``) ran on."""
+    from kafka import KafkaConsumer
+    from kafka.errors import KafkaTimeoutError
+
+    from apportion.bus.consumer import AssignedConsumer
+    from apportion.bus.provision import provision
+    from apportion.settings import topic_name
+    from apportion.topics import BUDGETS, JOBS
+    from tests.kit.kafka_clients import closing_kafka_clients, left_running
+
+    answered = KafkaConsumer.end_offsets
+    asked: list[str] = []
+
+    def reader_gets_no_answer(self: KafkaConsumer, partitions: Any, timeout_ms: Any = None) -> Any:
+        asked.append(self.config["client_id"])
+        if self.config["client_id"] == "dispatcher-reader":
+            raise KafkaTimeoutError("end offsets: no answer")
+        return answered(self, partitions, timeout_ms)
+
+    monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"ds{uuid.uuid4().hex[:6]}.")
+    provision(kafka_bootstrap)
+    monkeypatch.setattr(KafkaConsumer, "end_offsets", reader_gets_no_answer)
+    with closing_kafka_clients() as made:
+        with pytest.raises(KafkaTimeoutError, match="no answer"):
+            AssignedConsumer(kafka_bootstrap, [topic_name(JOBS), topic_name(BUDGETS)], "dispatcher", overlap=True)
+        assert asked == ["dispatcher-ends", "dispatcher-reader"]  # the asker answered first, then the fault
         assert len(made) == 2
         left = left_running(made)
     assert left == []

@@ -80,6 +80,17 @@ def _committed(bootstrap: str, group: str, topics: list) -> dict[str, int | None
         kc.close()
 
 
+def _describe_group(bootstrap: str, group: str) -> dict:
+    """The broker's description of ``group`` (kafka-python's ``describe_groups``)."""
+    from apportion.bus.clients import kafka_admin
+
+    admin = kafka_admin(bootstrap_servers=bootstrap, **kafka_auth())
+    try:
+        return admin.describe_groups([group])[group]
+    finally:
+        admin.close()
+
+
 def _ends(bootstrap: str, topics: list) -> dict[str, int]:
     from kafka import KafkaConsumer, TopicPartition
 
@@ -118,6 +129,13 @@ async def test_policy_rejects_ranks_dead_letters_and_resumes_after_restart(kafka
         # ---- start: the change already in the log is rejected once, the tree ranked without a snapshot
         stop, task = await _start(settings, clock)
         assert len(list(tmp_path.glob("apportion-policy-*"))) == 1  # this instance's faust data dir
+        # the broker lists its member with the client id that names this process and machine
+        from services.policy.service import member_client_id
+
+        group = await asyncio.to_thread(_describe_group, kafka_bootstrap, topic_prefix() + settings.group_id)
+        assert [(m["group_instance_id"], m["client_id"]) for m in group["members"]] == [
+            (settings.instance_id, member_client_id())
+        ]
         assert _of(kafka_bootstrap, BUDGETS, events.BudgetRejected) == [
             logic.rejected_event(logic.Rejection(OVER, "over_allocated", _message(tree, OVER)), clock.now())
         ]
@@ -303,3 +321,89 @@ async def test_policy_killed_with_sigkill_restarts_without_waiting_for_its_old_s
         producer.close()
     assert proc.returncode == 0, (tmp_path / "policy-2.log").read_text()
     assert list(tmp_path.glob("apportion-policy-*")) == left  # a SIGTERM stop removes its own data dir
+
+
+def _static_member(bootstrap: str, group: str, instance: str, client_id: str):
+    """A kafka-python consumer joined to ``group`` as static member ``instance`` with ``client_id`` (polled until
+    the group assigned it the budgets partition)."""
+    import time
+
+    from kafka import KafkaConsumer
+
+    from apportion.topics import BUDGETS
+
+    kc = KafkaConsumer(
+        topic_name(BUDGETS),
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        group_instance_id=instance,
+        client_id=client_id,
+        enable_auto_commit=False,
+        **kafka_auth(),
+    )
+    end = time.monotonic() + DEADLINE_S
+    while not kc.assignment():
+        assert time.monotonic() < end, f"{client_id} not assigned in {group} within {DEADLINE_S} s"
+        kc.poll(timeout_ms=100)
+    return kc
+
+
+async def test_a_policy_refuses_to_start_as_a_member_the_broker_lists_elsewhere_or_alive_here(
+    kafka_bootstrap, monkeypatch
+):
+    """The broker's description of the policy's group, without any stack file: a member with the same instance id
+    from another machine, or of a live policy process on this one, refuses the start (exit 2's one line); one of a
+    process that ended (a static member listed until its session ends: a restart) or another instance id, not."""
+    import os
+    import socket
+    import subprocess
+
+    from apportion.bus.provision import provision
+    from services.policy.__main__ import group_member_in_the_way
+    from services.policy.config import PolicySettings
+    from services.policy.service import member_client_id
+
+    monkeypatch.setenv("APPORTION_TOPIC_PREFIX", f"pold{uuid.uuid4().hex[:8]}.")
+    await asyncio.to_thread(provision, kafka_bootstrap)
+    here = socket.gethostname()
+    live = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "services.policy"], stdin=-1)
+    ended = subprocess.Popen([sys.executable, "-c", "pass", "services.policy"])
+    ended.wait(timeout=DEADLINE_S)
+    members = {  # group -> the client id its member policy-0 joined with
+        "remote": "policy-4242-on-elsewhere.example",
+        "alive": member_client_id(live.pid, here),
+        "ended": member_client_id(ended.pid, here),
+    }
+    joined = []
+    try:
+        for group, client in members.items():
+            joined.append(
+                await asyncio.to_thread(_static_member, kafka_bootstrap, topic_prefix() + group, "policy-0", client)
+            )
+
+        def check(group: str, instance: str = "policy-0") -> str | None:
+            return group_member_in_the_way(
+                PolicySettings(kafka_bootstrap=kafka_bootstrap, group_id=group, instance_id=instance)
+            )
+
+        prefix = topic_prefix()
+        assert await asyncio.to_thread(check, "remote") == (
+            f"instance policy-0 of group {prefix}remote is a member from 127.0.0.1 (client "
+            "policy-4242-on-elsewhere.example): a second one with those ids would take its place and fence it out. "
+            "If that one stopped, its membership lapses 60 s after; else give this one its own, e.g. "
+            "APPORTION_GROUP_ID=policy-2 python -m services.policy --instance-id policy-2"
+        )
+        assert await asyncio.to_thread(check, "alive") == (
+            f"a policy (pid {live.pid}) runs on this machine as instance policy-0 of group {prefix}alive: a second "
+            "one with those ids would take its place and fence it out; give this one its own, e.g. "
+            "APPORTION_GROUP_ID=policy-2 python -m services.policy --instance-id policy-2"
+        )
+        assert await asyncio.to_thread(check, "ended") is None
+        assert await asyncio.to_thread(check, "remote", "policy-1") is None  # ids of its own
+        assert await asyncio.to_thread(check, "nobody") is None  # a group nobody joined
+        assert os.getpid() not in (live.pid, ended.pid)
+    finally:
+        for kc in joined:
+            await asyncio.to_thread(kc.close)
+        live.kill()
+        live.wait(timeout=DEADLINE_S)

@@ -66,3 +66,47 @@ def test_the_stacks_ids_are_read_from_its_launch_flags_and_environment() -> None
         {"APPORTION_TOPIC_PREFIX": "t1.", "APPORTION_GROUP_ID": "pol", "APPORTION_INSTANCE_ID": "p-1"},
     ) == ("t1.pol", "p-9")
     assert policy_main._launch_ids(["--instance-id=p-3"], {"APPORTION_INSTANCE_ID": "p-1"}) == ("policy", "p-3")
+
+
+def _member(instance: str, client: str, host: str = "/10.0.0.5") -> dict[str, str]:
+    return {"member_id": f"{client}-1", "group_instance_id": instance, "client_id": client, "client_host": host}
+
+
+def test_a_member_the_broker_lists_with_its_ids_is_judged_by_where_it_runs_and_whether_it_lives() -> None:
+    """:func:`member_in_the_way` over the broker's description of the group (``alive`` answers for this host)."""
+    import os
+
+    from services.policy.service import member_client_id
+
+    def way(*members: dict[str, str], alive: bool = True) -> str | None:
+        return policy_main.member_in_the_way(list(members), "policy", "policy-0", "login-1", lambda pid: alive)
+
+    own = "APPORTION_GROUP_ID=policy-2 python -m services.policy --instance-id policy-2"
+    assert member_client_id(1234, "login-1") == "policy-1234-on-login-1"
+    assert way() is None
+    assert way(_member("policy-1", "policy-1234-on-login-9")) is None  # another instance id
+    assert way(_member("policy-0", "policy-1234-on-login-1"), alive=False) is None  # stopped here: a restart
+    assert way(_member("policy-0", member_client_id(os.getpid(), "login-1"))) is None  # this very process
+    assert way(_member("policy-0", "policy-1234-on-login-1")) == (
+        "a policy (pid 1234) runs on this machine as instance policy-0 of group policy: a second one with those "
+        f"ids would take its place and fence it out; give this one its own, e.g. {own}"
+    )
+    remote = (
+        "instance policy-0 of group policy is a member from 10.0.0.5 (client {}): a second one with those ids "
+        "would take its place and fence it out. If that one stopped, its membership lapses 60 s after; else give "
+        f"this one its own, e.g. {own}"
+    )
+    for client in ("policy-1234-on-login-9", "faust-0.11.3", "policy-x-on-login-1"):  # elsewhere, or unknown form
+        assert way(_member("policy-0", client), alive=False) == remote.format(client)
+
+
+def test_a_broker_that_does_not_describe_the_group_leaves_the_start_to_the_service() -> None:
+    def no_answer(group: str) -> dict:
+        raise ConnectionError(f"no broker answered for {group}")
+
+    def refused(group: str) -> dict:
+        return {"error": "GroupAuthorizationFailedError", "members": [_member("policy-0", "faust")]}
+
+    settings = PolicySettings(kafka_bootstrap=BOOTSTRAP)
+    assert policy_main.group_member_in_the_way(settings, no_answer) is None
+    assert policy_main.group_member_in_the_way(settings, refused) is None

@@ -73,7 +73,7 @@ def test_redis_container_has_acl_users_and_no_default_user(tmp_path: Path) -> No
 def test_redis_container_serves_tls_only_with_the_secrets_certificate(tmp_path: Path) -> None:
     secrets = containers.make_secrets(tmp_path / "secrets")
     cmd = containers.redis_spec(26379, secrets).command
-    flags = dict(zip(cmd[1::2], cmd[2::2], strict=True))
+    flags = dict(zip(cmd[2::2], cmd[3::2], strict=True))  # after the configuration file, flag and value pairs
     inside = f"{containers.SECRETS}/tls"
     assert (flags["--port"], flags["--tls-port"], flags["--tls-auth-clients"]) == ("0", "6379", "no")
     assert (flags["--tls-cert-file"], flags["--tls-key-file"], flags["--tls-ca-cert-file"]) == (
@@ -82,6 +82,50 @@ def test_redis_container_serves_tls_only_with_the_secrets_certificate(tmp_path: 
         f"{inside}/ca.pem",
     )
     assert containers.client_env(secrets)["APPORTION_TLS_CA"] == str(secrets / "tls" / "ca.pem")
+
+
+#: The connection limits of docs/infra.md ("Connection limits"), as each server reports them.
+KAFKA_LIMITS = {
+    "listener.name.controller.max.connections": "64",
+    "max.connections": "8000",
+    "max.connections.per.ip": "256",
+    "max.connections.per.ip.overrides": "127.0.0.1:8000",
+    "connections.max.idle.ms": "600000",
+}
+REDIS_LIMITS = {"maxclients": "1024", "timeout": "300"}
+
+
+def redis_config(path: Path) -> dict[str, str]:
+    """``name value`` lines of a Redis configuration file (comments and blank lines left out)."""
+    lines = [ln.split(None, 1) for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    return {name: value.strip() for name, value in lines}
+
+
+def test_kafka_container_has_the_native_brokers_connection_limits(tmp_path: Path) -> None:
+    props, _ = render(containers.kafka_spec(29999, containers.make_secrets(tmp_path / "secrets")), tmp_path / "p")
+    assert {k: props.get(k) for k in KAFKA_LIMITS} == KAFKA_LIMITS
+
+
+def test_redis_container_starts_with_the_stacks_limits_file(tmp_path: Path) -> None:
+    """Redis in a container is started with the native stack's limits file (its first argument, mounted read-only
+    from ``infra/redis``), and no flag of its own sets a limit: one home for the numbers."""
+    spec = containers.redis_spec(26379, containers.make_secrets(tmp_path / "secrets"))
+    assert spec.command[:2] == ["redis-server", f"{containers.REDIS_CONFIG}/limits.conf"]
+    host = {inside: host for host, inside in spec.volumes.items()}[containers.REDIS_CONFIG]
+    assert Path(host) == ROOT / "infra" / "redis"
+    assert redis_config(Path(host) / "limits.conf") == REDIS_LIMITS
+    assert not {"--maxclients", "--timeout"} & set(spec.command)
+
+
+def test_native_and_compose_redis_start_with_the_same_limits_file() -> None:
+    import yaml
+
+    start = (ROOT / "infra/redis/start.sh").read_text()
+    assert '/limits.conf" "${listen[@]}"' in start and "--maxclients" not in start
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["redis"]
+    assert compose["command"][:2] == ["redis-server", f"{containers.REDIS_CONFIG}/limits.conf"]
+    assert f"./infra/redis:{containers.REDIS_CONFIG}:ro" in compose["volumes"]
+    assert not {"--maxclients", "--timeout"} & set(compose["command"])
 
 
 def test_clients_of_the_containers_are_the_admin_with_password_files(tmp_path: Path) -> None:

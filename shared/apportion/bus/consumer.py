@@ -204,7 +204,7 @@ class EventConsumer:
         client: Any = None,
         **kafka_config: Any,
     ) -> None:
-        from kafka import KafkaConsumer
+        from apportion.bus.clients import kafka_consumer
 
         if tries < 1:
             raise ValueError(f"tries must be at least 1, got {tries}")
@@ -234,7 +234,7 @@ class EventConsumer:
         self._consumer = (
             client
             if client is not None
-            else KafkaConsumer(
+            else kafka_consumer(
                 *topics,
                 bootstrap_servers=bootstrap,
                 group_id=group_id,
@@ -244,8 +244,13 @@ class EventConsumer:
         )
         # Load partition metadata before the first poll joins the group, so
         # the assignment covers topics created moments ago.
-        for topic in topics:
-            self._consumer.partitions_for_topic(topic)
+        try:
+            for topic in topics:
+                self._consumer.partitions_for_topic(topic)
+        except BaseException:  # the broker went away meanwhile: the consumer made here is not left running
+            if client is None:
+                self._consumer.close()
+            raise
 
     # ------------------------------------------------------------------ loop
 
@@ -425,13 +430,10 @@ class AssignedConsumer:
         read_ahead: bool = True,
         overlap: bool = False,
     ) -> None:
-        import time
-
-        from kafka import KafkaConsumer, TopicPartition
-
+        from apportion.bus.clients import kafka_consumer
         from apportion.bus.security import kafka_auth
 
-        self._kc = KafkaConsumer(
+        self._kc = kafka_consumer(
             bootstrap_servers=bootstrap,
             group_id=group_id,
             client_id=f"{group_id}-reader",  # names its requests in the broker's request log
@@ -442,12 +444,36 @@ class AssignedConsumer:
             **READ_COMMITTED,
             **kafka_auth(),
         )
+        self._asker: EndsAsker | None = None
+        try:
+            self._start(bootstrap, topics, group_id, tail or {}, deadline_s, read_ahead, overlap)
+        except BaseException:  # a broker gone or a topic missing at any step: nothing made here is left running
+            try:
+                self.close()
+            except Exception as exc:  # noqa: BLE001 - the start's own error is the one to raise
+                log.debug("closing a reader that did not start failed: %s", exc)
+            raise
+
+    def _start(
+        self,
+        bootstrap: str,
+        topics: list[str],
+        group_id: str,
+        tail: dict[str, int],
+        deadline_s: float,
+        read_ahead: bool,
+        overlap: bool,
+    ) -> None:
+        """The constructor's steps after the reader is made: partitions, the asker, offsets, start positions."""
+        import time
+
+        from kafka import TopicPartition
+
         parts = []
         end_at = time.monotonic() + deadline_s
         for t in topics:
             while not (ps := self._kc.partitions_for_topic(t)):
                 if time.monotonic() > end_at:
-                    self._kc.close()
                     raise TimeoutError(f"topic {t!r} has no partitions (not provisioned?)")
                 self._kc.poll(timeout_ms=100)  # refreshes metadata
             parts += [TopicPartition(t, p) for p in sorted(ps)]
@@ -469,11 +495,7 @@ class AssignedConsumer:
         #: consumer lag per partition, measured after polls once its ``sink`` is set
         self.lag = LagMeter()
         #: asks the key topic's end offsets on its own connection (``overlap``), and the answer awaited
-        try:
-            self._asker = EndsAsker(bootstrap, self.identity_parts, f"{group_id}-ends") if overlap else None
-        except BaseException:  # its first ask failed (the broker is gone): the reader is closed too, not leaked
-            self._kc.close()
-            raise
+        self._asker = EndsAsker(bootstrap, self.identity_parts, f"{group_id}-ends") if overlap else None
         self._asked: Future[dict[Any, int]] | None = None
         #: key records :meth:`settle` read, returned again at the head of the next poll
         self._carried: list[Any] = []
@@ -482,7 +504,6 @@ class AssignedConsumer:
         begin = self._kc.beginning_offsets(parts)
         #: log start offsets at start (records below them were deleted).
         self.start_begin = begin
-        tail = tail or {}
         for tp in parts:
             back = tail.get(tp.topic)
             start = begin[tp] if back is None else max(begin[tp], self.start_end[tp] - back)
@@ -711,12 +732,11 @@ class EndsAsker:
     def __init__(self, bootstrap: str, parts: list[Any], client_id: str) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        from kafka import KafkaConsumer
-
+        from apportion.bus.clients import kafka_consumer
         from apportion.bus.security import kafka_auth
 
         self._parts = list(parts)
-        self._kc = KafkaConsumer(
+        self._kc = kafka_consumer(
             bootstrap_servers=bootstrap,
             client_id=client_id,
             enable_auto_commit=False,

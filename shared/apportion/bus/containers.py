@@ -18,6 +18,10 @@ directory (``kafka/``, ``redis/``, ``tls/``; mounted read-only, never in the ima
 or the repo). Kafka's client port is bound to a free host port chosen up
 front, so the advertised listener is known before the container starts.
 
+Connection limits (``docs/infra.md``): the broker's come with ``infra/kafka/server.properties.template``, which
+``container-start.sh`` renders as ``start.sh`` does; Redis is started with ``infra/redis/limits.conf`` (mounted
+read-only), the configuration file of every Redis of the stack.
+
 The container settings are built by :func:`kafka_spec` and
 :func:`redis_spec` as plain data, so a test checks them without Docker
 (``tests/unit/test_containers.py``).
@@ -39,8 +43,9 @@ from apportion.privatefiles import write_private
 KAFKA_IMAGE = "apache/kafka:4.1.1"
 REDIS_IMAGE = "redis:7.0"
 
-#: Where the containers see ``infra/kafka`` and the secrets.
+#: Where the containers see ``infra/kafka``, ``infra/redis`` and the secrets.
 KAFKA_SCRIPTS = "/opt/apportion/kafka"
+REDIS_CONFIG = "/opt/apportion/redis"
 SECRETS = "/run/apportion-secrets"
 
 
@@ -112,17 +117,19 @@ def kafka_spec(host_port: int, secrets: Path, infra_dir: Path = DEFAULT_INFRA_DI
     )
 
 
-def redis_spec(host_port: int, secrets: Path) -> ContainerSpec:
-    """The Redis container: TLS only (``port 0``), the ACL file of ``infra/redis/acl.sh`` (default user off), no
-    persistence."""
+def redis_spec(host_port: int, secrets: Path, infra_dir: Path = DEFAULT_INFRA_DIR) -> ContainerSpec:
+    """The Redis container: the connection limits of ``infra/redis/limits.conf`` (its configuration file, as
+    ``infra/redis/start.sh`` starts the native one), TLS only (``port 0``), the ACL file of ``infra/redis/acl.sh``
+    (default user off), no persistence."""
     return ContainerSpec(
         REDIS_IMAGE,
         {},
-        ["redis-server", "--aclfile", f"{SECRETS}/redis/users.acl", "--save", "", "--appendonly", "no"]
+        ["redis-server", f"{REDIS_CONFIG}/limits.conf"]
+        + ["--aclfile", f"{SECRETS}/redis/users.acl", "--save", "", "--appendonly", "no"]
         + ["--port", "0", "--tls-port", "6379", "--tls-auth-clients", "no"]
         + ["--tls-cert-file", f"{SECRETS}/tls/server.pem", "--tls-key-file", f"{SECRETS}/tls/server.key"]
         + ["--tls-ca-cert-file", f"{SECRETS}/tls/ca.pem"],
-        {str(secrets): SECRETS},
+        {str(infra_dir / "redis"): REDIS_CONFIG, str(secrets): SECRETS},
         {6379: host_port},
     )
 

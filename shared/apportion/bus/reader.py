@@ -54,12 +54,13 @@ def iter_topic_records(
         decode: screen values into events (False leaves ``event`` None); a
             record refused gets ``error``, the reason its dead letter carries.
     """
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
+    from apportion.bus.clients import kafka_consumer
     from apportion.bus.producer import READ_COMMITTED
     from apportion.bus.security import kafka_auth
 
-    consumer = KafkaConsumer(
+    consumer = kafka_consumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
         group_id=None,
