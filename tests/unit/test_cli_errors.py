@@ -246,3 +246,16 @@ def test_a_refusal_names_the_callers_topic_when_the_error_carries_none() -> None
     assert common.refused_topics(TopicAuthorizationFailedError({"b.t", "a.t"}), ["c.t"]) == ["a.t", "b.t"]
     assert common.refused_topics(TopicAuthorizationFailedError("apportion.keys")) == ["apportion.keys"]
     assert common.refused_topics(TopicAuthorizationFailedError()) == []
+
+
+@pytest.mark.parametrize(
+    ("budget", "segment"),
+    [("lab/[/x]", "["), ("lab/[red]x", "[red]x"), ("lab/[bold]x[/bold]", "[bold]x[")],
+    ids=["closing-tag", "opening-tag", "both"],
+)
+def test_an_error_line_shows_the_input_as_given_never_as_markup(budget: str, segment: str) -> None:
+    # The value is part of the message: rich's markup once crashed on a closing tag (a traceback, exit 1)
+    # and dropped an opening one (the error named another path than the one given).
+    res = run("queue", "--budget", budget)
+    message = f"--budget: bad segment '{segment}' in '{budget}': use 1-64 of [A-Za-z0-9_.-], not starting with . - or _"
+    assert (res.exit_code, res.stdout, res.stderr) == (2, "", f"error: {message}\n")

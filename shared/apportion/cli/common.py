@@ -85,7 +85,8 @@ def _error_object(message: str, code: int, verdict: str = "", reason: str = "", 
 
 
 def _exit(message: str, code: int) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # the message carries what was given (a job id, a budget path): plain text, never rich markup
+    err.print(Text.assemble(("error:", "bold red"), f" {message}"), highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
