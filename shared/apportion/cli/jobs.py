@@ -34,6 +34,7 @@ from apportion.cli.common import (
     fitted_table,
     left_out,
     out,
+    printable,
     refuse,
     report_verdict,
 )
@@ -572,10 +573,10 @@ def queue_table(rows: list[dict[str, Any]], width: int) -> Any:
     )
     lines: list[Text] = []
     for r in rows:
-        d = "" if wide else where(r)
+        d = "" if wide else printable(where(r))
         parts = [x for x in (", ".join(left_out(shown, moved, r)), d) if x]
         if parts:
-            lines.append(Text.assemble((text(r, "job_id"), "bold"), ": ", "; ".join(parts)))
+            lines.append(Text.assemble((printable(text(r, "job_id")), "bold"), ": ", "; ".join(parts)))
     head = ", ".join([*moved, "nodes (running) / reason (pending)"])
     return Group(t, *((Text(f"{head}, UTC times:"), *lines) if lines else ()))
 
