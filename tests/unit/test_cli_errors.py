@@ -5,6 +5,7 @@ stack (exit 3). Nothing listens at the addresses below: a command that gets past
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import typer
@@ -246,3 +247,33 @@ def test_a_refusal_names_the_callers_topic_when_the_error_carries_none() -> None
     assert common.refused_topics(TopicAuthorizationFailedError({"b.t", "a.t"}), ["c.t"]) == ["a.t", "b.t"]
     assert common.refused_topics(TopicAuthorizationFailedError("apportion.keys")) == ["apportion.keys"]
     assert common.refused_topics(TopicAuthorizationFailedError()) == []
+
+
+@pytest.mark.parametrize(
+    ("budget", "segment"),
+    [("lab/[/x]", "["), ("lab/[red]x", "[red]x"), ("lab/[bold]x[/bold]", "[bold]x[")],
+    ids=["closing-tag", "opening-tag", "both"],
+)
+def test_an_error_line_shows_the_input_as_given_never_as_markup(budget: str, segment: str) -> None:
+    # The value is part of the message: rich's markup once crashed on a closing tag (a traceback, exit 1)
+    # and dropped an opening one (the error named another path than the one given).
+    res = run("queue", "--budget", budget)
+    message = f"--budget: bad segment '{segment}' in '{budget}': use 1-64 of [A-Za-z0-9_.-], not starting with . - or _"
+    assert (res.exit_code, res.stdout, res.stderr) == (2, "", f"error: {message}\n")
+
+
+def test_keys_init_shows_a_user_and_a_path_with_brackets_as_given(tmp_path: Path) -> None:
+    # It wrote the key file, then crashed on the name's "[/y]" as rich markup before printing the public key;
+    # run again it refused to overwrite the file, so the key was never shown.
+    from apportion.identity.keys import Identity
+
+    path = tmp_path / "[red]" / "id.json"
+    path.parent.mkdir()
+    res = run("keys", "init", "-u", "x[/y]", "--file", str(path))
+    assert res.exit_code == 0, res.output
+    key = Identity.load(path).public_key
+    assert res.stdout.splitlines() == [
+        f"identity of x[/y] (user) written to {path}",
+        "give ops this public key to register (`apportion keys register x[/y] PUBKEY`):",
+        key,
+    ]

@@ -180,3 +180,22 @@ def test_logs_all_copies_the_whole_file_in_chunks_and_refuses_json(tmp_path: Pat
     res = run("logs", "j1", "--dir", str(tmp_path), "--all", "--json")
     assert res.exit_code == 2
     assert json.loads(res.stdout)["reason"] == ""
+
+
+def test_logs_of_an_output_the_job_replaced_by_a_link_says_so_not_that_it_never_ran(tmp_path: Path) -> None:
+    """A job swapped its only output file for a link to a secret: nothing of the secret is printed, and the
+    refusal names what lies there instead (it said "only a started command has output", of a job that ran)."""
+    secret = tmp_path / "stack.env"
+    secret.write_text("APPORTION_KAFKA_PASSWORD=secret\n")
+    job = tmp_path / "logs" / "j1"
+    job.mkdir(parents=True)
+    out = job / "attempt-1.replica-0.out"
+    out.symlink_to(secret)
+    res = run("logs", "j1", "--dir", str(tmp_path / "logs"))
+    assert (res.exit_code, res.stdout) == (1, "")
+    message = f"job j1's output {out} is not read: a symbolic link, not the node agent's file (a job may change what its own directory holds)"
+    assert res.stderr == f"error: {message}\n"
+    res = run("logs", "j1", "--dir", str(tmp_path / "logs"), "--json")
+    doc = json.loads(res.stdout)
+    assert (res.exit_code, doc["reason"], doc["path"], doc["message"]) == (1, "not_a_plain_file", str(out), message)
+    assert "secret" not in res.output

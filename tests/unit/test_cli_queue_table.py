@@ -83,3 +83,22 @@ def test_wide_terminals_show_the_idle_column() -> None:
     assert row.split()[6:12] == ["running", "1", "2026-12-03", "15:01:22", "IDLE", "2h1m"]
     busy = next(line for line in lines if " busy-1 " in line)
     assert busy.split()[10] == "0s"
+
+
+# A hold's reason is a researcher's free text, and a raw producer's job id is any string the contract takes: every
+# user's `queue` shows them. An escape sequence (clear the screen, set the window title) or a newline (a forged
+# line) in them is shown as its escape, never sent to the terminal to act on.
+HOSTILE = "wait\x1b]0;PWNED\x07ing \x1b[2J\nFAKE LINE\u202e"
+
+
+def test_a_reason_or_job_id_holding_control_characters_is_shown_escaped_never_obeyed() -> None:
+    rows = [{**ROWS[1], "job_id": "j\x1b[31m", "reason": f"held: held by dave ({HOSTILE})"}]
+    for width in (80, QUEUE_WIDE + 20):
+        console = Console(width=width, record=True, color_system=None)
+        console.print(queue_table(rows, width))
+        text = console.export_text()
+        assert not any(c in text for c in "\x1b\x07\u202e")
+        assert "FAKE LINE" not in [line.strip() for line in text.splitlines()]
+        assert "j\\x1b[31m" in text
+        escaped = "wait\\x1b]0;PWNED\\x07ing\\x1b[2J\\nFAKELINE\\u202e"  # as shown, wrapped: whitespace left out
+        assert escaped in "".join(text.split())

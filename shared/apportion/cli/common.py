@@ -85,7 +85,8 @@ def _error_object(message: str, code: int, verdict: str = "", reason: str = "", 
 
 
 def _exit(message: str, code: int) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # the message carries what was given (a job id, a budget path): plain text, never rich markup
+    err.print(Text.assemble(("error:", "bold red"), f" {message}"), highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -246,6 +247,21 @@ def _ratio(r: Any) -> str:
     return f"{r:.3f}" if abs(r) < 1e6 else f"{r:.3g}"
 
 
+#: What a terminal acts on rather than shows: the C0 and C1 controls (escape, newline, bell...), DEL, and the
+#: bidirectional overrides and isolates, which reorder the text around them.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(value: str) -> str:
+    """``value`` with each character a terminal would act on written as its Python escape (``\\x1b``, ``\\n``).
+
+    Tables and the lines under them show text others chose: a hold's ``--reason``, a job id a producer other than
+    this CLI wrote (the event contract takes any string). An escape sequence there (clear the screen, set the
+    window's title) or a newline (a forged line) is shown, never obeyed; ``--json`` keeps the values as they are.
+    """
+    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], value)
+
+
 #: A table column: its title, rich's column options, and its cell of a row.
 Column = tuple[str, dict[str, Any], Callable[[Any], str]]
 
@@ -268,7 +284,7 @@ def fitted_table(
             options: dict[str, Any] = {"no_wrap": True, **opts}
             t.add_column(Text(name), **options)
         for r in rows:
-            t.add_row(*(Text(cell(r)) for _, _, cell in shown))
+            t.add_row(*(Text(printable(cell(r))) for _, _, cell in shown))
         left = [m for m in movable if m not in moved]
         if not left or natural_width(t) <= width:
             return t, moved
@@ -278,7 +294,11 @@ def fitted_table(
 def left_out(columns: Sequence[Column], moved: Sequence[str], row: Any, *, bare: Sequence[str] = ()) -> list[str]:
     """``title value`` of each column of ``row`` that :func:`fitted_table` left out, in column order; the value
     alone for a column titled in ``bare``."""
-    return [cell(row) if name in bare else f"{name} {cell(row)}" for name, _, cell in columns if name in moved]
+    return [
+        printable(cell(row)) if name in bare else f"{name} {printable(cell(row))}"
+        for name, _, cell in columns
+        if name in moved
+    ]
 
 
 def natural_width(renderable: Any) -> int:

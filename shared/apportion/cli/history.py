@@ -535,18 +535,20 @@ def usage_rows(
     return out
 
 
-def output_files(folder: Path, replica: int, stream: str) -> dict[int, Path]:
+def output_files(folder: Path, replica: int, stream: str) -> tuple[dict[int, Path], dict[int, tuple[Path, str]]]:
     """The output files of ``replica`` in a job's output directory, by attempt: the names the node agent writes
     (``attempt-<a>.replica-<r>.out|.err``; the directory is :func:`apportion.jobdirs.job_dir_name`'s) that are
     regular files with one link. The directory is the job's: anything else a job left there (a symbolic link
     to ``/etc/shadow`` named as a later attempt, a hard link, a FIFO) is not the agent's output and is
-    skipped. ``{}`` when the directory is missing or is not a directory (a link is not followed)."""
+    skipped, and returned second: its path and what it is instead, by attempt. ``({}, {})`` when the directory is
+    missing or is not a directory (a link is not followed)."""
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return {}
+        return {}, {}
     pattern = re.compile(rf"attempt-([1-9][0-9]{{0,8}})\.replica-{replica}\.{re.escape(stream)}")
     out: dict[int, Path] = {}
+    skipped: dict[int, tuple[Path, str]] = {}
     try:
         for name in os.listdir(fd):
             m = pattern.fullmatch(name)
@@ -558,9 +560,18 @@ def output_files(folder: Path, replica: int, stream: str) -> dict[int, Path]:
                 continue
             if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
                 out[int(m.group(1))] = folder / name
+            else:
+                what = (
+                    "a symbolic link"
+                    if stat.S_ISLNK(st.st_mode)
+                    else f"a hard link ({st.st_nlink} links)"
+                    if stat.S_ISREG(st.st_mode)
+                    else "not a regular file"
+                )
+                skipped[int(m.group(1))] = (folder / name, what)
     finally:
         os.close(fd)
-    return out
+    return out, skipped
 
 
 #: What ``apportion logs`` shows of an output file by default: its last MiB (a job's file can be of any size,
@@ -702,7 +713,17 @@ def logs(
         fail("no job log directory known: give --dir, set APPORTION_JOB_LOG_DIR, or start the stack with `stack up`")
     folder = base / job_dir_name(job_id)
     stream = "err" if stderr else "out"
-    by_attempt = output_files(folder, replica, stream)
+    by_attempt, skipped = output_files(folder, replica, stream)
+    if not by_attempt and skipped:  # the job replaced its output: say so, rather than that it never had any
+        path, what = skipped[max(skipped)]
+        refuse(
+            f"job {job_id}'s output {path} is not read: {what}, not the node agent's file (a job may change "
+            "what its own directory holds)",
+            as_json=as_json,
+            reason="not_a_plain_file",
+            job_id=job_id,
+            path=str(path),
+        )
     if not by_attempt:
         refuse(
             no_output_message(job_id, replica, folder),

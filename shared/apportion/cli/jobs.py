@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from apportion import events
@@ -34,6 +35,7 @@ from apportion.cli.common import (
     fitted_table,
     left_out,
     out,
+    printable,
     refuse,
     report_verdict,
 )
@@ -218,7 +220,7 @@ def submit(
             most = f", at most {spec.throttle} running" if spec.throttle is not None else ""
             kind += f"; array of {len(spec.indices)}: {ev.job_ids[0]} .. {ev.job_ids[-1]}{most}"
         out.print(
-            f"{'validated' if dry_run else 'submitted'} [bold]{ev.job_id}[/] "
+            f"{'validated' if dry_run else 'submitted'} [bold]{escape(ev.job_id)}[/] "
             f"({ev.replicas}x{ev.gpus_per_replica} GPUs, {kind}, budget {ev.budget})"
         )
         if isinstance(verdict, events.JobQueued):
@@ -373,12 +375,12 @@ def _job_request(
     watcher = None if no_wait else _checked(lambda: verdicts.JobWatcher(conn.bootstrap, job_id, [answer]))
     _publish([ev], bootstrap)
     if watcher is None:
-        _published([ev], as_json, f"{verb} requested for [bold]{job_id}[/] (not waiting for the dispatcher)")
+        _published([ev], as_json, f"{verb} requested for [bold]{escape(job_id)}[/] (not waiting for the dispatcher)")
         return
     verdict = watcher.wait(timeout, request_id=ev.event_id)
     report_verdict(*dispatcher_verdict(ev, verdict, done_word, "refused", timeout, "request"), as_json=as_json)
     if not as_json:
-        out.print(f"{done_word} [bold]{job_id}[/]")
+        out.print(f"{done_word} [bold]{escape(job_id)}[/]")
 
 
 def dispatcher_verdict(
@@ -572,10 +574,10 @@ def queue_table(rows: list[dict[str, Any]], width: int) -> Any:
     )
     lines: list[Text] = []
     for r in rows:
-        d = "" if wide else where(r)
+        d = "" if wide else printable(where(r))
         parts = [x for x in (", ".join(left_out(shown, moved, r)), d) if x]
         if parts:
-            lines.append(Text.assemble((text(r, "job_id"), "bold"), ": ", "; ".join(parts)))
+            lines.append(Text.assemble((printable(text(r, "job_id")), "bold"), ": ", "; ".join(parts)))
     head = ", ".join([*moved, "nodes (running) / reason (pending)"])
     return Group(t, *((Text(f"{head}, UTC times:"), *lines) if lines else ()))
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from apportion import events
 from apportion.cli.common import _publish, _published, _require_topics, fail, json_option, out
@@ -74,8 +75,8 @@ def init_key(
         ident.save(path)
     except FileExistsError:
         fail(f"{path} exists: a key is never overwritten (move it away first, and ask ops to revoke its key)", 1)
-    out.print(f"identity of [bold]{ident.user}[/] ({role}) written to {path}")
-    out.print(f"give ops this public key to register (`apportion keys register {ident.user} PUBKEY`):")
+    out.print(f"identity of [bold]{escape(ident.user)}[/] ({role}) written to {escape(str(path))}")
+    out.print(f"give ops this public key to register (`apportion keys register {escape(ident.user)} PUBKEY`):")
     print(ident.public_key)
 
 
@@ -121,7 +122,7 @@ def register_key(
         ev = client.key_registration(user, public_key, role=role, by=getpass.getuser(), now=datetime.now(UTC))
     except ValueError as exc:
         fail(str(exc))
-    _publish_identity_event(ev, bootstrap, as_json, f"registered a {role} key for [bold]{user}[/]")
+    _publish_identity_event(ev, bootstrap, as_json, f"registered a {escape(role)} key for [bold]{escape(user)}[/]")
 
 
 @app.command("revoke")
@@ -143,4 +144,4 @@ def revoke_key(
         )
     except ValidationError as exc:
         fail(f"invalid key: {exc.errors(include_url=False)[0]['msg']}")
-    _publish_identity_event(ev, bootstrap, as_json, f"revoked a key of [bold]{user}[/]")
+    _publish_identity_event(ev, bootstrap, as_json, f"revoked a key of [bold]{escape(user)}[/]")

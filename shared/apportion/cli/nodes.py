@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from apportion import events
@@ -386,11 +387,11 @@ def _node_change(
         if as_json:
             _print_json({"ok": True, "published": [], "verdict": "unchanged", "state": state})
         else:
-            out.print(f"node [bold]{node_id}[/] is already {state}: nothing to do")
+            out.print(f"node [bold]{escape(node_id)}[/] is already {state}: nothing to do")
         return
     _publish([ev], bootstrap)
     if no_wait:
-        _published([ev], as_json, f"{type(ev).__name__} published for [bold]{node_id}[/] (not waiting)")
+        _published([ev], as_json, f"{type(ev).__name__} published for [bold]{escape(node_id)}[/] (not waiting)")
         return
 
     def shows() -> str | None:
@@ -419,7 +420,7 @@ def _node_change(
     )
     if not as_json:
         said = done if isinstance(done, str) else done[seen]
-        out.print(said.format(node=node_id, state=seen))
+        out.print(said.format(node=escape(node_id), state=seen))
 
 
 #: What `drain` says once the dispatcher shows the node draining (runs left on it) or drained (none).

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from apportion.cli.common import err, fail, json_option
 from apportion.domain.cluster import PROTECTION_CAP_W, PROTECTION_CHURN_BOUND, PROTECTION_DOUBLINGS
@@ -258,7 +259,7 @@ def simulate(
         )
     if fmt in REFERENCE_FORMATS and not bf.groups and not bf.default_budget:
         err.print(
-            f"[yellow]warning:[/] {budgets} has no 'groups' and no 'default_budget': every trace job is "
+            f"[yellow]warning:[/] {escape(str(budgets))} has no 'groups' and no 'default_budget': every trace job is "
             "charged to its VC id as a budget path, and admission rejects those that are not leaf budgets",
             highlight=False,
             soft_wrap=True,
