@@ -122,6 +122,19 @@ def dev_keyring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(autouse=True)
+def machine_stack_hidden_below_integration(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The unit, service and simulator tiers never read the machine's own stack: after ``make up`` (its
+    ``stack.env``) or ``make down`` (the marker of a stopped stack, which refuses every address) in this checkout,
+    a test that resolves addresses would otherwise reach, or be refused by, the developer's stack. A test that
+    means to read one sets ``APPORTION_STACK_DIR`` itself (``monkeypatch`` restores both after it)."""
+    path = Path(str(request.node.fspath)).resolve().relative_to(ROOT).as_posix()
+    if path.startswith(("tests/unit/", "tests/service/", "tests/sim/")):
+        environment.hide_machine_stack(monkeypatch, tmp_path_factory.mktemp("no-stack"))
+
+
+@pytest.fixture(autouse=True)
 def environment_unchanged() -> Iterator[None]:
     """Fail a test that leaves a watched variable (``APPORTION_*``, ``KAFKA_*``, ``REDIS_*``, ``TZ``,
     ``COLUMNS``: :mod:`tests.kit.environment`) changed, and put it back so later tests of the worker start clean.

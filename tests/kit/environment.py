@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, MutableMapping
+from pathlib import Path
+
+import pytest
 
 #: Variables whose names start with one of these are watched: the clients, the services and the CLI read them.
 WATCHED_PREFIXES = ("APPORTION_", "KAFKA_", "REDIS_")
@@ -51,3 +54,11 @@ def leak_message(before: Mapping[str, str], after: Mapping[str, str]) -> str | N
     if not diff:
         return None
     return "test left the environment changed: " + "; ".join(diff) + " (restored; use monkeypatch.setenv/delenv)"
+
+
+def hide_machine_stack(monkeypatch: pytest.MonkeyPatch, empty: Path) -> None:
+    """Point ``APPORTION_STACK_DIR`` at the empty directory ``empty`` and ``XDG_STATE_HOME`` inside it, so the
+    addresses the code under test resolves come from the test alone, never from the machine's own stack: a
+    running ``make up``'s ``stack.env``, or the marker ``make down`` leaves, which refuses every address."""
+    monkeypatch.setenv("APPORTION_STACK_DIR", str(empty))
+    monkeypatch.setenv("XDG_STATE_HOME", str(empty / "state"))

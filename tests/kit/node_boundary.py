@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.kit import environment
+
 #: The test accounts: user name on the bus -> Unix account (the same name).
 ALICE, EVE = "apportion-u-alice", "apportion-u-eve"
 
@@ -114,9 +116,7 @@ def machine_stack_hidden(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pyte
     and ``XDG_STATE_HOME`` another, so neither a ``stack.env`` of a running ``make up`` (whose ports the agent would
     close and whose file it would make private) nor the marker ``make down`` leaves (which refuses an address the
     agent was not given: the Redis port of the closed ports) is read."""
-    empty = tmp_path_factory.mktemp("no-stack")
-    monkeypatch.setenv("APPORTION_STACK_DIR", str(empty))
-    monkeypatch.setenv("XDG_STATE_HOME", str(empty / "state"))
+    environment.hide_machine_stack(monkeypatch, tmp_path_factory.mktemp("no-stack"))
 
 
 def make_fake_gpus(directory: Path, count: int) -> list[str]:
