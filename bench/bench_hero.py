@@ -4,7 +4,7 @@ Run::
 
     .venv/bin/python bench/bench_hero.py [--days 21] [--size 16] [--load 1] [--slice week44] [--seed 1]
         [--policy fairshare,slurm,kueue,kai,fifo] [--no-heroes] [--hero-days 2,3,4] [--hero-shares 0.1,0.3,0.1]
-        [--hero-min-gpus N|none] [--gang-min-gpus N] [--gang-bound-x X] [--grow-over-share] [--hero-reserve-takable]
+        [--hero-min-gpus N|none] [--gang-min-gpus N] [--gang-bound-x X] [--gang-last-resort] [--grow-over-share] [--hero-reserve-takable]
         [--json out.json]
 
 Builds :func:`apportion.sim.hero.hero_scenario` from the Philly jobs of
@@ -87,6 +87,7 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
                 hero_min_gpus=least,
                 grow_over_share=a.grow_over_share,
                 hero_reserve_takable=a.hero_reserve_takable,
+                gang_last_resort=a.gang_last_resort,
                 **gang_scope(a.gang_min_gpus, a.gang_bound_x),
             ),
             heartbeat_timeout_s=None,
@@ -246,6 +247,12 @@ def main() -> None:
         "--gang-min-gpus", type=int, default=None, help="EngineConfig.gang_min_gpus (D3.gangs), 0: every gang"
     )
     ap.add_argument("--gang-bound-x", type=float, default=None, help="EngineConfig.gang_bound_x (D3.gangs), 0: the cap")
+    ap.add_argument(
+        "--gang-last-resort",
+        action="store_true",
+        help="EngineConfig.gang_last_resort (D3.gangs): a gang the rule spares is a victim when no feasible "
+        "set without one exists",
+    )
     ap.add_argument(
         "--grow-over-share",
         action=argparse.BooleanOptionalAction,
