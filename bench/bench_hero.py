@@ -4,8 +4,8 @@ Run::
 
     .venv/bin/python bench/bench_hero.py [--days 21] [--size 16] [--load 1] [--slice week44] [--seed 1]
         [--policy fairshare,slurm,kueue,kai,fifo] [--no-heroes] [--hero-days 2,3,4] [--hero-shares 0.1,0.3,0.1]
-        [--hero-min-gpus N|none] [--gang-min-gpus N] [--gang-bound-x X] [--grow-over-share] [--hero-reserve-takable]
-        [--json out.json]
+        [--hero-min-gpus N|none] [--gang-min-gpus N] [--gang-bound-x X] [--gang-last-resort] [--grow-over-share] [--hero-reserve-takable]
+        [--json out.json] [--progress days.jsonl] [--explain-waits waits.jsonl]
 
 Builds :func:`apportion.sim.hero.hero_scenario` from the Philly jobs of
 ``--slice`` (``infra/budgets/philly.yaml``'s tree and minimum-runtime rule)
@@ -24,7 +24,9 @@ the preemption and from when the hero's leaf first ranked first in the fair-shar
 ``EngineConfig.hero_reserve_takable`` (a covered hero reserves only nodes whose runs it may take back, rule
 D3.hero-cover). ``--load X``: the background's
 arrivals multiplied by X (the overloaded lab, docs/hero.md); the header line gives the background's
-offered demand, its GPU-hours submitted within the horizon over the cluster's.
+offered demand, its GPU-hours submitted within the horizon over the cluster's. ``--explain-waits FILE``: at each
+sample where a background budget is behind its share with allocated work waiting, why each of its waiting jobs
+waits and how the gang rule's last resort (``--gang-last-resort``) or the rule off would place it.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ from typing import Any
 from apportion.cli.simulate import gang_scope
 from apportion.domain.cluster import PROTECTION_GROW_OVER_SHARE
 from apportion.domain.dispatch import DispatchConfig
-from apportion.domain.engine import EngineConfig
+from apportion.domain.engine import EngineConfig, run_cycle
 from apportion.domain.engine.inputs import HERO_MIN_GPUS
+from apportion.events import JobPlaced
 from apportion.report import share_deficit_pp
 from apportion.settings import default_data_dir
 from apportion.sim.baselines import POLICIES
@@ -87,6 +90,7 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
                 hero_min_gpus=least,
                 grow_over_share=a.grow_over_share,
                 hero_reserve_takable=a.hero_reserve_takable,
+                gang_last_resort=a.gang_last_resort,
                 **gang_scope(a.gang_min_gpus, a.gang_bound_x),
             ),
             heartbeat_timeout_s=None,
@@ -95,7 +99,8 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
         cfg = SimConfig(seed=a.seed, dispatch=dcfg, keep_log=False, until_us=sc.until_us, sample_s=3600.0)
         t = time.perf_counter()
         on_day = _progress_writer(a.progress, name, sc, gpus) if a.progress else None
-        sim = HeroSimulator(sc.tree, sc.nodes, sc.jobs, cfg, window_s=bf.window_s, heroes=sc.heroes, on_day=on_day)
+        cls = HeroSimulator if a.explain_waits is None else _explaining(a.explain_waits, dcfg.engine, sc)
+        sim = cls(sc.tree, sc.nodes, sc.jobs, cfg, window_s=bf.window_s, heroes=sc.heroes, on_day=on_day)
         res = sim.run()
         wall = time.perf_counter() - t
         rep = summarise(res, sc.tree, name, a.seed, wall_s=wall)
@@ -184,6 +189,59 @@ def _progress_writer(path: str, policy: str, sc: Any, gpus: int) -> Any:
     return write
 
 
+def _explaining(path: str, ecfg: EngineConfig, sc: Any) -> type[HeroSimulator]:
+    """A :class:`HeroSimulator` that, at each sample where a background budget with allocated work waiting is
+    behind its share, appends to ``path`` one JSON line per waiting allocated job of it: why it waits (the
+    policy's cycle run again at the sample with ``explain=True``, :mod:`apportion.domain.engine.reasons`), and
+    the victims (budget, replicas, GPUs, hours since placed) with which the same cycle places it with the gang
+    rule's last resort and with the rule off (``null``: not placed). Decisions are the run's own."""
+    variants = {
+        "last_resort": dataclasses.replace(ecfg, gang_last_resort=True),
+        "gangs_off": dataclasses.replace(ecfg, gang_rule=False),
+    }
+
+    class Explaining(HeroSimulator):
+        def _sample(self, t: int) -> None:
+            super()._sample(t)
+            row = self.samples[-1][1]
+            behind = sorted(
+                leaf
+                for leaf, v in row.items()
+                if leaf.startswith("bg/") and v[3] and share_deficit_pp(sc.tree.abs_share(leaf), v[0]) > 0
+            )
+            if not behind:
+                return
+            snap = self.state.cycle_snapshot(t)
+            res = run_cycle(snap, t, ecfg, explain=True)
+            placed = {k: run_cycle(self.state.cycle_snapshot(t), t, c).events for k, c in variants.items()}
+            runs = self.state.cluster.runs
+            with open(path, "a") as f:
+                for leaf in behind:
+                    for j in (j for j in snap.pending.get(leaf, ()) if j.allocated):
+                        doc: dict[str, Any] = {
+                            "day": round((t - sc.start_us) / 86_400e6, 3),
+                            "leaf": leaf,
+                            "deficit_pp": round(share_deficit_pp(sc.tree.abs_share(leaf), row[leaf][0]), 2),
+                            "job": j.job_id,
+                            "shape": [j.gpus_per_replica, j.replicas],
+                            "waited_h": round((t - j.queued_at_us) / 3600e6, 2),
+                            "reason": getattr(res.reasons.get(j.job_id), "kind", None),
+                        }
+                        for k, events in placed.items():
+                            got = next((e for e in events if type(e) is JobPlaced and e.job_id == j.job_id), None)
+                            doc[k] = None if got is None else [_victim(runs, v, t) for v in got.decision.victims]
+                        f.write(json.dumps(doc) + "\n")
+
+    return Explaining
+
+
+def _victim(runs: Any, v: Any, t: int) -> list[Any]:
+    run = runs.get((v.job_id, v.attempt))
+    if run is None:
+        return [v.budget]
+    return [v.budget, run.replicas, run.gpus, round((t - run.placed_at_us) / 3600e6, 1)]
+
+
 def offered_demand(sc: Any, gpus: int) -> float:
     """The background's GPU-hours submitted within the horizon over the cluster's GPU-hours of the horizon."""
     bg = set(sc.heroes)
@@ -247,6 +305,12 @@ def main() -> None:
     )
     ap.add_argument("--gang-bound-x", type=float, default=None, help="EngineConfig.gang_bound_x (D3.gangs), 0: the cap")
     ap.add_argument(
+        "--gang-last-resort",
+        action="store_true",
+        help="EngineConfig.gang_last_resort (D3.gangs): a gang the rule spares is a victim when no feasible "
+        "set without one exists",
+    )
+    ap.add_argument(
         "--grow-over-share",
         action=argparse.BooleanOptionalAction,
         default=PROTECTION_GROW_OVER_SHARE,
@@ -260,6 +324,12 @@ def main() -> None:
     )
     ap.add_argument("--json", default=None)
     ap.add_argument("--progress", default=None, help="append a JSON line a simulated day: the figures so far")
+    ap.add_argument(
+        "--explain-waits",
+        default=None,
+        help="append a JSON line per waiting allocated job of a background budget behind its share at each "
+        "sample: why it waits, and how the gang rule's last resort or the rule off would place it",
+    )
     run(ap.parse_args())
 
 

@@ -9,6 +9,7 @@ import pytest
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.dispatch import DispatchConfig
 from apportion.domain.engine import CycleSnapshot, EngineConfig, run_cycle
+from apportion.domain.occupancy import OccupancyLedger
 from apportion.events import Event
 from apportion.sim.core import SimConfig, SimJob, SimResult
 from apportion.sim.hero import (
@@ -217,7 +218,8 @@ def test_order_heads_on_a_hand_made_log() -> None:
     # placed again at 6 h. hero-a, preempted at 7 h (O 80 against hero/b's 48), is placed again at 8 h, when
     # hero/b holds 64: never at the head.
     tree = BudgetTree.from_mapping({"bg": 0.5, "bg/x": 1.0, "hero": 0.5, "hero/a": 0.5, "hero/b": 0.5})
-    heads = OrderHeads(tree, {"hero-a": "hero/a", "hero-b": "hero/b"}, 7 * 86_400.0)
+    ledger = OccupancyLedger(7 * 86_400.0)
+    heads = OrderHeads(tree, {"hero-a": "hero/a", "hero-b": "hero/b"}, ledger)
     hb = {"budget": "hero/b", "gpus": 8, "replicas": 2, "nodes": ["n0", "n1"]}
     ha = {"budget": "hero/a", "gpus": 8, "replicas": 2, "nodes": ["n0", "n1"]}
     log: list[Event] = [
@@ -232,7 +234,10 @@ def test_order_heads_on_a_hand_made_log() -> None:
         b.preempted("hero-a", budget="hero/a", at=b.h(7)),
         b.placed("hero-a", **ha, attempt=2, at=b.h(8)),  # type: ignore[arg-type]
     ]
-    reached = [(e.ts, heads.feed(e)) for e in log]
+    reached = []
+    for e in log:
+        ledger.apply(e)  # the caller folds each event (the simulator: its dispatcher state), then feeds it
+        reached.append((e.ts, heads.feed(e)))
     assert [(t, r) for t, r in reached if r] == [(b.dt(b.h(5)), ["hero-b"])]
     assert heads.heads == {"hero-b": [[b.h(2), b.h(5), b.h(6)]], "hero-a": [[b.h(7), None, b.h(8)]]}
 

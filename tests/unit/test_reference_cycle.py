@@ -290,3 +290,21 @@ def test_the_fast_and_reference_cycles_scope_the_gang_rule_alike(nodes, runs, jo
     assume(first_difference(fast(snap), reference_cycle(snap, NOW, CFG)) is None)
     cfg = replace(CFG, gang_min_gpus=9, gang_bound_x=2.0)
     assert first_difference(fast(snap, cfg), reference_cycle(snap, NOW, cfg)) is None
+
+
+def test_the_gang_rules_last_resort_takes_a_spared_gang_only_when_no_other_victim_frees_the_job():
+    # D3.gangs, "while other victims exist" (EngineConfig.gang_last_resort). lab/y's 2 x 4 gang r0 (minimum
+    # runtime 1 h, started at 8 h; now 10 h: past its protection, 2 h old, under the 42 h cap). lab/x/p (r 0,
+    # behind lab/y by 0.1) asks for 1 x 4 GPUs. On two nodes the gang is the only victim: spared by the rule,
+    # taken as its last resort.
+    snap = world(TWO_NODES, [("lab/y", 4, 2, 3600.0, 8, 0)], [("lab/x/p", 4, 1, 60.0, None)], Y_AHEAD)
+    assert fast(snap) == []
+    assert fast(snap, replace(CFG, gang_last_resort=True)) == [Placed("j0", (("n0", (0, 1, 2, 3)),), (("r0", 1),))]
+    # A third node with lab/y's 1 x 4 run r1 (same age): another victim exists, so the gang is spared and r1
+    # goes, with or without the last resort.
+    three = [*TWO_NODES, (4, "a", False)]
+    runs = [("lab/y", 4, 2, 3600.0, 8, 0), ("lab/y", 4, 1, 3600.0, 8, 0)]
+    snap = world(three, runs, [("lab/x/p", 4, 1, 60.0, None)], Y_AHEAD)
+    took_r1 = [Placed("j0", (("n2", (0, 1, 2, 3)),), (("r1", 1),))]
+    assert fast(snap) == took_r1
+    assert fast(snap, replace(CFG, gang_last_resort=True)) == took_r1

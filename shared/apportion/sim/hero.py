@@ -209,33 +209,36 @@ def hero_scenario(
 class OrderHeads:
     """When each watched job's leaf, after a preemption of the job, first ranks first in the fair-share order.
 
-    Pure: fed every event in processing order (inputs and dispatcher outputs), it folds them into its own
-    :class:`~apportion.domain.occupancy.OccupancyLedger` and reads the order the ``FairShareRanking`` publishes,
-    :func:`~apportion.domain.fairshare.budget_order` of every leaf (rank 0 is served first). The order is read
-    at the preemption (the events up to it folded) and then at each later event time before its events, so a
-    leaf's head time is the first event time at which it ranks first.
+    Pure: fed every event in processing order (inputs and dispatcher outputs), it reads the order the
+    ``FairShareRanking`` publishes, :func:`~apportion.domain.fairshare.budget_order` of every leaf (rank 0 is
+    served first), over ``ledger``, an :class:`~apportion.domain.occupancy.OccupancyLedger` the caller folds the
+    same events into (the simulator's: its dispatcher state's). The order is read at the preemption and then at
+    each later event time, so a leaf's head time is the first event time at which it ranks first. Whether the
+    caller folds an event before or after feeding it does not change what is read: an event at ``t`` changes no
+    occupancy at ``t`` (a run placed at ``t`` has held its GPUs for no time yet, one ended at ``t`` was charged
+    up to it), save a refused start or a lost run, which end their run earlier (none in the simulator's hero
+    scenario).
 
     ``heads[job]``: per preemption, ``[preempted_us, head_us, placed_us]`` (``None``: not yet), the next
     placement ending the record (a placement before the head leaves ``head_us`` ``None``).
     """
 
-    def __init__(self, tree: BudgetTree, leaves: Mapping[str, str], window_s: float) -> None:
-        """``leaves``: job id -> its leaf budget, the jobs watched."""
+    def __init__(self, tree: BudgetTree, leaves: Mapping[str, str], ledger: OccupancyLedger) -> None:
+        """``leaves``: job id -> its leaf budget, the jobs watched; ``ledger``: the occupancy read."""
         self._tree = tree
         self._leaves = dict(leaves)
-        self.ledger = OccupancyLedger(window_s)
+        self.ledger = ledger
         self.heads: dict[str, list[list[Micros | None]]] = {}
         self._open: set[str] = set()  # preempted, not placed again
         self._waiting: set[str] = set()  # preempted, not placed again, not yet at the head
         self._t: Micros | None = None
 
     def feed(self, ev: Event) -> list[str]:
-        """Fold ``ev``; returns the watched jobs whose leaf reached the head at this event's time."""
+        """Watch ``ev``; returns the watched jobs whose leaf reached the head at this event's time."""
         t = to_us(ev.ts)
         reached = self._check(t) if self._waiting and (self._t is None or t > self._t) else []
         if self._t is None or t > self._t:
             self._t = t
-        self.ledger.apply(ev)
         job = getattr(ev, "job_id", None)
         if job not in self._leaves:
             return reached
@@ -304,7 +307,7 @@ class HeroSimulator(Simulator):
         self._day0: Micros | None = None
         self._days_told = 0
         leaves = {j: self._specs[j].budget for j in self._heroes}
-        self.heads = OrderHeads(self.tree, leaves, us_to_s(self.state.ledger.window_us))
+        self.heads = OrderHeads(self.tree, leaves, self.state.ledger)
         self._head_protection: dict[tuple[str, int], float] = {}
 
     def _watch(self, ev: Event, t: Micros) -> None:

@@ -744,6 +744,7 @@ def _preempt_for(
             gang_cap=cx.gang_cap,
             gang_least_gpus=cfg.gang_min_gpus,
             gang_times=cfg.gang_bound_x,
+            gang_last_resort=cfg.gang_last_resort,
             hero_min_gpus=cfg.hero_min_gpus,
         )
     victims = req.victims

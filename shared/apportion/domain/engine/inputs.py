@@ -100,6 +100,9 @@ class EngineConfig:
         gang_bound_x: the gang rule's bound as a multiple of the gang's own protection, where lower than the
             protection cap (rule D3.gangs; :func:`~apportion.domain.preemption.gang_bound_us`); default ``None``:
             the cap alone.
+        gang_last_resort: a gang the gang rule spares (past its protection, under its bound) is a victim when
+            no feasible victim set without one exists (rule D3.gangs: "while other victims exist"); default
+            False: spared until its bound. Measured and not adopted (docs/hero.md), part of no policy version.
         hero_min_gpus: rule ``D3.hero-cover`` applies to jobs of at least this many GPUs (a job that large and
             larger than its budget's share of the capacity neither reserves nodes nor preempts busy allocated runs;
             :func:`~apportion.domain.engine.reservation.share_covers`); default 1,024, so no job of a cluster of a few
@@ -170,6 +173,7 @@ class EngineConfig:
     gang_rule: bool = True
     gang_min_gpus: int | None = None
     gang_bound_x: float | None = None
+    gang_last_resort: bool = False
     hero_min_gpus: int | None = HERO_MIN_GPUS
     cover_min_gpus: int | None = None
     free_order: bool = False

@@ -74,6 +74,8 @@ class PreemptionRequest:
         gang_cap: budget -> its protection cap, µs, or ``None`` (the gang rule's bound).
         gang_least_gpus, gang_times: ``EngineConfig.gang_min_gpus`` and ``gang_bound_x`` (the gang rule's scope,
             :func:`gang_rule`, :func:`gang_bound_us`).
+        gang_last_resort: ``EngineConfig.gang_last_resort``: a gang the rule spares is a victim when no
+            feasible set without one exists (:func:`_last_resort_options`).
         hero_min_gpus: the least GPUs of a hero run (D3.hero-cover's victims' clause: a covered hero within
             its share is taken only when no victim set without one exists); ``None``: no such clause.
     """
@@ -95,6 +97,7 @@ class PreemptionRequest:
     gang_cap: Callable[[str], Micros | None] | None = None
     gang_least_gpus: int | None = None
     gang_times: float | None = None
+    gang_last_resort: bool = False
     hero_min_gpus: int | None = None
     charged: list[str] = field(default_factory=list)
     """The leaves provisionally charged since the request was made, in order (one entry per charge): the
@@ -175,6 +178,10 @@ def plan_preemption(req: PreemptionRequest) -> Plan | None:
     if len(options) + n < k:
         req.memo[short_key] = log_len  # (the same for any leaf: free, unallocated and idle options)
         found = _behind_options(s, options, req.hero_min_gpus is not None)
+        if found is not None and len(found) < k and req.gang_last_resort and victims.spared:
+            more = _last_resort_options(s, options)
+            if more is not None and len(more) >= k:
+                found = more
         if found is not None and len(found) < k and s.sheltered_out:
             # D3.hero-cover: no feasible set without a covered hero within its share
             more = _behind_options(s, options, False, len(req.free.count))  # (every node's option)
@@ -188,6 +195,24 @@ def plan_preemption(req: PreemptionRequest) -> Plan | None:
     if (req.patience_s > 0 or req.checkpoint_wait_s > 0) and _refused(s, best):
         return None
     return _commit(s, best)
+
+
+def _last_resort_options(s: _Search, options: list[Option]) -> list[Option] | None:
+    """D3.gangs' last resort (``EngineConfig.gang_last_resort``): where no feasible victim set spares every gang
+    larger than J, the options with the gangs past their protection as candidates like any other run (least
+    cost first: fewest allocated GPUs, so the smallest gangs); ``s.gangs_spent`` tells :func:`_commit` to judge
+    its victims so. The covered heroes stay sheltered (D3.hero-cover); ``s.sheltered_out`` is left as the search
+    with the gang rule found it."""
+    req = s.req
+    sheltered_out = s.sheltered_out
+    req.gangs = False
+    try:
+        found = _behind_options(s, options, req.hero_min_gpus is not None)
+    finally:
+        req.gangs = True
+        s.sheltered_out = sheltered_out
+    s.gangs_spent = found is not None and len(found) >= req.job.replicas
+    return found
 
 
 def _fewest_heroes(s: _Search, found: list[Option], more: list[Option], k: int) -> list[Option]:
@@ -230,6 +255,7 @@ class _Search:
     ffree: dict[str, Any]
     idle_runs: dict[RunKey, Any]
     sheltered_out: bool = False  # the last expired-behind search left out a sheltered hero run (D3.hero-cover)
+    gangs_spent: bool = False  # the options are D3.gangs' last resort's (:func:`_last_resort_options`)
 
     @classmethod
     def of(cls, req: PreemptionRequest) -> _Search:
@@ -891,7 +917,7 @@ def _commit(s: _Search, best: list[Option]) -> Plan:
     victim again by :func:`victim_rule`, the one home of the rule, for its audit record."""
     req = s.req
     free, g, leaf, now, idle_runs = req.free, s.g, req.leaf, req.now, s.idle_runs
-    gangs, gang_cap = req.gangs, req.gang_cap
+    gangs, gang_cap = req.gangs and not s.gangs_spent, req.gang_cap
     gpus = g * req.job.replicas
     log = free.log
     placements = []
