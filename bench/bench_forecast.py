@@ -58,7 +58,8 @@ Speed (``--timing``): ``bench_engine``'s steady snapshot (10,000 GPUs, 20,000 pe
 dispatcher state, then the wall time of ``forecast`` of one job (the head of the fair-share order, and the middle
 of the queue) and of ``queue --start`` (every pending job), against the targets 2 s and 10 s, the forward run
 spaced by ``--spacing`` and ``--min-gap`` and looking ``--horizon-d`` days ahead (``queue --start`` without the
-chains, as the command shows none).
+chains, as the command shows none). With ``--dump FILE`` each of these forecasts is written whole as a JSON line
+(``Forecast.to_dict``), so that two builds' forecasts can be compared byte for byte (``cmp``).
 With ``--while-waiting N`` the forecast is made again every hour while each sampled job waits (at most N
 times a job) and its median error is printed by how long before the start it was made (convergence).
 Figures only: nothing is asserted.
@@ -422,7 +423,11 @@ def _parser() -> argparse.ArgumentParser:
         default=";".join(ESTIMATES),
         help=f"which estimates to make, separated by ';' (default all: {'; '.join(ESTIMATES)})",
     )
-    ap.add_argument("--dump", metavar="FILE", help="write each sample as a JSON line to FILE as it is made")
+    ap.add_argument(
+        "--dump",
+        metavar="FILE",
+        help="write each sample as a JSON line to FILE as it is made (--timing: each forecast, whole)",
+    )
     ap.add_argument(
         "--long-only",
         action="store_true",
@@ -470,7 +475,9 @@ def _parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = _parser().parse_args()
     if args.timing:
-        timings(args.seed, args.min_gap, not args.skip_middle, not args.skip_queue, args.spacing, args.horizon_d)
+        timings(
+            args.seed, args.min_gap, not args.skip_middle, not args.skip_queue, args.spacing, args.horizon_d, args.dump
+        )
         return
 
     wanted = [e.strip() for e in args.estimates.split(";") if e.strip()]
@@ -682,10 +689,12 @@ def timings(
     whole: bool = True,
     spacing: float = SPACING,
     horizon_d: float = HORIZON_S / 86_400,
+    dump: str | None = None,
 ) -> None:
     """``--timing``: wall time of ``forecast JOB`` (the job at the head of the fair-share order, and the median
     job of the queue unless ``middle`` is false) and of ``queue --start`` (every pending job, unless ``whole`` is
-    false) on :func:`scale_state`, the forward run debounced by ``min_gap_s``; targets 2 s and 10 s."""
+    false) on :func:`scale_state`, the forward run debounced by ``min_gap_s``; targets 2 s and 10 s. ``dump``: a
+    file that gets each forecast whole, a JSON line each (``{"label": ..., "forecast": Forecast.to_dict()}``)."""
     from apportion.forecast import forecast as run_forecast
     from apportion.heap import settle_heap
 
@@ -712,10 +721,17 @@ def timings(
         flush=True,
     )
     kw: dict[str, Any] = {"min_gap_s": min_gap_s, "spacing": spacing, "horizon_s": horizon_d * 86_400}
+    out = open(dump, "w", encoding="utf-8") if dump else None  # (closed below, after every forecast)
+
+    def dumped(label: str, fc: Any) -> None:
+        if out is not None:
+            out.write(json.dumps({"label": label, "forecast": fc.to_dict()}, sort_keys=True, default=str) + "\n")
+
     for label, job in asked:
         t1, c1 = time.perf_counter(), time.process_time()
         fc = run_forecast(state, now, dcfg, job_ids=[job.job_id], **kw)
         took, cpu = time.perf_counter() - t1, time.process_time() - c1
+        dumped(label, fc)
         j = fc.jobs[0]
         wait = "no start" if j.wait_s is None else f"starts in {j.wait_s / 3600:.2f} h"
         verdict = "met" if took < 2.0 else "MISSED"
@@ -723,11 +739,18 @@ def timings(
             f"  forecast {job.job_id} ({label}): {took:.2f} s ({cpu:.2f} s CPU), {fc.cycles} cycles, {wait} (target < 2 s: {verdict})",
             flush=True,
         )
-    if not whole:
-        return
-    t1, c1 = time.perf_counter(), time.process_time()
-    fc = run_forecast(state, now, dcfg, chains_out=False, **kw)  # as queue --start runs it: no chains shown
-    took, cpu = time.perf_counter() - t1, time.process_time() - c1
+    if whole:
+        t1, c1 = time.perf_counter(), time.process_time()
+        fc = run_forecast(state, now, dcfg, chains_out=False, **kw)  # as queue --start runs it: no chains shown
+        took, cpu = time.perf_counter() - t1, time.process_time() - c1
+        dumped("queue --start", fc)
+        _queue_line(fc, took, cpu)
+    if out is not None:
+        out.close()
+
+
+def _queue_line(fc: Any, took: float, cpu: float) -> None:
+    """The line of ``queue --start``'s timing: ``took`` s wall, ``cpu`` s CPU."""
     started = sum(1 for j in fc.jobs if j.start_us is not None)
     print(
         f"  queue --start ({len(fc.jobs):,} jobs): {took:.2f} s ({cpu:.2f} s CPU), {fc.cycles} cycles, {started:,} with a start "

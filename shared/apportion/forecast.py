@@ -172,6 +172,8 @@ _PRODUCER = "forecast"
 _ID_BASE = 0xF0_7EC4_57 << 96
 _GONE = (JobCancelled, JobRejected)
 _AGENT = f"{_PRODUCER}/agent"
+#: what the forward run feeds in itself (its node agent's reports, its arrivals): :func:`wakeups` of each is none
+_NO_WAKEUPS: frozenset[type[Event]] = frozenset({JobStarted, JobCompleted, JobFailed, JobCheckpointed, JobSubmitted})
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 _Rep = TypeVar("_Rep", JobStarted, JobCompleted)
@@ -836,8 +838,9 @@ class _Forward:
             until = run.protected_until_us if run is not None and run.allocated else None
             if until is not None and t < until < UNTIL_STARTED:
                 self.push(until, self._TICK)
-        for w in wakeups(ev, self.cfg):
-            self.push(w, self._wake_kind(ev))
+        if type(ev) not in _NO_WAKEUPS:
+            for w in wakeups(ev, self.cfg):
+                self.push(w, self._wake_kind(ev))
         self._outputs(out, t)
         return type(ev) in (JobCompleted, JobFailed) or bool(out)
 

@@ -101,3 +101,31 @@ def test_a_replaced_pending_list_keeps_no_tail() -> None:
     EngineCaches(memo).carry(old, new, old[-1], False, len(old) - 1)
     assert memo_tail(_memo(snap), old)
     assert memo_tail(_memo(snap), new) == {}
+
+
+def test_a_leaf_with_no_leaf_behind_it_keeps_its_tail_though_the_bound_on_r_does_not_clear_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A leaf is known blocked when no leaf is behind it at charge 0 (``CycleVictims.behind_of``), not only
+    when the largest r of any budget is below its ancestors' r + delta: more leaves keep a tail, and the
+    cycle decides and counts as the one that takes every job (no memo). With the bound alone (the test as it
+    was), fewer tails are kept."""
+    from apportion.domain.engine import search
+
+    # (the rebalance case: leaves behind others by r, so the bound on the largest r clears few leaves)
+    scenario, size = "rebalance", {"nodes": 250, "pending": 4000, "groups": 4}
+    snap = bench_engine.build(7, scenario, **size, cold=False)
+    without = _decided(dataclasses.replace(snap, memo=None))
+
+    def bound_only(leaf: str, top: float, clear: dict[str, bool], ratio: Any, delta: float, *_: Any, **__: Any) -> bool:
+        return search._ancestors_clear(leaf, top, clear, ratio, delta)
+
+    with monkeypatch.context() as m:
+        m.setattr(search, "_clear_or_none_behind", bound_only)
+        fewer = dataclasses.replace(snap, memo=bench_engine.build(7, scenario, **size, cold=False).memo)
+        assert _decided(fewer) == without
+        by_bound = sum(1 for t in _tails(fewer).values() if t)
+    assert _decided(snap) == without
+    kept = sum(1 for t in _tails(snap).values() if t)
+    assert kept > by_bound
+    assert _decided(snap) == without  # the kept tails read

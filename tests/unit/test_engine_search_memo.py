@@ -148,11 +148,11 @@ def test_short_test_is_known_short_for_every_leaf() -> None:
     req, _ = _behind_request()
     free: Any = type("Free", (), {"log": ["n1", "n2"]})()
     req.free = free
-    assert short_test(req, 1, 1, None, 0.05) is None  # no search of the shape yet
+    assert short_test(req, 1, 1, None, 0.05, 0) is None  # no search of the shape yet
     req.memo[(search_module._SHORT, 1, None, 1)] = 2
-    test = short_test(req, 1, 1, None, 0.05)
+    test = short_test(req, 1, 1, None, 0.05, 0)
     assert test is not None
     for leaf in ("a/x", "a/y", "b/x", "b/y"):
-        assert test(leaf) is known_short(req, 1, 1, None, leaf, 0.05) is True
+        assert test(leaf) is known_short(req, 1, 1, None, leaf, 0.05, 0) is True
     free.log.append("n3")  # a node touched since: the first test fails for every leaf
-    assert short_test(req, 1, 1, None, 0.05) is None
+    assert short_test(req, 1, 1, None, 0.05, 0) is None

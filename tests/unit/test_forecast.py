@@ -221,3 +221,31 @@ def test_a_held_job_waits_for_its_release_not_for_a_cycle() -> None:
         "held: held by alice at 2024-01-01 00:05:00 UTC (submitted held); "
         "never placed until released (apportion release JOB)"
     )
+
+
+def test_what_the_forward_run_feeds_in_itself_asks_for_no_wake_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the forward run skips wakeups() for its own reports and arrivals (_NO_WAKEUPS): every one of them it feeds
+    # in, in runs that start, complete, checkpoint, stop at a time limit and submit, has none
+    from apportion import forecast as forecast_module
+    from apportion.domain.dispatch import wakeups
+
+    fed: list[ev.Event] = []
+    real = forecast_module._Forward._feed
+
+    def recording(self: Any, e: ev.Event, t: int) -> bool:
+        fed.append(e)
+        return real(self, e, t)
+
+    monkeypatch.setattr(forecast_module._Forward, "_feed", recording)
+    hist = History().node("n0", 1).submit("u1", T0, min_runtime_s=0.0, duration_s=7200.0)
+    hist.submit("q1", m(20), min_runtime_s=0.0, duration_s=3600.0)
+    hist.submit("a1", m(30), budget="lab/b", tick=False)
+    forecast(hist.state, m(30), BUDGET_ORDER, spacing=0.0)
+    limited = History().node("n0", 1).submit("s1", T0, duration_s=5 * 3600.0, time_limit_s=3 * 3600.0)
+    limited.submit("p1", m(10))
+    queued = next(e for e in History().submit("x1", m(5), tick=False).log if isinstance(e, ev.JobQueued))
+    forecast(limited.state, m(10), CFG, arrivals=[(m(40), queued)])
+    kinds = {type(e) for e in fed}
+    assert kinds == {ev.JobStarted, ev.JobCompleted, ev.JobCheckpointed, ev.JobFailed, ev.JobSubmitted}
+    assert kinds == forecast_module._NO_WAKEUPS
+    assert all(wakeups(e, CFG) == [] for e in fed)

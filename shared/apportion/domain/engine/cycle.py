@@ -457,7 +457,7 @@ class _Cycle:
             return None
         req = self.request
         assert req is not None  # (all_blocked)
-        if not (known_short(req, 1, 1, None, leaf, self.cfg.delta) if short is None else short(leaf)):
+        if not (known_short(req, 1, 1, None, leaf, self.cfg.delta, self.charges) if short is None else short(leaf)):
             return None
         return memo_tail(memo, self.pending[leaf])
 
@@ -571,7 +571,7 @@ def _pass_blocked_tails(cx: _Cycle) -> None:
         if cx.memo is None or not cx.all_blocked():
             return  # (what blocked_tail would answer for the first one)
         assert cx.request is not None  # (all_blocked)
-        short = short_test(cx.request, 1, 1, None, cx.cfg.delta)
+        short = short_test(cx.request, 1, 1, None, cx.cfg.delta, cx.charges)
         if short is None:
             return  # (known_short fails for every leaf)
     tails = []

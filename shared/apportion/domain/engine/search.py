@@ -693,16 +693,21 @@ _LAST = "last_used"
 _FREE = "free_options"
 
 
-def known_short(req: PreemptionRequest, g: int, k: int, model: str | None, leaf: str, delta: float) -> bool:
+def known_short(
+    req: PreemptionRequest, g: int, k: int, model: str | None, leaf: str, delta: float, charge_count: int
+) -> bool:
     """The search of a job of shape (g, k, model) of ``leaf`` with hysteresis ``delta`` is known to fail
     without looking (speed only): a search of this shape found too few nodes without expired-behind runs
-    with nothing touched since (free, unallocated and idle options are the same for any leaf), and no branch
-    is behind ``leaf``'s by ``delta`` (:func:`_nothing_behind`). What :func:`plan_preemption` tests first:
-    a caller may ask it before setting up the request for the job."""
-    return req.memo.get((_SHORT, g, model, k)) == len(req.free.log) and _nothing_behind(req, leaf, delta)
+    with nothing touched since (free, unallocated and idle options are the same for any leaf), and no leaf is
+    behind ``leaf``'s by ``delta`` for any charge (:func:`_none_behind`; ``charge_count``: the cycle's charges
+    so far). What :func:`plan_preemption` tests first: a caller may ask it before setting up the request for
+    the job."""
+    return req.memo.get((_SHORT, g, model, k)) == len(req.free.log) and _none_behind(req, leaf, delta, charge_count)
 
 
-def short_test(req: PreemptionRequest, g: int, k: int, model: str | None, delta: float) -> Callable[[str], bool] | None:
+def short_test(
+    req: PreemptionRequest, g: int, k: int, model: str | None, delta: float, charge_count: int
+) -> Callable[[str], bool] | None:
     """:func:`known_short` of shape (g, k, model) with ``delta`` as a test of the leaf alone, for questions
     asked of many leaves with nothing placed, reserved or charged between them; ``None`` when the shape's
     first test fails (then it fails for every leaf)."""
@@ -713,7 +718,40 @@ def short_test(req: PreemptionRequest, g: int, k: int, model: str | None, delta:
         return _never
     top, clear, ratio = got
     # (the loop of _nothing_behind, its bound read once: nothing moves it meanwhile)
-    return partial(_ancestors_clear, top=top, clear=clear, ratio=ratio, delta=delta)
+    return partial(
+        _clear_or_none_behind, top=top, clear=clear, ratio=ratio, delta=delta, req=req, charge_count=charge_count
+    )
+
+
+def _none_behind(req: PreemptionRequest, leaf: str, delta: float, charge_count: int) -> bool:
+    """No leaf is behind ``leaf``'s by ``delta`` whatever J's charge, with ``charge_count`` charges in the cycle
+    so far: :func:`_nothing_behind` (a bound on every r), else :meth:`CycleVictims.behind_of` at charge 0 finds
+    none (the after-move test only refuses more as the charge grows, so none is behind for any charge); what
+    :func:`plan_preemption` finds before it returns ``None`` for a shape known to be short, with ``narrowed``
+    false. ``False`` without a tree or with a view that charges (the baselines: nothing is known)."""
+    got = _behind_answers(req, delta)
+    if got is None:
+        return False
+    top, clear, ratio = got
+    return _clear_or_none_behind(leaf, top, clear, ratio, delta, req, charge_count)
+
+
+def _clear_or_none_behind(
+    leaf: str,
+    top: float,
+    clear: dict[str, bool],
+    ratio: Callable[[str], float],
+    delta: float,
+    req: PreemptionRequest,
+    charge_count: int,
+) -> bool:
+    """:func:`_none_behind` once :func:`_behind_answers` is read (``top``, ``clear``, ``ratio``)."""
+    if _ancestors_clear(leaf, top, clear, ratio, delta):
+        return True
+    view = req.ratio
+    assert not callable(view) and req.tree is not None  # (_behind_answers answered)
+    behind, narrowed = req.victims.behind_of(leaf, view, delta, charge_count, req.tree, 0.0, req.moves)
+    return not behind and not narrowed
 
 
 def _never(leaf: str) -> bool:
