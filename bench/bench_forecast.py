@@ -29,6 +29,8 @@ that prefix alone:
   k = 1 .. :data:`REPLAY_DAYS` as far as the log prefix reaches), the median start (the range in ``--dump``);
 * ``forecast + arrivals a week before``: the same hours of the week before, a week later (``forecast
   --with-arrivals``, :func:`apportion.forecast.week_before_arrivals`; the last day on a log shorter than a week);
+* ``forecast + the week before``: the whole week before, each submission a week later (``span_s`` a week: the
+  same hours of the week before over the whole 7-day horizon, not only the next day);
 * ``forecast + actual arrivals``: a diagnostic, not an estimate: ``forecast`` given the submissions the
   simulation in fact received after the question (their times and shapes, from the rest of the log); what is
   left of its error is the forward run's own (resolution, the model of running work), the rest of
@@ -88,6 +90,7 @@ from apportion.domain.fairshare import budget_order
 from apportion.events import Decision, Event, JobQueued, JobStarted
 from apportion.forecast import (
     ARRIVAL_LOOKBACK_S,
+    ARRIVAL_PERIOD_S,
     HORIZON_S,
     MIN_GAP_S,
     SPACING,
@@ -181,10 +184,26 @@ ESTIMATES: tuple[str, ...] = (
     "forecast + arrivals ahead",
     "forecast + arrivals, median of days",
     "forecast + arrivals a week before",
+    "forecast + the week before",
     "forecast + arrivals, mean day",
     "forecast + arrivals, mean day every day",
     "slurm-style",
 )
+#: The estimates that are one forward run: name -> (declared durations known, the arrivals assumed, as
+#: :func:`arrivals_of` names them), in the order they are made.
+RUNS: dict[str, tuple[bool, str]] = {
+    "forecast": (True, ""),
+    "forecast, unspaced": (True, ""),
+    "forecast, no durations": (False, ""),
+    "forecast + arrivals": (True, "once"),
+    "forecast + arrivals every day": (True, "daily"),
+    "forecast + actual arrivals": (True, "actual"),
+    "forecast + arrivals ahead": (True, "ahead"),
+    "forecast + arrivals a week before": (True, "week"),
+    "forecast + the week before": (True, "whole week"),
+    "forecast + arrivals, mean day": (True, "mean"),
+    "forecast + arrivals, mean day every day": (True, "mean daily"),
+}
 #: ``forecast + arrivals, median of days``: the days replayed (each the day k days before, k days later, k = 1..N
 #: where the log prefix reaches back that far), one forward run each; the median start is the estimate.
 REPLAY_DAYS = 3
@@ -283,6 +302,8 @@ def arrivals_of(
         return mean_day_arrivals(hist, now)
     if kind == "week":
         return week_before_arrivals(hist, now)
+    if kind == "whole week":
+        return week_before_arrivals(hist, now, span_s=ARRIVAL_PERIOD_S)
     got = recent_arrivals(hist, now)
     if kind == "ahead":
         snap = state.cycle_snapshot(now)
@@ -446,6 +467,13 @@ def _parser() -> argparse.ArgumentParser:
         "--while-waiting", type=int, default=0, metavar="N", help="also forecast every hour while a job waits, N times"
     )
     ap.add_argument(
+        "--while-waiting-estimate",
+        default="forecast",
+        choices=[n for n, (_, kind) in RUNS.items() if kind != "ahead"],
+        metavar="NAME",
+        help="--while-waiting: the estimate made (a forward run; default forecast, no arrivals)",
+    )
+    ap.add_argument(
         "--timing",
         action="store_true",
         help="only time forecast JOB and queue --start on bench_engine's 10,000-GPU snapshot (targets 2 s, 10 s)",
@@ -543,20 +571,8 @@ def main() -> None:
         now = to_us(log[idx].ts)
         est: dict[str, Micros | None] = {}
         history = user_history(hist_events)
-        runs = (
-            ("forecast", True, ""),
-            ("forecast, unspaced", True, ""),
-            ("forecast, no durations", False, ""),
-            ("forecast + arrivals", True, "once"),
-            ("forecast + arrivals every day", True, "daily"),
-            ("forecast + actual arrivals", True, "actual"),
-            ("forecast + arrivals ahead", True, "ahead"),
-            ("forecast + arrivals a week before", True, "week"),
-            ("forecast + arrivals, mean day", True, "mean"),
-            ("forecast + arrivals, mean day every day", True, "mean daily"),
-        )
         basis = ""
-        for name, declared, arriving in runs:
+        for name, (declared, arriving) in RUNS.items():
             waiting = name == "forecast" and "forecast + recent waits" in times
             if name not in times and not waiting:
                 continue
@@ -764,7 +780,9 @@ BUCKETS: tuple[tuple[float, str], ...] = ((24.0, ">= 24 h"), (6.0, "6-24 h"), (1
 
 def converge(log: list[Event], bf: Any, dcfg: DispatchConfig, samples: list[Sample], args: Any) -> None:
     """The forecast again every hour while each sampled job waits (at most ``--while-waiting`` times a job),
-    from the log up to that time; median absolute error by how long before its start it was made."""
+    from the log up to that time, made as the estimate ``--while-waiting-estimate`` (a forward run, :data:`RUNS`);
+    median absolute error by how long before its start it was made."""
+    declared, arriving = RUNS[args.while_waiting_estimate]
     points = sorted(
         (s.submitted + s_to_us(3600 * k), s.job_id, s.actual)
         for s in samples
@@ -774,6 +792,7 @@ def converge(log: list[Event], bf: Any, dcfg: DispatchConfig, samples: list[Samp
     state = DispatchState(bf.tree, bf.window_s)
     done = 0
     errs: dict[str, list[float]] = {label: [] for _, label in BUCKETS}
+    after = 0
     t0 = time.perf_counter()
     for at, job_id, actual in points:
         while done < len(log) and to_us(log[done].ts) <= at:
@@ -781,15 +800,32 @@ def converge(log: list[Event], bf: Any, dcfg: DispatchConfig, samples: list[Samp
             done += 1
         if job_id not in {j.job_id for jobs in state.pending.values() for j in jobs}:
             continue  # placed, waiting for its victims' stop: started in all but the report
-        start = forecast(state, at, dcfg, job_ids=[job_id], horizon_s=args.horizon_d * 86_400).jobs[0].start_us
+        hist = log[:done]
+        start = (
+            forecast(
+                state,
+                at,
+                dcfg,
+                job_ids=[job_id],
+                history=user_history(hist),
+                horizon_s=args.horizon_d * 86_400,
+                declared_durations=declared,
+                arrivals=arrivals_of(arriving, log, done - 1, hist, state, at, args.horizon_d),
+                arrival_period_s=ARRIVAL_LOOKBACK_S if arriving.endswith("daily") else 0.0,
+            )
+            .jobs[0]
+            .forward_start_us
+        )
         if start is None:
+            after += 1
             continue
         ahead = us_to_s(actual - at) / 3600
         label = next(lb for lo, lb in BUCKETS if ahead >= lo)
         errs[label].append(abs(us_to_s(start - actual)) / 3600)
     print(
-        f"\nforecast while waiting: {len(points)} forecasts, every hour up to {args.while_waiting} h after submission "
-        f"({time.perf_counter() - t0:.1f} s); median |e| (h) by time before the start:"
+        f"\n{args.while_waiting_estimate} while waiting: {len(points)} forecasts, every hour up to "
+        f"{args.while_waiting} h after submission ({time.perf_counter() - t0:.1f} s; {after} with no start within the "
+        "horizon, left out); median |e| (h) by time before the start:"
     )
     for _, label in BUCKETS:
         xs = errs[label]

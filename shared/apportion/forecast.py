@@ -398,15 +398,15 @@ def recent_arrivals(
 
 
 def week_before_arrivals(
-    events: Sequence[Event], now_us: Micros, period_s: float = ARRIVAL_PERIOD_S
+    events: Sequence[Event], now_us: Micros, period_s: float = ARRIVAL_PERIOD_S, span_s: float = ARRIVAL_LOOKBACK_S
 ) -> list[tuple[Micros, JobQueued]]:
-    """The next day's submissions assumed by ``forecast --with-arrivals``: those of the same hours a week
-    (``period_s``) before, each job first queued in the day from ``now_us - period_s``, ``period_s`` later
-    (:func:`recent_arrivals`); when the log does not reach back that far (its first event is later), the last
-    day's, a day later."""
+    """The submissions assumed by ``forecast --with-arrivals``: those of the same hours a week (``period_s``)
+    before, each job first queued in the ``span_s`` (at most ``period_s``) from ``now_us - period_s``,
+    ``period_s`` later (:func:`recent_arrivals`): the next day's by default; when the log does not reach back
+    that far (its first event is later), the last day's, a day later."""
     first = min((to_us(e.ts) for e in events), default=now_us)
     if first <= now_us - s_to_us(period_s):
-        return recent_arrivals(events, now_us, ARRIVAL_LOOKBACK_S, period_s)
+        return recent_arrivals(events, now_us, min(span_s, period_s), period_s)
     return recent_arrivals(events, now_us)
 
 

@@ -102,6 +102,11 @@ def test_with_the_week_before_an_unallocated_job_waits_for_the_allocated_arrival
         for arr in ((), week, recent_arrivals(hist.log, now))
     ]
     assert starts == [day7 + h(11), day7 + h(12), day7 + h(13)]
+    # the whole week before (span a week; a longer span is cut to the period): every job queued from T0 + 9 h to
+    # now, a week later: w0, y0 (T0 + 13 d 10 h), y1 (T0 + 13 d 11 h) and r1 (T0 + 14 d 8 h); p1, queued at now, not
+    whole = [(day7 + h(10), "w0"), (d(13) + h(10) - T0, "y0"), (d(13) + h(11) - T0, "y1"), (d(14) + h(8) - T0, "r1")]
+    for span in (7 * 86_400.0, 30 * 86_400.0):
+        assert [(t, j.job_id) for t, j in week_before_arrivals(hist.log, now, span_s=span)] == whole
     # a log that begins later than a week before now (here T0 + 1 d): the last day's submissions, a day later
     short = [e for e in hist.log if to_us(e.ts) >= d(1)]
     assert [j.job_id for _, j in week_before_arrivals(short, now)] == ["y0", "y1", "r1"]
