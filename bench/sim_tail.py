@@ -5,7 +5,8 @@ Usage (traces from ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the c
     .venv/bin/python bench/sim_tail.py run philly week44 fairshare OUT.json [--seed N] [--tail-h H] [--churn-bound N]
         [--free-order 0|1] [--free-las 0|1] [--progress-after N]
         [--at-share-bound N] [--grow-over-share 0|1] [--owner-free 0|1] [--gang-wait-h H] [--gang-min-gpus N]
-        [--gang-bound-x X] [--cover-min-gpus N] [--free-las-queue-gpu-s S] [--age-first-h H] [--runs RUNS.json]
+        [--gang-bound-x X] [--cover-min-gpus N] [--free-las-queue-gpu-s S] [--age-first-h H]
+        [--age-first-gangs 0|1] [--runs RUNS.json]
     .venv/bin/python bench/sim_tail.py run itp week5 slurm OUT.json [--budgets infra/budgets/itp-hetero.yaml]
         [--slurm-simplified]
     .venv/bin/python bench/sim_tail.py compare FAIR.json PEER.json
@@ -19,7 +20,7 @@ Usage (traces from ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the c
 ``--gang-wait-h H`` ``EngineConfig.gang_wait_s`` in hours, ``--gang-min-gpus N`` ``EngineConfig.gang_min_gpus``,
 ``--gang-bound-x X`` ``EngineConfig.gang_bound_x``, 0 = none for both; ``--cover-min-gpus N``
 ``EngineConfig.cover_min_gpus``; ``--free-las-queue-gpu-s S`` ``EngineConfig.free_las_queue_gpu_s``, 0 = off;
-``--age-first-h H`` ``EngineConfig.age_first_s`` in hours;
+``--age-first-h H`` ``EngineConfig.age_first_s`` in hours, ``--age-first-gangs 1`` ``EngineConfig.age_first_gangs``;
 ``--slurm-simplified``: policy ``slurm`` is the simplified peer,
 ``SlurmConfig(backfill_reserve=False)``), writes the policy's report (the ``--json`` document) beside OUT
 (``.json`` replaced by ``.report.json``) and one row per job to OUT: budget, allocated, shape g x k, duration,
@@ -119,6 +120,7 @@ def run(argv: list[str]) -> int:
                 "cover_min_gpus": None if cover is None else int(cover),
                 "free_las_queue_gpu_s": las_queue or None,
                 "age_first_s": None if age_first is None else float(age_first) * 3600,
+                "age_first_gangs": _opt(argv, "--age-first-gangs", "0") != "0",
                 **scope,
             },
         )

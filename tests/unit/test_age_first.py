@@ -3,7 +3,8 @@
 World of ``tests.kit.engine_world`` (lab/a 0.5, lab/b 0.25, lab/c 0.25) with K = 1,000 GPU-s: r_a = 0 (first in
 the fair-share order), r_b = 200 / 250 = 0.8, r_c = 900 / 250 = 3.6 (last). One node n0 of 1 GPU. ``fresh`` is
 lab/a's job queued at NOW (waited 0); ``old`` lab/c's, ``mid`` lab/b's, queued ``waited`` before NOW. The bound
-is 4 h (14,400 s): a job that has waited at least that long is aged.
+is 4 h (14,400 s): a job of one node that has waited at least that long is aged (a gang across nodes too with
+``age_first_gangs``).
 """
 
 from __future__ import annotations
@@ -61,5 +62,20 @@ def test_aged_job_reserves_only_at_its_rank_in_the_walk(age: float | None) -> No
     assert (preempted(res), placed(res), res.reservation) == ([], ["fresh@n0[0]"], ("old", ("n1",)))
 
 
+@pytest.mark.parametrize(
+    ("gangs", "want"),
+    [(False, ["fresh@n0[0]"]), (True, ["old@n0[0]+n1[0]"])],
+    ids=["a gang keeps its place in the walk", "age_first_gangs: the gang is aged too"],
+)
+def test_age_first_gangs(gangs: bool, want: list[str]) -> None:
+    # n0 and n1 of 1 GPU each: lab/c's aged gang of 1 x 2 takes both ahead of lab/a only when gangs are aged; else
+    # lab/a's job is placed first (best fit, n0) and the gang then fits nowhere.
+    w = _world(9 * HOUR).node("n1", 1)
+    w.pending["lab/c"] = []
+    w.job("old", "lab/c", 1, 2, submitted=h(0), queued=NOW - 9 * HOUR)
+    res = w.cycle(age_first_s=BOUND_S, age_first_gangs=gangs)
+    assert (preempted(res), placed(res)) == ([], want)
+
+
 def test_default_is_off() -> None:
-    assert EngineConfig().age_first_s is None
+    assert (EngineConfig().age_first_s, EngineConfig().age_first_gangs) == (None, False)
