@@ -157,8 +157,8 @@ class EngineConfig:
             STARVELIMIT have): before the fair-share walk, the allocated jobs of one node (replicas 1; every job with
             ``age_first_gangs``) whose attempt has waited at least this long (seconds since queued) are taken in the fair-share order among themselves, each placed on free GPUs
             or by a preemption under the usual rules, never reserving; a blocked one keeps its place in the walk
-            (:func:`~apportion.domain.engine.cycle._take_aged`). Default ``None``: off. Not part of any policy
-            version.
+            (:func:`~apportion.domain.engine.cycle._take_aged`). Default ``None``: off. Measured and not adopted
+            (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
         age_first_gangs: with ``age_first_s``, gangs across nodes (replicas > 1) are aged too; default False: a
             gang keeps its place in the walk (taken ahead of it, it would gather its nodes by preempting).
         preemption: False disables preemption (baselines).
