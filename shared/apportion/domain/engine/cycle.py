@@ -519,14 +519,23 @@ def _pass_allocated(cx: _Cycle) -> None:
     """Pass 1 (D3.scheduling-cycle): the allocated jobs in fair-share order, each charged when placed
     (D2.provisional-charge) before the rest are ranked."""
     pop = cx.queue.pop
+    aged = _take_aged(cx, cx.cfg.age_first_s) if cx.cfg.age_first_s is not None else None
     if cx.cfg.owner_free:
         # D3.owner-free: the leaves at or under their share come first, then their free work, then the rest
         peek, ratio = cx.queue.peek_leaf, cx.queue.ratio
         while (leaf := peek()) is not None and ratio(leaf) <= 1.0:
             item = pop()
             assert item is not None  # (peek found one)
-            _take_allocated(cx, item[0], item[1])
+            if not aged or item not in aged:
+                _take_allocated(cx, item[0], item[1])
         _pass_owner_free(cx)
+    if aged is not None:
+        # the aged jobs placed first are passed over; no kept tail holds (it would take them again, and its
+        # counters would depend on what the aged jobs' searches left remembered)
+        while (item := pop()) is not None:
+            if item not in aged:
+                _take_allocated(cx, item[0], item[1])
+        return
     bulk = True
     while (item := pop()) is not None:
         leaf, idx = item
@@ -538,6 +547,47 @@ def _pass_allocated(cx: _Cycle) -> None:
         if bulk:  # the first leaf that ends blocked: the others that do so with a kept tail, at once
             bulk = False
             _pass_blocked_tails(cx)
+
+
+def _take_aged(cx: _Cycle, age_s: float) -> set[tuple[str, int]] | None:
+    """Aged allocated work first (``EngineConfig.age_first_s``; an age term as Slurm's multifactor priority and
+    Tiresias's STARVELIMIT have, measured in ``docs/simulation.md``, "Levers measured"): before the fair-share
+    walk, the allocated jobs of one node (of any size with ``EngineConfig.age_first_gangs``) whose attempt has
+    waited at least ``age_s`` (since queued) are taken in the
+    fair-share order among themselves (leaves by the cycle's current r, provisional charges included;
+    (submitted_at, job_id) within a leaf), each placed on free GPUs or by a preemption under the usual rules
+    (D3.victims), never reserving; a blocked one keeps its place in the walk. The (leaf, index) of those placed,
+    which the walk passes over; ``None`` when no job has waited that long."""
+    cutoff = cx.now_us - s_to_us(age_s)
+    pending, gangs = cx.pending, cx.cfg.age_first_gangs
+    aged: dict[str, list[int]] = {}
+    for leaf, end in cx.allocated_end.items():
+        jobs = pending[leaf]
+        # queued_at >= submitted_at: the aged ones are among those submitted by the cutoff
+        stop = bisect_right(jobs, cutoff, 0, end, key=_SUBMITTED)
+        got = [i for i in range(stop) if jobs[i].queued_at_us <= cutoff and (gangs or jobs[i].replicas == 1)]
+        if got:
+            got.reverse()  # popped from the end: submission order
+            aged[leaf] = got
+    if not aged:
+        return None
+    placed: set[tuple[str, int]] = set()
+    charges = -1
+    order: list[str] = []
+    while aged:
+        if cx.charges != charges:  # the order changes only with a charge (D2.provisional-charge)
+            charges = cx.charges
+            order = [leaf for leaf in cx.queue.order() if leaf in aged]
+            order.reverse()
+        leaf = order[-1]
+        left = aged[leaf]
+        idx = left.pop()
+        if not left:
+            del aged[leaf]
+            order.pop()
+        if _take_allocated(cx, leaf, idx, aged=True):
+            placed.add((leaf, idx))
+    return placed
 
 
 def _take_tail(cx: _Cycle, leaf: str, idx: int, tails: dict[int, tuple[int, int, int, int]]) -> None:
@@ -611,9 +661,10 @@ def _take_leaf(cx: _Cycle, leaf: str, idx: int) -> tuple[int, int, int, int]:
     return (res.considered - before[0], cx.rank - before[1], res.searches - before[2], res.passed_over - before[3])
 
 
-def _take_allocated(cx: _Cycle, leaf: str, idx: int) -> None:
+def _take_allocated(cx: _Cycle, leaf: str, idx: int, aged: bool = False) -> bool:
     """One allocated job: free GPUs (D3.placement), the reservation's free GPUs, else a preemption
-    (D3.victims); placed: charged; blocked: it reserves or the jobs blocked like it are passed over."""
+    (D3.victims); placed: charged; blocked: it reserves or the jobs blocked like it are passed over (``aged``,
+    taken ahead of the walk by :func:`_take_aged`: neither). True when placed."""
     job = cx.pending[leaf][idx]
     res = cx.res
     cx.rank += 1
@@ -633,6 +684,7 @@ def _take_allocated(cx: _Cycle, leaf: str, idx: int) -> None:
     gang_waits = k > 1 and cfg.gang_wait_s is not None and now_us - job.queued_at_us < s_to_us(cfg.gang_wait_s)
     holds_reservation = (  # (D3.gang-wait: a gang of several nodes takes only free GPUs while it waits)
         not gang_waits
+        and not aged
         and cx.reserved_for is None
         and now_us - job.queued_at_us >= cx.reservation_after_us
         and cx.covers(leaf, job.gpus)  # D3.hero-cover: an uncovered job reserves nothing
@@ -652,10 +704,12 @@ def _take_allocated(cx: _Cycle, leaf: str, idx: int) -> None:
         cx.charges += 1
         own = cx.own_charges
         own[leaf] = own.get(leaf, 0) + 1
-    elif holds_reservation:
+        return True
+    if holds_reservation:
         _reserve(cx, job, leaf, charge)  # (it changed free capacity: no bulk skip on its account)
-    else:
+    elif not aged:
         _pass_over_blocked(cx, leaf, idx, model)
+    return False
 
 
 def _fit_free(cx: _Cycle, g: int, k: int, model: str | None, bound: str | None = None) -> list[str] | None:

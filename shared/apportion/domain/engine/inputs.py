@@ -156,6 +156,14 @@ class EngineConfig:
             the jobs not yet run, in its place in its leaf's submission order; the rest keep rule D3.free-las's
             order (:func:`~apportion.domain.engine.cycle.first_las_queue`). Default ``None``: off (every requeued
             job after the jobs not yet run). Not part of any policy version.
+        age_first_s: aged allocated work first (an age term, as Slurm's multifactor priority and Tiresias's
+            STARVELIMIT have): before the fair-share walk, the allocated jobs of one node (replicas 1; every job with
+            ``age_first_gangs``) whose attempt has waited at least this long (seconds since queued) are taken in the fair-share order among themselves, each placed on free GPUs
+            or by a preemption under the usual rules, never reserving; a blocked one keeps its place in the walk
+            (:func:`~apportion.domain.engine.cycle._take_aged`). Default ``None``: off. Measured and not adopted
+            (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
+        age_first_gangs: with ``age_first_s``, gangs across nodes (replicas > 1) are aged too; default False: a
+            gang keeps its place in the walk (taken ahead of it, it would gather its nodes by preempting).
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -186,6 +194,8 @@ class EngineConfig:
     free_las: bool = True
     free_age_s: float | None = None
     free_las_queue_gpu_s: float | None = None
+    age_first_s: float | None = None
+    age_first_gangs: bool = False
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"
