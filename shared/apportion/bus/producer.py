@@ -93,11 +93,10 @@ class EventProducer:
         transaction_timeout_s: float = 10.0,
         **kafka_config: Any,
     ) -> None:
-        from kafka import KafkaProducer  # imported here: no Kafka import cost for pure users
-
         clash = sorted(set(kafka_config) & set(RELIABLE))
         if clash:
             raise ValueError(f"EventProducer fixes {clash}; do not override them")
+        from apportion.bus.clients import kafka_producer  # imported here: no Kafka import cost for pure users
         from apportion.bus.resilience import KAFKA_RECONNECT
         from apportion.bus.security import kafka_auth
 
@@ -107,7 +106,9 @@ class EventProducer:
             kafka_config["transaction_timeout_ms"] = int(transaction_timeout_s * 1000)
             kafka_config.setdefault("retry_backoff_ms", RETRY_BACKOFF_MS)
         kafka_config = {**KAFKA_RECONNECT, **kafka_auth(), **kafka_config}
-        self._producer = KafkaProducer(bootstrap_servers=bootstrap, client_id=client_id, **RELIABLE, **kafka_config)
+        # made by apportion.bus.clients: a constructor that cannot bootstrap raises within bootstrap_timeout_ms
+        # (30 s by default), a TLS server that never answers included, and leaves nothing running
+        self._producer = kafka_producer(bootstrap_servers=bootstrap, client_id=client_id, **RELIABLE, **kafka_config)
 
     def send(self, event: events.Event, value: bytes | None = None) -> FutureRecordMetadata:
         """Queue ``event`` for its topic; the future resolves on the broker's ack.
