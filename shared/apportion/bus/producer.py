@@ -45,6 +45,10 @@ RETRY_BACKOFF_MS = 5
 #: rebuilds from the log): kafka-python's ``commit_transaction`` waits without a bound.
 COMMIT_TIMEOUT_S = 30.0
 
+#: Wall seconds :meth:`EventProducer.close` waits for the sender thread to stop once it gave the records
+#: still unacknowledged up (it wakes from its poll and fails them; the broker is not waited for).
+FORCE_CLOSE_S = 5.0
+
 
 def is_fenced(exc: BaseException | None) -> bool:
     """True when ``exc`` (or an exception it was raised from) says a newer producer took over this
@@ -89,11 +93,10 @@ class EventProducer:
         transaction_timeout_s: float = 10.0,
         **kafka_config: Any,
     ) -> None:
-        from kafka import KafkaProducer  # imported here: no Kafka import cost for pure users
-
         clash = sorted(set(kafka_config) & set(RELIABLE))
         if clash:
             raise ValueError(f"EventProducer fixes {clash}; do not override them")
+        from apportion.bus.clients import kafka_producer  # imported here: no Kafka import cost for pure users
         from apportion.bus.resilience import KAFKA_RECONNECT
         from apportion.bus.security import kafka_auth
 
@@ -103,7 +106,9 @@ class EventProducer:
             kafka_config["transaction_timeout_ms"] = int(transaction_timeout_s * 1000)
             kafka_config.setdefault("retry_backoff_ms", RETRY_BACKOFF_MS)
         kafka_config = {**KAFKA_RECONNECT, **kafka_auth(), **kafka_config}
-        self._producer = KafkaProducer(bootstrap_servers=bootstrap, client_id=client_id, **RELIABLE, **kafka_config)
+        # made by apportion.bus.clients: a constructor that cannot bootstrap raises within bootstrap_timeout_ms
+        # (30 s by default), a TLS server that never answers included, and leaves nothing running
+        self._producer = kafka_producer(bootstrap_servers=bootstrap, client_id=client_id, **RELIABLE, **kafka_config)
 
     def send(self, event: events.Event, value: bytes | None = None) -> FutureRecordMetadata:
         """Queue ``event`` for its topic; the future resolves on the broker's ack.
@@ -212,8 +217,34 @@ class EventProducer:
         self._producer.flush(timeout=timeout_s)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Flush and close the connection."""
-        self._producer.close(timeout=timeout_s)
+        """Flush and close; whatever the broker does, nothing of the producer runs on when this returns.
+
+        A record not acknowledged within ``timeout_s`` wall seconds (the broker gone) is given up: its future
+        fails, the sender thread stops within :data:`FORCE_CLOSE_S` and its connections close, and this raises
+        ``KafkaTimeoutError`` saying so, once. kafka-python's own ``close`` raises from its flush before it
+        force-closes (at any timeout, 0 included), leaving the sender running and the client open, so that its
+        ``__del__`` raises the same timeout again during garbage collection."""
+        from kafka.errors import KafkaTimeoutError
+
+        kp = self._producer
+        given_up: KafkaTimeoutError | None = None
+        try:
+            kp.close(timeout=timeout_s)
+        except KafkaTimeoutError as exc:
+            given_up = exc
+            kp._sender.force_close()  # fails every batch still unacknowledged, then closes the network client
+        kp._sender.join(FORCE_CLOSE_S)  # kafka-python's close does not wait for a sender it force-closed either
+        if kp._sender.is_alive():
+            raise KafkaTimeoutError(
+                f"the producer's sender did not stop within {timeout_s:g} s and {FORCE_CLOSE_S:g} s more"
+            ) from given_up
+        if given_up is None:
+            return
+        kp.close(timeout=0)  # nothing left to flush: marks it closed (its __del__ then does nothing)
+        raise KafkaTimeoutError(
+            f"records not acknowledged within {timeout_s:g} s were given up (their futures fail);"
+            " the producer is closed"
+        ) from given_up
 
     def __enter__(self) -> EventProducer:
         return self
