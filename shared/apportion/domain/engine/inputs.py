@@ -158,8 +158,9 @@ class EngineConfig:
             job after the jobs not yet run). Not part of any policy version.
         age_first_s: aged allocated work first (an age term, as Slurm's multifactor priority and Tiresias's
             STARVELIMIT have): before the fair-share walk, the allocated jobs of one node (replicas 1; every job with
-            ``age_first_gangs``) whose attempt has waited at least this long (seconds since queued) are taken in the fair-share order among themselves, each placed on free GPUs
-            or by a preemption under the usual rules, never reserving; a blocked one keeps its place in the walk
+            ``age_first_gangs``) whose attempt has waited at least this long (seconds since queued) are taken in the
+            fair-share order among themselves, each placed on free GPUs or by a preemption under the usual rules,
+            never reserving; a blocked one keeps its place in the walk
             (:func:`~apportion.domain.engine.cycle._take_aged`). Default ``None``: off. Measured and not adopted
             (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
         age_first_gangs: with ``age_first_s``, gangs across nodes (replicas > 1) are aged too; default False: a
