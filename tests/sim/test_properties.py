@@ -167,10 +167,6 @@ def test_a_run_leaves_no_reference_cycles(policy):
         until_us=at(12),
         pause_gc=False,
     )
-    # a first run does what is done once per process (lazy imports, classes some libraries build on first use,
-    # whose class objects are cycles by nature): in a worker where this is the first simulation it failed with
-    # a class's garbage; a cycle each run makes is in the second run's garbage
-    simulate(BudgetTree.from_mapping(TREE), nodes, jobs, cfg, scheduler=POLICIES[policy])
     gc.collect()
     gc.set_debug(gc.DEBUG_SAVEALL)
     try:
