@@ -89,11 +89,6 @@ OWN_STACK_FILES = (
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns ``xdist_group`` marks into the group's node ids
-def _repo_path(node: pytest.Item) -> str:
-    """The test file of ``node``, relative to the checkout (``tests/unit/test_x.py``)."""
-    return Path(str(node.fspath)).resolve().relative_to(ROOT).as_posix()
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the tests that need Kafka and Redis ``integration``; put them, and the tests that act on the machine,
     in one xdist group, ``serial``: under ``make test`` (pytest-xdist, ``--dist loadgroup``) they run one after the
@@ -102,7 +97,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if INFRA_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
-        path = _repo_path(item)
+        path = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
         if path in OWN_STACK_FILES:
             item.add_marker(pytest.mark.xdist_group("own-stack"))
         elif item.get_closest_marker("integration") is not None or path.startswith(SERIAL_FILES):
@@ -134,7 +129,8 @@ def machine_stack_hidden_below_integration(
     ``stack.env``) or ``make down`` (the marker of a stopped stack, which refuses every address) in this checkout,
     a test that resolves addresses would otherwise reach, or be refused by, the developer's stack. A test that
     means to read one sets ``APPORTION_STACK_DIR`` itself (``monkeypatch`` restores both after it)."""
-    if _repo_path(request.node).startswith(("tests/unit/", "tests/service/", "tests/sim/")):
+    path = Path(str(request.node.fspath)).resolve().relative_to(ROOT).as_posix()
+    if path.startswith(("tests/unit/", "tests/service/", "tests/sim/")):
         environment.hide_machine_stack(monkeypatch, tmp_path_factory.mktemp("no-stack"))
 
 

@@ -553,11 +553,11 @@ def _take_aged(cx: _Cycle, age_s: float) -> set[tuple[str, int]] | None:
     """Aged allocated work first (``EngineConfig.age_first_s``; an age term as Slurm's multifactor priority and
     Tiresias's STARVELIMIT have, measured in ``docs/simulation.md``, "Levers measured"): before the fair-share
     walk, the allocated jobs of one node (of any size with ``EngineConfig.age_first_gangs``) whose attempt has
-    waited at least ``age_s`` (since queued) are taken in the fair-share order among themselves (leaves by the
-    cycle's current r, provisional charges included; (submitted_at, job_id) within a leaf), each placed on free
-    GPUs or by a preemption under the usual rules (D3.victims), never reserving; a blocked one keeps its place in
-    the walk. The (leaf, index) of those placed, which the walk passes over; ``None`` when no job has waited that
-    long."""
+    waited at least ``age_s`` (since queued) are taken in the
+    fair-share order among themselves (leaves by the cycle's current r, provisional charges included;
+    (submitted_at, job_id) within a leaf), each placed on free GPUs or by a preemption under the usual rules
+    (D3.victims), never reserving; a blocked one keeps its place in the walk. The (leaf, index) of those placed,
+    which the walk passes over; ``None`` when no job has waited that long."""
     cutoff = cx.now_us - s_to_us(age_s)
     pending, gangs = cx.pending, cx.cfg.age_first_gangs
     aged: dict[str, list[int]] = {}
