@@ -31,6 +31,8 @@ that prefix alone:
   --with-arrivals``, :func:`apportion.forecast.week_before_arrivals`; the last day on a log shorter than a week);
 * ``forecast + the week before``: the whole week before, each submission a week later (``span_s`` a week: the
   same hours of the week before over the whole 7-day horizon, not only the next day);
+* ``forecast + recent hours``: the recent rate taken to go on: the submissions of the last :data:`RECENT_S` (6 h)
+  replayed every 6 h over the whole horizon (each budget's recent rate and job mix, by hour);
 * ``forecast + actual arrivals``: a diagnostic, not an estimate: ``forecast`` given the submissions the
   simulation in fact received after the question (their times and shapes, from the rest of the log); what is
   left of its error is the forward run's own (resolution, the model of running work), the rest of
@@ -64,6 +66,10 @@ chains, as the command shows none). With ``--dump FILE`` each of these forecasts
 (``Forecast.to_dict``), so that two builds' forecasts can be compared byte for byte (``cmp``).
 With ``--while-waiting N`` the forecast is made again every hour while each sampled job waits (at most N
 times a job) and its median error is printed by how long before the start it was made (convergence).
+With ``--calibrate FIT.jsonl [SCORE.jsonl ...]`` (``--dump`` files) nothing is run: a correction is fitted on
+the first file's waits over 1 h and scored on each (fit on one week, report on the others): the factor on the
+unallocated waits of ``--calibrate-estimate`` (default ``forecast``) that puts the most within 25%, or with
+``--calibrate-blend NAME`` the point between the two estimates (:data:`WEIGHTS`) that does.
 Figures only: nothing is asserted.
 
 Run: ``.venv/bin/python bench/bench_forecast.py [--slice 2017-10-30..2017-10-31] [--sample 200] [--seed 1]``
@@ -187,6 +193,7 @@ ESTIMATES: tuple[str, ...] = (
     "forecast + the week before",
     "forecast + arrivals, mean day",
     "forecast + arrivals, mean day every day",
+    "forecast + recent hours",
     "slurm-style",
 )
 #: The estimates that are one forward run: name -> (declared durations known, the arrivals assumed, as
@@ -203,7 +210,13 @@ RUNS: dict[str, tuple[bool, str]] = {
     "forecast + the week before": (True, "whole week"),
     "forecast + arrivals, mean day": (True, "mean"),
     "forecast + arrivals, mean day every day": (True, "mean daily"),
+    "forecast + recent hours": (True, "recent"),
 }
+#: ``forecast + recent hours``: the submissions of the last this many seconds, replayed every as many seconds over
+#: the horizon (the recent rate and mix of each budget taken to go on).
+RECENT_S = 6 * 3600.0
+#: The arrivals replayed again every period (seconds), by :func:`arrivals_of`'s name; the others once.
+PERIODS: dict[str, float] = {"daily": ARRIVAL_LOOKBACK_S, "mean daily": ARRIVAL_LOOKBACK_S, "recent": RECENT_S}
 #: ``forecast + arrivals, median of days``: the days replayed (each the day k days before, k days later, k = 1..N
 #: where the log prefix reaches back that far), one forward run each; the median start is the estimate.
 REPLAY_DAYS = 3
@@ -302,6 +315,8 @@ def arrivals_of(
         return mean_day_arrivals(hist, now)
     if kind == "week":
         return week_before_arrivals(hist, now)
+    if kind == "recent":
+        return recent_arrivals(hist, now, RECENT_S, RECENT_S)
     if kind == "whole week":
         return week_before_arrivals(hist, now, span_s=ARRIVAL_PERIOD_S)
     got = recent_arrivals(hist, now)
@@ -423,6 +438,62 @@ def long_table(
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows)
 
 
+#: ``--calibrate``: the factors tried on the forward run's wait of unallocated jobs, and the blend weights tried
+#: between two estimates (0: the first, 1: the second, above 1: beyond it).
+FACTORS: tuple[float, ...] = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0)
+WEIGHTS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
+
+
+def long_rows(path: str) -> list[dict[str, Any]]:
+    """The samples of a ``--dump`` file that waited more than 1 h."""
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [r for r in rows if r["actual"] - r["submitted"] > s_to_us(3600)]
+
+
+def adjusted(r: dict[str, Any], base: str, other: str | None, how: float) -> Micros | None:
+    """A sample's start by ``--calibrate``'s rule: with ``other``, ``base`` + ``how`` x (``other`` - ``base``) (none
+    when either is none); else the submission plus ``how`` times ``base``'s wait for an unallocated job, ``base``'s
+    start for an allocated one."""
+    b = r["estimates"].get(base)
+    if b is None:
+        return None
+    if other is not None:
+        o = r["estimates"].get(other)
+        return None if o is None else round(b + how * (o - b))
+    return b if r["allocated"] else round(r["submitted"] + how * (b - r["submitted"]))
+
+
+def scored(rows: Sequence[dict[str, Any]], base: str, other: str | None, how: float) -> tuple[int, float]:
+    """Of ``rows`` (waits over 1 h): how many ``adjusted`` puts within 25% of the wait (none: a miss), and the
+    median absolute error in hours over those it gives a start (NaN: none)."""
+    hits, errs = 0, []
+    for r in rows:
+        e = adjusted(r, base, other, how)
+        if e is None:
+            continue
+        errs.append(abs(e - r["actual"]) / 3.6e9)
+        hits += abs(e - r["actual"]) <= 0.25 * (r["actual"] - r["submitted"])
+    return hits, _quantile(errs, 0.5)
+
+
+def calibrate(fit: str, score: Sequence[str], base: str, other: str | None) -> None:
+    """``--calibrate``: the factor on ``base``'s unallocated waits (or, with ``other``, the blend weight) that puts the
+    most waits over 1 h of ``fit`` within 25% (ties: the nearest to no change), then each file scored with it and
+    with no change; fitted on one week, reported on the others."""
+    grid = WEIGHTS if other is not None else FACTORS
+    plain = 0.0 if other is not None else 1.0
+    fit_rows = long_rows(fit)
+    how = max(grid, key=lambda h: (scored(fit_rows, base, other, h)[0], -abs(h - plain)))
+    rule = f"{base} + {how:g} x ({other} - {base})" if other else f"{base}, unallocated waits x {how:g}"
+    print(f"fitted on {fit}: {rule}")
+    print(f"{'file':<40} {'long':>5} {'<=25% plain':>12} {'med |e|':>8} {'<=25% fitted':>13} {'med |e|':>8}")
+    for path in [fit, *score]:
+        rows = long_rows(path)
+        (h0, m0), (h1, m1) = scored(rows, base, other, plain), scored(rows, base, other, how)
+        print(f"{path[-40:]:<40} {len(rows):>5} {h0:>12} {m0:>8.2f} {h1:>13} {m1:>8.2f}")
+
+
 def _parser() -> argparse.ArgumentParser:
     """The command line (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -497,11 +568,27 @@ def _parser() -> argparse.ArgumentParser:
         "--skip-middle", action="store_true", help="--timing: leave out the forecast of the middle of the queue"
     )
     ap.add_argument("--skip-queue", action="store_true", help="--timing: leave out queue --start")
+    ap.add_argument(
+        "--calibrate",
+        nargs="+",
+        metavar="DUMP",
+        help="only fit a correction on the first --dump file's waits over 1 h and score it on each file: a factor on "
+        "the unallocated waits of --calibrate-estimate, or with --calibrate-blend NAME a point between the two",
+    )
+    ap.add_argument(
+        "--calibrate-estimate", default="forecast", metavar="NAME", help="--calibrate: the estimate corrected"
+    )
+    ap.add_argument(
+        "--calibrate-blend", metavar="NAME", help="--calibrate: blend --calibrate-estimate with this estimate instead"
+    )
     return ap
 
 
 def main() -> None:
     args = _parser().parse_args()
+    if args.calibrate:
+        calibrate(args.calibrate[0], args.calibrate[1:], args.calibrate_estimate, args.calibrate_blend)
+        return
     if args.timing:
         timings(
             args.seed, args.min_gap, not args.skip_middle, not args.skip_queue, args.spacing, args.horizon_d, args.dump
@@ -586,7 +673,7 @@ def main() -> None:
                 horizon_s=args.horizon_d * 86_400,
                 declared_durations=declared,
                 arrivals=arrivals_of(arriving, log, idx, hist_events, state, now, args.horizon_d),
-                arrival_period_s=ARRIVAL_LOOKBACK_S if arriving.endswith("daily") else 0.0,
+                arrival_period_s=PERIODS.get(arriving, 0.0),
                 waits=recent_waits(hist_events, now) if waiting else None,
                 spacing=0.0 if name == "forecast, unspaced" else args.spacing,
                 min_gap_s=args.min_gap,
@@ -811,7 +898,7 @@ def converge(log: list[Event], bf: Any, dcfg: DispatchConfig, samples: list[Samp
                 horizon_s=args.horizon_d * 86_400,
                 declared_durations=declared,
                 arrivals=arrivals_of(arriving, log, done - 1, hist, state, at, args.horizon_d),
-                arrival_period_s=ARRIVAL_LOOKBACK_S if arriving.endswith("daily") else 0.0,
+                arrival_period_s=PERIODS.get(arriving, 0.0),
             )
             .jobs[0]
             .forward_start_us
