@@ -32,11 +32,13 @@ that prefix alone:
 * ``forecast + the week before``: the whole week before, each submission a week later (``span_s`` a week: the
   same hours of the week before over the whole 7-day horizon, not only the next day);
 * ``forecast + recent hours``: the recent rate taken to go on: the submissions of the last :data:`RECENT_S` (6 h)
-  replayed every 6 h over the whole horizon (each budget's recent rate and job mix, by hour);
+  replayed every 6 h over the whole horizon (each budget's recent rate and job mix, by hour); ``forecast + the
+  last hour``: the last hour's submissions replayed once, an hour later (a burst going on);
 * ``forecast + actual arrivals``: a diagnostic, not an estimate: ``forecast`` given the submissions the
   simulation in fact received after the question (their times and shapes, from the rest of the log); what is
   left of its error is the forward run's own (resolution, the model of running work), the rest of
-  ``forecast``'s error is the later arrivals';
+  ``forecast``'s error is the later arrivals'; ``forecast + actual allocated arrivals``: only the allocated ones
+  (what overtakes an unallocated job: ``D1.unallocated-job``);
 * ``slurm-style``: a backfill plan as ``squeue --start`` gives it: running jobs end at their duration, no
   preemption, the pending jobs in fair-share order at the time (budget order, then submission), each at
   the earliest time it fits on k nodes with g free GPUs for its duration without moving the plans before it.
@@ -194,6 +196,8 @@ ESTIMATES: tuple[str, ...] = (
     "forecast + arrivals, mean day",
     "forecast + arrivals, mean day every day",
     "forecast + recent hours",
+    "forecast + the last hour",
+    "forecast + actual allocated arrivals",
     "slurm-style",
 )
 #: The estimates that are one forward run: name -> (declared durations known, the arrivals assumed, as
@@ -211,6 +215,8 @@ RUNS: dict[str, tuple[bool, str]] = {
     "forecast + arrivals, mean day": (True, "mean"),
     "forecast + arrivals, mean day every day": (True, "mean daily"),
     "forecast + recent hours": (True, "recent"),
+    "forecast + the last hour": (True, "hour"),
+    "forecast + actual allocated arrivals": (True, "actual allocated"),
 }
 #: ``forecast + recent hours``: the submissions of the last this many seconds, replayed every as many seconds over
 #: the horizon (the recent rate and mix of each budget taken to go on).
@@ -306,17 +312,21 @@ def arrivals_of(
 ) -> list[tuple[Micros, JobQueued]]:
     """The future submissions an estimate assumes (module docstring): none (``""``), the day before replayed once
     (``once``, ``daily``), those of it that can go before the job (``ahead``), the same hours of the week before
-    (``week``), or the ones the simulation in fact received (``actual``)."""
+    (``week``), the last 6 h every 6 h (``recent``), the last hour once (``hour``), or the ones the simulation in
+    fact received (``actual``; the allocated ones only: ``actual allocated``)."""
     if not kind:
         return []
-    if kind == "actual":
-        return actual_arrivals(log, idx, now + s_to_us(horizon_d * 86_400))
+    if kind.startswith("actual"):
+        got = actual_arrivals(log, idx, now + s_to_us(horizon_d * 86_400))
+        return got if kind == "actual" else [(t, j) for t, j in got if j.min_runtime_s > 0]
     if kind in ("mean", "mean daily"):
         return mean_day_arrivals(hist, now)
     if kind == "week":
         return week_before_arrivals(hist, now)
     if kind == "recent":
         return recent_arrivals(hist, now, RECENT_S, RECENT_S)
+    if kind == "hour":
+        return recent_arrivals(hist, now, 3600.0, 3600.0)
     if kind == "whole week":
         return week_before_arrivals(hist, now, span_s=ARRIVAL_PERIOD_S)
     got = recent_arrivals(hist, now)
