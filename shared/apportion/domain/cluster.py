@@ -479,7 +479,6 @@ def placed_run(ev: JobPlaced, preemptions: int = 0, resumed_from_s: float = 0.0)
     )
 
 
-
 _RUN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Run))
 
 
@@ -495,6 +494,7 @@ def _run_with(run: Run, **changes: Any) -> Run:
 
 _new = object.__new__
 _set = object.__setattr__
+
 
 @dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
