@@ -119,11 +119,12 @@ def test_a_reported_progress_is_bounded_by_the_work_time_the_job_has_had():
 
 def test_a_run_replaced_by_the_fold_is_dataclasses_replace_of_it_field_by_field():
     from dataclasses import fields, replace
+    from typing import Any
 
     from apportion.domain.cluster import Run, _run_with
 
     run = Run("j", 2, "g/a", "u", True, 4, 2, 600_000_000, (), T0, T0 - 5, None, frozenset(), frozenset({0, 1}))
-    new = {
+    new: dict[str, Any] = {
         "job_id": "k", "attempt": 3, "budget": "g/b", "user": "v", "allocated": False, "gpus_per_replica": 8,
         "replicas": 1, "min_runtime_us": 1, "placements": (ev.Placement(node_id="n1", gpus=(0,)),),
         "placed_at_us": T0 + 1, "submitted_at_us": T0 - 9, "started_at_us": T0 + 2,
