@@ -82,6 +82,7 @@ import heapq
 import pickle
 import uuid
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -596,6 +597,10 @@ class _Forward:
         self.cycle_us = s_to_us(cycle_s) if cycle_s else None
         self.window_s = us_to_s(state.window_us)
         self.heap: list[tuple[Micros, int, int, Any]] = []
+        # happenings due at the instant being done (``at``), in the order they were pushed: after those the heap
+        # holds for it (pushed before it began, so with lower sequence numbers), as the heap would give them
+        self.at: Micros | None = None
+        self.same: deque[tuple[int, Any]] = deque()
         self.seq = 0
         self.real = 0
         self.ticks: set[Micros] = set()  # the times of the ticks in the heap (one tick a time stands for all)
@@ -653,7 +658,10 @@ class _Forward:
         self.seq += 1
         if kind != self._PERIODIC:
             self.real += 1
-        heapq.heappush(self.heap, (t, self.seq, kind, payload))
+        if t == self.at:
+            self.same.append((kind, payload))  # (no sift through the heap for a report of the same instant)
+        else:
+            heapq.heappush(self.heap, (t, self.seq, kind, payload))
 
     # ------------------------------------------------------------------ set-up
 
@@ -745,21 +753,29 @@ class _Forward:
     @property
     def cut(self) -> bool:
         """The run stopped at its horizon with happenings left after it."""
-        return bool(self.heap) and self.heap[0][0] > self.horizon and self.real > 0
+        return not self.same and bool(self.heap) and self.heap[0][0] > self.horizon and self.real > 0
 
     def run(self, wanted: set[str] | None, until_us: Micros | None = None) -> None:
         """Run until every job of ``wanted`` has started, nothing is left to happen, or the horizon; with
         ``wanted`` ``None``, until every happening up to ``until_us`` (default the horizon) is done."""
-        heap = self.heap
+        heap, same = self.heap, self.same
         until = self.horizon if until_us is None else min(until_us, self.horizon)
         self.waiting = None if wanted is None else wanted - self.started.keys()  # (emptied as they start)
-        while heap and (wanted is None or self.waiting):
-            t = heap[0][0]
+        while (heap or same) and (wanted is None or self.waiting):
+            at = self.at
+            t = at if same and at is not None and not (heap and heap[0][0] < at) else heap[0][0]
             if t > until or self.real == 0:
                 break
+            if not same:
+                self.at = at = t
             dirty = stop = False
-            while heap and heap[0][0] == t:
-                _, _, kind, payload = heapq.heappop(heap)
+            while True:
+                if heap and heap[0][0] == t:
+                    _, _, kind, payload = heapq.heappop(heap)
+                elif same and t == at:
+                    kind, payload = same.popleft()
+                else:
+                    break
                 if kind != self._PERIODIC:
                     self.real -= 1
                 if kind == self._EV:

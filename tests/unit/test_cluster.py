@@ -115,3 +115,26 @@ def test_a_reported_progress_is_bounded_by_the_work_time_the_job_has_had():
     assert cs.runs[("j", 2)].checkpoint_progress_s == 300.0
     cs.apply(completed("j", attempt=2, at=h(4)))
     assert ("j" in cs.worked_us, "j" in cs.progress) == (False, False)
+
+
+def test_a_run_replaced_by_the_fold_is_dataclasses_replace_of_it_field_by_field():
+    from dataclasses import fields, replace
+    from typing import Any
+
+    from apportion.domain.cluster import Run, _run_with
+
+    run = Run("j", 2, "g/a", "u", True, 4, 2, 600_000_000, (), T0, T0 - 5, None, frozenset(), frozenset({0, 1}))
+    new: dict[str, Any] = {
+        "job_id": "k", "attempt": 3, "budget": "g/b", "user": "v", "allocated": False, "gpus_per_replica": 8,
+        "replicas": 1, "min_runtime_us": 1, "placements": (ev.Placement(node_id="n1", gpus=(0,)),),
+        "placed_at_us": T0 + 1, "submitted_at_us": T0 - 9, "started_at_us": T0 + 2,
+        "started_replicas": frozenset({1}), "open_replicas": frozenset({1}), "stopping": True, "protection_us": 7,
+        "preemptions": 4, "resumed_from_s": 12.5, "checkpoints": ((0, T0, 3.0),), "checkpoint_interval_us": 60,
+    }  # fmt: skip
+    assert set(new) == {f.name for f in fields(Run)}  # every field changed once
+    for name, value in new.items():
+        got = _run_with(run, **{name: value})
+        assert got == replace(run, **{name: value}) and getattr(got, name) == value and got != run
+    both = _run_with(run, started_at_us=T0 + 3, started_replicas=frozenset({0, 1}))
+    assert both == replace(run, started_at_us=T0 + 3, started_replicas=frozenset({0, 1}))
+    assert run.started_at_us is None  # the run replaced is not changed

@@ -57,8 +57,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
+from typing import Any
 
 from apportion.domain.nodes import NODE_EVENT_TYPES, SCHEDULABLE, NodeState, node_transition
 from apportion.events import (
@@ -478,6 +479,23 @@ def placed_run(ev: JobPlaced, preemptions: int = 0, resumed_from_s: float = 0.0)
     )
 
 
+_RUN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Run))
+
+
+def _run_with(run: Run, **changes: Any) -> Run:
+    """``dataclasses.replace(run, **changes)`` without its walk of the field descriptors (a run has no
+    ``__post_init__``: the other fields are copied as they are); the folds replace a run at every start,
+    preemption and partial release."""
+    new = _new(Run)
+    for name in _RUN_FIELDS:
+        _set(new, name, changes[name] if name in changes else getattr(run, name))
+    return new
+
+
+_new = object.__new__
+_set = object.__setattr__
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
     """Immutable view of the cluster for one scheduling cycle.
@@ -579,7 +597,7 @@ class ClusterState:
         elif isinstance(ev, JobPreempted):
             run = self.runs.get((ev.job_id, ev.attempt))
             if run is not None and not run.stopping:
-                self.runs[run.key] = replace(run, stopping=True)
+                self.runs[run.key] = _run_with(run, stopping=True)
                 self.preemptions[run.job_id] = self.preemptions.get(run.job_id, 0) + 1
                 if self.changed is not None:
                     self.changed.add(run.key)
@@ -626,7 +644,7 @@ class ClusterState:
         t = to_us(ev.ts)
         started = run.started_replicas | {ev.replica}
         if run.started_at_us is None or t > run.started_at_us or started != run.started_replicas:
-            self.runs[run.key] = replace(run, started_at_us=max(t, run.started_at_us or t), started_replicas=started)
+            self.runs[run.key] = _run_with(run, started_at_us=max(t, run.started_at_us or t), started_replicas=started)
             if self.changed is not None:
                 self.changed.add(run.key)
 
@@ -640,7 +658,7 @@ class ClusterState:
             self._release(run, r)
             run = self.runs[run.key]
         if not run.stopping:
-            self.runs[run.key] = replace(run, stopping=True)
+            self.runs[run.key] = _run_with(run, stopping=True)
 
     def finish(self, key: RunKey) -> None:
         """Run ``key`` completed though it was being stopped (its ``JobCompleted``, stamped before the
@@ -681,7 +699,7 @@ class ClusterState:
                 moved = True
         if not moved:
             return  # a duplicate or an older report
-        run = replace(run, checkpoints=tuple(cps[r] for r in sorted(cps)))
+        run = _run_with(run, checkpoints=tuple(cps[r] for r in sorted(cps)))
         self.runs[run.key] = run
         if self.changed is not None:
             self.changed.add(run.key)
@@ -756,7 +774,7 @@ class ClusterState:
         if self.changed is not None:
             self.changed.add(key)
         if left:
-            self.runs[key] = replace(run, open_replicas=left)
+            self.runs[key] = _run_with(run, open_replicas=left)
         else:
             del self.runs[key]
             if self._folding_ts is not None:

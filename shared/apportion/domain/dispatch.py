@@ -745,8 +745,11 @@ class DispatchState:
         lst = self.pending.get(rec.spec.budget)
         if not lst:
             return
-        k = (not is_allocated(rec.spec.min_runtime_s), rec.submitted_at_us, job_id)
-        i = bisect_left(lst, k, key=_order)
+        if lst[0].job_id == job_id:
+            i = 0  # the head (what bisect finds for it: the order's keys are unique), the usual case of a placement
+        else:
+            k = (not is_allocated(rec.spec.min_runtime_s), rec.submitted_at_us, job_id)
+            i = bisect_left(lst, k, key=_order)
         if i < len(lst) and lst[i].job_id == job_id:
             old, lst = lst, lst[:i] + lst[i + 1 :]
             if lst:
@@ -831,14 +834,20 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
     rejects it). Duplicate event ids are ignored, and so is an event older
     than the window (:meth:`DispatchState.is_stale`, counted in ``stale``).
     """
+    _fold(state, ev)
+    return state
+
+
+def _fold(state: DispatchState, ev: Event) -> bool:
+    """:func:`evolve`; False when ``ev`` was not folded (older than the window, or a duplicate)."""
     eid = ev.event_id
     t_ev = to_us(ev.ts)
     clock = state.clock_us
     if older_than_window(t_ev, clock, state.window_us):  # before the seen check: the same whether swept or not
         state.stale += 1
-        return state
+        return False
     if eid in state.seen:
-        return state
+        return False
     cls = type(ev)
     if clock is None or t_ev > clock:
         state.clock_us = t_ev
@@ -860,7 +869,7 @@ def evolve(state: DispatchState, ev: Event) -> DispatchState:
         fold(state, ev, t_ev)
     if state.arrays and cls in _ENDS_JOB and ev.job_id not in state.jobs:  # type: ignore[attr-defined]
         _array_forget(state, ev.job_id, t_ev)  # type: ignore[attr-defined]
-    return state
+    return True
 
 
 #: Node events that may change the declared inventory (:meth:`DispatchState.node_shapes`); heartbeats do not.
@@ -892,9 +901,11 @@ def _fold_placed(state: DispatchState, ev: JobPlaced, t_ev: Micros) -> None:
         jobs[rec.spec.job_id] = JobRecord(
             rec.spec, rec.attempt, "running", rec.submitted_at_us, rec.queued_at_us, rec.lost
         )  # the lost run's report may still end it (rule D3.completed-before-loss)
-        vics = frozenset((v.job_id, v.attempt) for v in ev.decision.victims if (v.job_id, v.attempt) in state.stopping)
-        if vics:
-            state.awaiting[(rec.spec.job_id, rec.attempt)] = vics
+        victims = ev.decision.victims
+        if victims:
+            vics = frozenset((v.job_id, v.attempt) for v in victims if (v.job_id, v.attempt) in state.stopping)
+            if vics:
+                state.awaiting[(rec.spec.job_id, rec.attempt)] = vics
 
 
 def _fold_preempted(state: DispatchState, ev: JobPreempted, t_ev: Micros) -> None:
@@ -1544,13 +1555,8 @@ def step(state: DispatchState, inp: Event | Tick, now_us: Micros, config: Dispat
     window (:meth:`DispatchState.is_stale`) gives no output.
     This is the one entry point of the dispatcher service and the simulator.
     """
-    if not isinstance(inp, Tick):
-        if state.is_stale(inp):
-            state.stale += 1
-            return []
-        if inp.event_id in state.seen:
-            return []
-        evolve(state, inp)
+    if not isinstance(inp, Tick) and not _fold(state, inp):
+        return []  # (older than the window: counted in ``stale``; or a duplicate)
     out = decide(state, inp, now_us, config)
     for e in out:
         evolve(state, e)
