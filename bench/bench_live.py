@@ -474,6 +474,13 @@ def main() -> int:
     )
     ap.add_argument("--ingest-only", action="store_true", help="only the accounting ingest (3), not the services")
     ap.add_argument("--latency-only", action="store_true", help="only the latency and its hops (1)")
+    ap.add_argument(
+        "--latency-nodes",
+        type=int,
+        default=8,
+        metavar="N",
+        help="simulated nodes (8 GPUs each) of a --latency-only run (default 8; the full run has --jobs/8 + 1)",
+    )
     ap.add_argument("--json", action="store_true", help="figures as one JSON object on stdout (text on stderr)")
     ap.add_argument(
         "--broker-times",
@@ -485,6 +492,10 @@ def main() -> int:
     tls.add_argument("--tls-cost", action="store_true", help="run with TLS, then without; print both side by side")
     ap.add_argument("--keep", action="store_true", help="keep the data folder (logs, broker data, journals)")
     args = ap.parse_args()
+    if args.latency_nodes < 1:
+        ap.error("--latency-nodes: at least 1")
+    if args.latency_nodes != 8 and not args.latency_only:
+        ap.error("--latency-nodes needs --latency-only (the full run's nodes hold its --jobs, one GPU each)")
     if args.quick:  # a few minutes
         args.latency_jobs, args.jobs, args.events = 50, 1000, 20_000
         args.latency_warmup = min(args.latency_warmup, 100)
@@ -578,7 +589,8 @@ def measure(
 ) -> bool:
     """Latency, throughput and ingest (:func:`bench`) on a running Kafka and Redis (``stack``: the
     :class:`LocalStack` this process started, or ``None``), the services' data in ``tmp``."""
-    nodes = 8 if args.latency_only else max(8, (args.jobs + 7) // 8 + 1)  # one job at a time needs few
+    # one job at a time needs few nodes; the throughput run one GPU a job
+    nodes = args.latency_nodes if args.latency_only else max(8, (args.jobs + 7) // 8 + 1)
     ok = True
     run = LiveRun(bootstrap, redis_url, tmp, nodes, *server_pids(stack))
     try:
@@ -906,7 +918,9 @@ def latency(run: LiveRun, n: int, figures: dict[str, Any]) -> bool:
 
     w = run.watcher
     assert w is not None
+    cpu0 = run.cpu.sample()
     lat, times = one_at_a_time(run, n, "lat")
+    cpu = run.cpu.per_1000(cpu0, run.cpu.sample(), n)  # CPU s per 1,000 = ms per submission
     p50, p95, p99 = statistics.median(lat), percentile(lat, 95), percentile(lat, 99)
     figures.update(latency_p50_ms=p50, latency_p95_ms=p95, latency_p99_ms=p99)
     say(
@@ -924,6 +938,11 @@ def latency(run: LiveRun, n: int, figures: dict[str, Any]) -> bool:
         hops[label] = (statistics.median(d), percentile(d, 95))
         say(f"  {label:<44}{hops[label][0]:>9.1f}{hops[label][1] or 0:>9.1f}")
     figures["latency_hops_ms"] = hops
+    # each submission's hops in submission order (--json): where one run's tail comes from
+    figures["latency_hops_each_ms"] = {label: [round(1000 * (m[b] - m[a]), 2) for m in rows] for label, a, b in HOPS}
+    figures["latency_cpu_ms_per_job"] = cpu
+    say(f"  CPU ms per timed submission, each process (it and all it set off, {run.nodes} nodes' reports included):")
+    say("  " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()))
     return p50 <= 15
 
 

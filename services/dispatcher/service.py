@@ -640,6 +640,9 @@ class Term:
         self.idle_reports = svc.state.idle.reports  # idle reports folded when the read model last showed them
         self.rm_gap = READ_MODEL_EVERY_S
         self.unflushed = self.dirty = False
+        #: what a batch decided while its news waits for the pacer's tick (a submission's ``JobQueued``): sent
+        #: with that tick's decisions, one transaction instead of two (:meth:`handle`)
+        self.carried: list[Event] = []
         self.pacer = TickPacer(settings.tick_wall_s, start=t)
         self.reachable = reachable
         self.last_read_us = svc.now_us()  # event time of the last poll that returned records
@@ -732,13 +735,21 @@ class Term:
         svc, pacer = self.svc, self.pacer
         if batch and self.settle is not None:
             self.unproven.append(batch)
-        out = await self.sight(batch)
+        out, self.carried = self.carried, []
+        out += await self.sight(batch)
         more, news = svc.ingest(batch) if batch else ([], False)
         out += more
         now = self.now()
-        if not self.blind and pacer.due(now, news) and await self.read_barrier():
+        due = not self.blind and pacer.due(now, news)
+        if due and await self.read_barrier():
             out += svc.tick()
             pacer.ticked(now, self.now())
+        elif out and not due and not self.blind and pacer.waiting:
+            # the news waits for its tick (the pacer's gap: at most TICK_GAP_MAX_S, the next poll's wait):
+            # what it decided so far goes out with that tick's decisions, in one transaction instead of two
+            # (a submission's JobQueued, then its JobPlaced and StartWorkload). Nothing is sent or shown
+            # meanwhile: no read model or snapshot holds a decision the log does not.
+            self.carried, out = out, []
         # The keeper thread renews the lease (LeaseKeeper). Safety does not rest on it: every decision
         # carries the fencing token and agents refuse stale tokens.
         if out:
@@ -763,7 +774,7 @@ class Term:
             self.last_beats = now
         if now - self.last_idle >= IDLE_TIMES_EVERY_S and svc.state.idle.reports != self.idle_reports:
             self.dirty, self.idle_reports, self.last_idle = True, svc.state.idle.reports, now
-        if self.dirty and now - self.last_rm >= self.rm_gap:
+        if self.dirty and not self.carried and now - self.last_rm >= self.rm_gap:
             t0 = self.now()
             await asyncio.to_thread(self.write_read_model)
             await asyncio.to_thread(self.commit)
@@ -771,7 +782,7 @@ class Term:
             self.rm_gap = max(READ_MODEL_EVERY_S, 10 * (self.now() - t0))
             self.last_rm, self.dirty = self.now(), False
         every = self.settings.snapshot_every_wall_s
-        if every > 0 and now - self.last_snap >= every:
+        if every > 0 and not self.carried and now - self.last_snap >= every:
             self.check_lease()  # every decision in the state must be in the log: publish, flush, then store
             await asyncio.to_thread(self.flush)
             self.unflushed = False
@@ -851,8 +862,15 @@ class Term:
 
     def close(self) -> None:
         """A clean stop (blocking): commit an open transaction while this term still leads and sees the
-        log; else leave it to be aborted (by the next leader's ``init_transactions`` or the timeout)."""
-        if self.pending is not None and self.pending() and not self.blind:
+        log; else leave it to be aborted (by the next leader's ``init_transactions`` or the timeout). Decisions
+        carried to the next tick (:meth:`handle`) are sent first."""
+        if self.blind:
+            return
+        if self.carried:
+            self.check_lease()
+            out, self.carried = self.carried, []
+            self.svc._emit(out)
+        if self.pending is not None and self.pending():
             self.check_lease()
             self.flush()
 

@@ -151,3 +151,40 @@ def test_a_start_whose_decisions_were_not_delivered_writes_no_read_model_nor_sna
         h.start()
     assert h.producer.calls == ["begin", "DispatcherConfigured", "commit"]
     assert writes == []
+
+
+def carry_a_submission(h: Harness) -> list[str]:
+    """A submission read 10 ms after a 10 ms cycle ended: its tick waits for the pacer's gap of 40 ms
+    (4 x the cycle at the 20% share); returns what the term wrote to Redis meanwhile."""
+    writes: list[str] = []
+    h.term.write_read_model = lambda: writes.append("read model")
+    h.term.write_snapshot = lambda: writes.append("snapshot")
+    h.producer.calls.clear()
+    h.wall = 100.0  # the read model (every 0.5 s) and the snapshot (every 60 s) are due
+    h.term.pacer.ticked(h.wall - 0.01, h.wall)
+    h.wall += 0.01
+    h.log.put(submit("j1", "lab/a", 2))
+    asyncio.run(h.term.handle(h.log.read()))
+    return writes
+
+
+def test_a_submission_read_while_its_tick_waits_goes_out_with_its_placement_in_one_transaction() -> None:
+    h = Harness()
+    h.start()
+    writes = carry_a_submission(h)
+    assert h.producer.calls == [] and [e.type for e in h.term.carried] == ["JobQueued"]
+    assert writes == []  # nothing shows a decision the log does not hold
+    assert 0 < h.term.poll_ms() <= 40  # the next poll waits until the tick is due
+    h.wall += 0.04
+    asyncio.run(h.term.handle([]))
+    assert h.producer.calls == ["begin", "JobQueued", "JobPlaced", "StartWorkload", "commit"]
+    assert h.term.carried == [] and writes == ["read model", "snapshot"]
+
+
+def test_a_clean_stop_sends_and_commits_what_waited_for_its_tick() -> None:
+    h = Harness()
+    h.start()
+    carry_a_submission(h)
+    h.term.close()
+    assert h.producer.calls == ["begin", "JobQueued", "commit"]
+    assert h.term.carried == [] and not h.sends.open

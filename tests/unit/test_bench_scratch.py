@@ -321,3 +321,22 @@ def test_the_restart_log_is_cached_whole_and_no_cache_makes_it_again(
             bench_restart.main()
         assert len(made) == times
     assert [p.name for p in (temp / "apportion-bench-cache").iterdir()] == ["restart-signed-0.5d-32-60-1.pickle"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--latency-nodes", "64"], "--latency-nodes needs --latency-only"),
+        (["--latency-only", "--latency-nodes", "0"], "--latency-nodes: at least 1"),
+    ],
+    ids=["without-latency-only", "no-node"],
+)
+def test_latency_nodes_is_refused_where_it_cannot_apply(
+    argv: list[str], says: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import bench_live
+
+    monkeypatch.setattr(sys, "argv", ["bench_live", *argv])
+    with pytest.raises(SystemExit) as stop:
+        bench_live.main()
+    assert stop.value.code == 2 and says in capsys.readouterr().err

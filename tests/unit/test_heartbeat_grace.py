@@ -18,6 +18,7 @@ from apportion.domain.dispatch import (
     evolve,
     heartbeat_deadline_us,
     maintenance,
+    overdue_nodes,
 )
 from apportion.timeutil import s_to_us, to_us
 from services.dispatcher.config import DispatcherSettings
@@ -114,3 +115,40 @@ def test_the_default_heartbeat_timeout_is_design_section_3s_30_s_in_every_reader
     assert DEFAULT_HEARTBEAT_TIMEOUT_S == 30.0
     assert DispatchConfig().heartbeat_timeout_s == DEFAULT_HEARTBEAT_TIMEOUT_S
     assert DispatcherSettings.model_fields["heartbeat_timeout_s"].default == DEFAULT_HEARTBEAT_TIMEOUT_S
+
+
+def test_overdue_nodes_are_those_past_their_deadline_at_every_boundary() -> None:
+    """``overdue_nodes`` (asked before every tick) against its definition: the nodes neither lost nor drained
+    that have a heartbeat and whose :func:`heartbeat_deadline_us` is before now, sorted; heartbeats at 0-59 s
+    (n00 none, every seventh lost or drained), with no grace and graces at 20 s and 45 s, at every whole
+    second from 0 to 120 and one microsecond either side of each deadline."""
+    import random
+
+    rng = random.Random(7)
+    st = DispatchState()
+    for i in range(60):
+        nid = f"n{i:02d}"
+        evolve(st, events.NodeRegistered(event_id=events.det_id("r", nid), node_id=nid, gpu_count=4, ts=at(0)))
+        if i:
+            evolve(st, events.NodeHeartbeat(event_id=events.det_id("hb", nid), node_id=nid, ts=at(rng.randrange(60))))
+    from dataclasses import replace
+
+    for i in range(0, 60, 7):
+        nid = f"n{i:02d}"
+        st.cluster.nodes[nid] = replace(st.cluster.nodes[nid], state="lost" if i % 2 else "drained")
+    limit = s_to_us(CFG.heartbeat_timeout_s or 0)
+    for since in (None, us(20), us(45)):
+        st.heartbeats_from_us = since
+        deadlines = [
+            heartbeat_deadline_us(n.last_heartbeat_us, since, limit)
+            for n in st.cluster.nodes.values()
+            if n.last_heartbeat_us
+        ]
+        for now in sorted({us(s) for s in range(121)} | {d + k for d in deadlines for k in (-1, 0, 1)}):
+            assert overdue_nodes(st, now, CFG) == [
+                nid
+                for nid in sorted(st.cluster.nodes)
+                if (n := st.cluster.nodes[nid]).state not in ("lost", "drained")
+                and n.last_heartbeat_us is not None
+                and now > heartbeat_deadline_us(n.last_heartbeat_us, since, limit)
+            ]

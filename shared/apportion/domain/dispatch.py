@@ -1635,15 +1635,17 @@ def overdue_nodes(state: DispatchState, now_us: Micros, config: DispatchConfig |
     cfg = config or DispatchConfig()
     if cfg.heartbeat_timeout_s is None:
         return []
-    limit = s_to_us(cfg.heartbeat_timeout_s)
+    # now_us > heartbeat_deadline_us(last, since, limit) is max(last, since) < cutoff: asked before every tick,
+    # so one comparison a node, and none while the grace since heartbeats_from_us has not run out
+    cutoff = now_us - s_to_us(cfg.heartbeat_timeout_s)
     since = state.heartbeats_from_us
-    return [
+    if since is not None and since >= cutoff:
+        return []
+    return sorted(
         nid
-        for nid in sorted(state.cluster.nodes)
-        if (n := state.cluster.nodes[nid]).state not in ("lost", "drained")
-        and n.last_heartbeat_us is not None
-        and now_us > heartbeat_deadline_us(n.last_heartbeat_us, since, limit)
-    ]
+        for nid, n in state.cluster.nodes.items()
+        if n.last_heartbeat_us is not None and n.last_heartbeat_us < cutoff and n.state not in ("lost", "drained")
+    )
 
 
 def heartbeat_deadline_us(last_heartbeat_us: Micros, heartbeats_from_us: Micros | None, limit_us: Micros) -> Micros:
