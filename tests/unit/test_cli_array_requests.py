@@ -14,8 +14,10 @@ from apportion.timeutil import from_us
 from tests.kit.builders import T0, m, submitted
 from tests.unit.test_job_arrays import feed, queued_array
 
+Request = type[ev.JobHoldRequested] | type[ev.JobReleaseRequested] | type[ev.JobCancelRequested]
 
-def request(cls: type[ev.JobRequest], job_id: str, reason: str, at: int) -> ev.JobRequest:
+
+def request(cls: Request, job_id: str, reason: str, at: int) -> ev.JobRequest:
     return cls(
         event_id=ev.det_id(cls.__name__, job_id, reason, at), job_id=job_id, user="bob", reason=reason, ts=from_us(at)
     )

@@ -67,7 +67,12 @@ async def test_a_stop_with_the_broker_gone_still_stops_the_metrics_and_the_probe
     def wire(*args: Any, **kwargs: Any) -> Any:
         w = real_wire(*args, **kwargs)
         stop_metrics = w.stop_metrics
-        w.stop_metrics = lambda: (stopped_metrics.append(True), stop_metrics())
+
+        def recorded() -> None:
+            stopped_metrics.append(True)
+            stop_metrics()
+
+        w.stop_metrics = recorded
         return w
 
     async def connect(make: Any, what: str, readiness: Any, stop: asyncio.Event) -> Any:
