@@ -37,7 +37,7 @@ async def run(
     from apportion.bus.intake import IdLedger
     from apportion.bus.producer import EventProducer
     from apportion.bus.resilience import connect
-    from apportion.bus.service import consume, wire
+    from apportion.bus.service import close_quietly, consume, wire
     from apportion.metrics import node_agent_metrics
     from apportion.signers import report_signer
     from apportion.topics import COMMANDS, NODES
@@ -61,10 +61,15 @@ async def run(
         w.readiness,
         stop,
     )
-    if producer is None or signer is None:  # stopped while waiting for Kafka
-        if producer is not None:
-            producer.close()
+
+    def stop_the_rest() -> None:  # the metrics endpoint and the GPU probe (the hosted nodes share one)
         w.stop_metrics()
+        for _, p in nodes[:1]:
+            p.close()
+
+    if producer is None or signer is None:  # stopped while waiting for Kafka
+        await close_quietly(producer)
+        stop_the_rest()
         return
     sender = SignedSender(producer, signer, metrics)
     agent = NodeAgent.from_settings(settings, nodes, prefix, sender, clock, metrics, group_commit=True)
@@ -97,9 +102,7 @@ async def run(
 
     try:
         await consume(make_consumer, agent.on_event, stop, only=HANDLED, on_assigned=started)
-    finally:
+    finally:  # the broker may be gone: the producer's close gives up quietly, the rest stops all the same
         await agent.shutdown()
-        await asyncio.to_thread(producer.close)
-        w.stop_metrics()
-        for _, p in nodes[:1]:
-            p.close()
+        await close_quietly(producer)
+        stop_the_rest()

@@ -774,6 +774,31 @@ def release(
     return _request(events.JobReleaseRequested, job_id, user, reason, bootstrap, identity)
 
 
+#: Milliseconds a reader of :func:`log_reader` waits for a broker of its bootstrap to answer before it raises.
+READER_BOOTSTRAP_MS = 5_000
+
+
+def log_reader(bootstrap: str, **config: Any) -> Any:
+    """A kafka-python consumer of ``bootstrap`` that reads committed records, joins no group and commits nothing
+    (the verdict watchers, the CLI's reads of the log); ``config`` adds kafka-python settings or overrides these.
+    Made by :func:`apportion.bus.clients.kafka_consumer`: when no broker answers within
+    :data:`READER_BOOTSTRAP_MS` it raises and leaves no network thread running."""
+    from apportion.bus.clients import kafka_consumer
+    from apportion.bus.producer import READ_COMMITTED
+    from apportion.bus.security import kafka_auth
+
+    settings: dict[str, Any] = {
+        "bootstrap_servers": bootstrap,
+        "group_id": None,
+        "enable_auto_commit": False,
+        "request_timeout_ms": 10_000,
+        "bootstrap_timeout_ms": READER_BOOTSTRAP_MS,
+        **READ_COMMITTED,
+        **kafka_auth(),
+    }
+    return kafka_consumer(**{**settings, **config})
+
+
 class VerdictWatcher:
     """Waits for the dispatcher's answer to a submission: ``JobQueued`` or ``JobRejected``.
 
@@ -806,37 +831,31 @@ class VerdictWatcher:
         return self
 
     def _open(self, bootstrap: str | None) -> None:
-        from kafka import KafkaConsumer, TopicPartition
+        from kafka import TopicPartition
 
-        from apportion.bus.producer import READ_COMMITTED
-        from apportion.bus.security import kafka_auth
         from apportion.topics import JOBS
 
         self._keys = {j.encode("utf-8") for g in self._groups for j in g}
         kafka = kafka_address(bootstrap)
-        self._kc = KafkaConsumer(
-            bootstrap_servers=kafka,
-            group_id=None,
-            enable_auto_commit=False,
-            request_timeout_ms=10_000,
-            bootstrap_timeout_ms=5_000,
-            **READ_COMMITTED,
-            **kafka_auth(),
-        )
-        self._kc.topics()  # loads the cluster metadata, so the partitions below are known
-        parts = [
-            TopicPartition(topic_name(JOBS), p) for p in sorted(self._kc.partitions_for_topic(topic_name(JOBS)) or ())
-        ]
-        if not parts:
+        self._kc = log_reader(kafka)
+        try:
+            self._kc.topics()  # loads the cluster metadata, so the partitions below are known
+            parts = [
+                TopicPartition(topic_name(JOBS), p)
+                for p in sorted(self._kc.partitions_for_topic(topic_name(JOBS)) or ())
+            ]
+            if not parts:
+                raise LookupError(
+                    f"topic {topic_name(JOBS)} does not exist at {kafka}: the namespace is not provisioned "
+                    "(python -m apportion.bus.provision, or apportion stack up)"
+                )
+            self._kc.assign(parts)
+            self._kc.seek_to_end()
+            for tp in parts:
+                self._kc.position(tp)  # pin the end now, before the submission is published
+        except BaseException:
             self._kc.close()
-            raise LookupError(
-                f"topic {topic_name(JOBS)} does not exist at {kafka}: the namespace is not provisioned "
-                "(python -m apportion.bus.provision, or apportion stack up)"
-            )
-        self._kc.assign(parts)
-        self._kc.seek_to_end()
-        for tp in parts:
-            self._kc.position(tp)  # pin the end now, before the submission is published
+            raise
 
     def close(self) -> None:
         """Stop reading (what :meth:`wait` does when it returns)."""

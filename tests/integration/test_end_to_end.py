@@ -61,7 +61,8 @@ async def test_submit_place_start_complete(cluster: Cluster) -> None:
 @pytest.mark.parametrize("cluster", [{"nodes": 1, "gpus": 4}], indirect=True)
 async def test_a_job_array_runs_throttled_and_cancels_as_one(cluster: Cluster) -> None:
     """`submit --array 0-3%2`: one record, four jobs, never more than two running though the node has room for
-    four, each start carrying its index; `cancel` of a second array's id cancels all its elements."""
+    four, each start carrying its index; `hold` and `release` of a second array's id hold and release its pending
+    elements, `cancel` cancels all, each saying how many."""
     from typer.testing import CliRunner
 
     from apportion import events
@@ -92,8 +93,11 @@ async def test_a_job_array_runs_throttled_and_cancels_as_one(cluster: Cluster) -
     )
     assert res.exit_code == 0, res.output
     await cluster.until(lambda evs: sum("JobStarted" in of_job(evs, f"long_{i}") for i in range(6)) == 4, "4 starts")
+    for verb, said in (("hold", "held"), ("release", "released")):  # the 2 pending elements, each way
+        res = await asyncio.to_thread(runner.invoke, app, [verb, "long", "--user", "alice"], env=env)
+        assert res.exit_code == 0 and res.output.strip() == f"{said} long (array: 2 elements)", res.output
     res = await asyncio.to_thread(runner.invoke, app, ["cancel", "long", "--user", "alice"], env=env)
-    assert res.exit_code == 0 and "cancelled long" in res.output, res.output
+    assert res.exit_code == 0 and res.output.strip() == "cancelled long (array: 6 elements)", res.output
     evs = await cluster.until(
         lambda evs: all("JobCancelled" in of_job(evs, f"long_{i}") for i in range(6)), "every element cancelled"
     )

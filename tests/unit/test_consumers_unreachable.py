@@ -1,6 +1,6 @@
-"""FAULT (the broker is gone as a reader starts): every kafka-python client the services make raises when no
-broker answers its bootstrap (nothing listens on port 1 of the loopback; or, over TLS, a socket of the test
-accepts connections and never answers), and leaves no network thread running.
+"""FAULT (the broker is gone as a reader starts): every kafka-python client the services, the client and the CLI make
+raises when no broker answers its bootstrap (nothing listens on port 1 of the loopback; or, over TLS, a socket of the
+test accepts connections and never answers), and leaves no network thread running.
 
 kafka-python 3 starts a consumer's network thread before it bootstraps and raises with it running; a service that
 retries through an outage (the dispatcher's standby reading its fencing floor every few seconds, a new term's
@@ -72,6 +72,24 @@ def _producer(at: str) -> Any:
     return EventProducer(at, client_id="dispatcher", transactional_id="dispatcher-t")
 
 
+def _verdict_watcher(at: str) -> Any:
+    from apportion.client import VerdictWatcher
+
+    return VerdictWatcher("j-1", bootstrap=at)
+
+
+def _cli_reader(at: str) -> Any:
+    from apportion.cli.common import _consumer
+
+    return _consumer(at)
+
+
+def _cli_admin(at: str) -> Any:
+    from apportion.cli.common import _admin
+
+    return _admin(at)
+
+
 STARTS: dict[str, Callable[[str], Any]] = {
     "the dispatcher's reader (AssignedConsumer with its asker)": _assigned_reader,
     "the key end-offsets asker (EndsAsker)": _ends_asker,
@@ -79,15 +97,19 @@ STARTS: dict[str, Callable[[str], Any]] = {
     "the standby's fencing floor (highest_token_in_log)": _standby_floor,
     "an admin client (kafka_admin)": _admin,
     "a producer (EventProducer)": _producer,
+    "the client's verdict watcher (VerdictWatcher)": _verdict_watcher,
+    "the CLI's reader of the log (cli.common._consumer)": _cli_reader,
+    "the CLI's admin client (cli.common._admin)": _cli_admin,
 }
 
 
 @pytest.fixture
 def short_bootstrap(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kafka import KafkaConsumer, KafkaProducer
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
-    for kind in (KafkaConsumer, KafkaProducer):  # kafka_admin's is given
+    for kind in (KafkaConsumer, KafkaProducer, KafkaAdminClient):
         monkeypatch.setitem(kind.DEFAULT_CONFIG, "bootstrap_timeout_ms", 200)
+    monkeypatch.setattr("apportion.client.READER_BOOTSTRAP_MS", 200)  # the client's and the CLI's readers
 
 
 @pytest.fixture

@@ -436,21 +436,11 @@ def is_kafka_error(exc: BaseException) -> bool:
 
 
 def _consumer(bootstrap: str) -> Any:
-    from kafka import KafkaConsumer
+    """A reader of the log (:func:`apportion.client.log_reader`) whose iteration ends after a second without
+    records."""
+    from apportion.client import log_reader
 
-    from apportion.bus.producer import READ_COMMITTED
-    from apportion.bus.security import kafka_auth
-
-    return KafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        request_timeout_ms=10_000,
-        bootstrap_timeout_ms=5_000,
-        consumer_timeout_ms=1000,
-        **READ_COMMITTED,
-        **kafka_auth(),
-    )
+    return log_reader(bootstrap, consumer_timeout_ms=1000)
 
 
 def partitions_of(bootstrap: str, topic: str) -> int:
@@ -473,11 +463,12 @@ def topic_error(bootstrap: str, topic: str) -> int:
 
 
 def _admin(bootstrap: str) -> Any:
-    from kafka.admin import KafkaAdminClient
-
+    """An admin client of ``bootstrap`` (:func:`apportion.bus.clients.kafka_admin`: one that cannot start leaves no
+    network thread running)."""
+    from apportion.bus.clients import kafka_admin
     from apportion.bus.security import kafka_auth
 
-    return KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000, **kafka_auth())
+    return kafka_admin(bootstrap_servers=bootstrap, request_timeout_ms=10_000, **kafka_auth())
 
 
 def _ask(bootstrap: str, question: Any, client: Any = _consumer) -> Any:

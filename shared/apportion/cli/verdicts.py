@@ -33,7 +33,7 @@ from typing import Any
 
 from apportion import events
 from apportion.arrays import split_element_id
-from apportion.cli.common import Unreachable, _consumer, is_kafka_error, partitions_of
+from apportion.cli.common import Unreachable, _admin, _consumer, is_kafka_error, partitions_of
 from apportion.cli.history import FINISHED, fold_jobs
 from apportion.settings import topic_name
 
@@ -152,13 +152,16 @@ class JobWatcher:
         self.types = tuple(types)
         self._key = job_id.encode("utf-8")
         n = partitions_of(bootstrap, topic_name(JOBS))
+        kc = None
         try:
-            self._kc = _consumer(bootstrap)
+            self._kc = kc = _consumer(bootstrap)
             self._tp = TopicPartition(topic_name(JOBS), partition_of(job_id, max(n, 1)))
             self._kc.assign([self._tp])
             self._kc.seek_to_end(self._tp)
             self._kc.position(self._tp)  # pin the end now, before the request is published
         except Exception as exc:
+            if kc is not None:  # made, then the broker failed it: its network thread is stopped
+                kc.close()
             if is_kafka_error(exc):
                 raise Unreachable(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
             raise
@@ -204,11 +207,9 @@ def policy_group() -> str:
 
 def committed_offset(bootstrap: str, group: str, topic: str, partition: int) -> int | None:
     """The offset ``group`` has committed on ``topic[partition]`` (``None`` when it has none)."""
-    from kafka import KafkaAdminClient, TopicPartition
+    from kafka import TopicPartition
 
-    from apportion.bus.security import kafka_auth
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000, **kafka_auth())
+    admin = _admin(bootstrap)
     try:
         tp = TopicPartition(topic, partition)
         got = admin.list_group_offsets({group: [tp]}).get(group, {})
