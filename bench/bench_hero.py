@@ -4,7 +4,7 @@ Run::
 
     .venv/bin/python bench/bench_hero.py [--days 21] [--size 16] [--load 1] [--bg-min-runtime-h H] [--slice week44] [--seed 1]
         [--policy fairshare,slurm,kueue,kai,fifo] [--no-heroes] [--hero-days 2,3,4] [--hero-shares 0.1,0.3,0.1]
-        [--hero-min-gpus N|none] [--gang-min-gpus N] [--gang-bound-x X] [--gang-last-resort] [--grow-over-share] [--hero-reserve-takable]
+        [--hero-min-gpus N|none] [--gang-min-gpus N] [--gang-bound-x X] [--gang-last-resort [--gang-last-resort-over-share]] [--grow-over-share] [--hero-reserve-takable]
         [--json out.json] [--progress days.jsonl] [--explain-waits waits.jsonl]
 
 Builds :func:`apportion.sim.hero.hero_scenario` from the Philly jobs of
@@ -100,6 +100,7 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
                 grow_over_share=a.grow_over_share,
                 hero_reserve_takable=a.hero_reserve_takable,
                 gang_last_resort=a.gang_last_resort,
+                gang_last_resort_over_share=a.gang_last_resort_over_share,
                 **gang_scope(a.gang_min_gpus, a.gang_bound_x),
             ),
             heartbeat_timeout_s=None,
@@ -324,6 +325,12 @@ def main() -> None:
         action="store_true",
         help="EngineConfig.gang_last_resort (D3.gangs): a gang the rule spares is a victim when no feasible "
         "set without one exists",
+    )
+    ap.add_argument(
+        "--gang-last-resort-over-share",
+        action="store_true",
+        help="EngineConfig.gang_last_resort_over_share (with --gang-last-resort): the last resort takes only the "
+        "gangs of a budget over its share",
     )
     ap.add_argument(
         "--grow-over-share",
