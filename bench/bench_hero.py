@@ -2,9 +2,9 @@
 
 Run::
 
-    .venv/bin/python bench/bench_hero.py [--days 21] [--size 16] [--load 1] [--slice week44] [--seed 1]
+    .venv/bin/python bench/bench_hero.py [--days 21] [--size 16] [--load 1] [--bg-min-runtime-h H] [--slice week44] [--seed 1]
         [--policy fairshare,slurm,kueue,kai,fifo] [--no-heroes] [--hero-days 2,3,4] [--hero-shares 0.1,0.3,0.1]
-        [--hero-min-gpus N|none] [--gang-min-gpus N] [--gang-bound-x X] [--gang-last-resort] [--grow-over-share] [--hero-reserve-takable]
+        [--hero-min-gpus N|none] [--gang-min-gpus N] [--gang-bound-x X] [--gang-last-resort [--gang-last-resort-over-share]] [--grow-over-share] [--hero-reserve-takable]
         [--json out.json] [--progress days.jsonl] [--explain-waits waits.jsonl]
 
 Builds :func:`apportion.sim.hero.hero_scenario` from the Philly jobs of
@@ -73,7 +73,16 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
     if a.hero_shares:
         shares = [float(x) for x in a.hero_shares.split(",")]
         heroes = tuple(dataclasses.replace(h, share=x) for h, x in zip(heroes, shares, strict=True))
-    sc = hero_scenario(src, bf.tree, a.seed, days=a.days, size=a.size, heroes=heroes, load=a.load)
+    sc = hero_scenario(
+        src,
+        bf.tree,
+        a.seed,
+        days=a.days,
+        size=a.size,
+        heroes=heroes,
+        load=a.load,
+        bg_min_runtime_cap_s=None if a.bg_min_runtime_h is None else a.bg_min_runtime_h * 3600.0,
+    )
     if a.no_heroes:
         sc = dataclasses.replace(sc, jobs=tuple(j for j in sc.jobs if j.job_id not in sc.heroes), heroes=())
     gpus = sum(n.gpus for n in sc.nodes)
@@ -91,6 +100,7 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
                 grow_over_share=a.grow_over_share,
                 hero_reserve_takable=a.hero_reserve_takable,
                 gang_last_resort=a.gang_last_resort,
+                gang_last_resort_over_share=a.gang_last_resort_over_share,
                 **gang_scope(a.gang_min_gpus, a.gang_bound_x),
             ),
             heartbeat_timeout_s=None,
@@ -291,6 +301,12 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=16, help="each background job's GPUs multiplied by this")
     ap.add_argument("--load", type=float, default=1.0, help="the background's arrivals multiplied by this (>= 1)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--bg-min-runtime-h",
+        type=float,
+        default=None,
+        help="each allocated background job's minimum runtime min(duration, H hours) (default: the budget file's 2 h)",
+    )
     ap.add_argument("--policy", default="fairshare,slurm,kueue,kai,fifo")
     ap.add_argument("--no-heroes", action="store_true")
     ap.add_argument("--hero-days", default=None, help="submission days of hero-a,b,c (default 2,3,4)")
@@ -309,6 +325,12 @@ def main() -> None:
         action="store_true",
         help="EngineConfig.gang_last_resort (D3.gangs): a gang the rule spares is a victim when no feasible "
         "set without one exists",
+    )
+    ap.add_argument(
+        "--gang-last-resort-over-share",
+        action="store_true",
+        help="EngineConfig.gang_last_resort_over_share (with --gang-last-resort): the last resort takes only the "
+        "gangs of a budget over its share",
     )
     ap.add_argument(
         "--grow-over-share",

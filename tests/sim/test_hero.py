@@ -86,6 +86,26 @@ def test_load_multiplies_the_background_arrivals() -> None:
         hero_scenario(src, tree, 7, days=3, size=4, load=0.5)
 
 
+def test_background_minimum_runtime_cap() -> None:
+    # _bg jobs: minimum runtime 2 h, duration 3 h; a cap of 12 h makes it min(3 h, 12 h) = 3 h, a cap of
+    # 1 h makes it 1 h; an unallocated job (minimum runtime 0) stays unallocated; heroes keep their 24 h
+    src = [_bg("j1", 0, 1), dataclasses.replace(_bg("j2", 1, 1), min_runtime_s=0.0)]
+    tree = BudgetTree.from_mapping({"philly": 1.0, "philly/x": 1.0})
+    heroes = (HeroJob("a", 1024, 14, 1, 0.1),)
+    base = hero_scenario(src, tree, 7, days=1, size=4, heroes=heroes)
+    assert hero_scenario(src, tree, 7, days=1, size=4, heroes=heroes, bg_min_runtime_cap_s=None) == base
+    for cap, want in ((12 * H, 3 * H), (H, H)):
+        sc = hero_scenario(src, tree, 7, days=1, size=4, heroes=heroes, bg_min_runtime_cap_s=cap)
+        got = {j.job_id.split("~")[0]: j.min_runtime_s for j in sc.jobs}  # (every copy of the span tiled)
+        assert got == {"j1": want, "j2": 0.0, "hero-a": 24 * H}
+        # nothing else changes: the same jobs, offsets and shapes
+        assert [dataclasses.replace(j, min_runtime_s=0.0) for j in sc.jobs] == [
+            dataclasses.replace(j, min_runtime_s=0.0) for j in base.jobs
+        ]
+    with pytest.raises(ValueError, match="minimum runtime cap"):
+        hero_scenario(src, tree, 7, days=1, size=4, bg_min_runtime_cap_s=-1.0)
+
+
 def test_scenario_refuses_bad_heroes() -> None:
     tree = BudgetTree.from_mapping({"philly": 1.0, "philly/x": 1.0})
     with pytest.raises(ValueError, match="multiple of 8"):

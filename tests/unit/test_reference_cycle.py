@@ -308,3 +308,17 @@ def test_the_gang_rules_last_resort_takes_a_spared_gang_only_when_no_other_victi
     took_r1 = [Placed("j0", (("n2", (0, 1, 2, 3)),), (("r1", 1),))]
     assert fast(snap) == took_r1
     assert fast(snap, replace(CFG, gang_last_resort=True)) == took_r1
+
+
+def test_the_last_resort_over_share_spares_the_gang_of_a_budget_within_its_share():
+    # EngineConfig.gang_last_resort_over_share: the same world as above, lab/y's 2 x 4 gang r0 the only
+    # victim of lab/x/p's 1 x 4 job. With lab/y at r 0.1 (20,000 of its 200,000 GPU-s entitlement: within its
+    # share) the gang stays spared; with lab/y at r 1.2 (240,000 GPU-s: over its share) it is the last resort.
+    only_r0 = [Placed("j0", (("n0", (0, 1, 2, 3)),), (("r0", 1),))]
+    scoped = replace(CFG, gang_last_resort=True, gang_last_resort_over_share=True)
+    for occ_y, want in ((20_000.0, []), (240_000.0, only_r0)):
+        occ = {"lab/x/p": 0.0, "lab/x/q": 0.0, "lab/y": occ_y}
+        snap = world(TWO_NODES, [("lab/y", 4, 2, 3600.0, 8, 0)], [("lab/x/p", 4, 1, 60.0, None)], occ)
+        assert fast(snap, replace(CFG, gang_last_resort=True)) == only_r0  # the last resort alone takes it
+        assert fast(snap, scoped) == want
+        assert fast(snap) == []  # the policy spares it until its 42 h bound

@@ -128,17 +128,25 @@ def hero_scenario(
     checkpoint_s: float = 3600.0,
     min_runtime_s: float = 24 * 3600.0,
     load: float = 1.0,
+    bg_min_runtime_cap_s: float | None = None,
 ) -> HeroScenario:
     """The scenario of the module docstring. ``background`` and its tree: e.g. the Philly jobs of a slice.
 
+    ``bg_min_runtime_cap_s``: each allocated background job's minimum runtime becomes ``min(duration,
+    bg_min_runtime_cap_s)``, the budget file's rule with this cap (``None``: as loaded); unallocated jobs stay
+    unallocated. A longer cap leaves more of a busy cluster protected when a hero arrives, so the hero gathers.
+
     Raises:
         ValueError: no background job, a hero share that leaves the background nothing, a hero
-            larger than the cluster or not a multiple of 8 GPUs, a ``load`` below 1.
+            larger than the cluster or not a multiple of 8 GPUs, a ``load`` below 1, a negative
+            ``bg_min_runtime_cap_s``.
     """
     if not background:
         raise ValueError("hero scenario: no background jobs")
     if not load >= 1:
         raise ValueError(f"hero scenario: load {load} must be at least 1")
+    if bg_min_runtime_cap_s is not None and not bg_min_runtime_cap_s >= 0:
+        raise ValueError(f"hero scenario: background minimum runtime cap {bg_min_runtime_cap_s} s must be >= 0")
     per_node = 8
     hero_share = sum(h.share for h in heroes)
     if not 0 <= hero_share < 1:
@@ -171,6 +179,9 @@ def hero_scenario(
                 extra = int(load) - 1 + (more.random() < load - int(load))
                 times += [j.submit_us + copy * span + s_to_us(more.uniform(0, 3600)) for _ in range(extra)]
             g, k = _scaled_shape(j.gpus_per_replica * j.replicas, size, per_node)
+            mr = j.min_runtime_s
+            if bg_min_runtime_cap_s is not None and mr > 0:
+                mr = min(j.duration_s, bg_min_runtime_cap_s)
             for i, t in enumerate(times):
                 if t >= until:
                     continue
@@ -183,6 +194,7 @@ def hero_scenario(
                         gpus_per_replica=g,
                         replicas=k,
                         gpu_model=None,
+                        min_runtime_s=mr,
                     )
                 )
         copy += 1

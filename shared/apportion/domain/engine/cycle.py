@@ -799,6 +799,7 @@ def _preempt_for(
             gang_least_gpus=cfg.gang_min_gpus,
             gang_times=cfg.gang_bound_x,
             gang_last_resort=cfg.gang_last_resort,
+            gang_last_resort_over_share=cfg.gang_last_resort_over_share,
             hero_min_gpus=cfg.hero_min_gpus,
         )
     victims = req.victims

@@ -103,6 +103,10 @@ class EngineConfig:
         gang_last_resort: a gang the gang rule spares (past its protection, under its bound) is a victim when
             no feasible victim set without one exists (rule D3.gangs: "while other victims exist"); default
             False: spared until its bound. Measured and not adopted (docs/hero.md), part of no policy version.
+        gang_last_resort_over_share: with ``gang_last_resort``, the last resort takes only the gangs of a budget
+            over its share (r > 1 in the cycle's view); a gang of a budget at or under its share stays spared until
+            its bound, as the gang rule has it (rule D3.gangs: the gang whose budget falls further behind while it
+            gathers again). Default False; measured in docs/hero.md, part of no policy version.
         hero_min_gpus: rule ``D3.hero-cover`` applies to jobs of at least this many GPUs (a job that large and
             larger than its budget's share of the capacity neither reserves nodes nor preempts busy allocated runs;
             :func:`~apportion.domain.engine.reservation.share_covers`); default 1,024, so no job of a cluster of a few
@@ -183,6 +187,7 @@ class EngineConfig:
     gang_min_gpus: int | None = None
     gang_bound_x: float | None = None
     gang_last_resort: bool = False
+    gang_last_resort_over_share: bool = False
     hero_min_gpus: int | None = HERO_MIN_GPUS
     cover_min_gpus: int | None = None
     free_order: bool = False

@@ -76,6 +76,9 @@ class PreemptionRequest:
             :func:`gang_rule`, :func:`gang_bound_us`).
         gang_last_resort: ``EngineConfig.gang_last_resort``: a gang the rule spares is a victim when no
             feasible set without one exists (:func:`_last_resort_options`).
+        gang_last_resort_over_share: ``EngineConfig.gang_last_resort_over_share``: the last resort takes only
+            the gangs of a budget over its share (r > 1 in the cycle's view); a gang of a budget at or under it
+            stays spared until its bound.
         hero_min_gpus: the least GPUs of a hero run (D3.hero-cover's victims' clause: a covered hero within
             its share is taken only when no victim set without one exists); ``None``: no such clause.
     """
@@ -98,7 +101,11 @@ class PreemptionRequest:
     gang_least_gpus: int | None = None
     gang_times: float | None = None
     gang_last_resort: bool = False
+    gang_last_resort_over_share: bool = False
     hero_min_gpus: int | None = None
+    sparing_within: bool = False
+    """Set while the last resort searches with ``gang_last_resort_over_share``: the gang rule applies to the gangs
+    of a budget at or under its share only (:func:`_node_list`)."""
     charged: list[str] = field(default_factory=list)
     """The leaves provisionally charged since the request was made, in order (one entry per charge): the
     only budgets whose r moved (speed only, for :func:`_nothing_behind`)."""
@@ -202,14 +209,17 @@ def _last_resort_options(s: _Search, options: list[Option]) -> list[Option] | No
     larger than J, the options with the gangs past their protection as candidates like any other run (least
     cost first: fewest allocated GPUs, so the smallest gangs); ``s.gangs_spent`` tells :func:`_commit` to judge
     its victims so. The covered heroes stay sheltered (D3.hero-cover); ``s.sheltered_out`` is left as the search
-    with the gang rule found it."""
+    with the gang rule found it. With ``req.gang_last_resort_over_share`` the gangs of a budget at or under its
+    share (r <= 1 in the cycle's view) stay spared: only a borrower's gang is a last-resort victim."""
     req = s.req
     sheltered_out = s.sheltered_out
     req.gangs = False
+    req.sparing_within = req.gang_last_resort_over_share
     try:
         found = _behind_options(s, options, req.hero_min_gpus is not None)
     finally:
         req.gangs = True
+        req.sparing_within = False
         s.sheltered_out = sheltered_out
     s.gangs_spent = found is not None and len(found) >= req.job.replicas
     return found
@@ -298,6 +308,15 @@ class _Search:
                 self.view.ratio(run.budget),
                 req.hero_min_gpus,
             )
+        return bool(got)
+
+    def within_share(self, budget: str) -> bool:
+        """``budget`` is at or under its share (r <= 1), judged once per request (one cycle's view, as
+        :meth:`sheltered`): its gangs stay spared by ``gang_last_resort_over_share``'s last resort."""
+        memo = self.req.memo.setdefault(_WITHIN, {})
+        got = memo.get(budget)
+        if got is None:
+            got = memo[budget] = self.view.ratio(budget) <= 1.0
         return bool(got)
 
     def rank(self, x: Candidate) -> tuple[bool, tuple[int, int, int, str, int]]:
@@ -547,9 +566,12 @@ def _memo_key(req: PreemptionRequest, g: int, model: str | None, gpus: int, shel
     place the job's size enters :func:`gang_rule`; the gang's age does not depend on J), so that jobs of one g
     share their options. A new shape makes new keys: their options start afresh. With ``shelter`` (D3.hero-cover's
     victims' clause) the options leave out the sheltered hero runs: a key of its own."""
-    if not req.gangs:
-        return (g, model, shelter)
     least = req.gang_least_gpus
+    if not req.gangs:
+        if not req.sparing_within:
+            return (g, model, shelter)
+        shapes = tuple(gang_rule(r, n, gpus, least_gpus=least) for r, n in req.memo[_GANG_SHAPES])
+        return (g, model, shelter, _WITHIN, shapes)
     return (g, model, shelter, tuple(gang_rule(r, n, gpus, least_gpus=least) for r, n in req.memo[_GANG_SHAPES]))
 
 
@@ -604,7 +626,7 @@ def _node_list(
             if x[1].key in taken:
                 continue
             if (
-                req.gangs
+                (req.gangs or req.sparing_within)
                 and x[1].replicas > 1  # (a single-node run always may: gang_rule's age test is not needed)
                 and not gang_rule(
                     x[1].replicas,
@@ -614,6 +636,7 @@ def _node_list(
                     gang_bound_us(x[1], gang_cap(x[1].budget) if gang_cap is not None else None, req.gang_times),
                     req.gang_least_gpus,
                 )
+                and (req.gangs or s.within_share(x[1].budget))
             ):
                 spared = True  # (the failure says nothing about a larger job)
                 continue
@@ -689,6 +712,7 @@ _GANG_SHAPES = "gang_shapes"
 _MAX_R = "max_ratio"
 _SHORT = "short"
 _SHELTER = "sheltered"
+_WITHIN = "within_share"  # budget -> at or under its share (gang_last_resort_over_share)
 _LAST = "last_used"
 _FREE = "free_options"
 
