@@ -44,8 +44,12 @@ async def run(
         on_start: called with each session's :class:`StartReport` just before it is ready.
     """
     from apportion.bus.service import wire
+    from apportion.heap import settle_heap
     from apportion.metrics import accounting_metrics
 
+    # the start folds the whole log into a ledger of hundreds of thousands of long-lived objects: with the
+    # collector's default thresholds the bulk rebuild of 1,000,000 events spent 13% of its CPU time collecting
+    settle_heap()
     w = wire(settings, clock)
     metrics = accounting_metrics(w.registry)
     w.watch_reader(metrics["reader"])
@@ -53,6 +57,7 @@ async def run(
 
     def started(report: StartReport) -> None:
         rebuild[0] = False
+        settle_heap()  # the rebuilt ledger leaves the collector's working set (rule D9.scale)
         if on_start is not None:
             on_start(report)
         w.became_ready(ready)

@@ -1,7 +1,8 @@
 """The cyclic garbage collector in a process that holds the scheduling state (rule ``D9.scale``).
 
-The dispatcher, the forecast commands (once the log is folded) and ``bench_engine``
-hold hundreds of thousands of long-lived objects (nodes, runs, pending jobs, the leaves' lists). With Python's default
+The dispatcher, the forecast commands (once the log is folded), the accounting service (its occupancy
+ledger's runs) and ``bench_engine`` hold hundreds of thousands of long-lived objects (nodes, runs, pending jobs,
+the leaves' lists). With Python's default
 thresholds a 100,000-GPU cycle triggers some 50 collections, and a young
 collection also walks every large container the cycle builds (its maps over
 all nodes or pending jobs), about 15% of the cycle's CPU time.

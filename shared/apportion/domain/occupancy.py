@@ -103,8 +103,9 @@ from __future__ import annotations
 
 import uuid
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from operator import itemgetter
+from typing import Any
 
 from apportion.domain.budgets import ancestors_of
 from apportion.domain.nodes import COUNTED_STATES, NODE_EVENT_TYPES, NodeEvent, NodeState, node_transition
@@ -140,7 +141,6 @@ LEDGER_EVENT_TYPES: tuple[type[Event], ...] = (
     JobRequeued,
     *NODE_EVENT_TYPES,
 )
-_FOLDED = frozenset(LEDGER_EVENT_TYPES)
 
 
 def requeued_end_us(ev: JobRequeued) -> Micros:
@@ -335,7 +335,6 @@ class OccupancyLedger:
         "_next_expire",
         "_step",
         "_bulk",
-        "_dirty",
     )
 
     def __init__(self, window_s: float = WEEK_S) -> None:
@@ -361,7 +360,6 @@ class OccupancyLedger:
         self._next_expire = _MIN_T  # event time of the next expire; the first event sets it
         # flags read only for their truth (a `None` mutant is the same as False)
         self._bulk = False  # pragma: no mutate
-        self._dirty = False  # pragma: no mutate (some series has pending changes: bulk mode)
 
     # ------------------------------------------------------------------ folding
 
@@ -372,35 +370,41 @@ class OccupancyLedger:
             event: any apportion event; the ones listed in the module
                 docstring change the ledger.
         """
-        if type(event) not in _FOLDED:
+        fold = _FOLD.get(type(event))
+        if fold is None:
             return  # JobStarted, WorkloadRefused, heartbeats, ...: not occupancy facts
         now = to_us(event.ts)
         clock = self.clock
         if clock is None or now > clock:
-            self._tick(now)
+            # the clock advances; the first event expires nothing (there is nothing to drop) and sets the first
+            # expiry W/64 later
+            self.clock = now
+            if now >= self._next_expire:  # pragma: no mutate (the schedule: see _step)
+                self.expire(now)
+                self._next_expire = now + self._step  # pragma: no mutate (the schedule: see _step)
         elif now < clock - self.window_us:
             # older than the window: a change before clock - W changes every window (t - W, t], t >= clock,
             # exactly as one at clock - W does, so it is applied there (de-duplication memory stays one window)
             now = clock - self.window_us
         # else a late event (another partition's record polled after newer ones): it takes effect at its own
         # time, retroactively (_Series._retro), so the fold does not depend on how partitions interleave
-        if isinstance(event, (JobCompleted, JobFailed)):
-            self._end(event.job_id, event.attempt, event.replica, now)
-        elif isinstance(event, JobPlaced):
-            self._placed(event, now)
-        elif isinstance(event, (JobPreempted, JobCancelled)):
-            if event.attempt is not None:  # None: cancelled while pending
-                self._end(event.job_id, event.attempt, None, now)
-        elif isinstance(event, JobLost):
-            key = (event.job_id, event.attempt)
-            run = self._runs.get(key) or self._done.get(key)
-            if run is not None:
-                x = min(max(to_us(event.charged_until), run.start), now)
-                self._end(event.job_id, event.attempt, None, x)
-        elif isinstance(event, JobRequeued):
-            self._end(event.job_id, event.attempt - 1, None, min(requeued_end_us(event), now))
-        elif isinstance(event, NODE_EVENT_TYPES):
-            self._node_event(event, now)
+        fold(self, event, now)
+
+    def _run_ended(self, ev: JobCompleted | JobFailed, now: int) -> None:
+        self._end(ev.job_id, ev.attempt, ev.replica, now)
+
+    def _run_stopped(self, ev: JobPreempted | JobCancelled, now: int) -> None:
+        if ev.attempt is not None:  # None: cancelled while pending
+            self._end(ev.job_id, ev.attempt, None, now)
+
+    def _run_lost(self, ev: JobLost, now: int) -> None:
+        key = (ev.job_id, ev.attempt)
+        run = self._runs.get(key) or self._done.get(key)
+        if run is not None:
+            self._end(ev.job_id, ev.attempt, None, min(max(to_us(ev.charged_until), run.start), now))
+
+    def _run_requeued(self, ev: JobRequeued, now: int) -> None:
+        self._end(ev.job_id, ev.attempt - 1, None, min(requeued_end_us(ev), now))
 
     def apply_all(self, events: Iterable[Event]) -> OccupancyLedger:
         """Fold ``events`` in order; returns ``self`` for chaining."""
@@ -409,28 +413,16 @@ class OccupancyLedger:
             apply(ev)
         return self
 
-    def _tick(self, ts: int) -> int:
-        """Advance the clock to ``ts`` (later than the clock, or the first event); expire amortised.
-
-        The first event expires nothing (there is nothing to drop) and sets the
-        first expiry W/64 later.
-        """
-        self.clock = ts
-        if ts >= self._next_expire:  # pragma: no mutate (the schedule: see _step)
-            self.expire(ts)
-            self._next_expire = ts + self._step  # pragma: no mutate (the schedule: see _step)
-        return ts
-
     def _change(self, series: _Series, x: int, dg: int) -> None:
         if self._bulk:
             series.pending.append((x, dg))
-            self._dirty = True
         else:
             series.change(x, dg)
 
     def _placed(self, ev: JobPlaced, now: int) -> None:
         key = (ev.job_id, ev.attempt)
-        if key in self._runs:
+        runs = self._runs
+        if key in runs:
             return
         done = self._done.get(key)
         if done is not None:
@@ -444,7 +436,7 @@ class OccupancyLedger:
             self._paths = None
         replicas = ev.replicas
         g = ev.gpus_per_replica
-        self._runs[key] = _Run(series, now, g, replicas)
+        runs[key] = _Run(series, now, g, replicas)
         self._change(series, now, g * replicas)
 
     def _end(self, job_id: str, attempt: int, replica: int | None, x: int) -> None:
@@ -458,10 +450,13 @@ class OccupancyLedger:
         order and one in event-time order must agree.
         """
         key = (job_id, attempt)
-        run = self._runs.get(key) or self._done.get(key)
+        run = self._runs.get(key)
         if run is None:
-            return
-        x = max(x, run.start)
+            run = self._done.get(key)
+            if run is None:
+                return
+        if x < run.start:
+            x = run.start
         ends = run.ends
         if replica is None:
             which: Iterable[int] = range(len(ends))
@@ -470,18 +465,20 @@ class OccupancyLedger:
         else:
             return
         closing = moved = 0
+        g = run.g
+        change = self._change
         for i in which:
             old = ends[i]
             if old is None:
                 closing += 1
             elif x < old:
-                self._change(run.series, old, run.g)  # it held its GPUs until x, not until old
+                change(run.series, old, g)  # it held its GPUs until x, not until old
                 moved += 1
             else:
                 continue
             ends[i] = x
         if closing or moved:
-            self._change(run.series, x, -run.g * (closing + moved))
+            change(run.series, x, -g * (closing + moved))
         if closing:
             run.n_open -= closing
             if run.n_open == 0:
@@ -554,13 +551,11 @@ class OccupancyLedger:
             del seen[eid]
 
     def _flush(self) -> None:
-        if not self._dirty:
-            return
+        """Merge the changes buffered in bulk mode (none in incremental mode: each series returns at once)."""
         for book in (self._alloc, self._unalloc):
             for s in book.values():
                 s.flush()
         self._cap.flush()
-        self._dirty = False  # pragma: no mutate (None: the same falsy flag)
 
     def retained(self) -> int:
         """Breakpoints held across all series (memory measure for tests and benchmarks)."""
@@ -657,6 +652,20 @@ class OccupancyLedger:
     def running(self) -> int:
         """Number of open runs."""
         return len(self._runs)
+
+
+#: How :meth:`OccupancyLedger.apply` folds each event type it folds (every other type is ignored).
+_FOLD: dict[type[Event], Callable[[OccupancyLedger, Any, int], None]] = {
+    JobPlaced: OccupancyLedger._placed,
+    JobCompleted: OccupancyLedger._run_ended,
+    JobFailed: OccupancyLedger._run_ended,
+    JobPreempted: OccupancyLedger._run_stopped,
+    JobCancelled: OccupancyLedger._run_stopped,
+    JobLost: OccupancyLedger._run_lost,
+    JobRequeued: OccupancyLedger._run_requeued,
+    **dict.fromkeys(NODE_EVENT_TYPES, OccupancyLedger._node_event),
+}
+assert set(_FOLD) == set(LEDGER_EVENT_TYPES), "every folded type has its fold"
 
 
 def rebuild(events: Iterable[Event], window_s: float = WEEK_S) -> OccupancyLedger:
