@@ -165,6 +165,12 @@ class EngineConfig:
             (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
         age_first_gangs: with ``age_first_s``, gangs across nodes (replicas > 1) are aged too; default False: a
             gang keeps its place in the walk (taken ahead of it, it would gather its nodes by preempting).
+        age_weight: a capped age weight on the fair-share walk (Slurm's ``PriorityWeightAge``, in units of r):
+            pass 1 ranks each leaf by its r less ``age_weight * min(floor(wait / 1 h) / (age_max_s / 1 h), 1)``,
+            ``wait`` that of its oldest allocated job not yet taken
+            (:mod:`~apportion.domain.engine.aging`). Default ``None``: off. Not part of any policy version.
+        age_max_s: with ``age_weight``, the wait at which the term reaches its cap (Slurm's ``PriorityMaxAge``,
+            whose default of 7 days it takes), seconds.
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -197,6 +203,8 @@ class EngineConfig:
     free_las_queue_gpu_s: float | None = None
     age_first_s: float | None = None
     age_first_gangs: bool = False
+    age_weight: float | None = None
+    age_max_s: float = float(WEEK_S)
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"
