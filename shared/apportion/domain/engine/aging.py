@@ -70,7 +70,7 @@ class AgedQueue(FairShareQueue[int]):
     ``r - term`` (the module's formula) instead of ``r``; ``terms[leaf][pos]`` is :func:`age_terms` of the leaf.
     :meth:`ratio`, :meth:`order` and :attr:`initial_order` are the plain fair-share ones."""
 
-    __slots__ = ("_terms", "_term")
+    __slots__ = ("_terms", "_term", "_over_share_only")
 
     def __init__(
         self,
@@ -79,9 +79,11 @@ class AgedQueue(FairShareQueue[int]):
         capacity_gpu_s: float,
         items_by_leaf: Mapping[str, Sequence[int]],
         terms: Mapping[str, list[float]],
+        over_share_only: bool = False,
     ) -> None:
         super().__init__(tree, occupancy, capacity_gpu_s, items_by_leaf)
         self._terms = terms
+        self._over_share_only = over_share_only
         term: dict[str, float] = {}
         for leaf in self._queues:
             t = terms[leaf][0]
@@ -91,7 +93,7 @@ class AgedQueue(FairShareQueue[int]):
         self._term = term
         ratio = self._ratio
         for heap in self._heaps.values():  # (every entry at version 0, r as its key)
-            heap[:] = [(ratio[node] - term[node], node, 0) for _, node, _ in heap]
+            heap[:] = [(self._key(ratio[node], term[node]), node, 0) for _, node, _ in heap]
             heapq.heapify(heap)
 
     def steady_end(self, leaf: str, pos: int, end: int) -> int:
@@ -146,5 +148,13 @@ class AgedQueue(FairShareQueue[int]):
     def _push(self, node: str) -> None:
         v = self._ver[node] + 1
         self._ver[node] = v
-        heapq.heappush(self._heaps[parent_of(node)], (self._ratio[node] - self._term[node], node, v))
+        heapq.heappush(self._heaps[parent_of(node)], (self._key(self._ratio[node], self._term[node]), node, v))
         self._current = None
+
+    def _key(self, r: float, term: float) -> float:
+        """A node's key: ``r - term``; with ``over_share_only``, a node over its share (r > 1) is lifted no
+        further than its share (``max(r - term, 1)``) and one at or under it keeps its r: the term orders the
+        borrowers among themselves and never puts one before a node owed GPUs."""
+        if not self._over_share_only:
+            return r - term
+        return r if r <= 1.0 else max(r - term, 1.0)
