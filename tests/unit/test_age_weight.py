@@ -60,12 +60,12 @@ def test_age_weight(
 
 
 @pytest.mark.parametrize(
-    ("over_share_only", "want"),
-    [(False, ["mid@n0[0]"]), (True, ["fresh@n0[0]"])],
-    ids=["lab/b (r 0.8, key -3.2) first", "over share only: lab/a (r 0) first, lab/b keeps its 0.8"],
+    ("floor", "want"),
+    [(None, ["mid@n0[0]"]), (1.0, ["fresh@n0[0]"])],
+    ids=["lab/b (r 0.8, key -3.2) first", "floor 1: lab/a (r 0) first, lab/b keeps its 0.8"],
 )
-def test_age_over_share_only(over_share_only: bool, want: list[str]) -> None:
-    res = _world(9 * HOUR, with_mid=True).cycle(age_weight=4.0, age_max_s=CAP_S, age_over_share_only=over_share_only)
+def test_age_floor_at_the_share(floor: float | None, want: list[str]) -> None:
+    res = _world(9 * HOUR, with_mid=True).cycle(age_weight=4.0, age_max_s=CAP_S, age_floor_r=floor)
     assert placed(res) == want
 
 
@@ -103,27 +103,31 @@ def test_inner_node_takes_its_leaves_largest_term() -> None:
 
 
 @pytest.mark.parametrize(
-    ("terms", "over_share_only", "want"),
+    ("terms", "floor", "want"),
     [
-        ({"a": [0.0], "b": [0.0], "c": [0.0]}, False, ["a", "c", "b"]),
-        ({"a": [0.0], "b": [3.0], "c": [0.0]}, False, ["b", "a", "c"]),
-        ({"a": [0.0], "b": [3.0], "c": [0.0]}, True, ["a", "b", "c"]),
-        ({"a": [0.0], "b": [0.4], "c": [0.0]}, True, ["a", "c", "b"]),
-        ({"a": [0.4], "b": [0.0], "c": [0.0]}, True, ["a", "c", "b"]),
+        ({"a": [0.0], "b": [0.0], "c": [0.0]}, None, ["a", "c", "b"]),
+        ({"a": [0.0], "b": [3.0], "c": [0.0]}, None, ["b", "a", "c"]),
+        ({"a": [0.0], "b": [3.0], "c": [0.0]}, 1.0, ["a", "b", "c"]),
+        ({"a": [0.0], "b": [0.4], "c": [0.0]}, 1.0, ["a", "c", "b"]),
+        ({"a": [0.4], "b": [0.0], "c": [0.0]}, 1.0, ["a", "c", "b"]),
+        ({"a": [0.0], "b": [3.0], "c": [0.0]}, 0.25, ["b", "a", "c"]),
+        ({"a": [0.0], "b": [3.0], "c": [0.0]}, 0.5, ["a", "b", "c"]),
     ],
     ids=[
         "no term: r order (0.5, 1.5, 2.0)",
         "b's term 3: key -1, before a",
-        "over share only: b lifted to its share (key 1), after a (0.5), before c (1.5)",
-        "over share only: b's term 0.4, key 1.6, after c",
-        "over share only: a at 0.5 keeps its r",
+        "floor 1: b lifted to its share (key 1), after a (0.5), before c (1.5)",
+        "floor 1: b's term 0.4, key 1.6, after c",
+        "floor 1: a at 0.5 keeps its r",
+        "floor 0.25: b's key 0.25, before a's 0.5",
+        "floor 0.5: b's key 0.5, a tie with a's r: by path",
     ],
 )
-def test_over_share_only(terms: dict[str, list[float]], over_share_only: bool, want: list[str]) -> None:
+def test_floor(terms: dict[str, list[float]], floor: float | None, want: list[str]) -> None:
     # a, b, c of share 1/3 each, K = 300 GPU-s (E = 100): r_a 0.5, r_b 2.0, r_c 1.5
     tree = BudgetTree.from_mapping({"a": 1 / 3, "b": 1 / 3, "c": 1 / 3})
     occ = {"a": 50.0, "b": 200.0, "c": 150.0}
-    q = AgedQueue(tree, occ, 300.0, {"a": range(1), "b": range(1), "c": range(1)}, terms, over_share_only)
+    q = AgedQueue(tree, occ, 300.0, {"a": range(1), "b": range(1), "c": range(1)}, terms, floor)
     assert [leaf for leaf, _ in q] == want
 
 
@@ -135,4 +139,4 @@ def test_steady_end() -> None:
 
 def test_defaults() -> None:
     cfg = EngineConfig()
-    assert (cfg.age_weight, cfg.age_max_s, cfg.age_over_share_only) == (None, 7 * 24 * 3600.0, False)
+    assert (cfg.age_weight, cfg.age_max_s, cfg.age_floor_r) == (None, 7 * 24 * 3600.0, None)

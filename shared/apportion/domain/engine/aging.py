@@ -70,7 +70,7 @@ class AgedQueue(FairShareQueue[int]):
     ``r - term`` (the module's formula) instead of ``r``; ``terms[leaf][pos]`` is :func:`age_terms` of the leaf.
     :meth:`ratio`, :meth:`order` and :attr:`initial_order` are the plain fair-share ones."""
 
-    __slots__ = ("_terms", "_term", "_over_share_only")
+    __slots__ = ("_terms", "_term", "_floor")
 
     def __init__(
         self,
@@ -79,11 +79,11 @@ class AgedQueue(FairShareQueue[int]):
         capacity_gpu_s: float,
         items_by_leaf: Mapping[str, Sequence[int]],
         terms: Mapping[str, list[float]],
-        over_share_only: bool = False,
+        floor: float | None = None,
     ) -> None:
         super().__init__(tree, occupancy, capacity_gpu_s, items_by_leaf)
         self._terms = terms
-        self._over_share_only = over_share_only
+        self._floor = floor
         term: dict[str, float] = {}
         for leaf in self._queues:
             t = terms[leaf][0]
@@ -152,9 +152,10 @@ class AgedQueue(FairShareQueue[int]):
         self._current = None
 
     def _key(self, r: float, term: float) -> float:
-        """A node's key: ``r - term``; with ``over_share_only``, a node over its share (r > 1) is lifted no
-        further than its share (``max(r - term, 1)``) and one at or under it keeps its r: the term orders the
-        borrowers among themselves and never puts one before a node owed GPUs."""
-        if not self._over_share_only:
+        """A node's key: ``r - term``; with a ``floor`` f, a node above it is lifted no lower than f
+        (``max(r - term, f)``) and one at or under it keeps its r. At f = 1 the term orders the borrowers among
+        themselves and never puts one before a node at or under its share."""
+        floor = self._floor
+        if floor is None:
             return r - term
-        return r if r <= 1.0 else max(r - term, 1.0)
+        return r if r <= floor else max(r - term, floor)

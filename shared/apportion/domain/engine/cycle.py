@@ -490,7 +490,7 @@ def _open(
         terms = {
             leaf: age_terms(pending[leaf], allocated_end[leaf], now_us, cfg.age_weight, cfg.age_max_s) for leaf in items
         }
-        queue = AgedQueue(tree, snapshot.occupancy, snapshot.capacity_gpu_s, items, terms, cfg.age_over_share_only)
+        queue = AgedQueue(tree, snapshot.occupancy, snapshot.capacity_gpu_s, items, terms, cfg.age_floor_r)
     free = CycleFree(snapshot.cluster, snapshot.free)
     if len(free.buckets) > 1:
         free.prefer = spare_models(list(free.buckets), pending)

@@ -171,8 +171,9 @@ class EngineConfig:
             (:mod:`~apportion.domain.engine.aging`). Default ``None``: off. Not part of any policy version.
         age_max_s: with ``age_weight``, the wait at which the term reaches its cap (Slurm's ``PriorityMaxAge``,
             whose default of 7 days it takes), seconds.
-        age_over_share_only: with ``age_weight``, a leaf over its share (r > 1) is lifted by its term no further
-            than its share, and one at or under it keeps its r: the term orders the borrowers among themselves.
+        age_floor_r: with ``age_weight``, a leaf whose r is above this is lifted by its term no lower than it, and
+            one at or under it keeps its r (at 1.0 the term orders the borrowers among themselves, after every
+            leaf at or under its share). Default ``None``: no floor.
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -207,7 +208,7 @@ class EngineConfig:
     age_first_gangs: bool = False
     age_weight: float | None = None
     age_max_s: float = float(WEEK_S)
-    age_over_share_only: bool = False
+    age_floor_r: float | None = None
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"
