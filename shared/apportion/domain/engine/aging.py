@@ -11,7 +11,9 @@ where ``wait`` is ``now - queued_at`` (the attempt's wait, as the reservation's)
 ranked among its siblings by its own r less the largest term of its leaves with jobs left. Old work is pulled
 forward gradually, up to ``w`` (in units of r) after ``max_age`` of waiting, instead of at a step. Within a leaf
 the order is unchanged ((submitted_at, job_id)); every r, every preemption test and the unallocated pass's order
-stay the plain ones: only the order in which pass 1 takes allocated jobs moves.
+stay the plain ones: only the order in which pass 1 takes allocated jobs moves. With a floor f
+(``EngineConfig.age_floor_r``) a node whose r is above f is lifted no lower than f, and one at or under f keeps
+its r. Measured and not adopted: ``docs/simulation.md``, "Levers measured".
 
 The term falls as a leaf's old jobs are taken, so the leaf may lose its place in the middle of its jobs: the
 queue (:class:`AgedQueue`) re-keys it after each of its jobs, and :meth:`AgedQueue.steady_end` says how far a

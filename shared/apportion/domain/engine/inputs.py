@@ -168,7 +168,8 @@ class EngineConfig:
         age_weight: a capped age weight on the fair-share walk (Slurm's ``PriorityWeightAge``, in units of r):
             pass 1 ranks each leaf by its r less ``age_weight * min(floor(wait / 1 h) / (age_max_s / 1 h), 1)``,
             ``wait`` that of its oldest allocated job not yet taken
-            (:mod:`~apportion.domain.engine.aging`). Default ``None``: off. Not part of any policy version.
+            (:mod:`~apportion.domain.engine.aging`). Default ``None``: off. Measured and not adopted
+            (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
         age_max_s: with ``age_weight``, the wait at which the term reaches its cap (Slurm's ``PriorityMaxAge``,
             whose default of 7 days it takes), seconds.
         age_floor_r: with ``age_weight``, a leaf whose r is above this is lifted by its term no lower than it, and
