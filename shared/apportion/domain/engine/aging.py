@@ -36,7 +36,8 @@ __all__ = ["AGE_STEP_S", "AgedQueue", "age_terms"]
 
 AGE_STEP_S = 3600
 """The age term counts the wait in whole steps of this many seconds (Slurm's priority is an integer too): a leaf's
-jobs submitted within one step of each other share a term, so the blocked ones among them are passed over at once."""
+jobs whose oldest-left waits fall in the same whole step share a term, so the blocked ones among them are passed
+over at once."""
 
 
 def age_terms(jobs: Sequence[PendingJob], end: int, now_us: Micros, weight: float, max_age_s: float) -> list[float]:
