@@ -6,7 +6,8 @@ Usage (traces from ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the c
         [--free-order 0|1] [--free-las 0|1] [--progress-after N]
         [--at-share-bound N] [--grow-over-share 0|1] [--owner-free 0|1] [--gang-wait-h H] [--gang-min-gpus N]
         [--gang-bound-x X] [--cover-min-gpus N] [--free-las-queue-gpu-s S] [--age-first-h H]
-        [--age-first-gangs 0|1] [--runs RUNS.json]
+        [--age-first-gangs 0|1] [--age-weight W] [--age-max-h H]
+        [--age-floor-r F] [--runs RUNS.json]
     .venv/bin/python bench/sim_tail.py run itp week5 slurm OUT.json [--budgets infra/budgets/itp-hetero.yaml]
         [--slurm-simplified]
     .venv/bin/python bench/sim_tail.py compare FAIR.json PEER.json
@@ -21,6 +22,8 @@ Usage (traces from ``$APPORTION_DATA_DIR``, else ``../shared/data`` beside the c
 ``--gang-bound-x X`` ``EngineConfig.gang_bound_x``, 0 = none for both; ``--cover-min-gpus N``
 ``EngineConfig.cover_min_gpus``; ``--free-las-queue-gpu-s S`` ``EngineConfig.free_las_queue_gpu_s``, 0 = off;
 ``--age-first-h H`` ``EngineConfig.age_first_s`` in hours, ``--age-first-gangs 1`` ``EngineConfig.age_first_gangs``;
+``--age-weight W`` ``EngineConfig.age_weight``, ``--age-max-h H`` ``EngineConfig.age_max_s`` in hours (default 168),
+``--age-floor-r F`` ``EngineConfig.age_floor_r``;
 ``--slurm-simplified``: policy ``slurm`` is the simplified peer,
 ``SlurmConfig(backfill_reserve=False)``), writes the policy's report (the ``--json`` document) beside OUT
 (``.json`` replaced by ``.report.json``) and one row per job to OUT: budget, allocated, shape g x k, duration,
@@ -87,6 +90,8 @@ def run(argv: list[str]) -> int:
     cover = _opt(argv, "--cover-min-gpus", None)
     las_queue = float(_opt(argv, "--free-las-queue-gpu-s", "0") or 0)
     age_first = _opt(argv, "--age-first-h", None)
+    age_weight = _opt(argv, "--age-weight", None)
+    age_floor = _opt(argv, "--age-floor-r", None)
     least, times = _opt(argv, "--gang-min-gpus", None), _opt(argv, "--gang-bound-x", None)
     scope = gang_scope(None if least is None else int(least), None if times is None else float(times))
     runs: dict[tuple[str, int], dict[str, Any]] = {}
@@ -121,6 +126,9 @@ def run(argv: list[str]) -> int:
                 "free_las_queue_gpu_s": las_queue or None,
                 "age_first_s": None if age_first is None else float(age_first) * 3600,
                 "age_first_gangs": _opt(argv, "--age-first-gangs", "0") != "0",
+                "age_weight": None if age_weight is None else float(age_weight),
+                "age_max_s": float(_opt(argv, "--age-max-h", "168") or 168) * 3600,
+                "age_floor_r": None if age_floor is None else float(age_floor),
                 **scope,
             },
         )

@@ -110,6 +110,7 @@ from operator import attrgetter
 
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import UNTIL_STARTED, ClusterSnapshot, Run, RunKey, placed_run
+from apportion.domain.engine.aging import AgedQueue, age_terms
 from apportion.domain.engine.emit import (
     emit_placed,
     job_protection_s,
@@ -481,9 +482,15 @@ def _open(
             allocated_end[leaf] = ent[3]
         else:
             allocated_end[leaf] = memo_allocated(memo, jobs)
-    queue: FairShareQueue[int] = FairShareQueue(
-        tree, snapshot.occupancy, snapshot.capacity_gpu_s, {leaf: range(b) for leaf, b in allocated_end.items() if b}
-    )
+    items = {leaf: range(b) for leaf, b in allocated_end.items() if b}
+    queue: FairShareQueue[int]
+    if cfg.age_weight is None:
+        queue = FairShareQueue(tree, snapshot.occupancy, snapshot.capacity_gpu_s, items)
+    else:  # a capped age weight on the walk (EngineConfig.age_weight)
+        terms = {
+            leaf: age_terms(pending[leaf], allocated_end[leaf], now_us, cfg.age_weight, cfg.age_max_s) for leaf in items
+        }
+        queue = AgedQueue(tree, snapshot.occupancy, snapshot.capacity_gpu_s, items, terms, cfg.age_floor_r)
     free = CycleFree(snapshot.cluster, snapshot.free)
     if len(free.buckets) > 1:
         free.prefer = spare_models(list(free.buckets), pending)
@@ -529,11 +536,12 @@ def _pass_allocated(cx: _Cycle) -> None:
             if not aged or item not in aged:
                 _take_allocated(cx, item[0], item[1])
         _pass_owner_free(cx)
-    if aged is not None:
+    if aged is not None or type(cx.queue) is AgedQueue:
         # the aged jobs placed first are passed over; no kept tail holds (it would take them again, and its
-        # counters would depend on what the aged jobs' searches left remembered)
+        # counters would depend on what the aged jobs' searches left remembered; with an age weight a leaf's jobs
+        # need not come one after another)
         while (item := pop()) is not None:
-            if item not in aged:
+            if not aged or item not in aged:
                 _take_allocated(cx, item[0], item[1])
         return
     bulk = True
@@ -914,6 +922,10 @@ def _pass_over_blocked(cx: _Cycle, leaf: str, idx: int, model: str | None) -> No
     sf = cx.search_failures
     ent = sf.get(leaf)
     covers = False  # a fresh failure of the leaf covers every job of it
+    end = cx.allocated_end[leaf]
+    queue = cx.queue
+    # the leaf's next jobs come next only while they keep its key (EngineConfig.age_weight)
+    steady = queue.steady_end(leaf, idx, end) if type(queue) is AgedQueue else end
     if ent is not None:
         if not cx.fresh(leaf, ent):
             del sf[leaf]  # another leaf was charged since: stale
@@ -922,15 +934,15 @@ def _pass_over_blocked(cx: _Cycle, leaf: str, idx: int, model: str | None) -> No
             covers = cx.covers_leaf(leaf, ent)
             # search_failed(leaf, 1, 1) or search_failed(leaf, *floor), inlined
             if covers and model is None and not cx.may_backfill(leaf, 1, None):
-                # drop the leaf: pass over all it has left (drop_leaf would also copy them out)
-                cx.queue.skip(leaf, cx.allocated_end[leaf] - idx - 1)
+                # drop the leaf: pass over all it has left (drop_leaf would also copy them out); with an age
+                # weight, those that keep its key
+                cx.queue.skip(leaf, steady - idx - 1)
                 return
-    end = cx.allocated_end[leaf]
-    if cx.reserved_for is None or not cx.cfg.preemption or idx + 1 >= end:
+    if cx.reserved_for is None or not cx.cfg.preemption or idx + 1 >= steady:
         return
     # the leaf's next jobs come next (nothing was charged)
     drop = covers
-    skipped = blocked_run(cx.pending[leaf], idx + 1, end, partial(_blocked_like, cx, leaf, drop), cx.memo)
+    skipped = blocked_run(cx.pending[leaf], idx + 1, steady, partial(_blocked_like, cx, leaf, drop), cx.memo)
     if skipped:
         cx.queue.skip(leaf, skipped)
         cx.rank += skipped

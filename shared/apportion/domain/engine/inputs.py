@@ -169,6 +169,16 @@ class EngineConfig:
             (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
         age_first_gangs: with ``age_first_s``, gangs across nodes (replicas > 1) are aged too; default False: a
             gang keeps its place in the walk (taken ahead of it, it would gather its nodes by preempting).
+        age_weight: a capped age weight on the fair-share walk (Slurm's ``PriorityWeightAge``, in units of r):
+            pass 1 ranks each leaf by its r less ``age_weight * min(floor(wait / 1 h) / (age_max_s / 1 h), 1)``,
+            ``wait`` that of its oldest allocated job not yet taken
+            (:mod:`~apportion.domain.engine.aging`). Default ``None``: off. Measured and not adopted
+            (``docs/simulation.md``, "Levers measured"), so it is not part of any policy version.
+        age_max_s: with ``age_weight``, the wait at which the term reaches its cap (Slurm's ``PriorityMaxAge``,
+            whose default of 7 days it takes), seconds.
+        age_floor_r: with ``age_weight``, a leaf whose r is above this is lifted by its term no lower than it, and
+            one at or under it keeps its r (at 1.0 the term orders the borrowers among themselves, after every
+            leaf at or under its share). Default ``None``: no floor.
         preemption: False disables preemption (baselines).
         policy_version: recorded in every :class:`Decision`.
         producer: ``producer`` of emitted events.
@@ -202,6 +212,9 @@ class EngineConfig:
     free_las_queue_gpu_s: float | None = None
     age_first_s: float | None = None
     age_first_gangs: bool = False
+    age_weight: float | None = None
+    age_max_s: float = float(WEEK_S)
+    age_floor_r: float | None = None
     preemption: bool = True
     policy_version: str = POLICY_VERSION
     producer: str = "dispatcher"
