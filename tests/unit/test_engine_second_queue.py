@@ -1,10 +1,11 @@
-"""Rule D3.free-las's second queue (requeued free jobs, fewest GPU-seconds first) placed without walking it.
+"""Rule D3.free-las's two queues of free work placed without walking every requeued job.
 
 The cycle keeps each leaf's requeued free jobs per shape, sorted, with its pending list in the memo, and
 looks only at the jobs of shapes not yet known not to fit, counting each one's place in the whole order by
-bisection. The walk it replaces looked at every job of the queue in every cycle, and the queue grows with a
-busy run (the 100,000-job simulator's run time grew faster than its jobs). The decisions, the ranks they
-carry and the counters are those of that walk, kept below as the oracle.
+bisection; the walk of the first queue (jobs not yet run) steps from one such job to the next. The walks they
+replace looked at every requeued job in every cycle, and that queue grows with a busy run (the 100,000-job
+simulator's run time grew faster than its jobs). The decisions, the ranks they carry and the counters are
+those of those walks, kept below as the oracle.
 """
 
 from __future__ import annotations
@@ -144,10 +145,11 @@ def test_the_kept_second_queue_decides_and_counts_what_walking_every_job_does(no
     snap = world(nodes, jobs)
     cfg = dataclasses.replace(CFG, free_las_queue_gpu_s=queue_gpu_s)
     kept = decided(snap, cfg)
-    fast = cycle_mod._place_second_queue
+    fast, firsts = cycle_mod._place_second_queue, cycle_mod._first_queue
     cycle_mod._place_second_queue = walk_every_job
+    cycle_mod._first_queue = lambda jobs, _q: list(range(len(jobs)))  # the first queue's walk takes every job
     try:
         walked = decided(snap, cfg)
     finally:
-        cycle_mod._place_second_queue = fast
+        cycle_mod._place_second_queue, cycle_mod._first_queue = fast, firsts
     assert kept == walked

@@ -1103,6 +1103,11 @@ def _second_queue(
     return out
 
 
+def _first_queue(jobs: Sequence[PendingJob], queue_gpu_s: float | None) -> list[int]:
+    """The indices in ``jobs`` of the jobs in rule D3.free-las's first queue (:func:`first_las_queue`), ascending."""
+    return [i for i, held in enumerate(map(_ATTAINED, jobs)) if first_las_queue(held, queue_gpu_s)]
+
+
 def _place_second_queue(cx: _Cycle, todo: list[str]) -> None:
     """Rule D3.free-las's second queue on free GPUs: the requeued jobs of ``todo``'s leaves, fewest GPU-seconds
     first, ties by budget order then place in the leaf, as :func:`_place_in_turn` on that order (the rank and the
@@ -1246,8 +1251,19 @@ def _place_unallocated(
     idx = start - 1
     owner = cx.owner_placed
     queue_gpu_s = cx.cfg.free_las_queue_gpu_s
+    # with ``fresh``, the walk steps from one job of the first queue to the next (:func:`_first_queue`, kept with
+    # the list), passing over the others uncounted
+    firsts = (
+        memo_kept(cx.memo, jobs, ("first", queue_gpu_s), partial(_first_queue, jobs, queue_gpu_s)) if fresh else None
+    )
     while idx + 1 < end:
-        idx += 1
+        if firsts is None:
+            idx += 1
+        else:
+            at = bisect_right(firsts, idx)
+            if at == len(firsts):
+                break
+            idx = firsts[at]
         job = jobs[idx]
         if (owner and job.job_id in owner) or (
             fresh and job.attained_gpu_s > 0 and not first_las_queue(job.attained_gpu_s, queue_gpu_s)
