@@ -114,11 +114,18 @@ def test_the_second_queue_places_by_attained_service_and_counts_every_job_it_pas
 
 
 def test_a_cycle_on_the_same_lists_reads_the_kept_second_queue_and_decides_the_same(monkeypatch: Any) -> None:
-    jobs = [("lab/y" if i % 3 else "lab/x/p", 1 + (i % 2) * 7, 1, None, 100.0 * (i % 5 + 1)) for i in range(40)]
+    jobs: list[tuple[str, int, int, str | None, float]] = [
+        ("lab/y" if i % 3 else "lab/x/p", 1 + (i % 2) * 7, 1, None, 100.0 * (i % 5 + 1)) for i in range(40)
+    ]
     snap = dataclasses.replace(world([(8, None), (3, None)], jobs), memo=CycleMemo())
     made: list[int] = []
     make = cycle_mod._second_queue
-    monkeypatch.setattr(cycle_mod, "_second_queue", lambda jobs, *a: made.append(len(jobs)) or make(jobs, *a))
+
+    def counted(jobs: Any, start: int, queue_gpu_s: float | None) -> Any:
+        made.append(len(jobs))
+        return make(jobs, start, queue_gpu_s)
+
+    monkeypatch.setattr(cycle_mod, "_second_queue", counted)
     first = decided(snap)
     assert sorted(made) == [14, 26]  # each leaf's list read once
     assert decided(snap) == first
@@ -145,9 +152,13 @@ def test_the_kept_second_queue_decides_and_counts_what_walking_every_job_does(no
     snap = world(nodes, jobs)
     cfg = dataclasses.replace(CFG, free_las_queue_gpu_s=queue_gpu_s)
     kept = decided(snap, cfg)
+
+    def every_index(jobs: Any, queue_gpu_s: float | None) -> list[int]:
+        return list(range(len(jobs)))  # the first queue's walk takes every job
+
     fast, firsts = cycle_mod._place_second_queue, cycle_mod._first_queue
     cycle_mod._place_second_queue = walk_every_job
-    cycle_mod._first_queue = lambda jobs, _q: list(range(len(jobs)))  # the first queue's walk takes every job
+    cycle_mod._first_queue = every_index
     try:
         walked = decided(snap, cfg)
     finally:
