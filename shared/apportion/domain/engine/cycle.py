@@ -100,13 +100,13 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from itertools import islice
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import UNTIL_STARTED, ClusterSnapshot, Run, RunKey, placed_run
@@ -129,7 +129,14 @@ from apportion.domain.engine.reservation import (
     untakable_nodes,
 )
 from apportion.domain.engine.search import PreemptionRequest, known_short, plan_preemption, short_test
-from apportion.domain.engine.shapes import CycleMemo, blocked_run, memo_allocated, memo_tail, segment_floor
+from apportion.domain.engine.shapes import (
+    CycleMemo,
+    blocked_run,
+    memo_allocated,
+    memo_kept,
+    memo_tail,
+    segment_floor,
+)
 from apportion.domain.engine.victims import CycleVictims, VictimIndex
 from apportion.domain.fairshare import FairShareQueue, free_order_key, owner_headroom
 from apportion.domain.idle import IdleReports
@@ -151,6 +158,7 @@ __all__ = ["CycleResult", "CycleSnapshot", "run_cycle"]
 
 _MIN_RT = attrgetter("min_runtime_s")
 _ATTAINED = attrgetter("attained_gpu_s")
+_FIRST = itemgetter(0)
 _SUBMITTED = attrgetter("submitted_at_us")
 
 
@@ -1068,8 +1076,11 @@ def _pass_least_attained(cx: _Cycle, todo: list[str]) -> None:
             return  # not one GPU is left for a 1-GPU job
     if _dominated(cx.free_fail.get(None, ()), 1, 1):
         return
-    later: list[tuple[float, int, int, str]] = []
     placed = cx.owner_placed  # (placed by the aged pass)
+    if not placed:
+        _place_second_queue(cx, todo)
+        return
+    later: list[tuple[float, int, int, str]] = []
     queue_gpu_s = cx.cfg.free_las_queue_gpu_s
     for pos, leaf in enumerate(todo):
         start = ends.get(leaf, 0)
@@ -1078,6 +1089,88 @@ def _pass_least_attained(cx: _Cycle, todo: list[str]) -> None:
                 later.append((held, pos, i, leaf))
     later.sort()
     _place_in_turn(cx, ((leaf, pending[leaf][i]) for _, _, i, leaf in later))
+
+
+_FreeShape = tuple[int, int, "str | None", "str | None"]
+"""``(g, k, model, topology bound)`` of an unallocated job: what decides whether it fits on free GPUs."""
+
+
+def _second_queue(
+    jobs: Sequence[PendingJob], start: int, queue_gpu_s: float | None
+) -> dict[_FreeShape, list[tuple[float, int]]]:
+    """Rule D3.free-las's second queue in ``jobs[start:]`` (the requeued jobs not in :func:`first_las_queue`), per
+    shape: ``(attained GPU-s, index)`` sorted. A leaf's jobs ordered as :func:`_pass_least_attained` orders them."""
+    out: dict[_FreeShape, list[tuple[float, int]]] = {}
+    for i in range(start, len(jobs)):
+        job = jobs[i]
+        held = job.attained_gpu_s
+        if held > 0 and not first_las_queue(held, queue_gpu_s):
+            shape = (job.gpus_per_replica, job.replicas, job.gpu_model, job.topology_bound)
+            lst = out.get(shape)
+            if lst is None:
+                out[shape] = [(held, i)]
+            else:
+                lst.append((held, i))
+    for lst in out.values():
+        lst.sort()
+    return out
+
+
+def _first_queue(jobs: Sequence[PendingJob], queue_gpu_s: float | None) -> list[int]:
+    """The indices in ``jobs`` of the jobs in rule D3.free-las's first queue (:func:`first_las_queue`), ascending."""
+    return [i for i, held in enumerate(map(_ATTAINED, jobs)) if first_las_queue(held, queue_gpu_s)]
+
+
+def _place_second_queue(cx: _Cycle, todo: list[str]) -> None:
+    """Rule D3.free-las's second queue on free GPUs: the requeued jobs of ``todo``'s leaves, fewest GPU-seconds
+    first, ties by budget order then place in the leaf, as :func:`_place_in_turn` on that order (the rank and the
+    counters move by every job, tried or passed over) with ``owner_placed`` empty.
+
+    Only the jobs of a shape not yet known not to fit are looked at: each leaf's jobs of one shape, sorted, are
+    kept with its pending list (:func:`~apportion.domain.engine.shapes.memo_kept`) and merged across leaves, and
+    a job's place in the whole order is counted by bisection. The queue grows with the run (the jobs a busy
+    cluster preempts and cannot place again); a job per placement or failed shape is looked at, not the queue."""
+    pending, ends, memo = cx.pending, cx.allocated_end, cx.memo
+    queue_gpu_s = cx.cfg.free_las_queue_gpu_s
+    lists: list[tuple[int, str, _FreeShape, list[tuple[float, int]]]] = []
+    heap: list[tuple[float, int, int, int, int]] = []
+    total = 0
+    for pos, leaf in enumerate(todo):
+        jobs, start = pending[leaf], ends.get(leaf, 0)
+        by_shape = memo_kept(memo, jobs, ("las", start, queue_gpu_s), partial(_second_queue, jobs, start, queue_gpu_s))
+        for shape, lst in by_shape.items():
+            total += len(lst)
+            heap.append((lst[0][0], pos, lst[0][1], len(lists), 0))
+            lists.append((pos, leaf, shape, lst))
+    heapq.heapify(heap)
+    res = cx.res
+    rank0, considered0 = cx.rank, res.considered
+    failed: set[_FreeShape] = set()
+    while heap:
+        held, pos, i, k, at = heapq.heappop(heap)
+        _, leaf, shape, lst = lists[k]
+        if shape in failed:
+            continue
+        before = 0  # jobs ahead of this one in the order: (attained, budget order, index)
+        for pos2, _, _, lst2 in lists:
+            if pos2 < pos:
+                before += bisect_right(lst2, held, key=_FIRST)
+            elif pos2 > pos:
+                before += bisect_left(lst2, held, key=_FIRST)
+            else:
+                before += bisect_left(lst2, (held, i))
+        cx.rank, res.considered = rank0 + before + 1, considered0 + before + 1
+        nodes = _fit_free(cx, *shape)
+        if nodes is None:
+            if shape == (1, 1, None, None):
+                return  # not one GPU is left for a 1-GPU job
+            failed.add(shape)
+            continue
+        _place_on_free(cx, pending[leaf][i], leaf, nodes, False)
+        if at + 1 < len(lst):
+            nxt = lst[at + 1]
+            heapq.heappush(heap, (nxt[0], pos, nxt[1], k, at + 1))
+    cx.rank, res.considered = rank0 + total, considered0 + total
 
 
 def first_las_queue(attained_gpu_s: float, queue_gpu_s: float | None) -> bool:
@@ -1171,8 +1264,19 @@ def _place_unallocated(
     idx = start - 1
     owner = cx.owner_placed
     queue_gpu_s = cx.cfg.free_las_queue_gpu_s
+    # with ``fresh``, the walk steps from one job of the first queue to the next (:func:`_first_queue`, kept with
+    # the list), passing over the others uncounted
+    firsts = (
+        memo_kept(cx.memo, jobs, ("first", queue_gpu_s), partial(_first_queue, jobs, queue_gpu_s)) if fresh else None
+    )
     while idx + 1 < end:
-        idx += 1
+        if firsts is None:
+            idx += 1
+        else:
+            at = bisect_right(firsts, idx)
+            if at == len(firsts):
+                break
+            idx = firsts[at]
         job = jobs[idx]
         if (owner and job.job_id in owner) or (
             fresh and job.attained_gpu_s > 0 and not first_las_queue(job.attained_gpu_s, queue_gpu_s)

@@ -13,12 +13,14 @@ state of its own.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from itertools import islice
 from operator import attrgetter
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from apportion.domain.engine.inputs import PendingJob, allocated_count
+
+T = TypeVar("T")
 
 __all__ = [
     "CycleMemo",
@@ -27,6 +29,7 @@ __all__ = [
     "blocked_run",
     "memo_allocated",
     "memo_codes",
+    "memo_kept",
     "memo_tail",
     "segment_floor",
     "shape_floor",
@@ -107,8 +110,9 @@ class CycleMemo(dict[int, list[Any]]):
     """What a caller keeps across cycles (``CycleSnapshot.memo``) for its pending lists.
 
     ``id(list) -> [list, {(lo, hi): (min g, min k) of list[lo:hi]}, shape codes or None, allocated count or -1,
-    blocked tails]`` (the allocated count: :func:`~apportion.domain.engine.inputs.allocated_count` of the list;
-    the blocked tails: :func:`memo_tail`, made on first use and never carried to another list),
+    blocked tails, other values]`` (the allocated count: :func:`~apportion.domain.engine.inputs.allocated_count`
+    of the list; the blocked tails: :func:`memo_tail`, and the other values: :func:`memo_kept`, made on first
+    use and never carried to another list),
     for callers whose pending lists are never changed in place (``DispatchState``:
     copy-on-write, and it carries entries over to the list that replaces one), and
     :attr:`shapes`, the :class:`ShapeTable` the codes are written in.
@@ -231,6 +235,21 @@ def memo_tail(memo: CycleMemo, jobs: Sequence[PendingJob]) -> dict[int, tuple[in
         ent.append(-1 if len(ent) == 3 else {})
     tails: dict[int, tuple[int, int, int, int]] = ent[4]
     return tails
+
+
+def memo_kept(memo: CycleMemo | None, jobs: Sequence[PendingJob], key: Hashable, make: Callable[[], T]) -> T:
+    """``make()``, a value that depends on pending list ``jobs`` alone (and on ``key``), kept with the list in
+    ``memo`` under ``key``: made on first use, never carried to another list; made each time without a memo."""
+    if memo is None:
+        return make()
+    ent = _memo_entry(memo, jobs)
+    while len(ent) < 6:
+        ent.append(-1 if len(ent) == 3 else {})
+    kept: dict[Hashable, Any] = ent[5]
+    if key not in kept:
+        kept[key] = make()
+    value: T = kept[key]
+    return value
 
 
 def memo_codes(memo: CycleMemo | None, jobs: Sequence[PendingJob]) -> bytes | None:

@@ -1,0 +1,166 @@
+"""Rule D3.free-las's two queues of free work placed without walking every requeued job.
+
+The cycle keeps each leaf's requeued free jobs per shape, sorted, with its pending list in the memo, and
+looks only at the jobs of shapes not yet known not to fit, counting each one's place in the whole order by
+bisection; the walk of the first queue (jobs not yet run) steps from one such job to the next. The walks they
+replace looked at every requeued job in every cycle, and that queue grows with a busy run (the 100,000-job
+simulator's run time grew faster than its jobs). The decisions, the ranks they carry and the counters are
+those of those walks, kept below as the oracle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from apportion import events as ev
+from apportion.domain.budgets import BudgetTree, ancestors_of
+from apportion.domain.cluster import ClusterState
+from apportion.domain.engine import CycleMemo, CycleSnapshot, EngineConfig, PendingJob, pending_order, run_cycle
+from apportion.domain.engine import cycle as cycle_mod
+from apportion.timeutil import from_us
+from tests.kit.builders import T0, h
+
+TREE = BudgetTree.from_mapping({"lab": 1.0, "lab/x": 0.5, "lab/x/p": 0.5, "lab/x/q": 0.5, "lab/y": 0.5})
+NOW = h(10)
+CFG = EngineConfig(reservation_after_s=1e9, patience_s=0.0, checkpoint_wait_s=0.0, free_las=True)
+
+
+def world(nodes: list[tuple[int, str | None]], jobs: list[tuple[str, int, int, str | None, float]]) -> CycleSnapshot:
+    """Idle nodes ``(GPUs, model)`` and pending unallocated jobs ``(leaf, g, k, model, attained GPU-s)``
+    (job ``j<i>`` submitted i µs after hour 1); lab/y holds 100,000 GPU-s of its window: the budget order is
+    lab/x/p, lab/x/q, lab/y."""
+    cs = ClusterState()
+    for i, (gpus, model) in enumerate(nodes):
+        cs.apply(ev.NodeRegistered(node_id=f"n{i}", gpu_count=gpus, gpu_model=model, ts=from_us(T0)))
+    pending: dict[str, list[PendingJob]] = {}
+    for j, (leaf, g, k, model, held) in enumerate(jobs):
+        pending.setdefault(leaf, []).append(
+            PendingJob(
+                job_id=f"j{j}",
+                attempt=2 if held else 1,
+                budget=leaf,
+                user="u",
+                gpus_per_replica=g,
+                replicas=k,
+                min_runtime_s=0.0,
+                gpu_model=model,
+                submitted_at_us=h(1) + j,
+                queued_at_us=h(9),
+                duration_s=60.0,
+                attained_gpu_s=held,
+            )
+        )
+    for lst in pending.values():
+        lst.sort(key=pending_order)
+    occ: dict[str, float] = {}
+    for leaf, v in {"lab/x/p": 0.0, "lab/x/q": 0.0, "lab/y": 100_000.0}.items():
+        for a in ancestors_of(leaf):
+            occ[a] = occ.get(a, 0.0) + v
+    return CycleSnapshot(cs.snapshot(), pending, TREE, occ, 400_000.0)
+
+
+def decided(snap: CycleSnapshot, cfg: EngineConfig = CFG) -> tuple[Any, ...]:
+    res = run_cycle(snap, NOW, cfg)
+    return [e.model_dump_json() for e in res.events], res.considered, res.searches, res.passed_over
+
+
+def placed_ranks(snap: CycleSnapshot) -> tuple[list[tuple[str, int]], int]:
+    res = run_cycle(snap, NOW, CFG)
+    return [(e.job_id, e.decision.rank) for e in res.events if isinstance(e, ev.JobPlaced)], res.considered
+
+
+def walk_every_job(cx: Any, todo: list[str]) -> None:
+    """The oracle: every requeued free job of ``todo``'s leaves sorted by (attained, budget order, index), then
+    each in turn on free GPUs (``_place_in_turn``), as the cycle did before it kept the queue per shape."""
+    later = []
+    for pos, leaf in enumerate(todo):
+        jobs = cx.pending[leaf]
+        for i in range(cx.allocated_end.get(leaf, 0), len(jobs)):
+            held = jobs[i].attained_gpu_s
+            if held > 0 and not cycle_mod.first_las_queue(held, cx.cfg.free_las_queue_gpu_s):
+                later.append((held, pos, i, leaf))
+    later.sort()
+    cycle_mod._place_in_turn(cx, ((leaf, cx.pending[leaf][i]) for _, _, i, leaf in later))
+
+
+def test_the_second_queue_places_by_attained_service_and_counts_every_job_it_passes() -> None:
+    # one node of 3 GPUs; no job has run before this pass, so the ranks count from 0 and the k-th job of the
+    # queue has rank k - 1. Order (attained, budget order, index): j4 (50, y), j0 (100, x/p), j3 (100, y),
+    # j1 (300, x/p), j2 (300, x/p), j5 (300, y), j6 (400, x/p), j7 (500, y).
+    #   rank 0 j4 (4 GPUs) does not fit; rank 1 j0 (8) neither (a larger shape); rank 2 j3 placed (2 left);
+    #   rank 3 j1 placed (1 left); rank 4 j2 (2 GPUs) does not fit; rank 5 j5 placed (0 left);
+    #   rank 6 j6 (1 GPU) does not fit: not one GPU is left, the pass ends: 7 jobs considered, j7 not counted.
+    jobs: list[tuple[str, int, int, str | None, float]] = [
+        ("lab/x/p", 8, 1, None, 100.0),
+        ("lab/x/p", 1, 1, None, 300.0),
+        ("lab/x/p", 2, 1, None, 300.0),
+        ("lab/y", 1, 1, None, 100.0),
+        ("lab/y", 4, 1, None, 50.0),
+        ("lab/y", 1, 1, None, 300.0),
+        ("lab/x/p", 1, 1, None, 400.0),
+        ("lab/y", 8, 1, None, 500.0),
+    ]
+    assert placed_ranks(world([(3, None)], jobs)) == ([("j3", 2), ("j1", 3), ("j5", 5)], 7)
+    # one node of 4 GPUs: j4 takes them all, j0 does not fit, nor does j3 (1 GPU): the pass ends at rank 2
+    assert placed_ranks(world([(4, None)], jobs)) == ([("j4", 0)], 3)
+    # 3 + 8 GPUs: j4 (4), then every 1- and 2-GPU job (10 GPUs taken); j0 and j7 (8) do not fit, and the
+    # pass reaches the end of the queue: all 8 jobs counted
+    got = placed_ranks(world([(3, None), (8, None)], jobs))
+    assert got == ([("j4", 0), ("j3", 2), ("j1", 3), ("j2", 4), ("j5", 5), ("j6", 6)], 8)
+
+
+def test_a_cycle_on_the_same_lists_reads_the_kept_second_queue_and_decides_the_same(monkeypatch: Any) -> None:
+    jobs: list[tuple[str, int, int, str | None, float]] = [
+        ("lab/y" if i % 3 else "lab/x/p", 1 + (i % 2) * 7, 1, None, 100.0 * (i % 5 + 1)) for i in range(40)
+    ]
+    snap = dataclasses.replace(world([(8, None), (3, None)], jobs), memo=CycleMemo())
+    made: list[int] = []
+    make = cycle_mod._second_queue
+
+    def counted(jobs: Any, start: int, queue_gpu_s: float | None) -> Any:
+        made.append(len(jobs))
+        return make(jobs, start, queue_gpu_s)
+
+    monkeypatch.setattr(cycle_mod, "_second_queue", counted)
+    first = decided(snap)
+    assert sorted(made) == [14, 26]  # each leaf's list read once
+    assert decided(snap) == first
+    assert sorted(made) == [14, 26]  # kept with the lists: not read again
+    assert decided(dataclasses.replace(snap, memo=None)) == first
+
+
+job_st = st.tuples(
+    st.sampled_from(["lab/x/p", "lab/x/q", "lab/y"]),
+    st.sampled_from([1, 1, 2, 4, 8]),  # GPUs per replica
+    st.sampled_from([1, 1, 2]),  # replicas
+    st.sampled_from([None, None, "a"]),  # model
+    st.sampled_from([0.0, 600.0, 600.0, 1800.0, 3600.0]),  # attained GPU-s (0: never run; ties are common)
+)
+
+
+@settings(max_examples=120, deadline=None, derandomize=True)
+@given(
+    st.lists(st.tuples(st.sampled_from([1, 2, 4, 8]), st.sampled_from([None, "a"])), min_size=1, max_size=4),
+    st.lists(job_st, min_size=1, max_size=30),
+    st.sampled_from([None, 1000.0]),
+)
+def test_the_kept_second_queue_decides_and_counts_what_walking_every_job_does(nodes, jobs, queue_gpu_s) -> None:
+    snap = world(nodes, jobs)
+    cfg = dataclasses.replace(CFG, free_las_queue_gpu_s=queue_gpu_s)
+    kept = decided(snap, cfg)
+
+    def every_index(jobs: Any, queue_gpu_s: float | None) -> list[int]:
+        return list(range(len(jobs)))  # the first queue's walk takes every job
+
+    fast, firsts = cycle_mod._place_second_queue, cycle_mod._first_queue
+    cycle_mod._place_second_queue = walk_every_job
+    cycle_mod._first_queue = every_index
+    try:
+        walked = decided(snap, cfg)
+    finally:
+        cycle_mod._place_second_queue, cycle_mod._first_queue = fast, firsts
+    assert kept == walked
