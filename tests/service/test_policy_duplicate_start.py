@@ -26,8 +26,14 @@ def stack_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tu
     monkeypatch.delenv("APPORTION_GROUP_ID", raising=False)
     monkeypatch.delenv("APPORTION_INSTANCE_ID", raising=False)
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()", "services.policy"], stdin=subprocess.PIPE
+        [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()", "services.policy"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
+    # Popen returns once the child's exec has closed its close-on-exec pipe, which the kernel does before it sets
+    # the new program's arguments: /proc/PID/cmdline can still read empty then. A line from the child says the
+    # exec is done.
+    assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
     services = tmp_path / "services"
     services.mkdir()
     (services / "policy.pid").write_text(f"{proc.pid}\n")
@@ -37,7 +43,7 @@ def stack_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tu
         yield {"RUN_DIR": str(tmp_path), "KAFKA_BOOTSTRAP": BOOTSTRAP}, proc
     finally:
         proc.kill()
-        proc.wait()
+        proc.communicate()  # waits, and closes both pipes
 
 
 def test_a_second_policy_with_the_stacks_ids_is_refused_saying_which_to_give(stack_policy) -> None:
