@@ -97,6 +97,21 @@ def walk_every_job(cx: Any, todo: list[str]) -> None:
     cycle_mod._place_in_turn(cx, ((leaf, cx.pending[leaf][i]) for _, _, i, leaf in later))
 
 
+def walked_decisions(snap: CycleSnapshot, cfg: EngineConfig) -> tuple[Any, ...]:
+    """The decisions of the walks that take every job (the oracle), without a memo."""
+
+    def every_index(jobs: Any, queue_gpu_s: float | None) -> list[int]:
+        return list(range(len(jobs)))  # the first queue's walk takes every job
+
+    fast, firsts = cycle_mod._place_second_queue, cycle_mod._first_queue
+    cycle_mod._place_second_queue = walk_every_job
+    cycle_mod._first_queue = every_index
+    try:
+        return decided(dataclasses.replace(snap, memo=None), cfg)
+    finally:
+        cycle_mod._place_second_queue, cycle_mod._first_queue = fast, firsts
+
+
 def test_the_second_queue_places_by_attained_service_and_counts_every_job_it_passes() -> None:
     # one node of 3 GPUs; no job has run before this pass, so the ranks count from 0 and the k-th job of the
     # queue has rank k - 1. Order (attained, budget order, index): j4 (50, y), j0 (100, x/p), j3 (100, y),
@@ -161,19 +176,7 @@ job_st = st.tuples(
 def test_the_kept_second_queue_decides_and_counts_what_walking_every_job_does(nodes, jobs, queue_gpu_s) -> None:
     snap = world(nodes, jobs)
     cfg = dataclasses.replace(CFG, free_las_queue_gpu_s=queue_gpu_s)
-    kept = decided(snap, cfg)
-
-    def every_index(jobs: Any, queue_gpu_s: float | None) -> list[int]:
-        return list(range(len(jobs)))  # the first queue's walk takes every job
-
-    fast, firsts = cycle_mod._place_second_queue, cycle_mod._first_queue
-    cycle_mod._place_second_queue = walk_every_job
-    cycle_mod._first_queue = every_index
-    try:
-        walked = decided(snap, cfg)
-    finally:
-        cycle_mod._place_second_queue, cycle_mod._first_queue = fast, firsts
-    assert kept == walked
+    assert decided(snap, cfg) == walked_decisions(snap, cfg)
 
 
 edit_st = st.one_of(
@@ -182,21 +185,6 @@ edit_st = st.one_of(
     # remove the job at this place (modulo the list's length) of this leaf
     st.tuples(st.sampled_from(["lab/x/p", "lab/x/q", "lab/y"]), st.integers(0, 40)),
 )
-
-
-def walked_decisions(snap: CycleSnapshot, cfg: EngineConfig) -> tuple[Any, ...]:
-    """The decisions of the walks that take every job (the oracle), without a memo."""
-
-    def every_index(jobs: Any, queue_gpu_s: float | None) -> list[int]:
-        return list(range(len(jobs)))
-
-    fast, firsts = cycle_mod._place_second_queue, cycle_mod._first_queue
-    cycle_mod._place_second_queue = walk_every_job
-    cycle_mod._first_queue = every_index
-    try:
-        return decided(dataclasses.replace(snap, memo=None), cfg)
-    finally:
-        cycle_mod._place_second_queue, cycle_mod._first_queue = fast, firsts
 
 
 @settings(max_examples=120, deadline=None, derandomize=True)
