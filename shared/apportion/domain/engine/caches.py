@@ -84,7 +84,7 @@ class EngineCaches:
         b_old = ent[3] if len(ent) > 3 and ent[3] >= 0 else allocated_count(old)
         alloc = job.allocated
         b_new = b_old + sign if alloc else b_old
-        kept = carry_kept(ent, job, added, i, b_old, b_new)
+        kept = carry_kept(ent, job, added, i, b_new)
         if not ent[1]:
             memo[id(new)] = [new, {}, codes, b_new, {}, kept]
             return

@@ -1132,7 +1132,6 @@ def _carry_second_queue(
     job: PendingJob,
     added: bool,
     i: int,
-    b_old: int,
     b_new: int,
 ) -> tuple[Hashable, dict[_FreeShape, list[tuple[float, int]]]] | None:
     """:func:`_second_queue` of the list that replaces one (``job`` added at or removed from index ``i``;
@@ -1141,8 +1140,8 @@ def _carry_second_queue(
     makes it): the indices from ``i`` on move by one, ``job`` joins or leaves its shape's list; the order of
     each list is kept (the moves keep it)."""
     _, start, queue_gpu_s = cast(tuple[str, int, "float | None"], key)
-    if start != b_old:
-        return None
+    if start + ((1 if added else -1) if job.allocated else 0) != b_new:
+        return None  # (made from another start than the allocated count)
     out: dict[_FreeShape, list[tuple[float, int]]] = {}
     if added:
         for shape, lst in by_shape.items():
@@ -1170,7 +1169,7 @@ def _kept_first_queue(memo: CycleMemo | None, jobs: Sequence[PendingJob], queue_
 
 
 def _carry_first_queue(
-    key: Hashable, firsts: list[int], job: PendingJob, added: bool, i: int, b_old: int, b_new: int
+    key: Hashable, firsts: list[int], job: PendingJob, added: bool, i: int, b_new: int
 ) -> tuple[Hashable, list[int]]:
     """:func:`_first_queue` of the list that replaces one (``job`` added at or removed from index ``i``;
     :data:`~apportion.domain.engine.shapes.KeptCarry`) from the old list's (``key`` ``("first",

@@ -239,9 +239,9 @@ def memo_tail(memo: CycleMemo, jobs: Sequence[PendingJob]) -> dict[int, tuple[in
     return tails
 
 
-KeptCarry = Callable[[Hashable, Any, PendingJob, bool, int, int, int], "tuple[Hashable, Any] | None"]
+KeptCarry = Callable[[Hashable, Any, PendingJob, bool, int, int], "tuple[Hashable, Any] | None"]
 """How a :func:`memo_kept` value moves to the list that replaces its own: ``(key, value, job, added, i,
-allocated count before, after)`` -> ``(key, value)`` of the new list, or ``None`` to drop it (the arguments of
+allocated count of the new list)`` -> ``(key, value)`` of the new list, or ``None`` to drop it (the arguments of
 :meth:`~apportion.domain.engine.caches.EngineCaches.carry`, and the lists' allocated counts). It builds a new
 value: the old list's stays as it was."""
 
@@ -270,17 +270,17 @@ def memo_kept(
 
 
 def carry_kept(
-    ent: list[Any], job: PendingJob, added: bool, i: int, b_old: int, b_new: int
+    ent: list[Any], job: PendingJob, added: bool, i: int, b_new: int
 ) -> dict[Hashable, tuple[Any, KeptCarry | None]]:
     """The :func:`memo_kept` values of memo entry ``ent`` carried to the list that replaces its own (``job``
-    added at or removed from index ``i``; allocated counts ``b_old`` then ``b_new``): those made with a
+    added at or removed from index ``i``; ``b_new`` allocated jobs in the new list): those made with a
     ``carry`` that keeps them."""
     out: dict[Hashable, tuple[Any, KeptCarry | None]] = {}
     if len(ent) < 6:
         return out
     for key, (value, carry) in ent[5].items():
         if carry is not None:
-            got = carry(key, value, job, added, i, b_old, b_new)
+            got = carry(key, value, job, added, i, b_new)
             if got is not None:
                 out[got[0]] = (got[1], carry)
     return out
