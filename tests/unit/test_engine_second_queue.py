@@ -2,7 +2,8 @@
 
 The cycle keeps each leaf's requeued free jobs per shape, sorted, with its pending list in the memo, and
 looks only at the jobs of shapes not yet known not to fit, counting each one's place in the whole order by
-bisection; the walk of the first queue (jobs not yet run) steps from one such job to the next. The walks they
+bisection; the walk of the first queue (jobs not yet run) steps from one such job to the next. Both are carried
+to the list that replaces one (a job added or removed between cycles). The walks they
 replace looked at every requeued job in every cycle, and that queue grows with a busy run (the 100,000-job
 simulator's run time grew faster than its jobs). The decisions, the ranks they carry and the counters are
 those of those walks, kept below as the oracle.
@@ -11,7 +12,8 @@ those of those walks, kept below as the oracle.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from bisect import bisect_right
+from typing import Any, cast
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,7 +21,15 @@ from hypothesis import strategies as st
 from apportion import events as ev
 from apportion.domain.budgets import BudgetTree, ancestors_of
 from apportion.domain.cluster import ClusterState
-from apportion.domain.engine import CycleMemo, CycleSnapshot, EngineConfig, PendingJob, pending_order, run_cycle
+from apportion.domain.engine import (
+    CycleMemo,
+    CycleSnapshot,
+    EngineCaches,
+    EngineConfig,
+    PendingJob,
+    pending_order,
+    run_cycle,
+)
 from apportion.domain.engine import cycle as cycle_mod
 from apportion.timeutil import from_us
 from tests.kit.builders import T0, h
@@ -87,6 +97,21 @@ def walk_every_job(cx: Any, todo: list[str]) -> None:
     cycle_mod._place_in_turn(cx, ((leaf, cx.pending[leaf][i]) for _, _, i, leaf in later))
 
 
+def walked_decisions(snap: CycleSnapshot, cfg: EngineConfig) -> tuple[Any, ...]:
+    """The decisions of the walks that take every job (the oracle), without a memo."""
+
+    def every_index(jobs: Any, queue_gpu_s: float | None) -> list[int]:
+        return list(range(len(jobs)))  # the first queue's walk takes every job
+
+    fast, firsts = cycle_mod._place_second_queue, cycle_mod._first_queue
+    cycle_mod._place_second_queue = walk_every_job
+    cycle_mod._first_queue = every_index
+    try:
+        return decided(dataclasses.replace(snap, memo=None), cfg)
+    finally:
+        cycle_mod._place_second_queue, cycle_mod._first_queue = fast, firsts
+
+
 def test_the_second_queue_places_by_attained_service_and_counts_every_job_it_passes() -> None:
     # one node of 3 GPUs; no job has run before this pass, so the ranks count from 0 and the k-th job of the
     # queue has rank k - 1. Order (attained, budget order, index): j4 (50, y), j0 (100, x/p), j3 (100, y),
@@ -151,16 +176,115 @@ job_st = st.tuples(
 def test_the_kept_second_queue_decides_and_counts_what_walking_every_job_does(nodes, jobs, queue_gpu_s) -> None:
     snap = world(nodes, jobs)
     cfg = dataclasses.replace(CFG, free_las_queue_gpu_s=queue_gpu_s)
-    kept = decided(snap, cfg)
+    assert decided(snap, cfg) == walked_decisions(snap, cfg)
 
-    def every_index(jobs: Any, queue_gpu_s: float | None) -> list[int]:
-        return list(range(len(jobs)))  # the first queue's walk takes every job
 
-    fast, firsts = cycle_mod._place_second_queue, cycle_mod._first_queue
-    cycle_mod._place_second_queue = walk_every_job
-    cycle_mod._first_queue = every_index
-    try:
-        walked = decided(snap, cfg)
-    finally:
-        cycle_mod._place_second_queue, cycle_mod._first_queue = fast, firsts
-    assert kept == walked
+edit_st = st.one_of(
+    # add a job: (leaf, g, k, model, attained GPU-s, allocated?), submitted at a time that falls among the others
+    st.tuples(job_st, st.booleans(), st.integers(0, 40)),
+    # remove the job at this place (modulo the list's length) of this leaf
+    st.tuples(st.sampled_from(["lab/x/p", "lab/x/q", "lab/y"]), st.integers(0, 40)),
+)
+
+
+@settings(max_examples=120, deadline=None, derandomize=True)
+@given(
+    st.lists(st.tuples(st.sampled_from([1, 2, 4, 8]), st.sampled_from([None, "a"])), min_size=1, max_size=4),
+    st.lists(job_st, min_size=1, max_size=30),
+    st.lists(edit_st, min_size=1, max_size=8),
+    st.sampled_from([None, 1000.0]),
+)
+def test_the_queues_carried_to_a_replacing_list_are_those_made_from_it(nodes, jobs, edits, queue_gpu_s) -> None:
+    # a cycle keeps both queues with each list; then jobs are added and removed as the dispatcher does
+    # (copy-on-write, EngineCaches.carry), and the next cycle reads the carried queues: each must equal the
+    # queue made from the new list, and the cycle must decide what walking every job does
+    cfg = dataclasses.replace(CFG, free_las_queue_gpu_s=queue_gpu_s)
+    caches = EngineCaches()
+    snap = dataclasses.replace(world(nodes, jobs), memo=caches.memo)
+    run_cycle(snap, NOW, cfg)
+    pending: dict[str, list[PendingJob]] = {leaf: cast(list[PendingJob], lst) for leaf, lst in snap.pending.items()}
+    for lst in pending.values():  # both queues kept with every list, whether the cycle read them or not
+        b = sum(1 for j in lst if j.allocated)
+        cycle_mod._kept_second_queue(caches.memo, lst, b, queue_gpu_s)
+        cycle_mod._kept_first_queue(caches.memo, lst, queue_gpu_s)
+    for n, edit in enumerate(edits):
+        if len(edit) == 3:
+            (leaf, g, k, model, held), allocated, at = edit
+            old = pending.get(leaf)
+            if not old:
+                continue  # (the dispatcher carries nothing to a new leaf's first list)
+            job = PendingJob(
+                job_id=f"e{n}",
+                attempt=2 if held else 1,
+                budget=leaf,
+                user="u",
+                gpus_per_replica=g,
+                replicas=k,
+                min_runtime_s=600.0 if allocated else 0.0,
+                gpu_model=model,
+                submitted_at_us=h(1) + at,
+                queued_at_us=h(9),
+                duration_s=60.0,
+                attained_gpu_s=held,
+            )
+            lst = list(old)
+            i = bisect_right(lst, pending_order(job), key=pending_order)
+            lst.insert(i, job)
+            pending[leaf] = lst
+            caches.carry(old, lst, job, True, i)
+        else:
+            leaf, at = edit
+            old = pending.get(leaf)
+            if not old or len(old) < 2:
+                continue
+            i = at % len(old)
+            pending[leaf] = old[:i] + old[i + 1 :]
+            caches.carry(old, pending[leaf], old[i], False, i)
+    after = dataclasses.replace(snap, pending=pending, memo=caches.memo)
+    carried = 0
+    for leaf, lst in pending.items():
+        ent = caches.memo.get(id(lst))
+        if ent is None or ent[0] is not lst or len(ent) < 6:
+            continue
+        b = sum(1 for j in lst if j.allocated)
+        for key, (value, _) in ent[5].items():
+            carried += 1
+            if key[0] == "las":
+                assert key == ("las", b, queue_gpu_s)
+                assert value == cycle_mod._second_queue(lst, b, queue_gpu_s), leaf
+            else:
+                assert key == ("first", queue_gpu_s)
+                assert value == cycle_mod._first_queue(lst, queue_gpu_s), leaf
+    assert carried == 2 * len(pending)  # (every list kept both, and every edit carried them)
+    assert decided(after, cfg) == walked_decisions(after, cfg)
+
+
+def test_a_queue_carried_over_an_added_and_a_removed_job_is_the_one_made_from_the_new_list() -> None:
+    # lab/x/p: j0 (0 GPU-s, first queue), j1 (300), j2 (100), j3 (0); queue_gpu_s None
+    jobs: list[tuple[str, int, int, str | None, float]] = [
+        ("lab/x/p", 1, 1, None, 0.0),
+        ("lab/x/p", 1, 1, None, 300.0),
+        ("lab/x/p", 2, 1, None, 100.0),
+        ("lab/x/p", 1, 1, None, 0.0),
+    ]
+    caches = EngineCaches()
+    snap = dataclasses.replace(world([(1, None)], jobs), memo=caches.memo)
+    old = cast(list[PendingJob], snap.pending["lab/x/p"])
+    assert cycle_mod._kept_second_queue(caches.memo, old, 0, None) == {
+        (1, 1, None, None): [(300.0, 1)],
+        (2, 1, None, None): [(100.0, 2)],
+    }
+    # an allocated job goes first (index 0): every index moves up by one, the key's start becomes 1
+    new_job = dataclasses.replace(old[0], job_id="a", min_runtime_s=600.0, attained_gpu_s=0.0)
+    new = [new_job, *old]
+    caches.carry(old, new, new_job, True, 0)
+    ent = caches.memo[id(new)]
+    assert {k: v for k, (v, _) in ent[5].items()} == {
+        ("las", 1, None): {(1, 1, None, None): [(300.0, 2)], (2, 1, None, None): [(100.0, 3)]}
+    }
+    # j1 (index 2) leaves: its shape's list empties and goes, j2 moves down to 2
+    newer = new[:2] + new[3:]
+    caches.carry(new, newer, new[2], False, 2)
+    assert {k: v for k, (v, _) in caches.memo[id(newer)][5].items()} == {
+        ("las", 1, None): {(2, 1, None, None): [(100.0, 2)]}
+    }

@@ -3,7 +3,7 @@
 A caller that runs cycle after cycle on a state it folds (the dispatcher's
 state) holds one :class:`EngineCaches` and never looks inside it:
 
-* the :class:`CycleMemo` of its pending lists (floors, shape codes and blocked tails, keyed
+* the :class:`CycleMemo` of its pending lists (floors, shape codes, blocked tails and kept values, keyed
   by list identity, for lists that are never changed in place: copy-on-write);
   :meth:`EngineCaches.carry` moves an entry to the list that replaces one (less its tails);
 * the :class:`VictimIndex` and :class:`FreeIndex` of its live cluster, brought
@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from apportion.domain.cluster import ClusterState
 from apportion.domain.engine.inputs import PendingJob, allocated_count
 from apportion.domain.engine.placement import FreeIndex
-from apportion.domain.engine.shapes import CycleMemo
+from apportion.domain.engine.shapes import CycleMemo, carry_kept
 from apportion.domain.engine.victims import VictimIndex
 
 __all__ = ["EngineCaches"]
@@ -56,7 +56,7 @@ class EngineCaches:
         """Carry the memo of pending list ``old`` over to ``new``: ``job`` added at (``added``) or
         removed from index ``i``.
 
-        The memo entry is ``[list, floors, codes, allocated count]``; the count moves by one when ``job`` is
+        The memo entry is ``[list, floors, codes, allocated count, tails, kept values]``; the count moves by one when ``job`` is
         allocated. Floors: segments are the
         allocated jobs ``[0, b)`` and the unallocated ones ``[b, n)``; a floor
         is ``(min g, min k)``. Adding a job lowers its segment's floor to the
@@ -64,7 +64,8 @@ class EngineCaches:
         neither minimum, else the entry is dropped (the engine recomputes it).
         Codes (:meth:`ShapeTable.codes` in the memo's table, or ``b""`` when
         unavailable): one byte is inserted or deleted at ``i``. The blocked tails
-        (:func:`~apportion.domain.engine.shapes.memo_tail`) are not carried: they depend on the whole list.
+        (:func:`~apportion.domain.engine.shapes.memo_tail`) are not carried: they depend on the whole list; the
+        values kept with a carry (:func:`~apportion.domain.engine.shapes.memo_kept`) are, by it.
         """
         memo = self.memo
         ent = memo.get(id(old))
@@ -83,8 +84,9 @@ class EngineCaches:
         b_old = ent[3] if len(ent) > 3 and ent[3] >= 0 else allocated_count(old)
         alloc = job.allocated
         b_new = b_old + sign if alloc else b_old
+        kept = carry_kept(ent, job, added, i, b_new)
         if not ent[1]:
-            memo[id(new)] = [new, {}, codes, b_new]
+            memo[id(new)] = [new, {}, codes, b_new, {}, kept]
             return
         g, k = job.gpus_per_replica, job.replicas
         n_new = len(old) + sign
@@ -102,4 +104,4 @@ class EngineCaches:
                 segs[nk] = (min(f[0], g), min(f[1], k))
             elif g > f[0] and k > f[1]:
                 segs[nk] = f
-        memo[id(new)] = [new, segs, codes, b_new]
+        memo[id(new)] = [new, segs, codes, b_new, {}, kept]

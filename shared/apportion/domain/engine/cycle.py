@@ -100,13 +100,14 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable, Mapping, Sequence, Set
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from itertools import islice
 from operator import attrgetter, itemgetter
+from typing import cast
 
 from apportion.domain.budgets import BudgetTree
 from apportion.domain.cluster import UNTIL_STARTED, ClusterSnapshot, Run, RunKey, placed_run
@@ -1116,9 +1117,71 @@ def _second_queue(
     return out
 
 
+def _kept_second_queue(
+    memo: CycleMemo | None, jobs: Sequence[PendingJob], start: int, queue_gpu_s: float | None
+) -> dict[_FreeShape, list[tuple[float, int]]]:
+    """:func:`_second_queue`, kept with the list in ``memo`` and carried to the list that replaces it."""
+    return memo_kept(
+        memo, jobs, ("las", start, queue_gpu_s), partial(_second_queue, jobs, start, queue_gpu_s), _carry_second_queue
+    )
+
+
+def _carry_second_queue(
+    key: Hashable,
+    by_shape: dict[_FreeShape, list[tuple[float, int]]],
+    job: PendingJob,
+    added: bool,
+    i: int,
+    b_new: int,
+) -> tuple[Hashable, dict[_FreeShape, list[tuple[float, int]]]] | None:
+    """:func:`_second_queue` of the list that replaces one (``job`` added at or removed from index ``i``;
+    :data:`~apportion.domain.engine.shapes.KeptCarry`) from the old list's, when it was made from the first
+    unallocated job on (``key`` ``("las", start, queue_gpu_s)``, ``start`` the allocated count, as the cycle
+    makes it): the indices from ``i`` on move by one, ``job`` joins or leaves its shape's list; the order of
+    each list is kept (the moves keep it)."""
+    _, start, queue_gpu_s = cast(tuple[str, int, "float | None"], key)
+    if start + ((1 if added else -1) if job.allocated else 0) != b_new:
+        return None  # (made from another start than the allocated count)
+    out: dict[_FreeShape, list[tuple[float, int]]] = {}
+    if added:
+        for shape, lst in by_shape.items():
+            out[shape] = [(h, j + 1) if j >= i else (h, j) for h, j in lst]
+        held = job.attained_gpu_s
+        if not job.allocated and held > 0 and not first_las_queue(held, queue_gpu_s):
+            shape = (job.gpus_per_replica, job.replicas, job.gpu_model, job.topology_bound)
+            insort(out.setdefault(shape, []), (held, i))
+    else:
+        for shape, lst in by_shape.items():
+            new = [(h, j - 1) if j > i else (h, j) for h, j in lst if j != i]
+            if new:
+                out[shape] = new
+    return ("las", b_new, queue_gpu_s), out
+
+
 def _first_queue(jobs: Sequence[PendingJob], queue_gpu_s: float | None) -> list[int]:
     """The indices in ``jobs`` of the jobs in rule D3.free-las's first queue (:func:`first_las_queue`), ascending."""
     return [i for i, held in enumerate(map(_ATTAINED, jobs)) if first_las_queue(held, queue_gpu_s)]
+
+
+def _kept_first_queue(memo: CycleMemo | None, jobs: Sequence[PendingJob], queue_gpu_s: float | None) -> list[int]:
+    """:func:`_first_queue`, kept with the list in ``memo`` and carried to the list that replaces it."""
+    return memo_kept(memo, jobs, ("first", queue_gpu_s), partial(_first_queue, jobs, queue_gpu_s), _carry_first_queue)
+
+
+def _carry_first_queue(
+    key: Hashable, firsts: list[int], job: PendingJob, added: bool, i: int, b_new: int
+) -> tuple[Hashable, list[int]]:
+    """:func:`_first_queue` of the list that replaces one (``job`` added at or removed from index ``i``;
+    :data:`~apportion.domain.engine.shapes.KeptCarry`) from the old list's (``key`` ``("first",
+    queue_gpu_s)``): the indices from ``i`` on move by one, ``i`` joins when ``job`` is in the first queue, or
+    leaves."""
+    queue_gpu_s = cast(tuple[str, "float | None"], key)[1]
+    at = bisect_left(firsts, i)
+    if added:
+        mid = [i] if first_las_queue(job.attained_gpu_s, queue_gpu_s) else []
+        return ("first", queue_gpu_s), firsts[:at] + mid + [j + 1 for j in islice(firsts, at, None)]
+    past = at + 1 if at < len(firsts) and firsts[at] == i else at
+    return ("first", queue_gpu_s), firsts[:at] + [j - 1 for j in islice(firsts, past, None)]
 
 
 def _place_second_queue(cx: _Cycle, todo: list[str]) -> None:
@@ -1137,7 +1200,7 @@ def _place_second_queue(cx: _Cycle, todo: list[str]) -> None:
     total = 0
     for pos, leaf in enumerate(todo):
         jobs, start = pending[leaf], ends.get(leaf, 0)
-        by_shape = memo_kept(memo, jobs, ("las", start, queue_gpu_s), partial(_second_queue, jobs, start, queue_gpu_s))
+        by_shape = _kept_second_queue(memo, jobs, start, queue_gpu_s)
         for shape, lst in by_shape.items():
             total += len(lst)
             heap.append((lst[0][0], pos, lst[0][1], len(lists), 0))
@@ -1266,9 +1329,7 @@ def _place_unallocated(
     queue_gpu_s = cx.cfg.free_las_queue_gpu_s
     # with ``fresh``, the walk steps from one job of the first queue to the next (:func:`_first_queue`, kept with
     # the list), passing over the others uncounted
-    firsts = (
-        memo_kept(cx.memo, jobs, ("first", queue_gpu_s), partial(_first_queue, jobs, queue_gpu_s)) if fresh else None
-    )
+    firsts = _kept_first_queue(cx.memo, jobs, queue_gpu_s) if fresh else None
     while idx + 1 < end:
         if firsts is None:
             idx += 1

@@ -24,11 +24,13 @@ T = TypeVar("T")
 
 __all__ = [
     "CycleMemo",
+    "KeptCarry",
     "Shape",
     "ShapeTable",
     "blocked_run",
     "memo_allocated",
     "memo_codes",
+    "carry_kept",
     "memo_kept",
     "memo_tail",
     "segment_floor",
@@ -112,7 +114,7 @@ class CycleMemo(dict[int, list[Any]]):
     ``id(list) -> [list, {(lo, hi): (min g, min k) of list[lo:hi]}, shape codes or None, allocated count or -1,
     blocked tails, other values]`` (the allocated count: :func:`~apportion.domain.engine.inputs.allocated_count`
     of the list; the blocked tails: :func:`memo_tail`, and the other values: :func:`memo_kept`, made on first
-    use and never carried to another list),
+    use, carried to another list only by their own carry),
     for callers whose pending lists are never changed in place (``DispatchState``:
     copy-on-write, and it carries entries over to the list that replaces one), and
     :attr:`shapes`, the :class:`ShapeTable` the codes are written in.
@@ -237,19 +239,51 @@ def memo_tail(memo: CycleMemo, jobs: Sequence[PendingJob]) -> dict[int, tuple[in
     return tails
 
 
-def memo_kept(memo: CycleMemo | None, jobs: Sequence[PendingJob], key: Hashable, make: Callable[[], T]) -> T:
+KeptCarry = Callable[[Hashable, Any, PendingJob, bool, int, int], "tuple[Hashable, Any] | None"]
+"""How a :func:`memo_kept` value moves to the list that replaces its own: ``(key, value, job, added, i,
+allocated count of the new list)`` -> ``(key, value)`` of the new list, or ``None`` to drop it (the arguments of
+:meth:`~apportion.domain.engine.caches.EngineCaches.carry`, and the lists' allocated counts). It builds a new
+value: the old list's stays as it was."""
+
+
+def memo_kept(
+    memo: CycleMemo | None,
+    jobs: Sequence[PendingJob],
+    key: Hashable,
+    make: Callable[[], T],
+    carry: KeptCarry | None = None,
+) -> T:
     """``make()``, a value that depends on pending list ``jobs`` alone (and on ``key``), kept with the list in
-    ``memo`` under ``key``: made on first use, never carried to another list; made each time without a memo."""
+    ``memo`` under ``key``: made on first use, carried by ``carry`` to the list that replaces this one
+    (:func:`carry_kept`; never without it); made each time without a memo."""
     if memo is None:
         return make()
     ent = _memo_entry(memo, jobs)
     while len(ent) < 6:
         ent.append(-1 if len(ent) == 3 else {})
-    kept: dict[Hashable, Any] = ent[5]
-    if key not in kept:
-        kept[key] = make()
-    value: T = kept[key]
+    kept: dict[Hashable, tuple[Any, KeptCarry | None]] = ent[5]
+    got = kept.get(key)
+    if got is None:
+        got = kept[key] = (make(), carry)
+    value: T = got[0]
     return value
+
+
+def carry_kept(
+    ent: list[Any], job: PendingJob, added: bool, i: int, b_new: int
+) -> dict[Hashable, tuple[Any, KeptCarry | None]]:
+    """The :func:`memo_kept` values of memo entry ``ent`` carried to the list that replaces its own (``job``
+    added at or removed from index ``i``; ``b_new`` allocated jobs in the new list): those made with a
+    ``carry`` that keeps them."""
+    out: dict[Hashable, tuple[Any, KeptCarry | None]] = {}
+    if len(ent) < 6:
+        return out
+    for key, (value, carry) in ent[5].items():
+        if carry is not None:
+            got = carry(key, value, job, added, i, b_new)
+            if got is not None:
+                out[got[0]] = (got[1], carry)
+    return out
 
 
 def memo_codes(memo: CycleMemo | None, jobs: Sequence[PendingJob]) -> bytes | None:
