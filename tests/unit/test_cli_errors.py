@@ -277,3 +277,45 @@ def test_keys_init_shows_a_user_and_a_path_with_brackets_as_given(tmp_path: Path
         "give ops this public key to register (`apportion keys register x[/y] PUBKEY`):",
         key,
     ]
+
+
+def _log_read_raising(monkeypatch: pytest.MonkeyPatch, exc: Exception) -> None:
+    from apportion.audit import source
+
+    def load_log(**_kw: object) -> list[object]:
+        raise exc
+
+    monkeypatch.setattr(source, "load_log", load_log)
+
+
+@pytest.mark.parametrize(
+    "args", [("forecast",), ("audit", "verify"), ("share", "--forecast", "7d")], ids=["forecast", "verify", "share"]
+)
+def test_a_log_read_the_acls_refuse_exits_1_not_authorized_not_3(
+    monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...]
+) -> None:
+    """docs/operations.md: a read of a topic the ACLs do not let the principal read is refused, exit 1, reason
+    ``not_authorized``; only a broker that does not answer is exit 3."""
+    monkeypatch.setenv("APPORTION_KAFKA_USER", "researcher")
+    _log_read_raising(monkeypatch, TopicAuthorizationFailedError({"apportion.deadletter"}))
+    res = run(*args, "--json")
+    assert res.exit_code == 1
+    doc = json.loads(res.stdout)
+    assert (doc["verdict"], doc["reason"], doc["exit_code"]) == ("refused", "not_authorized", 1)
+    assert res.stderr == (
+        "error: refused: not authorized: the broker's ACLs do not let researcher read from apportion.deadletter "
+        "(TopicAuthorizationFailedError); see docs/security.md for who may do what\n"
+    )
+
+
+@pytest.mark.parametrize("args", [("forecast",), ("audit", "verify")], ids=["forecast", "verify"])
+def test_a_log_read_from_no_broker_exits_3_saying_how_to_start_the_stack(
+    monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...]
+) -> None:
+    _log_read_raising(monkeypatch, KafkaTimeoutError("Unable to bootstrap from 127.0.0.1:1"))
+    res = run(*args)
+    assert res.exit_code == 3
+    assert res.stderr == (
+        "error: cannot read from Kafka at 127.0.0.1:1: KafkaTimeoutError: Unable to bootstrap from 127.0.0.1:1 "
+        "(is the stack up? `apportion stack up`)\n"
+    )

@@ -17,7 +17,18 @@ import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from apportion.cli.common import _print_json, _ratio, _tree_from_file, check_budget_filter, err, fail, json_option, out
+from apportion.cli.common import (
+    _print_json,
+    _ratio,
+    _tree_from_file,
+    check_budget_filter,
+    err,
+    fail,
+    is_kafka_error,
+    json_option,
+    kafka_failure,
+    out,
+)
 from apportion.settings import Connection
 
 audit_app = typer.Typer(
@@ -85,8 +96,15 @@ def _load(
     since_ms = int(since.timestamp() * 1000) if since else None
     names = verify_topics() if dead_letters else None  # after the export's namespace is in force
     t0 = time.perf_counter()
-    with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True, console=_err()
+    failed: Exception | None = None
+    console = _err()
+    with Progress(  # a spinner for a terminal; piped, a transient display would leave an empty line
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        transient=True,
+        console=console,
+        disable=not console.is_terminal,
     ) as prog:
         task = prog.add_task("reading log", total=None)
 
@@ -102,11 +120,13 @@ def _load(
                 progress=progress,
             )
         except Exception as exc:
-            if type(exc).__module__.startswith("kafka"):
-                fail(f"cannot read Kafka at {source}: {exc}", 3)
-            if from_file is not None and isinstance(exc, (OSError, ValueError, EOFError)):
-                fail(f"{from_file}: not a readable apportion export ({exc})")
-            raise
+            failed = exc
+    if failed is not None:  # reported once the spinner is gone
+        if is_kafka_error(failed):  # the ACLs' refusal exit 1, anything else the stack unreachable, exit 3
+            kafka_failure(failed, source, "read from", names or ())
+        if from_file is not None and isinstance(failed, (OSError, ValueError, EOFError)):
+            fail(f"{from_file}: not a readable apportion export ({failed})")
+        raise failed
     dt = time.perf_counter() - t0
     if from_file is not None and not recs:
         # nothing to check is not a pass: say so and exit 1 (an audit of 0 records once said OK)

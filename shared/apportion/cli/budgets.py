@@ -31,6 +31,7 @@ from apportion.cli.common import (
     end_offsets,
     err,
     fail,
+    is_kafka_error,
     kafka_failure,
     out,
     refuse,
@@ -227,8 +228,8 @@ def _tree_in_force(bootstrap: str | None) -> Any:
     try:
         recs = read_log(conn.bootstrap, [topic_name(topics.BUDGETS)])
     except Exception as exc:
-        if type(exc).__module__.startswith("kafka"):
-            fail(f"cannot read Kafka at {conn.bootstrap}: {exc}", 3)
+        if is_kafka_error(exc):
+            kafka_failure(exc, conn.bootstrap, "read from", [topic_name(topics.BUDGETS)])
         raise
     return fold_budget_log(rec.event for rec in recs if rec.event is not None)
 
