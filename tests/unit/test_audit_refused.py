@@ -419,3 +419,29 @@ def test_an_operators_cancel_of_another_users_job_is_a_refused_request_not_an_at
         "refused by dispatcher; job 'j1' belongs to 'alice'; 'bob' may cancel only their",
         "own jobs",
     ]
+
+
+def test_the_count_line_of_refused_records_wraps_at_the_terminals_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two kinds with three reasons make the count line 116 characters: at 80 columns it is wrapped between words,
+    never left for the terminal to cut mid-word (a replay, a forged report and three cancels of another's job)."""
+    from types import SimpleNamespace
+
+    from apportion.cli import audit
+
+    summary = {
+        "count": 5,
+        "by_kind": {"forgery": 2, "refused request": 3},
+        "by_reason": {"event_id reused": 1, "unauthenticated_node": 1, "not_owner": 3},
+        "first": [],
+    }
+    line = refused_line(summary)
+    assert line == (
+        "refused by the services: 5 (2 forgeries: event_id reused 1, unauthenticated_node 1; "
+        "3 refused requests: not_owner 3)"
+    )
+    console = Console(width=80, record=True)
+    monkeypatch.setattr(audit, "_out", lambda: console)
+    audit._print_refused(SimpleNamespace(refused_summary=lambda: summary))
+    printed = console.export_text().splitlines()
+    assert max(len(p) for p in printed) <= 80
+    assert " ".join(p.strip() for p in printed) == line

@@ -653,7 +653,7 @@ def refused_table(summary: dict[str, Any], width: int) -> Any:
 def _print_refused(rep: Any) -> None:
     """The refused records of ``audit verify``: the count by kind and reason, then the first few, one a row."""
     summary = rep.refused_summary()
-    _out().print(refused_line(summary), highlight=False, soft_wrap=True)
+    _out().print(refused_line(summary), highlight=False)
     if summary["first"]:
         _out().print(refused_table(summary, _out().width))
 
