@@ -199,3 +199,21 @@ def test_logs_of_an_output_the_job_replaced_by_a_link_says_so_not_that_it_never_
     doc = json.loads(res.stdout)
     assert (res.exit_code, doc["reason"], doc["path"], doc["message"]) == (1, "not_a_plain_file", str(out), message)
     assert "secret" not in res.output
+
+
+def test_logs_of_an_array_id_names_its_elements_whose_output_is_there(tmp_path: Path) -> None:
+    """``apportion logs sweep`` of `submit --array 0-11 --job-id sweep`: the array has no output of its own, each
+    element has; the error says so, with the command that shows the first, and how many are there (``sweep_x`` and
+    ``sweep2_1`` are no elements of it)."""
+    for name in ("sweep_10", "sweep_2", "sweep_0", "sweep_1", "sweep_x", "sweep2_1"):
+        (tmp_path / name).mkdir()
+    res = run("logs", "sweep", "--dir", str(tmp_path))
+    assert res.exit_code == 1
+    assert res.stderr.splitlines() == [
+        "error: no output of job sweep (replica 0) in",
+        f"  {tmp_path / 'sweep'}",
+        "  only a started command has output (`apportion audit explain sweep`)",
+        "  a job array: its 4 elements here have output, e.g. `apportion logs sweep_0`",
+    ]
+    assert len(res.stderr.splitlines()[-1]) <= 80
+    assert run("logs", "sweep_3", "--dir", str(tmp_path)).stderr.count("\n") == 3  # an element: no such line

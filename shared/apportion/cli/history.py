@@ -29,6 +29,7 @@ from typing import Annotated, Any
 import typer
 
 from apportion import events
+from apportion.arrays import element_id, split_element_id
 from apportion.cli.common import (
     _checked,
     _print_json,
@@ -652,12 +653,33 @@ def copy_output(path: Path, out: Any) -> int:
 def no_output_message(job_id: str, replica: int, folder: Path) -> str:
     """Why ``apportion logs`` shows nothing, a line each (the folder looked in, then where to learn why), so that
     at 80 columns only a long path or job id runs past the edge: a simulated ``--duration`` job has no output,
-    nor one refused at its start."""
-    return (
+    nor one refused at its start. An array id has no output of its own: where the folder beside holds its
+    elements' directories, a last line says so and names the first (``apportion logs sweep_0``)."""
+    message = (
         f"no output of job {job_id} (replica {replica}) in\n"
         f"  {folder}\n"
         f"  only a started command has output (`apportion audit explain {job_id}`)"
     )
+    elements = array_elements_in(folder.parent, job_id)
+    if elements:
+        first = element_id(job_id, elements[0])
+        message += f"\n  a job array: its {len(elements)} elements here have output, e.g. `apportion logs {first}`"
+    return message
+
+
+def array_elements_in(base: Path, array_id: str) -> list[int]:
+    """The indices of ``array_id``'s elements (:func:`apportion.arrays.element_id`) whose output directories
+    ``base`` holds, in index order; none when ``base`` cannot be listed."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return []
+    indices = []
+    for name in names:
+        parts = split_element_id(name)
+        if parts is not None and parts[0] == array_id and job_dir_name(name) == name:  # an element's own directory
+            indices.append(parts[1])
+    return sorted(indices)
 
 
 def logs(
