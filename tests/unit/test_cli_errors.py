@@ -319,3 +319,14 @@ def test_a_log_read_from_no_broker_exits_3_saying_how_to_start_the_stack(
         "error: cannot read from Kafka at 127.0.0.1:1: KafkaTimeoutError: Unable to bootstrap from 127.0.0.1:1 "
         "(is the stack up? `apportion stack up`)\n"
     )
+
+
+@pytest.mark.parametrize("option", ["--users", "-a"])
+def test_share_asked_for_users_names_usage_by_user_not_the_nearest_spelling(option: str) -> None:
+    """``sshare -a`` is ``apportion usage --by-user``: click's nearest spelling of ``--users`` was ``--step``."""
+    res = run("share", option)
+    assert res.exit_code == 2
+    assert res.stderr == (
+        f"error: No such option: {option}; each user's part of a budget is `apportion usage --by-user` "
+        "(like sshare -a); see `apportion share --help`\n"
+    )

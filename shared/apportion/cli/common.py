@@ -171,12 +171,23 @@ def readable_help(command: Any) -> None:
         readable_help(sub)
 
 
+#: Options a newcomer looks for on one command that another command has (``sshare -a`` is ``usage --by-user``
+#: here): the usage error names the right command instead of the nearest spelling.
+OPTION_ELSEWHERE = {
+    ("apportion share", option): "each user's part of a budget is `apportion usage --by-user` (like sshare -a)"
+    for option in ("--users", "--user", "-u", "--by-user", "-a", "--all")
+}
+
+
 def _usage_error(exc: UsageError, argv: list[str]) -> NoReturn:
     if isinstance(exc, NoArgsIsHelpError):  # a group given no command: its help (the error's message), exit 2
         typer.echo(exc.format_message())
         raise typer.Exit(2)
     command = exc.ctx.command_path if exc.ctx is not None else "apportion"
     message = " ".join(exc.format_message().split()).rstrip(".")
+    hint = OPTION_ELSEWHERE.get((command, getattr(exc, "option_name", "")))
+    if hint is not None:  # Slurm's habit: click's nearest spelling would point at an unrelated option
+        message = f"No such option: {exc.option_name}; {hint}"
     before_dashes = argv[: argv.index("--")] if "--" in argv else argv
     json_errors(_json_errors or "--json" in before_dashes)
     try:
