@@ -11,7 +11,6 @@ from datetime import timedelta
 
 import pytest
 
-from apportion import events
 from apportion.audit.verify import records_from_events, verify
 from apportion.bus.intake import dead_letter
 from apportion.events import JobSubmitted

@@ -96,7 +96,6 @@ def _load(
     since_ms = int(since.timestamp() * 1000) if since else None
     names = verify_topics() if dead_letters else None  # after the export's namespace is in force
     t0 = time.perf_counter()
-    failed: Exception | None = None
     console = _err()
     with Progress(  # a spinner for a terminal; piped, a transient display would leave an empty line
         SpinnerColumn(),
@@ -120,13 +119,11 @@ def _load(
                 progress=progress,
             )
         except Exception as exc:
-            failed = exc
-    if failed is not None:  # reported once the spinner is gone
-        if is_kafka_error(failed):  # the ACLs' refusal exit 1, anything else the stack unreachable, exit 3
-            kafka_failure(failed, source, "read from", names or ())
-        if from_file is not None and isinstance(failed, (OSError, ValueError, EOFError)):
-            fail(f"{from_file}: not a readable apportion export ({failed})")
-        raise failed
+            if is_kafka_error(exc):  # the ACLs' refusal exit 1, anything else the stack unreachable, exit 3
+                kafka_failure(exc, source, "read from", names or ())
+            if from_file is not None and isinstance(exc, (OSError, ValueError, EOFError)):
+                fail(f"{from_file}: not a readable apportion export ({exc})")
+            raise
     dt = time.perf_counter() - t0
     if from_file is not None and not recs:
         # nothing to check is not a pass: say so and exit 1 (an audit of 0 records once said OK)
