@@ -185,9 +185,10 @@ def _usage_error(exc: UsageError, argv: list[str]) -> NoReturn:
         raise typer.Exit(2)
     command = exc.ctx.command_path if exc.ctx is not None else "apportion"
     message = " ".join(exc.format_message().split()).rstrip(".")
-    hint = OPTION_ELSEWHERE.get((command, getattr(exc, "option_name", "")))
+    option = str(getattr(exc, "option_name", ""))  # a NoSuchOption's
+    hint = OPTION_ELSEWHERE.get((command, option))
     if hint is not None:  # Slurm's habit: click's nearest spelling would point at an unrelated option
-        message = f"No such option: {exc.option_name}; {hint}"
+        message = f"No such option: {option}; {hint}"
     before_dashes = argv[: argv.index("--")] if "--" in argv else argv
     json_errors(_json_errors or "--json" in before_dashes)
     try:
