@@ -7,7 +7,7 @@ commands and node reports the services took (:func:`check_reports`), under the r
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +38,13 @@ class RequestFinding:
     detail: str
 
 
-def check_requests(records: Iterable[Any]) -> tuple[list[RequestFinding], int]:
+def check_requests(
+    records: Iterable[Any], dead_lettered: Collection[tuple[str, int, int]] = frozenset()
+) -> tuple[list[RequestFinding], int]:
     """Re-check, from the log alone, every request the dispatcher accepted (``audit verify``).
 
-    A request is *accepted* when the log holds no ``JobRejected`` refusing it
+    A request is *accepted* when the dispatcher neither dead-lettered its record (``dead_lettered``, rule
+    D4.dead-letters: it never folded it) nor holds a ``JobRejected`` refusing it
     (id ``det_id("JobRejected", job_id, request id)``) and, for a cancel, a
     ``JobCancelled`` of its job, for a hold or release the ``JobHeld`` or ``JobReleased`` answering it
     (``request_id``). Each accepted request must carry a valid
@@ -53,7 +56,9 @@ def check_requests(records: Iterable[Any]) -> tuple[list[RequestFinding], int]:
     (:class:`apportion.bus.intake.IdLedger`: an earlier record of its
     partition carried its id with another payload): the dispatcher never acted
     on it. Across partitions the order the dispatcher read them in is not in
-    the log, so a reuse there is still checked.
+    the log: there the dispatcher's dead letter says which copy it refused (a researcher's copy of another
+    user's signed request under another job id, published on another partition, is refused, not a finding);
+    a reuse there without one is still checked.
 
     A key revoked earlier in the log (the revocation's record timestamp
     before the request's: :class:`KeyRegistry`) proves nothing, whatever the
@@ -63,7 +68,9 @@ def check_requests(records: Iterable[Any]) -> tuple[list[RequestFinding], int]:
     simulator log) are not checked: ``(findings=[], checked=0)``.
 
     Args:
-        records: log records (``event``, ``raw``) in log order.
+        records: log records (``event``, ``raw``, ``topic``, ``partition``, ``offset``) in log order.
+        dead_lettered: ``(topic, partition, offset)`` of the records the dispatcher dead-lettered, each
+            letter holding the record's bytes (:func:`apportion.audit.verify.refused_records`).
 
     Returns:
         ``(findings, checked)``: what is wrong, and how many signed requests were re-checked.
@@ -100,7 +107,7 @@ def check_requests(records: Iterable[Any]) -> tuple[list[RequestFinding], int]:
     checked = 0
     for i, r in enumerate(recs):
         ev = r.event
-        if not isinstance(ev, JOB_REQUESTS) or i in reused:
+        if not isinstance(ev, JOB_REQUESTS) or i in reused or (r.topic, r.partition, r.offset) in dead_lettered:
             continue
         if events.det_id("JobRejected", ev.job_id, ev.event_id) in refused:
             continue

@@ -1154,6 +1154,7 @@ class Refusal:
         how: ``dead-lettered``, ``rejected`` (a verdict), or both.
         in_log: False when the refused record is not among the records read (read ``--since`` a later time,
             say): ``at``, ``what`` and ``who`` then come from the dead letter's copy of its bytes or the verdict.
+        source: ``(topic, partition, offset)`` of the refused record when it is in the log, else ``None``.
     """
 
     offset: str
@@ -1166,6 +1167,7 @@ class Refusal:
     how: list[str] = field(default_factory=list)
     in_log: bool = True
     order: tuple = field(default=(), repr=False, compare=False)
+    source: tuple[str, int, int] | None = field(default=None, repr=False, compare=False)
 
     @property
     def kind(self) -> str:
@@ -1286,7 +1288,17 @@ def refused_records(records: Sequence[LogRecord]) -> tuple[list[Refusal], list[M
         if got is None:
             what, who, at = claims
             order = log_order(src) if src is not None else log_order(r)
-            got = found[where] = Refusal(offset, at, reason, detail, what, who, in_log=src is not None, order=order)
+            got = found[where] = Refusal(
+                offset,
+                at,
+                reason,
+                detail,
+                what,
+                who,
+                in_log=src is not None,
+                order=order,
+                source=(src.topic, src.partition, src.offset) if src is not None else None,
+            )
         if ev.producer not in got.by:
             got.by.append(ev.producer)
         if how not in got.how:
@@ -1415,7 +1427,8 @@ def verify(
                     log_order(first),
                 )
             )
-    findings, signed = check_requests(records)
+    # a request the dispatcher refused (a dead letter, a verdict) was never acted on (rule D4.dead-letters)
+    findings, signed = check_requests(records, {f.source for f in refused if f.source and producer in f.by})
     for f in findings:
         rec = records[f.index]
         at = rec.event.ts.isoformat() if rec.event is not None else None
