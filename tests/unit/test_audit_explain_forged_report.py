@@ -25,10 +25,6 @@ def _default_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("APPORTION_TOPIC_PREFIX", "")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="audit.explain re-runs decisions on every node report of the log, the forgeries the services refused too",
-)
 def test_a_forged_completion_the_services_dead_lettered_leaves_the_next_placement_the_same() -> None:
     recs = load_log(from_file=LOG)
     cfg = _dispatch_config(recs, None, None, None, None, None)
@@ -37,3 +33,15 @@ def test_a_forged_completion_the_services_dead_lettered_leaves_the_next_placemen
     honest = [r for r in recs if (r.topic, r.partition, r.offset) != FORGED]
     assert explain(honest, "carol-82c049967a75", cfg).decisions_match  # the log without the forgery re-runs same
     assert explain(recs, "carol-82c049967a75", cfg).decisions_match
+
+
+def test_the_victims_timeline_shows_the_forged_completion_as_refused() -> None:
+    recs = load_log(from_file=LOG)
+    x = explain(recs, "t2-victim", _dispatch_config(recs, None, None, None, None, None))
+    why = "unauthenticated_node: JobCompleted of node 'sim-0' is not signed by a key registered for it"
+    forged = [e for e in x.timeline if e.offset == "apportion.jobs:1@21"]
+    assert [(e.kind, e.summary, e.refused) for e in forged] == [
+        ("JobCompleted", f"refused by the services: replica 0 completed ({why})", why)
+    ]
+    assert [e.refused for e in x.timeline].count(None) == len(x.timeline) - 1  # the victim's own records: folded
+    assert x.to_dict()["timeline"][x.timeline.index(forged[0])]["refused"] == why

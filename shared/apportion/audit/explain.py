@@ -12,7 +12,9 @@ re-running the pure decision (:func:`apportion.audit.verify.rerun_decisions`:
 the state folded up to the decision's input position, then
 ``step(fork, Tick(decision.ts))``); the entry says whether the re-run gives
 the same decision (same ``event_id`` from :func:`apportion.events.det_id`
-and the same content).
+and the same content). The re-run folds what the services folded
+(:func:`apportion.audit.verify.services_input`): a forged node report or
+decision they dead-lettered is left out, as they left it out.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from typing import Any
 
 from apportion import events
 from apportion.arrays import split_element_id
-from apportion.audit.verify import DecisionCheck, position, rerun_decisions
+from apportion.audit.signatures import check_reports
+from apportion.audit.verify import DecisionCheck, position, rerun_decisions, services_input
 from apportion.domain.cluster import ClusterState
 from apportion.domain.dispatch import DispatchConfig
 from apportion.durations import format_duration
@@ -46,6 +49,9 @@ class TimelineEntry:
         summary: one human line.
         details: the facts (ranks, r values, victims, rule...), JSON-friendly.
         check: for decisions, the re-run verdict: ``{"match", "basis", "diffs"}``.
+        refused: why the services' gate refuses the record (a decision or node report no key of its author
+            signed: :func:`~apportion.audit.signatures.check_reports`); it is shown for what it claims and
+            changes nothing, in the timeline or the re-runs. ``None``: the services folded it.
     """
 
     at: str
@@ -55,6 +61,7 @@ class TimelineEntry:
     summary: str
     details: dict[str, Any] = field(default_factory=dict)
     check: dict[str, Any] | None = None
+    refused: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
@@ -66,6 +73,7 @@ class TimelineEntry:
             "summary": self.summary,
             "details": self.details,
             "check": self.check,
+            "refused": self.refused,
         }
 
 
@@ -417,11 +425,16 @@ def explain(
     timeline: list[TimelineEntry] = []
     decision_at: dict[int, list[TimelineEntry]] = {}
     runs = ClusterState()  # the job's own runs: a reported progress is bounded as every fold bounds it
-    for rec in records:
+    reports = check_reports(records)
+    for i, rec in enumerate(records):
         e = _entry(rec, job_id)
         if e is None:
             continue
         ev = rec.event
+        why = reports.ignored.get(i)
+        if why is not None:  # shown for what it claims; the services' gate refused it, so it changes nothing
+            timeline.append(replace(e, summary=f"refused by the services: {e.summary} ({why})", refused=why))
+            continue
         if isinstance(ev, events.JobCheckpointed) and ev.job_id == job_id:
             e = _bounded(e, ev, runs.progress_bound_s(ev.job_id, ev.attempt, to_us(ev.ts)))
         if ev is not None and getattr(ev, "job_id", None) == job_id:
@@ -433,7 +446,7 @@ def explain(
     timeline.sort(key=lambda e: (e.at, _STORY.get(e.kind, 5)))
     if check and decision_at:
         checks: list[DecisionCheck] = rerun_decisions(
-            records, config, producer=producer, only_at=decision_at, until_us=max(decision_at)
+            services_input(records, reports), config, producer=producer, only_at=decision_at, until_us=max(decision_at)
         )
         by_t = {c.at_us: c for c in checks}
         for t, entries in decision_at.items():

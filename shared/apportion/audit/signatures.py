@@ -7,7 +7,7 @@ commands and node reports the services took (:func:`check_reports`), under the r
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,13 +137,13 @@ class ReportCheck:
     """``audit verify``'s look at the node reports of a log (:func:`check_reports`).
 
     Attributes:
-        ignored: indices of the events the services must have ignored (``unauthenticated``,
-            ``unauthenticated_node``); the audit's rebuilds leave them out, as the services did.
+        ignored: index -> the gate's reason (``unauthenticated...: ...``) of each event the services must
+            have ignored; the audit's rebuilds leave them out, as the services did.
         findings: ignored events that no service dead-lettered (one did not ignore them).
         checked: decisions, commands and node reports whose signature was checked.
     """
 
-    ignored: frozenset[int]
+    ignored: Mapping[int, str]
     findings: list[RequestFinding]
     checked: int
 
@@ -181,8 +181,8 @@ def check_reports(records: Sequence[Any]) -> ReportCheck:
         elif isinstance(ev, events.NodeRequestRefused):
             verdicts.add(ev.refused_event_id)
     if not len(gate.keys):
-        return ReportCheck(frozenset(), [], 0)
-    ignored: set[int] = set()
+        return ReportCheck({}, [], 0)
+    ignored: dict[int, str] = {}
     findings: list[RequestFinding] = []
     checked = 0
     for i in sorted(range(len(records)), key=lambda i: (records[i].topic, records[i].partition, records[i].offset)):
@@ -194,11 +194,11 @@ def check_reports(records: Sequence[Any]) -> ReportCheck:
         why = gate.report_refusal(r.raw, ev, log_position(r))
         if why is None:
             continue
-        ignored.add(i)
+        ignored[i] = why
         if isinstance(ev, NODE_REQUEST_TYPES):
             if ev.event_id not in verdicts:
                 findings.append(RequestFinding(i, ev.node_id, f"{why}, and the dispatcher did not refuse it"))
         elif events.dead_letter_id(r.topic, r.partition, r.offset) not in letters:
             subject = getattr(ev, "job_id", None) or getattr(ev, "node_id", None) or ev.type
             findings.append(RequestFinding(i, str(subject), f"{why}, and no service dead-lettered it"))
-    return ReportCheck(frozenset(ignored), findings, checked)
+    return ReportCheck(ignored, findings, checked)

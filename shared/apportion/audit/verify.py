@@ -102,7 +102,7 @@ from typing import Any
 from uuid import UUID
 
 from apportion import events, topics
-from apportion.audit.signatures import check_reports, check_requests
+from apportion.audit.signatures import ReportCheck, check_reports, check_requests
 from apportion.bus.intake import APPLY_FAILED, EVENT_ID_REUSED, UNDECODABLE
 from apportion.domain.admission import JOB_REQUESTS, NODE_REQUEST_TYPES, UNAUTHENTICATED, UNAUTHENTICATED_NODE
 from apportion.domain.budgets import BUDGET_CHANGES, fold_budget_log
@@ -128,6 +128,7 @@ __all__ = [
     "DecisionCheck",
     "VerifyReport",
     "rerun_decisions",
+    "services_input",
     "check_snapshots",
     "check_read_models",
     "verify",
@@ -1378,6 +1379,17 @@ class VerifyReport:
         }
 
 
+def services_input(records: Sequence[LogRecord], reports: ReportCheck | None = None) -> list[LogRecord]:
+    """The records of ``records`` the services folded, in log order: without the decisions, commands and node
+    reports their gate refuses (``unauthenticated``, ``unauthenticated_node``: :func:`check_reports`, the
+    services' own check, rule D10.proven-user; ``reports`` when already made) and without the dead letters,
+    which are no input of any service's fold. What every rebuild and re-run of the audit reads.
+    """
+    ignored = (reports or check_reports(records)).ignored
+    letters_topic = topic_name(topics.DEADLETTER)
+    return [r for i, r in enumerate(records) if i not in ignored and r.topic != letters_topic]
+
+
 def verify(
     records: Sequence[LogRecord],
     *,
@@ -1401,10 +1413,7 @@ def verify(
         rec = records[f.index]
         at = rec.event.ts.isoformat() if rec.event is not None else None
         mism.append(Mismatch("signature", position(rec), at, f.job_id, f.detail, log_order(rec)))
-    # the services ignored the ones the rebuilds leave out (unauthenticated, unauthenticated_node); the dead
-    # letters are no input of any service's fold
-    letters_topic = topic_name(topics.DEADLETTER)
-    records = [r for i, r in enumerate(records) if i not in reports.ignored and r.topic != letters_topic]
+    records = services_input(records, reports)
     if read_models is not None:
         mism += check_read_models(records, read_models, config)
     snaps = check_snapshots(records)
