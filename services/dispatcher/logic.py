@@ -31,7 +31,7 @@ from apportion.domain.dispatch import (
     submission_decided,
     with_job_settings,
 )
-from apportion.domain.engine import PendingReason, reason_dict, run_cycle
+from apportion.domain.engine import PendingJob, PendingReason, reason_dict, run_cycle
 from apportion.domain.fairshare import FairShareQueue
 from apportion.domain.idle import run_idle
 from apportion.events import (
@@ -189,8 +189,9 @@ def read_model(
     that cycle and its order (``position`` ``None``); its reason is
     :class:`~apportion.domain.engine.reasons.RefusedBackoff` (the node, the
     refusal, when it may be placed again), a held job's :class:`~apportion.domain.engine.reasons.Held` (who held
-    it, when, why; ahead of any other). An element of a job array beyond its ``%N`` limit keeps its
-    ``position`` in the order and its reason is :class:`~apportion.domain.engine.reasons.ArrayLimit`. With another scheduler than the engine
+    it, when, why; ahead of any other). An element of a job array beyond its ``%N`` limit keeps a
+    ``position`` in the order (the array's places go to its elements in the order they start:
+    :func:`_released_first`) and its reason is :class:`~apportion.domain.engine.reasons.ArrayLimit`. With another scheduler than the engine
     (``cfg.scheduler``, the simulator's baselines) reasons are left empty:
     only the engine explains its own decisions.
 
@@ -209,7 +210,7 @@ def read_model(
     free = [job for job in walk if not job.allocated]
     if cfg.engine.least_attained_free:  # rule D3.free-las: the fresh ones, then least attained
         free.sort(key=lambda job: job.attained_gpu_s)  # stable: ties keep the walk's order
-    ranked = [job for job in walk if job.allocated] + free
+    ranked = _released_first(state, [job for job in walk if job.allocated] + free, now_us)
     position = {job.job_id: i for i, job in enumerate(ranked)}
     jobs: dict[str, dict[str, Any]] = {}
     reasons: dict[str, PendingReason] = {}
@@ -272,6 +273,29 @@ def read_model(
             "last_heartbeat": from_us(n.last_heartbeat_us).isoformat() if n.last_heartbeat_us else None,
         }
     return jobs, nodes
+
+
+def _released_first(state: DispatchState, ranked: list[PendingJob], now_us: Micros) -> list[PendingJob]:
+    """``ranked`` with the places of each ``%N``-limited array's elements given in the order they start: those
+    a cycle sees now (:meth:`~apportion.domain.dispatch.DispatchState.pending_now`) in their order, then the
+    ones its limit holds back lowest index first (:meth:`~apportion.domain.dispatch.ArrayRecord.release_order`,
+    the order the limit lets them in: ``sweep_2`` before ``sweep_10``, rule D3.scheduling-cycle)."""
+    places: dict[str, list[int]] = {}
+    for i, job in enumerate(ranked):
+        array_id = state.array_of(job.job_id)
+        if array_id is not None and state.arrays[array_id].throttle is not None:
+            places.setdefault(array_id, []).append(i)
+    if not places:
+        return ranked
+    seen = {job.job_id for jobs in state.pending_now(now_us).values() for job in jobs}
+    out = list(ranked)
+    for array_id, slots in places.items():
+        elements = {ranked[i].job_id: ranked[i] for i in slots}
+        held = state.arrays[array_id].release_order(j for j in elements if j not in seen)
+        order = [j for j in elements if j in seen] + held
+        for i, job_id in zip(slots, order, strict=True):
+            out[i] = elements[job_id]
+    return out
 
 
 def heartbeats_behind(state: DispatchState, now_us: Micros, cfg: DispatchConfig) -> bool:

@@ -400,6 +400,10 @@ class ArrayRecord:
     throttle: int | None
     members: dict[str, int]
 
+    def release_order(self, job_ids: Iterable[str]) -> list[str]:
+        """Elements ``job_ids`` in the order its limit lets them start: lowest index first."""
+        return sorted(job_ids, key=lambda j: (self.members[j], j))
+
 
 @dataclass(frozen=True, slots=True)
 class Backoff:
@@ -618,21 +622,20 @@ class DispatchState:
         (or stopping). The filter is here, not in the engine: the engine places what it is given."""
         assert arr.throttle is not None
         running = 0
-        ready: list[tuple[int, str, str]] = []
-        for job_id, index in arr.members.items():
+        ready: dict[str, str] = {}  # job id -> budget
+        for job_id in arr.members:
             rec = self.jobs.get(job_id)
             if rec is None:
                 continue
             if rec.status != "pending":
                 running += 1
             elif job_id not in waiting.get(rec.spec.budget, ()):
-                ready.append((index, job_id, rec.spec.budget))
+                ready[job_id] = rec.spec.budget
         room = max(arr.throttle - running, 0)
         if len(ready) <= room:
             return
-        ready.sort()
-        for _, job_id, budget in ready[room:]:
-            waiting.setdefault(budget, set()).add(job_id)
+        for job_id in arr.release_order(ready)[room:]:
+            waiting.setdefault(ready[job_id], set()).add(job_id)
 
     def array_of(self, job_id: str) -> str | None:
         """The id of the active array whose element ``job_id`` is, or ``None``."""
