@@ -321,12 +321,12 @@ def test_a_log_read_from_no_broker_exits_3_saying_how_to_start_the_stack(
     )
 
 
-@pytest.mark.parametrize("option", ["--users", "-a"])
-def test_share_asked_for_users_names_usage_by_user_not_the_nearest_spelling(option: str) -> None:
-    """``sshare -a`` is ``apportion usage --by-user``: click's nearest spelling of ``--users`` was ``--step``."""
+@pytest.mark.parametrize("option", ["--by-user", "--all", "-u"])
+def test_share_asked_for_users_by_another_spelling_names_share_users_not_the_nearest_spelling(option: str) -> None:
+    """``sshare -a`` is ``apportion share --users`` (``-a``); click's nearest spelling of ``--by-user`` was another."""
     res = run("share", option)
     assert res.exit_code == 2
     assert res.stderr == (
-        f"error: No such option: {option}; each user's part of a budget is `apportion usage --by-user` "
-        "(like sshare -a); see `apportion share --help`\n"
+        f"error: No such option: {option}; each budget's users are `apportion share --users` (like sshare -a), one "
+        "user's usage `apportion usage --user U`; see `apportion share --help`\n"
     )

@@ -89,11 +89,22 @@ def share(
         Path | None,
         typer.Option("--from-file", help="With --forecast: read an export file.", exists=True, dir_okay=False),
     ] = None,
+    users: Annotated[
+        bool,
+        typer.Option(
+            "--users",
+            "-a",
+            help="Under each budget, a row per user (like sshare -a): the GPU-hours their runs held over the same "
+            "window (O, U) and their part of the budget's O (share), as `apportion usage --by-user` counts them.",
+        ),
+    ] = False,
     as_json: JsonOut = False,
 ) -> None:
     """The budget tree with share, occupancy, unallocated use, entitlement, r and rank (like sshare).
 
-    O, U and E are GPU-hours over the trailing window; r = O / E, lower is served first.
+    O, U and E are GPU-hours over the trailing window; r = O / E, lower is served first. With --users, each
+    budget's users under it: O and U their runs held, share their part of the budget's O (read from the log
+    at the table's time).
 
     With --forecast 7d: r/rank of every budget each --step from now (read from the log), and from when each leaf
     is behind enough to preempt another budget's runs once their protection ends (r lower by at least delta at
@@ -102,14 +113,20 @@ def share(
     Examples:
 
       apportion share
+      apportion share --users            (each budget's users, like sshare -a)
       apportion share --forecast 7d      (each budget's r and rank for a week)
     """
     if forecast_ is not None:
+        if users:
+            fail("--users shows the table now; it does not go with --forecast")
         _share_forecast(forecast_, step, at, bootstrap, from_file, as_json)
         return
     data = share_data(_redis(redis_url))
     meta, rows = data["meta"], {row["path"]: row for row in data["budgets"]}
     data["stale"] = _stale(meta, bootstrap)
+    people = _users_of(meta, bootstrap) if users and rows else {}
+    if users:
+        data["users"] = [u.to_dict() for us in people.values() for u in us]
     if as_json:
         _print_json(data)
         return
@@ -136,7 +153,40 @@ def share(
             _ratio(row.get("ratio")),
             "" if row.get("rank") is None else str(row["rank"]),
         )
+        _user_rows(t, people.pop(path, []), depth + 1)
+    for path, gone in people.items():  # runs of a budget no longer in the tree, still in the window
+        t.add_row(f"{path} (not in the tree)", "", "", "", "", "", "", "")
+        _user_rows(t, gone, 1)
     out.print(t)
+    if users:
+        out.print("users: under their budget; share: their part of its O", highlight=False)
+
+
+def _users_of(meta: dict[str, Any], bootstrap: str | None) -> dict[str, list[Any]]:
+    """``share --users``: each budget's user rows of :func:`apportion.cli.history.usage_by_user` over the read
+    model's window at its time (``meta``: ``window_s``, ``at``), most allocated GPU-hours first."""
+    from datetime import datetime
+
+    from apportion.cli.history import logged_usage
+    from apportion.timeutil import WEEK_S, to_us
+
+    at = meta.get("at")
+    rows = logged_usage(
+        bootstrap, float(meta.get("window_s") or WEEK_S), to_us(datetime.fromisoformat(at)) if at else None
+    )
+    people: dict[str, list[Any]] = {}
+    for u in rows:
+        if u.user:
+            people.setdefault(u.budget, []).append(u)
+    return people
+
+
+def _user_rows(t: Table, users: list[Any], depth: int) -> None:
+    """A row per user of a budget in ``share --users``: name, its part of the budget's O, its O and U."""
+    for u in users:
+        share = f"{100 * u.share_of_budget:.0f}%"
+        gpu_h = (f"{u.allocated_gpu_h:.1f}", f"{u.unallocated_gpu_h:.1f}")
+        t.add_row("  " * depth + u.user, share, "", *gpu_h, "", "", "")
 
 
 def _share_forecast(

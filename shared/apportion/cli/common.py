@@ -171,11 +171,12 @@ def readable_help(command: Any) -> None:
         readable_help(sub)
 
 
-#: Options a newcomer looks for on one command that another command has (``sshare -a`` is ``usage --by-user``
+#: Options a newcomer looks for on one command that another command has (one user's ``sshare -u`` is ``usage -u``
 #: here): the usage error names the right command instead of the nearest spelling.
 OPTION_ELSEWHERE = {
-    ("apportion share", option): "each user's part of a budget is `apportion usage --by-user` (like sshare -a)"
-    for option in ("--users", "--user", "-u", "--by-user", "-a", "--all")
+    ("apportion share", option): "each budget's users are `apportion share --users` (like sshare -a), one "
+    "user's usage `apportion usage --user U`"
+    for option in ("--user", "-u", "--by-user", "--all")
 }
 
 

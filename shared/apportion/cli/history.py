@@ -481,11 +481,7 @@ def usage(
     from rich.console import Console
     from rich.table import Table
 
-    from apportion import topics
-    from apportion.bus.reader import read_log
     from apportion.durations import parse_duration
-    from apportion.settings import event_clock
-    from apportion.timeutil import to_us
 
     check_budget_filter(budget)
     try:
@@ -494,14 +490,7 @@ def usage(
         fail(f"--window: {exc}")
     if window_s <= 0:
         fail("--window must be longer than 0")
-    conn = _require_topics(bootstrap, topic_name(topics.JOBS))
-    recs = _checked(lambda: read_log(conn.bootstrap, [topic_name(topics.JOBS)]))
-    rows = usage_rows(
-        usage_by_user((r.event for r in recs if r.event is not None), window_s, to_us(event_clock().now())),
-        by_user=by_user,
-        user=user,
-        budget=budget,
-    )
+    rows = usage_rows(logged_usage(bootstrap, window_s), by_user=by_user, user=user, budget=budget)
     if as_json:
         _print_json({"window_s": window_s, "rows": [r.to_dict() for r in rows]})
         return
@@ -517,6 +506,19 @@ def usage(
             f"{100 * r.share_of_budget:.1f}%",
         )
     Console().print(t)
+
+
+def logged_usage(bootstrap: str | None, window_s: float, at_us: int | None = None) -> list[UserUsage]:
+    """:func:`usage_by_user` of the stack's log (``apportion.jobs``) at ``at_us`` (default: the stack's event
+    time): what ``usage`` and ``share --users`` show. Kafka unreachable or the topic missing: one line, exit 3."""
+    from apportion import topics
+    from apportion.bus.reader import read_log
+    from apportion.settings import event_clock
+
+    conn = _require_topics(bootstrap, topic_name(topics.JOBS))
+    recs = _checked(lambda: read_log(conn.bootstrap, [topic_name(topics.JOBS)]))
+    at = at_us if at_us is not None else to_us(event_clock().now())
+    return usage_by_user((r.event for r in recs if r.event is not None), window_s, at)
 
 
 def usage_rows(
