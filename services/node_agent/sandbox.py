@@ -28,6 +28,9 @@ each process replica the agent:
   :mod:`services.node_agent.landlock`), then drops to the account (supplementary groups, gid, uid; umask 077)
   and gives it a session keyring of its own, in the child between fork and exec (:func:`child_setup`), inside
   a new session;
+* limits the disk its job's directories on the node take (checkpoint directory, output and ``TMPDIR``): the agent
+  measures them on a period (:func:`disk_use`) and stops the replicas of a job over its limit, and each process may
+  write no file beyond its replica's limit (``RLIMIT_FSIZE``, :func:`child_setup`);
 * on a stop signals every process of the cgroup, and when the replica ends kills whatever is left of it
   (v1: freeze, SIGKILL each, thaw; v2: ``cgroup.kill``), reads whether the OOM killer struck (reported
   ``oom``), and removes the cgroup.
@@ -48,13 +51,14 @@ import os
 import platform
 import pwd
 import re
+import resource
 import signal
 import stat
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from apportion.jobdirs import job_dir_name
 from services.node_agent import connfilter, devfilter, landlock
@@ -298,6 +302,132 @@ def protect_agent_files(
     if state_dir.is_dir():
         state_dir.chmod(0o711 if inside else 0o700)
     protect(journal)
+
+
+# --------------------------------------------------------------------------- disk
+
+#: What every inode in a job's directories is charged at least, bytes: one block, the least a non-empty file takes on
+#: ext4 or xfs. An empty file or a fifo, which takes no block but an inode, costs this much, so a job cannot use up
+#: the file system's inodes with files that weigh nothing (a job at its limit L holds at most L / 4096 of them).
+ENTRY_FLOOR_BYTES = 4096
+
+#: The share of the free space of the job roots' file system that the default disk limit gives out
+#: (:func:`disk_mb_per_gpu`); the rest is the agent's journal's, and the margin for what replicas write between two
+#: measurements.
+DISK_SHARE = 0.9
+
+
+def entry_bytes(size: int, blocks: int) -> int:
+    """What one inode of a job's directories is charged: the largest of its size, its allocated blocks
+    (``st_blocks`` x 512) and :data:`ENTRY_FLOOR_BYTES`. A sparse file is charged its size (the room it may take
+    once written), a small file its block."""
+    return max(size, blocks * 512, ENTRY_FLOOR_BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class DiskUse:
+    """What :func:`disk_use` found.
+
+    Attributes:
+        used_bytes: the bytes charged (:func:`entry_bytes` of each inode, hard links once); the whole tree's when
+            :attr:`complete`, else a lower bound (the walk stops once it passes the limit).
+        complete: every directory was listed.
+        unreadable: the first directory that could not be listed (the job took its permissions away, or the agent
+            is not root): ``None`` when none. Counts as over the limit: what it holds cannot be measured.
+        entries: the inodes charged.
+    """
+
+    used_bytes: int
+    complete: bool
+    unreadable: str | None = None
+    entries: int = 0
+
+    def over(self, limit_bytes: int) -> bool:
+        """Over ``limit_bytes``: more than it charged (exactly the limit is within it), or a directory unreadable."""
+        return self.unreadable is not None or self.used_bytes > limit_bytes
+
+
+def disk_use(
+    roots: Iterable[str],
+    limit_bytes: int,
+    *,
+    scandir: Callable[[str], Any] = os.scandir,
+    lstat: Callable[[str], os.stat_result] = os.lstat,
+) -> DiskUse:
+    """Measure the directories ``roots`` of one job: every inode beneath them charged :func:`entry_bytes` once
+    (a hard link's other names, within or across the roots, are the same inode: ``(st_dev, st_ino)``); links are
+    never followed (a symbolic link is charged as the link it is); a root that is missing is charged nothing, a
+    name removed during the walk is passed over.
+
+    The walk stops as soon as the charge passes ``limit_bytes`` (the job is over, the rest needs no look) or a
+    directory cannot be listed (over too): since every inode costs at least :data:`ENTRY_FLOOR_BYTES`, one pass
+    looks at no more than ``limit_bytes / 4096 + 1`` inodes, whatever the job made. ``scandir`` and ``lstat``: the
+    file system's (tests give a tree of their own).
+    """
+    seen: set[tuple[int, int]] = set()
+    used = 0
+    todo: list[str] = []
+
+    def charge(st: os.stat_result) -> bool:
+        nonlocal used
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            return False
+        seen.add(key)
+        used += entry_bytes(st.st_size, getattr(st, "st_blocks", 0))
+        return True
+
+    for root in roots:
+        try:
+            st = lstat(root)
+        except FileNotFoundError:
+            continue
+        if charge(st) and stat.S_ISDIR(st.st_mode):
+            todo.append(root)
+    if used > limit_bytes:
+        return DiskUse(used, False, None, len(seen))
+    while todo:
+        directory = todo.pop()
+        try:
+            for entry in _listing(directory, scandir):
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if not charge(st):
+                    continue
+                if used > limit_bytes:
+                    return DiskUse(used, False, None, len(seen))
+                if stat.S_ISDIR(st.st_mode):
+                    todo.append(entry.path)
+        except FileNotFoundError:
+            continue
+        except OSError:  # EACCES (a directory made unreadable), ELOOP or ENOTDIR (swapped for a link), EIO
+            return DiskUse(used, False, directory, len(seen))
+    return DiskUse(used, True, None, len(seen))
+
+
+def _listing(directory: str, scandir: Callable[[str], Any]) -> Iterator[Any]:
+    with scandir(directory) as it:
+        yield from it
+
+
+def disk_mb_per_gpu(free_bytes: int, gpus_per_node: Iterable[int]) -> int:
+    """The default disk limit per GPU (``sandbox_disk_mb_per_gpu`` unset): :data:`DISK_SHARE` of the ``free_bytes``
+    of the job roots' file system when the agent starts, over every GPU the agent hosts, at least 1 MiB; so the
+    replicas of all its nodes at their limits together leave a tenth of it to the agent."""
+    return max(1, int(free_bytes * DISK_SHARE) // (1 << 20) // max(1, sum(gpus_per_node)))
+
+
+def free_bytes(paths: Iterable[Path]) -> int:
+    """The least space free to an unprivileged writer (``f_bavail``) on the file systems of ``paths`` (made first
+    when missing: the agent makes its job roots at start anyway)."""
+    free = []
+    for p in paths:
+        p.mkdir(parents=True, exist_ok=True)
+        st = os.statvfs(p)
+        free.append(st.f_bavail * st.f_frsize)
+    return min(free) if free else 0
 
 
 # --------------------------------------------------------------------------- devices
@@ -781,6 +911,7 @@ def child_setup(
     account: Account | None,
     mounts: Callable[[], None] | None = None,
     scopes: int = 0,
+    file_size_bytes: int | None = None,
 ) -> Callable[[], None]:
     """What the child runs between fork and exec (``preexec_fn``, after ``setsid``): join the cgroup while
     still privileged, enter its own mount and IPC namespaces (``mounts``: :meth:`PrivateMounts.setup`), set
@@ -789,8 +920,11 @@ def child_setup(
     :func:`services.node_agent.landlock.restrict_self`: abstract Unix sockets, signals and ``ptrace`` of
     processes outside the replica refused), then umask 077, drop to ``account`` (supplementary groups, gid,
     uid: real, effective and saved) and join a new session keyring of that account's (the agent's, and the
-    keys it reaches, are out of the job's possession: :func:`new_session_keyring`). Nothing here allocates
-    a lock another thread could hold (no NSS lookups: the groups were resolved before the fork)."""
+    keys it reaches, are out of the job's possession: :func:`new_session_keyring`). With ``file_size_bytes``, no
+    process of the replica may write a file beyond that size (``RLIMIT_FSIZE``, soft and hard, set while still
+    privileged: the kernel sends ``SIGXFSZ`` to a write past it), so one file cannot pass the replica's disk limit
+    between two measurements. Nothing here allocates a lock another thread could hold (no NSS lookups: the groups
+    were resolved before the fork)."""
     targets = tuple(procs_files)
 
     def setup() -> None:
@@ -803,6 +937,8 @@ def child_setup(
                 os.close(fd)
         if mounts is not None:
             mounts()
+        if file_size_bytes is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_bytes, file_size_bytes))
         no_new_privs()
         if scopes:
             landlock.restrict_self(scopes)
@@ -1006,6 +1142,10 @@ class Sandbox:
             :func:`services.node_agent.connfilter.resolve`), closed on ``closed_ports`` as loopback is.
         landlock_scopes: the scopes of the Landlock domain each replica enters (:func:`landlock_scopes`); 0: none
             (a kernel before Linux 6.12, said at start).
+        disk_mb_per_gpu: the disk limit of a job's directories on the node per GPU its replicas here hold, MiB
+            (measured by the agent: :func:`disk_use`; each file of a replica at most its own limit:
+            ``RLIMIT_FSIZE``); ``None``: no limit.
+        disk_poll_wall_s: wall seconds between two measurements (the agent's ``check_disk``).
     """
 
     accounts: Accounts
@@ -1020,6 +1160,8 @@ class Sandbox:
     closed_ports: tuple[int, ...] = ()
     closed_addresses: tuple[str, ...] = ()
     landlock_scopes: int = 0
+    disk_mb_per_gpu: int | None = None
+    disk_poll_wall_s: float = 5.0
 
     def cgroup_for(self, key: RunKey, gpus: int, gpu_files: Sequence[str]) -> Cgroup | None:
         """Create the cgroup of replica ``key`` holding ``gpus`` GPUs whose device files are ``gpu_files``."""
