@@ -814,8 +814,23 @@ class JobCompleted(Event):
     exit_code: int = 0
 
 
+#: The codes of a ``JobFailed.reason`` for a limit the node agent enforced -> what each means, as ``audit explain``
+#: says it. Any other reason is ``stopped`` (a stop it was sent) or a sentence of its own (``exit code 3``, ``killed
+#: by signal 9``, ``spawn failed: ...``).
+FAILURE_REASONS: dict[str, str] = {
+    "time_limit": "stopped at its time limit",
+    "oom": "killed for memory by the OOM killer of its cgroup",
+    "disk_quota": "its files on the node passed its disk limit",
+}
+
+
 class JobFailed(Event):
-    """A run (or one replica) exited non-zero or could not start."""
+    """A run (or one replica) exited non-zero or could not start.
+
+    Attributes:
+        reason: one of :data:`FAILURE_REASONS` (``stopped``, ``time_limit``, ``oom``, ``disk_quota``), or what
+            happened in words (``exit code N``, ``killed by signal N``, ``spawn failed: ...``).
+    """
 
     type: Literal["JobFailed"] = "JobFailed"
     job_id: str

@@ -181,3 +181,15 @@ def test_the_default_disk_limit_shares_nine_tenths_of_the_free_space_among_every
 ) -> None:
     """1,000 MiB over 8 GPUs: 900 // 8 = 112 MiB; 100 GiB over 64: 92,160 // 64 = 1,440 MiB; at least 1 MiB."""
     assert disk_mb_per_gpu(free, gpus) == mb
+
+
+def test_the_agents_limit_reasons_are_the_contracts_and_explain_says_what_they_mean() -> None:
+    from apportion.audit.explain import _ended
+    from apportion.events import FAILURE_REASONS, JobFailed
+    from services.node_agent.service import OOM
+
+    assert sorted(FAILURE_REASONS) == sorted([logic.DISK_QUOTA, logic.TIME_LIMIT, OOM])
+    failed = JobFailed(job_id="j", attempt=1, replica=0, node_id="n1", exit_code=-15, reason="disk_quota", ts=T0)
+    assert (
+        _ended(failed, "t", "w").summary == "replica 0 failed: disk_quota (its files on the node passed its disk limit)"
+    )
