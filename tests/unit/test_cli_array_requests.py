@@ -46,7 +46,7 @@ def test_the_count_of_an_arrays_hold_release_and_cancel_and_none_for_a_job(reaso
             out = feed(state, log, request(cls, job_id, reason, at), at)
             [answer] = [e for e in out if getattr(e, "job_id", None) == job_id]
             answers[verb, job_id] = ev.array_elements_of(answer, reason)
-            assert getattr(answer, "reason") == (reason or ("cancelled" if verb == "cancel" else "no reason given"))
+            assert ev.to_dict(answer)["reason"] == (reason or ("cancelled" if verb == "cancel" else "no reason given"))
     assert answers == {
         ("hold", "s"): 2,
         ("hold", "j"): None,
@@ -59,13 +59,14 @@ def test_the_count_of_an_arrays_hold_release_and_cancel_and_none_for_a_job(reaso
 
 def test_a_three_element_array_held_and_one_element_released() -> None:
     """``held s (array: 3 elements)`` and ``--json`` ``array_elements`` 3 (read back from the encoded record, as the
-    CLI and the client read it off Kafka); one element left (counted by :func:`apportion.client.array_elements`) to release: ``(array: 1 element)``, singular."""
+    CLI and the client read it off Kafka); one element left to release (counted by
+    :func:`apportion.client.array_elements`): ``(array: 1 element)``, singular."""
     state, log, _ = queued_array("0-2", hold=False)
     feed(state, log, submitted("big", budget="lab/b", user="bob", gpus=8, at=T0), T0)  # takes the node first
     feed(state, log, Tick(T0), T0)
     held = feed(state, log, request(ev.JobHoldRequested, "s", "", m(1)), m(1))
     answer = ev.decode(ev.encode(held[-1]))
-    assert (type(answer), answer.job_id, ev.array_elements_of(answer, "")) == (ev.JobHeld, "s", 3)
+    assert isinstance(answer, ev.JobHeld) and (answer.job_id, ev.array_elements_of(answer, "")) == ("s", 3)
     assert ev.to_dict(answer)["array_elements"] == 3
     assert f"held s{array_phrase(3)}" == "held s (array: 3 elements)"
     feed(state, log, request(ev.JobReleaseRequested, "s_0", "", m(2)), m(2))
@@ -97,7 +98,7 @@ def test_a_record_written_before_the_field_reads_its_count_from_its_reason(
     old = raw.replace(b',"array_elements":null', b"")
     assert b"array_elements" not in old
     answer = ev.decode(old)
-    assert getattr(answer, "array_elements") is None
+    assert isinstance(answer, ev.JobHeld) and answer.array_elements is None
     assert ev.array_elements_of(answer, asked) == count
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from apportion.events import JobFailed
 from services.node_agent import logic
 from services.node_agent.logic import Workload
 from services.node_agent.sandbox import ENTRY_FLOOR_BYTES, DiskUse, disk_mb_per_gpu, disk_use, entry_bytes
@@ -153,7 +154,7 @@ def test_a_pass_looks_at_each_job_with_a_process_replica_and_none_stopping() -> 
     """Job a: two replicas of 2 and 1 GPUs, their limit 3 x 10 MiB together; b stopping: not measured; c simulated:
     no files of its own."""
     running = [w("a", 0, (0, 1)), w("a", 1, (2,)), w("b", 0, (3,), stopping=True), w("c", 0, (4,), command=None)]
-    state = logic.initial_state([logic.NodeSpec("n1", "m", ())], "")
+    state = logic.initial_state([logic.NodeSpec("n1", ())], "")
     for x in running:
         state = logic.with_launched(state, x)
     checks = logic.disk_checks(state, "/ck", "/out", 10)
@@ -163,11 +164,11 @@ def test_a_pass_looks_at_each_job_with_a_process_replica_and_none_stopping() -> 
 
 
 def test_a_replica_stopped_at_its_disk_limit_is_reported_disk_quota() -> None:
-    state = logic.with_launched(logic.initial_state([logic.NodeSpec("n1", "m", ())], ""), w("a", 0, (0,)))
+    state = logic.with_launched(logic.initial_state([logic.NodeSpec("n1", ())], ""), w("a", 0, (0,)))
     state, stopped = logic.with_limit_reached(state, ("n1", "a", 1, 0), logic.DISK_QUOTA)
     assert stopped is not None and stopped.stopping and stopped.limit_reached == "disk_quota"
     failed = logic.exit_event(stopped, -15, T0)
-    assert (failed.type, failed.reason, failed.exit_code) == ("JobFailed", "disk_quota", -15)
+    assert isinstance(failed, JobFailed) and (failed.reason, failed.exit_code) == ("disk_quota", -15)
     again, none = logic.with_limit_reached(state, ("n1", "a", 1, 0), logic.TIME_LIMIT)  # already stopping
     assert (again, none) == (state, None)
 
@@ -185,7 +186,7 @@ def test_the_default_disk_limit_shares_nine_tenths_of_the_free_space_among_every
 
 def test_the_agents_limit_reasons_are_the_contracts_and_explain_says_what_they_mean() -> None:
     from apportion.audit.explain import _ended
-    from apportion.events import FAILURE_REASONS, JobFailed
+    from apportion.events import FAILURE_REASONS
     from services.node_agent.service import OOM
 
     assert sorted(FAILURE_REASONS) == sorted([logic.DISK_QUOTA, logic.TIME_LIMIT, OOM])
