@@ -420,12 +420,14 @@ def disk_mb_per_gpu(free_bytes: int, gpus_per_node: Iterable[int]) -> int:
 
 
 def free_bytes(paths: Iterable[Path]) -> int:
-    """The least space free to an unprivileged writer (``f_bavail``) on the file systems of ``paths`` (made first
-    when missing: the agent makes its job roots at start anyway)."""
+    """The least space free to an unprivileged writer (``f_bavail``) on the file systems of ``paths`` (of the
+    nearest directory that exists above one that does not yet)."""
     free = []
     for p in paths:
-        p.mkdir(parents=True, exist_ok=True)
-        st = os.statvfs(p)
+        where = p.absolute()
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        st = os.statvfs(where)
         free.append(st.f_bavail * st.f_frsize)
     return min(free) if free else 0
 

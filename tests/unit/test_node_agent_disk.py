@@ -194,3 +194,13 @@ def test_the_agents_limit_reasons_are_the_contracts_and_explain_says_what_they_m
     assert (
         _ended(failed, "t", "w").summary == "replica 0 failed: disk_quota (its files on the node passed its disk limit)"
     )
+
+
+def test_the_free_space_is_read_above_a_root_not_made_yet_and_nothing_is_made(tmp_path: Path) -> None:
+    from services.node_agent.sandbox import free_bytes
+
+    st = os.statvfs(tmp_path)
+    missing = tmp_path / "state" / "checkpoints"
+    assert abs(free_bytes([missing]) - st.f_bavail * st.f_frsize) < 64 * MIB  # the same file system, moments apart
+    assert not (tmp_path / "state").exists()
+    assert free_bytes([]) == 0
