@@ -204,3 +204,13 @@ def test_the_free_space_is_read_above_a_root_not_made_yet_and_nothing_is_made(tm
     assert abs(free_bytes([missing]) - st.f_bavail * st.f_frsize) < 64 * MIB  # the same file system, moments apart
     assert not (tmp_path / "state").exists()
     assert free_bytes([]) == 0
+
+
+def test_the_disk_settings_are_flags_of_the_agent() -> None:
+    from services.node_agent.__main__ import parse_args
+    from services.node_agent.config import NodeAgentSettings
+
+    args = parse_args(["--sandbox-disk-mb-per-gpu", "7", "--sandbox-disk-poll-wall-s", "0.5"])
+    assert args == {"sandbox_disk_mb_per_gpu": 7, "sandbox_disk_poll_wall_s": 0.5}
+    defaults = NodeAgentSettings()
+    assert (defaults.sandbox_disk_mb_per_gpu, defaults.sandbox_disk_poll_wall_s) == (None, 5.0)
