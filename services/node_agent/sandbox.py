@@ -351,22 +351,24 @@ def disk_use(
     roots: Iterable[str],
     limit_bytes: int,
     *,
-    scandir: Callable[[str], Any] = os.scandir,
+    listdir: Callable[[str, tuple[int, int]], Iterator[Any]] | None = None,
     lstat: Callable[[str], os.stat_result] = os.lstat,
 ) -> DiskUse:
     """Measure the directories ``roots`` of one job: every inode beneath them charged :func:`entry_bytes` once
     (a hard link's other names, within or across the roots, are the same inode: ``(st_dev, st_ino)``); links are
-    never followed (a symbolic link is charged as the link it is); a root that is missing is charged nothing, a
-    name removed during the walk is passed over.
+    never followed (a symbolic link is charged as the link it is, and a directory is listed only while its name
+    still leads, without a link, to the inode its parent listed: :func:`list_dir`); a root that is missing is
+    charged nothing, a name removed or moved during the walk is passed over (found where it went, if in the roots).
 
     The walk stops as soon as the charge passes ``limit_bytes`` (the job is over, the rest needs no look) or a
-    directory cannot be listed (over too): since every inode costs at least :data:`ENTRY_FLOOR_BYTES`, one pass
-    looks at no more than ``limit_bytes / 4096 + 1`` inodes, whatever the job made. ``scandir`` and ``lstat``: the
-    file system's (tests give a tree of their own).
+    directory cannot be listed (``EACCES``: over too): since every inode costs at least :data:`ENTRY_FLOOR_BYTES`,
+    one pass looks at no more than ``limit_bytes / 4096 + 1`` inodes, whatever the job made. ``listdir`` and
+    ``lstat``: the file system's (tests give a tree of their own).
     """
+    listing = list_dir if listdir is None else listdir
     seen: set[tuple[int, int]] = set()
     used = 0
-    todo: list[str] = []
+    todo: list[tuple[str, tuple[int, int]]] = []
 
     def charge(st: os.stat_result) -> bool:
         nonlocal used
@@ -383,13 +385,14 @@ def disk_use(
         except FileNotFoundError:
             continue
         if charge(st) and stat.S_ISDIR(st.st_mode):
-            todo.append(root)
+            todo.append((root, (st.st_dev, st.st_ino)))
     if used > limit_bytes:
         return DiskUse(used, False, None, len(seen))
     while todo:
-        directory = todo.pop()
+        directory, key = todo.pop()
+        entries = listing(directory, key)
         try:
-            for entry in _listing(directory, scandir):
+            for entry in entries:
                 try:
                     st = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
@@ -399,17 +402,45 @@ def disk_use(
                 if used > limit_bytes:
                     return DiskUse(used, False, None, len(seen))
                 if stat.S_ISDIR(st.st_mode):
-                    todo.append(entry.path)
+                    todo.append((os.path.join(directory, entry.name), (st.st_dev, st.st_ino)))
         except FileNotFoundError:
             continue
-        except OSError:  # EACCES (a directory made unreadable), ELOOP or ENOTDIR (swapped for a link), EIO
+        except OSError:  # EACCES (a directory made unreadable, an agent that is not root), EIO
             return DiskUse(used, False, directory, len(seen))
+        finally:
+            close = getattr(entries, "close", None)
+            if close is not None:
+                close()
     return DiskUse(used, True, None, len(seen))
 
 
-def _listing(directory: str, scandir: Callable[[str], Any]) -> Iterator[Any]:
-    with scandir(directory) as it:
-        yield from it
+def list_dir(path: str, key: tuple[int, int]) -> Iterator[os.DirEntry[str]]:
+    """The entries of directory ``path`` (each ``stat`` relative to the directory opened, never through its name
+    again), when ``path`` still leads to the inode ``key`` (``(st_dev, st_ino)``) its parent's listing gave it.
+
+    Opened without following a link at its last component, and checked on the descriptor: a job that swapped the
+    directory, or one of the directories above it, for a link (to ``/``, to another user's files) between the
+    parent's listing and this one makes the agent list nothing of where the link leads.
+
+    Raises:
+        FileNotFoundError: ``path`` is gone, or is no longer that directory (moved, or swapped for a link or a
+            file): passed over by :func:`disk_use`.
+        PermissionError: it cannot be opened for listing.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise FileNotFoundError(errno.ENOENT, "no longer a directory", path) from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != key:
+            raise FileNotFoundError(errno.ENOENT, "no longer the directory listed", path)
+        with os.scandir(fd) as it:
+            yield from it
+    finally:
+        os.close(fd)
 
 
 def disk_mb_per_gpu(free_bytes: int, gpus_per_node: Iterable[int]) -> int:

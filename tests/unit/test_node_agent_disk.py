@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,31 +47,29 @@ class Tree:
             raise FileNotFoundError(path)
         return self.stats[path]
 
-    def scandir(self, path: str) -> Any:
+    def listdir(self, path: str, key: tuple[int, int]) -> Iterator[Any]:
+        """As :func:`services.node_agent.sandbox.list_dir`: a path that no longer leads to ``key`` is gone."""
         if path in self.unreadable:
             raise PermissionError(13, "Permission denied", path)
+        st = self.stats.get(path)
+        if st is None or (st.st_dev, st.st_ino) != key:
+            raise FileNotFoundError(path)
         self.listed.append(path)
         tree = self
 
         class Entry:
             def __init__(self, p: str) -> None:
-                self.path = p
+                self.name = os.path.basename(p)
+                self.full = p
 
             def stat(self, follow_symlinks: bool = True) -> Any:
                 assert not follow_symlinks, "a link must never be followed"
-                return tree.lstat(self.path)
+                return tree.lstat(self.full)
 
-        class Listing:
-            def __enter__(self) -> Any:
-                return iter([Entry(p) for p in sorted(tree.stats) if os.path.dirname(p) == path])
-
-            def __exit__(self, *exc: object) -> None:
-                return None
-
-        return Listing()
+        yield from [Entry(p) for p in sorted(self.stats) if os.path.dirname(p) == path]
 
     def use(self, roots: list[str], limit: int) -> DiskUse:
-        return disk_use(roots, limit, scandir=self.scandir, lstat=self.lstat)
+        return disk_use(roots, limit, listdir=self.listdir, lstat=self.lstat)
 
 
 def d(ino: int) -> FakeStat:
@@ -214,3 +213,35 @@ def test_the_disk_settings_are_flags_of_the_agent() -> None:
     assert args == {"sandbox_disk_mb_per_gpu": 7, "sandbox_disk_poll_wall_s": 0.5}
     defaults = NodeAgentSettings()
     assert (defaults.sandbox_disk_mb_per_gpu, defaults.sandbox_disk_poll_wall_s) == (None, 5.0)
+
+
+def test_a_directory_swapped_for_a_link_or_another_directory_is_not_listed(tmp_path: Path) -> None:
+    """:func:`list_dir` lists a directory only while its name leads, without a link, to the inode its parent's
+    listing gave: a link put at its name (to a directory of 4 MiB elsewhere), or another directory moved there, is
+    passed over (gone), never listed."""
+    from services.node_agent.sandbox import list_dir
+
+    job, elsewhere = tmp_path / "job", tmp_path / "elsewhere"
+    (job / "sub").mkdir(parents=True)
+    elsewhere.mkdir()
+    (elsewhere / "big").write_bytes(b"y" * (4 * MIB))
+    st = os.lstat(job / "sub")
+    key = (st.st_dev, st.st_ino)
+    assert list(list_dir(str(job / "sub"), key)) == []
+    (job / "sub").rmdir()
+    os.symlink(elsewhere, job / "sub")
+    with pytest.raises(FileNotFoundError):
+        list(list_dir(str(job / "sub"), key))
+    (job / "sub").unlink()
+    os.rename(elsewhere, job / "sub")
+    with pytest.raises(FileNotFoundError):
+        list(list_dir(str(job / "sub"), key))
+    moved = Tree({"/r": d(1), "/r/s": d(2), "/r/s/x": f(3, MIB)})
+    moved.stats["/r/s"] = d(9)  # between the listing of /r and that of /r/s, another directory took the name
+    original = moved.lstat
+
+    def stale(path: str) -> Any:  # the root's listing still reports the old inode for /r/s
+        return d(2) if path == "/r/s" else original(path)
+
+    moved.lstat = stale  # type: ignore[method-assign]
+    assert moved.use(["/r"], 100 * MIB).used_bytes == 2 * 4096  # /r and /r/s charged, /r/s not listed
