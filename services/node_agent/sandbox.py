@@ -186,12 +186,7 @@ def own_dir(path: str, account: Account | None) -> None:
             (``EPERM``) it belongs to another account.
     """
     os.makedirs(path, mode=0o700, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise OSError(errno.ENOTDIR, "not a directory", path) from exc
-        raise
+    fd = open_dir(path)
     try:
         if account is not None:
             owner = os.fstat(fd).st_uid
@@ -201,6 +196,21 @@ def own_dir(path: str, account: Account | None) -> None:
         os.fchmod(fd, 0o700)
     finally:
         os.close(fd)
+
+
+def open_dir(path: str) -> int:
+    """A descriptor (read-only, close-on-exec) of directory ``path``, opened without following a link at its name.
+
+    Raises:
+        NotADirectoryError: a link or anything but a directory lies there (``ENOTDIR``, ``not a directory``).
+        OSError: it cannot be opened (missing, ``EACCES``).
+    """
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", path) from exc
+        raise
 
 
 def private_dir(path: Path) -> None:
@@ -428,11 +438,9 @@ def list_dir(path: str, key: tuple[int, int]) -> Iterator[os.DirEntry[str]]:
         PermissionError: it cannot be opened for listing.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise FileNotFoundError(errno.ENOENT, "no longer a directory", path) from exc
-        raise
+        fd = open_dir(path)
+    except NotADirectoryError as exc:
+        raise FileNotFoundError(errno.ENOENT, "no longer a directory", path) from exc
     try:
         st = os.fstat(fd)
         if (st.st_dev, st.st_ino) != key:
