@@ -34,6 +34,9 @@ that prefix alone:
 * ``forecast + recent hours``: the recent rate taken to go on: the submissions of the last :data:`RECENT_S` (6 h)
   replayed every 6 h over the whole horizon (each budget's recent rate and job mix, by hour); ``forecast + the
   last hour``: the last hour's submissions replayed once, an hour later (a burst going on);
+* ``forecast + bursts``: the rest of the job's own user's burst in progress (:func:`apportion.forecast.burst_arrivals`:
+  submissions at most ``--burst-gap-m`` minutes apart are a burst, continued to the median count of the user's
+  longer ended bursts at the rate of its last 10, copies of them); ``forecast + all bursts``: every user's;
 * ``forecast + actual arrivals``: a diagnostic, not an estimate: ``forecast`` given the submissions the
   simulation in fact received after the question (their times and shapes, from the rest of the log); what is
   left of its error is the forward run's own (resolution, the model of running work), the rest of
@@ -68,6 +71,9 @@ chains, as the command shows none). With ``--dump FILE`` each of these forecasts
 (``Forecast.to_dict``), so that two builds' forecasts can be compared byte for byte (``cmp``).
 With ``--while-waiting N`` the forecast is made again every hour while each sampled job waits (at most N
 times a job) and its median error is printed by how long before the start it was made (convergence).
+With ``--overtakers`` nothing is forecast: a row per chosen job that waited more than 1 h says whose later
+submissions started before it (its own user's, allocated or not, and how many of them within its burst; other
+budgets', allocated or not) and the median minutes after it that its own user's came.
 With ``--calibrate FIT.jsonl [SCORE.jsonl ...]`` (``--dump`` files) nothing is run: a correction is fitted on
 the first file's waits over 1 h and scored on each (fit on one week, report on the others): the factor on the
 unallocated waits of ``--calibrate-estimate`` (default ``forecast``) that puts the most within 25%, or with

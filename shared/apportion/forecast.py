@@ -437,7 +437,8 @@ def burst_arrivals(
     recent: int = BURST_RECENT,
     min_longer: int = BURST_MIN_LONGER,
 ) -> list[tuple[Micros, JobQueued]]:
-    """The rest of each burst in progress at ``now_us``, as ``forecast``'s ``arrivals`` (``--with-bursts``).
+    """The rest of each burst in progress at ``now_us``, as ``forecast``'s ``arrivals`` (measured, not a mode:
+    ``bench_forecast.py``'s ``forecast + bursts``; docs/operations.md, Accuracy).
 
     A user's submissions (``JobQueued``, attempt 1, before ``now_us``) in time order are cut into bursts by gaps
     longer than ``gap_s``; the burst in progress is the last one when its last submission is at most ``gap_s``
