@@ -322,6 +322,7 @@ def arrivals_of(
     now: Micros,
     horizon_d: float,
     burst_gap_s: float = BURST_GAP_S,
+    burst_again_s: float = 0.0,
 ) -> list[tuple[Micros, JobQueued]]:
     """The future submissions an estimate assumes (module docstring): none (``""``), the day before replayed once
     (``once``, ``daily``), those of it that can go before the job (``ahead``), the same hours of the week before
@@ -342,7 +343,7 @@ def arrivals_of(
         return recent_arrivals(hist, now, 3600.0, 3600.0)
     if kind in ("burst", "all bursts"):
         who = {log[idx].user} if kind == "burst" else None  # type: ignore[attr-defined]
-        return burst_arrivals(hist, now, who, burst_gap_s)
+        return burst_arrivals(hist, now, who, burst_gap_s, again_s=burst_again_s)
     if kind == "whole week":
         return week_before_arrivals(hist, now, span_s=ARRIVAL_PERIOD_S)
     got = recent_arrivals(hist, now)
@@ -672,6 +673,14 @@ def _parser() -> argparse.ArgumentParser:
         help=f"forecast + bursts: submissions of a user at most M minutes apart are one burst (default {BURST_GAP_S / 60:g})",
     )
     ap.add_argument(
+        "--burst-again-h",
+        type=float,
+        default=0.0,
+        metavar="H",
+        help="forecast + bursts: a burst with too few longer ended ones goes on as long again as it has lasted, at "
+        "most H hours (default 0: not at all)",
+    )
+    ap.add_argument(
         "--overtakers",
         action="store_true",
         help="only print, for each chosen job that waited more than 1 h, whose later submissions started before it",
@@ -784,7 +793,15 @@ def main() -> None:
                 horizon_s=args.horizon_d * 86_400,
                 declared_durations=declared,
                 arrivals=arrivals_of(
-                    arriving, log, idx, hist_events, state, now, args.horizon_d, args.burst_gap_m * 60
+                    arriving,
+                    log,
+                    idx,
+                    hist_events,
+                    state,
+                    now,
+                    args.horizon_d,
+                    args.burst_gap_m * 60,
+                    args.burst_again_h * 3600,
                 ),
                 arrival_period_s=PERIODS.get(arriving, 0.0),
                 waits=recent_waits(hist_events, now) if waiting else None,

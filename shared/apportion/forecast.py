@@ -436,6 +436,7 @@ def burst_arrivals(
     gap_s: float = BURST_GAP_S,
     recent: int = BURST_RECENT,
     min_longer: int = BURST_MIN_LONGER,
+    again_s: float = 0.0,
 ) -> list[tuple[Micros, JobQueued]]:
     """The rest of each burst in progress at ``now_us``, as ``forecast``'s ``arrivals`` (measured, not a mode:
     ``bench_forecast.py``'s ``forecast + bursts``; docs/operations.md, Accuracy).
@@ -446,7 +447,8 @@ def burst_arrivals(
     submissions than it has so far, when there are at least ``min_longer`` of them (none otherwise: a user's
     history too short to say); the submissions it lacks come at the mean gap of its last ``recent`` ones (the median
     gap within those earlier bursts when it has one submission), from its last one on, each a copy of those last
-    jobs in turn (their budget, user, shape, allocation and declared work). Only the users of ``users``
+    jobs in turn (their budget, user, shape, allocation and declared work). With ``again_s``, a burst with too
+    few such is taken to go on at that rate as long again as it has lasted, at most ``again_s``. Only the users of ``users``
     (``None``: every user with a burst in progress). Sorted by time, then job id.
     """
     gap = s_to_us(gap_s)
@@ -465,14 +467,19 @@ def burst_arrivals(
         *ended, (first, end) = _bursts(times, gap)
         n = end - first
         longer = [e - f for f, e in ended if e - f > n]
-        if len(longer) < min_longer:
-            continue
-        more = int(median(longer)) - n
         tail = max(first, end - recent) if recent > 0 else first
+        if len(longer) >= min_longer:
+            more = int(median(longer)) - n
+        elif again_s > 0 and end - tail > 1:
+            more = -1  # as long again as it has lasted, at most again_s, at its rate (below)
+        else:
+            continue
         if end - tail > 1:
             step_us = (times[end - 1] - times[tail]) // (end - tail - 1)
         else:  # one submission so far: the median gap within the user's longer bursts
             step_us = int(median([times[i] - times[i - 1] for f, e in ended if e - f > n for i in range(f + 1, e)]))
+        if more < 0:
+            more = min(times[end - 1] - times[first], s_to_us(again_s)) // max(1, step_us)
         burst = [ev for _, ev in jobs[tail:end]]
         n = len(burst)
         out.extend((times[end - 1] + k * max(1, step_us), burst[(k - 1) % n]) for k in range(1, more + 1))

@@ -152,6 +152,10 @@ def test_a_burst_in_progress_goes_on_to_the_median_count_of_the_users_longer_bur
     every.append((_t(10, 4), "f4"))
     assert [(t, j.job_id) for t, j in burst_arrivals(log, now)] == every
     assert [(t, j.job_id) for t, j in burst_arrivals(log, now, {"erin"}, min_longer=1)] == [(_t(10), "r3")]
+    # with again_s, a burst with too few longer ones goes on at its rate as long again as it has lasted, at most
+    # again_s: dave's (4 min so far, every 2 min) 2 more at 9 h 56, 9 h 58 min (y0, y1); at most 3 min: 1 (y0)
+    for again_s, more in ((3600.0, [(_t(9, 56), "y0"), (_t(9, 58), "y1")]), (180.0, [(_t(9, 56), "y0")])):
+        assert [(t, j.job_id) for t, j in burst_arrivals(log, now, {"dave"}, again_s=again_s)] == more
     assert [(t, j.job_id) for t, j in burst_arrivals(log, now, {"alice"})] == every[:2]
     # a shorter gap (5 min) cuts alice's bursts of 10-min steps into ones: her burst in progress (e2 alone: 6 min
     # after e1) has no longer burst behind it
