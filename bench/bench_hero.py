@@ -4,7 +4,7 @@ Run::
 
     .venv/bin/python bench/bench_hero.py [--days 21] [--size 16] [--load 1] [--bg-min-runtime-h H] [--slice week44] [--seed 1]
         [--policy fairshare,slurm,kueue,kai,fifo] [--no-heroes] [--hero-days 2,3,4] [--hero-shares 0.1,0.3,0.1]
-        [--hero-min-gpus N|none] [--gang-min-gpus N] [--gang-bound-x X] [--gang-last-resort [--gang-last-resort-over-share]] [--grow-over-share] [--hero-reserve-takable]
+        [--hero-min-gpus N|none] [--gang-min-gpus N] [--gang-bound-x X] [--gang-last-resort [--gang-last-resort-over-share]] [--grow-over-share] [--hero-reserve-takable] [--hero-waits]
         [--json out.json] [--progress days.jsonl] [--explain-waits waits.jsonl]
 
 Builds :func:`apportion.sim.hero.hero_scenario` from the Philly jobs of
@@ -22,7 +22,8 @@ the preemption and from when the hero's leaf first ranked first in the fair-shar
 ``EngineConfig.grow_over_share`` True (every job's protection grown with its preemptions, as up to policy
 ``fairtree-9``; by default only a job at or under its share). ``--hero-reserve-takable``:
 ``EngineConfig.hero_reserve_takable`` (a covered hero reserves only nodes whose runs it may take back, rule
-D3.hero-cover). ``--load X``: the background's
+D3.hero-cover). ``--hero-waits``: ``EngineConfig.hero_waits`` (a covered hero never preempts another covered
+hero within its share: it waits, reserving the nodes that fit it soonest, rule D3.hero-waits). ``--load X``: the background's
 arrivals multiplied by X (the overloaded lab, docs/hero.md); the header line gives the background's
 offered demand, its GPU-hours submitted within the horizon over the cluster's. ``--explain-waits FILE``: at each
 sample where a background budget is behind its share with allocated work waiting, why each of its waiting jobs
@@ -99,6 +100,7 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
                 hero_min_gpus=least,
                 grow_over_share=a.grow_over_share,
                 hero_reserve_takable=a.hero_reserve_takable,
+                hero_waits=a.hero_waits,
                 gang_last_resort=a.gang_last_resort,
                 gang_last_resort_over_share=a.gang_last_resort_over_share,
                 **gang_scope(a.gang_min_gpus, a.gang_bound_x),
@@ -343,6 +345,12 @@ def main() -> None:
         "--hero-reserve-takable",
         action="store_true",
         help="EngineConfig.hero_reserve_takable (D3.hero-cover): a covered hero reserves only nodes it may take back",
+    )
+    ap.add_argument(
+        "--hero-waits",
+        action="store_true",
+        help="EngineConfig.hero_waits (D3.hero-waits): a covered hero never preempts another covered hero within its "
+        "share; it waits, reserving the nodes that fit it soonest",
     )
     ap.add_argument("--json", default=None)
     ap.add_argument("--progress", default=None, help="append a JSON line a simulated day: the figures so far")
