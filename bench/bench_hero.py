@@ -116,7 +116,7 @@ def run(a: argparse.Namespace) -> list[dict[str, Any]]:
         on_day = _progress_writer(a.progress, name, sc, gpus) if a.progress else None
         cls = HeroSimulator if a.explain_waits is None else _explaining(a.explain_waits, dcfg.engine, sc)
         if a.trace_gather:
-            cls = _tracing(cls, a.trace_gather, dcfg.engine, sc)
+            cls = _tracing(cls, a.trace_gather, dcfg.engine if name == "fairshare" else None, sc)
         sim = cls(sc.tree, sc.nodes, sc.jobs, cfg, window_s=bf.window_s, heroes=sc.heroes, on_day=on_day)
         res = sim.run()
         wall = time.perf_counter() - t
@@ -252,14 +252,15 @@ def _explaining(path: str, ecfg: EngineConfig, sc: Any) -> type[HeroSimulator]:
     return Explaining
 
 
-def _tracing(base: type[HeroSimulator], path: str, ecfg: EngineConfig, sc: Any) -> type[HeroSimulator]:
+def _tracing(base: type[HeroSimulator], path: str, ecfg: EngineConfig | None, sc: Any) -> type[HeroSimulator]:
     """A ``base`` that, at each sample while a hero job waits for its first placement, appends to ``path`` one
     JSON line: the nodes by what holds them for it (``hero``: a hero run; ``grown``: a background run within a
     protection grown past its minimum runtime; ``min``: within its minimum runtime; ``free``: every run there may
     go, as to protection), nodes holding a protected run by that run's ``(preemptions before, protection h)``,
     the hours until the hero's k-th node, in order of the end of its background runs' protections, is free of
-    protection (``kth_end_h``), and the cycle's reservation (holder, nodes, those with a hero run). Decisions
-    are the run's own (the reservation from the policy's cycle run again on a copy of the state)."""
+    protection (``kth_end_h``), and under ours (``ecfg``; ``None``: a peer) the cycle's reservation (holder, nodes,
+    those with a hero run). Decisions are the run's own (the reservation from the cycle run again on a copy of
+    the state)."""
     heroes = frozenset(sc.heroes)
     replicas = {j.job_id: j.replicas for j in sc.jobs if j.job_id in heroes}
 
@@ -293,7 +294,7 @@ def _tracing(base: type[HeroSimulator], path: str, ecfg: EngineConfig, sc: Any) 
                         held[tag] = held.get(tag, 0) + 1
                 cls[nid], end[nid] = c, e
             ends = sorted(x for x in end.values() if x < UNTIL_STARTED)
-            res = run_cycle(self.state.cycle_snapshot(t), t, ecfg).reservation
+            res = None if ecfg is None else run_cycle(self.state.cycle_snapshot(t), t, ecfg).reservation
             doc: dict[str, Any] = {
                 "day": round((t - sc.start_us) / 86_400e6, 3),
                 "waiting": waiting,
