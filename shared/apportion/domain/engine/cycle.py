@@ -705,7 +705,7 @@ def _take_allocated(cx: _Cycle, leaf: str, idx: int, aged: bool = False) -> bool
         not gang_waits
         and not aged
         and cx.reserved_for is None
-        and (now_us - job.queued_at_us >= cx.reservation_after_us or _hero_waits(cx, job))
+        and (now_us - job.queued_at_us >= cx.reservation_after_us or (cfg.hero_waits and _hero_waits(cx, job)))
         and cx.covers(leaf, job.gpus)  # D3.hero-cover: an uncovered job reserves nothing
     )
     failure_key = leaf if model is None else leaf + "\x00" + model
